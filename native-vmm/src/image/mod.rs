@@ -1,0 +1,1 @@
+//! Building a read-only file image from a manifest of host paths.

@@ -1,0 +1,19 @@
+//! sandfork-vmm: a kernel-less KVM VMM. The guest runs one unmodified Linux x86-64 program at CPL3
+//! on an identity map; every system call and CPU exception leaves the VM through a tiny CPL0 stub
+//! and is answered here. See ../README.md and ../../shared/DESIGN.md.
+
+// Host side: FFI and guest RAM (the only modules with `unsafe`, besides kvm's ioctls).
+pub mod memory;
+pub mod sys;
+
+// The run loop's view of a vCPU, and how a run ends.
+pub mod cpu;
+pub mod status;
+
+// The guest's file system: the read-only image (built from a manifest) and the per-VM overlay.
+pub mod fs;
+pub mod image;
+
+// The guest process as the syscall layer sees it (fds, memory map, output) and the syscall table.
+pub mod process;
+pub mod syscalls;

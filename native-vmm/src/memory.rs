@@ -1,0 +1,187 @@
+//! Guest RAM: one memfd mapped into the VMM, and the only way to touch it.
+//!
+//! Every access from VMM code goes through the bounds-checked accessors below; guest addresses
+//! are guest-physical, which equal guest-virtual because the guest runs on an identity map.
+//! The raw host pointer is handed out only to KVM (memslot registration).
+
+use std::ffi::c_void;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::sys;
+
+/// A guest address range that does not lie inside guest memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfBounds {
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "guest range {:#x}+{:#x} is outside guest memory", self.addr, self.len)
+    }
+}
+
+impl std::error::Error for OutOfBounds {}
+
+pub struct GuestMemory {
+    host: *mut u8,
+    size: u64,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is owned by this value; concurrent use is serialised by the VM that owns it
+// (the vCPU is stopped whenever VMM code touches guest memory).
+unsafe impl Send for GuestMemory {}
+
+impl GuestMemory {
+    /// Allocates `size` bytes (a multiple of 4 KiB) of zeroed guest RAM in a fresh memfd.
+    pub fn new(size: u64) -> io::Result<Self> {
+        if size == 0 || size % 4096 != 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "guest memory size must be a non-zero multiple of 4 KiB"));
+        }
+        let fd = sys::memfd("sandfork-guest", size)?;
+        // SAFETY: mapping a fresh memfd of exactly `size` bytes at a kernel-chosen address.
+        let host = unsafe {
+            sys::mmap(std::ptr::null_mut(), size as usize, sys::PROT_READ | sys::PROT_WRITE, sys::MAP_SHARED | sys::MAP_NORESERVE, fd.as_raw_fd(), 0)
+        };
+        if host == sys::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(GuestMemory { host: host as *mut u8, size, fd })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The memfd behind guest RAM (a snapshot or fork maps it again).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Host address of guest-physical 0, for KVM_SET_USER_MEMORY_REGION only.
+    pub(crate) fn host_base(&self) -> u64 {
+        self.host as u64
+    }
+
+    /// Checks that `[addr, addr+len)` lies inside guest memory and returns its host offset.
+    pub fn check(&self, addr: u64, len: u64) -> Result<usize, OutOfBounds> {
+        match addr.checked_add(len) {
+            Some(end) if end <= self.size => Ok(addr as usize),
+            _ => Err(OutOfBounds { addr, len }),
+        }
+    }
+
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfBounds> {
+        let off = self.check(addr, buf.len() as u64)?;
+        // SAFETY: off..off+len was bounds-checked against the mapping just above.
+        unsafe { std::ptr::copy_nonoverlapping(self.host.add(off), buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), OutOfBounds> {
+        let off = self.check(addr, data.len() as u64)?;
+        // SAFETY: off..off+len was bounds-checked against the mapping just above.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.add(off), data.len()) };
+        Ok(())
+    }
+
+    pub fn fill(&self, addr: u64, len: u64, byte: u8) -> Result<(), OutOfBounds> {
+        let off = self.check(addr, len)?;
+        // SAFETY: off..off+len was bounds-checked against the mapping just above.
+        unsafe { std::ptr::write_bytes(self.host.add(off), byte, len as usize) };
+        Ok(())
+    }
+
+    pub fn read_vec(&self, addr: u64, len: u64) -> Result<Vec<u8>, OutOfBounds> {
+        self.check(addr, len)?;
+        let mut v = vec![0u8; len as usize];
+        self.read(addr, &mut v)?;
+        Ok(v)
+    }
+
+    pub fn read_u64(&self, addr: u64) -> Result<u64, OutOfBounds> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    pub fn write_u64(&self, addr: u64, value: u64) -> Result<(), OutOfBounds> {
+        self.write(addr, &value.to_le_bytes())
+    }
+
+    pub fn read_u32(&self, addr: u64) -> Result<u32, OutOfBounds> {
+        let mut b = [0u8; 4];
+        self.read(addr, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    pub fn write_u32(&self, addr: u64, value: u32) -> Result<(), OutOfBounds> {
+        self.write(addr, &value.to_le_bytes())
+    }
+
+    /// Reads a NUL-terminated string of at most `max` bytes (without the NUL).
+    pub fn read_cstr(&self, addr: u64, max: usize) -> Result<Vec<u8>, OutOfBounds> {
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 256];
+        let mut cur = addr;
+        while out.len() < max {
+            // Read up to the end of memory, so a string near the top still works.
+            let want = (max - out.len() + 1).min(chunk.len()) as u64;
+            let avail = self.size.saturating_sub(cur).min(want) as usize;
+            if avail == 0 {
+                return Err(OutOfBounds { addr, len: (out.len() + 1) as u64 });
+            }
+            self.read(cur, &mut chunk[..avail])?;
+            if let Some(nul) = chunk[..avail].iter().position(|&b| b == 0) {
+                out.extend_from_slice(&chunk[..nul]);
+                return Ok(out);
+            }
+            out.extend_from_slice(&chunk[..avail]);
+            cur += avail as u64;
+        }
+        Err(OutOfBounds { addr, len: max as u64 + 1 })
+    }
+}
+
+impl Drop for GuestMemory {
+    fn drop(&mut self) {
+        // SAFETY: host/size describe the mapping created in new(); nothing borrows it past drop.
+        unsafe { sys::munmap(self.host as *mut c_void, self.size as usize) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accessors_reject_ranges_outside_memory() {
+        let mem = GuestMemory::new(64 * 1024).unwrap();
+        mem.write_u64(0x1000, 0xdead_beef).unwrap();
+        assert_eq!(mem.read_u64(0x1000).unwrap(), 0xdead_beef);
+        assert!(mem.write_u64(64 * 1024 - 4, 1).is_err());
+        assert!(mem.read_u64(u64::MAX - 3).is_err());
+        assert!(mem.fill(0, 64 * 1024 + 1, 0).is_err());
+        let mut big = vec![0u8; 16];
+        assert_eq!(mem.read(64 * 1024 - 8, &mut big), Err(OutOfBounds { addr: 64 * 1024 - 8, len: 16 }));
+    }
+
+    #[test]
+    fn read_cstr_stops_at_nul_and_at_memory_end() {
+        let mem = GuestMemory::new(4096).unwrap();
+        mem.write(100, b"hello\0world").unwrap();
+        assert_eq!(mem.read_cstr(100, 64).unwrap(), b"hello");
+        assert!(mem.read_cstr(100, 3).is_err());
+        mem.fill(4090, 6, b'x').unwrap();
+        assert!(mem.read_cstr(4090, 4096).is_err());
+    }
+
+    #[test]
+    fn rejects_unaligned_size() {
+        assert!(GuestMemory::new(1000).is_err());
+    }
+}

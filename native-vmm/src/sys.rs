@@ -1,0 +1,90 @@
+//! The host FFI: the few libc calls the VMM makes, each wrapped in a safe function.
+//!
+//! Every `unsafe` block that calls into libc lives here (memory mapping lives in `memory.rs`).
+//! Wrappers return `io::Result` with the host errno, so callers never see raw return codes.
+
+use std::ffi::{c_int, c_long, c_uint, c_ulong, c_void};
+use std::io;
+
+extern "C" {
+    fn memfd_create(name: *const u8, flags: c_uint) -> c_int;
+    fn ftruncate(fd: c_int, length: i64) -> c_int;
+    pub(crate) fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void;
+    pub(crate) fn munmap(addr: *mut c_void, len: usize) -> c_int;
+    fn ioctl(fd: c_int, request: c_ulong, ...) -> c_int;
+    fn getrandom(buf: *mut c_void, len: usize, flags: c_uint) -> isize;
+    fn syscall(nr: c_long, ...) -> c_long;
+}
+
+pub const PROT_READ: c_int = 1;
+pub const PROT_WRITE: c_int = 2;
+pub const MAP_SHARED: c_int = 0x01;
+pub const MAP_PRIVATE: c_int = 0x02;
+pub const MAP_NORESERVE: c_int = 0x4000;
+pub const MAP_FAILED: *mut c_void = !0usize as *mut c_void;
+const MFD_CLOEXEC: c_uint = 1;
+
+fn check(ret: c_int) -> io::Result<c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Creates an anonymous memory file of `size` bytes (guest RAM lives in one).
+pub fn memfd(name: &str, size: u64) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let mut cname = name.as_bytes().to_vec();
+    cname.push(0);
+    // SAFETY: cname is NUL-terminated and outlives the call.
+    let fd = check(unsafe { memfd_create(cname.as_ptr(), MFD_CLOEXEC) })?;
+    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscall on a valid fd.
+    check(unsafe { ftruncate(fd, size as i64) })?;
+    Ok(owned)
+}
+
+/// ioctl with an integer (or no) argument.
+pub fn ioctl_val(fd: c_int, request: c_ulong, arg: c_ulong) -> io::Result<c_int> {
+    // SAFETY: the kernel reads no memory for value-argument ioctls.
+    check(unsafe { ioctl(fd, request, arg) })
+}
+
+/// ioctl whose argument is a pointer to `T` that the kernel reads.
+pub fn ioctl_ref<T>(fd: c_int, request: c_ulong, arg: &T) -> io::Result<c_int> {
+    // SAFETY: arg is a valid, initialised T for the duration of the call.
+    check(unsafe { ioctl(fd, request, arg as *const T) })
+}
+
+/// ioctl whose argument is a pointer to `T` that the kernel writes (and may read).
+pub fn ioctl_mut<T>(fd: c_int, request: c_ulong, arg: &mut T) -> io::Result<c_int> {
+    // SAFETY: arg is a valid, exclusively borrowed T for the duration of the call.
+    check(unsafe { ioctl(fd, request, arg as *mut T) })
+}
+
+/// Fills `buf` from the host CSPRNG (getrandom(2), blocking until seeded).
+pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of buf.
+        let n = unsafe { getrandom(buf[done..].as_mut_ptr() as *mut c_void, buf.len() - done, 0) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// The calling thread's kernel thread id (for signalling a vCPU thread).
+pub fn gettid() -> i32 {
+    const SYS_GETTID: c_long = 186;
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { syscall(SYS_GETTID) as i32 }
+}

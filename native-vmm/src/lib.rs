@@ -3,6 +3,7 @@
 //! and is answered here. See ../README.md and ../../shared/DESIGN.md.
 
 // Host side: FFI and guest RAM (the only modules with `unsafe`, besides kvm's ioctls).
+pub mod layout;
 pub mod memory;
 pub mod sys;
 

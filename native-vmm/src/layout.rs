@@ -1,0 +1,24 @@
+//! Guest-physical layout. Guest-virtual equals guest-physical (identity map), so these are also
+//! the addresses the program sees.
+//!
+//! ```text
+//! 0x0000_0000 .. 0x0000_1000   not present: NULL dereferences fault
+//! 0x0000_1000 .. 0x0010_0000   system area, supervisor-only (arch/): page tables, GDT, IDT,
+//!                              TSS, CPL0 entry stubs and their stacks
+//! 0x0010_0000 .. mem_size      user memory (loader, brk, mmap, stack at the top)
+//! ```
+
+pub const PAGE_SIZE: u64 = 4096;
+
+/// First byte of the supervisor-only system area.
+pub const SYSTEM_AREA_START: u64 = 0x1000;
+/// First byte of user memory; everything below it is invisible to CPL3 code.
+pub const USER_BASE: u64 = 0x10_0000;
+
+pub const fn page_align_up(addr: u64) -> u64 {
+    (addr + PAGE_SIZE - 1) & !(PAGE_SIZE - 1)
+}
+
+pub const fn page_align_down(addr: u64) -> u64 {
+    addr & !(PAGE_SIZE - 1)
+}

@@ -9,6 +9,7 @@ pub mod sys;
 
 // The run loop's view of a vCPU, and how a run ends.
 pub mod cpu;
+pub mod errno;
 pub mod status;
 
 // The guest's file system: the read-only image (built from a manifest) and the per-VM overlay.

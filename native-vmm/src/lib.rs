@@ -19,3 +19,6 @@ pub mod image;
 // The guest process as the syscall layer sees it (fds, memory map, output) and the syscall table.
 pub mod process;
 pub mod syscalls;
+
+// Loading a program: the ELF reader, the loader (segments, initial stack) and the run loop.
+pub mod elf;

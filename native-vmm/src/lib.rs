@@ -22,3 +22,7 @@ pub mod syscalls;
 
 // Loading a program: the ELF reader, the loader (segments, initial stack) and the run loop.
 pub mod elf;
+
+// The test-only CPU: runs the guest natively in a ptrace'd child (no isolation; never used by
+// the CLI or daemon) so that real programs run end to end on machines without /dev/kvm.
+pub mod devcpu;

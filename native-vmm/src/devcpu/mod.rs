@@ -1,0 +1,204 @@
+//! A development CPU for tests only: runs the guest program natively in a ptrace'd child.
+//!
+//! THIS IS NOT AN ISOLATION BOUNDARY and is never used by the CLI or the daemon. It exists
+//! because development and CI machines have no usable /dev/kvm: with it, the ELF loader, the
+//! syscall layer and the file image run real programs end to end in tests.
+//!
+//! How it works (the idea of gVisor's ptrace platform): a forked child maps the guest-memory
+//! memfd at the same addresses as guest-physical (so guest-virtual == guest-physical, as under
+//! KVM's identity map), then its registers are replaced by the guest's. It is resumed with
+//! PTRACE_SYSEMU, so every `syscall` stops it *before* the host kernel runs anything and is
+//! answered by our syscall layer; CPU exceptions arrive as signal stops. Guest memory below
+//! `layout::USER_BASE` is left unmapped, as the system area is invisible to CPL3 under KVM.
+//!
+//! The child is traced by the thread that created the `PtraceCpu`: run it on that thread.
+
+mod ptrace_sys;
+mod watchdog;
+
+use std::io;
+use std::time::Instant;
+
+use std::os::fd::AsRawFd;
+
+use crate::cpu::{CpuExit, GuestCpu};
+use crate::layout::USER_BASE;
+use crate::memory::GuestMemory;
+use crate::status::GuestFault;
+use ptrace_sys::{Regs, SigInfo, WaitStatus};
+use watchdog::DeadlineWatchdog;
+
+/// A guest vCPU backed by a ptrace'd host process (tests only, see the module doc).
+pub struct PtraceCpu {
+    // Field order matters: the watchdog (which signals the pid) stops before the tracee is reaped.
+    watchdog: DeadlineWatchdog,
+    tracee: Tracee,
+    /// The tracee's registers as of its last stop, with our pending changes.
+    regs: Regs,
+    /// `regs` holds changes that must reach the tracee before it runs again.
+    regs_dirty: bool,
+    /// `regs` was read at the current stop (a deadline stop does not read them).
+    regs_current: bool,
+}
+
+impl PtraceCpu {
+    /// Starts a stopped guest whose first instruction is `entry`, with `stack_pointer` in rsp,
+    /// every other general register 0 and no FS base.
+    pub fn new(mem: &GuestMemory, entry: u64, stack_pointer: u64) -> io::Result<PtraceCpu> {
+        ensure_range_free(USER_BASE, mem.size())?;
+        let pid = ptrace_sys::spawn_tracee(mem.fd().as_raw_fd(), USER_BASE, mem.size() - USER_BASE)?;
+        let tracee = Tracee { pid };
+        match ptrace_sys::wait(pid)? {
+            WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {}
+            WaitStatus::Exited(code) => return Err(io::Error::other(format!("development CPU: {} (exit code {code})", ptrace_sys::describe_child_exit(code)))),
+            other => return Err(io::Error::other(format!("development CPU: unexpected first stop of the child: {other:?}"))),
+        }
+        ptrace_sys::set_options_exitkill_sysgood(pid)?;
+        let host = ptrace_sys::get_regs(pid)?;
+        let regs = Regs {
+            rip: entry,
+            rsp: stack_pointer,
+            // Not inside a system call: nothing for the kernel to restart on resume.
+            orig_rax: u64::MAX,
+            // Interrupts enabled (bit 9) and the always-one bit 1, as at process start.
+            eflags: 0x202,
+            cs: host.cs,
+            ss: host.ss,
+            ds: host.ds,
+            es: host.es,
+            ..Regs::default()
+        };
+        let watchdog = DeadlineWatchdog::start(pid)?;
+        Ok(PtraceCpu { watchdog, tracee, regs, regs_dirty: true, regs_current: true })
+    }
+
+    fn pid(&self) -> i32 {
+        self.tracee.pid
+    }
+
+    /// The registers at the current stop, for changing.
+    fn regs_mut(&mut self) -> io::Result<&mut Regs> {
+        if !self.regs_current {
+            self.regs = ptrace_sys::get_regs(self.pid())?;
+            self.regs_current = true;
+        }
+        self.regs_dirty = true;
+        Ok(&mut self.regs)
+    }
+
+    fn read_regs(&mut self) -> io::Result<()> {
+        self.regs = ptrace_sys::get_regs(self.pid())?;
+        self.regs_current = true;
+        Ok(())
+    }
+}
+
+impl GuestCpu for PtraceCpu {
+    fn run(&mut self, deadline: Instant) -> io::Result<CpuExit> {
+        if Instant::now() >= deadline {
+            return Ok(CpuExit::DeadlineReached);
+        }
+        self.watchdog.arm(deadline);
+        if self.regs_dirty {
+            ptrace_sys::set_regs(self.pid(), &self.regs)?;
+            self.regs_dirty = false;
+        }
+        self.regs_current = false;
+        loop {
+            ptrace_sys::sysemu(self.pid(), 0)?;
+            match ptrace_sys::wait(self.pid())? {
+                WaitStatus::SyscallStop => {
+                    self.read_regs()?;
+                    let r = &self.regs;
+                    return Ok(CpuExit::Syscall { nr: r.orig_rax, args: [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9] });
+                }
+                WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {
+                    if Instant::now() >= deadline {
+                        return Ok(CpuExit::DeadlineReached);
+                    }
+                    // A watchdog stop for an earlier deadline: swallow it and go on.
+                }
+                WaitStatus::SignalStop(sig) => {
+                    let info = ptrace_sys::get_siginfo(self.pid())?;
+                    self.read_regs()?;
+                    if let Some(fault) = fault_from_signal(sig, &info, self.regs.rip) {
+                        return Ok(CpuExit::Fault(fault));
+                    }
+                    // Any other signal comes from outside the guest (the guest's own signals
+                    // are emulated by the syscall layer): suppress it.
+                }
+                WaitStatus::Exited(code) => return Err(io::Error::other(format!("development CPU: guest process exited on its own (code {code})"))),
+                WaitStatus::Killed(sig) => return Err(io::Error::other(format!("development CPU: guest process killed by signal {sig}"))),
+            }
+        }
+    }
+
+    fn set_syscall_return(&mut self, value: u64) -> io::Result<()> {
+        self.regs_mut()?.rax = value;
+        Ok(())
+    }
+
+    fn set_fs_base(&mut self, base: u64) -> io::Result<()> {
+        self.regs_mut()?.fs_base = base;
+        Ok(())
+    }
+}
+
+/// Translates the signal the host kernel raised for a CPU exception back into that exception.
+/// ptrace does not expose the page-fault error code, so it carries only what siginfo tells:
+/// user mode (bit 2), and present (bit 0) for an access error on a mapped page.
+fn fault_from_signal(sig: i32, info: &SigInfo, rip: u64) -> Option<GuestFault> {
+    const SI_KERNEL: i32 = 0x80;
+    const SEGV_ACCERR: i32 = 2;
+    const BUS_ADRALN: i32 = 1;
+    const FPE_INTDIV: i32 = 1;
+    const FPE_INTOVF: i32 = 2;
+    const PF_USER: u64 = 4;
+    const PF_PRESENT: u64 = 1;
+    let (vector, error_code, address) = match sig {
+        // #GP (and other faults without an address) arrive as SIGSEGV from SI_KERNEL.
+        ptrace_sys::SIGSEGV if info.code == SI_KERNEL => (13, 0, None),
+        ptrace_sys::SIGSEGV => (14, PF_USER | if info.code == SEGV_ACCERR { PF_PRESENT } else { 0 }, Some(info.addr)),
+        ptrace_sys::SIGBUS if info.code == BUS_ADRALN => (17, 0, Some(info.addr)),
+        ptrace_sys::SIGBUS => (13, 0, Some(info.addr)),
+        ptrace_sys::SIGILL => (6, 0, None),
+        ptrace_sys::SIGFPE if info.code == FPE_INTDIV || info.code == FPE_INTOVF => (0, 0, None),
+        ptrace_sys::SIGFPE => (19, 0, None),
+        ptrace_sys::SIGTRAP => (3, 0, None),
+        _ => return None,
+    };
+    Some(GuestFault { vector, error_code, rip, address })
+}
+
+/// Fails unless `[start, end)` is unmapped in this process, so the child (a copy of it) can
+/// map guest memory there. The test binary is PIE and mapped high, so this normally holds.
+fn ensure_range_free(start: u64, end: u64) -> io::Result<()> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    for line in maps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        let Some((lo, hi)) = range.split_once('-') else { continue };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+        if lo < end && hi > start {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("development CPU: guest range {start:#x}..{end:#x} overlaps this process's mapping {line:?}; use a smaller guest memory"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The traced child: killed and reaped on drop.
+struct Tracee {
+    pid: i32,
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        let _ = ptrace_sys::send_signal(self.pid, ptrace_sys::SIGKILL);
+        while let Ok(WaitStatus::SignalStop(_) | WaitStatus::SyscallStop) = ptrace_sys::wait(self.pid) {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,240 @@
+//! Host FFI for the ptrace development CPU: fork, ptrace, waitpid, kill.
+//!
+//! Every `unsafe` block of `devcpu` lives here. The child side of the fork runs in a copy of a
+//! multi-threaded process, so it makes only raw system calls (no allocation, no locks) until
+//! its registers are replaced by the tracer.
+
+use std::ffi::{c_int, c_long, c_void};
+use std::io;
+use std::os::fd::RawFd;
+
+extern "C" {
+    fn fork() -> c_int;
+    fn ptrace(request: c_long, pid: c_int, addr: *mut c_void, data: *mut c_void) -> c_long;
+    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+    fn kill(pid: c_int, sig: c_int) -> c_int;
+    fn syscall(nr: c_long, ...) -> c_long;
+}
+
+pub const SIGILL: i32 = 4;
+pub const SIGTRAP: i32 = 5;
+pub const SIGBUS: i32 = 7;
+pub const SIGFPE: i32 = 8;
+pub const SIGKILL: i32 = 9;
+pub const SIGSEGV: i32 = 11;
+pub const SIGSTOP: i32 = 19;
+
+const PTRACE_TRACEME: c_long = 0;
+const PTRACE_GETREGS: c_long = 12;
+const PTRACE_SETREGS: c_long = 13;
+const PTRACE_SYSEMU: c_long = 31;
+const PTRACE_SETOPTIONS: c_long = 0x4200;
+const PTRACE_GETSIGINFO: c_long = 0x4202;
+const PTRACE_O_TRACESYSGOOD: c_long = 0x1;
+const PTRACE_O_EXITKILL: c_long = 0x10_0000;
+const WALL: c_int = 0x4000_0000;
+
+const SYS_MMAP: c_long = 9;
+const SYS_PTRACE: c_long = 101;
+const SYS_GETPID: c_long = 39;
+const SYS_KILL: c_long = 62;
+const SYS_EXIT_GROUP: c_long = 231;
+const SYS_PRCTL: c_long = 157;
+const SYS_CLOSE_RANGE: c_long = 436;
+const PR_SET_PDEATHSIG: c_long = 1;
+const PROT_RWX: c_long = 7;
+const MAP_SHARED: c_long = 0x01;
+const MAP_FIXED_NOREPLACE: c_long = 0x10_0000;
+
+/// Exit codes of a child that failed before its first stop (reported by `describe_child_exit`).
+const CHILD_TRACEME_FAILED: c_long = 120;
+const CHILD_MAP_FAILED: c_long = 121;
+const CHILD_RESUMED_UNTRACED: c_long = 122;
+
+/// The x86-64 `struct user_regs_struct` of PTRACE_GETREGS/SETREGS.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Regs {
+    pub r15: u64,
+    pub r14: u64,
+    pub r13: u64,
+    pub r12: u64,
+    pub rbp: u64,
+    pub rbx: u64,
+    pub r11: u64,
+    pub r10: u64,
+    pub r9: u64,
+    pub r8: u64,
+    pub rax: u64,
+    pub rcx: u64,
+    pub rdx: u64,
+    pub rsi: u64,
+    pub rdi: u64,
+    pub orig_rax: u64,
+    pub rip: u64,
+    pub cs: u64,
+    pub eflags: u64,
+    pub rsp: u64,
+    pub ss: u64,
+    pub fs_base: u64,
+    pub gs_base: u64,
+    pub ds: u64,
+    pub es: u64,
+    pub fs: u64,
+    pub gs: u64,
+}
+
+/// The fields of a `siginfo_t` the development CPU reads (signal number, code, faulting address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SigInfo {
+    pub signo: i32,
+    pub code: i32,
+    pub addr: u64,
+}
+
+/// How a waited-for child changed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStatus {
+    /// A PTRACE_SYSEMU system-call stop (reported as SIGTRAP|0x80 thanks to TRACESYSGOOD).
+    SyscallStop,
+    /// A signal-delivery stop with this signal.
+    SignalStop(i32),
+    Exited(i32),
+    Killed(i32),
+}
+
+fn check(ret: c_long) -> io::Result<c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Forks a child that becomes a ptrace tracee of the calling thread, maps `[start, start+len)`
+/// of `memfd` at the same addresses (read, write, execute; shared, so the parent's view of guest
+/// memory is the child's), closes every other fd and stops itself with SIGSTOP.
+pub fn spawn_tracee(memfd: RawFd, start: u64, len: u64) -> io::Result<i32> {
+    // SAFETY: the child branch below makes only raw system calls and never returns.
+    let pid = unsafe { fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        child_setup(memfd, start, len);
+    }
+    Ok(pid)
+}
+
+/// The child half of `spawn_tracee`: async-signal-safe raw system calls only.
+fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
+    // The tracer is the forking thread; die with it rather than run the guest untraced.
+    // SAFETY: raw system call with integer arguments.
+    unsafe { syscall(SYS_PRCTL, PR_SET_PDEATHSIG, SIGKILL as c_long, 0 as c_long, 0 as c_long, 0 as c_long) };
+    // SAFETY: raw system call with integer arguments.
+    if unsafe { syscall(SYS_PTRACE, PTRACE_TRACEME, 0 as c_long, 0 as c_long, 0 as c_long) } < 0 {
+        exit_child(CHILD_TRACEME_FAILED);
+    }
+    // SAFETY: maps the memfd at fixed addresses that were checked to be free (NOREPLACE fails
+    // rather than clobbering anything the forked copy still has there).
+    let at = unsafe { syscall(SYS_MMAP, start as c_long, len as c_long, PROT_RWX, MAP_SHARED | MAP_FIXED_NOREPLACE, memfd as c_long, start as c_long) };
+    if at != start as c_long {
+        exit_child(CHILD_MAP_FAILED);
+    }
+    // The guest never reaches the host kernel, so it needs no fd; holding copies of the
+    // parent's pipes would only delay EOF for other threads' subprocesses.
+    // SAFETY: raw system call with integer arguments; nothing in this process uses fds any more.
+    unsafe { syscall(SYS_CLOSE_RANGE, 0 as c_long, c_long::from(u32::MAX), 0 as c_long) };
+    // SAFETY: raw system calls with integer arguments.
+    unsafe { syscall(SYS_KILL, syscall(SYS_GETPID), SIGSTOP as c_long) };
+    // Reached only if the tracer resumed us without installing the guest's registers.
+    exit_child(CHILD_RESUMED_UNTRACED)
+}
+
+fn exit_child(code: c_long) -> ! {
+    loop {
+        // SAFETY: exit_group takes an integer and does not return.
+        unsafe { syscall(SYS_EXIT_GROUP, code) };
+    }
+}
+
+/// Explains the exit code of a child that ended before its first stop.
+pub fn describe_child_exit(code: i32) -> &'static str {
+    match code as c_long {
+        CHILD_TRACEME_FAILED => "PTRACE_TRACEME failed in the child (ptrace forbidden here?)",
+        CHILD_MAP_FAILED => "mapping guest memory at its guest-physical addresses failed in the child",
+        CHILD_RESUMED_UNTRACED => "the child was resumed without guest registers",
+        _ => "the child exited before its first stop",
+    }
+}
+
+/// Waits for the next state change of `pid` (retrying on EINTR).
+pub fn wait(pid: i32) -> io::Result<WaitStatus> {
+    let mut status: c_int = 0;
+    loop {
+        // SAFETY: status is a valid out-pointer for the duration of the call.
+        let ret = unsafe { waitpid(pid, &mut status, WALL) };
+        if ret >= 0 {
+            break;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    let low = status & 0x7f;
+    Ok(if low == 0 {
+        WaitStatus::Exited((status >> 8) & 0xff)
+    } else if status & 0xff == 0x7f {
+        let sig = (status >> 8) & 0xff;
+        if sig == SIGTRAP | 0x80 {
+            WaitStatus::SyscallStop
+        } else {
+            WaitStatus::SignalStop(sig)
+        }
+    } else {
+        WaitStatus::Killed(low)
+    })
+}
+
+pub fn set_options_exitkill_sysgood(pid: i32) -> io::Result<()> {
+    // SAFETY: PTRACE_SETOPTIONS reads no memory; the options travel in `data`.
+    check(unsafe { ptrace(PTRACE_SETOPTIONS, pid, std::ptr::null_mut(), (PTRACE_O_EXITKILL | PTRACE_O_TRACESYSGOOD) as *mut c_void) })?;
+    Ok(())
+}
+
+pub fn get_regs(pid: i32) -> io::Result<Regs> {
+    let mut regs = Regs::default();
+    // SAFETY: regs is a valid, writable user_regs_struct.
+    check(unsafe { ptrace(PTRACE_GETREGS, pid, std::ptr::null_mut(), &mut regs as *mut Regs as *mut c_void) })?;
+    Ok(regs)
+}
+
+pub fn set_regs(pid: i32, regs: &Regs) -> io::Result<()> {
+    // SAFETY: the kernel only reads the user_regs_struct behind the pointer.
+    check(unsafe { ptrace(PTRACE_SETREGS, pid, std::ptr::null_mut(), regs as *const Regs as *mut c_void) })?;
+    Ok(())
+}
+
+/// Resumes a stopped tracee until its next system call (which is not executed) or signal,
+/// delivering `signal` (0 for none).
+pub fn sysemu(pid: i32, signal: i32) -> io::Result<()> {
+    // SAFETY: PTRACE_SYSEMU reads no memory; the signal travels in `data`.
+    check(unsafe { ptrace(PTRACE_SYSEMU, pid, std::ptr::null_mut(), signal as c_long as *mut c_void) })?;
+    Ok(())
+}
+
+pub fn get_siginfo(pid: i32) -> io::Result<SigInfo> {
+    // siginfo_t is 128 bytes: signo, errno, code (i32 each), padding, then the union whose
+    // first field for SIGSEGV/SIGBUS/SIGILL/SIGFPE/SIGTRAP is si_addr.
+    let mut raw = [0u64; 16];
+    // SAFETY: raw is a writable 128-byte buffer, the size of siginfo_t.
+    check(unsafe { ptrace(PTRACE_GETSIGINFO, pid, std::ptr::null_mut(), raw.as_mut_ptr() as *mut c_void) })?;
+    Ok(SigInfo { signo: raw[0] as u32 as i32, code: (raw[1] & 0xffff_ffff) as u32 as i32, addr: raw[2] })
+}
+
+pub fn send_signal(pid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: kill takes integers only.
+    check(unsafe { kill(pid, sig) } as c_long)?;
+    Ok(())
+}

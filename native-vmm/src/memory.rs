@@ -154,6 +154,54 @@ impl Drop for GuestMemory {
     }
 }
 
+/// A read-only private mapping of a whole host file (the file image's data file).
+///
+/// The image builder never modifies a data file in place (it writes a new file and renames it
+/// over the old one), so the mapped bytes stay valid and unchanged for the mapping's lifetime.
+pub struct MappedFile {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned by this value; shared reads from threads are fine.
+unsafe impl Send for MappedFile {}
+// SAFETY: as above: nothing ever writes through the mapping.
+unsafe impl Sync for MappedFile {}
+
+impl MappedFile {
+    pub fn open(path: &std::path::Path) -> io::Result<MappedFile> {
+        let file = std::fs::File::open(path)?;
+        let len = usize::try_from(file.metadata()?.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large to map"))?;
+        if len == 0 {
+            // mmap refuses zero-length mappings; an empty file is an empty slice.
+            return Ok(MappedFile { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), len: 0 });
+        }
+        // SAFETY: a fresh read-only private mapping of `len` bytes of an open file at a
+        // kernel-chosen address; the fd may be closed afterwards, the mapping stays.
+        let ptr = unsafe { sys::mmap(std::ptr::null_mut(), len, sys::PROT_READ, sys::MAP_PRIVATE, file.as_raw_fd(), 0) };
+        if ptr == sys::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(MappedFile { ptr: ptr as *const u8, len })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr/len describe a live read-only mapping (or a dangling pointer with len 0,
+        // which from_raw_parts allows) that lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: ptr/len describe the mapping created in open(); no borrow outlives self.
+            unsafe { sys::munmap(self.ptr as *mut c_void, self.len) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +231,15 @@ mod tests {
     #[test]
     fn rejects_unaligned_size() {
         assert!(GuestMemory::new(1000).is_err());
+    }
+
+    #[test]
+    fn mapped_file_shows_file_bytes() {
+        let path = std::env::temp_dir().join(format!("sandfork-mapped-{}", std::process::id()));
+        std::fs::write(&path, b"mapped bytes").unwrap();
+        assert_eq!(MappedFile::open(&path).unwrap().bytes(), b"mapped bytes");
+        std::fs::write(&path, b"").unwrap();
+        assert!(MappedFile::open(&path).unwrap().bytes().is_empty());
+        std::fs::remove_file(&path).unwrap();
     }
 }

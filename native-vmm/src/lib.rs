@@ -26,3 +26,4 @@ pub mod elf;
 // The test-only CPU: runs the guest natively in a ptrace'd child (no isolation; never used by
 // the CLI or daemon) so that real programs run end to end on machines without /dev/kvm.
 pub mod devcpu;
+pub mod loader;

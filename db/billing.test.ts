@@ -1,0 +1,154 @@
+import { randomUUID } from "node:crypto";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type ExecutionRecord, findExecution, release, releaseStaleReservations, reserve, settle } from "./billing.js";
+import { createAccount, getBalance, grantCredits, insertKey } from "./keys.js";
+import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
+import { usageForKey } from "./usage.js";
+
+const limits = { rateLimitPerMinute: 60, maxConcurrency: 4, maxBodyBytes: 1024 };
+
+async function accountWithKey(fresh: FreshDatabase, credits: number) {
+  const accountId = await createAccount(fresh.db, "test");
+  if (credits > 0) await grantCredits(fresh.db, accountId, credits);
+  const key = await insertKey(fresh.db, {
+    accountId,
+    name: "k",
+    hash: randomUUID(),
+    hint: "sfk_…test",
+    scopes: ["execute"],
+    expiresAt: null,
+    limits,
+  });
+  return { accountId, keyId: key.id };
+}
+
+const settlement = (chargedUnits: number) => ({
+  status: "completed" as const,
+  exitCode: 0,
+  stdout: "out",
+  stderr: "",
+  truncated: false,
+  timings: { queueMs: 0, forkMs: 1, execMs: 2, totalMs: 3 },
+  chargedUnits,
+});
+
+describe.each(BACKENDS)("billing on %s", (backend) => {
+  let fresh: FreshDatabase;
+  beforeAll(async () => {
+    fresh = await freshDatabase(backend);
+  });
+  afterAll(async () => {
+    await fresh?.dispose();
+  });
+
+  const reservation = (ids: { accountId: string; keyId: string }, units: number, idempotencyKey: string | null = null) => ({
+    executionId: randomUUID(),
+    ...ids,
+    tokenId: null,
+    idempotencyKey,
+    requestHash: "h",
+    template: "python",
+    units,
+  });
+
+  it("reserves, settles at the actual cost and records usage once", async () => {
+    const ids = await accountWithKey(fresh, 100);
+    const r = await reserve(fresh.db, reservation(ids, 30));
+    expect(r.kind).toBe("reserved");
+    const id = (r as { execution: ExecutionRecord }).execution.id;
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 30, availableUnits: 70 });
+
+    const settled = await settle(fresh.db, id, settlement(12));
+    expect(settled).toMatchObject({ status: "completed", chargedUnits: 12, stdout: "out" });
+    // A second settlement (e.g. a retried handler) changes nothing.
+    const again = await settle(fresh.db, id, settlement(25));
+    expect(again.chargedUnits).toBe(12);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 88, reservedUnits: 0 });
+
+    const usage = await usageForKey(fresh.db, ids.keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000));
+    expect(usage).toEqual({ executions: 1, units: 12, byTemplate: [{ template: "python", executions: 1, units: 12 }] });
+  });
+
+  it("never charges more than was reserved", async () => {
+    const ids = await accountWithKey(fresh, 10);
+    const r = await reserve(fresh.db, reservation(ids, 5));
+    if (r.kind !== "reserved") throw new Error("expected a reservation");
+    const settled = await settle(fresh.db, r.execution.id, settlement(9));
+    expect(settled.chargedUnits).toBe(5);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 5, reservedUnits: 0 });
+  });
+
+  it("refuses a reservation the balance cannot cover", async () => {
+    const ids = await accountWithKey(fresh, 3);
+    expect(await reserve(fresh.db, reservation(ids, 4))).toEqual({ kind: "insufficient-credits", availableUnits: 3 });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 3, reservedUnits: 0 });
+  });
+
+  it("turns a repeated Idempotency-Key into a duplicate without holding credits", async () => {
+    const ids = await accountWithKey(fresh, 10);
+    const first = await reserve(fresh.db, reservation(ids, 2, "idem-1"));
+    expect(first.kind).toBe("reserved");
+    const second = await reserve(fresh.db, reservation(ids, 2, "idem-1"));
+    expect(second.kind).toBe("duplicate");
+    if (first.kind !== "reserved" || second.kind !== "duplicate") return;
+    expect(second.existing.id).toBe(first.execution.id);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 2 });
+  });
+
+  it("release frees the hold, charges nothing and frees the Idempotency-Key", async () => {
+    const ids = await accountWithKey(fresh, 10);
+    const r = await reserve(fresh.db, reservation(ids, 4, "idem-release"));
+    if (r.kind !== "reserved") throw new Error("expected a reservation");
+    expect(await release(fresh.db, r.execution.id)).toBe(true);
+    expect(await release(fresh.db, r.execution.id)).toBe(false);
+    expect(await findExecution(fresh.db, r.execution.id)).toMatchObject({ status: "aborted", chargedUnits: 0, idempotencyKey: null });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 0 });
+    expect((await reserve(fresh.db, reservation(ids, 4, "idem-release"))).kind).toBe("reserved");
+  });
+
+  it("releases stale reservations left by a stopped gateway", async () => {
+    const ids = await accountWithKey(fresh, 10);
+    const r = await reserve(fresh.db, reservation(ids, 6));
+    if (r.kind !== "reserved") throw new Error("expected a reservation");
+    expect(await releaseStaleReservations(fresh.db, new Date(Date.now() - 60_000))).toBe(0);
+    expect(await releaseStaleReservations(fresh.db, new Date(Date.now() + 1_000))).toBeGreaterThanOrEqual(1);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 0 });
+  });
+});
+
+describe("concurrent reservations on one key against a PostgreSQL server", () => {
+  let fresh: FreshDatabase;
+  beforeAll(async () => {
+    fresh = await freshDatabase("postgres", { maxConnections: 20 });
+  });
+  afterAll(async () => {
+    await fresh?.dispose();
+  });
+
+  it("100 concurrent reservations with a balance for 60: exactly 60 succeed and settle, 40 are refused", async () => {
+    const ids = await accountWithKey(fresh, 60);
+    const outcomes = await Promise.all(
+      Array.from({ length: 100 }, () =>
+        reserve(fresh.db, {
+          executionId: randomUUID(),
+          ...ids,
+          tokenId: null,
+          idempotencyKey: null,
+          requestHash: "h",
+          template: "python",
+          units: 1,
+        }),
+      ),
+    );
+    const reserved = outcomes.filter((o) => o.kind === "reserved");
+    expect(reserved).toHaveLength(60);
+    expect(outcomes.filter((o) => o.kind === "insufficient-credits")).toHaveLength(40);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 60, reservedUnits: 60, availableUnits: 0 });
+
+    await Promise.all(reserved.map((o) => settle(fresh.db, o.kind === "reserved" ? o.execution.id : "", settlement(1))));
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 0, reservedUnits: 0 });
+    const usage = await usageForKey(fresh.db, ids.keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000));
+    expect(usage.executions).toBe(60);
+    expect(usage.units).toBe(60);
+  });
+});

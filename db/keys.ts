@@ -1,0 +1,146 @@
+// Accounts and API keys: creation, lookup by hash, listing, revocation, credit grants.
+import { and, desc, eq, isNull, sql } from "drizzle-orm";
+import type { Database } from "./client.js";
+import { accounts, apiKeys, usageLedger } from "./schema.js";
+
+export const SCOPES = ["execute", "usage:read", "admin"] as const;
+export type Scope = (typeof SCOPES)[number];
+
+export interface KeyLimits {
+  rateLimitPerMinute: number;
+  maxConcurrency: number;
+  maxBodyBytes: number;
+}
+
+export interface StoredKey {
+  id: string;
+  accountId: string;
+  name: string;
+  hint: string;
+  scopes: Scope[];
+  expiresAt: Date | null;
+  revokedAt: Date | null;
+  createdAt: Date;
+  limits: KeyLimits;
+}
+
+export interface NewKey {
+  accountId: string;
+  name: string;
+  hash: string;
+  hint: string;
+  scopes: Scope[];
+  expiresAt: Date | null;
+  limits: KeyLimits;
+}
+
+type KeyRow = typeof apiKeys.$inferSelect;
+
+function toStoredKey(row: KeyRow): StoredKey {
+  return {
+    id: row.id,
+    accountId: row.accountId,
+    name: row.name,
+    hint: row.hint,
+    scopes: row.scopes.filter((s): s is Scope => (SCOPES as readonly string[]).includes(s)),
+    expiresAt: row.expiresAt,
+    revokedAt: row.revokedAt,
+    createdAt: row.createdAt,
+    limits: {
+      rateLimitPerMinute: row.rateLimitPerMinute,
+      maxConcurrency: row.maxConcurrency,
+      maxBodyBytes: row.maxBodyBytes,
+    },
+  };
+}
+
+export async function createAccount(db: Database, name: string): Promise<string> {
+  const [row] = await db.insert(accounts).values({ name }).returning({ id: accounts.id });
+  if (!row) throw new Error("account insert returned no row");
+  return row.id;
+}
+
+export async function accountExists(db: Database, accountId: string): Promise<boolean> {
+  const rows = await db.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId));
+  return rows.length > 0;
+}
+
+export async function countKeys(db: Database): Promise<number> {
+  const [row] = await db.select({ n: sql<number>`count(*)::int` }).from(apiKeys);
+  return row?.n ?? 0;
+}
+
+export async function insertKey(db: Database, key: NewKey): Promise<StoredKey> {
+  const [row] = await db
+    .insert(apiKeys)
+    .values({
+      accountId: key.accountId,
+      name: key.name,
+      keyHash: key.hash,
+      hint: key.hint,
+      scopes: key.scopes,
+      expiresAt: key.expiresAt,
+      rateLimitPerMinute: key.limits.rateLimitPerMinute,
+      maxConcurrency: key.limits.maxConcurrency,
+      maxBodyBytes: key.limits.maxBodyBytes,
+    })
+    .returning();
+  if (!row) throw new Error("key insert returned no row");
+  return toStoredKey(row);
+}
+
+export async function findKeyByHash(db: Database, hash: string): Promise<StoredKey | undefined> {
+  const [row] = await db.select().from(apiKeys).where(eq(apiKeys.keyHash, hash));
+  return row === undefined ? undefined : toStoredKey(row);
+}
+
+export async function findKeyById(db: Database, id: string): Promise<StoredKey | undefined> {
+  const [row] = await db.select().from(apiKeys).where(eq(apiKeys.id, id));
+  return row === undefined ? undefined : toStoredKey(row);
+}
+
+export async function listKeys(db: Database, accountId?: string): Promise<StoredKey[]> {
+  const rows = await db
+    .select()
+    .from(apiKeys)
+    .where(accountId === undefined ? undefined : eq(apiKeys.accountId, accountId))
+    .orderBy(desc(apiKeys.createdAt));
+  return rows.map(toStoredKey);
+}
+
+/** Revokes once; revoking again keeps the first timestamp. Undefined when no such key. */
+export async function revokeKey(db: Database, id: string): Promise<StoredKey | undefined> {
+  await db.update(apiKeys).set({ revokedAt: new Date() }).where(and(eq(apiKeys.id, id), isNull(apiKeys.revokedAt)));
+  return findKeyById(db, id);
+}
+
+export interface AccountBalance {
+  accountId: string;
+  balanceUnits: number;
+  reservedUnits: number;
+  availableUnits: number;
+}
+
+export async function getBalance(db: Database, accountId: string): Promise<AccountBalance | undefined> {
+  const [row] = await db
+    .select({ balance: accounts.balanceUnits, reserved: accounts.reservedUnits })
+    .from(accounts)
+    .where(eq(accounts.id, accountId));
+  if (!row) return undefined;
+  return { accountId, balanceUnits: row.balance, reservedUnits: row.reserved, availableUnits: row.balance - row.reserved };
+}
+
+/** Adds credits to an account and records the grant in the ledger, atomically. */
+export async function grantCredits(db: Database, accountId: string, units: number): Promise<AccountBalance | undefined> {
+  if (!Number.isSafeInteger(units) || units <= 0) throw new RangeError("a grant is a positive integer number of units");
+  return db.transaction(async (tx) => {
+    const updated = await tx
+      .update(accounts)
+      .set({ balanceUnits: sql`${accounts.balanceUnits} + ${units}` })
+      .where(eq(accounts.id, accountId))
+      .returning({ id: accounts.id });
+    if (updated.length === 0) return undefined;
+    await tx.insert(usageLedger).values({ accountId, kind: "grant", units });
+    return getBalance(tx as unknown as Database, accountId);
+  });
+}

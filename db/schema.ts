@@ -1,0 +1,124 @@
+// Sandfork's billing database. Every amount of credit is an integer number of billing units
+// (bigint columns read as JS numbers: exact up to 2^53, far above any realistic balance).
+import { sql } from "drizzle-orm";
+import {
+  bigint,
+  bigserial,
+  boolean,
+  check,
+  index,
+  integer,
+  jsonb,
+  pgTable,
+  text,
+  timestamp,
+  uniqueIndex,
+  uuid,
+} from "drizzle-orm/pg-core";
+
+export const accounts = pgTable(
+  "accounts",
+  {
+    id: uuid("id").primaryKey().defaultRandom(),
+    name: text("name").notNull(),
+    // Credits granted and not yet spent. Reserved credits are part of the balance until settled.
+    balanceUnits: bigint("balance_units", { mode: "number" }).notNull().default(0),
+    // Credits held by executions in flight (reserve, then settle).
+    reservedUnits: bigint("reserved_units", { mode: "number" }).notNull().default(0),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    // The database itself refuses any update that would overspend, whatever the caller does.
+    check("accounts_balance_non_negative", sql`${t.balanceUnits} >= 0`),
+    check("accounts_reserved_non_negative", sql`${t.reservedUnits} >= 0`),
+    check("accounts_reserved_within_balance", sql`${t.reservedUnits} <= ${t.balanceUnits}`),
+  ],
+);
+
+export const apiKeys = pgTable(
+  "api_keys",
+  {
+    id: uuid("id").primaryKey().defaultRandom(),
+    accountId: uuid("account_id")
+      .notNull()
+      .references(() => accounts.id),
+    name: text("name").notNull(),
+    // SHA-256 of the whole key, hex. The key itself is never stored.
+    keyHash: text("key_hash").notNull(),
+    // Non-secret reminder shown in listings, e.g. "sfk_…9xQ2".
+    hint: text("hint").notNull(),
+    scopes: text("scopes").array().notNull(),
+    expiresAt: timestamp("expires_at", { withTimezone: true }),
+    revokedAt: timestamp("revoked_at", { withTimezone: true }),
+    rateLimitPerMinute: integer("rate_limit_per_minute").notNull(),
+    maxConcurrency: integer("max_concurrency").notNull(),
+    maxBodyBytes: integer("max_body_bytes").notNull(),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    uniqueIndex("api_keys_key_hash_unique").on(t.keyHash),
+    index("api_keys_account_idx").on(t.accountId),
+    check("api_keys_limits_positive", sql`${t.rateLimitPerMinute} > 0 AND ${t.maxConcurrency} > 0 AND ${t.maxBodyBytes} > 0`),
+  ],
+);
+
+export const executions = pgTable(
+  "executions",
+  {
+    id: uuid("id").primaryKey(),
+    accountId: uuid("account_id")
+      .notNull()
+      .references(() => accounts.id),
+    keyId: uuid("key_id")
+      .notNull()
+      .references(() => apiKeys.id),
+    // Set when the call came with a minted token rather than the key itself.
+    tokenId: text("token_id"),
+    idempotencyKey: text("idempotency_key"),
+    // SHA-256 of the canonical request: a reused Idempotency-Key with another request is refused.
+    requestHash: text("request_hash").notNull(),
+    template: text("template").notNull(),
+    // running → completed | timed_out | memory_exceeded | output_exceeded, or aborted (runtime failure, not billed)
+    status: text("status").notNull(),
+    exitCode: integer("exit_code"),
+    stdout: text("stdout"),
+    stderr: text("stderr"),
+    truncated: boolean("truncated"),
+    timings: jsonb("timings"),
+    reservedUnits: bigint("reserved_units", { mode: "number" }).notNull(),
+    chargedUnits: bigint("charged_units", { mode: "number" }),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    finishedAt: timestamp("finished_at", { withTimezone: true }),
+  },
+  (t) => [
+    // NULL idempotency keys are distinct, so only keyed requests are deduplicated.
+    uniqueIndex("executions_key_idempotency_unique").on(t.keyId, t.idempotencyKey),
+    index("executions_account_created_idx").on(t.accountId, t.createdAt),
+  ],
+);
+
+export const usageLedger = pgTable(
+  "usage_ledger",
+  {
+    id: bigserial("id", { mode: "number" }).primaryKey(),
+    accountId: uuid("account_id")
+      .notNull()
+      .references(() => accounts.id),
+    keyId: uuid("key_id").references(() => apiKeys.id),
+    executionId: uuid("execution_id").references(() => executions.id),
+    // "grant": credits added by an operator; "usage": credits consumed by one execution.
+    kind: text("kind").notNull(),
+    template: text("template"),
+    units: bigint("units", { mode: "number" }).notNull(),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    // An execution is charged at most once, however often settlement is attempted.
+    uniqueIndex("usage_ledger_execution_kind_unique").on(t.executionId, t.kind),
+    index("usage_ledger_key_created_idx").on(t.keyId, t.createdAt),
+    check("usage_ledger_units_non_negative", sql`${t.units} >= 0`),
+    check("usage_ledger_kind_known", sql`${t.kind} IN ('grant', 'usage')`),
+  ],
+);
+
+export const schema = { accounts, apiKeys, executions, usageLedger };

@@ -1,0 +1,54 @@
+// Test support: a fresh, migrated database per test file, on either backend.
+// Postgres: a new database with a random name on the server at TEST_DATABASE_URL, dropped afterwards,
+// so test files can run in parallel. PGlite: an in-memory instance.
+import { randomBytes } from "node:crypto";
+import postgres from "postgres";
+import { type DatabaseBackend, type OpenDatabase, openDatabase } from "../client.js";
+
+export const BACKENDS: DatabaseBackend[] = ["postgres", "pglite"];
+
+function serverUrl(): string {
+  const url = process.env.TEST_DATABASE_URL;
+  if (!url) {
+    throw new Error(
+      "TEST_DATABASE_URL is not set: the Postgres variants of these tests need a PostgreSQL server " +
+        "(e.g. postgres://postgres@127.0.0.1:54329/postgres). scripts/test.sh starts one and sets it.",
+    );
+  }
+  return url;
+}
+
+export interface FreshDatabase extends OpenDatabase {
+  /** Closes the connection and drops the database. */
+  dispose(): Promise<void>;
+}
+
+export async function freshDatabase(backend: DatabaseBackend, options: { maxConnections?: number } = {}): Promise<FreshDatabase> {
+  if (backend === "pglite") {
+    const open = await openDatabase({ backend: "pglite" });
+    return { ...open, dispose: () => open.close() };
+  }
+  const adminUrl = serverUrl();
+  const name = `sandfork_test_${randomBytes(6).toString("hex")}`;
+  const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
+  try {
+    await admin.unsafe(`CREATE DATABASE ${name}`);
+  } finally {
+    await admin.end();
+  }
+  const url = new URL(adminUrl);
+  url.pathname = `/${name}`;
+  const open = await openDatabase({ backend: "postgres", url: url.toString(), maxConnections: options.maxConnections ?? 20 });
+  return {
+    ...open,
+    dispose: async () => {
+      await open.close();
+      const dropper = postgres(adminUrl, { max: 1, onnotice: () => {} });
+      try {
+        await dropper.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      } finally {
+        await dropper.end();
+      }
+    },
+  };
+}

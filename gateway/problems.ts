@@ -1,0 +1,88 @@
+// RFC 9457 problem details. Each failure the gateway can report has one stable `type` URI;
+// clients switch on `type`, people read `title` and `detail`.
+export const PROBLEM_TYPE_BASE = "https://sandfork.dev/problems/";
+
+export interface ProblemSpec {
+  status: number;
+  title: string;
+  /** Whether the same request may succeed later unchanged. */
+  retryable: boolean;
+}
+
+export const PROBLEMS = {
+  "malformed-request": { status: 400, title: "The request body is not valid JSON", retryable: false },
+  unauthenticated: { status: 401, title: "Credentials are required", retryable: false },
+  "invalid-credentials": { status: 401, title: "The credentials are not valid", retryable: false },
+  "credentials-expired": { status: 401, title: "The credentials have expired", retryable: false },
+  "credentials-revoked": { status: 401, title: "The API key has been revoked", retryable: false },
+  "insufficient-credits": { status: 402, title: "The account has not enough credits for this execution", retryable: false },
+  "insufficient-scope": { status: 403, title: "The credentials do not allow this operation", retryable: false },
+  "template-not-allowed": { status: 403, title: "The token does not allow this template", retryable: false },
+  "token-execution-limit": { status: 403, title: "The token has used all of its executions", retryable: false },
+  "not-found": { status: 404, title: "Not found", retryable: false },
+  "idempotency-conflict": { status: 409, title: "A request with this Idempotency-Key is still in progress", retryable: true },
+  "payload-too-large": { status: 413, title: "The request body is larger than this key allows", retryable: false },
+  "validation-failed": { status: 422, title: "The request does not match the schema", retryable: false },
+  "unknown-template": { status: 422, title: "No such template", retryable: false },
+  "idempotency-key-reused": { status: 422, title: "This Idempotency-Key was used with a different request", retryable: false },
+  "rate-limited": { status: 429, title: "Too many requests for this key", retryable: true },
+  "concurrency-limit": { status: 429, title: "Too many executions in flight for this key", retryable: true },
+  "internal-error": { status: 500, title: "Internal error", retryable: true },
+  "runtime-failed": { status: 502, title: "The execution runtime failed before finishing the execution", retryable: true },
+  "runtime-unavailable": { status: 503, title: "No execution runtime is connected", retryable: true },
+} as const satisfies Record<string, ProblemSpec>;
+
+export type ProblemSlug = keyof typeof PROBLEMS;
+
+export const problemType = (slug: ProblemSlug): string => `${PROBLEM_TYPE_BASE}${slug}`;
+
+export interface ProblemBody {
+  type: string;
+  title: string;
+  status: number;
+  detail?: string;
+  instance?: string;
+  retryable: boolean;
+  [extension: string]: unknown;
+}
+
+/** Thrown anywhere in request handling; the app's error handler renders it as problem+json. */
+export class ProblemError extends Error {
+  readonly slug: ProblemSlug;
+  readonly status: number;
+  readonly extensions: Record<string, unknown>;
+  readonly headers: Record<string, string>;
+
+  constructor(
+    slug: ProblemSlug,
+    detail?: string,
+    options: { extensions?: Record<string, unknown>; headers?: Record<string, string> } = {},
+  ) {
+    super(detail ?? PROBLEMS[slug].title);
+    this.name = "ProblemError";
+    this.slug = slug;
+    this.status = PROBLEMS[slug].status;
+    this.extensions = options.extensions ?? {};
+    this.headers = options.headers ?? {};
+  }
+
+  body(instance?: string): ProblemBody {
+    const spec = PROBLEMS[this.slug];
+    return {
+      ...this.extensions,
+      type: problemType(this.slug),
+      title: spec.title,
+      status: spec.status,
+      detail: this.message,
+      ...(instance === undefined ? {} : { instance }),
+      retryable: spec.retryable,
+    };
+  }
+}
+
+export function problemResponse(error: ProblemError, instance?: string): Response {
+  return new Response(JSON.stringify(error.body(instance)), {
+    status: error.status,
+    headers: { "content-type": "application/problem+json", ...error.headers },
+  });
+}

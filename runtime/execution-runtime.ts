@@ -1,0 +1,64 @@
+// The boundary between the gateway and whatever runs code. The daemon client (a Unix-socket client
+// of `sandfork-vmm`) implements this interface; the gateway depends on nothing else.
+
+export interface ExecutionFile {
+  /** Path inside the sandbox's writable overlay, relative to the working directory. */
+  path: string;
+  content: string;
+  encoding: "utf8" | "base64";
+}
+
+export interface ExecutionRequest {
+  /** Assigned by the gateway before billing; the runtime echoes it in logs and traces. */
+  executionId: string;
+  template: string;
+  code: string;
+  stdin: string;
+  args: string[];
+  env: Record<string, string>;
+  files: ExecutionFile[];
+  timeoutMs: number;
+  memoryMb: number;
+}
+
+/**
+ * How the program ended. A non-zero exit code is still `completed`: the runtime did its job.
+ * A runtime that cannot do its job throws instead (see errors.ts).
+ */
+export type ExecutionOutcome = "completed" | "timed_out" | "memory_exceeded" | "output_exceeded";
+
+export interface ExecutionTimings {
+  /** Waiting for a ready VM from the pool. */
+  queueMs: number;
+  /** Forking the VM from the template snapshot. */
+  forkMs: number;
+  /** Running the program to its end. */
+  execMs: number;
+}
+
+export interface ExecutionResult {
+  outcome: ExecutionOutcome;
+  /** Null when the program did not exit by itself (timeout, memory limit). */
+  exitCode: number | null;
+  stdout: string;
+  stderr: string;
+  /** True when stdout or stderr was cut at the runtime's output limit. */
+  truncated: boolean;
+  timings: ExecutionTimings;
+}
+
+export interface Template {
+  name: string;
+  description: string;
+  language: string;
+  version: string;
+}
+
+export interface ExecutionRuntime {
+  /**
+   * Runs one request to its end. `signal` aborts when the client goes away or the gateway shuts
+   * down; the runtime then stops the VM and rejects with an AbortError.
+   */
+  execute(request: ExecutionRequest, signal: AbortSignal): Promise<ExecutionResult>;
+  templates(): Promise<Template[]>;
+}

@@ -1,20 +1,60 @@
 //! The guest's view of files: the read-only image plus a per-VM in-memory overlay.
+//!
+//! * [`Image`] is a built file image (see `crate::image` and ../../IMAGE.md), opened once and
+//!   shared (`Arc`) by every VM of a template. The loader reads programs with
+//!   [`Image::file_bytes`].
+//! * [`Vfs`] is one VM's file system: the image plus a writable overlay mounted at the
+//!   image's writable directories (for the Python template: `/tmp` and the working directory
+//!   [`WORK_DIR`] = `/work`). Overlay contents are plain memory, counted against a per-VM limit
+//!   (ENOSPC), and cloned with the VM for a fork.
+//!
+//! Nothing outside the image is visible: the VMM never opens host paths for the guest.
+//! Every operation takes guest bytes (paths, names) as untrusted and answers with an `Errno`.
 
-use std::io;
-use std::path::Path;
-use std::sync::Arc;
+mod image;
+mod overlay;
+mod path;
+mod vfs;
 
-/// A built, read-only file image (see `image` for how one is built).
-pub struct Image {}
+pub use image::Image;
+pub use path::{MAX_SYMLINKS, NAME_MAX, PATH_MAX};
+pub use vfs::{DirEntry, Node, OpenOptions, Stat, Timespec, Vfs};
 
-impl Image {
-    /// Opens an image directory written by `sandfork-vmm image build`.
-    pub fn open(_dir: &Path) -> io::Result<Arc<Image>> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "image format not implemented yet"))
+/// The working directory of template programs (a writable directory of the Python image).
+pub const WORK_DIR: &str = "/work";
+
+/// Default per-VM overlay limit in bytes (file data plus a per-node charge).
+pub const DEFAULT_OVERLAY_LIMIT: u64 = 64 << 20;
+
+/// What a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Regular,
+    Directory,
+    Symlink,
+}
+
+impl FileKind {
+    /// The S_IFMT bits of st_mode.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileKind::Regular => 0o100000,
+            FileKind::Directory => 0o040000,
+            FileKind::Symlink => 0o120000,
+        }
     }
 
-    /// The contents of a regular file in the image, following symlinks; None when absent.
-    pub fn file_bytes(&self, _path: &str) -> Option<&[u8]> {
-        None
+    /// The d_type of a getdents64 record (DT_REG, DT_DIR, DT_LNK).
+    pub fn dirent_type(self) -> u8 {
+        match self {
+            FileKind::Regular => 8,
+            FileKind::Directory => 4,
+            FileKind::Symlink => 10,
+        }
     }
 }
+
+/// access(2) mode bits.
+pub const R_OK: u32 = 4;
+pub const W_OK: u32 = 2;
+pub const X_OK: u32 = 1;

@@ -1,0 +1,254 @@
+//! The per-VM writable overlay: an in-memory tree of directories, files and symlinks.
+//!
+//! Node ids are never reused, so a stale id (a file unlinked and released) is reported as
+//! missing rather than aliasing a newer file. A node stays alive while it is linked into a
+//! directory or held open (open files may be unlinked, as tempfile does).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::errno::Errno;
+
+use super::FileKind;
+
+/// Bytes charged per node on top of its data, so a guest cannot exhaust host memory with
+/// millions of empty files.
+const NODE_CHARGE: u64 = 256;
+
+#[derive(Clone)]
+pub(crate) enum OverlayKind {
+    File(Vec<u8>),
+    Dir(BTreeMap<Vec<u8>, u64>),
+    Symlink(Vec<u8>),
+}
+
+#[derive(Clone)]
+pub(crate) struct OverlayNode {
+    /// None for a mount root (its parent is an image directory).
+    pub parent: Option<u64>,
+    pub name: Vec<u8>,
+    pub mode: u32,
+    pub kind: OverlayKind,
+    /// False once unlinked; the node then lives only while open.
+    pub linked: bool,
+    pub open_count: u32,
+}
+
+impl OverlayNode {
+    pub fn file_kind(&self) -> FileKind {
+        match self.kind {
+            OverlayKind::File(_) => FileKind::Regular,
+            OverlayKind::Dir(_) => FileKind::Directory,
+            OverlayKind::Symlink(_) => FileKind::Symlink,
+        }
+    }
+
+    fn charge(&self) -> u64 {
+        let payload = match &self.kind {
+            OverlayKind::File(data) => data.len(),
+            OverlayKind::Dir(_) => 0,
+            OverlayKind::Symlink(target) => target.len(),
+        };
+        NODE_CHARGE + self.name.len() as u64 + payload as u64
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Overlay {
+    nodes: HashMap<u64, OverlayNode>,
+    next_id: u64,
+    used: u64,
+    limit: u64,
+}
+
+impl Overlay {
+    pub fn new(limit: u64) -> Overlay {
+        Overlay { nodes: HashMap::new(), next_id: 1, used: 0, limit }
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    pub fn get(&self, id: u64) -> Result<&OverlayNode, Errno> {
+        self.nodes.get(&id).ok_or(Errno::ENOENT)
+    }
+
+    fn get_mut(&mut self, id: u64) -> Result<&mut OverlayNode, Errno> {
+        self.nodes.get_mut(&id).ok_or(Errno::ENOENT)
+    }
+
+    fn reserve(&mut self, bytes: u64) -> Result<(), Errno> {
+        match self.used.checked_add(bytes) {
+            Some(total) if total <= self.limit => {
+                self.used = total;
+                Ok(())
+            }
+            _ => Err(Errno::ENOSPC),
+        }
+    }
+
+    /// Adds an empty directory that is the root of a writable mount.
+    pub fn add_mount_root(&mut self, name: &[u8]) -> Result<u64, Errno> {
+        self.insert(None, name, 0o1777, OverlayKind::Dir(BTreeMap::new()))
+    }
+
+    fn insert(&mut self, parent: Option<u64>, name: &[u8], mode: u32, kind: OverlayKind) -> Result<u64, Errno> {
+        let node = OverlayNode { parent, name: name.to_vec(), mode: mode & 0o7777, kind, linked: true, open_count: 0 };
+        self.reserve(node.charge())?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.nodes.insert(id, node);
+        Ok(id)
+    }
+
+    pub fn child(&self, dir: u64, name: &[u8]) -> Result<Option<u64>, Errno> {
+        match &self.get(dir)?.kind {
+            OverlayKind::Dir(entries) => Ok(entries.get(name).copied()),
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+
+    /// Creates `name` in directory `dir`; EEXIST if the name is taken.
+    pub fn create(&mut self, dir: u64, name: &[u8], mode: u32, kind: OverlayKind) -> Result<u64, Errno> {
+        if self.child(dir, name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let id = self.insert(Some(dir), name, mode, kind)?;
+        if let OverlayKind::Dir(entries) = &mut self.get_mut(dir)?.kind {
+            entries.insert(name.to_vec(), id);
+        }
+        Ok(id)
+    }
+
+    /// Removes `name` from `dir`; the node is freed unless it is still open.
+    pub fn unlink(&mut self, dir: u64, name: &[u8]) -> Result<(), Errno> {
+        let id = match &mut self.get_mut(dir)?.kind {
+            OverlayKind::Dir(entries) => entries.remove(name).ok_or(Errno::ENOENT)?,
+            _ => return Err(Errno::ENOTDIR),
+        };
+        self.get_mut(id)?.linked = false;
+        self.free_if_unused(id);
+        Ok(())
+    }
+
+    /// Moves node `id` (currently `old_name` in `old_dir`) to `new_name` in `new_dir`, which
+    /// must be free (the caller removes a replaced target first).
+    pub fn relink(&mut self, id: u64, old_dir: u64, old_name: &[u8], new_dir: u64, new_name: &[u8]) -> Result<(), Errno> {
+        let name_growth = new_name.len() as u64;
+        self.reserve(name_growth)?;
+        if let OverlayKind::Dir(entries) = &mut self.get_mut(old_dir)?.kind {
+            entries.remove(old_name);
+        }
+        if let OverlayKind::Dir(entries) = &mut self.get_mut(new_dir)?.kind {
+            entries.insert(new_name.to_vec(), id);
+        }
+        let node = self.get_mut(id)?;
+        let old_len = node.name.len() as u64;
+        node.parent = Some(new_dir);
+        node.name = new_name.to_vec();
+        self.used -= old_len;
+        Ok(())
+    }
+
+    pub fn open(&mut self, id: u64) -> Result<(), Errno> {
+        let node = self.get_mut(id)?;
+        node.open_count = node.open_count.checked_add(1).ok_or(Errno::ENFILE)?;
+        Ok(())
+    }
+
+    pub fn close(&mut self, id: u64) {
+        if let Ok(node) = self.get_mut(id) {
+            node.open_count = node.open_count.saturating_sub(1);
+            self.free_if_unused(id);
+        }
+    }
+
+    fn free_if_unused(&mut self, id: u64) {
+        let unused = self.nodes.get(&id).is_some_and(|n| !n.linked && n.open_count == 0);
+        if unused {
+            if let Some(node) = self.nodes.remove(&id) {
+                self.used -= node.charge();
+            }
+        }
+    }
+
+    /// Writes `data` at `offset` of file `id`, zero-filling any gap; all or ENOSPC.
+    pub fn write(&mut self, id: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        let len = self.file_len(id)?;
+        if end > len {
+            self.reserve(end - len)?;
+        }
+        if let OverlayKind::File(bytes) = &mut self.get_mut(id)?.kind {
+            if end as usize > bytes.len() {
+                bytes.resize(end as usize, 0);
+            }
+            bytes[offset as usize..end as usize].copy_from_slice(data);
+        }
+        Ok(data.len())
+    }
+
+    pub fn truncate(&mut self, id: u64, len: u64) -> Result<(), Errno> {
+        let old = self.file_len(id)?;
+        if len > old {
+            self.reserve(len - old)?;
+        } else {
+            self.used -= old - len;
+        }
+        if let OverlayKind::File(bytes) = &mut self.get_mut(id)?.kind {
+            bytes.resize(len as usize, 0);
+            if len < old {
+                bytes.shrink_to_fit();
+            }
+        }
+        Ok(())
+    }
+
+    fn file_len(&self, id: u64) -> Result<u64, Errno> {
+        match &self.get(id)?.kind {
+            OverlayKind::File(bytes) => Ok(bytes.len() as u64),
+            OverlayKind::Dir(_) => Err(Errno::EISDIR),
+            OverlayKind::Symlink(_) => Err(Errno::EINVAL),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accounting_tracks_data_and_nodes() {
+        let mut o = Overlay::new(4096);
+        let root = o.add_mount_root(b"tmp").unwrap();
+        let base = o.used();
+        let f = o.create(root, b"f", 0o644, OverlayKind::File(Vec::new())).unwrap();
+        assert_eq!(o.used(), base + NODE_CHARGE + 1);
+        o.write(f, 10, b"abc").unwrap();
+        assert_eq!(o.used(), base + NODE_CHARGE + 1 + 13);
+        o.truncate(f, 2).unwrap();
+        assert_eq!(o.used(), base + NODE_CHARGE + 1 + 2);
+        assert_eq!(o.write(f, 0, &[0u8; 4096]), Err(Errno::ENOSPC));
+        assert_eq!(o.write(f, u64::MAX, b"x"), Err(Errno::EFBIG));
+        o.unlink(root, b"f").unwrap();
+        assert_eq!(o.used(), base);
+        assert_eq!(o.get(f).err(), Some(Errno::ENOENT));
+    }
+
+    #[test]
+    fn unlinked_open_file_lives_until_closed() {
+        let mut o = Overlay::new(1 << 20);
+        let root = o.add_mount_root(b"tmp").unwrap();
+        let f = o.create(root, b"f", 0o600, OverlayKind::File(Vec::new())).unwrap();
+        o.open(f).unwrap();
+        o.write(f, 0, b"data").unwrap();
+        o.unlink(root, b"f").unwrap();
+        assert_eq!(o.child(root, b"f"), Ok(None));
+        assert!(o.get(f).is_ok());
+        o.close(f);
+        assert!(o.get(f).is_err());
+        // A new file never reuses the freed id.
+        let g = o.create(root, b"f", 0o600, OverlayKind::File(Vec::new())).unwrap();
+        assert_ne!(f, g);
+    }
+}

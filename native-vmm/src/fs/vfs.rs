@@ -1,0 +1,882 @@
+//! One VM's file system: the shared read-only image with writable overlay mounts.
+//!
+//! The syscall layer keeps [`Node`]s in its fd table (and one for the working directory) and
+//! calls the methods below; every method answers with an `Errno` on failure, never panics on
+//! guest input. Reference counting: each successful [`Vfs::open`] must be paired with one
+//! [`Vfs::close`] when the open file description is released (the last fd referring to it),
+//! so an unlinked file stays readable while open.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::errno::Errno;
+
+use super::image::{Image, ImageKind};
+use super::overlay::{Overlay, OverlayKind};
+use super::path::{self, Tree};
+use super::{FileKind, W_OK, X_OK};
+
+/// A file, directory or symlink in one VM's file system (cheap to copy; opaque).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Node(NodeId);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum NodeId {
+    Image(u32),
+    Overlay(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// What fstat/newfstatat/statx report. Owner is root, times are deterministic: an image file
+/// keeps its host mtime (Python compares it with the .pyc header), overlay nodes report
+/// [`OVERLAY_TIME`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub dev: u64,
+    pub ino: u64,
+    /// S_IFMT bits plus permission bits.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub size: u64,
+    pub blksize: u32,
+    /// 512-byte blocks.
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+}
+
+/// Fixed timestamp of overlay nodes (2024-01-01T00:00:00Z): runs stay reproducible.
+pub const OVERLAY_TIME: Timespec = Timespec { sec: 1_704_067_200, nsec: 0 };
+const DEVICE: u64 = 0x53;
+const BLOCK_SIZE: u32 = 4096;
+/// Overlay inode numbers start here, above any image inode.
+const OVERLAY_INO_BASE: u64 = 1 << 32;
+
+/// One getdents64 record's worth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: FileKind,
+}
+
+/// The open(2) flags the file system cares about (the syscall layer decodes O_* bits).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    /// O_WRONLY or O_RDWR.
+    pub write: bool,
+    pub create: bool,
+    /// O_EXCL (with create).
+    pub exclusive: bool,
+    /// O_TRUNC (applied only when writing).
+    pub truncate: bool,
+    /// O_DIRECTORY.
+    pub directory: bool,
+    /// O_NOFOLLOW: a final symlink gives ELOOP.
+    pub nofollow: bool,
+    /// Permission bits for a created file (umask already applied).
+    pub mode: u32,
+}
+
+struct Mount {
+    /// The image directory holding the mount point.
+    parent: u32,
+    name: Vec<u8>,
+    root: u64,
+    path: String,
+}
+
+/// One VM's file system. `Clone` copies the overlay (for a fork) and shares the image.
+#[derive(Clone)]
+pub struct Vfs {
+    image: Arc<Image>,
+    overlay: Overlay,
+    mounts: Arc<Vec<Mount>>,
+}
+
+impl Vfs {
+    /// A fresh file system over `image` with an empty overlay directory at each of the image's
+    /// writable directories, holding at most `overlay_limit` bytes (see `DEFAULT_OVERLAY_LIMIT`).
+    pub fn new(image: Arc<Image>, overlay_limit: u64) -> Result<Vfs, Errno> {
+        let mut overlay = Overlay::new(overlay_limit);
+        let mut mounts = Vec::new();
+        for path in image.writable_dirs() {
+            // The image decoder checked that the parent exists as a directory.
+            let parent = image.lookup(crate::image::format::parent_path(path)).ok_or(Errno::ENOENT)?;
+            let name = path.rsplit('/').next().unwrap_or_default().as_bytes().to_vec();
+            let root = overlay.add_mount_root(&name)?;
+            mounts.push(Mount { parent, name, root, path: path.clone() });
+        }
+        Ok(Vfs { image, overlay, mounts: Arc::new(mounts) })
+    }
+
+    pub fn image(&self) -> &Arc<Image> {
+        &self.image
+    }
+
+    pub fn root(&self) -> Node {
+        Node(NodeId::Image(0))
+    }
+
+    /// Bytes the overlay currently charges against its limit.
+    pub fn overlay_used(&self) -> u64 {
+        self.overlay.used()
+    }
+
+    /// Resolves `path` relative to directory `base` (ignored for absolute paths). A final
+    /// symlink is followed when `follow_last` (stat vs lstat, O_NOFOLLOW, AT_SYMLINK_NOFOLLOW).
+    /// Errors: ENOENT, ENOTDIR, ELOOP (more than 40 links), ENAMETOOLONG.
+    pub fn resolve(&self, base: Node, path: &[u8], follow_last: bool) -> Result<Node, Errno> {
+        path::resolve(self, base, path, follow_last)
+    }
+
+    /// openat: resolves or creates per `opts`; on success the node is held open until `close`.
+    /// Writing anything in the image gives EROFS, a directory opened for writing EISDIR.
+    pub fn open(&mut self, base: Node, path: &[u8], opts: &OpenOptions) -> Result<Node, Errno> {
+        let node = if opts.create {
+            let (dir, name) = path::resolve_parent(self, base, path)?;
+            match self.child(dir, &name)? {
+                Some(_) if opts.exclusive => return Err(Errno::EEXIST),
+                Some(_) => self.resolve(base, path, !opts.nofollow)?,
+                None if name == b"." || name == b".." => return Err(Errno::EISDIR),
+                None => {
+                    let dir_id = self.overlay_id(dir)?;
+                    Node(NodeId::Overlay(self.overlay.create(dir_id, &name, opts.mode, OverlayKind::File(Vec::new()))?))
+                }
+            }
+        } else {
+            self.resolve(base, path, !opts.nofollow)?
+        };
+        let kind = self.kind(node)?;
+        if kind == FileKind::Symlink {
+            return Err(Errno::ELOOP);
+        }
+        if opts.directory && kind != FileKind::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        if opts.write {
+            if kind == FileKind::Directory {
+                return Err(Errno::EISDIR);
+            }
+            let id = self.overlay_id(node)?;
+            if opts.truncate {
+                self.overlay.truncate(id, 0)?;
+            }
+        }
+        if let NodeId::Overlay(id) = node.0 {
+            self.overlay.open(id)?;
+        }
+        Ok(node)
+    }
+
+    /// Releases a node returned by `open` (frees an unlinked overlay file on its last close).
+    pub fn close(&mut self, node: Node) {
+        if let NodeId::Overlay(id) = node.0 {
+            self.overlay.close(id);
+        }
+    }
+
+    pub fn kind(&self, node: Node) -> Result<FileKind, Errno> {
+        match node.0 {
+            NodeId::Image(i) => Ok(self.image_node(i)?.file_kind()),
+            NodeId::Overlay(id) => Ok(self.overlay.get(id)?.file_kind()),
+        }
+    }
+
+    pub fn stat(&self, node: Node) -> Result<Stat, Errno> {
+        let (ino, kind, perm, size, mtime, subdirs) = match node.0 {
+            NodeId::Image(i) => {
+                let n = self.image_node(i)?;
+                let (size, subdirs) = match &n.kind {
+                    ImageKind::File { size, .. } => (*size, 0),
+                    ImageKind::Dir { children } => {
+                        let dirs = children.iter().filter(|&&c| self.image.node(c).file_kind() == FileKind::Directory).count();
+                        (BLOCK_SIZE as u64, dirs + self.mounts.iter().filter(|m| m.parent == i).count())
+                    }
+                    ImageKind::Symlink { target } => (target.len() as u64, 0),
+                };
+                (i as u64 + 1, n.file_kind(), n.mode, size, n.mtime, subdirs)
+            }
+            NodeId::Overlay(id) => {
+                let n = self.overlay.get(id)?;
+                let (size, subdirs) = match &n.kind {
+                    OverlayKind::File(data) => (data.len() as u64, 0),
+                    OverlayKind::Dir(entries) => {
+                        let dirs = entries.values().filter(|&&c| self.overlay.get(c).is_ok_and(|c| c.file_kind() == FileKind::Directory)).count();
+                        (BLOCK_SIZE as u64, dirs)
+                    }
+                    OverlayKind::Symlink(target) => (target.len() as u64, 0),
+                };
+                (OVERLAY_INO_BASE + id, n.file_kind(), n.mode, size, OVERLAY_TIME, subdirs)
+            }
+        };
+        let nlink = match kind {
+            FileKind::Directory => 2 + subdirs as u32,
+            _ => 1,
+        };
+        Ok(Stat {
+            dev: DEVICE,
+            ino,
+            mode: kind.mode_bits() | perm,
+            nlink,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size,
+            blksize: BLOCK_SIZE,
+            blocks: size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+        })
+    }
+
+    /// The whole contents of a regular file (for mmap and exec): EISDIR for a directory,
+    /// EINVAL for a symlink.
+    pub fn contents(&self, node: Node) -> Result<&[u8], Errno> {
+        match node.0 {
+            NodeId::Image(i) => match self.image_node(i)?.kind {
+                ImageKind::File { .. } => self.image.contents(i).ok_or(Errno::EIO),
+                ImageKind::Dir { .. } => Err(Errno::EISDIR),
+                ImageKind::Symlink { .. } => Err(Errno::EINVAL),
+            },
+            NodeId::Overlay(id) => match &self.overlay.get(id)?.kind {
+                OverlayKind::File(data) => Ok(data),
+                OverlayKind::Dir(_) => Err(Errno::EISDIR),
+                OverlayKind::Symlink(_) => Err(Errno::EINVAL),
+            },
+        }
+    }
+
+    /// pread: copies from `offset` into `buf`, returns the byte count (0 at or past the end).
+    pub fn read_at(&self, node: Node, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let data = self.contents(node)?;
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
+        let n = buf.len().min(data.len() - start);
+        buf[..n].copy_from_slice(&data[start..start + n]);
+        Ok(n)
+    }
+
+    /// pwrite into an overlay file (EROFS for image files, ENOSPC past the overlay limit).
+    pub fn write_at(&mut self, node: Node, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+        let id = self.overlay_id(node)?;
+        self.overlay.write(id, offset, data)
+    }
+
+    /// ftruncate/truncate of an overlay file.
+    pub fn truncate(&mut self, node: Node, len: u64) -> Result<(), Errno> {
+        let id = self.overlay_id(node)?;
+        self.overlay.truncate(id, len)
+    }
+
+    /// The entries of a directory, "." and ".." first, then by name; an image directory also
+    /// lists the writable mounts it holds.
+    pub fn read_dir(&self, node: Node) -> Result<Vec<DirEntry>, Errno> {
+        if self.kind(node)? != FileKind::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        let parent = self.parent(node)?;
+        let mut entries = vec![
+            DirEntry { name: b".".to_vec(), ino: self.stat(node)?.ino, kind: FileKind::Directory },
+            DirEntry { name: b"..".to_vec(), ino: self.stat(parent)?.ino, kind: FileKind::Directory },
+        ];
+        let mut named: BTreeMap<Vec<u8>, Node> = BTreeMap::new();
+        match node.0 {
+            NodeId::Image(i) => {
+                if let ImageKind::Dir { children } = &self.image_node(i)?.kind {
+                    for &c in children {
+                        named.insert(self.image.node(c).name().as_bytes().to_vec(), Node(NodeId::Image(c)));
+                    }
+                }
+                for m in self.mounts.iter().filter(|m| m.parent == i) {
+                    named.insert(m.name.clone(), Node(NodeId::Overlay(m.root)));
+                }
+            }
+            NodeId::Overlay(id) => {
+                if let OverlayKind::Dir(children) = &self.overlay.get(id)?.kind {
+                    for (name, &c) in children {
+                        named.insert(name.clone(), Node(NodeId::Overlay(c)));
+                    }
+                }
+            }
+        }
+        for (name, child) in named {
+            let stat = self.stat(child)?;
+            entries.push(DirEntry { name, ino: stat.ino, kind: self.kind(child)? });
+        }
+        Ok(entries)
+    }
+
+    /// readlink: the target of a symlink node (EINVAL for anything else).
+    pub fn readlink(&self, node: Node) -> Result<Vec<u8>, Errno> {
+        self.link_target(node)
+    }
+
+    /// The absolute path of a node (getcwd, /proc/self/fd style answers). An unlinked overlay
+    /// file keeps the path it had when unlinked.
+    pub fn path_of(&self, node: Node) -> Result<Vec<u8>, Errno> {
+        match node.0 {
+            NodeId::Image(i) => Ok(self.image_node(i)?.path.as_bytes().to_vec()),
+            NodeId::Overlay(mut id) => {
+                let mut names: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    let n = self.overlay.get(id)?;
+                    match n.parent {
+                        Some(p) => {
+                            names.push(n.name.clone());
+                            id = p;
+                        }
+                        None => break,
+                    }
+                }
+                let mount = self.mounts.iter().find(|m| m.root == id).ok_or(Errno::ENOENT)?;
+                let mut out = mount.path.as_bytes().to_vec();
+                for name in names.iter().rev() {
+                    out.push(b'/');
+                    out.extend_from_slice(name);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// access/faccessat for a root guest: W_OK needs the overlay (EROFS), X_OK needs an execute
+    /// bit on a non-directory (EACCES); R_OK always passes.
+    pub fn access(&self, node: Node, mode: u32) -> Result<(), Errno> {
+        let stat = self.stat(node)?;
+        if mode & W_OK != 0 && matches!(node.0, NodeId::Image(_)) {
+            return Err(Errno::EROFS);
+        }
+        if mode & X_OK != 0 && self.kind(node)? != FileKind::Directory && stat.mode & 0o111 == 0 {
+            return Err(Errno::EACCES);
+        }
+        Ok(())
+    }
+
+    /// mkdirat (EEXIST if the name exists, EROFS outside the overlay).
+    pub fn mkdir(&mut self, base: Node, path: &[u8], mode: u32) -> Result<(), Errno> {
+        let (dir, name) = path::resolve_parent(self, base, path)?;
+        if name == b"." || name == b".." || self.child(dir, &name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let dir_id = self.overlay_id(dir)?;
+        self.overlay.create(dir_id, &name, mode, OverlayKind::Dir(BTreeMap::new())).map(|_| ())
+    }
+
+    /// symlinkat: creates a symlink at `path` whose target is `target` (stored as given).
+    pub fn symlink(&mut self, target: &[u8], base: Node, path: &[u8]) -> Result<(), Errno> {
+        if target.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if target.len() >= path::PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let (dir, name) = path::resolve_parent(self, base, path)?;
+        if name == b"." || name == b".." || self.child(dir, &name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let dir_id = self.overlay_id(dir)?;
+        self.overlay.create(dir_id, &name, 0o777, OverlayKind::Symlink(target.to_vec())).map(|_| ())
+    }
+
+    /// unlinkat without AT_REMOVEDIR: removes a file or symlink (EISDIR for a directory).
+    pub fn unlink(&mut self, base: Node, path: &[u8]) -> Result<(), Errno> {
+        let (dir, name, node) = self.existing_entry(base, path)?;
+        if name == b"." || name == b".." || self.kind(node)? == FileKind::Directory {
+            return Err(Errno::EISDIR);
+        }
+        let dir_id = self.overlay_id(dir)?;
+        self.overlay.unlink(dir_id, &name)
+    }
+
+    /// rmdir / unlinkat with AT_REMOVEDIR: removes an empty overlay directory.
+    pub fn rmdir(&mut self, base: Node, path: &[u8]) -> Result<(), Errno> {
+        let (dir, name, node) = self.existing_entry(base, path)?;
+        match name.as_slice() {
+            b"." => return Err(Errno::EINVAL),
+            b".." => return Err(Errno::ENOTEMPTY),
+            _ => {}
+        }
+        if self.kind(node)? != FileKind::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        self.check_removable(node)?;
+        if !self.is_empty_dir(node)? {
+            return Err(Errno::ENOTEMPTY);
+        }
+        let dir_id = self.overlay_id(dir)?;
+        self.overlay.unlink(dir_id, &name)
+    }
+
+    /// renameat: moves an overlay entry, replacing a compatible target (a file replaces a file,
+    /// a directory replaces an empty directory). Both sides must be in the overlay.
+    pub fn rename(&mut self, old_base: Node, old_path: &[u8], new_base: Node, new_path: &[u8]) -> Result<(), Errno> {
+        let (old_dir, old_name, node) = self.existing_entry(old_base, old_path)?;
+        let (new_dir, new_name) = path::resolve_parent(self, new_base, new_path)?;
+        for name in [&old_name, &new_name] {
+            if name.as_slice() == b"." || name.as_slice() == b".." {
+                return Err(Errno::EBUSY);
+            }
+        }
+        self.check_removable(node)?;
+        let old_dir_id = self.overlay_id(old_dir)?;
+        let new_dir_id = self.overlay_id(new_dir)?;
+        let id = self.overlay_id(node)?;
+        let is_dir = self.kind(node)? == FileKind::Directory;
+        if is_dir && self.is_ancestor_or_self(id, new_dir_id)? {
+            return Err(Errno::EINVAL);
+        }
+        if let Some(target) = self.child(new_dir, &new_name)? {
+            if target == node {
+                return Ok(());
+            }
+            match (is_dir, self.kind(target)? == FileKind::Directory) {
+                (true, false) => return Err(Errno::ENOTDIR),
+                (false, true) => return Err(Errno::EISDIR),
+                (true, true) if !self.is_empty_dir(target)? => return Err(Errno::ENOTEMPTY),
+                _ => {}
+            }
+            self.overlay.unlink(new_dir_id, &new_name)?;
+        }
+        self.overlay.relink(id, old_dir_id, &old_name, new_dir_id, &new_name)
+    }
+
+    // ---- helpers ----
+
+    /// Node ids come only from this image, but a Node kept from another VM's Vfs (a bug
+    /// elsewhere) must not index out of bounds.
+    fn image_node(&self, i: u32) -> Result<&super::image::ImageNode, Errno> {
+        if (i as usize) < self.image.node_count() {
+            Ok(self.image.node(i))
+        } else {
+            Err(Errno::ENOENT)
+        }
+    }
+
+    /// The overlay id of a node that may be modified: EROFS for image nodes.
+    fn overlay_id(&self, node: Node) -> Result<u64, Errno> {
+        match node.0 {
+            NodeId::Image(_) => Err(Errno::EROFS),
+            NodeId::Overlay(id) => Ok(id),
+        }
+    }
+
+    /// The entry named by `path` without following a final symlink, with its parent and name.
+    fn existing_entry(&self, base: Node, path: &[u8]) -> Result<(Node, Vec<u8>, Node), Errno> {
+        let (dir, name) = path::resolve_parent(self, base, path)?;
+        let node = match name.as_slice() {
+            b"." => dir,
+            b".." => self.parent(dir)?,
+            _ => self.child(dir, &name)?.ok_or(Errno::ENOENT)?,
+        };
+        Ok((dir, name, node))
+    }
+
+    /// Mount roots (and the image) cannot be removed or moved.
+    fn check_removable(&self, node: Node) -> Result<(), Errno> {
+        match node.0 {
+            NodeId::Overlay(id) if self.mounts.iter().any(|m| m.root == id) => Err(Errno::EBUSY),
+            NodeId::Image(_) => Err(Errno::EROFS),
+            NodeId::Overlay(_) => Ok(()),
+        }
+    }
+
+    fn is_empty_dir(&self, node: Node) -> Result<bool, Errno> {
+        Ok(self.read_dir(node)?.len() == 2)
+    }
+
+    fn is_ancestor_or_self(&self, ancestor: u64, mut id: u64) -> Result<bool, Errno> {
+        loop {
+            if id == ancestor {
+                return Ok(true);
+            }
+            match self.overlay.get(id)?.parent {
+                Some(p) => id = p,
+                None => return Ok(false),
+            }
+        }
+    }
+}
+
+impl Tree for Vfs {
+    type Node = Node;
+
+    fn root(&self) -> Node {
+        Node(NodeId::Image(0))
+    }
+
+    fn parent(&self, node: Node) -> Result<Node, Errno> {
+        match node.0 {
+            NodeId::Image(i) => Ok(Node(NodeId::Image(self.image_node(i)?.parent))),
+            NodeId::Overlay(id) => match self.overlay.get(id)?.parent {
+                Some(p) => Ok(Node(NodeId::Overlay(p))),
+                None => {
+                    let mount = self.mounts.iter().find(|m| m.root == id).ok_or(Errno::ENOENT)?;
+                    Ok(Node(NodeId::Image(mount.parent)))
+                }
+            },
+        }
+    }
+
+    fn child(&self, dir: Node, name: &[u8]) -> Result<Option<Node>, Errno> {
+        match dir.0 {
+            NodeId::Image(i) => {
+                if let Some(m) = self.mounts.iter().find(|m| m.parent == i && m.name == name) {
+                    return Ok(Some(Node(NodeId::Overlay(m.root))));
+                }
+                self.image_node(i)?;
+                Ok(self.image.child(i, name)?.map(|c| Node(NodeId::Image(c))))
+            }
+            NodeId::Overlay(id) => Ok(self.overlay.child(id, name)?.map(|c| Node(NodeId::Overlay(c)))),
+        }
+    }
+
+    fn kind(&self, node: Node) -> Result<FileKind, Errno> {
+        Vfs::kind(self, node)
+    }
+
+    fn link_target(&self, node: Node) -> Result<Vec<u8>, Errno> {
+        match node.0 {
+            NodeId::Image(i) => {
+                self.image_node(i)?;
+                self.image.link_target(i)
+            }
+            NodeId::Overlay(id) => match &self.overlay.get(id)?.kind {
+                OverlayKind::Symlink(target) => Ok(target.clone()),
+                _ => Err(Errno::EINVAL),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::format::{self, Entry, EntryKind, Index};
+    use std::path::PathBuf;
+
+    /// A temporary directory removed on drop.
+    pub(crate) struct TempDir(pub PathBuf);
+
+    impl TempDir {
+        pub fn new(tag: &str) -> TempDir {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static SEQ: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!("sandfork-{tag}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn entry(path: &str, mode: u32, kind: EntryKind) -> Entry {
+        Entry { path: path.into(), mode, mtime_sec: 1_600_000_000, mtime_nsec: 7, kind }
+    }
+
+    fn file(path: &str, size: u64) -> Entry {
+        entry(path, 0o644, EntryKind::File { offset: 0, size })
+    }
+
+    fn link(path: &str, target: &str) -> Entry {
+        entry(path, 0o777, EntryKind::Symlink { target: target.into() })
+    }
+
+    /// Writes a small image straight through the format writer (independent of the builder).
+    fn write_sample(dir: &std::path::Path) {
+        let dir_entry = |p: &str| entry(p, 0o755, EntryKind::Dir);
+        let mut index = Index {
+            name: "sample".into(),
+            writable_dirs: vec!["/tmp".into(), "/work".into()],
+            entries: vec![
+                dir_entry("/"),
+                link("/bin", "usr/bin"),
+                dir_entry("/etc"),
+                file("/etc/passwd", 26),
+                link("/lib", "/usr/lib"),
+                link("/loop1", "loop2"),
+                link("/loop2", "/loop1"),
+                dir_entry("/usr"),
+                dir_entry("/usr/bin"),
+                entry("/usr/bin/prog", 0o755, EntryKind::File { offset: 0, size: 5000 }),
+                file("/usr/empty", 0),
+            ],
+        };
+        format::write(dir, &mut index, |e| {
+            Ok(match e.path.as_str() {
+                "/etc/passwd" => b"root:x:0:0:root:/root:/bin".to_vec(),
+                "/usr/bin/prog" => (0..5000u32).map(|i| i as u8).collect(),
+                _ => Vec::new(),
+            })
+        })
+        .unwrap();
+    }
+
+    fn sample_vfs(limit: u64) -> (TempDir, Vfs) {
+        let dir = TempDir::new("vfs");
+        write_sample(&dir.0);
+        let vfs = Vfs::new(Image::open(&dir.0).unwrap(), limit).unwrap();
+        (dir, vfs)
+    }
+
+    fn read_all(vfs: &Vfs, node: Node) -> Vec<u8> {
+        vfs.contents(node).unwrap().to_vec()
+    }
+
+    const RW_CREATE: OpenOptions = OpenOptions { write: true, create: true, exclusive: false, truncate: false, directory: false, nofollow: false, mode: 0o644 };
+    const RO: OpenOptions = OpenOptions { write: false, create: false, exclusive: false, truncate: false, directory: false, nofollow: false, mode: 0 };
+
+    #[test]
+    fn image_files_resolve_through_symlinks() {
+        let (_d, vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        let prog = vfs.resolve(root, b"/bin/prog", true).unwrap();
+        assert_eq!(vfs.resolve(root, b"/usr/bin/prog", true).unwrap(), prog);
+        let st = vfs.stat(prog).unwrap();
+        assert_eq!((st.mode, st.size, st.nlink, st.uid), (0o100755, 5000, 1, 0));
+        assert_eq!(st.mtime, Timespec { sec: 1_600_000_000, nsec: 7 });
+        let mut buf = [0u8; 10];
+        assert_eq!(vfs.read_at(prog, 4995, &mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], &[(4995u32 % 256) as u8, 132, 133, 134, 135]);
+        assert_eq!(vfs.read_at(prog, u64::MAX, &mut buf).unwrap(), 0);
+        assert_eq!(vfs.image().file_bytes("/bin/prog").map(<[u8]>::len), Some(5000));
+        assert_eq!(vfs.image().file_bytes("/etc/passwd"), Some(&b"root:x:0:0:root:/root:/bin"[..]));
+        assert_eq!(vfs.image().file_bytes("/usr/bin"), None);
+        // lstat sees the link itself.
+        let bin = vfs.resolve(root, b"/bin", false).unwrap();
+        assert_eq!(vfs.stat(bin).unwrap().mode, 0o120777);
+        assert_eq!(vfs.readlink(bin).unwrap(), b"usr/bin");
+        assert_eq!(vfs.readlink(prog), Err(Errno::EINVAL));
+    }
+
+    #[test]
+    fn nothing_outside_the_image_is_visible() {
+        let (_d, vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        assert_eq!(vfs.resolve(root, b"/etc/shadow", true), Err(Errno::ENOENT));
+        assert_eq!(vfs.resolve(root, b"/proc/self/maps", true), Err(Errno::ENOENT));
+        assert_eq!(vfs.resolve(root, b"/lib/x", true), Err(Errno::ENOENT));
+        assert!(vfs.image().file_bytes("/etc/shadow").is_none());
+    }
+
+    #[test]
+    fn loops_dotdot_and_limits() {
+        let (_d, vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        assert_eq!(vfs.resolve(root, b"/loop1", true), Err(Errno::ELOOP));
+        assert_eq!(vfs.resolve(root, b"/loop1/x", false), Err(Errno::ELOOP));
+        let passwd = vfs.resolve(root, b"/etc/passwd", true).unwrap();
+        assert_eq!(vfs.resolve(root, b"/../../../etc/passwd", true).unwrap(), passwd);
+        let tmp = vfs.resolve(root, b"/tmp", true).unwrap();
+        assert_eq!(vfs.resolve(tmp, b"../../etc/./passwd", true).unwrap(), passwd);
+        assert_eq!(vfs.resolve(root, b"/etc/passwd/", true), Err(Errno::ENOTDIR));
+        let long = vec![b'a'; 300];
+        assert_eq!(vfs.resolve(root, &long, true), Err(Errno::ENAMETOOLONG));
+        assert_eq!(vfs.resolve(root, b"", true), Err(Errno::ENOENT));
+        assert_eq!(vfs.path_of(passwd).unwrap(), b"/etc/passwd");
+    }
+
+    #[test]
+    fn root_listing_merges_writable_mounts() {
+        let (_d, vfs) = sample_vfs(1 << 20);
+        let names: Vec<String> = vfs.read_dir(vfs.root()).unwrap().iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+        assert_eq!(names, [".", "..", "bin", "etc", "lib", "loop1", "loop2", "tmp", "usr", "work"]);
+        let entries = vfs.read_dir(vfs.root()).unwrap();
+        assert_eq!(entries[2].kind, FileKind::Symlink);
+        assert_eq!(entries[7].kind, FileKind::Directory);
+        assert_eq!(entries[0].ino, entries[1].ino, "the root is its own parent");
+        // Root nlink: 2 + etc, usr, tmp, work.
+        assert_eq!(vfs.stat(vfs.root()).unwrap().nlink, 6);
+        let passwd = vfs.resolve(vfs.root(), b"/etc/passwd", true).unwrap();
+        assert_eq!(vfs.read_dir(passwd), Err(Errno::ENOTDIR));
+    }
+
+    #[test]
+    fn image_is_read_only() {
+        let (_d, mut vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        let w = OpenOptions { write: true, ..RO };
+        assert_eq!(vfs.open(root, b"/etc/passwd", &w), Err(Errno::EROFS));
+        assert_eq!(vfs.open(root, b"/etc/new", &RW_CREATE), Err(Errno::EROFS));
+        assert_eq!(vfs.open(root, b"/etc", &w), Err(Errno::EISDIR));
+        assert_eq!(vfs.mkdir(root, b"/etc/d", 0o755), Err(Errno::EROFS));
+        assert_eq!(vfs.mkdir(root, b"/etc", 0o755), Err(Errno::EEXIST));
+        assert_eq!(vfs.unlink(root, b"/etc/passwd"), Err(Errno::EROFS));
+        assert_eq!(vfs.unlink(root, b"/etc/nothing"), Err(Errno::ENOENT));
+        assert_eq!(vfs.rename(root, b"/etc/passwd", root, b"/tmp/p"), Err(Errno::EROFS));
+        assert_eq!(vfs.rename(root, b"/tmp", root, b"/tmp2"), Err(Errno::EBUSY));
+        assert_eq!(vfs.rmdir(root, b"/work"), Err(Errno::EBUSY));
+        let passwd = vfs.open(root, b"/etc/passwd", &RO).unwrap();
+        assert_eq!(vfs.write_at(passwd, 0, b"x"), Err(Errno::EROFS));
+        assert_eq!(vfs.access(passwd, W_OK), Err(Errno::EROFS));
+        assert_eq!(vfs.access(passwd, X_OK), Err(Errno::EACCES));
+        let prog = vfs.resolve(root, b"/bin/prog", true).unwrap();
+        assert_eq!(vfs.access(prog, X_OK), Ok(()));
+        assert_eq!(vfs.open(root, b"/bin", &OpenOptions { nofollow: true, ..RO }), Err(Errno::ELOOP));
+        assert_eq!(vfs.open(root, b"/etc/passwd", &OpenOptions { directory: true, ..RO }), Err(Errno::ENOTDIR));
+    }
+
+    #[test]
+    fn overlay_files_write_read_rename_unlink() {
+        let (_d, mut vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        let work = vfs.resolve(root, b"/work", true).unwrap();
+        let f = vfs.open(work, b"out.txt", &RW_CREATE).unwrap();
+        assert_eq!(vfs.write_at(f, 0, b"hello").unwrap(), 5);
+        assert_eq!(vfs.write_at(f, 8, b"!").unwrap(), 1);
+        assert_eq!(read_all(&vfs, f), b"hello\0\0\0!");
+        let st = vfs.stat(f).unwrap();
+        assert_eq!((st.mode, st.size, st.mtime), (0o100644, 9, OVERLAY_TIME));
+        assert_eq!(vfs.path_of(f).unwrap(), b"/work/out.txt");
+        assert_eq!(vfs.access(f, W_OK), Ok(()));
+        assert_eq!(vfs.open(root, b"/work/out.txt", &OpenOptions { exclusive: true, ..RW_CREATE }), Err(Errno::EEXIST));
+        // O_TRUNC empties it.
+        let again = vfs.open(root, b"/work/out.txt", &OpenOptions { truncate: true, ..RW_CREATE }).unwrap();
+        assert_eq!(again, f);
+        assert_eq!(vfs.stat(f).unwrap().size, 0);
+        vfs.write_at(f, 0, b"data").unwrap();
+
+        vfs.mkdir(root, b"/work/sub", 0o755).unwrap();
+        assert_eq!(vfs.mkdir(root, b"/work/sub", 0o755), Err(Errno::EEXIST));
+        vfs.rename(work, b"out.txt", root, b"/work/sub/moved").unwrap();
+        assert_eq!(vfs.resolve(root, b"/work/out.txt", true), Err(Errno::ENOENT));
+        let moved = vfs.resolve(root, b"/work/sub/moved", true).unwrap();
+        assert_eq!(moved, f);
+        assert_eq!(vfs.path_of(f).unwrap(), b"/work/sub/moved");
+        assert_eq!(read_all(&vfs, moved), b"data");
+        let names: Vec<Vec<u8>> = vfs.read_dir(work).unwrap().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, [b".".to_vec(), b"..".to_vec(), b"sub".to_vec()]);
+        assert_eq!(vfs.stat(work).unwrap().nlink, 3);
+        assert_eq!(vfs.rmdir(root, b"/work/sub"), Err(Errno::ENOTEMPTY));
+        assert_eq!(vfs.rename(root, b"/work/sub", root, b"/work/sub/inner"), Err(Errno::EINVAL));
+        // Cross-mount rename is allowed (one overlay); ".." from a mount root reaches the image.
+        vfs.rename(root, b"/work/sub", root, b"/tmp/sub").unwrap();
+        assert_eq!(vfs.resolve(root, b"/tmp/sub/moved/../../../etc/passwd", true), Err(Errno::ENOTDIR));
+        assert!(vfs.resolve(root, b"/tmp/sub/../../etc/passwd", true).is_ok());
+
+        // An unlinked open file stays readable until closed.
+        assert_eq!(vfs.unlink(root, b"/tmp/sub"), Err(Errno::EISDIR));
+        vfs.unlink(root, b"/tmp/sub/moved").unwrap();
+        assert_eq!(read_all(&vfs, f), b"data");
+        vfs.close(f);
+        assert_eq!(read_all(&vfs, f), b"data", "the second open still holds it");
+        vfs.close(again);
+        assert_eq!(vfs.stat(f), Err(Errno::ENOENT));
+        vfs.rmdir(root, b"/tmp/sub").unwrap();
+        assert_eq!(vfs.rmdir(root, b"/tmp/."), Err(Errno::EINVAL));
+    }
+
+    #[test]
+    fn rename_replaces_compatible_targets_only() {
+        let (_d, mut vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        for p in [&b"/tmp/a"[..], b"/tmp/b"] {
+            let n = vfs.open(root, p, &RW_CREATE).unwrap();
+            vfs.write_at(n, 0, p).unwrap();
+            vfs.close(n);
+        }
+        vfs.mkdir(root, b"/tmp/d", 0o700).unwrap();
+        assert_eq!(vfs.rename(root, b"/tmp/a", root, b"/tmp/d"), Err(Errno::EISDIR));
+        assert_eq!(vfs.rename(root, b"/tmp/d", root, b"/tmp/a"), Err(Errno::ENOTDIR));
+        vfs.rename(root, b"/tmp/a", root, b"/tmp/b").unwrap();
+        let b = vfs.resolve(root, b"/tmp/b", true).unwrap();
+        assert_eq!(read_all(&vfs, b), b"/tmp/a");
+        vfs.rename(root, b"/tmp/b", root, b"/tmp/b").unwrap();
+        assert_eq!(vfs.rename(root, b"/tmp/none", root, b"/tmp/x"), Err(Errno::ENOENT));
+        assert_eq!(vfs.rename(root, b"/tmp/b", root, b"/etc/b"), Err(Errno::EROFS));
+    }
+
+    #[test]
+    fn overlay_symlinks_and_fork_isolation() {
+        let (_d, mut vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        vfs.symlink(b"/etc/passwd", root, b"/tmp/pw").unwrap();
+        let passwd = vfs.resolve(root, b"/etc/passwd", true).unwrap();
+        assert_eq!(vfs.resolve(root, b"/tmp/pw", true).unwrap(), passwd);
+        assert_eq!(vfs.symlink(b"x", root, b"/etc/x"), Err(Errno::EROFS));
+        let mut fork = vfs.clone();
+        let f = fork.open(root, b"/tmp/only-in-fork", &RW_CREATE).unwrap();
+        fork.write_at(f, 0, b"x").unwrap();
+        assert!(fork.resolve(root, b"/tmp/only-in-fork", true).is_ok());
+        assert_eq!(vfs.resolve(root, b"/tmp/only-in-fork", true), Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn overlay_limit_gives_enospc() {
+        let (_d, mut vfs) = sample_vfs(8192);
+        let root = vfs.root();
+        let f = vfs.open(root, b"/tmp/big", &RW_CREATE).unwrap();
+        assert_eq!(vfs.write_at(f, 0, &[1u8; 8192]), Err(Errno::ENOSPC));
+        assert_eq!(vfs.write_at(f, 1 << 40, b"x"), Err(Errno::ENOSPC));
+        assert_eq!(vfs.write_at(f, 0, &[1u8; 4096]).unwrap(), 4096);
+        assert!(vfs.overlay_used() <= 8192);
+        // Many empty files hit the limit too (each node is charged).
+        let mut made = 0;
+        let err = loop {
+            match vfs.open(root, format!("/tmp/f{made}").as_bytes(), &RW_CREATE) {
+                Ok(_) => made += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err, Errno::ENOSPC);
+        assert!(made < 20);
+    }
+
+    #[test]
+    fn corrupted_or_truncated_images_are_refused() {
+        let dir = TempDir::new("corrupt");
+        write_sample(&dir.0);
+        assert!(Image::open(&dir.0).is_ok());
+        let index_path = dir.0.join(format::INDEX_FILE);
+        let data_path = dir.0.join(format::DATA_FILE);
+        let index = std::fs::read(&index_path).unwrap();
+        let data = std::fs::read(&data_path).unwrap();
+        let check = |what: &str, expect: &str| {
+            let err = Image::open(&dir.0).err().unwrap_or_else(|| panic!("{what}: accepted"));
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{what}: {err}");
+            assert!(err.to_string().contains(expect), "{what}: {err}");
+        };
+
+        let mut flipped = data.clone();
+        flipped[100] ^= 1;
+        std::fs::write(&data_path, &flipped).unwrap();
+        check("data byte flipped", "hash mismatch");
+        std::fs::write(&data_path, &data[..data.len() - 1]).unwrap();
+        check("data truncated", "truncated");
+        std::fs::write(&data_path, &data).unwrap();
+
+        let mut body_flip = index.clone();
+        *body_flip.last_mut().unwrap() ^= 0x40;
+        std::fs::write(&index_path, &body_flip).unwrap();
+        check("index body flipped", "hash mismatch");
+        std::fs::write(&index_path, &index[..index.len() - 3]).unwrap();
+        check("index truncated", "truncated");
+        std::fs::write(&index_path, &index[..40]).unwrap();
+        check("header truncated", "truncated");
+        let mut magic = index.clone();
+        magic[0] = b'Z';
+        std::fs::write(&index_path, &magic).unwrap();
+        check("bad magic", "bad magic");
+        let mut version = index.clone();
+        version[8] = 9;
+        std::fs::write(&index_path, &version).unwrap();
+        check("future version", "version 9");
+        std::fs::write(&index_path, &index).unwrap();
+        assert!(Image::open(&dir.0).is_ok());
+        std::fs::remove_file(&data_path).unwrap();
+        assert_eq!(Image::open(&dir.0).err().map(|e| e.kind()), Some(std::io::ErrorKind::NotFound));
+    }
+}

@@ -29,3 +29,7 @@ pub mod elf;
 // the CLI or daemon) so that real programs run end to end on machines without /dev/kvm.
 pub mod devcpu;
 pub mod loader;
+
+// The KVM backend: the machine state the guest needs (page tables, descriptor tables, CPL0
+// stubs, register values) and the ioctl layer that runs it as a `GuestCpu`.
+pub mod arch;

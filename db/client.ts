@@ -1,6 +1,7 @@
 // Opens the billing database: a PostgreSQL server through postgres.js when a URL is given,
 // otherwise embedded PGlite persisted in a data directory (or in memory). Both are migrated on open.
-import { existsSync, mkdirSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { PGlite } from "@electric-sql/pglite";
 import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
@@ -44,9 +45,53 @@ export async function openDatabase(location: DatabaseLocation): Promise<OpenData
     await migratePostgres(db, migrationsConfig);
     return { db: db as unknown as Database, backend: "postgres", close: () => client.end({ timeout: 5 }) };
   }
-  if (location.dataDir !== undefined) mkdirSync(location.dataDir, { recursive: true });
-  const client = location.dataDir === undefined ? new PGlite() : new PGlite(location.dataDir);
-  const db = drizzlePglite(client, { schema });
-  await migratePglite(db, migrationsConfig);
-  return { db: db as unknown as Database, backend: "pglite", close: () => client.close() };
+  const unlock = location.dataDir === undefined ? () => {} : lockDataDir(location.dataDir);
+  try {
+    const client = location.dataDir === undefined ? new PGlite() : new PGlite(location.dataDir);
+    const db = drizzlePglite(client, { schema });
+    await migratePglite(db, migrationsConfig);
+    return {
+      db: db as unknown as Database,
+      backend: "pglite",
+      close: async () => {
+        await client.close();
+        unlock();
+      },
+    };
+  } catch (error) {
+    unlock();
+    throw error;
+  }
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/**
+ * PGlite is one process's database: two processes opening the same directory would corrupt it.
+ * A lock file holding the owner's pid keeps a second one out (a dead owner's lock is taken over).
+ */
+function lockDataDir(dataDir: string): () => void {
+  mkdirSync(dataDir, { recursive: true });
+  const lockPath = join(dataDir, "sandfork.lock");
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      writeFileSync(lockPath, String(process.pid), { flag: "wx" });
+      return () => rmSync(lockPath, { force: true });
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+      const owner = Number(readFileSync(lockPath, "utf8"));
+      if (Number.isSafeInteger(owner) && owner > 0 && owner !== process.pid && processAlive(owner)) {
+        throw new Error(`the embedded database in ${dataDir} is in use by process ${owner}; stop it or use DATABASE_URL`);
+      }
+      rmSync(lockPath, { force: true });
+    }
+  }
+  throw new Error(`could not lock ${dataDir}`);
 }

@@ -68,14 +68,18 @@ export class ProblemError extends Error {
 
   body(instance?: string): ProblemBody {
     const spec = PROBLEMS[this.slug];
+    // Standard members first; an extension can never overwrite one.
     return {
+      ...{
+        type: problemType(this.slug),
+        title: spec.title,
+        status: spec.status,
+        detail: this.message,
+        ...(instance === undefined ? {} : { instance }),
+        retryable: spec.retryable,
+      },
       ...this.extensions,
-      type: problemType(this.slug),
-      title: spec.title,
-      status: spec.status,
-      detail: this.message,
-      ...(instance === undefined ? {} : { instance }),
-      retryable: spec.retryable,
+      ...{ type: problemType(this.slug), status: spec.status },
     };
   }
 }

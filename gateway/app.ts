@@ -1,0 +1,148 @@
+// Builds the gateway's Hono app from its dependencies. No I/O here beyond what requests do.
+import { OpenAPIHono } from "@hono/zod-openapi";
+import { httpInstrumentationMiddleware } from "@hono/otel";
+import { swaggerUI } from "@hono/swagger-ui";
+import { trace } from "@opentelemetry/api";
+import { HTTPException } from "hono/http-exception";
+import type { Database } from "../db/client.js";
+import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
+import { Authenticator } from "./auth/authenticator.js";
+import type { TokenService } from "./auth/tokens.js";
+import type { GatewayConfig } from "./config.js";
+import type { AppEnv, GatewayContext } from "./context.js";
+import { ExecutionService } from "./execution-service.js";
+import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits.js";
+import { ProblemError, problemResponse } from "./problems.js";
+import { registerExecutionRoutes } from "./routes/executions.js";
+import { registerKeyRoutes } from "./routes/keys.js";
+import { registerSystemRoutes } from "./routes/system.js";
+import { registerTokenRoutes } from "./routes/tokens.js";
+import { registerUsageRoutes } from "./routes/usage.js";
+import { SERVICE_NAME, SERVICE_VERSION, type Telemetry } from "./telemetry.js";
+
+export interface GatewayDeps {
+  db: Database;
+  config: GatewayConfig;
+  telemetry: Telemetry;
+  tokens: TokenService;
+  /** The connected runtime, if any; asked on every request so one can attach later. */
+  runtime: () => ExecutionRuntime | undefined;
+  shutdownSignal?: AbortSignal;
+  now?: () => number;
+}
+
+export interface Gateway {
+  app: OpenAPIHono<AppEnv>;
+  context: GatewayContext;
+}
+
+const VALIDATION_TARGETS: Record<string, string> = {
+  json: "request body",
+  query: "query string",
+  param: "path",
+  header: "request headers",
+};
+
+export const OPENAPI_PATH = "/openapi.json";
+export const DOCS_PATH = "/docs";
+
+export function createGateway(deps: GatewayDeps): Gateway {
+  const now = deps.now ?? Date.now;
+  const context: GatewayContext = {
+    db: deps.db,
+    config: deps.config,
+    telemetry: deps.telemetry,
+    tokens: deps.tokens,
+    runtime: deps.runtime,
+    authenticator: new Authenticator(deps.db, deps.tokens, deps.config.keyCacheTtlMs, now),
+    rateLimiter: new RateLimiter(now),
+    executions: new ExecutionService({
+      db: deps.db,
+      runtime: deps.runtime,
+      pricing: deps.config.pricing,
+      limits: deps.config.executionLimits,
+      concurrency: new ConcurrencyLimiter(),
+      tokenExecutions: new TokenExecutionCounter(now),
+      telemetry: deps.telemetry,
+      shutdownSignal: deps.shutdownSignal ?? new AbortController().signal,
+    }),
+  };
+
+  const app = new OpenAPIHono<AppEnv>({
+    defaultHook: (result) => {
+      if (!result.success) {
+        const where = VALIDATION_TARGETS[result.target] ?? result.target;
+        throw new ProblemError("validation-failed", `the ${where} does not match the schema`, {
+          extensions: {
+            errors: result.error.issues.map((issue) => ({ path: issue.path.join("."), message: issue.message })),
+          },
+        });
+      }
+    },
+  });
+
+  app.use(
+    "*",
+    httpInstrumentationMiddleware({
+      tracerProvider: deps.telemetry.tracerProvider,
+      meterProvider: deps.telemetry.meterProvider,
+      serviceName: SERVICE_NAME,
+      serviceVersion: SERVICE_VERSION,
+    }),
+  );
+
+  // FaaS attributes on the server span; the first request this instance serves is the cold start.
+  let coldStart = true;
+  app.use("*", async (c, next) => {
+    const incoming = c.req.header("x-request-id");
+    const requestId = incoming !== undefined && /^[\w.:-]{1,128}$/.test(incoming) ? incoming : crypto.randomUUID();
+    c.set("requestId", requestId);
+    trace.getActiveSpan()?.setAttributes({ "faas.trigger": "http", "faas.invocation_id": requestId, "faas.coldstart": coldStart });
+    coldStart = false;
+    c.header("x-request-id", requestId);
+    await next();
+  });
+
+  app.onError((error, c) => {
+    const problem = toProblem(error);
+    if (problem.slug === "internal-error") console.error("unhandled error", error);
+    deps.telemetry.instruments.rejectedRequests.add(1, { problem: problem.slug });
+    const response = problemResponse(problem, c.req.path);
+    response.headers.set("x-request-id", c.get("requestId") ?? "");
+    return response;
+  });
+  app.notFound((c) => problemResponse(new ProblemError("not-found", `no route for ${c.req.method} ${c.req.path}`), c.req.path));
+
+  app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
+    type: "http",
+    scheme: "bearer",
+    description: "An API key (sfk_…) or a token minted with POST /v1/tokens",
+  });
+  registerExecutionRoutes(app, context);
+  registerTokenRoutes(app, context);
+  registerUsageRoutes(app, context);
+  registerKeyRoutes(app, context);
+  registerSystemRoutes(app, context);
+
+  app.doc31(OPENAPI_PATH, {
+    openapi: "3.1.0",
+    info: {
+      title: "Sandfork gateway",
+      version: SERVICE_VERSION,
+      description:
+        "Runs code in microVMs forked from warm templates, metered in integer credits. Errors are RFC 9457 " +
+        "problem+json; each kind has a stable `type` under https://sandfork.dev/problems/.",
+    },
+  });
+  app.get(DOCS_PATH, swaggerUI({ url: OPENAPI_PATH }));
+  return { app, context };
+}
+
+function toProblem(error: unknown): ProblemError {
+  if (error instanceof ProblemError) return error;
+  if (error instanceof HTTPException) {
+    if (error.status === 400) return new ProblemError("malformed-request", error.message);
+    if (error.status === 413) return new ProblemError("payload-too-large", error.message);
+  }
+  return new ProblemError("internal-error", "the gateway failed to handle this request");
+}

@@ -1,0 +1,71 @@
+// Turns an Authorization header into a Principal. API keys: shape and checksum first (no database),
+// then the SHA-256 is looked up; answers are cached for keyCacheTtlMs, which bounds how long a
+// revocation made by another gateway process takes to apply (this process forgets at once).
+import type { Database } from "../../db/client.js";
+import { findKeyByHash, type StoredKey } from "../../db/keys.js";
+import { ProblemError } from "../problems.js";
+import { hasValidChecksum, hashApiKey, looksLikeApiKey } from "./api-key.js";
+import type { Principal } from "./principal.js";
+import type { TokenService } from "./tokens.js";
+
+const MAX_CACHED_KEYS = 10_000;
+
+interface CachedLookup {
+  key: StoredKey | undefined;
+  fetchedAt: number;
+}
+
+export class Authenticator {
+  private readonly cache = new Map<string, CachedLookup>();
+
+  constructor(
+    private readonly db: Database,
+    private readonly tokens: TokenService,
+    private readonly keyCacheTtlMs: number,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  async authenticate(authorization: string | undefined): Promise<Principal> {
+    const match = authorization?.match(/^Bearer\s+(\S+)\s*$/i);
+    if (!match?.[1]) throw new ProblemError("unauthenticated", "send an API key or a token as 'Authorization: Bearer <credential>'");
+    const credential = match[1];
+    if (looksLikeApiKey(credential)) return this.authenticateKey(credential);
+    if (credential.split(".").length === 3) return this.tokens.verify(credential);
+    throw new ProblemError("invalid-credentials", "the credential is neither an API key nor a token");
+  }
+
+  /** Drops cached lookups of a key, e.g. right after revoking it. */
+  forget(keyId: string): void {
+    for (const [hash, lookup] of this.cache) if (lookup.key?.id === keyId) this.cache.delete(hash);
+  }
+
+  private async authenticateKey(key: string): Promise<Principal> {
+    if (!hasValidChecksum(key)) throw new ProblemError("invalid-credentials", "the API key is malformed or mistyped (checksum mismatch)");
+    const stored = await this.lookup(hashApiKey(key));
+    if (stored === undefined) throw new ProblemError("invalid-credentials", "unknown API key");
+    if (stored.revokedAt !== null) throw new ProblemError("credentials-revoked");
+    if (stored.expiresAt !== null && stored.expiresAt.getTime() <= this.now()) throw new ProblemError("credentials-expired", "the API key has expired");
+    return {
+      keyId: stored.id,
+      accountId: stored.accountId,
+      scopes: stored.scopes,
+      limits: stored.limits,
+      expiresAt: stored.expiresAt,
+      token: null,
+    };
+  }
+
+  private async lookup(hash: string): Promise<StoredKey | undefined> {
+    const now = this.now();
+    const cached = this.cache.get(hash);
+    if (cached !== undefined && now - cached.fetchedAt < this.keyCacheTtlMs) return cached.key;
+    const key = await findKeyByHash(this.db, hash);
+    this.cache.delete(hash);
+    if (this.cache.size >= MAX_CACHED_KEYS) {
+      const oldest = this.cache.keys().next();
+      if (!oldest.done) this.cache.delete(oldest.value);
+    }
+    this.cache.set(hash, { key, fetchedAt: now });
+    return key;
+  }
+}

@@ -1,0 +1,49 @@
+// `npm run keys:create -- --name NAME [--scopes execute,usage:read] [--credits N] [--account ID] [--expires-in SECONDS]`
+// Creates a key directly in the configured database (for an operator at the gateway's host) and
+// prints the secret once.
+import { parseArgs } from "node:util";
+import { SCOPES, type Scope } from "../../db/keys.js";
+import { loadConfig } from "../config.js";
+import { issueKey } from "../key-service.js";
+import { openConfiguredDatabase } from "../server.js";
+
+const { values } = parseArgs({
+  options: {
+    name: { type: "string", default: "cli" },
+    scopes: { type: "string", default: "execute,usage:read" },
+    credits: { type: "string" },
+    account: { type: "string" },
+    "expires-in": { type: "string" },
+  },
+});
+
+function positiveInteger(flag: string, raw: string | undefined): number | undefined {
+  if (raw === undefined) return undefined;
+  const n = Number(raw);
+  if (!Number.isSafeInteger(n) || n <= 0) throw new Error(`--${flag} must be a positive integer`);
+  return n;
+}
+
+const scopes = values.scopes.split(",").map((s) => s.trim());
+const unknown = scopes.filter((s) => !(SCOPES as readonly string[]).includes(s));
+if (unknown.length > 0) throw new Error(`unknown scope(s) ${unknown.join(", ")}; known: ${SCOPES.join(", ")}`);
+const expiresIn = positiveInteger("expires-in", values["expires-in"]);
+
+const config = loadConfig();
+const open = await openConfiguredDatabase(config);
+try {
+  const { key, stored } = await issueKey(open.db, {
+    name: values.name,
+    scopes: scopes as Scope[],
+    accountId: values.account,
+    credits: positiveInteger("credits", values.credits),
+    expiresAt: expiresIn === undefined ? null : new Date(Date.now() + expiresIn * 1000),
+    limits: config.defaultKeyLimits,
+  });
+  console.log(`key id:     ${stored.id}`);
+  console.log(`account id: ${stored.accountId}`);
+  console.log(`scopes:     ${stored.scopes.join(", ")}`);
+  console.log(`secret (shown once): ${key}`);
+} finally {
+  await open.close();
+}

@@ -1,0 +1,28 @@
+// What route handlers share: the database, configuration, services and per-process limiters.
+import type { Database } from "../db/client.js";
+import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
+import type { Authenticator } from "./auth/authenticator.js";
+import type { Principal } from "./auth/principal.js";
+import type { TokenService } from "./auth/tokens.js";
+import type { GatewayConfig } from "./config.js";
+import type { ExecutionService } from "./execution-service.js";
+import type { RateLimiter } from "./limits.js";
+import type { Telemetry } from "./telemetry.js";
+
+export interface AppEnv {
+  Variables: {
+    principal: Principal;
+    requestId: string;
+  };
+}
+
+export interface GatewayContext {
+  db: Database;
+  config: GatewayConfig;
+  telemetry: Telemetry;
+  authenticator: Authenticator;
+  tokens: TokenService;
+  rateLimiter: RateLimiter;
+  executions: ExecutionService;
+  runtime: () => ExecutionRuntime | undefined;
+}

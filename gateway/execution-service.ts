@@ -1,0 +1,242 @@
+// One execution, end to end, around the ExecutionRuntime boundary:
+// idempotency replay → runtime present? → template known and allowed → token cap → concurrency slot
+// → reserve the worst-case cost → execute → settle the actual cost (durable before the answer).
+// Nothing is charged unless the runtime reports an end of the program.
+import { createHash, randomUUID } from "node:crypto";
+import { SpanStatusCode, type Span } from "@opentelemetry/api";
+import type { Database } from "../db/client.js";
+import { type ExecutionRecord, findByIdempotencyKey, release, reserve, settle } from "../db/billing.js";
+import { RuntimeUnavailableError } from "../runtime/errors.js";
+import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, Template } from "../runtime/execution-runtime.js";
+import type { Principal } from "./auth/principal.js";
+import type { ExecutionLimits } from "./config.js";
+import type { ConcurrencyLimiter, TokenExecutionCounter } from "./limits.js";
+import { costUnits, type Pricing, priceOf } from "./pricing.js";
+import { ProblemError } from "./problems.js";
+import type { Telemetry } from "./telemetry.js";
+
+/** Extra time the runtime gets past the program's own timeout before the gateway gives up on it. */
+const RUNTIME_GRACE_MS = 10_000;
+
+export interface ExecutionInput {
+  template: string;
+  code: string;
+  stdin?: string | undefined;
+  args?: string[] | undefined;
+  env?: Record<string, string> | undefined;
+  files?: { path: string; content: string; encoding?: "utf8" | "base64" | undefined }[] | undefined;
+  timeout_ms?: number | undefined;
+  memory_mb?: number | undefined;
+}
+
+export interface ExecutionOutcome {
+  record: ExecutionRecord;
+  /** True when this answers a retry with the first request's stored result. */
+  replayed: boolean;
+}
+
+export interface ExecutionServiceDeps {
+  db: Database;
+  /** Undefined until a runtime (the daemon client) is connected. */
+  runtime: () => ExecutionRuntime | undefined;
+  pricing: Pricing;
+  limits: ExecutionLimits;
+  concurrency: ConcurrencyLimiter;
+  tokenExecutions: TokenExecutionCounter;
+  telemetry: Telemetry;
+  /** Aborts in-flight executions when the gateway shuts down. */
+  shutdownSignal: AbortSignal;
+}
+
+type NormalizedRequest = Omit<ExecutionRequest, "executionId">;
+
+function normalize(input: ExecutionInput, limits: ExecutionLimits): NormalizedRequest {
+  return {
+    template: input.template,
+    code: input.code,
+    stdin: input.stdin ?? "",
+    args: input.args ?? [],
+    env: input.env ?? {},
+    files: (input.files ?? []).map((f) => ({ path: f.path, content: f.content, encoding: f.encoding ?? "utf8" })),
+    timeoutMs: input.timeout_ms ?? limits.defaultTimeoutMs,
+    memoryMb: input.memory_mb ?? limits.defaultMemoryMb,
+  };
+}
+
+/** SHA-256 over a canonical JSON form (sorted keys), so key order in the body does not matter. */
+export function requestHash(request: NormalizedRequest): string {
+  const canonical = (value: unknown): unknown => {
+    if (Array.isArray(value)) return value.map(canonical);
+    if (typeof value === "object" && value !== null) {
+      return Object.fromEntries(
+        Object.keys(value)
+          .sort()
+          .map((k) => [k, canonical((value as Record<string, unknown>)[k])]),
+      );
+    }
+    return value;
+  };
+  return createHash("sha256").update(JSON.stringify(canonical(request))).digest("hex");
+}
+
+export class ExecutionService {
+  constructor(private readonly deps: ExecutionServiceDeps) {}
+
+  async templates(): Promise<Template[]> {
+    return this.requireRuntime().templates();
+  }
+
+  async execute(principal: Principal, input: ExecutionInput, idempotencyKey: string | null): Promise<ExecutionOutcome> {
+    const request = normalize(input, this.deps.limits);
+    const hash = requestHash(request);
+    const grant = principal.token;
+    if (grant?.templates && !grant.templates.includes(request.template)) {
+      throw new ProblemError("template-not-allowed", `this token may run ${grant.templates.join(", ")}`);
+    }
+
+    if (idempotencyKey !== null) {
+      const existing = await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
+      if (existing) return { record: this.replay(existing, hash), replayed: true };
+    }
+
+    const runtime = this.requireRuntime();
+    const known = await runtime.templates();
+    if (!known.some((t) => t.name === request.template)) {
+      throw new ProblemError("unknown-template", `no template named "${request.template}"`, {
+        extensions: { templates: known.map((t) => t.name) },
+      });
+    }
+
+    if (grant?.maxExecutions != null) this.deps.tokenExecutions.consume(grant.id, grant.maxExecutions, grant.expiresAt);
+    let releaseSlot: (() => void) | undefined;
+    try {
+      releaseSlot = this.deps.concurrency.acquire(principal.keyId, principal.limits.maxConcurrency);
+      const outcome = await this.reserveAndRun(runtime, principal, request, hash, idempotencyKey);
+      if (outcome.replayed && grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
+      return outcome;
+    } catch (error) {
+      if (grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
+      throw error;
+    } finally {
+      releaseSlot?.();
+    }
+  }
+
+  private requireRuntime(): ExecutionRuntime {
+    const runtime = this.deps.runtime();
+    if (runtime === undefined) {
+      throw new ProblemError("runtime-unavailable", "no execution runtime is connected to this gateway; retry later", {
+        headers: { "retry-after": "5" },
+      });
+    }
+    return runtime;
+  }
+
+  private replay(existing: ExecutionRecord, hash: string): ExecutionRecord {
+    if (existing.requestHash !== hash) {
+      throw new ProblemError("idempotency-key-reused", "this Idempotency-Key was first used with a different request");
+    }
+    if (existing.status === "running") {
+      throw new ProblemError("idempotency-conflict", "the first request with this Idempotency-Key is still running", {
+        headers: { "retry-after": "1" },
+      });
+    }
+    return existing;
+  }
+
+  private async reserveAndRun(
+    runtime: ExecutionRuntime,
+    principal: Principal,
+    request: NormalizedRequest,
+    hash: string,
+    idempotencyKey: string | null,
+  ): Promise<ExecutionOutcome> {
+    const { tracer, instruments } = this.deps.telemetry;
+    const price = priceOf(this.deps.pricing, request.template);
+    const executionId = randomUUID();
+    const reservedUnits = costUnits(price, request.timeoutMs);
+
+    const reservation = await tracer.startActiveSpan("billing.reserve", async (span) => {
+      span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.reserved_units": reservedUnits });
+      try {
+        return await reserve(this.deps.db, {
+          executionId,
+          accountId: principal.accountId,
+          keyId: principal.keyId,
+          tokenId: principal.token?.id ?? null,
+          idempotencyKey,
+          requestHash: hash,
+          template: request.template,
+          units: reservedUnits,
+        });
+      } finally {
+        span.end();
+      }
+    });
+    if (reservation.kind === "duplicate") return { record: this.replay(reservation.existing, hash), replayed: true };
+    if (reservation.kind === "insufficient-credits") {
+      throw new ProblemError("insufficient-credits", `this execution needs up to ${reservedUnits} ${this.deps.pricing.unitName}s`, {
+        extensions: { required_units: reservedUnits, available_units: reservation.availableUnits },
+      });
+    }
+
+    const started = performance.now();
+    const startedAt = Date.now();
+    let result: ExecutionResult;
+    try {
+      const signal = AbortSignal.any([this.deps.shutdownSignal, AbortSignal.timeout(request.timeoutMs + RUNTIME_GRACE_MS)]);
+      result = await runtime.execute({ executionId, ...request }, signal);
+    } catch (error) {
+      await release(this.deps.db, executionId);
+      instruments.executions.add(1, { template: request.template, status: "aborted" });
+      if (error instanceof RuntimeUnavailableError) {
+        throw new ProblemError("runtime-unavailable", error.message, { headers: { "retry-after": "5" } });
+      }
+      throw new ProblemError("runtime-failed", error instanceof Error ? error.message : String(error));
+    }
+    const totalMs = performance.now() - started;
+    this.recordRuntimePhases(result, startedAt);
+
+    // Billed time is what the VM existed for this request: fork plus run, never past the timeout.
+    const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, request.timeoutMs);
+    const chargedUnits = Math.min(costUnits(price, billedMs), reservedUnits);
+    const record = await tracer.startActiveSpan("billing.settle", async (span: Span) => {
+      span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
+      try {
+        return await settle(this.deps.db, executionId, {
+          status: result.outcome,
+          exitCode: result.exitCode,
+          stdout: result.stdout,
+          stderr: result.stderr,
+          truncated: result.truncated,
+          timings: { ...result.timings, totalMs },
+          chargedUnits,
+        });
+      } catch (error) {
+        span.setStatus({ code: SpanStatusCode.ERROR });
+        throw error;
+      } finally {
+        span.end();
+      }
+    });
+    instruments.executions.add(1, { template: request.template, status: result.outcome });
+    instruments.executionDuration.record(totalMs / 1000, { template: request.template, status: result.outcome });
+    instruments.billedUnits.add(record.chargedUnits ?? 0, { template: request.template });
+    return { record, replayed: false };
+  }
+
+  /** The runtime reports its phases as durations; they become child spans laid end to end. */
+  private recordRuntimePhases(result: ExecutionResult, startedAt: number): void {
+    const { tracer } = this.deps.telemetry;
+    let at = startedAt;
+    for (const [name, ms] of [
+      ["queue", result.timings.queueMs],
+      ["fork", result.timings.forkMs],
+      ["exec", result.timings.execMs],
+    ] as const) {
+      const span = tracer.startSpan(name, { startTime: at });
+      at += ms;
+      span.end(at);
+    }
+  }
+}

@@ -1,0 +1,110 @@
+// Per-key limits held in this gateway process: a token-bucket rate limit, a count of executions in
+// flight, and the execution counts of minted tokens. (Several gateway processes each enforce them
+// separately; credits are the limit that is global, in the database.)
+import { ProblemError } from "./problems.js";
+
+const MAX_TRACKED = 100_000;
+
+interface Bucket {
+  tokens: number;
+  updatedAt: number;
+}
+
+/** Allows `perMinute` requests a minute per key, with bursts up to one minute's worth. */
+export class RateLimiter {
+  private readonly buckets = new Map<string, Bucket>();
+
+  constructor(private readonly now: () => number = Date.now) {}
+
+  /** Takes one request from the key's bucket or throws 429 with Retry-After. */
+  take(keyId: string, perMinute: number): void {
+    const now = this.now();
+    const refillPerMs = perMinute / 60_000;
+    const bucket = this.buckets.get(keyId) ?? { tokens: perMinute, updatedAt: now };
+    bucket.tokens = Math.min(perMinute, bucket.tokens + (now - bucket.updatedAt) * refillPerMs);
+    bucket.updatedAt = now;
+    if (bucket.tokens < 1) {
+      this.remember(keyId, bucket);
+      const retryAfterSeconds = Math.max(1, Math.ceil((1 - bucket.tokens) / refillPerMs / 1000));
+      throw new ProblemError("rate-limited", `this key allows ${perMinute} requests per minute`, {
+        headers: { "retry-after": String(retryAfterSeconds) },
+        extensions: { retry_after_seconds: retryAfterSeconds },
+      });
+    }
+    bucket.tokens -= 1;
+    this.remember(keyId, bucket);
+  }
+
+  private remember(keyId: string, bucket: Bucket): void {
+    this.buckets.delete(keyId);
+    if (this.buckets.size >= MAX_TRACKED) {
+      // Forgetting the least recently used bucket only ever refills it: errs on the caller's side.
+      const oldest = this.buckets.keys().next();
+      if (!oldest.done) this.buckets.delete(oldest.value);
+    }
+    this.buckets.set(keyId, bucket);
+  }
+}
+
+/** Counts executions in flight per key. */
+export class ConcurrencyLimiter {
+  private readonly inFlight = new Map<string, number>();
+
+  /** Takes a slot or throws 429; the returned function gives it back (idempotently). */
+  acquire(keyId: string, max: number): () => void {
+    const current = this.inFlight.get(keyId) ?? 0;
+    if (current >= max) {
+      throw new ProblemError("concurrency-limit", `this key allows ${max} executions at a time`, {
+        headers: { "retry-after": "1" },
+        extensions: { retry_after_seconds: 1 },
+      });
+    }
+    this.inFlight.set(keyId, current + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const left = (this.inFlight.get(keyId) ?? 1) - 1;
+      if (left <= 0) this.inFlight.delete(keyId);
+      else this.inFlight.set(keyId, left);
+    };
+  }
+
+  current(keyId: string): number {
+    return this.inFlight.get(keyId) ?? 0;
+  }
+}
+
+interface TokenCount {
+  used: number;
+  expiresAt: number;
+}
+
+/** Executions started with each minted token, kept until the token expires. */
+export class TokenExecutionCounter {
+  private readonly counts = new Map<string, TokenCount>();
+
+  constructor(private readonly now: () => number = Date.now) {}
+
+  /** Counts one execution against the token or throws 403 when it has used them all. */
+  consume(tokenId: string, maxExecutions: number, expiresAt: Date): void {
+    this.sweep();
+    const count = this.counts.get(tokenId) ?? { used: 0, expiresAt: expiresAt.getTime() };
+    if (count.used >= maxExecutions) {
+      throw new ProblemError("token-execution-limit", `this token allows ${maxExecutions} executions`);
+    }
+    count.used += 1;
+    this.counts.set(tokenId, count);
+  }
+
+  /** Gives back one execution that never started (e.g. refused for credits). */
+  refund(tokenId: string): void {
+    const count = this.counts.get(tokenId);
+    if (count !== undefined && count.used > 0) count.used -= 1;
+  }
+
+  private sweep(): void {
+    const now = this.now();
+    for (const [id, count] of this.counts) if (count.expiresAt <= now) this.counts.delete(id);
+  }
+}

@@ -1,0 +1,93 @@
+// POST /v1/executions, GET /v1/executions/{id}, GET /v1/templates.
+import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
+import { trace } from "@opentelemetry/api";
+import { findExecution } from "../../db/billing.js";
+import { hasScope } from "../auth/principal.js";
+import type { AppEnv, GatewayContext } from "../context.js";
+import { authenticate, limitBodyPerKey } from "../middleware.js";
+import { priceOf } from "../pricing.js";
+import { ProblemError } from "../problems.js";
+import { ExecutionSchema, executionRequestSchema, IdParamSchema, TemplateSchema } from "../schemas.js";
+import { AUTHENTICATED, executionJson, problemResponses } from "./openapi-helpers.js";
+
+const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
+
+export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
+  const unit = ctx.config.pricing.unitName;
+
+  const execute = createRoute({
+    method: "post",
+    path: "/v1/executions",
+    summary: "Run code in a fresh sandbox forked from a template",
+    description:
+      "Reserves the worst-case cost (the full timeout), runs, then charges the actual cost. With an Idempotency-Key, " +
+      "a retry returns the first result (header Idempotent-Replayed: true) and is billed once.",
+    security: AUTHENTICATED,
+    middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
+    request: {
+      headers: z.object({
+        "idempotency-key": z.string().optional().openapi({ description: "Up to 255 visible ASCII characters" }),
+      }),
+      body: { required: true, content: { "application/json": { schema: executionRequestSchema(ctx.config.executionLimits) } } },
+    },
+    responses: {
+      200: { description: "The execution ended (see status and exit_code)", content: { "application/json": { schema: ExecutionSchema } } },
+      ...problemResponses(400, 401, 402, 403, 409, 413, 422, 429, 502, 503),
+    },
+  });
+  app.openapi(execute, async (c) => {
+    const idempotencyKey = c.req.header("idempotency-key") ?? null;
+    if (idempotencyKey !== null && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
+      throw new ProblemError("validation-failed", "Idempotency-Key must be 1 to 255 visible ASCII characters");
+    }
+    const { record, replayed } = await ctx.executions.execute(c.get("principal"), c.req.valid("json"), idempotencyKey);
+    trace.getActiveSpan()?.setAttribute("sandfork.execution.id", record.id);
+    if (replayed) c.header("idempotent-replayed", "true");
+    return c.json(executionJson(record, unit), 200);
+  });
+
+  const getExecution = createRoute({
+    method: "get",
+    path: "/v1/executions/{id}",
+    summary: "Fetch an execution recorded for the calling key",
+    security: AUTHENTICATED,
+    middleware: [authenticate(ctx, "execute")] as const,
+    request: { params: IdParamSchema },
+    responses: {
+      200: { description: "The execution", content: { "application/json": { schema: ExecutionSchema } } },
+      ...problemResponses(401, 403, 404, 422, 429),
+    },
+  });
+  app.openapi(getExecution, async (c) => {
+    const principal = c.get("principal");
+    const record = await findExecution(ctx.db, c.req.valid("param").id);
+    if (record === undefined || (record.keyId !== principal.keyId && !hasScope(principal, "admin"))) {
+      throw new ProblemError("not-found", "no such execution for this key");
+    }
+    return c.json(executionJson(record, unit), 200);
+  });
+
+  const listTemplates = createRoute({
+    method: "get",
+    path: "/v1/templates",
+    summary: "Templates the connected runtime offers, with their prices",
+    security: AUTHENTICATED,
+    middleware: [authenticate(ctx, "execute")] as const,
+    responses: {
+      200: { description: "Templates", content: { "application/json": { schema: z.object({ templates: z.array(TemplateSchema) }) } } },
+      ...problemResponses(401, 403, 429, 503),
+    },
+  });
+  app.openapi(listTemplates, async (c) => {
+    const templates = await ctx.executions.templates();
+    return c.json(
+      {
+        templates: templates.map((t) => {
+          const price = priceOf(ctx.config.pricing, t.name);
+          return { ...t, price: { unit, base_units: price.baseUnits, units_per_second: price.unitsPerSecond } };
+        }),
+      },
+      200,
+    );
+  });
+}

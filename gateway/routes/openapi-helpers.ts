@@ -1,0 +1,71 @@
+// Shared pieces of route definitions.
+import type { ExecutionRecord } from "../../db/billing.js";
+import type { StoredKey } from "../../db/keys.js";
+import { ProblemSchema } from "../schemas.js";
+
+const PROBLEM_DESCRIPTIONS: Record<number, string> = {
+  400: "Malformed request (problems/malformed-request)",
+  401: "Missing, invalid, expired or revoked credentials (problems/unauthenticated, invalid-credentials, credentials-expired, credentials-revoked)",
+  402: "Not enough credits (problems/insufficient-credits)",
+  403: "Scope, template or token limit (problems/insufficient-scope, template-not-allowed, token-execution-limit)",
+  404: "Not found (problems/not-found)",
+  409: "The first request with this Idempotency-Key is still running (problems/idempotency-conflict)",
+  413: "Body larger than the key allows (problems/payload-too-large)",
+  422: "Validation failed (problems/validation-failed, unknown-template, idempotency-key-reused)",
+  429: "Rate or concurrency limit, see Retry-After (problems/rate-limited, concurrency-limit)",
+  502: "The runtime failed during the execution; nothing was charged (problems/runtime-failed)",
+  503: "No execution runtime connected, see Retry-After (problems/runtime-unavailable)",
+};
+
+export function problemResponses<S extends keyof typeof PROBLEM_DESCRIPTIONS>(...statuses: S[]) {
+  return Object.fromEntries(
+    statuses.map((status) => [
+      status,
+      { description: PROBLEM_DESCRIPTIONS[status] ?? "Problem", content: { "application/problem+json": { schema: ProblemSchema } } },
+    ]),
+  ) as Record<S, { description: string; content: { "application/problem+json": { schema: typeof ProblemSchema } } }>;
+}
+
+export const AUTHENTICATED = [{ bearerAuth: [] }];
+
+const iso = (d: Date | null) => (d === null ? null : d.toISOString());
+
+export function executionJson(record: ExecutionRecord, unitName: string) {
+  return {
+    id: record.id,
+    template: record.template,
+    status: record.status,
+    exit_code: record.exitCode,
+    stdout: record.stdout,
+    stderr: record.stderr,
+    truncated: record.truncated,
+    timings:
+      record.timings === null
+        ? null
+        : {
+            queue_ms: record.timings.queueMs,
+            fork_ms: record.timings.forkMs,
+            exec_ms: record.timings.execMs,
+            total_ms: record.timings.totalMs,
+          },
+    usage: { unit: unitName, reserved_units: record.reservedUnits, units: record.chargedUnits },
+    created_at: record.createdAt.toISOString(),
+    finished_at: iso(record.finishedAt),
+  };
+}
+
+export function keyJson(key: StoredKey) {
+  return {
+    id: key.id,
+    account_id: key.accountId,
+    name: key.name,
+    hint: key.hint,
+    scopes: key.scopes,
+    expires_at: iso(key.expiresAt),
+    revoked_at: iso(key.revokedAt),
+    created_at: key.createdAt.toISOString(),
+    rate_limit_per_minute: key.limits.rateLimitPerMinute,
+    max_concurrency: key.limits.maxConcurrency,
+    max_body_bytes: key.limits.maxBodyBytes,
+  };
+}

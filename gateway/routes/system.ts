@@ -1,0 +1,42 @@
+// GET /healthz and GET /metrics (unauthenticated: meant for the operator's network).
+import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
+import { sql } from "drizzle-orm";
+import type { AppEnv, GatewayContext } from "../context.js";
+import { HealthSchema } from "../schemas.js";
+
+export function registerSystemRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
+  const health = createRoute({
+    method: "get",
+    path: "/healthz",
+    summary: "Liveness and dependencies",
+    description: "200 while the database answers; `runtime` says whether executions can run.",
+    responses: {
+      200: { description: "Healthy", content: { "application/json": { schema: HealthSchema } } },
+      503: { description: "The database does not answer", content: { "application/json": { schema: HealthSchema } } },
+    },
+  });
+  app.openapi(health, async (c) => {
+    let database: "ok" | "error" = "ok";
+    try {
+      await ctx.db.execute(sql`select 1`);
+    } catch {
+      database = "error";
+    }
+    const runtime = ctx.runtime() === undefined ? "unavailable" : "connected";
+    const body = { status: database === "ok" && runtime === "connected" ? "ok" : "degraded", database, runtime } as const;
+    return database === "ok" ? c.json(body, 200) : c.json(body, 503);
+  });
+
+  const metrics = createRoute({
+    method: "get",
+    path: "/metrics",
+    summary: "Prometheus metrics: HTTP requests, executions, billed units, rejections",
+    responses: {
+      200: { description: "Prometheus text exposition format", content: { "text/plain": { schema: z.string() } } },
+    },
+  });
+  app.openapi(metrics, async (c) => {
+    const text = await ctx.telemetry.prometheusText();
+    return c.text(text, 200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
+  });
+}

@@ -1,0 +1,38 @@
+// POST /v1/tokens: a key holder mints a short-lived token for an untrusted client or agent.
+import { createRoute, type OpenAPIHono } from "@hono/zod-openapi";
+import type { AppEnv, GatewayContext } from "../context.js";
+import { authenticate, limitBodyPerKey } from "../middleware.js";
+import { ProblemError } from "../problems.js";
+import { TokenRequestSchema, TokenSchema } from "../schemas.js";
+import { AUTHENTICATED, problemResponses } from "./openapi-helpers.js";
+
+const DEFAULT_TTL_SECONDS = 900;
+
+export function registerTokenRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
+  const mintRoute = createRoute({
+    method: "post",
+    path: "/v1/tokens",
+    summary: "Mint a short-lived execute-only token (EdDSA JWT) from an API key",
+    description: "The token carries the key's identity and limits; it is verified by signature alone.",
+    security: AUTHENTICATED,
+    middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
+    request: { body: { required: true, content: { "application/json": { schema: TokenRequestSchema } } } },
+    responses: {
+      201: { description: "The token", content: { "application/json": { schema: TokenSchema } } },
+      ...problemResponses(400, 401, 403, 413, 422, 429),
+    },
+  });
+  app.openapi(mintRoute, async (c) => {
+    const principal = c.get("principal");
+    if (principal.token !== null) throw new ProblemError("insufficient-scope", "tokens cannot mint tokens; use an API key");
+    const body = c.req.valid("json");
+    const ttlSeconds = Math.min(body.ttl_seconds ?? DEFAULT_TTL_SECONDS, ctx.config.maxTokenTtlSeconds);
+    const templates = body.templates ?? null;
+    const maxExecutions = body.max_executions ?? null;
+    const minted = await ctx.tokens.mint(principal, { ttlSeconds, templates, maxExecutions });
+    return c.json(
+      { token: minted.token, token_id: minted.id, expires_at: minted.expiresAt.toISOString(), templates, max_executions: maxExecutions },
+      201,
+    );
+  });
+}

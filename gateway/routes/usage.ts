@@ -1,0 +1,64 @@
+// GET /v1/usage: what a key used in a period, and its account's balance.
+import { createRoute, type OpenAPIHono } from "@hono/zod-openapi";
+import { findKeyById, getBalance } from "../../db/keys.js";
+import { usageForKey } from "../../db/usage.js";
+import { hasScope } from "../auth/principal.js";
+import type { AppEnv, GatewayContext } from "../context.js";
+import { authenticate } from "../middleware.js";
+import { ProblemError } from "../problems.js";
+import { UsageQuerySchema, UsageSchema } from "../schemas.js";
+import { AUTHENTICATED, problemResponses } from "./openapi-helpers.js";
+
+const startOfUtcMonth = (now: Date) => new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
+
+export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
+  const usageRoute = createRoute({
+    method: "get",
+    path: "/v1/usage",
+    summary: "Usage of a key over a period, with the account's balance",
+    security: AUTHENTICATED,
+    middleware: [authenticate(ctx, "usage:read")] as const,
+    request: { query: UsageQuerySchema },
+    responses: {
+      200: { description: "Usage", content: { "application/json": { schema: UsageSchema } } },
+      ...problemResponses(401, 403, 404, 422, 429),
+    },
+  });
+  app.openapi(usageRoute, async (c) => {
+    const principal = c.get("principal");
+    const query = c.req.valid("query");
+    let keyId = principal.keyId;
+    let accountId = principal.accountId;
+    if (query.key_id !== undefined && query.key_id !== principal.keyId) {
+      if (!hasScope(principal, "admin")) throw new ProblemError("insufficient-scope", "only an admin key may read another key's usage");
+      const key = await findKeyById(ctx.db, query.key_id);
+      if (key === undefined) throw new ProblemError("not-found", `no key ${query.key_id}`);
+      keyId = key.id;
+      accountId = key.accountId;
+    }
+    const now = new Date();
+    const to = query.to === undefined ? now : new Date(query.to);
+    const from = query.from === undefined ? startOfUtcMonth(now) : new Date(query.from);
+    if (from >= to) throw new ProblemError("validation-failed", "`from` must be before `to`");
+    const [usage, balance] = await Promise.all([usageForKey(ctx.db, keyId, from, to), getBalance(ctx.db, accountId)]);
+    if (balance === undefined) throw new ProblemError("not-found", `no account ${accountId}`);
+    return c.json(
+      {
+        key_id: keyId,
+        account_id: accountId,
+        from: from.toISOString(),
+        to: to.toISOString(),
+        unit: ctx.config.pricing.unitName,
+        executions: usage.executions,
+        units: usage.units,
+        by_template: usage.byTemplate,
+        balance: {
+          balance_units: balance.balanceUnits,
+          reserved_units: balance.reservedUnits,
+          available_units: balance.availableUnits,
+        },
+      },
+      200,
+    );
+  });
+}

@@ -1,0 +1,188 @@
+// Request and response schemas. They validate requests and produce the OpenAPI 3.1 document.
+import { z } from "@hono/zod-openapi";
+import { SCOPES } from "../db/keys.js";
+import type { ExecutionLimits } from "./config.js";
+
+export const ProblemSchema = z
+  .object({
+    type: z.string().openapi({ example: "https://sandfork.dev/problems/runtime-unavailable" }),
+    title: z.string(),
+    status: z.number().int(),
+    detail: z.string().optional(),
+    instance: z.string().optional(),
+    retryable: z.boolean().openapi({ description: "Whether the same request may succeed later unchanged" }),
+  })
+  .loose()
+  .openapi("Problem", { description: "RFC 9457 problem details; `type` is stable for each kind of failure" });
+
+const relativePath = z
+  .string()
+  .min(1)
+  .max(255)
+  .refine((p) => !p.startsWith("/") && !p.split("/").includes("..") && !p.includes("\0"), {
+    message: "must be a relative path without '..' segments",
+  });
+
+export function executionRequestSchema(limits: ExecutionLimits) {
+  return z
+    .object({
+      template: z
+        .string()
+        .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
+        .openapi({ example: "python", description: "A template name from GET /v1/templates" }),
+      code: z.string().openapi({ example: "print(sum(range(10)))" }),
+      stdin: z.string().optional(),
+      args: z.array(z.string().max(4096)).max(64).optional(),
+      env: z
+        .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), z.string().max(4096))
+        .refine((e) => Object.keys(e).length <= 64, { message: "at most 64 variables" })
+        .optional(),
+      files: z
+        .array(
+          z.object({
+            path: relativePath,
+            content: z.string(),
+            encoding: z.enum(["utf8", "base64"]).optional(),
+          }),
+        )
+        .max(64)
+        .optional(),
+      timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().openapi({ example: limits.defaultTimeoutMs }),
+      memory_mb: z.number().int().min(16).max(limits.maxMemoryMb).optional().openapi({ example: limits.defaultMemoryMb }),
+    })
+    .strict()
+    .openapi("ExecutionRequest");
+}
+
+export const ExecutionStatusSchema = z.enum(["running", "completed", "timed_out", "memory_exceeded", "output_exceeded", "aborted"]).openapi({
+  description:
+    "running: reserved and in flight; completed: the program exited (see exit_code); timed_out / memory_exceeded / " +
+    "output_exceeded: stopped at a limit; aborted: the runtime failed and nothing was charged",
+});
+
+export const ExecutionSchema = z
+  .object({
+    id: z.string().uuid(),
+    template: z.string(),
+    status: ExecutionStatusSchema,
+    exit_code: z.number().int().nullable(),
+    stdout: z.string().nullable(),
+    stderr: z.string().nullable(),
+    truncated: z.boolean().nullable(),
+    timings: z
+      .object({ queue_ms: z.number(), fork_ms: z.number(), exec_ms: z.number(), total_ms: z.number() })
+      .nullable(),
+    usage: z.object({
+      unit: z.string(),
+      reserved_units: z.number().int(),
+      units: z.number().int().nullable().openapi({ description: "Charged units; null while running" }),
+    }),
+    created_at: z.string().datetime(),
+    finished_at: z.string().datetime().nullable(),
+  })
+  .openapi("Execution");
+
+export const TemplateSchema = z
+  .object({
+    name: z.string(),
+    description: z.string(),
+    language: z.string(),
+    version: z.string(),
+    price: z.object({ unit: z.string(), base_units: z.number().int(), units_per_second: z.number().int() }),
+  })
+  .openapi("Template");
+
+export const UsageQuerySchema = z.object({
+  key_id: z.string().uuid().optional().openapi({ description: "Admin only: another key's usage. Default: the caller's key" }),
+  from: z.string().datetime({ offset: true }).optional().openapi({ description: "Start (inclusive). Default: start of this UTC month" }),
+  to: z.string().datetime({ offset: true }).optional().openapi({ description: "End (exclusive). Default: now" }),
+});
+
+export const UsageSchema = z
+  .object({
+    key_id: z.string().uuid(),
+    account_id: z.string().uuid(),
+    from: z.string().datetime(),
+    to: z.string().datetime(),
+    unit: z.string(),
+    executions: z.number().int(),
+    units: z.number().int(),
+    by_template: z.array(z.object({ template: z.string(), executions: z.number().int(), units: z.number().int() })),
+    balance: z.object({ balance_units: z.number().int(), reserved_units: z.number().int(), available_units: z.number().int() }),
+  })
+  .openapi("Usage");
+
+export const ScopeSchema = z.enum(SCOPES);
+
+const limitFields = {
+  rate_limit_per_minute: z.number().int().min(1).max(1_000_000),
+  max_concurrency: z.number().int().min(1).max(10_000),
+  max_body_bytes: z.number().int().min(1024).max(64 * 1024 * 1024),
+};
+
+export const CreateKeyRequestSchema = z
+  .object({
+    name: z.string().min(1).max(200),
+    scopes: z.array(ScopeSchema).min(1).optional().openapi({ description: 'Default: ["execute", "usage:read"]' }),
+    account_id: z.string().uuid().optional().openapi({ description: "Existing account; default: a new account named after the key" }),
+    credits: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER).optional().openapi({ description: "Units granted to the account" }),
+    expires_in_seconds: z.number().int().min(1).max(10 * 365 * 24 * 3600).optional(),
+    rate_limit_per_minute: limitFields.rate_limit_per_minute.optional(),
+    max_concurrency: limitFields.max_concurrency.optional(),
+    max_body_bytes: limitFields.max_body_bytes.optional(),
+  })
+  .strict()
+  .openapi("CreateKeyRequest");
+
+export const KeySchema = z
+  .object({
+    id: z.string().uuid(),
+    account_id: z.string().uuid(),
+    name: z.string(),
+    hint: z.string(),
+    scopes: z.array(ScopeSchema),
+    expires_at: z.string().datetime().nullable(),
+    revoked_at: z.string().datetime().nullable(),
+    created_at: z.string().datetime(),
+    ...limitFields,
+  })
+  .openapi("Key");
+
+export const CreatedKeySchema = KeySchema.extend({
+  key: z.string().openapi({ description: "The secret. Shown this once; only its SHA-256 is stored" }),
+}).openapi("CreatedKey");
+
+export const CreditGrantSchema = z.object({ units: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER) }).strict().openapi("CreditGrant");
+
+export const BalanceSchema = z
+  .object({ account_id: z.string().uuid(), balance_units: z.number().int(), reserved_units: z.number().int(), available_units: z.number().int() })
+  .openapi("Balance");
+
+export const TokenRequestSchema = z
+  .object({
+    ttl_seconds: z.number().int().min(1).optional().openapi({ description: "Default 900; capped by the gateway's maximum and the key's expiry" }),
+    templates: z.array(z.string()).min(1).max(64).optional().openapi({ description: "Templates the token may run; default: all" }),
+    max_executions: z.number().int().min(1).max(1_000_000).optional(),
+  })
+  .strict()
+  .openapi("TokenRequest");
+
+export const TokenSchema = z
+  .object({
+    token: z.string(),
+    token_id: z.string(),
+    expires_at: z.string().datetime(),
+    templates: z.array(z.string()).nullable(),
+    max_executions: z.number().int().nullable(),
+  })
+  .openapi("Token");
+
+export const HealthSchema = z
+  .object({
+    status: z.enum(["ok", "degraded"]),
+    database: z.enum(["ok", "error"]),
+    runtime: z.enum(["connected", "unavailable"]),
+  })
+  .openapi("Health");
+
+export const IdParamSchema = z.object({ id: z.string().uuid().openapi({ param: { name: "id", in: "path" } }) });

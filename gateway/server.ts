@@ -1,0 +1,92 @@
+// Starting a gateway process: open (and migrate) the database, release reservations a previous
+// process left behind, bootstrap the first admin key, serve HTTP.
+import { join } from "node:path";
+import { serve, type ServerType } from "@hono/node-server";
+import { releaseStaleReservations } from "../db/billing.js";
+import { type OpenDatabase, openDatabase } from "../db/client.js";
+import { countKeys } from "../db/keys.js";
+import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
+import { createGateway } from "./app.js";
+import { loadSigningKey, TokenService } from "./auth/tokens.js";
+import type { GatewayConfig } from "./config.js";
+import { issueKey } from "./key-service.js";
+import { createTelemetry } from "./telemetry.js";
+
+export const EMBEDDED_DATABASE_DIR = "data";
+/** An execution older than its longest timeout plus this is certainly not running any more. */
+const STALE_RESERVATION_MARGIN_MS = 60_000;
+
+export function openConfiguredDatabase(config: GatewayConfig): Promise<OpenDatabase> {
+  return config.databaseUrl !== undefined
+    ? openDatabase({ backend: "postgres", url: config.databaseUrl })
+    : openDatabase({ backend: "pglite", dataDir: join(config.dataDir, EMBEDDED_DATABASE_DIR) });
+}
+
+/** On an empty database, creates the operator's admin key; returns the secret, or null. */
+export async function bootstrapAdminKey(open: OpenDatabase, config: GatewayConfig): Promise<string | null> {
+  if ((await countKeys(open.db)) > 0) return null;
+  const { key } = await issueKey(open.db, {
+    name: "operator",
+    scopes: ["admin", "execute", "usage:read"],
+    limits: config.defaultKeyLimits,
+  });
+  return key;
+}
+
+export interface RunningGateway {
+  url: string;
+  server: ServerType;
+  stop(): Promise<void>;
+}
+
+export async function startGateway(
+  config: GatewayConfig,
+  options: { runtime?: () => ExecutionRuntime | undefined; log?: (line: string) => void } = {},
+): Promise<RunningGateway> {
+  const log = options.log ?? ((line: string) => console.log(line));
+  const open = await openConfiguredDatabase(config);
+  const staleBefore = new Date(Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS);
+  const released = await releaseStaleReservations(open.db, staleBefore);
+  if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
+
+  const adminKey = await bootstrapAdminKey(open, config);
+  if (adminKey !== null) {
+    log("");
+    log("First start on an empty database: created an admin API key. It is shown only this once:");
+    log(`  ${adminKey}`);
+    log("Create keys for callers with POST /v1/keys (or `npm run keys:create`).");
+    log("");
+  }
+
+  const telemetry = createTelemetry();
+  const tokens = new TokenService(loadSigningKey(config.tokenSigningKeyPem, config.dataDir), config.tokenIssuer, config.tokenAudience);
+  const shutdown = new AbortController();
+  const { app } = createGateway({
+    db: open.db,
+    config,
+    telemetry,
+    tokens,
+    runtime: options.runtime ?? (() => undefined),
+    shutdownSignal: shutdown.signal,
+  });
+  const server = await new Promise<ServerType>((resolve) => {
+    const s = serve({ fetch: app.fetch, hostname: config.host, port: config.port }, () => resolve(s));
+  });
+  const address = server.address();
+  const port = typeof address === "object" && address !== null ? address.port : config.port;
+  const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
+  const database = config.databaseUrl !== undefined ? "PostgreSQL (DATABASE_URL)" : `PGlite in ${join(config.dataDir, EMBEDDED_DATABASE_DIR)}`;
+  log(`sandfork gateway listening on ${url} (database: ${database}); API docs at ${url}/docs`);
+  if (options.runtime === undefined) log("no execution runtime connected: POST /v1/executions answers 503 runtime-unavailable");
+
+  return {
+    url,
+    server,
+    async stop() {
+      shutdown.abort();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await telemetry.shutdown();
+      await open.close();
+    },
+  };
+}

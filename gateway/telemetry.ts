@@ -1,0 +1,96 @@
+// OpenTelemetry for the gateway: one tracer provider and one meter provider per gateway instance.
+// Metrics are always readable at /metrics (Prometheus text); traces and metrics are also pushed by
+// OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT (or the per-signal variables) is set.
+import { context, type Counter, type Histogram, type Meter, type Tracer, type TracerProvider } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { OTLPMetricExporter } from "@opentelemetry/exporter-metrics-otlp-http";
+import { PrometheusExporter, PrometheusSerializer } from "@opentelemetry/exporter-prometheus";
+import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
+import { resourceFromAttributes } from "@opentelemetry/resources";
+import { MeterProvider, type MetricReader, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics";
+import { BasicTracerProvider, BatchSpanProcessor, type SpanExporter, type SpanProcessor, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
+import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
+
+export const SERVICE_NAME = "sandfork-gateway";
+export const SERVICE_VERSION = "0.1.0";
+
+export interface GatewayInstruments {
+  executions: Counter;
+  executionDuration: Histogram;
+  billedUnits: Counter;
+  rejectedRequests: Counter;
+}
+
+export interface Telemetry {
+  tracerProvider: TracerProvider;
+  meterProvider: MeterProvider;
+  tracer: Tracer;
+  meter: Meter;
+  instruments: GatewayInstruments;
+  /** The current metrics in Prometheus text exposition format. */
+  prometheusText(): Promise<string>;
+  shutdown(): Promise<void>;
+}
+
+export interface TelemetryOptions {
+  env?: NodeJS.ProcessEnv;
+  /** Extra span exporter, exported synchronously (tests read spans from an in-memory one). */
+  spanExporter?: SpanExporter;
+}
+
+let contextManagerInstalled = false;
+
+/** Child spans find their parent through async context; install that once per process. */
+function installContextManager(): void {
+  if (contextManagerInstalled) return;
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  contextManagerInstalled = true;
+}
+
+function otlpConfigured(env: NodeJS.ProcessEnv, signal: "TRACES" | "METRICS"): boolean {
+  return Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env[`OTEL_EXPORTER_OTLP_${signal}_ENDPOINT`]);
+}
+
+export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
+  const env = options.env ?? process.env;
+  installContextManager();
+  const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: SERVICE_NAME, [ATTR_SERVICE_VERSION]: SERVICE_VERSION });
+
+  const spanProcessors: SpanProcessor[] = [];
+  if (options.spanExporter) spanProcessors.push(new SimpleSpanProcessor(options.spanExporter));
+  if (otlpConfigured(env, "TRACES")) spanProcessors.push(new BatchSpanProcessor(new OTLPTraceExporter()));
+  const tracerProvider = new BasicTracerProvider({ resource, spanProcessors });
+
+  const prometheus = new PrometheusExporter({ preventServerStart: true });
+  const readers: MetricReader[] = [prometheus];
+  if (otlpConfigured(env, "METRICS")) readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter() }));
+  const meterProvider = new MeterProvider({ resource, readers });
+
+  const tracer = tracerProvider.getTracer(SERVICE_NAME, SERVICE_VERSION);
+  const meter = meterProvider.getMeter(SERVICE_NAME, SERVICE_VERSION);
+  const instruments: GatewayInstruments = {
+    executions: meter.createCounter("sandfork.executions", { description: "Executions finished, by template and status" }),
+    executionDuration: meter.createHistogram("sandfork.execution.duration", {
+      description: "Wall time of executions as measured by the gateway",
+      unit: "s",
+    }),
+    billedUnits: meter.createCounter("sandfork.billing.units", { description: "Billing units charged, by template" }),
+    rejectedRequests: meter.createCounter("sandfork.requests.rejected", { description: "Requests answered with a problem, by problem type" }),
+  };
+  const serializer = new PrometheusSerializer();
+
+  return {
+    tracerProvider,
+    meterProvider,
+    tracer,
+    meter,
+    instruments,
+    async prometheusText() {
+      const { resourceMetrics } = await prometheus.collect();
+      return serializer.serialize(resourceMetrics);
+    },
+    async shutdown() {
+      await Promise.allSettled([tracerProvider.shutdown(), meterProvider.shutdown()]);
+    },
+  };
+}

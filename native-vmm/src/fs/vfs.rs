@@ -562,26 +562,7 @@ impl Tree for Vfs {
 mod tests {
     use super::*;
     use crate::image::format::{self, Entry, EntryKind, Index};
-    use std::path::PathBuf;
-
-    /// A temporary directory removed on drop.
-    pub(crate) struct TempDir(pub PathBuf);
-
-    impl TempDir {
-        pub fn new(tag: &str) -> TempDir {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static SEQ: AtomicU32 = AtomicU32::new(0);
-            let dir = std::env::temp_dir().join(format!("sandfork-{tag}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
-            std::fs::create_dir_all(&dir).unwrap();
-            TempDir(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::image::testdir::TempDir;
 
     fn entry(path: &str, mode: u32, kind: EntryKind) -> Entry {
         Entry { path: path.into(), mode, mtime_sec: 1_600_000_000, mtime_nsec: 7, kind }

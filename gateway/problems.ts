@@ -68,19 +68,16 @@ export class ProblemError extends Error {
 
   body(instance?: string): ProblemBody {
     const spec = PROBLEMS[this.slug];
-    // Standard members first; an extension can never overwrite one.
-    return {
-      ...{
-        type: problemType(this.slug),
-        title: spec.title,
-        status: spec.status,
-        detail: this.message,
-        ...(instance === undefined ? {} : { instance }),
-        retryable: spec.retryable,
-      },
-      ...this.extensions,
-      ...{ type: problemType(this.slug), status: spec.status },
+    const standard = {
+      type: problemType(this.slug),
+      title: spec.title,
+      status: spec.status,
+      detail: this.message,
+      ...(instance === undefined ? {} : { instance }),
+      retryable: spec.retryable,
     };
+    // Standard members come first and no extension can overwrite one.
+    return { ...standard, ...this.extensions, ...standard };
   }
 }
 

@@ -1,0 +1,128 @@
+// Test support: a gateway on a fresh database (either backend), with spans kept in memory and
+// helpers to issue keys and make requests through app.request (no sockets).
+import { generateKeyPairSync } from "node:crypto";
+import { InMemorySpanExporter } from "@opentelemetry/sdk-trace-base";
+import type { Scope } from "../../db/keys.js";
+import type { DatabaseBackend } from "../../db/client.js";
+import { type FreshDatabase, freshDatabase } from "../../db/testing/fresh-database.js";
+import type { ExecutionRuntime } from "../../runtime/execution-runtime.js";
+import { createGateway, type Gateway } from "../app.js";
+import { TokenService } from "../auth/tokens.js";
+import { type GatewayConfig, loadConfig } from "../config.js";
+import { issueKey } from "../key-service.js";
+import { createTelemetry, type Telemetry } from "../telemetry.js";
+
+export interface TestGateway extends Gateway {
+  fresh: FreshDatabase;
+  config: GatewayConfig;
+  telemetry: Telemetry;
+  spans: InMemorySpanExporter;
+  tokens: TokenService;
+  /** Replace to connect or disconnect a runtime. */
+  runtime: ExecutionRuntime | undefined;
+  issue(options?: TestKeyOptions): Promise<{ key: string; keyId: string; accountId: string }>;
+  call(method: string, path: string, options?: CallOptions): Promise<Response>;
+  dispose(): Promise<void>;
+}
+
+export interface TestKeyOptions {
+  scopes?: Scope[];
+  credits?: number;
+  accountId?: string;
+  expiresAt?: Date | null;
+  rateLimitPerMinute?: number;
+  maxConcurrency?: number;
+  maxBodyBytes?: number;
+}
+
+export interface CallOptions {
+  credential?: string;
+  body?: unknown;
+  rawBody?: string;
+  headers?: Record<string, string>;
+}
+
+export const TEST_AUDIENCE = "sandfork-test";
+
+export function testConfig(overrides: Partial<GatewayConfig> = {}): GatewayConfig {
+  return { ...loadConfig({}), dataDir: "/nonexistent", ...overrides };
+}
+
+export function newTokenService(audience = TEST_AUDIENCE): TokenService {
+  return new TokenService(generateKeyPairSync("ed25519").privateKey, "sandfork", audience);
+}
+
+export async function startTestGateway(
+  backend: DatabaseBackend,
+  options: { config?: Partial<GatewayConfig>; runtime?: ExecutionRuntime; fresh?: FreshDatabase; tokens?: TokenService; now?: () => number } = {},
+): Promise<TestGateway> {
+  const fresh = options.fresh ?? (await freshDatabase(backend, { maxConnections: 20 }));
+  const config = testConfig({ tokenAudience: TEST_AUDIENCE, ...options.config });
+  const spans = new InMemorySpanExporter();
+  const telemetry = createTelemetry({ env: {}, spanExporter: spans });
+  const tokens = options.tokens ?? newTokenService(config.tokenAudience);
+  const holder: { runtime: ExecutionRuntime | undefined } = { runtime: options.runtime };
+  const gateway = createGateway({
+    db: fresh.db,
+    config,
+    telemetry,
+    tokens,
+    runtime: () => holder.runtime,
+    ...(options.now ? { now: options.now } : {}),
+  });
+  const test: TestGateway = {
+    ...gateway,
+    fresh,
+    config,
+    telemetry,
+    spans,
+    tokens,
+    get runtime() {
+      return holder.runtime;
+    },
+    set runtime(r) {
+      holder.runtime = r;
+    },
+    async issue(o = {}) {
+      const { key, stored } = await issueKey(fresh.db, {
+        name: "test key",
+        scopes: o.scopes ?? ["execute", "usage:read"],
+        accountId: o.accountId,
+        credits: o.credits,
+        expiresAt: o.expiresAt ?? null,
+        limits: {
+          rateLimitPerMinute: o.rateLimitPerMinute ?? 10_000,
+          maxConcurrency: o.maxConcurrency ?? 1_000,
+          maxBodyBytes: o.maxBodyBytes ?? 1024 * 1024,
+        },
+      });
+      return { key, keyId: stored.id, accountId: stored.accountId };
+    },
+    call(method, path, o = {}) {
+      const headers: Record<string, string> = { ...o.headers };
+      if (o.credential !== undefined) headers.authorization = `Bearer ${o.credential}`;
+      let body: string | undefined = o.rawBody;
+      if (o.body !== undefined) {
+        body = JSON.stringify(o.body);
+        headers["content-type"] = "application/json";
+      }
+      return Promise.resolve(gateway.app.request(path, { method, headers, ...(body === undefined ? {} : { body }) }));
+    },
+    async dispose() {
+      await telemetry.shutdown();
+      if (!options.fresh) await fresh.dispose();
+    },
+  };
+  return test;
+}
+
+/** Reads a problem+json answer and checks its status and `type` slug. */
+export async function expectProblem(response: Response, status: number, slug: string): Promise<Record<string, unknown>> {
+  const text = await response.text();
+  const mismatch = response.status !== status || !response.headers.get("content-type")?.startsWith("application/problem+json");
+  const body = JSON.parse(text) as Record<string, unknown>;
+  if (mismatch || body.type !== `https://sandfork.dev/problems/${slug}` || body.status !== status) {
+    throw new Error(`expected ${status} ${slug}, got ${response.status} ${text}`);
+  }
+  return body;
+}

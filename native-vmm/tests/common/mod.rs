@@ -1,0 +1,128 @@
+//! Shared helpers of the integration tests that run real programs on the ptrace development
+//! CPU (`sandfork_vmm::devcpu`): compiling the C test programs, building file images once per
+//! test process, and launching a run through the real loader, syscall layer and file image.
+
+#![allow(dead_code)] // each test binary uses its own subset of these helpers
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sandfork_vmm::cpu::GuestCpu;
+use sandfork_vmm::devcpu::PtraceCpu;
+use sandfork_vmm::fs::Image;
+use sandfork_vmm::loader::LoadedProgram;
+use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::vm::{self, RunOutcome, RunRequest};
+
+/// Per-test-binary scratch space under target/ (cargo's CARGO_TARGET_TMPDIR).
+pub fn scratch_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// A directory owned by this test process: `<scratch>/<tag>-<pid>`. Directories left by test
+/// processes that are gone are removed first, so concurrent `cargo test` runs never share a
+/// directory (an image in use is never rewritten under another process's mappings).
+pub fn process_dir(tag: &str) -> PathBuf {
+    let scratch = scratch_dir();
+    let prefix = format!("{tag}-");
+    if let Ok(entries) = std::fs::read_dir(&scratch) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|p| p.parse::<u32>().ok()) else { continue };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = scratch.join(format!("{prefix}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+/// How a C test program is linked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Linking {
+    Static,
+    Dynamic,
+}
+
+/// Compiles tests/programs/<name>.c with the host C compiler ($CC or `cc`) into `out_dir`.
+pub fn compile(name: &str, linking: Linking, out_dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs").join(format!("{name}.c"));
+    let suffix = match linking {
+        Linking::Static => "static",
+        Linking::Dynamic => "dynamic",
+    };
+    let out = out_dir.join(format!("{name}-{suffix}"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let mut cmd = Command::new(&cc);
+    cmd.arg("-O1").arg("-o").arg(&out).arg(&source);
+    if linking == Linking::Static {
+        cmd.arg("-static");
+    }
+    let result = cmd.output().unwrap_or_else(|e| {
+        panic!("these tests compile C programs with `{cc}` (set CC to choose another compiler): cannot run it: {e}; on Debian: apt-get install gcc libc6-dev")
+    });
+    assert!(result.status.success(), "{cc} failed on {}:\n{}", source.display(), String::from_utf8_lossy(&result.stderr));
+    out
+}
+
+/// Builds an image from manifest JSON text into a fresh per-process directory and opens it.
+pub fn build_image(tag: &str, manifest_json: &str) -> Arc<Image> {
+    let dir = process_dir(tag);
+    let manifest = dir.join("image.json");
+    std::fs::write(&manifest, manifest_json).unwrap();
+    build_image_from(&manifest, &dir.join("image"))
+}
+
+/// Builds the image of `manifest` into `out_dir` and opens it.
+pub fn build_image_from(manifest: &Path, out_dir: &Path) -> Arc<Image> {
+    let report = sandfork_vmm::image::build(manifest, out_dir).unwrap_or_else(|e| panic!("building the image of {}: {e}", manifest.display()));
+    eprintln!("{report}");
+    Image::open(out_dir).unwrap_or_else(|e| panic!("opening the image in {}: {e}", out_dir.display()))
+}
+
+/// The Python template's image (templates/python/image.json), built once per test process.
+pub fn python_image() -> Arc<Image> {
+    static IMAGE: OnceLock<Arc<Image>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+            assert!(manifest.exists(), "the Python template's manifest {} is missing", manifest.display());
+            build_image_from(&manifest, &process_dir("python-image").join("image"))
+        })
+        .clone()
+}
+
+/// The vCPU factory for `vm::launch`: the ptrace development CPU.
+pub fn ptrace_cpu(mem: &GuestMemory, program: &LoadedProgram) -> io::Result<Box<dyn GuestCpu>> {
+    Ok(Box::new(PtraceCpu::new(mem, program.entry, program.stack_pointer)?))
+}
+
+/// Runs `req` in `image` on the development CPU; a launch error fails the test.
+pub fn run(image: &Arc<Image>, req: &RunRequest) -> RunOutcome {
+    vm::launch(image.clone(), req, &ptrace_cpu).unwrap_or_else(|e| panic!("launching {}: {e}", req.program))
+}
+
+/// A request for `program` with `args`, a 10 s limit and the default memory and output cap.
+pub fn request(program: &str, args: &[&str]) -> RunRequest {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let mut req = RunRequest::new(program, &args);
+    req.timeout = Duration::from_secs(10);
+    req
+}
+
+/// The run's stdout and stderr as text, for assertion messages.
+pub fn describe(outcome: &RunOutcome) -> String {
+    format!(
+        "status: {}\nstdout: {}\nstderr: {}\nunsupported syscalls: {:?}",
+        outcome.status,
+        String::from_utf8_lossy(&outcome.stdout),
+        String::from_utf8_lossy(&outcome.stderr),
+        outcome.stats.unsupported
+    )
+}

@@ -1,0 +1,96 @@
+//! Small C programs (tests/programs/) run end to end on the ptrace development CPU: the real
+//! ELF loader, syscall layer and file image, with the guest's instructions executed natively
+//! in a traced child (sandfork_vmm::devcpu). This machine has no /dev/kvm; on a machine with
+//! it, the same programs are to run under the KVM backend with the same expectations.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use common::{compile, describe, request, run, Linking};
+use sandfork_vmm::fs::Image;
+use sandfork_vmm::status::RunStatus;
+
+/// The C programs, compiled once per test process, in an image of their own at /bin/<name>.
+fn programs_image() -> Arc<Image> {
+    static IMAGE: OnceLock<Arc<Image>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let out = common::process_dir("programs");
+            let programs = [
+                ("hello", Linking::Static),
+                ("hello", Linking::Dynamic),
+                ("segfault", Linking::Static),
+                ("illegal_instruction", Linking::Static),
+                ("divide_by_zero", Linking::Static),
+            ];
+            let paths: Vec<String> = programs
+                .iter()
+                .map(|&(name, linking)| {
+                    let binary = compile(name, linking, &out);
+                    let file = binary.file_name().and_then(|f| f.to_str()).expect("program names are UTF-8");
+                    format!(r#"{{"host": "{}", "guest": "/bin/{file}"}}"#, binary.display())
+                })
+                .collect();
+            let manifest = format!(r#"{{"name": "c-programs", "paths": [{}], "writable_dirs": ["/tmp", "/work"]}}"#, paths.join(", "));
+            common::build_image("programs-image", &manifest)
+        })
+        .clone()
+}
+
+fn run_hello(program: &str, args: &[&str], stdin: &[u8]) -> sandfork_vmm::vm::RunOutcome {
+    let mut req = request(program, args);
+    req.stdin = stdin.to_vec();
+    run(&programs_image(), &req)
+}
+
+#[test]
+fn static_hello_prints_its_arguments_and_stdin() {
+    let outcome = run_hello("/bin/hello-static", &[], b"from the host\n");
+    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "hello from /bin/hello-static\nstdin: from the host\n");
+    assert_eq!(outcome.stderr, b"bye\n");
+}
+
+#[test]
+fn static_hello_exit_code_comes_back() {
+    let outcome = run_hello("/bin/hello-static", &["one", "two words"], b"");
+    assert_eq!(outcome.status, RunStatus::Exited { code: 3 }, "{}", describe(&outcome));
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "hello from /bin/hello-static\narg 1: one\narg 2: two words\n");
+}
+
+#[test]
+fn dynamic_hello_runs_through_the_interpreter() {
+    let outcome = run_hello("hello-dynamic", &["x"], b"line\n");
+    assert_eq!(outcome.status, RunStatus::Exited { code: 3 }, "{}", describe(&outcome));
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "hello from hello-dynamic\narg 1: x\nstdin: line\n");
+    assert_eq!(outcome.stderr, b"bye\n");
+}
+
+fn crash_of(program: &str) -> sandfork_vmm::status::GuestFault {
+    let outcome = run_hello(program, &[], b"");
+    match outcome.status {
+        RunStatus::Crashed { fault } => fault,
+        _ => panic!("expected a crash\n{}", describe(&outcome)),
+    }
+}
+
+#[test]
+fn null_write_crashes_with_a_page_fault_at_address_zero() {
+    let fault = crash_of("/bin/segfault-static");
+    assert_eq!((fault.vector, fault.address), (14, Some(0)), "{fault:?}");
+    assert!(fault.rip >= 0x40_0000, "rip {:#x} lies in the program", fault.rip);
+}
+
+#[test]
+fn ud2_crashes_with_an_invalid_opcode() {
+    let fault = crash_of("/bin/illegal_instruction-static");
+    assert_eq!(fault.vector, 6, "{fault:?}");
+    assert_eq!(RunStatus::Crashed { fault }.exit_code(), 132);
+}
+
+#[test]
+fn division_by_zero_crashes_with_a_divide_error() {
+    let fault = crash_of("/bin/divide_by_zero-static");
+    assert_eq!(fault.vector, 0, "{fault:?}");
+}

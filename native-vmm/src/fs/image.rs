@@ -2,11 +2,12 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crate::errno::Errno;
 use crate::image::format::{self, EntryKind, FormatError};
-use crate::image::sha256::Sha256;
+use crate::image::sha256;
 use crate::memory::MappedFile;
 
 use super::path::{self, Tree};
@@ -24,7 +25,7 @@ pub(crate) struct ImageNode {
 }
 
 pub(crate) enum ImageKind {
-    File { offset: u64, size: u64 },
+    File { offset: u64, size: u64, sha256: [u8; 32] },
     /// Children sorted by name (the index is sorted by path, which sorts siblings by name).
     Dir { children: Vec<u32> },
     Symlink { target: String },
@@ -53,13 +54,25 @@ pub struct Image {
     content_hash: [u8; 32],
     writable_dirs: Vec<String>,
     nodes: Vec<ImageNode>,
+    /// Per node: whether its contents were checked against its hash yet (see `Check`).
+    checked: Vec<AtomicU8>,
     data: MappedFile,
+}
+
+/// States of `Image::checked`.
+#[repr(u8)]
+enum Check {
+    Unchecked = 0,
+    Good = 1,
+    Corrupt = 2,
 }
 
 impl Image {
     /// Opens an image directory written by `sandfork-vmm image build`. Checks the magic, version,
-    /// both files' sizes, the content hash over index body and data, and the index's structure;
-    /// a truncated or corrupted image is refused with an `InvalidData` error saying why.
+    /// both files' sizes, the content hash (over the index, which holds every file's hash) and
+    /// the index's structure; a truncated or corrupted image is refused with an `InvalidData`
+    /// error saying why. File contents are checked against their hashes when first read (a
+    /// corrupted file reads as EIO); `verify_all` checks every file at once.
     pub fn open(dir: &Path) -> io::Result<Arc<Image>> {
         let describe = |e: io::Error| io::Error::new(e.kind(), format!("image {}: {e}", dir.display()));
         Self::open_checked(dir).map(Arc::new).map_err(describe)
@@ -80,20 +93,13 @@ impl Image {
             return Err(FormatError::SizeMismatch { file: format::DATA_FILE, expected: header.data_len, found: data.bytes().len() as u64 }.into());
         }
         let body = &index[format::HEADER_LEN..];
-        let mut hash = Sha256::new();
-        hash.update(body);
-        hash.update(data.bytes());
-        if hash.finish() != header.content_hash {
+        if sha256::digest(body) != header.content_hash {
             return Err(FormatError::HashMismatch.into());
         }
         let decoded = format::decode_body(body, header.data_len)?;
-        Ok(Image {
-            name: decoded.name,
-            content_hash: header.content_hash,
-            writable_dirs: decoded.writable_dirs,
-            nodes: build_tree(decoded.entries),
-            data,
-        })
+        let nodes = build_tree(decoded.entries);
+        let checked = nodes.iter().map(|_| AtomicU8::new(Check::Unchecked as u8)).collect();
+        Ok(Image { name: decoded.name, content_hash: header.content_hash, writable_dirs: decoded.writable_dirs, nodes, checked, data })
     }
 
     pub fn name(&self) -> &str {
@@ -112,9 +118,21 @@ impl Image {
 
     /// The contents of a regular file in the image, following symlinks; None when absent.
     /// (Writable directories belong to the overlay and are never found here.)
+    /// A corrupted file is None too (and `verify_all` says which).
     pub fn file_bytes(&self, path: &str) -> Option<&[u8]> {
         let idx = path::resolve(self, 0, path.as_bytes(), true).ok()?;
-        self.contents(idx)
+        self.contents(idx).ok()
+    }
+
+    /// Checks every file against its hash (and that the padding after it is zero, since a
+    /// mapping of its last page would show it); names the first corrupted file.
+    pub fn verify_all(&self) -> io::Result<()> {
+        for (idx, node) in self.nodes.iter().enumerate() {
+            if let (ImageKind::File { .. }, Err(_)) = (&node.kind, self.contents(idx as u32)) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("image file {} does not match its hash: the image is corrupted", node.path)));
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn node_count(&self) -> usize {
@@ -130,11 +148,32 @@ impl Image {
         self.nodes.binary_search_by(|n| n.path.as_bytes().cmp(path.as_bytes())).ok().map(|i| i as u32)
     }
 
-    pub(crate) fn contents(&self, idx: u32) -> Option<&[u8]> {
-        match self.node(idx).kind {
-            // The decoder checked offset + size against the data length.
-            ImageKind::File { offset, size } => self.data.bytes().get(offset as usize..(offset + size) as usize),
-            _ => None,
+    /// The contents of file node `idx`, checked against its hash on first use: EIO if
+    /// corrupted, EISDIR for a directory, EINVAL for a symlink.
+    pub(crate) fn contents(&self, idx: u32) -> Result<&[u8], Errno> {
+        let (offset, size, expected) = match &self.node(idx).kind {
+            ImageKind::File { offset, size, sha256 } => (*offset as usize, *size as usize, sha256),
+            ImageKind::Dir { .. } => return Err(Errno::EISDIR),
+            ImageKind::Symlink { .. } => return Err(Errno::EINVAL),
+        };
+        // The decoder checked offset + size against the data length.
+        let bytes = self.data.bytes().get(offset..offset + size).ok_or(Errno::EIO)?;
+        let state = &self.checked[idx as usize];
+        match state.load(Ordering::Acquire) {
+            s if s == Check::Good as u8 => Ok(bytes),
+            s if s == Check::Corrupt as u8 => Err(Errno::EIO),
+            _ => {
+                let page_end = (format::align_up((offset + size) as u64) as usize).min(self.data.bytes().len());
+                let padding_clean = self.data.bytes()[offset + size..page_end].iter().all(|&b| b == 0);
+                // Racing first reads compute the same answer, so a plain store is enough.
+                let good = padding_clean && sha256::digest(bytes) == *expected;
+                state.store(if good { Check::Good } else { Check::Corrupt } as u8, Ordering::Release);
+                if good {
+                    Ok(bytes)
+                } else {
+                    Err(Errno::EIO)
+                }
+            }
         }
     }
 }
@@ -157,7 +196,7 @@ fn build_tree(entries: Vec<format::Entry>) -> Vec<ImageNode> {
             }
         }
         let kind = match e.kind {
-            EntryKind::File { offset, size } => ImageKind::File { offset, size },
+            EntryKind::File { offset, size, sha256 } => ImageKind::File { offset, size, sha256 },
             EntryKind::Dir => ImageKind::Dir { children: Vec::new() },
             EntryKind::Symlink { target } => ImageKind::Symlink { target },
         };

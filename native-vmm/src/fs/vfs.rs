@@ -241,14 +241,13 @@ impl Vfs {
     }
 
     /// The whole contents of a regular file (for mmap and exec): EISDIR for a directory,
-    /// EINVAL for a symlink.
+    /// EINVAL for a symlink, EIO for an image file that does not match its hash.
     pub fn contents(&self, node: Node) -> Result<&[u8], Errno> {
         match node.0 {
-            NodeId::Image(i) => match self.image_node(i)?.kind {
-                ImageKind::File { .. } => self.image.contents(i).ok_or(Errno::EIO),
-                ImageKind::Dir { .. } => Err(Errno::EISDIR),
-                ImageKind::Symlink { .. } => Err(Errno::EINVAL),
-            },
+            NodeId::Image(i) => {
+                self.image_node(i)?;
+                self.image.contents(i)
+            }
             NodeId::Overlay(id) => match &self.overlay.get(id)?.kind {
                 OverlayKind::File(data) => Ok(data),
                 OverlayKind::Dir(_) => Err(Errno::EISDIR),
@@ -569,7 +568,7 @@ mod tests {
     }
 
     fn file(path: &str, size: u64) -> Entry {
-        entry(path, 0o644, EntryKind::File { offset: 0, size })
+        entry(path, 0o644, EntryKind::File { offset: 0, size, sha256: [0; 32] })
     }
 
     fn link(path: &str, target: &str) -> Entry {
@@ -592,7 +591,7 @@ mod tests {
                 link("/loop2", "/loop1"),
                 dir_entry("/usr"),
                 dir_entry("/usr/bin"),
-                entry("/usr/bin/prog", 0o755, EntryKind::File { offset: 0, size: 5000 }),
+                entry("/usr/bin/prog", 0o755, EntryKind::File { offset: 0, size: 5000, sha256: [0; 32] }),
                 file("/usr/empty", 0),
             ],
         };
@@ -831,13 +830,27 @@ mod tests {
             assert!(err.to_string().contains(expect), "{what}: {err}");
         };
 
-        let mut flipped = data.clone();
-        flipped[100] ^= 1;
-        std::fs::write(&data_path, &flipped).unwrap();
-        check("data byte flipped", "hash mismatch");
+        // A flipped data byte: the index is intact, so the image opens, but the damaged file
+        // reads as EIO (and verify_all names it) while the others stay readable.
+        for (at, damaged) in [(10usize, "/etc/passwd"), (4096 + 4999, "/usr/bin/prog"), (100, "/etc/passwd")] {
+            let mut flipped = data.clone();
+            flipped[at] ^= 1;
+            std::fs::write(&data_path, &flipped).unwrap();
+            let image = Image::open(&dir.0).unwrap();
+            assert_eq!(image.file_bytes(damaged), None, "byte {at}");
+            let err = image.verify_all().unwrap_err();
+            assert!(err.to_string().contains(damaged), "{err}");
+            let vfs = Vfs::new(image, 1 << 20).unwrap();
+            let node = vfs.resolve(vfs.root(), damaged.as_bytes(), true).unwrap();
+            assert_eq!(vfs.read_at(node, 0, &mut [0u8; 8]), Err(Errno::EIO));
+            assert_eq!(vfs.read_at(node, 0, &mut [0u8; 8]), Err(Errno::EIO), "remembered");
+            let other = if damaged == "/etc/passwd" { "/usr/bin/prog" } else { "/etc/passwd" };
+            assert!(vfs.image().file_bytes(other).is_some());
+        }
         std::fs::write(&data_path, &data[..data.len() - 1]).unwrap();
         check("data truncated", "truncated");
         std::fs::write(&data_path, &data).unwrap();
+        assert!(Image::open(&dir.0).unwrap().verify_all().is_ok());
 
         let mut body_flip = index.clone();
         *body_flip.last_mut().unwrap() ^= 0x40;

@@ -6,6 +6,10 @@
 //! into the image as a symlink, and its target is included too, so every path that works on
 //! the host works in the image. Exclude patterns prune directory walks only: a path listed
 //! explicitly, a symlink's target and a library an ELF file needs are always included.
+//!
+//! Builds are reproducible: the image depends only on the included files' contents, modes and
+//! mtimes (Python compares a source file's mtime with its .pyc) and on the directory and
+//! symlink layout; directory and symlink times are recorded as 0.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
@@ -99,9 +103,9 @@ pub fn build_from(manifest: &Manifest, out_dir: &Path) -> io::Result<BuildReport
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Pending {
-    Dir { mode: u32, mtime: (i64, u32) },
+    Dir { mode: u32 },
     File { host: PathBuf, size: u64, mode: u32, mtime: (i64, u32) },
-    Symlink { target: String, mtime: (i64, u32) },
+    Symlink { target: String },
 }
 
 struct Collector<'m> {
@@ -162,8 +166,8 @@ impl Collector<'_> {
     }
 
     fn add_dir(&mut self, guest: &str, meta: Option<&Metadata>) -> io::Result<()> {
-        let (mode, mtime) = meta.map_or((0o755, (0, 0)), |m| (m.permissions().mode() & 0o7777, mtime(m)));
-        self.insert(guest.to_owned(), Pending::Dir { mode, mtime })
+        let mode = meta.map_or(0o755, |m| m.permissions().mode() & 0o7777);
+        self.insert(guest.to_owned(), Pending::Dir { mode })
     }
 
     /// Makes every ancestor of `guest` a directory entry (with the host directory's metadata
@@ -230,7 +234,7 @@ impl Collector<'_> {
                     if target_str.is_empty() || target_str.len() >= format::PATH_MAX {
                         return Err(invalid(format!("{}: unusable symlink target", next.display())));
                     }
-                    self.insert(guest_path(&next)?, Pending::Symlink { target: target_str, mtime: mtime(&meta) })?;
+                    self.insert(guest_path(&next)?, Pending::Symlink { target: target_str })?;
                     cur = self.resolve_recording(&cur.join(&target), budget)?;
                 }
             }
@@ -335,19 +339,19 @@ impl Collector<'_> {
                 }
             }
             let (mode, (mtime_sec, mtime_nsec), kind) = match pending {
-                Pending::Dir { mode, mtime } => {
+                Pending::Dir { mode } => {
                     report.dirs += 1;
-                    (*mode, *mtime, EntryKind::Dir)
+                    (*mode, (0, 0), EntryKind::Dir)
                 }
                 Pending::File { host, size, mode, mtime } => {
                     report.files += 1;
                     report.bytes += size;
                     hosts.insert(path.clone(), host.clone());
-                    (*mode, *mtime, EntryKind::File { offset: 0, size: *size })
+                    (*mode, *mtime, EntryKind::File { offset: 0, size: *size, sha256: [0; 32] })
                 }
-                Pending::Symlink { target, mtime } => {
+                Pending::Symlink { target } => {
                     report.symlinks += 1;
-                    (0o777, *mtime, EntryKind::Symlink { target: target.clone() })
+                    (0o777, (0, 0), EntryKind::Symlink { target: target.clone() })
                 }
             };
             entries.push(Entry { path: path.clone(), mode, mtime_sec, mtime_nsec, kind });

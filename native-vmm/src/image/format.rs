@@ -3,16 +3,21 @@
 //! ```text
 //! image.index  header (64 bytes, little-endian):
 //!                magic "SFKIMAGE" | version u32 | reserved u32 (0) | body_len u64 | data_len u64
-//!                | content_hash [32] = SHA-256(body || data)
+//!                | content_hash [32] = SHA-256(body)
 //!              body (body_len bytes):
 //!                name: str | writable_dirs: u32 count, str each | entries: u32 count, entry each
 //!                entry: kind u8 (1 file, 2 dir, 3 symlink) | mode u32 (permission bits)
 //!                       | mtime_sec i64 | mtime_nsec u32 | path: str
-//!                       | file: offset u64, size u64 | symlink: target: str
+//!                       | file: offset u64, size u64, sha256 [32] of the contents
+//!                       | symlink: target: str
 //!                str: u32 length, UTF-8 bytes
 //! image.data   file contents, each starting at a 4 KiB-aligned offset (so a later snapshot or
 //!              fork can map them), zero padding between them, data_len a multiple of 4 KiB.
 //! ```
+//!
+//! The content hash covers the data through the per-file hashes in the body (a two-level hash
+//! tree): opening an image hashes only the index, and each file is checked against its own
+//! hash when first read, so starting a VMM does not hash the whole data file.
 //!
 //! Entries are sorted by path (byte order), paths are absolute and normalised, the first entry
 //! is "/", every entry's parent is a directory entry, and nothing lies at or under a writable
@@ -25,7 +30,7 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::Path;
 
-use super::sha256::Sha256;
+use super::sha256;
 
 pub const INDEX_FILE: &str = "image.index";
 pub const DATA_FILE: &str = "image.data";
@@ -44,7 +49,7 @@ const MAX_WRITABLE_DIRS: u32 = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryKind {
-    File { offset: u64, size: u64 },
+    File { offset: u64, size: u64, sha256: [u8; 32] },
     Dir,
     Symlink { target: String },
 }
@@ -82,6 +87,7 @@ pub enum FormatError {
     UnsupportedVersion(u32),
     /// A file is shorter or longer than its header says.
     SizeMismatch { file: &'static str, expected: u64, found: u64 },
+    /// The index body does not match the header's content hash.
     HashMismatch,
     /// The index body is malformed; `offset` is the byte offset in the body.
     Malformed { offset: usize, reason: String },
@@ -95,7 +101,7 @@ impl fmt::Display for FormatError {
             FormatError::SizeMismatch { file, expected, found } => {
                 write!(f, "{file} has {found} bytes but the header says {expected}: truncated or corrupted image")
             }
-            FormatError::HashMismatch => write!(f, "content hash mismatch: the image is corrupted"),
+            FormatError::HashMismatch => write!(f, "content hash mismatch: the image index is corrupted"),
             FormatError::Malformed { offset, reason } => write!(f, "malformed image index at body byte {offset}: {reason}"),
         }
     }
@@ -168,9 +174,10 @@ pub fn encode_body(index: &Index) -> Vec<u8> {
         out.extend_from_slice(&e.mtime_nsec.to_le_bytes());
         put_str(&mut out, &e.path);
         match &e.kind {
-            EntryKind::File { offset, size } => {
+            EntryKind::File { offset, size, sha256 } => {
                 out.extend_from_slice(&offset.to_le_bytes());
                 out.extend_from_slice(&size.to_le_bytes());
+                out.extend_from_slice(sha256);
             }
             EntryKind::Dir => {}
             EntryKind::Symlink { target } => put_str(&mut out, target),
@@ -287,13 +294,15 @@ pub fn decode_body(bytes: &[u8], data_len: u64) -> Result<Index, FormatError> {
             1 => {
                 let offset = c.u64("file offset")?;
                 let size = c.u64("file size")?;
+                let mut sha256 = [0u8; 32];
+                sha256.copy_from_slice(c.take(32, "file hash")?);
                 if offset % DATA_ALIGN != 0 {
                     return malformed(format!("{path}: data offset {offset} is not page aligned"));
                 }
                 if offset.checked_add(size).map_or(true, |end| end > data_len) {
                     return malformed(format!("{path}: data range {offset}+{size} lies outside the {data_len}-byte data file"));
                 }
-                EntryKind::File { offset, size }
+                EntryKind::File { offset, size, sha256 }
             }
             2 => EntryKind::Dir,
             3 => {
@@ -344,55 +353,40 @@ pub fn decode_body(bytes: &[u8], data_len: u64) -> Result<Index, FormatError> {
 }
 
 /// Writes `index` to `out_dir`: assigns data offsets to its files (in entry order), streams each
-/// file's contents from `content` into the data file, and returns the content hash.
-/// `content` must return exactly the size recorded in the entry.
+/// file's contents from `content` into the data file, records each file's hash, and returns
+/// the content hash. `content` must return exactly the size recorded in the entry.
 pub fn write(out_dir: &Path, index: &mut Index, mut content: impl FnMut(&Entry) -> io::Result<Vec<u8>>) -> io::Result<[u8; 32]> {
-    let mut data_len = 0u64;
-    for e in &mut index.entries {
-        if let EntryKind::File { offset, size } = &mut e.kind {
-            *offset = data_len;
-            data_len = align_up(data_len + *size);
-        }
-    }
-    let body = encode_body(index);
-    let mut hash = Sha256::new();
-    hash.update(&body);
-
     fs::create_dir_all(out_dir)?;
     let data_tmp = out_dir.join(format!("{DATA_FILE}.tmp"));
     let index_tmp = out_dir.join(format!("{INDEX_FILE}.tmp"));
     let mut data = io::BufWriter::new(File::create(&data_tmp)?);
     let mut written = 0u64;
-    for e in &index.entries {
-        if let EntryKind::File { offset, size } = e.kind {
-            let pad = vec![0u8; (offset - written) as usize];
-            data.write_all(&pad)?;
-            hash.update(&pad);
-            let bytes = content(e)?;
-            if bytes.len() as u64 != size {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{} changed during the build ({size} bytes when listed, {} when read)", e.path, bytes.len()),
-                ));
-            }
-            data.write_all(&bytes)?;
-            hash.update(&bytes);
-            written = offset + size;
+    for i in 0..index.entries.len() {
+        let EntryKind::File { size, .. } = index.entries[i].kind else { continue };
+        let bytes = content(&index.entries[i])?;
+        if bytes.len() as u64 != size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} changed during the build ({size} bytes when listed, {} when read)", index.entries[i].path, bytes.len()),
+            ));
         }
+        data.write_all(&bytes)?;
+        let end = written + size;
+        data.write_all(&vec![0u8; (align_up(end) - end) as usize])?;
+        index.entries[i].kind = EntryKind::File { offset: written, size, sha256: sha256::digest(&bytes) };
+        written = align_up(end);
     }
-    let pad = vec![0u8; (data_len - written) as usize];
-    data.write_all(&pad)?;
-    hash.update(&pad);
     data.into_inner().map_err(|e| e.into_error())?.sync_all()?;
 
-    let content_hash = hash.finish();
-    let header = encode_header(&Header { body_len: body.len() as u64, data_len, content_hash });
+    let body = encode_body(index);
+    let content_hash = sha256::digest(&body);
+    let header = encode_header(&Header { body_len: body.len() as u64, data_len: written, content_hash });
     let mut index_file = File::create(&index_tmp)?;
     index_file.write_all(&header)?;
     index_file.write_all(&body)?;
     index_file.sync_all()?;
     // Data first, then the index: a reader never sees a new index over old data, and a crash
-    // in between leaves an image whose hash check fails rather than a silently mixed one.
+    // in between leaves an image whose sizes or hashes do not match rather than a mixed one.
     fs::rename(&data_tmp, out_dir.join(DATA_FILE))?;
     fs::rename(&index_tmp, out_dir.join(INDEX_FILE))?;
     Ok(content_hash)
@@ -413,7 +407,7 @@ mod tests {
             entries: vec![
                 entry("/", EntryKind::Dir),
                 entry("/a", EntryKind::Dir),
-                entry("/a/f", EntryKind::File { offset: 0, size: 3 }),
+                entry("/a/f", EntryKind::File { offset: 0, size: 3, sha256: [9; 32] }),
                 entry("/a/l", EntryKind::Symlink { target: "f".into() }),
             ],
         }
@@ -441,11 +435,11 @@ mod tests {
             decode_body(&encode_body(&idx), 4096).unwrap_err().to_string()
         };
         assert!(bad(&|i| i.entries.swap(2, 3)).contains("out of order"));
-        assert!(bad(&|i| i.entries[2].kind = EntryKind::File { offset: 4096, size: 1 }).contains("outside"));
-        assert!(bad(&|i| i.entries[2].kind = EntryKind::File { offset: 1, size: 1 }).contains("page aligned"));
+        assert!(bad(&|i| i.entries[2].kind = EntryKind::File { offset: 4096, size: 1, sha256: [0; 32] }).contains("outside"));
+        assert!(bad(&|i| i.entries[2].kind = EntryKind::File { offset: 1, size: 1, sha256: [0; 32] }).contains("page aligned"));
         assert!(bad(&|i| i.entries[1].path = "/a/../b".into()).contains("normalised"));
         assert!(bad(&|i| i.entries.remove(1).path.clear()).contains("parent"));
-        assert!(bad(&|i| i.entries[0].kind = EntryKind::File { offset: 0, size: 0 }).contains("root"));
+        assert!(bad(&|i| i.entries[0].kind = EntryKind::File { offset: 0, size: 0, sha256: [0; 32] }).contains("root"));
         assert!(bad(&|i| i.writable_dirs[0] = "/a".into()).contains("writable"));
         assert!(bad(&|i| i.writable_dirs[0] = "/nodir/tmp".into()).contains("parent of writable"));
         assert!(bad(&|i| i.entries[3].kind = EntryKind::Symlink { target: String::new() }).contains("symlink"));

@@ -1,9 +1,9 @@
 // Reserve-then-settle credit accounting around one execution.
 //
-// reserve: one transaction holds the worst-case cost (a conditional UPDATE that only succeeds while
-//   balance - reserved covers it, so concurrent reservations on one account can never overspend)
-//   and inserts the execution record (its unique (key, Idempotency-Key) index turns a duplicate
-//   request into a conflict before anything is held).
+// reserve: one transaction inserts the execution record (its unique (key, Idempotency-Key) index
+//   turns a duplicate request into a conflict before anything is held) and holds the worst-case
+//   cost with a conditional UPDATE that only succeeds while balance - reserved covers it, so
+//   concurrent reservations on one account can never overspend.
 // settle: one transaction moves the execution from running to its final state (only from running,
 //   so a second settle is a no-op), spends the actual cost, frees the hold and writes the single
 //   usage ledger entry. It commits before the gateway answers.
@@ -84,18 +84,7 @@ export async function reserve(db: Database, r: Reservation): Promise<ReserveOutc
   if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
   try {
     const execution = await db.transaction(async (tx) => {
-      const held = await tx
-        .update(accounts)
-        .set({ reservedUnits: sql`${accounts.reservedUnits} + ${r.units}` })
-        .where(and(eq(accounts.id, r.accountId), sql`${accounts.balanceUnits} - ${accounts.reservedUnits} >= ${r.units}`))
-        .returning({ id: accounts.id });
-      if (held.length === 0) {
-        const [row] = await tx
-          .select({ available: sql<number>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::bigint` })
-          .from(accounts)
-          .where(eq(accounts.id, r.accountId));
-        throw new InsufficientCredits(Number(row?.available ?? 0));
-      }
+      // The record first: a duplicate Idempotency-Key fails here, before any credit check.
       const [row] = await tx
         .insert(executions)
         .values({
@@ -111,6 +100,19 @@ export async function reserve(db: Database, r: Reservation): Promise<ReserveOutc
         })
         .returning();
       if (!row) throw new Error("execution insert returned no row");
+      const held = await tx
+        .update(accounts)
+        .set({ reservedUnits: sql`${accounts.reservedUnits} + ${r.units}` })
+        .where(and(eq(accounts.id, r.accountId), sql`${accounts.balanceUnits} - ${accounts.reservedUnits} >= ${r.units}`))
+        .returning({ id: accounts.id });
+      if (held.length === 0) {
+        const [account] = await tx
+          .select({ available: sql<number>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::bigint` })
+          .from(accounts)
+          .where(eq(accounts.id, r.accountId));
+        // Rolls the record back with the transaction.
+        throw new InsufficientCredits(Number(account?.available ?? 0));
+      }
       return toRecord(row);
     });
     return { kind: "reserved", execution };

@@ -1,0 +1,359 @@
+// The execute path with a TEST DOUBLE of the ExecutionRuntime boundary (the daemon client does not
+// exist yet). The double runs no code: it returns results scripted by each test, so that the
+// gateway's real reserve → execute → settle billing flow can be exercised against both databases.
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { eq } from "drizzle-orm";
+import { findExecution } from "../db/billing.js";
+import { getBalance } from "../db/keys.js";
+import { executions, usageLedger } from "../db/schema.js";
+import { BACKENDS } from "../db/testing/fresh-database.js";
+import { RuntimeUnavailableError } from "../runtime/errors.js";
+import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, Template } from "../runtime/execution-runtime.js";
+import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+
+/** Test double: records requests and answers with `respond` (default: a completed run). */
+class ScriptedRuntimeTestDouble implements ExecutionRuntime {
+  readonly requests: ExecutionRequest[] = [];
+  respond: (request: ExecutionRequest) => Promise<ExecutionResult> = async () => completed();
+  async execute(request: ExecutionRequest): Promise<ExecutionResult> {
+    this.requests.push(request);
+    return this.respond(request);
+  }
+  async templates(): Promise<Template[]> {
+    return [
+      { name: "python", description: "Python 3.11", language: "python", version: "3.11" },
+      { name: "node", description: "Node.js", language: "javascript", version: "20" },
+    ];
+  }
+}
+
+function completed(overrides: Partial<ExecutionResult> = {}): ExecutionResult {
+  return {
+    outcome: "completed",
+    exitCode: 0,
+    stdout: "45\n",
+    stderr: "",
+    truncated: false,
+    timings: { queueMs: 1, forkMs: 2, execMs: 150 },
+    ...overrides,
+  };
+}
+
+interface ExecutionBody {
+  id: string;
+  status: string;
+  exit_code: number | null;
+  stdout: string;
+  stderr: string;
+  truncated: boolean;
+  timings: { queue_ms: number; fork_ms: number; exec_ms: number; total_ms: number };
+  usage: { unit: string; units: number; reserved_units: number };
+}
+
+const PROGRAM = { template: "python", code: "print(sum(range(10)))" };
+// Default price: 1 unit + 10 units per second. Reserve at the 5 s default timeout: 1 + 50.
+// Charge for fork 2 ms + exec 150 ms: 1 + ceil(1.52) = 3.
+const RESERVED = 51;
+const CHARGED = 3;
+
+describe.each(BACKENDS)("executions on %s", (backend) => {
+  let gw: TestGateway;
+  let runtime: ScriptedRuntimeTestDouble;
+  beforeAll(async () => {
+    gw = await startTestGateway(backend);
+  });
+  afterAll(async () => {
+    await gw?.dispose();
+  });
+  beforeEach(() => {
+    runtime = new ScriptedRuntimeTestDouble();
+    gw.runtime = runtime;
+    gw.spans.reset();
+  });
+
+  const execute = (credential: string, body: unknown = PROGRAM, headers: Record<string, string> = {}) =>
+    gw.call("POST", "/v1/executions", { credential, body, headers });
+
+  it("runs through the runtime boundary, reserves the worst case and charges the actual cost", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    const response = await execute(key, { ...PROGRAM, stdin: "in", args: ["-q"], env: { A: "1" }, files: [{ path: "d/x.txt", content: "x" }] });
+    expect(response.status).toBe(200);
+    const body = (await response.json()) as ExecutionBody;
+    expect(body).toMatchObject({
+      status: "completed",
+      exit_code: 0,
+      stdout: "45\n",
+      stderr: "",
+      truncated: false,
+      usage: { unit: "credit", units: CHARGED, reserved_units: RESERVED },
+    });
+    expect(body.timings).toMatchObject({ queue_ms: 1, fork_ms: 2, exec_ms: 150 });
+    expect(runtime.requests).toEqual([
+      {
+        executionId: body.id,
+        template: "python",
+        code: PROGRAM.code,
+        stdin: "in",
+        args: ["-q"],
+        env: { A: "1" },
+        files: [{ path: "d/x.txt", content: "x", encoding: "utf8" }],
+        timeoutMs: 5_000,
+        memoryMb: 256,
+      },
+    ]);
+    // Durable before the answer: the record and the balance are already settled.
+    expect(await findExecution(gw.fresh.db, body.id)).toMatchObject({ status: "completed", chargedUnits: CHARGED });
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+
+    const fetched = await gw.call("GET", `/v1/executions/${body.id}`, { credential: key });
+    expect(fetched.status).toBe(200);
+    expect(await fetched.json()).toMatchObject({ id: body.id, status: "completed", stdout: "45\n" });
+    const stranger = await gw.issue();
+    await expectProblem(await gw.call("GET", `/v1/executions/${body.id}`, { credential: stranger.key }), 404, "not-found");
+    const admin = await gw.issue({ scopes: ["admin"] });
+    expect((await gw.call("GET", `/v1/executions/${body.id}`, { credential: admin.key })).status).toBe(200);
+  });
+
+  it("bills a timed-out execution for at most its timeout", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    runtime.respond = async () =>
+      completed({ outcome: "timed_out", exitCode: null, stdout: "", timings: { queueMs: 0, forkMs: 1, execMs: 1_000 } });
+    const response = await execute(key, { ...PROGRAM, timeout_ms: 1_000 });
+    expect(await response.json()).toMatchObject({ status: "timed_out", exit_code: null, usage: { reserved_units: 11, units: 11 } });
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 89, reservedUnits: 0 });
+  });
+
+  it("lists templates with their prices", async () => {
+    const { key } = await gw.issue();
+    const response = await gw.call("GET", "/v1/templates", { credential: key });
+    expect(response.status).toBe(200);
+    expect(await response.json()).toEqual({
+      templates: [
+        { name: "python", description: "Python 3.11", language: "python", version: "3.11", price: { unit: "credit", base_units: 1, units_per_second: 10 } },
+        { name: "node", description: "Node.js", language: "javascript", version: "20", price: { unit: "credit", base_units: 1, units_per_second: 10 } },
+      ],
+    });
+  });
+
+  it("sums usage per key and period, by template", async () => {
+    const { key, keyId } = await gw.issue({ credits: 1_000 });
+    const other = await gw.issue({ credits: 1_000 });
+    for (const template of ["python", "python", "node"]) expect((await execute(key, { ...PROGRAM, template })).status).toBe(200);
+    expect((await execute(other.key)).status).toBe(200);
+
+    const usage = await gw.call("GET", "/v1/usage", { credential: key });
+    expect(await usage.json()).toMatchObject({
+      key_id: keyId,
+      executions: 3,
+      units: 3 * CHARGED,
+      by_template: [
+        { template: "node", executions: 1, units: CHARGED },
+        { template: "python", executions: 2, units: 2 * CHARGED },
+      ],
+      balance: { balance_units: 1_000 - 3 * CHARGED, reserved_units: 0, available_units: 1_000 - 3 * CHARGED },
+    });
+    const future = new Date(Date.now() + 3_600_000).toISOString();
+    const later = new Date(Date.now() + 7_200_000).toISOString();
+    const empty = await gw.call("GET", `/v1/usage?from=${encodeURIComponent(future)}&to=${encodeURIComponent(later)}`, { credential: key });
+    expect(await empty.json()).toMatchObject({ executions: 0, units: 0, by_template: [] });
+
+    await expectProblem(await gw.call("GET", `/v1/usage?key_id=${other.keyId}`, { credential: key }), 403, "insufficient-scope");
+    const admin = await gw.issue({ scopes: ["admin"] });
+    const asAdmin = await gw.call("GET", `/v1/usage?key_id=${other.keyId}`, { credential: admin.key });
+    expect(await asAdmin.json()).toMatchObject({ key_id: other.keyId, executions: 1, units: CHARGED });
+  });
+
+  it("Idempotency-Key: a retry returns the first result and is billed once", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    const first = await execute(key, PROGRAM, { "idempotency-key": "retry-1" });
+    const firstBody = (await first.json()) as ExecutionBody;
+    runtime.respond = async () => completed({ stdout: "a different run\n" });
+    const second = await execute(key, { code: PROGRAM.code, template: "python" }, { "idempotency-key": "retry-1" });
+    expect(second.status).toBe(200);
+    expect(second.headers.get("idempotent-replayed")).toBe("true");
+    expect(first.headers.get("idempotent-replayed")).toBeNull();
+    expect(await second.json()).toEqual(firstBody);
+    expect(runtime.requests).toHaveLength(1);
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+    const ledger = await gw.fresh.db.select().from(usageLedger).where(eq(usageLedger.executionId, firstBody.id));
+    expect(ledger).toHaveLength(1);
+
+    await expectProblem(await execute(key, { ...PROGRAM, code: "print(2)" }, { "idempotency-key": "retry-1" }), 422, "idempotency-key-reused");
+    // The same Idempotency-Key on another key is another request.
+    const other = await gw.issue({ credits: 100 });
+    const otherBody = (await (await execute(other.key, PROGRAM, { "idempotency-key": "retry-1" })).json()) as ExecutionBody;
+    expect(otherBody.id).not.toBe(firstBody.id);
+    await expectProblem(await execute(key, PROGRAM, { "idempotency-key": "bad key\u0001" }), 422, "validation-failed");
+  });
+
+  it("Idempotency-Key under concurrent duplicates: the program runs once, the others get 409 or the replay", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    let finish!: () => void;
+    const gate = new Promise<void>((resolve) => (finish = resolve));
+    runtime.respond = async () => {
+      await gate;
+      return completed();
+    };
+    const racing = Array.from({ length: 5 }, () => execute(key, PROGRAM, { "idempotency-key": "race" }));
+    await new Promise((r) => setTimeout(r, 300));
+    finish();
+    const responses = await Promise.all(racing);
+    const statuses = responses.map((r) => r.status).sort();
+    expect(statuses.filter((s) => s === 200).length).toBeGreaterThanOrEqual(1);
+    expect(statuses.every((s) => s === 200 || s === 409)).toBe(true);
+    for (const r of responses.filter((r) => r.status === 409)) {
+      expect(r.headers.get("retry-after")).toBe("1");
+      await expectProblem(r, 409, "idempotency-conflict");
+    }
+    expect(runtime.requests).toHaveLength(1);
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+  });
+
+  it("402 when the balance cannot cover the reservation; nothing runs, nothing is held", async () => {
+    const { key, accountId } = await gw.issue({ credits: RESERVED - 1 });
+    const problem = await expectProblem(await execute(key), 402, "insufficient-credits");
+    expect(problem).toMatchObject({ required_units: RESERVED, available_units: RESERVED - 1 });
+    expect(runtime.requests).toHaveLength(0);
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: RESERVED - 1, reservedUnits: 0 });
+    // A shorter timeout needs a smaller reservation and fits.
+    expect((await execute(key, { ...PROGRAM, timeout_ms: 1_000 })).status).toBe(200);
+  });
+
+  it("429 with Retry-After beyond the key's concurrency", async () => {
+    const { key } = await gw.issue({ credits: 1_000, maxConcurrency: 1 });
+    let finish!: () => void;
+    const gate = new Promise<void>((resolve) => (finish = resolve));
+    runtime.respond = async () => {
+      await gate;
+      return completed();
+    };
+    const first = execute(key);
+    while (runtime.requests.length === 0) await new Promise((r) => setTimeout(r, 5));
+    const second = await execute(key);
+    expect(second.headers.get("retry-after")).toBe("1");
+    await expectProblem(second, 429, "concurrency-limit");
+    finish();
+    expect((await first).status).toBe(200);
+    expect((await execute(key)).status).toBe(200);
+  });
+
+  it("a failing runtime releases the reservation: 502, or 503 when it lost its daemon; nothing is charged", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    runtime.respond = async () => {
+      throw new Error("the VM crashed");
+    };
+    await expectProblem(await execute(key, PROGRAM, { "idempotency-key": "fails" }), 502, "runtime-failed");
+    runtime.respond = async () => {
+      throw new RuntimeUnavailableError("daemon connection lost");
+    };
+    const unavailable = await execute(key);
+    expect(unavailable.headers.get("retry-after")).toBe("5");
+    await expectProblem(unavailable, 503, "runtime-unavailable");
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
+    const aborted = await gw.fresh.db.select().from(executions).where(eq(executions.status, "aborted"));
+    expect(aborted.length).toBeGreaterThanOrEqual(2);
+    // The failed request's Idempotency-Key was freed: a retry runs afresh.
+    runtime.respond = async () => completed();
+    expect((await execute(key, PROGRAM, { "idempotency-key": "fails" })).status).toBe(200);
+  });
+
+  it("503 while no runtime is connected, after authentication and validation, billing nothing", async () => {
+    const { key, keyId, accountId } = await gw.issue({ credits: 100 });
+    gw.runtime = undefined;
+    await expectProblem(await execute("sfk_nope"), 401, "invalid-credentials");
+    await expectProblem(await execute(key, { template: "python" }), 422, "validation-failed");
+    const response = await execute(key);
+    expect(response.headers.get("retry-after")).toBe("5");
+    const problem = await expectProblem(response, 503, "runtime-unavailable");
+    expect(problem.retryable).toBe(true);
+    await expectProblem(await gw.call("GET", "/v1/templates", { credential: key }), 503, "runtime-unavailable");
+    expect(await gw.fresh.db.select().from(executions).where(eq(executions.keyId, keyId))).toHaveLength(0);
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
+  });
+
+  it("422 for a template the runtime does not offer", async () => {
+    const { key } = await gw.issue({ credits: 100 });
+    const problem = await expectProblem(await execute(key, { ...PROGRAM, template: "cobol" }), 422, "unknown-template");
+    expect(problem.templates).toEqual(["python", "node"]);
+  });
+
+  it("tokens: allowed templates and a maximum number of executions, billed to the parent key", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    const minted = await gw.call("POST", "/v1/tokens", { credential: key, body: { templates: ["python"], max_executions: 2 } });
+    const { token } = (await minted.json()) as { token: string };
+    await expectProblem(await execute(token, { ...PROGRAM, template: "node" }), 403, "template-not-allowed");
+    expect((await execute(token)).status).toBe(200);
+    expect((await execute(token, PROGRAM, { "idempotency-key": "tok" })).status).toBe(200);
+    // A replay of a finished execution does not count against the token.
+    expect((await execute(token, PROGRAM, { "idempotency-key": "tok" })).status).toBe(200);
+    await expectProblem(await execute(token), 403, "token-execution-limit");
+    expect(runtime.requests).toHaveLength(2);
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - 2 * CHARGED });
+  });
+
+  it("traces the request: server span with FaaS attributes; auth, billing, queue, fork and exec children", async () => {
+    const { key } = await gw.issue({ credits: 100 });
+    const response = await execute(key, PROGRAM, { "x-request-id": "req-123" });
+    expect(response.headers.get("x-request-id")).toBe("req-123");
+    const spans = gw.spans.getFinishedSpans();
+    const server = spans.find((s) => s.name === "POST /v1/executions");
+    expect(server?.attributes).toMatchObject({ "faas.trigger": "http", "faas.invocation_id": "req-123", "http.response.status_code": 200 });
+    expect(typeof server?.attributes["faas.coldstart"]).toBe("boolean");
+    const traceId = server?.spanContext().traceId;
+    for (const name of ["auth", "billing.reserve", "queue", "fork", "exec", "billing.settle"]) {
+      const child = spans.find((s) => s.name === name);
+      expect(child, name).toBeDefined();
+      expect(child?.spanContext().traceId, name).toBe(traceId);
+      expect(child?.parentSpanContext?.spanId, name).toBe(server?.spanContext().spanId);
+    }
+    const fork = spans.find((s) => s.name === "fork");
+    expect(fork && fork.duration[0] * 1e3 + fork.duration[1] / 1e6).toBeCloseTo(2, 0);
+
+    const metrics = await (await gw.call("GET", "/metrics")).text();
+    expect(metrics).toMatch(/sandfork_executions_total\{[^}]*template="python"[^}]*status="completed"[^}]*\} [1-9]/);
+    expect(metrics).toMatch(/sandfork_billing_units_total\{[^}]*template="python"[^}]*\} [1-9]/);
+    expect(metrics).toMatch(/sandfork_execution_duration_(seconds_)?count\{[^}]*template="python"/);
+  });
+});
+
+describe("100 concurrent executions on one key with credits for 60, against a PostgreSQL server", () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway("postgres", { config: { pricing: { unitName: "credit", templates: { "*": { baseUnits: 1, unitsPerSecond: 0 } } } } });
+  });
+  afterAll(async () => {
+    await gw?.dispose();
+  });
+
+  it("exactly 60 run and are billed, 40 get 402, the balance never goes negative", async () => {
+    const runtime = new ScriptedRuntimeTestDouble();
+    runtime.respond = async () => {
+      await new Promise((r) => setTimeout(r, 20));
+      return completed();
+    };
+    gw.runtime = runtime;
+    const { key, keyId, accountId } = await gw.issue({ credits: 60 });
+    let lowest = Number.POSITIVE_INFINITY;
+    let watching = true;
+    const watcher = (async () => {
+      while (watching) {
+        const b = await getBalance(gw.fresh.db, accountId);
+        if (b) lowest = Math.min(lowest, b.balanceUnits, b.availableUnits);
+        await new Promise((r) => setTimeout(r, 2));
+      }
+    })();
+    const responses = await Promise.all(
+      Array.from({ length: 100 }, () => gw.call("POST", "/v1/executions", { credential: key, body: PROGRAM })),
+    );
+    watching = false;
+    await watcher;
+    const statuses = responses.map((r) => r.status);
+    expect(statuses.filter((s) => s === 200)).toHaveLength(60);
+    expect(statuses.filter((s) => s === 402)).toHaveLength(40);
+    expect(runtime.requests).toHaveLength(60);
+    expect(lowest).toBeGreaterThanOrEqual(0);
+    expect(await getBalance(gw.fresh.db, accountId)).toEqual({ accountId, balanceUnits: 0, reservedUnits: 0, availableUnits: 0 });
+    const usage = await (await gw.call("GET", "/v1/usage", { credential: key })).json();
+    expect(usage).toMatchObject({ key_id: keyId, executions: 60, units: 60 });
+  });
+});

@@ -507,4 +507,36 @@ mod tests {
         assert!(image.file_bytes("/lib/x86_64-linux-gnu/libc.so.6").is_some());
         assert!(image.file_bytes("/bin/false").is_none());
     }
+
+    #[test]
+    fn python_template_manifest_builds() {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+        let out = TempDir::new("python-image");
+        let report = build(&manifest, &out.0).unwrap();
+        let image = Image::open(&out.0).unwrap();
+        let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
+        let root = vfs.root();
+        let python = vfs.resolve(root, b"/usr/bin/python3", true).unwrap();
+        assert_eq!(vfs.resolve(root, b"/usr/bin/python3.11", true).unwrap(), python);
+        assert_eq!(vfs.contents(python).unwrap(), fs::read("/usr/bin/python3.11").unwrap());
+        for present in [
+            "/lib64/ld-linux-x86-64.so.2",
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib/x86_64-linux-gnu/libexpat.so.1",
+            "/usr/lib/python3.11/os.py",
+            "/usr/lib/python3.11/encodings/__init__.py",
+            "/usr/lib/python3.11/lib-dynload/_json.cpython-311-x86_64-linux-gnu.so",
+        ] {
+            assert!(vfs.image().file_bytes(present).is_some(), "{present} missing");
+        }
+        for absent in ["/usr/lib/python3.11/test", "/usr/lib/python3.11/lib-dynload/_testcapi.cpython-311-x86_64-linux-gnu.so", "/etc/shadow"] {
+            assert_eq!(vfs.resolve(root, absent.as_bytes(), true).err(), Some(crate::errno::Errno::ENOENT), "{absent}");
+        }
+        // Source mtimes survive, so the stdlib's .pyc files stay valid.
+        let os_py = vfs.resolve(root, b"/usr/lib/python3.11/os.py", true).unwrap();
+        assert_eq!(vfs.stat(os_py).unwrap().mtime.sec, fs::metadata("/usr/lib/python3.11/os.py").unwrap().mtime());
+        assert!(report.libraries.iter().any(|l| l.ends_with("/libssl.so.3")), "lib-dynload's own libraries: {:?}", report.libraries);
+        let tmp = vfs.resolve(root, b"/tmp", true).unwrap();
+        assert_eq!(vfs.access(tmp, crate::fs::W_OK), Ok(()));
+    }
 }

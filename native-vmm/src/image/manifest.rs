@@ -31,7 +31,7 @@ const KEYS: [&str; 5] = ["name", "paths", "optional_paths", "exclude", "writable
 
 impl Manifest {
     pub fn load(path: &Path) -> io::Result<Manifest> {
-        let text = std::fs::read(path)?;
+        let text = std::fs::read(path).map_err(|e| io::Error::new(e.kind(), format!("manifest {}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let base = if base.as_os_str().is_empty() { Path::new(".") } else { base };
         let base = std::fs::canonicalize(base)?;

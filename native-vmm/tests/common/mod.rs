@@ -99,7 +99,7 @@ pub fn python_image() -> Arc<Image> {
 }
 
 /// The vCPU factory for `vm::launch`: the ptrace development CPU.
-pub fn ptrace_cpu(mem: &GuestMemory, program: &LoadedProgram) -> io::Result<Box<dyn GuestCpu>> {
+pub fn ptrace_cpu<'m>(mem: &'m GuestMemory, program: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
     Ok(Box::new(PtraceCpu::new(mem, program.entry, program.stack_pointer)?))
 }
 

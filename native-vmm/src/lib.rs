@@ -33,3 +33,4 @@ pub mod loader;
 // The KVM backend: the machine state the guest needs (page tables, descriptor tables, CPL0
 // stubs, register values) and the ioctl layer that runs it as a `GuestCpu`.
 pub mod arch;
+pub mod kvm;

@@ -88,3 +88,57 @@ pub fn gettid() -> i32 {
     // SAFETY: gettid takes no arguments and cannot fail.
     unsafe { syscall(SYS_GETTID) as i32 }
 }
+
+// Kicking a vCPU thread out of KVM_RUN (kvm/): a thread-directed signal whose handler does
+// nothing, installed without SA_RESTART so the blocked ioctl returns EINTR.
+extern "C" {
+    fn sigaction(signum: c_int, act: *const SigAction, oldact: *mut SigAction) -> c_int;
+    fn __libc_current_sigrtmin() -> c_int;
+}
+
+/// `struct sigaction` as glibc lays it out on x86-64 (152 bytes).
+#[repr(C)]
+struct SigAction {
+    handler: extern "C" fn(c_int),
+    mask: [u64; 16],
+    flags: c_int,
+    restorer: Option<extern "C" fn()>,
+}
+
+extern "C" fn ignore_signal(_signo: c_int) {}
+
+/// The first real-time signal the C library leaves to applications (SIGRTMIN).
+pub fn sigrtmin() -> c_int {
+    // SAFETY: a pure query of the C library, no arguments.
+    unsafe { __libc_current_sigrtmin() }
+}
+
+/// Installs a do-nothing handler for `signo` without SA_RESTART: a blocking system call in a
+/// thread that receives `signo` then returns EINTR instead of being restarted.
+pub fn install_interrupting_handler(signo: c_int) -> io::Result<()> {
+    let act = SigAction { handler: ignore_signal, mask: [0; 16], flags: 0, restorer: None };
+    // SAFETY: act is a valid sigaction that outlives the call; the handler does nothing, so it
+    // is async-signal-safe; no old action is requested.
+    check(unsafe { sigaction(signo, &act, std::ptr::null_mut()) })?;
+    Ok(())
+}
+
+/// Sends `signo` to thread `tid` of this process.
+pub fn tgkill(tid: i32, signo: c_int) -> io::Result<()> {
+    const SYS_TGKILL: c_long = 234;
+    let pid = std::process::id() as c_long;
+    // SAFETY: tgkill takes three integers and touches no memory of ours.
+    let ret = unsafe { syscall(SYS_TGKILL, pid, tid as c_long, signo as c_long) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// ioctl with an integer argument that returns a new file descriptor (KVM_CREATE_VM, ...).
+pub fn ioctl_new_fd(fd: c_int, request: c_ulong, arg: c_ulong) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let new_fd = ioctl_val(fd, request, arg)?;
+    // SAFETY: the kernel just returned new_fd as a fresh descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(new_fd) })
+}

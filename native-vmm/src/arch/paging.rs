@@ -42,7 +42,7 @@ const USER_PAGE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_ACCESSED | PT
 /// Guest memory sizes the page tables can map: page-aligned, with some user memory, at most
 /// MAX_MEMORY.
 pub fn check_memory_size(size: u64) -> io::Result<()> {
-    if size % PAGE_SIZE != 0 || size <= USER_BASE || size > MAX_MEMORY {
+    if !size.is_multiple_of(PAGE_SIZE) || size <= USER_BASE || size > MAX_MEMORY {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("guest memory of {size:#x} bytes: must be page-aligned, above {USER_BASE:#x} and at most {MAX_MEMORY:#x}"),
@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(mem.read_u64(FIRST_PD_ADDR).unwrap() & PTE_LARGE, 0);
         for r in 1..32 {
             let pde = mem.read_u64(FIRST_PD_ADDR + r * 8).unwrap();
-            assert_eq!(pde, r * LARGE_PAGE_SIZE | USER_PAGE | PTE_LARGE, "region {r}");
+            assert_eq!(pde, (r * LARGE_PAGE_SIZE) | USER_PAGE | PTE_LARGE, "region {r}");
         }
         assert_eq!(mem.read_u64(FIRST_PD_ADDR + 32 * 8).unwrap(), 0);
     }

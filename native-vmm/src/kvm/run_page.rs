@@ -1,0 +1,90 @@
+//! The vCPU's `struct kvm_run`, mmap'd from the vCPU fd: how the kernel reports each exit.
+//!
+//! The kernel writes the page only inside KVM_RUN on the vCPU thread, and reads
+//! `immediate_exit` when KVM_RUN starts; the watchdog thread sets `immediate_exit` through an
+//! `ExitFlag`. Fields are read with volatile or atomic accesses, never through references.
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::addr_of;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::abi::{KvmRun, EXIT_DATA_SIZE};
+use crate::sys;
+
+pub struct RunPage {
+    run: *mut KvmRun,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value and lives until drop; the kernel side is the only
+// other writer, and only while the owning thread is inside KVM_RUN.
+unsafe impl Send for RunPage {}
+
+impl RunPage {
+    /// Maps `len` bytes (KVM_GET_VCPU_MMAP_SIZE) of `vcpu`'s run structure.
+    pub fn map(vcpu: &OwnedFd, len: usize) -> io::Result<RunPage> {
+        if len < size_of::<KvmRun>() {
+            return Err(io::Error::other(format!("KVM_GET_VCPU_MMAP_SIZE is {len}, smaller than struct kvm_run ({} bytes)", size_of::<KvmRun>())));
+        }
+        // SAFETY: a fresh shared mapping of the vCPU fd at a kernel-chosen address, as the KVM
+        // API prescribes; nothing else refers to that range.
+        let addr = unsafe { sys::mmap(std::ptr::null_mut(), len, sys::PROT_READ | sys::PROT_WRITE, sys::MAP_SHARED, vcpu.as_raw_fd(), 0) };
+        if addr == sys::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("mmap of the vCPU run page: {e}")));
+        }
+        Ok(RunPage { run: addr as *mut KvmRun, len })
+    }
+
+    pub fn exit_reason(&self) -> u32 {
+        // SAFETY: run points at a live mapping at least size_of::<KvmRun>() long (checked in
+        // map); the kernel does not write it while we are outside KVM_RUN.
+        unsafe { addr_of!((*self.run).exit_reason).read_volatile() }
+    }
+
+    /// A copy of the exit union, decoded by the abi types.
+    pub fn exit_data(&self) -> [u8; EXIT_DATA_SIZE] {
+        // SAFETY: as in exit_reason.
+        unsafe { addr_of!((*self.run).exit).read_volatile() }
+    }
+
+    /// A handle that another thread uses to make the next (or current) KVM_RUN return EINTR.
+    pub fn exit_flag(&self) -> ExitFlag {
+        // SAFETY: only the address is computed; the field lies inside the mapping.
+        ExitFlag(unsafe { std::ptr::addr_of_mut!((*self.run).immediate_exit) })
+    }
+
+    pub fn clear_immediate_exit(&self) {
+        self.exit_flag().store(0);
+    }
+}
+
+impl Drop for RunPage {
+    fn drop(&mut self) {
+        // SAFETY: run/len describe the mapping made in map(); every ExitFlag has been dropped
+        // (KvmCpu drops its watchdog, which owns the only long-lived one, before the page).
+        unsafe { sys::munmap(self.run as *mut std::ffi::c_void, self.len) };
+    }
+}
+
+/// `kvm_run.immediate_exit` of one vCPU, writable from any thread.
+pub struct ExitFlag(*mut u8);
+
+// SAFETY: the byte is only accessed atomically; the owner of the RunPage keeps the mapping alive
+// for as long as any ExitFlag exists (see RunPage's Drop).
+unsafe impl Send for ExitFlag {}
+
+impl ExitFlag {
+    /// Makes KVM_RUN return EINTR at once (if it is about to start) instead of entering the guest.
+    pub fn raise(&self) {
+        self.store(1);
+    }
+
+    fn store(&self, value: u8) {
+        // SAFETY: the pointer is into the live run mapping (see above); AtomicU8 has the
+        // alignment and size of u8.
+        unsafe { AtomicU8::from_ptr(self.0) }.store(value, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,293 @@
+//! `KvmCpu`: a VM with all of guest memory in one slot and one vCPU, set up for long mode at
+//! CPL3 on the `arch` tables, implementing `GuestCpu`.
+//!
+//! Exit path: the CPL0 stubs stop the vCPU with an `out` to SYSCALL_PORT or EXCEPTION_PORT.
+//! On a syscall exit one KVM_GET_REGS reads rax and the six argument registers; the answer is
+//! written back with one KVM_SET_REGS of the same registers with a new rax (rip is left alone,
+//! so KVM finishes the `out` on the next KVM_RUN and the stub goes on to `iretq`).
+
+use std::io;
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Instant;
+
+use super::abi::*;
+use super::run_page::RunPage;
+use super::watchdog::Watchdog;
+use super::{context, Kvm};
+use crate::arch::cpu_state::{self, CpuFeatures};
+use crate::arch::descriptors::{Segment, GDT_LIMIT, IDT_LIMIT};
+use crate::arch::stubs::{ExceptionFrame, Reg};
+use crate::arch::{self, paging, EXCEPTION_PORT, GDT_ADDR, IDT_ADDR, SYSCALL_PORT};
+use crate::cpu::{CpuExit, GuestCpu};
+use crate::memory::GuestMemory;
+use crate::sys;
+use crate::status::GuestFault;
+
+const PAGE_FAULT: u8 = 14;
+/// Linux user addresses end here; an FS base at or above it cannot be entered into the vCPU.
+const USER_ADDRESS_LIMIT: u64 = 1 << 47;
+
+/// A KVM vCPU running one guest program. It borrows the guest memory it was built on: the VM's
+/// memory slot points into that mapping, so the memory must outlive the VM.
+pub struct KvmCpu<'m> {
+    // Field order is drop order: the watchdog (which writes into the run page and signals the
+    // vCPU thread) stops before the run page is unmapped.
+    watchdog: Watchdog,
+    run_page: RunPage,
+    vcpu: OwnedFd,
+    /// Kept open for the VM's lifetime (the vCPU belongs to it).
+    _vm: OwnedFd,
+    /// The registers as of the last syscall exit; `set_syscall_return` writes them back.
+    regs: KvmRegs,
+    /// The vCPU is stopped at the SYSCALL_PORT `out` and `regs` is current.
+    in_syscall: bool,
+    _memory: PhantomData<&'m GuestMemory>,
+}
+
+impl<'m> KvmCpu<'m> {
+    /// Writes the `arch` tables into the system area of `mem`, creates the VM and its vCPU,
+    /// and points the vCPU at `entry` with `stack_pointer` in rsp (other registers 0), at CPL3.
+    pub fn new(mem: &'m GuestMemory, entry: u64, stack_pointer: u64) -> io::Result<KvmCpu<'m>> {
+        paging::check_memory_size(mem.size())?;
+        let kvm = Kvm::open()?;
+        let vm = kvm.create_vm()?;
+        arch::install(mem)?;
+        let region = KvmUserspaceMemoryRegion { slot: 0, flags: 0, guest_phys_addr: 0, memory_size: mem.size(), userspace_addr: mem.host_base() };
+        sys::ioctl_ref(vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
+        let vcpu = sys::ioctl_new_fd(vm.as_raw_fd(), KVM_CREATE_VCPU, 0).map_err(context("KVM_CREATE_VCPU"))?;
+        let run_page = RunPage::map(&vcpu, kvm.vcpu_mmap_size()?)?;
+
+        // CPUID first: KVM checks CR4 and XCR0 against the CPUID the guest was given.
+        let cpuid = kvm.supported_cpuid()?;
+        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;
+        let features = CpuFeatures::from_cpuid(|function, index| cpuid.leaf(function, index));
+
+        set_sregs(&vcpu, &features)?;
+        if let Some(xcr0) = features.xcr0() {
+            let mut xcrs = KvmXcrs { nr_xcrs: 1, ..Default::default() };
+            xcrs.xcrs[0] = KvmXcr { xcr: 0, reserved: 0, value: xcr0 };
+            sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XCRS, &xcrs).map_err(context("KVM_SET_XCRS"))?;
+        }
+        set_msrs(&vcpu)?;
+        let regs = KvmRegs { rip: entry, rsp: stack_pointer, rflags: cpu_state::USER_RFLAGS, ..Default::default() };
+        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_REGS, &regs).map_err(context("KVM_SET_REGS"))?;
+
+        let exit_flag = run_page.exit_flag();
+        let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
+        Ok(KvmCpu { watchdog, run_page, vcpu, _vm: vm, regs, in_syscall: false, _memory: PhantomData })
+    }
+
+    fn get_regs(&self) -> io::Result<KvmRegs> {
+        let mut regs = KvmRegs::default();
+        sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_REGS, &mut regs).map_err(context("KVM_GET_REGS"))?;
+        Ok(regs)
+    }
+
+    fn get_sregs(&self) -> io::Result<KvmSregs> {
+        get_sregs(&self.vcpu)
+    }
+
+    /// Turns the exit KVM_RUN just reported into a `CpuExit`.
+    fn handle_exit(&mut self) -> io::Result<CpuExit> {
+        let reason = self.run_page.exit_reason();
+        let data = self.run_page.exit_data();
+        match reason {
+            KVM_EXIT_IO => {
+                let io = IoExit::decode(&data);
+                if io.direction != KVM_EXIT_IO_OUT {
+                    return Err(io::Error::other(format!("unexpected `in` from port {:#x} by the guest", io.port)));
+                }
+                match io.port {
+                    SYSCALL_PORT => {
+                        self.regs = self.get_regs()?;
+                        self.in_syscall = true;
+                        Ok(syscall_exit(&self.regs))
+                    }
+                    EXCEPTION_PORT => {
+                        let regs = self.get_regs()?;
+                        let frame = ExceptionFrame::from_registers(|r| register(&regs, r));
+                        let cr2 = if frame.vector == PAGE_FAULT as u64 { Some(self.get_sregs()?.cr2) } else { None };
+                        fault_exit(frame, cr2)
+                    }
+                    port => Err(io::Error::other(format!("the guest wrote to I/O port {port:#x}, which only the CPL0 stubs should reach"))),
+                }
+            }
+            KVM_EXIT_SHUTDOWN => {
+                let rip = self.get_regs().map(|r| r.rip).unwrap_or(0);
+                Err(io::Error::other(format!("the guest triple-faulted (KVM_EXIT_SHUTDOWN, last rip {rip:#x}): the CPL0 exception path itself failed")))
+            }
+            KVM_EXIT_FAIL_ENTRY => {
+                let fail = FailEntry::decode(&data);
+                Err(io::Error::other(format!(
+                    "KVM could not enter the guest (KVM_EXIT_FAIL_ENTRY, hardware reason {:#x} on cpu {}): the vCPU state is invalid",
+                    fail.hardware_entry_failure_reason, fail.cpu
+                )))
+            }
+            KVM_EXIT_INTERNAL_ERROR => {
+                let internal = InternalError::decode(&data);
+                Err(io::Error::other(format!("KVM internal error {} ({}), data {:x?}", internal.suberror, internal.suberror_name(), internal.data)))
+            }
+            KVM_EXIT_HLT => Err(io::Error::other("the vCPU halted: it was run again after reporting a fault")),
+            other => Err(io::Error::other(format!("unexpected KVM exit {other} ({})", exit_reason_name(other)))),
+        }
+    }
+}
+
+impl GuestCpu for KvmCpu<'_> {
+    fn run(&mut self, deadline: Instant) -> io::Result<CpuExit> {
+        self.in_syscall = false;
+        loop {
+            if !self.watchdog.arm(deadline) {
+                return Ok(CpuExit::DeadlineReached);
+            }
+            let result = sys::ioctl_val(self.vcpu.as_raw_fd(), KVM_RUN, 0);
+            self.watchdog.disarm();
+            self.run_page.clear_immediate_exit();
+            match result {
+                // The watchdog's kick (or another signal): `arm` tells whether time is up.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(context("KVM_RUN")(e)),
+                Ok(_) => return self.handle_exit(),
+            }
+        }
+    }
+
+    fn set_syscall_return(&mut self, value: u64) -> io::Result<()> {
+        if !self.in_syscall {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "set_syscall_return: the vCPU is not stopped in a system call"));
+        }
+        self.regs.rax = value;
+        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_REGS, &self.regs).map_err(context("KVM_SET_REGS"))?;
+        Ok(())
+    }
+
+    fn set_fs_base(&mut self, base: u64) -> io::Result<()> {
+        if base >= USER_ADDRESS_LIMIT {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("FS base {base:#x} is not a user address")));
+        }
+        let mut sregs = self.get_sregs()?;
+        sregs.fs.base = base;
+        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_SREGS, &sregs).map_err(context("KVM_SET_SREGS"))?;
+        Ok(())
+    }
+}
+
+fn get_sregs(vcpu: &OwnedFd) -> io::Result<KvmSregs> {
+    let mut sregs = KvmSregs::default();
+    sys::ioctl_mut(vcpu.as_raw_fd(), KVM_GET_SREGS, &mut sregs).map_err(context("KVM_GET_SREGS"))?;
+    Ok(sregs)
+}
+
+/// Long mode with paging on the arch tables, CPL3 segments. Starts from the vCPU's reset state
+/// so fields this backend does not care about (LDT, APIC base) keep KVM's defaults.
+fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures) -> io::Result<()> {
+    let mut sregs = get_sregs(vcpu)?;
+    let segments = cpu_state::user_segments();
+    let data = kvm_segment(&segments.data);
+    sregs.cs = kvm_segment(&segments.cs);
+    (sregs.ss, sregs.ds, sregs.es, sregs.fs, sregs.gs) = (data, data, data, data, data);
+    sregs.tr = kvm_segment(&segments.tr);
+    sregs.gdt = KvmDtable { base: GDT_ADDR, limit: GDT_LIMIT, padding: [0; 3] };
+    sregs.idt = KvmDtable { base: IDT_ADDR, limit: IDT_LIMIT, padding: [0; 3] };
+    sregs.cr0 = cpu_state::CR0;
+    sregs.cr3 = cpu_state::CR3;
+    sregs.cr4 = features.cr4();
+    sregs.efer = cpu_state::EFER;
+    sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_SREGS, &sregs).map_err(context("KVM_SET_SREGS"))?;
+    Ok(())
+}
+
+fn set_msrs(vcpu: &OwnedFd) -> io::Result<()> {
+    let mut msrs = KvmMsrs { nmsrs: cpu_state::MSRS.len() as u32, pad: 0, entries: [KvmMsrEntry::default(); cpu_state::MSRS.len()] };
+    for (entry, &(index, data)) in msrs.entries.iter_mut().zip(cpu_state::MSRS.iter()) {
+        *entry = KvmMsrEntry { index, reserved: 0, data };
+    }
+    // KVM_SET_MSRS returns how many entries it set, stopping at the first it rejects.
+    let set = sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs).map_err(context("KVM_SET_MSRS"))? as usize;
+    if let Some(&(index, value)) = cpu_state::MSRS.get(set) {
+        return Err(io::Error::other(format!("KVM_SET_MSRS rejected MSR {index:#x} = {value:#x}")));
+    }
+    Ok(())
+}
+
+fn kvm_segment(segment: &Segment) -> KvmSegment {
+    KvmSegment {
+        base: segment.base,
+        limit: segment.limit,
+        selector: segment.selector,
+        type_: segment.kind,
+        present: segment.present as u8,
+        dpl: segment.dpl,
+        db: segment.db as u8,
+        s: segment.code_data as u8,
+        l: segment.long as u8,
+        g: segment.granularity as u8,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
+/// The value of a register the stubs name.
+fn register(regs: &KvmRegs, reg: Reg) -> u64 {
+    match reg {
+        Reg::Rcx => regs.rcx,
+        Reg::Rdx => regs.rdx,
+        Reg::Rsp => regs.rsp,
+        Reg::Rsi => regs.rsi,
+        Reg::Rdi => regs.rdi,
+        Reg::R11 => regs.r11,
+    }
+}
+
+/// The Linux syscall ABI: number in rax, arguments in rdi, rsi, rdx, r10, r8, r9.
+fn syscall_exit(regs: &KvmRegs) -> CpuExit {
+    CpuExit::Syscall { nr: regs.rax, args: [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9] }
+}
+
+/// A program fault, or an error if the stubs themselves faulted (a VMM bug, not the program's).
+fn fault_exit(frame: ExceptionFrame, cr2: Option<u64>) -> io::Result<CpuExit> {
+    if frame.in_supervisor_code() || frame.vector >= 32 {
+        return Err(io::Error::other(format!(
+            "CPU exception {} (error code {:#x}) in the VMM's CPL0 code at rip {:#x}",
+            frame.vector, frame.error_code, frame.rip
+        )));
+    }
+    Ok(CpuExit::Fault(GuestFault { vector: frame.vector as u8, error_code: frame.error_code, rip: frame.rip, address: cr2 }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::descriptors::{KERNEL_CS, USER_CS};
+
+    #[test]
+    fn syscall_arguments_follow_the_linux_abi() {
+        let regs = KvmRegs { rax: 1, rdi: 2, rsi: 3, rdx: 4, r10: 5, r8: 6, r9: 7, rcx: 99, r11: 98, ..Default::default() };
+        assert_eq!(syscall_exit(&regs), CpuExit::Syscall { nr: 1, args: [2, 3, 4, 5, 6, 7] });
+    }
+
+    #[test]
+    fn exception_registers_become_a_guest_fault() {
+        let regs = KvmRegs { rdi: 14, rsi: 6, rdx: 0x40_1000, rcx: USER_CS as u64, ..Default::default() };
+        let frame = ExceptionFrame::from_registers(|r| register(&regs, r));
+        let exit = fault_exit(frame, Some(0xdead_0000)).unwrap();
+        assert_eq!(exit, CpuExit::Fault(GuestFault { vector: 14, error_code: 6, rip: 0x40_1000, address: Some(0xdead_0000) }));
+    }
+
+    #[test]
+    fn a_fault_in_the_stubs_is_an_error_not_a_program_crash() {
+        let frame = ExceptionFrame { vector: 13, error_code: 0, rip: 0x7021, cs: KERNEL_CS as u64 };
+        let err = fault_exit(frame, None).unwrap_err();
+        assert!(err.to_string().contains("CPL0 code at rip 0x7021"), "{err}");
+    }
+
+    #[test]
+    fn segments_reach_kvm_unchanged() {
+        let cs = kvm_segment(&cpu_state::user_segments().cs);
+        assert_eq!((cs.selector, cs.type_, cs.present, cs.dpl, cs.s, cs.l, cs.db, cs.g), (USER_CS, 0xB, 1, 3, 1, 1, 0, 1));
+        let tr = kvm_segment(&cpu_state::user_segments().tr);
+        assert_eq!((tr.type_, tr.s, tr.present, tr.base), (0xB, 0, 1, crate::arch::TSS_ADDR));
+    }
+}

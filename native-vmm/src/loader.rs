@@ -373,7 +373,7 @@ fn build_stack(mem: &GuestMemory, stack_bottom: u64, argv: &[String], envp: &[St
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::elf::{PF_R, PF_W, PF_X};
     use crate::layout::page_align_up;
@@ -388,7 +388,7 @@ mod tests {
 
     /// A minimal x86-64 ELF: one RWX PT_LOAD at `vaddr` holding the headers and `code`, with
     /// `bss` extra zero bytes, entry at the code; PT_PHDR describes the header table.
-    fn tiny_elf(e_type: u16, vaddr: u64, code: &[u8], bss: u64, interp: Option<&str>) -> Vec<u8> {
+    pub(crate) fn tiny_elf(e_type: u16, vaddr: u64, code: &[u8], bss: u64, interp: Option<&str>) -> Vec<u8> {
         let phnum: u16 = if interp.is_some() { 3 } else { 2 };
         let headers = 64 + phnum as u64 * 56;
         let interp_bytes = interp.map(|s| [s.as_bytes(), &[0]].concat()).unwrap_or_default();
@@ -431,7 +431,7 @@ mod tests {
     fn read_stack(mem: &GuestMemory, rsp: u64) -> (u64, Vec<String>, Vec<String>, Vec<(u64, u64)>) {
         let argc = mem.read_u64(rsp).unwrap();
         let mut at = rsp + 8;
-        let mut read_strings = |at: &mut u64| {
+        let read_strings = |at: &mut u64| {
             let mut out = Vec::new();
             loop {
                 let p = mem.read_u64(*at).unwrap();

@@ -1,0 +1,82 @@
+// /openapi.json, /docs, /healthz and /metrics.
+import { Validator } from "@seriousme/openapi-schema-validator";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { DOCS_PATH, OPENAPI_PATH } from "./app.js";
+import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+
+const API_ROUTES = [
+  "POST /v1/executions",
+  "GET /v1/executions/{id}",
+  "GET /v1/templates",
+  "GET /v1/usage",
+  "POST /v1/keys",
+  "GET /v1/keys",
+  "DELETE /v1/keys/{id}",
+  "POST /v1/accounts/{id}/credits",
+  "POST /v1/tokens",
+  "GET /healthz",
+  "GET /metrics",
+];
+
+describe("OpenAPI document and operational endpoints", () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway("pglite");
+  });
+  afterAll(async () => {
+    await gw?.dispose();
+  });
+
+  it("serves a valid OpenAPI 3.1 document that lists every route", async () => {
+    const response = await gw.call("GET", OPENAPI_PATH);
+    expect(response.status).toBe(200);
+    const doc = (await response.json()) as { openapi: string; paths: Record<string, Record<string, unknown>> };
+    expect(doc.openapi).toBe("3.1.0");
+    const result = await new Validator().validate(doc);
+    expect(result.errors ?? []).toEqual([]);
+    expect(result.valid).toBe(true);
+
+    const documented = Object.entries(doc.paths).flatMap(([path, ops]) => Object.keys(ops).map((m) => `${m.toUpperCase()} ${path}`));
+    expect(documented.sort()).toEqual([...API_ROUTES].sort());
+    // Every route the app serves (other than the document and its page) is documented.
+    const served = new Set(
+      gw.app.routes
+        .filter((r) => r.method !== "ALL" && r.path !== OPENAPI_PATH && r.path !== DOCS_PATH)
+        .map((r) => `${r.method} ${r.path.replace(/:(\w+)/g, "{$1}")}`),
+    );
+    expect([...served].sort()).toEqual([...API_ROUTES].sort());
+  });
+
+  it("documents problem responses and bearer security on the execute route", async () => {
+    const doc = (await (await gw.call("GET", OPENAPI_PATH)).json()) as any;
+    const execute = doc.paths["/v1/executions"].post;
+    for (const status of ["401", "402", "413", "422", "429", "503"]) {
+      expect(execute.responses[status].content["application/problem+json"], status).toBeDefined();
+    }
+    expect(execute.security).toEqual([{ bearerAuth: [] }]);
+    expect(doc.components.securitySchemes.bearerAuth).toMatchObject({ type: "http", scheme: "bearer" });
+  });
+
+  it("serves a docs page pointing at the document", async () => {
+    const response = await gw.call("GET", DOCS_PATH);
+    expect(response.status).toBe(200);
+    expect(await response.text()).toContain(OPENAPI_PATH);
+  });
+
+  it("/healthz reports the database and the runtime", async () => {
+    const response = await gw.call("GET", "/healthz");
+    expect(response.status).toBe(200);
+    expect(await response.json()).toEqual({ status: "degraded", database: "ok", runtime: "unavailable" });
+  });
+
+  it("/metrics exposes request metrics in Prometheus format", async () => {
+    await gw.call("GET", "/healthz");
+    await gw.call("GET", "/v1/usage");
+    const response = await gw.call("GET", "/metrics");
+    expect(response.status).toBe(200);
+    expect(response.headers.get("content-type")).toContain("text/plain");
+    const text = await response.text();
+    expect(text).toMatch(/http_server_request_duration_(seconds_)?count\{[^}]*http_route="\/healthz"[^}]*http_response_status_code="200"[^}]*\} [1-9]/);
+    expect(text).toMatch(/sandfork_requests_rejected_total\{[^}]*problem="unauthenticated"[^}]*\} [1-9]/);
+  });
+});

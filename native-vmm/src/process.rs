@@ -1,13 +1,29 @@
-//! The guest process as the syscall layer sees it: fds, memory map, output, counters.
+//! The guest process as the syscall layer sees it: the fd table, the memory map, the captured
+//! output, signal dispositions (recorded, never delivered), limits and per-call counters.
+//!
+//! Everything here is plain data and `Clone`: a template's process state is copied with its
+//! guest memory when a VM is forked.
 
-use std::sync::Arc;
+mod fds;
+mod memory_map;
+mod output;
 
-use crate::fs::Image;
+use std::time::Instant;
+
+use crate::fs::{Node, Vfs};
+
+pub use fds::{Description, FdTable, Object, Pipe, Transfer, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
+pub use memory_map::{MapError, MemoryMap, Placement};
+pub use output::{Appended, Output, Stream};
 
 /// What a run is given.
+#[derive(Clone)]
 pub struct ProcessConfig {
-    pub image: Arc<Image>,
-    /// Working directory (writable, in the overlay).
+    /// The VM's file system (the template's image plus a fresh overlay:
+    /// `Vfs::new(image, fs::DEFAULT_OVERLAY_LIMIT)`).
+    pub vfs: Vfs,
+    /// Working directory (writable, in the overlay). A path that does not resolve to a
+    /// directory leaves the process in "/".
     pub cwd: String,
     pub stdin: Vec<u8>,
     /// Cap on stdout+stderr bytes kept.
@@ -17,6 +33,9 @@ pub struct ProcessConfig {
 }
 
 /// Where the loader left room for the program's heap and mappings (guest addresses).
+///
+/// Contract with the loader: nothing it loaded lies in [brk_start, mmap_high); that range is
+/// untouched (zero) guest memory when the process is created.
 #[derive(Debug, Clone, Copy)]
 pub struct AddressSpace {
     /// First byte after the highest loaded segment of the main program, page aligned.
@@ -26,13 +45,200 @@ pub struct AddressSpace {
     pub mmap_high: u64,
 }
 
+/// Number of signals (1..=64); index 0 is unused.
+pub const SIGNAL_COUNT: usize = 65;
+
+/// A recorded `struct sigaction` (kernel layout, 8-byte mask).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SigAction {
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+/// Signal state the program set. No signal is ever delivered: this is only what the program
+/// reads back (rt_sigaction's old action, the mask, the alternate stack).
+#[derive(Debug, Clone)]
+pub struct SignalState {
+    pub actions: [SigAction; SIGNAL_COUNT],
+    pub blocked: u64,
+    /// Signals sent to the process while blocked (bit n-1 for signal n).
+    pub pending: u64,
+    /// sigaltstack: (ss_sp, ss_flags, ss_size).
+    pub alt_stack: (u64, u32, u64),
+}
+
+/// Per-number system-call counters. Numbers above the x86-64 range share one bucket, so a
+/// guest cannot grow host memory by calling many distinct numbers.
+#[derive(Debug, Clone)]
+struct CallCounters {
+    by_number: Vec<u64>,
+    out_of_range: u64,
+}
+
+/// Numbers below this get their own counter (x86-64 numbers end below 512).
+const COUNTED_NUMBERS: usize = 512;
+
+impl CallCounters {
+    fn new() -> CallCounters {
+        CallCounters { by_number: vec![0; COUNTED_NUMBERS], out_of_range: 0 }
+    }
+
+    fn add(&mut self, nr: u64) {
+        match usize::try_from(nr).ok().and_then(|i| self.by_number.get_mut(i)) {
+            Some(c) => *c += 1,
+            None => self.out_of_range += 1,
+        }
+    }
+
+    fn list(&self) -> Vec<SyscallCount> {
+        let mut out: Vec<SyscallCount> = self
+            .by_number
+            .iter()
+            .enumerate()
+            .filter(|&(_, &count)| count > 0)
+            .map(|(nr, &count)| SyscallCount { nr: Some(nr as u64), name: crate::syscalls::name(nr as u64), count })
+            .collect();
+        if self.out_of_range > 0 {
+            out.push(SyscallCount { nr: None, name: None, count: self.out_of_range });
+        }
+        out
+    }
+}
+
+/// How often one system call was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyscallCount {
+    /// None for the shared bucket of numbers ≥ 512.
+    pub nr: Option<u64>,
+    /// The Linux name, when the call is in the table.
+    pub name: Option<&'static str>,
+    pub count: u64,
+}
+
+#[derive(Clone)]
 pub struct GuestProcess {
     pub config: ProcessConfig,
     pub space: AddressSpace,
+    pub(crate) fds: FdTable,
+    /// The working directory.
+    pub(crate) cwd: Node,
+    pub(crate) memory: MemoryMap,
+    pub(crate) output: Output,
+    pub(crate) signals: SignalState,
+    /// FS base set by arch_prctl (ARCH_GET_FS reads it back).
+    pub(crate) fs_base: u64,
+    pub(crate) umask: u32,
+    /// Recorded by set_tid_address / set_robust_list; with one thread they are never used.
+    pub(crate) clear_child_tid: u64,
+    pub(crate) robust_list: u64,
+    deadline: Option<Instant>,
+    calls: CallCounters,
+    unsupported: CallCounters,
 }
 
 impl GuestProcess {
     pub fn new(config: ProcessConfig, space: AddressSpace) -> Self {
-        GuestProcess { config, space }
+        let memory = MemoryMap::new(space, config.mem_limit);
+        let vfs = &config.vfs;
+        let cwd = vfs
+            .resolve(vfs.root(), config.cwd.as_bytes(), true)
+            .ok()
+            .filter(|&node| vfs.kind(node) == Ok(crate::fs::FileKind::Directory))
+            .unwrap_or_else(|| vfs.root());
+        let output = Output::new(config.output_cap);
+        let signals = SignalState { actions: [SigAction::default(); SIGNAL_COUNT], blocked: 0, pending: 0, alt_stack: (0, SS_DISABLE, 0) };
+        GuestProcess {
+            config,
+            space,
+            fds: FdTable::new(),
+            cwd,
+            memory,
+            output,
+            signals,
+            fs_base: 0,
+            umask: 0o022,
+            clear_child_tid: 0,
+            robust_list: 0,
+            deadline: None,
+            calls: CallCounters::new(),
+            unsupported: CallCounters::new(),
+        }
+    }
+
+    /// The run's wall-clock deadline: sleeps and timed waits never go past it. The run loop
+    /// sets it before each run; without one, sleeps last as long as the program asked.
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    pub fn stdout(&self) -> &[u8] {
+        self.output.stdout()
+    }
+
+    pub fn stderr(&self) -> &[u8] {
+        self.output.stderr()
+    }
+
+    /// The captured output, consuming the process.
+    pub fn into_output(self) -> Output {
+        self.output
+    }
+
+    /// Bytes of stdout+stderr captured so far.
+    pub fn output_bytes(&self) -> u64 {
+        self.output.total()
+    }
+
+    /// The file system as the program left it.
+    pub fn vfs(&self) -> &Vfs {
+        &self.config.vfs
+    }
+
+    /// Releases what closing a description let go of: file-system nodes go back to the Vfs.
+    pub(crate) fn release(&mut self, object: Option<Object>) {
+        if let Some(Object::Node(node)) = object {
+            self.config.vfs.close(node);
+        }
+    }
+
+    /// Bytes of guest memory given to the program now (mappings plus heap).
+    pub fn memory_in_use(&self) -> u64 {
+        self.memory.in_use()
+    }
+
+    /// The most memory the program held at once.
+    pub fn peak_memory(&self) -> u64 {
+        self.memory.peak()
+    }
+
+    pub(crate) fn count_call(&mut self, nr: u64) {
+        self.calls.add(nr);
+    }
+
+    pub(crate) fn count_unsupported(&mut self, nr: u64) {
+        self.unsupported.add(nr);
+    }
+
+    /// Every system call made, per number.
+    pub fn syscall_counts(&self) -> Vec<SyscallCount> {
+        self.calls.list()
+    }
+
+    /// Calls answered -ENOSYS or stopped as unsupported, per number.
+    pub fn unsupported_counts(&self) -> Vec<SyscallCount> {
+        self.unsupported.list()
+    }
+
+    pub fn total_syscalls(&self) -> u64 {
+        self.calls.by_number.iter().sum::<u64>() + self.calls.out_of_range
     }
 }
+
+/// sigaltstack's "no alternate stack" flag.
+pub const SS_DISABLE: u32 = 2;

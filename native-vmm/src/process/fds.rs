@@ -1,0 +1,410 @@
+//! The file-descriptor table: fds point at open file descriptions (shared by dup, carrying the
+//! offset and status flags, as in Linux), which point at what was opened.
+
+use std::collections::VecDeque;
+
+use super::output::Stream;
+use crate::errno::Errno;
+use crate::fs::Node;
+
+/// Linux's default RLIMIT_NOFILE: the guest's fd limit (soft and hard).
+pub const FD_LIMIT: u64 = 1024;
+/// Linux's default pipe capacity.
+pub const PIPE_CAPACITY: usize = 64 * 1024;
+
+// open(2) status flags the table keeps (F_GETFL/F_SETFL).
+pub const O_ACCMODE: u32 = 0o3;
+pub const O_RDONLY: u32 = 0o0;
+pub const O_WRONLY: u32 = 0o1;
+pub const O_RDWR: u32 = 0o2;
+pub const O_APPEND: u32 = 0o2000;
+pub const O_NONBLOCK: u32 = 0o4000;
+
+/// What an open file description refers to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    /// The run's stdin bytes (ProcessConfig.stdin); the description's offset is the position.
+    Stdin,
+    /// A captured output stream.
+    Output(Stream),
+    /// The read or write end of an in-memory pipe (an index into the pipe table).
+    PipeRead(usize),
+    PipeWrite(usize),
+    /// A file or directory of the guest file system, held open in the Vfs.
+    Node(Node),
+}
+
+#[derive(Debug, Clone)]
+pub struct Description {
+    pub object: Object,
+    /// Access mode and status flags (O_ACCMODE, O_APPEND, O_NONBLOCK...), as F_GETFL shows them.
+    pub flags: u32,
+    /// File position (for directories: the index of the next entry getdents64 returns).
+    pub offset: u64,
+    refs: u32,
+}
+
+impl Description {
+    pub fn new(object: Object, flags: u32) -> Description {
+        Description { object, flags, offset: 0, refs: 0 }
+    }
+
+    pub fn readable(&self) -> bool {
+        self.flags & O_ACCMODE != O_WRONLY
+    }
+
+    pub fn writable(&self) -> bool {
+        matches!(self.flags & O_ACCMODE, O_WRONLY | O_RDWR)
+    }
+
+    pub fn nonblocking(&self) -> bool {
+        self.flags & O_NONBLOCK != 0
+    }
+}
+
+/// An in-memory pipe; the guest has one thread, so nothing ever waits on it.
+#[derive(Debug, Clone, Default)]
+pub struct Pipe {
+    buffer: VecDeque<u8>,
+    readers: u32,
+    writers: u32,
+}
+
+/// The outcome of a pipe transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transfer {
+    Done(usize),
+    /// Linux would block here; with one thread nothing could ever wake it.
+    WouldBlock,
+}
+
+impl Pipe {
+    /// Takes up to `max` buffered bytes; Done(empty) means end of file (no writer left).
+    pub fn read(&mut self, max: usize) -> Result<Vec<u8>, Transfer> {
+        if self.buffer.is_empty() {
+            return if self.writers == 0 { Ok(Vec::new()) } else { Err(Transfer::WouldBlock) };
+        }
+        let n = max.min(self.buffer.len());
+        Ok(self.buffer.drain(..n).collect())
+    }
+
+    /// Appends what fits; EPIPE when no reader is left (SIGPIPE is never delivered).
+    pub fn write(&mut self, data: &[u8]) -> Result<Transfer, Errno> {
+        if self.readers == 0 {
+            return Err(Errno::EPIPE);
+        }
+        let room = PIPE_CAPACITY - self.buffer.len();
+        if room == 0 && !data.is_empty() {
+            return Ok(Transfer::WouldBlock);
+        }
+        let n = room.min(data.len());
+        self.buffer.extend(&data[..n]);
+        Ok(Transfer::Done(n))
+    }
+
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Room left for a write (what a writer may put in without blocking).
+    pub fn room(&self) -> usize {
+        PIPE_CAPACITY - self.buffer.len()
+    }
+
+    pub fn has_writers(&self) -> bool {
+        self.writers > 0
+    }
+
+    pub fn has_readers(&self) -> bool {
+        self.readers > 0
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    description: usize,
+    cloexec: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct FdTable {
+    fds: Vec<Option<Slot>>,
+    descriptions: Vec<Option<Description>>,
+    pipes: Vec<Option<Pipe>>,
+    /// The soft RLIMIT_NOFILE: new fds are below it.
+    limit: u64,
+}
+
+impl FdTable {
+    /// fd 0 is the run's stdin, fds 1 and 2 the captured stdout and stderr.
+    pub fn new() -> FdTable {
+        let mut table = FdTable { fds: Vec::new(), descriptions: Vec::new(), pipes: Vec::new(), limit: FD_LIMIT };
+        for (object, flags) in [(Object::Stdin, O_RDONLY), (Object::Output(Stream::Stdout), O_WRONLY), (Object::Output(Stream::Stderr), O_WRONLY)] {
+            // The table is empty and the limit is far above 3: these cannot fail.
+            let _ = table.install(Description::new(object, flags), 0, false);
+        }
+        table
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Lowers (or restores up to FD_LIMIT) the soft fd limit; fds already open stay open.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit.min(FD_LIMIT);
+    }
+
+    /// Number of open fds.
+    pub fn open_count(&self) -> usize {
+        self.fds.iter().filter(|s| s.is_some()).count()
+    }
+
+    fn slot(&self, fd: u64) -> Result<Slot, Errno> {
+        usize::try_from(fd).ok().and_then(|i| self.fds.get(i).copied().flatten()).ok_or(Errno::EBADF)
+    }
+
+    pub fn get(&self, fd: u64) -> Result<&Description, Errno> {
+        let slot = self.slot(fd)?;
+        self.descriptions[slot.description].as_ref().ok_or(Errno::EBADF)
+    }
+
+    pub fn get_mut(&mut self, fd: u64) -> Result<&mut Description, Errno> {
+        let slot = self.slot(fd)?;
+        self.descriptions[slot.description].as_mut().ok_or(Errno::EBADF)
+    }
+
+    pub fn cloexec(&self, fd: u64) -> Result<bool, Errno> {
+        Ok(self.slot(fd)?.cloexec)
+    }
+
+    pub fn set_cloexec(&mut self, fd: u64, cloexec: bool) -> Result<(), Errno> {
+        self.slot(fd)?;
+        if let Some(Some(slot)) = self.fds.get_mut(fd as usize) {
+            slot.cloexec = cloexec;
+        }
+        Ok(())
+    }
+
+    fn lowest_free(&self, min_fd: u64) -> Result<usize, Errno> {
+        let min = min_fd as usize;
+        if min_fd >= self.limit {
+            return Err(Errno::EINVAL);
+        }
+        let found = (min..self.fds.len()).find(|&i| self.fds[i].is_none()).unwrap_or(self.fds.len().max(min));
+        if found as u64 >= self.limit {
+            return Err(Errno::EMFILE);
+        }
+        Ok(found)
+    }
+
+    fn put(&mut self, fd: usize, slot: Slot) {
+        if self.fds.len() <= fd {
+            self.fds.resize(fd + 1, None);
+        }
+        self.fds[fd] = Some(slot);
+        if let Some(Some(d)) = self.descriptions.get_mut(slot.description) {
+            d.refs += 1;
+        }
+    }
+
+    /// Opens a new description at the lowest free fd ≥ `min_fd`.
+    pub fn install(&mut self, description: Description, min_fd: u64, cloexec: bool) -> Result<u64, Errno> {
+        let fd = self.lowest_free(min_fd)?;
+        self.adopt_object(&description.object);
+        let index = match self.descriptions.iter().position(|d| d.is_none()) {
+            Some(i) => i,
+            None => {
+                self.descriptions.push(None);
+                self.descriptions.len() - 1
+            }
+        };
+        self.descriptions[index] = Some(description);
+        self.put(fd, Slot { description: index, cloexec });
+        Ok(fd as u64)
+    }
+
+    /// A new fd for the same description (dup, F_DUPFD): the lowest free fd ≥ `min_fd`.
+    pub fn duplicate(&mut self, fd: u64, min_fd: u64, cloexec: bool) -> Result<u64, Errno> {
+        let slot = self.slot(fd)?;
+        let new_fd = self.lowest_free(min_fd)?;
+        self.put(new_fd, Slot { description: slot.description, cloexec });
+        Ok(new_fd as u64)
+    }
+
+    /// dup2/dup3: makes `new_fd` refer to `fd`'s description, closing what it held (returned
+    /// when that was its last reference, for the caller to release).
+    pub fn duplicate_to(&mut self, fd: u64, new_fd: u64, cloexec: bool) -> Result<Option<Object>, Errno> {
+        let slot = self.slot(fd)?;
+        if new_fd >= self.limit {
+            return Err(Errno::EBADF);
+        }
+        if fd == new_fd {
+            return Ok(None);
+        }
+        let released = self.close(new_fd).unwrap_or(None);
+        self.put(new_fd as usize, Slot { description: slot.description, cloexec });
+        Ok(released)
+    }
+
+    /// Closes `fd`. When it held the last reference to its description, the description's
+    /// object is returned: pipes are released here, file-system nodes by the caller.
+    pub fn close(&mut self, fd: u64) -> Result<Option<Object>, Errno> {
+        let slot = self.slot(fd)?;
+        self.fds[fd as usize] = None;
+        while self.fds.last().is_some_and(|s| s.is_none()) {
+            self.fds.pop();
+        }
+        let last_ref = match self.descriptions[slot.description].as_mut() {
+            Some(d) => {
+                d.refs -= 1;
+                d.refs == 0
+            }
+            None => false,
+        };
+        if !last_ref {
+            return Ok(None);
+        }
+        Ok(self.descriptions[slot.description].take().map(|d| {
+            self.release_object(&d.object);
+            d.object
+        }))
+    }
+
+    /// close_range(2): closes (or with `only_cloexec` marks close-on-exec) fds first..=last;
+    /// returns the objects whose last reference went.
+    pub fn close_range(&mut self, first: u64, last: u64, only_cloexec: bool) -> Vec<Object> {
+        let end = (last.min(self.fds.len() as u64)).saturating_add(1);
+        let mut released = Vec::new();
+        for fd in first..end {
+            if only_cloexec {
+                let _ = self.set_cloexec(fd, true);
+            } else if let Ok(Some(object)) = self.close(fd) {
+                released.push(object);
+            }
+        }
+        released
+    }
+
+    /// Creates a pipe: (read description, write description), not yet installed.
+    pub fn new_pipe(&mut self, flags: u32) -> (Description, Description) {
+        let index = match self.pipes.iter().position(|p| p.is_none()) {
+            Some(i) => i,
+            None => {
+                self.pipes.push(None);
+                self.pipes.len() - 1
+            }
+        };
+        self.pipes[index] = Some(Pipe::default());
+        let status = flags & O_NONBLOCK;
+        (Description::new(Object::PipeRead(index), O_RDONLY | status), Description::new(Object::PipeWrite(index), O_WRONLY | status))
+    }
+
+    pub fn pipe_mut(&mut self, index: usize) -> Result<&mut Pipe, Errno> {
+        self.pipes.get_mut(index).and_then(|p| p.as_mut()).ok_or(Errno::EBADF)
+    }
+
+    pub fn pipe(&self, index: usize) -> Result<&Pipe, Errno> {
+        self.pipes.get(index).and_then(|p| p.as_ref()).ok_or(Errno::EBADF)
+    }
+
+    fn adopt_object(&mut self, object: &Object) {
+        match *object {
+            Object::PipeRead(i) => self.pipes[i].iter_mut().for_each(|p| p.readers += 1),
+            Object::PipeWrite(i) => self.pipes[i].iter_mut().for_each(|p| p.writers += 1),
+            _ => {}
+        }
+    }
+
+    fn release_object(&mut self, object: &Object) {
+        let index = match *object {
+            Object::PipeRead(i) => {
+                self.pipes[i].iter_mut().for_each(|p| p.readers -= 1);
+                i
+            }
+            Object::PipeWrite(i) => {
+                self.pipes[i].iter_mut().for_each(|p| p.writers -= 1);
+                i
+            }
+            _ => return,
+        };
+        if self.pipes[index].as_ref().is_some_and(|p| p.readers == 0 && p.writers == 0) {
+            self.pipes[index] = None;
+        }
+    }
+}
+
+impl Default for FdTable {
+    fn default() -> FdTable {
+        FdTable::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lowest_free_fd_and_dup_share_the_description() {
+        let mut t = FdTable::new();
+        let (r, w) = t.new_pipe(0);
+        assert_eq!(t.install(r, 0, true).unwrap(), 3);
+        assert_eq!(t.install(w, 0, false).unwrap(), 4);
+        assert!(t.cloexec(3).unwrap());
+        t.close(0).unwrap();
+        assert_eq!(t.duplicate(4, 0, false).unwrap(), 0);
+        t.get_mut(0).unwrap().offset = 7;
+        assert_eq!(t.get(4).unwrap().offset, 7);
+        assert_eq!(t.duplicate(4, 10, true).unwrap(), 10);
+        assert!(t.get(5).is_err());
+        assert_eq!(t.close(5), Err(Errno::EBADF));
+    }
+
+    #[test]
+    fn pipe_end_closes_give_eof_and_epipe() {
+        let mut t = FdTable::new();
+        let (r, w) = t.new_pipe(0);
+        let rfd = t.install(r, 0, false).unwrap();
+        let wfd = t.install(w, 0, false).unwrap();
+        let extra = t.duplicate(wfd, 0, false).unwrap();
+        let Object::PipeRead(p) = t.get(rfd).unwrap().object else { panic!("not a pipe") };
+        assert_eq!(t.pipe_mut(p).unwrap().write(b"abc"), Ok(Transfer::Done(3)));
+        t.close(wfd).unwrap();
+        // A dup of the write end still holds it open: an empty pipe would block.
+        assert_eq!(t.pipe_mut(p).unwrap().read(10), Ok(b"abc".to_vec()));
+        assert_eq!(t.pipe_mut(p).unwrap().read(10), Err(Transfer::WouldBlock));
+        t.close(extra).unwrap();
+        assert_eq!(t.pipe_mut(p).unwrap().read(10), Ok(Vec::new()));
+        t.close(rfd).unwrap();
+        assert!(t.pipe(p).is_err());
+    }
+
+    #[test]
+    fn pipe_capacity_and_no_reader() {
+        let mut t = FdTable::new();
+        let (r, w) = t.new_pipe(0);
+        let rfd = t.install(r, 0, false).unwrap();
+        let wfd = t.install(w, 0, false).unwrap();
+        let Object::PipeWrite(p) = t.get(wfd).unwrap().object else { panic!("not a pipe") };
+        let big = vec![1u8; PIPE_CAPACITY + 10];
+        assert_eq!(t.pipe_mut(p).unwrap().write(&big), Ok(Transfer::Done(PIPE_CAPACITY)));
+        assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Ok(Transfer::WouldBlock));
+        t.close(rfd).unwrap();
+        assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(Errno::EPIPE));
+    }
+
+    #[test]
+    fn fd_limit_gives_emfile_and_dup2_replaces() {
+        let mut t = FdTable::new();
+        t.set_limit(5);
+        assert_eq!(t.duplicate(1, 0, false).unwrap(), 3);
+        assert_eq!(t.duplicate(1, 0, false).unwrap(), 4);
+        assert_eq!(t.duplicate(1, 0, false), Err(Errno::EMFILE));
+        assert_eq!(t.duplicate_to(2, 9, false), Err(Errno::EBADF));
+        assert!(t.duplicate_to(2, 3, true).unwrap().is_none());
+        assert!(matches!(t.get(3).unwrap().object, Object::Output(Stream::Stderr)));
+        assert!(t.cloexec(3).unwrap());
+        t.close_range(3, u64::MAX, false);
+        assert_eq!(t.open_count(), 3);
+    }
+}

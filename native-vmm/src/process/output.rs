@@ -1,0 +1,89 @@
+//! The program's captured stdout and stderr, kept apart, under one shared byte cap.
+
+/// Which captured stream a write goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// The result of appending to the capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Everything was kept.
+    All,
+    /// Only the first `kept` bytes fit under the cap; the run must stop.
+    CapReached { kept: usize },
+}
+
+#[derive(Debug, Clone)]
+pub struct Output {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    cap: u64,
+}
+
+impl Output {
+    pub fn new(cap: u64) -> Output {
+        Output { stdout: Vec::new(), stderr: Vec::new(), cap }
+    }
+
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// Bytes still accepted before the cap is reached.
+    pub fn remaining(&self) -> u64 {
+        self.cap.saturating_sub(self.total())
+    }
+
+    pub fn total(&self) -> u64 {
+        (self.stdout.len() + self.stderr.len()) as u64
+    }
+
+    /// Appends `data`, keeping what fits under the cap. Reaching the cap exactly is not a stop;
+    /// the stop comes with the first byte that does not fit.
+    pub fn append(&mut self, stream: Stream, data: &[u8]) -> Appended {
+        let room = self.remaining().min(data.len() as u64) as usize;
+        let target = match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        };
+        target.extend_from_slice(&data[..room]);
+        if room < data.len() {
+            Appended::CapReached { kept: room }
+        } else {
+            Appended::All
+        }
+    }
+
+    pub fn stdout(&self) -> &[u8] {
+        &self.stdout
+    }
+
+    pub fn stderr(&self) -> &[u8] {
+        &self.stderr
+    }
+
+    pub fn into_parts(self) -> (Vec<u8>, Vec<u8>) {
+        (self.stdout, self.stderr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_is_shared_and_truncates_the_crossing_write() {
+        let mut out = Output::new(10);
+        assert_eq!(out.append(Stream::Stdout, b"hello"), Appended::All);
+        assert_eq!(out.append(Stream::Stderr, b"wor"), Appended::All);
+        assert_eq!(out.append(Stream::Stdout, b"ld!!"), Appended::CapReached { kept: 2 });
+        assert_eq!(out.stdout(), b"hellold");
+        assert_eq!(out.stderr(), b"wor");
+        assert_eq!(out.remaining(), 0);
+        assert_eq!(out.append(Stream::Stderr, b""), Appended::All);
+        assert_eq!(out.append(Stream::Stderr, b"x"), Appended::CapReached { kept: 0 });
+    }
+}

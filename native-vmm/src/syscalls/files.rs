@@ -1,0 +1,843 @@
+//! File descriptors and paths: reads and writes (stdin, captured output, pipes, files),
+//! the fd table calls, and path calls answered by the VM's file system (`fs::Vfs`: the
+//! read-only image plus the writable overlay; writes elsewhere are EROFS).
+//!
+//! The standard streams are not terminals: stdin is the run's input bytes, stdout and stderr
+//! are captured; all three report themselves as FIFOs (ioctl TCGETS gives ENOTTY), so
+//! programs choose block buffering. A transfer that would block forever (a blocking read of
+//! an empty pipe whose write end is still open, a blocking write to a full pipe) stops the run:
+//! the guest has one thread, so nothing else could ever move the data.
+
+use super::{stop_unsupported, value, SysResult, SyscallOutcome, UserMemory};
+use crate::errno::Errno;
+use crate::fs::{FileKind, Node, OpenOptions, Stat, Timespec};
+use crate::loader::{GUEST_GID, GUEST_UID};
+use crate::process::{Appended, Description, GuestProcess, Object, Transfer, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, PIPE_CAPACITY};
+use crate::status::RunStatus;
+
+/// Bytes moved by one read or write call at most (Linux also returns short counts); bounds
+/// the host memory a single call can make the VMM allocate.
+const MAX_IO: u64 = 1 << 20;
+
+const AT_FDCWD: i32 = -100;
+const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
+const AT_REMOVEDIR: u64 = 0x200;
+const AT_EACCESS: u64 = 0x200;
+const AT_EMPTY_PATH: u64 = 0x1000;
+const AT_NO_AUTOMOUNT: u64 = 0x800;
+const AT_STATX_SYNC_TYPE: u64 = 0x6000;
+
+const O_CREAT: u64 = 0o100;
+const O_EXCL: u64 = 0o200;
+const O_TRUNC: u64 = 0o1000;
+const O_DSYNC: u64 = 0o10000;
+const O_DIRECT: u64 = 0o40000;
+const O_LARGEFILE: u64 = 0o100000;
+const O_DIRECTORY: u64 = 0o200000;
+const O_NOFOLLOW: u64 = 0o400000;
+const O_NOATIME: u64 = 0o1000000;
+const O_CLOEXEC: u64 = 0o2000000;
+const O_PATH: u64 = 0o10000000;
+const O_TMPFILE: u64 = 0o20000000;
+/// Status flags kept on a description and shown by F_GETFL.
+const STATUS_FLAGS: u64 = O_ACCMODE as u64 | O_APPEND as u64 | O_NONBLOCK as u64 | O_DSYNC | O_DIRECT | O_NOATIME | O_PATH;
+
+const S_IFIFO: u32 = 0o010000;
+
+// ---- helpers ----
+
+fn fd_arg(fd: u64) -> u64 {
+    // fds are C ints: the upper half of the register is ignored, negatives are invalid.
+    let fd = fd as u32 as i32;
+    if fd < 0 {
+        u64::MAX
+    } else {
+        fd as u64
+    }
+}
+
+/// The directory a *at() path is relative to: the cwd for AT_FDCWD, else a directory fd.
+fn base_dir(proc: &GuestProcess, dirfd: u64, path: &[u8]) -> Result<Node, Errno> {
+    if path.first() == Some(&b'/') {
+        return Ok(proc.config.vfs.root());
+    }
+    if dirfd as u32 as i32 == AT_FDCWD {
+        return Ok(proc.cwd);
+    }
+    match proc.fds.get(fd_arg(dirfd))?.object {
+        Object::Node(node) if proc.config.vfs.kind(node)? == FileKind::Directory => Ok(node),
+        _ => Err(Errno::ENOTDIR),
+    }
+}
+
+/// Reads the path argument and the directory it is relative to.
+fn path_at(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64) -> Result<(Node, Vec<u8>), Errno> {
+    let path = user.read_path(path)?;
+    if path.is_empty() {
+        return Err(Errno::ENOENT);
+    }
+    Ok((base_dir(proc, dirfd, &path)?, path))
+}
+
+/// What fstat reports for stdin, the captured streams and pipes: an anonymous FIFO.
+fn stream_stat(fd: u64) -> Stat {
+    let zero = Timespec::default();
+    Stat { dev: 0xc, ino: 1000 + fd, mode: S_IFIFO | 0o600, nlink: 1, uid: GUEST_UID as u32, gid: GUEST_GID as u32, rdev: 0, size: 0, blksize: 4096, blocks: 0, atime: zero, mtime: zero, ctime: zero }
+}
+
+/// `struct stat` as x86-64 Linux lays it out (144 bytes).
+fn stat_bytes(s: &Stat) -> [u8; 144] {
+    let mut b = [0u8; 144];
+    let mut put = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+    put(0, s.dev);
+    put(8, s.ino);
+    put(16, u64::from(s.nlink));
+    put(40, s.rdev);
+    put(48, s.size);
+    put(56, u64::from(s.blksize));
+    put(64, s.blocks);
+    for (off, t) in [(72, s.atime), (88, s.mtime), (104, s.ctime)] {
+        put(off, t.sec as u64);
+        put(off + 8, u64::from(t.nsec));
+    }
+    b[24..28].copy_from_slice(&s.mode.to_le_bytes());
+    b[28..32].copy_from_slice(&s.uid.to_le_bytes());
+    b[32..36].copy_from_slice(&s.gid.to_le_bytes());
+    b
+}
+
+/// `struct statx` (256 bytes) with the basic fields (STATX_BASIC_STATS).
+fn statx_bytes(s: &Stat) -> [u8; 256] {
+    const STATX_BASIC_STATS: u32 = 0x7ff;
+    let mut b = [0u8; 256];
+    b[0..4].copy_from_slice(&STATX_BASIC_STATS.to_le_bytes());
+    b[4..8].copy_from_slice(&s.blksize.to_le_bytes());
+    b[16..20].copy_from_slice(&s.nlink.to_le_bytes());
+    b[20..24].copy_from_slice(&s.uid.to_le_bytes());
+    b[24..28].copy_from_slice(&s.gid.to_le_bytes());
+    b[28..30].copy_from_slice(&(s.mode as u16).to_le_bytes());
+    b[32..40].copy_from_slice(&s.ino.to_le_bytes());
+    b[40..48].copy_from_slice(&s.size.to_le_bytes());
+    b[48..56].copy_from_slice(&s.blocks.to_le_bytes());
+    // atime, (btime left zero: not in the mask), ctime, mtime.
+    for (off, t) in [(64, s.atime), (96, s.ctime), (112, s.mtime)] {
+        b[off..off + 8].copy_from_slice(&t.sec.to_le_bytes());
+        b[off + 8..off + 12].copy_from_slice(&t.nsec.to_le_bytes());
+    }
+    b[136..140].copy_from_slice(&((s.dev >> 8) as u32).to_le_bytes());
+    b[140..144].copy_from_slice(&((s.dev & 0xff) as u32).to_le_bytes());
+    b
+}
+
+fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
+    match proc.fds.get(fd)?.object {
+        Object::Node(node) => proc.config.vfs.stat(node),
+        _ => Ok(stream_stat(fd)),
+    }
+}
+
+// ---- reading and writing ----
+
+/// Reads up to `len` bytes from `fd` into guest memory at `buf`; `at` is pread's offset.
+fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>, nr: u64) -> SysResult {
+    let desc = proc.fds.get(fd)?;
+    if !desc.readable() || desc.flags & O_ACCMODE == O_ACCMODE {
+        return Err(Errno::EBADF);
+    }
+    let len = len.min(MAX_IO);
+    user.check(buf, len)?;
+    let (object, offset, nonblocking) = (desc.object.clone(), desc.offset, desc.nonblocking());
+    let n = match object {
+        Object::Stdin => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            let data = &proc.config.stdin;
+            let start = (offset.min(data.len() as u64)) as usize;
+            let n = (data.len() - start).min(len as usize);
+            user.write(buf, &data[start..start + n])?;
+            n
+        }
+        Object::PipeRead(pipe) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            match proc.fds.pipe_mut(pipe)?.read(len as usize) {
+                Ok(bytes) => {
+                    user.write(buf, &bytes)?;
+                    return value(bytes.len() as u64);
+                }
+                Err(_) if nonblocking => return Err(Errno::EAGAIN),
+                Err(_) => return stop_unsupported(nr),
+            }
+        }
+        Object::Node(node) => {
+            let data = proc.config.vfs.contents(node)?;
+            let pos = at.unwrap_or(offset);
+            let start = pos.min(data.len() as u64) as usize;
+            let n = (data.len() - start).min(len as usize);
+            user.write(buf, &data[start..start + n])?;
+            n
+        }
+        Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
+    };
+    if at.is_none() {
+        proc.fds.get_mut(fd)?.offset = offset + n as u64;
+    }
+    value(n as u64)
+}
+
+/// Writes `len` bytes from guest memory at `buf` to `fd`; `at` is pwrite's offset.
+fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>, nr: u64) -> SysResult {
+    let desc = proc.fds.get(fd)?;
+    if !desc.writable() {
+        return Err(Errno::EBADF);
+    }
+    user.check(buf, len)?;
+    let (object, offset, flags) = (desc.object.clone(), desc.offset, desc.flags);
+    match object {
+        Object::Output(stream) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            let take = len.min(proc.output.remaining());
+            let data = user.read_vec(buf, take)?;
+            match proc.output.append(stream, &data) {
+                Appended::All if take == len => value(len),
+                _ => Ok(SyscallOutcome::Stop(RunStatus::OutputLimit { cap_bytes: proc.output.cap() })),
+            }
+        }
+        Object::PipeWrite(pipe) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            let data = user.read_vec(buf, len.min(PIPE_CAPACITY as u64))?;
+            match proc.fds.pipe_mut(pipe)?.write(&data)? {
+                Transfer::Done(n) => value(n as u64),
+                Transfer::WouldBlock if flags & O_NONBLOCK != 0 => Err(Errno::EAGAIN),
+                Transfer::WouldBlock => stop_unsupported(nr),
+            }
+        }
+        Object::Node(node) => {
+            let mut pos = match at {
+                Some(pos) => pos,
+                None if flags & O_APPEND != 0 => proc.config.vfs.stat(node)?.size,
+                None => offset,
+            };
+            let len = len.min(MAX_IO);
+            let data = user.read_vec(buf, len)?;
+            let n = proc.config.vfs.write_at(node, pos, &data)?;
+            pos += n as u64;
+            if at.is_none() {
+                proc.fds.get_mut(fd)?.offset = pos;
+            }
+            value(n as u64)
+        }
+        Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
+    }
+}
+
+/// read(fd, buf, count)
+pub(crate) fn read(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], None, 0)
+}
+
+/// write(fd, buf, count)
+pub(crate) fn write(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], None, 1)
+}
+
+fn position_arg(pos: u64) -> Result<u64, Errno> {
+    if (pos as i64) < 0 {
+        Err(Errno::EINVAL)
+    } else {
+        Ok(pos)
+    }
+}
+
+/// pread64(fd, buf, count, offset)
+pub(crate) fn pread64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(position_arg(args[3])?), 17)
+}
+
+/// pwrite64(fd, buf, count, offset)
+pub(crate) fn pwrite64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(position_arg(args[3])?), 18)
+}
+
+/// readv/writev: the buffers in order, stopping at the first short transfer.
+fn vectored(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], writing: bool, nr: u64) -> SysResult {
+    let fd = fd_arg(args[0]);
+    proc.fds.get(fd)?;
+    let iovecs = user.read_iovecs(args[1], args[2])?;
+    let mut total = 0u64;
+    for (base, len) in iovecs {
+        if len == 0 {
+            continue;
+        }
+        let outcome = if writing { write_fd(proc, user, fd, base, len, None, nr) } else { read_fd(proc, user, fd, base, len, None, nr) };
+        match outcome {
+            Ok(SyscallOutcome::Return(n)) => {
+                total += n;
+                if n < len {
+                    break;
+                }
+            }
+            // A stop (output cap, a transfer that would block forever) ends the run now.
+            Ok(stop) => return Ok(stop),
+            Err(e) if total == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    value(total)
+}
+
+/// readv(fd, iov, iovcnt)
+pub(crate) fn readv(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    vectored(proc, user, args, false, 19)
+}
+
+/// writev(fd, iov, iovcnt)
+pub(crate) fn writev(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    vectored(proc, user, args, true, 20)
+}
+
+/// lseek(fd, offset, whence): files and directories (whose offset is an entry index).
+pub(crate) fn lseek(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const SEEK_SET: u64 = 0;
+    const SEEK_CUR: u64 = 1;
+    const SEEK_END: u64 = 2;
+    const SEEK_DATA: u64 = 3;
+    const SEEK_HOLE: u64 = 4;
+    let fd = fd_arg(args[0]);
+    let (off, whence) = (args[1] as i64, args[2]);
+    let desc = proc.fds.get(fd)?;
+    let Object::Node(node) = desc.object else { return Err(Errno::ESPIPE) };
+    let is_dir = proc.config.vfs.kind(node)? == FileKind::Directory;
+    let size = proc.config.vfs.stat(node)?.size;
+    let base: i64 = match whence {
+        SEEK_SET => 0,
+        SEEK_CUR => desc.offset as i64,
+        SEEK_END if !is_dir => size as i64,
+        SEEK_DATA | SEEK_HOLE if !is_dir => {
+            // One data extent covering the whole file; the hole is at its end.
+            if off < 0 || off as u64 >= size {
+                return Err(Errno::ENXIO);
+            }
+            let target = if whence == SEEK_DATA { off as u64 } else { size };
+            proc.fds.get_mut(fd)?.offset = target;
+            return value(target);
+        }
+        _ => return Err(Errno::EINVAL),
+    };
+    let target = base.checked_add(off).filter(|&t| t >= 0).ok_or(Errno::EINVAL)?;
+    proc.fds.get_mut(fd)?.offset = target as u64;
+    value(target as u64)
+}
+
+// ---- the fd table ----
+
+/// openat(dirfd, path, flags, mode)
+pub(crate) fn openat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    open_common(proc, user, args[0], args[1], args[2], args[3])
+}
+
+/// open(path, flags, mode)
+pub(crate) fn open(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    open_common(proc, user, AT_FDCWD as u64, args[0], args[1], args[2])
+}
+
+/// creat(path, mode)
+pub(crate) fn creat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    open_common(proc, user, AT_FDCWD as u64, args[0], O_CREAT | 1 | O_TRUNC, args[1])
+}
+
+fn open_common(proc: &mut GuestProcess, user: &UserMemory, dirfd: u64, path: u64, flags: u64, mode: u64) -> SysResult {
+    let accmode = flags & O_ACCMODE as u64;
+    if accmode == O_ACCMODE as u64 {
+        return Err(Errno::EINVAL);
+    }
+    if flags & O_TMPFILE == O_TMPFILE {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    let (base, path) = path_at(proc, user, dirfd, path)?;
+    let opts = OpenOptions {
+        write: accmode != O_RDONLY as u64,
+        create: flags & O_CREAT != 0,
+        exclusive: flags & O_EXCL != 0,
+        truncate: flags & O_TRUNC != 0,
+        directory: flags & O_DIRECTORY != 0,
+        nofollow: flags & O_NOFOLLOW != 0,
+        mode: (mode as u32) & 0o7777 & !proc.umask,
+    };
+    let node = proc.config.vfs.open(base, &path, &opts)?;
+    let status = (flags & STATUS_FLAGS) | O_LARGEFILE;
+    match proc.fds.install(Description::new(Object::Node(node), status as u32), 0, flags & O_CLOEXEC != 0) {
+        Ok(fd) => value(fd),
+        Err(e) => {
+            proc.config.vfs.close(node);
+            Err(e)
+        }
+    }
+}
+
+/// close(fd)
+pub(crate) fn close(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let released = proc.fds.close(fd_arg(args[0]))?;
+    proc.release(released);
+    value(0)
+}
+
+/// close_range(first, last, flags)
+pub(crate) fn close_range(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const CLOSE_RANGE_UNSHARE: u64 = 2;
+    const CLOSE_RANGE_CLOEXEC: u64 = 4;
+    let (first, last, flags) = (args[0] as u32 as u64, args[1] as u32 as u64, args[2]);
+    if flags & !(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC) != 0 || first > last {
+        return Err(Errno::EINVAL);
+    }
+    for object in proc.fds.close_range(first, last, flags & CLOSE_RANGE_CLOEXEC != 0) {
+        proc.release(Some(object));
+    }
+    value(0)
+}
+
+/// dup(fd)
+pub(crate) fn dup(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    value(proc.fds.duplicate(fd_arg(args[0]), 0, false)?)
+}
+
+/// dup2(oldfd, newfd)
+pub(crate) fn dup2(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (old, new) = (fd_arg(args[0]), fd_arg(args[1]));
+    proc.fds.get(old)?;
+    if old == new {
+        return value(new);
+    }
+    let released = proc.fds.duplicate_to(old, new, false)?;
+    proc.release(released);
+    value(new)
+}
+
+/// dup3(oldfd, newfd, flags): O_CLOEXEC is the only flag.
+pub(crate) fn dup3(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (old, new, flags) = (fd_arg(args[0]), fd_arg(args[1]), args[2]);
+    if flags & !O_CLOEXEC != 0 || old == new {
+        return Err(Errno::EINVAL);
+    }
+    let released = proc.fds.duplicate_to(old, new, flags & O_CLOEXEC != 0)?;
+    proc.release(released);
+    value(new)
+}
+
+/// fcntl(fd, cmd, arg): duplication, close-on-exec, status flags, pipe size, and record
+/// locks (always granted: there is no other process to conflict with).
+pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const F_DUPFD: u64 = 0;
+    const F_GETFD: u64 = 1;
+    const F_SETFD: u64 = 2;
+    const F_GETFL: u64 = 3;
+    const F_SETFL: u64 = 4;
+    const F_GETLK: u64 = 5;
+    const F_SETLK: u64 = 6;
+    const F_SETLKW: u64 = 7;
+    const F_OFD_GETLK: u64 = 36;
+    const F_OFD_SETLK: u64 = 37;
+    const F_OFD_SETLKW: u64 = 38;
+    const F_DUPFD_CLOEXEC: u64 = 1030;
+    const F_GETPIPE_SZ: u64 = 1032;
+    const FD_CLOEXEC: u64 = 1;
+    const F_UNLCK: u16 = 2;
+    /// Flags F_SETFL may change (O_ASYNC and O_DIRECT have no effect here).
+    const SETTABLE: u32 = O_APPEND | O_NONBLOCK | 0o20000 | 0o40000 | 0o1000000;
+    let fd = fd_arg(args[0]);
+    let (cmd, arg) = (args[1] as u32 as u64, args[2]);
+    let desc = proc.fds.get(fd)?;
+    match cmd {
+        F_DUPFD | F_DUPFD_CLOEXEC => value(proc.fds.duplicate(fd, arg as u32 as u64, cmd == F_DUPFD_CLOEXEC)?),
+        F_GETFD => value(u64::from(proc.fds.cloexec(fd)?)),
+        F_SETFD => {
+            proc.fds.set_cloexec(fd, arg & FD_CLOEXEC != 0)?;
+            value(0)
+        }
+        F_GETFL => value(u64::from(desc.flags)),
+        F_SETFL => {
+            let desc = proc.fds.get_mut(fd)?;
+            desc.flags = (desc.flags & !SETTABLE) | (arg as u32 & SETTABLE);
+            value(0)
+        }
+        F_GETLK | F_OFD_GETLK => {
+            user.write(arg, &F_UNLCK.to_le_bytes())?;
+            value(0)
+        }
+        F_SETLK | F_SETLKW | F_OFD_SETLK | F_OFD_SETLKW => {
+            user.check(arg, 32)?;
+            value(0)
+        }
+        F_GETPIPE_SZ => match desc.object {
+            Object::PipeRead(_) | Object::PipeWrite(_) => value(PIPE_CAPACITY as u64),
+            _ => Err(Errno::EBADF),
+        },
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// flock(fd, op): granted (one process, nothing to conflict with).
+pub(crate) fn flock(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    proc.fds.get(fd_arg(args[0]))?;
+    value(0)
+}
+
+/// fsync(fd), fdatasync(fd): the overlay is memory; nothing to flush.
+pub(crate) fn fsync(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    proc.fds.get(fd_arg(args[0]))?;
+    value(0)
+}
+
+/// pipe2(fds, flags)
+pub(crate) fn pipe2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let flags = args[1];
+    if flags & !(O_CLOEXEC | O_NONBLOCK as u64 | O_DIRECT) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    user.check(args[0], 8)?;
+    let cloexec = flags & O_CLOEXEC != 0;
+    let (read_end, write_end) = proc.fds.new_pipe(flags as u32);
+    let rfd = proc.fds.install(read_end, 0, cloexec)?;
+    let wfd = match proc.fds.install(write_end, 0, cloexec) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = proc.fds.close(rfd);
+            return Err(e);
+        }
+    };
+    user.write_u32(args[0], rfd as u32)?;
+    user.write_u32(args[0] + 4, wfd as u32)?;
+    value(0)
+}
+
+/// pipe(fds)
+pub(crate) fn pipe(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    pipe2(proc, user, [args[0], 0, 0, 0, 0, 0])
+}
+
+/// ioctl(fd, request, arg): no fd is a terminal (TCGETS and other tty requests: ENOTTY);
+/// the generic fd requests work.
+pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const FIONREAD: u64 = 0x541b;
+    const FIONBIO: u64 = 0x5421;
+    const FIONCLEX: u64 = 0x5450;
+    const FIOCLEX: u64 = 0x5451;
+    let fd = fd_arg(args[0]);
+    let (request, arg) = (args[1] as u32 as u64, args[2]);
+    let desc = proc.fds.get(fd)?;
+    match request {
+        FIONBIO => {
+            let on = user.read_u32(arg)? != 0;
+            let desc = proc.fds.get_mut(fd)?;
+            desc.flags = if on { desc.flags | O_NONBLOCK } else { desc.flags & !O_NONBLOCK };
+            value(0)
+        }
+        FIOCLEX | FIONCLEX => {
+            proc.fds.set_cloexec(fd, request == FIOCLEX)?;
+            value(0)
+        }
+        FIONREAD => {
+            let available = match desc.object {
+                Object::Stdin => (proc.config.stdin.len() as u64).saturating_sub(desc.offset),
+                Object::PipeRead(p) => proc.fds.pipe(p)?.buffered() as u64,
+                Object::Node(node) if proc.config.vfs.kind(node)? == FileKind::Regular => proc.config.vfs.stat(node)?.size.saturating_sub(desc.offset),
+                _ => return Err(Errno::ENOTTY),
+            };
+            user.write_u32(arg, available.min(i32::MAX as u64) as u32)?;
+            value(0)
+        }
+        _ => Err(Errno::ENOTTY),
+    }
+}
+
+// ---- metadata ----
+
+/// fstat(fd, statbuf)
+pub(crate) fn fstat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let stat = stat_of_fd(proc, fd_arg(args[0]))?;
+    user.write(args[1], &stat_bytes(&stat))?;
+    value(0)
+}
+
+/// The node a stat-family call names: dirfd + path, or dirfd itself with AT_EMPTY_PATH.
+fn stat_target(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64, flags: u64) -> Result<Stat, Errno> {
+    let path_bytes = user.read_path(path)?;
+    if path_bytes.is_empty() {
+        if flags & AT_EMPTY_PATH == 0 {
+            return Err(Errno::ENOENT);
+        }
+        if dirfd as u32 as i32 == AT_FDCWD {
+            return proc.config.vfs.stat(proc.cwd);
+        }
+        return stat_of_fd(proc, fd_arg(dirfd));
+    }
+    let base = base_dir(proc, dirfd, &path_bytes)?;
+    let node = proc.config.vfs.resolve(base, &path_bytes, flags & AT_SYMLINK_NOFOLLOW == 0)?;
+    proc.config.vfs.stat(node)
+}
+
+/// newfstatat(dirfd, path, statbuf, flags)
+pub(crate) fn newfstatat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if args[3] & !(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH | AT_NO_AUTOMOUNT) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let stat = stat_target(proc, user, args[0], args[1], args[3])?;
+    user.write(args[2], &stat_bytes(&stat))?;
+    value(0)
+}
+
+/// stat(path, statbuf)
+pub(crate) fn stat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    newfstatat(proc, user, [AT_FDCWD as u64, args[0], args[1], 0, 0, 0])
+}
+
+/// lstat(path, statbuf)
+pub(crate) fn lstat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    newfstatat(proc, user, [AT_FDCWD as u64, args[0], args[1], AT_SYMLINK_NOFOLLOW, 0, 0])
+}
+
+/// statx(dirfd, path, flags, mask, statxbuf): the basic fields, whatever the mask asks.
+pub(crate) fn statx(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let flags = args[2];
+    if flags & !(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH | AT_NO_AUTOMOUNT | AT_STATX_SYNC_TYPE) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let stat = stat_target(proc, user, args[0], args[1], flags)?;
+    user.write(args[4], &statx_bytes(&stat))?;
+    value(0)
+}
+
+/// getdents64(fd, dirp, count): as many whole records as fit, from the description's entry
+/// index on; 0 at the end.
+pub(crate) fn getdents64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let fd = fd_arg(args[0]);
+    let (dirp, count) = (args[1], args[2].min(MAX_IO));
+    let desc = proc.fds.get(fd)?;
+    let Object::Node(node) = desc.object else { return Err(Errno::ENOTDIR) };
+    let entries = proc.config.vfs.read_dir(node)?;
+    user.check(dirp, count)?;
+    let mut out = Vec::new();
+    let mut index = desc.offset;
+    for entry in entries.iter().skip(usize::try_from(index).unwrap_or(usize::MAX)) {
+        // d_ino, d_off, d_reclen, d_type, the name and its NUL, padded to 8 bytes.
+        let reclen = (19 + entry.name.len() + 1).next_multiple_of(8);
+        if (out.len() + reclen) as u64 > count {
+            if out.is_empty() {
+                return Err(Errno::EINVAL);
+            }
+            break;
+        }
+        index += 1;
+        out.extend_from_slice(&entry.ino.to_le_bytes());
+        out.extend_from_slice(&index.to_le_bytes());
+        out.extend_from_slice(&(reclen as u16).to_le_bytes());
+        out.push(entry.kind.dirent_type());
+        out.extend_from_slice(&entry.name);
+        out.resize(out.len() + reclen - 19 - entry.name.len(), 0);
+    }
+    user.write(dirp, &out)?;
+    proc.fds.get_mut(fd)?.offset = index;
+    value(out.len() as u64)
+}
+
+/// faccessat2(dirfd, path, mode, flags); access and faccessat are the flag-less forms.
+pub(crate) fn faccessat2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (mode, flags) = (args[2], args[3]);
+    if mode & !7 != 0 || flags & !(AT_EACCESS | AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (base, path) = path_at(proc, user, args[0], args[1])?;
+    let node = proc.config.vfs.resolve(base, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?;
+    proc.config.vfs.access(node, mode as u32)?;
+    value(0)
+}
+
+/// faccessat(dirfd, path, mode)
+pub(crate) fn faccessat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    faccessat2(proc, user, [args[0], args[1], args[2], 0, 0, 0])
+}
+
+/// access(path, mode)
+pub(crate) fn access(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    faccessat2(proc, user, [AT_FDCWD as u64, args[0], args[1], 0, 0, 0])
+}
+
+/// readlinkat(dirfd, path, buf, size): the target, truncated to size, without a NUL.
+pub(crate) fn readlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let size = args[3] as u32 as i32;
+    if size <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (base, path) = path_at(proc, user, args[0], args[1])?;
+    let node = proc.config.vfs.resolve(base, &path, false)?;
+    let target = proc.config.vfs.readlink(node)?;
+    let n = target.len().min(size as usize);
+    user.write(args[2], &target[..n])?;
+    value(n as u64)
+}
+
+/// readlink(path, buf, size)
+pub(crate) fn readlink(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    readlinkat(proc, user, [AT_FDCWD as u64, args[0], args[1], args[2], 0, 0])
+}
+
+/// getcwd(buf, size): the path and its NUL; ERANGE when it does not fit.
+pub(crate) fn getcwd(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let mut path = proc.config.vfs.path_of(proc.cwd)?;
+    if path.is_empty() {
+        path.push(b'/');
+    }
+    path.push(0);
+    if path.len() as u64 > args[1] {
+        return Err(Errno::ERANGE);
+    }
+    user.write(args[0], &path)?;
+    value(path.len() as u64)
+}
+
+fn change_dir(proc: &mut GuestProcess, node: Node) -> SysResult {
+    if proc.config.vfs.kind(node)? != FileKind::Directory {
+        return Err(Errno::ENOTDIR);
+    }
+    proc.cwd = node;
+    value(0)
+}
+
+/// chdir(path)
+pub(crate) fn chdir(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (base, path) = path_at(proc, user, AT_FDCWD as u64, args[0])?;
+    let node = proc.config.vfs.resolve(base, &path, true)?;
+    change_dir(proc, node)
+}
+
+/// fchdir(fd)
+pub(crate) fn fchdir(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    match proc.fds.get(fd_arg(args[0]))?.object {
+        Object::Node(node) => change_dir(proc, node),
+        _ => Err(Errno::ENOTDIR),
+    }
+}
+
+// ---- changing the tree (overlay only; the image gives EROFS) ----
+
+/// mkdirat(dirfd, path, mode)
+pub(crate) fn mkdirat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (base, path) = path_at(proc, user, args[0], args[1])?;
+    let mode = (args[2] as u32) & 0o7777 & !proc.umask;
+    proc.config.vfs.mkdir(base, &path, mode)?;
+    value(0)
+}
+
+/// mkdir(path, mode)
+pub(crate) fn mkdir(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    mkdirat(proc, user, [AT_FDCWD as u64, args[0], args[1], 0, 0, 0])
+}
+
+/// unlinkat(dirfd, path, flags): AT_REMOVEDIR removes a directory.
+pub(crate) fn unlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let flags = args[2];
+    if flags & !AT_REMOVEDIR != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (base, path) = path_at(proc, user, args[0], args[1])?;
+    if flags & AT_REMOVEDIR != 0 {
+        proc.config.vfs.rmdir(base, &path)?;
+    } else {
+        proc.config.vfs.unlink(base, &path)?;
+    }
+    value(0)
+}
+
+/// unlink(path)
+pub(crate) fn unlink(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    unlinkat(proc, user, [AT_FDCWD as u64, args[0], 0, 0, 0, 0])
+}
+
+/// rmdir(path)
+pub(crate) fn rmdir(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    unlinkat(proc, user, [AT_FDCWD as u64, args[0], AT_REMOVEDIR, 0, 0, 0])
+}
+
+/// renameat2(olddirfd, oldpath, newdirfd, newpath, flags): RENAME_NOREPLACE is supported.
+pub(crate) fn renameat2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const RENAME_NOREPLACE: u64 = 1;
+    let flags = args[4];
+    if flags & !RENAME_NOREPLACE != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (old_base, old_path) = path_at(proc, user, args[0], args[1])?;
+    let (new_base, new_path) = path_at(proc, user, args[2], args[3])?;
+    if flags & RENAME_NOREPLACE != 0 && proc.config.vfs.resolve(new_base, &new_path, false).is_ok() {
+        return Err(Errno::EEXIST);
+    }
+    proc.config.vfs.rename(old_base, &old_path, new_base, &new_path)?;
+    value(0)
+}
+
+/// renameat(olddirfd, oldpath, newdirfd, newpath)
+pub(crate) fn renameat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    renameat2(proc, user, [args[0], args[1], args[2], args[3], 0, 0])
+}
+
+/// rename(oldpath, newpath)
+pub(crate) fn rename(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    renameat2(proc, user, [AT_FDCWD as u64, args[0], AT_FDCWD as u64, args[1], 0, 0])
+}
+
+/// symlinkat(target, newdirfd, linkpath)
+pub(crate) fn symlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let target = user.read_path(args[0])?;
+    let (base, path) = path_at(proc, user, args[1], args[2])?;
+    proc.config.vfs.symlink(&target, base, &path)?;
+    value(0)
+}
+
+/// symlink(target, linkpath)
+pub(crate) fn symlink(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    symlinkat(proc, user, [args[0], AT_FDCWD as u64, args[1], 0, 0, 0])
+}
+
+fn length_arg(len: u64) -> Result<u64, Errno> {
+    if (len as i64) < 0 {
+        Err(Errno::EINVAL)
+    } else {
+        Ok(len)
+    }
+}
+
+/// ftruncate(fd, length): the description must be open for writing.
+pub(crate) fn ftruncate(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let len = length_arg(args[1])?;
+    let desc = proc.fds.get(fd_arg(args[0]))?;
+    match desc.object {
+        Object::Node(node) if desc.writable() => {
+            proc.config.vfs.truncate(node, len)?;
+            value(0)
+        }
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// truncate(path, length)
+pub(crate) fn truncate(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let len = length_arg(args[1])?;
+    let (base, path) = path_at(proc, user, AT_FDCWD as u64, args[0])?;
+    let node = proc.config.vfs.resolve(base, &path, true)?;
+    if proc.config.vfs.kind(node)? == FileKind::Directory {
+        return Err(Errno::EISDIR);
+    }
+    proc.config.vfs.truncate(node, len)?;
+    value(0)
+}
+
+/// Socket calls on an fd (connect, bind, sendto, ...): no fd is ever a socket.
+pub(crate) fn not_a_socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    proc.fds.get(fd_arg(args[0]))?;
+    Err(Errno::ENOTSOCK)
+}

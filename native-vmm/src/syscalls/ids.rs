@@ -1,0 +1,76 @@
+//! Process identity and lifetime: the guest is process 1 of its own (one-process) system, with
+//! one thread whose tid is its pid, running as the unprivileged user the loader put in the
+//! auxiliary vector. It has no parent inside the VM (ppid 0, like a container's init) and can
+//! create no process or thread (see the table for those calls).
+
+use super::{value, SysResult, SyscallOutcome, UserMemory};
+use crate::errno::Errno;
+use crate::loader::{GUEST_GID, GUEST_UID};
+use crate::process::GuestProcess;
+use crate::status::RunStatus;
+
+pub(crate) const GUEST_PID: u64 = 1;
+
+/// getpid(), gettid(), getpgrp(): the one process, thread and process group.
+pub(crate) fn getpid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    value(GUEST_PID)
+}
+
+pub(crate) fn getppid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    value(0)
+}
+
+/// getpgid(pid), getsid(pid): for pid 0 or the guest's own pid.
+pub(crate) fn getpgid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    match args[0] {
+        0 | GUEST_PID => value(GUEST_PID),
+        _ => Err(Errno::ESRCH),
+    }
+}
+
+/// getuid(), geteuid()
+pub(crate) fn getuid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    value(GUEST_UID)
+}
+
+/// getgid(), getegid()
+pub(crate) fn getgid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    value(GUEST_GID)
+}
+
+/// getresuid(ruid, euid, suid) and getresgid: three ids written as u32.
+fn write_three(user: &UserMemory, args: [u64; 6], id: u64) -> SysResult {
+    for &addr in &args[..3] {
+        user.write_u32(addr, id as u32)?;
+    }
+    value(0)
+}
+
+pub(crate) fn getresuid(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    write_three(user, args, GUEST_UID)
+}
+
+pub(crate) fn getresgid(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    write_three(user, args, GUEST_GID)
+}
+
+/// getgroups(size, list): no supplementary groups.
+pub(crate) fn getgroups(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if (args[0] as i32) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    value(0)
+}
+
+/// umask(mask): returns the previous mask.
+pub(crate) fn umask(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let old = proc.umask;
+    proc.umask = (args[0] as u32) & 0o777;
+    value(u64::from(old))
+}
+
+/// exit(code) and exit_group(code): with one thread both end the run.
+pub(crate) fn exit(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    // Linux keeps the low 8 bits of the status.
+    Ok(SyscallOutcome::Stop(RunStatus::Exited { code: (args[0] & 0xff) as i32 }))
+}

@@ -1,0 +1,203 @@
+//! The whole system-call surface the guest sees, in one sorted table (x86-64 numbers).
+//!
+//! Each row is (number, name, policy):
+//! * `Emulate(handler)`: answered by the VMM, with Linux's semantics within the sandbox's
+//!   limits (the handler's doc comment says where it differs).
+//! * `Refuse(errno)`: refused by design with a fixed errno the program can handle: no network
+//!   (socket calls fail with EACCES, as under a seccomp or firewall policy), no other process
+//!   or thread (clone/fork/vfork/execve and friends: ENOSYS, so glibc's clone3 → clone
+//!   fallback ends in a clean error such as Python's "can't start new thread"), no children to
+//!   wait for (ECHILD), no identity changes (EPERM), and a few interfaces glibc probes and
+//!   tolerates missing (rseq, epoll: Python's selectors fall back to poll).
+//! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
+//!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
+//!   leave the program running on a false premise. rt_sigreturn is only reached at the end of a
+//!   signal handler, which never runs (no signal is delivered), so reaching it means the stack
+//!   is not what the program believes; pause and rt_sigsuspend wait for a signal that can never
+//!   come. (Handlers stop the same way when one particular request would wait forever, e.g. an
+//!   untimed futex wait or a blocking read of a pipe only this thread could fill.)
+//!
+//! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS and
+//! `Stop` answers are also counted as unsupported (see `GuestProcess::unsupported_counts`).
+
+use super::{files, ids, memory, misc, signals, time, SysResult, UserMemory};
+use crate::errno::Errno;
+use crate::process::GuestProcess;
+
+pub type Handler = fn(&mut GuestProcess, &UserMemory, [u64; 6]) -> SysResult;
+
+#[derive(Clone, Copy)]
+pub enum Policy {
+    Emulate(Handler),
+    Refuse(Errno),
+    Stop,
+}
+
+#[derive(Clone, Copy)]
+pub struct SyscallEntry {
+    pub nr: u64,
+    pub name: &'static str,
+    pub policy: Policy,
+}
+
+const fn emulate(nr: u64, name: &'static str, handler: Handler) -> SyscallEntry {
+    SyscallEntry { nr, name, policy: Policy::Emulate(handler) }
+}
+
+const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
+    SyscallEntry { nr, name, policy: Policy::Refuse(errno) }
+}
+
+const fn stop(nr: u64, name: &'static str) -> SyscallEntry {
+    SyscallEntry { nr, name, policy: Policy::Stop }
+}
+
+const NO_NETWORK: Errno = Errno::EACCES;
+const NO_PROCESSES: Errno = Errno::ENOSYS;
+
+/// Sorted by number (a unit test checks it).
+pub static TABLE: &[SyscallEntry] = &[
+    emulate(0, "read", files::read),
+    emulate(1, "write", files::write),
+    emulate(2, "open", files::open),
+    emulate(3, "close", files::close),
+    emulate(4, "stat", files::stat),
+    emulate(5, "fstat", files::fstat),
+    emulate(6, "lstat", files::lstat),
+    emulate(8, "lseek", files::lseek),
+    emulate(9, "mmap", memory::mmap),
+    emulate(10, "mprotect", memory::mprotect),
+    emulate(11, "munmap", memory::munmap),
+    emulate(12, "brk", memory::brk),
+    emulate(13, "rt_sigaction", signals::rt_sigaction),
+    emulate(14, "rt_sigprocmask", signals::rt_sigprocmask),
+    stop(15, "rt_sigreturn"),
+    emulate(16, "ioctl", files::ioctl),
+    emulate(17, "pread64", files::pread64),
+    emulate(18, "pwrite64", files::pwrite64),
+    emulate(19, "readv", files::readv),
+    emulate(20, "writev", files::writev),
+    emulate(21, "access", files::access),
+    emulate(22, "pipe", files::pipe),
+    emulate(24, "sched_yield", misc::sched_yield),
+    emulate(25, "mremap", memory::mremap),
+    emulate(28, "madvise", memory::madvise),
+    emulate(32, "dup", files::dup),
+    emulate(33, "dup2", files::dup2),
+    stop(34, "pause"),
+    emulate(35, "nanosleep", time::nanosleep),
+    emulate(39, "getpid", ids::getpid),
+    refuse(41, "socket", NO_NETWORK),
+    emulate(42, "connect", files::not_a_socket),
+    emulate(43, "accept", files::not_a_socket),
+    emulate(44, "sendto", files::not_a_socket),
+    emulate(45, "recvfrom", files::not_a_socket),
+    emulate(46, "sendmsg", files::not_a_socket),
+    emulate(47, "recvmsg", files::not_a_socket),
+    emulate(48, "shutdown", files::not_a_socket),
+    emulate(49, "bind", files::not_a_socket),
+    emulate(50, "listen", files::not_a_socket),
+    emulate(51, "getsockname", files::not_a_socket),
+    emulate(52, "getpeername", files::not_a_socket),
+    refuse(53, "socketpair", NO_NETWORK),
+    emulate(54, "setsockopt", files::not_a_socket),
+    emulate(55, "getsockopt", files::not_a_socket),
+    refuse(56, "clone", NO_PROCESSES),
+    refuse(57, "fork", NO_PROCESSES),
+    refuse(58, "vfork", NO_PROCESSES),
+    refuse(59, "execve", NO_PROCESSES),
+    emulate(60, "exit", ids::exit),
+    refuse(61, "wait4", Errno::ECHILD),
+    emulate(62, "kill", signals::kill),
+    emulate(63, "uname", misc::uname),
+    emulate(72, "fcntl", files::fcntl),
+    emulate(73, "flock", files::flock),
+    emulate(74, "fsync", files::fsync),
+    emulate(75, "fdatasync", files::fsync),
+    emulate(76, "truncate", files::truncate),
+    emulate(77, "ftruncate", files::ftruncate),
+    emulate(79, "getcwd", files::getcwd),
+    emulate(80, "chdir", files::chdir),
+    emulate(81, "fchdir", files::fchdir),
+    emulate(82, "rename", files::rename),
+    emulate(83, "mkdir", files::mkdir),
+    emulate(84, "rmdir", files::rmdir),
+    emulate(85, "creat", files::creat),
+    emulate(87, "unlink", files::unlink),
+    emulate(88, "symlink", files::symlink),
+    emulate(89, "readlink", files::readlink),
+    emulate(95, "umask", ids::umask),
+    emulate(96, "gettimeofday", time::gettimeofday),
+    emulate(97, "getrlimit", misc::getrlimit),
+    emulate(98, "getrusage", time::getrusage),
+    emulate(99, "sysinfo", misc::sysinfo),
+    emulate(100, "times", time::times),
+    emulate(102, "getuid", ids::getuid),
+    emulate(104, "getgid", ids::getgid),
+    refuse(105, "setuid", Errno::EPERM),
+    refuse(106, "setgid", Errno::EPERM),
+    emulate(107, "geteuid", ids::getuid),
+    emulate(108, "getegid", ids::getgid),
+    refuse(109, "setpgid", Errno::EPERM),
+    emulate(110, "getppid", ids::getppid),
+    emulate(111, "getpgrp", ids::getpid),
+    refuse(112, "setsid", Errno::EPERM),
+    emulate(115, "getgroups", ids::getgroups),
+    refuse(116, "setgroups", Errno::EPERM),
+    emulate(118, "getresuid", ids::getresuid),
+    emulate(120, "getresgid", ids::getresgid),
+    emulate(121, "getpgid", ids::getpgid),
+    emulate(124, "getsid", ids::getpgid),
+    emulate(127, "rt_sigpending", signals::rt_sigpending),
+    stop(130, "rt_sigsuspend"),
+    emulate(131, "sigaltstack", signals::sigaltstack),
+    emulate(158, "arch_prctl", misc::arch_prctl),
+    emulate(160, "setrlimit", misc::setrlimit),
+    emulate(186, "gettid", ids::getpid),
+    emulate(200, "tkill", signals::tkill),
+    emulate(201, "time", time::time),
+    emulate(202, "futex", misc::futex),
+    emulate(203, "sched_setaffinity", misc::sched_setaffinity),
+    emulate(204, "sched_getaffinity", misc::sched_getaffinity),
+    refuse(213, "epoll_create", Errno::ENOSYS),
+    emulate(217, "getdents64", files::getdents64),
+    emulate(218, "set_tid_address", misc::set_tid_address),
+    emulate(228, "clock_gettime", time::clock_gettime),
+    emulate(229, "clock_getres", time::clock_getres),
+    emulate(230, "clock_nanosleep", time::clock_nanosleep),
+    emulate(231, "exit_group", ids::exit),
+    emulate(234, "tgkill", signals::tgkill),
+    refuse(247, "waitid", Errno::ECHILD),
+    emulate(257, "openat", files::openat),
+    emulate(258, "mkdirat", files::mkdirat),
+    emulate(262, "newfstatat", files::newfstatat),
+    emulate(263, "unlinkat", files::unlinkat),
+    emulate(264, "renameat", files::renameat),
+    emulate(266, "symlinkat", files::symlinkat),
+    emulate(267, "readlinkat", files::readlinkat),
+    emulate(269, "faccessat", files::faccessat),
+    emulate(273, "set_robust_list", misc::set_robust_list),
+    emulate(288, "accept4", files::not_a_socket),
+    refuse(291, "epoll_create1", Errno::ENOSYS),
+    emulate(292, "dup3", files::dup3),
+    emulate(293, "pipe2", files::pipe2),
+    emulate(302, "prlimit64", misc::prlimit64),
+    emulate(316, "renameat2", files::renameat2),
+    emulate(318, "getrandom", misc::getrandom),
+    refuse(322, "execveat", NO_PROCESSES),
+    emulate(332, "statx", files::statx),
+    refuse(334, "rseq", Errno::ENOSYS),
+    refuse(435, "clone3", NO_PROCESSES),
+    emulate(436, "close_range", files::close_range),
+    emulate(439, "faccessat2", files::faccessat2),
+];
+
+/// The table row for `nr`.
+pub fn lookup(nr: u64) -> Option<&'static SyscallEntry> {
+    TABLE.binary_search_by_key(&nr, |e| e.nr).ok().map(|i| &TABLE[i])
+}
+
+/// The Linux name of `nr`, when it is in the table.
+pub fn name(nr: u64) -> Option<&'static str> {
+    lookup(nr).map(|e| e.name)
+}

@@ -1,0 +1,451 @@
+//! Handler tests through `dispatch`, against real guest memory and a real file image built in
+//! a temporary directory by the image writer.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{dispatch, SyscallOutcome, TABLE};
+use crate::errno::Errno;
+use crate::fs::{Image, Vfs, DEFAULT_OVERLAY_LIMIT};
+use crate::image::format::{self, Entry, EntryKind, Index};
+use crate::memory::GuestMemory;
+use crate::process::{AddressSpace, GuestProcess, ProcessConfig};
+use crate::status::RunStatus;
+
+const MIB: u64 = 1 << 20;
+const MEM: u64 = 16 * MIB;
+/// Scratch user memory for arguments (below brk_start: loader-owned, never handed out).
+const SCRATCH: u64 = 0x20_0000;
+const BUF: u64 = 0x30_0000;
+const PASSWD: &[u8] = b"root:x:0:0:root:/root:/bin/sh\n";
+
+// x86-64 numbers used below.
+const READ: u64 = 0;
+const WRITE: u64 = 1;
+const CLOSE: u64 = 3;
+const FSTAT: u64 = 5;
+const LSEEK: u64 = 8;
+const MMAP: u64 = 9;
+const MUNMAP: u64 = 11;
+const BRK: u64 = 12;
+const RT_SIGACTION: u64 = 13;
+const RT_SIGPROCMASK: u64 = 14;
+const RT_SIGRETURN: u64 = 15;
+const IOCTL: u64 = 16;
+const WRITEV: u64 = 20;
+const DUP: u64 = 32;
+const DUP2: u64 = 33;
+const NANOSLEEP: u64 = 35;
+const SOCKET: u64 = 41;
+const CLONE: u64 = 56;
+const KILL: u64 = 62;
+const UNAME: u64 = 63;
+const FCNTL: u64 = 72;
+const GETCWD: u64 = 79;
+const CHDIR: u64 = 80;
+const ARCH_PRCTL: u64 = 158;
+const GETTID: u64 = 186;
+const FUTEX: u64 = 202;
+const GETDENTS64: u64 = 217;
+const CLOCK_GETTIME: u64 = 228;
+const EXIT_GROUP: u64 = 231;
+const TGKILL: u64 = 234;
+const OPENAT: u64 = 257;
+const MKDIRAT: u64 = 258;
+const NEWFSTATAT: u64 = 262;
+const UNLINKAT: u64 = 263;
+const PIPE2: u64 = 293;
+const PRLIMIT64: u64 = 302;
+const GETRANDOM: u64 = 318;
+
+const AT_FDCWD: u64 = -100i64 as u64;
+const O_WRONLY: u64 = 1;
+const O_RDWR: u64 = 2;
+const O_CREAT: u64 = 0o100;
+const O_NONBLOCK: u64 = 0o4000;
+const O_DIRECTORY: u64 = 0o200000;
+const O_CLOEXEC: u64 = 0o2000000;
+
+struct Guest {
+    proc: GuestProcess,
+    mem: GuestMemory,
+    dir: PathBuf,
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn test_image() -> (std::sync::Arc<Image>, PathBuf) {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!("sandfork-sys-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let entry = |path: &str, mode, kind| Entry { path: path.into(), mode, mtime_sec: 1_600_000_000, mtime_nsec: 0, kind };
+    let file = |size: usize| EntryKind::File { offset: 0, size: size as u64, sha256: [0; 32] };
+    let mut index = Index {
+        name: "sys-test".into(),
+        writable_dirs: vec!["/tmp".into(), "/work".into()],
+        entries: vec![
+            entry("/", 0o755, EntryKind::Dir),
+            entry("/etc", 0o755, EntryKind::Dir),
+            entry("/etc/passwd", 0o644, file(PASSWD.len())),
+            entry("/lib", 0o777, EntryKind::Symlink { target: "usr/lib".into() }),
+            entry("/usr", 0o755, EntryKind::Dir),
+            entry("/usr/lib", 0o755, EntryKind::Dir),
+            entry("/usr/lib/data.bin", 0o644, file(5000)),
+        ],
+    };
+    format::write(&dir, &mut index, |e| Ok(if e.path == "/etc/passwd" { PASSWD.to_vec() } else { (0..5000).map(|i| (i % 251) as u8).collect() })).unwrap();
+    (Image::open(&dir).unwrap(), dir)
+}
+
+fn guest_with(stdin: &[u8], output_cap: u64) -> Guest {
+    let (image, dir) = test_image();
+    let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
+    let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: stdin.to_vec(), output_cap, mem_limit: MEM };
+    let space = AddressSpace { brk_start: 4 * MIB, mmap_low: 4 * MIB, mmap_high: 14 * MIB };
+    Guest { proc: GuestProcess::new(config, space), mem: GuestMemory::new(MEM).unwrap(), dir }
+}
+
+fn guest() -> Guest {
+    guest_with(b"", 1 << 20)
+}
+
+impl Guest {
+    fn call(&mut self, nr: u64, args: &[u64]) -> SyscallOutcome {
+        let mut regs = [0u64; 6];
+        regs[..args.len()].copy_from_slice(args);
+        dispatch(&mut self.proc, &self.mem, nr, regs)
+    }
+
+    /// The call's return value as a signed number (-errno on failure).
+    fn ret(&mut self, nr: u64, args: &[u64]) -> i64 {
+        match self.call(nr, args) {
+            SyscallOutcome::Return(v) => v as i64,
+            other => panic!("syscall {nr} did not return: {other:?}"),
+        }
+    }
+
+    fn cstr(&self, addr: u64, s: &str) -> u64 {
+        self.mem.write(addr, s.as_bytes()).unwrap();
+        self.mem.write(addr + s.len() as u64, &[0]).unwrap();
+        addr
+    }
+
+    fn open(&mut self, path: &str, flags: u64) -> i64 {
+        let p = self.cstr(SCRATCH, path);
+        self.ret(OPENAT, &[AT_FDCWD, p, flags, 0o644])
+    }
+
+    fn write_bytes(&mut self, fd: u64, data: &[u8]) -> i64 {
+        self.mem.write(SCRATCH + 0x1000, data).unwrap();
+        self.ret(WRITE, &[fd, SCRATCH + 0x1000, data.len() as u64])
+    }
+
+    fn read_bytes(&mut self, fd: u64, len: u64) -> Result<Vec<u8>, i64> {
+        let n = self.ret(READ, &[fd, BUF, len]);
+        if n < 0 {
+            return Err(n);
+        }
+        Ok(self.mem.read_vec(BUF, n as u64).unwrap())
+    }
+}
+
+fn err(e: Errno) -> i64 {
+    -(e.0 as i64)
+}
+
+#[test]
+fn table_is_sorted_unique_and_named() {
+    assert!(TABLE.windows(2).all(|w| w[0].nr < w[1].nr));
+    assert!(TABLE.iter().all(|e| !e.name.is_empty() && e.nr < 512));
+}
+
+#[test]
+fn unknown_calls_are_enosys_and_counted() {
+    let mut g = guest();
+    assert_eq!(g.ret(500, &[]), err(Errno::ENOSYS));
+    assert_eq!(g.ret(500, &[]), err(Errno::ENOSYS));
+    assert_eq!(g.ret(1 << 40, &[]), err(Errno::ENOSYS));
+    assert_eq!(g.ret(CLONE, &[]), err(Errno::ENOSYS));
+    assert_eq!(g.ret(SOCKET, &[2, 1, 0]), err(Errno::EACCES));
+    assert_eq!(g.ret(GETTID, &[]), 1);
+    let unsupported = g.proc.unsupported_counts();
+    assert!(unsupported.iter().any(|c| c.nr == Some(500) && c.count == 2 && c.name.is_none()));
+    assert!(unsupported.iter().any(|c| c.nr == Some(CLONE) && c.name == Some("clone")));
+    assert!(unsupported.iter().any(|c| c.nr.is_none() && c.count == 1));
+    // A refusal by policy other than ENOSYS is answered, not unsupported.
+    assert!(!unsupported.iter().any(|c| c.nr == Some(SOCKET)));
+    assert!(g.proc.syscall_counts().iter().any(|c| c.nr == Some(GETTID) && c.name == Some("gettid") && c.count == 1));
+    assert_eq!(g.proc.total_syscalls(), 6);
+}
+
+#[test]
+fn calls_that_cannot_be_answered_stop_the_run() {
+    let mut g = guest();
+    assert_eq!(g.call(RT_SIGRETURN, &[]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 15, name: "rt_sigreturn" }));
+    assert_eq!(g.call(EXIT_GROUP, &[0x1_03]), SyscallOutcome::Stop(RunStatus::Exited { code: 3 }));
+}
+
+#[test]
+fn bad_pointers_are_efault() {
+    let mut g = guest();
+    // System area (supervisor-only), outside memory, and a range running off the end.
+    for addr in [0u64, 0x1000, 0xf_f000, MEM, MEM - 2, u64::MAX - 4] {
+        assert_eq!(g.ret(WRITE, &[1, addr, 5]), err(Errno::EFAULT), "write from {addr:#x}");
+        assert_eq!(g.ret(CLOCK_GETTIME, &[0, addr]), err(Errno::EFAULT));
+        assert_eq!(g.ret(UNAME, &[addr]), err(Errno::EFAULT));
+        assert_eq!(g.ret(GETRANDOM, &[addr, 16, 0]), err(Errno::EFAULT));
+    }
+    for addr in [0u64, 0x1000, 0xf_f000, MEM, u64::MAX - 4] {
+        assert_eq!(g.ret(OPENAT, &[AT_FDCWD, addr, 0]), err(Errno::EFAULT));
+    }
+    // A path with no NUL before the end of memory.
+    g.mem.fill(MEM - 8, 8, b'a').unwrap();
+    assert_eq!(g.ret(OPENAT, &[AT_FDCWD, MEM - 8, 0]), err(Errno::EFAULT));
+    assert!(g.mem.read_vec(0, 0x2000).unwrap().iter().all(|&b| b == 0), "the system area was written");
+    assert_eq!(g.ret(WRITEV, &[1, SCRATCH, 2000]), err(Errno::EINVAL));
+    assert_eq!(g.proc.stdout(), b"");
+}
+
+#[test]
+fn mmap_munmap_brk_accounting_and_out_of_memory() {
+    let mut g = guest();
+    let brk0 = g.ret(BRK, &[0]) as u64;
+    assert_eq!(brk0, 4 * MIB);
+    assert_eq!(g.ret(BRK, &[brk0 + 10_000]) as u64, brk0 + 10_000);
+    let a = g.ret(MMAP, &[0, 3 * 4096, 3, 0x22, u64::MAX, 0]) as u64;
+    assert_eq!(a, 14 * MIB - 3 * 4096);
+    assert_eq!(g.proc.memory_in_use(), 3 * 4096 + 3 * 4096);
+    g.mem.fill(a, 3 * 4096, 0xee).unwrap();
+    assert_eq!(g.ret(MUNMAP, &[a, 3 * 4096]), 0);
+    assert_eq!(g.proc.memory_in_use(), 3 * 4096);
+    assert_eq!(g.proc.peak_memory(), 6 * 4096);
+    // Reused memory comes back zeroed.
+    let b = g.ret(MMAP, &[0, 4096, 3, 0x22, u64::MAX, 0]) as u64;
+    assert!(g.mem.read_vec(b, 4096).unwrap().iter().all(|&x| x == 0));
+    assert_eq!(g.ret(MMAP, &[0, 0, 3, 0x22, u64::MAX, 0]), err(Errno::EINVAL));
+    assert_eq!(g.ret(MMAP, &[0, 4096, 3, 0x20, u64::MAX, 0]), err(Errno::EINVAL));
+    // More than the guest holds: the run stops as out of memory.
+    assert_eq!(g.call(MMAP, &[0, 11 * MIB, 3, 0x22, u64::MAX, 0]), SyscallOutcome::Stop(RunStatus::OutOfMemory { limit_bytes: MEM }));
+}
+
+#[test]
+fn file_mappings_copy_the_file() {
+    let mut g = guest();
+    let fd = g.open("/lib/data.bin", 0) as u64;
+    let a = g.ret(MMAP, &[0, 8192, 1, 2, fd, 4096]) as u64;
+    let got = g.mem.read_vec(a, 8192).unwrap();
+    let expected: Vec<u8> = (4096..5000).map(|i| (i % 251) as u8).collect();
+    assert_eq!(&got[..904], &expected[..]);
+    assert!(got[904..].iter().all(|&b| b == 0));
+    // A shared writable mapping could never write back: refused.
+    assert_eq!(g.ret(MMAP, &[0, 4096, 3, 1, fd, 0]), err(Errno::EACCES));
+    assert_eq!(g.ret(MMAP, &[0, 4096, 1, 2, 1, 0]), err(Errno::ENODEV));
+}
+
+#[test]
+fn output_cap_truncates_and_stops() {
+    let mut g = guest_with(b"", 10);
+    assert_eq!(g.write_bytes(1, b"hello"), 5);
+    assert_eq!(g.write_bytes(2, b"wor"), 3);
+    g.mem.write(SCRATCH + 0x1000, b"ld and more").unwrap();
+    assert_eq!(g.call(WRITE, &[1, SCRATCH + 0x1000, 11]), SyscallOutcome::Stop(RunStatus::OutputLimit { cap_bytes: 10 }));
+    assert_eq!(g.proc.stdout(), b"hellold");
+    assert_eq!(g.proc.stderr(), b"wor");
+}
+
+#[test]
+fn stdin_pipes_dup_and_fcntl() {
+    let mut g = guest_with(b"input!", 1 << 20);
+    assert_eq!(g.read_bytes(0, 4).unwrap(), b"inpu");
+    assert_eq!(g.read_bytes(0, 100).unwrap(), b"t!");
+    assert_eq!(g.read_bytes(0, 100).unwrap(), b"");
+    assert_eq!(g.ret(LSEEK, &[0, 0, 0]), err(Errno::ESPIPE));
+    assert_eq!(g.read_bytes(1, 1), Err(err(Errno::EBADF)));
+    assert_eq!(g.write_bytes(0, b"x"), err(Errno::EBADF));
+    assert_eq!(g.ret(IOCTL, &[1, 0x5401, BUF]), err(Errno::ENOTTY));
+
+    assert_eq!(g.ret(PIPE2, &[SCRATCH, O_CLOEXEC]), 0);
+    let (r, w) = (g.mem.read_u32(SCRATCH).unwrap() as u64, g.mem.read_u32(SCRATCH + 4).unwrap() as u64);
+    assert_eq!((r, w), (3, 4));
+    assert_eq!(g.ret(FCNTL, &[r, 1]), 1); // F_GETFD: FD_CLOEXEC
+    assert_eq!(g.ret(FCNTL, &[r, 2, 0]), 0);
+    assert_eq!(g.ret(FCNTL, &[r, 1]), 0);
+    assert_eq!(g.write_bytes(w, b"through the pipe"), 16);
+    let w2 = g.ret(DUP, &[w]) as u64;
+    assert_eq!(w2, 5);
+    assert_eq!(g.ret(FCNTL, &[w2, 1]), 0, "dup clears close-on-exec");
+    assert_eq!(g.read_bytes(r, 7).unwrap(), b"through");
+    assert_eq!(g.read_bytes(r, 100).unwrap(), b" the pipe");
+    // Empty pipe, writer open: nonblocking gives EAGAIN, blocking can never finish.
+    assert_eq!(g.ret(FCNTL, &[r, 4, O_NONBLOCK]), 0);
+    assert_eq!(g.ret(FCNTL, &[r, 3]) as u64 & O_NONBLOCK, O_NONBLOCK);
+    assert_eq!(g.read_bytes(r, 1), Err(err(Errno::EAGAIN)));
+    assert_eq!(g.ret(FCNTL, &[r, 4, 0]), 0);
+    assert_eq!(g.call(READ, &[r, BUF, 1]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 0, name: "read" }));
+    // Both write ends closed: end of file.
+    assert_eq!(g.ret(CLOSE, &[w]), 0);
+    assert_eq!(g.ret(CLOSE, &[w2]), 0);
+    assert_eq!(g.read_bytes(r, 1).unwrap(), b"");
+    assert_eq!(g.ret(CLOSE, &[w]), err(Errno::EBADF));
+    // dup2 onto stdout sends output into a file.
+    let f = g.open("/tmp/out.txt", O_CREAT | O_RDWR) as u64;
+    assert_eq!(g.ret(DUP2, &[f, 1]), 1);
+    assert_eq!(g.write_bytes(1, b"redirected"), 10);
+    assert_eq!(g.proc.stdout(), b"");
+    assert_eq!(g.ret(LSEEK, &[f, 0, 0]), 0);
+    assert_eq!(g.read_bytes(f, 100).unwrap(), b"redirected");
+}
+
+#[test]
+fn getrandom_gives_fresh_bytes() {
+    let mut g = guest();
+    assert_eq!(g.ret(GETRANDOM, &[BUF, 32, 0]), 32);
+    assert_eq!(g.ret(GETRANDOM, &[BUF + 32, 32, 1]), 32);
+    let bytes = g.mem.read_vec(BUF, 64).unwrap();
+    assert_ne!(bytes[..32], bytes[32..]);
+    assert_ne!(bytes[..32], [0u8; 32]);
+    assert_eq!(g.ret(GETRANDOM, &[BUF, 32, 0x80]), err(Errno::EINVAL));
+}
+
+#[test]
+fn files_from_the_image_and_the_overlay() {
+    let mut g = guest();
+    assert_eq!(g.open("/etc/shadow", 0), err(Errno::ENOENT));
+    assert_eq!(g.open("/etc/passwd", O_WRONLY), err(Errno::EROFS));
+    assert_eq!(g.open("/etc/new", O_CREAT | O_WRONLY), err(Errno::EROFS));
+    let fd = g.open("/etc/passwd", 0) as u64;
+    assert_eq!(fd, 3);
+    assert_eq!(g.read_bytes(fd, 4096).unwrap(), PASSWD);
+    assert_eq!(g.ret(FSTAT, &[fd, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 48).unwrap(), PASSWD.len() as u64);
+    assert_eq!(g.mem.read_u32(BUF + 24).unwrap() & 0o170000, 0o100000);
+    assert_eq!(g.write_bytes(fd, b"x"), err(Errno::EBADF));
+
+    // The working directory is writable; relative paths resolve from it.
+    let f = g.open("notes.txt", O_CREAT | O_RDWR) as u64;
+    assert_eq!(g.write_bytes(f, b"abc"), 3);
+    let p = g.cstr(SCRATCH, "/work/notes.txt");
+    assert_eq!(g.ret(NEWFSTATAT, &[AT_FDCWD, p, BUF, 0]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 48).unwrap(), 3);
+    assert_eq!(g.ret(GETCWD, &[BUF, 100]), 6);
+    assert_eq!(g.mem.read_vec(BUF, 6).unwrap(), b"/work\0");
+    assert_eq!(g.ret(GETCWD, &[BUF, 3]), err(Errno::ERANGE));
+
+    let d = g.cstr(SCRATCH + 0x200, "/tmp/d");
+    assert_eq!(g.ret(MKDIRAT, &[AT_FDCWD, d, 0o755]), 0);
+    assert_eq!(g.ret(MKDIRAT, &[AT_FDCWD, d, 0o755]), err(Errno::EEXIST));
+    let etc = g.cstr(SCRATCH, "/etc/d");
+    assert_eq!(g.ret(MKDIRAT, &[AT_FDCWD, etc, 0o755]), err(Errno::EROFS));
+    let x = g.open("/tmp/d/x", O_CREAT | O_WRONLY) as u64;
+    assert_eq!(g.ret(CLOSE, &[x]), 0);
+    let dfd = g.open("/tmp/d", O_DIRECTORY) as u64;
+    let n = g.ret(GETDENTS64, &[dfd, BUF, 4096]);
+    assert!(n > 0);
+    let names = dirent_names(&g.mem.read_vec(BUF, n as u64).unwrap());
+    assert_eq!(names, vec![b".".to_vec(), b"..".to_vec(), b"x".to_vec()]);
+    assert_eq!(g.ret(GETDENTS64, &[dfd, BUF, 4096]), 0);
+    assert_eq!(g.ret(LSEEK, &[dfd, 0, 0]), 0);
+    assert_eq!(g.ret(GETDENTS64, &[dfd, BUF, 10]), err(Errno::EINVAL));
+
+    let xp = g.cstr(SCRATCH, "/tmp/d/x");
+    assert_eq!(g.ret(UNLINKAT, &[AT_FDCWD, xp, 0]), 0);
+    assert_eq!(g.ret(UNLINKAT, &[AT_FDCWD, d, 0x200]), 0);
+    let pw = g.cstr(SCRATCH + 0x300, "/etc/passwd");
+    assert_eq!(g.ret(UNLINKAT, &[AT_FDCWD, pw, 0]), err(Errno::EROFS));
+
+    let usr = g.cstr(SCRATCH, "/usr");
+    assert_eq!(g.ret(CHDIR, &[usr]), 0);
+    assert_eq!(g.open("lib/data.bin", 0), 6);
+    assert_eq!(g.ret(CHDIR, &[pw]), err(Errno::ENOTDIR));
+}
+
+fn dirent_names(buf: &[u8]) -> Vec<Vec<u8>> {
+    let mut names = Vec::new();
+    let mut off = 0;
+    while off < buf.len() {
+        let reclen = u16::from_le_bytes([buf[off + 16], buf[off + 17]]) as usize;
+        let name = &buf[off + 19..off + reclen];
+        names.push(name[..name.iter().position(|&b| b == 0).unwrap()].to_vec());
+        off += reclen;
+    }
+    names
+}
+
+#[test]
+fn futex_on_one_thread() {
+    let mut g = guest();
+    g.mem.write_u32(BUF, 7).unwrap();
+    assert_eq!(g.ret(FUTEX, &[BUF, 128, 8, 0]), err(Errno::EAGAIN));
+    assert_eq!(g.ret(FUTEX, &[BUF, 129, 1]), 0);
+    assert_eq!(g.call(FUTEX, &[BUF, 128, 7, 0]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 202, name: "futex" }));
+    g.mem.write_u64(SCRATCH, 0).unwrap();
+    g.mem.write_u64(SCRATCH + 8, 1_000_000).unwrap();
+    assert_eq!(g.ret(FUTEX, &[BUF, 128, 7, SCRATCH]), err(Errno::ETIMEDOUT));
+    assert_eq!(g.ret(FUTEX, &[BUF + 1, 129, 1]), err(Errno::EINVAL));
+}
+
+#[test]
+fn sleeps_stop_at_the_deadline() {
+    let mut g = guest();
+    g.mem.write_u64(SCRATCH, 30).unwrap();
+    g.mem.write_u64(SCRATCH + 8, 0).unwrap();
+    g.proc.set_deadline(Some(Instant::now() + Duration::from_millis(50)));
+    let started = Instant::now();
+    assert_eq!(g.ret(NANOSLEEP, &[SCRATCH, 0]), 0);
+    let slept = started.elapsed();
+    assert!(slept >= Duration::from_millis(40) && slept < Duration::from_secs(5), "slept {slept:?}");
+    g.mem.write_u64(SCRATCH + 8, 1_000_000_000).unwrap();
+    assert_eq!(g.ret(NANOSLEEP, &[SCRATCH, 0]), err(Errno::EINVAL));
+}
+
+#[test]
+fn signals_sent_to_self() {
+    let mut g = guest();
+    // SIGCHLD's default is to ignore; SIGTERM's is to terminate.
+    assert_eq!(g.ret(KILL, &[1, 17]), 0);
+    assert_eq!(g.ret(KILL, &[2, 15]), err(Errno::ESRCH));
+    // raise(): all signals blocked around tgkill, then the mask is restored.
+    g.mem.write_u64(SCRATCH, u64::MAX).unwrap();
+    assert_eq!(g.ret(RT_SIGPROCMASK, &[0, SCRATCH, 0, 8]), 0);
+    assert_eq!(g.ret(TGKILL, &[1, 1, 6]), 0);
+    g.mem.write_u64(SCRATCH, 0).unwrap();
+    assert_eq!(g.call(RT_SIGPROCMASK, &[2, SCRATCH, 0, 8]), SyscallOutcome::Stop(RunStatus::Exited { code: 134 }));
+    // An installed handler can never run.
+    let mut g = guest();
+    let act = [0x40_1000u64, 0x0400_0000, 0x40_2000, 0];
+    for (i, v) in act.iter().enumerate() {
+        g.mem.write_u64(SCRATCH + 8 * i as u64, *v).unwrap();
+    }
+    assert_eq!(g.ret(RT_SIGACTION, &[10, SCRATCH, 0, 8]), 0);
+    assert_eq!(g.ret(RT_SIGACTION, &[10, 0, BUF, 8]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), 0x40_1000);
+    assert_eq!(g.ret(RT_SIGACTION, &[9, SCRATCH, 0, 8]), err(Errno::EINVAL));
+    assert!(matches!(g.call(KILL, &[0, 10]), SyscallOutcome::Stop(RunStatus::Unsupported { .. })));
+}
+
+#[test]
+fn fs_base_and_limits() {
+    let mut g = guest();
+    assert_eq!(g.call(ARCH_PRCTL, &[0x1002, 0x7000_1234]), SyscallOutcome::SetFsBase(0x7000_1234));
+    assert_eq!(g.ret(ARCH_PRCTL, &[0x1003, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), 0x7000_1234);
+    assert_eq!(g.ret(ARCH_PRCTL, &[0x1001, 0]), err(Errno::EINVAL));
+    // RLIMIT_AS is the guest memory; RLIMIT_NOFILE can be lowered and is enforced.
+    assert_eq!(g.ret(PRLIMIT64, &[0, 9, 0, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), MEM);
+    g.mem.write_u64(SCRATCH, 4).unwrap();
+    g.mem.write_u64(SCRATCH + 8, 4).unwrap();
+    assert_eq!(g.ret(PRLIMIT64, &[0, 7, SCRATCH, 0]), 0);
+    assert_eq!(g.ret(DUP, &[1]), 3);
+    assert_eq!(g.ret(DUP, &[1]), err(Errno::EMFILE));
+    g.mem.write_u64(SCRATCH + 8, 1 << 20).unwrap();
+    assert_eq!(g.ret(PRLIMIT64, &[0, 7, SCRATCH, 0]), err(Errno::EPERM));
+    assert_eq!(g.ret(PRLIMIT64, &[0, 9, SCRATCH, 0]), err(Errno::EPERM));
+    assert_eq!(g.ret(UNAME, &[BUF]), 0);
+    assert_eq!(g.mem.read_vec(BUF, 6).unwrap(), b"Linux\0");
+    assert_eq!(g.mem.read_vec(BUF + 65, 9).unwrap(), b"sandfork\0");
+}

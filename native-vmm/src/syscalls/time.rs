@@ -1,0 +1,154 @@
+//! Clocks, sleeps and CPU-time accounting.
+//!
+//! The guest reads the host's clocks (there is no vDSO, so glibc makes real calls). A sleep
+//! really sleeps on the host, for the requested time but never past the run's deadline: a
+//! program that sleeps longer than its time limit is stopped as a timeout by the run loop right
+//! after the call returns, instead of the VMM sleeping on its behalf. Returning at once would
+//! make `time.sleep` lie about elapsed time; sleeping without a bound would overrun the limit.
+//!
+//! The CPU-time clocks report the host thread running the vCPU (guest time plus the VMM's
+//! time spent answering its calls).
+
+use std::time::{Duration, Instant};
+
+use super::{value, SysResult, UserMemory};
+use crate::errno::Errno;
+use crate::process::GuestProcess;
+use crate::sys;
+
+const CLOCK_REALTIME: u64 = 0;
+const CLOCK_MONOTONIC: u64 = 1;
+const CLOCK_PROCESS_CPUTIME_ID: u64 = 2;
+const CLOCK_THREAD_CPUTIME_ID: u64 = 3;
+const CLOCK_MONOTONIC_RAW: u64 = 4;
+const CLOCK_REALTIME_COARSE: u64 = 5;
+const CLOCK_MONOTONIC_COARSE: u64 = 6;
+const CLOCK_BOOTTIME: u64 = 7;
+const TIMER_ABSTIME: u64 = 1;
+/// Clock ticks per second (times(2), AT_CLKTCK).
+const CLK_TCK: u64 = 100;
+/// Resolution of the coarse clocks (one 250 Hz tick).
+const COARSE_RESOLUTION_NS: u64 = 4_000_000;
+
+/// The host clock answering a guest clock id, or EINVAL.
+fn host_clock(clock: u64) -> Result<i32, Errno> {
+    match clock {
+        CLOCK_REALTIME | CLOCK_MONOTONIC | CLOCK_MONOTONIC_RAW | CLOCK_REALTIME_COARSE | CLOCK_MONOTONIC_COARSE | CLOCK_BOOTTIME => Ok(clock as i32),
+        CLOCK_PROCESS_CPUTIME_ID | CLOCK_THREAD_CPUTIME_ID => Ok(CLOCK_THREAD_CPUTIME_ID as i32),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// Reads a guest clock as nanoseconds.
+pub(crate) fn now_ns(clock: u64) -> Result<u64, Errno> {
+    let (sec, nsec) = sys::clock_time(host_clock(clock)?).map_err(|_| Errno::EINVAL)?;
+    Ok((sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(nsec.max(0) as u64))
+}
+
+/// Sleeps on the host for `duration`, cut short at the run's deadline.
+pub(crate) fn sleep_bounded(proc: &GuestProcess, duration: Duration) {
+    let duration = match proc.deadline() {
+        Some(deadline) => duration.min(deadline.saturating_duration_since(Instant::now())),
+        None => duration,
+    };
+    if !duration.is_zero() {
+        std::thread::sleep(duration);
+    }
+}
+
+/// clock_gettime(clockid, tp)
+pub(crate) fn clock_gettime(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let ns = now_ns(args[0])?;
+    user.write_timespec(args[1], ns / 1_000_000_000, ns % 1_000_000_000)?;
+    value(0)
+}
+
+/// clock_getres(clockid, res): res may be NULL.
+pub(crate) fn clock_getres(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    host_clock(args[0])?;
+    let res = if matches!(args[0], CLOCK_REALTIME_COARSE | CLOCK_MONOTONIC_COARSE) { COARSE_RESOLUTION_NS } else { 1 };
+    if args[1] != 0 {
+        user.write_timespec(args[1], 0, res)?;
+    }
+    value(0)
+}
+
+/// gettimeofday(tv, tz): either may be NULL; the time zone is always UTC.
+pub(crate) fn gettimeofday(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let ns = now_ns(CLOCK_REALTIME)?;
+    if args[0] != 0 {
+        user.write_timespec(args[0], ns / 1_000_000_000, ns % 1_000_000_000 / 1000)?;
+    }
+    if args[1] != 0 {
+        user.write(args[1], &[0u8; 8])?;
+    }
+    value(0)
+}
+
+/// time(tloc): tloc may be NULL.
+pub(crate) fn time(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let sec = now_ns(CLOCK_REALTIME)? / 1_000_000_000;
+    if args[0] != 0 {
+        user.write_u64(args[0], sec)?;
+    }
+    value(sec)
+}
+
+/// nanosleep(req, rem): rem is only written when a sleep is interrupted, which never happens.
+pub(crate) fn nanosleep(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (sec, nsec) = user.read_timespec(args[0])?;
+    sleep_bounded(proc, Duration::new(sec, nsec));
+    value(0)
+}
+
+/// clock_nanosleep(clockid, flags, req, rem), relative or TIMER_ABSTIME.
+pub(crate) fn clock_nanosleep(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let clock = args[0];
+    if matches!(clock, CLOCK_THREAD_CPUTIME_ID) {
+        return Err(Errno::EINVAL);
+    }
+    host_clock(clock)?;
+    let (sec, nsec) = user.read_timespec(args[2])?;
+    let requested = Duration::new(sec, nsec);
+    let duration = if args[1] & TIMER_ABSTIME != 0 {
+        requested.saturating_sub(Duration::from_nanos(now_ns(clock)?))
+    } else {
+        requested
+    };
+    sleep_bounded(proc, duration);
+    value(0)
+}
+
+/// times(buf): user time is the vCPU thread's CPU time; returns ticks of the monotonic clock.
+pub(crate) fn times(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let ticks_per_ns = 1_000_000_000 / CLK_TCK;
+    if args[0] != 0 {
+        let cpu_ticks = now_ns(CLOCK_THREAD_CPUTIME_ID)? / ticks_per_ns;
+        let mut tms = [0u8; 32];
+        tms[..8].copy_from_slice(&cpu_ticks.to_le_bytes());
+        user.write(args[0], &tms)?;
+    }
+    value(now_ns(CLOCK_MONOTONIC)? / ticks_per_ns)
+}
+
+/// getrusage(who, usage): CPU time as in times(); max RSS is the peak guest memory in use.
+pub(crate) fn getrusage(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const RUSAGE_SELF: i64 = 0;
+    const RUSAGE_CHILDREN: i64 = -1;
+    const RUSAGE_THREAD: i64 = 1;
+    let who = args[0] as i64;
+    let mut usage = [0u8; 144];
+    match who {
+        RUSAGE_SELF | RUSAGE_THREAD => {
+            let cpu = now_ns(CLOCK_THREAD_CPUTIME_ID)?;
+            usage[..8].copy_from_slice(&(cpu / 1_000_000_000).to_le_bytes());
+            usage[8..16].copy_from_slice(&(cpu % 1_000_000_000 / 1000).to_le_bytes());
+            // ru_maxrss is in KiB.
+            usage[32..40].copy_from_slice(&(proc.peak_memory() / 1024).to_le_bytes());
+        }
+        RUSAGE_CHILDREN => {}
+        _ => return Err(Errno::EINVAL),
+    }
+    user.write(args[1], &usage)?;
+    value(0)
+}

@@ -147,7 +147,8 @@ impl Vfs {
             match self.child(dir, &name)? {
                 Some(_) if opts.exclusive => return Err(Errno::EEXIST),
                 Some(_) => self.resolve(base, path, !opts.nofollow)?,
-                None if name == b"." || name == b".." => return Err(Errno::EISDIR),
+                // O_CREAT never makes a directory ("new/" or ".").
+                None if name == b"." || name == b".." || path.last() == Some(&b'/') => return Err(Errno::EISDIR),
                 None => {
                     let dir_id = self.overlay_id(dir)?;
                     Node(NodeId::Overlay(self.overlay.create(dir_id, &name, opts.mode, OverlayKind::File(Vec::new()))?))
@@ -159,6 +160,9 @@ impl Vfs {
         let kind = self.kind(node)?;
         if kind == FileKind::Symlink {
             return Err(Errno::ELOOP);
+        }
+        if opts.create && kind == FileKind::Directory {
+            return Err(Errno::EISDIR);
         }
         if opts.directory && kind != FileKind::Directory {
             return Err(Errno::ENOTDIR);
@@ -477,6 +481,10 @@ impl Vfs {
             b".." => self.parent(dir)?,
             _ => self.child(dir, &name)?.ok_or(Errno::ENOENT)?,
         };
+        // "file/" names a directory that is not there.
+        if path.last() == Some(&b'/') && self.kind(node)? != FileKind::Directory {
+            return Err(Errno::ENOTDIR);
+        }
         Ok((dir, name, node))
     }
 
@@ -707,6 +715,8 @@ mod tests {
         assert_eq!(vfs.access(prog, X_OK), Ok(()));
         assert_eq!(vfs.open(root, b"/bin", &OpenOptions { nofollow: true, ..RO }), Err(Errno::ELOOP));
         assert_eq!(vfs.open(root, b"/etc/passwd", &OpenOptions { directory: true, ..RO }), Err(Errno::ENOTDIR));
+        assert_eq!(vfs.open(root, b"/tmp", &OpenOptions { write: false, ..RW_CREATE }), Err(Errno::EISDIR));
+        assert_eq!(vfs.open(root, b"/tmp/new/", &RW_CREATE), Err(Errno::EISDIR));
     }
 
     #[test]
@@ -755,7 +765,12 @@ mod tests {
         assert_eq!(read_all(&vfs, f), b"data", "the second open still holds it");
         vfs.close(again);
         assert_eq!(vfs.stat(f), Err(Errno::ENOENT));
-        vfs.rmdir(root, b"/tmp/sub").unwrap();
+        let f2 = vfs.open(root, b"/tmp/sub/f2", &RW_CREATE).unwrap();
+        vfs.close(f2);
+        assert_eq!(vfs.unlink(root, b"/tmp/sub/f2/"), Err(Errno::ENOTDIR));
+        assert_eq!(vfs.rename(root, b"/tmp/sub/f2/", root, b"/tmp/f3"), Err(Errno::ENOTDIR));
+        vfs.unlink(root, b"/tmp/sub/f2").unwrap();
+        vfs.rmdir(root, b"/tmp/sub/").unwrap();
         assert_eq!(vfs.rmdir(root, b"/tmp/."), Err(Errno::EINVAL));
     }
 

@@ -14,6 +14,14 @@ extern "C" {
     fn ioctl(fd: c_int, request: c_ulong, ...) -> c_int;
     fn getrandom(buf: *mut c_void, len: usize, flags: c_uint) -> isize;
     fn syscall(nr: c_long, ...) -> c_long;
+    fn clock_gettime(clock: c_int, tp: *mut Timespec) -> c_int;
+}
+
+/// `struct timespec` as the host C library lays it out.
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
 }
 
 pub const PROT_READ: c_int = 1;
@@ -87,6 +95,14 @@ pub fn gettid() -> i32 {
     const SYS_GETTID: c_long = 186;
     // SAFETY: gettid takes no arguments and cannot fail.
     unsafe { syscall(SYS_GETTID) as i32 }
+}
+
+/// Reads host clock `clock` (a Linux clock id) as (seconds, nanoseconds).
+pub fn clock_time(clock: c_int) -> io::Result<(i64, i64)> {
+    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid, exclusively borrowed timespec for the duration of the call.
+    check(unsafe { clock_gettime(clock, &mut ts) })?;
+    Ok((ts.tv_sec, ts.tv_nsec))
 }
 
 // Kicking a vCPU thread out of KVM_RUN (kvm/): a thread-directed signal whose handler does

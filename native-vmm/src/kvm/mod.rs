@@ -5,11 +5,12 @@
 //! itself a PVM guest), so this code has never executed a guest there. What is unit-tested
 //! without KVM: the ioctl numbers (against <linux/kvm.h>), the sizes and field offsets of every
 //! `#[repr(C)]` struct and of `struct kvm_run` (against the C headers), decoding of the exit
-//! union, the CPUID lookup, the deadline watchdog (it really interrupts a blocking system call
-//! with its signal), the mapping of exception registers to `GuestFault`, and that `Kvm::open`
-//! fails with the clear error below when /dev/kvm is missing. Everything `arch/` writes into
-//! guest memory is tested there. Unverified until run on a KVM host: that KVM accepts the
-//! register state, and the run/exit path end to end.
+//! union, the CPUID lookup, the run-page mapping (on a memfd standing in for the vCPU fd), the
+//! deadline watchdog (it really interrupts a blocking system call with its signal), the mapping
+//! of exception registers to `GuestFault`, and that `Kvm::open` fails with the clear error
+//! below when /dev/kvm is missing. Everything `arch/` writes into guest memory is tested there.
+//! Unverified until run on a KVM host: that KVM accepts the register state, and the run/exit
+//! path end to end.
 //!
 //! Written for any KVM (VT-x, SVM, PVM): no in-kernel irqchip, no PVM-specific calls; only
 //! the exit path is tuned for PVM's expensive exits (one KVM_GET_REGS per exit, one

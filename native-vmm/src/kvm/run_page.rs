@@ -88,3 +88,61 @@ impl ExitFlag {
         unsafe { AtomicU8::from_ptr(self.0) }.store(value, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kvm::watchdog::Watchdog;
+    use std::fs::File;
+    use std::os::unix::fs::FileExt;
+    use std::time::{Duration, Instant};
+
+    /// A memfd stands in for the vCPU fd: the kernel's side of the page becomes file writes.
+    fn fake_run_page() -> (RunPage, File) {
+        let fd = sys::memfd("fake-kvm-run", 3 * 4096).unwrap();
+        let page = RunPage::map(&fd, 3 * 4096).unwrap();
+        (page, File::from(fd))
+    }
+
+    #[test]
+    fn reads_what_the_kernel_side_wrote() {
+        let (page, kernel) = fake_run_page();
+        kernel.write_at(&2u32.to_le_bytes(), 8).unwrap(); // exit_reason = KVM_EXIT_IO
+        kernel.write_at(&[1, 1, 0xE0, 0x00], 0x20).unwrap(); // io: out, size 1, port 0xE0
+        assert_eq!(page.exit_reason(), super::super::abi::KVM_EXIT_IO);
+        let io = super::super::abi::IoExit::decode(&page.exit_data());
+        assert_eq!((io.direction, io.size, io.port), (1, 1, 0xE0));
+    }
+
+    #[test]
+    fn exit_flag_sets_and_clears_immediate_exit() {
+        let (page, kernel) = fake_run_page();
+        let immediate_exit = || {
+            let mut b = [0u8; 1];
+            kernel.read_at(&mut b, 1).unwrap();
+            b[0]
+        };
+        page.exit_flag().raise();
+        assert_eq!(immediate_exit(), 1);
+        page.clear_immediate_exit();
+        assert_eq!(immediate_exit(), 0);
+
+        // The watchdog raises it when an armed deadline passes.
+        let flag = page.exit_flag();
+        let watchdog = Watchdog::start(Box::new(move || flag.raise())).unwrap();
+        assert!(watchdog.arm(Instant::now() + Duration::from_millis(10)));
+        // Sleeping in slices: the kick signal may cut a sleep short.
+        let until = Instant::now() + Duration::from_secs(5);
+        while immediate_exit() == 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        watchdog.disarm();
+        assert_eq!(immediate_exit(), 1);
+    }
+
+    #[test]
+    fn refuses_a_mapping_smaller_than_kvm_run() {
+        let fd = sys::memfd("fake-kvm-run", 4096).unwrap();
+        assert!(RunPage::map(&fd, 1024).is_err());
+    }
+}

@@ -329,6 +329,11 @@ impl Collector<'_> {
             content_hash: [0; 32],
             seconds: 0.0,
         };
+        for dir in &self.manifest.writable_dirs {
+            if !matches!(self.entries.get(format::parent_path(dir)), Some(Pending::Dir { .. })) {
+                return Err(invalid(format!("writable directory {dir}: its parent is not a directory in the image")));
+            }
+        }
         let mut entries = Vec::with_capacity(self.entries.len());
         let mut hosts: BTreeMap<String, PathBuf> = BTreeMap::new();
         for (path, pending) in &self.entries {
@@ -485,6 +490,8 @@ mod tests {
         )
         .unwrap();
         assert!(build_from(&under_file, &out.0).unwrap_err().to_string().contains("is a file"));
+        let under_link = Manifest::parse(format!(r#"{{"name": "t", "paths": ["{r}/alias"], "writable_dirs": ["{r}/alias/w"]}}"#).as_bytes(), &host.0).unwrap();
+        assert!(build_from(&under_link, &out.0).unwrap_err().to_string().contains("parent is not a directory"));
         fs::create_dir_all(host.0.join("loops")).unwrap();
         symlink("l2", host.0.join("loops/l1")).unwrap();
         symlink("l1", host.0.join("loops/l2")).unwrap();

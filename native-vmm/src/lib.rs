@@ -24,11 +24,15 @@ pub mod syscalls;
 
 // Loading a program: the ELF reader, the loader (segments, initial stack) and the run loop.
 pub mod elf;
+pub mod loader;
+pub mod vm;
+
+// `sandfork-vmm bench`: guest launch latency against a native spawn.
+pub mod bench;
 
 // The test-only CPU: runs the guest natively in a ptrace'd child (no isolation; never used by
 // the CLI or daemon) so that real programs run end to end on machines without /dev/kvm.
 pub mod devcpu;
-pub mod loader;
 
 // The KVM backend: the machine state the guest needs (page tables, descriptor tables, CPL0
 // stubs, register values) and the ioctl layer that runs it as a `GuestCpu`.

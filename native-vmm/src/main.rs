@@ -1,6 +1,313 @@
-//! `sandfork-vmm` command line.
+//! `sandfork-vmm` command line: build a file image, run one program in a fresh KVM guest, and
+//! benchmark that against a native spawn.
 
-fn main() {
-    eprintln!("sandfork-vmm: no command yet");
-    std::process::exit(2);
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandfork_vmm::bench;
+use sandfork_vmm::cpu::GuestCpu;
+use sandfork_vmm::fs::Image;
+use sandfork_vmm::image;
+use sandfork_vmm::kvm::{Kvm, KvmCpu};
+use sandfork_vmm::loader::LoadedProgram;
+use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::status::RunStatus;
+use sandfork_vmm::vm::{self, RunRequest};
+
+const USAGE: &str = "\
+usage: sandfork-vmm <command> [options]
+
+commands:
+  image build   build a read-only file image from a manifest
+  run           run one program in a fresh KVM guest
+  bench run     latency of `python3 -c pass` in a guest and natively
+
+`sandfork-vmm <command> --help` describes each command.";
+
+const IMAGE_BUILD_USAGE: &str = "\
+usage: sandfork-vmm image build --manifest FILE --out DIR
+
+Builds the file image described by the manifest (host paths plus their shared-library
+dependencies) into DIR.
+
+options:
+  --manifest FILE   the template's image manifest (e.g. templates/python/image.json)
+  --out DIR         output directory";
+
+const RUN_USAGE: &str = "\
+usage: sandfork-vmm run --image DIR [options] -- PROGRAM [ARGS...]
+
+Runs PROGRAM (a path in the image, or a name looked up on PATH=/usr/bin:/bin) in a fresh KVM
+guest. Standard input is read to its end and given to the program; its stdout and stderr are
+printed. The exit code is the program's; when a limit stops the program, the reason is printed
+to stderr and the exit code is 124 (timeout), 137 (memory), 141 (output), 128+signal (crash)
+or 159 (unsupported system call).
+
+options:
+  --image DIR         file image built by `sandfork-vmm image build`
+  --mem-mib N         guest memory limit in MiB (default 256)
+  --timeout-ms N      wall-clock limit in milliseconds (default 10000)
+  --output-cap N      cap on stdout+stderr bytes (default 1048576)";
+
+const BENCH_USAGE: &str = "\
+usage: sandfork-vmm bench run --image DIR [--iterations N] [--json]
+
+Measures `python3 -c pass` launched in a fresh KVM guest (memory, load, vCPU, run) and the same
+command spawned natively on the host: p50/p99 latency, system calls and VM exits per run.
+
+options:
+  --image DIR        file image built by `sandfork-vmm image build`
+  --iterations N     runs of each (default 50)
+  --json             print one JSON object instead of a table";
+
+/// Limits the CLI accepts (guest memory is allocated up front, so an absurd size is an error).
+const MAX_MEM_MIB: u64 = 64 << 10;
+
+enum CliError {
+    /// Wrong arguments: the message, then the command's usage, exit code 2.
+    Usage(String, &'static str),
+    /// `--help`: the usage on stdout, exit code 0.
+    Help(&'static str),
+    /// The command failed: the message, exit code 1.
+    Failed(String),
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(code) => code,
+        Err(CliError::Help(usage)) => {
+            println!("{usage}");
+            ExitCode::SUCCESS
+        }
+        Err(CliError::Usage(message, usage)) => {
+            eprintln!("sandfork-vmm: {message}\n\n{usage}");
+            ExitCode::from(2)
+        }
+        Err(CliError::Failed(message)) => {
+            // Some errors (KVM's) already name the program.
+            if message.starts_with("sandfork-vmm") {
+                eprintln!("{message}");
+            } else {
+                eprintln!("sandfork-vmm: {message}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        [] => Err(CliError::Usage("no command given".into(), USAGE)),
+        ["--help" | "-h" | "help", ..] | ["image" | "bench", "--help" | "-h"] => Err(CliError::Help(USAGE)),
+        ["image", "build", ..] => image_build(&args[2..]),
+        ["run", ..] => run(&args[1..]),
+        ["bench", "run", ..] => bench_run(&args[2..]),
+        ["image" | "bench", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
+        [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
+    }
+}
+
+/// Options of one command: `--name value` or `--name=value` pairs and bare `--flag`s, then,
+/// for commands that run a program, the program and its arguments (after `--` or the first
+/// argument that is not an option).
+struct Options {
+    values: HashMap<&'static str, String>,
+    flags: Vec<&'static str>,
+    rest: Vec<String>,
+    usage: &'static str,
+}
+
+impl Options {
+    fn parse(args: &[String], valued: &[&'static str], flags: &[&'static str], takes_rest: bool, usage: &'static str) -> Result<Options, CliError> {
+        let mut options = Options { values: HashMap::new(), flags: Vec::new(), rest: Vec::new(), usage };
+        let mut i = 0;
+        while i < args.len() {
+            let arg = &args[i];
+            i += 1;
+            if arg == "--help" || arg == "-h" {
+                return Err(CliError::Help(usage));
+            }
+            if arg == "--" || !arg.starts_with('-') {
+                if !takes_rest {
+                    return Err(CliError::Usage(format!("unexpected argument `{arg}`"), usage));
+                }
+                let from = if arg == "--" { i } else { i - 1 };
+                options.rest = args[from..].to_vec();
+                break;
+            }
+            let (name, inline_value) = match arg.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_owned())),
+                None => (arg.as_str(), None),
+            };
+            if let Some(&flag) = flags.iter().find(|f| **f == name) {
+                if inline_value.is_some() {
+                    return Err(CliError::Usage(format!("{flag} takes no value"), usage));
+                }
+                options.flags.push(flag);
+            } else if let Some(&key) = valued.iter().find(|k| **k == name) {
+                let value = match inline_value {
+                    Some(v) => v,
+                    None => {
+                        let v = args.get(i).ok_or_else(|| CliError::Usage(format!("{key} needs a value"), usage))?;
+                        i += 1;
+                        v.clone()
+                    }
+                };
+                if options.values.insert(key, value).is_some() {
+                    return Err(CliError::Usage(format!("{key} given twice"), usage));
+                }
+            } else {
+                return Err(CliError::Usage(format!("unknown option `{name}`"), usage));
+            }
+        }
+        Ok(options)
+    }
+
+    fn required(&self, key: &'static str) -> Result<&str, CliError> {
+        self.values.get(key).map(String::as_str).ok_or_else(|| CliError::Usage(format!("{key} is required"), self.usage))
+    }
+
+    /// A positive integer option no larger than `max`, or `default` when absent.
+    fn number(&self, key: &'static str, default: u64, max: u64) -> Result<u64, CliError> {
+        let Some(text) = self.values.get(key) else { return Ok(default) };
+        match text.parse::<u64>() {
+            Ok(n) if n >= 1 && n <= max => Ok(n),
+            _ => Err(CliError::Usage(format!("{key} expects an integer from 1 to {max}, got `{text}`"), self.usage)),
+        }
+    }
+
+    fn flag(&self, name: &str) -> bool {
+        self.flags.contains(&name)
+    }
+}
+
+fn open_image(dir: &str) -> Result<Arc<Image>, CliError> {
+    Image::open(Path::new(dir)).map_err(|e| CliError::Failed(format!("opening image {dir}: {e}")))
+}
+
+/// The product vCPU backend.
+fn kvm_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    Ok(Box::new(KvmCpu::new(mem, loaded.entry, loaded.stack_pointer)?))
+}
+
+fn image_build(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--manifest", "--out"], &[], false, IMAGE_BUILD_USAGE)?;
+    let manifest = options.required("--manifest")?;
+    let out = options.required("--out")?;
+    let report = image::build(Path::new(manifest), Path::new(out)).map_err(|e| CliError::Failed(format!("building image from {manifest}: {e}")))?;
+    for note in &report.notes {
+        eprintln!("note: {note}");
+    }
+    println!("image {:?} in {out}: {} files, {} bytes, {} libraries resolved", report.name, report.files, report.bytes, report.libraries.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--image", "--mem-mib", "--timeout-ms", "--output-cap"], &[], true, RUN_USAGE)?;
+    let image_dir = options.required("--image")?;
+    let mem_mib = options.number("--mem-mib", vm::DEFAULT_MEM_BYTES >> 20, MAX_MEM_MIB)?;
+    let timeout_ms = options.number("--timeout-ms", vm::DEFAULT_TIMEOUT.as_millis() as u64, u64::MAX >> 1)?;
+    let output_cap = options.number("--output-cap", vm::DEFAULT_OUTPUT_CAP, u64::MAX >> 1)?;
+    let Some((program, program_args)) = options.rest.split_first() else {
+        return Err(CliError::Usage("no program given".into(), RUN_USAGE));
+    };
+
+    let image = open_image(image_dir)?;
+    // Fail on a host without KVM before waiting for stdin.
+    Kvm::open().map_err(|e| CliError::Failed(e.to_string()))?;
+    let mut request = RunRequest::new(program, program_args);
+    request.mem_bytes = mem_mib << 20;
+    request.timeout = Duration::from_millis(timeout_ms);
+    request.output_cap = output_cap;
+    io::stdin().read_to_end(&mut request.stdin).map_err(|e| CliError::Failed(format!("reading stdin: {e}")))?;
+
+    let outcome = vm::launch(image, &request, &kvm_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    // Output is best effort: a closed pipe must not hide the exit status.
+    let _ = io::stdout().write_all(&outcome.stdout).and_then(|()| io::stdout().flush());
+    let _ = io::stderr().write_all(&outcome.stderr);
+    if !matches!(outcome.status, RunStatus::Exited { .. }) {
+        eprintln!("sandfork-vmm: {}", outcome.status);
+    }
+    // Like a shell, only the low 8 bits of an exit code are visible.
+    Ok(ExitCode::from((outcome.status.exit_code() & 0xff) as u8))
+}
+
+fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--image", "--iterations"], &["--json"], false, BENCH_USAGE)?;
+    let image_dir = options.required("--image")?;
+    let iterations = options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
+    let image = open_image(image_dir)?;
+    let report = bench::run(image, iterations, &kvm_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    if options.flag("--json") {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn usage_message(result: Result<Options, CliError>) -> String {
+        match result {
+            Err(CliError::Usage(message, _)) => message,
+            Err(CliError::Help(_)) => "help".into(),
+            Err(CliError::Failed(message)) => panic!("unexpected failure: {message}"),
+            Ok(_) => panic!("expected a usage error"),
+        }
+    }
+
+    #[test]
+    fn options_take_values_flags_and_the_program_after_them() {
+        let args = strings(&["--image", "/img", "--mem-mib=64", "--json", "--", "python3", "-c", "print(1)"]);
+        let o = Options::parse(&args, &["--image", "--mem-mib"], &["--json"], true, RUN_USAGE).ok().unwrap();
+        assert_eq!(o.required("--image").ok(), Some("/img"));
+        assert_eq!(o.number("--mem-mib", 256, 1024).ok(), Some(64));
+        assert!(o.flag("--json"));
+        assert_eq!(o.rest, strings(&["python3", "-c", "print(1)"]));
+
+        // Without `--`, the first non-option starts the program; its own options stay its own.
+        let o = Options::parse(&strings(&["--image", "/i", "python3", "--version"]), &["--image"], &[], true, RUN_USAGE).ok().unwrap();
+        assert_eq!(o.rest, strings(&["python3", "--version"]));
+        assert_eq!(o.number("--mem-mib", 256, 1024).ok(), Some(256));
+    }
+
+    #[test]
+    fn bad_options_are_usage_errors() {
+        let parse = |v: &[&str], rest| Options::parse(&strings(v), &["--image", "--iterations"], &["--json"], rest, BENCH_USAGE);
+        assert_eq!(usage_message(parse(&["--nope"], false)), "unknown option `--nope`");
+        assert_eq!(usage_message(parse(&["--image"], false)), "--image needs a value");
+        assert_eq!(usage_message(parse(&["--image", "a", "--image", "b"], false)), "--image given twice");
+        assert_eq!(usage_message(parse(&["--json=1"], false)), "--json takes no value");
+        assert_eq!(usage_message(parse(&["stray"], false)), "unexpected argument `stray`");
+        assert_eq!(usage_message(parse(&["--image", "a", "--help"], false)), "help");
+        let o = parse(&["--iterations", "0"], false).ok().unwrap();
+        assert!(matches!(o.number("--iterations", 5, 10), Err(CliError::Usage(m, _)) if m.contains("from 1 to 10")));
+        assert!(matches!(o.required("--image"), Err(CliError::Usage(m, _)) if m == "--image is required"));
+    }
+
+    #[test]
+    fn commands_are_dispatched_or_rejected_with_usage() {
+        assert!(matches!(dispatch(&[]), Err(CliError::Usage(..))));
+        assert!(matches!(dispatch(&strings(&["frob"])), Err(CliError::Usage(m, _)) if m == "unknown command `frob`"));
+        assert!(matches!(dispatch(&strings(&["image", "frob"])), Err(CliError::Usage(..))));
+        assert!(matches!(dispatch(&strings(&["bench", "--help"])), Err(CliError::Help(USAGE))));
+        assert!(matches!(dispatch(&strings(&["run", "--help"])), Err(CliError::Help(RUN_USAGE))));
+        assert!(matches!(dispatch(&strings(&["image", "build", "--help"])), Err(CliError::Help(IMAGE_BUILD_USAGE))));
+        assert!(matches!(dispatch(&strings(&["bench", "run", "-h"])), Err(CliError::Help(BENCH_USAGE))));
+        assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent"])), Err(CliError::Usage(m, _)) if m == "no program given"));
+        assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent", "--", "true"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));
+    }
 }

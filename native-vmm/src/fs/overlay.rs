@@ -77,6 +77,12 @@ impl Overlay {
         self.nodes.get_mut(&id).ok_or(Errno::ENOENT)
     }
 
+    /// chmod: replaces the permission bits of node `id`.
+    pub fn set_mode(&mut self, id: u64, mode: u32) -> Result<(), Errno> {
+        self.get_mut(id)?.mode = mode & 0o7777;
+        Ok(())
+    }
+
     fn reserve(&mut self, bytes: u64) -> Result<(), Errno> {
         match self.used.checked_add(bytes) {
             Some(total) if total <= self.limit => {

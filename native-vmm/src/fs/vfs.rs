@@ -281,6 +281,12 @@ impl Vfs {
         self.overlay.truncate(id, len)
     }
 
+    /// chmod/fchmod of an overlay node (EROFS for the image).
+    pub fn chmod(&mut self, node: Node, mode: u32) -> Result<(), Errno> {
+        let id = self.overlay_id(node)?;
+        self.overlay.set_mode(id, mode)
+    }
+
     /// The entries of a directory, "." and ".." first, then by name; an image directory also
     /// lists the writable mounts it holds.
     pub fn read_dir(&self, node: Node) -> Result<Vec<DirEntry>, Errno> {
@@ -732,6 +738,11 @@ mod tests {
         assert_eq!((st.mode, st.size, st.mtime), (0o100644, 9, OVERLAY_TIME));
         assert_eq!(vfs.path_of(f).unwrap(), b"/work/out.txt");
         assert_eq!(vfs.access(f, W_OK), Ok(()));
+        vfs.chmod(f, 0o4755 | 0o170000).unwrap();
+        assert_eq!(vfs.stat(f).unwrap().mode, 0o104755, "only permission bits change");
+        assert_eq!(vfs.access(f, X_OK), Ok(()));
+        vfs.chmod(f, 0o644).unwrap();
+        assert_eq!(vfs.chmod(root, 0o700), Err(Errno::EROFS));
         assert_eq!(vfs.open(root, b"/work/out.txt", &OpenOptions { exclusive: true, ..RW_CREATE }), Err(Errno::EEXIST));
         // O_TRUNC empties it.
         let again = vfs.open(root, b"/work/out.txt", &OpenOptions { truncate: true, ..RW_CREATE }).unwrap();

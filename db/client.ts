@@ -64,6 +64,9 @@ export async function openDatabase(location: DatabaseLocation): Promise<OpenData
   }
 }
 
+/** Lock files this process holds. */
+const openedHere = new Set<string>();
+
 function processAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
@@ -80,16 +83,21 @@ function processAlive(pid: number): boolean {
 function lockDataDir(dataDir: string): () => void {
   mkdirSync(dataDir, { recursive: true });
   const lockPath = join(dataDir, "sandfork.lock");
+  const inUse = (owner: number) => new Error(`the embedded database in ${dataDir} is in use by process ${owner}; stop it or use DATABASE_URL`);
+  if (openedHere.has(lockPath)) throw inUse(process.pid);
   for (let attempt = 0; attempt < 2; attempt++) {
     try {
       writeFileSync(lockPath, String(process.pid), { flag: "wx" });
-      return () => rmSync(lockPath, { force: true });
+      openedHere.add(lockPath);
+      return () => {
+        openedHere.delete(lockPath);
+        rmSync(lockPath, { force: true });
+      };
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+      // Our own pid in a lock we do not hold: left by a crashed earlier process that had this pid.
       const owner = Number(readFileSync(lockPath, "utf8"));
-      if (Number.isSafeInteger(owner) && owner > 0 && owner !== process.pid && processAlive(owner)) {
-        throw new Error(`the embedded database in ${dataDir} is in use by process ${owner}; stop it or use DATABASE_URL`);
-      }
+      if (Number.isSafeInteger(owner) && owner > 0 && owner !== process.pid && processAlive(owner)) throw inUse(owner);
       rmSync(lockPath, { force: true });
     }
   }

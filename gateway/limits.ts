@@ -4,6 +4,8 @@
 import { ProblemError } from "./problems.js";
 
 const MAX_TRACKED = 100_000;
+/** Expired tokens' counts are dropped at most this often. */
+const SWEEP_INTERVAL_MS = 10_000;
 
 interface Bucket {
   tokens: number;
@@ -70,7 +72,7 @@ export class ConcurrencyLimiter {
     };
   }
 
-  current(keyId: string): number {
+  inFlightFor(keyId: string): number {
     return this.inFlight.get(keyId) ?? 0;
   }
 }
@@ -83,12 +85,13 @@ interface TokenCount {
 /** Executions started with each minted token, kept until the token expires. */
 export class TokenExecutionCounter {
   private readonly counts = new Map<string, TokenCount>();
+  private lastSweep = 0;
 
   constructor(private readonly now: () => number = Date.now) {}
 
   /** Counts one execution against the token or throws 403 when it has used them all. */
   consume(tokenId: string, maxExecutions: number, expiresAt: Date): void {
-    this.sweep();
+    if (this.now() - this.lastSweep >= SWEEP_INTERVAL_MS) this.sweep();
     const count = this.counts.get(tokenId) ?? { used: 0, expiresAt: expiresAt.getTime() };
     if (count.used >= maxExecutions) {
       throw new ProblemError("token-execution-limit", `this token allows ${maxExecutions} executions`);
@@ -105,6 +108,7 @@ export class TokenExecutionCounter {
 
   private sweep(): void {
     const now = this.now();
+    this.lastSweep = now;
     for (const [id, count] of this.counts) if (count.expiresAt <= now) this.counts.delete(id);
   }
 }

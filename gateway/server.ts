@@ -84,7 +84,11 @@ export async function startGateway(
     server,
     async stop() {
       shutdown.abort();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        // Keep-alive connections would hold close() open; in-flight requests still finish.
+        if ("closeIdleConnections" in server) server.closeIdleConnections();
+      });
       await telemetry.shutdown();
       await open.close();
     },

@@ -299,7 +299,7 @@ pub fn decode_body(bytes: &[u8], data_len: u64) -> Result<Index, FormatError> {
                 if offset % DATA_ALIGN != 0 {
                     return malformed(format!("{path}: data offset {offset} is not page aligned"));
                 }
-                if offset.checked_add(size).map_or(true, |end| end > data_len) {
+                if offset.checked_add(size).is_none_or(|end| end > data_len) {
                     return malformed(format!("{path}: data range {offset}+{size} lies outside the {data_len}-byte data file"));
                 }
                 EntryKind::File { offset, size, sha256 }

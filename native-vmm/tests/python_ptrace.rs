@@ -223,3 +223,28 @@ fn segfault_crashes_with_the_faulting_address() {
         _ => panic!("expected a crash\n{}", describe(&outcome)),
     }
 }
+
+#[test]
+fn extension_modules_load_with_their_shared_libraries() {
+    let code = r#"
+import sqlite3, zlib, lzma
+db = sqlite3.connect(':memory:')
+print(db.execute('select 6 * 7').fetchone()[0])
+print(zlib.decompress(zlib.compress(b'a' * 1000)) == b'a' * 1000, zlib.crc32(b'abc'))
+print(lzma.decompress(lzma.compress(b'sandfork')))
+"#;
+    assert_prints(code, "42\nTrue 891568578\nb'sandfork'\n");
+}
+
+#[test]
+fn binary_stdout_is_passed_through_unchanged() {
+    let outcome = python("import sys; sys.stdout.buffer.write(bytes(range(256)))");
+    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(outcome.stdout, (0..=255u8).collect::<Vec<u8>>());
+}
+
+#[test]
+fn relative_paths_resolve_in_the_working_directory() {
+    let code = "import os; open('out.txt', 'w').write('x'); print(os.getcwd(), os.listdir('.'), open('/work/out.txt').read())";
+    assert_prints(code, "/work ['out.txt'] x\n");
+}

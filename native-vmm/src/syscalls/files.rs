@@ -11,7 +11,6 @@
 use super::{stop_unsupported, value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, Node, OpenOptions, Stat, Timespec};
-use crate::loader::{GUEST_GID, GUEST_UID};
 use crate::process::{Appended, Description, GuestProcess, Object, Transfer, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, PIPE_CAPACITY};
 use crate::status::RunStatus;
 
@@ -79,10 +78,11 @@ fn path_at(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64) -> Res
     Ok((base_dir(proc, dirfd, &path)?, path))
 }
 
-/// What fstat reports for stdin, the captured streams and pipes: an anonymous FIFO.
+/// What fstat reports for stdin, the captured streams and pipes: an anonymous FIFO owned by
+/// root (the VMM made it), like the files of the image.
 fn stream_stat(fd: u64) -> Stat {
     let zero = Timespec::default();
-    Stat { dev: 0xc, ino: 1000 + fd, mode: S_IFIFO | 0o600, nlink: 1, uid: GUEST_UID as u32, gid: GUEST_GID as u32, rdev: 0, size: 0, blksize: 4096, blocks: 0, atime: zero, mtime: zero, ctime: zero }
+    Stat { dev: 0xc, ino: 1000 + fd, mode: S_IFIFO | 0o600, nlink: 1, uid: 0, gid: 0, rdev: 0, size: 0, blksize: 4096, blocks: 0, atime: zero, mtime: zero, ctime: zero }
 }
 
 /// `struct stat` as x86-64 Linux lays it out (144 bytes).
@@ -840,4 +840,29 @@ pub(crate) fn truncate(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
 pub(crate) fn not_a_socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     proc.fds.get(fd_arg(args[0]))?;
     Err(Errno::ENOTSOCK)
+}
+
+/// fchmodat(dirfd, path, mode): permission bits of an overlay node (EROFS in the image).
+pub(crate) fn fchmodat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (base, path) = path_at(proc, user, args[0], args[1])?;
+    let node = proc.config.vfs.resolve(base, &path, true)?;
+    proc.config.vfs.chmod(node, args[2] as u32 & 0o7777)?;
+    value(0)
+}
+
+/// chmod(path, mode)
+pub(crate) fn chmod(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    fchmodat(proc, user, [AT_FDCWD as u64, args[0], args[1], 0, 0, 0])
+}
+
+/// fchmod(fd, mode)
+pub(crate) fn fchmod(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    match proc.fds.get(fd_arg(args[0]))?.object {
+        Object::Node(node) => {
+            proc.config.vfs.chmod(node, args[1] as u32 & 0o7777)?;
+            value(0)
+        }
+        // Pipes and the standard streams belong to root (see stream_stat).
+        _ => Err(Errno::EPERM),
+    }
 }

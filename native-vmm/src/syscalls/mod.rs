@@ -1,11 +1,12 @@
 //! The Linux system-call layer: one table (table.rs) mapping numbers to handlers, grouped by
-//! area: files (fds, paths, pipes, output), memory, ids (process identity and creation), time,
-//! signals, and misc (system information, randomness, limits, futex, thread setup).
+//! area: files (fds, paths, pipes, output), poll (readiness), memory, ids (process identity and
+//! creation), time, signals, and misc (system information, randomness, limits, futex, thread setup).
 
 mod files;
 mod ids;
 mod memory;
 mod misc;
+mod poll;
 mod signals;
 mod table;
 mod time;

@@ -7,7 +7,7 @@
 //!   (socket calls fail with EACCES, as under a seccomp or firewall policy), no other process
 //!   or thread (clone/fork/vfork/execve and friends: ENOSYS, so glibc's clone3 → clone
 //!   fallback ends in a clean error such as Python's "can't start new thread"), no children to
-//!   wait for (ECHILD), no identity changes (EPERM), and a few interfaces glibc probes and
+//!   wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an unprivileged user), and a few interfaces glibc probes and
 //!   tolerates missing (rseq, epoll: Python's selectors fall back to poll).
 //! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
 //!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
@@ -20,7 +20,7 @@
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS and
 //! `Stop` answers are also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{files, ids, memory, misc, signals, time, SysResult, UserMemory};
+use super::{files, ids, memory, misc, poll, signals, time, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -64,6 +64,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(4, "stat", files::stat),
     emulate(5, "fstat", files::fstat),
     emulate(6, "lstat", files::lstat),
+    emulate(7, "poll", poll::poll),
     emulate(8, "lseek", files::lseek),
     emulate(9, "mmap", memory::mmap),
     emulate(10, "mprotect", memory::mprotect),
@@ -79,6 +80,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(20, "writev", files::writev),
     emulate(21, "access", files::access),
     emulate(22, "pipe", files::pipe),
+    emulate(23, "select", poll::select),
     emulate(24, "sched_yield", misc::sched_yield),
     emulate(25, "mremap", memory::mremap),
     emulate(28, "madvise", memory::madvise),
@@ -126,6 +128,11 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(87, "unlink", files::unlink),
     emulate(88, "symlink", files::symlink),
     emulate(89, "readlink", files::readlink),
+    emulate(90, "chmod", files::chmod),
+    emulate(91, "fchmod", files::fchmod),
+    refuse(92, "chown", Errno::EPERM),
+    refuse(93, "fchown", Errno::EPERM),
+    refuse(94, "lchown", Errno::EPERM),
     emulate(95, "umask", ids::umask),
     emulate(96, "gettimeofday", time::gettimeofday),
     emulate(97, "getrlimit", misc::getrlimit),
@@ -170,12 +177,16 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(247, "waitid", Errno::ECHILD),
     emulate(257, "openat", files::openat),
     emulate(258, "mkdirat", files::mkdirat),
+    refuse(260, "fchownat", Errno::EPERM),
     emulate(262, "newfstatat", files::newfstatat),
     emulate(263, "unlinkat", files::unlinkat),
     emulate(264, "renameat", files::renameat),
     emulate(266, "symlinkat", files::symlinkat),
     emulate(267, "readlinkat", files::readlinkat),
+    emulate(268, "fchmodat", files::fchmodat),
     emulate(269, "faccessat", files::faccessat),
+    emulate(270, "pselect6", poll::pselect6),
+    emulate(271, "ppoll", poll::ppoll),
     emulate(273, "set_robust_list", misc::set_robust_list),
     emulate(288, "accept4", files::not_a_socket),
     refuse(291, "epoll_create1", Errno::ENOSYS),

@@ -449,3 +449,58 @@ fn fs_base_and_limits() {
     assert_eq!(g.mem.read_vec(BUF, 6).unwrap(), b"Linux\0");
     assert_eq!(g.mem.read_vec(BUF + 65, 9).unwrap(), b"sandfork\0");
 }
+
+#[test]
+fn poll_and_select_report_readiness() {
+    const POLL: u64 = 7;
+    const SELECT: u64 = 23;
+    let mut g = guest();
+    assert_eq!(g.ret(PIPE2, &[SCRATCH, 0]), 0);
+    let (r, w) = (3u64, 4u64);
+    let pollfds = SCRATCH + 0x100;
+    let entries: [(i32, u16); 4] = [(r as i32, 1), (w as i32, 4), (99, 1), (-1, 1)];
+    for (i, (fd, events)) in entries.iter().enumerate() {
+        g.mem.write(pollfds + 8 * i as u64, &fd.to_le_bytes()).unwrap();
+        g.mem.write(pollfds + 8 * i as u64 + 4, &events.to_le_bytes()).unwrap();
+        g.mem.write(pollfds + 8 * i as u64 + 6, &0xffffu16.to_le_bytes()).unwrap();
+    }
+    let revents = |g: &Guest, i: u64| u16::from_le_bytes(g.mem.read_vec(pollfds + 8 * i + 6, 2).unwrap().try_into().unwrap());
+    assert_eq!(g.ret(POLL, &[pollfds, 4, 0]), 2);
+    assert_eq!((revents(&g, 0), revents(&g, 1), revents(&g, 2), revents(&g, 3)), (0, 4, 0x20, 0));
+    assert_eq!(g.write_bytes(w, b"x"), 1);
+    assert_eq!(g.ret(POLL, &[pollfds, 2, u64::MAX]), 2);
+    assert_eq!(revents(&g, 0), 1);
+    assert_eq!(g.read_bytes(r, 1).unwrap(), b"x");
+    // Only the empty read end: a timed poll sleeps and reports nothing, an untimed one stops.
+    let started = Instant::now();
+    assert_eq!(g.ret(POLL, &[pollfds, 1, 20]), 0);
+    assert!(started.elapsed() >= Duration::from_millis(15));
+    assert_eq!(g.call(POLL, &[pollfds, 1, u64::MAX]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 7, name: "poll" }));
+
+    // select: fd 3 readable once data is in; an unopened fd in a set is EBADF.
+    let readfds = SCRATCH + 0x200;
+    g.mem.write_u64(readfds, 1 << r).unwrap();
+    g.mem.write_u64(SCRATCH + 0x300, 0).unwrap();
+    g.mem.write_u64(SCRATCH + 0x308, 0).unwrap();
+    assert_eq!(g.ret(SELECT, &[5, readfds, 0, 0, SCRATCH + 0x300]), 0);
+    assert_eq!(g.mem.read_u64(readfds).unwrap(), 0);
+    assert_eq!(g.write_bytes(w, b"y"), 1);
+    g.mem.write_u64(readfds, (1 << r) | 1).unwrap();
+    assert_eq!(g.ret(SELECT, &[5, readfds, 0, 0, 0]), 2);
+    assert_eq!(g.mem.read_u64(readfds).unwrap(), (1 << r) | 1);
+    g.mem.write_u64(readfds, 1 << 7).unwrap();
+    assert_eq!(g.ret(SELECT, &[8, readfds, 0, 0, 0]), err(Errno::EBADF));
+}
+
+#[test]
+fn chmod_changes_overlay_modes_only() {
+    const CHMOD: u64 = 90;
+    let mut g = guest();
+    let f = g.open("/tmp/f", O_CREAT | O_WRONLY) as u64;
+    let p = g.cstr(SCRATCH + 0x400, "/tmp/f");
+    assert_eq!(g.ret(CHMOD, &[p, 0o600]), 0);
+    assert_eq!(g.ret(FSTAT, &[f, BUF]), 0);
+    assert_eq!(g.mem.read_u32(BUF + 24).unwrap() & 0o7777, 0o600);
+    let pw = g.cstr(SCRATCH + 0x400, "/etc/passwd");
+    assert_eq!(g.ret(CHMOD, &[pw, 0o600]), err(Errno::EROFS));
+}

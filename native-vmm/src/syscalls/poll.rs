@@ -1,0 +1,166 @@
+//! Readiness: poll, ppoll, select, pselect6.
+//!
+//! With one thread, readiness cannot change while the guest waits: a pipe only this thread
+//! could fill stays empty. So the answer is computed once. If something is ready, or the
+//! timeout is zero, it is returned at once; with a finite timeout the call sleeps it out
+//! (bounded by the run's deadline, as in time.rs) and reports nothing ready; a wait with no
+//! timeout and nothing ready could never end, so the run stops as unsupported.
+//!
+//! Regular files, stdin and the captured output are always ready (as Linux reports regular
+//! files); a pipe's read end is ready with data or without writers, its write end with room.
+
+use std::time::Duration;
+
+use super::{stop_unsupported, time, value, SysResult, SyscallOutcome, UserMemory};
+use crate::errno::Errno;
+use crate::process::{GuestProcess, Object};
+
+const POLLIN: u16 = 0x001;
+const POLLPRI: u16 = 0x002;
+const POLLOUT: u16 = 0x004;
+const POLLERR: u16 = 0x008;
+const POLLHUP: u16 = 0x010;
+const POLLNVAL: u16 = 0x020;
+const POLLRDNORM: u16 = 0x040;
+const POLLWRNORM: u16 = 0x100;
+
+/// The poll bits `fd` reports now (before masking by the requested events).
+fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
+    let Ok(desc) = proc.fds.get(fd) else { return POLLNVAL };
+    let readable = POLLIN | POLLRDNORM;
+    let writable = POLLOUT | POLLWRNORM;
+    match desc.object {
+        Object::Stdin => readable,
+        Object::Output(_) => writable,
+        Object::Node(_) => readable | writable,
+        Object::PipeRead(p) => match proc.fds.pipe(p) {
+            Ok(pipe) if pipe.buffered() > 0 && !pipe.has_writers() => readable | POLLHUP,
+            Ok(pipe) if pipe.buffered() > 0 => readable,
+            Ok(pipe) if !pipe.has_writers() => POLLHUP,
+            Ok(_) => 0,
+            Err(_) => POLLNVAL,
+        },
+        Object::PipeWrite(p) => match proc.fds.pipe(p) {
+            Ok(pipe) if !pipe.has_readers() => POLLERR,
+            Ok(pipe) if pipe.room() > 0 => writable,
+            Ok(_) => 0,
+            Err(_) => POLLNVAL,
+        },
+    }
+}
+
+/// What to do when nothing is ready: None waits forever.
+fn wait(proc: &GuestProcess, timeout: Option<Duration>, nr: u64) -> SysResult {
+    match timeout {
+        None => stop_unsupported(nr),
+        Some(duration) => {
+            time::sleep_bounded(proc, duration);
+            value(0)
+        }
+    }
+}
+
+fn poll_common(proc: &mut GuestProcess, user: &UserMemory, fds: u64, nfds: u64, timeout: Option<Duration>, nr: u64) -> SysResult {
+    if nfds > proc.fds.limit() {
+        return Err(Errno::EINVAL);
+    }
+    let mut entries = user.read_vec(fds, nfds * 8)?;
+    let mut ready = 0;
+    for entry in entries.chunks_exact_mut(8) {
+        let fd = i32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
+        let events = u16::from_le_bytes([entry[4], entry[5]]);
+        let revents = if fd < 0 { 0 } else { ready_bits(proc, fd as u64) & (events | POLLERR | POLLHUP | POLLNVAL) };
+        entry[6..8].copy_from_slice(&revents.to_le_bytes());
+        if revents != 0 {
+            ready += 1;
+        }
+    }
+    if ready == 0 && timeout != Some(Duration::ZERO) {
+        return wait(proc, timeout, nr);
+    }
+    user.write(fds, &entries)?;
+    value(ready)
+}
+
+/// poll(fds, nfds, timeout_ms): a negative timeout waits forever.
+pub(crate) fn poll(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let ms = args[2] as u32 as i32;
+    let timeout = if ms < 0 { None } else { Some(Duration::from_millis(ms as u64)) };
+    poll_common(proc, user, args[0], args[1], timeout, 7)
+}
+
+/// ppoll(fds, nfds, timeout_ts, sigmask, sigsetsize): a NULL timeout waits forever; the
+/// temporary signal mask changes nothing since no signal is delivered.
+pub(crate) fn ppoll(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let timeout = if args[2] == 0 {
+        None
+    } else {
+        let (sec, nsec) = user.read_timespec(args[2])?;
+        Some(Duration::new(sec, nsec))
+    };
+    poll_common(proc, user, args[0], args[1], timeout, 271)
+}
+
+fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeout: Option<Duration>, nr: u64) -> SysResult {
+    let nfds = args[0] as u32 as i32;
+    if nfds < 0 || nfds as u64 > proc.fds.limit() {
+        return Err(Errno::EINVAL);
+    }
+    let bytes = (nfds as u64).div_ceil(64) * 8;
+    // (guest address, requested bits, ready bits) for the read, write and except sets.
+    let mut sets = Vec::with_capacity(3);
+    for (i, &addr) in args[1..4].iter().enumerate() {
+        let wanted = if addr == 0 { vec![0u8; bytes as usize] } else { user.read_vec(addr, bytes)? };
+        sets.push((addr, wanted, vec![0u8; bytes as usize], [POLLIN | POLLHUP | POLLERR, POLLOUT | POLLERR, POLLPRI][i]));
+    }
+    let mut ready = 0;
+    for fd in 0..nfds as u64 {
+        let (byte, bit) = ((fd / 8) as usize, 1u8 << (fd % 8));
+        if sets.iter().all(|(_, wanted, _, _)| wanted[byte] & bit == 0) {
+            continue;
+        }
+        let bits = ready_bits(proc, fd);
+        if bits & POLLNVAL != 0 {
+            return Err(Errno::EBADF);
+        }
+        for (_, wanted, out, mask) in sets.iter_mut() {
+            if wanted[byte] & bit != 0 && bits & *mask != 0 {
+                out[byte] |= bit;
+                ready += 1;
+            }
+        }
+    }
+    let outcome = if ready == 0 && timeout != Some(Duration::ZERO) { wait(proc, timeout, nr)? } else { SyscallOutcome::Return(ready) };
+    // The sets come back holding only the ready fds (all clear after a timeout).
+    for (addr, _, out, _) in &sets {
+        if *addr != 0 {
+            user.write(*addr, out)?;
+        }
+    }
+    Ok(outcome)
+}
+
+/// select(nfds, readfds, writefds, exceptfds, timeout): a NULL timeval waits forever.
+pub(crate) fn select(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let timeout = if args[4] == 0 {
+        None
+    } else {
+        let (sec, usec) = (user.read_u64(args[4])? as i64, user.read_u64(args[4] + 8)? as i64);
+        if sec < 0 || !(0..1_000_000).contains(&usec) {
+            return Err(Errno::EINVAL);
+        }
+        Some(Duration::new(sec as u64, usec as u32 * 1000))
+    };
+    select_common(proc, user, args, timeout, 23)
+}
+
+/// pselect6(nfds, readfds, writefds, exceptfds, timeout_ts, sigmask_arg)
+pub(crate) fn pselect6(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let timeout = if args[4] == 0 {
+        None
+    } else {
+        let (sec, nsec) = user.read_timespec(args[4])?;
+        Some(Duration::new(sec, nsec))
+    };
+    select_common(proc, user, args, timeout, 270)
+}

@@ -12,7 +12,6 @@ pub const PT_LOAD: u32 = 1;
 pub const PT_DYNAMIC: u32 = 2;
 pub const PT_INTERP: u32 = 3;
 pub const PT_PHDR: u32 = 6;
-pub const PT_GNU_STACK: u32 = 0x6474_e551;
 
 /// Segment permission bits (p_flags).
 pub const PF_X: u32 = 1;
@@ -238,11 +237,6 @@ impl<'a> Elf<'a> {
             .map(|p| p.vaddr + (self.phoff - p.offset))
     }
 
-    /// Whether PT_GNU_STACK asks for an executable stack (absent means executable, as in Linux).
-    pub fn wants_executable_stack(&self) -> bool {
-        self.first_of(PT_GNU_STACK).map_or(true, |p| p.flags & PF_X != 0)
-    }
-
     /// The PT_INTERP path (the dynamic loader), if the program has one.
     pub fn interpreter(&self) -> Result<Option<&'a str>, ElfError> {
         let Some(p) = self.first_of(PT_INTERP) else { return Ok(None) };
@@ -409,7 +403,6 @@ mod tests {
         assert!(elf.entry > 0x40_0000 && elf.entry < elf.load_span().1);
         assert_eq!(elf.phdr_vaddr(), Some(0x40_0040));
         assert_eq!(elf.interpreter().unwrap(), Some("/lib64/ld-linux-x86-64.so.2"));
-        assert!(!elf.wants_executable_stack());
         let needed = needed_libraries(&bytes).unwrap();
         assert!(needed.iter().any(|n| n == "libc.so.6"), "{needed:?}");
         assert!(needed.iter().any(|n| n == "libm.so.6"), "{needed:?}");

@@ -16,7 +16,8 @@
 //! Segment permissions are not enforced by the CPU: the page tables are built once as an identity
 //! map of all user memory, readable, writable and executable at CPL3 (DESIGN.md: a present
 //! entry changed from the host is not seen by the guest), so p_flags and later mprotect calls are
-//! bookkeeping only. Isolation is the VM boundary, not page permissions inside it.
+//! bookkeeping only, and PT_GNU_STACK has nothing to decide. Isolation is the VM boundary, not
+//! page permissions inside it.
 
 use std::fmt;
 use std::io;

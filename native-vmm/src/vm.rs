@@ -146,8 +146,8 @@ pub fn launch(image: Arc<Image>, req: &RunRequest, make_cpu: &CpuFactory) -> Res
 
     let run_started = Instant::now();
     let limit_ms = req.timeout.as_millis().min(u64::MAX as u128) as u64;
+    // A timeout too large for Instant is no practical limit: a year stands in for it.
     let deadline = run_started.checked_add(req.timeout).unwrap_or(run_started + Duration::from_secs(86_400 * 365));
-    process.set_deadline(Some(deadline));
     let (status, exits) = run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
     let stats = RunStats { syscalls: process.total_syscalls(), exits, unsupported: process.unsupported_counts(), wall: run_started.elapsed(), load };
     let (stdout, stderr) = process.into_output().into_parts();

@@ -109,6 +109,9 @@ impl GuestCpu for PtraceCpu {
             match ptrace_sys::wait(self.pid())? {
                 WaitStatus::SyscallStop => {
                     self.read_regs()?;
+                    if !ptrace_sys::stopped_at_64bit_syscall(self.pid())? {
+                        return Ok(CpuExit::Fault(int80_fault(self.regs.rip)));
+                    }
                     let r = &self.regs;
                     return Ok(CpuExit::Syscall { nr: r.orig_rax, args: [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9] });
                 }
@@ -142,6 +145,14 @@ impl GuestCpu for PtraceCpu {
         self.regs_mut()?.fs_base = base;
         Ok(())
     }
+}
+
+/// The fault `int 0x80` (the 32-bit system call gate) raises in the KVM guest, whose IDT ends
+/// at vector 31: #GP with an error code naming IDT entry 0x80. The host kernel would instead run
+/// it as an i386 system call, so the development CPU reports the fault the product would see.
+fn int80_fault(rip_after: u64) -> GuestFault {
+    const IDT_ENTRY_0X80: u64 = 0x80 << 3 | 2;
+    GuestFault { vector: 13, error_code: IDT_ENTRY_0X80, rip: rip_after.wrapping_sub(2), address: None }
 }
 
 /// Translates the signal the host kernel raised for a CPU exception back into that exception.

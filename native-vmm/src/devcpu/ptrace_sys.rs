@@ -30,6 +30,9 @@ const PTRACE_SETREGS: c_long = 13;
 const PTRACE_SYSEMU: c_long = 31;
 const PTRACE_SETOPTIONS: c_long = 0x4200;
 const PTRACE_GETSIGINFO: c_long = 0x4202;
+const PTRACE_GET_SYSCALL_INFO: c_long = 0x420e;
+/// `arch` of a system call made through the 64-bit `syscall` instruction.
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 const PTRACE_O_TRACESYSGOOD: c_long = 0x1;
 const PTRACE_O_EXITKILL: c_long = 0x10_0000;
 const WALL: c_int = 0x4000_0000;
@@ -231,6 +234,17 @@ pub fn get_siginfo(pid: i32) -> io::Result<SigInfo> {
     // SAFETY: raw is a writable 128-byte buffer, the size of siginfo_t.
     check(unsafe { ptrace(PTRACE_GETSIGINFO, pid, std::ptr::null_mut(), raw.as_mut_ptr() as *mut c_void) })?;
     Ok(SigInfo { signo: raw[0] as u32 as i32, code: (raw[1] & 0xffff_ffff) as u32 as i32, addr: raw[2] })
+}
+
+/// Whether the system call the tracee is stopped at was made with the 64-bit `syscall`
+/// instruction (as opposed to a 32-bit entry such as `int 0x80`).
+pub fn stopped_at_64bit_syscall(pid: i32) -> io::Result<bool> {
+    // struct ptrace_syscall_info: op (u8), 3 bytes of padding, arch (u32), then fields we skip.
+    let mut raw = [0u64; 11];
+    let size = std::mem::size_of_val(&raw);
+    // SAFETY: raw is a writable buffer of `size` bytes; the kernel writes at most that much.
+    check(unsafe { ptrace(PTRACE_GET_SYSCALL_INFO, pid, size as *mut c_void, raw.as_mut_ptr() as *mut c_void) })?;
+    Ok((raw[0] >> 32) as u32 == AUDIT_ARCH_X86_64)
 }
 
 pub fn send_signal(pid: i32, sig: i32) -> io::Result<()> {

@@ -11,6 +11,11 @@
 //! answered by our syscall layer; CPU exceptions arrive as signal stops. Guest memory below
 //! `layout::USER_BASE` is left unmapped, as the system area is invisible to CPL3 under KVM.
 //!
+//! Known differences from KVM, harmless for tests of well-behaved programs: the child still
+//! has the test process's own mappings (far above guest memory), so a wild guest pointer there
+//! does not fault; page-fault error codes carry only the user and present bits (ptrace does
+//! not report the rest); a #GP raised by the host kernel has error code 0.
+//!
 //! The child is traced by the thread that created the `PtraceCpu`: run it on that thread.
 
 mod ptrace_sys;

@@ -142,6 +142,10 @@ impl Vfs {
     /// openat: resolves or creates per `opts`; on success the node is held open until `close`.
     /// Writing anything in the image gives EROFS, a directory opened for writing EISDIR.
     pub fn open(&mut self, base: Node, path: &[u8], opts: &OpenOptions) -> Result<Node, Errno> {
+        if opts.create && opts.directory {
+            // Linux (since 6.4) refuses O_CREAT|O_DIRECTORY outright.
+            return Err(Errno::EINVAL);
+        }
         let node = if opts.create {
             let (dir, name) = path::resolve_parent(self, base, path)?;
             match self.child(dir, &name)? {
@@ -723,6 +727,8 @@ mod tests {
         assert_eq!(vfs.open(root, b"/etc/passwd", &OpenOptions { directory: true, ..RO }), Err(Errno::ENOTDIR));
         assert_eq!(vfs.open(root, b"/tmp", &OpenOptions { write: false, ..RW_CREATE }), Err(Errno::EISDIR));
         assert_eq!(vfs.open(root, b"/tmp/new/", &RW_CREATE), Err(Errno::EISDIR));
+        assert_eq!(vfs.open(root, b"/tmp/new", &OpenOptions { directory: true, ..RW_CREATE }), Err(Errno::EINVAL));
+        assert_eq!(vfs.resolve(root, b"/tmp/new", true), Err(Errno::ENOENT), "nothing was created");
     }
 
     #[test]

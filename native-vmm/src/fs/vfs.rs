@@ -212,7 +212,7 @@ impl Vfs {
                     }
                     ImageKind::Symlink { target } => (target.len() as u64, 0),
                 };
-                (i as u64 + 1, n.file_kind(), n.mode, size, n.mtime, subdirs)
+                (ino(node), n.file_kind(), n.mode, size, n.mtime, subdirs)
             }
             NodeId::Overlay(id) => {
                 let n = self.overlay.get(id)?;
@@ -224,7 +224,7 @@ impl Vfs {
                     }
                     OverlayKind::Symlink(target) => (target.len() as u64, 0),
                 };
-                (OVERLAY_INO_BASE + id, n.file_kind(), n.mode, size, OVERLAY_TIME, subdirs)
+                (ino(node), n.file_kind(), n.mode, size, OVERLAY_TIME, subdirs)
             }
         };
         let nlink = match kind {
@@ -299,8 +299,8 @@ impl Vfs {
         }
         let parent = self.parent(node)?;
         let mut entries = vec![
-            DirEntry { name: b".".to_vec(), ino: self.stat(node)?.ino, kind: FileKind::Directory },
-            DirEntry { name: b"..".to_vec(), ino: self.stat(parent)?.ino, kind: FileKind::Directory },
+            DirEntry { name: b".".to_vec(), ino: ino(node), kind: FileKind::Directory },
+            DirEntry { name: b"..".to_vec(), ino: ino(parent), kind: FileKind::Directory },
         ];
         let mut named: BTreeMap<Vec<u8>, Node> = BTreeMap::new();
         match node.0 {
@@ -323,8 +323,7 @@ impl Vfs {
             }
         }
         for (name, child) in named {
-            let stat = self.stat(child)?;
-            entries.push(DirEntry { name, ino: stat.ino, kind: self.kind(child)? });
+            entries.push(DirEntry { name, ino: ino(child), kind: self.kind(child)? });
         }
         Ok(entries)
     }
@@ -521,6 +520,14 @@ impl Vfs {
                 None => return Ok(false),
             }
         }
+    }
+}
+
+/// The inode number of a node: image nodes count from 1, overlay nodes from `OVERLAY_INO_BASE`.
+fn ino(node: Node) -> u64 {
+    match node.0 {
+        NodeId::Image(i) => i as u64 + 1,
+        NodeId::Overlay(id) => OVERLAY_INO_BASE + id,
     }
 }
 

@@ -428,8 +428,10 @@ pub(crate) mod tests {
         None
     }
 
-    /// Reads the initial stack back: (argc, argv, envp, auxv as (tag, value) pairs).
-    fn read_stack(mem: &GuestMemory, rsp: u64) -> (u64, Vec<String>, Vec<String>, Vec<(u64, u64)>) {
+    /// The initial stack read back: argc, argv, envp, auxv as (tag, value) pairs.
+    type InitialStack = (u64, Vec<String>, Vec<String>, Vec<(u64, u64)>);
+
+    fn read_stack(mem: &GuestMemory, rsp: u64) -> InitialStack {
         let argc = mem.read_u64(rsp).unwrap();
         let mut at = rsp + 8;
         let read_strings = |at: &mut u64| {
@@ -536,7 +538,7 @@ pub(crate) mod tests {
         assert!(matches!(load_elf(&mem, &below, "/p", &no_files, &[], &[]), Err(LoadError::Unloadable { .. })));
         let above = tiny_elf(2, 15 * MIB, &[0xf4], 0, None);
         assert!(matches!(load_elf(&mem, &above, "/p", &no_files, &[], &[]), Err(LoadError::DoesNotFit { .. })));
-        let wrapping = tiny_elf(2, u64::MAX & !0xfff, &[0xf4], 0, None);
+        let wrapping = tiny_elf(2, !0xfff, &[0xf4], 0, None);
         assert!(load_elf(&mem, &wrapping, "/p", &no_files, &[], &[]).is_err());
     }
 
@@ -606,7 +608,7 @@ pub(crate) mod tests {
         assert_eq!(aux(&auxv, AT_ENTRY), py.entry);
         assert_eq!(aux(&auxv, AT_PHDR), 0x40_0040);
         assert_eq!(aux(&auxv, AT_PHNUM), py.phnum as u64);
-        assert!(loaded.stack_pointer > stack_bottom && loaded.stack_pointer % 16 == 0);
+        assert!(loaded.stack_pointer > stack_bottom && loaded.stack_pointer.is_multiple_of(16));
     }
 
     #[test]

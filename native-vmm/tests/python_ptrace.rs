@@ -248,3 +248,34 @@ fn relative_paths_resolve_in_the_working_directory() {
     let code = "import os; open('out.txt', 'w').write('x'); print(os.getcwd(), os.listdir('.'), open('/work/out.txt').read())";
     assert_prints(code, "/work ['out.txt'] x\n");
 }
+
+#[test]
+fn sleeping_past_the_limit_times_out_at_the_limit() {
+    let mut req = python_request("import time; time.sleep(30); print('woke')");
+    req.timeout = Duration::from_millis(800);
+    let outcome = run(&python_image(), &req);
+    assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: 800 }, "{}", describe(&outcome));
+    assert!(outcome.stats.wall < Duration::from_secs(3), "the run took {:?}", outcome.stats.wall);
+    assert!(outcome.stdout.is_empty());
+}
+
+#[test]
+fn stderr_counts_toward_the_output_cap() {
+    const CAP: u64 = 50_000;
+    let mut req = python_request("import sys\nprint('start', flush=True)\nwhile True: sys.stderr.write('e' * 1000)");
+    req.output_cap = CAP;
+    let outcome = run(&python_image(), &req);
+    assert_eq!(outcome.status, RunStatus::OutputLimit { cap_bytes: CAP }, "{}", describe(&outcome));
+    assert_eq!(outcome.stdout, b"start\n");
+    assert_eq!(outcome.stderr.len() as u64, CAP - 6);
+    assert!(outcome.stderr.iter().all(|&b| b == b'e'));
+}
+
+#[test]
+fn every_run_starts_with_empty_writable_directories() {
+    let image = python_image();
+    let first = run(&image, &python_request("open('/tmp/left-behind', 'w').write('x'); print('written')"));
+    assert_eq!(first.stdout, b"written\n", "{}", describe(&first));
+    let second = run(&image, &python_request("import os; print(os.listdir('/tmp'), os.listdir('/work'))"));
+    assert_eq!(String::from_utf8_lossy(&second.stdout), "[] []\n", "{}", describe(&second));
+}

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::errno::Errno;
 
+use super::vfs::{Timespec, OVERLAY_TIME};
 use super::FileKind;
 
 /// Bytes charged per node on top of its data, so a guest cannot exhaust host memory with
@@ -31,6 +32,8 @@ pub(crate) struct OverlayNode {
     /// False once unlinked; the node then lives only while open.
     pub linked: bool,
     pub open_count: u32,
+    /// Modification time: OVERLAY_TIME until the guest sets one (utimensat).
+    pub mtime: Timespec,
 }
 
 impl OverlayNode {
@@ -77,6 +80,12 @@ impl Overlay {
         self.nodes.get_mut(&id).ok_or(Errno::ENOENT)
     }
 
+    /// utimensat: sets the modification time of node `id`.
+    pub fn set_mtime(&mut self, id: u64, mtime: Timespec) -> Result<(), Errno> {
+        self.get_mut(id)?.mtime = mtime;
+        Ok(())
+    }
+
     /// chmod: replaces the permission bits of node `id`.
     pub fn set_mode(&mut self, id: u64, mode: u32) -> Result<(), Errno> {
         self.get_mut(id)?.mode = mode & 0o7777;
@@ -99,7 +108,7 @@ impl Overlay {
     }
 
     fn insert(&mut self, parent: Option<u64>, name: &[u8], mode: u32, kind: OverlayKind) -> Result<u64, Errno> {
-        let node = OverlayNode { parent, name: name.to_vec(), mode: mode & 0o7777, kind, linked: true, open_count: 0 };
+        let node = OverlayNode { parent, name: name.to_vec(), mode: mode & 0o7777, kind, linked: true, open_count: 0, mtime: OVERLAY_TIME };
         self.reserve(node.charge())?;
         let id = self.next_id;
         self.next_id += 1;

@@ -34,7 +34,7 @@ pub struct Timespec {
 
 /// What fstat/newfstatat/statx report. Owner is root, times are deterministic: an image file
 /// keeps its host mtime (Python compares it with the .pyc header), overlay nodes report
-/// [`OVERLAY_TIME`].
+/// [`OVERLAY_TIME`] until the guest sets one (`Vfs::set_mtime`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
     pub dev: u64,
@@ -224,7 +224,7 @@ impl Vfs {
                     }
                     OverlayKind::Symlink(target) => (target.len() as u64, 0),
                 };
-                (ino(node), n.file_kind(), n.mode, size, OVERLAY_TIME, subdirs)
+                (ino(node), n.file_kind(), n.mode, size, n.mtime, subdirs)
             }
         };
         let nlink = match kind {
@@ -283,6 +283,12 @@ impl Vfs {
     pub fn truncate(&mut self, node: Node, len: u64) -> Result<(), Errno> {
         let id = self.overlay_id(node)?;
         self.overlay.truncate(id, len)
+    }
+
+    /// utimensat of an overlay node's modification time (EROFS for the image).
+    pub fn set_mtime(&mut self, node: Node, mtime: Timespec) -> Result<(), Errno> {
+        let id = self.overlay_id(node)?;
+        self.overlay.set_mtime(id, mtime)
     }
 
     /// chmod/fchmod of an overlay node (EROFS for the image).
@@ -755,6 +761,10 @@ mod tests {
         assert_eq!(vfs.stat(f).unwrap().mode, 0o104755, "only permission bits change");
         assert_eq!(vfs.access(f, X_OK), Ok(()));
         vfs.chmod(f, 0o644).unwrap();
+        let when = Timespec { sec: 1_800_000_000, nsec: 5 };
+        vfs.set_mtime(f, when).unwrap();
+        assert_eq!(vfs.stat(f).unwrap().mtime, when);
+        assert_eq!(vfs.set_mtime(root, when), Err(Errno::EROFS));
         assert_eq!(vfs.chmod(root, 0o700), Err(Errno::EROFS));
         assert_eq!(vfs.open(root, b"/work/out.txt", &OpenOptions { exclusive: true, ..RW_CREATE }), Err(Errno::EEXIST));
         // O_TRUNC empties it.

@@ -866,3 +866,47 @@ pub(crate) fn fchmod(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
         _ => Err(Errno::EPERM),
     }
 }
+
+/// utimensat(dirfd, path, times, flags): sets an overlay node's modification time (the only
+/// time kept; atime is reported equal to it). A NULL path means dirfd itself (futimens).
+pub(crate) fn utimensat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const UTIME_NOW: u64 = (1 << 30) - 1;
+    const UTIME_OMIT: u64 = (1 << 30) - 2;
+    let [dirfd, path, times, flags, ..] = args;
+    if flags & !(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let mtime = if times == 0 {
+        Some(UTIME_NOW)
+    } else {
+        for t in [times, times + 16] {
+            let nsec = user.read_u64(t + 8)?;
+            if nsec != UTIME_NOW && nsec != UTIME_OMIT {
+                user.read_timespec(t)?;
+            }
+        }
+        match user.read_u64(times + 24)? {
+            UTIME_OMIT => None,
+            nsec => Some(nsec),
+        }
+    };
+    let node = if path == 0 {
+        match proc.fds.get(fd_arg(dirfd))?.object {
+            Object::Node(node) => node,
+            _ => return Err(Errno::EPERM),
+        }
+    } else {
+        let (base, path) = path_at(proc, user, dirfd, path)?;
+        proc.config.vfs.resolve(base, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?
+    };
+    let time = match mtime {
+        None => return value(0),
+        Some(UTIME_NOW) => {
+            let ns = super::time::now_ns(0)?;
+            Timespec { sec: (ns / 1_000_000_000) as i64, nsec: (ns % 1_000_000_000) as u32 }
+        }
+        Some(nsec) => Timespec { sec: user.read_u64(times + 16)? as i64, nsec: nsec as u32 },
+    };
+    proc.config.vfs.set_mtime(node, time)?;
+    value(0)
+}

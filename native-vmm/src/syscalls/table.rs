@@ -188,6 +188,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(270, "pselect6", poll::pselect6),
     emulate(271, "ppoll", poll::ppoll),
     emulate(273, "set_robust_list", misc::set_robust_list),
+    emulate(280, "utimensat", files::utimensat),
     emulate(288, "accept4", files::not_a_socket),
     refuse(291, "epoll_create1", Errno::ENOSYS),
     emulate(292, "dup3", files::dup3),

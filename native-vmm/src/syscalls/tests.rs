@@ -504,3 +504,26 @@ fn chmod_changes_overlay_modes_only() {
     let pw = g.cstr(SCRATCH + 0x400, "/etc/passwd");
     assert_eq!(g.ret(CHMOD, &[pw, 0o600]), err(Errno::EROFS));
 }
+
+#[test]
+fn utimensat_sets_overlay_mtime() {
+    const UTIMENSAT: u64 = 280;
+    let mut g = guest();
+    let f = g.open("/tmp/t", O_CREAT | O_WRONLY) as u64;
+    let p = g.cstr(SCRATCH + 0x400, "/tmp/t");
+    let times = SCRATCH + 0x500;
+    for (i, v) in [1u64, 0, 1_700_000_000, 5].iter().enumerate() {
+        g.mem.write_u64(times + 8 * i as u64, *v).unwrap();
+    }
+    assert_eq!(g.ret(UTIMENSAT, &[AT_FDCWD, p, times, 0]), 0);
+    assert_eq!(g.ret(FSTAT, &[f, BUF]), 0);
+    assert_eq!((g.mem.read_u64(BUF + 88).unwrap(), g.mem.read_u64(BUF + 96).unwrap()), (1_700_000_000, 5));
+    // NULL times: now.
+    assert_eq!(g.ret(UTIMENSAT, &[f, 0, 0, 0]), 0);
+    assert_eq!(g.ret(FSTAT, &[f, BUF]), 0);
+    assert!(g.mem.read_u64(BUF + 88).unwrap() > 1_700_000_000);
+    g.mem.write_u64(times + 24, 1_000_000_000).unwrap();
+    assert_eq!(g.ret(UTIMENSAT, &[AT_FDCWD, p, times, 0]), err(Errno::EINVAL));
+    let lib = g.cstr(SCRATCH + 0x400, "/usr/lib/data.bin");
+    assert_eq!(g.ret(UTIMENSAT, &[AT_FDCWD, lib, 0, 0]), err(Errno::EROFS));
+}

@@ -4,8 +4,11 @@
 //!
 //! Pure Rust, no KVM: every table and stub here is unit-tested on machines without /dev/kvm
 //! (page-table walks for several memory sizes, descriptor decoding, stub bytes checked against
-//! a copy assembled with GNU `as`, a symbolic run of the syscall entry stub). Whether a real CPU
-//! accepts them is checked only when `kvm::KvmCpu` runs on a machine with /dev/kvm.
+//! a copy assembled with GNU `as`, a symbolic run of the syscall entry stub). `qemu_check/` runs
+//! the same tables and stubs on QEMU's x86-64 CPU model (a manual check, not part of `cargo
+//! test`: syscalls round-trip with registers intact, faults reach the VMM with the right vector,
+//! error code and CR2). Whether KVM accepts them is checked only when `kvm::KvmCpu` runs on a
+//! machine with /dev/kvm.
 //!
 //! System area layout (all below `USER_BASE`, so CPL3 code can neither read nor write it):
 //!

@@ -8,9 +8,10 @@
 //! union, the CPUID lookup, the run-page mapping (on a memfd standing in for the vCPU fd), the
 //! deadline watchdog (it really interrupts a blocking system call with its signal), the mapping
 //! of exception registers to `GuestFault`, and that `Kvm::open` fails with the clear error
-//! below when /dev/kvm is missing. Everything `arch/` writes into guest memory is tested there.
-//! Unverified until run on a KVM host: that KVM accepts the register state, and the run/exit
-//! path end to end.
+//! below when /dev/kvm is missing. Everything `arch/` writes into guest memory is tested there,
+//! and `arch/qemu_check` runs it on QEMU's CPU model with the register values set here.
+//! Unverified until run on a KVM host: that KVM accepts this register state through
+//! KVM_SET_SREGS/MSRS/XCRS/CPUID2, and the run/exit path end to end.
 //!
 //! Written for any KVM (VT-x, SVM, PVM): no in-kernel irqchip, no PVM-specific calls; only
 //! the exit path is tuned for PVM's expensive exits (one KVM_GET_REGS per exit, one

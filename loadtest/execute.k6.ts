@@ -1,0 +1,61 @@
+// k6 load test of the execute path (k6 runs TypeScript directly: `k6 run loadtest/execute.k6.ts`).
+//   BASE_URL      gateway base URL (default http://127.0.0.1:8787)
+//   SANDFORK_KEY  an API key with the execute scope and credits
+//   TEMPLATE      template to run (default python)
+//   VUS, DURATION virtual users and duration (default 16, 30s)
+// Each iteration sends a unique Idempotency-Key; a second scenario replays a fixed one to measure
+// the idempotent-replay path. A plain GET /healthz scenario is the gateway's own floor.
+import { check } from "k6";
+import exec from "k6/execution";
+import http from "k6/http";
+import type { Options } from "k6/options";
+
+const BASE_URL = __ENV.BASE_URL ?? "http://127.0.0.1:8787";
+const KEY = __ENV.SANDFORK_KEY ?? "";
+const TEMPLATE = __ENV.TEMPLATE ?? "python";
+const VUS = Number(__ENV.VUS ?? "16");
+const DURATION = __ENV.DURATION ?? "30s";
+
+export const options: Options = {
+  scenarios: {
+    execute: { executor: "constant-vus", exec: "execute", vus: VUS, duration: DURATION },
+    replay: { executor: "constant-vus", exec: "replay", vus: Math.max(1, Math.floor(VUS / 4)), duration: DURATION },
+    health: { executor: "constant-vus", exec: "health", vus: 1, duration: DURATION },
+  },
+  thresholds: {
+    "http_req_failed{scenario:execute}": ["rate<0.01"],
+    "http_req_duration{scenario:execute}": ["p(95)<250", "p(99)<500"],
+    "http_req_duration{scenario:replay}": ["p(99)<50"],
+  },
+  summaryTrendStats: ["avg", "p(50)", "p(95)", "p(99)", "max"],
+};
+
+const body = JSON.stringify({ template: TEMPLATE, code: "print(sum(range(1000)))", timeout_ms: 5000 });
+
+function post(idempotencyKey: string) {
+  return http.post(`${BASE_URL}/v1/executions`, body, {
+    headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json", "idempotency-key": idempotencyKey },
+    tags: { name: "POST /v1/executions" },
+  });
+}
+
+export function setup(): void {
+  if (KEY === "") throw new Error("set SANDFORK_KEY to an API key with the execute scope");
+}
+
+export function execute(): void {
+  const response = post(`k6-${exec.vu.idInTest}-${exec.scenario.iterationInTest}-${Date.now()}`);
+  check(response, {
+    "status 200": (r) => r.status === 200,
+    "completed with exit code 0": (r) => r.status === 200 && r.json("status") === "completed" && r.json("exit_code") === 0,
+  });
+}
+
+export function replay(): void {
+  const response = post("k6-replay-fixed");
+  check(response, { "status 200": (r) => r.status === 200 });
+}
+
+export function health(): void {
+  check(http.get(`${BASE_URL}/healthz`), { "status 200": (r) => r.status === 200 });
+}

@@ -1,0 +1,54 @@
+import { describe, expect, it } from "vitest";
+import { drive, formatTable, percentile } from "./measure.js";
+
+describe("load measurement", () => {
+  it("takes nearest-rank percentiles", () => {
+    const values = Array.from({ length: 100 }, (_, i) => i + 1);
+    expect(percentile(values, 50)).toBe(50);
+    expect(percentile(values, 95)).toBe(95);
+    expect(percentile(values, 99)).toBe(99);
+    expect(percentile([7], 99)).toBe(7);
+    expect(percentile([], 50)).toBeNaN();
+  });
+
+  it("sends exactly the requested count at the given concurrency and counts failures", async () => {
+    let inFlight = 0;
+    let peak = 0;
+    let sent = 0;
+    const summary = await drive({
+      scenario: "s",
+      requests: 50,
+      concurrency: 4,
+      maxDurationMs: 10_000,
+      send: async () => {
+        sent++;
+        inFlight++;
+        peak = Math.max(peak, inFlight);
+        await new Promise((r) => setTimeout(r, 1));
+        inFlight--;
+        return sent % 10 !== 0;
+      },
+    });
+    expect(sent).toBe(50);
+    expect(peak).toBe(4);
+    expect(summary).toMatchObject({ requests: 50, failures: 5 });
+    expect(summary.p50Ms).toBeGreaterThan(0);
+    expect(summary.p99Ms).toBeGreaterThanOrEqual(summary.p95Ms);
+    expect(formatTable([summary])).toMatch(/^scenario\s+requests\s+failed\s+req\/s/);
+  });
+
+  it("stops at the time bound", async () => {
+    const summary = await drive({
+      scenario: "slow",
+      requests: 1_000_000,
+      concurrency: 2,
+      maxDurationMs: 100,
+      send: async () => {
+        await new Promise((r) => setTimeout(r, 10));
+        return true;
+      },
+    });
+    expect(summary.requests).toBeLessThan(100);
+    expect(summary.seconds).toBeLessThan(1);
+  });
+});

@@ -22,9 +22,8 @@ mod ptrace_sys;
 mod watchdog;
 
 use std::io;
-use std::time::Instant;
-
 use std::os::fd::AsRawFd;
+use std::time::Instant;
 
 use crate::cpu::{CpuExit, GuestCpu};
 use crate::layout::USER_BASE;

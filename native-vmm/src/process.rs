@@ -190,16 +190,6 @@ impl GuestProcess {
         self.output
     }
 
-    /// Bytes of stdout+stderr captured so far.
-    pub fn output_bytes(&self) -> u64 {
-        self.output.total()
-    }
-
-    /// The file system as the program left it.
-    pub fn vfs(&self) -> &Vfs {
-        &self.config.vfs
-    }
-
     /// Releases what closing a description let go of: file-system nodes go back to the Vfs.
     pub(crate) fn release(&mut self, object: Option<Object>) {
         if let Some(Object::Node(node)) = object {

@@ -118,10 +118,6 @@ impl MemoryMap {
         self.peak_bytes
     }
 
-    pub fn brk_start(&self) -> u64 {
-        self.space.brk_start
-    }
-
     fn brk_end(&self) -> u64 {
         page_align_up(self.brk)
     }
@@ -322,7 +318,8 @@ impl MemoryMap {
         cur >= end
     }
 
-    /// Recorded protection of the region holding `addr` (for tests and diagnostics).
+    /// Recorded protection of the region holding `addr`.
+    #[cfg(test)]
     pub fn prot_at(&self, addr: u64) -> Option<u32> {
         self.regions.range(..=addr).next_back().filter(|(_, r)| r.end > addr).map(|(_, r)| r.prot)
     }

@@ -141,7 +141,8 @@ fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
 /// Reads up to `len` bytes from `fd` into guest memory at `buf`; `at` is pread's offset.
 fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>, nr: u64) -> SysResult {
     let desc = proc.fds.get(fd)?;
-    if !desc.readable() || desc.flags & O_ACCMODE == O_ACCMODE {
+    // An O_PATH descriptor only names a file: no I/O through it.
+    if !desc.readable() || desc.flags & O_PATH as u32 != 0 {
         return Err(Errno::EBADF);
     }
     let len = len.min(MAX_IO);
@@ -190,7 +191,7 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
 /// Writes `len` bytes from guest memory at `buf` to `fd`; `at` is pwrite's offset.
 fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>, nr: u64) -> SysResult {
     let desc = proc.fds.get(fd)?;
-    if !desc.writable() {
+    if !desc.writable() || desc.flags & O_PATH as u32 != 0 {
         return Err(Errno::EBADF);
     }
     user.check(buf, len)?;
@@ -362,7 +363,7 @@ fn open_common(proc: &mut GuestProcess, user: &UserMemory, dirfd: u64, path: u64
     }
     let (base, path) = path_at(proc, user, dirfd, path)?;
     let opts = OpenOptions {
-        write: accmode != O_RDONLY as u64,
+        write: accmode != O_RDONLY as u64 && flags & O_PATH == 0,
         create: flags & O_CREAT != 0,
         exclusive: flags & O_EXCL != 0,
         truncate: flags & O_TRUNC != 0,
@@ -902,7 +903,7 @@ pub(crate) fn utimensat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     let time = match mtime {
         None => return value(0),
         Some(UTIME_NOW) => {
-            let ns = super::time::now_ns(0)?;
+            let ns = super::time::now_ns(super::time::CLOCK_REALTIME)?;
             Timespec { sec: (ns / 1_000_000_000) as i64, nsec: (ns % 1_000_000_000) as u32 }
         }
         Some(nsec) => Timespec { sec: user.read_u64(times + 16)? as i64, nsec: nsec as u32 },

@@ -25,7 +25,7 @@ pub(crate) fn uname(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
 pub(crate) fn sysinfo(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let total = proc.config.mem_limit;
     let free = total.saturating_sub(proc.memory_in_use());
-    let uptime = time::now_ns(7)? / 1_000_000_000;
+    let uptime = time::now_ns(time::CLOCK_BOOTTIME)? / 1_000_000_000;
     let mut info = [0u8; 112];
     let mut put = |offset: usize, v: u64| info[offset..offset + 8].copy_from_slice(&v.to_le_bytes());
     put(0, uptime);
@@ -246,7 +246,7 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             let requested = Duration::new(sec, nsec);
             let wait = if cmd == FUTEX_WAIT_BITSET {
                 // The bitset form takes an absolute time on CLOCK_MONOTONIC or CLOCK_REALTIME.
-                let clock = if op & FUTEX_CLOCK_REALTIME != 0 { 0 } else { 1 };
+                let clock = if op & FUTEX_CLOCK_REALTIME != 0 { time::CLOCK_REALTIME } else { time::CLOCK_MONOTONIC };
                 requested.saturating_sub(Duration::from_nanos(time::now_ns(clock)?))
             } else {
                 requested

@@ -10,7 +10,7 @@
 
 use super::{stop_unsupported, ids::GUEST_PID, value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
-use crate::process::{GuestProcess, SigAction, SIGNAL_COUNT};
+use crate::process::{GuestProcess, SigAction, SIGNAL_COUNT, SS_DISABLE};
 use crate::status::RunStatus;
 
 const SIGKILL: u64 = 9;
@@ -23,7 +23,6 @@ const SIG_SETMASK: u64 = 2;
 /// The kernel's sigset_t is 64 bits.
 const SIGSET_SIZE: u64 = 8;
 const SS_ONSTACK: u32 = 1;
-const SS_DISABLE: u32 = 2;
 const SS_AUTODISARM: u32 = 1 << 31;
 const MINSIGSTKSZ: u64 = 2048;
 

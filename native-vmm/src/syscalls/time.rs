@@ -16,14 +16,14 @@ use crate::errno::Errno;
 use crate::process::GuestProcess;
 use crate::sys;
 
-const CLOCK_REALTIME: u64 = 0;
-const CLOCK_MONOTONIC: u64 = 1;
+pub(crate) const CLOCK_REALTIME: u64 = 0;
+pub(crate) const CLOCK_MONOTONIC: u64 = 1;
 const CLOCK_PROCESS_CPUTIME_ID: u64 = 2;
 const CLOCK_THREAD_CPUTIME_ID: u64 = 3;
 const CLOCK_MONOTONIC_RAW: u64 = 4;
 const CLOCK_REALTIME_COARSE: u64 = 5;
 const CLOCK_MONOTONIC_COARSE: u64 = 6;
-const CLOCK_BOOTTIME: u64 = 7;
+pub(crate) const CLOCK_BOOTTIME: u64 = 7;
 const TIMER_ABSTIME: u64 = 1;
 /// Clock ticks per second (times(2), AT_CLKTCK).
 const CLK_TCK: u64 = 100;

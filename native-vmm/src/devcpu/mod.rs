@@ -54,7 +54,7 @@ impl PtraceCpu {
         let tracee = Tracee { pid };
         match ptrace_sys::wait(pid)? {
             WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {}
-            WaitStatus::Exited(code) => return Err(io::Error::other(format!("development CPU: {} (exit code {code})", ptrace_sys::describe_child_exit(code)))),
+            WaitStatus::Exited(code) => return Err(io::Error::other(format!("development CPU: {}", ptrace_sys::describe_child_exit(code)))),
             other => return Err(io::Error::other(format!("development CPU: unexpected first stop of the child: {other:?}"))),
         }
         ptrace_sys::set_options_exitkill_sysgood(pid)?;

@@ -51,8 +51,9 @@ const MAP_FIXED_NOREPLACE: c_long = 0x10_0000;
 
 /// Exit codes of a child that failed before its first stop (reported by `describe_child_exit`).
 const CHILD_TRACEME_FAILED: c_long = 120;
-const CHILD_MAP_FAILED: c_long = 121;
 const CHILD_RESUMED_UNTRACED: c_long = 122;
+/// A failed mmap exits with this plus its errno (errno values below 100 fit in the status).
+const CHILD_MAP_FAILED_BASE: c_long = 128;
 
 /// The x86-64 `struct user_regs_struct` of PTRACE_GETREGS/SETREGS.
 #[repr(C)]
@@ -142,7 +143,10 @@ fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
     // rather than clobbering anything the forked copy still has there).
     let at = unsafe { syscall(SYS_MMAP, start as c_long, len as c_long, PROT_RWX, MAP_SHARED | MAP_FIXED_NOREPLACE, memfd as c_long, start as c_long) };
     if at != start as c_long {
-        exit_child(CHILD_MAP_FAILED);
+        // last_os_error reads errno without allocating. A kernel that ignores NOREPLACE and
+        // maps elsewhere leaves errno 0.
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0).clamp(0, 99);
+        exit_child(CHILD_MAP_FAILED_BASE + errno as c_long);
     }
     // The guest never reaches the host kernel, so it needs no fd; holding copies of the
     // parent's pipes would only delay EOF for other threads' subprocesses.
@@ -162,12 +166,15 @@ fn exit_child(code: c_long) -> ! {
 }
 
 /// Explains the exit code of a child that ended before its first stop.
-pub fn describe_child_exit(code: i32) -> &'static str {
+pub fn describe_child_exit(code: i32) -> String {
     match code as c_long {
-        CHILD_TRACEME_FAILED => "PTRACE_TRACEME failed in the child (ptrace forbidden here?)",
-        CHILD_MAP_FAILED => "mapping guest memory at its guest-physical addresses failed in the child",
-        CHILD_RESUMED_UNTRACED => "the child was resumed without guest registers",
-        _ => "the child exited before its first stop",
+        CHILD_TRACEME_FAILED => "PTRACE_TRACEME failed in the child (ptrace forbidden here?)".into(),
+        CHILD_RESUMED_UNTRACED => "the child was resumed without guest registers".into(),
+        c if c >= CHILD_MAP_FAILED_BASE => format!(
+            "mapping guest memory (read/write/execute, shared) at its guest-physical addresses failed in the child: {}",
+            io::Error::from_raw_os_error((c - CHILD_MAP_FAILED_BASE) as i32)
+        ),
+        _ => format!("the child exited with code {code} before its first stop"),
     }
 }
 

@@ -145,3 +145,10 @@ fn guest_range_taken_by_the_host_is_refused() {
     let err = ensure_range_free(USER_BASE, u64::MAX >> 1).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
 }
+
+#[test]
+fn child_startup_failures_are_explained() {
+    assert!(ptrace_sys::describe_child_exit(128 + 1).ends_with("Operation not permitted (os error 1)"));
+    assert!(ptrace_sys::describe_child_exit(120).contains("PTRACE_TRACEME"));
+    assert!(ptrace_sys::describe_child_exit(3).contains("code 3"));
+}

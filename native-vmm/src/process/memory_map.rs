@@ -197,7 +197,7 @@ impl MemoryMap {
 
     /// A fixed range must be page aligned and inside user memory.
     fn check_fixed(&self, addr: u64, len: u64) -> Result<u64, MapError> {
-        if addr % PAGE_SIZE != 0 {
+        if !addr.is_multiple_of(PAGE_SIZE) {
             return Err(MapError::Invalid);
         }
         match addr.checked_add(len) {
@@ -211,7 +211,7 @@ impl MemoryMap {
     fn place(&self, hint: u64, len: u64) -> Result<u64, MapError> {
         let floor = self.space.mmap_low.max(self.brk_end());
         let ceiling = self.space.mmap_high.min(self.mem_size);
-        if hint % PAGE_SIZE == 0 && hint >= floor {
+        if hint.is_multiple_of(PAGE_SIZE) && hint >= floor {
             if let Some(end) = hint.checked_add(len) {
                 if end <= ceiling && !self.overlaps_region(hint, end) {
                     return Ok(hint);
@@ -256,7 +256,7 @@ impl MemoryMap {
 
     /// munmap(2): forgets every mapping inside the range; unmapped parts are ignored.
     pub fn unmap(&mut self, addr: u64, len: u64) -> Result<(), MapError> {
-        if addr % PAGE_SIZE != 0 || len == 0 {
+        if !addr.is_multiple_of(PAGE_SIZE) || len == 0 {
             return Err(MapError::Invalid);
         }
         let end = match addr.checked_add(page_align_up(len.min(u64::MAX - PAGE_SIZE))) {
@@ -270,7 +270,7 @@ impl MemoryMap {
     /// mprotect(2), recorded only. Memory the loader placed (the program's segments, the stack)
     /// is outside the records and accepted as is; inside the mmap pool every page must be mapped.
     pub fn protect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), MapError> {
-        if addr % PAGE_SIZE != 0 {
+        if !addr.is_multiple_of(PAGE_SIZE) {
             return Err(MapError::Invalid);
         }
         let end = addr.checked_add(page_align_up(len.min(u64::MAX - PAGE_SIZE))).ok_or(MapError::Invalid)?;
@@ -326,7 +326,7 @@ impl MemoryMap {
 
     /// madvise(MADV_DONTNEED): the range reads as zeros afterwards.
     pub fn discard(&mut self, mem: &GuestMemory, addr: u64, len: u64) -> Result<(), MapError> {
-        if addr % PAGE_SIZE != 0 {
+        if !addr.is_multiple_of(PAGE_SIZE) {
             return Err(MapError::Invalid);
         }
         let end = addr.checked_add(page_align_up(len.min(u64::MAX - PAGE_SIZE))).ok_or(MapError::Invalid)?;
@@ -342,7 +342,7 @@ impl MemoryMap {
     /// mremap(2) of one whole region: shrinks in place, grows in place when the pages above
     /// are free, otherwise moves when `may_move` (copying the contents) or fails with NotMapped.
     pub fn remap(&mut self, mem: &GuestMemory, addr: u64, old_len: u64, new_len: u64, may_move: bool) -> Result<u64, MapError> {
-        if addr % PAGE_SIZE != 0 || old_len == 0 || new_len == 0 || new_len > self.mem_size {
+        if !addr.is_multiple_of(PAGE_SIZE) || old_len == 0 || new_len == 0 || new_len > self.mem_size {
             return Err(if new_len > self.mem_size { MapError::NoRoom } else { MapError::Invalid });
         }
         let old_len = page_align_up(old_len.min(self.mem_size));

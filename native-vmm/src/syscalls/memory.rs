@@ -43,7 +43,7 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     if !matches!(kind, MAP_SHARED | MAP_PRIVATE | MAP_SHARED_VALIDATE) || len == 0 || prot & !PROT_MASK != 0 {
         return Err(Errno::EINVAL);
     }
-    if offset % 4096 != 0 {
+    if !offset.is_multiple_of(4096) {
         return Err(Errno::EINVAL);
     }
     // The file's bytes to copy in, checked before anything is mapped.
@@ -113,7 +113,7 @@ pub(crate) fn madvise(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     const MADV_DONTNEED: u64 = 4;
     const MADV_REMOVE: u64 = 9;
     let [addr, len, advice, ..] = args;
-    if addr % 4096 != 0 {
+    if !addr.is_multiple_of(4096) {
         return Err(Errno::EINVAL);
     }
     match advice {

@@ -184,7 +184,7 @@ pub(crate) fn sched_getaffinity(_proc: &mut GuestProcess, user: &UserMemory, arg
     if pid != 0 && pid != GUEST_PID {
         return Err(Errno::ESRCH);
     }
-    if len < 8 || len % 8 != 0 {
+    if len < 8 || !len.is_multiple_of(8) {
         return Err(Errno::EINVAL);
     }
     user.write_u64(mask, 1)?;
@@ -228,7 +228,7 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     const FUTEX_CLOCK_REALTIME: u64 = 256;
     const FUTEX_CMD_MASK: u64 = 127;
     let [uaddr, op, val, timeout, uaddr2, val3] = args;
-    if uaddr % 4 != 0 {
+    if !uaddr.is_multiple_of(4) {
         return Err(Errno::EINVAL);
     }
     match op & FUTEX_CMD_MASK {
@@ -271,7 +271,7 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
 
 /// FUTEX_WAKE_OP's atomic update of *uaddr2 (its comparison only decides whom to wake).
 fn wake_op(user: &UserMemory, uaddr2: u64, encoded: u32) -> Result<(), Errno> {
-    if uaddr2 % 4 != 0 {
+    if !uaddr2.is_multiple_of(4) {
         return Err(Errno::EINVAL);
     }
     let op = (encoded >> 28) & 7;

@@ -12,7 +12,15 @@ import { and, eq, lt, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
 import { accounts, executions, usageLedger } from "./schema.js";
 
-export type ExecutionStatus = "running" | "completed" | "timed_out" | "memory_exceeded" | "output_exceeded" | "aborted";
+export type ExecutionStatus =
+  | "running"
+  | "completed"
+  | "timed_out"
+  | "memory_exceeded"
+  | "output_exceeded"
+  | "crashed"
+  | "unsupported_syscall"
+  | "aborted";
 
 export interface ExecutionTimingsRecord {
   queueMs: number;

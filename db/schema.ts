@@ -78,7 +78,8 @@ export const executions = pgTable(
     // SHA-256 of the canonical request: a reused Idempotency-Key with another request is refused.
     requestHash: text("request_hash").notNull(),
     template: text("template").notNull(),
-    // running → completed | timed_out | memory_exceeded | output_exceeded, or aborted (runtime failure, not billed)
+    // running → completed | timed_out | memory_exceeded | output_exceeded | crashed | unsupported_syscall,
+    // or aborted (the runtime failed; not billed)
     status: text("status").notNull(),
     exitCode: integer("exit_code"),
     stdout: text("stdout"),

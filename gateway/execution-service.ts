@@ -6,7 +6,7 @@ import { createHash, randomUUID } from "node:crypto";
 import { SpanStatusCode, type Span } from "@opentelemetry/api";
 import type { Database } from "../db/client.js";
 import { type ExecutionRecord, findByIdempotencyKey, release, reserve, settle } from "../db/billing.js";
-import { RuntimeUnavailableError } from "../runtime/errors.js";
+import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, Template } from "../runtime/execution-runtime.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
@@ -191,6 +191,9 @@ export class ExecutionService {
       instruments.executions.add(1, { template: request.template, status: "aborted" });
       if (error instanceof RuntimeUnavailableError) {
         throw new ProblemError("runtime-unavailable", error.message, { headers: { "retry-after": "5" } });
+      }
+      if (error instanceof RuntimeBusyError) {
+        throw new ProblemError("runtime-busy", error.message, { headers: { "retry-after": "1" } });
       }
       throw new ProblemError("runtime-failed", error instanceof Error ? error.message : String(error));
     }

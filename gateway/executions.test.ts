@@ -7,7 +7,7 @@ import { findExecution } from "../db/billing.js";
 import { getBalance } from "../db/keys.js";
 import { executions, usageLedger } from "../db/schema.js";
 import { BACKENDS } from "../db/testing/fresh-database.js";
-import { RuntimeUnavailableError } from "../runtime/errors.js";
+import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, Template } from "../runtime/execution-runtime.js";
 import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
@@ -21,8 +21,8 @@ class ScriptedRuntimeTestDouble implements ExecutionRuntime {
   }
   async templates(): Promise<Template[]> {
     return [
-      { name: "python", description: "Python 3.11", language: "python", version: "3.11" },
-      { name: "node", description: "Node.js", language: "javascript", version: "20" },
+      { name: "python", language: "python", contentHash: "c0ffee", ready: true },
+      { name: "node", language: "javascript", contentHash: "beef", ready: false },
     ];
   }
 }
@@ -114,6 +114,14 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect((await gw.call("GET", `/v1/executions/${body.id}`, { credential: admin.key })).status).toBe(200);
   });
 
+  it("reports guest failures as statuses and bills them like any run", async () => {
+    const { key } = await gw.issue({ credits: 100 });
+    runtime.respond = async () => completed({ outcome: "crashed", exitCode: null, stdout: "", stderr: "" });
+    expect(await (await execute(key)).json()).toMatchObject({ status: "crashed", exit_code: null, usage: { units: CHARGED } });
+    runtime.respond = async () => completed({ outcome: "completed", exitCode: 1, stderr: "Traceback" });
+    expect(await (await execute(key)).json()).toMatchObject({ status: "completed", exit_code: 1, stderr: "Traceback" });
+  });
+
   it("bills a timed-out execution for at most its timeout", async () => {
     const { key, accountId } = await gw.issue({ credits: 100 });
     runtime.respond = async () =>
@@ -129,8 +137,8 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect(response.status).toBe(200);
     expect(await response.json()).toEqual({
       templates: [
-        { name: "python", description: "Python 3.11", language: "python", version: "3.11", price: { unit: "credit", base_units: 1, units_per_second: 10 } },
-        { name: "node", description: "Node.js", language: "javascript", version: "20", price: { unit: "credit", base_units: 1, units_per_second: 10 } },
+        { name: "python", language: "python", content_hash: "c0ffee", ready: true, price: { unit: "credit", base_units: 1, units_per_second: 10 } },
+        { name: "node", language: "javascript", content_hash: "beef", ready: false, price: { unit: "credit", base_units: 1, units_per_second: 10 } },
       ],
     });
   });
@@ -249,9 +257,15 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     const unavailable = await execute(key);
     expect(unavailable.headers.get("retry-after")).toBe("5");
     await expectProblem(unavailable, 503, "runtime-unavailable");
+    runtime.respond = async () => {
+      throw new RuntimeBusyError();
+    };
+    const busy = await execute(key);
+    expect(busy.headers.get("retry-after")).toBe("1");
+    await expectProblem(busy, 503, "runtime-busy");
     expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
     const aborted = await gw.fresh.db.select().from(executions).where(eq(executions.status, "aborted"));
-    expect(aborted.length).toBeGreaterThanOrEqual(2);
+    expect(aborted.length).toBeGreaterThanOrEqual(3);
     // The failed request's Idempotency-Key was freed: a retry runs afresh.
     runtime.respond = async () => completed();
     expect((await execute(key, PROGRAM, { "idempotency-key": "fails" })).status).toBe(200);

@@ -54,11 +54,14 @@ export function executionRequestSchema(limits: ExecutionLimits) {
     .openapi("ExecutionRequest");
 }
 
-export const ExecutionStatusSchema = z.enum(["running", "completed", "timed_out", "memory_exceeded", "output_exceeded", "aborted"]).openapi({
-  description:
-    "running: reserved and in flight; completed: the program exited (see exit_code); timed_out / memory_exceeded / " +
-    "output_exceeded: stopped at a limit; aborted: the runtime failed and nothing was charged",
-});
+export const ExecutionStatusSchema = z
+  .enum(["running", "completed", "timed_out", "memory_exceeded", "output_exceeded", "crashed", "unsupported_syscall", "aborted"])
+  .openapi({
+    description:
+      "running: reserved and in flight; completed: the program exited (see exit_code); timed_out / memory_exceeded / " +
+      "output_exceeded: stopped at a limit; crashed: a CPU exception in the program; unsupported_syscall: the program " +
+      "needed a system call the sandbox does not offer; aborted: the runtime failed and nothing was charged",
+  });
 
 export const ExecutionSchema = z
   .object({
@@ -85,9 +88,9 @@ export const ExecutionSchema = z
 export const TemplateSchema = z
   .object({
     name: z.string(),
-    description: z.string(),
     language: z.string(),
-    version: z.string(),
+    content_hash: z.string(),
+    ready: z.boolean(),
     price: z.object({ unit: z.string(), base_units: z.number().int(), units_per_second: z.number().int() }),
   })
   .openapi("Template");

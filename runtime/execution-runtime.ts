@@ -1,5 +1,6 @@
-// The boundary between the gateway and whatever runs code. The daemon client (a Unix-socket client
-// of `sandfork-vmm`) implements this interface; the gateway depends on nothing else.
+// The boundary between the gateway and whatever runs code. The daemon client (a client of
+// `sandfork-vmm serve`, protocol in native-vmm/PROTOCOL.md) implements this interface; the gateway
+// depends on nothing else. Durations here are milliseconds (the protocol's microseconds / 1000).
 
 export interface ExecutionFile {
   /** Path inside the sandbox's writable overlay, relative to the working directory. */
@@ -23,9 +24,18 @@ export interface ExecutionRequest {
 
 /**
  * How the program ended. A non-zero exit code is still `completed`: the runtime did its job.
- * A runtime that cannot do its job throws instead (see errors.ts).
+ * Protocol statuses map as: ok, error → completed; timeout → timed_out; out_of_memory →
+ * memory_exceeded; output_limit → output_exceeded; crashed → crashed (a CPU exception in the
+ * guest); unsupported → unsupported_syscall. A runtime that cannot do its job throws instead
+ * (see errors.ts).
  */
-export type ExecutionOutcome = "completed" | "timed_out" | "memory_exceeded" | "output_exceeded";
+export type ExecutionOutcome =
+  | "completed"
+  | "timed_out"
+  | "memory_exceeded"
+  | "output_exceeded"
+  | "crashed"
+  | "unsupported_syscall";
 
 export interface ExecutionTimings {
   /** Waiting for a ready VM from the pool. */
@@ -49,9 +59,11 @@ export interface ExecutionResult {
 
 export interface Template {
   name: string;
-  description: string;
   language: string;
-  version: string;
+  /** Identifies the template's file image and warm snapshot. */
+  contentHash: string;
+  /** False while the daemon is still preparing it (executions then fail as unavailable). */
+  ready: boolean;
 }
 
 export interface ExecutionRuntime {

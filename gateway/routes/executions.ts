@@ -84,7 +84,13 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
       {
         templates: templates.map((t) => {
           const price = priceOf(ctx.config.pricing, t.name);
-          return { ...t, price: { unit, base_units: price.baseUnits, units_per_second: price.unitsPerSecond } };
+          return {
+            name: t.name,
+            language: t.language,
+            content_hash: t.contentHash,
+            ready: t.ready,
+            price: { unit, base_units: price.baseUnits, units_per_second: price.unitsPerSecond },
+          };
         }),
       },
       200,

@@ -24,11 +24,11 @@ mod run_page;
 mod vcpu;
 mod watchdog;
 
-use std::ffi::c_ulong;
 use std::fmt;
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::OnceLock;
 
 use crate::sys;
 use abi::{KvmCpuid2, KVM_API_VERSION, KVM_CAP_IMMEDIATE_EXIT, KVM_CHECK_EXTENSION, KVM_CREATE_VM, KVM_GET_API_VERSION, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE, MAX_CPUID_ENTRIES};
@@ -49,6 +49,8 @@ pub enum KvmUnavailable {
     ApiVersion(io::Result<i32>),
     /// A capability this backend relies on is absent.
     MissingCapability(&'static str),
+    /// A query every VM needs (vCPU mmap size, supported CPUID) failed.
+    Query { ioctl: &'static str, error: io::Error },
 }
 
 impl fmt::Display for KvmUnavailable {
@@ -66,6 +68,7 @@ impl fmt::Display for KvmUnavailable {
             KvmUnavailable::ApiVersion(Ok(v)) => write!(f, "{KVM_DEVICE} speaks KVM API version {v}, not {KVM_API_VERSION}"),
             KvmUnavailable::ApiVersion(Err(e)) => write!(f, "KVM_GET_API_VERSION on {KVM_DEVICE} failed: {e}"),
             KvmUnavailable::MissingCapability(cap) => write!(f, "the host KVM lacks {cap}"),
+            KvmUnavailable::Query { ioctl, error } => write!(f, "{ioctl} on {KVM_DEVICE} failed: {error}"),
         }
     }
 }
@@ -88,46 +91,48 @@ fn context(what: &'static str) -> impl FnOnce(io::Error) -> io::Error {
     move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-/// An open /dev/kvm whose API version and capabilities have been checked.
+/// An open /dev/kvm whose API version and capabilities have been checked, with the answers
+/// every VM needs (they do not change while the host runs).
 pub struct Kvm {
     fd: OwnedFd,
+    vcpu_mmap_size: usize,
+    /// The CPUID table KVM can present to a guest on this host.
+    supported_cpuid: Box<KvmCpuid2<MAX_CPUID_ENTRIES>>,
 }
 
 impl Kvm {
     pub fn open() -> Result<Kvm, KvmUnavailable> {
         // std opens with O_CLOEXEC.
         let file = OpenOptions::new().read(true).write(true).open(KVM_DEVICE).map_err(classify_open_error)?;
-        let kvm = Kvm { fd: file.into() };
-        match sys::ioctl_val(kvm.fd.as_raw_fd(), KVM_GET_API_VERSION, 0) {
+        let fd: OwnedFd = file.into();
+        match sys::ioctl_val(fd.as_raw_fd(), KVM_GET_API_VERSION, 0) {
             Ok(KVM_API_VERSION) => {}
             other => return Err(KvmUnavailable::ApiVersion(other)),
         }
         // The deadline watchdog relies on immediate_exit to close the race with KVM_RUN entry.
-        if kvm.check_extension(KVM_CAP_IMMEDIATE_EXIT) <= 0 {
+        if sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_IMMEDIATE_EXIT).unwrap_or(0) <= 0 {
             return Err(KvmUnavailable::MissingCapability("KVM_CAP_IMMEDIATE_EXIT (Linux 4.11+)"));
         }
-        Ok(kvm)
+        let query = |ioctl| move |error| KvmUnavailable::Query { ioctl, error };
+        let vcpu_mmap_size = sys::ioctl_val(fd.as_raw_fd(), KVM_GET_VCPU_MMAP_SIZE, 0).map_err(query("KVM_GET_VCPU_MMAP_SIZE"))? as usize;
+        let mut supported_cpuid = Box::new(KvmCpuid2::<MAX_CPUID_ENTRIES>::with_capacity());
+        sys::ioctl_mut(fd.as_raw_fd(), KVM_GET_SUPPORTED_CPUID, supported_cpuid.as_mut()).map_err(query("KVM_GET_SUPPORTED_CPUID"))?;
+        Ok(Kvm { fd, vcpu_mmap_size, supported_cpuid })
     }
 
-    /// KVM_CHECK_EXTENSION: 0 (or an error, read as 0) means absent.
-    fn check_extension(&self, cap: c_ulong) -> i32 {
-        sys::ioctl_val(self.fd.as_raw_fd(), KVM_CHECK_EXTENSION, cap).unwrap_or(0)
+    /// The process-wide /dev/kvm, opened and queried on first success, so that creating a VM
+    /// costs no open or host queries.
+    pub fn shared() -> Result<&'static Kvm, KvmUnavailable> {
+        static SHARED: OnceLock<Kvm> = OnceLock::new();
+        if let Some(kvm) = SHARED.get() {
+            return Ok(kvm);
+        }
+        let kvm = Kvm::open()?;
+        Ok(SHARED.get_or_init(|| kvm))
     }
 
     fn create_vm(&self) -> io::Result<OwnedFd> {
         sys::ioctl_new_fd(self.fd.as_raw_fd(), KVM_CREATE_VM, 0).map_err(context("KVM_CREATE_VM"))
-    }
-
-    fn vcpu_mmap_size(&self) -> io::Result<usize> {
-        let size = sys::ioctl_val(self.fd.as_raw_fd(), KVM_GET_VCPU_MMAP_SIZE, 0).map_err(context("KVM_GET_VCPU_MMAP_SIZE"))?;
-        Ok(size as usize)
-    }
-
-    /// The CPUID table KVM can present to a guest on this host.
-    fn supported_cpuid(&self) -> io::Result<Box<KvmCpuid2<MAX_CPUID_ENTRIES>>> {
-        let mut cpuid = Box::new(KvmCpuid2::<MAX_CPUID_ENTRIES>::with_capacity());
-        sys::ioctl_mut(self.fd.as_raw_fd(), KVM_GET_SUPPORTED_CPUID, cpuid.as_mut()).map_err(context("KVM_GET_SUPPORTED_CPUID"))?;
-        Ok(cpuid)
     }
 }
 
@@ -163,6 +168,8 @@ mod tests {
                 let io_error: io::Error = e.into();
                 assert!(io_error.get_ref().is_some_and(|inner| inner.is::<KvmUnavailable>()), "the typed error survives");
                 assert_eq!(io_error.to_string(), text);
+                // A failed open is not cached: the shared instance reports the same.
+                assert_eq!(Kvm::shared().err().map(|e| e.to_string()), Some(text));
             }
         }
     }
@@ -177,5 +184,7 @@ mod tests {
         assert!(no_driver.to_string().contains("no KVM driver"), "{no_driver}");
         assert!(matches!(classify_open_error(io::Error::from_raw_os_error(24)), KvmUnavailable::OpenFailed(_)));
         assert!(KvmUnavailable::ApiVersion(Ok(11)).to_string().contains("version 11"));
+        let query = KvmUnavailable::Query { ioctl: "KVM_GET_SUPPORTED_CPUID", error: io::Error::from_raw_os_error(7) };
+        assert!(query.to_string().starts_with("sandfork-vmm needs KVM: KVM_GET_SUPPORTED_CPUID on /dev/kvm failed"), "{query}");
     }
 }

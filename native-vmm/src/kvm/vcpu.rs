@@ -50,17 +50,17 @@ impl<'m> KvmCpu<'m> {
     /// and points the vCPU at `entry` with `stack_pointer` in rsp (other registers 0), at CPL3.
     pub fn new(mem: &'m GuestMemory, entry: u64, stack_pointer: u64) -> io::Result<KvmCpu<'m>> {
         paging::check_memory_size(mem.size())?;
-        let kvm = Kvm::open()?;
+        let kvm = Kvm::shared()?;
         let vm = kvm.create_vm()?;
         arch::install(mem)?;
         let region = KvmUserspaceMemoryRegion { slot: 0, flags: 0, guest_phys_addr: 0, memory_size: mem.size(), userspace_addr: mem.host_base() };
         sys::ioctl_ref(vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
         let vcpu = sys::ioctl_new_fd(vm.as_raw_fd(), KVM_CREATE_VCPU, 0).map_err(context("KVM_CREATE_VCPU"))?;
-        let run_page = RunPage::map(&vcpu, kvm.vcpu_mmap_size()?)?;
+        let run_page = RunPage::map(&vcpu, kvm.vcpu_mmap_size)?;
 
         // CPUID first: KVM checks CR4 and XCR0 against the CPUID the guest was given.
-        let cpuid = kvm.supported_cpuid()?;
-        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;
+        let cpuid = kvm.supported_cpuid.as_ref();
+        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, cpuid).map_err(context("KVM_SET_CPUID2"))?;
         let features = CpuFeatures::from_cpuid(|function, index| cpuid.leaf(function, index));
 
         set_sregs(&vcpu, &features)?;
@@ -261,6 +261,20 @@ fn fault_exit(frame: ExceptionFrame, cr2: Option<u64>) -> io::Result<CpuExit> {
 mod tests {
     use super::*;
     use crate::arch::descriptors::{KERNEL_CS, USER_CS};
+
+    /// Runs everywhere: without /dev/kvm the constructor fails with the typed explanation, and
+    /// before writing anything into guest memory.
+    #[test]
+    fn new_explains_a_missing_kvm() {
+        let mem = GuestMemory::new(4 << 20).unwrap();
+        if let Err(e) = KvmCpu::new(&mem, crate::layout::USER_BASE, 4 << 20) {
+            if !std::path::Path::new(super::super::KVM_DEVICE).exists() {
+                assert!(e.get_ref().is_some_and(|inner| inner.is::<super::super::KvmUnavailable>()), "{e}");
+                assert_eq!(e.kind(), io::ErrorKind::NotFound);
+                assert_eq!(mem.read_u64(crate::arch::PML4_ADDR).unwrap(), 0, "nothing written");
+            }
+        }
+    }
 
     #[test]
     fn syscall_arguments_follow_the_linux_abi() {

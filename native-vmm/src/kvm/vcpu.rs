@@ -114,8 +114,8 @@ impl<'m> KvmCpu<'m> {
                 }
             }
             KVM_EXIT_SHUTDOWN => {
-                let rip = self.get_regs().map(|r| r.rip).unwrap_or(0);
-                Err(io::Error::other(format!("the guest triple-faulted (KVM_EXIT_SHUTDOWN, last rip {rip:#x}): the CPL0 exception path itself failed")))
+                let rip = self.get_regs().map_or_else(|e| format!("unknown: {e}"), |r| format!("{:#x}", r.rip));
+                Err(io::Error::other(format!("the guest triple-faulted (KVM_EXIT_SHUTDOWN, rip {rip}): the CPL0 exception path itself failed")))
             }
             KVM_EXIT_FAIL_ENTRY => {
                 let fail = FailEntry::decode(&data);

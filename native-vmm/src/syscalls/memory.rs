@@ -140,3 +140,16 @@ pub(crate) fn mremap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
         Err(e) => map_error(proc, e),
     }
 }
+
+/// msync(addr, length, flags): nothing to write back (file mappings are private copies, and
+/// shared writable file mappings are refused), so only the arguments are checked.
+pub(crate) fn msync(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const MS_ASYNC: u64 = 1;
+    const MS_INVALIDATE: u64 = 2;
+    const MS_SYNC: u64 = 4;
+    let [addr, _, flags, ..] = args;
+    if !addr.is_multiple_of(4096) || flags & !(MS_ASYNC | MS_INVALIDATE | MS_SYNC) != 0 || flags & (MS_ASYNC | MS_SYNC) == MS_ASYNC | MS_SYNC {
+        return Err(Errno::EINVAL);
+    }
+    value(0)
+}

@@ -83,6 +83,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(23, "select", poll::select),
     emulate(24, "sched_yield", misc::sched_yield),
     emulate(25, "mremap", memory::mremap),
+    emulate(26, "msync", memory::msync),
     emulate(28, "madvise", memory::madvise),
     emulate(32, "dup", files::dup),
     emulate(33, "dup2", files::dup2),

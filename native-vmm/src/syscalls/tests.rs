@@ -527,3 +527,86 @@ fn utimensat_sets_overlay_mtime() {
     let lib = g.cstr(SCRATCH + 0x400, "/usr/lib/data.bin");
     assert_eq!(g.ret(UTIMENSAT, &[AT_FDCWD, lib, 0, 0]), err(Errno::EROFS));
 }
+
+#[test]
+fn vectored_and_positioned_io_and_tree_changes() {
+    const PREAD64: u64 = 17;
+    const PWRITE64: u64 = 18;
+    const READV: u64 = 19;
+    const FTRUNCATE: u64 = 77;
+    const RENAME: u64 = 82;
+    const SYMLINK: u64 = 88;
+    const READLINK: u64 = 89;
+    let mut g = guest();
+    let f = g.open("/tmp/v", O_CREAT | O_RDWR) as u64;
+    // writev gathers two buffers in order.
+    g.mem.write(SCRATCH + 0x1000, b"hello ").unwrap();
+    g.mem.write(SCRATCH + 0x1100, b"world").unwrap();
+    let iov = SCRATCH + 0x2000;
+    for (i, (base, len)) in [(SCRATCH + 0x1000, 6u64), (SCRATCH + 0x1100, 5)].iter().enumerate() {
+        g.mem.write_u64(iov + 16 * i as u64, *base).unwrap();
+        g.mem.write_u64(iov + 16 * i as u64 + 8, *len).unwrap();
+    }
+    assert_eq!(g.ret(WRITEV, &[f, iov, 2]), 11);
+    // pwrite/pread do not move the offset; readv scatters.
+    g.mem.write(SCRATCH + 0x1200, b"W").unwrap();
+    assert_eq!(g.ret(PWRITE64, &[f, SCRATCH + 0x1200, 1, 6]), 1);
+    assert_eq!(g.ret(PREAD64, &[f, BUF, 100, 0]), 11);
+    assert_eq!(g.mem.read_vec(BUF, 11).unwrap(), b"hello World");
+    assert_eq!(g.ret(PREAD64, &[f, BUF, 1, u64::MAX]), err(Errno::EINVAL));
+    assert_eq!(g.ret(LSEEK, &[f, 0, 1]), 11);
+    assert_eq!(g.ret(LSEEK, &[f, -5i64 as u64, 2]), 6);
+    assert_eq!(g.ret(LSEEK, &[f, -20i64 as u64, 1]), err(Errno::EINVAL));
+    assert_eq!(g.ret(LSEEK, &[f, 0, 0]), 0);
+    g.mem.write_u64(iov + 8, 3).unwrap();
+    g.mem.write_u64(iov + 16, BUF + 0x100).unwrap();
+    g.mem.write_u64(iov + 24, 100).unwrap();
+    g.mem.write_u64(iov, BUF).unwrap();
+    assert_eq!(g.ret(READV, &[f, iov, 2]), 11);
+    assert_eq!(g.mem.read_vec(BUF, 3).unwrap(), b"hel");
+    assert_eq!(g.mem.read_vec(BUF + 0x100, 8).unwrap(), b"lo World");
+    assert_eq!(g.ret(FTRUNCATE, &[f, 5]), 0);
+    assert_eq!(g.ret(FSTAT, &[f, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 48).unwrap(), 5);
+    assert_eq!(g.ret(FTRUNCATE, &[0, 5]), err(Errno::EINVAL));
+
+    let (old, new, link) = (g.cstr(SCRATCH, "/tmp/v"), g.cstr(SCRATCH + 0x100, "/work/w"), g.cstr(SCRATCH + 0x200, "/tmp/l"));
+    assert_eq!(g.ret(RENAME, &[old, new]), 0);
+    assert_eq!(g.ret(SYMLINK, &[new, link]), 0);
+    assert_eq!(g.ret(READLINK, &[link, BUF, 100]), 7);
+    assert_eq!(g.mem.read_vec(BUF, 7).unwrap(), b"/work/w");
+    assert_eq!(g.ret(READLINK, &[link, BUF, 3]), 3);
+    assert_eq!(g.ret(READLINK, &[new, BUF, 100]), err(Errno::EINVAL));
+    assert_eq!(g.ret(NEWFSTATAT, &[AT_FDCWD, link, BUF, 0]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 48).unwrap(), 5, "stat follows the link");
+    assert_eq!(g.ret(NEWFSTATAT, &[AT_FDCWD, link, BUF, 0x100]), 0);
+    assert_eq!(g.mem.read_u32(BUF + 24).unwrap() & 0o170000, 0o120000, "AT_SYMLINK_NOFOLLOW");
+    assert_eq!(g.ret(NEWFSTATAT, &[AT_FDCWD, old, BUF, 0]), err(Errno::ENOENT));
+}
+
+#[test]
+fn system_information_matches_the_guest() {
+    const SYSINFO: u64 = 99;
+    const SCHED_GETAFFINITY: u64 = 204;
+    const GETRUSAGE: u64 = 98;
+    let mut g = guest();
+    assert_eq!(g.ret(MMAP, &[0, 8192, 3, 0x22, u64::MAX, 0]) as u64, 14 * MIB - 8192);
+    assert_eq!(g.ret(SYSINFO, &[BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 32).unwrap(), MEM);
+    assert_eq!(g.mem.read_u64(BUF + 40).unwrap(), MEM - 8192);
+    assert_eq!(g.mem.read_u32(BUF + 104).unwrap(), 1);
+    g.mem.fill(BUF, 128, 0xff).unwrap();
+    assert_eq!(g.ret(SCHED_GETAFFINITY, &[0, 128, BUF]), 8);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), 1);
+    assert_eq!(g.ret(SCHED_GETAFFINITY, &[0, 4, BUF]), err(Errno::EINVAL));
+    assert_eq!(g.ret(SCHED_GETAFFINITY, &[7, 8, BUF]), err(Errno::ESRCH));
+    assert_eq!(g.ret(GETRUSAGE, &[0, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 32).unwrap(), 8, "ru_maxrss: the 8 KiB peak");
+    assert_eq!(g.ret(GETRUSAGE, &[5, BUF]), err(Errno::EINVAL));
+    assert_eq!(g.ret(CLOCK_GETTIME, &[1, BUF]), 0);
+    let first = g.mem.read_u64(BUF).unwrap() * 1_000_000_000 + g.mem.read_u64(BUF + 8).unwrap();
+    assert_eq!(g.ret(CLOCK_GETTIME, &[1, BUF]), 0);
+    let second = g.mem.read_u64(BUF).unwrap() * 1_000_000_000 + g.mem.read_u64(BUF + 8).unwrap();
+    assert!(second >= first);
+    assert_eq!(g.ret(CLOCK_GETTIME, &[99, BUF]), err(Errno::EINVAL));
+}

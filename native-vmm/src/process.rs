@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use crate::fs::{Node, Vfs};
 
-pub use fds::{Description, FdTable, Object, Pipe, Transfer, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
+pub use fds::{Description, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, Stream};
 

@@ -70,36 +70,37 @@ pub struct Pipe {
     writers: u32,
 }
 
-/// The outcome of a pipe transfer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transfer {
-    Done(usize),
-    /// Linux would block here; with one thread nothing could ever wake it.
+/// Why a pipe transfer did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PipeError {
+    /// Linux would block here; with one thread nothing could ever end the wait.
     WouldBlock,
+    /// Writing with no read end left (EPIPE; SIGPIPE is never delivered).
+    NoReader,
 }
 
 impl Pipe {
-    /// Takes up to `max` buffered bytes; Done(empty) means end of file (no writer left).
-    pub fn read(&mut self, max: usize) -> Result<Vec<u8>, Transfer> {
+    /// Takes up to `max` buffered bytes; an empty result means end of file (no writer left).
+    pub fn read(&mut self, max: usize) -> Result<Vec<u8>, PipeError> {
         if self.buffer.is_empty() {
-            return if self.writers == 0 { Ok(Vec::new()) } else { Err(Transfer::WouldBlock) };
+            return if self.writers == 0 { Ok(Vec::new()) } else { Err(PipeError::WouldBlock) };
         }
         let n = max.min(self.buffer.len());
         Ok(self.buffer.drain(..n).collect())
     }
 
-    /// Appends what fits; EPIPE when no reader is left (SIGPIPE is never delivered).
-    pub fn write(&mut self, data: &[u8]) -> Result<Transfer, Errno> {
+    /// Appends what fits and returns how much that was.
+    pub fn write(&mut self, data: &[u8]) -> Result<usize, PipeError> {
         if self.readers == 0 {
-            return Err(Errno::EPIPE);
+            return Err(PipeError::NoReader);
         }
         let room = PIPE_CAPACITY - self.buffer.len();
         if room == 0 && !data.is_empty() {
-            return Ok(Transfer::WouldBlock);
+            return Err(PipeError::WouldBlock);
         }
         let n = room.min(data.len());
         self.buffer.extend(&data[..n]);
-        Ok(Transfer::Done(n))
+        Ok(n)
     }
 
     pub fn buffered(&self) -> usize {
@@ -363,11 +364,11 @@ mod tests {
         let wfd = t.install(w, 0, false).unwrap();
         let extra = t.duplicate(wfd, 0, false).unwrap();
         let Object::PipeRead(p) = t.get(rfd).unwrap().object else { panic!("not a pipe") };
-        assert_eq!(t.pipe_mut(p).unwrap().write(b"abc"), Ok(Transfer::Done(3)));
+        assert_eq!(t.pipe_mut(p).unwrap().write(b"abc"), Ok(3));
         t.close(wfd).unwrap();
         // A dup of the write end still holds it open: an empty pipe would block.
         assert_eq!(t.pipe_mut(p).unwrap().read(10), Ok(b"abc".to_vec()));
-        assert_eq!(t.pipe_mut(p).unwrap().read(10), Err(Transfer::WouldBlock));
+        assert_eq!(t.pipe_mut(p).unwrap().read(10), Err(PipeError::WouldBlock));
         t.close(extra).unwrap();
         assert_eq!(t.pipe_mut(p).unwrap().read(10), Ok(Vec::new()));
         t.close(rfd).unwrap();
@@ -382,10 +383,10 @@ mod tests {
         let wfd = t.install(w, 0, false).unwrap();
         let Object::PipeWrite(p) = t.get(wfd).unwrap().object else { panic!("not a pipe") };
         let big = vec![1u8; PIPE_CAPACITY + 10];
-        assert_eq!(t.pipe_mut(p).unwrap().write(&big), Ok(Transfer::Done(PIPE_CAPACITY)));
-        assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Ok(Transfer::WouldBlock));
+        assert_eq!(t.pipe_mut(p).unwrap().write(&big), Ok(PIPE_CAPACITY));
+        assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(PipeError::WouldBlock));
         t.close(rfd).unwrap();
-        assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(Errno::EPIPE));
+        assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(PipeError::NoReader));
     }
 
     #[test]

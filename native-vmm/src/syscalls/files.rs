@@ -11,7 +11,7 @@
 use super::{stop_unsupported, value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, Node, OpenOptions, Stat, Timespec};
-use crate::process::{Appended, Description, GuestProcess, Object, Transfer, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, PIPE_CAPACITY};
+use crate::process::{Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, PIPE_CAPACITY};
 use crate::status::RunStatus;
 
 /// Bytes moved by one read or write call at most (Linux also returns short counts); bounds
@@ -213,10 +213,11 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
                 return Err(Errno::ESPIPE);
             }
             let data = user.read_vec(buf, len.min(PIPE_CAPACITY as u64))?;
-            match proc.fds.pipe_mut(pipe)?.write(&data)? {
-                Transfer::Done(n) => value(n as u64),
-                Transfer::WouldBlock if flags & O_NONBLOCK != 0 => Err(Errno::EAGAIN),
-                Transfer::WouldBlock => stop_unsupported(nr),
+            match proc.fds.pipe_mut(pipe)?.write(&data) {
+                Ok(n) => value(n as u64),
+                Err(PipeError::NoReader) => Err(Errno::EPIPE),
+                Err(PipeError::WouldBlock) if flags & O_NONBLOCK != 0 => Err(Errno::EAGAIN),
+                Err(PipeError::WouldBlock) => stop_unsupported(nr),
             }
         }
         Object::Node(node) => {

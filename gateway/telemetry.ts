@@ -29,6 +29,8 @@ export interface Telemetry {
   instruments: GatewayInstruments;
   /** The current metrics in Prometheus text exposition format. */
   prometheusText(): Promise<string>;
+  /** Pushes buffered spans and metrics to the OTLP endpoints now. */
+  flush(): Promise<void>;
   shutdown(): Promise<void>;
 }
 
@@ -47,8 +49,12 @@ function installContextManager(): void {
   contextManagerInstalled = true;
 }
 
-function otlpConfigured(env: NodeJS.ProcessEnv, signal: "TRACES" | "METRICS"): boolean {
-  return Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env[`OTEL_EXPORTER_OTLP_${signal}_ENDPOINT`]);
+/** The OTLP/HTTP endpoint for one signal, following the OTEL_EXPORTER_OTLP_* conventions; undefined: off. */
+export function otlpEndpoint(env: NodeJS.ProcessEnv, signal: "traces" | "metrics"): string | undefined {
+  const specific = env[`OTEL_EXPORTER_OTLP_${signal.toUpperCase()}_ENDPOINT`];
+  if (specific) return specific;
+  const base = env.OTEL_EXPORTER_OTLP_ENDPOINT;
+  return base ? `${base.replace(/\/+$/, "")}/v1/${signal}` : undefined;
 }
 
 export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
@@ -58,12 +64,14 @@ export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
 
   const spanProcessors: SpanProcessor[] = [];
   if (options.spanExporter) spanProcessors.push(new SimpleSpanProcessor(options.spanExporter));
-  if (otlpConfigured(env, "TRACES")) spanProcessors.push(new BatchSpanProcessor(new OTLPTraceExporter()));
+  const tracesUrl = otlpEndpoint(env, "traces");
+  if (tracesUrl) spanProcessors.push(new BatchSpanProcessor(new OTLPTraceExporter({ url: tracesUrl })));
   const tracerProvider = new BasicTracerProvider({ resource, spanProcessors });
 
   const prometheus = new PrometheusExporter({ preventServerStart: true });
   const readers: MetricReader[] = [prometheus];
-  if (otlpConfigured(env, "METRICS")) readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter() }));
+  const metricsUrl = otlpEndpoint(env, "metrics");
+  if (metricsUrl) readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter({ url: metricsUrl }) }));
   const meterProvider = new MeterProvider({ resource, readers });
 
   const tracer = tracerProvider.getTracer(SERVICE_NAME, SERVICE_VERSION);
@@ -88,6 +96,9 @@ export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
     async prometheusText() {
       const { resourceMetrics } = await prometheus.collect();
       return serializer.serialize(resourceMetrics);
+    },
+    async flush() {
+      await Promise.all([tracerProvider.forceFlush(), meterProvider.forceFlush()]);
     },
     async shutdown() {
       await Promise.allSettled([tracerProvider.shutdown(), meterProvider.shutdown()]);

@@ -24,26 +24,36 @@ function positiveInteger(flag: string, raw: string | undefined): number | undefi
   return n;
 }
 
-const scopes = values.scopes.split(",").map((s) => s.trim());
-const unknown = scopes.filter((s) => !(SCOPES as readonly string[]).includes(s));
-if (unknown.length > 0) throw new Error(`unknown scope(s) ${unknown.join(", ")}; known: ${SCOPES.join(", ")}`);
-const expiresIn = positiveInteger("expires-in", values["expires-in"]);
+async function main(): Promise<void> {
+  const scopes = values.scopes.split(",").map((s) => s.trim());
+  const unknown = scopes.filter((s) => !(SCOPES as readonly string[]).includes(s));
+  if (unknown.length > 0) throw new Error(`unknown scope(s) ${unknown.join(", ")}; known: ${SCOPES.join(", ")}`);
+  const expiresIn = positiveInteger("expires-in", values["expires-in"]);
+  const credits = positiveInteger("credits", values.credits);
 
-const config = loadConfig();
-const open = await openConfiguredDatabase(config);
+  const config = loadConfig();
+  const open = await openConfiguredDatabase(config);
+  try {
+    const { key, stored } = await issueKey(open.db, {
+      name: values.name,
+      scopes: scopes as Scope[],
+      accountId: values.account,
+      credits,
+      expiresAt: expiresIn === undefined ? null : new Date(Date.now() + expiresIn * 1000),
+      limits: config.defaultKeyLimits,
+    });
+    console.log(`key id:     ${stored.id}`);
+    console.log(`account id: ${stored.accountId}`);
+    console.log(`scopes:     ${stored.scopes.join(", ")}`);
+    console.log(`secret (shown once): ${key}`);
+  } finally {
+    await open.close();
+  }
+}
+
 try {
-  const { key, stored } = await issueKey(open.db, {
-    name: values.name,
-    scopes: scopes as Scope[],
-    accountId: values.account,
-    credits: positiveInteger("credits", values.credits),
-    expiresAt: expiresIn === undefined ? null : new Date(Date.now() + expiresIn * 1000),
-    limits: config.defaultKeyLimits,
-  });
-  console.log(`key id:     ${stored.id}`);
-  console.log(`account id: ${stored.accountId}`);
-  console.log(`scopes:     ${stored.scopes.join(", ")}`);
-  console.log(`secret (shown once): ${key}`);
-} finally {
-  await open.close();
+  await main();
+} catch (error) {
+  console.error(`keys:create: ${error instanceof Error ? error.message : String(error)}`);
+  process.exitCode = 1;
 }

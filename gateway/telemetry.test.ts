@@ -1,0 +1,50 @@
+// OTLP/HTTP export when configured: spans and metrics reach a collector (a loopback HTTP server).
+import { createServer, type IncomingMessage } from "node:http";
+import type { AddressInfo } from "node:net";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createTelemetry, otlpEndpoint } from "./telemetry.js";
+
+describe("OTLP export", () => {
+  const received: { path: string; bytes: number; type: string }[] = [];
+  const collector = createServer((req: IncomingMessage, res) => {
+    let bytes = 0;
+    req.on("data", (chunk: Buffer) => (bytes += chunk.length));
+    req.on("end", () => {
+      received.push({ path: req.url ?? "", bytes, type: req.headers["content-type"] ?? "" });
+      res.writeHead(200, { "content-type": "application/json" }).end("{}");
+    });
+  });
+  let base = "";
+  beforeAll(async () => {
+    await new Promise<void>((resolve) => collector.listen(0, "127.0.0.1", resolve));
+    base = `http://127.0.0.1:${(collector.address() as AddressInfo).port}`;
+  });
+  afterAll(() => new Promise<void>((resolve) => collector.close(() => resolve())));
+
+  it("derives per-signal endpoints from OTEL_EXPORTER_OTLP_ENDPOINT, specific variables first", () => {
+    expect(otlpEndpoint({}, "traces")).toBeUndefined();
+    expect(otlpEndpoint({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318/" }, "traces")).toBe("http://c:4318/v1/traces");
+    expect(otlpEndpoint({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: "http://m/x" }, "metrics")).toBe("http://m/x");
+  });
+
+  it("pushes spans and metrics to the collector", async () => {
+    const telemetry = createTelemetry({ env: { OTEL_EXPORTER_OTLP_ENDPOINT: base } });
+    telemetry.tracer.startSpan("exported").end();
+    telemetry.instruments.executions.add(1, { template: "python", status: "completed" });
+    await telemetry.flush();
+    await telemetry.shutdown();
+    const traces = received.find((r) => r.path === "/v1/traces");
+    const metrics = received.find((r) => r.path === "/v1/metrics");
+    expect(traces?.bytes).toBeGreaterThan(0);
+    expect(metrics?.bytes).toBeGreaterThan(0);
+  });
+
+  it("exports nothing when not configured", async () => {
+    const before = received.length;
+    const telemetry = createTelemetry({ env: {} });
+    telemetry.tracer.startSpan("local only").end();
+    await telemetry.flush();
+    await telemetry.shutdown();
+    expect(received.length).toBe(before);
+  });
+});

@@ -136,10 +136,12 @@ pub(crate) fn sigaltstack(proc: &mut GuestProcess, user: &UserMemory, args: [u64
     value(0)
 }
 
-/// kill(pid, sig): the only process is the guest itself (its pid, its group, or 0).
+/// kill(pid, sig): the only process is the guest itself, by its pid or as its own process
+/// group (0). pid -1 means "every process but init and the caller": as pid 1 the guest is
+/// init, so nothing is left to signal.
 pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     let pid = args[0] as i32 as i64;
-    if pid != 0 && pid.unsigned_abs() != GUEST_PID {
+    if pid != 0 && pid != GUEST_PID as i64 {
         return Err(Errno::ESRCH);
     }
     send_to_self(proc, args[1], 62)

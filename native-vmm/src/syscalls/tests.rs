@@ -408,6 +408,8 @@ fn signals_sent_to_self() {
     // SIGCHLD's default is to ignore; SIGTERM's is to terminate.
     assert_eq!(g.ret(KILL, &[1, 17]), 0);
     assert_eq!(g.ret(KILL, &[2, 15]), err(Errno::ESRCH));
+    assert_eq!(g.ret(KILL, &[-1i64 as u64, 15]), err(Errno::ESRCH));
+    assert_eq!(g.ret(KILL, &[1, 0]), 0);
     // raise(): all signals blocked around tgkill, then the mask is restored.
     g.mem.write_u64(SCRATCH, u64::MAX).unwrap();
     assert_eq!(g.ret(RT_SIGPROCMASK, &[0, SCRATCH, 0, 8]), 0);

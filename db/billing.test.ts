@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type ExecutionRecord, findExecution, release, releaseStaleReservations, reserve, settle } from "./billing.js";
-import { createAccount, getBalance, grantCredits, insertKey } from "./keys.js";
+import { createAccount, getBalance, grantCredits, insertKey, revokeKey } from "./keys.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";
 
@@ -104,6 +104,13 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     expect(await findExecution(fresh.db, r.execution.id)).toMatchObject({ status: "aborted", chargedUnits: 0, idempotencyKey: null });
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 0 });
     expect((await reserve(fresh.db, reservation(ids, 4, "idem-release"))).kind).toBe("reserved");
+  });
+
+  it("refuses to reserve for a revoked key", async () => {
+    const ids = await accountWithKey(fresh, 10);
+    await revokeKey(fresh.db, ids.keyId);
+    expect(await reserve(fresh.db, reservation(ids, 1))).toEqual({ kind: "key-revoked" });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 0 });
   });
 
   it("releases stale reservations left by a stopped gateway", async () => {

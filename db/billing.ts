@@ -1,6 +1,7 @@
 // Reserve-then-settle credit accounting around one execution.
 //
-// reserve: one transaction inserts the execution record (its unique (key, Idempotency-Key) index
+// reserve: one transaction checks that the key is not revoked (tokens minted from it are verified
+//   without the database, so this is where a revocation reaches them), inserts the execution record (its unique (key, Idempotency-Key) index
 //   turns a duplicate request into a conflict before anything is held) and holds the worst-case
 //   cost with a conditional UPDATE that only succeeds while balance - reserved covers it, so
 //   concurrent reservations on one account can never overspend.
@@ -10,7 +11,7 @@
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
 import { and, eq, lt, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
-import { accounts, executions, usageLedger } from "./schema.js";
+import { accounts, apiKeys, executions, usageLedger } from "./schema.js";
 
 export type ExecutionStatus =
   | "running"
@@ -69,7 +70,9 @@ export interface Reservation {
 export type ReserveOutcome =
   | { kind: "reserved"; execution: ExecutionRecord }
   | { kind: "insufficient-credits"; availableUnits: number }
-  | { kind: "duplicate"; existing: ExecutionRecord };
+  | { kind: "duplicate"; existing: ExecutionRecord }
+  // The key was revoked since the caller's credential was checked (e.g. a token minted from it).
+  | { kind: "key-revoked" };
 
 const UNIQUE_VIOLATION = "23505";
 
@@ -82,6 +85,8 @@ function isUniqueViolation(error: unknown): boolean {
   return false;
 }
 
+class KeyRevoked extends Error {}
+
 class InsufficientCredits extends Error {
   constructor(readonly availableUnits: number) {
     super("insufficient credits");
@@ -92,6 +97,8 @@ export async function reserve(db: Database, r: Reservation): Promise<ReserveOutc
   if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
   try {
     const execution = await db.transaction(async (tx) => {
+      const [key] = await tx.select({ revokedAt: apiKeys.revokedAt }).from(apiKeys).where(eq(apiKeys.id, r.keyId));
+      if (!key || key.revokedAt !== null) throw new KeyRevoked();
       // The record first: a duplicate Idempotency-Key fails here, before any credit check.
       const [row] = await tx
         .insert(executions)
@@ -126,6 +133,7 @@ export async function reserve(db: Database, r: Reservation): Promise<ReserveOutc
     return { kind: "reserved", execution };
   } catch (error) {
     if (error instanceof InsufficientCredits) return { kind: "insufficient-credits", availableUnits: error.availableUnits };
+    if (error instanceof KeyRevoked) return { kind: "key-revoked" };
     if (r.idempotencyKey !== null && isUniqueViolation(error)) {
       const existing = await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
       if (existing) return { kind: "duplicate", existing };

@@ -96,7 +96,7 @@ export class ExecutionService {
 
     if (idempotencyKey !== null) {
       const existing = await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
-      if (existing) return { record: this.replay(existing, hash), replayed: true };
+      if (existing) return { record: this.replay(principal, existing, hash), replayed: true };
     }
 
     const runtime = this.requireRuntime();
@@ -132,8 +132,9 @@ export class ExecutionService {
     return runtime;
   }
 
-  private replay(existing: ExecutionRecord, hash: string): ExecutionRecord {
-    if (existing.requestHash !== hash) {
+  private replay(principal: Principal, existing: ExecutionRecord, hash: string): ExecutionRecord {
+    // A token only ever sees its own executions, even through another caller's Idempotency-Key.
+    if (existing.requestHash !== hash || existing.tokenId !== (principal.token?.id ?? null)) {
       throw new ProblemError("idempotency-key-reused", "this Idempotency-Key was first used with a different request");
     }
     if (existing.status === "running") {
@@ -173,7 +174,8 @@ export class ExecutionService {
         span.end();
       }
     });
-    if (reservation.kind === "duplicate") return { record: this.replay(reservation.existing, hash), replayed: true };
+    if (reservation.kind === "duplicate") return { record: this.replay(principal, reservation.existing, hash), replayed: true };
+    if (reservation.kind === "key-revoked") throw new ProblemError("credentials-revoked", "the API key behind this credential has been revoked");
     if (reservation.kind === "insufficient-credits") {
       throw new ProblemError("insufficient-credits", `this execution needs up to ${reservedUnits} ${this.deps.pricing.unitName}s`, {
         extensions: { required_units: reservedUnits, available_units: reservation.availableUnits },

@@ -305,6 +305,30 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - 2 * CHARGED });
   });
 
+  it("tokens see only their own executions and cannot replay another caller's Idempotency-Key", async () => {
+    const { key } = await gw.issue({ credits: 100 });
+    const mint = async () => ((await (await gw.call("POST", "/v1/tokens", { credential: key, body: {} })).json()) as { token: string }).token;
+    const [alice, bob] = [await mint(), await mint()];
+    const byKey = (await (await execute(key, PROGRAM, { "idempotency-key": "shared" })).json()) as ExecutionBody;
+    const byAlice = (await (await execute(alice)).json()) as ExecutionBody;
+    expect((await gw.call("GET", `/v1/executions/${byAlice.id}`, { credential: alice })).status).toBe(200);
+    expect((await gw.call("GET", `/v1/executions/${byAlice.id}`, { credential: key })).status).toBe(200);
+    await expectProblem(await gw.call("GET", `/v1/executions/${byAlice.id}`, { credential: bob }), 404, "not-found");
+    await expectProblem(await gw.call("GET", `/v1/executions/${byKey.id}`, { credential: bob }), 404, "not-found");
+    await expectProblem(await execute(bob, PROGRAM, { "idempotency-key": "shared" }), 422, "idempotency-key-reused");
+  });
+
+  it("revoking a key stops the tokens minted from it at their next execution", async () => {
+    const admin = await gw.issue({ scopes: ["admin"] });
+    const { key, keyId, accountId } = await gw.issue({ credits: 100 });
+    const { token } = (await (await gw.call("POST", "/v1/tokens", { credential: key, body: {} })).json()) as { token: string };
+    expect((await execute(token)).status).toBe(200);
+    expect((await gw.call("DELETE", `/v1/keys/${keyId}`, { credential: admin.key })).status).toBe(200);
+    await expectProblem(await execute(token), 401, "credentials-revoked");
+    expect(runtime.requests).toHaveLength(1);
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+  });
+
   it("traces the request: server span with FaaS attributes; auth, billing, queue, fork and exec children", async () => {
     const { key } = await gw.issue({ credits: 100 });
     const response = await execute(key, PROGRAM, { "x-request-id": "req-123" });

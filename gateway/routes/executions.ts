@@ -61,7 +61,12 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
   app.openapi(getExecution, async (c) => {
     const principal = c.get("principal");
     const record = await findExecution(ctx.db, c.req.valid("param").id);
-    if (record === undefined || (record.keyId !== principal.keyId && !hasScope(principal, "admin"))) {
+    const visible =
+      record !== undefined &&
+      (hasScope(principal, "admin") ||
+        // A token (handed to an untrusted client) sees only what it ran; the key sees all its executions.
+        (record.keyId === principal.keyId && (principal.token === null || record.tokenId === principal.token.id)));
+    if (!visible) {
       throw new ProblemError("not-found", "no such execution for this key");
     }
     return c.json(executionJson(record, unit), 200);

@@ -7,8 +7,9 @@
 //!   (socket calls fail with EACCES, as under a seccomp or firewall policy), no other process
 //!   or thread (clone/fork/vfork/execve and friends: ENOSYS, so glibc's clone3 → clone
 //!   fallback ends in a clean error such as Python's "can't start new thread"), no children to
-//!   wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an unprivileged user), and a few interfaces glibc probes and
-//!   tolerates missing (rseq, epoll: Python's selectors fall back to poll).
+//!   wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an unprivileged
+//!   user), and a few interfaces glibc probes and tolerates missing (rseq, epoll: Python's
+//!   selectors fall back to poll).
 //! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
 //!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
 //!   leave the program running on a false premise. rt_sigreturn is only reached at the end of a

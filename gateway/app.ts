@@ -143,6 +143,7 @@ function toProblem(error: unknown): ProblemError {
   if (error instanceof HTTPException) {
     if (error.status === 400) return new ProblemError("malformed-request", error.message);
     if (error.status === 413) return new ProblemError("payload-too-large", error.message);
+    if (error.status === 415) return new ProblemError("unsupported-media-type", "send the body with Content-Type: application/json");
   }
   return new ProblemError("internal-error", "the gateway failed to handle this request");
 }

@@ -55,7 +55,7 @@ describe.each(BACKENDS)("problem responses on %s", (backend) => {
     await expectProblem(chunked, 413, "payload-too-large");
   });
 
-  it("422 validation-failed with the failing fields; 400 malformed-request for broken JSON", async () => {
+  it("422 validation-failed with the failing fields; 400 malformed-request for broken JSON; 415 for other media types", async () => {
     const { key } = await gw.issue();
     const problem = await expectProblem(
       await gw.call("POST", "/v1/executions", { credential: key, body: { template: "Py thon", code: 1, timeout_ms: 10_000_000, extra: true } }),
@@ -75,6 +75,13 @@ describe.each(BACKENDS)("problem responses on %s", (backend) => {
       await gw.call("POST", "/v1/executions", { credential: key, rawBody: "{not json", headers: { "content-type": "application/json" } }),
       400,
       "malformed-request",
+    );
+    const valid = JSON.stringify({ template: "python", code: "print(1)" });
+    await expectProblem(await gw.call("POST", "/v1/executions", { credential: key, rawBody: valid }), 415, "unsupported-media-type");
+    await expectProblem(
+      await gw.call("POST", "/v1/executions", { credential: key, rawBody: valid, headers: { "content-type": "text/plain" } }),
+      415,
+      "unsupported-media-type",
     );
   });
 

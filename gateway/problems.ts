@@ -22,6 +22,7 @@ export const PROBLEMS = {
   "not-found": { status: 404, title: "Not found", retryable: false },
   "idempotency-conflict": { status: 409, title: "A request with this Idempotency-Key is still in progress", retryable: true },
   "payload-too-large": { status: 413, title: "The request body is larger than this key allows", retryable: false },
+  "unsupported-media-type": { status: 415, title: "The request body must be application/json", retryable: false },
   "validation-failed": { status: 422, title: "The request does not match the schema", retryable: false },
   "unknown-template": { status: 422, title: "No such template", retryable: false },
   "idempotency-key-reused": { status: 422, title: "This Idempotency-Key was used with a different request", retryable: false },

@@ -32,7 +32,7 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     },
     responses: {
       200: { description: "The execution ended (see status and exit_code)", content: { "application/json": { schema: ExecutionSchema } } },
-      ...problemResponses(400, 401, 402, 403, 409, 413, 422, 429, 502, 503),
+      ...problemResponses(400, 401, 402, 403, 409, 413, 415, 422, 429, 502, 503),
     },
   });
   app.openapi(execute, async (c) => {

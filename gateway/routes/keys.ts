@@ -20,7 +20,7 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     request: { body: { required: true, content: { "application/json": { schema: CreateKeyRequestSchema } } } },
     responses: {
       201: { description: "The new key, with its secret", content: { "application/json": { schema: CreatedKeySchema } } },
-      ...problemResponses(400, 401, 403, 404, 413, 422, 429),
+      ...problemResponses(400, 401, 403, 404, 413, 415, 422, 429),
     },
   });
   app.openapi(createKey, async (c) => {
@@ -87,7 +87,7 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     request: { params: IdParamSchema, body: { required: true, content: { "application/json": { schema: CreditGrantSchema } } } },
     responses: {
       200: { description: "The account's balance after the grant", content: { "application/json": { schema: BalanceSchema } } },
-      ...problemResponses(400, 401, 403, 404, 413, 422, 429),
+      ...problemResponses(400, 401, 403, 404, 413, 415, 422, 429),
     },
   });
   app.openapi(grantRoute, async (c) => {

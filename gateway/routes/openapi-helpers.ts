@@ -11,6 +11,7 @@ const PROBLEM_DESCRIPTIONS: Record<number, string> = {
   404: "Not found (problems/not-found)",
   409: "The first request with this Idempotency-Key is still running (problems/idempotency-conflict)",
   413: "Body larger than the key allows (problems/payload-too-large)",
+  415: "Body not sent as application/json (problems/unsupported-media-type)",
   422: "Validation failed (problems/validation-failed, unknown-template, idempotency-key-reused)",
   429: "Rate or concurrency limit, see Retry-After (problems/rate-limited, concurrency-limit)",
   502: "The runtime failed during the execution; nothing was charged (problems/runtime-failed)",

@@ -19,7 +19,7 @@ export function registerTokenRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     request: { body: { required: true, content: { "application/json": { schema: TokenRequestSchema } } } },
     responses: {
       201: { description: "The token", content: { "application/json": { schema: TokenSchema } } },
-      ...problemResponses(400, 401, 403, 413, 422, 429),
+      ...problemResponses(400, 401, 403, 413, 415, 422, 429),
     },
   });
   app.openapi(mintRoute, async (c) => {

@@ -1,7 +1,8 @@
 // Child process of the load runner: the gateway (in-memory PGlite, or DATABASE_URL) and a plain
 // Hono "hello" app on loopback ports, plus a funded key with high limits. Prints one JSON line
 // {gatewayUrl, helloUrl, key} when ready and serves until killed.
-import { type AddressInfo } from "node:net";
+import { generateKeyPairSync } from "node:crypto";
+import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
 import { Hono } from "hono";
 import { openDatabase } from "../db/client.js";
@@ -10,7 +11,6 @@ import { loadSigningKey, TokenService } from "../gateway/auth/tokens.js";
 import { loadConfig } from "../gateway/config.js";
 import { issueKey } from "../gateway/key-service.js";
 import { createTelemetry } from "../gateway/telemetry.js";
-import { generateKeyPairSync } from "node:crypto";
 
 const config = loadConfig();
 const open =
@@ -23,7 +23,8 @@ const { key } = await issueKey(open.db, {
   credits: 1_000_000_000,
   limits: { rateLimitPerMinute: 100_000_000, maxConcurrency: 10_000, maxBodyBytes: 1024 * 1024 },
 });
-const signingKey = config.tokenSigningKeyPem !== undefined ? loadSigningKey(config.tokenSigningKeyPem, config.dataDir) : generateKeyPairSync("ed25519").privateKey;
+const signingKey =
+  config.tokenSigningKeyPem !== undefined ? loadSigningKey(config.tokenSigningKeyPem, config.dataDir) : generateKeyPairSync("ed25519").privateKey;
 const { app } = createGateway({
   db: open.db,
   config,

@@ -46,6 +46,36 @@ export interface ExecutionTimings {
   execMs: number;
 }
 
+/** The CPU exception that ended a `crashed` program. */
+export interface ExecutionFault {
+  /** The x86 exception vector (14 = page fault, 6 = invalid opcode, ...). */
+  vector: number;
+  name: string;
+  /** Guest address of the faulting instruction. */
+  rip: number;
+  /** The address that faulted, for a page fault; else null. */
+  address: number | null;
+}
+
+/** The limits the execution actually ran under (requests are clamped to the runtime's maxima). */
+export interface AppliedLimits {
+  timeoutMs: number;
+  memoryMib: number;
+  outputBytes: number;
+}
+
+/** What the execution consumed, as the runtime measured it. */
+export interface ExecutionUsage {
+  wallMs: number;
+  cpuMs: number;
+  peakMemoryBytes: number;
+  /** Guest pages copied on first write (the copy-on-write cost of a forked VM). */
+  pagesCopied: number;
+  syscalls: number;
+  /** VM exits (each system call and exception is one). */
+  exits: number;
+}
+
 export interface ExecutionResult {
   outcome: ExecutionOutcome;
   /** Null when the program did not exit by itself (timeout, memory limit). */
@@ -55,6 +85,10 @@ export interface ExecutionResult {
   /** True when stdout or stderr was cut at the runtime's output limit. */
   truncated: boolean;
   timings: ExecutionTimings;
+  /** Set for `crashed`, null otherwise; absent when the runtime does not report it. */
+  fault?: ExecutionFault | null;
+  limits?: AppliedLimits;
+  usage?: ExecutionUsage;
 }
 
 export interface Template {
@@ -66,11 +100,21 @@ export interface Template {
   ready: boolean;
 }
 
+/** Whether the runtime can run executions now. */
+export interface RuntimeHealth {
+  ok: boolean;
+  /** A short human-readable account (e.g. "kvm: unavailable: /dev/kvm: No such file or directory"). */
+  detail: string;
+}
+
 export interface ExecutionRuntime {
   /**
    * Runs one request to its end. `signal` aborts when the client goes away or the gateway shuts
    * down; the runtime then stops the VM and rejects with an AbortError.
    */
   execute(request: ExecutionRequest, signal: AbortSignal): Promise<ExecutionResult>;
+  /** Asked on every execution (to validate the template): implementations answer from a cache. */
   templates(): Promise<Template[]>;
+  /** Asks the runtime whether executions can run; absent when the runtime cannot tell. */
+  health?(signal?: AbortSignal): Promise<RuntimeHealth>;
 }

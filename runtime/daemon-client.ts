@@ -1,0 +1,374 @@
+// The client of `sandfork-vmm serve` (native-vmm/PROTOCOL.md) and the gateway's ExecutionRuntime.
+//
+// A pool of N connections; each request goes to the connection with the fewest requests in
+// flight, up to a per-connection bound. Beyond that, requests wait in a bounded FIFO queue; beyond
+// the queue's bound they are refused at once with RuntimeQueueFullError (retryable) rather than
+// buffered without limit. Every request has a deadline and may be aborted. A lost connection
+// fails its requests in flight with RuntimeConnectionLostError (retryable) and is reopened with
+// backoff; with no connection open, requests fail at once with RuntimeUnavailableError.
+import { DaemonConnection } from "./daemon-connection.js";
+import { RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
+import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, RuntimeHealth, Template } from "./execution-runtime.js";
+import type { FrameObject } from "./frames.js";
+import {
+  type DaemonHealth,
+  type DaemonStats,
+  executeFrame,
+  parseExecution,
+  parseHealth,
+  parseStats,
+  parseTemplates,
+  type RequestType,
+} from "./protocol.js";
+
+export interface DaemonClientOptions {
+  socketPath: string;
+  /** Connections in the pool. */
+  connections?: number;
+  /** Requests in flight on one connection before new ones queue. */
+  maxInFlightPerConnection?: number;
+  /** Requests waiting for a connection before new ones are refused. */
+  maxQueued?: number;
+  /** Deadline of list_templates, health and stats requests. */
+  requestTimeoutMs?: number;
+  /** An execute request's deadline is its own timeout plus this. */
+  executeGraceMs?: number;
+  connectTimeoutMs?: number;
+  /** Reconnect backoff: first delay, doubled per failure up to the maximum. */
+  reconnectMinMs?: number;
+  reconnectMaxMs?: number;
+  log?: (line: string) => void;
+}
+
+export interface RequestOptions {
+  signal?: AbortSignal | undefined;
+  timeoutMs?: number | undefined;
+}
+
+export interface DaemonClientStatus {
+  connected: number;
+  inFlight: number;
+  queued: number;
+  /** Requests sent on each pool slot since the client started (across reconnects). */
+  sentPerConnection: number[];
+}
+
+interface Slot {
+  connection: DaemonConnection | null;
+  connecting: boolean;
+  retryTimer: NodeJS.Timeout | undefined;
+  backoffMs: number;
+  sent: number;
+}
+
+/** One request from submission to answer. */
+interface Job {
+  type: RequestType;
+  fields: FrameObject;
+  resolve(frame: FrameObject): void;
+  reject(error: Error): void;
+  /** Set once sent: where, so that a caller giving up can abandon it there. */
+  sentOn?: { connection: DaemonConnection; id: number };
+}
+
+const DEFAULTS = {
+  connections: 4,
+  maxInFlightPerConnection: 32,
+  maxQueued: 256,
+  requestTimeoutMs: 5_000,
+  executeGraceMs: 5_000,
+  connectTimeoutMs: 2_000,
+  reconnectMinMs: 50,
+  reconnectMaxMs: 2_000,
+};
+
+function abortReason(signal: AbortSignal): Error {
+  return signal.reason instanceof Error ? signal.reason : new DOMException("the request was aborted", "AbortError");
+}
+
+export class DaemonClient implements ExecutionRuntime {
+  readonly socketPath: string;
+  private readonly options: typeof DEFAULTS;
+  private readonly log: (line: string) => void;
+  private readonly slots: Slot[];
+  private readonly queue: Job[] = [];
+  private readonly connectedWaiters = new Set<() => void>();
+  /** Where the least-loaded search starts, rotated so that ties spread over the pool. */
+  private cursor = 0;
+  private closed = false;
+  private server: string | undefined;
+
+  constructor(options: DaemonClientOptions) {
+    this.socketPath = options.socketPath;
+    const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
+    this.options = { ...DEFAULTS, ...given } as typeof DEFAULTS;
+    for (const [name, value] of Object.entries(this.options)) {
+      if (!Number.isSafeInteger(value) || value < (name === "maxQueued" ? 0 : 1)) throw new RangeError(`DaemonClient: ${name} must be a positive integer`);
+    }
+    this.log = options.log ?? (() => {});
+    this.slots = Array.from({ length: this.options.connections }, () => ({
+      connection: null,
+      connecting: false,
+      retryTimer: undefined,
+      backoffMs: this.options.reconnectMinMs,
+      sent: 0,
+    }));
+  }
+
+  /**
+   * Opens the pool's connections. Resolves once at least one is up; rejects with
+   * RuntimeUnavailableError when none can be opened (the client keeps retrying in the background).
+   */
+  async connect(): Promise<void> {
+    const attempts = this.slots.map((slot) => this.openSlot(slot));
+    const results = await Promise.allSettled(attempts);
+    if (this.connectedCount() === 0) {
+      const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
+      throw failure?.reason instanceof Error ? failure.reason : new RuntimeUnavailableError(`cannot connect to sandfork-vmm at ${this.socketPath}`);
+    }
+  }
+
+  /** Resolves when at least one connection is up; rejects with RuntimeUnavailableError after `timeoutMs`. */
+  waitUntilConnected(timeoutMs: number): Promise<void> {
+    if (this.connectedCount() > 0) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.connectedWaiters.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(() => {
+        this.connectedWaiters.delete(done);
+        reject(new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.socketPath} after ${timeoutMs} ms`));
+      }, timeoutMs);
+      this.connectedWaiters.add(done);
+    });
+  }
+
+  /** Reopens every closed connection now, skipping the backoff (e.g. after the daemon restarted). */
+  reconnectNow(): void {
+    for (const slot of this.slots) {
+      if (slot.connection !== null || slot.connecting) continue;
+      clearTimeout(slot.retryTimer);
+      slot.backoffMs = this.options.reconnectMinMs;
+      this.openSlot(slot).catch(() => {});
+    }
+  }
+
+  /** Closes every connection; requests in flight and queued fail, later ones are refused. */
+  close(): void {
+    this.closed = true;
+    for (const slot of this.slots) {
+      clearTimeout(slot.retryTimer);
+      slot.connection?.close("the client is closing");
+    }
+    this.failQueued(() => new RuntimeUnavailableError("the sandfork-vmm client is closed"));
+  }
+
+  status(): DaemonClientStatus {
+    return {
+      connected: this.connectedCount(),
+      inFlight: this.slots.reduce((n, s) => n + (s.connection?.pending ?? 0), 0),
+      queued: this.queue.length,
+      sentPerConnection: this.slots.map((s) => s.sent),
+    };
+  }
+
+  /** The daemon's name and version, from the last handshake. */
+  get serverVersion(): string | undefined {
+    return this.server;
+  }
+
+  // ExecutionRuntime
+
+  async execute(request: ExecutionRequest, signal: AbortSignal): Promise<ExecutionResult> {
+    const frame = await this.request("execute", executeFrame(request), {
+      signal,
+      timeoutMs: request.timeoutMs + this.options.executeGraceMs,
+    });
+    return parseExecution(frame);
+  }
+
+  async templates(options: RequestOptions = {}): Promise<Template[]> {
+    return parseTemplates(await this.request("list_templates", {}, options));
+  }
+
+  async health(signal?: AbortSignal): Promise<RuntimeHealth> {
+    const health = await this.daemonHealth({ signal });
+    return { ok: health.ok, detail: `sandfork-vmm: kvm ${health.kvm}; ${health.templates} template(s)` };
+  }
+
+  // The rest of protocol v1
+
+  async daemonHealth(options: RequestOptions = {}): Promise<DaemonHealth> {
+    return parseHealth(await this.request("health", {}, options));
+  }
+
+  async stats(options: RequestOptions = {}): Promise<DaemonStats> {
+    return parseStats(await this.request("stats", {}, options));
+  }
+
+  /**
+   * Sends one request of `type` with `fields` (everything but `id` and `type`) and resolves with
+   * the daemon's response frame; an error frame rejects with its typed error (see errors.ts).
+   */
+  request(type: RequestType, fields: FrameObject, options: RequestOptions = {}): Promise<FrameObject> {
+    const { signal } = options;
+    const timeoutMs = options.timeoutMs ?? this.options.requestTimeoutMs;
+    return new Promise<FrameObject>((resolve, reject) => {
+      if (signal?.aborted) return reject(abortReason(signal));
+      if (this.closed) return reject(new RuntimeUnavailableError("the sandfork-vmm client is closed"));
+      if (this.connectedCount() === 0) {
+        return reject(new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.socketPath}`));
+      }
+
+      let finished = false;
+      const finish = () => {
+        finished = true;
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+      };
+      const giveUp = (error: Error) => {
+        if (finished) return;
+        finish();
+        if (job.sentOn !== undefined) {
+          job.sentOn.connection.abandon(job.sentOn.id);
+        } else {
+          const at = this.queue.indexOf(job);
+          if (at >= 0) this.queue.splice(at, 1);
+        }
+        reject(error);
+      };
+      const onAbort = () => giveUp(abortReason(signal as AbortSignal));
+      const timer = setTimeout(() => giveUp(new RuntimeTimeoutError(`sandfork-vmm did not answer the ${type} request within ${timeoutMs} ms`)), timeoutMs);
+      signal?.addEventListener("abort", onAbort, { once: true });
+
+      const job: Job = {
+        type,
+        fields,
+        resolve: (frame) => {
+          if (finished) return;
+          finish();
+          resolve(frame);
+        },
+        reject: (error) => {
+          if (finished) return;
+          finish();
+          reject(error);
+        },
+      };
+
+      if (this.trySend(job)) return;
+      if (this.queue.length >= this.options.maxQueued) {
+        job.reject(
+          new RuntimeQueueFullError(
+            `sandfork-vmm client: ${this.options.maxQueued} request(s) already wait for one of ${this.slots.length} connection(s); retry shortly`,
+          ),
+        );
+        return;
+      }
+      this.queue.push(job);
+    });
+  }
+
+  private connectedCount(): number {
+    return this.slots.reduce((n, s) => n + (s.connection !== null ? 1 : 0), 0);
+  }
+
+  /** Sends `job` on the least-loaded connection with room; false when none has room. */
+  private trySend(job: Job): boolean {
+    const slot = this.leastLoaded();
+    if (slot === undefined) return false;
+    const connection = slot.connection as DaemonConnection;
+    try {
+      const id = connection.send(job.type, job.fields, {
+        resolve: (frame) => {
+          job.resolve(frame);
+          this.drainQueue();
+        },
+        reject: (error) => {
+          job.reject(error);
+          this.drainQueue();
+        },
+      });
+      job.sentOn = { connection, id };
+      slot.sent += 1;
+    } catch (error) {
+      job.reject(error as Error);
+    }
+    return true;
+  }
+
+  private leastLoaded(): Slot | undefined {
+    let best: Slot | undefined;
+    const n = this.slots.length;
+    for (let k = 0; k < n; k++) {
+      const slot = this.slots[(this.cursor + k) % n] as Slot;
+      const pending = slot.connection?.pending;
+      if (pending === undefined || pending >= this.options.maxInFlightPerConnection) continue;
+      if (best === undefined || pending < (best.connection as DaemonConnection).pending) best = slot;
+    }
+    this.cursor = (this.cursor + 1) % n;
+    return best;
+  }
+
+  private drainQueue(): void {
+    while (this.queue.length > 0) {
+      const job = this.queue[0] as Job;
+      if (!this.trySend(job)) return;
+      this.queue.shift();
+    }
+  }
+
+  private failQueued(error: () => Error): void {
+    for (const job of this.queue.splice(0)) job.reject(error());
+  }
+
+  private async openSlot(slot: Slot): Promise<void> {
+    slot.connecting = true;
+    slot.retryTimer = undefined;
+    let connection: DaemonConnection;
+    try {
+      connection = await DaemonConnection.open(this.socketPath, this.options.connectTimeoutMs);
+    } catch (error) {
+      slot.connecting = false;
+      this.scheduleReopen(slot);
+      throw error;
+    }
+    slot.connecting = false;
+    if (this.closed) {
+      connection.close("the client is closing");
+      return;
+    }
+    const wasDisconnected = this.connectedCount() === 0;
+    slot.connection = connection;
+    slot.backoffMs = this.options.reconnectMinMs;
+    this.server = connection.server;
+    connection.onClose = (reason) => this.lost(slot, reason);
+    if (wasDisconnected) {
+      this.log(`connected to ${connection.server} at ${this.socketPath}`);
+      for (const notify of [...this.connectedWaiters]) notify();
+    }
+    this.drainQueue();
+  }
+
+  private lost(slot: Slot, reason: string): void {
+    slot.connection = null;
+    if (this.closed) return;
+    if (this.connectedCount() === 0) {
+      this.log(`lost every connection to sandfork-vmm (${reason}); reconnecting`);
+      this.failQueued(() => new RuntimeUnavailableError(`lost the connection to sandfork-vmm before the request was sent (${reason}); retry`));
+    }
+    this.scheduleReopen(slot);
+  }
+
+  private scheduleReopen(slot: Slot): void {
+    if (this.closed || slot.retryTimer !== undefined) return;
+    const delay = slot.backoffMs;
+    slot.backoffMs = Math.min(slot.backoffMs * 2, this.options.reconnectMaxMs);
+    slot.retryTimer = setTimeout(() => {
+      this.openSlot(slot).catch(() => {});
+    }, delay);
+    slot.retryTimer.unref();
+  }
+}

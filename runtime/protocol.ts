@@ -1,0 +1,191 @@
+// Messages of the daemon protocol v1 (native-vmm/PROTOCOL.md): building requests, checking
+// responses, and turning them into the ExecutionRuntime's types and errors. No I/O here.
+import { z } from "zod";
+import {
+  type DaemonErrorCode,
+  type RuntimeError,
+  RuntimeBusyError,
+  RuntimeInternalError,
+  RuntimeProtocolError,
+  RuntimeRequestError,
+  RuntimeUnavailableError,
+} from "./errors.js";
+import type { ExecutionOutcome, ExecutionRequest, ExecutionResult, Template } from "./execution-runtime.js";
+import type { FrameObject } from "./frames.js";
+
+export const PROTOCOL_VERSION = 1;
+/** argv[0] of the program: the name the code runs under (Python's sys.argv[0]). */
+export const SCRIPT_NAME = "main.py";
+
+export type RequestType = "list_templates" | "execute" | "health" | "stats";
+
+/** The response `type` each request type is answered with (besides `error`). */
+export const RESPONSE_TYPE: Record<RequestType, string> = {
+  list_templates: "templates",
+  execute: "execution",
+  health: "health",
+  stats: "stats",
+};
+
+export function helloFrame(): FrameObject {
+  return { type: "hello", protocol: PROTOCOL_VERSION };
+}
+
+const micros = z.number().int().min(0);
+const integer = z.number().int().min(0);
+
+const HelloSchema = z.object({ type: z.literal("hello"), protocol: z.number().int(), server: z.string() });
+
+const TemplatesSchema = z.object({
+  templates: z.array(z.object({ name: z.string(), content_hash: z.string(), language: z.string(), ready: z.boolean() })),
+});
+
+const HealthSchema = z.object({ ok: z.boolean(), kvm: z.string(), templates: integer });
+
+const StatsSchema = z.object({
+  executions: integer,
+  in_flight: integer,
+  pools: z.array(z.object({ template: z.string(), ready: integer, target: integer, forks: integer })),
+});
+
+const ExecutionSchema = z.object({
+  status: z.enum(["ok", "error", "timeout", "out_of_memory", "output_limit", "crashed", "unsupported"]),
+  exit_code: z.number().int().nullable(),
+  stdout: z.string(),
+  stderr: z.string(),
+  truncated: z.boolean(),
+  fault: z.object({ vector: integer, name: z.string(), rip: integer, address: integer.nullable() }).nullable(),
+  limits: z.object({ timeout_ms: integer, memory_mib: integer, output_bytes: integer }),
+  timings: z.object({ queue_us: micros, fork_us: micros, exec_us: micros, total_us: micros }),
+  usage: z.object({
+    wall_us: micros,
+    cpu_us: micros,
+    peak_memory_bytes: integer,
+    pages_copied: integer,
+    syscalls: integer,
+    exits: integer,
+  }),
+});
+
+const ErrorSchema = z.object({ code: z.string(), message: z.string(), retryable: z.boolean() });
+
+function parse<T>(schema: z.ZodType<T>, frame: FrameObject, what: string): T {
+  const result = schema.safeParse(frame);
+  if (!result.success) {
+    const issue = result.error.issues[0];
+    const where = issue === undefined ? "" : ` (${issue.path.join(".") || "frame"}: ${issue.message})`;
+    throw new RuntimeProtocolError(`the daemon's ${what} frame does not match protocol v1${where}`);
+  }
+  return result.data;
+}
+
+/** The server's hello; throws unless it speaks our protocol version. */
+export function parseHello(frame: FrameObject): { server: string } {
+  if (frame.type === "error") throw errorFromFrame(frame);
+  const hello = parse(HelloSchema, frame, "hello");
+  if (hello.protocol !== PROTOCOL_VERSION) {
+    throw new RuntimeProtocolError(`the daemon answered hello with protocol ${hello.protocol}; this client speaks ${PROTOCOL_VERSION}`);
+  }
+  return { server: hello.server };
+}
+
+export function executeFrame(request: ExecutionRequest): FrameObject {
+  return {
+    type: "execute",
+    template: request.template,
+    code: request.code,
+    stdin: request.stdin,
+    argv: [SCRIPT_NAME, ...request.args],
+    env: request.env,
+    files: request.files.map((f) => ({ path: f.path, content: f.content, encoding: f.encoding })),
+    limits: { timeout_ms: request.timeoutMs, memory_mib: request.memoryMb },
+  };
+}
+
+const OUTCOMES: Record<z.infer<typeof ExecutionSchema>["status"], ExecutionOutcome> = {
+  ok: "completed",
+  error: "completed",
+  timeout: "timed_out",
+  out_of_memory: "memory_exceeded",
+  output_limit: "output_exceeded",
+  crashed: "crashed",
+  unsupported: "unsupported_syscall",
+};
+
+const ms = (us: number): number => us / 1000;
+
+export function parseExecution(frame: FrameObject): ExecutionResult {
+  const e = parse(ExecutionSchema, frame, "execution");
+  return {
+    outcome: OUTCOMES[e.status],
+    exitCode: e.exit_code,
+    stdout: e.stdout,
+    stderr: e.stderr,
+    truncated: e.truncated,
+    timings: { queueMs: ms(e.timings.queue_us), forkMs: ms(e.timings.fork_us), execMs: ms(e.timings.exec_us) },
+    fault: e.fault,
+    limits: { timeoutMs: e.limits.timeout_ms, memoryMib: e.limits.memory_mib, outputBytes: e.limits.output_bytes },
+    usage: {
+      wallMs: ms(e.usage.wall_us),
+      cpuMs: ms(e.usage.cpu_us),
+      peakMemoryBytes: e.usage.peak_memory_bytes,
+      pagesCopied: e.usage.pages_copied,
+      syscalls: e.usage.syscalls,
+      exits: e.usage.exits,
+    },
+  };
+}
+
+export function parseTemplates(frame: FrameObject): Template[] {
+  return parse(TemplatesSchema, frame, "templates").templates.map((t) => ({
+    name: t.name,
+    language: t.language,
+    contentHash: t.content_hash,
+    ready: t.ready,
+  }));
+}
+
+export interface DaemonHealth {
+  /** Executions can run now (KVM usable and at least one template). */
+  ok: boolean;
+  /** "available", or "unavailable: <reason>". */
+  kvm: string;
+  templates: number;
+}
+
+export function parseHealth(frame: FrameObject): DaemonHealth {
+  return parse(HealthSchema, frame, "health");
+}
+
+export interface DaemonStats {
+  executions: number;
+  inFlight: number;
+  pools: { template: string; ready: number; target: number; forks: number }[];
+}
+
+export function parseStats(frame: FrameObject): DaemonStats {
+  const s = parse(StatsSchema, frame, "stats");
+  return { executions: s.executions, inFlight: s.in_flight, pools: s.pools };
+}
+
+/** The typed error for a daemon's error frame (PROTOCOL.md's table decides retryability). */
+export function errorFromFrame(frame: FrameObject): RuntimeError {
+  const e = parse(ErrorSchema, frame, "error");
+  const message = `sandfork-vmm: ${e.message}`;
+  const code = e.code as DaemonErrorCode;
+  switch (code) {
+    case "unavailable":
+      return new RuntimeUnavailableError(message, "unavailable");
+    case "busy":
+      return new RuntimeBusyError(message);
+    case "internal":
+      return new RuntimeInternalError(message);
+    case "bad_frame":
+    case "bad_request":
+    case "unsupported_protocol":
+    case "unknown_template":
+      return new RuntimeRequestError(code, message);
+    default:
+      return new RuntimeProtocolError(`the daemon answered with an error code protocol v1 does not define: ${e.code} (${e.message})`);
+  }
+}

@@ -38,3 +38,6 @@ pub mod devcpu;
 // stubs, register values) and the ioctl layer that runs it as a `GuestCpu`.
 pub mod arch;
 pub mod kvm;
+
+// `sandfork-vmm serve`: the daemon protocol (PROTOCOL.md), its server and the executor boundary.
+pub mod daemon;

@@ -158,3 +158,48 @@ pub fn ioctl_new_fd(fd: c_int, request: c_ulong, arg: c_ulong) -> io::Result<std
     // SAFETY: the kernel just returned new_fd as a fresh descriptor that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(new_fd) })
 }
+
+// Termination signals for the daemon (`serve`): blocked in every thread and taken by one
+// thread with sigwait, so shutdown runs as ordinary code instead of in a signal handler.
+extern "C" {
+    fn sigemptyset(set: *mut SignalSet) -> c_int;
+    fn sigaddset(set: *mut SignalSet, signum: c_int) -> c_int;
+    fn pthread_sigmask(how: c_int, set: *const SignalSet, oldset: *mut SignalSet) -> c_int;
+    fn sigwait(set: *const SignalSet, sig: *mut c_int) -> c_int;
+}
+
+pub const SIGINT: c_int = 2;
+pub const SIGTERM: c_int = 15;
+
+/// glibc's `sigset_t` (1024 bits).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SignalSet([u64; 16]);
+
+/// Blocks `signals` in the calling thread (threads it starts later inherit the mask) and
+/// returns them as a set for `wait_for_signal`.
+pub fn block_signals(signals: &[c_int]) -> io::Result<SignalSet> {
+    const SIG_BLOCK: c_int = 0;
+    let mut set = SignalSet([0; 16]);
+    // SAFETY: set is a valid, exclusively borrowed sigset_t.
+    check(unsafe { sigemptyset(&mut set) })?;
+    for &signum in signals {
+        // SAFETY: as above; an invalid signal number is reported as EINVAL.
+        check(unsafe { sigaddset(&mut set, signum) })?;
+    }
+    // SAFETY: set is initialised; no old mask is requested. Returns an errno value, not -1.
+    match unsafe { pthread_sigmask(SIG_BLOCK, &set, std::ptr::null_mut()) } {
+        0 => Ok(set),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
+/// Waits until one of the (blocked) signals in `set` is pending and takes it; returns its number.
+pub fn wait_for_signal(set: &SignalSet) -> io::Result<c_int> {
+    let mut signum: c_int = 0;
+    // SAFETY: set is an initialised sigset_t and signum a valid int, both outliving the call.
+    match unsafe { sigwait(set, &mut signum) } {
+        0 => Ok(signum),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}

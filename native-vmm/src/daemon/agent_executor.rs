@@ -1,0 +1,155 @@
+//! The production executor: runs each request in a FRESHLY BOOTED VM of its template.
+//!
+//! Boundary for what comes next: the template snapshot (a VM stopped at the agent's ready
+//! point), the copy-on-write fork from it and the warm pool of forks replace `boot_and_run`
+//! below — `execute` will take a ready VM from the template's pool, hand it the request and
+//! collect the result, `Template` will carry the snapshot, `templates()` will report a
+//! template ready once its snapshot exists, and `pools()` the pool counters. Nothing outside
+//! this file changes for that: the server only sees `Executor`.
+//!
+//! Until the in-VM agent (templates/python/agent.py) is in the image, code is handed to the
+//! runtime on its command line (`python3 -c CODE ARGS...`, so `sys.argv[0]` is "-c" and
+//! `argv[0]` of the request is not seen) and requests with `files` are refused: writing them
+//! needs the agent, which receives the whole request inside the VM.
+
+use std::io;
+use std::time::Duration;
+
+use crate::cpu::GuestCpu;
+use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
+use crate::daemon::templates::{Language, Template};
+use crate::kvm::{Kvm, KvmCpu};
+use crate::loader::{LoadError, LoadedProgram};
+use crate::memory::GuestMemory;
+use crate::status::RunStatus;
+use crate::sys;
+use crate::vm::{self, LaunchError, RunOutcome, RunRequest};
+
+/// A vCPU constructor the executor can share between execution threads.
+pub type SharedCpuFactory = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> + Send + Sync;
+
+/// The product vCPU backend.
+pub fn kvm_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    Ok(Box::new(KvmCpu::new(mem, loaded.entry, loaded.stack_pointer)?))
+}
+
+const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+
+/// CPU time of the calling thread (under KVM the guest runs inside this thread's KVM_RUN).
+fn thread_cpu_time() -> Duration {
+    match sys::clock_time(CLOCK_THREAD_CPUTIME_ID) {
+        Ok((secs, nanos)) => Duration::new(secs.max(0) as u64, nanos.clamp(0, 999_999_999) as u32),
+        Err(_) => Duration::ZERO,
+    }
+}
+
+pub struct AgentExecutor {
+    templates: Vec<Template>,
+    make_cpu: Box<SharedCpuFactory>,
+    /// Why VMs cannot be created on this host, when they cannot.
+    unavailable: Option<String>,
+}
+
+impl AgentExecutor {
+    /// The production executor on KVM. /dev/kvm is checked once, here: without it the
+    /// executor still lists its templates and answers every execution `Unavailable`.
+    pub fn with_kvm(templates: Vec<Template>) -> AgentExecutor {
+        let unavailable = Kvm::open().err().map(|e| {
+            let text = e.to_string();
+            text.strip_prefix("sandfork-vmm needs KVM: ").map(str::to_owned).unwrap_or(text)
+        });
+        AgentExecutor::new(templates, Box::new(kvm_cpu), unavailable)
+    }
+
+    /// An executor on any vCPU backend (tests run it on the ptrace development CPU).
+    pub fn new(templates: Vec<Template>, make_cpu: Box<SharedCpuFactory>, unavailable: Option<String>) -> AgentExecutor {
+        AgentExecutor { templates, make_cpu, unavailable }
+    }
+
+    fn template(&self, name: &str) -> Option<&Template> {
+        self.templates.iter().find(|t| t.name == name)
+    }
+
+    /// Boots a VM of `template`, runs the request in it and tears it down.
+    fn boot_and_run(&self, template: &Template, request: &ExecuteRequest) -> Result<RunOutcome, LaunchError> {
+        let run = run_request(template.language, request);
+        vm::launch(template.image.clone(), &run, self.make_cpu.as_ref())
+    }
+}
+
+/// The command line and environment that hand `request` to `language`'s runtime.
+fn run_request(language: Language, request: &ExecuteRequest) -> RunRequest {
+    let args: Vec<String> = match language {
+        Language::Python => ["-c".to_owned(), request.code.clone()].into_iter().chain(request.argv.iter().skip(1).cloned()).collect(),
+    };
+    let mut run = RunRequest::new("python3", &args);
+    // Request variables replace defaults of the same name.
+    run.envp.retain(|entry| !request.env.iter().any(|(name, _)| entry.split_once('=').is_some_and(|(n, _)| n == name)));
+    run.envp.extend(request.env.iter().map(|(name, value)| format!("{name}={value}")));
+    run.stdin = request.stdin.clone();
+    run.mem_bytes = request.limits.memory_bytes();
+    run.timeout = request.limits.timeout();
+    run.output_cap = request.limits.output_bytes;
+    run
+}
+
+/// Sorts a launch failure into the protocol's errors; a program that does not fit the memory
+/// limit is the execution's outcome (`out_of_memory`), not an error.
+fn launch_failure(template: &Template, error: LaunchError) -> Result<Execution, ExecuteError> {
+    match error {
+        LaunchError::Load(LoadError::DoesNotFit { mem_bytes, .. }) => Ok(Execution {
+            status: RunStatus::OutOfMemory { limit_bytes: mem_bytes },
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            vm_setup: Duration::ZERO,
+            run: Duration::ZERO,
+            usage: Usage::default(),
+        }),
+        LaunchError::Load(e @ (LoadError::NulInArgument | LoadError::ArgumentsTooLarge { .. })) => Err(ExecuteError::Rejected(format!("the request cannot be passed to the runtime: {e}"))),
+        other => Err(ExecuteError::Internal(format!("template '{}': {other}", template.name))),
+    }
+}
+
+impl Executor for AgentExecutor {
+    fn execute(&self, request: &ExecuteRequest) -> Result<Execution, ExecuteError> {
+        let template = self.template(&request.template).ok_or_else(|| ExecuteError::UnknownTemplate(request.template.clone()))?;
+        if let Some(reason) = &self.unavailable {
+            return Err(ExecuteError::Unavailable(reason.clone()));
+        }
+        if !request.files.is_empty() {
+            return Err(ExecuteError::Rejected("files need the in-VM agent, which this build's templates do not have yet".into()));
+        }
+        let cpu_before = thread_cpu_time();
+        let outcome = match self.boot_and_run(template, request) {
+            Ok(outcome) => outcome,
+            Err(error) => return launch_failure(template, error),
+        };
+        let cpu = thread_cpu_time().saturating_sub(cpu_before);
+        let stats = &outcome.stats;
+        let usage = Usage {
+            wall_us: (stats.load + stats.wall).as_micros() as u64,
+            cpu_us: cpu.as_micros() as u64,
+            peak_memory_bytes: stats.peak_memory,
+            // A booted VM shares no pages with anything, so it copies none.
+            pages_copied: 0,
+            syscalls: stats.syscalls,
+            exits: stats.exits,
+        };
+        Ok(Execution { status: outcome.status, vm_setup: stats.load, run: stats.wall, usage, stdout: outcome.stdout, stderr: outcome.stderr })
+    }
+
+    fn templates(&self) -> Vec<TemplateInfo> {
+        self.templates
+            .iter()
+            .map(|t| TemplateInfo { name: t.name.clone(), content_hash: t.content_hash.clone(), language: t.language.name().to_owned(), ready: self.unavailable.is_none() })
+            .collect()
+    }
+
+    fn health(&self) -> Health {
+        Health { kvm: self.unavailable.clone().map_or(Ok(()), Err), templates: self.templates.len() }
+    }
+
+    fn pools(&self) -> Vec<PoolStats> {
+        Vec::new()
+    }
+}

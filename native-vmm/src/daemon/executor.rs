@@ -1,0 +1,139 @@
+//! The boundary between the daemon and whatever runs code: the `Executor` trait and the types
+//! that cross it. The server validates requests, clamps limits and counts in-flight work; an
+//! executor only turns one validated request into one finished execution.
+//!
+//! Today's production executor (`AgentExecutor`) boots a fresh VM per request. The template
+//! snapshot, copy-on-write fork and warm pool plug in behind this same trait: `execute` takes
+//! a ready VM from the template's pool instead of booting, `templates` reports a template ready
+//! once its snapshot exists, and `pools` reports the pool counters that `stats` shows.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::status::RunStatus;
+
+/// A file placed in the working directory before the code runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputFile {
+    /// Relative to the working directory; normalised (no `.`, `..` or empty components).
+    pub path: String,
+    pub content: Vec<u8>,
+}
+
+/// The limits one execution runs under, already clamped to the daemon's maxima.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecutionLimits {
+    pub timeout_ms: u64,
+    pub memory_mib: u64,
+    pub output_bytes: u64,
+}
+
+impl ExecutionLimits {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_mib << 20
+    }
+}
+
+/// One validated `execute` request (see `request.rs` for what is checked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecuteRequest {
+    pub template: String,
+    pub code: String,
+    pub stdin: Vec<u8>,
+    /// argv[0] is the script's name (`sys.argv` for Python).
+    pub argv: Vec<String>,
+    /// Extra environment variables, in request order; names are unique.
+    pub env: Vec<(String, String)>,
+    pub files: Vec<InputFile>,
+    pub limits: ExecutionLimits,
+}
+
+/// Counters of one execution, reported as `usage`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub wall_us: u64,
+    /// CPU time of the thread that ran the VM (guest and VMM time under KVM).
+    pub cpu_us: u64,
+    pub peak_memory_bytes: u64,
+    /// Guest pages copied on write (0 for a freshly booted VM, which shares nothing).
+    pub pages_copied: u64,
+    pub syscalls: u64,
+    pub exits: u64,
+}
+
+/// How one execution went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Execution {
+    pub status: RunStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Getting a VM ready for the request (booting it today, forking it later).
+    pub vm_setup: Duration,
+    /// Running the request in the VM.
+    pub run: Duration,
+    pub usage: Usage,
+}
+
+/// Why an execution was not run. A guest's own failure is never one of these: it is a
+/// `RunStatus` in an `Execution`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecuteError {
+    UnknownTemplate(String),
+    /// VMs cannot be created now (no KVM, template not ready); retrying may help.
+    Unavailable(String),
+    /// The request cannot be run as given (e.g. arguments too large for the guest's stack).
+    Rejected(String),
+    /// A host failure or a bug; the request did not run.
+    Internal(String),
+}
+
+impl fmt::Display for ExecuteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecuteError::UnknownTemplate(name) => write!(f, "no template named '{name}'"),
+            ExecuteError::Unavailable(reason) | ExecuteError::Rejected(reason) | ExecuteError::Internal(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// A template as `list_templates` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateInfo {
+    pub name: String,
+    /// Hex SHA-256 identifying the template's file image.
+    pub content_hash: String,
+    pub language: String,
+    /// Executions can run on it now.
+    pub ready: bool,
+}
+
+/// What `health` reports about the executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// `Ok` when VMs can be created, else why not.
+    pub kvm: Result<(), String>,
+    pub templates: usize,
+}
+
+/// One template's warm pool, as `stats` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStats {
+    pub template: String,
+    pub ready: u64,
+    pub target: u64,
+    pub forks: u64,
+}
+
+/// Runs code for the daemon. Called from many threads at once (one per in-flight execution).
+pub trait Executor: Send + Sync {
+    /// Runs `request` to completion within `request.limits`, on the calling thread.
+    fn execute(&self, request: &ExecuteRequest) -> Result<Execution, ExecuteError>;
+    fn templates(&self) -> Vec<TemplateInfo>;
+    fn health(&self) -> Health;
+    /// Warm pools, one per template that has one (none before fork and pool exist).
+    fn pools(&self) -> Vec<PoolStats>;
+}

@@ -1,0 +1,91 @@
+//! `sandfork-vmm serve`: the daemon that runs code for the TypeScript runtime over a Unix
+//! socket, speaking the protocol in ../../PROTOCOL.md.
+//!
+//! - `frame`: the length-prefixed JSON framing and its typed errors.
+//! - `request`: typed, fully validated requests (the validation policy is documented there:
+//!   unknown fields are rejected, limits are clamped).
+//! - `response`: every frame the daemon sends.
+//! - `server`: the listener, connections, the bound on in-flight executions, shutdown.
+//! - `executor`: the `Executor` trait the server calls, and the types crossing it.
+//! - `agent_executor`: the production executor (a fresh KVM VM per request today; snapshot,
+//!   fork and pool plug in behind the same trait) and `templates`: the templates it serves.
+
+pub mod agent_executor;
+mod base64;
+pub mod executor;
+pub mod frame;
+pub mod request;
+pub mod response;
+pub mod server;
+pub mod templates;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread;
+
+use crate::sys;
+use agent_executor::AgentExecutor;
+use executor::{ExecutionLimits, Executor};
+use request::LimitPolicy;
+use server::{Server, ServerConfig};
+
+/// Largest `--max-output-bytes`: stdout and stderr are escaped into one response frame, and
+/// JSON escaping can grow a byte sixfold; 2 MiB keeps every response under the 16 MiB frame.
+pub const MAX_OUTPUT_BYTES_LIMIT: u64 = 2 << 20;
+/// Largest `--max-timeout-ms` (one hour).
+pub const MAX_TIMEOUT_MS_LIMIT: u64 = 3_600_000;
+pub const MAX_CONCURRENCY_LIMIT: u64 = 1024;
+/// Connections served at once (each holds a thread while idle).
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// What a request gets when it does not ask (each clamped to the daemon's maxima).
+pub const DEFAULT_LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 };
+/// Maxima when `serve` is not told otherwise.
+pub const DEFAULT_MAXIMA: ExecutionLimits = ExecutionLimits { timeout_ms: 60_000, memory_mib: 2048, output_bytes: 1 << 20 };
+
+/// Executions in flight by default: two per core (a VM blocked in a system call's host work
+/// leaves its core to another), at least two.
+pub fn default_concurrency() -> usize {
+    thread::available_parallelism().map_or(2, |n| n.get() * 2).max(2)
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub socket: PathBuf,
+    pub templates: PathBuf,
+    pub max_concurrency: usize,
+    pub max_limits: ExecutionLimits,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT: loads the templates, checks KVM (a host without it
+/// still serves, answering `execute` with `unavailable`), binds the socket and serves; on a
+/// signal it stops accepting, lets in-flight executions finish and removes the socket file.
+pub fn serve(options: &ServeOptions) -> Result<(), String> {
+    // Before any thread exists, so that every thread inherits the mask and only the waiter
+    // below ever takes these signals.
+    let signals = sys::block_signals(&[sys::SIGTERM, sys::SIGINT]).map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
+    let templates = templates::load(&options.templates).map_err(|e| e.to_string())?;
+    let executor = AgentExecutor::with_kvm(templates);
+    let health = executor.health();
+    let config = ServerConfig { max_in_flight: options.max_concurrency, max_connections: MAX_CONNECTIONS, limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits) };
+    let server = Server::bind(&options.socket, Arc::new(executor), config).map_err(|e| format!("listening on {}: {e}", options.socket.display()))?;
+
+    let stopper = server.stopper();
+    thread::Builder::new()
+        .name("sandfork-signals".into())
+        .spawn(move || {
+            if let Ok(signum) = sys::wait_for_signal(&signals) {
+                eprintln!("sandfork-vmm serve: signal {signum}, stopping");
+            }
+            stopper.stop();
+        })
+        .map_err(|e| format!("starting the signal thread: {e}"))?;
+
+    let kvm = match &health.kvm {
+        Ok(()) => "available".to_owned(),
+        Err(reason) => format!("unavailable: {reason}"),
+    };
+    eprintln!("sandfork-vmm serve: listening on {} ({} templates, kvm {kvm})", server.path().display(), health.templates);
+    server.run().map_err(|e: io::Error| e.to_string())
+}

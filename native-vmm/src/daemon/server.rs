@@ -1,0 +1,396 @@
+//! The daemon's server: a Unix stream listener, a thread per connection, a thread per
+//! in-flight execution.
+//!
+//! - A connection first completes the handshake, then may send requests at any pace.
+//!   `list_templates`, `health` and `stats` are answered on the connection's own thread;
+//!   each `execute` takes one of `max_in_flight` slots shared by all connections (`busy`
+//!   when none is free) and runs on its own thread, so one connection's requests run
+//!   concurrently and their responses are written as they complete, one whole frame at a
+//!   time under the connection's writer lock.
+//! - A malformed frame gets a `bad_frame` error; when its length was oversized or the stream
+//!   ended inside it, the connection is closed (the next frame boundary is unknown). Nothing a
+//!   client does ends anything but its own connection: a client gone mid-execution only makes
+//!   the response's write fail, and that is ignored. Writes time out (`WRITE_TIMEOUT`) so a
+//!   client that stops reading cannot pin threads forever.
+//! - At most `max_connections` connections are served at once; one more gets a `busy` error
+//!   frame and is closed.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, BufReader, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::daemon::executor::{ExecuteRequest, Executor};
+use crate::daemon::frame::{self, FrameError};
+use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
+use crate::daemon::response::{self, ErrorCode, RequestTimes};
+use crate::json::Value;
+
+/// How long one response write may block on a client that does not read.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Executions running at once, over all connections.
+    pub max_in_flight: usize,
+    /// Connections served at once.
+    pub max_connections: usize,
+    pub limits: LimitPolicy,
+}
+
+/// A counter of things in progress with an upper bound, whose holders are RAII `Slot`s.
+struct Gauge {
+    count: Mutex<usize>,
+    changed: Condvar,
+    max: usize,
+}
+
+impl Gauge {
+    fn new(max: usize) -> Gauge {
+        Gauge { count: Mutex::new(0), changed: Condvar::new(), max }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        // The count stays consistent even if a holder panicked: recover it.
+        self.count.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn try_acquire(self: &Arc<Gauge>) -> Option<Slot> {
+        let mut count = self.lock();
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(Slot(self.clone()))
+    }
+
+    fn current(&self) -> usize {
+        *self.lock()
+    }
+
+    fn wait_until_zero(&self) {
+        let mut count = self.lock();
+        while *count > 0 {
+            count = self.changed.wait(count).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+}
+
+struct Slot(Arc<Gauge>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *self.0.lock() -= 1;
+        self.0.changed.notify_all();
+    }
+}
+
+/// State shared by the listener and every connection.
+struct Shared {
+    executor: Arc<dyn Executor>,
+    config: ServerConfig,
+    in_flight: Arc<Gauge>,
+    connections: Arc<Gauge>,
+    /// Executions that ran to an outcome.
+    executions: AtomicU64,
+    stopping: AtomicBool,
+}
+
+/// The socket file this server created, removed when the server ends (if it is still ours).
+struct SocketFile {
+    path: PathBuf,
+    device: u64,
+    inode: u64,
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if let Ok(meta) = fs::symlink_metadata(&self.path) {
+            if meta.dev() == self.device && meta.ino() == self.inode {
+                let _ = fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// Binds `path`, replacing a stale socket file safely: a path that is not a socket is never
+/// touched, and a socket with a live listener behind it is an error. The new socket is bound
+/// under a temporary name, made owner-only (it runs code on request) and renamed into place,
+/// so `path` never refers to a half-set-up socket.
+fn bind_socket(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists and is not a socket; not replacing it", path.display())));
+        }
+        Ok(_) => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{}: another server is listening there", path.display())));
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let temporary = path.with_file_name(format!(".sandfork-{}.sock", std::process::id()));
+    let _ = fs::remove_file(&temporary);
+    let listener = UnixListener::bind(&temporary).map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", temporary.display())))?;
+    let placed = fs::set_permissions(&temporary, fs::Permissions::from_mode(0o600)).and_then(|()| fs::rename(&temporary, path));
+    if let Err(e) = placed {
+        let _ = fs::remove_file(&temporary);
+        return Err(io::Error::new(e.kind(), format!("placing the socket at {}: {e}", path.display())));
+    }
+    let meta = fs::symlink_metadata(path)?;
+    Ok((listener, SocketFile { path: path.to_owned(), device: meta.dev(), inode: meta.ino() }))
+}
+
+pub struct Server {
+    listener: UnixListener,
+    socket: SocketFile,
+    shared: Arc<Shared>,
+}
+
+/// Stops a running server from another thread.
+#[derive(Clone)]
+pub struct Stopper {
+    shared: Arc<Shared>,
+    path: PathBuf,
+}
+
+impl Stopper {
+    /// Stops accepting connections; `Server::run` then waits for in-flight executions and
+    /// returns.
+    pub fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Wake the blocked accept with a connection of our own.
+        let _ = UnixStream::connect(&self.path);
+    }
+}
+
+impl Server {
+    pub fn bind(path: &Path, executor: Arc<dyn Executor>, config: ServerConfig) -> io::Result<Server> {
+        let (listener, socket) = bind_socket(path)?;
+        let shared = Arc::new(Shared {
+            executor,
+            config,
+            in_flight: Arc::new(Gauge::new(config.max_in_flight)),
+            connections: Arc::new(Gauge::new(config.max_connections)),
+            executions: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+        });
+        Ok(Server { listener, socket, shared })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.socket.path
+    }
+
+    pub fn stopper(&self) -> Stopper {
+        Stopper { shared: self.shared.clone(), path: self.socket.path.clone() }
+    }
+
+    /// Serves until `Stopper::stop`, then waits for in-flight executions to finish (their
+    /// responses are still sent) and removes the socket file.
+    pub fn run(self) -> io::Result<()> {
+        for stream in self.listener.incoming() {
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                break;
+            }
+            let stream = match stream {
+                Ok(stream) => stream,
+                // Out of descriptors or memory: refuse this one, keep serving the rest.
+                Err(e) => {
+                    eprintln!("sandfork-vmm serve: accept: {e}");
+                    thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            let Some(slot) = self.shared.connections.try_acquire() else {
+                let mut stream = stream;
+                let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+                let _ = frame::write_frame(&mut stream, &response::error(None, ErrorCode::Busy, "too many connections"));
+                continue;
+            };
+            let shared = self.shared.clone();
+            let spawned = thread::Builder::new().name("sandfork-conn".into()).spawn(move || {
+                let _slot = slot;
+                Connection::serve(stream, shared);
+            });
+            if let Err(e) = spawned {
+                eprintln!("sandfork-vmm serve: starting a connection thread: {e}");
+            }
+        }
+        self.shared.in_flight.wait_until_zero();
+        Ok(())
+    }
+}
+
+/// The writing half of a connection, shared by the threads that answer its requests.
+#[derive(Clone)]
+struct Writer(Arc<Mutex<UnixStream>>);
+
+impl Writer {
+    /// Sends one frame. A failure means the client is gone or stuck: it is its loss only.
+    fn send(&self, message: &Value) {
+        let mut stream = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = match frame::encode_frame(message) {
+            Ok(bytes) => stream.write_all(&bytes),
+            Err(too_large) => {
+                let id = message.get("id").and_then(Value::as_u64);
+                let error = response::error(id, ErrorCode::Internal, &too_large.to_string());
+                frame::write_frame(&mut *stream, &error)
+            }
+        };
+        if result.is_err() {
+            // Unblock the reader too: the connection is over.
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn send_error(&self, e: &RequestError) {
+        self.send(&response::error(e.id, e.code, &e.message));
+    }
+
+    fn close(&self) {
+        let stream = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+struct Connection {
+    shared: Arc<Shared>,
+    writer: Writer,
+    /// Ids of this connection's executions in flight (ids must be unique among them).
+    ids: Arc<Mutex<HashSet<u64>>>,
+}
+
+/// What to do after a frame error.
+enum AfterError {
+    Continue,
+    Close,
+}
+
+impl Connection {
+    fn serve(stream: UnixStream, shared: Arc<Shared>) {
+        let Ok(write_half) = stream.try_clone() else { return };
+        let _ = write_half.set_write_timeout(Some(WRITE_TIMEOUT));
+        let connection = Connection { shared, writer: Writer(Arc::new(Mutex::new(write_half))), ids: Arc::new(Mutex::new(HashSet::new())) };
+        let mut reader = BufReader::new(stream);
+        if connection.handshake(&mut reader) {
+            connection.requests(&mut reader);
+        }
+    }
+
+    /// Answers a frame error; says whether the connection can go on.
+    fn frame_error(&self, error: FrameError) -> AfterError {
+        match error {
+            FrameError::Closed | FrameError::Io(_) => AfterError::Close,
+            e => {
+                self.writer.send(&response::error(None, ErrorCode::BadFrame, &e.to_string()));
+                if e.loses_framing() {
+                    self.writer.close();
+                    AfterError::Close
+                } else {
+                    AfterError::Continue
+                }
+            }
+        }
+    }
+
+    /// Reads frames until a valid hello; false when the connection ended instead.
+    fn handshake(&self, reader: &mut BufReader<UnixStream>) -> bool {
+        loop {
+            match frame::read_frame(reader) {
+                Ok(message) => match request::parse_hello(&message) {
+                    Ok(_) => {
+                        self.writer.send(&response::hello());
+                        return true;
+                    }
+                    Err(e) => {
+                        self.writer.send_error(&e);
+                        if e.code == ErrorCode::UnsupportedProtocol {
+                            self.writer.close();
+                            return false;
+                        }
+                    }
+                },
+                Err(e) => {
+                    if let AfterError::Close = self.frame_error(e) {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    fn requests(&self, reader: &mut BufReader<UnixStream>) {
+        loop {
+            let message = match frame::read_frame(reader) {
+                Ok(message) => message,
+                Err(e) => match self.frame_error(e) {
+                    AfterError::Continue => continue,
+                    AfterError::Close => return,
+                },
+            };
+            let received = Instant::now();
+            match request::parse_request(&message, &self.shared.config.limits) {
+                Ok((id, Request::ListTemplates)) => self.writer.send(&response::templates(id, &self.shared.executor.templates())),
+                Ok((id, Request::Health)) => self.writer.send(&response::health(id, &self.shared.executor.health())),
+                Ok((id, Request::Stats)) => {
+                    let executions = self.shared.executions.load(Ordering::Relaxed);
+                    let in_flight = self.shared.in_flight.current() as u64;
+                    self.writer.send(&response::stats(id, executions, in_flight, &self.shared.executor.pools()));
+                }
+                Ok((id, Request::Execute(execute))) => self.start_execution(id, execute, received),
+                Err(e) => self.writer.send_error(&e),
+            }
+        }
+    }
+
+    /// Runs an execution on its own thread, or answers why it cannot start.
+    fn start_execution(&self, id: u64, request: ExecuteRequest, received: Instant) {
+        let fail = |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
+        let Some(slot) = self.shared.in_flight.try_acquire() else {
+            let max = self.shared.config.max_in_flight;
+            return fail(ErrorCode::Busy, &format!("the daemon is running its maximum of {max} executions"));
+        };
+        if !lock_ids(&self.ids).insert(id) {
+            return fail(ErrorCode::BadRequest, &format!("id {id} is already in flight on this connection"));
+        }
+        let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
+        let spawned = thread::Builder::new().name("sandfork-exec".into()).spawn(move || {
+            let response = run_execution(&shared, id, &request, received, slot);
+            lock_ids(&ids).remove(&id);
+            writer.send(&response);
+        });
+        if let Err(e) = spawned {
+            lock_ids(&self.ids).remove(&id);
+            fail(ErrorCode::Internal, &format!("starting an execution thread: {e}"));
+        }
+    }
+}
+
+fn lock_ids(ids: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+    ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs one execution (holding `slot` only while it runs) and builds its response. A panic in
+/// the executor is answered `internal` instead of losing the response.
+fn run_execution(shared: &Shared, id: u64, request: &ExecuteRequest, received: Instant, slot: Slot) -> Value {
+    let queue = received.elapsed();
+    let result = panic::catch_unwind(AssertUnwindSafe(|| shared.executor.execute(request)));
+    drop(slot);
+    match result {
+        Ok(Ok(execution)) => {
+            shared.executions.fetch_add(1, Ordering::Relaxed);
+            response::execution(id, &execution, &request.limits, RequestTimes { queue, total: received.elapsed() })
+        }
+        Ok(Err(e)) => response::error(Some(id), ErrorCode::from(&e), &e.to_string()),
+        Err(_) => response::error(Some(id), ErrorCode::Internal, "the executor panicked"),
+    }
+}

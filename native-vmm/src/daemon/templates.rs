@@ -1,0 +1,94 @@
+//! The templates a daemon serves: `serve --templates DIR` holds one folder per template, each
+//! an image directory written by `sandfork-vmm image build`. The folder's name is the template's
+//! name; the image's own name says which language runtime it holds.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::fs::Image;
+use crate::image::sha256;
+
+/// A language runtime a template can hold, and how code is handed to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    Python,
+}
+
+impl Language {
+    /// The language of an image named `image_name` (the manifest's `name`).
+    pub fn of_image(image_name: &str) -> Option<Language> {
+        match image_name {
+            "python" => Some(Language::Python),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+        }
+    }
+}
+
+/// One template: its image, opened and checked.
+pub struct Template {
+    pub name: String,
+    pub language: Language,
+    pub image: Arc<Image>,
+    /// Hex SHA-256 of the image (`Image::content_hash`).
+    pub content_hash: String,
+}
+
+#[derive(Debug)]
+pub enum TemplateError {
+    /// The templates directory cannot be listed.
+    Directory { dir: PathBuf, error: io::Error },
+    /// A template folder does not hold a valid image.
+    Image { dir: PathBuf, error: io::Error },
+    /// The image's name is not a language this daemon can run.
+    UnknownLanguage { dir: PathBuf, image_name: String },
+}
+
+impl fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TemplateError::Directory { dir, error } => write!(f, "listing templates in {}: {error}", dir.display()),
+            TemplateError::Image { dir, error } => write!(f, "template {}: {error}", dir.display()),
+            TemplateError::UnknownLanguage { dir, image_name } => {
+                write!(f, "template {}: its image is named '{image_name}', which is not a known language (python)", dir.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for TemplateError {}
+
+/// Opens every template folder in `dir` (sorted by name). Entries whose names start with '.'
+/// and entries that are not directories are skipped; a folder that is not a valid image of a
+/// known language is an error (a daemon with a broken template should not start quietly).
+pub fn load(dir: &Path) -> Result<Vec<Template>, TemplateError> {
+    let listing = |error| TemplateError::Directory { dir: dir.to_owned(), error };
+    let mut folders = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(listing)? {
+        let entry = entry.map_err(listing)?;
+        let Ok(name) = entry.file_name().into_string() else { continue };
+        // Follows symlinks: a template folder may link to an image built elsewhere.
+        if name.starts_with('.') || !entry.path().is_dir() {
+            continue;
+        }
+        folders.push(name);
+    }
+    folders.sort();
+    folders
+        .into_iter()
+        .map(|name| {
+            let path = dir.join(&name);
+            let image = Image::open(&path).map_err(|error| TemplateError::Image { dir: path.clone(), error })?;
+            let language = Language::of_image(image.name()).ok_or_else(|| TemplateError::UnknownLanguage { dir: path.clone(), image_name: image.name().to_owned() })?;
+            let content_hash = sha256::to_hex(&image.content_hash());
+            Ok(Template { name, language, image, content_hash })
+        })
+        .collect()
+}

@@ -26,6 +26,8 @@ pub mod syscalls;
 pub mod elf;
 pub mod loader;
 pub mod vm;
+// The in-VM agent's request and its hand-off at the template's ready point.
+pub mod agent;
 
 // `sandfork-vmm bench`: guest launch latency against a native spawn.
 pub mod bench;

@@ -133,6 +133,9 @@ pub struct GuestProcess {
     /// Recorded by set_tid_address / set_robust_list; with one thread they are never used.
     pub(crate) clear_child_tid: u64,
     pub(crate) robust_list: u64,
+    /// The request the agent's AWAIT_REQUEST call is answered with (`crate::agent`); None
+    /// stops the run at that call, the template's ready point.
+    pub(crate) agent_request: Option<crate::agent::AgentRequest>,
     deadline: Option<Instant>,
     calls: CallCounters,
     unsupported: CallCounters,
@@ -161,6 +164,7 @@ impl GuestProcess {
             umask: 0o022,
             clear_child_tid: 0,
             robust_list: 0,
+            agent_request: None,
             deadline: None,
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),

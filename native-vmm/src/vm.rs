@@ -7,6 +7,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::agent::{AgentCommand, AgentRequest, InvalidRequest, AWAIT_REQUEST_SYSCALL};
 use crate::cpu::{CpuExit, GuestCpu};
 use crate::fs::Image;
 use crate::layout::page_align_up;
@@ -65,12 +66,16 @@ pub struct RunStats {
     pub syscalls: u64,
     /// Times the guest left the VM (system calls plus faults).
     pub exits: u64,
+    /// Every system call the guest made, per number.
+    pub calls: Vec<SyscallCount>,
     /// System calls answered ENOSYS or stopped as unsupported, per number.
     pub unsupported: Vec<SyscallCount>,
     /// From the start of the run loop to the end of the run.
     pub wall: Duration,
     /// Creating guest memory, loading the program and creating the vCPU.
     pub load: Duration,
+    /// The most guest memory the program held at once (mappings plus heap).
+    pub peak_memory: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -93,6 +98,10 @@ pub enum LaunchError {
     FileSystem(crate::errno::Errno),
     /// The vCPU could not be created or failed while running.
     Cpu(io::Error),
+    /// An agent request broke the rules of `AgentRequest::validate`; no guest ran it.
+    InvalidRequest(InvalidRequest),
+    /// The agent ended, crashed or wrote output before reaching its ready point.
+    AgentNotReady { reason: String },
 }
 
 impl fmt::Display for LaunchError {
@@ -103,6 +112,8 @@ impl fmt::Display for LaunchError {
             LaunchError::Load(e) => write!(f, "loading the program: {e}"),
             LaunchError::FileSystem(e) => write!(f, "setting up the file system: errno {}", e.0),
             LaunchError::Cpu(e) => write!(f, "{e}"),
+            LaunchError::InvalidRequest(e) => write!(f, "{e}"),
+            LaunchError::AgentNotReady { reason } => write!(f, "the agent did not reach its ready point: {reason}"),
         }
     }
 }
@@ -131,56 +142,249 @@ pub fn resolve_program(image: &Image, program: &str, envp: &[String]) -> Option<
     path.split(':').filter(|dir| dir.starts_with('/')).map(|dir| format!("{}/{program}", dir.trim_end_matches('/'))).find(|candidate| image.file_bytes(candidate).is_some())
 }
 
-/// Runs `req` in a fresh guest built from `image`, with a vCPU from `make_cpu`.
-pub fn launch(image: Arc<Image>, req: &RunRequest, make_cpu: &CpuFactory) -> Result<RunOutcome, LaunchError> {
-    let started = Instant::now();
+/// A guest whose memory, program and process exist, before its vCPU does (the vCPU borrows
+/// the memory, so the caller creates it).
+struct Prepared {
+    mem: GuestMemory,
+    loaded: LoadedProgram,
+    process: GuestProcess,
+}
+
+fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError> {
     let program = resolve_program(&image, &req.program, &req.envp).ok_or_else(|| LaunchError::ProgramNotFound { program: req.program.clone() })?;
     let mem_bytes = page_align_up(req.mem_bytes.min(u64::MAX / 2));
     let mem = GuestMemory::new(mem_bytes).map_err(LaunchError::Memory)?;
     let loaded = loader::load_program(&mem, &image, &program, &req.argv, &req.envp)?;
     let vfs = crate::fs::Vfs::new(image, crate::fs::DEFAULT_OVERLAY_LIMIT).map_err(LaunchError::FileSystem)?;
     let config = ProcessConfig { vfs, cwd: req.cwd.clone(), stdin: req.stdin.clone(), output_cap: req.output_cap, mem_limit: mem_bytes };
-    let mut process = GuestProcess::new(config, loaded.space);
+    let process = GuestProcess::new(config, loaded.space);
+    Ok(Prepared { mem, loaded, process })
+}
+
+/// The run loop's deadline `timeout` from now, and the limit in milliseconds it reports.
+fn deadline_after(timeout: Duration) -> (Instant, u64) {
+    let now = Instant::now();
+    let limit_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+    // A timeout too large for Instant is no practical limit: a year stands in for it.
+    (now.checked_add(timeout).unwrap_or(now + Duration::from_secs(86_400 * 365)), limit_ms)
+}
+
+/// Runs `req` in a fresh guest built from `image`, with a vCPU from `make_cpu`.
+pub fn launch(image: Arc<Image>, req: &RunRequest, make_cpu: &CpuFactory) -> Result<RunOutcome, LaunchError> {
+    let started = Instant::now();
+    let Prepared { mem, loaded, mut process } = prepare(image, req)?;
     let mut cpu = make_cpu(&mem, &loaded).map_err(LaunchError::Cpu)?;
     let load = started.elapsed();
 
     let run_started = Instant::now();
-    let limit_ms = req.timeout.as_millis().min(u64::MAX as u128) as u64;
-    // A timeout too large for Instant is no practical limit: a year stands in for it.
-    let deadline = run_started.checked_add(req.timeout).unwrap_or(run_started + Duration::from_secs(86_400 * 365));
-    let (status, exits) = run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
-    let stats = RunStats { syscalls: process.total_syscalls(), exits, unsupported: process.unsupported_counts(), wall: run_started.elapsed(), load };
+    let (deadline, limit_ms) = deadline_after(req.timeout);
+    let (end, exits) = run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
+    let stats = RunStats {
+        syscalls: process.total_syscalls(),
+        exits,
+        calls: process.syscall_counts(),
+        unsupported: process.unsupported_counts(),
+        wall: run_started.elapsed(),
+        load,
+        peak_memory: process.peak_memory(),
+    };
     let (stdout, stderr) = process.into_output().into_parts();
-    Ok(RunOutcome { status, stdout, stderr, stats })
+    Ok(RunOutcome { status: end.into_status(), stdout, stderr, stats })
+}
+
+/// Where the run loop stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoopEnd {
+    /// The run ended.
+    Finished(RunStatus),
+    /// The agent made AWAIT_REQUEST with no request pending: the template's ready point. The
+    /// vCPU is stopped inside that call (no return value set yet); `call` holds its arguments.
+    ReadyPoint { call: [u64; 6] },
+}
+
+impl LoopEnd {
+    /// The run's status when no ready point was expected: a program that awaits a request
+    /// nobody will send (not an agent, or an agent asking twice) cannot go on.
+    fn into_status(self) -> RunStatus {
+        match self {
+            LoopEnd::Finished(status) => status,
+            LoopEnd::ReadyPoint { .. } => RunStatus::Unsupported { syscall: AWAIT_REQUEST_SYSCALL, name: syscalls::name(AWAIT_REQUEST_SYSCALL).unwrap_or("unknown") },
+        }
+    }
+}
+
+/// Applies one system call's outcome to the vCPU; Some when the run stops at it.
+fn apply(cpu: &mut dyn GuestCpu, outcome: SyscallOutcome, call: [u64; 6]) -> io::Result<Option<LoopEnd>> {
+    match outcome {
+        SyscallOutcome::Return(value) => cpu.set_syscall_return(value)?,
+        SyscallOutcome::SetFsBase(base) => {
+            cpu.set_fs_base(base)?;
+            cpu.set_syscall_return(0)?;
+        }
+        SyscallOutcome::Stop(status) => return Ok(Some(LoopEnd::Finished(status))),
+        SyscallOutcome::ReadyPoint => return Ok(Some(LoopEnd::ReadyPoint { call })),
+    }
+    Ok(None)
 }
 
 /// Runs the guest until it stops: each system call goes to the syscall table, a fault ends the
-/// run as Crashed, the deadline as Timeout. Returns the status and the number of VM exits.
-pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, deadline: Instant, limit_ms: u64) -> io::Result<(RunStatus, u64)> {
+/// run as Crashed, the deadline as Timeout, an agent's AWAIT_REQUEST without a pending request
+/// at the ready point. Returns where it stopped and the number of VM exits.
+pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, deadline: Instant, limit_ms: u64) -> io::Result<(LoopEnd, u64)> {
     // Sleeps and timed waits inside system calls end at the deadline too.
     process.set_deadline(Some(deadline));
     let mut exits = 0;
-    let status = loop {
+    let end = loop {
         match cpu.run(deadline)? {
             CpuExit::Syscall { nr, args } => {
                 exits += 1;
-                match syscalls::dispatch(process, mem, nr, args) {
-                    SyscallOutcome::Return(value) => cpu.set_syscall_return(value)?,
-                    SyscallOutcome::SetFsBase(base) => {
-                        cpu.set_fs_base(base)?;
-                        cpu.set_syscall_return(0)?;
-                    }
-                    SyscallOutcome::Stop(status) => break status,
+                let outcome = syscalls::dispatch(process, mem, nr, args);
+                if let Some(end) = apply(cpu, outcome, args)? {
+                    break end;
                 }
             }
             CpuExit::Fault(fault) => {
                 exits += 1;
-                break RunStatus::Crashed { fault };
+                break LoopEnd::Finished(RunStatus::Crashed { fault });
             }
-            CpuExit::DeadlineReached => break RunStatus::Timeout { limit_ms },
+            CpuExit::DeadlineReached => break LoopEnd::Finished(RunStatus::Timeout { limit_ms }),
         }
     };
-    Ok((status, exits))
+    Ok((end, exits))
+}
+
+// ---- the agent: template boot, ready point and hand-off ----
+
+/// Limits of one agent execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLimits {
+    /// Wall-clock limit from the hand-off to the end of the run (booting is not counted).
+    pub timeout: Duration,
+    /// Guest memory size: the memory limit.
+    pub mem_bytes: u64,
+    /// Cap on stdout+stderr bytes kept.
+    pub output_cap: u64,
+}
+
+impl Default for RunLimits {
+    fn default() -> RunLimits {
+        RunLimits { timeout: DEFAULT_TIMEOUT, mem_bytes: DEFAULT_MEM_BYTES, output_cap: DEFAULT_OUTPUT_CAP }
+    }
+}
+
+/// How long an agent may take from its first instruction to its ready point.
+pub const AGENT_BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A guest stopped at its agent's ready point, inside AWAIT_REQUEST. This is the state a
+/// template snapshot records (guest memory, vCPU registers, `process` and `call`), and the
+/// state a fork of it starts from; `serve` hands it one request.
+pub struct ReadyGuest<'m> {
+    pub mem: &'m GuestMemory,
+    pub cpu: Box<dyn GuestCpu + 'm>,
+    pub process: GuestProcess,
+    /// The arguments of the AWAIT_REQUEST call the guest is stopped in.
+    pub call: [u64; 6],
+    /// The boot's counters: `load` is creating the guest, `wall` running it to the ready point.
+    pub boot: RunStats,
+}
+
+impl ReadyGuest<'_> {
+    /// Answers the pending AWAIT_REQUEST with `request` and runs the guest to its end, for at
+    /// most `timeout`. The outcome's counters cover the request only (from the hand-off on;
+    /// `load` is zero).
+    pub fn serve(mut self, request: AgentRequest, timeout: Duration) -> Result<RunOutcome, LaunchError> {
+        request.validate().map_err(LaunchError::InvalidRequest)?;
+        let (calls_before, unsupported_before, total_before) = (self.process.syscall_counts(), self.process.unsupported_counts(), self.process.total_syscalls());
+        self.process.agent_request = Some(request);
+        let started = Instant::now();
+        let (deadline, limit_ms) = deadline_after(timeout);
+        self.process.set_deadline(Some(deadline));
+        let handoff = syscalls::dispatch(&mut self.process, self.mem, AWAIT_REQUEST_SYSCALL, self.call);
+        let (end, exits) = match apply(self.cpu.as_mut(), handoff, self.call).map_err(LaunchError::Cpu)? {
+            Some(end) => (end, 0),
+            None => run_loop(self.cpu.as_mut(), &mut self.process, self.mem, deadline, limit_ms).map_err(LaunchError::Cpu)?,
+        };
+        let stats = RunStats {
+            syscalls: self.process.total_syscalls() - total_before,
+            exits,
+            calls: counts_since(&calls_before, self.process.syscall_counts()),
+            unsupported: counts_since(&unsupported_before, self.process.unsupported_counts()),
+            wall: started.elapsed(),
+            load: Duration::ZERO,
+            peak_memory: self.process.peak_memory(),
+        };
+        let (stdout, stderr) = self.process.into_output().into_parts();
+        Ok(RunOutcome { status: end.into_status(), stdout, stderr, stats })
+    }
+}
+
+/// `now` minus the counts in `before` (counters only grow), without the numbers left at zero.
+fn counts_since(before: &[SyscallCount], now: Vec<SyscallCount>) -> Vec<SyscallCount> {
+    now.into_iter()
+        .filter_map(|mut c| {
+            c.count -= before.iter().find(|b| b.nr == c.nr).map_or(0, |b| b.count);
+            (c.count > 0).then_some(c)
+        })
+        .collect()
+}
+
+/// The tail of a boot's stderr shown when an agent does not become ready.
+const BOOT_STDERR_SHOWN: usize = 2000;
+
+/// Boots `command`'s agent in a fresh guest from `image` and runs it to its ready point, then
+/// hands the stopped guest to `at_ready` (a template build snapshots it there; `launch_agent`
+/// serves it a request). The boot has `AGENT_BOOT_TIMEOUT`; an agent that ends or crashes first,
+/// or writes any output before its ready point (every fork would repeat it), is an error.
+pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimits, make_cpu: &CpuFactory, at_ready: impl FnOnce(ReadyGuest<'_>) -> T) -> Result<T, LaunchError> {
+    let started = Instant::now();
+    let mut req = RunRequest::new(command.program, &[]);
+    req.argv = command.argv.iter().map(|a| a.to_string()).collect();
+    req.mem_bytes = limits.mem_bytes;
+    req.output_cap = limits.output_cap;
+    let Prepared { mem, loaded, mut process } = prepare(image, &req)?;
+    let mut cpu = make_cpu(&mem, &loaded).map_err(LaunchError::Cpu)?;
+    let load = started.elapsed();
+
+    let run_started = Instant::now();
+    let (deadline, limit_ms) = deadline_after(AGENT_BOOT_TIMEOUT);
+    let (end, exits) = run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
+    let stderr_tail = || {
+        let stderr = process.stderr();
+        String::from_utf8_lossy(&stderr[stderr.len().saturating_sub(BOOT_STDERR_SHOWN)..]).into_owned()
+    };
+    let call = match end {
+        LoopEnd::ReadyPoint { call } => call,
+        LoopEnd::Finished(status) => return Err(LaunchError::AgentNotReady { reason: format!("{status} before its ready point; stderr: {}", stderr_tail()) }),
+    };
+    if !process.stdout().is_empty() || !process.stderr().is_empty() {
+        let reason = format!("it wrote {} bytes to stdout and {} to stderr before its ready point; stderr: {}", process.stdout().len(), process.stderr().len(), stderr_tail());
+        return Err(LaunchError::AgentNotReady { reason });
+    }
+    let boot = RunStats {
+        syscalls: process.total_syscalls(),
+        exits,
+        calls: process.syscall_counts(),
+        unsupported: process.unsupported_counts(),
+        wall: run_started.elapsed(),
+        load,
+        peak_memory: process.peak_memory(),
+    };
+    Ok(at_ready(ReadyGuest { mem: &mem, cpu, process, call, boot }))
+}
+
+/// Runs `request` on a freshly booted agent: the executor to use until template snapshots and
+/// forks exist. The request is checked before any guest is created. The outcome's counters
+/// cover the request; its `load` is everything before the hand-off (creating the guest and
+/// booting the agent to its ready point: what a fork replaces).
+pub fn launch_agent(image: Arc<Image>, command: &AgentCommand, request: AgentRequest, limits: &RunLimits, make_cpu: &CpuFactory) -> Result<RunOutcome, LaunchError> {
+    request.validate().map_err(LaunchError::InvalidRequest)?;
+    let started = Instant::now();
+    boot_agent(image, command, limits, make_cpu, |ready| {
+        let booted = started.elapsed();
+        let mut outcome = ready.serve(request, limits.timeout)?;
+        outcome.stats.load = booted;
+        Ok(outcome)
+    })?
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! area: files (fds, paths, pipes, output), poll (readiness), memory, ids (process identity and
 //! creation), time, signals, and misc (system information, randomness, limits, futex, thread setup).
 
+mod agent;
 mod files;
 mod ids;
 mod memory;
@@ -32,6 +33,9 @@ pub enum SyscallOutcome {
     SetFsBase(u64),
     /// Stop the guest with this status (exit, out of memory, output limit, unsupported...).
     Stop(RunStatus),
+    /// The agent awaits its request and none is pending: stop the guest inside this call, the
+    /// template's ready point (see `crate::agent`); the call is answered once a request is set.
+    ReadyPoint,
 }
 
 /// What a handler produces: an outcome, or an errno returned to the guest as -errno.

@@ -204,6 +204,7 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(435, "clone3", NO_PROCESSES),
     emulate(436, "close_range", files::close_range),
     emulate(439, "faccessat2", files::faccessat2),
+    emulate(crate::agent::AWAIT_REQUEST_SYSCALL, "sandfork_await_request", super::agent::await_request),
 ];
 
 /// The table row for `nr`.

@@ -1,0 +1,296 @@
+//! The request a template's in-VM agent runs (templates/python/agent.py), its checks, and the
+//! message the agent receives.
+//!
+//! The hand-off: the agent boots, imports what user code needs and makes Sandfork's private
+//! system call `AWAIT_REQUEST(buf, buf_len)` ([`AWAIT_REQUEST_SYSCALL`]). That call is the
+//! template's READY POINT. With no request pending the VMM stops the run inside it (a template
+//! build; the snapshot is taken there). With one pending (`GuestProcess::agent_request`,
+//! answered by `syscalls/agent.rs`) the VMM, without further exits:
+//! * writes [`AgentRequest::agent_message`] (JSON: code, argv, env) to `buf` and returns its
+//!   length; when it does not fit, returns -E2BIG and writes the length it needs as a
+//!   little-endian u64 at `buf` (if `buf_len` >= 8), and the agent retries once;
+//! * places the script (the code at /work/argv[0]) and the request's files in the overlay
+//!   under /work;
+//! * makes the request's stdin the guest's fd 0.
+//!
+//! Every request is checked ([`AgentRequest::validate`]) before any VM is started or touched:
+//! paths stay inside /work, sizes are bounded.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use crate::fs::{NAME_MAX, PATH_MAX};
+use crate::json::Value;
+
+/// Sandfork's private system call number for AWAIT_REQUEST: "SF" and 1, far outside Linux's
+/// x86-64 numbers (below 512), so no Linux program reaches it by accident. The agent's copy
+/// is in templates/python/agent.py.
+pub const AWAIT_REQUEST_SYSCALL: u64 = 0x5346_0001;
+
+/// How a template's agent is started in a fresh guest: the program and its whole argv.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentCommand {
+    pub program: &'static str,
+    pub argv: &'static [&'static str],
+}
+
+/// Where templates/python/image.json puts the Python agent.
+pub const PYTHON_AGENT_PATH: &str = "/opt/sandfork/agent.py";
+
+/// The Python template's agent. `-I` (isolated mode): PYTHON* variables (PYTHONHASHSEED,
+/// PYTHONPATH, PYTHONSTARTUP...) are ignored, there is no user site directory, and the
+/// agent's folder is not on sys.path. `site` is kept (no `-S`): it puts dist-packages (numpy)
+/// on sys.path. Stdout stays block-buffered (no `-u`): a write is a VM exit.
+pub const PYTHON_AGENT: AgentCommand = AgentCommand { program: "python3", argv: &["python3", "-I", PYTHON_AGENT_PATH] };
+
+/// The script name when a request gives no argv (the daemon protocol's default).
+pub const DEFAULT_SCRIPT: &str = "main.py";
+
+/// Bounds on one request (the daemon's frames are at most 16 MiB).
+pub const MAX_CODE_BYTES: usize = 4 << 20;
+/// argv and env strings together (Linux's own limit is 2 MiB; 128 KiB per string).
+pub const MAX_ARGS_ENV_BYTES: usize = 256 << 10;
+pub const MAX_ARGS: usize = 1024;
+pub const MAX_ENV_VARS: usize = 1024;
+pub const MAX_FILES: usize = 1000;
+/// File contents together, script included; well inside the overlay's 64 MiB, so the program
+/// keeps room for its own files.
+pub const MAX_FILES_BYTES: usize = 32 << 20;
+pub const MAX_STDIN_BYTES: usize = 8 << 20;
+
+/// One execution for an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRequest {
+    /// Source code, run as the script /work/argv[0].
+    pub code: String,
+    /// sys.argv; argv[0] is the script's path relative to /work.
+    pub argv: Vec<String>,
+    /// Variables added to the template's environment, in order.
+    pub env: Vec<(String, String)>,
+    /// Files placed under /work before the code runs: (path relative to /work, contents).
+    pub files: Vec<(String, Vec<u8>)>,
+    /// The guest's fd 0.
+    pub stdin: Vec<u8>,
+}
+
+/// Why a request was refused (before any VM ran it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidRequest(pub String);
+
+impl fmt::Display for InvalidRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid request: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidRequest {}
+
+fn invalid<T>(message: String) -> Result<T, InvalidRequest> {
+    Err(InvalidRequest(message))
+}
+
+impl AgentRequest {
+    /// `code` as /work/main.py with no arguments, environment, files or stdin.
+    pub fn new(code: &str) -> AgentRequest {
+        AgentRequest { code: code.to_owned(), argv: vec![DEFAULT_SCRIPT.to_owned()], env: Vec::new(), files: Vec::new(), stdin: Vec::new() }
+    }
+
+    /// The script's path relative to /work (argv[0]); `validate` guarantees it exists.
+    pub fn script(&self) -> &str {
+        self.argv.first().map_or(DEFAULT_SCRIPT, String::as_str)
+    }
+
+    /// Checks the request against the bounds above and the path rules of `check_work_path`.
+    /// The script and the files must not collide (same path, or one inside the other).
+    pub fn validate(&self) -> Result<(), InvalidRequest> {
+        if self.code.len() > MAX_CODE_BYTES {
+            return invalid(format!("code is {} bytes, more than {MAX_CODE_BYTES}", self.code.len()));
+        }
+        if self.argv.is_empty() || self.argv.len() > MAX_ARGS {
+            return invalid(format!("argv must have 1 to {MAX_ARGS} entries (argv[0] is the script's path), not {}", self.argv.len()));
+        }
+        check_work_path(self.script()).or_else(|reason| invalid(format!("argv[0] {:?}: {reason}", self.script())))?;
+        if let Some(i) = self.argv.iter().position(|a| a.contains('\0')) {
+            return invalid(format!("argv[{i}] contains a NUL byte"));
+        }
+        if self.env.len() > MAX_ENV_VARS {
+            return invalid(format!("{} environment variables, more than {MAX_ENV_VARS}", self.env.len()));
+        }
+        let mut names = BTreeSet::new();
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                return invalid(format!("environment variable {name:?}: names must be non-empty without '=' or NUL, values without NUL"));
+            }
+            if !names.insert(name.as_str()) {
+                return invalid(format!("environment variable {name:?} is given twice"));
+            }
+        }
+        let args_env: usize = self.argv.iter().map(|a| a.len() + 1).sum::<usize>() + self.env.iter().map(|(n, v)| n.len() + v.len() + 2).sum::<usize>();
+        if args_env > MAX_ARGS_ENV_BYTES {
+            return invalid(format!("argv and env take {args_env} bytes, more than {MAX_ARGS_ENV_BYTES}"));
+        }
+        if self.files.len() > MAX_FILES {
+            return invalid(format!("{} files, more than {MAX_FILES}", self.files.len()));
+        }
+        let files_bytes = self.code.len() + self.files.iter().map(|(_, c)| c.len()).sum::<usize>();
+        if files_bytes > MAX_FILES_BYTES {
+            return invalid(format!("files and code take {files_bytes} bytes, more than {MAX_FILES_BYTES}"));
+        }
+        let mut paths = BTreeSet::from([self.script()]);
+        for (i, (path, _)) in self.files.iter().enumerate() {
+            check_work_path(path).or_else(|reason| invalid(format!("files[{i}].path {path:?}: {reason}")))?;
+            if !paths.insert(path.as_str()) {
+                let what = if path == self.script() { "is the script's path (argv[0])" } else { "is given twice" };
+                return invalid(format!("files[{i}].path {path:?} {what}"));
+            }
+        }
+        for path in &paths {
+            let mut ancestors = path.match_indices('/').map(|(i, _)| &path[..i]);
+            if let Some(file) = ancestors.find(|a| paths.contains(a)) {
+                return invalid(format!("{file:?} is a file, so {path:?} cannot be inside it"));
+            }
+        }
+        if self.stdin.len() > MAX_STDIN_BYTES {
+            return invalid(format!("stdin is {} bytes, more than {MAX_STDIN_BYTES}", self.stdin.len()));
+        }
+        Ok(())
+    }
+
+    /// What the agent receives from AWAIT_REQUEST: `{"code": .., "argv": [..], "env": {..}}`.
+    /// Files and stdin do not travel in it: the VMM puts them in place itself.
+    pub fn agent_message(&self) -> String {
+        let argv = self.argv.iter().map(|a| Value::from(a.as_str())).collect::<Vec<_>>();
+        let env = Value::object(self.env.iter().map(|(n, v)| (n.as_str(), Value::from(v.as_str()))));
+        Value::object([("code", Value::from(self.code.as_str())), ("argv", Value::from(argv)), ("env", env)]).to_json()
+    }
+}
+
+/// A path for a file under /work: relative, non-empty, '/'-separated components that are
+/// neither empty, "." nor "..", no NUL, each component at most NAME_MAX bytes and the whole
+/// path (with "/work/") shorter than PATH_MAX.
+pub fn check_work_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("empty path".into());
+    }
+    if path.starts_with('/') {
+        return Err("absolute paths are not allowed (paths are relative to /work)".into());
+    }
+    if path.contains('\0') {
+        return Err("contains a NUL byte".into());
+    }
+    if crate::fs::WORK_DIR.len() + 1 + path.len() >= PATH_MAX {
+        return Err(format!("longer than {} bytes", PATH_MAX - crate::fs::WORK_DIR.len() - 2));
+    }
+    for component in path.split('/') {
+        match component {
+            "" => return Err("empty path component (a doubled or trailing '/')".into()),
+            "." | ".." => return Err(format!("'{component}' components are not allowed (paths stay inside /work)")),
+            c if c.len() > NAME_MAX => return Err(format!("a component is longer than {NAME_MAX} bytes")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_file(path: &str, bytes: usize) -> AgentRequest {
+        let mut r = AgentRequest::new("print(1)");
+        r.files.push((path.to_owned(), vec![b'x'; bytes]));
+        r
+    }
+
+    fn refusal(r: &AgentRequest) -> String {
+        r.validate().expect_err("the request should be refused").0
+    }
+
+    #[test]
+    fn ordinary_requests_pass() {
+        let mut r = with_file("data/in.csv", 10);
+        r.files.push(("helper.py".into(), b"X = 1\n".to_vec()));
+        r.argv = vec!["src/app.py".into(), "--flag".into(), "".into()];
+        r.env = vec![("LANG".into(), "C.UTF-8".into()), ("EMPTY".into(), String::new())];
+        r.stdin = b"input".to_vec();
+        assert_eq!(r.validate(), Ok(()));
+        assert_eq!(r.script(), "src/app.py");
+    }
+
+    #[test]
+    fn paths_must_stay_inside_work() {
+        assert!(refusal(&with_file("../etc/x", 1)).contains("'..'"));
+        assert!(refusal(&with_file("a/../../x", 1)).contains("'..'"));
+        assert!(refusal(&with_file("/etc/passwd", 1)).contains("absolute"));
+        assert!(refusal(&with_file("", 1)).contains("empty path"));
+        assert!(refusal(&with_file("a//b", 1)).contains("empty path component"));
+        assert!(refusal(&with_file("dir/", 1)).contains("empty path component"));
+        assert!(refusal(&with_file("./x", 1)).contains("'.'"));
+        assert!(refusal(&with_file("a\0b", 1)).contains("NUL"));
+        assert!(refusal(&with_file(&"n".repeat(NAME_MAX + 1), 1)).contains("component is longer"));
+        assert!(refusal(&with_file(&["d"; 2100].join("/"), 1)).contains("longer than"));
+        let mut r = AgentRequest::new("");
+        r.argv = vec!["../main.py".into()];
+        assert!(refusal(&r).starts_with("argv[0]"));
+        r.argv = vec![];
+        assert!(refusal(&r).contains("1 to 1024 entries"));
+    }
+
+    #[test]
+    fn files_must_not_collide_with_each_other_or_the_script() {
+        assert!(refusal(&with_file("main.py", 1)).contains("script's path"));
+        let mut r = with_file("a", 1);
+        r.files.push(("a".into(), vec![]));
+        assert!(refusal(&r).contains("given twice"));
+        let mut r = with_file("a", 1);
+        r.files.push(("a-b".into(), vec![]));
+        r.files.push(("a/b".into(), vec![]));
+        assert!(refusal(&r).contains("\"a\" is a file"));
+        assert_eq!(refusal(&with_file("main.py/x", 1)), "\"main.py\" is a file, so \"main.py/x\" cannot be inside it");
+    }
+
+    #[test]
+    fn sizes_are_bounded() {
+        assert!(refusal(&with_file("big.bin", MAX_FILES_BYTES)).contains("files and code take"));
+        assert_eq!(with_file("fits.bin", MAX_FILES_BYTES - "print(1)".len()).validate(), Ok(()));
+        let mut r = AgentRequest::new(&"#".repeat(MAX_CODE_BYTES + 1));
+        assert!(refusal(&r).contains("code is"));
+        r = AgentRequest::new("");
+        r.stdin = vec![0; MAX_STDIN_BYTES + 1];
+        assert!(refusal(&r).contains("stdin is"));
+        r = AgentRequest::new("");
+        r.files = (0..=MAX_FILES).map(|i| (format!("f{i}"), vec![])).collect();
+        assert!(refusal(&r).contains("files, more than"));
+        r = AgentRequest::new("");
+        r.argv.push("a".repeat(MAX_ARGS_ENV_BYTES));
+        assert!(refusal(&r).contains("argv and env take"));
+    }
+
+    #[test]
+    fn environment_names_and_values_are_checked() {
+        let env = |name: &str, value: &str| {
+            let mut r = AgentRequest::new("");
+            r.env = vec![(name.into(), value.into())];
+            r
+        };
+        assert!(refusal(&env("", "x")).contains("non-empty"));
+        assert!(refusal(&env("A=B", "x")).contains("without '='"));
+        assert!(refusal(&env("A", "x\0y")).contains("NUL"));
+        let mut twice = env("A", "1");
+        twice.env.push(("A".into(), "2".into()));
+        assert!(refusal(&twice).contains("given twice"));
+    }
+
+    #[test]
+    fn the_agent_message_is_code_argv_and_env_as_json() {
+        let mut r = with_file("f.txt", 3);
+        r.code = "print(\"é\\n\")\n".into();
+        r.argv.push("-x".into());
+        r.env = vec![("B".into(), "2".into()), ("A".into(), "\"1\"".into())];
+        r.stdin = b"not in the message".to_vec();
+        let message = r.agent_message();
+        assert_eq!(message, r#"{"code":"print(\"é\\n\")\n","argv":["main.py","-x"],"env":{"B":"2","A":"\"1\""}}"#);
+        let parsed = crate::json::parse(message.as_bytes()).unwrap();
+        assert_eq!(parsed.get("code").and_then(Value::as_str), Some(r.code.as_str()));
+    }
+}

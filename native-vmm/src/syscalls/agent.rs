@@ -1,0 +1,59 @@
+//! Sandfork's private system call AWAIT_REQUEST(buf, buf_len): the agent's hand-off at the
+//! template's ready point. The protocol is described in `crate::agent`.
+
+use super::{value, SysResult, SyscallOutcome, UserMemory};
+use crate::agent::AgentRequest;
+use crate::errno::Errno;
+use crate::fs::{OpenOptions, Vfs, WORK_DIR};
+use crate::process::GuestProcess;
+
+const FILE_MODE: u32 = 0o644;
+const DIR_MODE: u32 = 0o755;
+
+/// With no request pending: the ready point (the run stops inside this call). With one:
+/// EFAULT for a bad buffer; E2BIG (and the needed length as a u64 at `buf`, when `buf_len` >= 8)
+/// when the message does not fit, the request staying pending for the retry; otherwise the
+/// request is consumed: files placed, stdin set, the message written, its length returned.
+pub fn await_request(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (buf, buf_len) = (args[0], args[1]);
+    let Some(request) = proc.agent_request.take() else {
+        return Ok(SyscallOutcome::ReadyPoint);
+    };
+    let message = request.agent_message();
+    let needed = message.len() as u64;
+    let fits = needed <= buf_len;
+    let checked = if fits { user.check(buf, needed) } else { Ok(()) };
+    if !fits || checked.is_err() {
+        proc.agent_request = Some(request);
+        checked?;
+        if buf_len >= 8 {
+            user.write_u64(buf, needed)?;
+        }
+        return Err(Errno::E2BIG);
+    }
+    place_files(&mut proc.config.vfs, &request)?;
+    proc.config.stdin = request.stdin;
+    user.write(buf, message.as_bytes())?;
+    value(needed)
+}
+
+/// Writes the script (the code at argv[0]) and the request's files under /work, creating
+/// their parent directories. The request was validated: paths are relative and normal.
+fn place_files(vfs: &mut Vfs, request: &AgentRequest) -> Result<(), Errno> {
+    let work = vfs.resolve(vfs.root(), WORK_DIR.as_bytes(), true)?;
+    let script = (request.script(), request.code.as_bytes());
+    for (path, contents) in std::iter::once(script).chain(request.files.iter().map(|(p, c)| (p.as_str(), c.as_slice()))) {
+        for (slash, _) in path.match_indices('/') {
+            match vfs.mkdir(work, path[..slash].as_bytes(), DIR_MODE) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let options = OpenOptions { write: true, create: true, exclusive: true, mode: FILE_MODE, ..OpenOptions::default() };
+        let node = vfs.open(work, path.as_bytes(), &options)?;
+        let written = vfs.write_at(node, 0, contents);
+        vfs.close(node);
+        written?;
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+"""Sandfork's in-VM agent for the Python template.
+
+The VMM boots this file as the guest program (`python3 -I /opt/sandfork/agent.py`; -I keeps
+PYTHON* variables, the user site directory and the script's folder out of the interpreter).
+It imports what user code commonly needs, then makes Sandfork's private system call
+AWAIT_REQUEST: that call is the template's READY POINT. A template build stops the VM inside
+it and snapshots it there; a fork (or a fresh boot, until forks exist) is answered with the
+request. Everything before that call is paid once per template, everything after it once per
+request, so this file does as much as it can before and as little as it can after.
+
+After the hand-off the agent runs the request's code as CPython runs a script: a fresh
+`__main__` module with `__file__` = /work/<argv[0]> (the VMM has placed the code there, so
+tracebacks show its lines), SystemExit and uncaught exceptions handled as the interpreter does,
+atexit handlers run, streams flushed, and the process ends with os._exit.
+"""
+
+import sys
+import os
+import ctypes
+import gc
+import importlib.machinery
+import types
+
+# Warm-up: the modules user code commonly imports are loaded before the ready point, where they
+# cost nothing per request.
+import collections
+import datetime
+import decimal
+import functools
+import itertools
+import json
+import math
+import random
+import re
+import statistics
+import traceback
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
+
+# Sandfork's private system call (numbered outside Linux's range; the one definition on the
+# VMM side is native-vmm/src/agent.rs, AWAIT_REQUEST_SYSCALL).
+AWAIT_REQUEST = 0x5346_0001
+# The request does not fit the buffer: the VMM wrote the size it needs as a little-endian u64
+# at the buffer's start.
+E2BIG = 7
+FIRST_BUFFER_BYTES = 64 * 1024
+WORK_DIR = "/work"
+
+_syscall = ctypes.CDLL(None, use_errno=True).syscall
+_syscall.restype = ctypes.c_long
+_syscall.argtypes = (ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t)
+
+
+def await_request():
+    """Blocks in AWAIT_REQUEST (the ready point) and returns the request as a dict."""
+    size = FIRST_BUFFER_BYTES
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        length = _syscall(AWAIT_REQUEST, buffer, size)
+        if length >= 0:
+            return json.loads(buffer.raw[:length])
+        errno = ctypes.get_errno()
+        needed = int.from_bytes(buffer.raw[:8], "little")
+        if errno != E2BIG or needed <= size:
+            raise OSError(errno, "AWAIT_REQUEST failed")
+        size = needed
+
+
+def exit_code_of(exit):
+    """The process exit code for a SystemExit, as CPython's handle_system_exit computes it."""
+    code = exit.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def report_uncaught(error):
+    """Prints an uncaught exception through sys.excepthook (the standard traceback unless the
+    code installed its own), leaving out the agent's frame at the traceback's head."""
+    traceback_tail = error.__traceback__.tb_next if error.__traceback__ is not None else None
+    try:
+        sys.excepthook(type(error), error, traceback_tail)
+    except Exception:
+        traceback.print_exception(type(error), error, traceback_tail)
+
+
+def run_script(source, path):
+    """Runs `source` as the script at `path` would run as __main__; returns the exit code."""
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    try:
+        code = compile(source, path, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+        return 0
+    except SystemExit as exit:
+        return exit_code_of(exit)
+    except BaseException as error:
+        report_uncaught(error)
+        return 1
+
+
+def finish(code):
+    """Runs atexit handlers, flushes the streams and ends the process with `code`."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def main():
+    request = await_request()
+    # Every fork of a template starts from the same memory, so the generators seeded before the
+    # ready point hold the same state in all of them: reseed from fresh entropy (getrandom).
+    random.seed()
+    if numpy is not None:
+        numpy.random.seed()
+    argv = request["argv"]
+    sys.argv = list(argv)
+    os.environ.update(request["env"])
+    path = os.path.join(WORK_DIR, argv[0])
+    # As for `python script.py`: the script's folder comes first on the import path.
+    sys.path.insert(0, os.path.dirname(path))
+    finish(run_script(request["code"], path))
+
+
+# The objects created so far are the template's: collected once and frozen so that the
+# collector never walks (and writes to) them in a fork, where each first write copies a page.
+gc.collect()
+gc.freeze()
+
+try:
+    main()
+except BaseException as failure:
+    sys.stderr.write(f"sandfork agent: {failure!r}\n")
+    finish(70)  # EX_SOFTWARE: the agent itself failed, not the user's code

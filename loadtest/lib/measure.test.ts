@@ -21,12 +21,12 @@ describe("load measurement", () => {
       concurrency: 4,
       maxDurationMs: 10_000,
       send: async () => {
-        sent++;
+        const n = ++sent;
         inFlight++;
         peak = Math.max(peak, inFlight);
         await new Promise((r) => setTimeout(r, 1));
         inFlight--;
-        return sent % 10 !== 0;
+        return n % 10 !== 0;
       },
     });
     expect(sent).toBe(50);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandfork_vmm::bench;
+use sandfork_vmm::daemon;
 use sandfork_vmm::cpu::GuestCpu;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::image;
@@ -25,6 +26,7 @@ commands:
   image build   build a read-only file image from a manifest
   run           run one program in a fresh KVM guest
   bench run     latency of `python3 -c pass` in a guest and natively
+  serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
 `sandfork-vmm <command> --help` describes each command.";
 
@@ -63,6 +65,28 @@ options:
   --image DIR        file image built by `sandfork-vmm image build`
   --iterations N     runs of each (default 50)
   --json             print one JSON object instead of a table";
+
+const SERVE_USAGE: &str = "\
+usage: sandfork-vmm serve --socket PATH --templates DIR [options]
+
+Serves the daemon protocol (native-vmm/PROTOCOL.md) on a Unix socket until SIGTERM or SIGINT,
+then lets running executions finish and removes the socket. A stale socket file at PATH is
+replaced; a live one (another daemon) or a non-socket file is an error. Each request runs in
+a fresh KVM guest of its template. Without a usable /dev/kvm the daemon still starts: health
+reports why and execute answers the retryable `unavailable` error.
+
+options:
+  --socket PATH           where to listen (created owner-only)
+  --templates DIR         one folder per template, each a file image built by
+                          `sandfork-vmm image build` (the folder name is the template's name)
+  --max-concurrency N     executions running at once, beyond that `busy` (default: 2 per core)
+  --max-timeout-ms N      largest wall-clock limit a request gets (default 60000)
+  --max-memory-mib N      largest guest memory limit a request gets (default 2048)
+  --max-output-bytes N    largest stdout+stderr cap a request gets (default 1048576, at most
+                          2097152 so that every response fits one frame)
+
+Requests asking for more than a maximum run with the maximum; without limits they get 10000
+ms, 256 MiB and 1048576 bytes (each clamped to the maximum).";
 
 /// Limits the CLI accepts (guest memory is allocated up front, so an absurd size is an error).
 const MAX_MEM_MIB: u64 = 64 << 10;
@@ -108,6 +132,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["image", "build", ..] => image_build(&args[2..]),
         ["run", ..] => run(&args[1..]),
         ["bench", "run", ..] => bench_run(&args[2..]),
+        ["serve", ..] => serve(&args[1..]),
         ["image" | "bench", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
         [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
     }
@@ -252,6 +277,27 @@ fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn serve(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes"], &[], false, SERVE_USAGE)?;
+    let defaults = daemon::DEFAULT_MAXIMA;
+    let max_limits = daemon::executor::ExecutionLimits {
+        timeout_ms: options.number("--max-timeout-ms", defaults.timeout_ms, daemon::MAX_TIMEOUT_MS_LIMIT)?,
+        memory_mib: options.number("--max-memory-mib", defaults.memory_mib, MAX_MEM_MIB)?,
+        output_bytes: options.number("--max-output-bytes", defaults.output_bytes, daemon::MAX_OUTPUT_BYTES_LIMIT)?,
+    };
+    if max_limits.memory_mib < daemon::request::MIN_MEMORY_MIB {
+        return Err(CliError::Usage(format!("--max-memory-mib must be at least {}", daemon::request::MIN_MEMORY_MIB), SERVE_USAGE));
+    }
+    let serve_options = daemon::ServeOptions {
+        socket: options.required("--socket")?.into(),
+        templates: options.required("--templates")?.into(),
+        max_concurrency: options.number("--max-concurrency", daemon::default_concurrency() as u64, daemon::MAX_CONCURRENCY_LIMIT)? as usize,
+        max_limits,
+    };
+    daemon::serve(&serve_options).map_err(CliError::Failed)?;
+    Ok(ExitCode::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,6 +353,10 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["run", "--help"])), Err(CliError::Help(RUN_USAGE))));
         assert!(matches!(dispatch(&strings(&["image", "build", "--help"])), Err(CliError::Help(IMAGE_BUILD_USAGE))));
         assert!(matches!(dispatch(&strings(&["bench", "run", "-h"])), Err(CliError::Help(BENCH_USAGE))));
+        assert!(matches!(dispatch(&strings(&["serve", "--help"])), Err(CliError::Help(SERVE_USAGE))));
+        assert!(matches!(dispatch(&strings(&["serve", "--templates", "/t"])), Err(CliError::Usage(m, _)) if m == "--socket is required"));
+        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-output-bytes", "4194304"])), Err(CliError::Usage(m, _)) if m.contains("from 1 to 2097152")));
+        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 16")));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent"])), Err(CliError::Usage(m, _)) if m == "no program given"));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent", "--", "true"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));
     }

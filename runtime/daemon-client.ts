@@ -34,6 +34,8 @@ export interface DaemonClientOptions {
   /** An execute request's deadline is its own timeout plus this. */
   executeGraceMs?: number;
   connectTimeoutMs?: number;
+  /** How long a list_templates answer is reused. */
+  templatesTtlMs?: number;
   /** Reconnect backoff: first delay, doubled per failure up to the maximum. */
   reconnectMinMs?: number;
   reconnectMaxMs?: number;
@@ -78,6 +80,7 @@ const DEFAULTS = {
   requestTimeoutMs: 5_000,
   executeGraceMs: 5_000,
   connectTimeoutMs: 2_000,
+  templatesTtlMs: 2_000,
   reconnectMinMs: 50,
   reconnectMaxMs: 2_000,
 };
@@ -97,14 +100,18 @@ export class DaemonClient implements ExecutionRuntime {
   private cursor = 0;
   private closed = false;
   private server: string | undefined;
+  private templateCache: { at: number; templates: Promise<Template[]> } | undefined;
 
   constructor(options: DaemonClientOptions) {
     this.socketPath = options.socketPath;
-    const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
-    this.options = { ...DEFAULTS, ...given } as typeof DEFAULTS;
-    for (const [name, value] of Object.entries(this.options)) {
-      if (!Number.isSafeInteger(value) || value < (name === "maxQueued" ? 0 : 1)) throw new RangeError(`DaemonClient: ${name} must be a positive integer`);
+    const settings = { ...DEFAULTS };
+    for (const name of Object.keys(DEFAULTS) as (keyof typeof DEFAULTS)[]) {
+      const value = options[name] ?? DEFAULTS[name];
+      const least = name === "maxQueued" ? 0 : 1;
+      if (!Number.isSafeInteger(value) || value < least) throw new RangeError(`DaemonClient: ${name} must be an integer ≥ ${least}, got ${value}`);
+      settings[name] = value;
     }
+    this.options = settings;
     this.log = options.log ?? (() => {});
     this.slots = Array.from({ length: this.options.connections }, () => ({
       connection: null,
@@ -189,8 +196,22 @@ export class DaemonClient implements ExecutionRuntime {
     return parseExecution(frame);
   }
 
-  async templates(options: RequestOptions = {}): Promise<Template[]> {
-    return parseTemplates(await this.request("list_templates", {}, options));
+  /**
+   * The daemon's templates, from a cache refreshed after `templatesTtlMs` or a reconnect (the
+   * gateway asks on every execution). Fails like any request while no connection is up.
+   */
+  templates(): Promise<Template[]> {
+    if (this.connectedCount() === 0) return Promise.reject(new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.socketPath}`));
+    const cached = this.templateCache;
+    if (cached !== undefined && performance.now() - cached.at < this.options.templatesTtlMs) return cached.templates;
+    const templates = this.request("list_templates", {}).then(parseTemplates);
+    const entry = { at: performance.now(), templates };
+    this.templateCache = entry;
+    // A failure is not cached.
+    templates.catch(() => {
+      if (this.templateCache === entry) this.templateCache = undefined;
+    });
+    return templates;
   }
 
   async health(signal?: AbortSignal): Promise<RuntimeHealth> {
@@ -281,16 +302,7 @@ export class DaemonClient implements ExecutionRuntime {
     if (slot === undefined) return false;
     const connection = slot.connection as DaemonConnection;
     try {
-      const id = connection.send(job.type, job.fields, {
-        resolve: (frame) => {
-          job.resolve(frame);
-          this.drainQueue();
-        },
-        reject: (error) => {
-          job.reject(error);
-          this.drainQueue();
-        },
-      });
+      const id = connection.send(job.type, job.fields, job);
       job.sentOn = { connection, id };
       slot.sent += 1;
     } catch (error) {
@@ -341,10 +353,12 @@ export class DaemonClient implements ExecutionRuntime {
       return;
     }
     const wasDisconnected = this.connectedCount() === 0;
+    if (wasDisconnected) this.templateCache = undefined;
     slot.connection = connection;
     slot.backoffMs = this.options.reconnectMinMs;
     this.server = connection.server;
     connection.onClose = (reason) => this.lost(slot, reason);
+    connection.onAnswer = () => this.drainQueue();
     if (wasDisconnected) {
       this.log(`connected to ${connection.server} at ${this.socketPath}`);
       for (const notify of [...this.connectedWaiters]) notify();

@@ -27,6 +27,8 @@ export class DaemonConnection {
   readonly server: string;
   /** Called once when the connection is gone, with why. */
   onClose: (reason: string) => void = () => {};
+  /** Called after each answer (also one nobody waits for any more): a request slot is free. */
+  onAnswer: () => void = () => {};
 
   private readonly inFlight = new Map<number, InFlight>();
   private nextId = 1;
@@ -172,6 +174,7 @@ export class DaemonConnection {
     } else {
       handler?.reject(new RuntimeProtocolError(`the daemon answered a ${request.type} request with a ${String(frame.type)} frame`));
     }
+    this.onAnswer();
     return null;
   }
 

@@ -1,0 +1,225 @@
+// Runs `sandfork-vmm serve` as a child process: starts it, waits until its socket answers the
+// protocol's hello, restarts it with exponential backoff when it dies, stops it on shutdown.
+//
+// When the daemon dies, the kernel closes its end of every client connection; the client fails
+// the requests in flight on them with RuntimeConnectionLostError (retryable) and reconnects once
+// the restarted daemon is ready (see onReady).
+import { type ChildProcess, spawn } from "node:child_process";
+import { DaemonConnection } from "./daemon-connection.js";
+
+export interface SupervisorOptions {
+  /** The `sandfork-vmm` binary. */
+  binary: string;
+  socketPath: string;
+  /** The daemon's --templates: one built template per folder (see templates.ts). */
+  templatesDir: string;
+  /** More `serve` options (e.g. ["--max-timeout-ms", "30000"]). */
+  serveArgs?: string[];
+  /** How long a start may take until the socket answers hello. */
+  readyTimeoutMs?: number;
+  /** Restart backoff: first delay, doubled per quick death up to the maximum. */
+  restartMinMs?: number;
+  restartMaxMs?: number;
+  /** A daemon up this long has its backoff reset. */
+  stableAfterMs?: number;
+  /** After SIGTERM, how long to wait before SIGKILL. */
+  stopTimeoutMs?: number;
+  log?: (line: string) => void;
+}
+
+export interface DaemonProcessInfo {
+  pid: number;
+  /** The daemon's hello `server` (name and version). */
+  server: string;
+}
+
+type State = "idle" | "starting" | "running" | "waiting-to-restart" | "stopping" | "stopped";
+
+/** Lines of the daemon's stderr kept for error messages. */
+const STDERR_TAIL_LINES = 20;
+const PROBE_INTERVAL_MS = 25;
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+export class DaemonSupervisor {
+  private readonly options: Required<Omit<SupervisorOptions, "log">>;
+  private readonly log: (line: string) => void;
+  private state: State = "idle";
+  private child: ChildProcess | null = null;
+  private stderrTail: string[] = [];
+  private startedAt = 0;
+  private backoffMs: number;
+  private restartTimer: NodeJS.Timeout | undefined;
+  private readonly readyListeners = new Set<(info: DaemonProcessInfo) => void>();
+  private restartCount = 0;
+  private readonly killOnExit = () => this.child?.kill("SIGKILL");
+
+  constructor(options: SupervisorOptions) {
+    this.options = {
+      binary: options.binary,
+      socketPath: options.socketPath,
+      templatesDir: options.templatesDir,
+      serveArgs: options.serveArgs ?? [],
+      readyTimeoutMs: options.readyTimeoutMs ?? 15_000,
+      restartMinMs: options.restartMinMs ?? 200,
+      restartMaxMs: options.restartMaxMs ?? 10_000,
+      stableAfterMs: options.stableAfterMs ?? 30_000,
+      stopTimeoutMs: options.stopTimeoutMs ?? 5_000,
+    };
+    this.log = options.log ?? (() => {});
+    this.backoffMs = this.options.restartMinMs;
+  }
+
+  /** The running daemon's pid, if one is running. */
+  get pid(): number | undefined {
+    return this.child?.pid;
+  }
+
+  /** How many times the daemon was restarted after dying. */
+  get restarts(): number {
+    return this.restartCount;
+  }
+
+  /** Called after every start that reached hello, including restarts. Returns an unsubscribe. */
+  onReady(listener: (info: DaemonProcessInfo) => void): () => void {
+    this.readyListeners.add(listener);
+    return () => this.readyListeners.delete(listener);
+  }
+
+  /**
+   * Starts the daemon and resolves once its socket answers hello. Rejects (and leaves nothing
+   * running) when another server already answers at the socket path, or when this first start
+   * fails; later deaths are restarted instead.
+   */
+  async start(): Promise<DaemonProcessInfo> {
+    if (this.state !== "idle") throw new Error(`the supervisor was already started (${this.state})`);
+    const existing = await DaemonConnection.open(this.options.socketPath, 1_000).then(
+      (connection) => {
+        connection.close();
+        return connection.server;
+      },
+      () => null,
+    );
+    if (existing !== null) {
+      this.state = "stopped";
+      throw new Error(`${existing} is already serving at ${this.options.socketPath}; stop it or choose another socket path`);
+    }
+    process.on("exit", this.killOnExit);
+    try {
+      return await this.launch();
+    } catch (error) {
+      await this.stop();
+      throw error;
+    }
+  }
+
+  /** Stops the daemon (SIGTERM: in-flight executions finish; SIGKILL after stopTimeoutMs). */
+  async stop(): Promise<void> {
+    if (this.state === "stopped") return;
+    this.state = "stopping";
+    clearTimeout(this.restartTimer);
+    process.off("exit", this.killOnExit);
+    const child = this.child;
+    if (child !== null && child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise<void>((r) => child.once("exit", () => r()));
+      child.kill("SIGTERM");
+      const killer = setTimeout(() => {
+        this.log(`sandfork-vmm (pid ${child.pid}) did not stop within ${this.options.stopTimeoutMs} ms; killing it`);
+        child.kill("SIGKILL");
+      }, this.options.stopTimeoutMs);
+      await exited;
+      clearTimeout(killer);
+    }
+    this.child = null;
+    this.state = "stopped";
+  }
+
+  private async launch(): Promise<DaemonProcessInfo> {
+    this.state = "starting";
+    const args = ["serve", "--socket", this.options.socketPath, "--templates", this.options.templatesDir, ...this.options.serveArgs];
+    const child = spawn(this.options.binary, args, { stdio: ["ignore", "pipe", "pipe"] });
+    this.child = child;
+    this.stderrTail = [];
+    this.startedAt = Date.now();
+    const forward = (chunk: Buffer) => {
+      for (const line of chunk.toString("utf8").split("\n")) {
+        if (line.trim() === "") continue;
+        this.stderrTail.push(line);
+        if (this.stderrTail.length > STDERR_TAIL_LINES) this.stderrTail.shift();
+        this.log(`[sandfork-vmm] ${line}`);
+      }
+    };
+    child.stdout?.on("data", forward);
+    child.stderr?.on("data", forward);
+    let spawnError: Error | null = null;
+    child.once("error", (error) => {
+      spawnError = error;
+    });
+    child.once("exit", (code, signal) => this.exited(child, code, signal));
+
+    const deadline = Date.now() + this.options.readyTimeoutMs;
+    for (;;) {
+      if (this.child !== child || this.isStopping()) {
+        throw new Error("the supervisor was stopped while sandfork-vmm was starting");
+      }
+      if (spawnError !== null) throw new Error(`cannot start ${this.options.binary}: ${(spawnError as Error).message}`);
+      if (child.exitCode !== null || child.signalCode !== null) {
+        throw new Error(`sandfork-vmm exited during start-up (${child.signalCode ?? `exit code ${child.exitCode}`})${this.stderrSummary()}`);
+      }
+      try {
+        const probe = await DaemonConnection.open(this.options.socketPath, 1_000);
+        probe.close();
+        const info = { pid: child.pid as number, server: probe.server };
+        this.state = "running";
+        this.log(`${info.server} serving at ${this.options.socketPath} (pid ${info.pid})`);
+        for (const listener of this.readyListeners) listener(info);
+        return info;
+      } catch (error) {
+        if (Date.now() > deadline) {
+          child.kill("SIGKILL");
+          throw new Error(`sandfork-vmm did not answer at ${this.options.socketPath} within ${this.options.readyTimeoutMs} ms (${(error as Error).message})${this.stderrSummary()}`);
+        }
+        await sleep(PROBE_INTERVAL_MS);
+      }
+    }
+  }
+
+  private isStopping(): boolean {
+    return this.state === "stopping" || this.state === "stopped";
+  }
+
+  private stderrSummary(): string {
+    return this.stderrTail.length === 0 ? "" : `; its last output:\n  ${this.stderrTail.join("\n  ")}`;
+  }
+
+  private exited(child: ChildProcess, code: number | null, signal: NodeJS.Signals | null): void {
+    if (this.child !== child) return;
+    const how = signal !== null ? `killed by ${signal}` : `exit code ${code}`;
+    if (this.isStopping()) {
+      this.log(`sandfork-vmm (pid ${child.pid}) stopped (${how})`);
+      return;
+    }
+    if (this.state === "starting") return; // launch() reports it
+    if (Date.now() - this.startedAt >= this.options.stableAfterMs) this.backoffMs = this.options.restartMinMs;
+    const delay = this.backoffMs;
+    this.backoffMs = Math.min(this.backoffMs * 2, this.options.restartMaxMs);
+    this.log(`sandfork-vmm (pid ${child.pid}) died (${how}); restarting in ${delay} ms`);
+    this.scheduleRestart(delay);
+  }
+
+  private scheduleRestart(delay: number): void {
+    this.state = "waiting-to-restart";
+    this.child = null;
+    this.restartTimer = setTimeout(() => {
+      this.restartCount += 1;
+      this.launch().catch((error: Error) => {
+        if (this.isStopping()) return;
+        const next = this.backoffMs;
+        this.backoffMs = Math.min(this.backoffMs * 2, this.options.restartMaxMs);
+        this.log(`restarting sandfork-vmm failed: ${error.message}; next attempt in ${next} ms`);
+        this.child?.kill("SIGKILL");
+        this.scheduleRestart(next);
+      });
+    }, delay);
+  }
+}

@@ -1,0 +1,204 @@
+// The template registry: the templates the daemon serves and the file images behind them.
+//
+// Sources: one folder per template under templates/ (the repository's), each with an image
+// manifest `image.json` (native-vmm/IMAGE.md). Built images: one folder per template under the
+// templates directory the daemon is started with (`sandfork-vmm serve --templates DIR`, by
+// default .sandfork/templates/): DIR/<name>/ holds image.index and image.data as written by
+// `sandfork-vmm image build`; the folder's name is the template's name
+// (native-vmm/src/daemon/templates.rs). Beside them, DIR/<name>/build.json records what the image
+// was built from, so that a start rebuilds only a missing or stale image.
+//
+// Stale means: the manifest's bytes changed, the builder binary changed, a host file under the
+// manifest's paths changed (size or mtime, walked recursively), or the Debian package database
+// changed (/var/lib/dpkg/status: an upgrade may replace a shared library the image copied from
+// outside the manifest's paths). A build goes to a hidden folder (the daemon skips names
+// starting with '.') and is renamed into place, so the daemon never sees a half-built image.
+import { spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, lstatSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { dirname, isAbsolute, join, resolve } from "node:path";
+
+export interface TemplateSource {
+  /** The template's name: the folder name under the templates directory. */
+  name: string;
+  /** The image manifest (e.g. templates/python/image.json). */
+  manifestPath: string;
+}
+
+export interface TemplateBuildOptions {
+  /** The `sandfork-vmm` binary (its `image build` command builds images). */
+  binary: string;
+  /** Where built templates go; the daemon's --templates. */
+  templatesDir: string;
+  log?: (line: string) => void;
+  /** Rebuild even when the recorded inputs are unchanged. */
+  force?: boolean;
+}
+
+export interface TemplateBuildResult {
+  name: string;
+  dir: string;
+  /** What happened: built now (and why), or up to date. */
+  action: "built" | "up-to-date";
+  reason: string;
+}
+
+const BUILD_RECORD = "build.json";
+const IMAGE_FILES = ["image.index", "image.data"];
+const PACKAGE_DATABASE = "/var/lib/dpkg/status";
+/** Keeps the console readable: a builder's output beyond this is summarised. */
+const MAX_LOGGED_LINES = 20;
+
+/** Every `<root>/<name>/image.json`, sorted by name. */
+export function discoverTemplateSources(root: string): TemplateSource[] {
+  if (!existsSync(root)) return [];
+  return readdirSync(root, { withFileTypes: true })
+    .filter((entry) => entry.isDirectory() && existsSync(join(root, entry.name, "image.json")))
+    .map((entry) => ({ name: entry.name, manifestPath: join(root, entry.name, "image.json") }))
+    .sort((a, b) => a.name.localeCompare(b.name));
+}
+
+interface ManifestPaths {
+  paths: string[];
+}
+
+/** The host paths a manifest names (required and optional), resolved against its folder. */
+function manifestHostPaths(manifestPath: string, manifestText: string): ManifestPaths {
+  let manifest: unknown;
+  try {
+    manifest = JSON.parse(manifestText);
+  } catch (error) {
+    throw new Error(`template manifest ${manifestPath} is not JSON: ${(error as Error).message}`);
+  }
+  const record = (typeof manifest === "object" && manifest !== null ? manifest : {}) as Record<string, unknown>;
+  const entries = [record.paths, record.optional_paths].flatMap((list) => (Array.isArray(list) ? list : []));
+  const paths = entries.flatMap((entry: unknown) => {
+    const host = typeof entry === "string" ? entry : typeof entry === "object" && entry !== null ? (entry as { host?: unknown }).host : undefined;
+    if (typeof host !== "string") return [];
+    return [isAbsolute(host) ? host : resolve(dirname(manifestPath), host)];
+  });
+  return { paths };
+}
+
+/** Size and mtime of every file under `path` (symlinks are recorded, not followed), into `hash`. */
+function hashTree(path: string, hash: ReturnType<typeof createHash>): void {
+  let stat;
+  try {
+    stat = lstatSync(path);
+  } catch {
+    hash.update(`${path}\0absent\n`);
+    return;
+  }
+  hash.update(`${path}\0${stat.mode}\0${stat.size}\0${stat.mtimeMs}\n`);
+  if (stat.isSymbolicLink()) {
+    // The target is what the image holds; a changed target changes its stat.
+    try {
+      const target = statSync(path);
+      hash.update(`->\0${target.size}\0${target.mtimeMs}\n`);
+    } catch {
+      hash.update("->\0dangling\n");
+    }
+  } else if (stat.isDirectory()) {
+    for (const name of readdirSync(path).sort()) hashTree(join(path, name), hash);
+  }
+}
+
+interface BuildRecord {
+  manifestSha256: string;
+  inputsSha256: string;
+  builder: string;
+  builtAt: string;
+}
+
+/** What the image in `templatesDir/<name>` would be built from now. */
+function currentInputs(source: TemplateSource, binary: string): Omit<BuildRecord, "builtAt"> {
+  const manifestText = readFileSync(source.manifestPath, "utf8");
+  const inputs = createHash("sha256");
+  for (const path of manifestHostPaths(source.manifestPath, manifestText).paths) hashTree(path, inputs);
+  hashTree(PACKAGE_DATABASE, inputs);
+  const builder = statSync(binary);
+  return {
+    manifestSha256: createHash("sha256").update(manifestText).digest("hex"),
+    inputsSha256: inputs.digest("hex"),
+    builder: `${resolve(binary)} size ${builder.size} mtime ${builder.mtimeMs}`,
+  };
+}
+
+async function readRecord(dir: string): Promise<BuildRecord | undefined> {
+  try {
+    return JSON.parse(await readFile(join(dir, BUILD_RECORD), "utf8")) as BuildRecord;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Why the template in `dir` must be (re)built, or null when it is up to date. */
+async function staleness(dir: string, inputs: Omit<BuildRecord, "builtAt">): Promise<string | null> {
+  if (IMAGE_FILES.some((file) => !existsSync(join(dir, file)))) return "no image yet";
+  const record = await readRecord(dir);
+  if (record === undefined) return "no build record";
+  if (record.manifestSha256 !== inputs.manifestSha256) return "the manifest changed";
+  if (record.builder !== inputs.builder) return "the sandfork-vmm binary changed";
+  if (record.inputsSha256 !== inputs.inputsSha256) return "host files under the manifest's paths or installed packages changed";
+  return null;
+}
+
+/** Runs `binary image build`, echoing its output (at most MAX_LOGGED_LINES lines) to `log`. */
+function runImageBuild(binary: string, manifestPath: string, outDir: string, log: (line: string) => void): Promise<void> {
+  return new Promise((resolvePromise, reject) => {
+    const child = spawn(binary, ["image", "build", "--manifest", manifestPath, "--out", outDir], { stdio: ["ignore", "pipe", "pipe"] });
+    const lines: string[] = [];
+    const collect = (chunk: Buffer) => {
+      for (const line of chunk.toString("utf8").split("\n")) if (line.trim() !== "") lines.push(line);
+    };
+    child.stdout.on("data", collect);
+    child.stderr.on("data", collect);
+    child.on("error", (error) => reject(new Error(`cannot run ${binary}: ${error.message}`)));
+    child.on("close", (code, signal) => {
+      const shown = lines.slice(-MAX_LOGGED_LINES);
+      if (lines.length > shown.length) log(`  … ${lines.length - shown.length} earlier line(s)`);
+      for (const line of shown) log(`  ${line}`);
+      if (code === 0) resolvePromise();
+      else reject(new Error(`${binary} image build --manifest ${manifestPath} failed (${signal ?? `exit code ${code}`})`));
+    });
+  });
+}
+
+/** Builds the template's image into templatesDir/<name> unless an up-to-date one is there. */
+export async function ensureTemplate(source: TemplateSource, options: TemplateBuildOptions): Promise<TemplateBuildResult> {
+  const log = options.log ?? (() => {});
+  const dir = join(options.templatesDir, source.name);
+  if (!existsSync(options.binary)) {
+    throw new Error(`the sandfork-vmm binary is missing at ${options.binary}; build it with \`cd native-vmm && cargo build --release\``);
+  }
+  const inputs = currentInputs(source, options.binary);
+  const reason = options.force ? "a rebuild was asked for" : await staleness(dir, inputs);
+  if (reason === null) return { name: source.name, dir, action: "up-to-date", reason: "inputs unchanged" };
+
+  log(`template ${source.name}: building its image from ${source.manifestPath} (${reason})`);
+  const started = performance.now();
+  await mkdir(options.templatesDir, { recursive: true });
+  const building = join(options.templatesDir, `.building-${source.name}-${process.pid}`);
+  const replaced = join(options.templatesDir, `.replaced-${source.name}-${process.pid}`);
+  await rm(building, { recursive: true, force: true });
+  try {
+    await runImageBuild(options.binary, source.manifestPath, building, log);
+    const record: BuildRecord = { ...inputs, builtAt: new Date().toISOString() };
+    await writeFile(join(building, BUILD_RECORD), `${JSON.stringify(record, null, 2)}\n`);
+    if (existsSync(dir)) await rename(dir, replaced);
+    await rename(building, dir);
+  } finally {
+    await rm(building, { recursive: true, force: true });
+    await rm(replaced, { recursive: true, force: true });
+  }
+  log(`template ${source.name}: image ready in ${dir} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
+  return { name: source.name, dir, action: "built", reason };
+}
+
+/** ensureTemplate for each source, one after another (builds are I/O-heavy on a 2-core machine). */
+export async function ensureTemplates(sources: TemplateSource[], options: TemplateBuildOptions): Promise<TemplateBuildResult[]> {
+  const results: TemplateBuildResult[] = [];
+  for (const source of sources) results.push(await ensureTemplate(source, options));
+  return results;
+}

@@ -320,3 +320,267 @@ fn parse_limits(value: &Value, id: Option<u64>, policy: &LimitPolicy) -> Result<
         output_bytes: pick("output_bytes", 0, default.output_bytes, max.output_bytes)?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::json;
+
+    const POLICY: LimitPolicy = LimitPolicy {
+        default: ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 },
+        max: ExecutionLimits { timeout_ms: 30_000, memory_mib: 512, output_bytes: 2 << 20 },
+    };
+
+    fn value(text: &str) -> Value {
+        json::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    fn parse(text: &str) -> Result<(u64, Request), RequestError> {
+        parse_request(&value(text), &POLICY)
+    }
+
+    fn execute(text: &str) -> ExecuteRequest {
+        match parse(text) {
+            Ok((_, Request::Execute(request))) => request,
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
+    /// The error message of a refused request (which must be a bad_request for `id`).
+    fn refused(text: &str, id: Option<u64>) -> String {
+        match parse(text) {
+            Err(e) => {
+                assert_eq!((e.code, e.id), (ErrorCode::BadRequest, id), "{text}: {}", e.message);
+                e.message
+            }
+            Ok(ok) => panic!("{text} was accepted: {ok:?}"),
+        }
+    }
+
+    /// `{"id":7,"type":"execute","template":"python","code":"x",<extra>}`.
+    fn with(extra: &str) -> String {
+        format!(r#"{{"id":7,"type":"execute","template":"python","code":"x"{}{extra}}}"#, if extra.is_empty() { "" } else { "," })
+    }
+
+    #[test]
+    fn hello_must_ask_for_our_protocol() {
+        assert_eq!(parse_hello(&value(r#"{"type":"hello","protocol":1}"#)), Ok(1));
+        let e = parse_hello(&value(r#"{"type":"hello","protocol":2}"#)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedProtocol);
+        assert!(e.message.contains("protocol 2"), "{}", e.message);
+        for bad in [
+            r#"{"type":"hello"}"#,
+            r#"{"type":"hello","protocol":"1"}"#,
+            r#"{"type":"hello","protocol":1.0}"#,
+            r#"{"type":"hello","protocol":-1}"#,
+            r#"{"type":"hello","protocol":9007199254740992}"#,
+            r#"{"type":"hello","protocol":[1]}"#,
+            r#"{"type":"hello","protocol":1,"client":"x"}"#,
+            r#"{"type":"health","id":1}"#,
+            r#"{"protocol":1}"#,
+            r#"{"type":1,"protocol":1}"#,
+        ] {
+            let e = parse_hello(&value(bad)).unwrap_err();
+            assert_eq!((e.code, e.id), (ErrorCode::BadRequest, None), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn ids_and_types_are_checked_first() {
+        assert_eq!(parse(r#"{"id":0,"type":"health"}"#), Ok((0, Request::Health)));
+        assert_eq!(parse(r#"{"type":"stats","id":9007199254740991}"#), Ok((MAX_INTEGER, Request::Stats)));
+        assert_eq!(parse(r#"{"id":3,"type":"list_templates"}"#), Ok((3, Request::ListTemplates)));
+        for no_id in [r#"{"type":"health"}"#, r#"{"id":null,"type":"health"}"#, r#"{"id":-1,"type":"health"}"#, r#"{"id":1.5,"type":"health"}"#, r#"{"id":"1","type":"health"}"#, r#"{"id":9007199254740992,"type":"health"}"#, r#"{"id":1e3,"type":"health"}"#] {
+            refused(no_id, None);
+        }
+        assert_eq!(refused(r#"{"id":4}"#, Some(4)), "type is required");
+        assert_eq!(refused(r#"{"id":4,"type":["health"]}"#, Some(4)), "type must be a string");
+        assert_eq!(refused(r#"{"id":4,"type":"reboot"}"#, Some(4)), "unknown request type 'reboot'");
+        assert_eq!(refused(r#"{"id":4,"type":"hello","protocol":1}"#, Some(4)), "the handshake is already done");
+        assert_eq!(refused(r#"{"id":4,"type":"health","verbose":true}"#, Some(4)), "unknown field 'verbose'");
+        // A hostile type name is not echoed whole.
+        let long = format!(r#"{{"id":4,"type":"{}"}}"#, "x".repeat(10_000));
+        assert!(refused(&long, Some(4)).len() < 200);
+    }
+
+    #[test]
+    fn the_protocol_example_parses_whole() {
+        let request = execute(
+            r#"{"id": 7, "type": "execute", "template": "python", "code": "print(6*7)", "stdin": "in",
+                "argv": ["script.py", "--flag"], "env": {"LANG": "C.UTF-8", "X": ""},
+                "files": [{"path": "data.csv", "content": "a,b\n1,2\n", "encoding": "utf8"},
+                          {"path": "dir/blob.bin", "content": "AP8=", "encoding": "base64"},
+                          {"path": "dir/sub/t.txt", "content": ""}],
+                "limits": {"timeout_ms": 5000, "memory_mib": 128, "output_bytes": 4096}}"#,
+        );
+        assert_eq!(
+            request,
+            ExecuteRequest {
+                template: "python".into(),
+                code: "print(6*7)".into(),
+                stdin: b"in".to_vec(),
+                argv: vec!["script.py".into(), "--flag".into()],
+                env: vec![("LANG".into(), "C.UTF-8".into()), ("X".into(), "".into())],
+                files: vec![
+                    InputFile { path: "data.csv".into(), content: b"a,b\n1,2\n".to_vec() },
+                    InputFile { path: "dir/blob.bin".into(), content: vec![0, 0xff] },
+                    InputFile { path: "dir/sub/t.txt".into(), content: vec![] },
+                ],
+                limits: ExecutionLimits { timeout_ms: 5000, memory_mib: 128, output_bytes: 4096 },
+            }
+        );
+    }
+
+    #[test]
+    fn optional_fields_default_and_limits_clamp() {
+        let request = execute(&with(""));
+        assert_eq!((request.stdin.len(), request.argv.clone(), request.env.len(), request.files.len()), (0, vec![DEFAULT_ARGV0.to_owned()], 0, 0));
+        assert_eq!(request.limits, POLICY.default);
+        // null is the same as absent.
+        assert_eq!(execute(&with(r#""stdin":null,"argv":null,"env":null,"files":null,"limits":null"#)), request);
+
+        let clamped = execute(&with(r#""limits":{"timeout_ms":9007199254740991,"memory_mib":100000,"output_bytes":99999999}"#));
+        assert_eq!(clamped.limits, POLICY.max);
+        let partial = execute(&with(r#""limits":{"timeout_ms":1,"output_bytes":0}"#));
+        assert_eq!(partial.limits, ExecutionLimits { timeout_ms: 1, memory_mib: 256, output_bytes: 0 });
+        assert!(refused(&with(r#""limits":{"timeout_ms":0}"#), Some(7)).contains("limits.timeout_ms must be an integer from 1"));
+        assert!(refused(&with(r#""limits":{"memory_mib":15}"#), Some(7)).contains("from 16"));
+        assert!(refused(&with(r#""limits":{"memory_mib":2.5}"#), Some(7)).contains("limits.memory_mib"));
+        assert_eq!(refused(&with(r#""limits":{"timeout":5}"#), Some(7)), "unknown field 'timeout' in limits");
+        assert_eq!(refused(&with(r#""limits":[5]"#), Some(7)), "limits must be an object");
+
+        // Defaults above a small maximum are clamped too.
+        let small = LimitPolicy::new(POLICY.default, ExecutionLimits { timeout_ms: 100, memory_mib: 64, output_bytes: 10 });
+        assert_eq!(small.default, ExecutionLimits { timeout_ms: 100, memory_mib: 64, output_bytes: 10 });
+    }
+
+    #[test]
+    fn every_field_refuses_every_wrong_type() {
+        let junk = ["1", "-1", "1.5", "true", r#""s""#, "[]", "{}", r#"[{"a":[{"b":null}]}]"#];
+        // Each field with the junk values of the right type (which may be valid).
+        let fields: [(&str, &[&str]); 8] = [
+            ("type", &[r#""s""#]),
+            ("template", &[r#""s""#]),
+            ("code", &[r#""s""#]),
+            ("stdin", &[r#""s""#]),
+            ("argv", &["[]"]),
+            ("env", &["{}"]),
+            ("files", &["[]"]),
+            ("limits", &["{}"]),
+        ];
+        for (field, right_type) in fields {
+            for junk in junk.iter().filter(|j| !right_type.contains(j)) {
+                let mut request = value(&with(""));
+                let Value::Object(members) = &mut request else { unreachable!() };
+                members.retain(|(k, _)| k != field);
+                members.push((field.to_owned(), value(junk)));
+                let text = request.to_json();
+                match parse_request(&request, &POLICY) {
+                    Err(e) => {
+                        assert_eq!((e.code, e.id), (ErrorCode::BadRequest, Some(7)), "{text}");
+                        assert!(e.message.contains(field), "{text}: {}", e.message);
+                    }
+                    Ok(ok) => panic!("{text}: accepted {ok:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn required_fields_are_required() {
+        assert_eq!(refused(r#"{"id":7,"type":"execute","code":"x"}"#, Some(7)), "template is required");
+        assert_eq!(refused(r#"{"id":7,"type":"execute","template":"python"}"#, Some(7)), "code is required");
+        assert_eq!(refused(r#"{"id":7,"type":"execute","template":"","code":"x"}"#, Some(7)), "template must be 1 to 255 bytes");
+        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "unknown field 'timeout_ms'");
+    }
+
+    #[test]
+    fn argv_and_env_are_c_strings_in_bounds() {
+        assert!(refused(&with(r#""argv":[]"#), Some(7)).contains("1 to 1024 entries"));
+        let many = format!(r#""argv":[{}]"#, vec![r#""a""#; MAX_ARGS + 1].join(","));
+        assert!(refused(&with(&many), Some(7)).contains("1 to 1024 entries"));
+        assert_eq!(refused(&with(r#""argv":["a",1]"#), Some(7)), "argv[1] must be a string");
+        assert_eq!(refused(&with(r#""argv":["a\u0000b"]"#), Some(7)), "argv[0] contains a NUL character");
+        assert_eq!(execute(&with(r#""argv":["é","--x=1",""]"#)).argv, vec!["é", "--x=1", ""]);
+
+        assert!(refused(&with(r#""env":{"A=B":"1"}"#), Some(7)).contains("without '='"));
+        assert!(refused(&with(r#""env":{"":"1"}"#), Some(7)).contains("must be 1 to 255 bytes"));
+        assert_eq!(refused(&with(r#""env":{"A":"\u0000"}"#), Some(7)), "env.A contains a NUL character");
+        assert_eq!(refused(&with(r#""env":{"A":1}"#), Some(7)), "env.A must be a string");
+        let many: Vec<String> = (0..=MAX_ENV).map(|i| format!(r#""V{i}":"""#)).collect();
+        assert!(refused(&with(&format!(r#""env":{{{}}}"#, many.join(","))), Some(7)).contains("at most 1024"));
+    }
+
+    #[test]
+    fn file_paths_stay_inside_the_working_directory() {
+        let file = |path: &str| with(&format!(r#""files":[{{"path":{},"content":"x"}}]"#, Value::from(path)));
+        for ok in ["a", "a/b/c.txt", "..a", "a..", ".hidden", "é/ü", &"x".repeat(255)] {
+            assert_eq!(execute(&file(ok)).files[0].path, ok);
+        }
+        for bad in ["", "/etc/passwd", "..", "../x", "a/../../x", "a/./b", ".", "a//b", "a/", "a\u{0}b", &"x".repeat(256), &"a/".repeat(600)] {
+            let message = refused(&file(bad), Some(7));
+            assert!(message.starts_with("files[0].path"), "{bad:?}: {message}");
+        }
+        let two = |a: &str, b: &str| with(&format!(r#""files":[{{"path":"{a}","content":""}},{{"path":"{b}","content":""}}]"#));
+        assert_eq!(refused(&two("a", "a"), Some(7)), "files lists a path twice");
+        assert!(refused(&two("a", "a/b"), Some(7)).contains("'a' is a file"));
+        assert!(refused(&two("x/y/z", "x/y"), Some(7)).contains("'x/y' is a file"));
+        assert_eq!(execute(&two("a", "ab/c")).files.len(), 2);
+        assert_eq!(execute(&two("a.b", "a/b")).files.len(), 2);
+    }
+
+    #[test]
+    fn file_entries_are_checked_field_by_field() {
+        let entry = |body: &str| with(&format!(r#""files":[{body}]"#));
+        assert_eq!(refused(&entry(r#""a""#), Some(7)), "files[0] must be an object");
+        assert_eq!(refused(&entry(r#"{"content":"x"}"#), Some(7)), "files[0].path is required");
+        assert_eq!(refused(&entry(r#"{"path":"a"}"#), Some(7)), "files[0].content is required");
+        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","mode":420}"#), Some(7)), "unknown field 'mode' in files[0]");
+        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":"hex"}"#), Some(7)), "files[0].encoding must be 'utf8' or 'base64', not 'hex'");
+        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":1}"#), Some(7)), "files[0].encoding must be a string");
+        assert!(refused(&entry(r#"{"path":"a","content":"Zg","encoding":"base64"}"#), Some(7)).starts_with("files[0].content: "));
+        assert_eq!(refused(&entry(r#"{"path":"a","content":["x"]}"#), Some(7)), "files[0].content must be a string");
+        let many = vec![r#"{"path":"a","content":""}"#; MAX_FILES + 1].join(",");
+        assert!(refused(&entry(&many), Some(7)).contains("at most 1024"));
+    }
+
+    /// Deterministic hostile JSON: random trees of every kind of value, placed in every field.
+    #[test]
+    fn random_values_in_every_field_never_panic() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        fn tree(next: &mut dyn FnMut() -> u64, depth: u32) -> Value {
+            match next() % if depth > 3 { 6 } else { 8 } {
+                0 => Value::Null,
+                1 => Value::Bool(next() % 2 == 0),
+                2 => Value::from(next() >> (next() % 64)),
+                3 => Value::from(-((next() % 1000) as i64)),
+                4 => Value::from((next() % 1000) as f64 / 7.0),
+                5 => Value::from(["", "a", "..", "/x", "python", "utf8", "base64", "Zg==", "\u{0}", "é"][(next() % 10) as usize]),
+                6 => Value::Array((0..next() % 4).map(|_| tree(next, depth + 1)).collect()),
+                _ => Value::Object((0..next() % 4).map(|i| (["path", "content", "encoding", "timeout_ms", "x", "A"][((next() + i) % 6) as usize].to_owned(), tree(next, depth + 1))).collect()),
+            }
+        }
+        let keys = ["id", "type", "template", "code", "stdin", "argv", "env", "files", "limits", "other"];
+        for _ in 0..20_000 {
+            let mut members: Vec<(String, Value)> = vec![("id".into(), Value::from(1u64)), ("type".into(), Value::from("execute")), ("template".into(), Value::from("python")), ("code".into(), Value::from("x"))];
+            let key = keys[(next() % keys.len() as u64) as usize];
+            members.retain(|(k, _)| k != key);
+            members.push((key.into(), tree(&mut next, 0)));
+            match parse_request(&Value::Object(members), &POLICY) {
+                Ok((id, Request::Execute(r))) => {
+                    assert!(id == 1 || key == "id");
+                    assert!(r.limits.timeout_ms <= POLICY.max.timeout_ms && r.limits.memory_mib >= MIN_MEMORY_MIB);
+                    assert!(r.files.iter().all(|f| check_relative_path(&f.path).is_ok()));
+                }
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => assert_eq!(e.code, ErrorCode::BadRequest, "{}", e.message),
+            }
+        }
+    }
+}

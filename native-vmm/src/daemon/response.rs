@@ -178,3 +178,90 @@ pub fn execution(id: u64, run: &Execution, limits: &ExecutionLimits, times: Requ
         ),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::daemon::executor::Usage;
+    use crate::status::GuestFault;
+
+    const LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 1000, memory_mib: 64, output_bytes: 10 };
+    const TIMES: RequestTimes = RequestTimes { queue: Duration::from_micros(12), total: Duration::from_micros(1380) };
+
+    fn run(status: RunStatus, stdout: &[u8]) -> Value {
+        let usage = Usage { wall_us: 1360, cpu_us: 900, peak_memory_bytes: 18_350_080, pages_copied: 0, syscalls: 31, exits: 33 };
+        let finished = Execution { status, stdout: stdout.to_vec(), stderr: b"err".to_vec(), vm_setup: Duration::from_micros(410), run: Duration::from_micros(950), usage };
+        execution(7, &finished, &LIMITS, TIMES)
+    }
+
+    #[test]
+    fn an_exit_maps_to_ok_or_error_with_its_code() {
+        let ok = run(RunStatus::Exited { code: 0 }, b"42\n");
+        assert_eq!(
+            ok.to_json(),
+            concat!(
+                r#"{"id":7,"type":"execution","status":"ok","exit_code":0,"stdout":"42\n","stderr":"err","truncated":false,"fault":null,"#,
+                r#""limits":{"timeout_ms":1000,"memory_mib":64,"output_bytes":10},"timings":{"queue_us":12,"fork_us":410,"exec_us":950,"total_us":1380},"#,
+                r#""usage":{"wall_us":1360,"cpu_us":900,"peak_memory_bytes":18350080,"pages_copied":0,"syscalls":31,"exits":33}}"#
+            )
+        );
+        let error = run(RunStatus::Exited { code: -3 }, b"");
+        assert_eq!((error.get("status"), error.get("exit_code")), (Some(&Value::from("error")), Some(&Value::from(-3i64))));
+    }
+
+    #[test]
+    fn other_statuses_have_no_exit_code_and_only_a_crash_has_a_fault() {
+        let fault = GuestFault { vector: 14, error_code: 6, rip: 0x40_1000, address: Some(0) };
+        let cases = [
+            (RunStatus::Timeout { limit_ms: 1000 }, "timeout"),
+            (RunStatus::OutOfMemory { limit_bytes: 64 << 20 }, "out_of_memory"),
+            (RunStatus::OutputLimit { cap_bytes: 10 }, "output_limit"),
+            (RunStatus::Crashed { fault }, "crashed"),
+            (RunStatus::Unsupported { syscall: 41, name: "socket" }, "unsupported"),
+        ];
+        for (status, kind) in cases {
+            let v = run(status, b"");
+            assert_eq!(v.get("status"), Some(&Value::from(kind)));
+            assert_eq!(v.get("exit_code"), Some(&Value::Null), "{kind}");
+            assert_eq!(v.get("truncated"), Some(&Value::Bool(kind == "output_limit")), "{kind}");
+            let fault = v.get("fault").unwrap();
+            if kind == "crashed" {
+                assert_eq!(fault.to_json(), r#"{"vector":14,"name":"segmentation fault (page fault)","rip":4198400,"address":0}"#);
+            } else {
+                assert!(fault.is_null(), "{kind}");
+            }
+        }
+        let no_address = run(RunStatus::Crashed { fault: GuestFault { vector: 6, error_code: 0, rip: 1, address: None } }, b"");
+        assert_eq!(no_address.get("fault").and_then(|f| f.get("address")), Some(&Value::Null));
+    }
+
+    #[test]
+    fn output_is_lossy_utf8() {
+        let v = run(RunStatus::Exited { code: 0 }, b"ok \xff\xfe \xc3\xa9 \xe2\x82");
+        assert_eq!(v.get("stdout").and_then(Value::as_str), Some("ok \u{fffd}\u{fffd} é \u{fffd}"));
+    }
+
+    #[test]
+    fn errors_carry_code_retryability_and_id() {
+        assert_eq!(error(None, ErrorCode::BadFrame, "m").to_json(), r#"{"id":null,"type":"error","code":"bad_frame","message":"m","retryable":false}"#);
+        let retryable: Vec<&str> = [ErrorCode::BadFrame, ErrorCode::BadRequest, ErrorCode::UnsupportedProtocol, ErrorCode::UnknownTemplate, ErrorCode::Unavailable, ErrorCode::Busy, ErrorCode::Internal]
+            .into_iter()
+            .filter(|c| c.retryable())
+            .map(ErrorCode::as_str)
+            .collect();
+        assert_eq!(retryable, ["unavailable", "busy", "internal"]);
+        assert_eq!(ErrorCode::from(&ExecuteError::Rejected("x".into())), ErrorCode::BadRequest);
+        assert_eq!(error(Some(9), ErrorCode::from(&ExecuteError::UnknownTemplate("ruby".into())), "m").get("code"), Some(&Value::from("unknown_template")));
+    }
+
+    #[test]
+    fn health_is_ok_only_when_vms_can_run() {
+        let up = health(2, &Health { kvm: Ok(()), templates: 1 });
+        assert_eq!(up.to_json(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
+        let down = health(2, &Health { kvm: Err("/dev/kvm is missing".into()), templates: 1 });
+        assert_eq!((down.get("ok"), down.get("kvm").and_then(Value::as_str)), (Some(&Value::Bool(false)), Some("unavailable: /dev/kvm is missing")));
+        assert_eq!(health(2, &Health { kvm: Ok(()), templates: 0 }).get("ok"), Some(&Value::Bool(false)));
+    }
+}

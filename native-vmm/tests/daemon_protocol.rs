@@ -1,0 +1,307 @@
+//! The daemon's server over a real Unix socket, with a scripted in-process executor standing
+//! in for VMs: framing errors, the handshake, concurrency, `busy`, disconnects and shutdown.
+//! (Real executions through the same server: daemon_ptrace.rs; the real binary:
+//! daemon_binary.rs.)
+
+mod daemon_support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use daemon_support::{assert_error, config, parse, scratch, str_of, u64_of, wait_for, Client, Running};
+use sandfork_vmm::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
+use sandfork_vmm::daemon::server::{Server, ServerConfig};
+use sandfork_vmm::json::Value;
+use sandfork_vmm::status::RunStatus;
+
+/// Executes by script: code "block" waits until `release`, "panic" panics, anything else
+/// "runs" at once and prints the code back. Template "fake" only.
+#[derive(Default)]
+struct ScriptedExecutor {
+    released: Mutex<bool>,
+    release_signal: Condvar,
+    started: AtomicUsize,
+    finished: AtomicUsize,
+}
+
+impl ScriptedExecutor {
+    fn release(&self) {
+        *self.released.lock().unwrap() = true;
+        self.release_signal.notify_all();
+    }
+}
+
+impl Executor for ScriptedExecutor {
+    fn execute(&self, request: &ExecuteRequest) -> Result<Execution, ExecuteError> {
+        if request.template != "fake" {
+            return Err(ExecuteError::UnknownTemplate(request.template.clone()));
+        }
+        self.started.fetch_add(1, Ordering::SeqCst);
+        match request.code.as_str() {
+            "block" => {
+                let mut released = self.released.lock().unwrap();
+                while !*released {
+                    released = self.release_signal.wait(released).unwrap();
+                }
+            }
+            "panic" => panic!("scripted executor panic"),
+            _ => {}
+        }
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        let usage = Usage { wall_us: 5, cpu_us: 4, peak_memory_bytes: 4096, pages_copied: 0, syscalls: 3, exits: 3 };
+        Ok(Execution { status: RunStatus::Exited { code: 0 }, stdout: format!("{}\n", request.code).into_bytes(), stderr: vec![], vm_setup: Duration::from_micros(1), run: Duration::from_micros(2), usage })
+    }
+
+    fn templates(&self) -> Vec<TemplateInfo> {
+        vec![TemplateInfo { name: "fake".into(), content_hash: "00".repeat(32), language: "python".into(), ready: true }]
+    }
+
+    fn health(&self) -> Health {
+        Health { kvm: Ok(()), templates: 1 }
+    }
+
+    fn pools(&self) -> Vec<PoolStats> {
+        vec![PoolStats { template: "fake".into(), ready: 2, target: 4, forks: 9 }]
+    }
+}
+
+fn start(tag: &str, max_in_flight: usize) -> (Running, Arc<ScriptedExecutor>) {
+    let executor = Arc::new(ScriptedExecutor::default());
+    let running = Running::start(&scratch(tag), executor.clone(), config(max_in_flight));
+    (running, executor)
+}
+
+fn execute(id: u64, code: &str) -> String {
+    format!(r#"{{"id":{id},"type":"execute","template":"fake","code":{}}}"#, Value::from(code))
+}
+
+/// A connection still works: a health request is answered.
+fn assert_serves(client: &mut Client, id: u64) {
+    let health = client.call(&format!(r#"{{"id":{id},"type":"health"}}"#));
+    assert_eq!((str_of(&health, "type"), u64_of(&health, "id")), ("health", id), "{health}");
+}
+
+#[test]
+fn handshake_then_list_health_and_stats() {
+    let (server, _) = start("hello", 2);
+    let mut client = Client::connect(&server.path);
+    let hello = client.call(r#"{"type":"hello","protocol":1}"#);
+    assert_eq!(hello, parse(concat!(r#"{"type":"hello","protocol":1,"server":"sandfork-vmm "#, env!("CARGO_PKG_VERSION"), r#""}"#)));
+    assert_eq!(client.call(r#"{"id":1,"type":"list_templates"}"#).to_json(), format!(r#"{{"id":1,"type":"templates","templates":[{{"name":"fake","content_hash":"{}","language":"python","ready":true}}]}}"#, "00".repeat(32)));
+    assert_eq!(client.call(r#"{"id":2,"type":"health"}"#).to_json(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
+    let answer = client.call(&execute(3, "hi"));
+    assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout"), u64_of(&answer, "id")), ("ok", "hi\n", 3), "{answer}");
+    assert_eq!(client.call(r#"{"id":4,"type":"stats"}"#).to_json(), r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"pools":[{"template":"fake","ready":2,"target":4,"forks":9}]}"#);
+    server.stop();
+}
+
+#[test]
+fn a_wrong_protocol_version_is_refused_and_closed() {
+    let (server, _) = start("version", 2);
+    let mut client = Client::connect(&server.path);
+    let answer = client.call(r#"{"type":"hello","protocol":2}"#);
+    assert_error(&answer, "unsupported_protocol", None);
+    assert!(str_of(&answer, "message").contains("protocol 1"), "{answer}");
+    assert!(client.is_closed());
+    // A client that gets the version right is served.
+    assert_serves(&mut Client::hello(&server.path), 1);
+}
+
+#[test]
+fn requests_before_the_handshake_are_bad_requests_and_the_hello_still_works() {
+    let (server, _) = start("prehello", 2);
+    let mut client = Client::connect(&server.path);
+    assert_error(&client.call(r#"{"id":1,"type":"health"}"#), "bad_request", None);
+    assert_error(&client.call(r#"{"type":"hello","protocol":"1"}"#), "bad_request", None);
+    assert_error(&client.call("[1]"), "bad_frame", None);
+    assert_eq!(str_of(&client.call(r#"{"type":"hello","protocol":1}"#), "type"), "hello");
+    assert_error(&client.call(r#"{"id":5,"type":"hello","protocol":1}"#), "bad_request", Some(5));
+    assert_serves(&mut client, 6);
+}
+
+#[test]
+fn malformed_frames_get_error_frames_and_the_connection_goes_on() {
+    let (server, _) = start("malformed", 2);
+    let mut client = Client::hello(&server.path);
+    let mut other = Client::hello(&server.path);
+    let payloads: [&[u8]; 8] = [b"", b"\xff\xfe", b"{\"a\":\"\xc3\"}", b"not json", b"[]", b"\"s\"", b"{\"a\":1,}", b"{\"id\":1,\"type\":\"health\"}{}"];
+    for payload in payloads {
+        client.send_payload(payload);
+        let answer = client.recv();
+        assert_error(&answer, "bad_frame", None);
+        assert_serves(&mut other, 1);
+    }
+    // Valid JSON objects that are not valid requests are bad requests, with the id when known.
+    assert_error(&client.call(r#"{"id":9,"type":"execute","template":"fake"}"#), "bad_request", Some(9));
+    assert_error(&client.call(r#"{"id":-9,"type":"health"}"#), "bad_request", None);
+    assert_error(&client.call(r#"{"id":10,"type":"execute","template":"ruby","code":"x"}"#), "unknown_template", Some(10));
+    let nested = format!(r#"{{"id":11,"type":"execute","template":"fake","code":"x","env":{}1{}}}"#, "[".repeat(100), "]".repeat(100));
+    assert_error(&client.call(&nested), "bad_frame", None);
+    assert_serves(&mut client, 12);
+}
+
+#[test]
+fn an_oversized_length_closes_only_that_connection() {
+    let (server, _) = start("oversized", 2);
+    let mut client = Client::hello(&server.path);
+    let mut other = Client::hello(&server.path);
+    client.send_raw(&(16u32 << 20 | 1).to_be_bytes());
+    let answer = client.recv();
+    assert_error(&answer, "bad_frame", None);
+    assert!(str_of(&answer, "message").contains("exceeds the limit"), "{answer}");
+    assert!(client.is_closed());
+    assert_serves(&mut other, 1);
+    assert_serves(&mut Client::hello(&server.path), 2);
+}
+
+#[test]
+fn a_frame_cut_short_by_a_disconnect_harms_nobody() {
+    let (server, _) = start("truncated", 2);
+    for cut in [1, 3, 4, 10] {
+        let mut client = Client::hello(&server.path);
+        let mut frame = 40u32.to_be_bytes().to_vec();
+        frame.extend_from_slice(br#"{"id":1,"type":"health"}"#);
+        client.send_raw(&frame[..cut]);
+        drop(client);
+    }
+    assert_serves(&mut Client::hello(&server.path), 1);
+}
+
+#[test]
+fn responses_come_as_executions_complete() {
+    let (server, executor) = start("order", 4);
+    let mut client = Client::hello(&server.path);
+    client.send(&execute(1, "block"));
+    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 1));
+    // Requests on one connection run concurrently: id 2 finishes while id 1 is still running.
+    let second = client.call(&execute(2, "quick"));
+    assert_eq!((u64_of(&second, "id"), str_of(&second, "stdout")), (2, "quick\n"), "{second}");
+    // An id already in flight on this connection is refused; other requests are still served.
+    assert_error(&client.call(&execute(1, "again")), "bad_request", Some(1));
+    let stats = client.call(r#"{"id":3,"type":"stats"}"#);
+    assert_eq!((u64_of(&stats, "in_flight"), u64_of(&stats, "executions")), (1, 1), "{stats}");
+    executor.release();
+    let first = client.recv();
+    assert_eq!((u64_of(&first, "id"), str_of(&first, "stdout")), (1, "block\n"), "{first}");
+    server.stop();
+}
+
+#[test]
+fn beyond_the_in_flight_limit_requests_are_busy() {
+    let (server, executor) = start("busy", 2);
+    let mut a = Client::hello(&server.path);
+    let mut b = Client::hello(&server.path);
+    a.send(&execute(1, "block"));
+    b.send(&execute(1, "block"));
+    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 2));
+    // The limit is over all connections.
+    for client in [&mut a, &mut b] {
+        let busy = client.call(&execute(2, "more"));
+        assert_error(&busy, "busy", Some(2));
+        assert!(str_of(&busy, "message").contains("maximum of 2"), "{busy}");
+    }
+    // Non-execution requests are still answered.
+    assert_serves(&mut a, 3);
+    executor.release();
+    for client in [&mut a, &mut b] {
+        let done = client.recv();
+        assert_eq!((u64_of(&done, "id"), str_of(&done, "status")), (1, "ok"), "{done}");
+        // A slot is free again.
+        let retried = client.call(&execute(2, "more"));
+        assert_eq!(str_of(&retried, "stdout"), "more\n", "{retried}");
+    }
+    server.stop();
+}
+
+#[test]
+fn a_client_gone_mid_execution_does_not_harm_the_server() {
+    let (server, executor) = start("gone", 2);
+    let mut client = Client::hello(&server.path);
+    client.send(&execute(1, "block"));
+    client.send(&execute(2, "block"));
+    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 2));
+    drop(client);
+    executor.release();
+    assert!(wait_for(Duration::from_secs(10), || executor.finished.load(Ordering::SeqCst) == 2));
+    let mut other = Client::hello(&server.path);
+    assert!(wait_for(Duration::from_secs(10), || u64_of(&other.call(r#"{"id":1,"type":"stats"}"#), "in_flight") == 0));
+    let answer = other.call(&execute(2, "after"));
+    assert_eq!(str_of(&answer, "stdout"), "after\n", "{answer}");
+    server.stop();
+}
+
+#[test]
+fn an_executor_panic_is_an_internal_error() {
+    let (server, _) = start("panic", 2);
+    let mut client = Client::hello(&server.path);
+    assert_error(&client.call(&execute(1, "panic")), "internal", Some(1));
+    assert_eq!(str_of(&client.call(&execute(2, "fine")), "status"), "ok");
+    server.stop();
+}
+
+#[test]
+fn connections_beyond_the_limit_are_told_busy() {
+    let executor = Arc::new(ScriptedExecutor::default());
+    let config = ServerConfig { max_connections: 1, ..config(2) };
+    let server = Running::start(&scratch("conns"), executor, config);
+    let mut first = Client::hello(&server.path);
+    let mut second = Client::connect(&server.path);
+    assert_error(&second.recv(), "busy", None);
+    assert!(second.is_closed());
+    assert_serves(&mut first, 1);
+    drop(first);
+    // The slot comes back once the first connection is gone.
+    assert!(wait_for(Duration::from_secs(10), || {
+        let mut client = Client::connect(&server.path);
+        client.send(r#"{"type":"hello","protocol":1}"#);
+        str_of(&client.recv(), "type") == "hello"
+    }));
+}
+
+#[test]
+fn stopping_finishes_in_flight_work_and_removes_the_socket() {
+    let (server, executor) = start("stop", 2);
+    let path = server.path.clone();
+    let mut client = Client::hello(&path);
+    client.send(&execute(1, "block"));
+    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 1));
+    let stopper = server.stopper.clone();
+    let stopping = std::thread::spawn(move || server.stop());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!stopping.is_finished(), "the server waits for the execution in flight");
+    executor.release();
+    let done = client.recv();
+    assert_eq!(str_of(&done, "status"), "ok", "{done}");
+    stopping.join().unwrap();
+    assert!(!path.exists(), "the socket file is removed");
+    stopper.stop(); // stopping twice is harmless
+}
+
+#[test]
+fn the_socket_file_is_replaced_only_when_stale() {
+    let dir = scratch("replace");
+    let path = dir.join("s.sock");
+    let executor: Arc<ScriptedExecutor> = Arc::new(ScriptedExecutor::default());
+
+    // A regular file is never replaced.
+    std::fs::write(&path, b"precious").unwrap();
+    let error = Server::bind(&path, executor.clone(), config(1)).err().expect("a regular file must not be replaced");
+    assert!(error.to_string().contains("not a socket"), "{error}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+    std::fs::remove_file(&path).unwrap();
+
+    // A stale socket (its listener is gone) is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let server = Running::start(&dir, executor.clone(), config(1));
+    assert_serves(&mut Client::hello(&path), 1);
+
+    // A live one is not.
+    let error = Server::bind(&path, executor, config(1)).err().expect("a live socket must not be replaced");
+    assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse, "{error}");
+    assert_serves(&mut Client::hello(&path), 2);
+    server.stop();
+    assert!(!path.exists());
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no temporary socket is left behind");
+}

@@ -1,0 +1,153 @@
+//! Helpers for the daemon's integration tests: a blocking protocol client over a real Unix
+//! socket, per-process scratch directories and an in-process server.
+
+#![allow(dead_code)] // each test binary uses its own subset of these helpers
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use sandfork_vmm::daemon::executor::{ExecutionLimits, Executor};
+use sandfork_vmm::daemon::frame;
+use sandfork_vmm::daemon::request::LimitPolicy;
+use sandfork_vmm::daemon::server::{Server, ServerConfig, Stopper};
+use sandfork_vmm::json::{self, Value};
+
+/// A fresh directory for this test: `<CARGO_TARGET_TMPDIR>/d-<tag>-<pid>` (short, because a
+/// socket path must fit in 108 bytes).
+pub fn scratch(tag: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("d-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+pub const LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 };
+
+pub fn config(max_in_flight: usize) -> ServerConfig {
+    ServerConfig { max_in_flight, max_connections: 64, limits: LimitPolicy::new(LIMITS, LIMITS) }
+}
+
+/// A server running on its own thread.
+pub struct Running {
+    pub path: PathBuf,
+    pub stopper: Stopper,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Running {
+    pub fn start(dir: &Path, executor: Arc<dyn Executor>, config: ServerConfig) -> Running {
+        let path = dir.join("s.sock");
+        let server = Server::bind(&path, executor, config).unwrap_or_else(|e| panic!("binding {}: {e}", path.display()));
+        let stopper = server.stopper();
+        let thread = thread::spawn(move || server.run());
+        Running { path, stopper, thread: Some(thread) }
+    }
+
+    /// Stops the server and waits until it has finished.
+    pub fn stop(mut self) {
+        self.stopper.stop();
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("server thread panicked").expect("server failed");
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.stopper.stop();
+        }
+    }
+}
+
+/// A protocol client that fails the test on any I/O error or timeout.
+pub struct Client {
+    pub stream: UnixStream,
+}
+
+impl Client {
+    pub fn connect(path: &Path) -> Client {
+        let stream = UnixStream::connect(path).unwrap_or_else(|e| panic!("connecting to {}: {e}", path.display()));
+        stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        Client { stream }
+    }
+
+    /// Connects and completes the handshake.
+    pub fn hello(path: &Path) -> Client {
+        let mut client = Client::connect(path);
+        let answer = client.call(r#"{"type":"hello","protocol":1}"#);
+        assert_eq!(answer.get("type").and_then(Value::as_str), Some("hello"), "{answer}");
+        client
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("writing to the daemon");
+    }
+
+    /// Sends `payload` as one frame (any bytes, JSON or not).
+    pub fn send_payload(&mut self, payload: &[u8]) {
+        let mut bytes = (payload.len() as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(payload);
+        self.send_raw(&bytes);
+    }
+
+    pub fn send(&mut self, text: &str) {
+        self.send_payload(text.as_bytes());
+    }
+
+    pub fn recv(&mut self) -> Value {
+        frame::read_frame(&mut self.stream).unwrap_or_else(|e| panic!("reading a response: {e}"))
+    }
+
+    pub fn call(&mut self, text: &str) -> Value {
+        self.send(text);
+        self.recv()
+    }
+
+    /// True when the server has closed the connection (EOF), with no frame before it.
+    pub fn is_closed(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        match self.stream.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+pub fn parse(text: &str) -> Value {
+    json::parse(text.as_bytes()).unwrap()
+}
+
+pub fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_else(|| panic!("{key} is not a string in {v}"))
+}
+
+pub fn u64_of(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or_else(|| panic!("{key} is not an integer in {v}"))
+}
+
+/// Asserts `v` is an error frame with `code` and `id`.
+pub fn assert_error(v: &Value, code: &str, id: Option<u64>) {
+    assert_eq!(str_of(v, "type"), "error", "{v}");
+    assert_eq!(str_of(v, "code"), code, "{v}");
+    assert_eq!(v.get("id"), Some(&id.map_or(Value::Null, Value::from)), "{v}");
+    let retryable = matches!(code, "unavailable" | "busy" | "internal");
+    assert_eq!(v.get("retryable"), Some(&Value::Bool(retryable)), "{v}");
+}
+
+/// Polls `condition` every 10 ms for up to `limit`.
+pub fn wait_for(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if condition() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    condition()
+}

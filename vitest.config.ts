@@ -1,4 +1,29 @@
+import type { Reporter, TestModule } from "vitest/node";
 import { defineConfig } from "vitest/config";
+
+/**
+ * Ends the run with one plain "vitest: N passed, N failed[, N skipped]" line that CI can read.
+ * A test that did not run because a hook of its suite failed (e.g. no PostgreSQL server) counts
+ * as failed, not skipped.
+ */
+class PlainCountReporter implements Reporter {
+  onTestRunEnd(testModules: ReadonlyArray<TestModule>, unhandledErrors: ReadonlyArray<unknown>): void {
+    let passed = 0;
+    let failed = unhandledErrors.length;
+    let skipped = 0;
+    for (const module of testModules) {
+      const tests = [...module.children.allTests()];
+      if (module.state() === "failed" && tests.length === 0) failed++;
+      for (const test of tests) {
+        const state = test.result().state;
+        if (state === "passed") passed++;
+        else if (state === "failed" || test.parent.state() === "failed") failed++;
+        else skipped++;
+      }
+    }
+    console.log(`vitest: ${passed} passed, ${failed} failed${skipped > 0 ? `, ${skipped} skipped` : ""}`);
+  }
+}
 
 export default defineConfig({
   test: {
@@ -7,5 +32,6 @@ export default defineConfig({
     testTimeout: 30_000,
     hookTimeout: 60_000,
     pool: "forks",
+    reporters: ["default", new PlainCountReporter()],
   },
 });

@@ -1,0 +1,156 @@
+//! The real `sandfork-vmm serve` binary with the Python template's real image. On this
+//! development machine there is no /dev/kvm: the daemon must still start, say why in `health`,
+//! list its template and answer `execute` with the retryable `unavailable` error. On a KVM host
+//! the same test expects `kvm: available` and a real execution instead.
+
+mod daemon_support;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use daemon_support::{assert_error, scratch, str_of, u64_of, wait_for, Client};
+use sandfork_vmm::json::Value;
+
+/// A templates directory holding the Python template, built once per test process.
+fn templates_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch("bin-templates");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+        sandfork_vmm::image::build(&manifest, &dir.join("python")).unwrap_or_else(|e| panic!("building the Python image: {e}"));
+        dir
+    })
+}
+
+/// A running daemon process, killed if the test ends without stopping it.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn spawn(socket: &Path, templates: &Path, extra: &[&str]) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_sandfork-vmm"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(socket)
+            .arg("--templates")
+            .arg(templates)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting sandfork-vmm serve")
+    }
+
+    /// Starts the daemon and waits until it accepts connections.
+    fn start(dir: &Path) -> Daemon {
+        let socket = dir.join("s.sock");
+        let mut daemon = Daemon { child: Daemon::spawn(&socket, templates_dir(), &["--max-concurrency", "3"]), socket };
+        let listening = wait_for(Duration::from_secs(30), || std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok() || matches!(daemon.child.try_wait(), Ok(Some(_))));
+        assert!(listening && daemon.child.try_wait().unwrap().is_none(), "the daemon did not start: {}", daemon.stderr());
+        daemon
+    }
+
+    fn stderr(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut text = String::new();
+        if let Some(mut stderr) = self.child.stderr.take() {
+            let _ = stderr.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// Sends SIGTERM (through kill(1): std can only send SIGKILL).
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let sent = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().expect("running kill");
+        assert!(sent.success());
+        self.child.wait().expect("waiting for the daemon")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn serves_health_templates_and_execute_on_this_host() {
+    let mut daemon = Daemon::start(&scratch("bin-serve"));
+    let mut client = Client::hello(&daemon.socket);
+    let kvm_present = Path::new("/dev/kvm").exists();
+
+    let health = client.call(r#"{"id":1,"type":"health"}"#);
+    assert_eq!(u64_of(&health, "templates"), 1, "{health}");
+    let kvm = str_of(&health, "kvm");
+    if kvm_present {
+        assert_eq!(kvm, "available", "{health}");
+    } else {
+        assert!(kvm.starts_with("unavailable: /dev/kvm is missing"), "{health}");
+        assert_eq!(health.get("ok"), Some(&Value::Bool(false)), "{health}");
+    }
+
+    let listed = client.call(r#"{"id":2,"type":"list_templates"}"#);
+    let templates = listed.get("templates").and_then(Value::as_array).expect("a template list");
+    assert_eq!(templates.len(), 1, "{listed}");
+    let image = sandfork_vmm::fs::Image::open(&templates_dir().join("python")).unwrap();
+    let hash: String = image.content_hash().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!((str_of(&templates[0], "name"), str_of(&templates[0], "language"), str_of(&templates[0], "content_hash")), ("python", "python", hash.as_str()));
+    assert_eq!(templates[0].get("ready"), Some(&Value::Bool(kvm_present)));
+
+    let answer = client.call(r#"{"id":3,"type":"execute","template":"python","code":"print(6*7)"}"#);
+    if kvm_present {
+        assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "42\n"), "{answer}");
+    } else {
+        assert_error(&answer, "unavailable", Some(3));
+        assert!(str_of(&answer, "message").contains("/dev/kvm"), "{answer}");
+    }
+    assert_error(&client.call(r#"{"id":4,"type":"execute","template":"ruby","code":"x"}"#), "unknown_template", Some(4));
+
+    let stats = client.call(r#"{"id":5,"type":"stats"}"#);
+    assert_eq!(stats.to_json(), format!(r#"{{"id":5,"type":"stats","executions":{},"in_flight":0,"pools":[]}}"#, u64::from(kvm_present)));
+    drop(client);
+
+    let status = daemon.terminate();
+    assert!(status.success(), "exit status {status}: {}", daemon.stderr());
+    assert!(!daemon.socket.exists(), "SIGTERM removes the socket file");
+    let log = daemon.stderr();
+    assert!(log.contains("listening on") && log.contains("signal 15, stopping"), "{log}");
+}
+
+#[test]
+fn a_second_daemon_on_a_live_socket_is_refused() {
+    let dir = scratch("bin-twice");
+    let mut first = Daemon::start(&dir);
+    let second = Daemon::spawn(&first.socket, templates_dir(), &[]).wait_with_output().unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&second.stderr).contains("another server is listening"), "{}", String::from_utf8_lossy(&second.stderr));
+    // The first one is unaffected.
+    let mut client = Client::hello(&first.socket);
+    assert_eq!(str_of(&client.call(r#"{"id":1,"type":"health"}"#), "type"), "health");
+    assert!(first.terminate().success());
+}
+
+#[test]
+fn a_broken_template_stops_the_start() {
+    let dir = scratch("bin-broken");
+    let templates = dir.join("templates");
+    std::fs::create_dir_all(templates.join("junk")).unwrap();
+    std::fs::write(templates.join("junk/image.index"), b"not an image").unwrap();
+    let output = Daemon::spawn(&dir.join("s.sock"), &templates, &[]).wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("junk"), "{stderr}");
+    assert!(!dir.join("s.sock").exists());
+
+    let output = Daemon::spawn(&dir.join("s.sock"), &dir.join("missing"), &[]).wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("listing templates"));
+}

@@ -79,11 +79,24 @@ export function requestHash(request: NormalizedRequest): string {
   return createHash("sha256").update(JSON.stringify(canonical(request))).digest("hex");
 }
 
+/** A failure of the runtime itself (errors.ts) as the problem the client sees; nothing was billed. */
+function runtimeProblem(error: unknown): ProblemError {
+  if (error instanceof RuntimeUnavailableError) {
+    return new ProblemError("runtime-unavailable", error.message, { headers: { "retry-after": "5" } });
+  }
+  if (error instanceof RuntimeBusyError) {
+    return new ProblemError("runtime-busy", error.message, { headers: { "retry-after": "1" } });
+  }
+  return new ProblemError("runtime-failed", error instanceof Error ? error.message : String(error));
+}
+
 export class ExecutionService {
   constructor(private readonly deps: ExecutionServiceDeps) {}
 
   async templates(): Promise<Template[]> {
-    return this.requireRuntime().templates();
+    return this.requireRuntime().templates().catch((error: unknown) => {
+      throw runtimeProblem(error);
+    });
   }
 
   async execute(principal: Principal, input: ExecutionInput, idempotencyKey: string | null): Promise<ExecutionOutcome> {
@@ -100,7 +113,9 @@ export class ExecutionService {
     }
 
     const runtime = this.requireRuntime();
-    const known = await runtime.templates();
+    const known = await runtime.templates().catch((error: unknown) => {
+      throw runtimeProblem(error);
+    });
     if (!known.some((t) => t.name === request.template)) {
       throw new ProblemError("unknown-template", `no template named "${request.template}"`, {
         extensions: { templates: known.map((t) => t.name) },
@@ -191,13 +206,7 @@ export class ExecutionService {
     } catch (error) {
       await release(this.deps.db, executionId);
       instruments.executions.add(1, { template: request.template, status: "aborted" });
-      if (error instanceof RuntimeUnavailableError) {
-        throw new ProblemError("runtime-unavailable", error.message, { headers: { "retry-after": "5" } });
-      }
-      if (error instanceof RuntimeBusyError) {
-        throw new ProblemError("runtime-busy", error.message, { headers: { "retry-after": "1" } });
-      }
-      throw new ProblemError("runtime-failed", error instanceof Error ? error.message : String(error));
+      throw runtimeProblem(error);
     }
     const totalMs = performance.now() - started;
     this.recordRuntimePhases(result, startedAt);

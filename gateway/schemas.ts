@@ -185,6 +185,7 @@ export const HealthSchema = z
     status: z.enum(["ok", "degraded"]),
     database: z.enum(["ok", "error"]),
     runtime: z.enum(["connected", "unavailable"]),
+    runtime_detail: z.string().optional().openapi({ description: "What the connected runtime reports, e.g. the daemon's KVM status" }),
   })
   .openapi("Health");
 

@@ -82,13 +82,24 @@ export async function startGateway(
   return {
     url,
     server,
+    /**
+     * Stops accepting requests and lets in-flight executions finish (and settle) for up to the
+     * longest execution timeout; past that they are aborted and their reservations released.
+     */
     async stop() {
-      shutdown.abort();
-      await new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        // Keep-alive connections would hold close() open; in-flight requests still finish.
-        if ("closeIdleConnections" in server) server.closeIdleConnections();
-      });
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      // Keep-alive connections would hold close() open; in-flight requests still finish.
+      if ("closeIdleConnections" in server) server.closeIdleConnections();
+      let drainTimer: NodeJS.Timeout | undefined;
+      const drained = await Promise.race([
+        closed.then(() => true),
+        new Promise<boolean>((resolve) => (drainTimer = setTimeout(() => resolve(false), config.executionLimits.maxTimeoutMs))),
+      ]);
+      clearTimeout(drainTimer);
+      if (!drained) {
+        shutdown.abort();
+        await closed;
+      }
       await telemetry.shutdown();
       await open.close();
     },

@@ -4,6 +4,22 @@ import { sql } from "drizzle-orm";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { HealthSchema } from "../schemas.js";
 
+/** How long /healthz waits for the runtime's own health answer. */
+const RUNTIME_HEALTH_TIMEOUT_MS = 2_000;
+
+/** "connected" when a runtime is attached and (if it can tell) says executions can run now. */
+async function runtimeHealth(ctx: GatewayContext): Promise<{ runtime: "connected" | "unavailable"; runtime_detail?: string }> {
+  const runtime = ctx.runtime();
+  if (runtime === undefined) return { runtime: "unavailable" };
+  if (runtime.health === undefined) return { runtime: "connected" };
+  try {
+    const health = await runtime.health(AbortSignal.timeout(RUNTIME_HEALTH_TIMEOUT_MS));
+    return { runtime: health.ok ? "connected" : "unavailable", runtime_detail: health.detail };
+  } catch (error) {
+    return { runtime: "unavailable", runtime_detail: error instanceof Error ? error.message : String(error) };
+  }
+}
+
 export function registerSystemRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
   const health = createRoute({
     method: "get",
@@ -22,8 +38,8 @@ export function registerSystemRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayConte
     } catch {
       database = "error";
     }
-    const runtime = ctx.runtime() === undefined ? "unavailable" : "connected";
-    const body = { status: database === "ok" && runtime === "connected" ? "ok" : "degraded", database, runtime } as const;
+    const runtime = await runtimeHealth(ctx);
+    const body = { status: database === "ok" && runtime.runtime === "connected" ? "ok" : "degraded", database, ...runtime } as const;
     return database === "ok" ? c.json(body, 200) : c.json(body, 503);
   });
 

@@ -1,0 +1,59 @@
+// How the gateway gets its execution runtime, read once from the environment. Paths default
+// relative to the working directory (`npm start` runs in the repository) and the data directory.
+import { join, resolve } from "node:path";
+
+/**
+ * supervised: build missing templates, run `sandfork-vmm serve` as a child and connect to it;
+ * external: connect to a daemon someone else runs at the socket path;
+ * none: no runtime (executions answer 503 runtime-unavailable).
+ */
+export type RuntimeMode = "supervised" | "external" | "none";
+
+export interface RuntimeConfig {
+  mode: RuntimeMode;
+  /** The `sandfork-vmm` binary. */
+  binary: string;
+  socketPath: string;
+  /** Built templates (the daemon's --templates). */
+  templatesDir: string;
+  /** Template sources: one folder per template holding its image.json. */
+  templateSourcesDir: string;
+  /** Rebuild template images at start even when they look up to date. */
+  rebuildTemplates: boolean;
+  connections: number;
+  maxInFlightPerConnection: number;
+  maxQueued: number;
+}
+
+/** sockaddr_un.sun_path holds 108 bytes including the terminating NUL. */
+export const MAX_SOCKET_PATH_BYTES = 107;
+
+function positive(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
+  const raw = env[name];
+  if (raw === undefined || raw === "") return fallback;
+  const value = Number(raw);
+  if (!Number.isSafeInteger(value) || value <= 0) throw new Error(`${name} must be a positive integer, got ${raw}`);
+  return value;
+}
+
+export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): RuntimeConfig {
+  const mode = env.SANDFORK_RUNTIME ?? "supervised";
+  if (mode !== "supervised" && mode !== "external" && mode !== "none") {
+    throw new Error(`SANDFORK_RUNTIME must be supervised, external or none, got ${mode}`);
+  }
+  const socketPath = resolve(env.SANDFORK_VMM_SOCKET ?? join(dataDir, "run", "sandfork-vmm.sock"));
+  if (Buffer.byteLength(socketPath) > MAX_SOCKET_PATH_BYTES) {
+    throw new Error(`the daemon socket path ${socketPath} is longer than ${MAX_SOCKET_PATH_BYTES} bytes; set SANDFORK_VMM_SOCKET to a shorter one`);
+  }
+  return {
+    mode,
+    binary: resolve(env.SANDFORK_VMM_BIN ?? "native-vmm/target/release/sandfork-vmm"),
+    socketPath,
+    templatesDir: resolve(env.SANDFORK_TEMPLATES_DIR ?? join(dataDir, "templates")),
+    templateSourcesDir: resolve(env.SANDFORK_TEMPLATE_SOURCES ?? "templates"),
+    rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
+    connections: positive(env, "SANDFORK_VMM_CONNECTIONS", 4),
+    maxInFlightPerConnection: positive(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
+    maxQueued: positive(env, "SANDFORK_VMM_MAX_QUEUED", 256),
+  };
+}

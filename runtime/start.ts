@@ -1,0 +1,77 @@
+// Starting the execution runtime the gateway uses, per RuntimeConfig.mode: build the templates,
+// run the daemon under supervision and connect the client (supervised), only connect
+// (external), or nothing (none).
+import { mkdir } from "node:fs/promises";
+import { dirname } from "node:path";
+import type { RuntimeConfig } from "./config.js";
+import { DaemonClient } from "./daemon-client.js";
+import { DaemonSupervisor } from "./supervisor.js";
+import { discoverTemplateSources, ensureTemplates } from "./templates.js";
+
+export interface StartedRuntime {
+  client: DaemonClient;
+  /** Present in supervised mode. */
+  supervisor: DaemonSupervisor | undefined;
+  /** Closes the client and stops the daemon this process started. */
+  stop(): Promise<void>;
+}
+
+/** The largest limits the gateway lets a request ask for; the daemon is told the same maxima. */
+export interface DaemonMaxima {
+  timeoutMs: number;
+  memoryMib: number;
+}
+
+export async function startRuntime(
+  config: RuntimeConfig,
+  maxima: DaemonMaxima,
+  log: (line: string) => void = (line) => console.log(line),
+): Promise<StartedRuntime | undefined> {
+  if (config.mode === "none") {
+    log("SANDFORK_RUNTIME=none: no execution runtime");
+    return undefined;
+  }
+  const client = new DaemonClient({
+    socketPath: config.socketPath,
+    connections: config.connections,
+    maxInFlightPerConnection: config.maxInFlightPerConnection,
+    maxQueued: config.maxQueued,
+    log,
+  });
+
+  if (config.mode === "external") {
+    // The gateway serves anyway; executions answer 503 until the daemon is reachable.
+    await client.connect().catch((error: Error) => log(`${error.message}; retrying in the background`));
+    return { client, supervisor: undefined, stop: async () => client.close() };
+  }
+
+  const sources = discoverTemplateSources(config.templateSourcesDir);
+  if (sources.length === 0) throw new Error(`no template sources (folders with an image.json) in ${config.templateSourcesDir}`);
+  await ensureTemplates(sources, { binary: config.binary, templatesDir: config.templatesDir, force: config.rebuildTemplates, log });
+
+  await mkdir(dirname(config.socketPath), { recursive: true, mode: 0o700 });
+  const supervisor = new DaemonSupervisor({
+    binary: config.binary,
+    socketPath: config.socketPath,
+    templatesDir: config.templatesDir,
+    serveArgs: ["--max-timeout-ms", String(maxima.timeoutMs), "--max-memory-mib", String(maxima.memoryMib)],
+    log,
+  });
+  await supervisor.start();
+  supervisor.onReady(() => client.reconnectNow());
+  try {
+    await client.connect();
+  } catch (error) {
+    client.close();
+    await supervisor.stop();
+    throw error;
+  }
+  return {
+    client,
+    supervisor,
+    async stop() {
+      client.close();
+      await supervisor.stop();
+    },
+  };
+}

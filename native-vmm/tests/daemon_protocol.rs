@@ -5,11 +5,13 @@
 
 mod daemon_support;
 
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use daemon_support::{assert_error, config, parse, scratch, str_of, u64_of, wait_for, Client, Running};
+use sandfork_vmm::daemon::frame;
 use sandfork_vmm::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
 use sandfork_vmm::daemon::server::{Server, ServerConfig};
 use sandfork_vmm::json::Value;
@@ -38,7 +40,7 @@ impl Executor for ScriptedExecutor {
             return Err(ExecuteError::UnknownTemplate(request.template.clone()));
         }
         self.started.fetch_add(1, Ordering::SeqCst);
-        match request.code.as_str() {
+        match request.agent_request.code.as_str() {
             "block" => {
                 let mut released = self.released.lock().unwrap();
                 while !*released {
@@ -50,7 +52,7 @@ impl Executor for ScriptedExecutor {
         }
         self.finished.fetch_add(1, Ordering::SeqCst);
         let usage = Usage { wall_us: 5, cpu_us: 4, peak_memory_bytes: 4096, pages_copied: 0, syscalls: 3, exits: 3 };
-        Ok(Execution { status: RunStatus::Exited { code: 0 }, stdout: format!("{}\n", request.code).into_bytes(), stderr: vec![], vm_setup: Duration::from_micros(1), run: Duration::from_micros(2), usage })
+        Ok(Execution { status: RunStatus::Exited { code: 0 }, stdout: format!("{}\n", request.agent_request.code).into_bytes(), stderr: vec![], vm_setup: Duration::from_micros(1), run: Duration::from_micros(2), usage })
     }
 
     fn templates(&self) -> Vec<TemplateInfo> {
@@ -253,9 +255,12 @@ fn connections_beyond_the_limit_are_told_busy() {
     drop(first);
     // The slot comes back once the first connection is gone.
     assert!(wait_for(Duration::from_secs(10), || {
+        // While the slot is still taken the server may close before the hello is written.
         let mut client = Client::connect(&server.path);
-        client.send(r#"{"type":"hello","protocol":1}"#);
-        str_of(&client.recv(), "type") == "hello"
+        let hello = br#"{"type":"hello","protocol":1}"#;
+        let mut frame = (hello.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(hello);
+        client.stream.write_all(&frame).is_ok() && frame::read_frame(&mut client.stream).is_ok_and(|answer| str_of(&answer, "type") == "hello")
     }));
 }
 

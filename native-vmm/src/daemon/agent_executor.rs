@@ -1,20 +1,18 @@
-//! The production executor: runs each request in a FRESHLY BOOTED VM of its template.
+//! The production executor: runs each request in a FRESHLY BOOTED VM of its template: the
+//! template's agent (templates/python/agent.py) is booted to its ready point and handed the
+//! request (`vm::launch_agent`).
 //!
 //! Boundary for what comes next: the template snapshot (a VM stopped at the agent's ready
-//! point), the copy-on-write fork from it and the warm pool of forks replace `boot_and_run`
-//! below — `execute` will take a ready VM from the template's pool, hand it the request and
-//! collect the result, `Template` will carry the snapshot, `templates()` will report a
-//! template ready once its snapshot exists, and `pools()` the pool counters. Nothing outside
-//! this file changes for that: the server only sees `Executor`.
-//!
-//! Until the in-VM agent (templates/python/agent.py) is in the image, code is handed to the
-//! runtime on its command line (`python3 -c CODE ARGS...`, so `sys.argv[0]` is "-c" and
-//! `argv[0]` of the request is not seen) and requests with `files` are refused: writing them
-//! needs the agent, which receives the whole request inside the VM.
+//! point, `vm::boot_agent`), the copy-on-write fork from it and the warm pool of forks replace
+//! `boot_and_run` below — `execute` will take a ready VM from the template's pool and
+//! `ReadyGuest::serve` it the request, `Template` will carry the snapshot, `templates()` will
+//! report a template ready once its snapshot exists, and `pools()` the pool counters. Nothing
+//! outside this file changes for that: the server only sees `Executor`.
 
 use std::io;
 use std::time::Duration;
 
+use crate::agent::{AgentCommand, PYTHON_AGENT};
 use crate::cpu::GuestCpu;
 use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
 use crate::daemon::templates::{Language, Template};
@@ -23,7 +21,7 @@ use crate::loader::{LoadError, LoadedProgram};
 use crate::memory::GuestMemory;
 use crate::status::RunStatus;
 use crate::sys;
-use crate::vm::{self, LaunchError, RunOutcome, RunRequest};
+use crate::vm::{self, LaunchError, RunLimits, RunOutcome};
 
 /// A vCPU constructor the executor can share between execution threads.
 pub type SharedCpuFactory = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> + Send + Sync;
@@ -70,27 +68,18 @@ impl AgentExecutor {
         self.templates.iter().find(|t| t.name == name)
     }
 
-    /// Boots a VM of `template`, runs the request in it and tears it down.
+    /// Boots a VM of `template`, serves it the request and tears it down.
     fn boot_and_run(&self, template: &Template, request: &ExecuteRequest) -> Result<RunOutcome, LaunchError> {
-        let run = run_request(template.language, request);
-        vm::launch(template.image.clone(), &run, self.make_cpu.as_ref())
+        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes };
+        vm::launch_agent(template.image.clone(), agent_command(template.language), request.agent_request.clone(), &limits, self.make_cpu.as_ref())
     }
 }
 
-/// The command line and environment that hand `request` to `language`'s runtime.
-fn run_request(language: Language, request: &ExecuteRequest) -> RunRequest {
-    let args: Vec<String> = match language {
-        Language::Python => ["-c".to_owned(), request.code.clone()].into_iter().chain(request.argv.iter().skip(1).cloned()).collect(),
-    };
-    let mut run = RunRequest::new("python3", &args);
-    // Request variables replace defaults of the same name.
-    run.envp.retain(|entry| !request.env.iter().any(|(name, _)| entry.split_once('=').is_some_and(|(n, _)| n == name)));
-    run.envp.extend(request.env.iter().map(|(name, value)| format!("{name}={value}")));
-    run.stdin = request.stdin.clone();
-    run.mem_bytes = request.limits.memory_bytes();
-    run.timeout = request.limits.timeout();
-    run.output_cap = request.limits.output_bytes;
-    run
+/// How `language`'s agent is started.
+fn agent_command(language: Language) -> &'static AgentCommand {
+    match language {
+        Language::Python => &PYTHON_AGENT,
+    }
 }
 
 /// Sorts a launch failure into the protocol's errors; a program that does not fit the memory
@@ -105,7 +94,7 @@ fn launch_failure(template: &Template, error: LaunchError) -> Result<Execution, 
             run: Duration::ZERO,
             usage: Usage::default(),
         }),
-        LaunchError::Load(e @ (LoadError::NulInArgument | LoadError::ArgumentsTooLarge { .. })) => Err(ExecuteError::Rejected(format!("the request cannot be passed to the runtime: {e}"))),
+        LaunchError::InvalidRequest(e) => Err(ExecuteError::Rejected(e.0)),
         other => Err(ExecuteError::Internal(format!("template '{}': {other}", template.name))),
     }
 }
@@ -115,9 +104,6 @@ impl Executor for AgentExecutor {
         let template = self.template(&request.template).ok_or_else(|| ExecuteError::UnknownTemplate(request.template.clone()))?;
         if let Some(reason) = &self.unavailable {
             return Err(ExecuteError::Unavailable(reason.clone()));
-        }
-        if !request.files.is_empty() {
-            return Err(ExecuteError::Rejected("files need the in-VM agent, which this build's templates do not have yet".into()));
         }
         let cpu_before = thread_cpu_time();
         let outcome = match self.boot_and_run(template, request) {

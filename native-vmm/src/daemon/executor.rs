@@ -10,15 +10,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::agent::AgentRequest;
 use crate::status::RunStatus;
-
-/// A file placed in the working directory before the code runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InputFile {
-    /// Relative to the working directory; normalised (no `.`, `..` or empty components).
-    pub path: String,
-    pub content: Vec<u8>,
-}
 
 /// The limits one execution runs under, already clamped to the daemon's maxima.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,13 +35,9 @@ impl ExecutionLimits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecuteRequest {
     pub template: String,
-    pub code: String,
-    pub stdin: Vec<u8>,
-    /// argv[0] is the script's name (`sys.argv` for Python).
-    pub argv: Vec<String>,
-    /// Extra environment variables, in request order; names are unique.
-    pub env: Vec<(String, String)>,
-    pub files: Vec<InputFile>,
+    /// What the template's in-VM agent runs: code, argv, env, files, stdin (already checked
+    /// with `AgentRequest::validate`).
+    pub agent_request: AgentRequest,
     pub limits: ExecutionLimits,
 }
 
@@ -85,7 +74,7 @@ pub enum ExecuteError {
     UnknownTemplate(String),
     /// VMs cannot be created now (no KVM, template not ready); retrying may help.
     Unavailable(String),
-    /// The request cannot be run as given (e.g. arguments too large for the guest's stack).
+    /// The request cannot be run as given (a check only the executor can make).
     Rejected(String),
     /// A host failure or a bug; the request did not run.
     Internal(String),

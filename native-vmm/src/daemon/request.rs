@@ -3,17 +3,17 @@
 //! Policy (also in PROTOCOL.md's terms):
 //! - Unknown fields are REJECTED (`bad_request` naming the field): a misspelt optional field
 //!   (`"timeout": 5` for `limits.timeout_ms`) would otherwise silently run with defaults. New
-//!   fields come with a new protocol version.
+//!   fields come with a new protocol version. A null field is the same as an absent one.
 //! - Integers are JSON integers in 0..=2^53-1 (what every JSON client represents exactly).
-//! - Strings that reach the guest as C strings (argv, env) may not contain NUL.
-//! - Counts are bounded (`MAX_ARGS`, `MAX_ENV`, `MAX_FILES`); sizes are bounded by the frame.
+//! - Types are checked here, field by field; what the code, argv, env, files and stdin may
+//!   hold (NUL bytes, paths inside /work, counts and sizes) is `AgentRequest::validate`'s
+//!   rule, applied here too so that a bad request is refused before any VM is involved.
 //! - Limits: each is an integer ≥ its minimum; larger than the daemon's maximum is clamped,
 //!   not refused (PROTOCOL.md), and the clamped value is what the execution runs under.
 
-use std::collections::BTreeSet;
-
+use crate::agent::{AgentRequest, DEFAULT_SCRIPT};
 use crate::daemon::base64;
-use crate::daemon::executor::{ExecuteRequest, ExecutionLimits, InputFile};
+use crate::daemon::executor::{ExecuteRequest, ExecutionLimits};
 use crate::daemon::response::ErrorCode;
 use crate::json::Value;
 
@@ -21,17 +21,10 @@ use crate::json::Value;
 pub const PROTOCOL_VERSION: u64 = 1;
 /// The largest integer a request may carry (JavaScript's Number.MAX_SAFE_INTEGER).
 pub const MAX_INTEGER: u64 = (1 << 53) - 1;
-pub const MAX_ARGS: usize = 1024;
-pub const MAX_ENV: usize = 1024;
-pub const MAX_FILES: usize = 1024;
-/// Template names and environment variable names.
-pub const MAX_NAME_BYTES: usize = 255;
-/// A file path, relative to the working directory, and each of its components.
-pub const MAX_PATH_BYTES: usize = 1024;
-pub const MAX_COMPONENT_BYTES: usize = 255;
-/// Below this a Python guest cannot even load; asking for less is a bad request.
+/// Template names.
+pub const MAX_TEMPLATE_NAME_BYTES: usize = 255;
+/// Below this the Python agent cannot boot; asking for less is a bad request.
 pub const MIN_MEMORY_MIB: u64 = 16;
-pub const DEFAULT_ARGV0: &str = "main.py";
 
 /// Default and maximum limits of a daemon (`serve --max-*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,8 +175,8 @@ fn parse_execute(frame: &Value, id: u64, policy: &LimitPolicy) -> Result<Execute
     let id = Some(id);
     let fields = Fields::new(frame, "", &["id", "type", "template", "code", "stdin", "argv", "env", "files", "limits"], id)?;
     let template = fields.string("template", fields.require("template")?)?;
-    if template.is_empty() || template.len() > MAX_NAME_BYTES {
-        return Err(bad(id, format!("template must be 1 to {MAX_NAME_BYTES} bytes")));
+    if template.is_empty() || template.len() > MAX_TEMPLATE_NAME_BYTES {
+        return Err(bad(id, format!("template must be 1 to {MAX_TEMPLATE_NAME_BYTES} bytes")));
     }
     let code = fields.string("code", fields.require("code")?)?;
     let stdin = match fields.get("stdin") {
@@ -192,7 +185,7 @@ fn parse_execute(frame: &Value, id: u64, policy: &LimitPolicy) -> Result<Execute
     };
     let argv = match fields.get("argv") {
         Some(value) => parse_argv(value, id)?,
-        None => vec![DEFAULT_ARGV0.to_owned()],
+        None => vec![DEFAULT_SCRIPT.to_owned()],
     };
     let env = match fields.get("env") {
         Some(value) => parse_env(value, id)?,
@@ -206,79 +199,35 @@ fn parse_execute(frame: &Value, id: u64, policy: &LimitPolicy) -> Result<Execute
         Some(value) => parse_limits(value, id, policy)?,
         None => policy.default,
     };
-    Ok(ExecuteRequest { template: template.to_owned(), code: code.to_owned(), stdin, argv, env, files, limits })
+    let agent_request = AgentRequest { code: code.to_owned(), argv, env, files, stdin };
+    agent_request.validate().map_err(|e| bad(id, e.0))?;
+    Ok(ExecuteRequest { template: template.to_owned(), agent_request, limits })
 }
 
 fn parse_argv(value: &Value, id: Option<u64>) -> Result<Vec<String>, RequestError> {
     let items = value.as_array().ok_or_else(|| bad(id, "argv must be an array of strings"))?;
-    if items.is_empty() || items.len() > MAX_ARGS {
-        return Err(bad(id, format!("argv must have 1 to {MAX_ARGS} entries")));
-    }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| match item.as_str() {
-            Some(arg) if !arg.contains('\0') => Ok(arg.to_owned()),
-            Some(_) => Err(bad(id, format!("argv[{i}] contains a NUL character"))),
-            None => Err(bad(id, format!("argv[{i}] must be a string"))),
-        })
-        .collect()
+    items.iter().enumerate().map(|(i, item)| item.as_str().map(str::to_owned).ok_or_else(|| bad(id, format!("argv[{i}] must be a string")))).collect()
 }
 
 fn parse_env(value: &Value, id: Option<u64>) -> Result<Vec<(String, String)>, RequestError> {
     let members = value.as_object().ok_or_else(|| bad(id, "env must be an object of strings"))?;
-    if members.len() > MAX_ENV {
-        return Err(bad(id, format!("env may have at most {MAX_ENV} variables")));
-    }
     // The JSON reader has already refused duplicate names.
     members
         .iter()
-        .map(|(name, value)| {
-            if name.is_empty() || name.len() > MAX_NAME_BYTES || name.contains('=') || name.contains('\0') {
-                return Err(bad(id, format!("env name '{}' must be 1 to {MAX_NAME_BYTES} bytes without '=' or NUL", truncate(name))));
-            }
-            match value.as_str() {
-                Some(text) if !text.contains('\0') => Ok((name.clone(), text.to_owned())),
-                Some(_) => Err(bad(id, format!("env.{} contains a NUL character", truncate(name)))),
-                None => Err(bad(id, format!("env.{} must be a string", truncate(name)))),
-            }
+        .map(|(name, value)| match value.as_str() {
+            Some(text) => Ok((name.clone(), text.to_owned())),
+            None => Err(bad(id, format!("env.{} must be a string", truncate(name)))),
         })
         .collect()
 }
 
-/// A relative path with no empty, `.` or `..` components, within the length bounds.
-fn check_relative_path(path: &str) -> Result<(), &'static str> {
-    if path.is_empty() || path.len() > MAX_PATH_BYTES {
-        return Err("must be 1 to 1024 bytes");
-    }
-    if path.starts_with('/') {
-        return Err("must be relative to the working directory");
-    }
-    if path.contains('\0') {
-        return Err("contains a NUL character");
-    }
-    for component in path.split('/') {
-        match component {
-            "" => return Err("has an empty component"),
-            "." | ".." => return Err("may not contain '.' or '..'"),
-            c if c.len() > MAX_COMPONENT_BYTES => return Err("has a component longer than 255 bytes"),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-fn parse_files(value: &Value, id: Option<u64>) -> Result<Vec<InputFile>, RequestError> {
+fn parse_files(value: &Value, id: Option<u64>) -> Result<Vec<(String, Vec<u8>)>, RequestError> {
     let items = value.as_array().ok_or_else(|| bad(id, "files must be an array of objects"))?;
-    if items.len() > MAX_FILES {
-        return Err(bad(id, format!("files may have at most {MAX_FILES} entries")));
-    }
     let mut files = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let place = format!("files[{i}]");
         let fields = Fields::new(item, &place, &["path", "content", "encoding"], id)?;
         let path = fields.string("path", fields.require("path")?)?;
-        check_relative_path(path).map_err(|why| bad(id, format!("{place}.path {why}")))?;
         let content = fields.string("content", fields.require("content")?)?;
         let encoding = match fields.get("encoding") {
             Some(value) => fields.string("encoding", value)?,
@@ -289,18 +238,7 @@ fn parse_files(value: &Value, id: Option<u64>) -> Result<Vec<InputFile>, Request
             "base64" => base64::decode(content).map_err(|why| bad(id, format!("{place}.content: {why}")))?,
             other => return Err(bad(id, format!("{place}.encoding must be 'utf8' or 'base64', not '{}'", truncate(other)))),
         };
-        files.push(InputFile { path: path.to_owned(), content });
-    }
-    // No path twice, and no file where another one needs a directory.
-    let paths: BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
-    if paths.len() != files.len() {
-        return Err(bad(id, "files lists a path twice"));
-    }
-    for file in &files {
-        let as_dir = format!("{}/", file.path);
-        if let Some(inner) = paths.range(as_dir.as_str()..).next().filter(|p| p.starts_with(&as_dir)) {
-            return Err(bad(id, format!("files: '{}' is a file, so '{}' cannot be created", truncate(&file.path), truncate(inner))));
-        }
+        files.push((path.to_owned(), content));
     }
     Ok(files)
 }
@@ -324,6 +262,7 @@ fn parse_limits(value: &Value, id: Option<u64>, policy: &LimitPolicy) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent;
     use crate::json;
 
     const POLICY: LimitPolicy = LimitPolicy {
@@ -417,15 +356,13 @@ mod tests {
             request,
             ExecuteRequest {
                 template: "python".into(),
-                code: "print(6*7)".into(),
-                stdin: b"in".to_vec(),
-                argv: vec!["script.py".into(), "--flag".into()],
-                env: vec![("LANG".into(), "C.UTF-8".into()), ("X".into(), "".into())],
-                files: vec![
-                    InputFile { path: "data.csv".into(), content: b"a,b\n1,2\n".to_vec() },
-                    InputFile { path: "dir/blob.bin".into(), content: vec![0, 0xff] },
-                    InputFile { path: "dir/sub/t.txt".into(), content: vec![] },
-                ],
+                agent_request: AgentRequest {
+                    code: "print(6*7)".into(),
+                    stdin: b"in".to_vec(),
+                    argv: vec!["script.py".into(), "--flag".into()],
+                    env: vec![("LANG".into(), "C.UTF-8".into()), ("X".into(), "".into())],
+                    files: vec![("data.csv".into(), b"a,b\n1,2\n".to_vec()), ("dir/blob.bin".into(), vec![0, 0xff]), ("dir/sub/t.txt".into(), vec![])],
+                },
                 limits: ExecutionLimits { timeout_ms: 5000, memory_mib: 128, output_bytes: 4096 },
             }
         );
@@ -434,7 +371,7 @@ mod tests {
     #[test]
     fn optional_fields_default_and_limits_clamp() {
         let request = execute(&with(""));
-        assert_eq!((request.stdin.len(), request.argv.clone(), request.env.len(), request.files.len()), (0, vec![DEFAULT_ARGV0.to_owned()], 0, 0));
+        assert_eq!(request.agent_request, AgentRequest::new("x"));
         assert_eq!(request.limits, POLICY.default);
         // null is the same as absent.
         assert_eq!(execute(&with(r#""stdin":null,"argv":null,"env":null,"files":null,"limits":null"#)), request);
@@ -495,38 +432,31 @@ mod tests {
     }
 
     #[test]
-    fn argv_and_env_are_c_strings_in_bounds() {
-        assert!(refused(&with(r#""argv":[]"#), Some(7)).contains("1 to 1024 entries"));
-        let many = format!(r#""argv":[{}]"#, vec![r#""a""#; MAX_ARGS + 1].join(","));
-        assert!(refused(&with(&many), Some(7)).contains("1 to 1024 entries"));
+    fn argv_env_and_files_follow_the_agent_rules() {
+        assert!(refused(&with(r#""argv":[]"#), Some(7)).starts_with("argv must have 1 to"));
+        let many = format!(r#""argv":[{}]"#, vec![r#""a""#; agent::MAX_ARGS + 1].join(","));
+        assert!(refused(&with(&many), Some(7)).starts_with("argv must have 1 to"));
         assert_eq!(refused(&with(r#""argv":["a",1]"#), Some(7)), "argv[1] must be a string");
-        assert_eq!(refused(&with(r#""argv":["a\u0000b"]"#), Some(7)), "argv[0] contains a NUL character");
-        assert_eq!(execute(&with(r#""argv":["é","--x=1",""]"#)).argv, vec!["é", "--x=1", ""]);
+        assert_eq!(refused(&with(r#""argv":["a","b\u0000"]"#), Some(7)), "argv[1] contains a NUL byte");
+        assert!(refused(&with(r#""argv":["../x.py"]"#), Some(7)).starts_with("argv[0]"));
+        assert_eq!(execute(&with(r#""argv":["é.py","--x=1",""]"#)).agent_request.argv, vec!["é.py", "--x=1", ""]);
 
         assert!(refused(&with(r#""env":{"A=B":"1"}"#), Some(7)).contains("without '='"));
-        assert!(refused(&with(r#""env":{"":"1"}"#), Some(7)).contains("must be 1 to 255 bytes"));
-        assert_eq!(refused(&with(r#""env":{"A":"\u0000"}"#), Some(7)), "env.A contains a NUL character");
+        assert!(refused(&with(r#""env":{"A":"\u0000"}"#), Some(7)).contains("values without NUL"));
         assert_eq!(refused(&with(r#""env":{"A":1}"#), Some(7)), "env.A must be a string");
-        let many: Vec<String> = (0..=MAX_ENV).map(|i| format!(r#""V{i}":"""#)).collect();
-        assert!(refused(&with(&format!(r#""env":{{{}}}"#, many.join(","))), Some(7)).contains("at most 1024"));
-    }
+        let many: Vec<String> = (0..=agent::MAX_ENV_VARS).map(|i| format!(r#""V{i}":"""#)).collect();
+        assert!(refused(&with(&format!(r#""env":{{{}}}"#, many.join(","))), Some(7)).contains("environment variables, more than"));
 
-    #[test]
-    fn file_paths_stay_inside_the_working_directory() {
         let file = |path: &str| with(&format!(r#""files":[{{"path":{},"content":"x"}}]"#, Value::from(path)));
-        for ok in ["a", "a/b/c.txt", "..a", "a..", ".hidden", "é/ü", &"x".repeat(255)] {
-            assert_eq!(execute(&file(ok)).files[0].path, ok);
-        }
-        for bad in ["", "/etc/passwd", "..", "../x", "a/../../x", "a/./b", ".", "a//b", "a/", "a\u{0}b", &"x".repeat(256), &"a/".repeat(600)] {
+        assert_eq!(execute(&file("a/b/c.txt")).agent_request.files, vec![("a/b/c.txt".to_owned(), b"x".to_vec())]);
+        for bad in ["", "/etc/passwd", "..", "../x", "a/./b", "a//b", "a/", "a\u{0}b", "main.py"] {
             let message = refused(&file(bad), Some(7));
             assert!(message.starts_with("files[0].path"), "{bad:?}: {message}");
         }
         let two = |a: &str, b: &str| with(&format!(r#""files":[{{"path":"{a}","content":""}},{{"path":"{b}","content":""}}]"#));
-        assert_eq!(refused(&two("a", "a"), Some(7)), "files lists a path twice");
-        assert!(refused(&two("a", "a/b"), Some(7)).contains("'a' is a file"));
-        assert!(refused(&two("x/y/z", "x/y"), Some(7)).contains("'x/y' is a file"));
-        assert_eq!(execute(&two("a", "ab/c")).files.len(), 2);
-        assert_eq!(execute(&two("a.b", "a/b")).files.len(), 2);
+        assert!(refused(&two("a", "a"), Some(7)).contains("given twice"));
+        assert!(refused(&two("a", "a/b"), Some(7)).contains("\"a\" is a file"));
+        assert_eq!(execute(&two("a", "ab/c")).agent_request.files.len(), 2);
     }
 
     #[test]
@@ -540,8 +470,9 @@ mod tests {
         assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":1}"#), Some(7)), "files[0].encoding must be a string");
         assert!(refused(&entry(r#"{"path":"a","content":"Zg","encoding":"base64"}"#), Some(7)).starts_with("files[0].content: "));
         assert_eq!(refused(&entry(r#"{"path":"a","content":["x"]}"#), Some(7)), "files[0].content must be a string");
-        let many = vec![r#"{"path":"a","content":""}"#; MAX_FILES + 1].join(",");
-        assert!(refused(&entry(&many), Some(7)).contains("at most 1024"));
+        assert_eq!(execute(&entry(r#"{"path":"a","content":"AP8=","encoding":"base64"}"#)).agent_request.files[0].1, vec![0, 0xff]);
+        let many: Vec<String> = (0..=agent::MAX_FILES).map(|i| format!(r#"{{"path":"f{i}","content":""}}"#)).collect();
+        assert!(refused(&entry(&many.join(",")), Some(7)).contains("files, more than"));
     }
 
     /// Deterministic hostile JSON: random trees of every kind of value, placed in every field.
@@ -576,7 +507,7 @@ mod tests {
                 Ok((id, Request::Execute(r))) => {
                     assert!(id == 1 || key == "id");
                     assert!(r.limits.timeout_ms <= POLICY.max.timeout_ms && r.limits.memory_mib >= MIN_MEMORY_MIB);
-                    assert!(r.files.iter().all(|f| check_relative_path(&f.path).is_ok()));
+                    assert_eq!(r.agent_request.validate(), Ok(()));
                 }
                 Ok(other) => panic!("{other:?}"),
                 Err(e) => assert_eq!(e.code, ErrorCode::BadRequest, "{}", e.message),

@@ -1,0 +1,130 @@
+// The supervisor running the REAL `sandfork-vmm serve`: restart after SIGKILL with the calls in
+// flight failing retryably, backoff, refusing a taken socket, a start-up failure, stop.
+import { existsSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { DaemonClient } from "./daemon-client.js";
+import { RuntimeConnectionLostError, RuntimeUnavailableError } from "./errors.js";
+import { DaemonSupervisor } from "./supervisor.js";
+import { type DaemonFixture, requireVmmBinary, startDaemon } from "./testing/real-daemon.js";
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
+});
+
+async function daemonWithLog(): Promise<{ daemon: DaemonFixture; log: string[] }> {
+  const log: string[] = [];
+  const daemon = await startDaemon({ log: (line) => log.push(line) });
+  cleanups.push(() => daemon.dispose());
+  return { daemon, log };
+}
+
+function client(socketPath: string, connections: number): DaemonClient {
+  const c = new DaemonClient({ socketPath, connections });
+  cleanups.push(() => c.close());
+  return c;
+}
+
+function nextReady(supervisor: DaemonSupervisor): Promise<{ pid: number }> {
+  return new Promise((resolve) => {
+    const off = supervisor.onReady((info) => {
+      off();
+      resolve(info);
+    });
+  });
+}
+
+describe("DaemonSupervisor with sandfork-vmm serve", () => {
+  it("restarts a daemon killed with SIGKILL; calls in flight fail retryably, later calls succeed", async () => {
+    const { daemon, log } = await daemonWithLog();
+    const runtime = client(daemon.socketPath, 2);
+    daemon.supervisor.onReady(() => runtime.reconnectNow());
+    await runtime.connect();
+    const firstPid = daemon.supervisor.pid as number;
+
+    // Stopped, the daemon holds every answer: these four are certainly in flight at its death.
+    process.kill(firstPid, "SIGSTOP");
+    const inFlight = [
+      runtime.daemonHealth(),
+      runtime.stats(),
+      runtime.templates(),
+      runtime.execute(
+        { executionId: "x", template: "python", code: "print(1)", stdin: "", args: [], env: {}, files: [], timeoutMs: 1_000, memoryMb: 64 },
+        new AbortController().signal,
+      ),
+    ].map((call) => call.then(() => "answered", (error: Error) => error));
+    expect(runtime.status().inFlight).toBe(4);
+    const restarted = nextReady(daemon.supervisor);
+    process.kill(firstPid, "SIGKILL");
+
+    for (const outcome of await Promise.all(inFlight)) {
+      expect(outcome).toBeInstanceOf(RuntimeConnectionLostError);
+      expect(outcome).toBeInstanceOf(RuntimeUnavailableError); // the gateway's 503, nothing billed
+      expect(outcome).toMatchObject({ code: "connection_lost", retryable: true });
+    }
+
+    const info = await restarted;
+    expect(info.pid).not.toBe(firstPid);
+    expect(daemon.supervisor.restarts).toBe(1);
+    expect(log.join("\n")).toContain(`sandfork-vmm (pid ${firstPid}) died (killed by SIGKILL)`);
+    await runtime.waitUntilConnected(5_000);
+    expect((await runtime.daemonHealth()).templates).toBe(1);
+    expect(await runtime.templates()).toEqual([expect.objectContaining({ name: "python" })]);
+  });
+
+  it("backs off between quick successive deaths", async () => {
+    const { daemon, log } = await daemonWithLog();
+    for (let death = 0; death < 2; death++) {
+      const restarted = nextReady(daemon.supervisor);
+      process.kill(daemon.supervisor.pid as number, "SIGKILL");
+      await restarted;
+    }
+    const delays = log.flatMap((line) => /restarting in (\d+) ms/.exec(line)?.[1] ?? []).map(Number);
+    expect(delays).toEqual([50, 100]);
+    expect(daemon.supervisor.restarts).toBe(2);
+  });
+
+  it("stop() ends the daemon with SIGTERM: its socket is removed and clients lose their connection", async () => {
+    const { daemon, log } = await daemonWithLog();
+    const runtime = client(daemon.socketPath, 1);
+    await runtime.connect();
+    expect(existsSync(daemon.socketPath)).toBe(true);
+    await daemon.supervisor.stop();
+    expect(daemon.supervisor.pid).toBeUndefined();
+    expect(existsSync(daemon.socketPath)).toBe(false);
+    expect(log.join("\n")).toMatch(/stopped \(exit code 0\)/);
+    expect(daemon.supervisor.restarts).toBe(0);
+    await expect(runtime.daemonHealth()).rejects.toBeInstanceOf(RuntimeUnavailableError);
+  });
+
+  it("refuses to start a second daemon on a socket another one serves", async () => {
+    const { daemon } = await daemonWithLog();
+    const second = new DaemonSupervisor({ binary: requireVmmBinary(), socketPath: daemon.socketPath, templatesDir: daemon.templatesDir });
+    await expect(second.start()).rejects.toThrow(/sandfork-vmm .* is already serving at/);
+    expect(second.pid).toBeUndefined();
+    // The first one is untouched.
+    const runtime = client(daemon.socketPath, 1);
+    await runtime.connect();
+    expect((await runtime.daemonHealth()).templates).toBe(1);
+  });
+
+  it("a daemon that cannot start fails start() with its own explanation", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "sfk-rt-"));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const supervisor = new DaemonSupervisor({
+      binary: requireVmmBinary(),
+      socketPath: join(dir, "vmm.sock"),
+      templatesDir: join(dir, "no-such-templates"),
+    });
+    const error = await supervisor.start().then(
+      () => new Error("started"),
+      (e: Error) => e,
+    );
+    expect(error.message).toMatch(/sandfork-vmm exited during start-up \(exit code 1\)/);
+    expect(error.message).toContain("no-such-templates");
+    expect(supervisor.pid).toBeUndefined();
+  });
+});

@@ -562,4 +562,101 @@ mod tests {
             other => panic!("expected a CPU error, got {other:?}"),
         }
     }
+
+    // ---- the agent hand-off ----
+
+    const AGENT: AgentCommand = AgentCommand { program: PROGRAM, argv: &[PROGRAM] };
+
+    fn await_request(buf: u64, len: u64) -> CpuExit {
+        CpuExit::Syscall { nr: AWAIT_REQUEST_SYSCALL, args: [buf, len, 0, 0, 0, 0] }
+    }
+
+    /// What a scripted agent run left behind.
+    struct Served {
+        outcome: Result<RunOutcome, LaunchError>,
+        log: Arc<Mutex<Log>>,
+        call: [u64; 6],
+        /// Guest memory at the AWAIT_REQUEST buffer after the run (64 bytes).
+        buffer: Vec<u8>,
+    }
+
+    /// Boots /bin/prog as an agent on a scripted CPU (`script` gets guest memory and a free
+    /// address to use) and, at the ready point, serves `request`.
+    fn serve_scripted(script: impl Fn(&GuestMemory, u64) -> Vec<CpuExit>, request: AgentRequest) -> Served {
+        let (image, _dir) = test_image();
+        let log = Arc::new(Mutex::new(Log::default()));
+        let cpu_log = log.clone();
+        let make_cpu = factory(move |mem, loaded| Ok(Box::new(ScriptedCpu { script: script(mem, loaded.stack_pointer - 0x4000).into(), log: cpu_log.clone() })));
+        let limits = RunLimits { mem_bytes: 16 << 20, timeout: Duration::from_millis(1500), output_cap: 1 << 20 };
+        boot_agent(image, &AGENT, &limits, &make_cpu, |ready| {
+            let (mem, call) = (ready.mem, ready.call);
+            let outcome = ready.serve(request, Duration::from_millis(1500));
+            Served { outcome, log, call, buffer: mem.read_vec(call[0], 64).unwrap() }
+        })
+        .unwrap()
+    }
+
+    const SYS_READ: u64 = 0;
+    const SYS_OPEN: u64 = 2;
+
+    #[test]
+    fn the_ready_point_is_served_the_message_the_script_the_files_and_stdin() {
+        let mut request = AgentRequest::new("print(1)");
+        request.files = vec![("d/e/f.txt".into(), b"file".to_vec())];
+        request.stdin = b"in".to_vec();
+        let message = request.agent_message();
+        let served = serve_scripted(
+            |mem, buf| {
+                mem.write(buf + 0x1000, b"/work/d/e/f.txt\0").unwrap();
+                mem.write(buf + 0x1100, b"main.py\0").unwrap();
+                vec![
+                    await_request(buf, 0x800),
+                    CpuExit::Syscall { nr: SYS_READ, args: [0, buf + 0x2000, 16, 0, 0, 0] },
+                    CpuExit::Syscall { nr: SYS_OPEN, args: [buf + 0x1000, 0, 0, 0, 0, 0] },
+                    CpuExit::Syscall { nr: SYS_READ, args: [3, buf + 0x2000, 16, 0, 0, 0] },
+                    CpuExit::Syscall { nr: SYS_OPEN, args: [buf + 0x1100, 0, 0, 0, 0, 0] },
+                    CpuExit::Syscall { nr: SYS_READ, args: [4, buf + 0x2000, 16, 0, 0, 0] },
+                    CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [5, 0, 0, 0, 0, 0] },
+                ]
+            },
+            request,
+        );
+        assert_eq!(served.call[1], 0x800, "the ready point is the AWAIT_REQUEST call");
+        let outcome = served.outcome.unwrap();
+        assert_eq!(outcome.status, RunStatus::Exited { code: 5 });
+        assert_eq!(served.log.lock().unwrap().returns, vec![message.len() as u64, 2, 3, 4, 4, 8], "message, stdin, file, script (relative to /work)");
+        assert_eq!(&served.buffer[..message.len().min(64)], &message.as_bytes()[..message.len().min(64)]);
+        assert_eq!((outcome.stats.syscalls, outcome.stats.exits), (7, 6), "the hand-off is counted as a call, not as an exit");
+    }
+
+    #[test]
+    fn a_small_buffer_gets_e2big_and_the_size_then_the_retry_succeeds() {
+        use crate::errno::Errno;
+        let request = AgentRequest::new("x = 1");
+        let needed = request.agent_message().len() as u64;
+        let served = serve_scripted(
+            |_, buf| vec![await_request(buf, 7), await_request(buf, 8), await_request(0, 4096), await_request(buf, 4096), CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [0; 6] }],
+            request,
+        );
+        assert_eq!(served.outcome.unwrap().status, RunStatus::Exited { code: 0 });
+        let (e2big, efault) = (Errno::E2BIG.as_return(), Errno::EFAULT.as_return());
+        assert_eq!(served.log.lock().unwrap().returns, vec![e2big, e2big, efault, needed], "too small (no room for the size), too small, bad buffer, then served");
+        assert_eq!(served.buffer[..needed as usize], *b"{\"code\":\"x = 1\",\"argv\":[\"main.py\"],\"env\":{}}");
+    }
+
+    #[test]
+    fn asking_again_after_the_hand_off_is_unsupported() {
+        let served = serve_scripted(|_, buf| vec![await_request(buf, 4096), await_request(buf, 4096)], AgentRequest::new(""));
+        assert_eq!(served.outcome.unwrap().status, RunStatus::Unsupported { syscall: AWAIT_REQUEST_SYSCALL, name: "sandfork_await_request" });
+    }
+
+    #[test]
+    fn an_agent_that_exits_before_its_ready_point_is_not_ready() {
+        let (image, _dir) = test_image();
+        let make_cpu = factory(|_, _| Ok(Box::new(ScriptedCpu { script: vec![CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [9, 0, 0, 0, 0, 0] }].into(), log: Default::default() })));
+        match boot_agent(image, &AGENT, &RunLimits::default(), &make_cpu, |_| ()) {
+            Err(LaunchError::AgentNotReady { reason }) => assert_eq!(reason, "exited with code 9 before its ready point; stderr: "),
+            other => panic!("expected AgentNotReady, got {:?}", other.err()),
+        }
+    }
 }

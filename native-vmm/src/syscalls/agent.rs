@@ -44,7 +44,7 @@ fn place_files(vfs: &mut Vfs, request: &AgentRequest) -> Result<(), Errno> {
     let script = (request.script(), request.code.as_bytes());
     for (path, contents) in std::iter::once(script).chain(request.files.iter().map(|(p, c)| (p.as_str(), c.as_slice()))) {
         for (slash, _) in path.match_indices('/') {
-            match vfs.mkdir(work, path[..slash].as_bytes(), DIR_MODE) {
+            match vfs.mkdir(work, &path.as_bytes()[..slash], DIR_MODE) {
                 Ok(()) | Err(Errno::EEXIST) => {}
                 Err(e) => return Err(e),
             }

@@ -39,9 +39,19 @@ pub const PYTHON_AGENT_PATH: &str = "/opt/sandfork/agent.py";
 
 /// The Python template's agent. `-I` (isolated mode): PYTHON* variables (PYTHONHASHSEED,
 /// PYTHONPATH, PYTHONSTARTUP...) are ignored, there is no user site directory, and the
-/// agent's folder is not on sys.path. `site` is kept (no `-S`): it puts dist-packages (numpy)
-/// on sys.path. Stdout stays block-buffered (no `-u`): a write is a VM exit.
-pub const PYTHON_AGENT: AgentCommand = AgentCommand { program: "python3", argv: &["python3", "-I", PYTHON_AGENT_PATH] };
+/// agent's folder is not on sys.path. `-B`: modules the code imports from /work get no
+/// `__pycache__` (each run is fresh, so writing bytecode would only cost system calls). `site`
+/// is kept (no `-S`): it puts dist-packages (numpy) on sys.path. Stdout stays block-buffered
+/// (no `-u`): every write is a VM exit.
+///
+/// Hash randomization: the interpreter draws its str/bytes hash secret once, at start-up
+/// (getrandom; -I keeps PYTHONHASHSEED from fixing it). It cannot change later (strings cache
+/// their hashes, every dict depends on them), so all forks of one template share it: set
+/// iteration order repeats across a template's forks, and a request can learn the secret and
+/// craft collisions against code of another request that hashes untrusted input (its own time
+/// limit bounds the damage). Each template boot draws a new secret, so bounding a template's
+/// lifetime (rebuilding its snapshot periodically) bounds the sharing.
+pub const PYTHON_AGENT: AgentCommand = AgentCommand { program: "python3", argv: &["python3", "-I", "-B", PYTHON_AGENT_PATH] };
 
 /// The script name when a request gives no argv (the daemon protocol's default).
 pub const DEFAULT_SCRIPT: &str = "main.py";

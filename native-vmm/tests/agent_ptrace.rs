@@ -117,7 +117,7 @@ print(os.environ["GREETING"], os.environ["EMPTY"] == "", os.environ["LANG"])
 print(os.getcwd(), __file__)
 print(open("data/input.csv").read().splitlines())
 import helper
-print(helper.VALUE, sys.path[0])
+print(helper.VALUE, sys.path[0], sorted(os.listdir("tools")))
 print(sys.stdin.read().upper())
 "#,
     );
@@ -127,12 +127,13 @@ print(sys.stdin.read().upper())
     request.stdin = b"from stdin".to_vec();
     let outcome = execute(request);
     assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    // The import from /work wrote no __pycache__ there (the agent runs with -B).
     let expected = concat!(
         "['tools/run.py', '--flag', 'two words']\n",
         "hello True C.UTF-8\n",
         "/work /work/tools/run.py\n",
         "['a,b', '1,2']\n",
-        "42 /work/tools\n",
+        "42 /work/tools ['helper.py', 'run.py']\n",
         "FROM STDIN\n",
     );
     assert_eq!(text(&outcome.stdout), expected, "{}", describe(&outcome));

@@ -1,7 +1,8 @@
 """Sandfork's in-VM agent for the Python template.
 
-The VMM boots this file as the guest program (`python3 -I /opt/sandfork/agent.py`; -I keeps
-PYTHON* variables, the user site directory and the script's folder out of the interpreter).
+The VMM boots this file as the guest program (`python3 -I -B /opt/sandfork/agent.py`; the
+flags are explained at PYTHON_AGENT in native-vmm/src/agent.rs, as is the hash secret every
+fork of a template shares).
 It imports what user code commonly needs, then makes Sandfork's private system call
 AWAIT_REQUEST: that call is the template's READY POINT. A template build stops the VM inside
 it and snapshots it there; a fork (or a fresh boot, until forks exist) is answered with the

@@ -201,7 +201,7 @@ fn beyond_the_in_flight_limit_requests_are_busy() {
     for client in [&mut a, &mut b] {
         let busy = client.call(&execute(2, "more"));
         assert_error(&busy, "busy", Some(2));
-        assert!(str_of(&busy, "message").contains("maximum of 2"), "{busy}");
+        assert!(str_of(&busy, "message").contains("maximum of 2 executions with 0 waiting"), "{busy}");
     }
     // Non-execution requests are still answered.
     assert_serves(&mut a, 3);
@@ -213,6 +213,30 @@ fn beyond_the_in_flight_limit_requests_are_busy() {
         let retried = client.call(&execute(2, "more"));
         assert_eq!(str_of(&retried, "stdout"), "more\n", "{retried}");
     }
+    server.stop();
+}
+
+#[test]
+fn executions_beyond_the_running_limit_wait_in_a_bounded_queue() {
+    let executor = Arc::new(ScriptedExecutor::default());
+    let server = Running::start(&scratch("queue"), executor.clone(), ServerConfig { max_queued: 1, ..config(1) });
+    let mut client = Client::hello(&server.path);
+    client.send(&execute(1, "block"));
+    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 1));
+    client.send(&execute(2, "queued"));
+    let busy = client.call(&execute(3, "too many"));
+    assert_error(&busy, "busy", Some(3));
+    assert!(str_of(&busy, "message").contains("maximum of 1 executions with 1 waiting"), "{busy}");
+    let stats = client.call(r#"{"id":4,"type":"stats"}"#);
+    assert_eq!(u64_of(&stats, "in_flight"), 2, "running and queued are both in flight: {stats}");
+    assert_eq!(executor.started.load(Ordering::SeqCst), 1, "the queued execution has not started");
+    std::thread::sleep(Duration::from_millis(50));
+    executor.release();
+    let mut answers = [client.recv(), client.recv()];
+    answers.sort_by_key(|a| u64_of(a, "id"));
+    assert_eq!(str_of(&answers[1], "stdout"), "queued\n", "{}", answers[1]);
+    let queued_us = u64_of(answers[1].get("timings").unwrap(), "queue_us");
+    assert!(queued_us >= 50_000, "the wait is reported as queue_us: {}", answers[1]);
     server.stop();
 }
 

@@ -36,6 +36,7 @@ pub const MAX_OUTPUT_BYTES_LIMIT: u64 = 2 << 20;
 /// Largest `--max-timeout-ms` (one hour).
 pub const MAX_TIMEOUT_MS_LIMIT: u64 = 3_600_000;
 pub const MAX_CONCURRENCY_LIMIT: u64 = 1024;
+pub const MAX_QUEUE_LIMIT: u64 = 4096;
 /// Connections served at once (each holds a thread while idle).
 pub const MAX_CONNECTIONS: usize = 1024;
 
@@ -44,17 +45,21 @@ pub const DEFAULT_LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 10_000
 /// Maxima when `serve` is not told otherwise.
 pub const DEFAULT_MAXIMA: ExecutionLimits = ExecutionLimits { timeout_ms: 60_000, memory_mib: 2048, output_bytes: 1 << 20 };
 
-/// Executions in flight by default: two per core (a VM blocked in a system call's host work
-/// leaves its core to another), at least two.
+/// Executions running at once by default: two per core (a VM blocked in a system call's host
+/// work leaves its core to another), at least two.
 pub fn default_concurrency() -> usize {
     thread::available_parallelism().map_or(2, |n| n.get() * 2).max(2)
 }
+
+/// Executions waiting for a slot by default: a burst of this many is absorbed without `busy`.
+pub const DEFAULT_QUEUE: u64 = 64;
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub socket: PathBuf,
     pub templates: PathBuf,
     pub max_concurrency: usize,
+    pub max_queue: usize,
     pub max_limits: ExecutionLimits,
 }
 
@@ -68,7 +73,12 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
     let templates = templates::load(&options.templates).map_err(|e| e.to_string())?;
     let executor = AgentExecutor::with_kvm(templates);
     let health = executor.health();
-    let config = ServerConfig { max_in_flight: options.max_concurrency, max_connections: MAX_CONNECTIONS, limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits) };
+    let config = ServerConfig {
+        max_running: options.max_concurrency,
+        max_queued: options.max_queue,
+        max_connections: MAX_CONNECTIONS,
+        limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits),
+    };
     let server = Server::bind(&options.socket, Arc::new(executor), config).map_err(|e| format!("listening on {}: {e}", options.socket.display()))?;
 
     let stopper = server.stopper();

@@ -3,10 +3,14 @@
 //!
 //! - A connection first completes the handshake, then may send requests at any pace.
 //!   `list_templates`, `health` and `stats` are answered on the connection's own thread;
-//!   each `execute` takes one of `max_in_flight` slots shared by all connections (`busy`
-//!   when none is free) and runs on its own thread, so one connection's requests run
-//!   concurrently and their responses are written as they complete, one whole frame at a
-//!   time under the connection's writer lock.
+//!   each `execute` gets its own thread, so one connection's requests run concurrently and
+//!   their responses are written as they complete, one whole frame at a time under the
+//!   connection's writer lock.
+//! - At most `max_running` executions run at once over all connections; up to `max_queued`
+//!   more wait for a free slot, and their wait is the response's
+//!   `queue_us`. An execution beyond both is answered `busy` at once. A short queue absorbs
+//!   bursts without clients spinning on `busy`; its bound keeps waiting threads and latency
+//!   bounded.
 //! - A malformed frame gets a `bad_frame` error; when its length was oversized or the stream
 //!   ended inside it, the connection is closed (the next frame boundary is unknown). Nothing a
 //!   client does ends anything but its own connection: a client gone mid-execution only makes
@@ -39,7 +43,9 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerConfig {
     /// Executions running at once, over all connections.
-    pub max_in_flight: usize,
+    pub max_running: usize,
+    /// Executions waiting for a running slot, beyond which `execute` is `busy`.
+    pub max_queued: usize,
     /// Connections served at once.
     pub max_connections: usize,
     pub limits: LimitPolicy,
@@ -71,6 +77,17 @@ impl Gauge {
         Some(Slot(self.clone()))
     }
 
+    /// Waits for a free slot. Waiters are woken together and race for it, so their order is
+    /// not strictly first come, first served.
+    fn acquire(self: &Arc<Gauge>) -> Slot {
+        let mut count = self.lock();
+        while *count >= self.max {
+            count = self.changed.wait(count).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        *count += 1;
+        Slot(self.clone())
+    }
+
     fn current(&self) -> usize {
         *self.lock()
     }
@@ -96,7 +113,9 @@ impl Drop for Slot {
 struct Shared {
     executor: Arc<dyn Executor>,
     config: ServerConfig,
-    in_flight: Arc<Gauge>,
+    /// Executions admitted and not yet finished (running or queued).
+    admitted: Arc<Gauge>,
+    running: Arc<Gauge>,
     connections: Arc<Gauge>,
     /// Executions that ran to an outcome.
     executions: AtomicU64,
@@ -178,7 +197,8 @@ impl Server {
         let shared = Arc::new(Shared {
             executor,
             config,
-            in_flight: Arc::new(Gauge::new(config.max_in_flight)),
+            admitted: Arc::new(Gauge::new(config.max_running + config.max_queued)),
+            running: Arc::new(Gauge::new(config.max_running)),
             connections: Arc::new(Gauge::new(config.max_connections)),
             executions: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
@@ -225,7 +245,7 @@ impl Server {
                 eprintln!("sandfork-vmm serve: starting a connection thread: {e}");
             }
         }
-        self.shared.in_flight.wait_until_zero();
+        self.shared.admitted.wait_until_zero();
         Ok(())
     }
 }
@@ -343,7 +363,7 @@ impl Connection {
                 Ok((id, Request::Health)) => self.writer.send(&response::health(id, &self.shared.executor.health())),
                 Ok((id, Request::Stats)) => {
                     let executions = self.shared.executions.load(Ordering::Relaxed);
-                    let in_flight = self.shared.in_flight.current() as u64;
+                    let in_flight = self.shared.admitted.current() as u64;
                     self.writer.send(&response::stats(id, executions, in_flight, &self.shared.executor.pools()));
                 }
                 Ok((id, Request::Execute(execute))) => self.start_execution(id, execute, received),
@@ -355,16 +375,16 @@ impl Connection {
     /// Runs an execution on its own thread, or answers why it cannot start.
     fn start_execution(&self, id: u64, request: ExecuteRequest, received: Instant) {
         let fail = |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
-        let Some(slot) = self.shared.in_flight.try_acquire() else {
-            let max = self.shared.config.max_in_flight;
-            return fail(ErrorCode::Busy, &format!("the daemon is running its maximum of {max} executions"));
+        let Some(admission) = self.shared.admitted.try_acquire() else {
+            let ServerConfig { max_running, max_queued, .. } = self.shared.config;
+            return fail(ErrorCode::Busy, &format!("the daemon is running its maximum of {max_running} executions with {max_queued} waiting"));
         };
         if !lock_ids(&self.ids).insert(id) {
             return fail(ErrorCode::BadRequest, &format!("id {id} is already in flight on this connection"));
         }
         let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
         let spawned = thread::Builder::new().name("sandfork-exec".into()).spawn(move || {
-            let response = run_execution(&shared, id, &request, received, slot);
+            let response = run_execution(&shared, id, &request, received, admission);
             lock_ids(&ids).remove(&id);
             writer.send(&response);
         });
@@ -379,12 +399,14 @@ fn lock_ids(ids: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>
     ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Runs one execution (holding `slot` only while it runs) and builds its response. A panic in
-/// the executor is answered `internal` instead of losing the response.
-fn run_execution(shared: &Shared, id: u64, request: &ExecuteRequest, received: Instant, slot: Slot) -> Value {
+/// Waits for a running slot, runs one execution and builds its response (the slots are given
+/// back before the response is written). A panic in the executor is answered `internal`
+/// instead of losing the response.
+fn run_execution(shared: &Shared, id: u64, request: &ExecuteRequest, received: Instant, admission: Slot) -> Value {
+    let running = shared.running.acquire();
     let queue = received.elapsed();
     let result = panic::catch_unwind(AssertUnwindSafe(|| shared.executor.execute(request)));
-    drop(slot);
+    drop((running, admission));
     match result {
         Ok(Ok(execution)) => {
             shared.executions.fetch_add(1, Ordering::Relaxed);

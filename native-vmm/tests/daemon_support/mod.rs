@@ -27,8 +27,9 @@ pub fn scratch(tag: &str) -> PathBuf {
 
 pub const LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 };
 
-pub fn config(max_in_flight: usize) -> ServerConfig {
-    ServerConfig { max_in_flight, max_connections: 64, limits: LimitPolicy::new(LIMITS, LIMITS) }
+/// `max_running` executions at once, none waiting (beyond them: `busy`).
+pub fn config(max_running: usize) -> ServerConfig {
+    ServerConfig { max_running, max_queued: 0, max_connections: 64, limits: LimitPolicy::new(LIMITS, LIMITS) }
 }
 
 /// A server running on its own thread.

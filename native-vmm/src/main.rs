@@ -79,7 +79,9 @@ options:
   --socket PATH           where to listen (created owner-only)
   --templates DIR         one folder per template, each a file image built by
                           `sandfork-vmm image build` (the folder name is the template's name)
-  --max-concurrency N     executions running at once, beyond that `busy` (default: 2 per core)
+  --max-concurrency N     executions running at once (default: 2 per core)
+  --max-queue N           executions waiting for a free slot, beyond that `busy` (default 64;
+                          0: `busy` as soon as all slots run)
   --max-timeout-ms N      largest wall-clock limit a request gets (default 60000)
   --max-memory-mib N      largest guest memory limit a request gets (default 2048)
   --max-output-bytes N    largest stdout+stderr cap a request gets (default 1048576, at most
@@ -207,6 +209,15 @@ impl Options {
         }
     }
 
+    /// A non-negative integer option no larger than `max`, or `default` when absent.
+    fn count(&self, key: &'static str, default: u64, max: u64) -> Result<u64, CliError> {
+        let Some(text) = self.values.get(key) else { return Ok(default) };
+        match text.parse::<u64>() {
+            Ok(n) if n <= max => Ok(n),
+            _ => Err(CliError::Usage(format!("{key} expects an integer from 0 to {max}, got `{text}`"), self.usage)),
+        }
+    }
+
     fn flag(&self, name: &str) -> bool {
         self.flags.contains(&name)
     }
@@ -278,7 +289,7 @@ fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn serve(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes"], &[], false, SERVE_USAGE)?;
+    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes"], &[], false, SERVE_USAGE)?;
     let defaults = daemon::DEFAULT_MAXIMA;
     let max_limits = daemon::executor::ExecutionLimits {
         timeout_ms: options.number("--max-timeout-ms", defaults.timeout_ms, daemon::MAX_TIMEOUT_MS_LIMIT)?,
@@ -292,6 +303,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
         socket: options.required("--socket")?.into(),
         templates: options.required("--templates")?.into(),
         max_concurrency: options.number("--max-concurrency", daemon::default_concurrency() as u64, daemon::MAX_CONCURRENCY_LIMIT)? as usize,
+        max_queue: options.count("--max-queue", daemon::DEFAULT_QUEUE, daemon::MAX_QUEUE_LIMIT)? as usize,
         max_limits,
     };
     daemon::serve(&serve_options).map_err(CliError::Failed)?;
@@ -357,6 +369,7 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["serve", "--templates", "/t"])), Err(CliError::Usage(m, _)) if m == "--socket is required"));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-output-bytes", "4194304"])), Err(CliError::Usage(m, _)) if m.contains("from 1 to 2097152")));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 16")));
+        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-queue", "-1"])), Err(CliError::Usage(m, _)) if m.contains("from 0 to 4096")));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent"])), Err(CliError::Usage(m, _)) if m == "no program given"));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent", "--", "true"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));
     }

@@ -18,6 +18,7 @@ atexit handlers run, streams flushed, and the process ends with os._exit.
 import sys
 import os
 import atexit
+import builtins
 import ctypes
 import gc
 import importlib.machinery
@@ -81,9 +82,9 @@ def await_request():
         size = needed
 
 
-def exit_code_of(exit):
+def exit_code_of(system_exit):
     """The process exit code for a SystemExit, as CPython's handle_system_exit computes it."""
-    code = exit.code
+    code = system_exit.code
     if code is None:
         return 0
     if isinstance(code, int):
@@ -113,14 +114,14 @@ def run_script(source, path):
     main.__file__ = path
     main.__cached__ = None
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-    main.__builtins__ = __builtins__
+    main.__builtins__ = builtins
     sys.modules["__main__"] = main
     try:
         code = compile(source, path, "exec", dont_inherit=True)
         exec(code, main.__dict__)
         return 0
-    except SystemExit as exit:
-        return exit_code_of(exit)
+    except SystemExit as system_exit:
+        return exit_code_of(system_exit)
     except BaseException as error:
         report_uncaught(error)
         return 1

@@ -1,0 +1,86 @@
+// The template registry with the REAL `sandfork-vmm image build`: build when missing, skip when
+// up to date, rebuild when the manifest or a host file changes; the daemon's layout.
+import { existsSync, readdirSync } from "node:fs";
+import { mkdir, mkdtemp, rm, utimes, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { discoverTemplateSources, ensureTemplate, type TemplateSource } from "./templates.js";
+import { requireVmmBinary } from "./testing/real-daemon.js";
+
+let dir: string;
+let source: TemplateSource;
+let hostFile: string;
+let templatesDir: string;
+
+async function writeManifest(extra: Record<string, unknown> = {}): Promise<void> {
+  await writeFile(source.manifestPath, JSON.stringify({ name: "tiny", paths: [{ host: hostFile, guest: "/data/hello.txt" }], ...extra }));
+}
+
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "sfk-tpl-"));
+  await mkdir(join(dir, "sources", "tiny"), { recursive: true });
+  hostFile = join(dir, "hello.txt");
+  await writeFile(hostFile, "hello\n");
+  source = { name: "tiny", manifestPath: join(dir, "sources", "tiny", "image.json") };
+  templatesDir = join(dir, "built");
+  await writeManifest();
+});
+
+afterEach(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe("template images", () => {
+  it("finds every folder with an image.json", async () => {
+    await mkdir(join(dir, "sources", "not-a-template"));
+    expect(discoverTemplateSources(join(dir, "sources"))).toEqual([source]);
+    expect(discoverTemplateSources("templates")).toEqual([expect.objectContaining({ name: "python", manifestPath: join("templates", "python", "image.json") })]);
+  });
+
+  it("builds a missing image into <dir>/<name>, then finds it up to date", async () => {
+    const log: string[] = [];
+    const binary = requireVmmBinary();
+    const first = await ensureTemplate(source, { binary, templatesDir, log: (l) => log.push(l) });
+    expect(first).toMatchObject({ action: "built", reason: "no image yet", dir: join(templatesDir, "tiny") });
+    expect(readdirSync(first.dir).sort()).toEqual(["build.json", "image.data", "image.index"]);
+    // Only the finished folder is left: the daemon never sees a half-built one.
+    expect(readdirSync(templatesDir)).toEqual(["tiny"]);
+    expect(log.join("\n")).toMatch(/template tiny: building its image .*\(no image yet\)[\s\S]*image "tiny"[\s\S]*image ready in/);
+
+    const second = await ensureTemplate(source, { binary, templatesDir });
+    expect(second).toMatchObject({ action: "up-to-date" });
+  });
+
+  it("rebuilds when the manifest, a host file or the request says so", async () => {
+    const binary = requireVmmBinary();
+    await ensureTemplate(source, { binary, templatesDir });
+
+    await writeManifest({ writable_dirs: ["/tmp"] });
+    expect(await ensureTemplate(source, { binary, templatesDir })).toMatchObject({ action: "built", reason: "the manifest changed" });
+
+    await writeFile(hostFile, "hello again\n");
+    await utimes(hostFile, new Date(), new Date(Date.now() + 5_000));
+    expect(await ensureTemplate(source, { binary, templatesDir })).toMatchObject({
+      action: "built",
+      reason: expect.stringContaining("host files"),
+    });
+
+    expect(await ensureTemplate(source, { binary, templatesDir, force: true })).toMatchObject({ action: "built" });
+    expect(await ensureTemplate(source, { binary, templatesDir })).toMatchObject({ action: "up-to-date" });
+    expect(readdirSync(templatesDir)).toEqual(["tiny"]);
+  });
+
+  it("a failed build leaves the previous image in place and says why", async () => {
+    const binary = requireVmmBinary();
+    const built = await ensureTemplate(source, { binary, templatesDir });
+    await writeManifest({ no_such_key: true });
+    await expect(ensureTemplate(source, { binary, templatesDir })).rejects.toThrow(/image build --manifest .* failed \(exit code 1\)/);
+    expect(readdirSync(templatesDir)).toEqual(["tiny"]);
+    expect(existsSync(join(built.dir, "image.index"))).toBe(true);
+  });
+
+  it("a missing binary is an error naming the build command", async () => {
+    await expect(ensureTemplate(source, { binary: join(dir, "no-binary"), templatesDir })).rejects.toThrow(/cargo build --release/);
+  });
+});

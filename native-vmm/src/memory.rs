@@ -29,7 +29,9 @@ impl std::error::Error for OutOfBounds {}
 pub struct GuestMemory {
     host: *mut u8,
     size: u64,
-    fd: OwnedFd,
+    /// The memfd the mapping shows; None for a copy-on-write fork, whose written pages are
+    /// private to the mapping and in no file.
+    fd: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is owned by this value; concurrent use is serialised by the VM that owns it
@@ -50,16 +52,53 @@ impl GuestMemory {
         if host == sys::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(GuestMemory { host: host as *mut u8, size, fd })
+        Ok(GuestMemory { host: host as *mut u8, size, fd: Some(fd) })
+    }
+
+    /// A copy-on-write fork of a template's memory: the template's memfd mapped
+    /// `MAP_PRIVATE | MAP_NORESERVE`. Every page reads as the template's until the fork writes
+    /// it; the host then copies that page for this fork alone. Neither the template nor any
+    /// other fork sees the write, and creating the fork copies nothing.
+    pub fn fork_of(template: &TemplateMemory) -> io::Result<GuestMemory> {
+        let source = &template.mem;
+        let fd = source.fd.as_ref().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a template's memory is a memfd"))?;
+        // SAFETY: a fresh private mapping of the whole template memfd (exactly `size` bytes)
+        // at a kernel-chosen address.
+        let host = unsafe {
+            sys::mmap(std::ptr::null_mut(), source.size as usize, sys::PROT_READ | sys::PROT_WRITE, sys::MAP_PRIVATE | sys::MAP_NORESERVE, fd.as_raw_fd(), 0)
+        };
+        if host == sys::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(GuestMemory { host: host as *mut u8, size: source.size, fd: None })
     }
 
     pub fn size(&self) -> u64 {
         self.size
     }
 
-    /// The memfd behind guest RAM (a snapshot or fork maps it again).
-    pub fn fd(&self) -> &OwnedFd {
-        &self.fd
+    /// The memfd behind guest RAM, which another mapping of it shares (the ptrace CPU's
+    /// child). None for a copy-on-write fork: its own writes are in no file.
+    pub fn fd(&self) -> Option<&OwnedFd> {
+        self.fd.as_ref()
+    }
+
+    /// The page-aligned ranges of the memfd that hold pages (SEEK_DATA/SEEK_HOLE): everything
+    /// outside them reads as zero and was never written. Empty for a fork.
+    pub fn data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
+        let Some(fd) = &self.fd else { return Ok(Vec::new()) };
+        let mut extents = Vec::new();
+        let mut at = 0;
+        while at < self.size {
+            let Some(start) = sys::seek_data(fd.as_raw_fd(), at)? else { break };
+            let end = sys::seek_hole(fd.as_raw_fd(), start)?.min(self.size);
+            if end <= start {
+                break;
+            }
+            extents.push((start, end));
+            at = end;
+        }
+        Ok(extents)
     }
 
     /// Host address of guest-physical 0, for KVM_SET_USER_MEMORY_REGION only.
@@ -154,6 +193,54 @@ impl Drop for GuestMemory {
     }
 }
 
+/// A template's guest memory: a memfd filled once (when the template is built or loaded) and
+/// then only read. Forks map it privately (`GuestMemory::fork_of`); since a private mapping
+/// still shows later changes to pages it has not copied yet, this type offers no way to write.
+pub struct TemplateMemory {
+    mem: GuestMemory,
+}
+
+impl TemplateMemory {
+    /// Seals filled guest memory as a template's (it must be memfd-backed, not a fork).
+    pub fn seal(mem: GuestMemory) -> io::Result<TemplateMemory> {
+        if mem.fd.is_none() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a copy-on-write fork cannot be a template's memory"));
+        }
+        Ok(TemplateMemory { mem })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.mem.size
+    }
+
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfBounds> {
+        self.mem.read(addr, buf)
+    }
+
+    /// See `GuestMemory::data_extents`.
+    pub fn data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
+        self.mem.data_extents()
+    }
+
+    /// A full, independent copy in a fresh memfd (only the pages that hold data are copied).
+    /// For backends that cannot run on a private mapping (the ptrace test CPU shares its
+    /// memory with a child process); a KVM fork uses `GuestMemory::fork_of`.
+    pub fn copy(&self) -> io::Result<GuestMemory> {
+        let copy = GuestMemory::new(self.mem.size)?;
+        let mut chunk = vec![0u8; 1 << 20];
+        for (start, end) in self.data_extents()? {
+            let mut at = start;
+            while at < end {
+                let n = (end - at).min(chunk.len() as u64) as usize;
+                self.mem.read(at, &mut chunk[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                copy.write(at, &chunk[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                at += n as u64;
+            }
+        }
+        Ok(copy)
+    }
+}
+
 /// A read-only private mapping of a whole host file (the file image's data file).
 ///
 /// The image builder never modifies a data file in place (it writes a new file and renames it
@@ -231,6 +318,39 @@ mod tests {
     #[test]
     fn rejects_unaligned_size() {
         assert!(GuestMemory::new(1000).is_err());
+    }
+
+    #[test]
+    fn forks_are_copy_on_write_and_private() {
+        let mem = GuestMemory::new(1 << 20).unwrap();
+        mem.write_u64(0x2000, 7).unwrap();
+        let template = TemplateMemory::seal(mem).unwrap();
+        let (a, b) = (GuestMemory::fork_of(&template).unwrap(), GuestMemory::fork_of(&template).unwrap());
+        assert_eq!((a.read_u64(0x2000).unwrap(), b.read_u64(0x2000).unwrap()), (7, 7));
+        a.write_u64(0x2000, 8).unwrap();
+        a.write_u64(0x5000, 9).unwrap();
+        assert_eq!(a.read_u64(0x2000).unwrap(), 8);
+        assert_eq!((b.read_u64(0x2000).unwrap(), b.read_u64(0x5000).unwrap()), (7, 0), "another fork");
+        let mut word = [0u8; 8];
+        template.read(0x2000, &mut word).unwrap();
+        assert_eq!(u64::from_le_bytes(word), 7, "the template");
+        assert!(a.fd().is_none() && a.data_extents().unwrap().is_empty());
+        assert!(TemplateMemory::seal(a).is_err(), "a fork is not a template");
+        let copy = template.copy().unwrap();
+        copy.write_u64(0x2000, 10).unwrap();
+        assert_eq!((copy.read_u64(0x2000).unwrap(), b.read_u64(0x2000).unwrap()), (10, 7));
+    }
+
+    #[test]
+    fn data_extents_cover_written_pages_only() {
+        let mem = GuestMemory::new(1 << 20).unwrap();
+        assert!(mem.data_extents().unwrap().is_empty());
+        mem.write(0x3001, b"x").unwrap();
+        mem.write(0x8000, &[1u8; 0x2000]).unwrap();
+        let extents = mem.data_extents().unwrap();
+        let covered = |addr: u64| extents.iter().any(|&(s, e)| s <= addr && addr < e);
+        assert!(covered(0x3001) && covered(0x8000) && covered(0x9fff), "{extents:x?}");
+        assert!(!covered(0x50000), "{extents:x?}");
     }
 
     #[test]

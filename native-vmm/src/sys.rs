@@ -15,6 +15,7 @@ extern "C" {
     fn getrandom(buf: *mut c_void, len: usize, flags: c_uint) -> isize;
     fn syscall(nr: c_long, ...) -> c_long;
     fn clock_gettime(clock: c_int, tp: *mut Timespec) -> c_int;
+    fn lseek(fd: c_int, offset: i64, whence: c_int) -> i64;
 }
 
 /// `struct timespec` as the host C library lays it out.
@@ -52,6 +53,31 @@ pub fn memfd(name: &str, size: u64) -> io::Result<std::os::fd::OwnedFd> {
     // SAFETY: plain syscall on a valid fd.
     check(unsafe { ftruncate(fd, size as i64) })?;
     Ok(owned)
+}
+
+const SEEK_DATA: c_int = 3;
+const SEEK_HOLE: c_int = 4;
+const ENXIO: i32 = 6;
+
+/// The first offset at or after `offset` where `fd` holds data; None when only a hole follows.
+pub fn seek_data(fd: c_int, offset: u64) -> io::Result<Option<u64>> {
+    // SAFETY: lseek takes integers only.
+    match unsafe { lseek(fd, offset as i64, SEEK_DATA) } {
+        n if n >= 0 => Ok(Some(n as u64)),
+        _ => match io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(ENXIO) => Ok(None),
+            e => Err(e),
+        },
+    }
+}
+
+/// The first offset at or after `offset` where a hole (or the end of `fd`) begins.
+pub fn seek_hole(fd: c_int, offset: u64) -> io::Result<u64> {
+    // SAFETY: lseek takes integers only.
+    match unsafe { lseek(fd, offset as i64, SEEK_HOLE) } {
+        n if n >= 0 => Ok(n as u64),
+        _ => Err(io::Error::last_os_error()),
+    }
 }
 
 /// ioctl with an integer (or no) argument.

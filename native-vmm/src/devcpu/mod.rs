@@ -50,7 +50,9 @@ impl PtraceCpu {
     /// every other general register 0 and no FS base.
     pub fn new(mem: &GuestMemory, entry: u64, stack_pointer: u64) -> io::Result<PtraceCpu> {
         ensure_range_free(USER_BASE, mem.size())?;
-        let pid = ptrace_sys::spawn_tracee(mem.fd().as_raw_fd(), USER_BASE, mem.size() - USER_BASE)?;
+        // The child maps the memfd shared: a copy-on-write fork's private pages are in no file.
+        let memfd = mem.fd().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "development CPU: a copy-on-write fork of guest memory cannot be shared with the traced child (give it a copy)"))?;
+        let pid = ptrace_sys::spawn_tracee(memfd.as_raw_fd(), USER_BASE, mem.size() - USER_BASE)?;
         let tracee = Tracee { pid };
         match ptrace_sys::wait(pid)? {
             WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {}

@@ -368,7 +368,7 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["serve", "--help"])), Err(CliError::Help(SERVE_USAGE))));
         assert!(matches!(dispatch(&strings(&["serve", "--templates", "/t"])), Err(CliError::Usage(m, _)) if m == "--socket is required"));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-output-bytes", "4194304"])), Err(CliError::Usage(m, _)) if m.contains("from 1 to 2097152")));
-        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 16")));
+        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 64")));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-queue", "-1"])), Err(CliError::Usage(m, _)) if m.contains("from 0 to 4096")));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent"])), Err(CliError::Usage(m, _)) if m == "no program given"));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent", "--", "true"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));

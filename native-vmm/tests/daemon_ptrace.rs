@@ -74,6 +74,7 @@ fn one_execution_maps_to_the_protocol_response() {
 /// Every kind of outcome, run concurrently on one connection, each answered under its own id.
 #[test]
 fn outcomes_map_to_statuses_concurrently_on_one_connection() {
+    assert_eq!(sandfork_vmm::daemon::request::MIN_MEMORY_MIB, 64, "case 8 below asks for the minimum");
     let server = start("pt-outcomes", config(8));
     let mut client = Client::hello(&server.path);
     let cases: Vec<(String, &str)> = vec![
@@ -91,6 +92,7 @@ fn outcomes_map_to_statuses_concurrently_on_one_connection() {
             ),
             "ok",
         ),
+        // The smallest memory limit a request may ask for still boots the agent.
         (execute(8, "print(1)", r#""limits":{"timeout_ms":99999999,"memory_mib":64}"#), "ok"),
     ];
     for (request, _) in &cases {

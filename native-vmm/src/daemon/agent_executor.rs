@@ -17,9 +17,8 @@ use crate::cpu::GuestCpu;
 use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
 use crate::daemon::templates::{Language, Template};
 use crate::kvm::{Kvm, KvmCpu};
-use crate::loader::{LoadError, LoadedProgram};
+use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
-use crate::status::RunStatus;
 use crate::sys;
 use crate::vm::{self, LaunchError, RunLimits, RunOutcome};
 
@@ -82,20 +81,14 @@ fn agent_command(language: Language) -> &'static AgentCommand {
     }
 }
 
-/// Sorts a launch failure into the protocol's errors; a program that does not fit the memory
-/// limit is the execution's outcome (`out_of_memory`), not an error.
-fn launch_failure(template: &Template, error: LaunchError) -> Result<Execution, ExecuteError> {
+/// Sorts a launch failure into the protocol's errors.
+fn launch_failure(template: &Template, error: LaunchError) -> ExecuteError {
     match error {
-        LaunchError::Load(LoadError::DoesNotFit { mem_bytes, .. }) => Ok(Execution {
-            status: RunStatus::OutOfMemory { limit_bytes: mem_bytes },
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            vm_setup: Duration::ZERO,
-            run: Duration::ZERO,
-            usage: Usage::default(),
-        }),
-        LaunchError::InvalidRequest(e) => Err(ExecuteError::Rejected(e.0)),
-        other => Err(ExecuteError::Internal(format!("template '{}': {other}", template.name))),
+        LaunchError::InvalidRequest(e) => ExecuteError::Rejected(e.0),
+        // The limits are at least what the agent needs to boot (request::MIN_MEMORY_MIB), so
+        // an agent that does not get ready is a template that is not ready.
+        LaunchError::AgentNotReady { reason } => ExecuteError::Unavailable(format!("template '{}' is not ready: {reason}", template.name)),
+        other => ExecuteError::Internal(format!("template '{}': {other}", template.name)),
     }
 }
 
@@ -108,7 +101,7 @@ impl Executor for AgentExecutor {
         let cpu_before = thread_cpu_time();
         let outcome = match self.boot_and_run(template, request) {
             Ok(outcome) => outcome,
-            Err(error) => return launch_failure(template, error),
+            Err(error) => return Err(launch_failure(template, error)),
         };
         let cpu = thread_cpu_time().saturating_sub(cpu_before);
         let stats = &outcome.stats;

@@ -23,8 +23,10 @@ pub const PROTOCOL_VERSION: u64 = 1;
 pub const MAX_INTEGER: u64 = (1 << 53) - 1;
 /// Template names.
 pub const MAX_TEMPLATE_NAME_BYTES: usize = 255;
-/// Below this the Python agent cannot boot; asking for less is a bad request.
-pub const MIN_MEMORY_MIB: u64 = 16;
+/// Below this the Python agent cannot reach its ready point (it needs 25–32 MiB with its
+/// standard-library warm-up on the development machine, more where numpy is installed and
+/// imported); asking for less is a bad request.
+pub const MIN_MEMORY_MIB: u64 = 64;
 
 /// Default and maximum limits of a daemon (`serve --max-*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,7 +383,7 @@ mod tests {
         let partial = execute(&with(r#""limits":{"timeout_ms":1,"output_bytes":0}"#));
         assert_eq!(partial.limits, ExecutionLimits { timeout_ms: 1, memory_mib: 256, output_bytes: 0 });
         assert!(refused(&with(r#""limits":{"timeout_ms":0}"#), Some(7)).contains("limits.timeout_ms must be an integer from 1"));
-        assert!(refused(&with(r#""limits":{"memory_mib":15}"#), Some(7)).contains("from 16"));
+        assert!(refused(&with(r#""limits":{"memory_mib":63}"#), Some(7)).contains("from 64"));
         assert!(refused(&with(r#""limits":{"memory_mib":2.5}"#), Some(7)).contains("limits.memory_mib"));
         assert_eq!(refused(&with(r#""limits":{"timeout":5}"#), Some(7)), "unknown field 'timeout' in limits");
         assert_eq!(refused(&with(r#""limits":[5]"#), Some(7)), "limits must be an object");

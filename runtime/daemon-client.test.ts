@@ -172,6 +172,28 @@ describe("DaemonClient against sandfork-vmm serve", () => {
     expect(client.status()).toMatchObject({ inFlight: 0, queued: 0 });
   });
 
+  it("executions beyond maxExecutions wait in the queue while other requests pass them", async () => {
+    const client = await connectedClient({ connections: 2, maxExecutions: 1 });
+    signalDaemon("SIGSTOP");
+    let outcomes: unknown[];
+    try {
+      const executions = Array.from({ length: 3 }, () =>
+        client.execute(PRINT_REQUEST, new AbortController().signal).then(() => "ran", (error: Error) => error),
+      );
+      expect(client.status()).toMatchObject({ inFlight: 1, executions: 1, queued: 2 });
+      const health = client.daemonHealth().then((h) => h.templates);
+      expect(client.status()).toMatchObject({ inFlight: 2, executions: 1, queued: 2 });
+      signalDaemon("SIGCONT");
+      outcomes = await Promise.all([...executions, health]);
+    } finally {
+      signalDaemon("SIGCONT");
+    }
+    // Each execution got its turn and the daemon's own answer (no KVM here).
+    for (const outcome of outcomes.slice(0, 3)) expect(outcome).toMatchObject({ code: "unavailable" });
+    expect(outcomes[3]).toBe(1);
+    expect(client.status()).toMatchObject({ inFlight: 0, executions: 0, queued: 0 });
+  });
+
   it("a deadline or an abort ends the wait; the late answer is dropped and the connection goes on", async () => {
     const client = await connectedClient({ connections: 1 });
     signalDaemon("SIGSTOP");

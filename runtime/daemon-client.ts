@@ -6,6 +6,7 @@
 // buffered without limit. Every request has a deadline and may be aborted. A lost connection
 // fails its requests in flight with RuntimeConnectionLostError (retryable) and is reopened with
 // backoff; with no connection open, requests fail at once with RuntimeUnavailableError.
+import { availableParallelism } from "node:os";
 import { DaemonConnection } from "./daemon-connection.js";
 import { RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, RuntimeHealth, Template } from "./execution-runtime.js";
@@ -27,7 +28,13 @@ export interface DaemonClientOptions {
   connections?: number;
   /** Requests in flight on one connection before new ones queue. */
   maxInFlightPerConnection?: number;
-  /** Requests waiting for a connection before new ones are refused. */
+  /**
+   * Executions in flight over the whole pool; more wait in the queue. Set it to the daemon's
+   * --max-concurrency: beyond that the daemon answers `busy` at once, where waiting a moment
+   * for a running execution to end serves the caller better.
+   */
+  maxExecutions?: number;
+  /** Requests waiting (for a connection with room, or an execution slot) before new ones are refused. */
   maxQueued?: number;
   /** Deadline of list_templates, health and stats requests. */
   requestTimeoutMs?: number;
@@ -50,6 +57,8 @@ export interface RequestOptions {
 export interface DaemonClientStatus {
   connected: number;
   inFlight: number;
+  /** Of those in flight, executions (bounded by maxExecutions). */
+  executions: number;
   queued: number;
   /** Requests sent on each pool slot since the client started (across reconnects). */
   sentPerConnection: number[];
@@ -76,6 +85,7 @@ interface Job {
 const DEFAULTS = {
   connections: 4,
   maxInFlightPerConnection: 32,
+  maxExecutions: defaultDaemonConcurrency(),
   maxQueued: 256,
   requestTimeoutMs: 5_000,
   executeGraceMs: 5_000,
@@ -84,6 +94,11 @@ const DEFAULTS = {
   reconnectMinMs: 50,
   reconnectMaxMs: 2_000,
 };
+
+/** The daemon's own default for --max-concurrency: two per core, at least two. */
+export function defaultDaemonConcurrency(): number {
+  return Math.max(2, 2 * availableParallelism());
+}
 
 function abortReason(signal: AbortSignal): Error {
   return signal.reason instanceof Error ? signal.reason : new DOMException("the request was aborted", "AbortError");
@@ -176,6 +191,7 @@ export class DaemonClient implements ExecutionRuntime {
     return {
       connected: this.connectedCount(),
       inFlight: this.slots.reduce((n, s) => n + (s.connection?.pending ?? 0), 0),
+      executions: this.executionsInFlight(),
       queued: this.queue.length,
       sentPerConnection: this.slots.map((s) => s.sent),
     };
@@ -279,7 +295,7 @@ export class DaemonClient implements ExecutionRuntime {
         },
       };
 
-      if (this.trySend(job)) return;
+      if (this.trySend(job) === "sent") return;
       if (this.queue.length >= this.options.maxQueued) {
         job.reject(
           new RuntimeQueueFullError(
@@ -296,10 +312,11 @@ export class DaemonClient implements ExecutionRuntime {
     return this.slots.reduce((n, s) => n + (s.connection !== null ? 1 : 0), 0);
   }
 
-  /** Sends `job` on the least-loaded connection with room; false when none has room. */
-  private trySend(job: Job): boolean {
+  /** Sends `job` on the least-loaded connection with room, unless a bound stops it. */
+  private trySend(job: Job): "sent" | "no-connection-room" | "execution-bound" {
+    if (job.type === "execute" && this.executionsInFlight() >= this.options.maxExecutions) return "execution-bound";
     const slot = this.leastLoaded();
-    if (slot === undefined) return false;
+    if (slot === undefined) return "no-connection-room";
     const connection = slot.connection as DaemonConnection;
     try {
       const id = connection.send(job.type, job.fields, job);
@@ -308,7 +325,11 @@ export class DaemonClient implements ExecutionRuntime {
     } catch (error) {
       job.reject(error as Error);
     }
-    return true;
+    return "sent";
+  }
+
+  private executionsInFlight(): number {
+    return this.slots.reduce((n, s) => n + (s.connection?.pendingOf("execute") ?? 0), 0);
   }
 
   private leastLoaded(): Slot | undefined {
@@ -324,11 +345,13 @@ export class DaemonClient implements ExecutionRuntime {
     return best;
   }
 
+  /** Sends queued jobs in order; executions held back by their bound let other requests pass. */
   private drainQueue(): void {
-    while (this.queue.length > 0) {
-      const job = this.queue[0] as Job;
-      if (!this.trySend(job)) return;
-      this.queue.shift();
+    for (let i = 0; i < this.queue.length; ) {
+      const outcome = this.trySend(this.queue[i] as Job);
+      if (outcome === "no-connection-room") return;
+      if (outcome === "sent") this.queue.splice(i, 1);
+      else i++;
     }
   }
 

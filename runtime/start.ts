@@ -35,6 +35,7 @@ export async function startRuntime(
     socketPath: config.socketPath,
     connections: config.connections,
     maxInFlightPerConnection: config.maxInFlightPerConnection,
+    maxExecutions: config.maxConcurrency,
     maxQueued: config.maxQueued,
     log,
   });
@@ -54,7 +55,11 @@ export async function startRuntime(
     binary: config.binary,
     socketPath: config.socketPath,
     templatesDir: config.templatesDir,
-    serveArgs: ["--max-timeout-ms", String(maxima.timeoutMs), "--max-memory-mib", String(maxima.memoryMib)],
+    serveArgs: [
+      ["--max-concurrency", String(config.maxConcurrency)],
+      ["--max-timeout-ms", String(maxima.timeoutMs)],
+      ["--max-memory-mib", String(maxima.memoryMib)],
+    ].flat(),
     log,
   });
   await supervisor.start();

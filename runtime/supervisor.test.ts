@@ -75,6 +75,22 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
     expect(await runtime.templates()).toEqual([expect.objectContaining({ name: "python" })]);
   });
 
+  it("kills and restarts a daemon that stops answering (hung, here: SIGSTOP)", async () => {
+    const log: string[] = [];
+    const daemon = await startDaemon({ log: (line) => log.push(line), livenessIntervalMs: 100, livenessTimeoutMs: 150, livenessFailures: 2 });
+    cleanups.push(() => daemon.dispose());
+    const hungPid = daemon.supervisor.pid as number;
+    const restarted = nextReady(daemon.supervisor);
+    process.kill(hungPid, "SIGSTOP");
+    const info = await restarted;
+    expect(info.pid).not.toBe(hungPid);
+    expect(log.join("\n")).toContain(`sandfork-vmm (pid ${hungPid}) did not answer 2 liveness probes in a row`);
+    expect(log.join("\n")).toContain(`sandfork-vmm (pid ${hungPid}) died (killed by SIGKILL)`);
+    const runtime = client(daemon.socketPath, 1);
+    await runtime.connect();
+    expect((await runtime.daemonHealth()).templates).toBe(1);
+  });
+
   it("backs off between quick successive deaths", async () => {
     const { daemon, log } = await daemonWithLog();
     for (let death = 0; death < 2; death++) {

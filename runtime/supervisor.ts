@@ -6,6 +6,7 @@
 // the restarted daemon is ready (see onReady).
 import { type ChildProcess, spawn } from "node:child_process";
 import { DaemonConnection } from "./daemon-connection.js";
+import { RuntimeUnavailableError } from "./errors.js";
 
 export interface SupervisorOptions {
   /** The `sandfork-vmm` binary. */
@@ -24,6 +25,13 @@ export interface SupervisorOptions {
   stableAfterMs?: number;
   /** After SIGTERM, how long to wait before SIGKILL. */
   stopTimeoutMs?: number;
+  /**
+   * A running daemon is probed (connect + hello) this often; after `livenessFailures` probes in a
+   * row get no answer within `livenessTimeoutMs`, it is taken as hung, killed and restarted.
+   */
+  livenessIntervalMs?: number;
+  livenessTimeoutMs?: number;
+  livenessFailures?: number;
   log?: (line: string) => void;
 }
 
@@ -50,6 +58,7 @@ export class DaemonSupervisor {
   private startedAt = 0;
   private backoffMs: number;
   private restartTimer: NodeJS.Timeout | undefined;
+  private livenessTimer: NodeJS.Timeout | undefined;
   private readonly readyListeners = new Set<(info: DaemonProcessInfo) => void>();
   private restartCount = 0;
   private readonly killOnExit = () => this.child?.kill("SIGKILL");
@@ -65,6 +74,9 @@ export class DaemonSupervisor {
       restartMaxMs: options.restartMaxMs ?? 10_000,
       stableAfterMs: options.stableAfterMs ?? 30_000,
       stopTimeoutMs: options.stopTimeoutMs ?? 5_000,
+      livenessIntervalMs: options.livenessIntervalMs ?? 5_000,
+      livenessTimeoutMs: options.livenessTimeoutMs ?? 2_000,
+      livenessFailures: options.livenessFailures ?? 3,
     };
     this.log = options.log ?? (() => {});
     this.backoffMs = this.options.restartMinMs;
@@ -118,6 +130,7 @@ export class DaemonSupervisor {
     if (this.state === "stopped") return;
     this.state = "stopping";
     clearTimeout(this.restartTimer);
+    clearInterval(this.livenessTimer);
     process.off("exit", this.killOnExit);
     const child = this.child;
     if (child !== null && child.exitCode === null && child.signalCode === null) {
@@ -171,6 +184,7 @@ export class DaemonSupervisor {
         probe.close();
         const info = { pid: child.pid as number, server: probe.server };
         this.state = "running";
+        this.watchLiveness(child);
         this.log(`${info.server} serving at ${this.options.socketPath} (pid ${info.pid})`);
         for (const listener of this.readyListeners) listener(info);
         return info;
@@ -182,6 +196,42 @@ export class DaemonSupervisor {
         await sleep(PROBE_INTERVAL_MS);
       }
     }
+  }
+
+  /** Probes `child` while it is the running daemon; kills it when it stops answering. */
+  private watchLiveness(child: ChildProcess): void {
+    clearInterval(this.livenessTimer);
+    let failures = 0;
+    let probing = false;
+    this.livenessTimer = setInterval(() => {
+      if (probing) return;
+      if (this.child !== child || this.state !== "running") {
+        clearInterval(this.livenessTimer);
+        return;
+      }
+      probing = true;
+      DaemonConnection.open(this.options.socketPath, this.options.livenessTimeoutMs).then(
+        (probe) => {
+          probe.close();
+          failures = 0;
+        },
+        (error: Error) => {
+          // An error frame (e.g. `busy`: too many connections) is an answer: the daemon is alive.
+          if (!(error instanceof RuntimeUnavailableError)) {
+            failures = 0;
+            return;
+          }
+          failures += 1;
+          if (failures < this.options.livenessFailures || this.child !== child || this.state !== "running") return;
+          this.log(`sandfork-vmm (pid ${child.pid}) did not answer ${failures} liveness probes in a row (${error.message}); killing it`);
+          clearInterval(this.livenessTimer);
+          child.kill("SIGKILL");
+        },
+      ).finally(() => {
+        probing = false;
+      });
+    }, this.options.livenessIntervalMs);
+    this.livenessTimer.unref();
   }
 
   private isStopping(): boolean {

@@ -8,8 +8,10 @@
 //! - Types are checked here, field by field; what the code, argv, env, files and stdin may
 //!   hold (NUL bytes, paths inside /work, counts and sizes) is `AgentRequest::validate`'s
 //!   rule, applied here too so that a bad request is refused before any VM is involved.
-//! - Limits: each is an integer ≥ its minimum; larger than the daemon's maximum is clamped,
-//!   not refused (PROTOCOL.md), and the clamped value is what the execution runs under.
+//! - Limits: `timeout_ms` ≥ 1, `memory_mib` ≥ 1, `output_bytes` ≥ 0. Larger than the daemon's
+//!   maximum is clamped, not refused (PROTOCOL.md); a `memory_mib` below `MIN_MEMORY_MIB` (what
+//!   the agent needs to boot) is raised to it. The clamped values are what the execution runs
+//!   under, and the response's `limits` echo them.
 
 use crate::agent::{AgentRequest, DEFAULT_SCRIPT};
 use crate::daemon::base64;
@@ -25,7 +27,7 @@ pub const MAX_INTEGER: u64 = (1 << 53) - 1;
 pub const MAX_TEMPLATE_NAME_BYTES: usize = 255;
 /// Below this the Python agent cannot reach its ready point (it needs 25–32 MiB with its
 /// standard-library warm-up on the development machine, more where numpy is installed and
-/// imported); asking for less is a bad request.
+/// imported); a request asking for less gets this much.
 pub const MIN_MEMORY_MIB: u64 = 64;
 
 /// Default and maximum limits of a daemon (`serve --max-*`).
@@ -256,7 +258,8 @@ fn parse_limits(value: &Value, id: Option<u64>, policy: &LimitPolicy) -> Result<
     let (default, max) = (policy.default, policy.max);
     Ok(ExecutionLimits {
         timeout_ms: pick("timeout_ms", 1, default.timeout_ms, max.timeout_ms)?,
-        memory_mib: pick("memory_mib", MIN_MEMORY_MIB, default.memory_mib, max.memory_mib)?,
+        // The maximum is at least MIN_MEMORY_MIB (`serve` checks it), so this stays within it.
+        memory_mib: pick("memory_mib", 1, default.memory_mib, max.memory_mib)?.max(MIN_MEMORY_MIB),
         output_bytes: pick("output_bytes", 0, default.output_bytes, max.output_bytes)?,
     })
 }
@@ -383,7 +386,8 @@ mod tests {
         let partial = execute(&with(r#""limits":{"timeout_ms":1,"output_bytes":0}"#));
         assert_eq!(partial.limits, ExecutionLimits { timeout_ms: 1, memory_mib: 256, output_bytes: 0 });
         assert!(refused(&with(r#""limits":{"timeout_ms":0}"#), Some(7)).contains("limits.timeout_ms must be an integer from 1"));
-        assert!(refused(&with(r#""limits":{"memory_mib":63}"#), Some(7)).contains("from 64"));
+        assert_eq!(execute(&with(r#""limits":{"memory_mib":16}"#)).limits.memory_mib, MIN_MEMORY_MIB, "raised to what the agent needs");
+        assert!(refused(&with(r#""limits":{"memory_mib":0}"#), Some(7)).contains("limits.memory_mib must be an integer from 1"));
         assert!(refused(&with(r#""limits":{"memory_mib":2.5}"#), Some(7)).contains("limits.memory_mib"));
         assert_eq!(refused(&with(r#""limits":{"timeout":5}"#), Some(7)), "unknown field 'timeout' in limits");
         assert_eq!(refused(&with(r#""limits":[5]"#), Some(7)), "limits must be an object");

@@ -272,7 +272,7 @@ fn timings_of_boot_and_request() {
         let ((boot_total, boot), request_total, served) = outcome.unwrap();
         let served = served.unwrap();
         assert_eq!(text(&served.stdout), "2\n");
-        boots.push((boot_total, boot.load, boot.syscalls));
+        boots.push((boot_total, boot.load, boot.syscalls, boot.peak_memory));
         requests.push((request_total, served.stats.wall, served.stats.syscalls, served.stats.exits));
     }
     let median = |mut v: Vec<Duration>| {
@@ -280,10 +280,11 @@ fn timings_of_boot_and_request() {
         v[v.len() / 2]
     };
     eprintln!(
-        "ptrace CPU, median of 5: boot to ready point {:?} (of which creating the guest {:?}; {} system calls); print(1+1): hand-off to exit {:?}, with tearing the guest down {:?} ({} system calls, {} exits)",
+        "ptrace CPU, median of 5: boot to ready point {:?} (of which creating the guest {:?}; {} system calls; {} MiB of guest memory in use); print(1+1): hand-off to exit {:?}, with tearing the guest down {:?} ({} system calls, {} exits)",
         median(boots.iter().map(|b| b.0).collect()),
         median(boots.iter().map(|b| b.1).collect()),
         boots[0].2,
+        boots[0].3 >> 20,
         median(requests.iter().map(|r| r.1).collect()),
         median(requests.iter().map(|r| r.0).collect()),
         requests[0].2,

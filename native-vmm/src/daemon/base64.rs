@@ -15,7 +15,7 @@ fn sextet(byte: u8) -> Option<u32> {
 /// padding and non-zero bits after the last byte (so each input has one meaning).
 pub fn decode(text: &str) -> Result<Vec<u8>, &'static str> {
     let bytes = text.as_bytes();
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err("base64 length is not a multiple of 4");
     }
     let mut out = Vec::with_capacity(bytes.len() / 4 * 3);

@@ -205,7 +205,7 @@ mod tests {
         }
         // Exactly the cap is allowed (the payload is then judged on its content).
         let mut bytes = (MAX_FRAME_BYTES as u32).to_be_bytes().to_vec();
-        bytes.extend(std::iter::repeat(b' ').take(MAX_FRAME_BYTES));
+        bytes.extend(std::iter::repeat_n(b' ', MAX_FRAME_BYTES));
         assert!(matches!(read(&bytes), Err(FrameError::NotJson(_))));
     }
 

@@ -494,7 +494,7 @@ mod tests {
         fn tree(next: &mut dyn FnMut() -> u64, depth: u32) -> Value {
             match next() % if depth > 3 { 6 } else { 8 } {
                 0 => Value::Null,
-                1 => Value::Bool(next() % 2 == 0),
+                1 => Value::Bool(next().is_multiple_of(2)),
                 2 => Value::from(next() >> (next() % 64)),
                 3 => Value::from(-((next() % 1000) as i64)),
                 4 => Value::from((next() % 1000) as f64 / 7.0),

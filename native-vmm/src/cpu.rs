@@ -20,6 +20,53 @@ pub enum CpuExit {
     DeadlineReached,
 }
 
+/// The user-level state of a guest stopped inside a system call (a template's ready point),
+/// the same for every backend: a snapshot taken on one restores on another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuSnapshot {
+    /// General registers as the program left them at `syscall` (rax is the system call's
+    /// number; the restored guest sees the value given to `set_syscall_return` instead; rcx
+    /// and r11 hold rip and rflags, as the `syscall` instruction leaves them).
+    pub regs: UserRegs,
+    /// Where the program resumes: the instruction after its `syscall`.
+    pub rip: u64,
+    pub rflags: u64,
+    pub fs_base: u64,
+    pub gs_base: u64,
+    /// x87/SSE/AVX state in the standard (non-compacted) XSAVE layout: the 512-byte legacy
+    /// area, the 64-byte header (XSTATE_BV says which components hold state), then the
+    /// components at their architectural offsets.
+    pub xsave: Vec<u8>,
+}
+
+/// General-purpose registers (rip and rflags are kept beside them in `CpuSnapshot`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    pub rax: u64,
+    pub rbx: u64,
+    pub rcx: u64,
+    pub rdx: u64,
+    pub rsi: u64,
+    pub rdi: u64,
+    pub rbp: u64,
+    pub rsp: u64,
+    pub r8: u64,
+    pub r9: u64,
+    pub r10: u64,
+    pub r11: u64,
+    pub r12: u64,
+    pub r13: u64,
+    pub r14: u64,
+    pub r15: u64,
+}
+
+/// The legacy FXSAVE area plus the XSAVE header: the smallest valid XSAVE image.
+pub const XSAVE_MIN_BYTES: usize = 512 + 64;
+/// Offset of XSTATE_BV (in the XSAVE header).
+pub const XSAVE_XSTATE_BV: usize = 512;
+/// Offset of XCOMP_BV; zero in the standard layout.
+pub const XSAVE_XCOMP_BV: usize = 520;
+
 pub trait GuestCpu {
     /// Runs the guest until its next system call or exception, or until `deadline`.
     fn run(&mut self, deadline: Instant) -> io::Result<CpuExit>;
@@ -27,4 +74,10 @@ pub trait GuestCpu {
     fn set_syscall_return(&mut self, value: u64) -> io::Result<()>;
     /// Sets the FS segment base (arch_prctl ARCH_SET_FS, TLS).
     fn set_fs_base(&mut self, base: u64) -> io::Result<()>;
+    /// The guest's user-level state while it is stopped inside a system call (the vCPU must
+    /// have just returned `CpuExit::Syscall` and not run since). Backends that cannot take
+    /// one (test doubles) keep this default.
+    fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this vCPU backend cannot take a snapshot"))
+    }
 }

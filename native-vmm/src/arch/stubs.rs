@@ -123,10 +123,10 @@ const VECTORS: u8 = 32;
 /// The iretq frame the syscall entry returns through, at the top of the syscall stack:
 /// rip, cs, rflags, rsp, ss (lowest address first).
 pub const SYSCALL_FRAME: u64 = SYSCALL_STACK_TOP - 40;
-const FRAME_RIP: u64 = SYSCALL_FRAME;
+pub const FRAME_RIP: u64 = SYSCALL_FRAME;
 const FRAME_CS: u64 = SYSCALL_FRAME + 8;
-const FRAME_RFLAGS: u64 = SYSCALL_FRAME + 16;
-const FRAME_RSP: u64 = SYSCALL_FRAME + 24;
+pub const FRAME_RFLAGS: u64 = SYSCALL_FRAME + 16;
+pub const FRAME_RSP: u64 = SYSCALL_FRAME + 24;
 const FRAME_SS: u64 = SYSCALL_FRAME + 32;
 
 pub fn exception_stub_addr(vector: u8) -> u64 {

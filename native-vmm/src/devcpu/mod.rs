@@ -25,7 +25,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
-use crate::cpu::{CpuExit, GuestCpu};
+use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu, UserRegs};
 use crate::layout::USER_BASE;
 use crate::memory::GuestMemory;
 use crate::status::GuestFault;
@@ -49,19 +49,7 @@ impl PtraceCpu {
     /// Starts a stopped guest whose first instruction is `entry`, with `stack_pointer` in rsp,
     /// every other general register 0 and no FS base.
     pub fn new(mem: &GuestMemory, entry: u64, stack_pointer: u64) -> io::Result<PtraceCpu> {
-        ensure_range_free(USER_BASE, mem.size())?;
-        // The child maps the memfd shared: a copy-on-write fork's private pages are in no file.
-        let memfd = mem.fd().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "development CPU: a copy-on-write fork of guest memory cannot be shared with the traced child (give it a copy)"))?;
-        let pid = ptrace_sys::spawn_tracee(memfd.as_raw_fd(), USER_BASE, mem.size() - USER_BASE)?;
-        let tracee = Tracee { pid };
-        match ptrace_sys::wait(pid)? {
-            WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {}
-            WaitStatus::Exited(code) => return Err(io::Error::other(format!("development CPU: {}", ptrace_sys::describe_child_exit(code)))),
-            other => return Err(io::Error::other(format!("development CPU: unexpected first stop of the child: {other:?}"))),
-        }
-        ptrace_sys::set_options_exitkill_sysgood(pid)?;
-        let host = ptrace_sys::get_regs(pid)?;
-        let regs = Regs {
+        PtraceCpu::start(mem, |host| Regs {
             rip: entry,
             rsp: stack_pointer,
             // Not inside a system call: nothing for the kernel to restart on resume.
@@ -73,7 +61,63 @@ impl PtraceCpu {
             ds: host.ds,
             es: host.es,
             ..Regs::default()
-        };
+        })
+    }
+
+    /// Starts a guest in the state `snapshot` recorded (on `mem`, which holds the snapshot's
+    /// memory: the template's, copied, since the child shares it). The first `run` resumes
+    /// after the system call the snapshot was taken in, returning what `set_syscall_return`
+    /// set (the snapshot's rax until then).
+    pub fn restore(mem: &GuestMemory, snapshot: &CpuSnapshot) -> io::Result<PtraceCpu> {
+        let r = &snapshot.regs;
+        let cpu = PtraceCpu::start(mem, |host| Regs {
+            r15: r.r15,
+            r14: r.r14,
+            r13: r.r13,
+            r12: r.r12,
+            rbp: r.rbp,
+            rbx: r.rbx,
+            r11: r.r11,
+            r10: r.r10,
+            r9: r.r9,
+            r8: r.r8,
+            rax: r.rax,
+            rcx: r.rcx,
+            rdx: r.rdx,
+            rsi: r.rsi,
+            rdi: r.rdi,
+            // The tracee is in a signal stop, not a system call: nothing to restart.
+            orig_rax: u64::MAX,
+            rip: snapshot.rip,
+            eflags: snapshot.rflags,
+            rsp: r.rsp,
+            fs_base: snapshot.fs_base,
+            gs_base: snapshot.gs_base,
+            cs: host.cs,
+            ss: host.ss,
+            ds: host.ds,
+            es: host.es,
+            ..Regs::default()
+        })?;
+        ptrace_sys::set_xstate(cpu.pid(), &snapshot.xsave)?;
+        Ok(cpu)
+    }
+
+    /// Spawns the tracee on `mem` and gives it the registers `regs` makes from the host's
+    /// (for the segment selectors, which must stay the host's).
+    fn start(mem: &GuestMemory, regs: impl FnOnce(&Regs) -> Regs) -> io::Result<PtraceCpu> {
+        ensure_range_free(USER_BASE, mem.size())?;
+        // The child maps the memfd shared: a copy-on-write fork's private pages are in no file.
+        let memfd = mem.fd().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "development CPU: a copy-on-write fork of guest memory cannot be shared with the traced child (give it a copy)"))?;
+        let pid = ptrace_sys::spawn_tracee(memfd.as_raw_fd(), USER_BASE, mem.size() - USER_BASE)?;
+        let tracee = Tracee { pid };
+        match ptrace_sys::wait(pid)? {
+            WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {}
+            WaitStatus::Exited(code) => return Err(io::Error::other(format!("development CPU: {}", ptrace_sys::describe_child_exit(code)))),
+            other => return Err(io::Error::other(format!("development CPU: unexpected first stop of the child: {other:?}"))),
+        }
+        ptrace_sys::set_options_exitkill_sysgood(pid)?;
+        let regs = regs(&ptrace_sys::get_regs(pid)?);
         let watchdog = DeadlineWatchdog::start(pid)?;
         Ok(PtraceCpu { watchdog, tracee, regs, regs_dirty: true, regs_current: true })
     }
@@ -150,6 +194,35 @@ impl GuestCpu for PtraceCpu {
     fn set_fs_base(&mut self, base: u64) -> io::Result<()> {
         self.regs_mut()?.fs_base = base;
         Ok(())
+    }
+
+    /// Under PTRACE_SYSEMU a system-call stop is taken after the `syscall` instruction: rip
+    /// already points past it, rcx and r11 hold rip and rflags.
+    fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
+        if !self.regs_current || self.regs.orig_rax == u64::MAX {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "development CPU: a snapshot needs the guest stopped in a system call"));
+        }
+        let r = &self.regs;
+        let regs = UserRegs {
+            rax: r.orig_rax,
+            rbx: r.rbx,
+            rcx: r.rcx,
+            rdx: r.rdx,
+            rsi: r.rsi,
+            rdi: r.rdi,
+            rbp: r.rbp,
+            rsp: r.rsp,
+            r8: r.r8,
+            r9: r.r9,
+            r10: r.r10,
+            r11: r.r11,
+            r12: r.r12,
+            r13: r.r13,
+            r14: r.r14,
+            r15: r.r15,
+        };
+        let xsave = ptrace_sys::get_xstate(self.pid())?;
+        Ok(CpuSnapshot { regs, rip: r.rip, rflags: r.eflags, fs_base: r.fs_base, gs_base: r.gs_base, xsave })
     }
 }
 

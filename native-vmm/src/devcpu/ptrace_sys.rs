@@ -29,6 +29,12 @@ const PTRACE_GETREGS: c_long = 12;
 const PTRACE_SETREGS: c_long = 13;
 const PTRACE_SYSEMU: c_long = 31;
 const PTRACE_SETOPTIONS: c_long = 0x4200;
+const PTRACE_GETREGSET: c_long = 0x4204;
+const PTRACE_SETREGSET: c_long = 0x4205;
+/// The register set holding the XSAVE area in the standard (non-compacted) layout.
+const NT_X86_XSTATE: c_long = 0x202;
+/// Room for the largest XSAVE area of current CPUs (AMX tile data ends below 12 KiB).
+const XSTATE_BUFFER: usize = 16 << 10;
 const PTRACE_GETSIGINFO: c_long = 0x4202;
 const PTRACE_GET_SYSCALL_INFO: c_long = 0x420e;
 /// `arch` of a system call made through the 64-bit `syscall` instruction.
@@ -223,6 +229,33 @@ pub fn get_regs(pid: i32) -> io::Result<Regs> {
 pub fn set_regs(pid: i32, regs: &Regs) -> io::Result<()> {
     // SAFETY: the kernel only reads the user_regs_struct behind the pointer.
     check(unsafe { ptrace(PTRACE_SETREGS, pid, std::ptr::null_mut(), regs as *const Regs as *mut c_void) })?;
+    Ok(())
+}
+
+/// `struct iovec` for PTRACE_GETREGSET/SETREGSET.
+#[repr(C)]
+struct IoVec {
+    base: *mut c_void,
+    len: usize,
+}
+
+/// The tracee's XSAVE area (x87, SSE, AVX... state), standard layout, as long as the host's.
+pub fn get_xstate(pid: i32) -> io::Result<Vec<u8>> {
+    let mut area = vec![0u8; XSTATE_BUFFER];
+    let mut iov = IoVec { base: area.as_mut_ptr() as *mut c_void, len: area.len() };
+    // SAFETY: iov describes `area`, writable for iov.len bytes; the kernel shrinks iov.len to
+    // what it wrote.
+    check(unsafe { ptrace(PTRACE_GETREGSET, pid, NT_X86_XSTATE as *mut c_void, &mut iov as *mut IoVec as *mut c_void) })?;
+    area.truncate(iov.len.min(XSTATE_BUFFER));
+    Ok(area)
+}
+
+/// Loads an XSAVE area (standard layout) into the tracee.
+pub fn set_xstate(pid: i32, area: &[u8]) -> io::Result<()> {
+    let mut copy = area.to_vec();
+    let mut iov = IoVec { base: copy.as_mut_ptr() as *mut c_void, len: copy.len() };
+    // SAFETY: iov describes `copy`, readable for iov.len bytes, alive for the call.
+    check(unsafe { ptrace(PTRACE_SETREGSET, pid, NT_X86_XSTATE as *mut c_void, &mut iov as *mut IoVec as *mut c_void) })?;
     Ok(())
 }
 

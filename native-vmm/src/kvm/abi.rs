@@ -46,6 +46,8 @@ pub const KVM_SET_SREGS: c_ulong = iow::<KvmSregs>(0x84);
 pub const KVM_SET_MSRS: c_ulong = iow::<KvmMsrs<0>>(0x89);
 pub const KVM_SET_CPUID2: c_ulong = iow::<KvmCpuid2<0>>(0x90);
 pub const KVM_SET_XCRS: c_ulong = iow::<KvmXcrs>(0xA7);
+pub const KVM_GET_XSAVE: c_ulong = ior::<KvmXsave>(0xA4);
+pub const KVM_SET_XSAVE: c_ulong = iow::<KvmXsave>(0xA5);
 
 pub const KVM_API_VERSION: i32 = 12;
 pub const KVM_CAP_IMMEDIATE_EXIT: c_ulong = 136;
@@ -193,6 +195,37 @@ pub struct KvmXcrs {
     pub flags: u32,
     pub xcrs: [KvmXcr; 16],
     pub padding: [u64; 16],
+}
+
+/// struct kvm_xsave: the vCPU's XSAVE area in the standard (non-compacted) layout. Its size
+/// bounds the components (x87, SSE and AVX fit; this backend enables no more, see XCR0).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvmXsave {
+    pub region: [u32; 1024],
+}
+
+impl KvmXsave {
+    pub const BYTES: usize = 4096;
+
+    pub fn zeroed() -> KvmXsave {
+        KvmXsave { region: [0; 1024] }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.region.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// The area from bytes (longer input is cut at 4096 bytes, shorter is zero-padded).
+    pub fn from_bytes(bytes: &[u8]) -> KvmXsave {
+        let mut area = KvmXsave::zeroed();
+        for (word, chunk) in area.region.iter_mut().zip(bytes.chunks(4)) {
+            let mut b = [0u8; 4];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *word = u32::from_le_bytes(b);
+        }
+        area
+    }
 }
 
 /// struct kvm_cpuid_entry2
@@ -362,6 +395,8 @@ mod tests {
         assert_eq!(KVM_SET_MSRS, 0x4008_AE89);
         assert_eq!(KVM_SET_CPUID2, 0x4008_AE90);
         assert_eq!(KVM_SET_XCRS, 0x4188_AEA7);
+        assert_eq!(KVM_GET_XSAVE, 0x9000_AEA4);
+        assert_eq!(KVM_SET_XSAVE, 0x5000_AEA5);
     }
 
     #[test]
@@ -378,6 +413,7 @@ mod tests {
         assert_eq!(size_of::<KvmMsrs<3>>(), 8 + 3 * 16);
         assert_eq!(size_of::<KvmXcr>(), 16);
         assert_eq!(size_of::<KvmXcrs>(), 392);
+        assert_eq!(size_of::<KvmXsave>(), KvmXsave::BYTES);
         assert_eq!(size_of::<KvmCpuidEntry2>(), 40);
         assert_eq!(size_of::<KvmCpuid2<0>>(), 8);
         assert_eq!(offset_of!(KvmCpuid2<4>, entries), 8);
@@ -422,6 +458,16 @@ mod tests {
         data[0..8].copy_from_slice(&0x21u64.to_le_bytes());
         data[8..12].copy_from_slice(&3u32.to_le_bytes());
         assert_eq!(FailEntry::decode(&data), FailEntry { hardware_entry_failure_reason: 0x21, cpu: 3 });
+    }
+
+    #[test]
+    fn xsave_bytes_round_trip_and_are_cut_or_padded() {
+        let bytes: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let area = KvmXsave::from_bytes(&bytes);
+        assert_eq!(area.to_bytes(), bytes[..KvmXsave::BYTES]);
+        assert_eq!(area.region[1], u32::from_le_bytes([4, 5, 6, 7]));
+        let short = KvmXsave::from_bytes(&[1, 2, 3, 4, 5]);
+        assert_eq!((short.region[0], short.region[1], short.region[2]), (0x0403_0201, 5, 0));
     }
 
     #[test]

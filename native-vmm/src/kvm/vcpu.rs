@@ -7,7 +7,6 @@
 //! so KVM finishes the `out` on the next KVM_RUN and the stub goes on to `iretq`).
 
 use std::io;
-use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Instant;
 
@@ -17,9 +16,9 @@ use super::watchdog::Watchdog;
 use super::{context, Kvm};
 use crate::arch::cpu_state::{self, CpuFeatures};
 use crate::arch::descriptors::{Segment, GDT_LIMIT, IDT_LIMIT};
-use crate::arch::stubs::{ExceptionFrame, Reg};
+use crate::arch::stubs::{ExceptionFrame, Reg, FRAME_RFLAGS, FRAME_RIP, FRAME_RSP};
 use crate::arch::{self, paging, EXCEPTION_PORT, GDT_ADDR, IDT_ADDR, SYSCALL_PORT};
-use crate::cpu::{CpuExit, GuestCpu};
+use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu, UserRegs, XSAVE_MIN_BYTES, XSAVE_XCOMP_BV, XSAVE_XSTATE_BV};
 use crate::memory::GuestMemory;
 use crate::sys;
 use crate::status::GuestFault;
@@ -42,17 +41,87 @@ pub struct KvmCpu<'m> {
     regs: KvmRegs,
     /// The vCPU is stopped at the SYSCALL_PORT `out` and `regs` is current.
     in_syscall: bool,
-    _memory: PhantomData<&'m GuestMemory>,
+    /// The guest memory the VM's slot maps (snapshots read the stub's return frame in it).
+    mem: &'m GuestMemory,
+}
+
+/// The user state a vCPU starts from besides its general registers.
+struct UserState<'a> {
+    fs_base: u64,
+    gs_base: u64,
+    /// A standard-layout XSAVE area to load (None: the reset state).
+    xsave: Option<&'a [u8]>,
 }
 
 impl<'m> KvmCpu<'m> {
     /// Writes the `arch` tables into the system area of `mem`, creates the VM and its vCPU,
     /// and points the vCPU at `entry` with `stack_pointer` in rsp (other registers 0), at CPL3.
     pub fn new(mem: &'m GuestMemory, entry: u64, stack_pointer: u64) -> io::Result<KvmCpu<'m>> {
+        let regs = KvmRegs { rip: entry, rsp: stack_pointer, rflags: cpu_state::USER_RFLAGS, ..Default::default() };
+        KvmCpu::create(mem, true, regs, &UserState { fs_base: 0, gs_base: 0, xsave: None })
+    }
+
+    /// A vCPU in the state `snapshot` recorded, on `mem`: a copy-on-write fork of a template
+    /// whose memory already holds the `arch` tables (`snapshot::Template` writes them into the
+    /// template once, so a fork copies none of those pages). The first `run` resumes the
+    /// program after the system call the snapshot was taken in, with rax as given to
+    /// `set_syscall_return` (the snapshot's rax until then).
+    ///
+    /// How: the snapshot was taken at CPL0, at the syscall stub's `out`; rather than recreate
+    /// that (KVM keeps the pending `out` in state no ioctl restores), the vCPU starts directly
+    /// at CPL3 where the stub's `iretq` would have returned: rip, rsp and rflags from the
+    /// snapshot, the user segments `new` also uses (iretq loads the same ones), every general
+    /// register as the program left it (rcx and r11 hold rip and rflags, as after a Linux
+    /// sysret), FS/GS bases, and the XSAVE area. This is the same kind of entry as a fresh
+    /// VM's first instruction, so it takes no CPL0 instruction at all.
+    /// UNVERIFIED on KVM (no /dev/kvm where it was written).
+    pub fn restore(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<KvmCpu<'m>> {
+        for (name, base) in [("FS", snapshot.fs_base), ("GS", snapshot.gs_base)] {
+            if base >= USER_ADDRESS_LIMIT {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot {name} base {base:#x} is not a user address")));
+            }
+        }
+        if snapshot.xsave.len() < XSAVE_MIN_BYTES {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot XSAVE area of {} bytes is shorter than its header", snapshot.xsave.len())));
+        }
+        let r = &snapshot.regs;
+        let regs = KvmRegs {
+            rax: r.rax,
+            rbx: r.rbx,
+            rcx: r.rcx,
+            rdx: r.rdx,
+            rsi: r.rsi,
+            rdi: r.rdi,
+            rsp: r.rsp,
+            rbp: r.rbp,
+            r8: r.r8,
+            r9: r.r9,
+            r10: r.r10,
+            r11: r.r11,
+            r12: r.r12,
+            r13: r.r13,
+            r14: r.r14,
+            r15: r.r15,
+            rip: snapshot.rip,
+            rflags: snapshot.rflags | cpu_state::RFLAGS_RESERVED,
+        };
+        let user = UserState { fs_base: snapshot.fs_base, gs_base: snapshot.gs_base, xsave: Some(&snapshot.xsave) };
+        let mut cpu = KvmCpu::create(mem, false, regs, &user)?;
+        // Stopped "inside" the pending system call: its return value may be set before the
+        // first run, and `regs` holds exactly what KVM has.
+        cpu.in_syscall = true;
+        Ok(cpu)
+    }
+
+    /// Creates the VM (one slot: all of `mem`) and its vCPU in long mode at CPL3 with `regs`;
+    /// `install_tables` writes the `arch` tables into `mem` first (a fork has them already).
+    fn create(mem: &'m GuestMemory, install_tables: bool, regs: KvmRegs, user: &UserState) -> io::Result<KvmCpu<'m>> {
         paging::check_memory_size(mem.size())?;
         let kvm = Kvm::shared()?;
         let vm = kvm.create_vm()?;
-        arch::install(mem)?;
+        if install_tables {
+            arch::install(mem)?;
+        }
         let region = KvmUserspaceMemoryRegion { slot: 0, flags: 0, guest_phys_addr: 0, memory_size: mem.size(), userspace_addr: mem.host_base() };
         sys::ioctl_ref(vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
         let vcpu = sys::ioctl_new_fd(vm.as_raw_fd(), KVM_CREATE_VCPU, 0).map_err(context("KVM_CREATE_VCPU"))?;
@@ -63,19 +132,22 @@ impl<'m> KvmCpu<'m> {
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, cpuid).map_err(context("KVM_SET_CPUID2"))?;
         let features = CpuFeatures::from_cpuid(|function, index| cpuid.leaf(function, index));
 
-        set_sregs(&vcpu, &features)?;
+        set_sregs(&vcpu, &features, user)?;
         if let Some(xcr0) = features.xcr0() {
             let mut xcrs = KvmXcrs { nr_xcrs: 1, ..Default::default() };
             xcrs.xcrs[0] = KvmXcr { xcr: 0, reserved: 0, value: xcr0 };
             sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XCRS, &xcrs).map_err(context("KVM_SET_XCRS"))?;
         }
+        if let Some(area) = user.xsave {
+            let area = xsave_for_guest(area, features.xcr0().unwrap_or(cpu_state::XCR0_X87 | cpu_state::XCR0_SSE));
+            sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
+        }
         set_msrs(&vcpu)?;
-        let regs = KvmRegs { rip: entry, rsp: stack_pointer, rflags: cpu_state::USER_RFLAGS, ..Default::default() };
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_REGS, &regs).map_err(context("KVM_SET_REGS"))?;
 
         let exit_flag = run_page.exit_flag();
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
-        Ok(KvmCpu { watchdog, run_page, vcpu, _vm: vm, regs, in_syscall: false, _memory: PhantomData })
+        Ok(KvmCpu { watchdog, run_page, vcpu, _vm: vm, regs, in_syscall: false, mem })
     }
 
     fn get_regs(&self) -> io::Result<KvmRegs> {
@@ -162,6 +234,40 @@ impl GuestCpu for KvmCpu<'_> {
         Ok(())
     }
 
+    /// At a syscall exit the vCPU is at CPL0 in the stub, on the syscall stack: rip, rsp and
+    /// rflags of the program are in the stub's iretq frame (arch::stubs), every other general
+    /// register still holds the program's value.
+    fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
+        if !self.in_syscall {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "snapshot: the vCPU is not stopped in a system call"));
+        }
+        let frame = |addr: u64| self.mem.read_u64(addr).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the syscall frame: {e}")));
+        let (rip, rflags, rsp) = (frame(FRAME_RIP)?, frame(FRAME_RFLAGS)?, frame(FRAME_RSP)?);
+        let sregs = self.get_sregs()?;
+        let mut area = KvmXsave::zeroed();
+        sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
+        let r = &self.regs;
+        let regs = UserRegs {
+            rax: r.rax,
+            rbx: r.rbx,
+            rcx: r.rcx,
+            rdx: r.rdx,
+            rsi: r.rsi,
+            rdi: r.rdi,
+            rbp: r.rbp,
+            rsp,
+            r8: r.r8,
+            r9: r.r9,
+            r10: r.r10,
+            r11: r.r11,
+            r12: r.r12,
+            r13: r.r13,
+            r14: r.r14,
+            r15: r.r15,
+        };
+        Ok(CpuSnapshot { regs, rip, rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
+    }
+
     fn set_fs_base(&mut self, base: u64) -> io::Result<()> {
         if base >= USER_ADDRESS_LIMIT {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("FS base {base:#x} is not a user address")));
@@ -181,12 +287,13 @@ fn get_sregs(vcpu: &OwnedFd) -> io::Result<KvmSregs> {
 
 /// Long mode with paging on the arch tables, CPL3 segments. Starts from the vCPU's reset state
 /// so fields this backend does not care about (LDT, APIC base) keep KVM's defaults.
-fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures) -> io::Result<()> {
+fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures, user: &UserState) -> io::Result<()> {
     let mut sregs = get_sregs(vcpu)?;
     let segments = cpu_state::user_segments();
     let data = kvm_segment(&segments.data);
     sregs.cs = kvm_segment(&segments.cs);
     (sregs.ss, sregs.ds, sregs.es, sregs.fs, sregs.gs) = (data, data, data, data, data);
+    (sregs.fs.base, sregs.gs.base) = (user.fs_base, user.gs_base);
     sregs.tr = kvm_segment(&segments.tr);
     sregs.gdt = KvmDtable { base: GDT_ADDR, limit: GDT_LIMIT, padding: [0; 3] };
     sregs.idt = KvmDtable { base: IDT_ADDR, limit: IDT_LIMIT, padding: [0; 3] };
@@ -196,6 +303,20 @@ fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures) -> io::Result<()> {
     sregs.efer = cpu_state::EFER;
     sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_SREGS, &sregs).map_err(context("KVM_SET_SREGS"))?;
     Ok(())
+}
+
+/// A snapshot's XSAVE area as KVM_SET_XSAVE takes it for a guest with `xcr0`: standard layout
+/// (XCOMP_BV zero), and only components the guest has enabled marked as holding state.
+fn xsave_for_guest(area: &[u8], xcr0: u64) -> KvmXsave {
+    let mut bytes = area[..area.len().min(KvmXsave::BYTES)].to_vec();
+    if bytes.len() >= XSAVE_MIN_BYTES {
+        let mut bv = [0u8; 8];
+        bv.copy_from_slice(&bytes[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8]);
+        let kept = u64::from_le_bytes(bv) & xcr0;
+        bytes[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8].copy_from_slice(&kept.to_le_bytes());
+        bytes[XSAVE_XCOMP_BV..XSAVE_XCOMP_BV + 8].fill(0);
+    }
+    KvmXsave::from_bytes(&bytes)
 }
 
 fn set_msrs(vcpu: &OwnedFd) -> io::Result<()> {
@@ -295,6 +416,19 @@ mod tests {
         let frame = ExceptionFrame { vector: 13, error_code: 0, rip: 0x7021, cs: KERNEL_CS as u64 };
         let err = fault_exit(frame, None).unwrap_err();
         assert!(err.to_string().contains("CPL0 code at rip 0x7021"), "{err}");
+    }
+
+    #[test]
+    fn a_snapshot_xsave_area_keeps_only_the_guests_components() {
+        let mut area = vec![0xAAu8; 2700];
+        area[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8].copy_from_slice(&0xE7u64.to_le_bytes());
+        area[XSAVE_XCOMP_BV..XSAVE_XCOMP_BV + 8].copy_from_slice(&(1u64 << 63).to_le_bytes());
+        let bytes = xsave_for_guest(&area, 7).to_bytes();
+        assert_eq!(bytes[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8], 7u64.to_le_bytes(), "AVX-512 state dropped");
+        assert_eq!(bytes[XSAVE_XCOMP_BV..XSAVE_XCOMP_BV + 8], [0; 8], "standard layout");
+        assert_eq!(bytes[..512], area[..512], "legacy area unchanged");
+        assert_eq!(bytes[2699], 0xAA);
+        assert_eq!(bytes[2700..], vec![0; KvmXsave::BYTES - 2700][..], "padded");
     }
 
     #[test]

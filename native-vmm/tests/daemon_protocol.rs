@@ -299,6 +299,7 @@ fn stopping_finishes_in_flight_work_and_removes_the_socket() {
     let stopping = std::thread::spawn(move || server.stop());
     std::thread::sleep(Duration::from_millis(100));
     assert!(!stopping.is_finished(), "the server waits for the execution in flight");
+    assert!(!path.exists() && std::os::unix::net::UnixStream::connect(&path).is_err(), "but no longer listens");
     executor.release();
     let done = client.recv();
     assert_eq!(str_of(&done, "status"), "ok", "{done}");

@@ -19,7 +19,6 @@ pub mod response;
 pub mod server;
 pub mod templates;
 
-use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread;
@@ -97,5 +96,6 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         Err(reason) => format!("unavailable: {reason}"),
     };
     eprintln!("sandfork-vmm serve: listening on {} ({} templates, kvm {kvm})", server.path().display(), health.templates);
-    server.run().map_err(|e: io::Error| e.to_string())
+    server.run();
+    Ok(())
 }

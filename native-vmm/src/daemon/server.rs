@@ -214,11 +214,12 @@ impl Server {
         Stopper { shared: self.shared.clone(), path: self.socket.path.clone() }
     }
 
-    /// Serves until `Stopper::stop`, then waits for in-flight executions to finish (their
-    /// responses are still sent) and removes the socket file.
-    pub fn run(self) -> io::Result<()> {
-        for stream in self.listener.incoming() {
-            if self.shared.stopping.load(Ordering::SeqCst) {
+    /// Serves until `Stopper::stop`, then closes and removes the socket and waits for the
+    /// executions in flight to finish (their responses are still sent on their connections).
+    pub fn run(self) {
+        let Server { listener, socket, shared } = self;
+        for stream in listener.incoming() {
+            if shared.stopping.load(Ordering::SeqCst) {
                 break;
             }
             let stream = match stream {
@@ -230,23 +231,23 @@ impl Server {
                     continue;
                 }
             };
-            let Some(slot) = self.shared.connections.try_acquire() else {
+            let Some(slot) = shared.connections.try_acquire() else {
                 let mut stream = stream;
                 let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
                 let _ = frame::write_frame(&mut stream, &response::error(None, ErrorCode::Busy, "too many connections"));
                 continue;
             };
-            let shared = self.shared.clone();
+            let connection_shared = shared.clone();
             let spawned = thread::Builder::new().name("sandfork-conn".into()).spawn(move || {
                 let _slot = slot;
-                Connection::serve(stream, shared);
+                Connection::serve(stream, connection_shared);
             });
             if let Err(e) = spawned {
                 eprintln!("sandfork-vmm serve: starting a connection thread: {e}");
             }
         }
-        self.shared.admitted.wait_until_zero();
-        Ok(())
+        drop((listener, socket));
+        shared.admitted.wait_until_zero();
     }
 }
 

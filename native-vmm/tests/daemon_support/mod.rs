@@ -36,7 +36,7 @@ pub fn config(max_running: usize) -> ServerConfig {
 pub struct Running {
     pub path: PathBuf,
     pub stopper: Stopper,
-    thread: Option<JoinHandle<std::io::Result<()>>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -52,7 +52,7 @@ impl Running {
     pub fn stop(mut self) {
         self.stopper.stop();
         if let Some(thread) = self.thread.take() {
-            thread.join().expect("server thread panicked").expect("server failed");
+            thread.join().expect("server thread panicked");
         }
     }
 }

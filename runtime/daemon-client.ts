@@ -1,11 +1,14 @@
 // The client of `sandfork-vmm serve` (native-vmm/PROTOCOL.md) and the gateway's ExecutionRuntime.
 //
 // A pool of N connections; each request goes to the connection with the fewest requests in
-// flight, up to a per-connection bound. Beyond that, requests wait in a bounded FIFO queue; beyond
-// the queue's bound they are refused at once with RuntimeQueueFullError (retryable) rather than
-// buffered without limit. Every request has a deadline and may be aborted. A lost connection
-// fails its requests in flight with RuntimeConnectionLostError (retryable) and is reopened with
-// backoff; with no connection open, requests fail at once with RuntimeUnavailableError.
+// flight, up to a per-connection bound, and executions also up to a bound over the pool (the
+// daemon's concurrency). Beyond those, requests wait in a bounded FIFO queue; beyond the queue's
+// bound they are refused at once with RuntimeQueueFullError (retryable) rather than buffered
+// without limit. Every request has a deadline and may be aborted: protocol v1 has no way to
+// cancel a request, so the caller stops waiting, the request keeps its place in the bounds until
+// the daemon answers, and that answer is dropped. A lost connection fails its requests in flight
+// with RuntimeConnectionLostError (retryable) and is reopened with backoff; with no connection
+// open, requests fail at once with RuntimeUnavailableError.
 import { availableParallelism } from "node:os";
 import { DaemonConnection } from "./daemon-connection.js";
 import { RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
@@ -142,7 +145,11 @@ export class DaemonClient implements ExecutionRuntime {
    * RuntimeUnavailableError when none can be opened (the client keeps retrying in the background).
    */
   async connect(): Promise<void> {
-    const attempts = this.slots.map((slot) => this.openSlot(slot));
+    const idle = this.slots.filter((slot) => slot.connection === null && !slot.connecting);
+    const attempts = idle.map((slot) => {
+      clearTimeout(slot.retryTimer);
+      return this.openSlot(slot);
+    });
     const results = await Promise.allSettled(attempts);
     if (this.connectedCount() === 0) {
       const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
@@ -299,7 +306,7 @@ export class DaemonClient implements ExecutionRuntime {
       if (this.queue.length >= this.options.maxQueued) {
         job.reject(
           new RuntimeQueueFullError(
-            `sandfork-vmm client: ${this.options.maxQueued} request(s) already wait for one of ${this.slots.length} connection(s); retry shortly`,
+            `sandfork-vmm client: ${this.options.maxQueued} request(s) already wait for a connection or an execution slot; retry shortly`,
           ),
         );
         return;
@@ -404,7 +411,8 @@ export class DaemonClient implements ExecutionRuntime {
     const delay = slot.backoffMs;
     slot.backoffMs = Math.min(slot.backoffMs * 2, this.options.reconnectMaxMs);
     slot.retryTimer = setTimeout(() => {
-      this.openSlot(slot).catch(() => {});
+      slot.retryTimer = undefined;
+      if (slot.connection === null && !slot.connecting) this.openSlot(slot).catch(() => {});
     }, delay);
     slot.retryTimer.unref();
   }

@@ -1,7 +1,6 @@
 // How the gateway gets its execution runtime, read once from the environment. Paths default
 // relative to the working directory (`npm start` runs in the repository) and the data directory.
 import { join, resolve } from "node:path";
-import { defaultDaemonConcurrency } from "./daemon-client.js";
 
 /**
  * supervised: build missing templates, run `sandfork-vmm serve` as a child and connect to it;
@@ -19,11 +18,11 @@ export interface RuntimeConfig {
   templatesDir: string;
   /** Template sources: one folder per template holding its image.json. */
   templateSourcesDir: string;
+  /** More `sandfork-vmm serve` options (e.g. --max-concurrency 8 --max-queue 128). */
+  serveArgs: string[];
   /** Rebuild template images at start even when they look up to date. */
   rebuildTemplates: boolean;
   connections: number;
-  /** The daemon's --max-concurrency and the client's bound on executions in flight. */
-  maxConcurrency: number;
   maxInFlightPerConnection: number;
   maxQueued: number;
 }
@@ -54,9 +53,9 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     socketPath,
     templatesDir: resolve(env.SANDFORK_TEMPLATES_DIR ?? join(dataDir, "templates")),
     templateSourcesDir: resolve(env.SANDFORK_TEMPLATE_SOURCES ?? "templates"),
+    serveArgs: (env.SANDFORK_VMM_SERVE_ARGS ?? "").split(/\s+/).filter((arg) => arg !== ""),
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
     connections: positive(env, "SANDFORK_VMM_CONNECTIONS", 4),
-    maxConcurrency: positive(env, "SANDFORK_VMM_MAX_CONCURRENCY", defaultDaemonConcurrency()),
     maxInFlightPerConnection: positive(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
     maxQueued: positive(env, "SANDFORK_VMM_MAX_QUEUED", 256),
   };

@@ -1,15 +1,14 @@
 // The client of `sandfork-vmm serve` (native-vmm/PROTOCOL.md) and the gateway's ExecutionRuntime.
 //
 // A pool of N connections; each request goes to the connection with the fewest requests in
-// flight, up to a per-connection bound, and executions also up to a bound over the pool (the
-// daemon's concurrency). Beyond those, requests wait in a bounded FIFO queue; beyond the queue's
-// bound they are refused at once with RuntimeQueueFullError (retryable) rather than buffered
+// flight, up to a per-connection bound (the daemon queues executions beyond its own concurrency,
+// and reports that wait as queue_us). Beyond that bound, requests wait in a bounded FIFO queue;
+// beyond the queue's bound they are refused at once with RuntimeQueueFullError (retryable) rather than buffered
 // without limit. Every request has a deadline and may be aborted: protocol v1 has no way to
 // cancel a request, so the caller stops waiting, the request keeps its place in the bounds until
 // the daemon answers, and that answer is dropped. A lost connection fails its requests in flight
 // with RuntimeConnectionLostError (retryable) and is reopened with backoff; with no connection
 // open, requests fail at once with RuntimeUnavailableError.
-import { availableParallelism } from "node:os";
 import { DaemonConnection } from "./daemon-connection.js";
 import { RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, RuntimeHealth, Template } from "./execution-runtime.js";
@@ -31,13 +30,7 @@ export interface DaemonClientOptions {
   connections?: number;
   /** Requests in flight on one connection before new ones queue. */
   maxInFlightPerConnection?: number;
-  /**
-   * Executions in flight over the whole pool; more wait in the queue. Set it to the daemon's
-   * --max-concurrency: beyond that the daemon answers `busy` at once, where waiting a moment
-   * for a running execution to end serves the caller better.
-   */
-  maxExecutions?: number;
-  /** Requests waiting (for a connection with room, or an execution slot) before new ones are refused. */
+  /** Requests waiting for a connection with room before new ones are refused. */
   maxQueued?: number;
   /** Deadline of list_templates, health and stats requests. */
   requestTimeoutMs?: number;
@@ -60,8 +53,6 @@ export interface RequestOptions {
 export interface DaemonClientStatus {
   connected: number;
   inFlight: number;
-  /** Of those in flight, executions (bounded by maxExecutions). */
-  executions: number;
   queued: number;
   /** Requests sent on each pool slot since the client started (across reconnects). */
   sentPerConnection: number[];
@@ -88,7 +79,6 @@ interface Job {
 const DEFAULTS = {
   connections: 4,
   maxInFlightPerConnection: 32,
-  maxExecutions: defaultDaemonConcurrency(),
   maxQueued: 256,
   requestTimeoutMs: 5_000,
   executeGraceMs: 5_000,
@@ -97,11 +87,6 @@ const DEFAULTS = {
   reconnectMinMs: 50,
   reconnectMaxMs: 2_000,
 };
-
-/** The daemon's own default for --max-concurrency: two per core, at least two. */
-export function defaultDaemonConcurrency(): number {
-  return Math.max(2, 2 * availableParallelism());
-}
 
 function abortReason(signal: AbortSignal): Error {
   return signal.reason instanceof Error ? signal.reason : new DOMException("the request was aborted", "AbortError");
@@ -198,7 +183,6 @@ export class DaemonClient implements ExecutionRuntime {
     return {
       connected: this.connectedCount(),
       inFlight: this.slots.reduce((n, s) => n + (s.connection?.pending ?? 0), 0),
-      executions: this.executionsInFlight(),
       queued: this.queue.length,
       sentPerConnection: this.slots.map((s) => s.sent),
     };
@@ -302,11 +286,11 @@ export class DaemonClient implements ExecutionRuntime {
         },
       };
 
-      if (this.trySend(job) === "sent") return;
+      if (this.trySend(job)) return;
       if (this.queue.length >= this.options.maxQueued) {
         job.reject(
           new RuntimeQueueFullError(
-            `sandfork-vmm client: ${this.options.maxQueued} request(s) already wait for a connection or an execution slot; retry shortly`,
+            `sandfork-vmm client: ${this.options.maxQueued} request(s) already wait for a connection with room; retry shortly`,
           ),
         );
         return;
@@ -319,11 +303,10 @@ export class DaemonClient implements ExecutionRuntime {
     return this.slots.reduce((n, s) => n + (s.connection !== null ? 1 : 0), 0);
   }
 
-  /** Sends `job` on the least-loaded connection with room, unless a bound stops it. */
-  private trySend(job: Job): "sent" | "no-connection-room" | "execution-bound" {
-    if (job.type === "execute" && this.executionsInFlight() >= this.options.maxExecutions) return "execution-bound";
+  /** Sends `job` on the least-loaded connection with room; false when none has room. */
+  private trySend(job: Job): boolean {
     const slot = this.leastLoaded();
-    if (slot === undefined) return "no-connection-room";
+    if (slot === undefined) return false;
     const connection = slot.connection as DaemonConnection;
     try {
       const id = connection.send(job.type, job.fields, job);
@@ -332,11 +315,7 @@ export class DaemonClient implements ExecutionRuntime {
     } catch (error) {
       job.reject(error as Error);
     }
-    return "sent";
-  }
-
-  private executionsInFlight(): number {
-    return this.slots.reduce((n, s) => n + (s.connection?.pendingOf("execute") ?? 0), 0);
+    return true;
   }
 
   private leastLoaded(): Slot | undefined {
@@ -352,14 +331,8 @@ export class DaemonClient implements ExecutionRuntime {
     return best;
   }
 
-  /** Sends queued jobs in order; executions held back by their bound let other requests pass. */
   private drainQueue(): void {
-    for (let i = 0; i < this.queue.length; ) {
-      const outcome = this.trySend(this.queue[i] as Job);
-      if (outcome === "no-connection-room") return;
-      if (outcome === "sent") this.queue.splice(i, 1);
-      else i++;
-    }
+    while (this.queue.length > 0 && this.trySend(this.queue[0] as Job)) this.queue.shift();
   }
 
   private failQueued(error: () => Error): void {

@@ -31,7 +31,6 @@ export class DaemonConnection {
   onAnswer: () => void = () => {};
 
   private readonly inFlight = new Map<number, InFlight>();
-  private readonly inFlightByType = new Map<RequestType, number>();
   private nextId = 1;
   private closed = false;
 
@@ -94,11 +93,6 @@ export class DaemonConnection {
     return this.inFlight.size;
   }
 
-  /** Like `pending`, for one request type. */
-  pendingOf(type: RequestType): number {
-    return this.inFlightByType.get(type) ?? 0;
-  }
-
   get isOpen(): boolean {
     return !this.closed;
   }
@@ -119,7 +113,6 @@ export class DaemonConnection {
     }
     this.nextId = id === MAX_ID ? 1 : id + 1;
     this.inFlight.set(id, { type, handler });
-    this.inFlightByType.set(type, this.pendingOf(type) + 1);
     this.socket.write(frame);
     return id;
   }
@@ -167,7 +160,6 @@ export class DaemonConnection {
     const request = this.inFlight.get(id);
     if (request === undefined) return `an answer to request ${id}, which is not in flight`;
     this.inFlight.delete(id);
-    this.inFlightByType.set(request.type, this.pendingOf(request.type) - 1);
     const handler = request.handler;
     if (frame.type === "error") {
       let error: Error;
@@ -192,7 +184,6 @@ export class DaemonConnection {
     this.socket.destroy();
     const lost = [...this.inFlight.values()];
     this.inFlight.clear();
-    this.inFlightByType.clear();
     const waiting = lost.filter((r) => r.handler !== null).length;
     for (const request of lost) {
       request.handler?.reject(

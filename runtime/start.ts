@@ -35,7 +35,6 @@ export async function startRuntime(
     socketPath: config.socketPath,
     connections: config.connections,
     maxInFlightPerConnection: config.maxInFlightPerConnection,
-    maxExecutions: config.maxConcurrency,
     maxQueued: config.maxQueued,
     log,
   });
@@ -55,11 +54,7 @@ export async function startRuntime(
     binary: config.binary,
     socketPath: config.socketPath,
     templatesDir: config.templatesDir,
-    serveArgs: [
-      ["--max-concurrency", String(config.maxConcurrency)],
-      ["--max-timeout-ms", String(maxima.timeoutMs)],
-      ["--max-memory-mib", String(maxima.memoryMib)],
-    ].flat(),
+    serveArgs: ["--max-timeout-ms", String(maxima.timeoutMs), "--max-memory-mib", String(maxima.memoryMib), ...config.serveArgs],
     log,
   });
   await supervisor.start();

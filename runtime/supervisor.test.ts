@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { DaemonClient } from "./daemon-client.js";
 import { RuntimeConnectionLostError, RuntimeUnavailableError } from "./errors.js";
 import { DaemonSupervisor } from "./supervisor.js";
-import { type DaemonFixture, requireVmmBinary, startDaemon } from "./testing/real-daemon.js";
+import { type DaemonFixture, requireVmmBinary, startDaemon, stopProcess } from "./testing/real-daemon.js";
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -46,7 +46,7 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
     const firstPid = daemon.supervisor.pid as number;
 
     // Stopped, the daemon holds every answer: these four are certainly in flight at its death.
-    process.kill(firstPid, "SIGSTOP");
+    await stopProcess(firstPid);
     const inFlight = [
       runtime.daemonHealth(),
       runtime.stats(),
@@ -81,7 +81,7 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
     cleanups.push(() => daemon.dispose());
     const hungPid = daemon.supervisor.pid as number;
     const restarted = nextReady(daemon.supervisor);
-    process.kill(hungPid, "SIGSTOP");
+    await stopProcess(hungPid);
     const info = await restarted;
     expect(info.pid).not.toBe(hungPid);
     expect(log.join("\n")).toContain(`sandfork-vmm (pid ${hungPid}) did not answer 2 liveness probes in a row`);

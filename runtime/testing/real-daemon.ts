@@ -1,7 +1,7 @@
 // Test support: the REAL `sandfork-vmm` binary (no stand-in), a real template built with it,
 // and a daemon run under the real supervisor, all in a short temporary directory (a Unix socket
 // path must fit 107 bytes).
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -17,6 +17,25 @@ export function requireVmmBinary(): string {
     throw new Error(`the sandfork-vmm binary is missing at ${VMM_BINARY}: build it first with \`cd native-vmm && cargo build --release\``);
   }
   return VMM_BINARY;
+}
+
+/**
+ * SIGSTOPs process `pid` and waits until every one of its threads is stopped: a thread running
+ * on another core may otherwise still answer a request sent right after the signal.
+ */
+export async function stopProcess(pid: number): Promise<void> {
+  process.kill(pid, "SIGSTOP");
+  const stopped = () =>
+    readdirSync(`/proc/${pid}/task`).every((task) => {
+      const stat = readFileSync(`/proc/${pid}/task/${task}/stat`, "utf8");
+      // Field 3, after the parenthesised command name.
+      return /^[Tt]$/.test(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0] ?? "");
+    });
+  const deadline = Date.now() + 2_000;
+  while (!stopped()) {
+    if (Date.now() > deadline) throw new Error(`process ${pid} did not stop within 2 s of SIGSTOP`);
+    await new Promise((r) => setTimeout(r, 2));
+  }
 }
 
 export interface DaemonFixture {

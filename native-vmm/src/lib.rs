@@ -43,3 +43,6 @@ pub mod kvm;
 
 // `sandfork-vmm serve`: the daemon protocol (PROTOCOL.md), its server and the executor boundary.
 pub mod daemon;
+
+// Template snapshots (file format, load, verification) and restoring VMs from them.
+pub mod snapshot;

@@ -11,6 +11,7 @@ mod output;
 use std::time::Instant;
 
 use crate::fs::{Node, Vfs};
+use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 pub use fds::{Description, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
 pub use memory_map::{MapError, MemoryMap, Placement};
@@ -236,3 +237,97 @@ impl GuestProcess {
 
 /// sigaltstack's "no alternate stack" flag.
 pub const SS_DISABLE: u32 = 2;
+
+// ---- template snapshots (crate::snapshot): the process state at a ready point ----
+
+impl AddressSpace {
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        e.u64(self.brk_start);
+        e.u64(self.mmap_low);
+        e.u64(self.mmap_high);
+    }
+
+    pub(crate) fn decode_state(d: &mut Decoder) -> Result<AddressSpace, DecodeError> {
+        Ok(AddressSpace { brk_start: d.u64("brk start")?, mmap_low: d.u64("mmap low")?, mmap_high: d.u64("mmap high")? })
+    }
+}
+
+impl GuestProcess {
+    /// Encodes what a fork of a template starts from: the file system's overlay, the fd table,
+    /// the working directory, the memory map, the signal state and the per-process values.
+    /// Not encoded: the counters and the deadline (each run starts its own), the output (a
+    /// ready point has none) and the pending request (none: that is what makes it the ready
+    /// point). Refuses a process with output or a pending request.
+    pub(crate) fn encode_state(&self, e: &mut Encoder) -> Result<(), &'static str> {
+        if self.agent_request.is_some() {
+            return Err("a request is pending");
+        }
+        if self.output.total() > 0 {
+            return Err("the program has written output");
+        }
+        e.str(&self.config.cwd);
+        e.bytes(&self.config.stdin);
+        e.u64(self.config.mem_limit);
+        self.config.vfs.encode_state(e);
+        self.space.encode_state(e);
+        self.fds.encode_state(e);
+        self.cwd.encode_state(e);
+        self.memory.encode_state(e);
+        for action in &self.signals.actions {
+            for v in [action.handler, action.flags, action.restorer, action.mask] {
+                e.u64(v);
+            }
+        }
+        e.u64(self.signals.blocked);
+        e.u64(self.signals.pending);
+        let (sp, flags, size) = self.signals.alt_stack;
+        e.u64(sp);
+        e.u32(flags);
+        e.u64(size);
+        e.u64(self.fs_base);
+        e.u32(self.umask);
+        e.u64(self.clear_child_tid);
+        e.u64(self.robust_list);
+        Ok(())
+    }
+
+    /// The process `encode_state` wrote, over `image`, with empty output capped at
+    /// `output_cap` and fresh counters.
+    pub(crate) fn decode_state(d: &mut Decoder, image: std::sync::Arc<crate::fs::Image>, output_cap: u64) -> Result<GuestProcess, DecodeError> {
+        let cwd_path = d.string("cwd")?;
+        let stdin = d.bytes("stdin")?.to_vec();
+        let mem_limit = d.u64("memory limit")?;
+        let vfs = Vfs::decode_state(image, d)?;
+        let space = AddressSpace::decode_state(d)?;
+        let fds = FdTable::decode_state(d, &vfs)?;
+        let cwd = vfs.decode_node(d)?;
+        let memory = MemoryMap::decode_state(d)?;
+        let mut actions = [SigAction::default(); SIGNAL_COUNT];
+        for action in actions.iter_mut() {
+            *action = SigAction { handler: d.u64("sigaction")?, flags: d.u64("sigaction")?, restorer: d.u64("sigaction")?, mask: d.u64("sigaction")? };
+        }
+        let (blocked, pending) = (d.u64("blocked signals")?, d.u64("pending signals")?);
+        let alt_stack = (d.u64("sigaltstack")?, d.u32("sigaltstack")?, d.u64("sigaltstack")?);
+        let signals = SignalState { actions, blocked, pending, alt_stack };
+        let (fs_base, umask) = (d.u64("fs base")?, d.u32("umask")?);
+        let (clear_child_tid, robust_list) = (d.u64("clear_child_tid")?, d.u64("robust list")?);
+        let config = ProcessConfig { vfs, cwd: cwd_path, stdin, output_cap, mem_limit };
+        Ok(GuestProcess {
+            config,
+            space,
+            fds,
+            cwd,
+            memory,
+            output: Output::new(output_cap),
+            signals,
+            fs_base,
+            umask,
+            clear_child_tid,
+            robust_list,
+            agent_request: None,
+            deadline: None,
+            calls: CallCounters::new(),
+            unsupported: CallCounters::new(),
+        })
+    }
+}

@@ -10,6 +10,7 @@ use crate::errno::Errno;
 
 use super::vfs::{Timespec, OVERLAY_TIME};
 use super::FileKind;
+use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 /// Bytes charged per node on top of its data, so a guest cannot exhaust host memory with
 /// millions of empty files.
@@ -70,6 +71,10 @@ impl Overlay {
 
     pub fn used(&self) -> u64 {
         self.used
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
     }
 
     pub fn get(&self, id: u64) -> Result<&OverlayNode, Errno> {
@@ -225,6 +230,102 @@ impl Overlay {
             OverlayKind::Dir(_) => Err(Errno::EISDIR),
             OverlayKind::Symlink(_) => Err(Errno::EINVAL),
         }
+    }
+}
+
+// ---- template snapshots (crate::snapshot): the overlay's contents, encoded and checked ----
+
+impl Overlay {
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        // Sorted by id, so one state always encodes to the same bytes.
+        let mut ids: Vec<&u64> = self.nodes.keys().collect();
+        ids.sort();
+        e.len(ids.len());
+        for id in ids {
+            let node = &self.nodes[id];
+            e.u64(*id);
+            match node.parent {
+                None => e.u8(0),
+                Some(parent) => {
+                    e.u8(1);
+                    e.u64(parent);
+                }
+            }
+            e.bytes(&node.name);
+            e.u32(node.mode);
+            match &node.kind {
+                OverlayKind::File(data) => {
+                    e.u8(0);
+                    e.bytes(data);
+                }
+                OverlayKind::Dir(entries) => {
+                    e.u8(1);
+                    e.len(entries.len());
+                    for (name, child) in entries {
+                        e.bytes(name);
+                        e.u64(*child);
+                    }
+                }
+                OverlayKind::Symlink(target) => {
+                    e.u8(2);
+                    e.bytes(target);
+                }
+            }
+            e.bool(node.linked);
+            e.u32(node.open_count);
+            e.i64(node.mtime.sec);
+            e.u32(node.mtime.nsec);
+        }
+        e.u64(self.next_id);
+        e.u64(self.limit);
+    }
+
+    /// The overlay `encode_state` wrote. Every id is below `next_id`, every directory entry
+    /// and parent names an existing node, and the charge is recomputed from the nodes.
+    pub(crate) fn decode_state(d: &mut Decoder) -> Result<Overlay, DecodeError> {
+        let n = d.count(40, "overlay node count")?;
+        let mut nodes = HashMap::with_capacity(n);
+        for _ in 0..n {
+            let id = d.u64("overlay node id")?;
+            let parent = match d.u8("overlay parent")? {
+                0 => None,
+                1 => Some(d.u64("overlay parent")?),
+                t => return Err(DecodeError::new(format!("overlay parent tag {t}"))),
+            };
+            let name = d.bytes("overlay name")?.to_vec();
+            let mode = d.u32("overlay mode")?;
+            let kind = match d.u8("overlay kind")? {
+                0 => OverlayKind::File(d.bytes("overlay file")?.to_vec()),
+                1 => {
+                    let entries = d.count(16, "overlay directory")?;
+                    let mut map = BTreeMap::new();
+                    for _ in 0..entries {
+                        let name = d.bytes("overlay entry name")?.to_vec();
+                        map.insert(name, d.u64("overlay entry")?);
+                    }
+                    OverlayKind::Dir(map)
+                }
+                2 => OverlayKind::Symlink(d.bytes("overlay symlink")?.to_vec()),
+                t => return Err(DecodeError::new(format!("overlay kind tag {t}"))),
+            };
+            let (linked, open_count) = (d.bool("overlay linked")?, d.u32("overlay open count")?);
+            let mtime = Timespec { sec: d.i64("overlay mtime")?, nsec: d.u32("overlay mtime")? };
+            if nodes.insert(id, OverlayNode { parent, name, mode, kind, linked, open_count, mtime }).is_some() {
+                return Err(DecodeError::new(format!("overlay node {id} appears twice")));
+            }
+        }
+        let (next_id, limit) = (d.u64("overlay next id")?, d.u64("overlay limit")?);
+        for (id, node) in &nodes {
+            let children: Vec<u64> = match &node.kind {
+                OverlayKind::Dir(entries) => entries.values().copied().collect(),
+                _ => Vec::new(),
+            };
+            if *id >= next_id || node.parent.into_iter().chain(children).any(|other| !nodes.contains_key(&other)) {
+                return Err(DecodeError::new(format!("overlay node {id} refers to a missing node or is numbered past {next_id}")));
+            }
+        }
+        let used = nodes.values().map(OverlayNode::charge).sum();
+        Ok(Overlay { nodes, next_id, used, limit })
     }
 }
 

@@ -15,6 +15,7 @@ use super::image::{Image, ImageKind};
 use super::overlay::{Overlay, OverlayKind};
 use super::path::{self, Tree};
 use super::{FileKind, W_OK, X_OK};
+use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 /// A file, directory or symlink in one VM's file system (cheap to copy; opaque).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -585,6 +586,55 @@ impl Tree for Vfs {
                 _ => Err(Errno::EINVAL),
             },
         }
+    }
+}
+
+// ---- template snapshots (crate::snapshot): the overlay and node references ----
+
+impl Node {
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        match self.0 {
+            NodeId::Image(i) => {
+                e.u8(0);
+                e.u32(i);
+            }
+            NodeId::Overlay(id) => {
+                e.u8(1);
+                e.u64(id);
+            }
+        }
+    }
+}
+
+impl Vfs {
+    /// The overlay (the image is identified by the template's image hash, not stored).
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        self.overlay.encode_state(e);
+    }
+
+    /// A file system over `image` with the overlay `encode_state` wrote; the overlay must hold
+    /// a directory at each of the image's writable mount points.
+    pub(crate) fn decode_state(image: Arc<Image>, d: &mut Decoder) -> Result<Vfs, DecodeError> {
+        let overlay = Overlay::decode_state(d)?;
+        let mut vfs = Vfs::new(image, overlay.limit()).map_err(|e| DecodeError::new(format!("mounting the overlay: errno {}", e.0)))?;
+        for mount in vfs.mounts.iter() {
+            if !overlay.get(mount.root).is_ok_and(|root| root.file_kind() == FileKind::Directory && root.parent.is_none()) {
+                return Err(DecodeError::new(format!("the overlay has no directory for the mount {}", mount.path)));
+            }
+        }
+        vfs.overlay = overlay;
+        Ok(vfs)
+    }
+
+    /// A node `Node::encode_state` wrote; it must exist in this file system.
+    pub(crate) fn decode_node(&self, d: &mut Decoder) -> Result<Node, DecodeError> {
+        let node = match d.u8("node")? {
+            0 => Node(NodeId::Image(d.u32("image node")?)),
+            1 => Node(NodeId::Overlay(d.u64("overlay node")?)),
+            t => return Err(DecodeError::new(format!("node tag {t}"))),
+        };
+        self.kind(node).map_err(|_| DecodeError::new(format!("{node:?} does not exist")))?;
+        Ok(node)
     }
 }
 

@@ -6,6 +6,8 @@ use std::collections::VecDeque;
 use super::output::Stream;
 use crate::errno::Errno;
 use crate::fs::Node;
+use crate::fs::Vfs;
+use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 /// Linux's default RLIMIT_NOFILE: the guest's fd limit (soft and hard).
 pub const FD_LIMIT: u64 = 1024;
@@ -333,6 +335,136 @@ impl FdTable {
 impl Default for FdTable {
     fn default() -> FdTable {
         FdTable::new()
+    }
+}
+
+// ---- template snapshots (crate::snapshot): the table's state, encoded and checked ----
+
+impl FdTable {
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        e.len(self.fds.len());
+        for slot in &self.fds {
+            match slot {
+                None => e.u8(0),
+                Some(slot) => {
+                    e.u8(1);
+                    e.len(slot.description);
+                    e.bool(slot.cloexec);
+                }
+            }
+        }
+        e.len(self.descriptions.len());
+        for description in &self.descriptions {
+            match description {
+                None => e.u8(0),
+                Some(d) => {
+                    e.u8(1);
+                    match &d.object {
+                        Object::Stdin => e.u8(0),
+                        Object::Output(Stream::Stdout) => e.u8(1),
+                        Object::Output(Stream::Stderr) => e.u8(2),
+                        Object::PipeRead(i) => {
+                            e.u8(3);
+                            e.len(*i);
+                        }
+                        Object::PipeWrite(i) => {
+                            e.u8(4);
+                            e.len(*i);
+                        }
+                        Object::Node(node) => {
+                            e.u8(5);
+                            node.encode_state(e);
+                        }
+                    }
+                    e.u32(d.flags);
+                    e.u64(d.offset);
+                    e.u32(d.refs);
+                }
+            }
+        }
+        e.len(self.pipes.len());
+        for pipe in &self.pipes {
+            match pipe {
+                None => e.u8(0),
+                Some(p) => {
+                    e.u8(1);
+                    let (front, back) = p.buffer.as_slices();
+                    e.len(front.len() + back.len());
+                    e.raw(front);
+                    e.raw(back);
+                    e.u32(p.readers);
+                    e.u32(p.writers);
+                }
+            }
+        }
+        e.u64(self.limit);
+    }
+
+    /// The table `encode_state` wrote; nodes are checked against `vfs`, every fd's description
+    /// and every pipe end's pipe must exist.
+    pub(crate) fn decode_state(d: &mut Decoder, vfs: &Vfs) -> Result<FdTable, DecodeError> {
+        let n = d.count(1, "fd count")?;
+        if n as u64 > FD_LIMIT {
+            return Err(DecodeError::new(format!("{n} fds, more than {FD_LIMIT}")));
+        }
+        let mut fds = Vec::with_capacity(n);
+        for _ in 0..n {
+            fds.push(match d.u8("fd slot")? {
+                0 => None,
+                1 => Some(Slot { description: d.index(usize::MAX, "fd description")?, cloexec: d.bool("fd cloexec")? }),
+                t => return Err(DecodeError::new(format!("fd slot tag {t}"))),
+            });
+        }
+        let n = d.count(1, "description count")?;
+        let mut descriptions = Vec::with_capacity(n);
+        for _ in 0..n {
+            descriptions.push(match d.u8("description")? {
+                0 => None,
+                1 => {
+                    let object = match d.u8("description object")? {
+                        0 => Object::Stdin,
+                        1 => Object::Output(Stream::Stdout),
+                        2 => Object::Output(Stream::Stderr),
+                        3 => Object::PipeRead(d.index(usize::MAX, "pipe index")?),
+                        4 => Object::PipeWrite(d.index(usize::MAX, "pipe index")?),
+                        5 => Object::Node(vfs.decode_node(d)?),
+                        t => return Err(DecodeError::new(format!("description object tag {t}"))),
+                    };
+                    Some(Description { object, flags: d.u32("description flags")?, offset: d.u64("description offset")?, refs: d.u32("description refs")? })
+                }
+                t => return Err(DecodeError::new(format!("description tag {t}"))),
+            });
+        }
+        let n = d.count(1, "pipe count")?;
+        let mut pipes = Vec::with_capacity(n);
+        for _ in 0..n {
+            pipes.push(match d.u8("pipe")? {
+                0 => None,
+                1 => {
+                    let len = d.count(1, "pipe buffer")?;
+                    if len > PIPE_CAPACITY {
+                        return Err(DecodeError::new(format!("pipe holds {len} bytes, more than its capacity")));
+                    }
+                    let buffer = d.raw(len, "pipe buffer")?.iter().copied().collect();
+                    Some(Pipe { buffer, readers: d.u32("pipe readers")?, writers: d.u32("pipe writers")? })
+                }
+                t => return Err(DecodeError::new(format!("pipe tag {t}"))),
+            });
+        }
+        let limit = d.u64("fd limit")?.min(FD_LIMIT);
+        for slot in fds.iter().flatten() {
+            if !descriptions.get(slot.description).is_some_and(Option::is_some) {
+                return Err(DecodeError::new(format!("an fd refers to missing description {}", slot.description)));
+            }
+        }
+        for description in descriptions.iter().flatten() {
+            if let Object::PipeRead(i) | Object::PipeWrite(i) = description.object {
+                if !pipes.get(i).is_some_and(Option::is_some) {
+                    return Err(DecodeError::new(format!("a description refers to missing pipe {i}")));
+                }
+            }
+        }
+        Ok(FdTable { fds, descriptions, pipes, limit })
     }
 }
 

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use super::AddressSpace;
 use crate::layout::{page_align_up, PAGE_SIZE, USER_BASE};
 use crate::memory::{GuestMemory, OutOfBounds};
+use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 /// Linux's default vm.max_map_count: a bound on host memory spent on region records.
 const MAX_REGIONS: usize = 65_530;
@@ -378,6 +379,60 @@ impl MemoryMap {
         }
         self.carve(addr, old_end);
         Ok(new_addr)
+    }
+}
+
+// ---- template snapshots (crate::snapshot): the records' state, encoded and checked ----
+
+impl MemoryMap {
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        self.space.encode_state(e);
+        e.u64(self.mem_size);
+        e.u64(self.brk);
+        e.len(self.regions.len());
+        for (&start, region) in &self.regions {
+            e.u64(start);
+            e.u64(region.end);
+            e.u32(region.prot);
+        }
+        e.u64(self.mapped_bytes);
+        e.u64(self.peak_bytes);
+        e.len(self.dirty.ranges.len());
+        for (&start, &end) in &self.dirty.ranges {
+            e.u64(start);
+            e.u64(end);
+        }
+    }
+
+    /// The records `encode_state` wrote; every range must be non-empty and inside memory.
+    pub(crate) fn decode_state(d: &mut Decoder) -> Result<MemoryMap, DecodeError> {
+        let space = AddressSpace::decode_state(d)?;
+        let mem_size = d.u64("memory size")?;
+        let brk = d.u64("program break")?;
+        let range = |d: &mut Decoder, what: &str| -> Result<(u64, u64), DecodeError> {
+            let (start, end) = (d.u64(what)?, d.u64(what)?);
+            if start >= end || end > mem_size {
+                return Err(DecodeError::new(format!("{what} {start:#x}..{end:#x} is empty or outside memory")));
+            }
+            Ok((start, end))
+        };
+        let n = d.count(20, "region count")?;
+        if n > MAX_REGIONS {
+            return Err(DecodeError::new(format!("{n} regions, more than {MAX_REGIONS}")));
+        }
+        let mut regions = BTreeMap::new();
+        for _ in 0..n {
+            let (start, end) = range(d, "region")?;
+            regions.insert(start, Region { end, prot: d.u32("region protection")? });
+        }
+        let (mapped_bytes, peak_bytes) = (d.u64("mapped bytes")?, d.u64("peak bytes")?);
+        let n = d.count(16, "dirty range count")?;
+        let mut dirty = RangeSet::default();
+        for _ in 0..n {
+            let (start, end) = range(d, "dirty range")?;
+            dirty.insert(start, end);
+        }
+        Ok(MemoryMap { space, mem_size, brk, regions, mapped_bytes, peak_bytes, dirty })
     }
 }
 

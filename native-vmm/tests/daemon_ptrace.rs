@@ -142,30 +142,36 @@ fn two_hundred_concurrent_executions() {
                     client.send(&execute(i, &format!("print({i}*{i})"), ""));
                 }
                 let mut answered = Vec::new();
-                let mut queue_us = Vec::new();
+                let mut timings = Vec::new();
                 for _ in &ids {
                     let answer = client.recv();
                     let id = u64_of(&answer, "id");
                     assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", format!("{}\n", id * id).as_str()), "{answer}");
                     answered.push(id);
-                    queue_us.push(u64_of(answer.get("timings").unwrap(), "queue_us"));
+                    let t = answer.get("timings").unwrap();
+                    timings.push([u64_of(t, "queue_us"), u64_of(t, "fork_us"), u64_of(t, "exec_us")]);
                 }
                 answered.sort();
                 assert_eq!(answered, ids, "each request answered exactly once");
-                queue_us
+                timings
             })
         })
         .collect();
-    let mut queue_us: Vec<u64> = workers.into_iter().flat_map(|w| w.join().expect("a client thread failed")).collect();
+    let timings: Vec<[u64; 3]> = workers.into_iter().flat_map(|w| w.join().expect("a client thread failed")).collect();
     let elapsed = started.elapsed();
-    queue_us.sort();
+    let p50_ms = |column: usize| {
+        let mut values: Vec<u64> = timings.iter().map(|t| t[column]).collect();
+        values.sort();
+        values[values.len() / 2] as f64 / 1000.0
+    };
     eprintln!(
-        "{TOTAL} concurrent executions over {CONNECTIONS} connections, {RUNNING} running at a time, ptrace CPU ({} build): {:.2} s wall, {:.1} ms per execution; queue wait p50 {:.2} s, max {:.2} s",
+        "{TOTAL} concurrent executions over {CONNECTIONS} connections, {RUNNING} running at a time, ptrace CPU ({} build): {:.2} s wall, {:.1} ms per execution; p50 queue wait {:.0} ms, boot (fork_us) {:.1} ms, run (exec_us) {:.1} ms",
         if cfg!(debug_assertions) { "debug" } else { "release" },
         elapsed.as_secs_f64(),
         elapsed.as_secs_f64() * 1000.0 / TOTAL as f64,
-        queue_us[queue_us.len() / 2] as f64 / 1e6,
-        queue_us[queue_us.len() - 1] as f64 / 1e6,
+        p50_ms(0),
+        p50_ms(1),
+        p50_ms(2),
     );
     let mut client = Client::hello(&server.path);
     let stats = client.call(r#"{"id":1,"type":"stats"}"#);

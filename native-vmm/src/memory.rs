@@ -200,6 +200,10 @@ pub struct TemplateMemory {
     mem: GuestMemory,
 }
 
+// SAFETY: after `seal` nothing writes through the mapping (no method of TemplateMemory
+// writes), so any number of threads may read it and fork from it at once.
+unsafe impl Sync for TemplateMemory {}
+
 impl TemplateMemory {
     /// Seals filled guest memory as a template's (it must be memfd-backed, not a fork).
     pub fn seal(mem: GuestMemory) -> io::Result<TemplateMemory> {

@@ -1,0 +1,238 @@
+//! Template snapshots end to end on the ptrace development CPU (no KVM here): the Python
+//! template is booted to its agent's ready point, recorded to a file, loaded and verified, and
+//! restored into independent VMs that serve requests. Restores here copy the template's
+//! memory (`ForkMemory::Copy`: the traced child shares its memory, which a private mapping
+//! cannot be); the copy-on-write fork the product uses is tested on the template's memory
+//! directly. Timings printed here are not product figures.
+
+mod common;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{describe, process_dir, ptrace_cpu, python_image};
+use sandfork_vmm::agent::{AgentCommand, AgentRequest, PYTHON_AGENT};
+use sandfork_vmm::cpu::{CpuSnapshot, GuestCpu};
+use sandfork_vmm::devcpu::PtraceCpu;
+use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::snapshot::{self, BuildOutcome, ForkMemory, Template, TemplateError, TEMPLATE_FILE};
+use sandfork_vmm::status::RunStatus;
+use sandfork_vmm::vm::{self, RunLimits, RunOutcome};
+
+const MEM_BYTES: u64 = vm::DEFAULT_MEM_BYTES;
+
+fn limits() -> RunLimits {
+    RunLimits { mem_bytes: MEM_BYTES, timeout: Duration::from_secs(20), output_cap: 1 << 20 }
+}
+
+fn ptrace_restore<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    Ok(Box::new(PtraceCpu::restore(mem, snapshot)?))
+}
+
+/// The Python template, built once per test process; the first build's outcome is kept.
+fn template_dir() -> &'static (PathBuf, BuildOutcome) {
+    static BUILT: OnceLock<(PathBuf, BuildOutcome)> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = process_dir("snapshot").join("python");
+        let outcome = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &ptrace_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
+        eprintln!("{outcome}");
+        (dir, outcome)
+    })
+}
+
+fn template() -> &'static Template {
+    static LOADED: OnceLock<Template> = OnceLock::new();
+    LOADED.get_or_init(|| Template::load(&template_dir().0, python_image(), &PYTHON_AGENT).unwrap_or_else(|e| panic!("loading the template: {e}")))
+}
+
+fn serve(code: &str) -> RunOutcome {
+    snapshot::serve_restored(template(), ForkMemory::Copy, &ptrace_restore, AgentRequest::new(code), &limits()).unwrap_or_else(|e| panic!("serving a restored VM: {e}"))
+}
+
+fn stdout(outcome: &RunOutcome) -> String {
+    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(outcome));
+    String::from_utf8_lossy(&outcome.stdout).into_owned()
+}
+
+#[test]
+fn the_first_build_boots_and_records_the_agent() {
+    match &template_dir().1 {
+        BuildOutcome::Built { file_bytes, memory, boot, .. } => {
+            assert!(boot.syscalls > 100, "{boot:?}");
+            assert!(memory.stored_bytes > 1 << 20 && memory.stored_bytes < MEM_BYTES, "{memory:?}");
+            assert!(*file_bytes > memory.stored_bytes);
+        }
+        other => panic!("a fresh directory must be built: {other}"),
+    }
+}
+
+#[test]
+fn restored_vms_serve_requests() {
+    for _ in 0..2 {
+        let outcome = serve("print(1+1)");
+        assert_eq!(stdout(&outcome), "2\n");
+        assert!(outcome.stats.syscalls < 200, "only the request's calls are counted: {:?}", outcome.stats.calls);
+    }
+    let outcome = serve("import json, sys\nprint(json.dumps({'argv': sys.argv}))\nsys.exit(3)");
+    assert_eq!(outcome.status, RunStatus::Exited { code: 3 }, "{}", describe(&outcome));
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "{\"argv\": [\"main.py\"]}\n");
+}
+
+#[test]
+fn restored_vms_draw_their_own_randomness() {
+    let code = "import os, random\nprint(random.random(), os.urandom(8).hex())";
+    let runs: Vec<String> = (0..3).map(|_| stdout(&serve(code))).collect();
+    assert!(runs[0] != runs[1] && runs[1] != runs[2] && runs[0] != runs[2], "{runs:?}");
+    let firsts: Vec<&str> = runs.iter().map(|r| r.split_whitespace().next().unwrap_or("")).collect();
+    assert!(firsts[0] != firsts[1] && firsts[0] != firsts[2] && firsts[1] != firsts[2], "random.random() repeated: {firsts:?}");
+}
+
+#[test]
+fn files_written_in_one_vm_are_seen_by_no_other() {
+    let write = "open('/tmp/left-behind', 'w').write('secret')\nprint(open('/tmp/left-behind').read())";
+    let check = "import os\nprint(os.path.exists('/tmp/left-behind'), sorted(os.listdir('/tmp')))";
+    assert_eq!(stdout(&serve(write)), "secret\n");
+    assert_eq!(stdout(&serve(check)), "False []\n", "a later restore");
+}
+
+/// Guest memory of two restored VMs at once: a write in one is in neither the other nor the
+/// template.
+#[test]
+fn memory_written_in_one_vm_is_not_in_another() {
+    let template = template();
+    let (mem_a, mem_b) = (template.new_memory(ForkMemory::Copy).unwrap(), template.new_memory(ForkMemory::Copy).unwrap());
+    let vm_a = template.ready_guest(&mem_a, ptrace_restore(&mem_a, template.cpu()).unwrap(), 1 << 20);
+    let vm_b = template.ready_guest(&mem_b, ptrace_restore(&mem_b, template.cpu()).unwrap(), 1 << 20);
+    let marker = b"restored-vm-A-was-here";
+    let code = format!("import ctypes\nb = ctypes.create_string_buffer(b{:?} * 64)\nprint(ctypes.addressof(b))", std::str::from_utf8(marker).unwrap());
+    let a = vm_a.serve(AgentRequest::new(&code), Duration::from_secs(20)).unwrap();
+    let addr: u64 = stdout(&a).trim().parse().unwrap();
+    assert_eq!(mem_a.read_vec(addr, marker.len() as u64).unwrap(), marker, "the write is in A's memory");
+    assert_ne!(mem_b.read_vec(addr, marker.len() as u64).unwrap(), marker, "not in B's");
+    let mut in_template = vec![0u8; marker.len()];
+    template.memory().read(addr, &mut in_template).unwrap();
+    assert_ne!(in_template, marker, "not in the template's");
+    let b = vm_b.serve(AgentRequest::new("print('b')"), Duration::from_secs(20)).unwrap();
+    assert_eq!(stdout(&b), "b\n");
+}
+
+/// The product's fork (KVM cannot run here): private copy-on-write mappings of the real
+/// template's memory; and how long creating one takes for this 256 MiB template.
+#[test]
+fn copy_on_write_forks_of_the_template_are_private_and_cheap() {
+    let template = template();
+    assert_eq!(template.memory().size(), 256 << 20);
+    let (start, _) = *template.memory().data_extents().unwrap().last().unwrap();
+    let (a, b) = (template.new_memory(ForkMemory::CopyOnWrite).unwrap(), template.new_memory(ForkMemory::CopyOnWrite).unwrap());
+    let original = a.read_u64(start).unwrap();
+    assert_eq!(b.read_u64(start).unwrap(), original, "a fork reads the template's bytes");
+    a.write_u64(start, !original).unwrap();
+    assert_eq!(a.read_u64(start).unwrap(), !original);
+    assert_eq!(b.read_u64(start).unwrap(), original, "another fork does not see the write");
+    let mut word = [0u8; 8];
+    template.memory().read(start, &mut word).unwrap();
+    assert_eq!(u64::from_le_bytes(word), original, "nor does the template");
+
+    const FORKS: usize = 1000;
+    let mut times = Vec::with_capacity(FORKS);
+    for _ in 0..FORKS {
+        let started = Instant::now();
+        let fork = GuestMemory::fork_of(template.memory()).unwrap();
+        times.push(started.elapsed());
+        drop(fork);
+    }
+    times.sort();
+    let (p50, p99) = (times[FORKS / 2], times[FORKS * 99 / 100]);
+    eprintln!("copy-on-write fork of the 256 MiB template's memory (mmap MAP_PRIVATE|MAP_NORESERVE), {FORKS} forks: p50 {p50:?}, p99 {p99:?}");
+    assert!(p50 < Duration::from_millis(1), "p50 {p50:?}: a fork must copy nothing");
+}
+
+fn corrupt(contents: &[u8], edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut copy = contents.to_vec();
+    edit(&mut copy);
+    copy
+}
+
+#[test]
+fn damaged_or_mismatched_templates_are_refused_with_typed_errors() {
+    let contents = std::fs::read(template_dir().0.join(TEMPLATE_FILE)).unwrap();
+    let image = python_image();
+    let load = |bytes: &[u8]| Template::from_file_contents(bytes, image.clone(), &PYTHON_AGENT).err();
+    assert!(load(&contents).is_none(), "the intact file loads");
+
+    let flipped = corrupt(&contents, |c| {
+        let middle = c.len() / 2;
+        c[middle] ^= 0x40;
+    });
+    assert!(matches!(load(&flipped), Some(TemplateError::Corrupted(ref why)) if why.contains("content hash")), "{:?}", load(&flipped));
+    let truncated = &contents[..contents.len() - 1000];
+    match load(truncated) {
+        Some(TemplateError::Truncated { expected, actual }) => assert_eq!((expected, actual), (contents.len() as u64, truncated.len() as u64)),
+        other => panic!("expected Truncated, got {other:?}"),
+    }
+    assert!(matches!(load(&contents[..10]), Some(TemplateError::Truncated { .. })));
+    let future = corrupt(&contents, |c| c[8..12].copy_from_slice(&(snapshot::FORMAT_VERSION + 1).to_le_bytes()));
+    assert!(matches!(load(&future), Some(TemplateError::VersionMismatch { found, expected }) if found == expected + 1));
+    assert!(matches!(load(b"#!/bin/sh\necho not a template\n"), Some(TemplateError::NotATemplate)));
+    let trailing = corrupt(&contents, |c| c.push(0));
+    assert!(matches!(load(&trailing), Some(TemplateError::Corrupted(_))));
+
+    let other_image = common::build_image("snapshot-other-image", r#"{"name": "other", "paths": ["/usr/bin/true"], "writable_dirs": ["/tmp"]}"#);
+    match Template::from_file_contents(&contents, other_image.clone(), &PYTHON_AGENT) {
+        Err(TemplateError::ImageMismatch { template, image }) => assert_eq!((template, image), (python_image().content_hash(), other_image.content_hash())),
+        other => panic!("expected ImageMismatch, got {:?}", other.err()),
+    }
+    let other_agent = AgentCommand { program: "python3", argv: &["python3", "-I", "-X", "dev", sandfork_vmm::agent::PYTHON_AGENT_PATH] };
+    assert!(matches!(Template::from_file_contents(&contents, image.clone(), &other_agent).err(), Some(TemplateError::AgentMismatch)));
+    for error in [TemplateError::NotATemplate, TemplateError::VersionMismatch { found: 9, expected: 1 }, TemplateError::AgentMismatch] {
+        assert!(error.to_string().len() > 20, "{error}");
+    }
+}
+
+/// A template is rebuilt only when what it was built from changes (or it is damaged).
+#[test]
+fn builds_are_skipped_while_image_agent_and_memory_size_are_unchanged() {
+    let (dir, _) = template_dir();
+    let again = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &ptrace_cpu, dir).unwrap();
+    assert!(matches!(again, BuildOutcome::UpToDate { .. }), "{again}");
+
+    // A damaged copy of the template is rebuilt, and the rebuilt one is kept next time.
+    let copy = process_dir("snapshot-rebuild");
+    let mut contents = std::fs::read(dir.join(TEMPLATE_FILE)).unwrap();
+    let last = contents.len() - 1;
+    contents[last] ^= 1;
+    std::fs::write(copy.join(TEMPLATE_FILE), &contents).unwrap();
+    let build = |dir: &Path| snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &ptrace_cpu, dir).unwrap();
+    assert!(matches!(build(&copy), BuildOutcome::Built { .. }));
+    assert!(matches!(build(&copy), BuildOutcome::UpToDate { .. }));
+    // Another memory size is another template.
+    let smaller = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES / 2, &ptrace_cpu, &copy).unwrap();
+    assert!(matches!(smaller, BuildOutcome::Built { .. }), "{smaller}");
+}
+
+/// Not product figures (ptrace CPU, memory copied per restore): boot to the ready point
+/// against restore to exit, for print(1+1).
+#[test]
+fn timings_of_boot_and_restore() {
+    let template = template();
+    let mut boots = Vec::new();
+    let mut restores = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        vm::boot_agent(python_image(), &PYTHON_AGENT, &limits(), &ptrace_cpu, |_| ()).unwrap();
+        boots.push(started.elapsed());
+        let started = Instant::now();
+        let outcome = snapshot::serve_restored(template, ForkMemory::Copy, &ptrace_restore, AgentRequest::new("print(1+1)"), &limits()).unwrap();
+        restores.push((started.elapsed(), outcome.stats.load));
+        assert_eq!(stdout(&outcome), "2\n");
+    }
+    boots.sort();
+    restores.sort();
+    eprintln!(
+        "ptrace CPU, median of 3: boot to ready point {:?}; restore (memory copy + vCPU) to exit of print(1+1) {:?}, of which restoring {:?}",
+        boots[1], restores[1].0, restores[1].1
+    );
+    assert!(restores[1].0 < boots[1], "a restore must beat a boot");
+}

@@ -335,3 +335,39 @@ fn the_socket_file_is_replaced_only_when_stale() {
     assert!(!path.exists());
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no temporary socket is left behind");
 }
+
+#[test]
+fn random_byte_streams_never_take_the_server_down() {
+    let (server, _) = start("garbage", 2);
+    let mut state = 0x853c_49e6_748f_ea9bu64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for round in 0..300u64 {
+        let mut client = Client::connect(&server.path);
+        let mut bytes = Vec::new();
+        if round % 3 == 0 {
+            // A valid hello first, so the garbage reaches the request parser too.
+            bytes.extend_from_slice(&30u32.to_be_bytes());
+            bytes.extend_from_slice(br#"{"type":"hello","protocol":1}"#);
+        }
+        for _ in 0..next() % 8 {
+            // Frames with small random lengths and random (or JSON-ish) payloads.
+            let length = next() % 40;
+            bytes.extend_from_slice(&(length as u32).to_be_bytes());
+            let alphabet = br#"{}[]":,0123456789-.eEtruefalsnl idtypeexecutehealth"#;
+            bytes.extend((0..length).map(|_| if round % 2 == 0 { next() as u8 } else { alphabet[(next() % alphabet.len() as u64) as usize] }));
+        }
+        bytes.extend((0..next() % 16).map(|_| next() as u8));
+        // The server may close first (oversized length, wrong protocol): that is fine.
+        let _ = std::io::Write::write_all(&mut client.stream, &bytes);
+        drop(client);
+    }
+    let mut client = Client::hello(&server.path);
+    assert_serves(&mut client, 1);
+    assert_eq!(str_of(&client.call(&execute(2, "still here")), "stdout"), "still here\n");
+    server.stop();
+}

@@ -5,6 +5,7 @@
 // the requests in flight on them with RuntimeConnectionLostError (retryable) and reconnects once
 // the restarted daemon is ready (see onReady).
 import { type ChildProcess, spawn } from "node:child_process";
+import { createInterface } from "node:readline";
 import { DaemonConnection } from "./daemon-connection.js";
 import { RuntimeUnavailableError } from "./errors.js";
 
@@ -154,21 +155,21 @@ export class DaemonSupervisor {
     this.child = child;
     this.stderrTail = [];
     this.startedAt = Date.now();
-    const forward = (chunk: Buffer) => {
-      for (const line of chunk.toString("utf8").split("\n")) {
-        if (line.trim() === "") continue;
-        this.stderrTail.push(line);
-        if (this.stderrTail.length > STDERR_TAIL_LINES) this.stderrTail.shift();
-        this.log(`[sandfork-vmm] ${line}`);
-      }
+    const forward = (line: string) => {
+      if (line.trim() === "") return;
+      this.stderrTail.push(line);
+      if (this.stderrTail.length > STDERR_TAIL_LINES) this.stderrTail.shift();
+      this.log(`[sandfork-vmm] ${line}`);
     };
-    child.stdout?.on("data", forward);
-    child.stderr?.on("data", forward);
+    if (child.stdout) createInterface({ input: child.stdout, crlfDelay: Infinity }).on("line", forward);
+    if (child.stderr) createInterface({ input: child.stderr, crlfDelay: Infinity }).on("line", forward);
     let spawnError: Error | null = null;
     child.once("error", (error) => {
       spawnError = error;
     });
     child.once("exit", (code, signal) => this.exited(child, code, signal));
+    // After "close" every line the child wrote has been forwarded.
+    const outputDone = new Promise<void>((r) => child.once("close", () => r()));
 
     const deadline = Date.now() + this.options.readyTimeoutMs;
     for (;;) {
@@ -177,6 +178,7 @@ export class DaemonSupervisor {
       }
       if (spawnError !== null) throw new Error(`cannot start ${this.options.binary}: ${(spawnError as Error).message}`);
       if (child.exitCode !== null || child.signalCode !== null) {
+        await outputDone;
         throw new Error(`sandfork-vmm exited during start-up (${child.signalCode ?? `exit code ${child.exitCode}`})${this.stderrSummary()}`);
       }
       try {

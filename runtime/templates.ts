@@ -18,6 +18,7 @@ import { createHash } from "node:crypto";
 import { existsSync, lstatSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { dirname, isAbsolute, join, resolve } from "node:path";
+import { createInterface } from "node:readline";
 
 export interface TemplateSource {
   /** The template's name: the folder name under the templates directory. */
@@ -149,11 +150,11 @@ function runImageBuild(binary: string, manifestPath: string, outDir: string, log
   return new Promise((resolvePromise, reject) => {
     const child = spawn(binary, ["image", "build", "--manifest", manifestPath, "--out", outDir], { stdio: ["ignore", "pipe", "pipe"] });
     const lines: string[] = [];
-    const collect = (chunk: Buffer) => {
-      for (const line of chunk.toString("utf8").split("\n")) if (line.trim() !== "") lines.push(line);
+    const collect = (line: string) => {
+      if (line.trim() !== "") lines.push(line);
     };
-    child.stdout.on("data", collect);
-    child.stderr.on("data", collect);
+    createInterface({ input: child.stdout, crlfDelay: Infinity }).on("line", collect);
+    createInterface({ input: child.stderr, crlfDelay: Infinity }).on("line", collect);
     child.on("error", (error) => reject(new Error(`cannot run ${binary}: ${error.message}`)));
     child.on("close", (code, signal) => {
       const shown = lines.slice(-MAX_LOGGED_LINES);

@@ -48,10 +48,11 @@ pub struct AgentExecutor {
 }
 
 impl AgentExecutor {
-    /// The production executor on KVM. /dev/kvm is checked once, here: without it the
-    /// executor still lists its templates and answers every execution `Unavailable`.
+    /// The production executor on KVM. /dev/kvm is checked once, here (and kept open for the
+    /// VMs to come): without it the executor still lists its templates and answers every
+    /// execution `Unavailable`.
     pub fn with_kvm(templates: Vec<Template>) -> AgentExecutor {
-        let unavailable = Kvm::open().err().map(|e| {
+        let unavailable = Kvm::shared().err().map(|e| {
             let text = e.to_string();
             text.strip_prefix("sandfork-vmm needs KVM: ").map(str::to_owned).unwrap_or(text)
         });

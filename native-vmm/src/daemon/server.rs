@@ -7,10 +7,9 @@
 //!   their responses are written as they complete, one whole frame at a time under the
 //!   connection's writer lock.
 //! - At most `max_running` executions run at once over all connections; up to `max_queued`
-//!   more wait for a free slot, and their wait is the response's
-//!   `queue_us`. An execution beyond both is answered `busy` at once. A short queue absorbs
-//!   bursts without clients spinning on `busy`; its bound keeps waiting threads and latency
-//!   bounded.
+//!   more wait for a free slot (the wait is the response's `queue_us`). An execution beyond
+//!   both is answered `busy` at once. The queue absorbs bursts without clients spinning on
+//!   `busy`; its bound keeps waiting threads and latency bounded.
 //! - A malformed frame gets a `bad_frame` error; when its length was oversized or the stream
 //!   ended inside it, the connection is closed (the next frame boundary is unknown). Nothing a
 //!   client does ends anything but its own connection: a client gone mid-execution only makes

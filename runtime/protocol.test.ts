@@ -1,0 +1,110 @@
+// Mapping protocol v1 frames to the runtime's types and errors, on in-memory frames. Execution
+// frames cannot come from the daemon on this machine (no /dev/kvm), so the mapping of each
+// `status`, the fault and the usage counters is checked here on PROTOCOL.md's own example.
+import { describe, expect, it } from "vitest";
+import {
+  RuntimeBusyError,
+  RuntimeInternalError,
+  RuntimeProtocolError,
+  RuntimeRequestError,
+  RuntimeUnavailableError,
+} from "./errors.js";
+import type { ExecutionRequest } from "./execution-runtime.js";
+import { errorFromFrame, executeFrame, parseExecution, parseHello, SCRIPT_NAME } from "./protocol.js";
+
+/** The `execution` example of native-vmm/PROTOCOL.md. */
+const EXAMPLE = {
+  id: 7,
+  type: "execution",
+  status: "ok",
+  exit_code: 0,
+  stdout: "42\n",
+  stderr: "",
+  truncated: false,
+  fault: null,
+  limits: { timeout_ms: 10000, memory_mib: 256, output_bytes: 1048576 },
+  timings: { queue_us: 12, fork_us: 410, exec_us: 950, total_us: 1380 },
+  usage: { wall_us: 1360, cpu_us: 900, peak_memory_bytes: 18350080, pages_copied: 212, syscalls: 31, exits: 33 },
+};
+
+describe("protocol v1 mapping", () => {
+  it("maps an execution frame: outcome, output, microseconds to milliseconds, limits, usage", () => {
+    expect(parseExecution(EXAMPLE)).toEqual({
+      outcome: "completed",
+      exitCode: 0,
+      stdout: "42\n",
+      stderr: "",
+      truncated: false,
+      timings: { queueMs: 0.012, forkMs: 0.41, execMs: 0.95 },
+      fault: null,
+      limits: { timeoutMs: 10000, memoryMib: 256, outputBytes: 1048576 },
+      usage: { wallMs: 1.36, cpuMs: 0.9, peakMemoryBytes: 18350080, pagesCopied: 212, syscalls: 31, exits: 33 },
+    });
+  });
+
+  it("maps every status to its outcome; a crash keeps its fault", () => {
+    const outcome = (status: string, extra: Record<string, unknown> = {}) =>
+      parseExecution({ ...EXAMPLE, status, exit_code: null, ...extra }).outcome;
+    expect(outcome("error", { exit_code: 1 })).toBe("completed");
+    expect(outcome("timeout")).toBe("timed_out");
+    expect(outcome("out_of_memory")).toBe("memory_exceeded");
+    expect(outcome("output_limit", { truncated: true })).toBe("output_exceeded");
+    expect(outcome("unsupported")).toBe("unsupported_syscall");
+    const fault = { vector: 14, name: "page fault", rip: 4198400, address: 0 };
+    const crashed = parseExecution({ ...EXAMPLE, status: "crashed", exit_code: null, fault });
+    expect(crashed).toMatchObject({ outcome: "crashed", exitCode: null, fault });
+  });
+
+  it("refuses execution frames that break the protocol, naming the field", () => {
+    expect(() => parseExecution({ ...EXAMPLE, status: "exploded" })).toThrow(RuntimeProtocolError);
+    expect(() => parseExecution({ ...EXAMPLE, usage: { ...EXAMPLE.usage, pages_copied: -1 } })).toThrow(/usage\.pages_copied/);
+    const { timings: _, ...withoutTimings } = EXAMPLE;
+    expect(() => parseExecution(withoutTimings)).toThrow(/timings/);
+  });
+
+  it("maps each error code of PROTOCOL.md's table to its class and retryability", () => {
+    const error = (code: string) => errorFromFrame({ id: 1, type: "error", code, message: "why", retryable: false });
+    expect(error("unavailable")).toBeInstanceOf(RuntimeUnavailableError);
+    expect(error("busy")).toBeInstanceOf(RuntimeBusyError);
+    expect(error("internal")).toBeInstanceOf(RuntimeInternalError);
+    for (const code of ["unavailable", "busy", "internal"]) expect(error(code)).toMatchObject({ code, retryable: true });
+    for (const code of ["bad_frame", "bad_request", "unsupported_protocol", "unknown_template"]) {
+      expect(error(code)).toBeInstanceOf(RuntimeRequestError);
+      expect(error(code)).toMatchObject({ code, retryable: false });
+    }
+    expect(error("bad_request").message).toBe("sandfork-vmm: why");
+    expect(error("on_fire")).toBeInstanceOf(RuntimeProtocolError);
+  });
+
+  it("checks the hello: our protocol version, or the daemon's error", () => {
+    expect(parseHello({ type: "hello", protocol: 1, server: "sandfork-vmm 9.9.9" })).toEqual({ server: "sandfork-vmm 9.9.9" });
+    expect(() => parseHello({ type: "hello", protocol: 2, server: "x" })).toThrow(/protocol 2/);
+    expect(() => parseHello({ id: null, type: "error", code: "unsupported_protocol", message: "no", retryable: false })).toThrow(
+      RuntimeRequestError,
+    );
+  });
+
+  it("builds an execute request with only protocol fields; argv[0] is the script's name", () => {
+    const request: ExecutionRequest = {
+      executionId: "not sent",
+      template: "python",
+      code: "print(1)",
+      stdin: "in",
+      args: ["a", "b"],
+      env: { K: "v" },
+      files: [{ path: "d/x.bin", content: "AAE=", encoding: "base64" }],
+      timeoutMs: 1500,
+      memoryMb: 128,
+    };
+    expect(executeFrame(request)).toEqual({
+      type: "execute",
+      template: "python",
+      code: "print(1)",
+      stdin: "in",
+      argv: [SCRIPT_NAME, "a", "b"],
+      env: { K: "v" },
+      files: [{ path: "d/x.bin", content: "AAE=", encoding: "base64" }],
+      limits: { timeout_ms: 1500, memory_mib: 128 },
+    });
+  });
+});

@@ -41,7 +41,7 @@ unsafe impl Send for GuestMemory {}
 impl GuestMemory {
     /// Allocates `size` bytes (a multiple of 4 KiB) of zeroed guest RAM in a fresh memfd.
     pub fn new(size: u64) -> io::Result<Self> {
-        if size == 0 || size % 4096 != 0 {
+        if size == 0 || !size.is_multiple_of(4096) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "guest memory size must be a non-zero multiple of 4 KiB"));
         }
         let fd = sys::memfd("sandfork-guest", size)?;

@@ -160,7 +160,7 @@ pub fn decode_memory(d: &mut Decoder, mem: &GuestMemory) -> Result<MemoryStats, 
     for _ in 0..n {
         let start = d.u64("memory run address")?;
         let bytes = d.bytes("memory run")?;
-        if start % PAGE_SIZE != 0 || bytes.len() as u64 % PAGE_SIZE != 0 {
+        if !start.is_multiple_of(PAGE_SIZE) || !(bytes.len() as u64).is_multiple_of(PAGE_SIZE) {
             return Err(DecodeError::new(format!("memory run at {start:#x} of {} bytes is not whole pages", bytes.len())));
         }
         mem.write(start, bytes).map_err(|e| DecodeError::new(format!("memory run: {e}")))?;

@@ -1,0 +1,233 @@
+//! Encoding of the process state and the template file, without booting anything: a process
+//! is given state through real system calls (`syscalls::dispatch`), encoded, decoded, and the
+//! original and the decoded copy must then answer the same probing system calls identically.
+
+use std::sync::Arc;
+
+use super::codec::{Decoder, Encoder};
+use super::file;
+use super::TemplateError;
+use crate::cpu::{CpuSnapshot, UserRegs};
+use crate::fs::{Image, Vfs, DEFAULT_OVERLAY_LIMIT};
+use crate::image::format::{self, Entry, EntryKind, Index};
+use crate::image::testdir::TempDir;
+use crate::memory::GuestMemory;
+use crate::process::{AddressSpace, GuestProcess, ProcessConfig};
+use crate::syscalls::{dispatch, SyscallOutcome};
+
+const MIB: u64 = 1 << 20;
+const MEM: u64 = 16 * MIB;
+/// Argument strings and result buffers (below brk_start: never handed out by the map).
+const SCRATCH: u64 = 0x20_0000;
+const BUF: u64 = 0x30_0000;
+
+const READ: u64 = 0;
+const WRITE: u64 = 1;
+const LSEEK: u64 = 8;
+const MMAP: u64 = 9;
+const BRK: u64 = 12;
+const RT_SIGACTION: u64 = 13;
+const DUP: u64 = 32;
+const FCNTL: u64 = 72;
+const GETCWD: u64 = 79;
+const CHDIR: u64 = 80;
+const UMASK: u64 = 95;
+const OPENAT: u64 = 257;
+const MKDIRAT: u64 = 258;
+const UNLINKAT: u64 = 263;
+const SYMLINKAT: u64 = 266;
+const READLINKAT: u64 = 267;
+const PIPE2: u64 = 293;
+const AT_FDCWD: u64 = -100i64 as u64;
+const O_RDWR: u64 = 2;
+const O_CREAT: u64 = 0o100;
+
+fn test_image() -> (Arc<Image>, TempDir) {
+    let dir = TempDir::new("snapshot");
+    let entry = |path: &str, kind| Entry { path: path.into(), mode: 0o755, mtime_sec: 0, mtime_nsec: 0, kind };
+    let mut index = Index {
+        name: "snapshot-test".into(),
+        writable_dirs: vec!["/tmp".into(), "/work".into()],
+        entries: vec![entry("/", EntryKind::Dir), entry("/etc", EntryKind::Dir), entry("/etc/motd", EntryKind::File { offset: 0, size: 5, sha256: [0; 32] })],
+    };
+    format::write(&dir.0, &mut index, |_| Ok(b"hello".to_vec())).unwrap();
+    (Image::open(&dir.0).unwrap(), dir)
+}
+
+fn new_process(image: Arc<Image>) -> GuestProcess {
+    let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
+    let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: b"standard input".to_vec(), output_cap: 1 << 20, mem_limit: MEM };
+    GuestProcess::new(config, AddressSpace { brk_start: 4 * MIB, mmap_low: 4 * MIB, mmap_high: 14 * MIB })
+}
+
+fn call(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64; 6]) -> u64 {
+    match dispatch(proc, mem, nr, args) {
+        SyscallOutcome::Return(v) => v,
+        other => panic!("system call {nr}: {other:?}"),
+    }
+}
+
+/// Writes NUL-terminated `path` at SCRATCH + `slot` * 256 and returns its address.
+fn path(mem: &GuestMemory, slot: u64, path: &str) -> u64 {
+    let addr = SCRATCH + slot * 256;
+    mem.write(addr, path.as_bytes()).unwrap();
+    mem.write(addr + path.len() as u64, &[0]).unwrap();
+    addr
+}
+
+/// A process with overlay files and directories, a symlink, an open file at an offset, an
+/// unlinked file still open, a pipe holding bytes, a dup, a changed cwd, a mapping, a heap,
+/// a signal action and a umask.
+fn busy_process(image: Arc<Image>, mem: &GuestMemory) -> GuestProcess {
+    let mut p = new_process(image);
+    assert_eq!(call(&mut p, mem, MKDIRAT, [AT_FDCWD, path(mem, 0, "/work/sub"), 0o755, 0, 0, 0]), 0);
+    assert_eq!(call(&mut p, mem, CHDIR, [path(mem, 0, "/work/sub"), 0, 0, 0, 0, 0]), 0);
+    let fd = call(&mut p, mem, OPENAT, [AT_FDCWD, path(mem, 0, "data.txt"), O_RDWR | O_CREAT, 0o640, 0, 0]);
+    mem.write(BUF, b"0123456789abcdef").unwrap();
+    assert_eq!(call(&mut p, mem, WRITE, [fd, BUF, 16, 0, 0, 0]), 16);
+    assert_eq!(call(&mut p, mem, LSEEK, [fd, 4, 0, 0, 0, 0]), 4);
+    let doomed = call(&mut p, mem, OPENAT, [AT_FDCWD, path(mem, 0, "/tmp/doomed"), O_RDWR | O_CREAT, 0o600, 0, 0]);
+    assert_eq!(call(&mut p, mem, WRITE, [doomed, BUF, 10, 0, 0, 0]), 10);
+    assert_eq!(call(&mut p, mem, UNLINKAT, [AT_FDCWD, path(mem, 0, "/tmp/doomed"), 0, 0, 0, 0]), 0);
+    assert_eq!(call(&mut p, mem, SYMLINKAT, [path(mem, 0, "data.txt"), AT_FDCWD, path(mem, 1, "/work/sub/link"), 0, 0, 0]), 0);
+    assert_eq!(call(&mut p, mem, PIPE2, [BUF + 0x100, 0, 0, 0, 0, 0]), 0);
+    let read_end = mem.read_u32(BUF + 0x100).unwrap() as u64;
+    let write_end = mem.read_u32(BUF + 0x104).unwrap() as u64;
+    assert_eq!(call(&mut p, mem, WRITE, [write_end, BUF, 7, 0, 0, 0]), 7);
+    assert!(call(&mut p, mem, DUP, [read_end, 0, 0, 0, 0, 0]) < 100);
+    let brk = call(&mut p, mem, BRK, [0, 0, 0, 0, 0, 0]);
+    assert_eq!(call(&mut p, mem, BRK, [brk + 3 * 4096, 0, 0, 0, 0, 0]), brk + 3 * 4096);
+    assert!(call(&mut p, mem, MMAP, [0, 8192, 3, 0x22, u64::MAX, 0]) < MEM);
+    mem.write(BUF + 0x200, &[0x11; 32]).unwrap();
+    assert_eq!(call(&mut p, mem, RT_SIGACTION, [10, BUF + 0x200, 0, 8, 0, 0]), 0);
+    call(&mut p, mem, UMASK, [0o077, 0, 0, 0, 0, 0]);
+    p
+}
+
+/// System calls whose answers depend on all of the state above: return values and the bytes
+/// they wrote to BUF.
+fn probe(p: &mut GuestProcess, mem: &GuestMemory) -> Vec<(u64, Vec<u8>)> {
+    let calls: Vec<(u64, [u64; 6])> = vec![
+        (READ, [3, BUF, 64, 0, 0, 0]),
+        (READ, [4, BUF, 64, 0, 0, 0]),
+        (LSEEK, [4, 0, 0, 0, 0, 0]),
+        (READ, [4, BUF, 64, 0, 0, 0]),
+        (READ, [5, BUF, 3, 0, 0, 0]),
+        (READ, [7, BUF, 64, 0, 0, 0]),
+        (READ, [0, BUF, 8, 0, 0, 0]),
+        (FCNTL, [6, 3, 0, 0, 0, 0]),
+        (GETCWD, [BUF, 256, 0, 0, 0, 0]),
+        (READLINKAT, [AT_FDCWD, path(mem, 2, "link"), BUF, 64, 0, 0]),
+        (OPENAT, [AT_FDCWD, path(mem, 2, "/tmp/doomed"), 0, 0, 0, 0]),
+        (OPENAT, [AT_FDCWD, path(mem, 2, "/work/sub/data.txt"), 0, 0, 0, 0]),
+        (BRK, [0, 0, 0, 0, 0, 0]),
+        (MMAP, [0, 4096, 3, 0x22, u64::MAX, 0]),
+        (RT_SIGACTION, [10, 0, BUF, 8, 0, 0]),
+        (UMASK, [0o022, 0, 0, 0, 0, 0]),
+    ];
+    calls
+        .into_iter()
+        .map(|(nr, args)| {
+            mem.fill(BUF, 256, 0).unwrap();
+            (call(p, mem, nr, args), mem.read_vec(BUF, 256).unwrap())
+        })
+        .collect()
+}
+
+fn encode(p: &GuestProcess) -> Vec<u8> {
+    let mut e = Encoder::new();
+    p.encode_state(&mut e).unwrap();
+    e.into_bytes()
+}
+
+#[test]
+fn a_decoded_process_answers_as_the_original_does() {
+    let (image, _dir) = test_image();
+    let mem = GuestMemory::new(MEM).unwrap();
+    let original = busy_process(image.clone(), &mem);
+    let bytes = encode(&original);
+    let mut d = Decoder::new(&bytes);
+    let mut decoded = GuestProcess::decode_state(&mut d, image, 4096).unwrap();
+    d.finish("process").unwrap();
+    assert_eq!(encode(&decoded), bytes, "decoding then encoding gives the same bytes");
+    assert_eq!(decoded.config.output_cap, 4096);
+    assert_eq!(decoded.total_syscalls(), 0, "counters start afresh");
+
+    let mut reference = original.clone();
+    let (expected, got) = (probe(&mut reference, &mem), probe(&mut decoded, &mem));
+    assert_eq!(got, expected);
+    // The probes saw real state, not errors everywhere.
+    assert_eq!(&expected[0].1[..12], b"456789abcdef", "the open file kept its offset");
+    assert_eq!((expected[1].0, expected[2].0), (0, 0), "the unlinked file's offset is at its end");
+    assert_eq!(&expected[3].1[..10], b"0123456789", "the unlinked file is still open");
+    assert_eq!((&expected[4].1[..3], &expected[5].1[..4]), (&b"012"[..], &b"3456"[..]), "the pipe kept its bytes, the dup shares it");
+    assert_eq!(&expected[8].1[..10], b"/work/sub\0");
+}
+
+#[test]
+fn a_process_with_output_or_a_pending_request_is_no_ready_point() {
+    let (image, _dir) = test_image();
+    let mem = GuestMemory::new(MEM).unwrap();
+    let mut p = new_process(image.clone());
+    p.agent_request = Some(crate::agent::AgentRequest::new(""));
+    assert_eq!(p.encode_state(&mut Encoder::new()), Err("a request is pending"));
+    let mut p = new_process(image);
+    mem.write(BUF, b"x").unwrap();
+    call(&mut p, &mem, WRITE, [1, BUF, 1, 0, 0, 0]);
+    assert_eq!(p.encode_state(&mut Encoder::new()), Err("the program has written output"));
+}
+
+/// Every truncation and many single-byte corruptions of the state are refused or decoded,
+/// never a panic (the content hash stops damage first; this is the second line).
+#[test]
+fn damaged_state_never_panics_the_decoder() {
+    let (image, _dir) = test_image();
+    let mem = GuestMemory::new(MEM).unwrap();
+    let bytes = encode(&busy_process(image.clone(), &mem));
+    for len in 0..bytes.len() {
+        let mut d = Decoder::new(&bytes[..len]);
+        assert!(GuestProcess::decode_state(&mut d, image.clone(), 4096).is_err(), "a prefix of {len} bytes decoded");
+    }
+    for (i, flip) in (0..bytes.len()).step_by(7).zip([0x01u8, 0x80, 0xff].into_iter().cycle()) {
+        let mut damaged = bytes.clone();
+        damaged[i] ^= flip;
+        let _ = GuestProcess::decode_state(&mut Decoder::new(&damaged), image.clone(), 4096);
+    }
+}
+
+#[test]
+fn cpu_state_and_the_file_envelope_round_trip() {
+    let regs = UserRegs { rax: 1, rbx: 2, rcx: 3, rdx: 4, rsi: 5, rdi: 6, rbp: 7, rsp: 8, r8: 9, r9: 10, r10: 11, r11: 12, r12: 13, r13: 14, r14: 15, r15: 16 };
+    let cpu = CpuSnapshot { regs, rip: 0x40_1000, rflags: 0x246, fs_base: 0x7000, gs_base: 0, xsave: (0..832u32).map(|i| i as u8).collect() };
+    let mut e = Encoder::new();
+    file::encode_cpu(&cpu, &mut e);
+    let body = e.into_bytes();
+    let sealed = file::seal(&body);
+    let opened = file::open(&sealed).unwrap();
+    assert_eq!(file::decode_cpu(&mut Decoder::new(opened)).unwrap(), cpu);
+    let short_xsave = CpuSnapshot { xsave: vec![0; 100], ..cpu };
+    let mut e = Encoder::new();
+    file::encode_cpu(&short_xsave, &mut e);
+    assert!(file::decode_cpu(&mut Decoder::new(&e.into_bytes())).is_err());
+    assert!(matches!(file::open(&sealed[..sealed.len() - 1]), Err(TemplateError::Truncated { .. })));
+}
+
+#[test]
+fn memory_is_stored_as_runs_of_non_zero_pages() {
+    let mem = GuestMemory::new(MEM).unwrap();
+    mem.write(0x10_0000, &[1; 4096]).unwrap();
+    mem.write(0x10_1000, &[2; 10]).unwrap();
+    mem.fill(0x20_0000, 4096, 0).unwrap(); // written, but zero: left out
+    mem.write(0x30_0fff, &[3]).unwrap();
+    let mut e = Encoder::new();
+    let stats = file::encode_memory(&mem, &mut e).unwrap();
+    assert_eq!(stats, file::MemoryStats { runs: 2, stored_bytes: 3 * 4096 });
+    let bytes = e.into_bytes();
+    let copy = GuestMemory::new(MEM).unwrap();
+    assert_eq!(file::decode_memory(&mut Decoder::new(&bytes), &copy).unwrap(), stats);
+    for addr in [0x10_0000, 0x10_1000, 0x30_0000] {
+        assert_eq!(copy.read_vec(addr, 4096).unwrap(), mem.read_vec(addr, 4096).unwrap(), "{addr:#x}");
+    }
+    let too_small = GuestMemory::new(2 * MIB).unwrap();
+    assert!(file::decode_memory(&mut Decoder::new(&bytes), &too_small).is_err(), "a run outside memory");
+}

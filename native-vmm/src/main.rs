@@ -16,6 +16,7 @@ use sandfork_vmm::image;
 use sandfork_vmm::kvm::{Kvm, KvmCpu};
 use sandfork_vmm::loader::LoadedProgram;
 use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::snapshot;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunRequest};
 
@@ -24,6 +25,7 @@ usage: sandfork-vmm <command> [options]
 
 commands:
   image build   build a read-only file image from a manifest
+  template build  boot a template's agent to its ready point and snapshot it
   run           run one program in a fresh KVM guest
   bench run     latency of `python3 -c pass` in a guest and natively
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
@@ -39,6 +41,20 @@ dependencies) into DIR.
 options:
   --manifest FILE   the template's image manifest (e.g. templates/python/image.json)
   --out DIR         output directory";
+
+const TEMPLATE_BUILD_USAGE: &str = "\
+usage: sandfork-vmm template build --image DIR --template NAME --out DIR [--mem-mib N]
+
+Boots the template's in-VM agent in a KVM guest over the image, runs it to its ready point and
+writes the snapshot to DIR/template.sfsnap (guest memory, vCPU state, the VMM's process state,
+the image's and the agent's hashes, under a SHA-256 content hash). Nothing is done when that
+file already verifies and was built from the same image, agent and memory size.
+
+options:
+  --image DIR       file image built by `sandfork-vmm image build`
+  --template NAME   which agent to boot: python
+  --out DIR         output directory (the image's own folder lets `serve` find it there)
+  --mem-mib N       guest memory of every VM of the template, in MiB (default 256)";
 
 const RUN_USAGE: &str = "\
 usage: sandfork-vmm run --image DIR [options] -- PROGRAM [ARGS...]
@@ -130,12 +146,13 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
         [] => Err(CliError::Usage("no command given".into(), USAGE)),
-        ["--help" | "-h" | "help", ..] | ["image" | "bench", "--help" | "-h"] => Err(CliError::Help(USAGE)),
+        ["--help" | "-h" | "help", ..] | ["image" | "bench" | "template", "--help" | "-h"] => Err(CliError::Help(USAGE)),
         ["image", "build", ..] => image_build(&args[2..]),
+        ["template", "build", ..] => template_build(&args[2..]),
         ["run", ..] => run(&args[1..]),
         ["bench", "run", ..] => bench_run(&args[2..]),
         ["serve", ..] => serve(&args[1..]),
-        ["image" | "bench", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
+        ["image" | "bench" | "template", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
         [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
     }
 }
@@ -241,6 +258,20 @@ fn image_build(args: &[String]) -> Result<ExitCode, CliError> {
         eprintln!("note: {note}");
     }
     println!("image {:?} in {out}: {} files, {} bytes, {} libraries resolved", report.name, report.files, report.bytes, report.libraries.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--image", "--template", "--out", "--mem-mib"], &[], false, TEMPLATE_BUILD_USAGE)?;
+    let image_dir = options.required("--image")?;
+    let name = options.required("--template")?;
+    let out = options.required("--out")?;
+    let mem_mib = options.number("--mem-mib", vm::DEFAULT_MEM_BYTES >> 20, MAX_MEM_MIB)?;
+    let language = daemon::templates::Language::of_image(name).ok_or_else(|| CliError::Usage(format!("unknown template `{name}` (known: python)"), TEMPLATE_BUILD_USAGE))?;
+    let image = open_image(image_dir)?;
+    let command = daemon::agent_executor::agent_command(language);
+    let outcome = snapshot::build(image, name, command, mem_mib << 20, &kvm_cpu, Path::new(out)).map_err(|e| CliError::Failed(e.to_string()))?;
+    println!("{outcome}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -370,6 +401,11 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-output-bytes", "4194304"])), Err(CliError::Usage(m, _)) if m.contains("from 1 to 2097152")));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 64")));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-queue", "-1"])), Err(CliError::Usage(m, _)) if m.contains("from 0 to 4096")));
+        assert!(matches!(dispatch(&strings(&["template", "build", "--help"])), Err(CliError::Help(TEMPLATE_BUILD_USAGE))));
+        assert!(matches!(dispatch(&strings(&["template", "frob"])), Err(CliError::Usage(..))));
+        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--out", "/o"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
+        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "node", "--out", "/o"])), Err(CliError::Usage(m, _)) if m.contains("unknown template `node`")));
+        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/nonexistent", "--template", "python", "--out", "/o"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent"])), Err(CliError::Usage(m, _)) if m == "no program given"));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent", "--", "true"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));
     }

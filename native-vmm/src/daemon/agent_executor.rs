@@ -76,7 +76,7 @@ impl AgentExecutor {
 }
 
 /// How `language`'s agent is started.
-fn agent_command(language: Language) -> &'static AgentCommand {
+pub fn agent_command(language: Language) -> &'static AgentCommand {
     match language {
         Language::Python => &PYTHON_AGENT,
     }

@@ -236,3 +236,43 @@ fn timings_of_boot_and_restore() {
     );
     assert!(restores[1].0 < boots[1], "a restore must beat a boot");
 }
+
+/// The daemon's executor restores from a template folder's snapshot (here on the ptrace CPU,
+/// copying memory), boots when the request asks for another memory size, and refuses to start
+/// on a damaged snapshot.
+#[test]
+fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
+    use sandfork_vmm::daemon::agent_executor::AgentExecutor;
+    use sandfork_vmm::daemon::executor::{ExecuteRequest, ExecutionLimits, Executor};
+    use sandfork_vmm::daemon::templates;
+
+    let templates_dir = process_dir("snapshot-daemon");
+    let folder = templates_dir.join("python");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+    sandfork_vmm::image::build(&manifest, &folder).unwrap();
+    std::fs::copy(template_dir().0.join(TEMPLATE_FILE), folder.join(TEMPLATE_FILE)).unwrap();
+    let loaded = templates::load(&templates_dir).unwrap_or_else(|e| panic!("{e}"));
+    assert!(loaded[0].snapshot.is_some(), "the snapshot in the folder is loaded");
+    let executor = AgentExecutor::new(loaded, Box::new(ptrace_cpu), None).restoring(Box::new(ptrace_restore), ForkMemory::Copy);
+
+    let request = |memory_mib| ExecuteRequest {
+        template: "python".into(),
+        agent_request: AgentRequest::new("import sys\nprint(sum(range(10)))"),
+        limits: ExecutionLimits { timeout_ms: 20_000, memory_mib, output_bytes: 1 << 20 },
+    };
+    let restored = executor.execute(&request(MEM_BYTES >> 20)).unwrap_or_else(|e| panic!("{e}"));
+    let booted = executor.execute(&request(MEM_BYTES >> 19)).unwrap_or_else(|e| panic!("{e}"));
+    for execution in [&restored, &booted] {
+        assert_eq!((&execution.status, execution.stdout.as_slice()), (&RunStatus::Exited { code: 0 }, &b"45\n"[..]));
+    }
+    eprintln!("daemon executor on the ptrace CPU: VM from the snapshot in {:?}, booted VM in {:?}", restored.vm_setup, booted.vm_setup);
+    assert!(restored.vm_setup < booted.vm_setup, "restored {:?}, booted {:?}", restored.vm_setup, booted.vm_setup);
+
+    let mut damaged = std::fs::read(folder.join(TEMPLATE_FILE)).unwrap();
+    damaged[100] ^= 1;
+    std::fs::write(folder.join(TEMPLATE_FILE), &damaged).unwrap();
+    match templates::load(&templates_dir) {
+        Err(e) => assert!(e.to_string().contains("template file is corrupted"), "{e}"),
+        Ok(_) => panic!("a damaged snapshot must stop the daemon from starting"),
+    }
+}

@@ -13,17 +13,21 @@ use std::io;
 use std::time::Duration;
 
 use crate::agent::{AgentCommand, PYTHON_AGENT};
-use crate::cpu::GuestCpu;
+use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
 use crate::daemon::templates::{Language, Template};
 use crate::kvm::{Kvm, KvmCpu};
 use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
+use crate::snapshot::{self, ForkMemory};
 use crate::sys;
 use crate::vm::{self, LaunchError, RunLimits, RunOutcome};
 
 /// A vCPU constructor the executor can share between execution threads.
 pub type SharedCpuFactory = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> + Send + Sync;
+
+/// A constructor of vCPUs restored from a template snapshot, shared between execution threads.
+pub type SharedRestoreFactory = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> + Send + Sync;
 
 /// The product vCPU backend.
 pub fn kvm_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
@@ -43,6 +47,8 @@ fn thread_cpu_time() -> Duration {
 pub struct AgentExecutor {
     templates: Vec<Template>,
     make_cpu: Box<SharedCpuFactory>,
+    /// How VMs are restored from a template's snapshot; None: always booted.
+    restore: Option<(Box<SharedRestoreFactory>, ForkMemory)>,
     /// Why VMs cannot be created on this host, when they cannot.
     unavailable: Option<String>,
 }
@@ -56,21 +62,35 @@ impl AgentExecutor {
             let text = e.to_string();
             text.strip_prefix("sandfork-vmm needs KVM: ").map(str::to_owned).unwrap_or(text)
         });
-        AgentExecutor::new(templates, Box::new(kvm_cpu), unavailable)
+        AgentExecutor::new(templates, Box::new(kvm_cpu), unavailable).restoring(Box::new(snapshot::kvm_restore), ForkMemory::CopyOnWrite)
+    }
+
+    /// Restores VMs of templates that have a snapshot with `restore` on memory made as
+    /// `memory` says, instead of booting them.
+    pub fn restoring(mut self, restore: Box<SharedRestoreFactory>, memory: ForkMemory) -> AgentExecutor {
+        self.restore = Some((restore, memory));
+        self
     }
 
     /// An executor on any vCPU backend (tests run it on the ptrace development CPU).
     pub fn new(templates: Vec<Template>, make_cpu: Box<SharedCpuFactory>, unavailable: Option<String>) -> AgentExecutor {
-        AgentExecutor { templates, make_cpu, unavailable }
+        AgentExecutor { templates, make_cpu, restore: None, unavailable }
     }
 
     fn template(&self, name: &str) -> Option<&Template> {
         self.templates.iter().find(|t| t.name == name)
     }
 
-    /// Boots a VM of `template`, serves it the request and tears it down.
+    /// Restores a VM of `template` from its snapshot, or boots one when the template has no
+    /// snapshot (or restoring is off, or the request asks for another memory size than the
+    /// snapshot's VMs have), serves it the request and tears it down.
     fn boot_and_run(&self, template: &Template, request: &ExecuteRequest) -> Result<RunOutcome, LaunchError> {
         let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes };
+        if let (Some(snapshot), Some((restore, memory))) = (&template.snapshot, &self.restore) {
+            if snapshot.identity().mem_bytes == limits.mem_bytes {
+                return snapshot::serve_restored(snapshot, *memory, restore.as_ref(), request.agent_request.clone(), &limits);
+            }
+        }
         vm::launch_agent(template.image.clone(), agent_command(template.language), request.agent_request.clone(), &limits, self.make_cpu.as_ref())
     }
 }

@@ -1,6 +1,8 @@
 //! The templates a daemon serves: `serve --templates DIR` holds one folder per template, each
 //! an image directory written by `sandfork-vmm image build`. The folder's name is the template's
-//! name; the image's own name says which language runtime it holds.
+//! name; the image's own name says which language runtime it holds. A folder may also hold the
+//! template's snapshot (`template.sfsnap`, written there by `sandfork-vmm template build`):
+//! VMs are then restored from it instead of booted.
 
 use std::fmt;
 use std::io;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 
 use crate::fs::Image;
 use crate::image::sha256;
+use crate::snapshot;
 
 /// A language runtime a template can hold, and how code is handed to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +42,8 @@ pub struct Template {
     pub image: Arc<Image>,
     /// Hex SHA-256 of the image (`Image::content_hash`).
     pub content_hash: String,
+    /// The verified snapshot of the agent at its ready point, when the folder has one.
+    pub snapshot: Option<Arc<snapshot::Template>>,
 }
 
 #[derive(Debug)]
@@ -49,6 +54,8 @@ pub enum TemplateError {
     Image { dir: PathBuf, error: io::Error },
     /// The image's name is not a language this daemon can run.
     UnknownLanguage { dir: PathBuf, image_name: String },
+    /// The folder's snapshot is damaged or was built from another image or agent.
+    Snapshot { dir: PathBuf, error: snapshot::TemplateError },
 }
 
 impl fmt::Display for TemplateError {
@@ -59,6 +66,7 @@ impl fmt::Display for TemplateError {
             TemplateError::UnknownLanguage { dir, image_name } => {
                 write!(f, "template {}: its image is named '{image_name}', which is not a known language (python)", dir.display())
             }
+            TemplateError::Snapshot { dir, error } => write!(f, "template {}: {error}", dir.display()),
         }
     }
 }
@@ -88,7 +96,21 @@ pub fn load(dir: &Path) -> Result<Vec<Template>, TemplateError> {
             let image = Image::open(&path).map_err(|error| TemplateError::Image { dir: path.clone(), error })?;
             let language = Language::of_image(image.name()).ok_or_else(|| TemplateError::UnknownLanguage { dir: path.clone(), image_name: image.name().to_owned() })?;
             let content_hash = sha256::to_hex(&image.content_hash());
-            Ok(Template { name, language, image, content_hash })
+            let snapshot = load_snapshot(&path, &image, language)?;
+            Ok(Template { name, language, image, content_hash, snapshot })
         })
         .collect()
+}
+
+/// The snapshot in template folder `dir`, verified against its image and agent; None when the
+/// folder has none (its VMs are then booted).
+fn load_snapshot(dir: &Path, image: &Arc<Image>, language: Language) -> Result<Option<Arc<snapshot::Template>>, TemplateError> {
+    if !dir.join(snapshot::TEMPLATE_FILE).exists() {
+        return Ok(None);
+    }
+    let command = crate::daemon::agent_executor::agent_command(language);
+    match snapshot::Template::load(dir, image.clone(), command) {
+        Ok(template) => Ok(Some(Arc::new(template))),
+        Err(error) => Err(TemplateError::Snapshot { dir: dir.to_owned(), error }),
+    }
 }

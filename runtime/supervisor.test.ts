@@ -1,7 +1,8 @@
 // The supervisor running the REAL `sandfork-vmm serve`: restart after SIGKILL with the calls in
 // flight failing retryably, backoff, refusing a taken socket, a start-up failure, stop.
 import { existsSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { spawn } from "node:child_process";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
@@ -119,12 +120,41 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
   it("refuses to start a second daemon on a socket another one serves", async () => {
     const { daemon } = await daemonWithLog();
     const second = new DaemonSupervisor({ binary: requireVmmBinary(), socketPath: daemon.socketPath, templatesDir: daemon.templatesDir });
+    cleanups.push(() => second.stop());
     await expect(second.start()).rejects.toThrow(/sandfork-vmm .* is already serving at/);
     expect(second.pid).toBeUndefined();
     // The first one is untouched.
     const runtime = client(daemon.socketPath, 1);
     await runtime.connect();
     expect((await runtime.daemonHealth()).templates).toBe(1);
+  });
+
+  it("stops a daemon an earlier supervisor left running (its pid file names it) and starts a new one", async () => {
+    const { daemon } = await daemonWithLog();
+    await daemon.supervisor.stop();
+    // What a gateway killed with SIGKILL leaves: a daemon serving the socket, its pid on record.
+    const leftover = spawn(requireVmmBinary(), ["serve", "--socket", daemon.socketPath, "--templates", daemon.templatesDir], { stdio: "ignore" });
+    const leftoverExit = new Promise((r) => leftover.once("exit", (code, signal) => r(signal ?? code)));
+    const goneSupervisor = spawn("true");
+    await new Promise((r) => goneSupervisor.once("exit", r));
+    await writeFile(`${daemon.socketPath}.pid`, `${leftover.pid} ${goneSupervisor.pid}\n`);
+    const probe = client(daemon.socketPath, 1);
+    for (let tries = 0; probe.status().connected === 0; tries++) {
+      if (tries > 200) throw new Error("the leftover daemon did not come up");
+      await probe.connect().catch(() => new Promise((r) => setTimeout(r, 25)));
+    }
+    probe.close();
+
+    const log: string[] = [];
+    const next = new DaemonSupervisor({ binary: requireVmmBinary(), socketPath: daemon.socketPath, templatesDir: daemon.templatesDir, log: (l) => log.push(l) });
+    cleanups.push(() => next.stop());
+    const info = await next.start();
+    expect(await leftoverExit).toBe(0); // SIGTERM: the daemon stops cleanly
+    expect(log.join("\n")).toContain(`stopping sandfork-vmm (pid ${leftover.pid}), left running at ${daemon.socketPath}`);
+    expect(info.pid).not.toBe(leftover.pid);
+    expect((await readFile(`${daemon.socketPath}.pid`, "utf8")).trim()).toBe(`${info.pid} ${process.pid}`);
+    await next.stop();
+    expect(existsSync(`${daemon.socketPath}.pid`)).toBe(false);
   });
 
   it("a daemon that cannot start fails start() with its own explanation", async () => {

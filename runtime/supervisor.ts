@@ -5,6 +5,8 @@
 // the requests in flight on them with RuntimeConnectionLostError (retryable) and reconnects once
 // the restarted daemon is ready (see onReady).
 import { type ChildProcess, spawn } from "node:child_process";
+import { readFile, rm, writeFile } from "node:fs/promises";
+import { basename } from "node:path";
 import { createInterface } from "node:readline";
 import { DaemonConnection } from "./daemon-connection.js";
 import { RuntimeUnavailableError } from "./errors.js";
@@ -13,6 +15,13 @@ export interface SupervisorOptions {
   /** The `sandfork-vmm` binary. */
   binary: string;
   socketPath: string;
+  /**
+   * Where the running daemon's pid and its supervisor's pid are kept (default: the socket path
+   * + ".pid"). A daemon left running by a supervisor that died without stopping it (its process
+   * was killed; the daemon now has another parent) is found through it and stopped before a new
+   * one starts. A daemon whose supervisor still runs is never touched.
+   */
+  pidFile?: string;
   /** The daemon's --templates: one built template per folder (see templates.ts). */
   templatesDir: string;
   /** More `serve` options (e.g. ["--max-timeout-ms", "30000"]). */
@@ -50,6 +59,32 @@ const PROBE_INTERVAL_MS = 25;
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** SIGTERM to a process that is not our child, SIGKILL after `timeoutMs`; resolves once it is gone. */
+async function terminate(pid: number, timeoutMs: number): Promise<void> {
+  const signal = (name: NodeJS.Signals) => {
+    try {
+      process.kill(pid, name);
+    } catch {
+      // Already gone.
+    }
+  };
+  signal("SIGTERM");
+  const deadline = Date.now() + timeoutMs;
+  while (alive(pid)) {
+    if (Date.now() > deadline) signal("SIGKILL");
+    await sleep(PROBE_INTERVAL_MS);
+  }
+}
+
 export class DaemonSupervisor {
   private readonly options: Required<Omit<SupervisorOptions, "log">>;
   private readonly log: (line: string) => void;
@@ -68,6 +103,7 @@ export class DaemonSupervisor {
     this.options = {
       binary: options.binary,
       socketPath: options.socketPath,
+      pidFile: options.pidFile ?? `${options.socketPath}.pid`,
       templatesDir: options.templatesDir,
       serveArgs: options.serveArgs ?? [],
       readyTimeoutMs: options.readyTimeoutMs ?? 15_000,
@@ -106,6 +142,7 @@ export class DaemonSupervisor {
    */
   async start(): Promise<DaemonProcessInfo> {
     if (this.state !== "idle") throw new Error(`the supervisor was already started (${this.state})`);
+    await this.stopLeftover();
     const existing = await DaemonConnection.open(this.options.socketPath, 1_000).then(
       (connection) => {
         connection.close();
@@ -146,6 +183,39 @@ export class DaemonSupervisor {
     }
     this.child = null;
     this.state = "stopped";
+    if (child !== null) await this.forgetPid(child.pid);
+  }
+
+  /**
+   * Stops the daemon recorded in the pid file if it still runs `serve` on our socket and its
+   * recorded supervisor is no longer its parent: that supervisor was killed before it could stop
+   * it. Any other process is left alone.
+   */
+  private async stopLeftover(): Promise<void> {
+    const recorded = await this.readPidFile();
+    if (recorded === null) return;
+    const { daemon, supervisor } = recorded;
+    const args = (await readFile(`/proc/${daemon}/cmdline`, "utf8").catch(() => "")).split("\0");
+    const serving = basename(args[0] ?? "") === basename(this.options.binary) && args.includes("serve") && args[args.indexOf("--socket") + 1] === this.options.socketPath;
+    if (!serving) return this.forgetPid(daemon);
+    const stat = await readFile(`/proc/${daemon}/stat`, "utf8").catch(() => "");
+    // Field 4 (ppid), after the parenthesised command name.
+    const parent = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+    if (parent === supervisor) return; // still supervised: start() refuses the taken socket
+    this.log(`stopping sandfork-vmm (pid ${daemon}), left running at ${this.options.socketPath} by an earlier start`);
+    await terminate(daemon, this.options.stopTimeoutMs);
+    await this.forgetPid(daemon);
+  }
+
+  private async readPidFile(): Promise<{ daemon: number; supervisor: number } | null> {
+    const text = await readFile(this.options.pidFile, "utf8").catch(() => "");
+    const [daemon, supervisor] = text.trim().split(/\s+/).map(Number);
+    if (!Number.isSafeInteger(daemon) || !Number.isSafeInteger(supervisor) || (daemon as number) <= 0) return null;
+    return { daemon: daemon as number, supervisor: supervisor as number };
+  }
+
+  private async forgetPid(daemon: number | undefined): Promise<void> {
+    if ((await this.readPidFile())?.daemon === daemon) await rm(this.options.pidFile, { force: true });
   }
 
   private async launch(): Promise<DaemonProcessInfo> {
@@ -153,6 +223,7 @@ export class DaemonSupervisor {
     const args = ["serve", "--socket", this.options.socketPath, "--templates", this.options.templatesDir, ...this.options.serveArgs];
     const child = spawn(this.options.binary, args, { stdio: ["ignore", "pipe", "pipe"] });
     this.child = child;
+    if (child.pid !== undefined) await writeFile(this.options.pidFile, `${child.pid} ${process.pid}\n`);
     this.stderrTail = [];
     this.startedAt = Date.now();
     const forward = (line: string) => {

@@ -88,13 +88,17 @@ usage: sandfork-vmm serve --socket PATH --templates DIR [options]
 Serves the daemon protocol (native-vmm/PROTOCOL.md) on a Unix socket until SIGTERM or SIGINT,
 then lets running executions finish and removes the socket. A stale socket file at PATH is
 replaced; a live one (another daemon) or a non-socket file is an error. Each request runs in
-a fresh KVM guest of its template. Without a usable /dev/kvm the daemon still starts: health
-reports why and execute answers the retryable `unavailable` error.
+a new KVM guest of its template: a copy-on-write fork of the template's snapshot when its
+folder holds one (`sandfork-vmm template build --out` that folder), a freshly booted agent
+otherwise. A damaged or outdated snapshot stops the daemon from starting. Without a usable
+/dev/kvm the daemon still starts: health reports why and execute answers the retryable
+`unavailable` error.
 
 options:
   --socket PATH           where to listen (created owner-only)
   --templates DIR         one folder per template, each a file image built by
                           `sandfork-vmm image build` (the folder name is the template's name)
+                          and optionally its snapshot (template.sfsnap)
   --max-concurrency N     executions running at once (default: 2 per core)
   --max-queue N           executions waiting for a free slot, beyond that `busy` (default 64;
                           0: `busy` as soon as all slots run)

@@ -1,13 +1,14 @@
-//! The production executor: runs each request in a FRESHLY BOOTED VM of its template: the
-//! template's agent (templates/python/agent.py) is booted to its ready point and handed the
-//! request (`vm::launch_agent`).
+//! The production executor: runs each request in a new VM of its template. When the template
+//! folder holds a snapshot (`crate::snapshot`, built by `sandfork-vmm template build`), the VM
+//! is restored from it: a copy-on-write fork of the template's memory and a vCPU in the
+//! snapshot's state, stopped at the agent's ready point, handed the request
+//! (`snapshot::serve_restored`). Without one (or for a request asking for another memory size
+//! than the snapshot's VMs have) the agent is booted to its ready point first
+//! (`vm::launch_agent`).
 //!
-//! Boundary for what comes next: the template snapshot (a VM stopped at the agent's ready
-//! point, `vm::boot_agent`), the copy-on-write fork from it and the warm pool of forks replace
-//! `boot_and_run` below — `execute` will take a ready VM from the template's pool and
-//! `ReadyGuest::serve` it the request, `Template` will carry the snapshot, `templates()` will
-//! report a template ready once its snapshot exists, and `pools()` the pool counters. Nothing
-//! outside this file changes for that: the server only sees `Executor`.
+//! Boundary for what comes next: a warm pool of restored VMs replaces the restore in
+//! `boot_and_run` (`execute` takes a ready VM from the template's pool) and `pools()` reports
+//! its counters. Nothing outside this file changes for that: the server only sees `Executor`.
 
 use std::io;
 use std::time::Duration;
@@ -130,7 +131,9 @@ impl Executor for AgentExecutor {
             wall_us: (stats.load + stats.wall).as_micros() as u64,
             cpu_us: cpu.as_micros() as u64,
             peak_memory_bytes: stats.peak_memory,
-            // A booted VM shares no pages with anything, so it copies none.
+            // A booted VM shares no pages with anything, so it copies none. For a restored VM
+            // the host copies each page on its first write; counting them (/proc/self/pagemap
+            // over the fork's mapping) is not done yet, so 0 is reported there too.
             pages_copied: 0,
             syscalls: stats.syscalls,
             exits: stats.exits,

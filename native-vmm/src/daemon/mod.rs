@@ -7,8 +7,9 @@
 //! - `response`: every frame the daemon sends.
 //! - `server`: the listener, connections, the bound on in-flight executions, shutdown.
 //! - `executor`: the `Executor` trait the server calls, and the types crossing it.
-//! - `agent_executor`: the production executor (a fresh KVM VM per request today; snapshot,
-//!   fork and pool plug in behind the same trait) and `templates`: the templates it serves.
+//! - `agent_executor`: the production executor (a KVM VM per request, restored from the
+//!   template's snapshot when it has one, booted otherwise; the pool plugs in behind the same
+//!   trait) and `templates`: the templates it serves (image, and snapshot when built).
 
 pub mod agent_executor;
 mod base64;

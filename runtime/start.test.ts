@@ -1,0 +1,80 @@
+// startRuntime's other modes and the configuration, with the REAL daemon where one is needed.
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { loadRuntimeConfig, MAX_SOCKET_PATH_BYTES } from "./config.js";
+import { RuntimeUnavailableError } from "./errors.js";
+import { startRuntime } from "./start.js";
+import { DaemonSupervisor } from "./supervisor.js";
+import { requireVmmBinary, templatesFixture } from "./testing/real-daemon.js";
+
+const MAXIMA = { timeoutMs: 30_000, memoryMib: 2_048 };
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
+});
+
+describe("startRuntime", () => {
+  it("none: no runtime", async () => {
+    const log: string[] = [];
+    expect(await startRuntime(loadRuntimeConfig({ SANDFORK_RUNTIME: "none" }, "/data"), MAXIMA, (l) => log.push(l))).toBeUndefined();
+    expect(log).toEqual(["SANDFORK_RUNTIME=none: no execution runtime"]);
+  });
+
+  it("external: starts without a daemon, answers unavailable, connects once one serves the socket, and leaves it running on stop", async () => {
+    const templates = await templatesFixture();
+    cleanups.push(() => templates.dispose());
+    const socketPath = join(templates.dir, "vmm.sock");
+    const log: string[] = [];
+    const config = loadRuntimeConfig({ SANDFORK_RUNTIME: "external", SANDFORK_VMM_SOCKET: socketPath }, templates.dir);
+    const runtime = await startRuntime(config, MAXIMA, (l) => log.push(l));
+    if (runtime === undefined) throw new Error("external mode must give a runtime");
+    cleanups.push(() => runtime.stop());
+    expect(runtime.supervisor).toBeUndefined();
+    expect(log.join("\n")).toMatch(/cannot connect to sandfork-vmm at .*vmm\.sock.*; retrying in the background/);
+    await expect(runtime.client.templates()).rejects.toBeInstanceOf(RuntimeUnavailableError);
+
+    // Someone else runs the daemon; the client's background reconnects find it.
+    const daemon = new DaemonSupervisor({ binary: requireVmmBinary(), socketPath, templatesDir: templates.templatesDir });
+    cleanups.push(() => daemon.stop());
+    await daemon.start();
+    await runtime.client.waitUntilConnected(5_000);
+    expect(await runtime.client.templates()).toEqual([expect.objectContaining({ name: "python" })]);
+
+    await runtime.stop();
+    expect(daemon.pid).toBeDefined();
+    await expect(runtime.client.templates()).rejects.toBeInstanceOf(RuntimeUnavailableError);
+  });
+
+  it("supervised: no template sources is an error naming the folder", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "sfk-st-"));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const config = loadRuntimeConfig({ SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_TEMPLATE_SOURCES: join(dir, "none") }, dir);
+    await expect(startRuntime(config, MAXIMA, () => {})).rejects.toThrow(`no template sources (folders with an image.json) in ${join(dir, "none")}`);
+  });
+});
+
+describe("loadRuntimeConfig", () => {
+  it("defaults under the data directory and the repository", () => {
+    const config = loadRuntimeConfig({}, "/srv/sandfork");
+    expect(config).toMatchObject({
+      mode: "supervised",
+      socketPath: "/srv/sandfork/run/sandfork-vmm.sock",
+      templatesDir: "/srv/sandfork/templates",
+      binary: join(process.cwd(), "native-vmm/target/release/sandfork-vmm"),
+      templateSourcesDir: join(process.cwd(), "templates"),
+      serveArgs: [],
+      rebuildTemplates: false,
+      connections: 4,
+    });
+    expect(loadRuntimeConfig({ SANDFORK_VMM_SERVE_ARGS: " --max-queue  8 " }, "/d").serveArgs).toEqual(["--max-queue", "8"]);
+  });
+
+  it("refuses an unknown mode, a bad number and a socket path too long for sun_path", () => {
+    expect(() => loadRuntimeConfig({ SANDFORK_RUNTIME: "docker" }, "/d")).toThrow(/supervised, external or none/);
+    expect(() => loadRuntimeConfig({ SANDFORK_VMM_CONNECTIONS: "0" }, "/d")).toThrow(/SANDFORK_VMM_CONNECTIONS/);
+    const deep = `/${"d".repeat(MAX_SOCKET_PATH_BYTES)}`;
+    expect(() => loadRuntimeConfig({}, deep)).toThrow(/longer than 107 bytes; set SANDFORK_VMM_SOCKET/);
+  });
+});

@@ -28,6 +28,7 @@ commands:
   template build  boot a template's agent to its ready point and snapshot it
   run           run one program in a fresh KVM guest
   bench run     latency of `python3 -c pass` in a guest and natively
+  bench fork    latency of VMs restored from a template's snapshot
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
 `sandfork-vmm <command> --help` describes each command.";
@@ -81,6 +82,18 @@ options:
   --image DIR        file image built by `sandfork-vmm image build`
   --iterations N     runs of each (default 50)
   --json             print one JSON object instead of a table";
+
+const BENCH_FORK_USAGE: &str = "\
+usage: sandfork-vmm bench fork --template DIR [--iterations N]
+
+Restores VMs from the snapshot in a template folder (its file image plus the template.sfsnap
+written by `sandfork-vmm template build`) and serves each `pass`: p50/p99 of the copy-on-write
+fork of its memory, of the KVM vCPU restore, of both (the VM ready for a request), and of the
+hand-off to the agent's exit.
+
+options:
+  --template DIR     template folder (image and snapshot)
+  --iterations N     VMs to create (default 50)";
 
 const SERVE_USAGE: &str = "\
 usage: sandfork-vmm serve --socket PATH --templates DIR [options]
@@ -155,6 +168,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["template", "build", ..] => template_build(&args[2..]),
         ["run", ..] => run(&args[1..]),
         ["bench", "run", ..] => bench_run(&args[2..]),
+        ["bench", "fork", ..] => bench_fork(&args[2..]),
         ["serve", ..] => serve(&args[1..]),
         ["image" | "bench" | "template", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
         [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
@@ -323,6 +337,18 @@ fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--template", "--iterations"], &[], false, BENCH_FORK_USAGE)?;
+    let dir = options.required("--template")?;
+    let iterations = options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
+    let image = open_image(dir)?;
+    let language = daemon::templates::Language::of_image(image.name()).ok_or_else(|| CliError::Failed(format!("template {dir}: its image '{}' is not a known language", image.name())))?;
+    let template = snapshot::Template::load(Path::new(dir), image, daemon::agent_executor::agent_command(language)).map_err(|e| CliError::Failed(format!("template {dir}: {e}")))?;
+    let report = snapshot::bench::measure(&template, snapshot::ForkMemory::CopyOnWrite, &snapshot::kvm_restore, iterations).map_err(|e| CliError::Failed(e.to_string()))?;
+    print!("{report}");
+    Ok(ExitCode::SUCCESS)
+}
+
 fn serve(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes"], &[], false, SERVE_USAGE)?;
     let defaults = daemon::DEFAULT_MAXIMA;
@@ -405,6 +431,8 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-output-bytes", "4194304"])), Err(CliError::Usage(m, _)) if m.contains("from 1 to 2097152")));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 64")));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-queue", "-1"])), Err(CliError::Usage(m, _)) if m.contains("from 0 to 4096")));
+        assert!(matches!(dispatch(&strings(&["bench", "fork", "--help"])), Err(CliError::Help(BENCH_FORK_USAGE))));
+        assert!(matches!(dispatch(&strings(&["bench", "fork"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
         assert!(matches!(dispatch(&strings(&["template", "build", "--help"])), Err(CliError::Help(TEMPLATE_BUILD_USAGE))));
         assert!(matches!(dispatch(&strings(&["template", "frob"])), Err(CliError::Usage(..))));
         assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--out", "/o"])), Err(CliError::Usage(m, _)) if m == "--template is required"));

@@ -276,3 +276,13 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
         Ok(_) => panic!("a damaged snapshot must stop the daemon from starting"),
     }
 }
+
+/// The `bench fork` measurement, on the ptrace CPU with copied memory (not product figures).
+#[test]
+fn fork_bench_times_memory_vcpu_and_serve() {
+    let report = snapshot::bench::measure(template(), ForkMemory::Copy, &ptrace_restore, 3).unwrap_or_else(|e| panic!("{e}"));
+    eprint!("ptrace CPU, memory copied (not product figures): {report}");
+    assert_eq!(report.iterations, 3);
+    assert!(report.fork.p50 >= report.memory.p50 && report.fork.p50 >= report.vcpu.p50, "{report}");
+    assert!(report.serve.min > Duration::ZERO, "{report}");
+}

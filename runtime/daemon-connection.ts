@@ -93,10 +93,6 @@ export class DaemonConnection {
     return this.inFlight.size;
   }
 
-  get isOpen(): boolean {
-    return !this.closed;
-  }
-
   /**
    * Sends one request; `handler` gets its answer. Returns the request's id. Throws (without
    * sending) a RuntimeRequestError for a request too large for a frame.

@@ -21,9 +21,9 @@ export type ClientErrorCode = "not_connected" | "connection_lost" | "queue_full"
 
 export abstract class RuntimeError extends Error {
   abstract readonly retryable: boolean;
-  readonly code: string;
+  readonly code: DaemonErrorCode | ClientErrorCode;
 
-  constructor(code: string, message: string, options?: { cause?: unknown }) {
+  constructor(code: DaemonErrorCode | ClientErrorCode, message: string, options?: { cause?: unknown }) {
     super(message, options);
     this.code = code;
   }

@@ -60,12 +60,8 @@ export function discoverTemplateSources(root: string): TemplateSource[] {
     .sort((a, b) => a.name.localeCompare(b.name));
 }
 
-interface ManifestPaths {
-  paths: string[];
-}
-
 /** The host paths a manifest names (required and optional), resolved against its folder. */
-function manifestHostPaths(manifestPath: string, manifestText: string): ManifestPaths {
+function manifestHostPaths(manifestPath: string, manifestText: string): string[] {
   let manifest: unknown;
   try {
     manifest = JSON.parse(manifestText);
@@ -74,12 +70,11 @@ function manifestHostPaths(manifestPath: string, manifestText: string): Manifest
   }
   const record = (typeof manifest === "object" && manifest !== null ? manifest : {}) as Record<string, unknown>;
   const entries = [record.paths, record.optional_paths].flatMap((list) => (Array.isArray(list) ? list : []));
-  const paths = entries.flatMap((entry: unknown) => {
+  return entries.flatMap((entry: unknown) => {
     const host = typeof entry === "string" ? entry : typeof entry === "object" && entry !== null ? (entry as { host?: unknown }).host : undefined;
     if (typeof host !== "string") return [];
     return [isAbsolute(host) ? host : resolve(dirname(manifestPath), host)];
   });
-  return { paths };
 }
 
 /** Size and mtime of every file under `path` (symlinks are recorded, not followed), into `hash`. */
@@ -116,7 +111,7 @@ interface BuildRecord {
 function currentInputs(source: TemplateSource, binary: string): Omit<BuildRecord, "builtAt"> {
   const manifestText = readFileSync(source.manifestPath, "utf8");
   const inputs = createHash("sha256");
-  for (const path of manifestHostPaths(source.manifestPath, manifestText).paths) hashTree(path, inputs);
+  for (const path of manifestHostPaths(source.manifestPath, manifestText)) hashTree(path, inputs);
   hashTree(PACKAGE_DATABASE, inputs);
   const builder = statSync(binary);
   return {

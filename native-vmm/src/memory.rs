@@ -83,6 +83,34 @@ impl GuestMemory {
         self.fd.as_ref()
     }
 
+    /// For a copy-on-write fork: how many of its pages the host has copied so far (pages the
+    /// fork wrote; /proc/self/pagemap shows them as present and no longer file pages). For
+    /// memory of its own (not a fork): None.
+    pub fn copied_pages(&self) -> io::Result<Option<u64>> {
+        use std::os::unix::fs::FileExt;
+        const PRESENT: u64 = 1 << 63;
+        const FILE_OR_SHARED: u64 = 1 << 61;
+        if self.fd.is_some() {
+            return Ok(None);
+        }
+        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        // Host pages are the guest's 4 KiB pages (x86-64).
+        let first = self.host as u64 / crate::layout::PAGE_SIZE;
+        let pages = self.size / crate::layout::PAGE_SIZE;
+        let mut entries = vec![0u8; (pages.min(1 << 16) * 8) as usize];
+        let (mut done, mut copied) = (0, 0);
+        while done < pages {
+            let n = (pages - done).min(1 << 16) as usize;
+            pagemap.read_exact_at(&mut entries[..n * 8], (first + done) * 8)?;
+            copied += entries[..n * 8].chunks_exact(8).filter(|e| {
+                let entry = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+                entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0
+            }).count() as u64;
+            done += n as u64;
+        }
+        Ok(Some(copied))
+    }
+
     /// The page-aligned ranges of the memfd that hold pages (SEEK_DATA/SEEK_HOLE): everything
     /// outside them reads as zero and was never written. Empty for a fork.
     pub fn data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
@@ -339,6 +367,9 @@ mod tests {
         template.read(0x2000, &mut word).unwrap();
         assert_eq!(u64::from_le_bytes(word), 7, "the template");
         assert!(a.fd().is_none() && a.data_extents().unwrap().is_empty());
+        assert_eq!(a.copied_pages().unwrap(), Some(2), "the fork wrote two pages");
+        let _ = b.read_u64(0x9000).unwrap();
+        assert_eq!(b.copied_pages().unwrap(), Some(0), "reading copies nothing");
         assert!(TemplateMemory::seal(a).is_err(), "a fork is not a template");
         let copy = template.copy().unwrap();
         copy.write_u64(0x2000, 10).unwrap();

@@ -85,14 +85,17 @@ impl AgentExecutor {
     /// Restores a VM of `template` from its snapshot, or boots one when the template has no
     /// snapshot (or restoring is off, or the request asks for another memory size than the
     /// snapshot's VMs have), serves it the request and tears it down.
-    fn boot_and_run(&self, template: &Template, request: &ExecuteRequest) -> Result<RunOutcome, LaunchError> {
+    /// Returns the outcome and the pages of guest memory the VM got copies of (none for a
+    /// booted VM, which shares no pages with anything).
+    fn boot_and_run(&self, template: &Template, request: &ExecuteRequest) -> Result<(RunOutcome, u64), LaunchError> {
         let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes };
         if let (Some(snapshot), Some((restore, memory))) = (&template.snapshot, &self.restore) {
             if snapshot.identity().mem_bytes == limits.mem_bytes {
-                return snapshot::serve_restored(snapshot, *memory, restore.as_ref(), request.agent_request.clone(), &limits);
+                let restored = snapshot::serve_restored(snapshot, *memory, restore.as_ref(), request.agent_request.clone(), &limits)?;
+                return Ok((restored.outcome, restored.pages_copied));
             }
         }
-        vm::launch_agent(template.image.clone(), agent_command(template.language), request.agent_request.clone(), &limits, self.make_cpu.as_ref())
+        vm::launch_agent(template.image.clone(), agent_command(template.language), request.agent_request.clone(), &limits, self.make_cpu.as_ref()).map(|outcome| (outcome, 0))
     }
 }
 
@@ -121,8 +124,8 @@ impl Executor for AgentExecutor {
             return Err(ExecuteError::Unavailable(reason.clone()));
         }
         let cpu_before = thread_cpu_time();
-        let outcome = match self.boot_and_run(template, request) {
-            Ok(outcome) => outcome,
+        let (outcome, pages_copied) = match self.boot_and_run(template, request) {
+            Ok(ran) => ran,
             Err(error) => return Err(launch_failure(template, error)),
         };
         let cpu = thread_cpu_time().saturating_sub(cpu_before);
@@ -131,10 +134,7 @@ impl Executor for AgentExecutor {
             wall_us: (stats.load + stats.wall).as_micros() as u64,
             cpu_us: cpu.as_micros() as u64,
             peak_memory_bytes: stats.peak_memory,
-            // A booted VM shares no pages with anything, so it copies none. For a restored VM
-            // the host copies each page on its first write; counting them (/proc/self/pagemap
-            // over the fork's mapping) is not done yet, so 0 is reported there too.
-            pages_copied: 0,
+            pages_copied,
             syscalls: stats.syscalls,
             exits: stats.exits,
         };

@@ -329,10 +329,19 @@ pub fn kvm_restore<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Resu
     Ok(Box::new(KvmCpu::restore(mem, snapshot)?))
 }
 
+/// What `serve_restored` gives back.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    pub outcome: RunOutcome,
+    /// Pages of guest memory the VM got copies of: for a copy-on-write fork, the pages it
+    /// wrote (`GuestMemory::copied_pages`); for a full copy, every page the copy holds.
+    pub pages_copied: u64,
+}
+
 /// Runs `request` in a new VM of `template`: memory as `how` says, a vCPU from `make_cpu`,
 /// served at the ready point with `limits` (its memory size must be the template's). The
 /// outcome's counters cover the request; its `load` is creating the VM from the template.
-pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFactory, request: AgentRequest, limits: &RunLimits) -> Result<RunOutcome, LaunchError> {
+pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFactory, request: AgentRequest, limits: &RunLimits) -> Result<Restored, LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
     if limits.mem_bytes != template.identity.mem_bytes {
         let why = format!("the request asks for {} bytes of memory, the template's VMs have {}", limits.mem_bytes, template.identity.mem_bytes);
@@ -345,7 +354,11 @@ pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFa
     let restored = started.elapsed();
     let mut outcome = ready.serve(request, limits.timeout)?;
     outcome.stats.load = restored;
-    Ok(outcome)
+    let pages_copied = match mem.copied_pages().map_err(LaunchError::Memory)? {
+        Some(pages) => pages,
+        None => mem.data_extents().map_err(LaunchError::Memory)?.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum(),
+    };
+    Ok(Restored { outcome, pages_copied })
 }
 
 #[cfg(test)]

@@ -223,7 +223,6 @@ export class DaemonSupervisor {
     const args = ["serve", "--socket", this.options.socketPath, "--templates", this.options.templatesDir, ...this.options.serveArgs];
     const child = spawn(this.options.binary, args, { stdio: ["ignore", "pipe", "pipe"] });
     this.child = child;
-    if (child.pid !== undefined) await writeFile(this.options.pidFile, `${child.pid} ${process.pid}\n`);
     this.stderrTail = [];
     this.startedAt = Date.now();
     const forward = (line: string) => {
@@ -241,6 +240,8 @@ export class DaemonSupervisor {
     child.once("exit", (code, signal) => this.exited(child, code, signal));
     // After "close" every line the child wrote has been forwarded.
     const outputDone = new Promise<void>((r) => child.once("close", () => r()));
+    // Only now, with every listener attached (an await earlier could miss "exit" and "close").
+    if (child.pid !== undefined) await writeFile(this.options.pidFile, `${child.pid} ${process.pid}\n`);
 
     const deadline = Date.now() + this.options.readyTimeoutMs;
     for (;;) {

@@ -39,7 +39,10 @@ pub struct CpuSnapshot {
     pub xsave: Vec<u8>,
 }
 
-/// General-purpose registers (rip and rflags are kept beside them in `CpuSnapshot`).
+/// General-purpose registers (rip and rflags are kept beside them in `CpuSnapshot`). Laid
+/// out as the first sixteen fields of `struct kvm_regs`, so the KVM backend's register block
+/// (`kvm::abi::KvmRegs`) embeds them as they are instead of copying field by field.
+#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UserRegs {
     pub rax: u64,
@@ -48,8 +51,8 @@ pub struct UserRegs {
     pub rdx: u64,
     pub rsi: u64,
     pub rdi: u64,
-    pub rbp: u64,
     pub rsp: u64,
+    pub rbp: u64,
     pub r8: u64,
     pub r9: u64,
     pub r10: u64,

@@ -5,6 +5,8 @@
 use std::ffi::c_ulong;
 use std::mem::size_of;
 
+use crate::cpu::UserRegs;
+
 const KVMIO: c_ulong = 0xAE;
 
 // The _IOC encoding of <asm-generic/ioctl.h>: dir(2) | size(14) | type(8) | nr(8).
@@ -84,26 +86,11 @@ pub fn exit_reason_name(reason: u32) -> &'static str {
     }
 }
 
-/// struct kvm_regs
+/// struct kvm_regs: rax..r15 (in `UserRegs`, which has their layout), rip, rflags.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct KvmRegs {
-    pub rax: u64,
-    pub rbx: u64,
-    pub rcx: u64,
-    pub rdx: u64,
-    pub rsi: u64,
-    pub rdi: u64,
-    pub rsp: u64,
-    pub rbp: u64,
-    pub r8: u64,
-    pub r9: u64,
-    pub r10: u64,
-    pub r11: u64,
-    pub r12: u64,
-    pub r13: u64,
-    pub r14: u64,
-    pub r15: u64,
+    pub gprs: UserRegs,
     pub rip: u64,
     pub rflags: u64,
 }
@@ -402,6 +389,8 @@ mod tests {
     #[test]
     fn struct_sizes_match_the_kernel_abi() {
         assert_eq!(size_of::<KvmRegs>(), 144);
+        assert_eq!((offset_of!(KvmRegs, gprs) + offset_of!(UserRegs, rsp), offset_of!(KvmRegs, gprs) + offset_of!(UserRegs, r15)), (0x30, 0x78));
+        assert_eq!((offset_of!(KvmRegs, rip), offset_of!(KvmRegs, rflags)), (0x80, 0x88));
         assert_eq!(size_of::<KvmSegment>(), 24);
         assert_eq!(size_of::<KvmDtable>(), 16);
         assert_eq!(size_of::<KvmSregs>(), 312);

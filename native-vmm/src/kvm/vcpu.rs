@@ -57,7 +57,7 @@ impl<'m> KvmCpu<'m> {
     /// Writes the `arch` tables into the system area of `mem`, creates the VM and its vCPU,
     /// and points the vCPU at `entry` with `stack_pointer` in rsp (other registers 0), at CPL3.
     pub fn new(mem: &'m GuestMemory, entry: u64, stack_pointer: u64) -> io::Result<KvmCpu<'m>> {
-        let regs = KvmRegs { rip: entry, rsp: stack_pointer, rflags: cpu_state::USER_RFLAGS, ..Default::default() };
+        let regs = KvmRegs { gprs: UserRegs { rsp: stack_pointer, ..Default::default() }, rip: entry, rflags: cpu_state::USER_RFLAGS };
         KvmCpu::create(mem, true, regs, &UserState { fs_base: 0, gs_base: 0, xsave: None })
     }
 
@@ -84,27 +84,7 @@ impl<'m> KvmCpu<'m> {
         if snapshot.xsave.len() < XSAVE_MIN_BYTES {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot XSAVE area of {} bytes is shorter than its header", snapshot.xsave.len())));
         }
-        let r = &snapshot.regs;
-        let regs = KvmRegs {
-            rax: r.rax,
-            rbx: r.rbx,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            rsp: r.rsp,
-            rbp: r.rbp,
-            r8: r.r8,
-            r9: r.r9,
-            r10: r.r10,
-            r11: r.r11,
-            r12: r.r12,
-            r13: r.r13,
-            r14: r.r14,
-            r15: r.r15,
-            rip: snapshot.rip,
-            rflags: snapshot.rflags | cpu_state::RFLAGS_RESERVED,
-        };
+        let regs = KvmRegs { gprs: snapshot.regs, rip: snapshot.rip, rflags: snapshot.rflags | cpu_state::RFLAGS_RESERVED };
         let user = UserState { fs_base: snapshot.fs_base, gs_base: snapshot.gs_base, xsave: Some(&snapshot.xsave) };
         let mut cpu = KvmCpu::create(mem, false, regs, &user)?;
         // Stopped "inside" the pending system call: its return value may be set before the
@@ -174,11 +154,11 @@ impl<'m> KvmCpu<'m> {
                     SYSCALL_PORT => {
                         self.regs = self.get_regs()?;
                         self.in_syscall = true;
-                        Ok(syscall_exit(&self.regs))
+                        Ok(syscall_exit(&self.regs.gprs))
                     }
                     EXCEPTION_PORT => {
                         let regs = self.get_regs()?;
-                        let frame = ExceptionFrame::from_registers(|r| register(&regs, r));
+                        let frame = ExceptionFrame::from_registers(|r| register(&regs.gprs, r));
                         let cr2 = if frame.vector == PAGE_FAULT as u64 { Some(self.get_sregs()?.cr2) } else { None };
                         fault_exit(frame, cr2)
                     }
@@ -229,7 +209,7 @@ impl GuestCpu for KvmCpu<'_> {
         if !self.in_syscall {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "set_syscall_return: the vCPU is not stopped in a system call"));
         }
-        self.regs.rax = value;
+        self.regs.gprs.rax = value;
         sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_REGS, &self.regs).map_err(context("KVM_SET_REGS"))?;
         Ok(())
     }
@@ -246,25 +226,8 @@ impl GuestCpu for KvmCpu<'_> {
         let sregs = self.get_sregs()?;
         let mut area = KvmXsave::zeroed();
         sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
-        let r = &self.regs;
-        let regs = UserRegs {
-            rax: r.rax,
-            rbx: r.rbx,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            rbp: r.rbp,
-            rsp,
-            r8: r.r8,
-            r9: r.r9,
-            r10: r.r10,
-            r11: r.r11,
-            r12: r.r12,
-            r13: r.r13,
-            r14: r.r14,
-            r15: r.r15,
-        };
+        // The stub runs on its own stack: the program's rsp is the one in the frame.
+        let regs = UserRegs { rsp, ..self.regs.gprs };
         Ok(CpuSnapshot { regs, rip, rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
     }
 
@@ -351,7 +314,7 @@ fn kvm_segment(segment: &Segment) -> KvmSegment {
 }
 
 /// The value of a register the stubs name.
-fn register(regs: &KvmRegs, reg: Reg) -> u64 {
+fn register(regs: &UserRegs, reg: Reg) -> u64 {
     match reg {
         Reg::Rcx => regs.rcx,
         Reg::Rdx => regs.rdx,
@@ -363,7 +326,7 @@ fn register(regs: &KvmRegs, reg: Reg) -> u64 {
 }
 
 /// The Linux syscall ABI: number in rax, arguments in rdi, rsi, rdx, r10, r8, r9.
-fn syscall_exit(regs: &KvmRegs) -> CpuExit {
+fn syscall_exit(regs: &UserRegs) -> CpuExit {
     CpuExit::Syscall { nr: regs.rax, args: [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9] }
 }
 
@@ -399,13 +362,13 @@ mod tests {
 
     #[test]
     fn syscall_arguments_follow_the_linux_abi() {
-        let regs = KvmRegs { rax: 1, rdi: 2, rsi: 3, rdx: 4, r10: 5, r8: 6, r9: 7, rcx: 99, r11: 98, ..Default::default() };
+        let regs = UserRegs { rax: 1, rdi: 2, rsi: 3, rdx: 4, r10: 5, r8: 6, r9: 7, rcx: 99, r11: 98, ..Default::default() };
         assert_eq!(syscall_exit(&regs), CpuExit::Syscall { nr: 1, args: [2, 3, 4, 5, 6, 7] });
     }
 
     #[test]
     fn exception_registers_become_a_guest_fault() {
-        let regs = KvmRegs { rdi: 14, rsi: 6, rdx: 0x40_1000, rcx: USER_CS as u64, ..Default::default() };
+        let regs = UserRegs { rdi: 14, rsi: 6, rdx: 0x40_1000, rcx: USER_CS as u64, ..Default::default() };
         let frame = ExceptionFrame::from_registers(|r| register(&regs, r));
         let exit = fault_exit(frame, Some(0xdead_0000)).unwrap();
         assert_eq!(exit, CpuExit::Fault(GuestFault { vector: 14, error_code: 6, rip: 0x40_1000, address: Some(0xdead_0000) }));

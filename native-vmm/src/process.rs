@@ -4,6 +4,7 @@
 //! Everything here is plain data and `Clone`: a template's process state is copied with its
 //! guest memory when a VM is forked.
 
+mod epoll;
 mod fds;
 mod memory_map;
 mod output;
@@ -13,6 +14,7 @@ use std::time::Instant;
 use crate::fs::{Node, Vfs};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
+pub use epoll::{EpollSet, Interest};
 pub use fds::{Description, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, Stream};

@@ -1,8 +1,13 @@
 //! The file-descriptor table: fds point at open file descriptions (shared by dup, carrying the
 //! offset and status flags, as in Linux), which point at what was opened.
+//!
+//! In-memory channels live in the table too: a pipe is one byte queue; a socketpair is two
+//! (one per direction), each end reading one and writing the other; an epoll instance is an
+//! interest list (process/epoll.rs).
 
 use std::collections::VecDeque;
 
+use super::epoll::EpollSet;
 use super::output::Stream;
 use crate::errno::Errno;
 use crate::fs::Node;
@@ -34,6 +39,12 @@ pub enum Object {
     PipeWrite(usize),
     /// A file or directory of the guest file system, held open in the Vfs.
     Node(Node),
+    /// One end of an AF_UNIX SOCK_STREAM socketpair: it reads pipe `rx` and writes pipe `tx`
+    /// (the other end has them swapped). `shut_write` records shutdown(SHUT_WR), which
+    /// already let go of this end's hold on `tx`.
+    Socket { rx: usize, tx: usize, shut_write: bool },
+    /// An epoll instance (an index into the epoll table).
+    Epoll(usize),
 }
 
 #[derive(Debug, Clone)]
@@ -70,6 +81,8 @@ pub struct Pipe {
     buffer: VecDeque<u8>,
     readers: u32,
     writers: u32,
+    /// The reading socket end was shut down (SHUT_RD): it reads end of file, writers get EPIPE.
+    shut_read: bool,
 }
 
 /// Why a pipe transfer did not happen.
@@ -84,6 +97,9 @@ pub enum PipeError {
 impl Pipe {
     /// Takes up to `max` buffered bytes; an empty result means end of file (no writer left).
     pub fn read(&mut self, max: usize) -> Result<Vec<u8>, PipeError> {
+        if self.shut_read {
+            return Ok(Vec::new());
+        }
         if self.buffer.is_empty() {
             return if self.writers == 0 { Ok(Vec::new()) } else { Err(PipeError::WouldBlock) };
         }
@@ -93,7 +109,7 @@ impl Pipe {
 
     /// Appends what fits and returns how much that was.
     pub fn write(&mut self, data: &[u8]) -> Result<usize, PipeError> {
-        if self.readers == 0 {
+        if self.readers == 0 || self.shut_read {
             return Err(PipeError::NoReader);
         }
         let room = PIPE_CAPACITY - self.buffer.len();
@@ -119,7 +135,21 @@ impl Pipe {
     }
 
     pub fn has_readers(&self) -> bool {
-        self.readers > 0
+        self.readers > 0 && !self.shut_read
+    }
+
+    /// No more data will come: no writer is left, or the reading end was shut down.
+    pub fn input_closed(&self) -> bool {
+        self.writers == 0 || self.shut_read
+    }
+
+    /// Copies up to `max` buffered bytes without taking them (recv with MSG_PEEK).
+    pub fn peek(&self, max: usize) -> Result<Vec<u8>, PipeError> {
+        if self.buffer.is_empty() && !self.input_closed() {
+            return Err(PipeError::WouldBlock);
+        }
+        let n = if self.shut_read { 0 } else { max.min(self.buffer.len()) };
+        Ok(self.buffer.iter().take(n).copied().collect())
     }
 }
 
@@ -134,6 +164,7 @@ pub struct FdTable {
     fds: Vec<Option<Slot>>,
     descriptions: Vec<Option<Description>>,
     pipes: Vec<Option<Pipe>>,
+    epolls: Vec<Option<EpollSet>>,
     /// The soft RLIMIT_NOFILE: new fds are below it.
     limit: u64,
 }
@@ -141,7 +172,7 @@ pub struct FdTable {
 impl FdTable {
     /// fd 0 is the run's stdin, fds 1 and 2 the captured stdout and stderr.
     pub fn new() -> FdTable {
-        let mut table = FdTable { fds: Vec::new(), descriptions: Vec::new(), pipes: Vec::new(), limit: FD_LIMIT };
+        let mut table = FdTable { fds: Vec::new(), descriptions: Vec::new(), pipes: Vec::new(), epolls: Vec::new(), limit: FD_LIMIT };
         for (object, flags) in [(Object::Stdin, O_RDONLY), (Object::Output(Stream::Stdout), O_WRONLY), (Object::Output(Stream::Stderr), O_WRONLY)] {
             // The table is empty and the limit is far above 3: these cannot fail.
             let _ = table.install(Description::new(object, flags), 0, false);
@@ -210,14 +241,7 @@ impl FdTable {
     pub fn install(&mut self, description: Description, min_fd: u64, cloexec: bool) -> Result<u64, Errno> {
         let fd = self.lowest_free(min_fd)?;
         self.adopt_object(&description.object);
-        let index = match self.descriptions.iter().position(|d| d.is_none()) {
-            Some(i) => i,
-            None => {
-                self.descriptions.push(None);
-                self.descriptions.len() - 1
-            }
-        };
-        self.descriptions[index] = Some(description);
+        let index = free_index(&mut self.descriptions, description);
         self.put(fd, Slot { description: index, cloexec });
         Ok(fd as u64)
     }
@@ -286,16 +310,58 @@ impl FdTable {
 
     /// Creates a pipe: (read description, write description), not yet installed.
     pub fn new_pipe(&mut self, flags: u32) -> (Description, Description) {
-        let index = match self.pipes.iter().position(|p| p.is_none()) {
-            Some(i) => i,
-            None => {
-                self.pipes.push(None);
-                self.pipes.len() - 1
-            }
-        };
-        self.pipes[index] = Some(Pipe::default());
+        let index = free_index(&mut self.pipes, Pipe::default());
         let status = flags & O_NONBLOCK;
         (Description::new(Object::PipeRead(index), O_RDONLY | status), Description::new(Object::PipeWrite(index), O_WRONLY | status))
+    }
+
+    /// Creates a connected socketpair: two read-write descriptions, not yet installed.
+    pub fn new_socketpair(&mut self, flags: u32) -> (Description, Description) {
+        let a_to_b = free_index(&mut self.pipes, Pipe::default());
+        let b_to_a = free_index(&mut self.pipes, Pipe::default());
+        let status = O_RDWR | (flags & O_NONBLOCK);
+        (
+            Description::new(Object::Socket { rx: b_to_a, tx: a_to_b, shut_write: false }, status),
+            Description::new(Object::Socket { rx: a_to_b, tx: b_to_a, shut_write: false }, status),
+        )
+    }
+
+    /// shutdown(2) of the socket at `fd`: SHUT_WR gives the peer end of file (once), SHUT_RD
+    /// makes this end read end of file and the peer's writes fail with EPIPE.
+    pub fn shutdown_socket(&mut self, fd: u64, read: bool, write: bool) -> Result<(), Errno> {
+        let desc = self.get_mut(fd)?;
+        let Object::Socket { rx, tx, shut_write } = &mut desc.object else { return Err(Errno::ENOTSOCK) };
+        let (rx, tx) = (*rx, *tx);
+        let release_tx = write && !*shut_write;
+        if write {
+            *shut_write = true;
+        }
+        if release_tx {
+            self.pipes[tx].iter_mut().for_each(|p| p.writers = p.writers.saturating_sub(1));
+        }
+        if read {
+            self.pipes[rx].iter_mut().for_each(|p| p.shut_read = true);
+        }
+        Ok(())
+    }
+
+    /// Creates an epoll instance's description, not yet installed.
+    pub fn new_epoll(&mut self) -> Description {
+        Description::new(Object::Epoll(free_index(&mut self.epolls, EpollSet::default())), O_RDWR)
+    }
+
+    pub fn epoll(&self, index: usize) -> Result<&EpollSet, Errno> {
+        self.epolls.get(index).and_then(|e| e.as_ref()).ok_or(Errno::EBADF)
+    }
+
+    pub fn epoll_mut(&mut self, index: usize) -> Result<&mut EpollSet, Errno> {
+        self.epolls.get_mut(index).and_then(|e| e.as_mut()).ok_or(Errno::EBADF)
+    }
+
+    /// Which open file description `fd` refers to now (an epoll registration is tied to it, so
+    /// a closed and reused fd number is not mistaken for the one registered).
+    pub fn description_id(&self, fd: u64) -> Result<usize, Errno> {
+        Ok(self.slot(fd)?.description)
     }
 
     pub fn pipe_mut(&mut self, index: usize) -> Result<&mut Pipe, Errno> {
@@ -307,27 +373,48 @@ impl FdTable {
     }
 
     fn adopt_object(&mut self, object: &Object) {
-        match *object {
-            Object::PipeRead(i) => self.pipes[i].iter_mut().for_each(|p| p.readers += 1),
-            Object::PipeWrite(i) => self.pipes[i].iter_mut().for_each(|p| p.writers += 1),
-            _ => {}
-        }
+        let (read, write) = match *object {
+            Object::PipeRead(i) => (Some(i), None),
+            Object::PipeWrite(i) => (None, Some(i)),
+            Object::Socket { rx, tx, .. } => (Some(rx), Some(tx)),
+            _ => return,
+        };
+        read.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.readers += 1);
+        write.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.writers += 1);
     }
 
     fn release_object(&mut self, object: &Object) {
-        let index = match *object {
-            Object::PipeRead(i) => {
-                self.pipes[i].iter_mut().for_each(|p| p.readers -= 1);
-                i
-            }
-            Object::PipeWrite(i) => {
-                self.pipes[i].iter_mut().for_each(|p| p.writers -= 1);
-                i
+        let (read, write) = match *object {
+            Object::PipeRead(i) => (Some(i), None),
+            Object::PipeWrite(i) => (None, Some(i)),
+            // A shut-down write side was already let go of.
+            Object::Socket { rx, tx, shut_write } => (Some(rx), (!shut_write).then_some(tx)),
+            Object::Epoll(i) => {
+                self.epolls[i] = None;
+                return;
             }
             _ => return,
         };
-        if self.pipes[index].as_ref().is_some_and(|p| p.readers == 0 && p.writers == 0) {
-            self.pipes[index] = None;
+        read.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.readers = p.readers.saturating_sub(1));
+        write.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.writers = p.writers.saturating_sub(1));
+        for index in read.into_iter().chain(write) {
+            if self.pipes[index].as_ref().is_some_and(|p| p.readers == 0 && p.writers == 0) {
+                self.pipes[index] = None;
+            }
+        }
+    }
+}
+
+/// Puts `value` in the first free slot of `table` (growing it when none is free).
+fn free_index<T>(table: &mut Vec<Option<T>>, value: T) -> usize {
+    match table.iter().position(Option::is_none) {
+        Some(i) => {
+            table[i] = Some(value);
+            i
+        }
+        None => {
+            table.push(Some(value));
+            table.len() - 1
         }
     }
 }
@@ -375,6 +462,16 @@ impl FdTable {
                             e.u8(5);
                             node.encode_state(e);
                         }
+                        Object::Socket { rx, tx, shut_write } => {
+                            e.u8(6);
+                            e.len(*rx);
+                            e.len(*tx);
+                            e.bool(*shut_write);
+                        }
+                        Object::Epoll(i) => {
+                            e.u8(7);
+                            e.len(*i);
+                        }
                     }
                     e.u32(d.flags);
                     e.u64(d.offset);
@@ -394,6 +491,17 @@ impl FdTable {
                     e.raw(back);
                     e.u32(p.readers);
                     e.u32(p.writers);
+                    e.bool(p.shut_read);
+                }
+            }
+        }
+        e.len(self.epolls.len());
+        for epoll in &self.epolls {
+            match epoll {
+                None => e.u8(0),
+                Some(set) => {
+                    e.u8(1);
+                    set.encode_state(e);
                 }
             }
         }
@@ -428,6 +536,8 @@ impl FdTable {
                         3 => Object::PipeRead(d.index(usize::MAX, "pipe index")?),
                         4 => Object::PipeWrite(d.index(usize::MAX, "pipe index")?),
                         5 => Object::Node(vfs.decode_node(d)?),
+                        6 => Object::Socket { rx: d.index(usize::MAX, "socket pipe")?, tx: d.index(usize::MAX, "socket pipe")?, shut_write: d.bool("socket shutdown")? },
+                        7 => Object::Epoll(d.index(usize::MAX, "epoll index")?),
                         t => return Err(DecodeError::new(format!("description object tag {t}"))),
                     };
                     Some(Description { object, flags: d.u32("description flags")?, offset: d.u64("description offset")?, refs: d.u32("description refs")? })
@@ -446,9 +556,18 @@ impl FdTable {
                         return Err(DecodeError::new(format!("pipe holds {len} bytes, more than its capacity")));
                     }
                     let buffer = d.raw(len, "pipe buffer")?.iter().copied().collect();
-                    Some(Pipe { buffer, readers: d.u32("pipe readers")?, writers: d.u32("pipe writers")? })
+                    Some(Pipe { buffer, readers: d.u32("pipe readers")?, writers: d.u32("pipe writers")?, shut_read: d.bool("pipe shutdown")? })
                 }
                 t => return Err(DecodeError::new(format!("pipe tag {t}"))),
+            });
+        }
+        let n = d.count(1, "epoll count")?;
+        let mut epolls = Vec::with_capacity(n);
+        for _ in 0..n {
+            epolls.push(match d.u8("epoll")? {
+                0 => None,
+                1 => Some(EpollSet::decode_state(d, FD_LIMIT)?),
+                t => return Err(DecodeError::new(format!("epoll tag {t}"))),
             });
         }
         let limit = d.u64("fd limit")?.min(FD_LIMIT);
@@ -458,13 +577,24 @@ impl FdTable {
             }
         }
         for description in descriptions.iter().flatten() {
-            if let Object::PipeRead(i) | Object::PipeWrite(i) = description.object {
+            let (channels, epoll) = match description.object {
+                Object::PipeRead(i) | Object::PipeWrite(i) => ([Some(i), None], None),
+                Object::Socket { rx, tx, .. } => ([Some(rx), Some(tx)], None),
+                Object::Epoll(i) => ([None, None], Some(i)),
+                _ => ([None, None], None),
+            };
+            for i in channels.into_iter().flatten() {
                 if !pipes.get(i).is_some_and(Option::is_some) {
                     return Err(DecodeError::new(format!("a description refers to missing pipe {i}")));
                 }
             }
+            if let Some(i) = epoll {
+                if !epolls.get(i).is_some_and(Option::is_some) {
+                    return Err(DecodeError::new(format!("a description refers to missing epoll instance {i}")));
+                }
+            }
         }
-        Ok(FdTable { fds, descriptions, pipes, limit })
+        Ok(FdTable { fds, descriptions, pipes, epolls, limit })
     }
 }
 

@@ -42,10 +42,11 @@ const O_TMPFILE: u64 = 0o20000000;
 const STATUS_FLAGS: u64 = O_ACCMODE as u64 | O_APPEND as u64 | O_NONBLOCK as u64 | O_DSYNC | O_DIRECT | O_NOATIME | O_PATH;
 
 const S_IFIFO: u32 = 0o010000;
+const S_IFSOCK: u32 = 0o140000;
 
 // ---- helpers ----
 
-fn fd_arg(fd: u64) -> u64 {
+pub(super) fn fd_arg(fd: u64) -> u64 {
     // fds are C ints: the upper half of the register is ignored, negatives are invalid.
     let fd = fd as u32 as i32;
     if fd < 0 {
@@ -78,11 +79,12 @@ fn path_at(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64) -> Res
     Ok((base_dir(proc, dirfd, &path)?, path))
 }
 
-/// What fstat reports for stdin, the captured streams and pipes: an anonymous FIFO owned by
-/// root (the VMM made it), like the files of the image.
-fn stream_stat(fd: u64) -> Stat {
+/// What fstat reports for stdin, the captured streams, pipes, sockets and epoll instances:
+/// an anonymous FIFO, socket or (epoll) typeless inode owned by root (the VMM made it), like
+/// the files of the image.
+fn stream_stat(fd: u64, file_type: u32) -> Stat {
     let zero = Timespec::default();
-    Stat { dev: 0xc, ino: 1000 + fd, mode: S_IFIFO | 0o600, nlink: 1, uid: 0, gid: 0, rdev: 0, size: 0, blksize: 4096, blocks: 0, atime: zero, mtime: zero, ctime: zero }
+    Stat { dev: 0xc, ino: 1000 + fd, mode: file_type | 0o600, nlink: 1, uid: 0, gid: 0, rdev: 0, size: 0, blksize: 4096, blocks: 0, atime: zero, mtime: zero, ctime: zero }
 }
 
 /// `struct stat` as x86-64 Linux lays it out (144 bytes).
@@ -132,7 +134,9 @@ fn statx_bytes(s: &Stat) -> [u8; 256] {
 fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
     match proc.fds.get(fd)?.object {
         Object::Node(node) => proc.config.vfs.stat(node),
-        _ => Ok(stream_stat(fd)),
+        Object::Socket { .. } => Ok(stream_stat(fd, S_IFSOCK)),
+        Object::Epoll(_) => Ok(stream_stat(fd, 0)),
+        Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => Ok(stream_stat(fd, S_IFIFO)),
     }
 }
 
@@ -159,18 +163,11 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
             user.write(buf, &data[start..start + n])?;
             n
         }
-        Object::PipeRead(pipe) => {
+        Object::PipeRead(pipe) | Object::Socket { rx: pipe, .. } => {
             if at.is_some() {
                 return Err(Errno::ESPIPE);
             }
-            match proc.fds.pipe_mut(pipe)?.read(len as usize) {
-                Ok(bytes) => {
-                    user.write(buf, &bytes)?;
-                    return value(bytes.len() as u64);
-                }
-                Err(_) if nonblocking => return Err(Errno::EAGAIN),
-                Err(_) => return stop_unsupported(nr),
-            }
+            return read_channel(proc, user, pipe, buf, len, nonblocking, nr);
         }
         Object::Node(node) => {
             let data = proc.config.vfs.contents(node)?;
@@ -181,6 +178,7 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
             n
         }
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
+        Object::Epoll(_) => return Err(Errno::EINVAL),
     };
     if at.is_none() {
         proc.fds.get_mut(fd)?.offset = offset + n as u64;
@@ -208,18 +206,14 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
                 _ => Ok(SyscallOutcome::Stop(RunStatus::OutputLimit { cap_bytes: proc.output.cap() })),
             }
         }
-        Object::PipeWrite(pipe) => {
+        Object::PipeWrite(pipe) | Object::Socket { tx: pipe, shut_write: false, .. } => {
             if at.is_some() {
                 return Err(Errno::ESPIPE);
             }
-            let data = user.read_vec(buf, len.min(PIPE_CAPACITY as u64))?;
-            match proc.fds.pipe_mut(pipe)?.write(&data) {
-                Ok(n) => value(n as u64),
-                Err(PipeError::NoReader) => Err(Errno::EPIPE),
-                Err(PipeError::WouldBlock) if flags & O_NONBLOCK != 0 => Err(Errno::EAGAIN),
-                Err(PipeError::WouldBlock) => stop_unsupported(nr),
-            }
+            write_channel(proc, user, pipe, buf, len, flags & O_NONBLOCK != 0, nr)
         }
+        // SIGPIPE is never delivered: the write fails with EPIPE.
+        Object::Socket { shut_write: true, .. } => Err(Errno::EPIPE),
         Object::Node(node) => {
             let mut pos = match at {
                 Some(pos) => pos,
@@ -236,6 +230,33 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
             value(n as u64)
         }
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
+        Object::Epoll(_) => Err(Errno::EINVAL),
+    }
+}
+
+/// Reads up to `len` bytes of in-memory channel `pipe` (a pipe's read end, a socket's receive
+/// side) into guest memory at `buf`.
+pub(super) fn read_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool, nr: u64) -> SysResult {
+    user.check(buf, len.min(MAX_IO))?;
+    match proc.fds.pipe_mut(pipe)?.read(len.min(MAX_IO) as usize) {
+        Ok(bytes) => {
+            user.write(buf, &bytes)?;
+            value(bytes.len() as u64)
+        }
+        Err(_) if nonblocking => Err(Errno::EAGAIN),
+        Err(_) => stop_unsupported(nr),
+    }
+}
+
+/// Writes what fits of `len` bytes at `buf` into in-memory channel `pipe` (a pipe's write
+/// end, a socket's send side).
+pub(super) fn write_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool, nr: u64) -> SysResult {
+    let data = user.read_vec(buf, len.min(PIPE_CAPACITY as u64))?;
+    match proc.fds.pipe_mut(pipe)?.write(&data) {
+        Ok(n) => value(n as u64),
+        Err(PipeError::NoReader) => Err(Errno::EPIPE),
+        Err(PipeError::WouldBlock) if nonblocking => Err(Errno::EAGAIN),
+        Err(PipeError::WouldBlock) => stop_unsupported(nr),
     }
 }
 
@@ -249,7 +270,8 @@ pub(crate) fn write(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     write_fd(proc, user, fd_arg(args[0]), args[1], args[2], None, 1)
 }
 
-fn position_arg(pos: u64) -> Result<u64, Errno> {
+/// A file offset or length argument (off_t): negative is EINVAL.
+fn non_negative(pos: u64) -> Result<u64, Errno> {
     if (pos as i64) < 0 {
         Err(Errno::EINVAL)
     } else {
@@ -259,12 +281,12 @@ fn position_arg(pos: u64) -> Result<u64, Errno> {
 
 /// pread64(fd, buf, count, offset)
 pub(crate) fn pread64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(position_arg(args[3])?), 17)
+    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(non_negative(args[3])?), 17)
 }
 
 /// pwrite64(fd, buf, count, offset)
 pub(crate) fn pwrite64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(position_arg(args[3])?), 18)
+    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(non_negative(args[3])?), 18)
 }
 
 /// readv/writev: the buffers in order, stopping at the first short transfer.
@@ -272,13 +294,18 @@ fn vectored(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], writing:
     let fd = fd_arg(args[0]);
     proc.fds.get(fd)?;
     let iovecs = user.read_iovecs(args[1], args[2])?;
+    transfer_each(&iovecs, |base, len| if writing { write_fd(proc, user, fd, base, len, None, nr) } else { read_fd(proc, user, fd, base, len, None, nr) })
+}
+
+/// Runs one transfer per (base, len) buffer in order and adds up the counts, stopping at the
+/// first short one; an error after some bytes moved ends the call with what moved.
+pub(super) fn transfer_each(iovecs: &[(u64, u64)], mut transfer: impl FnMut(u64, u64) -> SysResult) -> SysResult {
     let mut total = 0u64;
-    for (base, len) in iovecs {
+    for &(base, len) in iovecs {
         if len == 0 {
             continue;
         }
-        let outcome = if writing { write_fd(proc, user, fd, base, len, None, nr) } else { read_fd(proc, user, fd, base, len, None, nr) };
-        match outcome {
+        match transfer(base, len) {
             Ok(SyscallOutcome::Return(n)) => {
                 total += n;
                 if n < len {
@@ -547,7 +574,7 @@ pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
         FIONREAD => {
             let available = match desc.object {
                 Object::Stdin => (proc.config.stdin.len() as u64).saturating_sub(desc.offset),
-                Object::PipeRead(p) => proc.fds.pipe(p)?.buffered() as u64,
+                Object::PipeRead(p) | Object::Socket { rx: p, .. } => proc.fds.pipe(p)?.buffered() as u64,
                 Object::Node(node) if proc.config.vfs.kind(node)? == FileKind::Regular => proc.config.vfs.stat(node)?.size.saturating_sub(desc.offset),
                 _ => return Err(Errno::ENOTTY),
             };
@@ -805,17 +832,9 @@ pub(crate) fn symlink(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     symlinkat(proc, user, [args[0], AT_FDCWD as u64, args[1], 0, 0, 0])
 }
 
-fn length_arg(len: u64) -> Result<u64, Errno> {
-    if (len as i64) < 0 {
-        Err(Errno::EINVAL)
-    } else {
-        Ok(len)
-    }
-}
-
 /// ftruncate(fd, length): the description must be open for writing.
 pub(crate) fn ftruncate(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let len = length_arg(args[1])?;
+    let len = non_negative(args[1])?;
     let desc = proc.fds.get(fd_arg(args[0]))?;
     match desc.object {
         Object::Node(node) if desc.writable() => {
@@ -828,7 +847,7 @@ pub(crate) fn ftruncate(proc: &mut GuestProcess, _user: &UserMemory, args: [u64;
 
 /// truncate(path, length)
 pub(crate) fn truncate(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let len = length_arg(args[1])?;
+    let len = non_negative(args[1])?;
     let (base, path) = path_at(proc, user, AT_FDCWD as u64, args[0])?;
     let node = proc.config.vfs.resolve(base, &path, true)?;
     if proc.config.vfs.kind(node)? == FileKind::Directory {
@@ -836,12 +855,6 @@ pub(crate) fn truncate(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     }
     proc.config.vfs.truncate(node, len)?;
     value(0)
-}
-
-/// Socket calls on an fd (connect, bind, sendto, ...): no fd is ever a socket.
-pub(crate) fn not_a_socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    proc.fds.get(fd_arg(args[0]))?;
-    Err(Errno::ENOTSOCK)
 }
 
 /// fchmodat(dirfd, path, mode): permission bits of an overlay node (EROFS in the image).

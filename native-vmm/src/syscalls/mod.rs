@@ -1,14 +1,17 @@
 //! The Linux system-call layer: one table (table.rs) mapping numbers to handlers, grouped by
-//! area: files (fds, paths, pipes, output), poll (readiness), memory, ids (process identity and
+//! area: files (fds, paths, pipes, output), sockets (in-memory socketpairs), poll and epoll
+//! (readiness), memory, ids (process identity and
 //! creation), time, signals, and misc (system information, randomness, limits, futex, thread setup).
 
 mod agent;
+mod epoll;
 mod files;
 mod ids;
 mod memory;
 mod misc;
 mod poll;
 mod signals;
+mod sockets;
 mod table;
 mod time;
 mod user;

@@ -7,7 +7,9 @@
 //! timeout and nothing ready could never end, so the run stops as unsupported.
 //!
 //! Regular files, stdin and the captured output are always ready (as Linux reports regular
-//! files); a pipe's read end is ready with data or without writers, its write end with room.
+//! files); a pipe's read end is ready with data or without writers, its write end with room;
+//! a socketpair end combines both (and reports RDHUP/HUP as Linux does); an epoll instance is
+//! readable when one of its registrations is ready (epoll.rs).
 
 use std::time::Duration;
 
@@ -18,14 +20,15 @@ use crate::process::{GuestProcess, Object};
 const POLLIN: u16 = 0x001;
 const POLLPRI: u16 = 0x002;
 const POLLOUT: u16 = 0x004;
-const POLLERR: u16 = 0x008;
-const POLLHUP: u16 = 0x010;
+pub(super) const POLLERR: u16 = 0x008;
+pub(super) const POLLHUP: u16 = 0x010;
 const POLLNVAL: u16 = 0x020;
 const POLLRDNORM: u16 = 0x040;
 const POLLWRNORM: u16 = 0x100;
+const POLLRDHUP: u16 = 0x2000;
 
 /// The poll bits `fd` reports now (before masking by the requested events).
-fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
+pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
     let Ok(desc) = proc.fds.get(fd) else { return POLLNVAL };
     let readable = POLLIN | POLLRDNORM;
     let writable = POLLOUT | POLLWRNORM;
@@ -46,11 +49,36 @@ fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             Ok(_) => 0,
             Err(_) => POLLNVAL,
         },
+        Object::Socket { rx, tx, shut_write } => {
+            let (Ok(input), Ok(output)) = (proc.fds.pipe(rx), proc.fds.pipe(tx)) else { return POLLNVAL };
+            // As Linux's AF_UNIX stream poll: end of input is readable (and RDHUP), both
+            // directions closed is HUP; a write to a closed peer fails at once, so is "ready".
+            let send_closed = shut_write || !output.has_readers();
+            let mut bits = 0;
+            if input.buffered() > 0 || input.input_closed() {
+                bits |= readable;
+            }
+            if input.input_closed() {
+                bits |= POLLRDHUP;
+            }
+            if input.input_closed() && send_closed {
+                bits |= POLLHUP;
+            }
+            if send_closed || output.room() > 0 {
+                bits |= writable;
+            }
+            bits
+        }
+        Object::Epoll(i) => match super::epoll::ready_list(proc, i) {
+            Ok(list) if !list.is_empty() => readable,
+            Ok(_) => 0,
+            Err(_) => POLLNVAL,
+        },
     }
 }
 
 /// What to do when nothing is ready: None waits forever.
-fn wait(proc: &GuestProcess, timeout: Option<Duration>, nr: u64) -> SysResult {
+pub(super) fn wait(proc: &GuestProcess, timeout: Option<Duration>, nr: u64) -> SysResult {
     match timeout {
         None => stop_unsupported(nr),
         Some(duration) => {

@@ -4,12 +4,12 @@
 //! * `Emulate(handler)`: answered by the VMM, with Linux's semantics within the sandbox's
 //!   limits (the handler's doc comment says where it differs).
 //! * `Refuse(errno)`: refused by design with a fixed errno the program can handle: no network
-//!   (socket calls fail with EACCES, as under a seccomp or firewall policy), no other process
+//!   (socket(2) fails with EACCES for every family, as under a seccomp or firewall policy;
+//!   only in-memory AF_UNIX socketpairs exist, see sockets.rs), no other process
 //!   or thread (clone/fork/vfork/execve and friends: ENOSYS, so glibc's clone3 → clone
 //!   fallback ends in a clean error such as Python's "can't start new thread"), no children to
 //!   wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an unprivileged
-//!   user), and a few interfaces glibc probes and tolerates missing (rseq, epoll: Python's
-//!   selectors fall back to poll).
+//!   user), and rseq, which glibc probes and tolerates missing.
 //! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
 //!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
 //!   leave the program running on a false premise. rt_sigreturn is only reached at the end of a
@@ -21,7 +21,7 @@
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS and
 //! `Stop` answers are also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{files, ids, memory, misc, poll, signals, time, SysResult, UserMemory};
+use super::{epoll, files, ids, memory, misc, poll, signals, sockets, time, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -92,20 +92,20 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(35, "nanosleep", time::nanosleep),
     emulate(39, "getpid", ids::getpid),
     refuse(41, "socket", NO_NETWORK),
-    emulate(42, "connect", files::not_a_socket),
-    emulate(43, "accept", files::not_a_socket),
-    emulate(44, "sendto", files::not_a_socket),
-    emulate(45, "recvfrom", files::not_a_socket),
-    emulate(46, "sendmsg", files::not_a_socket),
-    emulate(47, "recvmsg", files::not_a_socket),
-    emulate(48, "shutdown", files::not_a_socket),
-    emulate(49, "bind", files::not_a_socket),
-    emulate(50, "listen", files::not_a_socket),
-    emulate(51, "getsockname", files::not_a_socket),
-    emulate(52, "getpeername", files::not_a_socket),
-    refuse(53, "socketpair", NO_NETWORK),
-    emulate(54, "setsockopt", files::not_a_socket),
-    emulate(55, "getsockopt", files::not_a_socket),
+    emulate(42, "connect", sockets::connect),
+    emulate(43, "accept", sockets::not_listening),
+    emulate(44, "sendto", sockets::sendto),
+    emulate(45, "recvfrom", sockets::recvfrom),
+    emulate(46, "sendmsg", sockets::sendmsg),
+    emulate(47, "recvmsg", sockets::recvmsg),
+    emulate(48, "shutdown", sockets::shutdown),
+    emulate(49, "bind", sockets::not_listening),
+    emulate(50, "listen", sockets::not_listening),
+    emulate(51, "getsockname", sockets::getsockname),
+    emulate(52, "getpeername", sockets::getsockname),
+    emulate(53, "socketpair", sockets::socketpair),
+    emulate(54, "setsockopt", sockets::setsockopt),
+    emulate(55, "getsockopt", sockets::getsockopt),
     refuse(56, "clone", NO_PROCESSES),
     refuse(57, "fork", NO_PROCESSES),
     refuse(58, "vfork", NO_PROCESSES),
@@ -168,13 +168,15 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(202, "futex", misc::futex),
     emulate(203, "sched_setaffinity", misc::sched_setaffinity),
     emulate(204, "sched_getaffinity", misc::sched_getaffinity),
-    refuse(213, "epoll_create", Errno::ENOSYS),
+    emulate(213, "epoll_create", epoll::epoll_create),
     emulate(217, "getdents64", files::getdents64),
     emulate(218, "set_tid_address", misc::set_tid_address),
     emulate(228, "clock_gettime", time::clock_gettime),
     emulate(229, "clock_getres", time::clock_getres),
     emulate(230, "clock_nanosleep", time::clock_nanosleep),
     emulate(231, "exit_group", ids::exit),
+    emulate(232, "epoll_wait", epoll::epoll_wait),
+    emulate(233, "epoll_ctl", epoll::epoll_ctl),
     emulate(234, "tgkill", signals::tgkill),
     refuse(247, "waitid", Errno::ECHILD),
     emulate(257, "openat", files::openat),
@@ -191,8 +193,9 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(271, "ppoll", poll::ppoll),
     emulate(273, "set_robust_list", misc::set_robust_list),
     emulate(280, "utimensat", files::utimensat),
-    emulate(288, "accept4", files::not_a_socket),
-    refuse(291, "epoll_create1", Errno::ENOSYS),
+    emulate(281, "epoll_pwait", epoll::epoll_pwait),
+    emulate(288, "accept4", sockets::not_listening),
+    emulate(291, "epoll_create1", epoll::epoll_create1),
     emulate(292, "dup3", files::dup3),
     emulate(293, "pipe2", files::pipe2),
     emulate(302, "prlimit64", misc::prlimit64),

@@ -1,0 +1,159 @@
+//! epoll over the fds that exist: pipes, socketpair ends, stdin and the captured output
+//! (Python's selectors.DefaultSelector, and so asyncio, use epoll).
+//!
+//! Readiness is what poll reports (poll.rs, `ready_bits`), level-triggered; EPOLLET is
+//! accepted and behaves level-triggered (with one thread, readiness only changes when the
+//! program itself reads or writes, so a program written for edge triggering still sees each
+//! change). EPOLLONESHOT disarms a registration after it was reported. Waiting follows poll's
+//! rule: a wait with nothing ready sleeps out its timeout (never past the run's deadline) and
+//! reports nothing; without a timeout it could never end, so the run stops as unsupported.
+//!
+//! Regular files and directories cannot be registered (EPERM, as on Linux); nor can another
+//! epoll instance here (EPERM: nesting is not supported).
+
+use std::time::Duration;
+
+use super::files::fd_arg;
+use super::poll::{ready_bits, wait, POLLERR, POLLHUP};
+use super::{value, SysResult, UserMemory};
+use crate::errno::Errno;
+use crate::process::{GuestProcess, Interest, Object};
+
+const EPOLL_CTL_ADD: u64 = 1;
+const EPOLL_CTL_DEL: u64 = 2;
+const EPOLL_CTL_MOD: u64 = 3;
+const EPOLLEXCLUSIVE: u32 = 1 << 28;
+const EPOLLONESHOT: u32 = 1 << 30;
+const EPOLLET: u32 = 1 << 31;
+/// Flags of a registration that are not events.
+const EPOLL_FLAGS: u32 = EPOLLEXCLUSIVE | (1 << 29) | EPOLLONESHOT | EPOLLET;
+const O_CLOEXEC: u64 = 0o2000000;
+/// `struct epoll_event` is packed on x86-64: u32 events, u64 data.
+const EVENT_SIZE: u64 = 12;
+
+/// The epoll instance at `epfd`: EBADF when not open, EINVAL when not an epoll fd.
+fn epoll_index(proc: &GuestProcess, epfd: u64) -> Result<usize, Errno> {
+    match proc.fds.get(fd_arg(epfd))?.object {
+        Object::Epoll(i) => Ok(i),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+fn create(proc: &mut GuestProcess, cloexec: bool) -> SysResult {
+    let description = proc.fds.new_epoll();
+    value(proc.fds.install(description, 0, cloexec)?)
+}
+
+/// epoll_create(size): size must be positive (and is otherwise ignored, as on Linux).
+pub(crate) fn epoll_create(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if args[0] as u32 as i32 <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    create(proc, false)
+}
+
+/// epoll_create1(flags): EPOLL_CLOEXEC is the only flag.
+pub(crate) fn epoll_create1(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let flags = args[0] as u32 as u64;
+    if flags & !O_CLOEXEC != 0 {
+        return Err(Errno::EINVAL);
+    }
+    create(proc, flags != 0)
+}
+
+/// epoll_ctl(epfd, op, fd, event)
+pub(crate) fn epoll_ctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [epfd, op, fd, event, ..] = args;
+    let (epfd, fd) = (fd_arg(epfd), fd_arg(fd));
+    let index = epoll_index(proc, epfd)?;
+    let target = proc.fds.get(fd)?;
+    if fd == epfd {
+        return Err(Errno::EINVAL);
+    }
+    if matches!(target.object, Object::Node(_) | Object::Epoll(_)) {
+        return Err(Errno::EPERM);
+    }
+    let description = proc.fds.description_id(fd)?;
+    let interest = |user: &UserMemory| -> Result<Interest, Errno> {
+        let events = user.read_u32(event)?;
+        Ok(Interest { events, data: user.read_u64(event + 4)?, description })
+    };
+    let set = proc.fds.epoll_mut(index)?;
+    match op as u32 as u64 {
+        EPOLL_CTL_ADD => set.add(fd, interest(user)?)?,
+        EPOLL_CTL_MOD => {
+            let interest = interest(user)?;
+            if interest.events & EPOLLEXCLUSIVE != 0 {
+                return Err(Errno::EINVAL);
+            }
+            set.modify(fd, interest)?
+        }
+        EPOLL_CTL_DEL => set.remove(fd, description)?,
+        _ => return Err(Errno::EINVAL),
+    }
+    value(0)
+}
+
+/// The registrations of epoll instance `index` that are ready now: (fd, events to report,
+/// data). Stale registrations (the fd now refers to another description) and disarmed ones are
+/// skipped; registered epoll instances cannot exist (refused by epoll_ctl).
+pub(super) fn ready_list(proc: &GuestProcess, index: usize) -> Result<Vec<(u64, u32, u64)>, Errno> {
+    let mut ready = Vec::new();
+    for (fd, interest) in proc.fds.epoll(index)?.interests() {
+        if proc.fds.description_id(fd) != Ok(interest.description) || interest.events & !EPOLL_FLAGS == 0 {
+            continue;
+        }
+        let wanted = interest.events | u32::from(POLLERR | POLLHUP);
+        let events = u32::from(ready_bits(proc, fd)) & wanted & !EPOLL_FLAGS;
+        if events != 0 {
+            ready.push((fd, events, interest.data));
+        }
+    }
+    Ok(ready)
+}
+
+fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeout: Option<Duration>, nr: u64) -> SysResult {
+    let [epfd, events, maxevents, ..] = args;
+    let index = epoll_index(proc, epfd)?;
+    let max = maxevents as u32 as i32;
+    if max <= 0 || max as u64 > i32::MAX as u64 / EVENT_SIZE {
+        return Err(Errno::EINVAL);
+    }
+    user.check(events, max as u64 * EVENT_SIZE)?;
+    let mut ready = ready_list(proc, index)?;
+    ready.truncate(max as usize);
+    if ready.is_empty() {
+        return if timeout == Some(Duration::ZERO) { value(0) } else { wait(proc, timeout, nr) };
+    }
+    let mut out = Vec::with_capacity(ready.len() * EVENT_SIZE as usize);
+    for &(_, events, data) in &ready {
+        out.extend_from_slice(&events.to_le_bytes());
+        out.extend_from_slice(&data.to_le_bytes());
+    }
+    user.write(events, &out)?;
+    let set = proc.fds.epoll_mut(index)?;
+    for &(fd, ..) in &ready {
+        let oneshot = set.interests().any(|(f, i)| f == fd && i.events & EPOLLONESHOT != 0);
+        if oneshot {
+            set.disarm(fd, EPOLL_FLAGS);
+        }
+    }
+    value(ready.len() as u64)
+}
+
+/// A millisecond timeout argument: negative waits forever.
+fn timeout_ms(arg: u64) -> Option<Duration> {
+    let ms = arg as u32 as i32;
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+/// epoll_wait(epfd, events, maxevents, timeout_ms)
+pub(crate) fn epoll_wait(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    wait_common(proc, user, args, timeout_ms(args[3]), 232)
+}
+
+/// epoll_pwait(epfd, events, maxevents, timeout_ms, sigmask, sigsetsize): the temporary signal
+/// mask changes nothing since no signal is delivered.
+pub(crate) fn epoll_pwait(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    wait_common(proc, user, args, timeout_ms(args[3]), 281)
+}

@@ -1,0 +1,247 @@
+//! Sockets: no network (socket(2) is refused in table.rs), but in-memory AF_UNIX SOCK_STREAM
+//! socketpairs, which asyncio's self-pipe and similar helpers need. A socketpair is two
+//! in-memory channels, one per direction (process/fds.rs), bounded like pipes. Its ends read
+//! and write like pipes (files.rs), plus the socket calls below; the calls that need an address
+//! (connect, bind, listen, accept) have nothing to do on a connected pair and fail as on Linux.
+//! Any socket call on an fd that is not a socket is ENOTSOCK.
+//!
+//! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data
+//! (SCM_RIGHTS, credentials) is not supported: sendmsg with control data is EOPNOTSUPP.
+
+use super::files::{fd_arg, read_channel, transfer_each, write_channel};
+use super::{value, SysResult, UserMemory};
+use crate::errno::Errno;
+use crate::process::{GuestProcess, Object, PipeError, O_NONBLOCK, PIPE_CAPACITY};
+
+const AF_UNIX: u64 = 1;
+const SOCK_STREAM: u64 = 1;
+const SOCK_TYPE_MASK: u64 = 0xf;
+const SOCK_NONBLOCK: u64 = 0o4000;
+const SOCK_CLOEXEC: u64 = 0o2000000;
+
+const MSG_OOB: u64 = 0x1;
+const MSG_PEEK: u64 = 0x2;
+const MSG_DONTWAIT: u64 = 0x40;
+
+const SOL_SOCKET: u64 = 1;
+
+const ENOPROTOOPT: Errno = Errno(92);
+const EPROTONOSUPPORT: Errno = Errno(93);
+const EISCONN: Errno = Errno(106);
+
+/// An unnamed AF_UNIX address: just the family (what getsockname shows for a socketpair).
+const UNNAMED_ADDRESS: [u8; 2] = [AF_UNIX as u8, 0];
+
+/// The socket end at `fd`: (receive channel, send channel or None after SHUT_WR, nonblocking).
+fn socket(proc: &GuestProcess, fd: u64) -> Result<(usize, Option<usize>, bool), Errno> {
+    let desc = proc.fds.get(fd_arg(fd))?;
+    match desc.object {
+        Object::Socket { rx, tx, shut_write } => Ok((rx, (!shut_write).then_some(tx), desc.nonblocking())),
+        _ => Err(Errno::ENOTSOCK),
+    }
+}
+
+/// socketpair(domain, type, protocol, sv): AF_UNIX SOCK_STREAM only (with SOCK_NONBLOCK and
+/// SOCK_CLOEXEC); other types are EOPNOTSUPP, other families EOPNOTSUPP too (no network).
+pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [domain, kind, protocol, sv, ..] = args;
+    let (domain, kind, protocol) = (domain as u32 as u64, kind as u32 as u64, protocol as u32 as u64);
+    if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    if domain != AF_UNIX || kind & SOCK_TYPE_MASK != SOCK_STREAM {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    if protocol != 0 && protocol != AF_UNIX {
+        return Err(EPROTONOSUPPORT);
+    }
+    user.check(sv, 8)?;
+    let cloexec = kind & SOCK_CLOEXEC != 0;
+    let nonblock = if kind & SOCK_NONBLOCK != 0 { O_NONBLOCK } else { 0 };
+    let (a, b) = proc.fds.new_socketpair(nonblock);
+    let fd_a = proc.fds.install(a, 0, cloexec)?;
+    let fd_b = match proc.fds.install(b, 0, cloexec) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = proc.fds.close(fd_a);
+            return Err(e);
+        }
+    };
+    user.write_u32(sv, fd_a as u32)?;
+    user.write_u32(sv + 4, fd_b as u32)?;
+    value(0)
+}
+
+/// Flags of send/recv: MSG_DONTWAIT makes this call nonblocking; MSG_OOB is EOPNOTSUPP
+/// (stream sockets here have no urgent data); the others change nothing here.
+fn nonblocking_call(flags: u64, nonblocking_fd: bool) -> Result<bool, Errno> {
+    if flags & MSG_OOB != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(nonblocking_fd || flags & MSG_DONTWAIT != 0)
+}
+
+/// sendto(fd, buf, len, flags, dest_addr, addrlen): a destination on a connected pair is EISCONN.
+pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [fd, buf, len, flags, _, addrlen] = args;
+    let (_, tx, nonblocking) = socket(proc, fd)?;
+    if addrlen as u32 != 0 {
+        return Err(EISCONN);
+    }
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
+    let tx = tx.ok_or(Errno::EPIPE)?;
+    write_channel(proc, user, tx, buf, len, nonblocking, 44)
+}
+
+/// recvfrom(fd, buf, len, flags, src_addr, addrlen): MSG_PEEK leaves the bytes queued; the
+/// peer of a socketpair has no address, so *addrlen becomes 0. MSG_WAITALL may return less
+/// (what is there), never waiting for the rest.
+pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [fd, buf, len, flags, src, addrlen] = args;
+    let (rx, _, nonblocking) = socket(proc, fd)?;
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
+    if src != 0 && addrlen != 0 {
+        user.write_u32(addrlen, 0)?;
+    }
+    if flags & MSG_PEEK == 0 {
+        return read_channel(proc, user, rx, buf, len, nonblocking, 45);
+    }
+    user.check(buf, len.min(PIPE_CAPACITY as u64))?;
+    match proc.fds.pipe(rx)?.peek(len.min(PIPE_CAPACITY as u64) as usize) {
+        Ok(bytes) => {
+            user.write(buf, &bytes)?;
+            value(bytes.len() as u64)
+        }
+        Err(PipeError::WouldBlock) if nonblocking => Err(Errno::EAGAIN),
+        Err(_) => super::stop_unsupported(45),
+    }
+}
+
+/// A `struct msghdr`'s (iovec array, iovec count, control length); a name is EISCONN.
+fn read_msghdr(user: &UserMemory, msg: u64) -> Result<(Vec<(u64, u64)>, u64), Errno> {
+    let namelen = user.read_u32(msg + 8)?;
+    let (iov, iovlen, controllen) = (user.read_u64(msg + 16)?, user.read_u64(msg + 24)?, user.read_u64(msg + 40)?);
+    if namelen != 0 && user.read_u64(msg)? != 0 {
+        return Err(EISCONN);
+    }
+    Ok((user.read_iovecs(iov, iovlen)?, controllen))
+}
+
+/// sendmsg(fd, msg, flags): the iovecs in order; control data (passing fds) is EOPNOTSUPP.
+pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [fd, msg, flags, ..] = args;
+    let (_, tx, nonblocking) = socket(proc, fd)?;
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
+    let (iovecs, controllen) = read_msghdr(user, msg)?;
+    if controllen != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    let tx = tx.ok_or(Errno::EPIPE)?;
+    transfer_each(&iovecs, |base, len| write_channel(proc, user, tx, base, len, nonblocking, 46))
+}
+
+/// recvmsg(fd, msg, flags): fills the iovecs in order; no name, no control data, no flags
+/// come back. MSG_PEEK is EOPNOTSUPP here (recv/recvfrom support it).
+pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [fd, msg, flags, ..] = args;
+    let (rx, _, nonblocking) = socket(proc, fd)?;
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
+    if flags & MSG_PEEK != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    let (iovecs, _) = read_msghdr(user, msg)?;
+    user.write_u32(msg + 8, 0)?;
+    user.write_u64(msg + 40, 0)?;
+    user.write_u32(msg + 48, 0)?;
+    transfer_each(&iovecs, |base, len| read_channel(proc, user, rx, base, len, nonblocking, 47))
+}
+
+/// shutdown(fd, how): SHUT_RD, SHUT_WR or SHUT_RDWR.
+pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let how = args[1] as u32 as u64;
+    if how > 2 {
+        return Err(Errno::EINVAL);
+    }
+    socket(proc, args[0])?;
+    proc.fds.shutdown_socket(fd_arg(args[0]), how != 1, how != 0)?;
+    value(0)
+}
+
+/// Writes an int-sized socket option or an address, truncated to the caller's buffer length
+/// (read from and written back to `len_addr`), as Linux does.
+fn write_truncated(user: &UserMemory, buf: u64, len_addr: u64, bytes: &[u8]) -> SysResult {
+    let room = user.read_u32(len_addr)? as i32;
+    if room < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let n = bytes.len().min(room as usize);
+    user.write(buf, &bytes[..n])?;
+    user.write_u32(len_addr, bytes.len().min(room as usize) as u32)?;
+    value(0)
+}
+
+/// getsockopt(fd, level, name, value, len): the SOL_SOCKET options programs probe; anything
+/// else is ENOPROTOOPT.
+pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const SO_REUSEADDR: u64 = 2;
+    const SO_TYPE: u64 = 3;
+    const SO_ERROR: u64 = 4;
+    const SO_SNDBUF: u64 = 7;
+    const SO_RCVBUF: u64 = 8;
+    const SO_KEEPALIVE: u64 = 9;
+    const SO_ACCEPTCONN: u64 = 30;
+    const SO_PROTOCOL: u64 = 38;
+    const SO_DOMAIN: u64 = 39;
+    let [fd, level, name, optval, optlen, _] = args;
+    socket(proc, fd)?;
+    if level as u32 as u64 != SOL_SOCKET {
+        return Err(ENOPROTOOPT);
+    }
+    let answer: u32 = match name as u32 as u64 {
+        SO_TYPE => SOCK_STREAM as u32,
+        SO_DOMAIN => AF_UNIX as u32,
+        SO_SNDBUF | SO_RCVBUF => PIPE_CAPACITY as u32,
+        SO_ERROR | SO_REUSEADDR | SO_KEEPALIVE | SO_ACCEPTCONN | SO_PROTOCOL => 0,
+        _ => return Err(ENOPROTOOPT),
+    };
+    write_truncated(user, optval, optlen, &answer.to_le_bytes())
+}
+
+/// setsockopt(fd, level, name, value, len): options with no effect on an in-memory pair are
+/// accepted (buffer sizes stay PIPE_CAPACITY); timeouts and the rest are ENOPROTOOPT, since a
+/// receive timeout could not be honoured (a blocking receive stops the run).
+pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const SO_REUSEADDR: u64 = 2;
+    const SO_SNDBUF: u64 = 7;
+    const SO_RCVBUF: u64 = 8;
+    const SO_KEEPALIVE: u64 = 9;
+    const SO_PASSCRED: u64 = 16;
+    let [fd, level, name, optval, optlen, _] = args;
+    socket(proc, fd)?;
+    if level as u32 as u64 != SOL_SOCKET || !matches!(name as u32 as u64, SO_REUSEADDR | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED) {
+        return Err(ENOPROTOOPT);
+    }
+    if (optlen as u32) < 4 {
+        return Err(Errno::EINVAL);
+    }
+    user.read_u32(optval)?;
+    value(0)
+}
+
+/// getsockname(fd, addr, addrlen) and getpeername: a socketpair's ends are unnamed.
+pub(crate) fn getsockname(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    socket(proc, args[0])?;
+    write_truncated(user, args[1], args[2], &UNNAMED_ADDRESS)
+}
+
+/// connect(fd, addr, len): a socketpair end is already connected.
+pub(crate) fn connect(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    socket(proc, args[0])?;
+    Err(EISCONN)
+}
+
+/// bind, listen, accept, accept4: nothing to bind or accept on a connected pair (EINVAL).
+pub(crate) fn not_listening(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    socket(proc, args[0])?;
+    Err(Errno::EINVAL)
+}

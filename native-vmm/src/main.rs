@@ -10,12 +10,9 @@ use std::time::Duration;
 
 use sandfork_vmm::bench;
 use sandfork_vmm::daemon;
-use sandfork_vmm::cpu::GuestCpu;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::image;
-use sandfork_vmm::kvm::{Kvm, KvmCpu};
-use sandfork_vmm::loader::LoadedProgram;
-use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::kvm::{self, Kvm};
 use sandfork_vmm::snapshot;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunRequest};
@@ -262,11 +259,6 @@ fn open_image(dir: &str) -> Result<Arc<Image>, CliError> {
     Image::open(Path::new(dir)).map_err(|e| CliError::Failed(format!("opening image {dir}: {e}")))
 }
 
-/// The product vCPU backend.
-fn kvm_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
-    Ok(Box::new(KvmCpu::new(mem, loaded.entry, loaded.stack_pointer)?))
-}
-
 fn image_build(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(args, &["--manifest", "--out"], &[], false, IMAGE_BUILD_USAGE)?;
     let manifest = options.required("--manifest")?;
@@ -288,7 +280,7 @@ fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
     let language = daemon::templates::Language::of_image(name).ok_or_else(|| CliError::Usage(format!("unknown template `{name}` (known: python)"), TEMPLATE_BUILD_USAGE))?;
     let image = open_image(image_dir)?;
     let command = daemon::agent_executor::agent_command(language);
-    let outcome = snapshot::build(image, name, command, mem_mib << 20, &kvm_cpu, Path::new(out)).map_err(|e| CliError::Failed(e.to_string()))?;
+    let outcome = snapshot::build(image, name, command, mem_mib << 20, &kvm::new_cpu, Path::new(out)).map_err(|e| CliError::Failed(e.to_string()))?;
     println!("{outcome}");
     Ok(ExitCode::SUCCESS)
 }
@@ -312,7 +304,7 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
     request.output_cap = output_cap;
     io::stdin().read_to_end(&mut request.stdin).map_err(|e| CliError::Failed(format!("reading stdin: {e}")))?;
 
-    let outcome = vm::launch(image, &request, &kvm_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    let outcome = vm::launch(image, &request, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
     // Output is best effort: a closed pipe must not hide the exit status.
     let _ = io::stdout().write_all(&outcome.stdout).and_then(|()| io::stdout().flush());
     let _ = io::stderr().write_all(&outcome.stderr);
@@ -328,7 +320,7 @@ fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
     let image_dir = options.required("--image")?;
     let iterations = options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
     let image = open_image(image_dir)?;
-    let report = bench::run(image, iterations, &kvm_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    let report = bench::run(image, iterations, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
     if options.flag("--json") {
         println!("{}", report.to_json());
     } else {
@@ -344,7 +336,7 @@ fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
     let image = open_image(dir)?;
     let language = daemon::templates::Language::of_image(image.name()).ok_or_else(|| CliError::Failed(format!("template {dir}: its image '{}' is not a known language", image.name())))?;
     let template = snapshot::Template::load(Path::new(dir), image, daemon::agent_executor::agent_command(language)).map_err(|e| CliError::Failed(format!("template {dir}: {e}")))?;
-    let report = snapshot::bench::measure(&template, snapshot::ForkMemory::CopyOnWrite, &snapshot::kvm_restore, iterations).map_err(|e| CliError::Failed(e.to_string()))?;
+    let report = snapshot::bench::measure(&template, snapshot::ForkMemory::CopyOnWrite, &kvm::restore_cpu, iterations).map_err(|e| CliError::Failed(e.to_string()))?;
     print!("{report}");
     Ok(ExitCode::SUCCESS)
 }

@@ -17,7 +17,7 @@ use crate::agent::{AgentCommand, PYTHON_AGENT};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
 use crate::daemon::templates::{Language, Template};
-use crate::kvm::{Kvm, KvmCpu};
+use crate::kvm::{self, Kvm};
 use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
 use crate::snapshot::{self, ForkMemory};
@@ -29,11 +29,6 @@ pub type SharedCpuFactory = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> i
 
 /// A constructor of vCPUs restored from a template snapshot, shared between execution threads.
 pub type SharedRestoreFactory = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> + Send + Sync;
-
-/// The product vCPU backend.
-pub fn kvm_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
-    Ok(Box::new(KvmCpu::new(mem, loaded.entry, loaded.stack_pointer)?))
-}
 
 const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
 
@@ -63,7 +58,7 @@ impl AgentExecutor {
             let text = e.to_string();
             text.strip_prefix("sandfork-vmm needs KVM: ").map(str::to_owned).unwrap_or(text)
         });
-        AgentExecutor::new(templates, Box::new(kvm_cpu), unavailable).restoring(Box::new(snapshot::kvm_restore), ForkMemory::CopyOnWrite)
+        AgentExecutor::new(templates, Box::new(kvm::new_cpu), unavailable).restoring(Box::new(kvm::restore_cpu), ForkMemory::CopyOnWrite)
     }
 
     /// Restores VMs of templates that have a snapshot with `restore` on memory made as

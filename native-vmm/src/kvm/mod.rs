@@ -30,6 +30,9 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::OnceLock;
 
+use crate::cpu::{CpuSnapshot, GuestCpu};
+use crate::loader::LoadedProgram;
+use crate::memory::GuestMemory;
 use crate::sys;
 use abi::{KvmCpuid2, KVM_API_VERSION, KVM_CAP_IMMEDIATE_EXIT, KVM_CHECK_EXTENSION, KVM_CREATE_VM, KVM_GET_API_VERSION, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE, MAX_CPUID_ENTRIES};
 pub use vcpu::KvmCpu;
@@ -134,6 +137,17 @@ impl Kvm {
     fn create_vm(&self) -> io::Result<OwnedFd> {
         sys::ioctl_new_fd(self.fd.as_raw_fd(), KVM_CREATE_VM, 0).map_err(context("KVM_CREATE_VM"))
     }
+}
+
+/// The product's vCPU for a freshly loaded program (a `vm::CpuFactory`).
+pub fn new_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    Ok(Box::new(KvmCpu::new(mem, loaded.entry, loaded.stack_pointer)?))
+}
+
+/// The product's vCPU restored from a template snapshot (a `snapshot::RestoreFactory`; use it
+/// with `ForkMemory::CopyOnWrite`).
+pub fn restore_cpu<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    Ok(Box::new(KvmCpu::restore(mem, snapshot)?))
 }
 
 fn classify_open_error(e: io::Error) -> KvmUnavailable {

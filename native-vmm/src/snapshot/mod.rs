@@ -11,7 +11,7 @@
 //! Restoring: `Template::load` verifies the file and puts its memory into a memfd
 //! (`memory::TemplateMemory`) once. Each VM from it then needs its own memory and vCPU:
 //! * product (KVM): `GuestMemory::fork_of` — a private copy-on-write mapping of the template's
-//!   memfd, nothing copied — and `KvmCpu::restore` (`kvm_restore`). UNVERIFIED: this machine
+//!   memfd, nothing copied — and `KvmCpu::restore` (`kvm::restore_cpu`). UNVERIFIED: this machine
 //!   has no /dev/kvm; the fork itself (mapping, privacy, timing) is tested here.
 //! * tests (the ptrace CPU): the traced child maps guest memory shared, which a private
 //!   mapping cannot be, so `ForkMemory::Copy` gives each VM a full copy of the template's
@@ -36,7 +36,6 @@ use crate::agent::{AgentCommand, AgentRequest};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::fs::Image;
 use crate::image::sha256::{self, Sha256};
-use crate::kvm::KvmCpu;
 use crate::memory::{GuestMemory, TemplateMemory};
 use crate::process::{GuestProcess, Output};
 use crate::vm::{self, CpuFactory, LaunchError, ReadyGuest, RunLimits, RunOutcome, RunStats};
@@ -323,11 +322,6 @@ pub enum ForkMemory {
 /// Creates a vCPU in a snapshot's state on guest memory (`KvmCpu::restore`,
 /// `PtraceCpu::restore`).
 pub type RestoreFactory<'a> = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> + 'a;
-
-/// The product's restore: a KVM vCPU (use with `ForkMemory::CopyOnWrite`).
-pub fn kvm_restore<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
-    Ok(Box::new(KvmCpu::restore(mem, snapshot)?))
-}
 
 /// What `serve_restored` gives back.
 #[derive(Debug, Clone)]

@@ -78,6 +78,22 @@ pub struct RunStats {
     pub peak_memory: u64,
 }
 
+impl RunStats {
+    /// The counters of a guest that ran from its first instruction: everything `process`
+    /// counted, with the loop's `exits` and the times.
+    fn of_whole_run(process: &GuestProcess, exits: u64, wall: Duration, load: Duration) -> RunStats {
+        RunStats {
+            syscalls: process.total_syscalls(),
+            exits,
+            calls: process.syscall_counts(),
+            unsupported: process.unsupported_counts(),
+            wall,
+            load,
+            peak_memory: process.peak_memory(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RunOutcome {
     pub status: RunStatus,
@@ -179,15 +195,7 @@ pub fn launch(image: Arc<Image>, req: &RunRequest, make_cpu: &CpuFactory) -> Res
     let run_started = Instant::now();
     let (deadline, limit_ms) = deadline_after(req.timeout);
     let (end, exits) = run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
-    let stats = RunStats {
-        syscalls: process.total_syscalls(),
-        exits,
-        calls: process.syscall_counts(),
-        unsupported: process.unsupported_counts(),
-        wall: run_started.elapsed(),
-        load,
-        peak_memory: process.peak_memory(),
-    };
+    let stats = RunStats::of_whole_run(&process, exits, run_started.elapsed(), load);
     let (stdout, stderr) = process.into_output().into_parts();
     Ok(RunOutcome { status: end.into_status(), stdout, stderr, stats })
 }
@@ -360,15 +368,7 @@ pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimi
         let reason = format!("it wrote {} bytes to stdout and {} to stderr before its ready point; stderr: {}", process.stdout().len(), process.stderr().len(), stderr_tail());
         return Err(LaunchError::AgentNotReady { reason });
     }
-    let boot = RunStats {
-        syscalls: process.total_syscalls(),
-        exits,
-        calls: process.syscall_counts(),
-        unsupported: process.unsupported_counts(),
-        wall: run_started.elapsed(),
-        load,
-        peak_memory: process.peak_memory(),
-    };
+    let boot = RunStats::of_whole_run(&process, exits, run_started.elapsed(), load);
     Ok(at_ready(ReadyGuest { mem: &mem, cpu, process, call, boot }))
 }
 

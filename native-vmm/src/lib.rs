@@ -1,8 +1,11 @@
 //! sandfork-vmm: a kernel-less KVM VMM. The guest runs one unmodified Linux x86-64 program at CPL3
 //! on an identity map; every system call and CPU exception leaves the VM through a tiny CPL0 stub
-//! and is answered here. See ../README.md and ../../shared/DESIGN.md.
+//! and is answered here. The repository's README.md describes the modules.
+//!
+//! The KVM backend (`arch`, `kvm`) has never run a guest: the machines it was written on have no
+//! /dev/kvm. Everything else runs for real in the tests, on the ptrace development CPU (`devcpu`).
 
-// Host side: FFI and guest RAM (the only modules with `unsafe`, besides kvm's ioctls).
+// Host side: FFI and guest RAM (with kvm/run_page.rs and devcpu/ptrace_sys.rs, the only `unsafe`).
 pub mod layout;
 pub mod memory;
 pub mod sys;

@@ -1,5 +1,5 @@
-//! `sandfork-vmm` command line: build a file image, run one program in a fresh KVM guest, and
-//! benchmark that against a native spawn.
+//! `sandfork-vmm` command line: build a file image or a template snapshot, run one program in a
+//! fresh KVM guest, benchmark guest launches and restores, and serve the daemon protocol.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};

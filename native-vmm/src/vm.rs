@@ -372,8 +372,9 @@ pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimi
     Ok(at_ready(ReadyGuest { mem: &mem, cpu, process, call, boot }))
 }
 
-/// Runs `request` on a freshly booted agent: the executor to use until template snapshots and
-/// forks exist. The request is checked before any guest is created. The outcome's counters
+/// Runs `request` on a freshly booted agent: what the daemon's executor does for a template
+/// without a snapshot (or for a memory size other than its snapshot's); with one it restores a
+/// VM instead (`snapshot::serve_restored`). The request is checked before any guest is created. The outcome's counters
 /// cover the request; its `load` is everything before the hand-off (creating the guest and
 /// booting the agent to its ready point: what a fork replaces).
 pub fn launch_agent(image: Arc<Image>, command: &AgentCommand, request: AgentRequest, limits: &RunLimits, make_cpu: &CpuFactory) -> Result<RunOutcome, LaunchError> {

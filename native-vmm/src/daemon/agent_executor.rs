@@ -6,6 +6,10 @@
 //! than the snapshot's VMs have) the agent is booted to its ready point first
 //! (`vm::launch_agent`).
 //!
+//! On KVM (`with_kvm`) both paths are unverified: the KVM vCPU has never run a guest. The same
+//! executor runs end to end on the ptrace development CPU in tests/daemon_ptrace.rs and
+//! tests/snapshot_ptrace.rs.
+//!
 //! Boundary for what comes next: a warm pool of restored VMs replaces the restore in
 //! `boot_and_run` (`execute` takes a ready VM from the template's pool) and `pools()` reports
 //! its counters. Nothing outside this file changes for that: the server only sees `Executor`.

@@ -60,7 +60,8 @@ pub struct Execution {
     pub status: RunStatus,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
-    /// Getting a VM ready for the request (booting it today, forking it later).
+    /// Getting a VM ready for the request: restoring it from its template's snapshot, or booting
+    /// its agent where the template has none.
     pub vm_setup: Duration,
     /// Running the request in the VM.
     pub run: Duration,

@@ -1,8 +1,8 @@
 //! The KVM backend: /dev/kvm, one VM with one memory slot (all of guest memory) and one vCPU in
 //! long mode at CPL3, implementing `GuestCpu` (`KvmCpu`).
 //!
-//! NOT RUN ON THE CI MACHINE. The development and CI machines have no /dev/kvm (their kernel is
-//! itself a PVM guest), so this code has never executed a guest there. What is unit-tested
+//! NEVER RUN ON A GUEST. The development and CI machines have no /dev/kvm (their kernel is
+//! itself a PVM guest), so this code has never executed a guest anywhere. What is unit-tested
 //! without KVM: the ioctl numbers (against <linux/kvm.h>), the sizes and field offsets of every
 //! `#[repr(C)]` struct and of `struct kvm_run` (against the C headers), decoding of the exit
 //! union, the CPUID lookup, the run-page mapping (on a memfd standing in for the vCPU fd), the
@@ -11,7 +11,8 @@
 //! below when /dev/kvm is missing. Everything `arch/` writes into guest memory is tested there,
 //! and `arch/qemu_check` runs it on QEMU's CPU model with the register values set here.
 //! Unverified until run on a KVM host: that KVM accepts this register state through
-//! KVM_SET_SREGS/MSRS/XCRS/CPUID2, and the run/exit path end to end.
+//! KVM_SET_SREGS/MSRS/XCRS/CPUID2, the run/exit path end to end, and restoring a vCPU from a
+//! template snapshot (`KvmCpu::restore`, `restore_cpu`).
 //!
 //! Written for any KVM (VT-x, SVM, PVM): no in-kernel irqchip, no PVM-specific calls; only
 //! the exit path is tuned for PVM's expensive exits (one KVM_GET_REGS per exit, one

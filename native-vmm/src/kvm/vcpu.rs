@@ -1,5 +1,6 @@
 //! `KvmCpu`: a VM with all of guest memory in one slot and one vCPU, set up for long mode at
-//! CPL3 on the `arch` tables, implementing `GuestCpu`.
+//! CPL3 on the `arch` tables, implementing `GuestCpu`. UNVERIFIED: never run on a guest (no
+//! /dev/kvm where it was written; see the `kvm` module doc for what is tested).
 //!
 //! Exit path: the CPL0 stubs stop the vCPU with an `out` to SYSCALL_PORT or EXCEPTION_PORT.
 //! On a syscall exit one KVM_GET_REGS reads rax and the six argument registers; the answer is

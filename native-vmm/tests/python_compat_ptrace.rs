@@ -93,3 +93,75 @@ except RuntimeError as e:
     // (a thread in 3.11) raises the same error at the end; both are plain exceptions.
     assert_prints(code, "RuntimeError can't start new thread\nshutting down the executor: can't start new thread\n");
 }
+
+#[test]
+fn dev_null_zero_and_urandom_are_character_devices() {
+    let code = r#"
+import os, stat
+with open('/dev/null', 'w') as f:
+    print(f.write('discarded'))
+with open('/dev/null', 'rb') as f:
+    print(f.read())
+fd = os.open(os.devnull, os.O_RDWR)   # what subprocess.DEVNULL opens
+print(os.write(fd, b'abc'), os.read(fd, 10))
+os.close(fd)
+with open('/dev/zero', 'rb') as f:
+    print(f.read(5))
+with open('/dev/urandom', 'rb') as f:
+    a, b = f.read(32), f.read(32)
+with open('/dev/random', 'rb') as f:
+    c = f.read(32)
+print(len(a), len(b), len(c), len({a, b, c}))
+for name in ('null', 'zero', 'random', 'urandom'):
+    st = os.stat('/dev/' + name)
+    print(name, stat.S_ISCHR(st.st_mode), oct(st.st_mode & 0o777), os.major(st.st_rdev), os.minor(st.st_rdev))
+print(sorted(os.listdir('/dev')), 'dev' in os.listdir('/'))
+try:
+    open('/dev/new', 'w')
+except OSError as e:
+    print('create in /dev:', e.errno)
+"#;
+    assert_prints(
+        code,
+        concat!(
+            "9\n",
+            "b''\n",
+            "3 b''\n",
+            "b'\\x00\\x00\\x00\\x00\\x00'\n",
+            "32 32 32 3\n",
+            "null True 0o666 1 3\n",
+            "zero True 0o666 1 5\n",
+            "random True 0o666 1 8\n",
+            "urandom True 0o666 1 9\n",
+            "['null', 'random', 'urandom', 'zero'] True\n",
+            "create in /dev: 30\n",
+        ),
+    );
+}
+
+#[test]
+fn dev_urandom_differs_between_runs() {
+    let code = "print(open('/dev/urandom', 'rb').read(16).hex())";
+    let (first, second) = (python(code), python(code));
+    assert_eq!(first.status, RunStatus::Exited { code: 0 }, "{}", describe(&first));
+    assert_eq!(first.stdout.len(), 33, "{}", describe(&first));
+    assert_ne!(first.stdout, second.stdout);
+}
+
+#[test]
+fn disk_usage_reports_the_overlay_limit_and_a_full_read_only_image() {
+    let code = r#"
+import os, shutil
+total, used, free = shutil.disk_usage('/tmp')
+print(total == 64 << 20, 0 < used < 1 << 20, used + free == total)
+with open('/tmp/big', 'wb') as f:
+    f.write(b'x' * (8 << 20))
+_, used_after, free_after = shutil.disk_usage('/tmp')
+print(used_after - used >= 8 << 20, free - free_after >= 8 << 20)
+st = os.statvfs('/')
+print(st.f_blocks > 1000, st.f_bfree, st.f_bavail, bool(st.f_flag & os.ST_RDONLY), st.f_namemax)
+fd = os.open('/work', os.O_RDONLY)
+print(os.fstatvfs(fd).f_blocks == (64 << 20) // 4096, bool(os.fstatvfs(fd).f_flag & os.ST_RDONLY))
+"#;
+    assert_prints(code, "True True True\nTrue True\nTrue 0 0 True 255\nTrue False\n");
+}

@@ -135,6 +135,11 @@ impl Image {
         Ok(())
     }
 
+    /// Bytes of the image's data file (every file's contents).
+    pub(crate) fn data_size(&self) -> u64 {
+        self.data.bytes().len() as u64
+    }
+
     pub(crate) fn node_count(&self) -> usize {
         self.nodes.len()
     }

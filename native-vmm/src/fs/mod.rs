@@ -8,17 +8,22 @@
 //!   [`WORK_DIR`] = `/work`). Overlay contents are plain memory, counted against a per-VM limit
 //!   (ENOSPC), and cloned with the VM for a fork.
 //!
+//! * `/dev` holds the character devices null, zero, random and urandom, served by the VMM
+//!   ([`Device`]).
+//!
 //! Nothing outside the image is visible: the VMM never opens host paths for the guest.
 //! Every operation takes guest bytes (paths, names) as untrusted and answers with an `Errno`.
 
+mod devices;
 mod image;
 mod overlay;
 mod path;
 mod vfs;
 
+pub use devices::Device;
 pub use image::Image;
 pub use path::{MAX_SYMLINKS, NAME_MAX, PATH_MAX};
-pub use vfs::{DirEntry, Node, OpenOptions, Stat, Timespec, Vfs};
+pub use vfs::{DirEntry, FsStats, Node, OpenOptions, Stat, Timespec, Vfs};
 
 /// The working directory of template programs (a writable directory of the Python image).
 pub const WORK_DIR: &str = "/work";
@@ -32,6 +37,7 @@ pub enum FileKind {
     Regular,
     Directory,
     Symlink,
+    CharDevice,
 }
 
 impl FileKind {
@@ -41,15 +47,17 @@ impl FileKind {
             FileKind::Regular => 0o100000,
             FileKind::Directory => 0o040000,
             FileKind::Symlink => 0o120000,
+            FileKind::CharDevice => 0o020000,
         }
     }
 
-    /// The d_type of a getdents64 record (DT_REG, DT_DIR, DT_LNK).
+    /// The d_type of a getdents64 record (DT_REG, DT_DIR, DT_LNK, DT_CHR).
     pub fn dirent_type(self) -> u8 {
         match self {
             FileKind::Regular => 8,
             FileKind::Directory => 4,
             FileKind::Symlink => 10,
+            FileKind::CharDevice => 2,
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 /// Bytes charged per node on top of its data, so a guest cannot exhaust host memory with
 /// millions of empty files.
-const NODE_CHARGE: u64 = 256;
+pub(crate) const NODE_CHARGE: u64 = 256;
 
 #[derive(Clone)]
 pub(crate) enum OverlayKind {

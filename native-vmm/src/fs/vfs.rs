@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use crate::errno::Errno;
 
+use super::devices::{Device, DEV_DIR};
 use super::image::{Image, ImageKind};
-use super::overlay::{Overlay, OverlayKind};
+use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
 use super::path::{self, Tree};
 use super::{FileKind, W_OK, X_OK};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
@@ -25,6 +26,9 @@ pub struct Node(NodeId);
 enum NodeId {
     Image(u32),
     Overlay(u64),
+    /// The synthetic /dev directory and its devices (devices.rs).
+    DevDir,
+    Device(Device),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,6 +65,27 @@ const DEVICE: u64 = 0x53;
 const BLOCK_SIZE: u32 = 4096;
 /// Overlay inode numbers start here, above any image inode.
 const OVERLAY_INO_BASE: u64 = 1 << 32;
+/// /dev and its devices have inode numbers from here (image inodes are u32 indexes + 1, far
+/// fewer than 2^31).
+const DEV_INO_BASE: u64 = 1 << 31;
+
+/// What statfs/fstatfs report for the file system holding a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsStats {
+    /// f_type: the Linux magic number of the file system kind.
+    pub magic: u64,
+    pub block_size: u64,
+    pub blocks: u64,
+    /// Free blocks (also what an unprivileged user may use: nothing is reserved).
+    pub free_blocks: u64,
+    pub files: u64,
+    pub free_files: u64,
+    pub fsid: u64,
+    pub read_only: bool,
+}
+
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+const SQUASHFS_MAGIC: u64 = 0x7371_7368;
 
 /// One getdents64 record's worth.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +158,29 @@ impl Vfs {
         self.overlay.used()
     }
 
+    /// statfs of the file system holding `node`. The overlay (an in-memory file system, like
+    /// tmpfs) reports its limit as its size and what is left of it as free, in blocks and in
+    /// node charges (each node costs NODE_CHARGE bytes plus its data). The image is read-only
+    /// and full: its data file's size, its node count, nothing free. /dev is an empty tmpfs.
+    pub fn statfs(&self, node: Node) -> Result<FsStats, Errno> {
+        self.kind(node)?;
+        let block = BLOCK_SIZE as u64;
+        Ok(match node.0 {
+            NodeId::Overlay(_) => {
+                let (limit, free) = (self.overlay.limit(), self.overlay.limit().saturating_sub(self.overlay.used()));
+                FsStats { magic: TMPFS_MAGIC, block_size: block, blocks: limit / block, free_blocks: free / block, files: limit / NODE_CHARGE, free_files: free / NODE_CHARGE, fsid: 2, read_only: false }
+            }
+            NodeId::Image(_) => {
+                let nodes = self.image.node_count() as u64;
+                FsStats { magic: SQUASHFS_MAGIC, block_size: block, blocks: self.image.data_size().div_ceil(block), free_blocks: 0, files: nodes, free_files: 0, fsid: 1, read_only: true }
+            }
+            NodeId::DevDir | NodeId::Device(_) => {
+                let files = 1 + Device::ALL.len() as u64;
+                FsStats { magic: TMPFS_MAGIC, block_size: block, blocks: 0, free_blocks: 0, files, free_files: 0, fsid: 3, read_only: false }
+            }
+        })
+    }
+
     /// Resolves `path` relative to directory `base` (ignored for absolute paths). A final
     /// symlink is followed when `follow_last` (stat vs lstat, O_NOFOLLOW, AT_SYMLINK_NOFOLLOW).
     /// Errors: ENOENT, ENOTDIR, ELOOP (more than 40 links), ENAMETOOLONG.
@@ -176,9 +224,12 @@ impl Vfs {
             if kind == FileKind::Directory {
                 return Err(Errno::EISDIR);
             }
-            let id = self.overlay_id(node)?;
-            if opts.truncate {
-                self.overlay.truncate(id, 0)?;
+            // Devices are writable; O_TRUNC does nothing to them, as on Linux.
+            if kind != FileKind::CharDevice {
+                let id = self.overlay_id(node)?;
+                if opts.truncate {
+                    self.overlay.truncate(id, 0)?;
+                }
             }
         }
         if let NodeId::Overlay(id) = node.0 {
@@ -198,6 +249,16 @@ impl Vfs {
         match node.0 {
             NodeId::Image(i) => Ok(self.image_node(i)?.file_kind()),
             NodeId::Overlay(id) => Ok(self.overlay.get(id)?.file_kind()),
+            NodeId::DevDir => Ok(FileKind::Directory),
+            NodeId::Device(_) => Ok(FileKind::CharDevice),
+        }
+    }
+
+    /// The device a node is, if it is one of /dev's.
+    pub fn device(&self, node: Node) -> Option<Device> {
+        match node.0 {
+            NodeId::Device(device) => Some(device),
+            _ => None,
         }
     }
 
@@ -209,7 +270,8 @@ impl Vfs {
                     ImageKind::File { size, .. } => (*size, 0),
                     ImageKind::Dir { children } => {
                         let dirs = children.iter().filter(|&&c| self.image.node(c).file_kind() == FileKind::Directory).count();
-                        (BLOCK_SIZE as u64, dirs + self.mounts.iter().filter(|m| m.parent == i).count())
+                        let dev_dir = usize::from(i == 0 && self.image.child(0, DEV_DIR).ok().flatten().is_none());
+                        (BLOCK_SIZE as u64, dirs + dev_dir + self.mounts.iter().filter(|m| m.parent == i).count())
                     }
                     ImageKind::Symlink { target } => (target.len() as u64, 0),
                 };
@@ -227,6 +289,8 @@ impl Vfs {
                 };
                 (ino(node), n.file_kind(), n.mode, size, n.mtime, subdirs)
             }
+            NodeId::DevDir => (ino(node), FileKind::Directory, 0o755, BLOCK_SIZE as u64, OVERLAY_TIME, 0),
+            NodeId::Device(_) => (ino(node), FileKind::CharDevice, 0o666, 0, OVERLAY_TIME, 0),
         };
         let nlink = match kind {
             FileKind::Directory => 2 + subdirs as u32,
@@ -239,7 +303,7 @@ impl Vfs {
             nlink,
             uid: 0,
             gid: 0,
-            rdev: 0,
+            rdev: self.device(node).map_or(0, Device::rdev),
             size,
             blksize: BLOCK_SIZE,
             blocks: size.div_ceil(512),
@@ -250,7 +314,8 @@ impl Vfs {
     }
 
     /// The whole contents of a regular file (for mmap and exec): EISDIR for a directory,
-    /// EINVAL for a symlink, EIO for an image file that does not match its hash.
+    /// EINVAL for a symlink, ENODEV for a device, EIO for an image file that does not match
+    /// its hash.
     pub fn contents(&self, node: Node) -> Result<&[u8], Errno> {
         match node.0 {
             NodeId::Image(i) => {
@@ -262,11 +327,17 @@ impl Vfs {
                 OverlayKind::Dir(_) => Err(Errno::EISDIR),
                 OverlayKind::Symlink(_) => Err(Errno::EINVAL),
             },
+            NodeId::DevDir => Err(Errno::EISDIR),
+            NodeId::Device(_) => Err(Errno::ENODEV),
         }
     }
 
-    /// pread: copies from `offset` into `buf`, returns the byte count (0 at or past the end).
+    /// pread: copies from `offset` into `buf`, returns the byte count (0 at or past the end);
+    /// a device fills `buf` its own way (the offset means nothing to it).
     pub fn read_at(&self, node: Node, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        if let NodeId::Device(device) = node.0 {
+            return device.read(buf);
+        }
         let data = self.contents(node)?;
         let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
         let n = buf.len().min(data.len() - start);
@@ -274,8 +345,12 @@ impl Vfs {
         Ok(n)
     }
 
-    /// pwrite into an overlay file (EROFS for image files, ENOSPC past the overlay limit).
+    /// pwrite into an overlay file (EROFS for image files, ENOSPC past the overlay limit); a
+    /// device takes (and drops) everything.
     pub fn write_at(&mut self, node: Node, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+        if let NodeId::Device(_) = node.0 {
+            return Ok(data.len());
+        }
         let id = self.overlay_id(node)?;
         self.overlay.write(id, offset, data)
     }
@@ -317,10 +392,19 @@ impl Vfs {
                         named.insert(self.image.node(c).name().as_bytes().to_vec(), Node(NodeId::Image(c)));
                     }
                 }
+                if i == 0 {
+                    named.insert(DEV_DIR.to_vec(), Node(NodeId::DevDir));
+                }
                 for m in self.mounts.iter().filter(|m| m.parent == i) {
                     named.insert(m.name.clone(), Node(NodeId::Overlay(m.root)));
                 }
             }
+            NodeId::DevDir => {
+                for device in Device::ALL {
+                    named.insert(device.name().to_vec(), Node(NodeId::Device(device)));
+                }
+            }
+            NodeId::Device(_) => {}
             NodeId::Overlay(id) => {
                 if let OverlayKind::Dir(children) = &self.overlay.get(id)?.kind {
                     for (name, &c) in children {
@@ -365,14 +449,16 @@ impl Vfs {
                 }
                 Ok(out)
             }
+            NodeId::DevDir => Ok([b"/", DEV_DIR].concat()),
+            NodeId::Device(device) => Ok([b"/", DEV_DIR, b"/", device.name()].concat()),
         }
     }
 
-    /// access/faccessat for a root guest: W_OK needs the overlay (EROFS), X_OK needs an execute
-    /// bit on a non-directory (EACCES); R_OK always passes.
+    /// access/faccessat for a root guest: W_OK needs the overlay or a device (EROFS), X_OK
+    /// needs an execute bit on a non-directory (EACCES); R_OK always passes.
     pub fn access(&self, node: Node, mode: u32) -> Result<(), Errno> {
         let stat = self.stat(node)?;
-        if mode & W_OK != 0 && matches!(node.0, NodeId::Image(_)) {
+        if mode & W_OK != 0 && matches!(node.0, NodeId::Image(_) | NodeId::DevDir) {
             return Err(Errno::EROFS);
         }
         if mode & X_OK != 0 && self.kind(node)? != FileKind::Directory && stat.mode & 0o111 == 0 {
@@ -481,10 +567,10 @@ impl Vfs {
         }
     }
 
-    /// The overlay id of a node that may be modified: EROFS for image nodes.
+    /// The overlay id of a node that may be modified: EROFS for image nodes and /dev.
     fn overlay_id(&self, node: Node) -> Result<u64, Errno> {
         match node.0 {
-            NodeId::Image(_) => Err(Errno::EROFS),
+            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) => Err(Errno::EROFS),
             NodeId::Overlay(id) => Ok(id),
         }
     }
@@ -504,11 +590,11 @@ impl Vfs {
         Ok((dir, name, node))
     }
 
-    /// Mount roots (and the image) cannot be removed or moved.
+    /// Mount roots (and the image and /dev) cannot be removed or moved.
     fn check_removable(&self, node: Node) -> Result<(), Errno> {
         match node.0 {
             NodeId::Overlay(id) if self.mounts.iter().any(|m| m.root == id) => Err(Errno::EBUSY),
-            NodeId::Image(_) => Err(Errno::EROFS),
+            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) => Err(Errno::EROFS),
             NodeId::Overlay(_) => Ok(()),
         }
     }
@@ -530,10 +616,13 @@ impl Vfs {
     }
 }
 
-/// The inode number of a node: image nodes count from 1, overlay nodes from `OVERLAY_INO_BASE`.
+/// The inode number of a node: image nodes count from 1, /dev from `DEV_INO_BASE`, overlay
+/// nodes from `OVERLAY_INO_BASE`.
 fn ino(node: Node) -> u64 {
     match node.0 {
         NodeId::Image(i) => i as u64 + 1,
+        NodeId::DevDir => DEV_INO_BASE,
+        NodeId::Device(device) => DEV_INO_BASE + 1 + u64::from(device.index()),
         NodeId::Overlay(id) => OVERLAY_INO_BASE + id,
     }
 }
@@ -555,6 +644,8 @@ impl Tree for Vfs {
                     Ok(Node(NodeId::Image(mount.parent)))
                 }
             },
+            NodeId::DevDir => Ok(Node(NodeId::Image(0))),
+            NodeId::Device(_) => Ok(Node(NodeId::DevDir)),
         }
     }
 
@@ -564,10 +655,15 @@ impl Tree for Vfs {
                 if let Some(m) = self.mounts.iter().find(|m| m.parent == i && m.name == name) {
                     return Ok(Some(Node(NodeId::Overlay(m.root))));
                 }
+                if i == 0 && name == DEV_DIR {
+                    return Ok(Some(Node(NodeId::DevDir)));
+                }
                 self.image_node(i)?;
                 Ok(self.image.child(i, name)?.map(|c| Node(NodeId::Image(c))))
             }
             NodeId::Overlay(id) => Ok(self.overlay.child(id, name)?.map(|c| Node(NodeId::Overlay(c)))),
+            NodeId::DevDir => Ok(Device::by_name(name).map(|d| Node(NodeId::Device(d)))),
+            NodeId::Device(_) => Err(Errno::ENOTDIR),
         }
     }
 
@@ -585,6 +681,7 @@ impl Tree for Vfs {
                 OverlayKind::Symlink(target) => Ok(target.clone()),
                 _ => Err(Errno::EINVAL),
             },
+            NodeId::DevDir | NodeId::Device(_) => Err(Errno::EINVAL),
         }
     }
 }
@@ -601,6 +698,11 @@ impl Node {
             NodeId::Overlay(id) => {
                 e.u8(1);
                 e.u64(id);
+            }
+            NodeId::DevDir => e.u8(2),
+            NodeId::Device(device) => {
+                e.u8(3);
+                e.u8(device.index());
             }
         }
     }
@@ -631,6 +733,11 @@ impl Vfs {
         let node = match d.u8("node")? {
             0 => Node(NodeId::Image(d.u32("image node")?)),
             1 => Node(NodeId::Overlay(d.u64("overlay node")?)),
+            2 => Node(NodeId::DevDir),
+            3 => {
+                let index = d.u8("device")?;
+                Node(NodeId::Device(Device::from_index(index).ok_or_else(|| DecodeError::new(format!("device {index}")))?))
+            }
             t => return Err(DecodeError::new(format!("node tag {t}"))),
         };
         self.kind(node).map_err(|_| DecodeError::new(format!("{node:?} does not exist")))?;

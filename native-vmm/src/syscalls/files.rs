@@ -10,7 +10,7 @@
 
 use super::{stop_unsupported, value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
-use crate::fs::{FileKind, Node, OpenOptions, Stat, Timespec};
+use crate::fs::{FileKind, FsStats, Node, OpenOptions, Stat, Timespec};
 use crate::process::{Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, PIPE_CAPACITY};
 use crate::status::RunStatus;
 
@@ -168,6 +168,13 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
                 return Err(Errno::ESPIPE);
             }
             return read_channel(proc, user, pipe, buf, len, nonblocking, nr);
+        }
+        // A device (/dev/zero, /dev/urandom...) makes its bytes as they are read.
+        Object::Node(node) if proc.config.vfs.device(node).is_some() => {
+            let mut bytes = vec![0u8; len as usize];
+            let n = proc.config.vfs.read_at(node, 0, &mut bytes)?;
+            user.write(buf, &bytes[..n])?;
+            n
         }
         Object::Node(node) => {
             let data = proc.config.vfs.contents(node)?;
@@ -639,6 +646,41 @@ pub(crate) fn statx(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     }
     let stat = stat_target(proc, user, args[0], args[1], flags)?;
     user.write(args[4], &statx_bytes(&stat))?;
+    value(0)
+}
+
+/// `struct statfs` as x86-64 Linux lays it out (120 bytes).
+fn statfs_bytes(s: &FsStats) -> [u8; 120] {
+    const ST_RDONLY: u64 = 1;
+    const ST_VALID: u64 = 0x20;
+    const NAME_MAX: u64 = crate::fs::NAME_MAX as u64;
+    let mut b = [0u8; 120];
+    let flags = ST_VALID | if s.read_only { ST_RDONLY } else { 0 };
+    // f_type, f_bsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree, f_fsid, f_namelen,
+    // f_frsize, f_flags; f_spare stays zero.
+    let fields = [s.magic, s.block_size, s.blocks, s.free_blocks, s.free_blocks, s.files, s.free_files, s.fsid, NAME_MAX, s.block_size, flags];
+    for (i, v) in fields.iter().enumerate() {
+        b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+/// statfs(path, buf)
+pub(crate) fn statfs(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (base, path) = path_at(proc, user, AT_FDCWD as u64, args[0])?;
+    let node = proc.config.vfs.resolve(base, &path, true)?;
+    user.write(args[1], &statfs_bytes(&proc.config.vfs.statfs(node)?))?;
+    value(0)
+}
+
+/// fstatfs(fd, buf): pipes, sockets and the standard streams live in no file system here
+/// (Linux reports pipefs/sockfs); they answer as /dev's in-memory file system does.
+pub(crate) fn fstatfs(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let node = match proc.fds.get(fd_arg(args[0]))?.object {
+        Object::Node(node) => node,
+        _ => proc.config.vfs.resolve(proc.config.vfs.root(), b"/dev", true)?,
+    };
+    user.write(args[1], &statfs_bytes(&proc.config.vfs.statfs(node)?))?;
     value(0)
 }
 

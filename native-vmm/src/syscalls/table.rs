@@ -160,6 +160,8 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(127, "rt_sigpending", signals::rt_sigpending),
     stop(130, "rt_sigsuspend"),
     emulate(131, "sigaltstack", signals::sigaltstack),
+    emulate(137, "statfs", files::statfs),
+    emulate(138, "fstatfs", files::fstatfs),
     emulate(158, "arch_prctl", misc::arch_prctl),
     emulate(160, "setrlimit", misc::setrlimit),
     emulate(186, "gettid", ids::getpid),

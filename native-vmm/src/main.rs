@@ -279,7 +279,7 @@ fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
     let mem_mib = options.number("--mem-mib", vm::DEFAULT_MEM_BYTES >> 20, MAX_MEM_MIB)?;
     let language = daemon::templates::Language::of_image(name).ok_or_else(|| CliError::Usage(format!("unknown template `{name}` (known: python)"), TEMPLATE_BUILD_USAGE))?;
     let image = open_image(image_dir)?;
-    let command = daemon::agent_executor::agent_command(language);
+    let command = language.agent();
     let outcome = snapshot::build(image, name, command, mem_mib << 20, &kvm::new_cpu, Path::new(out)).map_err(|e| CliError::Failed(e.to_string()))?;
     println!("{outcome}");
     Ok(ExitCode::SUCCESS)
@@ -335,7 +335,7 @@ fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
     let iterations = options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
     let image = open_image(dir)?;
     let language = daemon::templates::Language::of_image(image.name()).ok_or_else(|| CliError::Failed(format!("template {dir}: its image '{}' is not a known language", image.name())))?;
-    let template = snapshot::Template::load(Path::new(dir), image, daemon::agent_executor::agent_command(language)).map_err(|e| CliError::Failed(format!("template {dir}: {e}")))?;
+    let template = snapshot::Template::load(Path::new(dir), image, language.agent()).map_err(|e| CliError::Failed(format!("template {dir}: {e}")))?;
     let report = snapshot::bench::measure(&template, snapshot::ForkMemory::CopyOnWrite, &kvm::restore_cpu, iterations).map_err(|e| CliError::Failed(e.to_string()))?;
     print!("{report}");
     Ok(ExitCode::SUCCESS)

@@ -17,10 +17,9 @@
 use std::io;
 use std::time::Duration;
 
-use crate::agent::{AgentCommand, PYTHON_AGENT};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
-use crate::daemon::templates::{Language, Template};
+use crate::daemon::templates::Template;
 use crate::kvm::{self, Kvm};
 use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
@@ -94,14 +93,7 @@ impl AgentExecutor {
                 return Ok((restored.outcome, restored.pages_copied));
             }
         }
-        vm::launch_agent(template.image.clone(), agent_command(template.language), request.agent_request.clone(), &limits, self.make_cpu.as_ref()).map(|outcome| (outcome, 0))
-    }
-}
-
-/// How `language`'s agent is started.
-pub fn agent_command(language: Language) -> &'static AgentCommand {
-    match language {
-        Language::Python => &PYTHON_AGENT,
+        vm::launch_agent(template.image.clone(), template.language.agent(), request.agent_request.clone(), &limits, self.make_cpu.as_ref()).map(|outcome| (outcome, 0))
     }
 }
 

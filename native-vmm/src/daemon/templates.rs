@@ -9,6 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::agent::{AgentCommand, PYTHON_AGENT};
 use crate::fs::Image;
 use crate::image::sha256;
 use crate::snapshot;
@@ -31,6 +32,13 @@ impl Language {
     pub fn name(self) -> &'static str {
         match self {
             Language::Python => "python",
+        }
+    }
+
+    /// How this language's agent is started.
+    pub fn agent(self) -> &'static AgentCommand {
+        match self {
+            Language::Python => &PYTHON_AGENT,
         }
     }
 }
@@ -108,8 +116,7 @@ fn load_snapshot(dir: &Path, image: &Arc<Image>, language: Language) -> Result<O
     if !dir.join(snapshot::TEMPLATE_FILE).exists() {
         return Ok(None);
     }
-    let command = crate::daemon::agent_executor::agent_command(language);
-    match snapshot::Template::load(dir, image.clone(), command) {
+    match snapshot::Template::load(dir, image.clone(), language.agent()) {
         Ok(template) => Ok(Some(Arc::new(template))),
         Err(error) => Err(TemplateError::Snapshot { dir: dir.to_owned(), error }),
     }

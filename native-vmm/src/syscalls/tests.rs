@@ -612,3 +612,246 @@ fn system_information_matches_the_guest() {
     assert!(second >= first);
     assert_eq!(g.ret(CLOCK_GETTIME, &[99, BUF]), err(Errno::EINVAL));
 }
+
+const SENDTO: u64 = 44;
+const RECVFROM: u64 = 45;
+const SENDMSG: u64 = 46;
+const RECVMSG: u64 = 47;
+const SHUTDOWN: u64 = 48;
+const BIND: u64 = 49;
+const GETSOCKNAME: u64 = 51;
+const SOCKETPAIR: u64 = 53;
+const SETSOCKOPT: u64 = 54;
+const GETSOCKOPT: u64 = 55;
+const POLL: u64 = 7;
+const STATFS: u64 = 137;
+const FSTATFS: u64 = 138;
+const EPOLL_WAIT: u64 = 232;
+const EPOLL_CTL: u64 = 233;
+const EPOLL_CREATE1: u64 = 291;
+const AF_UNIX: u64 = 1;
+const SOCK_STREAM: u64 = 1;
+const MSG_PEEK: u64 = 2;
+const MSG_DONTWAIT: u64 = 0x40;
+const EPOLLIN: u32 = 1;
+const EPOLLOUT: u32 = 4;
+const EPOLLHUP: u32 = 0x10;
+const EPOLLONESHOT: u32 = 1 << 30;
+
+impl Guest {
+    /// A socketpair's two fds.
+    fn socketpair(&mut self, flags: u64) -> (u64, u64) {
+        assert_eq!(self.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM | flags, 0, SCRATCH + 0x800]), 0);
+        (self.mem.read_u32(SCRATCH + 0x800).unwrap() as u64, self.mem.read_u32(SCRATCH + 0x804).unwrap() as u64)
+    }
+
+    fn epoll_add(&mut self, epfd: u64, fd: u64, events: u32, data: u64) -> i64 {
+        self.mem.write_u32(SCRATCH + 0x900, events).unwrap();
+        self.mem.write_u64(SCRATCH + 0x904, data).unwrap();
+        self.ret(EPOLL_CTL, &[epfd, 1, fd, SCRATCH + 0x900])
+    }
+
+    /// epoll_wait with a zero timeout: the (events, data) pairs reported.
+    fn epoll_ready(&mut self, epfd: u64) -> Vec<(u32, u64)> {
+        let n = self.ret(EPOLL_WAIT, &[epfd, BUF, 8, 0]);
+        assert!(n >= 0, "epoll_wait: {n}");
+        (0..n as u64).map(|i| (self.mem.read_u32(BUF + i * 12).unwrap(), self.mem.read_u64(BUF + i * 12 + 4).unwrap())).collect()
+    }
+}
+
+#[test]
+fn socketpair_is_a_bidirectional_bounded_channel() {
+    let mut g = guest();
+    // Only AF_UNIX stream pairs; socket(2) stays refused for every family.
+    assert_eq!(g.ret(SOCKETPAIR, &[2, SOCK_STREAM, 0, SCRATCH]), err(Errno::EOPNOTSUPP));
+    assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, 2, 0, SCRATCH]), err(Errno::EOPNOTSUPP));
+    assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM | 0x100, 0, SCRATCH]), err(Errno::EINVAL));
+    assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM, 0, 0x1000]), err(Errno::EFAULT));
+    assert_eq!(g.ret(SOCKET, &[AF_UNIX, SOCK_STREAM, 0]), err(Errno::EACCES));
+    let (a, b) = g.socketpair(O_CLOEXEC);
+    assert_eq!((a, b), (3, 4));
+    assert_eq!(g.write_bytes(a, b"ping"), 4);
+    g.mem.write(SCRATCH + 0x1000, b"pong").unwrap();
+    assert_eq!(g.ret(SENDTO, &[b, SCRATCH + 0x1000, 4, 0, 0, 0]), 4);
+    assert_eq!(g.ret(SENDTO, &[b, SCRATCH + 0x1000, 4, 0, SCRATCH, 16]), -106, "EISCONN");
+    assert_eq!(g.ret(RECVFROM, &[b, BUF, 2, MSG_PEEK, 0, 0]), 2);
+    assert_eq!(g.read_bytes(b, 10).unwrap(), b"ping");
+    // recvfrom reports no peer address (length 0).
+    g.mem.write_u32(SCRATCH + 0x10, 16).unwrap();
+    assert_eq!(g.ret(RECVFROM, &[a, BUF, 10, 0, SCRATCH + 0x20, SCRATCH + 0x10]), 4);
+    assert_eq!(g.mem.read_vec(BUF, 4).unwrap(), b"pong");
+    assert_eq!(g.mem.read_u32(SCRATCH + 0x10).unwrap(), 0);
+    // Empty: MSG_DONTWAIT gives EAGAIN; a blocking receive could never end and stops the run.
+    assert_eq!(g.ret(RECVFROM, &[a, BUF, 10, MSG_DONTWAIT, 0, 0]), err(Errno::EAGAIN));
+    assert!(matches!(g.call(READ, &[a, BUF, 10]), SyscallOutcome::Stop(RunStatus::Unsupported { .. })));
+    // Bounded like a pipe.
+    let big = vec![7u8; 70_000];
+    g.mem.write(BUF, &big).unwrap();
+    assert_eq!(g.ret(WRITE, &[a, BUF, big.len() as u64]), 65536);
+    assert_eq!(g.ret(SENDTO, &[a, BUF, 1, MSG_DONTWAIT, 0, 0]), err(Errno::EAGAIN));
+    // Socket options, names and calls that need an address.
+    g.mem.write_u32(SCRATCH + 0x10, 4).unwrap();
+    assert_eq!(g.ret(GETSOCKOPT, &[a, 1, 4, SCRATCH + 0x20, SCRATCH + 0x10]), 0);
+    assert_eq!(g.mem.read_u32(SCRATCH + 0x20).unwrap(), 0, "SO_ERROR");
+    assert_eq!(g.ret(GETSOCKOPT, &[a, 1, 3, SCRATCH + 0x20, SCRATCH + 0x10]), 0);
+    assert_eq!(g.mem.read_u32(SCRATCH + 0x20).unwrap(), 1, "SO_TYPE");
+    assert_eq!(g.ret(GETSOCKOPT, &[a, 1, 4, 0x1000, SCRATCH + 0x10]), err(Errno::EFAULT));
+    assert_eq!(g.ret(GETSOCKOPT, &[a, 6, 1, SCRATCH + 0x20, SCRATCH + 0x10]), -92, "ENOPROTOOPT");
+    assert_eq!(g.ret(SETSOCKOPT, &[a, 1, 8, SCRATCH + 0x20, 4]), 0);
+    assert_eq!(g.ret(SETSOCKOPT, &[a, 1, 20, SCRATCH + 0x20, 16]), -92, "SO_RCVTIMEO is not honoured");
+    g.mem.write_u32(SCRATCH + 0x10, 110).unwrap();
+    assert_eq!(g.ret(GETSOCKNAME, &[a, SCRATCH + 0x20, SCRATCH + 0x10]), 0);
+    assert_eq!(g.mem.read_u32(SCRATCH + 0x10).unwrap(), 2);
+    assert_eq!(g.ret(BIND, &[a, SCRATCH, 16]), err(Errno::EINVAL));
+    assert_eq!(g.ret(SENDTO, &[1, BUF, 1, 0, 0, 0]), err(Errno::ENOTSOCK));
+    assert_eq!(g.ret(SHUTDOWN, &[0, 1]), err(Errno::ENOTSOCK));
+    assert_eq!(g.ret(SHUTDOWN, &[99, 1]), err(Errno::EBADF));
+    // fstat says socket.
+    assert_eq!(g.ret(FSTAT, &[a, BUF]), 0);
+    assert_eq!(g.mem.read_u32(BUF + 24).unwrap() & 0o170000, 0o140000);
+}
+
+#[test]
+fn socketpair_shutdown_close_and_messages() {
+    let mut g = guest();
+    let (a, b) = g.socketpair(O_NONBLOCK);
+    // sendmsg/recvmsg over two iovecs; control data is refused.
+    g.mem.write(SCRATCH + 0x100, b"hello world").unwrap();
+    for (i, (base, len)) in [(SCRATCH + 0x100, 6u64), (SCRATCH + 0x106, 5)].iter().enumerate() {
+        g.mem.write_u64(SCRATCH + 0x200 + i as u64 * 16, *base).unwrap();
+        g.mem.write_u64(SCRATCH + 0x208 + i as u64 * 16, *len).unwrap();
+    }
+    let msg = SCRATCH + 0x300;
+    g.mem.write(msg, &[0u8; 56]).unwrap();
+    g.mem.write_u64(msg + 16, SCRATCH + 0x200).unwrap();
+    g.mem.write_u64(msg + 24, 2).unwrap();
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), 11);
+    g.mem.write_u64(msg + 40, 8).unwrap();
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), err(Errno::EOPNOTSUPP));
+    g.mem.write_u64(msg + 40, 0).unwrap();
+    g.mem.write_u64(SCRATCH + 0x200, BUF).unwrap();
+    g.mem.write_u64(SCRATCH + 0x210, BUF + 100).unwrap();
+    assert_eq!(g.ret(RECVMSG, &[b, msg, 0]), 11);
+    assert_eq!(g.mem.read_vec(BUF, 6).unwrap(), b"hello ");
+    assert_eq!(g.mem.read_vec(BUF + 100, 5).unwrap(), b"world");
+    assert_eq!(g.ret(RECVMSG, &[b, 0x1000, 0]), err(Errno::EFAULT));
+    // SHUT_WR: the peer reads end of file, this end can no longer write, but still reads.
+    assert_eq!(g.ret(SHUTDOWN, &[a, 1]), 0);
+    assert_eq!(g.ret(SHUTDOWN, &[a, 1]), 0);
+    assert_eq!(g.read_bytes(b, 10).unwrap(), b"");
+    assert_eq!(g.write_bytes(a, b"x"), err(Errno::EPIPE));
+    assert_eq!(g.write_bytes(b, b"back"), 4);
+    assert_eq!(g.read_bytes(a, 10).unwrap(), b"back");
+    assert_eq!(g.ret(SHUTDOWN, &[a, 3]), err(Errno::EINVAL));
+    // Closing a (after its SHUT_WR) releases the rest; b then sees both directions closed.
+    g.mem.write(BUF, &[0u8; 8]).unwrap();
+    g.mem.write_u32(BUF, b as u32).unwrap();
+    g.mem.write_u32(BUF + 4, 0x2000 | 1 | 4).unwrap();
+    assert_eq!(g.ret(CLOSE, &[a]), 0);
+    assert_eq!(g.ret(POLL, &[BUF, 1, 0]), 1);
+    let revents = u16::from_le_bytes(g.mem.read_vec(BUF + 6, 2).unwrap().try_into().unwrap());
+    assert_eq!(revents & (0x2000 | 0x10 | 1), 0x2000 | 0x10 | 1, "RDHUP, HUP, IN: {revents:#x}");
+    assert_eq!(g.write_bytes(b, b"x"), err(Errno::EPIPE));
+    assert_eq!(g.ret(CLOSE, &[b]), 0);
+    // Both channels were freed: a new pair reuses them and starts empty.
+    let (c, _) = g.socketpair(O_NONBLOCK);
+    assert_eq!(g.read_bytes(c, 10), Err(err(Errno::EAGAIN)));
+}
+
+#[test]
+fn epoll_reports_readiness_of_pipes_and_sockets() {
+    let mut g = guest();
+    assert_eq!(g.ret(EPOLL_CREATE1, &[1]), err(Errno::EINVAL));
+    let ep = g.ret(EPOLL_CREATE1, &[O_CLOEXEC]) as u64;
+    let (a, b) = g.socketpair(0);
+    assert_eq!(g.ret(PIPE2, &[SCRATCH + 0x700, 0]), 0);
+    let (r, w) = (g.mem.read_u32(SCRATCH + 0x700).unwrap() as u64, g.mem.read_u32(SCRATCH + 0x704).unwrap() as u64);
+    assert_eq!(g.epoll_add(ep, a, EPOLLIN, 0xa), 0);
+    assert_eq!(g.epoll_add(ep, a, EPOLLIN, 0xa), err(Errno::EEXIST));
+    assert_eq!(g.epoll_add(ep, r, EPOLLIN | EPOLLONESHOT, 0x7), 0);
+    assert_eq!(g.epoll_add(ep, b, EPOLLOUT, 0xb), 0);
+    // Errors: not an epoll fd, itself, a regular file, a bad event pointer, a bad op.
+    assert_eq!(g.epoll_add(a, b, EPOLLIN, 0), err(Errno::EINVAL));
+    assert_eq!(g.epoll_add(ep, ep, EPOLLIN, 0), err(Errno::EINVAL));
+    let file = g.open("/etc/passwd", 0) as u64;
+    assert_eq!(g.epoll_add(ep, file, EPOLLIN, 0), err(Errno::EPERM));
+    assert_eq!(g.ret(EPOLL_CTL, &[ep, 1, w, 0x1000]), err(Errno::EFAULT));
+    assert_eq!(g.ret(EPOLL_CTL, &[ep, 9, a, SCRATCH + 0x900]), err(Errno::EINVAL));
+    assert_eq!(g.ret(EPOLL_CTL, &[ep, 2, w, 0]), err(Errno::ENOENT));
+    // Only b is writable so far.
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLOUT, 0xb)]);
+    assert_eq!(g.write_bytes(b, b"x"), 1);
+    assert_eq!(g.write_bytes(w, b"y"), 1);
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN, 0xa), (EPOLLOUT, 0xb), (EPOLLIN, 0x7)]);
+    // The one-shot pipe registration is disarmed after one report.
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN, 0xa), (EPOLLOUT, 0xb)]);
+    assert_eq!(g.ret(EPOLL_CTL, &[ep, 2, b, 0]), 0);
+    assert_eq!(g.read_bytes(a, 1).unwrap(), b"x");
+    assert_eq!(g.epoll_ready(ep), vec![]);
+    // maxevents and the events buffer are checked.
+    assert_eq!(g.ret(EPOLL_WAIT, &[ep, BUF, 0, 0]), err(Errno::EINVAL));
+    assert_eq!(g.ret(EPOLL_WAIT, &[ep, MEM - 12, 2, 0]), err(Errno::EFAULT));
+    // Nothing ready: a timed wait sleeps and reports none, an endless one stops the run.
+    let start = Instant::now();
+    assert_eq!(g.ret(EPOLL_WAIT, &[ep, BUF, 8, 30]), 0);
+    assert!(start.elapsed() >= Duration::from_millis(30));
+    assert!(matches!(g.call(EPOLL_WAIT, &[ep, BUF, 8, -1i64 as u64]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 232, .. })));
+    // Closing the peer makes a report HUP; a registration whose fd was closed and reused by
+    // another description is dropped.
+    assert_eq!(g.ret(CLOSE, &[b]), 0);
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN | EPOLLHUP, 0xa)]);
+    assert_eq!(g.ret(CLOSE, &[a]), 0);
+    assert_eq!(g.ret(DUP2, &[w, a]), a as i64);
+    assert_eq!(g.epoll_ready(ep), vec![]);
+    assert_eq!(g.epoll_add(ep, a, EPOLLOUT, 0xc), 0);
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLOUT, 0xc)]);
+}
+
+#[test]
+fn dev_nodes_and_statfs() {
+    let mut g = guest();
+    let null = g.open("/dev/null", O_RDWR) as u64;
+    assert_eq!(g.write_bytes(null, b"gone"), 4);
+    assert_eq!(g.read_bytes(null, 10).unwrap(), b"");
+    let zero = g.open("/dev/zero", 0) as u64;
+    g.mem.write(BUF, &[9u8; 8]).unwrap();
+    assert_eq!(g.read_bytes(zero, 8).unwrap(), vec![0u8; 8]);
+    assert_eq!(g.ret(READ, &[zero, 0x1000, 8]), err(Errno::EFAULT));
+    let urandom = g.open("/dev/urandom", 0) as u64;
+    let (x, y) = (g.read_bytes(urandom, 32).unwrap(), g.read_bytes(urandom, 32).unwrap());
+    assert_eq!(x.len(), 32);
+    assert_ne!(x, y);
+    assert_eq!(g.ret(FSTAT, &[urandom, BUF]), 0);
+    assert_eq!(g.mem.read_u32(BUF + 24).unwrap(), 0o020666);
+    assert_eq!(g.mem.read_u64(BUF + 40).unwrap(), (1 << 8) | 9);
+    // mmap of a device is not a file mapping.
+    assert_eq!(g.ret(MMAP, &[0, 4096, 1, 2, zero, 0]), err(Errno::ENODEV));
+    assert_eq!(g.open("/dev/tty", 0), err(Errno::ENOENT));
+    assert_eq!(g.open("/dev/new", O_WRONLY | O_CREAT), err(Errno::EROFS));
+    assert_eq!(g.open("/dev/null/x", 0), err(Errno::ENOTDIR));
+    let dev = g.open("/dev", O_DIRECTORY) as u64;
+    let n = g.ret(GETDENTS64, &[dev, BUF, 4096]);
+    let mut names = dirent_names(&g.mem.read_vec(BUF, n as u64).unwrap());
+    names.sort();
+    assert_eq!(names, [&b"."[..], b"..", b"null", b"random", b"urandom", b"zero"]);
+    let p = g.cstr(SCRATCH, "/dev/../dev/null");
+    assert_eq!(g.ret(UNLINKAT, &[AT_FDCWD, p, 0]), err(Errno::EROFS));
+    // statfs: the overlay's limit and usage, the image read-only and full.
+    let p = g.cstr(SCRATCH, "/tmp");
+    assert_eq!(g.ret(STATFS, &[p, BUF]), 0);
+    let field = |g: &Guest, i: u64| g.mem.read_u64(BUF + i * 8).unwrap();
+    assert_eq!(field(&g, 0), 0x0102_1994);
+    assert_eq!(field(&g, 2), DEFAULT_OVERLAY_LIMIT / 4096);
+    let free_before = field(&g, 3);
+    let f = g.open("/tmp/f", O_WRONLY | O_CREAT) as u64;
+    g.mem.write(BUF + 0x1000, &[1u8; 40_000]).unwrap();
+    assert_eq!(g.ret(WRITE, &[f, BUF + 0x1000, 40_000]), 40_000);
+    assert_eq!(g.ret(FSTATFS, &[f, BUF]), 0);
+    assert!(free_before - field(&g, 3) >= 40_000 / 4096, "free blocks went from {free_before} to {}", field(&g, 3));
+    assert_eq!(field(&g, 10) & 1, 0, "writable");
+    let p = g.cstr(SCRATCH, "/etc/passwd");
+    assert_eq!(g.ret(STATFS, &[p, BUF]), 0);
+    assert_eq!((field(&g, 3), field(&g, 4), field(&g, 10) & 1), (0, 0, 1));
+    assert_eq!(g.ret(STATFS, &[p, 0x1000]), err(Errno::EFAULT));
+    assert_eq!(g.ret(FSTATFS, &[77, BUF]), err(Errno::EBADF));
+}

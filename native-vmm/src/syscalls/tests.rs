@@ -855,3 +855,26 @@ fn dev_nodes_and_statfs() {
     assert_eq!(g.ret(STATFS, &[p, 0x1000]), err(Errno::EFAULT));
     assert_eq!(g.ret(FSTATFS, &[77, BUF]), err(Errno::EBADF));
 }
+
+#[test]
+fn sockets_epoll_and_devices_survive_a_template_snapshot() {
+    use crate::snapshot::codec::{Decoder, Encoder};
+    let mut g = guest();
+    let (a, b) = g.socketpair(O_NONBLOCK);
+    assert_eq!(g.write_bytes(a, b"kept"), 4);
+    assert_eq!(g.ret(SHUTDOWN, &[a, 1]), 0);
+    let ep = g.ret(EPOLL_CREATE1, &[0]) as u64;
+    assert_eq!(g.epoll_add(ep, b, EPOLLIN, 0x55), 0);
+    let null = g.open("/dev/null", O_WRONLY) as u64;
+    let mut e = Encoder::new();
+    g.proc.encode_state(&mut e).unwrap();
+    let bytes = e.into_bytes();
+    let mut d = Decoder::new(&bytes);
+    g.proc = GuestProcess::decode_state(&mut d, g.proc.config.vfs.image().clone(), 1 << 20).unwrap();
+    d.finish("process").unwrap();
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN, 0x55)]);
+    assert_eq!(g.read_bytes(b, 10).unwrap(), b"kept");
+    assert_eq!(g.read_bytes(b, 10).unwrap(), b"", "a's SHUT_WR is kept");
+    assert_eq!(g.write_bytes(a, b"x"), err(Errno::EPIPE));
+    assert_eq!(g.write_bytes(null, b"x"), 1);
+}

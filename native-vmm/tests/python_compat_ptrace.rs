@@ -165,3 +165,24 @@ print(os.fstatvfs(fd).f_blocks == (64 << 20) // 4096, bool(os.fstatvfs(fd).f_fla
 "#;
     assert_prints(code, "True True True\nTrue True\nTrue 0 0 True 255\nTrue False\n");
 }
+
+#[test]
+fn mmap_of_a_file_reads_and_copies_but_refuses_shared_writes() {
+    let code = r#"
+import mmap
+with open('/tmp/data.bin', 'wb') as f:
+    f.write(b'hello mapped world')
+with open('/tmp/data.bin', 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    print(m[:5], m.find(b'world'), len(m))
+with open('/tmp/data.bin', 'r+b') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as m:
+    m[:5] = b'HELLO'
+    print(m[:5], f.read(5))
+with open('/tmp/data.bin', 'r+b') as f:
+    try:
+        mmap.mmap(f.fileno(), 0)
+    except OSError as e:
+        print('shared writable:', e.errno)
+"#;
+    // A shared writable mapping would need writes to reach the file (syscalls/memory.rs): ENODEV.
+    assert_prints(code, "b'hello' 13 18\nb'HELLO' b'hello'\nshared writable: 19\n");
+}

@@ -3,7 +3,12 @@
 //! Protections are recorded, not enforced: the page tables are fixed and map all user memory
 //! read-write-execute (DESIGN.md), so the VM boundary, not page permissions, is the isolation.
 //! A file mapping is a copy of the file's bytes (MAP_PRIVATE semantics); a shared writable
-//! file mapping is refused with ENODEV because its writes could never reach the file.
+//! file mapping is refused with ENODEV because its writes could never reach the file. (Why not
+//! copy in and write back at msync/munmap: the page tables are fixed, so nothing marks which
+//! pages were written; write-back would have to cover every unmap path (munmap, MAP_FIXED over
+//! it, mremap, exit), keep the file open and live in the snapshot, and still differ from Linux,
+//! where read(2) and write(2) see the mapping at once. Python's mmap with ACCESS_READ or
+//! ACCESS_COPY works; its default, a shared writable mapping, raises OSError(ENODEV).)
 //!
 //! Out of memory: when mmap (or mremap's move) finds no room in guest memory, the run stops
 //! with `RunStatus::OutOfMemory`, as if the kernel's OOM killer had struck. An ENOMEM the

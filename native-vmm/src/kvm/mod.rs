@@ -31,6 +31,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::OnceLock;
 
+use crate::arch::cpu_state::CpuFeatures;
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
@@ -102,6 +103,8 @@ pub struct Kvm {
     vcpu_mmap_size: usize,
     /// The CPUID table KVM can present to a guest on this host.
     supported_cpuid: Box<KvmCpuid2<MAX_CPUID_ENTRIES>>,
+    /// What that table says about XSAVE and FSGSBASE (CR4 and XCR0 of every vCPU follow it).
+    features: CpuFeatures,
 }
 
 impl Kvm {
@@ -121,7 +124,8 @@ impl Kvm {
         let vcpu_mmap_size = sys::ioctl_val(fd.as_raw_fd(), KVM_GET_VCPU_MMAP_SIZE, 0).map_err(query("KVM_GET_VCPU_MMAP_SIZE"))? as usize;
         let mut supported_cpuid = Box::new(KvmCpuid2::<MAX_CPUID_ENTRIES>::with_capacity());
         sys::ioctl_mut(fd.as_raw_fd(), KVM_GET_SUPPORTED_CPUID, supported_cpuid.as_mut()).map_err(query("KVM_GET_SUPPORTED_CPUID"))?;
-        Ok(Kvm { fd, vcpu_mmap_size, supported_cpuid })
+        let features = CpuFeatures::from_cpuid(|function, index| supported_cpuid.leaf(function, index));
+        Ok(Kvm { fd, vcpu_mmap_size, supported_cpuid, features })
     }
 
     /// The process-wide /dev/kvm, opened and queried on first success, so that creating a VM

@@ -109,11 +109,10 @@ impl<'m> KvmCpu<'m> {
         let run_page = RunPage::map(&vcpu, kvm.vcpu_mmap_size)?;
 
         // CPUID first: KVM checks CR4 and XCR0 against the CPUID the guest was given.
-        let cpuid = kvm.supported_cpuid.as_ref();
-        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, cpuid).map_err(context("KVM_SET_CPUID2"))?;
-        let features = CpuFeatures::from_cpuid(|function, index| cpuid.leaf(function, index));
+        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, kvm.supported_cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;
+        let features = &kvm.features;
 
-        set_sregs(&vcpu, &features, user)?;
+        set_sregs(&vcpu, features, user)?;
         if let Some(xcr0) = features.xcr0() {
             let mut xcrs = KvmXcrs { nr_xcrs: 1, ..Default::default() };
             xcrs.xcrs[0] = KvmXcr { xcr: 0, reserved: 0, value: xcr0 };

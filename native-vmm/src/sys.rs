@@ -1,6 +1,8 @@
 //! The host FFI: the few libc calls the VMM makes, each wrapped in a safe function.
 //!
-//! Every `unsafe` block that calls into libc lives here (memory mapping lives in `memory.rs`).
+//! The VMM's libc calls live here; the other `unsafe` code is the mappings built on `mmap` and
+//! `munmap` (`memory.rs`, `kvm/run_page.rs`) and the test-only ptrace CPU's own calls
+//! (`devcpu/ptrace_sys.rs`).
 //! Wrappers return `io::Result` with the host errno, so callers never see raw return codes.
 
 use std::ffi::{c_int, c_long, c_uint, c_ulong, c_void};

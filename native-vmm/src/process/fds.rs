@@ -427,149 +427,125 @@ impl Default for FdTable {
 
 // ---- template snapshots (crate::snapshot): the table's state, encoded and checked ----
 
+/// Encodes a table of optional slots: its length, then per slot 0 (free) or 1 and the item.
+fn encode_slots<T>(e: &mut Encoder, slots: &[Option<T>], mut item: impl FnMut(&mut Encoder, &T)) {
+    e.len(slots.len());
+    for slot in slots {
+        match slot {
+            None => e.u8(0),
+            Some(value) => {
+                e.u8(1);
+                item(e, value);
+            }
+        }
+    }
+}
+
+/// Decodes what `encode_slots` wrote.
+fn decode_slots<'a, T>(d: &mut Decoder<'a>, what: &str, mut item: impl FnMut(&mut Decoder<'a>) -> Result<T, DecodeError>) -> Result<Vec<Option<T>>, DecodeError> {
+    let n = d.count(1, what)?;
+    let mut slots = Vec::with_capacity(n);
+    for _ in 0..n {
+        slots.push(match d.u8(what)? {
+            0 => None,
+            1 => Some(item(d)?),
+            t => return Err(DecodeError::new(format!("{what}: slot tag {t}"))),
+        });
+    }
+    Ok(slots)
+}
+
+impl Object {
+    fn encode_state(&self, e: &mut Encoder) {
+        match self {
+            Object::Stdin => e.u8(0),
+            Object::Output(Stream::Stdout) => e.u8(1),
+            Object::Output(Stream::Stderr) => e.u8(2),
+            Object::PipeRead(i) => {
+                e.u8(3);
+                e.len(*i);
+            }
+            Object::PipeWrite(i) => {
+                e.u8(4);
+                e.len(*i);
+            }
+            Object::Node(node) => {
+                e.u8(5);
+                node.encode_state(e);
+            }
+            Object::Socket { rx, tx, shut_write } => {
+                e.u8(6);
+                e.len(*rx);
+                e.len(*tx);
+                e.bool(*shut_write);
+            }
+            Object::Epoll(i) => {
+                e.u8(7);
+                e.len(*i);
+            }
+        }
+    }
+
+    fn decode_state(d: &mut Decoder, vfs: &Vfs) -> Result<Object, DecodeError> {
+        Ok(match d.u8("description object")? {
+            0 => Object::Stdin,
+            1 => Object::Output(Stream::Stdout),
+            2 => Object::Output(Stream::Stderr),
+            3 => Object::PipeRead(d.index(usize::MAX, "pipe index")?),
+            4 => Object::PipeWrite(d.index(usize::MAX, "pipe index")?),
+            5 => Object::Node(vfs.decode_node(d)?),
+            6 => Object::Socket { rx: d.index(usize::MAX, "socket pipe")?, tx: d.index(usize::MAX, "socket pipe")?, shut_write: d.bool("socket shutdown")? },
+            7 => Object::Epoll(d.index(usize::MAX, "epoll index")?),
+            t => return Err(DecodeError::new(format!("description object tag {t}"))),
+        })
+    }
+}
+
 impl FdTable {
     pub(crate) fn encode_state(&self, e: &mut Encoder) {
-        e.len(self.fds.len());
-        for slot in &self.fds {
-            match slot {
-                None => e.u8(0),
-                Some(slot) => {
-                    e.u8(1);
-                    e.len(slot.description);
-                    e.bool(slot.cloexec);
-                }
-            }
-        }
-        e.len(self.descriptions.len());
-        for description in &self.descriptions {
-            match description {
-                None => e.u8(0),
-                Some(d) => {
-                    e.u8(1);
-                    match &d.object {
-                        Object::Stdin => e.u8(0),
-                        Object::Output(Stream::Stdout) => e.u8(1),
-                        Object::Output(Stream::Stderr) => e.u8(2),
-                        Object::PipeRead(i) => {
-                            e.u8(3);
-                            e.len(*i);
-                        }
-                        Object::PipeWrite(i) => {
-                            e.u8(4);
-                            e.len(*i);
-                        }
-                        Object::Node(node) => {
-                            e.u8(5);
-                            node.encode_state(e);
-                        }
-                        Object::Socket { rx, tx, shut_write } => {
-                            e.u8(6);
-                            e.len(*rx);
-                            e.len(*tx);
-                            e.bool(*shut_write);
-                        }
-                        Object::Epoll(i) => {
-                            e.u8(7);
-                            e.len(*i);
-                        }
-                    }
-                    e.u32(d.flags);
-                    e.u64(d.offset);
-                    e.u32(d.refs);
-                }
-            }
-        }
-        e.len(self.pipes.len());
-        for pipe in &self.pipes {
-            match pipe {
-                None => e.u8(0),
-                Some(p) => {
-                    e.u8(1);
-                    let (front, back) = p.buffer.as_slices();
-                    e.len(front.len() + back.len());
-                    e.raw(front);
-                    e.raw(back);
-                    e.u32(p.readers);
-                    e.u32(p.writers);
-                    e.bool(p.shut_read);
-                }
-            }
-        }
-        e.len(self.epolls.len());
-        for epoll in &self.epolls {
-            match epoll {
-                None => e.u8(0),
-                Some(set) => {
-                    e.u8(1);
-                    set.encode_state(e);
-                }
-            }
-        }
+        encode_slots(e, &self.fds, |e, slot| {
+            e.len(slot.description);
+            e.bool(slot.cloexec);
+        });
+        encode_slots(e, &self.descriptions, |e, d| {
+            d.object.encode_state(e);
+            e.u32(d.flags);
+            e.u64(d.offset);
+            e.u32(d.refs);
+        });
+        encode_slots(e, &self.pipes, |e, p| {
+            let (front, back) = p.buffer.as_slices();
+            e.len(front.len() + back.len());
+            e.raw(front);
+            e.raw(back);
+            e.u32(p.readers);
+            e.u32(p.writers);
+            e.bool(p.shut_read);
+        });
+        encode_slots(e, &self.epolls, |e, set| set.encode_state(e));
         e.u64(self.limit);
     }
 
-    /// The table `encode_state` wrote; nodes are checked against `vfs`, every fd's description
-    /// and every pipe end's pipe must exist.
+    /// The table `encode_state` wrote; nodes are checked against `vfs`, every fd's description,
+    /// every channel a pipe end or socket uses and every epoll instance must exist.
     pub(crate) fn decode_state(d: &mut Decoder, vfs: &Vfs) -> Result<FdTable, DecodeError> {
-        let n = d.count(1, "fd count")?;
-        if n as u64 > FD_LIMIT {
-            return Err(DecodeError::new(format!("{n} fds, more than {FD_LIMIT}")));
+        let fds = decode_slots(d, "fd slot", |d| Ok(Slot { description: d.index(usize::MAX, "fd description")?, cloexec: d.bool("fd cloexec")? }))?;
+        if fds.len() as u64 > FD_LIMIT {
+            return Err(DecodeError::new(format!("{} fds, more than {FD_LIMIT}", fds.len())));
         }
-        let mut fds = Vec::with_capacity(n);
-        for _ in 0..n {
-            fds.push(match d.u8("fd slot")? {
-                0 => None,
-                1 => Some(Slot { description: d.index(usize::MAX, "fd description")?, cloexec: d.bool("fd cloexec")? }),
-                t => return Err(DecodeError::new(format!("fd slot tag {t}"))),
-            });
-        }
-        let n = d.count(1, "description count")?;
-        let mut descriptions = Vec::with_capacity(n);
-        for _ in 0..n {
-            descriptions.push(match d.u8("description")? {
-                0 => None,
-                1 => {
-                    let object = match d.u8("description object")? {
-                        0 => Object::Stdin,
-                        1 => Object::Output(Stream::Stdout),
-                        2 => Object::Output(Stream::Stderr),
-                        3 => Object::PipeRead(d.index(usize::MAX, "pipe index")?),
-                        4 => Object::PipeWrite(d.index(usize::MAX, "pipe index")?),
-                        5 => Object::Node(vfs.decode_node(d)?),
-                        6 => Object::Socket { rx: d.index(usize::MAX, "socket pipe")?, tx: d.index(usize::MAX, "socket pipe")?, shut_write: d.bool("socket shutdown")? },
-                        7 => Object::Epoll(d.index(usize::MAX, "epoll index")?),
-                        t => return Err(DecodeError::new(format!("description object tag {t}"))),
-                    };
-                    Some(Description { object, flags: d.u32("description flags")?, offset: d.u64("description offset")?, refs: d.u32("description refs")? })
-                }
-                t => return Err(DecodeError::new(format!("description tag {t}"))),
-            });
-        }
-        let n = d.count(1, "pipe count")?;
-        let mut pipes = Vec::with_capacity(n);
-        for _ in 0..n {
-            pipes.push(match d.u8("pipe")? {
-                0 => None,
-                1 => {
-                    let len = d.count(1, "pipe buffer")?;
-                    if len > PIPE_CAPACITY {
-                        return Err(DecodeError::new(format!("pipe holds {len} bytes, more than its capacity")));
-                    }
-                    let buffer = d.raw(len, "pipe buffer")?.iter().copied().collect();
-                    Some(Pipe { buffer, readers: d.u32("pipe readers")?, writers: d.u32("pipe writers")?, shut_read: d.bool("pipe shutdown")? })
-                }
-                t => return Err(DecodeError::new(format!("pipe tag {t}"))),
-            });
-        }
-        let n = d.count(1, "epoll count")?;
-        let mut epolls = Vec::with_capacity(n);
-        for _ in 0..n {
-            epolls.push(match d.u8("epoll")? {
-                0 => None,
-                1 => Some(EpollSet::decode_state(d, FD_LIMIT)?),
-                t => return Err(DecodeError::new(format!("epoll tag {t}"))),
-            });
-        }
+        let descriptions = decode_slots(d, "description", |d| {
+            let object = Object::decode_state(d, vfs)?;
+            Ok(Description { object, flags: d.u32("description flags")?, offset: d.u64("description offset")?, refs: d.u32("description refs")? })
+        })?;
+        let pipes = decode_slots(d, "pipe", |d| {
+            let len = d.count(1, "pipe buffer")?;
+            if len > PIPE_CAPACITY {
+                return Err(DecodeError::new(format!("pipe holds {len} bytes, more than its capacity")));
+            }
+            let buffer = d.raw(len, "pipe buffer")?.iter().copied().collect();
+            Ok(Pipe { buffer, readers: d.u32("pipe readers")?, writers: d.u32("pipe writers")?, shut_read: d.bool("pipe shutdown")? })
+        })?;
+        let epolls = decode_slots(d, "epoll", |d| EpollSet::decode_state(d, FD_LIMIT))?;
         let limit = d.u64("fd limit")?.min(FD_LIMIT);
         for slot in fds.iter().flatten() {
             if !descriptions.get(slot.description).is_some_and(Option::is_some) {
@@ -581,7 +557,7 @@ impl FdTable {
                 Object::PipeRead(i) | Object::PipeWrite(i) => ([Some(i), None], None),
                 Object::Socket { rx, tx, .. } => ([Some(rx), Some(tx)], None),
                 Object::Epoll(i) => ([None, None], Some(i)),
-                _ => ([None, None], None),
+                Object::Stdin | Object::Output(_) | Object::Node(_) => ([None, None], None),
             };
             for i in channels.into_iter().flatten() {
                 if !pipes.get(i).is_some_and(Option::is_some) {

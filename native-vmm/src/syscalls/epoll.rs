@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use super::files::fd_arg;
-use super::poll::{ready_bits, wait, POLLERR, POLLHUP};
+use super::poll::{ready_bits, timeout_ms, wait, POLLERR, POLLHUP};
 use super::{value, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Interest, Object};
@@ -139,12 +139,6 @@ fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeo
         }
     }
     value(ready.len() as u64)
-}
-
-/// A millisecond timeout argument: negative waits forever.
-fn timeout_ms(arg: u64) -> Option<Duration> {
-    let ms = arg as u32 as i32;
-    (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
 /// epoll_wait(epfd, events, maxevents, timeout_ms)

@@ -110,22 +110,30 @@ fn poll_common(proc: &mut GuestProcess, user: &UserMemory, fds: u64, nfds: u64, 
     value(ready)
 }
 
+/// A timeout argument in milliseconds (an int): negative waits forever (None).
+pub(super) fn timeout_ms(arg: u64) -> Option<Duration> {
+    let ms = arg as u32 as i32;
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+/// A timeout argument pointing at a `struct timespec`: NULL waits forever (None).
+fn timeout_timespec(user: &UserMemory, addr: u64) -> Result<Option<Duration>, Errno> {
+    if addr == 0 {
+        return Ok(None);
+    }
+    let (sec, nsec) = user.read_timespec(addr)?;
+    Ok(Some(Duration::new(sec, nsec)))
+}
+
 /// poll(fds, nfds, timeout_ms): a negative timeout waits forever.
 pub(crate) fn poll(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let ms = args[2] as u32 as i32;
-    let timeout = if ms < 0 { None } else { Some(Duration::from_millis(ms as u64)) };
-    poll_common(proc, user, args[0], args[1], timeout, 7)
+    poll_common(proc, user, args[0], args[1], timeout_ms(args[2]), 7)
 }
 
 /// ppoll(fds, nfds, timeout_ts, sigmask, sigsetsize): a NULL timeout waits forever; the
 /// temporary signal mask changes nothing since no signal is delivered.
 pub(crate) fn ppoll(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let timeout = if args[2] == 0 {
-        None
-    } else {
-        let (sec, nsec) = user.read_timespec(args[2])?;
-        Some(Duration::new(sec, nsec))
-    };
+    let timeout = timeout_timespec(user, args[2])?;
     poll_common(proc, user, args[0], args[1], timeout, 271)
 }
 
@@ -184,11 +192,6 @@ pub(crate) fn select(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
 
 /// pselect6(nfds, readfds, writefds, exceptfds, timeout_ts, sigmask_arg)
 pub(crate) fn pselect6(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let timeout = if args[4] == 0 {
-        None
-    } else {
-        let (sec, nsec) = user.read_timespec(args[4])?;
-        Some(Duration::new(sec, nsec))
-    };
+    let timeout = timeout_timespec(user, args[4])?;
     select_common(proc, user, args, timeout, 270)
 }

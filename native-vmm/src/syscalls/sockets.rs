@@ -24,6 +24,16 @@ const MSG_PEEK: u64 = 0x2;
 const MSG_DONTWAIT: u64 = 0x40;
 
 const SOL_SOCKET: u64 = 1;
+const SO_REUSEADDR: u64 = 2;
+const SO_TYPE: u64 = 3;
+const SO_ERROR: u64 = 4;
+const SO_SNDBUF: u64 = 7;
+const SO_RCVBUF: u64 = 8;
+const SO_KEEPALIVE: u64 = 9;
+const SO_PASSCRED: u64 = 16;
+const SO_ACCEPTCONN: u64 = 30;
+const SO_PROTOCOL: u64 = 38;
+const SO_DOMAIN: u64 = 39;
 
 const ENOPROTOOPT: Errno = Errno(92);
 const EPROTONOSUPPORT: Errno = Errno(93);
@@ -176,22 +186,13 @@ fn write_truncated(user: &UserMemory, buf: u64, len_addr: u64, bytes: &[u8]) -> 
     }
     let n = bytes.len().min(room as usize);
     user.write(buf, &bytes[..n])?;
-    user.write_u32(len_addr, bytes.len().min(room as usize) as u32)?;
+    user.write_u32(len_addr, n as u32)?;
     value(0)
 }
 
 /// getsockopt(fd, level, name, value, len): the SOL_SOCKET options programs probe; anything
 /// else is ENOPROTOOPT.
 pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    const SO_REUSEADDR: u64 = 2;
-    const SO_TYPE: u64 = 3;
-    const SO_ERROR: u64 = 4;
-    const SO_SNDBUF: u64 = 7;
-    const SO_RCVBUF: u64 = 8;
-    const SO_KEEPALIVE: u64 = 9;
-    const SO_ACCEPTCONN: u64 = 30;
-    const SO_PROTOCOL: u64 = 38;
-    const SO_DOMAIN: u64 = 39;
     let [fd, level, name, optval, optlen, _] = args;
     socket(proc, fd)?;
     if level as u32 as u64 != SOL_SOCKET {
@@ -211,11 +212,6 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 /// accepted (buffer sizes stay PIPE_CAPACITY); timeouts and the rest are ENOPROTOOPT, since a
 /// receive timeout could not be honoured (a blocking receive stops the run).
 pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    const SO_REUSEADDR: u64 = 2;
-    const SO_SNDBUF: u64 = 7;
-    const SO_RCVBUF: u64 = 8;
-    const SO_KEEPALIVE: u64 = 9;
-    const SO_PASSCRED: u64 = 16;
     let [fd, level, name, optval, optlen, _] = args;
     socket(proc, fd)?;
     if level as u32 as u64 != SOL_SOCKET || !matches!(name as u32 as u64, SO_REUSEADDR | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED) {

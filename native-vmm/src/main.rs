@@ -85,8 +85,8 @@ usage: sandfork-vmm bench fork --template DIR [--iterations N]
 
 Restores VMs from the snapshot in a template folder (its file image plus the template.sfsnap
 written by `sandfork-vmm template build`) and serves each `pass`: p50/p99 of the copy-on-write
-fork of its memory, of the KVM vCPU restore, of both (the VM ready for a request), and of the
-hand-off to the agent's exit.
+fork of its memory, of the KVM vCPU restore, of the whole fork (both, and the copy of the
+VMM-side process state: the VM ready for a request), and of the hand-off to the agent's exit.
 
 options:
   --template DIR     template folder (image and snapshot)

@@ -22,7 +22,8 @@ pub struct ForkReport {
     pub memory: Latency,
     /// The vCPU restored on it.
     pub vcpu: Latency,
-    /// Memory and vCPU: the VM, ready to be handed a request.
+    /// The VM ready to be handed a request: memory, vCPU and the copy of the template's
+    /// VMM-side process state.
     pub fork: Latency,
     /// Hand-off to exit of `pass`, including the first touches of the template's pages.
     pub serve: Latency,
@@ -36,15 +37,17 @@ pub fn measure(template: &Template, how: ForkMemory, make_cpu: &RestoreFactory, 
         let mem = template.new_memory(how).map_err(LaunchError::Memory)?;
         let mapped = Instant::now();
         let cpu = make_cpu(&mem, template.cpu()).map_err(LaunchError::Cpu)?;
+        let restored = Instant::now();
+        let ready = template.ready_guest(&mem, cpu, DEFAULT_OUTPUT_CAP);
         let ready_at = Instant::now();
-        let outcome = template.ready_guest(&mem, cpu, DEFAULT_OUTPUT_CAP).serve(AgentRequest::new(CODE), Duration::from_secs(10))?;
+        let outcome = ready.serve(AgentRequest::new(CODE), Duration::from_secs(10))?;
         let served = ready_at.elapsed();
         if outcome.status != (RunStatus::Exited { code: 0 }) {
             let reason = format!("`{CODE}` ended with {} in a restored VM; stderr: {}", outcome.status, String::from_utf8_lossy(&outcome.stderr));
             return Err(LaunchError::AgentNotReady { reason });
         }
         memory.push(mapped - started);
-        vcpu.push(ready_at - mapped);
+        vcpu.push(restored - mapped);
         fork.push(ready_at - started);
         serve.push(served);
     }
@@ -60,7 +63,7 @@ impl fmt::Display for ForkReport {
             ForkMemory::CopyOnWrite => "memory (copy-on-write fork)",
             ForkMemory::Copy => "memory (full copy)",
         };
-        for (name, l) in [(memory, &self.memory), ("vCPU restore", &self.vcpu), ("fork (memory + vCPU)", &self.fork), ("serve (hand-off to exit)", &self.serve)] {
+        for (name, l) in [(memory, &self.memory), ("vCPU restore", &self.vcpu), ("fork (VM ready)", &self.fork), ("serve (hand-off to exit)", &self.serve)] {
             writeln!(f, "{name:<28} {:>12?} {:>12?} {:>12?} {:>12?}", l.p50, l.p99, l.min, l.max)?;
         }
         Ok(())

@@ -861,13 +861,14 @@ mod tests {
     fn root_listing_merges_writable_mounts() {
         let (_d, vfs) = sample_vfs(1 << 20);
         let names: Vec<String> = vfs.read_dir(vfs.root()).unwrap().iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
-        assert_eq!(names, [".", "..", "bin", "etc", "lib", "loop1", "loop2", "tmp", "usr", "work"]);
+        assert_eq!(names, [".", "..", "bin", "dev", "etc", "lib", "loop1", "loop2", "tmp", "usr", "work"]);
         let entries = vfs.read_dir(vfs.root()).unwrap();
         assert_eq!(entries[2].kind, FileKind::Symlink);
-        assert_eq!(entries[7].kind, FileKind::Directory);
+        assert_eq!(entries[3].kind, FileKind::Directory);
+        assert_eq!(entries[8].kind, FileKind::Directory);
         assert_eq!(entries[0].ino, entries[1].ino, "the root is its own parent");
-        // Root nlink: 2 + etc, usr, tmp, work.
-        assert_eq!(vfs.stat(vfs.root()).unwrap().nlink, 6);
+        // Root nlink: 2 + dev, etc, usr, tmp, work.
+        assert_eq!(vfs.stat(vfs.root()).unwrap().nlink, 7);
         let passwd = vfs.resolve(vfs.root(), b"/etc/passwd", true).unwrap();
         assert_eq!(vfs.read_dir(passwd), Err(Errno::ENOTDIR));
     }

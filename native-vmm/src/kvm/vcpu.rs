@@ -31,8 +31,8 @@ const USER_ADDRESS_LIMIT: u64 = 1 << 47;
 /// A KVM vCPU running one guest program. It borrows the guest memory it was built on: the VM's
 /// memory slot points into that mapping, so the memory must outlive the VM.
 pub struct KvmCpu<'m> {
-    // Field order is drop order: the watchdog (which writes into the run page and signals the
-    // vCPU thread) stops before the run page is unmapped.
+    // Field order is drop order: the watchdog entry (whose `on_fire` writes into the run page)
+    // is removed before the run page is unmapped.
     watchdog: Watchdog,
     run_page: RunPage,
     vcpu: OwnedFd,

@@ -154,3 +154,15 @@ fn a_broken_template_stops_the_start() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("listing templates"));
 }
+
+#[test]
+fn sigterm_stops_a_daemon_whose_stderr_is_a_broken_pipe() {
+    // A gateway killed with SIGKILL leaves its daemon writing into a closed pipe.
+    let dir = scratch("bin-orphan");
+    let mut daemon = Daemon::start(&dir);
+    drop(daemon.child.stderr.take());
+    drop(daemon.child.stdout.take());
+    let status = daemon.terminate();
+    assert!(status.success(), "exit status {status}");
+    assert!(!daemon.socket.exists(), "SIGTERM removes the socket file");
+}

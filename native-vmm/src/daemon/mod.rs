@@ -86,7 +86,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         .name("sandfork-signals".into())
         .spawn(move || {
             if let Ok(signum) = sys::wait_for_signal(&signals) {
-                eprintln!("sandfork-vmm serve: signal {signum}, stopping");
+                log(format_args!("signal {signum}, stopping"));
             }
             stopper.stop();
         })
@@ -96,7 +96,14 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         Ok(()) => "available".to_owned(),
         Err(reason) => format!("unavailable: {reason}"),
     };
-    eprintln!("sandfork-vmm serve: listening on {} ({} templates, kvm {kvm})", server.path().display(), health.templates);
+    log(format_args!("listening on {} ({} templates, kvm {kvm})", server.path().display(), health.templates));
     server.run();
     Ok(())
+}
+
+/// One line on the daemon's stderr. A supervisor that died leaves stderr a broken pipe; `eprintln!`
+/// would then panic (in the signal thread: SIGTERM would be ignored), so write errors are dropped.
+pub(crate) fn log(message: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "sandfork-vmm serve: {message}");
 }

@@ -225,7 +225,7 @@ impl Server {
                 Ok(stream) => stream,
                 // Out of descriptors or memory: refuse this one, keep serving the rest.
                 Err(e) => {
-                    eprintln!("sandfork-vmm serve: accept: {e}");
+                    super::log(format_args!("accept: {e}"));
                     thread::sleep(Duration::from_millis(10));
                     continue;
                 }
@@ -242,7 +242,7 @@ impl Server {
                 Connection::serve(stream, connection_shared);
             });
             if let Err(e) = spawned {
-                eprintln!("sandfork-vmm serve: starting a connection thread: {e}");
+                super::log(format_args!("starting a connection thread: {e}"));
             }
         }
         drop((listener, socket));

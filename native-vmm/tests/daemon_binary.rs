@@ -162,7 +162,10 @@ fn sigterm_stops_a_daemon_whose_stderr_is_a_broken_pipe() {
     let mut daemon = Daemon::start(&dir);
     drop(daemon.child.stderr.take());
     drop(daemon.child.stdout.take());
-    let status = daemon.terminate();
-    assert!(status.success(), "exit status {status}");
+    let sent = Command::new("kill").arg("-TERM").arg(daemon.child.id().to_string()).status().expect("running kill");
+    assert!(sent.success());
+    let exited = wait_for(Duration::from_secs(10), || matches!(daemon.child.try_wait(), Ok(Some(_))));
+    assert!(exited, "the daemon ignored SIGTERM");
+    assert!(daemon.child.wait().unwrap().success());
     assert!(!daemon.socket.exists(), "SIGTERM removes the socket file");
 }

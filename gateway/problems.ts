@@ -30,7 +30,7 @@ export const PROBLEMS = {
   "concurrency-limit": { status: 429, title: "Too many executions in flight for this key", retryable: true },
   "internal-error": { status: 500, title: "Internal error", retryable: true },
   "runtime-failed": { status: 502, title: "The execution runtime failed before finishing the execution", retryable: true },
-  "runtime-unavailable": { status: 503, title: "No execution runtime is connected", retryable: true },
+  "runtime-unavailable": { status: 503, title: "The execution runtime cannot run code now", retryable: true },
   "runtime-busy": { status: 503, title: "The execution runtime is at capacity", retryable: true },
 } as const satisfies Record<string, ProblemSpec>;
 

@@ -27,6 +27,14 @@ describe("gateway process on embedded PGlite", () => {
       const keys = (await (await fetch(`${first.url}/v1/keys`, { headers: auth })).json()) as { keys: { scopes: string[] }[] };
       expect(keys.keys).toHaveLength(1);
       expect(keys.keys[0]?.scopes).toEqual(["admin", "execute", "usage:read"]);
+      const grantPath = firstLog.join("\n").match(/POST (\/v1\/accounts\/[0-9a-f-]+\/credits)/)?.[1];
+      expect(grantPath).toBeDefined();
+      const granted = await fetch(`${first.url}${grantPath}`, {
+        method: "POST",
+        headers: { ...auth, "content-type": "application/json" },
+        body: JSON.stringify({ units: 100 }),
+      });
+      expect(await granted.json()).toMatchObject({ balance_units: 100 });
       const minted = await fetch(`${first.url}/v1/tokens`, {
         method: "POST",
         headers: { ...auth, "content-type": "application/json" },

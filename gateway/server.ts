@@ -9,7 +9,7 @@ import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { createGateway } from "./app.js";
 import { loadSigningKey, TokenService } from "./auth/tokens.js";
 import type { GatewayConfig } from "./config.js";
-import { issueKey } from "./key-service.js";
+import { issueKey, type IssuedKey } from "./key-service.js";
 import { createTelemetry } from "./telemetry.js";
 
 export const EMBEDDED_DATABASE_DIR = "data";
@@ -23,14 +23,13 @@ export function openConfiguredDatabase(config: GatewayConfig): Promise<OpenDatab
 }
 
 /** On an empty database, creates the operator's admin key; returns the secret, or null. */
-export async function bootstrapAdminKey(open: OpenDatabase, config: GatewayConfig): Promise<string | null> {
+export async function bootstrapAdminKey(open: OpenDatabase, config: GatewayConfig): Promise<IssuedKey | null> {
   if ((await countKeys(open.db)) > 0) return null;
-  const { key } = await issueKey(open.db, {
+  return issueKey(open.db, {
     name: "operator",
     scopes: ["admin", "execute", "usage:read"],
     limits: config.defaultKeyLimits,
   });
-  return key;
 }
 
 export interface RunningGateway {
@@ -49,11 +48,12 @@ export async function startGateway(
   const released = await releaseStaleReservations(open.db, staleBefore);
   if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
 
-  const adminKey = await bootstrapAdminKey(open, config);
-  if (adminKey !== null) {
+  const admin = await bootstrapAdminKey(open, config);
+  if (admin !== null) {
     log("");
     log("First start on an empty database: created an admin API key. It is shown only this once:");
-    log(`  ${adminKey}`);
+    log(`  ${admin.key}`);
+    log(`Its account has no credits yet: grant some with POST /v1/accounts/${admin.stored.accountId}/credits {"units": N}.`);
     log("Create keys for callers with POST /v1/keys (or `npm run keys:create`).");
     log("");
   }

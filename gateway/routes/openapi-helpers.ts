@@ -15,7 +15,7 @@ const PROBLEM_DESCRIPTIONS: Record<number, string> = {
   422: "Validation failed (problems/validation-failed, unknown-template, idempotency-key-reused)",
   429: "Rate or concurrency limit, see Retry-After (problems/rate-limited, concurrency-limit)",
   502: "The runtime failed during the execution; nothing was charged (problems/runtime-failed)",
-  503: "No execution runtime connected, or it is at capacity; see Retry-After (problems/runtime-unavailable, runtime-busy)",
+  503: "The execution runtime cannot run code now (not connected, no KVM) or is at capacity; see Retry-After (problems/runtime-unavailable, runtime-busy)",
 };
 
 export function problemResponses<S extends keyof typeof PROBLEM_DESCRIPTIONS>(...statuses: S[]) {

@@ -1,0 +1,13 @@
+// `npm run build:templates`: builds every template image that is missing or stale into the folder
+// the daemon serves (.sandfork/templates/<name>/ by default), exactly as `npm start` would.
+import { resolve } from "node:path";
+import { loadRuntimeConfig } from "../config.js";
+import { discoverTemplateSources, ensureTemplates } from "../templates.js";
+
+const config = loadRuntimeConfig(process.env, resolve(process.env.SANDFORK_DATA_DIR ?? ".sandfork"));
+await ensureTemplates(discoverTemplateSources(config.templateSourcesDir), {
+  binary: config.binary,
+  templatesDir: config.templatesDir,
+  force: config.rebuildTemplates,
+  log: (line) => console.log(line),
+});

@@ -101,6 +101,8 @@ export const UsageQuerySchema = z.object({
   to: z.string().datetime({ offset: true }).optional().openapi({ description: "End (exclusive). Default: now" }),
 });
 
+const BALANCE_FIELDS = { balance_units: z.number().int(), reserved_units: z.number().int(), available_units: z.number().int() };
+
 export const UsageSchema = z
   .object({
     key_id: z.string().uuid(),
@@ -111,7 +113,7 @@ export const UsageSchema = z
     executions: z.number().int(),
     units: z.number().int(),
     by_template: z.array(z.object({ template: z.string(), executions: z.number().int(), units: z.number().int() })),
-    balance: z.object({ balance_units: z.number().int(), reserved_units: z.number().int(), available_units: z.number().int() }),
+    balance: z.object(BALANCE_FIELDS),
   })
   .openapi("Usage");
 
@@ -157,9 +159,7 @@ export const CreatedKeySchema = KeySchema.extend({
 
 export const CreditGrantSchema = z.object({ units: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER) }).strict().openapi("CreditGrant");
 
-export const BalanceSchema = z
-  .object({ account_id: z.string().uuid(), balance_units: z.number().int(), reserved_units: z.number().int(), available_units: z.number().int() })
-  .openapi("Balance");
+export const BalanceSchema = z.object({ account_id: z.string().uuid(), ...BALANCE_FIELDS }).openapi("Balance");
 
 export const TokenRequestSchema = z
   .object({

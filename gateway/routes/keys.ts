@@ -6,7 +6,7 @@ import { issueKey } from "../key-service.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { ProblemError } from "../problems.js";
 import { BalanceSchema, CreateKeyRequestSchema, CreatedKeySchema, CreditGrantSchema, IdParamSchema, KeySchema } from "../schemas.js";
-import { AUTHENTICATED, keyJson, problemResponses } from "./openapi-helpers.js";
+import { AUTHENTICATED, balanceJson, keyJson, problemResponses } from "./openapi-helpers.js";
 
 export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
   const admin = authenticate(ctx, "admin");
@@ -94,14 +94,6 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     const { id } = c.req.valid("param");
     const balance = await grantCredits(ctx.db, id, c.req.valid("json").units);
     if (balance === undefined) throw new ProblemError("not-found", `no account ${id}`);
-    return c.json(
-      {
-        account_id: balance.accountId,
-        balance_units: balance.balanceUnits,
-        reserved_units: balance.reservedUnits,
-        available_units: balance.availableUnits,
-      },
-      200,
-    );
+    return c.json({ account_id: balance.accountId, ...balanceJson(balance) }, 200);
   });
 }

@@ -1,6 +1,6 @@
 // Shared pieces of route definitions.
 import type { ExecutionRecord } from "../../db/billing.js";
-import type { StoredKey } from "../../db/keys.js";
+import type { AccountBalance, StoredKey } from "../../db/keys.js";
 import { ProblemSchema } from "../schemas.js";
 
 const PROBLEM_DESCRIPTIONS: Record<number, string> = {
@@ -68,5 +68,14 @@ export function keyJson(key: StoredKey) {
     rate_limit_per_minute: key.limits.rateLimitPerMinute,
     max_concurrency: key.limits.maxConcurrency,
     max_body_bytes: key.limits.maxBodyBytes,
+  };
+}
+
+/** An account's credits as the usage and credit-grant answers show them. */
+export function balanceJson(balance: AccountBalance) {
+  return {
+    balance_units: balance.balanceUnits,
+    reserved_units: balance.reservedUnits,
+    available_units: balance.availableUnits,
   };
 }

@@ -7,7 +7,7 @@ import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate } from "../middleware.js";
 import { ProblemError } from "../problems.js";
 import { UsageQuerySchema, UsageSchema } from "../schemas.js";
-import { AUTHENTICATED, problemResponses } from "./openapi-helpers.js";
+import { AUTHENTICATED, balanceJson, problemResponses } from "./openapi-helpers.js";
 
 const startOfUtcMonth = (now: Date) => new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
 
@@ -52,11 +52,7 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
         executions: usage.executions,
         units: usage.units,
         by_template: usage.byTemplate,
-        balance: {
-          balance_units: balance.balanceUnits,
-          reserved_units: balance.reservedUnits,
-          available_units: balance.availableUnits,
-        },
+        balance: balanceJson(balance),
       },
       200,
     );

@@ -56,16 +56,11 @@ function toRecord(row: ExecutionRow): ExecutionRecord {
   return { ...row, status: row.status as ExecutionStatus, timings: row.timings as ExecutionTimingsRecord | null };
 }
 
-export interface Reservation {
+/** What reserve records about a new execution, and the units it holds. */
+export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId" | "idempotencyKey" | "requestHash" | "template"> & {
   executionId: string;
-  accountId: string;
-  keyId: string;
-  tokenId: string | null;
-  idempotencyKey: string | null;
-  requestHash: string;
-  template: string;
   units: number;
-}
+};
 
 export type ReserveOutcome =
   | { kind: "reserved"; execution: ExecutionRecord }

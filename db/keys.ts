@@ -126,7 +126,10 @@ export async function getBalance(db: Database, accountId: string): Promise<Accou
     .select({ balance: accounts.balanceUnits, reserved: accounts.reservedUnits })
     .from(accounts)
     .where(eq(accounts.id, accountId));
-  if (!row) return undefined;
+  return row === undefined ? undefined : toBalance(accountId, row);
+}
+
+function toBalance(accountId: string, row: { balance: number; reserved: number }): AccountBalance {
   return { accountId, balanceUnits: row.balance, reservedUnits: row.reserved, availableUnits: row.balance - row.reserved };
 }
 
@@ -134,13 +137,13 @@ export async function getBalance(db: Database, accountId: string): Promise<Accou
 export async function grantCredits(db: Database, accountId: string, units: number): Promise<AccountBalance | undefined> {
   if (!Number.isSafeInteger(units) || units <= 0) throw new RangeError("a grant is a positive integer number of units");
   return db.transaction(async (tx) => {
-    const updated = await tx
+    const [row] = await tx
       .update(accounts)
       .set({ balanceUnits: sql`${accounts.balanceUnits} + ${units}` })
       .where(eq(accounts.id, accountId))
-      .returning({ id: accounts.id });
-    if (updated.length === 0) return undefined;
+      .returning({ balance: accounts.balanceUnits, reserved: accounts.reservedUnits });
+    if (!row) return undefined;
     await tx.insert(usageLedger).values({ accountId, kind: "grant", units });
-    return getBalance(tx as unknown as Database, accountId);
+    return toBalance(accountId, row);
   });
 }

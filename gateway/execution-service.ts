@@ -3,7 +3,6 @@
 // → reserve the worst-case cost → execute → settle the actual cost (durable before the answer).
 // Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
-import { SpanStatusCode, type Span } from "@opentelemetry/api";
 import type { Database } from "../db/client.js";
 import { type ExecutionRecord, findByIdempotencyKey, release, reserve, settle } from "../db/billing.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
@@ -13,7 +12,7 @@ import type { ExecutionLimits } from "./config.js";
 import type { ConcurrencyLimiter, TokenExecutionCounter } from "./limits.js";
 import { costUnits, type Pricing, priceOf } from "./pricing.js";
 import { ProblemError } from "./problems.js";
-import type { Telemetry } from "./telemetry.js";
+import { inSpan, type Telemetry } from "./telemetry.js";
 
 /** Extra time the runtime gets past the program's own timeout before the gateway gives up on it. */
 const RUNTIME_GRACE_MS = 10_000;
@@ -172,22 +171,18 @@ export class ExecutionService {
     const executionId = randomUUID();
     const reservedUnits = costUnits(price, request.timeoutMs);
 
-    const reservation = await tracer.startActiveSpan("billing.reserve", async (span) => {
+    const reservation = await inSpan(tracer, "billing.reserve", (span) => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.reserved_units": reservedUnits });
-      try {
-        return await reserve(this.deps.db, {
-          executionId,
-          accountId: principal.accountId,
-          keyId: principal.keyId,
-          tokenId: principal.token?.id ?? null,
-          idempotencyKey,
-          requestHash: hash,
-          template: request.template,
-          units: reservedUnits,
-        });
-      } finally {
-        span.end();
-      }
+      return reserve(this.deps.db, {
+        executionId,
+        accountId: principal.accountId,
+        keyId: principal.keyId,
+        tokenId: principal.token?.id ?? null,
+        idempotencyKey,
+        requestHash: hash,
+        template: request.template,
+        units: reservedUnits,
+      });
     });
     if (reservation.kind === "duplicate") return { record: this.replay(principal, reservation.existing, hash), replayed: true };
     if (reservation.kind === "key-revoked") throw new ProblemError("credentials-revoked", "the API key behind this credential has been revoked");
@@ -214,24 +209,17 @@ export class ExecutionService {
     // Billed time is what the VM existed for this request: fork plus run, never past the timeout.
     const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, request.timeoutMs);
     const chargedUnits = Math.min(costUnits(price, billedMs), reservedUnits);
-    const record = await tracer.startActiveSpan("billing.settle", async (span: Span) => {
+    const record = await inSpan(tracer, "billing.settle", (span) => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
-      try {
-        return await settle(this.deps.db, executionId, {
-          status: result.outcome,
-          exitCode: result.exitCode,
-          stdout: result.stdout,
-          stderr: result.stderr,
-          truncated: result.truncated,
-          timings: { ...result.timings, totalMs },
-          chargedUnits,
-        });
-      } catch (error) {
-        span.setStatus({ code: SpanStatusCode.ERROR });
-        throw error;
-      } finally {
-        span.end();
-      }
+      return settle(this.deps.db, executionId, {
+        status: result.outcome,
+        exitCode: result.exitCode,
+        stdout: result.stdout,
+        stderr: result.stderr,
+        truncated: result.truncated,
+        timings: { ...result.timings, totalMs },
+        chargedUnits,
+      });
     });
     instruments.executions.add(1, { template: request.template, status: result.outcome });
     instruments.executionDuration.record(totalMs / 1000, { template: request.template, status: result.outcome });

@@ -1,28 +1,21 @@
 // Route middleware: authentication (with the per-key rate limit) and the per-key body cap.
 // Both run before request validation, so an anonymous caller learns nothing about the schema.
-import { SpanStatusCode } from "@opentelemetry/api";
 import { bodyLimit } from "hono/body-limit";
 import { createMiddleware } from "hono/factory";
 import type { Scope } from "../db/keys.js";
 import { requireScope } from "./auth/principal.js";
 import type { AppEnv, GatewayContext } from "./context.js";
 import { ProblemError } from "./problems.js";
+import { inSpan } from "./telemetry.js";
 
 export function authenticate(ctx: GatewayContext, scope: Scope) {
   return createMiddleware<AppEnv>(async (c, next) => {
-    const principal = await ctx.telemetry.tracer.startActiveSpan("auth", async (span) => {
-      try {
-        const p = await ctx.authenticator.authenticate(c.req.header("authorization"));
-        span.setAttributes({ "sandfork.key.id": p.keyId, "sandfork.auth.kind": p.token ? "token" : "api_key" });
-        requireScope(p, scope);
-        ctx.rateLimiter.take(p.keyId, p.limits.rateLimitPerMinute);
-        return p;
-      } catch (error) {
-        span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : String(error) });
-        throw error;
-      } finally {
-        span.end();
-      }
+    const principal = await inSpan(ctx.telemetry.tracer, "auth", async (span) => {
+      const p = await ctx.authenticator.authenticate(c.req.header("authorization"));
+      span.setAttributes({ "sandfork.key.id": p.keyId, "sandfork.auth.kind": p.token ? "token" : "api_key" });
+      requireScope(p, scope);
+      ctx.rateLimiter.take(p.keyId, p.limits.rateLimitPerMinute);
+      return p;
     });
     c.set("principal", principal);
     await next();

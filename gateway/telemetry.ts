@@ -1,7 +1,7 @@
 // OpenTelemetry for the gateway: one tracer provider and one meter provider per gateway instance.
 // Metrics are always readable at /metrics (Prometheus text); traces and metrics are also pushed by
 // OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT (or the per-signal variables) is set.
-import { context, type Counter, type Histogram, type Meter, type Tracer, type TracerProvider } from "@opentelemetry/api";
+import { context, type Counter, type Histogram, type Meter, type Span, SpanStatusCode, type Tracer, type TracerProvider } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { OTLPMetricExporter } from "@opentelemetry/exporter-metrics-otlp-http";
 import { PrometheusExporter, PrometheusSerializer } from "@opentelemetry/exporter-prometheus";
@@ -38,6 +38,20 @@ export interface TelemetryOptions {
   env?: NodeJS.ProcessEnv;
   /** Extra span exporter, exported synchronously (tests read spans from an in-memory one). */
   spanExporter?: SpanExporter;
+}
+
+/** Runs `work` in a new active span that always ends; a throw marks the span as an error. */
+export function inSpan<T>(tracer: Tracer, name: string, work: (span: Span) => Promise<T>): Promise<T> {
+  return tracer.startActiveSpan(name, async (span) => {
+    try {
+      return await work(span);
+    } catch (error) {
+      span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : String(error) });
+      throw error;
+    } finally {
+      span.end();
+    }
+  });
 }
 
 let contextManagerInstalled = false;

@@ -30,7 +30,8 @@ export interface RuntimeConfig {
 /** sockaddr_un.sun_path holds 108 bytes including the terminating NUL. */
 export const MAX_SOCKET_PATH_BYTES = 107;
 
-function positive(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
+/** The positive integer in env[name], or `fallback` when it is unset or empty; anything else throws. */
+export function positiveIntegerFromEnv(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
   const raw = env[name];
   if (raw === undefined || raw === "") return fallback;
   const value = Number(raw);
@@ -55,8 +56,8 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     templateSourcesDir: resolve(env.SANDFORK_TEMPLATE_SOURCES ?? "templates"),
     serveArgs: (env.SANDFORK_VMM_SERVE_ARGS ?? "").split(/\s+/).filter((arg) => arg !== ""),
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
-    connections: positive(env, "SANDFORK_VMM_CONNECTIONS", 4),
-    maxInFlightPerConnection: positive(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
-    maxQueued: positive(env, "SANDFORK_VMM_MAX_QUEUED", 256),
+    connections: positiveIntegerFromEnv(env, "SANDFORK_VMM_CONNECTIONS", 4),
+    maxInFlightPerConnection: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
+    maxQueued: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_QUEUED", 256),
   };
 }

@@ -325,10 +325,16 @@ export class DaemonSupervisor {
     }
     if (this.state === "starting") return; // launch() reports it
     if (Date.now() - this.startedAt >= this.options.stableAfterMs) this.backoffMs = this.options.restartMinMs;
-    const delay = this.backoffMs;
-    this.backoffMs = Math.min(this.backoffMs * 2, this.options.restartMaxMs);
+    const delay = this.nextRestartDelay();
     this.log(`sandfork-vmm (pid ${child.pid}) died (${how}); restarting in ${delay} ms`);
     this.scheduleRestart(delay);
+  }
+
+  /** The current backoff delay; the next one is twice as long, up to restartMaxMs. */
+  private nextRestartDelay(): number {
+    const delay = this.backoffMs;
+    this.backoffMs = Math.min(delay * 2, this.options.restartMaxMs);
+    return delay;
   }
 
   private scheduleRestart(delay: number): void {
@@ -338,8 +344,7 @@ export class DaemonSupervisor {
       this.restartCount += 1;
       this.launch().catch((error: Error) => {
         if (this.isStopping()) return;
-        const next = this.backoffMs;
-        this.backoffMs = Math.min(this.backoffMs * 2, this.options.restartMaxMs);
+        const next = this.nextRestartDelay();
         this.log(`restarting sandfork-vmm failed: ${error.message}; next attempt in ${next} ms`);
         this.child?.kill("SIGKILL");
         this.scheduleRestart(next);

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { costUnits, DEFAULT_PRICING, parsePricing, priceOf } from "./pricing.js";
 
 describe("pricing", () => {
-  it("charges base units plus started per-second units, in integers", () => {
+  it("charges base units plus per-second units by the millisecond, rounded up to whole units", () => {
     const price = { baseUnits: 2, unitsPerSecond: 10 };
     expect(costUnits(price, 0)).toBe(2);
     expect(costUnits(price, 1)).toBe(3);

@@ -1,6 +1,7 @@
 // What an execution costs, in integer billing units ("credits"). A template's price is a fixed
-// amount per execution plus an amount per started second of wall time (billed by the millisecond,
-// rounded up). The worst case for a request (its full timeout) is what gets reserved.
+// amount per execution plus unitsPerSecond for each second of wall time, counted by the
+// millisecond and rounded up to a whole unit. The worst case for a request (its full timeout) is
+// what gets reserved.
 
 export interface TemplatePrice {
   baseUnits: number;

@@ -1,6 +1,7 @@
 // One execution, end to end, around the ExecutionRuntime boundary:
-// idempotency replay → runtime present? → template known and allowed → token cap → concurrency slot
-// → reserve the worst-case cost → execute → settle the actual cost (durable before the answer).
+// template allowed for a token → idempotency replay → runtime present? → template known → token cap
+// → concurrency slot → reserve the worst-case cost → execute → settle the actual cost (durable
+// before the answer).
 // Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";

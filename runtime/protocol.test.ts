@@ -10,7 +10,7 @@ import {
   RuntimeUnavailableError,
 } from "./errors.js";
 import type { ExecutionRequest } from "./execution-runtime.js";
-import { errorFromFrame, executeFrame, parseExecution, parseHello, SCRIPT_NAME } from "./protocol.js";
+import { errorFromFrame, executeFrame, parseExecution, parseHello } from "./protocol.js";
 
 /** The `execution` example of native-vmm/PROTOCOL.md. */
 const EXAMPLE = {
@@ -101,7 +101,8 @@ describe("protocol v1 mapping", () => {
       template: "python",
       code: "print(1)",
       stdin: "in",
-      argv: [SCRIPT_NAME, "a", "b"],
+      // PROTOCOL.md's default argv[0]: the code runs under the same name with or without arguments.
+      argv: ["main.py", "a", "b"],
       env: { K: "v" },
       files: [{ path: "d/x.bin", content: "AAE=", encoding: "base64" }],
       limits: { timeout_ms: 1500, memory_mib: 128 },

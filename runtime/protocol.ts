@@ -15,7 +15,7 @@ import type { FrameObject } from "./frames.js";
 
 export const PROTOCOL_VERSION = 1;
 /** argv[0] of the program: the name the code runs under (Python's sys.argv[0]). */
-export const SCRIPT_NAME = "main.py";
+const SCRIPT_NAME = "main.py";
 
 export type RequestType = "list_templates" | "execute" | "health" | "stats";
 

@@ -28,7 +28,7 @@ export type DatabaseLocation =
   | { backend: "pglite"; dataDir?: string };
 
 /** The committed SQL migrations, found beside this module whether run from source or from dist/. */
-export function migrationsFolder(): string {
+function migrationsFolder(): string {
   const candidates = [new URL("./migrations", import.meta.url), new URL("../../db/migrations", import.meta.url)];
   for (const candidate of candidates) {
     const path = fileURLToPath(candidate);

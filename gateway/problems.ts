@@ -1,6 +1,6 @@
 // RFC 9457 problem details. Each failure the gateway can report has one stable `type` URI;
 // clients switch on `type`, people read `title` and `detail`.
-export const PROBLEM_TYPE_BASE = "https://sandfork.dev/problems/";
+const PROBLEM_TYPE_BASE = "https://sandfork.dev/problems/";
 
 export interface ProblemSpec {
   status: number;
@@ -36,7 +36,7 @@ export const PROBLEMS = {
 
 export type ProblemSlug = keyof typeof PROBLEMS;
 
-export const problemType = (slug: ProblemSlug): string => `${PROBLEM_TYPE_BASE}${slug}`;
+const problemType = (slug: ProblemSlug): string => `${PROBLEM_TYPE_BASE}${slug}`;
 
 export interface ProblemBody {
   type: string;

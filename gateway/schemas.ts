@@ -54,7 +54,7 @@ export function executionRequestSchema(limits: ExecutionLimits) {
     .openapi("ExecutionRequest");
 }
 
-export const ExecutionStatusSchema = z
+const ExecutionStatusSchema = z
   .enum(["running", "completed", "timed_out", "memory_exceeded", "output_exceeded", "crashed", "unsupported_syscall", "aborted"])
   .openapi({
     description:
@@ -117,7 +117,7 @@ export const UsageSchema = z
   })
   .openapi("Usage");
 
-export const ScopeSchema = z.enum(SCOPES);
+const ScopeSchema = z.enum(SCOPES);
 
 const limitFields = {
   rate_limit_per_minute: z.number().int().min(1).max(1_000_000),

@@ -23,7 +23,7 @@ export function openConfiguredDatabase(config: GatewayConfig): Promise<OpenDatab
 }
 
 /** On an empty database, creates the operator's admin key; returns the secret, or null. */
-export async function bootstrapAdminKey(open: OpenDatabase, config: GatewayConfig): Promise<IssuedKey | null> {
+async function bootstrapAdminKey(open: OpenDatabase, config: GatewayConfig): Promise<IssuedKey | null> {
   if ((await countKeys(open.db)) > 0) return null;
   return issueKey(open.db, {
     name: "operator",

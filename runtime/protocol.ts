@@ -13,7 +13,7 @@ import {
 import type { ExecutionOutcome, ExecutionRequest, ExecutionResult, Template } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
 
-export const PROTOCOL_VERSION = 1;
+const PROTOCOL_VERSION = 1;
 /** argv[0] of the program: the name the code runs under (Python's sys.argv[0]). */
 const SCRIPT_NAME = "main.py";
 

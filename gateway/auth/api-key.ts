@@ -33,7 +33,7 @@ export function hashApiKey(key: string): string {
   return createHash("sha256").update(key).digest("hex");
 }
 
-export function apiKeyHint(key: string): string {
+function apiKeyHint(key: string): string {
   return `${API_KEY_PREFIX}…${key.slice(-4)}`;
 }
 

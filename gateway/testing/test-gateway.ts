@@ -44,7 +44,7 @@ export interface CallOptions {
 
 export const TEST_AUDIENCE = "sandfork-test";
 
-export function testConfig(overrides: Partial<GatewayConfig> = {}): GatewayConfig {
+function testConfig(overrides: Partial<GatewayConfig> = {}): GatewayConfig {
   return { ...loadConfig({}), dataDir: "/nonexistent", ...overrides };
 }
 

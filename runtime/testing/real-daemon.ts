@@ -8,8 +8,8 @@ import { join, resolve } from "node:path";
 import { DaemonSupervisor, type SupervisorOptions } from "../supervisor.js";
 import { ensureTemplate } from "../templates.js";
 
-export const VMM_BINARY = resolve(process.env.SANDFORK_VMM_BIN ?? "native-vmm/target/release/sandfork-vmm");
-export const PYTHON_MANIFEST = resolve("templates/python/image.json");
+const VMM_BINARY = resolve(process.env.SANDFORK_VMM_BIN ?? "native-vmm/target/release/sandfork-vmm");
+const PYTHON_MANIFEST = resolve("templates/python/image.json");
 
 /** The daemon binary's path; a missing binary fails the test with how to build it (never a skip). */
 export function requireVmmBinary(): string {

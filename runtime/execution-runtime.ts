@@ -10,7 +10,7 @@ export interface ExecutionFile {
 }
 
 export interface ExecutionRequest {
-  /** Assigned by the gateway before billing; the runtime echoes it in logs and traces. */
+  /** The execution record's id, assigned by the gateway before billing (protocol v1 does not carry it). */
   executionId: string;
   template: string;
   code: string;
@@ -103,14 +103,15 @@ export interface Template {
 /** Whether the runtime can run executions now. */
 export interface RuntimeHealth {
   ok: boolean;
-  /** A short human-readable account (e.g. "kvm: unavailable: /dev/kvm: No such file or directory"). */
+  /** A short human-readable account (e.g. "sandfork-vmm: kvm unavailable: …; 1 template(s)"). */
   detail: string;
 }
 
 export interface ExecutionRuntime {
   /**
-   * Runs one request to its end. `signal` aborts when the client goes away or the gateway shuts
-   * down; the runtime then stops the VM and rejects with an AbortError.
+   * Runs one request to its end. `signal` aborts when the gateway stops waiting (its deadline) or
+   * shuts down; the runtime then rejects with the signal's reason. (The daemon client cannot stop
+   * a request already sent: protocol v1 has no cancel, so the daemon finishes it.)
    */
   execute(request: ExecutionRequest, signal: AbortSignal): Promise<ExecutionResult>;
   /** Asked on every execution (to validate the template): implementations answer from a cache. */

@@ -1,8 +1,9 @@
 // `npm run loadtest -- [--requests N] [--concurrency C] [--max-seconds S]`
 // Starts the gateway and a plain Hono "hello" app in a child process (loopback only), then measures
 // each scenario in turn from this process and prints p50/p95/p99 and throughput side by side.
-// The execute scenario runs only when the gateway has a runtime; until the daemon exists it is
-// probed once and reported as not run.
+// The execute scenario runs only when the gateway has a runtime. servers.ts starts it without one
+// (no daemon, and no /dev/kvm here), so it is probed once, answers 503 and is reported as not run;
+// execute.k6.ts measures it against a gateway started with `npm start`.
 import { spawn } from "node:child_process";
 import { Agent, request as httpRequest } from "node:http";
 import { cpus, loadavg } from "node:os";

@@ -1,6 +1,7 @@
-// The execute path with a TEST DOUBLE of the ExecutionRuntime boundary (the daemon client does not
-// exist yet). The double runs no code: it returns results scripted by each test, so that the
-// gateway's real reserve → execute → settle billing flow can be exercised against both databases.
+// The execute path with a TEST DOUBLE of the ExecutionRuntime boundary (the real daemon answers every
+// execute with `unavailable` on a machine without /dev/kvm; runtime/gateway-runtime.test.ts covers
+// that). The double runs no code: it returns results scripted by each test, so that the gateway's
+// real reserve → execute → settle billing flow can be exercised against both databases.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { eq } from "drizzle-orm";
 import { findExecution } from "../db/billing.js";

@@ -13,15 +13,17 @@ import { and, eq, lt, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
 import { accounts, apiKeys, executions, usageLedger } from "./schema.js";
 
-export type ExecutionStatus =
-  | "running"
-  | "completed"
-  | "timed_out"
-  | "memory_exceeded"
-  | "output_exceeded"
-  | "crashed"
-  | "unsupported_syscall"
-  | "aborted";
+export const EXECUTION_STATUSES = [
+  "running",
+  "completed",
+  "timed_out",
+  "memory_exceeded",
+  "output_exceeded",
+  "crashed",
+  "unsupported_syscall",
+  "aborted",
+] as const;
+export type ExecutionStatus = (typeof EXECUTION_STATUSES)[number];
 
 export interface ExecutionTimingsRecord {
   queueMs: number;

@@ -1,5 +1,6 @@
 // Request and response schemas. They validate requests and produce the OpenAPI 3.1 document.
 import { z } from "@hono/zod-openapi";
+import { EXECUTION_STATUSES } from "../db/billing.js";
 import { SCOPES } from "../db/keys.js";
 import type { ExecutionLimits } from "./config.js";
 
@@ -54,14 +55,12 @@ export function executionRequestSchema(limits: ExecutionLimits) {
     .openapi("ExecutionRequest");
 }
 
-const ExecutionStatusSchema = z
-  .enum(["running", "completed", "timed_out", "memory_exceeded", "output_exceeded", "crashed", "unsupported_syscall", "aborted"])
-  .openapi({
-    description:
-      "running: reserved and in flight; completed: the program exited (see exit_code); timed_out / memory_exceeded / " +
-      "output_exceeded: stopped at a limit; crashed: a CPU exception in the program; unsupported_syscall: the program " +
-      "needed a system call the sandbox does not offer; aborted: the runtime failed and nothing was charged",
-  });
+const ExecutionStatusSchema = z.enum(EXECUTION_STATUSES).openapi({
+  description:
+    "running: reserved and in flight; completed: the program exited (see exit_code); timed_out / memory_exceeded / " +
+    "output_exceeded: stopped at a limit; crashed: a CPU exception in the program; unsupported_syscall: the program " +
+    "needed a system call the sandbox does not offer; aborted: the runtime failed and nothing was charged",
+});
 
 export const ExecutionSchema = z
   .object({

@@ -90,13 +90,18 @@ function runtimeProblem(error: unknown): ProblemError {
   return new ProblemError("runtime-failed", error instanceof Error ? error.message : String(error));
 }
 
+/** The runtime's templates; its failure becomes the problem the client sees. */
+function templatesOf(runtime: ExecutionRuntime): Promise<Template[]> {
+  return runtime.templates().catch((error: unknown) => {
+    throw runtimeProblem(error);
+  });
+}
+
 export class ExecutionService {
   constructor(private readonly deps: ExecutionServiceDeps) {}
 
   async templates(): Promise<Template[]> {
-    return this.requireRuntime().templates().catch((error: unknown) => {
-      throw runtimeProblem(error);
-    });
+    return templatesOf(this.requireRuntime());
   }
 
   async execute(principal: Principal, input: ExecutionInput, idempotencyKey: string | null): Promise<ExecutionOutcome> {
@@ -113,9 +118,7 @@ export class ExecutionService {
     }
 
     const runtime = this.requireRuntime();
-    const known = await runtime.templates().catch((error: unknown) => {
-      throw runtimeProblem(error);
-    });
+    const known = await templatesOf(runtime);
     if (!known.some((t) => t.name === request.template)) {
       throw new ProblemError("unknown-template", `no template named "${request.template}"`, {
         extensions: { templates: known.map((t) => t.name) },

@@ -208,7 +208,7 @@ export class DaemonClient implements ExecutionRuntime {
    * gateway asks on every execution). Fails like any request while no connection is up.
    */
   templates(): Promise<Template[]> {
-    if (this.connectedCount() === 0) return Promise.reject(new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.socketPath}`));
+    if (this.connectedCount() === 0) return Promise.reject(this.notConnected());
     const cached = this.templateCache;
     if (cached !== undefined && performance.now() - cached.at < this.options.templatesTtlMs) return cached.templates;
     const templates = this.request("list_templates", {}).then(parseTemplates);
@@ -246,9 +246,7 @@ export class DaemonClient implements ExecutionRuntime {
     return new Promise<FrameObject>((resolve, reject) => {
       if (signal?.aborted) return reject(abortReason(signal));
       if (this.closed) return reject(new RuntimeUnavailableError("the sandfork-vmm client is closed"));
-      if (this.connectedCount() === 0) {
-        return reject(new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.socketPath}`));
-      }
+      if (this.connectedCount() === 0) return reject(this.notConnected());
 
       let finished = false;
       const finish = () => {
@@ -297,6 +295,10 @@ export class DaemonClient implements ExecutionRuntime {
       }
       this.queue.push(job);
     });
+  }
+
+  private notConnected(): RuntimeUnavailableError {
+    return new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.socketPath}`);
   }
 
   private connectedCount(): number {

@@ -186,3 +186,33 @@ with open('/tmp/data.bin', 'r+b') as f:
     // A shared writable mapping would need writes to reach the file (syscalls/memory.rs): ENODEV.
     assert_prints(code, "b'hello' 13 18\nb'HELLO' b'hello'\nshared writable: 19\n");
 }
+
+#[test]
+fn socketpair_and_the_default_selector() {
+    let code = r#"
+import selectors, socket
+a, b = socket.socketpair()
+print(a.family.name, a.type.name, repr(a.getsockname()))
+sel = selectors.DefaultSelector()
+print(type(sel).__name__)
+sel.register(b, selectors.EVENT_READ, 'b')
+print(sel.select(0))
+a.sendall(b'hi there')
+print([(key.data, events) for key, events in sel.select(0)], b.recv(2), b.recv(100))
+a.shutdown(socket.SHUT_WR)
+print(b.recv(10), b.send(b'back'), a.recv(10))
+a.setblocking(False)
+try:
+    a.recv(10)
+except BlockingIOError:
+    print('would block')
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+except OSError as e:
+    print('socket():', e.errno)
+"#;
+    assert_prints(
+        code,
+        "AF_UNIX SOCK_STREAM ''\nEpollSelector\n[]\n[('b', 1)] b'hi' b' there'\nb'' 4 b'back'\nwould block\nsocket(): 13\n",
+    );
+}

@@ -99,8 +99,8 @@ Serves the daemon protocol (native-vmm/PROTOCOL.md) on a Unix socket until SIGTE
 then lets running executions finish and removes the socket. A stale socket file at PATH is
 replaced; a live one (another daemon) or a non-socket file is an error. Each request runs in
 a new KVM guest of its template: a copy-on-write fork of the template's snapshot when its
-folder holds one (`sandfork-vmm template build --out` that folder), a freshly booted agent
-otherwise. A damaged or outdated snapshot stops the daemon from starting. Without a usable
+folder holds one (`sandfork-vmm template build --out` that folder), created ahead of the
+request by the template's warm pool, a freshly booted agent otherwise. A damaged or outdated snapshot stops the daemon from starting. Without a usable
 /dev/kvm the daemon still starts: health reports why and execute answers the retryable
 `unavailable` error.
 
@@ -112,6 +112,9 @@ options:
   --max-concurrency N     executions running at once (default: 2 per core)
   --max-queue N           executions waiting for a free slot, beyond that `busy` (default 64;
                           0: `busy` as soon as all slots run)
+  --pool-size N           VMs kept ready per template with a snapshot, each created ahead of
+                          its request on its own worker thread and destroyed after it
+                          (default: 2 per core; 0: each VM is restored for its request)
   --max-timeout-ms N      largest wall-clock limit a request gets (default 60000)
   --max-memory-mib N      largest guest memory limit a request gets (default 2048)
   --max-output-bytes N    largest stdout+stderr cap a request gets (default 1048576, at most
@@ -342,7 +345,7 @@ fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn serve(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes"], &[], false, SERVE_USAGE)?;
+    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--pool-size", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes"], &[], false, SERVE_USAGE)?;
     let defaults = daemon::DEFAULT_MAXIMA;
     let max_limits = daemon::executor::ExecutionLimits {
         timeout_ms: options.number("--max-timeout-ms", defaults.timeout_ms, daemon::MAX_TIMEOUT_MS_LIMIT)?,
@@ -358,6 +361,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
         max_concurrency: options.number("--max-concurrency", daemon::default_concurrency() as u64, daemon::MAX_CONCURRENCY_LIMIT)? as usize,
         max_queue: options.count("--max-queue", daemon::DEFAULT_QUEUE, daemon::MAX_QUEUE_LIMIT)? as usize,
         max_limits,
+        pool_size: options.count("--pool-size", daemon::default_pool_size() as u64, daemon::MAX_POOL_SIZE)? as usize,
     };
     daemon::serve(&serve_options).map_err(CliError::Failed)?;
     Ok(ExitCode::SUCCESS)

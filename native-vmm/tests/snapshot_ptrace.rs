@@ -264,7 +264,7 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
     std::fs::copy(template_dir().0.join(TEMPLATE_FILE), folder.join(TEMPLATE_FILE)).unwrap();
     let loaded = templates::load(&templates_dir).unwrap_or_else(|e| panic!("{e}"));
     assert!(loaded[0].snapshot.is_some(), "the snapshot in the folder is loaded");
-    let executor = AgentExecutor::new(loaded, Box::new(ptrace_cpu), None).restoring(Box::new(ptrace_restore), ForkMemory::Copy);
+    let executor = AgentExecutor::new(loaded, Box::new(ptrace_cpu), None).restoring(std::sync::Arc::new(ptrace_restore), ForkMemory::Copy);
 
     let request = |memory_mib| ExecuteRequest {
         template: "python".into(),

@@ -1,24 +1,24 @@
-//! The production executor: runs each request in a new VM of its template. When the template
-//! folder holds a snapshot (`crate::snapshot`, built by `sandfork-vmm template build`), the VM
-//! is restored from it: a copy-on-write fork of the template's memory and a vCPU in the
-//! snapshot's state, stopped at the agent's ready point, handed the request
-//! (`snapshot::serve_restored`). Without one (or for a request asking for another memory size
-//! than the snapshot's VMs have) the agent is booted to its ready point first
-//! (`vm::launch_agent`).
+//! The production executor: runs each request in a new VM of its template, destroyed after
+//! it. When the template folder holds a snapshot (`crate::snapshot`, built by `sandfork-vmm
+//! template build`), the VM is restored from it: a copy-on-write fork of the template's memory
+//! and a vCPU in the snapshot's state, stopped at the agent's ready point, handed the request.
+//! With a warm pool (`pooled`) that VM was created ahead of the request by one of the
+//! template's pool workers (`pool`); without one it is restored for the request on the
+//! request's thread (`snapshot::serve_restored`). A template without a snapshot, or a request
+//! asking for another memory size than the snapshot's VMs have, gets a VM whose agent is
+//! booted to its ready point first (`vm::launch_agent`).
 //!
-//! On KVM (`with_kvm`) both paths are unverified: the KVM vCPU has never run a guest. The same
-//! executor runs end to end on the ptrace development CPU in tests/daemon_ptrace.rs and
-//! tests/snapshot_ptrace.rs.
-//!
-//! Boundary for what comes next: a warm pool of restored VMs replaces the restore in
-//! `boot_and_run` (`execute` takes a ready VM from the template's pool) and `pools()` reports
-//! its counters. Nothing outside this file changes for that: the server only sees `Executor`.
+//! On KVM (`with_kvm`) these paths are unverified: the KVM vCPU has never run a guest. The
+//! same executor runs end to end on the ptrace development CPU in tests/daemon_ptrace.rs,
+//! tests/pool_ptrace.rs and tests/snapshot_ptrace.rs.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
+use crate::daemon::pool::{Pool, PooledRun};
 use crate::daemon::templates::Template;
 use crate::kvm::{self, Kvm};
 use crate::loader::LoadedProgram;
@@ -36,7 +36,7 @@ pub type SharedRestoreFactory = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) ->
 const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
 
 /// CPU time of the calling thread (under KVM the guest runs inside this thread's KVM_RUN).
-fn thread_cpu_time() -> Duration {
+pub(crate) fn thread_cpu_time() -> Duration {
     match sys::clock_time(CLOCK_THREAD_CPUTIME_ID) {
         Ok((secs, nanos)) => Duration::new(secs.max(0) as u64, nanos.clamp(0, 999_999_999) as u32),
         Err(_) => Duration::ZERO,
@@ -47,7 +47,9 @@ pub struct AgentExecutor {
     templates: Vec<Template>,
     make_cpu: Box<SharedCpuFactory>,
     /// How VMs are restored from a template's snapshot; None: always booted.
-    restore: Option<(Box<SharedRestoreFactory>, ForkMemory)>,
+    restore: Option<(Arc<SharedRestoreFactory>, ForkMemory)>,
+    /// Warm pools by template name, for the templates with a snapshot (when pooling is on).
+    pools: Vec<(String, Pool)>,
     /// Why VMs cannot be created on this host, when they cannot.
     unavailable: Option<String>,
 }
@@ -56,44 +58,93 @@ impl AgentExecutor {
     /// The production executor on KVM. /dev/kvm is checked once, here (and kept open for the
     /// VMs to come): without it the executor still lists its templates and answers every
     /// execution `Unavailable`.
-    pub fn with_kvm(templates: Vec<Template>) -> AgentExecutor {
+    /// `pool_size` VMs of each template with a snapshot are kept ready (0: none, each VM is
+    /// restored for its request).
+    pub fn with_kvm(templates: Vec<Template>, pool_size: usize) -> io::Result<AgentExecutor> {
         let unavailable = Kvm::shared().err().map(|e| {
             let text = e.to_string();
             text.strip_prefix("sandfork-vmm needs KVM: ").map(str::to_owned).unwrap_or(text)
         });
-        AgentExecutor::new(templates, Box::new(kvm::new_cpu), unavailable).restoring(Box::new(kvm::restore_cpu), ForkMemory::CopyOnWrite)
+        AgentExecutor::new(templates, Box::new(kvm::new_cpu), unavailable).restoring(Arc::new(kvm::restore_cpu), ForkMemory::CopyOnWrite).pooled(pool_size)
     }
 
     /// Restores VMs of templates that have a snapshot with `restore` on memory made as
     /// `memory` says, instead of booting them.
-    pub fn restoring(mut self, restore: Box<SharedRestoreFactory>, memory: ForkMemory) -> AgentExecutor {
+    pub fn restoring(mut self, restore: Arc<SharedRestoreFactory>, memory: ForkMemory) -> AgentExecutor {
         self.restore = Some((restore, memory));
         self
     }
 
+    /// Starts a warm pool of `size` VMs for each template with a snapshot (after `restoring`;
+    /// 0 starts none). Nothing is started where VMs cannot be created.
+    pub fn pooled(mut self, size: usize) -> io::Result<AgentExecutor> {
+        let Some((restore, memory)) = &self.restore else { return Ok(self) };
+        if size == 0 || self.unavailable.is_some() {
+            return Ok(self);
+        }
+        for template in &self.templates {
+            if let Some(snapshot) = &template.snapshot {
+                let pool = Pool::start(&template.name, snapshot.clone(), restore.clone(), *memory, size)?;
+                self.pools.push((template.name.clone(), pool));
+            }
+        }
+        Ok(self)
+    }
+
     /// An executor on any vCPU backend (tests run it on the ptrace development CPU).
     pub fn new(templates: Vec<Template>, make_cpu: Box<SharedCpuFactory>, unavailable: Option<String>) -> AgentExecutor {
-        AgentExecutor { templates, make_cpu, restore: None, unavailable }
+        AgentExecutor { templates, make_cpu, restore: None, pools: Vec::new(), unavailable }
     }
 
     fn template(&self, name: &str) -> Option<&Template> {
         self.templates.iter().find(|t| t.name == name)
     }
 
-    /// Restores a VM of `template` from its snapshot, or boots one when the template has no
-    /// snapshot (or restoring is off, or the request asks for another memory size than the
-    /// snapshot's VMs have), serves it the request and tears it down.
-    /// Returns the outcome and the pages of guest memory the VM got copies of (none for a
-    /// booted VM, which shares no pages with anything).
-    fn boot_and_run(&self, template: &Template, request: &ExecuteRequest) -> Result<(RunOutcome, u64), LaunchError> {
+    fn pool(&self, template: &str) -> Option<&Pool> {
+        self.pools.iter().find(|(name, _)| name == template).map(|(_, pool)| pool)
+    }
+
+    /// Serves the request on a VM of `template`: one from its warm pool, else one restored from
+    /// its snapshot for the request, else (no snapshot, restoring off, or another memory size
+    /// than the snapshot's VMs have) one whose agent is booted for it.
+    fn run(&self, template: &Template, request: &ExecuteRequest) -> Result<Ran, LaunchError> {
         let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes };
-        if let (Some(snapshot), Some((restore, memory))) = (&template.snapshot, &self.restore) {
-            if snapshot.identity().mem_bytes == limits.mem_bytes {
-                let restored = snapshot::serve_restored(snapshot, *memory, restore.as_ref(), request.agent_request.clone(), &limits)?;
-                return Ok((restored.outcome, restored.pages_copied));
+        let agent_request = request.agent_request.clone();
+        let snapshot = template.snapshot.as_ref().filter(|s| s.identity().mem_bytes == limits.mem_bytes);
+        match (snapshot, self.pool(&template.name), &self.restore) {
+            (Some(_), Some(pool), _) => {
+                let PooledRun { restored, queue_wait, fork_wait, cpu } = pool.run(agent_request, limits)?;
+                let mut outcome = restored.outcome;
+                outcome.stats.load = fork_wait;
+                Ok(Ran { outcome, pages_copied: restored.pages_copied, queue: queue_wait, cpu })
             }
+            (Some(snapshot), None, Some((restore, memory))) => {
+                Ran::here(|| snapshot::serve_restored(snapshot, *memory, restore.as_ref(), agent_request, &limits).map(|r| (r.outcome, r.pages_copied)))
+            }
+            _ => Ran::here(|| vm::launch_agent(template.image.clone(), template.language.agent(), agent_request, &limits, self.make_cpu.as_ref()).map(|outcome| (outcome, 0))),
         }
-        vm::launch_agent(template.image.clone(), template.language.agent(), request.agent_request.clone(), &limits, self.make_cpu.as_ref()).map(|outcome| (outcome, 0))
+    }
+}
+
+/// One request's run, wherever its VM came from.
+struct Ran {
+    /// Its `stats.load` is the time the request waited for its VM to be created.
+    outcome: RunOutcome,
+    /// Pages of guest memory the VM got copies of (none for a booted VM, which shares no
+    /// pages with anything).
+    pages_copied: u64,
+    /// Waiting for a pool worker.
+    queue: Duration,
+    /// CPU time of the thread that ran the VM, for this request.
+    cpu: Duration,
+}
+
+impl Ran {
+    /// A run on the calling thread, its CPU time measured around it.
+    fn here(run: impl FnOnce() -> Result<(RunOutcome, u64), LaunchError>) -> Result<Ran, LaunchError> {
+        let cpu_before = thread_cpu_time();
+        let (outcome, pages_copied) = run()?;
+        Ok(Ran { outcome, pages_copied, queue: Duration::ZERO, cpu: thread_cpu_time().saturating_sub(cpu_before) })
     }
 }
 
@@ -114,12 +165,7 @@ impl Executor for AgentExecutor {
         if let Some(reason) = &self.unavailable {
             return Err(ExecuteError::Unavailable(reason.clone()));
         }
-        let cpu_before = thread_cpu_time();
-        let (outcome, pages_copied) = match self.boot_and_run(template, request) {
-            Ok(ran) => ran,
-            Err(error) => return Err(launch_failure(template, error)),
-        };
-        let cpu = thread_cpu_time().saturating_sub(cpu_before);
+        let Ran { outcome, pages_copied, queue, cpu } = self.run(template, request).map_err(|error| launch_failure(template, error))?;
         let stats = &outcome.stats;
         let usage = Usage {
             wall_us: (stats.load + stats.wall).as_micros() as u64,
@@ -129,7 +175,7 @@ impl Executor for AgentExecutor {
             syscalls: stats.syscalls,
             exits: stats.exits,
         };
-        Ok(Execution { status: outcome.status, vm_setup: stats.load, run: stats.wall, usage, stdout: outcome.stdout, stderr: outcome.stderr })
+        Ok(Execution { status: outcome.status, queue, vm_setup: stats.load, run: stats.wall, usage, stdout: outcome.stdout, stderr: outcome.stderr })
     }
 
     fn templates(&self) -> Vec<TemplateInfo> {
@@ -144,6 +190,6 @@ impl Executor for AgentExecutor {
     }
 
     fn pools(&self) -> Vec<PoolStats> {
-        Vec::new()
+        self.pools.iter().map(|(_, pool)| pool.stats()).collect()
     }
 }

@@ -2,10 +2,9 @@
 //! that cross it. The server validates requests, clamps limits and counts in-flight work; an
 //! executor only turns one validated request into one finished execution.
 //!
-//! Today's production executor (`AgentExecutor`) boots a fresh VM per request. The template
-//! snapshot, copy-on-write fork and warm pool plug in behind this same trait: `execute` takes
-//! a ready VM from the template's pool instead of booting, `templates` reports a template ready
-//! once its snapshot exists, and `pools` reports the pool counters that `stats` shows.
+//! The production executor (`AgentExecutor`) takes a ready VM from the template's warm pool,
+//! or restores or boots one for the request; `pools` reports the pool counters that `stats`
+//! shows.
 
 use std::fmt;
 use std::time::Duration;
@@ -60,8 +59,12 @@ pub struct Execution {
     pub status: RunStatus,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
-    /// Getting a VM ready for the request: restoring it from its template's snapshot, or booting
-    /// its agent where the template has none.
+    /// Waiting inside the executor for a pool worker while all were busy serving (the server's
+    /// own wait for a running slot is added to it in `queue_us`).
+    pub queue: Duration,
+    /// The time the request waited for its VM to be created: restoring it from its template's
+    /// snapshot, or booting its agent where the template has none; for a VM taken from a warm
+    /// pool, only the part of the wait during which that VM was still being created.
     pub vm_setup: Duration,
     /// Running the request in the VM.
     pub run: Duration,
@@ -113,9 +116,17 @@ pub struct Health {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolStats {
     pub template: String,
+    /// VMs created and waiting for a request.
     pub ready: u64,
+    /// VMs the pool keeps ready (one per worker).
     pub target: u64,
+    /// VMs created so far.
     pub forks: u64,
+    /// Mean time to create one of them ahead of its request (not part of any request's latency
+    /// unless the request had to wait for it, as `fork_us`).
+    pub fork_us_mean: u64,
+    /// Requests served by the pool's VMs.
+    pub served: u64,
 }
 
 /// Runs code for the daemon. Called from many threads at once (one per in-flight execution).
@@ -124,6 +135,6 @@ pub trait Executor: Send + Sync {
     fn execute(&self, request: &ExecuteRequest) -> Result<Execution, ExecuteError>;
     fn templates(&self) -> Vec<TemplateInfo>;
     fn health(&self) -> Health;
-    /// Warm pools, one per template that has one (none before fork and pool exist).
+    /// Warm pools, one per template that has one.
     fn pools(&self) -> Vec<PoolStats>;
 }

@@ -7,14 +7,15 @@
 //! - `response`: every frame the daemon sends.
 //! - `server`: the listener, connections, the bound on in-flight executions, shutdown.
 //! - `executor`: the `Executor` trait the server calls, and the types crossing it.
-//! - `agent_executor`: the production executor (a KVM VM per request, restored from the
-//!   template's snapshot when it has one, booted otherwise; the pool plugs in behind the same
-//!   trait) and `templates`: the templates it serves (image, and snapshot when built).
+//! - `agent_executor`: the production executor (a KVM VM per request, taken from the
+//!   template's warm pool (`pool`) or restored from its snapshot when it has one, booted
+//!   otherwise) and `templates`: the templates it serves (image, and snapshot when built).
 
 pub mod agent_executor;
 mod base64;
 pub mod executor;
 pub mod frame;
+pub mod pool;
 pub mod request;
 pub mod response;
 pub mod server;
@@ -37,6 +38,8 @@ pub const MAX_OUTPUT_BYTES_LIMIT: u64 = 2 << 20;
 pub const MAX_TIMEOUT_MS_LIMIT: u64 = 3_600_000;
 pub const MAX_CONCURRENCY_LIMIT: u64 = 1024;
 pub const MAX_QUEUE_LIMIT: u64 = 4096;
+/// Largest `--pool-size` (each pooled VM holds a worker thread and its guest memory).
+pub const MAX_POOL_SIZE: u64 = 256;
 /// Connections served at once (each holds a thread while idle).
 pub const MAX_CONNECTIONS: usize = 1024;
 
@@ -51,6 +54,12 @@ pub fn default_concurrency() -> usize {
     thread::available_parallelism().map_or(2, |n| n.get() * 2).max(2)
 }
 
+/// VMs kept ready per template by default: one per execution that can run at once, so a burst
+/// of that many finds every VM ready.
+pub fn default_pool_size() -> usize {
+    default_concurrency()
+}
+
 /// Executions waiting for a slot by default: a burst of this many is absorbed without `busy`.
 pub const DEFAULT_QUEUE: u64 = 64;
 
@@ -61,6 +70,8 @@ pub struct ServeOptions {
     pub max_concurrency: usize,
     pub max_queue: usize,
     pub max_limits: ExecutionLimits,
+    /// VMs kept ready per template with a snapshot (0: each is restored for its request).
+    pub pool_size: usize,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT: loads the templates, checks KVM (a host without it
@@ -71,7 +82,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
     // below ever takes these signals.
     let signals = sys::block_signals(&[sys::SIGTERM, sys::SIGINT]).map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
     let templates = templates::load(&options.templates).map_err(|e| e.to_string())?;
-    let executor = AgentExecutor::with_kvm(templates);
+    let executor = AgentExecutor::with_kvm(templates, options.pool_size).map_err(|e| format!("starting the warm pools: {e}"))?;
     let health = executor.health();
     let config = ServerConfig {
         max_running: options.max_concurrency,

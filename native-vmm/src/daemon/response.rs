@@ -105,6 +105,8 @@ pub fn stats(id: u64, executions: u64, in_flight: u64, pools: &[PoolStats]) -> V
                 ("ready", Value::from(p.ready)),
                 ("target", Value::from(p.target)),
                 ("forks", Value::from(p.forks)),
+                ("fork_us_mean", Value::from(p.fork_us_mean)),
+                ("served", Value::from(p.served)),
             ])
         })
         .collect::<Vec<_>>();
@@ -128,7 +130,8 @@ fn micros(d: std::time::Duration) -> Value {
 /// Time spent on one request outside the executor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestTimes {
-    /// From the frame's arrival to the executor's start.
+    /// From the frame's arrival to the executor's start (`queue_us` adds the executor's own
+    /// wait for a pool worker, `Execution::queue`).
     pub queue: std::time::Duration,
     /// From the frame's arrival to the response being built.
     pub total: std::time::Duration,
@@ -163,7 +166,7 @@ pub fn execution(id: u64, run: &Execution, limits: &ExecutionLimits, times: Requ
         ("limits", limits_value(limits)),
         (
             "timings",
-            Value::object([("queue_us", micros(times.queue)), ("fork_us", micros(run.vm_setup)), ("exec_us", micros(run.run)), ("total_us", micros(times.total))]),
+            Value::object([("queue_us", micros(times.queue + run.queue)), ("fork_us", micros(run.vm_setup)), ("exec_us", micros(run.run)), ("total_us", micros(times.total))]),
         ),
         (
             "usage",
@@ -188,11 +191,12 @@ mod tests {
     use crate::status::GuestFault;
 
     const LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 1000, memory_mib: 64, output_bytes: 10 };
-    const TIMES: RequestTimes = RequestTimes { queue: Duration::from_micros(12), total: Duration::from_micros(1380) };
+    /// The server's wait for a slot; the executor waited 5 µs more for a pool worker.
+    const TIMES: RequestTimes = RequestTimes { queue: Duration::from_micros(7), total: Duration::from_micros(1380) };
 
     fn run(status: RunStatus, stdout: &[u8]) -> Value {
         let usage = Usage { wall_us: 1360, cpu_us: 900, peak_memory_bytes: 18_350_080, pages_copied: 0, syscalls: 31, exits: 33 };
-        let finished = Execution { status, stdout: stdout.to_vec(), stderr: b"err".to_vec(), vm_setup: Duration::from_micros(410), run: Duration::from_micros(950), usage };
+        let finished = Execution { status, stdout: stdout.to_vec(), stderr: b"err".to_vec(), queue: Duration::from_micros(5), vm_setup: Duration::from_micros(410), run: Duration::from_micros(950), usage };
         execution(7, &finished, &LIMITS, TIMES)
     }
 

@@ -337,15 +337,31 @@ pub struct Restored {
 /// outcome's counters cover the request; its `load` is creating the VM from the template.
 pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFactory, request: AgentRequest, limits: &RunLimits) -> Result<Restored, LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
-    if limits.mem_bytes != template.identity.mem_bytes {
-        let why = format!("the request asks for {} bytes of memory, the template's VMs have {}", limits.mem_bytes, template.identity.mem_bytes);
-        return Err(LaunchError::Memory(io::Error::new(io::ErrorKind::InvalidInput, why)));
-    }
+    check_memory_size(template, limits)?;
     let started = Instant::now();
     let mem = template.new_memory(how).map_err(LaunchError::Memory)?;
     let cpu = make_cpu(&mem, &template.cpu).map_err(LaunchError::Cpu)?;
-    let ready = template.ready_guest(&mem, cpu, limits.output_cap);
-    let restored = started.elapsed();
+    serve_fork(template, &mem, cpu, started, request, limits)
+}
+
+/// A request's memory size must be the template's: its VMs cannot have another.
+fn check_memory_size(template: &Template, limits: &RunLimits) -> Result<(), LaunchError> {
+    if limits.mem_bytes == template.identity.mem_bytes {
+        return Ok(());
+    }
+    let why = format!("the request asks for {} bytes of memory, the template's VMs have {}", limits.mem_bytes, template.identity.mem_bytes);
+    Err(LaunchError::Memory(io::Error::new(io::ErrorKind::InvalidInput, why)))
+}
+
+/// Runs `request` in a VM of `template` whose memory (`Template::new_memory`) and vCPU
+/// (restored from `Template::cpu`) were created beforehand, possibly long before the request
+/// (a warm pool does). The outcome's `load` is the time from `setup_started` to the guest
+/// being ready for the request.
+pub fn serve_fork(template: &Template, mem: &GuestMemory, cpu: Box<dyn GuestCpu + '_>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<Restored, LaunchError> {
+    request.validate().map_err(LaunchError::InvalidRequest)?;
+    check_memory_size(template, limits)?;
+    let ready = template.ready_guest(mem, cpu, limits.output_cap);
+    let restored = setup_started.elapsed();
     let mut outcome = ready.serve(request, limits.timeout)?;
     outcome.stats.load = restored;
     let pages_copied = match mem.copied_pages().map_err(LaunchError::Memory)? {

@@ -1,0 +1,241 @@
+//! The daemon's warm pool end to end: the production executor (`AgentExecutor`) with the
+//! Python template's real image, agent and snapshot, over a real Unix socket, on the ptrace
+//! development CPU (`sandfork_vmm::devcpu`, TEST-ONLY: no KVM on this machine; it is no
+//! isolation boundary and the daemon never uses it). Restores here copy the template's memory
+//! (`ForkMemory::Copy`, as the ptrace CPU needs). Timings printed here are ptrace figures, not
+//! product figures.
+
+mod common;
+mod daemon_support;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use daemon_support::{config, scratch, str_of, u64_of, Client, Running};
+use sandfork_vmm::agent::PYTHON_AGENT;
+use sandfork_vmm::cpu::{CpuSnapshot, GuestCpu};
+use sandfork_vmm::daemon::agent_executor::AgentExecutor;
+use sandfork_vmm::daemon::server::ServerConfig;
+use sandfork_vmm::daemon::templates;
+use sandfork_vmm::devcpu::PtraceCpu;
+use sandfork_vmm::fs::Image;
+use sandfork_vmm::json::Value;
+use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::snapshot::{self, ForkMemory};
+use sandfork_vmm::vm;
+
+/// A templates directory holding the Python template with its snapshot, built once per test
+/// process (the snapshot's memory size is the daemon's default request size, 256 MiB).
+fn templates_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch("pool-templates");
+        let folder = dir.join("python");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+        sandfork_vmm::image::build(&manifest, &folder).unwrap_or_else(|e| panic!("building the Python image: {e}"));
+        let image = Image::open(&folder).unwrap_or_else(|e| panic!("{e}"));
+        snapshot::build(image, "python", &PYTHON_AGENT, vm::DEFAULT_MEM_BYTES, &common::ptrace_cpu, &folder).unwrap_or_else(|e| panic!("building the template: {e}"));
+        dir
+    })
+}
+
+fn ptrace_restore<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    Ok(Box::new(PtraceCpu::restore(mem, snapshot)?))
+}
+
+/// A daemon whose executor keeps `pool_size` VMs of the template ready (0: restores a VM for
+/// each request on the request's thread).
+fn start(tag: &str, pool_size: usize, config: ServerConfig) -> Running {
+    let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(templates[0].snapshot.is_some());
+    let executor = AgentExecutor::new(templates, Box::new(common::ptrace_cpu), None)
+        .restoring(Arc::new(ptrace_restore), ForkMemory::Copy)
+        .pooled(pool_size)
+        .unwrap_or_else(|e| panic!("starting the pool: {e}"));
+    Running::start(&scratch(tag), Arc::new(executor), config)
+}
+
+fn execute(id: u64, code: &str) -> String {
+    format!(r#"{{"id":{id},"type":"execute","template":"python","code":{}}}"#, Value::from(code))
+}
+
+fn stats(client: &mut Client) -> Value {
+    client.call(r#"{"id":0,"type":"stats"}"#)
+}
+
+/// The python template's pool counters from `stats`.
+fn pool_stats(client: &mut Client) -> Value {
+    let stats = stats(client);
+    match stats.get("pools").and_then(Value::as_array) {
+        Some([pool]) if str_of(pool, "template") == "python" => pool.clone(),
+        _ => panic!("expected one pool, for python: {stats}"),
+    }
+}
+
+/// Polls `stats` until every pooled VM is ready again (the refill runs in the background).
+fn wait_for_refill(client: &mut Client) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pool = pool_stats(client);
+        if u64_of(&pool, "ready") == u64_of(&pool, "target") {
+            return pool;
+        }
+        assert!(Instant::now() < deadline, "the pool did not refill: {pool}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One worker serves two requests in a row, each on its own VM: a file the first writes to
+/// /tmp is absent for the second, and each draws its own randomness. The pool refills after
+/// each (ready == target), counts every VM it created, and a request that finds a ready VM
+/// waits for no VM creation (`fork_us` far below what creating one costs).
+#[test]
+fn a_pooled_daemon_serves_each_request_on_a_fresh_vm() {
+    let server = start("pool-fresh", 1, config(2));
+    let mut client = Client::hello(&server.path);
+    let first_ready = wait_for_refill(&mut client);
+    assert_eq!((u64_of(&first_ready, "target"), u64_of(&first_ready, "forks"), u64_of(&first_ready, "served")), (1, 1, 0), "{first_ready}");
+
+    let code = "import os, random\nprint(os.path.exists('/tmp/mark'), random.getrandbits(64))\nopen('/tmp/mark', 'w').write('x')";
+    let mut seen = Vec::new();
+    for id in 1..=2 {
+        let answer = client.call(&execute(id, code));
+        assert_eq!((str_of(&answer, "type"), u64_of(&answer, "id"), str_of(&answer, "status")), ("execution", id, "ok"), "{answer}");
+        let stdout = str_of(&answer, "stdout").to_owned();
+        assert!(stdout.starts_with("False "), "the second request must not see the first one's /tmp/mark: {answer}");
+        seen.push(stdout);
+        let timings = answer.get("timings").unwrap();
+        let pool = wait_for_refill(&mut client);
+        eprintln!("pooled request {id}: timings {}, pool {pool}", timings.to_json());
+        assert!(u64_of(timings, "exec_us") > 0 && u64_of(answer.get("usage").unwrap(), "pages_copied") > 1000, "{answer}");
+        assert!(u64_of(timings, "fork_us") * 4 < u64_of(&pool, "fork_us_mean"), "a ready VM was waiting, creating one costs {pool}: {answer}");
+    }
+    assert_ne!(seen[0], seen[1], "two VMs drew the same randomness");
+    let pool = pool_stats(&mut client);
+    assert_eq!((u64_of(&pool, "ready"), u64_of(&pool, "target"), u64_of(&pool, "forks"), u64_of(&pool, "served")), (1, 1, 3, 2), "{pool}");
+    server.stop();
+}
+
+/// Pool size 0: no pool in `stats`, and each request gets a VM restored for it (the wait for
+/// the restore is its `fork_us`).
+#[test]
+fn pool_size_zero_restores_a_vm_per_request() {
+    let server = start("pool-none", 0, config(2));
+    let mut client = Client::hello(&server.path);
+    let answer = client.call(&execute(1, "print(6*7)"));
+    assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "42\n"), "{answer}");
+    assert!(u64_of(answer.get("timings").unwrap(), "fork_us") > 0, "{answer}");
+    assert_eq!(stats(&mut client).get("pools").map(Value::to_json).as_deref(), Some("[]"));
+    server.stop();
+}
+
+/// `total` executions sent at once over 8 connections, `print(i*i)`, 4 running at a time:
+/// each answered once with its own output. Returns each one's take-to-first-instruction
+/// (`queue_us + fork_us`), sorted, and the wall time.
+fn concurrent_executions(server: &Running, total: u64) -> (Vec<u64>, Duration) {
+    const CONNECTIONS: u64 = 8;
+    let started = Instant::now();
+    let clients: Vec<_> = (0..CONNECTIONS)
+        .map(|connection| {
+            let path = server.path.clone();
+            thread::spawn(move || {
+                let mut client = Client::hello(&path);
+                let ids: Vec<u64> = (0..total).filter(|i| i % CONNECTIONS == connection).collect();
+                for &i in &ids {
+                    client.send(&execute(i, &format!("print({i}*{i})")));
+                }
+                let mut answered = Vec::new();
+                let mut takes = Vec::new();
+                for _ in &ids {
+                    let answer = client.recv();
+                    let id = u64_of(&answer, "id");
+                    assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", format!("{}\n", id * id).as_str()), "{answer}");
+                    answered.push(id);
+                    let timings = answer.get("timings").unwrap();
+                    takes.push(u64_of(timings, "queue_us") + u64_of(timings, "fork_us"));
+                }
+                answered.sort();
+                assert_eq!(answered, ids, "each request answered exactly once");
+                takes
+            })
+        })
+        .collect();
+    let mut takes: Vec<u64> = clients.into_iter().flat_map(|c| c.join().expect("a client thread failed")).collect();
+    takes.sort();
+    (takes, started.elapsed())
+}
+
+fn percentile_ms(sorted: &[u64], p: usize) -> f64 {
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)] as f64 / 1000.0
+}
+
+/// Take-to-first-instruction (`queue_us + fork_us`) at light load: `count` requests one after
+/// another, each sent once the pool (if any) has refilled. Sorted.
+fn sequential_takes(server: &Running, count: u64, pooled: bool) -> Vec<u64> {
+    let mut client = Client::hello(&server.path);
+    let mut takes: Vec<u64> = (0..count)
+        .map(|id| {
+            if pooled {
+                wait_for_refill(&mut client);
+            }
+            let answer = client.call(&execute(id, "print(1)"));
+            assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "1\n"), "{answer}");
+            let timings = answer.get("timings").unwrap();
+            u64_of(timings, "queue_us") + u64_of(timings, "fork_us")
+        })
+        .collect();
+    takes.sort();
+    takes
+}
+
+/// The ptrace figure of what the pool buys, printed (ptrace CPU, memory copied per VM: not
+/// product figures): take-to-first-instruction (`queue_us + fork_us`) p50/p99 of requests
+/// at light load with a pool of 4 and with none (each VM restored on the request's path);
+/// then 200 concurrent executions through the socket with the pool, 4 running at a time,
+/// each answered once with its own output, and the pool's counters after its refill. In a
+/// burst far larger than the pool, a request's wait is mostly for a worker: the restores
+/// still happen, off the requests' path but on the same two cores.
+#[test]
+fn take_to_first_instruction_pooled_and_unpooled_and_a_burst_of_200() {
+    const SEQUENTIAL: u64 = 30;
+    const TOTAL: u64 = 200;
+    const RUNNING: usize = 4;
+    let build = if cfg!(debug_assertions) { "debug" } else { "release" };
+    let burst = ServerConfig { max_queued: TOTAL as usize, ..config(RUNNING) };
+
+    let unpooled = start("pool-none-seq", 0, burst);
+    let unpooled_takes = sequential_takes(&unpooled, SEQUENTIAL, false);
+    unpooled.stop();
+
+    let pooled = start("pool-200", RUNNING, burst);
+    let pooled_takes = sequential_takes(&pooled, SEQUENTIAL, true);
+    for (what, takes) in [(format!("pool of {RUNNING}"), &pooled_takes), ("no pool".to_owned(), &unpooled_takes)] {
+        eprintln!(
+            "{SEQUENTIAL} requests one at a time, {what}, ptrace CPU ({build} build; not product figures): take-to-first-instruction (queue_us + fork_us) p50 {:.2} ms, p99 {:.2} ms",
+            percentile_ms(takes, 50),
+            percentile_ms(takes, 99),
+        );
+    }
+    assert!(pooled_takes[pooled_takes.len() / 2] < unpooled_takes[unpooled_takes.len() / 2], "pooled {pooled_takes:?}, unpooled {unpooled_takes:?}");
+
+    let mut client = Client::hello(&pooled.path);
+    let before = wait_for_refill(&mut client);
+    let (takes, wall) = concurrent_executions(&pooled, TOTAL);
+    let after = wait_for_refill(&mut client);
+    eprintln!(
+        "{TOTAL} concurrent executions, {RUNNING} running at a time, pool of {RUNNING}, ptrace CPU ({build} build; not product figures): {:.2} s wall; take-to-first-instruction p50 {:.1} ms, p99 {:.1} ms; pool {after}",
+        wall.as_secs_f64(),
+        percentile_ms(&takes, 50),
+        percentile_ms(&takes, 99),
+    );
+    let served = |pool: &Value| u64_of(pool, "served");
+    let forks = |pool: &Value| u64_of(pool, "forks");
+    assert_eq!((served(&after) - served(&before), forks(&after) - forks(&before)), (TOTAL, TOTAL), "every used VM was replaced by one new one: {before} then {after}");
+    assert_eq!(forks(&after), served(&after) + RUNNING as u64, "{after}");
+    let stats = stats(&mut client);
+    assert_eq!((u64_of(&stats, "executions"), u64_of(&stats, "in_flight")), (SEQUENTIAL + TOTAL, 0), "{stats}");
+    pooled.stop();
+}

@@ -100,6 +100,65 @@ pub fn ioctl_mut<T>(fd: c_int, request: c_ulong, arg: &mut T) -> io::Result<c_in
     check(unsafe { ioctl(fd, request, arg as *mut T) })
 }
 
+/// `PAGE_IS_*` page categories of the PAGEMAP_SCAN ioctl (linux/fs.h).
+pub const PAGE_IS_FILE: u64 = 1 << 2;
+pub const PAGE_IS_PRESENT: u64 = 1 << 3;
+/// `_IOWR('f', 16, struct pm_scan_arg)`.
+const PAGEMAP_SCAN: c_ulong = 0xC060_6610;
+
+/// `struct pm_scan_arg` (linux/fs.h, Linux 6.7+).
+#[repr(C)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+/// One `struct page_region` the scan reports: the pages in `start..end` (addresses) share
+/// `categories`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PageRegion {
+    pub start: u64,
+    pub end: u64,
+    pub categories: u64,
+}
+
+/// PAGEMAP_SCAN on a /proc/PID/pagemap descriptor: fills `regions` with the ranges of
+/// `start..end` whose pages have every category in `mask`, reading the ones in `inverted` as
+/// "has not" (e.g. present and not a file page). Returns how many regions were filled and
+/// where the walk stopped (before `end` when `regions` filled up: scan again from there).
+/// Kernels before 6.7 fail it with ENOTTY.
+pub fn pagemap_scan(pagemap: c_int, start: u64, end: u64, mask: u64, inverted: u64, regions: &mut [PageRegion]) -> io::Result<(usize, u64)> {
+    let mut arg = PmScanArg {
+        size: std::mem::size_of::<PmScanArg>() as u64,
+        flags: 0,
+        start,
+        end,
+        walk_end: 0,
+        vec: regions.as_mut_ptr() as u64,
+        vec_len: regions.len() as u64,
+        max_pages: 0,
+        category_inverted: inverted,
+        category_mask: mask,
+        category_anyof_mask: 0,
+        return_mask: mask,
+    };
+    // SAFETY: arg is a valid pm_scan_arg; the kernel writes at most vec_len regions to vec,
+    // which is `regions`, exclusively borrowed for the call.
+    let filled = check(unsafe { ioctl(pagemap, PAGEMAP_SCAN, &mut arg as *mut PmScanArg) })?;
+    Ok((filled as usize, arg.walk_end))
+}
+
 /// Fills `buf` from the host CSPRNG (getrandom(2), blocking until seeded).
 pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;

@@ -291,3 +291,17 @@ fn timings_of_boot_and_request() {
         requests[0].3,
     );
 }
+
+/// Setup (.ci/run) installs Debian's python3-numpy, so the image has it and the agent imports it
+/// before its ready point; this fails (not skips) on a machine set up without it.
+#[test]
+fn numpy_is_preloaded_and_reseeded_per_run() {
+    let code = "import sys\nprint('numpy' in sys.modules)\nimport numpy as np\nprint(int(np.arange(6).reshape(2, 3).sum()))\nprint(np.random.random())\n";
+    let first = execute(AgentRequest::new(code));
+    let second = execute(AgentRequest::new(code));
+    assert_eq!(first.status, RunStatus::Exited { code: 0 }, "{}", describe(&first));
+    let (a, b) = (text(&first.stdout), text(&second.stdout));
+    let lines: Vec<&str> = a.lines().collect();
+    assert_eq!(lines[..2], ["True", "15"], "is python3-numpy installed (apt-get install python3-numpy)? {}", describe(&first));
+    assert_ne!(a.lines().nth(2), b.lines().nth(2), "numpy's global generator must be reseeded per run");
+}

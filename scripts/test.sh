@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/setup-debian.sh
+
 started_pg=0
 if [ -z "${TEST_DATABASE_URL:-}" ]; then
   pg_env=$(bash scripts/postgres.sh start)

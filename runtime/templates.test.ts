@@ -47,6 +47,8 @@ describe("template images", () => {
     // Only the finished folder is left: the daemon never sees a half-built one.
     expect(readdirSync(templatesDir)).toEqual(["tiny"]);
     expect(log.join("\n")).toMatch(/template tiny: building its image .*\(no image yet\)[\s\S]*image "tiny"[\s\S]*image ready in/);
+    // "tiny" has no in-VM agent, so it cannot be snapshotted; the image stays usable.
+    expect(first.snapshot).toEqual({ ready: false, detail: expect.stringContaining("unknown template `tiny`") });
 
     const second = await ensureTemplate(source, { binary, templatesDir });
     expect(second).toMatchObject({ action: "up-to-date" });
@@ -78,6 +80,23 @@ describe("template images", () => {
     await expect(ensureTemplate(source, { binary, templatesDir })).rejects.toThrow(/image build --manifest .* failed \(exit code 1\)/);
     expect(readdirSync(templatesDir)).toEqual(["tiny"]);
     expect(existsSync(join(built.dir, "image.index"))).toBe(true);
+  });
+
+  it("snapshots the python template when /dev/kvm works, and says why not when it does not", { timeout: 60_000 }, async () => {
+    const python = discoverTemplateSources("templates").find((t) => t.name === "python");
+    if (python === undefined) throw new Error("templates/python/image.json is missing");
+    const log: string[] = [];
+    const built = await ensureTemplate(python, { binary: requireVmmBinary(), templatesDir, log: (l) => log.push(l) });
+    const snapshotFile = join(built.dir, "template.sfsnap");
+    if (existsSync("/dev/kvm")) {
+      expect(built.snapshot).toEqual({ ready: true, detail: `snapshot in ${snapshotFile}` });
+      expect(existsSync(snapshotFile)).toBe(true);
+    } else {
+      expect(built.snapshot.ready).toBe(false);
+      expect(built.snapshot.detail).toMatch(/needs KVM: \/dev\/kvm is missing.*the daemon boots the agent per request$/);
+      expect(existsSync(snapshotFile)).toBe(false);
+      expect(log.join("\n")).toContain(`template python: ${built.snapshot.detail}`);
+    }
   });
 
   it("a missing binary is an error naming the build command", async () => {

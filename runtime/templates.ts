@@ -43,6 +43,11 @@ export interface TemplateBuildResult {
   /** What happened: built now (and why), or up to date. */
   action: "built" | "up-to-date";
   reason: string;
+  /**
+   * The snapshot at the agent's ready point (`sandfork-vmm template build`, in the image's folder):
+   * ready, or why not (it needs KVM; without one the daemon boots the agent per request).
+   */
+  snapshot: { ready: boolean; detail: string };
 }
 
 const BUILD_RECORD = "build.json";
@@ -140,10 +145,10 @@ async function staleness(dir: string, inputs: Omit<BuildRecord, "builtAt">): Pro
   return null;
 }
 
-/** Runs `binary image build`, echoing its output (at most MAX_LOGGED_LINES lines) to `log`. */
-function runImageBuild(binary: string, manifestPath: string, outDir: string, log: (line: string) => void): Promise<void> {
+/** Runs `binary ...args`, echoing its output (at most MAX_LOGGED_LINES lines) to `log`. */
+function runBuilder(binary: string, args: string[], log: (line: string) => void): Promise<void> {
   return new Promise((resolvePromise, reject) => {
-    const child = spawn(binary, ["image", "build", "--manifest", manifestPath, "--out", outDir], { stdio: ["ignore", "pipe", "pipe"] });
+    const child = spawn(binary, args, { stdio: ["ignore", "pipe", "pipe"] });
     const lines: string[] = [];
     const collect = (line: string) => {
       if (line.trim() !== "") lines.push(line);
@@ -156,9 +161,21 @@ function runImageBuild(binary: string, manifestPath: string, outDir: string, log
       if (lines.length > shown.length) log(`  … ${lines.length - shown.length} earlier line(s)`);
       for (const line of shown) log(`  ${line}`);
       if (code === 0) resolvePromise();
-      else reject(new Error(`${binary} image build --manifest ${manifestPath} failed (${signal ?? `exit code ${code}`})`));
+      else reject(new Error(`${binary} ${args.join(" ")} failed (${signal ?? `exit code ${code}`}): ${lines.find((l) => l.startsWith("sandfork-vmm:")) ?? lines.at(-1) ?? "no output"}`));
     });
   });
+}
+
+/** Snapshots the template at its agent's ready point; the binary skips an up-to-date snapshot. */
+async function ensureSnapshot(binary: string, name: string, dir: string, log: (line: string) => void): Promise<TemplateBuildResult["snapshot"]> {
+  try {
+    await runBuilder(binary, ["template", "build", "--image", dir, "--template", name, "--out", dir], () => {});
+    return { ready: true, detail: `snapshot in ${join(dir, "template.sfsnap")}` };
+  } catch (error) {
+    const detail = `no snapshot (${(error as Error).message}); the daemon boots the agent per request`;
+    log(`template ${name}: ${detail}`);
+    return { ready: false, detail };
+  }
 }
 
 /** Builds the template's image into templatesDir/<name> unless an up-to-date one is there. */
@@ -170,7 +187,10 @@ export async function ensureTemplate(source: TemplateSource, options: TemplateBu
   }
   const inputs = currentInputs(source, options.binary);
   const reason = options.force ? "a rebuild was asked for" : await staleness(dir, inputs);
-  if (reason === null) return { name: source.name, dir, action: "up-to-date", reason: "inputs unchanged" };
+  if (reason === null) {
+    const snapshot = await ensureSnapshot(options.binary, source.name, dir, log);
+    return { name: source.name, dir, action: "up-to-date", reason: "inputs unchanged", snapshot };
+  }
 
   log(`template ${source.name}: building its image from ${source.manifestPath} (${reason})`);
   const started = performance.now();
@@ -179,7 +199,7 @@ export async function ensureTemplate(source: TemplateSource, options: TemplateBu
   const replaced = join(options.templatesDir, `.replaced-${source.name}-${process.pid}`);
   await rm(building, { recursive: true, force: true });
   try {
-    await runImageBuild(options.binary, source.manifestPath, building, log);
+    await runBuilder(options.binary, ["image", "build", "--manifest", source.manifestPath, "--out", building], log);
     const record: BuildRecord = { ...inputs, builtAt: new Date().toISOString() };
     await writeFile(join(building, BUILD_RECORD), `${JSON.stringify(record, null, 2)}\n`);
     if (existsSync(dir)) await rename(dir, replaced);
@@ -189,7 +209,8 @@ export async function ensureTemplate(source: TemplateSource, options: TemplateBu
     await rm(replaced, { recursive: true, force: true });
   }
   log(`template ${source.name}: image ready in ${dir} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
-  return { name: source.name, dir, action: "built", reason };
+  const snapshot = await ensureSnapshot(options.binary, source.name, dir, log);
+  return { name: source.name, dir, action: "built", reason, snapshot };
 }
 
 /** ensureTemplate for each source, one after another (builds are I/O-heavy on a 2-core machine). */

@@ -14,7 +14,7 @@ use std::cell::Cell;
 use std::io;
 use std::time::{Duration, Instant};
 
-use common::{describe, ptrace_cpu, python_image};
+use common::{describe, test_cpu, python_image};
 use sandfork_vmm::agent::{AgentCommand, AgentRequest, AWAIT_REQUEST_SYSCALL, MAX_FILES_BYTES, PYTHON_AGENT};
 use sandfork_vmm::cpu::GuestCpu;
 use sandfork_vmm::loader::LoadedProgram;
@@ -31,7 +31,7 @@ fn limits() -> RunLimits {
 }
 
 fn execute(request: AgentRequest) -> RunOutcome {
-    vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits(), &ptrace_cpu).unwrap_or_else(|e| panic!("launching the agent: {e}"))
+    vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits(), &test_cpu).unwrap_or_else(|e| panic!("launching the agent: {e}"))
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -171,14 +171,14 @@ fn a_request_larger_than_the_first_buffer_is_fetched_again_with_the_size_needed(
 fn the_timeout_starts_at_the_hand_off() {
     let request = AgentRequest::new("while True:\n    pass");
     let limits = RunLimits { timeout: Duration::from_millis(300), ..limits() };
-    let outcome = vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits, &ptrace_cpu).unwrap();
+    let outcome = vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits, &test_cpu).unwrap();
     assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: 300 }, "{}", describe(&outcome));
     assert!(outcome.stats.wall >= Duration::from_millis(300) && outcome.stats.wall < Duration::from_secs(5), "{:?}", outcome.stats.wall);
 }
 
 #[test]
 fn without_a_request_the_boot_stops_at_the_ready_point() {
-    let ready = vm::boot_agent(python_image(), &PYTHON_AGENT, &limits(), &ptrace_cpu, |ready| {
+    let ready = vm::boot_agent(python_image(), &PYTHON_AGENT, &limits(), &test_cpu, |ready| {
         // The template build's view: the guest is stopped inside AWAIT_REQUEST with its buffer.
         assert_eq!(ready.call[1], AGENT_FIRST_BUFFER, "call arguments: {:x?}", ready.call);
         assert!(ready.mem.check(ready.call[0], ready.call[1]).is_ok(), "the buffer is guest memory");
@@ -197,7 +197,7 @@ fn without_a_request_the_boot_stops_at_the_ready_point() {
 #[test]
 fn a_program_that_never_awaits_a_request_is_not_a_template() {
     let exits_early = AgentCommand { program: "python3", argv: &["python3", "-c", "print('no agent here')"] };
-    match vm::boot_agent(python_image(), &exits_early, &limits(), &ptrace_cpu, |_| ()) {
+    match vm::boot_agent(python_image(), &exits_early, &limits(), &test_cpu, |_| ()) {
         Err(LaunchError::AgentNotReady { reason }) => assert!(reason.starts_with("exited with code 0 before its ready point"), "{reason}"),
         other => panic!("expected AgentNotReady, got {:?}", other.err()),
     }
@@ -205,7 +205,7 @@ fn a_program_that_never_awaits_a_request_is_not_a_template() {
         program: "python3",
         argv: &["python3", "-c", "import ctypes, sys; print('noise', file=sys.stderr); ctypes.CDLL(None).syscall(0x53460001, 0, 0)"],
     };
-    match vm::boot_agent(python_image(), &noisy, &limits(), &ptrace_cpu, |_| ()) {
+    match vm::boot_agent(python_image(), &noisy, &limits(), &test_cpu, |_| ()) {
         Err(LaunchError::AgentNotReady { reason }) => assert!(reason.contains("wrote 0 bytes to stdout and 6 to stderr") && reason.ends_with("noise\n"), "{reason}"),
         other => panic!("expected AgentNotReady, got {:?}", other.err()),
     }
@@ -232,7 +232,7 @@ fn hostile_requests_are_refused_before_any_vm_starts() {
     let cpus_created = Cell::new(0);
     let counting_cpu = factory(|mem, program| {
         cpus_created.set(cpus_created.get() + 1);
-        ptrace_cpu(mem, program)
+        test_cpu(mem, program)
     });
     let with_file = |path: &str, len: usize| {
         let mut request = AgentRequest::new("print(open('x').read())");
@@ -263,7 +263,7 @@ fn timings_of_boot_and_request() {
     let mut requests = Vec::new();
     for _ in 0..5 {
         let started = Instant::now();
-        let outcome = vm::boot_agent(image.clone(), &PYTHON_AGENT, &limits(), &ptrace_cpu, |ready| {
+        let outcome = vm::boot_agent(image.clone(), &PYTHON_AGENT, &limits(), &test_cpu, |ready| {
             let boot = (started.elapsed(), ready.boot.clone());
             let handed_off = Instant::now();
             let served = ready.serve(AgentRequest::new("print(1+1)"), Duration::from_secs(10));

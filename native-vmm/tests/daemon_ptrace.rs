@@ -35,13 +35,13 @@ fn templates_dir() -> &'static Path {
     })
 }
 
-fn ptrace_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
+fn test_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
     Ok(Box::new(PtraceCpu::new(mem, loaded.entry, loaded.stack_pointer)?))
 }
 
 fn start(tag: &str, config: ServerConfig) -> Running {
     let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
-    let executor = AgentExecutor::new(templates, Box::new(ptrace_cpu), None);
+    let executor = AgentExecutor::new(templates, Box::new(test_cpu), None);
     Running::start(&scratch(tag), Arc::new(executor), config)
 }
 

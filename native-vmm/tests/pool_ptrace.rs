@@ -37,7 +37,7 @@ fn templates_dir() -> &'static Path {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
         sandfork_vmm::image::build(&manifest, &folder).unwrap_or_else(|e| panic!("building the Python image: {e}"));
         let image = Image::open(&folder).unwrap_or_else(|e| panic!("{e}"));
-        snapshot::build(image, "python", &PYTHON_AGENT, vm::DEFAULT_MEM_BYTES, &common::ptrace_cpu, &folder).unwrap_or_else(|e| panic!("building the template: {e}"));
+        snapshot::build(image, "python", &PYTHON_AGENT, vm::DEFAULT_MEM_BYTES, &common::test_cpu, &folder).unwrap_or_else(|e| panic!("building the template: {e}"));
         dir
     })
 }
@@ -51,7 +51,7 @@ fn ptrace_restore<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Resul
 fn start(tag: &str, pool_size: usize, config: ServerConfig) -> Running {
     let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
     assert!(templates[0].snapshot.is_some());
-    let executor = AgentExecutor::new(templates, Box::new(common::ptrace_cpu), None)
+    let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None)
         .restoring(Arc::new(ptrace_restore), ForkMemory::Copy)
         .pooled(pool_size)
         .unwrap_or_else(|e| panic!("starting the pool: {e}"));

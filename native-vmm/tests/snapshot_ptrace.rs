@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{describe, process_dir, ptrace_cpu, python_image};
+use common::{describe, process_dir, test_cpu, python_image};
 use sandfork_vmm::agent::{AgentCommand, AgentRequest, PYTHON_AGENT};
 use sandfork_vmm::cpu::{CpuSnapshot, GuestCpu};
 use sandfork_vmm::devcpu::PtraceCpu;
@@ -36,7 +36,7 @@ fn template_dir() -> &'static (PathBuf, BuildOutcome) {
     static BUILT: OnceLock<(PathBuf, BuildOutcome)> = OnceLock::new();
     BUILT.get_or_init(|| {
         let dir = process_dir("snapshot").join("python");
-        let outcome = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &ptrace_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
+        let outcome = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &test_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
         eprintln!("{outcome}");
         (dir, outcome)
     })
@@ -206,7 +206,7 @@ fn damaged_or_mismatched_templates_are_refused_with_typed_errors() {
 #[test]
 fn builds_are_skipped_while_image_agent_and_memory_size_are_unchanged() {
     let (dir, _) = template_dir();
-    let again = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &ptrace_cpu, dir).unwrap();
+    let again = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &test_cpu, dir).unwrap();
     assert!(matches!(again, BuildOutcome::UpToDate { .. }), "{again}");
 
     // A damaged copy of the template is rebuilt, and the rebuilt one is kept next time.
@@ -215,11 +215,11 @@ fn builds_are_skipped_while_image_agent_and_memory_size_are_unchanged() {
     let last = contents.len() - 1;
     contents[last] ^= 1;
     std::fs::write(copy.join(TEMPLATE_FILE), &contents).unwrap();
-    let build = |dir: &Path| snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &ptrace_cpu, dir).unwrap();
+    let build = |dir: &Path| snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES, &test_cpu, dir).unwrap();
     assert!(matches!(build(&copy), BuildOutcome::Built { .. }));
     assert!(matches!(build(&copy), BuildOutcome::UpToDate { .. }));
     // Another memory size is another template.
-    let smaller = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES / 2, &ptrace_cpu, &copy).unwrap();
+    let smaller = snapshot::build(python_image(), "python", &PYTHON_AGENT, MEM_BYTES / 2, &test_cpu, &copy).unwrap();
     assert!(matches!(smaller, BuildOutcome::Built { .. }), "{smaller}");
 }
 
@@ -232,7 +232,7 @@ fn timings_of_boot_and_restore() {
     let mut restores = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();
-        vm::boot_agent(python_image(), &PYTHON_AGENT, &limits(), &ptrace_cpu, |_| ()).unwrap();
+        vm::boot_agent(python_image(), &PYTHON_AGENT, &limits(), &test_cpu, |_| ()).unwrap();
         boots.push(started.elapsed());
         let started = Instant::now();
         let outcome = snapshot::serve_restored(template, ForkMemory::Copy, &ptrace_restore, AgentRequest::new("print(1+1)"), &limits()).unwrap().outcome;
@@ -264,7 +264,7 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
     std::fs::copy(template_dir().0.join(TEMPLATE_FILE), folder.join(TEMPLATE_FILE)).unwrap();
     let loaded = templates::load(&templates_dir).unwrap_or_else(|e| panic!("{e}"));
     assert!(loaded[0].snapshot.is_some(), "the snapshot in the folder is loaded");
-    let executor = AgentExecutor::new(loaded, Box::new(ptrace_cpu), None).restoring(std::sync::Arc::new(ptrace_restore), ForkMemory::Copy);
+    let executor = AgentExecutor::new(loaded, Box::new(test_cpu), None).restoring(std::sync::Arc::new(ptrace_restore), ForkMemory::Copy);
 
     let request = |memory_mib| ExecuteRequest {
         template: "python".into(),

@@ -98,14 +98,20 @@ pub fn python_image() -> Arc<Image> {
         .clone()
 }
 
-/// The vCPU factory for `vm::launch`: the ptrace development CPU.
-pub fn ptrace_cpu<'m>(mem: &'m GuestMemory, program: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
-    Ok(Box::new(PtraceCpu::new(mem, program.entry, program.stack_pointer)?))
+/// The vCPU factory the program tests run on: the ptrace development CPU by default, or the
+/// product's KVM vCPU with `SANDFORK_TEST_CPU=kvm`, which is how the KVM backend is brought up on
+/// a host with /dev/kvm (e.g. `SANDFORK_TEST_CPU=kvm cargo test --test python_ptrace`).
+pub fn test_cpu<'m>(mem: &'m GuestMemory, program: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    match std::env::var("SANDFORK_TEST_CPU").as_deref() {
+        Ok("kvm") => sandfork_vmm::kvm::new_cpu(mem, program),
+        Ok("ptrace") | Err(_) => Ok(Box::new(PtraceCpu::new(mem, program.entry, program.stack_pointer)?)),
+        Ok(other) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("SANDFORK_TEST_CPU={other}: expected kvm or ptrace"))),
+    }
 }
 
-/// Runs `req` in `image` on the development CPU; a launch error fails the test.
+/// Runs `req` in `image` on the test CPU; a launch error fails the test.
 pub fn run(image: &Arc<Image>, req: &RunRequest) -> RunOutcome {
-    vm::launch(image.clone(), req, &ptrace_cpu).unwrap_or_else(|e| panic!("launching {}: {e}", req.program))
+    vm::launch(image.clone(), req, &test_cpu).unwrap_or_else(|e| panic!("launching {}: {e}", req.program))
 }
 
 /// A request for `program` with `args`, a 10 s limit and the default memory and output cap.

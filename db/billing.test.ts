@@ -113,6 +113,14 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 0 });
   });
 
+  it("names a revoked key rather than the missing credits when both refuse the hold", async () => {
+    const ids = await accountWithKey(fresh, 0);
+    await revokeKey(fresh.db, ids.keyId);
+    const r = reservation(ids, 1);
+    expect(await reserve(fresh.db, r)).toEqual({ kind: "key-revoked" });
+    expect(await findExecution(fresh.db, r.executionId)).toBeUndefined();
+  });
+
   it("releases stale reservations left by a stopped gateway", async () => {
     const ids = await accountWithKey(fresh, 10);
     const r = await reserve(fresh.db, reservation(ids, 6));

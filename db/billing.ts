@@ -1,10 +1,11 @@
 // Reserve-then-settle credit accounting around one execution.
 //
-// reserve: one transaction checks that the key is not revoked (tokens minted from it are verified
-//   without the database, so this is where a revocation reaches them), inserts the execution record (its unique (key, Idempotency-Key) index
+// reserve: one transaction inserts the execution record (its unique (key, Idempotency-Key) index
 //   turns a duplicate request into a conflict before anything is held) and holds the worst-case
 //   cost with a conditional UPDATE that only succeeds while balance - reserved covers it, so
-//   concurrent reservations on one account can never overspend.
+//   concurrent reservations on one account can never overspend, and while the key is not revoked
+//   (tokens minted from it are verified without the database, so this is where a revocation
+//   reaches them). Only when the hold fails does a further query say which condition did.
 // settle: one transaction moves the execution from running to its final state (only from running,
 //   so a second settle is a no-op), spends the actual cost, frees the hold and writes the single
 //   usage ledger entry. It commits before the gateway answers.
@@ -90,12 +91,15 @@ class InsufficientCredits extends Error {
   }
 }
 
+/** True while the key exists and is not revoked; checked inside reserve's hold. */
+function keyUsable(keyId: string) {
+  return sql`EXISTS (SELECT 1 FROM ${apiKeys} WHERE ${apiKeys.id} = ${keyId} AND ${apiKeys.revokedAt} IS NULL)`;
+}
+
 export async function reserve(db: Database, r: Reservation): Promise<ReserveOutcome> {
   if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
   try {
     const execution = await db.transaction(async (tx) => {
-      const [key] = await tx.select({ revokedAt: apiKeys.revokedAt }).from(apiKeys).where(eq(apiKeys.id, r.keyId));
-      if (!key || key.revokedAt !== null) throw new KeyRevoked();
       // The record first: a duplicate Idempotency-Key fails here, before any credit check.
       const [row] = await tx
         .insert(executions)
@@ -115,15 +119,19 @@ export async function reserve(db: Database, r: Reservation): Promise<ReserveOutc
       const held = await tx
         .update(accounts)
         .set({ reservedUnits: sql`${accounts.reservedUnits} + ${r.units}` })
-        .where(and(eq(accounts.id, r.accountId), sql`${accounts.balanceUnits} - ${accounts.reservedUnits} >= ${r.units}`))
+        .where(and(eq(accounts.id, r.accountId), sql`${accounts.balanceUnits} - ${accounts.reservedUnits} >= ${r.units}`, keyUsable(r.keyId)))
         .returning({ id: accounts.id });
       if (held.length === 0) {
         const [account] = await tx
-          .select({ available: sql<number>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::bigint` })
+          .select({
+            available: sql<number>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::bigint`,
+            keyUsable: sql<boolean>`${keyUsable(r.keyId)}`,
+          })
           .from(accounts)
           .where(eq(accounts.id, r.accountId));
-        // Rolls the record back with the transaction.
-        throw new InsufficientCredits(Number(account?.available ?? 0));
+        // Either throw rolls the record back with the transaction.
+        if (!account?.keyUsable) throw new KeyRevoked();
+        throw new InsufficientCredits(Number(account.available));
       }
       return toRecord(row);
     });

@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { loadRuntimeConfig, MAX_SOCKET_PATH_BYTES } from "./config.js";
+import { DaemonConnection } from "./daemon-connection.js";
 import { RuntimeUnavailableError } from "./errors.js";
 import { startRuntime } from "./start.js";
 import { DaemonSupervisor } from "./supervisor.js";
@@ -43,7 +44,9 @@ describe("startRuntime", () => {
     expect(await runtime.client.templates()).toEqual([expect.objectContaining({ name: "python" })]);
 
     await runtime.stop();
-    expect(daemon.pid).toBeDefined();
+    // The daemon is someone else's: it still answers on its socket.
+    const stillServing = await DaemonConnection.open(socketPath, 1_000);
+    stillServing.close();
     await expect(runtime.client.templates()).rejects.toBeInstanceOf(RuntimeUnavailableError);
   });
 

@@ -6,20 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{describe, python_image, request, run};
+use common::{assert_prints, describe, python};
 use sandfork_vmm::status::RunStatus;
-use sandfork_vmm::vm::RunOutcome;
-
-fn python(code: &str) -> RunOutcome {
-    run(&python_image(), &request("python3", &["-c", code]))
-}
-
-/// Runs `code` and expects exit code 0 with exactly `stdout`.
-fn assert_prints(code: &str, stdout: &str) {
-    let outcome = python(code);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), stdout, "{}", describe(&outcome));
-}
 
 #[test]
 fn asyncio_tasks_sleep_gather_and_queue() {

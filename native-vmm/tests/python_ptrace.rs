@@ -8,24 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{describe, python_image, request, run};
+use common::{assert_prints, describe, python, python_image, python_request, run};
 use sandfork_vmm::status::RunStatus;
-use sandfork_vmm::vm::{RunOutcome, RunRequest};
-
-fn python_request(code: &str) -> RunRequest {
-    request("python3", &["-c", code])
-}
-
-fn python(code: &str) -> RunOutcome {
-    run(&python_image(), &python_request(code))
-}
-
-/// Runs `code` and expects exit code 0 with exactly `stdout`.
-fn assert_prints(code: &str, stdout: &str) {
-    let outcome = python(code);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), stdout, "{}", describe(&outcome));
-}
 
 #[test]
 fn prints_six_times_seven() {

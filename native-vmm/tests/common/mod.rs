@@ -15,6 +15,7 @@ use sandfork_vmm::devcpu::PtraceCpu;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::loader::LoadedProgram;
 use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunOutcome, RunRequest};
 
 /// Per-test-binary scratch space under target/ (cargo's CARGO_TARGET_TMPDIR).
@@ -120,6 +121,23 @@ pub fn request(program: &str, args: &[&str]) -> RunRequest {
     let mut req = RunRequest::new(program, &args);
     req.timeout = Duration::from_secs(10);
     req
+}
+
+/// A request that runs `code` with `python3 -c`.
+pub fn python_request(code: &str) -> RunRequest {
+    request("python3", &["-c", code])
+}
+
+/// Runs `code` with the Python template's image.
+pub fn python(code: &str) -> RunOutcome {
+    run(&python_image(), &python_request(code))
+}
+
+/// Runs `code` and expects exit code 0 with exactly `stdout`.
+pub fn assert_prints(code: &str, stdout: &str) {
+    let outcome = python(code);
+    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), stdout, "{}", describe(&outcome));
 }
 
 /// The run's stdout and stderr as text, for assertion messages.

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ExecutionRecord, findExecution, release, releaseStaleReservations, reserve, settle } from "./billing.js";
+import { findExecution, release, releaseStaleReservations, reserve, settle } from "./billing.js";
 import { createAccount, getBalance, grantCredits, insertKey, revokeKey } from "./keys.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";
@@ -53,9 +53,10 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
 
   it("reserves, settles at the actual cost and records usage once", async () => {
     const ids = await accountWithKey(fresh, 100);
-    const r = await reserve(fresh.db, reservation(ids, 30));
-    expect(r.kind).toBe("reserved");
-    const id = (r as { execution: ExecutionRecord }).execution.id;
+    const r = reservation(ids, 30);
+    expect(await reserve(fresh.db, r)).toEqual({ kind: "reserved" });
+    const id = r.executionId;
+    expect(await findExecution(fresh.db, id)).toMatchObject({ status: "running", reservedUnits: 30, chargedUnits: null });
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 30, availableUnits: 70 });
 
     const settled = await settle(fresh.db, id, settlement(12));
@@ -71,9 +72,9 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
 
   it("never charges more than was reserved", async () => {
     const ids = await accountWithKey(fresh, 10);
-    const r = await reserve(fresh.db, reservation(ids, 5));
-    if (r.kind !== "reserved") throw new Error("expected a reservation");
-    const settled = await settle(fresh.db, r.execution.id, settlement(9));
+    const r = reservation(ids, 5);
+    expect(await reserve(fresh.db, r)).toEqual({ kind: "reserved" });
+    const settled = await settle(fresh.db, r.executionId, settlement(9));
     expect(settled.chargedUnits).toBe(5);
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 5, reservedUnits: 0 });
   });
@@ -86,22 +87,20 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
 
   it("turns a repeated Idempotency-Key into a duplicate without holding credits", async () => {
     const ids = await accountWithKey(fresh, 10);
-    const first = await reserve(fresh.db, reservation(ids, 2, "idem-1"));
-    expect(first.kind).toBe("reserved");
+    const first = reservation(ids, 2, "idem-1");
+    expect(await reserve(fresh.db, first)).toEqual({ kind: "reserved" });
     const second = await reserve(fresh.db, reservation(ids, 2, "idem-1"));
-    expect(second.kind).toBe("duplicate");
-    if (first.kind !== "reserved" || second.kind !== "duplicate") return;
-    expect(second.existing.id).toBe(first.execution.id);
+    expect(second).toMatchObject({ kind: "duplicate", existing: { id: first.executionId } });
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 2 });
   });
 
   it("release frees the hold, charges nothing and frees the Idempotency-Key", async () => {
     const ids = await accountWithKey(fresh, 10);
-    const r = await reserve(fresh.db, reservation(ids, 4, "idem-release"));
-    if (r.kind !== "reserved") throw new Error("expected a reservation");
-    expect(await release(fresh.db, r.execution.id)).toBe(true);
-    expect(await release(fresh.db, r.execution.id)).toBe(false);
-    expect(await findExecution(fresh.db, r.execution.id)).toMatchObject({ status: "aborted", chargedUnits: 0, idempotencyKey: null });
+    const r = reservation(ids, 4, "idem-release");
+    expect(await reserve(fresh.db, r)).toEqual({ kind: "reserved" });
+    expect(await release(fresh.db, r.executionId)).toBe(true);
+    expect(await release(fresh.db, r.executionId)).toBe(false);
+    expect(await findExecution(fresh.db, r.executionId)).toMatchObject({ status: "aborted", chargedUnits: 0, idempotencyKey: null });
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 0 });
     expect((await reserve(fresh.db, reservation(ids, 4, "idem-release"))).kind).toBe("reserved");
   });
@@ -123,8 +122,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
 
   it("releases stale reservations left by a stopped gateway", async () => {
     const ids = await accountWithKey(fresh, 10);
-    const r = await reserve(fresh.db, reservation(ids, 6));
-    if (r.kind !== "reserved") throw new Error("expected a reservation");
+    expect(await reserve(fresh.db, reservation(ids, 6))).toEqual({ kind: "reserved" });
     expect(await releaseStaleReservations(fresh.db, new Date(Date.now() - 60_000))).toBe(0);
     expect(await releaseStaleReservations(fresh.db, new Date(Date.now() + 1_000))).toBeGreaterThanOrEqual(1);
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 0 });
@@ -142,25 +140,22 @@ describe("concurrent reservations on one key against a PostgreSQL server", () =>
 
   it("100 concurrent reservations with a balance for 60: exactly 60 succeed and settle, 40 are refused", async () => {
     const ids = await accountWithKey(fresh, 60);
-    const outcomes = await Promise.all(
-      Array.from({ length: 100 }, () =>
-        reserve(fresh.db, {
-          executionId: randomUUID(),
-          ...ids,
-          tokenId: null,
-          idempotencyKey: null,
-          requestHash: "h",
-          template: "python",
-          units: 1,
-        }),
-      ),
-    );
-    const reserved = outcomes.filter((o) => o.kind === "reserved");
+    const requests = Array.from({ length: 100 }, () => ({
+      executionId: randomUUID(),
+      ...ids,
+      tokenId: null,
+      idempotencyKey: null,
+      requestHash: "h",
+      template: "python",
+      units: 1,
+    }));
+    const outcomes = await Promise.all(requests.map((r) => reserve(fresh.db, r)));
+    const reserved = requests.filter((_, i) => outcomes[i]?.kind === "reserved");
     expect(reserved).toHaveLength(60);
     expect(outcomes.filter((o) => o.kind === "insufficient-credits")).toHaveLength(40);
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 60, reservedUnits: 60, availableUnits: 0 });
 
-    await Promise.all(reserved.map((o) => settle(fresh.db, o.kind === "reserved" ? o.execution.id : "", settlement(1))));
+    await Promise.all(reserved.map((r) => settle(fresh.db, r.executionId, settlement(1))));
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 0, reservedUnits: 0 });
     const usage = await usageForKey(fresh.db, ids.keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000));
     expect(usage.executions).toBe(60);

@@ -66,7 +66,7 @@ export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId
 };
 
 export type ReserveOutcome =
-  | { kind: "reserved"; execution: ExecutionRecord }
+  | { kind: "reserved" }
   | { kind: "insufficient-credits"; availableUnits: number }
   | { kind: "duplicate"; existing: ExecutionRecord }
   // The key was revoked since the caller's credential was checked (e.g. a token minted from it).
@@ -99,23 +99,19 @@ function keyUsable(keyId: string) {
 export async function reserve(db: Database, r: Reservation): Promise<ReserveOutcome> {
   if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
   try {
-    const execution = await db.transaction(async (tx) => {
+    await db.transaction(async (tx) => {
       // The record first: a duplicate Idempotency-Key fails here, before any credit check.
-      const [row] = await tx
-        .insert(executions)
-        .values({
-          id: r.executionId,
-          accountId: r.accountId,
-          keyId: r.keyId,
-          tokenId: r.tokenId,
-          idempotencyKey: r.idempotencyKey,
-          requestHash: r.requestHash,
-          template: r.template,
-          status: "running",
-          reservedUnits: r.units,
-        })
-        .returning();
-      if (!row) throw new Error("execution insert returned no row");
+      await tx.insert(executions).values({
+        id: r.executionId,
+        accountId: r.accountId,
+        keyId: r.keyId,
+        tokenId: r.tokenId,
+        idempotencyKey: r.idempotencyKey,
+        requestHash: r.requestHash,
+        template: r.template,
+        status: "running",
+        reservedUnits: r.units,
+      });
       const held = await tx
         .update(accounts)
         .set({ reservedUnits: sql`${accounts.reservedUnits} + ${r.units}` })
@@ -133,9 +129,8 @@ export async function reserve(db: Database, r: Reservation): Promise<ReserveOutc
         if (!account?.keyUsable) throw new KeyRevoked();
         throw new InsufficientCredits(Number(account.available));
       }
-      return toRecord(row);
     });
-    return { kind: "reserved", execution };
+    return { kind: "reserved" };
   } catch (error) {
     if (error instanceof InsufficientCredits) return { kind: "insufficient-credits", availableUnits: error.availableUnits };
     if (error instanceof KeyRevoked) return { kind: "key-revoked" };

@@ -8,22 +8,10 @@ mod daemon_support;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use daemon_support::{assert_error, scratch, str_of, u64_of, wait_for, Client};
+use daemon_support::{templates_dir, assert_error, scratch, str_of, u64_of, wait_for, Client};
 use sandfork_vmm::json::Value;
-
-/// A templates directory holding the Python template, built once per test process.
-fn templates_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = scratch("bin-templates");
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-        sandfork_vmm::image::build(&manifest, &dir.join("python")).unwrap_or_else(|e| panic!("building the Python image: {e}"));
-        dir
-    })
-}
 
 /// A running daemon process, killed if the test ends without stopping it.
 struct Daemon {

@@ -9,12 +9,11 @@
 mod daemon_support;
 
 use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
-use daemon_support::{config, scratch, str_of, u64_of, Client, Running};
+use daemon_support::{templates_dir, config, scratch, str_of, u64_of, Client, Running};
 use sandfork_vmm::cpu::GuestCpu;
 use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::server::ServerConfig;
@@ -23,17 +22,6 @@ use sandfork_vmm::devcpu::PtraceCpu;
 use sandfork_vmm::json::Value;
 use sandfork_vmm::loader::LoadedProgram;
 use sandfork_vmm::memory::GuestMemory;
-
-/// A templates directory holding the Python template, built once per test process.
-fn templates_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = scratch("pt-templates");
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-        sandfork_vmm::image::build(&manifest, &dir.join("python")).unwrap_or_else(|e| panic!("building the Python image: {e}"));
-        dir
-    })
-}
 
 fn test_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
     Ok(Box::new(PtraceCpu::new(mem, loaded.entry, loaded.stack_pointer)?))

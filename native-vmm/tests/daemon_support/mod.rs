@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,17 @@ pub fn scratch(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
+}
+
+/// A templates directory holding the Python template's image, built once per test process.
+pub fn templates_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch("templates");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+        sandfork_vmm::image::build(&manifest, &dir.join("python")).unwrap_or_else(|e| panic!("building the Python image: {e}"));
+        dir
+    })
 }
 
 pub const LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 };

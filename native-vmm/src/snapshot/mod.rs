@@ -341,7 +341,7 @@ pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFa
     let started = Instant::now();
     let mem = template.new_memory(how).map_err(LaunchError::Memory)?;
     let cpu = make_cpu(&mem, &template.cpu).map_err(LaunchError::Cpu)?;
-    serve_fork(template, &mem, cpu, started, request, limits)
+    serve_checked_fork(template, &mem, cpu, started, request, limits)
 }
 
 /// A request's memory size must be the template's: its VMs cannot have another.
@@ -356,10 +356,15 @@ fn check_memory_size(template: &Template, limits: &RunLimits) -> Result<(), Laun
 /// Runs `request` in a VM of `template` whose memory (`Template::new_memory`) and vCPU
 /// (restored from `Template::cpu`) were created beforehand, possibly long before the request
 /// (a warm pool does). The outcome's `load` is the time from `setup_started` to the guest
-/// being ready for the request.
+/// being ready for the request. The request itself is checked by `ReadyGuest::serve`, before
+/// the guest runs.
 pub fn serve_fork(template: &Template, mem: &GuestMemory, cpu: Box<dyn GuestCpu + '_>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<Restored, LaunchError> {
-    request.validate().map_err(LaunchError::InvalidRequest)?;
     check_memory_size(template, limits)?;
+    serve_checked_fork(template, mem, cpu, setup_started, request, limits)
+}
+
+/// `serve_fork` once `limits` is known to fit the template.
+fn serve_checked_fork(template: &Template, mem: &GuestMemory, cpu: Box<dyn GuestCpu + '_>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<Restored, LaunchError> {
     let ready = template.ready_guest(mem, cpu, limits.output_cap);
     let restored = setup_started.elapsed();
     let mut outcome = ready.serve(request, limits.timeout)?;

@@ -372,11 +372,6 @@ pub fn interpreter(bytes: &[u8]) -> Result<Option<String>, ElfError> {
     Ok(Elf::parse(bytes)?.interpreter()?.map(str::to_owned))
 }
 
-/// The DT_NEEDED library names of an ELF file, in file order (empty for a static program).
-pub fn needed_libraries(bytes: &[u8]) -> Result<Vec<String>, ElfError> {
-    Ok(Elf::parse(bytes)?.dynamic_info()?.needed)
-}
-
 /// DT_NEEDED plus the DT_RUNPATH / DT_RPATH search directories of an ELF file.
 pub fn dynamic_info(bytes: &[u8]) -> Result<DynamicInfo, ElfError> {
     Elf::parse(bytes)?.dynamic_info()
@@ -403,7 +398,7 @@ mod tests {
         assert!(elf.entry > 0x40_0000 && elf.entry < elf.load_span().1);
         assert_eq!(elf.phdr_vaddr(), Some(0x40_0040));
         assert_eq!(elf.interpreter().unwrap(), Some("/lib64/ld-linux-x86-64.so.2"));
-        let needed = needed_libraries(&bytes).unwrap();
+        let needed = dynamic_info(&bytes).unwrap().needed;
         assert!(needed.iter().any(|n| n == "libc.so.6"), "{needed:?}");
         assert!(needed.iter().any(|n| n == "libm.so.6"), "{needed:?}");
         let loads: Vec<_> = elf.load_segments().collect();
@@ -418,7 +413,7 @@ mod tests {
         let elf = Elf::parse(&bytes).unwrap();
         assert_eq!(elf.kind, ElfKind::SharedObject);
         assert_eq!(elf.load_span().0, 0);
-        let needed = needed_libraries(&bytes).unwrap();
+        let needed = dynamic_info(&bytes).unwrap().needed;
         assert_eq!(needed, vec!["ld-linux-x86-64.so.2".to_string()]);
     }
 
@@ -428,7 +423,7 @@ mod tests {
         let elf = Elf::parse(&bytes).unwrap();
         assert_eq!(elf.kind, ElfKind::SharedObject);
         assert_eq!(interpreter(&bytes).unwrap(), None);
-        assert!(needed_libraries(&bytes).unwrap().is_empty());
+        assert!(dynamic_info(&bytes).unwrap().needed.is_empty());
         assert!(elf.phdr_vaddr().is_some());
     }
 
@@ -512,7 +507,7 @@ mod tests {
         let dynamic = phdr_offset(&good, PT_DYNAMIC);
         let mut dyn_outside = good.clone();
         dyn_outside[dynamic + 8..dynamic + 16].copy_from_slice(&(good.len() as u64 - 8).to_le_bytes());
-        assert!(needed_libraries(&dyn_outside).is_err());
+        assert!(dynamic_info(&dyn_outside).is_err());
 
         // Point DT_STRTAB (an address) at nothing that is loaded from the file.
         let elf = Elf::parse(&good).unwrap();
@@ -524,7 +519,7 @@ mod tests {
                 no_strtab[at + 8..at + 16].copy_from_slice(&0x10u64.to_le_bytes());
             }
         }
-        assert!(needed_libraries(&no_strtab).is_err());
+        assert!(dynamic_info(&no_strtab).is_err());
 
         // A DT_NEEDED offset past DT_STRSZ.
         let mut needed_out_of_range = good.clone();
@@ -533,7 +528,7 @@ mod tests {
                 needed_out_of_range[at + 8..at + 16].copy_from_slice(&u64::MAX.to_le_bytes());
             }
         }
-        assert!(needed_libraries(&needed_out_of_range).is_err());
+        assert!(dynamic_info(&needed_out_of_range).is_err());
     }
 
     #[test]

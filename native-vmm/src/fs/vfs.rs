@@ -153,11 +153,6 @@ impl Vfs {
         Node(NodeId::Image(0))
     }
 
-    /// Bytes the overlay currently charges against its limit.
-    pub fn overlay_used(&self) -> u64 {
-        self.overlay.used()
-    }
-
     /// statfs of the file system holding `node`. The overlay (an in-memory file system, like
     /// tmpfs) reports its limit as its size and what is left of it as free, in blocks and in
     /// node charges (each node costs NODE_CHARGE bytes plus its data). The image is read-only
@@ -1009,7 +1004,7 @@ mod tests {
         assert_eq!(vfs.write_at(f, 0, &[1u8; 8192]), Err(Errno::ENOSPC));
         assert_eq!(vfs.write_at(f, 1 << 40, b"x"), Err(Errno::ENOSPC));
         assert_eq!(vfs.write_at(f, 0, &[1u8; 4096]).unwrap(), 4096);
-        assert!(vfs.overlay_used() <= 8192);
+        assert!(vfs.overlay.used() <= 8192);
         // Many empty files hit the limit too (each node is charged).
         let mut made = 0;
         let err = loop {

@@ -1,14 +1,13 @@
 //! Handler tests through `dispatch`, against real guest memory and a real file image built in
 //! a temporary directory by the image writer.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{dispatch, SyscallOutcome, TABLE};
 use crate::errno::Errno;
 use crate::fs::{Image, Vfs, DEFAULT_OVERLAY_LIMIT};
 use crate::image::format::{self, Entry, EntryKind, Index};
+use crate::image::testdir::TempDir;
 use crate::memory::GuestMemory;
 use crate::process::{AddressSpace, GuestProcess, ProcessConfig};
 use crate::status::RunStatus;
@@ -70,18 +69,12 @@ const O_CLOEXEC: u64 = 0o2000000;
 struct Guest {
     proc: GuestProcess,
     mem: GuestMemory,
-    dir: PathBuf,
+    /// The image's files, removed when the guest is dropped.
+    _dir: TempDir,
 }
 
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn test_image() -> (std::sync::Arc<Image>, PathBuf) {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!("sandfork-sys-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+fn test_image() -> (std::sync::Arc<Image>, TempDir) {
+    let dir = TempDir::new("sys-test");
     let entry = |path: &str, mode, kind| Entry { path: path.into(), mode, mtime_sec: 1_600_000_000, mtime_nsec: 0, kind };
     let file = |size: usize| EntryKind::File { offset: 0, size: size as u64, sha256: [0; 32] };
     let mut index = Index {
@@ -97,8 +90,8 @@ fn test_image() -> (std::sync::Arc<Image>, PathBuf) {
             entry("/usr/lib/data.bin", 0o644, file(5000)),
         ],
     };
-    format::write(&dir, &mut index, |e| Ok(if e.path == "/etc/passwd" { PASSWD.to_vec() } else { (0..5000).map(|i| (i % 251) as u8).collect() })).unwrap();
-    (Image::open(&dir).unwrap(), dir)
+    format::write(&dir.0, &mut index, |e| Ok(if e.path == "/etc/passwd" { PASSWD.to_vec() } else { (0..5000).map(|i| (i % 251) as u8).collect() })).unwrap();
+    (Image::open(&dir.0).unwrap(), dir)
 }
 
 fn guest_with(stdin: &[u8], output_cap: u64) -> Guest {
@@ -106,7 +99,7 @@ fn guest_with(stdin: &[u8], output_cap: u64) -> Guest {
     let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
     let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: stdin.to_vec(), output_cap, mem_limit: MEM };
     let space = AddressSpace { brk_start: 4 * MIB, mmap_low: 4 * MIB, mmap_high: 14 * MIB };
-    Guest { proc: GuestProcess::new(config, space), mem: GuestMemory::new(MEM).unwrap(), dir }
+    Guest { proc: GuestProcess::new(config, space), mem: GuestMemory::new(MEM).unwrap(), _dir: dir }
 }
 
 fn guest() -> Guest {

@@ -35,7 +35,7 @@ impl ScriptedExecutor {
 }
 
 impl Executor for ScriptedExecutor {
-    fn execute(&self, request: &ExecuteRequest) -> Result<Execution, ExecuteError> {
+    fn execute(&self, request: ExecuteRequest) -> Result<Execution, ExecuteError> {
         if request.template != "fake" {
             return Err(ExecuteError::UnknownTemplate(request.template.clone()));
         }

@@ -271,8 +271,8 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
         agent_request: AgentRequest::new("import sys\nprint(sum(range(10)))"),
         limits: ExecutionLimits { timeout_ms: 20_000, memory_mib, output_bytes: 1 << 20 },
     };
-    let restored = executor.execute(&request(MEM_BYTES >> 20)).unwrap_or_else(|e| panic!("{e}"));
-    let booted = executor.execute(&request(MEM_BYTES >> 19)).unwrap_or_else(|e| panic!("{e}"));
+    let restored = executor.execute(request(MEM_BYTES >> 20)).unwrap_or_else(|e| panic!("{e}"));
+    let booted = executor.execute(request(MEM_BYTES >> 19)).unwrap_or_else(|e| panic!("{e}"));
     assert!(restored.usage.pages_copied > 1000, "the ptrace restore copies the template: {:?}", restored.usage);
     assert_eq!(booted.usage.pages_copied, 0);
     for execution in [&restored, &booted] {

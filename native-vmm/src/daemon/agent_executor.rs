@@ -107,9 +107,9 @@ impl AgentExecutor {
     /// Serves the request on a VM of `template`: one from its warm pool, else one restored from
     /// its snapshot for the request, else (no snapshot, restoring off, or another memory size
     /// than the snapshot's VMs have) one whose agent is booted for it.
-    fn run(&self, template: &Template, request: &ExecuteRequest) -> Result<Ran, LaunchError> {
+    fn run(&self, template: &Template, request: ExecuteRequest) -> Result<Ran, LaunchError> {
         let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes };
-        let agent_request = request.agent_request.clone();
+        let agent_request = request.agent_request;
         let snapshot = template.snapshot.as_ref().filter(|s| s.identity().mem_bytes == limits.mem_bytes);
         match (snapshot, self.pool(&template.name), &self.restore) {
             (Some(_), Some(pool), _) => {
@@ -160,7 +160,7 @@ fn launch_failure(template: &Template, error: LaunchError) -> ExecuteError {
 }
 
 impl Executor for AgentExecutor {
-    fn execute(&self, request: &ExecuteRequest) -> Result<Execution, ExecuteError> {
+    fn execute(&self, request: ExecuteRequest) -> Result<Execution, ExecuteError> {
         let template = self.template(&request.template).ok_or_else(|| ExecuteError::UnknownTemplate(request.template.clone()))?;
         if let Some(reason) = &self.unavailable {
             return Err(ExecuteError::Unavailable(reason.clone()));

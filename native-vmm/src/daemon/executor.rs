@@ -131,8 +131,10 @@ pub struct PoolStats {
 
 /// Runs code for the daemon. Called from many threads at once (one per in-flight execution).
 pub trait Executor: Send + Sync {
-    /// Runs `request` to completion within `request.limits`, on the calling thread.
-    fn execute(&self, request: &ExecuteRequest) -> Result<Execution, ExecuteError>;
+    /// Runs `request` to completion within `request.limits`, on the calling thread. The request
+    /// is handed over (not borrowed) so that its code, files and stdin (tens of MiB at most)
+    /// reach the VM without a copy.
+    fn execute(&self, request: ExecuteRequest) -> Result<Execution, ExecuteError>;
     fn templates(&self) -> Vec<TemplateInfo>;
     fn health(&self) -> Health;
     /// Warm pools, one per template that has one.

@@ -384,7 +384,7 @@ impl Connection {
         }
         let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
         let spawned = thread::Builder::new().name("sandfork-exec".into()).spawn(move || {
-            let response = run_execution(&shared, id, &request, received, admission);
+            let response = run_execution(&shared, id, request, received, admission);
             lock_ids(&ids).remove(&id);
             writer.send(&response);
         });
@@ -402,7 +402,8 @@ fn lock_ids(ids: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>
 /// Waits for a running slot, runs one execution and builds its response (the slots are given
 /// back before the response is written). A panic in the executor is answered `internal`
 /// instead of losing the response.
-fn run_execution(shared: &Shared, id: u64, request: &ExecuteRequest, received: Instant, admission: Slot) -> Value {
+fn run_execution(shared: &Shared, id: u64, request: ExecuteRequest, received: Instant, admission: Slot) -> Value {
+    let limits = request.limits;
     let running = shared.running.acquire();
     let queue = received.elapsed();
     let result = panic::catch_unwind(AssertUnwindSafe(|| shared.executor.execute(request)));
@@ -410,7 +411,7 @@ fn run_execution(shared: &Shared, id: u64, request: &ExecuteRequest, received: I
     match result {
         Ok(Ok(execution)) => {
             shared.executions.fetch_add(1, Ordering::Relaxed);
-            response::execution(id, &execution, &request.limits, RequestTimes { queue, total: received.elapsed() })
+            response::execution(id, &execution, &limits, RequestTimes { queue, total: received.elapsed() })
         }
         Ok(Err(e)) => response::error(Some(id), ErrorCode::from(&e), &e.to_string()),
         Err(_) => response::error(Some(id), ErrorCode::Internal, "the executor panicked"),

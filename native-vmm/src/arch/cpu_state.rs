@@ -65,7 +65,9 @@ pub struct CpuFeatures {
     pub xsave: bool,
     /// CPUID.(7,0):EBX.FSGSBASE.
     pub fsgsbase: bool,
-    /// XCR0 bits the CPU supports (CPUID.(0xD,0):EDX:EAX).
+    /// XCR0 bits the CPU supports (CPUID.(0xD,0):EDX:EAX), read even when leaf 1 denies XSAVE:
+    /// the PVM backend reports no XSAVE there, yet its guests run at CPL3 with the host's XCR0
+    /// (AVX, AVX-512...) and KVM_GET_XSAVE returns those components.
     pub supported_xcr0: u64,
 }
 
@@ -75,7 +77,7 @@ impl CpuFeatures {
     pub fn from_cpuid(leaf: impl Fn(u32, u32) -> Option<[u32; 4]>) -> CpuFeatures {
         let xsave = leaf(1, 0).is_some_and(|[_, _, ecx, _]| ecx & (1 << 26) != 0);
         let fsgsbase = leaf(7, 0).is_some_and(|[_, ebx, _, _]| ebx & 1 != 0);
-        let supported_xcr0 = if xsave { leaf(0xD, 0).map_or(0, |[eax, _, _, edx]| (edx as u64) << 32 | eax as u64) } else { 0 };
+        let supported_xcr0 = leaf(0xD, 0).map_or(0, |[eax, _, _, edx]| (edx as u64) << 32 | eax as u64);
         CpuFeatures { xsave, fsgsbase, supported_xcr0 }
     }
 
@@ -96,6 +98,14 @@ impl CpuFeatures {
     /// AVX-512 and AMX state stay off: their state would grow every XSAVE area for little gain.
     pub fn xcr0(&self) -> Option<u64> {
         self.xsave.then_some(self.supported_xcr0 & (XCR0_X87 | XCR0_SSE | XCR0_AVX) | XCR0_X87)
+    }
+
+    /// The XSAVE components a snapshot's state is restored for: every one KVM can hold. Not
+    /// just `xcr0()`: on PVM the guest's real XCR0 is the host's, whatever KVM_SET_XCRS says,
+    /// so its AVX (and AVX-512) registers are live and must come back in a fork. A component
+    /// the guest cannot enable was never dirtied, so restoring it is a no-op.
+    pub fn restored_state(&self) -> u64 {
+        self.supported_xcr0 | XCR0_X87 | XCR0_SSE
     }
 }
 
@@ -156,6 +166,11 @@ mod tests {
         let no_xsave = CpuFeatures::from_cpuid(cpuid(false, false, 0x7));
         assert_eq!(no_xsave.xcr0(), None);
         assert_eq!(no_xsave.cr4() & CR4_OSXSAVE, 0);
+        // PVM: no XSAVE in leaf 1, but leaf 0xD lists what the guest really runs with.
+        let pvm = CpuFeatures::from_cpuid(cpuid(false, false, 0xE7));
+        assert_eq!((pvm.xcr0(), pvm.restored_state()), (None, 0xE7));
+        assert_eq!(CpuFeatures::from_cpuid(cpuid(true, true, 0x7)).restored_state(), 7);
+        assert_eq!(CpuFeatures::from_cpuid(|_, _| None).restored_state(), XCR0_X87 | XCR0_SSE);
         assert_eq!(CpuFeatures::from_cpuid(|_, _| None), CpuFeatures::default());
     }
 

@@ -5,13 +5,14 @@
 //! the VM down on the PVM backend): the MSR stays consistent with the table, and the selectors
 //! are the ones Linux programs expect to see.
 //!
-//! The TSS has no I/O permission bitmap, so `out` at CPL3 raises #GP: only the CPL0 stubs can
-//! reach the VMM's ports. Every exception is delivered on IST1, a stack of its own, so a fault
-//! with a bad user stack pointer still reaches its stub.
+//! The TSS's I/O permission bitmap allows exactly one port at CPL3, SYSCALL_PORT: on the PVM
+//! backend the syscall entry stub runs at CPL3 and its `out` needs it (IOPL stays 0). Any other
+//! `in`/`out` at CPL3, EXCEPTION_PORT included, raises #GP. Every exception is delivered on IST1,
+//! a stack of its own, so a fault with a bad user stack pointer still reaches its stub.
 
 use std::io;
 
-use super::{stubs, too_small, EXCEPTION_STACK_TOP, GDT_ADDR, IDT_ADDR, TSS_ADDR};
+use super::{stubs, too_small, EXCEPTION_STACK_TOP, GDT_ADDR, IDT_ADDR, SYSCALL_PORT, TSS_ADDR};
 use crate::memory::GuestMemory;
 
 pub const KERNEL_CS: u16 = 0x08;
@@ -26,7 +27,12 @@ pub const TSS_SELECTOR: u16 = 0x28;
 const GDT_SLOTS: usize = 7;
 pub const GDT_LIMIT: u16 = (GDT_SLOTS * 8 - 1) as u16;
 
+/// The architectural 64-bit TSS.
 pub const TSS_SIZE: u64 = 104;
+/// Bitmap bytes up to and including SYSCALL_PORT's, then the 0xFF byte the CPU may read past it.
+const IO_BITMAP_BYTES: u64 = SYSCALL_PORT as u64 / 8 + 2;
+/// The TSS as written: the TSS, then its I/O bitmap (all of it within the TSS limit).
+pub const TSS_SIZE_WITH_IO_BITMAP: u64 = TSS_SIZE + IO_BITMAP_BYTES;
 const TSS_RSP0: usize = 0x04;
 const TSS_IST1: usize = 0x24;
 const TSS_IOMAP_BASE: usize = 0x66;
@@ -60,7 +66,7 @@ pub const USER_CODE_DESCRIPTOR: u64 = segment_descriptor(3, TYPE_CODE_EXEC_READ_
 
 /// The 16-byte system descriptor of the TSS at `base`.
 fn tss_descriptor(base: u64) -> [u64; 2] {
-    let limit = TSS_SIZE - 1;
+    let limit = TSS_SIZE_WITH_IO_BITMAP - 1;
     let low = (limit & 0xFFFF)
         | (base & 0xFF_FFFF) << 16
         | (ACCESS_PRESENT | TYPE_TSS_BUSY) << 40
@@ -74,13 +80,17 @@ pub fn gdt() -> [u64; GDT_SLOTS] {
     [0, KERNEL_CODE_DESCRIPTOR, KERNEL_DATA_DESCRIPTOR, USER_DATA_DESCRIPTOR, USER_CODE_DESCRIPTOR, tss_low, tss_high]
 }
 
-/// The TSS: IST1 (and RSP0, for completeness: every gate uses IST1) on the exception stack; the
-/// I/O map base points past the limit, so there is no I/O bitmap.
-pub fn tss() -> [u8; TSS_SIZE as usize] {
-    let mut tss = [0u8; TSS_SIZE as usize];
+/// The TSS: IST1 (and RSP0, for completeness: every gate uses IST1) on the exception stack, and
+/// right after it the I/O bitmap: a set bit denies its port, so every bit is set but
+/// SYSCALL_PORT's.
+pub fn tss() -> [u8; TSS_SIZE_WITH_IO_BITMAP as usize] {
+    let mut tss = [0xFFu8; TSS_SIZE_WITH_IO_BITMAP as usize];
+    tss[..TSS_SIZE as usize].fill(0);
     tss[TSS_RSP0..TSS_RSP0 + 8].copy_from_slice(&EXCEPTION_STACK_TOP.to_le_bytes());
     tss[TSS_IST1..TSS_IST1 + 8].copy_from_slice(&EXCEPTION_STACK_TOP.to_le_bytes());
     tss[TSS_IOMAP_BASE..TSS_IOMAP_BASE + 2].copy_from_slice(&(TSS_SIZE as u16).to_le_bytes());
+    let port = SYSCALL_PORT as usize;
+    tss[TSS_SIZE as usize + port / 8] &= !(1 << (port % 8));
     tss
 }
 
@@ -200,7 +210,7 @@ mod tests {
     fn tss_descriptor_points_at_the_tss() {
         let tr = Segment::from_gdt(TSS_SELECTOR);
         assert_eq!(tr.base, TSS_ADDR);
-        assert_eq!(tr.limit as u64, TSS_SIZE - 1);
+        assert_eq!(tr.limit as u64, TSS_SIZE_WITH_IO_BITMAP - 1, "the limit covers the I/O bitmap");
         assert_eq!(tr.kind as u64, TYPE_TSS_BUSY);
         assert!(tr.present && !tr.code_data);
         // A base above 4 GiB would need the upper half: check the split too.
@@ -209,13 +219,29 @@ mod tests {
         assert_eq!(Segment::from_descriptor(TSS_SELECTOR, low, upper).base, high);
     }
 
+    /// The CPU's check of a one-byte `in`/`out` at CPL3 with IOPL 0: it reads the two bytes of
+    /// the bitmap holding the port's bit (both must lie within the TSS limit) and allows the
+    /// access when the bit is clear.
+    fn io_allowed(tss: &[u8], limit: usize, port: u16) -> bool {
+        let base = u16::from_le_bytes([tss[TSS_IOMAP_BASE], tss[TSS_IOMAP_BASE + 1]]) as usize;
+        let byte = base + port as usize / 8;
+        if byte + 1 > limit {
+            return false;
+        }
+        tss[byte] & (1 << (port % 8)) == 0
+    }
+
     #[test]
-    fn tss_has_ist1_and_no_io_bitmap() {
+    fn tss_has_ist1_and_an_io_bitmap_allowing_only_the_syscall_port() {
         let tss = tss();
         let word = |at: usize| u64::from_le_bytes(tss[at..at + 8].try_into().unwrap());
         assert_eq!(word(TSS_IST1), EXCEPTION_STACK_TOP);
-        assert_eq!(u16::from_le_bytes([tss[TSS_IOMAP_BASE], tss[TSS_IOMAP_BASE + 1]]) as u64, TSS_SIZE);
         assert_eq!(EXCEPTION_STACK_TOP % 16, 0, "the CPU aligns IST stacks to 16 bytes");
+        let limit = Segment::from_gdt(TSS_SELECTOR).limit as usize;
+        assert_eq!(limit + 1, tss.len());
+        let allowed: Vec<u16> = (0..=u16::MAX).filter(|&port| io_allowed(&tss, limit, port)).collect();
+        assert_eq!(allowed, [SYSCALL_PORT]);
+        assert!(!io_allowed(&tss, limit, super::super::EXCEPTION_PORT));
     }
 
     #[test]

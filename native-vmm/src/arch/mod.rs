@@ -10,17 +10,18 @@
 //! error code and CR2). Whether KVM accepts them is checked only when `kvm::KvmCpu` runs on a
 //! machine with /dev/kvm.
 //!
-//! System area layout (all below `USER_BASE`, so CPL3 code can neither read nor write it):
+//! System area layout (all below `USER_BASE`; supervisor-only but for the two syscall-entry
+//! pages, which the PVM backend runs at CPL3, see `paging`):
 //!
 //! ```text
 //! 0x1000   PML4
 //! 0x2000   PDPT (covers 512 GiB)
 //! 0x3000   page table for [0, 2 MiB): page 0 absent, system area supervisor-only, rest user
 //! 0x4000   page table for the last, partial 2 MiB of memory (when the size is not 2 MiB aligned)
-//! 0x5000   GDT; the TSS at 0x5080
+//! 0x5000   GDT; the TSS (with an I/O bitmap allowing SYSCALL_PORT only) at 0x5080
 //! 0x6000   IDT (vectors 0-31)
-//! 0x7000   CPL0 code: the syscall entry, the exception stubs
-//! 0x8000   syscall stack page; its top holds the iretq frame back to CPL3
+//! 0x7000   stub code: the syscall entry, the exception stubs (user read-only)
+//! 0x8000   syscall stack page; its top holds the iretq frame back to CPL3 (user writable)
 //! 0x9000   exception stack page (TSS IST1)
 //! 0x10000  page directories, one per GiB of guest memory (up to USER_BASE: 240 GiB)
 //! ```
@@ -59,14 +60,12 @@ pub const SYSCALL_PORT: u16 = 0xE0;
 /// The I/O port the exception stubs write to: the guest faulted.
 pub const EXCEPTION_PORT: u16 = 0xE1;
 
-/// Writes the page tables, GDT, TSS, IDT, CPL0 code and the constant half of the syscall
-/// return frame into the system area of `mem`. Only the system area is written.
+/// Writes the page tables, GDT, TSS, IDT and the stub code into the system area of `mem`.
+/// Only the system area is written.
 pub fn install(mem: &GuestMemory) -> io::Result<()> {
     paging::write_page_tables(mem)?;
     descriptors::write_tables(mem)?;
-    stubs::write_code(mem)?;
-    stubs::write_syscall_frame_constants(mem)?;
-    Ok(())
+    stubs::write_code(mem)
 }
 
 /// A guest write of the system area failed: guest memory is smaller than the layout needs.
@@ -87,7 +86,7 @@ mod tests {
             (LOW_PT_ADDR, 0x1000),
             (TAIL_PT_ADDR, 0x1000),
             (GDT_ADDR, descriptors::GDT_LIMIT as u64 + 1),
-            (TSS_ADDR, descriptors::TSS_SIZE),
+            (TSS_ADDR, descriptors::TSS_SIZE_WITH_IO_BITMAP),
             (IDT_ADDR, descriptors::IDT_LIMIT as u64 + 1),
             (CODE_ADDR, stubs::code_image().len() as u64),
             (SYSCALL_STACK_TOP - 0x1000, 0x1000),

@@ -1,7 +1,10 @@
 //! The guest's page tables: a 4-level identity map of all guest memory.
 //!
 //! - page 0 is not present, so NULL dereferences fault;
-//! - the system area `[SYSTEM_AREA_START, USER_BASE)` is present but supervisor-only (U/S=0);
+//! - the system area `[SYSTEM_AREA_START, USER_BASE)` is present but supervisor-only (U/S=0),
+//!   except the two pages the syscall entry needs at CPL3 on the PVM backend (where the LSTAR
+//!   target runs at guest CPL3): its code page, user read-only, and its stack page, user
+//!   writable (it holds nothing but the iretq frame, rewritten on every entry);
 //! - user memory `[USER_BASE, size)` is user, writable and executable;
 //! - nothing above `size` is mapped, so a stray access faults instead of leaving the VM as MMIO.
 //!
@@ -11,7 +14,7 @@
 
 use std::io;
 
-use super::{too_small, FIRST_PD_ADDR, LOW_PT_ADDR, PDPT_ADDR, PML4_ADDR, TAIL_PT_ADDR};
+use super::{too_small, CODE_ADDR, FIRST_PD_ADDR, LOW_PT_ADDR, PDPT_ADDR, PML4_ADDR, SYSCALL_STACK_TOP, TAIL_PT_ADDR};
 use crate::layout::{PAGE_SIZE, SYSTEM_AREA_START, USER_BASE};
 use crate::memory::GuestMemory;
 
@@ -38,6 +41,11 @@ pub const MAX_MEMORY: u64 = (USER_BASE - FIRST_PD_ADDR) / PAGE_SIZE * GIB;
 const TABLE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_ACCESSED;
 const SYSTEM_PAGE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_ACCESSED | PTE_DIRTY;
 const USER_PAGE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_ACCESSED | PTE_DIRTY;
+/// The stub code page: CPL3 may execute and read it, nobody may write it.
+const STUB_CODE_PAGE: u64 = PTE_PRESENT | PTE_USER | PTE_ACCESSED | PTE_DIRTY;
+/// The syscall stack page, written by the stub (at CPL3 on PVM).
+const SYSCALL_STACK_PAGE: u64 = USER_PAGE;
+const SYSCALL_STACK_PAGE_ADDR: u64 = SYSCALL_STACK_TOP - PAGE_SIZE;
 
 /// Guest memory sizes the page tables can map: page-aligned, with some user memory, at most
 /// MAX_MEMORY.
@@ -55,6 +63,10 @@ pub fn check_memory_size(size: u64) -> io::Result<()> {
 fn small_page_entry(addr: u64, size: u64) -> u64 {
     if addr < SYSTEM_AREA_START || addr >= size {
         0
+    } else if addr == CODE_ADDR {
+        addr | STUB_CODE_PAGE
+    } else if addr == SYSCALL_STACK_PAGE_ADDR {
+        addr | SYSCALL_STACK_PAGE
     } else if addr < USER_BASE {
         addr | SYSTEM_PAGE
     } else {
@@ -169,6 +181,11 @@ mod tests {
         assert_eq!(walk(&mem, 0), None, "page 0 must be absent");
         assert_eq!(walk(&mem, 0xFFF), None);
         assert_eq!(walk(&mem, SYSTEM_AREA_START), system(SYSTEM_AREA_START));
+        assert_eq!(walk(&mem, CODE_ADDR - 1), system(CODE_ADDR - 1));
+        assert_eq!(walk(&mem, CODE_ADDR + 0x123), Some(Translation { phys: CODE_ADDR + 0x123, user: true, writable: false }), "stub code: user read-only");
+        assert_eq!(walk(&mem, SYSCALL_STACK_TOP - 8), user(SYSCALL_STACK_TOP - 8), "syscall stack: user writable");
+        assert_eq!(walk(&mem, SYSCALL_STACK_TOP - PAGE_SIZE), user(SYSCALL_STACK_TOP - PAGE_SIZE));
+        assert_eq!(walk(&mem, SYSCALL_STACK_TOP), system(SYSCALL_STACK_TOP), "the exception stack stays supervisor-only");
         assert_eq!(walk(&mem, PML4_ADDR + 8), system(PML4_ADDR + 8));
         assert_eq!(walk(&mem, USER_BASE - 1), system(USER_BASE - 1));
         assert_eq!(walk(&mem, USER_BASE), user(USER_BASE));

@@ -1,18 +1,21 @@
-//! The CPL0 code: the `syscall` entry (LSTAR) and one stub per exception vector, hand-assembled.
+//! The stub code: the `syscall` entry (LSTAR) and one stub per exception vector, hand-assembled.
 //!
 //! The code does nothing but hand over to the VMM with an `out` (the vCPU stops; the VMM reads
 //! and writes registers with KVM ioctls) and return to CPL3 with `iretq` (`sysretq` shuts the VM
 //! down on the PVM backend). On PVM every CPL0 instruction goes through KVM's instruction
 //! emulator (~1 µs each), so the paths are as short as possible.
 //!
-//! Syscall entry. The CPU arrives at CPL0 still on the user stack, with rcx = user rip and
-//! r11 = user rflags. The stub must not touch the user stack (the red zone below rsp may be in
-//! use, and rsp may be garbage), so it stores the three variable words of the return frame
-//! straight into their slots at the top of the syscall stack (the SS and CS slots hold constants
-//! written once by `write_syscall_frame_constants`), points rsp at the frame, `out`s to
-//! SYSCALL_PORT and `iretq`s. Registers written: rsp only (restored by `iretq`), so everything
-//! the syscall ABI preserves comes back unchanged; rcx and r11 still hold rip and rflags, as
-//! after a Linux `sysret`; the VMM writes rax.
+//! Syscall entry. The CPU arrives still on the user stack, with rcx = user rip and r11 = user
+//! rflags: at CPL0 on VT-x/SVM, but at guest CPL3 on the PVM backend (which is why the code
+//! page and the syscall stack page are user pages and the TSS allows the `out` at CPL3). The
+//! stub must not touch the user stack (the red zone below rsp may be in use, and rsp may be
+//! garbage), so it writes the whole return frame straight into its slots at the top of the
+//! syscall stack, points rsp at it, `out`s to SYSCALL_PORT and `iretq`s. CS and SS are written
+//! afresh on every entry: the frame's page is user-writable, and on VT-x/SVM a program that
+//! stored CS=0x08 there would otherwise have `iretq` return to its own code at CPL0.
+//! Registers written: rsp only (restored by `iretq`), so everything the syscall ABI preserves
+//! comes back unchanged; rcx and r11 still hold rip and rflags, as after a Linux `sysret`; the
+//! VMM writes rax.
 //!
 //! Exceptions. Each vector's stub pushes a dummy error code if the CPU pushed none, pushes the
 //! vector number and jumps to a common tail, which copies vector, error code, faulting rip and
@@ -54,6 +57,8 @@ impl Reg {
 pub enum Insn {
     /// `mov qword [addr], src` with a 32-bit absolute address: REX.W 89 /r, SIB "disp32 only".
     StoreAbsolute { addr: u32, src: Reg },
+    /// `mov qword [addr], imm32` (sign-extended), 32-bit absolute address: REX.W C7 /0, SIB.
+    StoreImmediate { addr: u32, value: u32 },
     /// `mov dst, qword [rsp + disp]`: REX.W 8B /r with an rsp SIB byte.
     LoadFromStack { dst: Reg, disp: u8 },
     /// `mov rsp, imm32` (sign-extended): REX.W C7 /0.
@@ -79,6 +84,12 @@ impl Insn {
             Insn::StoreAbsolute { addr, src } => {
                 let mut code = vec![src.rex_w(), 0x89, 0x04 | src.low_bits() << 3, 0x25];
                 code.extend_from_slice(&addr.to_le_bytes());
+                code
+            }
+            Insn::StoreImmediate { addr, value } => {
+                let mut code = vec![0x48, 0xC7, 0x04, 0x25];
+                code.extend_from_slice(&addr.to_le_bytes());
+                code.extend_from_slice(&value.to_le_bytes());
                 code
             }
             Insn::LoadFromStack { dst, disp } => {
@@ -124,7 +135,7 @@ const VECTORS: u8 = 32;
 /// rip, cs, rflags, rsp, ss (lowest address first).
 pub const SYSCALL_FRAME: u64 = SYSCALL_STACK_TOP - 40;
 pub const FRAME_RIP: u64 = SYSCALL_FRAME;
-const FRAME_CS: u64 = SYSCALL_FRAME + 8;
+pub const FRAME_CS: u64 = SYSCALL_FRAME + 8;
 pub const FRAME_RFLAGS: u64 = SYSCALL_FRAME + 16;
 pub const FRAME_RSP: u64 = SYSCALL_FRAME + 24;
 const FRAME_SS: u64 = SYSCALL_FRAME + 32;
@@ -153,10 +164,12 @@ fn store(addr: u64, src: Reg) -> Insn {
 /// The LSTAR target.
 pub fn syscall_entry() -> Vec<Insn> {
     vec![
+        Insn::StoreImmediate { addr: FRAME_CS as u32, value: USER_CS as u32 }, // mov [frame.cs], USER_CS
+        Insn::StoreImmediate { addr: FRAME_SS as u32, value: USER_SS as u32 }, // mov [frame.ss], USER_SS
         store(FRAME_RSP, Reg::Rsp),              // mov [frame.rsp], rsp     user stack pointer
         store(FRAME_RFLAGS, Reg::R11),           // mov [frame.rflags], r11  user rflags (saved by syscall)
         store(FRAME_RIP, Reg::Rcx),              // mov [frame.rip], rcx     return address (saved by syscall)
-        Insn::SetStackPointer(SYSCALL_FRAME as u32), // mov rsp, frame        frame.cs/ss are constants
+        Insn::SetStackPointer(SYSCALL_FRAME as u32), // mov rsp, frame
         Insn::OutAl(SYSCALL_PORT as u8),         // out SYSCALL_PORT, al     the VMM answers, sets rax
         Insn::Iretq,                             // iretq                    back to CPL3 after the syscall
     ]
@@ -219,12 +232,6 @@ pub fn write_code(mem: &GuestMemory) -> io::Result<()> {
     mem.write(CODE_ADDR, &code_image()).map_err(too_small)
 }
 
-/// The constant half of the syscall return frame: user CS and SS.
-pub fn write_syscall_frame_constants(mem: &GuestMemory) -> io::Result<()> {
-    mem.write_u64(FRAME_CS, USER_CS as u64).map_err(too_small)?;
-    mem.write_u64(FRAME_SS, USER_SS as u64).map_err(too_small)
-}
-
 /// What the exception tail hands to the VMM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExceptionFrame {
@@ -254,11 +261,14 @@ impl ExceptionFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::descriptors::KERNEL_CS;
     use std::collections::HashMap;
 
     /// Bytes GNU as 2.40 produced for the same code (`as` + `objdump -d`, see the listing in
     /// each test), so the encoder is checked against an independent assembler.
-    const SYSCALL_ENTRY_AS: [u8; 35] = [
+    const SYSCALL_ENTRY_AS: [u8; 59] = [
+        0x48, 0xc7, 0x04, 0x25, 0xe0, 0x8f, 0x00, 0x00, 0x23, 0x00, 0x00, 0x00, // mov QWORD PTR ds:0x8fe0, 0x23
+        0x48, 0xc7, 0x04, 0x25, 0xf8, 0x8f, 0x00, 0x00, 0x1b, 0x00, 0x00, 0x00, // mov QWORD PTR ds:0x8ff8, 0x1b
         0x48, 0x89, 0x24, 0x25, 0xf0, 0x8f, 0x00, 0x00, // mov QWORD PTR ds:0x8ff0, rsp
         0x4c, 0x89, 0x1c, 0x25, 0xe8, 0x8f, 0x00, 0x00, // mov QWORD PTR ds:0x8fe8, r11
         0x48, 0x89, 0x0c, 0x25, 0xd8, 0x8f, 0x00, 0x00, // mov QWORD PTR ds:0x8fd8, rcx
@@ -362,6 +372,9 @@ mod tests {
                     Insn::StoreAbsolute { addr, src } => {
                         self.mem.insert(addr as u64, self.regs[&src]);
                     }
+                    Insn::StoreImmediate { addr, value } => {
+                        self.mem.insert(addr as u64, Value::Known(value as i32 as i64 as u64));
+                    }
                     Insn::LoadFromStack { dst, disp } => {
                         let value = self.load(self.known_rsp() + disp as u64);
                         self.regs.insert(dst, value);
@@ -397,6 +410,10 @@ mod tests {
     #[test]
     fn syscall_entry_returns_to_the_caller_with_its_registers() {
         let mut machine = Machine::new();
+        // A program may have written anything into the user-writable frame since the last
+        // entry, a kernel CS (to return at CPL0) included.
+        machine.mem.insert(FRAME_CS, Value::Known(KERNEL_CS as u64));
+        machine.mem.insert(FRAME_SS, Value::Known(0x10));
         let before = machine.regs.clone();
         let End::Iret { rip, cs, rflags, rsp, ss } = machine.run(SYSCALL_ENTRY_ADDR) else {
             panic!("the syscall entry must end in iretq");

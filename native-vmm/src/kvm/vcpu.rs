@@ -119,7 +119,7 @@ impl<'m> KvmCpu<'m> {
             sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XCRS, &xcrs).map_err(context("KVM_SET_XCRS"))?;
         }
         if let Some(area) = user.xsave {
-            let area = xsave_for_guest(area, features.xcr0().unwrap_or(cpu_state::XCR0_X87 | cpu_state::XCR0_SSE));
+            let area = xsave_for_guest(area, features.restored_state());
             sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
         }
         set_msrs(&vcpu)?;
@@ -268,14 +268,14 @@ fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures, user: &UserState) -> io::Re
     Ok(())
 }
 
-/// A snapshot's XSAVE area as KVM_SET_XSAVE takes it for a guest with `xcr0`: standard layout
-/// (XCOMP_BV zero), and only components the guest has enabled marked as holding state.
-fn xsave_for_guest(area: &[u8], xcr0: u64) -> KvmXsave {
+/// A snapshot's XSAVE area as KVM_SET_XSAVE takes it: standard layout (XCOMP_BV zero), and
+/// only the `components` KVM holds for the guest marked as holding state.
+fn xsave_for_guest(area: &[u8], components: u64) -> KvmXsave {
     let mut bytes = area[..area.len().min(KvmXsave::BYTES)].to_vec();
     if bytes.len() >= XSAVE_MIN_BYTES {
         let mut bv = [0u8; 8];
         bv.copy_from_slice(&bytes[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8]);
-        let kept = u64::from_le_bytes(bv) & xcr0;
+        let kept = u64::from_le_bytes(bv) & components;
         bytes[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8].copy_from_slice(&kept.to_le_bytes());
         bytes[XSAVE_XCOMP_BV..XSAVE_XCOMP_BV + 8].fill(0);
     }

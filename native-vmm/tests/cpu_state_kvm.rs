@@ -1,0 +1,57 @@
+//! The vCPU state a guest program owns, on the KVM vCPU: what survives a template snapshot and
+//! what a program cannot forge. Runs on KVM only (there is no other product CPU).
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::{compile, describe, request, Linking};
+use sandfork_vmm::agent::{AgentCommand, AgentRequest};
+use sandfork_vmm::fs::Image;
+use sandfork_vmm::snapshot::{self, ForkMemory, Template};
+use sandfork_vmm::status::RunStatus;
+use sandfork_vmm::vm::{self, RunLimits};
+
+const VECTOR_AGENT: AgentCommand = AgentCommand { program: "/bin/vector_state_agent-static", argv: &["vector_state_agent"] };
+
+fn programs_image() -> Arc<Image> {
+    static IMAGE: OnceLock<Arc<Image>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let out = common::process_dir("cpu-state-programs");
+            let paths: Vec<String> = ["vector_state_agent", "frame_cs_attack"]
+                .iter()
+                .map(|name| {
+                    let binary = compile(name, Linking::Static, &out);
+                    format!(r#"{{"host": "{}", "guest": "/bin/{name}-static"}}"#, binary.display())
+                })
+                .collect();
+            common::build_image("cpu-state-image", &format!(r#"{{"name": "cpu-state", "paths": [{}], "writable_dirs": ["/tmp", "/work"]}}"#, paths.join(", ")))
+        })
+        .clone()
+}
+
+#[test]
+fn vector_and_fpu_registers_survive_the_snapshot_into_a_fork() {
+    let dir = common::process_dir("cpu-state-template");
+    let limits = RunLimits { timeout: Duration::from_secs(10), ..RunLimits::default() };
+    snapshot::build(programs_image(), "vector-state", &VECTOR_AGENT, limits.mem_bytes, &sandfork_vmm::kvm::new_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
+    let template = Template::load(&dir, programs_image(), &VECTOR_AGENT).unwrap_or_else(|e| panic!("loading the template: {e}"));
+    for _ in 0..2 {
+        let restored = snapshot::serve_restored(&template, ForkMemory::CopyOnWrite, &sandfork_vmm::kvm::restore_cpu, AgentRequest::new(""), &limits).unwrap_or_else(|e| panic!("serving a fork: {e}"));
+        let outcome = restored.outcome;
+        let stdout = String::from_utf8_lossy(&outcome.stdout);
+        assert!(stdout == "vector state intact\n" || stdout == "vector state intact (with AVX-512)\n", "{}", describe(&outcome));
+        assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    }
+}
+
+#[test]
+fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
+    let outcome = vm::launch(programs_image(), &request("/bin/frame_cs_attack-static", &[]), &sandfork_vmm::kvm::new_cpu).unwrap_or_else(|e| panic!("launching: {e}"));
+    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    // The selectors themselves differ by backend (PVM shows its own); the privilege must not.
+    let stdout = String::from_utf8_lossy(&outcome.stdout);
+    assert!(stdout.starts_with("pid 1 cs ") && stdout.ends_with(" cpl 3\n"), "{}", describe(&outcome));
+}

@@ -24,7 +24,7 @@ commands:
   image build   build a read-only file image from a manifest
   template build  boot a template's agent to its ready point and snapshot it
   run           run one program in a fresh KVM guest
-  bench run     latency of `python3 -c pass` in a guest and natively
+  bench run     latency of `/usr/bin/python3.11 -c pass` in a guest and natively
   bench fork    latency of VMs restored from a template's snapshot
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
@@ -72,8 +72,9 @@ options:
 const BENCH_USAGE: &str = "\
 usage: sandfork-vmm bench run --image DIR [--iterations N] [--json]
 
-Measures `python3 -c pass` launched in a fresh KVM guest (memory, load, vCPU, run) and the same
-command spawned natively on the host: p50/p99 latency, system calls and VM exits per run.
+Measures `/usr/bin/python3.11 -c pass` launched in a fresh KVM guest (memory, load, vCPU, run)
+and the same binary spawned natively on the host: p50/p99 latency, system calls and VM exits
+per run.
 
 options:
   --image DIR        file image built by `sandfork-vmm image build`

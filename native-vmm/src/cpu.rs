@@ -83,4 +83,12 @@ pub trait GuestCpu {
     fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
         Err(io::Error::new(io::ErrorKind::Unsupported, "this vCPU backend cannot take a snapshot"))
     }
+    /// Puts the vCPU back into `snapshot`'s state, as `restore` would create it (general,
+    /// segment, control and vector registers, MSRs, XCR0), stopped inside the snapshot's
+    /// system call, whatever it was doing when its last run ended. With the memory reset to
+    /// the template too, the VM is then indistinguishable from a fresh fork. Backends that
+    /// cannot (test doubles) keep this default, and their VMs are never reused.
+    fn reset(&mut self, _snapshot: &CpuSnapshot) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this vCPU backend cannot be reset"))
+    }
 }

@@ -101,19 +101,81 @@ impl GuestMemory {
     }
 
     fn scan_copied_pages(&self, pagemap: &std::fs::File) -> io::Result<u64> {
-        let end = self.host as u64 + self.size;
+        Ok(self.scan_copied_ranges(pagemap)?.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum())
+    }
+
+    /// The guest-physical ranges `[start, end)` of the pages this fork holds copies of (present
+    /// and not file pages), by PAGEMAP_SCAN.
+    fn scan_copied_ranges(&self, pagemap: &std::fs::File) -> io::Result<Vec<(u64, u64)>> {
+        let base = self.host as u64;
+        let end = base + self.size;
         let mut regions = [sys::PageRegion::default(); 256];
-        let (mut at, mut copied) = (self.host as u64, 0);
+        let (mut at, mut ranges) = (base, Vec::new());
         while at < end {
             let (filled, walk_end) = sys::pagemap_scan(pagemap.as_raw_fd(), at, end, sys::PAGE_IS_PRESENT | sys::PAGE_IS_FILE, sys::PAGE_IS_FILE, &mut regions)?;
             let found = regions.get(..filled).ok_or_else(|| io::Error::other("PAGEMAP_SCAN reported more regions than it was given room for"))?;
-            copied += found.iter().map(|r| r.end.saturating_sub(r.start) / crate::layout::PAGE_SIZE).sum::<u64>();
+            for region in found {
+                if region.start < base || region.end > end || region.start >= region.end {
+                    return Err(io::Error::other("PAGEMAP_SCAN reported a region outside the mapping"));
+                }
+                ranges.push((region.start - base, region.end - base));
+            }
             if walk_end <= at {
                 return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
             }
             at = walk_end;
         }
-        Ok(copied)
+        Ok(ranges)
+    }
+
+    /// Puts a copy-on-write fork of `template` back into the template's state: every page the
+    /// fork copied gets the template's bytes again (zeros where the template has none), and the
+    /// copies stay in place, so the host pages and KVM's mappings of them stay warm for the
+    /// next request (destroying the fork would make that request fault each one in again).
+    /// Pages the fork never wrote still show the template. Returns how many pages were
+    /// restored; fails when the kernel lacks PAGEMAP_SCAN (6.7+), in which case the fork
+    /// must be destroyed rather than reused.
+    pub fn reset_to(&self, template: &TemplateMemory) -> io::Result<u64> {
+        if self.fd.is_some() || self.size != template.size() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "only a copy-on-write fork of this template can be reset to it"));
+        }
+        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        let copied = self.scan_copied_ranges(&pagemap)?;
+        let mut pages = 0;
+        for &(start, end) in &copied {
+            let mut at = start;
+            for &(data_start, data_end) in &template.data {
+                if data_end <= at || data_start >= end {
+                    continue;
+                }
+                let (from, to) = (data_start.max(at), data_end.min(end));
+                self.zero(at, from)?;
+                self.copy_from(&template.mem, from, to)?;
+                at = to;
+            }
+            self.zero(at, end)?;
+            pages += (end - start) / crate::layout::PAGE_SIZE;
+        }
+        Ok(pages)
+    }
+
+    /// Zeroes guest memory `[start, end)` (nothing when empty).
+    fn zero(&self, start: u64, end: u64) -> io::Result<()> {
+        if start < end {
+            self.fill(start, end - start, 0).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        }
+        Ok(())
+    }
+
+    /// Copies `[start, end)` of `source` (a memory of the same size) to the same range here.
+    fn copy_from(&self, source: &GuestMemory, start: u64, end: u64) -> io::Result<()> {
+        let len = end.saturating_sub(start);
+        let off = self.check(start, len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        source.check(start, len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: off..off+len was bounds-checked against both mappings just above; they are
+        // distinct mappings, so the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(source.host.add(off), self.host.add(off), len as usize) };
+        Ok(())
     }
 
     fn read_copied_pages(&self, pagemap: &std::fs::File) -> io::Result<u64> {
@@ -252,6 +314,8 @@ impl Drop for GuestMemory {
 /// still shows later changes to pages it has not copied yet, this type offers no way to write.
 pub struct TemplateMemory {
     mem: GuestMemory,
+    /// `mem.data_extents()`, sorted: where the template has bytes (a reset copies them back).
+    data: Vec<(u64, u64)>,
 }
 
 // SAFETY: after `seal` nothing writes through the mapping (no method of TemplateMemory
@@ -264,7 +328,8 @@ impl TemplateMemory {
         if mem.fd.is_none() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "a copy-on-write fork cannot be a template's memory"));
         }
-        Ok(TemplateMemory { mem })
+        let data = mem.data_extents()?;
+        Ok(TemplateMemory { mem, data })
     }
 
     pub fn size(&self) -> u64 {
@@ -275,9 +340,9 @@ impl TemplateMemory {
         self.mem.read(addr, buf)
     }
 
-    /// See `GuestMemory::data_extents`.
-    pub fn data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
-        self.mem.data_extents()
+    /// See `GuestMemory::data_extents` (taken once, when the template was sealed).
+    pub fn data_extents(&self) -> &[(u64, u64)] {
+        &self.data
     }
 
     /// A full, independent copy in a fresh memfd (only the pages that hold data are copied).
@@ -286,7 +351,7 @@ impl TemplateMemory {
     pub fn copy(&self) -> io::Result<GuestMemory> {
         let copy = GuestMemory::new(self.mem.size)?;
         let mut chunk = vec![0u8; 1 << 20];
-        for (start, end) in self.data_extents()? {
+        for &(start, end) in self.data_extents() {
             let mut at = start;
             while at < end {
                 let n = (end - at).min(chunk.len() as u64) as usize;

@@ -296,11 +296,16 @@ pub struct ReadyGuest<'m> {
     pub boot: RunStats,
 }
 
-impl ReadyGuest<'_> {
+impl<'m> ReadyGuest<'m> {
     /// Answers the pending AWAIT_REQUEST with `request` and runs the guest to its end, for at
     /// most `timeout`. The outcome's counters cover the request only (from the hand-off on;
     /// `load` is zero).
-    pub fn serve(mut self, request: AgentRequest, timeout: Duration) -> Result<RunOutcome, LaunchError> {
+    pub fn serve(self, request: AgentRequest, timeout: Duration) -> Result<RunOutcome, LaunchError> {
+        self.serve_keeping_cpu(request, timeout).map(|(outcome, _)| outcome)
+    }
+
+    /// `serve`, handing the vCPU back afterwards, so that the VM can be reset and reused.
+    pub fn serve_keeping_cpu(mut self, request: AgentRequest, timeout: Duration) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
         request.validate().map_err(LaunchError::InvalidRequest)?;
         let (calls_before, unsupported_before, total_before) = (self.process.syscall_counts(), self.process.unsupported_counts(), self.process.total_syscalls());
         self.process.agent_request = Some(request);
@@ -322,7 +327,7 @@ impl ReadyGuest<'_> {
             peak_memory: self.process.peak_memory(),
         };
         let (stdout, stderr) = self.process.into_output().into_parts();
-        Ok(RunOutcome { status: end.into_status(), stdout, stderr, stats })
+        Ok((RunOutcome { status: end.into_status(), stdout, stderr, stats }, self.cpu))
     }
 }
 

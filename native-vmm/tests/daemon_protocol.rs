@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use daemon_support::{assert_error, config, parse, scratch, str_of, u64_of, wait_for, Client, Running};
 use sandfork_vmm::daemon::frame;
-use sandfork_vmm::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
+use sandfork_vmm::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage, VmOrigin};
 use sandfork_vmm::daemon::server::{Server, ServerConfig};
 use sandfork_vmm::json::Value;
 use sandfork_vmm::status::RunStatus;
@@ -52,7 +52,7 @@ impl Executor for ScriptedExecutor {
         }
         self.finished.fetch_add(1, Ordering::SeqCst);
         let usage = Usage { wall_us: 5, cpu_us: 4, peak_memory_bytes: 4096, pages_copied: 0, syscalls: 3, exits: 3 };
-        Ok(Execution { status: RunStatus::Exited { code: 0 }, stdout: format!("{}\n", request.agent_request.code).into_bytes(), stderr: vec![], queue: Duration::ZERO, vm_setup: Duration::from_micros(1), run: Duration::from_micros(2), usage })
+        Ok(Execution { status: RunStatus::Exited { code: 0 }, stdout: format!("{}\n", request.agent_request.code).into_bytes(), stderr: vec![], queue: Duration::ZERO, vm_setup: Duration::from_micros(1), run: Duration::from_micros(2), usage, vm: VmOrigin::Fresh })
     }
 
     fn templates(&self) -> Vec<TemplateInfo> {

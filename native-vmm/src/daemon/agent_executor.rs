@@ -8,16 +8,14 @@
 //! asking for another memory size than the snapshot's VMs have, gets a VM whose agent is
 //! booted to its ready point first (`vm::launch_agent`).
 //!
-//! On KVM (`with_kvm`) these paths are unverified: the KVM vCPU has never run a guest. The
-//! same executor runs end to end on the ptrace development CPU in tests/daemon_ptrace.rs,
-//! tests/pool_ptrace.rs and tests/snapshot_ptrace.rs.
+//! Pooled VMs are reused: reset to the template after each request (`pool`).
 
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cpu::{CpuSnapshot, GuestCpu};
-use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage};
+use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage, VmOrigin};
 use crate::daemon::pool::{Pool, PooledRun};
 use crate::daemon::templates::Template;
 use crate::kvm::{self, Kvm};
@@ -113,15 +111,18 @@ impl AgentExecutor {
         let snapshot = template.snapshot.as_ref().filter(|s| s.identity().mem_bytes == limits.mem_bytes);
         match (snapshot, self.pool(&template.name), &self.restore) {
             (Some(_), Some(pool), _) => {
-                let PooledRun { restored, queue_wait, fork_wait, cpu } = pool.run(agent_request, limits)?;
+                let PooledRun { restored, resets, queue_wait, fork_wait, cpu } = pool.run(agent_request, limits)?;
                 let mut outcome = restored.outcome;
                 outcome.stats.load = fork_wait;
-                Ok(Ran { outcome, pages_copied: restored.pages_copied, queue: queue_wait, cpu })
+                let vm = if resets == 0 { VmOrigin::Fresh } else { VmOrigin::Reset { resets } };
+                Ok(Ran { outcome, pages_copied: restored.pages_copied, queue: queue_wait, cpu, vm })
             }
-            (Some(snapshot), None, Some((restore, memory))) => {
-                Ran::here(|| snapshot::serve_restored(snapshot, *memory, restore.as_ref(), agent_request, &limits).map(|r| (r.outcome, r.pages_copied)))
-            }
-            _ => Ran::here(|| vm::launch_agent(template.image.clone(), template.language.agent(), agent_request, &limits, self.make_cpu.as_ref()).map(|outcome| (outcome, 0))),
+            (Some(snapshot), None, Some((restore, memory))) => Ran::here(VmOrigin::Fresh, || {
+                snapshot::serve_restored(snapshot, *memory, restore.as_ref(), agent_request, &limits).map(|r| (r.outcome, r.pages_copied))
+            }),
+            _ => Ran::here(VmOrigin::Booted, || {
+                vm::launch_agent(template.image.clone(), template.language.agent(), agent_request, &limits, self.make_cpu.as_ref()).map(|outcome| (outcome, 0))
+            }),
         }
     }
 }
@@ -137,14 +138,15 @@ struct Ran {
     queue: Duration,
     /// CPU time of the thread that ran the VM, for this request.
     cpu: Duration,
+    vm: VmOrigin,
 }
 
 impl Ran {
-    /// A run on the calling thread, its CPU time measured around it.
-    fn here(run: impl FnOnce() -> Result<(RunOutcome, u64), LaunchError>) -> Result<Ran, LaunchError> {
+    /// A run on the calling thread, on a VM created for it, its CPU time measured around it.
+    fn here(vm: VmOrigin, run: impl FnOnce() -> Result<(RunOutcome, u64), LaunchError>) -> Result<Ran, LaunchError> {
         let cpu_before = thread_cpu_time();
         let (outcome, pages_copied) = run()?;
-        Ok(Ran { outcome, pages_copied, queue: Duration::ZERO, cpu: thread_cpu_time().saturating_sub(cpu_before) })
+        Ok(Ran { outcome, pages_copied, queue: Duration::ZERO, cpu: thread_cpu_time().saturating_sub(cpu_before), vm })
     }
 }
 
@@ -165,7 +167,7 @@ impl Executor for AgentExecutor {
         if let Some(reason) = &self.unavailable {
             return Err(ExecuteError::Unavailable(reason.clone()));
         }
-        let Ran { outcome, pages_copied, queue, cpu } = self.run(template, request).map_err(|error| launch_failure(template, error))?;
+        let Ran { outcome, pages_copied, queue, cpu, vm } = self.run(template, request).map_err(|error| launch_failure(template, error))?;
         let stats = &outcome.stats;
         let usage = Usage {
             wall_us: (stats.load + stats.wall).as_micros() as u64,
@@ -175,7 +177,7 @@ impl Executor for AgentExecutor {
             syscalls: stats.syscalls,
             exits: stats.exits,
         };
-        Ok(Execution { status: outcome.status, queue, vm_setup: stats.load, run: stats.wall, usage, stdout: outcome.stdout, stderr: outcome.stderr })
+        Ok(Execution { status: outcome.status, queue, vm_setup: stats.load, run: stats.wall, usage, vm, stdout: outcome.stdout, stderr: outcome.stderr })
     }
 
     fn templates(&self) -> Vec<TemplateInfo> {

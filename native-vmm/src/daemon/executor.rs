@@ -69,6 +69,35 @@ pub struct Execution {
     /// Running the request in the VM.
     pub run: Duration,
     pub usage: Usage,
+    pub vm: VmOrigin,
+}
+
+/// Where the VM that ran an execution came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmOrigin {
+    /// Its agent was booted for it (the template has no snapshot of that memory size).
+    Booted,
+    /// Forked from the template's snapshot, this execution its first.
+    Fresh,
+    /// A pooled VM reset to the template after `resets` earlier executions.
+    Reset { resets: u64 },
+}
+
+impl VmOrigin {
+    pub fn name(&self) -> &'static str {
+        match self {
+            VmOrigin::Booted => "booted",
+            VmOrigin::Fresh => "fresh",
+            VmOrigin::Reset { .. } => "reset",
+        }
+    }
+
+    pub fn resets(&self) -> u64 {
+        match self {
+            VmOrigin::Reset { resets } => *resets,
+            _ => 0,
+        }
+    }
 }
 
 /// Why an execution was not run. A guest's own failure is never one of these: it is a
@@ -125,6 +154,10 @@ pub struct PoolStats {
     /// Mean time to create one of them ahead of its request (not part of any request's latency
     /// unless the request had to wait for it, as `fork_us`).
     pub fork_us_mean: u64,
+    /// VMs reset to the template after a request, for the next one (instead of destroyed).
+    pub resets: u64,
+    /// Mean time of one reset (off the request path, like creating a VM).
+    pub reset_us_mean: u64,
     /// Requests served by the pool's VMs.
     pub served: u64,
 }

@@ -15,6 +15,7 @@ pub mod agent_executor;
 mod base64;
 pub mod executor;
 pub mod frame;
+pub mod isolation;
 pub mod pool;
 pub mod request;
 pub mod response;

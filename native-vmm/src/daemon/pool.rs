@@ -1,17 +1,24 @@
-//! A template's warm pool: VMs created ahead of demand, so that a request takes a ready VM
-//! instead of waiting for one to be restored.
+//! A template's warm pool: VMs created ahead of demand and reused, so that a request takes a
+//! ready VM instead of waiting for one to be restored, and finds its pages already mapped.
 //!
 //! A vCPU belongs to the thread that created it (KVM vCPUs are best run there; the ptrace
 //! test CPU must be), so a pooled VM never changes threads. The pool is a set of worker
 //! threads, each holding at most one VM: a worker restores its VM from the template's
-//! snapshot, waits for a request on the template's queue, serves it on the VM it holds,
-//! answers, destroys the VM (a used VM is never reused) and at once restores the next one:
-//! the background refill. `target` is the number of workers; `ready` counts the workers
-//! holding a VM and waiting for a request.
+//! snapshot, waits for a request on the template's queue, serves it on the VM it holds and
+//! answers. Then, off the request path, it resets the VM to the template (`snapshot::reset`:
+//! the pages the request dirtied get the template's bytes back, the vCPU the snapshot's
+//! state), so the next request runs on host pages and KVM mappings that are already warm: a
+//! fresh fork pays a fault for every page it touches first. A VM is retired (destroyed, and a
+//! fresh one restored in its place) after `MAX_RESETS` resets, when its run did not end in a
+//! normal exit (crash, timeout, memory or output limit, unsupported call, VMM error: nothing
+//! of such a VM is trusted again), when it holds more than `MAX_WARM_PAGES` copied pages, and
+//! when its backend cannot be reset. `target` is the number of workers; `ready` counts the
+//! workers holding a VM and waiting for a request.
 //!
 //! A request's wait is split honestly: the part during which the VM that serves it was still
 //! being created is `fork_wait` (zero when a ready VM was waiting), the rest is `queue_wait`
-//! (every worker was busy serving). What creating VMs ahead of time costs is in `PoolStats`.
+//! (every worker was busy serving). What creating and resetting VMs ahead of time costs is in
+//! `PoolStats`.
 
 use std::collections::VecDeque;
 use std::io;
@@ -23,15 +30,28 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crate::agent::AgentRequest;
+use crate::cpu::GuestCpu;
 use crate::daemon::executor::PoolStats;
+use crate::memory::GuestMemory;
 use crate::snapshot::{self, ForkMemory, Restored, Template};
+use crate::status::RunStatus;
 use crate::vm::{LaunchError, RunLimits};
 
 use super::agent_executor::{thread_cpu_time, SharedRestoreFactory};
 
+/// Resets after which a VM is retired anyway: bounds what one VM's lifetime can accumulate that
+/// a reset might miss (host-side state, KVM's own).
+pub const MAX_RESETS: u64 = 1000;
+/// Copied pages (16 MiB) beyond which a VM is retired instead of reset: writing them all back
+/// would cost more than a fresh fork, and an idle VM should not hold that much memory.
+pub const MAX_WARM_PAGES: u64 = 4096;
+
 /// What a pooled run gives back to the request that waited for it.
 pub struct PooledRun {
+    /// Its `pages_copied` counts the pages this request made the VM copy.
     pub restored: Restored,
+    /// How many requests the VM served before this one (0: a fresh fork).
+    pub resets: u64,
     /// Waiting while every worker was busy serving other requests.
     pub queue_wait: Duration,
     /// Waiting while the VM that served the request was being created, plus readying it.
@@ -65,6 +85,9 @@ struct Shared {
     forks: AtomicU64,
     /// Total time spent creating VMs ahead of requests, in microseconds.
     fork_micros: AtomicU64,
+    resets: AtomicU64,
+    /// Total time spent resetting VMs after their requests, in microseconds.
+    reset_micros: AtomicU64,
     served: AtomicU64,
 }
 
@@ -94,6 +117,8 @@ impl Pool {
             work: Condvar::new(),
             forks: AtomicU64::new(0),
             fork_micros: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+            reset_micros: AtomicU64::new(0),
             served: AtomicU64::new(0),
         });
         let mut pool = Pool { name: name.to_owned(), shared, workers: Vec::new() };
@@ -117,12 +142,15 @@ impl Pool {
 
     pub fn stats(&self) -> PoolStats {
         let forks = self.shared.forks.load(Ordering::Relaxed);
+        let resets = self.shared.resets.load(Ordering::Relaxed);
         PoolStats {
             template: self.name.clone(),
             ready: self.shared.lock().ready,
             target: self.workers.len() as u64,
             forks,
             fork_us_mean: self.shared.fork_micros.load(Ordering::Relaxed).checked_div(forks).unwrap_or(0),
+            resets,
+            reset_us_mean: self.shared.reset_micros.load(Ordering::Relaxed).checked_div(resets).unwrap_or(0),
             served: self.shared.served.load(Ordering::Relaxed),
         }
     }
@@ -140,12 +168,12 @@ impl Drop for Pool {
     }
 }
 
-/// A worker's life: create a VM, wait for a job, serve it, destroy the VM, again. A panic
-/// ends only the VM and job at hand (the job's sender is dropped unanswered): a pool whose
-/// workers died would leave its requests waiting forever.
+/// A worker's life: create a VM, serve jobs on it (resetting it between them) until it is
+/// retired, again. A panic ends only the VM and job at hand (the job's sender is dropped
+/// unanswered): a pool whose workers died would leave its requests waiting forever.
 fn work(shared: &Shared) {
     loop {
-        match panic::catch_unwind(AssertUnwindSafe(|| serve_one(shared))) {
+        match panic::catch_unwind(AssertUnwindSafe(|| serve_vm(shared))) {
             Ok(true) => {}
             Ok(false) => return,
             Err(_) => super::log(format_args!("pool: a worker panicked; its VM is destroyed and the worker goes on")),
@@ -153,34 +181,69 @@ fn work(shared: &Shared) {
     }
 }
 
-/// Creates one VM, serves it one job and destroys it; false when the pool is stopping.
-fn serve_one(shared: &Shared) -> bool {
+/// Creates one VM and serves jobs on it until it is retired (then it is destroyed here);
+/// false when the pool is stopping.
+fn serve_vm(shared: &Shared) -> bool {
     let creating = Instant::now();
     let mem = match shared.template.new_memory(shared.memory) {
         Ok(mem) => mem,
         Err(e) => return fail_next_job(shared, LaunchError::Memory(e)),
     };
-    let cpu = match (shared.restore)(&mem, shared.template.cpu()) {
+    let mut cpu = match (shared.restore)(&mem, shared.template.cpu()) {
         Ok(cpu) => cpu,
         Err(e) => return fail_next_job(shared, LaunchError::Cpu(e)),
     };
-    let created = Instant::now();
+    let mut ready_at = Instant::now();
     shared.forks.fetch_add(1, Ordering::Relaxed);
-    shared.fork_micros.fetch_add(created.duration_since(creating).as_micros() as u64, Ordering::Relaxed);
-    let Some(job) = next_job(shared, true) else { return false };
-    let taken = Instant::now();
-    // The part of the job's wait that overlapped creating this VM was a wait for the VM.
-    let fork_wait = created.saturating_duration_since(job.enqueued.max(creating));
-    let queue_wait = taken.duration_since(job.enqueued).saturating_sub(fork_wait);
-    let cpu_before = thread_cpu_time();
-    let result = snapshot::serve_fork(&shared.template, &mem, cpu, taken, job.request, &job.limits).map(|restored| {
+    shared.fork_micros.fetch_add(ready_at.duration_since(creating).as_micros() as u64, Ordering::Relaxed);
+    let (mut resets, mut warm_pages) = (0, 0);
+    loop {
+        let Some(job) = next_job(shared, true) else { return false };
+        let taken = Instant::now();
+        // The part of the job's wait that overlapped readying this VM was a wait for the VM.
+        let fork_wait = ready_at.saturating_duration_since(job.enqueued.max(creating));
+        let queue_wait = taken.duration_since(job.enqueued).saturating_sub(fork_wait);
+        let cpu_before = thread_cpu_time();
+        let served = snapshot::serve_fork(&shared.template, &mem, cpu, taken, job.request, &job.limits);
+        shared.served.fetch_add(1, Ordering::Relaxed);
+        let (mut restored, used_cpu) = match served {
+            Ok(served) => served,
+            Err(e) => {
+                let _ = job.reply.send(Err(e));
+                return true;
+            }
+        };
+        let copied_pages = restored.pages_copied;
+        restored.pages_copied = copied_pages.saturating_sub(warm_pages);
+        let reusable = matches!(restored.outcome.status, RunStatus::Exited { .. }) && resets < MAX_RESETS && copied_pages <= MAX_WARM_PAGES;
         let fork_wait = fork_wait + restored.outcome.stats.load;
-        PooledRun { restored, queue_wait, fork_wait, cpu: thread_cpu_time().saturating_sub(cpu_before) }
-    });
-    shared.served.fetch_add(1, Ordering::Relaxed);
-    let _ = job.reply.send(result);
-    // The used VM (`mem`, and its vCPU with it) is destroyed here, before the next is created.
-    true
+        let run = PooledRun { restored, resets, queue_wait, fork_wait, cpu: thread_cpu_time().saturating_sub(cpu_before) };
+        let _ = job.reply.send(Ok(run));
+        cpu = used_cpu;
+        if !reusable {
+            return true;
+        }
+        let resetting = Instant::now();
+        match reset(shared, &mem, cpu.as_mut()) {
+            Ok(pages) => warm_pages = pages,
+            Err(e) => {
+                super::log(format_args!("pool: resetting a VM failed, it is retired: {e}"));
+                return true;
+            }
+        }
+        ready_at = Instant::now();
+        resets += 1;
+        shared.resets.fetch_add(1, Ordering::Relaxed);
+        shared.reset_micros.fetch_add(ready_at.duration_since(resetting).as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// `snapshot::reset` for the pool's forks; copy forks (the ptrace test CPU) are never reused.
+fn reset(shared: &Shared, mem: &GuestMemory, cpu: &mut dyn GuestCpu) -> io::Result<u64> {
+    if shared.memory != ForkMemory::CopyOnWrite {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are reset"));
+    }
+    snapshot::reset(&shared.template, mem, cpu)
 }
 
 /// A worker that could not create a VM answers the next job with why (rather than leaving

@@ -106,6 +106,8 @@ pub fn stats(id: u64, executions: u64, in_flight: u64, pools: &[PoolStats]) -> V
                 ("target", Value::from(p.target)),
                 ("forks", Value::from(p.forks)),
                 ("fork_us_mean", Value::from(p.fork_us_mean)),
+                ("resets", Value::from(p.resets)),
+                ("reset_us_mean", Value::from(p.reset_us_mean)),
                 ("served", Value::from(p.served)),
             ])
         })
@@ -164,6 +166,7 @@ pub fn execution(id: u64, run: &Execution, limits: &ExecutionLimits, times: Requ
         ("truncated", Value::Bool(matches!(run.status, RunStatus::OutputLimit { .. }))),
         ("fault", fault),
         ("limits", limits_value(limits)),
+        ("vm", Value::object([("origin", Value::from(run.vm.name())), ("resets", Value::from(run.vm.resets()))])),
         (
             "timings",
             Value::object([("queue_us", micros(times.queue + run.queue)), ("fork_us", micros(run.vm_setup)), ("exec_us", micros(run.run)), ("total_us", micros(times.total))]),
@@ -187,7 +190,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::daemon::executor::Usage;
+    use crate::daemon::executor::{Usage, VmOrigin};
     use crate::status::GuestFault;
 
     const LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 1000, memory_mib: 64, output_bytes: 10 };
@@ -196,7 +199,7 @@ mod tests {
 
     fn run(status: RunStatus, stdout: &[u8]) -> Value {
         let usage = Usage { wall_us: 1360, cpu_us: 900, peak_memory_bytes: 18_350_080, pages_copied: 0, syscalls: 31, exits: 33 };
-        let finished = Execution { status, stdout: stdout.to_vec(), stderr: b"err".to_vec(), queue: Duration::from_micros(5), vm_setup: Duration::from_micros(410), run: Duration::from_micros(950), usage };
+        let finished = Execution { status, stdout: stdout.to_vec(), stderr: b"err".to_vec(), queue: Duration::from_micros(5), vm_setup: Duration::from_micros(410), run: Duration::from_micros(950), usage, vm: VmOrigin::Reset { resets: 3 } };
         execution(7, &finished, &LIMITS, TIMES)
     }
 
@@ -207,7 +210,7 @@ mod tests {
             ok.to_json(),
             concat!(
                 r#"{"id":7,"type":"execution","status":"ok","exit_code":0,"stdout":"42\n","stderr":"err","truncated":false,"fault":null,"#,
-                r#""limits":{"timeout_ms":1000,"memory_mib":64,"output_bytes":10},"timings":{"queue_us":12,"fork_us":410,"exec_us":950,"total_us":1380},"#,
+                r#""limits":{"timeout_ms":1000,"memory_mib":64,"output_bytes":10},"vm":{"origin":"reset","resets":3},"timings":{"queue_us":12,"fork_us":410,"exec_us":950,"total_us":1380},"#,
                 r#""usage":{"wall_us":1360,"cpu_us":900,"peak_memory_bytes":18350080,"pages_copied":0,"syscalls":31,"exits":33}}"#
             )
         );

@@ -77,16 +77,7 @@ impl<'m> KvmCpu<'m> {
     /// VM's first instruction, so it takes no CPL0 instruction at all.
     /// UNVERIFIED on KVM (no /dev/kvm where it was written).
     pub fn restore(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<KvmCpu<'m>> {
-        for (name, base) in [("FS", snapshot.fs_base), ("GS", snapshot.gs_base)] {
-            if base >= USER_ADDRESS_LIMIT {
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot {name} base {base:#x} is not a user address")));
-            }
-        }
-        if snapshot.xsave.len() < XSAVE_MIN_BYTES {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot XSAVE area of {} bytes is shorter than its header", snapshot.xsave.len())));
-        }
-        let regs = KvmRegs { gprs: snapshot.regs, rip: snapshot.rip, rflags: snapshot.rflags | cpu_state::RFLAGS_RESERVED };
-        let user = UserState { fs_base: snapshot.fs_base, gs_base: snapshot.gs_base, xsave: Some(&snapshot.xsave) };
+        let (regs, user) = snapshot_state(snapshot)?;
         let mut cpu = KvmCpu::create(mem, false, regs, &user)?;
         // Stopped "inside" the pending system call: its return value may be set before the
         // first run, and `regs` holds exactly what KVM has.
@@ -110,20 +101,7 @@ impl<'m> KvmCpu<'m> {
 
         // CPUID first: KVM checks CR4 and XCR0 against the CPUID the guest was given.
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, kvm.supported_cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;
-        let features = &kvm.features;
-
-        set_sregs(&vcpu, features, user)?;
-        if let Some(xcr0) = features.xcr0() {
-            let mut xcrs = KvmXcrs { nr_xcrs: 1, ..Default::default() };
-            xcrs.xcrs[0] = KvmXcr { xcr: 0, reserved: 0, value: xcr0 };
-            sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XCRS, &xcrs).map_err(context("KVM_SET_XCRS"))?;
-        }
-        if let Some(area) = user.xsave {
-            let area = xsave_for_guest(area, features.restored_state());
-            sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
-        }
-        set_msrs(&vcpu)?;
-        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_REGS, &regs).map_err(context("KVM_SET_REGS"))?;
+        load_state(&vcpu, &kvm.features, &regs, user)?;
 
         let exit_flag = run_page.exit_flag();
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
@@ -231,6 +209,17 @@ impl GuestCpu for KvmCpu<'_> {
         Ok(CpuSnapshot { regs, rip, rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
     }
 
+    /// The same state `restore` loads into a new vCPU, loaded into this one. A pending `out`
+    /// of the last run is dropped with it: KVM completes a port write on the next KVM_RUN only
+    /// while rip still points at it.
+    fn reset(&mut self, snapshot: &CpuSnapshot) -> io::Result<()> {
+        let (regs, user) = snapshot_state(snapshot)?;
+        load_state(&self.vcpu, &Kvm::shared()?.features, &regs, &user)?;
+        self.regs = regs;
+        self.in_syscall = true;
+        Ok(())
+    }
+
     fn set_fs_base(&mut self, base: u64) -> io::Result<()> {
         if base >= USER_ADDRESS_LIMIT {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("FS base {base:#x} is not a user address")));
@@ -240,6 +229,40 @@ impl GuestCpu for KvmCpu<'_> {
         sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_SREGS, &sregs).map_err(context("KVM_SET_SREGS"))?;
         Ok(())
     }
+}
+
+/// The registers and user state a vCPU resumes `snapshot` with, after checking what KVM would
+/// otherwise refuse (or fault on) later.
+fn snapshot_state(snapshot: &CpuSnapshot) -> io::Result<(KvmRegs, UserState<'_>)> {
+    for (name, base) in [("FS", snapshot.fs_base), ("GS", snapshot.gs_base)] {
+        if base >= USER_ADDRESS_LIMIT {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot {name} base {base:#x} is not a user address")));
+        }
+    }
+    if snapshot.xsave.len() < XSAVE_MIN_BYTES {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot XSAVE area of {} bytes is shorter than its header", snapshot.xsave.len())));
+    }
+    let regs = KvmRegs { gprs: snapshot.regs, rip: snapshot.rip, rflags: snapshot.rflags | cpu_state::RFLAGS_RESERVED };
+    Ok((regs, UserState { fs_base: snapshot.fs_base, gs_base: snapshot.gs_base, xsave: Some(&snapshot.xsave) }))
+}
+
+/// Loads every piece of vCPU state the guest can reach into `vcpu` (after KVM_SET_CPUID2):
+/// segments and control registers, XCR0, the vector state, the syscall MSRs and `regs`.
+fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, regs: &KvmRegs, user: &UserState) -> io::Result<()> {
+    set_sregs(vcpu, features, user)?;
+    if let Some(xcr0) = features.xcr0() {
+        let mut xcrs = KvmXcrs { nr_xcrs: 1, ..Default::default() };
+        xcrs.xcrs[0] = KvmXcr { xcr: 0, reserved: 0, value: xcr0 };
+        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XCRS, &xcrs).map_err(context("KVM_SET_XCRS"))?;
+    }
+    // None only for a new vCPU starting a program, whose vector state is the reset state.
+    if let Some(area) = user.xsave {
+        let area = xsave_for_guest(area, features.restored_state());
+        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
+    }
+    set_msrs(vcpu)?;
+    sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_REGS, regs).map_err(context("KVM_SET_REGS"))?;
+    Ok(())
 }
 
 fn get_sregs(vcpu: &OwnedFd) -> io::Result<KvmSregs> {

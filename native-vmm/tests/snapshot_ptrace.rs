@@ -1,21 +1,18 @@
-//! Template snapshots end to end on the ptrace development CPU (no KVM here): the Python
-//! template is booted to its agent's ready point, recorded to a file, loaded and verified, and
-//! restored into independent VMs that serve requests. Restores here copy the template's
-//! memory (`ForkMemory::Copy`: the traced child shares its memory, which a private mapping
-//! cannot be); the copy-on-write fork the product uses is tested on the template's memory
-//! directly. Timings printed here are not product figures.
+//! Template snapshots end to end on the test CPU (`common::test_cpu`: KVM in the KVM tier): the
+//! Python template is booted to its agent's ready point, recorded to a file, loaded and
+//! verified, and restored into independent VMs that serve requests. On KVM a restored VM's
+//! memory is the product's copy-on-write fork of the template (`ForkMemory::CopyOnWrite`); the
+//! ptrace CPU copies it (`ForkMemory::Copy`: its traced child shares the memory, which a private
+//! mapping cannot be). Timings printed here are figures of the path the test ran on.
 
 mod common;
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{describe, process_dir, test_cpu, python_image};
+use common::{describe, fork_memory, process_dir, python_image, restore_cpu, scaled, test_cpu};
 use sandfork_vmm::agent::{AgentCommand, AgentRequest, PYTHON_AGENT};
-use sandfork_vmm::cpu::{CpuSnapshot, GuestCpu};
-use sandfork_vmm::devcpu::PtraceCpu;
 use sandfork_vmm::memory::GuestMemory;
 use sandfork_vmm::snapshot::{self, BuildOutcome, ForkMemory, Template, TemplateError, TEMPLATE_FILE};
 use sandfork_vmm::status::RunStatus;
@@ -24,11 +21,17 @@ use sandfork_vmm::vm::{self, RunLimits, RunOutcome};
 const MEM_BYTES: u64 = vm::DEFAULT_MEM_BYTES;
 
 fn limits() -> RunLimits {
-    RunLimits { mem_bytes: MEM_BYTES, timeout: Duration::from_secs(20), output_cap: 1 << 20 }
+    RunLimits { mem_bytes: MEM_BYTES, timeout: scaled(Duration::from_secs(20)), output_cap: 1 << 20 }
 }
 
-fn ptrace_restore<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
-    Ok(Box::new(PtraceCpu::restore(mem, snapshot)?))
+/// Checks a restored VM's count of copied pages: a full copy holds every stored page; a
+/// copy-on-write fork copies some (the pages it wrote) but far from all.
+fn assert_pages_copied(pages_copied: u64, how: ForkMemory) {
+    let stored = template().stored().stored_bytes;
+    match how {
+        ForkMemory::Copy => assert!(pages_copied * 4096 >= stored, "a full copy holds every stored page: {pages_copied}"),
+        ForkMemory::CopyOnWrite => assert!(pages_copied > 0 && pages_copied * 4096 < stored, "a fork copies only the pages it wrote: {pages_copied} of {stored} bytes"),
+    }
 }
 
 /// The Python template, built once per test process; the first build's outcome is kept.
@@ -48,8 +51,8 @@ fn template() -> &'static Template {
 }
 
 fn serve(code: &str) -> RunOutcome {
-    let restored = snapshot::serve_restored(template(), ForkMemory::Copy, &ptrace_restore, AgentRequest::new(code), &limits()).unwrap_or_else(|e| panic!("serving a restored VM: {e}"));
-    assert!(restored.pages_copied * 4096 >= template().stored().stored_bytes, "a full copy holds every stored page: {}", restored.pages_copied);
+    let restored = snapshot::serve_restored(template(), fork_memory(), &restore_cpu, AgentRequest::new(code), &limits()).unwrap_or_else(|e| panic!("serving a restored VM: {e}"));
+    assert_pages_copied(restored.pages_copied, fork_memory());
     restored.outcome
 }
 
@@ -104,29 +107,29 @@ fn files_written_in_one_vm_are_seen_by_no_other() {
 #[test]
 fn memory_written_in_one_vm_is_not_in_another() {
     let template = template();
-    let (mem_a, mem_b) = (template.new_memory(ForkMemory::Copy).unwrap(), template.new_memory(ForkMemory::Copy).unwrap());
-    let vm_a = template.ready_guest(&mem_a, ptrace_restore(&mem_a, template.cpu()).unwrap(), 1 << 20);
-    let vm_b = template.ready_guest(&mem_b, ptrace_restore(&mem_b, template.cpu()).unwrap(), 1 << 20);
+    let (mem_a, mem_b) = (template.new_memory(fork_memory()).unwrap(), template.new_memory(fork_memory()).unwrap());
+    let vm_a = template.ready_guest(&mem_a, restore_cpu(&mem_a, template.cpu()).unwrap(), 1 << 20);
+    let vm_b = template.ready_guest(&mem_b, restore_cpu(&mem_b, template.cpu()).unwrap(), 1 << 20);
     let marker = b"restored-vm-A-was-here";
     let code = format!("import ctypes\nb = ctypes.create_string_buffer(b{:?} * 64)\nprint(ctypes.addressof(b))", std::str::from_utf8(marker).unwrap());
-    let a = vm_a.serve(AgentRequest::new(&code), Duration::from_secs(20)).unwrap();
+    let a = vm_a.serve(AgentRequest::new(&code), scaled(Duration::from_secs(20))).unwrap();
     let addr: u64 = stdout(&a).trim().parse().unwrap();
     assert_eq!(mem_a.read_vec(addr, marker.len() as u64).unwrap(), marker, "the write is in A's memory");
     assert_ne!(mem_b.read_vec(addr, marker.len() as u64).unwrap(), marker, "not in B's");
     let mut in_template = vec![0u8; marker.len()];
     template.memory().read(addr, &mut in_template).unwrap();
     assert_ne!(in_template, marker, "not in the template's");
-    let b = vm_b.serve(AgentRequest::new("print('b')"), Duration::from_secs(20)).unwrap();
+    let b = vm_b.serve(AgentRequest::new("print('b')"), scaled(Duration::from_secs(20))).unwrap();
     assert_eq!(stdout(&b), "b\n");
 }
 
-/// The product's fork (KVM cannot run here): private copy-on-write mappings of the real
-/// template's memory; and how long creating one takes for this 256 MiB template.
+/// The product's fork of the memory alone: private copy-on-write mappings of the real template's
+/// memory; and how long creating one takes for this 256 MiB template.
 #[test]
 fn copy_on_write_forks_of_the_template_are_private_and_cheap() {
     let template = template();
     assert_eq!(template.memory().size(), 256 << 20);
-    let (start, _) = *template.memory().data_extents().unwrap().last().unwrap();
+    let (start, _) = *template.memory().data_extents().last().unwrap();
     let (a, b) = (template.new_memory(ForkMemory::CopyOnWrite).unwrap(), template.new_memory(ForkMemory::CopyOnWrite).unwrap());
     let original = a.read_u64(start).unwrap();
     assert_eq!(b.read_u64(start).unwrap(), original, "a fork reads the template's bytes");
@@ -223,8 +226,8 @@ fn builds_are_skipped_while_image_agent_and_memory_size_are_unchanged() {
     assert!(matches!(smaller, BuildOutcome::Built { .. }), "{smaller}");
 }
 
-/// Not product figures (ptrace CPU, memory copied per restore): boot to the ready point
-/// against restore to exit, for print(1+1).
+/// Boot to the ready point against restore to exit, for print(1+1), on the test CPU's path
+/// (product figures only on a native /dev/kvm).
 #[test]
 fn timings_of_boot_and_restore() {
     let template = template();
@@ -235,22 +238,25 @@ fn timings_of_boot_and_restore() {
         vm::boot_agent(python_image(), &PYTHON_AGENT, &limits(), &test_cpu, |_| ()).unwrap();
         boots.push(started.elapsed());
         let started = Instant::now();
-        let outcome = snapshot::serve_restored(template, ForkMemory::Copy, &ptrace_restore, AgentRequest::new("print(1+1)"), &limits()).unwrap().outcome;
+        let outcome = snapshot::serve_restored(template, fork_memory(), &restore_cpu, AgentRequest::new("print(1+1)"), &limits()).unwrap().outcome;
         restores.push((started.elapsed(), outcome.stats.load));
         assert_eq!(stdout(&outcome), "2\n");
     }
     boots.sort();
     restores.sort();
     eprintln!(
-        "ptrace CPU, median of 3: boot to ready point {:?}; restore (memory copy + vCPU) to exit of print(1+1) {:?}, of which restoring {:?}",
-        boots[1], restores[1].0, restores[1].1
+        "{} CPU, median of 3: boot to ready point {:?}; restore (memory copy + vCPU) to exit of print(1+1) {:?}, of which restoring {:?}",
+        common::cpu_name(),
+        boots[1],
+        restores[1].0,
+        restores[1].1
     );
     assert!(restores[1].0 < boots[1], "a restore must beat a boot");
 }
 
-/// The daemon's executor restores from a template folder's snapshot (here on the ptrace CPU,
-/// copying memory), boots when the request asks for another memory size, and refuses to start
-/// on a damaged snapshot.
+/// The daemon's executor restores from a template folder's snapshot (on the test CPU, with its
+/// way of making memory), boots when the request asks for another memory size, and refuses to
+/// start on a damaged snapshot.
 #[test]
 fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
     use sandfork_vmm::daemon::agent_executor::AgentExecutor;
@@ -264,21 +270,21 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
     std::fs::copy(template_dir().0.join(TEMPLATE_FILE), folder.join(TEMPLATE_FILE)).unwrap();
     let loaded = templates::load(&templates_dir).unwrap_or_else(|e| panic!("{e}"));
     assert!(loaded[0].snapshot.is_some(), "the snapshot in the folder is loaded");
-    let executor = AgentExecutor::new(loaded, Box::new(test_cpu), None).restoring(std::sync::Arc::new(ptrace_restore), ForkMemory::Copy);
+    let executor = AgentExecutor::new(loaded, Box::new(test_cpu), None).restoring(std::sync::Arc::new(restore_cpu), fork_memory());
 
     let request = |memory_mib| ExecuteRequest {
         template: "python".into(),
         agent_request: AgentRequest::new("import sys\nprint(sum(range(10)))"),
-        limits: ExecutionLimits { timeout_ms: 20_000, memory_mib, output_bytes: 1 << 20 },
+        limits: ExecutionLimits { timeout_ms: common::scaled_ms(20_000), memory_mib, output_bytes: 1 << 20 },
     };
     let restored = executor.execute(request(MEM_BYTES >> 20)).unwrap_or_else(|e| panic!("{e}"));
     let booted = executor.execute(request(MEM_BYTES >> 19)).unwrap_or_else(|e| panic!("{e}"));
-    assert!(restored.usage.pages_copied > 1000, "the ptrace restore copies the template: {:?}", restored.usage);
+    assert_pages_copied(restored.usage.pages_copied, fork_memory());
     assert_eq!(booted.usage.pages_copied, 0);
     for execution in [&restored, &booted] {
         assert_eq!((&execution.status, execution.stdout.as_slice()), (&RunStatus::Exited { code: 0 }, &b"45\n"[..]));
     }
-    eprintln!("daemon executor on the ptrace CPU: VM from the snapshot in {:?}, booted VM in {:?}", restored.vm_setup, booted.vm_setup);
+    eprintln!("daemon executor on the {} CPU: VM from the snapshot in {:?}, booted VM in {:?}", common::cpu_name(), restored.vm_setup, booted.vm_setup);
     assert!(restored.vm_setup < booted.vm_setup, "restored {:?}, booted {:?}", restored.vm_setup, booted.vm_setup);
 
     let mut damaged = std::fs::read(folder.join(TEMPLATE_FILE)).unwrap();
@@ -290,11 +296,11 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
     }
 }
 
-/// The `bench fork` measurement, on the ptrace CPU with copied memory (not product figures).
+/// The `bench fork` measurement on the test CPU (product figures only on a native /dev/kvm).
 #[test]
 fn fork_bench_times_memory_vcpu_and_serve() {
-    let report = snapshot::bench::measure(template(), ForkMemory::Copy, &ptrace_restore, 3).unwrap_or_else(|e| panic!("{e}"));
-    eprint!("ptrace CPU, memory copied (not product figures): {report}");
+    let report = snapshot::bench::measure(template(), fork_memory(), &restore_cpu, 3).unwrap_or_else(|e| panic!("{e}"));
+    eprint!("{} CPU, {:?} memory: {report}", common::cpu_name(), fork_memory());
     assert_eq!(report.iterations, 3);
     assert!(report.fork.p50 >= report.memory.p50 && report.fork.p50 >= report.vcpu.p50, "{report}");
     assert!(report.serve.min > Duration::ZERO, "{report}");

@@ -26,6 +26,7 @@ commands:
   run           run one program in a fresh KVM guest
   bench run     latency of `/usr/bin/python3.11 -c pass` in a guest and natively
   bench fork    latency of VMs restored from a template's snapshot
+  bench exec    cost of one execution on the daemon's path: fork, pooled run, CPU, memory
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
 `sandfork-vmm <command> --help` describes each command.";
@@ -170,6 +171,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["run", ..] => run(&args[1..]),
         ["bench", "run", ..] => bench_run(&args[2..]),
         ["bench", "fork", ..] => bench_fork(&args[2..]),
+        ["bench", "exec", ..] => bench_exec(&args[2..]),
         ["serve", ..] => serve(&args[1..]),
         ["image" | "bench" | "template", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
         [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
@@ -331,6 +333,36 @@ fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
         print!("{}", report.table());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+const BENCH_EXEC_USAGE: &str = "\
+usage: sandfork-vmm bench exec --template DIR [--iterations N] [--pool-size N] [--json]
+
+Measures, in one run, what an execution of the template's trivial program (`print(1+1)` for
+python) costs on the daemon's path: fresh fork p50/p99 (no pool); pooled execution p50/p99
+from request to response at the daemon's socket (VMs reset between requests); the same binary
+spawned natively, and the ratio; VMM CPU per execution; daemon throughput at 1, 2, 4 and 8
+concurrent clients; memory per idle VM at 100 and 1,000 VMs; and whether a reset VM keeps
+anything of the execution before it (the isolation check).
+
+options:
+  --template DIR     template folder (image and snapshot)
+  --iterations N     pooled executions and fresh forks to time (default 1000)
+  --pool-size N      VMs in the warm pool (default: 2 per core)
+  --json             print one JSON object instead of a table";
+
+fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--template", "--iterations", "--pool-size"], &["--json"], false, BENCH_EXEC_USAGE)?;
+    let dir = options.required("--template")?;
+    let iterations = options.number("--iterations", daemon::bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
+    let pool_size = options.number("--pool-size", daemon::default_pool_size() as u64, daemon::MAX_POOL_SIZE)? as usize;
+    let report = daemon::bench::run(Path::new(dir), iterations, pool_size).map_err(CliError::Failed)?;
+    if options.flag("--json") {
+        println!("{}", report.to_json());
+    } else {
+        print!("{report}");
+    }
+    Ok(if report.isolation.is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {

@@ -12,6 +12,7 @@
 //!   otherwise) and `templates`: the templates it serves (image, and snapshot when built).
 
 pub mod agent_executor;
+pub mod bench;
 mod base64;
 pub mod executor;
 pub mod frame;

@@ -1,0 +1,312 @@
+//! `sandfork-vmm bench exec`: what one execution costs on the daemon's real path, from one run.
+//!
+//! - fresh fork: a VM out of the template (copy-on-write memory and a restored vCPU), no pool;
+//! - pooled execution: request to response of the template's trivial program at the daemon's
+//!   socket (an in-process `Server` on a Unix socket, framing and JSON included), one request at
+//!   a time on a warm pool whose VMs are reset between requests; the first requests, which each
+//!   pooled VM serves as a fresh fork, are a warm-up and not measured;
+//! - the native baseline: the same binary the guest runs, spawned on the host;
+//! - VMM CPU per execution: this process's CPU time over the pooled series, divided by its
+//!   requests (the client's own JSON and socket work is in it: an upper bound);
+//! - daemon throughput at 1, 2, 4 and 8 concurrent clients;
+//! - memory per idle VM with 100 and 1,000 fresh forks alive (this process's RSS, and the host's
+//!   MemAvailable, which also sees KVM's kernel memory), and what a warm (reset) VM holds in
+//!   copied pages;
+//! - the reset isolation check (`isolation`) on a pool of one VM.
+
+use std::fmt;
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::agent_executor::AgentExecutor;
+use super::executor::{ExecutionLimits, Executor};
+use super::request::LimitPolicy;
+use super::server::{Server, ServerConfig};
+use super::templates::{self, Language, Template};
+use super::{frame, isolation};
+use crate::bench::{measure_native, time_runs, Latency};
+use crate::json::Value;
+use crate::snapshot::ForkMemory;
+use crate::{kvm, sys};
+
+pub const DEFAULT_ITERATIONS: usize = 1000;
+const CONCURRENCY: [usize; 4] = [1, 2, 4, 8];
+const IDLE_VMS: [usize; 2] = [100, 1000];
+/// Requests per client in a throughput run.
+const REQUESTS_PER_CLIENT: usize = 200;
+const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+
+/// The measured program of a template's language, and the native command it is compared with.
+struct Workload {
+    code: &'static str,
+    stdout: &'static str,
+    native: (&'static str, &'static [&'static str]),
+}
+
+fn workload(language: Language) -> Workload {
+    match language {
+        Language::Python => Workload { code: "print(1+1)", stdout: "2\n", native: ("/usr/bin/python3.11", &["-c", "print(1+1)"]) },
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ExecReport {
+    pub template: String,
+    pub code: &'static str,
+    pub native_command: String,
+    pub iterations: usize,
+    pub pool_size: usize,
+    pub fresh_fork: Latency,
+    pub pooled_exec: Latency,
+    pub native_spawn: Latency,
+    pub vmm_cpu_us_per_exec: f64,
+    /// (concurrent clients, executions per second)
+    pub exec_per_s: Vec<(usize, f64)>,
+    /// (VMs alive, RSS KiB per VM, host MemAvailable KiB per VM)
+    pub idle_vm_kib: Vec<(usize, f64, f64)>,
+    /// Copied pages a warm VM holds after a request, in KiB (the pages its resets rewrite).
+    pub warm_vm_kib: f64,
+    pub isolation: Result<(), String>,
+}
+
+impl ExecReport {
+    pub fn ratio(&self) -> f64 {
+        self.native_spawn.p50.as_secs_f64() / self.pooled_exec.p50.as_secs_f64().max(1e-9)
+    }
+
+    pub fn to_json(&self) -> String {
+        let latency = |l: &Latency| Value::object([("p50", Value::from(l.p50.as_micros() as u64)), ("p99", Value::from(l.p99.as_micros() as u64))]);
+        let by_count = |rows: Vec<(usize, f64)>| Value::object(rows.into_iter().map(|(n, v)| (n.to_string(), Value::from(v))));
+        Value::object([
+            ("template", Value::from(self.template.as_str())),
+            ("code", Value::from(self.code)),
+            ("native_command", Value::from(self.native_command.as_str())),
+            ("iterations", Value::from(self.iterations as u64)),
+            ("pool_size", Value::from(self.pool_size as u64)),
+            ("fresh_fork_us", latency(&self.fresh_fork)),
+            ("pooled_exec_us", latency(&self.pooled_exec)),
+            ("native_spawn_us", latency(&self.native_spawn)),
+            ("native_over_pooled_p50", Value::from(self.ratio())),
+            ("vmm_cpu_us_per_exec", Value::from(self.vmm_cpu_us_per_exec)),
+            ("daemon_exec_per_s", by_count(self.exec_per_s.clone())),
+            ("rss_per_idle_vm_kib", by_count(self.idle_vm_kib.iter().map(|&(n, rss, _)| (n, rss)).collect())),
+            ("host_memory_per_idle_vm_kib", by_count(self.idle_vm_kib.iter().map(|&(n, _, host)| (n, host)).collect())),
+            ("warm_vm_copied_kib", Value::from(self.warm_vm_kib)),
+            ("isolation_ok", Value::Bool(self.isolation.is_ok())),
+            ("isolation_error", self.isolation.as_ref().err().map_or(Value::Null, |e| Value::from(e.as_str()))),
+        ])
+        .to_json()
+    }
+}
+
+impl fmt::Display for ExecReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        writeln!(f, "template {}: `{}`, {} iterations, pool of {} VMs per template", self.template, self.code, self.iterations, self.pool_size)?;
+        writeln!(f, "{:<44} {:>10} {:>10}", "(microseconds)", "p50", "p99")?;
+        for (name, l) in [("fresh fork (VM ready, no pool)", &self.fresh_fork), ("pooled execution at the daemon socket", &self.pooled_exec), ("native spawn (baseline)", &self.native_spawn)] {
+            writeln!(f, "{name:<44} {:>10.0} {:>10.0}", us(l.p50), us(l.p99))?;
+        }
+        writeln!(f, "native: {}", self.native_command)?;
+        writeln!(f, "native p50 / pooled p50: {:.1}x", self.ratio())?;
+        writeln!(f, "VMM CPU per pooled execution: {:.0} us", self.vmm_cpu_us_per_exec)?;
+        let rates: Vec<String> = self.exec_per_s.iter().map(|(c, r)| format!("{c}: {r:.0}/s")).collect();
+        writeln!(f, "daemon throughput by concurrent clients: {}", rates.join(", "))?;
+        for (n, rss, host) in &self.idle_vm_kib {
+            writeln!(f, "memory per idle fresh VM with {n} alive: {rss:.0} KiB RSS, {host:.0} KiB of host memory")?;
+        }
+        writeln!(f, "a warm (reset) VM also holds {:.0} KiB of copied pages", self.warm_vm_kib)?;
+        match &self.isolation {
+            Ok(()) => writeln!(f, "isolation across a reset: ok (nothing of the previous execution found)"),
+            Err(e) => writeln!(f, "isolation across a reset: FAILED: {e}"),
+        }
+    }
+}
+
+/// Runs the benchmark on the template folder `dir` (image and snapshot; its name is the
+/// template's) with pools of `pool_size`.
+pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport, String> {
+    if iterations == 0 || pool_size == 0 {
+        return Err("iterations and the pool size must be at least 1".to_owned());
+    }
+    kvm::Kvm::shared().map_err(|e| e.to_string())?;
+    let load = || load_template(dir);
+    let template = load()?;
+    let name = template.name.clone();
+    let snapshot = template.snapshot.clone().ok_or_else(|| format!("{} has no snapshot: run `sandfork-vmm template build` first", dir.display()))?;
+    let work = workload(template.language);
+    let limits = ExecutionLimits { timeout_ms: 10_000, memory_mib: snapshot.identity().mem_bytes >> 20, output_bytes: 1 << 20 };
+
+    let fresh_fork = latency(time_runs(iterations, || -> io::Result<()> {
+        let mem = snapshot.new_memory(ForkMemory::CopyOnWrite)?;
+        kvm::restore_cpu(&mem, snapshot.cpu()).map(drop)
+    }))?;
+
+    let executor: Arc<dyn Executor> = Arc::new(AgentExecutor::with_kvm(vec![template], pool_size).map_err(|e| e.to_string())?);
+    let socket = scratch_socket()?;
+    let policy = LimitPolicy::new(limits, limits);
+    let server = Server::bind(&socket, executor.clone(), ServerConfig { max_running: 16, max_queued: 64, max_connections: 64, limits: policy }).map_err(|e| format!("binding {}: {e}", socket.display()))?;
+    let stopper = server.stopper();
+    let serving = thread::spawn(move || server.run());
+    let measured = (|| {
+        let mut client = Client::connect(&socket)?;
+        let mut warm_pages = Vec::new();
+        for _ in 0..pool_size * 2 {
+            let answer = client.execute(&name, work.code, work.stdout)?;
+            if answer.get("vm").and_then(|v| v.get("origin")).and_then(Value::as_str) == Some("fresh") {
+                warm_pages.push(answer.get("usage").and_then(|u| u.get("pages_copied")).and_then(Value::as_u64).unwrap_or(0));
+            }
+        }
+        let cpu_before = process_cpu();
+        let pooled = latency(time_runs(iterations, || client.execute(&name, work.code, work.stdout).map(drop)))?;
+        let cpu = process_cpu().saturating_sub(cpu_before);
+        let mut rates = Vec::new();
+        for clients in CONCURRENCY {
+            rates.push((clients, throughput(&socket, &name, &work, clients)?));
+        }
+        let warm_kib = warm_pages.iter().sum::<u64>() as f64 * 4.0 / warm_pages.len().max(1) as f64;
+        Ok::<_, String>((pooled, cpu.as_secs_f64() * 1e6 / iterations as f64, rates, warm_kib))
+    })();
+    stopper.stop();
+    let _ = serving.join();
+    let _ = std::fs::remove_dir_all(socket.parent().unwrap_or(&socket));
+    drop(executor);
+    let (pooled_exec, vmm_cpu_us_per_exec, exec_per_s, warm_vm_kib) = measured?;
+
+    let native_spawn = latency(measure_native(work.native.0, work.native.1, (iterations / 5).max(10)))?;
+    let mut idle_vm_kib = Vec::new();
+    for count in IDLE_VMS {
+        idle_vm_kib.push(idle_memory(&snapshot, count)?);
+    }
+    let isolation = AgentExecutor::with_kvm(vec![load()?], 1)
+        .map_err(|e| e.to_string())
+        .and_then(|executor| isolation::run(&executor, &name, ExecutionLimits { timeout_ms: 60_000, ..limits }))
+        .map(drop);
+    Ok(ExecReport {
+        template: name,
+        code: work.code,
+        native_command: format!("{} {}", work.native.0, work.native.1.join(" ")),
+        iterations,
+        pool_size,
+        fresh_fork,
+        pooled_exec,
+        native_spawn,
+        vmm_cpu_us_per_exec,
+        exec_per_s,
+        idle_vm_kib,
+        warm_vm_kib,
+        isolation,
+    })
+}
+
+/// The template of folder `dir`, loaded as the daemon loads its templates directory.
+fn load_template(dir: &Path) -> Result<Template, String> {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str())) else {
+        return Err(format!("{} is not a template folder", dir.display()));
+    };
+    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    templates::load(parent).map_err(|e| e.to_string())?.into_iter().find(|t| t.name == name).ok_or_else(|| format!("{} is not a template folder", dir.display()))
+}
+
+fn latency<E: fmt::Display>(samples: Result<Vec<Duration>, E>) -> Result<Latency, String> {
+    Latency::of(&samples.map_err(|e| e.to_string())?).ok_or_else(|| "no samples".to_owned())
+}
+
+fn process_cpu() -> Duration {
+    sys::clock_time(CLOCK_PROCESS_CPUTIME_ID).map_or(Duration::ZERO, |(s, ns)| Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32))
+}
+
+/// A private directory for the socket (short: a socket path must fit in 108 bytes).
+fn scratch_socket() -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("sfbench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    Ok(dir.join("d.sock"))
+}
+
+/// Executions per second with `clients` connections each sending requests one after another.
+fn throughput(socket: &Path, template: &str, work: &Workload, clients: usize) -> Result<f64, String> {
+    let started = Instant::now();
+    let results: Vec<Result<(), String>> = thread::scope(|scope| {
+        let workers: Vec<_> = (0..clients)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut client = Client::connect(socket)?;
+                    (0..REQUESTS_PER_CLIENT).try_for_each(|_| client.execute(template, work.code, work.stdout).map(drop))
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a client thread panicked".to_owned()))).collect()
+    });
+    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    Ok((clients * REQUESTS_PER_CLIENT) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Memory per VM with `count` fresh forks of `snapshot` alive at once.
+fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<(usize, f64, f64), String> {
+    let (rss_before, host_before) = (rss_kib()?, mem_available_kib()?);
+    let mems = (0..count).map(|_| snapshot.new_memory(ForkMemory::CopyOnWrite)).collect::<io::Result<Vec<_>>>().map_err(|e| e.to_string())?;
+    let cpus = mems.iter().map(|mem| kvm::restore_cpu(mem, snapshot.cpu())).collect::<io::Result<Vec<_>>>().map_err(|e| format!("creating {count} VMs: {e}"))?;
+    let (rss_after, host_after) = (rss_kib()?, mem_available_kib()?);
+    drop(cpus);
+    let per_vm = |delta: f64| delta / count as f64;
+    Ok((count, per_vm(rss_after.saturating_sub(rss_before) as f64), per_vm(host_before.saturating_sub(host_after) as f64)))
+}
+
+fn proc_field_kib(file: &str, field: &str) -> Result<u64, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("reading {file}: {e}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field).and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok()))
+        .ok_or_else(|| format!("{file} has no {field}"))
+}
+
+fn rss_kib() -> Result<u64, String> {
+    proc_field_kib("/proc/self/status", "VmRSS:")
+}
+
+fn mem_available_kib() -> Result<u64, String> {
+    proc_field_kib("/proc/meminfo", "MemAvailable:")
+}
+
+/// A blocking protocol client.
+struct Client {
+    stream: UnixStream,
+    next_id: u64,
+}
+
+impl Client {
+    fn connect(socket: &Path) -> Result<Client, String> {
+        let stream = UnixStream::connect(socket).map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+        let mut client = Client { stream, next_id: 1 };
+        client.call(Value::object([("type", Value::from("hello")), ("protocol", Value::from(1u64))]))?;
+        Ok(client)
+    }
+
+    /// Sends `message` (with the next id, but for the hello, which has none) and reads the answer.
+    fn call(&mut self, mut message: Value) -> Result<Value, String> {
+        if let Value::Object(members) = &mut message {
+            if members.iter().all(|(key, value)| key != "type" || value.as_str() != Some("hello")) {
+                members.insert(0, ("id".to_owned(), Value::from(self.next_id)));
+                self.next_id += 1;
+            }
+        }
+        frame::write_frame(&mut self.stream, &message).map_err(|e| format!("writing to the daemon: {e}"))?;
+        let answer = frame::read_frame(&mut self.stream).map_err(|e| format!("reading from the daemon: {e}"))?;
+        match answer.get("type").and_then(Value::as_str) {
+            Some("error") => Err(format!("the daemon answered {answer}")),
+            _ => Ok(answer),
+        }
+    }
+
+    /// Executes `code` and checks it printed `stdout`.
+    fn execute(&mut self, template: &str, code: &str, stdout: &str) -> Result<Value, String> {
+        let answer = self.call(Value::object([("type", Value::from("execute")), ("template", Value::from(template)), ("code", Value::from(code))]))?;
+        if answer.get("stdout").and_then(Value::as_str) != Some(stdout) {
+            return Err(format!("`{code}` did not print {stdout:?}: {answer}"));
+        }
+        Ok(answer)
+    }
+}

@@ -115,7 +115,8 @@ options:
   --max-queue N           executions waiting for a free slot, beyond that `busy` (default 64;
                           0: `busy` as soon as all slots run)
   --pool-size N           VMs kept ready per template with a snapshot, each created ahead of
-                          its request on its own worker thread and destroyed after it
+                          its request on its own worker thread and reset to the
+                          template after each request (retired after 1000)
                           (default: 2 per core; 0: each VM is restored for its request)
   --max-timeout-ms N      largest wall-clock limit a request gets (default 60000)
   --max-memory-mib N      largest guest memory limit a request gets (default 2048)

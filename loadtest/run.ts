@@ -1,122 +1,266 @@
-// `npm run loadtest -- [--requests N] [--concurrency C] [--max-seconds S]`
-// Starts the gateway and a plain Hono "hello" app in a child process (loopback only), then measures
-// each scenario in turn from this process and prints p50/p95/p99 and throughput side by side.
-// The execute scenario runs only when the gateway has a runtime. servers.ts starts it without one
-// (no daemon, and no /dev/kvm here), so it is probed once, answers 503 and is reported as not run;
-// execute.k6.ts measures it against a gateway started with `npm start`.
-import { spawn } from "node:child_process";
+// `npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres]
+//                     [--max-seconds S] [--json]`
+// Measures POST /v1/executions for real: the gateway as `npm start` runs it (gateway/main.ts in a
+// child process, the real `sandfork-vmm serve` supervised under it on the python template that
+// `npm run build` put in .sandfork/templates), on each database in turn, at each concurrency.
+// Per run it prints p50/p99, executions/s and the gateway process's CPU per execution (from
+// /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
+// figures in the same run (the same executions sent straight to its socket with the runtime
+// client, no HTTP, no billing) and a plain Hono "hello" app as the floor. Loopback only; every
+// scenario is bounded in requests and seconds.
+//
+// PostgreSQL: DATABASE_URL or TEST_DATABASE_URL names a server (a fresh database is created on it
+// and dropped afterwards); with neither, a private throwaway server is started with
+// scripts/postgres.sh and stopped at the end.
+import { execFileSync, spawn } from "node:child_process";
+import { randomBytes, randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
 import { Agent, request as httpRequest } from "node:http";
-import { cpus, loadavg } from "node:os";
+import { cpus, loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
+import postgres from "postgres";
+import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
+import { DaemonClient } from "../runtime/daemon-client.js";
 import { drive, formatTable, type ScenarioSummary } from "./lib/measure.js";
 
 const { values } = parseArgs({
   options: {
-    requests: { type: "string", default: "3000" },
-    concurrency: { type: "string", default: "16" },
-    "max-seconds": { type: "string", default: "20" },
+    requests: { type: "string", default: "1000" },
+    concurrency: { type: "string", default: "1,4,16" },
+    databases: { type: "string", default: "pglite,postgres" },
+    "max-seconds": { type: "string", default: "10" },
+    json: { type: "boolean", default: false },
   },
 });
 const requests = Number(values.requests);
-const concurrency = Number(values.concurrency);
 const maxDurationMs = Number(values["max-seconds"]) * 1000;
-for (const [name, n] of [["requests", requests], ["concurrency", concurrency], ["max-seconds", maxDurationMs]] as const) {
-  if (!Number.isSafeInteger(n) || n <= 0) throw new Error(`--${name} must be a positive integer`);
+const concurrencies = values.concurrency.split(",").map(Number);
+for (const [name, n] of [["requests", requests], ["max-seconds", maxDurationMs], ...concurrencies.map((c) => ["concurrency", c] as const)] as const) {
+  if (!Number.isSafeInteger(n) || n <= 0) throw new Error(`--${name} must be a positive integer (or a list of them)`);
 }
+const databases = values.databases.split(",");
+for (const d of databases) if (d !== "pglite" && d !== "postgres") throw new Error(`--databases: pglite or postgres, got ${d}`);
+const peakConcurrency = Math.max(...concurrencies);
+const say = values.json ? (line: string) => process.stderr.write(`${line}\n`) : (line: string) => console.log(line);
 
-interface Servers {
-  gatewayUrl: string;
-  helloUrl: string;
-  key: string;
-}
+const REPOSITORY = fileURLToPath(new URL("..", import.meta.url));
+const TEMPLATES_DIR = join(REPOSITORY, ".sandfork", "templates");
+/** What every execution runs; the k6 script (execute.k6.ts) sends the same body. */
+const EXECUTION = { template: "python", code: "print(6*7)" };
+const EXECUTION_BODY = JSON.stringify(EXECUTION);
 
-const child = spawn(process.execPath, ["--import", "tsx", fileURLToPath(new URL("./servers.ts", import.meta.url))], {
-  stdio: ["ignore", "pipe", "inherit"],
-  env: process.env,
-});
-const stopChild = () => {
-  if (child.exitCode === null) child.kill("SIGTERM");
-};
-process.on("exit", stopChild);
-
-const servers = await new Promise<Servers>((resolve, reject) => {
-  const lines = createInterface({ input: child.stdout });
-  lines.once("line", (line) => resolve(JSON.parse(line) as Servers));
-  child.once("exit", (code) => reject(new Error(`load-test servers exited early (code ${code})`)));
-});
-
-const auth = { authorization: `Bearer ${servers.key}` };
 // node:http with a keep-alive pool: a lighter client than fetch, so the figures are the servers'.
-const agent = new Agent({ keepAlive: true, maxSockets: concurrency });
+const agent = new Agent({ keepAlive: true, maxSockets: peakConcurrency });
 
-interface Call {
-  method: "GET" | "POST";
-  url: string;
-  headers?: Record<string, string>;
-  body?: string;
-}
-
-/** One request; the body is read in full so the connection is reused. Resolves to the status. */
-function call(c: Call): Promise<{ status: number; body: string }> {
+/** One request; the body is read in full so the connection is reused. */
+function call(method: "GET" | "POST", url: string, headers: Record<string, string> = {}, body?: string): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
-    const req = httpRequest(c.url, { method: c.method, headers: c.headers, agent }, (res) => {
+    const req = httpRequest(url, { method, headers, agent }, (res) => {
       const chunks: Buffer[] = [];
       res.on("data", (chunk: Buffer) => chunks.push(chunk));
       res.on("end", () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString() }));
       res.on("error", reject);
     });
     req.on("error", reject);
-    req.end(c.body);
+    req.end(body);
   });
 }
 
-const json = { ...auth, "content-type": "application/json" };
-const scenarios: { name: string; call: Call; expect: number }[] = [
-  { name: "hello (plain Hono)", call: { method: "GET", url: `${servers.helloUrl}/hello` }, expect: 200 },
-  { name: "GET /healthz", call: { method: "GET", url: `${servers.gatewayUrl}/healthz` }, expect: 200 },
-  { name: "GET /v1/usage (key auth + DB)", call: { method: "GET", url: `${servers.gatewayUrl}/v1/usage`, headers: auth }, expect: 200 },
-  {
-    name: "POST /v1/tokens (key auth + EdDSA)",
-    call: { method: "POST", url: `${servers.gatewayUrl}/v1/tokens`, headers: json, body: JSON.stringify({ ttl_seconds: 60, max_executions: 1 }) },
-    expect: 201,
-  },
-];
-const execute: Call = {
-  method: "POST",
-  url: `${servers.gatewayUrl}/v1/executions`,
-  headers: json,
-  body: JSON.stringify({ template: "python", code: "print(sum(range(1000)))" }),
-};
+/** utime + stime of a process in ms. /proc counts in USER_HZ ticks, 100 a second on Linux x86-64. */
+function processCpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // Fields 14 and 15 of stat(5); fields[0] here is field 3.
+  return (Number(fields[11]) + Number(fields[12])) * 10;
+}
 
-try {
-  const results: ScenarioSummary[] = [];
-  const sender = (c: Call, status: number) => async () => (await call(c)).status === status;
-  // Warm every path (and the client) first, then measure each in turn.
-  for (const s of scenarios) await drive({ scenario: s.name, requests: Math.min(300, requests), concurrency, maxDurationMs, send: sender(s.call, s.expect) });
-  for (const s of scenarios) results.push(await drive({ scenario: s.name, requests, concurrency, maxDurationMs, send: sender(s.call, s.expect) }));
-  const probe = await call(execute);
-  let executeNote: string;
-  if (probe.status === 503) {
-    const type = (JSON.parse(probe.body) as { type?: string }).type;
-    executeNote = `POST /v1/executions: not measured: the gateway answers 503 (${type}); no runtime is connected yet`;
-  } else {
-    results.push(await drive({ scenario: "POST /v1/executions", requests, concurrency, maxDurationMs, send: sender(execute, 200) }));
-    executeNote = "POST /v1/executions: measured above";
-  }
-  console.log(`\n${requests} requests per scenario (bounded to ${maxDurationMs / 1000} s), ${concurrency} concurrent, loopback, keep-alive`);
-  // Client and servers share this machine: its load says how far the figures can be trusted.
-  console.log(`${cpus().length} CPUs, load average ${loadavg().map((l) => l.toFixed(2)).join(" ")}\n`);
-  console.log(formatTable(results));
-  console.log(`\n${executeNote}`);
-  const hello = results[0];
-  if (hello) {
-    for (const r of results.slice(1)) {
-      console.log(`${r.scenario}: p50 ${(r.p50Ms / hello.p50Ms).toFixed(1)}× the plain Hono baseline, ${((r.requestsPerSecond / hello.requestsPerSecond) * 100).toFixed(0)}% of its throughput`);
+interface ExecutionFigures {
+  p50_ms: number;
+  p99_ms: number;
+  per_s: number;
+  gateway_cpu_ms_per_exec: number;
+  requests: number;
+  failed: number;
+}
+
+interface LatencyFigures {
+  p50_ms: number;
+  p99_ms: number;
+  per_s: number;
+  requests: number;
+  failed: number;
+}
+
+const round = (n: number, digits = 2) => Number(n.toFixed(digits));
+const latencyFigures = (s: ScenarioSummary): LatencyFigures => ({
+  p50_ms: round(s.p50Ms),
+  p99_ms: round(s.p99Ms),
+  per_s: round(s.requestsPerSecond, 1),
+  requests: s.requests,
+  failed: s.failures,
+});
+
+/** A child process serving the plain Hono hello app; resolves to its URL. */
+async function startHello(): Promise<{ url: string; stop(): void }> {
+  const child = spawn(process.execPath, ["--import", "tsx", join(REPOSITORY, "loadtest", "hello-server.ts")], { stdio: ["ignore", "pipe", "inherit"] });
+  const url = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: child.stdout }).once("line", (line) => resolve((JSON.parse(line) as { url: string }).url));
+    child.once("exit", (code) => reject(new Error(`the hello server exited early (code ${code})`)));
+  });
+  return { url, stop: () => child.kill("SIGTERM") };
+}
+
+/** A PostgreSQL server URL and how to let go of it. */
+function postgresServer(): { url: string; stop(): void } {
+  const given = process.env.DATABASE_URL || process.env.TEST_DATABASE_URL;
+  if (given) return { url: given, stop: () => {} };
+  // Its own directory and port: another user's server from scripts/postgres.sh is left alone.
+  const env = { ...process.env, SANDFORK_PG_DIR: join(tmpdir(), "sandfork-loadtest-pg"), SANDFORK_PG_PORT: "54341" };
+  const script = join(REPOSITORY, "scripts", "postgres.sh");
+  const exported = execFileSync("bash", [script, "start"], { env, encoding: "utf8" });
+  const url = /TEST_DATABASE_URL=(\S+)/.exec(exported)?.[1];
+  if (url === undefined) throw new Error(`scripts/postgres.sh start printed no TEST_DATABASE_URL: ${exported}`);
+  return { url, stop: () => execFileSync("bash", [script, "stop"], { env, stdio: "ignore" }) };
+}
+
+/** A fresh database on the server; dropped by the returned function. */
+async function freshPostgresDatabase(serverUrl: string): Promise<{ url: string; drop(): Promise<void> }> {
+  const name = `sandfork_loadtest_${randomBytes(6).toString("hex")}`;
+  const admin = postgres(serverUrl, { max: 1, onnotice: () => {} });
+  await admin.unsafe(`CREATE DATABASE ${name}`);
+  const url = new URL(serverUrl);
+  url.pathname = `/${name}`;
+  return {
+    url: url.toString(),
+    async drop() {
+      await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await admin.end();
+    },
+  };
+}
+
+interface DatabaseRun {
+  executions: Record<string, ExecutionFigures>;
+  daemon: Record<string, LatencyFigures>;
+  scenarios: ScenarioSummary[];
+}
+
+/** The gateway on one database: executions at each concurrency, the daemon alone, other routes. */
+async function measureDatabase(database: "pglite" | "postgres", databaseUrl: string | undefined): Promise<DatabaseRun> {
+  const dir = await mkdtemp(join(tmpdir(), "sfk-lt-"));
+  const socketPath = join(dir, "vmm.sock");
+  say(`${database}: starting the gateway and its daemon`);
+  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: TEMPLATES_DIR, databaseUrl });
+  const daemon = new DaemonClient({ socketPath, connections: 4 });
+  try {
+    if (gateway.admin === undefined) throw new Error("the gateway printed no admin key on its fresh database");
+    const admin = { authorization: `Bearer ${gateway.admin.key}`, "content-type": "application/json" };
+    const created = await call("POST", `${gateway.url}/v1/keys`, admin, JSON.stringify({ name: "loadtest", credits: 1_000_000_000_000, rate_limit_per_minute: 1_000_000, max_concurrency: 10_000 }));
+    if (created.status !== 201) throw new Error(`creating the load-test key: ${created.status} ${created.body}`);
+    const auth = { authorization: `Bearer ${(JSON.parse(created.body) as { key: string }).key}` };
+    const json = { ...auth, "content-type": "application/json" };
+    let sequence = 0;
+    // A unique Idempotency-Key per request, as a retrying client sends (and as execute.k6.ts does).
+    const execute = async () => {
+      const r = await call("POST", `${gateway.url}/v1/executions`, { ...json, "idempotency-key": `lt-${sequence++}` }, EXECUTION_BODY);
+      return r.status === 200 && r.body.includes('"status":"completed"');
+    };
+    const bounded = (scenario: string, concurrency: number, send: () => Promise<boolean>, count = requests) =>
+      drive({ scenario, requests: count, concurrency, maxDurationMs, send });
+
+    const warm = await bounded("warm-up", peakConcurrency, execute, Math.min(requests, 200));
+    if (warm.failures > 0) {
+      const probe = await call("POST", `${gateway.url}/v1/executions`, json, EXECUTION_BODY);
+      throw new Error(`warm-up: ${warm.failures} of ${warm.requests} executions failed; one answers ${probe.status} ${probe.body}`);
     }
+
+    await daemon.connect();
+    const daemonRequest = () => ({ executionId: randomUUID(), ...EXECUTION, stdin: "", args: [], env: {}, files: [], timeoutMs: 5_000, memoryMb: 256 });
+    const daemonExecute = async () => (await daemon.execute(daemonRequest(), AbortSignal.timeout(30_000))).outcome === "completed";
+    const daemonRuns: Record<string, LatencyFigures> = {};
+    // At every concurrency measured (and 1, the issue's reference for the HTTP p50).
+    for (const c of [...new Set([1, ...concurrencies])]) {
+      daemonRuns[c] = latencyFigures(await bounded(`daemon alone, c=${c}`, c, daemonExecute));
+    }
+
+    const executions: Record<string, ExecutionFigures> = {};
+    const scenarios: ScenarioSummary[] = [];
+    for (const c of concurrencies) {
+      const cpuBefore = processCpuMs(gateway.pid);
+      const s = await bounded(`POST /v1/executions (${database}), c=${c}`, c, execute);
+      const cpuMs = processCpuMs(gateway.pid) - cpuBefore;
+      scenarios.push(s);
+      executions[c] = { ...latencyFigures(s), gateway_cpu_ms_per_exec: round(cpuMs / Math.max(1, s.requests), 3) };
+      say(`  c=${c}: p50 ${s.p50Ms.toFixed(2)} ms, ${s.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec`);
+    }
+    for (const [name, method, path, body, status] of [
+      ["GET /healthz", "GET", "/healthz", undefined, 200],
+      ["GET /v1/usage (key auth + DB)", "GET", "/v1/usage", undefined, 200],
+      ["POST /v1/tokens (key auth + EdDSA)", "POST", "/v1/tokens", JSON.stringify({ ttl_seconds: 60, max_executions: 1 }), 201],
+    ] as const) {
+      const send = async () => (await call(method, `${gateway.url}${path}`, body === undefined ? auth : json, body)).status === status;
+      scenarios.push(await bounded(`${name} (${database}), c=${peakConcurrency}`, peakConcurrency, send));
+    }
+    return { executions, daemon: daemonRuns, scenarios };
+  } finally {
+    daemon.close();
+    await gateway.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+const hello = await startHello();
+let pg: { url: string; stop(): void } | undefined;
+try {
+  const helloRun = await drive({ scenario: "hello (plain Hono)", requests: requests * 5, concurrency: peakConcurrency, maxDurationMs, send: async () => (await call("GET", `${hello.url}/hello`)).status === 200 });
+  const runs: Partial<Record<"pglite" | "postgres", DatabaseRun>> = {};
+  for (const database of databases as ("pglite" | "postgres")[]) {
+    if (database === "pglite") runs.pglite = await measureDatabase("pglite", undefined);
+    else {
+      pg ??= postgresServer();
+      const fresh = await freshPostgresDatabase(pg.url);
+      try {
+        runs.postgres = await measureDatabase("postgres", fresh.url);
+      } finally {
+        await fresh.drop();
+      }
+    }
+  }
+  const first = runs.pglite ?? runs.postgres;
+  const daemonAtOne = first?.daemon["1"];
+  const report = {
+    executions: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.executions])),
+    daemon_p50_ms: daemonAtOne?.p50_ms ?? null,
+    daemon: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.daemon])),
+    hello_per_s: round(helloRun.requestsPerSecond, 0),
+    hello_p50_ms: round(helloRun.p50Ms),
+    execution: EXECUTION,
+    // Client, gateway, daemon and VMs share this machine: its load says how far to trust the figures.
+    machine: { cpus: cpus().length, loadavg: loadavg().map((l) => round(l)) },
+  };
+  if (values.json) {
+    console.log(JSON.stringify(report));
+  } else {
+    const rows = [helloRun, ...Object.values(runs).flatMap((r) => r.scenarios)];
+    console.log(`\nup to ${requests} requests per scenario (bounded to ${maxDurationMs / 1000} s), loopback, keep-alive; each execution: ${EXECUTION_BODY}`);
+    console.log(`${report.machine.cpus} CPUs, load average ${report.machine.loadavg.join(" ")}\n`);
+    console.log(formatTable(rows));
+    console.log("\ngateway CPU ms per execution, executions/s, p50 (HTTP p50 minus the daemon's own p50 at the same concurrency):");
+    for (const [database, run] of Object.entries(runs)) {
+      for (const [c, e] of Object.entries(run.executions)) {
+        const alone = run.daemon[c];
+        const over = alone === undefined ? "" : ` (+${(e.p50_ms - alone.p50_ms).toFixed(2)} ms over the daemon alone, which did ${alone.per_s}/s)`;
+        console.log(`  ${database} c=${c}: ${e.gateway_cpu_ms_per_exec} ms CPU, ${e.per_s}/s, p50 ${e.p50_ms} ms${over}`);
+      }
+    }
+    console.log(`daemon alone at c=1: p50 ${report.daemon_p50_ms} ms; plain Hono hello: ${report.hello_per_s} req/s`);
   }
 } finally {
   agent.destroy();
-  stopChild();
+  hello.stop();
+  pg?.stop();
 }

@@ -1,0 +1,118 @@
+// Test and load-test support: the gateway as `npm start` runs it (gateway/main.ts, a supervised
+// `sandfork-vmm serve` under it) in a child process of its own, so that it can be measured
+// (/proc/<pid>/stat) or killed with SIGKILL and started again on the same database.
+import { type ChildProcess, spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+
+const REPOSITORY = fileURLToPath(new URL("../..", import.meta.url));
+const MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
+const LISTENING = /sandfork gateway listening on (http:\/\/\S+)/;
+const ADMIN_KEY = /^\s+(sfk_[0-9A-Za-z]+)\s*$/;
+const ADMIN_ACCOUNT = /POST \/v1\/accounts\/([0-9a-f-]{36})\/credits/;
+
+export interface GatewayProcessOptions {
+  /** SANDFORK_DATA_DIR: the embedded database (unless DATABASE_URL is set) and the signing key. */
+  dataDir: string;
+  /** SANDFORK_VMM_SOCKET: the daemon's socket, so a caller can reach the daemon directly. */
+  socketPath: string;
+  /** SANDFORK_TEMPLATES_DIR: built templates (npm run build puts them in .sandfork/templates). */
+  templatesDir: string;
+  /** PostgreSQL server; undefined: embedded PGlite in dataDir. */
+  databaseUrl?: string | undefined;
+  /** More environment (e.g. SANDFORK_VMM_SERVE_ARGS). */
+  env?: Record<string, string>;
+  /** Node options before the script, e.g. --cpu-prof. */
+  nodeArgs?: string[];
+  /** How long start-up (migrations, templates, the daemon's first hello) may take. */
+  startTimeoutMs?: number;
+}
+
+export interface GatewayProcess {
+  url: string;
+  pid: number;
+  /** Printed on the first start of an empty database only. */
+  admin: { key: string; accountId: string } | undefined;
+  /** Everything it wrote to stdout and stderr so far. */
+  log: string[];
+  /** The supervised daemon's pid, from the supervisor's pid file. */
+  daemonPid(): number;
+  /** Sends `signal` and waits for the process to exit. */
+  stop(signal?: NodeJS.Signals): Promise<void>;
+}
+
+/** A port that was free a moment ago (the gateway wants a fixed PORT). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() => (typeof address === "object" && address !== null ? resolve(address.port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+export async function startGatewayProcess(options: GatewayProcessOptions): Promise<GatewayProcess> {
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    PORT: String(await freePort()),
+    SANDFORK_DATA_DIR: options.dataDir,
+    SANDFORK_VMM_SOCKET: options.socketPath,
+    SANDFORK_TEMPLATES_DIR: options.templatesDir,
+    SANDFORK_RUNTIME: "supervised",
+    ...options.env,
+  };
+  if (options.databaseUrl === undefined) delete env.DATABASE_URL;
+  else env.DATABASE_URL = options.databaseUrl;
+  const child = spawn(process.execPath, [...(options.nodeArgs ?? []), "--import", "tsx", MAIN], {
+    cwd: REPOSITORY,
+    env,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const log: string[] = [];
+  const admin: { key?: string; accountId?: string } = {};
+  const ready = new Promise<string>((resolve, reject) => {
+    const onLine = (line: string) => {
+      log.push(line);
+      const key = ADMIN_KEY.exec(line)?.[1];
+      if (key !== undefined) admin.key = key;
+      const account = ADMIN_ACCOUNT.exec(line)?.[1];
+      if (account !== undefined) admin.accountId = account;
+      const url = LISTENING.exec(line)?.[1];
+      if (url !== undefined) resolve(url);
+    };
+    createInterface({ input: child.stdout as NodeJS.ReadableStream }).on("line", onLine);
+    createInterface({ input: child.stderr as NodeJS.ReadableStream }).on("line", onLine);
+    child.once("exit", (code, signal) => reject(new Error(`the gateway exited during start-up (${signal ?? `code ${code}`}):\n${log.join("\n")}`)));
+  });
+  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`the gateway did not listen within ${options.startTimeoutMs ?? 60_000} ms:\n${log.join("\n")}`)), options.startTimeoutMs ?? 60_000);
+  });
+  let url: string;
+  try {
+    url = await Promise.race([ready, timeout]);
+  } catch (error) {
+    await kill(child, exited, "SIGKILL");
+    throw error;
+  } finally {
+    clearTimeout(timer);
+  }
+  return {
+    url,
+    pid: child.pid as number,
+    admin: admin.key !== undefined && admin.accountId !== undefined ? { key: admin.key, accountId: admin.accountId } : undefined,
+    log,
+    daemonPid: () => Number(readFileSync(`${options.socketPath}.pid`, "utf8").split(" ")[0]),
+    stop: (signal = "SIGTERM") => kill(child, exited, signal),
+  };
+}
+
+async function kill(child: ChildProcess, exited: Promise<void>, signal: NodeJS.Signals): Promise<void> {
+  if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+  await exited;
+}

@@ -1,6 +1,8 @@
 import { randomUUID } from "node:crypto";
+import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { findExecution, release, releaseStaleReservations, reserve, settle } from "./billing.js";
+import { findExecution, liveGatewayIds, release, releaseAbandonedReservations, reserve, settle } from "./billing.js";
+import { openDatabase } from "./client.js";
 import { createAccount, getBalance, grantCredits, insertKey, revokeKey } from "./keys.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";
@@ -48,6 +50,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     idempotencyKey,
     requestHash: "h",
     template: "python",
+    gatewayId: "gateway-a",
     units,
   });
 
@@ -120,12 +123,39 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     expect(await findExecution(fresh.db, r.executionId)).toBeUndefined();
   });
 
-  it("releases stale reservations left by a stopped gateway", async () => {
+  it("the recovery pass releases the holds of gone gateways and of executions past any deadline, and keeps the live ones", async () => {
     const ids = await accountWithKey(fresh, 10);
-    expect(await reserve(fresh.db, reservation(ids, 6))).toEqual({ kind: "reserved" });
-    expect(await releaseStaleReservations(fresh.db, new Date(Date.now() - 60_000))).toBe(0);
-    expect(await releaseStaleReservations(fresh.db, new Date(Date.now() + 1_000))).toBeGreaterThanOrEqual(1);
+    const live = reservation(ids, 3);
+    const gone = { ...reservation(ids, 4), gatewayId: "gateway-gone" };
+    expect(await reserve(fresh.db, live)).toEqual({ kind: "reserved" });
+    expect(await reserve(fresh.db, gone)).toEqual({ kind: "reserved" });
+    // (Other tests' executions in this database may be released too: the count is at least ours.)
+    expect(await releaseAbandonedReservations(fresh.db, ["gateway-a"], new Date(Date.now() - 60_000))).toBeGreaterThanOrEqual(1);
+    expect(await findExecution(fresh.db, gone.executionId)).toMatchObject({ status: "aborted", chargedUnits: 0 });
+    expect(await findExecution(fresh.db, live.executionId)).toMatchObject({ status: "running", gatewayId: "gateway-a" });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 3 });
+    // Older than the longest deadline: released even though its gateway still runs.
+    expect(await releaseAbandonedReservations(fresh.db, ["gateway-a"], new Date(Date.now() + 1_000))).toBeGreaterThanOrEqual(1);
+    expect(await findExecution(fresh.db, live.executionId)).toMatchObject({ status: "aborted", chargedUnits: 0 });
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 0 });
+  });
+
+  it("knows which gateways are alive: PGlite only this one; PostgreSQL every gateway with an open session", async () => {
+    if (backend === "pglite") {
+      expect(await liveGatewayIds(fresh, "self")).toEqual(["self"]);
+      return;
+    }
+    const url = process.env.TEST_DATABASE_URL as string;
+    const other = await openDatabase({ backend: "postgres", url, maxConnections: 1, gatewayId: "gateway-other" });
+    try {
+      await other.db.execute(sql`SELECT 1`);
+      expect(await liveGatewayIds(fresh, "self")).toEqual(expect.arrayContaining(["self", "gateway-other"]));
+    } finally {
+      await other.close();
+    }
+    // Its backend exits once the connection is closed; poll briefly.
+    for (let i = 0; i < 100 && (await liveGatewayIds(fresh, "self")).includes("gateway-other"); i++) await new Promise((r) => setTimeout(r, 20));
+    expect(await liveGatewayIds(fresh, "self")).not.toContain("gateway-other");
   });
 });
 
@@ -147,6 +177,7 @@ describe("concurrent reservations on one key against a PostgreSQL server", () =>
       idempotencyKey: null,
       requestHash: "h",
       template: "python",
+      gatewayId: "gateway-a",
       units: 1,
     }));
     const outcomes = await Promise.all(requests.map((r) => reserve(fresh.db, r)));

@@ -1,18 +1,20 @@
-// Reserve-then-settle credit accounting around one execution.
+// Reserve-then-settle credit accounting around one execution. Each of reserve and settle is ONE
+// SQL statement (data-modifying CTEs): one round trip, atomic on its own, no BEGIN/COMMIT.
 //
-// reserve: one transaction inserts the execution record (its unique (key, Idempotency-Key) index
-//   turns a duplicate request into a conflict before anything is held) and holds the worst-case
-//   cost with a conditional UPDATE that only succeeds while balance - reserved covers it, so
-//   concurrent reservations on one account can never overspend, and while the key is not revoked
-//   (tokens minted from it are verified without the database, so this is where a revocation
-//   reaches them). Only when the hold fails does a further query say which condition did.
-// settle: one transaction moves the execution from running to its final state (only from running,
-//   so a second settle is a no-op), spends the actual cost, frees the hold and writes the single
-//   usage ledger entry. It commits before the gateway answers.
+// reserve: holds the worst-case cost with a conditional UPDATE that only succeeds while
+//   balance - reserved covers it, so concurrent reservations on one account can never overspend,
+//   and while the key is not revoked (tokens minted from it are verified without the database, so
+//   this is where a revocation reaches them), and inserts the execution record where the hold
+//   succeeded. Its unique (key, Idempotency-Key) index turns a duplicate request into an error of
+//   the whole statement, so nothing stays held. Only when nothing was held does a further query say
+//   why.
+// settle: moves the execution from running to its final state (only from running, so a second
+//   settle is a no-op), spends the actual cost, frees the hold and writes the single usage ledger
+//   entry. It commits before the gateway answers.
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
-import { and, eq, lt, sql } from "drizzle-orm";
-import type { Database } from "./client.js";
-import { accounts, apiKeys, executions, usageLedger } from "./schema.js";
+import { and, eq, lt, notInArray, or, sql } from "drizzle-orm";
+import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
+import { accounts, apiKeys, executions } from "./schema.js";
 
 export const EXECUTION_STATUSES = [
   "running",
@@ -41,6 +43,8 @@ export interface ExecutionRecord {
   idempotencyKey: string | null;
   requestHash: string;
   template: string;
+  /** The gateway process that reserved it; null for records from before gateways had ids. */
+  gatewayId: string | null;
   status: ExecutionStatus;
   exitCode: number | null;
   stdout: string | null;
@@ -59,8 +63,39 @@ function toRecord(row: ExecutionRow): ExecutionRecord {
   return { ...row, status: row.status as ExecutionStatus, timings: row.timings as ExecutionTimingsRecord | null };
 }
 
+/** The rows of a raw db.execute: PGlite answers { rows }, postgres.js an array of rows. */
+function rowsOf(result: unknown): Record<string, unknown>[] {
+  return (Array.isArray(result) ? result : (result as { rows: Record<string, unknown>[] }).rows) as Record<string, unknown>[];
+}
+
+/** An executions row as raw SQL returns it (snake_case; int8 a string on postgres.js; timestamps strings). */
+function fromSqlRow(row: Record<string, unknown>): ExecutionRecord {
+  const units = (v: unknown) => (v === null ? null : Number(v));
+  const date = (v: unknown) => (v === null ? null : new Date(v as string));
+  return {
+    id: row.id as string,
+    accountId: row.account_id as string,
+    keyId: row.key_id as string,
+    tokenId: row.token_id as string | null,
+    idempotencyKey: row.idempotency_key as string | null,
+    requestHash: row.request_hash as string,
+    template: row.template as string,
+    gatewayId: row.gateway_id as string | null,
+    status: row.status as ExecutionStatus,
+    exitCode: row.exit_code as number | null,
+    stdout: row.stdout as string | null,
+    stderr: row.stderr as string | null,
+    truncated: row.truncated as boolean | null,
+    timings: row.timings as ExecutionTimingsRecord | null,
+    reservedUnits: Number(row.reserved_units),
+    chargedUnits: units(row.charged_units),
+    createdAt: new Date(row.created_at as string),
+    finishedAt: date(row.finished_at),
+  };
+}
+
 /** What reserve records about a new execution, and the units it holds. */
-export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId" | "idempotencyKey" | "requestHash" | "template"> & {
+export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId" | "idempotencyKey" | "requestHash" | "template" | "gatewayId"> & {
   executionId: string;
   units: number;
 };
@@ -83,14 +118,6 @@ function isUniqueViolation(error: unknown): boolean {
   return false;
 }
 
-class KeyRevoked extends Error {}
-
-class InsufficientCredits extends Error {
-  constructor(readonly availableUnits: number) {
-    super("insufficient credits");
-  }
-}
-
 /** True while the key exists and is not revoked; checked inside reserve's hold. */
 function keyUsable(keyId: string) {
   return sql`EXISTS (SELECT 1 FROM ${apiKeys} WHERE ${apiKeys.id} = ${keyId} AND ${apiKeys.revokedAt} IS NULL)`;
@@ -98,48 +125,47 @@ function keyUsable(keyId: string) {
 
 export async function reserve(db: Database, r: Reservation): Promise<ReserveOutcome> {
   if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
+  let inserted: Record<string, unknown>[];
   try {
-    await db.transaction(async (tx) => {
-      // The record first: a duplicate Idempotency-Key fails here, before any credit check.
-      await tx.insert(executions).values({
-        id: r.executionId,
-        accountId: r.accountId,
-        keyId: r.keyId,
-        tokenId: r.tokenId,
-        idempotencyKey: r.idempotencyKey,
-        requestHash: r.requestHash,
-        template: r.template,
-        status: "running",
-        reservedUnits: r.units,
-      });
-      const held = await tx
-        .update(accounts)
-        .set({ reservedUnits: sql`${accounts.reservedUnits} + ${r.units}` })
-        .where(and(eq(accounts.id, r.accountId), sql`${accounts.balanceUnits} - ${accounts.reservedUnits} >= ${r.units}`, keyUsable(r.keyId)))
-        .returning({ id: accounts.id });
-      if (held.length === 0) {
-        const [account] = await tx
-          .select({
-            available: sql<number>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::bigint`,
-            keyUsable: sql<boolean>`${keyUsable(r.keyId)}`,
-          })
-          .from(accounts)
-          .where(eq(accounts.id, r.accountId));
-        // Either throw rolls the record back with the transaction.
-        if (!account?.keyUsable) throw new KeyRevoked();
-        throw new InsufficientCredits(Number(account.available));
-      }
-    });
-    return { kind: "reserved" };
+    // One statement, so one round trip and atomic without BEGIN/COMMIT: the hold, then the record
+    // only where the hold succeeded. A duplicate Idempotency-Key fails the whole statement (the
+    // hold with it) on the unique index.
+    inserted = rowsOf(
+      await db.execute(sql`
+        WITH held AS (
+          UPDATE accounts SET reserved_units = reserved_units + ${r.units}::int8
+          WHERE id = ${r.accountId}::uuid AND balance_units - reserved_units >= ${r.units}::int8 AND ${keyUsable(r.keyId)}
+          RETURNING id
+        )
+        INSERT INTO executions (id, account_id, key_id, token_id, idempotency_key, request_hash, template, gateway_id, status, reserved_units)
+        SELECT ${r.executionId}::uuid, held.id, ${r.keyId}::uuid, ${r.tokenId}::text, ${r.idempotencyKey}::text, ${r.requestHash}::text,
+               ${r.template}::text, ${r.gatewayId}::text, 'running', ${r.units}::int8
+        FROM held
+        RETURNING id`),
+    );
   } catch (error) {
-    if (error instanceof InsufficientCredits) return { kind: "insufficient-credits", availableUnits: error.availableUnits };
-    if (error instanceof KeyRevoked) return { kind: "key-revoked" };
     if (r.idempotencyKey !== null && isUniqueViolation(error)) {
       const existing = await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
       if (existing) return { kind: "duplicate", existing };
     }
     throw error;
   }
+  if (inserted.length > 0) return { kind: "reserved" };
+  // Nothing held: say why. A duplicate first (it would have failed before any credit check), then
+  // the key, then the credits.
+  if (r.idempotencyKey !== null) {
+    const existing = await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
+    if (existing) return { kind: "duplicate", existing };
+  }
+  const [account] = await db
+    .select({
+      available: sql<number>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::bigint`,
+      keyUsable: sql<boolean>`${keyUsable(r.keyId)}`,
+    })
+    .from(accounts)
+    .where(eq(accounts.id, r.accountId));
+  if (!account?.keyUsable) return { kind: "key-revoked" };
+  return { kind: "insufficient-credits", availableUnits: Number(account.available) };
 }
 
 export interface Settlement {
@@ -156,44 +182,30 @@ export interface Settlement {
 /** Settles exactly once: returns the settled record, or the already-final record on a repeat. */
 export async function settle(db: Database, executionId: string, s: Settlement): Promise<ExecutionRecord> {
   if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
-  return db.transaction(async (tx) => {
-    const [row] = await tx
-      .update(executions)
-      .set({
-        status: s.status,
-        exitCode: s.exitCode,
-        stdout: s.stdout,
-        stderr: s.stderr,
-        truncated: s.truncated,
-        timings: s.timings,
-        chargedUnits: sql`LEAST(${s.chargedUnits}, ${executions.reservedUnits})`,
-        finishedAt: new Date(),
-      })
-      .where(and(eq(executions.id, executionId), eq(executions.status, "running")))
-      .returning();
-    if (!row) {
-      const [existing] = await tx.select().from(executions).where(eq(executions.id, executionId));
-      if (!existing) throw new Error(`no execution ${executionId}`);
-      return toRecord(existing);
-    }
-    const charged = row.chargedUnits ?? 0;
-    await tx
-      .update(accounts)
-      .set({
-        reservedUnits: sql`${accounts.reservedUnits} - ${row.reservedUnits}`,
-        balanceUnits: sql`${accounts.balanceUnits} - ${charged}`,
-      })
-      .where(eq(accounts.id, row.accountId));
-    await tx.insert(usageLedger).values({
-      accountId: row.accountId,
-      keyId: row.keyId,
-      executionId: row.id,
-      kind: "usage",
-      template: row.template,
-      units: charged,
-    });
-    return toRecord(row);
-  });
+  // One statement (one round trip, atomic): the record leaves running, the account pays and frees
+  // the hold, the ledger gets its row; all three only if the record was still running.
+  const [row] = rowsOf(
+    await db.execute(sql`
+      WITH settled AS (
+        UPDATE executions SET status = ${s.status}::text, exit_code = ${s.exitCode}::int, stdout = ${s.stdout}::text, stderr = ${s.stderr}::text,
+               truncated = ${s.truncated}::boolean, timings = ${JSON.stringify(s.timings)}::jsonb,
+               charged_units = LEAST(${s.chargedUnits}::int8, reserved_units), finished_at = now()
+        WHERE id = ${executionId}::uuid AND status = 'running'
+        RETURNING *
+      ), spent AS (
+        UPDATE accounts SET reserved_units = accounts.reserved_units - settled.reserved_units,
+               balance_units = accounts.balance_units - settled.charged_units
+        FROM settled WHERE accounts.id = settled.account_id
+      ), ledger AS (
+        INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
+        SELECT account_id, key_id, id, 'usage', template, charged_units FROM settled
+      )
+      SELECT * FROM settled`),
+  );
+  if (row !== undefined) return fromSqlRow(row);
+  const existing = await findExecution(db, executionId);
+  if (!existing) throw new Error(`no execution ${executionId}`);
+  return existing;
 }
 
 /**
@@ -216,15 +228,35 @@ export async function release(db: Database, executionId: string): Promise<boolea
   });
 }
 
-/** Releases holds left by a gateway that stopped mid-execution. Returns how many were released. */
-export async function releaseStaleReservations(db: Database, startedBefore: Date): Promise<number> {
-  const stale = await db
+/**
+ * The recovery pass a gateway runs when it starts: releases the holds of running executions whose
+ * gateway is gone (its id not among `liveGatewayIds`), and of any running execution older than
+ * `startedBefore` (certainly past its deadline, whoever ran it). Their programs' answers were
+ * never sent, so nothing is charged. Returns how many were released.
+ */
+export async function releaseAbandonedReservations(db: Database, liveGatewayIds: string[], startedBefore: Date): Promise<number> {
+  const ownerGone = liveGatewayIds.length === 0 ? sql`true` : sql`${executions.gatewayId} IS NULL OR ${notInArray(executions.gatewayId, liveGatewayIds)}`;
+  const abandoned = await db
     .select({ id: executions.id })
     .from(executions)
-    .where(and(eq(executions.status, "running"), lt(executions.createdAt, startedBefore)));
+    .where(and(eq(executions.status, "running"), or(ownerGone, lt(executions.createdAt, startedBefore))));
   let released = 0;
-  for (const { id } of stale) if (await release(db, id)) released++;
+  for (const { id } of abandoned) if (await release(db, id)) released++;
   return released;
+}
+
+/**
+ * The gateways that have the database open now, `self` among them. PGlite: only this process
+ * can (db/client.ts locks its directory). PostgreSQL: every gateway's sessions carry its id in
+ * application_name, and a killed process's sessions end with it.
+ */
+export async function liveGatewayIds(open: OpenDatabase, self: string): Promise<string[]> {
+  if (open.backend === "pglite") return [self];
+  const rows = await open.db
+    .select({ name: sql<string>`application_name` })
+    .from(sql`pg_stat_activity`)
+    .where(sql`application_name LIKE ${`${GATEWAY_APPLICATION_PREFIX}%`}`);
+  return [...new Set([self, ...rows.map((r) => r.name.slice(GATEWAY_APPLICATION_PREFIX.length))])];
 }
 
 export async function findExecution(db: Database, id: string): Promise<ExecutionRecord | undefined> {

@@ -22,8 +22,12 @@ export interface OpenDatabase {
   close(): Promise<void>;
 }
 
+/** A gateway's PostgreSQL sessions are named this followed by its id (see liveGatewayIds). */
+export const GATEWAY_APPLICATION_PREFIX = "sandfork-gateway:";
+
 export type DatabaseLocation =
-  | { backend: "postgres"; url: string; maxConnections?: number }
+  // gatewayId: names the sessions GATEWAY_APPLICATION_PREFIX + id, so other gateways see it alive.
+  | { backend: "postgres"; url: string; maxConnections?: number; gatewayId?: string }
   // dataDir undefined: an in-memory database that vanishes on close.
   | { backend: "pglite"; dataDir?: string };
 
@@ -40,7 +44,11 @@ function migrationsFolder(): string {
 export async function openDatabase(location: DatabaseLocation): Promise<OpenDatabase> {
   const migrationsConfig = { migrationsFolder: migrationsFolder() };
   if (location.backend === "postgres") {
-    const client = postgres(location.url, { max: location.maxConnections ?? 10, onnotice: () => {} });
+    const client = postgres(location.url, {
+      max: location.maxConnections ?? 10,
+      onnotice: () => {},
+      ...(location.gatewayId === undefined ? {} : { connection: { application_name: `${GATEWAY_APPLICATION_PREFIX}${location.gatewayId}` } }),
+    });
     const db = drizzlePostgres(client, { schema });
     await migratePostgres(db, migrationsConfig);
     return { db: db as unknown as Database, backend: "postgres", close: () => client.end({ timeout: 5 }) };

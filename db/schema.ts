@@ -78,6 +78,9 @@ export const executions = pgTable(
     // SHA-256 of the canonical request: a reused Idempotency-Key with another request is refused.
     requestHash: text("request_hash").notNull(),
     template: text("template").notNull(),
+    // The gateway process that reserved it (its database session's application_name says it is
+    // alive): a running execution of a gateway that is gone is released at the next start.
+    gatewayId: text("gateway_id"),
     // running → completed | timed_out | memory_exceeded | output_exceeded | crashed | unsupported_syscall,
     // or aborted (the runtime failed; not billed)
     status: text("status").notNull(),

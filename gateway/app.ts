@@ -22,6 +22,8 @@ import { SERVICE_NAME, SERVICE_VERSION, type Telemetry } from "./telemetry.js";
 
 export interface GatewayDeps {
   db: Database;
+  /** This process's id, recorded on the executions it reserves; default: a new random one. */
+  gatewayId?: string;
   config: GatewayConfig;
   telemetry: Telemetry;
   tokens: TokenService;
@@ -58,6 +60,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     rateLimiter: new RateLimiter(now),
     executions: new ExecutionService({
       db: deps.db,
+      gatewayId: deps.gatewayId ?? crypto.randomUUID(),
       runtime: deps.runtime,
       pricing: deps.config.pricing,
       limits: deps.config.executionLimits,

@@ -1,7 +1,7 @@
 // One execution, end to end, around the ExecutionRuntime boundary:
-// template allowed for a token → idempotency replay → runtime present? → template known → token cap
-// → concurrency slot → reserve the worst-case cost → execute → settle the actual cost (durable
-// before the answer).
+// template allowed for a token → runtime present? → template known → token cap → concurrency slot
+// → reserve the worst-case cost (a duplicate Idempotency-Key replays here) → execute → settle the
+// actual cost (durable before the answer). Two database round trips in all.
 // Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
@@ -37,6 +37,8 @@ export interface ExecutionOutcome {
 
 export interface ExecutionServiceDeps {
   db: Database;
+  /** Recorded on each reservation: the recovery pass at start releases those of dead gateways. */
+  gatewayId: string;
   /** Undefined until a runtime (the daemon client) is connected. */
   runtime: () => ExecutionRuntime | undefined;
   pricing: Pricing;
@@ -112,23 +114,32 @@ export class ExecutionService {
       throw new ProblemError("template-not-allowed", `this token may run ${grant.templates.join(", ")}`);
     }
 
-    if (idempotencyKey !== null) {
-      const existing = await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
-      if (existing) return { record: this.replay(principal, existing, hash), replayed: true };
-    }
-
-    const runtime = this.requireRuntime();
-    const known = await templatesOf(runtime);
-    if (!known.some((t) => t.name === request.template)) {
-      throw new ProblemError("unknown-template", `no template named "${request.template}"`, {
-        extensions: { templates: known.map((t) => t.name) },
-      });
-    }
-
-    if (grant?.maxExecutions != null) this.deps.tokenExecutions.consume(grant.id, grant.maxExecutions, grant.expiresAt);
-    let releaseSlot: (() => void) | undefined;
+    let runtime: ExecutionRuntime;
+    let releaseSlot: () => void;
     try {
-      releaseSlot = this.deps.concurrency.acquire(principal.keyId, principal.limits.maxConcurrency);
+      runtime = this.requireRuntime();
+      const known = await templatesOf(runtime);
+      if (!known.some((t) => t.name === request.template)) {
+        throw new ProblemError("unknown-template", `no template named "${request.template}"`, {
+          extensions: { templates: known.map((t) => t.name) },
+        });
+      }
+      if (grant?.maxExecutions != null) this.deps.tokenExecutions.consume(grant.id, grant.maxExecutions, grant.expiresAt);
+      try {
+        releaseSlot = this.deps.concurrency.acquire(principal.keyId, principal.limits.maxConcurrency);
+      } catch (error) {
+        if (grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
+        throw error;
+      }
+    } catch (error) {
+      // A retry refused before it reaches the database (no runtime, an unknown template, a limit)
+      // still gets its first request's result. Other retries find it in reserve, at no extra cost.
+      const first = idempotencyKey === null ? undefined : await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
+      if (first !== undefined) return { record: this.replay(principal, first, hash), replayed: true };
+      throw error;
+    }
+
+    try {
       const outcome = await this.reserveAndRun(runtime, principal, request, hash, idempotencyKey);
       if (outcome.replayed && grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
       return outcome;
@@ -136,7 +147,7 @@ export class ExecutionService {
       if (grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
       throw error;
     } finally {
-      releaseSlot?.();
+      releaseSlot();
     }
   }
 
@@ -185,6 +196,7 @@ export class ExecutionService {
         idempotencyKey,
         requestHash: hash,
         template: request.template,
+        gatewayId: this.deps.gatewayId,
         units: reservedUnits,
       });
     });

@@ -1,8 +1,9 @@
-// Starting a gateway process: open (and migrate) the database, release reservations a previous
-// process left behind, bootstrap the first admin key, serve HTTP.
+// Starting a gateway process: open (and migrate) the database, release the reservations of
+// gateway processes that are gone, bootstrap the first admin key, serve HTTP.
+import { randomUUID } from "node:crypto";
 import { join } from "node:path";
 import { serve, type ServerType } from "@hono/node-server";
-import { releaseStaleReservations } from "../db/billing.js";
+import { liveGatewayIds, releaseAbandonedReservations } from "../db/billing.js";
 import { type OpenDatabase, openDatabase } from "../db/client.js";
 import { countKeys } from "../db/keys.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
@@ -13,12 +14,13 @@ import { issueKey, type IssuedKey } from "./key-service.js";
 import { createTelemetry } from "./telemetry.js";
 
 export const EMBEDDED_DATABASE_DIR = "data";
-/** An execution older than its longest timeout plus this is certainly not running any more. */
+/** An execution older than its longest timeout plus this is certainly not running any more, whoever ran it. */
 const STALE_RESERVATION_MARGIN_MS = 60_000;
 
-export function openConfiguredDatabase(config: GatewayConfig): Promise<OpenDatabase> {
+/** `gatewayId`: this process's id, which its PostgreSQL sessions carry (see liveGatewayIds). */
+export function openConfiguredDatabase(config: GatewayConfig, gatewayId?: string): Promise<OpenDatabase> {
   return config.databaseUrl !== undefined
-    ? openDatabase({ backend: "postgres", url: config.databaseUrl })
+    ? openDatabase({ backend: "postgres", url: config.databaseUrl, ...(gatewayId === undefined ? {} : { gatewayId }) })
     : openDatabase({ backend: "pglite", dataDir: join(config.dataDir, EMBEDDED_DATABASE_DIR) });
 }
 
@@ -43,9 +45,11 @@ export async function startGateway(
   options: { runtime?: () => ExecutionRuntime | undefined; log?: (line: string) => void } = {},
 ): Promise<RunningGateway> {
   const log = options.log ?? ((line: string) => console.log(line));
-  const open = await openConfiguredDatabase(config);
+  const gatewayId = randomUUID();
+  const open = await openConfiguredDatabase(config, gatewayId);
+  // The recovery pass: executions a killed gateway never answered hold credits until released here.
   const staleBefore = new Date(Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS);
-  const released = await releaseStaleReservations(open.db, staleBefore);
+  const released = await releaseAbandonedReservations(open.db, await liveGatewayIds(open, gatewayId), staleBefore);
   if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
 
   const admin = await bootstrapAdminKey(open, config);
@@ -63,6 +67,7 @@ export async function startGateway(
   const shutdown = new AbortController();
   const { app } = createGateway({
     db: open.db,
+    gatewayId,
     config,
     telemetry,
     tokens,

@@ -19,6 +19,8 @@ function serverUrl(): string {
 }
 
 export interface FreshDatabase extends OpenDatabase {
+  /** The database's URL on the server (PostgreSQL); undefined for PGlite. */
+  url: string | undefined;
   /** Closes the connection and drops the database. */
   dispose(): Promise<void>;
 }
@@ -26,7 +28,7 @@ export interface FreshDatabase extends OpenDatabase {
 export async function freshDatabase(backend: DatabaseBackend, options: { maxConnections?: number } = {}): Promise<FreshDatabase> {
   if (backend === "pglite") {
     const open = await openDatabase({ backend: "pglite" });
-    return { ...open, dispose: () => open.close() };
+    return { ...open, url: undefined, dispose: () => open.close() };
   }
   const adminUrl = serverUrl();
   const name = `sandfork_test_${randomBytes(6).toString("hex")}`;
@@ -41,6 +43,7 @@ export async function freshDatabase(backend: DatabaseBackend, options: { maxConn
   const open = await openDatabase({ backend: "postgres", url: url.toString(), maxConnections: options.maxConnections ?? 20 });
   return {
     ...open,
+    url: url.toString(),
     dispose: async () => {
       await open.close();
       const dropper = postgres(adminUrl, { max: 1, onnotice: () => {} });

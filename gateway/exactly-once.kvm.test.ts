@@ -1,0 +1,236 @@
+// Exactly once under faults, on KVM: the gateway as `npm start` runs it (gateway/main.ts in its own
+// process, the real daemon supervised under it, the real python template), a few seconds of
+// executions at 8 concurrent, and in the middle of it
+//   - the gateway is killed with SIGKILL and started again on the same database, or
+//   - the daemon is killed with SIGKILL (its supervisor restarts it).
+// Then the books are reconciled: every execution answered 200 is billed exactly once (its record
+// settled at the answered charge, one usage row), nothing is billed twice, no hold is left (the
+// killed gateway's are released by the recovery pass of the next start: gateway/server.ts), the
+// balance is the grant minus the settled usage, and a retry of every request that got no answer
+// or a retryable error, with its Idempotency-Key, gets 200 without a second charge.
+//
+// It needs a /dev/kvm that runs guests, so it is not part of the normal vitest run
+// (vitest.config.ts excludes *.kvm.test.ts); run it with
+//   npx vitest run --config vitest.kvm.config.ts gateway/exactly-once.kvm.test.ts
+// with TEST_DATABASE_URL set (scripts/postgres.sh) for the PostgreSQL half. Waits scale with
+// SANDFORK_TEST_TIME_SCALE (1 native, ~15 in QEMU).
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { eq, sql } from "drizzle-orm";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type DatabaseBackend, type OpenDatabase, openDatabase } from "../db/client.js";
+import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
+import { accounts, executions, usageLedger } from "../db/schema.js";
+import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
+import { type GatewayProcess, startGatewayProcess } from "./testing/gateway-process.js";
+
+const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
+if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK_TEST_TIME_SCALE must be a whole number >= 1, got ${process.env.SANDFORK_TEST_TIME_SCALE}`);
+
+const GRANT = 10_000_000;
+const WORKERS = 8;
+/** Load before the kill, and (daemon case) after the restart: a few seconds in all. */
+const LOAD_BEFORE_KILL_MS = 1_500 * timeScale;
+const LOAD_AFTER_RESTART_MS = 1_000 * timeScale;
+const BODY = JSON.stringify({ template: "python", code: "print(6*7)" });
+
+interface Sent {
+  idempotencyKey: string;
+  /** undefined: no answer (the connection died with the gateway). */
+  status: number | undefined;
+  body: string;
+}
+
+interface Caller {
+  key: string;
+  accountId: string;
+}
+
+async function post(gateway: GatewayProcess, caller: Caller, idempotencyKey: string): Promise<Sent> {
+  try {
+    const response = await fetch(`${gateway.url}/v1/executions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${caller.key}`, "content-type": "application/json", "idempotency-key": idempotencyKey },
+      body: BODY,
+      signal: AbortSignal.timeout(20_000 * timeScale),
+    });
+    return { idempotencyKey, status: response.status, body: await response.text() };
+  } catch {
+    return { idempotencyKey, status: undefined, body: "" };
+  }
+}
+
+/** WORKERS loops sending executions until `until` resolves; each request has its own key. */
+function load(gateway: () => GatewayProcess, caller: Caller, prefix: string, until: Promise<unknown>): Promise<Sent[]> {
+  const sent: Sent[] = [];
+  let stop = false;
+  void until.then(() => (stop = true));
+  let sequence = 0;
+  const worker = async () => {
+    // Bounded: stops at `until`, and after 10,000 requests whatever happens.
+    while (!stop && sequence < 10_000) sent.push(await post(gateway(), caller, `${prefix}-${sequence++}`));
+  };
+  return Promise.all(Array.from({ length: WORKERS }, worker)).then(() => sent);
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseBackend) => {
+  let dir: string;
+  let fresh: FreshDatabase | undefined;
+  let gateway: GatewayProcess;
+  let caller: Caller;
+  const start = () =>
+    startGatewayProcess({
+      dataDir: join(dir, "data"),
+      socketPath: join(dir, "vmm.sock"),
+      templatesDir: join(dir, "templates"),
+      databaseUrl: fresh?.url,
+      env: { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 2" },
+      startTimeoutMs: 120_000 * timeScale,
+    });
+
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), "sfk-x1-"));
+    if (backend === "postgres") fresh = await freshDatabase("postgres", { maxConnections: 2 });
+    gateway = await start();
+    const admin = gateway.admin;
+    if (admin === undefined) throw new Error(`no admin key printed:\n${gateway.log.join("\n")}`);
+    const created = await fetch(`${gateway.url}/v1/keys`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${admin.key}`, "content-type": "application/json" },
+      body: JSON.stringify({ name: "exactly-once", credits: GRANT, rate_limit_per_minute: 1_000_000, max_concurrency: 100 }),
+    });
+    const key = (await created.json()) as { key: string; account_id: string };
+    caller = { key: key.key, accountId: key.account_id };
+  });
+
+  afterAll(async () => {
+    await gateway?.stop();
+    await fresh?.dispose();
+    if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+  });
+
+  /** Reads the books with the gateway stopped (PGlite admits one process) or beside it (PostgreSQL). */
+  async function withBooks<T>(read: (open: OpenDatabase) => Promise<T>): Promise<T> {
+    if (fresh !== undefined) return read(fresh);
+    await gateway.stop();
+    const open = await openDatabase({ backend: "pglite", dataDir: join(dir, "data", "data") });
+    try {
+      return await read(open);
+    } finally {
+      await open.close();
+      gateway = await start();
+    }
+  }
+
+  /** Running executions of the caller, read while the gateway is dead (so PGlite can be opened). */
+  async function runningWhileDown(): Promise<number> {
+    const open = fresh ?? (await openDatabase({ backend: "pglite", dataDir: join(dir, "data", "data") }));
+    try {
+      const rows = await open.db.select({ id: executions.id }).from(executions).where(sql`${executions.accountId} = ${caller.accountId} AND ${executions.status} = 'running'`);
+      return rows.length;
+    } finally {
+      if (fresh === undefined) await open.close();
+    }
+  }
+
+  /** The reconciliation: what was answered is billed once, nothing else is held or billed twice. */
+  async function reconcile(answered: Map<string, { id: string; units: number }>) {
+    await withBooks(async ({ db }) => {
+      const rows = await db.select().from(executions).where(eq(executions.accountId, caller.accountId));
+      const byId = new Map(rows.map((r) => [r.id, r]));
+      const ledger = await db.select().from(usageLedger).where(eq(usageLedger.accountId, caller.accountId));
+      const usage = ledger.filter((l) => l.kind === "usage");
+      const usagePerExecution = new Map<string, number>();
+      for (const u of usage) usagePerExecution.set(u.executionId as string, (usagePerExecution.get(u.executionId as string) ?? 0) + 1);
+
+      for (const [idempotencyKey, { id, units }] of answered) {
+        expect(byId.get(id), `answered ${idempotencyKey}`).toMatchObject({ status: "completed", chargedUnits: units });
+        expect(usagePerExecution.get(id), `usage rows of answered ${idempotencyKey}`).toBe(1);
+      }
+      // None twice; no usage without a settled record; no record still holding credits.
+      expect([...usagePerExecution.values()].every((n) => n === 1)).toBe(true);
+      for (const u of usage) expect(byId.get(u.executionId as string)?.status).toBe("completed");
+      expect(rows.filter((r) => r.status === "running")).toEqual([]);
+      // Each Idempotency-Key names at most one billed execution.
+      const billedKeys = rows.filter((r) => r.status === "completed").map((r) => r.idempotencyKey);
+      expect(new Set(billedKeys).size).toBe(billedKeys.length);
+
+      const [account] = await db.select().from(accounts).where(eq(accounts.id, caller.accountId));
+      const grants = ledger.filter((l) => l.kind === "grant").reduce((sum, l) => sum + l.units, 0);
+      const spent = usage.reduce((sum, l) => sum + l.units, 0);
+      const charged = rows.reduce((sum, r) => sum + (r.chargedUnits ?? 0), 0);
+      expect(grants).toBe(GRANT);
+      expect(spent).toBe(charged);
+      expect(account).toMatchObject({ balanceUnits: grants - spent, reservedUnits: 0 });
+      const [{ negative }] = (await db.select({ negative: sql<number>`count(*)::int` }).from(accounts).where(sql`${accounts.balanceUnits} < 0`)) as [{ negative: number }];
+      expect(negative).toBe(0);
+    });
+  }
+
+  /** 200s by Idempotency-Key; everything else must be a retryable refusal or no answer at all. */
+  function answeredOf(sent: Sent[]): { answered: Map<string, { id: string; units: number }>; unanswered: string[] } {
+    const answered = new Map<string, { id: string; units: number }>();
+    const unanswered: string[] = [];
+    for (const s of sent) {
+      if (s.status === 200) {
+        const body = JSON.parse(s.body) as { id: string; status: string; stdout: string; usage: { units: number } };
+        expect(body).toMatchObject({ status: "completed", stdout: "42\n" });
+        answered.set(s.idempotencyKey, { id: body.id, units: body.usage.units });
+      } else {
+        if (s.status !== undefined) expect(JSON.parse(s.body), s.body).toMatchObject({ retryable: true });
+        unanswered.push(s.idempotencyKey);
+      }
+    }
+    return { answered, unanswered };
+  }
+
+  /** Retries every request that got no 200, with its key: each now gets one, billed once. */
+  async function retryUnanswered(unanswered: string[], answered: Map<string, { id: string; units: number }>) {
+    for (const idempotencyKey of unanswered) {
+      let retried = await post(gateway, caller, idempotencyKey);
+      // A daemon restarting or a first attempt still settling answers retryably: try again shortly.
+      for (let attempt = 0; attempt < 50 && retried.status !== 200; attempt++) {
+        await sleep(100);
+        retried = await post(gateway, caller, idempotencyKey);
+      }
+      expect(retried.status, retried.body).toBe(200);
+      const body = JSON.parse(retried.body) as { id: string; usage: { units: number } };
+      answered.set(idempotencyKey, { id: body.id, units: body.usage.units });
+    }
+  }
+
+  it("SIGKILL of the gateway mid-load: after the restart every 200 is billed once, the dead gateway's holds are released", async () => {
+    const killed = sleep(LOAD_BEFORE_KILL_MS).then(() => gateway.stop("SIGKILL"));
+    const sent = await load(() => gateway, caller, "gateway-kill", killed);
+    await killed;
+    const { answered, unanswered } = answeredOf(sent);
+    expect(answered.size, "executions answered before the kill").toBeGreaterThan(0);
+    expect(unanswered.length, "requests cut off by the kill").toBeGreaterThan(0);
+
+    // What the dead gateway left holding credits: exactly these the next start releases.
+    const abandoned = await runningWhileDown();
+    gateway = await start();
+    const released = /released (\d+) reservation\(s\) left by a stopped gateway/.exec(gateway.log.join("\n"))?.[1];
+    expect(Number(released ?? 0)).toBe(abandoned);
+    await reconcile(answered);
+    await retryUnanswered(unanswered, answered);
+    await reconcile(answered);
+  });
+
+  it("SIGKILL of the daemon mid-load: every 200 is billed once, every failed execution released, retries bill once", async () => {
+    const daemonPid = gateway.daemonPid();
+    const killed = sleep(LOAD_BEFORE_KILL_MS).then(() => process.kill(daemonPid, "SIGKILL"));
+    // Load goes on through the restart of the daemon and a while after it.
+    const sent = await load(() => gateway, caller, "daemon-kill", killed.then(() => sleep(LOAD_AFTER_RESTART_MS)));
+    const { answered, unanswered } = answeredOf(sent);
+    expect(answered.size).toBeGreaterThan(0);
+    expect(gateway.daemonPid(), "the supervisor restarted the daemon").not.toBe(daemonPid);
+
+    await reconcile(answered);
+    await retryUnanswered(unanswered, answered);
+    await reconcile(answered);
+  });
+});

@@ -8,7 +8,7 @@
 set -euo pipefail
 
 packages=(postgresql python3.11 python3-numpy build-essential)
-packages+=(librust-serde-dev librust-serde-derive-dev librust-serde-json-dev librust-sha2-dev librust-base64-dev librust-libc-dev)
+packages+=(librust-serde-dev librust-serde-derive-dev librust-serde-json-dev librust-sha2-dev librust-base64-dev librust-libc-dev librust-serde-path-to-error-dev)
 packages+=(chromium)
 command -v cargo >/dev/null || packages+=(cargo-web rustc-web)
 

@@ -1,7 +1,6 @@
 // Builds the gateway's Hono app from its dependencies. No I/O here beyond what requests do.
 import { OpenAPIHono } from "@hono/zod-openapi";
 import { httpInstrumentationMiddleware } from "@hono/otel";
-import { swaggerUI } from "@hono/swagger-ui";
 import { trace } from "@opentelemetry/api";
 import { HTTPException } from "hono/http-exception";
 import type { Database } from "../db/client.js";
@@ -10,6 +9,7 @@ import { Authenticator } from "./auth/authenticator.js";
 import type { TokenService } from "./auth/tokens.js";
 import type { GatewayConfig } from "./config.js";
 import type { AppEnv, GatewayContext } from "./context.js";
+import { registerDocs } from "./docs.js";
 import { ExecutionService } from "./execution-service.js";
 import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits.js";
 import { ProblemError, problemResponse } from "./problems.js";
@@ -46,7 +46,7 @@ const VALIDATION_TARGETS: Record<string, string> = {
 };
 
 export const OPENAPI_PATH = "/openapi.json";
-export const DOCS_PATH = "/docs";
+export { DOCS_ASSET_ROUTE, DOCS_PATH } from "./docs.js";
 
 export function createGateway(deps: GatewayDeps): Gateway {
   const now = deps.now ?? Date.now;
@@ -137,7 +137,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
         "problem+json; each kind has a stable `type` under https://sandfork.dev/problems/.",
     },
   });
-  app.get(DOCS_PATH, swaggerUI({ url: OPENAPI_PATH }));
+  registerDocs(app, OPENAPI_PATH);
   return { app, context };
 }
 

@@ -1,7 +1,7 @@
 // /openapi.json, /docs, /healthz and /metrics.
 import { Validator } from "@seriousme/openapi-schema-validator";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { DOCS_PATH, OPENAPI_PATH } from "./app.js";
+import { DOCS_ASSET_ROUTE, DOCS_PATH, OPENAPI_PATH } from "./app.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const API_ROUTES = [
@@ -38,10 +38,10 @@ describe("OpenAPI document and operational endpoints", () => {
 
     const documented = Object.entries(doc.paths).flatMap(([path, ops]) => Object.keys(ops).map((m) => `${m.toUpperCase()} ${path}`));
     expect(documented.sort()).toEqual([...API_ROUTES].sort());
-    // Every route the app serves (other than the document and its page) is documented.
+    // Every route the app serves (other than the document, its page and the page's assets) is documented.
     const served = new Set(
       gw.app.routes
-        .filter((r) => r.method !== "ALL" && r.path !== OPENAPI_PATH && r.path !== DOCS_PATH)
+        .filter((r) => r.method !== "ALL" && ![OPENAPI_PATH, DOCS_PATH, DOCS_ASSET_ROUTE].includes(r.path))
         .map((r) => `${r.method} ${r.path.replace(/:(\w+)/g, "{$1}")}`),
     );
     expect([...served].sort()).toEqual([...API_ROUTES].sort());
@@ -57,10 +57,18 @@ describe("OpenAPI document and operational endpoints", () => {
     expect(doc.components.securitySchemes.bearerAuth).toMatchObject({ type: "http", scheme: "bearer" });
   });
 
-  it("serves a docs page pointing at the document", async () => {
+  it("serves a docs page pointing at the document, with its assets from this host", async () => {
     const response = await gw.call("GET", DOCS_PATH);
     expect(response.status).toBe(200);
-    expect(await response.text()).toContain(OPENAPI_PATH);
+    const page = await response.text();
+    expect(page).toContain(OPENAPI_PATH);
+    expect(page).not.toMatch(/https?:\/\//);
+    const script = await gw.call("GET", `${DOCS_PATH}/assets/swagger-ui-dist/swagger-ui-bundle.js`);
+    expect([script.status, script.headers.get("content-type")]).toEqual([200, "text/javascript; charset=utf-8"]);
+    expect((await script.arrayBuffer()).byteLength).toBeGreaterThan(100_000);
+    const css = await gw.call("GET", `${DOCS_PATH}/assets/swagger-ui-dist/swagger-ui.css`);
+    expect([css.status, css.headers.get("content-type")]).toEqual([200, "text/css; charset=utf-8"]);
+    expect((await gw.call("GET", `${DOCS_PATH}/assets/swagger-ui-dist/package.json`)).status).toBe(404);
   });
 
   it("/healthz reports the database and the runtime", async () => {

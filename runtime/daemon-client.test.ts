@@ -119,11 +119,11 @@ describe("DaemonClient against sandfork-vmm serve", () => {
     const missingTemplate = await rejection(client.request("execute", { code: "print(1)" }));
     expect(missingTemplate).toBeInstanceOf(RuntimeRequestError);
     expect(missingTemplate).toMatchObject({ code: "bad_request", retryable: false });
-    expect(missingTemplate.message).toContain("template is required");
+    expect(missingTemplate.message).toContain("missing field `template`");
 
     const unknownField = await rejection(client.request("execute", { template: "python", code: "", timeout: 5 }));
     expect(unknownField).toMatchObject({ code: "bad_request", retryable: false });
-    expect(unknownField.message).toContain("unknown field 'timeout'");
+    expect(unknownField.message).toContain("unknown field `timeout`");
 
     const noTime = await rejection(client.execute({ ...PRINT_REQUEST, timeoutMs: 0 }, new AbortController().signal));
     expect(noTime).toMatchObject({ code: "bad_request", retryable: false });

@@ -19,8 +19,9 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+use serde::{Serialize, Serializer};
+
 use crate::fs::{NAME_MAX, PATH_MAX};
-use crate::json::Value;
 
 /// Sandfork's private system call number for AWAIT_REQUEST: "SF" and 1, far outside Linux's
 /// x86-64 numbers (below 512), so no Linux program reaches it by accident. The agent's copy
@@ -169,10 +170,22 @@ impl AgentRequest {
     /// What the agent receives from AWAIT_REQUEST: `{"code": .., "argv": [..], "env": {..}}`.
     /// Files and stdin do not travel in it: the VMM puts them in place itself.
     pub fn agent_message(&self) -> String {
-        let argv = self.argv.iter().map(|a| Value::from(a.as_str())).collect::<Vec<_>>();
-        let env = Value::object(self.env.iter().map(|(n, v)| (n.as_str(), Value::from(v.as_str()))));
-        Value::object([("code", Value::from(self.code.as_str())), ("argv", Value::from(argv)), ("env", env)]).to_json()
+        let message = AgentMessage { code: &self.code, argv: &self.argv, env: &self.env };
+        serde_json::to_string(&message).expect("strings and string pairs always serialise")
     }
+}
+
+#[derive(Serialize)]
+struct AgentMessage<'a> {
+    code: &'a str,
+    argv: &'a [String],
+    #[serde(serialize_with = "object_of_pairs")]
+    env: &'a [(String, String)],
+}
+
+/// Name-value pairs as one JSON object, in their order.
+fn object_of_pairs<S: Serializer>(pairs: &&[(String, String)], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(pairs.iter().map(|(name, value)| (name, value)))
 }
 
 /// A path for a file under /work: relative, non-empty, '/'-separated components that are
@@ -300,7 +313,7 @@ mod tests {
         r.stdin = b"not in the message".to_vec();
         let message = r.agent_message();
         assert_eq!(message, r#"{"code":"print(\"é\\n\")\n","argv":["main.py","-x"],"env":{"B":"2","A":"\"1\""}}"#);
-        let parsed = crate::json::parse(message.as_bytes()).unwrap();
-        assert_eq!(parsed.get("code").and_then(Value::as_str), Some(r.code.as_str()));
+        let parsed: serde_json::Value = serde_json::from_str(&message).unwrap();
+        assert_eq!(parsed.get("code").and_then(serde_json::Value::as_str), Some(r.code.as_str()));
     }
 }

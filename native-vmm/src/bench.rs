@@ -7,6 +7,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
+
 use crate::fs::Image;
 use crate::status::RunStatus;
 use crate::vm::{self, CpuFactory, LaunchError, RunRequest};
@@ -140,18 +142,42 @@ impl BenchReport {
         out
     }
 
-    /// One JSON object (microseconds as numbers).
+    /// One JSON object (microseconds as numbers, to a tenth).
     pub fn to_json(&self) -> String {
-        let latency = |l: &Latency| format!("{{\"p50_us\":{:.1},\"p99_us\":{:.1},\"min_us\":{:.1},\"max_us\":{:.1}}}", micros(l.p50), micros(l.p99), micros(l.min), micros(l.max));
-        format!(
-            "{{\"command\":\"{PROGRAM} {}\",\"iterations\":{},\"vm\":{},\"native\":{},\"syscalls_per_run\":{},\"exits_per_run\":{}}}",
-            ARGS.join(" "),
-            self.iterations,
-            latency(&self.vm),
-            latency(&self.native),
-            self.syscalls_per_run,
-            self.exits_per_run
-        )
+        let report = ReportJson {
+            command: format!("{PROGRAM} {}", ARGS.join(" ")),
+            iterations: self.iterations,
+            vm: LatencyJson::of(&self.vm),
+            native: LatencyJson::of(&self.native),
+            syscalls_per_run: self.syscalls_per_run,
+            exits_per_run: self.exits_per_run,
+        };
+        serde_json::to_string(&report).expect("numbers and strings always serialise")
+    }
+}
+
+#[derive(Serialize)]
+struct ReportJson {
+    command: String,
+    iterations: usize,
+    vm: LatencyJson,
+    native: LatencyJson,
+    syscalls_per_run: u64,
+    exits_per_run: u64,
+}
+
+#[derive(Serialize)]
+struct LatencyJson {
+    p50_us: f64,
+    p99_us: f64,
+    min_us: f64,
+    max_us: f64,
+}
+
+impl LatencyJson {
+    fn of(l: &Latency) -> LatencyJson {
+        let tenths = |d: Duration| (micros(d) * 10.0).round() / 10.0;
+        LatencyJson { p50_us: tenths(l.p50), p99_us: tenths(l.p99), min_us: tenths(l.min), max_us: tenths(l.max) }
     }
 }
 

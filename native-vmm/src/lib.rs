@@ -18,8 +18,6 @@ pub mod status;
 // The guest's file system: the read-only image (built from a manifest) and the per-VM overlay.
 pub mod fs;
 pub mod image;
-// Strict JSON (image manifests, the daemon protocol).
-pub mod json;
 
 // The guest process as the syscall layer sees it (fds, memory map, output) and the syscall table.
 pub mod process;

@@ -1,39 +1,16 @@
-//! The host FFI: the few libc calls the VMM makes, each wrapped in a safe function.
+//! The host FFI: the few libc calls the VMM makes (through the libc crate), each wrapped in a
+//! safe function.
 //!
-//! The VMM's libc calls live here; the other `unsafe` code is the mappings built on `mmap` and
-//! `munmap` (`memory.rs`, `kvm/run_page.rs`) and the test-only ptrace CPU's own calls
-//! (`devcpu/ptrace_sys.rs`).
+//! The VMM's libc calls live here; the other `unsafe` code is the mappings built on
+//! `libc::mmap` and `libc::munmap` (`memory.rs`, `kvm/run_page.rs`) and the test-only ptrace
+//! CPU's own calls (`devcpu/ptrace_sys.rs`).
 //! Wrappers return `io::Result` with the host errno, so callers never see raw return codes.
 
-use std::ffi::{c_int, c_long, c_uint, c_ulong, c_void};
+use std::ffi::{c_int, c_ulong, CString};
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
 
-extern "C" {
-    fn memfd_create(name: *const u8, flags: c_uint) -> c_int;
-    fn ftruncate(fd: c_int, length: i64) -> c_int;
-    pub(crate) fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void;
-    pub(crate) fn munmap(addr: *mut c_void, len: usize) -> c_int;
-    fn ioctl(fd: c_int, request: c_ulong, ...) -> c_int;
-    fn getrandom(buf: *mut c_void, len: usize, flags: c_uint) -> isize;
-    fn syscall(nr: c_long, ...) -> c_long;
-    fn clock_gettime(clock: c_int, tp: *mut Timespec) -> c_int;
-    fn lseek(fd: c_int, offset: i64, whence: c_int) -> i64;
-}
-
-/// `struct timespec` as the host C library lays it out.
-#[repr(C)]
-struct Timespec {
-    tv_sec: i64,
-    tv_nsec: i64,
-}
-
-pub const PROT_READ: c_int = 1;
-pub const PROT_WRITE: c_int = 2;
-pub const MAP_SHARED: c_int = 0x01;
-pub const MAP_PRIVATE: c_int = 0x02;
-pub const MAP_NORESERVE: c_int = 0x4000;
-pub const MAP_FAILED: *mut c_void = !0usize as *mut c_void;
-const MFD_CLOEXEC: c_uint = 1;
+pub use libc::{SIGINT, SIGTERM};
 
 fn check(ret: c_int) -> io::Result<c_int> {
     if ret < 0 {
@@ -44,30 +21,24 @@ fn check(ret: c_int) -> io::Result<c_int> {
 }
 
 /// Creates an anonymous memory file of `size` bytes (guest RAM lives in one).
-pub fn memfd(name: &str, size: u64) -> io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    let mut cname = name.as_bytes().to_vec();
-    cname.push(0);
-    // SAFETY: cname is NUL-terminated and outlives the call.
-    let fd = check(unsafe { memfd_create(cname.as_ptr(), MFD_CLOEXEC) })?;
+pub fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
+    let name = CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name contains NUL"))?;
+    // SAFETY: name is NUL-terminated and outlives the call.
+    let fd = check(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) })?;
     // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
-    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: plain syscall on a valid fd.
-    check(unsafe { ftruncate(fd, size as i64) })?;
+    check(unsafe { libc::ftruncate(fd, size as i64) })?;
     Ok(owned)
 }
-
-const SEEK_DATA: c_int = 3;
-const SEEK_HOLE: c_int = 4;
-const ENXIO: i32 = 6;
 
 /// The first offset at or after `offset` where `fd` holds data; None when only a hole follows.
 pub fn seek_data(fd: c_int, offset: u64) -> io::Result<Option<u64>> {
     // SAFETY: lseek takes integers only.
-    match unsafe { lseek(fd, offset as i64, SEEK_DATA) } {
+    match unsafe { libc::lseek(fd, offset as i64, libc::SEEK_DATA) } {
         n if n >= 0 => Ok(Some(n as u64)),
         _ => match io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(ENXIO) => Ok(None),
+            e if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
             e => Err(e),
         },
     }
@@ -76,7 +47,7 @@ pub fn seek_data(fd: c_int, offset: u64) -> io::Result<Option<u64>> {
 /// The first offset at or after `offset` where a hole (or the end of `fd`) begins.
 pub fn seek_hole(fd: c_int, offset: u64) -> io::Result<u64> {
     // SAFETY: lseek takes integers only.
-    match unsafe { lseek(fd, offset as i64, SEEK_HOLE) } {
+    match unsafe { libc::lseek(fd, offset as i64, libc::SEEK_HOLE) } {
         n if n >= 0 => Ok(n as u64),
         _ => Err(io::Error::last_os_error()),
     }
@@ -85,20 +56,23 @@ pub fn seek_hole(fd: c_int, offset: u64) -> io::Result<u64> {
 /// ioctl with an integer (or no) argument.
 pub fn ioctl_val(fd: c_int, request: c_ulong, arg: c_ulong) -> io::Result<c_int> {
     // SAFETY: the kernel reads no memory for value-argument ioctls.
-    check(unsafe { ioctl(fd, request, arg) })
+    check(unsafe { libc::ioctl(fd, request, arg) })
 }
 
 /// ioctl whose argument is a pointer to `T` that the kernel reads.
 pub fn ioctl_ref<T>(fd: c_int, request: c_ulong, arg: &T) -> io::Result<c_int> {
     // SAFETY: arg is a valid, initialised T for the duration of the call.
-    check(unsafe { ioctl(fd, request, arg as *const T) })
+    check(unsafe { libc::ioctl(fd, request, arg as *const T) })
 }
 
 /// ioctl whose argument is a pointer to `T` that the kernel writes (and may read).
 pub fn ioctl_mut<T>(fd: c_int, request: c_ulong, arg: &mut T) -> io::Result<c_int> {
     // SAFETY: arg is a valid, exclusively borrowed T for the duration of the call.
-    check(unsafe { ioctl(fd, request, arg as *mut T) })
+    check(unsafe { libc::ioctl(fd, request, arg as *mut T) })
 }
+
+// PAGEMAP_SCAN (Linux 6.7) is newer than Debian's libc crate (0.2.139): its constants and
+// structs are declared here from linux/fs.h.
 
 /// `PAGE_IS_*` page categories of the PAGEMAP_SCAN ioctl (linux/fs.h).
 pub const PAGE_IS_FILE: u64 = 1 << 2;
@@ -155,7 +129,7 @@ pub fn pagemap_scan(pagemap: c_int, start: u64, end: u64, mask: u64, inverted: u
     };
     // SAFETY: arg is a valid pm_scan_arg; the kernel writes at most vec_len regions to vec,
     // which is `regions`, exclusively borrowed for the call.
-    let filled = check(unsafe { ioctl(pagemap, PAGEMAP_SCAN, &mut arg as *mut PmScanArg) })?;
+    let filled = check(unsafe { libc::ioctl(pagemap, PAGEMAP_SCAN, &mut arg as *mut PmScanArg) })?;
     Ok((filled as usize, arg.walk_end))
 }
 
@@ -164,7 +138,7 @@ pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         // SAFETY: the pointer and length describe the unfilled tail of buf.
-        let n = unsafe { getrandom(buf[done..].as_mut_ptr() as *mut c_void, buf.len() - done, 0) };
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
         if n < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
@@ -179,59 +153,56 @@ pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
 
 /// The calling thread's kernel thread id (for signalling a vCPU thread).
 pub fn gettid() -> i32 {
-    const SYS_GETTID: c_long = 186;
     // SAFETY: gettid takes no arguments and cannot fail.
-    unsafe { syscall(SYS_GETTID) as i32 }
+    unsafe { libc::gettid() }
 }
 
 /// Reads host clock `clock` (a Linux clock id) as (seconds, nanoseconds).
 pub fn clock_time(clock: c_int) -> io::Result<(i64, i64)> {
-    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid, exclusively borrowed timespec for the duration of the call.
-    check(unsafe { clock_gettime(clock, &mut ts) })?;
+    check(unsafe { libc::clock_gettime(clock, &mut ts) })?;
     Ok((ts.tv_sec, ts.tv_nsec))
 }
 
 // Kicking a vCPU thread out of KVM_RUN (kvm/): a thread-directed signal whose handler does
 // nothing, installed without SA_RESTART so the blocked ioctl returns EINTR.
-extern "C" {
-    fn sigaction(signum: c_int, act: *const SigAction, oldact: *mut SigAction) -> c_int;
-    fn __libc_current_sigrtmin() -> c_int;
-}
-
-/// `struct sigaction` as glibc lays it out on x86-64 (152 bytes).
-#[repr(C)]
-struct SigAction {
-    handler: extern "C" fn(c_int),
-    mask: [u64; 16],
-    flags: c_int,
-    restorer: Option<extern "C" fn()>,
-}
 
 extern "C" fn ignore_signal(_signo: c_int) {}
 
 /// The first real-time signal the C library leaves to applications (SIGRTMIN).
 pub fn sigrtmin() -> c_int {
-    // SAFETY: a pure query of the C library, no arguments.
-    unsafe { __libc_current_sigrtmin() }
+    libc::SIGRTMIN()
+}
+
+/// An empty signal set.
+fn empty_signal_set() -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is a plain bit array, valid when zeroed; sigemptyset then makes it the
+    // C library's empty set.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a valid, exclusively borrowed sigset_t.
+    check(unsafe { libc::sigemptyset(&mut set) })?;
+    Ok(set)
 }
 
 /// Installs a do-nothing handler for `signo` without SA_RESTART: a blocking system call in a
 /// thread that receives `signo` then returns EINTR instead of being restarted.
 pub fn install_interrupting_handler(signo: c_int) -> io::Result<()> {
-    let act = SigAction { handler: ignore_signal, mask: [0; 16], flags: 0, restorer: None };
+    // SAFETY: an all-zero sigaction is valid (default handler, no flags, no restorer).
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = ignore_signal as extern "C" fn(c_int) as libc::sighandler_t;
+    act.sa_mask = empty_signal_set()?;
     // SAFETY: act is a valid sigaction that outlives the call; the handler does nothing, so it
     // is async-signal-safe; no old action is requested.
-    check(unsafe { sigaction(signo, &act, std::ptr::null_mut()) })?;
+    check(unsafe { libc::sigaction(signo, &act, std::ptr::null_mut()) })?;
     Ok(())
 }
 
 /// Sends `signo` to thread `tid` of this process.
 pub fn tgkill(tid: i32, signo: c_int) -> io::Result<()> {
-    const SYS_TGKILL: c_long = 234;
-    let pid = std::process::id() as c_long;
+    let pid = std::process::id() as libc::c_long;
     // SAFETY: tgkill takes three integers and touches no memory of ours.
-    let ret = unsafe { syscall(SYS_TGKILL, pid, tid as c_long, signo as c_long) };
+    let ret = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid as libc::c_long, signo as libc::c_long) };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -239,44 +210,31 @@ pub fn tgkill(tid: i32, signo: c_int) -> io::Result<()> {
 }
 
 /// ioctl with an integer argument that returns a new file descriptor (KVM_CREATE_VM, ...).
-pub fn ioctl_new_fd(fd: c_int, request: c_ulong, arg: c_ulong) -> io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
+pub fn ioctl_new_fd(fd: c_int, request: c_ulong, arg: c_ulong) -> io::Result<OwnedFd> {
     let new_fd = ioctl_val(fd, request, arg)?;
     // SAFETY: the kernel just returned new_fd as a fresh descriptor that nothing else owns.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(new_fd) })
+    Ok(unsafe { OwnedFd::from_raw_fd(new_fd) })
 }
 
 // Termination signals for the daemon (`serve`): blocked in every thread and taken by one
 // thread with sigwait, so shutdown runs as ordinary code instead of in a signal handler.
-extern "C" {
-    fn sigemptyset(set: *mut SignalSet) -> c_int;
-    fn sigaddset(set: *mut SignalSet, signum: c_int) -> c_int;
-    fn pthread_sigmask(how: c_int, set: *const SignalSet, oldset: *mut SignalSet) -> c_int;
-    fn sigwait(set: *const SignalSet, sig: *mut c_int) -> c_int;
-}
 
-pub const SIGINT: c_int = 2;
-pub const SIGTERM: c_int = 15;
-
-/// glibc's `sigset_t` (1024 bits).
-#[repr(C)]
+/// A set of signals blocked by `block_signals`, for `wait_for_signal`.
 #[derive(Clone, Copy)]
-pub struct SignalSet([u64; 16]);
+pub struct SignalSet(libc::sigset_t);
 
 /// Blocks `signals` in the calling thread (threads it starts later inherit the mask) and
 /// returns them as a set for `wait_for_signal`.
 pub fn block_signals(signals: &[c_int]) -> io::Result<SignalSet> {
-    const SIG_BLOCK: c_int = 0;
-    let mut set = SignalSet([0; 16]);
-    // SAFETY: set is a valid, exclusively borrowed sigset_t.
-    check(unsafe { sigemptyset(&mut set) })?;
+    let mut set = empty_signal_set()?;
     for &signum in signals {
-        // SAFETY: as above; an invalid signal number is reported as EINVAL.
-        check(unsafe { sigaddset(&mut set, signum) })?;
+        // SAFETY: set is a valid, exclusively borrowed sigset_t; an invalid signal number is
+        // reported as EINVAL.
+        check(unsafe { libc::sigaddset(&mut set, signum) })?;
     }
     // SAFETY: set is initialised; no old mask is requested. Returns an errno value, not -1.
-    match unsafe { pthread_sigmask(SIG_BLOCK, &set, std::ptr::null_mut()) } {
-        0 => Ok(set),
+    match unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } {
+        0 => Ok(SignalSet(set)),
         errno => Err(io::Error::from_raw_os_error(errno)),
     }
 }
@@ -285,7 +243,7 @@ pub fn block_signals(signals: &[c_int]) -> io::Result<SignalSet> {
 pub fn wait_for_signal(set: &SignalSet) -> io::Result<c_int> {
     let mut signum: c_int = 0;
     // SAFETY: set is an initialised sigset_t and signum a valid int, both outliving the call.
-    match unsafe { sigwait(set, &mut signum) } {
+    match unsafe { libc::sigwait(&set.0, &mut signum) } {
         0 => Ok(signum),
         errno => Err(io::Error::from_raw_os_error(errno)),
     }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use daemon_support::{templates_dir, assert_error, scratch, str_of, u64_of, wait_for, Client};
-use sandfork_vmm::json::Value;
+use serde_json::Value;
 
 /// A running daemon process, killed if the test ends without stopping it.
 struct Daemon {
@@ -103,7 +103,7 @@ fn serves_health_templates_and_execute_on_this_host() {
     assert_error(&client.call(r#"{"id":4,"type":"execute","template":"ruby","code":"x"}"#), "unknown_template", Some(4));
 
     let stats = client.call(r#"{"id":5,"type":"stats"}"#);
-    assert_eq!(stats.to_json(), format!(r#"{{"id":5,"type":"stats","executions":{},"in_flight":0,"pools":[]}}"#, u64::from(kvm_present)));
+    assert_eq!(stats.to_string(), format!(r#"{{"id":5,"type":"stats","executions":{},"in_flight":0,"pools":[]}}"#, u64::from(kvm_present)));
     drop(client);
 
     let status = daemon.terminate();

@@ -14,7 +14,7 @@ use daemon_support::{assert_error, config, parse, scratch, str_of, u64_of, wait_
 use sandfork_vmm::daemon::frame;
 use sandfork_vmm::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage, VmOrigin};
 use sandfork_vmm::daemon::server::{Server, ServerConfig};
-use sandfork_vmm::json::Value;
+use serde_json::Value;
 use sandfork_vmm::status::RunStatus;
 
 /// Executes by script: code "block" waits until `release`, "panic" panics, anything else
@@ -90,11 +90,11 @@ fn handshake_then_list_health_and_stats() {
     let mut client = Client::connect(&server.path);
     let hello = client.call(r#"{"type":"hello","protocol":1}"#);
     assert_eq!(hello, parse(concat!(r#"{"type":"hello","protocol":1,"server":"sandfork-vmm "#, env!("CARGO_PKG_VERSION"), r#""}"#)));
-    assert_eq!(client.call(r#"{"id":1,"type":"list_templates"}"#).to_json(), format!(r#"{{"id":1,"type":"templates","templates":[{{"name":"fake","content_hash":"{}","language":"python","ready":true}}]}}"#, "00".repeat(32)));
-    assert_eq!(client.call(r#"{"id":2,"type":"health"}"#).to_json(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
+    assert_eq!(client.call(r#"{"id":1,"type":"list_templates"}"#).to_string(), format!(r#"{{"id":1,"type":"templates","templates":[{{"name":"fake","content_hash":"{}","language":"python","ready":true}}]}}"#, "00".repeat(32)));
+    assert_eq!(client.call(r#"{"id":2,"type":"health"}"#).to_string(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
     let answer = client.call(&execute(3, "hi"));
     assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout"), u64_of(&answer, "id")), ("ok", "hi\n", 3), "{answer}");
-    assert_eq!(client.call(r#"{"id":4,"type":"stats"}"#).to_json(), r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7}]}"#);
+    assert_eq!(client.call(r#"{"id":4,"type":"stats"}"#).to_string(), r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7}]}"#);
     server.stop();
 }
 

@@ -19,7 +19,7 @@ use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::server::ServerConfig;
 use sandfork_vmm::daemon::templates;
 use sandfork_vmm::devcpu::PtraceCpu;
-use sandfork_vmm::json::Value;
+use serde_json::Value;
 use sandfork_vmm::loader::LoadedProgram;
 use sandfork_vmm::memory::GuestMemory;
 
@@ -47,7 +47,7 @@ fn one_execution_maps_to_the_protocol_response() {
     assert_eq!((str_of(&answer, "type"), u64_of(&answer, "id"), str_of(&answer, "status")), ("execution", 1, "ok"), "{answer}");
     assert_eq!((answer.get("exit_code"), str_of(&answer, "stdout"), str_of(&answer, "stderr")), (Some(&Value::from(0i64)), "42\n", ""), "{answer}");
     assert_eq!((answer.get("truncated"), answer.get("fault")), (Some(&Value::Bool(false)), Some(&Value::Null)));
-    assert_eq!(answer.get("limits").map(Value::to_json).as_deref(), Some(r#"{"timeout_ms":10000,"memory_mib":256,"output_bytes":1048576}"#));
+    assert_eq!(answer.get("limits").map(Value::to_string).as_deref(), Some(r#"{"timeout_ms":10000,"memory_mib":256,"output_bytes":1048576}"#));
     let timings = answer.get("timings").unwrap();
     let usage = answer.get("usage").unwrap();
     assert!(u64_of(timings, "fork_us") > 0 && u64_of(timings, "exec_us") > 0, "{answer}");
@@ -106,7 +106,7 @@ fn outcomes_map_to_statuses_concurrently_on_one_connection() {
     assert!(u64_of(fault, "rip") > 0);
     assert_eq!(str_of(binary, "stdout"), "ok \u{fffd}\n", "invalid UTF-8 is replaced");
     assert_eq!(str_of(inputs, "stdout"), "['prog.py', '--n', '3'] hi typed ['a,b', '1,2'] b'\\x00\\xff'\n", "{inputs}");
-    assert_eq!(clamped.get("limits").map(Value::to_json).as_deref(), Some(r#"{"timeout_ms":10000,"memory_mib":64,"output_bytes":1048576}"#), "clamped into [minimum, maximum]");
+    assert_eq!(clamped.get("limits").map(Value::to_string).as_deref(), Some(r#"{"timeout_ms":10000,"memory_mib":64,"output_bytes":1048576}"#), "clamped into [minimum, maximum]");
     server.stop();
 }
 

@@ -22,7 +22,7 @@ use sandfork_vmm::daemon::server::ServerConfig;
 use sandfork_vmm::daemon::templates;
 use sandfork_vmm::devcpu::PtraceCpu;
 use sandfork_vmm::fs::Image;
-use sandfork_vmm::json::Value;
+use serde_json::Value;
 use sandfork_vmm::memory::GuestMemory;
 use sandfork_vmm::snapshot::{self, ForkMemory};
 use sandfork_vmm::vm;
@@ -69,7 +69,7 @@ fn stats(client: &mut Client) -> Value {
 /// The python template's pool counters from `stats`.
 fn pool_stats(client: &mut Client) -> Value {
     let stats = stats(client);
-    match stats.get("pools").and_then(Value::as_array) {
+    match stats.get("pools").and_then(Value::as_array).map(Vec::as_slice) {
         Some([pool]) if str_of(pool, "template") == "python" => pool.clone(),
         _ => panic!("expected one pool, for python: {stats}"),
     }
@@ -109,7 +109,7 @@ fn a_pooled_daemon_serves_each_request_on_a_fresh_vm() {
         seen.push(stdout);
         let timings = answer.get("timings").unwrap();
         let pool = wait_for_refill(&mut client);
-        eprintln!("pooled request {id}: timings {}, pool {pool}", timings.to_json());
+        eprintln!("pooled request {id}: timings {}, pool {pool}", timings.to_string());
         assert!(u64_of(timings, "exec_us") > 0 && u64_of(answer.get("usage").unwrap(), "pages_copied") > 1000, "{answer}");
         assert!(u64_of(timings, "fork_us") * 4 < u64_of(&pool, "fork_us_mean"), "a ready VM was waiting, creating one costs {pool}: {answer}");
     }
@@ -128,7 +128,7 @@ fn pool_size_zero_restores_a_vm_per_request() {
     let answer = client.call(&execute(1, "print(6*7)"));
     assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "42\n"), "{answer}");
     assert!(u64_of(answer.get("timings").unwrap(), "fork_us") > 0, "{answer}");
-    assert_eq!(stats(&mut client).get("pools").map(Value::to_json).as_deref(), Some("[]"));
+    assert_eq!(stats(&mut client).get("pools").map(Value::to_string).as_deref(), Some("[]"));
     server.stop();
 }
 

@@ -22,6 +22,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use serde_json::{json, Value};
+
 use super::agent_executor::AgentExecutor;
 use super::executor::{ExecutionLimits, Executor};
 use super::request::LimitPolicy;
@@ -29,7 +31,6 @@ use super::server::{Server, ServerConfig};
 use super::templates::{self, Language, Template};
 use super::{frame, isolation};
 use crate::bench::{measure_native, time_runs, Latency};
-use crate::json::Value;
 use crate::snapshot::ForkMemory;
 use crate::{kvm, sys};
 
@@ -79,27 +80,27 @@ impl ExecReport {
     }
 
     pub fn to_json(&self) -> String {
-        let latency = |l: &Latency| Value::object([("p50", Value::from(l.p50.as_micros() as u64)), ("p99", Value::from(l.p99.as_micros() as u64))]);
-        let by_count = |rows: Vec<(usize, f64)>| Value::object(rows.into_iter().map(|(n, v)| (n.to_string(), Value::from(v))));
-        Value::object([
-            ("template", Value::from(self.template.as_str())),
-            ("code", Value::from(self.code)),
-            ("native_command", Value::from(self.native_command.as_str())),
-            ("iterations", Value::from(self.iterations as u64)),
-            ("pool_size", Value::from(self.pool_size as u64)),
-            ("fresh_fork_us", latency(&self.fresh_fork)),
-            ("pooled_exec_us", latency(&self.pooled_exec)),
-            ("native_spawn_us", latency(&self.native_spawn)),
-            ("native_over_pooled_p50", Value::from(self.ratio())),
-            ("vmm_cpu_us_per_exec", Value::from(self.vmm_cpu_us_per_exec)),
-            ("daemon_exec_per_s", by_count(self.exec_per_s.clone())),
-            ("rss_per_idle_vm_kib", by_count(self.idle_vm_kib.iter().map(|&(n, rss, _)| (n, rss)).collect())),
-            ("host_memory_per_idle_vm_kib", by_count(self.idle_vm_kib.iter().map(|&(n, _, host)| (n, host)).collect())),
-            ("warm_vm_copied_kib", Value::from(self.warm_vm_kib)),
-            ("isolation_ok", Value::Bool(self.isolation.is_ok())),
-            ("isolation_error", self.isolation.as_ref().err().map_or(Value::Null, |e| Value::from(e.as_str()))),
-        ])
-        .to_json()
+        let latency = |l: &Latency| json!({"p50": l.p50.as_micros() as u64, "p99": l.p99.as_micros() as u64});
+        let by_count = |rows: Vec<(usize, f64)>| Value::Object(rows.into_iter().map(|(n, v)| (n.to_string(), json!(v))).collect());
+        json!({
+            "template": self.template,
+            "code": self.code,
+            "native_command": self.native_command,
+            "iterations": self.iterations,
+            "pool_size": self.pool_size,
+            "fresh_fork_us": latency(&self.fresh_fork),
+            "pooled_exec_us": latency(&self.pooled_exec),
+            "native_spawn_us": latency(&self.native_spawn),
+            "native_over_pooled_p50": self.ratio(),
+            "vmm_cpu_us_per_exec": self.vmm_cpu_us_per_exec,
+            "daemon_exec_per_s": by_count(self.exec_per_s.clone()),
+            "rss_per_idle_vm_kib": by_count(self.idle_vm_kib.iter().map(|&(n, rss, _)| (n, rss)).collect()),
+            "host_memory_per_idle_vm_kib": by_count(self.idle_vm_kib.iter().map(|&(n, _, host)| (n, host)).collect()),
+            "warm_vm_copied_kib": self.warm_vm_kib,
+            "isolation_ok": self.isolation.is_ok(),
+            "isolation_error": self.isolation.as_ref().err(),
+        })
+        .to_string()
     }
 }
 
@@ -281,19 +282,12 @@ impl Client {
     fn connect(socket: &Path) -> Result<Client, String> {
         let stream = UnixStream::connect(socket).map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
         let mut client = Client { stream, next_id: 1 };
-        client.call(Value::object([("type", Value::from("hello")), ("protocol", Value::from(1u64))]))?;
+        client.send_and_read(&json!({"type": "hello", "protocol": 1}))?;
         Ok(client)
     }
 
-    /// Sends `message` (with the next id, but for the hello, which has none) and reads the answer.
-    fn call(&mut self, mut message: Value) -> Result<Value, String> {
-        if let Value::Object(members) = &mut message {
-            if members.iter().all(|(key, value)| key != "type" || value.as_str() != Some("hello")) {
-                members.insert(0, ("id".to_owned(), Value::from(self.next_id)));
-                self.next_id += 1;
-            }
-        }
-        frame::write_frame(&mut self.stream, &message).map_err(|e| format!("writing to the daemon: {e}"))?;
+    fn send_and_read(&mut self, message: &Value) -> Result<Value, String> {
+        frame::write_frame(&mut self.stream, message).map_err(|e| format!("writing to the daemon: {e}"))?;
         let answer = frame::read_frame(&mut self.stream).map_err(|e| format!("reading from the daemon: {e}"))?;
         match answer.get("type").and_then(Value::as_str) {
             Some("error") => Err(format!("the daemon answered {answer}")),
@@ -303,7 +297,9 @@ impl Client {
 
     /// Executes `code` and checks it printed `stdout`.
     fn execute(&mut self, template: &str, code: &str, stdout: &str) -> Result<Value, String> {
-        let answer = self.call(Value::object([("type", Value::from("execute")), ("template", Value::from(template)), ("code", Value::from(code))]))?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let answer = self.send_and_read(&json!({"id": id, "type": "execute", "template": template, "code": code}))?;
         if answer.get("stdout").and_then(Value::as_str) != Some(stdout) {
             return Err(format!("`{code}` did not print {stdout:?}: {answer}"));
         }

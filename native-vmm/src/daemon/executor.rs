@@ -9,11 +9,13 @@
 use std::fmt;
 use std::time::Duration;
 
+use serde::Serialize;
+
 use crate::agent::AgentRequest;
 use crate::status::RunStatus;
 
 /// The limits one execution runs under, already clamped to the daemon's maxima.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ExecutionLimits {
     pub timeout_ms: u64,
     pub memory_mib: u64,
@@ -41,7 +43,7 @@ pub struct ExecuteRequest {
 }
 
 /// Counters of one execution, reported as `usage`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub wall_us: u64,
     /// CPU time of the thread that ran the VM (guest and VMM time under KVM).
@@ -123,7 +125,7 @@ impl fmt::Display for ExecuteError {
 }
 
 /// A template as `list_templates` reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TemplateInfo {
     pub name: String,
     /// Hex SHA-256 identifying the template's file image.
@@ -142,7 +144,7 @@ pub struct Health {
 }
 
 /// One template's warm pool, as `stats` reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PoolStats {
     pub template: String,
     /// VMs created and waiting for a request.

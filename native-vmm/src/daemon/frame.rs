@@ -3,11 +3,17 @@
 //! cap before anything is allocated, and every way a frame can be malformed is its own error,
 //! so the server can tell the ones it can recover from (the payload was read whole) from the
 //! ones that lose the frame boundary (the connection must close).
+//!
+//! serde_json reads the JSON; `StrictValue` builds the value and refuses what serde_json's own
+//! `Value` would let through: a key given twice in one object (the later one would silently win,
+//! so two readers of one frame could see two requests) and nesting deeper than `MAX_DEPTH`.
 
 use std::fmt;
 use std::io::{self, Read, Write};
 
-use crate::json::{self, ParseError, Value};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 /// The largest payload, in either direction (16 MiB).
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -27,8 +33,8 @@ pub enum FrameError {
     Truncated { expected: usize, got: usize },
     /// The payload is not UTF-8.
     NotUtf8 { valid_up_to: usize },
-    /// The payload is UTF-8 but not JSON.
-    NotJson(ParseError),
+    /// The payload is UTF-8 but not JSON (or has a duplicate key or nests too deep).
+    NotJson(serde_json::Error),
     /// The payload is JSON but not an object.
     NotObject,
     /// Reading from the connection failed.
@@ -97,41 +103,131 @@ pub fn read_frame(reader: &mut impl Read) -> Result<Value, FrameError> {
 
 /// Checks a complete payload: UTF-8, then JSON, then an object.
 pub fn decode_payload(payload: &[u8]) -> Result<Value, FrameError> {
-    std::str::from_utf8(payload).map_err(|e| FrameError::NotUtf8 { valid_up_to: e.valid_up_to() })?;
-    let limits = json::Limits { max_bytes: MAX_FRAME_BYTES, max_depth: MAX_DEPTH };
-    match json::parse_with(payload, limits).map_err(FrameError::NotJson)? {
-        value @ Value::Object(_) => Ok(value),
+    let text = std::str::from_utf8(payload).map_err(|e| FrameError::NotUtf8 { valid_up_to: e.valid_up_to() })?;
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let value = StrictValue { depth: 1 }.deserialize(&mut reader).map_err(FrameError::NotJson)?;
+    reader.end().map_err(FrameError::NotJson)?;
+    match value {
+        Value::Object(_) => Ok(value),
         _ => Err(FrameError::NotObject),
     }
 }
 
-/// Encodes `message` as one frame (header and payload), or says why it cannot be sent.
-pub fn encode_frame(message: &Value) -> Result<Vec<u8>, FrameTooLarge> {
-    let payload = message.to_json();
-    if payload.len() > MAX_FRAME_BYTES {
-        return Err(FrameTooLarge { length: payload.len() });
+/// Builds one JSON value at nesting `depth` (the top-level value is depth 1).
+#[derive(Clone, Copy)]
+struct StrictValue {
+    depth: usize,
+}
+
+impl StrictValue {
+    /// The seed for the members of an array or object at this depth.
+    fn members<E: de::Error>(self) -> Result<StrictValue, E> {
+        if self.depth > MAX_DEPTH {
+            return Err(E::custom(format_args!("nesting deeper than {MAX_DEPTH} levels")));
+        }
+        Ok(StrictValue { depth: self.depth + 1 })
     }
-    let mut frame = Vec::with_capacity(4 + payload.len());
-    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    frame.extend_from_slice(payload.as_bytes());
+}
+
+impl<'de> DeserializeSeed<'de> for StrictValue {
+    type Value = Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrictValue {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(n.into())
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(n.into())
+    }
+
+    /// Always a number: serde_json refuses non-finite ones while parsing (`from` maps them to null).
+    fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
+        Ok(n.into())
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let member = self.members()?;
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(member)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let member = self.members()?;
+        let mut members = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if members.contains_key(&key) {
+                return Err(de::Error::custom(format_args!("duplicate object key {key:?}")));
+            }
+            let value = map.next_value_seed(member)?;
+            members.insert(key, value);
+        }
+        Ok(Value::Object(members))
+    }
+}
+
+/// Encodes `message` as one frame (header and payload), or says why it cannot be sent.
+pub fn encode_frame(message: &impl Serialize) -> Result<Vec<u8>, EncodeError> {
+    // The header's room first, then the payload serialised after it.
+    let mut frame = vec![0u8; 4];
+    serde_json::to_writer(&mut frame, message).map_err(EncodeError::NotSerialisable)?;
+    let length = frame.len() - 4;
+    if length > MAX_FRAME_BYTES {
+        return Err(EncodeError::TooLarge { length });
+    }
+    frame[..4].copy_from_slice(&(length as u32).to_be_bytes());
     Ok(frame)
 }
 
-/// A message whose encoding exceeds `MAX_FRAME_BYTES` (the daemon's limits keep responses far
-/// below it; hitting this is a bug).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FrameTooLarge {
-    pub length: usize,
+/// Why a message cannot be sent. Both are bugs: the daemon's limits keep responses far below
+/// the cap, and its messages are structs with string keys, which always serialise.
+#[derive(Debug)]
+pub enum EncodeError {
+    TooLarge { length: usize },
+    NotSerialisable(serde_json::Error),
 }
 
-impl fmt::Display for FrameTooLarge {
+impl fmt::Display for EncodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "response of {} bytes exceeds the frame limit of {MAX_FRAME_BYTES} bytes", self.length)
+        match self {
+            EncodeError::TooLarge { length } => write!(f, "response of {length} bytes exceeds the frame limit of {MAX_FRAME_BYTES} bytes"),
+            EncodeError::NotSerialisable(e) => write!(f, "response cannot be serialised: {e}"),
+        }
     }
 }
 
 /// Writes one frame with a single `write_all` (callers serialise writers on a connection).
-pub fn write_frame(writer: &mut impl Write, message: &Value) -> io::Result<()> {
+pub fn write_frame(writer: &mut impl Write, message: &impl Serialize) -> io::Result<()> {
     let frame = encode_frame(message).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     writer.write_all(&frame)?;
     writer.flush()
@@ -139,6 +235,8 @@ pub fn write_frame(writer: &mut impl Write, message: &Value) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn frame(payload: &[u8]) -> Vec<u8> {
@@ -165,7 +263,7 @@ mod tests {
 
     #[test]
     fn a_frame_round_trips() {
-        let message = Value::object([("type", Value::from("hello")), ("protocol", Value::from(1u64)), ("s", Value::from("é\u{1}\"\n"))]);
+        let message = json!({"type": "hello", "protocol": 1, "s": "é\u{1}\"\n"});
         let bytes = encode_frame(&message).unwrap();
         assert_eq!(&bytes[..4], &((bytes.len() - 4) as u32).to_be_bytes());
         assert_eq!(read(&bytes).unwrap(), message);
@@ -175,7 +273,7 @@ mod tests {
         stream.extend_from_slice(&frame(b"{}"));
         let mut reader = &stream[..];
         assert_eq!(read_frame(&mut reader).unwrap(), message);
-        assert_eq!(read_frame(&mut reader).unwrap(), Value::Object(vec![]));
+        assert_eq!(read_frame(&mut reader).unwrap(), json!({}));
         assert!(matches!(read_frame(&mut reader), Err(FrameError::Closed)));
     }
 
@@ -281,9 +379,8 @@ mod tests {
 
     #[test]
     fn responses_larger_than_the_cap_are_not_encoded() {
-        let big = Value::object([("s", Value::from("\u{1}".repeat(MAX_FRAME_BYTES / 6 + 1)))]);
-        let error = encode_frame(&big).unwrap_err();
-        assert!(error.length > MAX_FRAME_BYTES);
+        let big = json!({"s": "\u{1}".repeat(MAX_FRAME_BYTES / 6 + 1)});
+        assert!(matches!(encode_frame(&big), Err(EncodeError::TooLarge { length }) if length > MAX_FRAME_BYTES));
         assert!(write_frame(&mut Vec::new(), &big).is_err());
     }
 }

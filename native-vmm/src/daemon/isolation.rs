@@ -11,9 +11,10 @@
 
 use std::collections::BTreeSet;
 
+use serde_json::Value;
+
 use crate::agent::{AgentRequest, DEFAULT_SCRIPT};
 use crate::daemon::executor::{ExecuteRequest, ExecutionLimits, Executor, VmOrigin};
-use crate::json::{self, Value};
 use crate::status::RunStatus;
 
 /// The secret's marker. Both programs spell it in two pieces, so that their own code never
@@ -148,11 +149,11 @@ pub fn new_token() -> std::io::Result<String> {
 /// Line `index` of a program's output, as JSON.
 fn parse(what: &str, stdout: &[u8], index: usize) -> Result<Value, String> {
     let line = stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).nth(index).ok_or_else(|| format!("the {what} printed no line {index}: {}", String::from_utf8_lossy(stdout)))?;
-    json::parse(line).map_err(|e| format!("the {what}'s output is not JSON ({e}): {}", String::from_utf8_lossy(stdout)))
+    serde_json::from_slice(line).map_err(|e| format!("the {what}'s output is not JSON ({e}): {}", String::from_utf8_lossy(stdout)))
 }
 
 fn strings(value: Option<&Value>) -> BTreeSet<String> {
-    value.and_then(Value::as_array).unwrap_or(&[]).iter().map(|v| v.as_str().map_or_else(|| v.to_json(), str::to_owned)).collect()
+    value.and_then(Value::as_array).map_or(&[][..], Vec::as_slice).iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)).collect()
 }
 
 /// Compares a search run after the plant on the same VM (`after`) with one on a fresh fork
@@ -172,7 +173,7 @@ pub fn check(token: &str, control: &[u8], plant: &[u8], after: &[u8]) -> Result<
     }
     for key in ["files", "fds", "signals", "fs_base"] {
         if after.get(key) != control.get(key) {
-            let show = |v: &Value| v.get(key).map_or("none".to_owned(), Value::to_json);
+            let show = |v: &Value| v.get(key).map_or("none".to_owned(), Value::to_string);
             leaks.push(format!("{key}: {} after the plant, {} on a fresh fork", show(&after), show(&control)));
         }
     }

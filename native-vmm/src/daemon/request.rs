@@ -5,7 +5,8 @@
 //!   (`"timeout": 5` for `limits.timeout_ms`) would otherwise silently run with defaults. New
 //!   fields come with a new protocol version. A null field is the same as an absent one.
 //! - Integers are JSON integers in 0..=2^53-1 (what every JSON client represents exactly).
-//! - Types are checked here, field by field; what the code, argv, env, files and stdin may
+//! - Types are checked by serde against the structs below (derived, `deny_unknown_fields`), and
+//!   a refusal names the field's place (`files[2].path: ...`); what the code, argv, env, files and stdin may
 //!   hold (NUL bytes, paths inside /work, counts and sizes) is `AgentRequest::validate`'s
 //!   rule, applied here too so that a bad request is refused before any VM is involved.
 //! - Limits: `timeout_ms` ≥ 1, `memory_mib` ≥ 1, `output_bytes` ≥ 0. Larger than the daemon's
@@ -13,11 +14,16 @@
 //!   the agent needs to boot) is raised to it. The clamped values are what the execution runs
 //!   under, and the response's `limits` echo them.
 
+use std::fmt;
+
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
 use crate::agent::{AgentRequest, DEFAULT_SCRIPT};
 use crate::daemon::base64;
 use crate::daemon::executor::{ExecuteRequest, ExecutionLimits};
 use crate::daemon::response::ErrorCode;
-use crate::json::Value;
 
 /// The protocol version this daemon speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -29,6 +35,8 @@ pub const MAX_TEMPLATE_NAME_BYTES: usize = 255;
 /// standard-library warm-up on the development machine, more where numpy is installed and
 /// imported); a request asking for less gets this much.
 pub const MIN_MEMORY_MIB: u64 = 64;
+/// Client text quoted in an error message is cut to this many characters.
+const MAX_QUOTED_CHARS: usize = 64;
 
 /// Default and maximum limits of a daemon (`serve --max-*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,70 +78,135 @@ fn bad(id: Option<u64>, message: impl Into<String>) -> RequestError {
     RequestError { id, code: ErrorCode::BadRequest, message: message.into() }
 }
 
-/// The members of one object, checked for unknown keys when created.
-struct Fields<'a> {
-    members: &'a [(String, Value)],
-    id: Option<u64>,
-    /// Where this object is, for messages ("limits", "files[2]").
-    place: String,
-}
-
-impl<'a> Fields<'a> {
-    fn new(value: &'a Value, place: &str, allowed: &[&str], id: Option<u64>) -> Result<Fields<'a>, RequestError> {
-        let members = value.as_object().ok_or_else(|| bad(id, format!("{place} must be an object")))?;
-        if let Some((key, _)) = members.iter().find(|(key, _)| !allowed.contains(&key.as_str())) {
-            let at = if place.is_empty() { String::new() } else { format!(" in {place}") };
-            return Err(bad(id, format!("unknown field '{}'{at}", truncate(key))));
-        }
-        Ok(Fields { members, id, place: place.to_owned() })
-    }
-
-    fn name(&self, key: &str) -> String {
-        if self.place.is_empty() {
-            key.to_owned()
-        } else {
-            format!("{}.{key}", self.place)
-        }
-    }
-
-    /// A present, non-null member.
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.members.iter().find(|(k, _)| k == key).map(|(_, v)| v).filter(|v| !v.is_null())
-    }
-
-    fn require(&self, key: &str) -> Result<&'a Value, RequestError> {
-        self.get(key).ok_or_else(|| bad(self.id, format!("{} is required", self.name(key))))
-    }
-
-    fn string(&self, key: &str, value: &'a Value) -> Result<&'a str, RequestError> {
-        value.as_str().ok_or_else(|| bad(self.id, format!("{} must be a string", self.name(key))))
-    }
-
-    fn integer(&self, key: &str, value: &Value, min: u64) -> Result<u64, RequestError> {
-        match value.as_u64() {
-            Some(n) if (min..=MAX_INTEGER).contains(&n) => Ok(n),
-            _ => Err(bad(self.id, format!("{} must be an integer from {min} to {MAX_INTEGER}", self.name(key)))),
-        }
-    }
-}
-
-/// At most 64 characters of client text, for error messages.
-fn truncate(text: &str) -> String {
-    match text.char_indices().nth(64) {
+/// At most `max` characters of `text` (client text in error messages).
+fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
+    }
+}
+
+/// Reads `frame` as a `T`; a refusal names where in the frame it lies ("limits.timeout_ms: ...").
+/// serde quotes the offending key or value whole, so the message is cut (a hostile frame may
+/// carry megabytes there).
+fn typed<'a, T: Deserialize<'a>>(frame: &'a Value, id: Option<u64>) -> Result<T, RequestError> {
+    serde_path_to_error::deserialize(frame).map_err(|e| {
+        let path = e.path().to_string();
+        let message = if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) };
+        bad(id, truncate(&message, 4 * MAX_QUOTED_CHARS))
+    })
+}
+
+/// An integer in 0..=MAX_INTEGER: what every JSON client represents exactly.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(try_from = "u64")]
+struct SafeInteger(u64);
+
+impl TryFrom<u64> for SafeInteger {
+    type Error = String;
+
+    fn try_from(n: u64) -> Result<SafeInteger, String> {
+        if n <= MAX_INTEGER {
+            Ok(SafeInteger(n))
+        } else {
+            Err(format!("{n} is above {MAX_INTEGER}"))
+        }
+    }
+}
+
+/// `{"type": "hello", "protocol": N}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object")]
+struct Hello {
+    #[serde(rename = "type")]
+    kind: String,
+    protocol: SafeInteger,
+}
+
+/// A request with no fields besides `id` and `type` (read before, in `parse_request`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object")]
+struct NoFields {
+    #[serde(rename = "id")]
+    _id: IgnoredAny,
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
+}
+
+/// `execute` as the client sends it (PROTOCOL.md); absent and null fields are `None`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object")]
+struct ExecuteFields {
+    #[serde(rename = "id")]
+    _id: IgnoredAny,
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
+    template: String,
+    code: String,
+    stdin: Option<String>,
+    argv: Option<Vec<String>>,
+    env: Option<Environment>,
+    files: Option<Vec<FileFields>>,
+    limits: Option<LimitFields>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object")]
+struct FileFields {
+    path: String,
+    content: String,
+    encoding: Option<Encoding>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Encoding {
+    Utf8,
+    Base64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object")]
+struct LimitFields {
+    timeout_ms: Option<SafeInteger>,
+    memory_mib: Option<SafeInteger>,
+    output_bytes: Option<SafeInteger>,
+}
+
+/// `env`: an object of strings, kept in the client's order (the program sees its environment
+/// in that order). The frame reader has already refused duplicate names.
+struct Environment(Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for Environment {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Environment, D::Error> {
+        struct Pairs;
+        impl<'de> Visitor<'de> for Pairs {
+            type Value = Environment;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of strings")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Environment, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(pair) = map.next_entry()? {
+                    pairs.push(pair);
+                }
+                Ok(Environment(pairs))
+            }
+        }
+        deserializer.deserialize_map(Pairs)
     }
 }
 
 /// The first frame: `{"type": "hello", "protocol": N}`. Returns the version asked for
 /// (`unsupported_protocol` when it is not ours).
 pub fn parse_hello(frame: &Value) -> Result<u64, RequestError> {
-    let fields = Fields::new(frame, "", &["type", "protocol"], None)?;
-    let kind = fields.string("type", fields.require("type")?)?;
-    if kind != "hello" {
-        return Err(bad(None, format!("the first frame must be a hello, not '{}'", truncate(kind))));
+    let hello: Hello = typed(frame, None)?;
+    if hello.kind != "hello" {
+        return Err(bad(None, format!("the first frame must be a hello, not '{}'", truncate(&hello.kind, MAX_QUOTED_CHARS))));
     }
-    let protocol = fields.integer("protocol", fields.require("protocol")?, 0)?;
+    let SafeInteger(protocol) = hello.protocol;
     if protocol != PROTOCOL_VERSION {
         return Err(RequestError { id: None, code: ErrorCode::UnsupportedProtocol, message: format!("protocol {protocol} is not supported; this daemon speaks protocol {PROTOCOL_VERSION}") });
     }
@@ -156,111 +229,76 @@ pub fn parse_request(frame: &Value, policy: &LimitPolicy) -> Result<(u64, Reques
         None => return Err(bad(Some(id), "type is required")),
     };
     let request = match kind {
-        "list_templates" => {
-            Fields::new(frame, "", &["id", "type"], Some(id))?;
-            Request::ListTemplates
+        "list_templates" | "health" | "stats" => {
+            typed::<NoFields>(frame, Some(id))?;
+            match kind {
+                "list_templates" => Request::ListTemplates,
+                "health" => Request::Health,
+                _ => Request::Stats,
+            }
         }
-        "health" => {
-            Fields::new(frame, "", &["id", "type"], Some(id))?;
-            Request::Health
+        "execute" => {
+            refuse_positional_objects(frame, Some(id))?;
+            Request::Execute(parse_execute(typed(frame, Some(id))?, Some(id), policy)?)
         }
-        "stats" => {
-            Fields::new(frame, "", &["id", "type"], Some(id))?;
-            Request::Stats
-        }
-        "execute" => Request::Execute(parse_execute(frame, id, policy)?),
         "hello" => return Err(bad(Some(id), "the handshake is already done")),
-        other => return Err(bad(Some(id), format!("unknown request type '{}'", truncate(other)))),
+        other => return Err(bad(Some(id), format!("unknown request type '{}'", truncate(other, MAX_QUOTED_CHARS)))),
     };
     Ok((id, request))
 }
 
-fn parse_execute(frame: &Value, id: u64, policy: &LimitPolicy) -> Result<ExecuteRequest, RequestError> {
-    let id = Some(id);
-    let fields = Fields::new(frame, "", &["id", "type", "template", "code", "stdin", "argv", "env", "files", "limits"], id)?;
-    let template = fields.string("template", fields.require("template")?)?;
-    if template.is_empty() || template.len() > MAX_TEMPLATE_NAME_BYTES {
+/// serde's derived structs also accept an array of their fields in order (`"limits": [1, 64, 0]`);
+/// the protocol's nested objects must be objects.
+fn refuse_positional_objects(frame: &Value, id: Option<u64>) -> Result<(), RequestError> {
+    if frame.get("limits").is_some_and(Value::is_array) {
+        return Err(bad(id, "limits: invalid type: sequence, expected an object"));
+    }
+    let files = frame.get("files").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    match files.iter().position(Value::is_array) {
+        Some(i) => Err(bad(id, format!("files[{i}]: invalid type: sequence, expected an object"))),
+        None => Ok(()),
+    }
+}
+
+fn parse_execute(fields: ExecuteFields, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecuteRequest, RequestError> {
+    if fields.template.is_empty() || fields.template.len() > MAX_TEMPLATE_NAME_BYTES {
         return Err(bad(id, format!("template must be 1 to {MAX_TEMPLATE_NAME_BYTES} bytes")));
     }
-    let code = fields.string("code", fields.require("code")?)?;
-    let stdin = match fields.get("stdin") {
-        Some(value) => fields.string("stdin", value)?.as_bytes().to_vec(),
-        None => Vec::new(),
+    let mut files = Vec::new();
+    for (i, file) in fields.files.unwrap_or_default().into_iter().enumerate() {
+        let content = match file.encoding.unwrap_or(Encoding::Utf8) {
+            Encoding::Utf8 => file.content.into_bytes(),
+            Encoding::Base64 => base64::decode(&file.content).map_err(|why| bad(id, format!("files[{i}].content: {why}")))?,
+        };
+        files.push((file.path, content));
+    }
+    let agent_request = AgentRequest {
+        code: fields.code,
+        argv: fields.argv.unwrap_or_else(|| vec![DEFAULT_SCRIPT.to_owned()]),
+        env: fields.env.map(|Environment(pairs)| pairs).unwrap_or_default(),
+        files,
+        stdin: fields.stdin.map(String::into_bytes).unwrap_or_default(),
     };
-    let argv = match fields.get("argv") {
-        Some(value) => parse_argv(value, id)?,
-        None => vec![DEFAULT_SCRIPT.to_owned()],
-    };
-    let env = match fields.get("env") {
-        Some(value) => parse_env(value, id)?,
-        None => Vec::new(),
-    };
-    let files = match fields.get("files") {
-        Some(value) => parse_files(value, id)?,
-        None => Vec::new(),
-    };
-    let limits = match fields.get("limits") {
-        Some(value) => parse_limits(value, id, policy)?,
+    agent_request.validate().map_err(|e| bad(id, e.0))?;
+    let limits = match fields.limits {
+        Some(limits) => clamp_limits(limits, id, policy)?,
         None => policy.default,
     };
-    let agent_request = AgentRequest { code: code.to_owned(), argv, env, files, stdin };
-    agent_request.validate().map_err(|e| bad(id, e.0))?;
-    Ok(ExecuteRequest { template: template.to_owned(), agent_request, limits })
+    Ok(ExecuteRequest { template: fields.template, agent_request, limits })
 }
 
-fn parse_argv(value: &Value, id: Option<u64>) -> Result<Vec<String>, RequestError> {
-    let items = value.as_array().ok_or_else(|| bad(id, "argv must be an array of strings"))?;
-    items.iter().enumerate().map(|(i, item)| item.as_str().map(str::to_owned).ok_or_else(|| bad(id, format!("argv[{i}] must be a string")))).collect()
-}
-
-fn parse_env(value: &Value, id: Option<u64>) -> Result<Vec<(String, String)>, RequestError> {
-    let members = value.as_object().ok_or_else(|| bad(id, "env must be an object of strings"))?;
-    // The JSON reader has already refused duplicate names.
-    members
-        .iter()
-        .map(|(name, value)| match value.as_str() {
-            Some(text) => Ok((name.clone(), text.to_owned())),
-            None => Err(bad(id, format!("env.{} must be a string", truncate(name)))),
-        })
-        .collect()
-}
-
-fn parse_files(value: &Value, id: Option<u64>) -> Result<Vec<(String, Vec<u8>)>, RequestError> {
-    let items = value.as_array().ok_or_else(|| bad(id, "files must be an array of objects"))?;
-    let mut files = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let place = format!("files[{i}]");
-        let fields = Fields::new(item, &place, &["path", "content", "encoding"], id)?;
-        let path = fields.string("path", fields.require("path")?)?;
-        let content = fields.string("content", fields.require("content")?)?;
-        let encoding = match fields.get("encoding") {
-            Some(value) => fields.string("encoding", value)?,
-            None => "utf8",
-        };
-        let content = match encoding {
-            "utf8" => content.as_bytes().to_vec(),
-            "base64" => base64::decode(content).map_err(|why| bad(id, format!("{place}.content: {why}")))?,
-            other => return Err(bad(id, format!("{place}.encoding must be 'utf8' or 'base64', not '{}'", truncate(other)))),
-        };
-        files.push((path.to_owned(), content));
-    }
-    Ok(files)
-}
-
-fn parse_limits(value: &Value, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecutionLimits, RequestError> {
-    let fields = Fields::new(value, "limits", &["timeout_ms", "memory_mib", "output_bytes"], id)?;
-    let pick = |key: &str, min: u64, default: u64, max: u64| -> Result<u64, RequestError> {
-        match fields.get(key) {
-            Some(value) => Ok(fields.integer(key, value, min)?.min(max)),
-            None => Ok(default),
-        }
+fn clamp_limits(fields: LimitFields, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecutionLimits, RequestError> {
+    let pick = |name: &str, value: Option<SafeInteger>, min: u64, default: u64, max: u64| match value {
+        Some(SafeInteger(n)) if n < min => Err(bad(id, format!("limits.{name} must be an integer from {min} to {MAX_INTEGER}"))),
+        Some(SafeInteger(n)) => Ok(n.min(max)),
+        None => Ok(default),
     };
     let (default, max) = (policy.default, policy.max);
     Ok(ExecutionLimits {
-        timeout_ms: pick("timeout_ms", 1, default.timeout_ms, max.timeout_ms)?,
+        timeout_ms: pick("timeout_ms", fields.timeout_ms, 1, default.timeout_ms, max.timeout_ms)?,
         // The maximum is at least MIN_MEMORY_MIB (`serve` checks it), so this stays within it.
-        memory_mib: pick("memory_mib", 1, default.memory_mib, max.memory_mib)?.max(MIN_MEMORY_MIB),
-        output_bytes: pick("output_bytes", 0, default.output_bytes, max.output_bytes)?,
+        memory_mib: pick("memory_mib", fields.memory_mib, 1, default.memory_mib, max.memory_mib)?.max(MIN_MEMORY_MIB),
+        output_bytes: pick("output_bytes", fields.output_bytes, 0, default.output_bytes, max.output_bytes)?,
     })
 }
 
@@ -268,7 +306,8 @@ fn parse_limits(value: &Value, id: Option<u64>, policy: &LimitPolicy) -> Result<
 mod tests {
     use super::*;
     use crate::agent;
-    use crate::json;
+    use crate::daemon::frame;
+    use serde_json::Map;
 
     const POLICY: LimitPolicy = LimitPolicy {
         default: ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 },
@@ -276,11 +315,13 @@ mod tests {
     };
 
     fn value(text: &str) -> Value {
-        json::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"))
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"))
     }
 
+    /// As the server reads a request: a frame, then its fields.
     fn parse(text: &str) -> Result<(u64, Request), RequestError> {
-        parse_request(&value(text), &POLICY)
+        let frame = frame::decode_payload(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        parse_request(&frame, &POLICY)
     }
 
     fn execute(text: &str) -> ExecuteRequest {
@@ -341,7 +382,7 @@ mod tests {
         assert_eq!(refused(r#"{"id":4,"type":["health"]}"#, Some(4)), "type must be a string");
         assert_eq!(refused(r#"{"id":4,"type":"reboot"}"#, Some(4)), "unknown request type 'reboot'");
         assert_eq!(refused(r#"{"id":4,"type":"hello","protocol":1}"#, Some(4)), "the handshake is already done");
-        assert_eq!(refused(r#"{"id":4,"type":"health","verbose":true}"#, Some(4)), "unknown field 'verbose'");
+        assert_eq!(refused(r#"{"id":4,"type":"health","verbose":true}"#, Some(4)), "verbose: unknown field `verbose`, expected `id` or `type`");
         // A hostile type name is not echoed whole.
         let long = format!(r#"{{"id":4,"type":"{}"}}"#, "x".repeat(10_000));
         assert!(refused(&long, Some(4)).len() < 200);
@@ -389,8 +430,9 @@ mod tests {
         assert_eq!(execute(&with(r#""limits":{"memory_mib":16}"#)).limits.memory_mib, MIN_MEMORY_MIB, "raised to what the agent needs");
         assert!(refused(&with(r#""limits":{"memory_mib":0}"#), Some(7)).contains("limits.memory_mib must be an integer from 1"));
         assert!(refused(&with(r#""limits":{"memory_mib":2.5}"#), Some(7)).contains("limits.memory_mib"));
-        assert_eq!(refused(&with(r#""limits":{"timeout":5}"#), Some(7)), "unknown field 'timeout' in limits");
-        assert_eq!(refused(&with(r#""limits":[5]"#), Some(7)), "limits must be an object");
+        assert_eq!(refused(&with(r#""limits":{"timeout":5}"#), Some(7)), "limits.timeout: unknown field `timeout`, expected one of `timeout_ms`, `memory_mib`, `output_bytes`");
+        assert_eq!(refused(&with(r#""limits":[5]"#), Some(7)), "limits: invalid type: sequence, expected an object");
+        assert_eq!(refused(&with(r#""limits":[5000,128,4096]"#), Some(7)), "limits: invalid type: sequence, expected an object");
 
         // Defaults above a small maximum are clamped too.
         let small = LimitPolicy::new(POLICY.default, ExecutionLimits { timeout_ms: 100, memory_mib: 64, output_bytes: 10 });
@@ -415,9 +457,8 @@ mod tests {
             for junk in junk.iter().filter(|j| !right_type.contains(j)) {
                 let mut request = value(&with(""));
                 let Value::Object(members) = &mut request else { unreachable!() };
-                members.retain(|(k, _)| k != field);
-                members.push((field.to_owned(), value(junk)));
-                let text = request.to_json();
+                members.insert(field.to_owned(), value(junk));
+                let text = request.to_string();
                 match parse_request(&request, &POLICY) {
                     Err(e) => {
                         assert_eq!((e.code, e.id), (ErrorCode::BadRequest, Some(7)), "{text}");
@@ -431,10 +472,10 @@ mod tests {
 
     #[test]
     fn required_fields_are_required() {
-        assert_eq!(refused(r#"{"id":7,"type":"execute","code":"x"}"#, Some(7)), "template is required");
-        assert_eq!(refused(r#"{"id":7,"type":"execute","template":"python"}"#, Some(7)), "code is required");
+        assert_eq!(refused(r#"{"id":7,"type":"execute","code":"x"}"#, Some(7)), "missing field `template`");
+        assert_eq!(refused(r#"{"id":7,"type":"execute","template":"python"}"#, Some(7)), "missing field `code`");
         assert_eq!(refused(r#"{"id":7,"type":"execute","template":"","code":"x"}"#, Some(7)), "template must be 1 to 255 bytes");
-        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "unknown field 'timeout_ms'");
+        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "timeout_ms: unknown field `timeout_ms`, expected one of `id`, `type`, `template`, `code`, `stdin`, `argv`, `env`, `files`, `limits`");
     }
 
     #[test]
@@ -442,14 +483,14 @@ mod tests {
         assert!(refused(&with(r#""argv":[]"#), Some(7)).starts_with("argv must have 1 to"));
         let many = format!(r#""argv":[{}]"#, vec![r#""a""#; agent::MAX_ARGS + 1].join(","));
         assert!(refused(&with(&many), Some(7)).starts_with("argv must have 1 to"));
-        assert_eq!(refused(&with(r#""argv":["a",1]"#), Some(7)), "argv[1] must be a string");
+        assert_eq!(refused(&with(r#""argv":["a",1]"#), Some(7)), "argv[1]: invalid type: integer `1`, expected a string");
         assert_eq!(refused(&with(r#""argv":["a","b\u0000"]"#), Some(7)), "argv[1] contains a NUL byte");
         assert!(refused(&with(r#""argv":["../x.py"]"#), Some(7)).starts_with("argv[0]"));
         assert_eq!(execute(&with(r#""argv":["é.py","--x=1",""]"#)).agent_request.argv, vec!["é.py", "--x=1", ""]);
 
         assert!(refused(&with(r#""env":{"A=B":"1"}"#), Some(7)).contains("without '='"));
         assert!(refused(&with(r#""env":{"A":"\u0000"}"#), Some(7)).contains("values without NUL"));
-        assert_eq!(refused(&with(r#""env":{"A":1}"#), Some(7)), "env.A must be a string");
+        assert_eq!(refused(&with(r#""env":{"A":1}"#), Some(7)), "env.A: invalid type: integer `1`, expected a string");
         let many: Vec<String> = (0..=agent::MAX_ENV_VARS).map(|i| format!(r#""V{i}":"""#)).collect();
         assert!(refused(&with(&format!(r#""env":{{{}}}"#, many.join(","))), Some(7)).contains("environment variables, more than"));
 
@@ -468,14 +509,15 @@ mod tests {
     #[test]
     fn file_entries_are_checked_field_by_field() {
         let entry = |body: &str| with(&format!(r#""files":[{body}]"#));
-        assert_eq!(refused(&entry(r#""a""#), Some(7)), "files[0] must be an object");
-        assert_eq!(refused(&entry(r#"{"content":"x"}"#), Some(7)), "files[0].path is required");
-        assert_eq!(refused(&entry(r#"{"path":"a"}"#), Some(7)), "files[0].content is required");
-        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","mode":420}"#), Some(7)), "unknown field 'mode' in files[0]");
-        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":"hex"}"#), Some(7)), "files[0].encoding must be 'utf8' or 'base64', not 'hex'");
-        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":1}"#), Some(7)), "files[0].encoding must be a string");
+        assert_eq!(refused(&entry(r#""a""#), Some(7)), "files[0]: invalid type: string \"a\", expected an object");
+        assert_eq!(refused(&entry(r#"{"path":"a","content":"x"},["b","y",null]"#), Some(7)), "files[1]: invalid type: sequence, expected an object");
+        assert_eq!(refused(&entry(r#"{"content":"x"}"#), Some(7)), "files[0]: missing field `path`");
+        assert_eq!(refused(&entry(r#"{"path":"a"}"#), Some(7)), "files[0]: missing field `content`");
+        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","mode":420}"#), Some(7)), "files[0].mode: unknown field `mode`, expected one of `path`, `content`, `encoding`");
+        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":"hex"}"#), Some(7)), "files[0].encoding: unknown variant `hex`, expected `utf8` or `base64`");
+        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":1}"#), Some(7)), "files[0].encoding: invalid type: integer `1`, expected string or map");
         assert!(refused(&entry(r#"{"path":"a","content":"Zg","encoding":"base64"}"#), Some(7)).starts_with("files[0].content: "));
-        assert_eq!(refused(&entry(r#"{"path":"a","content":["x"]}"#), Some(7)), "files[0].content must be a string");
+        assert_eq!(refused(&entry(r#"{"path":"a","content":["x"]}"#), Some(7)), "files[0].content: invalid type: sequence, expected a string");
         assert_eq!(execute(&entry(r#"{"path":"a","content":"AP8=","encoding":"base64"}"#)).agent_request.files[0].1, vec![0, 0xff]);
         let many: Vec<String> = (0..=agent::MAX_FILES).map(|i| format!(r#"{{"path":"f{i}","content":""}}"#)).collect();
         assert!(refused(&entry(&many.join(",")), Some(7)).contains("files, more than"));
@@ -505,10 +547,12 @@ mod tests {
         }
         let keys = ["id", "type", "template", "code", "stdin", "argv", "env", "files", "limits", "other"];
         for _ in 0..20_000 {
-            let mut members: Vec<(String, Value)> = vec![("id".into(), Value::from(1u64)), ("type".into(), Value::from("execute")), ("template".into(), Value::from("python")), ("code".into(), Value::from("x"))];
+            let mut members = Map::new();
+            for (key, value) in [("id", Value::from(1u64)), ("type", Value::from("execute")), ("template", Value::from("python")), ("code", Value::from("x"))] {
+                members.insert(key.into(), value);
+            }
             let key = keys[(next() % keys.len() as u64) as usize];
-            members.retain(|(k, _)| k != key);
-            members.push((key.into(), tree(&mut next, 0)));
+            members.insert(key.into(), tree(&mut next, 0));
             match parse_request(&Value::Object(members), &POLICY) {
                 Ok((id, Request::Execute(r))) => {
                     assert!(id == 1 || key == "id");

@@ -33,8 +33,7 @@ use std::time::{Duration, Instant};
 use crate::daemon::executor::{ExecuteRequest, Executor};
 use crate::daemon::frame::{self, FrameError};
 use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
-use crate::daemon::response::{self, ErrorCode, RequestTimes};
-use crate::json::Value;
+use crate::daemon::response::{self, ErrorCode, RequestTimes, Response};
 
 /// How long one response write may block on a client that does not read.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -256,13 +255,12 @@ struct Writer(Arc<Mutex<UnixStream>>);
 
 impl Writer {
     /// Sends one frame. A failure means the client is gone or stuck: it is its loss only.
-    fn send(&self, message: &Value) {
+    fn send(&self, message: &Response) {
         let mut stream = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = match frame::encode_frame(message) {
             Ok(bytes) => stream.write_all(&bytes),
-            Err(too_large) => {
-                let id = message.get("id").and_then(Value::as_u64);
-                let error = response::error(id, ErrorCode::Internal, &too_large.to_string());
+            Err(unsendable) => {
+                let error = response::error(message.id(), ErrorCode::Internal, &unsendable.to_string());
                 frame::write_frame(&mut *stream, &error)
             }
         };
@@ -402,7 +400,7 @@ fn lock_ids(ids: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>
 /// Waits for a running slot, runs one execution and builds its response (the slots are given
 /// back before the response is written). A panic in the executor is answered `internal`
 /// instead of losing the response.
-fn run_execution(shared: &Shared, id: u64, request: ExecuteRequest, received: Instant, admission: Slot) -> Value {
+fn run_execution(shared: &Shared, id: u64, request: ExecuteRequest, received: Instant, admission: Slot) -> Response {
     let limits = request.limits;
     let running = shared.running.acquire();
     let queue = received.elapsed();

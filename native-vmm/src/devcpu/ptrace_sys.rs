@@ -1,4 +1,4 @@
-//! Host FFI for the ptrace development CPU: fork, ptrace, waitpid, kill.
+//! Host FFI for the ptrace development CPU: fork, ptrace, waitpid, kill (through the libc crate).
 //!
 //! Every `unsafe` block of `devcpu` lives here. The child side of the fork runs in a copy of a
 //! multi-threaded process, so it makes only raw system calls (no allocation, no locks) until
@@ -8,52 +8,19 @@ use std::ffi::{c_int, c_long, c_void};
 use std::io;
 use std::os::fd::RawFd;
 
-extern "C" {
-    fn fork() -> c_int;
-    fn ptrace(request: c_long, pid: c_int, addr: *mut c_void, data: *mut c_void) -> c_long;
-    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
-    fn kill(pid: c_int, sig: c_int) -> c_int;
-    fn syscall(nr: c_long, ...) -> c_long;
-}
+use libc::{ptrace, syscall};
 
-pub const SIGILL: i32 = 4;
-pub const SIGTRAP: i32 = 5;
-pub const SIGBUS: i32 = 7;
-pub const SIGFPE: i32 = 8;
-pub const SIGKILL: i32 = 9;
-pub const SIGSEGV: i32 = 11;
-pub const SIGSTOP: i32 = 19;
+pub use libc::{SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV, SIGSTOP, SIGTRAP};
 
-const PTRACE_TRACEME: c_long = 0;
-const PTRACE_GETREGS: c_long = 12;
-const PTRACE_SETREGS: c_long = 13;
-const PTRACE_SYSEMU: c_long = 31;
-const PTRACE_SETOPTIONS: c_long = 0x4200;
-const PTRACE_GETREGSET: c_long = 0x4204;
-const PTRACE_SETREGSET: c_long = 0x4205;
-/// The register set holding the XSAVE area in the standard (non-compacted) layout.
+/// The register set holding the XSAVE area in the standard (non-compacted) layout (not in
+/// Debian's libc crate, 0.2.139).
 const NT_X86_XSTATE: c_long = 0x202;
 /// Room for the largest XSAVE area of current CPUs (AMX tile data ends below 12 KiB).
 const XSTATE_BUFFER: usize = 16 << 10;
-const PTRACE_GETSIGINFO: c_long = 0x4202;
-const PTRACE_GET_SYSCALL_INFO: c_long = 0x420e;
-/// `arch` of a system call made through the 64-bit `syscall` instruction.
+/// `arch` of a system call made through the 64-bit `syscall` instruction (linux/audit.h).
 const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-const PTRACE_O_TRACESYSGOOD: c_long = 0x1;
-const PTRACE_O_EXITKILL: c_long = 0x10_0000;
-const WALL: c_int = 0x4000_0000;
-
-const SYS_MMAP: c_long = 9;
-const SYS_PTRACE: c_long = 101;
-const SYS_GETPID: c_long = 39;
-const SYS_KILL: c_long = 62;
-const SYS_EXIT_GROUP: c_long = 231;
-const SYS_PRCTL: c_long = 157;
-const SYS_CLOSE_RANGE: c_long = 436;
-const PR_SET_PDEATHSIG: c_long = 1;
-const PROT_RWX: c_long = 7;
-const MAP_SHARED: c_long = 0x01;
-const MAP_FIXED_NOREPLACE: c_long = 0x10_0000;
+/// PROT_READ | PROT_WRITE | PROT_EXEC, as a raw mmap argument.
+const PROT_RWX: c_long = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as c_long;
 
 /// Exit codes of a child that failed before its first stop (reported by `describe_child_exit`).
 const CHILD_TRACEME_FAILED: c_long = 120;
@@ -126,7 +93,7 @@ fn check(ret: c_long) -> io::Result<c_long> {
 /// memory is the child's), closes every other fd and stops itself with SIGSTOP.
 pub fn spawn_tracee(memfd: RawFd, start: u64, len: u64) -> io::Result<i32> {
     // SAFETY: the child branch below makes only raw system calls and never returns.
-    let pid = unsafe { fork() };
+    let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -140,14 +107,14 @@ pub fn spawn_tracee(memfd: RawFd, start: u64, len: u64) -> io::Result<i32> {
 fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
     // The tracer is the forking thread; die with it rather than run the guest untraced.
     // SAFETY: raw system call with integer arguments.
-    unsafe { syscall(SYS_PRCTL, PR_SET_PDEATHSIG, SIGKILL as c_long, 0 as c_long, 0 as c_long, 0 as c_long) };
+    unsafe { syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG as c_long, SIGKILL as c_long, 0 as c_long, 0 as c_long, 0 as c_long) };
     // SAFETY: raw system call with integer arguments.
-    if unsafe { syscall(SYS_PTRACE, PTRACE_TRACEME, 0 as c_long, 0 as c_long, 0 as c_long) } < 0 {
+    if unsafe { syscall(libc::SYS_ptrace, libc::PTRACE_TRACEME as c_long, 0 as c_long, 0 as c_long, 0 as c_long) } < 0 {
         exit_child(CHILD_TRACEME_FAILED);
     }
     // SAFETY: maps the memfd at fixed addresses that were checked to be free (NOREPLACE fails
     // rather than clobbering anything the forked copy still has there).
-    let at = unsafe { syscall(SYS_MMAP, start as c_long, len as c_long, PROT_RWX, MAP_SHARED | MAP_FIXED_NOREPLACE, memfd as c_long, start as c_long) };
+    let at = unsafe { syscall(libc::SYS_mmap, start as c_long, len as c_long, PROT_RWX, (libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE) as c_long, memfd as c_long, start as c_long) };
     if at != start as c_long {
         // last_os_error reads errno without allocating. A kernel that ignores NOREPLACE and
         // maps elsewhere leaves errno 0.
@@ -157,9 +124,9 @@ fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
     // The guest never reaches the host kernel, so it needs no fd; holding copies of the
     // parent's pipes would only delay EOF for other threads' subprocesses.
     // SAFETY: raw system call with integer arguments; nothing in this process uses fds any more.
-    unsafe { syscall(SYS_CLOSE_RANGE, 0 as c_long, c_long::from(u32::MAX), 0 as c_long) };
+    unsafe { syscall(libc::SYS_close_range, 0 as c_long, c_long::from(u32::MAX), 0 as c_long) };
     // SAFETY: raw system calls with integer arguments.
-    unsafe { syscall(SYS_KILL, syscall(SYS_GETPID), SIGSTOP as c_long) };
+    unsafe { syscall(libc::SYS_kill, syscall(libc::SYS_getpid), SIGSTOP as c_long) };
     // Reached only if the tracer resumed us without installing the guest's registers.
     exit_child(CHILD_RESUMED_UNTRACED)
 }
@@ -167,7 +134,7 @@ fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
 fn exit_child(code: c_long) -> ! {
     loop {
         // SAFETY: exit_group takes an integer and does not return.
-        unsafe { syscall(SYS_EXIT_GROUP, code) };
+        unsafe { syscall(libc::SYS_exit_group, code) };
     }
 }
 
@@ -189,7 +156,7 @@ pub fn wait(pid: i32) -> io::Result<WaitStatus> {
     let mut status: c_int = 0;
     loop {
         // SAFETY: status is a valid out-pointer for the duration of the call.
-        let ret = unsafe { waitpid(pid, &mut status, WALL) };
+        let ret = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
         if ret >= 0 {
             break;
         }
@@ -215,47 +182,40 @@ pub fn wait(pid: i32) -> io::Result<WaitStatus> {
 
 pub fn set_options_exitkill_sysgood(pid: i32) -> io::Result<()> {
     // SAFETY: PTRACE_SETOPTIONS reads no memory; the options travel in `data`.
-    check(unsafe { ptrace(PTRACE_SETOPTIONS, pid, std::ptr::null_mut(), (PTRACE_O_EXITKILL | PTRACE_O_TRACESYSGOOD) as *mut c_void) })?;
+    check(unsafe { ptrace(libc::PTRACE_SETOPTIONS, pid, std::ptr::null_mut::<c_void>(), (libc::PTRACE_O_EXITKILL | libc::PTRACE_O_TRACESYSGOOD) as usize as *mut c_void) })?;
     Ok(())
 }
 
 pub fn get_regs(pid: i32) -> io::Result<Regs> {
     let mut regs = Regs::default();
     // SAFETY: regs is a valid, writable user_regs_struct.
-    check(unsafe { ptrace(PTRACE_GETREGS, pid, std::ptr::null_mut(), &mut regs as *mut Regs as *mut c_void) })?;
+    check(unsafe { ptrace(libc::PTRACE_GETREGS, pid, std::ptr::null_mut::<c_void>(), &mut regs as *mut Regs as *mut c_void) })?;
     Ok(regs)
 }
 
 pub fn set_regs(pid: i32, regs: &Regs) -> io::Result<()> {
     // SAFETY: the kernel only reads the user_regs_struct behind the pointer.
-    check(unsafe { ptrace(PTRACE_SETREGS, pid, std::ptr::null_mut(), regs as *const Regs as *mut c_void) })?;
+    check(unsafe { ptrace(libc::PTRACE_SETREGS, pid, std::ptr::null_mut::<c_void>(), regs as *const Regs as *mut c_void) })?;
     Ok(())
-}
-
-/// `struct iovec` for PTRACE_GETREGSET/SETREGSET.
-#[repr(C)]
-struct IoVec {
-    base: *mut c_void,
-    len: usize,
 }
 
 /// The tracee's XSAVE area (x87, SSE, AVX... state), standard layout, as long as the host's.
 pub fn get_xstate(pid: i32) -> io::Result<Vec<u8>> {
     let mut area = vec![0u8; XSTATE_BUFFER];
-    let mut iov = IoVec { base: area.as_mut_ptr() as *mut c_void, len: area.len() };
+    let mut iov = libc::iovec { iov_base: area.as_mut_ptr().cast(), iov_len: area.len() };
     // SAFETY: iov describes `area`, writable for iov.len bytes; the kernel shrinks iov.len to
     // what it wrote.
-    check(unsafe { ptrace(PTRACE_GETREGSET, pid, NT_X86_XSTATE as *mut c_void, &mut iov as *mut IoVec as *mut c_void) })?;
-    area.truncate(iov.len.min(XSTATE_BUFFER));
+    check(unsafe { ptrace(libc::PTRACE_GETREGSET, pid, NT_X86_XSTATE as *mut c_void, &mut iov as *mut libc::iovec) })?;
+    area.truncate(iov.iov_len.min(XSTATE_BUFFER));
     Ok(area)
 }
 
 /// Loads an XSAVE area (standard layout) into the tracee.
 pub fn set_xstate(pid: i32, area: &[u8]) -> io::Result<()> {
     let mut copy = area.to_vec();
-    let mut iov = IoVec { base: copy.as_mut_ptr() as *mut c_void, len: copy.len() };
+    let mut iov = libc::iovec { iov_base: copy.as_mut_ptr().cast(), iov_len: copy.len() };
     // SAFETY: iov describes `copy`, readable for iov.len bytes, alive for the call.
-    check(unsafe { ptrace(PTRACE_SETREGSET, pid, NT_X86_XSTATE as *mut c_void, &mut iov as *mut IoVec as *mut c_void) })?;
+    check(unsafe { ptrace(libc::PTRACE_SETREGSET, pid, NT_X86_XSTATE as *mut c_void, &mut iov as *mut libc::iovec) })?;
     Ok(())
 }
 
@@ -263,7 +223,7 @@ pub fn set_xstate(pid: i32, area: &[u8]) -> io::Result<()> {
 /// delivering `signal` (0 for none).
 pub fn sysemu(pid: i32, signal: i32) -> io::Result<()> {
     // SAFETY: PTRACE_SYSEMU reads no memory; the signal travels in `data`.
-    check(unsafe { ptrace(PTRACE_SYSEMU, pid, std::ptr::null_mut(), signal as c_long as *mut c_void) })?;
+    check(unsafe { ptrace(libc::PTRACE_SYSEMU, pid, std::ptr::null_mut::<c_void>(), signal as c_long as *mut c_void) })?;
     Ok(())
 }
 
@@ -272,7 +232,7 @@ pub fn get_siginfo(pid: i32) -> io::Result<SigInfo> {
     // first field for SIGSEGV/SIGBUS/SIGILL/SIGFPE/SIGTRAP is si_addr.
     let mut raw = [0u64; 16];
     // SAFETY: raw is a writable 128-byte buffer, the size of siginfo_t.
-    check(unsafe { ptrace(PTRACE_GETSIGINFO, pid, std::ptr::null_mut(), raw.as_mut_ptr() as *mut c_void) })?;
+    check(unsafe { ptrace(libc::PTRACE_GETSIGINFO, pid, std::ptr::null_mut::<c_void>(), raw.as_mut_ptr() as *mut c_void) })?;
     Ok(SigInfo { signo: raw[0] as u32 as i32, code: (raw[1] & 0xffff_ffff) as u32 as i32, addr: raw[2] })
 }
 
@@ -283,12 +243,12 @@ pub fn stopped_at_64bit_syscall(pid: i32) -> io::Result<bool> {
     let mut raw = [0u64; 11];
     let size = std::mem::size_of_val(&raw);
     // SAFETY: raw is a writable buffer of `size` bytes; the kernel writes at most that much.
-    check(unsafe { ptrace(PTRACE_GET_SYSCALL_INFO, pid, size as *mut c_void, raw.as_mut_ptr() as *mut c_void) })?;
+    check(unsafe { ptrace(libc::PTRACE_GET_SYSCALL_INFO, pid, size as *mut c_void, raw.as_mut_ptr() as *mut c_void) })?;
     Ok((raw[0] >> 32) as u32 == AUDIT_ARCH_X86_64)
 }
 
 pub fn send_signal(pid: i32, sig: i32) -> io::Result<()> {
     // SAFETY: kill takes integers only.
-    check(unsafe { kill(pid, sig) } as c_long)?;
+    check(unsafe { libc::kill(pid, sig) } as c_long)?;
     Ok(())
 }

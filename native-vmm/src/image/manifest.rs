@@ -3,9 +3,10 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
+
 use super::format::{is_normal_path, is_within};
 use super::pattern::Pattern;
-use crate::json::{self, Value};
 
 /// One path to include.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +28,35 @@ pub struct Manifest {
     pub writable_dirs: Vec<String>,
 }
 
-const KEYS: [&str; 5] = ["name", "paths", "optional_paths", "exclude", "writable_dirs"];
+/// The manifest as written (IMAGE.md); unknown keys are refused so a misspelt one is not ignored.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object")]
+struct ManifestFile {
+    name: String,
+    paths: Vec<PathEntry>,
+    #[serde(default)]
+    optional_paths: Vec<PathEntry>,
+    #[serde(default)]
+    exclude: Vec<String>,
+    #[serde(default)]
+    writable_dirs: Vec<String>,
+}
+
+/// An entry of `paths` or `optional_paths`: a host path kept at the same place, or a single
+/// file placed elsewhere.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PathEntry {
+    SamePlace(String),
+    Placed(PlacedFile),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlacedFile {
+    host: String,
+    guest: String,
+}
 
 impl Manifest {
     pub fn load(path: &Path) -> io::Result<Manifest> {
@@ -40,22 +69,17 @@ impl Manifest {
 
     /// Parses manifest JSON; relative host paths are taken relative to `base_dir`.
     pub fn parse(text: &[u8], base_dir: &Path) -> Result<Manifest, String> {
-        let doc = json::parse(text).map_err(|e| e.to_string())?;
-        let members = doc.as_object().ok_or("the manifest is not a JSON object")?;
-        if let Some((key, _)) = members.iter().find(|(k, _)| !KEYS.contains(&k.as_str())) {
-            return Err(format!("unknown key {key:?} (expected one of {KEYS:?})"));
-        }
-        let name = doc.get("name").and_then(Value::as_str).ok_or("\"name\" must be a string")?;
-        if name.is_empty() || name.len() > 255 {
+        let file: ManifestFile = serde_json::from_slice(text).map_err(|e| e.to_string())?;
+        if file.name.is_empty() || file.name.len() > 255 {
             return Err("\"name\" must be 1 to 255 bytes".into());
         }
-        let paths = path_specs(&doc, "paths", base_dir)?;
+        let paths = path_specs(file.paths, "paths", base_dir)?;
         if paths.is_empty() {
             return Err("\"paths\" must list at least one path".into());
         }
-        let optional_paths = path_specs(&doc, "optional_paths", base_dir)?;
-        let exclude = strings(&doc, "exclude")?.iter().map(|p| Pattern::new(p)).collect::<Result<Vec<_>, _>>()?;
-        let writable_dirs = strings(&doc, "writable_dirs")?;
+        let optional_paths = path_specs(file.optional_paths, "optional_paths", base_dir)?;
+        let exclude = file.exclude.iter().map(|p| Pattern::new(p)).collect::<Result<Vec<_>, _>>()?;
+        let writable_dirs = file.writable_dirs;
         for (i, dir) in writable_dirs.iter().enumerate() {
             if dir == "/" || !is_normal_path(dir) {
                 return Err(format!("writable directory {dir:?} must be an absolute normalised path below /"));
@@ -64,46 +88,23 @@ impl Manifest {
                 return Err(format!("writable directory {dir:?} overlaps another one"));
             }
         }
-        Ok(Manifest { name: name.to_owned(), paths, optional_paths, exclude, writable_dirs })
+        Ok(Manifest { name: file.name, paths, optional_paths, exclude, writable_dirs })
     }
 }
 
-/// An optional array of strings.
-fn strings(doc: &Value, key: &str) -> Result<Vec<String>, String> {
-    match doc.get(key) {
-        None => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| format!("\"{key}\" must contain only strings")))
-            .collect(),
-        Some(_) => Err(format!("\"{key}\" must be an array")),
-    }
-}
-
-/// An optional array of host paths or {"host": ..., "guest": ...} objects.
-fn path_specs(doc: &Value, key: &str, base_dir: &Path) -> Result<Vec<PathSpec>, String> {
-    let items = match doc.get(key) {
-        None => return Ok(Vec::new()),
-        Some(Value::Array(items)) => items,
-        Some(_) => return Err(format!("\"{key}\" must be an array")),
-    };
-    items
-        .iter()
-        .map(|item| {
-            let (host, guest) = match item {
-                Value::String(host) => (host.as_str(), None),
-                Value::Object(members) => {
-                    if members.iter().any(|(k, _)| k != "host" && k != "guest") {
-                        return Err(format!("an entry of \"{key}\" has a key other than \"host\" and \"guest\""));
-                    }
-                    let host = item.get("host").and_then(Value::as_str).ok_or_else(|| format!("an entry of \"{key}\" lacks a \"host\" string"))?;
-                    let guest = item.get("guest").and_then(Value::as_str).ok_or_else(|| format!("an entry of \"{key}\" lacks a \"guest\" string"))?;
-                    if guest == "/" || !is_normal_path(guest) {
+/// Checks the entries of `key` and resolves their host paths against `base_dir`.
+fn path_specs(entries: Vec<PathEntry>, key: &str, base_dir: &Path) -> Result<Vec<PathSpec>, String> {
+    entries
+        .into_iter()
+        .map(|entry| {
+            let (host, guest) = match entry {
+                PathEntry::SamePlace(host) => (host, None),
+                PathEntry::Placed(PlacedFile { host, guest }) => {
+                    if guest == "/" || !is_normal_path(&guest) {
                         return Err(format!("guest path {guest:?} must be an absolute normalised path below /"));
                     }
-                    (host, Some(guest.to_owned()))
+                    (host, Some(guest))
                 }
-                _ => return Err(format!("entries of \"{key}\" must be strings or {{\"host\", \"guest\"}} objects")),
             };
             if host.is_empty() {
                 return Err(format!("an entry of \"{key}\" has an empty host path"));
@@ -133,16 +134,19 @@ mod tests {
     #[test]
     fn rejects_invalid_manifests() {
         let bad = |text: &str| Manifest::parse(text.as_bytes(), Path::new("/")).unwrap_err();
-        assert!(bad("[]").contains("not a JSON object"));
-        assert!(bad(r#"{"name": "x", "paths": ["/a"], "exlude": []}"#).contains("unknown key"));
-        assert!(bad(r#"{"paths": ["/a"]}"#).contains("name"));
+        assert!(bad("[]").contains("expected a JSON object"));
+        assert!(bad(r#"{"name": "x", "paths": ["/a"], "exlude": []}"#).contains("unknown field `exlude`"));
+        assert!(bad(r#"{"paths": ["/a"]}"#).contains("missing field `name`"));
         assert!(bad(r#"{"name": "x", "paths": []}"#).contains("at least one"));
-        assert!(bad(r#"{"name": "x", "paths": [1]}"#).contains("strings or"));
+        // An entry that is neither a string nor a {"host", "guest"} object.
+        assert!(bad(r#"{"name": "x", "paths": [1]}"#).contains("did not match any variant"));
         assert!(bad(r#"{"name": "x", "paths": [{"host": "/a", "guest": "rel"}]}"#).contains("guest path"));
-        assert!(bad(r#"{"name": "x", "paths": [{"host": "/a"}]}"#).contains("guest"));
+        assert!(bad(r#"{"name": "x", "paths": [{"host": "/a"}]}"#).contains("did not match any variant"));
+        assert!(bad(r#"{"name": "x", "paths": [""]}"#).contains("empty host path"));
         assert!(bad(r#"{"name": "x", "paths": ["/a"], "exclude": ["rel"]}"#).contains("not absolute"));
         assert!(bad(r#"{"name": "x", "paths": ["/a"], "writable_dirs": ["/"]}"#).contains("below /"));
         assert!(bad(r#"{"name": "x", "paths": ["/a"], "writable_dirs": ["/w", "/w/x"]}"#).contains("overlaps"));
-        assert!(bad(r#"{"name": "x", "paths": ["/a"],}"#).contains("invalid JSON at byte"));
+        assert!(bad(r#"{"name": "x", "paths": ["/a"],}"#).contains("trailing comma at line 1"));
+        assert!(bad(r#"{"name": "x", "name": "y", "paths": ["/a"]}"#).contains("duplicate field `name`"));
     }
 }

@@ -11,7 +11,6 @@ use std::ptr::addr_of;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::abi::{KvmRun, EXIT_DATA_SIZE};
-use crate::sys;
 
 pub struct RunPage {
     run: *mut KvmRun,
@@ -30,8 +29,8 @@ impl RunPage {
         }
         // SAFETY: a fresh shared mapping of the vCPU fd at a kernel-chosen address, as the KVM
         // API prescribes; nothing else refers to that range.
-        let addr = unsafe { sys::mmap(std::ptr::null_mut(), len, sys::PROT_READ | sys::PROT_WRITE, sys::MAP_SHARED, vcpu.as_raw_fd(), 0) };
-        if addr == sys::MAP_FAILED {
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, vcpu.as_raw_fd(), 0) };
+        if addr == libc::MAP_FAILED {
             let e = io::Error::last_os_error();
             return Err(io::Error::new(e.kind(), format!("mmap of the vCPU run page: {e}")));
         }
@@ -65,7 +64,7 @@ impl Drop for RunPage {
     fn drop(&mut self) {
         // SAFETY: run/len describe the mapping made in map(); every ExitFlag has been dropped
         // (KvmCpu drops its watchdog, which owns the only long-lived one, before the page).
-        unsafe { sys::munmap(self.run as *mut std::ffi::c_void, self.len) };
+        unsafe { libc::munmap(self.run.cast(), self.len) };
     }
 }
 
@@ -93,6 +92,7 @@ impl ExitFlag {
 mod tests {
     use super::*;
     use crate::kvm::watchdog::Watchdog;
+    use crate::sys;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
     use std::time::{Duration, Instant};

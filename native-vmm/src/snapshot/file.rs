@@ -20,7 +20,7 @@
 use super::codec::{DecodeError, Decoder, Encoder};
 use super::{TemplateError, TemplateIdentity};
 use crate::cpu::{CpuSnapshot, UserRegs};
-use crate::image::sha256::{self, Sha256};
+use crate::image::sha256;
 use crate::layout::PAGE_SIZE;
 use crate::memory::GuestMemory;
 
@@ -68,9 +68,7 @@ pub fn open(file: &[u8]) -> Result<&[u8], TemplateError> {
         return Err(TemplateError::Corrupted(format!("{} bytes after the content hash", file.len() as u64 - expected)));
     }
     let (content, hash) = file.split_at(file.len() - HASH_LEN);
-    let mut hasher = Sha256::new();
-    hasher.update(content);
-    if hasher.finish()[..] != *hash {
+    if sha256::digest(content)[..] != *hash {
         return Err(TemplateError::Corrupted("the content hash does not match the contents".into()));
     }
     Ok(&content[HEADER_LEN..])

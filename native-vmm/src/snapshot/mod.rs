@@ -32,6 +32,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sha2::Digest;
+
 use crate::agent::{AgentCommand, AgentRequest};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::fs::Image;
@@ -75,10 +77,10 @@ pub fn agent_hash(image: &Image, command: &AgentCommand) -> [u8; 32] {
         h.update(arg.as_bytes());
         if let Some(bytes) = image.file_bytes(arg) {
             h.update(b"\0file\0");
-            h.update(&sha256::digest(bytes));
+            h.update(sha256::digest(bytes));
         }
     }
-    h.finish()
+    h.finalize().into()
 }
 
 /// Why a template could not be built, read or used.

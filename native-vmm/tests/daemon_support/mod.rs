@@ -14,7 +14,7 @@ use sandfork_vmm::daemon::executor::{ExecutionLimits, Executor};
 use sandfork_vmm::daemon::frame;
 use sandfork_vmm::daemon::request::LimitPolicy;
 use sandfork_vmm::daemon::server::{Server, ServerConfig, Stopper};
-use sandfork_vmm::json::{self, Value};
+use serde_json::Value;
 
 /// A fresh directory for this test: `<CARGO_TARGET_TMPDIR>/d-<tag>-<pid>` (short, because a
 /// socket path must fit in 108 bytes).
@@ -132,7 +132,7 @@ impl Client {
 }
 
 pub fn parse(text: &str) -> Value {
-    json::parse(text.as_bytes()).unwrap()
+    serde_json::from_str(text).unwrap()
 }
 
 pub fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {

@@ -4,7 +4,7 @@
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { startRuntime } from "../runtime/start.js";
 import { loadConfig } from "./config.js";
-import { startGateway } from "./server.js";
+import { type RunningGateway, startGateway } from "./server.js";
 
 const config = loadConfig();
 const runtime = await startRuntime(loadRuntimeConfig(process.env, config.dataDir), {
@@ -15,14 +15,16 @@ const runtime = await startRuntime(loadRuntimeConfig(process.env, config.dataDir
   console.error("(SANDFORK_RUNTIME=none starts the gateway without one: executions then answer 503)");
   process.exit(1);
 });
-const gateway = await startGateway(config, runtime === undefined ? {} : { runtime: () => runtime.client });
+// Installed before the gateway listens: a SIGTERM right after "listening" (a supervisor, a test)
+// must stop the daemon too, not kill this process and leave the daemon running until next start.
+let gateway: RunningGateway | undefined;
 let stopping = false;
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.on(signal, () => {
     if (stopping) return;
     stopping = true;
     // Together: a terminal's Ctrl-C also reached the daemon, whose exit must not look like a crash.
-    Promise.all([gateway.stop(), runtime?.stop()]).then(
+    Promise.all([gateway?.stop(), runtime?.stop()]).then(
       () => process.exit(0),
       (error: unknown) => {
         console.error(error);
@@ -31,3 +33,4 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
     );
   });
 }
+gateway = await startGateway(config, runtime === undefined ? {} : { runtime: () => runtime.client });

@@ -1,7 +1,8 @@
 // The gateway with the runtime `npm start` wires in (runtime/start.ts, supervised mode): the REAL
 // python template built by `sandfork-vmm image build`, the REAL daemon under supervision, the
-// daemon client as the gateway's ExecutionRuntime. Without /dev/kvm the daemon answers execute
-// with `unavailable`: the gateway must answer 503 runtime-unavailable and bill nothing.
+// daemon client as the gateway's ExecutionRuntime, with a binary that cannot use KVM
+// (`vmmBinaryWithoutKvm`, on any machine): the daemon answers execute with `unavailable`, the
+// gateway must answer 503 runtime-unavailable and bill nothing. The KVM tier runs executions.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -9,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expectProblem, startTestGateway, type TestGateway } from "../gateway/testing/test-gateway.js";
 import { loadRuntimeConfig } from "./config.js";
 import { type StartedRuntime, startRuntime } from "./start.js";
-import { requireVmmBinary } from "./testing/real-daemon.js";
+import { vmmBinaryWithoutKvm } from "./testing/real-daemon.js";
 
 let dir: string;
 let runtime: StartedRuntime;
@@ -18,7 +19,7 @@ const log: string[] = [];
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-gw-"));
-  const config = loadRuntimeConfig({ SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2" }, dir);
+  const config = loadRuntimeConfig({ SANDFORK_VMM_BIN: vmmBinaryWithoutKvm(), SANDFORK_VMM_CONNECTIONS: "2" }, dir);
   const started = await startRuntime(config, { timeoutMs: 30_000, memoryMib: 2_048 }, (line) => log.push(line));
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
@@ -37,7 +38,7 @@ async function usageOf(key: string): Promise<{ executions: number; units: number
   return (await response.json()) as { executions: number; units: number; balance: Record<string, number> };
 }
 
-describe("gateway + supervised sandfork-vmm (no KVM here)", () => {
+describe("gateway + supervised sandfork-vmm without KVM", () => {
   it("start-up built the python template into <data>/templates and started the daemon", () => {
     const text = log.join("\n");
     expect(text).toContain(`template python: building its image from ${resolve("templates/python/image.json")} (no image yet)`);

@@ -2,11 +2,10 @@
 //! hand-off (AWAIT_REQUEST, `vm::boot_agent` / `ReadyGuest::serve` / `vm::launch_agent`), end
 //! to end with Debian's python3.11 in the template's real file image.
 //!
-//! These tests run on the ptrace development CPU (`sandfork_vmm::devcpu`) because this
-//! machine has no /dev/kvm; the run loop, syscall layer and hand-off are the ones the KVM
-//! backend uses. Timings printed here (`cargo test --release --test agent_ptrace --
-//! --nocapture`) are ptrace figures, not the product's: they show how the cost splits between
-//! booting to the ready point (what a template snapshot saves) and serving a request.
+//! These tests run on the test CPU (`common::test_cpu`: KVM in the KVM tier). Timings printed
+//! here (`cargo test --release --test agent_ptrace -- --nocapture`) are figures of the path the
+//! test ran on (product figures only on a native /dev/kvm): they show how the cost splits
+//! between booting to the ready point (what a template snapshot saves) and serving a request.
 
 mod common;
 
@@ -14,7 +13,7 @@ use std::cell::Cell;
 use std::io;
 use std::time::{Duration, Instant};
 
-use common::{describe, test_cpu, python_image};
+use common::{describe, python_image, scaled, test_cpu};
 use sandfork_vmm::agent::{AgentCommand, AgentRequest, AWAIT_REQUEST_SYSCALL, MAX_FILES_BYTES, PYTHON_AGENT};
 use sandfork_vmm::cpu::GuestCpu;
 use sandfork_vmm::loader::LoadedProgram;
@@ -27,7 +26,7 @@ const SYS_GETRANDOM: u64 = 318;
 const AGENT_FIRST_BUFFER: u64 = 64 * 1024;
 
 fn limits() -> RunLimits {
-    RunLimits { timeout: Duration::from_secs(10), ..RunLimits::default() }
+    RunLimits { timeout: scaled(Duration::from_secs(10)), ..RunLimits::default() }
 }
 
 fn execute(request: AgentRequest) -> RunOutcome {
@@ -173,7 +172,7 @@ fn the_timeout_starts_at_the_hand_off() {
     let limits = RunLimits { timeout: Duration::from_millis(300), ..limits() };
     let outcome = vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits, &test_cpu).unwrap();
     assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: 300 }, "{}", describe(&outcome));
-    assert!(outcome.stats.wall >= Duration::from_millis(300) && outcome.stats.wall < Duration::from_secs(5), "{:?}", outcome.stats.wall);
+    assert!(outcome.stats.wall >= Duration::from_millis(300) && outcome.stats.wall < scaled(Duration::from_secs(5)), "{:?}", outcome.stats.wall);
 }
 
 #[test]
@@ -185,7 +184,7 @@ fn without_a_request_the_boot_stops_at_the_ready_point() {
         assert!(ready.process.stdout().is_empty() && ready.process.stderr().is_empty());
         let boot = ready.boot.clone();
         // The same stopped guest then serves a request, as a fork of it will.
-        (boot, ready.serve(AgentRequest::new("print('served')"), Duration::from_secs(10)))
+        (boot, ready.serve(AgentRequest::new("print('served')"), scaled(Duration::from_secs(10))))
     });
     let (boot, served) = ready.unwrap_or_else(|e| panic!("booting the agent: {e}"));
     assert!(boot.syscalls > 100 && boot.unsupported.iter().all(|c| c.name == Some("rseq")), "{boot:?}");
@@ -255,7 +254,7 @@ fn hostile_requests_are_refused_before_any_vm_starts() {
     assert_eq!(cpus_created.get(), 0, "no guest was created for a refused request");
 }
 
-/// Not a product benchmark (ptrace CPU): the split between boot and request, printed.
+/// The split between boot and request on the test CPU's path, printed.
 #[test]
 fn timings_of_boot_and_request() {
     let image = python_image();
@@ -266,7 +265,7 @@ fn timings_of_boot_and_request() {
         let outcome = vm::boot_agent(image.clone(), &PYTHON_AGENT, &limits(), &test_cpu, |ready| {
             let boot = (started.elapsed(), ready.boot.clone());
             let handed_off = Instant::now();
-            let served = ready.serve(AgentRequest::new("print(1+1)"), Duration::from_secs(10));
+            let served = ready.serve(AgentRequest::new("print(1+1)"), scaled(Duration::from_secs(10)));
             (boot, handed_off.elapsed(), served)
         });
         let ((boot_total, boot), request_total, served) = outcome.unwrap();
@@ -280,7 +279,8 @@ fn timings_of_boot_and_request() {
         v[v.len() / 2]
     };
     eprintln!(
-        "ptrace CPU, median of 5: boot to ready point {:?} (of which creating the guest {:?}; {} system calls; {} MiB of guest memory in use); print(1+1): hand-off to exit {:?}, with tearing the guest down {:?} ({} system calls, {} exits)",
+        "{} CPU, median of 5: boot to ready point {:?} (of which creating the guest {:?}; {} system calls; {} MiB of guest memory in use); print(1+1): hand-off to exit {:?}, with tearing the guest down {:?} ({} system calls, {} exits)",
+        common::cpu_name(),
         median(boots.iter().map(|b| b.0).collect()),
         median(boots.iter().map(|b| b.1).collect()),
         boots[0].2,

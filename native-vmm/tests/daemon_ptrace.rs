@@ -1,35 +1,25 @@
 //! The daemon's server with the real production executor (`AgentExecutor`: the Python
-//! template's real image and in-VM agent, booted fresh per request) over a real Unix socket,
-//! with one substitution: the vCPU is the ptrace development CPU (`sandfork_vmm::devcpu`), a
-//! TEST-ONLY backend that runs the guest natively in a traced child. It is no isolation
-//! boundary and the daemon never uses it; it is here because this machine has no /dev/kvm.
-//! What these tests check is the daemon's side: concurrency, ids, and the mapping of every
-//! kind of run outcome to the `execution` response.
+//! template's real image and in-VM agent, booted fresh per request) over a real Unix socket, on
+//! the test CPU (`common::test_cpu`: KVM in the KVM tier). What these tests check is the
+//! daemon's side: concurrency, ids, and the mapping of every kind of run outcome to the
+//! `execution` response.
 
+mod common;
 mod daemon_support;
 
-use std::io;
 use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
-use daemon_support::{templates_dir, config, scratch, str_of, u64_of, Client, Running};
-use sandfork_vmm::cpu::GuestCpu;
+use daemon_support::{templates_dir, config, repetitions, scaled_ms, scratch, str_of, u64_of, Client, Running};
 use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::server::ServerConfig;
 use sandfork_vmm::daemon::templates;
-use sandfork_vmm::devcpu::PtraceCpu;
 use serde_json::Value;
-use sandfork_vmm::loader::LoadedProgram;
-use sandfork_vmm::memory::GuestMemory;
-
-fn test_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
-    Ok(Box::new(PtraceCpu::new(mem, loaded.entry, loaded.stack_pointer)?))
-}
 
 fn start(tag: &str, config: ServerConfig) -> Running {
     let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
-    let executor = AgentExecutor::new(templates, Box::new(test_cpu), None);
+    let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None);
     Running::start(&scratch(tag), Arc::new(executor), config)
 }
 
@@ -47,7 +37,8 @@ fn one_execution_maps_to_the_protocol_response() {
     assert_eq!((str_of(&answer, "type"), u64_of(&answer, "id"), str_of(&answer, "status")), ("execution", 1, "ok"), "{answer}");
     assert_eq!((answer.get("exit_code"), str_of(&answer, "stdout"), str_of(&answer, "stderr")), (Some(&Value::from(0i64)), "42\n", ""), "{answer}");
     assert_eq!((answer.get("truncated"), answer.get("fault")), (Some(&Value::Bool(false)), Some(&Value::Null)));
-    assert_eq!(answer.get("limits").map(Value::to_string).as_deref(), Some(r#"{"timeout_ms":10000,"memory_mib":256,"output_bytes":1048576}"#));
+    let limits = format!(r#"{{"timeout_ms":{},"memory_mib":256,"output_bytes":1048576}}"#, scaled_ms(10_000));
+    assert_eq!(answer.get("limits").map(Value::to_string), Some(limits));
     let timings = answer.get("timings").unwrap();
     let usage = answer.get("usage").unwrap();
     assert!(u64_of(timings, "fork_us") > 0 && u64_of(timings, "exec_us") > 0, "{answer}");
@@ -106,26 +97,27 @@ fn outcomes_map_to_statuses_concurrently_on_one_connection() {
     assert!(u64_of(fault, "rip") > 0);
     assert_eq!(str_of(binary, "stdout"), "ok \u{fffd}\n", "invalid UTF-8 is replaced");
     assert_eq!(str_of(inputs, "stdout"), "['prog.py', '--n', '3'] hi typed ['a,b', '1,2'] b'\\x00\\xff'\n", "{inputs}");
-    assert_eq!(clamped.get("limits").map(Value::to_string).as_deref(), Some(r#"{"timeout_ms":10000,"memory_mib":64,"output_bytes":1048576}"#), "clamped into [minimum, maximum]");
+    let limits = format!(r#"{{"timeout_ms":{},"memory_mib":64,"output_bytes":1048576}}"#, scaled_ms(10_000));
+    assert_eq!(clamped.get("limits").map(Value::to_string), Some(limits), "clamped into [minimum, maximum]");
     server.stop();
 }
 
-/// 200 executions sent at once over 8 connections, each `print(i*i)`: every one is answered
-/// once, under its own id, with its own output. The server runs 4 at a time (2 per core here)
-/// and queues the rest. Prints the wall time.
+/// 200 executions (fewer on a slow path: `repetitions`) sent at once over 8 connections, each
+/// `print(i*i)`: every one is answered once, under its own id, with its own output. The server
+/// runs 4 at a time (2 per core here) and queues the rest. Prints the wall time.
 #[test]
-fn two_hundred_concurrent_executions() {
-    const TOTAL: u64 = 200;
+fn a_burst_of_concurrent_executions() {
+    let total = repetitions(200, 40);
     const CONNECTIONS: u64 = 8;
     const RUNNING: usize = 4;
-    let server = start("pt-200", ServerConfig { max_queued: TOTAL as usize, ..config(RUNNING) });
+    let server = start("pt-burst", ServerConfig { max_queued: total as usize, ..config(RUNNING) });
     let started = Instant::now();
     let workers: Vec<_> = (0..CONNECTIONS)
         .map(|connection| {
             let path = server.path.clone();
             thread::spawn(move || {
                 let mut client = Client::hello(&path);
-                let ids: Vec<u64> = (0..TOTAL).filter(|i| i % CONNECTIONS == connection).collect();
+                let ids: Vec<u64> = (0..total).filter(|i| i % CONNECTIONS == connection).collect();
                 for &i in &ids {
                     client.send(&execute(i, &format!("print({i}*{i})"), ""));
                 }
@@ -153,16 +145,17 @@ fn two_hundred_concurrent_executions() {
         values[values.len() / 2] as f64 / 1000.0
     };
     eprintln!(
-        "{TOTAL} concurrent executions over {CONNECTIONS} connections, {RUNNING} running at a time, ptrace CPU ({} build): {:.2} s wall, {:.1} ms per execution; p50 queue wait {:.0} ms, boot (fork_us) {:.1} ms, run (exec_us) {:.1} ms",
+        "{total} concurrent executions over {CONNECTIONS} connections, {RUNNING} running at a time, {} CPU ({} build): {:.2} s wall, {:.1} ms per execution; p50 queue wait {:.0} ms, boot (fork_us) {:.1} ms, run (exec_us) {:.1} ms",
+        common::cpu_name(),
         if cfg!(debug_assertions) { "debug" } else { "release" },
         elapsed.as_secs_f64(),
-        elapsed.as_secs_f64() * 1000.0 / TOTAL as f64,
+        elapsed.as_secs_f64() * 1000.0 / total as f64,
         p50_ms(0),
         p50_ms(1),
         p50_ms(2),
     );
     let mut client = Client::hello(&server.path);
     let stats = client.call(r#"{"id":1,"type":"stats"}"#);
-    assert_eq!((u64_of(&stats, "executions"), u64_of(&stats, "in_flight")), (TOTAL, 0), "{stats}");
+    assert_eq!((u64_of(&stats, "executions"), u64_of(&stats, "in_flight")), (total, 0), "{stats}");
     server.stop();
 }

@@ -1,7 +1,5 @@
-//! Small C programs (tests/programs/) run end to end on the ptrace development CPU: the real
-//! ELF loader, syscall layer and file image, with the guest's instructions executed natively
-//! in a traced child (sandfork_vmm::devcpu). This machine has no /dev/kvm; on a machine with
-//! it, the same programs are to run under the KVM backend with the same expectations.
+//! Small C programs (tests/programs/) run end to end on the test CPU (`common::test_cpu`: KVM in
+//! the KVM tier): the real ELF loader, syscall layer and file image.
 
 mod common;
 

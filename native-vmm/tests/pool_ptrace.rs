@@ -1,29 +1,24 @@
 //! The daemon's warm pool end to end: the production executor (`AgentExecutor`) with the
-//! Python template's real image, agent and snapshot, over a real Unix socket, on the ptrace
-//! development CPU (`sandfork_vmm::devcpu`, TEST-ONLY: no KVM on this machine; it is no
-//! isolation boundary and the daemon never uses it). Restores here copy the template's memory
-//! (`ForkMemory::Copy`, as the ptrace CPU needs). Timings printed here are ptrace figures, not
-//! product figures.
+//! Python template's real image, agent and snapshot, over a real Unix socket, on the test CPU
+//! (`common::test_cpu` and `common::restore_cpu`: KVM with copy-on-write forks in the KVM tier,
+//! as the daemon runs; the ptrace CPU copies the template's memory instead). Timings printed
+//! here are figures of the path the test ran on (a QEMU guest's are not product figures).
 
 mod common;
 mod daemon_support;
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use daemon_support::{config, scratch, str_of, u64_of, Client, Running};
+use daemon_support::{config, repetitions, scaled, scratch, str_of, u64_of, Client, Running};
 use sandfork_vmm::agent::PYTHON_AGENT;
-use sandfork_vmm::cpu::{CpuSnapshot, GuestCpu};
 use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::server::ServerConfig;
 use sandfork_vmm::daemon::templates;
-use sandfork_vmm::devcpu::PtraceCpu;
 use sandfork_vmm::fs::Image;
 use serde_json::Value;
-use sandfork_vmm::memory::GuestMemory;
 use sandfork_vmm::snapshot::{self, ForkMemory};
 use sandfork_vmm::vm;
 
@@ -42,17 +37,13 @@ fn templates_dir() -> &'static Path {
     })
 }
 
-fn ptrace_restore<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
-    Ok(Box::new(PtraceCpu::restore(mem, snapshot)?))
-}
-
 /// A daemon whose executor keeps `pool_size` VMs of the template ready (0: restores a VM for
 /// each request on the request's thread).
 fn start(tag: &str, pool_size: usize, config: ServerConfig) -> Running {
     let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
     assert!(templates[0].snapshot.is_some());
     let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None)
-        .restoring(Arc::new(ptrace_restore), ForkMemory::Copy)
+        .restoring(Arc::new(common::restore_cpu), common::fork_memory())
         .pooled(pool_size)
         .unwrap_or_else(|e| panic!("starting the pool: {e}"));
     Running::start(&scratch(tag), Arc::new(executor), config)
@@ -77,7 +68,7 @@ fn pool_stats(client: &mut Client) -> Value {
 
 /// Polls `stats` until every pooled VM is ready again (the refill runs in the background).
 fn wait_for_refill(client: &mut Client) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + scaled(Duration::from_secs(60));
     loop {
         let pool = pool_stats(client);
         if u64_of(&pool, "ready") == u64_of(&pool, "target") {
@@ -88,12 +79,14 @@ fn wait_for_refill(client: &mut Client) -> Value {
     }
 }
 
-/// One worker serves two requests in a row, each on its own VM: a file the first writes to
-/// /tmp is absent for the second, and each draws its own randomness. The pool refills after
-/// each (ready == target), counts every VM it created, and a request that finds a ready VM
-/// waits for no VM creation (`fork_us` far below what creating one costs).
+/// One worker serves two requests in a row: on KVM on one VM, reset to the template between
+/// them (a copy-on-write fork); on the ptrace CPU each on its own VM (a full copy, never
+/// reset). Either way a file the first writes to /tmp is absent for the second, and each draws
+/// its own randomness. The pool is ready again after each (ready == target), counts every VM
+/// it created and reset, and a request that finds a ready VM waits for no VM creation
+/// (`fork_us` far below what creating one costs).
 #[test]
-fn a_pooled_daemon_serves_each_request_on_a_fresh_vm() {
+fn a_pooled_daemon_serves_each_request_on_a_fresh_or_reset_vm() {
     let server = start("pool-fresh", 1, config(2));
     let mut client = Client::hello(&server.path);
     let first_ready = wait_for_refill(&mut client);
@@ -110,12 +103,23 @@ fn a_pooled_daemon_serves_each_request_on_a_fresh_vm() {
         let timings = answer.get("timings").unwrap();
         let pool = wait_for_refill(&mut client);
         eprintln!("pooled request {id}: timings {}, pool {pool}", timings.to_string());
-        assert!(u64_of(timings, "exec_us") > 0 && u64_of(answer.get("usage").unwrap(), "pages_copied") > 1000, "{answer}");
+        // A full copy (ptrace) holds every stored page; a copy-on-write fork copies the pages
+        // written, and a reset VM keeps its copies warm (the second request copies few or none).
+        let resets = common::fork_memory() == ForkMemory::CopyOnWrite;
+        let origin = answer.get("vm").and_then(|vm| vm.get("origin")).and_then(Value::as_str);
+        assert_eq!(origin, Some(if resets && id == 2 { "reset" } else { "fresh" }), "{answer}");
+        let least_copied = match (resets, id) {
+            (false, _) => 1000,
+            (true, 1) => 1,
+            (true, _) => 0,
+        };
+        assert!(u64_of(timings, "exec_us") > 0 && u64_of(answer.get("usage").unwrap(), "pages_copied") >= least_copied, "{answer}");
         assert!(u64_of(timings, "fork_us") * 4 < u64_of(&pool, "fork_us_mean"), "a ready VM was waiting, creating one costs {pool}: {answer}");
     }
     assert_ne!(seen[0], seen[1], "two VMs drew the same randomness");
     let pool = pool_stats(&mut client);
-    assert_eq!((u64_of(&pool, "ready"), u64_of(&pool, "target"), u64_of(&pool, "forks"), u64_of(&pool, "served")), (1, 1, 3, 2), "{pool}");
+    let (forks, resets) = if common::fork_memory() == ForkMemory::CopyOnWrite { (1, 2) } else { (3, 0) };
+    assert_eq!((u64_of(&pool, "ready"), u64_of(&pool, "target"), u64_of(&pool, "forks"), u64_of(&pool, "resets"), u64_of(&pool, "served")), (1, 1, forks, resets, 2), "{pool}");
     server.stop();
 }
 
@@ -191,51 +195,55 @@ fn sequential_takes(server: &Running, count: u64, pooled: bool) -> Vec<u64> {
     takes
 }
 
-/// The ptrace figure of what the pool buys, printed (ptrace CPU, memory copied per VM: not
-/// product figures): take-to-first-instruction (`queue_us + fork_us`) p50/p99 of requests
+/// What the pool buys, printed (figures of the test CPU's path: the ptrace CPU copies memory per
+/// VM, a QEMU guest runs ~13x slower; only a native /dev/kvm gives product figures):
+/// take-to-first-instruction (`queue_us + fork_us`) p50/p99 of requests
 /// at light load with a pool of 4 and with none (each VM restored on the request's path);
-/// then 200 concurrent executions through the socket with the pool, 4 running at a time,
+/// then 200 concurrent executions (fewer on a slow path: `repetitions`) through the socket with
+/// the pool, 4 running at a time,
 /// each answered once with its own output, and the pool's counters after its refill. In a
 /// burst far larger than the pool, a request's wait is mostly for a worker: the restores
 /// still happen, off the requests' path but on the same two cores.
 #[test]
-fn take_to_first_instruction_pooled_and_unpooled_and_a_burst_of_200() {
-    const SEQUENTIAL: u64 = 30;
-    const TOTAL: u64 = 200;
+fn take_to_first_instruction_pooled_and_unpooled_and_a_burst() {
+    let sequential = repetitions(30, 10);
+    let total = repetitions(200, 40);
     const RUNNING: usize = 4;
-    let build = if cfg!(debug_assertions) { "debug" } else { "release" };
-    let burst = ServerConfig { max_queued: TOTAL as usize, ..config(RUNNING) };
+    let build = format!("{} CPU, {} build", common::cpu_name(), if cfg!(debug_assertions) { "debug" } else { "release" });
+    let burst = ServerConfig { max_queued: total as usize, ..config(RUNNING) };
 
     let unpooled = start("pool-none-seq", 0, burst);
-    let unpooled_takes = sequential_takes(&unpooled, SEQUENTIAL, false);
+    let unpooled_takes = sequential_takes(&unpooled, sequential, false);
     unpooled.stop();
 
-    let pooled = start("pool-200", RUNNING, burst);
-    let pooled_takes = sequential_takes(&pooled, SEQUENTIAL, true);
+    let pooled = start("pool-burst", RUNNING, burst);
+    let pooled_takes = sequential_takes(&pooled, sequential, true);
     for (what, takes) in [(format!("pool of {RUNNING}"), &pooled_takes), ("no pool".to_owned(), &unpooled_takes)] {
         eprintln!(
-            "{SEQUENTIAL} requests one at a time, {what}, ptrace CPU ({build} build; not product figures): take-to-first-instruction (queue_us + fork_us) p50 {:.2} ms, p99 {:.2} ms",
+            "{sequential} requests one at a time, {what} ({build}): take-to-first-instruction (queue_us + fork_us) p50 {:.2} ms, p99 {:.2} ms",
             percentile_ms(takes, 50),
             percentile_ms(takes, 99),
         );
     }
-    assert!(pooled_takes[pooled_takes.len() / 2] < unpooled_takes[unpooled_takes.len() / 2], "pooled {pooled_takes:?}, unpooled {unpooled_takes:?}");
+    // No assertion on these times: a shared 2-core machine makes them noisy (a pool worker's
+    // wake-up can take a scheduler tick); `sandfork-vmm bench exec` is where they are read.
 
     let mut client = Client::hello(&pooled.path);
     let before = wait_for_refill(&mut client);
-    let (takes, wall) = concurrent_executions(&pooled, TOTAL);
+    let (takes, wall) = concurrent_executions(&pooled, total);
     let after = wait_for_refill(&mut client);
     eprintln!(
-        "{TOTAL} concurrent executions, {RUNNING} running at a time, pool of {RUNNING}, ptrace CPU ({build} build; not product figures): {:.2} s wall; take-to-first-instruction p50 {:.1} ms, p99 {:.1} ms; pool {after}",
+        "{total} concurrent executions, {RUNNING} running at a time, pool of {RUNNING} ({build}): {:.2} s wall; take-to-first-instruction p50 {:.1} ms, p99 {:.1} ms; pool {after}",
         wall.as_secs_f64(),
         percentile_ms(&takes, 50),
         percentile_ms(&takes, 99),
     );
     let served = |pool: &Value| u64_of(pool, "served");
-    let forks = |pool: &Value| u64_of(pool, "forks");
-    assert_eq!((served(&after) - served(&before), forks(&after) - forks(&before)), (TOTAL, TOTAL), "every used VM was replaced by one new one: {before} then {after}");
-    assert_eq!(forks(&after), served(&after) + RUNNING as u64, "{after}");
+    // A VM ready again is a new one or a used one reset (KVM resets; the ptrace CPU never does).
+    let readied = |pool: &Value| u64_of(pool, "forks") + u64_of(pool, "resets");
+    assert_eq!((served(&after) - served(&before), readied(&after) - readied(&before)), (total, total), "every used VM was reset or replaced: {before} then {after}");
+    assert_eq!(readied(&after), served(&after) + RUNNING as u64, "{after}");
     let stats = stats(&mut client);
-    assert_eq!((u64_of(&stats, "executions"), u64_of(&stats, "in_flight")), (SEQUENTIAL + TOTAL, 0), "{stats}");
+    assert_eq!((u64_of(&stats, "executions"), u64_of(&stats, "in_flight")), (sequential + total, 0), "{stats}");
     pooled.stop();
 }

@@ -1,14 +1,12 @@
-//! Debian's python3.11 run end to end on the ptrace development CPU: the Python template's
-//! real file image (templates/python/image.json), the real ELF loader (ld.so, shared
-//! libraries) and the real syscall layer, with the guest's instructions executed natively in a
-//! traced child (sandfork_vmm::devcpu). This machine has no /dev/kvm; on a machine with it,
-//! the same programs are to run under the KVM backend with the same expectations.
+//! Debian's python3.11 run end to end on the test CPU (`common::test_cpu`: KVM in the KVM tier):
+//! the Python template's real file image (templates/python/image.json), the real ELF loader
+//! (ld.so, shared libraries) and the real syscall layer.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{assert_prints, describe, python, python_image, python_request, run};
+use common::{assert_prints, describe, python, python_image, python_request, run, scaled, time_scale};
 use sandfork_vmm::status::RunStatus;
 
 #[test]
@@ -161,12 +159,13 @@ except OSError as e:
 #[test]
 fn endless_loop_times_out() {
     let mut req = python_request("while True: pass");
-    req.timeout = Duration::from_millis(1500);
+    // Scaled, so that on a slow path the limit still falls in the loop, not in Python's start-up.
+    req.timeout = scaled(Duration::from_millis(1500));
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: 1500 }, "{}", describe(&outcome));
+    assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: req.timeout.as_millis() as u64 }, "{}", describe(&outcome));
     // The run (loading excluded) ends at the limit, not long after it.
     let wall = outcome.stats.wall;
-    assert!(wall >= req.timeout && wall < req.timeout + Duration::from_secs(2), "the run took {wall:?}");
+    assert!(wall >= req.timeout && wall < req.timeout + scaled(Duration::from_secs(2)), "the run took {wall:?}");
 }
 
 #[test]
@@ -235,11 +234,12 @@ fn relative_paths_resolve_in_the_working_directory() {
 
 #[test]
 fn sleeping_past_the_limit_times_out_at_the_limit() {
-    let mut req = python_request("import time; time.sleep(30); print('woke')");
-    req.timeout = Duration::from_millis(800);
+    // All three durations scaled: the limit falls in the sleep, the bound stays below the sleep.
+    let mut req = python_request(&format!("import time; time.sleep({}); print('woke')", 30 * time_scale()));
+    req.timeout = scaled(Duration::from_millis(800));
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: 800 }, "{}", describe(&outcome));
-    assert!(outcome.stats.wall < Duration::from_secs(3), "the run took {:?}", outcome.stats.wall);
+    assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: req.timeout.as_millis() as u64 }, "{}", describe(&outcome));
+    assert!(outcome.stats.wall < scaled(Duration::from_secs(3)), "the run took {:?}", outcome.stats.wall);
     assert!(outcome.stdout.is_empty());
 }
 

@@ -1,7 +1,7 @@
 // Test support: the REAL `sandfork-vmm` binary (no stand-in), a real template built with it,
 // and a daemon run under the real supervisor, all in a short temporary directory (a Unix socket
 // path must fit 107 bytes).
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -17,6 +17,26 @@ export function requireVmmBinary(): string {
     throw new Error(`the sandfork-vmm binary is missing at ${VMM_BINARY}: build it first with \`cd native-vmm && cargo build --release\``);
   }
   return VMM_BINARY;
+}
+
+let withoutKvm: string | undefined;
+
+/**
+ * A launcher of the REAL binary that cannot use KVM, on any machine: it runs it in a private
+ * mount namespace (util-linux `unshare --mount`, root) whose /dev/kvm is /dev/null, so opening
+ * it works and KVM_GET_API_VERSION fails, as on a host with no KVM driver. The tests of the
+ * no-KVM paths (`unavailable` answers, 503, nothing billed) use it; the KVM tier runs the rest.
+ * One script per test process, in its own temporary directory.
+ */
+export function vmmBinaryWithoutKvm(): string {
+  if (withoutKvm !== undefined) return withoutKvm;
+  const binary = requireVmmBinary();
+  const script = join(mkdtempSync(join(tmpdir(), "sfk-nokvm-")), "sandfork-vmm");
+  const body = `mount --bind /dev/null /dev/kvm 2>/dev/null || [ ! -e /dev/kvm ] || exit 125; exec "$0" "$@"`;
+  writeFileSync(script, `#!/bin/sh\nexec unshare --mount -- /bin/sh -c '${body}' '${binary}' "$@"\n`);
+  chmodSync(script, 0o755);
+  withoutKvm = script;
+  return script;
 }
 
 /**

@@ -1,8 +1,13 @@
-//! Shared helpers of the integration tests that run real programs on the ptrace development
-//! CPU (`sandfork_vmm::devcpu`): compiling the C test programs, building file images once per
-//! test process, and launching a run through the real loader, syscall layer and file image.
+//! Shared helpers of the program tests (tests/*_ptrace.rs), which run real programs through the
+//! real loader, syscall layer and file image on the test CPU (`test_cpu`: the product's KVM vCPU,
+//! or the ptrace development CPU on request): compiling the C test programs, building file images
+//! once per test process, launching runs, and the time scale of the KVM tier's path.
 
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
+
+mod time_scale;
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use time_scale::{repetitions, scaled, scaled_ms, time_scale};
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -10,11 +15,12 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sandfork_vmm::cpu::GuestCpu;
+use sandfork_vmm::cpu::{CpuSnapshot, GuestCpu};
 use sandfork_vmm::devcpu::PtraceCpu;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::loader::LoadedProgram;
 use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::snapshot::ForkMemory;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunOutcome, RunRequest};
 
@@ -99,14 +105,64 @@ pub fn python_image() -> Arc<Image> {
         .clone()
 }
 
-/// The vCPU factory the program tests run on: the ptrace development CPU by default, or the
-/// product's KVM vCPU with `SANDFORK_TEST_CPU=kvm`, which is how the KVM backend is brought up on
-/// a host with /dev/kvm (e.g. `SANDFORK_TEST_CPU=kvm cargo test --test python_ptrace`).
-pub fn test_cpu<'m>(mem: &'m GuestMemory, program: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
+/// Which vCPU the program tests run on (`SANDFORK_TEST_CPU`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestCpu {
+    /// The product's KVM vCPU (the default; scripts/kvm-tier.sh runs these tests this way, on the
+    /// host's /dev/kvm or inside a QEMU guest that has one).
+    Kvm,
+    /// The ptrace development CPU (`sandfork_vmm::devcpu`, `SANDFORK_TEST_CPU=ptrace`): the
+    /// program runs natively in a traced child. A debugging aid, no isolation boundary.
+    Ptrace,
+}
+
+pub fn cpu_kind() -> TestCpu {
     match std::env::var("SANDFORK_TEST_CPU").as_deref() {
-        Ok("kvm") => sandfork_vmm::kvm::new_cpu(mem, program),
-        Ok("ptrace") | Err(_) => Ok(Box::new(PtraceCpu::new(mem, program.entry, program.stack_pointer)?)),
-        Ok(other) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("SANDFORK_TEST_CPU={other}: expected kvm or ptrace"))),
+        Ok("kvm") | Err(_) => TestCpu::Kvm,
+        Ok("ptrace") => TestCpu::Ptrace,
+        Ok(other) => panic!("SANDFORK_TEST_CPU={other}: expected kvm or ptrace"),
+    }
+}
+
+/// Adds, to a failure to create a KVM vCPU, where the program tests can run instead.
+fn kvm_hint(e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("{e} (the program tests run on KVM: run them with `bash scripts/kvm-tier.sh`, which uses a QEMU guest when this machine has no usable /dev/kvm; SANDFORK_TEST_CPU=ptrace runs them on the ptrace development CPU)"),
+    )
+}
+
+/// The vCPU factory the program tests run on (see `TestCpu`).
+pub fn test_cpu<'m>(mem: &'m GuestMemory, program: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    match cpu_kind() {
+        TestCpu::Kvm => sandfork_vmm::kvm::new_cpu(mem, program).map_err(kvm_hint),
+        TestCpu::Ptrace => Ok(Box::new(PtraceCpu::new(mem, program.entry, program.stack_pointer)?)),
+    }
+}
+
+/// The restore factory of the test CPU: a vCPU restored from a template snapshot.
+pub fn restore_cpu<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    match cpu_kind() {
+        TestCpu::Kvm => sandfork_vmm::kvm::restore_cpu(mem, snapshot).map_err(kvm_hint),
+        TestCpu::Ptrace => Ok(Box::new(PtraceCpu::restore(mem, snapshot)?)),
+    }
+}
+
+/// How a restored VM's memory is made on the test CPU: the product's copy-on-write fork on KVM;
+/// a full copy on the ptrace CPU (its traced child shares the memory, which a private mapping
+/// cannot be).
+pub fn fork_memory() -> ForkMemory {
+    match cpu_kind() {
+        TestCpu::Kvm => ForkMemory::CopyOnWrite,
+        TestCpu::Ptrace => ForkMemory::Copy,
+    }
+}
+
+/// The test CPU's name, for printed figures ("kvm" or "ptrace").
+pub fn cpu_name() -> &'static str {
+    match cpu_kind() {
+        TestCpu::Kvm => "kvm",
+        TestCpu::Ptrace => "ptrace",
     }
 }
 
@@ -115,11 +171,12 @@ pub fn run(image: &Arc<Image>, req: &RunRequest) -> RunOutcome {
     vm::launch(image.clone(), req, &test_cpu).unwrap_or_else(|e| panic!("launching {}: {e}", req.program))
 }
 
-/// A request for `program` with `args`, a 10 s limit and the default memory and output cap.
+/// A request for `program` with `args`, a 10 s limit (scaled) and the default memory and output
+/// cap.
 pub fn request(program: &str, args: &[&str]) -> RunRequest {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let mut req = RunRequest::new(program, &args);
-    req.timeout = Duration::from_secs(10);
+    req.timeout = scaled(Duration::from_secs(10));
     req
 }
 

@@ -3,6 +3,11 @@
 
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+#[path = "../common/time_scale.rs"]
+mod time_scale;
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use time_scale::{repetitions, scaled, scaled_ms, time_scale};
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -36,11 +41,15 @@ pub fn templates_dir() -> &'static Path {
     })
 }
 
-pub const LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 };
+/// The servers' default and maximum limits: a 10 s time limit (scaled for the KVM tier's path),
+/// 256 MiB, 1 MiB of output.
+pub fn limits() -> ExecutionLimits {
+    ExecutionLimits { timeout_ms: scaled_ms(10_000), memory_mib: 256, output_bytes: 1 << 20 }
+}
 
 /// `max_running` executions at once, none waiting (beyond them: `busy`).
 pub fn config(max_running: usize) -> ServerConfig {
-    ServerConfig { max_running, max_queued: 0, max_connections: 64, limits: LimitPolicy::new(LIMITS, LIMITS) }
+    ServerConfig { max_running, max_queued: 0, max_connections: 64, limits: LimitPolicy::new(limits(), limits()) }
 }
 
 /// A server running on its own thread.
@@ -84,7 +93,7 @@ pub struct Client {
 impl Client {
     pub fn connect(path: &Path) -> Client {
         let stream = UnixStream::connect(path).unwrap_or_else(|e| panic!("connecting to {}: {e}", path.display()));
-        stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        stream.set_read_timeout(Some(scaled(Duration::from_secs(120)))).unwrap();
         Client { stream }
     }
 

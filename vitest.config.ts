@@ -6,7 +6,9 @@ import { defineConfig } from "vitest/config";
  * A test that did not run because a hook of its suite failed (e.g. no PostgreSQL server) counts
  * as failed, not skipped.
  */
-class PlainCountReporter implements Reporter {
+export class PlainCountReporter implements Reporter {
+  constructor(private readonly label = "vitest") {}
+
   onTestRunEnd(testModules: ReadonlyArray<TestModule>, unhandledErrors: ReadonlyArray<unknown>): void {
     let passed = 0;
     let failed = unhandledErrors.length;
@@ -21,13 +23,15 @@ class PlainCountReporter implements Reporter {
         else skipped++;
       }
     }
-    console.log(`vitest: ${passed} passed, ${failed} failed${skipped > 0 ? `, ${skipped} skipped` : ""}`);
+    console.log(`${this.label}: ${passed} passed, ${failed} failed${skipped > 0 ? `, ${skipped} skipped` : ""}`);
   }
 }
 
 export default defineConfig({
   test: {
     include: ["gateway/**/*.test.ts", "db/**/*.test.ts", "runtime/**/*.test.ts", "loadtest/**/*.test.ts"],
+    // *.kvm.test.ts need a /dev/kvm that runs guests: scripts/kvm-tier.sh runs them (vitest.kvm.config.ts).
+    exclude: ["**/node_modules/**", "**/*.kvm.test.ts"],
     // Each file owns a fresh database (Postgres) or an in-memory PGlite; the 2-core machine sets the pace.
     testTimeout: 30_000,
     hookTimeout: 60_000,

@@ -6,8 +6,8 @@
 #   scripts/kvm-in-qemu.sh [options] [--] CMD [ARGS...]
 #
 # The guest sees the host's root file system read-only over 9p with a RAM-backed overlay on top
-# (it can write anywhere; what it writes is discarded at exit), runs CMD chrooted there in the
-# current directory, streams CMD's stdout and stderr to ours and exits with CMD's exit code.
+# (it can write anywhere; what it writes is discarded at exit) and has a loopback interface and
+# no other network. It runs CMD chrooted there in the current directory, streams CMD's stdout and stderr to ours and exits with CMD's exit code.
 # The KVM tier (scripts/kvm-tier.sh) boots it once to run all program tests in it.
 #
 # options:
@@ -176,6 +176,8 @@ for d in $KIQ_RW; do
   i=$((i+1))
 done
 mkdir -p /newroot/run/kiq && mount --move /job /newroot/run/kiq
+# Loopback only (no other network): servers the command starts listen on 127.0.0.1.
+ip link set lo up 2>/dev/null || log "cannot bring up the loopback interface"
 log "running command (uptime $(cut -d' ' -f1 /proc/uptime))"
 chroot /newroot /bin/bash /run/kiq/stage2.sh < /dev/null > /dev/ttyS1 2> /dev/ttyS2
 rc=$?

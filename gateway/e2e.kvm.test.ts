@@ -1,0 +1,78 @@
+// End to end on KVM: the gateway as `npm start` wires it (runtime/start.ts, supervised mode) on
+// its embedded database (PGlite): the REAL python template built and snapshotted by
+// `sandfork-vmm`, the REAL daemon under supervision serving from its warm pool, and POST
+// /v1/executions running `print(6*7)` in a KVM microVM, then billing it.
+//
+// It needs a /dev/kvm that runs guests, so it is not part of the normal vitest run
+// (vitest.config.ts excludes *.kvm.test.ts): scripts/kvm-tier.sh runs it with
+// vitest.kvm.config.ts, on this machine's /dev/kvm or inside a QEMU guest that has one. Its
+// waits are multiplied by SANDFORK_TEST_TIME_SCALE (1 native, ~15 in QEMU).
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { eq } from "drizzle-orm";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { findExecution } from "../db/billing.js";
+import { getBalance } from "../db/keys.js";
+import { usageLedger } from "../db/schema.js";
+import { loadRuntimeConfig } from "../runtime/config.js";
+import { type StartedRuntime, startRuntime } from "../runtime/start.js";
+import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
+import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+
+/** SANDFORK_TEST_TIME_SCALE: how much slower than native this path runs guests (default 1). */
+const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
+if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK_TEST_TIME_SCALE must be a whole number >= 1, got ${process.env.SANDFORK_TEST_TIME_SCALE}`);
+
+const CREDITS = 100_000;
+let dir: string;
+let runtime: StartedRuntime;
+let gw: TestGateway;
+const log: string[] = [];
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), "sfk-e2e-"));
+  const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1" };
+  const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, (line) => log.push(line));
+  if (started === undefined) throw new Error("supervised mode must start a runtime");
+  runtime = started;
+  const executionLimits = { defaultTimeoutMs: 5_000 * timeScale, maxTimeoutMs: 30_000 * timeScale, defaultMemoryMb: 256, maxMemoryMb: 2_048 };
+  gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
+});
+
+afterAll(async () => {
+  await gw?.dispose();
+  await runtime?.stop();
+  if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+});
+
+describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
+  it("start-up built the python template's image and its snapshot, and the daemon serves it", async () => {
+    const text = log.join("\n");
+    expect(text).toContain(`image ready in ${join(dir, "templates", "python")}`);
+    expect(text).not.toMatch(/kvm unavailable|no snapshot/);
+    const health = (await (await gw.call("GET", "/healthz")).json()) as Record<string, string>;
+    expect(health, log.join("\n")).toMatchObject({ status: "ok", database: "ok", runtime: "connected" });
+    const { key } = await gw.issue();
+    const templates = (await (await gw.call("GET", "/v1/templates", { credential: key })).json()) as { templates: Record<string, unknown>[] };
+    expect(templates.templates).toEqual([expect.objectContaining({ name: "python", ready: true })]);
+  });
+
+  it("POST /v1/executions runs print(6*7) in a microVM: 200 with 42, billed to the key's account", async () => {
+    const { key, accountId } = await gw.issue({ credits: CREDITS });
+    const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code: "print(6*7)" } });
+    const text = await response.text();
+    expect(response.status, text).toBe(200);
+    const body = JSON.parse(text) as { id: string; status: string; exit_code: number; stdout: string; stderr: string; usage: { units: number } };
+    expect(body, text).toMatchObject({ status: "completed", exit_code: 0, stdout: "42\n", stderr: "" });
+    expect(body.usage.units).toBeGreaterThan(0);
+
+    // Billed: the record is settled, the balance is lower by exactly the charge, one usage row.
+    expect(await findExecution(gw.fresh.db, body.id)).toMatchObject({ status: "completed", chargedUnits: body.usage.units });
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
+    const ledger = await gw.fresh.db.select().from(usageLedger).where(eq(usageLedger.executionId, body.id));
+    expect(ledger).toEqual([expect.objectContaining({ kind: "usage", template: "python", accountId, units: body.usage.units })]);
+    const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as { executions: number; units: number };
+    expect(usage).toMatchObject({ executions: 1, units: body.usage.units });
+  });
+});

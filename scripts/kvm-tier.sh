@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# The KVM test tier: every program test (native-vmm/tests/*_ptrace.rs and *_kvm.rs: Python and
+# its stdlib, the C programs, the limits, the agent, snapshots and forks, the pool, the daemon,
+# the vCPU state) on the product's KVM vCPU (SANDFORK_TEST_CPU=kvm), and the TypeScript tests
+# that run guests (*.kvm.test.ts with vitest.kvm.config.ts: print(6*7) through the gateway and
+# the real daemon on PGlite, billed; exactly-once billing under SIGKILL, on PGlite and
+# PostgreSQL). scripts/test.sh runs it after the other suites, on every machine:
+#
+# - natively, where /dev/kvm opens and can create a VM with a vCPU (scripts/kvm-probe.sh);
+# - otherwise inside ONE QEMU guest with an emulated AMD SVM CPU (scripts/kvm-in-qemu.sh),
+#   booted once for the whole tier.
+#
+# A /dev/kvm that creates VMs but on which sandfork-vmm cannot run a static C program is not a
+# reason to fall back: the tier says so and runs natively, and what fails there is the VMM's.
+#
+#   bash scripts/kvm-tier.sh          (npm run test:kvm)
+#
+# environment:
+#   SANDFORK_KVM_TIER=auto|native|qemu   the path (default auto, as above); native fails where
+#                                        /dev/kvm cannot create a VM
+#   SANDFORK_KVM_TIER_QEMU_SCALE=N       SANDFORK_TEST_TIME_SCALE in QEMU (default 15: TCG runs
+#                                        guest code ~13x slower than native); natively it is 1
+#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  the QEMU run's wall-clock limit (default 2400)
+#   SANDFORK_KVM_TIER_TESTS="a b"        only these suites: test file names (e.g. python_ptrace)
+#                                        and/or vitest-kvm (default: all)
+#
+# It prints one line saying which path ran ("KVM tier: native /dev/kvm (kvm_pvm)" or "KVM tier:
+# QEMU TCG, nested SVM, kernel 6.1.192"), each suite's counts, and ends with
+# "kvm-tier: N passed, N failed". Exit code 0 only when tests ran and none failed.
+#
+# Internally, `kvm-tier.sh --run-here RESULTS_DIR LIST` runs the suites of LIST (lines
+# "name<TAB>test executable", and "vitest-kvm<TAB>-") where it is (host or guest) and appends
+# each suite's counts to RESULTS_DIR/counts.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+# ---- inside the chosen environment: run the suites, record counts ---------------------------
+run_here() {
+  local results=$1 list=$2 name exe log rc line passed failed ignored
+  export SANDFORK_TEST_CPU=kvm SANDFORK_TEST_TIME_SCALE=${SANDFORK_TEST_TIME_SCALE:-1}
+  : > "$results/counts"
+  # The PostgreSQL halves of the TypeScript tests: test.sh's server natively; inside the QEMU
+  # guest (which reaches no host server) one of its own, in its RAM overlay.
+  local own_pg=0
+  if grep -q '^vitest-kvm' "$list" && [ -z "${TEST_DATABASE_URL:-}" ]; then
+    local pg_env
+    if pg_env=$(SANDFORK_PG_DIR=/tmp/sandfork-kvm-tier-pg SANDFORK_PG_PORT=54332 bash "$ROOT/scripts/postgres.sh" start); then
+      eval "$pg_env"
+      own_pg=1
+    else
+      echo "kvm-tier: could not start PostgreSQL: the *.kvm.test.ts PostgreSQL variants will fail" >&2
+    fi
+  fi
+  while IFS=$'\t' read -r name exe; do
+    log=$results/$name.log
+    echo "== KVM tier: $name"
+    local started=$SECONDS
+    if [ "$name" = vitest-kvm ]; then
+      # Runs from the repository; `vitest run` exits 1 when a test fails.
+      (cd "$ROOT" && timeout $((900 * SANDFORK_TEST_TIME_SCALE)) node_modules/.bin/vitest run --config vitest.kvm.config.ts 2>&1) | tee "$log"
+      rc=${PIPESTATUS[0]}
+      line=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^vitest-kvm: [0-9]+ passed, [0-9]+ failed' | tail -1)
+      passed=$(sed -n 's/.* \([0-9]*\) passed.*/\1/p' <<<"$line")
+      failed=$(sed -n 's/.* \([0-9]*\) failed.*/\1/p' <<<"$line")
+      ignored=$(sed -n 's/.* \([0-9]*\) skipped.*/\1/p' <<<"$line")
+    else
+      # cargo runs a test executable in its package's directory.
+      (cd "$ROOT/native-vmm" && timeout $((600 * SANDFORK_TEST_TIME_SCALE)) "$exe" 2>&1) | tee "$log"
+      rc=${PIPESTATUS[0]}
+      line=$(grep -E '^test result: ' "$log" | tail -1)
+      passed=$(sed -n 's/.* \([0-9]*\) passed;.*/\1/p' <<<"$line")
+      failed=$(sed -n 's/.* \([0-9]*\) failed;.*/\1/p' <<<"$line")
+      ignored=$(sed -n 's/.* \([0-9]*\) ignored;.*/\1/p' <<<"$line")
+    fi
+    passed=${passed:-0} failed=${failed:-0} ignored=${ignored:-0}
+    # A suite that failed without a count of failures (killed, crashed, timed out) counts one.
+    if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then failed=1; fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$passed" "$failed" "$ignored" "$rc" $((SECONDS - started)) >> "$results/counts"
+  done < "$list"
+  if [ $own_pg = 1 ]; then SANDFORK_PG_DIR=/tmp/sandfork-kvm-tier-pg bash "$ROOT/scripts/postgres.sh" stop; fi
+}
+
+if [ "${1:-}" = --run-here ]; then
+  run_here "$2" "$3"
+  exit 0
+fi
+
+# ---- on the host ------------------------------------------------------------------------------
+MODE=${SANDFORK_KVM_TIER:-auto}
+case $MODE in auto|native|qemu) ;; *) echo "kvm-tier: SANDFORK_KVM_TIER=$MODE: expected auto, native or qemu" >&2; exit 2 ;; esac
+QEMU_SCALE=${SANDFORK_KVM_TIER_QEMU_SCALE:-15}
+QEMU_TIMEOUT=${SANDFORK_KVM_TIER_QEMU_TIMEOUT:-2400}
+ONLY=${SANDFORK_KVM_TIER_TESTS:-}
+
+fail_setup() {
+  echo "kvm-tier: $*" >&2
+  echo "kvm-tier: 0 passed, 1 failed"
+  exit 1
+}
+
+TIER_DIR=$ROOT/native-vmm/target/kvm-tier
+rm -rf "$TIER_DIR" && mkdir -p "$TIER_DIR/results" || fail_setup "cannot create $TIER_DIR"
+LIST=$TIER_DIR/suites.tsv
+
+# The test executables, built here (the QEMU guest only runs them), and the VMM binary that the
+# probe and the TypeScript tests use.
+echo "== KVM tier: building the program tests"
+tests=()
+for f in native-vmm/tests/*_ptrace.rs native-vmm/tests/*_kvm.rs; do
+  [ -e "$f" ] || continue
+  t=$(basename "$f" .rs)
+  if [ -z "$ONLY" ] || [[ " $ONLY " == *" $t "* ]]; then tests+=(--test "$t"); fi
+done
+(cd native-vmm && cargo build --release --bin sandfork-vmm 2>&1) || fail_setup "building sandfork-vmm failed"
+: > "$LIST"
+if [ ${#tests[@]} -gt 0 ]; then
+  (cd native-vmm && cargo test --release --no-run --message-format=json-render-diagnostics "${tests[@]}" > "$TIER_DIR/build.json") \
+    || fail_setup "building the program tests failed"
+  # One JSON object a line; the test targets' executables.
+  node -e '
+    const lines = require("fs").readFileSync(process.argv[1], "utf8").split("\n").filter(Boolean);
+    for (const m of lines.map((l) => JSON.parse(l))) {
+      if (m.reason === "compiler-artifact" && m.profile.test && m.target.kind.includes("test") && m.executable) {
+        console.log(`${m.target.name}\t${m.executable}`);
+      }
+    }' "$TIER_DIR/build.json" | sort > "$LIST"
+  [ "$(wc -l < "$LIST")" = $((${#tests[@]} / 2)) ] || fail_setup "expected $((${#tests[@]} / 2)) test executables, cargo reported: $(cat "$LIST")"
+fi
+if [ -z "$ONLY" ] || [[ " $ONLY " == *" vitest-kvm "* ]]; then printf 'vitest-kvm\t-\n' >> "$LIST"; fi
+[ -s "$LIST" ] || fail_setup "SANDFORK_KVM_TIER_TESTS=$ONLY selects nothing"
+
+# The module behind /dev/kvm.
+kvm_module() {
+  for m in kvm_pvm kvm_intel kvm_amd; do [ -d "/sys/module/$m" ] && { echo "$m"; return; }; done
+  echo "unknown module"
+}
+
+# Does sandfork-vmm run a static C program on this /dev/kvm? Prints "ok" or its output.
+probe_vmm() {
+  local dir=$TIER_DIR/probe
+  mkdir -p "$dir"
+  cc -O1 -static -o "$dir/hello" native-vmm/tests/programs/hello.c 2>&1 || return
+  printf '{"name": "kvm-probe", "paths": [{"host": "%s", "guest": "/bin/hello"}], "writable_dirs": ["/tmp"]}\n' "$dir/hello" > "$dir/image.json"
+  native-vmm/target/release/sandfork-vmm image build --manifest "$dir/image.json" --out "$dir/image" > "$dir/build.log" 2>&1 || { cat "$dir/build.log"; return; }
+  local out
+  out=$(timeout 60 native-vmm/target/release/sandfork-vmm run --image "$dir/image" --timeout-ms 10000 -- /bin/hello < /dev/null 2>&1)
+  if [ $? = 0 ] && [ "$(head -1 <<<"$out")" = "hello from /bin/hello" ]; then echo ok; else echo "$out" | tail -3; fi
+}
+
+kvm_status=$(bash scripts/kvm-probe.sh)
+case $MODE in
+  auto) if [ "$kvm_status" = ok ]; then path=native; else path=qemu; fi ;;
+  native) [ "$kvm_status" = ok ] || fail_setup "SANDFORK_KVM_TIER=native, but /dev/kvm: $kvm_status"; path=native ;;
+  qemu) path=qemu ;;
+esac
+
+if [ $path = native ]; then
+  echo "KVM tier: native /dev/kvm ($(kvm_module))"
+  vmm_status=$(probe_vmm)
+  if [ "$vmm_status" != ok ]; then
+    # Honest, not hidden: this /dev/kvm works, so the VMM's failure on it is what the tests report.
+    echo "kvm-tier: warning: /dev/kvm creates VMs, but sandfork-vmm did not run a static C program on it:"
+    sed 's/^/kvm-tier:   /' <<<"$vmm_status"
+    echo "kvm-tier: the tier runs natively anyway: its failures are the VMM's on this KVM (SANDFORK_KVM_TIER=qemu forces the QEMU path)"
+  fi
+  SANDFORK_TEST_TIME_SCALE=1 bash scripts/kvm-tier.sh --run-here "$TIER_DIR/results" "$LIST"
+  run_rc=$?
+else
+  kernel=$(bash scripts/kvm-in-qemu.sh -n) || fail_setup "the QEMU path cannot run here (install its packages with scripts/setup-debian.sh)"
+  case $MODE in
+    qemu) echo "kvm-tier: SANDFORK_KVM_TIER=qemu: the QEMU path is forced (/dev/kvm here: $kvm_status)" ;;
+    *) echo "kvm-tier: /dev/kvm here: $kvm_status: running the tier in a QEMU guest" ;;
+  esac
+  echo "KVM tier: QEMU TCG, nested SVM, kernel ${kernel#* }"
+  echo "kvm-tier: booting Debian's kernel ${kernel%% *} once for all suites (time scale $QEMU_SCALE)"
+  # Guest memory: the RAM overlay holds every file the tests write (images, snapshots).
+  bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -s "$(nproc)" -w "$TIER_DIR/results" \
+    -e SANDFORK_TEST_TIME_SCALE="$QEMU_SCALE" -e CI="${CI:-}" \
+    -- bash "$ROOT/scripts/kvm-tier.sh" --run-here "$TIER_DIR/results" "$LIST"
+  run_rc=$?
+fi
+
+# ---- the counts ---------------------------------------------------------------------------------
+total_passed=0 total_failed=0 total_ignored=0 ran=() unfinished=0
+while IFS=$'\t' read -r name passed failed ignored rc secs; do
+  ran+=("$name")
+  echo "kvm-tier: $name: $passed passed, $failed failed, $ignored ignored (${secs} s, exit code $rc)"
+  total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed)) total_ignored=$((total_ignored + ignored))
+done < "$TIER_DIR/results/counts"
+while IFS=$'\t' read -r name _; do
+  if [[ " ${ran[*]+"${ran[*]}"} " != *" $name "* ]]; then
+    echo "kvm-tier: $name: did not run (the run stopped with exit code $run_rc)"
+    unfinished=$((unfinished + 1))
+  fi
+done < "$LIST"
+echo "KVM tier: $((total_passed + total_failed)) KVM tests ran on the $path path: $total_passed passed, $total_failed failed; $unfinished suite(s) did not run ($SECONDS s)"
+# A suite that did not run, or a run that failed without a failed test, counts as one failure.
+total_failed=$((total_failed + unfinished))
+if [ "$run_rc" != 0 ] && [ "$total_failed" = 0 ]; then total_failed=1; fi
+skipped=; [ "$total_ignored" = 0 ] || skipped=", $total_ignored skipped"
+echo "kvm-tier: $total_passed passed, $total_failed failed$skipped"
+[ "$total_failed" = 0 ] && [ "$total_passed" -gt 0 ]

@@ -111,8 +111,16 @@ impl GuestMemory {
         Ok(self.scan_copied_ranges(pagemap)?.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum())
     }
 
-    /// The guest-physical ranges `[start, end)` of the pages this fork holds copies of (present
-    /// and not file pages), by PAGEMAP_SCAN.
+    /// For a copy-on-write fork: the guest-physical ranges `[start, end)` of the pages it holds
+    /// copies of, sorted, by PAGEMAP_SCAN (kernels before 6.7 fail it). For memory of its own
+    /// (not a fork): None.
+    pub fn copied_ranges(&self) -> io::Result<Option<Vec<(u64, u64)>>> {
+        if self.fd.is_some() {
+            return Ok(None);
+        }
+        self.scan_copied_ranges(&std::fs::File::open("/proc/self/pagemap")?).map(Some)
+    }
+
     fn scan_copied_ranges(&self, pagemap: &std::fs::File) -> io::Result<Vec<(u64, u64)>> {
         let base = self.host as u64;
         let end = base + self.size;
@@ -135,21 +143,21 @@ impl GuestMemory {
         Ok(ranges)
     }
 
-    /// Puts a copy-on-write fork of `template` back into the template's state: every page the
-    /// fork copied gets the template's bytes again (zeros where the template has none), and the
-    /// copies stay in place, so the host pages and KVM's mappings of them stay warm for the
-    /// next request (destroying the fork would make that request fault each one in again).
-    /// Pages the fork never wrote still show the template. Returns how many pages were
-    /// restored; fails when the kernel lacks PAGEMAP_SCAN (6.7+), in which case the fork
-    /// must be destroyed rather than reused.
-    pub fn reset_to(&self, template: &TemplateMemory) -> io::Result<u64> {
+    /// Puts a copy-on-write fork of `template` back into the template's state, given the pages
+    /// it holds copies of (`copied_ranges`, current: nothing copied since): each gets the
+    /// template's bytes again (zeros where the template has none), and the copies stay in
+    /// place, so the host pages and KVM's mappings of them stay warm for the next request
+    /// (destroying the fork would make that request fault each one in again). Pages the fork
+    /// never wrote still show the template. Returns how many pages were restored.
+    pub fn reset_to(&self, template: &TemplateMemory, copied: &[(u64, u64)]) -> io::Result<u64> {
         if self.fd.is_some() || self.size != template.size() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "only a copy-on-write fork of this template can be reset to it"));
         }
-        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
-        let copied = self.scan_copied_ranges(&pagemap)?;
         let mut pages = 0;
-        for &(start, end) in &copied {
+        for &(start, end) in copied {
+            if start >= end || end > self.size {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("copied range {start:#x}..{end:#x} is not inside guest memory")));
+            }
             let mut at = start;
             for &(data_start, data_end) in &template.data {
                 if data_end <= at || data_start >= end {

@@ -165,6 +165,18 @@ pub fn clock_time(clock: c_int) -> io::Result<(i64, i64)> {
     Ok((ts.tv_sec, ts.tv_nsec))
 }
 
+/// Page faults (minor and major) the calling thread has taken (getrusage RUSAGE_THREAD).
+/// Faults that KVM takes on the guest's behalf while this thread runs its vCPU count too (its
+/// get_user_pages faults are accounted to the calling task; with no in-kernel LAPIC, KVM never
+/// hands a fault to another thread as an async page fault).
+pub fn thread_page_faults() -> io::Result<u64> {
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: usage is a valid, exclusively borrowed rusage for the duration of the call.
+    check(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) })?;
+    Ok(usage.ru_minflt as u64 + usage.ru_majflt as u64)
+}
+
 // Kicking a vCPU thread out of KVM_RUN (kvm/): a thread-directed signal whose handler does
 // nothing, installed without SA_RESTART so the blocked ioctl returns EINTR.
 

@@ -47,3 +47,30 @@ fn a_fresh_fork_keeps_nothing_of_the_execution_before() {
     let origins = isolation::run(&executor, "python", check_limits()).unwrap_or_else(|leak| panic!("{leak}"));
     assert_eq!(origins, [VmOrigin::Fresh; 3]);
 }
+
+/// `usage.pages_copied` of a reset VM counts only what its request newly copied: a repeat of
+/// a request copies nothing (its pages are warm, and the count skips the scan when the run
+/// took no page fault), a request that fills 8 MiB of new memory copies at least those pages,
+/// and after its reset the same small request again copies nothing.
+#[test]
+fn a_reset_vm_counts_only_the_pages_its_request_copied() {
+    use sandfork_vmm::agent::AgentRequest;
+    use sandfork_vmm::daemon::executor::{ExecuteRequest, Executor};
+    let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates()).unwrap(), 1).unwrap();
+    let run = |code: &str| {
+        let request = ExecuteRequest { template: "python".to_owned(), agent_request: AgentRequest::new(code), limits: check_limits() };
+        let execution = executor.execute(request).unwrap_or_else(|e| panic!("{code}: {e}"));
+        assert_eq!(String::from_utf8_lossy(&execution.stderr), "", "{code}");
+        (execution.vm, execution.usage.pages_copied)
+    };
+    let small = "print(1+1)";
+    let big = "b = bytearray(8 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint(sum(b))";
+    let (first, first_pages) = run(small);
+    assert_eq!(first, VmOrigin::Fresh);
+    assert!(first_pages > 0, "a fresh fork copies the pages it writes");
+    assert_eq!(run(small), (VmOrigin::Reset { resets: 1 }, 0));
+    let (origin, big_pages) = run(big);
+    assert_eq!(origin, VmOrigin::Reset { resets: 2 });
+    assert!(big_pages >= 2048, "8 MiB of new memory is at least 2048 new copies: {big_pages}");
+    assert_eq!(run(small), (VmOrigin::Reset { resets: 3 }, 0));
+}

@@ -343,7 +343,18 @@ pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFa
     let started = Instant::now();
     let mem = template.new_memory(how).map_err(LaunchError::Memory)?;
     let cpu = make_cpu(&mem, &template.cpu).map_err(LaunchError::Cpu)?;
-    serve_checked_fork(template, &mem, cpu, started, request, limits).map(|(restored, _)| restored)
+    let (outcome, _) = serve_checked_fork(template, &mem, cpu, started, request, limits)?;
+    let pages_copied = pages_copied(&mem).map_err(LaunchError::Memory)?;
+    Ok(Restored { outcome, pages_copied })
+}
+
+/// Pages of guest memory a VM of a template holds copies of: for a copy-on-write fork, the
+/// pages it wrote (`GuestMemory::copied_pages`); for a full copy, every page the copy holds.
+pub fn pages_copied(mem: &GuestMemory) -> io::Result<u64> {
+    match mem.copied_pages()? {
+        Some(pages) => Ok(pages),
+        None => Ok(mem.data_extents()?.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum()),
+    }
 }
 
 /// A request's memory size must be the template's: its VMs cannot have another.
@@ -359,8 +370,9 @@ fn check_memory_size(template: &Template, limits: &RunLimits) -> Result<(), Laun
 /// (restored from `Template::cpu`) were created beforehand, possibly long before the request
 /// (a warm pool does). The outcome's `load` is the time from `setup_started` to the guest
 /// being ready for the request. The request itself is checked by `ReadyGuest::serve`, before
-/// the guest runs. The vCPU comes back for `reset`.
-pub fn serve_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<(Restored, Box<dyn GuestCpu + 'm>), LaunchError> {
+/// the guest runs. The vCPU comes back for `reset`; counting the pages the run copied is the
+/// caller's (`GuestMemory::copied_ranges`), which knows when nothing can have been copied.
+pub fn serve_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
     check_memory_size(template, limits)?;
     serve_checked_fork(template, mem, cpu, setup_started, request, limits)
 }
@@ -371,24 +383,21 @@ pub fn serve_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn Gu
 /// copied pages are written back, not dropped: `GuestMemory::reset_to`) and its vCPU in the
 /// snapshot's state (`GuestCpu::reset`). The VMM-side state (fds, memory map, overlay files,
 /// signal dispositions) needs nothing: every `serve_fork` starts from the template's copy.
-/// Returns the pages written back.
-pub fn reset(template: &Template, mem: &GuestMemory, cpu: &mut dyn GuestCpu) -> io::Result<u64> {
-    let pages = mem.reset_to(&template.memory)?;
+/// `copied` are the pages the VM holds copies of (`GuestMemory::copied_ranges`). Returns the
+/// pages written back.
+pub fn reset(template: &Template, mem: &GuestMemory, cpu: &mut dyn GuestCpu, copied: &[(u64, u64)]) -> io::Result<u64> {
+    let pages = mem.reset_to(&template.memory, copied)?;
     cpu.reset(&template.cpu)?;
     Ok(pages)
 }
 
 /// `serve_fork` once `limits` is known to fit the template.
-fn serve_checked_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<(Restored, Box<dyn GuestCpu + 'm>), LaunchError> {
+fn serve_checked_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
     let ready = template.ready_guest(mem, cpu, limits.output_cap);
     let restored = setup_started.elapsed();
     let (mut outcome, cpu) = ready.serve_keeping_cpu(request, limits.timeout)?;
     outcome.stats.load = restored;
-    let pages_copied = match mem.copied_pages().map_err(LaunchError::Memory)? {
-        Some(pages) => pages,
-        None => mem.data_extents().map_err(LaunchError::Memory)?.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum(),
-    };
-    Ok((Restored { outcome, pages_copied }, cpu))
+    Ok((outcome, cpu))
 }
 
 #[cfg(test)]

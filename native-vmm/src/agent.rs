@@ -167,13 +167,22 @@ impl AgentRequest {
         Ok(())
     }
 
-    /// What the agent receives from AWAIT_REQUEST: `{"code": .., "argv": [..], "env": {..}}`.
-    /// Files and stdin do not travel in it: the VMM puts them in place itself.
-    pub fn agent_message(&self) -> String {
-        let message = AgentMessage { code: &self.code, argv: &self.argv, env: &self.env };
-        serde_json::to_string(&message).expect("strings and string pairs always serialise")
+    /// What the agent receives from AWAIT_REQUEST: `{"code": .., "argv": [..], "env": {..},
+    /// "seed": ".."}`, `seed` being `SEED_BYTES` fresh bytes of the host's CSPRNG in hex, drawn
+    /// for every message. Files and stdin do not travel in it: the VMM puts them in place itself.
+    pub fn agent_message(&self) -> std::io::Result<String> {
+        let mut seed = [0u8; SEED_BYTES];
+        crate::sys::fill_random(&mut seed)?;
+        let seed: String = seed.iter().map(|b| format!("{b:02x}")).collect();
+        let message = AgentMessage { code: &self.code, argv: &self.argv, env: &self.env, seed: &seed };
+        Ok(serde_json::to_string(&message).expect("strings and string pairs always serialise"))
     }
 }
+
+/// Entropy in each agent message: every fork of a template starts with the same generator
+/// states, so the agent reseeds them per request, from these bytes rather than with
+/// getrandom calls (each a VM exit).
+pub const SEED_BYTES: usize = 32;
 
 #[derive(Serialize)]
 struct AgentMessage<'a> {
@@ -181,6 +190,7 @@ struct AgentMessage<'a> {
     argv: &'a [String],
     #[serde(serialize_with = "object_of_pairs")]
     env: &'a [(String, String)],
+    seed: &'a str,
 }
 
 /// Name-value pairs as one JSON object, in their order.
@@ -311,8 +321,11 @@ mod tests {
         r.argv.push("-x".into());
         r.env = vec![("B".into(), "2".into()), ("A".into(), "\"1\"".into())];
         r.stdin = b"not in the message".to_vec();
-        let message = r.agent_message();
-        assert_eq!(message, r#"{"code":"print(\"é\\n\")\n","argv":["main.py","-x"],"env":{"B":"2","A":"\"1\""}}"#);
+        let message = r.agent_message().unwrap();
+        let (fixed, seed) = message.split_at(message.len() - (SEED_BYTES * 2 + 2));
+        assert_eq!(fixed, r#"{"code":"print(\"é\\n\")\n","argv":["main.py","-x"],"env":{"B":"2","A":"\"1\""},"seed":""#);
+        assert!(seed.ends_with("\"}") && seed[..SEED_BYTES * 2].bytes().all(|b| b.is_ascii_hexdigit()), "{message}");
+        assert_ne!(r.agent_message().unwrap(), message, "every message has its own seed");
         let parsed: serde_json::Value = serde_json::from_str(&message).unwrap();
         assert_eq!(parsed.get("code").and_then(serde_json::Value::as_str), Some(r.code.as_str()));
     }

@@ -610,7 +610,7 @@ mod tests {
         let mut request = AgentRequest::new("print(1)");
         request.files = vec![("d/e/f.txt".into(), b"file".to_vec())];
         request.stdin = b"in".to_vec();
-        let message = request.agent_message();
+        let message = request.agent_message().unwrap();
         let served = serve_scripted(
             |mem, buf| {
                 mem.write(buf + 0x1000, b"/work/d/e/f.txt\0").unwrap();
@@ -631,7 +631,9 @@ mod tests {
         let outcome = served.outcome.unwrap();
         assert_eq!(outcome.status, RunStatus::Exited { code: 5 });
         assert_eq!(served.log.lock().unwrap().returns, vec![message.len() as u64, 2, 3, 4, 4, 8], "message, stdin, file, script (relative to /work)");
-        assert_eq!(&served.buffer[..message.len().min(64)], &message.as_bytes()[..message.len().min(64)]);
+        // The same message but for its seed, drawn afresh for each message.
+        let before_seed = message.find("\"seed\":\"").unwrap() + 8;
+        assert_eq!(&served.buffer[..before_seed], &message.as_bytes()[..before_seed]);
         assert_eq!((outcome.stats.syscalls, outcome.stats.exits), (7, 6), "the hand-off is counted as a call, not as an exit");
     }
 
@@ -639,7 +641,7 @@ mod tests {
     fn a_small_buffer_gets_e2big_and_the_size_then_the_retry_succeeds() {
         use crate::errno::Errno;
         let request = AgentRequest::new("x = 1");
-        let needed = request.agent_message().len() as u64;
+        let needed = request.agent_message().unwrap().len() as u64;
         let served = serve_scripted(
             |_, buf| vec![await_request(buf, 7), await_request(buf, 8), await_request(0, 4096), await_request(buf, 4096), CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [0; 6] }],
             request,
@@ -647,7 +649,8 @@ mod tests {
         assert_eq!(served.outcome.unwrap().status, RunStatus::Exited { code: 0 });
         let (e2big, efault) = (Errno::E2BIG.as_return(), Errno::EFAULT.as_return());
         assert_eq!(served.log.lock().unwrap().returns, vec![e2big, e2big, efault, needed], "too small (no room for the size), too small, bad buffer, then served");
-        assert_eq!(served.buffer[..needed as usize], *b"{\"code\":\"x = 1\",\"argv\":[\"main.py\"],\"env\":{}}");
+        let prefix = b"{\"code\":\"x = 1\",\"argv\":[\"main.py\"],\"env\":{},\"seed\":\"";
+        assert_eq!(served.buffer[..prefix.len()], *prefix);
     }
 
     #[test]

@@ -141,10 +141,12 @@ def finish(code):
 def main():
     request = await_request()
     # Every fork of a template starts from the same memory, so the generators seeded before the
-    # ready point hold the same state in all of them: reseed from fresh entropy (getrandom).
-    random.seed()
+    # ready point hold the same state in all of them: reseed them from the fresh host entropy
+    # each request carries (getrandom here would cost a VM exit per call).
+    seed = bytes.fromhex(request["seed"])
+    random.seed(seed)
     if numpy is not None:
-        numpy.random.seed()
+        numpy.random.seed(numpy.frombuffer(seed, dtype=numpy.uint32))
     argv = request["argv"]
     sys.argv = list(argv)
     os.environ.update(request["env"])

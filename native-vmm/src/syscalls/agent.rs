@@ -19,7 +19,10 @@ pub fn await_request(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     let Some(request) = proc.agent_request.take() else {
         return Ok(SyscallOutcome::ReadyPoint);
     };
-    let message = request.agent_message();
+    let Ok(message) = request.agent_message() else {
+        proc.agent_request = Some(request);
+        return Err(Errno::EIO);
+    };
     let needed = message.len() as u64;
     let fits = needed <= buf_len;
     let checked = if fits { user.check(buf, needed) } else { Ok(()) };

@@ -2,8 +2,9 @@
 //! on an identity map; every system call and CPU exception leaves the VM through a tiny CPL0 stub
 //! and is answered here. The repository's README.md describes the modules.
 //!
-//! The KVM backend (`arch`, `kvm`) has never run a guest: the machines it was written on have no
-//! /dev/kvm. Everything else runs for real in the tests, on the ptrace development CPU (`devcpu`).
+//! The KVM backend (`arch`, `kvm`) runs on PVM, VT-x and AMD-V; the program tests run on it (the
+//! KVM test tier: natively, or inside a QEMU guest on machines without /dev/kvm). The ptrace
+//! development CPU (`devcpu`) is kept for debugging the syscall layer without a VM.
 
 // Host side: FFI and guest RAM (with kvm/run_page.rs and devcpu/ptrace_sys.rs, the only `unsafe`).
 pub mod layout;

@@ -1,21 +1,15 @@
 //! The KVM backend: /dev/kvm, one VM with one memory slot (all of guest memory) and one vCPU in
 //! long mode at CPL3, implementing `GuestCpu` (`KvmCpu`).
 //!
-//! NEVER RUN ON A GUEST. The development and CI machines have no /dev/kvm (their kernel is
-//! itself a PVM guest), so this code has never executed a guest anywhere. What is unit-tested
-//! without KVM: the ioctl numbers (against <linux/kvm.h>), the sizes and field offsets of every
-//! `#[repr(C)]` struct and of `struct kvm_run` (against the C headers), decoding of the exit
-//! union, the CPUID lookup, the run-page mapping (on a memfd standing in for the vCPU fd), the
-//! deadline watchdog (it really interrupts a blocking system call with its signal), the mapping
-//! of exception registers to `GuestFault`, and that `Kvm::open` fails with the clear error
-//! below when /dev/kvm is missing. Everything `arch/` writes into guest memory is tested there,
-//! and `arch/qemu_check` runs it on QEMU's CPU model with the register values set here.
-//! Unverified until run on a KVM host: that KVM accepts this register state through
-//! KVM_SET_SREGS/MSRS/XCRS/CPUID2, the run/exit path end to end, and restoring a vCPU from a
-//! template snapshot (`KvmCpu::restore`, `restore_cpu`).
+//! Run by the KVM test tier on every machine (natively on a /dev/kvm that can create a VM,
+//! else inside a QEMU guest with nested SVM). Unit-tested without a VM: the ioctl numbers
+//! (against <linux/kvm.h>), the sizes and field offsets of every `#[repr(C)]` struct and of
+//! `struct kvm_run`, decoding of the exit union, the CPUID lookup, the run-page mapping, the
+//! deadline watchdog, the mapping of exception registers to `GuestFault`, and the clear error
+//! when /dev/kvm is missing.
 //!
-//! Written for any KVM (VT-x, SVM, PVM): no in-kernel irqchip, no PVM-specific calls; only
-//! the exit path is tuned for PVM's expensive exits (one KVM_GET_REGS per exit, one
+//! Written for any KVM (VT-x, SVM, PVM): no in-kernel irqchip, no PVM-specific calls (what PVM
+//! needs is in the `arch` tables: see `arch::stubs`); the exit path is tuned for PVM's expensive exits (one KVM_GET_REGS per exit, one
 //! KVM_SET_REGS per syscall return).
 //!
 //! `unsafe` lives only in `run_page.rs` (the mmap'd kvm_run); ioctls go through `sys`.

@@ -1,6 +1,5 @@
 //! `KvmCpu`: a VM with all of guest memory in one slot and one vCPU, set up for long mode at
-//! CPL3 on the `arch` tables, implementing `GuestCpu`. UNVERIFIED: never run on a guest (no
-//! /dev/kvm where it was written; see the `kvm` module doc for what is tested).
+//! CPL3 on the `arch` tables, implementing `GuestCpu`.
 //!
 //! Exit path: the CPL0 stubs stop the vCPU with an `out` to SYSCALL_PORT or EXCEPTION_PORT.
 //! On a syscall exit one KVM_GET_REGS reads rax and the six argument registers; the answer is
@@ -75,7 +74,6 @@ impl<'m> KvmCpu<'m> {
     /// register as the program left it (rcx and r11 hold rip and rflags, as after a Linux
     /// sysret), FS/GS bases, and the XSAVE area. This is the same kind of entry as a fresh
     /// VM's first instruction, so it takes no CPL0 instruction at all.
-    /// UNVERIFIED on KVM (no /dev/kvm where it was written).
     pub fn restore(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<KvmCpu<'m>> {
         let (regs, user) = snapshot_state(snapshot)?;
         let mut cpu = KvmCpu::create(mem, false, regs, &user)?;

@@ -11,12 +11,12 @@
 //! Restoring: `Template::load` verifies the file and puts its memory into a memfd
 //! (`memory::TemplateMemory`) once. Each VM from it then needs its own memory and vCPU:
 //! * product (KVM): `GuestMemory::fork_of` — a private copy-on-write mapping of the template's
-//!   memfd, nothing copied — and `KvmCpu::restore` (`kvm::restore_cpu`). UNVERIFIED: this machine
-//!   has no /dev/kvm; the fork itself (mapping, privacy, timing) is tested here.
-//! * tests (the ptrace CPU): the traced child maps guest memory shared, which a private
-//!   mapping cannot be, so `ForkMemory::Copy` gives each VM a full copy of the template's
-//!   pages (`TemplateMemory::copy`): isolation is the same, the copy-on-write saving is not.
-//!   The end-to-end tests in tests/snapshot_ptrace.rs run on the ptrace CPU.
+//!   memfd, nothing copied — and `KvmCpu::restore` (`kvm::restore_cpu`); a pooled VM is later
+//!   put back into the template's state by `reset` instead of being destroyed.
+//! * the ptrace development CPU (tests, `SANDFORK_TEST_CPU=ptrace`): the traced child maps
+//!   guest memory shared, which a private mapping cannot be, so `ForkMemory::Copy` gives each
+//!   VM a full copy of the template's pages (`TemplateMemory::copy`).
+//!   The end-to-end tests in tests/snapshot_ptrace.rs run on KVM.
 //!
 //! A restored guest is a `vm::ReadyGuest`: `serve` answers its pending AWAIT_REQUEST with the
 //! request, exactly as on a freshly booted guest. The agent draws fresh randomness after the

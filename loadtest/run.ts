@@ -1,5 +1,5 @@
 // `npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres]
-//                     [--max-seconds S] [--json]`
+//                     [--max-seconds S] [--json] [--cpu-prof DIR]`
 // Measures POST /v1/executions for real: the gateway as `npm start` runs it (gateway/main.ts in a
 // child process, the real `sandfork-vmm serve` supervised under it on the python template that
 // `npm run build` put in .sandfork/templates), on each database in turn, at each concurrency.
@@ -7,7 +7,8 @@
 // /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
 // figures in the same run (the same executions sent straight to its socket with the runtime
 // client, no HTTP, no billing) and a plain Hono "hello" app as the floor. Loopback only; every
-// scenario is bounded in requests and seconds.
+// scenario is bounded in requests and seconds. --cpu-prof DIR writes the gateway processes'
+// `node --cpu-prof` profiles into DIR (one a thread, the largest is the main thread's) (profiling costs CPU too: measure figures without it).
 //
 // PostgreSQL: DATABASE_URL or TEST_DATABASE_URL names a server (a fresh database is created on it
 // and dropped afterwards); with neither, a private throwaway server is started with
@@ -34,6 +35,7 @@ const { values } = parseArgs({
     databases: { type: "string", default: "pglite,postgres" },
     "max-seconds": { type: "string", default: "10" },
     json: { type: "boolean", default: false },
+    "cpu-prof": { type: "string" },
   },
 });
 const requests = Number(values.requests);
@@ -154,7 +156,9 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
   const dir = await mkdtemp(join(tmpdir(), "sfk-lt-"));
   const socketPath = join(dir, "vmm.sock");
   say(`${database}: starting the gateway and its daemon`);
-  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: TEMPLATES_DIR, databaseUrl });
+  const profileDir = values["cpu-prof"];
+  const nodeArgs = profileDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${profileDir}`];
+  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: TEMPLATES_DIR, databaseUrl, nodeArgs });
   const daemon = new DaemonClient({ socketPath, connections: 4 });
   try {
     if (gateway.admin === undefined) throw new Error("the gateway printed no admin key on its fresh database");

@@ -1,7 +1,17 @@
 import { randomUUID } from "node:crypto";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { findExecution, liveGatewayIds, release, releaseAbandonedReservations, reserve, settle } from "./billing.js";
+import {
+  BillingBatches,
+  findExecution,
+  liveGatewayIds,
+  release,
+  releaseAbandonedReservations,
+  reserve,
+  reserveAll,
+  settle,
+  settleAll,
+} from "./billing.js";
 import { openDatabase } from "./client.js";
 import { createAccount, getBalance, grantCredits, insertKey, revokeKey } from "./keys.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
@@ -140,6 +150,63 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 0 });
   });
 
+  it("a batch's reservations come out as reserving each alone would: sums per account, revoked keys, refusals", async () => {
+    const a = await accountWithKey(fresh, 10);
+    const b = await accountWithKey(fresh, 2);
+    const revoked = await accountWithKey(fresh, 10);
+    await revokeKey(fresh.db, revoked.keyId);
+    // A's batch sums to 13 of its 10: each of A's is then decided alone, in order.
+    const batch = [reservation(a, 4), reservation(b, 1), reservation(a, 4), reservation(a, 4), reservation(revoked, 1), reservation(a, 1), reservation(b, 1)];
+    expect(await reserveAll(fresh.db, batch)).toEqual([
+      { kind: "reserved" },
+      { kind: "reserved" },
+      { kind: "reserved" },
+      { kind: "insufficient-credits", availableUnits: 2 },
+      { kind: "key-revoked" },
+      { kind: "reserved" },
+      { kind: "reserved" },
+    ]);
+    expect(await getBalance(fresh.db, a.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 9 });
+    expect(await getBalance(fresh.db, b.accountId)).toMatchObject({ balanceUnits: 2, reservedUnits: 2 });
+    expect(await getBalance(fresh.db, revoked.accountId)).toMatchObject({ reservedUnits: 0 });
+    expect(await findExecution(fresh.db, batch[3]?.executionId as string)).toBeUndefined();
+  });
+
+  it("a repeated Idempotency-Key in a batch (of an earlier request or within the batch) is a duplicate, holding nothing", async () => {
+    const ids = await accountWithKey(fresh, 10);
+    const earlier = reservation(ids, 1, "idem-batch-1");
+    expect(await reserve(fresh.db, earlier)).toEqual({ kind: "reserved" });
+    const batch = [reservation(ids, 1, "idem-batch-1"), reservation(ids, 1, "idem-batch-2"), reservation(ids, 1, "idem-batch-2")];
+    expect(await reserveAll(fresh.db, batch)).toMatchObject([
+      { kind: "duplicate", existing: { id: earlier.executionId } },
+      { kind: "reserved" },
+      { kind: "duplicate", existing: { id: batch[1]?.executionId } },
+    ]);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 2 });
+  });
+
+  it("settles a batch in one statement; a batch whose statement fails bills none of it", async () => {
+    const ids = await accountWithKey(fresh, 100);
+    const rs = [reservation(ids, 10), reservation(ids, 10), reservation(ids, 10)];
+    expect(await reserveAll(fresh.db, rs)).toEqual(rs.map(() => ({ kind: "reserved" })));
+    // A NUL byte is not valid text in PostgreSQL: the whole statement fails.
+    const failing = rs.map((r, i) => ({ executionId: r.executionId, settlement: { ...settlement(3), stdout: i === 1 ? "bad\u0000" : "ok" } }));
+    await expect(settleAll(fresh.db, failing)).rejects.toThrow();
+    for (const r of rs) expect(await findExecution(fresh.db, r.executionId)).toMatchObject({ status: "running", chargedUnits: null });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 30 });
+    const none = await usageForKey(fresh.db, ids.keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000));
+    expect(none.executions).toBe(0);
+
+    const first = rs[0]?.executionId as string;
+    expect((await settle(fresh.db, first, settlement(3))).chargedUnits).toBe(3);
+    // The repeat answers its first settlement; the others settle once each, at their own cost.
+    const records = await settleAll(fresh.db, rs.map((r, i) => ({ executionId: r.executionId, settlement: settlement(4 + i) })));
+    expect(records.map((r) => [r.id, r.chargedUnits])).toEqual(rs.map((r, i) => [r.executionId, i === 0 ? 3 : 4 + i]));
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100 - 3 - 5 - 6, reservedUnits: 0 });
+    const usage = await usageForKey(fresh.db, ids.keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000));
+    expect(usage).toMatchObject({ executions: 3, units: 14 });
+  });
+
   it("knows which gateways are alive: PGlite only this one; PostgreSQL every gateway with an open session", async () => {
     if (backend === "pglite") {
       expect(await liveGatewayIds(fresh, "self")).toEqual(["self"]);
@@ -168,18 +235,22 @@ describe("concurrent reservations on one key against a PostgreSQL server", () =>
     await fresh?.dispose();
   });
 
-  it("100 concurrent reservations with a balance for 60: exactly 60 succeed and settle, 40 are refused", async () => {
-    const ids = await accountWithKey(fresh, 60);
-    const requests = Array.from({ length: 100 }, () => ({
+  /** `count` reservations of one unit each, without Idempotency-Keys, spread over `gateways` ids. */
+  const oneUnitEach = (ids: { accountId: string; keyId: string }, count: number, gateways = 1) =>
+    Array.from({ length: count }, (_, i) => ({
       executionId: randomUUID(),
       ...ids,
       tokenId: null,
       idempotencyKey: null,
       requestHash: "h",
       template: "python",
-      gatewayId: "gateway-a",
+      gatewayId: `gateway-${i % gateways}`,
       units: 1,
     }));
+
+  it("100 concurrent reservations with a balance for 60: exactly 60 succeed and settle, 40 are refused", async () => {
+    const ids = await accountWithKey(fresh, 60);
+    const requests = oneUnitEach(ids, 100);
     const outcomes = await Promise.all(requests.map((r) => reserve(fresh.db, r)));
     const reserved = requests.filter((_, i) => outcomes[i]?.kind === "reserved");
     expect(reserved).toHaveLength(60);
@@ -191,5 +262,23 @@ describe("concurrent reservations on one key against a PostgreSQL server", () =>
     const usage = await usageForKey(fresh.db, ids.keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000));
     expect(usage.executions).toBe(60);
     expect(usage.units).toBe(60);
+  });
+
+  it("two gateways (their own connections and batches) on one account never overspend it", async () => {
+    const ids = await accountWithKey(fresh, 60);
+    const other = await openDatabase({ backend: "postgres", url: fresh.url as string, maxConnections: 10 });
+    try {
+      const gateways = [new BillingBatches(fresh.db), new BillingBatches(other.db)];
+      const requests = oneUnitEach(ids, 100, 2);
+      const gatewayOf = (i: number) => gateways[i % 2] as BillingBatches;
+      const outcomes = await Promise.all(requests.map((r, i) => gatewayOf(i).reserve(r)));
+      expect(outcomes.filter((o) => o.kind === "reserved")).toHaveLength(60);
+      expect(outcomes.filter((o) => o.kind === "insufficient-credits")).toHaveLength(40);
+      expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 60, reservedUnits: 60 });
+      await Promise.all(requests.map((r, i) => (outcomes[i]?.kind === "reserved" ? gatewayOf(i).settle(r.executionId, settlement(1)) : undefined)));
+      expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 0, reservedUnits: 0 });
+    } finally {
+      await other.close();
+    }
   });
 });

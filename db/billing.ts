@@ -1,19 +1,22 @@
 // Reserve-then-settle credit accounting around one execution. Each of reserve and settle is ONE
-// SQL statement (data-modifying CTEs): one round trip, atomic on its own, no BEGIN/COMMIT.
+// SQL statement (data-modifying CTEs): one round trip, atomic on its own, no BEGIN/COMMIT. Both
+// take a batch (reserveAll, settleAll): the gateway group-commits concurrent executions' reserves
+// and settles (BillingBatches, db/group-commit.ts), one statement and one commit for each batch.
 //
 // reserve: holds the worst-case cost with a conditional UPDATE that only succeeds while
-//   balance - reserved covers it, so concurrent reservations on one account can never overspend,
-//   and while the key is not revoked (tokens minted from it are verified without the database, so
-//   this is where a revocation reaches them), and inserts the execution record where the hold
-//   succeeded. Its unique (key, Idempotency-Key) index turns a duplicate request into an error of
-//   the whole statement, so nothing stays held. Only when nothing was held does a further query say
-//   why.
+//   balance - reserved covers it (a batch's holds summed per account), so concurrent reservations
+//   on one account can never overspend, and while the key is not revoked (tokens minted from it
+//   are verified without the database, so this is where a revocation reaches them), and inserts
+//   the execution record where the hold succeeded. Its unique (key, Idempotency-Key) index turns a
+//   duplicate request into an error of the whole statement, so nothing stays held. Only when
+//   something was not held do further queries (one reservation at a time) say why.
 // settle: moves the execution from running to its final state (only from running, so a second
 //   settle is a no-op), spends the actual cost, frees the hold and writes the single usage ledger
 //   entry. It commits before the gateway answers.
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
 import { and, eq, lt, notInArray, or, sql } from "drizzle-orm";
 import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
+import { GroupCommit } from "./group-commit.js";
 import { accounts, apiKeys, executions } from "./schema.js";
 
 export const EXECUTION_STATUSES = [
@@ -123,36 +126,82 @@ function keyUsable(keyId: string) {
   return sql`EXISTS (SELECT 1 FROM ${apiKeys} WHERE ${apiKeys.id} = ${keyId} AND ${apiKeys.revokedAt} IS NULL)`;
 }
 
-export async function reserve(db: Database, r: Reservation): Promise<ReserveOutcome> {
-  if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
-  let inserted: Record<string, unknown>[];
+/**
+ * Reserves each of `rs` (one outcome per reservation, in order) with ONE statement for the whole
+ * batch: the holds are summed per account and taken only where the account covers the sum, and
+ * the records are inserted where the hold succeeded. Anything unusual (a repeated
+ * Idempotency-Key, which fails the whole statement; a revoked key; an account that could not
+ * cover its batch's sum but might cover some of it) is then decided one reservation at a time,
+ * in submission order, so every outcome is exactly what reserving alone would have answered.
+ */
+export async function reserveAll(db: Database, rs: Reservation[]): Promise<ReserveOutcome[]> {
+  for (const r of rs) if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
+  let held: Set<string>;
   try {
-    // One statement, so one round trip and atomic without BEGIN/COMMIT: the hold, then the record
-    // only where the hold succeeded. A duplicate Idempotency-Key fails the whole statement (the
-    // hold with it) on the unique index.
-    inserted = rowsOf(
-      await db.execute(sql`
-        WITH held AS (
-          UPDATE accounts SET reserved_units = reserved_units + ${r.units}::int8
-          WHERE id = ${r.accountId}::uuid AND balance_units - reserved_units >= ${r.units}::int8 AND ${keyUsable(r.keyId)}
-          RETURNING id
-        )
-        INSERT INTO executions (id, account_id, key_id, token_id, idempotency_key, request_hash, template, gateway_id, status, reserved_units)
-        SELECT ${r.executionId}::uuid, held.id, ${r.keyId}::uuid, ${r.tokenId}::text, ${r.idempotencyKey}::text, ${r.requestHash}::text,
-               ${r.template}::text, ${r.gatewayId}::text, 'running', ${r.units}::int8
-        FROM held
-        RETURNING id`),
-    );
+    held = new Set(rowsOf(await db.execute(reserveStatement(rs))).map((row) => row.id as string));
   } catch (error) {
-    if (r.idempotencyKey !== null && isUniqueViolation(error)) {
-      const existing = await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
-      if (existing) return { kind: "duplicate", existing };
-    }
+    if (!isUniqueViolation(error)) throw error;
+    if (rs.length > 1) return reserveEach(db, rs);
+    const [r] = rs as [Reservation];
+    const existing = r.idempotencyKey === null ? undefined : await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
+    if (existing) return [{ kind: "duplicate", existing }];
     throw error;
   }
-  if (inserted.length > 0) return { kind: "reserved" };
-  // Nothing held: say why. A duplicate first (it would have failed before any credit check), then
-  // the key, then the credits.
+  if (rs.length > 1) {
+    if (held.size === rs.length) return rs.map(() => ({ kind: "reserved" }));
+    const outcomes: ReserveOutcome[] = [];
+    for (const r of rs) outcomes.push(held.has(r.executionId) ? { kind: "reserved" } : ((await reserveAll(db, [r]))[0] as ReserveOutcome));
+    return outcomes;
+  }
+  return [held.size > 0 ? { kind: "reserved" } : await whyNotReserved(db, rs[0] as Reservation)];
+}
+
+export async function reserve(db: Database, r: Reservation): Promise<ReserveOutcome> {
+  return (await reserveAll(db, [r]))[0] as ReserveOutcome;
+}
+
+async function reserveEach(db: Database, rs: Reservation[]): Promise<ReserveOutcome[]> {
+  const outcomes: ReserveOutcome[] = [];
+  for (const r of rs) outcomes.push(await reserve(db, r));
+  return outcomes;
+}
+
+/**
+ * One statement, so one round trip and atomic without BEGIN/COMMIT: the holds, then the records
+ * only where the hold succeeded. The accounts are locked in id order first, so that concurrent
+ * batches (of this gateway or another) touching several accounts cannot deadlock.
+ */
+function reserveStatement(rs: Reservation[]) {
+  const values = sql.join(
+    rs.map(
+      (r) => sql`(${r.executionId}::uuid, ${r.accountId}::uuid, ${r.keyId}::uuid, ${r.tokenId}::text, ${r.idempotencyKey}::text,
+                  ${r.requestHash}::text, ${r.template}::text, ${r.gatewayId}::text, ${r.units}::int8)`,
+    ),
+    sql`, `,
+  );
+  return sql`
+    WITH requested (execution_id, account_id, key_id, token_id, idempotency_key, request_hash, template, gateway_id, units) AS (VALUES ${values}),
+    usable AS (
+      SELECT requested.* FROM requested JOIN api_keys ON api_keys.id = requested.key_id AND api_keys.revoked_at IS NULL
+    ), needed AS (
+      SELECT account_id, sum(units)::int8 AS units FROM usable GROUP BY account_id
+    ), locked AS (
+      SELECT accounts.id FROM accounts WHERE accounts.id IN (SELECT account_id FROM needed) ORDER BY accounts.id FOR UPDATE
+    ), held AS (
+      UPDATE accounts SET reserved_units = accounts.reserved_units + needed.units
+      FROM needed
+      WHERE accounts.id = needed.account_id AND accounts.id IN (SELECT id FROM locked) AND accounts.balance_units - accounts.reserved_units >= needed.units
+      RETURNING accounts.id
+    )
+    INSERT INTO executions (id, account_id, key_id, token_id, idempotency_key, request_hash, template, gateway_id, status, reserved_units)
+    SELECT usable.execution_id, usable.account_id, usable.key_id, usable.token_id, usable.idempotency_key, usable.request_hash,
+           usable.template, usable.gateway_id, 'running', usable.units
+    FROM usable JOIN held ON held.id = usable.account_id
+    RETURNING id`;
+}
+
+/** Nothing was held for `r` alone: say why. A duplicate first (it would have failed before any credit check), then the key, then the credits. */
+async function whyNotReserved(db: Database, r: Reservation): Promise<ReserveOutcome> {
   if (r.idempotencyKey !== null) {
     const existing = await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
     if (existing) return { kind: "duplicate", existing };
@@ -179,33 +228,91 @@ export interface Settlement {
   chargedUnits: number;
 }
 
+export interface SettlementOf {
+  executionId: string;
+  settlement: Settlement;
+}
+
+/**
+ * Settles each execution exactly once, ONE statement for the whole batch: every record still
+ * running leaves it, its account pays and frees the hold (summed per account), the ledger gets
+ * its row. Answers the settled record, or the already-final record of a repeat, in order.
+ * Atomic: if the statement fails, none of the batch is billed.
+ */
+export async function settleAll(db: Database, items: SettlementOf[]): Promise<ExecutionRecord[]> {
+  for (const { settlement: s } of items) if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
+  const settled = new Map(rowsOf(await db.execute(settleStatement(items))).map((row) => [row.id as string, fromSqlRow(row)]));
+  const records: ExecutionRecord[] = [];
+  for (const { executionId } of items) {
+    const record = settled.get(executionId) ?? (await findExecution(db, executionId));
+    if (!record) throw new Error(`no execution ${executionId}`);
+    records.push(record);
+  }
+  return records;
+}
+
 /** Settles exactly once: returns the settled record, or the already-final record on a repeat. */
-export async function settle(db: Database, executionId: string, s: Settlement): Promise<ExecutionRecord> {
-  if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
-  // One statement (one round trip, atomic): the record leaves running, the account pays and frees
-  // the hold, the ledger gets its row; all three only if the record was still running.
-  const [row] = rowsOf(
-    await db.execute(sql`
-      WITH settled AS (
-        UPDATE executions SET status = ${s.status}::text, exit_code = ${s.exitCode}::int, stdout = ${s.stdout}::text, stderr = ${s.stderr}::text,
-               truncated = ${s.truncated}::boolean, timings = ${JSON.stringify(s.timings)}::jsonb,
-               charged_units = LEAST(${s.chargedUnits}::int8, reserved_units), finished_at = now()
-        WHERE id = ${executionId}::uuid AND status = 'running'
-        RETURNING *
-      ), spent AS (
-        UPDATE accounts SET reserved_units = accounts.reserved_units - settled.reserved_units,
-               balance_units = accounts.balance_units - settled.charged_units
-        FROM settled WHERE accounts.id = settled.account_id
-      ), ledger AS (
-        INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
-        SELECT account_id, key_id, id, 'usage', template, charged_units FROM settled
-      )
-      SELECT * FROM settled`),
+export async function settle(db: Database, executionId: string, settlement: Settlement): Promise<ExecutionRecord> {
+  return (await settleAll(db, [{ executionId, settlement }]))[0] as ExecutionRecord;
+}
+
+/** Only records still running settle, so a second settle is a no-op; accounts are locked in id order (see reserveStatement). */
+function settleStatement(items: SettlementOf[]) {
+  const values = sql.join(
+    items.map(
+      ({ executionId, settlement: s }) => sql`(${executionId}::uuid, ${s.status}::text, ${s.exitCode}::int, ${s.stdout}::text, ${s.stderr}::text,
+                                             ${s.truncated}::boolean, ${JSON.stringify(s.timings)}::jsonb, ${s.chargedUnits}::int8)`,
+    ),
+    sql`, `,
   );
-  if (row !== undefined) return fromSqlRow(row);
-  const existing = await findExecution(db, executionId);
-  if (!existing) throw new Error(`no execution ${executionId}`);
-  return existing;
+  return sql`
+    WITH outcome (id, status, exit_code, stdout, stderr, truncated, timings, charged_units) AS (VALUES ${values}),
+    locked AS (
+      SELECT accounts.id FROM accounts
+      WHERE accounts.id IN (SELECT executions.account_id FROM executions JOIN outcome ON outcome.id = executions.id)
+      ORDER BY accounts.id FOR UPDATE
+    ), settled AS (
+      UPDATE executions SET status = outcome.status, exit_code = outcome.exit_code, stdout = outcome.stdout, stderr = outcome.stderr,
+             truncated = outcome.truncated, timings = outcome.timings,
+             charged_units = LEAST(outcome.charged_units, executions.reserved_units), finished_at = now()
+      FROM outcome
+      WHERE executions.id = outcome.id AND executions.status = 'running'
+      RETURNING executions.*
+    ), per_account AS (
+      SELECT account_id, sum(reserved_units)::int8 AS reserved_units, sum(charged_units)::int8 AS charged_units FROM settled GROUP BY account_id
+    ), spent AS (
+      UPDATE accounts SET reserved_units = accounts.reserved_units - per_account.reserved_units,
+             balance_units = accounts.balance_units - per_account.charged_units
+      FROM per_account WHERE accounts.id = per_account.account_id AND accounts.id IN (SELECT id FROM locked)
+    ), ledger AS (
+      INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
+      SELECT account_id, key_id, id, 'usage', template, charged_units FROM settled
+    )
+    SELECT * FROM settled`;
+}
+
+/**
+ * Reserve and settle group-committed on one database: the executions that reserve (or settle)
+ * while an earlier batch's statement is in flight share the next statement. Each caller's
+ * promise settles when its batch has committed, so a settlement is still durable before the
+ * answer; a lone caller's goes at once.
+ */
+export class BillingBatches {
+  private readonly reservations: GroupCommit<Reservation, ReserveOutcome>;
+  private readonly settlements: GroupCommit<SettlementOf, ExecutionRecord>;
+
+  constructor(db: Database) {
+    this.reservations = new GroupCommit((rs) => reserveAll(db, rs));
+    this.settlements = new GroupCommit((items) => settleAll(db, items));
+  }
+
+  reserve(r: Reservation): Promise<ReserveOutcome> {
+    return this.reservations.submit(r);
+  }
+
+  settle(executionId: string, settlement: Settlement): Promise<ExecutionRecord> {
+    return this.settlements.submit({ executionId, settlement });
+  }
 }
 
 /**

@@ -1,11 +1,12 @@
 // One execution, end to end, around the ExecutionRuntime boundary:
 // template allowed for a token → runtime present? → template known → token cap → concurrency slot
 // → reserve the worst-case cost (a duplicate Idempotency-Key replays here) → execute → settle the
-// actual cost (durable before the answer). Two database round trips in all.
+// actual cost (durable before the answer). Two database round trips in all, each shared with the
+// executions that reserve or settle at the same time (group commit, BillingBatches).
 // Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
-import { type ExecutionRecord, findByIdempotencyKey, release, reserve, settle } from "../db/billing.js";
+import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, release } from "../db/billing.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, Template } from "../runtime/execution-runtime.js";
 import type { Principal } from "./auth/principal.js";
@@ -100,7 +101,11 @@ function templatesOf(runtime: ExecutionRuntime): Promise<Template[]> {
 }
 
 export class ExecutionService {
-  constructor(private readonly deps: ExecutionServiceDeps) {}
+  private readonly billing: BillingBatches;
+
+  constructor(private readonly deps: ExecutionServiceDeps) {
+    this.billing = new BillingBatches(deps.db);
+  }
 
   async templates(): Promise<Template[]> {
     return templatesOf(this.requireRuntime());
@@ -188,7 +193,7 @@ export class ExecutionService {
 
     const reservation = await inSpan(tracer, "billing.reserve", (span) => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.reserved_units": reservedUnits });
-      return reserve(this.deps.db, {
+      return this.billing.reserve({
         executionId,
         accountId: principal.accountId,
         keyId: principal.keyId,
@@ -227,7 +232,7 @@ export class ExecutionService {
     const chargedUnits = Math.min(costUnits(price, billedMs), reservedUnits);
     const record = await inSpan(tracer, "billing.settle", (span) => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
-      return settle(this.deps.db, executionId, {
+      return this.billing.settle(executionId, {
         status: result.outcome,
         exitCode: result.exitCode,
         stdout: result.stdout,

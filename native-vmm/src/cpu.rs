@@ -83,6 +83,13 @@ pub trait GuestCpu {
     fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
         Err(io::Error::new(io::ErrorKind::Unsupported, "this vCPU backend cannot take a snapshot"))
     }
+    /// Lets the guest reach exactly the guest-physical `ranges` (sorted, disjoint; rounded out
+    /// as the backend needs), so that an access anywhere else faults as it would on Linux. The
+    /// run loop calls it before the first run and whenever the program is handed more memory.
+    /// Backends whose guest reaches all of its memory anyway keep this default.
+    fn map_memory(&mut self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        Ok(())
+    }
     /// Puts the vCPU back into `snapshot`'s state, as `restore` would create it (general,
     /// segment, control and vector registers, MSRs, XCR0), stopped inside the snapshot's
     /// system call, whatever it was doing when its last run ended. With the memory reset to

@@ -205,6 +205,11 @@ impl GuestProcess {
     }
 
     /// Bytes of guest memory given to the program now (mappings plus heap).
+    /// See `MemoryMap::handed_out`.
+    pub fn memory_handed_out(&self) -> Vec<(u64, u64)> {
+        self.memory.handed_out()
+    }
+
     pub fn memory_in_use(&self) -> u64 {
         self.memory.in_use()
     }

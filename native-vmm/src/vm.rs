@@ -242,11 +242,17 @@ pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestM
     // Sleeps and timed waits inside system calls end at the deadline too.
     process.set_deadline(Some(deadline));
     let mut exits = 0;
+    let mut handed_out = process.memory.handed_out_generation();
+    cpu.map_memory(&process.memory_handed_out())?;
     let end = loop {
         match cpu.run(deadline)? {
             CpuExit::Syscall { nr, args } => {
                 exits += 1;
                 let outcome = syscalls::dispatch(process, mem, nr, args);
+                if process.memory.handed_out_generation() != handed_out {
+                    handed_out = process.memory.handed_out_generation();
+                    cpu.map_memory(&process.memory_handed_out())?;
+                }
                 if let Some(end) = apply(cpu, outcome, args)? {
                     break end;
                 }

@@ -55,3 +55,16 @@ fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
     let stdout = String::from_utf8_lossy(&outcome.stdout);
     assert!(stdout.starts_with("pid 1 cs ") && stdout.ends_with(" cpl 3\n"), "{}", describe(&outcome));
 }
+
+/// Guest memory the program was never handed is in no KVM memory slot: touching it is a page
+/// fault, as on Linux, whether the instruction is one KVM can emulate (a plain load) or not.
+#[test]
+fn memory_never_handed_out_faults() {
+    for (code, kind) in [("import ctypes\nctypes.c_uint64.from_address(0x8000000).value", "a load"), ("import ctypes\nctypes.string_at(0x8000000, 4096)", "a copy")] {
+        let outcome = common::python(code);
+        match &outcome.status {
+            RunStatus::Crashed { fault } => assert_eq!(fault.vector, 14, "{kind}: {}", describe(&outcome)),
+            _ => panic!("{kind} of memory never handed out must fault: {}", describe(&outcome)),
+        }
+    }
+}

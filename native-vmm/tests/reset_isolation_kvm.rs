@@ -30,6 +30,13 @@ fn snapshot_templates() -> &'static PathBuf {
     })
 }
 
+/// What a VM of the template reaches at its start: where the search looks.
+fn reachable() -> Vec<(u64, u64)> {
+    let loaded = templates::load(snapshot_templates()).unwrap();
+    let template = loaded[0].snapshot.as_ref().expect("the template has a snapshot");
+    sandfork_vmm::kvm::reachable_memory(&template.handed_out(), template.identity().mem_bytes)
+}
+
 fn check_limits() -> ExecutionLimits {
     ExecutionLimits { timeout_ms: daemon_support::scaled_ms(60_000), ..limits() }
 }
@@ -37,14 +44,14 @@ fn check_limits() -> ExecutionLimits {
 #[test]
 fn a_reset_vm_keeps_nothing_of_the_execution_before() {
     let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates()).unwrap(), 1).unwrap();
-    let origins = isolation::run(&executor, "python", check_limits()).unwrap_or_else(|leak| panic!("{leak}"));
+    let origins = isolation::run(&executor, "python", check_limits(), &reachable()).unwrap_or_else(|leak| panic!("{leak}"));
     assert_eq!(origins, [VmOrigin::Fresh, VmOrigin::Reset { resets: 1 }, VmOrigin::Reset { resets: 2 }], "all three on one VM");
 }
 
 #[test]
 fn a_fresh_fork_keeps_nothing_of_the_execution_before() {
     let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates()).unwrap(), 0).unwrap();
-    let origins = isolation::run(&executor, "python", check_limits()).unwrap_or_else(|leak| panic!("{leak}"));
+    let origins = isolation::run(&executor, "python", check_limits(), &reachable()).unwrap_or_else(|leak| panic!("{leak}"));
     assert_eq!(origins, [VmOrigin::Fresh; 3]);
 }
 

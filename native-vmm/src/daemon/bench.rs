@@ -9,9 +9,11 @@
 //! - VMM CPU per execution: this process's CPU time over the pooled series, divided by its
 //!   requests (the client's own JSON and socket work is in it: an upper bound);
 //! - daemon throughput at 1, 2, 4 and 8 concurrent clients;
-//! - memory per idle VM with 100 and 1,000 fresh forks alive (this process's RSS, and the host's
-//!   MemAvailable, which also sees KVM's kernel memory), and what a warm (reset) VM holds in
-//!   copied pages;
+//! - memory per idle VM with 100 and 1,000 fresh forks alive: this process's RSS; the memory
+//!   charged to its cgroup, which includes KVM's kernel memory for its VMs (exact when the
+//!   benchmark runs in a cgroup of its own, e.g. `systemd-run --scope`; absent without a memory
+//!   controller); and the host's MemAvailable (which other processes move too); and what a
+//!   warm (reset) VM holds in copied pages;
 //! - the reset isolation check (`isolation`) on a pool of one VM.
 
 use std::fmt;
@@ -69,6 +71,8 @@ pub struct ExecReport {
     pub exec_per_s: Vec<(usize, f64)>,
     /// (VMs alive, RSS KiB per VM, host MemAvailable KiB per VM)
     pub idle_vm_kib: Vec<(usize, f64, f64)>,
+    /// (VMs alive, KiB per VM charged to this process's cgroup), when it has a memory controller.
+    pub cgroup_vm_kib: Vec<(usize, f64)>,
     /// Copied pages a warm VM holds after a request, in KiB (the pages its resets rewrite).
     pub warm_vm_kib: f64,
     pub isolation: Result<(), String>,
@@ -96,6 +100,7 @@ impl ExecReport {
             "daemon_exec_per_s": by_count(self.exec_per_s.clone()),
             "rss_per_idle_vm_kib": by_count(self.idle_vm_kib.iter().map(|&(n, rss, _)| (n, rss)).collect()),
             "host_memory_per_idle_vm_kib": by_count(self.idle_vm_kib.iter().map(|&(n, _, host)| (n, host)).collect()),
+            "cgroup_memory_per_idle_vm_kib": by_count(self.cgroup_vm_kib.clone()),
             "warm_vm_copied_kib": self.warm_vm_kib,
             "isolation_ok": self.isolation.is_ok(),
             "isolation_error": self.isolation.as_ref().err(),
@@ -118,7 +123,8 @@ impl fmt::Display for ExecReport {
         let rates: Vec<String> = self.exec_per_s.iter().map(|(c, r)| format!("{c}: {r:.0}/s")).collect();
         writeln!(f, "daemon throughput by concurrent clients: {}", rates.join(", "))?;
         for (n, rss, host) in &self.idle_vm_kib {
-            writeln!(f, "memory per idle fresh VM with {n} alive: {rss:.0} KiB RSS, {host:.0} KiB of host memory")?;
+            let cgroup = self.cgroup_vm_kib.iter().find(|(c, _)| c == n).map_or(String::new(), |(_, kib)| format!(", {kib:.0} KiB charged to the cgroup"));
+            writeln!(f, "memory per idle fresh VM with {n} alive: {rss:.0} KiB RSS{cgroup}, {host:.0} KiB of host MemAvailable")?;
         }
         writeln!(f, "a warm (reset) VM also holds {:.0} KiB of copied pages", self.warm_vm_kib)?;
         match &self.isolation {
@@ -142,9 +148,11 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let work = workload(template.language);
     let limits = ExecutionLimits { timeout_ms: 10_000, memory_mib: snapshot.identity().mem_bytes >> 20, output_bytes: 1 << 20 };
 
+    let handed_out = snapshot.handed_out();
     let fresh_fork = latency(time_runs(iterations, || -> io::Result<()> {
         let mem = snapshot.new_memory(ForkMemory::CopyOnWrite)?;
-        kvm::restore_cpu(&mem, snapshot.cpu()).map(drop)
+        let mut cpu = kvm::restore_cpu(&mem, snapshot.cpu())?;
+        cpu.map_memory(&handed_out)
     }))?;
 
     let executor: Arc<dyn Executor> = Arc::new(AgentExecutor::with_kvm(vec![template], pool_size).map_err(|e| e.to_string())?);
@@ -179,13 +187,15 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let (pooled_exec, vmm_cpu_us_per_exec, exec_per_s, warm_vm_kib) = measured?;
 
     let native_spawn = latency(measure_native(work.native.0, work.native.1, (iterations / 5).max(10)))?;
-    let mut idle_vm_kib = Vec::new();
+    let (mut idle_vm_kib, mut cgroup_vm_kib) = (Vec::new(), Vec::new());
     for count in IDLE_VMS {
-        idle_vm_kib.push(idle_memory(&snapshot, count)?);
+        let (rss, cgroup) = idle_memory(&snapshot, count)?;
+        idle_vm_kib.push(rss);
+        cgroup_vm_kib.extend(cgroup.map(|kib| (count, kib)));
     }
     let isolation = AgentExecutor::with_kvm(vec![load()?], 1)
         .map_err(|e| e.to_string())
-        .and_then(|executor| isolation::run(&executor, &name, ExecutionLimits { timeout_ms: 60_000, ..limits }))
+        .and_then(|executor| isolation::run(&executor, &name, ExecutionLimits { timeout_ms: 60_000, ..limits }, &kvm::reachable_memory(&handed_out, snapshot.identity().mem_bytes)))
         .map(drop);
     Ok(ExecReport {
         template: name,
@@ -199,6 +209,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         vmm_cpu_us_per_exec,
         exec_per_s,
         idle_vm_kib,
+        cgroup_vm_kib,
         warm_vm_kib,
         isolation,
     })
@@ -246,15 +257,38 @@ fn throughput(socket: &Path, template: &str, work: &Workload, clients: usize) ->
     Ok((clients * REQUESTS_PER_CLIENT) as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Memory per VM with `count` fresh forks of `snapshot` alive at once.
-fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<(usize, f64, f64), String> {
-    let (rss_before, host_before) = (rss_kib()?, mem_available_kib()?);
+/// Memory per VM with `count` fresh forks of `snapshot` alive at once, each with the memory its
+/// template reaches mapped as a pooled VM has it: (count, RSS, MemAvailable) and the cgroup's.
+fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<((usize, f64, f64), Option<f64>), String> {
+    let (rss_before, host_before, cgroup_before) = (rss_kib()?, mem_available_kib()?, cgroup_bytes());
     let mems = (0..count).map(|_| snapshot.new_memory(ForkMemory::CopyOnWrite)).collect::<io::Result<Vec<_>>>().map_err(|e| e.to_string())?;
-    let cpus = mems.iter().map(|mem| kvm::restore_cpu(mem, snapshot.cpu())).collect::<io::Result<Vec<_>>>().map_err(|e| format!("creating {count} VMs: {e}"))?;
-    let (rss_after, host_after) = (rss_kib()?, mem_available_kib()?);
+    let handed_out = snapshot.handed_out();
+    let cpus = mems
+        .iter()
+        .map(|mem| kvm::restore_cpu(mem, snapshot.cpu()).and_then(|mut cpu| cpu.map_memory(&handed_out).map(|()| cpu)))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(|e| format!("creating {count} VMs: {e}"))?;
+    let (rss_after, host_after, cgroup_after) = (rss_kib()?, mem_available_kib()?, cgroup_bytes());
     drop(cpus);
     let per_vm = |delta: f64| delta / count as f64;
-    Ok((count, per_vm(rss_after.saturating_sub(rss_before) as f64), per_vm(host_before.saturating_sub(host_after) as f64)))
+    let cgroup = cgroup_before.zip(cgroup_after).map(|(before, after)| per_vm(after.saturating_sub(before) as f64 / 1024.0));
+    Ok(((count, per_vm(rss_after.saturating_sub(rss_before) as f64), per_vm(host_before.saturating_sub(host_after) as f64)), cgroup))
+}
+
+/// Bytes charged to this process's memory cgroup (v2 `memory.current`, or v1
+/// `memory.usage_in_bytes`); None without a memory controller.
+fn cgroup_bytes() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |path: String| std::fs::read_to_string(path).ok()?.trim().parse().ok();
+    groups.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        match controllers {
+            "" => read(format!("/sys/fs/cgroup{path}/memory.current")),
+            c if c.split(',').any(|c| c == "memory") => read(format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes")),
+            _ => None,
+        }
+    })
 }
 
 fn proc_field_kib(file: &str, field: &str) -> Result<u64, String> {

@@ -21,10 +21,12 @@ use crate::status::RunStatus;
 /// holds it; the secret is the marker followed by a 16-hex-digit token only the host knows.
 const MARKER: &str = "SFLEAK";
 
-/// Finds every secret in the guest: all of user memory (the identity map makes every page
-/// readable), the files under /tmp and /work, the environment and argv; reports the open fds,
-/// the dispositions of the signals the plant changes, the FS base, the registers as found on
-/// entry, and two random draws. Prints one JSON object. `SF_MEM_TOP` is the guest's size.
+/// Finds every secret in the guest: all of the user memory it can reach (`SF_REACHABLE`, the
+/// ranges of guest memory in a KVM memory slot when the search starts: reading anything else
+/// faults, and what the search maps later is handed to it zeroed), the files under /tmp and
+/// /work, the environment and argv; reports the open fds, the dispositions of the signals the
+/// plant changes, the FS base, the registers as found on entry, and two random draws. Prints
+/// one JSON object.
 pub const SEARCH: &str = r#"
 import ctypes, json, mmap, os, random, re, signal, sys
 def registers_on_entry():
@@ -44,9 +46,11 @@ regs = registers_on_entry()
 marker = b"SFLE" + b"AK"
 pattern = re.compile(b"SFLE" b"AK([0-9a-f]{16})")
 found = set()
-top, step = int(os.environ["SF_MEM_TOP"]), 1 << 20
-for addr in range(1 << 20, top, step):
-    found.update(m.group(1).decode() for m in pattern.finditer(ctypes.string_at(addr, min(step + 64, top - addr))))
+step = 1 << 20
+for span in os.environ["SF_REACHABLE"].split(","):
+    start, end = (int(x, 16) for x in span.split("-"))
+    for addr in range(max(start, 1 << 20), end, step):
+        found.update(m.group(1).decode() for m in pattern.finditer(ctypes.string_at(addr, min(step + 64, end - addr))))
 files = []
 for d in ("/tmp", "/work"):
     for root, _, names in os.walk(d):
@@ -128,15 +132,16 @@ pub fn plant_code() -> String {
 }
 
 /// The environment and argv of the plant: the token rides in both.
-pub fn plant_env_argv(token: &str, mem_bytes: u64) -> (Vec<(String, String)>, Vec<String>) {
-    let mut env = search_env(mem_bytes);
+pub fn plant_env_argv(token: &str, reachable: &[(u64, u64)]) -> (Vec<(String, String)>, Vec<String>) {
+    let mut env = search_env(reachable);
     env.push(("SF_TOKEN".to_owned(), token.to_owned()));
     (env, vec![DEFAULT_SCRIPT.to_owned(), format!("{MARKER}{token}")])
 }
 
-/// The environment of a search of a guest of `mem_bytes`.
-pub fn search_env(mem_bytes: u64) -> Vec<(String, String)> {
-    vec![("SF_MEM_TOP".to_owned(), mem_bytes.to_string())]
+/// The environment of a search of a guest that can reach `reachable`.
+pub fn search_env(reachable: &[(u64, u64)]) -> Vec<(String, String)> {
+    let spans: Vec<String> = reachable.iter().map(|(start, end)| format!("{start:x}-{end:x}")).collect();
+    vec![("SF_REACHABLE".to_owned(), spans.join(","))]
 }
 
 /// A fresh 16-hex-digit token from the host's CSPRNG.
@@ -192,12 +197,12 @@ pub fn check(token: &str, control: &[u8], plant: &[u8], after: &[u8]) -> Result<
 }
 
 /// Runs the check on `executor`: a control search, the plant, a search after it, each an
-/// execution of `template` with `limits`. On a pool of one VM the last two run on that VM
-/// after resets; without a pool, on fresh forks. Returns where each execution's VM came from,
-/// for the caller to confirm which case it checked.
-pub fn run(executor: &dyn Executor, template: &str, limits: ExecutionLimits) -> Result<[VmOrigin; 3], String> {
+/// execution of `template` with `limits`; `reachable` is the guest memory a VM of the template
+/// reaches at its start (`kvm::reachable_memory` of `snapshot::Template::handed_out`). On a
+/// pool of one VM the last two run on that VM after resets; without a pool, on fresh forks.
+/// Returns where each execution's VM came from, for the caller to confirm which case it checked.
+pub fn run(executor: &dyn Executor, template: &str, limits: ExecutionLimits, reachable: &[(u64, u64)]) -> Result<[VmOrigin; 3], String> {
     let token = new_token().map_err(|e| format!("drawing a token: {e}"))?;
-    let mem_bytes = limits.memory_bytes();
     let execute = |what: &str, code: String, env: Vec<(String, String)>, argv: Vec<String>| {
         let agent_request = AgentRequest { code, argv, env, files: Vec::new(), stdin: Vec::new() };
         let execution = executor.execute(ExecuteRequest { template: template.to_owned(), agent_request, limits }).map_err(|e| format!("the {what}: {e}"))?;
@@ -206,9 +211,9 @@ pub fn run(executor: &dyn Executor, template: &str, limits: ExecutionLimits) -> 
         }
         Ok(execution)
     };
-    let search = || execute("search", SEARCH.to_owned(), search_env(mem_bytes), vec![DEFAULT_SCRIPT.to_owned()]);
+    let search = || execute("search", SEARCH.to_owned(), search_env(reachable), vec![DEFAULT_SCRIPT.to_owned()]);
     let control = search()?;
-    let (env, argv) = plant_env_argv(&token, mem_bytes);
+    let (env, argv) = plant_env_argv(&token, reachable);
     let plant = execute("plant", plant_code(), env, argv)?;
     let after = search()?;
     check(&token, &control.stdout, &plant.stdout, &after.stdout)?;

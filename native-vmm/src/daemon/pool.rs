@@ -191,7 +191,10 @@ fn serve_vm(shared: &Shared) -> bool {
         Ok(mem) => mem,
         Err(e) => return fail_next_job(shared, LaunchError::Memory(e)),
     };
-    let mut cpu = match (shared.restore)(&mem, shared.template.cpu()) {
+    // Restored, with the memory its template reaches already mapped (the run would map it on
+    // the request's path otherwise).
+    let restored = (shared.restore)(&mem, shared.template.cpu()).and_then(|mut cpu| cpu.map_memory(&shared.template.handed_out()).map(|()| cpu));
+    let mut cpu = match restored {
         Ok(cpu) => cpu,
         Err(e) => return fail_next_job(shared, LaunchError::Cpu(e)),
     };
@@ -232,7 +235,7 @@ fn serve_vm(shared: &Shared) -> bool {
         cpu = used_cpu;
         let Some(copied) = copied.filter(|_| reusable) else { return true };
         let resetting = Instant::now();
-        if let Err(e) = reset(shared, &mem, cpu.as_mut(), &copied) {
+        if let Err(e) = reset(shared, &mem, cpu.as_mut(), &copied).and_then(|_| cpu.map_memory(&shared.template.handed_out())) {
             super::log(format_args!("pool: resetting a VM failed, it is retired: {e}"));
             return true;
         }

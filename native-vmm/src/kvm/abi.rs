@@ -322,6 +322,20 @@ impl IoExit {
     }
 }
 
+/// The `mmio` member of the exit union (KVM_EXIT_MMIO): phys_addr, data[8], len, is_write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmioExit {
+    pub phys_addr: u64,
+    pub len: u32,
+    pub is_write: bool,
+}
+
+impl MmioExit {
+    pub fn decode(data: &[u8; EXIT_DATA_SIZE]) -> MmioExit {
+        MmioExit { phys_addr: u64_at(data, 0), len: u32_at(data, 16), is_write: data[20] != 0 }
+    }
+}
+
 /// The `internal` member (KVM_EXIT_INTERNAL_ERROR): a suberror and up to 16 words of data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InternalError {

@@ -31,7 +31,7 @@ use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
 use crate::sys;
 use abi::{KvmCpuid2, KVM_API_VERSION, KVM_CAP_IMMEDIATE_EXIT, KVM_CHECK_EXTENSION, KVM_CREATE_VM, KVM_GET_API_VERSION, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE, MAX_CPUID_ENTRIES};
-pub use vcpu::KvmCpu;
+pub use vcpu::{slot_ranges as reachable_memory, KvmCpu};
 
 pub const KVM_DEVICE: &str = "/dev/kvm";
 

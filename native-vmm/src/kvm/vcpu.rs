@@ -24,6 +24,11 @@ use crate::sys;
 use crate::status::GuestFault;
 
 const PAGE_FAULT: u8 = 14;
+/// Page-fault error code bits: a write; from CPL3.
+const PF_WRITE: u64 = 1 << 1;
+const PF_USER: u64 = 1 << 2;
+/// KVM_EXIT_INTERNAL_ERROR's suberror for an instruction KVM could not emulate.
+const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 /// Linux user addresses end here; an FS base at or above it cannot be entered into the vCPU.
 const USER_ADDRESS_LIMIT: u64 = 1 << 47;
 
@@ -35,8 +40,10 @@ pub struct KvmCpu<'m> {
     watchdog: Watchdog,
     run_page: RunPage,
     vcpu: OwnedFd,
-    /// Kept open for the VM's lifetime (the vCPU belongs to it).
-    _vm: OwnedFd,
+    /// The VM the vCPU belongs to (its memory slots change as the program is handed memory).
+    vm: OwnedFd,
+    /// The guest-physical range of each memory slot, by slot number (None: free).
+    slots: Vec<Option<(u64, u64)>>,
     /// The registers as of the last syscall exit; `set_syscall_return` writes them back.
     regs: KvmRegs,
     /// The vCPU is stopped at the SYSCALL_PORT `out` and `regs` is current.
@@ -92,8 +99,6 @@ impl<'m> KvmCpu<'m> {
         if install_tables {
             arch::install(mem)?;
         }
-        let region = KvmUserspaceMemoryRegion { slot: 0, flags: 0, guest_phys_addr: 0, memory_size: mem.size(), userspace_addr: mem.host_base() };
-        sys::ioctl_ref(vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
         let vcpu = sys::ioctl_new_fd(vm.as_raw_fd(), KVM_CREATE_VCPU, 0).map_err(context("KVM_CREATE_VCPU"))?;
         let run_page = RunPage::map(&vcpu, kvm.vcpu_mmap_size)?;
 
@@ -103,7 +108,22 @@ impl<'m> KvmCpu<'m> {
 
         let exit_flag = run_page.exit_flag();
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
-        Ok(KvmCpu { watchdog, run_page, vcpu, _vm: vm, regs, in_syscall: false, mem })
+        let mut cpu = KvmCpu { watchdog, run_page, vcpu, vm, slots: Vec::new(), regs, in_syscall: false, mem };
+        cpu.map_memory(&[])?;
+        Ok(cpu)
+    }
+
+    /// Creates (a range) or deletes (None) memory slot `slot`.
+    fn set_slot(&mut self, slot: usize, range: Option<(u64, u64)>) -> io::Result<()> {
+        let (start, end) = range.unwrap_or((0, 0));
+        let userspace_addr = if range.is_some() { self.mem.host_base() + start } else { 0 };
+        let region = KvmUserspaceMemoryRegion { slot: slot as u32, flags: 0, guest_phys_addr: start, memory_size: end - start, userspace_addr };
+        sys::ioctl_ref(self.vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
+        if self.slots.len() <= slot {
+            self.slots.resize(slot + 1, None);
+        }
+        self.slots[slot] = range;
+        Ok(())
     }
 
     fn get_regs(&self) -> io::Result<KvmRegs> {
@@ -141,6 +161,13 @@ impl<'m> KvmCpu<'m> {
                     port => Err(io::Error::other(format!("the guest wrote to I/O port {port:#x}, which only the CPL0 stubs should reach"))),
                 }
             }
+            KVM_EXIT_MMIO => {
+                // Guest memory outside every slot: memory the program was never handed.
+                let mmio = MmioExit::decode(&data);
+                let rip = self.get_regs()?.rip;
+                let error_code = PF_USER | if mmio.is_write { PF_WRITE } else { 0 };
+                Ok(CpuExit::Fault(GuestFault { vector: PAGE_FAULT, error_code, rip, address: Some(mmio.phys_addr) }))
+            }
             KVM_EXIT_SHUTDOWN => {
                 let rip = self.get_regs().map_or_else(|e| format!("unknown: {e}"), |r| format!("{:#x}", r.rip));
                 Err(io::Error::other(format!("the guest triple-faulted (KVM_EXIT_SHUTDOWN, rip {rip}): the CPL0 exception path itself failed")))
@@ -154,6 +181,13 @@ impl<'m> KvmCpu<'m> {
             }
             KVM_EXIT_INTERNAL_ERROR => {
                 let internal = InternalError::decode(&data);
+                if internal.suberror == KVM_INTERNAL_ERROR_EMULATION {
+                    // KVM emulates an instruction only when it touches memory outside every
+                    // slot (MMIO); one it cannot emulate (AVX-512, say) ends up here. Either
+                    // way the program reached memory it was never handed: a page fault.
+                    let rip = self.get_regs()?.rip;
+                    return Ok(CpuExit::Fault(GuestFault { vector: PAGE_FAULT, error_code: PF_USER, rip, address: None }));
+                }
                 Err(io::Error::other(format!("KVM internal error {} ({}), data {:x?}", internal.suberror, internal.suberror_name(), internal.data)))
             }
             KVM_EXIT_HLT => Err(io::Error::other("the vCPU halted: it was run again after reporting a fault")),
@@ -218,6 +252,36 @@ impl GuestCpu for KvmCpu<'_> {
         Ok(())
     }
 
+    /// Memory slots cover exactly `ranges` rounded out to 2 MiB, plus the first 2 MiB (the
+    /// system area and the page tables). Nothing else of guest memory is in a slot, so KVM
+    /// allocates its per-page bookkeeping (8 bytes a page on a shadow-paging backend such as
+    /// PVM) only for memory the program was handed, and an access outside it exits as MMIO,
+    /// which `handle_exit` reports as a page fault. Slots no longer wanted are deleted first
+    /// (after a reset to a template that was handed less); new ones fill the gaps.
+    fn map_memory(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        let wanted = slot_ranges(ranges, self.mem.size());
+        for slot in 0..self.slots.len() {
+            if let Some((start, end)) = self.slots[slot] {
+                if !wanted.iter().any(|&(s, e)| s <= start && end <= e) {
+                    self.set_slot(slot, None)?;
+                }
+            }
+        }
+        for (start, end) in wanted {
+            let mut covered: Vec<(u64, u64)> = self.slots.iter().flatten().copied().filter(|&(s, e)| s < end && e > start).collect();
+            covered.sort_unstable();
+            let mut at = start;
+            for (s, e) in covered.into_iter().chain(std::iter::once((end, end))) {
+                if s > at {
+                    let free = self.slots.iter().position(Option::is_none).unwrap_or(self.slots.len());
+                    self.set_slot(free, Some((at, s)))?;
+                }
+                at = at.max(e);
+            }
+        }
+        Ok(())
+    }
+
     fn set_fs_base(&mut self, base: u64) -> io::Result<()> {
         if base >= USER_ADDRESS_LIMIT {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("FS base {base:#x} is not a user address")));
@@ -261,6 +325,26 @@ fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, regs: &KvmRegs, user: &Use
     set_msrs(vcpu)?;
     sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_REGS, regs).map_err(context("KVM_SET_REGS"))?;
     Ok(())
+}
+
+/// `ranges` rounded out to 2 MiB boundaries within a memory of `size` bytes, with the first
+/// 2 MiB, merged and sorted: the guest memory the memory slots cover, all the guest can reach.
+pub fn slot_ranges(ranges: &[(u64, u64)], size: u64) -> Vec<(u64, u64)> {
+    let align = paging::LARGE_PAGE_SIZE;
+    let mut rounded: Vec<(u64, u64)> = std::iter::once((0, align))
+        .chain(ranges.iter().map(|&(s, e)| (s / align * align, e.div_ceil(align) * align)))
+        .map(|(s, e)| (s.min(size), e.min(size)))
+        .filter(|(s, e)| s < e)
+        .collect();
+    rounded.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in rounded {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    merged
 }
 
 fn get_sregs(vcpu: &OwnedFd) -> io::Result<KvmSregs> {

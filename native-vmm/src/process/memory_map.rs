@@ -78,6 +78,10 @@ impl RangeSet {
         self.ranges.insert(start, end);
     }
 
+    fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.ranges.iter().map(|(&s, &e)| (s, e))
+    }
+
     /// The parts of [start, end) that lie inside the set.
     fn intersection(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
         let mut parts: Vec<(u64, u64)> =
@@ -96,7 +100,11 @@ pub struct MemoryMap {
     regions: BTreeMap<u64, Region>,
     mapped_bytes: u64,
     peak_bytes: u64,
+    /// Everything ever handed to the program (it never shrinks): where stale bytes may be, and
+    /// all the guest may legitimately touch.
     dirty: RangeSet,
+    /// Bumped whenever `dirty` grows (the vCPU then makes the new part accessible).
+    dirty_generation: u64,
 }
 
 impl MemoryMap {
@@ -106,7 +114,19 @@ impl MemoryMap {
         let mut dirty = RangeSet::default();
         dirty.insert(0, space.brk_start.min(mem_size));
         dirty.insert(space.mmap_high.min(mem_size), mem_size);
-        MemoryMap { space, mem_size, brk: space.brk_start, regions: BTreeMap::new(), mapped_bytes: 0, peak_bytes: 0, dirty }
+        MemoryMap { space, mem_size, brk: space.brk_start, regions: BTreeMap::new(), mapped_bytes: 0, peak_bytes: 0, dirty, dirty_generation: 0 }
+    }
+
+    /// Every range of guest memory the program has ever been handed (the loaded program, the
+    /// stack, the heap and mappings as they grew), sorted: what the vCPU must let it reach
+    /// (`GuestCpu::map_memory`).
+    pub fn handed_out(&self) -> Vec<(u64, u64)> {
+        self.dirty.iter().collect()
+    }
+
+    /// Changes whenever `handed_out` grows.
+    pub fn handed_out_generation(&self) -> u64 {
+        self.dirty_generation
     }
 
     /// Bytes given to the program: mapped regions plus the heap above brk_start.
@@ -129,10 +149,14 @@ impl MemoryMap {
 
     /// Zeroes the parts of [start, end) that may hold stale bytes, then marks it handed out.
     fn zero_for_reuse(&mut self, mem: &GuestMemory, start: u64, end: u64) -> Result<(), OutOfBounds> {
-        for (s, e) in self.dirty.intersection(start, end) {
+        let already: Vec<(u64, u64)> = self.dirty.intersection(start, end);
+        for &(s, e) in &already {
             mem.fill(s, e - s, 0)?;
         }
-        self.dirty.insert(start, end);
+        if already.iter().map(|(s, e)| e - s).sum::<u64>() < end - start {
+            self.dirty.insert(start, end);
+            self.dirty_generation += 1;
+        }
         Ok(())
     }
 
@@ -432,7 +456,7 @@ impl MemoryMap {
             let (start, end) = range(d, "dirty range")?;
             dirty.insert(start, end);
         }
-        Ok(MemoryMap { space, mem_size, brk, regions, mapped_bytes, peak_bytes, dirty })
+        Ok(MemoryMap { space, mem_size, brk, regions, mapped_bytes, peak_bytes, dirty, dirty_generation: 0 })
     }
 }
 

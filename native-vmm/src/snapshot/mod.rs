@@ -302,6 +302,12 @@ impl Template {
         }
     }
 
+    /// The guest memory the template's program had been handed at its ready point
+    /// (`MemoryMap::handed_out`): what a VM of it must reach from the start.
+    pub fn handed_out(&self) -> Vec<(u64, u64)> {
+        self.process.memory_handed_out()
+    }
+
     /// A guest of this template on `mem` (from `new_memory`) with a vCPU restored on it,
     /// stopped at the ready point; its output is capped at `output_cap`.
     pub fn ready_guest<'m>(&self, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, output_cap: u64) -> ReadyGuest<'m> {

@@ -14,7 +14,7 @@
 //   settle is a no-op), spends the actual cost, frees the hold and writes the single usage ledger
 //   entry. It commits before the gateway answers.
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
-import { and, eq, lt, notInArray, or, sql } from "drizzle-orm";
+import { and, eq, lt, notInArray, or, type SQL, sql } from "drizzle-orm";
 import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
 import { accounts, apiKeys, executions } from "./schema.js";
@@ -167,11 +167,23 @@ async function reserveEach(db: Database, rs: Reservation[]): Promise<ReserveOutc
 }
 
 /**
- * One statement, so one round trip and atomic without BEGIN/COMMIT: the holds, then the records
- * only where the hold succeeded. The accounts are locked in id order first, so that concurrent
- * batches (of this gateway or another) touching several accounts cannot deadlock.
+ * Locks the accounts `ids` selects in id order, so that concurrent batches (of this gateway or
+ * another) touching several accounts cannot deadlock: a CTE, and the condition by which the
+ * accounts UPDATE reads it (a SELECT in WITH runs only as far as something reads it). Left out
+ * where at most one account can be involved, whose lock needs no order: it costs planning time on
+ * every lone execution.
  */
+function lockAccountsInOrder(accountsAtMost: number, ids: SQL): { cte: SQL; onlyLocked: SQL } {
+  if (accountsAtMost <= 1) return { cte: sql``, onlyLocked: sql`` };
+  return {
+    cte: sql`, locked AS (SELECT accounts.id FROM accounts WHERE accounts.id IN (${ids}) ORDER BY accounts.id FOR UPDATE)`,
+    onlyLocked: sql` AND accounts.id IN (SELECT id FROM locked)`,
+  };
+}
+
+/** One statement, so one round trip and atomic without BEGIN/COMMIT: the holds, then the records only where the hold succeeded. */
 function reserveStatement(rs: Reservation[]) {
+  const lock = lockAccountsInOrder(new Set(rs.map((r) => r.accountId)).size, sql`SELECT account_id FROM needed`);
   const values = sql.join(
     rs.map(
       (r) => sql`(${r.executionId}::uuid, ${r.accountId}::uuid, ${r.keyId}::uuid, ${r.tokenId}::text, ${r.idempotencyKey}::text,
@@ -185,12 +197,10 @@ function reserveStatement(rs: Reservation[]) {
       SELECT requested.* FROM requested JOIN api_keys ON api_keys.id = requested.key_id AND api_keys.revoked_at IS NULL
     ), needed AS (
       SELECT account_id, sum(units)::int8 AS units FROM usable GROUP BY account_id
-    ), locked AS (
-      SELECT accounts.id FROM accounts WHERE accounts.id IN (SELECT account_id FROM needed) ORDER BY accounts.id FOR UPDATE
-    ), held AS (
+    )${lock.cte}, held AS (
       UPDATE accounts SET reserved_units = accounts.reserved_units + needed.units
       FROM needed
-      WHERE accounts.id = needed.account_id AND accounts.id IN (SELECT id FROM locked) AND accounts.balance_units - accounts.reserved_units >= needed.units
+      WHERE accounts.id = needed.account_id AND accounts.balance_units - accounts.reserved_units >= needed.units${lock.onlyLocked}
       RETURNING accounts.id
     )
     INSERT INTO executions (id, account_id, key_id, token_id, idempotency_key, request_hash, template, gateway_id, status, reserved_units)
@@ -256,8 +266,9 @@ export async function settle(db: Database, executionId: string, settlement: Sett
   return (await settleAll(db, [{ executionId, settlement }]))[0] as ExecutionRecord;
 }
 
-/** Only records still running settle, so a second settle is a no-op; accounts are locked in id order (see reserveStatement). */
+/** Only records still running settle, so a second settle is a no-op; accounts are locked in id order (lockAccountsInOrder). */
 function settleStatement(items: SettlementOf[]) {
+  const lock = lockAccountsInOrder(items.length, sql`SELECT executions.account_id FROM executions JOIN outcome ON outcome.id = executions.id`);
   const values = sql.join(
     items.map(
       ({ executionId, settlement: s }) => sql`(${executionId}::uuid, ${s.status}::text, ${s.exitCode}::int, ${s.stdout}::text, ${s.stderr}::text,
@@ -266,12 +277,7 @@ function settleStatement(items: SettlementOf[]) {
     sql`, `,
   );
   return sql`
-    WITH outcome (id, status, exit_code, stdout, stderr, truncated, timings, charged_units) AS (VALUES ${values}),
-    locked AS (
-      SELECT accounts.id FROM accounts
-      WHERE accounts.id IN (SELECT executions.account_id FROM executions JOIN outcome ON outcome.id = executions.id)
-      ORDER BY accounts.id FOR UPDATE
-    ), settled AS (
+    WITH outcome (id, status, exit_code, stdout, stderr, truncated, timings, charged_units) AS (VALUES ${values})${lock.cte}, settled AS (
       UPDATE executions SET status = outcome.status, exit_code = outcome.exit_code, stdout = outcome.stdout, stderr = outcome.stderr,
              truncated = outcome.truncated, timings = outcome.timings,
              charged_units = LEAST(outcome.charged_units, executions.reserved_units), finished_at = now()
@@ -283,7 +289,7 @@ function settleStatement(items: SettlementOf[]) {
     ), spent AS (
       UPDATE accounts SET reserved_units = accounts.reserved_units - per_account.reserved_units,
              balance_units = accounts.balance_units - per_account.charged_units
-      FROM per_account WHERE accounts.id = per_account.account_id AND accounts.id IN (SELECT id FROM locked)
+      FROM per_account WHERE accounts.id = per_account.account_id${lock.onlyLocked}
     ), ledger AS (
       INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
       SELECT account_id, key_id, id, 'usage', template, charged_units FROM settled

@@ -96,29 +96,22 @@ impl GuestMemory {
     /// such pages (PAGEMAP_SCAN, which skips the untouched rest of the mapping); kernels
     /// without it get a read of one /proc/self/pagemap entry per page.
     pub fn copied_pages(&self) -> io::Result<Option<u64>> {
-        if self.fd.is_some() {
-            return Ok(None);
-        }
-        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
-        match self.scan_copied_pages(&pagemap) {
-            // Host errnos of a kernel without PAGEMAP_SCAN (before 6.7).
-            Err(e) if matches!(e.raw_os_error(), Some(25 /* ENOTTY */ | 22 /* EINVAL */)) => self.read_copied_pages(&pagemap).map(Some),
-            counted => counted.map(Some),
-        }
-    }
-
-    fn scan_copied_pages(&self, pagemap: &std::fs::File) -> io::Result<u64> {
-        Ok(self.scan_copied_ranges(pagemap)?.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum())
+        Ok(self.copied_ranges()?.map(|ranges| ranges.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum()))
     }
 
     /// For a copy-on-write fork: the guest-physical ranges `[start, end)` of the pages it holds
-    /// copies of, sorted, by PAGEMAP_SCAN (kernels before 6.7 fail it). For memory of its own
-    /// (not a fork): None.
+    /// copies of, sorted (PAGEMAP_SCAN; kernels before 6.7, Debian 12's 6.1 among them, get a
+    /// read of one /proc/self/pagemap entry per page). For memory of its own (not a fork): None.
     pub fn copied_ranges(&self) -> io::Result<Option<Vec<(u64, u64)>>> {
         if self.fd.is_some() {
             return Ok(None);
         }
-        self.scan_copied_ranges(&std::fs::File::open("/proc/self/pagemap")?).map(Some)
+        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        match self.scan_copied_ranges(&pagemap) {
+            // Host errnos of a kernel without PAGEMAP_SCAN.
+            Err(e) if matches!(e.raw_os_error(), Some(25 /* ENOTTY */ | 22 /* EINVAL */)) => self.read_copied_ranges(&pagemap).map(Some),
+            scanned => scanned.map(Some),
+        }
     }
 
     fn scan_copied_ranges(&self, pagemap: &std::fs::File) -> io::Result<Vec<(u64, u64)>> {
@@ -193,25 +186,32 @@ impl GuestMemory {
         Ok(())
     }
 
-    fn read_copied_pages(&self, pagemap: &std::fs::File) -> io::Result<u64> {
+    fn read_copied_ranges(&self, pagemap: &std::fs::File) -> io::Result<Vec<(u64, u64)>> {
         use std::os::unix::fs::FileExt;
         const PRESENT: u64 = 1 << 63;
         const FILE_OR_SHARED: u64 = 1 << 61;
         // Host pages are the guest's 4 KiB pages (x86-64).
-        let first = self.host as u64 / crate::layout::PAGE_SIZE;
-        let pages = self.size / crate::layout::PAGE_SIZE;
+        let page = crate::layout::PAGE_SIZE;
+        let first = self.host as u64 / page;
+        let pages = self.size / page;
         let mut entries = vec![0u8; (pages.min(1 << 16) * 8) as usize];
-        let (mut done, mut copied) = (0, 0);
+        let (mut done, mut ranges) = (0, Vec::<(u64, u64)>::new());
         while done < pages {
             let n = (pages - done).min(1 << 16) as usize;
             pagemap.read_exact_at(&mut entries[..n * 8], (first + done) * 8)?;
-            copied += entries[..n * 8].chunks_exact(8).filter(|e| {
+            for (i, e) in entries[..n * 8].chunks_exact(8).enumerate() {
                 let entry = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
-                entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0
-            }).count() as u64;
+                if entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0 {
+                    let start = (done + i as u64) * page;
+                    match ranges.last_mut() {
+                        Some(last) if last.1 == start => last.1 = start + page,
+                        _ => ranges.push((start, start + page)),
+                    }
+                }
+            }
             done += n as u64;
         }
-        Ok(copied)
+        Ok(ranges)
     }
 
     /// The page-aligned ranges of the memfd that hold pages (SEEK_DATA/SEEK_HOLE): everything
@@ -483,7 +483,8 @@ mod tests {
     }
 
     /// More separate runs of copied pages than one PAGEMAP_SCAN call has room for: the scan
-    /// goes on from where it stopped, and agrees with the page-by-page pagemap read.
+    /// goes on from where it stopped, and agrees with the page-by-page pagemap read (which
+    /// kernels without PAGEMAP_SCAN use, for counting and for resets alike).
     #[test]
     fn copied_pages_are_counted_across_many_runs() {
         let template = TemplateMemory::seal(GuestMemory::new(16 << 20).unwrap()).unwrap();
@@ -494,12 +495,14 @@ mod tests {
             let _ = fork.read_u64(addr + 4096).unwrap();
         }
         let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
-        assert_eq!(fork.read_copied_pages(&pagemap).unwrap(), 600);
-        match fork.scan_copied_pages(&pagemap) {
-            Ok(copied) => assert_eq!(copied, 600),
-            // A host kernel before 6.7: copied_pages falls back to the read.
+        let expected: Vec<(u64, u64)> = (0..600u64).map(|page| (page * 2 * 4096, page * 2 * 4096 + 4096)).collect();
+        assert_eq!(fork.read_copied_ranges(&pagemap).unwrap(), expected);
+        match fork.scan_copied_ranges(&pagemap) {
+            Ok(ranges) => assert_eq!(ranges, expected),
+            // A host kernel before 6.7: copied_ranges falls back to the read.
             Err(e) => assert_eq!(e.raw_os_error(), Some(25), "{e}"),
         }
+        assert_eq!(fork.copied_ranges().unwrap(), Some(expected));
         assert_eq!(fork.copied_pages().unwrap(), Some(600));
     }
 

@@ -250,8 +250,8 @@ fn serve_vm(shared: &Shared) -> bool {
 /// The pages a VM holds copies of after a run. A copy is made in a page fault taken by the
 /// thread that runs the VM (the guest's write, through KVM, or the VMM's own), so a reset VM
 /// whose run took no fault holds exactly its warm pages, and the scan (~0.1 ms) is skipped.
-/// None when they cannot be known (a kernel without PAGEMAP_SCAN, a memory that is no fork):
-/// the VM is then not reused.
+/// None when they cannot be known (the pagemap cannot be read, a memory that is no fork): the
+/// VM is then not reused.
 fn copied_ranges(mem: &GuestMemory, resets: u64, warm: &[(u64, u64)], faults_before: Option<u64>) -> Option<Vec<(u64, u64)>> {
     let no_fault = resets > 0 && faults_before.is_some() && sys::thread_page_faults().ok() == faults_before;
     if no_fault {

@@ -56,15 +56,18 @@ fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
     assert!(stdout.starts_with("pid 1 cs ") && stdout.ends_with(" cpl 3\n"), "{}", describe(&outcome));
 }
 
-/// Guest memory the program was never handed is in no KVM memory slot: touching it is a page
-/// fault, as on Linux, whether the instruction is one KVM can emulate (a plain load) or not.
+/// Guest memory the program was never handed is in no KVM memory slot: touching it crashes the
+/// program. A plain load KVM can emulate is a page fault (vector 14), as on Linux; a vector
+/// copy it cannot emulate is one too on PVM, while VT-x/SVM KVM injects an invalid opcode
+/// (vector 6) into a CPL3 guest whose instruction it failed to emulate.
 #[test]
 fn memory_never_handed_out_faults() {
-    for (code, kind) in [("import ctypes\nctypes.c_uint64.from_address(0x8000000).value", "a load"), ("import ctypes\nctypes.string_at(0x8000000, 4096)", "a copy")] {
+    let cases = [("import ctypes\nctypes.c_uint64.from_address(0x8000000).value", "a load", &[14][..]), ("import ctypes\nctypes.string_at(0x8000000, 4096)", "a copy", &[14, 6][..])];
+    for (code, kind, vectors) in cases {
         let outcome = common::python(code);
         match &outcome.status {
-            RunStatus::Crashed { fault } => assert_eq!(fault.vector, 14, "{kind}: {}", describe(&outcome)),
-            _ => panic!("{kind} of memory never handed out must fault: {}", describe(&outcome)),
+            RunStatus::Crashed { fault } => assert!(vectors.contains(&fault.vector), "{kind}: {}", describe(&outcome)),
+            _ => panic!("{kind} of memory never handed out must crash the program: {}", describe(&outcome)),
         }
     }
 }

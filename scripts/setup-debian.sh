@@ -3,7 +3,7 @@
 # postgresql (the real server the tests use), python3.11 and python3-numpy (what the Python
 # template's image is built from), build-essential (cc for the C test programs), the Rust crates
 # native-vmm builds against (librust-*-dev: source under /usr/share/cargo/registry, see
-# native-vmm/.cargo/config.toml), chromium (the /docs browser test), and Rust from Debian's
+# .cargo/config.toml), chromium (the /docs browser test), and Rust from Debian's
 # cargo-web when the machine has no toolchain (Debian 12's plain `cargo` is too old).
 #
 # The KVM test tier (scripts/kvm-tier.sh) runs on this machine's /dev/kvm where it can create a

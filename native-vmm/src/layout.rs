@@ -15,6 +15,11 @@ pub const SYSTEM_AREA_START: u64 = 0x1000;
 /// First byte of user memory; everything below it is invisible to CPL3 code.
 pub const USER_BASE: u64 = 0x10_0000;
 
+/// How many pages the page-aligned ranges `[start, end)` hold together.
+pub fn pages_in(ranges: &[(u64, u64)]) -> u64 {
+    ranges.iter().map(|(start, end)| (end - start) / PAGE_SIZE).sum()
+}
+
 pub const fn page_align_up(addr: u64) -> u64 {
     (addr + PAGE_SIZE - 1) & !(PAGE_SIZE - 1)
 }

@@ -96,7 +96,7 @@ impl GuestMemory {
     /// such pages (PAGEMAP_SCAN, which skips the untouched rest of the mapping); kernels
     /// without it get a read of one /proc/self/pagemap entry per page.
     pub fn copied_pages(&self) -> io::Result<Option<u64>> {
-        Ok(self.copied_ranges()?.map(|ranges| ranges.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum()))
+        Ok(self.copied_ranges()?.map(|ranges| crate::layout::pages_in(&ranges)))
     }
 
     /// For a copy-on-write fork: the guest-physical ranges `[start, end)` of the pages it holds

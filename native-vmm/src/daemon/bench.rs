@@ -152,7 +152,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let fresh_fork = latency(time_runs(iterations, || -> io::Result<()> {
         let mem = snapshot.new_memory(ForkMemory::CopyOnWrite)?;
         let mut cpu = kvm::restore_cpu(&mem, snapshot.cpu())?;
-        cpu.map_memory(&handed_out)
+        cpu.map_memory(handed_out)
     }))?;
 
     let executor: Arc<dyn Executor> = Arc::new(AgentExecutor::with_kvm(vec![template], pool_size).map_err(|e| e.to_string())?);
@@ -195,7 +195,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     }
     let isolation = AgentExecutor::with_kvm(vec![load()?], 1)
         .map_err(|e| e.to_string())
-        .and_then(|executor| isolation::run(&executor, &name, ExecutionLimits { timeout_ms: 60_000, ..limits }, &kvm::reachable_memory(&handed_out, snapshot.identity().mem_bytes)))
+        .and_then(|executor| isolation::run(&executor, &name, ExecutionLimits { timeout_ms: 60_000, ..limits }, &kvm::reachable_memory(handed_out, snapshot.identity().mem_bytes)))
         .map(drop);
     Ok(ExecReport {
         template: name,
@@ -265,7 +265,7 @@ fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<((u
     let handed_out = snapshot.handed_out();
     let cpus = mems
         .iter()
-        .map(|mem| kvm::restore_cpu(mem, snapshot.cpu()).and_then(|mut cpu| cpu.map_memory(&handed_out).map(|()| cpu)))
+        .map(|mem| kvm::restore_cpu(mem, snapshot.cpu()).and_then(|mut cpu| cpu.map_memory(handed_out).map(|()| cpu)))
         .collect::<io::Result<Vec<_>>>()
         .map_err(|e| format!("creating {count} VMs: {e}"))?;
     let (rss_after, host_after, cgroup_after) = (rss_kib()?, mem_available_kib()?, cgroup_bytes());

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent::AgentRequest;
 use crate::cpu::GuestCpu;
-use crate::layout::PAGE_SIZE;
+use crate::layout::pages_in;
 use crate::daemon::executor::PoolStats;
 use crate::memory::GuestMemory;
 use crate::snapshot::{self, ForkMemory, Restored, Template};
@@ -193,7 +193,7 @@ fn serve_vm(shared: &Shared) -> bool {
     };
     // Restored, with the memory its template reaches already mapped (the run would map it on
     // the request's path otherwise).
-    let restored = (shared.restore)(&mem, shared.template.cpu()).and_then(|mut cpu| cpu.map_memory(&shared.template.handed_out()).map(|()| cpu));
+    let restored = (shared.restore)(&mem, shared.template.cpu()).and_then(|mut cpu| cpu.map_memory(shared.template.handed_out()).map(|()| cpu));
     let mut cpu = match restored {
         Ok(cpu) => cpu,
         Err(e) => return fail_next_job(shared, LaunchError::Cpu(e)),
@@ -222,12 +222,11 @@ fn serve_vm(shared: &Shared) -> bool {
             }
         };
         let copied = copied_ranges(&mem, resets, &warm, faults_before);
-        let pages = |ranges: &[(u64, u64)]| ranges.iter().map(|(start, end)| (end - start) / PAGE_SIZE).sum::<u64>();
         let copied_pages = match &copied {
-            Some(ranges) => pages(ranges),
+            Some(ranges) => pages_in(ranges),
             None => snapshot::pages_copied(&mem).unwrap_or(0),
         };
-        let pages_copied = copied_pages.saturating_sub(pages(&warm));
+        let pages_copied = copied_pages.saturating_sub(pages_in(&warm));
         let reusable = matches!(outcome.status, RunStatus::Exited { .. }) && resets < MAX_RESETS && copied_pages <= MAX_WARM_PAGES && copied.is_some();
         let fork_wait = fork_wait + outcome.stats.load;
         let run = PooledRun { restored: Restored { outcome, pages_copied }, resets, queue_wait, fork_wait, cpu: thread_cpu_time().saturating_sub(cpu_before) };
@@ -235,7 +234,7 @@ fn serve_vm(shared: &Shared) -> bool {
         cpu = used_cpu;
         let Some(copied) = copied.filter(|_| reusable) else { return true };
         let resetting = Instant::now();
-        if let Err(e) = reset(shared, &mem, cpu.as_mut(), &copied).and_then(|_| cpu.map_memory(&shared.template.handed_out())) {
+        if let Err(e) = reset(shared, &mem, cpu.as_mut(), &copied).and_then(|_| cpu.map_memory(shared.template.handed_out())) {
             super::log(format_args!("pool: resetting a VM failed, it is retired: {e}"));
             return true;
         }

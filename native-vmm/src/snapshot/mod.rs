@@ -231,6 +231,8 @@ pub struct Template {
     call: [u64; 6],
     cpu: CpuSnapshot,
     process: GuestProcess,
+    /// `process`'s handed-out memory (`Template::handed_out`), taken once at load.
+    handed_out: Vec<(u64, u64)>,
     memory: TemplateMemory,
     stored: MemoryStats,
 }
@@ -274,7 +276,8 @@ impl Template {
         d.finish("the template body")?;
         crate::arch::install(&mem)?;
         let memory = TemplateMemory::seal(mem)?;
-        Ok(Template { identity, call, cpu, process, memory, stored })
+        let handed_out = process.memory_handed_out();
+        Ok(Template { identity, call, cpu, process, handed_out, memory, stored })
     }
 
     pub fn identity(&self) -> &TemplateIdentity {
@@ -304,8 +307,8 @@ impl Template {
 
     /// The guest memory the template's program had been handed at its ready point
     /// (`MemoryMap::handed_out`): what a VM of it must reach from the start.
-    pub fn handed_out(&self) -> Vec<(u64, u64)> {
-        self.process.memory_handed_out()
+    pub fn handed_out(&self) -> &[(u64, u64)] {
+        &self.handed_out
     }
 
     /// A guest of this template on `mem` (from `new_memory`) with a vCPU restored on it,
@@ -359,7 +362,7 @@ pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFa
 pub fn pages_copied(mem: &GuestMemory) -> io::Result<u64> {
     match mem.copied_pages()? {
         Some(pages) => Ok(pages),
-        None => Ok(mem.data_extents()?.iter().map(|(start, end)| (end - start) / crate::layout::PAGE_SIZE).sum()),
+        None => Ok(crate::layout::pages_in(&mem.data_extents()?)),
     }
 }
 

@@ -32,7 +32,7 @@ const log: string[] = [];
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-e2e-"));
-  const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1" };
+  const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale) };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, (line) => log.push(line));
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;

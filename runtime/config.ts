@@ -22,6 +22,12 @@ export interface RuntimeConfig {
   serveArgs: string[];
   /** Rebuild template images at start even when they look up to date. */
   rebuildTemplates: boolean;
+  /**
+   * The wall-clock limit of booting a template's agent to its ready point (`template build`
+   * and `serve --boot-timeout-ms`); undefined: the binary's default (30 s). A slow machine
+   * (a KVM nested in an emulated CPU) needs more.
+   */
+  bootTimeoutMs: number | undefined;
   connections: number;
   maxInFlightPerConnection: number;
   maxQueued: number;
@@ -56,6 +62,7 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     templateSourcesDir: resolve(env.SANDFORK_TEMPLATE_SOURCES ?? "templates"),
     serveArgs: (env.SANDFORK_VMM_SERVE_ARGS ?? "").split(/\s+/).filter((arg) => arg !== ""),
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
+    bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1) : undefined,
     connections: positiveIntegerFromEnv(env, "SANDFORK_VMM_CONNECTIONS", 4),
     maxInFlightPerConnection: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
     maxQueued: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_QUEUED", 256),

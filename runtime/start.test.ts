@@ -72,11 +72,14 @@ describe("loadRuntimeConfig", () => {
       connections: 4,
     });
     expect(loadRuntimeConfig({ SANDFORK_VMM_SERVE_ARGS: " --max-queue  8 " }, "/d").serveArgs).toEqual(["--max-queue", "8"]);
+    expect(config.bootTimeoutMs).toBeUndefined();
+    expect(loadRuntimeConfig({ SANDFORK_VMM_BOOT_TIMEOUT_MS: "450000" }, "/d").bootTimeoutMs).toBe(450_000);
   });
 
   it("refuses an unknown mode, a bad number and a socket path too long for sun_path", () => {
     expect(() => loadRuntimeConfig({ SANDFORK_RUNTIME: "docker" }, "/d")).toThrow(/supervised, external or none/);
     expect(() => loadRuntimeConfig({ SANDFORK_VMM_CONNECTIONS: "0" }, "/d")).toThrow(/SANDFORK_VMM_CONNECTIONS/);
+    expect(() => loadRuntimeConfig({ SANDFORK_VMM_BOOT_TIMEOUT_MS: "soon" }, "/d")).toThrow(/SANDFORK_VMM_BOOT_TIMEOUT_MS/);
     const deep = `/${"d".repeat(MAX_SOCKET_PATH_BYTES)}`;
     expect(() => loadRuntimeConfig({}, deep)).toThrow(/longer than 107 bytes; set SANDFORK_VMM_SOCKET/);
   });

@@ -47,14 +47,21 @@ export async function startRuntime(
 
   const sources = discoverTemplateSources(config.templateSourcesDir);
   if (sources.length === 0) throw new Error(`no template sources (folders with an image.json) in ${config.templateSourcesDir}`);
-  await ensureTemplates(sources, { binary: config.binary, templatesDir: config.templatesDir, force: config.rebuildTemplates, log });
+  await ensureTemplates(sources, { binary: config.binary, templatesDir: config.templatesDir, force: config.rebuildTemplates, bootTimeoutMs: config.bootTimeoutMs, log });
 
   await mkdir(dirname(config.socketPath), { recursive: true, mode: 0o700 });
   const supervisor = new DaemonSupervisor({
     binary: config.binary,
     socketPath: config.socketPath,
     templatesDir: config.templatesDir,
-    serveArgs: ["--max-timeout-ms", String(maxima.timeoutMs), "--max-memory-mib", String(maxima.memoryMib), ...config.serveArgs],
+    serveArgs: [
+      "--max-timeout-ms",
+      String(maxima.timeoutMs),
+      "--max-memory-mib",
+      String(maxima.memoryMib),
+      ...(config.bootTimeoutMs === undefined ? [] : ["--boot-timeout-ms", String(config.bootTimeoutMs)]),
+      ...config.serveArgs,
+    ],
     log,
   });
   await supervisor.start();

@@ -35,6 +35,8 @@ export interface TemplateBuildOptions {
   log?: (line: string) => void;
   /** Rebuild even when the recorded inputs are unchanged. */
   force?: boolean;
+  /** `template build --boot-timeout-ms` (default: the binary's). */
+  bootTimeoutMs?: number;
 }
 
 export interface TemplateBuildResult {
@@ -167,9 +169,10 @@ function runBuilder(binary: string, args: string[], log: (line: string) => void)
 }
 
 /** Snapshots the template at its agent's ready point; the binary skips an up-to-date snapshot. */
-async function ensureSnapshot(binary: string, name: string, dir: string, log: (line: string) => void): Promise<TemplateBuildResult["snapshot"]> {
+async function ensureSnapshot(options: TemplateBuildOptions, name: string, dir: string, log: (line: string) => void): Promise<TemplateBuildResult["snapshot"]> {
+  const bootTimeout = options.bootTimeoutMs === undefined ? [] : ["--boot-timeout-ms", String(options.bootTimeoutMs)];
   try {
-    await runBuilder(binary, ["template", "build", "--image", dir, "--template", name, "--out", dir], () => {});
+    await runBuilder(options.binary, ["template", "build", "--image", dir, "--template", name, "--out", dir, ...bootTimeout], () => {});
     return { ready: true, detail: `snapshot in ${join(dir, "template.sfsnap")}` };
   } catch (error) {
     const detail = `no snapshot (${(error as Error).message}); the daemon boots the agent per request`;
@@ -188,7 +191,7 @@ export async function ensureTemplate(source: TemplateSource, options: TemplateBu
   const inputs = currentInputs(source, options.binary);
   const reason = options.force ? "a rebuild was asked for" : await staleness(dir, inputs);
   if (reason === null) {
-    const snapshot = await ensureSnapshot(options.binary, source.name, dir, log);
+    const snapshot = await ensureSnapshot(options, source.name, dir, log);
     return { name: source.name, dir, action: "up-to-date", reason: "inputs unchanged", snapshot };
   }
 
@@ -209,7 +212,7 @@ export async function ensureTemplate(source: TemplateSource, options: TemplateBu
     await rm(replaced, { recursive: true, force: true });
   }
   log(`template ${source.name}: image ready in ${dir} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
-  const snapshot = await ensureSnapshot(options.binary, source.name, dir, log);
+  const snapshot = await ensureSnapshot(options, source.name, dir, log);
   return { name: source.name, dir, action: "built", reason, snapshot };
 }
 

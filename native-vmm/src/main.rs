@@ -42,7 +42,7 @@ options:
   --out DIR         output directory";
 
 const TEMPLATE_BUILD_USAGE: &str = "\
-usage: sandfork-vmm template build --image DIR --template NAME --out DIR [--mem-mib N]
+usage: sandfork-vmm template build --image DIR --template NAME --out DIR [--mem-mib N] [--boot-timeout-ms N]
 
 Boots the template's in-VM agent in a KVM guest over the image, runs it to its ready point and
 writes the snapshot to DIR/template.sfsnap (guest memory, vCPU state, the VMM's process state,
@@ -53,7 +53,9 @@ options:
   --image DIR       file image built by `sandfork-vmm image build`
   --template NAME   which agent to boot: python
   --out DIR         output directory (the image's own folder lets `serve` find it there)
-  --mem-mib N       guest memory of every VM of the template, in MiB (default 256)";
+  --mem-mib N       guest memory of every VM of the template, in MiB (default 256)
+  --boot-timeout-ms N
+                    wall-clock limit of the agent's boot to its ready point (default 30000)";
 
 const RUN_USAGE: &str = "\
 usage: sandfork-vmm run --image DIR [options] -- PROGRAM [ARGS...]
@@ -122,6 +124,8 @@ options:
   --max-memory-mib N      largest guest memory limit a request gets (default 2048)
   --max-output-bytes N    largest stdout+stderr cap a request gets (default 1048576, at most
                           2097152 so that every response fits one frame)
+  --boot-timeout-ms N     wall-clock limit of booting an agent for a request of a template
+                          without a snapshot, before the request's own limit (default 30000)
 
 Requests asking for more than a maximum run with the maximum; without limits they get 10000
 ms, 256 MiB and 1048576 bytes (each clamped to the maximum).";
@@ -248,6 +252,12 @@ impl Options {
         }
     }
 
+    /// `--boot-timeout-ms` (at most an hour), or `vm::AGENT_BOOT_TIMEOUT` when absent.
+    fn boot_timeout(&self) -> Result<Duration, CliError> {
+        let default_ms = vm::AGENT_BOOT_TIMEOUT.as_millis() as u64;
+        self.number("--boot-timeout-ms", default_ms, 3_600_000).map(Duration::from_millis)
+    }
+
     /// A non-negative integer option no larger than `max`, or `default` when absent.
     fn count(&self, key: &'static str, default: u64, max: u64) -> Result<u64, CliError> {
         let Some(text) = self.values.get(key) else { return Ok(default) };
@@ -279,15 +289,16 @@ fn image_build(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--image", "--template", "--out", "--mem-mib"], &[], false, TEMPLATE_BUILD_USAGE)?;
+    let options = Options::parse(args, &["--image", "--template", "--out", "--mem-mib", "--boot-timeout-ms"], &[], false, TEMPLATE_BUILD_USAGE)?;
     let image_dir = options.required("--image")?;
     let name = options.required("--template")?;
     let out = options.required("--out")?;
     let mem_mib = options.number("--mem-mib", vm::DEFAULT_MEM_BYTES >> 20, MAX_MEM_MIB)?;
+    let boot_timeout = options.boot_timeout()?;
     let language = daemon::templates::Language::of_image(name).ok_or_else(|| CliError::Usage(format!("unknown template `{name}` (known: python)"), TEMPLATE_BUILD_USAGE))?;
     let image = open_image(image_dir)?;
     let command = language.agent();
-    let outcome = snapshot::build(image, name, command, mem_mib << 20, &kvm::new_cpu, Path::new(out)).map_err(|e| CliError::Failed(e.to_string()))?;
+    let outcome = snapshot::build(image, name, command, &vm::RunLimits { mem_bytes: mem_mib << 20, boot_timeout, ..Default::default() }, &kvm::new_cpu, Path::new(out)).map_err(|e| CliError::Failed(e.to_string()))?;
     println!("{outcome}");
     Ok(ExitCode::SUCCESS)
 }
@@ -379,7 +390,7 @@ fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn serve(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--pool-size", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes"], &[], false, SERVE_USAGE)?;
+    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--pool-size", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes", "--boot-timeout-ms"], &[], false, SERVE_USAGE)?;
     let defaults = daemon::DEFAULT_MAXIMA;
     let max_limits = daemon::executor::ExecutionLimits {
         timeout_ms: options.number("--max-timeout-ms", defaults.timeout_ms, daemon::MAX_TIMEOUT_MS_LIMIT)?,
@@ -396,6 +407,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
         max_queue: options.count("--max-queue", daemon::DEFAULT_QUEUE, daemon::MAX_QUEUE_LIMIT)? as usize,
         max_limits,
         pool_size: options.count("--pool-size", daemon::default_pool_size() as u64, daemon::MAX_POOL_SIZE)? as usize,
+        boot_timeout: options.boot_timeout()?,
     };
     daemon::serve(&serve_options).map_err(CliError::Failed)?;
     Ok(ExitCode::SUCCESS)
@@ -461,6 +473,8 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-output-bytes", "4194304"])), Err(CliError::Usage(m, _)) if m.contains("from 1 to 2097152")));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 64")));
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-queue", "-1"])), Err(CliError::Usage(m, _)) if m.contains("from 0 to 4096")));
+        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--boot-timeout-ms", "0"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms expects an integer from 1 to 3600000")));
+        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "python", "--out", "/o", "--boot-timeout-ms", "x"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms")));
         assert!(matches!(dispatch(&strings(&["bench", "fork", "--help"])), Err(CliError::Help(BENCH_FORK_USAGE))));
         assert!(matches!(dispatch(&strings(&["bench", "fork"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
         assert!(matches!(dispatch(&strings(&["template", "build", "--help"])), Err(CliError::Help(TEMPLATE_BUILD_USAGE))));

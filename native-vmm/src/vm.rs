@@ -278,15 +278,18 @@ pub struct RunLimits {
     pub mem_bytes: u64,
     /// Cap on stdout+stderr bytes kept.
     pub output_cap: u64,
+    /// Wall-clock limit of booting an agent to its ready point (`boot_agent`), before `timeout`.
+    pub boot_timeout: Duration,
 }
 
 impl Default for RunLimits {
     fn default() -> RunLimits {
-        RunLimits { timeout: DEFAULT_TIMEOUT, mem_bytes: DEFAULT_MEM_BYTES, output_cap: DEFAULT_OUTPUT_CAP }
+        RunLimits { timeout: DEFAULT_TIMEOUT, mem_bytes: DEFAULT_MEM_BYTES, output_cap: DEFAULT_OUTPUT_CAP, boot_timeout: AGENT_BOOT_TIMEOUT }
     }
 }
 
-/// How long an agent may take from its first instruction to its ready point.
+/// How long an agent may take from its first instruction to its ready point, by default
+/// (`RunLimits::boot_timeout`; `serve` and `template build` take `--boot-timeout-ms`).
 pub const AGENT_BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A guest stopped at its agent's ready point, inside AWAIT_REQUEST. This is the state a
@@ -352,7 +355,7 @@ const BOOT_STDERR_SHOWN: usize = 2000;
 
 /// Boots `command`'s agent in a fresh guest from `image` and runs it to its ready point, then
 /// hands the stopped guest to `at_ready` (a template build snapshots it there; `launch_agent`
-/// serves it a request). The boot has `AGENT_BOOT_TIMEOUT`; an agent that ends or crashes first,
+/// serves it a request). The boot has `limits.boot_timeout`; an agent that ends or crashes first,
 /// or writes any output before its ready point (every fork would repeat it), is an error.
 pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimits, make_cpu: &CpuFactory, at_ready: impl FnOnce(ReadyGuest<'_>) -> T) -> Result<T, LaunchError> {
     let started = Instant::now();
@@ -365,7 +368,7 @@ pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimi
     let load = started.elapsed();
 
     let run_started = Instant::now();
-    let (deadline, limit_ms) = deadline_after(AGENT_BOOT_TIMEOUT);
+    let (deadline, limit_ms) = deadline_after(limits.boot_timeout);
     let (end, exits) = run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
     let stderr_tail = || {
         let stderr = process.stderr();
@@ -599,7 +602,7 @@ mod tests {
         let log = Arc::new(Mutex::new(Log::default()));
         let cpu_log = log.clone();
         let make_cpu = factory(move |mem, loaded| Ok(Box::new(ScriptedCpu { script: script(mem, loaded.stack_pointer - 0x4000).into(), log: cpu_log.clone() })));
-        let limits = RunLimits { mem_bytes: 16 << 20, timeout: Duration::from_millis(1500), output_cap: 1 << 20 };
+        let limits = RunLimits { mem_bytes: 16 << 20, timeout: Duration::from_millis(1500), output_cap: 1 << 20, ..RunLimits::default() };
         boot_agent(image, &AGENT, &limits, &make_cpu, |ready| {
             let (mem, call) = (ready.mem, ready.call);
             let outcome = ready.serve(request, Duration::from_millis(1500));

@@ -26,7 +26,7 @@ const SYS_GETRANDOM: u64 = 318;
 const AGENT_FIRST_BUFFER: u64 = 64 * 1024;
 
 fn limits() -> RunLimits {
-    RunLimits { timeout: scaled(Duration::from_secs(10)), ..RunLimits::default() }
+    RunLimits { timeout: scaled(Duration::from_secs(10)), boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT), ..RunLimits::default() }
 }
 
 fn execute(request: AgentRequest) -> RunOutcome {

@@ -6,7 +6,7 @@ mod common;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use common::{compile, describe, request, Linking};
+use common::{compile, describe, request, scaled, Linking};
 use sandfork_vmm::agent::{AgentCommand, AgentRequest};
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::snapshot::{self, ForkMemory, Template};
@@ -35,8 +35,8 @@ fn programs_image() -> Arc<Image> {
 #[test]
 fn vector_and_fpu_registers_survive_the_snapshot_into_a_fork() {
     let dir = common::process_dir("cpu-state-template");
-    let limits = RunLimits { timeout: Duration::from_secs(10), ..RunLimits::default() };
-    snapshot::build(programs_image(), "vector-state", &VECTOR_AGENT, limits.mem_bytes, &sandfork_vmm::kvm::new_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
+    let limits = RunLimits { timeout: scaled(Duration::from_secs(10)), boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT), ..RunLimits::default() };
+    snapshot::build(programs_image(), "vector-state", &VECTOR_AGENT, &limits, &sandfork_vmm::kvm::new_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
     let template = Template::load(&dir, programs_image(), &VECTOR_AGENT).unwrap_or_else(|e| panic!("loading the template: {e}"));
     for _ in 0..2 {
         let restored = snapshot::serve_restored(&template, ForkMemory::CopyOnWrite, &sandfork_vmm::kvm::restore_cpu, AgentRequest::new(""), &limits).unwrap_or_else(|e| panic!("serving a fork: {e}"));

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 fn start(tag: &str, config: ServerConfig) -> Running {
     let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
-    let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None);
+    let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None).booting_within(daemon_support::scaled(sandfork_vmm::vm::AGENT_BOOT_TIMEOUT));
     Running::start(&scratch(tag), Arc::new(executor), config)
 }
 

@@ -32,7 +32,7 @@ fn templates_dir() -> &'static Path {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
         sandfork_vmm::image::build(&manifest, &folder).unwrap_or_else(|e| panic!("building the Python image: {e}"));
         let image = Image::open(&folder).unwrap_or_else(|e| panic!("{e}"));
-        snapshot::build(image, "python", &PYTHON_AGENT, vm::DEFAULT_MEM_BYTES, &common::test_cpu, &folder).unwrap_or_else(|e| panic!("building the template: {e}"));
+        snapshot::build(image, "python", &PYTHON_AGENT, &daemon_support::boot_limits(vm::DEFAULT_MEM_BYTES), &common::test_cpu, &folder).unwrap_or_else(|e| panic!("building the template: {e}"));
         dir
     })
 }

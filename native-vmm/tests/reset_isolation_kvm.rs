@@ -9,7 +9,7 @@ mod daemon_support;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use daemon_support::{limits, scratch};
+use daemon_support::{boot_limits, limits, scratch};
 use sandfork_vmm::agent::PYTHON_AGENT;
 use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::executor::{ExecutionLimits, VmOrigin};
@@ -25,7 +25,7 @@ fn snapshot_templates() -> &'static PathBuf {
         let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
         sandfork_vmm::image::build(&manifest, &template).unwrap_or_else(|e| panic!("building the Python image: {e}"));
         let image = Image::open(&template).unwrap();
-        sandfork_vmm::snapshot::build(image, "python", &PYTHON_AGENT, limits().memory_bytes(), &sandfork_vmm::kvm::new_cpu, &template).unwrap_or_else(|e| panic!("building the snapshot: {e}"));
+        sandfork_vmm::snapshot::build(image, "python", &PYTHON_AGENT, &boot_limits(limits().memory_bytes()), &sandfork_vmm::kvm::new_cpu, &template).unwrap_or_else(|e| panic!("building the snapshot: {e}"));
         dir
     })
 }

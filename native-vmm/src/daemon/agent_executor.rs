@@ -50,6 +50,8 @@ pub struct AgentExecutor {
     pools: Vec<(String, Pool)>,
     /// Why VMs cannot be created on this host, when they cannot.
     unavailable: Option<String>,
+    /// The limit of booting an agent for a request (`RunLimits::boot_timeout`).
+    boot_timeout: Duration,
 }
 
 impl AgentExecutor {
@@ -91,7 +93,14 @@ impl AgentExecutor {
 
     /// An executor on any vCPU backend (tests run it on the ptrace development CPU).
     pub fn new(templates: Vec<Template>, make_cpu: Box<SharedCpuFactory>, unavailable: Option<String>) -> AgentExecutor {
-        AgentExecutor { templates, make_cpu, restore: None, pools: Vec::new(), unavailable }
+        AgentExecutor { templates, make_cpu, restore: None, pools: Vec::new(), unavailable, boot_timeout: vm::AGENT_BOOT_TIMEOUT }
+    }
+
+    /// Gives an agent booted for a request (a template without a usable snapshot) `limit` to
+    /// reach its ready point, instead of `vm::AGENT_BOOT_TIMEOUT`.
+    pub fn booting_within(mut self, limit: Duration) -> AgentExecutor {
+        self.boot_timeout = limit;
+        self
     }
 
     fn template(&self, name: &str) -> Option<&Template> {
@@ -106,7 +115,7 @@ impl AgentExecutor {
     /// its snapshot for the request, else (no snapshot, restoring off, or another memory size
     /// than the snapshot's VMs have) one whose agent is booted for it.
     fn run(&self, template: &Template, request: ExecuteRequest) -> Result<Ran, LaunchError> {
-        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes };
+        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes, boot_timeout: self.boot_timeout };
         let agent_request = request.agent_request;
         let snapshot = template.snapshot.as_ref().filter(|s| s.identity().mem_bytes == limits.mem_bytes);
         match (snapshot, self.pool(&template.name), &self.restore) {

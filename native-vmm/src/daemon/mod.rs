@@ -74,6 +74,9 @@ pub struct ServeOptions {
     pub max_limits: ExecutionLimits,
     /// VMs kept ready per template with a snapshot (0: each is restored for its request).
     pub pool_size: usize,
+    /// How long an agent booted for a request (a template without a snapshot) may take to
+    /// reach its ready point.
+    pub boot_timeout: std::time::Duration,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT: loads the templates, checks KVM (a host without it
@@ -84,7 +87,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
     // below ever takes these signals.
     let signals = sys::block_signals(&[sys::SIGTERM, sys::SIGINT]).map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
     let templates = templates::load(&options.templates).map_err(|e| e.to_string())?;
-    let executor = AgentExecutor::with_kvm(templates, options.pool_size).map_err(|e| format!("starting the warm pools: {e}"))?;
+    let executor = AgentExecutor::with_kvm(templates, options.pool_size).map_err(|e| format!("starting the warm pools: {e}"))?.booting_within(options.boot_timeout);
     let health = executor.health();
     let config = ServerConfig {
         max_running: options.max_concurrency,

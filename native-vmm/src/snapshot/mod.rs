@@ -164,19 +164,19 @@ impl fmt::Display for BuildOutcome {
 }
 
 /// Builds the template `name` of `image` into `dir/template.sfsnap`, unless the file there
-/// verifies and was built from the same image, agent and memory size. The agent boots on a
-/// vCPU from `make_cpu` (KVM in the product) to its ready point, where everything is recorded.
+/// verifies and was built from the same image, agent and memory size (`limits.mem_bytes`). The
+/// agent boots on a vCPU from `make_cpu` (KVM in the product) to its ready point, within
+/// `limits.boot_timeout`, where everything is recorded.
 /// The file is written to a temporary name and renamed into place.
-pub fn build(image: Arc<Image>, name: &str, command: &AgentCommand, mem_bytes: u64, make_cpu: &CpuFactory, dir: &Path) -> Result<BuildOutcome, TemplateError> {
+pub fn build(image: Arc<Image>, name: &str, command: &AgentCommand, limits: &RunLimits, make_cpu: &CpuFactory, dir: &Path) -> Result<BuildOutcome, TemplateError> {
     let path = dir.join(TEMPLATE_FILE);
-    let identity = TemplateIdentity::new(name, &image, command, mem_bytes);
+    let identity = TemplateIdentity::new(name, &image, command, limits.mem_bytes);
     if let Ok(bytes) = std::fs::read(&path) {
         if read_identity(&bytes).is_ok_and(|existing| existing == identity) {
             return Ok(BuildOutcome::UpToDate { path });
         }
     }
-    let limits = RunLimits { mem_bytes, ..RunLimits::default() };
-    let (recorded, boot, snapshot) = vm::boot_agent(image, command, &limits, make_cpu, |mut ready| {
+    let (recorded, boot, snapshot) = vm::boot_agent(image, command, limits, make_cpu, |mut ready| {
         let started = Instant::now();
         let recorded = record(&identity, &mut ready);
         (recorded, ready.boot, started.elapsed())

@@ -6,7 +6,7 @@
 #[path = "../common/time_scale.rs"]
 mod time_scale;
 #[allow(unused_imports)] // each test binary uses its own subset
-pub use time_scale::{repetitions, scaled, scaled_ms, time_scale};
+pub use time_scale::{boot_limits, repetitions, scaled, scaled_ms, time_scale};
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

@@ -1,4 +1,5 @@
 import { defineConfig } from "vitest/config";
+import { testNodeFlags } from "./gateway/testing/gateway-process.js";
 import { PlainCountReporter } from "./vitest.config.js";
 
 /**
@@ -17,6 +18,7 @@ export default defineConfig({
     // beforeAll builds the python template's image and snapshot and starts the daemon.
     hookTimeout: 120_000 * scale,
     pool: "forks",
+    execArgv: testNodeFlags,
     reporters: ["default", new PlainCountReporter("vitest-kvm")],
   },
 });

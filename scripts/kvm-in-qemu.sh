@@ -206,7 +206,7 @@ printf 'KIQ_RW="%s"\n' "${RW[*]+"${RW[*]}"}" > "$SH/config"
 # ---- boot ---------------------------------------------------------------------------------------
 args=(-accel tcg -cpu "$CPU" -m "$MEM" -smp "$SMP" -nodefaults -no-user-config -display none -no-reboot
   -kernel "$BOOTK" -initrd "$SH/initrd.gz"
-  -append "console=ttyS0 panic=-1 quiet mitigations=off"
+  -append "console=ttyS0 panic=-1 loglevel=5 mitigations=off"
   -serial "file:$JOB/console.log"
   -chardev "file,id=out,path=$JOB/out.fifo" -serial chardev:out
   -chardev "file,id=err,path=$JOB/err.fifo" -serial chardev:err

@@ -23,28 +23,71 @@
 #   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  the QEMU run's wall-clock limit (default 1500; the whole
 #                                        tier took ~400 s there on a 2-core machine)
 #   SANDFORK_KVM_TIER_TESTS="a b"        only these suites: test file names (e.g. python_ptrace)
-#                                        and/or vitest-kvm (default: all)
+#                                        and/or TypeScript ones: vitest-kvm (all of them)
+#                                        or vitest-kvm-NAME (NAME.kvm.test.ts) (default: all)
 #
 # It prints one line saying which path ran ("KVM tier: native /dev/kvm (kvm_pvm)" or "KVM tier:
 # QEMU TCG, nested SVM, kernel 6.1.192"), each suite's counts, and ends with
 # "kvm-tier: N passed, N failed". Exit code 0 only when tests ran and none failed.
 #
 # Internally, `kvm-tier.sh --run-here RESULTS_DIR LIST` runs the suites of LIST (lines
-# "name<TAB>test executable", and "vitest-kvm<TAB>-") where it is (host or guest) and appends
+# "name<TAB>test executable", and "vitest-kvm-NAME<TAB>its *.kvm.test.ts") where it is (host or
+# guest) and appends
 # each suite's counts to RESULTS_DIR/counts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 # ---- inside the chosen environment: run the suites, record counts ---------------------------
+
+# run_suite RESULTS NAME EXE SHOW [PIN...]: runs one suite (a cargo test executable, or for
+# vitest-kvm-NAME the *.kvm.test.ts file EXE), under PIN (e.g. taskset -c 0) if given, and appends its counts to
+# RESULTS/counts. SHOW=live streams its output as it runs; SHOW=after prints it when it ends
+# (lanes running side by side would interleave theirs).
+run_suite() {
+  local results=$1 name=$2 exe=$3 show=$4 log rc line passed failed ignored started=$SECONDS
+  shift 4
+  local pin=("$@")
+  log=$results/$name.log
+  local out=/dev/stdout
+  [ "$show" = live ] || out=/dev/null
+  [ "$show" = live ] && echo "== KVM tier: $name"
+  if [[ $name == vitest-kvm-* ]]; then
+    # Runs from the repository; `vitest run` exits 1 when a test fails.
+    (cd "$ROOT" && timeout "$suite_limit" "${pin[@]}" node_modules/.bin/vitest run --config vitest.kvm.config.ts "$exe" 2>&1) | tee "$log" > "$out"
+    rc=${PIPESTATUS[0]}
+    line=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^vitest-kvm: [0-9]+ passed, [0-9]+ failed' | tail -1)
+    passed=$(sed -n 's/.* \([0-9]*\) passed.*/\1/p' <<<"$line")
+    failed=$(sed -n 's/.* \([0-9]*\) failed.*/\1/p' <<<"$line")
+    ignored=$(sed -n 's/.* \([0-9]*\) skipped.*/\1/p' <<<"$line")
+  else
+    # cargo runs a test executable in its package's directory.
+    (cd "$ROOT/native-vmm" && timeout "$suite_limit" "${pin[@]}" "$exe" 2>&1) | tee "$log" > "$out"
+    rc=${PIPESTATUS[0]}
+    line=$(grep -E '^test result: ' "$log" | tail -1)
+    passed=$(sed -n 's/.* \([0-9]*\) passed;.*/\1/p' <<<"$line")
+    failed=$(sed -n 's/.* \([0-9]*\) failed;.*/\1/p' <<<"$line")
+    ignored=$(sed -n 's/.* \([0-9]*\) ignored;.*/\1/p' <<<"$line")
+  fi
+  if [ "$show" != live ]; then
+    echo "== KVM tier: $name (${pin[*]})"
+    cat "$log"
+  fi
+  passed=${passed:-0} failed=${failed:-0} ignored=${ignored:-0}
+  # A suite that failed without a count of failures (killed, crashed, timed out) counts one.
+  if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then failed=1; fi
+  # One short line appended at once: lanes share the file.
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$passed" "$failed" "$ignored" "$rc" $((SECONDS - started)) >> "$results/counts"
+}
+
 run_here() {
-  local results=$1 list=$2 name exe log rc line passed failed ignored
+  local results=$1 list=$2 name exe
   export SANDFORK_TEST_CPU=kvm SANDFORK_TEST_TIME_SCALE=${SANDFORK_TEST_TIME_SCALE:-1}
   : > "$results/counts"
   # The PostgreSQL halves of the TypeScript tests: test.sh's server natively; inside the QEMU
   # guest (which reaches no host server) one of its own, in its RAM overlay.
   local own_pg=0
-  if grep -q '^vitest-kvm' "$list" && [ -z "${TEST_DATABASE_URL:-}" ]; then
+  if grep -q '^vitest-kvm-' "$list" && [ -z "${TEST_DATABASE_URL:-}" ]; then
     local pg_env
     if pg_env=$(SANDFORK_PG_DIR=/tmp/sandfork-kvm-tier-pg SANDFORK_PG_PORT=54332 bash "$ROOT/scripts/postgres.sh" start); then
       eval "$pg_env"
@@ -54,34 +97,29 @@ run_here() {
     fi
   fi
   # A suite's wall-clock limit, so that a hung guest costs minutes, not the whole run: 330 s
-  # natively (the slowest suite takes ~80 s), 750 s in QEMU (~100 s).
-  local suite_limit=$((300 + 30 * SANDFORK_TEST_TIME_SCALE))
-  while IFS=$'\t' read -r name exe; do
-    log=$results/$name.log
-    echo "== KVM tier: $name"
-    local started=$SECONDS
-    if [ "$name" = vitest-kvm ]; then
-      # Runs from the repository; `vitest run` exits 1 when a test fails.
-      (cd "$ROOT" && timeout "$suite_limit" node_modules/.bin/vitest run --config vitest.kvm.config.ts 2>&1) | tee "$log"
-      rc=${PIPESTATUS[0]}
-      line=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^vitest-kvm: [0-9]+ passed, [0-9]+ failed' | tail -1)
-      passed=$(sed -n 's/.* \([0-9]*\) passed.*/\1/p' <<<"$line")
-      failed=$(sed -n 's/.* \([0-9]*\) failed.*/\1/p' <<<"$line")
-      ignored=$(sed -n 's/.* \([0-9]*\) skipped.*/\1/p' <<<"$line")
-    else
-      # cargo runs a test executable in its package's directory.
-      (cd "$ROOT/native-vmm" && timeout "$suite_limit" "$exe" 2>&1) | tee "$log"
-      rc=${PIPESTATUS[0]}
-      line=$(grep -E '^test result: ' "$log" | tail -1)
-      passed=$(sed -n 's/.* \([0-9]*\) passed;.*/\1/p' <<<"$line")
-      failed=$(sed -n 's/.* \([0-9]*\) failed;.*/\1/p' <<<"$line")
-      ignored=$(sed -n 's/.* \([0-9]*\) ignored;.*/\1/p' <<<"$line")
-    fi
-    passed=${passed:-0} failed=${failed:-0} ignored=${ignored:-0}
-    # A suite that failed without a count of failures (killed, crashed, timed out) counts one.
-    if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then failed=1; fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$passed" "$failed" "$ignored" "$rc" $((SECONDS - started)) >> "$results/counts"
-  done < "$list"
+  # natively (the slowest suite takes ~80 s), 750 s in QEMU (~250 s).
+  suite_limit=$((300 + 30 * SANDFORK_TEST_TIME_SCALE))
+  if [ "${SANDFORK_KVM_TIER_PATH:-}" = qemu ] && [ "$(nproc)" -ge 2 ]; then
+    # In the QEMU guest: two lanes side by side, each pinned to one vCPU, so that no process
+    # of a suite ever runs on two vCPUs at once. Under QEMU's multi-threaded TCG that is what
+    # breaks: V8 patching code that a thread on another vCPU runs crashes Node at random (wasm
+    # "memory access out of bounds", SIGILL, SIGTRAP), and nested KVM guests hang their L1
+    # vCPU (a soft lockup inside KVM_RUN) when the VMM's threads span vCPUs. Pinned, neither
+    # happens. Suites go to lanes in turn, the TypeScript ones first (Node under TCG makes them
+    # the longest).
+    local lane=0
+    : > "$results/lane0" ; : > "$results/lane1"
+    while IFS=$'\t' read -r name exe; do
+      printf '%s\t%s\n' "$name" "$exe" >> "$results/lane$lane"
+      lane=$((1 - lane))
+    done < <(grep '^vitest-kvm-' "$list"; grep -v '^vitest-kvm-' "$list")
+    for lane in 0 1; do
+      (while IFS=$'\t' read -r name exe; do run_suite "$results" "$name" "$exe" after taskset -c "$lane"; done < "$results/lane$lane") &
+    done
+    wait
+  else
+    while IFS=$'\t' read -r name exe; do run_suite "$results" "$name" "$exe" live; done < "$list"
+  fi
   if [ $own_pg = 1 ]; then SANDFORK_PG_DIR=/tmp/sandfork-kvm-tier-pg bash "$ROOT/scripts/postgres.sh" stop; fi
 }
 
@@ -131,7 +169,11 @@ if [ ${#tests[@]} -gt 0 ]; then
     }' "$TIER_DIR/build.json" | sort > "$LIST"
   [ "$(wc -l < "$LIST")" = $((${#tests[@]} / 2)) ] || fail_setup "expected $((${#tests[@]} / 2)) test executables, cargo reported: $(cat "$LIST")"
 fi
-if [ -z "$ONLY" ] || [[ " $ONLY " == *" vitest-kvm "* ]]; then printf 'vitest-kvm\t-\n' >> "$LIST"; fi
+# The TypeScript ones, a suite a file (so that the QEMU path's lanes can share them out).
+for f in $(git ls-files '*.kvm.test.ts'); do
+  t=vitest-kvm-$(basename "$f" .kvm.test.ts)
+  if [ -z "$ONLY" ] || [[ " $ONLY " == *" vitest-kvm "* ]] || [[ " $ONLY " == *" $t "* ]]; then printf '%s\t%s\n' "$t" "$f" >> "$LIST"; fi
+done
 [ -s "$LIST" ] || fail_setup "SANDFORK_KVM_TIER_TESTS=$ONLY selects nothing"
 
 # The module behind /dev/kvm.
@@ -180,7 +222,7 @@ else
   echo "kvm-tier: booting Debian's kernel ${kernel%% *} once for all suites (time scale $QEMU_SCALE)"
   # Guest memory: the RAM overlay holds every file the tests write (images, snapshots).
   bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -s "$(nproc)" -w "$TIER_DIR/results" \
-    -e SANDFORK_TEST_TIME_SCALE="$QEMU_SCALE" -e CI="${CI:-}" \
+    -e SANDFORK_TEST_TIME_SCALE="$QEMU_SCALE" -e SANDFORK_KVM_TIER_PATH=qemu -e SANDFORK_TEST_NODE_FLAGS=--liftoff-only -e CI="${CI:-}" \
     -- bash "$ROOT/scripts/kvm-tier.sh" --run-here "$TIER_DIR/results" "$LIST"
   run_rc=$?
 fi

@@ -13,6 +13,14 @@ const LISTENING = /sandfork gateway listening on (http:\/\/\S+)/;
 const ADMIN_KEY = /^\s+(sfk_[0-9A-Za-z]+)\s*$/;
 const ADMIN_ACCOUNT = /POST \/v1\/accounts\/([0-9a-f-]{36})\/credits/;
 
+/**
+ * SANDFORK_TEST_NODE_FLAGS: more `node` flags for the test workers and the gateway processes
+ * start with startGatewayProcess. The KVM tier's QEMU path sets --liftoff-only: V8's
+ * optimizing wasm tier-up compiles PGlite's Postgres again in the background, which under QEMU's
+ * software CPU doubles the time a PGlite database takes to open (~75 s against ~32 s).
+ */
+export const testNodeFlags = (process.env.SANDFORK_TEST_NODE_FLAGS ?? "").split(/\s+/).filter((flag) => flag !== "");
+
 export interface GatewayProcessOptions {
   /** SANDFORK_DATA_DIR: the embedded database (unless DATABASE_URL is set) and the signing key. */
   dataDir: string;
@@ -24,7 +32,7 @@ export interface GatewayProcessOptions {
   databaseUrl?: string | undefined;
   /** More environment (e.g. SANDFORK_VMM_SERVE_ARGS). */
   env?: Record<string, string>;
-  /** Node options before the script, e.g. --cpu-prof. */
+  /** Node options before the script, e.g. --cpu-prof (after testNodeFlags). */
   nodeArgs?: string[];
   /** How long start-up (migrations, templates, the daemon's first hello) may take. */
   startTimeoutMs?: number;
@@ -67,7 +75,7 @@ export async function startGatewayProcess(options: GatewayProcessOptions): Promi
   };
   if (options.databaseUrl === undefined) delete env.DATABASE_URL;
   else env.DATABASE_URL = options.databaseUrl;
-  const child = spawn(process.execPath, [...(options.nodeArgs ?? []), "--import", "tsx", MAIN], {
+  const child = spawn(process.execPath, [...testNodeFlags, ...(options.nodeArgs ?? []), "--import", "tsx", MAIN], {
     cwd: REPOSITORY,
     env,
     stdio: ["ignore", "pipe", "pipe"],

@@ -17,7 +17,7 @@ use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 pub use epoll::{EpollSet, Interest};
 pub use fds::{Description, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
 pub use memory_map::{MapError, MemoryMap, Placement};
-pub use output::{Appended, Output, Stream};
+pub use output::{Appended, Output, OutputSink, Stream};
 
 /// What a run is given.
 #[derive(Clone)]

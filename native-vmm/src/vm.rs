@@ -13,7 +13,7 @@ use crate::fs::Image;
 use crate::layout::page_align_up;
 use crate::loader::{self, LoadError, LoadedProgram};
 use crate::memory::GuestMemory;
-use crate::process::{GuestProcess, ProcessConfig, SyscallCount};
+use crate::process::{GuestProcess, OutputSink, ProcessConfig, SyscallCount};
 use crate::status::RunStatus;
 use crate::syscalls::{self, SyscallOutcome};
 
@@ -269,8 +269,8 @@ pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestM
 
 // ---- the agent: template boot, ready point and hand-off ----
 
-/// Limits of one agent execution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Limits of one agent execution, and where its output goes while it runs.
+#[derive(Debug, Clone)]
 pub struct RunLimits {
     /// Wall-clock limit from the hand-off to the end of the run (booting is not counted).
     pub timeout: Duration,
@@ -280,11 +280,14 @@ pub struct RunLimits {
     pub output_cap: u64,
     /// Wall-clock limit of booting an agent to its ready point (`boot_agent`), before `timeout`.
     pub boot_timeout: Duration,
+    /// Also gets the request's kept output as the program writes it (from the hand-off on:
+    /// never a boot's). By default nothing does.
+    pub live_output: OutputSink,
 }
 
 impl Default for RunLimits {
     fn default() -> RunLimits {
-        RunLimits { timeout: DEFAULT_TIMEOUT, mem_bytes: DEFAULT_MEM_BYTES, output_cap: DEFAULT_OUTPUT_CAP, boot_timeout: AGENT_BOOT_TIMEOUT }
+        RunLimits { timeout: DEFAULT_TIMEOUT, mem_bytes: DEFAULT_MEM_BYTES, output_cap: DEFAULT_OUTPUT_CAP, boot_timeout: AGENT_BOOT_TIMEOUT, live_output: OutputSink::none() }
     }
 }
 
@@ -394,8 +397,9 @@ pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimi
 pub fn launch_agent(image: Arc<Image>, command: &AgentCommand, request: AgentRequest, limits: &RunLimits, make_cpu: &CpuFactory) -> Result<RunOutcome, LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
     let started = Instant::now();
-    boot_agent(image, command, limits, make_cpu, |ready| {
+    boot_agent(image, command, limits, make_cpu, |mut ready| {
         let booted = started.elapsed();
+        ready.process.output.stream_to(limits.live_output.clone());
         let mut outcome = ready.serve(request, limits.timeout)?;
         outcome.stats.load = booted;
         Ok(outcome)

@@ -15,10 +15,12 @@ use sandfork_vmm::daemon::frame;
 use sandfork_vmm::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage, VmOrigin};
 use sandfork_vmm::daemon::server::{Server, ServerConfig};
 use serde_json::Value;
+use sandfork_vmm::process::{Output, OutputSink, Stream};
 use sandfork_vmm::status::RunStatus;
 
-/// Executes by script: code "block" waits until `release`, "panic" panics, anything else
-/// "runs" at once and prints the code back. Template "fake" only.
+/// Executes by script: code "block" waits until `release`, "stream" writes a first chunk of
+/// output to the live sink, waits until `release` and writes a second, "panic" panics, anything
+/// else "runs" at once and prints the code back. Template "fake" only.
 #[derive(Default)]
 struct ScriptedExecutor {
     released: Mutex<bool>,
@@ -28,6 +30,13 @@ struct ScriptedExecutor {
 }
 
 impl ScriptedExecutor {
+    fn wait_for_release(&self) {
+        let mut released = self.released.lock().unwrap();
+        while !*released {
+            released = self.release_signal.wait(released).unwrap();
+        }
+    }
+
     fn release(&self) {
         *self.released.lock().unwrap() = true;
         self.release_signal.notify_all();
@@ -35,24 +44,31 @@ impl ScriptedExecutor {
 }
 
 impl Executor for ScriptedExecutor {
-    fn execute(&self, request: ExecuteRequest) -> Result<Execution, ExecuteError> {
+    fn execute(&self, request: ExecuteRequest, live_output: OutputSink) -> Result<Execution, ExecuteError> {
         if request.template != "fake" {
             return Err(ExecuteError::UnknownTemplate(request.template.clone()));
         }
         self.started.fetch_add(1, Ordering::SeqCst);
+        let mut output = Output::new(1 << 20);
+        output.stream_to(live_output);
         match request.agent_request.code.as_str() {
-            "block" => {
-                let mut released = self.released.lock().unwrap();
-                while !*released {
-                    released = self.release_signal.wait(released).unwrap();
-                }
+            "block" => self.wait_for_release(),
+            "stream" => {
+                output.append(Stream::Stdout, b"first \xe2\x82");
+                self.wait_for_release();
+                output.append(Stream::Stderr, b"warning\n");
+                output.append(Stream::Stdout, b"\xac\n");
             }
             "panic" => panic!("scripted executor panic"),
             _ => {}
         }
         self.finished.fetch_add(1, Ordering::SeqCst);
         let usage = Usage { wall_us: 5, cpu_us: 4, peak_memory_bytes: 4096, pages_copied: 0, syscalls: 3, exits: 3 };
-        Ok(Execution { status: RunStatus::Exited { code: 0 }, stdout: format!("{}\n", request.agent_request.code).into_bytes(), stderr: vec![], queue: Duration::ZERO, vm_setup: Duration::from_micros(1), run: Duration::from_micros(2), usage, vm: VmOrigin::Fresh })
+        let (stdout, stderr) = match output.total() {
+            0 => (format!("{}\n", request.agent_request.code).into_bytes(), vec![]),
+            _ => output.into_parts(),
+        };
+        Ok(Execution { status: RunStatus::Exited { code: 0 }, stdout, stderr, queue: Duration::ZERO, vm_setup: Duration::from_micros(1), run: Duration::from_micros(2), usage, vm: VmOrigin::Fresh })
     }
 
     fn templates(&self) -> Vec<TemplateInfo> {
@@ -186,6 +202,36 @@ fn responses_come_as_executions_complete() {
     executor.release();
     let first = client.recv();
     assert_eq!((u64_of(&first, "id"), str_of(&first, "stdout")), (1, "block\n"), "{first}");
+    server.stop();
+}
+
+#[test]
+fn a_streamed_execution_sends_its_output_as_written_then_the_answer() {
+    let (server, executor) = start("stream", 2);
+    let mut client = Client::hello(&server.path);
+    client.send(r#"{"id":5,"type":"execute","template":"fake","code":"stream","stream":true}"#);
+    // The first chunk arrives while the execution still waits, without the cut '€'.
+    let first = client.recv();
+    assert_eq!(first.to_string(), r#"{"id":5,"type":"output","stream":"stdout","data":"first "}"#);
+    assert_serves(&mut client, 6);
+    executor.release();
+    let mut frames = Vec::new();
+    loop {
+        let frame = client.recv();
+        let last = str_of(&frame, "type") == "execution";
+        frames.push(frame);
+        if last {
+            break;
+        }
+    }
+    let (answer, chunks) = frames.split_last().unwrap();
+    let joined = |stream: &str| chunks.iter().filter(|c| str_of(c, "stream") == stream).map(|c| str_of(c, "data")).collect::<String>();
+    assert!(chunks.iter().all(|c| str_of(c, "type") == "output" && u64_of(c, "id") == 5), "{chunks:?}");
+    assert_eq!((format!("first {}", joined("stdout")), joined("stderr")), ("first €\n".to_owned(), "warning\n".to_owned()));
+    assert_eq!((str_of(answer, "stdout"), str_of(answer, "stderr")), ("first €\n", "warning\n"), "{answer}");
+    // Without "stream" the same execution sends the answer alone.
+    let plain = client.call(r#"{"id":7,"type":"execute","template":"fake","code":"stream"}"#);
+    assert_eq!((str_of(&plain, "type"), str_of(&plain, "stdout")), ("execution", "first €\n"), "{plain}");
     server.stop();
 }
 

@@ -15,6 +15,7 @@ use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::executor::{ExecutionLimits, VmOrigin};
 use sandfork_vmm::daemon::{isolation, templates};
 use sandfork_vmm::fs::Image;
+use sandfork_vmm::process::OutputSink;
 
 /// A templates directory with the Python template's image and its snapshot, built once.
 fn snapshot_templates() -> &'static PathBuf {
@@ -65,8 +66,8 @@ fn a_reset_vm_counts_only_the_pages_its_request_copied() {
     use sandfork_vmm::daemon::executor::{ExecuteRequest, Executor};
     let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates()).unwrap(), 1).unwrap();
     let run = |code: &str| {
-        let request = ExecuteRequest { template: "python".to_owned(), agent_request: AgentRequest::new(code), limits: check_limits() };
-        let execution = executor.execute(request).unwrap_or_else(|e| panic!("{code}: {e}"));
+        let request = ExecuteRequest { template: "python".to_owned(), agent_request: AgentRequest::new(code), limits: check_limits(), stream: false };
+        let execution = executor.execute(request, OutputSink::none()).unwrap_or_else(|e| panic!("{code}: {e}"));
         assert_eq!(String::from_utf8_lossy(&execution.stderr), "", "{code}");
         (execution.vm, execution.usage.pages_copied)
     };

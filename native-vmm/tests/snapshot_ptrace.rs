@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::{describe, fork_memory, process_dir, python_image, restore_cpu, scaled, test_cpu};
 use sandfork_vmm::agent::{AgentCommand, AgentRequest, PYTHON_AGENT};
 use sandfork_vmm::memory::GuestMemory;
+use sandfork_vmm::process::OutputSink;
 use sandfork_vmm::snapshot::{self, BuildOutcome, ForkMemory, Template, TemplateError, TEMPLATE_FILE};
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunLimits, RunOutcome};
@@ -21,7 +22,7 @@ use sandfork_vmm::vm::{self, RunLimits, RunOutcome};
 const MEM_BYTES: u64 = vm::DEFAULT_MEM_BYTES;
 
 fn limits() -> RunLimits {
-    RunLimits { mem_bytes: MEM_BYTES, timeout: scaled(Duration::from_secs(20)), output_cap: 1 << 20, boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT) }
+    RunLimits { mem_bytes: MEM_BYTES, timeout: scaled(Duration::from_secs(20)), output_cap: 1 << 20, boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT), ..RunLimits::default() }
 }
 
 /// Checks a restored VM's count of copied pages: a full copy holds every stored page; a
@@ -279,9 +280,10 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
         template: "python".into(),
         agent_request: AgentRequest::new("import sys\nprint(sum(range(10)))"),
         limits: ExecutionLimits { timeout_ms: common::scaled_ms(20_000), memory_mib, output_bytes: 1 << 20 },
+        stream: false,
     };
-    let restored = executor.execute(request(MEM_BYTES >> 20)).unwrap_or_else(|e| panic!("{e}"));
-    let booted = executor.execute(request(MEM_BYTES >> 19)).unwrap_or_else(|e| panic!("{e}"));
+    let restored = executor.execute(request(MEM_BYTES >> 20), OutputSink::none()).unwrap_or_else(|e| panic!("{e}"));
+    let booted = executor.execute(request(MEM_BYTES >> 19), OutputSink::none()).unwrap_or_else(|e| panic!("{e}"));
     assert_pages_copied(restored.usage.pages_copied, fork_memory());
     assert_eq!(booted.usage.pages_copied, 0);
     for execution in [&restored, &booted] {

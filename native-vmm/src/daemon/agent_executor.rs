@@ -21,6 +21,7 @@ use crate::daemon::templates::Template;
 use crate::kvm::{self, Kvm};
 use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
+use crate::process::OutputSink;
 use crate::snapshot::{self, ForkMemory};
 use crate::sys;
 use crate::vm::{self, LaunchError, RunLimits, RunOutcome};
@@ -113,9 +114,10 @@ impl AgentExecutor {
 
     /// Serves the request on a VM of `template`: one from its warm pool, else one restored from
     /// its snapshot for the request, else (no snapshot, restoring off, or another memory size
-    /// than the snapshot's VMs have) one whose agent is booted for it.
-    fn run(&self, template: &Template, request: ExecuteRequest) -> Result<Ran, LaunchError> {
-        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes, boot_timeout: self.boot_timeout };
+    /// than the snapshot's VMs have) one whose agent is booted for it. The program's output also
+    /// goes to `live_output` as it is written.
+    fn run(&self, template: &Template, request: ExecuteRequest, live_output: OutputSink) -> Result<Ran, LaunchError> {
+        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes, boot_timeout: self.boot_timeout, live_output };
         let agent_request = request.agent_request;
         let snapshot = template.snapshot.as_ref().filter(|s| s.identity().mem_bytes == limits.mem_bytes);
         match (snapshot, self.pool(&template.name), &self.restore) {
@@ -171,12 +173,12 @@ fn launch_failure(template: &Template, error: LaunchError) -> ExecuteError {
 }
 
 impl Executor for AgentExecutor {
-    fn execute(&self, request: ExecuteRequest) -> Result<Execution, ExecuteError> {
+    fn execute(&self, request: ExecuteRequest, live_output: OutputSink) -> Result<Execution, ExecuteError> {
         let template = self.template(&request.template).ok_or_else(|| ExecuteError::UnknownTemplate(request.template.clone()))?;
         if let Some(reason) = &self.unavailable {
             return Err(ExecuteError::Unavailable(reason.clone()));
         }
-        let Ran { outcome, pages_copied, queue, cpu, vm } = self.run(template, request).map_err(|error| launch_failure(template, error))?;
+        let Ran { outcome, pages_copied, queue, cpu, vm } = self.run(template, request, live_output).map_err(|error| launch_failure(template, error))?;
         let stats = &outcome.stats;
         let usage = Usage {
             wall_us: (stats.load + stats.wall).as_micros() as u64,

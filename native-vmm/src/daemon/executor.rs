@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::agent::AgentRequest;
+use crate::process::OutputSink;
 use crate::status::RunStatus;
 
 /// The limits one execution runs under, already clamped to the daemon's maxima.
@@ -40,6 +41,8 @@ pub struct ExecuteRequest {
     /// with `AgentRequest::validate`).
     pub agent_request: AgentRequest,
     pub limits: ExecutionLimits,
+    /// The client asked for the output as it is written (`output` frames before the answer).
+    pub stream: bool,
 }
 
 /// Counters of one execution, reported as `usage`.
@@ -168,8 +171,9 @@ pub struct PoolStats {
 pub trait Executor: Send + Sync {
     /// Runs `request` to completion within `request.limits`, on the calling thread. The request
     /// is handed over (not borrowed) so that its code, files and stdin (tens of MiB at most)
-    /// reach the VM without a copy.
-    fn execute(&self, request: ExecuteRequest) -> Result<Execution, ExecuteError>;
+    /// reach the VM without a copy. The output the program writes also goes to `live_output`
+    /// as it is written (`OutputSink::none()` unless the client streams).
+    fn execute(&self, request: ExecuteRequest, live_output: OutputSink) -> Result<Execution, ExecuteError>;
     fn templates(&self) -> Vec<TemplateInfo>;
     fn health(&self) -> Health;
     /// Warm pools, one per template that has one.

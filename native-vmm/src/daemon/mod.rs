@@ -7,6 +7,7 @@
 //! - `response`: every frame the daemon sends.
 //! - `server`: the listener, connections, the bound on in-flight executions, shutdown.
 //! - `executor`: the `Executor` trait the server calls, and the types crossing it.
+//! - `live_output`: a streamed execution's `output` frames, sent while it runs.
 //! - `agent_executor`: the production executor (a KVM VM per request, taken from the
 //!   template's warm pool (`pool`) or restored from its snapshot when it has one, booted
 //!   otherwise) and `templates`: the templates it serves (image, and snapshot when built).
@@ -17,6 +18,7 @@ mod base64;
 pub mod executor;
 pub mod frame;
 pub mod isolation;
+pub mod live_output;
 pub mod pool;
 pub mod request;
 pub mod response;

@@ -148,6 +148,7 @@ struct ExecuteFields {
     env: Option<Environment>,
     files: Option<Vec<FileFields>>,
     limits: Option<LimitFields>,
+    stream: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -284,7 +285,7 @@ fn parse_execute(fields: ExecuteFields, id: Option<u64>, policy: &LimitPolicy) -
         Some(limits) => clamp_limits(limits, id, policy)?,
         None => policy.default,
     };
-    Ok(ExecuteRequest { template: fields.template, agent_request, limits })
+    Ok(ExecuteRequest { template: fields.template, agent_request, limits, stream: fields.stream.unwrap_or(false) })
 }
 
 fn clamp_limits(fields: LimitFields, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecutionLimits, RequestError> {
@@ -396,7 +397,7 @@ mod tests {
                 "files": [{"path": "data.csv", "content": "a,b\n1,2\n", "encoding": "utf8"},
                           {"path": "dir/blob.bin", "content": "AP8=", "encoding": "base64"},
                           {"path": "dir/sub/t.txt", "content": ""}],
-                "limits": {"timeout_ms": 5000, "memory_mib": 128, "output_bytes": 4096}}"#,
+                "limits": {"timeout_ms": 5000, "memory_mib": 128, "output_bytes": 4096}, "stream": true}"#,
         );
         assert_eq!(
             request,
@@ -410,6 +411,7 @@ mod tests {
                     files: vec![("data.csv".into(), b"a,b\n1,2\n".to_vec()), ("dir/blob.bin".into(), vec![0, 0xff]), ("dir/sub/t.txt".into(), vec![])],
                 },
                 limits: ExecutionLimits { timeout_ms: 5000, memory_mib: 128, output_bytes: 4096 },
+                stream: true,
             }
         );
     }
@@ -420,7 +422,8 @@ mod tests {
         assert_eq!(request.agent_request, AgentRequest::new("x"));
         assert_eq!(request.limits, POLICY.default);
         // null is the same as absent.
-        assert_eq!(execute(&with(r#""stdin":null,"argv":null,"env":null,"files":null,"limits":null"#)), request);
+        assert!(!request.stream);
+        assert_eq!(execute(&with(r#""stdin":null,"argv":null,"env":null,"files":null,"limits":null,"stream":null"#)), request);
 
         let clamped = execute(&with(r#""limits":{"timeout_ms":9007199254740991,"memory_mib":100000,"output_bytes":99999999}"#));
         assert_eq!(clamped.limits, POLICY.max);
@@ -443,7 +446,7 @@ mod tests {
     fn every_field_refuses_every_wrong_type() {
         let junk = ["1", "-1", "1.5", "true", r#""s""#, "[]", "{}", r#"[{"a":[{"b":null}]}]"#];
         // Each field with the junk values of the right type (which may be valid).
-        let fields: [(&str, &[&str]); 8] = [
+        let fields: [(&str, &[&str]); 9] = [
             ("type", &[r#""s""#]),
             ("template", &[r#""s""#]),
             ("code", &[r#""s""#]),
@@ -452,6 +455,7 @@ mod tests {
             ("env", &["{}"]),
             ("files", &["[]"]),
             ("limits", &["{}"]),
+            ("stream", &["true"]),
         ];
         for (field, right_type) in fields {
             for junk in junk.iter().filter(|j| !right_type.contains(j)) {
@@ -475,7 +479,7 @@ mod tests {
         assert_eq!(refused(r#"{"id":7,"type":"execute","code":"x"}"#, Some(7)), "missing field `template`");
         assert_eq!(refused(r#"{"id":7,"type":"execute","template":"python"}"#, Some(7)), "missing field `code`");
         assert_eq!(refused(r#"{"id":7,"type":"execute","template":"","code":"x"}"#, Some(7)), "template must be 1 to 255 bytes");
-        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "timeout_ms: unknown field `timeout_ms`, expected one of `id`, `type`, `template`, `code`, `stdin`, `argv`, `env`, `files`, `limits`");
+        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "timeout_ms: unknown field `timeout_ms`, expected one of `id`, `type`, `template`, `code`, `stdin`, `argv`, `env`, `files`, `limits`, `stream`");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::daemon::executor::{ExecuteError, Execution, ExecutionLimits, Health, PoolStats, TemplateInfo, Usage};
 use crate::daemon::request::PROTOCOL_VERSION;
+use crate::process::Stream;
 use crate::status::RunStatus;
 
 /// The `code` of an error frame.
@@ -66,6 +67,7 @@ enum Body {
     Health { ok: bool, kvm: String, templates: u64 },
     Stats { executions: u64, in_flight: u64, pools: Vec<PoolStats> },
     Execution(ExecutionBody),
+    Output { stream: &'static str, data: String },
 }
 
 /// The `execution` response's fields: status from `RunStatus::kind`, `exit_code` only for an
@@ -114,6 +116,15 @@ fn reply(id: u64, body: Body) -> Response {
 
 pub fn error(id: Option<u64>, code: ErrorCode, message: &str) -> Response {
     Response { id: Some(id), body: Body::Error { code, message: message.to_owned(), retryable: code.retryable() } }
+}
+
+/// Part of a streamed execution's output, as written (before its `execution` answer).
+pub fn output(id: u64, stream: Stream, data: String) -> Response {
+    let stream = match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+    };
+    reply(id, Body::Output { stream, data })
 }
 
 pub fn hello() -> Response {

@@ -5,7 +5,8 @@
 //!   `list_templates`, `health` and `stats` are answered on the connection's own thread;
 //!   each `execute` gets its own thread, so one connection's requests run concurrently and
 //!   their responses are written as they complete, one whole frame at a time under the
-//!   connection's writer lock.
+//!   connection's writer lock. A streamed execution's `output` frames come first, from its
+//!   forwarder thread (`live_output`).
 //! - At most `max_running` executions run at once over all connections; up to `max_queued`
 //!   more wait for a free slot (the wait is the response's `queue_us`). An execution beyond
 //!   both is answered `busy` at once. The queue absorbs bursts without clients spinning on
@@ -32,8 +33,10 @@ use std::time::{Duration, Instant};
 
 use crate::daemon::executor::{ExecuteRequest, Executor};
 use crate::daemon::frame::{self, FrameError};
+use crate::daemon::live_output::LiveOutput;
 use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
 use crate::daemon::response::{self, ErrorCode, RequestTimes, Response};
+use crate::process::OutputSink;
 
 /// How long one response write may block on a client that does not read.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -382,7 +385,19 @@ impl Connection {
         }
         let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
         let spawned = thread::Builder::new().name("sandfork-exec".into()).spawn(move || {
-            let response = run_execution(&shared, id, request, received, admission);
+            let response = if request.stream {
+                let output_writer = writer.clone();
+                match LiveOutput::start(move |stream, data| output_writer.send(&response::output(id, stream, data))) {
+                    Ok(live) => {
+                        let response = run_execution(&shared, id, request, received, admission, live.sink());
+                        live.finish();
+                        response
+                    }
+                    Err(e) => response::error(Some(id), ErrorCode::Internal, &format!("starting the output thread: {e}")),
+                }
+            } else {
+                run_execution(&shared, id, request, received, admission, OutputSink::none())
+            };
             lock_ids(&ids).remove(&id);
             writer.send(&response);
         });
@@ -397,14 +412,14 @@ fn lock_ids(ids: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>
     ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Waits for a running slot, runs one execution and builds its response (the slots are given
-/// back before the response is written). A panic in the executor is answered `internal`
-/// instead of losing the response.
-fn run_execution(shared: &Shared, id: u64, request: ExecuteRequest, received: Instant, admission: Slot) -> Response {
+/// Waits for a running slot, runs one execution (its output also going to `live_output`) and
+/// builds its response (the slots are given back before the response is written). A panic in
+/// the executor is answered `internal` instead of losing the response.
+fn run_execution(shared: &Shared, id: u64, request: ExecuteRequest, received: Instant, admission: Slot, live_output: OutputSink) -> Response {
     let limits = request.limits;
     let running = shared.running.acquire();
     let queue = received.elapsed();
-    let result = panic::catch_unwind(AssertUnwindSafe(|| shared.executor.execute(request)));
+    let result = panic::catch_unwind(AssertUnwindSafe(|| shared.executor.execute(request, live_output)));
     drop((running, admission));
     match result {
         Ok(Ok(execution)) => {

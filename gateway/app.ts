@@ -15,8 +15,11 @@ import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits
 import { ProblemError, problemResponse } from "./problems.js";
 import { registerExecutionRoutes } from "./routes/executions.js";
 import { registerKeyRoutes } from "./routes/keys.js";
+import { registerMcpRoutes } from "./routes/mcp.js";
 import { registerSystemRoutes } from "./routes/system.js";
 import { registerTokenRoutes } from "./routes/tokens.js";
+import { registerToolRoutes } from "./routes/tools.js";
+import { ToolRunner } from "./tools/runner.js";
 import { registerUsageRoutes } from "./routes/usage.js";
 import { SERVICE_NAME, SERVICE_VERSION, type Telemetry } from "./telemetry.js";
 
@@ -122,6 +125,9 @@ export function createGateway(deps: GatewayDeps): Gateway {
     description: "An API key (sfk_…) or a token minted with POST /v1/tokens",
   });
   registerExecutionRoutes(app, context);
+  const tools = new ToolRunner(context);
+  registerToolRoutes(app, context, tools);
+  registerMcpRoutes(app, context, tools);
   registerTokenRoutes(app, context);
   registerUsageRoutes(app, context);
   registerKeyRoutes(app, context);

@@ -8,7 +8,7 @@ import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
 import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, release } from "../db/billing.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
-import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, Template } from "../runtime/execution-runtime.js";
+import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
 import type { ConcurrencyLimiter, TokenExecutionCounter } from "./limits.js";
@@ -28,6 +28,14 @@ export interface ExecutionInput {
   files?: { path: string; content: string; encoding?: "utf8" | "base64" | undefined }[] | undefined;
   timeout_ms?: number | undefined;
   memory_mb?: number | undefined;
+}
+
+/** Watches one execution while it runs (a streamed POST /v1/executions). */
+export interface LiveExecution {
+  /** Reserved and handed to the runtime: from now on the result is a settled record. */
+  onStart?(executionId: string): void;
+  /** The program's output as it writes it, all of it before the execution resolves. */
+  onOutput?(chunk: OutputChunk): void;
 }
 
 export interface ExecutionOutcome {
@@ -111,7 +119,11 @@ export class ExecutionService {
     return templatesOf(this.requireRuntime());
   }
 
-  async execute(principal: Principal, input: ExecutionInput, idempotencyKey: string | null): Promise<ExecutionOutcome> {
+  /**
+   * Runs `input` for `principal`, billed to its key. `live` watches it while it runs; a replayed
+   * Idempotency-Key answers with the stored record and never starts.
+   */
+  async execute(principal: Principal, input: ExecutionInput, idempotencyKey: string | null, live: LiveExecution = {}): Promise<ExecutionOutcome> {
     const request = normalize(input, this.deps.limits);
     const hash = requestHash(request);
     const grant = principal.token;
@@ -145,7 +157,7 @@ export class ExecutionService {
     }
 
     try {
-      const outcome = await this.reserveAndRun(runtime, principal, request, hash, idempotencyKey);
+      const outcome = await this.reserveAndRun(runtime, principal, request, hash, idempotencyKey, live);
       if (outcome.replayed && grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
       return outcome;
     } catch (error) {
@@ -185,6 +197,7 @@ export class ExecutionService {
     request: NormalizedRequest,
     hash: string,
     idempotencyKey: string | null,
+    live: LiveExecution,
   ): Promise<ExecutionOutcome> {
     const { tracer, instruments } = this.deps.telemetry;
     const price = priceOf(this.deps.pricing, request.template);
@@ -218,7 +231,8 @@ export class ExecutionService {
     let result: ExecutionResult;
     try {
       const signal = AbortSignal.any([this.deps.shutdownSignal, AbortSignal.timeout(request.timeoutMs + RUNTIME_GRACE_MS)]);
-      result = await runtime.execute({ executionId, ...request }, signal);
+      live.onStart?.(executionId);
+      result = await runtime.execute({ executionId, ...request }, signal, live.onOutput);
     } catch (error) {
       await release(this.deps.db, executionId);
       instruments.executions.add(1, { template: request.template, status: "aborted" });

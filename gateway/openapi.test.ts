@@ -14,6 +14,11 @@ const API_ROUTES = [
   "DELETE /v1/keys/{id}",
   "POST /v1/accounts/{id}/credits",
   "POST /v1/tokens",
+  "GET /v1/tools",
+  "POST /v1/tool-calls",
+  "POST /mcp",
+  "GET /mcp",
+  "DELETE /mcp",
   "GET /healthz",
   "GET /metrics",
 ];
@@ -54,6 +59,10 @@ describe("OpenAPI document and operational endpoints", () => {
       expect(execute.responses[status].content["application/problem+json"], status).toBeDefined();
     }
     expect(execute.security).toEqual([{ bearerAuth: [] }]);
+    expect(Object.keys(execute.responses["200"].content).sort()).toEqual(["application/json", "text/event-stream"]);
+    for (const [path, method] of [["/v1/tools", "get"], ["/v1/tool-calls", "post"], ["/mcp", "post"]] as const) {
+      expect(doc.paths[path][method].security, path).toEqual([{ bearerAuth: [] }]);
+    }
     expect(doc.components.securitySchemes.bearerAuth).toMatchObject({ type: "http", scheme: "bearer" });
   });
 

@@ -26,6 +26,8 @@ export const PROBLEMS = {
   "validation-failed": { status: 422, title: "The request does not match the schema", retryable: false },
   "unknown-template": { status: 422, title: "No such template", retryable: false },
   "idempotency-key-reused": { status: 422, title: "This Idempotency-Key was used with a different request", retryable: false },
+  "unknown-tool": { status: 422, title: "No such tool", retryable: false },
+  "invalid-tool-arguments": { status: 422, title: "The tool call's arguments do not match the tool's schema", retryable: false },
   "rate-limited": { status: 429, title: "Too many requests for this key", retryable: true },
   "concurrency-limit": { status: 429, title: "Too many executions in flight for this key", retryable: true },
   "internal-error": { status: 500, title: "Internal error", retryable: true },

@@ -50,6 +50,10 @@ export function executionRequestSchema(limits: ExecutionLimits) {
         .optional(),
       timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().openapi({ example: limits.defaultTimeoutMs }),
       memory_mb: z.number().int().min(16).max(limits.maxMemoryMb).optional().openapi({ example: limits.defaultMemoryMb }),
+      stream: z
+        .boolean()
+        .optional()
+        .openapi({ description: "Answer with a text/event-stream of the output as it is written (as Accept: text/event-stream does)" }),
     })
     .strict()
     .openapi("ExecutionRequest");

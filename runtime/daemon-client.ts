@@ -11,7 +11,7 @@
 // open, requests fail at once with RuntimeUnavailableError.
 import { DaemonConnection } from "./daemon-connection.js";
 import { RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
-import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, RuntimeHealth, Template } from "./execution-runtime.js";
+import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, RuntimeHealth, Template } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
 import {
   type DaemonHealth,
@@ -19,6 +19,7 @@ import {
   executeFrame,
   parseExecution,
   parseHealth,
+  parseOutput,
   parseStats,
   parseTemplates,
   type RequestType,
@@ -48,6 +49,8 @@ export interface DaemonClientOptions {
 export interface RequestOptions {
   signal?: AbortSignal | undefined;
   timeoutMs?: number | undefined;
+  /** Gets the request's `output` frames (a streamed execute) as they arrive, until it is answered or given up. */
+  onOutput?: ((frame: FrameObject) => void) | undefined;
 }
 
 export interface DaemonClientStatus {
@@ -72,6 +75,7 @@ interface Job {
   fields: FrameObject;
   resolve(frame: FrameObject): void;
   reject(error: Error): void;
+  output?(frame: FrameObject): void;
   /** Set once sent: where, so that a caller giving up can abandon it there. */
   sentOn?: { connection: DaemonConnection; id: number };
 }
@@ -195,10 +199,11 @@ export class DaemonClient implements ExecutionRuntime {
 
   // ExecutionRuntime
 
-  async execute(request: ExecutionRequest, signal: AbortSignal): Promise<ExecutionResult> {
-    const frame = await this.request("execute", executeFrame(request), {
+  async execute(request: ExecutionRequest, signal: AbortSignal, onOutput?: (chunk: OutputChunk) => void): Promise<ExecutionResult> {
+    const frame = await this.request("execute", executeFrame(request, onOutput !== undefined), {
       signal,
       timeoutMs: request.timeoutMs + this.options.executeGraceMs,
+      onOutput: onOutput === undefined ? undefined : (output) => onOutput(parseOutput(output)),
     });
     return parseExecution(frame);
   }
@@ -281,6 +286,15 @@ export class DaemonClient implements ExecutionRuntime {
           if (finished) return;
           finish();
           reject(error);
+        },
+        output: (frame) => {
+          if (finished) return;
+          try {
+            options.onOutput?.(frame);
+          } catch (error) {
+            // A malformed output frame: the daemon broke the protocol for this request.
+            job.reject(error as Error);
+          }
         },
       };
 

@@ -11,6 +11,8 @@ export interface ResponseHandler {
   resolve(frame: FrameObject): void;
   /** An error frame (as a typed error), or the connection closing before the answer. */
   reject(error: Error): void;
+  /** An `output` frame before the answer (streamed executions only). */
+  output?(frame: FrameObject): void;
 }
 
 interface InFlight {
@@ -155,6 +157,11 @@ export class DaemonConnection {
     if (typeof id !== "number") return `a ${String(frame.type)} frame without an id`;
     const request = this.inFlight.get(id);
     if (request === undefined) return `an answer to request ${id}, which is not in flight`;
+    if (frame.type === "output") {
+      if (request.type !== "execute") return `an output frame for a ${request.type} request`;
+      request.handler?.output?.(frame);
+      return null;
+    }
     this.inFlight.delete(id);
     const handler = request.handler;
     if (frame.type === "error") {

@@ -91,6 +91,13 @@ export interface ExecutionResult {
   usage?: ExecutionUsage;
 }
 
+/** A piece of a streamed execution's output, as the program wrote it. */
+export interface OutputChunk {
+  stream: "stdout" | "stderr";
+  /** Joined in order, one stream's chunks are exactly that stream's text in the result. */
+  data: string;
+}
+
 export interface Template {
   name: string;
   language: string;
@@ -112,8 +119,10 @@ export interface ExecutionRuntime {
    * Runs one request to its end. `signal` aborts when the gateway stops waiting (its deadline) or
    * shuts down; the runtime then rejects with the signal's reason. (The daemon client cannot stop
    * a request already sent: protocol v1 has no cancel, so the daemon finishes it.)
+   * With `onOutput`, the output is also handed over in chunks as the program writes it, all of
+   * them before the result.
    */
-  execute(request: ExecutionRequest, signal: AbortSignal): Promise<ExecutionResult>;
+  execute(request: ExecutionRequest, signal: AbortSignal, onOutput?: (chunk: OutputChunk) => void): Promise<ExecutionResult>;
   /** Asked on every execution (to validate the template): implementations answer from a cache. */
   templates(): Promise<Template[]>;
   /** Asks the runtime whether executions can run; absent when the runtime cannot tell. */

@@ -10,7 +10,7 @@ import {
   RuntimeUnavailableError,
 } from "./errors.js";
 import type { ExecutionRequest } from "./execution-runtime.js";
-import { errorFromFrame, executeFrame, parseExecution, parseHello } from "./protocol.js";
+import { errorFromFrame, executeFrame, parseExecution, parseHello, parseOutput } from "./protocol.js";
 
 /** The `execution` example of native-vmm/PROTOCOL.md. */
 const EXAMPLE = {
@@ -28,6 +28,24 @@ const EXAMPLE = {
 };
 
 describe("protocol v1 mapping", () => {
+  it("asks for output frames only when streaming, and checks them", () => {
+    const request: ExecutionRequest = {
+      executionId: "00000000-0000-4000-8000-000000000000",
+      template: "python",
+      code: "print(1)",
+      stdin: "",
+      args: [],
+      env: {},
+      files: [],
+      timeoutMs: 1000,
+      memoryMb: 128,
+    };
+    expect(executeFrame(request)).not.toHaveProperty("stream");
+    expect(executeFrame(request, true)).toMatchObject({ type: "execute", stream: true });
+    expect(parseOutput({ id: 7, type: "output", stream: "stderr", data: "oops\n" })).toEqual({ stream: "stderr", data: "oops\n" });
+    expect(() => parseOutput({ id: 7, type: "output", stream: "stdin", data: "" })).toThrow(RuntimeProtocolError);
+  });
+
   it("maps an execution frame: outcome, output, microseconds to milliseconds, limits, usage", () => {
     expect(parseExecution(EXAMPLE)).toEqual({
       outcome: "completed",

@@ -10,7 +10,7 @@ import {
   RuntimeRequestError,
   RuntimeUnavailableError,
 } from "./errors.js";
-import type { ExecutionOutcome, ExecutionRequest, ExecutionResult, Template } from "./execution-runtime.js";
+import type { ExecutionOutcome, ExecutionRequest, ExecutionResult, OutputChunk, Template } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
 
 const PROTOCOL_VERSION = 1;
@@ -89,7 +89,8 @@ export function parseHello(frame: FrameObject): { server: string } {
   return { server: hello.server };
 }
 
-export function executeFrame(request: ExecutionRequest): FrameObject {
+/** An execute request; `stream` asks for `output` frames before the answer. */
+export function executeFrame(request: ExecutionRequest, stream = false): FrameObject {
   return {
     type: "execute",
     template: request.template,
@@ -99,7 +100,15 @@ export function executeFrame(request: ExecutionRequest): FrameObject {
     env: request.env,
     files: request.files.map((f) => ({ path: f.path, content: f.content, encoding: f.encoding })),
     limits: { timeout_ms: request.timeoutMs, memory_mib: request.memoryMb },
+    ...(stream ? { stream: true } : {}),
   };
+}
+
+const OutputSchema = z.object({ stream: z.enum(["stdout", "stderr"]), data: z.string() });
+
+/** An `output` frame of a streamed execution. */
+export function parseOutput(frame: FrameObject): OutputChunk {
+  return parse(OutputSchema, frame, "output");
 }
 
 const OUTCOMES: Record<z.infer<typeof ExecutionSchema>["status"], ExecutionOutcome> = {

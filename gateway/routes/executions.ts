@@ -7,6 +7,7 @@ import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { priceOf } from "../pricing.js";
 import { ProblemError } from "../problems.js";
+import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-execution.js";
 import { ExecutionSchema, executionRequestSchema, IdParamSchema, TemplateSchema } from "../schemas.js";
 import { AUTHENTICATED, executionJson, problemResponses } from "./openapi-helpers.js";
 
@@ -21,7 +22,10 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     summary: "Run code in a fresh sandbox forked from a template",
     description:
       "Reserves the worst-case cost (the full timeout), runs, then charges the actual cost. With an Idempotency-Key, " +
-      "a retry returns the first result (header Idempotent-Replayed: true) and is billed once.",
+      "a retry returns the first result (header Idempotent-Replayed: true) and is billed once. With Accept: text/event-stream " +
+      "or \"stream\": true the answer is a Server-Sent Events stream: `started` ({id}), `output` ({stream: stdout|stderr, data}) " +
+      "as the program writes, then `execution` with the body of the plain answer, or `error` with a problem body. Billing is " +
+      "the same; a client that disconnects stops nothing and is billed for what ran.",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
     request: {
@@ -31,7 +35,13 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
       body: { required: true, content: { "application/json": { schema: executionRequestSchema(ctx.config.executionLimits) } } },
     },
     responses: {
-      200: { description: "The execution ended (see status and exit_code)", content: { "application/json": { schema: ExecutionSchema } } },
+      200: {
+        description: "The execution ended (see status and exit_code); or, streamed, its events",
+        content: {
+          "application/json": { schema: ExecutionSchema },
+          [EVENT_STREAM]: { schema: z.string().openapi({ description: "event: started | output | execution | error; data: JSON" }) },
+        },
+      },
       ...problemResponses(400, 401, 402, 403, 409, 413, 415, 422, 429, 502, 503),
     },
   });
@@ -40,7 +50,9 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     if (idempotencyKey !== null && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
       throw new ProblemError("validation-failed", "Idempotency-Key must be 1 to 255 visible ASCII characters");
     }
-    const { record, replayed } = await ctx.executions.execute(c.get("principal"), c.req.valid("json"), idempotencyKey);
+    const input = c.req.valid("json");
+    if (wantsStream(c.req.header("accept"), input)) return streamExecution(c, ctx, input, idempotencyKey);
+    const { record, replayed } = await ctx.executions.execute(c.get("principal"), input, idempotencyKey);
     trace.getActiveSpan()?.setAttribute("sandfork.execution.id", record.id);
     if (replayed) c.header("idempotent-replayed", "true");
     return c.json(executionJson(record, unit), 200);

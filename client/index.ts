@@ -1,0 +1,226 @@
+// `sandfork`: a small typed client of the gateway's HTTP API (fetch only, no dependencies):
+// executions (plain and streamed), templates, and the agent-tool helpers (tool definitions in
+// the OpenAI / Anthropic formats, running a model's tool call).
+
+export interface ExecutionFile {
+  path: string;
+  content: string;
+  encoding?: "utf8" | "base64";
+}
+
+export interface ExecutionRequest {
+  template: string;
+  code: string;
+  stdin?: string;
+  args?: string[];
+  env?: Record<string, string>;
+  files?: ExecutionFile[];
+  timeout_ms?: number;
+  memory_mb?: number;
+}
+
+export type ExecutionStatus = "running" | "completed" | "timed_out" | "memory_exceeded" | "output_exceeded" | "crashed" | "unsupported_syscall" | "aborted";
+
+export interface Execution {
+  id: string;
+  template: string;
+  status: ExecutionStatus;
+  exit_code: number | null;
+  stdout: string | null;
+  stderr: string | null;
+  truncated: boolean | null;
+  timings: { queue_ms: number; fork_ms: number; exec_ms: number; total_ms: number } | null;
+  usage: { unit: string; reserved_units: number; units: number | null };
+  created_at: string;
+  finished_at: string | null;
+}
+
+export interface Template {
+  name: string;
+  language: string;
+  content_hash: string;
+  ready: boolean;
+  price: { unit: string; base_units: number; units_per_second: number };
+}
+
+/** An RFC 9457 problem body; `type` is https://sandfork.dev/problems/<slug>. */
+export interface Problem {
+  type: string;
+  title: string;
+  status: number;
+  detail?: string;
+  retryable: boolean;
+  [extension: string]: unknown;
+}
+
+/** One event of a streamed execution, in order: started, output…, then execution. */
+export type StreamEvent =
+  | { event: "started"; id: string }
+  | { event: "output"; stream: "stdout" | "stderr"; data: string }
+  | { event: "execution"; execution: Execution };
+
+export type ToolFormat = "openai" | "anthropic";
+
+export interface OpenAITool {
+  type: "function";
+  function: { name: string; description: string; parameters: Record<string, unknown> };
+}
+
+export interface AnthropicTool {
+  name: string;
+  description: string;
+  input_schema: { type: "object"; [keyword: string]: unknown };
+}
+
+/** An item of an OpenAI assistant message's `tool_calls`. */
+export interface OpenAIToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };
+}
+
+/** A `tool_use` content block of an Anthropic assistant message. */
+export interface AnthropicToolUse {
+  type: "tool_use";
+  id: string;
+  name: string;
+  input: unknown;
+}
+
+export interface OpenAIToolMessage {
+  role: "tool";
+  tool_call_id: string;
+  content: string;
+}
+
+export interface AnthropicToolResult {
+  type: "tool_result";
+  tool_use_id: string;
+  content: string;
+  is_error: boolean;
+}
+
+/** A problem+json answer, or an `error` event of a stream. */
+export class SandforkError extends Error {
+  constructor(
+    readonly status: number,
+    readonly problem: Problem,
+  ) {
+    super(`${problem.title}${problem.detail === undefined ? "" : `: ${problem.detail}`} (${problem.type})`);
+    this.name = "SandforkError";
+  }
+}
+
+export interface SandforkOptions {
+  /** The gateway, e.g. http://127.0.0.1:8787 */
+  baseUrl: string;
+  /** An API key (sfk_…) or a token from POST /v1/tokens. */
+  apiKey: string;
+  fetch?: typeof fetch;
+}
+
+export interface CallOptions {
+  idempotencyKey?: string;
+  signal?: AbortSignal;
+}
+
+export class Sandfork {
+  private readonly baseUrl: string;
+  private readonly fetch: typeof fetch;
+
+  constructor(private readonly options: SandforkOptions) {
+    this.baseUrl = options.baseUrl.replace(/\/+$/, "");
+    this.fetch = options.fetch ?? fetch;
+  }
+
+  /** Runs code and waits for its end. */
+  async execute(request: ExecutionRequest, options: CallOptions = {}): Promise<Execution> {
+    return (await this.json("POST", "/v1/executions", request, options)) as Execution;
+  }
+
+  /** Runs code and yields its output as the program writes it, ending with the execution. */
+  async *stream(request: ExecutionRequest, options: CallOptions = {}): AsyncGenerator<StreamEvent, void, undefined> {
+    const response = await this.send("POST", "/v1/executions", request, options, "text/event-stream");
+    if (response.body === null) throw new Error("the gateway sent no event stream");
+    for await (const { event, data } of serverSentEvents(response.body)) {
+      const payload = JSON.parse(data) as Record<string, unknown>;
+      if (event === "started") yield { event, id: payload.id as string };
+      else if (event === "output") yield { event, stream: payload.stream as "stdout" | "stderr", data: payload.data as string };
+      else if (event === "execution") {
+        yield { event, execution: payload as unknown as Execution };
+        return;
+      } else if (event === "error") throw new SandforkError((payload as Problem).status, payload as Problem);
+    }
+    throw new Error("the event stream ended before the execution's final event");
+  }
+
+  async templates(): Promise<Template[]> {
+    return ((await this.json("GET", "/v1/templates", undefined, {})) as { templates: Template[] }).templates;
+  }
+
+  /** The run_code and list_templates tools, for a chat request's `tools`. */
+  tools(format: "openai"): Promise<OpenAITool[]>;
+  tools(format: "anthropic"): Promise<AnthropicTool[]>;
+  async tools(format: ToolFormat): Promise<OpenAITool[] | AnthropicTool[]> {
+    return ((await this.json("GET", `/v1/tools?format=${format}`, undefined, {})) as { tools: OpenAITool[] | AnthropicTool[] }).tools;
+  }
+
+  /** Runs a model's tool call; the answer is the message (OpenAI) or block (Anthropic) to send back. */
+  toolCall(call: OpenAIToolCall, options?: CallOptions): Promise<OpenAIToolMessage>;
+  toolCall(call: AnthropicToolUse, options?: CallOptions): Promise<AnthropicToolResult>;
+  async toolCall(call: OpenAIToolCall | AnthropicToolUse, options: CallOptions = {}): Promise<OpenAIToolMessage | AnthropicToolResult> {
+    // Only what the gateway reads: SDK objects carry more (and may not serialize plainly).
+    const body =
+      call.type === "function"
+        ? { id: call.id, type: call.type, function: { name: call.function.name, arguments: call.function.arguments } }
+        : { id: call.id, type: call.type, name: call.name, input: call.input };
+    return (await this.json("POST", "/v1/tool-calls", body, options)) as OpenAIToolMessage | AnthropicToolResult;
+  }
+
+  private async json(method: string, path: string, body: unknown, options: CallOptions): Promise<unknown> {
+    return (await this.send(method, path, body, options, "application/json")).json();
+  }
+
+  private async send(method: string, path: string, body: unknown, options: CallOptions, accept: string): Promise<Response> {
+    const headers: Record<string, string> = { authorization: `Bearer ${this.options.apiKey}`, accept };
+    if (body !== undefined) headers["content-type"] = "application/json";
+    if (options.idempotencyKey !== undefined) headers["idempotency-key"] = options.idempotencyKey;
+    const response = await this.fetch(`${this.baseUrl}${path}`, {
+      method,
+      headers,
+      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+      ...(options.signal === undefined ? {} : { signal: options.signal }),
+    });
+    if (!response.ok) {
+      const text = await response.text();
+      let problem: Problem;
+      try {
+        problem = JSON.parse(text) as Problem;
+      } catch {
+        problem = { type: "about:blank", title: response.statusText, status: response.status, detail: text, retryable: false };
+      }
+      throw new SandforkError(response.status, problem);
+    }
+    return response;
+  }
+}
+
+/** The events of a text/event-stream body (the fields this API sends: event and data). */
+async function* serverSentEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<{ event: string; data: string }> {
+  const decoder = new TextDecoder();
+  let buffered = "";
+  for await (const bytes of body as unknown as AsyncIterable<Uint8Array>) {
+    buffered += decoder.decode(bytes, { stream: true });
+    for (let end = buffered.search(/\r?\n\r?\n/); end >= 0; end = buffered.search(/\r?\n\r?\n/)) {
+      const block = buffered.slice(0, end);
+      buffered = buffered.slice(end).replace(/^\r?\n\r?\n/, "");
+      let event = "message";
+      const data: string[] = [];
+      for (const line of block.split(/\r?\n/)) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (data.length > 0) yield { event, data: data.join("\n") };
+    }
+  }
+}

@@ -1,0 +1,45 @@
+// The gateway's MCP server: the agent tools (tools/) over the Model Context Protocol, one
+// stateless server per HTTP request (Streamable HTTP, JSON answers), acting for the caller the
+// route authenticated. Every failure of a call is a tool result with isError and our problem
+// body as its text, never a JSON-RPC or transport error.
+import { Server } from "@modelcontextprotocol/sdk/server/index.js";
+import { WebStandardStreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js";
+import { type CallToolResult, CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import type { Principal } from "./auth/principal.js";
+import { SERVICE_NAME, SERVICE_VERSION } from "./telemetry.js";
+import { type ToolResult, type ToolRunner, toolResultText } from "./tools/runner.js";
+
+export function mcpResult(result: ToolResult): CallToolResult {
+  const content = [{ type: "text" as const, text: toolResultText(result) }];
+  return result.isError ? { isError: true, content } : { content, structuredContent: result.structured };
+}
+
+/** An MCP server whose tools run as `principal`. */
+export function mcpServer(runner: ToolRunner, principal: Principal): Server {
+  const server = new Server({ name: SERVICE_NAME, version: SERVICE_VERSION }, { capabilities: { tools: {} } });
+  server.setRequestHandler(ListToolsRequestSchema, () => ({
+    tools: runner.definitions.map((tool) => ({
+      name: tool.name,
+      description: tool.description,
+      inputSchema: { ...tool.parameters, type: "object" as const },
+      outputSchema: { ...tool.result, type: "object" as const },
+    })),
+  }));
+  server.setRequestHandler(CallToolRequestSchema, async (request) =>
+    mcpResult(await runner.call(principal, request.params.name, request.params.arguments ?? {})),
+  );
+  return server;
+}
+
+/** Answers one MCP HTTP request (`parsedBody`: a POST's JSON, already read) for `principal`. */
+export async function handleMcpRequest(runner: ToolRunner, principal: Principal, request: Request, parsedBody?: unknown): Promise<Response> {
+  const server = mcpServer(runner, principal);
+  // Stateless: no session id, each request is whole; answers are JSON rather than an SSE stream.
+  const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+  await server.connect(transport);
+  try {
+    return await transport.handleRequest(request, parsedBody === undefined ? {} : { parsedBody });
+  } finally {
+    await server.close();
+  }
+}

@@ -1,0 +1,134 @@
+// Runs the agent tools (definitions.ts) for a caller, through the same ExecutionService as
+// POST /v1/executions (same limits, same billing). A call never throws for anything the model
+// or the run got wrong: unknown tools, arguments that are not JSON or miss fields, an unknown
+// language, no credits, a runtime failure all come back as an error result carrying our problem
+// body, which the model can read and act on.
+import type { z } from "zod";
+import type { Principal } from "../auth/principal.js";
+import type { GatewayContext } from "../context.js";
+import type { ExecutionInput } from "../execution-service.js";
+import { type ProblemBody, ProblemError } from "../problems.js";
+import { executionJson } from "../routes/openapi-helpers.js";
+import { executionRequestSchema } from "../schemas.js";
+import {
+  LIST_TEMPLATES,
+  ListTemplatesArguments,
+  type ListTemplatesResult,
+  RUN_CODE,
+  type RunCodeArguments,
+  type RunCodeResult,
+  runCodeArguments,
+  type ToolDefinition,
+  toolDefinitions,
+} from "./definitions.js";
+
+export type ToolResult =
+  | { isError: false; structured: RunCodeResult | ListTemplatesResult; executionId: string | null }
+  | { isError: true; problem: ProblemBody };
+
+/** What the model reads: the structured result, or the problem, as JSON. */
+export function toolResultText(result: ToolResult): string {
+  return JSON.stringify(result.isError ? result.problem : result.structured);
+}
+
+function invalidArguments(tool: string, issues: z.core.$ZodIssue[]): ProblemError {
+  const errors = issues.map((issue) => ({ path: issue.path.join("."), message: issue.message }));
+  const summary = errors.map((e) => (e.path === "" ? e.message : `${e.path}: ${e.message}`)).join("; ");
+  return new ProblemError("invalid-tool-arguments", `the arguments of ${tool} do not match its schema: ${summary}`, { extensions: { errors } });
+}
+
+function parseArguments<T>(tool: string, schema: z.ZodType<T>, args: unknown): T {
+  const parsed = schema.safeParse(args);
+  if (!parsed.success) throw invalidArguments(tool, parsed.error.issues);
+  return parsed.data;
+}
+
+export class ToolRunner {
+  readonly definitions: ToolDefinition[];
+  private readonly runCodeSchema: ReturnType<typeof runCodeArguments>;
+  private readonly executionSchema: ReturnType<typeof executionRequestSchema>;
+
+  constructor(private readonly ctx: GatewayContext) {
+    this.definitions = toolDefinitions(ctx.config.executionLimits);
+    this.runCodeSchema = runCodeArguments(ctx.config.executionLimits);
+    this.executionSchema = executionRequestSchema(ctx.config.executionLimits);
+  }
+
+  /** Runs tool `name` with `args` (already decoded); an Idempotency-Key bills a retried call once. */
+  async call(principal: Principal, name: string, args: unknown, idempotencyKey: string | null = null): Promise<ToolResult> {
+    try {
+      switch (name) {
+        case RUN_CODE:
+          return await this.runCode(principal, parseArguments(RUN_CODE, this.runCodeSchema, args), idempotencyKey);
+        case LIST_TEMPLATES:
+          parseArguments(LIST_TEMPLATES, ListTemplatesArguments, args);
+          return await this.listTemplates();
+        default:
+          throw new ProblemError("unknown-tool", `there is no tool named "${name}"; the tools are ${RUN_CODE} and ${LIST_TEMPLATES}`, {
+            extensions: { tools: [RUN_CODE, LIST_TEMPLATES] },
+          });
+      }
+    } catch (error) {
+      if (error instanceof ProblemError) return { isError: true, problem: error.body() };
+      throw error;
+    }
+  }
+
+  /** `call` with the arguments as the model wrote them: a JSON text (OpenAI's `arguments`). */
+  callWithJson(principal: Principal, name: string, json: string, idempotencyKey: string | null = null): Promise<ToolResult> {
+    let args: unknown;
+    try {
+      args = JSON.parse(json);
+    } catch (error) {
+      const problem = new ProblemError("invalid-tool-arguments", `the arguments of ${name} are not valid JSON: ${(error as Error).message}`);
+      return Promise.resolve({ isError: true, problem: problem.body() });
+    }
+    return this.call(principal, name, args, idempotencyKey);
+  }
+
+  private async runCode(principal: Principal, args: RunCodeArguments, idempotencyKey: string | null): Promise<ToolResult> {
+    const templates = await this.ctx.executions.templates();
+    const runs = templates.filter((t) => t.language === args.language);
+    const template = runs.find((t) => t.name === args.language) ?? runs[0];
+    if (template === undefined) {
+      const languages = [...new Set(templates.map((t) => t.language))];
+      throw new ProblemError("unknown-template", `no template runs ${args.language}; the languages are ${languages.join(", ")}`, {
+        extensions: { languages },
+      });
+    }
+    // The REST API's own schema checks what run_code's does not (file paths, sizes).
+    const candidate: ExecutionInput = {
+      template: template.name,
+      code: args.code,
+      ...(args.stdin === undefined ? {} : { stdin: args.stdin }),
+      ...(args.files === undefined ? {} : { files: args.files }),
+      ...(args.timeout_ms === undefined ? {} : { timeout_ms: args.timeout_ms }),
+    };
+    const input = parseArguments(RUN_CODE, this.executionSchema, candidate);
+    const { record } = await this.ctx.executions.execute(principal, input, idempotencyKey);
+    const execution = executionJson(record, this.ctx.config.pricing.unitName);
+    return {
+      isError: false,
+      executionId: record.id,
+      structured: {
+        execution_id: execution.id,
+        status: execution.status,
+        exit_code: execution.exit_code,
+        stdout: execution.stdout ?? "",
+        stderr: execution.stderr ?? "",
+        truncated: execution.truncated ?? false,
+        timings: execution.timings ?? { queue_ms: 0, fork_ms: 0, exec_ms: 0, total_ms: 0 },
+        usage: { unit: execution.usage.unit, units: execution.usage.units ?? 0 },
+      },
+    };
+  }
+
+  private async listTemplates(): Promise<ToolResult> {
+    const templates = await this.ctx.executions.templates();
+    return {
+      isError: false,
+      executionId: null,
+      structured: { templates: templates.map((t) => ({ name: t.name, language: t.language, ready: t.ready })) },
+    };
+  }
+}

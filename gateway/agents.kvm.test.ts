@@ -208,7 +208,7 @@ describe("tool loops with the LLM SDKs", () => {
     const { client } = await sandfork();
     const openai = new OpenAI({ baseURL: `${model.url}/v1`, apiKey: "test" });
     const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: "user", content: "What is 6*7? Compute it." }];
-    const tools = (await client.tools("openai")) as OpenAI.Chat.ChatCompletionTool[];
+    const tools: OpenAI.Chat.ChatCompletionTool[] = await client.tools("openai");
     const first = await openai.chat.completions.create({ model: "fake", messages, tools });
     const asked = first.choices[0]?.message;
     if (asked?.tool_calls === undefined) throw new Error(`no tool call: ${JSON.stringify(first)}`);
@@ -230,7 +230,7 @@ describe("tool loops with the LLM SDKs", () => {
     const { client } = await sandfork();
     const anthropic = new Anthropic({ baseURL: model.url, apiKey: "test" });
     const messages: Anthropic.MessageParam[] = [{ role: "user", content: "What is 6*7? Compute it." }];
-    const tools = (await client.tools("anthropic")) as Anthropic.Tool[];
+    const tools: Anthropic.Tool[] = await client.tools("anthropic");
     const first = await anthropic.messages.create({ model: "fake", max_tokens: 100, messages, tools });
     messages.push({ role: first.role, content: first.content });
     const results: Anthropic.ToolResultBlockParam[] = [];

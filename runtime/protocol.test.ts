@@ -28,23 +28,6 @@ const EXAMPLE = {
 };
 
 describe("protocol v1 mapping", () => {
-  it("asks for output frames only when streaming, and checks them", () => {
-    const request: ExecutionRequest = {
-      executionId: "00000000-0000-4000-8000-000000000000",
-      template: "python",
-      code: "print(1)",
-      stdin: "",
-      args: [],
-      env: {},
-      files: [],
-      timeoutMs: 1000,
-      memoryMb: 128,
-    };
-    expect(executeFrame(request)).not.toHaveProperty("stream");
-    expect(executeFrame(request, true)).toMatchObject({ type: "execute", stream: true });
-    expect(parseOutput({ id: 7, type: "output", stream: "stderr", data: "oops\n" })).toEqual({ stream: "stderr", data: "oops\n" });
-    expect(() => parseOutput({ id: 7, type: "output", stream: "stdin", data: "" })).toThrow(RuntimeProtocolError);
-  });
 
   it("maps an execution frame: outcome, output, microseconds to milliseconds, limits, usage", () => {
     expect(parseExecution(EXAMPLE)).toEqual({
@@ -125,5 +108,9 @@ describe("protocol v1 mapping", () => {
       files: [{ path: "d/x.bin", content: "AAE=", encoding: "base64" }],
       limits: { timeout_ms: 1500, memory_mib: 128 },
     });
+    // Streamed: the same, asking for output frames, which are checked like every frame.
+    expect(executeFrame(request, true)).toEqual({ ...executeFrame(request), stream: true });
+    expect(parseOutput({ id: 7, type: "output", stream: "stderr", data: "oops\n" })).toEqual({ stream: "stderr", data: "oops\n" });
+    expect(() => parseOutput({ id: 7, type: "output", stream: "stdin", data: "" })).toThrow(RuntimeProtocolError);
   });
 });

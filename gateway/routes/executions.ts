@@ -9,9 +9,8 @@ import { priceOf } from "../pricing.js";
 import { ProblemError } from "../problems.js";
 import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-execution.js";
 import { ExecutionSchema, executionRequestSchema, IdParamSchema, TemplateSchema } from "../schemas.js";
-import { AUTHENTICATED, executionJson, problemResponses } from "./openapi-helpers.js";
+import { AUTHENTICATED, executionJson, IdempotencyHeaderSchema, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
 
-const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 
 export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
   const unit = ctx.config.pricing.unitName;
@@ -29,9 +28,7 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
     request: {
-      headers: z.object({
-        "idempotency-key": z.string().optional().openapi({ description: "Up to 255 visible ASCII characters" }),
-      }),
+      headers: IdempotencyHeaderSchema,
       body: { required: true, content: { "application/json": { schema: executionRequestSchema(ctx.config.executionLimits) } } },
     },
     responses: {
@@ -46,10 +43,7 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     },
   });
   app.openapi(execute, async (c) => {
-    const idempotencyKey = c.req.header("idempotency-key") ?? null;
-    if (idempotencyKey !== null && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
-      throw new ProblemError("validation-failed", "Idempotency-Key must be 1 to 255 visible ASCII characters");
-    }
+    const idempotencyKey = idempotencyKeyOf(c.req.header("idempotency-key"));
     const input = c.req.valid("json");
     if (wantsStream(c.req.header("accept"), input)) return streamExecution(c, ctx, input, idempotencyKey);
     const { record, replayed } = await ctx.executions.execute(c.get("principal"), input, idempotencyKey);

@@ -1,7 +1,23 @@
 // Shared pieces of route definitions.
 import type { ExecutionRecord } from "../../db/billing.js";
 import type { AccountBalance, StoredKey } from "../../db/keys.js";
+import { z } from "@hono/zod-openapi";
+import { ProblemError } from "../problems.js";
 import { ProblemSchema } from "../schemas.js";
+
+const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
+
+/** The Idempotency-Key request header of the routes that run code. */
+export const IdempotencyHeaderSchema = z.object({
+  "idempotency-key": z.string().optional().openapi({ description: "Up to 255 visible ASCII characters; a retry with it is billed once" }),
+});
+
+/** The request's Idempotency-Key, or null; a malformed one is refused (422). */
+export function idempotencyKeyOf(header: string | undefined): string | null {
+  if (header === undefined) return null;
+  if (!IDEMPOTENCY_KEY.test(header)) throw new ProblemError("validation-failed", "Idempotency-Key must be 1 to 255 visible ASCII characters");
+  return header;
+}
 
 const PROBLEM_DESCRIPTIONS: Record<number, string> = {
   400: "Malformed request (problems/malformed-request)",

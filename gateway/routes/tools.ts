@@ -4,12 +4,10 @@
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
-import { ProblemError } from "../problems.js";
 import { formatTools } from "../tools/definitions.js";
 import { type ToolResult, type ToolRunner, toolResultText } from "../tools/runner.js";
-import { AUTHENTICATED, problemResponses } from "./openapi-helpers.js";
+import { AUTHENTICATED, IdempotencyHeaderSchema, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
 
-const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 export const EXECUTION_ID_HEADER = "sandfork-execution-id";
 
 const OpenAIToolCallSchema = z
@@ -68,7 +66,7 @@ export function registerToolRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
     request: {
-      headers: z.object({ "idempotency-key": z.string().optional().openapi({ description: "Bills a retried call once, as for POST /v1/executions" }) }),
+      headers: IdempotencyHeaderSchema,
       body: { required: true, content: { "application/json": { schema: z.union([OpenAIToolCallSchema, AnthropicToolUseSchema]) } } },
     },
     responses: {
@@ -80,10 +78,7 @@ export function registerToolRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext
     },
   });
   app.openapi(toolCall, async (c) => {
-    const idempotencyKey = c.req.header("idempotency-key") ?? null;
-    if (idempotencyKey !== null && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
-      throw new ProblemError("validation-failed", "Idempotency-Key must be 1 to 255 visible ASCII characters");
-    }
+    const idempotencyKey = idempotencyKeyOf(c.req.header("idempotency-key"));
     const principal = c.get("principal");
     const call = c.req.valid("json");
     const withExecutionId = (result: ToolResult) => {

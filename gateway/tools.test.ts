@@ -136,6 +136,9 @@ describe("/mcp", () => {
     await expect(mcpClient(undefined)).rejects.toThrow(/401|unauthenticated|Credentials/i);
     const response = await gw.call("POST", "/mcp", { body: { jsonrpc: "2.0", id: 1, method: "tools/list" } });
     expect(response.status).toBe(401);
+    // With credentials, the stateless server offers no GET stream and no sessions to DELETE.
+    const { key } = await gw.issue();
+    for (const method of ["GET", "DELETE"]) expect((await gw.call(method, "/mcp", { credential: key, headers: { accept: "text/event-stream" } })).status, method).toBe(405);
   });
 
   it("lists the tools, runs run_code billed, and reports failures as isError results with the problem type", async () => {

@@ -31,14 +31,14 @@ export function mcpServer(runner: ToolRunner, principal: Principal): Server {
   return server;
 }
 
-/** Answers one MCP HTTP request (`parsedBody`: a POST's JSON, already read) for `principal`. */
-export async function handleMcpRequest(runner: ToolRunner, principal: Principal, request: Request, parsedBody?: unknown): Promise<Response> {
+/** Answers one MCP POST (its JSON already read: `parsedBody`) for `principal`. */
+export async function handleMcpRequest(runner: ToolRunner, principal: Principal, request: Request, parsedBody: unknown): Promise<Response> {
   const server = mcpServer(runner, principal);
   // Stateless: no session id, each request is whole; answers are JSON rather than an SSE stream.
   const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
   await server.connect(transport);
   try {
-    return await transport.handleRequest(request, parsedBody === undefined ? {} : { parsedBody });
+    return await transport.handleRequest(request, { parsedBody });
   } finally {
     await server.close();
   }

@@ -32,8 +32,8 @@ export function registerMcpRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext,
   });
   app.openapi(post, (c) => handleMcpRequest(runner, c.get("principal"), c.req.raw, c.req.valid("json")));
 
-  // GET (a server-initiated stream) and DELETE (ending a session) have nothing to do on a
-  // stateless server; the transport answers them as MCP says.
+  // GET (a stream for server-initiated messages) and DELETE (ending a session) have nothing to
+  // do on a stateless server: MCP lets it answer 405.
   for (const method of ["get", "delete"] as const) {
     const route = createRoute({
       method,
@@ -42,10 +42,12 @@ export function registerMcpRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext,
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute")] as const,
       responses: {
-        405: { description: "Method not allowed on this stateless MCP server" },
+        405: { description: "Method not allowed on this stateless MCP server (Allow: POST)" },
         ...problemResponses(401, 403, 429),
       },
     });
-    app.openapi(route, (c) => handleMcpRequest(runner, c.get("principal"), c.req.raw));
+    app.openapi(route, (c) =>
+      c.json({ jsonrpc: "2.0" as const, error: { code: -32000, message: "this MCP server is stateless: POST only" }, id: null }, 405, { allow: "POST" }),
+    );
   }
 }

@@ -120,7 +120,7 @@ export interface ExecutionRuntime {
    * shuts down; the runtime then rejects with the signal's reason. (The daemon client cannot stop
    * a request already sent: protocol v1 has no cancel, so the daemon finishes it.)
    * With `onOutput`, the output is also handed over in chunks as the program writes it, all of
-   * them before the result.
+   * them before the result; it must not throw (a daemon's malformed chunk fails the request).
    */
   execute(request: ExecutionRequest, signal: AbortSignal, onOutput?: (chunk: OutputChunk) => void): Promise<ExecutionResult>;
   /** Asked on every execution (to validate the template): implementations answer from a cache. */

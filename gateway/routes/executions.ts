@@ -11,7 +11,6 @@ import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-executio
 import { ExecutionSchema, executionRequestSchema, IdParamSchema, TemplateSchema } from "../schemas.js";
 import { AUTHENTICATED, executionJson, IdempotencyHeaderSchema, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
 
-
 export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
   const unit = ctx.config.pricing.unitName;
 

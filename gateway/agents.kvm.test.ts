@@ -29,6 +29,7 @@ import { getBalance } from "../db/keys.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
+import { testNodeFlags } from "./testing/gateway-process.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
@@ -109,7 +110,7 @@ describe("MCP", () => {
     const { key } = await sandfork();
     const transport = new StdioClientTransport({
       command: process.execPath,
-      args: [resolve("bin/sandfork-mcp.mjs")],
+      args: [...testNodeFlags, resolve("bin/sandfork-mcp.mjs")],
       env: { PATH: process.env.PATH ?? "", SANDFORK_URL: gatewayUrl, SANDFORK_API_KEY: key },
       stderr: "pipe",
     });

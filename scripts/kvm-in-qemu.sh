@@ -169,6 +169,9 @@ mount -t overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w overlay /
   || fail "cannot mount overlayfs over the host root"
 mount -t proc proc /newroot/proc; mount -t sysfs sys /newroot/sys; mount -t devtmpfs dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
+# What udev would make: bash's process substitution and /dev/stdin users need them.
+ln -sf /proc/self/fd /newroot/dev/fd; ln -sf /proc/self/fd/0 /newroot/dev/stdin
+ln -sf /proc/self/fd/1 /newroot/dev/stdout; ln -sf /proc/self/fd/2 /newroot/dev/stderr
 mount -t devpts devpts /newroot/dev/pts; mount -t tmpfs tmpfs /newroot/dev/shm; mount -t tmpfs tmpfs /newroot/run
 i=0
 for d in $KIQ_RW; do

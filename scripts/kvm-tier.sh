@@ -109,10 +109,11 @@ run_here() {
     # the longest).
     local lane=0
     : > "$results/lane0" ; : > "$results/lane1"
+    { grep '^vitest-kvm-' "$list"; grep -v '^vitest-kvm-' "$list"; } > "$results/by-lane-order"
     while IFS=$'\t' read -r name exe; do
       printf '%s\t%s\n' "$name" "$exe" >> "$results/lane$lane"
       lane=$((1 - lane))
-    done < <(grep '^vitest-kvm-' "$list"; grep -v '^vitest-kvm-' "$list")
+    done < "$results/by-lane-order"
     for lane in 0 1; do
       (while IFS=$'\t' read -r name exe; do run_suite "$results" "$name" "$exe" after taskset -c "$lane"; done < "$results/lane$lane") &
     done

@@ -33,6 +33,10 @@ const WORKERS = 8;
 /** Load before the kill, and (daemon case) after the restart: a few seconds in all. */
 const LOAD_BEFORE_KILL_MS = 1_500 * timeScale;
 const LOAD_AFTER_RESTART_MS = 1_000 * timeScale;
+// A test that restarts the gateway or the daemon (migrations, the template's snapshot check, a
+// warm pool) under load: ~20 s on a busy 2-core machine, more than the tier's default 30 s hang
+// guard allows for.
+const RESTART_TEST_TIMEOUT_MS = 120_000 * timeScale;
 const BODY = JSON.stringify({ template: "python", code: "print(6*7)" });
 
 interface Sent {
@@ -218,7 +222,7 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
     await reconcile(answered);
     await retryUnanswered(unanswered, answered);
     await reconcile(answered);
-  });
+  }, RESTART_TEST_TIMEOUT_MS);
 
   it("SIGKILL of the daemon mid-load: every 200 is billed once, every failed execution released, retries bill once", async () => {
     const daemonPid = gateway.daemonPid();
@@ -232,5 +236,5 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
     await reconcile(answered);
     await retryUnanswered(unanswered, answered);
     await reconcile(answered);
-  });
+  }, RESTART_TEST_TIMEOUT_MS);
 });

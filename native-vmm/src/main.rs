@@ -126,6 +126,9 @@ options:
                           2097152 so that every response fits one frame)
   --boot-timeout-ms N     wall-clock limit of booting an agent for a request of a template
                           without a snapshot, before the request's own limit (default 30000)
+  --sessions DIR          keep stateful sessions (PROTOCOL.md, Sessions) with their durable
+                          checkpoints in DIR (created); sessions found there are resumable
+  --max-sessions N        sessions holding a running VM at once (default 64)
 
 Requests asking for more than a maximum run with the maximum; without limits they get 10000
 ms, 256 MiB and 1048576 bytes (each clamped to the maximum).";
@@ -390,7 +393,7 @@ fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn serve(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--pool-size", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes", "--boot-timeout-ms"], &[], false, SERVE_USAGE)?;
+    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--pool-size", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes", "--boot-timeout-ms", "--sessions", "--max-sessions"], &[], false, SERVE_USAGE)?;
     let defaults = daemon::DEFAULT_MAXIMA;
     let max_limits = daemon::executor::ExecutionLimits {
         timeout_ms: options.number("--max-timeout-ms", defaults.timeout_ms, daemon::MAX_TIMEOUT_MS_LIMIT)?,
@@ -408,6 +411,8 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
         max_limits,
         pool_size: options.count("--pool-size", daemon::default_pool_size() as u64, daemon::MAX_POOL_SIZE)? as usize,
         boot_timeout: options.boot_timeout()?,
+        sessions: options.values.get("--sessions").map(std::path::PathBuf::from),
+        max_sessions: options.number("--max-sessions", daemon::DEFAULT_MAX_SESSIONS, daemon::MAX_SESSIONS_LIMIT)? as usize,
     };
     daemon::serve(&serve_options).map_err(CliError::Failed)?;
     Ok(ExitCode::SUCCESS)

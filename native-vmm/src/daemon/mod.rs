@@ -21,6 +21,7 @@ pub mod pool;
 pub mod request;
 pub mod response;
 pub mod server;
+pub mod session_bench;
 pub mod session_protocol;
 pub mod sessions;
 pub mod templates;

@@ -13,8 +13,10 @@ import { registerDocs } from "./docs.js";
 import { ExecutionService } from "./execution-service.js";
 import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits.js";
 import { ProblemError, problemResponse } from "./problems.js";
+import { SessionService } from "./session-service.js";
 import { registerExecutionRoutes } from "./routes/executions.js";
 import { registerKeyRoutes } from "./routes/keys.js";
+import { registerSessionRoutes } from "./routes/sessions.js";
 import { registerSystemRoutes } from "./routes/system.js";
 import { registerTokenRoutes } from "./routes/tokens.js";
 import { registerUsageRoutes } from "./routes/usage.js";
@@ -50,6 +52,9 @@ export { DOCS_ASSET_ROUTE, DOCS_PATH } from "./docs.js";
 
 export function createGateway(deps: GatewayDeps): Gateway {
   const now = deps.now ?? Date.now;
+  const gatewayId = deps.gatewayId ?? crypto.randomUUID();
+  // Executions and session cells share each key's concurrency limit.
+  const concurrency = new ConcurrencyLimiter();
   const context: GatewayContext = {
     db: deps.db,
     config: deps.config,
@@ -60,14 +65,23 @@ export function createGateway(deps: GatewayDeps): Gateway {
     rateLimiter: new RateLimiter(now),
     executions: new ExecutionService({
       db: deps.db,
-      gatewayId: deps.gatewayId ?? crypto.randomUUID(),
+      gatewayId,
       runtime: deps.runtime,
       pricing: deps.config.pricing,
       limits: deps.config.executionLimits,
-      concurrency: new ConcurrencyLimiter(),
+      concurrency,
       tokenExecutions: new TokenExecutionCounter(now),
       telemetry: deps.telemetry,
       shutdownSignal: deps.shutdownSignal ?? new AbortController().signal,
+    }),
+    sessions: new SessionService({
+      db: deps.db,
+      gatewayId,
+      runtime: deps.runtime,
+      settings: deps.config.sessions,
+      limits: deps.config.executionLimits,
+      concurrency,
+      now,
     }),
   };
 
@@ -122,6 +136,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     description: "An API key (sfk_…) or a token minted with POST /v1/tokens",
   });
   registerExecutionRoutes(app, context);
+  registerSessionRoutes(app, context, context.sessions);
   registerTokenRoutes(app, context);
   registerUsageRoutes(app, context);
   registerKeyRoutes(app, context);

@@ -251,3 +251,30 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
     assert!(now >= last, "the session resumed at n={now}, before the last acknowledged n={last}");
     assert_eq!(s.cell("crash", "n += 1\nn"), Some((now + 1).to_string()));
 }
+
+/// A checkpoint file damaged after it was written (a torn write the disk acknowledged) is
+/// detected by its content hash: the session resumes from the one before, and a fork from the
+/// damaged one is refused.
+#[test]
+fn a_damaged_newest_checkpoint_is_detected_and_the_previous_one_kept() {
+    let dir = scratch("sessions-torn");
+    let mut daemon = Daemon::start(&dir);
+    let mut s = daemon.client();
+    s.expect("session", json!({"type": "session_create", "session": "torn", "template": "python"}));
+    s.cell("torn", "state = 'first'");
+    let first = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "torn"}));
+    s.cell("torn", "state = 'second'");
+    let second = s.expect("checkpoint", json!({"type": "session_pause", "session": "torn"}));
+    daemon.kill();
+    let newest = dir.join("sessions/torn").join(format!("{:012}.sfck", u64_of(&second, "checkpoint")));
+    let length = std::fs::metadata(&newest).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&newest).unwrap();
+    file.set_len(length / 2).unwrap();
+    drop(file);
+    daemon.restart();
+    let mut s = daemon.client();
+    let refused = s.call(json!({"type": "session_fork", "session": "from-torn", "from": "torn", "checkpoint": u64_of(&second, "checkpoint")}));
+    assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
+    assert!(str_of(&refused, "message").contains("truncated"), "{refused}");
+    assert_eq!(s.cell("torn", "state"), Some("'first'".into()), "resumed from checkpoint {}", u64_of(&first, "checkpoint"));
+}

@@ -36,9 +36,9 @@ use crate::daemon::response::ErrorCode;
 use crate::daemon::templates::Template as DaemonTemplate;
 use crate::fs::WORK_DIR;
 use crate::image::sha256;
-use crate::memory::GuestMemory;
+use crate::memory::{GuestMemory, MappedFile};
 use crate::process::{GuestProcess, Output};
-use crate::snapshot::checkpoint::{Checkpoint, OpenedCheckpoint, TEMPORARY_PREFIX};
+use crate::snapshot::checkpoint::{Checkpoint, OpenedCheckpoint, Written, TEMPORARY_PREFIX};
 use crate::snapshot::{ForkMemory, Template};
 use crate::status::RunStatus;
 use crate::vm::{self, LaunchError, LoopEnd};
@@ -156,9 +156,11 @@ type Job = Box<dyn for<'m> FnOnce(&mut Vm<'m>) + Send>;
 /// Where a new session VM comes from.
 enum Origin {
     Template,
-    /// A checkpoint's file contents; `reseed` for a fork (its branches must not share random
-    /// state), not for a resume (the session goes on exactly as it was).
-    Checkpoint { contents: Vec<u8>, reseed: bool },
+    /// A checkpoint file, mapped; `reseed` for a fork (its branches must not share random
+    /// state), not for a resume (the session goes on exactly as it was). `known_hash`: the
+    /// hash this daemon computed when it wrote the file (`Sessions::written`), else None and
+    /// the file is hashed to be verified.
+    Checkpoint { file: MappedFile, reseed: bool, known_hash: Option<[u8; 32]> },
 }
 
 /// The handle of a live session VM's thread.
@@ -232,10 +234,10 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
             let guest = template.ready_guest(&mem, cpu, 0);
             (guest.cpu, guest.process, guest.call, true)
         }
-        Origin::Checkpoint { contents, reseed } => {
-            let opened = match OpenedCheckpoint::open(&contents, template, 0) {
+        Origin::Checkpoint { file, reseed, known_hash } => {
+            let opened = match OpenedCheckpoint::open(file.bytes(), template, 0, known_hash.as_ref()) {
                 Ok(opened) => opened,
-                Err(e) => return failed(internal("reading the checkpoint", e)),
+                Err(e) => return failed(SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {e}") }),
             };
             mem = match opened.new_memory(template) {
                 Ok(mem) => mem,
@@ -345,6 +347,9 @@ pub struct Sessions {
     table: Mutex<HashMap<String, Arc<Session>>>,
     /// Live VMs (bounded by `max_live`).
     live: Mutex<usize>,
+    /// Content hashes of the checkpoint files this daemon wrote, by path: restoring one of them
+    /// does not hash it again (`Origin::Checkpoint`).
+    written: Mutex<HashMap<PathBuf, [u8; 32]>>,
 }
 
 /// A file in a session's /work.
@@ -360,7 +365,7 @@ impl Sessions {
     pub fn open(config: SessionsConfig, templates: &[DaemonTemplate], restore: Arc<SharedRestoreFactory>) -> io::Result<Sessions> {
         fs::create_dir_all(&config.dir)?;
         let templates = templates.iter().filter_map(|t| t.snapshot.clone().map(|s| (t.name.clone(), s))).collect();
-        let sessions = Sessions { config, templates, restore, table: Mutex::new(HashMap::new()), live: Mutex::new(0) };
+        let sessions = Sessions { config, templates, restore, table: Mutex::new(HashMap::new()), live: Mutex::new(0), written: Mutex::new(HashMap::new()) };
         sessions.recover()?;
         Ok(sessions)
     }
@@ -478,10 +483,21 @@ impl Sessions {
             Slot::Paused => {}
         }
         let started = Instant::now();
-        let contents = newest_valid_checkpoint(session, &*self.template(&session.template)?)?;
-        let vm = self.start_vm(&session.template, Origin::Checkpoint { contents, reseed: false })?;
-        *slot = Slot::Live(vm);
-        Ok(Some(started.elapsed()))
+        // The newest checkpoint that verifies: a newer one that does not (a write the disk
+        // acknowledged but tore) is logged and skipped.
+        let numbers = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?;
+        for &number in numbers.iter().rev() {
+            let (file, known_hash) = self.open_checkpoint(session, number)?;
+            match self.start_vm(&session.template, Origin::Checkpoint { file, reseed: false, known_hash }) {
+                Ok(vm) => {
+                    *slot = Slot::Live(vm);
+                    return Ok(Some(started.elapsed()));
+                }
+                Err(e) if e.code == ErrorCode::NotFound => super::log(format_args!("session {}: checkpoint {number}: {}; using the one before", session.id, e.message)),
+                Err(e) => return Err(e),
+            }
+        }
+        refuse(ErrorCode::SessionEnded, format!("session '{}' has no checkpoint that verifies", session.id))
     }
 
     /// Runs `job` on the session's VM (resumed first when paused); also says how long a resume
@@ -539,7 +555,8 @@ impl Sessions {
     }
 
     /// Takes a checkpoint of the running (or paused: resumed first) session, durably; with
-    /// `pause`, the VM is released once its state is recorded.
+    /// `pause`, the VM is released once the checkpoint is on disk (a failed write leaves it
+    /// running, its state intact).
     pub fn checkpoint(&self, id: &str, pause: bool) -> Result<TakenCheckpoint, SessionError> {
         let session = self.session(id)?;
         let template = self.template(&session.template)?;
@@ -551,29 +568,27 @@ impl Sessions {
         if matches!(*session.lock(), Slot::Ended(_)) {
             return refuse(ErrorCode::SessionEnded, format!("session '{id}' has ended; fork it from a checkpoint"));
         }
-        let started = Instant::now();
         let mut slot = session.lock();
-        let (captured, _, _) = self.on_live(&session, &mut slot, move |vm| {
-            let captured = Checkpoint::capture(&template, vm.mem, vm.cpu.as_mut(), &vm.process, vm.call);
-            vm.release = pause && captured.is_ok();
-            captured
+        let number = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?.last().map_or(1, |n| n + 1);
+        let dir = session.dir.clone();
+        // Recorded and written from the stopped VM's memory on its own thread; a pause releases
+        // the VM only once its checkpoint is on disk.
+        let (written, _, released) = self.on_live(&session, &mut slot, move |vm| {
+            let capturing = Instant::now();
+            let checkpoint = Checkpoint::capture(&template, vm.mem, vm.cpu.as_mut(), &vm.process, vm.call)?;
+            let capture = capturing.elapsed();
+            let writing = Instant::now();
+            let written = checkpoint.write_durably(&dir, &checkpoint_name(number))?;
+            vm.release = pause;
+            Ok::<_, io::Error>((written, checkpoint.dirty_bytes, capture, writing.elapsed()))
         })?;
-        let checkpoint = captured.map_err(|e| internal("recording the session", e))?;
-        if pause {
+        if released {
             self.set_slot(&mut slot, Slot::Paused);
         }
-        let capture = started.elapsed();
-        let number = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?.last().map_or(1, |n| n + 1);
-        let written = Instant::now();
-        if let Err(e) = checkpoint.write_durably(&session.dir, &checkpoint_name(number)) {
-            if pause {
-                // Its state is in no checkpoint now: resuming would roll it back silently.
-                self.set_slot(&mut slot, Slot::Ended(format!("writing its pause checkpoint failed: {e}")));
-            }
-            return Err(internal("writing the checkpoint", e));
-        }
-        let info = CheckpointInfo { number, sha256: sha256::to_hex(&checkpoint.hash()), file_bytes: checkpoint.file_bytes(), dirty_bytes: checkpoint.dirty_bytes };
-        Ok(TakenCheckpoint { info, capture, write: written.elapsed() })
+        let (Written { hash, file_bytes }, dirty_bytes, capture, write) = written.map_err(|e| internal("writing the checkpoint", e))?;
+        self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(session.dir.join(checkpoint_name(number)), hash);
+        let info = CheckpointInfo { number, sha256: sha256::to_hex(&hash), file_bytes, dirty_bytes };
+        Ok(TakenCheckpoint { info, capture, write })
     }
 
     /// Resumes a paused session (a running one is left as it is); says how long it took.
@@ -587,12 +602,10 @@ impl Sessions {
     /// ended): a new VM with that state, its random generators reseeded.
     pub fn fork(&self, id: &str, from: &str, number: u64) -> Result<SessionInfo, SessionError> {
         let source = self.session(from)?;
-        let contents = {
+        let (file, known_hash) = {
             let _slot = source.lock();
-            read_checkpoint(&source, number)?
+            self.open_checkpoint(&source, number)?
         };
-        let template = self.template(&source.template)?;
-        OpenedCheckpoint::open(&contents, &template, 0).map_err(|e| SessionError { code: ErrorCode::NotFound, message: format!("checkpoint {number} of session '{from}' does not verify: {e}") })?;
         let dir = self.config.dir.join(id);
         let session = Arc::new(Session { id: id.to_owned(), template: source.template.clone(), dir: dir.clone(), slot: Mutex::new(Slot::Deleted) });
         let mut slot = session.lock();
@@ -605,7 +618,10 @@ impl Sessions {
         }
         let created = (|| {
             write_record(&dir, &SessionRecord { template: source.template.clone() })?;
-            self.start_vm(&source.template, Origin::Checkpoint { contents, reseed: true })
+            self.start_vm(&source.template, Origin::Checkpoint { file, reseed: true, known_hash }).map_err(|e| match e.code {
+                ErrorCode::NotFound => SessionError { code: e.code, message: format!("checkpoint {number} of session '{from}': {}", e.message) },
+                _ => e,
+            })
         })();
         match created {
             Ok(vm) => {
@@ -621,12 +637,24 @@ impl Sessions {
         }
     }
 
+    /// Maps checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.
+    fn open_checkpoint(&self, session: &Session, number: u64) -> Result<(MappedFile, Option<[u8; 32]>), SessionError> {
+        let path = session.dir.join(checkpoint_name(number));
+        let file = MappedFile::open(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => SessionError { code: ErrorCode::NotFound, message: format!("session '{}' has no checkpoint {number}", session.id) },
+            _ => internal("reading the checkpoint", e),
+        })?;
+        let known = self.written.lock().unwrap_or_else(|p| p.into_inner()).get(&path).copied();
+        Ok((file, known))
+    }
+
     /// Ends a session and removes it and its checkpoints.
     pub fn delete(&self, id: &str) -> Result<(), SessionError> {
         let session = self.session(id)?;
         let mut slot = session.lock();
         self.set_slot(&mut slot, Slot::Deleted);
         self.table().remove(id);
+        self.written.lock().unwrap_or_else(|p| p.into_inner()).retain(|path, _| !path.starts_with(&session.dir));
         fs::remove_dir_all(&session.dir).or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(internal("removing the session's folder", e)) })
     }
 
@@ -641,9 +669,8 @@ impl Sessions {
         };
         let mut checkpoints = Vec::new();
         for number in checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))? {
-            if let Ok(contents) = fs::read(session.dir.join(checkpoint_name(number))) {
-                let sha256 = contents.len().checked_sub(32).map(|at| sha256::to_hex(contents[at..].try_into().expect("32 bytes"))).unwrap_or_default();
-                checkpoints.push(CheckpointInfo { number, sha256, file_bytes: contents.len() as u64, dirty_bytes: 0 });
+            if let Ok((sha256, file_bytes)) = stored_hash(&session.dir.join(checkpoint_name(number))) {
+                checkpoints.push(CheckpointInfo { number, sha256, file_bytes, dirty_bytes: 0 });
             }
         }
         let memory_mib = self.template(&session.template).map_or(0, |t| t.identity().mem_bytes >> 20);
@@ -758,25 +785,19 @@ fn checkpoint_numbers(dir: &Path) -> io::Result<Vec<u64>> {
     Ok(numbers)
 }
 
-fn read_checkpoint(session: &Session, number: u64) -> Result<Vec<u8>, SessionError> {
-    fs::read(session.dir.join(checkpoint_name(number))).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => SessionError { code: ErrorCode::NotFound, message: format!("session '{}' has no checkpoint {number}", session.id) },
-        _ => internal("reading the checkpoint", e),
-    })
-}
 
-/// The newest of the session's checkpoints that verifies; a newer one that does not is logged
-/// and skipped (a write the disk acknowledged but tore).
-fn newest_valid_checkpoint(session: &Session, template: &Template) -> Result<Vec<u8>, SessionError> {
-    let numbers = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?;
-    for &number in numbers.iter().rev() {
-        let contents = read_checkpoint(session, number)?;
-        match OpenedCheckpoint::open(&contents, template, 0) {
-            Ok(_) => return Ok(contents),
-            Err(e) => super::log(format_args!("session {}: checkpoint {number} does not verify, using the one before: {e}", session.id)),
-        }
+/// The content hash a checkpoint file ends with (hex; verified only when it is restored) and
+/// the file's size.
+fn stored_hash(path: &Path) -> io::Result<(String, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut hash = [0u8; 32];
+    if len >= 32 {
+        file.seek(SeekFrom::End(-32))?;
+        file.read_exact(&mut hash)?;
     }
-    refuse(ErrorCode::SessionEnded, format!("session '{}' has no checkpoint that verifies", session.id))
+    Ok((sha256::to_hex(&hash), len))
 }
 
 /// Writes `session.json` durably into a new folder `dir`.

@@ -17,7 +17,8 @@
 //! 32 bytes    SHA-256 of header and body
 //! ```
 //!
-//! Durability (`Checkpoint::write_durably`): the file is written under a temporary name,
+//! Durability (`Checkpoint::write_durably`, from the stopped VM's memory, hashed as it is
+//! written): the file is written under a temporary name,
 //! fdatasync'ed, renamed to its final name and the directory fsync'ed, in that order, before
 //! the checkpoint is reported written. A crash at any instant leaves either no file under the
 //! final name (the temporary is removed at the next start) or the whole, synced file. A file
@@ -40,20 +41,31 @@ use crate::process::GuestProcess;
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
 pub const FORMAT_VERSION: u32 = 1;
 
-/// A session VM's state, encoded and hashed, not yet on disk.
-pub struct Checkpoint {
-    header: [u8; file::HEADER_LEN],
-    body: Vec<u8>,
-    hash: [u8; 32],
+/// A session VM's state, recorded: its small parts encoded, its pages still in guest memory,
+/// from where `write_durably` writes and hashes them without a copy.
+pub struct Checkpoint<'m> {
+    /// Identity, call, CPU and process state, and the page-run count.
+    meta: Vec<u8>,
+    ranges: Vec<(u64, u64)>,
+    mem: &'m GuestMemory,
     /// Bytes of guest pages recorded (what the VM changed against its template).
     pub dirty_bytes: u64,
 }
 
-impl Checkpoint {
+/// A checkpoint on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The content hash (SHA-256 of everything before it in the file): what a client records
+    /// to check a restored checkpoint by.
+    pub hash: [u8; 32],
+    pub file_bytes: u64,
+}
+
+impl<'m> Checkpoint<'m> {
     /// Records a VM of `template` stopped at a ready point in `call`: its copy-on-write memory
-    /// `mem`, its vCPU and its process (which must have no output or pending request).
-    pub fn capture(template: &Template, mem: &GuestMemory, cpu: &mut dyn GuestCpu, process: &GuestProcess, call: [u64; 6]) -> io::Result<Checkpoint> {
-        let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+    /// `mem`, its vCPU and its process (which must have no output or pending request). The
+    /// VM must stay stopped until the checkpoint is written.
+    pub fn capture(template: &Template, mem: &'m GuestMemory, cpu: &mut dyn GuestCpu, process: &GuestProcess, call: [u64; 6]) -> io::Result<Checkpoint<'m>> {
         let ranges = mem.copied_ranges()?.ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are checkpointed"))?;
         let cpu_state = cpu.snapshot()?;
         let mut e = Encoder::new();
@@ -63,46 +75,40 @@ impl Checkpoint {
         }
         file::encode_cpu(&cpu_state, &mut e);
         let mut state = Encoder::new();
-        process.encode_state(&mut state).map_err(|why| invalid(format!("process state: {why}")))?;
+        process.encode_state(&mut state).map_err(|why| io::Error::new(io::ErrorKind::InvalidData, format!("process state: {why}")))?;
         e.bytes(&state.into_bytes());
         e.len(ranges.len());
-        let mut dirty_bytes = 0;
-        for &(start, end) in &ranges {
-            e.u64(start);
-            e.bytes_filled((end - start) as usize, |room| mem.read(start, room).map_err(|e| invalid(e.to_string())))?;
-            dirty_bytes += end - start;
-        }
-        let body = e.into_bytes();
-        let header = file::header(&MAGIC, FORMAT_VERSION, body.len());
-        let mut hasher = Sha256::new();
-        hasher.update(header);
-        hasher.update(&body);
-        Ok(Checkpoint { header, body, hash: hasher.finalize().into(), dirty_bytes })
-    }
-
-    /// The content hash (SHA-256 of everything before it in the file): what a client records
-    /// to check a restored checkpoint by.
-    pub fn hash(&self) -> [u8; 32] {
-        self.hash
-    }
-
-    /// The file's size.
-    pub fn file_bytes(&self) -> u64 {
-        (self.header.len() + self.body.len() + self.hash.len()) as u64
+        let dirty_bytes = ranges.iter().map(|(start, end)| end - start).sum();
+        Ok(Checkpoint { meta: e.into_bytes(), ranges, mem, dirty_bytes })
     }
 
     /// Writes the file as `dir/name` durably (module docs): temporary name, fdatasync, rename,
     /// directory fsync. On error nothing is left under `name` that was not there before.
-    pub fn write_durably(&self, dir: &Path, name: &str) -> io::Result<()> {
+    pub fn write_durably(&self, dir: &Path, name: &str) -> io::Result<Written> {
+        let body_len = self.meta.len() + self.ranges.iter().map(|(start, end)| 16 + (end - start) as usize).sum::<usize>();
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{name}"));
         let written = (|| {
             let mut out = File::create(&temporary)?;
-            out.write_all(&self.header)?;
-            out.write_all(&self.body)?;
-            out.write_all(&self.hash)?;
+            let mut hasher = Sha256::new();
+            let mut put = |bytes: &[u8]| -> io::Result<()> {
+                hasher.update(bytes);
+                out.write_all(bytes)
+            };
+            put(&file::header(&MAGIC, FORMAT_VERSION, body_len))?;
+            put(&self.meta)?;
+            for &(start, end) in &self.ranges {
+                let mut run = [0u8; 16];
+                run[..8].copy_from_slice(&start.to_le_bytes());
+                run[8..].copy_from_slice(&(end - start).to_le_bytes());
+                put(&run)?;
+                self.mem.with_range(start, end - start, &mut put).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))??;
+            }
+            let hash: [u8; 32] = hasher.finalize().into();
+            out.write_all(&hash)?;
             out.sync_data()?;
             fs::rename(&temporary, dir.join(name))?;
-            File::open(dir)?.sync_all()
+            File::open(dir)?.sync_all()?;
+            Ok(Written { hash, file_bytes: (file::HEADER_LEN + body_len + file::HASH_LEN) as u64 })
         })();
         if written.is_err() {
             let _ = fs::remove_file(&temporary);
@@ -125,10 +131,11 @@ pub struct OpenedCheckpoint<'f> {
 }
 
 impl<'f> OpenedCheckpoint<'f> {
-    /// Verifies `contents` (magic, version, length, content hash) and that it was taken on a
-    /// VM of `template`, and decodes it. The process's output is capped at `output_cap`.
-    pub fn open(contents: &'f [u8], template: &Template, output_cap: u64) -> Result<OpenedCheckpoint<'f>, TemplateError> {
-        let body = file::open_sealed(contents, &MAGIC, FORMAT_VERSION)?;
+    /// Verifies `contents` (magic, version, length, content hash; `known_hash`: see
+    /// `file::open_sealed_with`) and that it was taken on a VM of `template`, and decodes it.
+    /// The process's output is capped at `output_cap`.
+    pub fn open(contents: &'f [u8], template: &Template, output_cap: u64, known_hash: Option<&[u8; 32]>) -> Result<OpenedCheckpoint<'f>, TemplateError> {
+        let body = file::open_sealed_with(contents, &MAGIC, FORMAT_VERSION, known_hash)?;
         let mut hash = [0u8; 32];
         hash.copy_from_slice(&contents[contents.len() - file::HASH_LEN..]);
         let mut d = Decoder::new(body);
@@ -159,10 +166,12 @@ impl<'f> OpenedCheckpoint<'f> {
         Ok(OpenedCheckpoint { hash, call, cpu, process, runs })
     }
 
-    /// A new copy-on-write fork of `template` holding this checkpoint's pages.
+    /// A new copy-on-write fork of `template` holding this checkpoint's pages (made present
+    /// in one call per run first: a write per page would fault each in).
     pub fn new_memory(&self, template: &Template) -> io::Result<GuestMemory> {
         let mem = template.new_memory(super::ForkMemory::CopyOnWrite)?;
         for &(start, bytes) in &self.runs {
+            mem.populate_for_write(start, bytes.len() as u64)?;
             mem.write(start, bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         }
         Ok(mem)

@@ -69,15 +69,6 @@ impl Encoder {
         self.bytes.extend_from_slice(v);
     }
 
-    /// Length-prefixed bytes that `fill` writes in place (into zeroed room for `len` bytes),
-    /// saving a copy of large contents (a checkpoint's pages).
-    pub fn bytes_filled<E>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<(), E> {
-        self.len(len);
-        let start = self.bytes.len();
-        self.bytes.resize(start + len, 0);
-        fill(&mut self.bytes[start..])
-    }
-
     /// Bytes of a length the reader knows (hashes).
     pub fn raw(&mut self, v: &[u8]) {
         self.bytes.extend_from_slice(v);

@@ -201,3 +201,60 @@ pub fn handle(sessions: &Sessions, id: u64, op: SessionOp, received: Instant) ->
         }),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::frame;
+    use crate::daemon::request::{parse_request, Request};
+
+    const POLICY: LimitPolicy = LimitPolicy {
+        default: ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 },
+        max: ExecutionLimits { timeout_ms: 30_000, memory_mib: 512, output_bytes: 2 << 20 },
+    };
+
+    fn parse_text(text: &str) -> Result<SessionOp, RequestError> {
+        let value = frame::decode_payload(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        match parse_request(&value, &POLICY) {
+            Ok((_, Request::Session(op))) => Ok(op),
+            Ok((_, other)) => panic!("{text}: {other:?}"),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn refused(text: &str) -> String {
+        let e = parse_text(text).expect_err(text);
+        assert_eq!((e.code, e.id), (crate::daemon::response::ErrorCode::BadRequest, Some(1)), "{text}: {}", e.message);
+        e.message
+    }
+
+    #[test]
+    fn every_session_request_parses() {
+        assert_eq!(parse_text(r#"{"id":1,"type":"session_create","session":"a-1","template":"python"}"#), Ok(SessionOp::Create { session: "a-1".into(), template: "python".into(), memory_mib: None }));
+        assert_eq!(
+            parse_text(r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":{"timeout_ms":99999999}}"#),
+            Ok(SessionOp::Execute { session: "a".into(), code: "x".into(), env: vec![], limits: ExecutionLimits { timeout_ms: 30_000, ..POLICY.default } })
+        );
+        assert_eq!(parse_text(r#"{"id":1,"type":"session_write_file","session":"a","path":"d/f","content":"AP8=","encoding":"base64"}"#), Ok(SessionOp::WriteFile { session: "a".into(), path: "d/f".into(), content: vec![0, 0xff] }));
+        assert_eq!(parse_text(r#"{"id":1,"type":"session_fork","session":"b","from":"a","checkpoint":3}"#), Ok(SessionOp::Fork { session: "b".into(), from: "a".into(), checkpoint: 3 }));
+        assert_eq!(parse_text(r#"{"id":1,"type":"session_list"}"#), Ok(SessionOp::List));
+        for kind in ["checkpoint", "pause", "resume", "delete", "info"] {
+            assert!(parse_text(&format!(r#"{{"id":1,"type":"session_{kind}","session":"a"}}"#)).is_ok(), "{kind}");
+        }
+    }
+
+    #[test]
+    fn bad_session_requests_are_refused_with_where() {
+        assert_eq!(refused(r#"{"id":1,"type":"session_pause"}"#), "missing field `session`");
+        assert!(refused(r#"{"id":1,"type":"session_pause","session":"../x"}"#).starts_with("session: session ids are"));
+        assert!(refused(&format!(r#"{{"id":1,"type":"session_pause","session":"{}"}}"#, "a".repeat(65))).starts_with("session:"));
+        assert_eq!(refused(r#"{"id":1,"type":"session_pause","session":"a","code":"x"}"#), "code: unknown field for session_pause");
+        assert_eq!(refused(r#"{"id":1,"type":"session_execute","session":"a"}"#), "missing field `code`");
+        assert_eq!(refused(r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":{"memory_mib":64}}"#), "limits.memory_mib: a session's memory is set when it is created");
+        assert_eq!(refused(r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":[1]}"#), "limits: invalid type: sequence, expected an object");
+        assert_eq!(refused(r#"{"id":1,"type":"session_fork","session":"b","from":"a"}"#), "missing field `checkpoint`");
+        assert!(refused(r#"{"id":1,"type":"session_write_file","session":"a","path":"f","content":"Zg","encoding":"base64"}"#).starts_with("content: "));
+        assert_eq!(refused(r#"{"id":1,"type":"session_reboot","session":"a"}"#), "unknown request type 'session_reboot'");
+        assert_eq!(refused(r#"{"id":1,"type":"session_info","session":7}"#), "session: invalid type: integer `7`, expected a string");
+    }
+}

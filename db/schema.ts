@@ -102,8 +102,6 @@ export const executions = pgTable(
   ],
 );
 
-export const SESSION_STATES = ["running", "paused", "ended", "deleted"] as const;
-
 // Stateful sessions (gateway/session-service.ts): a VM of the daemon's kept between requests.
 // Their running time and stored checkpoints accrue here and are charged as they accrue.
 export const sessions = pgTable(

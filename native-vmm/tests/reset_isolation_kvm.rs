@@ -15,7 +15,7 @@ use sandfork_vmm::daemon::{isolation, templates};
 fn reachable() -> Vec<(u64, u64)> {
     let loaded = templates::load(snapshot_templates_dir()).unwrap();
     let template = loaded[0].snapshot.as_ref().expect("the template has a snapshot");
-    sandfork_vmm::kvm::reachable_memory(&template.handed_out(), template.identity().mem_bytes)
+    sandfork_vmm::kvm::reachable_memory(template.handed_out(), template.identity().mem_bytes)
 }
 
 fn check_limits() -> ExecutionLimits {

@@ -445,6 +445,12 @@ impl Sessions {
         if memory_mib.is_some_and(|m| m != template_mib) {
             return refuse(ErrorCode::BadRequest, format!("memory_mib: the '{template}' template's sessions have {template_mib} MiB"));
         }
+        self.register(id, template, || self.start_vm(template, Origin::Template))
+    }
+
+    /// Adds session `id` of `template` (refused when the id is taken): its folder and record
+    /// on disk, then its VM from `start`. A failure undoes both.
+    fn register(&self, id: &str, template: &str, start: impl FnOnce() -> Result<LiveVm, SessionError>) -> Result<SessionInfo, SessionError> {
         let dir = self.config.dir.join(id);
         let session = Arc::new(Session { id: id.to_owned(), template: template.to_owned(), dir: dir.clone(), slot: Mutex::new(Slot::Deleted) });
         let mut slot = session.lock();
@@ -455,11 +461,7 @@ impl Sessions {
             }
             table.insert(id.to_owned(), session.clone());
         }
-        let created = (|| {
-            write_record(&dir, &SessionRecord { template: template.to_owned() })?;
-            self.start_vm(template, Origin::Template)
-        })();
-        match created {
+        match write_record(&dir, &SessionRecord { template: template.to_owned() }).and_then(|()| start()) {
             Ok(vm) => {
                 *slot = Slot::Live(vm);
                 drop(slot);
@@ -606,35 +608,12 @@ impl Sessions {
             let _slot = source.lock();
             self.open_checkpoint(&source, number)?
         };
-        let dir = self.config.dir.join(id);
-        let session = Arc::new(Session { id: id.to_owned(), template: source.template.clone(), dir: dir.clone(), slot: Mutex::new(Slot::Deleted) });
-        let mut slot = session.lock();
-        {
-            let mut table = self.table();
-            if table.contains_key(id) {
-                return refuse(ErrorCode::BadRequest, format!("session '{id}' already exists"));
-            }
-            table.insert(id.to_owned(), session.clone());
-        }
-        let created = (|| {
-            write_record(&dir, &SessionRecord { template: source.template.clone() })?;
+        self.register(id, &source.template, || {
             self.start_vm(&source.template, Origin::Checkpoint { file, reseed: true, known_hash }).map_err(|e| match e.code {
                 ErrorCode::NotFound => SessionError { code: e.code, message: format!("checkpoint {number} of session '{from}': {}", e.message) },
                 _ => e,
             })
-        })();
-        match created {
-            Ok(vm) => {
-                *slot = Slot::Live(vm);
-                drop(slot);
-                self.info(id)
-            }
-            Err(e) => {
-                self.table().remove(id);
-                let _ = fs::remove_dir_all(&dir);
-                Err(e)
-            }
-        }
+        })
     }
 
     /// Maps checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.

@@ -185,10 +185,10 @@ def serve_session(request):
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
-    os.environ.update(request["env"])
     sys.path.insert(0, WORK_DIR)
     number = 0
     while True:
+        os.environ.update(request["env"])
         if request["session"]["reseed"]:
             reseed(request)
         number += 1

@@ -414,7 +414,7 @@ impl Connection {
     fn start_session_op(&self, id: u64, op: SessionOp, received: Instant) {
         let fail = |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
         let Some(sessions) = self.shared.sessions.clone() else {
-            return fail(ErrorCode::BadRequest, "this daemon keeps no sessions (serve --sessions DIR)");
+            return fail(ErrorCode::Unavailable, "this daemon keeps no sessions (it needs serve --sessions DIR and a usable /dev/kvm)");
         };
         let Some(admission) = self.shared.admitted.try_acquire() else {
             return fail(ErrorCode::Busy, "the daemon is at its maximum of requests in flight");

@@ -302,7 +302,8 @@ fn read_cell_result(mem: &GuestMemory, call: [u64; 6]) -> CellResult {
     if call[4] != CELL_RESULT_MAGIC || call[3] > MAX_CELL_RESULT_BYTES {
         return unreadable("the agent passed no cell result");
     }
-    match mem.read_vec(call[2], call[3]).ok().and_then(|bytes| serde_json::from_slice::<CellResult>(&bytes).ok()) {
+    // Read as a system call reads the program's memory: user memory only.
+    match crate::syscalls::UserMemory::new(mem).read_vec(call[2], call[3]).ok().and_then(|bytes| serde_json::from_slice::<CellResult>(&bytes).ok()) {
         Some(result) => result,
         None => unreadable("the agent's cell result is unreadable"),
     }

@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_CELL_RESULT_BYTES};
-use crate::cpu::GuestCpu;
 use crate::daemon::agent_executor::{thread_cpu_time, SharedRestoreFactory};
 use crate::daemon::executor::{Execution, ExecutionLimits, Usage, VmOrigin};
 use crate::daemon::response::ErrorCode;
@@ -37,11 +36,11 @@ use crate::daemon::templates::Template as DaemonTemplate;
 use crate::fs::WORK_DIR;
 use crate::image::sha256;
 use crate::memory::{GuestMemory, MappedFile};
-use crate::process::{GuestProcess, Output};
+use crate::process::Output;
 use crate::snapshot::checkpoint::{Checkpoint, OpenedCheckpoint, Written, TEMPORARY_PREFIX};
 use crate::snapshot::{ForkMemory, Template};
 use crate::status::RunStatus;
-use crate::vm::{self, LaunchError, LoopEnd};
+use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
 
 /// The file a session's folder is recognised by.
 const SESSION_FILE: &str = "session.json";
@@ -138,13 +137,9 @@ pub struct CellRun {
     pub resumed: bool,
 }
 
-/// A session VM, as its jobs see it (on its own thread).
+/// A session VM, as its jobs see it (on its own thread): a guest stopped at a ready point.
 pub struct Vm<'m> {
-    pub mem: &'m GuestMemory,
-    pub cpu: Box<dyn GuestCpu + 'm>,
-    pub process: GuestProcess,
-    /// The AWAIT_REQUEST call the guest is stopped in.
-    pub call: [u64; 6],
+    pub guest: ReadyGuest<'m>,
     /// The next cell reseeds the agent's random generators (first cell of a fresh VM or a fork).
     pub reseed: bool,
     /// Set by a job to end the VM after it (a pause, a program that ended).
@@ -250,8 +245,8 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
             (cpu, opened.process, opened.call, reseed)
         }
     };
-    let mut vm = Vm { mem: &mem, cpu, process, call, reseed, release: false };
-    if let Err(e) = vm.cpu.map_memory(&vm.process.memory_handed_out()) {
+    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false };
+    if let Err(e) = vm.guest.cpu.map_memory(&vm.guest.process.memory_handed_out()) {
         return failed(internal("mapping the session's memory", e));
     }
     if ready.send(Ok(())).is_err() {
@@ -267,20 +262,20 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
 
 /// Runs one cell on `vm`: the cell's outcome and result, the output taken out of the process.
 fn run_cell(vm: &mut Vm<'_>, request: AgentRequest, limits: &ExecutionLimits) -> Result<(Execution, Option<CellResult>), LaunchError> {
-    vm.process.hand_off = HandOff::Cell { reseed: vm.reseed };
-    vm.process.config.output_cap = limits.output_bytes;
-    vm.process.output = Output::new(limits.output_bytes);
+    vm.guest.process.hand_off = HandOff::Cell { reseed: vm.reseed };
+    vm.guest.process.config.output_cap = limits.output_bytes;
+    vm.guest.process.output = Output::new(limits.output_bytes);
     let cpu_before = thread_cpu_time();
-    let faults_before = vm.mem.copied_pages().ok().flatten();
-    let (end, stats) = vm::hand_over(&mut vm.process, vm.mem, vm.cpu.as_mut(), vm.call, request, limits.timeout())?;
+    let faults_before = vm.guest.mem.copied_pages().ok().flatten();
+    let (end, stats) = vm::hand_over(&mut vm.guest.process, vm.guest.mem, vm.guest.cpu.as_mut(), vm.guest.call, request, limits.timeout())?;
     vm.reseed = false;
     let cpu = thread_cpu_time().saturating_sub(cpu_before);
-    let output = std::mem::replace(&mut vm.process.output, Output::new(0));
+    let output = std::mem::replace(&mut vm.guest.process.output, Output::new(0));
     let (stdout, stderr) = output.into_parts();
     let (status, result) = match end {
         LoopEnd::ReadyPoint { call } => {
-            vm.call = call;
-            let result = read_cell_result(vm.mem, call);
+            vm.guest.call = call;
+            let result = read_cell_result(vm.guest.mem, call);
             let code = i32::from(result.error.is_some());
             (RunStatus::Exited { code }, Some(result))
         }
@@ -289,7 +284,7 @@ fn run_cell(vm: &mut Vm<'_>, request: AgentRequest, limits: &ExecutionLimits) ->
             (status, None)
         }
     };
-    let pages_copied = vm.mem.copied_pages().ok().flatten().unwrap_or(0).saturating_sub(faults_before.unwrap_or(0));
+    let pages_copied = vm.guest.mem.copied_pages().ok().flatten().unwrap_or(0).saturating_sub(faults_before.unwrap_or(0));
     let usage = Usage { wall_us: stats.wall.as_micros() as u64, cpu_us: cpu.as_micros() as u64, peak_memory_bytes: stats.peak_memory, pages_copied, syscalls: stats.syscalls, exits: stats.exits };
     let execution = Execution { status, stdout, stderr, queue: Duration::ZERO, vm_setup: Duration::ZERO, run: stats.wall, usage, vm: VmOrigin::Fresh };
     Ok((execution, result))
@@ -578,7 +573,7 @@ impl Sessions {
         // the VM only once its checkpoint is on disk.
         let (written, _, released) = self.on_live(&session, &mut slot, move |vm| {
             let capturing = Instant::now();
-            let checkpoint = Checkpoint::capture(&template, vm.mem, vm.cpu.as_mut(), &vm.process, vm.call)?;
+            let checkpoint = Checkpoint::capture(&template, vm.guest.mem, vm.guest.cpu.as_mut(), &vm.guest.process, vm.guest.call)?;
             let capture = capturing.elapsed();
             let writing = Instant::now();
             let written = checkpoint.write_durably(&dir, &checkpoint_name(number))?;
@@ -672,7 +667,7 @@ impl Sessions {
         }
         let bytes = contents.len() as u64;
         let target = path.clone();
-        let (written, _, _) = self.with_vm(id, move |vm| crate::syscalls::agent::write_work_file(&mut vm.process.config.vfs, &target, &contents, true))?;
+        let (written, _, _) = self.with_vm(id, move |vm| crate::syscalls::agent::write_work_file(&mut vm.guest.process.config.vfs, &target, &contents, true))?;
         written.or_else(|errno| refuse(file_error_code(errno), format!("{WORK_DIR}/{path}: {}", errno_text(errno))))?;
         Ok(SessionFile { path, bytes, contents: None })
     }
@@ -682,7 +677,7 @@ impl Sessions {
         check_file_path(&path)?;
         let target = path.clone();
         let (read, _, _) = self.with_vm(id, move |vm| {
-            let vfs = &vm.process.config.vfs;
+            let vfs = &vm.guest.process.config.vfs;
             let node = vfs.resolve(vfs.root(), format!("{WORK_DIR}/{target}").as_bytes(), false)?;
             if vfs.kind(node)? != crate::fs::FileKind::Regular {
                 return Err(crate::errno::Errno::EISDIR);
@@ -703,7 +698,7 @@ impl Sessions {
         check_file_path(&path)?;
         let target = path.clone();
         let (removed, _, _) = self.with_vm(id, move |vm| {
-            let vfs = &mut vm.process.config.vfs;
+            let vfs = &mut vm.guest.process.config.vfs;
             let work = vfs.resolve(vfs.root(), WORK_DIR.as_bytes(), true)?;
             vfs.unlink(work, target.as_bytes())
         })?;

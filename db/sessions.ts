@@ -83,7 +83,10 @@ export interface SessionChange {
   state?: SessionStateName;
   /** The session holds a running VM from now on (true), no longer (false), or as before. */
   running?: boolean;
+  /** The checkpoints' bytes now (a deletion: 0). */
   checkpointBytes?: number;
+  /** Bytes of a checkpoint just written, added under the row's lock. */
+  addedCheckpointBytes?: number;
   memoryMib?: number;
   lastCheckpoint?: { number: number; sha256: string };
   cells?: number;
@@ -153,6 +156,7 @@ export async function accrue(db: Database, id: string, now: Date, rates: Session
         storageSince: now,
         ...(change.state === undefined ? {} : { state: change.state }),
         ...(change.checkpointBytes === undefined ? {} : { checkpointBytes: change.checkpointBytes }),
+        ...(change.addedCheckpointBytes === undefined ? {} : { checkpointBytes: row.checkpointBytes + change.addedCheckpointBytes }),
         ...(change.memoryMib === undefined ? {} : { memoryMib: change.memoryMib }),
         ...(change.lastCheckpoint === undefined ? {} : { lastCheckpoint: change.lastCheckpoint.number, lastCheckpointSha256: change.lastCheckpoint.sha256 }),
         ...(change.cells === undefined ? {} : { cells: row.cells + change.cells }),

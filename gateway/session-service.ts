@@ -261,7 +261,7 @@ export class SessionService {
     } catch (error) {
       return this.failed(row, error);
     }
-    const change: SessionChange = { active: true, checkpointBytes: row.checkpointBytes + taken.fileBytes, lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 } };
+    const change: SessionChange = { active: true, addedCheckpointBytes: taken.fileBytes, lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 } };
     if (row.state === "paused") Object.assign(change, { running: true, state: "running" });
     return { session: (await this.accrue(id, change)).session, checkpoint: taken };
   }
@@ -278,10 +278,11 @@ export class SessionService {
   }
 
   private async pauseChecked(row: SessionRow): Promise<CheckpointOutcome> {
-    const wasPaused = row.state === "paused";
     const taken = await this.sessions().pause(row.id);
-    const change: SessionChange = { running: false, state: "paused", lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 } };
-    if (!wasPaused) change.checkpointBytes = row.checkpointBytes + taken.fileBytes;
+    // A session the daemon already had paused wrote nothing: its checkpoints' bytes are read
+    // from the daemon rather than added.
+    const { checkpointBytes } = await this.sessions().info(row.id);
+    const change: SessionChange = { running: false, state: "paused", checkpointBytes, lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 } };
     return { session: (await this.accrue(row.id, change)).session, checkpoint: taken };
   }
 

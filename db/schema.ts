@@ -9,6 +9,7 @@ import {
   index,
   integer,
   jsonb,
+  numeric,
   pgTable,
   text,
   timestamp,
@@ -101,6 +102,53 @@ export const executions = pgTable(
   ],
 );
 
+// Stateful sessions (gateway/session-service.ts): a VM of the daemon's kept between requests.
+// Their running time and stored checkpoints accrue here and are charged as they accrue.
+export const sessions = pgTable(
+  "sessions",
+  {
+    id: uuid("id").primaryKey(),
+    accountId: uuid("account_id")
+      .notNull()
+      .references(() => accounts.id),
+    keyId: uuid("key_id")
+      .notNull()
+      .references(() => apiKeys.id),
+    tokenId: text("token_id"),
+    template: text("template").notNull(),
+    // running → paused → running ... → ended (its VM gone: the program stopped, or lost with no
+    // checkpoint) → deleted. Only deleted sessions hold no checkpoints.
+    state: text("state").notNull(),
+    memoryMib: integer("memory_mib").notNull(),
+    idleTimeoutS: integer("idle_timeout_s").notNull(),
+    maxLifetimeS: integer("max_lifetime_s").notNull(),
+    lastCheckpoint: integer("last_checkpoint"),
+    lastCheckpointSha256: text("last_checkpoint_sha256"),
+    // Bytes of the session's checkpoints on the daemon's disk now.
+    checkpointBytes: bigint("checkpoint_bytes", { mode: "number" }).notNull().default(0),
+    cells: integer("cells").notNull().default(0),
+    // Set while the session holds a running VM: the start of the running time not yet accrued.
+    runningSince: timestamp("running_since", { withTimezone: true }),
+    // The end of the checkpoint storage time already accrued.
+    storageSince: timestamp("storage_since", { withTimezone: true }).notNull().defaultNow(),
+    // Accrued, exact: MiB of memory limit x milliseconds running; checkpoint bytes x milliseconds.
+    runningMibMs: numeric("running_mib_ms").notNull().default("0"),
+    storageByteMs: numeric("storage_byte_ms").notNull().default("0"),
+    // Units charged for the running time and storage so far (cells are charged as executions).
+    chargedUnits: bigint("charged_units", { mode: "number" }).notNull().default(0),
+    endedReason: text("ended_reason"),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    lastActiveAt: timestamp("last_active_at", { withTimezone: true }).notNull().defaultNow(),
+    endedAt: timestamp("ended_at", { withTimezone: true }),
+  },
+  (t) => [
+    index("sessions_key_state_idx").on(t.keyId, t.state),
+    index("sessions_state_active_idx").on(t.state, t.lastActiveAt),
+    check("sessions_state_known", sql`${t.state} IN ('running', 'paused', 'ended', 'deleted')`),
+    check("sessions_charged_non_negative", sql`${t.chargedUnits} >= 0 AND ${t.checkpointBytes} >= 0`),
+  ],
+);
+
 export const usageLedger = pgTable(
   "usage_ledger",
   {
@@ -110,10 +158,15 @@ export const usageLedger = pgTable(
       .references(() => accounts.id),
     keyId: uuid("key_id").references(() => apiKeys.id),
     executionId: uuid("execution_id").references(() => executions.id),
-    // "grant": credits added by an operator; "usage": credits consumed by one execution.
+    sessionId: uuid("session_id").references(() => sessions.id),
+    // "grant": credits added by an operator; "usage": credits consumed by one execution;
+    // "session": a session's running time and checkpoint storage accrued since its last entry.
     kind: text("kind").notNull(),
     template: text("template"),
     units: bigint("units", { mode: "number" }).notNull(),
+    // For "session" entries: what accrued (MiB x ms running, checkpoint bytes x ms stored).
+    runningMibMs: numeric("running_mib_ms"),
+    storageByteMs: numeric("storage_byte_ms"),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
   (t) => [
@@ -121,8 +174,8 @@ export const usageLedger = pgTable(
     uniqueIndex("usage_ledger_execution_kind_unique").on(t.executionId, t.kind),
     index("usage_ledger_key_created_idx").on(t.keyId, t.createdAt),
     check("usage_ledger_units_non_negative", sql`${t.units} >= 0`),
-    check("usage_ledger_kind_known", sql`${t.kind} IN ('grant', 'usage')`),
+    check("usage_ledger_kind_known", sql`${t.kind} IN ('grant', 'usage', 'session')`),
   ],
 );
 
-export const schema = { accounts, apiKeys, executions, usageLedger };
+export const schema = { accounts, apiKeys, executions, sessions, usageLedger };

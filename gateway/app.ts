@@ -13,9 +13,11 @@ import { registerDocs } from "./docs.js";
 import { ExecutionService } from "./execution-service.js";
 import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits.js";
 import { ProblemError, problemResponse } from "./problems.js";
+import { SessionService } from "./session-service.js";
 import { registerExecutionRoutes } from "./routes/executions.js";
 import { registerKeyRoutes } from "./routes/keys.js";
 import { registerMcpRoutes } from "./routes/mcp.js";
+import { registerSessionRoutes } from "./routes/sessions.js";
 import { registerSystemRoutes } from "./routes/system.js";
 import { registerTokenRoutes } from "./routes/tokens.js";
 import { registerToolRoutes } from "./routes/tools.js";
@@ -53,6 +55,9 @@ export { DOCS_ASSET_ROUTE, DOCS_PATH } from "./docs.js";
 
 export function createGateway(deps: GatewayDeps): Gateway {
   const now = deps.now ?? Date.now;
+  const gatewayId = deps.gatewayId ?? crypto.randomUUID();
+  // Executions and session cells share each key's concurrency limit.
+  const concurrency = new ConcurrencyLimiter();
   const context: GatewayContext = {
     db: deps.db,
     config: deps.config,
@@ -63,14 +68,23 @@ export function createGateway(deps: GatewayDeps): Gateway {
     rateLimiter: new RateLimiter(now),
     executions: new ExecutionService({
       db: deps.db,
-      gatewayId: deps.gatewayId ?? crypto.randomUUID(),
+      gatewayId,
       runtime: deps.runtime,
       pricing: deps.config.pricing,
       limits: deps.config.executionLimits,
-      concurrency: new ConcurrencyLimiter(),
+      concurrency,
       tokenExecutions: new TokenExecutionCounter(now),
       telemetry: deps.telemetry,
       shutdownSignal: deps.shutdownSignal ?? new AbortController().signal,
+    }),
+    sessions: new SessionService({
+      db: deps.db,
+      gatewayId,
+      runtime: deps.runtime,
+      settings: deps.config.sessions,
+      limits: deps.config.executionLimits,
+      concurrency,
+      now,
     }),
   };
 
@@ -128,6 +142,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
   const tools = new ToolRunner(context);
   registerToolRoutes(app, context, tools);
   registerMcpRoutes(app, context, tools);
+  registerSessionRoutes(app, context, context.sessions);
   registerTokenRoutes(app, context);
   registerUsageRoutes(app, context);
   registerKeyRoutes(app, context);

@@ -2,6 +2,7 @@
 import { resolve } from "node:path";
 import type { KeyLimits } from "../db/keys.js";
 import { positiveIntegerFromEnv } from "../runtime/config.js";
+import { loadSessionSettings, type SessionSettings } from "./session-settings.js";
 import { DEFAULT_PRICING, type Pricing, parsePricing } from "./pricing.js";
 
 export interface ExecutionLimits {
@@ -22,6 +23,7 @@ export interface GatewayConfig {
   /** Limits a new key gets unless its creator sets others. */
   defaultKeyLimits: KeyLimits;
   executionLimits: ExecutionLimits;
+  sessions: SessionSettings;
   /** How long a verified API key is trusted without asking the database again (revocation delay). */
   keyCacheTtlMs: number;
   tokenIssuer: string;
@@ -50,6 +52,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
       defaultMemoryMb: positiveIntegerFromEnv(env, "SANDFORK_DEFAULT_MEMORY_MB", 256),
       maxMemoryMb: positiveIntegerFromEnv(env, "SANDFORK_MAX_MEMORY_MB", 2_048),
     },
+    sessions: loadSessionSettings(env),
     keyCacheTtlMs: positiveIntegerFromEnv(env, "SANDFORK_KEY_CACHE_TTL_MS", 2_000),
     tokenIssuer: env.SANDFORK_TOKEN_ISSUER ?? "sandfork",
     tokenAudience: env.SANDFORK_TOKEN_AUDIENCE ?? "sandfork-gateway",

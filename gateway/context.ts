@@ -7,6 +7,7 @@ import type { TokenService } from "./auth/tokens.js";
 import type { GatewayConfig } from "./config.js";
 import type { ExecutionService } from "./execution-service.js";
 import type { RateLimiter } from "./limits.js";
+import type { SessionService } from "./session-service.js";
 import type { Telemetry } from "./telemetry.js";
 
 export interface AppEnv {
@@ -24,5 +25,6 @@ export interface GatewayContext {
   tokens: TokenService;
   rateLimiter: RateLimiter;
   executions: ExecutionService;
+  sessions: SessionService;
   runtime: () => ExecutionRuntime | undefined;
 }

@@ -91,7 +91,7 @@ export function requestHash(request: NormalizedRequest): string {
 }
 
 /** A failure of the runtime itself (errors.ts) as the problem the client sees; nothing was billed. */
-function runtimeProblem(error: unknown): ProblemError {
+export function runtimeProblem(error: unknown): ProblemError {
   if (error instanceof RuntimeUnavailableError) {
     return new ProblemError("runtime-unavailable", error.message, { headers: { "retry-after": "5" } });
   }

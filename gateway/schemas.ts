@@ -114,8 +114,15 @@ export const UsageSchema = z
     to: z.string().datetime(),
     unit: z.string(),
     executions: z.number().int(),
-    units: z.number().int(),
+    units: z.number().int().openapi({ description: "All units charged: executions, session cells and sessions" }),
     by_template: z.array(z.object({ template: z.string(), executions: z.number().int(), units: z.number().int() })),
+    sessions: z
+      .object({
+        units: z.number().int(),
+        running_gib_seconds: z.number().openapi({ description: "Memory limit x time holding a running VM" }),
+        checkpoint_gib_hours: z.number().openapi({ description: "Checkpoint bytes x time stored" }),
+      })
+      .openapi({ description: "Sessions' running time and checkpoint storage; their cells count as executions above" }),
     balance: z.object(BALANCE_FIELDS),
   })
   .openapi("Usage");

@@ -65,7 +65,7 @@ export async function startGateway(
   const telemetry = createTelemetry();
   const tokens = new TokenService(loadSigningKey(config.tokenSigningKeyPem, config.dataDir), config.tokenIssuer, config.tokenAudience);
   const shutdown = new AbortController();
-  const { app } = createGateway({
+  const { app, context } = createGateway({
     db: open.db,
     gatewayId,
     config,
@@ -74,6 +74,8 @@ export async function startGateway(
     runtime: options.runtime ?? (() => undefined),
     shutdownSignal: shutdown.signal,
   });
+  // Idle sessions pause themselves, expired ones end.
+  context.sessions.start();
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, hostname: config.host, port: config.port }, () => resolve(s));
   });
@@ -101,6 +103,7 @@ export async function startGateway(
         new Promise<boolean>((resolve) => (drainTimer = setTimeout(() => resolve(false), config.executionLimits.maxTimeoutMs))),
       ]);
       clearTimeout(drainTimer);
+      context.sessions.stop();
       if (!drained) {
         shutdown.abort();
         await closed;

@@ -20,6 +20,8 @@ export interface RuntimeConfig {
   templateSourcesDir: string;
   /** More `sandfork-vmm serve` options (e.g. --max-concurrency 8 --max-queue 128). */
   serveArgs: string[];
+  /** Where the daemon keeps stateful sessions and their checkpoints (`serve --sessions`). */
+  sessionsDir: string;
   /** Rebuild template images at start even when they look up to date. */
   rebuildTemplates: boolean;
   /**
@@ -61,6 +63,7 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     templatesDir: resolve(env.SANDFORK_TEMPLATES_DIR ?? join(dataDir, "templates")),
     templateSourcesDir: resolve(env.SANDFORK_TEMPLATE_SOURCES ?? "templates"),
     serveArgs: (env.SANDFORK_VMM_SERVE_ARGS ?? "").split(/\s+/).filter((arg) => arg !== ""),
+    sessionsDir: resolve(env.SANDFORK_SESSIONS_DIR ?? join(dataDir, "sessions")),
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
     bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1) : undefined,
     connections: positiveIntegerFromEnv(env, "SANDFORK_VMM_CONNECTIONS", 4),

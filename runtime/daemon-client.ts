@@ -13,6 +13,7 @@ import { DaemonConnection } from "./daemon-connection.js";
 import { RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, RuntimeHealth, Template } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
+import { DaemonSessions } from "./session-runtime.js";
 import {
   type DaemonHealth,
   type DaemonStats,
@@ -108,6 +109,8 @@ export class DaemonClient implements ExecutionRuntime {
   private closed = false;
   private server: string | undefined;
   private templateCache: { at: number; templates: Promise<Template[]> } | undefined;
+  /** Session requests over this client's connections (the daemon must run with --sessions). */
+  readonly sessions = new DaemonSessions((type, fields, options) => this.request(type, fields, options));
 
   constructor(options: DaemonClientOptions) {
     this.socketPath = options.socketPath;

@@ -14,7 +14,9 @@ export type DaemonErrorCode =
   | "unknown_template"
   | "unavailable"
   | "busy"
-  | "internal";
+  | "internal"
+  | "not_found"
+  | "session_ended";
 
 /** Codes the client assigns to failures that are not a daemon's error frame. */
 export type ClientErrorCode = "not_connected" | "connection_lost" | "queue_full" | "timeout" | "frame_too_large" | "protocol_violation";
@@ -93,13 +95,16 @@ export class RuntimeTimeoutError extends RuntimeError {
 
 /**
  * The daemon refused the request as given (`bad_request`, `unknown_template`, `bad_frame`,
- * `unsupported_protocol`), or the client could not encode it (`frame_too_large`). Sending it
+ * `unsupported_protocol`; for sessions `not_found` and `session_ended`), or the client could not encode it (`frame_too_large`). Sending it
  * again unchanged fails again.
  */
 export class RuntimeRequestError extends RuntimeError {
   readonly retryable = false;
 
-  constructor(code: "bad_frame" | "bad_request" | "unsupported_protocol" | "unknown_template" | "frame_too_large", message: string) {
+  constructor(
+    code: "bad_frame" | "bad_request" | "unsupported_protocol" | "unknown_template" | "frame_too_large" | "not_found" | "session_ended",
+    message: string,
+  ) {
     super(code, message);
     this.name = "RuntimeRequestError";
   }

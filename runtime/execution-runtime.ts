@@ -1,6 +1,7 @@
 // The boundary between the gateway and whatever runs code. The daemon client (a client of
 // `sandfork-vmm serve`, protocol in native-vmm/PROTOCOL.md) implements this interface; the gateway
 // depends on nothing else. Durations here are milliseconds (the protocol's microseconds / 1000).
+import type { SessionRuntime } from "./session-runtime.js";
 
 export interface ExecutionFile {
   /** Path inside the sandbox's writable overlay, relative to the working directory. */
@@ -127,4 +128,6 @@ export interface ExecutionRuntime {
   templates(): Promise<Template[]>;
   /** Asks the runtime whether executions can run; absent when the runtime cannot tell. */
   health?(signal?: AbortSignal): Promise<RuntimeHealth>;
+  /** Stateful sessions (session-runtime.ts); absent when the runtime keeps none. */
+  readonly sessions?: SessionRuntime;
 }

@@ -17,7 +17,21 @@ const PROTOCOL_VERSION = 1;
 /** argv[0] of the program: the name the code runs under (Python's sys.argv[0]). */
 const SCRIPT_NAME = "main.py";
 
-export type RequestType = "list_templates" | "execute" | "health" | "stats";
+export type RequestType = "list_templates" | "execute" | "health" | "stats" | SessionRequestType;
+
+/** Session requests (PROTOCOL.md, Sessions; session-runtime.ts builds and reads them). */
+export type SessionRequestType =
+  | "session_create"
+  | "session_execute"
+  | "session_write_file"
+  | "session_read_file"
+  | "session_delete_file"
+  | "session_checkpoint"
+  | "session_pause"
+  | "session_resume"
+  | "session_fork"
+  | "session_delete"
+  | "session_info";
 
 /** The response `type` each request type is answered with (besides `error`). */
 export const RESPONSE_TYPE: Record<RequestType, string> = {
@@ -25,6 +39,17 @@ export const RESPONSE_TYPE: Record<RequestType, string> = {
   execute: "execution",
   health: "health",
   stats: "stats",
+  session_create: "session",
+  session_execute: "execution",
+  session_write_file: "session_file",
+  session_read_file: "session_file",
+  session_delete_file: "session_file",
+  session_checkpoint: "checkpoint",
+  session_pause: "checkpoint",
+  session_resume: "session",
+  session_fork: "session",
+  session_delete: "session",
+  session_info: "session",
 };
 
 export function helloFrame(): FrameObject {
@@ -69,7 +94,7 @@ const ExecutionSchema = z.object({
 
 const ErrorSchema = z.object({ code: z.string(), message: z.string(), retryable: z.boolean() });
 
-function parse<T>(schema: z.ZodType<T>, frame: FrameObject, what: string): T {
+export function parse<T>(schema: z.ZodType<T>, frame: FrameObject, what: string): T {
   const result = schema.safeParse(frame);
   if (!result.success) {
     const issue = result.error.issues[0];
@@ -193,6 +218,8 @@ export function errorFromFrame(frame: FrameObject): RuntimeError {
     case "bad_request":
     case "unsupported_protocol":
     case "unknown_template":
+    case "not_found":
+    case "session_ended":
       return new RuntimeRequestError(code, message);
     default:
       return new RuntimeProtocolError(`the daemon answered with an error code protocol v1 does not define: ${e.code} (${e.message})`);

@@ -60,6 +60,8 @@ export async function startRuntime(
       "--max-memory-mib",
       String(maxima.memoryMib),
       ...(config.bootTimeoutMs === undefined ? [] : ["--boot-timeout-ms", String(config.bootTimeoutMs)]),
+      "--sessions",
+      config.sessionsDir,
       ...config.serveArgs,
     ],
     log,

@@ -25,11 +25,11 @@ const PROBLEM_DESCRIPTIONS: Record<number, string> = {
   402: "Not enough credits (problems/insufficient-credits)",
   403: "Scope, template or token limit (problems/insufficient-scope, template-not-allowed, token-execution-limit)",
   404: "Not found (problems/not-found)",
-  409: "The first request with this Idempotency-Key is still running (problems/idempotency-conflict)",
+  409: "The first request with this Idempotency-Key is still running, or the session has ended or is out of checkpoint room (problems/idempotency-conflict, session-ended, checkpoint-quota-exceeded)",
   413: "Body larger than the key allows (problems/payload-too-large)",
   415: "Body not sent as application/json (problems/unsupported-media-type)",
   422: "Validation failed (problems/validation-failed, unknown-template, idempotency-key-reused)",
-  429: "Rate or concurrency limit, see Retry-After (problems/rate-limited, concurrency-limit)",
+  429: "Rate, concurrency or session limit, see Retry-After (problems/rate-limited, concurrency-limit, session-limit)",
   502: "The runtime failed during the execution; nothing was charged (problems/runtime-failed)",
   503: "The execution runtime cannot run code now (not connected, no KVM) or is at capacity; see Retry-After (problems/runtime-unavailable, runtime-busy)",
 };

@@ -1,6 +1,7 @@
 // GET /v1/usage: what a key used in a period, and its account's balance.
 import { createRoute, type OpenAPIHono } from "@hono/zod-openapi";
 import { findKeyById, getBalance } from "../../db/keys.js";
+import { sessionUsageForKey } from "../../db/sessions.js";
 import { usageForKey } from "../../db/usage.js";
 import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
@@ -40,7 +41,7 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     const to = query.to === undefined ? now : new Date(query.to);
     const from = query.from === undefined ? startOfUtcMonth(now) : new Date(query.from);
     if (from >= to) throw new ProblemError("validation-failed", "`from` must be before `to`");
-    const [usage, balance] = await Promise.all([usageForKey(ctx.db, keyId, from, to), getBalance(ctx.db, accountId)]);
+    const [usage, sessions, balance] = await Promise.all([usageForKey(ctx.db, keyId, from, to), sessionUsageForKey(ctx.db, keyId, from, to), getBalance(ctx.db, accountId)]);
     if (balance === undefined) throw new ProblemError("not-found", `no account ${accountId}`);
     return c.json(
       {
@@ -50,8 +51,9 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
         to: to.toISOString(),
         unit: ctx.config.pricing.unitName,
         executions: usage.executions,
-        units: usage.units,
+        units: usage.units + sessions.units,
         by_template: usage.byTemplate,
+        sessions: { units: sessions.units, running_gib_seconds: sessions.runningGibSeconds, checkpoint_gib_hours: sessions.checkpointGibHours },
         balance: balanceJson(balance),
       },
       200,

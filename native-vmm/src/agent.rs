@@ -13,6 +13,14 @@
 //!   under /work;
 //! * makes the request's stdin the guest's fd 0.
 //!
+//!
+//! A stateful session (`daemon::sessions`) hands its requests over as CELLS instead
+//! ([`HandOff::Cell`]): the message carries `"session": {"reseed": bool}`, nothing is placed in
+//! /work and stdin is left alone; the agent runs the code in its lasting namespace and makes
+//! AWAIT_REQUEST again as `AWAIT_REQUEST(buf, buf_len, result, result_len, CELL_RESULT_MAGIC)`,
+//! `result` being the cell's outcome as JSON ([`CellResult`]). The run then stops at that call,
+//! a ready point again, from which the session's VM is served its next cell or checkpointed.
+//!
 //! Every request is checked ([`AgentRequest::validate`]) before any VM is started or touched:
 //! paths stay inside /work, sizes are bounded.
 
@@ -27,6 +35,37 @@ use crate::fs::{NAME_MAX, PATH_MAX};
 /// x86-64 numbers (below 512), so no Linux program reaches it by accident. The agent's copy
 /// is in templates/python/agent.py.
 pub const AWAIT_REQUEST_SYSCALL: u64 = 0x5346_0001;
+
+/// The fifth AWAIT_REQUEST argument of an agent passing a cell's result ("SFCE").
+pub const CELL_RESULT_MAGIC: u64 = 0x5346_4345;
+/// The largest cell result the VMM reads from the guest (a repr cut to 64 Ki characters).
+pub const MAX_CELL_RESULT_BYTES: u64 = 1 << 20;
+
+/// How the pending request is handed to the agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HandOff {
+    /// A one-shot script: files and stdin placed, the agent exits after it.
+    #[default]
+    Script,
+    /// A session cell; `reseed`: the first cell after the VM was created from a template or
+    /// a checkpoint, whose random generators every fork of it shares.
+    Cell { reseed: bool },
+}
+
+/// What a session cell gave back through its next AWAIT_REQUEST (the agent's `run_cell`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, Serialize)]
+pub struct CellResult {
+    /// repr() of the cell's last expression, when it was one and not None.
+    pub value: Option<String>,
+    /// The exception that ended the cell.
+    pub error: Option<CellError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize)]
+pub struct CellError {
+    pub name: String,
+    pub message: String,
+}
 
 /// How a template's agent is started in a fresh guest: the program and its whole argv.
 #[derive(Debug, Clone, Copy)]
@@ -170,11 +209,16 @@ impl AgentRequest {
     /// What the agent receives from AWAIT_REQUEST: `{"code": .., "argv": [..], "env": {..},
     /// "seed": ".."}`, `seed` being `SEED_BYTES` fresh bytes of the host's CSPRNG in hex, drawn
     /// for every message. Files and stdin do not travel in it: the VMM puts them in place itself.
-    pub fn agent_message(&self) -> std::io::Result<String> {
+    /// A session cell's message (`hand_off`) also has `"session": {"reseed": bool}`.
+    pub fn agent_message(&self, hand_off: HandOff) -> std::io::Result<String> {
         let mut seed = [0u8; SEED_BYTES];
         crate::sys::fill_random(&mut seed)?;
         let seed: String = seed.iter().map(|b| format!("{b:02x}")).collect();
-        let message = AgentMessage { code: &self.code, argv: &self.argv, env: &self.env, seed: &seed };
+        let session = match hand_off {
+            HandOff::Script => None,
+            HandOff::Cell { reseed } => Some(SessionFlags { reseed }),
+        };
+        let message = AgentMessage { code: &self.code, argv: &self.argv, env: &self.env, seed: &seed, session };
         Ok(serde_json::to_string(&message).expect("strings and string pairs always serialise"))
     }
 }
@@ -191,6 +235,13 @@ struct AgentMessage<'a> {
     #[serde(serialize_with = "object_of_pairs")]
     env: &'a [(String, String)],
     seed: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<SessionFlags>,
+}
+
+#[derive(Serialize)]
+struct SessionFlags {
+    reseed: bool,
 }
 
 /// Name-value pairs as one JSON object, in their order.
@@ -321,12 +372,14 @@ mod tests {
         r.argv.push("-x".into());
         r.env = vec![("B".into(), "2".into()), ("A".into(), "\"1\"".into())];
         r.stdin = b"not in the message".to_vec();
-        let message = r.agent_message().unwrap();
+        let message = r.agent_message(HandOff::Script).unwrap();
         let (fixed, seed) = message.split_at(message.len() - (SEED_BYTES * 2 + 2));
         assert_eq!(fixed, r#"{"code":"print(\"é\\n\")\n","argv":["main.py","-x"],"env":{"B":"2","A":"\"1\""},"seed":""#);
         assert!(seed.ends_with("\"}") && seed[..SEED_BYTES * 2].bytes().all(|b| b.is_ascii_hexdigit()), "{message}");
-        assert_ne!(r.agent_message().unwrap(), message, "every message has its own seed");
+        assert_ne!(r.agent_message(HandOff::Script).unwrap(), message, "every message has its own seed");
         let parsed: serde_json::Value = serde_json::from_str(&message).unwrap();
         assert_eq!(parsed.get("code").and_then(serde_json::Value::as_str), Some(r.code.as_str()));
+        let cell: serde_json::Value = serde_json::from_str(&r.agent_message(HandOff::Cell { reseed: true }).unwrap()).unwrap();
+        assert_eq!(cell.get("session"), Some(&serde_json::json!({"reseed": true})), "a cell says so");
     }
 }

@@ -139,6 +139,8 @@ pub struct GuestProcess {
     /// The request the agent's AWAIT_REQUEST call is answered with (`crate::agent`); None
     /// stops the run at that call, the template's ready point.
     pub(crate) agent_request: Option<crate::agent::AgentRequest>,
+    /// How `agent_request` is handed over (a script, or a session's cell).
+    pub(crate) hand_off: crate::agent::HandOff,
     deadline: Option<Instant>,
     calls: CallCounters,
     unsupported: CallCounters,
@@ -168,6 +170,7 @@ impl GuestProcess {
             clear_child_tid: 0,
             robust_list: 0,
             agent_request: None,
+            hand_off: crate::agent::HandOff::Script,
             deadline: None,
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
@@ -332,6 +335,7 @@ impl GuestProcess {
             clear_child_tid,
             robust_list,
             agent_request: None,
+            hand_off: crate::agent::HandOff::Script,
             deadline: None,
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),

@@ -213,7 +213,7 @@ pub enum LoopEnd {
 impl LoopEnd {
     /// The run's status when no ready point was expected: a program that awaits a request
     /// nobody will send (not an agent, or an agent asking twice) cannot go on.
-    fn into_status(self) -> RunStatus {
+    pub fn into_status(self) -> RunStatus {
         match self {
             LoopEnd::Finished(status) => status,
             LoopEnd::ReadyPoint { .. } => RunStatus::Unsupported { syscall: AWAIT_REQUEST_SYSCALL, name: syscalls::name(AWAIT_REQUEST_SYSCALL).unwrap_or("unknown") },
@@ -318,29 +318,38 @@ impl<'m> ReadyGuest<'m> {
 
     /// `serve`, handing the vCPU back afterwards, so that the VM can be reset and reused.
     pub fn serve_keeping_cpu(mut self, request: AgentRequest, timeout: Duration) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
-        request.validate().map_err(LaunchError::InvalidRequest)?;
-        let (calls_before, unsupported_before, total_before) = (self.process.syscall_counts(), self.process.unsupported_counts(), self.process.total_syscalls());
-        self.process.agent_request = Some(request);
-        let started = Instant::now();
-        let (deadline, limit_ms) = deadline_after(timeout);
-        self.process.set_deadline(Some(deadline));
-        let handoff = syscalls::dispatch(&mut self.process, self.mem, AWAIT_REQUEST_SYSCALL, self.call);
-        let (end, exits) = match apply(self.cpu.as_mut(), handoff, self.call).map_err(LaunchError::Cpu)? {
-            Some(end) => (end, 0),
-            None => run_loop(self.cpu.as_mut(), &mut self.process, self.mem, deadline, limit_ms).map_err(LaunchError::Cpu)?,
-        };
-        let stats = RunStats {
-            syscalls: self.process.total_syscalls() - total_before,
-            exits,
-            calls: counts_since(&calls_before, self.process.syscall_counts()),
-            unsupported: counts_since(&unsupported_before, self.process.unsupported_counts()),
-            wall: started.elapsed(),
-            load: Duration::ZERO,
-            peak_memory: self.process.peak_memory(),
-        };
+        let (end, stats) = hand_over(&mut self.process, self.mem, self.cpu.as_mut(), self.call, request, timeout)?;
         let (stdout, stderr) = self.process.into_output().into_parts();
         Ok((RunOutcome { status: end.into_status(), stdout, stderr, stats }, self.cpu))
     }
+}
+
+/// Answers the AWAIT_REQUEST call `call` that `process` is stopped in with `request` and runs
+/// the guest until it stops: at its end, or (a session's cell, `HandOff::Cell`) at its next
+/// ready point. The counters cover this request only (from the hand-off on; `load` is zero);
+/// the output stays in `process`.
+pub fn hand_over(process: &mut GuestProcess, mem: &GuestMemory, cpu: &mut dyn GuestCpu, call: [u64; 6], request: AgentRequest, timeout: Duration) -> Result<(LoopEnd, RunStats), LaunchError> {
+    request.validate().map_err(LaunchError::InvalidRequest)?;
+    let (calls_before, unsupported_before, total_before) = (process.syscall_counts(), process.unsupported_counts(), process.total_syscalls());
+    process.agent_request = Some(request);
+    let started = Instant::now();
+    let (deadline, limit_ms) = deadline_after(timeout);
+    process.set_deadline(Some(deadline));
+    let handoff = syscalls::dispatch(process, mem, AWAIT_REQUEST_SYSCALL, call);
+    let (end, exits) = match apply(cpu, handoff, call).map_err(LaunchError::Cpu)? {
+        Some(end) => (end, 0),
+        None => run_loop(cpu, process, mem, deadline, limit_ms).map_err(LaunchError::Cpu)?,
+    };
+    let stats = RunStats {
+        syscalls: process.total_syscalls() - total_before,
+        exits,
+        calls: counts_since(&calls_before, process.syscall_counts()),
+        unsupported: counts_since(&unsupported_before, process.unsupported_counts()),
+        wall: started.elapsed(),
+        load: Duration::ZERO,
+        peak_memory: process.peak_memory(),
+    };
+    Ok((end, stats))
 }
 
 /// `now` minus the counts in `before` (counters only grow), without the numbers left at zero.
@@ -623,7 +632,7 @@ mod tests {
         let mut request = AgentRequest::new("print(1)");
         request.files = vec![("d/e/f.txt".into(), b"file".to_vec())];
         request.stdin = b"in".to_vec();
-        let message = request.agent_message().unwrap();
+        let message = request.agent_message(crate::agent::HandOff::Script).unwrap();
         let served = serve_scripted(
             |mem, buf| {
                 mem.write(buf + 0x1000, b"/work/d/e/f.txt\0").unwrap();
@@ -654,7 +663,7 @@ mod tests {
     fn a_small_buffer_gets_e2big_and_the_size_then_the_retry_succeeds() {
         use crate::errno::Errno;
         let request = AgentRequest::new("x = 1");
-        let needed = request.agent_message().unwrap().len() as u64;
+        let needed = request.agent_message(crate::agent::HandOff::Script).unwrap().len() as u64;
         let served = serve_scripted(
             |_, buf| vec![await_request(buf, 7), await_request(buf, 8), await_request(0, 4096), await_request(buf, 4096), CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [0; 6] }],
             request,

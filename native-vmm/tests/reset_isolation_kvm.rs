@@ -6,36 +6,17 @@
 
 mod daemon_support;
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
-use daemon_support::{boot_limits, limits, scratch};
-use sandfork_vmm::agent::PYTHON_AGENT;
+use daemon_support::{limits, snapshot_templates_dir};
 use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::executor::{ExecutionLimits, VmOrigin};
 use sandfork_vmm::daemon::{isolation, templates};
-use sandfork_vmm::fs::Image;
 use sandfork_vmm::process::OutputSink;
-
-/// A templates directory with the Python template's image and its snapshot, built once.
-fn snapshot_templates() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = scratch("isolation-templates");
-        let template = dir.join("python");
-        let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-        sandfork_vmm::image::build(&manifest, &template).unwrap_or_else(|e| panic!("building the Python image: {e}"));
-        let image = Image::open(&template).unwrap();
-        sandfork_vmm::snapshot::build(image, "python", &PYTHON_AGENT, &boot_limits(limits().memory_bytes()), &sandfork_vmm::kvm::new_cpu, &template).unwrap_or_else(|e| panic!("building the snapshot: {e}"));
-        dir
-    })
-}
 
 /// What a VM of the template reaches at its start: where the search looks.
 fn reachable() -> Vec<(u64, u64)> {
-    let loaded = templates::load(snapshot_templates()).unwrap();
+    let loaded = templates::load(snapshot_templates_dir()).unwrap();
     let template = loaded[0].snapshot.as_ref().expect("the template has a snapshot");
-    sandfork_vmm::kvm::reachable_memory(&template.handed_out(), template.identity().mem_bytes)
+    sandfork_vmm::kvm::reachable_memory(template.handed_out(), template.identity().mem_bytes)
 }
 
 fn check_limits() -> ExecutionLimits {
@@ -44,14 +25,14 @@ fn check_limits() -> ExecutionLimits {
 
 #[test]
 fn a_reset_vm_keeps_nothing_of_the_execution_before() {
-    let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates()).unwrap(), 1).unwrap();
+    let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates_dir()).unwrap(), 1).unwrap();
     let origins = isolation::run(&executor, "python", check_limits(), &reachable()).unwrap_or_else(|leak| panic!("{leak}"));
     assert_eq!(origins, [VmOrigin::Fresh, VmOrigin::Reset { resets: 1 }, VmOrigin::Reset { resets: 2 }], "all three on one VM");
 }
 
 #[test]
 fn a_fresh_fork_keeps_nothing_of_the_execution_before() {
-    let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates()).unwrap(), 0).unwrap();
+    let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates_dir()).unwrap(), 0).unwrap();
     let origins = isolation::run(&executor, "python", check_limits(), &reachable()).unwrap_or_else(|leak| panic!("{leak}"));
     assert_eq!(origins, [VmOrigin::Fresh; 3]);
 }
@@ -64,7 +45,7 @@ fn a_fresh_fork_keeps_nothing_of_the_execution_before() {
 fn a_reset_vm_counts_only_the_pages_its_request_copied() {
     use sandfork_vmm::agent::AgentRequest;
     use sandfork_vmm::daemon::executor::{ExecuteRequest, Executor};
-    let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates()).unwrap(), 1).unwrap();
+    let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates_dir()).unwrap(), 1).unwrap();
     let run = |code: &str| {
         let request = ExecuteRequest { template: "python".to_owned(), agent_request: AgentRequest::new(code), limits: check_limits(), stream: false };
         let execution = executor.execute(request, OutputSink::none()).unwrap_or_else(|e| panic!("{code}: {e}"));

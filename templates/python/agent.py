@@ -13,10 +13,18 @@ After the hand-off the agent runs the request's code as CPython runs a script: a
 `__main__` module with `__file__` = /work/<argv[0]> (the VMM has placed the code there, so
 tracebacks show its lines), SystemExit and uncaught exceptions handled as the interpreter does,
 atexit handlers run, streams flushed, and the process ends with os._exit.
+
+A request marked `session` (a stateful session's first cell, native-vmm/src/agent.rs) turns the
+agent into a notebook-like kernel instead: each request's code runs as a cell in one lasting
+`__main__` namespace (variables, imports and open files stay), the value of a cell's last
+expression is returned (as its repr, not printed), and the agent then makes AWAIT_REQUEST
+again, passing the cell's result, and waits there for the next cell: the VMM can snapshot the
+VM at that point exactly as it snapshots a template at its ready point.
 """
 
 import sys
 import os
+import ast
 import atexit
 import builtins
 import ctypes
@@ -42,6 +50,7 @@ import decimal
 import functools
 import itertools
 import json
+import linecache
 import math
 import random
 import re
@@ -65,14 +74,24 @@ WORK_DIR = "/work"
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 _syscall.argtypes = (ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t)
+# A session's AWAIT_REQUEST also passes the last cell's result (JSON) and CELL_RESULT_MAGIC,
+# which tells the VMM that the two arguments before it are that result (agent.rs).
+_session_syscall = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long, use_errno=True)(("syscall", _libc))
+CELL_RESULT_MAGIC = 0x5346_4345
+# A cell's value is returned as its repr, cut to this many characters.
+MAX_VALUE_CHARS = 64 * 1024
 
 
-def await_request():
-    """Blocks in AWAIT_REQUEST (the ready point) and returns the request as a dict."""
+def await_request(result=None):
+    """Blocks in AWAIT_REQUEST (the ready point) and returns the request as a dict; `result`
+    (a session cell's outcome, bytes) travels with the call."""
     size = FIRST_BUFFER_BYTES
     while True:
         buffer = ctypes.create_string_buffer(size)
-        length = _syscall(AWAIT_REQUEST, buffer, size)
+        if result is None:
+            length = _syscall(AWAIT_REQUEST, buffer, size)
+        else:
+            length = _session_syscall(AWAIT_REQUEST, buffer, size, result, len(result), CELL_RESULT_MAGIC)
         if length >= 0:
             return json.loads(buffer.raw[:length])
         errno = ctypes.get_errno()
@@ -127,6 +146,61 @@ def run_script(source, path):
         return 1
 
 
+def run_cell(source, namespace, number):
+    """Runs one session cell in `namespace` as a notebook does: statements in order, and the
+    value of a final expression returned (and kept as `_`). Returns the result dict."""
+    filename = f"<cell {number}>"
+    # Tracebacks show the cell's lines.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    try:
+        tree = ast.parse(source, filename, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, filename, "exec", dont_inherit=True), namespace)
+        value = None if last is None else eval(compile(last, filename, "eval", dont_inherit=True), namespace)
+        if value is None:
+            return {"value": None, "error": None}
+        namespace["_"] = value
+        return {"value": repr(value)[:MAX_VALUE_CHARS], "error": None}
+    except BaseException as error:
+        # SystemExit too: in a session it ends the cell, not the kernel (as in a notebook).
+        report_uncaught(error)
+        return {"value": None, "error": {"name": type(error).__name__, "message": str(error)[:MAX_VALUE_CHARS]}}
+
+
+def reseed(request):
+    """Every fork of a template (or of a session checkpoint) starts from the same memory, so
+    the generators seeded before the ready point hold the same state in all of them: reseed
+    them from the fresh host entropy each request carries (getrandom here would cost a VM
+    exit per call)."""
+    seed = bytes.fromhex(request["seed"])
+    random.seed(seed)
+    if numpy is not None:
+        numpy.random.seed(numpy.frombuffer(seed, dtype=numpy.uint32))
+
+
+def serve_session(request):
+    """A session's life: cells run in one `__main__` until the VM is destroyed."""
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    sys.path.insert(0, WORK_DIR)
+    number = 0
+    while True:
+        os.environ.update(request["env"])
+        if request["session"]["reseed"]:
+            reseed(request)
+        number += 1
+        result = run_cell(request["code"], main.__dict__, number)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        request = await_request(json.dumps(result).encode())
+
+
 def finish(code):
     """Runs atexit handlers, flushes the streams and ends the process with `code`."""
     atexit._run_exitfuncs()
@@ -140,13 +214,9 @@ def finish(code):
 
 def main():
     request = await_request()
-    # Every fork of a template starts from the same memory, so the generators seeded before the
-    # ready point hold the same state in all of them: reseed them from the fresh host entropy
-    # each request carries (getrandom here would cost a VM exit per call).
-    seed = bytes.fromhex(request["seed"])
-    random.seed(seed)
-    if numpy is not None:
-        numpy.random.seed(numpy.frombuffer(seed, dtype=numpy.uint32))
+    if request.get("session"):
+        serve_session(request)
+    reseed(request)
     argv = request["argv"]
     sys.argv = list(argv)
     os.environ.update(request["env"])

@@ -216,7 +216,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
 }
 
 /// The template of folder `dir`, loaded as the daemon loads its templates directory.
-fn load_template(dir: &Path) -> Result<Template, String> {
+pub(crate) fn load_template(dir: &Path) -> Result<Template, String> {
     let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str())) else {
         return Err(format!("{} is not a template folder", dir.display()));
     };
@@ -224,7 +224,7 @@ fn load_template(dir: &Path) -> Result<Template, String> {
     templates::load(parent).map_err(|e| e.to_string())?.into_iter().find(|t| t.name == name).ok_or_else(|| format!("{} is not a template folder", dir.display()))
 }
 
-fn latency<E: fmt::Display>(samples: Result<Vec<Duration>, E>) -> Result<Latency, String> {
+pub(crate) fn latency<E: fmt::Display>(samples: Result<Vec<Duration>, E>) -> Result<Latency, String> {
     Latency::of(&samples.map_err(|e| e.to_string())?).ok_or_else(|| "no samples".to_owned())
 }
 

@@ -23,12 +23,16 @@ pub mod pool;
 pub mod request;
 pub mod response;
 pub mod server;
+pub mod session_bench;
+pub mod session_protocol;
+pub mod sessions;
 pub mod templates;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread;
 
+use crate::kvm;
 use crate::sys;
 use agent_executor::AgentExecutor;
 use executor::{ExecutionLimits, Executor};
@@ -79,7 +83,16 @@ pub struct ServeOptions {
     /// How long an agent booted for a request (a template without a snapshot) may take to
     /// reach its ready point.
     pub boot_timeout: std::time::Duration,
+    /// Where stateful sessions live (`serve --sessions DIR`); None: no sessions.
+    pub sessions: Option<PathBuf>,
+    /// Sessions holding a running VM at once.
+    pub max_sessions: usize,
 }
+
+/// Running sessions by default.
+pub const DEFAULT_MAX_SESSIONS: u64 = 64;
+/// Largest `--max-sessions` (each holds a thread and its VM's memory).
+pub const MAX_SESSIONS_LIMIT: u64 = 4096;
 
 /// Runs the daemon until SIGTERM or SIGINT: loads the templates, checks KVM (a host without it
 /// still serves, answering `execute` with `unavailable`), binds the socket and serves; on a
@@ -89,6 +102,13 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
     // below ever takes these signals.
     let signals = sys::block_signals(&[sys::SIGTERM, sys::SIGINT]).map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
     let templates = templates::load(&options.templates).map_err(|e| e.to_string())?;
+    let sessions = match &options.sessions {
+        Some(dir) if kvm::Kvm::shared().is_ok() => {
+            let config = sessions::SessionsConfig { dir: dir.clone(), max_live: options.max_sessions };
+            Some(Arc::new(sessions::Sessions::open(config, &templates, Arc::new(kvm::restore_cpu)).map_err(|e| format!("opening the sessions in {}: {e}", dir.display()))?))
+        }
+        _ => None,
+    };
     let executor = AgentExecutor::with_kvm(templates, options.pool_size).map_err(|e| format!("starting the warm pools: {e}"))?.booting_within(options.boot_timeout);
     let health = executor.health();
     let config = ServerConfig {
@@ -97,7 +117,10 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         max_connections: MAX_CONNECTIONS,
         limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits),
     };
-    let server = Server::bind(&options.socket, Arc::new(executor), config).map_err(|e| format!("listening on {}: {e}", options.socket.display()))?;
+    let mut server = Server::bind(&options.socket, Arc::new(executor), config).map_err(|e| format!("listening on {}: {e}", options.socket.display()))?;
+    if let Some(sessions) = sessions {
+        server = server.with_sessions(sessions);
+    }
 
     let stopper = server.stopper();
     thread::Builder::new()

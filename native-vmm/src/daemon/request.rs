@@ -64,6 +64,8 @@ pub enum Request {
     Execute(ExecuteRequest),
     Health,
     Stats,
+    /// A session request (`session_protocol`).
+    Session(crate::daemon::session_protocol::SessionOp),
 }
 
 /// Why a frame was refused, with the request's `id` when it could be read.
@@ -74,7 +76,7 @@ pub struct RequestError {
     pub message: String,
 }
 
-fn bad(id: Option<u64>, message: impl Into<String>) -> RequestError {
+pub(crate) fn bad(id: Option<u64>, message: impl Into<String>) -> RequestError {
     RequestError { id, code: ErrorCode::BadRequest, message: message.into() }
 }
 
@@ -89,7 +91,7 @@ fn truncate(text: &str, max: usize) -> String {
 /// Reads `frame` as a `T`; a refusal names where in the frame it lies ("limits.timeout_ms: ...").
 /// serde quotes the offending key or value whole, so the message is cut (a hostile frame may
 /// carry megabytes there).
-fn typed<'a, T: Deserialize<'a>>(frame: &'a Value, id: Option<u64>) -> Result<T, RequestError> {
+pub(crate) fn typed<'a, T: Deserialize<'a>>(frame: &'a Value, id: Option<u64>) -> Result<T, RequestError> {
     serde_path_to_error::deserialize(frame).map_err(|e| {
         let path = e.path().to_string();
         let message = if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) };
@@ -100,7 +102,7 @@ fn typed<'a, T: Deserialize<'a>>(frame: &'a Value, id: Option<u64>) -> Result<T,
 /// An integer in 0..=MAX_INTEGER: what every JSON client represents exactly.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(try_from = "u64")]
-struct SafeInteger(u64);
+pub(crate) struct SafeInteger(pub(crate) u64);
 
 impl TryFrom<u64> for SafeInteger {
     type Error = String;
@@ -161,22 +163,22 @@ struct FileFields {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum Encoding {
+pub(crate) enum Encoding {
     Utf8,
     Base64,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object")]
-struct LimitFields {
-    timeout_ms: Option<SafeInteger>,
-    memory_mib: Option<SafeInteger>,
-    output_bytes: Option<SafeInteger>,
+pub(crate) struct LimitFields {
+    pub(crate) timeout_ms: Option<SafeInteger>,
+    pub(crate) memory_mib: Option<SafeInteger>,
+    pub(crate) output_bytes: Option<SafeInteger>,
 }
 
 /// `env`: an object of strings, kept in the client's order (the program sees its environment
 /// in that order). The frame reader has already refused duplicate names.
-struct Environment(Vec<(String, String)>);
+pub(crate) struct Environment(pub(crate) Vec<(String, String)>);
 
 impl<'de> Deserialize<'de> for Environment {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Environment, D::Error> {
@@ -242,6 +244,7 @@ pub fn parse_request(frame: &Value, policy: &LimitPolicy) -> Result<(u64, Reques
             refuse_positional_objects(frame, Some(id))?;
             Request::Execute(parse_execute(typed(frame, Some(id))?, Some(id), policy)?)
         }
+        kind if kind.starts_with("session_") => Request::Session(crate::daemon::session_protocol::parse(kind, frame, id, policy)?),
         "hello" => return Err(bad(Some(id), "the handshake is already done")),
         other => return Err(bad(Some(id), format!("unknown request type '{}'", truncate(other, MAX_QUOTED_CHARS)))),
     };
@@ -288,7 +291,7 @@ fn parse_execute(fields: ExecuteFields, id: Option<u64>, policy: &LimitPolicy) -
     Ok(ExecuteRequest { template: fields.template, agent_request, limits, stream: fields.stream.unwrap_or(false) })
 }
 
-fn clamp_limits(fields: LimitFields, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecutionLimits, RequestError> {
+pub(crate) fn clamp_limits(fields: LimitFields, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecutionLimits, RequestError> {
     let pick = |name: &str, value: Option<SafeInteger>, min: u64, default: u64, max: u64| match value {
         Some(SafeInteger(n)) if n < min => Err(bad(id, format!("limits.{name} must be an integer from {min} to {MAX_INTEGER}"))),
         Some(SafeInteger(n)) => Ok(n.min(max)),

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::daemon::executor::{ExecuteError, Execution, ExecutionLimits, Health, PoolStats, TemplateInfo, Usage};
 use crate::daemon::request::PROTOCOL_VERSION;
@@ -20,6 +21,11 @@ pub enum ErrorCode {
     Unavailable,
     Busy,
     Internal,
+    /// No such session, checkpoint or session file.
+    NotFound,
+    /// The session's VM ended (its program exited or failed, or the daemon restarted before
+    /// the session had a checkpoint): it can only be deleted, or forked from a checkpoint.
+    SessionEnded,
 }
 
 impl ErrorCode {
@@ -68,6 +74,10 @@ enum Body {
     Stats { executions: u64, in_flight: u64, pools: Vec<PoolStats> },
     Execution(ExecutionBody),
     Output { stream: &'static str, data: String },
+    /// Session replies (PROTOCOL.md, Sessions): their fields are built by `daemon::sessions`.
+    Session(Map<String, Value>),
+    Checkpoint(Map<String, Value>),
+    SessionFile(Map<String, Value>),
 }
 
 /// The `execution` response's fields: status from `RunStatus::kind`, `exit_code` only for an
@@ -84,6 +94,10 @@ struct ExecutionBody {
     vm: Vm,
     timings: Timings,
     usage: Usage,
+    /// A session execution's own fields (`session`, `result`, `session_state`); none for
+    /// `execute`.
+    #[serde(flatten)]
+    session: Map<String, Value>,
 }
 
 /// Where the execution's VM came from (PROTOCOL.md, `vm`).
@@ -164,6 +178,30 @@ pub struct RequestTimes {
 }
 
 pub fn execution(id: u64, run: &Execution, limits: &ExecutionLimits, times: RequestTimes) -> Response {
+    session_execution(id, run, limits, times, Map::new())
+}
+
+/// The kinds of session reply (PROTOCOL.md, Sessions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionReply {
+    Session,
+    Checkpoint,
+    SessionFile,
+}
+
+pub fn session_reply(id: u64, kind: SessionReply, fields: Map<String, Value>) -> Response {
+    reply(
+        id,
+        match kind {
+            SessionReply::Session => Body::Session(fields),
+            SessionReply::Checkpoint => Body::Checkpoint(fields),
+            SessionReply::SessionFile => Body::SessionFile(fields),
+        },
+    )
+}
+
+/// An `execution` with a session execution's fields after the usual ones.
+pub fn session_execution(id: u64, run: &Execution, limits: &ExecutionLimits, times: RequestTimes, session: Map<String, Value>) -> Response {
     let exit_code = match run.status {
         RunStatus::Exited { code } => Some(i64::from(code)),
         _ => None,
@@ -185,6 +223,7 @@ pub fn execution(id: u64, run: &Execution, limits: &ExecutionLimits, times: Requ
             vm: Vm { origin: run.vm.name(), resets: run.vm.resets() },
             timings: Timings { queue_us: micros(times.queue + run.queue), fork_us: micros(run.vm_setup), exec_us: micros(run.run), total_us: micros(times.total) },
             usage: run.usage.clone(),
+            session,
         }),
     )
 }

@@ -37,6 +37,8 @@ use crate::daemon::live_output::LiveOutput;
 use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
 use crate::daemon::response::{self, ErrorCode, RequestTimes, Response};
 use crate::process::OutputSink;
+use crate::daemon::session_protocol::{self, SessionOp};
+use crate::daemon::sessions::Sessions;
 
 /// How long one response write may block on a client that does not read.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -114,6 +116,8 @@ impl Drop for Slot {
 struct Shared {
     executor: Arc<dyn Executor>,
     config: ServerConfig,
+    /// Stateful sessions, when the daemon keeps them (`serve --sessions DIR`).
+    sessions: Option<Arc<Sessions>>,
     /// Executions admitted and not yet finished (running or queued).
     admitted: Arc<Gauge>,
     running: Arc<Gauge>,
@@ -198,6 +202,7 @@ impl Server {
         let shared = Arc::new(Shared {
             executor,
             config,
+            sessions: None,
             admitted: Arc::new(Gauge::new(config.max_running + config.max_queued)),
             running: Arc::new(Gauge::new(config.max_running)),
             connections: Arc::new(Gauge::new(config.max_connections)),
@@ -209,6 +214,14 @@ impl Server {
 
     pub fn path(&self) -> &Path {
         &self.socket.path
+    }
+
+    /// Serves session requests from `sessions` (before `run`; without it they are refused).
+    pub fn with_sessions(mut self, sessions: Arc<Sessions>) -> Server {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.sessions = Some(sessions);
+        }
+        self
     }
 
     pub fn stopper(&self) -> Stopper {
@@ -368,6 +381,7 @@ impl Connection {
                     self.writer.send(&response::stats(id, executions, in_flight, &self.shared.executor.pools()));
                 }
                 Ok((id, Request::Execute(execute))) => self.start_execution(id, execute, received),
+                Ok((id, Request::Session(op))) => self.start_session_op(id, op, received),
                 Err(e) => self.writer.send_error(&e),
             }
         }
@@ -404,6 +418,40 @@ impl Connection {
         if let Err(e) = spawned {
             lock_ids(&self.ids).remove(&id);
             fail(ErrorCode::Internal, &format!("starting an execution thread: {e}"));
+        }
+    }
+}
+
+impl Connection {
+    /// Answers a session request on its own thread (it may run a cell or write a checkpoint).
+    /// A cell takes an execution's admission and running slots; every other request only an
+    /// admission.
+    fn start_session_op(&self, id: u64, op: SessionOp, received: Instant) {
+        let fail = |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
+        let Some(sessions) = self.shared.sessions.clone() else {
+            return fail(ErrorCode::Unavailable, "this daemon keeps no sessions (it needs serve --sessions DIR and a usable /dev/kvm)");
+        };
+        let Some(admission) = self.shared.admitted.try_acquire() else {
+            return fail(ErrorCode::Busy, "the daemon is at its maximum of requests in flight");
+        };
+        if !lock_ids(&self.ids).insert(id) {
+            return fail(ErrorCode::BadRequest, &format!("id {id} is already in flight on this connection"));
+        }
+        let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
+        let spawned = thread::Builder::new().name("sandfork-session-op".into()).spawn(move || {
+            let running = op.runs_code().then(|| shared.running.acquire());
+            let runs_code = running.is_some();
+            let result = panic::catch_unwind(AssertUnwindSafe(|| session_protocol::handle(&sessions, id, op, received)));
+            drop((running, admission));
+            if runs_code {
+                shared.executions.fetch_add(1, Ordering::Relaxed);
+            }
+            lock_ids(&ids).remove(&id);
+            writer.send(&result.unwrap_or_else(|_| response::error(Some(id), ErrorCode::Internal, "the session request panicked")));
+        });
+        if let Err(e) = spawned {
+            lock_ids(&self.ids).remove(&id);
+            fail(ErrorCode::Internal, &format!("starting a session thread: {e}"));
         }
     }
 }

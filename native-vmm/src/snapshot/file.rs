@@ -27,26 +27,46 @@ use crate::memory::GuestMemory;
 pub const MAGIC: [u8; 8] = *b"SFTEMPL\0";
 /// Bumped whenever the layout or any encoded state changes meaning.
 pub const FORMAT_VERSION: u32 = 2;
-const HEADER_LEN: usize = 24;
-const HASH_LEN: usize = 32;
+pub const HEADER_LEN: usize = 24;
+pub const HASH_LEN: usize = 32;
 
 /// Wraps a body into a complete file: header, body, content hash.
 pub fn seal(body: &[u8]) -> Vec<u8> {
     let mut file = Vec::with_capacity(HEADER_LEN + body.len() + HASH_LEN);
-    file.extend_from_slice(&MAGIC);
-    file.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    file.extend_from_slice(&0u32.to_le_bytes());
-    file.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    file.extend_from_slice(&header(&MAGIC, FORMAT_VERSION, body.len()));
     file.extend_from_slice(body);
     let hash = sha256::digest(&file);
     file.extend_from_slice(&hash);
     file
 }
 
+/// The header of a sealed file (this layout, with another magic and version for session
+/// checkpoints): magic, version, zero, body length. The content hash covers it and the body.
+pub fn header(magic: &[u8; 8], version: u32, body_len: usize) -> [u8; HEADER_LEN] {
+    let mut header = [0u8; HEADER_LEN];
+    header[..8].copy_from_slice(magic);
+    header[8..12].copy_from_slice(&version.to_le_bytes());
+    header[16..24].copy_from_slice(&(body_len as u64).to_le_bytes());
+    header
+}
+
 /// Checks magic, version, length and content hash; returns the body.
 pub fn open(file: &[u8]) -> Result<&[u8], TemplateError> {
+    open_sealed(file, &MAGIC, FORMAT_VERSION)
+}
+
+/// `open` for a sealed file of any kind: `magic` and `version` are what it must carry.
+pub fn open_sealed<'f>(file: &'f [u8], magic: &[u8; 8], format_version: u32) -> Result<&'f [u8], TemplateError> {
+    open_sealed_with(file, magic, format_version, None)
+}
+
+/// `open_sealed`, where `known_hash` (when given) is the content hash this process computed
+/// while writing the file: the hash stored in it must be that one, and the contents are not
+/// hashed again (a file is never changed in place once written; a torn write shows after a
+/// crash, when no hash is known and every file is verified).
+pub fn open_sealed_with<'f>(file: &'f [u8], magic: &[u8; 8], format_version: u32, known_hash: Option<&[u8; 32]>) -> Result<&'f [u8], TemplateError> {
     let minimum = (HEADER_LEN + HASH_LEN) as u64;
-    if file.len() < MAGIC.len() || file[..MAGIC.len()] != MAGIC {
+    if file.len() < magic.len() || file[..magic.len()] != *magic {
         return Err(TemplateError::NotATemplate);
     }
     if (file.len() as u64) < minimum {
@@ -54,8 +74,8 @@ pub fn open(file: &[u8]) -> Result<&[u8], TemplateError> {
     }
     let word = |at: usize| u32::from_le_bytes([file[at], file[at + 1], file[at + 2], file[at + 3]]);
     let version = word(8);
-    if version != FORMAT_VERSION {
-        return Err(TemplateError::VersionMismatch { found: version, expected: FORMAT_VERSION });
+    if version != format_version {
+        return Err(TemplateError::VersionMismatch { found: version, expected: format_version });
     }
     let mut len = [0u8; 8];
     len.copy_from_slice(&file[16..24]);
@@ -68,7 +88,11 @@ pub fn open(file: &[u8]) -> Result<&[u8], TemplateError> {
         return Err(TemplateError::Corrupted(format!("{} bytes after the content hash", file.len() as u64 - expected)));
     }
     let (content, hash) = file.split_at(file.len() - HASH_LEN);
-    if sha256::digest(content)[..] != *hash {
+    let matches = match known_hash {
+        Some(known) => known[..] == *hash,
+        None => sha256::digest(content)[..] == *hash,
+    };
+    if !matches {
         return Err(TemplateError::Corrupted("the content hash does not match the contents".into()));
     }
     Ok(&content[HEADER_LEN..])

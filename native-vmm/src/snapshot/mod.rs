@@ -23,6 +23,7 @@
 //! hand-off, so forks of one template do not share random state.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod codec;
 pub mod file;
 

@@ -3,7 +3,7 @@
 //! (readiness), memory, ids (process identity and
 //! creation), time, signals, and misc (system information, randomness, limits, futex, thread setup).
 
-mod agent;
+pub(crate) mod agent;
 mod epoll;
 mod files;
 mod ids;

@@ -41,6 +41,22 @@ pub fn templates_dir() -> &'static Path {
     })
 }
 
+/// A templates directory with the Python template's image and its snapshot (built on the KVM
+/// vCPU), built once per test process.
+pub fn snapshot_templates_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch("snapshot-templates");
+        let template = dir.join("python");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+        sandfork_vmm::image::build(&manifest, &template).unwrap_or_else(|e| panic!("building the Python image: {e}"));
+        let image = sandfork_vmm::fs::Image::open(&template).unwrap();
+        let agent = &sandfork_vmm::agent::PYTHON_AGENT;
+        sandfork_vmm::snapshot::build(image, "python", agent, &boot_limits(limits().memory_bytes()), &sandfork_vmm::kvm::new_cpu, &template).unwrap_or_else(|e| panic!("building the snapshot: {e}"));
+        dir
+    })
+}
+
 /// The servers' default and maximum limits: a 10 s time limit (scaled for the KVM tier's path),
 /// 256 MiB, 1 MiB of output.
 pub fn limits() -> ExecutionLimits {

@@ -1,0 +1,392 @@
+// Stateful sessions, end to end, around the SessionRuntime boundary (runtime/session-runtime.ts):
+// ownership (a key sees its sessions; a token only those it created), the key's limits (sessions
+// at once, checkpoint bytes), credits (each cell is reserved and settled as an execution of the
+// session's template; running time and checkpoint storage accrue and are charged by
+// db/sessions.ts), and the state the gateway records in the database (running, paused, ended,
+// deleted), which follows what the daemon answered. A sweep pauses sessions idle past their
+// idle_timeout_s and deletes those past max_lifetime_s.
+import { createHash, randomUUID } from "node:crypto";
+import type { Database } from "../db/client.js";
+import { BillingBatches, type ExecutionRecord, release } from "../db/billing.js";
+import {
+  accrue,
+  expiredSessions,
+  findSession,
+  idleRunningSessions,
+  insertSession,
+  keySessionTotals,
+  listSessions,
+  type SessionChange,
+  type SessionRow,
+} from "../db/sessions.js";
+import { RuntimeError } from "../runtime/errors.js";
+import type { ExecutionOutcome, ExecutionRuntime } from "../runtime/execution-runtime.js";
+import type { CellResult, SessionInfo, SessionRuntime, TakenCheckpoint } from "../runtime/session-runtime.js";
+import type { Principal } from "./auth/principal.js";
+import type { ExecutionLimits } from "./config.js";
+import { runtimeProblem } from "./execution-service.js";
+import type { ConcurrencyLimiter } from "./limits.js";
+import { ProblemError } from "./problems.js";
+import type { SessionSettings } from "./session-settings.js";
+
+export interface SessionServiceDeps {
+  db: Database;
+  gatewayId: string;
+  runtime: () => ExecutionRuntime | undefined;
+  settings: SessionSettings;
+  limits: ExecutionLimits;
+  concurrency: ConcurrencyLimiter;
+  now?: () => number;
+}
+
+export interface CreateSessionInput {
+  template: string;
+  idle_timeout_s?: number | undefined;
+  max_lifetime_s?: number | undefined;
+  memory_mib?: number | undefined;
+}
+
+export interface CellOutcome {
+  session: SessionRow;
+  record: ExecutionRecord;
+  cell: CellResult;
+}
+
+export interface CheckpointOutcome {
+  session: SessionRow;
+  checkpoint: TakenCheckpoint;
+}
+
+/** The protocol's execution outcome as an execution record's status. */
+const SETTLED_STATUS: Record<ExecutionOutcome, Exclude<ExecutionRecord["status"], "running" | "aborted">> = {
+  completed: "completed",
+  timed_out: "timed_out",
+  memory_exceeded: "memory_exceeded",
+  output_exceeded: "output_exceeded",
+  crashed: "crashed",
+  unsupported_syscall: "unsupported_syscall",
+};
+
+function isSessionEnded(error: unknown): boolean {
+  return error instanceof RuntimeError && error.code === "session_ended";
+}
+
+function isNotFound(error: unknown): boolean {
+  return error instanceof RuntimeError && error.code === "not_found";
+}
+
+export class SessionService {
+  private readonly billing: BillingBatches;
+  private readonly now: () => number;
+  private sweeper: NodeJS.Timeout | undefined;
+
+  constructor(private readonly deps: SessionServiceDeps) {
+    this.billing = new BillingBatches(deps.db);
+    this.now = deps.now ?? Date.now;
+  }
+
+  private sessions(): SessionRuntime {
+    const runtime = this.deps.runtime();
+    if (runtime === undefined) {
+      throw new ProblemError("runtime-unavailable", "no execution runtime is connected to this gateway; retry later", { headers: { "retry-after": "5" } });
+    }
+    if (runtime.sessions === undefined) throw new ProblemError("runtime-unavailable", "the connected runtime keeps no sessions");
+    return runtime.sessions;
+  }
+
+  private accrue(id: string, change: SessionChange = {}) {
+    return accrue(this.deps.db, id, new Date(this.now()), this.deps.settings, change);
+  }
+
+  /** The session `id` as `principal` may see it; 404 otherwise (and for deleted ones). */
+  async owned(principal: Principal, id: string): Promise<SessionRow> {
+    const row = await findSession(this.deps.db, id);
+    const visible = row !== undefined && row.state !== "deleted" && row.keyId === principal.keyId && (principal.token === null || row.tokenId === principal.token.id);
+    if (!visible) throw new ProblemError("not-found", "no such session for this key");
+    return row;
+  }
+
+  async list(principal: Principal): Promise<SessionRow[]> {
+    const rows = await listSessions(this.deps.db, principal.keyId);
+    return principal.token === null ? rows : rows.filter((r) => r.tokenId === principal.token?.id);
+  }
+
+  /** What the daemon holds of the session (its checkpoints); undefined when it cannot say. */
+  async runtimeInfo(row: SessionRow): Promise<SessionInfo | undefined> {
+    try {
+      return await this.sessions().info(row.id);
+    } catch {
+      return undefined;
+    }
+  }
+
+  async create(principal: Principal, input: CreateSessionInput): Promise<SessionRow> {
+    const { settings } = this.deps;
+    const grant = principal.token;
+    if (grant?.templates && !grant.templates.includes(input.template)) {
+      throw new ProblemError("template-not-allowed", `this token may run ${grant.templates.join(", ")}`);
+    }
+    const sessions = this.sessions();
+    await this.checkSessionRoom(principal);
+    const id = randomUUID();
+    const row = await insertSession(
+      this.deps.db,
+      {
+        id,
+        accountId: principal.accountId,
+        keyId: principal.keyId,
+        tokenId: grant?.id ?? null,
+        template: input.template,
+        memoryMib: input.memory_mib ?? this.deps.limits.defaultMemoryMb,
+        idleTimeoutS: input.idle_timeout_s ?? settings.defaultIdleTimeoutS,
+        maxLifetimeS: input.max_lifetime_s ?? settings.defaultMaxLifetimeS,
+      },
+      new Date(this.now()),
+    );
+    try {
+      const info = await sessions.create(id, input.template, input.memory_mib);
+      // Billed for the memory its VM has (the template's size, when the request named none).
+      return info.memoryMib === row.memoryMib ? row : (await this.accrue(id, { memoryMib: info.memoryMib })).session;
+    } catch (error) {
+      await this.accrue(id, { running: false, state: "deleted", endedReason: "the runtime could not create it" });
+      if (error instanceof RuntimeError && error.code === "unknown_template") {
+        throw new ProblemError("unknown-template", `no template named "${input.template}" with sessions`);
+      }
+      if (error instanceof RuntimeError && error.code === "bad_request") throw new ProblemError("validation-failed", error.message);
+      throw runtimeProblem(error);
+    }
+  }
+
+  private async checkSessionRoom(principal: Principal): Promise<void> {
+    const totals = await keySessionTotals(this.deps.db, principal.keyId);
+    if (totals.sessions >= this.deps.settings.maxSessionsPerKey) {
+      throw new ProblemError("session-limit", `this key may hold ${this.deps.settings.maxSessionsPerKey} sessions at once; delete one`, {
+        extensions: { max_sessions: this.deps.settings.maxSessionsPerKey },
+      });
+    }
+  }
+
+  private async checkCheckpointRoom(principal: Principal): Promise<void> {
+    const totals = await keySessionTotals(this.deps.db, principal.keyId);
+    if (totals.checkpointBytes >= this.deps.settings.maxCheckpointBytesPerKey) {
+      throw new ProblemError("checkpoint-quota-exceeded", `this key's sessions may hold ${this.deps.settings.maxCheckpointBytesPerKey} bytes of checkpoints`, {
+        extensions: { max_checkpoint_bytes: this.deps.settings.maxCheckpointBytesPerKey, checkpoint_bytes: totals.checkpointBytes },
+      });
+    }
+  }
+
+  /** Records what a runtime failure says about the session, then throws the client's problem. */
+  private async failed(row: SessionRow, error: unknown): Promise<never> {
+    if (isSessionEnded(error)) {
+      await this.accrue(row.id, { running: false, state: "ended", endedReason: error instanceof Error ? error.message : String(error) });
+      throw new ProblemError("session-ended", "the session's VM has ended; fork a new session from one of its checkpoints");
+    }
+    if (isNotFound(error)) throw new ProblemError("not-found", error instanceof Error ? error.message : String(error));
+    if (error instanceof RuntimeError && error.code === "bad_request") throw new ProblemError("validation-failed", error.message);
+    throw runtimeProblem(error);
+  }
+
+  private requireLive(row: SessionRow): void {
+    if (row.state === "ended") throw new ProblemError("session-ended", `the session has ended: ${row.endedReason ?? "its VM is gone"}`);
+  }
+
+  /** Runs `code` as the session's next cell: charged as an execution, and its running time. */
+  async execute(principal: Principal, id: string, input: { code: string; timeout_ms?: number | undefined }): Promise<CellOutcome> {
+    const row = await this.owned(principal, id);
+    this.requireLive(row);
+    const sessions = this.sessions();
+    const releaseSlot = this.deps.concurrency.acquire(principal.keyId, principal.limits.maxConcurrency);
+    try {
+      const executionId = randomUUID();
+      const units = this.deps.settings.unitsPerCell;
+      const reservation = await this.billing.reserve({
+        executionId,
+        accountId: principal.accountId,
+        keyId: principal.keyId,
+        tokenId: principal.token?.id ?? null,
+        idempotencyKey: null,
+        requestHash: createHash("sha256").update(`session ${id}\0${input.code}`).digest("hex"),
+        template: row.template,
+        gatewayId: this.deps.gatewayId,
+        units,
+      });
+      if (reservation.kind === "key-revoked") throw new ProblemError("credentials-revoked", "the API key behind this credential has been revoked");
+      if (reservation.kind !== "reserved") {
+        const available = reservation.kind === "insufficient-credits" ? reservation.availableUnits : 0;
+        throw new ProblemError("insufficient-credits", `a cell needs ${units} units`, { extensions: { required_units: units, available_units: available } });
+      }
+      // A paused session resumes for the cell: its running time starts now.
+      if (row.state === "paused") await this.accrue(id, { running: true, state: "running" });
+      const started = performance.now();
+      let cell: CellResult;
+      try {
+        cell = await sessions.execute(id, input.code, { timeoutMs: input.timeout_ms ?? this.deps.limits.defaultTimeoutMs });
+      } catch (error) {
+        await release(this.deps.db, executionId);
+        return await this.failed(row, error);
+      }
+      const e = cell.execution;
+      const record = await this.billing.settle(executionId, {
+        status: SETTLED_STATUS[e.outcome],
+        exitCode: e.exitCode,
+        stdout: e.stdout,
+        stderr: e.stderr,
+        truncated: e.truncated,
+        timings: { ...e.timings, totalMs: performance.now() - started },
+        chargedUnits: units,
+      });
+      const ended = cell.state === "ended";
+      const accrued = await this.accrue(id, {
+        cells: 1,
+        active: true,
+        running: !ended,
+        state: ended ? "ended" : "running",
+        ...(ended ? { endedReason: `its program stopped (${e.outcome})` } : {}),
+      });
+      // Out of credits for its running time: it stops running (paused, its state kept).
+      const session = accrued.short && !ended ? await this.pauseRow(accrued.session) : accrued.session;
+      return { session, record, cell };
+    } finally {
+      releaseSlot();
+    }
+  }
+
+  async checkpoint(principal: Principal, id: string): Promise<CheckpointOutcome> {
+    const row = await this.owned(principal, id);
+    this.requireLive(row);
+    await this.checkCheckpointRoom(principal);
+    let taken: TakenCheckpoint;
+    try {
+      taken = await this.sessions().checkpoint(id);
+    } catch (error) {
+      return this.failed(row, error);
+    }
+    const change: SessionChange = { active: true, addedCheckpointBytes: taken.fileBytes, lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 } };
+    if (row.state === "paused") Object.assign(change, { running: true, state: "running" });
+    return { session: (await this.accrue(id, change)).session, checkpoint: taken };
+  }
+
+  async pause(principal: Principal, id: string): Promise<CheckpointOutcome> {
+    const row = await this.owned(principal, id);
+    this.requireLive(row);
+    if (row.state !== "paused") await this.checkCheckpointRoom(principal);
+    try {
+      return await this.pauseChecked(row);
+    } catch (error) {
+      return this.failed(row, error);
+    }
+  }
+
+  private async pauseChecked(row: SessionRow): Promise<CheckpointOutcome> {
+    const taken = await this.sessions().pause(row.id);
+    // A session the daemon already had paused wrote nothing: its checkpoints' bytes are read
+    // from the daemon rather than added.
+    const { checkpointBytes } = await this.sessions().info(row.id);
+    const change: SessionChange = { running: false, state: "paused", checkpointBytes, lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 } };
+    return { session: (await this.accrue(row.id, change)).session, checkpoint: taken };
+  }
+
+  private async pauseRow(row: SessionRow): Promise<SessionRow> {
+    try {
+      return (await this.pauseChecked(row)).session;
+    } catch (error) {
+      console.error(`sessions: pausing ${row.id} failed`, error);
+      return row;
+    }
+  }
+
+  async resume(principal: Principal, id: string): Promise<SessionRow> {
+    const row = await this.owned(principal, id);
+    this.requireLive(row);
+    try {
+      await this.sessions().resume(id);
+    } catch (error) {
+      return this.failed(row, error);
+    }
+    return (await this.accrue(id, { running: true, state: "running", active: true })).session;
+  }
+
+  /** A new session from checkpoint `checkpoint` of session `id` (default: its last one). */
+  async fork(principal: Principal, id: string, checkpoint: number | undefined): Promise<SessionRow> {
+    const source = await this.owned(principal, id);
+    const number = checkpoint ?? source.lastCheckpoint;
+    if (number === null) throw new ProblemError("validation-failed", "the session has no checkpoint yet; take one first (POST .../checkpoints)");
+    const sessions = this.sessions();
+    await this.checkSessionRoom(principal);
+    const forkId = randomUUID();
+    const row = await insertSession(
+      this.deps.db,
+      { id: forkId, accountId: principal.accountId, keyId: principal.keyId, tokenId: principal.token?.id ?? null, template: source.template, memoryMib: source.memoryMib, idleTimeoutS: source.idleTimeoutS, maxLifetimeS: source.maxLifetimeS },
+      new Date(this.now()),
+    );
+    try {
+      await sessions.fork(forkId, id, number);
+      return row;
+    } catch (error) {
+      await this.accrue(forkId, { running: false, state: "deleted", endedReason: "the runtime could not fork it" });
+      if (isNotFound(error)) throw new ProblemError("not-found", `the session has no checkpoint ${number}`);
+      throw runtimeProblem(error);
+    }
+  }
+
+  /** Ends the session and removes its checkpoints; charges what it accrued up to now. */
+  async delete(principal: Principal, id: string): Promise<SessionRow> {
+    const row = await this.owned(principal, id);
+    return this.deleteRow(row, "deleted by the client");
+  }
+
+  private async deleteRow(row: SessionRow, reason: string): Promise<SessionRow> {
+    try {
+      await this.sessions().delete(row.id);
+    } catch (error) {
+      if (!isNotFound(error)) throw runtimeProblem(error);
+    }
+    return (await this.accrue(row.id, { running: false, state: "deleted", checkpointBytes: 0, endedReason: reason })).session;
+  }
+
+  async writeFile(principal: Principal, id: string, path: string, content: Buffer): Promise<number> {
+    return this.fileOperation(principal, id, (sessions) => sessions.writeFile(id, path, content));
+  }
+
+  async readFile(principal: Principal, id: string, path: string): Promise<Buffer> {
+    return this.fileOperation(principal, id, (sessions) => sessions.readFile(id, path));
+  }
+
+  async deleteFile(principal: Principal, id: string, path: string): Promise<void> {
+    return this.fileOperation(principal, id, (sessions) => sessions.deleteFile(id, path));
+  }
+
+  /** A file operation resumes a paused session (the daemon does) and counts as activity. */
+  private async fileOperation<T>(principal: Principal, id: string, operation: (sessions: SessionRuntime) => Promise<T>): Promise<T> {
+    const row = await this.owned(principal, id);
+    this.requireLive(row);
+    let result: T;
+    try {
+      result = await operation(this.sessions());
+    } catch (error) {
+      return this.failed(row, error);
+    }
+    await this.accrue(id, row.state === "paused" ? { running: true, state: "running", active: true } : { active: true });
+    return result;
+  }
+
+  /** Starts the sweep (idle pause, lifetime end); `stop` ends it. */
+  start(): void {
+    if (this.sweeper !== undefined) return;
+    this.sweeper = setInterval(() => void this.sweep().catch((error) => console.error("sessions: sweep failed", error)), this.deps.settings.sweepIntervalMs);
+    this.sweeper.unref();
+  }
+
+  stop(): void {
+    clearInterval(this.sweeper);
+    this.sweeper = undefined;
+  }
+
+  /** Pauses the running sessions idle past their timeout and deletes those past their lifetime. */
+  async sweep(): Promise<void> {
+    if (this.deps.runtime()?.sessions === undefined) return;
+    const now = new Date(this.now());
+    for (const row of await expiredSessions(this.deps.db, now)) await this.deleteRow(row, "its max_lifetime_s passed").catch(() => undefined);
+    for (const row of await idleRunningSessions(this.deps.db, now)) await this.pauseRow(row);
+  }
+}

@@ -1,0 +1,171 @@
+//! `sandfork-vmm bench sessions`: what a session's durability costs, measured in one run on
+//! the daemon's own `Sessions` (no socket in the way): checkpoint p50/p99 of a session that
+//! dirtied 1 MiB and 32 MiB beyond what its interpreter itself dirties, pause p50 at 32 MiB,
+//! resume p50 (request to the VM ready at its first instruction: checkpoint read and verified,
+//! memory forked and filled, vCPU restored), and durable checkpoints per second with 8
+//! sessions checkpointing at once. Baselines from the same run: writing and fdatasync'ing the
+//! same number of bytes to a file natively, and spawning `/usr/bin/python3.11 -c pass`.
+
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::bench::{measure_native, Latency, ARGS, PROGRAM};
+use crate::daemon::bench::{latency, load_template};
+use crate::daemon::executor::ExecutionLimits;
+use crate::daemon::sessions::{Sessions, SessionsConfig};
+use crate::kvm;
+
+pub const DEFAULT_ITERATIONS: usize = 100;
+const CONCURRENCY: usize = 8;
+
+/// One dirty size's figures.
+#[derive(Debug, Clone)]
+pub struct DirtyFigures {
+    pub written_mib: u64,
+    /// What the checkpoint held (the interpreter's own pages included).
+    pub dirty_bytes: u64,
+    pub checkpoint: Latency,
+    /// Native write + fdatasync + rename of as many bytes.
+    pub native_write: Latency,
+    pub pause: Latency,
+    pub resume: Latency,
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionReport {
+    pub iterations: usize,
+    pub sizes: Vec<DirtyFigures>,
+    /// Durable checkpoints per second of `CONCURRENCY` 1 MiB sessions at once.
+    pub checkpoints_per_s: f64,
+    pub native_python: Latency,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl fmt::Display for SessionReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "session durability, {} iterations per figure", self.iterations)?;
+        for s in &self.sizes {
+            writeln!(f, "  {} MiB written ({:.1} MiB dirty in the checkpoint):", s.written_mib, s.dirty_bytes as f64 / (1 << 20) as f64)?;
+            writeln!(f, "    checkpoint (durable)   p50 {:.2} ms  p99 {:.2} ms", ms(s.checkpoint.p50), ms(s.checkpoint.p99))?;
+            writeln!(f, "    native write+fdatasync p50 {:.2} ms  p99 {:.2} ms  (same bytes, baseline)", ms(s.native_write.p50), ms(s.native_write.p99))?;
+            writeln!(f, "    pause                  p50 {:.2} ms  p99 {:.2} ms", ms(s.pause.p50), ms(s.pause.p99))?;
+            writeln!(f, "    resume (VM ready)      p50 {:.2} ms  p99 {:.2} ms", ms(s.resume.p50), ms(s.resume.p99))?;
+        }
+        writeln!(f, "  durable 1 MiB checkpoints at concurrency {CONCURRENCY}: {:.0} per s", self.checkpoints_per_s)?;
+        writeln!(f, "  native spawn of {PROGRAM} -c pass: p50 {:.2} ms (baseline for a resume)", ms(self.native_python.p50))
+    }
+}
+
+impl SessionReport {
+    pub fn to_json(&self) -> String {
+        let lat = |l: &Latency| serde_json::json!({"p50_ms": ms(l.p50), "p99_ms": ms(l.p99)});
+        let sizes: Vec<_> = self
+            .sizes
+            .iter()
+            .map(|s| serde_json::json!({"written_mib": s.written_mib, "dirty_bytes": s.dirty_bytes, "checkpoint": lat(&s.checkpoint), "native_write_fdatasync": lat(&s.native_write), "pause": lat(&s.pause), "resume": lat(&s.resume)}))
+            .collect();
+        serde_json::json!({"iterations": self.iterations, "sizes": sizes, "checkpoints_per_s_c8": self.checkpoints_per_s, "native_python_p50_ms": ms(self.native_python.p50)}).to_string()
+    }
+}
+
+/// The cell that (re)writes `mib` MiB of a buffer kept in the session, so every checkpoint of
+/// it holds that many dirty pages more than the interpreter's own.
+fn dirty_cell(mib: u64) -> String {
+    format!("try:\n    blob\nexcept NameError:\n    blob = bytearray({mib} << 20)\nblob[::4096] = bytes([len(blob) % 251 or 1]) * (len(blob) // 4096)\nNone")
+}
+
+fn limits() -> ExecutionLimits {
+    ExecutionLimits { timeout_ms: 30_000, memory_mib: 256, output_bytes: 1 << 16 }
+}
+
+/// Runs the benchmark on the template folder `dir` (image and snapshot), its checkpoints in
+/// `data` (a folder on the disk to measure; created, and emptied afterwards).
+pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, String> {
+    kvm::Kvm::shared().map_err(|e| e.to_string())?;
+    let template = load_template(dir)?;
+    let sessions_dir = data.join(format!("sfbench-sessions-{}", std::process::id()));
+    let config = SessionsConfig { dir: sessions_dir.clone(), max_live: CONCURRENCY + 2 };
+    let sessions = Arc::new(Sessions::open(config, std::slice::from_ref(&template), Arc::new(kvm::restore_cpu)).map_err(|e| e.to_string())?);
+    let fail = |e: crate::daemon::sessions::SessionError| e.message;
+    let result = (|| {
+        let mut sizes = Vec::new();
+        for mib in [1u64, 32] {
+            let id = format!("bench-{mib}");
+            sessions.create(&id, &template.name, None).map_err(fail)?;
+            let (mut checkpoint, mut pause, mut resume) = (Vec::new(), Vec::new(), Vec::new());
+            let mut dirty_bytes = 0;
+            for _ in 0..iterations {
+                sessions.execute(&id, dirty_cell(mib), Vec::new(), limits()).map_err(fail)?;
+                let started = Instant::now();
+                let taken = sessions.checkpoint(&id, false).map_err(fail)?;
+                checkpoint.push(started.elapsed());
+                dirty_bytes = taken.info.dirty_bytes;
+            }
+            for _ in 0..iterations.min(50) {
+                sessions.execute(&id, dirty_cell(mib), Vec::new(), limits()).map_err(fail)?;
+                let started = Instant::now();
+                sessions.checkpoint(&id, true).map_err(fail)?;
+                pause.push(started.elapsed());
+                let resumed = sessions.resume(&id).map_err(fail)?.ok_or("the session was not paused")?;
+                resume.push(resumed);
+            }
+            sessions.delete(&id).map_err(fail)?;
+            let native_write = latency(native_durable_writes(&sessions_dir, dirty_bytes as usize, iterations))?;
+            sizes.push(DirtyFigures { written_mib: mib, dirty_bytes, checkpoint: latency::<String>(Ok(checkpoint))?, native_write, pause: latency::<String>(Ok(pause))?, resume: latency::<String>(Ok(resume))? });
+        }
+        let checkpoints_per_s = concurrent_checkpoints(&sessions, &template.name, iterations)?;
+        let native_python = latency(measure_native(PROGRAM, &ARGS, 20))?;
+        Ok(SessionReport { iterations, sizes, checkpoints_per_s, native_python })
+    })();
+    drop(sessions);
+    let _ = std::fs::remove_dir_all(&sessions_dir);
+    result
+}
+
+/// `CONCURRENCY` sessions with 1 MiB written each, each checkpointed `iterations` times by a
+/// thread of its own; checkpoints per second over the whole.
+fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, iterations: usize) -> Result<f64, String> {
+    let ids: Vec<String> = (0..CONCURRENCY).map(|i| format!("bench-c{i}")).collect();
+    for id in &ids {
+        sessions.create(id, template, None).map_err(|e| e.message)?;
+        sessions.execute(id, dirty_cell(1), Vec::new(), limits()).map_err(|e| e.message)?;
+    }
+    let started = Instant::now();
+    let workers: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (sessions, id) = (sessions.clone(), id.clone());
+            thread::spawn(move || (0..iterations).try_for_each(|_| sessions.checkpoint(&id, false).map(|_| ()).map_err(|e| e.message)))
+        })
+        .collect();
+    for worker in workers {
+        worker.join().map_err(|_| "a checkpoint thread panicked".to_owned())??;
+    }
+    let rate = (CONCURRENCY * iterations) as f64 / started.elapsed().as_secs_f64();
+    for id in &ids {
+        sessions.delete(id).map_err(|e| e.message)?;
+    }
+    Ok(rate)
+}
+
+/// The native baseline of a durable checkpoint: `bytes` written to a new file, fdatasync'ed,
+/// renamed and the folder fsync'ed, as `Checkpoint::write_durably` does.
+fn native_durable_writes(dir: &Path, bytes: usize, iterations: usize) -> Result<Vec<Duration>, String> {
+    let data = vec![0x5a_u8; bytes];
+    let (temporary, target): (PathBuf, PathBuf) = (dir.join(".native-baseline"), dir.join("native-baseline"));
+    crate::bench::time_runs(iterations, || -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(&data)?;
+        file.sync_data()?;
+        std::fs::rename(&temporary, &target)?;
+        std::fs::File::open(dir)?.sync_all()
+    })
+    .map_err(|e| format!("the native baseline: {e}"))
+}

@@ -1,0 +1,791 @@
+//! Stateful sessions: a VM forked from a template that is kept between requests instead of
+//! reset, its agent running each request as a cell in one lasting interpreter (`crate::agent`,
+//! `HandOff::Cell`), checkpointed durably (`snapshot::checkpoint`), paused (checkpointed and
+//! released) and resumed from its latest checkpoint, and forked from any checkpoint.
+//!
+//! - Each live session VM is owned by a thread of its own (a vCPU never changes threads, as in
+//!   the pool); requests reach it as jobs (`LiveVm::on_vm`) and run one at a time: every
+//!   operation on a session holds the session's lock for its whole duration.
+//! - On disk, a session is a folder `<sessions dir>/<id>/`: `session.json` (its template, written
+//!   durably when the session is created) and its checkpoints `<n>.sfck`, numbered in the order
+//!   they were taken. A restarted daemon finds every session there: paused when it has a
+//!   checkpoint that verifies (the newest that does; a damaged newer one is reported and
+//!   skipped), ended otherwise (its VM died with the old daemon before any checkpoint).
+//!   Checkpoint files being written (`.writing-*`) at a start were never acknowledged and are
+//!   removed. Where the folder is on storage other daemons share, any of them can resume it.
+//! - A session whose program ends (os._exit, a crash, a timeout or another limit) has lost its
+//!   VM: it is `ended`; its checkpoints stay, so it can be forked from one.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_CELL_RESULT_BYTES};
+use crate::daemon::agent_executor::{thread_cpu_time, SharedRestoreFactory};
+use crate::daemon::executor::{Execution, ExecutionLimits, Usage, VmOrigin};
+use crate::daemon::response::ErrorCode;
+use crate::daemon::templates::Template as DaemonTemplate;
+use crate::fs::WORK_DIR;
+use crate::image::sha256;
+use crate::memory::{GuestMemory, MappedFile};
+use crate::process::Output;
+use crate::snapshot::checkpoint::{Checkpoint, OpenedCheckpoint, Written, TEMPORARY_PREFIX};
+use crate::snapshot::{ForkMemory, Template};
+use crate::status::RunStatus;
+use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
+
+/// The file a session's folder is recognised by.
+const SESSION_FILE: &str = "session.json";
+const CHECKPOINT_EXTENSION: &str = ".sfck";
+/// Session ids: what the gateway's ids (UUIDs) and a test's names need, and safe as a folder
+/// name.
+pub const MAX_SESSION_ID_BYTES: usize = 64;
+/// Largest file put into or read from a session's /work in one request (the frame is 16 MiB,
+/// and base64 grows it by a third).
+pub const MAX_SESSION_FILE_BYTES: usize = 8 << 20;
+
+/// Why a session operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+fn refuse<T>(code: ErrorCode, message: impl Into<String>) -> Result<T, SessionError> {
+    Err(SessionError { code, message: message.into() })
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> SessionError {
+    SessionError { code: ErrorCode::Internal, message: format!("{what}: {e}") }
+}
+
+/// Checks a session id: 1 to 64 ASCII letters, digits, '-' or '_'.
+pub fn check_session_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_SESSION_ID_BYTES || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(format!("session ids are 1 to {MAX_SESSION_ID_BYTES} ASCII letters, digits, '-' or '_'"));
+    }
+    Ok(())
+}
+
+/// `session.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SessionRecord {
+    template: String,
+}
+
+/// A checkpoint on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub number: u64,
+    /// Hex SHA-256 of the file's contents before its hash (what `Checkpoint::hash` reported
+    /// when it was taken).
+    pub sha256: String,
+    pub file_bytes: u64,
+    /// Bytes of guest pages it holds (what the VM changed against its template).
+    pub dirty_bytes: u64,
+}
+
+/// A checkpoint just taken, with what it cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenCheckpoint {
+    pub info: CheckpointInfo,
+    /// Recording the VM's state (in its thread, which then serves again).
+    pub capture: Duration,
+    /// Writing it durably.
+    pub write: Duration,
+}
+
+/// What a session is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    Running,
+    Paused,
+    Ended,
+}
+
+/// A session as `session_info` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: String,
+    pub template: String,
+    pub state: SessionState,
+    pub memory_mib: u64,
+    /// Oldest first.
+    pub checkpoints: Vec<CheckpointInfo>,
+    /// Why the session ended, when it did.
+    pub ended: Option<String>,
+}
+
+/// One cell's run in a session.
+#[derive(Debug, Clone)]
+pub struct CellRun {
+    pub execution: Execution,
+    /// None when the program did not come back to its ready point (the session ended).
+    pub result: Option<CellResult>,
+    pub state: SessionState,
+    /// The session was paused and resumed for this cell; the time that took is the
+    /// execution's `vm_setup`.
+    pub resumed: bool,
+}
+
+/// A session VM, as its jobs see it (on its own thread): a guest stopped at a ready point.
+pub struct Vm<'m> {
+    pub guest: ReadyGuest<'m>,
+    /// The next cell reseeds the agent's random generators (first cell of a fresh VM or a fork).
+    pub reseed: bool,
+    /// Set by a job to end the VM after it (a pause, a program that ended).
+    pub release: bool,
+}
+
+type Job = Box<dyn for<'m> FnOnce(&mut Vm<'m>) + Send>;
+
+/// Where a new session VM comes from.
+enum Origin {
+    Template,
+    /// A checkpoint file, mapped; `reseed` for a fork (its branches must not share random
+    /// state), not for a resume (the session goes on exactly as it was). `known_hash`: the
+    /// hash this daemon computed when it wrote the file (`Sessions::written`), else None and
+    /// the file is hashed to be verified.
+    Checkpoint { file: MappedFile, reseed: bool, known_hash: Option<[u8; 32]> },
+}
+
+/// The handle of a live session VM's thread.
+struct LiveVm {
+    jobs: mpsc::Sender<Job>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl LiveVm {
+    /// Creates the VM on a thread of its own; returns once it is ready (or why it is not).
+    fn start(template: Arc<Template>, restore: Arc<SharedRestoreFactory>, origin: Origin) -> Result<LiveVm, SessionError> {
+        let (jobs, inbox) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), SessionError>>();
+        let thread = thread::Builder::new()
+            .name("sandfork-session".into())
+            .spawn(move || {
+                let started = panic::catch_unwind(AssertUnwindSafe(|| run_vm(&template, restore.as_ref(), origin, &ready_tx, &inbox)));
+                if started.is_err() {
+                    let _ = ready_tx.send(refuse(ErrorCode::Internal, "the session VM's thread panicked"));
+                }
+            })
+            .map_err(|e| internal("starting a session thread", e))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(LiveVm { jobs, thread: Some(thread) }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => refuse(ErrorCode::Internal, "the session VM's thread ended before its VM was ready"),
+        }
+    }
+
+    /// Runs `job` on the VM's thread and returns what it returned; None when the VM is gone
+    /// (its thread ended or a job panicked).
+    fn on_vm<T: Send + 'static>(&self, job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = mpsc::channel();
+        let job: Job = Box::new(move |vm| {
+            let _ = tx.send(job(vm));
+        });
+        self.jobs.send(job).ok()?;
+        rx.recv().ok()
+    }
+}
+
+impl Drop for LiveVm {
+    /// Ends the VM: its thread sees the closed channel, destroys the VM and ends.
+    fn drop(&mut self) {
+        let (closed, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.jobs, closed));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A session VM's thread: creates the VM, says it is ready, runs jobs until one releases it
+/// or the handle is dropped.
+fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, ready: &mpsc::Sender<Result<(), SessionError>>, inbox: &mpsc::Receiver<Job>) {
+    let failed = |e: SessionError| {
+        let _ = ready.send(Err(e));
+    };
+    // Declared first: the vCPU borrows it.
+    let mem: GuestMemory;
+    let (cpu, process, call, reseed) = match origin {
+        Origin::Template => {
+            mem = match template.new_memory(ForkMemory::CopyOnWrite) {
+                Ok(mem) => mem,
+                Err(e) => return failed(internal("creating the session's memory", e)),
+            };
+            let cpu = match restore(&mem, template.cpu()) {
+                Ok(cpu) => cpu,
+                Err(e) => return failed(internal("restoring the session's vCPU", e)),
+            };
+            let guest = template.ready_guest(&mem, cpu, 0);
+            (guest.cpu, guest.process, guest.call, true)
+        }
+        Origin::Checkpoint { file, reseed, known_hash } => {
+            let opened = match OpenedCheckpoint::open(file.bytes(), template, 0, known_hash.as_ref()) {
+                Ok(opened) => opened,
+                Err(e) => return failed(SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {e}") }),
+            };
+            mem = match opened.new_memory(template) {
+                Ok(mem) => mem,
+                Err(e) => return failed(internal("restoring the checkpoint's memory", e)),
+            };
+            let cpu = match restore(&mem, &opened.cpu) {
+                Ok(cpu) => cpu,
+                Err(e) => return failed(internal("restoring the session's vCPU", e)),
+            };
+            (cpu, opened.process, opened.call, reseed)
+        }
+    };
+    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false };
+    if let Err(e) = vm.guest.cpu.map_memory(&vm.guest.process.memory_handed_out()) {
+        return failed(internal("mapping the session's memory", e));
+    }
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    while let Ok(job) = inbox.recv() {
+        job(&mut vm);
+        if vm.release {
+            return;
+        }
+    }
+}
+
+/// Runs one cell on `vm`: the cell's outcome and result, the output taken out of the process.
+fn run_cell(vm: &mut Vm<'_>, request: AgentRequest, limits: &ExecutionLimits) -> Result<(Execution, Option<CellResult>), LaunchError> {
+    vm.guest.process.hand_off = HandOff::Cell { reseed: vm.reseed };
+    vm.guest.process.config.output_cap = limits.output_bytes;
+    vm.guest.process.output = Output::new(limits.output_bytes);
+    let cpu_before = thread_cpu_time();
+    let faults_before = vm.guest.mem.copied_pages().ok().flatten();
+    let (end, stats) = vm::hand_over(&mut vm.guest.process, vm.guest.mem, vm.guest.cpu.as_mut(), vm.guest.call, request, limits.timeout())?;
+    vm.reseed = false;
+    let cpu = thread_cpu_time().saturating_sub(cpu_before);
+    let output = std::mem::replace(&mut vm.guest.process.output, Output::new(0));
+    let (stdout, stderr) = output.into_parts();
+    let (status, result) = match end {
+        LoopEnd::ReadyPoint { call } => {
+            vm.guest.call = call;
+            let result = read_cell_result(vm.guest.mem, call);
+            let code = i32::from(result.error.is_some());
+            (RunStatus::Exited { code }, Some(result))
+        }
+        LoopEnd::Finished(status) => {
+            vm.release = true;
+            (status, None)
+        }
+    };
+    let pages_copied = vm.guest.mem.copied_pages().ok().flatten().unwrap_or(0).saturating_sub(faults_before.unwrap_or(0));
+    let usage = Usage { wall_us: stats.wall.as_micros() as u64, cpu_us: cpu.as_micros() as u64, peak_memory_bytes: stats.peak_memory, pages_copied, syscalls: stats.syscalls, exits: stats.exits };
+    let execution = Execution { status, stdout, stderr, queue: Duration::ZERO, vm_setup: Duration::ZERO, run: stats.wall, usage, vm: VmOrigin::Fresh };
+    Ok((execution, result))
+}
+
+/// The result the agent passed with the AWAIT_REQUEST call it stopped in (`crate::agent`); an
+/// agent that passed none, or something unreadable, gets an error result saying so.
+fn read_cell_result(mem: &GuestMemory, call: [u64; 6]) -> CellResult {
+    let unreadable = |why: &str| CellResult { value: None, error: Some(crate::agent::CellError { name: "SandforkAgentError".into(), message: why.into() }) };
+    if call[4] != CELL_RESULT_MAGIC || call[3] > MAX_CELL_RESULT_BYTES {
+        return unreadable("the agent passed no cell result");
+    }
+    // Read as a system call reads the program's memory: user memory only.
+    match crate::syscalls::UserMemory::new(mem).read_vec(call[2], call[3]).ok().and_then(|bytes| serde_json::from_slice::<CellResult>(&bytes).ok()) {
+        Some(result) => result,
+        None => unreadable("the agent's cell result is unreadable"),
+    }
+}
+
+/// Where a session stands, under its lock.
+enum Slot {
+    Live(LiveVm),
+    /// No VM; resumed from its newest checkpoint.
+    Paused,
+    Ended(String),
+    Deleted,
+}
+
+struct Session {
+    id: String,
+    template: String,
+    dir: PathBuf,
+    slot: Mutex<Slot>,
+}
+
+impl Session {
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What the daemon's sessions need to know.
+#[derive(Clone)]
+pub struct SessionsConfig {
+    /// Where sessions live on disk.
+    pub dir: PathBuf,
+    /// Sessions holding a VM at once.
+    pub max_live: usize,
+}
+
+/// Every session of a daemon.
+pub struct Sessions {
+    config: SessionsConfig,
+    templates: Vec<(String, Arc<Template>)>,
+    restore: Arc<SharedRestoreFactory>,
+    table: Mutex<HashMap<String, Arc<Session>>>,
+    /// Live VMs (bounded by `max_live`).
+    live: Mutex<usize>,
+    /// Content hashes of the checkpoint files this daemon wrote, by path: restoring one of them
+    /// does not hash it again (`Origin::Checkpoint`).
+    written: Mutex<HashMap<PathBuf, [u8; 32]>>,
+}
+
+/// A file in a session's /work.
+pub struct SessionFile {
+    pub path: String,
+    pub bytes: u64,
+    pub contents: Option<Vec<u8>>,
+}
+
+impl Sessions {
+    /// Opens the sessions folder (creating it), finds the sessions a previous daemon left there
+    /// (module docs) and serves the templates of `templates` that have a snapshot.
+    pub fn open(config: SessionsConfig, templates: &[DaemonTemplate], restore: Arc<SharedRestoreFactory>) -> io::Result<Sessions> {
+        fs::create_dir_all(&config.dir)?;
+        let templates = templates.iter().filter_map(|t| t.snapshot.clone().map(|s| (t.name.clone(), s))).collect();
+        let sessions = Sessions { config, templates, restore, table: Mutex::new(HashMap::new()), live: Mutex::new(0), written: Mutex::new(HashMap::new()) };
+        sessions.recover()?;
+        Ok(sessions)
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn recover(&self) -> io::Result<()> {
+        for entry in fs::read_dir(&self.config.dir)? {
+            let dir = entry?.path();
+            let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else { continue };
+            let Ok(record) = fs::read(dir.join(SESSION_FILE)).map_err(|_| ()).and_then(|bytes| serde_json::from_slice::<SessionRecord>(&bytes).map_err(|_| ())) else { continue };
+            if check_session_id(&id).is_err() {
+                continue;
+            }
+            for file in fs::read_dir(&dir)? {
+                let path = file?.path();
+                if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(TEMPORARY_PREFIX)) {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+            let slot = if checkpoint_numbers(&dir)?.is_empty() { Slot::Ended("the daemon restarted before the session had a checkpoint".into()) } else { Slot::Paused };
+            self.table().insert(id.clone(), Arc::new(Session { id, template: record.template, dir, slot: Mutex::new(slot) }));
+        }
+        Ok(())
+    }
+
+    fn template(&self, name: &str) -> Result<Arc<Template>, SessionError> {
+        match self.templates.iter().find(|(n, _)| n == name) {
+            Some((_, template)) => Ok(template.clone()),
+            None => refuse(ErrorCode::UnknownTemplate, format!("no template named '{name}' with a snapshot (sessions are forked from one)")),
+        }
+    }
+
+    fn session(&self, id: &str) -> Result<Arc<Session>, SessionError> {
+        match self.table().get(id) {
+            Some(session) => Ok(session.clone()),
+            None => refuse(ErrorCode::NotFound, format!("no session '{id}'")),
+        }
+    }
+
+    /// Takes a live-VM slot (released by `release_live`).
+    fn acquire_live(&self) -> Result<(), SessionError> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if *live >= self.config.max_live {
+            return refuse(ErrorCode::Busy, format!("the daemon holds its maximum of {} running sessions; pause one", self.config.max_live));
+        }
+        *live += 1;
+        Ok(())
+    }
+
+    fn release_live(&self) {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        *live = live.saturating_sub(1);
+    }
+
+    /// Starts a VM for a session (counted against `max_live`).
+    fn start_vm(&self, template: &str, origin: Origin) -> Result<LiveVm, SessionError> {
+        let template = self.template(template)?;
+        self.acquire_live()?;
+        LiveVm::start(template, self.restore.clone(), origin).inspect_err(|_| self.release_live())
+    }
+
+    /// Ends a slot's VM, if it has one, and puts `next` in its place.
+    fn set_slot(&self, slot: &mut Slot, next: Slot) {
+        if let Slot::Live(_) = std::mem::replace(slot, next) {
+            self.release_live();
+        }
+    }
+
+    /// Creates session `id`: a VM forked from `template`, its folder on disk. `memory_mib`
+    /// must be the template's VM size when given.
+    pub fn create(&self, id: &str, template: &str, memory_mib: Option<u64>) -> Result<SessionInfo, SessionError> {
+        let snapshot = self.template(template)?;
+        let template_mib = snapshot.identity().mem_bytes >> 20;
+        if memory_mib.is_some_and(|m| m != template_mib) {
+            return refuse(ErrorCode::BadRequest, format!("memory_mib: the '{template}' template's sessions have {template_mib} MiB"));
+        }
+        self.register(id, template, || self.start_vm(template, Origin::Template))
+    }
+
+    /// Adds session `id` of `template` (refused when the id is taken): its folder and record
+    /// on disk, then its VM from `start`. A failure undoes both.
+    fn register(&self, id: &str, template: &str, start: impl FnOnce() -> Result<LiveVm, SessionError>) -> Result<SessionInfo, SessionError> {
+        let dir = self.config.dir.join(id);
+        let session = Arc::new(Session { id: id.to_owned(), template: template.to_owned(), dir: dir.clone(), slot: Mutex::new(Slot::Deleted) });
+        let mut slot = session.lock();
+        {
+            let mut table = self.table();
+            if table.contains_key(id) {
+                return refuse(ErrorCode::BadRequest, format!("session '{id}' already exists"));
+            }
+            table.insert(id.to_owned(), session.clone());
+        }
+        match write_record(&dir, &SessionRecord { template: template.to_owned() }).and_then(|()| start()) {
+            Ok(vm) => {
+                *slot = Slot::Live(vm);
+                drop(slot);
+                self.info(id)
+            }
+            Err(e) => {
+                self.table().remove(id);
+                let _ = fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes sure the session has a VM, resuming it from its newest checkpoint that verifies
+    /// when paused; says whether it resumed and how long that took.
+    fn ensure_live(&self, session: &Session, slot: &mut Slot) -> Result<Option<Duration>, SessionError> {
+        match slot {
+            Slot::Live(_) => return Ok(None),
+            Slot::Ended(why) => return refuse(ErrorCode::SessionEnded, format!("session '{}' has ended: {why}", session.id)),
+            Slot::Deleted => return refuse(ErrorCode::NotFound, format!("no session '{}'", session.id)),
+            Slot::Paused => {}
+        }
+        let started = Instant::now();
+        // The newest checkpoint that verifies: a newer one that does not (a write the disk
+        // acknowledged but tore) is logged and skipped.
+        let numbers = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?;
+        for &number in numbers.iter().rev() {
+            let (file, known_hash) = self.open_checkpoint(session, number)?;
+            match self.start_vm(&session.template, Origin::Checkpoint { file, reseed: false, known_hash }) {
+                Ok(vm) => {
+                    *slot = Slot::Live(vm);
+                    return Ok(Some(started.elapsed()));
+                }
+                Err(e) if e.code == ErrorCode::NotFound => super::log(format_args!("session {}: checkpoint {number}: {}; using the one before", session.id, e.message)),
+                Err(e) => return Err(e),
+            }
+        }
+        refuse(ErrorCode::SessionEnded, format!("session '{}' has no checkpoint that verifies", session.id))
+    }
+
+    /// Runs `job` on the session's VM (resumed first when paused); also says how long a resume
+    /// took and whether the job released the VM.
+    fn with_vm<T: Send + 'static>(&self, id: &str, job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static) -> Result<(T, Option<Duration>, bool), SessionError> {
+        let session = self.session(id)?;
+        let mut slot = session.lock();
+        self.on_live(&session, &mut slot, job)
+    }
+
+    /// `with_vm` under the session's lock, held by the caller. A VM that went away under the
+    /// job (a panic) ends the session.
+    fn on_live<T: Send + 'static>(&self, session: &Session, slot: &mut Slot, job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static) -> Result<(T, Option<Duration>, bool), SessionError> {
+        let resumed = self.ensure_live(session, slot)?;
+        let Slot::Live(vm) = &*slot else { unreachable!("ensure_live leaves a live VM") };
+        let (tx, rx) = mpsc::channel();
+        let answer = vm.on_vm(move |vm| {
+            let value = job(vm);
+            let _ = tx.send(vm.release);
+            value
+        });
+        match answer {
+            Some(value) => Ok((value, resumed, rx.recv().unwrap_or(true))),
+            None => {
+                self.set_slot(slot, Slot::Ended("the session's VM failed".into()));
+                refuse(ErrorCode::SessionEnded, format!("session '{}' has ended: its VM failed", session.id))
+            }
+        }
+    }
+
+    /// Runs `code` as the session's next cell.
+    pub fn execute(&self, id: &str, code: String, env: Vec<(String, String)>, limits: ExecutionLimits) -> Result<CellRun, SessionError> {
+        let mut request = AgentRequest::new("");
+        request.code = code;
+        request.env = env;
+        request.validate().or_else(|e| refuse(ErrorCode::BadRequest, e.0))?;
+        let session = self.session(id)?;
+        let template_mib = self.template(&session.template)?.identity().mem_bytes >> 20;
+        let limits = ExecutionLimits { memory_mib: template_mib, ..limits };
+        let mut slot = session.lock();
+        let (ran, resumed, released) = self.on_live(&session, &mut slot, move |vm| run_cell(vm, request, &limits))?;
+        let ran = ran.map_err(|e| internal("running the cell", e));
+        if released || ran.is_err() {
+            let why = ran.as_ref().map_or_else(|e| e.message.clone(), |(execution, _)| format!("its program stopped ({})", execution.status.kind()));
+            self.set_slot(&mut slot, Slot::Ended(why));
+        }
+        let (mut execution, result) = ran?;
+        let state = if released {
+            SessionState::Ended
+        } else {
+            SessionState::Running
+        };
+        execution.vm_setup = resumed.unwrap_or_default();
+        Ok(CellRun { execution, result, state, resumed: resumed.is_some() })
+    }
+
+    /// Takes a checkpoint of the running (or paused: resumed first) session, durably; with
+    /// `pause`, the VM is released once the checkpoint is on disk (a failed write leaves it
+    /// running, its state intact).
+    pub fn checkpoint(&self, id: &str, pause: bool) -> Result<TakenCheckpoint, SessionError> {
+        let session = self.session(id)?;
+        let template = self.template(&session.template)?;
+        if pause && matches!(*session.lock(), Slot::Paused) {
+            // Already paused: its newest checkpoint is its state.
+            let newest = self.info(id)?.checkpoints.pop().ok_or_else(|| internal("a paused session", "has no checkpoint"))?;
+            return Ok(TakenCheckpoint { info: newest, capture: Duration::ZERO, write: Duration::ZERO });
+        }
+        if matches!(*session.lock(), Slot::Ended(_)) {
+            return refuse(ErrorCode::SessionEnded, format!("session '{id}' has ended; fork it from a checkpoint"));
+        }
+        let mut slot = session.lock();
+        let number = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?.last().map_or(1, |n| n + 1);
+        let dir = session.dir.clone();
+        // Recorded and written from the stopped VM's memory on its own thread; a pause releases
+        // the VM only once its checkpoint is on disk.
+        let (written, _, released) = self.on_live(&session, &mut slot, move |vm| {
+            let capturing = Instant::now();
+            let checkpoint = Checkpoint::capture(&template, vm.guest.mem, vm.guest.cpu.as_mut(), &vm.guest.process, vm.guest.call)?;
+            let capture = capturing.elapsed();
+            let writing = Instant::now();
+            let written = checkpoint.write_durably(&dir, &checkpoint_name(number))?;
+            vm.release = pause;
+            Ok::<_, io::Error>((written, checkpoint.dirty_bytes, capture, writing.elapsed()))
+        })?;
+        if released {
+            self.set_slot(&mut slot, Slot::Paused);
+        }
+        let (Written { hash, file_bytes }, dirty_bytes, capture, write) = written.map_err(|e| internal("writing the checkpoint", e))?;
+        self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(session.dir.join(checkpoint_name(number)), hash);
+        let info = CheckpointInfo { number, sha256: sha256::to_hex(&hash), file_bytes, dirty_bytes };
+        Ok(TakenCheckpoint { info, capture, write })
+    }
+
+    /// Resumes a paused session (a running one is left as it is); says how long it took.
+    pub fn resume(&self, id: &str) -> Result<Option<Duration>, SessionError> {
+        let session = self.session(id)?;
+        let mut slot = session.lock();
+        self.ensure_live(&session, &mut slot)
+    }
+
+    /// Creates session `id` from checkpoint `number` of session `from` (running, paused or
+    /// ended): a new VM with that state, its random generators reseeded.
+    pub fn fork(&self, id: &str, from: &str, number: u64) -> Result<SessionInfo, SessionError> {
+        let source = self.session(from)?;
+        let (file, known_hash) = {
+            let _slot = source.lock();
+            self.open_checkpoint(&source, number)?
+        };
+        self.register(id, &source.template, || {
+            self.start_vm(&source.template, Origin::Checkpoint { file, reseed: true, known_hash }).map_err(|e| match e.code {
+                ErrorCode::NotFound => SessionError { code: e.code, message: format!("checkpoint {number} of session '{from}': {}", e.message) },
+                _ => e,
+            })
+        })
+    }
+
+    /// Maps checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.
+    fn open_checkpoint(&self, session: &Session, number: u64) -> Result<(MappedFile, Option<[u8; 32]>), SessionError> {
+        let path = session.dir.join(checkpoint_name(number));
+        let file = MappedFile::open(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => SessionError { code: ErrorCode::NotFound, message: format!("session '{}' has no checkpoint {number}", session.id) },
+            _ => internal("reading the checkpoint", e),
+        })?;
+        let known = self.written.lock().unwrap_or_else(|p| p.into_inner()).get(&path).copied();
+        Ok((file, known))
+    }
+
+    /// Ends a session and removes it and its checkpoints.
+    pub fn delete(&self, id: &str) -> Result<(), SessionError> {
+        let session = self.session(id)?;
+        let mut slot = session.lock();
+        self.set_slot(&mut slot, Slot::Deleted);
+        self.table().remove(id);
+        self.written.lock().unwrap_or_else(|p| p.into_inner()).retain(|path, _| !path.starts_with(&session.dir));
+        fs::remove_dir_all(&session.dir).or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(internal("removing the session's folder", e)) })
+    }
+
+    pub fn info(&self, id: &str) -> Result<SessionInfo, SessionError> {
+        let session = self.session(id)?;
+        let slot = session.lock();
+        let (state, ended) = match &*slot {
+            Slot::Live(_) => (SessionState::Running, None),
+            Slot::Paused => (SessionState::Paused, None),
+            Slot::Ended(why) => (SessionState::Ended, Some(why.clone())),
+            Slot::Deleted => return refuse(ErrorCode::NotFound, format!("no session '{id}'")),
+        };
+        let mut checkpoints = Vec::new();
+        for number in checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))? {
+            if let Ok((sha256, file_bytes)) = stored_hash(&session.dir.join(checkpoint_name(number))) {
+                checkpoints.push(CheckpointInfo { number, sha256, file_bytes, dirty_bytes: 0 });
+            }
+        }
+        let memory_mib = self.template(&session.template).map_or(0, |t| t.identity().mem_bytes >> 20);
+        Ok(SessionInfo { id: id.to_owned(), template: session.template.clone(), state, memory_mib, checkpoints, ended })
+    }
+
+    /// Every session, by id.
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let mut ids: Vec<String> = self.table().keys().cloned().collect();
+        ids.sort();
+        ids.iter().filter_map(|id| self.info(id).ok()).collect()
+    }
+
+    /// Writes `contents` as `path` under the session's /work (replacing a file there).
+    pub fn write_file(&self, id: &str, path: String, contents: Vec<u8>) -> Result<SessionFile, SessionError> {
+        check_file_path(&path)?;
+        if contents.len() > MAX_SESSION_FILE_BYTES {
+            return refuse(ErrorCode::BadRequest, format!("content: {} bytes, more than {MAX_SESSION_FILE_BYTES}", contents.len()));
+        }
+        let bytes = contents.len() as u64;
+        let target = path.clone();
+        let (written, _, _) = self.with_vm(id, move |vm| crate::syscalls::agent::write_work_file(&mut vm.guest.process.config.vfs, &target, &contents, true))?;
+        written.or_else(|errno| refuse(file_error_code(errno), format!("{WORK_DIR}/{path}: {}", errno_text(errno))))?;
+        Ok(SessionFile { path, bytes, contents: None })
+    }
+
+    /// Reads the file `path` under the session's /work.
+    pub fn read_file(&self, id: &str, path: String) -> Result<SessionFile, SessionError> {
+        check_file_path(&path)?;
+        let target = path.clone();
+        let (read, _, _) = self.with_vm(id, move |vm| {
+            let vfs = &vm.guest.process.config.vfs;
+            let node = vfs.resolve(vfs.root(), format!("{WORK_DIR}/{target}").as_bytes(), false)?;
+            if vfs.kind(node)? != crate::fs::FileKind::Regular {
+                return Err(crate::errno::Errno::EISDIR);
+            }
+            let contents = vfs.contents(node)?;
+            if contents.len() > MAX_SESSION_FILE_BYTES {
+                return Err(crate::errno::Errno::EFBIG);
+            }
+            Ok(contents.to_vec())
+        })?;
+        let contents = read.or_else(|errno| refuse(file_error_code(errno), format!("{WORK_DIR}/{path}: {}", errno_text(errno))))?;
+        Ok(SessionFile { path, bytes: contents.len() as u64, contents: Some(contents) })
+    }
+
+    /// Removes the file `path` under the session's /work (a file the program holds open stays
+    /// readable through its descriptor, as on Linux).
+    pub fn delete_file(&self, id: &str, path: String) -> Result<SessionFile, SessionError> {
+        check_file_path(&path)?;
+        let target = path.clone();
+        let (removed, _, _) = self.with_vm(id, move |vm| {
+            let vfs = &mut vm.guest.process.config.vfs;
+            let work = vfs.resolve(vfs.root(), WORK_DIR.as_bytes(), true)?;
+            vfs.unlink(work, target.as_bytes())
+        })?;
+        removed.or_else(|errno| refuse(file_error_code(errno), format!("{WORK_DIR}/{path}: {}", errno_text(errno))))?;
+        Ok(SessionFile { path, bytes: 0, contents: None })
+    }
+}
+
+impl Drop for Sessions {
+    /// Live VMs end with the daemon; what they hold since their last checkpoint is lost, as
+    /// after a crash (a clean stop pauses nothing: the gateway decides when to pause).
+    fn drop(&mut self) {
+        for session in self.table().values() {
+            self.set_slot(&mut session.lock(), Slot::Deleted);
+        }
+    }
+}
+
+fn check_file_path(path: &str) -> Result<(), SessionError> {
+    crate::agent::check_work_path(path).or_else(|why| refuse(ErrorCode::BadRequest, format!("path {path:?}: {why}")))
+}
+
+fn file_error_code(errno: crate::errno::Errno) -> ErrorCode {
+    if errno == crate::errno::Errno::ENOENT {
+        ErrorCode::NotFound
+    } else {
+        ErrorCode::BadRequest
+    }
+}
+
+fn errno_text(errno: crate::errno::Errno) -> &'static str {
+    use crate::errno::Errno;
+    match errno {
+        Errno::ENOENT => "no such file",
+        Errno::EISDIR => "is a directory, not a file",
+        Errno::ENOTDIR => "a parent is not a directory",
+        Errno::ENOSPC => "the session's file system is full",
+        Errno::EFBIG => "the file is larger than a request can carry",
+        Errno::EEXIST => "exists",
+        Errno::ELOOP => "is a symbolic link",
+        _ => "refused by the file system",
+    }
+}
+
+fn checkpoint_name(number: u64) -> String {
+    format!("{number:012}{CHECKPOINT_EXTENSION}")
+}
+
+/// The numbers of a session folder's checkpoint files, ascending.
+fn checkpoint_numbers(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut numbers = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        if let Some(number) = name.to_str().and_then(|n| n.strip_suffix(CHECKPOINT_EXTENSION)).and_then(|n| n.parse().ok()) {
+            numbers.push(number);
+        }
+    }
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+
+/// The content hash a checkpoint file ends with (hex; verified only when it is restored) and
+/// the file's size.
+fn stored_hash(path: &Path) -> io::Result<(String, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut hash = [0u8; 32];
+    if len >= 32 {
+        file.seek(SeekFrom::End(-32))?;
+        file.read_exact(&mut hash)?;
+    }
+    Ok((sha256::to_hex(&hash), len))
+}
+
+/// Writes `session.json` durably into a new folder `dir`.
+fn write_record(dir: &Path, record: &SessionRecord) -> Result<(), SessionError> {
+    let written = (|| {
+        fs::create_dir(dir)?;
+        let temporary = dir.join(format!("{TEMPORARY_PREFIX}{SESSION_FILE}"));
+        let mut file = fs::File::create(&temporary)?;
+        io::Write::write_all(&mut file, &serde_json::to_vec(record).map_err(io::Error::other)?)?;
+        file.sync_data()?;
+        fs::rename(&temporary, dir.join(SESSION_FILE))?;
+        fs::File::open(dir)?.sync_all()?;
+        fs::File::open(dir.parent().unwrap_or(Path::new("/")))?.sync_all()
+    })();
+    written.map_err(|e| internal("creating the session's folder", e))
+}

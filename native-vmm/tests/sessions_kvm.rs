@@ -1,0 +1,280 @@
+//! Stateful sessions through the real `sandfork-vmm serve --sessions` binary on the KVM vCPU:
+//! interpreter state between cells, pause and resume (twice, then across a daemon restart)
+//! keeping every file, and acknowledged checkpoints surviving SIGKILL of the daemon at random
+//! moments. `SANDFORK_SESSION_CRASH_KILLS` sets the crash test's number of kills (default 20,
+//! the KVM tier's; `npm run test:sessions-crash` runs a long one).
+
+mod daemon_support;
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use daemon_support::{scaled, scratch, snapshot_templates_dir, str_of, u64_of, wait_for, Client};
+use serde_json::{json, Value};
+
+/// `sandfork-vmm serve --sessions DIR/sessions` on DIR/s.sock, restartable.
+struct Daemon {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    fn start(dir: &Path) -> Daemon {
+        let mut daemon = Daemon { dir: dir.to_owned(), child: None };
+        daemon.restart();
+        daemon
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("s.sock")
+    }
+
+    /// Starts the daemon (after a kill) and waits until it accepts connections.
+    fn restart(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_sandfork-vmm"))
+            .args(["serve", "--pool-size", "1", "--socket"])
+            .arg(self.socket())
+            .arg("--templates")
+            .arg(snapshot_templates_dir())
+            .arg("--sessions")
+            .arg(self.dir.join("sessions"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting sandfork-vmm serve");
+        self.child = Some(child);
+        let socket = self.socket();
+        assert!(wait_for(scaled(Duration::from_secs(30)), || UnixStream::connect(&socket).is_ok()), "the daemon did not start listening");
+    }
+
+    /// SIGKILL, and waits for the process to be gone.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn client(&self) -> Session {
+        Session { client: Client::hello(&self.socket()), next_id: 1 }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A protocol client for session requests.
+struct Session {
+    client: Client,
+    next_id: u64,
+}
+
+impl Session {
+    /// Sends `request` (an object without id) and returns the answer, whatever it is.
+    fn call(&mut self, mut request: Value) -> Value {
+        request["id"] = Value::from(self.next_id);
+        self.next_id += 1;
+        self.client.call(&request.to_string())
+    }
+
+    /// `call`, failing the test unless the answer has `type`.
+    fn expect(&mut self, kind: &str, request: Value) -> Value {
+        let answer = self.call(request.clone());
+        assert_eq!(answer.get("type").and_then(Value::as_str), Some(kind), "{request} got {answer}");
+        answer
+    }
+
+    /// Runs a cell that must succeed; returns its result's value (the last expression's repr).
+    fn cell(&mut self, session: &str, code: &str) -> Option<String> {
+        let answer = self.expect("execution", json!({"type": "session_execute", "session": session, "code": code}));
+        assert_eq!(str_of(&answer, "status"), "ok", "{code}: {answer}");
+        answer["result"]["value"].as_str().map(str::to_owned)
+    }
+}
+
+#[test]
+fn interpreter_state_survives_between_cells() {
+    let dir = scratch("sessions-state");
+    let daemon = Daemon::start(&dir);
+    let mut s = daemon.client();
+    let created = s.expect("session", json!({"type": "session_create", "session": "state", "template": "python"}));
+    assert_eq!(str_of(&created, "state"), "running", "{created}");
+
+    assert_eq!(s.cell("state", "x = 41\nimport fractions\nhandle = open('/work/notes.txt', 'w')\nhandle.write('one ')\nx + 1"), Some("42".into()));
+    // A variable, an import, a file in /work and an open file handle, one call later.
+    let value = s.cell("state", "handle.write('two'); handle.flush()\n(x, fractions.Fraction(1, 3) * 3, open('/work/notes.txt').read())");
+    assert_eq!(value, Some("(41, Fraction(1, 1), 'one two')".into()));
+    // A statement has no value; a failing cell reports its exception and keeps the state.
+    assert_eq!(s.cell("state", "y = x * 2"), None);
+    let failed = s.expect("execution", json!({"type": "session_execute", "session": "state", "code": "undefined_name"}));
+    assert_eq!((str_of(&failed, "status"), failed["result"]["error"]["name"].as_str()), ("error", Some("NameError")), "{failed}");
+    assert!(str_of(&failed, "stderr").contains("NameError"), "{failed}");
+    assert_eq!(s.cell("state", "print('out'); y"), Some("82".into()));
+    // A file put by the protocol is seen by the code, and the code's file read back.
+    s.expect("session_file", json!({"type": "session_write_file", "session": "state", "path": "in/data.csv", "content": "a,b\n1,2\n"}));
+    assert_eq!(s.cell("state", "open('/work/in/data.csv').read().splitlines()[1]"), Some("'1,2'".into()));
+    let read = s.expect("session_file", json!({"type": "session_read_file", "session": "state", "path": "notes.txt"}));
+    assert_eq!(str_of(&read, "content"), "b25lIHR3bw==", "base64 of 'one two': {read}");
+    let missing = s.call(json!({"type": "session_read_file", "session": "state", "path": "nope.txt"}));
+    assert_eq!(str_of(&missing, "code"), "not_found", "{missing}");
+    let escape = s.call(json!({"type": "session_write_file", "session": "state", "path": "../etc/passwd", "content": "x"}));
+    assert_eq!(str_of(&escape, "code"), "bad_request", "{escape}");
+    // A program that ends its process ends the session.
+    let exited = s.expect("execution", json!({"type": "session_execute", "session": "state", "code": "import os; os._exit(3)"}));
+    assert_eq!((str_of(&exited, "status"), str_of(&exited, "session_state")), ("error", "ended"), "{exited}");
+    let after = s.call(json!({"type": "session_execute", "session": "state", "code": "x"}));
+    assert_eq!(str_of(&after, "code"), "session_ended", "{after}");
+    s.expect("session", json!({"type": "session_delete", "session": "state"}));
+    assert_eq!(str_of(&s.call(json!({"type": "session_info", "session": "state"})), "code"), "not_found");
+}
+
+/// e2b #884's case: files written before a pause are all there after a resume, twice in a
+/// row, and again after the daemon restarts.
+#[test]
+fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
+    let dir = scratch("sessions-pause");
+    let mut daemon = Daemon::start(&dir);
+    let mut s = daemon.client();
+    s.expect("session", json!({"type": "session_create", "session": "files", "template": "python"}));
+    let files = "import os\nos.makedirs('/work/deep/er', exist_ok=True)\nfor i in range(20):\n    open(f'/work/deep/er/f{i}.txt', 'w').write(str(i) * (i + 1))\n";
+    s.cell("files", files);
+    s.expect("session_file", json!({"type": "session_write_file", "session": "files", "path": "put.bin", "content": "AAEC/w==", "encoding": "base64"}));
+    let check = "import hashlib, os\nnames = sorted(os.listdir('/work/deep/er'))\nok = all(open(f'/work/deep/er/f{i}.txt').read() == str(i) * (i + 1) for i in range(20))\n(len(names), ok, open('/work/put.bin', 'rb').read())";
+    let expected = Some("(20, True, b'\\x00\\x01\\x02\\xff')".to_owned());
+    assert_eq!(s.cell("files", check), expected);
+    for round in 0..2 {
+        let paused = s.expect("checkpoint", json!({"type": "session_pause", "session": "files"}));
+        assert_eq!(str_of(&paused, "state"), "paused", "{paused}");
+        assert_eq!(str_of(&s.expect("session", json!({"type": "session_info", "session": "files"})), "state"), "paused");
+        if round == 1 {
+            let resumed = s.expect("session", json!({"type": "session_resume", "session": "files"}));
+            assert_eq!(str_of(&resumed, "state"), "running", "{resumed}");
+        }
+        // Resumed by the cell itself in round 0.
+        let answer = s.expect("execution", json!({"type": "session_execute", "session": "files", "code": check}));
+        assert_eq!(answer["result"]["value"].as_str().map(str::to_owned), expected, "round {round}: {answer}");
+        assert_eq!(answer["resumed"], Value::Bool(round == 0), "{answer}");
+        s.cell("files", &format!("open('/work/round{round}.txt', 'w').write('r{round}')"));
+    }
+    s.expect("checkpoint", json!({"type": "session_pause", "session": "files"}));
+    daemon.kill();
+    daemon.restart();
+    let mut s = daemon.client();
+    let found = s.expect("session", json!({"type": "session_info", "session": "files"}));
+    assert_eq!(str_of(&found, "state"), "paused", "{found}");
+    assert_eq!(s.cell("files", check), expected);
+    assert_eq!(s.cell("files", "open('/work/round0.txt').read() + open('/work/round1.txt').read()"), Some("'r0r1'".into()));
+    let read = s.expect("session_file", json!({"type": "session_read_file", "session": "files", "path": "deep/er/f3.txt"}));
+    assert_eq!(str_of(&read, "content"), "MzMzMw==", "{read}");
+}
+
+/// Checkpoints in a loop while the daemon is SIGKILLed at random moments; after each restart
+/// the client carries on from the session's newest checkpoint. At the end every checkpoint
+/// the daemon acknowledged is forked, and must hold the content hash and the counter the
+/// client recorded for it.
+#[test]
+fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
+    let kills: u32 = std::env::var("SANDFORK_SESSION_CRASH_KILLS").ok().and_then(|n| n.parse().ok()).unwrap_or(20);
+    let dir = scratch("sessions-crash");
+    let mut daemon = Daemon::start(&dir);
+    daemon.client().expect("session", json!({"type": "session_create", "session": "crash", "template": "python"}));
+    let mut first = daemon.client();
+    first.cell("crash", "n = 0\nblob = bytearray(256 << 10)");
+    first.expect("checkpoint", json!({"type": "session_checkpoint", "session": "crash"}));
+    // (checkpoint number, sha256, n) of every acknowledged checkpoint.
+    let mut acknowledged: Vec<(u64, String, u64)> = Vec::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..kills {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = Duration::from_millis(20 + seed % 200);
+        let stop = Arc::new(AtomicBool::new(false));
+        let socket = daemon.socket();
+        let client_stop = stop.clone();
+        // The client loop: bump n, dirty some memory, checkpoint; until its connection dies
+        // (a read that fails is the kill, not a test failure).
+        let client = thread::spawn(move || {
+            let mut s = Session { client: Client::hello(&socket), next_id: 1 };
+            let mut call = |mut request: Value| {
+                request["id"] = Value::from(1);
+                s.client.send(&request.to_string());
+                sandfork_vmm::daemon::frame::read_frame(&mut s.client.stream).ok()
+            };
+            let mut acked = Vec::new();
+            while !client_stop.load(Ordering::SeqCst) {
+                let Some(bumped) = call(json!({"type": "session_execute", "session": "crash", "code": "n += 1\nblob[n % len(blob)] = n % 256\nn"})) else { break };
+                let Some(n) = bumped["result"]["value"].as_str().and_then(|v| v.parse::<u64>().ok()) else { break };
+                let Some(taken) = call(json!({"type": "session_checkpoint", "session": "crash"})) else { break };
+                if taken.get("type").and_then(Value::as_str) != Some("checkpoint") {
+                    break;
+                }
+                acked.push((u64_of(&taken, "checkpoint"), str_of(&taken, "sha256").to_owned(), n));
+            }
+            acked
+        });
+        thread::sleep(delay);
+        daemon.kill();
+        stop.store(true, Ordering::SeqCst);
+        acknowledged.extend(client.join().unwrap_or_default());
+        daemon.restart();
+    }
+    assert!(!acknowledged.is_empty(), "no checkpoint was acknowledged in {kills} rounds");
+    let mut s = daemon.client();
+    let info = s.expect("session", json!({"type": "session_info", "session": "crash"}));
+    let on_disk: Vec<(u64, String)> = info["checkpoints"].as_array().unwrap().iter().map(|c| (u64_of(c, "checkpoint"), str_of(c, "sha256").to_owned())).collect();
+    let mut recovered = 0;
+    for (number, sha256, n) in &acknowledged {
+        let listed = on_disk.iter().any(|(k, hash)| k == number && hash == sha256);
+        let fork = format!("fork-{number}");
+        let forked = s.call(json!({"type": "session_fork", "session": fork, "from": "crash", "checkpoint": number}));
+        let restored = forked.get("type").and_then(Value::as_str) == Some("session") && s.cell(&fork, "n") == Some(n.to_string());
+        if listed && restored {
+            recovered += 1;
+        }
+        s.call(json!({"type": "session_delete", "session": fork}));
+    }
+    println!("session checkpoints: {recovered}/{} acknowledged recovered after {kills} SIGKILLs of the daemon", acknowledged.len());
+    assert_eq!(recovered, acknowledged.len(), "acknowledged checkpoints lost");
+    // The session itself goes on from its newest checkpoint (at least the last acknowledged).
+    let last = acknowledged.iter().map(|(_, _, n)| *n).max().unwrap();
+    let now: u64 = s.cell("crash", "n").unwrap().parse().unwrap();
+    assert!(now >= last, "the session resumed at n={now}, before the last acknowledged n={last}");
+    assert_eq!(s.cell("crash", "n += 1\nn"), Some((now + 1).to_string()));
+}
+
+/// A checkpoint file damaged after it was written (a torn write the disk acknowledged) is
+/// detected by its content hash: the session resumes from the one before, and a fork from the
+/// damaged one is refused.
+#[test]
+fn a_damaged_newest_checkpoint_is_detected_and_the_previous_one_kept() {
+    let dir = scratch("sessions-torn");
+    let mut daemon = Daemon::start(&dir);
+    let mut s = daemon.client();
+    s.expect("session", json!({"type": "session_create", "session": "torn", "template": "python"}));
+    s.cell("torn", "state = 'first'");
+    let first = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "torn"}));
+    s.cell("torn", "state = 'second'");
+    let second = s.expect("checkpoint", json!({"type": "session_pause", "session": "torn"}));
+    daemon.kill();
+    let newest = dir.join("sessions/torn").join(format!("{:012}.sfck", u64_of(&second, "checkpoint")));
+    let length = std::fs::metadata(&newest).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&newest).unwrap();
+    file.set_len(length / 2).unwrap();
+    drop(file);
+    daemon.restart();
+    let mut s = daemon.client();
+    let refused = s.call(json!({"type": "session_fork", "session": "from-torn", "from": "torn", "checkpoint": u64_of(&second, "checkpoint")}));
+    assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
+    assert!(str_of(&refused, "message").contains("truncated"), "{refused}");
+    assert_eq!(s.cell("torn", "state"), Some("'first'".into()), "resumed from checkpoint {}", u64_of(&first, "checkpoint"));
+}

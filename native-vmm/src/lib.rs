@@ -27,6 +27,7 @@ pub mod syscalls;
 // Loading a program: the ELF reader, the loader (segments, initial stack) and the run loop.
 pub mod elf;
 pub mod loader;
+pub mod sched;
 pub mod vm;
 // The in-VM agent's request and its hand-off at the template's ready point.
 pub mod agent;

@@ -63,14 +63,15 @@ usage: sandfork-vmm run --image DIR [options] -- PROGRAM [ARGS...]
 Runs PROGRAM (a path in the image, or a name looked up on PATH=/usr/bin:/bin) in a fresh KVM
 guest. Standard input is read to its end and given to the program; its stdout and stderr are
 printed. The exit code is the program's; when a limit stops the program, the reason is printed
-to stderr and the exit code is 124 (timeout), 137 (memory), 141 (output), 128+signal (crash)
-or 159 (unsupported system call).
+to stderr and the exit code is 124 (timeout), 137 (memory), 141 (output), 128+signal (crash),
+159 (unsupported system call) or 142 (deadlocked: every thread waits forever).
 
 options:
   --image DIR         file image built by `sandfork-vmm image build`
   --mem-mib N         guest memory limit in MiB (default 256)
   --timeout-ms N      wall-clock limit in milliseconds (default 10000)
-  --output-cap N      cap on stdout+stderr bytes (default 1048576)";
+  --output-cap N      cap on stdout+stderr bytes (default 1048576)
+  --max-threads N     live threads allowed at once; clone fails with EAGAIN beyond (default 64)";
 
 const BENCH_USAGE: &str = "\
 usage: sandfork-vmm bench run --image DIR [--iterations N] [--json]
@@ -132,6 +133,8 @@ ms, 256 MiB and 1048576 bytes (each clamped to the maximum).";
 
 /// Limits the CLI accepts (guest memory is allocated up front, so an absurd size is an error).
 const MAX_MEM_MIB: u64 = 64 << 10;
+/// The most threads `run --max-threads` allows (each needs a stack in guest memory anyway).
+const MAX_THREADS: u64 = 4096;
 
 enum CliError {
     /// Wrong arguments: the message, then the command's usage, exit code 2.
@@ -304,11 +307,12 @@ fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn run(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--image", "--mem-mib", "--timeout-ms", "--output-cap"], &[], true, RUN_USAGE)?;
+    let options = Options::parse(args, &["--image", "--mem-mib", "--timeout-ms", "--output-cap", "--max-threads"], &[], true, RUN_USAGE)?;
     let image_dir = options.required("--image")?;
     let mem_mib = options.number("--mem-mib", vm::DEFAULT_MEM_BYTES >> 20, MAX_MEM_MIB)?;
     let timeout_ms = options.number("--timeout-ms", vm::DEFAULT_TIMEOUT.as_millis() as u64, u64::MAX >> 1)?;
     let output_cap = options.number("--output-cap", vm::DEFAULT_OUTPUT_CAP, u64::MAX >> 1)?;
+    let thread_limit = options.number("--max-threads", sandfork_vmm::process::DEFAULT_THREAD_LIMIT, MAX_THREADS)?;
     let Some((program, program_args)) = options.rest.split_first() else {
         return Err(CliError::Usage("no program given".into(), RUN_USAGE));
     };
@@ -320,6 +324,7 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
     request.mem_bytes = mem_mib << 20;
     request.timeout = Duration::from_millis(timeout_ms);
     request.output_cap = output_cap;
+    request.thread_limit = thread_limit.max(1);
     io::stdin().read_to_end(&mut request.stdin).map_err(|e| CliError::Failed(format!("reading stdin: {e}")))?;
 
     let outcome = vm::launch(image, &request, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;

@@ -115,7 +115,7 @@ impl AgentExecutor {
     /// its snapshot for the request, else (no snapshot, restoring off, or another memory size
     /// than the snapshot's VMs have) one whose agent is booted for it.
     fn run(&self, template: &Template, request: ExecuteRequest) -> Result<Ran, LaunchError> {
-        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes, boot_timeout: self.boot_timeout };
+        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes, boot_timeout: self.boot_timeout, ..RunLimits::default() };
         let agent_request = request.agent_request;
         let snapshot = template.snapshot.as_ref().filter(|s| s.identity().mem_bytes == limits.mem_bytes);
         match (snapshot, self.pool(&template.name), &self.restore) {

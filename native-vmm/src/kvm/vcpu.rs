@@ -46,8 +46,12 @@ pub struct KvmCpu<'m> {
     slots: Vec<Option<(u64, u64)>>,
     /// The registers as of the last syscall exit; `set_syscall_return` writes them back.
     regs: KvmRegs,
-    /// The vCPU is stopped at the SYSCALL_PORT `out` and `regs` is current.
+    /// The vCPU is stopped in a system call: `set_syscall_return` may set rax.
     in_syscall: bool,
+    /// Where the program's rip, rsp and rflags are while `in_syscall`: in `regs` (the vCPU was
+    /// put at CPL3 by `restore`, `reset` or `load_thread`), or in the syscall stub's iretq
+    /// frame (it stopped at the stub's `out`).
+    user_state_in_regs: bool,
     /// The guest memory the VM's slot maps (snapshots read the stub's return frame in it).
     mem: &'m GuestMemory,
 }
@@ -87,6 +91,7 @@ impl<'m> KvmCpu<'m> {
         // Stopped "inside" the pending system call: its return value may be set before the
         // first run, and `regs` holds exactly what KVM has.
         cpu.in_syscall = true;
+        cpu.user_state_in_regs = true;
         Ok(cpu)
     }
 
@@ -108,7 +113,7 @@ impl<'m> KvmCpu<'m> {
 
         let exit_flag = run_page.exit_flag();
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
-        let mut cpu = KvmCpu { watchdog, run_page, vcpu, vm, slots: Vec::new(), regs, in_syscall: false, mem };
+        let mut cpu = KvmCpu { watchdog, run_page, vcpu, vm, slots: Vec::new(), regs, in_syscall: false, user_state_in_regs: false, mem };
         cpu.map_memory(&[])?;
         Ok(cpu)
     }
@@ -136,6 +141,15 @@ impl<'m> KvmCpu<'m> {
         get_sregs(&self.vcpu)
     }
 
+    /// The program's state with `regs` as its registers, rip and rflags: FS/GS bases and the
+    /// XSAVE area from the vCPU.
+    fn user_state(&self, regs: KvmRegs) -> io::Result<CpuSnapshot> {
+        let sregs = self.get_sregs()?;
+        let mut area = KvmXsave::zeroed();
+        sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
+        Ok(CpuSnapshot { regs: regs.gprs, rip: regs.rip, rflags: regs.rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
+    }
+
     /// Turns the exit KVM_RUN just reported into a `CpuExit`.
     fn handle_exit(&mut self) -> io::Result<CpuExit> {
         let reason = self.run_page.exit_reason();
@@ -150,6 +164,7 @@ impl<'m> KvmCpu<'m> {
                     SYSCALL_PORT => {
                         self.regs = self.get_regs()?;
                         self.in_syscall = true;
+                        self.user_state_in_regs = false;
                         Ok(syscall_exit(&self.regs.gprs))
                     }
                     EXCEPTION_PORT => {
@@ -231,14 +246,45 @@ impl GuestCpu for KvmCpu<'_> {
         if !self.in_syscall {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "snapshot: the vCPU is not stopped in a system call"));
         }
+        if self.user_state_in_regs {
+            return self.user_state(self.regs);
+        }
         let frame = |addr: u64| self.mem.read_u64(addr).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the syscall frame: {e}")));
         let (rip, rflags, rsp) = (frame(FRAME_RIP)?, frame(FRAME_RFLAGS)?, frame(FRAME_RSP)?);
-        let sregs = self.get_sregs()?;
-        let mut area = KvmXsave::zeroed();
-        sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
         // The stub runs on its own stack: the program's rsp is the one in the frame.
-        let regs = UserRegs { rsp, ..self.regs.gprs };
-        Ok(CpuSnapshot { regs, rip, rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
+        self.user_state(KvmRegs { gprs: UserRegs { rsp, ..self.regs.gprs }, rip, rflags })
+    }
+
+    fn switches_threads(&self) -> bool {
+        true
+    }
+
+    /// Like `reset` without what every thread shares (XCR0, the MSRs): segments with the
+    /// thread's FS/GS base, its vector state and registers, at CPL3.
+    fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
+        let (regs, user) = snapshot_state(state)?;
+        let features = &Kvm::shared()?.features;
+        set_sregs(&self.vcpu, features, &user)?;
+        if let Some(area) = user.xsave {
+            let area = xsave_for_guest(area, features.restored_state());
+            sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
+        }
+        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_REGS, &regs).map_err(context("KVM_SET_REGS"))?;
+        self.regs = regs;
+        self.in_syscall = true;
+        self.user_state_in_regs = true;
+        Ok(())
+    }
+
+    /// The registers KVM holds are the program's when rip is in user memory; below it the
+    /// vCPU is in the stubs (syscall entry or exception path), which reach their `out` within
+    /// a few instructions.
+    fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
+        let regs = self.get_regs()?;
+        if regs.rip < crate::layout::USER_BASE {
+            return Ok(None);
+        }
+        self.user_state(regs).map(Some)
     }
 
     /// The same state `restore` loads into a new vCPU, loaded into this one. A pending `out`
@@ -249,6 +295,7 @@ impl GuestCpu for KvmCpu<'_> {
         load_state(&self.vcpu, &Kvm::shared()?.features, &regs, &user)?;
         self.regs = regs;
         self.in_syscall = true;
+        self.user_state_in_regs = true;
         Ok(())
     }
 

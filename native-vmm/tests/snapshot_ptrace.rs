@@ -21,7 +21,7 @@ use sandfork_vmm::vm::{self, RunLimits, RunOutcome};
 const MEM_BYTES: u64 = vm::DEFAULT_MEM_BYTES;
 
 fn limits() -> RunLimits {
-    RunLimits { mem_bytes: MEM_BYTES, timeout: scaled(Duration::from_secs(20)), output_cap: 1 << 20, boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT) }
+    RunLimits { mem_bytes: MEM_BYTES, timeout: scaled(Duration::from_secs(20)), output_cap: 1 << 20, boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT), ..RunLimits::default() }
 }
 
 /// Checks a restored VM's count of copied pages: a full copy holds every stored page; a

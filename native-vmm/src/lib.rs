@@ -34,6 +34,7 @@ pub mod agent;
 
 // `sandfork-vmm bench`: guest launch latency against a native spawn.
 pub mod bench;
+pub mod threads_bench;
 
 // The test-only CPU: runs the guest natively in a ptrace'd child (no isolation; never used by
 // the CLI or daemon) so that real programs run end to end on machines without /dev/kvm.

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandfork_vmm::bench;
+use sandfork_vmm::{bench, threads_bench};
 use sandfork_vmm::daemon;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::image;
@@ -27,6 +27,7 @@ commands:
   bench run     latency of `/usr/bin/python3.11 -c pass` in a guest and natively
   bench fork    latency of VMs restored from a template's snapshot
   bench exec    cost of one execution on the daemon's path: fork, pooled run, CPU, memory
+  bench threads a Condition ping-pong between two Python threads, in a guest and natively
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
 `sandfork-vmm <command> --help` describes each command.";
@@ -83,6 +84,20 @@ per run.
 options:
   --image DIR        file image built by `sandfork-vmm image build`
   --iterations N     runs of each (default 50)
+  --json             print one JSON object instead of a table";
+
+const BENCH_THREADS_USAGE: &str = "\
+usage: sandfork-vmm bench threads --image DIR [--handoffs N] [--repetitions N] [--json]
+
+Two threads of `/usr/bin/python3.11` hand a value back and forth through a threading.Condition,
+timed inside the program (start-up not counted), in a fresh KVM guest and natively on the host
+in the same run: microseconds per hand-off, and the guest's thread switches and system calls
+per hand-off.
+
+options:
+  --image DIR        file image built by `sandfork-vmm image build`
+  --handoffs N       hand-offs per run (default 10000)
+  --repetitions N    runs of each (default 5)
   --json             print one JSON object instead of a table";
 
 const BENCH_FORK_USAGE: &str = "\
@@ -180,6 +195,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["bench", "run", ..] => bench_run(&args[2..]),
         ["bench", "fork", ..] => bench_fork(&args[2..]),
         ["bench", "exec", ..] => bench_exec(&args[2..]),
+        ["bench", "threads", ..] => bench_threads(&args[2..]),
         ["serve", ..] => serve(&args[1..]),
         ["image" | "bench" | "template", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
         [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
@@ -352,6 +368,20 @@ fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--image", "--handoffs", "--repetitions"], &["--json"], false, BENCH_THREADS_USAGE)?;
+    let image = open_image(options.required("--image")?)?;
+    let handoffs = options.number("--handoffs", threads_bench::DEFAULT_HANDOFFS, 10_000_000)?;
+    let repetitions = options.number("--repetitions", threads_bench::DEFAULT_REPETITIONS as u64, 1000)? as usize;
+    let report = threads_bench::run(image, handoffs, repetitions, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    if options.flag("--json") {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 const BENCH_EXEC_USAGE: &str = "\
 usage: sandfork-vmm bench exec --template DIR [--iterations N] [--pool-size N] [--json]
 
@@ -481,6 +511,7 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--boot-timeout-ms", "0"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms expects an integer from 1 to 3600000")));
         assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "python", "--out", "/o", "--boot-timeout-ms", "x"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms")));
         assert!(matches!(dispatch(&strings(&["bench", "fork", "--help"])), Err(CliError::Help(BENCH_FORK_USAGE))));
+        assert!(matches!(dispatch(&strings(&["bench", "threads", "--help"])), Err(CliError::Help(BENCH_THREADS_USAGE))));
         assert!(matches!(dispatch(&strings(&["bench", "fork"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
         assert!(matches!(dispatch(&strings(&["template", "build", "--help"])), Err(CliError::Help(TEMPLATE_BUILD_USAGE))));
         assert!(matches!(dispatch(&strings(&["template", "frob"])), Err(CliError::Usage(..))));

@@ -185,6 +185,8 @@ impl Executor for AgentExecutor {
             pages_copied,
             syscalls: stats.syscalls,
             exits: stats.exits,
+            threads_created: stats.threads.created,
+            thread_switches: stats.threads.switches,
         };
         Ok(Execution { status: outcome.status, queue, vm_setup: stats.load, run: stats.wall, usage, vm, stdout: outcome.stdout, stderr: outcome.stderr })
     }

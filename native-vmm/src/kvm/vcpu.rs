@@ -29,6 +29,9 @@ const PF_WRITE: u64 = 1 << 1;
 const PF_USER: u64 = 1 << 2;
 /// KVM_EXIT_INTERNAL_ERROR's suberror for an instruction KVM could not emulate.
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+/// The FS and GS base MSRs.
+const MSR_FS_BASE: u32 = 0xc000_0100;
+const MSR_GS_BASE: u32 = 0xc000_0101;
 /// Linux user addresses end here; an FS base at or above it cannot be entered into the vCPU.
 const USER_ADDRESS_LIMIT: u64 = 1 << 47;
 
@@ -259,20 +262,41 @@ impl GuestCpu for KvmCpu<'_> {
         true
     }
 
-    /// Like `reset` without what every thread shares (XCR0, the MSRs): segments with the
-    /// thread's FS/GS base, its vector state and registers, at CPL3.
+    /// Another thread's state without KVM_SET_SREGS (which resets KVM's MMU context: a full
+    /// shadow-page-table rebuild on PVM): the vCPU is already at CPL3 or in the syscall stub,
+    /// so only the registers, the FS/GS bases (as MSRs) and the vector state change. In the
+    /// stub, the thread's rip, rsp and rflags go into the stub's iretq frame (whose CS and SS
+    /// the stub wrote on entry) and the stub's `iretq` returns to it; at CPL3 they go straight
+    /// into the registers.
     fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
         let (regs, user) = snapshot_state(state)?;
         let features = &Kvm::shared()?.features;
-        set_sregs(&self.vcpu, features, &user)?;
+        let bases = [(MSR_FS_BASE, user.fs_base), (MSR_GS_BASE, user.gs_base)];
+        let mut msrs = KvmMsrs { nmsrs: 2, pad: 0, entries: [KvmMsrEntry::default(); 2] };
+        for (entry, (index, data)) in msrs.entries.iter_mut().zip(bases) {
+            *entry = KvmMsrEntry { index, reserved: 0, data };
+        }
+        if sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs).map_err(context("KVM_SET_MSRS"))? != 2 {
+            return Err(io::Error::other("KVM_SET_MSRS rejected the thread's FS/GS base"));
+        }
         if let Some(area) = user.xsave {
             let area = xsave_for_guest(area, features.restored_state());
             sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
         }
-        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_REGS, &regs).map_err(context("KVM_SET_REGS"))?;
-        self.regs = regs;
+        let loaded = if self.in_syscall && !self.user_state_in_regs {
+            let frame = |addr: u64, value: u64| self.mem.write_u64(addr, value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("writing the syscall frame: {e}")));
+            frame(FRAME_RIP, regs.rip)?;
+            frame(FRAME_RFLAGS, regs.rflags)?;
+            frame(FRAME_RSP, regs.gprs.rsp)?;
+            // The stub's own rip (at its `out`), rsp (the frame) and rflags stay.
+            KvmRegs { gprs: UserRegs { rsp: self.regs.gprs.rsp, ..regs.gprs }, ..self.regs }
+        } else {
+            self.user_state_in_regs = true;
+            regs
+        };
+        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_REGS, &loaded).map_err(context("KVM_SET_REGS"))?;
+        self.regs = loaded;
         self.in_syscall = true;
-        self.user_state_in_regs = true;
         Ok(())
     }
 

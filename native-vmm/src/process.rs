@@ -10,8 +10,6 @@ mod memory_map;
 mod output;
 pub mod threads;
 
-use std::time::Instant;
-
 use crate::fs::{Node, Vfs};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
@@ -136,7 +134,6 @@ pub struct GuestProcess {
     /// The request the agent's AWAIT_REQUEST call is answered with (`crate::agent`); None
     /// stops the run at that call, the template's ready point.
     pub(crate) agent_request: Option<crate::agent::AgentRequest>,
-    deadline: Option<Instant>,
     calls: CallCounters,
     unsupported: CallCounters,
 }
@@ -163,20 +160,9 @@ impl GuestProcess {
             umask: 0o022,
             threads: Threads::new(DEFAULT_THREAD_LIMIT),
             agent_request: None,
-            deadline: None,
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
         }
-    }
-
-    /// The run's wall-clock deadline: sleeps and timed waits never go past it. The run loop
-    /// sets it before each run; without one, sleeps last as long as the program asked.
-    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
-        self.deadline = deadline;
-    }
-
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
     }
 
     /// Live threads allowed at once (clone fails with EAGAIN beyond it).
@@ -266,7 +252,7 @@ impl AddressSpace {
 impl GuestProcess {
     /// Encodes what a fork of a template starts from: the file system's overlay, the fd table,
     /// the working directory, the memory map, the signal state and the per-process values.
-    /// Not encoded: the counters and the deadline (each run starts its own), the output (a
+    /// Not encoded: the counters (each run starts its own), the output (a
     /// ready point has none) and the pending request (none: that is what makes it the ready
     /// point). Refuses a process with output or a pending request.
     pub(crate) fn encode_state(&self, e: &mut Encoder) -> Result<(), &'static str> {
@@ -325,7 +311,6 @@ impl GuestProcess {
             umask,
             threads,
             agent_request: None,
-            deadline: None,
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
         })

@@ -49,6 +49,15 @@ impl Scheduler {
         sched
     }
 
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// How the run ends at its deadline.
+    pub fn timeout(&self) -> RunStatus {
+        RunStatus::Timeout { limit_ms: self.limit_ms }
+    }
+
     /// What the vCPU may run until: the run's deadline or the end of the slice.
     pub fn run_until(&self) -> Instant {
         self.slice_end.map_or(self.deadline, |end| end.min(self.deadline))
@@ -194,7 +203,7 @@ impl Scheduler {
                     let now = Instant::now();
                     if until >= self.deadline {
                         std::thread::sleep(self.deadline.saturating_duration_since(now));
-                        return Ok(Step::End(LoopEnd::Finished(RunStatus::Timeout { limit_ms: self.limit_ms })));
+                        return Ok(Step::End(LoopEnd::Finished(self.timeout())));
                     }
                     std::thread::sleep(until.saturating_duration_since(now));
                 }

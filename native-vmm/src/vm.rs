@@ -241,12 +241,10 @@ impl LoopEnd {
 /// point. Returns where it stopped and the number of VM exits.
 pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, deadline: Instant, limit_ms: u64) -> io::Result<(LoopEnd, u64)> {
     let mut sched = Scheduler::new(cpu, process, deadline, limit_ms);
-    run_scheduled(&mut sched, cpu, process, mem, deadline, limit_ms)
+    run_scheduled(&mut sched, cpu, process, mem)
 }
 
-fn run_scheduled(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, deadline: Instant, limit_ms: u64) -> io::Result<(LoopEnd, u64)> {
-    // Sleeps and timed waits inside system calls end at the deadline too.
-    process.set_deadline(Some(deadline));
+fn run_scheduled(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<(LoopEnd, u64)> {
     let mut exits = 0;
     let mut handed_out = process.memory.handed_out_generation();
     cpu.map_memory(&process.memory_handed_out())?;
@@ -260,7 +258,7 @@ fn run_scheduled(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut Gu
                 exits += 1;
                 break LoopEnd::Finished(RunStatus::Crashed { fault });
             }
-            CpuExit::DeadlineReached if Instant::now() >= deadline => break LoopEnd::Finished(RunStatus::Timeout { limit_ms }),
+            CpuExit::DeadlineReached if Instant::now() >= sched.deadline() => break LoopEnd::Finished(sched.timeout()),
             CpuExit::DeadlineReached => sched.slice_ended(cpu, process, mem)?,
         };
         if process.memory.handed_out_generation() != handed_out {
@@ -330,12 +328,11 @@ impl<'m> ReadyGuest<'m> {
         self.process.agent_request = Some(request);
         let started = Instant::now();
         let (deadline, limit_ms) = deadline_after(timeout);
-        self.process.set_deadline(Some(deadline));
         let mut sched = Scheduler::new(self.cpu.as_ref(), &mut self.process, deadline, limit_ms);
         let call = Call { nr: AWAIT_REQUEST_SYSCALL, args: self.call };
         let (end, exits) = match sched.syscall(self.cpu.as_mut(), &mut self.process, self.mem, call).map_err(LaunchError::Cpu)? {
             Some(end) => (end, 0),
-            None => run_scheduled(&mut sched, self.cpu.as_mut(), &mut self.process, self.mem, deadline, limit_ms).map_err(LaunchError::Cpu)?,
+            None => run_scheduled(&mut sched, self.cpu.as_mut(), &mut self.process, self.mem).map_err(LaunchError::Cpu)?,
         };
         let stats = RunStats {
             syscalls: self.process.total_syscalls() - total_before,

@@ -253,3 +253,15 @@ fn a_template_with_threads_alive_forks_and_resets_them_all() {
         snapshot::reset(&template, &mem, cpu.as_mut(), &copied).unwrap();
     }
 }
+
+// ---- CPython's own tests: the two fast suites (the rest: tests/cpython_suites.rs) ----
+
+#[test]
+fn cpython_test_thread_passes_as_natively() {
+    common::cpython::run_suite("test_thread", Duration::from_secs(300));
+}
+
+#[test]
+fn cpython_test_threading_local_passes_as_natively() {
+    common::cpython::run_suite("test_threading_local", Duration::from_secs(300));
+}

@@ -17,7 +17,7 @@ use sandfork_vmm::agent::{AgentCommand, AgentRequest};
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::snapshot::{self, ForkMemory, Template};
 use sandfork_vmm::status::RunStatus;
-use sandfork_vmm::vm::RunLimits;
+use sandfork_vmm::vm::{self, RunLimits};
 
 /// 16 threads over a bounded queue, a thread pool's map, a Timer, an Event wait that times
 /// out, thread-local data and CPU-bound threads sharing the GIL; every line is deterministic.
@@ -224,8 +224,8 @@ print(done.get(timeout=5), sorted(t.name for t in threading.enumerate()))
 fn a_template_with_threads_alive_forks_and_resets_them_all() {
     let image = threaded_agent_image();
     let dir = common::process_dir("threaded-template").join("t");
-    let limits = RunLimits { timeout: scaled(Duration::from_secs(20)), ..RunLimits::default() };
-    snapshot::build(image.clone(), "threaded", &THREADED_AGENT_COMMAND, limits.mem_bytes, &common::test_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
+    let limits = RunLimits { timeout: scaled(Duration::from_secs(20)), ..common::boot_limits(vm::DEFAULT_MEM_BYTES) };
+    snapshot::build(image.clone(), "threaded", &THREADED_AGENT_COMMAND, &limits, &common::test_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
     let template = Template::load(&dir, image, &THREADED_AGENT_COMMAND).unwrap_or_else(|e| panic!("loading the template: {e}"));
     let expected = "(45, 1) ['MainThread', 'template-worker']\n";
 

@@ -268,10 +268,16 @@ impl GuestCpu for KvmCpu<'_> {
     /// stub, the thread's rip, rsp and rflags go into the stub's iretq frame (whose CS and SS
     /// the stub wrote on entry) and the stub's `iretq` returns to it; at CPL3 they go straight
     /// into the registers.
+    /// The state came from this vCPU's own registers (`snapshot`, `interrupted_state`), so its
+    /// bases are canonical even where the program set them with wrfsbase (the hardware checks
+    /// that); a template's states were checked when it was loaded.
     fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
-        let (regs, user) = snapshot_state(state)?;
+        if state.xsave.len() < XSAVE_MIN_BYTES {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a thread's XSAVE area is shorter than its header"));
+        }
+        let regs = KvmRegs { gprs: state.regs, rip: state.rip, rflags: state.rflags | cpu_state::RFLAGS_RESERVED };
         let features = &Kvm::shared()?.features;
-        let bases = [(MSR_FS_BASE, user.fs_base), (MSR_GS_BASE, user.gs_base)];
+        let bases = [(MSR_FS_BASE, state.fs_base), (MSR_GS_BASE, state.gs_base)];
         let mut msrs = KvmMsrs { nmsrs: 2, pad: 0, entries: [KvmMsrEntry::default(); 2] };
         for (entry, (index, data)) in msrs.entries.iter_mut().zip(bases) {
             *entry = KvmMsrEntry { index, reserved: 0, data };
@@ -279,10 +285,8 @@ impl GuestCpu for KvmCpu<'_> {
         if sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs).map_err(context("KVM_SET_MSRS"))? != 2 {
             return Err(io::Error::other("KVM_SET_MSRS rejected the thread's FS/GS base"));
         }
-        if let Some(area) = user.xsave {
-            let area = xsave_for_guest(area, features.restored_state());
-            sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
-        }
+        let area = xsave_for_guest(&state.xsave, features.restored_state());
+        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
         let loaded = if self.in_syscall && !self.user_state_in_regs {
             let frame = |addr: u64, value: u64| self.mem.write_u64(addr, value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("writing the syscall frame: {e}")));
             frame(FRAME_RIP, regs.rip)?;

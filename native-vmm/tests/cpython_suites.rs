@@ -9,27 +9,22 @@ use std::time::Duration;
 
 use common::cpython::run_suite;
 
-#[test]
-fn test_threading() {
-    run_suite("test_threading", Duration::from_secs(900));
+/// One test per suite, named as the suite, with its time limit in seconds.
+macro_rules! suites {
+    ($($suite:ident: $seconds:expr),* $(,)?) => {
+        $(
+            #[test]
+            fn $suite() {
+                run_suite(stringify!($suite), Duration::from_secs($seconds));
+            }
+        )*
+    };
 }
 
-#[test]
-fn test_queue() {
-    run_suite("test_queue", Duration::from_secs(900));
-}
-
-#[test]
-fn test_concurrent_futures() {
-    run_suite("test_concurrent_futures", Duration::from_secs(900));
-}
-
-#[test]
-fn test_thread() {
-    run_suite("test_thread", Duration::from_secs(300));
-}
-
-#[test]
-fn test_threading_local() {
-    run_suite("test_threading_local", Duration::from_secs(300));
+suites! {
+    test_threading: 900,
+    test_queue: 900,
+    test_concurrent_futures: 900,
+    test_thread: 300,
+    test_threading_local: 300,
 }

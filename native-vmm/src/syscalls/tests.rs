@@ -419,6 +419,49 @@ fn futex_waits_block_and_wakes_count_waiters() {
 }
 
 #[test]
+fn clone_makes_threads_of_pthreads_flag_set_only() {
+    const CLONE3: u64 = 435;
+    const EXIT: u64 = 60;
+    const SET_TID_ADDRESS: u64 = 218;
+    const PTHREAD_FLAGS: u64 = 0x3d0f00;
+    let mut g = guest();
+    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS, 0x100_0000, BUF, BUF + 4, 0x20_0000]), err(Errno::ENOSYS), "a vCPU that cannot switch threads: none");
+    g.proc.threads.switching = true;
+    g.proc.set_thread_limit(3);
+    assert_eq!(g.ret(CLONE, &[0x1200011, 0, 0, BUF, 0]), err(Errno::ENOSYS), "fork's flags: a new process");
+    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS | 0x4000, 0, 0, 0, 0]), err(Errno::EINVAL), "CLONE_VFORK with a thread");
+    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS, 0x100_0000, 0, BUF + 4, 0x20_0000]), err(Errno::EFAULT), "CLONE_PARENT_SETTID at NULL");
+    // clone(): the parent's tid word is written, the child's clear_child_tid recorded.
+    let SyscallOutcome::Spawned(start) = g.call(CLONE, &[PTHREAD_FLAGS, 0x100_0000, BUF, BUF + 4, 0x20_0000]) else { panic!("no thread") };
+    assert_eq!((start.tid, start.stack, start.tls), (2, 0x100_0000, Some(0x20_0000)));
+    assert_eq!(g.mem.read_u32(BUF).unwrap(), 2);
+    assert_eq!(g.proc.threads.get(2).unwrap().clear_child_tid, BUF + 4);
+    // clone3(): the stack pointer is stack + stack_size; unknown trailing fields must be zero.
+    let args = SCRATCH + 0x800;
+    let fields = [PTHREAD_FLAGS, 0, BUF + 12, BUF + 8, 0, 0x200_0000, 0x1_0000, 0x30_0000, 0, 0, 0];
+    for (i, v) in fields.iter().enumerate() {
+        g.mem.write_u64(args + 8 * i as u64, *v).unwrap();
+    }
+    g.mem.write_u64(args + 88, 1).unwrap();
+    assert_eq!(g.ret(CLONE3, &[args, 96]), err(Errno::E2BIG));
+    assert_eq!(g.ret(CLONE3, &[args, 32]), err(Errno::EINVAL));
+    let SyscallOutcome::Spawned(start) = g.call(CLONE3, &[args, 88]) else { panic!("no thread") };
+    assert_eq!((start.tid, start.stack), (3, 0x201_0000));
+    assert_eq!(g.ret(CLONE3, &[args, 88]), err(Errno::EAGAIN), "the limit of 3");
+    assert_eq!(g.proc.threads.counters.refused, 1);
+    // Thread 2 runs: its own tid; its exit zeroes its clear_child_tid word and wakes a joiner.
+    g.proc.threads.block_current(Wait { on: WaitOn::Futex { addr: BUF + 4, bitset: u32::MAX }, until: None });
+    assert!(matches!(g.proc.threads.next(Instant::now()), crate::process::threads::Next::Run { tid: 2, .. }));
+    assert_eq!(g.ret(GETTID, &[]), 2);
+    assert_eq!(g.ret(SET_TID_ADDRESS, &[BUF + 4]), 2);
+    g.mem.write_u32(BUF + 4, 2).unwrap();
+    assert_eq!(g.call(EXIT, &[0]), SyscallOutcome::ThreadExited);
+    assert_eq!(g.mem.read_u32(BUF + 4).unwrap(), 0);
+    assert_eq!(g.proc.threads.get(1).unwrap().state, crate::process::threads::ThreadState::Runnable(crate::process::threads::Resume::Return(0)));
+    assert_eq!(g.proc.threads.alive(), 2);
+}
+
+#[test]
 fn sleeps_block_the_thread_until_their_time() {
     let mut g = guest();
     g.mem.write_u64(SCRATCH, 30).unwrap();

@@ -25,7 +25,7 @@ const CLONE_PARENT_SETTID: u64 = 0x10_0000;
 const CLONE_CHILD_CLEARTID: u64 = 0x20_0000;
 const CLONE_DETACHED: u64 = 0x40_0000;
 const CLONE_CHILD_SETTID: u64 = 0x100_0000;
-/// The exit signal in clone's low byte (a thread has none).
+/// The exit signal in clone's low byte.
 const CSIGNAL: u64 = 0xff;
 /// What makes a clone a thread of this process.
 const THREAD_FLAGS: u64 = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD;
@@ -52,9 +52,7 @@ pub(crate) fn clone(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     if flags & !CSIGNAL & THREAD_FLAGS != THREAD_FLAGS {
         return Err(Errno::ENOSYS);
     }
-    if flags & CSIGNAL != 0 {
-        return Err(Errno::EINVAL);
-    }
+    // A thread has no exit signal: Linux ignores clone's for CLONE_THREAD.
     spawn(proc, user, CloneArgs { flags: flags & !CSIGNAL, stack, parent_tid, child_tid, tls })
 }
 

@@ -27,6 +27,7 @@ export const EXECUTION_STATUSES = [
   "output_exceeded",
   "crashed",
   "unsupported_syscall",
+  "deadlocked",
   "aborted",
 ] as const;
 export type ExecutionStatus = (typeof EXECUTION_STATUSES)[number];

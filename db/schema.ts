@@ -82,7 +82,7 @@ export const executions = pgTable(
     // The gateway process that reserved it (its database session's application_name says it is
     // alive): a running execution of a gateway that is gone is released at the next start.
     gatewayId: text("gateway_id"),
-    // running → completed | timed_out | memory_exceeded | output_exceeded | crashed | unsupported_syscall,
+    // running → completed | timed_out | memory_exceeded | output_exceeded | crashed | unsupported_syscall | deadlocked,
     // or aborted (the runtime failed; not billed)
     status: text("status").notNull(),
     exitCode: integer("exit_code"),

@@ -63,7 +63,8 @@ const ExecutionStatusSchema = z.enum(EXECUTION_STATUSES).openapi({
   description:
     "running: reserved and in flight; completed: the program exited (see exit_code); timed_out / memory_exceeded / " +
     "output_exceeded: stopped at a limit; crashed: a CPU exception in the program; unsupported_syscall: the program " +
-    "needed a system call the sandbox does not offer; aborted: the runtime failed and nothing was charged",
+    "needed a system call the sandbox does not offer; deadlocked: every thread of the program waited for something no " +
+    "thread could do any more, so it was ended before its time limit; aborted: the runtime failed and nothing was charged",
 });
 
 export const ExecutionSchema = z

@@ -27,7 +27,8 @@ export interface ExecutionRequest {
  * How the program ended. A non-zero exit code is still `completed`: the runtime did its job.
  * Protocol statuses map as: ok, error → completed; timeout → timed_out; out_of_memory →
  * memory_exceeded; output_limit → output_exceeded; crashed → crashed (a CPU exception in the
- * guest); unsupported → unsupported_syscall. A runtime that cannot do its job throws instead
+ * guest); unsupported → unsupported_syscall; deadlocked → deadlocked (every thread of the program
+ * waited for something no thread could do any more). A runtime that cannot do its job throws instead
  * (see errors.ts).
  */
 export type ExecutionOutcome =
@@ -36,7 +37,8 @@ export type ExecutionOutcome =
   | "memory_exceeded"
   | "output_exceeded"
   | "crashed"
-  | "unsupported_syscall";
+  | "unsupported_syscall"
+  | "deadlocked";
 
 export interface ExecutionTimings {
   /** Waiting for a ready VM from the pool. */

@@ -51,6 +51,7 @@ describe("protocol v1 mapping", () => {
     expect(outcome("out_of_memory")).toBe("memory_exceeded");
     expect(outcome("output_limit", { truncated: true })).toBe("output_exceeded");
     expect(outcome("unsupported")).toBe("unsupported_syscall");
+    expect(outcome("deadlocked")).toBe("deadlocked");
     const fault = { vector: 14, name: "page fault", rip: 4198400, address: 0 };
     const crashed = parseExecution({ ...EXAMPLE, status: "crashed", exit_code: null, fault });
     expect(crashed).toMatchObject({ outcome: "crashed", exitCode: null, fault });

@@ -74,7 +74,7 @@ const StatsSchema = z.object({
 });
 
 const ExecutionSchema = z.object({
-  status: z.enum(["ok", "error", "timeout", "out_of_memory", "output_limit", "crashed", "unsupported"]),
+  status: z.enum(["ok", "error", "timeout", "out_of_memory", "output_limit", "crashed", "unsupported", "deadlocked"]),
   exit_code: z.number().int().nullable(),
   stdout: z.string(),
   stderr: z.string(),
@@ -144,6 +144,7 @@ const OUTCOMES: Record<z.infer<typeof ExecutionSchema>["status"], ExecutionOutco
   output_limit: "output_exceeded",
   crashed: "crashed",
   unsupported: "unsupported_syscall",
+  deadlocked: "deadlocked",
 };
 
 const ms = (us: number): number => us / 1000;

@@ -3,7 +3,8 @@
 # postgresql (the real server the tests use), python3.11 and python3-numpy (what the Python
 # template's image is built from), build-essential (cc for the C test programs), the Rust crates
 # native-vmm builds against (librust-*-dev: source under /usr/share/cargo/registry, see
-# .cargo/config.toml), chromium (the /docs browser test), and Rust from Debian's
+# .cargo/config.toml), chromium (the /docs browser test), libpython3.11-testsuite (CPython's
+# own regression tests, which `npm run test:cpython` runs in the VM), and Rust from Debian's
 # cargo-web when the machine has no toolchain (Debian 12's plain `cargo` is too old).
 #
 # The KVM test tier (scripts/kvm-tier.sh) runs on this machine's /dev/kvm where it can create a
@@ -37,7 +38,7 @@ install() {
 
 packages=(postgresql python3.11 python3-numpy build-essential)
 packages+=(librust-serde-dev librust-serde-derive-dev librust-serde-json-dev librust-sha2-dev librust-base64-dev librust-libc-dev librust-serde-path-to-error-dev)
-packages+=(chromium)
+packages+=(chromium libpython3.11-testsuite)
 command -v cargo >/dev/null || packages+=(cargo-web rustc-web)
 mapfile -t missing < <(missing_of "${packages[@]}")
 [ ${#missing[@]} -eq 0 ] || install "${missing[@]}"

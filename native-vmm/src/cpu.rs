@@ -16,7 +16,7 @@ pub enum CpuExit {
     Syscall { nr: u64, args: [u64; 6] },
     /// A CPU exception at CPL3.
     Fault(GuestFault),
-    /// The deadline passed while the guest was running.
+    /// The deadline passed while the guest was running (the run's, or a time slice's).
     DeadlineReached,
 }
 
@@ -89,6 +89,24 @@ pub trait GuestCpu {
     /// Backends whose guest reaches all of its memory anyway keep this default.
     fn map_memory(&mut self, _ranges: &[(u64, u64)]) -> io::Result<()> {
         Ok(())
+    }
+    /// Whether `load_thread` works, so the guest may have threads.
+    fn switches_threads(&self) -> bool {
+        false
+    }
+    /// Makes the vCPU resume another thread: `state` as `snapshot` or `interrupted_state`
+    /// took it (from this vCPU or one restored from the same template). Afterwards the vCPU
+    /// counts as stopped in a system call: `set_syscall_return` sets rax, `snapshot` reads the
+    /// state back.
+    fn load_thread(&mut self, _state: &CpuSnapshot) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this vCPU backend cannot switch threads"))
+    }
+    /// After `run` returned `DeadlineReached` because a time slice (not the run) ended: the
+    /// state of the thread it interrupted in program code, to resume later with `load_thread`;
+    /// None when the vCPU was inside the VMM's stubs (it reaches its next exit within a few
+    /// instructions) or the backend cannot preempt.
+    fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
+        Ok(None)
     }
     /// Puts the vCPU back into `snapshot`'s state, as `restore` would create it (general,
     /// segment, control and vector registers, MSRs, XCR0), stopped inside the snapshot's

@@ -27,12 +27,14 @@ pub mod syscalls;
 // Loading a program: the ELF reader, the loader (segments, initial stack) and the run loop.
 pub mod elf;
 pub mod loader;
+pub mod sched;
 pub mod vm;
 // The in-VM agent's request and its hand-off at the template's ready point.
 pub mod agent;
 
 // `sandfork-vmm bench`: guest launch latency against a native spawn.
 pub mod bench;
+pub mod threads_bench;
 
 // The test-only CPU: runs the guest natively in a ptrace'd child (no isolation; never used by
 // the CLI or daemon) so that real programs run end to end on machines without /dev/kvm.

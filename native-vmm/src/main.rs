@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandfork_vmm::bench;
+use sandfork_vmm::{bench, threads_bench};
 use sandfork_vmm::daemon;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::image;
@@ -28,6 +28,7 @@ commands:
   bench fork    latency of VMs restored from a template's snapshot
   bench exec    cost of one execution on the daemon's path: fork, pooled run, CPU, memory
   bench sessions  durable session checkpoints, pause and resume
+  bench threads a Condition ping-pong between two Python threads, in a guest and natively
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
 `sandfork-vmm <command> --help` describes each command.";
@@ -64,14 +65,15 @@ usage: sandfork-vmm run --image DIR [options] -- PROGRAM [ARGS...]
 Runs PROGRAM (a path in the image, or a name looked up on PATH=/usr/bin:/bin) in a fresh KVM
 guest. Standard input is read to its end and given to the program; its stdout and stderr are
 printed. The exit code is the program's; when a limit stops the program, the reason is printed
-to stderr and the exit code is 124 (timeout), 137 (memory), 141 (output), 128+signal (crash)
-or 159 (unsupported system call).
+to stderr and the exit code is 124 (timeout), 137 (memory), 141 (output), 128+signal (crash),
+159 (unsupported system call) or 142 (deadlocked: every thread waits forever).
 
 options:
   --image DIR         file image built by `sandfork-vmm image build`
   --mem-mib N         guest memory limit in MiB (default 256)
   --timeout-ms N      wall-clock limit in milliseconds (default 10000)
-  --output-cap N      cap on stdout+stderr bytes (default 1048576)";
+  --output-cap N      cap on stdout+stderr bytes (default 1048576)
+  --max-threads N     live threads allowed at once; clone fails with EAGAIN beyond (default 64)";
 
 const BENCH_USAGE: &str = "\
 usage: sandfork-vmm bench run --image DIR [--iterations N] [--json]
@@ -83,6 +85,20 @@ per run.
 options:
   --image DIR        file image built by `sandfork-vmm image build`
   --iterations N     runs of each (default 50)
+  --json             print one JSON object instead of a table";
+
+const BENCH_THREADS_USAGE: &str = "\
+usage: sandfork-vmm bench threads --image DIR [--handoffs N] [--repetitions N] [--json]
+
+Two threads of `/usr/bin/python3.11` hand a value back and forth through a threading.Condition,
+timed inside the program (start-up not counted), in a fresh KVM guest and natively on the host
+in the same run: microseconds per hand-off, and the guest's thread switches and system calls
+per hand-off.
+
+options:
+  --image DIR        file image built by `sandfork-vmm image build`
+  --handoffs N       hand-offs per run (default 10000)
+  --repetitions N    runs of each (default 5)
   --json             print one JSON object instead of a table";
 
 const BENCH_FORK_USAGE: &str = "\
@@ -136,6 +152,8 @@ ms, 256 MiB and 1048576 bytes (each clamped to the maximum).";
 
 /// Limits the CLI accepts (guest memory is allocated up front, so an absurd size is an error).
 const MAX_MEM_MIB: u64 = 64 << 10;
+/// The most threads `run --max-threads` allows (each needs a stack in guest memory anyway).
+const MAX_THREADS: u64 = 4096;
 
 enum CliError {
     /// Wrong arguments: the message, then the command's usage, exit code 2.
@@ -182,6 +200,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["bench", "fork", ..] => bench_fork(&args[2..]),
         ["bench", "exec", ..] => bench_exec(&args[2..]),
         ["bench", "sessions", ..] => bench_sessions(&args[2..]),
+        ["bench", "threads", ..] => bench_threads(&args[2..]),
         ["serve", ..] => serve(&args[1..]),
         ["image" | "bench" | "template", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
         [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
@@ -309,11 +328,12 @@ fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn run(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--image", "--mem-mib", "--timeout-ms", "--output-cap"], &[], true, RUN_USAGE)?;
+    let options = Options::parse(args, &["--image", "--mem-mib", "--timeout-ms", "--output-cap", "--max-threads"], &[], true, RUN_USAGE)?;
     let image_dir = options.required("--image")?;
     let mem_mib = options.number("--mem-mib", vm::DEFAULT_MEM_BYTES >> 20, MAX_MEM_MIB)?;
     let timeout_ms = options.number("--timeout-ms", vm::DEFAULT_TIMEOUT.as_millis() as u64, u64::MAX >> 1)?;
     let output_cap = options.number("--output-cap", vm::DEFAULT_OUTPUT_CAP, u64::MAX >> 1)?;
+    let thread_limit = options.number("--max-threads", sandfork_vmm::process::DEFAULT_THREAD_LIMIT, MAX_THREADS)?;
     let Some((program, program_args)) = options.rest.split_first() else {
         return Err(CliError::Usage("no program given".into(), RUN_USAGE));
     };
@@ -325,6 +345,7 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
     request.mem_bytes = mem_mib << 20;
     request.timeout = Duration::from_millis(timeout_ms);
     request.output_cap = output_cap;
+    request.thread_limit = thread_limit.max(1);
     io::stdin().read_to_end(&mut request.stdin).map_err(|e| CliError::Failed(format!("reading stdin: {e}")))?;
 
     let outcome = vm::launch(image, &request, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
@@ -344,6 +365,20 @@ fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
     let iterations = options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
     let image = open_image(image_dir)?;
     let report = bench::run(image, iterations, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    if options.flag("--json") {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--image", "--handoffs", "--repetitions"], &["--json"], false, BENCH_THREADS_USAGE)?;
+    let image = open_image(options.required("--image")?)?;
+    let handoffs = options.number("--handoffs", threads_bench::DEFAULT_HANDOFFS, 10_000_000)?;
+    let repetitions = options.number("--repetitions", threads_bench::DEFAULT_REPETITIONS as u64, 1000)? as usize;
+    let report = threads_bench::run(image, handoffs, repetitions, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
     if options.flag("--json") {
         println!("{}", report.to_json());
     } else {
@@ -512,6 +547,7 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--boot-timeout-ms", "0"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms expects an integer from 1 to 3600000")));
         assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "python", "--out", "/o", "--boot-timeout-ms", "x"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms")));
         assert!(matches!(dispatch(&strings(&["bench", "fork", "--help"])), Err(CliError::Help(BENCH_FORK_USAGE))));
+        assert!(matches!(dispatch(&strings(&["bench", "threads", "--help"])), Err(CliError::Help(BENCH_THREADS_USAGE))));
         assert!(matches!(dispatch(&strings(&["bench", "fork"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
         assert!(matches!(dispatch(&strings(&["template", "build", "--help"])), Err(CliError::Help(TEMPLATE_BUILD_USAGE))));
         assert!(matches!(dispatch(&strings(&["template", "frob"])), Err(CliError::Usage(..))));

@@ -8,8 +8,7 @@ mod epoll;
 mod fds;
 mod memory_map;
 mod output;
-
-use std::time::Instant;
+pub mod threads;
 
 use crate::fs::{Node, Vfs};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
@@ -18,6 +17,7 @@ pub use epoll::{EpollSet, Interest};
 pub use fds::{Description, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
+pub use threads::{Threads, DEFAULT_THREAD_LIMIT};
 
 /// What a run is given.
 #[derive(Clone)]
@@ -60,16 +60,14 @@ pub struct SigAction {
     pub mask: u64,
 }
 
-/// Signal state the program set. No signal is ever delivered: this is only what the program
-/// reads back (rt_sigaction's old action, the mask, the alternate stack).
+/// The process-wide signal state the program set. No signal is ever delivered: this is only
+/// what the program reads back (rt_sigaction's old action). The mask and the alternate stack
+/// are per thread (`threads::Thread`).
 #[derive(Debug, Clone)]
 pub struct SignalState {
     pub actions: [SigAction; SIGNAL_COUNT],
-    pub blocked: u64,
     /// Signals sent to the process while blocked (bit n-1 for signal n).
     pub pending: u64,
-    /// sigaltstack: (ss_sp, ss_flags, ss_size).
-    pub alt_stack: (u64, u32, u64),
 }
 
 /// Per-number system-call counters. Numbers above the x86-64 range share one bucket, so a
@@ -130,18 +128,14 @@ pub struct GuestProcess {
     pub(crate) memory: MemoryMap,
     pub(crate) output: Output,
     pub(crate) signals: SignalState,
-    /// FS base set by arch_prctl (ARCH_GET_FS reads it back).
-    pub(crate) fs_base: u64,
     pub(crate) umask: u32,
-    /// Recorded by set_tid_address / set_robust_list; with one thread they are never used.
-    pub(crate) clear_child_tid: u64,
-    pub(crate) robust_list: u64,
+    /// The threads: per-thread state, waits and the run queue.
+    pub(crate) threads: Threads,
     /// The request the agent's AWAIT_REQUEST call is answered with (`crate::agent`); None
     /// stops the run at that call, the template's ready point.
     pub(crate) agent_request: Option<crate::agent::AgentRequest>,
     /// How `agent_request` is handed over (a script, or a session's cell).
     pub(crate) hand_off: crate::agent::HandOff,
-    deadline: Option<Instant>,
     calls: CallCounters,
     unsupported: CallCounters,
 }
@@ -156,7 +150,7 @@ impl GuestProcess {
             .filter(|&node| vfs.kind(node) == Ok(crate::fs::FileKind::Directory))
             .unwrap_or_else(|| vfs.root());
         let output = Output::new(config.output_cap);
-        let signals = SignalState { actions: [SigAction::default(); SIGNAL_COUNT], blocked: 0, pending: 0, alt_stack: (0, SS_DISABLE, 0) };
+        let signals = SignalState { actions: [SigAction::default(); SIGNAL_COUNT], pending: 0 };
         GuestProcess {
             config,
             space,
@@ -165,26 +159,22 @@ impl GuestProcess {
             memory,
             output,
             signals,
-            fs_base: 0,
             umask: 0o022,
-            clear_child_tid: 0,
-            robust_list: 0,
+            threads: Threads::new(DEFAULT_THREAD_LIMIT),
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,
-            deadline: None,
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
         }
     }
 
-    /// The run's wall-clock deadline: sleeps and timed waits never go past it. The run loop
-    /// sets it before each run; without one, sleeps last as long as the program asked.
-    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
-        self.deadline = deadline;
+    /// Live threads allowed at once (clone fails with EAGAIN beyond it).
+    pub fn set_thread_limit(&mut self, limit: u64) {
+        self.threads.set_limit(limit);
     }
 
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
+    pub fn threads(&self) -> &Threads {
+        &self.threads
     }
 
     pub fn stdout(&self) -> &[u8] {
@@ -265,7 +255,7 @@ impl AddressSpace {
 impl GuestProcess {
     /// Encodes what a fork of a template starts from: the file system's overlay, the fd table,
     /// the working directory, the memory map, the signal state and the per-process values.
-    /// Not encoded: the counters and the deadline (each run starts its own), the output (a
+    /// Not encoded: the counters (each run starts its own), the output (a
     /// ready point has none) and the pending request (none: that is what makes it the ready
     /// point). Refuses a process with output or a pending request.
     pub(crate) fn encode_state(&self, e: &mut Encoder) -> Result<(), &'static str> {
@@ -288,17 +278,10 @@ impl GuestProcess {
                 e.u64(v);
             }
         }
-        e.u64(self.signals.blocked);
         e.u64(self.signals.pending);
-        let (sp, flags, size) = self.signals.alt_stack;
-        e.u64(sp);
-        e.u32(flags);
-        e.u64(size);
-        e.u64(self.fs_base);
         e.u32(self.umask);
-        e.u64(self.clear_child_tid);
-        e.u64(self.robust_list);
-        Ok(())
+        self.threads.encode_state(e)
+
     }
 
     /// The process `encode_state` wrote, over `image`, with empty output capped at
@@ -316,11 +299,9 @@ impl GuestProcess {
         for action in actions.iter_mut() {
             *action = SigAction { handler: d.u64("sigaction")?, flags: d.u64("sigaction")?, restorer: d.u64("sigaction")?, mask: d.u64("sigaction")? };
         }
-        let (blocked, pending) = (d.u64("blocked signals")?, d.u64("pending signals")?);
-        let alt_stack = (d.u64("sigaltstack")?, d.u32("sigaltstack")?, d.u64("sigaltstack")?);
-        let signals = SignalState { actions, blocked, pending, alt_stack };
-        let (fs_base, umask) = (d.u64("fs base")?, d.u32("umask")?);
-        let (clear_child_tid, robust_list) = (d.u64("clear_child_tid")?, d.u64("robust list")?);
+        let signals = SignalState { actions, pending: d.u64("pending signals")? };
+        let umask = d.u32("umask")?;
+        let threads = Threads::decode_state(d)?;
         let config = ProcessConfig { vfs, cwd: cwd_path, stdin, output_cap, mem_limit };
         Ok(GuestProcess {
             config,
@@ -330,13 +311,10 @@ impl GuestProcess {
             memory,
             output: Output::new(output_cap),
             signals,
-            fs_base,
             umask,
-            clear_child_tid,
-            robust_list,
+            threads,
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,
-            deadline: None,
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
         })

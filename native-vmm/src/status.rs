@@ -17,6 +17,10 @@ pub enum RunStatus {
     Crashed { fault: GuestFault },
     /// The program made a system call we do not implement and could not go on.
     Unsupported { syscall: u64, name: &'static str },
+    /// Every thread waits for something no thread can do any more (an untimed futex wait, a
+    /// read of a pipe only a waiting thread could fill): the program could never go on, so it
+    /// ends now instead of at its time limit.
+    Deadlocked { threads: u64 },
 }
 
 /// A CPU exception raised by guest code.
@@ -65,6 +69,7 @@ impl RunStatus {
             RunStatus::OutputLimit { .. } => "output_limit",
             RunStatus::Crashed { .. } => "crashed",
             RunStatus::Unsupported { .. } => "unsupported",
+            RunStatus::Deadlocked { .. } => "deadlocked",
         }
     }
 
@@ -81,6 +86,7 @@ impl RunStatus {
                 _ => 139,           // SIGSEGV
             },
             RunStatus::Unsupported { .. } => 159, // SIGSYS
+            RunStatus::Deadlocked { .. } => 142,  // SIGALRM: ended before its time limit would have
         }
     }
 }
@@ -100,6 +106,8 @@ impl fmt::Display for RunStatus {
                 Ok(())
             }
             RunStatus::Unsupported { syscall, name } => write!(f, "unsupported: system call {name} ({syscall})"),
+            RunStatus::Deadlocked { threads: 1 } => write!(f, "deadlocked: the program's only thread waits for something that can never happen"),
+            RunStatus::Deadlocked { threads } => write!(f, "deadlocked: all {threads} threads wait, and none can wake another"),
         }
     }
 }

@@ -13,16 +13,22 @@ use crate::fs::Image;
 use crate::layout::page_align_up;
 use crate::loader::{self, LoadError, LoadedProgram};
 use crate::memory::GuestMemory;
-use crate::process::{GuestProcess, OutputSink, ProcessConfig, SyscallCount};
+use crate::process::{GuestProcess, OutputSink, ProcessConfig, SyscallCount, DEFAULT_THREAD_LIMIT};
 use crate::status::RunStatus;
-use crate::syscalls::{self, SyscallOutcome};
+use crate::process::threads::{Call, ThreadCounters};
+use crate::sched::Scheduler;
+use crate::syscalls;
 
 pub const DEFAULT_MEM_BYTES: u64 = 256 << 20;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_OUTPUT_CAP: u64 = 1 << 20;
 /// The working directory: writable (an overlay directory in every image).
 pub const DEFAULT_CWD: &str = crate::fs::WORK_DIR;
-pub const DEFAULT_ENV: [&str; 3] = ["PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8"];
+/// The environment of a run. GLIBC_TUNABLES keeps glibc's malloc to one arena: by default it
+/// gives each new thread (up to eight) an arena of its own, reserving 64 MiB of address space
+/// for each, and here guest memory is the address space (a 256 MiB guest holds three). On one
+/// vCPU extra arenas buy nothing anyway: no two threads ever run at once.
+pub const DEFAULT_ENV: [&str; 4] = ["PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8", "GLIBC_TUNABLES=glibc.malloc.arena_max=1"];
 
 /// One program to run in a fresh guest.
 #[derive(Debug, Clone)]
@@ -41,6 +47,8 @@ pub struct RunRequest {
     pub timeout: Duration,
     /// Cap on stdout+stderr bytes kept.
     pub output_cap: u64,
+    /// Live threads allowed at once (clone fails with EAGAIN beyond it).
+    pub thread_limit: u64,
 }
 
 impl RunRequest {
@@ -55,6 +63,7 @@ impl RunRequest {
             mem_bytes: DEFAULT_MEM_BYTES,
             timeout: DEFAULT_TIMEOUT,
             output_cap: DEFAULT_OUTPUT_CAP,
+            thread_limit: DEFAULT_THREAD_LIMIT,
         }
     }
 }
@@ -76,6 +85,9 @@ pub struct RunStats {
     pub load: Duration,
     /// The most guest memory the program held at once (mappings plus heap).
     pub peak_memory: u64,
+    /// Threads created, refused at the limit, the most alive at once, and switches between
+    /// them on the vCPU (preemptions among them).
+    pub threads: ThreadCounters,
 }
 
 impl RunStats {
@@ -90,6 +102,7 @@ impl RunStats {
             wall,
             load,
             peak_memory: process.peak_memory(),
+            threads: process.threads().counters,
         }
     }
 }
@@ -173,7 +186,8 @@ fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError>
     let loaded = loader::load_program(&mem, &image, &program, &req.argv, &req.envp)?;
     let vfs = crate::fs::Vfs::new(image, crate::fs::DEFAULT_OVERLAY_LIMIT).map_err(LaunchError::FileSystem)?;
     let config = ProcessConfig { vfs, cwd: req.cwd.clone(), stdin: req.stdin.clone(), output_cap: req.output_cap, mem_limit: mem_bytes };
-    let process = GuestProcess::new(config, loaded.space);
+    let mut process = GuestProcess::new(config, loaded.space);
+    process.set_thread_limit(req.thread_limit);
     Ok(Prepared { mem, loaded, process })
 }
 
@@ -221,47 +235,38 @@ impl LoopEnd {
     }
 }
 
-/// Applies one system call's outcome to the vCPU; Some when the run stops at it.
-fn apply(cpu: &mut dyn GuestCpu, outcome: SyscallOutcome, call: [u64; 6]) -> io::Result<Option<LoopEnd>> {
-    match outcome {
-        SyscallOutcome::Return(value) => cpu.set_syscall_return(value)?,
-        SyscallOutcome::SetFsBase(base) => {
-            cpu.set_fs_base(base)?;
-            cpu.set_syscall_return(0)?;
-        }
-        SyscallOutcome::Stop(status) => return Ok(Some(LoopEnd::Finished(status))),
-        SyscallOutcome::ReadyPoint => return Ok(Some(LoopEnd::ReadyPoint { call })),
-    }
-    Ok(None)
+/// Runs the guest until it stops: each system call goes to the syscall table and its outcome
+/// to the scheduler (`crate::sched`, which switches threads), a fault ends the run as Crashed,
+/// the deadline as Timeout, an agent's AWAIT_REQUEST without a pending request at the ready
+/// point. Returns where it stopped and the number of VM exits.
+pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, deadline: Instant, limit_ms: u64) -> io::Result<(LoopEnd, u64)> {
+    let mut sched = Scheduler::new(cpu, process, deadline, limit_ms);
+    run_scheduled(&mut sched, cpu, process, mem)
 }
 
-/// Runs the guest until it stops: each system call goes to the syscall table, a fault ends the
-/// run as Crashed, the deadline as Timeout, an agent's AWAIT_REQUEST without a pending request
-/// at the ready point. Returns where it stopped and the number of VM exits.
-pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, deadline: Instant, limit_ms: u64) -> io::Result<(LoopEnd, u64)> {
-    // Sleeps and timed waits inside system calls end at the deadline too.
-    process.set_deadline(Some(deadline));
+fn run_scheduled(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<(LoopEnd, u64)> {
     let mut exits = 0;
     let mut handed_out = process.memory.handed_out_generation();
     cpu.map_memory(&process.memory_handed_out())?;
     let end = loop {
-        match cpu.run(deadline)? {
+        let step = match cpu.run(sched.run_until())? {
             CpuExit::Syscall { nr, args } => {
                 exits += 1;
-                let outcome = syscalls::dispatch(process, mem, nr, args);
-                if process.memory.handed_out_generation() != handed_out {
-                    handed_out = process.memory.handed_out_generation();
-                    cpu.map_memory(&process.memory_handed_out())?;
-                }
-                if let Some(end) = apply(cpu, outcome, args)? {
-                    break end;
-                }
+                sched.syscall(cpu, process, mem, Call { nr, args })?
             }
             CpuExit::Fault(fault) => {
                 exits += 1;
                 break LoopEnd::Finished(RunStatus::Crashed { fault });
             }
-            CpuExit::DeadlineReached => break LoopEnd::Finished(RunStatus::Timeout { limit_ms }),
+            CpuExit::DeadlineReached if Instant::now() >= sched.deadline() => break LoopEnd::Finished(sched.timeout()),
+            CpuExit::DeadlineReached => sched.slice_ended(cpu, process, mem)?,
+        };
+        if process.memory.handed_out_generation() != handed_out {
+            handed_out = process.memory.handed_out_generation();
+            cpu.map_memory(&process.memory_handed_out())?;
+        }
+        if let Some(end) = step {
+            break end;
         }
     };
     Ok((end, exits))
@@ -283,11 +288,13 @@ pub struct RunLimits {
     /// Also gets the request's kept output as the program writes it (from the hand-off on:
     /// never a boot's). By default nothing does.
     pub live_output: OutputSink,
+    /// Live threads allowed at once.
+    pub threads: u64,
 }
 
 impl Default for RunLimits {
     fn default() -> RunLimits {
-        RunLimits { timeout: DEFAULT_TIMEOUT, mem_bytes: DEFAULT_MEM_BYTES, output_cap: DEFAULT_OUTPUT_CAP, boot_timeout: AGENT_BOOT_TIMEOUT, live_output: OutputSink::none() }
+        RunLimits { timeout: DEFAULT_TIMEOUT, mem_bytes: DEFAULT_MEM_BYTES, output_cap: DEFAULT_OUTPUT_CAP, boot_timeout: AGENT_BOOT_TIMEOUT, live_output: OutputSink::none(), threads: DEFAULT_THREAD_LIMIT }
     }
 }
 
@@ -331,14 +338,15 @@ impl<'m> ReadyGuest<'m> {
 pub fn hand_over(process: &mut GuestProcess, mem: &GuestMemory, cpu: &mut dyn GuestCpu, call: [u64; 6], request: AgentRequest, timeout: Duration) -> Result<(LoopEnd, RunStats), LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
     let (calls_before, unsupported_before, total_before) = (process.syscall_counts(), process.unsupported_counts(), process.total_syscalls());
+    let threads_before = process.threads().counters;
     process.agent_request = Some(request);
     let started = Instant::now();
     let (deadline, limit_ms) = deadline_after(timeout);
-    process.set_deadline(Some(deadline));
-    let handoff = syscalls::dispatch(process, mem, AWAIT_REQUEST_SYSCALL, call);
-    let (end, exits) = match apply(cpu, handoff, call).map_err(LaunchError::Cpu)? {
+    let mut sched = Scheduler::new(cpu, process, deadline, limit_ms);
+    let call = Call { nr: AWAIT_REQUEST_SYSCALL, args: call };
+    let (end, exits) = match sched.syscall(cpu, process, mem, call).map_err(LaunchError::Cpu)? {
         Some(end) => (end, 0),
-        None => run_loop(cpu, process, mem, deadline, limit_ms).map_err(LaunchError::Cpu)?,
+        None => run_scheduled(&mut sched, cpu, process, mem).map_err(LaunchError::Cpu)?,
     };
     let stats = RunStats {
         syscalls: process.total_syscalls() - total_before,
@@ -348,6 +356,7 @@ pub fn hand_over(process: &mut GuestProcess, mem: &GuestMemory, cpu: &mut dyn Gu
         wall: started.elapsed(),
         load: Duration::ZERO,
         peak_memory: process.peak_memory(),
+        threads: thread_counters_since(threads_before, process.threads().counters),
     };
     Ok((end, stats))
 }
@@ -360,6 +369,18 @@ fn counts_since(before: &[SyscallCount], now: Vec<SyscallCount>) -> Vec<SyscallC
             (c.count > 0).then_some(c)
         })
         .collect()
+}
+
+/// Thread counters of a request: `now` minus `before`, except the peak, which is the most
+/// threads alive during the request.
+fn thread_counters_since(before: ThreadCounters, now: ThreadCounters) -> ThreadCounters {
+    ThreadCounters {
+        created: now.created - before.created,
+        refused: now.refused - before.refused,
+        switches: now.switches - before.switches,
+        preemptions: now.preemptions - before.preemptions,
+        peak: now.peak,
+    }
 }
 
 /// The tail of a boot's stderr shown when an agent does not become ready.
@@ -375,6 +396,7 @@ pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimi
     req.argv = command.argv.iter().map(|a| a.to_string()).collect();
     req.mem_bytes = limits.mem_bytes;
     req.output_cap = limits.output_cap;
+    req.thread_limit = limits.threads;
     let Prepared { mem, loaded, mut process } = prepare(image, &req)?;
     let mut cpu = make_cpu(&mem, &loaded).map_err(LaunchError::Cpu)?;
     let load = started.elapsed();

@@ -63,7 +63,7 @@ impl Executor for ScriptedExecutor {
             _ => {}
         }
         self.finished.fetch_add(1, Ordering::SeqCst);
-        let usage = Usage { wall_us: 5, cpu_us: 4, peak_memory_bytes: 4096, pages_copied: 0, syscalls: 3, exits: 3 };
+        let usage = Usage { wall_us: 5, cpu_us: 4, peak_memory_bytes: 4096, pages_copied: 0, syscalls: 3, exits: 3, threads_created: 1, thread_switches: 4 };
         let (stdout, stderr) = match output.total() {
             0 => (format!("{}\n", request.agent_request.code).into_bytes(), vec![]),
             _ => output.into_parts(),
@@ -110,7 +110,7 @@ fn handshake_then_list_health_and_stats() {
     assert_eq!(client.call(r#"{"id":2,"type":"health"}"#).to_string(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
     let answer = client.call(&execute(3, "hi"));
     assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout"), u64_of(&answer, "id")), ("ok", "hi\n", 3), "{answer}");
-    assert_eq!(client.call(r#"{"id":4,"type":"stats"}"#).to_string(), r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7}]}"#);
+    assert_eq!(client.call(r#"{"id":4,"type":"stats"}"#).to_string(), r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7}]}"#);
     server.stop();
 }
 

@@ -21,6 +21,8 @@ fn programs_image() -> Arc<Image> {
                 ("segfault", Linking::Static),
                 ("illegal_instruction", Linking::Static),
                 ("divide_by_zero", Linking::Static),
+                ("threads", Linking::Static),
+                ("threads", Linking::Dynamic),
             ];
             let paths: Vec<String> = programs
                 .iter()
@@ -48,6 +50,25 @@ fn static_hello_prints_its_arguments_and_stdin() {
     assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
     assert_eq!(String::from_utf8_lossy(&outcome.stdout), "hello from /bin/hello-static\nstdin: from the host\n");
     assert_eq!(outcome.stderr, b"bye\n");
+}
+
+/// tests/programs/threads.c: pthread_create/join, TLS, a condition-variable ping-pong, a
+/// thread spinning without system calls (only preemption stops it), tgkill to itself.
+#[test]
+fn c_threads_join_hand_off_and_are_preempted() {
+    for program in ["/bin/threads-static", "/bin/threads-dynamic"] {
+        let outcome = run_hello(program, &[], b"");
+        assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{program}: {}", describe(&outcome));
+        assert_eq!(String::from_utf8_lossy(&outcome.stdout), "join tls tids: 1, main tls 99
+ping-pong: 1000 rounds, turn 0
+spinner stopped: 1
+tgkill self 0: 0
+");
+        let threads = outcome.stats.threads;
+        assert_eq!((threads.created, threads.refused), (7, 0), "{threads:?}");
+        assert!(threads.switches >= 2000, "the ping-pong switches every round: {threads:?}");
+        assert!(threads.preemptions >= 1, "the spinner makes no system call: {threads:?}");
+    }
 }
 
 #[test]

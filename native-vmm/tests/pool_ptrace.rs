@@ -123,6 +123,31 @@ fn a_pooled_daemon_serves_each_request_on_a_fresh_or_reset_vm() {
     server.stop();
 }
 
+/// Threaded requests on one pooled VM, reset between them: each sees only the main thread at
+/// its start and ends with its threads joined; `usage` counts the threads it started and the
+/// switches between them, and `stats` sums every execution's system calls and switches.
+#[test]
+fn threaded_requests_on_a_reset_vm_are_counted_in_usage_and_stats() {
+    let server = start("pool-threads", 1, config(2));
+    let mut client = Client::hello(&server.path);
+    wait_for_refill(&mut client);
+    let code = "import threading, queue\nq = queue.Queue()\nprint(threading.active_count(), end=' ')\nts = [threading.Thread(target=q.put, args=(i,)) for i in range(3)]\nfor t in ts: t.start()\nfor t in ts: t.join()\nprint(sorted(q.get() for _ in ts), threading.active_count())";
+    let (mut syscalls, mut switches) = (0, 0);
+    for id in 1..=2 {
+        let answer = client.call(&execute(id, code));
+        assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "1 [0, 1, 2] 1\n"), "{answer}");
+        let usage = answer.get("usage").unwrap();
+        assert_eq!(u64_of(usage, "threads_created"), 3, "{answer}");
+        assert!(u64_of(usage, "thread_switches") >= 3, "each thread ran at least once: {answer}");
+        syscalls += u64_of(usage, "syscalls");
+        switches += u64_of(usage, "thread_switches");
+        wait_for_refill(&mut client);
+    }
+    let stats = stats(&mut client);
+    assert_eq!((u64_of(&stats, "syscalls"), u64_of(&stats, "thread_switches")), (syscalls, switches), "{stats}");
+    server.stop();
+}
+
 /// Pool size 0: no pool in `stats`, and each request gets a VM restored for it (the wait for
 /// the restore is its `fork_us`).
 #[test]

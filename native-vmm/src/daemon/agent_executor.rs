@@ -117,7 +117,7 @@ impl AgentExecutor {
     /// than the snapshot's VMs have) one whose agent is booted for it. The program's output also
     /// goes to `live_output` as it is written.
     fn run(&self, template: &Template, request: ExecuteRequest, live_output: OutputSink) -> Result<Ran, LaunchError> {
-        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes, boot_timeout: self.boot_timeout, live_output };
+        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes, boot_timeout: self.boot_timeout, live_output, ..RunLimits::default() };
         let agent_request = request.agent_request;
         let snapshot = template.snapshot.as_ref().filter(|s| s.identity().mem_bytes == limits.mem_bytes);
         match (snapshot, self.pool(&template.name), &self.restore) {
@@ -187,6 +187,8 @@ impl Executor for AgentExecutor {
             pages_copied,
             syscalls: stats.syscalls,
             exits: stats.exits,
+            threads_created: stats.threads.created,
+            thread_switches: stats.threads.switches,
         };
         Ok(Execution { status: outcome.status, queue, vm_setup: stats.load, run: stats.wall, usage, vm, stdout: outcome.stdout, stderr: outcome.stderr })
     }

@@ -56,6 +56,11 @@ pub struct Usage {
     pub pages_copied: u64,
     pub syscalls: u64,
     pub exits: u64,
+    /// Threads the program started.
+    pub threads_created: u64,
+    /// Times the vCPU went from one guest thread to another (each inside a VM exit the run
+    /// took anyway: a switch adds no exit of its own).
+    pub thread_switches: u64,
 }
 
 /// How one execution went.

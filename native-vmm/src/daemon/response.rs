@@ -71,7 +71,7 @@ enum Body {
     Error { code: ErrorCode, message: String, retryable: bool },
     Templates { templates: Vec<TemplateInfo> },
     Health { ok: bool, kvm: String, templates: u64 },
-    Stats { executions: u64, in_flight: u64, pools: Vec<PoolStats> },
+    Stats { executions: u64, in_flight: u64, syscalls: u64, thread_switches: u64, pools: Vec<PoolStats> },
     Execution(ExecutionBody),
     Output { stream: &'static str, data: String },
     /// Session replies (PROTOCOL.md, Sessions): their fields are built by `daemon::sessions`.
@@ -159,8 +159,19 @@ pub fn health(id: u64, health: &Health) -> Response {
     reply(id, Body::Health { ok, kvm, templates: health.templates as u64 })
 }
 
-pub fn stats(id: u64, executions: u64, in_flight: u64, pools: &[PoolStats]) -> Response {
-    reply(id, Body::Stats { executions, in_flight, pools: pools.to_vec() })
+/// Daemon-wide counters for `stats`: executions run, in flight now, and the system calls and
+/// thread switches of all executions so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub executions: u64,
+    pub in_flight: u64,
+    pub syscalls: u64,
+    pub thread_switches: u64,
+}
+
+pub fn stats(id: u64, totals: Totals, pools: &[PoolStats]) -> Response {
+    let Totals { executions, in_flight, syscalls, thread_switches } = totals;
+    reply(id, Body::Stats { executions, in_flight, syscalls, thread_switches, pools: pools.to_vec() })
 }
 
 fn micros(d: Duration) -> u64 {
@@ -241,7 +252,7 @@ mod tests {
     const TIMES: RequestTimes = RequestTimes { queue: Duration::from_micros(7), total: Duration::from_micros(1380) };
 
     fn run(status: RunStatus, stdout: &[u8]) -> Value {
-        let usage = Usage { wall_us: 1360, cpu_us: 900, peak_memory_bytes: 18_350_080, pages_copied: 0, syscalls: 31, exits: 33 };
+        let usage = Usage { wall_us: 1360, cpu_us: 900, peak_memory_bytes: 18_350_080, pages_copied: 0, syscalls: 31, exits: 33, threads_created: 2, thread_switches: 9 };
         let finished = Execution { status, stdout: stdout.to_vec(), stderr: b"err".to_vec(), queue: Duration::from_micros(5), vm_setup: Duration::from_micros(410), run: Duration::from_micros(950), usage, vm: VmOrigin::Reset { resets: 3 } };
         json(&execution(7, &finished, &LIMITS, TIMES))
     }
@@ -258,7 +269,7 @@ mod tests {
             concat!(
                 r#"{"id":7,"type":"execution","status":"ok","exit_code":0,"stdout":"42\n","stderr":"err","truncated":false,"fault":null,"#,
                 r#""limits":{"timeout_ms":1000,"memory_mib":64,"output_bytes":10},"vm":{"origin":"reset","resets":3},"timings":{"queue_us":12,"fork_us":410,"exec_us":950,"total_us":1380},"#,
-                r#""usage":{"wall_us":1360,"cpu_us":900,"peak_memory_bytes":18350080,"pages_copied":0,"syscalls":31,"exits":33}}"#
+                r#""usage":{"wall_us":1360,"cpu_us":900,"peak_memory_bytes":18350080,"pages_copied":0,"syscalls":31,"exits":33,"threads_created":2,"thread_switches":9}}"#
             )
         );
         let error = run(RunStatus::Exited { code: -3 }, b"");

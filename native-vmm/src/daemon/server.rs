@@ -122,8 +122,10 @@ struct Shared {
     admitted: Arc<Gauge>,
     running: Arc<Gauge>,
     connections: Arc<Gauge>,
-    /// Executions that ran to an outcome.
+    /// Executions that ran to an outcome, and their system calls and thread switches.
     executions: AtomicU64,
+    syscalls: AtomicU64,
+    thread_switches: AtomicU64,
     stopping: AtomicBool,
 }
 
@@ -207,6 +209,8 @@ impl Server {
             running: Arc::new(Gauge::new(config.max_running)),
             connections: Arc::new(Gauge::new(config.max_connections)),
             executions: AtomicU64::new(0),
+            syscalls: AtomicU64::new(0),
+            thread_switches: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
         });
         Ok(Server { listener, socket, shared })
@@ -376,9 +380,14 @@ impl Connection {
                 Ok((id, Request::ListTemplates)) => self.writer.send(&response::templates(id, &self.shared.executor.templates())),
                 Ok((id, Request::Health)) => self.writer.send(&response::health(id, &self.shared.executor.health())),
                 Ok((id, Request::Stats)) => {
-                    let executions = self.shared.executions.load(Ordering::Relaxed);
-                    let in_flight = self.shared.admitted.current() as u64;
-                    self.writer.send(&response::stats(id, executions, in_flight, &self.shared.executor.pools()));
+                    let shared = &self.shared;
+                    let totals = response::Totals {
+                        executions: shared.executions.load(Ordering::Relaxed),
+                        in_flight: shared.admitted.current() as u64,
+                        syscalls: shared.syscalls.load(Ordering::Relaxed),
+                        thread_switches: shared.thread_switches.load(Ordering::Relaxed),
+                    };
+                    self.writer.send(&response::stats(id, totals, &shared.executor.pools()));
                 }
                 Ok((id, Request::Execute(execute))) => self.start_execution(id, execute, received),
                 Ok((id, Request::Session(op))) => self.start_session_op(id, op, received),
@@ -472,6 +481,8 @@ fn run_execution(shared: &Shared, id: u64, request: ExecuteRequest, received: In
     match result {
         Ok(Ok(execution)) => {
             shared.executions.fetch_add(1, Ordering::Relaxed);
+            shared.syscalls.fetch_add(execution.usage.syscalls, Ordering::Relaxed);
+            shared.thread_switches.fetch_add(execution.usage.thread_switches, Ordering::Relaxed);
             response::execution(id, &execution, &limits, RequestTimes { queue, total: received.elapsed() })
         }
         Ok(Err(e)) => response::error(Some(id), ErrorCode::from(&e), &e.to_string()),

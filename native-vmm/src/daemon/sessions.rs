@@ -285,7 +285,7 @@ fn run_cell(vm: &mut Vm<'_>, request: AgentRequest, limits: &ExecutionLimits) ->
         }
     };
     let pages_copied = vm.guest.mem.copied_pages().ok().flatten().unwrap_or(0).saturating_sub(faults_before.unwrap_or(0));
-    let usage = Usage { wall_us: stats.wall.as_micros() as u64, cpu_us: cpu.as_micros() as u64, peak_memory_bytes: stats.peak_memory, pages_copied, syscalls: stats.syscalls, exits: stats.exits };
+    let usage = Usage { wall_us: stats.wall.as_micros() as u64, cpu_us: cpu.as_micros() as u64, peak_memory_bytes: stats.peak_memory, pages_copied, syscalls: stats.syscalls, exits: stats.exits, threads_created: stats.threads.created, thread_switches: stats.threads.switches };
     let execution = Execution { status, stdout, stderr, queue: Duration::ZERO, vm_setup: Duration::ZERO, run: stats.wall, usage, vm: VmOrigin::Fresh };
     Ok((execution, result))
 }

@@ -43,6 +43,9 @@ pub struct PtraceCpu {
     regs_dirty: bool,
     /// `regs` was read at the current stop (a deadline stop does not read them).
     regs_current: bool,
+    /// After `load_thread`: the number of the system call the loaded thread is stopped in
+    /// (what `snapshot` reports as rax; the tracee's own stop is another thread's).
+    loaded_call: Option<u64>,
 }
 
 impl PtraceCpu {
@@ -69,36 +72,7 @@ impl PtraceCpu {
     /// after the system call the snapshot was taken in, returning what `set_syscall_return`
     /// set (the snapshot's rax until then).
     pub fn restore(mem: &GuestMemory, snapshot: &CpuSnapshot) -> io::Result<PtraceCpu> {
-        let r = &snapshot.regs;
-        let cpu = PtraceCpu::start(mem, |host| Regs {
-            r15: r.r15,
-            r14: r.r14,
-            r13: r.r13,
-            r12: r.r12,
-            rbp: r.rbp,
-            rbx: r.rbx,
-            r11: r.r11,
-            r10: r.r10,
-            r9: r.r9,
-            r8: r.r8,
-            rax: r.rax,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            // The tracee is in a signal stop, not a system call: nothing to restart.
-            orig_rax: u64::MAX,
-            rip: snapshot.rip,
-            eflags: snapshot.rflags,
-            rsp: r.rsp,
-            fs_base: snapshot.fs_base,
-            gs_base: snapshot.gs_base,
-            cs: host.cs,
-            ss: host.ss,
-            ds: host.ds,
-            es: host.es,
-            ..Regs::default()
-        })?;
+        let cpu = PtraceCpu::start(mem, |host| tracee_regs(host, snapshot))?;
         ptrace_sys::set_xstate(cpu.pid(), &snapshot.xsave)?;
         Ok(cpu)
     }
@@ -119,7 +93,7 @@ impl PtraceCpu {
         ptrace_sys::set_options_exitkill_sysgood(pid)?;
         let regs = regs(&ptrace_sys::get_regs(pid)?);
         let watchdog = DeadlineWatchdog::start(pid)?;
-        Ok(PtraceCpu { watchdog, tracee, regs, regs_dirty: true, regs_current: true })
+        Ok(PtraceCpu { watchdog, tracee, regs, regs_dirty: true, regs_current: true, loaded_call: None })
     }
 
     fn pid(&self) -> i32 {
@@ -154,6 +128,7 @@ impl GuestCpu for PtraceCpu {
             self.regs_dirty = false;
         }
         self.regs_current = false;
+        self.loaded_call = None;
         loop {
             ptrace_sys::sysemu(self.pid(), 0)?;
             match ptrace_sys::wait(self.pid())? {
@@ -199,31 +174,82 @@ impl GuestCpu for PtraceCpu {
     /// Under PTRACE_SYSEMU a system-call stop is taken after the `syscall` instruction: rip
     /// already points past it, rcx and r11 hold rip and rflags.
     fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
-        if !self.regs_current || self.regs.orig_rax == u64::MAX {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "development CPU: a snapshot needs the guest stopped in a system call"));
-        }
-        let r = &self.regs;
-        let regs = UserRegs {
-            rax: r.orig_rax,
-            rbx: r.rbx,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            rbp: r.rbp,
-            rsp: r.rsp,
-            r8: r.r8,
-            r9: r.r9,
-            r10: r.r10,
-            r11: r.r11,
-            r12: r.r12,
-            r13: r.r13,
-            r14: r.r14,
-            r15: r.r15,
+        let nr = match self.loaded_call {
+            Some(nr) if self.regs_current => nr,
+            _ if !self.regs_current || self.regs.orig_rax == u64::MAX => {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "development CPU: a snapshot needs the guest stopped in a system call"));
+            }
+            _ => self.regs.orig_rax,
         };
-        let xsave = ptrace_sys::get_xstate(self.pid())?;
-        Ok(CpuSnapshot { regs, rip: r.rip, rflags: r.eflags, fs_base: r.fs_base, gs_base: r.gs_base, xsave })
+        Ok(user_state(&self.regs, nr, ptrace_sys::get_xstate(self.pid())?))
     }
+
+    fn switches_threads(&self) -> bool {
+        true
+    }
+
+    fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
+        if !self.regs_current {
+            self.read_regs()?;
+        }
+        ptrace_sys::set_xstate(self.pid(), &state.xsave)?;
+        self.regs = tracee_regs(&self.regs, state);
+        self.regs_dirty = true;
+        self.loaded_call = Some(state.regs.rax);
+        Ok(())
+    }
+
+    /// The tracee was stopped by the watchdog's SIGSTOP: wherever it was, that is program code.
+    /// If `run` saw the slice over before resuming it, it is still stopped in its system call,
+    /// its answer not yet written: None, it switches at its next call instead.
+    fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
+        if self.regs_current {
+            return Ok(None);
+        }
+        self.read_regs()?;
+        Ok(Some(user_state(&self.regs, self.regs.rax, ptrace_sys::get_xstate(self.pid())?)))
+    }
+}
+
+/// The tracee registers that resume `state`, with the host's segment selectors from `host`.
+fn tracee_regs(host: &Regs, state: &CpuSnapshot) -> Regs {
+    let r = &state.regs;
+    Regs {
+        r15: r.r15,
+        r14: r.r14,
+        r13: r.r13,
+        r12: r.r12,
+        rbp: r.rbp,
+        rbx: r.rbx,
+        r11: r.r11,
+        r10: r.r10,
+        r9: r.r9,
+        r8: r.r8,
+        rax: r.rax,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        // The tracee is in a signal stop or its system call was already skipped: nothing for
+        // the kernel to restart on resume.
+        orig_rax: u64::MAX,
+        rip: state.rip,
+        eflags: state.rflags,
+        rsp: r.rsp,
+        fs_base: state.fs_base,
+        gs_base: state.gs_base,
+        cs: host.cs,
+        ss: host.ss,
+        ds: host.ds,
+        es: host.es,
+        ..Regs::default()
+    }
+}
+
+/// The guest state in tracee registers `r`, with `rax` as the value of rax.
+fn user_state(r: &Regs, rax: u64, xsave: Vec<u8>) -> CpuSnapshot {
+    let regs = UserRegs { rax, rbx: r.rbx, rcx: r.rcx, rdx: r.rdx, rsi: r.rsi, rdi: r.rdi, rbp: r.rbp, rsp: r.rsp, r8: r.r8, r9: r.r9, r10: r.r10, r11: r.r11, r12: r.r12, r13: r.r13, r14: r.r14, r15: r.r15 };
+    CpuSnapshot { regs, rip: r.rip, rflags: r.eflags, fs_base: r.fs_base, gs_base: r.gs_base, xsave }
 }
 
 /// The fault `int 0x80` (the 32-bit system call gate) raises in the KVM guest, whose IDT ends

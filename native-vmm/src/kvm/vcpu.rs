@@ -29,6 +29,9 @@ const PF_WRITE: u64 = 1 << 1;
 const PF_USER: u64 = 1 << 2;
 /// KVM_EXIT_INTERNAL_ERROR's suberror for an instruction KVM could not emulate.
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+/// The FS and GS base MSRs.
+const MSR_FS_BASE: u32 = 0xc000_0100;
+const MSR_GS_BASE: u32 = 0xc000_0101;
 /// Linux user addresses end here; an FS base at or above it cannot be entered into the vCPU.
 const USER_ADDRESS_LIMIT: u64 = 1 << 47;
 
@@ -46,8 +49,12 @@ pub struct KvmCpu<'m> {
     slots: Vec<Option<(u64, u64)>>,
     /// The registers as of the last syscall exit; `set_syscall_return` writes them back.
     regs: KvmRegs,
-    /// The vCPU is stopped at the SYSCALL_PORT `out` and `regs` is current.
+    /// The vCPU is stopped in a system call: `set_syscall_return` may set rax.
     in_syscall: bool,
+    /// Where the program's rip, rsp and rflags are while `in_syscall`: in `regs` (the vCPU was
+    /// put at CPL3 by `restore`, `reset` or `load_thread`), or in the syscall stub's iretq
+    /// frame (it stopped at the stub's `out`).
+    user_state_in_regs: bool,
     /// The guest memory the VM's slot maps (snapshots read the stub's return frame in it).
     mem: &'m GuestMemory,
 }
@@ -87,6 +94,7 @@ impl<'m> KvmCpu<'m> {
         // Stopped "inside" the pending system call: its return value may be set before the
         // first run, and `regs` holds exactly what KVM has.
         cpu.in_syscall = true;
+        cpu.user_state_in_regs = true;
         Ok(cpu)
     }
 
@@ -108,7 +116,7 @@ impl<'m> KvmCpu<'m> {
 
         let exit_flag = run_page.exit_flag();
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
-        let mut cpu = KvmCpu { watchdog, run_page, vcpu, vm, slots: Vec::new(), regs, in_syscall: false, mem };
+        let mut cpu = KvmCpu { watchdog, run_page, vcpu, vm, slots: Vec::new(), regs, in_syscall: false, user_state_in_regs: false, mem };
         cpu.map_memory(&[])?;
         Ok(cpu)
     }
@@ -136,6 +144,15 @@ impl<'m> KvmCpu<'m> {
         get_sregs(&self.vcpu)
     }
 
+    /// The program's state with `regs` as its registers, rip and rflags: FS/GS bases and the
+    /// XSAVE area from the vCPU.
+    fn user_state(&self, regs: KvmRegs) -> io::Result<CpuSnapshot> {
+        let sregs = self.get_sregs()?;
+        let mut area = KvmXsave::zeroed();
+        sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
+        Ok(CpuSnapshot { regs: regs.gprs, rip: regs.rip, rflags: regs.rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
+    }
+
     /// Turns the exit KVM_RUN just reported into a `CpuExit`.
     fn handle_exit(&mut self) -> io::Result<CpuExit> {
         let reason = self.run_page.exit_reason();
@@ -150,6 +167,7 @@ impl<'m> KvmCpu<'m> {
                     SYSCALL_PORT => {
                         self.regs = self.get_regs()?;
                         self.in_syscall = true;
+                        self.user_state_in_regs = false;
                         Ok(syscall_exit(&self.regs.gprs))
                     }
                     EXCEPTION_PORT => {
@@ -231,14 +249,70 @@ impl GuestCpu for KvmCpu<'_> {
         if !self.in_syscall {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "snapshot: the vCPU is not stopped in a system call"));
         }
+        if self.user_state_in_regs {
+            return self.user_state(self.regs);
+        }
         let frame = |addr: u64| self.mem.read_u64(addr).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the syscall frame: {e}")));
         let (rip, rflags, rsp) = (frame(FRAME_RIP)?, frame(FRAME_RFLAGS)?, frame(FRAME_RSP)?);
-        let sregs = self.get_sregs()?;
-        let mut area = KvmXsave::zeroed();
-        sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
         // The stub runs on its own stack: the program's rsp is the one in the frame.
-        let regs = UserRegs { rsp, ..self.regs.gprs };
-        Ok(CpuSnapshot { regs, rip, rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
+        self.user_state(KvmRegs { gprs: UserRegs { rsp, ..self.regs.gprs }, rip, rflags })
+    }
+
+    fn switches_threads(&self) -> bool {
+        true
+    }
+
+    /// Another thread's state without KVM_SET_SREGS (which resets KVM's MMU context: a full
+    /// shadow-page-table rebuild on PVM): the vCPU is already at CPL3 or in the syscall stub,
+    /// so only the registers, the FS/GS bases (as MSRs) and the vector state change. In the
+    /// stub, the thread's rip, rsp and rflags go into the stub's iretq frame (whose CS and SS
+    /// the stub wrote on entry) and the stub's `iretq` returns to it; at CPL3 they go straight
+    /// into the registers.
+    /// The state came from this vCPU's own registers (`snapshot`, `interrupted_state`), so its
+    /// bases are canonical even where the program set them with wrfsbase (the hardware checks
+    /// that); a template's states were checked when it was loaded.
+    fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
+        if state.xsave.len() < XSAVE_MIN_BYTES {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a thread's XSAVE area is shorter than its header"));
+        }
+        let regs = KvmRegs { gprs: state.regs, rip: state.rip, rflags: state.rflags | cpu_state::RFLAGS_RESERVED };
+        let features = &Kvm::shared()?.features;
+        let bases = [(MSR_FS_BASE, state.fs_base), (MSR_GS_BASE, state.gs_base)];
+        let mut msrs = KvmMsrs { nmsrs: 2, pad: 0, entries: [KvmMsrEntry::default(); 2] };
+        for (entry, (index, data)) in msrs.entries.iter_mut().zip(bases) {
+            *entry = KvmMsrEntry { index, reserved: 0, data };
+        }
+        if sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs).map_err(context("KVM_SET_MSRS"))? != 2 {
+            return Err(io::Error::other("KVM_SET_MSRS rejected the thread's FS/GS base"));
+        }
+        let area = xsave_for_guest(&state.xsave, features.restored_state());
+        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
+        let loaded = if self.in_syscall && !self.user_state_in_regs {
+            let frame = |addr: u64, value: u64| self.mem.write_u64(addr, value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("writing the syscall frame: {e}")));
+            frame(FRAME_RIP, regs.rip)?;
+            frame(FRAME_RFLAGS, regs.rflags)?;
+            frame(FRAME_RSP, regs.gprs.rsp)?;
+            // The stub's own rip (at its `out`), rsp (the frame) and rflags stay.
+            KvmRegs { gprs: UserRegs { rsp: self.regs.gprs.rsp, ..regs.gprs }, ..self.regs }
+        } else {
+            self.user_state_in_regs = true;
+            regs
+        };
+        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_REGS, &loaded).map_err(context("KVM_SET_REGS"))?;
+        self.regs = loaded;
+        self.in_syscall = true;
+        Ok(())
+    }
+
+    /// The registers KVM holds are the program's when rip is in user memory; below it the
+    /// vCPU is in the stubs (syscall entry or exception path), which reach their `out` within
+    /// a few instructions.
+    fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
+        let regs = self.get_regs()?;
+        if regs.rip < crate::layout::USER_BASE {
+            return Ok(None);
+        }
+        self.user_state(regs).map(Some)
     }
 
     /// The same state `restore` loads into a new vCPU, loaded into this one. A pending `out`
@@ -249,6 +323,7 @@ impl GuestCpu for KvmCpu<'_> {
         load_state(&self.vcpu, &Kvm::shared()?.features, &regs, &user)?;
         self.regs = regs;
         self.in_syscall = true;
+        self.user_state_in_regs = true;
         Ok(())
     }
 

@@ -26,7 +26,7 @@ use crate::memory::GuestMemory;
 
 pub const MAGIC: [u8; 8] = *b"SFTEMPL\0";
 /// Bumped whenever the layout or any encoded state changes meaning.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 pub const HEADER_LEN: usize = 24;
 pub const HASH_LEN: usize = 32;
 

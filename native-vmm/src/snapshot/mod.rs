@@ -405,6 +405,7 @@ pub fn reset(template: &Template, mem: &GuestMemory, cpu: &mut dyn GuestCpu, cop
 fn serve_checked_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
     let mut ready = template.ready_guest(mem, cpu, limits.output_cap);
     ready.process.output.stream_to(limits.live_output.clone());
+    ready.process.set_thread_limit(limits.threads);
     let restored = setup_started.elapsed();
     let (mut outcome, cpu) = ready.serve_keeping_cpu(request, limits.timeout)?;
     outcome.stats.load = restored;

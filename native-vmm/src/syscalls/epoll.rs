@@ -5,8 +5,8 @@
 //! accepted and behaves level-triggered (with one thread, readiness only changes when the
 //! program itself reads or writes, so a program written for edge triggering still sees each
 //! change). EPOLLONESHOT disarms a registration after it was reported. Waiting follows poll's
-//! rule: a wait with nothing ready sleeps out its timeout (never past the run's deadline) and
-//! reports nothing; without a timeout it could never end, so the run stops as unsupported.
+//! rule (poll.rs): with nothing ready the thread waits for another thread's progress or its
+//! timeout, then looks again.
 //!
 //! Regular files and directories cannot be registered (EPERM, as on Linux); nor can another
 //! epoll instance here (EPERM: nesting is not supported).
@@ -14,8 +14,8 @@
 use std::time::Duration;
 
 use super::files::fd_arg;
-use super::poll::{ready_bits, timeout_ms, wait, POLLERR, POLLHUP};
-use super::{value, SysResult, UserMemory};
+use super::poll::{ready_bits, timeout_ms, POLLERR, POLLHUP};
+use super::{value, wait_ready, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Interest, Object};
 
@@ -112,7 +112,7 @@ pub(super) fn ready_list(proc: &GuestProcess, index: usize) -> Result<Vec<(u64, 
     Ok(ready)
 }
 
-fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeout: Option<Duration>, nr: u64) -> SysResult {
+fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeout: Option<Duration>) -> SysResult {
     let [epfd, events, maxevents, ..] = args;
     let index = epoll_index(proc, epfd)?;
     let max = maxevents as u32 as i32;
@@ -123,7 +123,7 @@ fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeo
     let mut ready = ready_list(proc, index)?;
     ready.truncate(max as usize);
     if ready.is_empty() {
-        return if timeout == Some(Duration::ZERO) { value(0) } else { wait(proc, timeout, nr) };
+        return if timeout == Some(Duration::ZERO) { value(0) } else { wait_ready(proc, timeout) };
     }
     let mut out = Vec::with_capacity(ready.len() * EVENT_SIZE as usize);
     for &(_, events, data) in &ready {
@@ -143,11 +143,11 @@ fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeo
 
 /// epoll_wait(epfd, events, maxevents, timeout_ms)
 pub(crate) fn epoll_wait(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    wait_common(proc, user, args, timeout_ms(args[3]), 232)
+    wait_common(proc, user, args, timeout_ms(args[3]))
 }
 
 /// epoll_pwait(epfd, events, maxevents, timeout_ms, sigmask, sigsetsize): the temporary signal
 /// mask changes nothing since no signal is delivered.
 pub(crate) fn epoll_pwait(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    wait_common(proc, user, args, timeout_ms(args[3]), 281)
+    wait_common(proc, user, args, timeout_ms(args[3]))
 }

@@ -4,11 +4,11 @@
 //!
 //! The standard streams are not terminals: stdin is the run's input bytes, stdout and stderr
 //! are captured; all three report themselves as FIFOs (ioctl TCGETS gives ENOTTY), so
-//! programs choose block buffering. A transfer that would block forever (a blocking read of
-//! an empty pipe whose write end is still open, a blocking write to a full pipe) stops the run:
-//! the guest has one thread, so nothing else could ever move the data.
+//! programs choose block buffering. A transfer that would block (a blocking read of an empty
+//! pipe whose write end is still open, a blocking write to a full pipe) waits for another
+//! thread to move the data (`syscalls::wait_ready`).
 
-use super::{stop_unsupported, value, SysResult, SyscallOutcome, UserMemory};
+use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, FsStats, Node, OpenOptions, Stat, Timespec};
 use crate::process::{Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, PIPE_CAPACITY};
@@ -143,7 +143,7 @@ fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
 // ---- reading and writing ----
 
 /// Reads up to `len` bytes from `fd` into guest memory at `buf`; `at` is pread's offset.
-fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>, nr: u64) -> SysResult {
+fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>) -> SysResult {
     let desc = proc.fds.get(fd)?;
     // An O_PATH descriptor only names a file: no I/O through it.
     if !desc.readable() || desc.flags & O_PATH as u32 != 0 {
@@ -167,7 +167,7 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
             if at.is_some() {
                 return Err(Errno::ESPIPE);
             }
-            return read_channel(proc, user, pipe, buf, len, nonblocking, nr);
+            return read_channel(proc, user, pipe, buf, len, nonblocking);
         }
         // A device (/dev/zero, /dev/urandom...) makes its bytes as they are read.
         Object::Node(node) if proc.config.vfs.device(node).is_some() => {
@@ -194,7 +194,7 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
 }
 
 /// Writes `len` bytes from guest memory at `buf` to `fd`; `at` is pwrite's offset.
-fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>, nr: u64) -> SysResult {
+fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>) -> SysResult {
     let desc = proc.fds.get(fd)?;
     if !desc.writable() || desc.flags & O_PATH as u32 != 0 {
         return Err(Errno::EBADF);
@@ -217,7 +217,7 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
             if at.is_some() {
                 return Err(Errno::ESPIPE);
             }
-            write_channel(proc, user, pipe, buf, len, flags & O_NONBLOCK != 0, nr)
+            write_channel(proc, user, pipe, buf, len, flags & O_NONBLOCK != 0)
         }
         // SIGPIPE is never delivered: the write fails with EPIPE.
         Object::Socket { shut_write: true, .. } => Err(Errno::EPIPE),
@@ -243,7 +243,7 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
 
 /// Reads up to `len` bytes of in-memory channel `pipe` (a pipe's read end, a socket's receive
 /// side) into guest memory at `buf`.
-pub(super) fn read_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool, nr: u64) -> SysResult {
+pub(super) fn read_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool) -> SysResult {
     user.check(buf, len.min(MAX_IO))?;
     match proc.fds.pipe_mut(pipe)?.read(len.min(MAX_IO) as usize) {
         Ok(bytes) => {
@@ -251,30 +251,30 @@ pub(super) fn read_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usi
             value(bytes.len() as u64)
         }
         Err(_) if nonblocking => Err(Errno::EAGAIN),
-        Err(_) => stop_unsupported(nr),
+        Err(_) => wait_ready(proc, None),
     }
 }
 
 /// Writes what fits of `len` bytes at `buf` into in-memory channel `pipe` (a pipe's write
 /// end, a socket's send side).
-pub(super) fn write_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool, nr: u64) -> SysResult {
+pub(super) fn write_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool) -> SysResult {
     let data = user.read_vec(buf, len.min(PIPE_CAPACITY as u64))?;
     match proc.fds.pipe_mut(pipe)?.write(&data) {
         Ok(n) => value(n as u64),
         Err(PipeError::NoReader) => Err(Errno::EPIPE),
         Err(PipeError::WouldBlock) if nonblocking => Err(Errno::EAGAIN),
-        Err(PipeError::WouldBlock) => stop_unsupported(nr),
+        Err(PipeError::WouldBlock) => wait_ready(proc, None),
     }
 }
 
 /// read(fd, buf, count)
 pub(crate) fn read(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], None, 0)
+    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], None)
 }
 
 /// write(fd, buf, count)
 pub(crate) fn write(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], None, 1)
+    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], None)
 }
 
 /// A file offset or length argument (off_t): negative is EINVAL.
@@ -288,20 +288,20 @@ fn non_negative(pos: u64) -> Result<u64, Errno> {
 
 /// pread64(fd, buf, count, offset)
 pub(crate) fn pread64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(non_negative(args[3])?), 17)
+    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(non_negative(args[3])?))
 }
 
 /// pwrite64(fd, buf, count, offset)
 pub(crate) fn pwrite64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(non_negative(args[3])?), 18)
+    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(non_negative(args[3])?))
 }
 
 /// readv/writev: the buffers in order, stopping at the first short transfer.
-fn vectored(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], writing: bool, nr: u64) -> SysResult {
+fn vectored(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], writing: bool) -> SysResult {
     let fd = fd_arg(args[0]);
     proc.fds.get(fd)?;
     let iovecs = user.read_iovecs(args[1], args[2])?;
-    transfer_each(&iovecs, |base, len| if writing { write_fd(proc, user, fd, base, len, None, nr) } else { read_fd(proc, user, fd, base, len, None, nr) })
+    transfer_each(&iovecs, |base, len| if writing { write_fd(proc, user, fd, base, len, None) } else { read_fd(proc, user, fd, base, len, None) })
 }
 
 /// Runs one transfer per (base, len) buffer in order and adds up the counts, stopping at the
@@ -319,8 +319,11 @@ pub(super) fn transfer_each(iovecs: &[(u64, u64)], mut transfer: impl FnMut(u64,
                     break;
                 }
             }
-            // A stop (output cap, a transfer that would block forever) ends the run now.
-            Ok(stop) => return Ok(stop),
+            // A wait after some bytes moved: those are the answer (as Linux returns a short
+            // count); before any, the call waits.
+            Ok(SyscallOutcome::Block(_)) if total > 0 => break,
+            // A stop (output cap) ends the run now; a wait waits.
+            Ok(other) => return Ok(other),
             Err(e) if total == 0 => return Err(e),
             Err(_) => break,
         }
@@ -330,12 +333,12 @@ pub(super) fn transfer_each(iovecs: &[(u64, u64)], mut transfer: impl FnMut(u64,
 
 /// readv(fd, iov, iovcnt)
 pub(crate) fn readv(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    vectored(proc, user, args, false, 19)
+    vectored(proc, user, args, false)
 }
 
 /// writev(fd, iov, iovcnt)
 pub(crate) fn writev(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    vectored(proc, user, args, true, 20)
+    vectored(proc, user, args, true)
 }
 
 /// lseek(fd, offset, whence): files and directories (whose offset is an entry index).

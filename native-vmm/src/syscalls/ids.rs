@@ -1,17 +1,16 @@
-//! Process identity and lifetime: the guest is process 1 of its own (one-process) system, with
-//! one thread whose tid is its pid, running as the unprivileged user the loader put in the
+//! Process identity: the guest is process 1 of its own (one-process) system, its main thread's
+//! tid is its pid (threads.rs), running as the unprivileged user the loader put in the
 //! auxiliary vector. It has no parent inside the VM (ppid 0, like a container's init) and can
-//! create no process or thread (see the table for those calls).
+//! create no process (see the table for those calls).
 
-use super::{value, SysResult, SyscallOutcome, UserMemory};
+use super::{value, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::loader::{GUEST_GID, GUEST_UID};
 use crate::process::GuestProcess;
-use crate::status::RunStatus;
 
 pub(crate) const GUEST_PID: u64 = 1;
 
-/// getpid(), gettid(), getpgrp(): the one process, thread and process group.
+/// getpid(), getpgrp(): the one process and process group.
 pub(crate) fn getpid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
     value(GUEST_PID)
 }
@@ -67,10 +66,4 @@ pub(crate) fn umask(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6])
     let old = proc.umask;
     proc.umask = (args[0] as u32) & 0o777;
     value(u64::from(old))
-}
-
-/// exit(code) and exit_group(code): with one thread both end the run.
-pub(crate) fn exit(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    // Linux keeps the low 8 bits of the status.
-    Ok(SyscallOutcome::Stop(RunStatus::Exited { code: (args[0] & 0xff) as i32 }))
 }

@@ -14,7 +14,10 @@
 //! with `RunStatus::OutOfMemory`, as if the kernel's OOM killer had struck. An ENOMEM the
 //! program could catch would often end in the same place after a confusing traceback, and the
 //! stop names the limit that was hit. brk keeps Linux's contract (the old break comes back and
-//! malloc falls over to mmap), so a full heap reaches the same stop through mmap.
+//! malloc falls over to mmap), so a full heap reaches the same stop through mmap. The one
+//! exception is a thread stack (MAP_STACK, as glibc's pthread_create maps it): it gets ENOMEM,
+//! which pthread_create turns into EAGAIN, the clean error a program starting threads expects
+//! (Python: "can't start new thread"), as at the thread limit.
 
 use super::{value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
@@ -31,6 +34,7 @@ const MAP_TYPE: u64 = 0x0f;
 const MAP_FIXED: u64 = 0x10;
 const MAP_ANONYMOUS: u64 = 0x20;
 const MAP_FIXED_NOREPLACE: u64 = 0x10_0000;
+const MAP_STACK: u64 = 0x2_0000;
 
 fn map_error(proc: &GuestProcess, err: MapError) -> SysResult {
     match err {
@@ -77,6 +81,9 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     };
     let start = match proc.memory.map(user.guest(), placement, len, prot as u32) {
         Ok(start) => start,
+        // A thread stack that does not fit is ENOMEM: pthread_create reports it as EAGAIN, an
+        // error the program handles where it starts threads (see the module comment).
+        Err(MapError::NoRoom) if flags & MAP_STACK != 0 => return Err(Errno::ENOMEM),
         Err(e) => return map_error(proc, e),
     };
     if let Some((node, offset)) = file {

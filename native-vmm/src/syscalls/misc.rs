@@ -1,8 +1,6 @@
-//! System information, randomness, resource limits, thread setup and futexes.
+//! System information, randomness, resource limits and CPU affinity.
 
-use std::time::Duration;
-
-use super::{ids::GUEST_PID, stop_unsupported, time, value, SysResult, SyscallOutcome, UserMemory};
+use super::{ids::GUEST_PID, time, value, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::loader::stack_size;
 use crate::process::{GuestProcess, FD_LIMIT};
@@ -61,9 +59,19 @@ pub(crate) fn getrandom(_proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     value(len)
 }
 
+/// Linux refuses FS bases at or above the end of the user half of the address space.
+pub(super) const TASK_SIZE: u64 = (1 << 47) - 4096;
+
 const RLIM_INFINITY: u64 = u64::MAX;
 const RLIMIT_COUNT: u64 = 16;
 const RLIMIT_STACK: u64 = 3;
+/// RLIMIT_STACK's soft limit, which glibc reads once as the default stack size of every
+/// thread it creates: 2 MiB, the size glibc itself uses when the limit is unlimited, so that
+/// the default thread limit's 64 threads fit in the default 256 MiB of guest memory (guest
+/// memory is the address space: a stack mapping takes its whole size). The main thread's own
+/// stack is the loader's (`loader::stack_size`, the hard limit); nothing in glibc or Python
+/// sizes it from the soft limit.
+const THREAD_STACK: u64 = 2 << 20;
 const RLIMIT_NOFILE: u64 = 7;
 
 /// The limit in effect for `resource` as (soft, hard): the VM's real bounds where there is one.
@@ -72,7 +80,9 @@ fn limit(proc: &GuestProcess, resource: u64) -> Result<(u64, u64), Errno> {
     Ok(match resource {
         0 | 1 | 5 | 10 | 15 => (RLIM_INFINITY, RLIM_INFINITY), // cpu, fsize, rss, locks, rttime
         2 | 9 => (mem, mem),                                    // data, as: guest memory
-        RLIMIT_STACK => (stack_size(mem), stack_size(mem)),
+        // The hard limit is the main thread's stack; the soft one is what glibc gives a new
+        // thread's stack by default (see THREAD_STACK).
+        RLIMIT_STACK => (stack_size(mem).min(THREAD_STACK), stack_size(mem)),
         4 | 13 | 14 => (0, 0),                 // core, nice, rtprio
         6 => (1, 1),                           // nproc: the one process
         RLIMIT_NOFILE => (proc.fds.limit(), FD_LIMIT),
@@ -142,46 +152,10 @@ pub(crate) fn setrlimit(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     value(0)
 }
 
-/// arch_prctl(code, addr): FS base for TLS; everything else is EINVAL.
-pub(crate) fn arch_prctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    const ARCH_SET_FS: u64 = 0x1002;
-    const ARCH_GET_FS: u64 = 0x1003;
-    /// Linux refuses bases at or above the end of the user half of the address space.
-    const TASK_SIZE: u64 = (1 << 47) - 4096;
-    match args[0] {
-        ARCH_SET_FS if args[1] >= TASK_SIZE => Err(Errno::EPERM),
-        ARCH_SET_FS => {
-            proc.fs_base = args[1];
-            Ok(SyscallOutcome::SetFsBase(args[1]))
-        }
-        ARCH_GET_FS => {
-            user.write_u64(args[1], proc.fs_base)?;
-            value(0)
-        }
-        _ => Err(Errno::EINVAL),
-    }
-}
-
-/// set_tid_address(tidptr): recorded; returns the tid.
-pub(crate) fn set_tid_address(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    proc.clear_child_tid = args[0];
-    value(GUEST_PID)
-}
-
-/// set_robust_list(head, len): recorded (only a dying thread's waiters would use it).
-pub(crate) fn set_robust_list(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    const ROBUST_LIST_HEAD_SIZE: u64 = 24;
-    if args[1] != ROBUST_LIST_HEAD_SIZE {
-        return Err(Errno::EINVAL);
-    }
-    proc.robust_list = args[0];
-    value(0)
-}
-
 /// sched_getaffinity(pid, len, mask): one CPU.
-pub(crate) fn sched_getaffinity(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn sched_getaffinity(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [pid, len, mask, ..] = args;
-    if pid != 0 && pid != GUEST_PID {
+    if !super::threads::names_a_thread(proc, pid) {
         return Err(Errno::ESRCH);
     }
     if len < 8 || !len.is_multiple_of(8) {
@@ -192,9 +166,9 @@ pub(crate) fn sched_getaffinity(_proc: &mut GuestProcess, user: &UserMemory, arg
 }
 
 /// sched_setaffinity(pid, len, mask): accepted when the mask includes the one CPU.
-pub(crate) fn sched_setaffinity(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn sched_setaffinity(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [pid, len, mask, ..] = args;
-    if pid != 0 && pid != GUEST_PID {
+    if !super::threads::names_a_thread(proc, pid) {
         return Err(Errno::ESRCH);
     }
     if len == 0 {
@@ -206,88 +180,4 @@ pub(crate) fn sched_setaffinity(_proc: &mut GuestProcess, user: &UserMemory, arg
         return Err(Errno::EINVAL);
     }
     value(0)
-}
-
-/// sched_yield(): there is nothing else to run.
-pub(crate) fn sched_yield(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
-    value(0)
-}
-
-/// futex(uaddr, op, val, timeout, uaddr2, val3) for one thread: there is never a waiter to
-/// wake, and a wait whose value matches could only be ended by another thread. A timed wait
-/// sleeps out its timeout (bounded by the deadline) and reports ETIMEDOUT; an untimed one would
-/// hang forever, so the run stops as unsupported instead of burning the time limit.
-pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    const FUTEX_WAIT: u64 = 0;
-    const FUTEX_WAKE: u64 = 1;
-    const FUTEX_REQUEUE: u64 = 3;
-    const FUTEX_CMP_REQUEUE: u64 = 4;
-    const FUTEX_WAKE_OP: u64 = 5;
-    const FUTEX_WAIT_BITSET: u64 = 9;
-    const FUTEX_WAKE_BITSET: u64 = 10;
-    const FUTEX_CLOCK_REALTIME: u64 = 256;
-    const FUTEX_CMD_MASK: u64 = 127;
-    let [uaddr, op, val, timeout, uaddr2, val3] = args;
-    if !uaddr.is_multiple_of(4) {
-        return Err(Errno::EINVAL);
-    }
-    match op & FUTEX_CMD_MASK {
-        cmd @ (FUTEX_WAIT | FUTEX_WAIT_BITSET) => {
-            if cmd == FUTEX_WAIT_BITSET && val3 as u32 == 0 {
-                return Err(Errno::EINVAL);
-            }
-            if user.read_u32(uaddr)? != val as u32 {
-                return Err(Errno::EAGAIN);
-            }
-            if timeout == 0 {
-                return stop_unsupported(202);
-            }
-            let (sec, nsec) = user.read_timespec(timeout)?;
-            let requested = Duration::new(sec, nsec);
-            let wait = if cmd == FUTEX_WAIT_BITSET {
-                // The bitset form takes an absolute time on CLOCK_MONOTONIC or CLOCK_REALTIME.
-                let clock = if op & FUTEX_CLOCK_REALTIME != 0 { time::CLOCK_REALTIME } else { time::CLOCK_MONOTONIC };
-                requested.saturating_sub(Duration::from_nanos(time::now_ns(clock)?))
-            } else {
-                requested
-            };
-            time::sleep_bounded(proc, wait);
-            Err(Errno::ETIMEDOUT)
-        }
-        FUTEX_WAKE | FUTEX_WAKE_BITSET | FUTEX_REQUEUE => value(0),
-        FUTEX_CMP_REQUEUE => {
-            if user.read_u32(uaddr)? != val3 as u32 {
-                return Err(Errno::EAGAIN);
-            }
-            value(0)
-        }
-        FUTEX_WAKE_OP => {
-            wake_op(user, uaddr2, val3 as u32)?;
-            value(0)
-        }
-        _ => Err(Errno::ENOSYS),
-    }
-}
-
-/// FUTEX_WAKE_OP's atomic update of *uaddr2 (its comparison only decides whom to wake).
-fn wake_op(user: &UserMemory, uaddr2: u64, encoded: u32) -> Result<(), Errno> {
-    if !uaddr2.is_multiple_of(4) {
-        return Err(Errno::EINVAL);
-    }
-    let op = (encoded >> 28) & 7;
-    let shift = (encoded >> 28) & 8 != 0;
-    let mut oparg = (encoded >> 12) & 0xfff;
-    if shift {
-        oparg = 1u32.checked_shl(oparg).unwrap_or(0);
-    }
-    let old = user.read_u32(uaddr2)?;
-    let new = match op {
-        0 => oparg,
-        1 => old.wrapping_add(oparg),
-        2 => old | oparg,
-        3 => old & !oparg,
-        4 => old ^ oparg,
-        _ => return Err(Errno::ENOSYS),
-    };
-    user.write_u32(uaddr2, new)
 }

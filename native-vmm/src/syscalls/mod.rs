@@ -1,11 +1,12 @@
 //! The Linux system-call layer: one table (table.rs) mapping numbers to handlers, grouped by
 //! area: files (fds, paths, pipes, output), sockets (in-memory socketpairs), poll and epoll
-//! (readiness), memory, ids (process identity and
-//! creation), time, signals, and misc (system information, randomness, limits, futex, thread setup).
+//! (readiness), memory, ids (process identity), threads (clone, exit, thread ids, yield),
+//! futex, time, signals, and misc (system information, randomness, limits).
 
 pub(crate) mod agent;
 mod epoll;
 mod files;
+mod futex;
 mod ids;
 mod memory;
 mod misc;
@@ -13,6 +14,7 @@ mod poll;
 mod signals;
 mod sockets;
 mod table;
+mod threads;
 mod time;
 mod user;
 
@@ -21,6 +23,9 @@ mod tests;
 
 use crate::errno::Errno;
 use crate::memory::GuestMemory;
+use std::time::{Duration, Instant};
+
+use crate::process::threads::{Call, ThreadStart, Wait, WaitOn};
 use crate::process::GuestProcess;
 use crate::status::RunStatus;
 
@@ -39,6 +44,15 @@ pub enum SyscallOutcome {
     /// The agent awaits its request and none is pending: stop the guest inside this call, the
     /// template's ready point (see `crate::agent`); the call is answered once a request is set.
     ReadyPoint,
+    /// The calling thread waits (`process::threads`); the scheduler runs another meanwhile.
+    Block(Wait),
+    /// sched_yield: another runnable thread gets the vCPU first; the call returns 0.
+    Yield,
+    /// clone made a thread (already in the thread table): the scheduler gives it the caller's
+    /// registers with the start's changes; the call returns the new tid.
+    Spawned(ThreadStart),
+    /// The calling thread exited (and is gone from the table); others go on.
+    ThreadExited,
 }
 
 /// What a handler produces: an outcome, or an errno returned to the guest as -errno.
@@ -49,9 +63,31 @@ pub(crate) fn value(v: u64) -> SysResult {
     Ok(SyscallOutcome::Return(v))
 }
 
-/// Stops the run as unsupported because call `nr` cannot be honoured: it would wait forever
-/// (the guest has one thread and no signal is ever delivered, so nothing could wake it), or it
-/// would need a signal handler to run.
+/// The calling thread waits for `on`, at most until `until` (None: no timeout of its own; the
+/// run's deadline still ends it).
+pub(crate) fn block(on: WaitOn, until: Option<Instant>) -> SysResult {
+    Ok(SyscallOutcome::Block(Wait { on, until }))
+}
+
+/// `timeout` from now (None: none, or too far to represent).
+pub(crate) fn after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+/// A read, write or poll found nothing ready: the thread waits for another one to change
+/// that, for at most `timeout` (None: no limit), and then makes the same call again. On the
+/// attempt after its timeout ran out, the answer is 0 (nothing ready) instead.
+pub(crate) fn wait_ready(proc: &GuestProcess, timeout: Option<Duration>) -> SysResult {
+    let thread = proc.threads.current();
+    if thread.last_attempt {
+        return value(0);
+    }
+    let call = thread.calling.ok_or(Errno::EINTR)?;
+    block(WaitOn::Ready { epoch: proc.threads.epoch(), call }, timeout.and_then(after))
+}
+
+/// Stops the run as unsupported because call `nr` cannot be honoured: it would need a signal
+/// handler to run, or a stopped process to be continued.
 pub(crate) fn stop_unsupported(nr: u64) -> SysResult {
     Ok(SyscallOutcome::Stop(RunStatus::Unsupported { syscall: nr, name: name(nr).unwrap_or("unknown") }))
 }
@@ -59,6 +95,13 @@ pub(crate) fn stop_unsupported(nr: u64) -> SysResult {
 /// Handles system call `nr` with its six argument registers.
 pub fn dispatch(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64; 6]) -> SyscallOutcome {
     proc.count_call(nr);
+    proc.threads.set_calling(Some(Call { nr, args }));
+    let outcome = dispatch_call(proc, mem, nr, args);
+    proc.threads.set_calling(None);
+    outcome
+}
+
+fn dispatch_call(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64; 6]) -> SyscallOutcome {
     let Some(entry) = table::lookup(nr) else {
         proc.count_unsupported(nr);
         return SyscallOutcome::Return(Errno::ENOSYS.as_return());
@@ -71,7 +114,12 @@ pub fn dispatch(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64;
                 }
                 outcome
             }
-            Err(errno) => SyscallOutcome::Return(errno.as_return()),
+            Err(errno) => {
+                if errno == Errno::ENOSYS {
+                    proc.count_unsupported(nr);
+                }
+                SyscallOutcome::Return(errno.as_return())
+            }
         },
         Policy::Refuse(errno) => {
             if errno == Errno::ENOSYS {

@@ -1,10 +1,11 @@
 //! Readiness: poll, ppoll, select, pselect6.
 //!
-//! With one thread, readiness cannot change while the guest waits: a pipe only this thread
-//! could fill stays empty. So the answer is computed once. If something is ready, or the
-//! timeout is zero, it is returned at once; with a finite timeout the call sleeps it out
-//! (bounded by the run's deadline, as in time.rs) and reports nothing ready; a wait with no
-//! timeout and nothing ready could never end, so the run stops as unsupported.
+//! If something is ready, or the timeout is zero, the answer is returned at once. Otherwise
+//! the thread waits (`syscalls::wait_ready`): only another thread can change readiness here (a
+//! pipe this thread would have to fill itself stays empty), so the call is made again once
+//! another thread has made progress, and once more when the timeout runs out, then reporting
+//! nothing ready. With no timeout and no thread that could ever change anything, the run ends
+//! as deadlocked.
 //!
 //! Regular files, stdin and the captured output are always ready (as Linux reports regular
 //! files); a pipe's read end is ready with data or without writers, its write end with room;
@@ -13,7 +14,7 @@
 
 use std::time::Duration;
 
-use super::{stop_unsupported, time, value, SysResult, SyscallOutcome, UserMemory};
+use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object};
 
@@ -77,18 +78,7 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
     }
 }
 
-/// What to do when nothing is ready: None waits forever.
-pub(super) fn wait(proc: &GuestProcess, timeout: Option<Duration>, nr: u64) -> SysResult {
-    match timeout {
-        None => stop_unsupported(nr),
-        Some(duration) => {
-            time::sleep_bounded(proc, duration);
-            value(0)
-        }
-    }
-}
-
-fn poll_common(proc: &mut GuestProcess, user: &UserMemory, fds: u64, nfds: u64, timeout: Option<Duration>, nr: u64) -> SysResult {
+fn poll_common(proc: &mut GuestProcess, user: &UserMemory, fds: u64, nfds: u64, timeout: Option<Duration>) -> SysResult {
     if nfds > proc.fds.limit() {
         return Err(Errno::EINVAL);
     }
@@ -104,7 +94,7 @@ fn poll_common(proc: &mut GuestProcess, user: &UserMemory, fds: u64, nfds: u64, 
         }
     }
     if ready == 0 && timeout != Some(Duration::ZERO) {
-        return wait(proc, timeout, nr);
+        return wait_ready(proc, timeout);
     }
     user.write(fds, &entries)?;
     value(ready)
@@ -127,17 +117,17 @@ fn timeout_timespec(user: &UserMemory, addr: u64) -> Result<Option<Duration>, Er
 
 /// poll(fds, nfds, timeout_ms): a negative timeout waits forever.
 pub(crate) fn poll(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    poll_common(proc, user, args[0], args[1], timeout_ms(args[2]), 7)
+    poll_common(proc, user, args[0], args[1], timeout_ms(args[2]))
 }
 
 /// ppoll(fds, nfds, timeout_ts, sigmask, sigsetsize): a NULL timeout waits forever; the
 /// temporary signal mask changes nothing since no signal is delivered.
 pub(crate) fn ppoll(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let timeout = timeout_timespec(user, args[2])?;
-    poll_common(proc, user, args[0], args[1], timeout, 271)
+    poll_common(proc, user, args[0], args[1], timeout)
 }
 
-fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeout: Option<Duration>, nr: u64) -> SysResult {
+fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeout: Option<Duration>) -> SysResult {
     let nfds = args[0] as u32 as i32;
     if nfds < 0 || nfds as u64 > proc.fds.limit() {
         return Err(Errno::EINVAL);
@@ -166,7 +156,11 @@ fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], tim
             }
         }
     }
-    let outcome = if ready == 0 && timeout != Some(Duration::ZERO) { wait(proc, timeout, nr)? } else { SyscallOutcome::Return(ready) };
+    let outcome = if ready == 0 && timeout != Some(Duration::ZERO) { wait_ready(proc, timeout)? } else { SyscallOutcome::Return(ready) };
+    if matches!(outcome, SyscallOutcome::Block(_)) {
+        // The sets stay as the program passed them: the call is made again with them.
+        return Ok(outcome);
+    }
     // The sets come back holding only the ready fds (all clear after a timeout).
     for (addr, _, out, _) in &sets {
         if *addr != 0 {
@@ -187,11 +181,11 @@ pub(crate) fn select(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
         }
         Some(Duration::new(sec as u64, usec as u32 * 1000))
     };
-    select_common(proc, user, args, timeout, 23)
+    select_common(proc, user, args, timeout)
 }
 
 /// pselect6(nfds, readfds, writefds, exceptfds, timeout_ts, sigmask_arg)
 pub(crate) fn pselect6(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let timeout = timeout_timespec(user, args[4])?;
-    select_common(proc, user, args, timeout, 270)
+    select_common(proc, user, args, timeout)
 }

@@ -6,7 +6,8 @@
 //! as Linux's default would when it is not blocked (or as soon as it is unblocked): ignored
 //! signals are dropped, a terminating signal ends the run as `Exited { code: 128 + signal }`
 //! (what a shell shows for a killed process), and a signal with a handler installed or one
-//! that stops the process cannot be honoured and ends the run as unsupported.
+//! that stops the process cannot be honoured and ends the run as unsupported. The mask and the
+//! alternate stack are the calling thread's; dispositions and pending signals the process's.
 
 use super::{stop_unsupported, ids::GUEST_PID, value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
@@ -83,15 +84,15 @@ pub(crate) fn rt_sigprocmask(proc: &mut GuestProcess, user: &UserMemory, args: [
         return Err(Errno::EINVAL);
     }
     if old != 0 {
-        user.write_u64(old, proc.signals.blocked)?;
+        user.write_u64(old, proc.threads.current().blocked_signals)?;
     }
     if let Some(new) = new {
         let blocked = match how {
-            SIG_BLOCK => proc.signals.blocked | new,
-            SIG_UNBLOCK => proc.signals.blocked & !new,
+            SIG_BLOCK => proc.threads.current().blocked_signals | new,
+            SIG_UNBLOCK => proc.threads.current().blocked_signals & !new,
             _ => new,
         };
-        proc.signals.blocked = blocked & !(bit(SIGKILL) | bit(SIGSTOP));
+        proc.threads.current_mut().blocked_signals = blocked & !(bit(SIGKILL) | bit(SIGSTOP));
     }
     deliver_pending(proc, 14)
 }
@@ -101,7 +102,7 @@ pub(crate) fn rt_sigpending(proc: &mut GuestProcess, user: &UserMemory, args: [u
     if args[1] != SIGSET_SIZE {
         return Err(Errno::EINVAL);
     }
-    user.write_u64(args[0], proc.signals.pending & proc.signals.blocked)?;
+    user.write_u64(args[0], proc.signals.pending & proc.threads.current().blocked_signals)?;
     value(0)
 }
 
@@ -123,7 +124,7 @@ pub(crate) fn sigaltstack(proc: &mut GuestProcess, user: &UserMemory, args: [u64
         None
     };
     if old != 0 {
-        let (sp, flags, size) = proc.signals.alt_stack;
+        let (sp, flags, size) = proc.threads.current().alt_stack;
         let mut raw = [0u8; 24];
         raw[..8].copy_from_slice(&sp.to_le_bytes());
         raw[8..12].copy_from_slice(&flags.to_le_bytes());
@@ -131,7 +132,7 @@ pub(crate) fn sigaltstack(proc: &mut GuestProcess, user: &UserMemory, args: [u64
         user.write(old, &raw)?;
     }
     if let Some(new) = new {
-        proc.signals.alt_stack = new;
+        proc.threads.current_mut().alt_stack = new;
     }
     value(0)
 }
@@ -147,26 +148,33 @@ pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) 
     send_to_self(proc, args[1], 62)
 }
 
-/// tgkill(tgid, tid, sig)
+/// tgkill(tgid, tid, sig): to any live thread of the guest (see `to_thread`).
 pub(crate) fn tgkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     if args[0] as i32 as i64 <= 0 || args[1] as i32 as i64 <= 0 {
-        return Err(Errno::EINVAL);
-    }
-    if args[0] != GUEST_PID || args[1] != GUEST_PID {
-        return Err(Errno::ESRCH);
-    }
-    send_to_self(proc, args[2], 234)
-}
-
-/// tkill(tid, sig)
-pub(crate) fn tkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    if args[0] as i32 as i64 <= 0 {
         return Err(Errno::EINVAL);
     }
     if args[0] != GUEST_PID {
         return Err(Errno::ESRCH);
     }
-    send_to_self(proc, args[1], 200)
+    to_thread(proc, args[1], args[2], 234)
+}
+
+/// tkill(tid, sig): as tgkill.
+pub(crate) fn tkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if args[0] as i32 as i64 <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    to_thread(proc, args[0], args[1], 200)
+}
+
+/// A signal to thread `tid`: since no handler ever runs, what it does (nothing, or the end of
+/// the process) does not depend on which thread takes it, so it acts as one sent to the
+/// process, checked against the calling thread's mask.
+fn to_thread(proc: &mut GuestProcess, tid: u64, sig: u64, nr: u64) -> SysResult {
+    if proc.threads.get(tid).is_none() {
+        return Err(Errno::ESRCH);
+    }
+    send_to_self(proc, sig, nr)
 }
 
 fn send_to_self(proc: &mut GuestProcess, sig: u64, nr: u64) -> SysResult {
@@ -180,7 +188,7 @@ fn send_to_self(proc: &mut GuestProcess, sig: u64, nr: u64) -> SysResult {
 
 /// Acts on the lowest pending, unblocked signal, if any (see the module comment).
 fn deliver_pending(proc: &mut GuestProcess, nr: u64) -> SysResult {
-    let ready = proc.signals.pending & !proc.signals.blocked;
+    let ready = proc.signals.pending & !proc.threads.current().blocked_signals;
     if ready == 0 {
         return value(0);
     }

@@ -100,7 +100,7 @@ pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     }
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     let tx = tx.ok_or(Errno::EPIPE)?;
-    write_channel(proc, user, tx, buf, len, nonblocking, 44)
+    write_channel(proc, user, tx, buf, len, nonblocking)
 }
 
 /// recvfrom(fd, buf, len, flags, src_addr, addrlen): MSG_PEEK leaves the bytes queued; the
@@ -114,7 +114,7 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
         user.write_u32(addrlen, 0)?;
     }
     if flags & MSG_PEEK == 0 {
-        return read_channel(proc, user, rx, buf, len, nonblocking, 45);
+        return read_channel(proc, user, rx, buf, len, nonblocking);
     }
     user.check(buf, len.min(PIPE_CAPACITY as u64))?;
     match proc.fds.pipe(rx)?.peek(len.min(PIPE_CAPACITY as u64) as usize) {
@@ -123,7 +123,7 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
             value(bytes.len() as u64)
         }
         Err(PipeError::WouldBlock) if nonblocking => Err(Errno::EAGAIN),
-        Err(_) => super::stop_unsupported(45),
+        Err(_) => super::wait_ready(proc, None),
     }
 }
 
@@ -147,7 +147,7 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return Err(Errno::EOPNOTSUPP);
     }
     let tx = tx.ok_or(Errno::EPIPE)?;
-    transfer_each(&iovecs, |base, len| write_channel(proc, user, tx, base, len, nonblocking, 46))
+    transfer_each(&iovecs, |base, len| write_channel(proc, user, tx, base, len, nonblocking))
 }
 
 /// recvmsg(fd, msg, flags): fills the iovecs in order; no name, no control data, no flags
@@ -163,7 +163,7 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     user.write_u32(msg + 8, 0)?;
     user.write_u64(msg + 40, 0)?;
     user.write_u32(msg + 48, 0)?;
-    transfer_each(&iovecs, |base, len| read_channel(proc, user, rx, base, len, nonblocking, 47))
+    transfer_each(&iovecs, |base, len| read_channel(proc, user, rx, base, len, nonblocking))
 }
 
 /// shutdown(fd, how): SHUT_RD, SHUT_WR or SHUT_RDWR.

@@ -5,23 +5,22 @@
 //!   limits (the handler's doc comment says where it differs).
 //! * `Refuse(errno)`: refused by design with a fixed errno the program can handle: no network
 //!   (socket(2) fails with EACCES for every family, as under a seccomp or firewall policy;
-//!   only in-memory AF_UNIX socketpairs exist, see sockets.rs), no other process
-//!   or thread (clone/fork/vfork/execve and friends: ENOSYS, so glibc's clone3 → clone
-//!   fallback ends in a clean error such as Python's "can't start new thread"), no children to
-//!   wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an unprivileged
-//!   user), and rseq, which glibc probes and tolerates missing.
+//!   only in-memory AF_UNIX socketpairs exist, see sockets.rs), no other process (fork, vfork,
+//!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
+//!   children to wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an
+//!   unprivileged user), and rseq, which glibc probes and tolerates missing.
 //! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
 //!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
 //!   leave the program running on a false premise. rt_sigreturn is only reached at the end of a
 //!   signal handler, which never runs (no signal is delivered), so reaching it means the stack
 //!   is not what the program believes; pause and rt_sigsuspend wait for a signal that can never
-//!   come. (Handlers stop the same way when one particular request would wait forever, e.g. an
-//!   untimed futex wait or a blocking read of a pipe only this thread could fill.)
+//!   come. (A wait that no thread could ever end, e.g. an untimed futex wait while every other
+//!   thread waits too, ends the run as deadlocked: see `crate::sched`.)
 //!
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS and
 //! `Stop` answers are also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{epoll, files, ids, memory, misc, poll, signals, sockets, time, SysResult, UserMemory};
+use super::{epoll, files, futex, ids, memory, misc, poll, signals, sockets, threads, time, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -82,7 +81,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(21, "access", files::access),
     emulate(22, "pipe", files::pipe),
     emulate(23, "select", poll::select),
-    emulate(24, "sched_yield", misc::sched_yield),
+    emulate(24, "sched_yield", threads::sched_yield),
     emulate(25, "mremap", memory::mremap),
     emulate(26, "msync", memory::msync),
     emulate(28, "madvise", memory::madvise),
@@ -106,11 +105,11 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(53, "socketpair", sockets::socketpair),
     emulate(54, "setsockopt", sockets::setsockopt),
     emulate(55, "getsockopt", sockets::getsockopt),
-    refuse(56, "clone", NO_PROCESSES),
+    emulate(56, "clone", threads::clone),
     refuse(57, "fork", NO_PROCESSES),
     refuse(58, "vfork", NO_PROCESSES),
     refuse(59, "execve", NO_PROCESSES),
-    emulate(60, "exit", ids::exit),
+    emulate(60, "exit", threads::exit),
     refuse(61, "wait4", Errno::ECHILD),
     emulate(62, "kill", signals::kill),
     emulate(63, "uname", misc::uname),
@@ -162,21 +161,21 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(131, "sigaltstack", signals::sigaltstack),
     emulate(137, "statfs", files::statfs),
     emulate(138, "fstatfs", files::fstatfs),
-    emulate(158, "arch_prctl", misc::arch_prctl),
+    emulate(158, "arch_prctl", threads::arch_prctl),
     emulate(160, "setrlimit", misc::setrlimit),
-    emulate(186, "gettid", ids::getpid),
+    emulate(186, "gettid", threads::gettid),
     emulate(200, "tkill", signals::tkill),
     emulate(201, "time", time::time),
-    emulate(202, "futex", misc::futex),
+    emulate(202, "futex", futex::futex),
     emulate(203, "sched_setaffinity", misc::sched_setaffinity),
     emulate(204, "sched_getaffinity", misc::sched_getaffinity),
     emulate(213, "epoll_create", epoll::epoll_create),
     emulate(217, "getdents64", files::getdents64),
-    emulate(218, "set_tid_address", misc::set_tid_address),
+    emulate(218, "set_tid_address", threads::set_tid_address),
     emulate(228, "clock_gettime", time::clock_gettime),
     emulate(229, "clock_getres", time::clock_getres),
     emulate(230, "clock_nanosleep", time::clock_nanosleep),
-    emulate(231, "exit_group", ids::exit),
+    emulate(231, "exit_group", threads::exit_group),
     emulate(232, "epoll_wait", epoll::epoll_wait),
     emulate(233, "epoll_ctl", epoll::epoll_ctl),
     emulate(234, "tgkill", signals::tgkill),
@@ -193,7 +192,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(269, "faccessat", files::faccessat),
     emulate(270, "pselect6", poll::pselect6),
     emulate(271, "ppoll", poll::ppoll),
-    emulate(273, "set_robust_list", misc::set_robust_list),
+    emulate(273, "set_robust_list", threads::set_robust_list),
     emulate(280, "utimensat", files::utimensat),
     emulate(281, "epoll_pwait", epoll::epoll_pwait),
     emulate(288, "accept4", sockets::not_listening),
@@ -206,7 +205,7 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(322, "execveat", NO_PROCESSES),
     emulate(332, "statx", files::statx),
     refuse(334, "rseq", Errno::ENOSYS),
-    refuse(435, "clone3", NO_PROCESSES),
+    emulate(435, "clone3", threads::clone3),
     emulate(436, "close_range", files::close_range),
     emulate(439, "faccessat2", files::faccessat2),
     emulate(crate::agent::AWAIT_REQUEST_SYSCALL, "sandfork_await_request", super::agent::await_request),

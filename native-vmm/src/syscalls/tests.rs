@@ -9,6 +9,7 @@ use crate::fs::{Image, Vfs, DEFAULT_OVERLAY_LIMIT};
 use crate::image::format::{self, Entry, EntryKind, Index};
 use crate::image::testdir::TempDir;
 use crate::memory::GuestMemory;
+use crate::process::threads::{Call, Wait, WaitOn};
 use crate::process::{AddressSpace, GuestProcess, ProcessConfig};
 use crate::status::RunStatus;
 
@@ -150,6 +151,21 @@ fn err(e: Errno) -> i64 {
     -(e.0 as i64)
 }
 
+/// The wait a call blocked its thread with (the scheduler, not the handler, does the waiting).
+fn blocked(outcome: SyscallOutcome) -> Wait {
+    match outcome {
+        SyscallOutcome::Block(wait) => wait,
+        other => panic!("the call did not block: {other:?}"),
+    }
+}
+
+/// A readiness wait's timeout, checking that it waits for readiness.
+fn ready_wait(outcome: SyscallOutcome) -> Option<Instant> {
+    let wait = blocked(outcome);
+    assert!(matches!(wait.on, WaitOn::Ready { .. }), "{wait:?}");
+    wait.until
+}
+
 #[test]
 fn table_is_sorted_unique_and_named() {
     assert!(TABLE.windows(2).all(|w| w[0].nr < w[1].nr));
@@ -278,7 +294,7 @@ fn stdin_pipes_dup_and_fcntl() {
     assert_eq!(g.ret(FCNTL, &[r, 3]) as u64 & O_NONBLOCK, O_NONBLOCK);
     assert_eq!(g.read_bytes(r, 1), Err(err(Errno::EAGAIN)));
     assert_eq!(g.ret(FCNTL, &[r, 4, 0]), 0);
-    assert_eq!(g.call(READ, &[r, BUF, 1]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 0, name: "read" }));
+    assert_eq!(blocked(g.call(READ, &[r, BUF, 1])), Wait { on: WaitOn::Ready { epoch: 0, call: Call { nr: READ, args: [r, BUF, 1, 0, 0, 0] } }, until: None });
     // Both write ends closed: end of file.
     assert_eq!(g.ret(CLOSE, &[w]), 0);
     assert_eq!(g.ret(CLOSE, &[w2]), 0);
@@ -369,28 +385,91 @@ fn dirent_names(buf: &[u8]) -> Vec<Vec<u8>> {
 }
 
 #[test]
-fn futex_on_one_thread() {
+fn futex_waits_block_and_wakes_count_waiters() {
+    const FUTEX_WAIT_PRIVATE: u64 = 128;
+    const FUTEX_WAKE_PRIVATE: u64 = 129;
+    const FUTEX_WAIT_BITSET_REALTIME: u64 = 9 | 256;
     let mut g = guest();
     g.mem.write_u32(BUF, 7).unwrap();
-    assert_eq!(g.ret(FUTEX, &[BUF, 128, 8, 0]), err(Errno::EAGAIN));
-    assert_eq!(g.ret(FUTEX, &[BUF, 129, 1]), 0);
-    assert_eq!(g.call(FUTEX, &[BUF, 128, 7, 0]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 202, name: "futex" }));
+    assert_eq!(g.ret(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 8, 0]), err(Errno::EAGAIN));
+    assert_eq!(g.ret(FUTEX, &[BUF, FUTEX_WAKE_PRIVATE, 1]), 0, "nobody waits");
+    assert_eq!(blocked(g.call(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 7, 0])), Wait { on: WaitOn::Futex { addr: BUF, bitset: u32::MAX }, until: None });
+    // A relative timeout of 1 ms; an absolute CLOCK_REALTIME one a second from now.
     g.mem.write_u64(SCRATCH, 0).unwrap();
     g.mem.write_u64(SCRATCH + 8, 1_000_000).unwrap();
-    assert_eq!(g.ret(FUTEX, &[BUF, 128, 7, SCRATCH]), err(Errno::ETIMEDOUT));
-    assert_eq!(g.ret(FUTEX, &[BUF + 1, 129, 1]), err(Errno::EINVAL));
+    let until = blocked(g.call(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 7, SCRATCH])).until.unwrap();
+    assert!(until <= Instant::now() + Duration::from_millis(1));
+    let now = super::time::now_ns(super::time::CLOCK_REALTIME).unwrap();
+    g.mem.write_u64(SCRATCH, now / 1_000_000_000 + 1).unwrap();
+    g.mem.write_u64(SCRATCH + 8, now % 1_000_000_000).unwrap();
+    let wait = blocked(g.call(FUTEX, &[BUF, FUTEX_WAIT_BITSET_REALTIME, 7, SCRATCH, 0, 0b10]));
+    assert_eq!(wait.on, WaitOn::Futex { addr: BUF, bitset: 0b10 });
+    let left = wait.until.unwrap() - Instant::now();
+    assert!(left > Duration::from_millis(900) && left <= Duration::from_secs(1), "{left:?}");
+    assert_eq!(g.ret(FUTEX, &[BUF, 9, 7, 0, 0, 0]), err(Errno::EINVAL), "an empty bitset");
+    assert_eq!(g.ret(FUTEX, &[BUF + 1, FUTEX_WAKE_PRIVATE, 1]), err(Errno::EINVAL));
+    assert_eq!(g.ret(FUTEX, &[BUF, 6, 1]), err(Errno::ENOSYS), "FUTEX_LOCK_PI");
+    // CMP_REQUEUE compares the word; WAKE_OP updates the second word.
+    assert_eq!(g.ret(FUTEX, &[BUF, 4, 1, 1, BUF + 8, 8]), err(Errno::EAGAIN));
+    assert_eq!(g.ret(FUTEX, &[BUF, 4, 1, 1, BUF + 8, 7]), 0);
+    g.mem.write_u32(BUF + 8, 5).unwrap();
+    let add_2 = (1 << 28) | (2 << 12);
+    assert_eq!(g.ret(FUTEX, &[BUF, 5, 1, 1, BUF + 8, add_2]), 0);
+    assert_eq!(g.mem.read_u32(BUF + 8).unwrap(), 7);
 }
 
 #[test]
-fn sleeps_stop_at_the_deadline() {
+fn clone_makes_threads_of_pthreads_flag_set_only() {
+    const CLONE3: u64 = 435;
+    const EXIT: u64 = 60;
+    const SET_TID_ADDRESS: u64 = 218;
+    const PTHREAD_FLAGS: u64 = 0x3d0f00;
+    let mut g = guest();
+    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS, 0x100_0000, BUF, BUF + 4, 0x20_0000]), err(Errno::ENOSYS), "a vCPU that cannot switch threads: none");
+    g.proc.threads.switching = true;
+    g.proc.set_thread_limit(3);
+    assert_eq!(g.ret(CLONE, &[0x1200011, 0, 0, BUF, 0]), err(Errno::ENOSYS), "fork's flags: a new process");
+    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS | 0x4000, 0, 0, 0, 0]), err(Errno::EINVAL), "CLONE_VFORK with a thread");
+    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS, 0x100_0000, 0, BUF + 4, 0x20_0000]), err(Errno::EFAULT), "CLONE_PARENT_SETTID at NULL");
+    // clone(): the parent's tid word is written, the child's clear_child_tid recorded.
+    let SyscallOutcome::Spawned(start) = g.call(CLONE, &[PTHREAD_FLAGS, 0x100_0000, BUF, BUF + 4, 0x20_0000]) else { panic!("no thread") };
+    assert_eq!((start.tid, start.stack, start.tls), (2, 0x100_0000, Some(0x20_0000)));
+    assert_eq!(g.mem.read_u32(BUF).unwrap(), 2);
+    assert_eq!(g.proc.threads.get(2).unwrap().clear_child_tid, BUF + 4);
+    // clone3(): the stack pointer is stack + stack_size; unknown trailing fields must be zero.
+    let args = SCRATCH + 0x800;
+    let fields = [PTHREAD_FLAGS, 0, BUF + 12, BUF + 8, 0, 0x200_0000, 0x1_0000, 0x30_0000, 0, 0, 0];
+    for (i, v) in fields.iter().enumerate() {
+        g.mem.write_u64(args + 8 * i as u64, *v).unwrap();
+    }
+    g.mem.write_u64(args + 88, 1).unwrap();
+    assert_eq!(g.ret(CLONE3, &[args, 96]), err(Errno::E2BIG));
+    assert_eq!(g.ret(CLONE3, &[args, 32]), err(Errno::EINVAL));
+    let SyscallOutcome::Spawned(start) = g.call(CLONE3, &[args, 88]) else { panic!("no thread") };
+    assert_eq!((start.tid, start.stack), (3, 0x201_0000));
+    assert_eq!(g.ret(CLONE3, &[args, 88]), err(Errno::EAGAIN), "the limit of 3");
+    assert_eq!(g.proc.threads.counters.refused, 1);
+    // Thread 2 runs: its own tid; its exit zeroes its clear_child_tid word and wakes a joiner.
+    g.proc.threads.block_current(Wait { on: WaitOn::Futex { addr: BUF + 4, bitset: u32::MAX }, until: None });
+    assert!(matches!(g.proc.threads.next(Instant::now()), crate::process::threads::Next::Run { tid: 2, .. }));
+    assert_eq!(g.ret(GETTID, &[]), 2);
+    assert_eq!(g.ret(SET_TID_ADDRESS, &[BUF + 4]), 2);
+    g.mem.write_u32(BUF + 4, 2).unwrap();
+    assert_eq!(g.call(EXIT, &[0]), SyscallOutcome::ThreadExited);
+    assert_eq!(g.mem.read_u32(BUF + 4).unwrap(), 0);
+    assert_eq!(g.proc.threads.get(1).unwrap().state, crate::process::threads::ThreadState::Runnable(crate::process::threads::Resume::Return(0)));
+    assert_eq!(g.proc.threads.alive(), 2);
+}
+
+#[test]
+fn sleeps_block_the_thread_until_their_time() {
     let mut g = guest();
     g.mem.write_u64(SCRATCH, 30).unwrap();
     g.mem.write_u64(SCRATCH + 8, 0).unwrap();
-    g.proc.set_deadline(Some(Instant::now() + Duration::from_millis(50)));
-    let started = Instant::now();
-    assert_eq!(g.ret(NANOSLEEP, &[SCRATCH, 0]), 0);
-    let slept = started.elapsed();
-    assert!(slept >= Duration::from_millis(40) && slept < Duration::from_secs(5), "slept {slept:?}");
+    let wait = blocked(g.call(NANOSLEEP, &[SCRATCH, 0]));
+    assert_eq!(wait.on, WaitOn::Sleep);
+    let left = wait.until.unwrap() - Instant::now();
+    assert!(left > Duration::from_secs(29) && left <= Duration::from_secs(30), "{left:?}");
     g.mem.write_u64(SCRATCH + 8, 1_000_000_000).unwrap();
     assert_eq!(g.ret(NANOSLEEP, &[SCRATCH, 0]), err(Errno::EINVAL));
 }
@@ -466,11 +545,14 @@ fn poll_and_select_report_readiness() {
     assert_eq!(g.ret(POLL, &[pollfds, 2, u64::MAX]), 2);
     assert_eq!(revents(&g, 0), 1);
     assert_eq!(g.read_bytes(r, 1).unwrap(), b"x");
-    // Only the empty read end: a timed poll sleeps and reports nothing, an untimed one stops.
-    let started = Instant::now();
+    // Only the empty read end: the thread waits (20 ms, or without a timeout), and the attempt
+    // after the timeout reports nothing.
+    let until = ready_wait(g.call(POLL, &[pollfds, 1, 20])).unwrap();
+    assert!(until <= Instant::now() + Duration::from_millis(20));
+    assert_eq!(ready_wait(g.call(POLL, &[pollfds, 1, u64::MAX])), None);
+    g.proc.threads.current_mut().last_attempt = true;
     assert_eq!(g.ret(POLL, &[pollfds, 1, 20]), 0);
-    assert!(started.elapsed() >= Duration::from_millis(15));
-    assert_eq!(g.call(POLL, &[pollfds, 1, u64::MAX]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 7, name: "poll" }));
+    g.proc.threads.current_mut().last_attempt = false;
 
     // select: fd 3 readable once data is in; an unopened fd in a set is EBADF.
     let readfds = SCRATCH + 0x200;
@@ -674,9 +756,9 @@ fn socketpair_is_a_bidirectional_bounded_channel() {
     assert_eq!(g.ret(RECVFROM, &[a, BUF, 10, 0, SCRATCH + 0x20, SCRATCH + 0x10]), 4);
     assert_eq!(g.mem.read_vec(BUF, 4).unwrap(), b"pong");
     assert_eq!(g.mem.read_u32(SCRATCH + 0x10).unwrap(), 0);
-    // Empty: MSG_DONTWAIT gives EAGAIN; a blocking receive could never end and stops the run.
+    // Empty: MSG_DONTWAIT gives EAGAIN; a blocking receive waits for another thread.
     assert_eq!(g.ret(RECVFROM, &[a, BUF, 10, MSG_DONTWAIT, 0, 0]), err(Errno::EAGAIN));
-    assert!(matches!(g.call(READ, &[a, BUF, 10]), SyscallOutcome::Stop(RunStatus::Unsupported { .. })));
+    assert_eq!(ready_wait(g.call(READ, &[a, BUF, 10])), None);
     // Bounded like a pipe.
     let big = vec![7u8; 70_000];
     g.mem.write(BUF, &big).unwrap();
@@ -784,11 +866,9 @@ fn epoll_reports_readiness_of_pipes_and_sockets() {
     // maxevents and the events buffer are checked.
     assert_eq!(g.ret(EPOLL_WAIT, &[ep, BUF, 0, 0]), err(Errno::EINVAL));
     assert_eq!(g.ret(EPOLL_WAIT, &[ep, MEM - 12, 2, 0]), err(Errno::EFAULT));
-    // Nothing ready: a timed wait sleeps and reports none, an endless one stops the run.
-    let start = Instant::now();
-    assert_eq!(g.ret(EPOLL_WAIT, &[ep, BUF, 8, 30]), 0);
-    assert!(start.elapsed() >= Duration::from_millis(30));
-    assert!(matches!(g.call(EPOLL_WAIT, &[ep, BUF, 8, -1i64 as u64]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 232, .. })));
+    // Nothing ready: the thread waits, with the timeout or without one.
+    assert!(ready_wait(g.call(EPOLL_WAIT, &[ep, BUF, 8, 30])).is_some());
+    assert_eq!(ready_wait(g.call(EPOLL_WAIT, &[ep, BUF, 8, -1i64 as u64])), None);
     // Closing the peer makes a report HUP; a registration whose fd was closed and reused by
     // another description is dropped.
     assert_eq!(g.ret(CLOSE, &[b]), 0);

@@ -1,18 +1,19 @@
 //! Clocks, sleeps and CPU-time accounting.
 //!
 //! The guest reads the host's clocks (there is no vDSO, so glibc makes real calls). A sleep
-//! really sleeps on the host, for the requested time but never past the run's deadline: a
-//! program that sleeps longer than its time limit is stopped as a timeout by the run loop right
-//! after the call returns, instead of the VMM sleeping on its behalf. Returning at once would
-//! make `time.sleep` lie about elapsed time; sleeping without a bound would overrun the limit.
+//! blocks the calling thread until its time (`process::threads`): other threads run meanwhile,
+//! and when none can, the VMM really sleeps on the host, never past the run's deadline (a
+//! program that sleeps longer than its time limit ends as a timeout at the deadline). Returning
+//! at once would make `time.sleep` lie about elapsed time.
 //!
 //! The CPU-time clocks report the host thread running the vCPU (guest time plus the VMM's
 //! time spent answering its calls).
 
 use std::time::{Duration, Instant};
 
-use super::{value, SysResult, UserMemory};
+use super::{after, block, value, SysResult, UserMemory};
 use crate::errno::Errno;
+use crate::process::threads::WaitOn;
 use crate::process::GuestProcess;
 use crate::sys;
 
@@ -45,15 +46,20 @@ pub(crate) fn now_ns(clock: u64) -> Result<u64, Errno> {
     Ok((sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(nsec.max(0) as u64))
 }
 
-/// Sleeps on the host for `duration`, cut short at the run's deadline.
-pub(crate) fn sleep_bounded(proc: &GuestProcess, duration: Duration) {
-    let duration = match proc.deadline() {
-        Some(deadline) => duration.min(deadline.saturating_duration_since(Instant::now())),
-        None => duration,
-    };
-    if !duration.is_zero() {
-        std::thread::sleep(duration);
-    }
+/// The calling thread sleeps for `duration`.
+fn sleep(duration: Duration) -> SysResult {
+    block(WaitOn::Sleep, Some(after(duration).unwrap_or_else(far_future)))
+}
+
+/// An instant past any run's deadline, for times too far to represent.
+pub(crate) fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+}
+
+/// The instant when guest clock `clock` reads `absolute` (now, if it already passed).
+pub(crate) fn instant_at(clock: u64, absolute: Duration) -> Result<Instant, Errno> {
+    let wait = absolute.saturating_sub(Duration::from_nanos(now_ns(clock)?));
+    Ok(after(wait).unwrap_or_else(far_future))
 }
 
 /// clock_gettime(clockid, tp)
@@ -95,14 +101,13 @@ pub(crate) fn time(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
 }
 
 /// nanosleep(req, rem): rem is only written when a sleep is interrupted, which never happens.
-pub(crate) fn nanosleep(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn nanosleep(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (sec, nsec) = user.read_timespec(args[0])?;
-    sleep_bounded(proc, Duration::new(sec, nsec));
-    value(0)
+    sleep(Duration::new(sec, nsec))
 }
 
 /// clock_nanosleep(clockid, flags, req, rem), relative or TIMER_ABSTIME.
-pub(crate) fn clock_nanosleep(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn clock_nanosleep(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let clock = args[0];
     if matches!(clock, CLOCK_THREAD_CPUTIME_ID) {
         return Err(Errno::EINVAL);
@@ -110,13 +115,10 @@ pub(crate) fn clock_nanosleep(proc: &mut GuestProcess, user: &UserMemory, args: 
     host_clock(clock)?;
     let (sec, nsec) = user.read_timespec(args[2])?;
     let requested = Duration::new(sec, nsec);
-    let duration = if args[1] & TIMER_ABSTIME != 0 {
-        requested.saturating_sub(Duration::from_nanos(now_ns(clock)?))
-    } else {
-        requested
-    };
-    sleep_bounded(proc, duration);
-    value(0)
+    if args[1] & TIMER_ABSTIME != 0 {
+        return block(WaitOn::Sleep, Some(instant_at(clock, requested)?));
+    }
+    sleep(requested)
 }
 
 /// times(buf): user time is the vCPU thread's CPU time; returns ticks of the monotonic clock.

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+pub mod cpython;
 mod time_scale;
 #[allow(unused_imports)] // each test binary uses its own subset
 pub use time_scale::{boot_limits, repetitions, scaled, scaled_ms, time_scale};

@@ -48,3 +48,7 @@ pub mod daemon;
 
 // Template snapshots (file format, load, verification) and restoring VMs from them.
 pub mod snapshot;
+
+// Seeded corruption of valid inputs for the readers' fuzz tests.
+#[cfg(test)]
+pub(crate) mod fuzz;

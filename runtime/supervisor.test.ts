@@ -92,6 +92,18 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
     expect((await runtime.daemonHealth()).templates).toBe(1);
   });
 
+  it("restarts a daemon its seccomp filter killed (a forbidden host system call: SIGSYS)", async () => {
+    const log: string[] = [];
+    const daemon = await startDaemon({ log: (line) => log.push(line), serveArgs: ["--test-forbidden-syscall-after-ms", "500"] });
+    cleanups.push(() => daemon.dispose());
+    const firstPid = daemon.supervisor.pid;
+    const restarted = await nextReady(daemon.supervisor);
+    expect(restarted.pid).not.toBe(firstPid);
+    expect(log.join("\n")).toMatch(new RegExp(`sandfork-vmm \\(pid ${firstPid}\\) died \\(killed by SIGSYS\\); restarting`));
+    expect(log.join("\n")).toContain("confined by seccomp");
+    expect(daemon.supervisor.restarts).toBe(1);
+  });
+
   it("backs off between quick successive deaths", async () => {
     const { daemon, log } = await daemonWithLog();
     for (let death = 0; death < 2; death++) {

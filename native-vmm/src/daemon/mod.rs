@@ -77,6 +77,9 @@ pub struct ServeOptions {
     /// How long an agent booted for a request (a template without a snapshot) may take to
     /// reach its ready point.
     pub boot_timeout: std::time::Duration,
+    /// For the confinement's tests: a thread makes a forbidden system call this long after
+    /// the filter is installed.
+    pub forbidden_syscall_after: Option<std::time::Duration>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT: loads the templates, checks KVM (a host without it
@@ -97,7 +100,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
     };
     let server = Server::bind(&options.socket, Arc::new(executor), config).map_err(|e| format!("listening on {}: {e}", options.socket.display()))?;
 
-    let stopper = server.stopper();
+    let stopper = server.stopper().map_err(|e| format!("duplicating the listening socket: {e}"))?;
     thread::Builder::new()
         .name("sandfork-signals".into())
         .spawn(move || {
@@ -112,7 +115,20 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         Ok(()) => "available".to_owned(),
         Err(reason) => format!("unavailable: {reason}"),
     };
-    log(format_args!("listening on {} ({} templates, kvm {kvm})", server.path().display(), health.templates));
+    crate::memory::open_pagemap().map_err(|e| format!("opening /proc/self/pagemap: {e}"))?;
+    crate::seccomp::confine().map_err(|e| format!("installing the seccomp filter: {e}"))?;
+    if let Some(after) = options.forbidden_syscall_after {
+        thread::Builder::new()
+            .name("sandfork-trip".into())
+            .spawn(move || {
+                thread::sleep(after);
+                // socket(2) is not on the allow-list: the filter kills the process here.
+                let _ = std::net::UdpSocket::bind("127.0.0.1:0");
+                log(format_args!("a forbidden system call returned: the daemon is not confined"));
+            })
+            .map_err(|e| format!("starting the trip thread: {e}"))?;
+    }
+    log(format_args!("listening on {} ({} templates, kvm {kvm}; confined by seccomp)", server.path().display(), health.templates));
     server.run();
     Ok(())
 }

@@ -9,8 +9,11 @@
 //! of its own mappings; reads and writes on descriptors it already holds (the socket it serves,
 //! its connections, stderr for its log); threads (clone with CLONE_THREAD only; clone3 answers
 //! ENOSYS so that glibc falls back to clone, whose flags a filter can see); futexes, signals
-//! between its own threads, time, entropy. Not allowed: opening any path, creating sockets or
-//! connecting, exec, fork, ptrace, mount, changing identity. (unlink is allowed: the daemon
+//! between its own threads, time, entropy. Not allowed: creating sockets or connecting, exec,
+//! fork, ptrace, mount, changing identity. Opening a path is refused with EACCES rather than
+//! fatal: glibc opens files of its own on rare paths (malloc reads
+//! /sys/devices/system/cpu/online when it first wants another arena; `confine` sets the arena
+//! limit so that it does not), and a refusal opens nothing either. (unlink is allowed: the daemon
 //! removes its socket file when it stops.)
 
 use crate::sys::{self, SockFilter};
@@ -47,6 +50,9 @@ const IOCTL: u32 = 16;
 const CLONE: u32 = 56;
 const PRCTL: u32 = 157;
 const CLONE3: u32 = 435;
+const OPEN: u32 = 2;
+const OPENAT: u32 = 257;
+const EACCES: u32 = 13;
 
 /// Allowed whatever their arguments (x86-64 numbers).
 const ALLOWED: &[(u32, &str)] = &[
@@ -122,7 +128,7 @@ pub fn program() -> Vec<SockFilter> {
     ];
     // Each allowed number jumps to the final ALLOW; the checked calls jump to their blocks,
     // which follow the KILL below. Jump offsets count instructions after the jump.
-    let checked: [(u32, Vec<SockFilter>); 4] = [
+    let checked: [(u32, Vec<SockFilter>); 6] = [
         (
             IOCTL,
             vec![
@@ -149,6 +155,8 @@ pub fn program() -> Vec<SockFilter> {
             vec![stmt(BPF_LD_W_ABS, arg(0)), jump(BPF_JEQ_K, PR_SET_NAME, 1, 0), stmt(BPF_RET_K, RET_KILL_PROCESS), stmt(BPF_RET_K, RET_ALLOW)],
         ),
         (CLONE3, vec![stmt(BPF_RET_K, RET_ERRNO | ENOSYS)]),
+        (OPEN, vec![stmt(BPF_RET_K, RET_ERRNO | EACCES)]),
+        (OPENAT, vec![stmt(BPF_RET_K, RET_ERRNO | EACCES)]),
     ];
     let dispatch_len = ALLOWED.len() + checked.len();
     // After the dispatch: KILL, then the checked blocks, then ALLOW.
@@ -174,6 +182,7 @@ pub fn program() -> Vec<SockFilter> {
 
 /// Sets no_new_privs and installs `program()` on every thread of the process.
 pub fn confine() -> io::Result<()> {
+    sys::limit_malloc_arenas(std::thread::available_parallelism().map_or(2, |n| n.get()) * 8)?;
     sys::set_no_new_privs()?;
     sys::install_seccomp_filter(&program())
 }
@@ -212,7 +221,9 @@ mod tests {
         for &(nr, name) in ALLOWED {
             assert_eq!(run(&p, nr, [0; 6]), RET_ALLOW, "{name}");
         }
-        for (nr, name) in [(2, "open"), (257, "openat"), (41, "socket"), (42, "connect"), (59, "execve"), (57, "fork"), (58, "vfork"), (101, "ptrace"), (165, "mount"), (105, "setuid"), (62, "kill"), (322, "execveat"), (1023, "unknown")] {
+        assert_eq!(run(&p, OPEN, [0; 6]), RET_ERRNO | EACCES);
+        assert_eq!(run(&p, OPENAT, [0; 6]), RET_ERRNO | EACCES);
+        for (nr, name) in [(41, "socket"), (42, "connect"), (59, "execve"), (57, "fork"), (58, "vfork"), (101, "ptrace"), (165, "mount"), (105, "setuid"), (62, "kill"), (322, "execveat"), (1023, "unknown")] {
             assert_eq!(run(&p, nr, [0; 6]), RET_KILL_PROCESS, "{name}");
         }
         assert_eq!(run(&p, X32_SYSCALL_BIT | 1, [0; 6]), RET_KILL_PROCESS, "x32 write");
@@ -236,6 +247,6 @@ mod tests {
         numbers.sort_unstable();
         numbers.dedup();
         assert_eq!(numbers.len(), ALLOWED.len());
-        assert!(![IOCTL, CLONE, PRCTL, CLONE3].iter().any(|nr| numbers.contains(nr)));
+        assert!(![IOCTL, CLONE, PRCTL, CLONE3, OPEN, OPENAT].iter().any(|nr| numbers.contains(nr)));
     }
 }

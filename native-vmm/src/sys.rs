@@ -290,3 +290,15 @@ pub fn shutdown_read(fd: c_int) -> io::Result<()> {
     // SAFETY: shutdown takes integers only.
     check(unsafe { libc::shutdown(fd, libc::SHUT_RD) }).map(drop)
 }
+
+/// mallopt(M_ARENA_MAX, arenas): glibc's default limit (8 per core) set explicitly, so that
+/// malloc never needs to count the CPUs (by opening /sys/devices/system/cpu/online).
+pub fn limit_malloc_arenas(arenas: usize) -> io::Result<()> {
+    const M_ARENA_MAX: c_int = -8;
+    let arenas = c_int::try_from(arenas).unwrap_or(c_int::MAX);
+    // SAFETY: mallopt takes integers only.
+    match unsafe { libc::mallopt(M_ARENA_MAX, arenas) } {
+        1 => Ok(()),
+        _ => Err(io::Error::other("mallopt(M_ARENA_MAX) failed")),
+    }
+}

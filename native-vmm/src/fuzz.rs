@@ -1,10 +1,11 @@
-//! Seeded corruption of valid inputs, for the fuzz tests of the readers that take bytes from
-//! outside: the daemon's frames, file images and template snapshots. One seed replays a whole
-//! test: `SANDFORK_FUZZ_SEED` (decimal or 0x hex) sets it, otherwise it is drawn from the clock
-//! and printed; `SANDFORK_FUZZ_CASES` sets how many inputs a test tries (default 3000).
+//! Test support for the fuzz tests: seeded corruption of valid inputs for the readers that take
+//! bytes from outside (the daemon's frames, file images, template snapshots), and the seed the
+//! syscall fuzzer (tests/syscall_fuzz_kvm.rs) starts from. One seed replays a whole test:
+//! `SANDFORK_FUZZ_SEED` (decimal or 0x hex) sets it, otherwise it is drawn from the clock and
+//! printed; `SANDFORK_FUZZ_CASES` sets how many inputs a reader's test tries (default 3000).
 
 /// A xorshift generator: reproducible input without dependencies.
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
@@ -24,7 +25,8 @@ impl Rng {
     }
 }
 
-fn env_number(name: &str) -> Option<u64> {
+/// A number from the environment, decimal or 0x hex; a malformed one fails the test.
+pub fn env_number(name: &str) -> Option<u64> {
     let text = std::env::var(name).ok()?;
     let parsed = match text.strip_prefix("0x") {
         Some(hex) => u64::from_str_radix(hex, 16),
@@ -33,12 +35,17 @@ fn env_number(name: &str) -> Option<u64> {
     Some(parsed.unwrap_or_else(|_| panic!("{name}={text}: expected a number")))
 }
 
-/// The generator of the fuzz test `test`, and how many cases it should try; prints the seed.
-pub(crate) fn start(test: &str) -> (Rng, usize) {
-    let seed = env_number("SANDFORK_FUZZ_SEED").unwrap_or_else(|| {
+/// `SANDFORK_FUZZ_SEED`, or one drawn from the clock.
+pub fn seed() -> u64 {
+    env_number("SANDFORK_FUZZ_SEED").unwrap_or_else(|| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         now.as_nanos() as u64
-    });
+    })
+}
+
+/// The generator of the fuzz test `test`, and how many cases it should try; prints the seed.
+pub fn start(test: &str) -> (Rng, usize) {
+    let seed = seed();
     let cases = env_number("SANDFORK_FUZZ_CASES").unwrap_or(3000) as usize;
     eprintln!("{test}: seed {seed:#x} (SANDFORK_FUZZ_SEED={seed:#x} replays it), {cases} cases");
     (Rng::new(seed), cases)
@@ -50,7 +57,7 @@ const INTERESTING: [u64; 10] = [0, 1, 0x7f, 0x80, 0xff, 0x7fff_ffff, 0xffff_ffff
 /// `input` with one to four corruptions: bit flips, bytes set to edge values, little- or
 /// big-endian integer fields overwritten with edge values, bytes inserted, ranges deleted or
 /// duplicated, the end cut off.
-pub(crate) fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
+pub fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
     let mut out = input.to_vec();
     for _ in 0..1 + rng.below(4) {
         if out.is_empty() {

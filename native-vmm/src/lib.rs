@@ -51,6 +51,5 @@ pub mod seccomp;
 // Template snapshots (file format, load, verification) and restoring VMs from them.
 pub mod snapshot;
 
-// Seeded corruption of valid inputs for the readers' fuzz tests.
-#[cfg(test)]
-pub(crate) mod fuzz;
+// Test support: seeded corruption of valid inputs for the fuzz tests, and their seeds.
+pub mod fuzz;

@@ -125,13 +125,12 @@ def walk(top):
             with open(os.path.join(root, name), "rb") as f:
                 seen.append((os.path.join(root, name), f.read(64)))
     return seen
-fds = []
-for fd in range(3, 1024):
+def is_open(fd):
     try:
-        os.fstat(fd)
-        fds.append(fd)
+        return os.fstat(fd) is not None
     except OSError:
-        pass
+        return False
+fds = [fd for fd in range(3, 1024) if is_open(fd)]
 dispositions = [str(signal.getsignal(s)) for s in sorted(signal.valid_signals()) if s not in (signal.SIGKILL, signal.SIGSTOP)]
 print(walk("/tmp"), walk("/work"), sorted(os.environ.items()), fds, os.getcwd(), dispositions, json.dumps([1]), sep="\n")
 "#;

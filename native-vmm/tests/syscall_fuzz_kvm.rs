@@ -12,10 +12,11 @@ mod common;
 
 use std::sync::{mpsc, Arc, OnceLock};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::{compile, scaled, Linking};
 use sandfork_vmm::fs::Image;
+use sandfork_vmm::fuzz;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunRequest};
 
@@ -31,15 +32,6 @@ fn fuzzer_image() -> Arc<Image> {
             common::build_image("fuzzer-image", &manifest)
         })
         .clone()
-}
-
-fn env_number(name: &str) -> Option<u64> {
-    let text = std::env::var(name).ok()?;
-    let parsed = match text.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => text.parse(),
-    };
-    Some(parsed.unwrap_or_else(|_| panic!("{name}={text}: expected a number")))
 }
 
 /// splitmix64: the seed of run `i` from the master seed.
@@ -61,8 +53,8 @@ fn plant_host_secrets() -> Vec<String> {
 
 #[test]
 fn random_system_calls_end_in_a_status_and_never_see_host_data() {
-    let master = env_number("SANDFORK_FUZZ_SEED").unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64);
-    let budget = Duration::from_secs(env_number("SANDFORK_FUZZ_SECONDS").unwrap_or(3));
+    let master = fuzz::seed();
+    let budget = Duration::from_secs(fuzz::env_number("SANDFORK_FUZZ_SECONDS").unwrap_or(3));
     eprintln!("syscall fuzzer: seed {master:#x} (SANDFORK_FUZZ_SEED={master:#x} replays it), budget {budget:?}, {CALLS_PER_RUN} calls a run");
     let secrets = plant_host_secrets();
     let image = fuzzer_image();

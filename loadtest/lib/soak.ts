@@ -32,8 +32,10 @@ const KINDS: Kind[] = [
   { name: "ok", body: { code: "print(6*7)" }, status: "completed", check: (b) => b.stdout === "42\n" },
   { name: "timeout", body: { code: "while True: pass", timeout_ms: 200 }, status: "timed_out" },
   // At the template's own memory size (256 MiB), so that it runs on a pooled VM like the rest
-  // (a smaller limit has no snapshot: each such request would boot its agent).
-  { name: "oom", body: { code: "x = []\nwhile True: x.append(bytearray(1 << 20))" }, status: "memory_exceeded" },
+  // (a smaller limit has no snapshot: each such request would boot its agent). Filling it copies
+  // ~50,000 pages (~0.3 s of CPU); on a shared, loaded host that took 2-5 s of wall time with
+  // four at once, so its time limit is the gateway's largest, not the 5 s default.
+  { name: "oom", body: { code: "x = []\nwhile True: x.append(bytearray(1 << 20))", timeout_ms: 30_000 }, status: "memory_exceeded" },
   { name: "crash", body: { code: "import ctypes; ctypes.string_at(0)" }, status: "crashed" },
   { name: "flood", body: { code: "import sys\nwhile True: sys.stdout.write('x' * 65536)" }, status: "output_exceeded", check: (b) => b.truncated },
 ];

@@ -31,6 +31,10 @@ export interface GatewayConfig {
   maxTokenTtlSeconds: number;
   /** PKCS#8 PEM of an Ed25519 key; unset: generated once and kept in dataDir. */
   tokenSigningKeyPem: string | undefined;
+  /** Time a client has to send its request headers (a slowloris dribbles them); then it is cut off. */
+  headersTimeoutMs: number;
+  /** Time a client has to send its whole request; the response (an execution's run) is not counted. */
+  requestTimeoutMs: number;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
@@ -58,5 +62,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     tokenAudience: env.SANDFORK_TOKEN_AUDIENCE ?? "sandfork-gateway",
     maxTokenTtlSeconds: positiveIntegerFromEnv(env, "SANDFORK_MAX_TOKEN_TTL_SECONDS", 3_600),
     tokenSigningKeyPem: env.SANDFORK_TOKEN_SIGNING_KEY || undefined,
+    headersTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_HEADERS_TIMEOUT_MS", 10_000),
+    requestTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_REQUEST_TIMEOUT_MS", 30_000),
   };
 }

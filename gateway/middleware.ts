@@ -1,5 +1,7 @@
-// Route middleware: authentication (with the per-key rate limit) and the per-key body cap.
+// Route middleware: authentication (with the per-key rate limit) and the per-key body cap (which
+// also refuses bodies that are not UTF-8).
 // Both run before request validation, so an anonymous caller learns nothing about the schema.
+import { isUtf8 } from "node:buffer";
 import { bodyLimit } from "hono/body-limit";
 import { createMiddleware } from "hono/factory";
 import type { Scope } from "../db/keys.js";
@@ -22,15 +24,25 @@ export function authenticate(ctx: GatewayContext, scope: Scope) {
   });
 }
 
-/** Caps the request body at the calling key's max_body_bytes (413). Runs after authenticate. */
+/**
+ * Caps the request body at the calling key's max_body_bytes (413) and refuses a body that is not
+ * UTF-8 (400: JSON must be, and decoding would otherwise put U+FFFD in the caller's code). Runs
+ * after authenticate.
+ */
 export const limitBodyPerKey = createMiddleware<AppEnv>(async (c, next) => {
   const maxSize = c.get("principal").limits.maxBodyBytes;
-  return bodyLimit({
+  const limit = bodyLimit({
     maxSize,
     onError: () => {
       throw new ProblemError("payload-too-large", `this key accepts request bodies up to ${maxSize} bytes`, {
         extensions: { max_body_bytes: maxSize },
       });
     },
-  })(c, next);
+  });
+  return limit(c, async () => {
+    if (c.req.raw.body !== null && !isUtf8(await c.req.arrayBuffer())) {
+      throw new ProblemError("malformed-request", "the request body is not valid UTF-8");
+    }
+    await next();
+  });
 });

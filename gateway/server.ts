@@ -77,7 +77,21 @@ export async function startGateway(
   // Idle sessions pause themselves, expired ones end.
   context.sessions.start();
   const server = await new Promise<ServerType>((resolve) => {
-    const s = serve({ fetch: app.fetch, hostname: config.host, port: config.port }, () => resolve(s));
+    const s = serve(
+      {
+        fetch: app.fetch,
+        hostname: config.host,
+        port: config.port,
+        // Node checks these timeouts every connectionsCheckingInterval (30 s by default), so a
+        // slow client would get up to that much more: check as often as the tighter one needs.
+        serverOptions: {
+          headersTimeout: config.headersTimeoutMs,
+          requestTimeout: config.requestTimeoutMs,
+          connectionsCheckingInterval: Math.min(config.headersTimeoutMs, 1_000),
+        },
+      },
+      () => resolve(s),
+    );
   });
   const address = server.address();
   const port = typeof address === "object" && address !== null ? address.port : config.port;

@@ -6,6 +6,7 @@ import { dirname } from "node:path";
 import type { RuntimeConfig } from "./config.js";
 import { DaemonClient } from "./daemon-client.js";
 import { DaemonSupervisor } from "./supervisor.js";
+import { daemonUser } from "./unprivileged.js";
 import { discoverTemplateSources, ensureTemplates } from "./templates.js";
 
 export interface StartedRuntime {
@@ -50,7 +51,9 @@ export async function startRuntime(
   await ensureTemplates(sources, { binary: config.binary, templatesDir: config.templatesDir, force: config.rebuildTemplates, bootTimeoutMs: config.bootTimeoutMs, log });
 
   await mkdir(dirname(config.socketPath), { recursive: true, mode: 0o700 });
+  const runAs = await daemonUser(dirname(config.socketPath), log);
   const supervisor = new DaemonSupervisor({
+    ...(runAs === undefined ? {} : { runAs }),
     binary: config.binary,
     socketPath: config.socketPath,
     templatesDir: config.templatesDir,

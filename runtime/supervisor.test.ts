@@ -2,14 +2,15 @@
 // flight failing retryably, backoff, refusing a taken socket, a start-up failure, stop.
 import { existsSync } from "node:fs";
 import { spawn } from "node:child_process";
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { chown, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { DaemonClient } from "./daemon-client.js";
 import { RuntimeConnectionLostError, RuntimeUnavailableError } from "./errors.js";
 import { DaemonSupervisor } from "./supervisor.js";
-import { type DaemonFixture, requireVmmBinary, startDaemon, stopProcess } from "./testing/real-daemon.js";
+import { type DaemonFixture, requireVmmBinary, startDaemon, stopProcess, templatesFixture } from "./testing/real-daemon.js";
+import { uidOf } from "./unprivileged.js";
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -90,6 +91,46 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
     const runtime = client(daemon.socketPath, 1);
     await runtime.connect();
     expect((await runtime.daemonHealth()).templates).toBe(1);
+  });
+
+  it("restarts a daemon its seccomp filter killed (a forbidden host system call: SIGSYS)", async () => {
+    const log: string[] = [];
+    const daemon = await startDaemon({ log: (line) => log.push(line), serveArgs: ["--test-forbidden-syscall-after-ms", "500"] });
+    cleanups.push(() => daemon.dispose());
+    const firstPid = daemon.supervisor.pid;
+    const restarted = await nextReady(daemon.supervisor);
+    expect(restarted.pid).not.toBe(firstPid);
+    expect(log.join("\n")).toMatch(new RegExp(`sandfork-vmm \\(pid ${firstPid}\\) died \\(killed by SIGSYS\\); restarting`));
+    expect(log.join("\n")).toContain("confined by seccomp");
+    expect(daemon.supervisor.restarts).toBe(1);
+  });
+
+  it("runs the daemon as an unprivileged user holding only /dev/kvm's group, its templates and its socket directory", async () => {
+    expect(process.getuid?.(), "the supervisor tests run as root").toBe(0);
+    const nobody = uidOf(await readFile("/etc/passwd", "utf8"), "nobody") as number;
+    const kvmGroup = existsSync("/dev/kvm") ? (await stat("/dev/kvm")).gid : nobody;
+    const templates = await templatesFixture();
+    cleanups.push(() => templates.dispose());
+    // The fixture's directory is root's (0700); the daemon gets it as its socket directory.
+    await chown(templates.dir, nobody, kvmGroup);
+    const supervisor = new DaemonSupervisor({
+      binary: requireVmmBinary(),
+      socketPath: join(templates.dir, "vmm.sock"),
+      templatesDir: templates.templatesDir,
+      runAs: { uid: nobody, gid: kvmGroup },
+    });
+    cleanups.push(() => supervisor.stop());
+    await supervisor.start();
+    const status = await readFile(`/proc/${supervisor.pid}/status`, "utf8");
+    expect(status).toMatch(new RegExp(`^Uid:\\s+${nobody}\\s+${nobody}\\s+${nobody}\\s+${nobody}$`, "m"));
+    expect(status).toMatch(new RegExp(`^Gid:\\s+${kvmGroup}\\s`, "m"));
+    expect(status).toMatch(/^Groups:\s*$/m);
+    expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
+    expect(status).toMatch(/^Seccomp:\s+2$/m);
+    const runtime = client(join(templates.dir, "vmm.sock"), 1);
+    await runtime.connect();
+    const health = await runtime.daemonHealth();
+    if (existsSync("/dev/kvm")) expect(health.kvm).toBe("available");
   });
 
   it("backs off between quick successive deaths", async () => {

@@ -42,6 +42,12 @@ export interface SupervisorOptions {
   livenessIntervalMs?: number;
   livenessTimeoutMs?: number;
   livenessFailures?: number;
+  /**
+   * Run the daemon as this user and group (set when the supervisor runs as root: see
+   * unprivileged.ts). The group should be the one owning /dev/kvm; the daemon also needs to
+   * read the templates and to create its socket in the socket's directory.
+   */
+  runAs?: { uid: number; gid: number };
   log?: (line: string) => void;
 }
 
@@ -86,7 +92,7 @@ async function terminate(pid: number, timeoutMs: number): Promise<void> {
 }
 
 export class DaemonSupervisor {
-  private readonly options: Required<Omit<SupervisorOptions, "log">>;
+  private readonly options: Required<Omit<SupervisorOptions, "log" | "runAs">> & Pick<SupervisorOptions, "runAs">;
   private readonly log: (line: string) => void;
   private state: State = "idle";
   private child: ChildProcess | null = null;
@@ -114,6 +120,7 @@ export class DaemonSupervisor {
       livenessIntervalMs: options.livenessIntervalMs ?? 5_000,
       livenessTimeoutMs: options.livenessTimeoutMs ?? 2_000,
       livenessFailures: options.livenessFailures ?? 3,
+      runAs: options.runAs,
     };
     this.log = options.log ?? (() => {});
     this.backoffMs = this.options.restartMinMs;
@@ -221,7 +228,8 @@ export class DaemonSupervisor {
   private async launch(): Promise<DaemonProcessInfo> {
     this.state = "starting";
     const args = ["serve", "--socket", this.options.socketPath, "--templates", this.options.templatesDir, ...this.options.serveArgs];
-    const child = spawn(this.options.binary, args, { stdio: ["ignore", "pipe", "pipe"] });
+    const runAs = this.options.runAs;
+    const child = spawn(this.options.binary, args, { stdio: ["ignore", "pipe", "pipe"], ...(runAs === undefined ? {} : { uid: runAs.uid, gid: runAs.gid }) });
     this.child = child;
     this.stderrTail = [];
     this.startedAt = Date.now();

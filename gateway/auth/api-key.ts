@@ -37,11 +37,16 @@ function apiKeyHint(key: string): string {
   return `${API_KEY_PREFIX}…${key.slice(-4)}`;
 }
 
+/** The key with this 32-character base62 body: prefix, body, checksum. */
+export function apiKeyWithBody(body: string): string {
+  return API_KEY_PREFIX + body + checksum(API_KEY_PREFIX + body);
+}
+
 export function mintApiKey(): MintedApiKey {
   let body = "";
   // randomInt draws without modulo bias from the CSPRNG.
   for (let i = 0; i < BODY_LENGTH; i++) body += BASE62[randomInt(62)];
-  const key = API_KEY_PREFIX + body + checksum(API_KEY_PREFIX + body);
+  const key = apiKeyWithBody(body);
   return { key, hash: hashApiKey(key), hint: apiKeyHint(key) };
 }
 

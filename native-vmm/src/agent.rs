@@ -135,6 +135,22 @@ impl fmt::Display for InvalidRequest {
 
 impl std::error::Error for InvalidRequest {}
 
+/// Client text quoted in a refusal is cut to this many characters: a path or a name may be
+/// megabytes long, and the refusal goes back in one frame.
+pub const MAX_QUOTED_CHARS: usize = 64;
+
+/// At most `max` characters of `text`, with an ellipsis where it was cut.
+pub fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+fn quoted(text: &str) -> String {
+    format!("{:?}", truncate(text, MAX_QUOTED_CHARS))
+}
+
 fn invalid<T>(message: String) -> Result<T, InvalidRequest> {
     Err(InvalidRequest(message))
 }
@@ -159,7 +175,7 @@ impl AgentRequest {
         if self.argv.is_empty() || self.argv.len() > MAX_ARGS {
             return invalid(format!("argv must have 1 to {MAX_ARGS} entries (argv[0] is the script's path), not {}", self.argv.len()));
         }
-        check_work_path(self.script()).or_else(|reason| invalid(format!("argv[0] {:?}: {reason}", self.script())))?;
+        check_work_path(self.script()).or_else(|reason| invalid(format!("argv[0] {}: {reason}", quoted(self.script()))))?;
         if let Some(i) = self.argv.iter().position(|a| a.contains('\0')) {
             return invalid(format!("argv[{i}] contains a NUL byte"));
         }
@@ -169,10 +185,10 @@ impl AgentRequest {
         let mut names = BTreeSet::new();
         for (name, value) in &self.env {
             if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
-                return invalid(format!("environment variable {name:?}: names must be non-empty without '=' or NUL, values without NUL"));
+                return invalid(format!("environment variable {}: names must be non-empty without '=' or NUL, values without NUL", quoted(name)));
             }
             if !names.insert(name.as_str()) {
-                return invalid(format!("environment variable {name:?} is given twice"));
+                return invalid(format!("environment variable {} is given twice", quoted(name)));
             }
         }
         let args_env: usize = self.argv.iter().map(|a| a.len() + 1).sum::<usize>() + self.env.iter().map(|(n, v)| n.len() + v.len() + 2).sum::<usize>();
@@ -188,16 +204,16 @@ impl AgentRequest {
         }
         let mut paths = BTreeSet::from([self.script()]);
         for (i, (path, _)) in self.files.iter().enumerate() {
-            check_work_path(path).or_else(|reason| invalid(format!("files[{i}].path {path:?}: {reason}")))?;
+            check_work_path(path).or_else(|reason| invalid(format!("files[{i}].path {}: {reason}", quoted(path))))?;
             if !paths.insert(path.as_str()) {
                 let what = if path == self.script() { "is the script's path (argv[0])" } else { "is given twice" };
-                return invalid(format!("files[{i}].path {path:?} {what}"));
+                return invalid(format!("files[{i}].path {} {what}", quoted(path)));
             }
         }
         for path in &paths {
             let mut ancestors = path.match_indices('/').map(|(i, _)| &path[..i]);
             if let Some(file) = ancestors.find(|a| paths.contains(a)) {
-                return invalid(format!("{file:?} is a file, so {path:?} cannot be inside it"));
+                return invalid(format!("{} is a file, so {} cannot be inside it", quoted(file), quoted(path)));
             }
         }
         if self.stdin.len() > MAX_STDIN_BYTES {
@@ -318,6 +334,20 @@ mod tests {
         assert!(refusal(&r).starts_with("argv[0]"));
         r.argv = vec![];
         assert!(refusal(&r).contains("1 to 1024 entries"));
+    }
+
+    /// Found by the request fuzzer: a refusal quoted a megabyte-long path whole.
+    #[test]
+    fn refusals_quote_at_most_a_little_of_the_client_text() {
+        let long = "é".repeat(1 << 20);
+        let mut r = AgentRequest::new("");
+        r.argv = vec![format!("/{long}")];
+        let message = refusal(&r);
+        assert!(message.starts_with("argv[0] \"/ééé") && message.len() < 256, "{message}");
+        assert!(refusal(&with_file(&format!("../{long}"), 1)).len() < 256);
+        let mut r = AgentRequest::new("");
+        r.env = vec![(format!("={long}"), String::new())];
+        assert!(refusal(&r).len() < 256);
     }
 
     #[test]

@@ -45,8 +45,13 @@ pub mod devcpu;
 pub mod arch;
 pub mod kvm;
 
-// `sandfork-vmm serve`: the daemon protocol (PROTOCOL.md), its server and the executor boundary.
+// `sandfork-vmm serve`: the daemon protocol (PROTOCOL.md), its server and the executor boundary,
+// and the seccomp filter it confines itself with.
 pub mod daemon;
+pub mod seccomp;
 
 // Template snapshots (file format, load, verification) and restoring VMs from them.
 pub mod snapshot;
+
+// Test support: seeded corruption of valid inputs for the fuzz tests, and their seeds.
+pub mod fuzz;

@@ -146,7 +146,12 @@ options:
   --sessions DIR          keep stateful sessions (PROTOCOL.md, Sessions) with their durable
                           checkpoints in DIR (created); sessions found there are resumable
   --max-sessions N        sessions holding a running VM at once (default 64)
+  --test-forbidden-syscall-after-ms N
+                          for tests of the confinement: N ms after startup a thread makes a
+                          system call the seccomp filter forbids, which kills the daemon
 
+Once set up, the daemon confines itself: no_new_privs and a seccomp filter that allows only the
+host system calls serving needs (native-vmm/src/seccomp.rs); any other kills it (SIGSYS).
 Requests asking for more than a maximum run with the maximum; without limits they get 10000
 ms, 256 MiB and 1048576 bytes (each clamped to the maximum).";
 
@@ -459,7 +464,7 @@ fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn serve(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--pool-size", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes", "--boot-timeout-ms", "--sessions", "--max-sessions"], &[], false, SERVE_USAGE)?;
+    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--pool-size", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes", "--boot-timeout-ms", "--test-forbidden-syscall-after-ms", "--sessions", "--max-sessions"], &[], false, SERVE_USAGE)?;
     let defaults = daemon::DEFAULT_MAXIMA;
     let max_limits = daemon::executor::ExecutionLimits {
         timeout_ms: options.number("--max-timeout-ms", defaults.timeout_ms, daemon::MAX_TIMEOUT_MS_LIMIT)?,
@@ -479,6 +484,10 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
         boot_timeout: options.boot_timeout()?,
         sessions: options.values.get("--sessions").map(std::path::PathBuf::from),
         max_sessions: options.number("--max-sessions", daemon::DEFAULT_MAX_SESSIONS, daemon::MAX_SESSIONS_LIMIT)? as usize,
+        forbidden_syscall_after: match options.values.contains_key("--test-forbidden-syscall-after-ms") {
+            true => Some(std::time::Duration::from_millis(options.count("--test-forbidden-syscall-after-ms", 0, 3_600_000)?)),
+            false => None,
+        },
     };
     daemon::serve(&serve_options).map_err(CliError::Failed)?;
     Ok(ExitCode::SUCCESS)

@@ -33,6 +33,21 @@ impl fmt::Display for OutOfBounds {
 
 impl std::error::Error for OutOfBounds {}
 
+/// This process's /proc/self/pagemap, opened once and kept: a confined daemon (`seccomp`) may
+/// not open files. `open_pagemap` opens it ahead, before confinement.
+fn pagemap() -> io::Result<&'static std::fs::File> {
+    static PAGEMAP: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    if let Some(file) = PAGEMAP.get() {
+        return Ok(file);
+    }
+    let file = std::fs::File::open("/proc/self/pagemap")?;
+    Ok(PAGEMAP.get_or_init(|| file))
+}
+
+pub fn open_pagemap() -> io::Result<()> {
+    pagemap().map(drop)
+}
+
 pub struct GuestMemory {
     host: *mut u8,
     size: u64,
@@ -106,10 +121,10 @@ impl GuestMemory {
         if self.fd.is_some() {
             return Ok(None);
         }
-        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
-        match self.scan_copied_ranges(&pagemap) {
+        let pagemap = pagemap()?;
+        match self.scan_copied_ranges(pagemap) {
             // Host errnos of a kernel without PAGEMAP_SCAN.
-            Err(e) if matches!(e.raw_os_error(), Some(25 /* ENOTTY */ | 22 /* EINVAL */)) => self.read_copied_ranges(&pagemap).map(Some),
+            Err(e) if matches!(e.raw_os_error(), Some(25 /* ENOTTY */ | 22 /* EINVAL */)) => self.read_copied_ranges(pagemap).map(Some),
             scanned => scanned.map(Some),
         }
     }

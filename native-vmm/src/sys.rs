@@ -10,7 +10,7 @@ use std::ffi::{c_int, c_ulong, CString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 
-pub use libc::{SIGINT, SIGTERM};
+pub use libc::{sock_filter as SockFilter, SIGINT, SIGTERM};
 
 fn check(ret: c_int) -> io::Result<c_int> {
     if ret < 0 {
@@ -78,7 +78,7 @@ pub fn ioctl_mut<T>(fd: c_int, request: c_ulong, arg: &mut T) -> io::Result<c_in
 pub const PAGE_IS_FILE: u64 = 1 << 2;
 pub const PAGE_IS_PRESENT: u64 = 1 << 3;
 /// `_IOWR('f', 16, struct pm_scan_arg)`.
-const PAGEMAP_SCAN: c_ulong = 0xC060_6610;
+pub const PAGEMAP_SCAN: c_ulong = 0xC060_6610;
 
 /// `struct pm_scan_arg` (linux/fs.h, Linux 6.7+).
 #[repr(C)]
@@ -258,5 +258,47 @@ pub fn wait_for_signal(set: &SignalSet) -> io::Result<c_int> {
     match unsafe { libc::sigwait(&set.0, &mut signum) } {
         0 => Ok(signum),
         errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
+/// prctl(PR_SET_NO_NEW_PRIVS): neither this process nor anything it could exec gains privileges.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).map(drop)
+}
+
+/// seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, program): the filter applies to
+/// every thread of the process (and to the threads they start).
+pub fn install_seccomp_filter(program: &[SockFilter]) -> io::Result<()> {
+    let len = u16::try_from(program.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a seccomp filter holds at most 65535 instructions"))?;
+    let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
+    // SAFETY: `fprog` points at `program`, which outlives the call; the kernel copies it.
+    let ret = unsafe { libc::syscall(libc::SYS_seccomp, SECCOMP_SET_MODE_FILTER, libc::SECCOMP_FILTER_FLAG_TSYNC, &fprog as *const libc::sock_fprog) };
+    match ret {
+        0 => Ok(()),
+        r if r < 0 => Err(io::Error::last_os_error()),
+        // With TSYNC, a positive answer is the id of a thread that could not take the filter.
+        tid => Err(io::Error::other(format!("thread {tid} could not be confined"))),
+    }
+}
+
+/// seccomp(2)'s operation (linux/seccomp.h; not in Debian's libc crate).
+const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
+
+/// shutdown(fd, SHUT_RD): on a listening socket, makes a blocked accept fail (EINVAL).
+pub fn shutdown_read(fd: c_int) -> io::Result<()> {
+    // SAFETY: shutdown takes integers only.
+    check(unsafe { libc::shutdown(fd, libc::SHUT_RD) }).map(drop)
+}
+
+/// mallopt(M_ARENA_MAX, arenas): glibc's default limit (8 per core) set explicitly, so that
+/// malloc never needs to count the CPUs (by opening /sys/devices/system/cpu/online).
+pub fn limit_malloc_arenas(arenas: usize) -> io::Result<()> {
+    const M_ARENA_MAX: c_int = -8;
+    let arenas = c_int::try_from(arenas).unwrap_or(c_int::MAX);
+    // SAFETY: mallopt takes integers only.
+    match unsafe { libc::mallopt(M_ARENA_MAX, arenas) } {
+        1 => Ok(()),
+        _ => Err(io::Error::other("mallopt(M_ARENA_MAX) failed")),
     }
 }

@@ -158,3 +158,21 @@ fn sigterm_stops_a_daemon_whose_stderr_is_a_broken_pipe() {
     assert!(daemon.child.wait().unwrap().success());
     assert!(!daemon.socket.exists(), "SIGTERM removes the socket file");
 }
+
+/// The daemon confines itself once set up (src/seccomp.rs): a host system call off its
+/// allow-list, made here by the test-only trip thread, kills it with SIGSYS (the supervisor then
+/// restarts it: runtime/supervisor.test.ts).
+#[test]
+fn a_forbidden_host_system_call_kills_the_daemon() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = scratch("seccomp");
+    let socket = dir.join("s.sock");
+    let mut child = Daemon::spawn(&socket, templates_dir(), &["--test-forbidden-syscall-after-ms", "300"]);
+    assert!(wait_for(Duration::from_secs(30), || matches!(child.try_wait(), Ok(Some(_)))), "the daemon is still running");
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(status.signal(), Some(31), "expected SIGSYS, got {status:?}; stderr: {stderr}");
+    assert!(stderr.contains("confined by seccomp") && !stderr.contains("not confined"), "{stderr}");
+}
+

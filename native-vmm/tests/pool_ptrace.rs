@@ -6,48 +6,16 @@
 
 mod common;
 mod daemon_support;
+mod pool_support;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use daemon_support::{config, repetitions, scaled, scratch, str_of, u64_of, Client, Running};
-use sandfork_vmm::agent::PYTHON_AGENT;
-use sandfork_vmm::daemon::agent_executor::AgentExecutor;
+use daemon_support::{config, repetitions, scaled, str_of, u64_of, Client, Running};
+use pool_support::start;
 use sandfork_vmm::daemon::server::ServerConfig;
-use sandfork_vmm::daemon::templates;
-use sandfork_vmm::fs::Image;
 use serde_json::Value;
-use sandfork_vmm::snapshot::{self, ForkMemory};
-use sandfork_vmm::vm;
-
-/// A templates directory holding the Python template with its snapshot, built once per test
-/// process (the snapshot's memory size is the daemon's default request size, 256 MiB).
-fn templates_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = scratch("pool-templates");
-        let folder = dir.join("python");
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-        sandfork_vmm::image::build(&manifest, &folder).unwrap_or_else(|e| panic!("building the Python image: {e}"));
-        let image = Image::open(&folder).unwrap_or_else(|e| panic!("{e}"));
-        snapshot::build(image, "python", &PYTHON_AGENT, &daemon_support::boot_limits(vm::DEFAULT_MEM_BYTES), &common::test_cpu, &folder).unwrap_or_else(|e| panic!("building the template: {e}"));
-        dir
-    })
-}
-
-/// A daemon whose executor keeps `pool_size` VMs of the template ready (0: restores a VM for
-/// each request on the request's thread).
-fn start(tag: &str, pool_size: usize, config: ServerConfig) -> Running {
-    let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
-    assert!(templates[0].snapshot.is_some());
-    let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None)
-        .restoring(Arc::new(common::restore_cpu), common::fork_memory())
-        .pooled(pool_size)
-        .unwrap_or_else(|e| panic!("starting the pool: {e}"));
-    Running::start(&scratch(tag), Arc::new(executor), config)
-}
+use sandfork_vmm::snapshot::ForkMemory;
 
 fn execute(id: u64, code: &str) -> String {
     format!(r#"{{"id":{id},"type":"execute","template":"python","code":{}}}"#, Value::from(code))

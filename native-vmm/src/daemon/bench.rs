@@ -159,7 +159,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let socket = scratch_socket()?;
     let policy = LimitPolicy::new(limits, limits);
     let server = Server::bind(&socket, executor.clone(), ServerConfig { max_running: 16, max_queued: 64, max_connections: 64, limits: policy }).map_err(|e| format!("binding {}: {e}", socket.display()))?;
-    let stopper = server.stopper();
+    let stopper = server.stopper().map_err(|e| e.to_string())?;
     let serving = thread::spawn(move || server.run());
     let measured = (|| {
         let mut client = Client::connect(&socket)?;

@@ -249,18 +249,6 @@ mod tests {
         read_frame(&mut &bytes[..])
     }
 
-    /// A xorshift generator: reproducible "random" input without dependencies.
-    struct XorShift(u64);
-
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
-
     #[test]
     fn a_frame_round_trips() {
         let message = json!({"type": "hello", "protocol": 1, "s": "é\u{1}\"\n"});
@@ -349,7 +337,7 @@ mod tests {
 
     #[test]
     fn random_bytes_never_panic_and_keep_the_stream_in_step() {
-        let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+        let mut rng = crate::fuzz::Rng::new(0x9e37_79b9_7f4a_7c15);
         let alphabet = b"{}[]\":,0123456789.eE+-truefalsnl \\u\xc3\xa9\xff";
         for round in 0..5_000 {
             let len = (rng.next() % 64) as usize;

@@ -87,6 +87,9 @@ pub struct ServeOptions {
     pub sessions: Option<PathBuf>,
     /// Sessions holding a running VM at once.
     pub max_sessions: usize,
+    /// For the confinement's tests: a thread makes a forbidden system call this long after
+    /// the filter is installed.
+    pub forbidden_syscall_after: Option<std::time::Duration>,
 }
 
 /// Running sessions by default.
@@ -122,7 +125,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         server = server.with_sessions(sessions);
     }
 
-    let stopper = server.stopper();
+    let stopper = server.stopper().map_err(|e| format!("duplicating the listening socket: {e}"))?;
     thread::Builder::new()
         .name("sandfork-signals".into())
         .spawn(move || {
@@ -137,7 +140,24 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         Ok(()) => "available".to_owned(),
         Err(reason) => format!("unavailable: {reason}"),
     };
-    log(format_args!("listening on {} ({} templates, kvm {kvm})", server.path().display(), health.templates));
+    crate::memory::open_pagemap().map_err(|e| format!("opening /proc/self/pagemap: {e}"))?;
+    let confinement = match options.sessions {
+        Some(_) => crate::seccomp::Confinement::WithSessionFiles,
+        None => crate::seccomp::Confinement::NoFiles,
+    };
+    crate::seccomp::confine(confinement).map_err(|e| format!("installing the seccomp filter: {e}"))?;
+    if let Some(after) = options.forbidden_syscall_after {
+        thread::Builder::new()
+            .name("sandfork-trip".into())
+            .spawn(move || {
+                thread::sleep(after);
+                // socket(2) is not on the allow-list: the filter kills the process here.
+                let _ = std::net::UdpSocket::bind("127.0.0.1:0");
+                log(format_args!("a forbidden system call returned: the daemon is not confined"));
+            })
+            .map_err(|e| format!("starting the trip thread: {e}"))?;
+    }
+    log(format_args!("listening on {} ({} templates, kvm {kvm}; confined by seccomp)", server.path().display(), health.templates));
     server.run();
     Ok(())
 }

@@ -20,7 +20,7 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::agent::{AgentRequest, DEFAULT_SCRIPT};
+use crate::agent::{truncate, AgentRequest, DEFAULT_SCRIPT, MAX_QUOTED_CHARS};
 use crate::daemon::base64;
 use crate::daemon::executor::{ExecuteRequest, ExecutionLimits};
 use crate::daemon::response::ErrorCode;
@@ -35,8 +35,6 @@ pub const MAX_TEMPLATE_NAME_BYTES: usize = 255;
 /// standard-library warm-up on the development machine, more where numpy is installed and
 /// imported); a request asking for less gets this much.
 pub const MIN_MEMORY_MIB: u64 = 64;
-/// Client text quoted in an error message is cut to this many characters.
-const MAX_QUOTED_CHARS: usize = 64;
 
 /// Default and maximum limits of a daemon (`serve --max-*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,14 +76,6 @@ pub struct RequestError {
 
 pub(crate) fn bad(id: Option<u64>, message: impl Into<String>) -> RequestError {
     RequestError { id, code: ErrorCode::BadRequest, message: message.into() }
-}
-
-/// At most `max` characters of `text` (client text in error messages).
-fn truncate(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_owned(),
-    }
 }
 
 /// Reads `frame` as a `T`; a refusal names where in the frame it lies ("limits.timeout_ms: ...").
@@ -570,5 +560,104 @@ mod tests {
                 Err(e) => assert_eq!(e.code, ErrorCode::BadRequest, "{}", e.message),
             }
         }
+    }
+
+    /// Seeded corruptions of valid frames (header included) through the frame reader and the
+    /// request parser, as the server reads a connection: each ends in a frame error, a typed
+    /// refusal or a request, never a panic, and a refusal's message stays short.
+    #[test]
+    fn corrupted_frames_never_panic_the_reader_or_the_parser() {
+        let valid = [
+            r#"{"type":"hello","protocol":1}"#.to_owned(),
+            r#"{"id":1,"type":"health"}"#.to_owned(),
+            r#"{"id":2,"type":"stats"}"#.to_owned(),
+            r#"{"id":3,"type":"list_templates"}"#.to_owned(),
+            r#"{"id":7,"type":"execute","template":"python","code":"print(6*7)","stdin":"in\n","argv":["script.py","--flag"],"env":{"LANG":"C.UTF-8","X":""},"files":[{"path":"data/a.csv","content":"a,b\n","encoding":"utf8"},{"path":"b","content":"AP8=","encoding":"base64"}],"limits":{"timeout_ms":10000,"memory_mib":256,"output_bytes":1048576}}"#.to_owned(),
+        ];
+        let (mut rng, cases) = crate::fuzz::start("frame and request parser");
+        let (mut frames, mut requests) = (0, 0);
+        for case in 0..cases {
+            let payload = valid[case % valid.len()].as_bytes();
+            let mut stream = (payload.len() as u32).to_be_bytes().to_vec();
+            stream.extend_from_slice(payload);
+            // A third of the cases change JSON values, a third corrupt the payload's bytes under
+            // a correct length, a third the whole stream.
+            let corrupted = if case % 3 == 0 {
+                let mut value: Value = serde_json::from_slice(payload).unwrap();
+                for _ in 0..1 + rng.below(3) {
+                    corrupt_a_value(&mut rng, &mut value);
+                }
+                let body = value.to_string().into_bytes();
+                [(body.len() as u32).to_be_bytes().as_slice(), &body].concat()
+            } else if case % 3 == 1 {
+                let body = crate::fuzz::mutate(&mut rng, payload);
+                [(body.len() as u32).to_be_bytes().as_slice(), &body].concat()
+            } else {
+                crate::fuzz::mutate(&mut rng, &stream)
+            };
+            let Ok(frame) = frame::read_frame(&mut &corrupted[..]) else { continue };
+            frames += 1;
+            let _ = parse_hello(&frame);
+            match parse_request(&frame, &POLICY) {
+                Ok(_) => requests += 1,
+                Err(e) => assert!(e.message.len() < 1024, "a refusal of {} bytes: {}", e.message.len(), e.message.chars().take(300).collect::<String>()),
+            }
+        }
+        eprintln!("{cases} corrupted frames: {frames} read as JSON objects, {requests} parsed as requests");
+    }
+
+    /// Replaces one value somewhere in `value` (or drops a key, or adds an unknown one) with
+    /// something a schema must refuse or clamp.
+    fn corrupt_a_value(rng: &mut crate::fuzz::Rng, value: &mut Value) {
+        let odd = || -> [Value; 16] {
+            [
+                Value::Null,
+                Value::Bool(true),
+                Value::from(-1),
+                Value::from(u64::MAX),
+                Value::from(MAX_INTEGER + 1),
+                Value::from(1.5),
+                Value::from(""),
+                Value::from("../../../etc/passwd"),
+                Value::from("a\u{0}b"),
+                Value::from("é".repeat(5000)),
+                Value::from("/abs/path"),
+                serde_json::json!([]),
+                serde_json::json!({}),
+                serde_json::json!([[[[[[1]]]]]]),
+                serde_json::json!({"path": "x", "content": "AP8=", "encoding": "rot13"}),
+                Value::from("utf8"),
+            ]
+        };
+        let mut at = value;
+        loop {
+            let children = match at {
+                Value::Object(map) => map.len(),
+                Value::Array(items) => items.len(),
+                _ => 0,
+            };
+            if children == 0 || rng.below(3) == 0 {
+                break;
+            }
+            let pick = rng.below(children);
+            at = match at {
+                Value::Object(map) => {
+                    if rng.below(6) == 0 {
+                        let key = map.keys().nth(pick).unwrap().clone();
+                        map.remove(&key);
+                        return;
+                    }
+                    if rng.below(8) == 0 {
+                        map.insert("unexpected".into(), Value::from(1));
+                        return;
+                    }
+                    map.values_mut().nth(pick).unwrap()
+                }
+                Value::Array(items) => &mut items[pick],
+                _ => unreachable!(),
+            };
+        }
+        let choices = odd();
+        *at = choices[rng.below(choices.len())].clone();
     }
 }

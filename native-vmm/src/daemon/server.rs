@@ -22,6 +22,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io::{self, BufReader, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{self, AssertUnwindSafe};
@@ -39,6 +40,7 @@ use crate::daemon::response::{self, ErrorCode, RequestTimes, Response};
 use crate::process::OutputSink;
 use crate::daemon::session_protocol::{self, SessionOp};
 use crate::daemon::sessions::Sessions;
+use crate::sys;
 
 /// How long one response write may block on a client that does not read.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -185,7 +187,8 @@ pub struct Server {
 #[derive(Clone)]
 pub struct Stopper {
     shared: Arc<Shared>,
-    path: PathBuf,
+    /// The listening socket (a duplicate descriptor of it).
+    listener: Arc<UnixListener>,
 }
 
 impl Stopper {
@@ -193,8 +196,9 @@ impl Stopper {
     /// returns.
     pub fn stop(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
-        // Wake the blocked accept with a connection of our own.
-        let _ = UnixStream::connect(&self.path);
+        // Wake the blocked accept: shut down, a listening socket fails accept with EINVAL.
+        // (Not a connection of our own: the confined daemon may not connect; seccomp.rs.)
+        let _ = sys::shutdown_read(self.listener.as_raw_fd());
     }
 }
 
@@ -228,8 +232,8 @@ impl Server {
         self
     }
 
-    pub fn stopper(&self) -> Stopper {
-        Stopper { shared: self.shared.clone(), path: self.socket.path.clone() }
+    pub fn stopper(&self) -> io::Result<Stopper> {
+        Ok(Stopper { shared: self.shared.clone(), listener: Arc::new(self.listener.try_clone()?) })
     }
 
     /// Serves until `Stopper::stop`, then closes and removes the socket and waits for the

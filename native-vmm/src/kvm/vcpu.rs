@@ -23,6 +23,7 @@ use crate::memory::GuestMemory;
 use crate::sys;
 use crate::status::GuestFault;
 
+const GENERAL_PROTECTION: u8 = 13;
 const PAGE_FAULT: u8 = 14;
 /// Page-fault error code bits: a write; from CPL3.
 const PF_WRITE: u64 = 1 << 1;
@@ -160,23 +161,23 @@ impl<'m> KvmCpu<'m> {
         match reason {
             KVM_EXIT_IO => {
                 let io = IoExit::decode(&data);
-                if io.direction != KVM_EXIT_IO_OUT {
-                    return Err(io::Error::other(format!("unexpected `in` from port {:#x} by the guest", io.port)));
-                }
-                match io.port {
-                    SYSCALL_PORT => {
+                match (io.direction, io.port) {
+                    (KVM_EXIT_IO_OUT, SYSCALL_PORT) => {
                         self.regs = self.get_regs()?;
                         self.in_syscall = true;
                         self.user_state_in_regs = false;
                         Ok(syscall_exit(&self.regs.gprs))
                     }
-                    EXCEPTION_PORT => {
+                    (KVM_EXIT_IO_OUT, EXCEPTION_PORT) => {
                         let regs = self.get_regs()?;
                         let frame = ExceptionFrame::from_registers(|r| register(&regs.gprs, r));
                         let cr2 = if frame.vector == PAGE_FAULT as u64 { Some(self.get_sregs()?.cr2) } else { None };
                         fault_exit(frame, cr2)
                     }
-                    port => Err(io::Error::other(format!("the guest wrote to I/O port {port:#x}, which only the CPL0 stubs should reach"))),
+                    // The I/O bitmap lets CPL3 reach SYSCALL_PORT (the stub runs at CPL3 on
+                    // PVM), so the program's own code can `in` from it too: an I/O access the
+                    // VMM does not serve is the general protection fault any other port gets.
+                    _ => Ok(CpuExit::Fault(GuestFault { vector: GENERAL_PROTECTION, error_code: 0, rip: self.get_regs()?.rip, address: None })),
                 }
             }
             KVM_EXIT_MMIO => {

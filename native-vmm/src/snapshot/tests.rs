@@ -231,3 +231,35 @@ fn memory_is_stored_as_runs_of_non_zero_pages() {
     let too_small = GuestMemory::new(2 * MIB).unwrap();
     assert!(file::decode_memory(&mut Decoder::new(&bytes), &too_small).is_err(), "a run outside memory");
 }
+
+/// Seeded corruptions of a whole template body (identity, AWAIT_REQUEST call, vCPU, process
+/// state, memory), resealed so that the envelope's hash passes and the decoders behind it see
+/// the damage: each load is refused with a typed error or yields a template, never a panic.
+#[test]
+fn corrupted_template_bodies_are_refused_or_load() {
+    let (image, _dir) = test_image();
+    let mem = GuestMemory::new(MEM).unwrap();
+    let process = busy_process(image.clone(), &mem);
+    let command = &crate::agent::PYTHON_AGENT;
+    let regs = UserRegs { rax: 1, rbx: 2, rcx: 3, rdx: 4, rsi: 5, rdi: 6, rbp: 7, rsp: 8, r8: 9, r9: 10, r10: 11, r11: 12, r12: 13, r13: 14, r14: 15, r15: 16 };
+    let cpu = CpuSnapshot { regs, rip: 0x40_1000, rflags: 0x246, fs_base: 0x7000, gs_base: 0, xsave: vec![0; 832] };
+    let mut e = Encoder::new();
+    file::encode_identity(&super::TemplateIdentity::new("fuzz", &image, command, MEM), &mut e);
+    for v in [0x5346_0001u64, 0x30_0000, 4096, 0, 0, 0] {
+        e.u64(v);
+    }
+    file::encode_cpu(&cpu, &mut e);
+    e.bytes(&encode(&process));
+    file::encode_memory(&mem, &mut e).unwrap();
+    let body = e.into_bytes();
+    assert!(super::Template::from_file_contents(&file::seal(&body), image.clone(), command).is_ok(), "the undamaged body loads");
+    let (mut rng, cases) = crate::fuzz::start("template loader");
+    let mut loaded = 0;
+    for _ in 0..cases {
+        let damaged = crate::fuzz::mutate(&mut rng, &body);
+        if super::Template::from_file_contents(&file::seal(&damaged), image.clone(), command).is_ok() {
+            loaded += 1;
+        }
+    }
+    eprintln!("{cases} damaged template bodies: {loaded} loaded, the rest refused");
+}

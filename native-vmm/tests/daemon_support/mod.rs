@@ -79,7 +79,7 @@ impl Running {
     pub fn start(dir: &Path, executor: Arc<dyn Executor>, config: ServerConfig) -> Running {
         let path = dir.join("s.sock");
         let server = Server::bind(&path, executor, config).unwrap_or_else(|e| panic!("binding {}: {e}", path.display()));
-        let stopper = server.stopper();
+        let stopper = server.stopper().expect("duplicating the listening socket");
         let thread = thread::spawn(move || server.run());
         Running { path, stopper, thread: Some(thread) }
     }

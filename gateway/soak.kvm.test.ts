@@ -1,0 +1,16 @@
+// A short soak in the KVM tier (loadtest/lib/soak.ts; `npm run soak` runs the 2-minute one): the
+// gateway process with its supervised, confined daemon under a mixed load (completed, timed out,
+// out of memory, crashed, flooded output) at concurrency 8. Every request must get its status;
+// RSS, the daemon's descriptors and VMs must not grow; billing must reconcile.
+import { expect, it } from "vitest";
+import { soak } from "../loadtest/lib/soak.js";
+
+const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
+
+it("a mixed load at concurrency 8: every request answered as expected, nothing leaks, billing reconciles", { timeout: 240_000 * timeScale }, async () => {
+  const report = await soak({ seconds: 10, concurrency: 8, log: (line) => console.log(line) });
+  console.log(JSON.stringify(report));
+  expect(report.failures, JSON.stringify(report, null, 2)).toEqual([]);
+  for (const kind of ["ok", "timeout", "oom", "crash", "flood"]) expect(Object.keys(report.statuses[kind] ?? {}), kind).toHaveLength(1);
+  expect(report.requests).toBeGreaterThan(25);
+});

@@ -1,0 +1,189 @@
+// The soak: the gateway as `npm start` runs it (gateway/main.ts in a child process with its
+// supervised, seccomp-confined daemon) under a mixed load for a bounded time: programs that
+// complete, time out, run out of memory, crash and flood their output, at a fixed concurrency.
+// Afterwards it checks that every request was answered with its expected status, that neither
+// process's RSS grew past a bound, that the daemon holds no more VMs or descriptors than it did
+// once warm, and that billing reconciles (usage equals the sum of the charges answered, no hold
+// left, balance = grant - usage). Used by `npm run soak` (2 minutes) and by
+// gateway/soak.kvm.test.ts (a short run in the KVM tier).
+import { mkdtemp, readdir, readFile, readlink, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { startGatewayProcess } from "../../gateway/testing/gateway-process.js";
+import { DaemonClient } from "../../runtime/daemon-client.js";
+import { drive } from "./measure.js";
+
+/** One kind of program of the mix, with the status the gateway must answer for it. */
+interface Kind {
+  name: string;
+  body: Record<string, unknown>;
+  status: string;
+  check?: (body: ExecutionAnswer) => boolean;
+}
+
+interface ExecutionAnswer {
+  status: string;
+  stdout: string;
+  truncated: boolean;
+  usage: { units: number };
+}
+
+const KINDS: Kind[] = [
+  { name: "ok", body: { code: "print(6*7)" }, status: "completed", check: (b) => b.stdout === "42\n" },
+  { name: "timeout", body: { code: "while True: pass", timeout_ms: 200 }, status: "timed_out" },
+  // At the template's own memory size (256 MiB), so that it runs on a pooled VM like the rest
+  // (a smaller limit has no snapshot: each such request would boot its agent). Filling it copies
+  // ~50,000 pages (~0.3 s of CPU); on a shared, loaded host that took 2-5 s of wall time with
+  // four at once, so its time limit is the gateway's largest, not the 5 s default.
+  { name: "oom", body: { code: "x = []\nwhile True: x.append(bytearray(1 << 20))", timeout_ms: 30_000 }, status: "memory_exceeded" },
+  { name: "crash", body: { code: "import ctypes; ctypes.string_at(0)" }, status: "crashed" },
+  { name: "flood", body: { code: "import sys\nwhile True: sys.stdout.write('x' * 65536)" }, status: "output_exceeded", check: (b) => b.truncated },
+];
+
+export interface SoakOptions {
+  seconds: number;
+  concurrency: number;
+  /** Built templates (a python template with its snapshot); built into a scratch folder if unset. */
+  templatesDir?: string;
+  log?: (line: string) => void;
+}
+
+export interface SoakReport {
+  seconds: number;
+  requests: number;
+  /** Answers per kind and status, e.g. {"ok": {"completed": 120}}. */
+  statuses: Record<string, Record<string, number>>;
+  /** Requests answered with something else than their kind's status (HTTP status and body). */
+  wrong: string[];
+  rssKib: { daemon: [number, number]; gateway: [number, number] };
+  daemonFds: [number, number];
+  daemonVms: [number, number];
+  billing: { answeredUnits: number; usageUnits: number; usageExecutions: number; reservedUnits: number; balanceUnits: number; grantedUnits: number };
+  /** What failed of the checks above; empty when the soak passed. */
+  failures: string[];
+}
+
+/** Growth allowed over a soak, in KiB: the warm pool keeps its copied pages, nothing else may grow. */
+const RSS_GROWTH_KIB = { daemon: 96 * 1024, gateway: 96 * 1024 };
+const GRANT = 1_000_000_000;
+
+async function rssKib(pid: number): Promise<number> {
+  const status = await readFile(`/proc/${pid}/status`, "utf8");
+  return Number(/^VmRSS:\s+(\d+) kB$/m.exec(status)?.[1] ?? Number.NaN);
+}
+
+/** The daemon's open descriptors, and how many of them are KVM VMs. */
+async function descriptors(pid: number): Promise<{ fds: number; vms: number }> {
+  const entries = await readdir(`/proc/${pid}/fd`);
+  const targets = await Promise.all(entries.map((fd) => readlink(`/proc/${pid}/fd/${fd}`).catch(() => "")));
+  return { fds: entries.length, vms: targets.filter((t) => t === "anon_inode:kvm-vm").length };
+}
+
+export async function soak(options: SoakOptions): Promise<SoakReport> {
+  const log = options.log ?? (() => {});
+  const dir = await mkdtemp(join(tmpdir(), "sfk-soak-"));
+  const socketPath = join(dir, "vmm.sock");
+  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: options.templatesDir ?? join(dir, "templates"), startTimeoutMs: 300_000 });
+  const daemon = new DaemonClient({ socketPath, connections: 1 });
+  try {
+    if (gateway.admin === undefined) throw new Error("the gateway printed no admin key on its fresh database");
+    const admin = { authorization: `Bearer ${gateway.admin.key}`, "content-type": "application/json" };
+    const created = await fetch(`${gateway.url}/v1/keys`, {
+      method: "POST",
+      headers: admin,
+      body: JSON.stringify({ name: "soak", credits: GRANT, rate_limit_per_minute: 1_000_000, max_concurrency: options.concurrency }),
+    });
+    if (created.status !== 201) throw new Error(`creating the soak key: ${created.status} ${await created.text()}`);
+    const { key } = (await created.json()) as { key: string };
+    const headers = { authorization: `Bearer ${key}`, "content-type": "application/json" };
+
+    const statuses: Record<string, Record<string, number>> = {};
+    const wrong: string[] = [];
+    let answeredUnits = 0;
+    let answered = 0;
+    let sequence = 0;
+    const send = async (): Promise<boolean> => {
+      const kind = KINDS[sequence % KINDS.length] as Kind;
+      const n = sequence++;
+      const response = await fetch(`${gateway.url}/v1/executions`, {
+        method: "POST",
+        headers: { ...headers, "idempotency-key": `soak-${n}` },
+        body: JSON.stringify({ template: "python", ...kind.body }),
+      });
+      const text = await response.text();
+      const body = response.status === 200 ? (JSON.parse(text) as ExecutionAnswer) : undefined;
+      const got = body?.status ?? `HTTP ${response.status}`;
+      (statuses[kind.name] ??= {})[got] = (statuses[kind.name]?.[got] ?? 0) + 1;
+      if (body !== undefined) {
+        answered++;
+        answeredUnits += body.usage.units;
+      }
+      const right = body !== undefined && body.status === kind.status && (kind.check?.(body) ?? true);
+      if (!right && wrong.length < 20) wrong.push(`${kind.name}: ${response.status} ${text.slice(0, 300)}`);
+      return right;
+    };
+
+    // Warm: every kind once, so the pool, the template's pages and the database are in use.
+    await drive({ scenario: "soak warm-up", requests: KINDS.length * 2, concurrency: options.concurrency, maxDurationMs: 60_000, send });
+    const daemonPid = gateway.daemonPid();
+    const settled = async () => {
+      await daemon.connect().catch(() => {});
+      const deadline = Date.now() + 30_000;
+      for (;;) {
+        const stats = await daemon.stats();
+        if (stats.inFlight === 0 && stats.pools.every((p) => p.ready === p.target)) return;
+        if (Date.now() > deadline) throw new Error(`the daemon did not settle: ${JSON.stringify(stats)}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    };
+    await settled();
+    const before = { daemon: await rssKib(daemonPid), gateway: await rssKib(gateway.pid), ...(await descriptors(daemonPid)) };
+    log(`soak: ${options.seconds} s at concurrency ${options.concurrency}; daemon RSS ${before.daemon} KiB, ${before.fds} fds, ${before.vms} VMs`);
+
+    const run = await drive({ scenario: "soak", requests: Number.MAX_SAFE_INTEGER, concurrency: options.concurrency, maxDurationMs: options.seconds * 1000, send });
+    await settled();
+    const after = { daemon: await rssKib(daemonPid), gateway: await rssKib(gateway.pid), ...(await descriptors(daemonPid)) };
+
+    const usage = (await (await fetch(`${gateway.url}/v1/usage`, { headers })).json()) as {
+      executions: number;
+      units: number;
+      balance: { balance_units: number; reserved_units: number };
+    };
+    const billing = {
+      answeredUnits,
+      usageUnits: usage.units,
+      usageExecutions: usage.executions,
+      reservedUnits: usage.balance.reserved_units,
+      balanceUnits: usage.balance.balance_units,
+      grantedUnits: GRANT,
+    };
+    const total = sequence;
+    const failures: string[] = [];
+    if (run.failures > 0 || wrong.length > 0) failures.push(`${run.failures} of ${run.requests} soak requests got another answer than their kind's`);
+    if (gateway.daemonPid() !== daemonPid) failures.push("the daemon was restarted during the soak");
+    for (const name of ["daemon", "gateway"] as const) {
+      if (after[name] - before[name] > RSS_GROWTH_KIB[name]) failures.push(`${name} RSS grew from ${before[name]} to ${after[name]} KiB`);
+    }
+    if (after.fds > before.fds) failures.push(`the daemon holds ${after.fds} descriptors, ${before.fds} before`);
+    if (after.vms > before.vms) failures.push(`the daemon holds ${after.vms} VMs, ${before.vms} before`);
+    if (billing.usageExecutions !== answered) failures.push(`usage counts ${billing.usageExecutions} executions, ${answered} were answered 200`);
+    if (billing.usageUnits !== billing.answeredUnits) failures.push(`usage is ${billing.usageUnits} units, the answers charged ${billing.answeredUnits}`);
+    if (billing.reservedUnits !== 0) failures.push(`${billing.reservedUnits} units are still reserved`);
+    if (billing.balanceUnits !== GRANT - billing.usageUnits) failures.push(`the balance is ${billing.balanceUnits}, not ${GRANT} - ${billing.usageUnits}`);
+    return {
+      seconds: run.seconds,
+      requests: total,
+      statuses,
+      wrong,
+      rssKib: { daemon: [before.daemon, after.daemon], gateway: [before.gateway, after.gateway] },
+      daemonFds: [before.fds, after.fds],
+      daemonVms: [before.vms, after.vms],
+      billing,
+      failures,
+    };
+  } finally {
+    daemon.close();
+    await gateway.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
+}

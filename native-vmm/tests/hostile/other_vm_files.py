@@ -1,0 +1,20 @@
+# attack: look for another VM's files (the canary requests that run meanwhile write a secret to their /tmp)
+# expect: ok
+# must not: find the other VM's secret anywhere in this VM's file system
+import os
+
+SECRET = b"CANARY-" + b"SECRET"  # spelt in two parts so that this file does not hold it
+found = []
+for top in ("/tmp", "/work", "/dev", "/opt", "/etc"):
+    for root, dirs, files in os.walk(top):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                with open(path, "rb") as f:
+                    if SECRET in f.read(1 << 20):
+                        found.append(path)
+            except OSError:
+                pass
+if found:
+    raise SystemExit(f"another VM's secret is visible at {found}")
+print("contained")

@@ -20,6 +20,8 @@
 #                                        /dev/kvm cannot create a VM
 #   SANDFORK_KVM_TIER_QEMU_SCALE=N       SANDFORK_TEST_TIME_SCALE in QEMU (default 15: TCG runs
 #                                        guest code ~13x slower than native); natively it is 1
+#   SANDFORK_KVM_TIER_QEMU_VCPUS=N       the QEMU guest's vCPUs (default: the host's cores; with
+#                                        one, the suites run one after another, unpinned)
 #   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  the QEMU run's wall-clock limit (default 1500; the whole
 #                                        tier took ~400 s there on a 2-core machine)
 #   SANDFORK_KVM_TIER_TESTS="a b"        only these suites: test file names (e.g. python_ptrace)
@@ -222,7 +224,7 @@ else
   echo "KVM tier: QEMU TCG, nested SVM, kernel ${kernel#* }"
   echo "kvm-tier: booting Debian's kernel ${kernel%% *} once for all suites (time scale $QEMU_SCALE)"
   # Guest memory: the RAM overlay holds every file the tests write (images, snapshots).
-  bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -s "$(nproc)" -w "$TIER_DIR/results" \
+  bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -s "${SANDFORK_KVM_TIER_QEMU_VCPUS:-$(nproc)}" -w "$TIER_DIR/results" \
     -e SANDFORK_TEST_TIME_SCALE="$QEMU_SCALE" -e SANDFORK_KVM_TIER_PATH=qemu -e SANDFORK_TEST_NODE_FLAGS=--liftoff-only -e CI="${CI:-}" \
     -- bash "$ROOT/scripts/kvm-tier.sh" --run-here "$TIER_DIR/results" "$LIST"
   run_rc=$?

@@ -65,6 +65,7 @@ const SETTLED_STATUS: Record<ExecutionOutcome, Exclude<ExecutionRecord["status"]
   output_exceeded: "output_exceeded",
   crashed: "crashed",
   unsupported_syscall: "unsupported_syscall",
+  deadlocked: "deadlocked",
 };
 
 function isSessionEnded(error: unknown): boolean {

@@ -20,10 +20,11 @@
 #                                        /dev/kvm cannot create a VM
 #   SANDFORK_KVM_TIER_QEMU_SCALE=N       SANDFORK_TEST_TIME_SCALE in QEMU (default 15: TCG runs
 #                                        guest code ~13x slower than native); natively it is 1
-#   SANDFORK_KVM_TIER_QEMU_VCPUS=N       the QEMU guest's vCPUs (default: the host's cores; with
-#                                        one, the suites run one after another, unpinned)
-#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  the QEMU run's wall-clock limit (default 1500; the whole
-#                                        tier took ~400 s there on a 2-core machine)
+#   SANDFORK_KVM_TIER_QEMU_VCPUS=N       the QEMU guest's vCPUs (default 1: the suites run one
+#                                        after another; with more, in two lanes pinned to a vCPU
+#                                        each, which multi-threaded TCG still stalls at times)
+#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  the QEMU run's wall-clock limit (default 2400; one vCPU
+#                                        runs the suites ~8x slower than native)
 #   SANDFORK_KVM_TIER_TESTS="a b"        only these suites: test file names (e.g. python_ptrace)
 #                                        and/or TypeScript ones: vitest-kvm (all of them)
 #                                        or vitest-kvm-NAME (NAME.kvm.test.ts) (default: all)
@@ -135,7 +136,7 @@ fi
 MODE=${SANDFORK_KVM_TIER:-auto}
 case $MODE in auto|native|qemu) ;; *) echo "kvm-tier: SANDFORK_KVM_TIER=$MODE: expected auto, native or qemu" >&2; exit 2 ;; esac
 QEMU_SCALE=${SANDFORK_KVM_TIER_QEMU_SCALE:-15}
-QEMU_TIMEOUT=${SANDFORK_KVM_TIER_QEMU_TIMEOUT:-1500}
+QEMU_TIMEOUT=${SANDFORK_KVM_TIER_QEMU_TIMEOUT:-2400}
 ONLY=${SANDFORK_KVM_TIER_TESTS:-}
 
 fail_setup() {
@@ -224,7 +225,7 @@ else
   echo "KVM tier: QEMU TCG, nested SVM, kernel ${kernel#* }"
   echo "kvm-tier: booting Debian's kernel ${kernel%% *} once for all suites (time scale $QEMU_SCALE)"
   # Guest memory: the RAM overlay holds every file the tests write (images, snapshots).
-  bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -s "${SANDFORK_KVM_TIER_QEMU_VCPUS:-$(nproc)}" -w "$TIER_DIR/results" \
+  bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -s "${SANDFORK_KVM_TIER_QEMU_VCPUS:-1}" -w "$TIER_DIR/results" \
     -e SANDFORK_TEST_TIME_SCALE="$QEMU_SCALE" -e SANDFORK_KVM_TIER_PATH=qemu -e SANDFORK_TEST_NODE_FLAGS=--liftoff-only -e CI="${CI:-}" \
     -- bash "$ROOT/scripts/kvm-tier.sh" --run-here "$TIER_DIR/results" "$LIST"
   run_rc=$?

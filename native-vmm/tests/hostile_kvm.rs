@@ -210,7 +210,8 @@ fn every_hostile_program_is_contained_while_the_daemon_serves_others() {
         windows.push((case.label.clone(), sent, Instant::now()));
         let status = answer.get("status").and_then(Value::as_str).unwrap_or("(an error frame)");
         eprintln!("{:<32} {status:<14} {:>6} ms", case.label, sent.elapsed().as_millis());
-        if status != case.expect {
+        // `a|b`: either status is the documented one (where two CPUs differ, both contained).
+        if !case.expect.split('|').any(|expected| expected == status) {
             failures.push(format!("{}: expected {}, got {answer}", case.label, case.expect));
         } else if status == "ok" && !str_of(&answer, "stdout").contains("contained") {
             failures.push(format!("{}: ok without 'contained': {answer}", case.label));

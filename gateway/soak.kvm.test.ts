@@ -8,7 +8,9 @@ import { soak } from "../loadtest/lib/soak.js";
 const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
 
 it("a mixed load at concurrency 8: every request answered as expected, nothing leaks, billing reconciles", { timeout: 240_000 * timeScale }, async () => {
-  const report = await soak({ seconds: 10, concurrency: 8, log: (line) => console.log(line) });
+  // On a slower path the daemon queues the load's executions longer, and boots take longer.
+  const gatewayEnv = { SANDFORK_VMM_EXECUTE_GRACE_MS: String(5_000 * timeScale), SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale) };
+  const report = await soak({ seconds: 10, concurrency: 8, gatewayEnv, log: (line) => console.log(line) });
   console.log(JSON.stringify(report));
   expect(report.failures, JSON.stringify(report, null, 2)).toEqual([]);
   for (const kind of ["ok", "timeout", "oom", "crash", "flood"]) expect(Object.keys(report.statuses[kind] ?? {}), kind).toHaveLength(1);

@@ -30,6 +30,11 @@ export interface RuntimeConfig {
    * (a KVM nested in an emulated CPU) needs more.
    */
   bootTimeoutMs: number | undefined;
+  /**
+   * How much longer than an execution's own time limit the gateway waits for the daemon's answer
+   * (queueing in the daemon, the VM's teardown) before it gives up with runtime-failed.
+   */
+  executeGraceMs: number;
   connections: number;
   maxInFlightPerConnection: number;
   maxQueued: number;
@@ -66,6 +71,7 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     sessionsDir: resolve(env.SANDFORK_SESSIONS_DIR ?? join(dataDir, "sessions")),
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
     bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1) : undefined,
+    executeGraceMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_GRACE_MS", 5_000),
     connections: positiveIntegerFromEnv(env, "SANDFORK_VMM_CONNECTIONS", 4),
     maxInFlightPerConnection: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
     maxQueued: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_QUEUED", 256),

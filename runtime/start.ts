@@ -37,6 +37,7 @@ export async function startRuntime(
     connections: config.connections,
     maxInFlightPerConnection: config.maxInFlightPerConnection,
     maxQueued: config.maxQueued,
+    executeGraceMs: config.executeGraceMs,
     log,
   });
 

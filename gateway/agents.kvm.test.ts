@@ -29,11 +29,9 @@ import { getBalance } from "../db/keys.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { testNodeFlags } from "./testing/gateway-process.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+import { testNodeFlags, timeScale } from "./testing/kvm-tier.js";
 
-const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
-if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK_TEST_TIME_SCALE must be a whole number >= 1, got ${process.env.SANDFORK_TEST_TIME_SCALE}`);
 
 const CREDITS = 100_000;
 const SIX_BY_SEVEN = { language: "python", code: "print(6*7)" };

@@ -19,10 +19,8 @@ import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+import { timeScale } from "./testing/kvm-tier.js";
 
-/** SANDFORK_TEST_TIME_SCALE: how much slower than native this path runs guests (default 1). */
-const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
-if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK_TEST_TIME_SCALE must be a whole number >= 1, got ${process.env.SANDFORK_TEST_TIME_SCALE}`);
 
 const CREDITS = 100_000;
 let dir: string;

@@ -24,9 +24,8 @@ import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh
 import { accounts, executions, usageLedger } from "../db/schema.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { type GatewayProcess, startGatewayProcess } from "./testing/gateway-process.js";
+import { timeScale } from "./testing/kvm-tier.js";
 
-const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
-if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK_TEST_TIME_SCALE must be a whole number >= 1, got ${process.env.SANDFORK_TEST_TIME_SCALE}`);
 
 const GRANT = 10_000_000;
 const WORKERS = 8;

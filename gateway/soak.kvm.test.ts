@@ -4,8 +4,8 @@
 // RSS, the daemon's descriptors and VMs must not grow; billing must reconcile.
 import { expect, it } from "vitest";
 import { soak } from "../loadtest/lib/soak.js";
+import { timeScale } from "./testing/kvm-tier.js";
 
-const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
 
 it("a mixed load at concurrency 8: every request answered as expected, nothing leaks, billing reconciles", { timeout: 240_000 * timeScale }, async () => {
   // On a slower path the daemon queues the load's executions longer, and boots take longer.

@@ -6,20 +6,13 @@ import { readFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import { testNodeFlags } from "./kvm-tier.js";
 
 const REPOSITORY = fileURLToPath(new URL("../..", import.meta.url));
 const MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
 const LISTENING = /sandfork gateway listening on (http:\/\/\S+)/;
 const ADMIN_KEY = /^\s+(sfk_[0-9A-Za-z]+)\s*$/;
 const ADMIN_ACCOUNT = /POST \/v1\/accounts\/([0-9a-f-]{36})\/credits/;
-
-/**
- * SANDFORK_TEST_NODE_FLAGS: more `node` flags for the test workers and the gateway processes
- * start with startGatewayProcess. The KVM tier's QEMU path sets --liftoff-only: V8's
- * optimizing wasm tier-up compiles PGlite's Postgres again in the background, which under QEMU's
- * software CPU doubles the time a PGlite database takes to open (~75 s against ~32 s).
- */
-export const testNodeFlags = (process.env.SANDFORK_TEST_NODE_FLAGS ?? "").split(/\s+/).filter((flag) => flag !== "");
 
 export interface GatewayProcessOptions {
   /** SANDFORK_DATA_DIR: the embedded database (unless DATABASE_URL is set) and the signing key. */

@@ -1,0 +1,17 @@
+// What the KVM tier (scripts/kvm-tier.sh) tells the TypeScript tests that run guests about its
+// path, from the environment it sets: read once here for every *.kvm.test.ts and their config.
+
+/**
+ * SANDFORK_TEST_TIME_SCALE: how much slower than native this path runs guests (1 native, ~15
+ * in the QEMU guest); the tests' timeouts and waits are multiplied by it.
+ */
+export const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
+if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK_TEST_TIME_SCALE must be a whole number >= 1, got ${process.env.SANDFORK_TEST_TIME_SCALE}`);
+
+/**
+ * SANDFORK_TEST_NODE_FLAGS: more `node` flags for the test workers and the gateway processes
+ * start with startGatewayProcess. The KVM tier's QEMU path sets --liftoff-only: V8's
+ * optimizing wasm tier-up compiles PGlite's Postgres again in the background, which under QEMU's
+ * software CPU doubles the time a PGlite database takes to open (~75 s against ~32 s).
+ */
+export const testNodeFlags = (process.env.SANDFORK_TEST_NODE_FLAGS ?? "").split(/\s+/).filter((flag) => flag !== "");

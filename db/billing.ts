@@ -1,5 +1,6 @@
 // Reserve-then-settle credit accounting around one execution. Each of reserve and settle is ONE
-// SQL statement (data-modifying CTEs): one round trip, atomic on its own, no BEGIN/COMMIT. Both
+// call of a PL/pgSQL function (db/migrations/0003_billing_functions.sql, whose statements keep
+// their plans): one round trip, atomic on its own, no BEGIN/COMMIT. Both
 // take a batch (reserveAll, settleAll): the gateway group-commits concurrent executions' reserves
 // and settles (BillingBatches, db/group-commit.ts), one statement and one commit for each batch.
 //
@@ -14,7 +15,7 @@
 //   settle is a no-op), spends the actual cost, frees the hold and writes the single usage ledger
 //   entry. It commits before the gateway answers.
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
-import { and, eq, lt, notInArray, or, type SQL, sql } from "drizzle-orm";
+import { and, eq, lt, notInArray, or, sql } from "drizzle-orm";
 import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
 import { accounts, apiKeys, executions } from "./schema.js";
@@ -167,48 +168,20 @@ async function reserveEach(db: Database, rs: Reservation[]): Promise<ReserveOutc
   return outcomes;
 }
 
-/**
- * Locks the accounts `ids` selects in id order, so that concurrent batches (of this gateway or
- * another) touching several accounts cannot deadlock: a CTE, and the condition by which the
- * accounts UPDATE reads it (a SELECT in WITH runs only as far as something reads it). Left out
- * where at most one account can be involved, whose lock needs no order: it costs planning time on
- * every lone execution.
- */
-function lockAccountsInOrder(accountsAtMost: number, ids: SQL): { cte: SQL; onlyLocked: SQL } {
-  if (accountsAtMost <= 1) return { cte: sql``, onlyLocked: sql`` };
-  return {
-    cte: sql`, locked AS (SELECT accounts.id FROM accounts WHERE accounts.id IN (${ids}) ORDER BY accounts.id FOR UPDATE)`,
-    onlyLocked: sql` AND accounts.id IN (SELECT id FROM locked)`,
-  };
-}
-
-/** One statement, so one round trip and atomic without BEGIN/COMMIT: the holds, then the records only where the hold succeeded. */
+/** One call of sandfork_reserve (migration 0003_billing_functions) for the batch: one round trip, atomic. */
 function reserveStatement(rs: Reservation[]) {
-  const lock = lockAccountsInOrder(new Set(rs.map((r) => r.accountId)).size, sql`SELECT account_id FROM needed`);
-  const values = sql.join(
-    rs.map(
-      (r) => sql`(${r.executionId}::uuid, ${r.accountId}::uuid, ${r.keyId}::uuid, ${r.tokenId}::text, ${r.idempotencyKey}::text,
-                  ${r.requestHash}::text, ${r.template}::text, ${r.gatewayId}::text, ${r.units}::int8)`,
-    ),
-    sql`, `,
-  );
-  return sql`
-    WITH requested (execution_id, account_id, key_id, token_id, idempotency_key, request_hash, template, gateway_id, units) AS (VALUES ${values}),
-    usable AS (
-      SELECT requested.* FROM requested JOIN api_keys ON api_keys.id = requested.key_id AND api_keys.revoked_at IS NULL
-    ), needed AS (
-      SELECT account_id, sum(units)::int8 AS units FROM usable GROUP BY account_id
-    )${lock.cte}, held AS (
-      UPDATE accounts SET reserved_units = accounts.reserved_units + needed.units
-      FROM needed
-      WHERE accounts.id = needed.account_id AND accounts.balance_units - accounts.reserved_units >= needed.units${lock.onlyLocked}
-      RETURNING accounts.id
-    )
-    INSERT INTO executions (id, account_id, key_id, token_id, idempotency_key, request_hash, template, gateway_id, status, reserved_units)
-    SELECT usable.execution_id, usable.account_id, usable.key_id, usable.token_id, usable.idempotency_key, usable.request_hash,
-           usable.template, usable.gateway_id, 'running', usable.units
-    FROM usable JOIN held ON held.id = usable.account_id
-    RETURNING id`;
+  const batch = rs.map((r) => ({
+    execution_id: r.executionId,
+    account_id: r.accountId,
+    key_id: r.keyId,
+    token_id: r.tokenId,
+    idempotency_key: r.idempotencyKey,
+    request_hash: r.requestHash,
+    template: r.template,
+    gateway_id: r.gatewayId,
+    units: r.units,
+  }));
+  return sql`SELECT sandfork_reserve AS id FROM sandfork_reserve(${JSON.stringify(batch)}::jsonb)`;
 }
 
 /** Nothing was held for `r` alone: say why. A duplicate first (it would have failed before any credit check), then the key, then the credits. */
@@ -267,35 +240,19 @@ export async function settle(db: Database, executionId: string, settlement: Sett
   return (await settleAll(db, [{ executionId, settlement }]))[0] as ExecutionRecord;
 }
 
-/** Only records still running settle, so a second settle is a no-op; accounts are locked in id order (lockAccountsInOrder). */
+/** One call of sandfork_settle (migration 0003_billing_functions): only records still running settle, so a second settle is a no-op. */
 function settleStatement(items: SettlementOf[]) {
-  const lock = lockAccountsInOrder(items.length, sql`SELECT executions.account_id FROM executions JOIN outcome ON outcome.id = executions.id`);
-  const values = sql.join(
-    items.map(
-      ({ executionId, settlement: s }) => sql`(${executionId}::uuid, ${s.status}::text, ${s.exitCode}::int, ${s.stdout}::text, ${s.stderr}::text,
-                                             ${s.truncated}::boolean, ${JSON.stringify(s.timings)}::jsonb, ${s.chargedUnits}::int8)`,
-    ),
-    sql`, `,
-  );
-  return sql`
-    WITH outcome (id, status, exit_code, stdout, stderr, truncated, timings, charged_units) AS (VALUES ${values})${lock.cte}, settled AS (
-      UPDATE executions SET status = outcome.status, exit_code = outcome.exit_code, stdout = outcome.stdout, stderr = outcome.stderr,
-             truncated = outcome.truncated, timings = outcome.timings,
-             charged_units = LEAST(outcome.charged_units, executions.reserved_units), finished_at = now()
-      FROM outcome
-      WHERE executions.id = outcome.id AND executions.status = 'running'
-      RETURNING executions.*
-    ), per_account AS (
-      SELECT account_id, sum(reserved_units)::int8 AS reserved_units, sum(charged_units)::int8 AS charged_units FROM settled GROUP BY account_id
-    ), spent AS (
-      UPDATE accounts SET reserved_units = accounts.reserved_units - per_account.reserved_units,
-             balance_units = accounts.balance_units - per_account.charged_units
-      FROM per_account WHERE accounts.id = per_account.account_id${lock.onlyLocked}
-    ), ledger AS (
-      INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
-      SELECT account_id, key_id, id, 'usage', template, charged_units FROM settled
-    )
-    SELECT * FROM settled`;
+  const batch = items.map(({ executionId, settlement: s }) => ({
+    id: executionId,
+    status: s.status,
+    exit_code: s.exitCode,
+    stdout: s.stdout,
+    stderr: s.stderr,
+    truncated: s.truncated,
+    timings: s.timings,
+    charged_units: s.chargedUnits,
+  }));
+  return sql`SELECT * FROM sandfork_settle(${JSON.stringify(batch)}::jsonb)`;
 }
 
 /**

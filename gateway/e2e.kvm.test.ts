@@ -73,4 +73,15 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as { executions: number; units: number };
     expect(usage).toMatchObject({ executions: 1, units: body.usage.units });
   });
+
+  it("output a database cannot store as text (NUL, invalid UTF-8) is answered as U+FFFD and billed", async () => {
+    const { key, accountId } = await gw.issue({ credits: CREDITS });
+    const code = 'import sys; sys.stdout.buffer.write(b"a\\x00b\\xffc"); sys.stderr.write("\\0")';
+    const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code } });
+    const text = await response.text();
+    expect(response.status, text).toBe(200);
+    const body = JSON.parse(text) as { id: string; usage: { units: number } };
+    expect(body, text).toMatchObject({ status: "completed", stdout: "a\uFFFDb\uFFFDc", stderr: "\uFFFD" });
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
+  });
 });

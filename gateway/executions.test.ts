@@ -274,6 +274,14 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect((await execute(key, PROGRAM, { "idempotency-key": "fails" })).status).toBe(200);
   });
 
+  it("a settlement the database refuses answers 500 and frees the hold at once; nothing is charged", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    // Text with NUL is refused by PostgreSQL (the daemon client maps NUL away; this runtime double does not).
+    runtime.respond = async () => completed({ stdout: "bad\u0000" });
+    await expectProblem(await execute(key), 500, "internal-error");
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
+  });
+
   it("503 while no runtime is connected, after authentication and validation, billing nothing", async () => {
     const { key, keyId, accountId } = await gw.issue({ credits: 100 });
     gw.runtime = undefined;

@@ -57,6 +57,11 @@ describe("protocol v1 mapping", () => {
     expect(crashed).toMatchObject({ outcome: "crashed", exitCode: null, fault });
   });
 
+  it("output NUL bytes become U+FFFD, as invalid UTF-8 already is: PostgreSQL text cannot hold them", () => {
+    expect(parseExecution({ ...EXAMPLE, stdout: "a\u0000b\u0000", stderr: "\u0000" })).toMatchObject({ stdout: "a\uFFFDb\uFFFD", stderr: "\uFFFD" });
+    expect(parseOutput({ type: "output", id: 7, stream: "stdout", data: "x\u0000" })).toEqual({ stream: "stdout", data: "x\uFFFD" });
+  });
+
   it("refuses execution frames that break the protocol, naming the field", () => {
     expect(() => parseExecution({ ...EXAMPLE, status: "exploded" })).toThrow(RuntimeProtocolError);
     expect(() => parseExecution({ ...EXAMPLE, usage: { ...EXAMPLE.usage, pages_copied: -1 } })).toThrow(/usage\.pages_copied/);

@@ -131,9 +131,19 @@ export function executeFrame(request: ExecutionRequest, stream = false): FrameOb
 
 const OutputSchema = z.object({ stream: z.enum(["stdout", "stderr"]), data: z.string() });
 
+/**
+ * A program's output as text the gateway can store: the daemon already made invalid UTF-8
+ * U+FFFD; NUL becomes U+FFFD too, since PostgreSQL text cannot hold it (a program printing one
+ * would otherwise fail its own settlement and every other one in its batch).
+ */
+function outputText(text: string): string {
+  return text.includes("\0") ? text.replaceAll("\0", "\uFFFD") : text;
+}
+
 /** An `output` frame of a streamed execution. */
 export function parseOutput(frame: FrameObject): OutputChunk {
-  return parse(OutputSchema, frame, "output");
+  const chunk = parse(OutputSchema, frame, "output");
+  return { stream: chunk.stream, data: outputText(chunk.data) };
 }
 
 const OUTCOMES: Record<z.infer<typeof ExecutionSchema>["status"], ExecutionOutcome> = {
@@ -154,8 +164,8 @@ export function parseExecution(frame: FrameObject): ExecutionResult {
   return {
     outcome: OUTCOMES[e.status],
     exitCode: e.exit_code,
-    stdout: e.stdout,
-    stderr: e.stderr,
+    stdout: outputText(e.stdout),
+    stderr: outputText(e.stderr),
     truncated: e.truncated,
     timings: { queueMs: ms(e.timings.queue_us), forkMs: ms(e.timings.fork_us), execMs: ms(e.timings.exec_us) },
     fault: e.fault,

@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::addr_of;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::abi::{KvmRun, EXIT_DATA_SIZE};
+use super::abi::{KvmRun, MmioExit, EXIT_DATA_SIZE};
 
 pub struct RunPage {
     run: *mut KvmRun,
@@ -47,6 +47,18 @@ impl RunPage {
     pub fn exit_data(&self) -> [u8; EXIT_DATA_SIZE] {
         // SAFETY: as in exit_reason.
         unsafe { addr_of!((*self.run).exit).read_volatile() }
+    }
+
+    /// Answers the MMIO read the last exit reported: `bytes` (at most `MmioExit::MAX_LEN`) go
+    /// into the exit's `mmio.data`, which KVM hands to the guest on the next KVM_RUN.
+    pub fn set_mmio_data(&self, bytes: &[u8]) {
+        let len = bytes.len().min(MmioExit::MAX_LEN);
+        // SAFETY: the exit union lies inside the mapping (checked in map) and `mmio.data` (8
+        // bytes at DATA_OFFSET) inside the union; the kernel does not touch it outside KVM_RUN.
+        unsafe {
+            let data = std::ptr::addr_of_mut!((*self.run).exit).cast::<u8>().add(MmioExit::DATA_OFFSET);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, len);
+        }
     }
 
     /// A handle that another thread uses to make the next (or current) KVM_RUN return EINTR.
@@ -112,6 +124,15 @@ mod tests {
         assert_eq!(page.exit_reason(), super::super::abi::KVM_EXIT_IO);
         let io = super::super::abi::IoExit::decode(&page.exit_data());
         assert_eq!((io.direction, io.size, io.port), (1, 1, 0xE0));
+    }
+
+    #[test]
+    fn mmio_data_lands_in_the_exit_union_and_is_cut_at_eight_bytes() {
+        let (page, kernel) = fake_run_page();
+        page.set_mmio_data(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let mut b = [0u8; 10];
+        kernel.read_at(&mut b, 0x20 + 8).unwrap(); // exit union at 0x20, mmio.data at 8
+        assert_eq!(b, [1, 2, 3, 4, 5, 6, 7, 8, 0, 0]);
     }
 
     #[test]

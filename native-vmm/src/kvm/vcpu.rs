@@ -55,6 +55,8 @@ pub struct KvmCpu<'m> {
     /// KVM reports every access outside the slots to us (MMIO exits, and emulation failures
     /// rather than a #UD in the guest), so slots can wait for the first touch.
     slots_on_touch: bool,
+    /// Exits `handle_exit` answered itself since `take_inner_exits`.
+    inner_exits: u64,
     /// The registers as of the last syscall exit; `set_syscall_return` writes them back.
     regs: KvmRegs,
     /// The vCPU is stopped in a system call: `set_syscall_return` may set rax.
@@ -137,7 +139,7 @@ impl<'m> KvmCpu<'m> {
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
         let handles = Reaped::new(VmHandles { run_page, vcpu, vm });
         // No memory slot yet: `map_memory` creates them all at once (every run starts with it).
-        Ok(KvmCpu { watchdog, handles, slots: Vec::new(), reachable: Vec::new(), slots_on_touch, regs, in_syscall: false, user_state_in_regs: false, mem })
+        Ok(KvmCpu { watchdog, handles, slots: Vec::new(), reachable: Vec::new(), slots_on_touch, inner_exits: 0, regs, in_syscall: false, user_state_in_regs: false, mem })
     }
 
     /// Creates (a range) or deletes (None) memory slot `slot`.
@@ -316,7 +318,7 @@ impl GuestCpu for KvmCpu<'_> {
                 Err(e) => return Err(context("KVM_RUN")(e)),
                 Ok(_) => match self.handle_exit()? {
                     Some(exit) => return Ok(exit),
-                    None => continue,
+                    None => self.inner_exits += 1,
                 },
             }
         }
@@ -345,6 +347,10 @@ impl GuestCpu for KvmCpu<'_> {
         let (rip, rflags, rsp) = (frame(FRAME_RIP)?, frame(FRAME_RFLAGS)?, frame(FRAME_RSP)?);
         // The stub runs on its own stack: the program's rsp is the one in the frame.
         self.user_state(KvmRegs { gprs: UserRegs { rsp, ..self.regs.gprs }, rip, rflags })
+    }
+
+    fn take_inner_exits(&mut self) -> u64 {
+        std::mem::take(&mut self.inner_exits)
     }
 
     fn switches_threads(&self) -> bool {

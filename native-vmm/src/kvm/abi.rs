@@ -54,6 +54,10 @@ pub const KVM_SET_XSAVE: c_ulong = iow::<KvmXsave>(0xA5);
 
 pub const KVM_API_VERSION: i32 = 12;
 pub const KVM_CAP_IMMEDIATE_EXIT: c_ulong = 136;
+/// The kvm_run page carries registers in and out of KVM_RUN (`kvm_valid_regs`/`kvm_dirty_regs`).
+pub const KVM_CAP_SYNC_REGS: c_ulong = 74;
+/// KVM_SYNC_X86_REGS: `struct kvm_regs` at the start of `kvm_run.s.regs`.
+pub const KVM_SYNC_X86_REGS: u64 = 1;
 /// An instruction KVM fails to emulate exits to userspace (KVM_EXIT_INTERNAL_ERROR) instead of
 /// being answered with #UD in the guest (Linux 5.15+; what PVM does anyway).
 pub const KVM_CAP_EXIT_ON_EMULATION_FAILURE: u32 = 204;

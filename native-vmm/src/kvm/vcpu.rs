@@ -1,10 +1,12 @@
-//! `KvmCpu`: a VM with all of guest memory in one slot and one vCPU, set up for long mode at
+//! `KvmCpu`: a VM with memory slots for what the program was handed and one vCPU, set up for long mode at
 //! CPL3 on the `arch` tables, implementing `GuestCpu`.
 //!
 //! Exit path: the CPL0 stubs stop the vCPU with an `out` to SYSCALL_PORT or EXCEPTION_PORT.
-//! On a syscall exit one KVM_GET_REGS reads rax and the six argument registers; the answer is
-//! written back with one KVM_SET_REGS of the same registers with a new rax (rip is left alone,
-//! so KVM finishes the `out` on the next KVM_RUN and the stub goes on to `iretq`).
+//! On a syscall exit the registers (rax and the six arguments) are read from the run page,
+//! where KVM stores them at every return from KVM_RUN (KVM_CAP_SYNC_REGS), and the answer goes
+//! back the same way, loaded by KVM at the next KVM_RUN's entry: no ioctl besides KVM_RUN per
+//! system call (without the capability: one KVM_GET_REGS and one KVM_SET_REGS). rip is left
+//! alone, so KVM finishes the `out` on the next KVM_RUN and the stub goes on to `iretq`.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -57,6 +59,8 @@ pub struct KvmCpu<'m> {
     slots_on_touch: bool,
     /// Exits `handle_exit` answered itself since `take_inner_exits`.
     inner_exits: u64,
+    /// The general registers travel through the run page (KVM_CAP_SYNC_REGS), not ioctls.
+    sync_regs: bool,
     /// The registers as of the last syscall exit; `set_syscall_return` writes them back.
     regs: KvmRegs,
     /// The vCPU is stopped in a system call: `set_syscall_return` may set rax.
@@ -133,13 +137,18 @@ impl<'m> KvmCpu<'m> {
         // CPUID first: KVM checks CR4 and XCR0 against the CPUID the guest was given.
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, kvm.supported_cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;
         let reset_sregs = kvm.reset_sregs(|| get_sregs(&vcpu))?;
-        load_state(&vcpu, &kvm.features, reset_sregs, &regs, user)?;
+        load_state(&vcpu, &kvm.features, reset_sregs, user)?;
+        if kvm.sync_regs {
+            run_page.keep_regs_synced();
+        }
 
         let exit_flag = run_page.exit_flag();
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
         let handles = Reaped::new(VmHandles { run_page, vcpu, vm });
         // No memory slot yet: `map_memory` creates them all at once (every run starts with it).
-        Ok(KvmCpu { watchdog, handles, slots: Vec::new(), reachable: Vec::new(), slots_on_touch, inner_exits: 0, regs, in_syscall: false, user_state_in_regs: false, mem })
+        let cpu = KvmCpu { watchdog, handles, slots: Vec::new(), reachable: Vec::new(), slots_on_touch, inner_exits: 0, sync_regs: kvm.sync_regs, regs, in_syscall: false, user_state_in_regs: false, mem };
+        cpu.put_regs(&regs)?;
+        Ok(cpu)
     }
 
     /// Creates (a range) or deletes (None) memory slot `slot`.
@@ -155,7 +164,12 @@ impl<'m> KvmCpu<'m> {
         Ok(())
     }
 
+    /// The vCPU's general registers: as KVM stored them at the last return from KVM_RUN, or as
+    /// `put_regs` left them for the next.
     fn get_regs(&self) -> io::Result<KvmRegs> {
+        if self.sync_regs {
+            return Ok(self.handles.run_page.regs());
+        }
         let mut regs = KvmRegs::default();
         sys::ioctl_mut(self.handles.vcpu.as_raw_fd(), KVM_GET_REGS, &mut regs).map_err(context("KVM_GET_REGS"))?;
         Ok(regs)
@@ -163,6 +177,16 @@ impl<'m> KvmCpu<'m> {
 
     fn get_sregs(&self) -> io::Result<KvmSregs> {
         get_sregs(&self.handles.vcpu)
+    }
+
+    /// Sets the vCPU's general registers (with sync regs: at the next KVM_RUN's entry).
+    fn put_regs(&self, regs: &KvmRegs) -> io::Result<()> {
+        if self.sync_regs {
+            self.handles.run_page.put_regs(regs);
+            return Ok(());
+        }
+        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_REGS, regs).map_err(context("KVM_SET_REGS"))?;
+        Ok(())
     }
 
     /// The program's state with `regs` as its registers, rip and rflags: FS/GS bases and the
@@ -329,8 +353,7 @@ impl GuestCpu for KvmCpu<'_> {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "set_syscall_return: the vCPU is not stopped in a system call"));
         }
         self.regs.gprs.rax = value;
-        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_REGS, &self.regs).map_err(context("KVM_SET_REGS"))?;
-        Ok(())
+        self.put_regs(&self.regs)
     }
 
     /// At a syscall exit the vCPU is at CPL0 in the stub, on the syscall stack: rip, rsp and
@@ -393,7 +416,7 @@ impl GuestCpu for KvmCpu<'_> {
             self.user_state_in_regs = true;
             regs
         };
-        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_REGS, &loaded).map_err(context("KVM_SET_REGS"))?;
+        self.put_regs(&loaded)?;
         self.regs = loaded;
         self.in_syscall = true;
         Ok(())
@@ -418,7 +441,8 @@ impl GuestCpu for KvmCpu<'_> {
         let kvm = Kvm::shared()?;
         // Read when this vCPU was made: a used vCPU's own would carry its last run's CR2.
         let reset_sregs = kvm.reset_sregs(|| Err(io::Error::other("no new vCPU's registers were recorded")))?;
-        load_state(&self.handles.vcpu, &kvm.features, reset_sregs, &regs, &user)?;
+        load_state(&self.handles.vcpu, &kvm.features, reset_sregs, &user)?;
+        self.put_regs(&regs)?;
         self.regs = regs;
         self.in_syscall = true;
         self.user_state_in_regs = true;
@@ -480,7 +504,7 @@ fn snapshot_state(snapshot: &CpuSnapshot) -> io::Result<(KvmRegs, UserState<'_>)
 
 /// Loads every piece of vCPU state the guest can reach into `vcpu` (after KVM_SET_CPUID2):
 /// segments and control registers, XCR0, the vector state, the syscall MSRs and `regs`.
-fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, regs: &KvmRegs, user: &UserState) -> io::Result<()> {
+fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, user: &UserState) -> io::Result<()> {
     set_sregs(vcpu, features, reset_sregs, user)?;
     if let Some(xcr0) = features.xcr0() {
         let mut xcrs = KvmXcrs { nr_xcrs: 1, ..Default::default() };
@@ -492,9 +516,7 @@ fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, reg
         let area = xsave_for_guest(area, features.restored_state());
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
     }
-    set_msrs(vcpu)?;
-    sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_REGS, regs).map_err(context("KVM_SET_REGS"))?;
-    Ok(())
+    set_msrs(vcpu)
 }
 
 /// `ranges` rounded out to 2 MiB boundaries within a memory of `size` bytes, with the first

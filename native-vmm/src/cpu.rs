@@ -90,6 +90,12 @@ pub trait GuestCpu {
     fn map_memory(&mut self, _ranges: &[(u64, u64)]) -> io::Result<()> {
         Ok(())
     }
+    /// Exits the backend answered itself since the last call, without returning from `run`
+    /// (KVM: a first touch of memory whose slot waited for it), so that a run's exit count
+    /// includes them.
+    fn take_inner_exits(&mut self) -> u64 {
+        0
+    }
     /// Whether `load_thread` works, so the guest may have threads.
     fn switches_threads(&self) -> bool {
         false

@@ -269,7 +269,7 @@ fn run_scheduled(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut Gu
             break end;
         }
     };
-    Ok((end, exits))
+    Ok((end, exits + cpu.take_inner_exits()))
 }
 
 // ---- the agent: template boot, ready point and hand-off ----

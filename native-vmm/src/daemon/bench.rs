@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::agent_executor::AgentExecutor;
+use super::agent_executor::{thread_cpu_time, AgentExecutor};
 use super::executor::{ExecutionLimits, Executor};
 use super::request::LimitPolicy;
 use super::server::{Server, ServerConfig};
@@ -64,6 +64,9 @@ pub struct ExecReport {
     pub iterations: usize,
     pub pool_size: usize,
     pub fresh_fork: Latency,
+    /// VMM CPU per fresh fork, in microseconds: on the forking thread until the VM is ready,
+    /// and in the whole process including its teardown (wherever that runs).
+    pub fresh_fork_cpu_us: (f64, f64),
     pub pooled_exec: Latency,
     pub native_spawn: Latency,
     pub vmm_cpu_us_per_exec: f64,
@@ -93,6 +96,7 @@ impl ExecReport {
             "iterations": self.iterations,
             "pool_size": self.pool_size,
             "fresh_fork_us": latency(&self.fresh_fork),
+            "fresh_fork_cpu_us": {"ready": self.fresh_fork_cpu_us.0, "with_teardown": self.fresh_fork_cpu_us.1},
             "pooled_exec_us": latency(&self.pooled_exec),
             "native_spawn_us": latency(&self.native_spawn),
             "native_over_pooled_p50": self.ratio(),
@@ -117,6 +121,7 @@ impl fmt::Display for ExecReport {
         for (name, l) in [("fresh fork (VM ready, no pool)", &self.fresh_fork), ("pooled execution at the daemon socket", &self.pooled_exec), ("native spawn (baseline)", &self.native_spawn)] {
             writeln!(f, "{name:<44} {:>10.0} {:>10.0}", us(l.p50), us(l.p99))?;
         }
+        writeln!(f, "VMM CPU per fresh fork: {:.0} us until ready, {:.0} us with its teardown", self.fresh_fork_cpu_us.0, self.fresh_fork_cpu_us.1)?;
         writeln!(f, "native: {}", self.native_command)?;
         writeln!(f, "native p50 / pooled p50: {:.1}x", self.ratio())?;
         writeln!(f, "VMM CPU per pooled execution: {:.0} us", self.vmm_cpu_us_per_exec)?;
@@ -149,11 +154,18 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let limits = ExecutionLimits { timeout_ms: 10_000, memory_mib: snapshot.identity().mem_bytes >> 20, output_bytes: 1 << 20 };
 
     let handed_out = snapshot.handed_out();
+    let (process_before, mut ready_cpu) = (process_cpu(), Duration::ZERO);
     let fresh_fork = latency(time_runs(iterations, || -> io::Result<()> {
+        let thread_before = thread_cpu_time();
         let mem = snapshot.new_memory(ForkMemory::CopyOnWrite)?;
         let mut cpu = kvm::restore_cpu(&mem, snapshot.cpu())?;
-        cpu.map_memory(handed_out)
+        cpu.map_memory(handed_out)?;
+        ready_cpu += thread_cpu_time().saturating_sub(thread_before);
+        Ok(())
     }))?;
+    kvm::reaper::flush();
+    let per_fork = |cpu: Duration| cpu.as_secs_f64() * 1e6 / iterations as f64;
+    let fresh_fork_cpu_us = (per_fork(ready_cpu), per_fork(process_cpu().saturating_sub(process_before)));
 
     let executor: Arc<dyn Executor> = Arc::new(AgentExecutor::with_kvm(vec![template], pool_size).map_err(|e| e.to_string())?);
     let socket = scratch_socket()?;
@@ -204,6 +216,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         iterations,
         pool_size,
         fresh_fork,
+        fresh_fork_cpu_us,
         pooled_exec,
         native_spawn,
         vmm_cpu_us_per_exec,
@@ -260,6 +273,8 @@ fn throughput(socket: &Path, template: &str, work: &Workload, clients: usize) ->
 /// Memory per VM with `count` fresh forks of `snapshot` alive at once, each with the memory its
 /// template reaches mapped as a pooled VM has it: (count, RSS, MemAvailable) and the cgroup's.
 fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<((usize, f64, f64), Option<f64>), String> {
+    // VMs dropped earlier are destroyed on the reaper thread: none may still be going away.
+    kvm::reaper::flush();
     let (rss_before, host_before, cgroup_before) = (rss_kib()?, mem_available_kib()?, cgroup_bytes());
     let mems = (0..count).map(|_| snapshot.new_memory(ForkMemory::CopyOnWrite)).collect::<io::Result<Vec<_>>>().map_err(|e| e.to_string())?;
     let handed_out = snapshot.handed_out();
@@ -270,6 +285,7 @@ fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<((u
         .map_err(|e| format!("creating {count} VMs: {e}"))?;
     let (rss_after, host_after, cgroup_after) = (rss_kib()?, mem_available_kib()?, cgroup_bytes());
     drop(cpus);
+    kvm::reaper::flush();
     let per_vm = |delta: f64| delta / count as f64;
     let cgroup = cgroup_before.zip(cgroup_after).map(|(before, after)| per_vm(after.saturating_sub(before) as f64 / 1024.0));
     Ok(((count, per_vm(rss_after.saturating_sub(rss_before) as f64), per_vm(host_before.saturating_sub(host_after) as f64)), cgroup))

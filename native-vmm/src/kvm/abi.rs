@@ -38,6 +38,7 @@ pub const KVM_GET_VCPU_MMAP_SIZE: c_ulong = io(0x04);
 pub const KVM_GET_SUPPORTED_CPUID: c_ulong = iowr::<KvmCpuid2<0>>(0x05);
 // VM ioctls.
 pub const KVM_CREATE_VCPU: c_ulong = io(0x41);
+pub const KVM_ENABLE_CAP: c_ulong = iow::<KvmEnableCap>(0xA3);
 pub const KVM_SET_USER_MEMORY_REGION: c_ulong = iow::<KvmUserspaceMemoryRegion>(0x46);
 // vCPU ioctls.
 pub const KVM_RUN: c_ulong = io(0x80);
@@ -53,6 +54,29 @@ pub const KVM_SET_XSAVE: c_ulong = iow::<KvmXsave>(0xA5);
 
 pub const KVM_API_VERSION: i32 = 12;
 pub const KVM_CAP_IMMEDIATE_EXIT: c_ulong = 136;
+/// The kvm_run page carries registers in and out of KVM_RUN (`kvm_valid_regs`/`kvm_dirty_regs`).
+pub const KVM_CAP_SYNC_REGS: c_ulong = 74;
+/// KVM_SYNC_X86_REGS: `struct kvm_regs` at the start of `kvm_run.s.regs`.
+pub const KVM_SYNC_X86_REGS: u64 = 1;
+/// An instruction KVM fails to emulate exits to userspace (KVM_EXIT_INTERNAL_ERROR) instead of
+/// being answered with #UD in the guest (Linux 5.15+; what PVM does anyway).
+pub const KVM_CAP_EXIT_ON_EMULATION_FAILURE: u32 = 204;
+
+/// struct kvm_enable_cap
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvmEnableCap {
+    pub cap: u32,
+    pub flags: u32,
+    pub args: [u64; 4],
+    pub pad: [u8; 64],
+}
+
+impl KvmEnableCap {
+    pub fn new(cap: u32, arg0: u64) -> KvmEnableCap {
+        KvmEnableCap { cap, flags: 0, args: [arg0, 0, 0, 0], pad: [0; 64] }
+    }
+}
 
 pub const KVM_EXIT_UNKNOWN: u32 = 0;
 pub const KVM_EXIT_EXCEPTION: u32 = 1;
@@ -331,6 +355,10 @@ pub struct MmioExit {
 }
 
 impl MmioExit {
+    /// Where the access's bytes are (`data`) within the exit union.
+    pub const DATA_OFFSET: usize = 8;
+    pub const MAX_LEN: usize = 8;
+
     pub fn decode(data: &[u8; EXIT_DATA_SIZE]) -> MmioExit {
         MmioExit { phys_addr: u64_at(data, 0), len: u32_at(data, 16), is_write: data[20] != 0 }
     }
@@ -383,6 +411,7 @@ mod tests {
         // Values of the macros in /usr/include/linux/kvm.h (Linux 6.1 UAPI) on x86-64.
         assert_eq!(KVM_GET_API_VERSION, 0xAE00);
         assert_eq!(KVM_CREATE_VM, 0xAE01);
+        assert_eq!(KVM_ENABLE_CAP, 0x4068_AEA3);
         assert_eq!(KVM_CHECK_EXTENSION, 0xAE03);
         assert_eq!(KVM_GET_VCPU_MMAP_SIZE, 0xAE04);
         assert_eq!(KVM_GET_SUPPORTED_CPUID, 0xC008_AE05);
@@ -407,6 +436,7 @@ mod tests {
         assert_eq!((offset_of!(KvmRegs, rip), offset_of!(KvmRegs, rflags)), (0x80, 0x88));
         assert_eq!(size_of::<KvmSegment>(), 24);
         assert_eq!(size_of::<KvmDtable>(), 16);
+        assert_eq!(size_of::<KvmEnableCap>(), 104);
         assert_eq!(size_of::<KvmSregs>(), 312);
         assert_eq!(offset_of!(KvmSregs, gdt), 0xC0);
         assert_eq!(offset_of!(KvmSregs, cr0), 0xE0);

@@ -1,5 +1,6 @@
-//! The KVM backend: /dev/kvm, one VM with one memory slot (all of guest memory) and one vCPU in
-//! long mode at CPL3, implementing `GuestCpu` (`KvmCpu`).
+//! The KVM backend: /dev/kvm, one VM (memory slots for the memory the program was handed, made
+//! on first touch) and one vCPU in long mode at CPL3, implementing `GuestCpu` (`KvmCpu`); VMs
+//! are destroyed on a reaper thread (`reaper`).
 //!
 //! Run by the KVM test tier on every machine (natively on a /dev/kvm that can create a VM,
 //! else inside a QEMU guest with nested SVM). Unit-tested without a VM: the ioctl numbers
@@ -9,12 +10,14 @@
 //! when /dev/kvm is missing.
 //!
 //! Written for any KVM (VT-x, SVM, PVM): no in-kernel irqchip, no PVM-specific calls (what PVM
-//! needs is in the `arch` tables: see `arch::stubs`); the exit path is tuned for PVM's expensive exits (one KVM_GET_REGS per exit, one
-//! KVM_SET_REGS per syscall return).
+//! needs is in the `arch` tables: see `arch::stubs`); the exit path is tuned for PVM's expensive exits and ioctls (every vCPU ioctl
+//! loads the vCPU, reading host MSRs: the general registers pass through the run page, so a
+//! system call costs no ioctl besides KVM_RUN).
 //!
 //! `unsafe` lives only in `run_page.rs` (the mmap'd kvm_run); ioctls go through `sys`.
 
 pub mod abi;
+pub mod reaper;
 mod run_page;
 mod vcpu;
 mod watchdog;
@@ -30,7 +33,7 @@ use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
 use crate::sys;
-use abi::{KvmCpuid2, KVM_API_VERSION, KVM_CAP_IMMEDIATE_EXIT, KVM_CHECK_EXTENSION, KVM_CREATE_VM, KVM_GET_API_VERSION, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE, MAX_CPUID_ENTRIES};
+use abi::{KvmCpuid2, KvmSregs, KVM_API_VERSION, KVM_CAP_EXIT_ON_EMULATION_FAILURE, KVM_CAP_IMMEDIATE_EXIT, KVM_CAP_SYNC_REGS, KVM_CHECK_EXTENSION, KVM_SYNC_X86_REGS, KVM_CREATE_VM, KVM_GET_API_VERSION, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE, MAX_CPUID_ENTRIES};
 pub use vcpu::{slot_ranges as reachable_memory, KvmCpu};
 
 pub const KVM_DEVICE: &str = "/dev/kvm";
@@ -99,6 +102,15 @@ pub struct Kvm {
     supported_cpuid: Box<KvmCpuid2<MAX_CPUID_ENTRIES>>,
     /// What that table says about XSAVE and FSGSBASE (CR4 and XCR0 of every vCPU follow it).
     features: CpuFeatures,
+    /// A new vCPU's segment and control registers (KVM_GET_SREGS), read from the first vCPU
+    /// made: the same for every vCPU, so later ones skip the ioctl.
+    reset_sregs: OnceLock<KvmSregs>,
+    /// KVM_CAP_EXIT_ON_EMULATION_FAILURE is there (`KvmCpu` then makes memory slots on first
+    /// touch).
+    exit_on_emulation_failure: bool,
+    /// KVM_CAP_SYNC_REGS covers the general registers (`KvmCpu` then passes them through the
+    /// run page instead of KVM_GET_REGS/KVM_SET_REGS).
+    sync_regs: bool,
 }
 
 impl Kvm {
@@ -119,7 +131,9 @@ impl Kvm {
         let mut supported_cpuid = Box::new(KvmCpuid2::<MAX_CPUID_ENTRIES>::with_capacity());
         sys::ioctl_mut(fd.as_raw_fd(), KVM_GET_SUPPORTED_CPUID, supported_cpuid.as_mut()).map_err(query("KVM_GET_SUPPORTED_CPUID"))?;
         let features = CpuFeatures::from_cpuid(|function, index| supported_cpuid.leaf(function, index));
-        Ok(Kvm { fd, vcpu_mmap_size, supported_cpuid, features })
+        let exit_on_emulation_failure = sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_EXIT_ON_EMULATION_FAILURE as _).unwrap_or(0) > 0;
+        let sync_regs = sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS).map_or(false, |fields| fields as u64 & KVM_SYNC_X86_REGS != 0);
+        Ok(Kvm { fd, vcpu_mmap_size, supported_cpuid, features, reset_sregs: OnceLock::new(), exit_on_emulation_failure, sync_regs })
     }
 
     /// The process-wide /dev/kvm, opened and queried on first success, so that creating a VM
@@ -131,6 +145,16 @@ impl Kvm {
         }
         let kvm = Kvm::open()?;
         Ok(SHARED.get_or_init(|| kvm))
+    }
+
+    /// `Kvm::reset_sregs`, read with `read_new_vcpu` (KVM_GET_SREGS of a vCPU never run) the
+    /// first time.
+    fn reset_sregs(&self, read_new_vcpu: impl FnOnce() -> io::Result<KvmSregs>) -> io::Result<KvmSregs> {
+        if let Some(sregs) = self.reset_sregs.get() {
+            return Ok(*sregs);
+        }
+        let sregs = read_new_vcpu()?;
+        Ok(*self.reset_sregs.get_or_init(|| sregs))
     }
 
     fn create_vm(&self) -> io::Result<OwnedFd> {

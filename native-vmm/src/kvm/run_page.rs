@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::addr_of;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::abi::{KvmRun, EXIT_DATA_SIZE};
+use super::abi::{KvmRegs, KvmRun, MmioExit, EXIT_DATA_SIZE, KVM_SYNC_X86_REGS};
 
 pub struct RunPage {
     run: *mut KvmRun,
@@ -47,6 +47,45 @@ impl RunPage {
     pub fn exit_data(&self) -> [u8; EXIT_DATA_SIZE] {
         // SAFETY: as in exit_reason.
         unsafe { addr_of!((*self.run).exit).read_volatile() }
+    }
+
+    /// Answers the MMIO read the last exit reported: `bytes` (at most `MmioExit::MAX_LEN`) go
+    /// into the exit's `mmio.data`, which KVM hands to the guest on the next KVM_RUN.
+    pub fn set_mmio_data(&self, bytes: &[u8]) {
+        let len = bytes.len().min(MmioExit::MAX_LEN);
+        // SAFETY: the exit union lies inside the mapping (checked in map) and `mmio.data` (8
+        // bytes at DATA_OFFSET) inside the union; the kernel does not touch it outside KVM_RUN.
+        unsafe {
+            let data = std::ptr::addr_of_mut!((*self.run).exit).cast::<u8>().add(MmioExit::DATA_OFFSET);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, len);
+        }
+    }
+
+    /// Asks KVM to store the general registers into the page at every return from KVM_RUN
+    /// (`kvm_valid_regs`, KVM_CAP_SYNC_REGS).
+    pub fn keep_regs_synced(&self) {
+        // SAFETY: a field inside the mapping (checked in map); the kernel reads it only inside
+        // KVM_RUN on this thread.
+        unsafe { std::ptr::addr_of_mut!((*self.run).kvm_valid_regs).write_volatile(KVM_SYNC_X86_REGS) };
+    }
+
+    /// The general registers KVM stored at the last return from KVM_RUN, or the ones `put_regs`
+    /// left for the next one.
+    pub fn regs(&self) -> KvmRegs {
+        // SAFETY: `struct kvm_sync_regs` starts with a `struct kvm_regs` at the start of the
+        // `sync_regs` area inside the mapping; read unaligned-safe and volatile, outside KVM_RUN.
+        unsafe { std::ptr::addr_of!((*self.run).sync_regs).cast::<KvmRegs>().read_volatile() }
+    }
+
+    /// Leaves `regs` for KVM to load at the next KVM_RUN's entry (`kvm_dirty_regs`; KVM clears
+    /// the bit once loaded).
+    pub fn put_regs(&self, regs: &KvmRegs) {
+        // SAFETY: as in `regs`; then a field inside the mapping.
+        unsafe {
+            std::ptr::addr_of_mut!((*self.run).sync_regs).cast::<KvmRegs>().write_volatile(*regs);
+            let dirty = std::ptr::addr_of_mut!((*self.run).kvm_dirty_regs);
+            dirty.write_volatile(dirty.read_volatile() | KVM_SYNC_X86_REGS);
+        }
     }
 
     /// A handle that another thread uses to make the next (or current) KVM_RUN return EINTR.
@@ -112,6 +151,32 @@ mod tests {
         assert_eq!(page.exit_reason(), super::super::abi::KVM_EXIT_IO);
         let io = super::super::abi::IoExit::decode(&page.exit_data());
         assert_eq!((io.direction, io.size, io.port), (1, 1, 0xE0));
+    }
+
+    #[test]
+    fn mmio_data_lands_in_the_exit_union_and_is_cut_at_eight_bytes() {
+        let (page, kernel) = fake_run_page();
+        page.set_mmio_data(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let mut b = [0u8; 10];
+        kernel.read_at(&mut b, 0x20 + 8).unwrap(); // exit union at 0x20, mmio.data at 8
+        assert_eq!(b, [1, 2, 3, 4, 5, 6, 7, 8, 0, 0]);
+    }
+
+    #[test]
+    fn synced_registers_sit_at_the_start_of_the_sync_area_and_are_marked_dirty() {
+        let (page, kernel) = fake_run_page();
+        page.keep_regs_synced();
+        let regs = KvmRegs { rip: 0x40_1000, rflags: 0x202, ..Default::default() };
+        page.put_regs(&regs);
+        let word = |at: u64| {
+            let mut b = [0u8; 8];
+            kernel.read_at(&mut b, at).unwrap();
+            u64::from_le_bytes(b)
+        };
+        assert_eq!((word(0x120), word(0x128)), (KVM_SYNC_X86_REGS, KVM_SYNC_X86_REGS), "kvm_valid_regs, kvm_dirty_regs");
+        assert_eq!((word(0x130 + 0x80), word(0x130 + 0x88)), (0x40_1000, 0x202), "rip and rflags of struct kvm_regs");
+        kernel.write_at(&7u64.to_le_bytes(), 0x130).unwrap(); // what KVM stores at an exit: rax
+        assert_eq!(page.regs().gprs.rax, 7);
     }
 
     #[test]

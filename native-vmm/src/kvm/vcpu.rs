@@ -1,16 +1,19 @@
-//! `KvmCpu`: a VM with all of guest memory in one slot and one vCPU, set up for long mode at
+//! `KvmCpu`: a VM with memory slots for what the program was handed and one vCPU, set up for long mode at
 //! CPL3 on the `arch` tables, implementing `GuestCpu`.
 //!
 //! Exit path: the CPL0 stubs stop the vCPU with an `out` to SYSCALL_PORT or EXCEPTION_PORT.
-//! On a syscall exit one KVM_GET_REGS reads rax and the six argument registers; the answer is
-//! written back with one KVM_SET_REGS of the same registers with a new rax (rip is left alone,
-//! so KVM finishes the `out` on the next KVM_RUN and the stub goes on to `iretq`).
+//! On a syscall exit the registers (rax and the six arguments) are read from the run page,
+//! where KVM stores them at every return from KVM_RUN (KVM_CAP_SYNC_REGS), and the answer goes
+//! back the same way, loaded by KVM at the next KVM_RUN's entry: no ioctl besides KVM_RUN per
+//! system call (without the capability: one KVM_GET_REGS and one KVM_SET_REGS). rip is left
+//! alone, so KVM finishes the `out` on the next KVM_RUN and the stub goes on to `iretq`.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Instant;
 
 use super::abi::*;
+use super::reaper::{self, Reaped};
 use super::run_page::RunPage;
 use super::watchdog::Watchdog;
 use super::{context, Kvm};
@@ -42,12 +45,22 @@ pub struct KvmCpu<'m> {
     // Field order is drop order: the watchdog entry (whose `on_fire` writes into the run page)
     // is removed before the run page is unmapped.
     watchdog: Watchdog,
-    run_page: RunPage,
-    vcpu: OwnedFd,
-    /// The VM the vCPU belongs to (its memory slots change as the program is handed memory).
-    vm: OwnedFd,
+    /// The run page, the vCPU and its VM: closed on the reaper thread (destroying a VM is a
+    /// quarter of a fork's cost).
+    handles: Reaped<VmHandles>,
     /// The guest-physical range of each memory slot, by slot number (None: free).
     slots: Vec<Option<(u64, u64)>>,
+    /// What the guest may reach (`slot_ranges` of the last `map_memory`). With `slots_on_touch`
+    /// only the system area is in a slot from the start; the rest of each range gets its slot
+    /// when the guest first touches it.
+    reachable: Vec<(u64, u64)>,
+    /// KVM reports every access outside the slots to us (MMIO exits, and emulation failures
+    /// rather than a #UD in the guest), so slots can wait for the first touch.
+    slots_on_touch: bool,
+    /// Exits `handle_exit` answered itself since `take_inner_exits`.
+    inner_exits: u64,
+    /// The general registers travel through the run page (KVM_CAP_SYNC_REGS), not ioctls.
+    sync_regs: bool,
     /// The registers as of the last syscall exit; `set_syscall_return` writes them back.
     regs: KvmRegs,
     /// The vCPU is stopped in a system call: `set_syscall_return` may set rax.
@@ -58,6 +71,14 @@ pub struct KvmCpu<'m> {
     user_state_in_regs: bool,
     /// The guest memory the VM's slot maps (snapshots read the stub's return frame in it).
     mem: &'m GuestMemory,
+}
+
+/// What the kernel holds for one VM, in drop order.
+struct VmHandles {
+    run_page: RunPage,
+    vcpu: OwnedFd,
+    /// The VM the vCPU belongs to (its memory slots change as the program is handed memory).
+    vm: OwnedFd,
 }
 
 /// The user state a vCPU starts from besides its general registers.
@@ -104,7 +125,9 @@ impl<'m> KvmCpu<'m> {
     fn create(mem: &'m GuestMemory, install_tables: bool, regs: KvmRegs, user: &UserState) -> io::Result<KvmCpu<'m>> {
         paging::check_memory_size(mem.size())?;
         let kvm = Kvm::shared()?;
+        reaper::start();
         let vm = kvm.create_vm()?;
+        let slots_on_touch = kvm.exit_on_emulation_failure && sys::ioctl_ref(vm.as_raw_fd(), KVM_ENABLE_CAP, &KvmEnableCap::new(KVM_CAP_EXIT_ON_EMULATION_FAILURE, 1)).is_ok();
         if install_tables {
             arch::install(mem)?;
         }
@@ -113,12 +136,18 @@ impl<'m> KvmCpu<'m> {
 
         // CPUID first: KVM checks CR4 and XCR0 against the CPUID the guest was given.
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, kvm.supported_cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;
-        load_state(&vcpu, &kvm.features, &regs, user)?;
+        let reset_sregs = kvm.reset_sregs(|| get_sregs(&vcpu))?;
+        load_state(&vcpu, &kvm.features, reset_sregs, user)?;
+        if kvm.sync_regs {
+            run_page.keep_regs_synced();
+        }
 
         let exit_flag = run_page.exit_flag();
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
-        let mut cpu = KvmCpu { watchdog, run_page, vcpu, vm, slots: Vec::new(), regs, in_syscall: false, user_state_in_regs: false, mem };
-        cpu.map_memory(&[])?;
+        let handles = Reaped::new(VmHandles { run_page, vcpu, vm });
+        // No memory slot yet: `map_memory` creates them all at once (every run starts with it).
+        let cpu = KvmCpu { watchdog, handles, slots: Vec::new(), reachable: Vec::new(), slots_on_touch, inner_exits: 0, sync_regs: kvm.sync_regs, regs, in_syscall: false, user_state_in_regs: false, mem };
+        cpu.put_regs(&regs)?;
         Ok(cpu)
     }
 
@@ -127,7 +156,7 @@ impl<'m> KvmCpu<'m> {
         let (start, end) = range.unwrap_or((0, 0));
         let userspace_addr = if range.is_some() { self.mem.host_base() + start } else { 0 };
         let region = KvmUserspaceMemoryRegion { slot: slot as u32, flags: 0, guest_phys_addr: start, memory_size: end - start, userspace_addr };
-        sys::ioctl_ref(self.vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
+        sys::ioctl_ref(self.handles.vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
         if self.slots.len() <= slot {
             self.slots.resize(slot + 1, None);
         }
@@ -135,14 +164,29 @@ impl<'m> KvmCpu<'m> {
         Ok(())
     }
 
+    /// The vCPU's general registers: as KVM stored them at the last return from KVM_RUN, or as
+    /// `put_regs` left them for the next.
     fn get_regs(&self) -> io::Result<KvmRegs> {
+        if self.sync_regs {
+            return Ok(self.handles.run_page.regs());
+        }
         let mut regs = KvmRegs::default();
-        sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_REGS, &mut regs).map_err(context("KVM_GET_REGS"))?;
+        sys::ioctl_mut(self.handles.vcpu.as_raw_fd(), KVM_GET_REGS, &mut regs).map_err(context("KVM_GET_REGS"))?;
         Ok(regs)
     }
 
     fn get_sregs(&self) -> io::Result<KvmSregs> {
-        get_sregs(&self.vcpu)
+        get_sregs(&self.handles.vcpu)
+    }
+
+    /// Sets the vCPU's general registers (with sync regs: at the next KVM_RUN's entry).
+    fn put_regs(&self, regs: &KvmRegs) -> io::Result<()> {
+        if self.sync_regs {
+            self.handles.run_page.put_regs(regs);
+            return Ok(());
+        }
+        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_REGS, regs).map_err(context("KVM_SET_REGS"))?;
+        Ok(())
     }
 
     /// The program's state with `regs` as its registers, rip and rflags: FS/GS bases and the
@@ -150,14 +194,95 @@ impl<'m> KvmCpu<'m> {
     fn user_state(&self, regs: KvmRegs) -> io::Result<CpuSnapshot> {
         let sregs = self.get_sregs()?;
         let mut area = KvmXsave::zeroed();
-        sys::ioctl_mut(self.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
+        sys::ioctl_mut(self.handles.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
         Ok(CpuSnapshot { regs: regs.gprs, rip: regs.rip, rflags: regs.rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
     }
 
-    /// Turns the exit KVM_RUN just reported into a `CpuExit`.
-    fn handle_exit(&mut self) -> io::Result<CpuExit> {
-        let reason = self.run_page.exit_reason();
-        let data = self.run_page.exit_data();
+    /// Gives guest memory in `[start, end)` that no slot covers slots of its own; true if it
+    /// made any.
+    fn fill_slots(&mut self, start: u64, end: u64) -> io::Result<bool> {
+        let mut covered: Vec<(u64, u64)> = self.slots.iter().flatten().copied().filter(|&(s, e)| s < end && e > start).collect();
+        covered.sort_unstable();
+        let (mut at, mut made) = (start, false);
+        for (s, e) in covered.into_iter().chain(std::iter::once((end, end))) {
+            if s > at {
+                let free = self.slots.iter().position(Option::is_none).unwrap_or(self.slots.len());
+                self.set_slot(free, Some((at, s)))?;
+                made = true;
+            }
+            at = at.max(e);
+        }
+        Ok(made)
+    }
+
+    /// Every reachable range in slots; true if any was missing.
+    fn fill_all_slots(&mut self) -> io::Result<bool> {
+        let mut made = false;
+        for (start, end) in self.reachable.clone() {
+            made |= self.fill_slots(start, end)?;
+        }
+        Ok(made)
+    }
+
+    /// An MMIO exit at reachable memory is the guest's first touch of a range waiting for its
+    /// slot (or a later piece of the same instruction's access): the range gets its slot and
+    /// the access is completed on guest memory, as the guest would have done it. False if the
+    /// access is outside what the guest may reach.
+    fn complete_first_touch(&mut self, mmio: &MmioExit, data: &[u8; EXIT_DATA_SIZE]) -> io::Result<bool> {
+        let len = mmio.len as usize;
+        let end = mmio.phys_addr.saturating_add(mmio.len as u64);
+        let Some(&(start, range_end)) = self.reachable.iter().find(|&&(s, e)| s <= mmio.phys_addr && end <= e) else { return Ok(false) };
+        if len == 0 || len > MmioExit::MAX_LEN {
+            return Ok(false);
+        }
+        self.fill_slots(start, range_end)?;
+        let bytes = MmioExit::DATA_OFFSET..MmioExit::DATA_OFFSET + len;
+        let invalid = |e| io::Error::new(io::ErrorKind::InvalidData, format!("completing a first touch: {e}"));
+        if mmio.is_write {
+            self.mem.write(mmio.phys_addr, &data[bytes]).map_err(invalid)?;
+        } else {
+            let mut read = [0u8; MmioExit::MAX_LEN];
+            self.mem.read(mmio.phys_addr, &mut read[..len]).map_err(invalid)?;
+            self.handles.run_page.set_mmio_data(&read[..len]);
+        }
+        Ok(true)
+    }
+
+    /// Turns the exit KVM_RUN just reported into a `CpuExit`, or None when it was handled here
+    /// (a first touch of memory waiting for its slot) and the guest goes on.
+    fn handle_exit(&mut self) -> io::Result<Option<CpuExit>> {
+        Ok(Some(match self.handles.run_page.exit_reason() {
+            KVM_EXIT_MMIO => {
+                let data = self.handles.run_page.exit_data();
+                let mmio = MmioExit::decode(&data);
+                if self.complete_first_touch(&mmio, &data)? {
+                    return Ok(None);
+                }
+                // Guest memory outside every slot: memory the program was never handed.
+                let rip = self.get_regs()?.rip;
+                let error_code = PF_USER | if mmio.is_write { PF_WRITE } else { 0 };
+                CpuExit::Fault(GuestFault { vector: PAGE_FAULT, error_code, rip, address: Some(mmio.phys_addr) })
+            }
+            KVM_EXIT_INTERNAL_ERROR if InternalError::decode(&self.handles.run_page.exit_data()).suberror == KVM_INTERNAL_ERROR_EMULATION => {
+                // KVM emulates an instruction only when it touches memory outside every slot;
+                // one it cannot emulate (an instruction fetch, AVX-512) ends up here, its rip
+                // unchanged. If reachable memory was waiting for its slots, they are made and
+                // the instruction runs again; otherwise the program reached memory it was
+                // never handed: a page fault.
+                if self.fill_all_slots()? {
+                    return Ok(None);
+                }
+                let rip = self.get_regs()?.rip;
+                CpuExit::Fault(GuestFault { vector: PAGE_FAULT, error_code: PF_USER, rip, address: None })
+            }
+            _ => return self.handle_other_exit().map(Some),
+        }))
+    }
+
+    /// `handle_exit` for the exits memory slots have no part in.
+    fn handle_other_exit(&mut self) -> io::Result<CpuExit> {
+        let reason = self.handles.run_page.exit_reason();
+        let data = self.handles.run_page.exit_data();
         match reason {
             KVM_EXIT_IO => {
                 let io = IoExit::decode(&data);
@@ -180,13 +305,6 @@ impl<'m> KvmCpu<'m> {
                     _ => Ok(CpuExit::Fault(GuestFault { vector: GENERAL_PROTECTION, error_code: 0, rip: self.get_regs()?.rip, address: None })),
                 }
             }
-            KVM_EXIT_MMIO => {
-                // Guest memory outside every slot: memory the program was never handed.
-                let mmio = MmioExit::decode(&data);
-                let rip = self.get_regs()?.rip;
-                let error_code = PF_USER | if mmio.is_write { PF_WRITE } else { 0 };
-                Ok(CpuExit::Fault(GuestFault { vector: PAGE_FAULT, error_code, rip, address: Some(mmio.phys_addr) }))
-            }
             KVM_EXIT_SHUTDOWN => {
                 let rip = self.get_regs().map_or_else(|e| format!("unknown: {e}"), |r| format!("{:#x}", r.rip));
                 Err(io::Error::other(format!("the guest triple-faulted (KVM_EXIT_SHUTDOWN, rip {rip}): the CPL0 exception path itself failed")))
@@ -200,13 +318,6 @@ impl<'m> KvmCpu<'m> {
             }
             KVM_EXIT_INTERNAL_ERROR => {
                 let internal = InternalError::decode(&data);
-                if internal.suberror == KVM_INTERNAL_ERROR_EMULATION {
-                    // KVM emulates an instruction only when it touches memory outside every
-                    // slot (MMIO); one it cannot emulate (AVX-512, say) ends up here. Either
-                    // way the program reached memory it was never handed: a page fault.
-                    let rip = self.get_regs()?.rip;
-                    return Ok(CpuExit::Fault(GuestFault { vector: PAGE_FAULT, error_code: PF_USER, rip, address: None }));
-                }
                 Err(io::Error::other(format!("KVM internal error {} ({}), data {:x?}", internal.suberror, internal.suberror_name(), internal.data)))
             }
             KVM_EXIT_HLT => Err(io::Error::other("the vCPU halted: it was run again after reporting a fault")),
@@ -222,14 +333,17 @@ impl GuestCpu for KvmCpu<'_> {
             if !self.watchdog.arm(deadline) {
                 return Ok(CpuExit::DeadlineReached);
             }
-            let result = sys::ioctl_val(self.vcpu.as_raw_fd(), KVM_RUN, 0);
+            let result = sys::ioctl_val(self.handles.vcpu.as_raw_fd(), KVM_RUN, 0);
             self.watchdog.disarm();
-            self.run_page.clear_immediate_exit();
+            self.handles.run_page.clear_immediate_exit();
             match result {
                 // The watchdog's kick (or another signal): `arm` tells whether time is up.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(context("KVM_RUN")(e)),
-                Ok(_) => return self.handle_exit(),
+                Ok(_) => match self.handle_exit()? {
+                    Some(exit) => return Ok(exit),
+                    None => self.inner_exits += 1,
+                },
             }
         }
     }
@@ -239,8 +353,7 @@ impl GuestCpu for KvmCpu<'_> {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "set_syscall_return: the vCPU is not stopped in a system call"));
         }
         self.regs.gprs.rax = value;
-        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_REGS, &self.regs).map_err(context("KVM_SET_REGS"))?;
-        Ok(())
+        self.put_regs(&self.regs)
     }
 
     /// At a syscall exit the vCPU is at CPL0 in the stub, on the syscall stack: rip, rsp and
@@ -257,6 +370,10 @@ impl GuestCpu for KvmCpu<'_> {
         let (rip, rflags, rsp) = (frame(FRAME_RIP)?, frame(FRAME_RFLAGS)?, frame(FRAME_RSP)?);
         // The stub runs on its own stack: the program's rsp is the one in the frame.
         self.user_state(KvmRegs { gprs: UserRegs { rsp, ..self.regs.gprs }, rip, rflags })
+    }
+
+    fn take_inner_exits(&mut self) -> u64 {
+        std::mem::take(&mut self.inner_exits)
     }
 
     fn switches_threads(&self) -> bool {
@@ -283,11 +400,11 @@ impl GuestCpu for KvmCpu<'_> {
         for (entry, (index, data)) in msrs.entries.iter_mut().zip(bases) {
             *entry = KvmMsrEntry { index, reserved: 0, data };
         }
-        if sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs).map_err(context("KVM_SET_MSRS"))? != 2 {
+        if sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs).map_err(context("KVM_SET_MSRS"))? != 2 {
             return Err(io::Error::other("KVM_SET_MSRS rejected the thread's FS/GS base"));
         }
         let area = xsave_for_guest(&state.xsave, features.restored_state());
-        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
+        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
         let loaded = if self.in_syscall && !self.user_state_in_regs {
             let frame = |addr: u64, value: u64| self.mem.write_u64(addr, value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("writing the syscall frame: {e}")));
             frame(FRAME_RIP, regs.rip)?;
@@ -299,7 +416,7 @@ impl GuestCpu for KvmCpu<'_> {
             self.user_state_in_regs = true;
             regs
         };
-        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_REGS, &loaded).map_err(context("KVM_SET_REGS"))?;
+        self.put_regs(&loaded)?;
         self.regs = loaded;
         self.in_syscall = true;
         Ok(())
@@ -321,7 +438,11 @@ impl GuestCpu for KvmCpu<'_> {
     /// while rip still points at it.
     fn reset(&mut self, snapshot: &CpuSnapshot) -> io::Result<()> {
         let (regs, user) = snapshot_state(snapshot)?;
-        load_state(&self.vcpu, &Kvm::shared()?.features, &regs, &user)?;
+        let kvm = Kvm::shared()?;
+        // Read when this vCPU was made: a used vCPU's own would carry its last run's CR2.
+        let reset_sregs = kvm.reset_sregs(|| Err(io::Error::other("no new vCPU's registers were recorded")))?;
+        load_state(&self.handles.vcpu, &kvm.features, reset_sregs, &user)?;
+        self.put_regs(&regs)?;
         self.regs = regs;
         self.in_syscall = true;
         self.user_state_in_regs = true;
@@ -330,10 +451,13 @@ impl GuestCpu for KvmCpu<'_> {
 
     /// Memory slots cover exactly `ranges` rounded out to 2 MiB, plus the first 2 MiB (the
     /// system area and the page tables). Nothing else of guest memory is in a slot, so KVM
-    /// allocates its per-page bookkeeping (8 bytes a page on a shadow-paging backend such as
-    /// PVM) only for memory the program was handed, and an access outside it exits as MMIO,
-    /// which `handle_exit` reports as a page fault. Slots no longer wanted are deleted first
-    /// (after a reset to a template that was handed less); new ones fill the gaps.
+    /// allocates its per-page bookkeeping (~12 bytes a page on a shadow-paging backend such as
+    /// PVM: reverse map and write tracking) only for memory the program was handed, and an
+    /// access outside it exits as MMIO, which `handle_exit` reports as a page fault. Slots no
+    /// longer wanted are deleted first (after a reset to a template that was handed less); new
+    /// ones fill the gaps: the system area's at once, the others, where KVM reports every
+    /// access outside the slots (`slots_on_touch`), when the guest first touches their range,
+    /// so a VM that never runs (an idle fork) holds no bookkeeping for the program's memory.
     fn map_memory(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
         let wanted = slot_ranges(ranges, self.mem.size());
         for slot in 0..self.slots.len() {
@@ -343,17 +467,11 @@ impl GuestCpu for KvmCpu<'_> {
                 }
             }
         }
-        for (start, end) in wanted {
-            let mut covered: Vec<(u64, u64)> = self.slots.iter().flatten().copied().filter(|&(s, e)| s < end && e > start).collect();
-            covered.sort_unstable();
-            let mut at = start;
-            for (s, e) in covered.into_iter().chain(std::iter::once((end, end))) {
-                if s > at {
-                    let free = self.slots.iter().position(Option::is_none).unwrap_or(self.slots.len());
-                    self.set_slot(free, Some((at, s)))?;
-                }
-                at = at.max(e);
-            }
+        self.reachable = wanted;
+        if self.slots_on_touch {
+            self.fill_slots(0, paging::LARGE_PAGE_SIZE.min(self.mem.size()))?;
+        } else {
+            self.fill_all_slots()?;
         }
         Ok(())
     }
@@ -364,7 +482,7 @@ impl GuestCpu for KvmCpu<'_> {
         }
         let mut sregs = self.get_sregs()?;
         sregs.fs.base = base;
-        sys::ioctl_ref(self.vcpu.as_raw_fd(), KVM_SET_SREGS, &sregs).map_err(context("KVM_SET_SREGS"))?;
+        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_SREGS, &sregs).map_err(context("KVM_SET_SREGS"))?;
         Ok(())
     }
 }
@@ -386,8 +504,8 @@ fn snapshot_state(snapshot: &CpuSnapshot) -> io::Result<(KvmRegs, UserState<'_>)
 
 /// Loads every piece of vCPU state the guest can reach into `vcpu` (after KVM_SET_CPUID2):
 /// segments and control registers, XCR0, the vector state, the syscall MSRs and `regs`.
-fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, regs: &KvmRegs, user: &UserState) -> io::Result<()> {
-    set_sregs(vcpu, features, user)?;
+fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, user: &UserState) -> io::Result<()> {
+    set_sregs(vcpu, features, reset_sregs, user)?;
     if let Some(xcr0) = features.xcr0() {
         let mut xcrs = KvmXcrs { nr_xcrs: 1, ..Default::default() };
         xcrs.xcrs[0] = KvmXcr { xcr: 0, reserved: 0, value: xcr0 };
@@ -398,9 +516,7 @@ fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, regs: &KvmRegs, user: &Use
         let area = xsave_for_guest(area, features.restored_state());
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
     }
-    set_msrs(vcpu)?;
-    sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_REGS, regs).map_err(context("KVM_SET_REGS"))?;
-    Ok(())
+    set_msrs(vcpu)
 }
 
 /// `ranges` rounded out to 2 MiB boundaries within a memory of `size` bytes, with the first
@@ -429,10 +545,11 @@ fn get_sregs(vcpu: &OwnedFd) -> io::Result<KvmSregs> {
     Ok(sregs)
 }
 
-/// Long mode with paging on the arch tables, CPL3 segments. Starts from the vCPU's reset state
-/// so fields this backend does not care about (LDT, APIC base) keep KVM's defaults.
-fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures, user: &UserState) -> io::Result<()> {
-    let mut sregs = get_sregs(vcpu)?;
+/// Long mode with paging on the arch tables, CPL3 segments. Starts from a new vCPU's reset
+/// state (`Kvm::reset_sregs`) so fields this backend does not care about (LDT, APIC base) keep
+/// KVM's defaults, and a reset vCPU keeps nothing of its last run (CR2).
+fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, user: &UserState) -> io::Result<()> {
+    let mut sregs = reset_sregs;
     let segments = cpu_state::user_segments();
     let data = kvm_segment(&segments.data);
     sregs.cs = kvm_segment(&segments.cs);

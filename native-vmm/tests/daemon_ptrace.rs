@@ -102,14 +102,14 @@ fn outcomes_map_to_statuses_concurrently_on_one_connection() {
     server.stop();
 }
 
-/// 200 executions (fewer on a slow path: `repetitions`) sent at once over 8 connections, each
+/// 200 executions (16 on the QEMU path: `repetitions`; each boots the agent) sent at once over 8 connections, each
 /// `print(i*i)`: every one is answered once, under its own id, with its own output. The server
 /// runs 4 at a time (2 per core here; on a slow path one per core, since each run boots the agent
 /// and a boot has the VMM's fixed `vm::AGENT_BOOT_TIMEOUT`) and queues the rest. Prints the wall
 /// time.
 #[test]
 fn a_burst_of_concurrent_executions() {
-    let total = repetitions(200, 40);
+    let total = repetitions(200, 16);
     const CONNECTIONS: u64 = 8;
     let cores = thread::available_parallelism().map_or(2, |n| n.get());
     let running = if time_scale() > 1 { cores } else { 4 };

@@ -281,14 +281,13 @@ impl GuestMemory {
         Ok(())
     }
 
-    /// Hands `[addr, addr+len)` to `sink` as one slice, so that guest memory can be written to
-    /// a file without a copy (a session checkpoint). The caller holds the VM's vCPU stopped, so
-    /// nothing writes the range while the slice lives.
-    pub fn with_range<T>(&self, addr: u64, len: u64, sink: impl FnOnce(&[u8]) -> T) -> Result<T, OutOfBounds> {
+    /// `[addr, addr+len)` as one slice, so that guest memory can be written to a file and
+    /// hashed without a copy (a session checkpoint, several ranges at once). The caller holds
+    /// the VM's vCPU stopped, so nothing writes the range while the slice lives.
+    pub fn range_bytes(&self, addr: u64, len: u64) -> Result<&[u8], OutOfBounds> {
         let off = self.check(addr, len)?;
-        // SAFETY: off..off+len was bounds-checked against the mapping, which outlives the call.
-        let bytes = unsafe { std::slice::from_raw_parts(self.host.add(off), len as usize) };
-        Ok(sink(bytes))
+        // SAFETY: off..off+len was bounds-checked against the mapping, which outlives the borrow.
+        Ok(unsafe { std::slice::from_raw_parts(self.host.add(off), len as usize) })
     }
 
     /// Makes the pages of `[addr, addr+len)` present and writable in one call

@@ -112,13 +112,15 @@ const ALLOWED: &[(u32, &str)] = &[
 ];
 
 /// The file-system calls of session checkpoints (`snapshot::checkpoint`, `daemon::sessions`):
-/// durable writes, atomic renames, the folder per session, listing them after a restart.
+/// durable (vectored) writes with their writeback started early, atomic renames, the folder per session, listing them after a restart.
 const SESSION_FILES: &[(u32, &str)] = &[
+    (20, "writev"),
     (74, "fsync"),
     (75, "fdatasync"),
     (82, "rename"),
     (83, "mkdir"),
     (217, "getdents64"),
+    (277, "sync_file_range"),
     (258, "mkdirat"),
     (263, "unlinkat"),
     (264, "renameat"),

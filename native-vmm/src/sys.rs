@@ -291,6 +291,14 @@ pub fn shutdown_read(fd: c_int) -> io::Result<()> {
     check(unsafe { libc::shutdown(fd, libc::SHUT_RD) }).map(drop)
 }
 
+/// sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE): starts the writeback of every dirty page
+/// of the file without waiting for it (a later fdatasync then waits for less); no durability
+/// on its own.
+pub fn start_writeback(fd: c_int) -> io::Result<()> {
+    // SAFETY: sync_file_range takes integers only.
+    check(unsafe { libc::sync_file_range(fd, 0, 0, libc::SYNC_FILE_RANGE_WRITE) }).map(drop)
+}
+
 /// mallopt(M_ARENA_MAX, arenas): glibc's default limit (8 per core) set explicitly, so that
 /// malloc never needs to count the CPUs (by opening /sys/devices/system/cpu/online).
 pub fn limit_malloc_arenas(arenas: usize) -> io::Result<()> {

@@ -101,6 +101,8 @@ pub struct TakenCheckpoint {
     pub capture: Duration,
     /// Writing it durably.
     pub write: Duration,
+    /// CPU time the VM's thread spent on both (waiting for the disk or for a core excluded).
+    pub cpu: Duration,
 }
 
 /// What a session is doing.
@@ -561,7 +563,7 @@ impl Sessions {
         if pause && matches!(*session.lock(), Slot::Paused) {
             // Already paused: its newest checkpoint is its state.
             let newest = self.info(id)?.checkpoints.pop().ok_or_else(|| internal("a paused session", "has no checkpoint"))?;
-            return Ok(TakenCheckpoint { info: newest, capture: Duration::ZERO, write: Duration::ZERO });
+            return Ok(TakenCheckpoint { info: newest, capture: Duration::ZERO, write: Duration::ZERO, cpu: Duration::ZERO });
         }
         if matches!(*session.lock(), Slot::Ended(_)) {
             return refuse(ErrorCode::SessionEnded, format!("session '{id}' has ended; fork it from a checkpoint"));
@@ -572,21 +574,22 @@ impl Sessions {
         // Recorded and written from the stopped VM's memory on its own thread; a pause releases
         // the VM only once its checkpoint is on disk.
         let (written, _, released) = self.on_live(&session, &mut slot, move |vm| {
+            let cpu_before = thread_cpu_time();
             let capturing = Instant::now();
             let checkpoint = Checkpoint::capture(&template, vm.guest.mem, vm.guest.cpu.as_mut(), &vm.guest.process, vm.guest.call)?;
             let capture = capturing.elapsed();
             let writing = Instant::now();
             let written = checkpoint.write_durably(&dir, &checkpoint_name(number))?;
             vm.release = pause;
-            Ok::<_, io::Error>((written, checkpoint.dirty_bytes, capture, writing.elapsed()))
+            Ok::<_, io::Error>((written, checkpoint.dirty_bytes, capture, writing.elapsed(), thread_cpu_time().saturating_sub(cpu_before)))
         })?;
         if released {
             self.set_slot(&mut slot, Slot::Paused);
         }
-        let (Written { hash, file_bytes }, dirty_bytes, capture, write) = written.map_err(|e| internal("writing the checkpoint", e))?;
+        let (Written { hash, file_bytes }, dirty_bytes, capture, write, cpu) = written.map_err(|e| internal("writing the checkpoint", e))?;
         self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(session.dir.join(checkpoint_name(number)), hash);
         let info = CheckpointInfo { number, sha256: sha256::to_hex(&hash), file_bytes, dirty_bytes };
-        Ok(TakenCheckpoint { info, capture, write })
+        Ok(TakenCheckpoint { info, capture, write, cpu })
     }
 
     /// Resumes a paused session (a running one is left as it is); says how long it took.

@@ -13,20 +13,28 @@
 //! body        template identity (name, image hash, agent hash, memory size)
 //!             the AWAIT_REQUEST call's six arguments
 //!             CPU state (file::encode_cpu), process state (length-prefixed)
-//!             page runs: count, then per run its guest address and its bytes (whole pages)
+//!             page runs: count, then per run its guest address and its length
+//!             zeros up to the next 4 KiB of the file
+//!             the runs' pages, back to back (every run at a 4 KiB file offset)
+//!             4064 zeros
 //! 32 bytes    SHA-256 of header and body
 //! ```
 //!
-//! Durability (`Checkpoint::write_durably`, from the stopped VM's memory, hashed as it is
-//! written): the file is written under a temporary name,
-//! fdatasync'ed, renamed to its final name and the directory fsync'ed, in that order, before
-//! the checkpoint is reported written. A crash at any instant leaves either no file under the
+//! The pages sit at 4 KiB file offsets and the file is whole 4 KiB blocks: it is written in a
+//! few vectored writes straight from guest memory, whole page-cache pages each, and a page run
+//! can be mapped from the file where it is.
+//!
+//! Durability (`Checkpoint::write_durably`): the file is written under a temporary name
+//! straight from the stopped VM's memory, its writeback started, the same bytes hashed while
+//! the disk takes them, the hash appended, then fdatasync'ed, renamed to its final name and
+//! the directory fsync'ed, in that order, before the checkpoint is reported written. A crash at any instant leaves either no file under the
 //! final name (the temporary is removed at the next start) or the whole, synced file. A file
 //! that does not verify (a torn or damaged write the disk acknowledged) is refused by `open`
 //! with why, and the session falls back to its previous checkpoint (`daemon::sessions`).
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use sha2::Digest;
@@ -39,12 +47,16 @@ use crate::memory::GuestMemory;
 use crate::process::GuestProcess;
 
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+const BLOCK: usize = crate::layout::PAGE_SIZE as usize;
+
+/// A block of the file that is not guest memory (head, tail).
+type Block = [u8; BLOCK];
 
 /// A session VM's state, recorded: its small parts encoded, its pages still in guest memory,
 /// from where `write_durably` writes and hashes them without a copy.
 pub struct Checkpoint<'m> {
-    /// Identity, call, CPU and process state, and the page-run count.
+    /// Identity, call, CPU and process state, and the page-run table.
     meta: Vec<u8>,
     ranges: Vec<(u64, u64)>,
     mem: &'m GuestMemory,
@@ -78,6 +90,10 @@ impl<'m> Checkpoint<'m> {
         process.encode_state(&mut state).map_err(|why| io::Error::new(io::ErrorKind::InvalidData, format!("process state: {why}")))?;
         e.bytes(&state.into_bytes());
         e.len(ranges.len());
+        for &(start, end) in &ranges {
+            e.u64(start);
+            e.u64(end - start);
+        }
         let dirty_bytes = ranges.iter().map(|(start, end)| end - start).sum();
         Ok(Checkpoint { meta: e.into_bytes(), ranges, mem, dirty_bytes })
     }
@@ -85,36 +101,66 @@ impl<'m> Checkpoint<'m> {
     /// Writes the file as `dir/name` durably (module docs): temporary name, fdatasync, rename,
     /// directory fsync. On error nothing is left under `name` that was not there before.
     pub fn write_durably(&self, dir: &Path, name: &str) -> io::Result<Written> {
-        let body_len = self.meta.len() + self.ranges.iter().map(|(start, end)| 16 + (end - start) as usize).sum::<usize>();
+        let head = self.head();
+        let pages = self.ranges.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{name}"));
         let written = (|| {
-            let mut out = File::create(&temporary)?;
+            let out = File::create(&temporary)?;
+            let mut slices: Vec<IoSlice<'_>> = head.iter().map(|block| IoSlice::new(block)).chain(pages.iter().map(|run| IoSlice::new(run))).collect();
+            write_all_vectored(&out, &mut slices)?;
+            // The disk takes the pages while they are hashed.
+            crate::sys::start_writeback(out.as_raw_fd())?;
             let mut hasher = Sha256::new();
-            let mut put = |bytes: &[u8]| -> io::Result<()> {
-                hasher.update(bytes);
-                out.write_all(bytes)
-            };
-            put(&file::header(&MAGIC, FORMAT_VERSION, body_len))?;
-            put(&self.meta)?;
-            for &(start, end) in &self.ranges {
-                let mut run = [0u8; 16];
-                run[..8].copy_from_slice(&start.to_le_bytes());
-                run[8..].copy_from_slice(&(end - start).to_le_bytes());
-                put(&run)?;
-                self.mem.with_range(start, end - start, &mut put).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))??;
-            }
-            let hash: [u8; 32] = hasher.finalize().into();
-            out.write_all(&hash)?;
+            head.iter().for_each(|block| hasher.update(block));
+            pages.iter().for_each(|run| hasher.update(run));
+            hasher.update([0u8; BLOCK - file::HASH_LEN]);
+            let hash = <[u8; 32]>::from(hasher.finalize());
+            let mut tail = [0u8; BLOCK];
+            tail[BLOCK - file::HASH_LEN..].copy_from_slice(&hash);
+            (&out).write_all(&tail)?;
             out.sync_data()?;
             fs::rename(&temporary, dir.join(name))?;
             File::open(dir)?.sync_all()?;
-            Ok(Written { hash, file_bytes: (file::HEADER_LEN + body_len + file::HASH_LEN) as u64 })
+            let file_bytes = ((head.len() + 1) * BLOCK) as u64 + self.dirty_bytes;
+            Ok(Written { hash, file_bytes })
         })();
         if written.is_err() {
             let _ = fs::remove_file(&temporary);
         }
         written
     }
+
+    /// The file's first blocks: header and `meta`, zero-padded to a whole block.
+    fn head(&self) -> Vec<Block> {
+        let head_len = crate::layout::page_align_up((file::HEADER_LEN + self.meta.len()) as u64) as usize;
+        let body_len = head_len - file::HEADER_LEN + self.dirty_bytes as usize + BLOCK - file::HASH_LEN;
+        let mut bytes = file::header(&MAGIC, FORMAT_VERSION, body_len).to_vec();
+        bytes.extend_from_slice(&self.meta);
+        bytes
+            .chunks(BLOCK)
+            .map(|chunk| {
+                let mut block = [0u8; BLOCK];
+                block[..chunk.len()].copy_from_slice(chunk);
+                block
+            })
+            .collect()
+    }
+}
+
+/// Writes every byte of `slices` to `out` (a vectored write per at most IOV_MAX slices,
+/// continued after a short write).
+fn write_all_vectored(mut out: &File, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    const IOV_MAX: usize = 1024;
+    while !slices.is_empty() {
+        let n = slices.len().min(IOV_MAX);
+        match out.write_vectored(&slices[..n]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => IoSlice::advance_slices(&mut slices, written),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Files under this prefix in a session's folder are checkpoints being written; one left at a
@@ -152,16 +198,23 @@ impl<'f> OpenedCheckpoint<'f> {
         let process = GuestProcess::decode_state(&mut pd, template.process.config.vfs.image().clone(), output_cap)?;
         pd.finish("the process state")?;
         let n = d.count(16, "page run count")?;
-        let mut runs = Vec::with_capacity(n);
+        let mut table = Vec::with_capacity(n);
         for _ in 0..n {
             let start = d.u64("page run address")?;
-            let bytes = d.bytes("page run")?;
-            let whole_pages = start.is_multiple_of(crate::layout::PAGE_SIZE) && (bytes.len() as u64).is_multiple_of(crate::layout::PAGE_SIZE);
-            if !whole_pages || start.checked_add(bytes.len() as u64).is_none_or(|end| end > identity.mem_bytes) {
-                return Err(TemplateError::Corrupted(format!("page run at {start:#x} of {} bytes is not whole pages inside memory", bytes.len())));
+            let len = d.u64("page run length")?;
+            let whole_pages = start.is_multiple_of(crate::layout::PAGE_SIZE) && len.is_multiple_of(crate::layout::PAGE_SIZE);
+            if !whole_pages || start.checked_add(len).is_none_or(|end| end > identity.mem_bytes) {
+                return Err(TemplateError::Corrupted(format!("page run at {start:#x} of {len} bytes is not whole pages inside memory")));
             }
-            runs.push((start, bytes));
+            table.push((start, len));
         }
+        let at = file::HEADER_LEN + body.len() - d.remaining();
+        d.raw(crate::layout::page_align_up(at as u64) as usize - at, "padding before the pages")?;
+        let mut runs = Vec::with_capacity(n);
+        for (start, len) in table {
+            runs.push((start, d.raw(len as usize, "page run")?));
+        }
+        d.raw(BLOCK - file::HASH_LEN, "padding after the pages")?;
         d.finish("the checkpoint body")?;
         Ok(OpenedCheckpoint { hash, call, cpu, process, runs })
     }

@@ -112,7 +112,8 @@ const ALLOWED: &[(u32, &str)] = &[
 ];
 
 /// The file-system calls of session checkpoints (`snapshot::checkpoint`, `daemon::sessions`):
-/// durable (vectored) writes with their writeback started early, atomic renames, the folder per session, listing them after a restart.
+/// durable (vectored) writes with their writeback started early, vectored reads into a
+/// restored VM's memory, atomic renames, the folder per session, listing them after a restart.
 const SESSION_FILES: &[(u32, &str)] = &[
     (20, "writev"),
     (74, "fsync"),
@@ -121,6 +122,7 @@ const SESSION_FILES: &[(u32, &str)] = &[
     (83, "mkdir"),
     (217, "getdents64"),
     (277, "sync_file_range"),
+    (295, "preadv"),
     (258, "mkdirat"),
     (263, "unlinkat"),
     (264, "renameat"),

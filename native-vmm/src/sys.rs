@@ -299,6 +299,20 @@ pub fn start_writeback(fd: c_int) -> io::Result<()> {
     check(unsafe { libc::sync_file_range(fd, 0, 0, libc::SYNC_FILE_RANGE_WRITE) }).map(drop)
 }
 
+/// preadv(fd, slices, offset): reads the file from `offset` into the slices in order; returns
+/// how many bytes it read (fewer at the end of the file).
+pub fn preadv(fd: c_int, slices: &mut [std::io::IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
+    let count = c_int::try_from(slices.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many slices"))?;
+    // SAFETY: IoSliceMut is ABI-compatible with struct iovec on Unix (std documents it); every
+    // slice is a live, exclusively borrowed buffer for the duration of the call.
+    let read = unsafe { libc::preadv(fd, slices.as_mut_ptr() as *const libc::iovec, count, offset as libc::off_t) };
+    if read < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(read as usize)
+    }
+}
+
 /// mallopt(M_ARENA_MAX, arenas): glibc's default limit (8 per core) set explicitly, so that
 /// malloc never needs to count the CPUs (by opening /sys/devices/system/cpu/online).
 pub fn limit_malloc_arenas(arenas: usize) -> io::Result<()> {

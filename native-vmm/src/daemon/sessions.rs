@@ -35,10 +35,10 @@ use crate::daemon::response::ErrorCode;
 use crate::daemon::templates::Template as DaemonTemplate;
 use crate::fs::WORK_DIR;
 use crate::image::sha256;
-use crate::memory::{GuestMemory, MappedFile};
+use crate::memory::GuestMemory;
 use crate::process::Output;
-use crate::snapshot::checkpoint::{Checkpoint, OpenedCheckpoint, Written, TEMPORARY_PREFIX};
-use crate::snapshot::{ForkMemory, Template};
+use crate::snapshot::checkpoint::{self, Checkpoint, OpenedCheckpoint, Written, TEMPORARY_PREFIX};
+use crate::snapshot::{ForkMemory, Template, TemplateError};
 use crate::status::RunStatus;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
 
@@ -153,11 +153,11 @@ type Job = Box<dyn for<'m> FnOnce(&mut Vm<'m>) + Send>;
 /// Where a new session VM comes from.
 enum Origin {
     Template,
-    /// A checkpoint file, mapped; `reseed` for a fork (its branches must not share random
+    /// A checkpoint file, open (`checkpoint::open_file`); `reseed` for a fork (its branches must not share random
     /// state), not for a resume (the session goes on exactly as it was). `known_hash`: the
     /// hash this daemon computed when it wrote the file (`Sessions::written`), else None and
     /// the file is hashed to be verified.
-    Checkpoint { file: MappedFile, reseed: bool, known_hash: Option<[u8; 32]> },
+    Checkpoint { file: fs::File, reseed: bool, known_hash: Option<[u8; 32]> },
 }
 
 /// The handle of a live session VM's thread.
@@ -232,13 +232,17 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
             (guest.cpu, guest.process, guest.call, true)
         }
         Origin::Checkpoint { file, reseed, known_hash } => {
-            let opened = match OpenedCheckpoint::open(file.bytes(), template, 0, known_hash.as_ref()) {
+            let does_not_verify = |e: TemplateError| match e {
+                TemplateError::Io(e) => internal("reading the checkpoint", e),
+                e => SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {e}") },
+            };
+            let opened = match OpenedCheckpoint::open(file, template, 0, known_hash.as_ref()) {
                 Ok(opened) => opened,
-                Err(e) => return failed(SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {e}") }),
+                Err(e) => return failed(does_not_verify(e)),
             };
             mem = match opened.new_memory(template) {
                 Ok(mem) => mem,
-                Err(e) => return failed(internal("restoring the checkpoint's memory", e)),
+                Err(e) => return failed(does_not_verify(e)),
             };
             let cpu = match restore(&mem, &opened.cpu) {
                 Ok(cpu) => cpu,
@@ -615,10 +619,10 @@ impl Sessions {
         })
     }
 
-    /// Maps checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.
-    fn open_checkpoint(&self, session: &Session, number: u64) -> Result<(MappedFile, Option<[u8; 32]>), SessionError> {
+    /// Opens checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.
+    fn open_checkpoint(&self, session: &Session, number: u64) -> Result<(fs::File, Option<[u8; 32]>), SessionError> {
         let path = session.dir.join(checkpoint_name(number));
-        let file = MappedFile::open(&path).map_err(|e| match e.kind() {
+        let file = checkpoint::open_file(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => SessionError { code: ErrorCode::NotFound, message: format!("session '{}' has no checkpoint {number}", session.id) },
             _ => internal("reading the checkpoint", e),
         })?;

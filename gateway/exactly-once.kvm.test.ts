@@ -23,7 +23,7 @@ import { type DatabaseBackend, type OpenDatabase, openDatabase } from "../db/cli
 import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
 import { accounts, executions, usageLedger } from "../db/schema.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { type GatewayProcess, startGatewayProcess } from "./testing/gateway-process.js";
+import { type GatewayProcess, issueKey, startGatewayProcess } from "./testing/gateway-process.js";
 import { timeScale } from "./testing/kvm-tier.js";
 
 
@@ -98,15 +98,7 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
     dir = await mkdtemp(join(tmpdir(), "sfk-x1-"));
     if (backend === "postgres") fresh = await freshDatabase("postgres", { maxConnections: 2 });
     gateway = await start();
-    const admin = gateway.admin;
-    if (admin === undefined) throw new Error(`no admin key printed:\n${gateway.log.join("\n")}`);
-    const created = await fetch(`${gateway.url}/v1/keys`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${admin.key}`, "content-type": "application/json" },
-      body: JSON.stringify({ name: "exactly-once", credits: GRANT, rate_limit_per_minute: 1_000_000, max_concurrency: 100 }),
-    });
-    const key = (await created.json()) as { key: string; account_id: string };
-    caller = { key: key.key, accountId: key.account_id };
+    caller = await issueKey(gateway, "exactly-once", GRANT);
   });
 
   afterAll(async () => {

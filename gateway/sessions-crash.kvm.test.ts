@@ -14,7 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { type GatewayProcess, startGatewayProcess } from "./testing/gateway-process.js";
+import { type GatewayProcess, issueKey, startGatewayProcess } from "./testing/gateway-process.js";
 import { timeScale } from "./testing/kvm-tier.js";
 
 /** Checkpoints in a loop for this long before the kill. */
@@ -45,14 +45,7 @@ describe("a session's acknowledged checkpoints under SIGKILL of the gateway and 
   beforeAll(async () => {
     dir = await mkdtemp(join(tmpdir(), "sfk-sessions-crash-"));
     gateway = await start();
-    const admin = gateway.admin;
-    if (admin === undefined) throw new Error(`no admin key printed:\n${gateway.log.join("\n")}`);
-    const created = await fetch(`${gateway.url}/v1/keys`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${admin.key}`, "content-type": "application/json" },
-      body: JSON.stringify({ name: "sessions-crash", credits: 10_000_000, rate_limit_per_minute: 1_000_000, max_concurrency: 100 }),
-    });
-    key = ((await created.json()) as { key: string }).key;
+    key = (await issueKey(gateway, "sessions-crash", 10_000_000)).key;
   }, TEST_TIMEOUT_MS);
 
   afterAll(async () => {

@@ -113,6 +113,20 @@ export async function startGatewayProcess(options: GatewayProcessOptions): Promi
   };
 }
 
+/** A key made with the admin key its first start printed: `credits` and limits no test reaches. */
+export async function issueKey(gateway: GatewayProcess, name: string, credits: number): Promise<{ key: string; accountId: string }> {
+  const admin = gateway.admin;
+  if (admin === undefined) throw new Error(`no admin key printed:\n${gateway.log.join("\n")}`);
+  const created = await fetch(`${gateway.url}/v1/keys`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${admin.key}`, "content-type": "application/json" },
+    body: JSON.stringify({ name, credits, rate_limit_per_minute: 1_000_000, max_concurrency: 100 }),
+  });
+  if (created.status !== 201) throw new Error(`POST /v1/keys answered ${created.status}: ${await created.text()}`);
+  const key = (await created.json()) as { key: string; account_id: string };
+  return { key: key.key, accountId: key.account_id };
+}
+
 async function kill(child: ChildProcess, exited: Promise<void>, signal: NodeJS.Signals): Promise<void> {
   if (child.exitCode === null && child.signalCode === null) child.kill(signal);
   await exited;

@@ -37,7 +37,7 @@ use crate::fs::WORK_DIR;
 use crate::image::sha256;
 use crate::memory::GuestMemory;
 use crate::process::Output;
-use crate::snapshot::checkpoint::{self, Checkpoint, OpenedCheckpoint, Written, TEMPORARY_PREFIX};
+use crate::snapshot::checkpoint::{self, Checkpoint, CheckpointFile, OpenedCheckpoint, Written, TEMPORARY_PREFIX};
 use crate::snapshot::{ForkMemory, Template, TemplateError};
 use crate::status::RunStatus;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
@@ -153,11 +153,11 @@ type Job = Box<dyn for<'m> FnOnce(&mut Vm<'m>) + Send>;
 /// Where a new session VM comes from.
 enum Origin {
     Template,
-    /// A checkpoint file, open (`checkpoint::open_file`); `reseed` for a fork (its branches must not share random
-    /// state), not for a resume (the session goes on exactly as it was). `known_hash`: the
+    /// A checkpoint file, open (`checkpoint::open_file`); `reseed` for a fork (its branches
+    /// must not share random state), not for a resume (the session goes on exactly as it was). `known_hash`: the
     /// hash this daemon computed when it wrote the file (`Sessions::written`), else None and
     /// the file is hashed to be verified.
-    Checkpoint { file: fs::File, reseed: bool, known_hash: Option<[u8; 32]> },
+    Checkpoint { file: CheckpointFile, reseed: bool, known_hash: Option<[u8; 32]> },
 }
 
 /// The handle of a live session VM's thread.
@@ -620,7 +620,7 @@ impl Sessions {
     }
 
     /// Opens checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.
-    fn open_checkpoint(&self, session: &Session, number: u64) -> Result<(fs::File, Option<[u8; 32]>), SessionError> {
+    fn open_checkpoint(&self, session: &Session, number: u64) -> Result<(CheckpointFile, Option<[u8; 32]>), SessionError> {
         let path = session.dir.join(checkpoint_name(number));
         let file = checkpoint::open_file(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => SessionError { code: ErrorCode::NotFound, message: format!("session '{}' has no checkpoint {number}", session.id) },

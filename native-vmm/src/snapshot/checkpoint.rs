@@ -118,7 +118,7 @@ impl<'m> Checkpoint<'m> {
         let pages = self.ranges.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{name}"));
         let written = (|| {
-            let out = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
+            let out = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?.file;
             let mut slices: Vec<IoSlice<'_>> = head.iter().map(|block| IoSlice::new(&block.0)).chain(pages.iter().map(|run| IoSlice::new(run))).collect();
             write_all_vectored(&out, &mut slices)?;
             // Where the write went to the page cache (no O_DIRECT), the disk takes the pages
@@ -177,17 +177,24 @@ fn write_all_vectored(mut out: &File, mut slices: &mut [IoSlice<'_>]) -> io::Res
     Ok(())
 }
 
+/// A checkpoint file, open.
+pub struct CheckpointFile {
+    file: File,
+    /// Opened with O_DIRECT: reads go from the disk straight into their buffers.
+    direct: bool,
+}
+
 /// Opens `path` with `options` and O_DIRECT, or without it where the file system refuses it
 /// (EINVAL: tmpfs, some overlays).
-fn open_direct(options: &mut OpenOptions, path: &Path) -> io::Result<File> {
+fn open_direct(options: &mut OpenOptions, path: &Path) -> io::Result<CheckpointFile> {
     match options.clone().custom_flags(libc::O_DIRECT).open(path) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => options.open(path),
-        opened => opened,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(CheckpointFile { file: options.open(path)?, direct: false }),
+        opened => Ok(CheckpointFile { file: opened?, direct: true }),
     }
 }
 
 /// Opens a checkpoint file for `OpenedCheckpoint::open` (O_DIRECT where the file system has it).
-pub fn open_file(path: &Path) -> io::Result<File> {
+pub fn open_file(path: &Path) -> io::Result<CheckpointFile> {
     open_direct(OpenOptions::new().read(true), path)
 }
 
@@ -201,7 +208,7 @@ pub struct OpenedCheckpoint {
     pub call: [u64; 6],
     pub cpu: CpuSnapshot,
     pub process: GuestProcess,
-    file: File,
+    file: CheckpointFile,
     head: Vec<Block>,
     /// The page runs `(guest address, length)`, back to back in the file from `head`'s end.
     runs: Vec<(u64, u64)>,
@@ -215,7 +222,8 @@ impl OpenedCheckpoint {
     /// hash this process computed while writing it: a file is never changed in place), that the
     /// stored hash is that one. The content hash itself is checked by `new_memory`, which reads
     /// the pages. The process's output is capped at `output_cap`.
-    pub fn open(file: File, template: &Template, output_cap: u64, known_hash: Option<&[u8; 32]>) -> Result<OpenedCheckpoint, TemplateError> {
+    pub fn open(opened: CheckpointFile, template: &Template, output_cap: u64, known_hash: Option<&[u8; 32]>) -> Result<OpenedCheckpoint, TemplateError> {
+        let file = &opened.file;
         let len = file.metadata()?.len();
         let mut first = ZERO_BLOCK;
         // One read: O_DIRECT reads whole blocks, and a file shorter than one is refused below.
@@ -280,18 +288,22 @@ impl OpenedCheckpoint {
         if head_len.saturating_add(pages).saturating_add(BLOCK as u64) != len {
             return Err(TemplateError::Corrupted(format!("page runs of {pages} bytes in a file of {len} with a head of {head_len}")));
         }
-        Ok(OpenedCheckpoint { hash, call, cpu, process, file, head, runs, known_hash: known_hash.copied() })
+        Ok(OpenedCheckpoint { hash, call, cpu, process, file: opened, head, runs, known_hash: known_hash.copied() })
     }
 
     /// A new copy-on-write fork of `template` holding this checkpoint's pages, read from the
-    /// file straight into it (made present in one call per run first: the read would fault each
-    /// page in), then, unless its hash was known, the whole file's content hash checked.
+    /// file straight into it, then, unless its hash was known, the whole file's content hash
+    /// checked. An O_DIRECT read makes the pages present itself, in one pass as it pins them;
+    /// through the page cache they are made present in one call per run first (the copy would
+    /// fault each in).
     pub fn new_memory(&self, template: &Template) -> Result<GuestMemory, TemplateError> {
         let mem = template.new_memory(super::ForkMemory::CopyOnWrite)?;
-        for &(start, len) in &self.runs {
-            mem.populate_for_write(start, len)?;
+        if !self.file.direct {
+            for &(start, len) in &self.runs {
+                mem.populate_for_write(start, len)?;
+            }
         }
-        mem.read_runs_from(&self.file, (self.head.len() * BLOCK) as u64, &self.runs)?;
+        mem.read_runs_from(&self.file.file, (self.head.len() * BLOCK) as u64, &self.runs)?;
         if self.known_hash.is_none() {
             let mut hasher = Sha256::new();
             self.head.iter().for_each(|block| hasher.update(block.0));

@@ -510,6 +510,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn runs_are_read_from_a_file_back_to_back_and_bad_runs_refused() {
+        let path = std::env::temp_dir().join(format!("sandfork-runs-{}", std::process::id()));
+        let contents: Vec<u8> = (0..3 * 4096u32).map(|i| (i / 4096 + 1) as u8).collect();
+        std::fs::write(&path, &contents).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let mem = GuestMemory::new(64 * 1024).unwrap();
+        mem.read_runs_from(&file, 4096, &[(0x2000, 4096), (0x8000, 4096)]).unwrap();
+        assert_eq!(mem.read_vec(0x2000, 4096).unwrap(), vec![2u8; 4096]);
+        assert_eq!(mem.read_vec(0x8000, 4096).unwrap(), vec![3u8; 4096]);
+        assert_eq!(mem.read_vec(0x3000, 4096).unwrap(), vec![0u8; 4096], "nothing between the runs");
+        assert_eq!(mem.read_runs_from(&file, 0, &[(0x2000, 8192), (0x3000, 4096)]).unwrap_err().kind(), io::ErrorKind::InvalidInput, "overlapping");
+        assert_eq!(mem.read_runs_from(&file, 0, &[(60 * 1024, 8192)]).unwrap_err().kind(), io::ErrorKind::InvalidInput, "outside memory");
+        assert_eq!(mem.read_runs_from(&file, 8192, &[(0, 8192)]).unwrap_err().kind(), io::ErrorKind::UnexpectedEof, "past the file's end");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn accessors_reject_ranges_outside_memory() {
         let mem = GuestMemory::new(64 * 1024).unwrap();
         mem.write_u64(0x1000, 0xdead_beef).unwrap();

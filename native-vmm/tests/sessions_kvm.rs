@@ -256,7 +256,7 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
 /// detected by its content hash: the session resumes from the one before, and a fork from the
 /// damaged one is refused.
 #[test]
-fn a_damaged_newest_checkpoint_is_detected_and_the_previous_one_kept() {
+fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
     let dir = scratch("sessions-torn");
     let mut daemon = Daemon::start(&dir);
     let mut s = daemon.client();
@@ -264,17 +264,24 @@ fn a_damaged_newest_checkpoint_is_detected_and_the_previous_one_kept() {
     s.cell("torn", "state = 'first'");
     let first = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "torn"}));
     s.cell("torn", "state = 'second'");
-    let second = s.expect("checkpoint", json!({"type": "session_pause", "session": "torn"}));
+    let second = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "torn"}));
+    s.cell("torn", "state = 'third'");
+    let third = s.expect("checkpoint", json!({"type": "session_pause", "session": "torn"}));
     daemon.kill();
-    let newest = dir.join("sessions/torn").join(format!("{:012}.sfck", u64_of(&second, "checkpoint")));
-    let length = std::fs::metadata(&newest).unwrap().len();
-    let file = std::fs::OpenOptions::new().write(true).open(&newest).unwrap();
-    file.set_len(length / 2).unwrap();
-    drop(file);
+    let path = |taken: &Value| dir.join("sessions/torn").join(format!("{:012}.sfck", u64_of(taken, "checkpoint")));
+    // The newest torn short; the one before it whole but with a byte of its pages changed.
+    let length = std::fs::metadata(path(&third)).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(path(&third)).unwrap().set_len(length / 2).unwrap();
+    let mut flipped = std::fs::read(path(&second)).unwrap();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x40;
+    std::fs::write(path(&second), &flipped).unwrap();
     daemon.restart();
     let mut s = daemon.client();
-    let refused = s.call(json!({"type": "session_fork", "session": "from-torn", "from": "torn", "checkpoint": u64_of(&second, "checkpoint")}));
-    assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
-    assert!(str_of(&refused, "message").contains("truncated"), "{refused}");
+    for (taken, why) in [(&third, "truncated"), (&second, "content hash")] {
+        let refused = s.call(json!({"type": "session_fork", "session": "from-torn", "from": "torn", "checkpoint": u64_of(taken, "checkpoint")}));
+        assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
+        assert!(str_of(&refused, "message").contains(why), "{refused}");
+    }
     assert_eq!(s.cell("torn", "state"), Some("'first'".into()), "resumed from checkpoint {}", u64_of(&first, "checkpoint"));
 }

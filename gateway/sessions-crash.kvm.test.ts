@@ -24,7 +24,7 @@ import { timeScale } from "./testing/kvm-tier.js";
  */
 const MIN_LOAD_MS = 1_000;
 const MIN_ACKNOWLEDGED = 4;
-const MAX_LOAD_MS = 60_000 * timeScale;
+const MAX_LOAD_MS = 30_000 * timeScale;
 const REQUEST_TIMEOUT_MS = 20_000 * timeScale;
 const TEST_TIMEOUT_MS = 120_000 * timeScale;
 

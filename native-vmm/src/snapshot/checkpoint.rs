@@ -25,15 +25,17 @@
 //! between guest memory and the disk with O_DIRECT (`open_direct`): written in a few vectored
 //! writes straight from guest memory and read back straight into a restored VM's memory, by the
 //! disk, through no page cache (whose fresh pages cost more than the copy itself under PVM).
-//! Where the file system refuses O_DIRECT (tmpfs), the same calls go through the page cache.
+//! Where the file system refuses O_DIRECT (ramfs; tmpfs on older kernels), the same calls go
+//! through the page cache (`bench sessions --dir` on a ramfs ran so).
 //!
 //! Durability (`Checkpoint::write_durably`): the file is written under a temporary name
 //! straight from the stopped VM's memory, the same bytes hashed, the hash appended, then
 //! fdatasync'ed, renamed to its final name and the directory fsync'ed, in that order, before
 //! the checkpoint is reported written. A crash at any instant leaves either no file under the
 //! final name (the temporary is removed at the next start) or the whole, synced file. A file
-//! that does not verify (a torn or damaged write the disk acknowledged) is refused by `open`
-//! with why, and the session falls back to its previous checkpoint (`daemon::sessions`).
+//! that does not verify (a torn or damaged write the disk acknowledged) is refused with why, by
+//! `OpenedCheckpoint::open` (header, lengths) or `new_memory` (content hash), and the session
+//! falls back to its previous checkpoint (`daemon::sessions`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Write};
@@ -185,7 +187,7 @@ pub struct CheckpointFile {
 }
 
 /// Opens `path` with `options` and O_DIRECT, or without it where the file system refuses it
-/// (EINVAL: tmpfs, some overlays).
+/// (EINVAL: ramfs, tmpfs on older kernels).
 fn open_direct(options: &mut OpenOptions, path: &Path) -> io::Result<CheckpointFile> {
     match options.clone().custom_flags(libc::O_DIRECT).open(path) {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(CheckpointFile { file: options.open(path)?, direct: false }),

@@ -129,6 +129,8 @@ pub struct GuestProcess {
     pub(crate) output: Output,
     pub(crate) signals: SignalState,
     pub(crate) umask: u32,
+    /// The nice value (setpriority; only raised, as for an unprivileged process).
+    pub(crate) nice: i32,
     /// The threads: per-thread state, waits and the run queue.
     pub(crate) threads: Threads,
     /// The request the agent's AWAIT_REQUEST call is answered with (`crate::agent`); None
@@ -160,6 +162,7 @@ impl GuestProcess {
             output,
             signals,
             umask: 0o022,
+            nice: 0,
             threads: Threads::new(DEFAULT_THREAD_LIMIT),
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,
@@ -280,8 +283,8 @@ impl GuestProcess {
         }
         e.u64(self.signals.pending);
         e.u32(self.umask);
+        e.u32(self.nice as u32);
         self.threads.encode_state(e)
-
     }
 
     /// The process `encode_state` wrote, over `image`, with empty output capped at
@@ -301,6 +304,7 @@ impl GuestProcess {
         }
         let signals = SignalState { actions, pending: d.u64("pending signals")? };
         let umask = d.u32("umask")?;
+        let nice = d.u32("nice")? as i32;
         let threads = Threads::decode_state(d)?;
         let config = ProcessConfig { vfs, cwd: cwd_path, stdin, output_cap, mem_limit };
         Ok(GuestProcess {
@@ -312,6 +316,7 @@ impl GuestProcess {
             output: Output::new(output_cap),
             signals,
             umask,
+            nice,
             threads,
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,

@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cpython::{compare_module, compat_modules, print_comparison};
+use common::cpython::{compare_module, compat_modules, print_header, print_row, print_total};
 
 /// One module's limit in the VM (test_unittest and test_asyncio.test_events take minutes).
 const MODULE_LIMIT: Duration = Duration::from_secs(900);
@@ -25,9 +25,17 @@ fn native_passes_pass_in_the_vm() {
         "all" => (compat_modules(false), false),
         list => (list.split_whitespace().map(str::to_owned).collect(), false),
     };
-    let results: Vec<_> = modules.iter().map(|m| compare_module(m, MODULE_LIMIT)).collect();
     let report = common::scratch_dir().join("cpython-compat");
-    let (kept, of) = print_comparison(&results, &report);
+    print_header();
+    let results: Vec<_> = modules
+        .iter()
+        .map(|m| {
+            let r = compare_module(m, MODULE_LIMIT);
+            print_row(&r, &report);
+            r
+        })
+        .collect();
+    let (kept, of) = print_total(&results, &report);
     assert!(of > 0, "no test passed natively");
     if short {
         for r in &results {

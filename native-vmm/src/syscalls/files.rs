@@ -18,11 +18,11 @@ use crate::status::RunStatus;
 /// the host memory a single call can make the VMM allocate.
 const MAX_IO: u64 = 1 << 20;
 
-const AT_FDCWD: i32 = -100;
-const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
+pub(super) const AT_FDCWD: i32 = -100;
+pub(super) const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
 const AT_REMOVEDIR: u64 = 0x200;
 const AT_EACCESS: u64 = 0x200;
-const AT_EMPTY_PATH: u64 = 0x1000;
+pub(super) const AT_EMPTY_PATH: u64 = 0x1000;
 const AT_NO_AUTOMOUNT: u64 = 0x800;
 const AT_STATX_SYNC_TYPE: u64 = 0x6000;
 
@@ -131,7 +131,7 @@ fn statx_bytes(s: &Stat) -> [u8; 256] {
     b
 }
 
-fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
+pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
     match proc.fds.get(fd)?.object {
         Object::Node(node) => proc.config.vfs.stat(node),
         Object::Socket { .. } => Ok(stream_stat(fd, S_IFSOCK)),
@@ -605,7 +605,7 @@ pub(crate) fn fstat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
 }
 
 /// The node a stat-family call names: dirfd + path, or dirfd itself with AT_EMPTY_PATH.
-fn stat_target(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64, flags: u64) -> Result<Stat, Errno> {
+pub(super) fn stat_target(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64, flags: u64) -> Result<Stat, Errno> {
     let path_bytes = user.read_path(path)?;
     if path_bytes.is_empty() {
         if flags & AT_EMPTY_PATH == 0 {

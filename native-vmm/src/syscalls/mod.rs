@@ -10,6 +10,7 @@ mod futex;
 mod ids;
 mod memory;
 mod misc;
+mod ownership;
 mod poll;
 mod signals;
 mod sockets;

@@ -7,8 +7,8 @@
 //!   (socket(2) fails with EACCES for every family, as under a seccomp or firewall policy;
 //!   only in-memory AF_UNIX socketpairs exist, see sockets.rs), no other process (fork, vfork,
 //!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
-//!   children to wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an
-//!   unprivileged user), and rseq, which glibc probes and tolerates missing.
+//!   children to wait for (ECHILD), no identity changes (EPERM: the guest is an unprivileged
+//!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), and rseq, which glibc probes and tolerates missing.
 //! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
 //!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
 //!   leave the program running on a false premise. rt_sigreturn is only reached at the end of a
@@ -20,7 +20,7 @@
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS and
 //! `Stop` answers are also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{epoll, files, futex, ids, memory, misc, poll, signals, sockets, threads, time, SysResult, UserMemory};
+use super::{epoll, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -54,6 +54,8 @@ const fn stop(nr: u64, name: &'static str) -> SyscallEntry {
 
 const NO_NETWORK: Errno = Errno::EACCES;
 const NO_PROCESSES: Errno = Errno::ENOSYS;
+/// The file systems have no extended attributes, as one mounted without them answers.
+const NO_XATTRS: Errno = Errno::EOPNOTSUPP;
 
 /// Sorted by number (a unit test checks it).
 pub static TABLE: &[SyscallEntry] = &[
@@ -131,9 +133,9 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(89, "readlink", files::readlink),
     emulate(90, "chmod", files::chmod),
     emulate(91, "fchmod", files::fchmod),
-    refuse(92, "chown", Errno::EPERM),
-    refuse(93, "fchown", Errno::EPERM),
-    refuse(94, "lchown", Errno::EPERM),
+    emulate(92, "chown", ownership::chown),
+    emulate(93, "fchown", ownership::fchown),
+    emulate(94, "lchown", ownership::lchown),
     emulate(95, "umask", ids::umask),
     emulate(96, "gettimeofday", time::gettimeofday),
     emulate(97, "getrlimit", misc::getrlimit),
@@ -161,9 +163,23 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(131, "sigaltstack", signals::sigaltstack),
     emulate(137, "statfs", files::statfs),
     emulate(138, "fstatfs", files::fstatfs),
+    emulate(140, "getpriority", ownership::getpriority),
+    emulate(141, "setpriority", ownership::setpriority),
     emulate(158, "arch_prctl", threads::arch_prctl),
     emulate(160, "setrlimit", misc::setrlimit),
     emulate(186, "gettid", threads::gettid),
+    refuse(188, "setxattr", NO_XATTRS),
+    refuse(189, "lsetxattr", NO_XATTRS),
+    refuse(190, "fsetxattr", NO_XATTRS),
+    refuse(191, "getxattr", NO_XATTRS),
+    refuse(192, "lgetxattr", NO_XATTRS),
+    refuse(193, "fgetxattr", NO_XATTRS),
+    refuse(194, "listxattr", NO_XATTRS),
+    refuse(195, "llistxattr", NO_XATTRS),
+    refuse(196, "flistxattr", NO_XATTRS),
+    refuse(197, "removexattr", NO_XATTRS),
+    refuse(198, "lremovexattr", NO_XATTRS),
+    refuse(199, "fremovexattr", NO_XATTRS),
     emulate(200, "tkill", signals::tkill),
     emulate(201, "time", time::time),
     emulate(202, "futex", futex::futex),
@@ -182,7 +198,7 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(247, "waitid", Errno::ECHILD),
     emulate(257, "openat", files::openat),
     emulate(258, "mkdirat", files::mkdirat),
-    refuse(260, "fchownat", Errno::EPERM),
+    emulate(260, "fchownat", ownership::fchownat),
     emulate(262, "newfstatat", files::newfstatat),
     emulate(263, "unlinkat", files::unlinkat),
     emulate(264, "renameat", files::renameat),

@@ -35,8 +35,12 @@ pub fn test_image() -> Arc<Image> {
             let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python");
             let mut manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(templates.join("image.json")).unwrap()).unwrap();
             manifest["name"] = "python-cpython-tests".into();
-            // The agent is not needed; host paths of the others are absolute.
-            manifest["paths"].as_array_mut().unwrap().retain(|p| p.is_string());
+            // The agent is not needed; the template's own files are named from its folder.
+            let paths = manifest["paths"].as_array_mut().unwrap();
+            paths.retain(|p| p["guest"] != "/opt/sandfork/agent.py");
+            for path in paths.iter_mut().filter(|p| p.is_object()) {
+                path["host"] = templates.join(path["host"].as_str().unwrap()).to_str().unwrap().into();
+            }
             manifest["exclude"].as_array_mut().unwrap().retain(|e| {
                 let e = e.as_str().unwrap();
                 !(e.ends_with("/test") || e.ends_with("**/tests") || e.contains("/_test"))
@@ -218,28 +222,37 @@ pub fn share(kept: usize, of: usize) -> String {
     }
 }
 
-/// Prints one line per module and the total; writes every lost test and each VM run's output
-/// to `report_dir` (lost.txt, MODULE.log). Returns (kept, native passes) in total.
-pub fn print_comparison(results: &[ModuleComparison], report_dir: &Path) -> (usize, usize) {
-    std::fs::create_dir_all(report_dir).unwrap();
-    let mut lost_list = String::new();
+/// The header of `print_row`'s table.
+pub fn print_header() {
     println!("{:<28} {:>7} {:>7} {:>7} {:>8} {:>8}  VM run", "module", "native", "in VM", "share", "native s", "VM s");
+}
+
+/// One module's line: native passes, how many of them pass in the VM, the share, both times
+/// and how the VM run ended; its VM output goes to `report_dir`/MODULE.log.
+pub fn print_row(r: &ModuleComparison, report_dir: &Path) {
+    std::fs::create_dir_all(report_dir).unwrap();
+    std::fs::write(report_dir.join(format!("{}.log", r.module)), &r.vm_output).unwrap();
+    println!(
+        "{:<28} {:>7} {:>7} {:>7} {:>8.1} {:>8.1}  {}",
+        r.module,
+        r.native_passed.len(),
+        r.kept(),
+        share(r.kept(), r.native_passed.len()),
+        r.native_wall.as_secs_f64(),
+        r.vm_wall.as_secs_f64(),
+        r.vm_status
+    );
+}
+
+/// Prints the total and writes every lost test with its VM result to `report_dir`/lost.txt.
+/// Returns (kept, native passes).
+pub fn print_total(results: &[ModuleComparison], report_dir: &Path) -> (usize, usize) {
+    let mut lost_list = String::new();
     for r in results {
-        println!(
-            "{:<28} {:>7} {:>7} {:>7} {:>8.1} {:>8.1}  {}",
-            r.module,
-            r.native_passed.len(),
-            r.kept(),
-            share(r.kept(), r.native_passed.len()),
-            r.native_wall.as_secs_f64(),
-            r.vm_wall.as_secs_f64(),
-            r.vm_status
-        );
         for (id, result) in &r.lost {
             let result = result.map_or("not run (the run had ended)".to_owned(), |r| format!("{r:?}"));
             lost_list.push_str(&format!("{id}  {result}\n"));
         }
-        std::fs::write(report_dir.join(format!("{}.log", r.module)), &r.vm_output).unwrap();
     }
     let kept: usize = results.iter().map(ModuleComparison::kept).sum();
     let of: usize = results.iter().map(|r| r.native_passed.len()).sum();

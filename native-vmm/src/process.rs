@@ -8,6 +8,7 @@ mod epoll;
 mod fds;
 mod memory_map;
 mod output;
+pub mod signals;
 pub mod threads;
 
 use crate::fs::{Node, Vfs};
@@ -60,14 +61,16 @@ pub struct SigAction {
     pub mask: u64,
 }
 
-/// The process-wide signal state the program set. No signal is ever delivered: this is only
-/// what the program reads back (rt_sigaction's old action). The mask and the alternate stack
-/// are per thread (`threads::Thread`).
+/// The process-wide signal state: dispositions, signals pending for the process, and the
+/// real-time interval timer (delivery: `signals`). The mask, the alternate stack and
+/// thread-directed signals are per thread (`threads::Thread`).
 #[derive(Debug, Clone)]
 pub struct SignalState {
     pub actions: [SigAction; SIGNAL_COUNT],
-    /// Signals sent to the process while blocked (bit n-1 for signal n).
+    /// Signals sent to the process and not yet taken (bit n-1 for signal n).
     pub pending: u64,
+    /// setitimer(ITIMER_REAL) / alarm.
+    pub timer: Option<signals::RealTimer>,
 }
 
 /// Per-number system-call counters. Numbers above the x86-64 range share one bucket, so a
@@ -152,7 +155,7 @@ impl GuestProcess {
             .filter(|&node| vfs.kind(node) == Ok(crate::fs::FileKind::Directory))
             .unwrap_or_else(|| vfs.root());
         let output = Output::new(config.output_cap);
-        let signals = SignalState { actions: [SigAction::default(); SIGNAL_COUNT], pending: 0 };
+        let signals = SignalState { actions: [SigAction::default(); SIGNAL_COUNT], pending: 0, timer: None };
         GuestProcess {
             config,
             space,
@@ -268,6 +271,9 @@ impl GuestProcess {
         if self.output.total() > 0 {
             return Err("the program has written output");
         }
+        if self.signals.timer.is_some() {
+            return Err("an interval timer is armed");
+        }
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);
         e.u64(self.config.mem_limit);
@@ -302,7 +308,7 @@ impl GuestProcess {
         for action in actions.iter_mut() {
             *action = SigAction { handler: d.u64("sigaction")?, flags: d.u64("sigaction")?, restorer: d.u64("sigaction")?, mask: d.u64("sigaction")? };
         }
-        let signals = SignalState { actions, pending: d.u64("pending signals")? };
+        let signals = SignalState { actions, pending: d.u64("pending signals")?, timer: None };
         let umask = d.u32("umask")?;
         let nice = d.u32("nice")? as i32;
         let threads = Threads::decode_state(d)?;

@@ -8,17 +8,14 @@
 //!   only in-memory AF_UNIX socketpairs exist, see sockets.rs), no other process (fork, vfork,
 //!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
 //!   children to wait for (ECHILD), no identity changes (EPERM: the guest is an unprivileged
-//!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), and rseq, which glibc probes and tolerates missing.
-//! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
-//!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
-//!   leave the program running on a false premise. rt_sigreturn is only reached at the end of a
-//!   signal handler, which never runs (no signal is delivered), so reaching it means the stack
-//!   is not what the program believes; pause and rt_sigsuspend wait for a signal that can never
-//!   come. (A wait that no thread could ever end, e.g. an untimed futex wait while every other
-//!   thread waits too, ends the run as deadlocked: see `crate::sched`.)
+//!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), and rseq, which
+//!   glibc probes and tolerates missing.
 //!
-//! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS and
-//! `Stop` answers are also counted as unsupported (see `GuestProcess::unsupported_counts`).
+//! A wait that no thread could ever end (an untimed futex wait or pause while every other
+//! thread waits too and no timer is armed) ends the run as deadlocked: see `crate::sched`.
+//!
+//! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS answers are
+//! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
 use super::{epoll, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, SysResult, UserMemory};
 use crate::errno::Errno;
@@ -30,7 +27,6 @@ pub type Handler = fn(&mut GuestProcess, &UserMemory, [u64; 6]) -> SysResult;
 pub enum Policy {
     Emulate(Handler),
     Refuse(Errno),
-    Stop,
 }
 
 #[derive(Clone, Copy)]
@@ -46,10 +42,6 @@ const fn emulate(nr: u64, name: &'static str, handler: Handler) -> SyscallEntry 
 
 const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
     SyscallEntry { nr, name, policy: Policy::Refuse(errno) }
-}
-
-const fn stop(nr: u64, name: &'static str) -> SyscallEntry {
-    SyscallEntry { nr, name, policy: Policy::Stop }
 }
 
 const NO_NETWORK: Errno = Errno::EACCES;
@@ -74,7 +66,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(12, "brk", memory::brk),
     emulate(13, "rt_sigaction", signals::rt_sigaction),
     emulate(14, "rt_sigprocmask", signals::rt_sigprocmask),
-    stop(15, "rt_sigreturn"),
+    emulate(15, "rt_sigreturn", signals::rt_sigreturn),
     emulate(16, "ioctl", files::ioctl),
     emulate(17, "pread64", files::pread64),
     emulate(18, "pwrite64", files::pwrite64),
@@ -89,8 +81,11 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(28, "madvise", memory::madvise),
     emulate(32, "dup", files::dup),
     emulate(33, "dup2", files::dup2),
-    stop(34, "pause"),
+    emulate(34, "pause", signals::pause),
     emulate(35, "nanosleep", time::nanosleep),
+    emulate(36, "getitimer", signals::getitimer),
+    emulate(37, "alarm", signals::alarm),
+    emulate(38, "setitimer", signals::setitimer),
     emulate(39, "getpid", ids::getpid),
     refuse(41, "socket", NO_NETWORK),
     emulate(42, "connect", sockets::connect),
@@ -159,7 +154,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(121, "getpgid", ids::getpgid),
     emulate(124, "getsid", ids::getpgid),
     emulate(127, "rt_sigpending", signals::rt_sigpending),
-    stop(130, "rt_sigsuspend"),
+    emulate(130, "rt_sigsuspend", signals::rt_sigsuspend),
     emulate(131, "sigaltstack", signals::sigaltstack),
     emulate(137, "statfs", files::statfs),
     emulate(138, "fstatfs", files::fstatfs),

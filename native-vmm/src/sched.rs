@@ -274,7 +274,6 @@ impl Scheduler {
             cpu.set_syscall_return(value)?;
             return Ok(None);
         }
-        cpu.set_syscall_return(value)?;
         self.take_signal(cpu, process, mem, Some(value))
     }
 
@@ -284,6 +283,9 @@ impl Scheduler {
         let tid = process.threads.current_tid();
         if signals::ready_for(process, tid) == 0 {
             restore_suspended_mask(process);
+            if let Some(value) = returned {
+                cpu.set_syscall_return(value)?;
+            }
             return Ok(None);
         }
         let mut state = cpu.snapshot()?;
@@ -298,6 +300,10 @@ impl Scheduler {
                     state.regs.rax = nr;
                 }
             }
+        }
+        if let Some(value) = returned {
+            // Taken or not, the call returns `value` (a handler's frame holds it as well).
+            cpu.set_syscall_return(value)?;
         }
         self.run_handler(cpu, process, mem, state)
     }

@@ -25,7 +25,7 @@ fn native_passes_pass_in_the_vm() {
         "all" => (compat_modules(false), false),
         list => (list.split_whitespace().map(str::to_owned).collect(), false),
     };
-    let report = common::scratch_dir().join("cpython-compat");
+    let report = common::process_dir("cpython-compat");
     print_header();
     let results: Vec<_> = modules
         .iter()

@@ -111,20 +111,22 @@ pub enum TestResult {
     Skipped,
 }
 
-/// Every test's result from the "@@sandfork STATUS ID" lines of record_results.py (a test
-/// with a failed subtest, or reported twice, keeps its worst result).
-pub fn test_results(stderr: &str) -> BTreeMap<String, TestResult> {
+/// Every test's result, and the reason of a failure or skip, from the "@@sandfork STATUS ID
+/// [| REASON]" lines of record_results.py (a test with a failed subtest, or reported twice,
+/// keeps its worst result).
+pub fn test_results(stderr: &str) -> BTreeMap<String, (TestResult, String)> {
     let mut results = BTreeMap::new();
     for line in stderr.lines() {
-        let Some((status, id)) = line.strip_prefix("@@sandfork ").and_then(|l| l.split_once(' ')) else { continue };
+        let Some((status, rest)) = line.strip_prefix("@@sandfork ").and_then(|l| l.split_once(' ')) else { continue };
+        let (id, detail) = rest.split_once(" | ").unwrap_or((rest, ""));
         let result = match status {
             "pass" => TestResult::Passed,
             "skip" => TestResult::Skipped,
             _ => TestResult::Failed,
         };
-        let entry = results.entry(id.to_owned()).or_insert(result);
-        if result == TestResult::Failed {
-            *entry = TestResult::Failed;
+        let entry = results.entry(id.to_owned()).or_insert((result, detail.to_owned()));
+        if result == TestResult::Failed && entry.0 != TestResult::Failed {
+            *entry = (result, detail.to_owned());
         }
     }
     results
@@ -137,7 +139,7 @@ pub struct ModuleComparison {
     pub native_passed: BTreeSet<String>,
     /// Of those, the ones that did not pass in the VM, with what the VM run said of them
     /// (None: never reported, the run ended first).
-    pub lost: BTreeMap<String, Option<TestResult>>,
+    pub lost: BTreeMap<String, Option<(TestResult, String)>>,
     /// How the VM run ended, its wall time, and the native run's.
     pub vm_status: RunStatus,
     pub vm_wall: Duration,
@@ -200,8 +202,8 @@ pub fn compare_module(module: &str, timeout: Duration) -> ModuleComparison {
     let (native, native_wall) = native;
     let native_results = test_results(&String::from_utf8_lossy(&native.stderr));
     let vm_results = test_results(&String::from_utf8_lossy(&vm.stderr));
-    let native_passed: BTreeSet<String> = native_results.iter().filter(|(_, r)| **r == TestResult::Passed).map(|(id, _)| id.clone()).collect();
-    let lost = native_passed.iter().filter(|id| vm_results.get(*id) != Some(&TestResult::Passed)).map(|id| (id.clone(), vm_results.get(id).copied())).collect();
+    let native_passed: BTreeSet<String> = native_results.iter().filter(|(_, r)| r.0 == TestResult::Passed).map(|(id, _)| id.clone()).collect();
+    let lost = native_passed.iter().filter(|id| vm_results.get(*id).map(|r| r.0) != Some(TestResult::Passed)).map(|id| (id.clone(), vm_results.get(id).cloned())).collect();
     ModuleComparison {
         module: module.to_owned(),
         native_passed,
@@ -250,7 +252,7 @@ pub fn print_total(results: &[ModuleComparison], report_dir: &Path) -> (usize, u
     let mut lost_list = String::new();
     for r in results {
         for (id, result) in &r.lost {
-            let result = result.map_or("not run (the run had ended)".to_owned(), |r| format!("{r:?}"));
+            let result = result.as_ref().map_or("not run (the run had ended)".to_owned(), |(r, why)| format!("{r:?} {why}"));
             lost_list.push_str(&format!("{id}  {result}\n"));
         }
     }

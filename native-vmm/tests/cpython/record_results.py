@@ -1,18 +1,23 @@
 # Runs CPython's regression-test driver (`python -m test` arguments in sys.argv) and reports every
-# test's outcome on fd 2 as a line "@@sandfork STATUS TEST_ID" (STATUS: pass, fail, error, skip),
+# test's outcome on fd 2 as a line "@@sandfork STATUS TEST_ID" (STATUS: pass, fail, error, skip;
+# a failure or error adds " | " and the exception's last line, a skip its reason),
 # so that a run in the VM and a native run can be compared test by test (native-vmm/tests/common/
 # cpython.rs). The hooks sit on unittest's base TestResult, which regrtest's result class extends.
 import os
 import unittest.result as _result
 
 
-def _report(status, test_id):
-    os.write(2, ("\n@@sandfork %s %s\n" % (status, test_id)).encode())
+def _report(status, test_id, detail=None):
+    line = "%s %s" % (status, test_id)
+    if detail is not None:
+        reason = detail if isinstance(detail, str) else "%s: %s" % (detail[0].__name__, detail[1])
+        line += " | " + " ".join(reason.split())[:300]
+    os.write(2, ("\n@@sandfork %s\n" % line).encode(errors="replace"))
 
 
 def _hook(status, original):
     def hook(self, test, *rest):
-        _report(status, test.id())
+        _report(status, test.id(), rest[0] if rest and isinstance(rest[0], (str, tuple)) else None)
         return original(self, test, *rest)
     return hook
 
@@ -27,7 +32,7 @@ _add_subtest = _result.TestResult.addSubTest
 def _subtest(self, test, subtest, err):
     # A failed subtest fails its test (unittest then never calls addSuccess for it).
     if err is not None:
-        _report("fail", test.id())
+        _report("fail", test.id(), err)
     return _add_subtest(self, test, subtest, err)
 
 

@@ -15,7 +15,7 @@ use crate::fs::{Node, Vfs};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 pub use epoll::{EpollSet, Interest};
-pub use fds::{Description, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
+pub use fds::{Description, Endpoint, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
 pub use threads::{Threads, DEFAULT_THREAD_LIMIT};
@@ -273,6 +273,9 @@ impl GuestProcess {
         }
         if self.signals.timer.is_some() {
             return Err("an interval timer is armed");
+        }
+        if self.fds.has_addressed_sockets() {
+            return Err("a socket is bound, listening or connected by address");
         }
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);

@@ -190,13 +190,13 @@ try:
 except BlockingIOError:
     print('would block')
 try:
-    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 except OSError as e:
-    print('socket():', e.errno)
+    print('datagram socket():', e.errno)
 "#;
     assert_prints(
         code,
-        "AF_UNIX SOCK_STREAM ''\nEpollSelector\n[]\n[('b', 1)] b'hi' b' there'\nb'' 4 b'back'\nwould block\nsocket(): 13\n",
+        "AF_UNIX SOCK_STREAM ''\nEpollSelector\n[]\n[('b', 1)] b'hi' b' there'\nb'' 4 b'back'\nwould block\ndatagram socket(): 94\n",
     );
 }
 

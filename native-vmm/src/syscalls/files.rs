@@ -134,7 +134,7 @@ fn statx_bytes(s: &Stat) -> [u8; 256] {
 pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
     match proc.fds.get(fd)?.object {
         Object::Node(node) => proc.config.vfs.stat(node),
-        Object::Socket { .. } => Ok(stream_stat(fd, S_IFSOCK)),
+        Object::Socket { .. } | Object::Endpoint(_) => Ok(stream_stat(fd, S_IFSOCK)),
         Object::Epoll(_) => Ok(stream_stat(fd, 0)),
         Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => Ok(stream_stat(fd, S_IFIFO)),
     }
@@ -186,6 +186,7 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
         }
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
         Object::Epoll(_) => return Err(Errno::EINVAL),
+        Object::Endpoint(_) => return Err(Errno::ENOTCONN),
     };
     if at.is_none() {
         proc.fds.get_mut(fd)?.offset = offset + n as u64;
@@ -238,6 +239,7 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
         }
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
         Object::Epoll(_) => Err(Errno::EINVAL),
+        Object::Endpoint(_) => Err(Errno::ENOTCONN),
     }
 }
 

@@ -4,6 +4,7 @@
 //! futex, time, signals, and misc (system information, randomness, limits).
 
 pub(crate) mod agent;
+mod addresses;
 mod epoll;
 mod files;
 mod futex;

@@ -3,9 +3,8 @@
 //! Each row is (number, name, policy):
 //! * `Emulate(handler)`: answered by the VMM, with Linux's semantics within the sandbox's
 //!   limits (the handler's doc comment says where it differs).
-//! * `Refuse(errno)`: refused by design with a fixed errno the program can handle: no network
-//!   (socket(2) fails with EACCES for every family, as under a seccomp or firewall policy;
-//!   only in-memory AF_UNIX socketpairs exist, see sockets.rs), no other process (fork, vfork,
+//! * `Refuse(errno)`: refused by design with a fixed errno the program can handle (sockets
+//!   exist only inside the VM, see addresses.rs and sockets.rs), no other process (fork, vfork,
 //!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
 //!   children to wait for (ECHILD), no identity changes (EPERM: the guest is an unprivileged
 //!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), and rseq, which
@@ -17,7 +16,7 @@
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS answers are
 //! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{epoll, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, SysResult, UserMemory};
+use super::{addresses, epoll, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -44,7 +43,6 @@ const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
     SyscallEntry { nr, name, policy: Policy::Refuse(errno) }
 }
 
-const NO_NETWORK: Errno = Errno::EACCES;
 const NO_PROCESSES: Errno = Errno::ENOSYS;
 /// The file systems have no extended attributes, as one mounted without them answers.
 const NO_XATTRS: Errno = Errno::EOPNOTSUPP;
@@ -87,18 +85,18 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(37, "alarm", signals::alarm),
     emulate(38, "setitimer", signals::setitimer),
     emulate(39, "getpid", ids::getpid),
-    refuse(41, "socket", NO_NETWORK),
-    emulate(42, "connect", sockets::connect),
-    emulate(43, "accept", sockets::not_listening),
+    emulate(41, "socket", addresses::socket),
+    emulate(42, "connect", addresses::connect),
+    emulate(43, "accept", addresses::accept),
     emulate(44, "sendto", sockets::sendto),
     emulate(45, "recvfrom", sockets::recvfrom),
     emulate(46, "sendmsg", sockets::sendmsg),
     emulate(47, "recvmsg", sockets::recvmsg),
     emulate(48, "shutdown", sockets::shutdown),
-    emulate(49, "bind", sockets::not_listening),
-    emulate(50, "listen", sockets::not_listening),
+    emulate(49, "bind", addresses::bind),
+    emulate(50, "listen", addresses::listen),
     emulate(51, "getsockname", sockets::getsockname),
-    emulate(52, "getpeername", sockets::getsockname),
+    emulate(52, "getpeername", sockets::getpeername),
     emulate(53, "socketpair", sockets::socketpair),
     emulate(54, "setsockopt", sockets::setsockopt),
     emulate(55, "getsockopt", sockets::getsockopt),
@@ -206,7 +204,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(273, "set_robust_list", threads::set_robust_list),
     emulate(280, "utimensat", files::utimensat),
     emulate(281, "epoll_pwait", epoll::epoll_pwait),
-    emulate(288, "accept4", sockets::not_listening),
+    emulate(288, "accept4", addresses::accept4),
     emulate(291, "epoll_create1", epoll::epoll_create1),
     emulate(292, "dup3", files::dup3),
     emulate(293, "pipe2", files::pipe2),

@@ -253,3 +253,30 @@ time.sleep(5)
     let expected = "kill, raise, pthread_kill: [10, 10, 10]\nKeyboardInterrupt\nsleep resumed after the handler: True alarm\na busy loop is interrupted\na blocked read is interrupted\npause woke 3 times; timer (0.0, 0.0)\n";
     assert_eq!(String::from_utf8_lossy(&outcome.stdout), expected, "{}", describe(&outcome));
 }
+
+#[test]
+fn the_guest_owns_its_files_and_their_permission_bits_hold() {
+    let code = r#"
+import os, shutil
+with open("f", "wb") as f:
+    os.chmod("f", 0o400)
+    try:
+        open("f", "wb")
+    except PermissionError as e:
+        print("read-only:", e.errno)
+print(os.access("f", os.W_OK), os.access("f", os.R_OK), os.stat("f").st_uid == os.getuid())
+os.chown("f", os.getuid(), os.getgid())
+try:
+    os.chown("f", 0, 0)
+except PermissionError:
+    print("giving it away: EPERM")
+try:
+    os.fchown(99, -1, -1)
+except OSError as e:
+    print("fchown of a closed fd:", e.errno)
+os.chmod("f", 0o600)
+shutil.copy2("f", "g")
+print("copy2 ok", os.stat("/etc").st_mtime > 315532800)
+"#;
+    assert_prints(code, "read-only: 13\nFalse True True\ngiving it away: EPERM\nfchown of a closed fd: 9\ncopy2 ok True\n");
+}

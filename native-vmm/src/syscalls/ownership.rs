@@ -1,12 +1,14 @@
-//! Ownership and priority of an unprivileged process: every file is root's (see `Vfs::stat`)
-//! and the guest is user 1000, so a chown that changes nothing succeeds (after the file is
-//! found, as on Linux) and any other gets EPERM; the nice value can only be raised.
+//! Ownership and priority of an unprivileged process: the guest (user 1000) owns what it wrote
+//! in the overlay, root the rest (see `Vfs::stat`). A chown that changes nothing succeeds
+//! (after the file is found, as on Linux), as does giving its own file to itself; any other is
+//! EPERM. The nice value can only be raised.
 
 use super::files::{fd_arg, stat_of_fd, stat_target, AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW};
 use super::ids::GUEST_PID;
 use super::{value, SysResult, UserMemory};
 use crate::errno::Errno;
-use crate::loader::GUEST_UID;
+use crate::fs::Stat;
+use crate::loader::{GUEST_GID, GUEST_UID};
 use crate::process::GuestProcess;
 
 /// uid and gid -1 (as C ints): leave them as they are.
@@ -14,8 +16,10 @@ fn changes_nothing(uid: u64, gid: u64) -> bool {
     uid as u32 == u32::MAX && gid as u32 == u32::MAX
 }
 
-fn owner_change(uid: u64, gid: u64) -> SysResult {
-    if changes_nothing(uid, gid) {
+fn owner_change(stat: &Stat, uid: u64, gid: u64) -> SysResult {
+    let unchanged = |given: u64, own: u64| given as u32 == u32::MAX || u64::from(given as u32) == own;
+    let own_file = u64::from(stat.uid) == GUEST_UID && unchanged(uid, GUEST_UID) && unchanged(gid, GUEST_GID);
+    if changes_nothing(uid, gid) || own_file {
         value(0)
     } else {
         Err(Errno::EPERM)
@@ -27,8 +31,8 @@ pub(crate) fn fchownat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     if args[4] & !(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH) != 0 {
         return Err(Errno::EINVAL);
     }
-    stat_target(proc, user, args[0], args[1], args[4])?;
-    owner_change(args[2], args[3])
+    let stat = stat_target(proc, user, args[0], args[1], args[4])?;
+    owner_change(&stat, args[2], args[3])
 }
 
 /// chown(path, uid, gid)
@@ -43,8 +47,8 @@ pub(crate) fn lchown(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
 
 /// fchown(fd, uid, gid): EBADF for a descriptor that is not open.
 pub(crate) fn fchown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    stat_of_fd(proc, fd_arg(args[0]))?;
-    owner_change(args[1], args[2])
+    let stat = stat_of_fd(proc, fd_arg(args[0]))?;
+    owner_change(&stat, args[1], args[2])
 }
 
 const PRIO_PROCESS: u64 = 0;

@@ -139,7 +139,12 @@ fn read_address(proc: &GuestProcess, user: &UserMemory, family: u16, addr: u64, 
             if !is_local(family, host) {
                 return Err(Errno::ENETUNREACH);
             }
-            Ok(Address { key: inet_key(family, port), name: loopback_name(family, port), port: Some(port) })
+            // The name keeps the address given (0.0.0.0 reads back as bound); the port space is
+            // one per family.
+            let mut name = loopback_name(family, port);
+            let at = if family == AF_INET { 4 } else { 8 };
+            name[at..at + host.len()].copy_from_slice(host);
+            Ok(Address { key: inet_key(family, port), name, port: Some(port) })
         }
     }
 }
@@ -149,7 +154,9 @@ fn bind_address(proc: &mut GuestProcess, index: usize, family: u16, address: Add
     match address.port {
         Some(0) => {
             let port = proc.fds.ephemeral_port(|p| inet_key(family, p))?;
-            proc.fds.bind(index, inet_key(family, port), loopback_name(family, port))
+            let mut name = if address.name.is_empty() { loopback_name(family, port) } else { address.name };
+            name[2..4].copy_from_slice(&port.to_be_bytes());
+            proc.fds.bind(index, inet_key(family, port), name)
         }
         _ => proc.fds.bind(index, address.key, address.name),
     }

@@ -333,6 +333,10 @@ impl Scheduler {
     /// unless it exited or they are saved already (a preempted thread's).
     fn load(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, tid: u64) -> io::Result<()> {
         if self.on_cpu == tid {
+            // Preempted and picked again at once (a readiness waiter queued behind it): the
+            // vCPU holds what was saved. The saved copy must go, or the thread's next switch
+            // would keep it and later resume it from there, back in time.
+            process.threads.take_context(tid);
             return Ok(());
         }
         if process.threads.get(self.on_cpu).is_some_and(|t| t.context.is_none()) {

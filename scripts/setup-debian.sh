@@ -39,6 +39,8 @@ install() {
 packages=(postgresql python3.11 python3-numpy build-essential)
 packages+=(librust-serde-dev librust-serde-derive-dev librust-serde-json-dev librust-sha2-dev librust-base64-dev librust-libc-dev librust-serde-path-to-error-dev)
 packages+=(chromium libpython3.11-testsuite)
+# The Python template's image: tzdata, netbase's services and protocols.
+packages+=(tzdata netbase)
 command -v cargo >/dev/null || packages+=(cargo-web rustc-web)
 mapfile -t missing < <(missing_of "${packages[@]}")
 [ ${#missing[@]} -eq 0 ] || install "${missing[@]}"

@@ -45,8 +45,13 @@ impl Errno {
     pub const ENOTSOCK: Errno = Errno(88);
     pub const EOPNOTSUPP: Errno = Errno(95);
     pub const EAFNOSUPPORT: Errno = Errno(97);
+    pub const EADDRINUSE: Errno = Errno(98);
+    pub const EADDRNOTAVAIL: Errno = Errno(99);
     pub const ENETDOWN: Errno = Errno(100);
     pub const ENETUNREACH: Errno = Errno(101);
+    pub const EISCONN: Errno = Errno(106);
+    pub const ENOTCONN: Errno = Errno(107);
+    pub const ECONNREFUSED: Errno = Errno(111);
     pub const ETIMEDOUT: Errno = Errno(110);
 
     /// The value placed in rax: -errno as an unsigned register value.

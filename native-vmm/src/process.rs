@@ -8,13 +8,14 @@ mod epoll;
 mod fds;
 mod memory_map;
 mod output;
+pub mod signals;
 pub mod threads;
 
 use crate::fs::{Node, Vfs};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 pub use epoll::{EpollSet, Interest};
-pub use fds::{Description, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
+pub use fds::{Description, Endpoint, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
 pub use threads::{Threads, DEFAULT_THREAD_LIMIT};
@@ -60,14 +61,16 @@ pub struct SigAction {
     pub mask: u64,
 }
 
-/// The process-wide signal state the program set. No signal is ever delivered: this is only
-/// what the program reads back (rt_sigaction's old action). The mask and the alternate stack
-/// are per thread (`threads::Thread`).
+/// The process-wide signal state: dispositions, signals pending for the process, and the
+/// real-time interval timer (delivery: `signals`). The mask, the alternate stack and
+/// thread-directed signals are per thread (`threads::Thread`).
 #[derive(Debug, Clone)]
 pub struct SignalState {
     pub actions: [SigAction; SIGNAL_COUNT],
-    /// Signals sent to the process while blocked (bit n-1 for signal n).
+    /// Signals sent to the process and not yet taken (bit n-1 for signal n).
     pub pending: u64,
+    /// setitimer(ITIMER_REAL) / alarm.
+    pub timer: Option<signals::RealTimer>,
 }
 
 /// Per-number system-call counters. Numbers above the x86-64 range share one bucket, so a
@@ -129,6 +132,8 @@ pub struct GuestProcess {
     pub(crate) output: Output,
     pub(crate) signals: SignalState,
     pub(crate) umask: u32,
+    /// The nice value (setpriority; only raised, as for an unprivileged process).
+    pub(crate) nice: i32,
     /// The threads: per-thread state, waits and the run queue.
     pub(crate) threads: Threads,
     /// The request the agent's AWAIT_REQUEST call is answered with (`crate::agent`); None
@@ -150,7 +155,7 @@ impl GuestProcess {
             .filter(|&node| vfs.kind(node) == Ok(crate::fs::FileKind::Directory))
             .unwrap_or_else(|| vfs.root());
         let output = Output::new(config.output_cap);
-        let signals = SignalState { actions: [SigAction::default(); SIGNAL_COUNT], pending: 0 };
+        let signals = SignalState { actions: [SigAction::default(); SIGNAL_COUNT], pending: 0, timer: None };
         GuestProcess {
             config,
             space,
@@ -160,6 +165,7 @@ impl GuestProcess {
             output,
             signals,
             umask: 0o022,
+            nice: 0,
             threads: Threads::new(DEFAULT_THREAD_LIMIT),
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,
@@ -265,6 +271,12 @@ impl GuestProcess {
         if self.output.total() > 0 {
             return Err("the program has written output");
         }
+        if self.signals.timer.is_some() {
+            return Err("an interval timer is armed");
+        }
+        if self.fds.has_addressed_sockets() {
+            return Err("a socket is bound, listening or connected by address");
+        }
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);
         e.u64(self.config.mem_limit);
@@ -280,8 +292,8 @@ impl GuestProcess {
         }
         e.u64(self.signals.pending);
         e.u32(self.umask);
+        e.u32(self.nice as u32);
         self.threads.encode_state(e)
-
     }
 
     /// The process `encode_state` wrote, over `image`, with empty output capped at
@@ -299,8 +311,9 @@ impl GuestProcess {
         for action in actions.iter_mut() {
             *action = SigAction { handler: d.u64("sigaction")?, flags: d.u64("sigaction")?, restorer: d.u64("sigaction")?, mask: d.u64("sigaction")? };
         }
-        let signals = SignalState { actions, pending: d.u64("pending signals")? };
+        let signals = SignalState { actions, pending: d.u64("pending signals")?, timer: None };
         let umask = d.u32("umask")?;
+        let nice = d.u32("nice")? as i32;
         let threads = Threads::decode_state(d)?;
         let config = ProcessConfig { vfs, cwd: cwd_path, stdin, output_cap, mem_limit };
         Ok(GuestProcess {
@@ -312,6 +325,7 @@ impl GuestProcess {
             output: Output::new(output_cap),
             signals,
             umask,
+            nice,
             threads,
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,

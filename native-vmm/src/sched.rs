@@ -14,6 +14,11 @@
 //! kicked out of guest mode by the same watchdog that enforces the run's deadline, and if it
 //! was in program code, the thread is saved as it is and the next one runs.
 //!
+//! Signals are taken here, where Linux takes them on the way back to user mode: as a system
+//! call returns, as a waiting thread is interrupted (-EINTR), and when the vCPU is kicked out
+//! of program code at the interval timer's expiry; a handler runs on a frame pushed below the
+//! thread's registers (`process::signals`), and rt_sigreturn resumes them.
+//!
 //! A switch saves the running thread's user state (general registers, rip, rflags, FS/GS
 //! base, XSAVE area) into the thread table and loads the next one's: a few ioctls, no exit
 //! of its own. Nothing is saved while only one thread exists.
@@ -22,6 +27,8 @@ use std::io;
 use std::time::Instant;
 
 use crate::cpu::{CpuSnapshot, GuestCpu};
+use crate::errno::Errno;
+use crate::process::signals::{self, Taken, SA_RESTART};
 use crate::memory::GuestMemory;
 use crate::process::threads::{Call, Next, Resume, Wait, WaitOn, QUANTUM};
 use crate::process::GuestProcess;
@@ -58,9 +65,10 @@ impl Scheduler {
         RunStatus::Timeout { limit_ms: self.limit_ms }
     }
 
-    /// What the vCPU may run until: the run's deadline or the end of the slice.
-    pub fn run_until(&self) -> Instant {
-        self.slice_end.map_or(self.deadline, |end| end.min(self.deadline))
+    /// What the vCPU may run until: the run's deadline, the end of the slice, or the interval
+    /// timer's next expiry.
+    pub fn run_until(&self, process: &GuestProcess) -> Instant {
+        [self.slice_end, process.signals.timer.map(|t| t.next)].into_iter().flatten().fold(self.deadline, Instant::min)
     }
 
     /// Answers system call `call` of the running thread; Some when the run ends.
@@ -71,7 +79,19 @@ impl Scheduler {
 
     /// `run` returned DeadlineReached before the run's deadline: the slice ended.
     pub fn slice_ended(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<Option<LoopEnd>> {
-        process.threads.expire_timers(Instant::now());
+        let now = Instant::now();
+        process.threads.expire_timers(now);
+        signals::fire_timer(process, now);
+        interrupt_waiters(process);
+        let tid = process.threads.current_tid();
+        if signals::ready_for(process, tid) != 0 {
+            // In the stubs, the signal is taken as the call there returns.
+            if let Some(state) = cpu.interrupted_state()? {
+                if let Some(end) = self.run_handler(cpu, process, mem, state)? {
+                    return Ok(Some(end));
+                }
+            }
+        }
         if !process.threads.others_runnable() {
             self.start_slice(process);
             return Ok(None);
@@ -82,7 +102,7 @@ impl Scheduler {
                 process.threads.set_context(tid, state);
                 process.threads.requeue_current(Resume::AsSaved);
                 process.threads.counters.preemptions += 1;
-                let step = self.switch_step(cpu, process)?;
+                let step = self.switch_step(cpu, process, mem)?;
                 self.follow(cpu, process, mem, step)
             }
             None => {
@@ -96,7 +116,7 @@ impl Scheduler {
     /// Applies one system call's outcome: resumes the thread, or switches to another, or
     /// ends the run.
     pub fn apply(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, outcome: SyscallOutcome, call: Call) -> io::Result<Option<LoopEnd>> {
-        let step = self.step(cpu, process, outcome, call)?;
+        let step = self.step(cpu, process, mem, outcome, call)?;
         self.follow(cpu, process, mem, step)
     }
 
@@ -113,23 +133,40 @@ impl Scheduler {
                     if let Some(thread) = process.threads.get_mut(process.threads.current_tid()) {
                         thread.last_attempt = false;
                     }
-                    step = self.step(cpu, process, outcome, call)?;
+                    step = self.step(cpu, process, mem, outcome, call)?;
                 }
             }
         }
     }
 
-    fn step(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, outcome: SyscallOutcome, call: Call) -> io::Result<Step> {
+    fn step(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, outcome: SyscallOutcome, call: Call) -> io::Result<Step> {
         Ok(match outcome {
             SyscallOutcome::Return(value) => {
                 process.threads.progress();
                 if self.slice_over() && process.threads.others_runnable() {
                     process.threads.requeue_current(Resume::Return(value));
-                    self.switch_step(cpu, process)?
+                    self.switch_step(cpu, process, mem)?
+                } else if let Some(end) = self.return_to_program(cpu, process, mem, value)? {
+                    Step::End(end)
                 } else {
-                    cpu.set_syscall_return(value)?;
                     self.extend_slice(process);
                     Step::Resume
+                }
+            }
+            SyscallOutcome::SigReturn => {
+                let tid = process.threads.current_tid();
+                let rsp = cpu.snapshot()?.regs.rsp;
+                match signals::pop_frame(process, mem, tid, rsp) {
+                    Some(interrupted) => {
+                        cpu.load_thread(&interrupted)?;
+                        match self.take_signal(cpu, process, mem, None)? {
+                            Some(end) => Step::End(end),
+                            None => Step::Resume,
+                        }
+                    }
+                    // No handler of this thread returns here: the stack is not what the
+                    // program believes.
+                    None => Step::End(LoopEnd::Finished(RunStatus::Unsupported { syscall: call.nr, name: "rt_sigreturn" })),
                 }
             }
             SyscallOutcome::SetFsBase(base) => {
@@ -142,17 +179,22 @@ impl Scheduler {
             SyscallOutcome::ReadyPoint if process.threads.alive() == 1 => Step::End(LoopEnd::ReadyPoint { call: call.args }),
             SyscallOutcome::ReadyPoint => {
                 process.threads.block_current(Wait { on: WaitOn::Request, until: None });
-                self.switch_step(cpu, process)?
+                self.switch_step(cpu, process, mem)?
             }
+            // A signal it would take interrupts the wait before it starts.
+            SyscallOutcome::Block(_) if signals::ready_for(process, process.threads.current_tid()) != 0 => match self.return_to_program(cpu, process, mem, Errno::EINTR.as_return())? {
+                Some(end) => Step::End(end),
+                None => Step::Resume,
+            },
             SyscallOutcome::Block(wait) => {
                 process.threads.block_current(wait);
-                self.switch_step(cpu, process)?
+                self.switch_step(cpu, process, mem)?
             }
             SyscallOutcome::Yield => {
                 process.threads.progress();
                 if process.threads.others_runnable() {
                     process.threads.requeue_current(Resume::Return(0));
-                    self.switch_step(cpu, process)?
+                    self.switch_step(cpu, process, mem)?
                 } else {
                     cpu.set_syscall_return(0)?;
                     Step::Resume
@@ -175,7 +217,7 @@ impl Scheduler {
             }
             SyscallOutcome::ThreadExited => {
                 process.threads.progress();
-                self.switch_step(cpu, process)?
+                self.switch_step(cpu, process, mem)?
             }
         })
     }
@@ -183,24 +225,28 @@ impl Scheduler {
     /// The current thread no longer runs (it waits, yielded, exited or was preempted): gives
     /// the vCPU to the next runnable thread, sleeping on the host while every thread waits for
     /// a timer, and ends the run at the deadline, at a deadlock, or at the agent's ready point.
-    fn switch_step(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess) -> io::Result<Step> {
+    fn switch_step(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<Step> {
         self.switch_due = false;
         loop {
-            match process.threads.next(Instant::now()) {
+            let now = Instant::now();
+            signals::fire_timer(process, now);
+            interrupt_waiters(process);
+            let timer = process.signals.timer.map(|t| t.next);
+            match process.threads.next(now) {
                 Next::Run { tid, resume } => {
                     self.load(cpu, process, tid)?;
                     self.start_slice(process);
-                    return Ok(match resume {
-                        Resume::AsSaved => Step::Resume,
-                        Resume::Return(value) => {
-                            cpu.set_syscall_return(value)?;
-                            Step::Resume
-                        }
-                        Resume::Retry { call, final_attempt } => Step::Retry { call, final_attempt },
-                    });
+                    let end = match resume {
+                        Resume::AsSaved => self.take_signal(cpu, process, mem, None)?,
+                        Resume::Return(value) => self.return_to_program(cpu, process, mem, value)?,
+                        Resume::Retry { call, final_attempt } => return Ok(Step::Retry { call, final_attempt }),
+                    };
+                    return Ok(end.map_or(Step::Resume, Step::End));
                 }
+                // Every thread waits: the interval timer may end a wait first.
+                Next::SleepUntil(until) if timer.is_some_and(|t| t < until && t < self.deadline) => std::thread::sleep(timer.unwrap().saturating_duration_since(now)),
+                Next::Deadlock { .. } if timer.is_some_and(|t| t < self.deadline) => std::thread::sleep(timer.unwrap().saturating_duration_since(now)),
                 Next::SleepUntil(until) => {
-                    let now = Instant::now();
                     if until >= self.deadline {
                         std::thread::sleep(self.deadline.saturating_duration_since(now));
                         return Ok(Step::End(LoopEnd::Finished(self.timeout())));
@@ -218,10 +264,79 @@ impl Scheduler {
         }
     }
 
+    /// The current thread's system call returns `value`: unless it takes a signal now, in
+    /// which case the handler starts (with the call's return, or its restart under
+    /// SA_RESTART, saved for rt_sigreturn) or the default action ends the run.
+    fn return_to_program(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, value: u64) -> io::Result<Option<LoopEnd>> {
+        interrupt_waiters(process);
+        let tid = process.threads.current_tid();
+        if signals::ready_for(process, tid) == 0 && process.threads.current().suspend_mask.is_none() {
+            cpu.set_syscall_return(value)?;
+            return Ok(None);
+        }
+        self.take_signal(cpu, process, mem, Some(value))
+    }
+
+    /// The current thread, stopped in a system call that returns `returned` (None: resuming
+    /// as saved), takes its next signal if it has one.
+    fn take_signal(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, returned: Option<u64>) -> io::Result<Option<LoopEnd>> {
+        let tid = process.threads.current_tid();
+        if signals::ready_for(process, tid) == 0 {
+            restore_suspended_mask(process);
+            if let Some(value) = returned {
+                cpu.set_syscall_return(value)?;
+            }
+            return Ok(None);
+        }
+        let mut state = cpu.snapshot()?;
+        if let Some(value) = returned {
+            // The snapshot's rax is the call's number (see CpuSnapshot) until it returns.
+            let nr = state.regs.rax;
+            state.regs.rax = value;
+            if value == Errno::EINTR.as_return() && restartable(nr) {
+                let restart = process.signals.actions.get(lowest(signals::ready_for(process, tid))).is_some_and(|a| a.flags & SA_RESTART != 0);
+                if restart {
+                    state.rip -= 2;
+                    state.regs.rax = nr;
+                }
+            }
+        }
+        if let Some(value) = returned {
+            // Taken or not, the call returns `value` (a handler's frame holds it as well).
+            cpu.set_syscall_return(value)?;
+        }
+        self.run_handler(cpu, process, mem, state)
+    }
+
+    /// The current thread, whose registers are `state`, takes its next signal: its handler
+    /// starts on a frame below them, or Linux's default action ends the run.
+    fn run_handler(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, state: CpuSnapshot) -> io::Result<Option<LoopEnd>> {
+        let tid = process.threads.current_tid();
+        match signals::take(process, tid) {
+            None => {
+                restore_suspended_mask(process);
+                Ok(None)
+            }
+            Some(Taken::End(status)) => Ok(Some(LoopEnd::Finished(status))),
+            Some(Taken::Handler { sig, action, code }) => match signals::push_frame(process, mem, tid, state, (sig, action, code)) {
+                Ok(handler) => {
+                    cpu.load_thread(&handler)?;
+                    Ok(None)
+                }
+                // No room for the frame: Linux kills the process with SIGSEGV.
+                Err(_) => Ok(Some(LoopEnd::Finished(RunStatus::Exited { code: 128 + 11 }))),
+            },
+        }
+    }
+
     /// Puts thread `tid` (now current) on the vCPU, saving the registers of the one there
     /// unless it exited or they are saved already (a preempted thread's).
     fn load(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, tid: u64) -> io::Result<()> {
         if self.on_cpu == tid {
+            // Preempted and picked again at once (a readiness waiter queued behind it): the
+            // vCPU holds what was saved. The saved copy must go, or the thread's next switch
+            // would keep it and later resume it from there, back in time.
+            process.threads.take_context(tid);
             return Ok(());
         }
         if process.threads.get(self.on_cpu).is_some_and(|t| t.context.is_none()) {
@@ -253,6 +368,37 @@ impl Scheduler {
     fn slice_over(&self) -> bool {
         self.switch_due || self.slice_end.is_some_and(|end| Instant::now() >= end)
     }
+}
+
+/// Every waiting thread that would take a pending signal stops waiting (-EINTR).
+fn interrupt_waiters(process: &mut GuestProcess) {
+    if process.signals.pending == 0 && process.threads.blocked().iter().all(|&tid| process.threads.get(tid).is_some_and(|t| t.pending_signals == 0)) {
+        return;
+    }
+    for tid in process.threads.blocked() {
+        if signals::ready_for(process, tid) != 0 {
+            process.threads.interrupt(tid);
+        }
+    }
+}
+
+/// rt_sigsuspend's mask ends with the wait when no handler ran.
+fn restore_suspended_mask(process: &mut GuestProcess) {
+    let thread = process.threads.current_mut();
+    if let Some(mask) = thread.suspend_mask.take() {
+        thread.blocked_signals = mask;
+    }
+}
+
+/// The index of the lowest signal in `set` (its number).
+fn lowest(set: u64) -> usize {
+    set.trailing_zeros() as usize + 1
+}
+
+/// Calls Linux restarts after a handler installed with SA_RESTART (reads, writes, waits on a
+/// descriptor or futex; not sleeps, polls or selects, which return -EINTR whatever the flag).
+fn restartable(nr: u64) -> bool {
+    matches!(nr, 0 | 1 | 17 | 18 | 19 | 20 | 42 | 43 | 44 | 45 | 46 | 47 | 202 | 288 | 295 | 296)
 }
 
 /// What happens after one outcome is applied.

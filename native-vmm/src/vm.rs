@@ -249,7 +249,7 @@ fn run_scheduled(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut Gu
     let mut handed_out = process.memory.handed_out_generation();
     cpu.map_memory(&process.memory_handed_out())?;
     let end = loop {
-        let step = match cpu.run(sched.run_until())? {
+        let step = match cpu.run(sched.run_until(process))? {
             CpuExit::Syscall { nr, args } => {
                 exits += 1;
                 sched.syscall(cpu, process, mem, Call { nr, args })?

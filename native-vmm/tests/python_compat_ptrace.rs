@@ -190,12 +190,93 @@ try:
 except BlockingIOError:
     print('would block')
 try:
-    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 except OSError as e:
-    print('socket():', e.errno)
+    print('datagram socket():', e.errno)
 "#;
     assert_prints(
         code,
-        "AF_UNIX SOCK_STREAM ''\nEpollSelector\n[]\n[('b', 1)] b'hi' b' there'\nb'' 4 b'back'\nwould block\nsocket(): 13\n",
+        "AF_UNIX SOCK_STREAM ''\nEpollSelector\n[]\n[('b', 1)] b'hi' b' there'\nb'' 4 b'back'\nwould block\ndatagram socket(): 94\n",
     );
+}
+
+#[test]
+fn signal_handlers_run_for_kill_raise_timers_and_interrupted_calls() {
+    let code = r#"
+import os, signal, sys, threading, time
+sys.stdout.reconfigure(line_buffering=True)  # the last signal ends the process
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+os.kill(os.getpid(), signal.SIGUSR1)
+signal.raise_signal(signal.SIGUSR1)
+signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+print("kill, raise, pthread_kill:", got)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+signal.signal(signal.SIGALRM, lambda s, f: got.append("alarm"))
+signal.setitimer(signal.ITIMER_REAL, 0.05)
+start = time.monotonic()
+time.sleep(0.2)
+print("sleep resumed after the handler:", time.monotonic() - start >= 0.2, got[-1])
+class Timeout(Exception):
+    pass
+def timeout(s, f):
+    raise Timeout
+signal.signal(signal.SIGALRM, timeout)
+signal.setitimer(signal.ITIMER_REAL, 0.05)
+try:
+    while True:
+        sum(range(10))
+except Timeout:
+    print("a busy loop is interrupted")
+r, w = os.pipe()
+signal.setitimer(signal.ITIMER_REAL, 0.05)
+try:
+    os.read(r, 1)
+except Timeout:
+    print("a blocked read is interrupted")
+signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+ticks = []
+signal.signal(signal.SIGALRM, lambda s, f: ticks.append(s))
+while len(ticks) < 3:
+    signal.pause()
+signal.setitimer(signal.ITIMER_REAL, 0)
+print("pause woke", len(ticks), "times; timer", signal.getitimer(signal.ITIMER_REAL))
+signal.signal(signal.SIGALRM, signal.SIG_DFL)
+signal.alarm(1)
+time.sleep(5)
+"#;
+    let outcome = python(code);
+    assert_eq!(outcome.status, RunStatus::Exited { code: 128 + 14 }, "{}", describe(&outcome));
+    let expected = "kill, raise, pthread_kill: [10, 10, 10]\nKeyboardInterrupt\nsleep resumed after the handler: True alarm\na busy loop is interrupted\na blocked read is interrupted\npause woke 3 times; timer (0.0, 0.0)\n";
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), expected, "{}", describe(&outcome));
+}
+
+#[test]
+fn the_guest_owns_its_files_and_their_permission_bits_hold() {
+    let code = r#"
+import os, shutil
+with open("f", "wb") as f:
+    os.chmod("f", 0o400)
+    try:
+        open("f", "wb")
+    except PermissionError as e:
+        print("read-only:", e.errno)
+print(os.access("f", os.W_OK), os.access("f", os.R_OK), os.stat("f").st_uid == os.getuid())
+os.chown("f", os.getuid(), os.getgid())
+try:
+    os.chown("f", 0, 0)
+except PermissionError:
+    print("giving it away: EPERM")
+try:
+    os.fchown(99, -1, -1)
+except OSError as e:
+    print("fchown of a closed fd:", e.errno)
+os.chmod("f", 0o600)
+shutil.copy2("f", "g")
+print("copy2 ok", os.stat("/etc").st_mtime > 315532800)
+"#;
+    assert_prints(code, "read-only: 13\nFalse True True\ngiving it away: EPERM\nfchown of a closed fd: 9\ncopy2 ok True\n");
 }

@@ -142,18 +142,73 @@ except FileNotFoundError as e:
 }
 
 #[test]
-fn sockets_fail_cleanly() {
+fn sockets_reach_nothing_outside_the_vm() {
     let code = r#"
 import socket
+for family, address in ((socket.AF_INET, ("1.1.1.1", 80)), (socket.AF_INET6, ("2606:4700::1111", 80)), (socket.AF_INET, ("127.0.0.1", 5432))):
+    try:
+        socket.socket(family, socket.SOCK_STREAM).connect(address)
+        print('connected')
+    except OSError as e:
+        print('OSError', e.errno)
 try:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.connect(("1.1.1.1", 80))
-    print('connected')
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 except OSError as e:
     print('OSError', e.errno)
 "#;
-    // EACCES, as under a firewall policy (syscalls/table.rs).
-    assert_prints(code, "OSError 13\n");
+    // No route to another host (syscalls/addresses.rs); nothing listens on the VM's own
+    // loopback unless the program does; no datagram sockets.
+    assert_prints(code, "OSError 101\nOSError 101\nOSError 111\nOSError 94\n");
+}
+
+#[test]
+fn servers_and_clients_connect_inside_the_vm() {
+    let code = r#"
+import asyncio, os, socket, threading
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+port = s.getsockname()[1]
+def serve():
+    c, addr = s.accept()
+    c.sendall(c.recv(100).upper())
+    c.close()
+t = threading.Thread(target=serve)
+t.start()
+with socket.create_connection(("localhost", port)) as c:
+    c.sendall(b"tcp")
+    print(c.recv(100), c.getpeername() == ("127.0.0.1", port), c.getsockname()[1] != port)
+t.join()
+try:
+    socket.socket().bind(("127.0.0.1", port))
+except OSError as e:
+    print("OSError", e.errno)
+s.close()
+socket.socket().bind(("127.0.0.1", port))
+print("port free again")
+u = socket.socket(socket.AF_UNIX)
+u.bind("unix.sock")
+u.listen()
+v = socket.socket(socket.AF_UNIX)
+v.connect(os.path.abspath("unix.sock"))
+w, _ = u.accept()
+v.send(b"unix")
+print(w.recv(4), w.getsockname())
+async def main():
+    async def handle(r, w):
+        w.write((await r.readline()).upper())
+        await w.drain()
+        w.close()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    r, w = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    w.write(b"asyncio\n")
+    print(await r.readline())
+    w.close()
+    server.close()
+    await server.wait_closed()
+asyncio.run(main())
+"#;
+    assert_prints(code, "b'TCP' True True\nOSError 98\nport free again\nb'unix' unix.sock\nb'ASYNCIO\\n'\n");
 }
 
 #[test]
@@ -169,12 +224,13 @@ fn endless_loop_times_out() {
 }
 
 #[test]
-fn huge_allocation_is_out_of_memory() {
-    let mut req = python_request("b = b'x' * (2**40); print('allocated')");
+fn an_allocation_larger_than_memory_raises_memory_error_and_the_program_goes_on() {
+    let code = "try:\n    b = b'x' * (2**40)\nexcept MemoryError:\n    b = b'x' * (2**20)\nprint('fell back to', len(b))";
+    let mut req = python_request(code);
     req.mem_bytes = 256 << 20;
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::OutOfMemory { limit_bytes: 256 << 20 }, "{}", describe(&outcome));
-    assert!(outcome.stdout.is_empty());
+    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "fell back to 1048576\n");
 }
 
 #[test]

@@ -191,6 +191,32 @@ runpy.run_path("/opt/sandfork/agent.py", run_name="__main__")
 const THREADED_AGENT_PATH: &str = "/opt/test/threaded_agent.py";
 const THREADED_AGENT_COMMAND: AgentCommand = AgentCommand { program: "python3", argv: &["python3", "-I", "-B", THREADED_AGENT_PATH] };
 
+/// A thread preempted while a readiness waiter was due, and picked again at once, used to keep
+/// its saved registers while it ran on; its next switch then resumed it from them, back in
+/// time (crashes at random addresses, about every other run of this program).
+#[test]
+fn a_pipe_between_two_threads_moves_every_byte() {
+    let code = r#"
+import os, threading
+for _ in range(3):
+    r, w = os.pipe()
+    got = []
+    def read():
+        while data := os.read(r, 1024):
+            got.append(len(data))
+    t = threading.Thread(target=read)
+    t.start()
+    with open(w, "wb") as f:
+        f.write(b"x" * (1 << 22))
+    t.join()
+    os.close(r)
+    print(sum(got))
+"#;
+    let outcome = python(code);
+    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "4194304\n".repeat(3));
+}
+
 /// The Python template's image plus the threaded agent.
 fn threaded_agent_image() -> Arc<Image> {
     static IMAGE: OnceLock<Arc<Image>> = OnceLock::new();

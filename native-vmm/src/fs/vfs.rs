@@ -190,20 +190,20 @@ impl Vfs {
             // Linux (since 6.4) refuses O_CREAT|O_DIRECTORY outright.
             return Err(Errno::EINVAL);
         }
-        let node = if opts.create {
+        let (node, created) = if opts.create {
             let (dir, name) = path::resolve_parent(self, base, path)?;
             match self.child(dir, &name)? {
                 Some(_) if opts.exclusive => return Err(Errno::EEXIST),
-                Some(_) => self.resolve(base, path, !opts.nofollow)?,
+                Some(_) => (self.resolve(base, path, !opts.nofollow)?, false),
                 // O_CREAT never makes a directory ("new/" or ".").
                 None if name == b"." || name == b".." || path.last() == Some(&b'/') => return Err(Errno::EISDIR),
                 None => {
                     let dir_id = self.overlay_id(dir)?;
-                    Node(NodeId::Overlay(self.overlay.create(dir_id, &name, opts.mode, OverlayKind::File(Vec::new()))?))
+                    (Node(NodeId::Overlay(self.overlay.create(dir_id, &name, opts.mode, OverlayKind::File(Vec::new()))?)), true)
                 }
             }
         } else {
-            self.resolve(base, path, !opts.nofollow)?
+            (self.resolve(base, path, !opts.nofollow)?, false)
         };
         let kind = self.kind(node)?;
         if kind == FileKind::Symlink {
@@ -222,6 +222,11 @@ impl Vfs {
             // Devices are writable; O_TRUNC does nothing to them, as on Linux.
             if kind != FileKind::CharDevice {
                 let id = self.overlay_id(node)?;
+                // Its owner, the guest, may write only with the owner's write bit (a file it
+                // just created is open whatever its mode, as on Linux).
+                if !created && self.overlay.get(id)?.mode & 0o200 == 0 {
+                    return Err(Errno::EACCES);
+                }
                 if opts.truncate {
                     self.overlay.truncate(id, 0)?;
                 }
@@ -296,8 +301,9 @@ impl Vfs {
             ino,
             mode: kind.mode_bits() | perm,
             nlink,
-            uid: 0,
-            gid: 0,
+            // The guest (an unprivileged user) owns what it wrote; the image and /dev are root's.
+            uid: if matches!(node.0, NodeId::Overlay(_)) { crate::loader::GUEST_UID as u32 } else { 0 },
+            gid: if matches!(node.0, NodeId::Overlay(_)) { crate::loader::GUEST_GID as u32 } else { 0 },
             rdev: self.device(node).map_or(0, Device::rdev),
             size,
             blksize: BLOCK_SIZE,
@@ -449,12 +455,17 @@ impl Vfs {
         }
     }
 
-    /// access/faccessat for a root guest: W_OK needs the overlay or a device (EROFS), X_OK
-    /// needs an execute bit on a non-directory (EACCES); R_OK always passes.
+    /// access/faccessat: W_OK needs the overlay or a device (EROFS); on the overlay, which the
+    /// guest owns, each bit asked for needs the owner's permission bit (EACCES); elsewhere X_OK
+    /// needs an execute bit on a non-directory and R_OK always passes.
     pub fn access(&self, node: Node, mode: u32) -> Result<(), Errno> {
         let stat = self.stat(node)?;
         if mode & W_OK != 0 && matches!(node.0, NodeId::Image(_) | NodeId::DevDir) {
             return Err(Errno::EROFS);
+        }
+        if let NodeId::Overlay(_) = node.0 {
+            let owner_bits = (stat.mode >> 6) & 0o7;
+            return if mode & 0o7 & !owner_bits == 0 { Ok(()) } else { Err(Errno::EACCES) };
         }
         if mode & X_OK != 0 && self.kind(node)? != FileKind::Directory && stat.mode & 0o111 == 0 {
             return Err(Errno::EACCES);

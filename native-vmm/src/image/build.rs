@@ -9,7 +9,9 @@
 //!
 //! Builds are reproducible: the image depends only on the included files' contents, modes and
 //! mtimes (Python compares a source file's mtime with its .pyc) and on the directory and
-//! symlink layout; directory and symlink times are recorded as 0.
+//! symlink layout. A directory's time is the newest time of the files below it, a symlink's the
+//! newest of the whole image (zipfile and tar refuse times before 1980; the host's own directory
+//! times would make a build depend on when the host last changed a directory).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
@@ -119,6 +121,23 @@ struct Collector<'m> {
     libraries: BTreeSet<String>,
     notes: Vec<String>,
     excluded: usize,
+}
+
+impl Collector<'_> {
+    /// Each directory's time: the newest mtime of the files anywhere below it.
+    fn directory_times(&self) -> BTreeMap<String, (i64, u32)> {
+        let mut times: BTreeMap<String, (i64, u32)> = BTreeMap::new();
+        for (path, pending) in &self.entries {
+            let Pending::File { mtime, .. } = pending else { continue };
+            let mut dir = path.as_str();
+            while dir != "/" {
+                dir = format::parent_path(dir);
+                let time = times.entry(dir.to_owned()).or_insert(*mtime);
+                *time = (*time).max(*mtime);
+            }
+        }
+        times
+    }
 }
 
 fn mtime(meta: &Metadata) -> (i64, u32) {
@@ -317,6 +336,8 @@ impl Collector<'_> {
     }
 
     fn finish(self, out_dir: &Path, started: Instant) -> io::Result<BuildReport> {
+        let dir_times = self.directory_times();
+        let newest = dir_times.get("/").copied().unwrap_or((0, 0));
         let mut report = BuildReport {
             name: self.manifest.name.clone(),
             files: 0,
@@ -346,7 +367,7 @@ impl Collector<'_> {
             let (mode, (mtime_sec, mtime_nsec), kind) = match pending {
                 Pending::Dir { mode } => {
                     report.dirs += 1;
-                    (*mode, (0, 0), EntryKind::Dir)
+                    (*mode, dir_times.get(path.as_str()).copied().unwrap_or(newest), EntryKind::Dir)
                 }
                 Pending::File { host, size, mode, mtime } => {
                     report.files += 1;
@@ -356,7 +377,7 @@ impl Collector<'_> {
                 }
                 Pending::Symlink { target } => {
                     report.symlinks += 1;
-                    (0o777, (0, 0), EntryKind::Symlink { target: target.clone() })
+                    (0o777, newest, EntryKind::Symlink { target: target.clone() })
                 }
             };
             entries.push(Entry { path: path.clone(), mode, mtime_sec, mtime_nsec, kind });

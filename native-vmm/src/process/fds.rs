@@ -45,6 +45,30 @@ pub enum Object {
     Socket { rx: usize, tx: usize, shut_write: bool },
     /// An epoll instance (an index into the epoll table).
     Epoll(usize),
+    /// A socket(2) stream socket not connected yet: unbound, bound or listening (an index into
+    /// the endpoint table). connect turns it into a `Socket`.
+    Endpoint(usize),
+}
+
+/// A socket made by socket(2) before it is connected. Its address lives only in this VM's
+/// namespace (`FdTable::bind`): nothing ever leaves the VM.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// AF_UNIX, AF_INET or AF_INET6.
+    pub family: u16,
+    /// The address it is bound to (a sockaddr as the program would read it back).
+    pub name: Option<Vec<u8>>,
+    /// The namespace key of that address.
+    key: Option<Vec<u8>>,
+    /// listen(2)'s backlog and the connections waiting for accept (None: not listening).
+    pub listening: Option<(usize, VecDeque<Connection>)>,
+}
+
+/// A connection waiting on a listener: the server's end and its (local, peer) addresses.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    pub object: Object,
+    pub names: (Vec<u8>, Vec<u8>),
 }
 
 #[derive(Debug, Clone)]
@@ -165,14 +189,25 @@ pub struct FdTable {
     descriptions: Vec<Option<Description>>,
     pipes: Vec<Option<Pipe>>,
     epolls: Vec<Option<EpollSet>>,
+    endpoints: Vec<Option<Endpoint>>,
+    /// Bound addresses (namespace key) -> endpoint.
+    bound: std::collections::BTreeMap<Vec<u8>, usize>,
+    /// A connected socket's (local, peer) addresses, by the channel it receives on; a
+    /// socketpair's ends have none (unnamed).
+    socket_names: std::collections::BTreeMap<usize, (Vec<u8>, Vec<u8>)>,
+    /// The next ephemeral port tried.
+    next_port: u16,
     /// The soft RLIMIT_NOFILE: new fds are below it.
     limit: u64,
 }
 
+/// Linux's default ephemeral port range starts here.
+const FIRST_EPHEMERAL_PORT: u16 = 32768;
+
 impl FdTable {
     /// fd 0 is the run's stdin, fds 1 and 2 the captured stdout and stderr.
     pub fn new() -> FdTable {
-        let mut table = FdTable { fds: Vec::new(), descriptions: Vec::new(), pipes: Vec::new(), epolls: Vec::new(), limit: FD_LIMIT };
+        let mut table = FdTable { fds: Vec::new(), descriptions: Vec::new(), pipes: Vec::new(), epolls: Vec::new(), endpoints: Vec::new(), bound: Default::default(), socket_names: Default::default(), next_port: FIRST_EPHEMERAL_PORT, limit: FD_LIMIT };
         for (object, flags) in [(Object::Stdin, O_RDONLY), (Object::Output(Stream::Stdout), O_WRONLY), (Object::Output(Stream::Stderr), O_WRONLY)] {
             // The table is empty and the limit is far above 3: these cannot fail.
             let _ = table.install(Description::new(object, flags), 0, false);
@@ -239,8 +274,14 @@ impl FdTable {
 
     /// Opens a new description at the lowest free fd ≥ `min_fd`.
     pub fn install(&mut self, description: Description, min_fd: u64, cloexec: bool) -> Result<u64, Errno> {
-        let fd = self.lowest_free(min_fd)?;
+        self.lowest_free(min_fd)?;
         self.adopt_object(&description.object);
+        self.install_adopted(description, min_fd, cloexec)
+    }
+
+    /// `install` for a description whose channels already count it (an accepted connection).
+    fn install_adopted(&mut self, description: Description, min_fd: u64, cloexec: bool) -> Result<u64, Errno> {
+        let fd = self.lowest_free(min_fd)?;
         let index = free_index(&mut self.descriptions, description);
         self.put(fd, Slot { description: index, cloexec });
         Ok(fd as u64)
@@ -345,6 +386,131 @@ impl FdTable {
         Ok(())
     }
 
+    /// Creates an unconnected socket's description (socket(2)), not yet installed.
+    pub fn new_endpoint(&mut self, family: u16, flags: u32) -> Description {
+        let index = free_index(&mut self.endpoints, Endpoint { family, name: None, key: None, listening: None });
+        Description::new(Object::Endpoint(index), O_RDWR | (flags & O_NONBLOCK))
+    }
+
+    pub fn endpoint(&self, index: usize) -> Result<&Endpoint, Errno> {
+        self.endpoints.get(index).and_then(|e| e.as_ref()).ok_or(Errno::EBADF)
+    }
+
+    /// Whether any socket has an address or a connection by address (a template snapshot
+    /// cannot hold them).
+    pub fn has_addressed_sockets(&self) -> bool {
+        self.endpoints.iter().any(Option::is_some) || !self.socket_names.is_empty()
+    }
+
+    /// Binds endpoint `index` to `name` under namespace `key`: EADDRINUSE if taken, EINVAL if
+    /// it is bound already.
+    pub fn bind(&mut self, index: usize, key: Vec<u8>, name: Vec<u8>) -> Result<(), Errno> {
+        if self.endpoint(index)?.key.is_some() {
+            return Err(Errno::EINVAL);
+        }
+        if self.bound.contains_key(&key) {
+            return Err(Errno::EADDRINUSE);
+        }
+        self.bound.insert(key.clone(), index);
+        let endpoint = self.endpoints[index].as_mut().ok_or(Errno::EBADF)?;
+        endpoint.key = Some(key);
+        endpoint.name = Some(name);
+        Ok(())
+    }
+
+    /// A free ephemeral port for `family`, given the namespace key of a port (family, port).
+    pub fn ephemeral_port(&mut self, key_of: impl Fn(u16) -> Vec<u8>) -> Result<u16, Errno> {
+        for _ in 0..=(u16::MAX - FIRST_EPHEMERAL_PORT) {
+            let port = self.next_port;
+            self.next_port = if port == u16::MAX { FIRST_EPHEMERAL_PORT } else { port + 1 };
+            if !self.bound.contains_key(&key_of(port)) {
+                return Ok(port);
+            }
+        }
+        Err(Errno::EADDRINUSE)
+    }
+
+    /// listen(2): endpoint `index` (bound) takes connections, at most `backlog` waiting.
+    pub fn listen(&mut self, index: usize, backlog: usize) -> Result<(), Errno> {
+        let endpoint = self.endpoints.get_mut(index).and_then(|e| e.as_mut()).ok_or(Errno::EBADF)?;
+        if endpoint.key.is_none() {
+            return Err(Errno::EINVAL);
+        }
+        match &mut endpoint.listening {
+            Some((limit, _)) => *limit = backlog,
+            None => endpoint.listening = Some((backlog, VecDeque::new())),
+        }
+        Ok(())
+    }
+
+    /// The listening endpoint bound at `key`.
+    pub fn listener(&self, key: &[u8]) -> Option<usize> {
+        self.bound.get(key).copied().filter(|&i| self.endpoints[i].as_ref().is_some_and(|e| e.listening.is_some()))
+    }
+
+    /// connect(2) of the endpoint at `fd` to listener `listener`: a socketpair whose one end
+    /// replaces the endpoint and whose other waits on the listener; `names` are the client's
+    /// (local, peer) addresses. EAGAIN when the backlog is full.
+    pub fn connect(&mut self, fd: u64, listener: usize, names: (Vec<u8>, Vec<u8>)) -> Result<(), Errno> {
+        let Object::Endpoint(own) = self.get(fd)?.object else { return Err(Errno::EISCONN) };
+        let full = match &self.endpoint(listener)?.listening {
+            Some((backlog, queue)) => queue.len() > *backlog,
+            None => return Err(Errno::ECONNREFUSED),
+        };
+        if full {
+            return Err(Errno::EAGAIN);
+        }
+        let (client, server) = self.new_socketpair(0);
+        self.adopt_object(&client.object);
+        self.adopt_object(&server.object);
+        let (Object::Socket { rx: client_rx, .. }, Object::Socket { rx: server_rx, .. }) = (&client.object, &server.object) else { unreachable!("new_socketpair makes sockets") };
+        let (client_rx, server_rx) = (*client_rx, *server_rx);
+        let server_names = (names.1.clone(), names.0.clone());
+        self.socket_names.insert(client_rx, names);
+        self.socket_names.insert(server_rx, server_names.clone());
+        if let Some(Some(Endpoint { listening: Some((_, queue)), .. })) = self.endpoints.get_mut(listener) {
+            queue.push_back(Connection { object: server.object, names: server_names });
+        }
+        self.release_endpoint(own);
+        self.get_mut(fd)?.object = client.object;
+        Ok(())
+    }
+
+    /// accept(2): the next waiting connection of listener `listener`, installed at the lowest
+    /// free fd with `flags` (O_NONBLOCK) and `cloexec`; None when none waits.
+    pub fn accept(&mut self, listener: usize, flags: u32, cloexec: bool) -> Result<Option<(u64, Vec<u8>)>, Errno> {
+        let endpoint = self.endpoints.get_mut(listener).and_then(|e| e.as_mut()).ok_or(Errno::EBADF)?;
+        let Some((_, queue)) = &mut endpoint.listening else { return Err(Errno::EINVAL) };
+        let Some(connection) = queue.pop_front() else { return Ok(None) };
+        let peer = connection.names.1.clone();
+        let description = Description::new(connection.object.clone(), O_RDWR | (flags & O_NONBLOCK));
+        match self.install_adopted(description, 0, cloexec) {
+            Ok(fd) => Ok(Some((fd, peer))),
+            Err(e) => {
+                if let Some(Some(Endpoint { listening: Some((_, queue)), .. })) = self.endpoints.get_mut(listener) {
+                    queue.push_front(connection);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A connected socket's (local, peer) addresses, if it was connected by address.
+    pub fn socket_names(&self, rx: usize) -> Option<&(Vec<u8>, Vec<u8>)> {
+        self.socket_names.get(&rx)
+    }
+
+    /// Frees endpoint `index`: its address, and the connections still waiting on it.
+    fn release_endpoint(&mut self, index: usize) {
+        let Some(endpoint) = self.endpoints.get_mut(index).and_then(Option::take) else { return };
+        if let Some(key) = endpoint.key {
+            self.bound.remove(&key);
+        }
+        for connection in endpoint.listening.map(|(_, q)| q).unwrap_or_default() {
+            self.release_object(&connection.object);
+        }
+    }
+
     /// Creates an epoll instance's description, not yet installed.
     pub fn new_epoll(&mut self) -> Description {
         Description::new(Object::Epoll(free_index(&mut self.epolls, EpollSet::default())), O_RDWR)
@@ -393,6 +559,10 @@ impl FdTable {
                 self.epolls[i] = None;
                 return;
             }
+            Object::Endpoint(i) => {
+                self.release_endpoint(i);
+                return;
+            }
             _ => return,
         };
         read.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.readers = p.readers.saturating_sub(1));
@@ -400,6 +570,7 @@ impl FdTable {
         for index in read.into_iter().chain(write) {
             if self.pipes[index].as_ref().is_some_and(|p| p.readers == 0 && p.writers == 0) {
                 self.pipes[index] = None;
+                self.socket_names.remove(&index);
             }
         }
     }
@@ -483,6 +654,12 @@ impl Object {
                 e.u8(7);
                 e.len(*i);
             }
+            // GuestProcess::encode_state refuses a process with endpoints; this tag is never
+            // read back.
+            Object::Endpoint(i) => {
+                e.u8(8);
+                e.len(*i);
+            }
         }
     }
 
@@ -558,6 +735,7 @@ impl FdTable {
                 Object::Socket { rx, tx, .. } => ([Some(rx), Some(tx)], None),
                 Object::Epoll(i) => ([None, None], Some(i)),
                 Object::Stdin | Object::Output(_) | Object::Node(_) => ([None, None], None),
+                Object::Endpoint(_) => return Err(DecodeError::new("a template snapshot holds no unconnected socket".to_owned())),
             };
             for i in channels.into_iter().flatten() {
                 if !pipes.get(i).is_some_and(Option::is_some) {
@@ -570,7 +748,7 @@ impl FdTable {
                 }
             }
         }
-        Ok(FdTable { fds, descriptions, pipes, epolls, limit })
+        Ok(FdTable { fds, descriptions, pipes, epolls, endpoints: Vec::new(), bound: Default::default(), socket_names: Default::default(), next_port: FIRST_EPHEMERAL_PORT, limit })
     }
 }
 

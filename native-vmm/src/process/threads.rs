@@ -103,11 +103,17 @@ pub struct Thread {
     pub last_attempt: bool,
     /// The system call being answered for it, while it is (a readiness wait records it).
     pub calling: Option<Call>,
+    /// Signals sent to this thread (tkill, tgkill) and not yet taken.
+    pub pending_signals: u64,
+    /// rt_sigsuspend's caller's own mask, restored once a handler returns.
+    pub suspend_mask: Option<u64>,
+    /// The handlers it is running, innermost last (`process::signals`).
+    pub signal_frames: Vec<super::signals::SignalFrame>,
 }
 
 impl Thread {
     fn new(tid: u64) -> Thread {
-        Thread { tid, state: ThreadState::Running, context: None, clear_child_tid: 0, robust_list: 0, blocked_signals: 0, alt_stack: (0, super::SS_DISABLE, 0), fs_base: 0, last_attempt: false, calling: None }
+        Thread { tid, state: ThreadState::Running, context: None, clear_child_tid: 0, robust_list: 0, blocked_signals: 0, alt_stack: (0, super::SS_DISABLE, 0), fs_base: 0, last_attempt: false, calling: None, pending_signals: 0, suspend_mask: None, signal_frames: Vec::new() }
     }
 }
 
@@ -421,6 +427,21 @@ impl Threads {
         Next::Deadlock { threads: self.alive() }
     }
 
+    /// A signal for blocked thread `tid` ends its wait: the call returns -EINTR (or is made
+    /// again after the handler, see `crate::sched`). False if it was not waiting.
+    pub fn interrupt(&mut self, tid: u64) -> bool {
+        if !matches!(self.get(tid).map(|t| &t.state), Some(ThreadState::Blocked { .. })) {
+            return false;
+        }
+        self.make_runnable(tid, Resume::Return(crate::errno::Errno::EINTR.as_return()));
+        true
+    }
+
+    /// Blocked threads, by tid.
+    pub fn blocked(&self) -> Vec<u64> {
+        self.list.iter().filter(|t| matches!(t.state, ThreadState::Blocked { .. })).map(|t| t.tid).collect()
+    }
+
     /// Takes the registers saved for `tid` (to load them into the vCPU).
     pub fn take_context(&mut self, tid: u64) -> Option<CpuSnapshot> {
         self.get_mut(tid).and_then(|t| t.context.take())
@@ -437,6 +458,9 @@ impl Threads {
         e.u64(self.limit);
         e.len(self.list.len());
         for t in &self.list {
+            if !t.signal_frames.is_empty() || t.pending_signals != 0 || t.suspend_mask.is_some() {
+                return Err("a thread has a signal pending or runs a signal handler");
+            }
             e.u64(t.tid);
             match &t.state {
                 ThreadState::Running => e.u8(0),
@@ -513,7 +537,7 @@ impl Threads {
             if list.last().is_some_and(|t: &Thread| t.tid >= tid) || tid >= next_tid {
                 return Err(DecodeError::new(format!("thread {tid} out of order")));
             }
-            list.push(Thread { tid, state, context, clear_child_tid, robust_list, blocked_signals, alt_stack, fs_base, last_attempt: false, calling: None });
+            list.push(Thread { tid, state, context, clear_child_tid, robust_list, blocked_signals, alt_stack, fs_base, last_attempt: false, calling: None, pending_signals: 0, suspend_mask: None, signal_frames: Vec::new() });
         }
         let queued = d.count(8, "run queue")?;
         let mut run_queue = VecDeque::with_capacity(queued);

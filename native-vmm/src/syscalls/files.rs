@@ -18,11 +18,11 @@ use crate::status::RunStatus;
 /// the host memory a single call can make the VMM allocate.
 const MAX_IO: u64 = 1 << 20;
 
-const AT_FDCWD: i32 = -100;
-const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
+pub(super) const AT_FDCWD: i32 = -100;
+pub(super) const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
 const AT_REMOVEDIR: u64 = 0x200;
 const AT_EACCESS: u64 = 0x200;
-const AT_EMPTY_PATH: u64 = 0x1000;
+pub(super) const AT_EMPTY_PATH: u64 = 0x1000;
 const AT_NO_AUTOMOUNT: u64 = 0x800;
 const AT_STATX_SYNC_TYPE: u64 = 0x6000;
 
@@ -131,10 +131,10 @@ fn statx_bytes(s: &Stat) -> [u8; 256] {
     b
 }
 
-fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
+pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
     match proc.fds.get(fd)?.object {
         Object::Node(node) => proc.config.vfs.stat(node),
-        Object::Socket { .. } => Ok(stream_stat(fd, S_IFSOCK)),
+        Object::Socket { .. } | Object::Endpoint(_) => Ok(stream_stat(fd, S_IFSOCK)),
         Object::Epoll(_) => Ok(stream_stat(fd, 0)),
         Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => Ok(stream_stat(fd, S_IFIFO)),
     }
@@ -186,6 +186,7 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
         }
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
         Object::Epoll(_) => return Err(Errno::EINVAL),
+        Object::Endpoint(_) => return Err(Errno::ENOTCONN),
     };
     if at.is_none() {
         proc.fds.get_mut(fd)?.offset = offset + n as u64;
@@ -238,6 +239,7 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
         }
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
         Object::Epoll(_) => Err(Errno::EINVAL),
+        Object::Endpoint(_) => Err(Errno::ENOTCONN),
     }
 }
 
@@ -605,7 +607,7 @@ pub(crate) fn fstat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
 }
 
 /// The node a stat-family call names: dirfd + path, or dirfd itself with AT_EMPTY_PATH.
-fn stat_target(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64, flags: u64) -> Result<Stat, Errno> {
+pub(super) fn stat_target(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64, flags: u64) -> Result<Stat, Errno> {
     let path_bytes = user.read_path(path)?;
     if path_bytes.is_empty() {
         if flags & AT_EMPTY_PATH == 0 {

@@ -10,10 +10,12 @@
 //! where read(2) and write(2) see the mapping at once. Python's mmap with ACCESS_READ or
 //! ACCESS_COPY works; its default, a shared writable mapping, raises OSError(ENODEV).)
 //!
-//! Out of memory: when mmap (or mremap's move) finds no room in guest memory, the run stops
-//! with `RunStatus::OutOfMemory`, as if the kernel's OOM killer had struck. An ENOMEM the
-//! program could catch would often end in the same place after a confusing traceback, and the
-//! stop names the limit that was hit. brk keeps Linux's contract (the old break comes back and
+//! Out of memory: a single mmap or mremap larger than the whole guest memory can never fit
+//! and gets ENOMEM, as Linux's overcommit heuristic refuses an allocation larger than RAM and
+//! swap together (`bytearray(sys.maxsize // 2)` raises MemoryError and the program goes on).
+//! One that would fit, but finds no room left because the program filled its memory, stops
+//! the run with `RunStatus::OutOfMemory`, as if the kernel's OOM killer had struck: a memory
+//! bomb ends with that status, which names the limit, not with a traceback it may catch. brk keeps Linux's contract (the old break comes back and
 //! malloc falls over to mmap), so a full heap reaches the same stop through mmap. The one
 //! exception is a thread stack (MAP_STACK, as glibc's pthread_create maps it): it gets ENOMEM,
 //! which pthread_create turns into EAGAIN, the clean error a program starting threads expects
@@ -42,6 +44,15 @@ fn map_error(proc: &GuestProcess, err: MapError) -> SysResult {
         MapError::NotMapped => Err(Errno::ENOMEM),
         MapError::Exists => Err(Errno::EEXIST),
         MapError::NoRoom => Ok(SyscallOutcome::Stop(RunStatus::OutOfMemory { limit_bytes: proc.config.mem_limit })),
+    }
+}
+
+/// An allocation of `len` bytes found no room: ENOMEM if it could never fit, else `map_error`.
+fn no_room(proc: &GuestProcess, len: u64) -> SysResult {
+    if len > proc.config.mem_limit {
+        Err(Errno::ENOMEM)
+    } else {
+        map_error(proc, MapError::NoRoom)
     }
 }
 
@@ -84,6 +95,7 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
         // A thread stack that does not fit is ENOMEM: pthread_create reports it as EAGAIN, an
         // error the program handles where it starts threads (see the module comment).
         Err(MapError::NoRoom) if flags & MAP_STACK != 0 => return Err(Errno::ENOMEM),
+        Err(MapError::NoRoom) => return no_room(proc, len),
         Err(e) => return map_error(proc, e),
     };
     if let Some((node, offset)) = file {
@@ -149,6 +161,7 @@ pub(crate) fn mremap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     }
     match proc.memory.remap(user.guest(), addr, old_len, new_len, flags & MREMAP_MAYMOVE != 0) {
         Ok(start) => value(start),
+        Err(MapError::NoRoom) => no_room(proc, new_len),
         Err(e) => map_error(proc, e),
     }
 }

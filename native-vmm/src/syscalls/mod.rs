@@ -4,12 +4,14 @@
 //! futex, time, signals, and misc (system information, randomness, limits).
 
 pub(crate) mod agent;
+mod addresses;
 mod epoll;
 mod files;
 mod futex;
 mod ids;
 mod memory;
 mod misc;
+mod ownership;
 mod poll;
 mod signals;
 mod sockets;
@@ -31,6 +33,7 @@ use crate::status::RunStatus;
 
 pub use table::{name, Policy, SyscallEntry, TABLE};
 pub use user::UserMemory;
+pub(crate) use ids::GUEST_PID;
 
 /// What the run loop does after a system call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +56,8 @@ pub enum SyscallOutcome {
     Spawned(ThreadStart),
     /// The calling thread exited (and is gone from the table); others go on.
     ThreadExited,
+    /// rt_sigreturn: the thread resumes what its signal handler interrupted.
+    SigReturn,
 }
 
 /// What a handler produces: an outcome, or an errno returned to the guest as -errno.
@@ -84,12 +89,6 @@ pub(crate) fn wait_ready(proc: &GuestProcess, timeout: Option<Duration>) -> SysR
     }
     let call = thread.calling.ok_or(Errno::EINTR)?;
     block(WaitOn::Ready { epoch: proc.threads.epoch(), call }, timeout.and_then(after))
-}
-
-/// Stops the run as unsupported because call `nr` cannot be honoured: it would need a signal
-/// handler to run, or a stopped process to be continued.
-pub(crate) fn stop_unsupported(nr: u64) -> SysResult {
-    Ok(SyscallOutcome::Stop(RunStatus::Unsupported { syscall: nr, name: name(nr).unwrap_or("unknown") }))
 }
 
 /// Handles system call `nr` with its six argument registers.
@@ -126,10 +125,6 @@ fn dispatch_call(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64
                 proc.count_unsupported(nr);
             }
             SyscallOutcome::Return(errno.as_return())
-        }
-        Policy::Stop => {
-            proc.count_unsupported(nr);
-            SyscallOutcome::Stop(RunStatus::Unsupported { syscall: nr, name: entry.name })
         }
     }
 }

@@ -70,6 +70,13 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             }
             bits
         }
+        // A listener is readable while a connection waits for accept; a socket not connected
+        // yet has nothing to read or write.
+        Object::Endpoint(i) => match proc.fds.endpoint(i) {
+            Ok(endpoint) if endpoint.listening.as_ref().is_some_and(|(_, queue)| !queue.is_empty()) => readable,
+            Ok(_) => 0,
+            Err(_) => POLLNVAL,
+        },
         Object::Epoll(i) => match super::epoll::ready_list(proc, i) {
             Ok(list) if !list.is_empty() => readable,
             Ok(_) => 0,

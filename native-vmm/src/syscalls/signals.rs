@@ -1,23 +1,18 @@
-//! Signals: dispositions, the mask and the alternate stack are recorded so the program reads
-//! back what it set, but no signal handler is ever run (there is no asynchronous event source,
-//! and delivering one would mean building signal frames in guest memory).
-//!
-//! A signal the program sends to itself (raise, abort, os.kill(os.getpid(), ...)) takes effect
-//! as Linux's default would when it is not blocked (or as soon as it is unblocked): ignored
-//! signals are dropped, a terminating signal ends the run as `Exited { code: 128 + signal }`
-//! (what a shell shows for a killed process), and a signal with a handler installed or one
-//! that stops the process cannot be honoured and ends the run as unsupported. The mask and the
-//! alternate stack are the calling thread's; dispositions and pending signals the process's.
+//! Signal system calls: dispositions, masks and the alternate stack (the mask and the
+//! alternate stack are the calling thread's; dispositions and process-directed pending
+//! signals the process's), sending a signal to the guest itself (kill, tkill, tgkill), the
+//! real-time interval timer (alarm, setitimer and getitimer for ITIMER_REAL), waiting for a
+//! signal (pause, rt_sigsuspend) and rt_sigreturn. A sent signal only becomes pending here:
+//! the scheduler takes it on the way back to the program (`process::signals`, `crate::sched`),
+//! running its handler or Linux's default action.
 
-use super::{stop_unsupported, ids::GUEST_PID, value, SysResult, SyscallOutcome, UserMemory};
+use std::time::{Duration, Instant};
+
+use super::{block, ids::GUEST_PID, value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
+use crate::process::signals::{bit, RealTimer, SIGKILL, SIGSTOP, SIG_IGN};
+use crate::process::threads::WaitOn;
 use crate::process::{GuestProcess, SigAction, SIGNAL_COUNT, SS_DISABLE};
-use crate::status::RunStatus;
-
-const SIGKILL: u64 = 9;
-const SIGSTOP: u64 = 19;
-const SIG_DFL: u64 = 0;
-const SIG_IGN: u64 = 1;
 const SIG_BLOCK: u64 = 0;
 const SIG_UNBLOCK: u64 = 1;
 const SIG_SETMASK: u64 = 2;
@@ -26,10 +21,6 @@ const SIGSET_SIZE: u64 = 8;
 const SS_ONSTACK: u32 = 1;
 const SS_AUTODISARM: u32 = 1 << 31;
 const MINSIGSTKSZ: u64 = 2048;
-
-fn bit(sig: u64) -> u64 {
-    1 << (sig - 1)
-}
 
 /// A signal number 1..=64, or EINVAL.
 fn signal_number(sig: u64) -> Result<u64, Errno> {
@@ -73,7 +64,8 @@ pub(crate) fn rt_sigaction(proc: &mut GuestProcess, user: &UserMemory, args: [u6
     value(0)
 }
 
-/// rt_sigprocmask(how, set, oldset, sigsetsize): unblocking a pending signal acts on it.
+/// rt_sigprocmask(how, set, oldset, sigsetsize): a pending signal it unblocks is taken as the
+/// call returns.
 pub(crate) fn rt_sigprocmask(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [how, set, old, setsize, ..] = args;
     if setsize != SIGSET_SIZE {
@@ -94,7 +86,7 @@ pub(crate) fn rt_sigprocmask(proc: &mut GuestProcess, user: &UserMemory, args: [
         };
         proc.threads.current_mut().blocked_signals = blocked & !(bit(SIGKILL) | bit(SIGSTOP));
     }
-    deliver_pending(proc, 14)
+    value(0)
 }
 
 /// rt_sigpending(set, sigsetsize): signals sent while blocked.
@@ -102,11 +94,12 @@ pub(crate) fn rt_sigpending(proc: &mut GuestProcess, user: &UserMemory, args: [u
     if args[1] != SIGSET_SIZE {
         return Err(Errno::EINVAL);
     }
-    user.write_u64(args[0], proc.signals.pending & proc.threads.current().blocked_signals)?;
+    let thread = proc.threads.current();
+    user.write_u64(args[0], (proc.signals.pending | thread.pending_signals) & thread.blocked_signals)?;
     value(0)
 }
 
-/// sigaltstack(ss, old_ss): recorded; SS_ONSTACK is never reported since no handler runs.
+/// sigaltstack(ss, old_ss)
 pub(crate) fn sigaltstack(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [ss, old, ..] = args;
     let new = if ss != 0 {
@@ -145,10 +138,13 @@ pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) 
     if pid != 0 && pid != GUEST_PID as i64 {
         return Err(Errno::ESRCH);
     }
-    send_to_self(proc, args[1], 62)
+    if let Some(sig) = signal_or_probe(args[1])? {
+        proc.signals.pending |= bit(sig);
+    }
+    value(0)
 }
 
-/// tgkill(tgid, tid, sig): to any live thread of the guest (see `to_thread`).
+/// tgkill(tgid, tid, sig): to any live thread of the guest.
 pub(crate) fn tgkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     if args[0] as i32 as i64 <= 0 || args[1] as i32 as i64 <= 0 {
         return Err(Errno::EINVAL);
@@ -156,7 +152,7 @@ pub(crate) fn tgkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
     if args[0] != GUEST_PID {
         return Err(Errno::ESRCH);
     }
-    to_thread(proc, args[1], args[2], 234)
+    to_thread(proc, args[1], args[2])
 }
 
 /// tkill(tid, sig): as tgkill.
@@ -164,49 +160,115 @@ pub(crate) fn tkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6])
     if args[0] as i32 as i64 <= 0 {
         return Err(Errno::EINVAL);
     }
-    to_thread(proc, args[0], args[1], 200)
+    to_thread(proc, args[0], args[1])
 }
 
-/// A signal to thread `tid`: since no handler ever runs, what it does (nothing, or the end of
-/// the process) does not depend on which thread takes it, so it acts as one sent to the
-/// process, checked against the calling thread's mask.
-fn to_thread(proc: &mut GuestProcess, tid: u64, sig: u64, nr: u64) -> SysResult {
-    if proc.threads.get(tid).is_none() {
-        return Err(Errno::ESRCH);
+fn to_thread(proc: &mut GuestProcess, tid: u64, sig: u64) -> SysResult {
+    let sig = signal_or_probe(sig)?;
+    let thread = proc.threads.get_mut(tid).ok_or(Errno::ESRCH)?;
+    if let Some(sig) = sig {
+        thread.pending_signals |= bit(sig);
     }
-    send_to_self(proc, sig, nr)
+    value(0)
 }
 
-fn send_to_self(proc: &mut GuestProcess, sig: u64, nr: u64) -> SysResult {
+/// A signal number, or None for 0 (which only checks that the target exists).
+fn signal_or_probe(sig: u64) -> Result<Option<u64>, Errno> {
     if sig == 0 {
-        return value(0); // only checks that the process exists
+        Ok(None)
+    } else {
+        signal_number(sig).map(Some)
     }
-    let sig = signal_number(sig)?;
-    proc.signals.pending |= bit(sig);
-    deliver_pending(proc, nr)
 }
 
-/// Acts on the lowest pending, unblocked signal, if any (see the module comment).
-fn deliver_pending(proc: &mut GuestProcess, nr: u64) -> SysResult {
-    let ready = proc.signals.pending & !proc.threads.current().blocked_signals;
-    if ready == 0 {
-        return value(0);
+/// rt_sigreturn(): the scheduler restores what the handler interrupted.
+pub(crate) fn rt_sigreturn(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    Ok(SyscallOutcome::SigReturn)
+}
+
+/// pause(): waits until a signal interrupts it (-EINTR once its handler ran).
+pub(crate) fn pause(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    block(WaitOn::Sleep, None)
+}
+
+/// rt_sigsuspend(mask, sigsetsize): waits with `mask` until a signal interrupts it; the
+/// thread's own mask comes back when the handler returns.
+pub(crate) fn rt_sigsuspend(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if args[1] != SIGSET_SIZE {
+        return Err(Errno::EINVAL);
     }
-    let sig = u64::from(ready.trailing_zeros()) + 1;
-    proc.signals.pending &= !bit(sig);
-    let handler = proc.signals.actions[sig as usize].handler;
-    const SIGCHLD: u64 = 17;
-    const SIGCONT: u64 = 18;
-    const SIGTSTP: u64 = 20;
-    const SIGTTOU: u64 = 22;
-    const SIGURG: u64 = 23;
-    const SIGWINCH: u64 = 28;
-    match handler {
-        SIG_IGN => deliver_pending(proc, nr),
-        SIG_DFL if matches!(sig, SIGCHLD | SIGCONT | SIGURG | SIGWINCH) => deliver_pending(proc, nr),
-        // A stopped process with nobody to continue it never runs again.
-        SIG_DFL if matches!(sig, SIGSTOP | SIGTSTP..=SIGTTOU) => stop_unsupported(nr),
-        SIG_DFL => Ok(SyscallOutcome::Stop(RunStatus::Exited { code: 128 + sig as i32 })),
-        _ => stop_unsupported(nr),
+    let mask = user.read_u64(args[0])? & !(bit(SIGKILL) | bit(SIGSTOP));
+    let thread = proc.threads.current_mut();
+    thread.suspend_mask = Some(thread.blocked_signals);
+    thread.blocked_signals = mask;
+    block(WaitOn::Sleep, None)
+}
+
+const ITIMER_REAL: u64 = 0;
+const ITIMER_VIRTUAL: u64 = 1;
+const ITIMER_PROF: u64 = 2;
+
+/// The time left on the real-time timer, and its interval.
+fn timer_value(proc: &GuestProcess) -> (Duration, Duration) {
+    proc.signals.timer.map_or((Duration::ZERO, Duration::ZERO), |t| {
+        // A timer that is due reads as just about to expire, never as disarmed.
+        (t.next.saturating_duration_since(Instant::now()).max(Duration::from_micros(1)), t.interval.unwrap_or_default())
+    })
+}
+
+fn arm(proc: &mut GuestProcess, value: Duration, interval: Duration) {
+    proc.signals.timer = (!value.is_zero()).then(|| RealTimer { next: Instant::now() + value, interval: (!interval.is_zero()).then_some(interval) });
+}
+
+fn write_itimerval(user: &UserMemory, addr: u64, (value, interval): (Duration, Duration)) -> Result<(), Errno> {
+    let mut raw = [0u8; 32];
+    for (i, d) in [interval, value].into_iter().enumerate() {
+        raw[i * 16..i * 16 + 8].copy_from_slice(&d.as_secs().to_le_bytes());
+        raw[i * 16 + 8..i * 16 + 16].copy_from_slice(&u64::from(d.subsec_micros()).to_le_bytes());
     }
+    user.write(addr, &raw)
+}
+
+fn read_timeval(user: &UserMemory, addr: u64) -> Result<Duration, Errno> {
+    let (sec, usec) = (user.read_u64(addr)? as i64, user.read_u64(addr + 8)? as i64);
+    if sec < 0 || !(0..1_000_000).contains(&usec) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(Duration::new(sec as u64, usec as u32 * 1000))
+}
+
+/// Only ITIMER_REAL: the CPU-time timers are refused with EINVAL, as by a kernel without them.
+fn check_which(which: u64) -> Result<(), Errno> {
+    match which {
+        ITIMER_REAL => Ok(()),
+        ITIMER_VIRTUAL | ITIMER_PROF => Err(Errno::EINVAL),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// getitimer(which, curr_value)
+pub(crate) fn getitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    check_which(args[0])?;
+    write_itimerval(user, args[1], timer_value(proc))?;
+    value(0)
+}
+
+/// setitimer(which, new_value, old_value)
+pub(crate) fn setitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    check_which(args[0])?;
+    let new = if args[1] != 0 { Some((read_timeval(user, args[1])?, read_timeval(user, args[1] + 16)?)) } else { None };
+    if args[2] != 0 {
+        write_itimerval(user, args[2], timer_value(proc))?;
+    }
+    let (interval, value_) = new.unwrap_or_default();
+    arm(proc, value_, interval);
+    value(0)
+}
+
+/// alarm(seconds): the seconds left on the previous timer (rounded up), 0 if none.
+pub(crate) fn alarm(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (left, _) = timer_value(proc);
+    let before = if proc.signals.timer.is_some() { left.as_secs() + u64::from(left.subsec_nanos() > 0) } else { 0 };
+    arm(proc, Duration::from_secs(u64::from(args[0] as u32)), Duration::ZERO);
+    value(before)
 }

@@ -1,13 +1,14 @@
-//! Sockets: no network (socket(2) is refused in table.rs), but in-memory AF_UNIX SOCK_STREAM
-//! socketpairs, which asyncio's self-pipe and similar helpers need. A socketpair is two
-//! in-memory channels, one per direction (process/fds.rs), bounded like pipes. Its ends read
-//! and write like pipes (files.rs), plus the socket calls below; the calls that need an address
-//! (connect, bind, listen, accept) have nothing to do on a connected pair and fail as on Linux.
-//! Any socket call on an fd that is not a socket is ENOTSOCK.
+//! Sockets: no network, but in-memory stream sockets inside the VM: AF_UNIX socketpairs
+//! (asyncio's self-pipe and similar helpers), and sockets connected through an address of the
+//! VM's own namespace (addresses.rs: socket, bind, listen, accept, connect). A connected
+//! socket is two in-memory channels, one per direction (process/fds.rs), bounded like pipes.
+//! Its ends read and write like pipes (files.rs), plus the calls below. Any socket call on
+//! an fd that is not a socket is ENOTSOCK; a transfer on one not connected yet is ENOTCONN.
 //!
 //! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data
 //! (SCM_RIGHTS, credentials) is not supported: sendmsg with control data is EOPNOTSUPP.
 
+use super::addresses::{endpoint_name, AF_INET, AF_INET6};
 use super::files::{fd_arg, read_channel, transfer_each, write_channel};
 use super::{value, SysResult, UserMemory};
 use crate::errno::Errno;
@@ -37,7 +38,11 @@ const SO_DOMAIN: u64 = 39;
 
 const ENOPROTOOPT: Errno = Errno(92);
 const EPROTONOSUPPORT: Errno = Errno(93);
-const EISCONN: Errno = Errno(106);
+const EISCONN: Errno = Errno::EISCONN;
+const IPPROTO_TCP: u64 = 6;
+const IPPROTO_IPV6: u64 = 41;
+const IPV6_V6ONLY: u64 = 26;
+const SO_REUSEPORT: u64 = 15;
 
 /// An unnamed AF_UNIX address: just the family (what getsockname shows for a socketpair).
 const UNNAMED_ADDRESS: [u8; 2] = [AF_UNIX as u8, 0];
@@ -47,6 +52,22 @@ fn socket(proc: &GuestProcess, fd: u64) -> Result<(usize, Option<usize>, bool), 
     let desc = proc.fds.get(fd_arg(fd))?;
     match desc.object {
         Object::Socket { rx, tx, shut_write } => Ok((rx, (!shut_write).then_some(tx), desc.nonblocking())),
+        Object::Endpoint(_) => Err(Errno::ENOTCONN),
+        _ => Err(Errno::ENOTSOCK),
+    }
+}
+
+/// Any socket at `fd`, connected or not: (family, listening).
+fn any_socket(proc: &GuestProcess, fd: u64) -> Result<(u16, bool), Errno> {
+    match proc.fds.get(fd_arg(fd))?.object {
+        Object::Socket { rx, .. } => {
+            let family = proc.fds.socket_names(rx).map_or(AF_UNIX as u16, |(local, _)| u16::from_le_bytes([local[0], local[1]]));
+            Ok((family, false))
+        }
+        Object::Endpoint(i) => {
+            let endpoint = proc.fds.endpoint(i)?;
+            Ok((endpoint.family, endpoint.listening.is_some()))
+        }
         _ => Err(Errno::ENOTSOCK),
     }
 }
@@ -179,7 +200,7 @@ pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 
 
 /// Writes an int-sized socket option or an address, truncated to the caller's buffer length
 /// (read from and written back to `len_addr`), as Linux does.
-fn write_truncated(user: &UserMemory, buf: u64, len_addr: u64, bytes: &[u8]) -> SysResult {
+pub(super) fn write_truncated(user: &UserMemory, buf: u64, len_addr: u64, bytes: &[u8]) -> SysResult {
     let room = user.read_u32(len_addr)? as i32;
     if room < 0 {
         return Err(Errno::EINVAL);
@@ -194,27 +215,35 @@ fn write_truncated(user: &UserMemory, buf: u64, len_addr: u64, bytes: &[u8]) -> 
 /// else is ENOPROTOOPT.
 pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, level, name, optval, optlen, _] = args;
-    socket(proc, fd)?;
-    if level as u32 as u64 != SOL_SOCKET {
-        return Err(ENOPROTOOPT);
-    }
-    let answer: u32 = match name as u32 as u64 {
-        SO_TYPE => SOCK_STREAM as u32,
-        SO_DOMAIN => AF_UNIX as u32,
-        SO_SNDBUF | SO_RCVBUF => PIPE_CAPACITY as u32,
-        SO_ERROR | SO_REUSEADDR | SO_KEEPALIVE | SO_ACCEPTCONN | SO_PROTOCOL => 0,
+    let (family, listening) = any_socket(proc, fd)?;
+    let internet = family == AF_INET || family == AF_INET6;
+    let answer: u32 = match (level as u32 as u64, name as u32 as u64) {
+        (SOL_SOCKET, SO_TYPE) => SOCK_STREAM as u32,
+        (SOL_SOCKET, SO_DOMAIN) => u32::from(family),
+        (SOL_SOCKET, SO_SNDBUF | SO_RCVBUF) => PIPE_CAPACITY as u32,
+        (SOL_SOCKET, SO_ACCEPTCONN) => u32::from(listening),
+        (SOL_SOCKET, SO_PROTOCOL) => if internet { IPPROTO_TCP as u32 } else { 0 },
+        (SOL_SOCKET, SO_ERROR | SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE) => 0,
+        // Options of TCP and IPv6 change nothing in memory: they read back as 0.
+        (IPPROTO_TCP, _) | (IPPROTO_IPV6, IPV6_V6ONLY) if internet => 0,
         _ => return Err(ENOPROTOOPT),
     };
     write_truncated(user, optval, optlen, &answer.to_le_bytes())
 }
 
-/// setsockopt(fd, level, name, value, len): options with no effect on an in-memory pair are
-/// accepted (buffer sizes stay PIPE_CAPACITY); timeouts and the rest are ENOPROTOOPT, since a
-/// receive timeout could not be honoured (a blocking receive stops the run).
+/// setsockopt(fd, level, name, value, len): options with no effect on in-memory channels are
+/// accepted (buffer sizes stay PIPE_CAPACITY; TCP's and IPV6_V6ONLY on Internet sockets);
+/// timeouts and the rest are ENOPROTOOPT, since a receive timeout could not be honoured.
 pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, level, name, optval, optlen, _] = args;
-    socket(proc, fd)?;
-    if level as u32 as u64 != SOL_SOCKET || !matches!(name as u32 as u64, SO_REUSEADDR | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED) {
+    let (family, _) = any_socket(proc, fd)?;
+    let internet = family == AF_INET || family == AF_INET6;
+    let accepted = match (level as u32 as u64, name as u32 as u64) {
+        (SOL_SOCKET, SO_REUSEADDR | SO_REUSEPORT | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED) => true,
+        (IPPROTO_TCP, _) | (IPPROTO_IPV6, IPV6_V6ONLY) => internet,
+        _ => false,
+    };
+    if !accepted {
         return Err(ENOPROTOOPT);
     }
     if (optlen as u32) < 4 {
@@ -224,20 +253,22 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     value(0)
 }
 
-/// getsockname(fd, addr, addrlen) and getpeername: a socketpair's ends are unnamed.
+/// getsockname(fd, addr, addrlen): a socketpair's ends are unnamed.
 pub(crate) fn getsockname(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    socket(proc, args[0])?;
-    write_truncated(user, args[1], args[2], &UNNAMED_ADDRESS)
+    let name = match proc.fds.get(fd_arg(args[0]))?.object {
+        Object::Socket { rx, .. } => proc.fds.socket_names(rx).map_or(UNNAMED_ADDRESS.to_vec(), |(local, _)| local.clone()),
+        Object::Endpoint(i) => endpoint_name(proc, i)?,
+        _ => return Err(Errno::ENOTSOCK),
+    };
+    write_truncated(user, args[1], args[2], &name)
 }
 
-/// connect(fd, addr, len): a socketpair end is already connected.
-pub(crate) fn connect(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    socket(proc, args[0])?;
-    Err(EISCONN)
-}
-
-/// bind, listen, accept, accept4: nothing to bind or accept on a connected pair (EINVAL).
-pub(crate) fn not_listening(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    socket(proc, args[0])?;
-    Err(Errno::EINVAL)
+/// getpeername(fd, addr, addrlen): ENOTCONN before connect.
+pub(crate) fn getpeername(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let name = match proc.fds.get(fd_arg(args[0]))?.object {
+        Object::Socket { rx, .. } => proc.fds.socket_names(rx).map_or(UNNAMED_ADDRESS.to_vec(), |(_, peer)| peer.clone()),
+        Object::Endpoint(_) => return Err(Errno::ENOTCONN),
+        _ => return Err(Errno::ENOTSOCK),
+    };
+    write_truncated(user, args[1], args[2], &name)
 }

@@ -3,24 +3,20 @@
 //! Each row is (number, name, policy):
 //! * `Emulate(handler)`: answered by the VMM, with Linux's semantics within the sandbox's
 //!   limits (the handler's doc comment says where it differs).
-//! * `Refuse(errno)`: refused by design with a fixed errno the program can handle: no network
-//!   (socket(2) fails with EACCES for every family, as under a seccomp or firewall policy;
-//!   only in-memory AF_UNIX socketpairs exist, see sockets.rs), no other process (fork, vfork,
+//! * `Refuse(errno)`: refused by design with a fixed errno the program can handle (sockets
+//!   exist only inside the VM, see addresses.rs and sockets.rs), no other process (fork, vfork,
 //!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
-//!   children to wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an
-//!   unprivileged user), and rseq, which glibc probes and tolerates missing.
-//! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
-//!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
-//!   leave the program running on a false premise. rt_sigreturn is only reached at the end of a
-//!   signal handler, which never runs (no signal is delivered), so reaching it means the stack
-//!   is not what the program believes; pause and rt_sigsuspend wait for a signal that can never
-//!   come. (A wait that no thread could ever end, e.g. an untimed futex wait while every other
-//!   thread waits too, ends the run as deadlocked: see `crate::sched`.)
+//!   children to wait for (ECHILD), no identity changes (EPERM: the guest is an unprivileged
+//!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), and rseq, which
+//!   glibc probes and tolerates missing.
 //!
-//! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS and
-//! `Stop` answers are also counted as unsupported (see `GuestProcess::unsupported_counts`).
+//! A wait that no thread could ever end (an untimed futex wait or pause while every other
+//! thread waits too and no timer is armed) ends the run as deadlocked: see `crate::sched`.
+//!
+//! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS answers are
+//! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{epoll, files, futex, ids, memory, misc, poll, signals, sockets, threads, time, SysResult, UserMemory};
+use super::{addresses, epoll, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -30,7 +26,6 @@ pub type Handler = fn(&mut GuestProcess, &UserMemory, [u64; 6]) -> SysResult;
 pub enum Policy {
     Emulate(Handler),
     Refuse(Errno),
-    Stop,
 }
 
 #[derive(Clone, Copy)]
@@ -48,12 +43,9 @@ const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
     SyscallEntry { nr, name, policy: Policy::Refuse(errno) }
 }
 
-const fn stop(nr: u64, name: &'static str) -> SyscallEntry {
-    SyscallEntry { nr, name, policy: Policy::Stop }
-}
-
-const NO_NETWORK: Errno = Errno::EACCES;
 const NO_PROCESSES: Errno = Errno::ENOSYS;
+/// The file systems have no extended attributes, as one mounted without them answers.
+const NO_XATTRS: Errno = Errno::EOPNOTSUPP;
 
 /// Sorted by number (a unit test checks it).
 pub static TABLE: &[SyscallEntry] = &[
@@ -72,7 +64,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(12, "brk", memory::brk),
     emulate(13, "rt_sigaction", signals::rt_sigaction),
     emulate(14, "rt_sigprocmask", signals::rt_sigprocmask),
-    stop(15, "rt_sigreturn"),
+    emulate(15, "rt_sigreturn", signals::rt_sigreturn),
     emulate(16, "ioctl", files::ioctl),
     emulate(17, "pread64", files::pread64),
     emulate(18, "pwrite64", files::pwrite64),
@@ -87,21 +79,24 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(28, "madvise", memory::madvise),
     emulate(32, "dup", files::dup),
     emulate(33, "dup2", files::dup2),
-    stop(34, "pause"),
+    emulate(34, "pause", signals::pause),
     emulate(35, "nanosleep", time::nanosleep),
+    emulate(36, "getitimer", signals::getitimer),
+    emulate(37, "alarm", signals::alarm),
+    emulate(38, "setitimer", signals::setitimer),
     emulate(39, "getpid", ids::getpid),
-    refuse(41, "socket", NO_NETWORK),
-    emulate(42, "connect", sockets::connect),
-    emulate(43, "accept", sockets::not_listening),
+    emulate(41, "socket", addresses::socket),
+    emulate(42, "connect", addresses::connect),
+    emulate(43, "accept", addresses::accept),
     emulate(44, "sendto", sockets::sendto),
     emulate(45, "recvfrom", sockets::recvfrom),
     emulate(46, "sendmsg", sockets::sendmsg),
     emulate(47, "recvmsg", sockets::recvmsg),
     emulate(48, "shutdown", sockets::shutdown),
-    emulate(49, "bind", sockets::not_listening),
-    emulate(50, "listen", sockets::not_listening),
+    emulate(49, "bind", addresses::bind),
+    emulate(50, "listen", addresses::listen),
     emulate(51, "getsockname", sockets::getsockname),
-    emulate(52, "getpeername", sockets::getsockname),
+    emulate(52, "getpeername", sockets::getpeername),
     emulate(53, "socketpair", sockets::socketpair),
     emulate(54, "setsockopt", sockets::setsockopt),
     emulate(55, "getsockopt", sockets::getsockopt),
@@ -131,9 +126,9 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(89, "readlink", files::readlink),
     emulate(90, "chmod", files::chmod),
     emulate(91, "fchmod", files::fchmod),
-    refuse(92, "chown", Errno::EPERM),
-    refuse(93, "fchown", Errno::EPERM),
-    refuse(94, "lchown", Errno::EPERM),
+    emulate(92, "chown", ownership::chown),
+    emulate(93, "fchown", ownership::fchown),
+    emulate(94, "lchown", ownership::lchown),
     emulate(95, "umask", ids::umask),
     emulate(96, "gettimeofday", time::gettimeofday),
     emulate(97, "getrlimit", misc::getrlimit),
@@ -157,13 +152,27 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(121, "getpgid", ids::getpgid),
     emulate(124, "getsid", ids::getpgid),
     emulate(127, "rt_sigpending", signals::rt_sigpending),
-    stop(130, "rt_sigsuspend"),
+    emulate(130, "rt_sigsuspend", signals::rt_sigsuspend),
     emulate(131, "sigaltstack", signals::sigaltstack),
     emulate(137, "statfs", files::statfs),
     emulate(138, "fstatfs", files::fstatfs),
+    emulate(140, "getpriority", ownership::getpriority),
+    emulate(141, "setpriority", ownership::setpriority),
     emulate(158, "arch_prctl", threads::arch_prctl),
     emulate(160, "setrlimit", misc::setrlimit),
     emulate(186, "gettid", threads::gettid),
+    refuse(188, "setxattr", NO_XATTRS),
+    refuse(189, "lsetxattr", NO_XATTRS),
+    refuse(190, "fsetxattr", NO_XATTRS),
+    refuse(191, "getxattr", NO_XATTRS),
+    refuse(192, "lgetxattr", NO_XATTRS),
+    refuse(193, "fgetxattr", NO_XATTRS),
+    refuse(194, "listxattr", NO_XATTRS),
+    refuse(195, "llistxattr", NO_XATTRS),
+    refuse(196, "flistxattr", NO_XATTRS),
+    refuse(197, "removexattr", NO_XATTRS),
+    refuse(198, "lremovexattr", NO_XATTRS),
+    refuse(199, "fremovexattr", NO_XATTRS),
     emulate(200, "tkill", signals::tkill),
     emulate(201, "time", time::time),
     emulate(202, "futex", futex::futex),
@@ -182,7 +191,7 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(247, "waitid", Errno::ECHILD),
     emulate(257, "openat", files::openat),
     emulate(258, "mkdirat", files::mkdirat),
-    refuse(260, "fchownat", Errno::EPERM),
+    emulate(260, "fchownat", ownership::fchownat),
     emulate(262, "newfstatat", files::newfstatat),
     emulate(263, "unlinkat", files::unlinkat),
     emulate(264, "renameat", files::renameat),
@@ -195,7 +204,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(273, "set_robust_list", threads::set_robust_list),
     emulate(280, "utimensat", files::utimensat),
     emulate(281, "epoll_pwait", epoll::epoll_pwait),
-    emulate(288, "accept4", sockets::not_listening),
+    emulate(288, "accept4", addresses::accept4),
     emulate(291, "epoll_create1", epoll::epoll_create1),
     emulate(292, "dup3", files::dup3),
     emulate(293, "pipe2", files::pipe2),

@@ -14,6 +14,7 @@ use crate::process::{AddressSpace, GuestProcess, ProcessConfig};
 use crate::status::RunStatus;
 
 const MIB: u64 = 1 << 20;
+const MREMAP: u64 = 25;
 const MEM: u64 = 16 * MIB;
 /// Scratch user memory for arguments (below brk_start: loader-owned, never handed out).
 const SCRATCH: u64 = 0x20_0000;
@@ -51,6 +52,8 @@ const GETDENTS64: u64 = 217;
 const CLOCK_GETTIME: u64 = 228;
 const EXIT_GROUP: u64 = 231;
 const TGKILL: u64 = 234;
+const TKILL: u64 = 200;
+const RT_SIGPENDING: u64 = 127;
 const OPENAT: u64 = 257;
 const MKDIRAT: u64 = 258;
 const NEWFSTATAT: u64 = 262;
@@ -179,7 +182,7 @@ fn unknown_calls_are_enosys_and_counted() {
     assert_eq!(g.ret(500, &[]), err(Errno::ENOSYS));
     assert_eq!(g.ret(1 << 40, &[]), err(Errno::ENOSYS));
     assert_eq!(g.ret(CLONE, &[]), err(Errno::ENOSYS));
-    assert_eq!(g.ret(SOCKET, &[2, 1, 0]), err(Errno::EACCES));
+    assert_eq!(g.ret(SOCKET, &[17, 3, 0]), err(Errno::EAFNOSUPPORT));
     assert_eq!(g.ret(GETTID, &[]), 1);
     let unsupported = g.proc.unsupported_counts();
     assert!(unsupported.iter().any(|c| c.nr == Some(500) && c.count == 2 && c.name.is_none()));
@@ -192,9 +195,9 @@ fn unknown_calls_are_enosys_and_counted() {
 }
 
 #[test]
-fn calls_that_cannot_be_answered_stop_the_run() {
+fn calls_the_scheduler_carries_out() {
     let mut g = guest();
-    assert_eq!(g.call(RT_SIGRETURN, &[]), SyscallOutcome::Stop(RunStatus::Unsupported { syscall: 15, name: "rt_sigreturn" }));
+    assert_eq!(g.call(RT_SIGRETURN, &[]), SyscallOutcome::SigReturn);
     assert_eq!(g.call(EXIT_GROUP, &[0x1_03]), SyscallOutcome::Stop(RunStatus::Exited { code: 3 }));
 }
 
@@ -237,7 +240,10 @@ fn mmap_munmap_brk_accounting_and_out_of_memory() {
     assert!(g.mem.read_vec(b, 4096).unwrap().iter().all(|&x| x == 0));
     assert_eq!(g.ret(MMAP, &[0, 0, 3, 0x22, u64::MAX, 0]), err(Errno::EINVAL));
     assert_eq!(g.ret(MMAP, &[0, 4096, 3, 0x20, u64::MAX, 0]), err(Errno::EINVAL));
-    // More than the guest holds: the run stops as out of memory.
+    // More than is left: the run stops as out of memory; more than the guest holds at all
+    // could never fit and is ENOMEM, as is growing a mapping past it.
+    assert_eq!(g.ret(MMAP, &[0, MEM + 4096, 3, 0x22, u64::MAX, 0]), err(Errno::ENOMEM));
+    assert_eq!(g.ret(MREMAP, &[b, 4096, MEM + 4096, 1, 0]), err(Errno::ENOMEM));
     assert_eq!(g.call(MMAP, &[0, 11 * MIB, 3, 0x22, u64::MAX, 0]), SyscallOutcome::Stop(RunStatus::OutOfMemory { limit_bytes: MEM }));
 }
 
@@ -476,21 +482,29 @@ fn sleeps_block_the_thread_until_their_time() {
 
 #[test]
 fn signals_sent_to_self() {
+    use crate::process::signals::{self, Taken};
     let mut g = guest();
     // SIGCHLD's default is to ignore; SIGTERM's is to terminate.
     assert_eq!(g.ret(KILL, &[1, 17]), 0);
+    assert!(signals::take(&mut g.proc, 1).is_none());
     assert_eq!(g.ret(KILL, &[2, 15]), err(Errno::ESRCH));
     assert_eq!(g.ret(KILL, &[-1i64 as u64, 15]), err(Errno::ESRCH));
     assert_eq!(g.ret(KILL, &[1, 0]), 0);
-    // raise(): all signals blocked around tgkill, then the mask is restored.
+    assert_eq!(g.ret(KILL, &[1, 65]), err(Errno::EINVAL));
+    assert_eq!(signals::ready_for(&g.proc, 1), 0);
+    // raise(): all signals blocked around tgkill, then the mask is restored and it is taken.
     g.mem.write_u64(SCRATCH, u64::MAX).unwrap();
     assert_eq!(g.ret(RT_SIGPROCMASK, &[0, SCRATCH, 0, 8]), 0);
     assert_eq!(g.ret(TGKILL, &[1, 1, 6]), 0);
+    assert_eq!(signals::ready_for(&g.proc, 1), 0);
+    assert_eq!(g.ret(RT_SIGPENDING, &[BUF, 8]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), 1 << 5);
     g.mem.write_u64(SCRATCH, 0).unwrap();
-    assert_eq!(g.call(RT_SIGPROCMASK, &[2, SCRATCH, 0, 8]), SyscallOutcome::Stop(RunStatus::Exited { code: 134 }));
-    // An installed handler can never run.
+    assert_eq!(g.ret(RT_SIGPROCMASK, &[2, SCRATCH, 0, 8]), 0);
+    assert!(matches!(signals::take(&mut g.proc, 1), Some(Taken::End(RunStatus::Exited { code: 134 }))));
+    // An installed handler is what the next signal runs, with its flags and mask.
     let mut g = guest();
-    let act = [0x40_1000u64, 0x0400_0000, 0x40_2000, 0];
+    let act = [0x40_1000u64, 0x0400_0000, 0x40_2000, 1 << 1];
     for (i, v) in act.iter().enumerate() {
         g.mem.write_u64(SCRATCH + 8 * i as u64, *v).unwrap();
     }
@@ -498,7 +512,41 @@ fn signals_sent_to_self() {
     assert_eq!(g.ret(RT_SIGACTION, &[10, 0, BUF, 8]), 0);
     assert_eq!(g.mem.read_u64(BUF).unwrap(), 0x40_1000);
     assert_eq!(g.ret(RT_SIGACTION, &[9, SCRATCH, 0, 8]), err(Errno::EINVAL));
-    assert!(matches!(g.call(KILL, &[0, 10]), SyscallOutcome::Stop(RunStatus::Unsupported { .. })));
+    assert_eq!(g.ret(KILL, &[0, 10]), 0);
+    match signals::take(&mut g.proc, 1) {
+        Some(Taken::Handler { sig: 10, action, code: signals::SI_USER }) => assert_eq!((action.handler, action.mask), (0x40_1000, 1 << 1)),
+        _ => panic!("SIGUSR1 should run its handler"),
+    }
+    // A signal to the thread itself is SI_TKILL; to a thread that does not exist, ESRCH.
+    assert_eq!(g.ret(TKILL, &[1, 10]), 0);
+    assert!(matches!(signals::take(&mut g.proc, 1), Some(Taken::Handler { sig: 10, code: signals::SI_TKILL, .. })));
+    assert_eq!(g.ret(TKILL, &[7, 10]), err(Errno::ESRCH));
+}
+
+#[test]
+fn interval_timer() {
+    const GETITIMER: u64 = 36;
+    const ALARM: u64 = 37;
+    const SETITIMER: u64 = 38;
+    let mut g = guest();
+    assert_eq!(g.ret(ALARM, &[5]), 0);
+    assert_eq!(g.ret(ALARM, &[0]), 5);
+    assert!(g.proc.signals.timer.is_none());
+    // 50 ms once, then every 10 ms.
+    for (i, v) in [0u64, 10_000, 0, 50_000].iter().enumerate() {
+        g.mem.write_u64(SCRATCH + 8 * i as u64, *v).unwrap();
+    }
+    assert_eq!(g.ret(SETITIMER, &[0, SCRATCH, 0]), 0);
+    assert_eq!(g.ret(GETITIMER, &[0, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 8).unwrap(), 10_000);
+    assert!((40_000..=50_000).contains(&g.mem.read_u64(BUF + 24).unwrap()));
+    assert_eq!(g.ret(SETITIMER, &[1, SCRATCH, 0]), err(Errno::EINVAL));
+    g.mem.write_u64(SCRATCH + 8, 1_000_000).unwrap();
+    assert_eq!(g.ret(SETITIMER, &[0, SCRATCH, 0]), err(Errno::EINVAL));
+    let due = g.proc.signals.timer.unwrap().next;
+    crate::process::signals::fire_timer(&mut g.proc, due);
+    assert_eq!(g.proc.signals.pending, 1 << 13);
+    assert_eq!(g.proc.signals.timer.unwrap().next, due + std::time::Duration::from_millis(10));
 }
 
 #[test]
@@ -737,12 +785,12 @@ impl Guest {
 #[test]
 fn socketpair_is_a_bidirectional_bounded_channel() {
     let mut g = guest();
-    // Only AF_UNIX stream pairs; socket(2) stays refused for every family.
+    // Only AF_UNIX stream pairs; socket(2) makes no datagram sockets.
     assert_eq!(g.ret(SOCKETPAIR, &[2, SOCK_STREAM, 0, SCRATCH]), err(Errno::EOPNOTSUPP));
     assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, 2, 0, SCRATCH]), err(Errno::EOPNOTSUPP));
     assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM | 0x100, 0, SCRATCH]), err(Errno::EINVAL));
     assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM, 0, 0x1000]), err(Errno::EFAULT));
-    assert_eq!(g.ret(SOCKET, &[AF_UNIX, SOCK_STREAM, 0]), err(Errno::EACCES));
+    assert_eq!(g.ret(SOCKET, &[AF_UNIX, 2, 0]), -94, "ESOCKTNOSUPPORT");
     let (a, b) = g.socketpair(O_CLOEXEC);
     assert_eq!((a, b), (3, 4));
     assert_eq!(g.write_bytes(a, b"ping"), 4);

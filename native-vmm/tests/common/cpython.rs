@@ -3,9 +3,10 @@
 //! `python3 -m test MODULE -v` with the tests listed in tests/cpython/skipped.txt left out, and
 //! the VM's limits raised to what the suites start (test_queue runs 100 threads at once).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::status::RunStatus;
@@ -34,8 +35,12 @@ pub fn test_image() -> Arc<Image> {
             let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python");
             let mut manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(templates.join("image.json")).unwrap()).unwrap();
             manifest["name"] = "python-cpython-tests".into();
-            // The agent is not needed; host paths of the others are absolute.
-            manifest["paths"].as_array_mut().unwrap().retain(|p| p.is_string());
+            // The agent is not needed; the template's own files are named from its folder.
+            let paths = manifest["paths"].as_array_mut().unwrap();
+            paths.retain(|p| p["guest"] != "/opt/sandfork/agent.py");
+            for path in paths.iter_mut().filter(|p| p.is_object()) {
+                path["host"] = templates.join(path["host"].as_str().unwrap()).to_str().unwrap().into();
+            }
             manifest["exclude"].as_array_mut().unwrap().retain(|e| {
                 let e = e.as_str().unwrap();
                 !(e.ends_with("/test") || e.ends_with("**/tests") || e.contains("/_test"))
@@ -96,4 +101,166 @@ pub fn run_suite(module: &str, timeout: Duration) -> SuiteRun {
     }
     assert!(ran > 0, "{module}: no test ran:\n{stdout}");
     SuiteRun { ran, skipped_by_the_suite }
+}
+
+/// How one test ended in a run of tests/cpython/record_results.py.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestResult {
+    Passed,
+    Failed,
+    Skipped,
+}
+
+/// Every test's result, and the reason of a failure or skip, from the "@@sandfork STATUS ID
+/// [| REASON]" lines of record_results.py (a test with a failed subtest, or reported twice,
+/// keeps its worst result).
+pub fn test_results(stderr: &str) -> BTreeMap<String, (TestResult, String)> {
+    let mut results = BTreeMap::new();
+    for line in stderr.lines() {
+        let Some((status, rest)) = line.strip_prefix("@@sandfork ").and_then(|l| l.split_once(' ')) else { continue };
+        let (id, detail) = rest.split_once(" | ").unwrap_or((rest, ""));
+        let result = match status {
+            "pass" => TestResult::Passed,
+            "skip" => TestResult::Skipped,
+            _ => TestResult::Failed,
+        };
+        let entry = results.entry(id.to_owned()).or_insert((result, detail.to_owned()));
+        if result == TestResult::Failed && entry.0 != TestResult::Failed {
+            *entry = (result, detail.to_owned());
+        }
+    }
+    results
+}
+
+/// One module run natively and in the VM.
+pub struct ModuleComparison {
+    pub module: String,
+    /// Tests that passed natively.
+    pub native_passed: BTreeSet<String>,
+    /// Of those, the ones that did not pass in the VM, with what the VM run said of them
+    /// (None: never reported, the run ended first).
+    pub lost: BTreeMap<String, Option<(TestResult, String)>>,
+    /// How the VM run ended, its wall time, and the native run's.
+    pub vm_status: RunStatus,
+    pub vm_wall: Duration,
+    pub native_wall: Duration,
+    /// The VM run's output, for the report.
+    pub vm_output: String,
+}
+
+impl ModuleComparison {
+    /// Native passes that also pass in the VM.
+    pub fn kept(&self) -> usize {
+        self.native_passed.len() - self.lost.len()
+    }
+}
+
+/// The modules of tests/cpython/modules.txt: all of them, or only those marked `short`.
+pub fn compat_modules(short_only: bool) -> Vec<String> {
+    include_str!("../cpython/modules.txt")
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .filter(|line| !short_only || line.split_whitespace().nth(1) == Some("short"))
+        .map(|line| line.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
+/// The user a native run runs as: the host's own, or nobody when that is root, so that the
+/// native run is as unprivileged as the guest (root passes permission and ownership tests the
+/// guest must fail, and skips others).
+fn unprivileged(cmd: &mut std::process::Command) {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() == Some(0) {
+        cmd.uid(65534).gid(65534); // std drops the supplementary groups too
+    }
+}
+
+/// Runs `module` with record_results.py natively (/usr/bin/python3.11, the guest's
+/// environment, in /tmp) and in the VM at the same time, and compares them test by test.
+pub fn compare_module(module: &str, timeout: Duration) -> ModuleComparison {
+    const DRIVER: &str = include_str!("../cpython/record_results.py");
+    let args = ["-c", DRIVER, module];
+    let (native, vm) = std::thread::scope(|scope| {
+        let native = scope.spawn(|| {
+            let started = Instant::now();
+            let mut cmd = std::process::Command::new("/usr/bin/python3.11");
+            cmd.args(args).env_clear().envs(sandfork_vmm::vm::DEFAULT_ENV.iter().filter_map(|kv| kv.split_once('='))).current_dir("/tmp");
+            unprivileged(&mut cmd);
+            let output = cmd.output().expect("running /usr/bin/python3.11");
+            (output, started.elapsed())
+        });
+        let mut req = request("python3", &args);
+        req.mem_bytes = 1 << 30;
+        req.thread_limit = 256;
+        req.output_cap = 64 << 20;
+        req.timeout = scaled(timeout);
+        let vm = run(&test_image(), &req);
+        (native.join().unwrap(), vm)
+    });
+    let (native, native_wall) = native;
+    let native_results = test_results(&String::from_utf8_lossy(&native.stderr));
+    let vm_results = test_results(&String::from_utf8_lossy(&vm.stderr));
+    let native_passed: BTreeSet<String> = native_results.iter().filter(|(_, r)| r.0 == TestResult::Passed).map(|(id, _)| id.clone()).collect();
+    let lost = native_passed.iter().filter(|id| vm_results.get(*id).map(|r| r.0) != Some(TestResult::Passed)).map(|id| (id.clone(), vm_results.get(id).cloned())).collect();
+    ModuleComparison {
+        module: module.to_owned(),
+        native_passed,
+        lost,
+        vm_status: vm.status.clone(),
+        vm_wall: vm.stats.wall,
+        native_wall,
+        vm_output: format!("{}\n{}", String::from_utf8_lossy(&vm.stdout), String::from_utf8_lossy(&vm.stderr)),
+    }
+}
+
+/// The share `kept / of` as a percentage with one decimal ("-" when nothing passed natively).
+pub fn share(kept: usize, of: usize) -> String {
+    if of == 0 {
+        "-".to_owned()
+    } else {
+        format!("{:.1}%", 100.0 * kept as f64 / of as f64)
+    }
+}
+
+/// The header of `print_row`'s table.
+pub fn print_header() {
+    println!("{:<28} {:>7} {:>7} {:>7} {:>8} {:>8}  VM run", "module", "native", "in VM", "share", "native s", "VM s");
+}
+
+/// One module's line: native passes, how many of them pass in the VM, the share, both times
+/// and how the VM run ended; its VM output goes to `report_dir`/MODULE.log.
+pub fn print_row(r: &ModuleComparison, report_dir: &Path) {
+    std::fs::create_dir_all(report_dir).unwrap();
+    std::fs::write(report_dir.join(format!("{}.log", r.module)), &r.vm_output).unwrap();
+    println!(
+        "{:<28} {:>7} {:>7} {:>7} {:>8.1} {:>8.1}  {}",
+        r.module,
+        r.native_passed.len(),
+        r.kept(),
+        share(r.kept(), r.native_passed.len()),
+        r.native_wall.as_secs_f64(),
+        r.vm_wall.as_secs_f64(),
+        r.vm_status
+    );
+}
+
+/// Prints the total and writes every lost test with its VM result to `report_dir`/lost.txt.
+/// Returns (kept, native passes).
+pub fn print_total(results: &[ModuleComparison], report_dir: &Path) -> (usize, usize) {
+    let mut lost_list = String::new();
+    for r in results {
+        for (id, result) in &r.lost {
+            let result = result.as_ref().map_or("not run (the run had ended)".to_owned(), |(r, why)| format!("{r:?} {why}"));
+            lost_list.push_str(&format!("{id}  {result}\n"));
+        }
+    }
+    let kept: usize = results.iter().map(ModuleComparison::kept).sum();
+    let of: usize = results.iter().map(|r| r.native_passed.len()).sum();
+    let full = results.iter().filter(|r| r.lost.is_empty()).count();
+    println!("total: {kept} of {of} native passes pass in the VM: {} ({full} of {} modules fully)", share(kept, of), results.len());
+    std::fs::write(report_dir.join("lost.txt"), lost_list).unwrap();
+    println!("tests that pass natively but not in the VM: {}", report_dir.join("lost.txt").display());
+    (kept, of)
 }

@@ -10,9 +10,11 @@ import ctypes, mmap, os, sys
 STUB = 0x7000
 GETPID = 39
 if sys.argv[1] == "stub":
-    # mov eax, GETPID; lea rcx, [rip+13] (the ret: rcx is the return address, as syscall sets
-    # it); mov r8, STUB; jmp r8; ret. Off PVM the stub page is supervisor-only: a page fault.
-    code = bytes.fromhex("b8") + GETPID.to_bytes(4, "little") + bytes.fromhex("488d0d0d000000")
+    # mov eax, GETPID; mov r11, 0x202 (rflags, as syscall saves them: the stub's iretq restores
+    # r11, and whatever ctypes left there may set AC); lea rcx, [rip+13] (the ret: rcx is the
+    # return address, as syscall sets it); mov r8, STUB; jmp r8; ret. Off PVM the stub page is
+    # supervisor-only: a page fault.
+    code = bytes.fromhex("b8") + GETPID.to_bytes(4, "little") + bytes.fromhex("49c7c302020000") + bytes.fromhex("488d0d0d000000")
     code += bytes.fromhex("49b8") + STUB.to_bytes(8, "little") + bytes.fromhex("41ffe0") + b"\xc3"
 else:
     # mov eax, GETPID; out 0xE0, al; ret: the VMM sees this program's system call, nothing more.

@@ -1,7 +1,7 @@
 # attack: every system call number 0..1023 (and a few past Linux's range), each with several sets of garbage arguments: addresses in the system area, non-canonical and kernel addresses, all ones, huge lengths, negative descriptors
 # expect: ok
 # variants: 0 256 512 768
-# must not: crash or hang the VMM, or answer with anything but an errno or a harmless value; the calls that end a process (exit, exit_group) or wait for a signal that never comes (pause, rt_sigsuspend, rt_sigreturn: they stop the run as unsupported) are left out
+# must not: crash or hang the VMM, or answer with anything but an errno or a harmless value; the calls that end a process (exit, exit_group) wait for a signal (pause, rt_sigsuspend: with nothing to send one, the run ends as deadlocked) or return from a handler that never ran (rt_sigreturn: unsupported) are left out
 import ctypes, sys
 
 libc = ctypes.CDLL(None, use_errno=True)

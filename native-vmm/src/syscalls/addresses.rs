@@ -1,0 +1,251 @@
+//! socket(2) stream sockets that live entirely inside the VM: AF_UNIX (path or abstract
+//! names), and AF_INET/AF_INET6 on the loopback addresses only. bind puts an address in the
+//! VM's own namespace (`FdTable::bind`), listen makes it take connections, connect to a
+//! listening address makes an in-memory socketpair (process/fds.rs) whose other end waits for
+//! accept. Nothing is ever sent outside the VM: a connection to any other address is
+//! ENETUNREACH (as on a host with only a loopback interface), binding one is EADDRNOTAVAIL.
+//! A Unix socket's path is a name in that namespace, not a file (stat does not find it).
+//! Datagram and raw sockets are refused (EPROTONOSUPPORT / ESOCKTNOSUPPORT).
+
+use super::files::fd_arg;
+use super::{value, wait_ready, SysResult, UserMemory};
+use crate::errno::Errno;
+use crate::process::{GuestProcess, Object, O_NONBLOCK};
+
+pub(super) const AF_UNIX: u16 = 1;
+pub(super) const AF_INET: u16 = 2;
+pub(super) const AF_INET6: u16 = 10;
+const SOCK_STREAM: u64 = 1;
+const SOCK_TYPE_MASK: u64 = 0xf;
+const SOCK_NONBLOCK: u64 = 0o4000;
+const SOCK_CLOEXEC: u64 = 0o2000000;
+const IPPROTO_TCP: u64 = 6;
+const EPROTONOSUPPORT: Errno = Errno(93);
+const ESOCKTNOSUPPORT: Errno = Errno(94);
+/// sun_path's size.
+const UNIX_PATH_MAX: usize = 108;
+/// listen(2) backlogs are capped at Linux's default somaxconn.
+const SOMAXCONN: usize = 4096;
+
+/// socket(domain, type, protocol)
+pub(crate) fn socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (domain, kind, protocol) = (args[0] as u32 as u64, args[1] as u32 as u64, args[2] as u32 as u64);
+    let family = match domain as u16 {
+        AF_UNIX | AF_INET | AF_INET6 if domain <= u64::from(u16::MAX) => domain as u16,
+        _ => return Err(Errno::EAFNOSUPPORT),
+    };
+    if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    if kind & SOCK_TYPE_MASK != SOCK_STREAM {
+        return Err(ESOCKTNOSUPPORT);
+    }
+    let protocol_ok = protocol == 0 || (family != AF_UNIX && protocol == IPPROTO_TCP);
+    if !protocol_ok {
+        return Err(EPROTONOSUPPORT);
+    }
+    let flags = if kind & SOCK_NONBLOCK != 0 { O_NONBLOCK } else { 0 };
+    let description = proc.fds.new_endpoint(family, flags);
+    value(proc.fds.install(description, 0, kind & SOCK_CLOEXEC != 0)?)
+}
+
+/// The unconnected socket at `fd`: (endpoint index, family); `if_connected` for a connected one.
+fn endpoint(proc: &GuestProcess, fd: u64, if_connected: Errno) -> Result<(usize, u16), Errno> {
+    match proc.fds.get(fd_arg(fd))?.object {
+        Object::Endpoint(i) => Ok((i, proc.fds.endpoint(i)?.family)),
+        Object::Socket { .. } => Err(if_connected),
+        _ => Err(Errno::ENOTSOCK),
+    }
+}
+
+/// An address a program passed: its namespace key and the sockaddr it reads back.
+struct Address {
+    key: Vec<u8>,
+    name: Vec<u8>,
+    /// AF_INET/AF_INET6: the port (0: pick one).
+    port: Option<u16>,
+}
+
+fn inet_key(family: u16, port: u16) -> Vec<u8> {
+    let mut key = family.to_le_bytes().to_vec();
+    key.extend_from_slice(&port.to_be_bytes());
+    key
+}
+
+/// The sockaddr of `family` at its loopback address and `port`.
+fn loopback_name(family: u16, port: u16) -> Vec<u8> {
+    let mut name = family.to_le_bytes().to_vec();
+    name.extend_from_slice(&port.to_be_bytes());
+    if family == AF_INET {
+        name.extend_from_slice(&[127, 0, 0, 1]);
+        name.resize(16, 0);
+    } else {
+        name.resize(24, 0);
+        name[23] = 1; // ::1
+        name.resize(28, 0);
+    }
+    name
+}
+
+/// Whether an IPv4 or IPv6 address is this host's: loopback, or the wildcard (which means
+/// loopback here, the only interface).
+fn is_local(family: u16, addr: &[u8]) -> bool {
+    if family == AF_INET {
+        addr[0] == 127 || addr == [0, 0, 0, 0]
+    } else {
+        let v4_mapped = addr[..10].iter().all(|&b| b == 0) && addr[10..12] == [0xff, 0xff] && addr[12] == 127;
+        addr[..15].iter().all(|&b| b == 0) && addr[15] <= 1 || v4_mapped
+    }
+}
+
+/// Reads the sockaddr at `addr` (`len` bytes) for a socket of `family`. Err(ENETUNREACH) for
+/// an address of another host.
+fn read_address(proc: &GuestProcess, user: &UserMemory, family: u16, addr: u64, len: u64) -> Result<Address, Errno> {
+    let len = len as u32 as usize;
+    if len < 2 || len > 2 + UNIX_PATH_MAX.max(26) {
+        return Err(Errno::EINVAL);
+    }
+    let raw = user.read_vec(addr, len as u64)?;
+    let given = u16::from_le_bytes([raw[0], raw[1]]);
+    if given != family {
+        return Err(Errno::EAFNOSUPPORT);
+    }
+    match family {
+        AF_UNIX => {
+            let path = &raw[2..];
+            if path.is_empty() {
+                return Err(Errno::EINVAL);
+            }
+            // An abstract name (leading NUL) is all its bytes; a path ends at its NUL and is
+            // made absolute, so "./s" and "/work/s" are one address.
+            let key = if path[0] == 0 {
+                path.to_vec()
+            } else {
+                let path = &path[..path.iter().position(|&b| b == 0).unwrap_or(path.len())];
+                if path.starts_with(b"/") {
+                    path.to_vec()
+                } else {
+                    [proc.config.vfs.path_of(proc.cwd)?, b"/".to_vec(), path.to_vec()].concat()
+                }
+            };
+            Ok(Address { key: [b"u".as_slice(), &key].concat(), name: raw, port: None })
+        }
+        _ => {
+            let (port, host) = match family {
+                AF_INET if len >= 16 => (u16::from_be_bytes([raw[2], raw[3]]), &raw[4..8]),
+                AF_INET6 if len >= 24 => (u16::from_be_bytes([raw[2], raw[3]]), &raw[8..24]),
+                _ => return Err(Errno::EINVAL),
+            };
+            if !is_local(family, host) {
+                return Err(Errno::ENETUNREACH);
+            }
+            // The name keeps the address given (0.0.0.0 reads back as bound); the port space is
+            // one per family.
+            let mut name = loopback_name(family, port);
+            let at = if family == AF_INET { 4 } else { 8 };
+            name[at..at + host.len()].copy_from_slice(host);
+            Ok(Address { key: inet_key(family, port), name, port: Some(port) })
+        }
+    }
+}
+
+/// Binds endpoint `index` of `family` to `address`, an ephemeral port for port 0.
+fn bind_address(proc: &mut GuestProcess, index: usize, family: u16, address: Address) -> Result<(), Errno> {
+    match address.port {
+        Some(0) => {
+            let port = proc.fds.ephemeral_port(|p| inet_key(family, p))?;
+            let mut name = if address.name.is_empty() { loopback_name(family, port) } else { address.name };
+            name[2..4].copy_from_slice(&port.to_be_bytes());
+            proc.fds.bind(index, inet_key(family, port), name)
+        }
+        _ => proc.fds.bind(index, address.key, address.name),
+    }
+}
+
+/// bind(fd, addr, addrlen)
+pub(crate) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (index, family) = endpoint(proc, args[0], Errno::EINVAL)?;
+    let address = read_address(proc, user, family, args[1], args[2]).map_err(|e| if e == Errno::ENETUNREACH { Errno::EADDRNOTAVAIL } else { e })?;
+    bind_address(proc, index, family, address)?;
+    value(0)
+}
+
+/// listen(fd, backlog): an unbound Internet socket gets an ephemeral port, as on Linux.
+pub(crate) fn listen(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (index, family) = endpoint(proc, args[0], Errno::EINVAL)?;
+    if proc.fds.endpoint(index)?.name.is_none() {
+        if family == AF_UNIX {
+            return Err(Errno::EINVAL);
+        }
+        bind_address(proc, index, family, Address { key: Vec::new(), name: Vec::new(), port: Some(0) })?;
+    }
+    let backlog = (args[1] as i32).clamp(0, SOMAXCONN as i32) as usize;
+    proc.fds.listen(index, backlog)?;
+    value(0)
+}
+
+/// connect(fd, addr, addrlen): to a listening address in this VM. Nobody listening is
+/// ECONNREFUSED (ENOENT for a Unix path, as Linux answers when no socket file is there).
+pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (index, family) = endpoint(proc, args[0], Errno::EISCONN)?;
+    let address = read_address(proc, user, family, args[1], args[2])?;
+    let Some(listener) = proc.fds.listener(&address.key) else {
+        let abstract_name = address.key.get(1) == Some(&0);
+        return Err(if family == AF_UNIX && !abstract_name { Errno::ENOENT } else { Errno::ECONNREFUSED });
+    };
+    let local = match (family, proc.fds.endpoint(index)?.name.clone()) {
+        (_, Some(name)) => name,
+        (AF_UNIX, None) => AF_UNIX.to_le_bytes().to_vec(),
+        (_, None) => loopback_name(family, proc.fds.ephemeral_port(|p| inet_key(family, p))?),
+    };
+    let peer = proc.fds.endpoint(listener)?.name.clone().unwrap_or_default();
+    proc.fds.connect(fd_arg(args[0]), listener, (local, peer))?;
+    value(0)
+}
+
+/// accept(fd, addr, addrlen) and accept4(fd, addr, addrlen, flags): waits for a connection
+/// unless the socket is nonblocking (EAGAIN).
+pub(crate) fn accept4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [fd, addr, addrlen, flags, ..] = args;
+    if flags & !(SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let desc = proc.fds.get(fd_arg(fd))?;
+    let nonblocking = desc.nonblocking();
+    let Object::Endpoint(index) = desc.object else {
+        return Err(if matches!(desc.object, Object::Socket { .. }) { Errno::EINVAL } else { Errno::ENOTSOCK });
+    };
+    let status = if flags & SOCK_NONBLOCK != 0 { O_NONBLOCK } else { 0 };
+    match proc.fds.accept(index, status, flags & SOCK_CLOEXEC != 0)? {
+        Some((new_fd, peer)) => {
+            if addr != 0 {
+                super::sockets::write_truncated(user, addr, addrlen, &peer)?;
+            }
+            value(new_fd)
+        }
+        None if nonblocking => Err(Errno::EAGAIN),
+        None => wait_ready(proc, None),
+    }
+}
+
+/// accept(fd, addr, addrlen)
+pub(crate) fn accept(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    accept4(proc, user, [args[0], args[1], args[2], 0, 0, 0])
+}
+
+/// getsockname of an unconnected socket: its address, or its family's unnamed one.
+pub(super) fn endpoint_name(proc: &GuestProcess, index: usize) -> Result<Vec<u8>, Errno> {
+    let endpoint = proc.fds.endpoint(index)?;
+    Ok(match (&endpoint.name, endpoint.family) {
+        (Some(name), _) => name.clone(),
+        (None, AF_UNIX) => AF_UNIX.to_le_bytes().to_vec(),
+        (None, family) => {
+            let mut name = loopback_name(family, 0);
+            name[4..].iter_mut().take(if family == AF_INET { 4 } else { 0 }).for_each(|b| *b = 0);
+            if family == AF_INET6 {
+                name[23] = 0;
+            }
+            name
+        }
+    })
+}

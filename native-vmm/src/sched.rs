@@ -222,6 +222,11 @@ impl Scheduler {
     /// unless it exited or they are saved already (a preempted thread's).
     fn load(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, tid: u64) -> io::Result<()> {
         if self.on_cpu == tid {
+            // A thread preempted and picked again at once (the readiness waiters made runnable
+            // in `next` queue behind it) still holds the vCPU: the registers saved at the
+            // preemption are the vCPU's own and must go, or a later switch would not save the
+            // thread's newer state and would resume it at the preemption point instead.
+            process.threads.take_context(tid);
             return Ok(());
         }
         if process.threads.get(self.on_cpu).is_some_and(|t| t.context.is_none()) {

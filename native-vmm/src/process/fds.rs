@@ -45,6 +45,8 @@ pub enum Object {
     Socket { rx: usize, tx: usize, shut_write: bool },
     /// An epoll instance (an index into the epoll table).
     Epoll(usize),
+    /// An eventfd: its counter (shared by the description's fds) and EFD_SEMAPHORE.
+    EventFd { count: u64, semaphore: bool },
 }
 
 #[derive(Debug, Clone)]
@@ -483,6 +485,11 @@ impl Object {
                 e.u8(7);
                 e.len(*i);
             }
+            Object::EventFd { count, semaphore } => {
+                e.u8(8);
+                e.u64(*count);
+                e.bool(*semaphore);
+            }
         }
     }
 
@@ -496,6 +503,10 @@ impl Object {
             5 => Object::Node(vfs.decode_node(d)?),
             6 => Object::Socket { rx: d.index(usize::MAX, "socket pipe")?, tx: d.index(usize::MAX, "socket pipe")?, shut_write: d.bool("socket shutdown")? },
             7 => Object::Epoll(d.index(usize::MAX, "epoll index")?),
+            8 => match d.u64("eventfd count")? {
+                count if count <= crate::syscalls::EVENTFD_MAX_COUNT => Object::EventFd { count, semaphore: d.bool("eventfd semaphore")? },
+                count => return Err(DecodeError::new(format!("eventfd count {count} past its maximum"))),
+            },
             t => return Err(DecodeError::new(format!("description object tag {t}"))),
         })
     }
@@ -557,7 +568,7 @@ impl FdTable {
                 Object::PipeRead(i) | Object::PipeWrite(i) => ([Some(i), None], None),
                 Object::Socket { rx, tx, .. } => ([Some(rx), Some(tx)], None),
                 Object::Epoll(i) => ([None, None], Some(i)),
-                Object::Stdin | Object::Output(_) | Object::Node(_) => ([None, None], None),
+                Object::Stdin | Object::Output(_) | Object::Node(_) | Object::EventFd { .. } => ([None, None], None),
             };
             for i in channels.into_iter().flatten() {
                 if !pipes.get(i).is_some_and(Option::is_some) {

@@ -8,7 +8,9 @@
 //!   only in-memory AF_UNIX socketpairs exist, see sockets.rs), no other process (fork, vfork,
 //!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
 //!   children to wait for (ECHILD), no identity or ownership changes (EPERM: the guest is an
-//!   unprivileged user), and rseq, which glibc probes and tolerates missing.
+//!   unprivileged user), no memory protection keys (pkey_alloc: ENOSPC, as on a CPU without
+//!   them; V8 then protects nothing with them), and rseq, which glibc probes and tolerates
+//!   missing.
 //! * `Stop`: calls that cannot be answered by any errno a program survives: they end the run
 //!   with `RunStatus::Unsupported`. The rule: a call goes here when every possible answer would
 //!   leave the program running on a false premise. rt_sigreturn is only reached at the end of a
@@ -20,7 +22,7 @@
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS and
 //! `Stop` answers are also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{epoll, files, futex, ids, memory, misc, poll, signals, sockets, threads, time, SysResult, UserMemory};
+use super::{epoll, eventfd, files, futex, ids, memory, misc, poll, signals, sockets, threads, time, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -156,6 +158,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(120, "getresgid", ids::getresgid),
     emulate(121, "getpgid", ids::getpgid),
     emulate(124, "getsid", ids::getpgid),
+    emulate(125, "capget", ids::capget),
     emulate(127, "rt_sigpending", signals::rt_sigpending),
     stop(130, "rt_sigsuspend"),
     emulate(131, "sigaltstack", signals::sigaltstack),
@@ -195,7 +198,9 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(273, "set_robust_list", threads::set_robust_list),
     emulate(280, "utimensat", files::utimensat),
     emulate(281, "epoll_pwait", epoll::epoll_pwait),
+    emulate(284, "eventfd", eventfd::eventfd),
     emulate(288, "accept4", sockets::not_listening),
+    emulate(290, "eventfd2", eventfd::eventfd2),
     emulate(291, "epoll_create1", epoll::epoll_create1),
     emulate(292, "dup3", files::dup3),
     emulate(293, "pipe2", files::pipe2),
@@ -203,6 +208,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(316, "renameat2", files::renameat2),
     emulate(318, "getrandom", misc::getrandom),
     refuse(322, "execveat", NO_PROCESSES),
+    refuse(330, "pkey_alloc", Errno::ENOSPC),
     emulate(332, "statx", files::statx),
     refuse(334, "rseq", Errno::ENOSYS),
     emulate(435, "clone3", threads::clone3),

@@ -26,10 +26,16 @@ fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The Node template, built once per test process: its addon (prepare.sh), image and snapshot.
+/// The Node template: the folder the KVM tier built for all its suites
+/// (SANDFORK_TEST_NODE_TEMPLATE_DIR, scripts/kvm-tier.sh), else built once per test process: its
+/// addon (prepare.sh), image and snapshot.
 fn template() -> &'static Template {
     static TEMPLATE: OnceLock<Template> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("SANDFORK_TEST_NODE_TEMPLATE_DIR") {
+            let image = Image::open(Path::new(&dir)).unwrap_or_else(|e| panic!("the tier's node template: {e}"));
+            return Template::load(Path::new(&dir), image, &NODE_AGENT).unwrap_or_else(|e| panic!("the tier's node template: {e}"));
+        }
         let source = repository().join("templates/node");
         let prepared = Command::new("bash").arg(source.join("prepare.sh")).status().expect("running templates/node/prepare.sh");
         assert!(prepared.success(), "templates/node/prepare.sh failed");

@@ -9,5 +9,6 @@ await ensureTemplates(selectTemplateSources(config.templateSourcesDir, config.te
   binary: config.binary,
   templatesDir: config.templatesDir,
   force: config.rebuildTemplates,
+  bootTimeoutMs: config.bootTimeoutMs,
   log: (line) => console.log(line),
 });

@@ -253,6 +253,7 @@ fn exits_and_uncaught_errors_are_as_native() {
     for (code, exit, stderr_has) in [
         ("console.log('before'); process.exit(3); console.log('after');", 3, ""),
         ("process.exitCode = 4; setTimeout(() => console.log('later'), 5);", 4, ""),
+        ("process.on('exit', (c) => { console.log('exit listener', c); process.exitCode = 6; }); console.log('body');", 6, ""),
         ("console.log('before');\nfunction boom() { throw new Error('boom'); }\nboom();\n", 1, "Error: boom\n    at boom (/work/main.js:2:"),
         ("Promise.reject(new TypeError('rejected late'));", 1, "TypeError: rejected late"),
         ("let x = ;", 1, "SyntaxError: Unexpected token ';'"),

@@ -229,5 +229,21 @@ try {
   process.stderr.write(`sandfork agent: ${error?.stack ?? error}\n`);
   process.exit(70); // EX_SOFTWARE: the agent itself failed, not the user's code
 }
+// After 'exit', Node tears its whole environment down (the isolate, its heap, every handle):
+// thousands of pages a fork would copy for nothing, the VM being discarded or reset anyway. So,
+// as the Python agent ends with os._exit, the process ends once the program's own 'exit'
+// listeners (those it adds after this one, called here in order) have run, with the exit code
+// they leave. Not after an uncaught exception or rejection: Node emits 'exit' before it prints
+// the error, so that exit takes Node's own way.
+let uncaught = false;
+process.on("uncaughtExceptionMonitor", () => {
+  uncaught = true;
+});
+process.on("exit", function exitAtOnce(code) {
+  if (uncaught) return;
+  const listeners = process.listeners("exit");
+  for (const listener of listeners.slice(listeners.indexOf(exitAtOnce) + 1)) listener.call(process, code);
+  process.reallyExit(process.exitCode ?? code);
+});
 // Outside the try: what the script throws is uncaught, reported by Node as natively.
 runScript(script);

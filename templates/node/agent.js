@@ -37,6 +37,13 @@ for (const name of [
   require(name);
 }
 
+// process.stdout and process.stderr are made on first use (a stream over the fd, with its
+// handle and state): made here, once. Node's CommonJS loader compiles its code lazily too: a
+// module compiled here puts that in the template.
+void process.stdout;
+void process.stderr;
+new Module(`${OPT}/warm.js`)._compile("module.exports = require('node:path').join('a', 'b');", `${OPT}/warm.js`);
+
 // The transpiler's settings: one output per module format (CommonJS unless the code needs an
 // ES module: README.md).
 const COMPILER_OPTIONS = {

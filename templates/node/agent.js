@@ -192,6 +192,27 @@ function moduleFile(file, js) {
   return target;
 }
 
+/**
+ * Runs once before the ready point what every request runs after it, so that V8 compiles it (and
+ * fills its caches) in the template, not in each fork: a module required from /tmp through the
+ * CommonJS loader, the module-format check, console formatting (into a stream that drops it).
+ */
+function warmRequestPath() {
+  const file = "/tmp/sandfork-warm.js";
+  fs.writeFileSync(file, "module.exports = [1, 2].map((x) => x + 1).join(',');\n");
+  require(file);
+  delete require.cache[file];
+  fs.unlinkSync(file);
+  formatOf(file, "console.log(1)");
+  const { Writable } = require("node:stream");
+  const { Console } = require("node:console");
+  new Console(new Writable({ write: (_chunk, _encoding, done) => done() })).log("%s %d", "warm", 1, { a: [1] });
+  // Empty writes: the output streams' write path, with nothing captured.
+  process.stdout.write("");
+  process.stderr.write("");
+  seededRandom(Buffer.from("00112233445566778899aabbccddeeff", "hex"))();
+}
+
 /** Runs the script at `file` as Node runs its main module. */
 function runScript(file) {
   const source = fs.readFileSync(file, "utf8");
@@ -224,6 +245,8 @@ function receive() {
   return file;
 }
 
+warmRequestPath();
+
 // The objects made so far are the template's: collected once, so that a fork's first garbage
 // collection has less to walk (and copy-on-write) through.
 v8.setFlagsFromString("--expose-gc");
@@ -236,11 +259,12 @@ try {
   process.stderr.write(`sandfork agent: ${error?.stack ?? error}\n`);
   process.exit(70); // EX_SOFTWARE: the agent itself failed, not the user's code
 }
-// After 'exit', Node tears its whole environment down (the isolate, its heap, every handle):
-// thousands of pages a fork would copy for nothing, the VM being discarded or reset anyway. So,
-// as the Python agent ends with os._exit, the process ends once the program's own 'exit'
-// listeners (those it adds after this one, called here in order) have run, with the exit code
-// they leave. Not after an uncaught exception or rejection: Node emits 'exit' before it prints
+// After 'exit', Node tears its whole environment down (the isolate, its heap, every handle, its
+// worker threads): thousands of pages a fork would copy and system calls it would make for
+// nothing, the VM being discarded or reset anyway. So, as the Python agent ends with os._exit,
+// the process ends (exit_group) once the program's own 'exit' listeners (those it adds after
+// this one, called here in order) have run, with the exit code they leave; stdout and stderr
+// are written synchronously, nothing is left to flush. Not after an uncaught exception or rejection: Node emits 'exit' before it prints
 // the error, so that exit takes Node's own way.
 let uncaught = false;
 process.on("uncaughtExceptionMonitor", () => {
@@ -250,7 +274,7 @@ process.on("exit", function exitAtOnce(code) {
   if (uncaught) return;
   const listeners = process.listeners("exit");
   for (const listener of listeners.slice(listeners.indexOf(exitAtOnce) + 1)) listener.call(process, code);
-  process.reallyExit(process.exitCode ?? code);
+  native.exitNow(process.exitCode ?? code);
 });
 // Outside the try: what the script throws is uncaught, reported by Node as natively.
 runScript(script);

@@ -1,6 +1,7 @@
 // The Node agent's native part (a Node-API addon, built by prepare.sh): JavaScript has no way to
 // make a system call, so AWAIT_REQUEST, Sandfork's private one (native-vmm/src/agent.rs), is
-// made here. It also reseeds OpenSSL's random generator, whose state every fork of a template
+// made here, and the exit at the end (exit_group without Node's teardown). It also reseeds
+// OpenSSL's random generator, whose state every fork of a template
 // shares (Node seeds it at start-up, before the snapshot), from the request's fresh entropy.
 #include <errno.h>
 #include <stdint.h>
@@ -52,11 +53,27 @@ static napi_value reseed(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+// exitNow(code): exit_group(code) at once, as Python's os._exit: no atexit handlers, no thread
+// joins, no teardown (the VM is reset or discarded after it).
+static napi_value exit_now(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1];
+  int32_t code = 0;
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 1 || napi_get_value_int32(env, argv[0], &code) != napi_ok) {
+    napi_throw_type_error(env, NULL, "expected an exit code");
+    return NULL;
+  }
+  syscall(SYS_exit_group, code);
+  return NULL;
+}
+
 NAPI_MODULE_INIT() {
   napi_value function;
   napi_create_function(env, "awaitRequest", NAPI_AUTO_LENGTH, await_request, NULL, &function);
   napi_set_named_property(env, exports, "awaitRequest", function);
   napi_create_function(env, "reseed", NAPI_AUTO_LENGTH, reseed, NULL, &function);
   napi_set_named_property(env, exports, "reseed", function);
+  napi_create_function(env, "exitNow", NAPI_AUTO_LENGTH, exit_now, NULL, &function);
+  napi_set_named_property(env, exports, "exitNow", function);
   return exports;
 }

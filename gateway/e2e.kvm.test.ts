@@ -1,13 +1,15 @@
 // End to end on KVM: the gateway as `npm start` wires it (runtime/start.ts, supervised mode) on
-// its embedded database (PGlite): the REAL python template built and snapshotted by
-// `sandfork-vmm`, the REAL daemon under supervision serving from its warm pool, and POST
-// /v1/executions running `print(6*7)` in a KVM microVM, then billing it.
+// its embedded database (PGlite): the REAL python and node templates built and snapshotted by
+// `sandfork-vmm`, the REAL daemon under supervision serving from its warm pools, and POST
+// /v1/executions running `print(6*7)`, JavaScript and TypeScript in KVM microVMs, then billing
+// them. The KVM tier builds the node template once for all its suites and hands its folder over
+// in SANDFORK_TEST_NODE_TEMPLATE_DIR (linked here, found up to date); without it, it is built.
 //
 // It needs a /dev/kvm that runs guests, so it is not part of the normal vitest run
 // (vitest.config.ts excludes *.kvm.test.ts): scripts/kvm-tier.sh runs it with
 // vitest.kvm.config.ts, on this machine's /dev/kvm or inside a QEMU guest that has one. Its
 // waits are multiplied by SANDFORK_TEST_TIME_SCALE (1 native, ~15 in QEMU).
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, symlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { eq } from "drizzle-orm";
@@ -30,6 +32,11 @@ const log: string[] = [];
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-e2e-"));
+  const prebuiltNode = process.env.SANDFORK_TEST_NODE_TEMPLATE_DIR;
+  if (prebuiltNode !== undefined) {
+    await mkdir(join(dir, "templates"), { recursive: true });
+    await symlink(prebuiltNode, join(dir, "templates", "node"));
+  }
   const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale) };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, (line) => log.push(line));
   if (started === undefined) throw new Error("supervised mode must start a runtime");
@@ -53,7 +60,10 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     expect(health, log.join("\n")).toMatchObject({ status: "ok", database: "ok", runtime: "connected" });
     const { key } = await gw.issue();
     const templates = (await (await gw.call("GET", "/v1/templates", { credential: key })).json()) as { templates: Record<string, unknown>[] };
-    expect(templates.templates).toEqual([expect.objectContaining({ name: "python", ready: true })]);
+    expect(templates.templates).toEqual([
+      expect.objectContaining({ name: "node", language: "node", languages: ["javascript", "typescript"], ready: true, price: expect.objectContaining({ base_units: 1 }) }),
+      expect.objectContaining({ name: "python", languages: ["python"], ready: true }),
+    ]);
   });
 
   it("POST /v1/executions runs print(6*7) in a microVM: 200 with 42, billed to the key's account", async () => {
@@ -83,5 +93,26 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     const body = JSON.parse(text) as { id: string; usage: { units: number } };
     expect(body, text).toMatchObject({ status: "completed", stdout: "a\uFFFDb\uFFFDc", stderr: "\uFFFD" });
     expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
+  });
+
+  it("POST /v1/executions runs JavaScript and TypeScript on the node template, billed", async () => {
+    const { key, accountId } = await gw.issue({ credits: CREDITS });
+    const run = async (body: Record<string, unknown>) => {
+      const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "node", ...body } });
+      const text = await response.text();
+      expect(response.status, text).toBe(200);
+      return JSON.parse(text) as { id: string; status: string; exit_code: number; stdout: string; stderr: string; usage: { units: number } };
+    };
+    const js = await run({ code: "console.log(6 * 7, typeof require)" });
+    expect(js).toMatchObject({ status: "completed", exit_code: 0, stdout: "42 function\n", stderr: "" });
+    const ts = await run({ language: "typescript", code: "const n: number = 6 * 7;\nconsole.log(`${n}` satisfies string);" });
+    expect(ts).toMatchObject({ status: "completed", exit_code: 0, stdout: "42\n" });
+    const thrown = await run({ language: "javascript", code: "throw new Error('boom')" });
+    expect(thrown).toMatchObject({ status: "completed", exit_code: 1, stderr: expect.stringContaining("Error: boom") });
+    const charged = js.usage.units + ts.usage.units + thrown.usage.units;
+    expect(js.usage.units).toBeGreaterThan(0);
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - charged, reservedUnits: 0 });
+    const refused = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "node", language: "python", code: "print(1)" } });
+    expect(refused.status).toBe(422);
   });
 });

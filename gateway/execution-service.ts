@@ -28,6 +28,8 @@ export interface ExecutionInput {
   files?: { path: string; content: string; encoding?: "utf8" | "base64" | undefined }[] | undefined;
   timeout_ms?: number | undefined;
   memory_mb?: number | undefined;
+  /** One of the template's languages (default: its first). */
+  language?: string | undefined;
 }
 
 /** Watches one execution while it runs (a streamed POST /v1/executions). */
@@ -59,7 +61,9 @@ export interface ExecutionServiceDeps {
   shutdownSignal: AbortSignal;
 }
 
-type NormalizedRequest = Omit<ExecutionRequest, "executionId">;
+type NormalizedRequest = Omit<ExecutionRequest, "executionId" | "language"> & { language?: string | undefined };
+/** A request whose language is resolved against its template. */
+type ResolvedRequest = Omit<ExecutionRequest, "executionId">;
 
 function normalize(input: ExecutionInput, limits: ExecutionLimits): NormalizedRequest {
   return {
@@ -70,7 +74,9 @@ function normalize(input: ExecutionInput, limits: ExecutionLimits): NormalizedRe
     env: input.env ?? {},
     files: (input.files ?? []).map((f) => ({ path: f.path, content: f.content, encoding: f.encoding ?? "utf8" })),
     timeoutMs: input.timeout_ms ?? limits.defaultTimeoutMs,
-    memoryMb: input.memory_mb ?? limits.defaultMemoryMb,
+    // Without one, the template's VM size (its daemon knows it): a pooled VM serves the request.
+    memoryMb: input.memory_mb,
+    language: input.language,
   };
 }
 
@@ -133,14 +139,22 @@ export class ExecutionService {
 
     let runtime: ExecutionRuntime;
     let releaseSlot: () => void;
+    let resolved: ResolvedRequest;
     try {
       runtime = this.requireRuntime();
       const known = await templatesOf(runtime);
-      if (!known.some((t) => t.name === request.template)) {
+      const template = known.find((t) => t.name === request.template);
+      if (template === undefined) {
         throw new ProblemError("unknown-template", `no template named "${request.template}"`, {
           extensions: { templates: known.map((t) => t.name) },
         });
       }
+      if (request.language !== undefined && !template.languages.includes(request.language)) {
+        throw new ProblemError("unknown-language", `template "${template.name}" runs ${template.languages.join(", ")}, not ${request.language}`, {
+          extensions: { languages: template.languages },
+        });
+      }
+      resolved = { ...request, language: request.language ?? template.languages[0] ?? template.language };
       if (grant?.maxExecutions != null) this.deps.tokenExecutions.consume(grant.id, grant.maxExecutions, grant.expiresAt);
       try {
         releaseSlot = this.deps.concurrency.acquire(principal.keyId, principal.limits.maxConcurrency);
@@ -157,7 +171,7 @@ export class ExecutionService {
     }
 
     try {
-      const outcome = await this.reserveAndRun(runtime, principal, request, hash, idempotencyKey, live);
+      const outcome = await this.reserveAndRun(runtime, principal, resolved, hash, idempotencyKey, live);
       if (outcome.replayed && grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
       return outcome;
     } catch (error) {
@@ -194,7 +208,7 @@ export class ExecutionService {
   private async reserveAndRun(
     runtime: ExecutionRuntime,
     principal: Principal,
-    request: NormalizedRequest,
+    request: ResolvedRequest,
     hash: string,
     idempotencyKey: string | null,
     live: LiveExecution,

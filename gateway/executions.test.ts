@@ -22,8 +22,8 @@ class ScriptedRuntimeTestDouble implements ExecutionRuntime {
   }
   async templates(): Promise<Template[]> {
     return [
-      { name: "python", language: "python", contentHash: "c0ffee", ready: true },
-      { name: "node", language: "javascript", contentHash: "beef", ready: false },
+      { name: "python", language: "python", languages: ["python"], contentHash: "c0ffee", ready: true },
+      { name: "node", language: "node", languages: ["javascript", "typescript"], contentHash: "beef", ready: false },
     ];
   }
 }
@@ -98,8 +98,9 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
         args: ["-q"],
         env: { A: "1" },
         files: [{ path: "d/x.txt", content: "x", encoding: "utf8" }],
+        // The template's first language; no memory asked for: the template's VM size.
+        language: "python",
         timeoutMs: 5_000,
-        memoryMb: 256,
       },
     ]);
     // Durable before the answer: the record and the balance are already settled.
@@ -113,6 +114,17 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     await expectProblem(await gw.call("GET", `/v1/executions/${body.id}`, { credential: stranger.key }), 404, "not-found");
     const admin = await gw.issue({ scopes: ["admin"] });
     expect((await gw.call("GET", `/v1/executions/${body.id}`, { credential: admin.key })).status).toBe(200);
+  });
+
+  it("runs one of the template's languages and refuses any other before billing", async () => {
+    const { key } = await gw.issue({ credits: 100 });
+    const ran = await execute(key, { template: "node", language: "typescript", code: "const n: number = 45; console.log(n)", memory_mb: 1024 });
+    expect(ran.status).toBe(200);
+    expect(runtime.requests).toMatchObject([{ template: "node", language: "typescript", memoryMb: 1024 }]);
+    const refused = await execute(key, { template: "node", language: "python", code: "print(1)" });
+    expect(refused.status).toBe(422);
+    expect(await refused.json()).toMatchObject({ type: expect.stringContaining("unknown-language"), languages: ["javascript", "typescript"] });
+    expect(runtime.requests).toHaveLength(1);
   });
 
   it("reports guest failures as statuses and bills them like any run", async () => {
@@ -138,8 +150,8 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect(response.status).toBe(200);
     expect(await response.json()).toEqual({
       templates: [
-        { name: "python", language: "python", content_hash: "c0ffee", ready: true, price: { unit: "credit", base_units: 1, units_per_second: 10 } },
-        { name: "node", language: "javascript", content_hash: "beef", ready: false, price: { unit: "credit", base_units: 1, units_per_second: 10 } },
+        { name: "python", language: "python", languages: ["python"], content_hash: "c0ffee", ready: true, price: { unit: "credit", base_units: 1, units_per_second: 10 } },
+        { name: "node", language: "node", languages: ["javascript", "typescript"], content_hash: "beef", ready: false, price: { unit: "credit", base_units: 1, units_per_second: 10 } },
       ],
     });
   });

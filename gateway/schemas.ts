@@ -32,6 +32,14 @@ export function executionRequestSchema(limits: ExecutionLimits) {
         .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
         .openapi({ example: "python", description: "A template name from GET /v1/templates" }),
       code: z.string().openapi({ example: "print(sum(range(10)))" }),
+      language: z
+        .string()
+        .regex(/^[a-z][a-z0-9+-]{0,31}$/)
+        .optional()
+        .openapi({
+          example: "python",
+          description: "One of the template's languages (GET /v1/templates), e.g. javascript or typescript on the node template. Default: the template's first",
+        }),
       stdin: z.string().optional(),
       args: z.array(z.string().max(4096)).max(64).optional(),
       env: z
@@ -49,7 +57,13 @@ export function executionRequestSchema(limits: ExecutionLimits) {
         .max(64)
         .optional(),
       timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().openapi({ example: limits.defaultTimeoutMs }),
-      memory_mb: z.number().int().min(16).max(limits.maxMemoryMb).optional().openapi({ example: limits.defaultMemoryMb }),
+      memory_mb: z
+        .number()
+        .int()
+        .min(16)
+        .max(limits.maxMemoryMb)
+        .optional()
+        .openapi({ example: limits.defaultMemoryMb, description: "Guest memory; default: the template's VM size (256 for python, 1024 for node), which pooled VMs serve" }),
       stream: z
         .boolean()
         .optional()
@@ -92,7 +106,8 @@ export const ExecutionSchema = z
 export const TemplateSchema = z
   .object({
     name: z.string(),
-    language: z.string(),
+    language: z.string().openapi({ description: "The runtime the template holds: python, node" }),
+    languages: z.array(z.string()).openapi({ description: "The languages an execution may ask for; the first is the default" }),
     content_hash: z.string(),
     ready: z.boolean(),
     price: z.object({ unit: z.string(), base_units: z.number().int(), units_per_second: z.number().int() }),

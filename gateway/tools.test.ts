@@ -21,7 +21,7 @@ class StreamingRuntimeTestDouble implements ExecutionRuntime {
     return { outcome: "completed", exitCode: 0, stdout: text("stdout"), stderr: text("stderr"), truncated: false, timings: { queueMs: 1, forkMs: 2, execMs: 150 } };
   }
   async templates(): Promise<Template[]> {
-    return [{ name: "python", language: "python", contentHash: "c0ffee", ready: true }];
+    return [{ name: "python", language: "python", languages: ["python"], contentHash: "c0ffee", ready: true }];
   }
 }
 
@@ -118,7 +118,7 @@ describe("POST /v1/tool-calls", () => {
     const { sandfork } = await client();
     const result = await sandfork.toolCall({ type: "tool_use", id: "toolu_3", name: "list_templates", input: {} });
     expect(result).toMatchObject({ type: "tool_result", tool_use_id: "toolu_3", is_error: false });
-    expect(JSON.parse(result.content)).toEqual({ templates: [{ name: "python", language: "python", ready: true }] });
+    expect(JSON.parse(result.content)).toEqual({ templates: [{ name: "python", language: "python", languages: ["python"], ready: true }] });
     expect(runtime.requests).toEqual([]);
   });
 });

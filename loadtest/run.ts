@@ -183,7 +183,7 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     }
 
     await daemon.connect();
-    const daemonRequest = () => ({ executionId: randomUUID(), ...EXECUTION, stdin: "", args: [], env: {}, files: [], timeoutMs: 5_000, memoryMb: 256 });
+    const daemonRequest = () => ({ executionId: randomUUID(), ...EXECUTION, stdin: "", args: [], env: {}, files: [], language: "python", timeoutMs: 5_000, memoryMb: 256 });
     const daemonExecute = async () => (await daemon.execute(daemonRequest(), AbortSignal.timeout(30_000))).outcome === "completed";
     const daemonRuns: Record<string, LatencyFigures> = {};
     // At every concurrency measured (and 1, the reference for the HTTP p50).

@@ -18,6 +18,8 @@ export interface RuntimeConfig {
   templatesDir: string;
   /** Template sources: one folder per template holding its image.json. */
   templateSourcesDir: string;
+  /** The templates to build and serve, by name (SANDFORK_TEMPLATES, comma-separated); undefined: all. */
+  templateNames: string[] | undefined;
   /** More `sandfork-vmm serve` options (e.g. --max-concurrency 8 --max-queue 128). */
   serveArgs: string[];
   /** Where the daemon keeps stateful sessions and their checkpoints (`serve --sessions`). */
@@ -67,6 +69,7 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     socketPath,
     templatesDir: resolve(env.SANDFORK_TEMPLATES_DIR ?? join(dataDir, "templates")),
     templateSourcesDir: resolve(env.SANDFORK_TEMPLATE_SOURCES ?? "templates"),
+    templateNames: env.SANDFORK_TEMPLATES === undefined ? undefined : env.SANDFORK_TEMPLATES.split(",").map((name) => name.trim()).filter((name) => name !== ""),
     serveArgs: (env.SANDFORK_VMM_SERVE_ARGS ?? "").split(/\s+/).filter((arg) => arg !== ""),
     sessionsDir: resolve(env.SANDFORK_SESSIONS_DIR ?? join(dataDir, "sessions")),
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",

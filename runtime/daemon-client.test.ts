@@ -26,6 +26,7 @@ const PRINT_REQUEST: ExecutionRequest = {
   args: ["--flag"],
   env: { LANG: "C.UTF-8" },
   files: [{ path: "data.csv", content: "a,b\n1,2\n", encoding: "utf8" }],
+  language: "python",
   timeoutMs: 5_000,
   memoryMb: 128,
 };
@@ -89,7 +90,7 @@ describe("DaemonClient against sandfork-vmm serve", () => {
     // The image's content hash is SHA-256 of image.index after its 64-byte header (native-vmm/IMAGE.md).
     const index = readFileSync(join(daemon.templatesDir, "python", "image.index"));
     const expectedHash = createHash("sha256").update(index.subarray(64)).digest("hex");
-    expect(templates).toEqual([{ name: "python", language: "python", contentHash: expectedHash, ready: false }]);
+    expect(templates).toEqual([{ name: "python", language: "python", languages: ["python"], contentHash: expectedHash, ready: false }]);
     // Answered from the cache the second time: the same promise's value, one request sent.
     const sentBefore = client.status().sentPerConnection.reduce((a, b) => a + b, 0);
     expect(await client.templates()).toEqual(templates);

@@ -19,8 +19,11 @@ export interface ExecutionRequest {
   args: string[];
   env: Record<string, string>;
   files: ExecutionFile[];
+  /** One of the template's `languages`: it names the script (SCRIPT_NAMES in protocol.ts). */
+  language: string;
   timeoutMs: number;
-  memoryMb: number;
+  /** Absent: the template's VM size. */
+  memoryMb?: number | undefined;
 }
 
 /**
@@ -103,7 +106,10 @@ export interface OutputChunk {
 
 export interface Template {
   name: string;
+  /** The runtime the template holds: python, node. */
   language: string;
+  /** The languages its executions may run; the first is the default. */
+  languages: string[];
   /** Identifies the template's file image and warm snapshot. */
   contentHash: string;
   /** False while the daemon is still preparing it (executions then fail as unavailable). */

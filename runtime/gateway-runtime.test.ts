@@ -19,7 +19,7 @@ const log: string[] = [];
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-gw-"));
-  const config = loadRuntimeConfig({ SANDFORK_VMM_BIN: vmmBinaryWithoutKvm(), SANDFORK_VMM_CONNECTIONS: "2" }, dir);
+  const config = loadRuntimeConfig({ SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: vmmBinaryWithoutKvm(), SANDFORK_VMM_CONNECTIONS: "2" }, dir);
   const started = await startRuntime(config, { timeoutMs: 30_000, memoryMib: 2_048 }, (line) => log.push(line));
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;

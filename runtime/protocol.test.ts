@@ -100,6 +100,7 @@ describe("protocol v1 mapping", () => {
       args: ["a", "b"],
       env: { K: "v" },
       files: [{ path: "d/x.bin", content: "AAE=", encoding: "base64" }],
+      language: "python",
       timeoutMs: 1500,
       memoryMb: 128,
     };
@@ -116,6 +117,10 @@ describe("protocol v1 mapping", () => {
     });
     // Streamed: the same, asking for output frames, which are checked like every frame.
     expect(executeFrame(request, true)).toEqual({ ...executeFrame(request), stream: true });
+    // The script's extension tells a Node template the language; no memory: the template's size.
+    const { memoryMb: _memory, ...withoutMemory } = request;
+    expect(executeFrame({ ...withoutMemory, language: "typescript", args: [] })).toMatchObject({ argv: ["main.ts"], limits: { timeout_ms: 1500 } });
+    expect(executeFrame({ ...withoutMemory, language: "javascript" }).limits).toEqual({ timeout_ms: 1500 });
     expect(parseOutput({ id: 7, type: "output", stream: "stderr", data: "oops\n" })).toEqual({ stream: "stderr", data: "oops\n" });
     expect(() => parseOutput({ id: 7, type: "output", stream: "stdin", data: "" })).toThrow(RuntimeProtocolError);
   });

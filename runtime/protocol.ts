@@ -14,8 +14,11 @@ import type { ExecutionOutcome, ExecutionRequest, ExecutionResult, OutputChunk, 
 import type { FrameObject } from "./frames.js";
 
 const PROTOCOL_VERSION = 1;
-/** argv[0] of the program: the name the code runs under (Python's sys.argv[0]). */
-const SCRIPT_NAME = "main.py";
+/**
+ * argv[0] of the program by language: the name the code runs under (Python's sys.argv[0]); a
+ * Node template tells JavaScript from TypeScript by its extension (templates/node/README.md).
+ */
+const SCRIPT_NAMES: Record<string, string> = { python: "main.py", javascript: "main.js", typescript: "main.ts" };
 
 export type RequestType = "list_templates" | "execute" | "health" | "stats" | SessionRequestType;
 
@@ -62,7 +65,7 @@ const integer = z.number().int().min(0);
 const HelloSchema = z.object({ type: z.literal("hello"), protocol: z.number().int(), server: z.string() });
 
 const TemplatesSchema = z.object({
-  templates: z.array(z.object({ name: z.string(), content_hash: z.string(), language: z.string(), ready: z.boolean() })),
+  templates: z.array(z.object({ name: z.string(), content_hash: z.string(), language: z.string(), languages: z.array(z.string()), ready: z.boolean() })),
 });
 
 const HealthSchema = z.object({ ok: z.boolean(), kvm: z.string(), templates: integer });
@@ -121,10 +124,10 @@ export function executeFrame(request: ExecutionRequest, stream = false): FrameOb
     template: request.template,
     code: request.code,
     stdin: request.stdin,
-    argv: [SCRIPT_NAME, ...request.args],
+    argv: [SCRIPT_NAMES[request.language] ?? "main.py", ...request.args],
     env: request.env,
     files: request.files.map((f) => ({ path: f.path, content: f.content, encoding: f.encoding })),
-    limits: { timeout_ms: request.timeoutMs, memory_mib: request.memoryMb },
+    limits: { timeout_ms: request.timeoutMs, ...(request.memoryMb === undefined ? {} : { memory_mib: request.memoryMb }) },
     ...(stream ? { stream: true } : {}),
   };
 }
@@ -185,6 +188,7 @@ export function parseTemplates(frame: FrameObject): Template[] {
   return parse(TemplatesSchema, frame, "templates").templates.map((t) => ({
     name: t.name,
     language: t.language,
+    languages: t.languages,
     contentHash: t.content_hash,
     ready: t.ready,
   }));

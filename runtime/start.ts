@@ -7,7 +7,7 @@ import type { RuntimeConfig } from "./config.js";
 import { DaemonClient } from "./daemon-client.js";
 import { DaemonSupervisor } from "./supervisor.js";
 import { daemonUser } from "./unprivileged.js";
-import { discoverTemplateSources, ensureTemplates } from "./templates.js";
+import { ensureTemplates, selectTemplateSources } from "./templates.js";
 
 export interface StartedRuntime {
   client: DaemonClient;
@@ -47,7 +47,7 @@ export async function startRuntime(
     return { client, supervisor: undefined, stop: async () => client.close() };
   }
 
-  const sources = discoverTemplateSources(config.templateSourcesDir);
+  const sources = selectTemplateSources(config.templateSourcesDir, config.templateNames);
   if (sources.length === 0) throw new Error(`no template sources (folders with an image.json) in ${config.templateSourcesDir}`);
   await ensureTemplates(sources, { binary: config.binary, templatesDir: config.templatesDir, force: config.rebuildTemplates, bootTimeoutMs: config.bootTimeoutMs, log });
 

@@ -54,7 +54,7 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
       runtime.stats(),
       runtime.templates(),
       runtime.execute(
-        { executionId: "x", template: "python", code: "print(1)", stdin: "", args: [], env: {}, files: [], timeoutMs: 1_000, memoryMb: 64 },
+        { executionId: "x", template: "python", code: "print(1)", stdin: "", args: [], env: {}, files: [], language: "python", timeoutMs: 1_000, memoryMb: 64 },
         new AbortController().signal,
       ),
     ].map((call) => call.then(() => "answered", (error: Error) => error));

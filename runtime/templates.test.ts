@@ -35,7 +35,21 @@ describe("template images", () => {
   it("finds every folder with an image.json", async () => {
     await mkdir(join(dir, "sources", "not-a-template"));
     expect(discoverTemplateSources(join(dir, "sources"))).toEqual([source]);
-    expect(discoverTemplateSources("templates")).toEqual([expect.objectContaining({ name: "python", manifestPath: join("templates", "python", "image.json") })]);
+    expect(discoverTemplateSources("templates")).toEqual([
+      expect.objectContaining({ name: "node", manifestPath: join("templates", "node", "image.json") }),
+      expect.objectContaining({ name: "python", manifestPath: join("templates", "python", "image.json") }),
+    ]);
+  });
+
+  it("runs a source folder's prepare.sh before building: it makes the host files the manifest names", async () => {
+    const made = join(dir, "sources", "tiny", "made.txt");
+    await writeFile(join(dir, "sources", "tiny", "prepare.sh"), `echo prepared > ${JSON.stringify(made)}\n`);
+    await writeManifest({ paths: [{ host: "made.txt", guest: "/data/made.txt" }] });
+    const built = await ensureTemplate(source, { binary: requireVmmBinary(), templatesDir });
+    expect(built).toMatchObject({ action: "built" });
+    expect(existsSync(made)).toBe(true);
+    await writeFile(join(dir, "sources", "tiny", "prepare.sh"), "exit 3\n");
+    await expect(ensureTemplate(source, { binary: requireVmmBinary(), templatesDir })).rejects.toThrow(/tiny: prepare.sh failed/);
   });
 
   it("builds a missing image into <dir>/<name>, then finds it up to date", async () => {

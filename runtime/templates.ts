@@ -1,7 +1,8 @@
 // The template registry: the templates the daemon serves and the file images behind them.
 //
 // Sources: one folder per template under templates/ (the repository's), each with an image
-// manifest `image.json` (native-vmm/IMAGE.md). Built images: one folder per template under the
+// manifest `image.json` (native-vmm/IMAGE.md) and, when some of its host files are built, a
+// `prepare.sh` that builds them. Built images: one folder per template under the
 // templates directory the daemon is started with (`sandfork-vmm serve --templates DIR`, by
 // default .sandfork/templates/): DIR/<name>/ holds image.index and image.data as written by
 // `sandfork-vmm image build`; the folder's name is the template's name
@@ -53,6 +54,8 @@ export interface TemplateBuildResult {
 }
 
 const BUILD_RECORD = "build.json";
+/** A template folder's script that builds host files of its manifest before the image. */
+const PREPARE_SCRIPT = "prepare.sh";
 const IMAGE_FILES = ["image.index", "image.data"];
 const PACKAGE_DATABASE = "/var/lib/dpkg/status";
 /** Keeps the console readable: a builder's output beyond this is summarised. */
@@ -65,6 +68,15 @@ export function discoverTemplateSources(root: string): TemplateSource[] {
     .filter((entry) => entry.isDirectory() && existsSync(join(root, entry.name, "image.json")))
     .map((entry) => ({ name: entry.name, manifestPath: join(root, entry.name, "image.json") }))
     .sort((a, b) => a.name.localeCompare(b.name));
+}
+
+/** The sources `config` selects: every one, or those named in SANDFORK_TEMPLATES (each must exist). */
+export function selectTemplateSources(root: string, names: string[] | undefined): TemplateSource[] {
+  const sources = discoverTemplateSources(root);
+  if (names === undefined) return sources;
+  const missing = names.filter((name) => !sources.some((s) => s.name === name));
+  if (missing.length > 0) throw new Error(`SANDFORK_TEMPLATES names ${missing.join(", ")}, which ${root} does not hold (it has ${sources.map((s) => s.name).join(", ")})`);
+  return sources.filter((s) => names.includes(s.name));
 }
 
 /** The host paths a manifest names (required and optional), resolved against its folder. */
@@ -181,6 +193,20 @@ async function ensureSnapshot(options: TemplateBuildOptions, name: string, dir: 
   }
 }
 
+/**
+ * Runs the template's `prepare.sh` when its folder has one: it builds host files its manifest
+ * names (the node template's native addon), leaving them untouched when they are up to date.
+ */
+async function prepareSources(source: TemplateSource, log: (line: string) => void): Promise<void> {
+  const script = join(dirname(source.manifestPath), PREPARE_SCRIPT);
+  if (!existsSync(script)) return;
+  try {
+    await runBuilder("bash", [script], log);
+  } catch (error) {
+    throw new Error(`template ${source.name}: ${PREPARE_SCRIPT} failed: ${(error as Error).message}`);
+  }
+}
+
 /** Builds the template's image into templatesDir/<name> unless an up-to-date one is there. */
 export async function ensureTemplate(source: TemplateSource, options: TemplateBuildOptions): Promise<TemplateBuildResult> {
   const log = options.log ?? (() => {});
@@ -188,6 +214,7 @@ export async function ensureTemplate(source: TemplateSource, options: TemplateBu
   if (!existsSync(options.binary)) {
     throw new Error(`the sandfork-vmm binary is missing at ${options.binary}; build it with \`cd native-vmm && cargo build --release\``);
   }
+  await prepareSources(source, log);
   const inputs = currentInputs(source, options.binary);
   const reason = options.force ? "a rebuild was asked for" : await staleness(dir, inputs);
   if (reason === null) {

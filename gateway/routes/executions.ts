@@ -97,6 +97,7 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
           return {
             name: t.name,
             language: t.language,
+            languages: t.languages,
             content_hash: t.contentHash,
             ready: t.ready,
             price: { unit, base_units: price.baseUnits, units_per_second: price.unitsPerSecond },

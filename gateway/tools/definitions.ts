@@ -11,7 +11,7 @@ export type ToolName = typeof RUN_CODE | typeof LIST_TEMPLATES;
 export function runCodeArguments(limits: ExecutionLimits) {
   return z
     .object({
-      language: z.string().min(1).max(64).describe('The language of the code, e.g. "python" (list_templates names the languages available)'),
+      language: z.string().min(1).max(64).describe('The language of the code, e.g. "python", "javascript" or "typescript" (list_templates names the languages available)'),
       code: z.string().describe("The complete program to run; what it prints is the result"),
       stdin: z.string().optional().describe("Text given to the program on standard input"),
       files: z
@@ -57,7 +57,7 @@ const RunCodeResult = z.object({
 export type RunCodeResult = z.infer<typeof RunCodeResult>;
 
 const ListTemplatesResult = z.object({
-  templates: z.array(z.object({ name: z.string(), language: z.string(), ready: z.boolean() })),
+  templates: z.array(z.object({ name: z.string(), language: z.string(), languages: z.array(z.string()), ready: z.boolean() })),
 });
 export type ListTemplatesResult = z.infer<typeof ListTemplatesResult>;
 

@@ -88,10 +88,10 @@ export class ToolRunner {
 
   private async runCode(principal: Principal, args: RunCodeArguments, idempotencyKey: string | null): Promise<ToolResult> {
     const templates = await this.ctx.executions.templates();
-    const runs = templates.filter((t) => t.language === args.language);
+    const runs = templates.filter((t) => t.languages.includes(args.language));
     const template = runs.find((t) => t.name === args.language) ?? runs[0];
     if (template === undefined) {
-      const languages = [...new Set(templates.map((t) => t.language))];
+      const languages = [...new Set(templates.flatMap((t) => t.languages))];
       throw new ProblemError("unknown-template", `no template runs ${args.language}; the languages are ${languages.join(", ")}`, {
         extensions: { languages },
       });
@@ -99,6 +99,7 @@ export class ToolRunner {
     // The REST API's own schema checks what run_code's does not (file paths, sizes).
     const candidate: ExecutionInput = {
       template: template.name,
+      language: args.language,
       code: args.code,
       ...(args.stdin === undefined ? {} : { stdin: args.stdin }),
       ...(args.files === undefined ? {} : { files: args.files }),
@@ -128,7 +129,7 @@ export class ToolRunner {
     return {
       isError: false,
       executionId: null,
-      structured: { templates: templates.map((t) => ({ name: t.name, language: t.language, ready: t.ready })) },
+      structured: { templates: templates.map((t) => ({ name: t.name, language: t.language, languages: t.languages, ready: t.ready })) },
     };
   }
 }

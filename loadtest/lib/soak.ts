@@ -85,7 +85,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
   const log = options.log ?? (() => {});
   const dir = await mkdtemp(join(tmpdir(), "sfk-soak-"));
   const socketPath = join(dir, "vmm.sock");
-  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: options.templatesDir ?? join(dir, "templates"), env: options.gatewayEnv, startTimeoutMs: 300_000 });
+  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: options.templatesDir ?? join(dir, "templates"), env: { SANDFORK_TEMPLATES: "python", ...options.gatewayEnv }, startTimeoutMs: 300_000 });
   const daemon = new DaemonClient({ socketPath, connections: 1 });
   try {
     if (gateway.admin === undefined) throw new Error("the gateway printed no admin key on its fresh database");

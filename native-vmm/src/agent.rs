@@ -93,6 +93,21 @@ pub const PYTHON_AGENT_PATH: &str = "/opt/sandfork/agent.py";
 /// lifetime (rebuilding its snapshot periodically) bounds the sharing.
 pub const PYTHON_AGENT: AgentCommand = AgentCommand { program: "python3", argv: &["python3", "-I", "-B", PYTHON_AGENT_PATH] };
 
+/// Where templates/node/image.json puts the Node agent.
+pub const NODE_AGENT_PATH: &str = "/opt/sandfork/agent.js";
+
+/// The Node template's agent (templates/node/agent.js). `--max-old-space-size` lifts V8's own
+/// heap limit (derived from the memory the guest reports) above the guest's memory, so a
+/// program that fills memory meets the VM's limit (`out_of_memory`), as a Python one does,
+/// instead of V8's fatal heap-limit abort. Node reads no NODE_OPTIONS here: the agent's
+/// environment is the VMM's (`vm::DEFAULT_ENV`), and a request's env is applied after start.
+/// argv[0] is the binary's path: without /proc/self/exe, Node takes process.execPath from it.
+pub const NODE_AGENT: AgentCommand = AgentCommand { program: "node", argv: &["/usr/bin/node", "--max-old-space-size=65536", NODE_AGENT_PATH] };
+
+/// The Node template's script when a request names none: JavaScript, CommonJS unless the code
+/// is an ES module (templates/node/README.md).
+pub const NODE_DEFAULT_SCRIPT: &str = "main.js";
+
 /// The script name when a request gives no argv (the daemon protocol's default).
 pub const DEFAULT_SCRIPT: &str = "main.py";
 

@@ -53,9 +53,10 @@ file already verifies and was built from the same image, agent and memory size.
 
 options:
   --image DIR       file image built by `sandfork-vmm image build`
-  --template NAME   which agent to boot: python
+  --template NAME   which agent to boot: python or node
   --out DIR         output directory (the image's own folder lets `serve` find it there)
-  --mem-mib N       guest memory of every VM of the template, in MiB (default 256)
+  --mem-mib N       guest memory of every VM of the template, in MiB (default 256 for
+                    python, 1024 for node)
   --boot-timeout-ms N
                     wall-clock limit of the agent's boot to its ready point (default 30000)";
 
@@ -322,9 +323,9 @@ fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
     let image_dir = options.required("--image")?;
     let name = options.required("--template")?;
     let out = options.required("--out")?;
-    let mem_mib = options.number("--mem-mib", vm::DEFAULT_MEM_BYTES >> 20, MAX_MEM_MIB)?;
+    let language = daemon::templates::Language::of_image(name).ok_or_else(|| CliError::Usage(format!("unknown template `{name}` (known: {})", daemon::templates::known_languages()), TEMPLATE_BUILD_USAGE))?;
+    let mem_mib = options.number("--mem-mib", language.default_memory_mib(), MAX_MEM_MIB)?;
     let boot_timeout = options.boot_timeout()?;
-    let language = daemon::templates::Language::of_image(name).ok_or_else(|| CliError::Usage(format!("unknown template `{name}` (known: python)"), TEMPLATE_BUILD_USAGE))?;
     let image = open_image(image_dir)?;
     let command = language.agent();
     let outcome = snapshot::build(image, name, command, &vm::RunLimits { mem_bytes: mem_mib << 20, boot_timeout, ..Default::default() }, &kvm::new_cpu, Path::new(out)).map_err(|e| CliError::Failed(e.to_string()))?;
@@ -419,7 +420,7 @@ fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
     } else {
         print!("{report}");
     }
-    Ok(if report.isolation.is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if matches!(report.isolation, Some(Err(_))) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 const BENCH_SESSIONS_USAGE: &str = "\

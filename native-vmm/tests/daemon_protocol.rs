@@ -72,7 +72,7 @@ impl Executor for ScriptedExecutor {
     }
 
     fn templates(&self) -> Vec<TemplateInfo> {
-        vec![TemplateInfo { name: "fake".into(), content_hash: "00".repeat(32), language: "python".into(), ready: true }]
+        vec![TemplateInfo { name: "fake".into(), content_hash: "00".repeat(32), language: "python".into(), languages: vec!["python".into()], ready: true }]
     }
 
     fn health(&self) -> Health {
@@ -106,7 +106,7 @@ fn handshake_then_list_health_and_stats() {
     let mut client = Client::connect(&server.path);
     let hello = client.call(r#"{"type":"hello","protocol":1}"#);
     assert_eq!(hello, parse(concat!(r#"{"type":"hello","protocol":1,"server":"sandfork-vmm "#, env!("CARGO_PKG_VERSION"), r#""}"#)));
-    assert_eq!(client.call(r#"{"id":1,"type":"list_templates"}"#).to_string(), format!(r#"{{"id":1,"type":"templates","templates":[{{"name":"fake","content_hash":"{}","language":"python","ready":true}}]}}"#, "00".repeat(32)));
+    assert_eq!(client.call(r#"{"id":1,"type":"list_templates"}"#).to_string(), format!(r#"{{"id":1,"type":"templates","templates":[{{"name":"fake","content_hash":"{}","language":"python","languages":["python"],"ready":true}}]}}"#, "00".repeat(32)));
     assert_eq!(client.call(r#"{"id":2,"type":"health"}"#).to_string(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
     let answer = client.call(&execute(3, "hi"));
     assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout"), u64_of(&answer, "id")), ("ok", "hi\n", 3), "{answer}");

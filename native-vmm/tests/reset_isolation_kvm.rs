@@ -47,7 +47,7 @@ fn a_reset_vm_counts_only_the_pages_its_request_copied() {
     use sandfork_vmm::daemon::executor::{ExecuteRequest, Executor};
     let executor = AgentExecutor::with_kvm(templates::load(snapshot_templates_dir()).unwrap(), 1).unwrap();
     let run = |code: &str| {
-        let request = ExecuteRequest { template: "python".to_owned(), agent_request: AgentRequest::new(code), limits: check_limits(), stream: false };
+        let request = ExecuteRequest { template: "python".to_owned(), agent_request: AgentRequest::new(code), limits: check_limits(), stream: false, defaulted: Default::default() };
         let execution = executor.execute(request, OutputSink::none()).unwrap_or_else(|e| panic!("{code}: {e}"));
         assert_eq!(String::from_utf8_lossy(&execution.stderr), "", "{code}");
         (execution.vm, execution.usage.pages_copied)

@@ -281,6 +281,7 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
         agent_request: AgentRequest::new("import sys\nprint(sum(range(10)))"),
         limits: ExecutionLimits { timeout_ms: common::scaled_ms(20_000), memory_mib, output_bytes: 1 << 20 },
         stream: false,
+        defaulted: Default::default(),
     };
     let restored = executor.execute(request(MEM_BYTES >> 20), OutputSink::none()).unwrap_or_else(|e| panic!("{e}"));
     let booted = executor.execute(request(MEM_BYTES >> 19), OutputSink::none()).unwrap_or_else(|e| panic!("{e}"));

@@ -2,7 +2,8 @@
 //! features agents reach for gives the same output as the same program run natively by
 //! /usr/bin/python3.11; a thread bomb meets the thread limit as a clean error; a program whose
 //! threads all wait forever ends as deadlocked at once, not at its time limit; a thread
-//! spinning in Python code cannot starve one woken by a timer; a template snapshotted with a
+//! spinning in Python code cannot starve one woken by a timer, and one preempted and picked
+//! again at once resumes where it is, not where it was preempted; a template snapshotted with a
 //! second thread alive gives every fork, and every reset VM, both threads.
 
 mod common;
@@ -167,6 +168,33 @@ print("stopped", 0.05 <= time.monotonic() - t0 < BOUND)
     let outcome = python(&code.replace("BOUND", &scaled(Duration::from_secs(2)).as_secs().to_string()));
     assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
     assert_eq!(String::from_utf8_lossy(&outcome.stdout), "stopped True\n", "{}", describe(&outcome));
+    assert!(outcome.stats.threads.preemptions >= 1, "{:?}", outcome.stats.threads);
+}
+
+#[test]
+fn a_thread_preempted_and_picked_again_resumes_where_it_is_later() {
+    // The reader waits for readiness (a pipe read); each getpid makes progress, so at every
+    // preemption of the spinning main thread the reader is due a retry and queues behind it:
+    // main gets the vCPU straight back. Its next switch at a system call must save its state
+    // then, not keep the one of the preemption (resumed, it would run from there again).
+    let code = r#"
+import os, threading
+r, w = os.pipe()
+got = []
+reader = threading.Thread(target=lambda: got.append(os.read(r, 1)))
+reader.start()
+total = 0
+for i in range(30):
+    os.getpid()
+    total += sum(range(i, 400_000 + i))
+os.write(w, b"x")
+reader.join()
+print(total, got)
+"#;
+    let expected: u64 = (0..30u64).map(|i| (i..400_000 + i).sum::<u64>()).sum();
+    let outcome = python(code);
+    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(String::from_utf8_lossy(&outcome.stdout), format!("{expected} [b'x']\n"), "{}", describe(&outcome));
     assert!(outcome.stats.threads.preemptions >= 1, "{:?}", outcome.stats.threads);
 }
 

@@ -193,10 +193,29 @@ impl Executor for AgentExecutor {
         Ok(Execution { status: outcome.status, queue, vm_setup: stats.load, run: stats.wall, usage, vm, stdout: outcome.stdout, stderr: outcome.stderr })
     }
 
+    /// The template's script name, and its VMs' memory size (its snapshot's, else its
+    /// runtime's default): the operator chose it when building the template.
+    fn complete(&self, request: &mut ExecuteRequest) {
+        let Some(template) = self.template(&request.template) else { return };
+        if request.defaulted.script {
+            request.agent_request.argv[0] = template.language.default_script().to_owned();
+        }
+        if request.defaulted.memory {
+            let mib = template.snapshot.as_ref().map_or(template.language.default_memory_mib(), |s| s.identity().mem_bytes >> 20);
+            request.limits.memory_mib = mib;
+        }
+    }
+
     fn templates(&self) -> Vec<TemplateInfo> {
         self.templates
             .iter()
-            .map(|t| TemplateInfo { name: t.name.clone(), content_hash: t.content_hash.clone(), language: t.language.name().to_owned(), ready: self.unavailable.is_none() })
+            .map(|t| TemplateInfo {
+                name: t.name.clone(),
+                content_hash: t.content_hash.clone(),
+                language: t.language.name().to_owned(),
+                languages: t.language.languages().iter().map(|l| (*l).to_owned()).collect(),
+                ready: self.unavailable.is_none(),
+            })
             .collect()
     }
 

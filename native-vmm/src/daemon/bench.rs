@@ -53,6 +53,7 @@ struct Workload {
 fn workload(language: Language) -> Workload {
     match language {
         Language::Python => Workload { code: "print(1+1)", stdout: "2\n", native: ("/usr/bin/python3.11", &["-c", "print(1+1)"]) },
+        Language::Node => Workload { code: "console.log(1+1)", stdout: "2\n", native: ("/usr/bin/node", &["-e", "console.log(1+1)"]) },
     }
 }
 
@@ -78,7 +79,8 @@ pub struct ExecReport {
     pub cgroup_vm_kib: Vec<(usize, f64)>,
     /// Copied pages a warm VM holds after a request, in KiB (the pages its resets rewrite).
     pub warm_vm_kib: f64,
-    pub isolation: Result<(), String>,
+    /// None: not run, its planting and searching programs are Python (`isolation`).
+    pub isolation: Option<Result<(), String>>,
 }
 
 impl ExecReport {
@@ -106,8 +108,8 @@ impl ExecReport {
             "host_memory_per_idle_vm_kib": by_count(self.idle_vm_kib.iter().map(|&(n, _, host)| (n, host)).collect()),
             "cgroup_memory_per_idle_vm_kib": by_count(self.cgroup_vm_kib.clone()),
             "warm_vm_copied_kib": self.warm_vm_kib,
-            "isolation_ok": self.isolation.is_ok(),
-            "isolation_error": self.isolation.as_ref().err(),
+            "isolation_ok": self.isolation.as_ref().map(Result::is_ok),
+            "isolation_error": self.isolation.as_ref().and_then(|r| r.as_ref().err()),
         })
         .to_string()
     }
@@ -133,8 +135,9 @@ impl fmt::Display for ExecReport {
         }
         writeln!(f, "a warm (reset) VM also holds {:.0} KiB of copied pages", self.warm_vm_kib)?;
         match &self.isolation {
-            Ok(()) => writeln!(f, "isolation across a reset: ok (nothing of the previous execution found)"),
-            Err(e) => writeln!(f, "isolation across a reset: FAILED: {e}"),
+            Some(Ok(())) => writeln!(f, "isolation across a reset: ok (nothing of the previous execution found)"),
+            Some(Err(e)) => writeln!(f, "isolation across a reset: FAILED: {e}"),
+            None => writeln!(f, "isolation across a reset: not run (its programs are Python)"),
         }
     }
 }
@@ -150,7 +153,8 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let template = load()?;
     let name = template.name.clone();
     let snapshot = template.snapshot.clone().ok_or_else(|| format!("{} has no snapshot: run `sandfork-vmm template build` first", dir.display()))?;
-    let work = workload(template.language);
+    let template_language = template.language;
+    let work = workload(template_language);
     let limits = ExecutionLimits { timeout_ms: 10_000, memory_mib: snapshot.identity().mem_bytes >> 20, output_bytes: 1 << 20 };
 
     let handed_out = snapshot.handed_out();
@@ -205,10 +209,12 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         idle_vm_kib.push(rss);
         cgroup_vm_kib.extend(cgroup.map(|kib| (count, kib)));
     }
-    let isolation = AgentExecutor::with_kvm(vec![load()?], 1)
-        .map_err(|e| e.to_string())
-        .and_then(|executor| isolation::run(&executor, &name, ExecutionLimits { timeout_ms: 60_000, ..limits }, &kvm::reachable_memory(handed_out, snapshot.identity().mem_bytes)))
-        .map(drop);
+    let isolation = (template_language == Language::Python).then(|| {
+        AgentExecutor::with_kvm(vec![load()?], 1)
+            .map_err(|e| e.to_string())
+            .and_then(|executor| isolation::run(&executor, &name, ExecutionLimits { timeout_ms: 60_000, ..limits }, &kvm::reachable_memory(handed_out, snapshot.identity().mem_bytes)))
+            .map(drop)
+    });
     Ok(ExecReport {
         template: name,
         code: work.code,

@@ -43,6 +43,17 @@ pub struct ExecuteRequest {
     pub limits: ExecutionLimits,
     /// The client asked for the output as it is written (`output` frames before the answer).
     pub stream: bool,
+    /// What the request left to its template (`Executor::complete` fills it in).
+    pub defaulted: Defaulted,
+}
+
+/// Parts of an execute request the client did not give, whose defaults depend on the
+/// template: the script's name (argv[0]: main.py for Python, main.js for Node) and the memory
+/// size (the template's VMs' size, so that a pooled VM can serve it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Defaulted {
+    pub script: bool,
+    pub memory: bool,
 }
 
 /// Counters of one execution, reported as `usage`.
@@ -138,7 +149,10 @@ pub struct TemplateInfo {
     pub name: String,
     /// Hex SHA-256 identifying the template's file image.
     pub content_hash: String,
+    /// The runtime (`Language::name`: python, node).
     pub language: String,
+    /// The languages its requests may run (`Language::languages`).
+    pub languages: Vec<String>,
     /// Executions can run on it now.
     pub ready: bool,
 }
@@ -179,6 +193,9 @@ pub trait Executor: Send + Sync {
     /// reach the VM without a copy. The output the program writes also goes to `live_output`
     /// as it is written (`OutputSink::none()` unless the client streams).
     fn execute(&self, request: ExecuteRequest, live_output: OutputSink) -> Result<Execution, ExecuteError>;
+    /// Gives `request` its template's defaults for what it left out (`Defaulted`), before its
+    /// limits are reported; an executor without templates of its own leaves it as parsed.
+    fn complete(&self, _request: &mut ExecuteRequest) {}
     fn templates(&self) -> Vec<TemplateInfo>;
     fn health(&self) -> Health;
     /// Warm pools, one per template that has one.

@@ -206,7 +206,7 @@ pub fn run(executor: &dyn Executor, template: &str, limits: ExecutionLimits, rea
     let token = new_token().map_err(|e| format!("drawing a token: {e}"))?;
     let execute = |what: &str, code: String, env: Vec<(String, String)>, argv: Vec<String>| {
         let agent_request = AgentRequest { code, argv, env, files: Vec::new(), stdin: Vec::new() };
-        let execution = executor.execute(ExecuteRequest { template: template.to_owned(), agent_request, limits, stream: false }, OutputSink::none()).map_err(|e| format!("the {what}: {e}"))?;
+        let execution = executor.execute(ExecuteRequest { template: template.to_owned(), agent_request, limits, stream: false, defaulted: Default::default() }, OutputSink::none()).map_err(|e| format!("the {what}: {e}"))?;
         if execution.status != (RunStatus::Exited { code: 0 }) {
             return Err(format!("the {what} ended with {}: {}", execution.status, String::from_utf8_lossy(&execution.stderr)));
         }

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::agent::{truncate, AgentRequest, DEFAULT_SCRIPT, MAX_QUOTED_CHARS};
 use crate::daemon::base64;
-use crate::daemon::executor::{ExecuteRequest, ExecutionLimits};
+use crate::daemon::executor::{Defaulted, ExecuteRequest, ExecutionLimits};
 use crate::daemon::response::ErrorCode;
 
 /// The protocol version this daemon speaks.
@@ -266,6 +266,7 @@ fn parse_execute(fields: ExecuteFields, id: Option<u64>, policy: &LimitPolicy) -
         };
         files.push((file.path, content));
     }
+    let defaulted = Defaulted { script: fields.argv.is_none(), memory: fields.limits.as_ref().is_none_or(|l| l.memory_mib.is_none()) };
     let agent_request = AgentRequest {
         code: fields.code,
         argv: fields.argv.unwrap_or_else(|| vec![DEFAULT_SCRIPT.to_owned()]),
@@ -278,7 +279,7 @@ fn parse_execute(fields: ExecuteFields, id: Option<u64>, policy: &LimitPolicy) -
         Some(limits) => clamp_limits(limits, id, policy)?,
         None => policy.default,
     };
-    Ok(ExecuteRequest { template: fields.template, agent_request, limits, stream: fields.stream.unwrap_or(false) })
+    Ok(ExecuteRequest { template: fields.template, agent_request, limits, stream: fields.stream.unwrap_or(false), defaulted })
 }
 
 pub(crate) fn clamp_limits(fields: LimitFields, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecutionLimits, RequestError> {
@@ -405,6 +406,7 @@ mod tests {
                 },
                 limits: ExecutionLimits { timeout_ms: 5000, memory_mib: 128, output_bytes: 4096 },
                 stream: true,
+                defaulted: Defaulted::default(),
             }
         );
     }

@@ -476,7 +476,8 @@ fn lock_ids(ids: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>
 /// Waits for a running slot, runs one execution (its output also going to `live_output`) and
 /// builds its response (the slots are given back before the response is written). A panic in
 /// the executor is answered `internal` instead of losing the response.
-fn run_execution(shared: &Shared, id: u64, request: ExecuteRequest, received: Instant, admission: Slot, live_output: OutputSink) -> Response {
+fn run_execution(shared: &Shared, id: u64, mut request: ExecuteRequest, received: Instant, admission: Slot, live_output: OutputSink) -> Response {
+    shared.executor.complete(&mut request);
     let limits = request.limits;
     let running = shared.running.acquire();
     let queue = received.elapsed();

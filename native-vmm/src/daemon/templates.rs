@@ -9,7 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::agent::{AgentCommand, PYTHON_AGENT};
+use crate::agent::{AgentCommand, NODE_AGENT, PYTHON_AGENT};
 use crate::fs::Image;
 use crate::image::sha256;
 use crate::snapshot;
@@ -18,20 +18,32 @@ use crate::snapshot;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Language {
     Python,
+    /// Node.js: JavaScript, and TypeScript transpiled in the VM (templates/node).
+    Node,
 }
+
+/// Every runtime, for listings and messages.
+pub const LANGUAGES: [Language; 2] = [Language::Python, Language::Node];
 
 impl Language {
     /// The language of an image named `image_name` (the manifest's `name`).
     pub fn of_image(image_name: &str) -> Option<Language> {
-        match image_name {
-            "python" => Some(Language::Python),
-            _ => None,
-        }
+        LANGUAGES.into_iter().find(|l| l.name() == image_name)
     }
 
+    /// The runtime's name: its image's name, and the template's `language` in listings.
     pub fn name(self) -> &'static str {
         match self {
             Language::Python => "python",
+            Language::Node => "node",
+        }
+    }
+
+    /// The languages a request may run on this runtime; the first is the default.
+    pub fn languages(self) -> &'static [&'static str] {
+        match self {
+            Language::Python => &["python"],
+            Language::Node => &["javascript", "typescript"],
         }
     }
 
@@ -39,8 +51,32 @@ impl Language {
     pub fn agent(self) -> &'static AgentCommand {
         match self {
             Language::Python => &PYTHON_AGENT,
+            Language::Node => &NODE_AGENT,
         }
     }
+
+    /// The script a request runs when it names none (argv[0], relative to /work).
+    pub fn default_script(self) -> &'static str {
+        match self {
+            Language::Python => crate::agent::DEFAULT_SCRIPT,
+            Language::Node => crate::agent::NODE_DEFAULT_SCRIPT,
+        }
+    }
+
+    /// The guest memory a template of this runtime is built with by default, in MiB: the
+    /// guest's address space is its memory, and V8 reserves 512 MiB of it for JIT code at
+    /// start-up (its code range; reserved, not touched), so Node needs more than Python's 256.
+    pub fn default_memory_mib(self) -> u64 {
+        match self {
+            Language::Python => crate::vm::DEFAULT_MEM_BYTES >> 20,
+            Language::Node => 1024,
+        }
+    }
+}
+
+/// The runtimes' names, for messages ("python, node").
+pub fn known_languages() -> String {
+    LANGUAGES.map(Language::name).join(", ")
 }
 
 /// One template: its image, opened and checked.
@@ -72,7 +108,7 @@ impl fmt::Display for TemplateError {
             TemplateError::Directory { dir, error } => write!(f, "listing templates in {}: {error}", dir.display()),
             TemplateError::Image { dir, error } => write!(f, "template {}: {error}", dir.display()),
             TemplateError::UnknownLanguage { dir, image_name } => {
-                write!(f, "template {}: its image is named '{image_name}', which is not a known language (python)", dir.display())
+                write!(f, "template {}: its image is named '{image_name}', which is not a known language ({})", dir.display(), known_languages())
             }
             TemplateError::Snapshot { dir, error } => write!(f, "template {}: {error}", dir.display()),
         }

@@ -48,6 +48,8 @@ pub enum Object {
     /// A socket(2) stream socket not connected yet: unbound, bound or listening (an index into
     /// the endpoint table). connect turns it into a `Socket`.
     Endpoint(usize),
+    /// An eventfd: its counter (shared by the description's fds) and EFD_SEMAPHORE.
+    EventFd { count: u64, semaphore: bool },
 }
 
 /// A socket made by socket(2) before it is connected. Its address lives only in this VM's
@@ -654,10 +656,15 @@ impl Object {
                 e.u8(7);
                 e.len(*i);
             }
+            Object::EventFd { count, semaphore } => {
+                e.u8(8);
+                e.u64(*count);
+                e.bool(*semaphore);
+            }
             // GuestProcess::encode_state refuses a process with endpoints; this tag is never
             // read back.
             Object::Endpoint(i) => {
-                e.u8(8);
+                e.u8(9);
                 e.len(*i);
             }
         }
@@ -673,6 +680,10 @@ impl Object {
             5 => Object::Node(vfs.decode_node(d)?),
             6 => Object::Socket { rx: d.index(usize::MAX, "socket pipe")?, tx: d.index(usize::MAX, "socket pipe")?, shut_write: d.bool("socket shutdown")? },
             7 => Object::Epoll(d.index(usize::MAX, "epoll index")?),
+            8 => match d.u64("eventfd count")? {
+                count if count <= crate::syscalls::EVENTFD_MAX_COUNT => Object::EventFd { count, semaphore: d.bool("eventfd semaphore")? },
+                count => return Err(DecodeError::new(format!("eventfd count {count} past its maximum"))),
+            },
             t => return Err(DecodeError::new(format!("description object tag {t}"))),
         })
     }
@@ -734,7 +745,7 @@ impl FdTable {
                 Object::PipeRead(i) | Object::PipeWrite(i) => ([Some(i), None], None),
                 Object::Socket { rx, tx, .. } => ([Some(rx), Some(tx)], None),
                 Object::Epoll(i) => ([None, None], Some(i)),
-                Object::Stdin | Object::Output(_) | Object::Node(_) => ([None, None], None),
+                Object::Stdin | Object::Output(_) | Object::Node(_) | Object::EventFd { .. } => ([None, None], None),
                 Object::Endpoint(_) => return Err(DecodeError::new("a template snapshot holds no unconnected socket".to_owned())),
             };
             for i in channels.into_iter().flatten() {

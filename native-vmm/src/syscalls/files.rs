@@ -135,7 +135,7 @@ pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
     match proc.fds.get(fd)?.object {
         Object::Node(node) => proc.config.vfs.stat(node),
         Object::Socket { .. } | Object::Endpoint(_) => Ok(stream_stat(fd, S_IFSOCK)),
-        Object::Epoll(_) => Ok(stream_stat(fd, 0)),
+        Object::Epoll(_) | Object::EventFd { .. } => Ok(stream_stat(fd, 0)),
         Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => Ok(stream_stat(fd, S_IFIFO)),
     }
 }
@@ -184,6 +184,7 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
             user.write(buf, &data[start..start + n])?;
             n
         }
+        Object::EventFd { .. } => return super::eventfd::read(proc, user, fd, buf, len),
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
         Object::Epoll(_) => return Err(Errno::EINVAL),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
@@ -237,6 +238,7 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
             }
             value(n as u64)
         }
+        Object::EventFd { .. } => super::eventfd::write(proc, user, fd, buf, len),
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
         Object::Epoll(_) => Err(Errno::EINVAL),
         Object::Endpoint(_) => Err(Errno::ENOTCONN),

@@ -67,3 +67,35 @@ pub(crate) fn umask(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6])
     proc.umask = (args[0] as u32) & 0o777;
     value(u64::from(old))
 }
+
+const CAPABILITY_VERSION_1: u32 = 0x1998_0330;
+const CAPABILITY_VERSION_2: u32 = 0x2007_1026;
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+/// One `struct __user_cap_data_struct`: effective, permitted and inheritable (u32 each).
+const CAPABILITY_DATA_BYTES: u64 = 12;
+
+/// capget(header, data): the unprivileged guest holds no capabilities, so every set is empty
+/// (Node asks at start-up). An unknown version gets the preferred one written back and EINVAL,
+/// as on Linux; a null `data` only probes the version.
+pub(crate) fn capget(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [header, data, ..] = args;
+    let structs = match user.read_u32(header)? {
+        CAPABILITY_VERSION_1 => 1,
+        CAPABILITY_VERSION_2 | CAPABILITY_VERSION_3 => 2,
+        _ => {
+            user.write_u32(header, CAPABILITY_VERSION_3)?;
+            return Err(Errno::EINVAL);
+        }
+    };
+    let pid = user.read_u32(header + 4)? as i32;
+    if pid < 0 {
+        return Err(Errno::EINVAL);
+    }
+    if pid != 0 && pid as u64 != GUEST_PID {
+        return Err(Errno::ESRCH);
+    }
+    if data != 0 {
+        user.write(data, &[0; 2 * CAPABILITY_DATA_BYTES as usize][..(structs * CAPABILITY_DATA_BYTES) as usize])?;
+    }
+    value(0)
+}

@@ -1,11 +1,12 @@
 //! The Linux system-call layer: one table (table.rs) mapping numbers to handlers, grouped by
 //! area: files (fds, paths, pipes, output), sockets (in-memory socketpairs), poll and epoll
-//! (readiness), memory, ids (process identity), threads (clone, exit, thread ids, yield),
+//! (readiness), eventfd, memory, ids (process identity), threads (clone, exit, thread ids, yield),
 //! futex, time, signals, and misc (system information, randomness, limits).
 
 pub(crate) mod agent;
 mod addresses;
 mod epoll;
+mod eventfd;
 mod files;
 mod futex;
 mod ids;
@@ -31,6 +32,7 @@ use crate::process::threads::{Call, ThreadStart, Wait, WaitOn};
 use crate::process::GuestProcess;
 use crate::status::RunStatus;
 
+pub(crate) use eventfd::MAX_COUNT as EVENTFD_MAX_COUNT;
 pub use table::{name, Policy, SyscallEntry, TABLE};
 pub use user::UserMemory;
 pub(crate) use ids::GUEST_PID;

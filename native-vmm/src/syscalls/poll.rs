@@ -77,6 +77,13 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             Ok(_) => 0,
             Err(_) => POLLNVAL,
         },
+        Object::EventFd { count, .. } => {
+            let mut bits = if count < super::EVENTFD_MAX_COUNT { writable } else { 0 };
+            if count > 0 {
+                bits |= readable;
+            }
+            bits
+        }
         Object::Epoll(i) => match super::epoll::ready_list(proc, i) {
             Ok(list) if !list.is_empty() => readable,
             Ok(_) => 0,

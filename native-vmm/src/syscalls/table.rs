@@ -7,8 +7,9 @@
 //!   exist only inside the VM, see addresses.rs and sockets.rs), no other process (fork, vfork,
 //!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
 //!   children to wait for (ECHILD), no identity changes (EPERM: the guest is an unprivileged
-//!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), and rseq, which
-//!   glibc probes and tolerates missing.
+//!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
+//!   CPU without them; V8 then protects nothing with them), and rseq, which glibc probes and
+//!   tolerates missing.
 //!
 //! A wait that no thread could ever end (an untimed futex wait or pause while every other
 //! thread waits too and no timer is armed) ends the run as deadlocked: see `crate::sched`.
@@ -16,7 +17,7 @@
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS answers are
 //! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{addresses, epoll, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, SysResult, UserMemory};
+use super::{addresses, epoll, eventfd, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -151,6 +152,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(120, "getresgid", ids::getresgid),
     emulate(121, "getpgid", ids::getpgid),
     emulate(124, "getsid", ids::getpgid),
+    emulate(125, "capget", ids::capget),
     emulate(127, "rt_sigpending", signals::rt_sigpending),
     emulate(130, "rt_sigsuspend", signals::rt_sigsuspend),
     emulate(131, "sigaltstack", signals::sigaltstack),
@@ -204,7 +206,9 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(273, "set_robust_list", threads::set_robust_list),
     emulate(280, "utimensat", files::utimensat),
     emulate(281, "epoll_pwait", epoll::epoll_pwait),
+    emulate(284, "eventfd", eventfd::eventfd),
     emulate(288, "accept4", addresses::accept4),
+    emulate(290, "eventfd2", eventfd::eventfd2),
     emulate(291, "epoll_create1", epoll::epoll_create1),
     emulate(292, "dup3", files::dup3),
     emulate(293, "pipe2", files::pipe2),
@@ -212,6 +216,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(316, "renameat2", files::renameat2),
     emulate(318, "getrandom", misc::getrandom),
     refuse(322, "execveat", NO_PROCESSES),
+    refuse(330, "pkey_alloc", Errno::ENOSPC),
     emulate(332, "statx", files::statx),
     refuse(334, "rseq", Errno::ENOSYS),
     emulate(435, "clone3", threads::clone3),

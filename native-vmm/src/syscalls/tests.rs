@@ -999,3 +999,64 @@ fn sockets_epoll_and_devices_survive_a_template_snapshot() {
     assert_eq!(g.write_bytes(a, b"x"), err(Errno::EPIPE));
     assert_eq!(g.write_bytes(null, b"x"), 1);
 }
+
+const CAPGET: u64 = 125;
+const EVENTFD2: u64 = 290;
+const EFD_SEMAPHORE: u64 = 1;
+
+impl Guest {
+    fn write_u64_to(&mut self, fd: u64, value: u64) -> i64 {
+        self.mem.write_u64(SCRATCH + 0x1000, value).unwrap();
+        self.ret(WRITE, &[fd, SCRATCH + 0x1000, 8])
+    }
+
+    fn read_u64_from(&mut self, fd: u64) -> Result<u64, i64> {
+        self.read_bytes(fd, 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    }
+}
+
+#[test]
+fn eventfd_counts_and_reports_readiness() {
+    let mut g = guest();
+    assert_eq!(g.ret(EVENTFD2, &[0, 0x10]), err(Errno::EINVAL));
+    let fd = g.ret(EVENTFD2, &[3, O_NONBLOCK | O_CLOEXEC]) as u64;
+    let ep = g.ret(EPOLL_CREATE1, &[0]) as u64;
+    assert_eq!(g.epoll_add(ep, fd, EPOLLIN | EPOLLOUT, 0xe), 0);
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN | EPOLLOUT, 0xe)]);
+    // A read takes the whole count; a dup shares it; short buffers and u64::MAX are EINVAL.
+    assert_eq!(g.ret(READ, &[fd, BUF, 7]), err(Errno::EINVAL));
+    assert_eq!(g.read_u64_from(fd), Ok(3));
+    assert_eq!(g.read_u64_from(fd), Err(err(Errno::EAGAIN)));
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLOUT, 0xe)]);
+    let copy = g.ret(DUP, &[fd]) as u64;
+    assert_eq!(g.write_u64_to(copy, 5), 8);
+    assert_eq!(g.write_u64_to(fd, u64::MAX), err(Errno::EINVAL));
+    assert_eq!(g.read_u64_from(fd), Ok(5));
+    // Full at 2^64-2: a further write would block (EAGAIN), and the fd is not writable.
+    assert_eq!(g.write_u64_to(fd, u64::MAX - 1), 8);
+    assert_eq!(g.write_u64_to(fd, 1), err(Errno::EAGAIN));
+    assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN, 0xe)]);
+    // Semaphore mode reads one at a time; a blocking read of zero waits for another thread.
+    let sem = g.ret(EVENTFD2, &[2, EFD_SEMAPHORE]) as u64;
+    assert_eq!(g.read_u64_from(sem), Ok(1));
+    assert_eq!(g.read_u64_from(sem), Ok(1));
+    assert_eq!(ready_wait(g.call(READ, &[sem, BUF, 8])), None);
+    assert_eq!(g.ret(FSTAT, &[sem, BUF]), 0);
+}
+
+#[test]
+fn capget_reports_no_capabilities() {
+    let mut g = guest();
+    let (header, data) = (SCRATCH + 0xa00, SCRATCH + 0xa10);
+    g.mem.write(data, &[0xff; 24]).unwrap();
+    g.mem.write_u32(header, 0x2008_0522).unwrap();
+    g.mem.write_u32(header + 4, 0).unwrap();
+    assert_eq!(g.ret(CAPGET, &[header, data]), 0);
+    assert_eq!(g.mem.read_vec(data, 24).unwrap(), vec![0; 24]);
+    g.mem.write_u32(header + 4, 7).unwrap();
+    assert_eq!(g.ret(CAPGET, &[header, data]), err(Errno::ESRCH));
+    // An unknown version learns the preferred one.
+    g.mem.write_u32(header, 1).unwrap();
+    assert_eq!(g.ret(CAPGET, &[header, 0]), err(Errno::EINVAL));
+    assert_eq!(g.mem.read_u32(header).unwrap(), 0x2008_0522);
+}

@@ -562,7 +562,7 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["template", "build", "--help"])), Err(CliError::Help(TEMPLATE_BUILD_USAGE))));
         assert!(matches!(dispatch(&strings(&["template", "frob"])), Err(CliError::Usage(..))));
         assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--out", "/o"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
-        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "node", "--out", "/o"])), Err(CliError::Usage(m, _)) if m.contains("unknown template `node`")));
+        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "ruby", "--out", "/o"])), Err(CliError::Usage(m, _)) if m.contains("unknown template `ruby` (known: python, node)")));
         assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/nonexistent", "--template", "python", "--out", "/o"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent"])), Err(CliError::Usage(m, _)) if m == "no program given"));
         assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent", "--", "true"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));

@@ -331,9 +331,11 @@ fn every_execution_draws_fresh_randomness() {
     }
 }
 
-/// No network, no other process, no host files: each refusal reaches the program as an error it
-/// can handle, and the program goes on to exit normally. The only calls counted as unsupported
-/// are the two process-creating clones of child_process (ENOSYS by design: the table).
+/// No network beyond the VM, no other process, no host files: each refusal reaches the program
+/// as an error it can handle, and the program goes on to exit normally; a loopback server and its
+/// client inside the VM talk to each other (the VM's own socket namespace). The only calls
+/// counted as unsupported are the two process-creating clones of child_process (ENOSYS by
+/// design: the table).
 #[test]
 fn network_processes_and_host_files_fail_cleanly() {
     let code = r#"
@@ -343,8 +345,15 @@ try { cp.execSync("echo hi"); } catch (error) { report("execSync")(error); }
 try { cp.spawn("ls").on("error", report("spawn")); } catch (error) { report("spawn")(error); }
 dns.lookup("example.com", report("dns"));
 net.connect(80, "127.0.0.1").on("error", report("connect"));
+net.connect(80, "192.0.2.1").on("error", report("remote"));
 http.get("http://127.0.0.1:1/").on("error", report("http"));
-net.createServer().on("error", report("listen")).listen(0);
+const server = net.createServer((socket) => socket.end("pong")).listen(0, "127.0.0.1", () => {
+  const client = net.connect(server.address().port, "127.0.0.1").on("data", (data) => {
+    console.log("loopback", data.toString());
+    client.destroy();
+    server.close(() => console.log("closed"));
+  });
+});
 for (const file of ["/etc/passwd", "/proc/self/environ", "/root", "/home"]) {
   try { fs.readFileSync(file); console.log(file, "readable"); } catch (error) { console.log(file, error.code); }
 }
@@ -355,9 +364,10 @@ console.log(fs.readdirSync("/").sort().join(" "));
     let unsupported: Vec<_> = outcome.stats.unsupported.iter().map(|c| (c.name, c.count)).collect();
     assert_eq!(unsupported, vec![(Some("clone"), 2)], "{}", describe(&outcome));
     let stdout = text(&outcome.stdout);
-    for what in ["execSync", "spawn", "dns", "connect", "http", "listen", "/etc/passwd", "/proc/self/environ", "/root", "/home"] {
+    for what in ["execSync", "spawn", "dns", "connect", "remote", "http", "/etc/passwd", "/proc/self/environ", "/root", "/home"] {
         let line = stdout.lines().find(|l| l.split(' ').next() == Some(what)).unwrap_or_else(|| panic!("no line for {what}: {stdout}"));
         assert!(!line.ends_with("no error") && !line.ends_with("readable"), "{line}");
     }
+    assert!(stdout.lines().any(|l| l == "loopback pong") && stdout.lines().any(|l| l == "closed"), "an in-VM connection, and its server closed: {stdout}");
     assert!(stdout.lines().any(|l| l == "dev lib lib64 opt tmp usr work"), "only the image and the writable folders: {stdout}");
 }

@@ -743,7 +743,8 @@ impl FdTable {
         for description in descriptions.iter().flatten() {
             let (channels, epoll) = match description.object {
                 Object::PipeRead(i) | Object::PipeWrite(i) => ([Some(i), None], None),
-                Object::Socket { rx, tx, .. } => ([Some(rx), Some(tx)], None),
+                // A shut-down write side's channel may be gone with the peer.
+                Object::Socket { rx, tx, shut_write } => ([Some(rx), (!shut_write).then_some(tx)], None),
                 Object::Epoll(i) => ([None, None], Some(i)),
                 Object::Stdin | Object::Output(_) | Object::Node(_) | Object::EventFd { .. } => ([None, None], None),
                 Object::Endpoint(_) => return Err(DecodeError::new("a template snapshot holds no unconnected socket".to_owned())),

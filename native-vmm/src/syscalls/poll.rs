@@ -51,10 +51,15 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             Err(_) => POLLNVAL,
         },
         Object::Socket { rx, tx, shut_write } => {
-            let (Ok(input), Ok(output)) = (proc.fds.pipe(rx), proc.fds.pipe(tx)) else { return POLLNVAL };
+            // A shut-down write side was let go of: its channel is gone once the peer closes.
+            let output = if shut_write { None } else { proc.fds.pipe(tx).ok() };
+            let Ok(input) = proc.fds.pipe(rx) else { return POLLNVAL };
+            if !shut_write && output.is_none() {
+                return POLLNVAL;
+            }
             // As Linux's AF_UNIX stream poll: end of input is readable (and RDHUP), both
             // directions closed is HUP; a write to a closed peer fails at once, so is "ready".
-            let send_closed = shut_write || !output.has_readers();
+            let send_closed = output.is_none_or(|o| !o.has_readers());
             let mut bits = 0;
             if input.buffered() > 0 || input.input_closed() {
                 bits |= readable;
@@ -65,7 +70,7 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             if input.input_closed() && send_closed {
                 bits |= POLLHUP;
             }
-            if send_closed || output.room() > 0 {
+            if send_closed || output.is_some_and(|o| o.room() > 0) {
                 bits |= writable;
             }
             bits

@@ -877,8 +877,20 @@ fn socketpair_shutdown_close_and_messages() {
     assert_eq!(g.write_bytes(b, b"x"), err(Errno::EPIPE));
     assert_eq!(g.ret(CLOSE, &[b]), 0);
     // Both channels were freed: a new pair reuses them and starts empty.
-    let (c, _) = g.socketpair(O_NONBLOCK);
+    let (c, d) = g.socketpair(O_NONBLOCK);
     assert_eq!(g.read_bytes(c, 10), Err(err(Errno::EAGAIN)));
+    // The end that shut its writes down and stays open, after its peer closes: its outgoing
+    // channel is gone, and it polls as both directions closed (not as a bad fd).
+    assert_eq!(g.ret(SHUTDOWN, &[c, 1]), 0);
+    assert_eq!(g.ret(CLOSE, &[d]), 0);
+    g.mem.write(BUF, &[0u8; 8]).unwrap();
+    g.mem.write_u32(BUF, c as u32).unwrap();
+    g.mem.write_u32(BUF + 4, 0x2000 | 1 | 4).unwrap();
+    assert_eq!(g.ret(POLL, &[BUF, 1, 0]), 1);
+    let revents = u16::from_le_bytes(g.mem.read_vec(BUF + 6, 2).unwrap().try_into().unwrap());
+    assert_eq!(revents, 0x2000 | 0x10 | 4 | 1, "RDHUP, HUP, OUT, IN: {revents:#x}");
+    assert_eq!(g.read_bytes(c, 10).unwrap(), b"");
+    assert_eq!(g.write_bytes(c, b"x"), err(Errno::EPIPE));
 }
 
 #[test]

@@ -207,6 +207,17 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     expect(usage).toMatchObject({ executions: 3, units: 14 });
   });
 
+  it("a settlement the database refuses frees its execution's hold at once, charging nothing", async () => {
+    const ids = await accountWithKey(fresh, 100);
+    const batches = new BillingBatches(fresh.db);
+    const r = reservation(ids, 10);
+    expect(await batches.reserve(r)).toEqual({ kind: "reserved" });
+    // A NUL byte is not valid text in PostgreSQL: the statement fails.
+    await expect(batches.settle(r.executionId, { ...settlement(3), stdout: "bad\u0000" })).rejects.toThrow();
+    expect(await findExecution(fresh.db, r.executionId)).toMatchObject({ status: "aborted", chargedUnits: 0 });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
+  });
+
   it("knows which gateways are alive: PGlite only this one; PostgreSQL every gateway with an open session", async () => {
     if (backend === "pglite") {
       expect(await liveGatewayIds(fresh, "self")).toEqual(["self"]);

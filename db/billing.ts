@@ -265,7 +265,7 @@ export class BillingBatches {
   private readonly reservations: GroupCommit<Reservation, ReserveOutcome>;
   private readonly settlements: GroupCommit<SettlementOf, ExecutionRecord>;
 
-  constructor(db: Database) {
+  constructor(private readonly db: Database) {
     this.reservations = new GroupCommit((rs) => reserveAll(db, rs));
     this.settlements = new GroupCommit((items) => settleAll(db, items));
   }
@@ -274,8 +274,18 @@ export class BillingBatches {
     return this.reservations.submit(r);
   }
 
-  settle(executionId: string, settlement: Settlement): Promise<ExecutionRecord> {
-    return this.settlements.submit({ executionId, settlement });
+  /**
+   * A settlement the database refuses (its batch's statement failed: nothing of it committed)
+   * rejects, and its execution's hold is released at once, unanswered and uncharged, rather than
+   * by the next start's recovery pass (which still frees it if this release fails too).
+   */
+  async settle(executionId: string, settlement: Settlement): Promise<ExecutionRecord> {
+    try {
+      return await this.settlements.submit({ executionId, settlement });
+    } catch (error) {
+      await release(this.db, executionId).catch(() => false);
+      throw error;
+    }
   }
 }
 

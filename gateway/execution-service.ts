@@ -258,26 +258,18 @@ export class ExecutionService {
     // Billed time is what the VM existed for this request: fork plus run, never past the timeout.
     const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, request.timeoutMs);
     const chargedUnits = Math.min(costUnits(price, billedMs), reservedUnits);
-    let record: ExecutionRecord;
-    try {
-      record = await inSpan(tracer, "billing.settle", (span) => {
-        span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
-        return this.billing.settle(executionId, {
-          status: result.outcome,
-          exitCode: result.exitCode,
-          stdout: result.stdout,
-          stderr: result.stderr,
-          truncated: result.truncated,
-          timings: { ...result.timings, totalMs },
-          chargedUnits,
-        });
+    const record = await inSpan(tracer, "billing.settle", (span) => {
+      span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
+      return this.billing.settle(executionId, {
+        status: result.outcome,
+        exitCode: result.exitCode,
+        stdout: result.stdout,
+        stderr: result.stderr,
+        truncated: result.truncated,
+        timings: { ...result.timings, totalMs },
+        chargedUnits,
       });
-    } catch (error) {
-      // Unsettled and never answered: nothing is charged, and its hold is freed now rather than
-      // by the next start's recovery pass (which still frees it if this release fails too).
-      await release(this.deps.db, executionId).catch(() => false);
-      throw error;
-    }
+    });
     instruments.executions.add(1, { template: request.template, status: result.outcome });
     instruments.executionDuration.record(totalMs / 1000, { template: request.template, status: result.outcome });
     instruments.billedUnits.add(record.chargedUnits ?? 0, { template: request.template });

@@ -88,6 +88,11 @@ const CellSchema = z.object({
 });
 const FileSchema = z.object({ bytes: z.number().int(), content: z.string().optional() });
 
+/** A checkpoint as the daemon lists it (in `session` and `checkpoint` frames). */
+function checkpointOf(c: z.infer<typeof CheckpointSchema>): SessionCheckpoint {
+  return { checkpoint: c.checkpoint, sha256: c.sha256, fileBytes: c.file_bytes };
+}
+
 function sessionInfo(frame: FrameObject): SessionInfo {
   const s = parse(SessionSchema, frame, "session");
   return {
@@ -95,7 +100,7 @@ function sessionInfo(frame: FrameObject): SessionInfo {
     template: s.template,
     state: s.state,
     memoryMib: s.memory_mib,
-    checkpoints: s.checkpoints.map((c) => ({ checkpoint: c.checkpoint, sha256: c.sha256, fileBytes: c.file_bytes })),
+    checkpoints: s.checkpoints.map(checkpointOf),
     checkpointBytes: s.checkpoint_bytes,
     ended: s.ended,
   };
@@ -104,9 +109,7 @@ function sessionInfo(frame: FrameObject): SessionInfo {
 function taken(frame: FrameObject): TakenCheckpoint {
   const t = parse(TakenSchema, frame, "checkpoint");
   return {
-    checkpoint: t.checkpoint,
-    sha256: t.sha256,
-    fileBytes: t.file_bytes,
+    ...checkpointOf(t),
     state: t.state,
     dirtyBytes: t.dirty_bytes,
     captureMs: t.timings.capture_us / 1000,

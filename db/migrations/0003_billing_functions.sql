@@ -1,7 +1,8 @@
 -- Reserve and settle as PL/pgSQL functions (db/billing.ts calls them, one call per batch). A
 -- function's statements keep their plans for the whole database session, where the statements
 -- they replace were planned anew on every execution: planning was most of their cost (on PGlite,
--- in the gateway's own process, ~0.4 ms each of ~1.2 ms). Every statement inside touches rows by
+-- in the gateway's own process: reserve + settle 1.7 ms of CPU sent as text, 0.5 ms prepared).
+-- Every statement inside touches rows by
 -- primary key, so a cached generic plan stays an index lookup however large the tables grow.
 -- Each takes its batch as a JSON array (one object an execution) and is atomic as one call.
 
@@ -12,14 +13,20 @@
 -- Returns the ids of the executions reserved.
 CREATE FUNCTION sandfork_reserve(batch jsonb) RETURNS SETOF uuid LANGUAGE plpgsql AS $$
 DECLARE
+  usable uuid[];
   account uuid;
   needed int8;
   held uuid[] := '{}';
 BEGIN
+  -- The executions whose key is not revoked, checked once each.
+  usable := ARRAY(
+    SELECT r.execution_id FROM jsonb_to_recordset(batch) AS r(execution_id uuid, key_id uuid)
+    WHERE EXISTS (SELECT 1 FROM api_keys WHERE api_keys.id = r.key_id AND api_keys.revoked_at IS NULL)
+  );
   FOR account, needed IN
     SELECT r.account_id, sum(r.units)::int8
-    FROM jsonb_to_recordset(batch) AS r(account_id uuid, key_id uuid, units int8)
-    WHERE EXISTS (SELECT 1 FROM api_keys WHERE api_keys.id = r.key_id AND api_keys.revoked_at IS NULL)
+    FROM jsonb_to_recordset(batch) AS r(execution_id uuid, account_id uuid, units int8)
+    WHERE r.execution_id = ANY (usable)
     GROUP BY r.account_id
     ORDER BY r.account_id
   LOOP
@@ -34,8 +41,7 @@ BEGIN
   SELECT r.execution_id, r.account_id, r.key_id, r.token_id, r.idempotency_key, r.request_hash, r.template, r.gateway_id, 'running', r.units
   FROM jsonb_to_recordset(batch) AS r(execution_id uuid, account_id uuid, key_id uuid, token_id text, idempotency_key text,
                                        request_hash text, template text, gateway_id text, units int8)
-  WHERE r.account_id = ANY (held)
-    AND EXISTS (SELECT 1 FROM api_keys WHERE api_keys.id = r.key_id AND api_keys.revoked_at IS NULL)
+  WHERE r.account_id = ANY (held) AND r.execution_id = ANY (usable)
   RETURNING executions.id;
 END $$;
 --> statement-breakpoint

@@ -372,7 +372,8 @@ impl Scheduler {
 
 /// Every waiting thread that would take a pending signal stops waiting (-EINTR).
 fn interrupt_waiters(process: &mut GuestProcess) {
-    if process.signals.pending == 0 && process.threads.blocked().iter().all(|&tid| process.threads.get(tid).is_some_and(|t| t.pending_signals == 0)) {
+    // Every system call returns through here: no allocation unless some signal is pending.
+    if process.signals.pending == 0 && !process.threads.any_signal_pending() {
         return;
     }
     for tid in process.threads.blocked() {

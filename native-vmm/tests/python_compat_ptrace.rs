@@ -200,6 +200,30 @@ except OSError as e:
     );
 }
 
+/// A Unix socket's path names one address however it is spelled (its directory resolved, as
+/// Linux does); a missing directory is ENOENT.
+#[test]
+fn a_unix_socket_path_names_one_address_however_it_is_spelled() {
+    let code = r#"
+import os, socket
+os.makedirs("a", exist_ok=True)
+server = socket.socket(socket.AF_UNIX)
+server.bind("./s")
+server.listen()
+for path in ["s", os.getcwd() + "/s", "a/../s", ".//s"]:
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    server.accept()[0].close()
+    client.close()
+    print("connected to", path)
+try:
+    socket.socket(socket.AF_UNIX).bind("missing/s")
+except OSError as e:
+    print("missing directory:", e.errno)
+"#;
+    assert_prints(code, "connected to s\nconnected to /work/s\nconnected to a/../s\nconnected to .//s\nmissing directory: 2\n");
+}
+
 #[test]
 fn signal_handlers_run_for_kill_raise_timers_and_interrupted_calls() {
     let code = r#"

@@ -146,6 +146,9 @@ pub struct Vm<'m> {
     pub reseed: bool,
     /// Set by a job to end the VM after it (a pause, a program that ended).
     pub release: bool,
+    /// Pages copied on first write as counted after the last cell: the next cell's starting
+    /// count, so that each cell scans the guest's page map once, not twice.
+    pub copied_pages: Option<u64>,
 }
 
 type Job = Box<dyn for<'m> FnOnce(&mut Vm<'m>) + Send>;
@@ -251,7 +254,7 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
             (cpu, opened.process, opened.call, reseed)
         }
     };
-    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false };
+    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false, copied_pages: None };
     if let Err(e) = vm.guest.cpu.map_memory(&vm.guest.process.memory_handed_out()) {
         return failed(internal("mapping the session's memory", e));
     }
@@ -272,7 +275,7 @@ fn run_cell(vm: &mut Vm<'_>, request: AgentRequest, limits: &ExecutionLimits) ->
     vm.guest.process.config.output_cap = limits.output_bytes;
     vm.guest.process.output = Output::new(limits.output_bytes);
     let cpu_before = thread_cpu_time();
-    let faults_before = vm.guest.mem.copied_pages().ok().flatten();
+    let faults_before = vm.copied_pages.or_else(|| vm.guest.mem.copied_pages().ok().flatten());
     let (end, stats) = vm::hand_over(&mut vm.guest.process, vm.guest.mem, vm.guest.cpu.as_mut(), vm.guest.call, request, limits.timeout())?;
     vm.reseed = false;
     let cpu = thread_cpu_time().saturating_sub(cpu_before);
@@ -290,7 +293,8 @@ fn run_cell(vm: &mut Vm<'_>, request: AgentRequest, limits: &ExecutionLimits) ->
             (status, None)
         }
     };
-    let pages_copied = vm.guest.mem.copied_pages().ok().flatten().unwrap_or(0).saturating_sub(faults_before.unwrap_or(0));
+    vm.copied_pages = vm.guest.mem.copied_pages().ok().flatten();
+    let pages_copied = vm.copied_pages.unwrap_or(0).saturating_sub(faults_before.unwrap_or(0));
     let usage = Usage { wall_us: stats.wall.as_micros() as u64, cpu_us: cpu.as_micros() as u64, peak_memory_bytes: stats.peak_memory, pages_copied, syscalls: stats.syscalls, exits: stats.exits, threads_created: stats.threads.created, thread_switches: stats.threads.switches };
     let execution = Execution { status, stdout, stderr, queue: Duration::ZERO, vm_setup: Duration::ZERO, run: stats.wall, usage, vm: VmOrigin::Fresh };
     Ok((execution, result))

@@ -17,7 +17,7 @@ type Remains = Box<dyn Send>;
 /// The process-wide queue: the reaper thread's sender, and how many queued items it has not
 /// dropped yet.
 struct Queue {
-    sender: Mutex<Sender<Remains>>,
+    sender: Sender<Remains>,
     pending: Mutex<u64>,
     drained: Condvar,
 }
@@ -47,7 +47,7 @@ fn queue() -> Option<&'static Queue> {
                     }
                 }
             });
-            spawned.ok().map(|_| Queue { sender: Mutex::new(sender), pending: Mutex::new(0), drained: Condvar::new() })
+            spawned.ok().map(|_| Queue { sender, pending: Mutex::new(0), drained: Condvar::new() })
         })
         .as_ref()
 }
@@ -62,9 +62,7 @@ pub fn start() {
 fn dispose(remains: Remains) {
     let Some(queue) = queue() else { return drop(remains) };
     *queue.pending() += 1;
-    let sender = queue.sender.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Err(unsent) = sender.send(remains) {
-        drop(sender);
+    if let Err(unsent) = queue.sender.send(remains) {
         *queue.pending() -= 1;
         drop(unsent.0);
     }

@@ -438,6 +438,11 @@ impl Threads {
     }
 
     /// Blocked threads, by tid.
+    /// Whether any thread has a signal directed at it pending (blocked or not).
+    pub fn any_signal_pending(&self) -> bool {
+        self.list.iter().any(|t| t.pending_signals != 0)
+    }
+
     pub fn blocked(&self) -> Vec<u64> {
         self.list.iter().filter(|t| matches!(t.state, ThreadState::Blocked { .. })).map(|t| t.tid).collect()
     }

@@ -120,12 +120,14 @@ impl<'m> Checkpoint<'m> {
         let pages = self.ranges.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{name}"));
         let written = (|| {
-            let out = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?.file;
+            let CheckpointFile { file: out, direct } = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
             let mut slices: Vec<IoSlice<'_>> = head.iter().map(|block| IoSlice::new(&block.0)).chain(pages.iter().map(|run| IoSlice::new(run))).collect();
             write_all_vectored(&out, &mut slices)?;
             // Where the write went to the page cache (no O_DIRECT), the disk takes the pages
-            // while they are hashed.
-            crate::sys::start_writeback(out.as_raw_fd())?;
+            // while they are hashed; an O_DIRECT write is on its way already.
+            if !direct {
+                crate::sys::start_writeback(out.as_raw_fd())?;
+            }
             let mut hasher = Sha256::new();
             head.iter().for_each(|block| hasher.update(block.0));
             pages.iter().for_each(|run| hasher.update(run));

@@ -52,21 +52,8 @@ pub fn header(magic: &[u8; 8], version: u32, body_len: usize) -> [u8; HEADER_LEN
 
 /// Checks magic, version, length and content hash; returns the body.
 pub fn open(file: &[u8]) -> Result<&[u8], TemplateError> {
-    open_sealed(file, &MAGIC, FORMAT_VERSION)
-}
-
-/// `open` for a sealed file of any kind: `magic` and `version` are what it must carry.
-pub fn open_sealed<'f>(file: &'f [u8], magic: &[u8; 8], format_version: u32) -> Result<&'f [u8], TemplateError> {
-    open_sealed_with(file, magic, format_version, None)
-}
-
-/// `open_sealed`, where `known_hash` (when given) is the content hash this process computed
-/// while writing the file: the hash stored in it must be that one, and the contents are not
-/// hashed again (a file is never changed in place once written; a torn write shows after a
-/// crash, when no hash is known and every file is verified).
-pub fn open_sealed_with<'f>(file: &'f [u8], magic: &[u8; 8], format_version: u32, known_hash: Option<&[u8; 32]>) -> Result<&'f [u8], TemplateError> {
     let minimum = (HEADER_LEN + HASH_LEN) as u64;
-    if file.len() < magic.len() || file[..magic.len()] != *magic {
+    if file.len() < MAGIC.len() || file[..MAGIC.len()] != MAGIC {
         return Err(TemplateError::NotATemplate);
     }
     if (file.len() as u64) < minimum {
@@ -74,8 +61,8 @@ pub fn open_sealed_with<'f>(file: &'f [u8], magic: &[u8; 8], format_version: u32
     }
     let word = |at: usize| u32::from_le_bytes([file[at], file[at + 1], file[at + 2], file[at + 3]]);
     let version = word(8);
-    if version != format_version {
-        return Err(TemplateError::VersionMismatch { found: version, expected: format_version });
+    if version != FORMAT_VERSION {
+        return Err(TemplateError::VersionMismatch { found: version, expected: FORMAT_VERSION });
     }
     let mut len = [0u8; 8];
     len.copy_from_slice(&file[16..24]);
@@ -88,11 +75,7 @@ pub fn open_sealed_with<'f>(file: &'f [u8], magic: &[u8; 8], format_version: u32
         return Err(TemplateError::Corrupted(format!("{} bytes after the content hash", file.len() as u64 - expected)));
     }
     let (content, hash) = file.split_at(file.len() - HASH_LEN);
-    let matches = match known_hash {
-        Some(known) => known[..] == *hash,
-        None => sha256::digest(content)[..] == *hash,
-    };
-    if !matches {
+    if sha256::digest(content)[..] != *hash {
         return Err(TemplateError::Corrupted("the content hash does not match the contents".into()));
     }
     Ok(&content[HEADER_LEN..])

@@ -117,16 +117,22 @@ fn read_address(proc: &GuestProcess, user: &UserMemory, family: u16, addr: u64, 
                 return Err(Errno::EINVAL);
             }
             // An abstract name (leading NUL) is all its bytes; a path ends at its NUL and is
-            // made absolute, so "./s" and "/work/s" are one address.
+            // keyed by its directory's resolved path and its last name, so "./s", "a/../s" and
+            // "/work/s" are one address (and a missing directory is ENOENT, as on Linux).
             let key = if path[0] == 0 {
                 path.to_vec()
             } else {
                 let path = &path[..path.iter().position(|&b| b == 0).unwrap_or(path.len())];
-                if path.starts_with(b"/") {
-                    path.to_vec()
-                } else {
-                    [proc.config.vfs.path_of(proc.cwd)?, b"/".to_vec(), path.to_vec()].concat()
+                let (dir, name): (&[u8], &[u8]) = match path.iter().rposition(|&b| b == b'/') {
+                    Some(0) => (b"/", &path[1..]),
+                    Some(i) => (&path[..i], &path[i + 1..]),
+                    None => (b".", path),
+                };
+                if name.is_empty() {
+                    return Err(Errno::ENOENT);
                 }
+                let dir = proc.config.vfs.resolve(proc.cwd, dir, true)?;
+                [proc.config.vfs.path_of(dir)?, b"/".to_vec(), name.to_vec()].concat()
             };
             Ok(Address { key: [b"u".as_slice(), &key].concat(), name: raw, port: None })
         }

@@ -191,15 +191,7 @@ fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], tim
 
 /// select(nfds, readfds, writefds, exceptfds, timeout): a NULL timeval waits forever.
 pub(crate) fn select(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let timeout = if args[4] == 0 {
-        None
-    } else {
-        let (sec, usec) = (user.read_u64(args[4])? as i64, user.read_u64(args[4] + 8)? as i64);
-        if sec < 0 || !(0..1_000_000).contains(&usec) {
-            return Err(Errno::EINVAL);
-        }
-        Some(Duration::new(sec as u64, usec as u32 * 1000))
-    };
+    let timeout = if args[4] == 0 { None } else { Some(user.read_timeval(args[4])?) };
     select_common(proc, user, args, timeout)
 }
 

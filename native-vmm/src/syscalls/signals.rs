@@ -205,8 +205,6 @@ pub(crate) fn rt_sigsuspend(proc: &mut GuestProcess, user: &UserMemory, args: [u
 }
 
 const ITIMER_REAL: u64 = 0;
-const ITIMER_VIRTUAL: u64 = 1;
-const ITIMER_PROF: u64 = 2;
 
 /// The time left on the real-time timer, and its interval.
 fn timer_value(proc: &GuestProcess) -> (Duration, Duration) {
@@ -229,20 +227,13 @@ fn write_itimerval(user: &UserMemory, addr: u64, (value, interval): (Duration, D
     user.write(addr, &raw)
 }
 
-fn read_timeval(user: &UserMemory, addr: u64) -> Result<Duration, Errno> {
-    let (sec, usec) = (user.read_u64(addr)? as i64, user.read_u64(addr + 8)? as i64);
-    if sec < 0 || !(0..1_000_000).contains(&usec) {
-        return Err(Errno::EINVAL);
-    }
-    Ok(Duration::new(sec as u64, usec as u32 * 1000))
-}
 
 /// Only ITIMER_REAL: the CPU-time timers are refused with EINVAL, as by a kernel without them.
 fn check_which(which: u64) -> Result<(), Errno> {
-    match which {
-        ITIMER_REAL => Ok(()),
-        ITIMER_VIRTUAL | ITIMER_PROF => Err(Errno::EINVAL),
-        _ => Err(Errno::EINVAL),
+    if which == ITIMER_REAL {
+        Ok(())
+    } else {
+        Err(Errno::EINVAL)
     }
 }
 
@@ -256,7 +247,7 @@ pub(crate) fn getitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
 /// setitimer(which, new_value, old_value)
 pub(crate) fn setitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     check_which(args[0])?;
-    let new = if args[1] != 0 { Some((read_timeval(user, args[1])?, read_timeval(user, args[1] + 16)?)) } else { None };
+    let new = if args[1] != 0 { Some((user.read_timeval(args[1])?, user.read_timeval(args[1] + 16)?)) } else { None };
     if args[2] != 0 {
         write_itimerval(user, args[2], timer_value(proc))?;
     }

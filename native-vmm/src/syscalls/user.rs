@@ -4,6 +4,7 @@
 //! but the program cannot reach it, so a pointer into it is as bad as one outside memory:
 //! EFAULT. Every handler goes through this view, never through GuestMemory directly.
 
+use std::time::Duration;
 use crate::errno::Errno;
 use crate::fs::PATH_MAX;
 use crate::layout::USER_BASE;
@@ -109,6 +110,15 @@ impl<'a> UserMemory<'a> {
             return Err(Errno::EINVAL);
         }
         Ok((sec as u64, nsec as u32))
+    }
+
+    /// A struct timeval as a duration: EINVAL for a negative time or microseconds out of range.
+    pub fn read_timeval(&self, addr: u64) -> Result<Duration, Errno> {
+        let (sec, usec) = (self.read_u64(addr)? as i64, self.read_u64(addr + 8)? as i64);
+        if sec < 0 || !(0..1_000_000).contains(&usec) {
+            return Err(Errno::EINVAL);
+        }
+        Ok(Duration::new(sec as u64, usec as u32 * 1000))
     }
 
     pub fn write_timespec(&self, addr: u64, sec: u64, nsec: u64) -> Result<(), Errno> {

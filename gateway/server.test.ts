@@ -59,4 +59,35 @@ describe("gateway process on embedded PGlite", () => {
       await second.stop();
     }
   });
+  it("reads request bodies from the socket under the key's cap: declared, chunked, not UTF-8, valid", { timeout: 120_000 }, async () => {
+    const log: string[] = [];
+    const gateway = await startGateway({ ...config, dataDir: mkdtempSync(join(tmpdir(), "sandfork-server-body-")) }, { log: (l) => log.push(l) });
+    try {
+      const adminKey = log.join("\n").match(/sfk_[0-9A-Za-z]{38}/)?.[0] ?? "";
+      const created = await fetch(`${gateway.url}/v1/keys`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+        body: JSON.stringify({ name: "small", max_body_bytes: 1024 }),
+      });
+      const key = ((await created.json()) as { key: string }).key;
+      const post = (body: RequestInit["body"], extra: RequestInit = {}) =>
+        fetch(`${gateway.url}/v1/executions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body, ...extra });
+      const problemOf = async (response: Response) => ({ status: response.status, type: ((await response.json()) as { type: string }).type.split("/").pop() });
+      const big = JSON.stringify({ template: "python", code: "x".repeat(2048) });
+      expect(await problemOf(await post(big))).toEqual({ status: 413, type: "payload-too-large" });
+      const chunked = new ReadableStream({
+        start(controller) {
+          for (let i = 0; i < 4; i++) controller.enqueue(new TextEncoder().encode(i === 0 ? big.slice(0, 600) : "x".repeat(600)));
+          controller.close();
+        },
+      });
+      expect(await problemOf(await post(chunked, { duplex: "half" } as RequestInit))).toEqual({ status: 413, type: "payload-too-large" });
+      expect(await problemOf(await post(new Uint8Array([0x7b, 0xff, 0x7d])))).toEqual({ status: 400, type: "malformed-request" });
+      expect(await problemOf(await post(JSON.stringify({ template: "Py thon", code: 1 })))).toEqual({ status: 422, type: "validation-failed" });
+      // A valid body passes validation and reaches the runtime, which is not connected here.
+      expect(await problemOf(await post(JSON.stringify({ template: "python", code: "print(1)" })))).toEqual({ status: 503, type: "runtime-unavailable" });
+    } finally {
+      await gateway.stop();
+    }
+  });
 });

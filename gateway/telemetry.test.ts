@@ -2,6 +2,7 @@
 import { createServer, type IncomingMessage } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { InMemorySpanExporter } from "@opentelemetry/sdk-trace-base";
 import { createTelemetry, otlpEndpoint } from "./telemetry.js";
 
 describe("OTLP export", () => {
@@ -42,7 +43,13 @@ describe("OTLP export", () => {
   it("exports nothing when not configured", async () => {
     const before = received.length;
     const telemetry = createTelemetry({ env: {} });
-    telemetry.tracer.startSpan("local only").end();
+    const span = telemetry.tracer.startSpan("local only");
+    // Nothing would receive it, so nothing is recorded.
+    expect(span.isRecording()).toBe(false);
+    span.end();
+    const exported = createTelemetry({ env: {}, spanExporter: new InMemorySpanExporter() });
+    expect(exported.tracer.startSpan("exported").isRecording()).toBe(true);
+    await exported.shutdown();
     await telemetry.flush();
     await telemetry.shutdown();
     expect(received.length).toBe(before);

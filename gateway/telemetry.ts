@@ -1,6 +1,7 @@
 // OpenTelemetry for the gateway: one tracer provider and one meter provider per gateway instance.
 // Metrics are always readable at /metrics (Prometheus text); traces and metrics are also pushed by
-// OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT (or the per-signal variables) is set.
+// OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT (or the per-signal variables) is set. Spans are
+// recorded only when something exports them (OTLP, or a test's exporter).
 import { context, type Counter, type Histogram, type Meter, type Span, SpanStatusCode, type Tracer, type TracerProvider } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { OTLPMetricExporter } from "@opentelemetry/exporter-metrics-otlp-http";
@@ -8,7 +9,7 @@ import { PrometheusExporter, PrometheusSerializer } from "@opentelemetry/exporte
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { resourceFromAttributes } from "@opentelemetry/resources";
 import { MeterProvider, type MetricReader, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics";
-import { BasicTracerProvider, BatchSpanProcessor, type SpanExporter, type SpanProcessor, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
+import { AlwaysOffSampler, BasicTracerProvider, BatchSpanProcessor, type SpanExporter, type SpanProcessor, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
 
 export const SERVICE_NAME = "sandfork-gateway";
@@ -73,14 +74,17 @@ export function otlpEndpoint(env: NodeJS.ProcessEnv, signal: "traces" | "metrics
 
 export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
   const env = options.env ?? process.env;
-  installContextManager();
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: SERVICE_NAME, [ATTR_SERVICE_VERSION]: SERVICE_VERSION });
 
   const spanProcessors: SpanProcessor[] = [];
   if (options.spanExporter) spanProcessors.push(new SimpleSpanProcessor(options.spanExporter));
   const tracesUrl = otlpEndpoint(env, "traces");
   if (tracesUrl) spanProcessors.push(new BatchSpanProcessor(new OTLPTraceExporter({ url: tracesUrl })));
-  const tracerProvider = new BasicTracerProvider({ resource, spanProcessors });
+  // With nowhere to send spans, none is recorded (the SDK would build and drop each one), and
+  // the async context that parents them stays off: in Node 20 it runs hooks on every promise.
+  const recording = spanProcessors.length > 0;
+  if (recording) installContextManager();
+  const tracerProvider = new BasicTracerProvider({ resource, spanProcessors, ...(recording ? {} : { sampler: new AlwaysOffSampler() }) });
 
   const prometheus = new PrometheusExporter({ preventServerStart: true });
   const readers: MetricReader[] = [prometheus];

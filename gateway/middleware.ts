@@ -25,6 +25,9 @@ export function authenticate(ctx: GatewayContext, scope: Scope) {
   });
 }
 
+/** application/json and the +json types: the bodies that must be UTF-8 (a file upload is any bytes). */
+const JSON_MEDIA_TYPE = /^application\/([\w.-]+\+)?json\s*(;|$)/i;
+
 /** The body stream of a request: Node's IncomingMessage when served by @hono/node-server, else the fetch body. */
 function bodyStream(c: Context<AppEnv>): AsyncIterable<Uint8Array> | null {
   const incoming = (c.env as { incoming?: IncomingMessage } | undefined)?.incoming;
@@ -34,8 +37,8 @@ function bodyStream(c: Context<AppEnv>): AsyncIterable<Uint8Array> | null {
 
 /**
  * Caps the request body at the calling key's max_body_bytes (413, declared or streamed) and
- * refuses a body that is not UTF-8 (400: JSON must be, and decoding would otherwise put U+FFFD in
- * the caller's code). Runs after authenticate. The body is read here, once, straight from the
+ * refuses a JSON body that is not UTF-8 (400: JSON must be, and decoding would otherwise put U+FFFD
+ * in the caller's code). Runs after authenticate. The body is read here, once, straight from the
  * socket, and left in Hono's body cache: the validator and the handlers parse it from there, with
  * no web-stream Request or Response built around it (they cost more CPU than the rest of a
  * request's JSON work).
@@ -58,7 +61,9 @@ export const limitBodyPerKey = createMiddleware<AppEnv>(async (c, next) => {
       chunks.push(chunk);
     }
     const body = Buffer.concat(chunks, size);
-    if (!isUtf8(body)) throw new ProblemError("malformed-request", "the request body is not valid UTF-8");
+    if (JSON_MEDIA_TYPE.test(c.req.header("content-type") ?? "") && !isUtf8(body)) {
+      throw new ProblemError("malformed-request", "the request body is not valid UTF-8");
+    }
     // Hono keeps the body's promises there (its type names the resolved values).
     const cache = c.req.bodyCache as unknown as Record<"text" | "arrayBuffer", Promise<unknown>>;
     cache.text = Promise.resolve(body.toString("utf8"));

@@ -72,6 +72,11 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     expect([second.value, second.execution.stdout, second.error]).toEqual(["6", "mean 2\n", null]);
     const file = await gw.call("GET", `${base}/files/log.txt`, { credential: key });
     expect([file.status, await file.text()]).toEqual([200, "ab"]);
+    // A file is bytes, not text: every byte value goes in and comes back.
+    const bytes = Uint8Array.from({ length: 256 }, (_, i) => i);
+    const binary = await gw.call("PUT", `${base}/files/all.bin`, { credential: key, rawBody: bytes, headers: { "content-type": "application/octet-stream" } });
+    expect(await json(binary, 200)).toEqual({ path: "all.bin", bytes: 256 });
+    expect(new Uint8Array(await (await gw.call("GET", `${base}/files/all.bin`, { credential: key })).arrayBuffer())).toEqual(bytes);
     await expectProblem(await gw.call("GET", `${base}/files/missing.txt`, { credential: key }), 404, "not-found");
     await expectProblem(await gw.call("GET", `${base}/files/..%2Fetc%2Fpasswd`, { credential: key }), 422, "validation-failed");
 

@@ -38,7 +38,7 @@ export interface TestKeyOptions {
 export interface CallOptions {
   credential?: string;
   body?: unknown;
-  rawBody?: string;
+  rawBody?: string | Uint8Array;
   headers?: Record<string, string>;
 }
 
@@ -101,7 +101,7 @@ export async function startTestGateway(
     call(method, path, o = {}) {
       const headers: Record<string, string> = { ...o.headers };
       if (o.credential !== undefined) headers.authorization = `Bearer ${o.credential}`;
-      let body: string | undefined = o.rawBody;
+      let body: string | Uint8Array | undefined = o.rawBody;
       if (o.body !== undefined) {
         body = JSON.stringify(o.body);
         headers["content-type"] = "application/json";

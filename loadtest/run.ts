@@ -1,5 +1,5 @@
 // `npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres]
-//                     [--max-seconds S] [--json] [--cpu-prof DIR]`
+//                     [--warm-up N] [--max-seconds S] [--json] [--cpu-prof DIR]`
 // Measures POST /v1/executions for real: the gateway as `npm start` runs it (gateway/main.ts in a
 // child process, the real `sandfork-vmm serve` supervised under it on the python template that
 // `npm run build` put in .sandfork/templates), on each database in turn, at each concurrency.
@@ -7,7 +7,11 @@
 // /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
 // figures in the same run (the same executions sent straight to its socket with the runtime
 // client, no HTTP, no billing) and a plain Hono "hello" app as the floor. Loopback only; every
-// scenario is bounded in requests and seconds. --cpu-prof DIR writes the gateway processes'
+// scenario is bounded in requests and seconds. Each gateway first serves --warm-up executions
+// (default 3000, one at a time, then 200 at the peak concurrency): V8 compiles the request path's
+// functions with its optimizing tier only after thousands of calls, and before that a c=1
+// execution costs about twice the CPU of a warm gateway's (measured: 3.4 ms in the first
+// thousand after 300, 1.2-1.6 ms from the fifth thousand on), which is start-up, not steady state. --cpu-prof DIR writes the gateway processes'
 // `node --cpu-prof` profiles into DIR (one a thread, the largest is the main thread's) (profiling costs CPU too: measure figures without it).
 //
 // PostgreSQL: DATABASE_URL or TEST_DATABASE_URL names a server (a fresh database is created on it
@@ -34,13 +38,16 @@ const { values } = parseArgs({
     concurrency: { type: "string", default: "1,4,16" },
     databases: { type: "string", default: "pglite,postgres" },
     "max-seconds": { type: "string", default: "10" },
+    "warm-up": { type: "string", default: "3000" },
     json: { type: "boolean", default: false },
     "cpu-prof": { type: "string" },
   },
 });
 const requests = Number(values.requests);
+const warmUp = Number(values["warm-up"]);
 const maxDurationMs = Number(values["max-seconds"]) * 1000;
 const concurrencies = values.concurrency.split(",").map(Number);
+if (!Number.isSafeInteger(warmUp) || warmUp < 0) throw new Error("--warm-up must be a non-negative integer");
 for (const [name, n] of [["requests", requests], ["max-seconds", maxDurationMs], ...concurrencies.map((c) => ["concurrency", c] as const)] as const) {
   if (!Number.isSafeInteger(n) || n <= 0) throw new Error(`--${name} must be a positive integer (or a list of them)`);
 }
@@ -176,7 +183,10 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     const bounded = (scenario: string, concurrency: number, send: () => Promise<boolean>, count = requests) =>
       drive({ scenario, requests: count, concurrency, maxDurationMs, send });
 
-    const warm = await bounded("warm-up", peakConcurrency, execute, Math.min(requests, 200));
+    const warmUpMs = Math.max(maxDurationMs, 60_000);
+    const warmOne = await drive({ scenario: "warm-up, c=1", requests: warmUp, concurrency: 1, maxDurationMs: warmUpMs, send: execute });
+    const warmPeak = await bounded("warm-up", peakConcurrency, execute, Math.min(requests, 200));
+    const warm = { requests: warmOne.requests + warmPeak.requests, failures: warmOne.failures + warmPeak.failures };
     if (warm.failures > 0) {
       const probe = await call("POST", `${gateway.url}/v1/executions`, json, EXECUTION_BODY);
       throw new Error(`warm-up: ${warm.failures} of ${warm.requests} executions failed; one answers ${probe.status} ${probe.body}`);

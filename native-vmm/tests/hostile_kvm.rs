@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use daemon_support::{config, scaled, str_of, Client, Running};
+use daemon_support::{config, scaled, scaled_ms, str_of, Client, Running};
 use sandfork_vmm::agent;
 use sandfork_vmm::daemon::server::ServerConfig;
 use serde_json::{json, Value};
@@ -64,7 +64,17 @@ fn corpus() -> Vec<Attack> {
                 expect: header(&code, "expect").unwrap().to_owned(),
                 per_variant: assignments(header(&code, "expect-variants")),
                 off_pvm: assignments(header(&code, "expect-off-pvm")),
-                limits: header(&code, "limits").map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}.py limits: {e}"))),
+                limits: header(&code, "limits").map(|l| {
+                    let mut limits: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}.py limits: {e}"));
+                    // A program expected to finish gets its time limit scaled like every budget here
+                    // (the QEMU path is ~13x slower); one expected to time out keeps its own.
+                    if header(&code, "expect") == Some("ok") {
+                        if let Some(ms) = limits.get("timeout_ms").and_then(Value::as_u64) {
+                            limits["timeout_ms"] = json!(scaled_ms(ms));
+                        }
+                    }
+                    limits
+                }),
                 variants: header(&code, "variants").map_or_else(Vec::new, |v| v.split_whitespace().map(str::to_owned).collect()),
                 name,
                 code,

@@ -197,7 +197,8 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let delay = Duration::from_millis(20 + seed % 200);
+        // Scaled: on the QEMU path a resume and one cell can take longer than the whole native window.
+        let delay = scaled(Duration::from_millis(20 + seed % 200));
         let stop = Arc::new(AtomicBool::new(false));
         let socket = daemon.socket();
         let client_stop = stop.clone();

@@ -44,6 +44,35 @@ void process.stdout;
 void process.stderr;
 new Module(`${OPT}/warm.js`)._compile("module.exports = require('node:path').join('a', 'b');", `${OPT}/warm.js`);
 
+// A Worker is a V8 isolate of its own, which reserves a range for its JIT code when it starts:
+// 512 MiB unless `resourceLimits.codeRangeSizeMb` says otherwise. In the VM reserved address
+// space is memory (README.md, "Memory"), and the main isolate's own 512 MiB range leaves about
+// 490 MiB of the template's 1024, so a Worker with Node's default does not fit. Workers the
+// program starts get a 32 MiB range unless their options name a size: ten times the code the
+// TypeScript compiler generates running in a Worker (~3 MiB), about 47 MiB of the limit a Worker.
+const WORKER_CODE_RANGE_MB = 32;
+
+/** `options` with the Worker code range default; options Node would reject are left to it. */
+function withWorkerCodeRange(options) {
+  if (options === undefined) return { resourceLimits: { codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
+  if (options === null || typeof options !== "object") return options;
+  const limits = options.resourceLimits;
+  if (limits === undefined) return { ...options, resourceLimits: { codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
+  if (limits === null || typeof limits !== "object" || limits.codeRangeSizeMb !== undefined) return options;
+  return { ...options, resourceLimits: { ...limits, codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
+}
+
+const workerThreads = require("node:worker_threads");
+const NodeWorker = workerThreads.Worker;
+workerThreads.Worker = class Worker extends NodeWorker {
+  // `options = undefined`: Worker.length stays 1, as Node's.
+  constructor(filename, options = undefined) {
+    super(filename, withWorkerCodeRange(options));
+  }
+};
+// `import { Worker } from "node:worker_threads"` sees the replacement too.
+Module.syncBuiltinESMExports();
+
 // The transpiler's settings: one output per module format (CommonJS unless the code needs an
 // ES module: README.md).
 const COMPILER_OPTIONS = {

@@ -321,6 +321,55 @@ Promise.all([limit({}), limit({ resourceLimits: { codeRangeSizeMb: 16 } }), limi
     assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 0 }, "32 16 32\n".to_owned()), "{}", describe(&outcome));
 }
 
+/// The signals a program handles reach its listeners as natively (Node's own SIGINT and SIGTERM
+/// handlers and libuv's signal pipe underneath), and one it does not handle ends it as it ends
+/// natively (the exit code 128 + SIGTERM a shell shows).
+#[test]
+fn signals_reach_the_programs_listeners() {
+    let code = r#"
+const got = [];
+for (const name of ["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP"]) process.on(name, (signal) => {
+  got.push(signal);
+  if (got.length === 5) console.log("handled", got.sort().join(","));
+});
+for (const name of ["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP"]) process.kill(process.pid, name);
+setTimeout(() => console.log("after", got.length), 50);
+"#;
+    assert_as_native("main.js", code);
+    let code = "console.log('before'); process.kill(process.pid, 'SIGTERM'); setTimeout(() => console.log('not reached'), 1000);";
+    let native = run_natively("main.js", code, &[], "");
+    let outcome = run_in_vm("main.js", code, |_, _| {});
+    assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 128 + 15 }, native.stdout), "{}", describe(&outcome));
+}
+
+/// libuv uses io_uring only when asked (UV_USE_IO_URING=1, read when node starts, so a request's
+/// env cannot ask): then io_uring_setup is answered ENOSYS, as by a kernel without io_uring, and
+/// libuv's file operations fall back to its thread pool, with native node's results. Node runs
+/// here from its first instruction in a fresh VM (the template's agent started without it).
+#[test]
+fn without_io_uring_libuv_falls_back() {
+    let code = r#"
+const fs = require("fs"), fsp = require("fs/promises");
+(async () => {
+  await fsp.writeFile("/tmp/uring.txt", "through libuv\n".repeat(1000));
+  const text = await fsp.readFile("/tmp/uring.txt", "utf8");
+  const handle = await fsp.open("/tmp/uring.txt", "r");
+  const { bytesRead, buffer } = await handle.read(Buffer.alloc(7), 0, 7, 8);
+  await handle.close();
+  fs.stat("/tmp/uring.txt", (error, stats) => console.log(text.length, bytesRead, buffer.toString(), error, stats.size));
+})();
+"#;
+    let native = run_natively("main.js", code, &[], "");
+    let mut request = common::request(NODE, &["-e", code]);
+    request.envp.push("UV_USE_IO_URING=1".to_owned());
+    request.mem_bytes = Language::Node.default_memory_mib() << 20;
+    let outcome = common::run(&node().0, &request);
+    assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 0 }, native.stdout), "{}", describe(&outcome));
+    let refused: Vec<_> = outcome.stats.unsupported.iter().filter_map(|c| c.name).collect();
+    // rseq: glibc's probe at start-up (table.rs).
+    assert!(refused.contains(&"io_uring_setup") && refused.iter().all(|name| ["io_uring_setup", "rseq"].contains(name)), "{}", describe(&outcome));
+}
+
 /// Exit codes and what reaches stderr, as natively: process.exit, process.exitCode, an uncaught
 /// exception and an unhandled rejection (exit 1 with the stack).
 #[test]
@@ -406,7 +455,8 @@ fn every_execution_draws_fresh_randomness() {
     }
 }
 
-/// No network beyond the VM, no other process, no host files: each refusal reaches the program
+/// No network beyond the VM, no other process, no host files, no writes outside /work and /tmp
+/// (the image is read-only): each refusal reaches the program
 /// as an error it can handle, and the program goes on to exit normally; a loopback server and its
 /// client inside the VM talk to each other (the VM's own socket namespace). The only calls
 /// counted as unsupported are the two process-creating clones of child_process (ENOSYS by
@@ -432,6 +482,9 @@ const server = net.createServer((socket) => socket.end("pong")).listen(0, "127.0
 for (const file of ["/etc/passwd", "/proc/self/environ", "/root", "/home"]) {
   try { fs.readFileSync(file); console.log(file, "readable"); } catch (error) { console.log(file, error.code); }
 }
+for (const file of ["/usr/bin/node", "/opt/sandfork/agent.js", "/written"]) {
+  try { fs.appendFileSync(file, "x"); console.log(`write:${file}`, "no error"); } catch (error) { console.log(`write:${file}`, error.code); }
+}
 console.log(fs.readdirSync("/").sort().join(" "));
 "#;
     let outcome = run_counting_unsupported("main.js", code, |_, _| {});
@@ -439,7 +492,7 @@ console.log(fs.readdirSync("/").sort().join(" "));
     let unsupported: Vec<_> = outcome.stats.unsupported.iter().map(|c| (c.name, c.count)).collect();
     assert_eq!(unsupported, vec![(Some("clone"), 2)], "{}", describe(&outcome));
     let stdout = text(&outcome.stdout);
-    for what in ["execSync", "spawn", "dns", "connect", "remote", "http", "/etc/passwd", "/proc/self/environ", "/root", "/home"] {
+    for what in ["execSync", "spawn", "dns", "connect", "remote", "http", "/etc/passwd", "/proc/self/environ", "/root", "/home", "write:/usr/bin/node", "write:/opt/sandfork/agent.js", "write:/written"] {
         let line = stdout.lines().find(|l| l.split(' ').next() == Some(what)).unwrap_or_else(|| panic!("no line for {what}: {stdout}"));
         assert!(!line.ends_with("no error") && !line.ends_with("readable"), "{line}");
     }

@@ -1,10 +1,10 @@
 // Sandfork's in-VM agent for the Node template.
 //
 // The VMM boots this file as the guest program (`node --max-old-space-size=65536
-// /opt/sandfork/agent.js`: NODE_AGENT in native-vmm/src/agent.rs). It loads what user code
-// commonly needs, the TypeScript compiler among it, then makes Sandfork's private system call
-// AWAIT_REQUEST (through its native addon, sandfork_native.c: JavaScript cannot make system
-// calls): that call is the template's READY POINT. A template build stops the VM inside it and
+// --disable-wasm-trap-handler /opt/sandfork/agent.js`: NODE_AGENT in native-vmm/src/agent.rs).
+// It loads what user code commonly needs, the TypeScript compiler among it, then makes
+// Sandfork's private system call AWAIT_REQUEST (through its native addon, sandfork_native.c:
+// JavaScript cannot make system calls): that call is the template's READY POINT. A template build stops the VM inside it and
 // snapshots it there; each request answers it with the code, argv and env, the VMM having placed
 // the script at /work/<argv[0]>, the request's files and stdin. Everything before that call is
 // paid once per template, everything after it once per request.
@@ -47,9 +47,9 @@ new Module(`${OPT}/warm.js`)._compile("module.exports = require('node:path').joi
 // A Worker is a V8 isolate of its own, which reserves a range for its JIT code when it starts:
 // 512 MiB unless `resourceLimits.codeRangeSizeMb` says otherwise. In the VM reserved address
 // space is memory (README.md, "Memory"), and the main isolate's own 512 MiB range leaves about
-// 490 MiB of the template's 1024, so a Worker with Node's default does not fit. Workers the
+// 440 MiB of the template's 1024 to a request, so a Worker with Node's default does not fit. Workers the
 // program starts get a 32 MiB range unless their options name a size: ten times the code the
-// TypeScript compiler generates running in a Worker (~3 MiB), about 47 MiB of the limit a Worker.
+// TypeScript compiler generates running in a Worker (~3 MiB); an idle Worker then holds ~44 MiB.
 const WORKER_CODE_RANGE_MB = 32;
 
 /** `options` with the Worker code range default; options Node would reject are left to it. */

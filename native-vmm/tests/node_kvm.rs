@@ -216,14 +216,17 @@ clearInterval(interval);
 console.log(order.join(","), ticks > 0, typeof import.meta.url, basename(new URL(import.meta.url).pathname).endsWith(".mjs"));
 "#;
 
+/// A Worker that posts its answer back, and asks a Worker of its own for part of it.
 const WORKER: &str = r#"
 const { Worker, isMainThread, parentPort, workerData } = require("worker_threads");
 if (isMainThread) {
   const worker = new Worker(__filename, { workerData: 21 });
   worker.on("message", (m) => console.log("worker said", m));
   worker.on("exit", (code) => console.log("worker exited", code));
+} else if (workerData === 21) {
+  new Worker(__filename, { workerData: 0.5 }).on("message", (half) => parentPort.postMessage(workerData * 2 + half));
 } else {
-  parentPort.postMessage(workerData * 2);
+  parentPort.postMessage(workerData);
 }
 "#;
 
@@ -304,9 +307,10 @@ fn javascript_programs_print_what_native_node_prints() {
     assert_eq!(text(&outcome.stdout), native.stdout.replace("undefined", "hello"), "{}", describe(&outcome));
 }
 
-/// Workers run in the template's default VM: one that posts its answer back, four at once (as an
-/// ES module importing the Worker class), and memory shared with Atomics; each prints what native
-/// node prints. Their V8 code range is the agent's default unless the options name one.
+/// Workers run in the template's default VM: one that posts its answer back (with the help of a
+/// Worker of its own), four at once (as an ES module importing the Worker class), and memory
+/// shared with Atomics; each prints what native node prints. Their V8 code range is the agent's
+/// default unless the options name one.
 #[test]
 fn workers_run_in_the_default_template() {
     assert_as_native("main.js", WORKER);

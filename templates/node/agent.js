@@ -1,7 +1,8 @@
 // Sandfork's in-VM agent for the Node template.
 //
 // The VMM boots this file as the guest program (`node --max-old-space-size=65536
-// --disable-wasm-trap-handler /opt/sandfork/agent.js`: NODE_AGENT in native-vmm/src/agent.rs).
+// --disable-wasm-trap-handler --require /opt/sandfork/worker-defaults.js /opt/sandfork/agent.js`:
+// NODE_AGENT in native-vmm/src/agent.rs; worker-defaults.js gives Workers a code range that fits).
 // It loads what user code commonly needs, the TypeScript compiler among it, then makes
 // Sandfork's private system call AWAIT_REQUEST (through its native addon, sandfork_native.c:
 // JavaScript cannot make system calls): that call is the template's READY POINT. A template build stops the VM inside it and
@@ -43,35 +44,6 @@ for (const name of [
 void process.stdout;
 void process.stderr;
 new Module(`${OPT}/warm.js`)._compile("module.exports = require('node:path').join('a', 'b');", `${OPT}/warm.js`);
-
-// A Worker is a V8 isolate of its own, which reserves a range for its JIT code when it starts:
-// 512 MiB unless `resourceLimits.codeRangeSizeMb` says otherwise. In the VM reserved address
-// space is memory (README.md, "Memory"), and the main isolate's own 512 MiB range leaves about
-// 440 MiB of the template's 1024 to a request, so a Worker with Node's default does not fit. Workers the
-// program starts get a 32 MiB range unless their options name a size: ten times the code the
-// TypeScript compiler generates running in a Worker (~3 MiB); an idle Worker then holds ~44 MiB.
-const WORKER_CODE_RANGE_MB = 32;
-
-/** `options` with the Worker code range default; options Node would reject are left to it. */
-function withWorkerCodeRange(options) {
-  if (options === undefined) return { resourceLimits: { codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
-  if (options === null || typeof options !== "object") return options;
-  const limits = options.resourceLimits;
-  if (limits === undefined) return { ...options, resourceLimits: { codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
-  if (limits === null || typeof limits !== "object" || limits.codeRangeSizeMb !== undefined) return options;
-  return { ...options, resourceLimits: { ...limits, codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
-}
-
-const workerThreads = require("node:worker_threads");
-const NodeWorker = workerThreads.Worker;
-workerThreads.Worker = class Worker extends NodeWorker {
-  // `options = undefined`: Worker.length stays 1, as Node's.
-  constructor(filename, options = undefined) {
-    super(filename, withWorkerCodeRange(options));
-  }
-};
-// `import { Worker } from "node:worker_threads"` sees the replacement too.
-Module.syncBuiltinESMExports();
 
 // The transpiler's settings: one output per module format (CommonJS unless the code needs an
 // ES module: README.md).

@@ -37,6 +37,8 @@ for (const name of [
 ]) {
   require(name);
 }
+// The Worker defaults (a V8 code range that fits: worker-defaults.js), now that the built-ins are in.
+require(`${OPT}/worker-defaults.js`).applyWorkerDefaults();
 
 // process.stdout and process.stderr are made on first use (a stream over the fd, with its
 // handle and state): made here, once. Node's CommonJS loader compiles its code lazily too: a

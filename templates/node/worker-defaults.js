@@ -1,6 +1,8 @@
 // Sandfork's Worker defaults for the Node template, preloaded into the agent's main thread and
 // into every Worker (`--require`, NODE_AGENT in native-vmm/src/agent.rs: a Worker inherits its
-// parent's preloads, so a Worker started by a Worker gets the defaults too).
+// parent's preloads, so a Worker started by a Worker gets the defaults too). A Worker applies
+// them as it loads this file; the agent does once its own warm-up has loaded the built-in
+// modules (applied before that, a fork copied ~100 pages more per execution: bench exec).
 //
 // A Worker is a V8 isolate of its own, which reserves a range for its JIT code when it starts:
 // 512 MiB unless `resourceLimits.codeRangeSizeMb` says otherwise. In the VM reserved address
@@ -25,12 +27,18 @@ function withCodeRange(options) {
   return { ...options, resourceLimits: { ...limits, codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
 }
 
-const NodeWorker = workerThreads.Worker;
-workerThreads.Worker = class Worker extends NodeWorker {
-  // `options = undefined`: Worker.length stays 1, as Node's.
-  constructor(filename, options = undefined) {
-    super(filename, withCodeRange(options));
-  }
-};
-// `import { Worker } from "node:worker_threads"` sees the replacement too.
-Module.syncBuiltinESMExports();
+/** Replaces the Worker class by one that applies the default. */
+function applyWorkerDefaults() {
+  const NodeWorker = workerThreads.Worker;
+  workerThreads.Worker = class Worker extends NodeWorker {
+    // `options = undefined`: Worker.length stays 1, as Node's.
+    constructor(filename, options = undefined) {
+      super(filename, withCodeRange(options));
+    }
+  };
+  // `import { Worker } from "node:worker_threads"` sees the replacement too.
+  Module.syncBuiltinESMExports();
+}
+
+if (!workerThreads.isMainThread) applyWorkerDefaults();
+module.exports = { applyWorkerDefaults };

@@ -95,7 +95,7 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
   });
 
-  it("POST /v1/executions runs JavaScript and TypeScript on the node template, billed", async () => {
+  it("POST /v1/executions runs JavaScript and TypeScript on the node template, billed, with Python's limit statuses", async () => {
     const { key, accountId } = await gw.issue({ credits: CREDITS });
     const run = async (body: Record<string, unknown>) => {
       const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "node", ...body } });
@@ -109,7 +109,14 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     expect(ts).toMatchObject({ status: "completed", exit_code: 0, stdout: "42\n" });
     const thrown = await run({ language: "javascript", code: "throw new Error('boom')" });
     expect(thrown).toMatchObject({ status: "completed", exit_code: 1, stderr: expect.stringContaining("Error: boom") });
-    const charged = js.usage.units + ts.usage.units + thrown.usage.units;
+    // The limits give the statuses they give in Python, each billed.
+    const timedOut = await run({ code: "while (true) {}", timeout_ms: 300 * timeScale });
+    expect(timedOut).toMatchObject({ status: "timed_out" });
+    const bomb = await run({ code: "const grow = []; for (;;) grow.push(new Array(100000).fill(1.5));" });
+    expect(bomb).toMatchObject({ status: "memory_exceeded" });
+    const flood = await run({ code: "for (;;) process.stdout.write('x'.repeat(65536));" });
+    expect(flood).toMatchObject({ status: "output_exceeded" });
+    const charged = [js, ts, thrown, timedOut, bomb, flood].reduce((sum, execution) => sum + execution.usage.units, 0);
     expect(js.usage.units).toBeGreaterThan(0);
     expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - charged, reservedUnits: 0 });
     const refused = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "node", language: "python", code: "print(1)" } });

@@ -95,14 +95,23 @@ pub const PYTHON_AGENT: AgentCommand = AgentCommand { program: "python3", argv: 
 
 /// Where templates/node/image.json puts the Node agent.
 pub const NODE_AGENT_PATH: &str = "/opt/sandfork/agent.js";
+/// Where it puts the agent's preload, templates/node/worker-defaults.js.
+pub const NODE_WORKER_DEFAULTS_PATH: &str = "/opt/sandfork/worker-defaults.js";
 
 /// The Node template's agent (templates/node/agent.js). `--max-old-space-size` lifts V8's own
 /// heap limit (derived from the memory the guest reports) above the guest's memory, so a
 /// program that fills memory meets the VM's limit (`out_of_memory`), as a Python one does,
-/// instead of V8's fatal heap-limit abort. Node reads no NODE_OPTIONS here: the agent's
-/// environment is the VMM's (`vm::DEFAULT_ENV`), and a request's env is applied after start.
+/// instead of V8's fatal heap-limit abort. `--disable-wasm-trap-handler`: V8 bounds-checks
+/// WebAssembly memory in its code instead of reserving a 10 GiB guard region per memory (and
+/// catching out-of-bounds accesses with a SIGSEGV handler), a reservation no guest's memory
+/// holds: without it every `WebAssembly.Memory` fails with "could not allocate memory".
+/// `--require` the Worker defaults: Workers inherit the preload, and with it a V8 code range
+/// that fits in the VM (templates/node/README.md, "Memory"). Node reads no NODE_OPTIONS here:
+/// the agent's environment is the VMM's (`vm::DEFAULT_ENV`), and a request's env is applied
+/// after start.
 /// argv[0] is the binary's path: without /proc/self/exe, Node takes process.execPath from it.
-pub const NODE_AGENT: AgentCommand = AgentCommand { program: "node", argv: &["/usr/bin/node", "--max-old-space-size=65536", NODE_AGENT_PATH] };
+pub const NODE_AGENT: AgentCommand =
+    AgentCommand { program: "node", argv: &["/usr/bin/node", "--max-old-space-size=65536", "--disable-wasm-trap-handler", "--require", NODE_WORKER_DEFAULTS_PATH, NODE_AGENT_PATH] };
 
 /// The Node template's script when a request names none: JavaScript, CommonJS unless the code
 /// is an ES module (templates/node/README.md).

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use common::{describe, process_dir, restore_cpu, scaled, test_cpu};
@@ -26,15 +26,16 @@ fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The Node template: the folder the KVM tier built for all its suites
+/// The Node template's image and snapshot: the folder the KVM tier built for all its suites
 /// (SANDFORK_TEST_NODE_TEMPLATE_DIR, scripts/kvm-tier.sh), else built once per test process: its
 /// addon (prepare.sh), image and snapshot.
-fn template() -> &'static Template {
-    static TEMPLATE: OnceLock<Template> = OnceLock::new();
-    TEMPLATE.get_or_init(|| {
+fn node() -> &'static (Arc<Image>, Template) {
+    static NODE_TEMPLATE: OnceLock<(Arc<Image>, Template)> = OnceLock::new();
+    NODE_TEMPLATE.get_or_init(|| {
         if let Some(dir) = std::env::var_os("SANDFORK_TEST_NODE_TEMPLATE_DIR") {
             let image = Image::open(Path::new(&dir)).unwrap_or_else(|e| panic!("the tier's node template: {e}"));
-            return Template::load(Path::new(&dir), image, &NODE_AGENT).unwrap_or_else(|e| panic!("the tier's node template: {e}"));
+            let template = Template::load(Path::new(&dir), image.clone(), &NODE_AGENT).unwrap_or_else(|e| panic!("the tier's node template: {e}"));
+            return (image, template);
         }
         let source = repository().join("templates/node");
         let prepared = Command::new("bash").arg(source.join("prepare.sh")).status().expect("running templates/node/prepare.sh");
@@ -44,8 +45,13 @@ fn template() -> &'static Template {
         let image = Image::open(&folder).unwrap_or_else(|e| panic!("{e}"));
         let limits = common::boot_limits(Language::Node.default_memory_mib() << 20);
         snapshot::build(image.clone(), "node", &NODE_AGENT, &limits, &test_cpu, &folder).unwrap_or_else(|e| panic!("building the Node template: {e}"));
-        Template::load(&folder, image, &NODE_AGENT).unwrap_or_else(|e| panic!("loading the Node template: {e}"))
+        let template = Template::load(&folder, image.clone(), &NODE_AGENT).unwrap_or_else(|e| panic!("loading the Node template: {e}"));
+        (image, template)
     })
+}
+
+fn template() -> &'static Template {
+    &node().1
 }
 
 fn limits() -> RunLimits {
@@ -210,15 +216,72 @@ clearInterval(interval);
 console.log(order.join(","), ticks > 0, typeof import.meta.url, basename(new URL(import.meta.url).pathname).endsWith(".mjs"));
 "#;
 
+/// A Worker that posts its answer back, and asks a Worker of its own for part of it.
 const WORKER: &str = r#"
 const { Worker, isMainThread, parentPort, workerData } = require("worker_threads");
 if (isMainThread) {
   const worker = new Worker(__filename, { workerData: 21 });
   worker.on("message", (m) => console.log("worker said", m));
   worker.on("exit", (code) => console.log("worker exited", code));
+} else if (workerData === 21) {
+  new Worker(__filename, { workerData: 0.5 }).on("message", (half) => parentPort.postMessage(workerData * 2 + half));
 } else {
-  parentPort.postMessage(workerData * 2);
+  parentPort.postMessage(workerData);
 }
+"#;
+
+/// Four Workers at once, each counting the primes in its quarter of a range; the main thread
+/// prints their answers once all are in (in the order of the quarters: they finish in any).
+const WORKERS_AT_ONCE: &str = r#"
+import { Worker } from "node:worker_threads";
+const code = `
+const { parentPort, workerData: [from, to] } = require("node:worker_threads");
+let primes = 0;
+for (let n = Math.max(from, 2); n < to; n++) { let prime = true; for (let d = 2; d * d <= n; d++) if (n % d === 0) { prime = false; break; } if (prime) primes++; }
+parentPort.postMessage({ from, primes });
+`;
+const quarters = [0, 1, 2, 3].map((i) => [i * 50000, (i + 1) * 50000]);
+const answers = await Promise.all(quarters.map((range) => new Promise((resolve, reject) => {
+  new Worker(code, { eval: true, workerData: range }).on("message", resolve).on("error", reject);
+})));
+console.log(answers.map(({ from, primes }) => `${from}: ${primes}`).join(", "), answers.reduce((sum, a) => sum + a.primes, 0));
+"#;
+
+/// Memory shared between the main thread and a Worker: the Worker adds with Atomics and wakes the
+/// main thread, which waits on the same word (a futex under both), then wakes the Worker back
+/// (which may find the word already set: either way it adds one to it).
+const SHARED_MEMORY: &str = r#"
+const { Worker } = require("worker_threads");
+const shared = new Int32Array(new SharedArrayBuffer(12));
+const worker = new Worker(`
+const { workerData: shared } = require("worker_threads");
+for (let i = 0; i < 100000; i++) Atomics.add(shared, 0, 1);
+Atomics.store(shared, 1, 1);
+Atomics.notify(shared, 1);
+Atomics.wait(shared, 2, 0);
+Atomics.add(shared, 2, 1);
+`, { eval: true, workerData: shared });
+console.log("main waits:", Atomics.wait(shared, 1, 0), "count", Atomics.load(shared, 0));
+Atomics.store(shared, 2, 1);
+Atomics.notify(shared, 2);
+worker.on("exit", (code) => console.log("worker exited", code, "woken", Atomics.load(shared, 2) === 2));
+"#;
+
+/// A WebAssembly module with a memory of its own (V8 bounds-checks it in code: the agent's
+/// `--disable-wasm-trap-handler`).
+const WEBASSEMBLY: &str = r#"
+// (module (memory (export "memory") 1) (func (export "store") (param i32 i32) local.get 0 local.get 1 i32.store)
+//         (func (export "load") (param i32) (result i32) local.get 0 i32.load))
+const bytes = Buffer.from("0061736d01000000010b0260027f7f0060017f017f03030200010503010001071903066d656d6f72790200057374" +
+  "6f72650000046c6f616400010a13020900200020013602000b070020002802000b", "hex");
+const { exports } = new WebAssembly.Instance(new WebAssembly.Module(bytes));
+exports.store(8, 12345);
+console.log(exports.load(8), new Int32Array(exports.memory.buffer)[2], exports.memory.buffer.byteLength);
+try { exports.load(65536); } catch (error) { console.log(error.constructor.name, error.message); }
+exports.memory.grow(15);
+const memory = new WebAssembly.Memory({ initial: 1 });
+memory.grow(99);
+console.log(exports.memory.buffer.byteLength, memory.buffer.byteLength);
 "#;
 
 const ARGS_ENV_STDIN: &str = r#"
@@ -231,15 +294,10 @@ fn javascript_programs_print_what_native_node_prints() {
     assert_eq!(text(&basics.stderr), "to stderr\n");
     assert_as_native("main.js", FILES);
     assert_as_native("main.js", LIBRARIES);
+    assert_as_native("main.js", WEBASSEMBLY);
     // Module syntax in a .js script: run as an ES module, as in a package of type "module".
     let module = assert_as_native("main.mjs", MODULE_WITH_TOP_LEVEL_AWAIT);
     assert_eq!(text(&run_in_vm("main.js", MODULE_WITH_TOP_LEVEL_AWAIT, |_, _| {}).stdout), text(&module.stdout));
-    // A Worker is a second V8 isolate with a 512 MiB code range of its own: more than the
-    // template's 1024 MiB VM has left, so it ends as out of memory, contained (a template built
-    // with `--mem-mib 2048` runs it).
-    let outcome = run_in_vm("main.js", WORKER, |_, _| {});
-    assert!(matches!(outcome.status, RunStatus::OutOfMemory { .. }), "{}", describe(&outcome));
-
     let native = run_natively("main.js", ARGS_ENV_STDIN, &["a", "b c"], "piped in");
     let outcome = run_in_vm("main.js", ARGS_ENV_STDIN, |request, _| {
         request.argv.extend(["a".to_owned(), "b c".to_owned()]);
@@ -247,6 +305,77 @@ fn javascript_programs_print_what_native_node_prints() {
         request.stdin = b"piped in".to_vec();
     });
     assert_eq!(text(&outcome.stdout), native.stdout.replace("undefined", "hello"), "{}", describe(&outcome));
+}
+
+/// Workers run in the template's default VM: one that posts its answer back (with the help of a
+/// Worker of its own), four at once (as an ES module importing the Worker class), and memory
+/// shared with Atomics; each prints what native node prints. Their V8 code range is the agent's
+/// default unless the options name one.
+#[test]
+fn workers_run_in_the_default_template() {
+    assert_as_native("main.js", WORKER);
+    assert_as_native("main.mjs", WORKERS_AT_ONCE);
+    assert_as_native("main.js", SHARED_MEMORY);
+    let code = r#"
+const { Worker } = require("worker_threads");
+const limit = (options) => new Promise((resolve) => new Worker("require('worker_threads').parentPort.postMessage(require('worker_threads').resourceLimits.codeRangeSizeMb)", { eval: true, ...options }).on("message", resolve));
+Promise.all([limit({}), limit({ resourceLimits: { codeRangeSizeMb: 16 } }), limit({ resourceLimits: { stackSizeMb: 2 } })]).then((sizes) => console.log(sizes.join(" ")));
+"#;
+    let outcome = run_in_vm("main.js", code, |_, _| {});
+    assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 0 }, "32 16 32\n".to_owned()), "{}", describe(&outcome));
+}
+
+/// The signals a program handles reach its listeners as natively (Node's own SIGINT and SIGTERM
+/// handlers and libuv's signal pipe underneath), and one it does not handle ends it as it ends
+/// natively (the exit code 128 + SIGTERM a shell shows).
+#[test]
+fn signals_reach_the_programs_listeners() {
+    let code = r#"
+const got = [];
+// Signal listeners do not keep the process alive: this does until all five came.
+const alive = setInterval(() => {}, 1000);
+for (const name of ["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP"]) process.on(name, (signal) => {
+  got.push(signal);
+  if (got.length < 5) return;
+  console.log("handled", got.sort().join(","));
+  clearInterval(alive);
+});
+for (const name of ["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP"]) process.kill(process.pid, name);
+console.log("sent");
+"#;
+    assert_as_native("main.js", code);
+    let code = "console.log('before'); process.kill(process.pid, 'SIGTERM'); setTimeout(() => console.log('not reached'), 1000);";
+    let native = run_natively("main.js", code, &[], "");
+    let outcome = run_in_vm("main.js", code, |_, _| {});
+    assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 128 + 15 }, native.stdout), "{}", describe(&outcome));
+}
+
+/// libuv uses io_uring only when asked (UV_USE_IO_URING=1, read when node starts, so a request's
+/// env cannot ask): then io_uring_setup is answered ENOSYS, as by a kernel without io_uring, and
+/// libuv's file operations fall back to its thread pool, with native node's results. Node runs
+/// here from its first instruction in a fresh VM (the template's agent started without it).
+#[test]
+fn without_io_uring_libuv_falls_back() {
+    let code = r#"
+const fs = require("fs"), fsp = require("fs/promises");
+(async () => {
+  await fsp.writeFile("/tmp/uring.txt", "through libuv\n".repeat(1000));
+  const text = await fsp.readFile("/tmp/uring.txt", "utf8");
+  const handle = await fsp.open("/tmp/uring.txt", "r");
+  const { bytesRead, buffer } = await handle.read(Buffer.alloc(7), 0, 7, 8);
+  await handle.close();
+  fs.stat("/tmp/uring.txt", (error, stats) => console.log(text.length, bytesRead, buffer.toString(), error, stats.size));
+})();
+"#;
+    let native = run_natively("main.js", code, &[], "");
+    let mut request = common::request(NODE, &["-e", code]);
+    request.envp.push("UV_USE_IO_URING=1".to_owned());
+    request.mem_bytes = Language::Node.default_memory_mib() << 20;
+    let outcome = common::run(&node().0, &request);
+    assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 0 }, native.stdout), "{}", describe(&outcome));
+    let refused: Vec<_> = outcome.stats.unsupported.iter().filter_map(|c| c.name).collect();
+    // rseq: glibc's probe at start-up (table.rs).
+    assert!(refused.contains(&"io_uring_setup") && refused.iter().all(|name| ["io_uring_setup", "rseq"].contains(name)), "{}", describe(&outcome));
 }
 
 /// Exit codes and what reaches stderr, as natively: process.exit, process.exitCode, an uncaught
@@ -334,7 +463,8 @@ fn every_execution_draws_fresh_randomness() {
     }
 }
 
-/// No network beyond the VM, no other process, no host files: each refusal reaches the program
+/// No network beyond the VM, no other process, no host files, no writes outside /work and /tmp
+/// (the image is read-only): each refusal reaches the program
 /// as an error it can handle, and the program goes on to exit normally; a loopback server and its
 /// client inside the VM talk to each other (the VM's own socket namespace). The only calls
 /// counted as unsupported are the two process-creating clones of child_process (ENOSYS by
@@ -360,6 +490,9 @@ const server = net.createServer((socket) => socket.end("pong")).listen(0, "127.0
 for (const file of ["/etc/passwd", "/proc/self/environ", "/root", "/home"]) {
   try { fs.readFileSync(file); console.log(file, "readable"); } catch (error) { console.log(file, error.code); }
 }
+for (const file of ["/usr/bin/node", "/opt/sandfork/agent.js", "/written"]) {
+  try { fs.appendFileSync(file, "x"); console.log(`write:${file}`, "no error"); } catch (error) { console.log(`write:${file}`, error.code); }
+}
 console.log(fs.readdirSync("/").sort().join(" "));
 "#;
     let outcome = run_counting_unsupported("main.js", code, |_, _| {});
@@ -367,7 +500,7 @@ console.log(fs.readdirSync("/").sort().join(" "));
     let unsupported: Vec<_> = outcome.stats.unsupported.iter().map(|c| (c.name, c.count)).collect();
     assert_eq!(unsupported, vec![(Some("clone"), 2)], "{}", describe(&outcome));
     let stdout = text(&outcome.stdout);
-    for what in ["execSync", "spawn", "dns", "connect", "remote", "http", "/etc/passwd", "/proc/self/environ", "/root", "/home"] {
+    for what in ["execSync", "spawn", "dns", "connect", "remote", "http", "/etc/passwd", "/proc/self/environ", "/root", "/home", "write:/usr/bin/node", "write:/opt/sandfork/agent.js", "write:/written"] {
         let line = stdout.lines().find(|l| l.split(' ').next() == Some(what)).unwrap_or_else(|| panic!("no line for {what}: {stdout}"));
         assert!(!line.ends_with("no error") && !line.ends_with("readable"), "{line}");
     }

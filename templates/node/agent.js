@@ -1,10 +1,11 @@
 // Sandfork's in-VM agent for the Node template.
 //
 // The VMM boots this file as the guest program (`node --max-old-space-size=65536
-// /opt/sandfork/agent.js`: NODE_AGENT in native-vmm/src/agent.rs). It loads what user code
-// commonly needs, the TypeScript compiler among it, then makes Sandfork's private system call
-// AWAIT_REQUEST (through its native addon, sandfork_native.c: JavaScript cannot make system
-// calls): that call is the template's READY POINT. A template build stops the VM inside it and
+// --disable-wasm-trap-handler --require /opt/sandfork/worker-defaults.js /opt/sandfork/agent.js`:
+// NODE_AGENT in native-vmm/src/agent.rs; worker-defaults.js gives Workers a code range that fits).
+// It loads what user code commonly needs, the TypeScript compiler among it, then makes
+// Sandfork's private system call AWAIT_REQUEST (through its native addon, sandfork_native.c:
+// JavaScript cannot make system calls): that call is the template's READY POINT. A template build stops the VM inside it and
 // snapshots it there; each request answers it with the code, argv and env, the VMM having placed
 // the script at /work/<argv[0]>, the request's files and stdin. Everything before that call is
 // paid once per template, everything after it once per request.
@@ -36,6 +37,8 @@ for (const name of [
 ]) {
   require(name);
 }
+// The Worker defaults (a V8 code range that fits: worker-defaults.js), now that the built-ins are in.
+require(`${OPT}/worker-defaults.js`).applyWorkerDefaults();
 
 // process.stdout and process.stderr are made on first use (a stream over the fd, with its
 // handle and state): made here, once. Node's CommonJS loader compiles its code lazily too: a

@@ -8,8 +8,9 @@
 //!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
 //!   children to wait for (ECHILD), no identity changes (EPERM: the guest is an unprivileged
 //!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
-//!   CPU without them; V8 then protects nothing with them), and rseq, which glibc probes and
-//!   tolerates missing.
+//!   CPU without them; V8 then protects nothing with them), rseq, which glibc probes and
+//!   tolerates missing, and io_uring (ENOSYS, as a kernel built without it answers: libuv, when
+//!   asked to use it with UV_USE_IO_URING=1, falls back to epoll and its thread pool).
 //!
 //! A wait that no thread could ever end (an untimed futex wait or pause while every other
 //! thread waits too and no timer is armed) ends the run as deadlocked: see `crate::sched`.
@@ -45,6 +46,8 @@ const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
 }
 
 const NO_PROCESSES: Errno = Errno::ENOSYS;
+/// As a kernel built without io_uring: the rings' calls exist for no file descriptor.
+const NO_IO_URING: Errno = Errno::ENOSYS;
 /// The file systems have no extended attributes, as one mounted without them answers.
 const NO_XATTRS: Errno = Errno::EOPNOTSUPP;
 
@@ -219,6 +222,9 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(330, "pkey_alloc", Errno::ENOSPC),
     emulate(332, "statx", files::statx),
     refuse(334, "rseq", Errno::ENOSYS),
+    refuse(425, "io_uring_setup", NO_IO_URING),
+    refuse(426, "io_uring_enter", NO_IO_URING),
+    refuse(427, "io_uring_register", NO_IO_URING),
     emulate(435, "clone3", threads::clone3),
     emulate(436, "close_range", files::close_range),
     emulate(439, "faccessat2", files::faccessat2),

@@ -285,3 +285,59 @@ fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
     }
     assert_eq!(s.cell("torn", "state"), Some("'first'".into()), "resumed from checkpoint {}", u64_of(&first, "checkpoint"));
 }
+
+/// Checkpoints after the first hold only the pages written since the one before, naming it;
+/// forks from each restore its whole chain, from the files this daemon wrote and after a
+/// restart (every file hashed). A changed byte in a parent makes every checkpoint after it
+/// refused (the session resumes from the one before it), and a format-2 file is refused as such.
+#[test]
+fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused() {
+    let dir = scratch("sessions-chain");
+    let mut daemon = Daemon::start(&dir);
+    let mut s = daemon.client();
+    s.expect("session", json!({"type": "session_create", "session": "chain", "template": "python"}));
+    let mut taken = Vec::new();
+    for (step, code) in ["v = 'c1'\nblob = bytearray(512 << 10)", "v = 'c2'\nblob[0] = 2", "v = 'c3'\nblob[300000] = 3"].iter().enumerate() {
+        s.cell("chain", code);
+        let checkpoint = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "chain"}));
+        let parent = if step == 0 { Value::Null } else { Value::from(u64_of(&taken[step - 1], "checkpoint")) };
+        assert_eq!(checkpoint["parent"], parent, "{checkpoint}");
+        taken.push(checkpoint);
+    }
+    let full = u64_of(&taken[0], "dirty_bytes");
+    assert!(taken[1..].iter().all(|c| u64_of(c, "dirty_bytes") < full && u64_of(c, "file_bytes") < u64_of(&taken[0], "file_bytes")), "incremental ones are smaller: {taken:?}");
+    let expected = ["('c1', 0, 0)", "('c2', 2, 0)", "('c3', 2, 3)"];
+    let check_forks = |s: &mut Session, round: &str| {
+        for (checkpoint, want) in taken.iter().zip(expected) {
+            let fork = format!("{round}-{}", u64_of(checkpoint, "checkpoint"));
+            s.expect("session", json!({"type": "session_fork", "session": fork, "from": "chain", "checkpoint": u64_of(checkpoint, "checkpoint")}));
+            assert_eq!(s.cell(&fork, "(v, blob[0], blob[300000])"), Some(want.to_owned()), "{round}: fork of {checkpoint}");
+            s.expect("session", json!({"type": "session_delete", "session": fork}));
+        }
+    };
+    check_forks(&mut s, "known");
+    daemon.kill();
+    daemon.restart();
+    let mut s = daemon.client();
+    check_forks(&mut s, "hashed");
+    daemon.kill();
+    let path = |checkpoint: &Value| dir.join("sessions/chain").join(format!("{:012}.sfck", u64_of(checkpoint, "checkpoint")));
+    let mut damaged = std::fs::read(path(&taken[1])).unwrap();
+    let last_page = damaged.len() - 4096 - 100;
+    damaged[last_page] ^= 0x01;
+    std::fs::write(path(&taken[1]), &damaged).unwrap();
+    daemon.restart();
+    let mut s = daemon.client();
+    let refused = s.call(json!({"type": "session_fork", "session": "from-damaged", "from": "chain", "checkpoint": u64_of(&taken[2], "checkpoint")}));
+    assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
+    assert!(str_of(&refused, "message").contains("content hash of its parent"), "{refused}");
+    assert_eq!(s.cell("chain", "(v, blob[0], blob[300000])"), Some(expected[0].to_owned()), "resumed from the checkpoint before the damaged one");
+    daemon.kill();
+    let mut old = std::fs::read(path(&taken[0])).unwrap();
+    old[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(path(&taken[0]), &old).unwrap();
+    daemon.restart();
+    let mut s = daemon.client();
+    let refused = s.call(json!({"type": "session_fork", "session": "from-old", "from": "chain", "checkpoint": u64_of(&taken[0], "checkpoint")}));
+    assert!(str_of(&refused, "message").contains("checkpoint format 2; this daemon reads format 3 only"), "{refused}");
+}

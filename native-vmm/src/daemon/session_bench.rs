@@ -87,10 +87,11 @@ impl SessionReport {
     }
 }
 
-/// The cell that (re)writes `mib` MiB of a buffer kept in the session, so every checkpoint of
-/// it holds that many dirty pages more than the interpreter's own.
+/// The cell that rewrites `mib` MiB of a buffer kept in the session, a new byte in every page
+/// each time (a page written with the bytes it held is left out of a checkpoint), so every
+/// checkpoint of it holds that many pages more than the interpreter's own.
 fn dirty_cell(mib: u64) -> String {
-    format!("try:\n    blob\nexcept NameError:\n    blob = bytearray({mib} << 20)\nblob[::4096] = bytes([len(blob) % 251 or 1]) * (len(blob) // 4096)\nNone")
+    format!("try:\n    blob\nexcept NameError:\n    blob, k = bytearray({mib} << 20), 0\nk = k % 250 + 1\nblob[::4096] = bytes([k]) * (len(blob) // 4096)\nNone")
 }
 
 fn limits() -> ExecutionLimits {

@@ -41,7 +41,7 @@ use crate::fs::WORK_DIR;
 use crate::image::sha256;
 use crate::memory::{GuestMemory, PageSet};
 use crate::process::Output;
-use crate::snapshot::checkpoint::{self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, Pages, Parent, Written, TEMPORARY_PREFIX};
+use crate::snapshot::checkpoint::{self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent, Written, TEMPORARY_PREFIX};
 use crate::snapshot::{ForkMemory, Template, TemplateError};
 use crate::status::RunStatus;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
@@ -168,6 +168,9 @@ pub struct Vm<'m> {
     /// Written pages taken from the logs and in no checkpoint since `base` (a checkpoint whose
     /// write failed leaves them here); None when writes are not tracked (every checkpoint full).
     pub unsaved: Option<PageSet>,
+    /// What the checkpoints recorded of each page: written pages holding the same bytes again
+    /// are left out of the next one.
+    pub fingerprints: PageFingerprints,
 }
 
 /// A VM's latest checkpoint, as its next one builds on it.
@@ -195,14 +198,23 @@ impl Vm<'_> {
         self.take_written()?;
         let capturing = Instant::now();
         let unsaved_bytes = self.unsaved.as_ref().map_or(0, |set| set.count_ones(..) as u64 * crate::layout::PAGE_SIZE);
-        let pages = match (&self.base, &self.unsaved) {
-            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH && base.chain_bytes + unsaved_bytes <= MAX_CHAIN_FACTOR * base.full_bytes => Pages::Since { parent: base.parent, written },
-            _ => Pages::Full,
+        let incremental = match (&self.base, &self.unsaved) {
+            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH && base.chain_bytes + unsaved_bytes <= MAX_CHAIN_FACTOR * base.full_bytes => Some((base.parent, self.fingerprints.changed(self.guest.mem, written)?)),
+            _ => None,
+        };
+        let pages = match &incremental {
+            Some((parent, (changed, _))) => Pages::Since { parent: *parent, written: changed },
+            None => Pages::Full,
         };
         let checkpoint = Checkpoint::capture(template, self.guest.mem, self.guest.cpu.as_mut(), &self.guest.process, self.guest.call, pages)?;
+        let fresh = match incremental {
+            Some((_, (_, fresh))) => fresh,
+            None => self.fingerprints.of_ranges(self.guest.mem, checkpoint.ranges())?,
+        };
         let capture = capturing.elapsed();
         let written = checkpoint.write_durably(dir, &checkpoint_name(number))?;
         let (dirty, parent) = (checkpoint.dirty_bytes, checkpoint.parent);
+        self.fingerprints.record(parent.is_none(), fresh);
         let (chain_bytes, full_bytes) = match (parent, self.base) {
             (Some(_), Some(base)) => (base.chain_bytes + dirty, base.full_bytes),
             _ => (dirty, dirty),
@@ -323,7 +335,11 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
         Ok(false) => None,
         Err(e) => return failed(internal("logging the session's writes", e)),
     };
-    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false, copied_pages: None, base, unsaved };
+    let fingerprints = match PageFingerprints::new() {
+        Ok(fingerprints) => fingerprints,
+        Err(e) => return failed(internal("seeding the page fingerprints", e)),
+    };
+    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false, copied_pages: None, base, unsaved, fingerprints };
     if let Err(e) = vm.guest.cpu.map_memory(&vm.guest.process.memory_handed_out()) {
         return failed(internal("mapping the session's memory", e));
     }

@@ -101,6 +101,15 @@ impl Session {
     }
 }
 
+/// A daemon on a scratch folder `name` with one new python session `session`, and a client.
+fn daemon_with_session(name: &str, session: &str) -> (PathBuf, Daemon, Session) {
+    let dir = scratch(name);
+    let daemon = Daemon::start(&dir);
+    let mut s = daemon.client();
+    s.expect("session", json!({"type": "session_create", "session": session, "template": "python"}));
+    (dir, daemon, s)
+}
+
 #[test]
 fn interpreter_state_survives_between_cells() {
     let dir = scratch("sessions-state");
@@ -141,10 +150,7 @@ fn interpreter_state_survives_between_cells() {
 /// row, and again after the daemon restarts.
 #[test]
 fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
-    let dir = scratch("sessions-pause");
-    let mut daemon = Daemon::start(&dir);
-    let mut s = daemon.client();
-    s.expect("session", json!({"type": "session_create", "session": "files", "template": "python"}));
+    let (_dir, mut daemon, mut s) = daemon_with_session("sessions-pause", "files");
     let files = "import os\nos.makedirs('/work/deep/er', exist_ok=True)\nfor i in range(20):\n    open(f'/work/deep/er/f{i}.txt', 'w').write(str(i) * (i + 1))\n";
     s.cell("files", files);
     s.expect("session_file", json!({"type": "session_write_file", "session": "files", "path": "put.bin", "content": "AAEC/w==", "encoding": "base64"}));
@@ -257,10 +263,7 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
 /// damaged one is refused.
 #[test]
 fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
-    let dir = scratch("sessions-torn");
-    let mut daemon = Daemon::start(&dir);
-    let mut s = daemon.client();
-    s.expect("session", json!({"type": "session_create", "session": "torn", "template": "python"}));
+    let (dir, mut daemon, mut s) = daemon_with_session("sessions-torn", "torn");
     s.cell("torn", "state = 'first'");
     let first = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "torn"}));
     s.cell("torn", "state = 'second'");
@@ -293,10 +296,7 @@ fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
 /// A page written with the bytes it held is restored from the parent that holds it.
 #[test]
 fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused() {
-    let dir = scratch("sessions-chain");
-    let mut daemon = Daemon::start(&dir);
-    let mut s = daemon.client();
-    s.expect("session", json!({"type": "session_create", "session": "chain", "template": "python"}));
+    let (dir, mut daemon, mut s) = daemon_with_session("sessions-chain", "chain");
     let mut taken = Vec::new();
     for (step, code) in ["v = 'c1'\nblob = bytearray(512 << 10)", "v = 'c2'\nblob[0] = 2", "v = 'c3'\nblob[300000] = 3", "v = 'c4'\nblob[0] = 2\nblob[300000] = 4"].iter().enumerate() {
         s.cell("chain", code);

@@ -184,18 +184,26 @@ pub struct Base {
 
 impl Vm<'_> {
     /// Adds the pages written since the last call, by the guest and by the VMM, to `unsaved`.
-    fn take_written(&mut self) -> io::Result<()> {
-        let Some(unsaved) = &mut self.unsaved else { return Ok(()) };
-        for written in [self.guest.cpu.take_written_pages()?, self.guest.mem.take_written()].into_iter().flatten() {
+    /// A vCPU whose write log fails stops tracking: every checkpoint after is full.
+    fn take_written(&mut self) {
+        let Some(unsaved) = &mut self.unsaved else { return };
+        let guest = match self.guest.cpu.take_written_pages() {
+            Ok(guest) => guest,
+            Err(e) => {
+                super::log(format_args!("a session VM's write log failed ({e}); its checkpoints are full from now on"));
+                self.unsaved = None;
+                return;
+            }
+        };
+        for written in [guest, self.guest.mem.take_written()].into_iter().flatten() {
             unsaved.union_with(&written);
         }
-        Ok(())
     }
 
     /// Records the VM at a ready point as checkpoint `number` in `dir`, durably: incremental
     /// on `base` where the module docs allow it, full otherwise (and for a pause).
     fn checkpoint(&mut self, template: &Template, dir: &Path, number: u64, pause: bool) -> io::Result<(Written, u64, Option<u64>, Duration)> {
-        self.take_written()?;
+        self.take_written();
         let capturing = Instant::now();
         let unsaved_bytes = self.unsaved.as_ref().map_or(0, |set| set.count_ones(..) as u64 * crate::layout::PAGE_SIZE);
         let incremental = match (&self.base, &self.unsaved) {

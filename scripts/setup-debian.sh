@@ -37,7 +37,7 @@ install() {
 }
 
 packages=(postgresql python3.11 python3-numpy build-essential)
-packages+=(librust-serde-dev librust-serde-derive-dev librust-serde-json-dev librust-sha2-dev librust-base64-dev librust-libc-dev librust-serde-path-to-error-dev)
+packages+=(librust-serde-dev librust-serde-derive-dev librust-serde-json-dev librust-sha2-dev librust-base64-dev librust-libc-dev librust-serde-path-to-error-dev librust-fixedbitset-dev librust-xxhash-rust-dev)
 packages+=(chromium libpython3.11-testsuite)
 # The Python template's image: tzdata, netbase's services and protocols.
 packages+=(tzdata netbase)

@@ -90,6 +90,16 @@ pub trait GuestCpu {
     fn map_memory(&mut self, _ranges: &[(u64, u64)]) -> io::Result<()> {
         Ok(())
     }
+    /// From now on, records which guest pages the guest writes (`take_written_pages`); false
+    /// when this backend cannot, and checkpoints then hold every page the VM changed.
+    fn track_writes(&mut self) -> io::Result<bool> {
+        Ok(false)
+    }
+    /// The guest pages the guest wrote since `track_writes` or the last call (None: not
+    /// tracked). The VMM's own writes are `GuestMemory::take_written`'s.
+    fn take_written_pages(&mut self) -> io::Result<Option<crate::memory::PageSet>> {
+        Ok(None)
+    }
     /// Exits the backend answered itself since the last call, without returning from `run`
     /// (KVM: a first touch of memory whose slot waited for it), so that a run's exit count
     /// includes them.

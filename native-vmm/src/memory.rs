@@ -11,12 +11,32 @@
 //! stays, and every caller would move from a plain `u64` and `OutOfBounds` (EFAULT) to
 //! `GuestAddress` and a five-variant error, or keep a wrapper as large as these accessors.
 
+use std::cell::RefCell;
 use std::ffi::c_void;
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use fixedbitset::FixedBitSet;
+
+use crate::layout::PAGE_SIZE;
 use crate::sys;
+
+/// A set of guest pages: bit i is the page at guest-physical `i * PAGE_SIZE`.
+pub type PageSet = FixedBitSet;
+
+/// The pages of `set` as sorted guest-physical ranges `[start, end)`, neighbours merged.
+pub fn page_ranges(set: &PageSet) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for page in set.ones() {
+        let start = page as u64 * PAGE_SIZE;
+        match ranges.last_mut() {
+            Some(last) if last.1 == start => last.1 = start + PAGE_SIZE,
+            _ => ranges.push((start, start + PAGE_SIZE)),
+        }
+    }
+    ranges
+}
 
 /// A guest address range that does not lie inside guest memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +74,10 @@ pub struct GuestMemory {
     /// The memfd the mapping shows; None for a copy-on-write fork, whose written pages are
     /// private to the mapping and in no file.
     fd: Option<OwnedFd>,
+    /// With `track_writes`: the pages the VMM itself wrote (through these accessors) since
+    /// `take_written`. The guest's own writes are the vCPU backend's to track
+    /// (`GuestCpu::take_written_pages`).
+    written: Option<RefCell<PageSet>>,
 }
 
 // SAFETY: the mapping is owned by this value; concurrent use is serialised by the VM that owns it
@@ -74,7 +98,7 @@ impl GuestMemory {
         if host == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(GuestMemory { host: host as *mut u8, size, fd: Some(fd) })
+        Ok(GuestMemory { host: host as *mut u8, size, fd: Some(fd), written: None })
     }
 
     /// A copy-on-write fork of a template's memory: the template's memfd mapped
@@ -92,11 +116,31 @@ impl GuestMemory {
         if host == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(GuestMemory { host: host as *mut u8, size: source.size, fd: None })
+        Ok(GuestMemory { host: host as *mut u8, size: source.size, fd: None, written: None })
     }
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// From now on, records which pages the VMM writes (`take_written`): a session VM's
+    /// incremental checkpoints hold only the pages written since the one before.
+    pub fn track_writes(&mut self) {
+        self.written = Some(RefCell::new(PageSet::with_capacity((self.size / PAGE_SIZE) as usize)));
+    }
+
+    /// The pages the VMM wrote since tracking began or the last call (None: not tracked).
+    pub fn take_written(&self) -> Option<PageSet> {
+        let pages = (self.size / PAGE_SIZE) as usize;
+        self.written.as_ref().map(|set| std::mem::replace(&mut *set.borrow_mut(), PageSet::with_capacity(pages)))
+    }
+
+    /// Records a write of `[off, off+len)` (bounds-checked by the caller).
+    fn mark_written(&self, off: usize, len: usize) {
+        if let (Some(set), true) = (&self.written, len > 0) {
+            let page = PAGE_SIZE as usize;
+            set.borrow_mut().insert_range(off / page..(off + len).div_ceil(page));
+        }
     }
 
     /// The memfd behind guest RAM, which another mapping of it shares (the ptrace CPU's
@@ -198,6 +242,7 @@ impl GuestMemory {
         // SAFETY: off..off+len was bounds-checked against both mappings just above; they are
         // distinct mappings, so the ranges do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(source.host.add(off), self.host.add(off), len as usize) };
+        self.mark_written(off, len as usize);
         Ok(())
     }
 
@@ -271,6 +316,7 @@ impl GuestMemory {
         let off = self.check(addr, data.len() as u64)?;
         // SAFETY: off..off+len was bounds-checked against the mapping just above.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.add(off), data.len()) };
+        self.mark_written(off, data.len());
         Ok(())
     }
 
@@ -278,6 +324,7 @@ impl GuestMemory {
         let off = self.check(addr, len)?;
         // SAFETY: off..off+len was bounds-checked against the mapping just above.
         unsafe { std::ptr::write_bytes(self.host.add(off), byte, len as usize) };
+        self.mark_written(off, len as usize);
         Ok(())
     }
 
@@ -290,35 +337,34 @@ impl GuestMemory {
         Ok(unsafe { std::slice::from_raw_parts(self.host.add(off), len as usize) })
     }
 
-    /// Reads `file` from `offset` into the guest ranges `runs` (`(addr, len)`, sorted, not
-    /// overlapping), back to back, in vectored reads: filling a restored session's pages
-    /// straight from its checkpoint (with O_DIRECT, by the disk itself, through no page cache).
-    pub fn read_runs_from(&self, file: &std::fs::File, offset: u64, runs: &[(u64, u64)]) -> io::Result<()> {
+    /// Reads pieces of `file` into guest memory: `(addr, len, file offset)` each, sorted by
+    /// address and not overlapping, in vectored reads (one per stretch of pieces that lie back
+    /// to back in the file): filling a restored session's pages straight from its checkpoints
+    /// (with O_DIRECT, by the disk itself, through no page cache). Recorded as the VMM's writes
+    /// when they are tracked (a restore takes them before tracking starts).
+    pub fn read_runs_from(&self, file: &std::fs::File, pieces: &[(u64, u64, u64)]) -> io::Result<()> {
         const IOV_MAX: usize = 1024;
         let mut previous_end = 0;
-        let mut slices = Vec::with_capacity(runs.len());
-        for &(addr, len) in runs {
+        let mut group: Vec<io::IoSliceMut<'_>> = Vec::new();
+        let (mut group_start, mut group_end) = (0, 0);
+        for (i, &(addr, len, at)) in pieces.iter().enumerate() {
             let off = self.check(addr, len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
             if addr < previous_end {
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, "page runs overlap or are not sorted"));
             }
             previous_end = addr + len;
+            if at != group_end || group.len() == IOV_MAX {
+                read_all_at(file, &mut group, group_start)?;
+                group_start = at;
+            }
             // SAFETY: off..off+len was bounds-checked against the mapping, which outlives the
-            // slices; the runs do not overlap (checked above), so no two slices alias; the
+            // slices; the pieces do not overlap (checked above), so no two slices alias; the
             // caller's VM is not running while its memory is filled.
-            slices.push(io::IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(self.host.add(off), len as usize) }));
-        }
-        let (mut slices, mut at) = (&mut slices[..], offset);
-        while !slices.is_empty() {
-            let n = slices.len().min(IOV_MAX);
-            match crate::sys::preadv(file.as_raw_fd(), &mut slices[..n], at) {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file ends before its page runs")),
-                Ok(read) => {
-                    io::IoSliceMut::advance_slices(&mut slices, read);
-                    at += read as u64;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+            group.push(io::IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(self.host.add(off), len as usize) }));
+            group_end = at.checked_add(len).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a file offset past the end"))?;
+            self.mark_written(off, len as usize);
+            if i + 1 == pieces.len() {
+                read_all_at(file, &mut group, group_start)?;
             }
         }
         Ok(())
@@ -393,6 +439,25 @@ impl GuestMemory {
         }
         Err(OutOfBounds { addr, len: max as u64 + 1 })
     }
+}
+
+/// Fills `slices` from `file` at `at`, back to back (continued after a short read), and empties
+/// the list.
+fn read_all_at(file: &std::fs::File, slices: &mut Vec<io::IoSliceMut<'_>>, mut at: u64) -> io::Result<()> {
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match crate::sys::preadv(file.as_raw_fd(), rest, at) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file ends before its page runs")),
+            Ok(read) => {
+                io::IoSliceMut::advance_slices(&mut rest, read);
+                at += read as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    slices.clear();
+    Ok(())
 }
 
 impl Drop for GuestMemory {
@@ -516,13 +581,15 @@ mod tests {
         std::fs::write(&path, &contents).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         let mem = GuestMemory::new(64 * 1024).unwrap();
-        mem.read_runs_from(&file, 4096, &[(0x2000, 4096), (0x8000, 4096)]).unwrap();
+        mem.read_runs_from(&file, &[(0x2000, 4096, 4096), (0x8000, 4096, 8192)]).unwrap();
         assert_eq!(mem.read_vec(0x2000, 4096).unwrap(), vec![2u8; 4096]);
         assert_eq!(mem.read_vec(0x8000, 4096).unwrap(), vec![3u8; 4096]);
         assert_eq!(mem.read_vec(0x3000, 4096).unwrap(), vec![0u8; 4096], "nothing between the runs");
-        assert_eq!(mem.read_runs_from(&file, 0, &[(0x2000, 8192), (0x3000, 4096)]).unwrap_err().kind(), io::ErrorKind::InvalidInput, "overlapping");
-        assert_eq!(mem.read_runs_from(&file, 0, &[(60 * 1024, 8192)]).unwrap_err().kind(), io::ErrorKind::InvalidInput, "outside memory");
-        assert_eq!(mem.read_runs_from(&file, 8192, &[(0, 8192)]).unwrap_err().kind(), io::ErrorKind::UnexpectedEof, "past the file's end");
+        mem.read_runs_from(&file, &[(0x4000, 4096, 8192), (0x9000, 4096, 0)]).unwrap();
+        assert_eq!((mem.read_vec(0x4000, 4096).unwrap(), mem.read_vec(0x9000, 4096).unwrap()), (vec![3u8; 4096], vec![1u8; 4096]), "pieces from anywhere in the file");
+        assert_eq!(mem.read_runs_from(&file, &[(0x2000, 8192, 0), (0x3000, 4096, 8192)]).unwrap_err().kind(), io::ErrorKind::InvalidInput, "overlapping");
+        assert_eq!(mem.read_runs_from(&file, &[(60 * 1024, 8192, 0)]).unwrap_err().kind(), io::ErrorKind::InvalidInput, "outside memory");
+        assert_eq!(mem.read_runs_from(&file, &[(0, 8192, 8192)]).unwrap_err().kind(), io::ErrorKind::UnexpectedEof, "past the file's end");
         std::fs::remove_file(&path).unwrap();
     }
 
@@ -546,6 +613,21 @@ mod tests {
         assert!(mem.read_cstr(100, 3).is_err());
         mem.fill(4090, 6, b'x').unwrap();
         assert!(mem.read_cstr(4090, 4096).is_err());
+    }
+
+    #[test]
+    fn tracked_writes_are_the_pages_written_since_the_last_take() {
+        let mut mem = GuestMemory::new(64 * 1024).unwrap();
+        assert!(mem.take_written().is_none(), "not tracked");
+        mem.track_writes();
+        mem.write_u64(0x1ff8, 1).unwrap();
+        mem.write(0x3fff, &[1, 2]).unwrap();
+        mem.fill(0x8000, 0x2000, 7).unwrap();
+        let _ = mem.read_vec(0xc000, 0x1000).unwrap();
+        assert_eq!(page_ranges(&mem.take_written().unwrap()), vec![(0x1000, 0x2000), (0x3000, 0x5000), (0x8000, 0xa000)]);
+        assert_eq!(mem.take_written().unwrap().count_ones(..), 0, "taken");
+        mem.fill(0x4000, 0, 1).unwrap();
+        assert_eq!(mem.take_written().unwrap().count_ones(..), 0, "an empty write");
     }
 
     #[test]

@@ -101,6 +101,15 @@ impl Session {
     }
 }
 
+/// A daemon on a scratch folder `name` with one new python session `session`, and a client.
+fn daemon_with_session(name: &str, session: &str) -> (PathBuf, Daemon, Session) {
+    let dir = scratch(name);
+    let daemon = Daemon::start(&dir);
+    let mut s = daemon.client();
+    s.expect("session", json!({"type": "session_create", "session": session, "template": "python"}));
+    (dir, daemon, s)
+}
+
 #[test]
 fn interpreter_state_survives_between_cells() {
     let dir = scratch("sessions-state");
@@ -141,10 +150,7 @@ fn interpreter_state_survives_between_cells() {
 /// row, and again after the daemon restarts.
 #[test]
 fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
-    let dir = scratch("sessions-pause");
-    let mut daemon = Daemon::start(&dir);
-    let mut s = daemon.client();
-    s.expect("session", json!({"type": "session_create", "session": "files", "template": "python"}));
+    let (_dir, mut daemon, mut s) = daemon_with_session("sessions-pause", "files");
     let files = "import os\nos.makedirs('/work/deep/er', exist_ok=True)\nfor i in range(20):\n    open(f'/work/deep/er/f{i}.txt', 'w').write(str(i) * (i + 1))\n";
     s.cell("files", files);
     s.expect("session_file", json!({"type": "session_write_file", "session": "files", "path": "put.bin", "content": "AAEC/w==", "encoding": "base64"}));
@@ -258,10 +264,7 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
 /// damaged one is refused.
 #[test]
 fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
-    let dir = scratch("sessions-torn");
-    let mut daemon = Daemon::start(&dir);
-    let mut s = daemon.client();
-    s.expect("session", json!({"type": "session_create", "session": "torn", "template": "python"}));
+    let (dir, mut daemon, mut s) = daemon_with_session("sessions-torn", "torn");
     s.cell("torn", "state = 'first'");
     let first = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "torn"}));
     s.cell("torn", "state = 'second'");
@@ -285,4 +288,59 @@ fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
         assert!(str_of(&refused, "message").contains(why), "{refused}");
     }
     assert_eq!(s.cell("torn", "state"), Some("'first'".into()), "resumed from checkpoint {}", u64_of(&first, "checkpoint"));
+}
+
+/// Checkpoints after the first hold only the pages written since the one before, naming it;
+/// forks from each restore its whole chain, from the files this daemon wrote and after a
+/// restart (every file hashed). A changed byte in a parent makes every checkpoint after it
+/// refused (the session resumes from the one before it), and a format-2 file is refused as such.
+/// A page written with the bytes it held is restored from the parent that holds it.
+#[test]
+fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused() {
+    let (dir, mut daemon, mut s) = daemon_with_session("sessions-chain", "chain");
+    let mut taken = Vec::new();
+    for (step, code) in ["v = 'c1'\nblob = bytearray(512 << 10)", "v = 'c2'\nblob[0] = 2", "v = 'c3'\nblob[300000] = 3", "v = 'c4'\nblob[0] = 2\nblob[300000] = 4"].iter().enumerate() {
+        s.cell("chain", code);
+        let checkpoint = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "chain"}));
+        let parent = if step == 0 { Value::Null } else { Value::from(u64_of(&taken[step - 1], "checkpoint")) };
+        assert_eq!(checkpoint["parent"], parent, "{checkpoint}");
+        taken.push(checkpoint);
+    }
+    let full = u64_of(&taken[0], "dirty_bytes");
+    assert!(taken[1..].iter().all(|c| u64_of(c, "dirty_bytes") < full && u64_of(c, "file_bytes") < u64_of(&taken[0], "file_bytes")), "incremental ones are smaller: {taken:?}");
+    // c4 writes blob[0]'s page with the bytes it held: left out of checkpoint 4, read from 2.
+    let expected = ["('c1', 0, 0)", "('c2', 2, 0)", "('c3', 2, 3)", "('c4', 2, 4)"];
+    let check_forks = |s: &mut Session, round: &str| {
+        for (checkpoint, want) in taken.iter().zip(expected) {
+            let fork = format!("{round}-{}", u64_of(checkpoint, "checkpoint"));
+            s.expect("session", json!({"type": "session_fork", "session": fork, "from": "chain", "checkpoint": u64_of(checkpoint, "checkpoint")}));
+            assert_eq!(s.cell(&fork, "(v, blob[0], blob[300000])"), Some(want.to_owned()), "{round}: fork of {checkpoint}");
+            s.expect("session", json!({"type": "session_delete", "session": fork}));
+        }
+    };
+    check_forks(&mut s, "known");
+    daemon.kill();
+    daemon.restart();
+    let mut s = daemon.client();
+    check_forks(&mut s, "hashed");
+    daemon.kill();
+    let path = |checkpoint: &Value| dir.join("sessions/chain").join(format!("{:012}.sfck", u64_of(checkpoint, "checkpoint")));
+    let mut damaged = std::fs::read(path(&taken[1])).unwrap();
+    let last_page = damaged.len() - 4096 - 100;
+    damaged[last_page] ^= 0x01;
+    std::fs::write(path(&taken[1]), &damaged).unwrap();
+    daemon.restart();
+    let mut s = daemon.client();
+    let refused = s.call(json!({"type": "session_fork", "session": "from-damaged", "from": "chain", "checkpoint": u64_of(&taken[2], "checkpoint")}));
+    assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
+    assert!(str_of(&refused, "message").contains("content hash of its parent"), "{refused}");
+    assert_eq!(s.cell("chain", "(v, blob[0], blob[300000])"), Some(expected[0].to_owned()), "resumed from the checkpoint before the damaged one");
+    daemon.kill();
+    let mut old = std::fs::read(path(&taken[0])).unwrap();
+    old[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(path(&taken[0]), &old).unwrap();
+    daemon.restart();
+    let mut s = daemon.client();
+    let refused = s.call(json!({"type": "session_fork", "session": "from-old", "from": "chain", "checkpoint": u64_of(&taken[0], "checkpoint")}));
+    assert!(str_of(&refused, "message").contains("checkpoint format 2; this daemon reads format 3 only"), "{refused}");
 }

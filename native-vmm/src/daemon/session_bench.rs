@@ -3,13 +3,15 @@
 //! dirtied 1 MiB and 32 MiB beyond what its interpreter itself dirties, pause p50 at 32 MiB,
 //! resume p50 (request to the VM ready at its first instruction: checkpoint read and verified,
 //! memory forked and filled, vCPU restored), and durable checkpoints per second with 8
-//! sessions checkpointing at once. Baselines from the same run: writing and fdatasync'ing the
-//! same number of bytes to a file natively, and spawning `/usr/bin/python3.11 -c pass`.
+//! sessions checkpointing at once, each after a cell that wrote 1 MiB (checkpoints are
+//! incremental: each holds what was written since the one before). Baselines from the same
+//! run: writing and fdatasync'ing the same number of bytes to a file natively (one at a time,
+//! and from 8 threads at once), and spawning `/usr/bin/python3.11 -c pass`.
 
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -42,8 +44,16 @@ pub struct DirtyFigures {
 pub struct SessionReport {
     pub iterations: usize,
     pub sizes: Vec<DirtyFigures>,
-    /// Durable checkpoints per second of `CONCURRENCY` 1 MiB sessions at once.
+    /// Durable checkpoints per second of `CONCURRENCY` 1 MiB sessions at once: in rounds that
+    /// start together, and sustained (each session's own rate, 1 / its mean checkpoint time,
+    /// summed, while the others run their cells and checkpoints as they come).
     pub checkpoints_per_s: f64,
+    pub sustained_per_s: f64,
+    /// What those checkpoints held on average (pages written since the one before, with the
+    /// full ones among them), and the rate of as many native durable writes of that size from
+    /// `CONCURRENCY` threads.
+    pub concurrent_bytes: u64,
+    pub native_concurrent_per_s: f64,
     pub native_python: Latency,
 }
 
@@ -62,7 +72,8 @@ impl fmt::Display for SessionReport {
             writeln!(f, "    pause                  p50 {:.2} ms  p99 {:.2} ms", ms(s.pause.p50), ms(s.pause.p99))?;
             writeln!(f, "    resume (VM ready)      p50 {:.2} ms  p99 {:.2} ms", ms(s.resume.p50), ms(s.resume.p99))?;
         }
-        writeln!(f, "  durable 1 MiB checkpoints at concurrency {CONCURRENCY}: {:.0} per s", self.checkpoints_per_s)?;
+        writeln!(f, "  durable 1 MiB checkpoints at concurrency {CONCURRENCY}: {:.0} per s in rounds of {CONCURRENCY} at once, {:.0} per s sustained  ({:.2} MiB each on average; each after a cell)", self.checkpoints_per_s, self.sustained_per_s, self.concurrent_bytes as f64 / (1 << 20) as f64)?;
+        writeln!(f, "    native write+fdatasync of as many bytes, {CONCURRENCY} threads: {:.0} per s  (baseline)", self.native_concurrent_per_s)?;
         writeln!(f, "  native spawn of {PROGRAM} -c pass: p50 {:.2} ms (baseline for a resume)", ms(self.native_python.p50))
     }
 }
@@ -75,14 +86,15 @@ impl SessionReport {
             .iter()
             .map(|s| serde_json::json!({"written_mib": s.written_mib, "dirty_bytes": s.dirty_bytes, "checkpoint": lat(&s.checkpoint), "checkpoint_cpu": lat(&s.checkpoint_cpu), "native_write_fdatasync": lat(&s.native_write), "pause": lat(&s.pause), "resume": lat(&s.resume)}))
             .collect();
-        serde_json::json!({"iterations": self.iterations, "sizes": sizes, "checkpoints_per_s_c8": self.checkpoints_per_s, "native_python_p50_ms": ms(self.native_python.p50)}).to_string()
+        serde_json::json!({"iterations": self.iterations, "sizes": sizes, "checkpoints_per_s_c8": self.checkpoints_per_s, "sustained_per_s_c8": self.sustained_per_s, "checkpoint_bytes_c8": self.concurrent_bytes, "native_per_s_c8": self.native_concurrent_per_s, "native_python_p50_ms": ms(self.native_python.p50)}).to_string()
     }
 }
 
-/// The cell that (re)writes `mib` MiB of a buffer kept in the session, so every checkpoint of
-/// it holds that many dirty pages more than the interpreter's own.
+/// The cell that rewrites `mib` MiB of a buffer kept in the session, a new byte in every page
+/// each time (a page written with the bytes it held is left out of a checkpoint), so every
+/// checkpoint of it holds that many pages more than the interpreter's own.
 fn dirty_cell(mib: u64) -> String {
-    format!("try:\n    blob\nexcept NameError:\n    blob = bytearray({mib} << 20)\nblob[::4096] = bytes([len(blob) % 251 or 1]) * (len(blob) // 4096)\nNone")
+    format!("try:\n    blob\nexcept NameError:\n    blob, k = bytearray({mib} << 20), 0\nk = k % 250 + 1\nblob[::4096] = bytes([k]) * (len(blob) // 4096)\nNone")
 }
 
 fn limits() -> ExecutionLimits {
@@ -125,39 +137,90 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
             let native_write = latency(native_durable_writes(&sessions_dir, dirty_bytes as usize, iterations))?;
             sizes.push(DirtyFigures { written_mib: mib, dirty_bytes, checkpoint: latency::<String>(Ok(checkpoint))?, checkpoint_cpu: latency::<String>(Ok(checkpoint_cpu))?, native_write, pause: latency::<String>(Ok(pause))?, resume: latency::<String>(Ok(resume))? });
         }
-        let checkpoints_per_s = concurrent_checkpoints(&sessions, &template.name, iterations)?;
+        let (checkpoints_per_s, concurrent_bytes) = concurrent_checkpoints(&sessions, &template.name, iterations, true)?;
+        let (sustained_per_s, _) = concurrent_checkpoints(&sessions, &template.name, iterations, false)?;
+        let native_concurrent_per_s = native_concurrent_writes(&sessions_dir, concurrent_bytes as usize, iterations)?;
         let native_python = latency(measure_native(PROGRAM, &ARGS, 20))?;
-        Ok(SessionReport { iterations, sizes, checkpoints_per_s, native_python })
+        Ok(SessionReport { iterations, sizes, checkpoints_per_s, sustained_per_s, concurrent_bytes, native_concurrent_per_s, native_python })
     })();
     drop(sessions);
     let _ = std::fs::remove_dir_all(&sessions_dir);
     result
 }
 
-/// `CONCURRENCY` sessions with 1 MiB written each, each checkpointed `iterations` times by a
-/// thread of its own; checkpoints per second over the whole.
-fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, iterations: usize) -> Result<f64, String> {
+/// `CONCURRENCY` sessions, each on a thread of its own, `iterations` times a cell that writes
+/// 1 MiB and then a checkpoint. `together`: the checkpoints of a round start at once (the cells
+/// are outside the time measured), checkpoints per second over the rounds' checkpoint phases;
+/// otherwise each session goes on at its own pace, and the rate is the sum of each one's
+/// 1 / mean checkpoint time. Also the checkpoints' average size in bytes.
+fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, iterations: usize, together: bool) -> Result<(f64, u64), String> {
     let ids: Vec<String> = (0..CONCURRENCY).map(|i| format!("bench-c{i}")).collect();
     for id in &ids {
         sessions.create(id, template, None).map_err(|e| e.message)?;
         sessions.execute(id, dirty_cell(1), Vec::new(), limits()).map_err(|e| e.message)?;
+        sessions.checkpoint(id, false).map_err(|e| e.message)?;
     }
-    let started = Instant::now();
+    let barrier = Arc::new(Barrier::new(CONCURRENCY));
     let workers: Vec<_> = ids
         .iter()
         .map(|id| {
-            let (sessions, id) = (sessions.clone(), id.clone());
-            thread::spawn(move || (0..iterations).try_for_each(|_| sessions.checkpoint(&id, false).map(|_| ()).map_err(|e| e.message)))
+            let (sessions, id, barrier) = (sessions.clone(), id.clone(), barrier.clone());
+            thread::spawn(move || {
+                let (mut busy, mut bytes, mut failed) = (Duration::ZERO, 0, None);
+                for _ in 0..iterations {
+                    let cell = sessions.execute(&id, dirty_cell(1), Vec::new(), limits());
+                    if together {
+                        barrier.wait();
+                    }
+                    let started = Instant::now();
+                    // Every thread reaches both barriers even after a failure, so none waits forever.
+                    match cell.and_then(|_| sessions.checkpoint(&id, false)) {
+                        Ok(taken) => bytes += taken.info.dirty_bytes,
+                        Err(e) => failed = Some(e.message),
+                    }
+                    if together {
+                        barrier.wait();
+                    }
+                    busy += started.elapsed();
+                }
+                failed.map_or(Ok((busy, bytes)), Err)
+            })
         })
         .collect();
+    let (mut rounds, mut sustained, mut bytes) = (Duration::ZERO, 0.0, 0);
     for worker in workers {
-        worker.join().map_err(|_| "a checkpoint thread panicked".to_owned())??;
+        let (busy, written) = worker.join().map_err(|_| "a checkpoint thread panicked".to_owned())??;
+        // Together, every thread measured the same rounds (barrier to barrier): the slowest
+        // clock counts.
+        rounds = rounds.max(busy);
+        sustained += iterations as f64 / busy.as_secs_f64();
+        bytes += written;
     }
-    let rate = (CONCURRENCY * iterations) as f64 / started.elapsed().as_secs_f64();
+    let count = (CONCURRENCY * iterations) as u64;
     for id in &ids {
         sessions.delete(id).map_err(|e| e.message)?;
     }
-    Ok(rate)
+    let rate = if together { count as f64 / rounds.as_secs_f64() } else { sustained };
+    Ok((rate, bytes / count.max(1)))
+}
+
+/// The native baseline of `concurrent_checkpoints`: `CONCURRENCY` threads each writing
+/// `iterations` files of `bytes` durably; files per second.
+fn native_concurrent_writes(dir: &Path, bytes: usize, iterations: usize) -> Result<f64, String> {
+    let started = Instant::now();
+    let workers: Vec<_> = (0..CONCURRENCY)
+        .map(|i| {
+            let dir = dir.join(format!("native-{i}"));
+            thread::spawn(move || {
+                std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+                native_durable_writes(&dir, bytes, iterations).map(drop)
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().map_err(|_| "a native writer panicked".to_owned())??;
+    }
+    Ok((CONCURRENCY * iterations) as f64 / started.elapsed().as_secs_f64())
 }
 
 /// The native baseline of a durable checkpoint: `bytes` written to a new file, fdatasync'ed,

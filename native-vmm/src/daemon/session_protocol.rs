@@ -160,6 +160,7 @@ fn taken_json(session: &str, taken: &TakenCheckpoint, state: SessionState) -> Ma
     fields.insert("session".into(), session.into());
     fields.insert("state".into(), json!(state));
     fields.insert("dirty_bytes".into(), taken.info.dirty_bytes.into());
+    fields.insert("parent".into(), json!(taken.info.parent));
     fields.insert("timings".into(), json!({"capture_us": micros(taken.capture), "write_us": micros(taken.write)}));
     fields
 }

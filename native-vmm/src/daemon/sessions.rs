@@ -8,7 +8,11 @@
 //!   operation on a session holds the session's lock for its whole duration.
 //! - On disk, a session is a folder `<sessions dir>/<id>/`: `session.json` (its template, written
 //!   durably when the session is created) and its checkpoints `<n>.sfck`, numbered in the order
-//!   they were taken. A restarted daemon finds every session there: paused when it has a
+//!   they were taken. A checkpoint is incremental (the pages written since the VM's previous
+//!   checkpoint, which it names: `snapshot::checkpoint`) except the VM's first (a new session's,
+//!   a fork's), a pause's (a paused session is then one file to resume), and one that would make
+//!   its chain longer than `MAX_CHAIN_DEPTH` or its chain's pages more than
+//!   `MAX_CHAIN_FACTOR` times its full checkpoint's. A restarted daemon finds every session there: paused when it has a
 //!   checkpoint that verifies (the newest that does; a damaged newer one is reported and
 //!   skipped), ended otherwise (its VM died with the old daemon before any checkpoint).
 //!   Checkpoint files being written (`.writing-*`) at a start were never acknowledged and are
@@ -35,9 +39,9 @@ use crate::daemon::response::ErrorCode;
 use crate::daemon::templates::Template as DaemonTemplate;
 use crate::fs::WORK_DIR;
 use crate::image::sha256;
-use crate::memory::GuestMemory;
+use crate::memory::{GuestMemory, PageSet};
 use crate::process::Output;
-use crate::snapshot::checkpoint::{self, Checkpoint, CheckpointFile, OpenedCheckpoint, Written, TEMPORARY_PREFIX};
+use crate::snapshot::checkpoint::{self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent, Written, TEMPORARY_PREFIX};
 use crate::snapshot::{ForkMemory, Template, TemplateError};
 use crate::status::RunStatus;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
@@ -51,6 +55,12 @@ pub const MAX_SESSION_ID_BYTES: usize = 64;
 /// Largest file put into or read from a session's /work in one request (the frame is 16 MiB,
 /// and base64 grows it by a third).
 pub const MAX_SESSION_FILE_BYTES: usize = 8 << 20;
+/// An incremental checkpoint has at most this many parents: a restore reads that many files
+/// besides its own at most.
+const MAX_CHAIN_DEPTH: u64 = 16;
+/// A chain's files hold at most this many times the pages of the full checkpoint it starts
+/// from: what a restore after a restart reads (and hashes) at most, against one full file.
+const MAX_CHAIN_FACTOR: u64 = 4;
 
 /// Why a session operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,8 +99,11 @@ pub struct CheckpointInfo {
     /// when it was taken).
     pub sha256: String,
     pub file_bytes: u64,
-    /// Bytes of guest pages it holds (what the VM changed against its template).
+    /// Bytes of guest pages it holds (what the VM changed against its template, or since its
+    /// parent).
     pub dirty_bytes: u64,
+    /// The checkpoint it holds the changes since (None: a full one); reported when it is taken.
+    pub parent: Option<u64>,
 }
 
 /// A checkpoint just taken, with what it cost.
@@ -149,6 +162,77 @@ pub struct Vm<'m> {
     /// Pages copied on first write as counted after the last cell: the next cell's starting
     /// count, so that each cell scans the guest's page map once, not twice.
     pub copied_pages: Option<u64>,
+    /// The checkpoint the VM's memory equals except for the pages written since: the parent of
+    /// its next incremental checkpoint (None: the next one is full).
+    pub base: Option<Base>,
+    /// Written pages taken from the logs and in no checkpoint since `base` (a checkpoint whose
+    /// write failed leaves them here); None when writes are not tracked (every checkpoint full).
+    pub unsaved: Option<PageSet>,
+    /// What the checkpoints recorded of each page: written pages holding the same bytes again
+    /// are left out of the next one.
+    pub fingerprints: PageFingerprints,
+}
+
+/// A VM's latest checkpoint, as its next one builds on it.
+#[derive(Debug, Clone, Copy)]
+pub struct Base {
+    pub parent: Parent,
+    /// Page bytes in its chain's files, and in the full checkpoint the chain starts from.
+    pub chain_bytes: u64,
+    pub full_bytes: u64,
+}
+
+impl Vm<'_> {
+    /// Adds the pages written since the last call, by the guest and by the VMM, to `unsaved`.
+    /// A vCPU whose write log fails stops tracking: every checkpoint after is full.
+    fn take_written(&mut self) {
+        let Some(unsaved) = &mut self.unsaved else { return };
+        let guest = match self.guest.cpu.take_written_pages() {
+            Ok(guest) => guest,
+            Err(e) => {
+                super::log(format_args!("a session VM's write log failed ({e}); its checkpoints are full from now on"));
+                self.unsaved = None;
+                return;
+            }
+        };
+        for written in [guest, self.guest.mem.take_written()].into_iter().flatten() {
+            unsaved.union_with(&written);
+        }
+    }
+
+    /// Records the VM at a ready point as checkpoint `number` in `dir`, durably: incremental
+    /// on `base` where the module docs allow it, full otherwise (and for a pause).
+    fn checkpoint(&mut self, template: &Template, dir: &Path, number: u64, pause: bool) -> io::Result<(Written, u64, Option<u64>, Duration)> {
+        self.take_written();
+        let capturing = Instant::now();
+        let unsaved_bytes = self.unsaved.as_ref().map_or(0, |set| set.count_ones(..) as u64 * crate::layout::PAGE_SIZE);
+        let incremental = match (&self.base, &self.unsaved) {
+            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH && base.chain_bytes + unsaved_bytes <= MAX_CHAIN_FACTOR * base.full_bytes => Some((base.parent, self.fingerprints.changed(self.guest.mem, written)?)),
+            _ => None,
+        };
+        let pages = match &incremental {
+            Some((parent, (changed, _))) => Pages::Since { parent: *parent, written: changed },
+            None => Pages::Full,
+        };
+        let checkpoint = Checkpoint::capture(template, self.guest.mem, self.guest.cpu.as_mut(), &self.guest.process, self.guest.call, pages)?;
+        let fresh = match incremental {
+            Some((_, (_, fresh))) => fresh,
+            None => self.fingerprints.of_ranges(self.guest.mem, checkpoint.ranges())?,
+        };
+        let capture = capturing.elapsed();
+        let written = checkpoint.write_durably(dir, &checkpoint_name(number))?;
+        let (dirty, parent) = (checkpoint.dirty_bytes, checkpoint.parent);
+        self.fingerprints.record(parent.is_none(), fresh);
+        let (chain_bytes, full_bytes) = match (parent, self.base) {
+            (Some(_), Some(base)) => (base.chain_bytes + dirty, base.full_bytes),
+            _ => (dirty, dirty),
+        };
+        self.base = Some(Base { parent: Parent { number, hash: written.hash, depth: parent.map_or(0, |p| p.depth + 1) }, chain_bytes, full_bytes });
+        if let Some(unsaved) = &mut self.unsaved {
+            unsaved.clear();
+        }
+        Ok((written, dirty, parent.map(|p| p.number), capture))
+    }
 }
 
 type Job = Box<dyn for<'m> FnOnce(&mut Vm<'m>) + Send>;
@@ -156,11 +240,11 @@ type Job = Box<dyn for<'m> FnOnce(&mut Vm<'m>) + Send>;
 /// Where a new session VM comes from.
 enum Origin {
     Template,
-    /// A checkpoint file, open (`checkpoint::open_file`); `reseed` for a fork (its branches
-    /// must not share random state), not for a resume (the session goes on exactly as it was). `known_hash`: the
-    /// hash this daemon computed when it wrote the file (`Sessions::written`), else None and
-    /// the file is hashed to be verified.
-    Checkpoint { file: CheckpointFile, reseed: bool, known_hash: Option<[u8; 32]> },
+    /// Checkpoint `number`'s chain, open (`Sessions::open_chain`; files this daemon did not
+    /// write are hashed to be verified). A fork reseeds (its branches must not share random
+    /// state) and starts a chain of its own; a resume goes on exactly as it was, its next
+    /// checkpoint building on this one.
+    Checkpoint { chain: Chain, number: u64, fork: bool },
 }
 
 /// The handle of a live session VM's thread.
@@ -220,41 +304,50 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
         let _ = ready.send(Err(e));
     };
     // Declared first: the vCPU borrows it.
-    let mem: GuestMemory;
-    let (cpu, process, call, reseed) = match origin {
+    let mut mem: GuestMemory;
+    let (mut cpu, process, call, reseed, base) = match origin {
         Origin::Template => {
             mem = match template.new_memory(ForkMemory::CopyOnWrite) {
                 Ok(mem) => mem,
                 Err(e) => return failed(internal("creating the session's memory", e)),
             };
+            mem.track_writes();
             let cpu = match restore(&mem, template.cpu()) {
                 Ok(cpu) => cpu,
                 Err(e) => return failed(internal("restoring the session's vCPU", e)),
             };
             let guest = template.ready_guest(&mem, cpu, 0);
-            (guest.cpu, guest.process, guest.call, true)
+            (guest.cpu, guest.process, guest.call, true, None)
         }
-        Origin::Checkpoint { file, reseed, known_hash } => {
-            let does_not_verify = |e: TemplateError| match e {
-                TemplateError::Io(e) => internal("reading the checkpoint", e),
-                e => SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {e}") },
-            };
-            let opened = match OpenedCheckpoint::open(file, template, 0, known_hash.as_ref()) {
-                Ok(opened) => opened,
-                Err(e) => return failed(does_not_verify(e)),
-            };
-            mem = match opened.new_memory(template) {
+        Origin::Checkpoint { chain, number, fork } => {
+            mem = match chain.new_memory(template) {
                 Ok(mem) => mem,
                 Err(e) => return failed(does_not_verify(e)),
             };
-            let cpu = match restore(&mem, &opened.cpu) {
+            let newest = chain.newest();
+            let process = match newest.process(template, 0) {
+                Ok(process) => process,
+                Err(e) => return failed(does_not_verify(e)),
+            };
+            mem.track_writes();
+            let cpu = match restore(&mem, &newest.cpu) {
                 Ok(cpu) => cpu,
                 Err(e) => return failed(internal("restoring the session's vCPU", e)),
             };
-            (cpu, opened.process, opened.call, reseed)
+            let base = Base { parent: Parent { number, hash: newest.hash, depth: newest.depth }, chain_bytes: chain.page_bytes(), full_bytes: chain.base_page_bytes() };
+            (cpu, process, newest.call, fork, (!fork).then_some(base))
         }
     };
-    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false, copied_pages: None };
+    let unsaved = match cpu.track_writes() {
+        Ok(true) => Some(PageSet::with_capacity((mem.size() / crate::layout::PAGE_SIZE) as usize)),
+        Ok(false) => None,
+        Err(e) => return failed(internal("logging the session's writes", e)),
+    };
+    let fingerprints = match PageFingerprints::new() {
+        Ok(fingerprints) => fingerprints,
+        Err(e) => return failed(internal("seeding the page fingerprints", e)),
+    };
+    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false, copied_pages: None, base, unsaved, fingerprints };
     if let Err(e) = vm.guest.cpu.map_memory(&vm.guest.process.memory_handed_out()) {
         return failed(internal("mapping the session's memory", e));
     }
@@ -267,6 +360,17 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
             return;
         }
     }
+}
+
+/// A checkpoint that cannot be restored, said so (`not_found`: a session falls back to the one
+/// before); a failed read is an internal error.
+fn does_not_verify(e: TemplateError) -> SessionError {
+    let why = match e {
+        TemplateError::Io(e) => return internal("reading the checkpoint", e),
+        TemplateError::VersionMismatch { found, expected } => format!("checkpoint format {found}; this daemon reads format {expected} only (format 2 is from before incremental checkpoints)"),
+        e => e.to_string(),
+    };
+    SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {why}") }
 }
 
 /// Runs one cell on `vm`: the cell's outcome and result, the output taken out of the process.
@@ -495,8 +599,8 @@ impl Sessions {
         // acknowledged but tore) is logged and skipped.
         let numbers = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?;
         for &number in numbers.iter().rev() {
-            let (file, known_hash) = self.open_checkpoint(session, number)?;
-            match self.start_vm(&session.template, Origin::Checkpoint { file, reseed: false, known_hash }) {
+            let started_vm = self.open_chain(session, number).and_then(|chain| self.start_vm(&session.template, Origin::Checkpoint { chain, number, fork: false }));
+            match started_vm {
                 Ok(vm) => {
                     *slot = Slot::Live(vm);
                     return Ok(Some(started.elapsed()));
@@ -583,20 +687,17 @@ impl Sessions {
         // the VM only once its checkpoint is on disk.
         let (written, _, released) = self.on_live(&session, &mut slot, move |vm| {
             let cpu_before = thread_cpu_time();
-            let capturing = Instant::now();
-            let checkpoint = Checkpoint::capture(&template, vm.guest.mem, vm.guest.cpu.as_mut(), &vm.guest.process, vm.guest.call)?;
-            let capture = capturing.elapsed();
-            let writing = Instant::now();
-            let written = checkpoint.write_durably(&dir, &checkpoint_name(number))?;
+            let started = Instant::now();
+            let (written, dirty_bytes, parent, capture) = vm.checkpoint(&template, &dir, number, pause)?;
             vm.release = pause;
-            Ok::<_, io::Error>((written, checkpoint.dirty_bytes, capture, writing.elapsed(), thread_cpu_time().saturating_sub(cpu_before)))
+            Ok::<_, io::Error>((written, dirty_bytes, parent, capture, started.elapsed().saturating_sub(capture), thread_cpu_time().saturating_sub(cpu_before)))
         })?;
         if released {
             self.set_slot(&mut slot, Slot::Paused);
         }
-        let (Written { hash, file_bytes }, dirty_bytes, capture, write, cpu) = written.map_err(|e| internal("writing the checkpoint", e))?;
+        let (Written { hash, file_bytes }, dirty_bytes, parent, capture, write, cpu) = written.map_err(|e| internal("writing the checkpoint", e))?;
         self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(session.dir.join(checkpoint_name(number)), hash);
-        let info = CheckpointInfo { number, sha256: sha256::to_hex(&hash), file_bytes, dirty_bytes };
+        let info = CheckpointInfo { number, sha256: sha256::to_hex(&hash), file_bytes, dirty_bytes, parent };
         Ok(TakenCheckpoint { info, capture, write, cpu })
     }
 
@@ -611,25 +712,33 @@ impl Sessions {
     /// ended): a new VM with that state, its random generators reseeded.
     pub fn fork(&self, id: &str, from: &str, number: u64) -> Result<SessionInfo, SessionError> {
         let source = self.session(from)?;
-        let (file, known_hash) = {
-            let _slot = source.lock();
-            self.open_checkpoint(&source, number)?
+        let about = |e: SessionError| match e.code {
+            ErrorCode::NotFound => SessionError { code: e.code, message: format!("checkpoint {number} of session '{from}': {}", e.message) },
+            _ => e,
         };
-        self.register(id, &source.template, || {
-            self.start_vm(&source.template, Origin::Checkpoint { file, reseed: true, known_hash }).map_err(|e| match e.code {
-                ErrorCode::NotFound => SessionError { code: e.code, message: format!("checkpoint {number} of session '{from}': {}", e.message) },
-                _ => e,
-            })
-        })
+        let chain = {
+            let _slot = source.lock();
+            self.open_chain(&source, number).map_err(about)?
+        };
+        self.register(id, &source.template, || self.start_vm(&source.template, Origin::Checkpoint { chain, number, fork: true }).map_err(about))
     }
 
-    /// Opens checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.
-    fn open_checkpoint(&self, session: &Session, number: u64) -> Result<(CheckpointFile, Option<[u8; 32]>), SessionError> {
-        let path = session.dir.join(checkpoint_name(number));
-        let file = checkpoint::open_file(&path).map_err(|e| match e.kind() {
+    /// Opens checkpoint `number` of `session` and the parents it builds on (`Chain::open`):
+    /// `not_found` when it is missing or does not verify.
+    fn open_chain(&self, session: &Session, number: u64) -> Result<Chain, SessionError> {
+        let template = self.template(&session.template)?;
+        let (file, known) = self.open_checkpoint(session, number).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => SessionError { code: ErrorCode::NotFound, message: format!("session '{}' has no checkpoint {number}", session.id) },
             _ => internal("reading the checkpoint", e),
         })?;
+        let newest = OpenedCheckpoint::open(file, &template, known.as_ref()).map_err(does_not_verify)?;
+        Chain::open(newest, &template, |parent| self.open_checkpoint(session, parent)).map_err(does_not_verify)
+    }
+
+    /// Opens checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.
+    fn open_checkpoint(&self, session: &Session, number: u64) -> io::Result<(CheckpointFile, Option<[u8; 32]>)> {
+        let path = session.dir.join(checkpoint_name(number));
+        let file = checkpoint::open_file(&path)?;
         let known = self.written.lock().unwrap_or_else(|p| p.into_inner()).get(&path).copied();
         Ok((file, known))
     }
@@ -656,7 +765,7 @@ impl Sessions {
         let mut checkpoints = Vec::new();
         for number in checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))? {
             if let Ok((sha256, file_bytes)) = stored_hash(&session.dir.join(checkpoint_name(number))) {
-                checkpoints.push(CheckpointInfo { number, sha256, file_bytes, dirty_bytes: 0 });
+                checkpoints.push(CheckpointInfo { number, sha256, file_bytes, dirty_bytes: 0, parent: None });
             }
         }
         let memory_mib = self.template(&session.template).map_or(0, |t| t.identity().mem_bytes >> 20);

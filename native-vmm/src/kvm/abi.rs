@@ -40,6 +40,7 @@ pub const KVM_GET_SUPPORTED_CPUID: c_ulong = iowr::<KvmCpuid2<0>>(0x05);
 pub const KVM_CREATE_VCPU: c_ulong = io(0x41);
 pub const KVM_ENABLE_CAP: c_ulong = iow::<KvmEnableCap>(0xA3);
 pub const KVM_SET_USER_MEMORY_REGION: c_ulong = iow::<KvmUserspaceMemoryRegion>(0x46);
+pub const KVM_GET_DIRTY_LOG: c_ulong = iow::<KvmDirtyLog>(0x42);
 // vCPU ioctls.
 pub const KVM_RUN: c_ulong = io(0x80);
 pub const KVM_GET_REGS: c_ulong = ior::<KvmRegs>(0x81);
@@ -292,6 +293,18 @@ pub struct KvmUserspaceMemoryRegion {
     pub userspace_addr: u64,
 }
 
+/// `KvmUserspaceMemoryRegion::flags`: KVM records the pages the guest writes (KVM_GET_DIRTY_LOG).
+pub const KVM_MEM_LOG_DIRTY_PAGES: u32 = 1;
+
+/// struct kvm_dirty_log: a slot and where KVM puts its bitmap (a bit per page, in u64 words).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvmDirtyLog {
+    pub slot: u32,
+    pub padding: u32,
+    pub dirty_bitmap: u64,
+}
+
 /// The size of struct kvm_run's exit union.
 pub const EXIT_DATA_SIZE: usize = 256;
 
@@ -417,6 +430,7 @@ mod tests {
         assert_eq!(KVM_GET_SUPPORTED_CPUID, 0xC008_AE05);
         assert_eq!(KVM_CREATE_VCPU, 0xAE41);
         assert_eq!(KVM_SET_USER_MEMORY_REGION, 0x4020_AE46);
+        assert_eq!(KVM_GET_DIRTY_LOG, 0x4010_AE42);
         assert_eq!(KVM_RUN, 0xAE80);
         assert_eq!(KVM_GET_REGS, 0x8090_AE81);
         assert_eq!(KVM_SET_REGS, 0x4090_AE82);

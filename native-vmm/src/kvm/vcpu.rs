@@ -22,7 +22,8 @@ use crate::arch::descriptors::{Segment, GDT_LIMIT, IDT_LIMIT};
 use crate::arch::stubs::{ExceptionFrame, Reg, FRAME_RFLAGS, FRAME_RIP, FRAME_RSP};
 use crate::arch::{self, paging, EXCEPTION_PORT, GDT_ADDR, IDT_ADDR, SYSCALL_PORT};
 use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu, UserRegs, XSAVE_MIN_BYTES, XSAVE_XCOMP_BV, XSAVE_XSTATE_BV};
-use crate::memory::GuestMemory;
+use crate::layout::PAGE_SIZE;
+use crate::memory::{GuestMemory, PageSet};
 use crate::sys;
 use crate::status::GuestFault;
 
@@ -71,6 +72,9 @@ pub struct KvmCpu<'m> {
     user_state_in_regs: bool,
     /// The guest memory the VM's slot maps (snapshots read the stub's return frame in it).
     mem: &'m GuestMemory,
+    /// With `track_writes`: KVM logs the guest's writes in every slot (KVM_MEM_LOG_DIRTY_PAGES),
+    /// and this holds what the logs of slots deleted since `take_written_pages` said.
+    written: Option<PageSet>,
 }
 
 /// What the kernel holds for one VM, in drop order.
@@ -146,21 +150,41 @@ impl<'m> KvmCpu<'m> {
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
         let handles = Reaped::new(VmHandles { run_page, vcpu, vm });
         // No memory slot yet: `map_memory` creates them all at once (every run starts with it).
-        let cpu = KvmCpu { watchdog, handles, slots: Vec::new(), reachable: Vec::new(), slots_on_touch, inner_exits: 0, sync_regs: kvm.sync_regs, regs, in_syscall: false, user_state_in_regs: false, mem };
+        let cpu = KvmCpu { watchdog, handles, slots: Vec::new(), reachable: Vec::new(), slots_on_touch, inner_exits: 0, sync_regs: kvm.sync_regs, regs, in_syscall: false, user_state_in_regs: false, mem, written: None };
         cpu.put_regs(&regs)?;
         Ok(cpu)
     }
 
-    /// Creates (a range) or deletes (None) memory slot `slot`.
+    /// Creates (a range) or deletes (None) memory slot `slot`. A slot's write log is taken
+    /// before it is deleted (it goes with the slot).
     fn set_slot(&mut self, slot: usize, range: Option<(u64, u64)>) -> io::Result<()> {
+        if range.is_none() {
+            self.take_slot_log(slot)?;
+        }
         let (start, end) = range.unwrap_or((0, 0));
         let userspace_addr = if range.is_some() { self.mem.host_base() + start } else { 0 };
-        let region = KvmUserspaceMemoryRegion { slot: slot as u32, flags: 0, guest_phys_addr: start, memory_size: end - start, userspace_addr };
+        let flags = if self.written.is_some() { KVM_MEM_LOG_DIRTY_PAGES } else { 0 };
+        let region = KvmUserspaceMemoryRegion { slot: slot as u32, flags, guest_phys_addr: start, memory_size: end - start, userspace_addr };
         sys::ioctl_ref(self.handles.vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
         if self.slots.len() <= slot {
             self.slots.resize(slot + 1, None);
         }
         self.slots[slot] = range;
+        Ok(())
+    }
+
+    /// Adds the pages the guest wrote in slot `slot` since its log was last taken to `written`
+    /// (KVM_GET_DIRTY_LOG, which also clears the log); nothing when writes are not tracked.
+    fn take_slot_log(&mut self, slot: usize) -> io::Result<()> {
+        let (Some(written), Some(Some((start, end)))) = (&mut self.written, self.slots.get(slot)) else { return Ok(()) };
+        let pages = ((end - start) / PAGE_SIZE) as usize;
+        let mut bitmap = vec![0u64; pages.div_ceil(64)];
+        let log = KvmDirtyLog { slot: slot as u32, padding: 0, dirty_bitmap: bitmap.as_mut_ptr() as u64 };
+        sys::ioctl_ref(self.handles.vm.as_raw_fd(), KVM_GET_DIRTY_LOG, &log).map_err(context("KVM_GET_DIRTY_LOG"))?;
+        let first = (start / PAGE_SIZE) as usize;
+        for (i, &word) in bitmap.iter().enumerate().filter(|(_, &word)| word != 0) {
+            (0..64).filter(|bit| word >> bit & 1 != 0).for_each(|bit| written.insert(first + i * 64 + bit));
+        }
         Ok(())
     }
 
@@ -474,6 +498,30 @@ impl GuestCpu for KvmCpu<'_> {
             self.fill_all_slots()?;
         }
         Ok(())
+    }
+
+    /// Slots get KVM_MEM_LOG_DIRTY_PAGES (those there already are registered again with it).
+    fn track_writes(&mut self) -> io::Result<bool> {
+        if self.written.is_none() {
+            self.written = Some(PageSet::with_capacity((self.mem.size() / PAGE_SIZE) as usize));
+            for slot in 0..self.slots.len() {
+                if let Some(range) = self.slots[slot] {
+                    self.set_slot(slot, Some(range))?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn take_written_pages(&mut self) -> io::Result<Option<PageSet>> {
+        if self.written.is_none() {
+            return Ok(None);
+        }
+        for slot in 0..self.slots.len() {
+            self.take_slot_log(slot)?;
+        }
+        let pages = (self.mem.size() / PAGE_SIZE) as usize;
+        Ok(self.written.replace(PageSet::with_capacity(pages)))
     }
 
     fn set_fs_base(&mut self, base: u64) -> io::Result<()> {

@@ -8,13 +8,25 @@
 //! stopped in. Restoring one is a fork of the template (copy-on-write, nothing copied) with
 //! the recorded pages written over it.
 //!
+//! A checkpoint is full (every page the VM holds a copy of) or incremental: only the pages
+//! written since its parent, an earlier checkpoint of the same VM that it names by number and
+//! content hash (the guest's writes as the vCPU logged them, `GuestCpu::take_written_pages`,
+//! and the VMM's, `GuestMemory::take_written`). Restoring an incremental one reads its chain
+//! back to the full one it starts from (`Chain`): each page from the newest checkpoint that
+//! holds it, every parent checked to be the one its child names, and every file whose hash this
+//! process did not compute itself hashed whole. A written page that holds the same bytes as when
+//! a checkpoint last recorded it (CPython's reference counts go up and down again on every
+//! object a cell touches: ~60% of its written pages) is left out (`PageFingerprints`). `depth` counts the parents (0: full); the
+//! writer bounds it (`daemon::sessions`).
+//!
 //! ```text
 //! 24 bytes    header: magic "SFCHKPT\0", format version (u32 LE), zero, body length (file.rs)
 //! body        the head's length H: header, this, up to the first page (u64, a multiple of 4 KiB)
 //!             template identity (name, image hash, agent hash, memory size)
+//!             parent: 0, or 1 then its number (u64), its content hash (32 bytes); depth (u64)
 //!             the AWAIT_REQUEST call's six arguments
 //!             CPU state (file::encode_cpu), process state (length-prefixed)
-//!             page runs: count, then per run its guest address and its length
+//!             page runs stored here: count, then per run its guest address and its length
 //!             zeros up to H
 //!             the runs' pages, back to back from H (every run at a 4 KiB file offset)
 //!             4064 zeros
@@ -34,9 +46,13 @@
 //! the checkpoint is reported written. A crash at any instant leaves either no file under the
 //! final name (the temporary is removed at the next start) or the whole, synced file. A file
 //! that does not verify (a torn or damaged write the disk acknowledged) is refused with why, by
-//! `OpenedCheckpoint::open` (header, lengths) or `new_memory` (content hash), and the session
-//! falls back to its previous checkpoint (`daemon::sessions`).
+//! `OpenedCheckpoint::open` (header, lengths) or `Chain::new_memory` (content hash, its own or a
+//! parent's), and the session falls back to its previous checkpoint (`daemon::sessions`).
+//!
+//! Format 2 (before incremental checkpoints) is not read: `open` refuses it as a version
+//! mismatch, which a session reports as a checkpoint that does not verify.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Write};
 use std::os::fd::AsRawFd;
@@ -49,11 +65,14 @@ use super::codec::{Decoder, Encoder};
 use super::{file, Template, TemplateError};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::image::sha256::Sha256;
-use crate::memory::GuestMemory;
+use crate::layout::PAGE_SIZE;
+use crate::memory::{page_ranges, GuestMemory, PageSet};
 use crate::process::GuestProcess;
 
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
+/// Longest chain a restore follows (parents of one checkpoint); the writer keeps well below.
+pub const MAX_DEPTH: u64 = 64;
 const BLOCK: usize = crate::layout::PAGE_SIZE as usize;
 
 /// A block of the file that is not guest memory (head, tail), aligned for O_DIRECT.
@@ -63,6 +82,75 @@ struct Block([u8; BLOCK]);
 
 const ZERO_BLOCK: Block = Block([0; BLOCK]);
 
+/// The checkpoint an incremental one holds the changes since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent {
+    pub number: u64,
+    /// Its content hash (`Written::hash`).
+    pub hash: [u8; 32],
+    /// Its own depth (0: a full checkpoint).
+    pub depth: u64,
+}
+
+/// What a checkpoint holds of the VM's pages.
+pub enum Pages<'a> {
+    /// Every page the VM holds a copy of.
+    Full,
+    /// The pages written since `parent` (given as a set).
+    Since { parent: Parent, written: &'a PageSet },
+}
+
+/// What each page of a VM held when a checkpoint last recorded it, as a 128-bit xxh3 keyed with
+/// a random seed of this VM's: which written pages hold new bytes (`changed`). xxh3 rather than
+/// SHA-256 because it runs at memory speed (SHA-256 at ~1.5 GB/s would cost more than the
+/// pages it saves writing); the file's SHA-256 still covers every page it stores. Pages it has
+/// no fingerprint of (after a restore) count as changed.
+pub struct PageFingerprints {
+    seed: u64,
+    by_page: HashMap<u64, u128>,
+}
+
+impl PageFingerprints {
+    pub fn new() -> io::Result<PageFingerprints> {
+        let mut seed = [0u8; 8];
+        crate::sys::fill_random(&mut seed)?;
+        Ok(PageFingerprints { seed: u64::from_le_bytes(seed), by_page: HashMap::new() })
+    }
+
+    fn of(&self, mem: &GuestMemory, page: u64) -> io::Result<u128> {
+        let bytes = mem.range_bytes(page * PAGE_SIZE, PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Ok(xxhash_rust::xxh3::xxh3_128_with_seed(bytes, self.seed))
+    }
+
+    /// Of the pages `written`, those whose bytes differ from what was recorded, and the
+    /// fingerprints to `record` once a checkpoint holding them is durable.
+    pub fn changed(&self, mem: &GuestMemory, written: &PageSet) -> io::Result<(PageSet, Vec<(u64, u128)>)> {
+        let mut changed = PageSet::with_capacity(written.len());
+        let mut fresh = Vec::new();
+        for page in written.ones() {
+            let fingerprint = self.of(mem, page as u64)?;
+            if self.by_page.get(&(page as u64)) != Some(&fingerprint) {
+                changed.insert(page);
+                fresh.push((page as u64, fingerprint));
+            }
+        }
+        Ok((changed, fresh))
+    }
+
+    /// The fingerprints of every page in `ranges` (what a full checkpoint stores).
+    pub fn of_ranges(&self, mem: &GuestMemory, ranges: &[(u64, u64)]) -> io::Result<Vec<(u64, u128)>> {
+        ranges.iter().flat_map(|&(start, end)| (start / PAGE_SIZE..end / PAGE_SIZE).map(|page| self.of(mem, page).map(|f| (page, f)))).collect()
+    }
+
+    /// Takes `fresh` as what a durable checkpoint recorded (after a full one: all there is).
+    pub fn record(&mut self, full: bool, fresh: Vec<(u64, u128)>) {
+        if full {
+            self.by_page.clear();
+        }
+        self.by_page.extend(fresh);
+    }
+}
+
 /// A session VM's state, recorded: its small parts encoded, its pages still in guest memory,
 /// from where `write_durably` writes and hashes them without a copy.
 pub struct Checkpoint<'m> {
@@ -70,8 +158,10 @@ pub struct Checkpoint<'m> {
     meta: Vec<u8>,
     ranges: Vec<(u64, u64)>,
     mem: &'m GuestMemory,
-    /// Bytes of guest pages recorded (what the VM changed against its template).
+    /// Bytes of guest pages recorded (what the VM changed against its template, or since
+    /// `parent`).
     pub dirty_bytes: u64,
+    pub parent: Option<Parent>,
 }
 
 /// A checkpoint on disk.
@@ -85,15 +175,27 @@ pub struct Written {
 
 impl<'m> Checkpoint<'m> {
     /// Records a VM of `template` stopped at a ready point in `call`: its copy-on-write memory
-    /// `mem`, its vCPU and its process (which must have no output or pending request). The
-    /// VM must stay stopped until the checkpoint is written.
-    pub fn capture(template: &Template, mem: &'m GuestMemory, cpu: &mut dyn GuestCpu, process: &GuestProcess, call: [u64; 6]) -> io::Result<Checkpoint<'m>> {
-        let ranges = mem.copied_ranges()?.ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are checkpointed"))?;
+    /// `mem` (`pages` of it), its vCPU and its process (which must have no output or pending
+    /// request). The VM must stay stopped until the checkpoint is written.
+    pub fn capture(template: &Template, mem: &'m GuestMemory, cpu: &mut dyn GuestCpu, process: &GuestProcess, call: [u64; 6], pages: Pages<'_>) -> io::Result<Checkpoint<'m>> {
+        let (ranges, parent) = match pages {
+            Pages::Full => (mem.copied_ranges()?.ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are checkpointed"))?, None),
+            Pages::Since { parent, written } => (page_ranges(written), Some(parent)),
+        };
         let cpu_state = cpu.snapshot()?;
         let mut e = Encoder::new();
         // The head's length, once the rest is known.
         e.u64(0);
         file::encode_identity(template.identity(), &mut e);
+        match parent {
+            None => e.u8(0),
+            Some(parent) => {
+                e.u8(1);
+                e.u64(parent.number);
+                e.raw(&parent.hash);
+            }
+        }
+        e.u64(parent.map_or(0, |p| p.depth + 1));
         for v in call {
             e.u64(v);
         }
@@ -110,7 +212,7 @@ impl<'m> Checkpoint<'m> {
         let mut meta = e.into_bytes();
         let head_len = crate::layout::page_align_up((file::HEADER_LEN + meta.len()) as u64);
         meta[..8].copy_from_slice(&head_len.to_le_bytes());
-        Ok(Checkpoint { meta, ranges, mem, dirty_bytes })
+        Ok(Checkpoint { meta, ranges, mem, dirty_bytes, parent })
     }
 
     /// Writes the file as `dir/name` durably (module docs): temporary name, fdatasync, rename,
@@ -146,6 +248,11 @@ impl<'m> Checkpoint<'m> {
             let _ = fs::remove_file(&temporary);
         }
         written
+    }
+
+    /// The guest ranges `[start, end)` of the pages it holds.
+    pub fn ranges(&self) -> &[(u64, u64)] {
+        &self.ranges
     }
 
     /// The file's first blocks: header and `meta`, zero-padded to a whole block.
@@ -209,9 +316,14 @@ pub const TEMPORARY_PREFIX: &str = ".writing-";
 /// A checkpoint file, its head read, checked and decoded, before its pages are read anywhere.
 pub struct OpenedCheckpoint {
     pub hash: [u8; 32],
+    /// The checkpoint this one holds the changes since (number and content hash), if any.
+    pub parent: Option<(u64, [u8; 32])>,
+    /// Parents back to a full checkpoint (0: this one is full).
+    pub depth: u64,
     pub call: [u64; 6],
     pub cpu: CpuSnapshot,
-    pub process: GuestProcess,
+    /// The encoded process state (`process` decodes it: only the newest of a chain needs it).
+    process_state: Vec<u8>,
     file: CheckpointFile,
     head: Vec<Block>,
     /// The page runs `(guest address, length)`, back to back in the file from `head`'s end.
@@ -224,9 +336,9 @@ impl OpenedCheckpoint {
     /// Reads and checks the head and tail of `file` (`open_file`): magic, version, lengths,
     /// that it was taken on a VM of `template`, and, where `known_hash` is given (the content
     /// hash this process computed while writing it: a file is never changed in place), that the
-    /// stored hash is that one. The content hash itself is checked by `new_memory`, which reads
-    /// the pages. The process's output is capped at `output_cap`.
-    pub fn open(opened: CheckpointFile, template: &Template, output_cap: u64, known_hash: Option<&[u8; 32]>) -> Result<OpenedCheckpoint, TemplateError> {
+    /// stored hash is that one. The content hash itself is checked by `Chain::new_memory`,
+    /// which reads the pages.
+    pub fn open(opened: CheckpointFile, template: &Template, known_hash: Option<&[u8; 32]>) -> Result<OpenedCheckpoint, TemplateError> {
         let file = &opened.file;
         let len = file.metadata()?.len();
         let mut first = ZERO_BLOCK;
@@ -266,20 +378,27 @@ impl OpenedCheckpoint {
         if identity != *template.identity() {
             return Err(TemplateError::Corrupted(format!("the checkpoint was taken on a VM of another template build ('{}')", identity.name)));
         }
+        let parent = match d.u8("parent")? {
+            0 => None,
+            1 => Some((d.u64("parent number")?, d.hash("parent hash")?)),
+            other => return Err(TemplateError::Corrupted(format!("parent marker {other}"))),
+        };
+        let depth = d.u64("depth")?;
+        if (depth == 0) != parent.is_none() || depth > MAX_DEPTH {
+            return Err(TemplateError::Corrupted(format!("a depth of {depth} (at most {MAX_DEPTH}) {} a parent", if parent.is_some() { "with" } else { "without" })));
+        }
         let mut call = [0u64; 6];
         for v in call.iter_mut() {
             *v = d.u64("AWAIT_REQUEST arguments")?;
         }
         let cpu = file::decode_cpu(&mut d)?;
-        let mut pd = Decoder::new(d.bytes("process state")?);
-        let process = GuestProcess::decode_state(&mut pd, template.process.config.vfs.image().clone(), output_cap)?;
-        pd.finish("the process state")?;
+        let process_state = d.bytes("process state")?.to_vec();
         let n = d.count(16, "page run count")?;
         let (mut runs, mut pages) = (Vec::with_capacity(n), 0u64);
         for _ in 0..n {
             let start = d.u64("page run address")?;
             let len = d.u64("page run length")?;
-            let whole_pages = start.is_multiple_of(crate::layout::PAGE_SIZE) && len.is_multiple_of(crate::layout::PAGE_SIZE);
+            let whole_pages = start.is_multiple_of(PAGE_SIZE) && len.is_multiple_of(PAGE_SIZE);
             if !whole_pages || start.checked_add(len).is_none_or(|end| end > identity.mem_bytes) {
                 return Err(TemplateError::Corrupted(format!("page run at {start:#x} of {len} bytes is not whole pages inside memory")));
             }
@@ -292,33 +411,138 @@ impl OpenedCheckpoint {
         if head_len.saturating_add(pages).saturating_add(BLOCK as u64) != len {
             return Err(TemplateError::Corrupted(format!("page runs of {pages} bytes in a file of {len} with a head of {head_len}")));
         }
-        Ok(OpenedCheckpoint { hash, call, cpu, process, file: opened, head, runs, known_hash: known_hash.copied() })
+        Ok(OpenedCheckpoint { hash, parent, depth, call, cpu, process_state, file: opened, head, runs, known_hash: known_hash.copied() })
     }
 
-    /// A new copy-on-write fork of `template` holding this checkpoint's pages, read from the
-    /// file straight into it, then, unless its hash was known, the whole file's content hash
-    /// checked. An O_DIRECT read makes the pages present itself, in one pass as it pins them;
-    /// through the page cache they are made present in one call per run first (the copy would
-    /// fault each in).
+    /// The VMM-side process state it recorded, its output capped at `output_cap`.
+    pub fn process(&self, template: &Template, output_cap: u64) -> Result<GuestProcess, TemplateError> {
+        let mut d = Decoder::new(&self.process_state);
+        let process = GuestProcess::decode_state(&mut d, template.process.config.vfs.image().clone(), output_cap)?;
+        d.finish("the process state")?;
+        Ok(process)
+    }
+
+    /// Bytes of guest pages the file holds.
+    pub fn page_bytes(&self) -> u64 {
+        self.runs.iter().map(|(_, len)| len).sum()
+    }
+}
+
+/// A checkpoint and the parents it builds on, newest first, back to a full one: each parent
+/// the one its child names (number and content hash) and one level less deep.
+pub struct Chain(Vec<OpenedCheckpoint>);
+
+impl Chain {
+    /// Follows `newest`'s parents, opening each with `open_parent` (by number: its file and the
+    /// hash this process wrote it with, if it did).
+    pub fn open(newest: OpenedCheckpoint, template: &Template, mut open_parent: impl FnMut(u64) -> io::Result<(CheckpointFile, Option<[u8; 32]>)>) -> Result<Chain, TemplateError> {
+        let mut chain = vec![newest];
+        while let Some(&OpenedCheckpoint { parent: Some((number, hash)), depth, .. }) = chain.last() {
+            let (file, known) = open_parent(number).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => TemplateError::Corrupted(format!("its parent, checkpoint {number}, is missing")),
+                _ => TemplateError::Io(e),
+            })?;
+            let parent = OpenedCheckpoint::open(file, template, known.as_ref()).map_err(|e| match e {
+                TemplateError::Io(e) => TemplateError::Io(e),
+                e => TemplateError::Corrupted(format!("its parent, checkpoint {number}: {e}")),
+            })?;
+            if parent.hash != hash || parent.depth + 1 != depth {
+                return Err(TemplateError::Corrupted(format!("checkpoint {number} is not the parent it names (another content hash or depth)")));
+            }
+            chain.push(parent);
+        }
+        Ok(Chain(chain))
+    }
+
+    pub fn newest(&self) -> &OpenedCheckpoint {
+        &self.0[0]
+    }
+
+    /// Bytes of guest pages in all its files.
+    pub fn page_bytes(&self) -> u64 {
+        self.0.iter().map(OpenedCheckpoint::page_bytes).sum()
+    }
+
+    /// Bytes of guest pages in the full checkpoint it starts from.
+    pub fn base_page_bytes(&self) -> u64 {
+        self.0.last().map_or(0, OpenedCheckpoint::page_bytes)
+    }
+
+    /// A new copy-on-write fork of `template` holding the chain's pages, read from the files
+    /// straight into it, oldest first, each page from the newest checkpoint that holds it; a
+    /// file whose hash was not known is read whole and its content hash checked before a newer
+    /// one's pages go over it. An O_DIRECT read makes the pages present itself, in one pass as
+    /// it pins them; through the page cache they are made present in one call per run first
+    /// (the copy would fault each in).
     pub fn new_memory(&self, template: &Template) -> Result<GuestMemory, TemplateError> {
         let mem = template.new_memory(super::ForkMemory::CopyOnWrite)?;
-        if !self.file.direct {
-            for &(start, len) in &self.runs {
-                mem.populate_for_write(start, len)?;
+        let mut newer = PageSet::with_capacity((mem.size() / PAGE_SIZE) as usize);
+        let mut plans = Vec::with_capacity(self.0.len());
+        for checkpoint in &self.0 {
+            let mut plan = Vec::new();
+            let mut at = (checkpoint.head.len() * BLOCK) as u64;
+            for &(start, len) in &checkpoint.runs {
+                let (first, last) = ((start / PAGE_SIZE) as usize, ((start + len) / PAGE_SIZE) as usize);
+                if checkpoint.known_hash.is_none() {
+                    plan.push((start, len, at));
+                } else {
+                    for page in (first..last).filter(|&page| !newer.contains(page)) {
+                        let addr = page as u64 * PAGE_SIZE;
+                        match plan.last_mut() {
+                            Some((s, l, _)) if *s + *l == addr => *l += PAGE_SIZE,
+                            _ => plan.push((addr, PAGE_SIZE, at + (addr - start))),
+                        }
+                    }
+                }
+                newer.insert_range(first..last);
+                at += len;
             }
+            plans.push(plan);
         }
-        mem.read_runs_from(&self.file.file, (self.head.len() * BLOCK) as u64, &self.runs)?;
-        if self.known_hash.is_none() {
-            let mut hasher = Sha256::new();
-            self.head.iter().for_each(|block| hasher.update(block.0));
-            for &(start, len) in &self.runs {
-                hasher.update(mem.range_bytes(start, len).map_err(|e| TemplateError::Corrupted(e.to_string()))?);
+        for (checkpoint, plan) in self.0.iter().zip(plans).rev() {
+            if !checkpoint.file.direct {
+                for &(start, len, _) in &plan {
+                    mem.populate_for_write(start, len)?;
+                }
             }
-            hasher.update([0u8; BLOCK - file::HASH_LEN]);
-            if <[u8; 32]>::from(hasher.finalize()) != self.hash {
-                return Err(TemplateError::Corrupted("the content hash does not match the contents".into()));
+            mem.read_runs_from(&checkpoint.file.file, &plan)?;
+            if checkpoint.known_hash.is_none() {
+                let mut hasher = Sha256::new();
+                checkpoint.head.iter().for_each(|block| hasher.update(block.0));
+                for &(start, len) in &checkpoint.runs {
+                    hasher.update(mem.range_bytes(start, len).map_err(|e| TemplateError::Corrupted(e.to_string()))?);
+                }
+                hasher.update([0u8; BLOCK - file::HASH_LEN]);
+                if <[u8; 32]>::from(hasher.finalize()) != checkpoint.hash {
+                    let which = if checkpoint.depth == self.newest().depth { String::new() } else { format!(" of its parent at depth {}", checkpoint.depth) };
+                    return Err(TemplateError::Corrupted(format!("the content hash{which} does not match the contents")));
+                }
             }
         }
         Ok(mem)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pages_holding_new_bytes_count_as_changed() {
+        let mem = GuestMemory::new(64 * 1024).unwrap();
+        let mut fingerprints = PageFingerprints::new().unwrap();
+        let mut written = PageSet::with_capacity(16);
+        written.insert_range(1..4);
+        let (changed, fresh) = fingerprints.changed(&mem, &written).unwrap();
+        assert_eq!(changed.ones().collect::<Vec<_>>(), vec![1, 2, 3], "nothing recorded yet");
+        fingerprints.record(true, fresh);
+        mem.write_u64(0x2000, 7).unwrap();
+        mem.write_u64(0x3000, 0).unwrap();
+        let (changed, fresh) = fingerprints.changed(&mem, &written).unwrap();
+        assert_eq!((changed.ones().collect::<Vec<_>>(), fresh.len()), (vec![2], 1), "page 3 holds its bytes again, page 1 was not touched");
+        fingerprints.record(false, fresh);
+        mem.write_u64(0x2000, 0).unwrap();
+        assert_eq!(fingerprints.changed(&mem, &written).unwrap().0.ones().collect::<Vec<_>>(), vec![2], "back to what an older checkpoint held is still a change");
+        assert_eq!(fingerprints.of_ranges(&mem, &[(0x1000, 0x3000)]).unwrap().len(), 2);
     }
 }

@@ -24,9 +24,11 @@ pub mod image;
 pub mod process;
 pub mod syscalls;
 
-// Loading a program: the ELF reader, the loader (segments, initial stack) and the run loop.
+// Loading a program: the ELF reader, the loader (segments, initial stack, the vDSO it names)
+// and the run loop.
 pub mod elf;
 pub mod loader;
+pub mod vdso;
 pub mod sched;
 pub mod vm;
 // The in-VM agent's request and its hand-off at the template's ready point.

@@ -1,5 +1,6 @@
 //! Loading a program into guest memory the way Linux's `execve` would: PT_LOAD segments, the
-//! dynamic loader (PT_INTERP), and the SysV x86-64 initial stack (argc, argv, envp, auxv).
+//! dynamic loader (PT_INTERP), the vDSO (`vdso`, below user memory), and the SysV x86-64
+//! initial stack (argc, argv, envp, auxv with AT_SYSINFO_EHDR).
 //!
 //! User memory after loading (guest-virtual == guest-physical):
 //!
@@ -24,7 +25,7 @@ use std::io;
 
 use crate::elf::{Elf, ElfError, ElfKind, PHDR_SIZE};
 use crate::fs::Image;
-use crate::layout::{page_align_down, PAGE_SIZE, USER_BASE};
+use crate::layout::{page_align_down, PAGE_SIZE, USER_BASE, VDSO_ADDR};
 use crate::memory::{GuestMemory, OutOfBounds};
 use crate::process::AddressSpace;
 use crate::sys;
@@ -56,6 +57,7 @@ const AT_CLKTCK: u64 = 17;
 const AT_SECURE: u64 = 23;
 const AT_RANDOM: u64 = 25;
 const AT_EXECFN: u64 = 31;
+const AT_SYSINFO_EHDR: u64 = 33;
 
 /// Where the program starts and where its heap and mappings may go.
 #[derive(Debug, Clone, Copy)]
@@ -186,6 +188,7 @@ pub fn load_elf<'a>(
     if let Some(i) = &interp {
         load_segments(mem, &i.elf, i.base)?;
     }
+    crate::vdso::install(mem)?;
 
     let facts = StackFacts {
         phdr: program_base + phdr,
@@ -334,7 +337,8 @@ fn build_stack(mem: &GuestMemory, stack_bottom: u64, argv: &[String], envp: &[St
     area.cursor &= !15;
     let random_addr = area.push(&random, false)?;
 
-    let auxv: [(u64, u64); 18] = [
+    let auxv: [(u64, u64); 19] = [
+        (AT_SYSINFO_EHDR, VDSO_ADDR),
         (AT_PHDR, facts.phdr),
         (AT_PHENT, PHDR_SIZE as u64),
         (AT_PHNUM, facts.phnum),
@@ -502,7 +506,8 @@ pub(crate) mod tests {
         assert_eq!(mem.read_cstr(aux(&auxv, AT_EXECFN), 64).unwrap(), b"/usr/bin/prog");
         let random = aux(&auxv, AT_RANDOM);
         assert!(random > loaded.stack_pointer && random + 16 <= 32 * MIB);
-        assert!(!auxv.iter().any(|(t, _)| *t == 33), "no AT_SYSINFO_EHDR: there is no vDSO");
+        assert_eq!(aux(&auxv, AT_SYSINFO_EHDR), VDSO_ADDR);
+        assert_eq!(mem.read_vec(VDSO_ADDR, crate::vdso::IMAGE.len() as u64).unwrap(), crate::vdso::IMAGE, "the vDSO is in place");
         assert_eq!(auxv.last(), Some(&(AT_NULL, 0)));
     }
 

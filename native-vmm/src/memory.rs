@@ -460,6 +460,68 @@ fn read_all_at(file: &std::fs::File, slices: &mut Vec<io::IoSliceMut<'_>>, mut a
     Ok(())
 }
 
+impl GuestMemory {
+    /// Shows `page` at guest address `addr` in place of the memory there (the vDSO's data page,
+    /// shared by every VM of this process): mapped read-only over this memory's own mapping, so
+    /// KVM maps it read-only into the guest and a fork's memory accounting (`copied_ranges`)
+    /// sees a file page, not a copy. Nothing in the VMM writes guest memory there (it is not
+    /// user memory, and the tables `arch::install` writes are elsewhere).
+    pub fn show_shared_page(&self, addr: u64, page: &SharedPage) -> io::Result<()> {
+        let off = self.check(addr, crate::layout::PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        if !addr.is_multiple_of(crate::layout::PAGE_SIZE) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("a shared page at {addr:#x} is not page-aligned")));
+        }
+        // SAFETY: replaces one page inside this value's own mapping (bounds-checked above); the
+        // whole mapping, this page included, is unmapped in Drop.
+        let at = unsafe {
+            libc::mmap(self.host.add(off) as *mut c_void, crate::layout::PAGE_SIZE as usize, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_FIXED, page.fd.as_raw_fd(), 0)
+        };
+        if at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// One page the VMM writes and every VM of this process reads (`GuestMemory::show_shared_page`):
+/// a memfd, mapped read-write here once. Its contents are 64-bit words accessed atomically.
+pub struct SharedPage {
+    fd: OwnedFd,
+    host: *mut u8,
+}
+
+// SAFETY: the mapping lives as long as the value and is only reached through atomics.
+unsafe impl Send for SharedPage {}
+unsafe impl Sync for SharedPage {}
+
+impl SharedPage {
+    pub fn new(name: &str) -> io::Result<SharedPage> {
+        let fd = sys::memfd(name, crate::layout::PAGE_SIZE)?;
+        // SAFETY: mapping a fresh memfd of exactly one page at a kernel-chosen address.
+        let host = unsafe {
+            libc::mmap(std::ptr::null_mut(), crate::layout::PAGE_SIZE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+        };
+        if host == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedPage { fd, host: host as *mut u8 })
+    }
+
+    /// The page as 512 atomic words.
+    pub fn words(&self) -> &[std::sync::atomic::AtomicU64; 512] {
+        // SAFETY: the mapping is page-aligned, 4096 bytes long and lives as long as `self`;
+        // every access to it (here and in the guests) is a whole aligned word.
+        unsafe { &*(self.host as *const [std::sync::atomic::AtomicU64; 512]) }
+    }
+}
+
+impl Drop for SharedPage {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the page mapped in `new`; no reference from `words` outlives self.
+        unsafe { libc::munmap(self.host as *mut c_void, crate::layout::PAGE_SIZE as usize) };
+    }
+}
+
 impl Drop for GuestMemory {
     fn drop(&mut self) {
         // SAFETY: host/size describe the mapping created in new(); nothing borrows it past drop.

@@ -157,6 +157,19 @@ pub fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// The TSC, read after every earlier load and before every later one (`lfence; rdtsc;
+/// lfence`, as the guest's vDSO reads it).
+pub fn rdtsc_ordered() -> u64 {
+    use std::arch::x86_64::{_mm_lfence, _rdtsc};
+    // SAFETY: lfence (SSE2, part of x86-64) and rdtsc have no memory operands or preconditions.
+    unsafe {
+        _mm_lfence();
+        let tsc = _rdtsc();
+        _mm_lfence();
+        tsc
+    }
+}
+
 /// Reads host clock `clock` (a Linux clock id) as (seconds, nanoseconds).
 pub fn clock_time(clock: c_int) -> io::Result<(i64, i64)> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -23,7 +23,8 @@
 //! 0x7000   stub code: the syscall entry, the exception stubs (user read-only)
 //! 0x8000   syscall stack page; its top holds the iretq frame back to CPL3 (user writable)
 //! 0x9000   exception stack page (TSS IST1)
-//! 0x10000  page directories, one per GiB of guest memory (up to USER_BASE: 240 GiB)
+//! 0x10000  page directories, one per GiB of guest memory (up to VVAR_ADDR: 237 GiB)
+//! 0xFD000  the vDSO's data page and code (layout::VVAR_ADDR, VDSO_ADDR; user read-only)
 //! ```
 //!
 //! The tables are written once, before the first run, and never changed: on the PVM backend a
@@ -91,7 +92,8 @@ mod tests {
             (CODE_ADDR, stubs::code_image().len() as u64),
             (SYSCALL_STACK_TOP - 0x1000, 0x1000),
             (EXCEPTION_STACK_TOP - 0x1000, 0x1000),
-            (FIRST_PD_ADDR, USER_BASE - FIRST_PD_ADDR),
+            (FIRST_PD_ADDR, crate::layout::VVAR_ADDR - FIRST_PD_ADDR),
+            (crate::layout::VVAR_ADDR, USER_BASE - crate::layout::VVAR_ADDR),
         ];
         for (i, &(start, len)) in objects.iter().enumerate() {
             assert!(start >= SYSTEM_AREA_START && start + len <= USER_BASE, "object {i} at {start:#x}");

@@ -5,6 +5,7 @@
 //!   except the two pages the syscall entry needs at CPL3 on the PVM backend (where the LSTAR
 //!   target runs at guest CPL3): its code page, user read-only, and its stack page, user
 //!   writable (it holds nothing but the iretq frame, rewritten on every entry);
+//! - the vDSO's pages `[VVAR_ADDR, USER_BASE)` (its data page and code) are user read-only;
 //! - user memory `[USER_BASE, size)` is user, writable and executable;
 //! - nothing above `size` is mapped, so a stray access faults instead of leaving the VM as MMIO.
 //!
@@ -15,7 +16,7 @@
 use std::io;
 
 use super::{too_small, CODE_ADDR, FIRST_PD_ADDR, LOW_PT_ADDR, PDPT_ADDR, PML4_ADDR, SYSCALL_STACK_TOP, TAIL_PT_ADDR};
-use crate::layout::{PAGE_SIZE, SYSTEM_AREA_START, USER_BASE};
+use crate::layout::{PAGE_SIZE, SYSTEM_AREA_START, USER_BASE, VVAR_ADDR};
 use crate::memory::GuestMemory;
 
 pub const PTE_PRESENT: u64 = 1 << 0;
@@ -34,15 +35,16 @@ pub const LARGE_PAGE_SIZE: u64 = 2 << 20;
 const GIB: u64 = 1 << 30;
 
 /// The largest guest memory the layout has page directories for (one 4 KiB directory per GiB
-/// between FIRST_PD_ADDR and USER_BASE).
-pub const MAX_MEMORY: u64 = (USER_BASE - FIRST_PD_ADDR) / PAGE_SIZE * GIB;
+/// between FIRST_PD_ADDR and the vDSO's pages).
+pub const MAX_MEMORY: u64 = (VVAR_ADDR - FIRST_PD_ADDR) / PAGE_SIZE * GIB;
 
 /// Non-leaf entries allow everything; the leaf decides (effective rights are the AND of levels).
 const TABLE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_ACCESSED;
 const SYSTEM_PAGE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_ACCESSED | PTE_DIRTY;
 const USER_PAGE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_ACCESSED | PTE_DIRTY;
-/// The stub code page: CPL3 may execute and read it, nobody may write it.
-const STUB_CODE_PAGE: u64 = PTE_PRESENT | PTE_USER | PTE_ACCESSED | PTE_DIRTY;
+/// The stub code page and the vDSO's pages: CPL3 may execute and read them, nobody may write
+/// them.
+const USER_READ_ONLY_PAGE: u64 = PTE_PRESENT | PTE_USER | PTE_ACCESSED | PTE_DIRTY;
 /// The syscall stack page, written by the stub (at CPL3 on PVM).
 const SYSCALL_STACK_PAGE: u64 = USER_PAGE;
 const SYSCALL_STACK_PAGE_ADDR: u64 = SYSCALL_STACK_TOP - PAGE_SIZE;
@@ -63,8 +65,8 @@ pub fn check_memory_size(size: u64) -> io::Result<()> {
 fn small_page_entry(addr: u64, size: u64) -> u64 {
     if addr < SYSTEM_AREA_START || addr >= size {
         0
-    } else if addr == CODE_ADDR {
-        addr | STUB_CODE_PAGE
+    } else if addr == CODE_ADDR || (VVAR_ADDR..USER_BASE).contains(&addr) {
+        addr | USER_READ_ONLY_PAGE
     } else if addr == SYSCALL_STACK_PAGE_ADDR {
         addr | SYSCALL_STACK_PAGE
     } else if addr < USER_BASE {
@@ -187,7 +189,11 @@ mod tests {
         assert_eq!(walk(&mem, SYSCALL_STACK_TOP - PAGE_SIZE), user(SYSCALL_STACK_TOP - PAGE_SIZE));
         assert_eq!(walk(&mem, SYSCALL_STACK_TOP), system(SYSCALL_STACK_TOP), "the exception stack stays supervisor-only");
         assert_eq!(walk(&mem, PML4_ADDR + 8), system(PML4_ADDR + 8));
-        assert_eq!(walk(&mem, USER_BASE - 1), system(USER_BASE - 1));
+        assert_eq!(walk(&mem, VVAR_ADDR - 1), system(VVAR_ADDR - 1));
+        let read_only = |phys| Some(Translation { phys, user: true, writable: false });
+        assert_eq!(walk(&mem, VVAR_ADDR), read_only(VVAR_ADDR), "the vDSO's data page: user read-only");
+        assert_eq!(walk(&mem, crate::layout::VDSO_ADDR + 8), read_only(crate::layout::VDSO_ADDR + 8), "the vDSO: user read-only");
+        assert_eq!(walk(&mem, USER_BASE - 1), read_only(USER_BASE - 1));
         assert_eq!(walk(&mem, USER_BASE), user(USER_BASE));
         assert_eq!(walk(&mem, LARGE_PAGE_SIZE - 8), user(LARGE_PAGE_SIZE - 8));
         assert_eq!(walk(&mem, LARGE_PAGE_SIZE + 0x1234), user(LARGE_PAGE_SIZE + 0x1234));

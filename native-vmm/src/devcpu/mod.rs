@@ -9,7 +9,8 @@
 //! KVM's identity map), then its registers are replaced by the guest's. It is resumed with
 //! PTRACE_SYSEMU, so every `syscall` stops it *before* the host kernel runs anything and is
 //! answered by our syscall layer; CPU exceptions arrive as signal stops. Guest memory below
-//! `layout::USER_BASE` is left unmapped, as the system area is invisible to CPL3 under KVM.
+//! the vDSO's pages (`layout::VVAR_ADDR`) is left unmapped, as the system area is invisible to
+//! CPL3 under KVM. The vDSO's data page is the memfd's own, zeros: the vDSO makes system calls.
 //!
 //! Known differences from KVM, harmless for tests of well-behaved programs: the child still
 //! has the test process's own mappings (far above guest memory), so a wild guest pointer there
@@ -26,7 +27,7 @@ use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu, UserRegs};
-use crate::layout::USER_BASE;
+use crate::layout::VVAR_ADDR;
 use crate::memory::GuestMemory;
 use crate::status::GuestFault;
 use ptrace_sys::{Regs, SigInfo, WaitStatus};
@@ -80,10 +81,10 @@ impl PtraceCpu {
     /// Spawns the tracee on `mem` and gives it the registers `regs` makes from the host's
     /// (for the segment selectors, which must stay the host's).
     fn start(mem: &GuestMemory, regs: impl FnOnce(&Regs) -> Regs) -> io::Result<PtraceCpu> {
-        ensure_range_free(USER_BASE, mem.size())?;
+        ensure_range_free(VVAR_ADDR, mem.size())?;
         // The child maps the memfd shared: a copy-on-write fork's private pages are in no file.
         let memfd = mem.fd().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "development CPU: a copy-on-write fork of guest memory cannot be shared with the traced child (give it a copy)"))?;
-        let pid = ptrace_sys::spawn_tracee(memfd.as_raw_fd(), USER_BASE, mem.size() - USER_BASE)?;
+        let pid = ptrace_sys::spawn_tracee(memfd.as_raw_fd(), VVAR_ADDR, mem.size() - VVAR_ADDR)?;
         let tracee = Tracee { pid };
         match ptrace_sys::wait(pid)? {
             WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {}

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::layout::USER_BASE;
 
 const MEM_SIZE: u64 = 4 << 20;
 const STACK_TOP: u64 = MEM_SIZE - 0x1000;

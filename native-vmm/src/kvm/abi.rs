@@ -52,6 +52,13 @@ pub const KVM_SET_CPUID2: c_ulong = iow::<KvmCpuid2<0>>(0x90);
 pub const KVM_SET_XCRS: c_ulong = iow::<KvmXcrs>(0xA7);
 pub const KVM_GET_XSAVE: c_ulong = ior::<KvmXsave>(0xA4);
 pub const KVM_SET_XSAVE: c_ulong = iow::<KvmXsave>(0xA5);
+pub const KVM_SET_DEVICE_ATTR: c_ulong = iow::<KvmDeviceAttr>(0xE1);
+pub const KVM_GET_DEVICE_ATTR: c_ulong = iow::<KvmDeviceAttr>(0xE2);
+pub const KVM_HAS_DEVICE_ATTR: c_ulong = iow::<KvmDeviceAttr>(0xE3);
+/// The vCPU attribute group of the TSC (Linux 5.16+) and its one attribute: the offset added
+/// to the host's TSC to give the guest's.
+pub const KVM_VCPU_TSC_CTRL: u32 = 0;
+pub const KVM_VCPU_TSC_OFFSET: u64 = 0;
 
 pub const KVM_API_VERSION: i32 = 12;
 pub const KVM_CAP_IMMEDIATE_EXIT: c_ulong = 136;
@@ -62,6 +69,16 @@ pub const KVM_SYNC_X86_REGS: u64 = 1;
 /// An instruction KVM fails to emulate exits to userspace (KVM_EXIT_INTERNAL_ERROR) instead of
 /// being answered with #UD in the guest (Linux 5.15+; what PVM does anyway).
 pub const KVM_CAP_EXIT_ON_EMULATION_FAILURE: u32 = 204;
+
+/// struct kvm_device_attr: `addr` points at the attribute's value (a u64 for the TSC offset).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KvmDeviceAttr {
+    pub flags: u32,
+    pub group: u32,
+    pub attr: u64,
+    pub addr: u64,
+}
 
 /// struct kvm_enable_cap
 #[repr(C)]
@@ -441,6 +458,7 @@ mod tests {
         assert_eq!(KVM_SET_XCRS, 0x4188_AEA7);
         assert_eq!(KVM_GET_XSAVE, 0x9000_AEA4);
         assert_eq!(KVM_SET_XSAVE, 0x5000_AEA5);
+        assert_eq!((KVM_SET_DEVICE_ATTR, KVM_GET_DEVICE_ATTR, KVM_HAS_DEVICE_ATTR), (0x4018_AEE1, 0x4018_AEE2, 0x4018_AEE3));
     }
 
     #[test]
@@ -451,6 +469,7 @@ mod tests {
         assert_eq!(size_of::<KvmSegment>(), 24);
         assert_eq!(size_of::<KvmDtable>(), 16);
         assert_eq!(size_of::<KvmEnableCap>(), 104);
+        assert_eq!(size_of::<KvmDeviceAttr>(), 24);
         assert_eq!(size_of::<KvmSregs>(), 312);
         assert_eq!(offset_of!(KvmSregs, gdt), 0xC0);
         assert_eq!(offset_of!(KvmSregs, cr0), 0xE0);

@@ -33,7 +33,7 @@ use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
 use crate::sys;
-use abi::{KvmCpuid2, KvmSregs, KVM_API_VERSION, KVM_CAP_EXIT_ON_EMULATION_FAILURE, KVM_CAP_IMMEDIATE_EXIT, KVM_CAP_SYNC_REGS, KVM_CHECK_EXTENSION, KVM_SYNC_X86_REGS, KVM_CREATE_VM, KVM_GET_API_VERSION, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE, MAX_CPUID_ENTRIES};
+use abi::{KvmCpuid2, KvmSregs, KVM_API_VERSION, KVM_GET_DEVICE_ATTR, KVM_SET_DEVICE_ATTR, KVM_CAP_EXIT_ON_EMULATION_FAILURE, KVM_CAP_IMMEDIATE_EXIT, KVM_CAP_SYNC_REGS, KVM_CHECK_EXTENSION, KVM_SYNC_X86_REGS, KVM_CREATE_VM, KVM_GET_API_VERSION, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE, MAX_CPUID_ENTRIES};
 pub use vcpu::{slot_ranges as reachable_memory, KvmCpu};
 
 pub const KVM_DEVICE: &str = "/dev/kvm";
@@ -111,6 +111,20 @@ pub struct Kvm {
     /// KVM_CAP_SYNC_REGS covers the general registers (`KvmCpu` then passes them through the
     /// run page instead of KVM_GET_REGS/KVM_SET_REGS).
     sync_regs: bool,
+    /// How a new vCPU's TSC becomes the host's (`align_tsc`), found on the first vCPU.
+    tsc: OnceLock<TscAlignment>,
+}
+
+/// How a vCPU's TSC is made to read the host's (the guest's vDSO converts it with the VMM's
+/// clock parameters, `vdso::clock`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TscAlignment {
+    /// A new vCPU's TSC offset is 0 already (PVM: the guest's rdtsc is the host's).
+    Already,
+    /// A new vCPU's TSC starts near 0 (VT-x, SVM): its offset is set to 0 (KVM_VCPU_TSC_OFFSET).
+    SetOffset,
+    /// The offset cannot be read or set (Linux before 5.16): the guest's TSC is not the host's.
+    Unavailable,
 }
 
 impl Kvm {
@@ -133,7 +147,7 @@ impl Kvm {
         let features = CpuFeatures::from_cpuid(|function, index| supported_cpuid.leaf(function, index));
         let exit_on_emulation_failure = sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_EXIT_ON_EMULATION_FAILURE as _).unwrap_or(0) > 0;
         let sync_regs = sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS).map_or(false, |fields| fields as u64 & KVM_SYNC_X86_REGS != 0);
-        Ok(Kvm { fd, vcpu_mmap_size, supported_cpuid, features, reset_sregs: OnceLock::new(), exit_on_emulation_failure, sync_regs })
+        Ok(Kvm { fd, vcpu_mmap_size, supported_cpuid, features, reset_sregs: OnceLock::new(), exit_on_emulation_failure, sync_regs, tsc: OnceLock::new() })
     }
 
     /// The process-wide /dev/kvm, opened and queried on first success, so that creating a VM
@@ -157,6 +171,21 @@ impl Kvm {
         Ok(*self.reset_sregs.get_or_init(|| sregs))
     }
 
+    /// Makes the new vCPU `vcpu`'s TSC read the host's TSC; false if it cannot. The first vCPU
+    /// tells which way this KVM needs (`TscAlignment`): on PVM no ioctl at all per vCPU.
+    fn align_tsc(&self, vcpu: &OwnedFd) -> bool {
+        let how = *self.tsc.get_or_init(|| match tsc_offset(vcpu, KVM_GET_DEVICE_ATTR, 0) {
+            Ok(0) => TscAlignment::Already,
+            Ok(_) => TscAlignment::SetOffset,
+            Err(_) => TscAlignment::Unavailable,
+        });
+        match how {
+            TscAlignment::Already => true,
+            TscAlignment::SetOffset => tsc_offset(vcpu, KVM_SET_DEVICE_ATTR, 0).is_ok(),
+            TscAlignment::Unavailable => false,
+        }
+    }
+
     fn create_vm(&self) -> io::Result<OwnedFd> {
         sys::ioctl_new_fd(self.fd.as_raw_fd(), KVM_CREATE_VM, 0).map_err(context("KVM_CREATE_VM"))
     }
@@ -171,6 +200,15 @@ pub fn new_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<B
 /// with `ForkMemory::CopyOnWrite`).
 pub fn restore_cpu<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
     Ok(Box::new(KvmCpu::restore(mem, snapshot)?))
+}
+
+/// KVM_GET_DEVICE_ATTR (returns the vCPU's TSC offset) or KVM_SET_DEVICE_ATTR (sets it to
+/// `value`) of the KVM_VCPU_TSC_OFFSET attribute.
+fn tsc_offset(vcpu: &OwnedFd, request: std::ffi::c_ulong, value: u64) -> io::Result<u64> {
+    let mut offset = value;
+    let attr = abi::KvmDeviceAttr { flags: 0, group: abi::KVM_VCPU_TSC_CTRL, attr: abi::KVM_VCPU_TSC_OFFSET, addr: &mut offset as *mut u64 as u64 };
+    sys::ioctl_ref(vcpu.as_raw_fd(), request, &attr)?;
+    Ok(offset)
 }
 
 fn classify_open_error(e: io::Error) -> KvmUnavailable {

@@ -137,6 +137,10 @@ impl<'m> KvmCpu<'m> {
         }
         let vcpu = sys::ioctl_new_fd(vm.as_raw_fd(), KVM_CREATE_VCPU, 0).map_err(context("KVM_CREATE_VCPU"))?;
         let run_page = RunPage::map(&vcpu, kvm.vcpu_mmap_size)?;
+        // The vDSO reads the TSC as the host's: only then does it get the clock's data page.
+        if kvm.align_tsc(&vcpu) {
+            crate::vdso::clock::show_in(mem)?;
+        }
 
         // CPUID first: KVM checks CR4 and XCR0 against the CPUID the guest was given.
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, kvm.supported_cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;

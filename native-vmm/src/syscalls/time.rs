@@ -1,13 +1,20 @@
 //! Clocks, sleeps and CPU-time accounting.
 //!
-//! The guest reads the host's clocks (there is no vDSO, so glibc makes real calls). A sleep
+//! The guest's clocks are the VMM's vDSO clock (`vdso::clock`: the host's TSC converted with
+//! the parameters the guests' vDSO reads, so a call here and a vDSO read agree and monotonic
+//! never goes backwards between them), or the host's clocks where there is none. glibc reads
+//! them through the vDSO; what reaches this module is a raw system call, a clock the vDSO does
+//! not serve (the CPU-time ones) or a guest without the vDSO's data page. A sleep
 //! blocks the calling thread until its time (`process::threads`): other threads run meanwhile,
 //! and when none can, the VMM really sleeps on the host, never past the run's deadline (a
 //! program that sleeps longer than its time limit ends as a timeout at the deadline). Returning
 //! at once would make `time.sleep` lie about elapsed time.
 //!
 //! The CPU-time clocks report the host thread running the vCPU (guest time plus the VMM's
-//! time spent answering its calls).
+//! time spent answering its calls), under every id Linux gives them: CLOCK_PROCESS_CPUTIME_ID,
+//! CLOCK_THREAD_CPUTIME_ID and the encoded ids of clock_getcpuclockid / pthread_getcpuclockid
+//! for this process and its threads (`cpu_clock`); another process's, or a thread that does not
+//! exist, is EINVAL as on Linux.
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +23,7 @@ use crate::errno::Errno;
 use crate::process::threads::WaitOn;
 use crate::process::GuestProcess;
 use crate::sys;
+use crate::vdso::clock::{self as vdso_clock, Kind};
 
 pub(crate) const CLOCK_REALTIME: u64 = 0;
 pub(crate) const CLOCK_MONOTONIC: u64 = 1;
@@ -40,8 +48,22 @@ fn host_clock(clock: u64) -> Result<i32, Errno> {
     }
 }
 
+/// The vDSO clock that answers a guest clock id (MONOTONIC_RAW and the coarse clocks read the
+/// same clock as their fine counterparts: never stepped, never behind them).
+fn vdso_kind(clock: u64) -> Option<Kind> {
+    match clock {
+        CLOCK_REALTIME | CLOCK_REALTIME_COARSE => Some(Kind::Realtime),
+        CLOCK_MONOTONIC | CLOCK_MONOTONIC_RAW | CLOCK_MONOTONIC_COARSE => Some(Kind::Monotonic),
+        CLOCK_BOOTTIME => Some(Kind::Boottime),
+        _ => None,
+    }
+}
+
 /// Reads a guest clock as nanoseconds.
 pub(crate) fn now_ns(clock: u64) -> Result<u64, Errno> {
+    if let (Some(kind), Some(shared)) = (vdso_kind(clock), vdso_clock::shared()) {
+        return Ok(shared.now_ns(kind));
+    }
     let (sec, nsec) = sys::clock_time(host_clock(clock)?).map_err(|_| Errno::EINVAL)?;
     Ok((sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(nsec.max(0) as u64))
 }
@@ -62,16 +84,45 @@ pub(crate) fn instant_at(clock: u64, absolute: Duration) -> Result<Instant, Errn
     Ok(after(wait).unwrap_or_else(far_future))
 }
 
+/// A CPU-time clock id encoded for a process or thread (Linux's CPUCLOCK layout: `~pid << 3`,
+/// bit 2 per-thread, bits 0-1 which measure): the id of CLOCK_THREAD_CPUTIME_ID, which
+/// measures it here, when it names this process (pid 0 or its own) or one of its live threads
+/// (tid 0: the caller). Every measure (PROF, VIRT, SCHED) reads the same CPU time.
+fn cpu_clock(proc: &GuestProcess, id: i32) -> Result<u64, Errno> {
+    const PER_THREAD: i32 = 4;
+    const WHICH_MASK: i32 = 3;
+    const CLOCKFD: i32 = 3;
+    if id >= 0 || id & WHICH_MASK == CLOCKFD {
+        return Err(Errno::EINVAL);
+    }
+    let pid = !(id >> 3) as u64;
+    let ours = if id & PER_THREAD != 0 { pid == 0 || proc.threads.get(pid).is_some() } else { pid == 0 || pid == super::ids::GUEST_PID };
+    if ours {
+        Ok(CLOCK_THREAD_CPUTIME_ID)
+    } else {
+        Err(Errno::EINVAL)
+    }
+}
+
+/// The clock id `now_ns` reads for a guest clock id (a clockid_t, an int: the register's upper
+/// half is not part of it); an encoded CPU clock becomes the CPU time.
+fn readable_clock(proc: &GuestProcess, clock: u64) -> Result<u64, Errno> {
+    match clock as u32 as i32 {
+        id if id < 0 => cpu_clock(proc, id),
+        id => Ok(id as u64),
+    }
+}
+
 /// clock_gettime(clockid, tp)
-pub(crate) fn clock_gettime(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let ns = now_ns(args[0])?;
+pub(crate) fn clock_gettime(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let ns = now_ns(readable_clock(proc, args[0])?)?;
     user.write_timespec(args[1], ns / 1_000_000_000, ns % 1_000_000_000)?;
     value(0)
 }
 
 /// clock_getres(clockid, res): res may be NULL.
-pub(crate) fn clock_getres(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    host_clock(args[0])?;
+pub(crate) fn clock_getres(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    host_clock(readable_clock(proc, args[0])?)?;
     let res = if matches!(args[0], CLOCK_REALTIME_COARSE | CLOCK_MONOTONIC_COARSE) { COARSE_RESOLUTION_NS } else { 1 };
     if args[1] != 0 {
         user.write_timespec(args[1], 0, res)?;

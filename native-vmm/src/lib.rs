@@ -34,8 +34,9 @@ pub mod vm;
 // The in-VM agent's request and its hand-off at the template's ready point.
 pub mod agent;
 
-// `sandfork-vmm bench`: guest launch latency against a native spawn.
+// `sandfork-vmm bench`: guest launch latency, thread hand-offs and system calls against native.
 pub mod bench;
+pub mod syscalls_bench;
 pub mod threads_bench;
 
 // The test-only CPU: runs the guest natively in a ptrace'd child (no isolation; never used by

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandfork_vmm::{bench, threads_bench};
+use sandfork_vmm::{bench, syscalls_bench, threads_bench};
 use sandfork_vmm::daemon;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::image;
@@ -29,6 +29,7 @@ commands:
   bench exec    cost of one execution on the daemon's path: fork, pooled run, CPU, memory
   bench sessions  durable session checkpoints, pause and resume
   bench threads a Condition ping-pong between two Python threads, in a guest and natively
+  bench syscalls  a system call round trip and a vDSO clock_gettime, in a guest and natively
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
 `sandfork-vmm <command> --help` describes each command.";
@@ -86,6 +87,19 @@ per run.
 options:
   --image DIR        file image built by `sandfork-vmm image build`
   --iterations N     runs of each (default 50)
+  --json             print one JSON object instead of a table";
+
+const BENCH_SYSCALLS_USAGE: &str = "\
+usage: sandfork-vmm bench syscalls [--calls N] [--repetitions N] [--json]
+
+A small static C program makes N getppid() system calls and N clock_gettime(CLOCK_MONOTONIC)
+calls through glibc (the vDSO), in a fresh KVM guest and natively on the host in the same run,
+and times each loop itself: nanoseconds per call (the median over the repetitions), and how
+many of the guest's clock_gettime calls left the VM.
+
+options:
+  --calls N          calls of each per run (default 100000)
+  --repetitions N    runs of each (default 5)
   --json             print one JSON object instead of a table";
 
 const BENCH_THREADS_USAGE: &str = "\
@@ -207,6 +221,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["bench", "exec", ..] => bench_exec(&args[2..]),
         ["bench", "sessions", ..] => bench_sessions(&args[2..]),
         ["bench", "threads", ..] => bench_threads(&args[2..]),
+        ["bench", "syscalls", ..] => bench_syscalls(&args[2..]),
         ["serve", ..] => serve(&args[1..]),
         ["image" | "bench" | "template", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
         [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
@@ -393,6 +408,19 @@ fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn bench_syscalls(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(args, &["--calls", "--repetitions"], &["--json"], false, BENCH_SYSCALLS_USAGE)?;
+    let calls = options.number("--calls", syscalls_bench::DEFAULT_CALLS, 100_000_000)?;
+    let repetitions = options.number("--repetitions", syscalls_bench::DEFAULT_REPETITIONS as u64, 1000)? as usize;
+    let report = syscalls_bench::run(calls, repetitions, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    if options.flag("--json") {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 const BENCH_EXEC_USAGE: &str = "\
 usage: sandfork-vmm bench exec --template DIR [--iterations N] [--pool-size N] [--json]
 
@@ -559,6 +587,7 @@ mod tests {
         assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "python", "--out", "/o", "--boot-timeout-ms", "x"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms")));
         assert!(matches!(dispatch(&strings(&["bench", "fork", "--help"])), Err(CliError::Help(BENCH_FORK_USAGE))));
         assert!(matches!(dispatch(&strings(&["bench", "threads", "--help"])), Err(CliError::Help(BENCH_THREADS_USAGE))));
+        assert!(matches!(dispatch(&strings(&["bench", "syscalls", "--help"])), Err(CliError::Help(BENCH_SYSCALLS_USAGE))));
         assert!(matches!(dispatch(&strings(&["bench", "fork"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
         assert!(matches!(dispatch(&strings(&["template", "build", "--help"])), Err(CliError::Help(TEMPLATE_BUILD_USAGE))));
         assert!(matches!(dispatch(&strings(&["template", "frob"])), Err(CliError::Usage(..))));

@@ -141,6 +141,8 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         Err(reason) => format!("unavailable: {reason}"),
     };
     crate::memory::open_pagemap().map_err(|e| format!("opening /proc/self/pagemap: {e}"))?;
+    // The vDSO's clock reads /sys once to decide whether the TSC keeps time here.
+    crate::vdso::clock::shared();
     let confinement = match options.sessions {
         Some(_) => crate::seccomp::Confinement::WithSessionFiles,
         None => crate::seccomp::Confinement::NoFiles,

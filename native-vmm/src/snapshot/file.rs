@@ -26,7 +26,8 @@ use crate::memory::GuestMemory;
 
 pub const MAGIC: [u8; 8] = *b"SFTEMPL\0";
 /// Bumped whenever the layout or any encoded state changes meaning.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: templates carry the vDSO (glibc keeps pointers into it) and read its data page.
+pub const FORMAT_VERSION: u32 = 4;
 pub const HEADER_LEN: usize = 24;
 pub const HASH_LEN: usize = 32;
 

@@ -23,6 +23,8 @@ fn programs_image() -> Arc<Image> {
                 ("divide_by_zero", Linking::Static),
                 ("threads", Linking::Static),
                 ("threads", Linking::Dynamic),
+                ("vdso_clock", Linking::Static),
+                ("vdso_clock", Linking::Dynamic),
             ];
             let paths: Vec<String> = programs
                 .iter()
@@ -112,4 +114,49 @@ fn ud2_crashes_with_an_invalid_opcode() {
 fn division_by_zero_crashes_with_a_divide_error() {
     let fault = crash_of("/bin/divide_by_zero-static");
     assert_eq!(fault.vector, 0, "{fault:?}");
+}
+
+fn host_ns(clock: i32) -> i64 {
+    let (sec, nsec) = sandfork_vmm::sys::clock_time(clock).unwrap();
+    sec * 1_000_000_000 + nsec
+}
+
+/// The vDSO (src/vdso): glibc's clock_gettime, gettimeofday and time answered in the guest,
+/// static and dynamic: the same clock as the host's (bracketed by host reads before and after
+/// the run), monotonic never backwards across 200,000 vDSO reads and the raw system calls
+/// between them, and no VM exit for the vDSO reads (only the raw calls reach the VMM). On the
+/// ptrace CPU the vDSO has no data page and makes the system calls itself.
+#[test]
+fn the_vdso_clock_is_the_hosts_and_needs_no_exit() {
+    const READS: u64 = 200_000;
+    for program in ["/bin/vdso_clock-static", "/bin/vdso_clock-dynamic"] {
+        let (real_before, mono_before) = (host_ns(libc::CLOCK_REALTIME), host_ns(libc::CLOCK_MONOTONIC));
+        let outcome = run(&programs_image(), &request(program, &["check", &READS.to_string()]));
+        let (real_after, mono_after) = (host_ns(libc::CLOCK_REALTIME), host_ns(libc::CLOCK_MONOTONIC));
+        assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{program}: {}", describe(&outcome));
+        let stdout = String::from_utf8_lossy(&outcome.stdout).into_owned();
+        let words: Vec<&str> = stdout.split_whitespace().collect();
+        let field = |name: &str| -> i64 {
+            let at = words.iter().position(|w| *w == name).unwrap_or_else(|| panic!("{program}: no {name} in {stdout}"));
+            words[at + 1].parse().unwrap_or_else(|_| panic!("{program}: {name} is {}", words[at + 1]))
+        };
+        assert_eq!(words.get(1), Some(&"0xfe000"), "{program}: AT_SYSINFO_EHDR names the vDSO: {stdout}");
+        assert_eq!(words.last(), Some(&"ok"), "{program}: {stdout}");
+        const SLACK: i64 = 1_000_000;
+        let within = |name: &str, value: i64, before: i64, after: i64| {
+            assert!(before - SLACK <= value && value <= after + SLACK, "{program}: {name} {value} is not between the host's {before} and {after}");
+        };
+        within("realtime", field("realtime"), real_before, real_after);
+        within("gettimeofday", field("gettimeofday") * 1000, real_before, real_after);
+        within("time", field("time") * 1_000_000_000, real_before - 1_000_000_000, real_after);
+        within("monotonic", field("monotonic"), mono_before, mono_after);
+        assert!(field("boottime") >= field("monotonic") - SLACK, "{program}: {stdout}");
+        assert_eq!(field("getcpu"), 0);
+        let calls = |name: &str| outcome.stats.calls.iter().filter(|c| c.name == Some(name)).map(|c| c.count).sum::<u64>();
+        let raw = READS / 100;
+        if common::cpu_kind() == common::TestCpu::Kvm {
+            assert!(calls("clock_gettime") <= raw + 2, "{program}: {} clock_gettime calls reached the VMM for {raw} raw ones", calls("clock_gettime"));
+            assert_eq!((calls("gettimeofday"), calls("time")), (0, 0), "{program}");
+        }
+    }
 }

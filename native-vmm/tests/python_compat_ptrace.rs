@@ -304,3 +304,28 @@ print("copy2 ok", os.stat("/etc").st_mtime > 315532800)
 "#;
     assert_prints(code, "read-only: 13\nFalse True True\ngiving it away: EPERM\nfchown of a closed fd: 9\ncopy2 ok True\n");
 }
+
+/// The CPU-time clocks under every id Linux gives them (test_time's pthread_getcpuclockid case):
+/// a thread's clock id from pthread_getcpuclockid, the process's from clock_getcpuclockid(0),
+/// each readable and never going back; a thread or process that is not this program's is EINVAL.
+#[test]
+fn cpu_time_clocks_of_this_process_and_its_threads() {
+    assert_prints(
+        r#"
+import threading, time
+ids = [time.pthread_getcpuclockid(threading.get_ident()), time.CLOCK_PROCESS_CPUTIME_ID, time.CLOCK_THREAD_CPUTIME_ID, -6, -2]
+reads = [(time.clock_gettime(c), time.clock_gettime(c)) for c in ids]
+print(ids[0] != time.CLOCK_THREAD_CPUTIME_ID, all(0 < a <= b for a, b in reads), time.clock_getres(ids[0]))
+seen = []
+t = threading.Thread(target=lambda: seen.append(time.clock_gettime(time.pthread_getcpuclockid(threading.get_ident())) >= 0))
+t.start(); t.join()
+for bad in [(~12345 << 3) | 6, (~12345 << 3) | 2, -1, 1000]:
+    try:
+        time.clock_gettime(bad)
+    except OSError as e:
+        seen.append(e.errno)
+print(seen)
+"#,
+        "True True 1e-09\n[True, 22, 22, 22, 22]\n",
+    );
+}

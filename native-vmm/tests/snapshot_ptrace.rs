@@ -86,6 +86,35 @@ fn restored_vms_serve_requests() {
     assert_eq!(String::from_utf8_lossy(&outcome.stdout), "{\"argv\": [\"main.py\"]}\n");
 }
 
+fn host_ns(clock: i32) -> i64 {
+    let (sec, nsec) = sandfork_vmm::sys::clock_time(clock).unwrap();
+    sec * 1_000_000_000 + nsec
+}
+
+/// glibc found the vDSO when the template booted and kept its pointers in the snapshot; a fork
+/// reads the current time through them (not the snapshot's: the clock's data page is the
+/// VMM's, shown in every fork), with no VM exit per read on KVM.
+#[test]
+fn a_fork_reads_the_current_time_through_the_templates_vdso() {
+    template();
+    std::thread::sleep(Duration::from_millis(100));
+    let code = "import time\nt, m = time.time_ns(), time.monotonic_ns()\nfor _ in range(20000): time.monotonic()\nprint(t, m, time.monotonic_ns() >= m)";
+    let (real_before, mono_before) = (host_ns(libc::CLOCK_REALTIME), host_ns(libc::CLOCK_MONOTONIC));
+    let outcome = serve(code);
+    let (real_after, mono_after) = (host_ns(libc::CLOCK_REALTIME), host_ns(libc::CLOCK_MONOTONIC));
+    let printed = stdout(&outcome);
+    let values: Vec<&str> = printed.split_whitespace().collect();
+    let [real, mono, "True"] = values[..] else { panic!("{}", describe(&outcome)) };
+    let (real, mono): (i64, i64) = (real.parse().unwrap(), mono.parse().unwrap());
+    const SLACK: i64 = 1_000_000;
+    assert!(real_before - SLACK <= real && real <= real_after + SLACK, "realtime {real} is not between the host's {real_before} and {real_after}");
+    assert!(mono_before - SLACK <= mono && mono <= mono_after + SLACK, "monotonic {mono} is not between the host's {mono_before} and {mono_after}");
+    if common::cpu_kind() == common::TestCpu::Kvm {
+        let exits: u64 = outcome.stats.calls.iter().filter(|c| c.name == Some("clock_gettime")).map(|c| c.count).sum();
+        assert!(exits < 100, "{exits} clock_gettime calls left the VM for 20,000 reads");
+    }
+}
+
 #[test]
 fn restored_vms_draw_their_own_randomness() {
     let code = "import os, random\nprint(random.random(), os.urandom(8).hex())";

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project needs, when any is missing (needs root then):
 # postgresql (the real server the tests use), python3.11 and python3-numpy (what the Python
-# template's image is built from), build-essential (cc for the C test programs), the Rust crates
-# native-vmm builds against (librust-*-dev: source under /usr/share/cargo/registry, see
-# .cargo/config.toml), chromium (the /docs browser test), libpython3.11-testsuite (CPython's
-# own regression tests, which `npm run test:cpython` runs in the VM), and Rust from Debian's
-# cargo-web when the machine has no toolchain (Debian 12's plain `cargo` is too old).
+# template's image is built from), build-essential (cc for the C test programs and for the
+# guest vDSO that native-vmm/build.rs compiles), the Rust crates native-vmm builds against
+# (librust-*-dev: source under /usr/share/cargo/registry, see .cargo/config.toml), chromium
+# (the /docs browser test), libpython3.11-testsuite (CPython's own regression tests, which
+# `npm run test:cpython` runs in the VM), and Rust from Debian's cargo-web when the machine has
+# no toolchain (Debian 12's plain `cargo` is too old).
 #
 # The KVM test tier (scripts/kvm-tier.sh) runs on this machine's /dev/kvm where it can create a
 # VM. Where it cannot (or with SANDFORK_KVM_TIER=qemu), the tier runs in a QEMU guest, and this

@@ -380,17 +380,22 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::from((outcome.status.exit_code() & 0xff) as u8))
 }
 
+/// A bench's report: one JSON object with --json, else its table.
+fn print_report(options: &Options, json: String, table: impl FnOnce() -> String) {
+    if options.flag("--json") {
+        println!("{json}");
+    } else {
+        print!("{}", table());
+    }
+}
+
 fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(args, &["--image", "--iterations"], &["--json"], false, BENCH_USAGE)?;
     let image_dir = options.required("--image")?;
     let iterations = options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
     let image = open_image(image_dir)?;
     let report = bench::run(image, iterations, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
-    if options.flag("--json") {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.table());
-    }
+    print_report(&options, report.to_json(), || report.table());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -400,11 +405,7 @@ fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
     let handoffs = options.number("--handoffs", threads_bench::DEFAULT_HANDOFFS, 10_000_000)?;
     let repetitions = options.number("--repetitions", threads_bench::DEFAULT_REPETITIONS as u64, 1000)? as usize;
     let report = threads_bench::run(image, handoffs, repetitions, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
-    if options.flag("--json") {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.table());
-    }
+    print_report(&options, report.to_json(), || report.table());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -413,11 +414,7 @@ fn bench_syscalls(args: &[String]) -> Result<ExitCode, CliError> {
     let calls = options.number("--calls", syscalls_bench::DEFAULT_CALLS, 100_000_000)?;
     let repetitions = options.number("--repetitions", syscalls_bench::DEFAULT_REPETITIONS as u64, 1000)? as usize;
     let report = syscalls_bench::run(calls, repetitions, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
-    if options.flag("--json") {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.table());
-    }
+    print_report(&options, report.to_json(), || report.table());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -245,6 +245,13 @@ pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestM
 }
 
 fn run_scheduled(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<(LoopEnd, u64)> {
+    process.threads.start_cpu_clock();
+    let ended = run_until_stopped(sched, cpu, process, mem);
+    process.threads.stop_cpu_clock();
+    ended
+}
+
+fn run_until_stopped(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<(LoopEnd, u64)> {
     let mut exits = 0;
     let mut handed_out = process.memory.handed_out_generation();
     cpu.map_memory(&process.memory_handed_out())?;

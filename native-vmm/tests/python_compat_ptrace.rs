@@ -307,7 +307,9 @@ print("copy2 ok", os.stat("/etc").st_mtime > 315532800)
 
 /// The CPU-time clocks under every id Linux gives them (test_time's pthread_getcpuclockid case):
 /// a thread's clock id from pthread_getcpuclockid, the process's from clock_getcpuclockid(0),
-/// each readable and never going back; a thread or process that is not this program's is EINVAL.
+/// each readable and never going back; each thread's clock counts its own time (a thread that
+/// spins 100 ms has it, the main thread waiting for it does not) and the process's all of
+/// theirs; a thread or process that is not this program's is EINVAL.
 #[test]
 fn cpu_time_clocks_of_this_process_and_its_threads() {
     assert_prints(
@@ -316,9 +318,19 @@ import threading, time
 ids = [time.pthread_getcpuclockid(threading.get_ident()), time.CLOCK_PROCESS_CPUTIME_ID, time.CLOCK_THREAD_CPUTIME_ID, -6, -2]
 reads = [(time.clock_gettime(c), time.clock_gettime(c)) for c in ids]
 print(ids[0] != time.CLOCK_THREAD_CPUTIME_ID, all(0 < a <= b for a, b in reads), time.clock_getres(ids[0]))
-seen = []
-t = threading.Thread(target=lambda: seen.append(time.clock_gettime(time.pthread_getcpuclockid(threading.get_ident())) >= 0))
+main_before, process_before = time.thread_time(), time.process_time()
+spun = []
+def spin():
+    clock = time.pthread_getcpuclockid(threading.get_ident())
+    start = time.clock_gettime(clock)
+    while time.clock_gettime(clock) - start < 0.1:
+        pass
+    spun.append(time.clock_gettime(clock))
+t = threading.Thread(target=spin)
 t.start(); t.join()
+main_used, process_used = time.thread_time() - main_before, time.process_time() - process_before
+print(spun[0] >= 0.1, main_used < 0.05, process_used >= 0.1)
+seen = []
 for bad in [(~12345 << 3) | 6, (~12345 << 3) | 2, -1, 1000]:
     try:
         time.clock_gettime(bad)
@@ -326,6 +338,6 @@ for bad in [(~12345 << 3) | 6, (~12345 << 3) | 2, -1, 1000]:
         seen.append(e.errno)
 print(seen)
 "#,
-        "True True 1e-09\n[True, 22, 22, 22, 22]\n",
+        "True True 1e-09\nTrue True True\n[22, 22, 22, 22]\n",
     );
 }

@@ -109,12 +109,32 @@ pub struct Thread {
     pub suspend_mask: Option<u64>,
     /// The handlers it is running, innermost last (`process::signals`).
     pub signal_frames: Vec<super::signals::SignalFrame>,
+    /// CPU time it used up to the last time it stopped running (`CpuClock`), nanoseconds.
+    pub cpu_ns: u64,
 }
 
 impl Thread {
     fn new(tid: u64) -> Thread {
-        Thread { tid, state: ThreadState::Running, context: None, clear_child_tid: 0, robust_list: 0, blocked_signals: 0, alt_stack: (0, super::SS_DISABLE, 0), fs_base: 0, last_attempt: false, calling: None, pending_signals: 0, suspend_mask: None, signal_frames: Vec::new() }
+        Thread { tid, state: ThreadState::Running, context: None, clear_child_tid: 0, robust_list: 0, blocked_signals: 0, alt_stack: (0, super::SS_DISABLE, 0), fs_base: 0, last_attempt: false, calling: None, pending_signals: 0, suspend_mask: None, signal_frames: Vec::new(), cpu_ns: 0 }
     }
+}
+
+/// Where the threads' CPU times come from: the CPU clock of the host thread running the vCPU
+/// (guest time plus the VMM's time answering its calls), charged to the thread that held the
+/// vCPU whenever it stops holding it. Not kept in snapshots: a fork of a template starts at
+/// zero, as a new process would (the host thread may have run many VMs before).
+#[derive(Debug, Clone, Default)]
+struct CpuClock {
+    /// The CPU time of threads that exited.
+    exited_ns: u64,
+    /// The host thread's CPU clock when the current thread started running (None: no run).
+    since: Option<u64>,
+}
+
+fn host_thread_cpu_ns() -> u64 {
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let (sec, nsec) = crate::sys::clock_time(CLOCK_THREAD_CPUTIME_ID).unwrap_or((0, 0));
+    (sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(nsec.max(0) as u64)
 }
 
 /// Where a new thread starts: the creating thread's registers at its clone call, with these
@@ -172,6 +192,7 @@ pub struct Threads {
     /// The vCPU backend can switch threads (it cannot in scripted unit tests).
     pub(crate) switching: bool,
     pub counters: ThreadCounters,
+    cpu: CpuClock,
 }
 
 impl Threads {
@@ -187,7 +208,49 @@ impl Threads {
             limit: limit.max(1),
             switching: false,
             counters: ThreadCounters { peak: 1, ..ThreadCounters::default() },
+            cpu: CpuClock::default(),
         }
+    }
+
+    /// A run starts on this host thread: the current thread's CPU time counts from now.
+    pub fn start_cpu_clock(&mut self) {
+        self.cpu.since = Some(host_thread_cpu_ns());
+    }
+
+    /// The run ends: the current thread is charged its time, and nothing counts until the next.
+    pub fn stop_cpu_clock(&mut self) {
+        self.charge_current();
+        self.cpu.since = None;
+    }
+
+    /// Charges the CPU time since the current thread started running to it.
+    fn charge_current(&mut self) {
+        let Some(since) = self.cpu.since else { return };
+        let now = host_thread_cpu_ns();
+        let used = now.saturating_sub(since);
+        let tid = self.current;
+        match self.get_mut(tid) {
+            Some(thread) => thread.cpu_ns += used,
+            None => self.cpu.exited_ns += used,
+        }
+        self.cpu.since = Some(now);
+    }
+
+    /// The time the current thread has run since it was last charged.
+    fn running_ns(&self) -> u64 {
+        self.cpu.since.map_or(0, |since| host_thread_cpu_ns().saturating_sub(since))
+    }
+
+    /// Thread `tid`'s CPU time (CLOCK_THREAD_CPUTIME_ID, pthread_getcpuclockid); None if it is
+    /// not alive.
+    pub fn thread_cpu_ns(&self, tid: u64) -> Option<u64> {
+        let thread = self.get(tid)?;
+        Some(thread.cpu_ns + if tid == self.current { self.running_ns() } else { 0 })
+    }
+
+    /// The process's CPU time: every thread's, the exited ones' included.
+    pub fn process_cpu_ns(&self) -> u64 {
+        self.cpu.exited_ns + self.list.iter().map(|t| t.cpu_ns).sum::<u64>() + self.running_ns()
     }
 
     pub fn limit(&self) -> u64 {
@@ -255,7 +318,9 @@ impl Threads {
     /// Removes the current thread (it called exit). Its registers are gone with it; the next
     /// `next` loads another thread.
     pub fn exit_current(&mut self) {
+        self.charge_current();
         let tid = self.current;
+        self.cpu.exited_ns += self.get(tid).map_or(0, |t| t.cpu_ns);
         self.list.retain(|t| t.tid != tid);
         self.run_queue.retain(|&t| t != tid);
     }
@@ -409,6 +474,7 @@ impl Threads {
             let Some(thread) = self.get_mut(tid) else { continue };
             let ThreadState::Runnable(resume) = thread.state else { continue };
             thread.state = ThreadState::Running;
+            self.charge_current();
             self.current = tid;
             return Next::Run { tid, resume };
         }
@@ -421,6 +487,7 @@ impl Threads {
         if let Some(t) = self.list.iter().find(|t| matches!(&t.state, ThreadState::Blocked { wait: Wait { on: WaitOn::Request, .. }, .. })) {
             let tid = t.tid;
             self.get_mut(tid).expect("listed").state = ThreadState::Running;
+            self.charge_current();
             self.current = tid;
             return Next::ReadyPoint { tid };
         }
@@ -542,14 +609,14 @@ impl Threads {
             if list.last().is_some_and(|t: &Thread| t.tid >= tid) || tid >= next_tid {
                 return Err(DecodeError::new(format!("thread {tid} out of order")));
             }
-            list.push(Thread { tid, state, context, clear_child_tid, robust_list, blocked_signals, alt_stack, fs_base, last_attempt: false, calling: None, pending_signals: 0, suspend_mask: None, signal_frames: Vec::new() });
+            list.push(Thread { tid, state, context, clear_child_tid, robust_list, blocked_signals, alt_stack, fs_base, last_attempt: false, calling: None, pending_signals: 0, suspend_mask: None, signal_frames: Vec::new(), cpu_ns: 0 });
         }
         let queued = d.count(8, "run queue")?;
         let mut run_queue = VecDeque::with_capacity(queued);
         for _ in 0..queued {
             run_queue.push_back(d.u64("queued thread")?);
         }
-        let threads = Threads { list, current, run_queue, next_tid, next_seq, epoch: 0, limit: limit.max(1), switching: false, counters: ThreadCounters::default() };
+        let threads = Threads { list, current, run_queue, next_tid, next_seq, epoch: 0, limit: limit.max(1), switching: false, counters: ThreadCounters::default(), cpu: CpuClock::default() };
         let holds = |tid: u64| threads.get(tid).is_some();
         if !holds(current) || threads.run_queue.iter().any(|&t| !holds(t)) || threads.list.iter().any(|t| t.tid != current && t.context.is_none()) {
             return Err(DecodeError::new("the thread table names a thread it does not hold"));
@@ -602,6 +669,33 @@ fn decode_resume(d: &mut Decoder) -> Result<Resume, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Burns at least `ns` of this thread's CPU time.
+    fn spin_cpu(ns: u64) {
+        let start = host_thread_cpu_ns();
+        while host_thread_cpu_ns() - start < ns {
+            std::hint::black_box(0);
+        }
+    }
+
+    #[test]
+    fn cpu_time_counts_only_while_a_run_holds_the_vcpu_and_survives_the_thread() {
+        let mut threads = Threads::new(4);
+        assert_eq!(threads.process_cpu_ns(), 0, "a new process has used nothing");
+        spin_cpu(2_000_000);
+        assert_eq!(threads.process_cpu_ns(), 0, "the host thread's time before the run is not the guest's");
+        threads.start_cpu_clock();
+        spin_cpu(5_000_000);
+        assert!(threads.thread_cpu_ns(MAIN_TID).unwrap() >= 5_000_000);
+        threads.stop_cpu_clock();
+        let used = threads.thread_cpu_ns(MAIN_TID).unwrap();
+        spin_cpu(2_000_000);
+        assert_eq!(threads.thread_cpu_ns(MAIN_TID), Some(used), "nothing counts between runs");
+        assert_eq!(threads.process_cpu_ns(), used);
+        assert_eq!(threads.thread_cpu_ns(MAIN_TID + 1), None);
+        threads.exit_current();
+        assert_eq!(threads.process_cpu_ns(), used, "an exited thread's time stays the process's");
+    }
 
     const POLL: Call = Call { nr: 7, args: [0x1000, 1, 100, 0, 0, 0] };
 

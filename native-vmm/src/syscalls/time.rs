@@ -10,11 +10,13 @@
 //! program that sleeps longer than its time limit ends as a timeout at the deadline). Returning
 //! at once would make `time.sleep` lie about elapsed time.
 //!
-//! The CPU-time clocks report the host thread running the vCPU (guest time plus the VMM's
-//! time spent answering its calls), under every id Linux gives them: CLOCK_PROCESS_CPUTIME_ID,
+//! The CPU-time clocks are each guest thread's own time on the vCPU (`process::threads`
+//! charges the host thread's CPU clock, guest time plus the VMM's time answering its calls, to
+//! the thread that held the vCPU) and the process's, all its threads'; a fork of a template
+//! starts them at zero. They answer under every id Linux gives them: CLOCK_PROCESS_CPUTIME_ID,
 //! CLOCK_THREAD_CPUTIME_ID and the encoded ids of clock_getcpuclockid / pthread_getcpuclockid
-//! for this process and its threads (`cpu_clock`); another process's, or a thread that does not
-//! exist, is EINVAL as on Linux.
+//! for this process and its threads (`cpu_time_ns`); another process's, or a thread that does
+//! not exist, is EINVAL as on Linux. times() and getrusage() report the same times.
 
 use std::time::{Duration, Instant};
 
@@ -84,45 +86,50 @@ pub(crate) fn instant_at(clock: u64, absolute: Duration) -> Result<Instant, Errn
     Ok(after(wait).unwrap_or_else(far_future))
 }
 
-/// A CPU-time clock id encoded for a process or thread (Linux's CPUCLOCK layout: `~pid << 3`,
-/// bit 2 per-thread, bits 0-1 which measure): the id of CLOCK_THREAD_CPUTIME_ID, which
-/// measures it here, when it names this process (pid 0 or its own) or one of its live threads
-/// (tid 0: the caller). Every measure (PROF, VIRT, SCHED) reads the same CPU time.
-fn cpu_clock(proc: &GuestProcess, id: i32) -> Result<u64, Errno> {
+/// The CPU time (ns) a CPU-time clock id names: CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID
+/// or an id encoded for a process or thread (Linux's CPUCLOCK layout: `~pid << 3`, bit 2
+/// per-thread, bits 0-1 which measure; every measure, PROF, VIRT and SCHED, reads the same
+/// time here), which must name this process (pid 0 or its own) or one of its live threads
+/// (tid 0: the caller), else EINVAL. None for the other clocks. The id is a clockid_t, an int:
+/// the register's upper half is not part of it.
+fn cpu_time_ns(proc: &GuestProcess, clock: u64) -> Option<Result<u64, Errno>> {
     const PER_THREAD: i32 = 4;
     const WHICH_MASK: i32 = 3;
     const CLOCKFD: i32 = 3;
-    if id >= 0 || id & WHICH_MASK == CLOCKFD {
-        return Err(Errno::EINVAL);
-    }
-    let pid = !(id >> 3) as u64;
-    let ours = if id & PER_THREAD != 0 { pid == 0 || proc.threads.get(pid).is_some() } else { pid == 0 || pid == super::ids::GUEST_PID };
-    if ours {
-        Ok(CLOCK_THREAD_CPUTIME_ID)
-    } else {
-        Err(Errno::EINVAL)
-    }
-}
-
-/// The clock id `now_ns` reads for a guest clock id (a clockid_t, an int: the register's upper
-/// half is not part of it); an encoded CPU clock becomes the CPU time.
-fn readable_clock(proc: &GuestProcess, clock: u64) -> Result<u64, Errno> {
-    match clock as u32 as i32 {
-        id if id < 0 => cpu_clock(proc, id),
-        id => Ok(id as u64),
-    }
+    let threads = &proc.threads;
+    let this_thread = || Ok(threads.thread_cpu_ns(threads.current_tid()).unwrap_or(0));
+    let id = clock as u32 as i32;
+    Some(match id {
+        id if id == CLOCK_PROCESS_CPUTIME_ID as i32 => Ok(threads.process_cpu_ns()),
+        id if id == CLOCK_THREAD_CPUTIME_ID as i32 => this_thread(),
+        id if id >= 0 => return None,
+        id if id & WHICH_MASK == CLOCKFD => Err(Errno::EINVAL),
+        id => match (!(id >> 3) as u64, id & PER_THREAD != 0) {
+            (0, true) => this_thread(),
+            (tid, true) => threads.thread_cpu_ns(tid).ok_or(Errno::EINVAL),
+            (0 | super::ids::GUEST_PID, false) => Ok(threads.process_cpu_ns()),
+            _ => Err(Errno::EINVAL),
+        },
+    })
 }
 
 /// clock_gettime(clockid, tp)
 pub(crate) fn clock_gettime(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let ns = now_ns(readable_clock(proc, args[0])?)?;
+    let ns = match cpu_time_ns(proc, args[0]) {
+        Some(cpu) => cpu?,
+        None => now_ns(args[0] as u32 as u64)?,
+    };
     user.write_timespec(args[1], ns / 1_000_000_000, ns % 1_000_000_000)?;
     value(0)
 }
 
 /// clock_getres(clockid, res): res may be NULL.
 pub(crate) fn clock_getres(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    host_clock(readable_clock(proc, args[0])?)?;
+    if let Some(cpu) = cpu_time_ns(proc, args[0]) {
+        cpu?;
+    } else {
+        host_clock(args[0] as u32 as u64)?;
+    }
     let res = if matches!(args[0], CLOCK_REALTIME_COARSE | CLOCK_MONOTONIC_COARSE) { COARSE_RESOLUTION_NS } else { 1 };
     if args[1] != 0 {
         user.write_timespec(args[1], 0, res)?;
@@ -172,11 +179,11 @@ pub(crate) fn clock_nanosleep(_proc: &mut GuestProcess, user: &UserMemory, args:
     sleep(requested)
 }
 
-/// times(buf): user time is the vCPU thread's CPU time; returns ticks of the monotonic clock.
-pub(crate) fn times(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+/// times(buf): user time is the process's CPU time; returns ticks of the monotonic clock.
+pub(crate) fn times(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let ticks_per_ns = 1_000_000_000 / CLK_TCK;
     if args[0] != 0 {
-        let cpu_ticks = now_ns(CLOCK_THREAD_CPUTIME_ID)? / ticks_per_ns;
+        let cpu_ticks = proc.threads.process_cpu_ns() / ticks_per_ns;
         let mut tms = [0u8; 32];
         tms[..8].copy_from_slice(&cpu_ticks.to_le_bytes());
         user.write(args[0], &tms)?;
@@ -184,7 +191,8 @@ pub(crate) fn times(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     value(now_ns(CLOCK_MONOTONIC)? / ticks_per_ns)
 }
 
-/// getrusage(who, usage): CPU time as in times(); max RSS is the peak guest memory in use.
+/// getrusage(who, usage): the process's or the calling thread's CPU time as user time; max RSS
+/// is the peak guest memory in use.
 pub(crate) fn getrusage(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const RUSAGE_SELF: i64 = 0;
     const RUSAGE_CHILDREN: i64 = -1;
@@ -193,7 +201,8 @@ pub(crate) fn getrusage(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     let mut usage = [0u8; 144];
     match who {
         RUSAGE_SELF | RUSAGE_THREAD => {
-            let cpu = now_ns(CLOCK_THREAD_CPUTIME_ID)?;
+            let threads = &proc.threads;
+            let cpu = if who == RUSAGE_SELF { threads.process_cpu_ns() } else { threads.thread_cpu_ns(threads.current_tid()).unwrap_or(0) };
             usage[..8].copy_from_slice(&(cpu / 1_000_000_000).to_le_bytes());
             usage[8..16].copy_from_slice(&(cpu % 1_000_000_000 / 1000).to_le_bytes());
             // ru_maxrss is in KiB.

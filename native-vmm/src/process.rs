@@ -34,6 +34,17 @@ pub struct ProcessConfig {
     pub output_cap: u64,
     /// Guest memory size in bytes (the memory limit).
     pub mem_limit: u64,
+    /// What the program was started as.
+    pub command: Command,
+}
+
+/// The program's path in the image, its argument vector and environment as it was started
+/// (/proc/self/exe, cmdline and environ).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Command {
+    pub exe: String,
+    pub argv: Vec<String>,
+    pub envp: Vec<String>,
 }
 
 /// Where the loader left room for the program's heap and mappings (guest addresses).
@@ -280,6 +291,13 @@ impl GuestProcess {
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);
         e.u64(self.config.mem_limit);
+        e.str(&self.config.command.exe);
+        for strings in [&self.config.command.argv, &self.config.command.envp] {
+            e.len(strings.len());
+            for s in strings {
+                e.str(s);
+            }
+        }
         self.config.vfs.encode_state(e);
         self.space.encode_state(e);
         self.fds.encode_state(e);
@@ -302,6 +320,9 @@ impl GuestProcess {
         let cwd_path = d.string("cwd")?;
         let stdin = d.bytes("stdin")?.to_vec();
         let mem_limit = d.u64("memory limit")?;
+        let exe = d.string("exe")?;
+        let mut strings = || -> Result<Vec<String>, DecodeError> { (0..d.count(4, "command strings")?).map(|_| d.string("command string")).collect() };
+        let command = Command { exe, argv: strings()?, envp: strings()? };
         let vfs = Vfs::decode_state(image, d)?;
         let space = AddressSpace::decode_state(d)?;
         let fds = FdTable::decode_state(d, &vfs)?;
@@ -315,7 +336,7 @@ impl GuestProcess {
         let umask = d.u32("umask")?;
         let nice = d.u32("nice")? as i32;
         let threads = Threads::decode_state(d)?;
-        let config = ProcessConfig { vfs, cwd: cwd_path, stdin, output_cap, mem_limit };
+        let config = ProcessConfig { vfs, cwd: cwd_path, stdin, output_cap, mem_limit, command };
         Ok(GuestProcess {
             config,
             space,

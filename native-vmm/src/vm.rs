@@ -185,7 +185,8 @@ fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError>
     let mem = GuestMemory::new(mem_bytes).map_err(LaunchError::Memory)?;
     let loaded = loader::load_program(&mem, &image, &program, &req.argv, &req.envp)?;
     let vfs = crate::fs::Vfs::new(image, crate::fs::DEFAULT_OVERLAY_LIMIT).map_err(LaunchError::FileSystem)?;
-    let config = ProcessConfig { vfs, cwd: req.cwd.clone(), stdin: req.stdin.clone(), output_cap: req.output_cap, mem_limit: mem_bytes };
+    let command = crate::process::Command { exe: program, argv: req.argv.clone(), envp: req.envp.clone() };
+    let config = ProcessConfig { vfs, cwd: req.cwd.clone(), stdin: req.stdin.clone(), output_cap: req.output_cap, mem_limit: mem_bytes, command };
     let mut process = GuestProcess::new(config, loaded.space);
     process.set_thread_limit(req.thread_limit);
     Ok(Prepared { mem, loaded, process })

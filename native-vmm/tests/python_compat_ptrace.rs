@@ -341,3 +341,66 @@ print(seen)
         "True True 1e-09\nTrue True True\n[22, 22, 22, 22]\n",
     );
 }
+
+#[test]
+fn proc_shows_the_process_and_the_vm() {
+    let code = r#"
+import ctypes, errno, mmap, os, resource, sys, threading
+print(os.readlink('/proc/self'), os.path.realpath(os.readlink('/proc/self/exe')) == os.path.realpath(sys.executable))
+status = dict(line.split(':\t', 1) for line in open('/proc/self/status').read().splitlines())
+print(status['Pid'], status['PPid'], status['Uid'].split()[0] == str(os.getuid()), status['Threads'], status['Name'] == open('/proc/self/comm').read().strip())
+# The fd directory lists the fds open now (the listing's own one included) and links to
+# their files; a magic link reaches an unlinked file.
+f = open('/tmp/data', 'w+')
+f.write('kept'); f.flush()
+fds = sorted(int(n) for n in os.listdir('/proc/self/fd'))
+print(f.fileno() in fds, fds[:3], os.readlink(f'/proc/self/fd/{f.fileno()}'))
+r, w = os.pipe()
+print(os.readlink(f'/proc/self/fd/{r}').startswith('pipe:['))
+os.unlink('/tmp/data')
+print(os.readlink(f'/proc/self/fd/{f.fileno()}'), open(f'/proc/self/fd/{f.fileno()}').read())
+try:
+    os.readlink('/proc/self/fd/999')
+except OSError as e:
+    print('closed fd', errno.errorcode[e.errno])
+# The memory map holds a fresh mapping, the heap and the stack.
+m = mmap.mmap(-1, 1 << 20)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+rows = [line.split() for line in open('/proc/self/maps')]
+spans = [(int(r[0].split('-')[0], 16), int(r[0].split('-')[1], 16), r[1], r[-1] if len(r) > 5 else '') for r in rows]
+print(any(s <= addr < e and p.startswith('rw') for s, e, p, _ in spans), [n for *_, n in spans if n.startswith('[')])
+statm = open('/proc/self/statm').read().split()
+stat = open('/proc/self/stat').read()
+print(len(stat.split(') ')[1].split()) + 2, stat.split()[0], int(statm[0]) > 0)
+print(open('/proc/self/cmdline', 'rb').read().split(b'\0')[:-1] == [a.encode() for a in sys.orig_argv])
+print(b'PATH=' + os.environ['PATH'].encode() in open('/proc/self/environ', 'rb').read().split(b'\0'))
+limits = [line for line in open('/proc/self/limits') if line.startswith('Max open files')][0].split()
+print(int(limits[3]) == resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+# The machine is the VM: its memory limit and its one CPU.
+meminfo = dict(line.split(':') for line in open('/proc/meminfo'))
+print(int(meminfo['MemTotal'].split()[0]) * 1024 == os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE'))
+print(open('/proc/cpuinfo').read().count('processor\t:') == os.cpu_count(), float(open('/proc/uptime').read().split()[0]) >= 0)
+print(open('/proc/sys/kernel/osrelease').read().strip() == os.uname().release, open('/proc/loadavg').read().split()[3])
+# Threads have their own directories; thread-self names the caller's.
+seen = []
+def look():
+    me = threading.get_native_id()
+    pid_line = [l for l in open(f'/proc/self/task/{me}/status') if l.startswith('Pid:')]
+    seen.append((os.readlink('/proc/thread-self'), me, sorted(os.listdir('/proc/self/task')), pid_line == [f'Pid:\t{me}\n']))
+t = threading.Thread(target=look); t.start(); t.join()
+link, tid, tasks, own_status = seen[0]
+print(link == f'1/task/{tid}', tasks == sorted([str(threading.get_native_id()), str(tid)]), own_status, os.path.exists(f'/proc/self/task/{tid}'))
+for path, mode in [('/proc/self/status', 'w'), ('/proc/meminfo', 'a'), ('/proc/self/newfile', 'w')]:
+    try:
+        open(path, mode)
+    except OSError as e:
+        print(path, errno.errorcode[e.errno])
+print(sorted(os.listdir('/proc/self'))[:4], os.path.exists('/proc/self/mem'), os.path.exists('/proc/2'))
+"#;
+    assert_prints(
+        code,
+        "1 True\n1 0 True 1 True\nTrue [0, 1, 2] /tmp/data\nTrue\n/tmp/data (deleted) kept\nclosed fd ENOENT\n\
+         True ['[heap]', '[stack]']\n52 1 True\nTrue\nTrue\nTrue\nTrue\nTrue True\nTrue 1/1\nTrue True True False\n\
+         /proc/self/status EACCES\n/proc/meminfo EACCES\n/proc/self/newfile EROFS\n['cmdline', 'comm', 'cwd', 'environ'] False False\n",
+    );
+}

@@ -342,5 +342,5 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
     daemon.restart();
     let mut s = daemon.client();
     let refused = s.call(json!({"type": "session_fork", "session": "from-old", "from": "chain", "checkpoint": u64_of(&taken[0], "checkpoint")}));
-    assert!(str_of(&refused, "message").contains("checkpoint format 2; this daemon reads format 3 only"), "{refused}");
+    assert!(str_of(&refused, "message").contains("checkpoint format 2; this daemon reads format 4 only"), "{refused}");
 }

@@ -8,6 +8,8 @@
 //!   [`WORK_DIR`] = `/work`). Overlay contents are plain memory, counted against a per-VM limit
 //!   (ENOSPC), and cloned with the VM for a fork.
 //!
+//! * `/proc` is synthetic and read-only: the process's own status, memory map, fds, threads and
+//!   a few machine files, all made from the VM's state (procfs.rs, syscalls/procfs.rs).
 //! * `/dev` holds the character devices null, zero, random and urandom, served by the VMM
 //!   ([`Device`]).
 //!
@@ -18,11 +20,13 @@ mod devices;
 mod image;
 mod overlay;
 mod path;
+mod procfs;
 mod vfs;
 
 pub use devices::Device;
 pub use image::Image;
 pub use path::{MAX_SYMLINKS, NAME_MAX, PATH_MAX};
+pub use procfs::{FdTarget, ProcNode, ProcessView, SystemFile, TaskFile};
 pub use vfs::{DirEntry, FsStats, Node, OpenOptions, Stat, Timespec, Vfs};
 
 /// The working directory of template programs (a writable directory of the Python image).

@@ -20,6 +20,10 @@ pub(crate) trait Tree {
     fn child(&self, dir: Self::Node, name: &[u8]) -> Result<Option<Self::Node>, Errno>;
     fn kind(&self, node: Self::Node) -> Result<FileKind, Errno>;
     fn link_target(&self, node: Self::Node) -> Result<Vec<u8>, Errno>;
+    /// A link followed to a node rather than by its text (/proc's fd, exe and cwd links).
+    fn magic_target(&self, _node: Self::Node) -> Option<Self::Node> {
+        None
+    }
 }
 
 fn check_length(path: &[u8]) -> Result<(), Errno> {
@@ -66,6 +70,10 @@ fn walk<T: Tree>(tree: &T, base: T::Node, path: &[u8], follow_last: bool, budget
                 return Err(Errno::ELOOP);
             }
             *budget -= 1;
+            if let Some(target) = tree.magic_target(child) {
+                cur = target;
+                continue;
+            }
             let target = tree.link_target(child)?;
             if target.is_empty() {
                 return Err(Errno::ENOENT);

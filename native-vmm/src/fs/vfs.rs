@@ -15,6 +15,7 @@ use super::devices::{Device, DEV_DIR};
 use super::image::{Image, ImageKind};
 use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
 use super::path::{self, Tree};
+use super::procfs::{NoProcess, ProcNode, ProcessView, SystemDir};
 use super::{FileKind, W_OK, X_OK};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
@@ -29,7 +30,19 @@ enum NodeId {
     /// The synthetic /dev directory and its devices (devices.rs).
     DevDir,
     Device(Device),
+    /// The synthetic /proc (procfs.rs).
+    Proc(ProcNode),
 }
+
+impl Node {
+    /// The root directory.
+    pub const ROOT: Node = Node(NodeId::Image(0));
+}
+
+/// The synthetic /proc's name under the root.
+const PROC_DIR: &[u8] = b"proc";
+/// /proc's inode numbers start here (above /dev's, below the overlay's).
+const PROC_INO_BASE: u64 = 3 << 30;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Timespec {
@@ -86,6 +99,7 @@ pub struct FsStats {
 
 const TMPFS_MAGIC: u64 = 0x0102_1994;
 const SQUASHFS_MAGIC: u64 = 0x7371_7368;
+const PROC_SUPER_MAGIC: u64 = 0x9fa0;
 
 /// One getdents64 record's worth.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +187,7 @@ impl Vfs {
                 let files = 1 + Device::ALL.len() as u64;
                 FsStats { magic: TMPFS_MAGIC, block_size: block, blocks: 0, free_blocks: 0, files, free_files: 0, fsid: 3, read_only: false }
             }
+            NodeId::Proc(_) => FsStats { magic: PROC_SUPER_MAGIC, block_size: block, blocks: 0, free_blocks: 0, files: 0, free_files: 0, fsid: 4, read_only: true },
         })
     }
 
@@ -180,12 +195,22 @@ impl Vfs {
     /// symlink is followed when `follow_last` (stat vs lstat, O_NOFOLLOW, AT_SYMLINK_NOFOLLOW).
     /// Errors: ENOENT, ENOTDIR, ELOOP (more than 40 links), ENAMETOOLONG.
     pub fn resolve(&self, base: Node, path: &[u8], follow_last: bool) -> Result<Node, Errno> {
-        path::resolve(self, base, path, follow_last)
+        self.resolve_in(&NoProcess, base, path, follow_last)
+    }
+
+    /// `resolve` for a running program: /proc's fd, task and cwd entries come from `view`.
+    pub fn resolve_in(&self, view: &dyn ProcessView, base: Node, path: &[u8], follow_last: bool) -> Result<Node, Errno> {
+        path::resolve(&Lookup { vfs: self, view }, base, path, follow_last)
     }
 
     /// openat: resolves or creates per `opts`; on success the node is held open until `close`.
     /// Writing anything in the image gives EROFS, a directory opened for writing EISDIR.
     pub fn open(&mut self, base: Node, path: &[u8], opts: &OpenOptions) -> Result<Node, Errno> {
+        self.open_in(&NoProcess, base, path, opts)
+    }
+
+    /// `open` for a running program (see `resolve_in`).
+    pub fn open_in(&mut self, view: &dyn ProcessView, base: Node, path: &[u8], opts: &OpenOptions) -> Result<Node, Errno> {
         if opts.create && opts.directory {
             // Linux (since 6.4) refuses O_CREAT|O_DIRECTORY outright.
             return Err(Errno::EINVAL);
@@ -194,7 +219,7 @@ impl Vfs {
             let (dir, name) = path::resolve_parent(self, base, path)?;
             match self.child(dir, &name)? {
                 Some(_) if opts.exclusive => return Err(Errno::EEXIST),
-                Some(_) => (self.resolve(base, path, !opts.nofollow)?, false),
+                Some(_) => (self.resolve_in(view, base, path, !opts.nofollow)?, false),
                 // O_CREAT never makes a directory ("new/" or ".").
                 None if name == b"." || name == b".." || path.last() == Some(&b'/') => return Err(Errno::EISDIR),
                 None => {
@@ -203,7 +228,7 @@ impl Vfs {
                 }
             }
         } else {
-            (self.resolve(base, path, !opts.nofollow)?, false)
+            (self.resolve_in(view, base, path, !opts.nofollow)?, false)
         };
         let kind = self.kind(node)?;
         if kind == FileKind::Symlink {
@@ -218,6 +243,10 @@ impl Vfs {
         if opts.write {
             if kind == FileKind::Directory {
                 return Err(Errno::EISDIR);
+            }
+            // /proc's files have no write bit for anyone (Linux: EACCES, not EROFS).
+            if let NodeId::Proc(_) = node.0 {
+                return Err(Errno::EACCES);
             }
             // Devices are writable; O_TRUNC does nothing to them, as on Linux.
             if kind != FileKind::CharDevice {
@@ -251,6 +280,15 @@ impl Vfs {
             NodeId::Overlay(id) => Ok(self.overlay.get(id)?.file_kind()),
             NodeId::DevDir => Ok(FileKind::Directory),
             NodeId::Device(_) => Ok(FileKind::CharDevice),
+            NodeId::Proc(p) => Ok(p.kind()),
+        }
+    }
+
+    /// The /proc node a node is, if it is one.
+    pub fn proc_node(&self, node: Node) -> Option<ProcNode> {
+        match node.0 {
+            NodeId::Proc(p) => Some(p),
+            _ => None,
         }
     }
 
@@ -270,8 +308,8 @@ impl Vfs {
                     ImageKind::File { size, .. } => (*size, 0),
                     ImageKind::Dir { children } => {
                         let dirs = children.iter().filter(|&&c| self.image.node(c).file_kind() == FileKind::Directory).count();
-                        let dev_dir = usize::from(i == 0 && self.image.child(0, DEV_DIR).ok().flatten().is_none());
-                        (BLOCK_SIZE as u64, dirs + dev_dir + self.mounts.iter().filter(|m| m.parent == i).count())
+                        let synthetic = |name| usize::from(i == 0 && self.image.child(0, name).ok().flatten().is_none());
+                        (BLOCK_SIZE as u64, dirs + synthetic(DEV_DIR) + synthetic(PROC_DIR) + self.mounts.iter().filter(|m| m.parent == i).count())
                     }
                     ImageKind::Symlink { target } => (target.len() as u64, 0),
                 };
@@ -291,6 +329,16 @@ impl Vfs {
             }
             NodeId::DevDir => (ino(node), FileKind::Directory, 0o755, BLOCK_SIZE as u64, OVERLAY_TIME, 0),
             NodeId::Device(_) => (ino(node), FileKind::CharDevice, 0o666, 0, OVERLAY_TIME, 0),
+            // /proc's files read as size 0 (they are made when read); nlink 2 for every
+            // directory (its subdirectories change as threads come and go).
+            NodeId::Proc(p) => {
+                let perm = match p.kind() {
+                    FileKind::Directory => 0o555,
+                    FileKind::Symlink => 0o777,
+                    _ => 0o444,
+                };
+                (ino(node), p.kind(), perm, 0, OVERLAY_TIME, 0)
+            }
         };
         let nlink = match kind {
             FileKind::Directory => 2 + subdirs as u32,
@@ -302,8 +350,8 @@ impl Vfs {
             mode: kind.mode_bits() | perm,
             nlink,
             // The guest (an unprivileged user) owns what it wrote; the image and /dev are root's.
-            uid: if matches!(node.0, NodeId::Overlay(_)) { crate::loader::GUEST_UID as u32 } else { 0 },
-            gid: if matches!(node.0, NodeId::Overlay(_)) { crate::loader::GUEST_GID as u32 } else { 0 },
+            uid: if self.owned_by_guest(node) { crate::loader::GUEST_UID as u32 } else { 0 },
+            gid: if self.owned_by_guest(node) { crate::loader::GUEST_GID as u32 } else { 0 },
             rdev: self.device(node).map_or(0, Device::rdev),
             size,
             blksize: BLOCK_SIZE,
@@ -312,6 +360,16 @@ impl Vfs {
             mtime,
             ctime: mtime,
         })
+    }
+
+    /// The guest (an unprivileged user) owns what it wrote and its own /proc directory; the
+    /// image, /dev and the rest of /proc are root's.
+    fn owned_by_guest(&self, node: Node) -> bool {
+        match node.0 {
+            NodeId::Overlay(_) => true,
+            NodeId::Proc(p) => p.of_process(),
+            _ => false,
+        }
     }
 
     /// The whole contents of a regular file (for mmap and exec): EISDIR for a directory,
@@ -329,7 +387,8 @@ impl Vfs {
                 OverlayKind::Symlink(_) => Err(Errno::EINVAL),
             },
             NodeId::DevDir => Err(Errno::EISDIR),
-            NodeId::Device(_) => Err(Errno::ENODEV),
+            // A /proc file's bytes are rendered per open (syscalls::procfs), not kept here.
+            NodeId::Device(_) | NodeId::Proc(_) => Err(Errno::ENODEV),
         }
     }
 
@@ -377,6 +436,11 @@ impl Vfs {
     /// The entries of a directory, "." and ".." first, then by name; an image directory also
     /// lists the writable mounts it holds.
     pub fn read_dir(&self, node: Node) -> Result<Vec<DirEntry>, Errno> {
+        self.read_dir_in(&NoProcess, node)
+    }
+
+    /// `read_dir` for a running program (/proc's fd and task directories list its own).
+    pub fn read_dir_in(&self, view: &dyn ProcessView, node: Node) -> Result<Vec<DirEntry>, Errno> {
         if self.kind(node)? != FileKind::Directory {
             return Err(Errno::ENOTDIR);
         }
@@ -395,6 +459,7 @@ impl Vfs {
                 }
                 if i == 0 {
                     named.insert(DEV_DIR.to_vec(), Node(NodeId::DevDir));
+                    named.insert(PROC_DIR.to_vec(), Node(NodeId::Proc(ProcNode::Dir(SystemDir::Root))));
                 }
                 for m in self.mounts.iter().filter(|m| m.parent == i) {
                     named.insert(m.name.clone(), Node(NodeId::Overlay(m.root)));
@@ -406,6 +471,13 @@ impl Vfs {
                 }
             }
             NodeId::Device(_) => {}
+            // Listed in /proc's own order (the pid before the names), not sorted by name.
+            NodeId::Proc(p) => {
+                for (name, child) in p.entries(view) {
+                    let child = Node(NodeId::Proc(child));
+                    entries.push(DirEntry { name, ino: ino(child), kind: self.kind(child)? });
+                }
+            }
             NodeId::Overlay(id) => {
                 if let OverlayKind::Dir(children) = &self.overlay.get(id)?.kind {
                     for (name, &c) in children {
@@ -422,7 +494,12 @@ impl Vfs {
 
     /// readlink: the target of a symlink node (EINVAL for anything else).
     pub fn readlink(&self, node: Node) -> Result<Vec<u8>, Errno> {
-        self.link_target(node)
+        self.readlink_in(&NoProcess, node)
+    }
+
+    /// `readlink` for a running program: /proc's exe, cwd and fd links show its own files.
+    pub fn readlink_in(&self, view: &dyn ProcessView, node: Node) -> Result<Vec<u8>, Errno> {
+        Lookup { vfs: self, view }.link_target(node)
     }
 
     /// The absolute path of a node (getcwd, /proc/self/fd style answers). An unlinked overlay
@@ -452,7 +529,38 @@ impl Vfs {
             }
             NodeId::DevDir => Ok([b"/", DEV_DIR].concat()),
             NodeId::Device(device) => Ok([b"/", DEV_DIR, b"/", device.name()].concat()),
+            NodeId::Proc(p) => {
+                let mut names = Vec::new();
+                let mut cur = p;
+                while let Some(parent) = cur.parent() {
+                    let name = parent.entries(&NoProcess).into_iter().find(|(_, c)| *c == cur).map(|(n, _)| n);
+                    // A thread's or fd's entry is a number (not listed without a process).
+                    names.push(name.unwrap_or_else(|| match cur {
+                        ProcNode::Thread(n) | ProcNode::Fd(n) => n.to_string().into_bytes(),
+                        _ => Vec::new(),
+                    }));
+                    cur = parent;
+                }
+                let mut out = [b"/", PROC_DIR].concat();
+                for name in names.iter().rev() {
+                    out.push(b'/');
+                    out.extend_from_slice(name);
+                }
+                Ok(out)
+            }
         }
+    }
+
+    /// The path a /proc link shows for `node`: its path, marked " (deleted)" once an overlay
+    /// file is unlinked, as Linux marks it.
+    fn link_path(&self, node: Node) -> Option<Vec<u8>> {
+        let mut path = self.path_of(node).ok()?;
+        if let NodeId::Overlay(id) = node.0 {
+            if !self.overlay.get(id).ok()?.linked {
+                path.extend_from_slice(b" (deleted)");
+            }
+        }
+        Some(path)
     }
 
     /// access/faccessat: W_OK needs the overlay or a device (EROFS); on the overlay, which the
@@ -462,6 +570,9 @@ impl Vfs {
         let stat = self.stat(node)?;
         if mode & W_OK != 0 && matches!(node.0, NodeId::Image(_) | NodeId::DevDir) {
             return Err(Errno::EROFS);
+        }
+        if mode & W_OK != 0 && matches!(node.0, NodeId::Proc(_)) {
+            return Err(Errno::EACCES);
         }
         if let NodeId::Overlay(_) = node.0 {
             let owner_bits = (stat.mode >> 6) & 0o7;
@@ -576,7 +687,7 @@ impl Vfs {
     /// The overlay id of a node that may be modified: EROFS for image nodes and /dev.
     fn overlay_id(&self, node: Node) -> Result<u64, Errno> {
         match node.0 {
-            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) => Err(Errno::EROFS),
+            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => Err(Errno::EROFS),
             NodeId::Overlay(id) => Ok(id),
         }
     }
@@ -600,7 +711,7 @@ impl Vfs {
     fn check_removable(&self, node: Node) -> Result<(), Errno> {
         match node.0 {
             NodeId::Overlay(id) if self.mounts.iter().any(|m| m.root == id) => Err(Errno::EBUSY),
-            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) => Err(Errno::EROFS),
+            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => Err(Errno::EROFS),
             NodeId::Overlay(_) => Ok(()),
         }
     }
@@ -630,6 +741,51 @@ fn ino(node: Node) -> u64 {
         NodeId::DevDir => DEV_INO_BASE,
         NodeId::Device(device) => DEV_INO_BASE + 1 + u64::from(device.index()),
         NodeId::Overlay(id) => OVERLAY_INO_BASE + id,
+        // Codes fit below 2^37 (procfs.rs): far from the overlay's numbers.
+        NodeId::Proc(p) => PROC_INO_BASE + p.code(),
+    }
+}
+
+/// Path lookups in one VM's file system as a running program sees it.
+struct Lookup<'a> {
+    vfs: &'a Vfs,
+    view: &'a dyn ProcessView,
+}
+
+impl Tree for Lookup<'_> {
+    type Node = Node;
+
+    fn root(&self) -> Node {
+        Node::ROOT
+    }
+
+    fn parent(&self, node: Node) -> Result<Node, Errno> {
+        self.vfs.parent(node)
+    }
+
+    fn child(&self, dir: Node, name: &[u8]) -> Result<Option<Node>, Errno> {
+        match dir.0 {
+            NodeId::Proc(p) if p.kind() == FileKind::Directory => Ok(p.child(self.view, name).map(|c| Node(NodeId::Proc(c)))),
+            _ => self.vfs.child(dir, name),
+        }
+    }
+
+    fn kind(&self, node: Node) -> Result<FileKind, Errno> {
+        self.vfs.kind(node)
+    }
+
+    fn link_target(&self, node: Node) -> Result<Vec<u8>, Errno> {
+        match node.0 {
+            NodeId::Proc(p) => p.link_text(self.view, |n| self.vfs.link_path(n)).ok_or(if p.kind() == FileKind::Symlink { Errno::ENOENT } else { Errno::EINVAL }),
+            _ => self.vfs.link_target(node),
+        }
+    }
+
+    fn magic_target(&self, node: Node) -> Option<Node> {
+        match node.0 {
+            NodeId::Proc(p) => p.magic_target(self.view),
+            _ => None,
+        }
     }
 }
 
@@ -637,7 +793,7 @@ impl Tree for Vfs {
     type Node = Node;
 
     fn root(&self) -> Node {
-        Node(NodeId::Image(0))
+        Node::ROOT
     }
 
     fn parent(&self, node: Node) -> Result<Node, Errno> {
@@ -650,11 +806,13 @@ impl Tree for Vfs {
                     Ok(Node(NodeId::Image(mount.parent)))
                 }
             },
-            NodeId::DevDir => Ok(Node(NodeId::Image(0))),
+            NodeId::DevDir => Ok(Node::ROOT),
             NodeId::Device(_) => Ok(Node(NodeId::DevDir)),
+            NodeId::Proc(p) => Ok(p.parent().map_or(Node::ROOT, |parent| Node(NodeId::Proc(parent)))),
         }
     }
 
+    /// A child as no program sees it: /proc's process parts are empty (see `Lookup`).
     fn child(&self, dir: Node, name: &[u8]) -> Result<Option<Node>, Errno> {
         match dir.0 {
             NodeId::Image(i) => {
@@ -664,12 +822,17 @@ impl Tree for Vfs {
                 if i == 0 && name == DEV_DIR {
                     return Ok(Some(Node(NodeId::DevDir)));
                 }
+                if i == 0 && name == PROC_DIR {
+                    return Ok(Some(Node(NodeId::Proc(ProcNode::Dir(SystemDir::Root)))));
+                }
                 self.image_node(i)?;
                 Ok(self.image.child(i, name)?.map(|c| Node(NodeId::Image(c))))
             }
             NodeId::Overlay(id) => Ok(self.overlay.child(id, name)?.map(|c| Node(NodeId::Overlay(c)))),
             NodeId::DevDir => Ok(Device::by_name(name).map(|d| Node(NodeId::Device(d)))),
             NodeId::Device(_) => Err(Errno::ENOTDIR),
+            NodeId::Proc(p) if p.kind() == FileKind::Directory => Ok(p.child(&NoProcess, name).map(|c| Node(NodeId::Proc(c)))),
+            NodeId::Proc(_) => Err(Errno::ENOTDIR),
         }
     }
 
@@ -688,6 +851,7 @@ impl Tree for Vfs {
                 _ => Err(Errno::EINVAL),
             },
             NodeId::DevDir | NodeId::Device(_) => Err(Errno::EINVAL),
+            NodeId::Proc(_) => Lookup { vfs: self, view: &NoProcess }.link_target(node),
         }
     }
 }
@@ -709,6 +873,10 @@ impl Node {
             NodeId::Device(device) => {
                 e.u8(3);
                 e.u8(device.index());
+            }
+            NodeId::Proc(p) => {
+                e.u8(4);
+                e.u64(p.code());
             }
         }
     }
@@ -743,6 +911,10 @@ impl Vfs {
             3 => {
                 let index = d.u8("device")?;
                 Node(NodeId::Device(Device::from_index(index).ok_or_else(|| DecodeError::new(format!("device {index}")))?))
+            }
+            4 => {
+                let code = d.u64("proc node")?;
+                Node(NodeId::Proc(ProcNode::from_code(code).ok_or_else(|| DecodeError::new(format!("proc node {code:#x}")))?))
             }
             t => return Err(DecodeError::new(format!("node tag {t}"))),
         };
@@ -841,7 +1013,27 @@ mod tests {
         let (_d, vfs) = sample_vfs(1 << 20);
         let root = vfs.root();
         assert_eq!(vfs.resolve(root, b"/etc/shadow", true), Err(Errno::ENOENT));
-        assert_eq!(vfs.resolve(root, b"/proc/self/maps", true), Err(Errno::ENOENT));
+        // /proc is the VMM's own: no host entry (mem, another pid, a host file) exists in it,
+        // nothing in it is writable, and it lists only what it makes.
+        for absent in [&b"/proc/self/mem"[..], b"/proc/2", b"/proc/self/fd/0", b"/proc/kcore", b"/proc/sys/kernel/core_pattern", b"/proc/self/root"] {
+            assert_eq!(vfs.resolve(root, absent, true), Err(Errno::ENOENT), "{}", String::from_utf8_lossy(absent));
+        }
+        let maps = vfs.resolve(root, b"/proc/self/maps", true).unwrap();
+        assert_eq!(vfs.path_of(maps).unwrap(), b"/proc/1/maps");
+        assert_eq!(vfs.contents(maps), Err(Errno::ENODEV), "made by the syscall layer, per open");
+        assert_eq!(vfs.access(maps, W_OK), Err(Errno::EACCES));
+        assert_eq!(vfs.stat(maps).unwrap().mode, 0o100444);
+        assert_eq!(vfs.statfs(maps).unwrap().magic, 0x9fa0);
+        let proc_dir = vfs.resolve(root, b"/proc", true).unwrap();
+        assert_eq!(vfs.resolve(proc_dir, b"..", true), Ok(root));
+        assert_eq!(vfs.resolve(root, b"/proc/self/../self/status", true).and_then(|n| vfs.path_of(n)), Ok(b"/proc/1/status".to_vec()));
+        assert_eq!(vfs.readlink(vfs.resolve(root, b"/proc/self", false).unwrap()), Ok(b"1".to_vec()));
+        let (_d, mut vfs) = sample_vfs(1 << 20);
+        assert_eq!(vfs.mkdir(root, b"/proc/x", 0o755), Err(Errno::EROFS));
+        assert_eq!(vfs.open(root, b"/proc/self/status", &OpenOptions { write: true, ..RO }), Err(Errno::EACCES));
+        assert_eq!(vfs.open(root, b"/proc/new", &RW_CREATE), Err(Errno::EROFS));
+        assert_eq!(vfs.unlink(root, b"/proc/self/status"), Err(Errno::EROFS));
+        assert_eq!(vfs.rmdir(root, b"/proc"), Err(Errno::EROFS));
         assert_eq!(vfs.resolve(root, b"/lib/x", true), Err(Errno::ENOENT));
         assert!(vfs.image().file_bytes("/etc/shadow").is_none());
     }
@@ -867,14 +1059,15 @@ mod tests {
     fn root_listing_merges_writable_mounts() {
         let (_d, vfs) = sample_vfs(1 << 20);
         let names: Vec<String> = vfs.read_dir(vfs.root()).unwrap().iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
-        assert_eq!(names, [".", "..", "bin", "dev", "etc", "lib", "loop1", "loop2", "tmp", "usr", "work"]);
+        assert_eq!(names, [".", "..", "bin", "dev", "etc", "lib", "loop1", "loop2", "proc", "tmp", "usr", "work"]);
         let entries = vfs.read_dir(vfs.root()).unwrap();
         assert_eq!(entries[2].kind, FileKind::Symlink);
         assert_eq!(entries[3].kind, FileKind::Directory);
         assert_eq!(entries[8].kind, FileKind::Directory);
+        assert_eq!(entries[9].kind, FileKind::Directory);
         assert_eq!(entries[0].ino, entries[1].ino, "the root is its own parent");
-        // Root nlink: 2 + dev, etc, usr, tmp, work.
-        assert_eq!(vfs.stat(vfs.root()).unwrap().nlink, 7);
+        // Root nlink: 2 + dev, etc, proc, usr, tmp, work.
+        assert_eq!(vfs.stat(vfs.root()).unwrap().nlink, 8);
         let passwd = vfs.resolve(vfs.root(), b"/etc/passwd", true).unwrap();
         assert_eq!(vfs.read_dir(passwd), Err(Errno::ENOTDIR));
     }

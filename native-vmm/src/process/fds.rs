@@ -6,6 +6,7 @@
 //! interest list (process/epoll.rs).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use super::epoll::EpollSet;
 use super::output::Stream;
@@ -80,12 +81,15 @@ pub struct Description {
     pub flags: u32,
     /// File position (for directories: the index of the next entry getdents64 returns).
     pub offset: u64,
+    /// A /proc file's bytes, made when it was opened (reads see that moment, as a Linux
+    /// /proc file read in one go does).
+    pub contents: Option<Arc<[u8]>>,
     refs: u32,
 }
 
 impl Description {
     pub fn new(object: Object, flags: u32) -> Description {
-        Description { object, flags, offset: 0, refs: 0 }
+        Description { object, flags, offset: 0, contents: None, refs: 0 }
     }
 
     pub fn readable(&self) -> bool {
@@ -238,6 +242,11 @@ impl FdTable {
     pub fn get_mut(&mut self, fd: u64) -> Result<&mut Description, Errno> {
         let slot = self.slot(fd)?;
         self.descriptions[slot.description].as_mut().ok_or(Errno::EBADF)
+    }
+
+    /// The open fds in ascending order, with their descriptions.
+    pub fn open_fds(&self) -> impl Iterator<Item = (u64, &Description)> + '_ {
+        self.fds.iter().enumerate().filter_map(|(fd, slot)| Some((fd as u64, self.descriptions[slot.as_ref()?.description].as_ref()?)))
     }
 
     pub fn cloexec(&self, fd: u64) -> Result<bool, Errno> {
@@ -699,6 +708,13 @@ impl FdTable {
             d.object.encode_state(e);
             e.u32(d.flags);
             e.u64(d.offset);
+            match &d.contents {
+                None => e.u8(0),
+                Some(contents) => {
+                    e.u8(1);
+                    e.bytes(contents);
+                }
+            }
             e.u32(d.refs);
         });
         encode_slots(e, &self.pipes, |e, p| {
@@ -723,7 +739,13 @@ impl FdTable {
         }
         let descriptions = decode_slots(d, "description", |d| {
             let object = Object::decode_state(d, vfs)?;
-            Ok(Description { object, flags: d.u32("description flags")?, offset: d.u64("description offset")?, refs: d.u32("description refs")? })
+            let (flags, offset) = (d.u32("description flags")?, d.u64("description offset")?);
+            let contents = match d.u8("description contents")? {
+                0 => None,
+                1 => Some(d.bytes("description contents")?.into()),
+                t => return Err(DecodeError::new(format!("description contents tag {t}"))),
+            };
+            Ok(Description { object, flags, offset, contents, refs: d.u32("description refs")? })
         })?;
         let pipes = decode_slots(d, "pipe", |d| {
             let len = d.count(1, "pipe buffer")?;

@@ -134,6 +134,24 @@ impl MemoryMap {
         self.mapped_bytes + (self.brk_end() - self.space.brk_start)
     }
 
+    /// The heap: [brk_start, the break rounded up to a page).
+    pub fn heap(&self) -> (u64, u64) {
+        (self.space.brk_start, self.brk_end())
+    }
+
+    /// The mapped regions as (start, end, prot), ascending, neighbours of one protection
+    /// merged (as Linux merges adjacent anonymous mappings).
+    pub fn regions(&self) -> Vec<(u64, u64, u32)> {
+        let mut out: Vec<(u64, u64, u32)> = Vec::new();
+        for (&start, region) in &self.regions {
+            match out.last_mut() {
+                Some(last) if last.1 == start && last.2 == region.prot => last.1 = region.end,
+                _ => out.push((start, region.end, region.prot)),
+            }
+        }
+        out
+    }
+
     /// The largest `in_use` seen.
     pub fn peak(&self) -> u64 {
         self.peak_bytes

@@ -278,6 +278,11 @@ impl Threads {
         self.get_mut(tid).expect("the current thread is alive")
     }
 
+    /// The live threads' tids, ascending.
+    pub fn tids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.list.iter().map(|t| t.tid)
+    }
+
     pub fn get(&self, tid: u64) -> Option<&Thread> {
         self.list.binary_search_by_key(&tid, |t| t.tid).ok().map(|i| &self.list[i])
     }

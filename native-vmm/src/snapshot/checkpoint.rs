@@ -70,7 +70,7 @@ use crate::memory::{page_ranges, GuestMemory, PageSet};
 use crate::process::GuestProcess;
 
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Longest chain a restore follows (parents of one checkpoint); the writer keeps well below.
 pub const MAX_DEPTH: u64 = 64;
 const BLOCK: usize = crate::layout::PAGE_SIZE as usize;

@@ -27,7 +27,8 @@ use crate::memory::GuestMemory;
 pub const MAGIC: [u8; 8] = *b"SFTEMPL\0";
 /// Bumped whenever the layout or any encoded state changes meaning.
 /// 4: templates carry the vDSO (glibc keeps pointers into it) and read its data page.
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: the process state keeps the program's command, pipe sizes, /proc files and access times.
+pub const FORMAT_VERSION: u32 = 5;
 pub const HEADER_LEN: usize = 24;
 pub const HASH_LEN: usize = 32;
 

@@ -56,7 +56,7 @@ fn test_image() -> (Arc<Image>, TempDir) {
 
 fn new_process(image: Arc<Image>) -> GuestProcess {
     let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
-    let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: b"standard input".to_vec(), output_cap: 1 << 20, mem_limit: MEM };
+    let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: b"standard input".to_vec(), output_cap: 1 << 20, mem_limit: MEM, command: Default::default() };
     GuestProcess::new(config, AddressSpace { brk_start: 4 * MIB, mmap_low: 4 * MIB, mmap_high: 14 * MIB })
 }
 

@@ -8,6 +8,7 @@
 //! pipe whose write end is still open, a blocking write to a full pipe) waits for another
 //! thread to move the data (`syscalls::wait_ready`).
 
+use super::procfs::{self, ProcessFacts};
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, FsStats, Node, OpenOptions, Stat, Timespec};
@@ -68,6 +69,12 @@ fn base_dir(proc: &GuestProcess, dirfd: u64, path: &[u8]) -> Result<Node, Errno>
         Object::Node(node) if proc.config.vfs.kind(node)? == FileKind::Directory => Ok(node),
         _ => Err(Errno::ENOTDIR),
     }
+}
+
+/// Resolves `path` from `base` as the program sees the file system (/proc shows its fds,
+/// threads and working directory).
+fn resolve(proc: &GuestProcess, base: Node, path: &[u8], follow_last: bool) -> Result<Node, Errno> {
+    proc.config.vfs.resolve_in(&ProcessFacts::of(proc), base, path, follow_last)
 }
 
 /// Reads the path argument and the directory it is relative to.
@@ -177,7 +184,10 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
             n
         }
         Object::Node(node) => {
-            let data = proc.config.vfs.contents(node)?;
+            let data = match &desc.contents {
+                Some(contents) => contents,
+                None => proc.config.vfs.contents(node)?,
+            };
             let pos = at.unwrap_or(offset);
             let start = pos.min(data.len() as u64) as usize;
             let n = (data.len() - start).min(len as usize);
@@ -413,9 +423,13 @@ fn open_common(proc: &mut GuestProcess, user: &UserMemory, dirfd: u64, path: u64
         nofollow: flags & O_NOFOLLOW != 0,
         mode: (mode as u32) & 0o7777 & !proc.umask,
     };
-    let node = proc.config.vfs.open(base, &path, &opts)?;
+    let facts = ProcessFacts { fds: &proc.fds, threads: &proc.threads, cwd: proc.cwd, exe: &proc.config.command.exe };
+    let node = proc.config.vfs.open_in(&facts, base, &path, &opts)?;
     let status = (flags & STATUS_FLAGS) | O_LARGEFILE;
-    match proc.fds.install(Description::new(Object::Node(node), status as u32), 0, flags & O_CLOEXEC != 0) {
+    let mut description = Description::new(Object::Node(node), status as u32);
+    // A /proc file's bytes are made once, at open, and read from the description.
+    description.contents = proc.config.vfs.proc_node(node).and_then(|p| procfs::render(proc, p)).map(Into::into);
+    match proc.fds.install(description, 0, flags & O_CLOEXEC != 0) {
         Ok(fd) => value(fd),
         Err(e) => {
             proc.config.vfs.close(node);
@@ -621,7 +635,7 @@ pub(super) fn stat_target(proc: &GuestProcess, user: &UserMemory, dirfd: u64, pa
         return stat_of_fd(proc, fd_arg(dirfd));
     }
     let base = base_dir(proc, dirfd, &path_bytes)?;
-    let node = proc.config.vfs.resolve(base, &path_bytes, flags & AT_SYMLINK_NOFOLLOW == 0)?;
+    let node = resolve(proc, base, &path_bytes, flags & AT_SYMLINK_NOFOLLOW == 0)?;
     proc.config.vfs.stat(node)
 }
 
@@ -675,7 +689,7 @@ fn statfs_bytes(s: &FsStats) -> [u8; 120] {
 /// statfs(path, buf)
 pub(crate) fn statfs(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (base, path) = path_at(proc, user, AT_FDCWD as u64, args[0])?;
-    let node = proc.config.vfs.resolve(base, &path, true)?;
+    let node = resolve(proc, base, &path, true)?;
     user.write(args[1], &statfs_bytes(&proc.config.vfs.statfs(node)?))?;
     value(0)
 }
@@ -698,7 +712,7 @@ pub(crate) fn getdents64(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let (dirp, count) = (args[1], args[2].min(MAX_IO));
     let desc = proc.fds.get(fd)?;
     let Object::Node(node) = desc.object else { return Err(Errno::ENOTDIR) };
-    let entries = proc.config.vfs.read_dir(node)?;
+    let entries = proc.config.vfs.read_dir_in(&ProcessFacts::of(proc), node)?;
     user.check(dirp, count)?;
     let mut out = Vec::new();
     let mut index = desc.offset;
@@ -731,7 +745,7 @@ pub(crate) fn faccessat2(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         return Err(Errno::EINVAL);
     }
     let (base, path) = path_at(proc, user, args[0], args[1])?;
-    let node = proc.config.vfs.resolve(base, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?;
+    let node = resolve(proc, base, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?;
     proc.config.vfs.access(node, mode as u32)?;
     value(0)
 }
@@ -753,8 +767,8 @@ pub(crate) fn readlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         return Err(Errno::EINVAL);
     }
     let (base, path) = path_at(proc, user, args[0], args[1])?;
-    let node = proc.config.vfs.resolve(base, &path, false)?;
-    let target = proc.config.vfs.readlink(node)?;
+    let node = resolve(proc, base, &path, false)?;
+    let target = proc.config.vfs.readlink_in(&ProcessFacts::of(proc), node)?;
     let n = target.len().min(size as usize);
     user.write(args[2], &target[..n])?;
     value(n as u64)
@@ -790,7 +804,7 @@ fn change_dir(proc: &mut GuestProcess, node: Node) -> SysResult {
 /// chdir(path)
 pub(crate) fn chdir(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (base, path) = path_at(proc, user, AT_FDCWD as u64, args[0])?;
-    let node = proc.config.vfs.resolve(base, &path, true)?;
+    let node = resolve(proc, base, &path, true)?;
     change_dir(proc, node)
 }
 
@@ -851,7 +865,7 @@ pub(crate) fn renameat2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     }
     let (old_base, old_path) = path_at(proc, user, args[0], args[1])?;
     let (new_base, new_path) = path_at(proc, user, args[2], args[3])?;
-    if flags & RENAME_NOREPLACE != 0 && proc.config.vfs.resolve(new_base, &new_path, false).is_ok() {
+    if flags & RENAME_NOREPLACE != 0 && resolve(proc, new_base, &new_path, false).is_ok() {
         return Err(Errno::EEXIST);
     }
     proc.config.vfs.rename(old_base, &old_path, new_base, &new_path)?;
@@ -898,7 +912,7 @@ pub(crate) fn ftruncate(proc: &mut GuestProcess, _user: &UserMemory, args: [u64;
 pub(crate) fn truncate(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let len = non_negative(args[1])?;
     let (base, path) = path_at(proc, user, AT_FDCWD as u64, args[0])?;
-    let node = proc.config.vfs.resolve(base, &path, true)?;
+    let node = resolve(proc, base, &path, true)?;
     if proc.config.vfs.kind(node)? == FileKind::Directory {
         return Err(Errno::EISDIR);
     }
@@ -909,7 +923,7 @@ pub(crate) fn truncate(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
 /// fchmodat(dirfd, path, mode): permission bits of an overlay node (EROFS in the image).
 pub(crate) fn fchmodat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (base, path) = path_at(proc, user, args[0], args[1])?;
-    let node = proc.config.vfs.resolve(base, &path, true)?;
+    let node = resolve(proc, base, &path, true)?;
     proc.config.vfs.chmod(node, args[2] as u32 & 0o7777)?;
     value(0)
 }
@@ -961,7 +975,7 @@ pub(crate) fn utimensat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
         }
     } else {
         let (base, path) = path_at(proc, user, dirfd, path)?;
-        proc.config.vfs.resolve(base, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?
+        resolve(proc, base, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?
     };
     let time = match mtime {
         None => return value(0),

@@ -8,11 +8,14 @@ use crate::sys;
 
 /// uname(buf): a fixed identity. The release names the Linux ABI the layer follows, tagged so
 /// nobody mistakes it for a real kernel.
+/// uname's fields: sysname, nodename, release, version, machine, domainname (/proc shows
+/// them too).
+pub(super) const UNAME: [&[u8]; 6] = [b"Linux", b"sandfork", b"6.1.0-sandfork", b"#1 SMP sandfork process VM", b"x86_64", b"(none)"];
+
 pub(crate) fn uname(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const FIELD: usize = 65;
-    let fields: [&[u8]; 6] = [b"Linux", b"sandfork", b"6.1.0-sandfork", b"#1 SMP sandfork process VM", b"x86_64", b"(none)"];
     let mut buf = [0u8; FIELD * 6];
-    for (i, field) in fields.iter().enumerate() {
+    for (i, field) in UNAME.iter().enumerate() {
         buf[i * FIELD..i * FIELD + field.len()].copy_from_slice(field);
     }
     user.write(args[0], &buf)?;
@@ -75,7 +78,7 @@ const THREAD_STACK: u64 = 2 << 20;
 const RLIMIT_NOFILE: u64 = 7;
 
 /// The limit in effect for `resource` as (soft, hard): the VM's real bounds where there is one.
-fn limit(proc: &GuestProcess, resource: u64) -> Result<(u64, u64), Errno> {
+pub(super) fn limit(proc: &GuestProcess, resource: u64) -> Result<(u64, u64), Errno> {
     let mem = proc.config.mem_limit;
     Ok(match resource {
         0 | 1 | 5 | 10 | 15 => (RLIM_INFINITY, RLIM_INFINITY), // cpu, fsize, rss, locks, rttime

@@ -14,6 +14,7 @@ mod memory;
 mod misc;
 mod ownership;
 mod poll;
+mod procfs;
 mod signals;
 mod sockets;
 mod table;

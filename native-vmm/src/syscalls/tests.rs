@@ -101,7 +101,7 @@ fn test_image() -> (std::sync::Arc<Image>, TempDir) {
 fn guest_with(stdin: &[u8], output_cap: u64) -> Guest {
     let (image, dir) = test_image();
     let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
-    let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: stdin.to_vec(), output_cap, mem_limit: MEM };
+    let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: stdin.to_vec(), output_cap, mem_limit: MEM, command: Default::default() };
     let space = AddressSpace { brk_start: 4 * MIB, mmap_low: 4 * MIB, mmap_high: 14 * MIB };
     Guest { proc: GuestProcess::new(config, space), mem: GuestMemory::new(MEM).unwrap(), _dir: dir }
 }

@@ -404,3 +404,50 @@ print(sorted(os.listdir('/proc/self'))[:4], os.path.exists('/proc/self/mem'), os
          /proc/self/status EACCES\n/proc/meminfo EACCES\n/proc/self/newfile EROFS\n['cmdline', 'comm', 'cwd', 'environ'] False False\n",
     );
 }
+
+#[test]
+fn sendfile_copy_file_range_and_splice_move_bytes_between_fds() {
+    let code = r#"
+import errno, os, shutil, sys
+data = bytes(range(256)) * 1200
+with open('/tmp/src', 'wb') as f:
+    f.write(data)
+def err(call, *args, **kw):
+    try:
+        call(*args, **kw)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+src = os.open('/tmp/src', os.O_RDONLY)
+dst = os.open('/tmp/dst', os.O_WRONLY | os.O_CREAT, 0o600)
+# With an offset the file position stays; without, it moves.
+print(os.sendfile(dst, src, 10, 100), os.lseek(src, 0, os.SEEK_CUR), os.sendfile(dst, src, None, 50), os.lseek(src, 0, os.SEEK_CUR))
+print(open('/tmp/dst', 'rb').read() == data[10:110] + data[:50], os.sendfile(dst, src, len(data), 10))
+sys.stdout.flush()
+os.sendfile(1, src, 65, 3); print()
+shutil.copyfile('/tmp/src', '/tmp/copy')  # sendfile on Linux
+print(open('/tmp/copy', 'rb').read() == data)
+out = os.open('/tmp/range', os.O_RDWR | os.O_CREAT, 0o600)
+print(os.copy_file_range(src, out, 1000, 5, 3), os.lseek(out, 0, os.SEEK_CUR), os.copy_file_range(src, out, 10), os.lseek(src, 0, os.SEEK_CUR))
+print(os.pread(out, 13, 0) == data[50:60] + data[12:15])
+print(err(os.copy_file_range, out, out, 10, 0, 5), err(os.sendfile, dst, os.pipe()[0], None, 1))
+r, w = os.pipe()
+print(os.splice(src, w, 300, offset_src=0), os.splice(r, dst, 200), os.splice(r, out, 100, offset_dst=0), os.pread(out, 100, 0) == data[200:300])
+print(err(os.splice, src, dst, 10), err(os.splice, r, dst, 10, offset_src=0))
+os.set_blocking(w, False)
+moved = 0
+while True:
+    try:
+        moved += os.splice(src, w, 1 << 20, offset_src=0, flags=os.SPLICE_F_NONBLOCK)
+    except BlockingIOError:
+        break
+print(moved, err(os.splice, src, w, 10, 0, None, os.SPLICE_F_NONBLOCK))
+a = os.open('/tmp/append', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+print(err(os.sendfile, a, src, 0, 1), err(os.copy_file_range, src, a, 1))
+d, empty = os.open('/tmp', os.O_RDONLY), os.open('/tmp/empty', os.O_RDWR | os.O_CREAT, 0o600)
+print(err(os.sendfile, dst, d, 0, 1), err(os.copy_file_range, d, dst, 1), os.copy_file_range(empty, empty, 10, 0, 5))
+"#;
+    assert_prints(
+        code,
+        "100 0 50 50\nTrue 0\nABC\nTrue\n1000 0 10 60\nTrue\nEINVAL EINVAL\n300 200 100 True\nEINVAL ESPIPE\n65536 EAGAIN\nEINVAL EBADF\nEINVAL EISDIR 0\n",
+    );
+}

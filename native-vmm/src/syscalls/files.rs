@@ -37,7 +37,7 @@ const O_DIRECTORY: u64 = 0o200000;
 const O_NOFOLLOW: u64 = 0o400000;
 const O_NOATIME: u64 = 0o1000000;
 const O_CLOEXEC: u64 = 0o2000000;
-const O_PATH: u64 = 0o10000000;
+pub(super) const O_PATH: u64 = 0o10000000;
 const O_TMPFILE: u64 = 0o20000000;
 /// Status flags kept on a description and shown by F_GETFL.
 const STATUS_FLAGS: u64 = O_ACCMODE as u64 | O_APPEND as u64 | O_NONBLOCK as u64 | O_DSYNC | O_DIRECT | O_NOATIME | O_PATH;
@@ -212,16 +212,31 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
         return Err(Errno::EBADF);
     }
     user.check(buf, len)?;
+    // Only what one call can take is copied out of guest memory.
+    let take = match desc.object {
+        Object::EventFd { .. } => return super::eventfd::write(proc, user, fd, buf, len),
+        Object::Output(_) => len.min(proc.output.remaining()),
+        Object::PipeWrite(_) | Object::Socket { .. } => len.min(PIPE_CAPACITY as u64),
+        Object::Node(_) => len.min(MAX_IO),
+        _ => 0,
+    };
+    let data = user.read_vec(buf, take)?;
+    write_bytes(proc, fd, &data, len, at)
+}
+
+/// Writes `data` (the first part of a `requested`-byte write) to `fd`, which the caller checked
+/// is open for writing; `at` is pwrite's offset. Shared by write(2) and the calls that move
+/// bytes between fds inside the VMM (transfer.rs).
+pub(super) fn write_bytes(proc: &mut GuestProcess, fd: u64, data: &[u8], requested: u64, at: Option<u64>) -> SysResult {
+    let desc = proc.fds.get(fd)?;
     let (object, offset, flags) = (desc.object.clone(), desc.offset, desc.flags);
     match object {
         Object::Output(stream) => {
             if at.is_some() {
                 return Err(Errno::ESPIPE);
             }
-            let take = len.min(proc.output.remaining());
-            let data = user.read_vec(buf, take)?;
-            match proc.output.append(stream, &data) {
-                Appended::All if take == len => value(len),
+            match proc.output.append(stream, data) {
+                Appended::All if data.len() as u64 == requested => value(requested),
                 _ => Ok(SyscallOutcome::Stop(RunStatus::OutputLimit { cap_bytes: proc.output.cap() })),
             }
         }
@@ -229,7 +244,7 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
             if at.is_some() {
                 return Err(Errno::ESPIPE);
             }
-            write_channel(proc, user, pipe, buf, len, flags & O_NONBLOCK != 0)
+            write_channel_bytes(proc, pipe, data, flags & O_NONBLOCK != 0)
         }
         // SIGPIPE is never delivered: the write fails with EPIPE.
         Object::Socket { shut_write: true, .. } => Err(Errno::EPIPE),
@@ -239,18 +254,16 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
                 None if flags & O_APPEND != 0 => proc.config.vfs.stat(node)?.size,
                 None => offset,
             };
-            let len = len.min(MAX_IO);
-            let data = user.read_vec(buf, len)?;
-            let n = proc.config.vfs.write_at(node, pos, &data)?;
+            let n = proc.config.vfs.write_at(node, pos, data)?;
             pos += n as u64;
             if at.is_none() {
                 proc.fds.get_mut(fd)?.offset = pos;
             }
             value(n as u64)
         }
-        Object::EventFd { .. } => super::eventfd::write(proc, user, fd, buf, len),
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
-        Object::Epoll(_) => Err(Errno::EINVAL),
+        // An eventfd takes 8-byte counts from guest memory only (write_fd).
+        Object::Epoll(_) | Object::EventFd { .. } => Err(Errno::EINVAL),
         Object::Endpoint(_) => Err(Errno::ENOTCONN),
     }
 }
@@ -273,7 +286,12 @@ pub(super) fn read_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usi
 /// end, a socket's send side).
 pub(super) fn write_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool) -> SysResult {
     let data = user.read_vec(buf, len.min(PIPE_CAPACITY as u64))?;
-    match proc.fds.pipe_mut(pipe)?.write(&data) {
+    write_channel_bytes(proc, pipe, &data, nonblocking)
+}
+
+/// Writes what fits of `data` into in-memory channel `pipe`.
+pub(super) fn write_channel_bytes(proc: &mut GuestProcess, pipe: usize, data: &[u8], nonblocking: bool) -> SysResult {
+    match proc.fds.pipe_mut(pipe)?.write(data) {
         Ok(n) => value(n as u64),
         Err(PipeError::NoReader) => Err(Errno::EPIPE),
         Err(PipeError::WouldBlock) if nonblocking => Err(Errno::EAGAIN),

@@ -19,6 +19,7 @@ mod signals;
 mod sockets;
 mod table;
 mod threads;
+mod transfer;
 mod time;
 mod user;
 

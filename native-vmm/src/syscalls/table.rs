@@ -18,7 +18,7 @@
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS answers are
 //! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{addresses, epoll, eventfd, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, SysResult, UserMemory};
+use super::{addresses, epoll, eventfd, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, transfer, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -89,6 +89,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(37, "alarm", signals::alarm),
     emulate(38, "setitimer", signals::setitimer),
     emulate(39, "getpid", ids::getpid),
+    emulate(40, "sendfile", transfer::sendfile),
     emulate(41, "socket", addresses::socket),
     emulate(42, "connect", addresses::connect),
     emulate(43, "accept", addresses::accept),
@@ -207,6 +208,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(270, "pselect6", poll::pselect6),
     emulate(271, "ppoll", poll::ppoll),
     emulate(273, "set_robust_list", threads::set_robust_list),
+    emulate(275, "splice", transfer::splice),
     emulate(280, "utimensat", files::utimensat),
     emulate(281, "epoll_pwait", epoll::epoll_pwait),
     emulate(284, "eventfd", eventfd::eventfd),
@@ -219,6 +221,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(316, "renameat2", files::renameat2),
     emulate(318, "getrandom", misc::getrandom),
     refuse(322, "execveat", NO_PROCESSES),
+    emulate(326, "copy_file_range", transfer::copy_file_range),
     refuse(330, "pkey_alloc", Errno::ENOSPC),
     emulate(332, "statx", files::statx),
     refuse(334, "rseq", Errno::ENOSYS),

@@ -451,3 +451,24 @@ print(err(os.sendfile, dst, d, 0, 1), err(os.copy_file_range, d, dst, 1), os.cop
         "100 0 50 50\nTrue 0\nABC\nTrue\n1000 0 10 60\nTrue\nEINVAL EINVAL\n300 200 100 True\nEINVAL ESPIPE\n65536 EAGAIN\nEINVAL EBADF\nEINVAL EISDIR 0\n",
     );
 }
+
+#[test]
+fn a_pipe_capacity_is_set_and_read_back() {
+    let code = r#"
+import errno, fcntl, os
+r, w = os.pipe()
+print(fcntl.fcntl(w, fcntl.F_GETPIPE_SZ), fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, 100000), fcntl.fcntl(w, fcntl.F_GETPIPE_SZ))
+os.set_blocking(w, False)
+print(os.write(w, bytes(200000)))
+for size in [4096, 1 << 21]:
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, size)
+    except OSError as e:
+        print(size, errno.errorcode[e.errno])
+try:
+    fcntl.fcntl(os.open('/tmp', os.O_RDONLY), fcntl.F_GETPIPE_SZ)
+except OSError as e:
+    print('directory', errno.errorcode[e.errno])
+"#;
+    assert_prints(code, "65536 131072 131072\n131072\n4096 EBUSY\n2097152 EPERM\ndirectory EBADF\n");
+}

@@ -19,6 +19,13 @@ use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 pub const FD_LIMIT: u64 = 1024;
 /// Linux's default pipe capacity.
 pub const PIPE_CAPACITY: usize = 64 * 1024;
+/// The largest capacity F_SETPIPE_SZ grants (Linux's default /proc/sys/fs/pipe-max-size).
+pub const MAX_PIPE_CAPACITY: usize = 1 << 20;
+/// What all live pipes may hold at once: as much as the fd limit's worth of default pipes
+/// (one per fd at most) could, so a larger pipe never lets a guest make the VMM hold more
+/// (Linux likewise caps a user's pipe pages).
+const PIPE_BUDGET: usize = FD_LIMIT as usize * PIPE_CAPACITY;
+const PAGE: usize = 4096;
 
 // open(2) status flags the table keeps (F_GETFL/F_SETFL).
 pub const O_ACCMODE: u32 = 0o3;
@@ -105,14 +112,22 @@ impl Description {
     }
 }
 
-/// An in-memory pipe; the guest has one thread, so nothing ever waits on it.
-#[derive(Debug, Clone, Default)]
+/// An in-memory pipe (also each direction of a socket).
+#[derive(Debug, Clone)]
 pub struct Pipe {
     buffer: VecDeque<u8>,
     readers: u32,
     writers: u32,
     /// The reading socket end was shut down (SHUT_RD): it reads end of file, writers get EPIPE.
     shut_read: bool,
+    /// Bytes it holds at most (F_SETPIPE_SZ): a power of two of at least a page.
+    capacity: usize,
+}
+
+impl Default for Pipe {
+    fn default() -> Pipe {
+        Pipe { buffer: VecDeque::new(), readers: 0, writers: 0, shut_read: false, capacity: PIPE_CAPACITY }
+    }
 }
 
 /// Why a pipe transfer did not happen.
@@ -142,7 +157,7 @@ impl Pipe {
         if self.readers == 0 || self.shut_read {
             return Err(PipeError::NoReader);
         }
-        let room = PIPE_CAPACITY - self.buffer.len();
+        let room = self.room();
         if room == 0 && !data.is_empty() {
             return Err(PipeError::WouldBlock);
         }
@@ -151,13 +166,17 @@ impl Pipe {
         Ok(n)
     }
 
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     pub fn buffered(&self) -> usize {
         self.buffer.len()
     }
 
     /// Room left for a write (what a writer may put in without blocking).
     pub fn room(&self) -> usize {
-        PIPE_CAPACITY - self.buffer.len()
+        self.capacity.saturating_sub(self.buffer.len())
     }
 
     pub fn has_writers(&self) -> bool {
@@ -545,6 +564,29 @@ impl FdTable {
         self.pipes.get_mut(index).and_then(|p| p.as_mut()).ok_or(Errno::EBADF)
     }
 
+    /// F_SETPIPE_SZ: pipe `index` holds at least `size` bytes from now on (rounded up to a power
+    /// of two pages), and returns its new capacity. EPERM past MAX_PIPE_CAPACITY or the
+    /// table's budget, EBUSY below what it holds now.
+    pub fn set_pipe_capacity(&mut self, index: usize, size: u64) -> Result<usize, Errno> {
+        if size > 1 << 31 {
+            return Err(Errno::EINVAL);
+        }
+        if size > MAX_PIPE_CAPACITY as u64 {
+            return Err(Errno::EPERM);
+        }
+        let capacity = (size as usize).max(PAGE).next_power_of_two();
+        let others: usize = self.pipes.iter().enumerate().filter(|&(i, _)| i != index).filter_map(|(_, p)| p.as_ref()).map(|p| p.capacity).sum();
+        let pipe = self.pipe_mut(index)?;
+        if capacity < pipe.buffer.len() {
+            return Err(Errno::EBUSY);
+        }
+        if capacity > pipe.capacity && others + capacity > PIPE_BUDGET {
+            return Err(Errno::EPERM);
+        }
+        pipe.capacity = capacity;
+        Ok(capacity)
+    }
+
     pub fn pipe(&self, index: usize) -> Result<&Pipe, Errno> {
         self.pipes.get(index).and_then(|p| p.as_ref()).ok_or(Errno::EBADF)
     }
@@ -725,6 +767,7 @@ impl FdTable {
             e.u32(p.readers);
             e.u32(p.writers);
             e.bool(p.shut_read);
+            e.len(p.capacity);
         });
         encode_slots(e, &self.epolls, |e, set| set.encode_state(e));
         e.u64(self.limit);
@@ -749,12 +792,17 @@ impl FdTable {
         })?;
         let pipes = decode_slots(d, "pipe", |d| {
             let len = d.count(1, "pipe buffer")?;
-            if len > PIPE_CAPACITY {
-                return Err(DecodeError::new(format!("pipe holds {len} bytes, more than its capacity")));
-            }
             let buffer = d.raw(len, "pipe buffer")?.iter().copied().collect();
-            Ok(Pipe { buffer, readers: d.u32("pipe readers")?, writers: d.u32("pipe writers")?, shut_read: d.bool("pipe shutdown")? })
+            let (readers, writers, shut_read) = (d.u32("pipe readers")?, d.u32("pipe writers")?, d.bool("pipe shutdown")?);
+            let capacity = d.index(MAX_PIPE_CAPACITY + 1, "pipe capacity")?;
+            if !capacity.is_power_of_two() || capacity < PAGE || len > capacity {
+                return Err(DecodeError::new(format!("pipe of capacity {capacity} holding {len} bytes")));
+            }
+            Ok(Pipe { buffer, readers, writers, shut_read, capacity })
         })?;
+        if pipes.iter().flatten().map(Pipe::capacity).sum::<usize>() > PIPE_BUDGET {
+            return Err(DecodeError::new("the pipes hold more than their budget".to_owned()));
+        }
         let epolls = decode_slots(d, "epoll", |d| EpollSet::decode_state(d, FD_LIMIT))?;
         let limit = d.u64("fd limit")?.min(FD_LIMIT);
         for slot in fds.iter().flatten() {
@@ -837,6 +885,33 @@ mod tests {
         assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(PipeError::WouldBlock));
         t.close(rfd).unwrap();
         assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(PipeError::NoReader));
+    }
+
+    #[test]
+    fn pipe_capacity_is_set_in_pages_within_the_budget() {
+        let mut t = FdTable::new();
+        let pipes: Vec<usize> = (0..FD_LIMIT / 2 - 2)
+            .map(|_| {
+                let (r, w) = t.new_pipe(0);
+                t.install(r, 0, false).unwrap();
+                let Object::PipeWrite(p) = w.object else { panic!("not a pipe") };
+                t.install(w, 0, false).unwrap();
+                p
+            })
+            .collect();
+        let p = pipes[0];
+        assert_eq!(t.set_pipe_capacity(p, 0), Ok(4096));
+        assert_eq!(t.set_pipe_capacity(p, 5000), Ok(8192));
+        assert_eq!(t.pipe_mut(p).unwrap().write(&[1u8; 9000]), Ok(8192));
+        assert_eq!(t.set_pipe_capacity(p, 4096), Err(Errno::EBUSY));
+        assert_eq!(t.set_pipe_capacity(p, (MAX_PIPE_CAPACITY + 1) as u64), Err(Errno::EPERM));
+        assert_eq!(t.set_pipe_capacity(p, 1 << 32), Err(Errno::EINVAL));
+        // Every pipe at the maximum would hold more than the fd limit's worth of default pipes.
+        let granted = pipes.iter().take_while(|&&p| t.set_pipe_capacity(p, MAX_PIPE_CAPACITY as u64).is_ok()).count();
+        assert!(granted > 10 && granted < pipes.len(), "{granted}");
+        assert_eq!(t.set_pipe_capacity(pipes[granted], MAX_PIPE_CAPACITY as u64), Err(Errno::EPERM));
+        assert!(t.pipes.iter().flatten().map(Pipe::capacity).sum::<usize>() <= PIPE_BUDGET);
+        assert_eq!(t.set_pipe_capacity(pipes[granted], 4096), Ok(4096), "shrinking is always allowed");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::procfs::{self, ProcessFacts};
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, FsStats, Node, OpenOptions, Stat, Timespec};
-use crate::process::{Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, PIPE_CAPACITY};
+use crate::process::{Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY};
 use crate::status::RunStatus;
 
 /// Bytes moved by one read or write call at most (Linux also returns short counts); bounds
@@ -216,7 +216,7 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
     let take = match desc.object {
         Object::EventFd { .. } => return super::eventfd::write(proc, user, fd, buf, len),
         Object::Output(_) => len.min(proc.output.remaining()),
-        Object::PipeWrite(_) | Object::Socket { .. } => len.min(PIPE_CAPACITY as u64),
+        Object::PipeWrite(pipe) | Object::Socket { tx: pipe, .. } => len.min(proc.fds.pipe(pipe).map_or(0, |p| p.capacity()) as u64),
         Object::Node(_) => len.min(MAX_IO),
         _ => 0,
     };
@@ -285,7 +285,7 @@ pub(super) fn read_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usi
 /// Writes what fits of `len` bytes at `buf` into in-memory channel `pipe` (a pipe's write
 /// end, a socket's send side).
 pub(super) fn write_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool) -> SysResult {
-    let data = user.read_vec(buf, len.min(PIPE_CAPACITY as u64))?;
+    let data = user.read_vec(buf, len.min(proc.fds.pipe(pipe)?.capacity() as u64))?;
     write_channel_bytes(proc, pipe, &data, nonblocking)
 }
 
@@ -520,6 +520,7 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     const F_OFD_SETLK: u64 = 37;
     const F_OFD_SETLKW: u64 = 38;
     const F_DUPFD_CLOEXEC: u64 = 1030;
+    const F_SETPIPE_SZ: u64 = 1031;
     const F_GETPIPE_SZ: u64 = 1032;
     const FD_CLOEXEC: u64 = 1;
     const F_UNLCK: u16 = 2;
@@ -550,7 +551,11 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             value(0)
         }
         F_GETPIPE_SZ => match desc.object {
-            Object::PipeRead(_) | Object::PipeWrite(_) => value(PIPE_CAPACITY as u64),
+            Object::PipeRead(pipe) | Object::PipeWrite(pipe) => value(proc.fds.pipe(pipe)?.capacity() as u64),
+            _ => Err(Errno::EBADF),
+        },
+        F_SETPIPE_SZ => match desc.object {
+            Object::PipeRead(pipe) | Object::PipeWrite(pipe) => value(proc.fds.set_pipe_capacity(pipe, arg as u32 as u64)? as u64),
             _ => Err(Errno::EBADF),
         },
         _ => Err(Errno::EINVAL),

@@ -487,23 +487,26 @@ const server = net.createServer((socket) => socket.end("pong")).listen(0, "127.0
     server.close(() => console.log("closed"));
   });
 });
-for (const file of ["/etc/passwd", "/proc/self/environ", "/root", "/home"]) {
+for (const file of ["/etc/passwd", "/proc/self/mem", "/root", "/home"]) {
   try { fs.readFileSync(file); console.log(file, "readable"); } catch (error) { console.log(file, error.code); }
 }
 for (const file of ["/usr/bin/node", "/opt/sandfork/agent.js", "/written"]) {
   try { fs.appendFileSync(file, "x"); console.log(`write:${file}`, "no error"); } catch (error) { console.log(`write:${file}`, error.code); }
 }
 console.log(fs.readdirSync("/").sort().join(" "));
+const environ = fs.readFileSync("/proc/self/environ", "utf8").split("\0").filter(Boolean).sort();
+console.log("environ", JSON.stringify(environ) === JSON.stringify(Object.entries(process.env).map(([k, v]) => `${k}=${v}`).sort()));
 "#;
     let outcome = run_counting_unsupported("main.js", code, |_, _| {});
     assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
     let unsupported: Vec<_> = outcome.stats.unsupported.iter().map(|c| (c.name, c.count)).collect();
     assert_eq!(unsupported, vec![(Some("clone"), 2)], "{}", describe(&outcome));
     let stdout = text(&outcome.stdout);
-    for what in ["execSync", "spawn", "dns", "connect", "remote", "http", "/etc/passwd", "/proc/self/environ", "/root", "/home", "write:/usr/bin/node", "write:/opt/sandfork/agent.js", "write:/written"] {
+    for what in ["execSync", "spawn", "dns", "connect", "remote", "http", "/etc/passwd", "/proc/self/mem", "/root", "/home", "write:/usr/bin/node", "write:/opt/sandfork/agent.js", "write:/written"] {
         let line = stdout.lines().find(|l| l.split(' ').next() == Some(what)).unwrap_or_else(|| panic!("no line for {what}: {stdout}"));
         assert!(!line.ends_with("no error") && !line.ends_with("readable"), "{line}");
     }
     assert!(stdout.lines().any(|l| l == "loopback pong") && stdout.lines().any(|l| l == "closed"), "an in-VM connection, and its server closed: {stdout}");
-    assert!(stdout.lines().any(|l| l == "dev lib lib64 opt tmp usr work"), "only the image and the writable folders: {stdout}");
+    assert!(stdout.lines().any(|l| l == "dev lib lib64 opt proc tmp usr work"), "only the image, the writable folders and the VMM's /dev and /proc: {stdout}");
+    assert!(stdout.lines().any(|l| l == "environ true"), "/proc/self/environ is the program's own environment: {stdout}");
 }

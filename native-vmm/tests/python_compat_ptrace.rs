@@ -472,3 +472,24 @@ except OSError as e:
 "#;
     assert_prints(code, "65536 131072 131072\n131072\n4096 EBUSY\n2097152 EPERM\ndirectory EBADF\n");
 }
+
+#[test]
+fn utime_sets_access_and_modification_times_apart() {
+    let code = r#"
+import os, time
+open('/tmp/t', 'w').close()
+os.utime('/tmp/t', ns=(1_500_000_000_123_456_789, 1_600_000_000_987_654_321))
+st = os.stat('/tmp/t')
+print(st.st_atime_ns, st.st_mtime_ns)
+os.utime('/tmp/t', (-100, 5))
+print(os.stat('/tmp/t').st_atime, os.stat('/tmp/t').st_mtime)
+fd = os.open('/tmp/t', os.O_RDONLY)
+os.utime(fd, ns=(7, 8))
+print(os.fstat(fd).st_atime_ns, os.fstat(fd).st_mtime_ns)
+before = time.time()
+os.utime('/tmp/t')
+st = os.stat('/tmp/t')
+print(abs(st.st_atime - before) < 60, st.st_atime_ns == st.st_mtime_ns)
+"#;
+    assert_prints(code, "1500000000123456789 1600000000987654321\n-100.0 5.0\n7 8\nTrue True\n");
+}

@@ -35,6 +35,9 @@ pub(crate) struct OverlayNode {
     pub open_count: u32,
     /// Modification time: OVERLAY_TIME until the guest sets one (utimensat).
     pub mtime: Timespec,
+    /// Access time: OVERLAY_TIME until the guest sets one (reads do not move it, as with
+    /// noatime, so runs stay reproducible).
+    pub atime: Timespec,
 }
 
 impl OverlayNode {
@@ -86,8 +89,10 @@ impl Overlay {
     }
 
     /// utimensat: sets the modification time of node `id`.
-    pub fn set_mtime(&mut self, id: u64, mtime: Timespec) -> Result<(), Errno> {
-        self.get_mut(id)?.mtime = mtime;
+    pub fn set_times(&mut self, id: u64, atime: Option<Timespec>, mtime: Option<Timespec>) -> Result<(), Errno> {
+        let node = self.get_mut(id)?;
+        node.atime = atime.unwrap_or(node.atime);
+        node.mtime = mtime.unwrap_or(node.mtime);
         Ok(())
     }
 
@@ -113,7 +118,7 @@ impl Overlay {
     }
 
     fn insert(&mut self, parent: Option<u64>, name: &[u8], mode: u32, kind: OverlayKind) -> Result<u64, Errno> {
-        let node = OverlayNode { parent, name: name.to_vec(), mode: mode & 0o7777, kind, linked: true, open_count: 0, mtime: OVERLAY_TIME };
+        let node = OverlayNode { parent, name: name.to_vec(), mode: mode & 0o7777, kind, linked: true, open_count: 0, mtime: OVERLAY_TIME, atime: OVERLAY_TIME };
         self.reserve(node.charge())?;
         let id = self.next_id;
         self.next_id += 1;
@@ -275,6 +280,8 @@ impl Overlay {
             e.u32(node.open_count);
             e.i64(node.mtime.sec);
             e.u32(node.mtime.nsec);
+            e.i64(node.atime.sec);
+            e.u32(node.atime.nsec);
         }
         e.u64(self.next_id);
         e.u64(self.limit);
@@ -310,7 +317,8 @@ impl Overlay {
             };
             let (linked, open_count) = (d.bool("overlay linked")?, d.u32("overlay open count")?);
             let mtime = Timespec { sec: d.i64("overlay mtime")?, nsec: d.u32("overlay mtime")? };
-            if nodes.insert(id, OverlayNode { parent, name, mode, kind, linked, open_count, mtime }).is_some() {
+            let atime = Timespec { sec: d.i64("overlay atime")?, nsec: d.u32("overlay atime")? };
+            if nodes.insert(id, OverlayNode { parent, name, mode, kind, linked, open_count, mtime, atime }).is_some() {
                 return Err(DecodeError::new(format!("overlay node {id} appears twice")));
             }
         }

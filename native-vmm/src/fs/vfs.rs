@@ -52,7 +52,7 @@ pub struct Timespec {
 
 /// What fstat/newfstatat/statx report. Owner is root, times are deterministic: an image file
 /// keeps its host mtime (Python compares it with the .pyc header), overlay nodes report
-/// [`OVERLAY_TIME`] until the guest sets one (`Vfs::set_mtime`).
+/// [`OVERLAY_TIME`] until the guest sets them (`Vfs::set_times`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
     pub dev: u64,
@@ -356,7 +356,11 @@ impl Vfs {
             size,
             blksize: BLOCK_SIZE,
             blocks: size.div_ceil(512),
-            atime: mtime,
+            // The image keeps one time per file; the overlay an access time of its own.
+            atime: match node.0 {
+                NodeId::Overlay(id) => self.overlay.get(id)?.atime,
+                _ => mtime,
+            },
             mtime,
             ctime: mtime,
         })
@@ -421,10 +425,11 @@ impl Vfs {
         self.overlay.truncate(id, len)
     }
 
-    /// utimensat of an overlay node's modification time (EROFS for the image).
-    pub fn set_mtime(&mut self, node: Node, mtime: Timespec) -> Result<(), Errno> {
+    /// utimensat of an overlay node's access and modification times (None: left as is; EROFS
+    /// for the image).
+    pub fn set_times(&mut self, node: Node, atime: Option<Timespec>, mtime: Option<Timespec>) -> Result<(), Errno> {
         let id = self.overlay_id(node)?;
-        self.overlay.set_mtime(id, mtime)
+        self.overlay.set_times(id, atime, mtime)
     }
 
     /// chmod/fchmod of an overlay node (EROFS for the image).
@@ -1119,9 +1124,12 @@ mod tests {
         assert_eq!(vfs.access(f, X_OK), Ok(()));
         vfs.chmod(f, 0o644).unwrap();
         let when = Timespec { sec: 1_800_000_000, nsec: 5 };
-        vfs.set_mtime(f, when).unwrap();
-        assert_eq!(vfs.stat(f).unwrap().mtime, when);
-        assert_eq!(vfs.set_mtime(root, when), Err(Errno::EROFS));
+        vfs.set_times(f, None, Some(when)).unwrap();
+        assert_eq!((vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime), (OVERLAY_TIME, when));
+        let read = Timespec { sec: 1_700_000_000, nsec: 9 };
+        vfs.set_times(f, Some(read), None).unwrap();
+        assert_eq!((vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime), (read, when));
+        assert_eq!(vfs.set_times(root, None, Some(when)), Err(Errno::EROFS));
         assert_eq!(vfs.chmod(root, 0o700), Err(Errno::EROFS));
         assert_eq!(vfs.open(root, b"/work/out.txt", &OpenOptions { exclusive: true, ..RW_CREATE }), Err(Errno::EEXIST));
         // O_TRUNC empties it.

@@ -968,8 +968,9 @@ pub(crate) fn fchmod(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
     }
 }
 
-/// utimensat(dirfd, path, times, flags): sets an overlay node's modification time (the only
-/// time kept; atime is reported equal to it). A NULL path means dirfd itself (futimens).
+/// utimensat(dirfd, path, times, flags): sets an overlay node's access and modification
+/// times (each a timespec, UTIME_NOW or UTIME_OMIT; NULL times: both now). A NULL path means
+/// dirfd itself (futimens).
 pub(crate) fn utimensat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const UTIME_NOW: u64 = (1 << 30) - 1;
     const UTIME_OMIT: u64 = (1 << 30) - 2;
@@ -977,20 +978,21 @@ pub(crate) fn utimensat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     if flags & !(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH) != 0 {
         return Err(Errno::EINVAL);
     }
-    let mtime = if times == 0 {
-        Some(UTIME_NOW)
-    } else {
-        for t in [times, times + 16] {
-            let nsec = user.read_u64(t + 8)?;
-            if nsec != UTIME_NOW && nsec != UTIME_OMIT {
-                user.read_timespec(t)?;
-            }
-        }
-        match user.read_u64(times + 24)? {
+    // One moment for both times, as Linux takes.
+    let ns = super::time::now_ns(super::time::CLOCK_REALTIME)?;
+    let now = Timespec { sec: (ns / 1_000_000_000) as i64, nsec: (ns % 1_000_000_000) as u32 };
+    // [atime, mtime]: None leaves one as it is.
+    let mut new_times = [None, None];
+    for (i, slot) in new_times.iter_mut().enumerate() {
+        let t = times + 16 * i as u64;
+        *slot = match if times == 0 { UTIME_NOW } else { user.read_u64(t + 8)? } {
             UTIME_OMIT => None,
-            nsec => Some(nsec),
-        }
-    };
+            UTIME_NOW => Some(now),
+            // Times before 1970 are allowed; the nanoseconds must be a fraction of a second.
+            nsec if nsec < 1_000_000_000 => Some(Timespec { sec: user.read_u64(t)? as i64, nsec: nsec as u32 }),
+            _ => return Err(Errno::EINVAL),
+        };
+    }
     let node = if path == 0 {
         match proc.fds.get(fd_arg(dirfd))?.object {
             Object::Node(node) => node,
@@ -1000,14 +1002,9 @@ pub(crate) fn utimensat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
         let (base, path) = path_at(proc, user, dirfd, path)?;
         resolve(proc, base, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?
     };
-    let time = match mtime {
-        None => return value(0),
-        Some(UTIME_NOW) => {
-            let ns = super::time::now_ns(super::time::CLOCK_REALTIME)?;
-            Timespec { sec: (ns / 1_000_000_000) as i64, nsec: (ns % 1_000_000_000) as u32 }
-        }
-        Some(nsec) => Timespec { sec: user.read_u64(times + 16)? as i64, nsec: nsec as u32 },
-    };
-    proc.config.vfs.set_mtime(node, time)?;
+    if new_times == [None, None] {
+        return value(0);
+    }
+    proc.config.vfs.set_times(node, new_times[0], new_times[1])?;
     value(0)
 }

@@ -493,3 +493,31 @@ print(abs(st.st_atime - before) < 60, st.st_atime_ns == st.st_mtime_ns)
 "#;
     assert_prints(code, "1500000000123456789 1600000000987654321\n-100.0 5.0\n7 8\nTrue True\n");
 }
+
+#[test]
+fn o_path_with_o_nofollow_opens_a_symlink_itself() {
+    let code = r#"
+import ctypes, errno, os, stat
+os.symlink('/etc/passwd', '/tmp/link')
+fd = os.open('/tmp/link', os.O_PATH | os.O_NOFOLLOW)
+print(stat.S_ISLNK(os.fstat(fd).st_mode), os.fstat(fd).st_size)
+buf = ctypes.create_string_buffer(64)
+libc = ctypes.CDLL(None, use_errno=True)
+n = libc.readlinkat(fd, b'', buf, 64)
+print(buf.raw[:n])
+try:
+    os.read(fd, 1)
+except OSError as e:
+    print(errno.errorcode[e.errno])
+try:
+    os.open('/tmp/link', os.O_RDONLY | os.O_NOFOLLOW)
+except OSError as e:
+    print(errno.errorcode[e.errno])
+print(stat.S_ISREG(os.fstat(os.open('/tmp/link', os.O_PATH)).st_mode))
+try:
+    os.open('/tmp/new', os.O_PATH | os.O_CREAT)
+except OSError as e:
+    print('O_CREAT is ignored', errno.errorcode[e.errno])
+"#;
+    assert_prints(code, "True 11\nb'/etc/passwd'\nEBADF\nELOOP\nTrue\nO_CREAT is ignored ENOENT\n");
+}

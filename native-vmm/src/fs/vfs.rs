@@ -121,8 +121,10 @@ pub struct OpenOptions {
     pub truncate: bool,
     /// O_DIRECTORY.
     pub directory: bool,
-    /// O_NOFOLLOW: a final symlink gives ELOOP.
+    /// O_NOFOLLOW: a final symlink gives ELOOP (or, with `path_only`, is the file opened).
     pub nofollow: bool,
+    /// O_PATH: the file is only named (no I/O), so a symlink itself may be opened.
+    pub path_only: bool,
     /// Permission bits for a created file (umask already applied).
     pub mode: u32,
 }
@@ -231,7 +233,7 @@ impl Vfs {
             (self.resolve_in(view, base, path, !opts.nofollow)?, false)
         };
         let kind = self.kind(node)?;
-        if kind == FileKind::Symlink {
+        if kind == FileKind::Symlink && !opts.path_only {
             return Err(Errno::ELOOP);
         }
         if opts.create && kind == FileKind::Directory {
@@ -987,8 +989,8 @@ mod tests {
         vfs.contents(node).unwrap().to_vec()
     }
 
-    const RW_CREATE: OpenOptions = OpenOptions { write: true, create: true, exclusive: false, truncate: false, directory: false, nofollow: false, mode: 0o644 };
-    const RO: OpenOptions = OpenOptions { write: false, create: false, exclusive: false, truncate: false, directory: false, nofollow: false, mode: 0 };
+    const RW_CREATE: OpenOptions = OpenOptions { write: true, create: true, exclusive: false, truncate: false, directory: false, nofollow: false, path_only: false, mode: 0o644 };
+    const RO: OpenOptions = OpenOptions { write: false, create: false, exclusive: false, truncate: false, directory: false, nofollow: false, path_only: false, mode: 0 };
 
     #[test]
     fn image_files_resolve_through_symlinks() {
@@ -1099,6 +1101,8 @@ mod tests {
         let prog = vfs.resolve(root, b"/bin/prog", true).unwrap();
         assert_eq!(vfs.access(prog, X_OK), Ok(()));
         assert_eq!(vfs.open(root, b"/bin", &OpenOptions { nofollow: true, ..RO }), Err(Errno::ELOOP));
+        let link = vfs.open(root, b"/bin", &OpenOptions { nofollow: true, path_only: true, ..RO }).unwrap();
+        assert_eq!(vfs.kind(link), Ok(FileKind::Symlink), "O_PATH|O_NOFOLLOW names the link itself");
         assert_eq!(vfs.open(root, b"/etc/passwd", &OpenOptions { directory: true, ..RO }), Err(Errno::ENOTDIR));
         assert_eq!(vfs.open(root, b"/tmp", &OpenOptions { write: false, ..RW_CREATE }), Err(Errno::EISDIR));
         assert_eq!(vfs.open(root, b"/tmp/new/", &RW_CREATE), Err(Errno::EISDIR));

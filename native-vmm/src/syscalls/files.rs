@@ -432,13 +432,16 @@ fn open_common(proc: &mut GuestProcess, user: &UserMemory, dirfd: u64, path: u64
         return Err(Errno::EOPNOTSUPP);
     }
     let (base, path) = path_at(proc, user, dirfd, path)?;
+    // With O_PATH every flag but O_DIRECTORY, O_NOFOLLOW and O_CLOEXEC is ignored.
+    let path_only = flags & O_PATH != 0;
     let opts = OpenOptions {
-        write: accmode != O_RDONLY as u64 && flags & O_PATH == 0,
-        create: flags & O_CREAT != 0,
-        exclusive: flags & O_EXCL != 0,
-        truncate: flags & O_TRUNC != 0,
+        write: accmode != O_RDONLY as u64 && !path_only,
+        create: flags & O_CREAT != 0 && !path_only,
+        exclusive: flags & O_EXCL != 0 && !path_only,
+        truncate: flags & O_TRUNC != 0 && !path_only,
         directory: flags & O_DIRECTORY != 0,
         nofollow: flags & O_NOFOLLOW != 0,
+        path_only,
         mode: (mode as u32) & 0o7777 & !proc.umask,
     };
     let facts = ProcessFacts { fds: &proc.fds, threads: &proc.threads, cwd: proc.cwd, exe: &proc.config.command.exe };
@@ -789,8 +792,17 @@ pub(crate) fn readlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     if size <= 0 {
         return Err(Errno::EINVAL);
     }
-    let (base, path) = path_at(proc, user, args[0], args[1])?;
-    let node = resolve(proc, base, &path, false)?;
+    // An empty path names dirfd itself (an O_PATH|O_NOFOLLOW fd of a symlink).
+    let node = match user.read_path(args[1])?.as_slice() {
+        b"" => match proc.fds.get(fd_arg(args[0]))?.object {
+            Object::Node(node) => node,
+            _ => return Err(Errno::ENOENT),
+        },
+        _ => {
+            let (base, path) = path_at(proc, user, args[0], args[1])?;
+            resolve(proc, base, &path, false)?
+        }
+    };
     let target = proc.config.vfs.readlink_in(&ProcessFacts::of(proc), node)?;
     let n = target.len().min(size as usize);
     user.write(args[2], &target[..n])?;

@@ -521,3 +521,24 @@ except OSError as e:
 "#;
     assert_prints(code, "True 11\nb'/etc/passwd'\nEBADF\nELOOP\nTrue\nO_CREAT is ignored ENOENT\n");
 }
+
+#[test]
+fn a_read_only_directory_refuses_new_and_removed_entries() {
+    let code = r#"
+import errno, os
+os.makedirs('/tmp/d/sub')
+open('/tmp/d/f', 'w').close()
+os.chmod('/tmp/d', 0o555)
+for what, call in [('create', lambda: open('/tmp/d/g', 'w')), ('mkdir', lambda: os.mkdir('/tmp/d/e')), ('remove', lambda: os.remove('/tmp/d/f')), ('rename', lambda: os.rename('/tmp/d/f', '/tmp/f')), ('rmdir', lambda: os.rmdir('/tmp/d/sub'))]:
+    try:
+        call()
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+open('/tmp/d/f', 'w').write('still writable')
+print(os.access('/tmp/d', os.W_OK), open('/tmp/d/f').read())
+os.chmod('/tmp/d', 0o755)
+os.remove('/tmp/d/f')
+print(os.listdir('/tmp/d'))
+"#;
+    assert_prints(code, "create EACCES\nmkdir EACCES\nremove EACCES\nrename EACCES\nrmdir EACCES\nFalse still writable\n['sub']\n");
+}

@@ -225,7 +225,7 @@ impl Vfs {
                 // O_CREAT never makes a directory ("new/" or ".").
                 None if name == b"." || name == b".." || path.last() == Some(&b'/') => return Err(Errno::EISDIR),
                 None => {
-                    let dir_id = self.overlay_id(dir)?;
+                    let dir_id = self.changeable_dir(dir)?;
                     (Node(NodeId::Overlay(self.overlay.create(dir_id, &name, opts.mode, OverlayKind::File(Vec::new()))?)), true)
                 }
             }
@@ -597,7 +597,7 @@ impl Vfs {
         if name == b"." || name == b".." || self.child(dir, &name)?.is_some() {
             return Err(Errno::EEXIST);
         }
-        let dir_id = self.overlay_id(dir)?;
+        let dir_id = self.changeable_dir(dir)?;
         self.overlay.create(dir_id, &name, mode, OverlayKind::Dir(BTreeMap::new())).map(|_| ())
     }
 
@@ -613,7 +613,7 @@ impl Vfs {
         if name == b"." || name == b".." || self.child(dir, &name)?.is_some() {
             return Err(Errno::EEXIST);
         }
-        let dir_id = self.overlay_id(dir)?;
+        let dir_id = self.changeable_dir(dir)?;
         self.overlay.create(dir_id, &name, 0o777, OverlayKind::Symlink(target.to_vec())).map(|_| ())
     }
 
@@ -623,7 +623,7 @@ impl Vfs {
         if name == b"." || name == b".." || self.kind(node)? == FileKind::Directory {
             return Err(Errno::EISDIR);
         }
-        let dir_id = self.overlay_id(dir)?;
+        let dir_id = self.changeable_dir(dir)?;
         self.overlay.unlink(dir_id, &name)
     }
 
@@ -642,7 +642,7 @@ impl Vfs {
         if !self.is_empty_dir(node)? {
             return Err(Errno::ENOTEMPTY);
         }
-        let dir_id = self.overlay_id(dir)?;
+        let dir_id = self.changeable_dir(dir)?;
         self.overlay.unlink(dir_id, &name)
     }
 
@@ -657,8 +657,8 @@ impl Vfs {
             }
         }
         self.check_removable(node)?;
-        let old_dir_id = self.overlay_id(old_dir)?;
-        let new_dir_id = self.overlay_id(new_dir)?;
+        let old_dir_id = self.changeable_dir(old_dir)?;
+        let new_dir_id = self.changeable_dir(new_dir)?;
         let id = self.overlay_id(node)?;
         let is_dir = self.kind(node)? == FileKind::Directory;
         if is_dir && self.is_ancestor_or_self(id, new_dir_id)? {
@@ -697,6 +697,16 @@ impl Vfs {
             NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => Err(Errno::EROFS),
             NodeId::Overlay(id) => Ok(id),
         }
+    }
+
+    /// The overlay id of a directory whose entries may change: EROFS outside the overlay,
+    /// EACCES without its owner's (the guest's) write and search bits, as Linux checks them.
+    fn changeable_dir(&self, dir: Node) -> Result<u64, Errno> {
+        let id = self.overlay_id(dir)?;
+        if self.overlay.get(id)?.mode & 0o300 != 0o300 {
+            return Err(Errno::EACCES);
+        }
+        Ok(id)
     }
 
     /// The entry named by `path` without following a final symlink, with its parent and name.
@@ -1175,6 +1185,28 @@ mod tests {
         vfs.unlink(root, b"/tmp/sub/f2").unwrap();
         vfs.rmdir(root, b"/tmp/sub/").unwrap();
         assert_eq!(vfs.rmdir(root, b"/tmp/."), Err(Errno::EINVAL));
+    }
+
+    #[test]
+    fn a_directory_without_its_write_bit_keeps_its_entries() {
+        let (_d, mut vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        vfs.mkdir(root, b"/tmp/ro", 0o755).unwrap();
+        let f = vfs.open(root, b"/tmp/ro/f", &RW_CREATE).unwrap();
+        vfs.close(f);
+        let ro = vfs.resolve(root, b"/tmp/ro", true).unwrap();
+        vfs.chmod(ro, 0o555).unwrap();
+        assert_eq!(vfs.open(root, b"/tmp/ro/g", &RW_CREATE), Err(Errno::EACCES));
+        assert_eq!(vfs.mkdir(root, b"/tmp/ro/d", 0o755), Err(Errno::EACCES));
+        assert_eq!(vfs.symlink(b"x", root, b"/tmp/ro/l"), Err(Errno::EACCES));
+        assert_eq!(vfs.unlink(root, b"/tmp/ro/f"), Err(Errno::EACCES));
+        assert_eq!(vfs.rename(root, b"/tmp/ro/f", root, b"/tmp/f"), Err(Errno::EACCES));
+        assert_eq!(vfs.rename(root, b"/work", root, b"/tmp/ro/w"), Err(Errno::EBUSY));
+        // Its files stay writable by their own bits.
+        let f = vfs.open(root, b"/tmp/ro/f", &OpenOptions { write: true, ..RO }).unwrap();
+        assert_eq!(vfs.write_at(f, 0, b"x"), Ok(1));
+        vfs.chmod(ro, 0o755).unwrap();
+        vfs.unlink(root, b"/tmp/ro/f").unwrap();
     }
 
     #[test]

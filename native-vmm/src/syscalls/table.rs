@@ -7,7 +7,9 @@
 //!   exist only inside the VM, see addresses.rs and sockets.rs), no other process (fork, vfork,
 //!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
 //!   children to wait for (ECHILD), no identity changes (EPERM: the guest is an unprivileged
-//!   user; ownership.rs for chown), no extended attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
+//!   user; ownership.rs for chown), no hard links and no device or FIFO nodes (EPERM, as a
+//!   file system that cannot make them answers: tarfile then extracts a copy), no extended
+//!   attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
 //!   CPU without them; V8 then protects nothing with them), rseq, which glibc probes and
 //!   tolerates missing, and io_uring (ENOSYS, as a kernel built without it answers: libuv, when
 //!   asked to use it with UV_USE_IO_URING=1, falls back to epoll and its thread pool).
@@ -50,6 +52,9 @@ const NO_PROCESSES: Errno = Errno::ENOSYS;
 const NO_IO_URING: Errno = Errno::ENOSYS;
 /// The file systems have no extended attributes, as one mounted without them answers.
 const NO_XATTRS: Errno = Errno::EOPNOTSUPP;
+/// The overlay makes no hard links and no special nodes (link(2), mknod(2): "the file system
+/// does not support" them).
+const NOT_ON_THIS_FS: Errno = Errno::EPERM;
 
 /// Sorted by number (a unit test checks it).
 pub static TABLE: &[SyscallEntry] = &[
@@ -126,6 +131,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(83, "mkdir", files::mkdir),
     emulate(84, "rmdir", files::rmdir),
     emulate(85, "creat", files::creat),
+    refuse(86, "link", NOT_ON_THIS_FS),
     emulate(87, "unlink", files::unlink),
     emulate(88, "symlink", files::symlink),
     emulate(89, "readlink", files::readlink),
@@ -160,6 +166,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(127, "rt_sigpending", signals::rt_sigpending),
     emulate(130, "rt_sigsuspend", signals::rt_sigsuspend),
     emulate(131, "sigaltstack", signals::sigaltstack),
+    refuse(133, "mknod", NOT_ON_THIS_FS),
     emulate(137, "statfs", files::statfs),
     emulate(138, "fstatfs", files::fstatfs),
     emulate(140, "getpriority", ownership::getpriority),
@@ -197,10 +204,12 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(247, "waitid", Errno::ECHILD),
     emulate(257, "openat", files::openat),
     emulate(258, "mkdirat", files::mkdirat),
+    refuse(259, "mknodat", NOT_ON_THIS_FS),
     emulate(260, "fchownat", ownership::fchownat),
     emulate(262, "newfstatat", files::newfstatat),
     emulate(263, "unlinkat", files::unlinkat),
     emulate(264, "renameat", files::renameat),
+    refuse(265, "linkat", NOT_ON_THIS_FS),
     emulate(266, "symlinkat", files::symlinkat),
     emulate(267, "readlinkat", files::readlinkat),
     emulate(268, "fchmodat", files::fchmodat),

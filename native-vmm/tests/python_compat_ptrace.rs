@@ -564,3 +564,18 @@ print(open('/tmp/out/b').read(), os.stat('/tmp/out/b').st_nlink)
 "#;
     assert_prints(code, "EPERM\nEPERM\nEPERM\ndata 1\n");
 }
+
+#[test]
+fn dev_shm_holds_files_like_a_tmpfs() {
+    let code = r#"
+import os, tempfile
+d = tempfile.mkdtemp(dir='/dev/shm')
+with open(os.path.join(d, 'f'), 'w') as f:
+    f.write('in memory')
+print(open(os.path.join(d, 'f')).read(), os.listdir(d), os.statvfs('/dev/shm').f_bsize, 'shm' in os.listdir('/dev'))
+fd = os.open('/dev/shm/psm_test', os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+os.ftruncate(fd, 4096)
+print(os.fstat(fd).st_size, oct(os.stat('/dev/shm').st_mode))
+"#;
+    assert_prints(code, "in memory ['f'] 4096 True\n4096 0o41777\n");
+}

@@ -129,9 +129,21 @@ pub struct OpenOptions {
     pub mode: u32,
 }
 
+/// Where a writable mount point is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MountParent {
+    /// An image directory (the template's writable directories).
+    Image(u32),
+    /// The synthetic /dev (/dev/shm).
+    Dev,
+}
+
+/// /dev/shm: a writable directory in the overlay, as tmpfs is on Linux.
+const SHM_NAME: &[u8] = b"shm";
+
 struct Mount {
-    /// The image directory holding the mount point.
-    parent: u32,
+    /// The directory holding the mount point.
+    parent: MountParent,
     name: Vec<u8>,
     root: u64,
     path: String,
@@ -156,8 +168,10 @@ impl Vfs {
             let parent = image.lookup(crate::image::format::parent_path(path)).ok_or(Errno::ENOENT)?;
             let name = path.rsplit('/').next().unwrap_or_default().as_bytes().to_vec();
             let root = overlay.add_mount_root(&name)?;
-            mounts.push(Mount { parent, name, root, path: path.clone() });
+            mounts.push(Mount { parent: MountParent::Image(parent), name, root, path: path.clone() });
         }
+        let root = overlay.add_mount_root(SHM_NAME)?;
+        mounts.push(Mount { parent: MountParent::Dev, name: SHM_NAME.to_vec(), root, path: "/dev/shm".to_owned() });
         Ok(Vfs { image, overlay, mounts: Arc::new(mounts) })
     }
 
@@ -311,7 +325,7 @@ impl Vfs {
                     ImageKind::Dir { children } => {
                         let dirs = children.iter().filter(|&&c| self.image.node(c).file_kind() == FileKind::Directory).count();
                         let synthetic = |name| usize::from(i == 0 && self.image.child(0, name).ok().flatten().is_none());
-                        (BLOCK_SIZE as u64, dirs + synthetic(DEV_DIR) + synthetic(PROC_DIR) + self.mounts.iter().filter(|m| m.parent == i).count())
+                        (BLOCK_SIZE as u64, dirs + synthetic(DEV_DIR) + synthetic(PROC_DIR) + self.mounts.iter().filter(|m| m.parent == MountParent::Image(i)).count())
                     }
                     ImageKind::Symlink { target } => (target.len() as u64, 0),
                 };
@@ -329,7 +343,7 @@ impl Vfs {
                 };
                 (ino(node), n.file_kind(), n.mode, size, n.mtime, subdirs)
             }
-            NodeId::DevDir => (ino(node), FileKind::Directory, 0o755, BLOCK_SIZE as u64, OVERLAY_TIME, 0),
+            NodeId::DevDir => (ino(node), FileKind::Directory, 0o755, BLOCK_SIZE as u64, OVERLAY_TIME, self.mounts.iter().filter(|m| m.parent == MountParent::Dev).count()),
             NodeId::Device(_) => (ino(node), FileKind::CharDevice, 0o666, 0, OVERLAY_TIME, 0),
             // /proc's files read as size 0 (they are made when read); nlink 2 for every
             // directory (its subdirectories change as threads come and go).
@@ -468,13 +482,16 @@ impl Vfs {
                     named.insert(DEV_DIR.to_vec(), Node(NodeId::DevDir));
                     named.insert(PROC_DIR.to_vec(), Node(NodeId::Proc(ProcNode::Dir(SystemDir::Root))));
                 }
-                for m in self.mounts.iter().filter(|m| m.parent == i) {
+                for m in self.mounts.iter().filter(|m| m.parent == MountParent::Image(i)) {
                     named.insert(m.name.clone(), Node(NodeId::Overlay(m.root)));
                 }
             }
             NodeId::DevDir => {
                 for device in Device::ALL {
                     named.insert(device.name().to_vec(), Node(NodeId::Device(device)));
+                }
+                for m in self.mounts.iter().filter(|m| m.parent == MountParent::Dev) {
+                    named.insert(m.name.clone(), Node(NodeId::Overlay(m.root)));
                 }
             }
             NodeId::Device(_) => {}
@@ -818,10 +835,10 @@ impl Tree for Vfs {
             NodeId::Image(i) => Ok(Node(NodeId::Image(self.image_node(i)?.parent))),
             NodeId::Overlay(id) => match self.overlay.get(id)?.parent {
                 Some(p) => Ok(Node(NodeId::Overlay(p))),
-                None => {
-                    let mount = self.mounts.iter().find(|m| m.root == id).ok_or(Errno::ENOENT)?;
-                    Ok(Node(NodeId::Image(mount.parent)))
-                }
+                None => match self.mounts.iter().find(|m| m.root == id).ok_or(Errno::ENOENT)?.parent {
+                    MountParent::Image(i) => Ok(Node(NodeId::Image(i))),
+                    MountParent::Dev => Ok(Node(NodeId::DevDir)),
+                },
             },
             NodeId::DevDir => Ok(Node::ROOT),
             NodeId::Device(_) => Ok(Node(NodeId::DevDir)),
@@ -833,7 +850,7 @@ impl Tree for Vfs {
     fn child(&self, dir: Node, name: &[u8]) -> Result<Option<Node>, Errno> {
         match dir.0 {
             NodeId::Image(i) => {
-                if let Some(m) = self.mounts.iter().find(|m| m.parent == i && m.name == name) {
+                if let Some(m) = self.mounts.iter().find(|m| m.parent == MountParent::Image(i) && m.name == name) {
                     return Ok(Some(Node(NodeId::Overlay(m.root))));
                 }
                 if i == 0 && name == DEV_DIR {
@@ -846,7 +863,10 @@ impl Tree for Vfs {
                 Ok(self.image.child(i, name)?.map(|c| Node(NodeId::Image(c))))
             }
             NodeId::Overlay(id) => Ok(self.overlay.child(id, name)?.map(|c| Node(NodeId::Overlay(c)))),
-            NodeId::DevDir => Ok(Device::by_name(name).map(|d| Node(NodeId::Device(d)))),
+            NodeId::DevDir => match self.mounts.iter().find(|m| m.parent == MountParent::Dev && m.name == name) {
+                Some(m) => Ok(Some(Node(NodeId::Overlay(m.root)))),
+                None => Ok(Device::by_name(name).map(|d| Node(NodeId::Device(d)))),
+            },
             NodeId::Device(_) => Err(Errno::ENOTDIR),
             NodeId::Proc(p) if p.kind() == FileKind::Directory => Ok(p.child(&NoProcess, name).map(|c| Node(NodeId::Proc(c)))),
             NodeId::Proc(_) => Err(Errno::ENOTDIR),
@@ -1185,6 +1205,28 @@ mod tests {
         vfs.unlink(root, b"/tmp/sub/f2").unwrap();
         vfs.rmdir(root, b"/tmp/sub/").unwrap();
         assert_eq!(vfs.rmdir(root, b"/tmp/."), Err(Errno::EINVAL));
+    }
+
+    #[test]
+    fn dev_shm_is_a_writable_overlay_directory() {
+        let (_d, mut vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        let names: Vec<Vec<u8>> = vfs.read_dir(vfs.resolve(root, b"/dev", true).unwrap()).unwrap().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, [&b"."[..], b"..", b"null", b"random", b"shm", b"urandom", b"zero"]);
+        let f = vfs.open(root, b"/dev/shm/sem.x", &RW_CREATE).unwrap();
+        vfs.write_at(f, 0, b"x").unwrap();
+        assert_eq!(vfs.path_of(f).unwrap(), b"/dev/shm/sem.x");
+        assert_eq!(vfs.resolve(root, b"/dev/shm/../null", true), vfs.resolve(root, b"/dev/null", true));
+        assert_eq!(vfs.statfs(f).unwrap().magic, TMPFS_MAGIC);
+        assert_eq!(vfs.stat(vfs.resolve(root, b"/dev", true).unwrap()).unwrap().nlink, 3);
+        assert_eq!(vfs.rmdir(root, b"/dev/shm"), Err(Errno::EBUSY));
+        assert_eq!(vfs.stat(vfs.resolve(root, b"/dev/shm", true).unwrap()).unwrap().mode, 0o41777);
+        // A fork's /dev/shm is its own, and a snapshot carries it.
+        let mut e = Encoder::new();
+        vfs.encode_state(&mut e);
+        let bytes = e.into_bytes();
+        let back = Vfs::decode_state(vfs.image().clone(), &mut Decoder::new(&bytes)).unwrap();
+        assert_eq!(back.resolve(root, b"/dev/shm/sem.x", true), Ok(f));
     }
 
     #[test]

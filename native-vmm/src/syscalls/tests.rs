@@ -966,7 +966,7 @@ fn dev_nodes_and_statfs() {
     let n = g.ret(GETDENTS64, &[dev, BUF, 4096]);
     let mut names = dirent_names(&g.mem.read_vec(BUF, n as u64).unwrap());
     names.sort();
-    assert_eq!(names, [&b"."[..], b"..", b"null", b"random", b"urandom", b"zero"]);
+    assert_eq!(names, [&b"."[..], b"..", b"null", b"random", b"shm", b"urandom", b"zero"]);
     let p = g.cstr(SCRATCH, "/dev/../dev/null");
     assert_eq!(g.ret(UNLINKAT, &[AT_FDCWD, p, 0]), err(Errno::EROFS));
     // statfs: the overlay's limit and usage, the image read-only and full.

@@ -389,6 +389,13 @@ def look():
     seen.append((os.readlink('/proc/thread-self'), me, sorted(os.listdir('/proc/self/task')), pid_line == [f'Pid:\t{me}\n']))
 t = threading.Thread(target=look); t.start(); t.join()
 link, tid, tasks, own_status = seen[0]
+# Python's join returns once the thread's state is gone, which is before the thread itself
+# exits (natively too): its directory goes when it does.
+import time
+for _ in range(5000):
+    if not os.path.exists(f'/proc/self/task/{tid}'):
+        break
+    time.sleep(0.001)
 print(link == f'1/task/{tid}', tasks == sorted([str(threading.get_native_id()), str(tid)]), own_status, os.path.exists(f'/proc/self/task/{tid}'))
 for path, mode in [('/proc/self/status', 'w'), ('/proc/meminfo', 'a'), ('/proc/self/newfile', 'w')]:
     try:

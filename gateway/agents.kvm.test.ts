@@ -43,7 +43,7 @@ let gatewayUrl: string;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-agents-"));
-  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale) };
+  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, () => {});
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;

@@ -35,7 +35,7 @@ interface Session {
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-sessions-"));
-  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1" };
+  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, () => {});
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;

@@ -32,6 +32,8 @@ export interface RuntimeConfig {
    * (a KVM nested in an emulated CPU) needs more.
    */
   bootTimeoutMs: number | undefined;
+  /** How long a started daemon may take to answer on its socket (it loads every template first). */
+  readyTimeoutMs: number;
   /**
    * How much longer than an execution's own time limit the gateway waits for the daemon's answer
    * (queueing in the daemon, the VM's teardown) before it gives up with runtime-failed.
@@ -74,6 +76,7 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     sessionsDir: resolve(env.SANDFORK_SESSIONS_DIR ?? join(dataDir, "sessions")),
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
     bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1) : undefined,
+    readyTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_READY_TIMEOUT_MS", 15_000),
     executeGraceMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_GRACE_MS", 5_000),
     connections: positiveIntegerFromEnv(env, "SANDFORK_VMM_CONNECTIONS", 4),
     maxInFlightPerConnection: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),

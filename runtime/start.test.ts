@@ -74,6 +74,8 @@ describe("loadRuntimeConfig", () => {
     expect(loadRuntimeConfig({ SANDFORK_VMM_SERVE_ARGS: " --max-queue  8 " }, "/d").serveArgs).toEqual(["--max-queue", "8"]);
     expect(config.bootTimeoutMs).toBeUndefined();
     expect(loadRuntimeConfig({ SANDFORK_VMM_BOOT_TIMEOUT_MS: "450000" }, "/d").bootTimeoutMs).toBe(450_000);
+    expect(config.readyTimeoutMs).toBe(15_000);
+    expect(loadRuntimeConfig({ SANDFORK_VMM_READY_TIMEOUT_MS: "225000" }, "/d").readyTimeoutMs).toBe(225_000);
     expect(config.executeGraceMs).toBe(5_000);
     expect(loadRuntimeConfig({ SANDFORK_VMM_EXECUTE_GRACE_MS: "75000" }, "/d").executeGraceMs).toBe(75_000);
   });

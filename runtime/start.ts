@@ -58,6 +58,7 @@ export async function startRuntime(
     binary: config.binary,
     socketPath: config.socketPath,
     templatesDir: config.templatesDir,
+    readyTimeoutMs: config.readyTimeoutMs,
     serveArgs: [
       "--max-timeout-ms",
       String(maxima.timeoutMs),

@@ -61,13 +61,15 @@ export const limitBodyPerKey = createMiddleware<AppEnv>(async (c, next) => {
       chunks.push(chunk);
     }
     const body = Buffer.concat(chunks, size);
-    if (JSON_MEDIA_TYPE.test(c.req.header("content-type") ?? "") && !isUtf8(body)) {
-      throw new ProblemError("malformed-request", "the request body is not valid UTF-8");
-    }
-    // Hono keeps the body's promises there (its type names the resolved values).
+    // Hono keeps the body's promises there (its type names the resolved values), and derives any
+    // other form from the one it holds: a JSON body is kept as text, anything else as bytes.
     const cache = c.req.bodyCache as unknown as Record<"text" | "arrayBuffer", Promise<unknown>>;
-    cache.text = Promise.resolve(body.toString("utf8"));
-    cache.arrayBuffer = Promise.resolve(body.buffer.slice(body.byteOffset, body.byteOffset + size));
+    if (JSON_MEDIA_TYPE.test(c.req.header("content-type") ?? "")) {
+      if (!isUtf8(body)) throw new ProblemError("malformed-request", "the request body is not valid UTF-8");
+      cache.text = Promise.resolve(body.toString("utf8"));
+    } else {
+      cache.arrayBuffer = Promise.resolve(body.buffer.slice(body.byteOffset, body.byteOffset + size));
+    }
   }
   await next();
 });

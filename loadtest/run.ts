@@ -10,8 +10,9 @@
 // scenario is bounded in requests and seconds. Each gateway first serves --warm-up executions
 // (default 3000, one at a time, then 200 at the peak concurrency): V8 compiles the request path's
 // functions with its optimizing tier only after thousands of calls, and before that a c=1
-// execution costs about twice the CPU of a warm gateway's (measured: 3.4 ms in the first
-// thousand after 300, 1.2-1.6 ms from the fifth thousand on), which is start-up, not steady state. --cpu-prof DIR writes the gateway processes'
+// execution costs about twice the CPU of a warm gateway's (measured once, with a throwaway
+// harness: 3.4 ms in the first thousand after 300, 1.2-1.6 ms from the fifth thousand on), which
+// is start-up, not steady state. --cpu-prof DIR writes the gateway processes'
 // `node --cpu-prof` profiles into DIR (one a thread, the largest is the main thread's) (profiling costs CPU too: measure figures without it).
 //
 // PostgreSQL: DATABASE_URL or TEST_DATABASE_URL names a server (a fresh database is created on it

@@ -18,6 +18,7 @@
 import { and, eq, lt, notInArray, or, sql } from "drizzle-orm";
 import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
+import { type PreparedStatement, runPrepared } from "./prepared.js";
 import { accounts, apiKeys, executions } from "./schema.js";
 
 export const EXECUTION_STATUSES = [
@@ -68,12 +69,7 @@ function toRecord(row: ExecutionRow): ExecutionRecord {
   return { ...row, status: row.status as ExecutionStatus, timings: row.timings as ExecutionTimingsRecord | null };
 }
 
-/** The rows of a raw db.execute: PGlite answers { rows }, postgres.js an array of rows. */
-function rowsOf(result: unknown): Record<string, unknown>[] {
-  return (Array.isArray(result) ? result : (result as { rows: Record<string, unknown>[] }).rows) as Record<string, unknown>[];
-}
-
-/** An executions row as raw SQL returns it (snake_case; int8 a string on postgres.js; timestamps strings). */
+/** An executions row as row_to_json renders it (snake_case; timestamps strings). */
 function fromSqlRow(row: Record<string, unknown>): ExecutionRecord {
   const units = (v: unknown) => (v === null ? null : Number(v));
   const date = (v: unknown) => (v === null ? null : new Date(v as string));
@@ -140,7 +136,7 @@ export async function reserveAll(db: Database, rs: Reservation[]): Promise<Reser
   for (const r of rs) if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
   let held: Set<string>;
   try {
-    held = new Set(rowsOf(await db.execute(reserveStatement(rs))).map((row) => row.id as string));
+    held = new Set((await runPrepared(db, RESERVE, [reserveBatch(rs)])).map((row) => row.id as string));
   } catch (error) {
     if (!isUniqueViolation(error)) throw error;
     if (rs.length > 1) return reserveEach(db, rs);
@@ -168,8 +164,10 @@ async function reserveEach(db: Database, rs: Reservation[]): Promise<ReserveOutc
   return outcomes;
 }
 
-/** One call of sandfork_reserve (migration 0003_billing_functions) for the batch: one round trip, atomic. */
-function reserveStatement(rs: Reservation[]) {
+/** One call of sandfork_reserve (migration 0003_billing_functions) for a batch: one round trip, atomic. */
+const RESERVE: PreparedStatement = { name: "sandfork_reserve", text: "SELECT id::text FROM sandfork_reserve($1::jsonb) AS id" };
+
+function reserveBatch(rs: Reservation[]): string {
   const batch = rs.map((r) => ({
     execution_id: r.executionId,
     account_id: r.accountId,
@@ -181,7 +179,7 @@ function reserveStatement(rs: Reservation[]) {
     gateway_id: r.gatewayId,
     units: r.units,
   }));
-  return sql`SELECT sandfork_reserve AS id FROM sandfork_reserve(${JSON.stringify(batch)}::jsonb)`;
+  return JSON.stringify(batch);
 }
 
 /** Nothing was held for `r` alone: say why. A duplicate first (it would have failed before any credit check), then the key, then the credits. */
@@ -225,7 +223,8 @@ export interface SettlementOf {
  */
 export async function settleAll(db: Database, items: SettlementOf[]): Promise<ExecutionRecord[]> {
   for (const { settlement: s } of items) if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
-  const settled = new Map(rowsOf(await db.execute(settleStatement(items))).map((row) => [row.id as string, fromSqlRow(row)]));
+  const rows = await runPrepared(db, SETTLE, [settleBatch(items)]);
+  const settled = new Map(rows.map(({ row }) => fromSqlRow(JSON.parse(row as string))).map((record) => [record.id, record]));
   const records: ExecutionRecord[] = [];
   for (const { executionId } of items) {
     const record = settled.get(executionId) ?? (await findExecution(db, executionId));
@@ -241,7 +240,9 @@ export async function settle(db: Database, executionId: string, settlement: Sett
 }
 
 /** One call of sandfork_settle (migration 0003_billing_functions): only records still running settle, so a second settle is a no-op. */
-function settleStatement(items: SettlementOf[]) {
+const SETTLE: PreparedStatement = { name: "sandfork_settle", text: "SELECT row_to_json(settled)::text AS row FROM sandfork_settle($1::jsonb) AS settled" };
+
+function settleBatch(items: SettlementOf[]): string {
   const batch = items.map(({ executionId, settlement: s }) => ({
     id: executionId,
     status: s.status,
@@ -252,7 +253,7 @@ function settleStatement(items: SettlementOf[]) {
     timings: s.timings,
     charged_units: s.chargedUnits,
   }));
-  return sql`SELECT * FROM sandfork_settle(${JSON.stringify(batch)}::jsonb)`;
+  return JSON.stringify(batch);
 }
 
 /**

@@ -1,8 +1,10 @@
 // Reserve-then-settle credit accounting around one execution. Each of reserve and settle is ONE
-// call of a PL/pgSQL function (db/migrations/0003_billing_functions.sql, whose statements keep
-// their plans): one round trip, atomic on its own, no BEGIN/COMMIT. Both
+// prepared statement (db/prepared.ts): one round trip, atomic on its own, no BEGIN/COMMIT. Both
 // take a batch (reserveAll, settleAll): the gateway group-commits concurrent executions' reserves
 // and settles (BillingBatches, db/group-commit.ts), one statement and one commit for each batch.
+// A batch of one is a single SQL statement of primary-key lookups; bigger batches call a PL/pgSQL
+// function (db/migrations/0003_billing_functions.sql) that sums per account and locks accounts in
+// id order.
 //
 // reserve: holds the worst-case cost with a conditional UPDATE that only succeeds while
 //   balance - reserved covers it (a batch's holds summed per account), so concurrent reservations
@@ -136,7 +138,7 @@ export async function reserveAll(db: Database, rs: Reservation[]): Promise<Reser
   for (const r of rs) if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
   let held: Set<string>;
   try {
-    held = new Set((await runPrepared(db, RESERVE, [reserveBatch(rs)])).map((row) => row.id as string));
+    held = new Set((await runPrepared(db, ...reserveStatement(rs))).map((row) => row.id as string));
   } catch (error) {
     if (!isUniqueViolation(error)) throw error;
     if (rs.length > 1) return reserveEach(db, rs);
@@ -164,10 +166,17 @@ async function reserveEach(db: Database, rs: Reservation[]): Promise<ReserveOutc
   return outcomes;
 }
 
-/** One call of sandfork_reserve (migration 0003_billing_functions) for a batch: one round trip, atomic. */
-const RESERVE: PreparedStatement = { name: "sandfork_reserve", text: "SELECT id::text FROM sandfork_reserve($1::jsonb) AS id" };
-
-function reserveBatch(rs: Reservation[]): string {
+/**
+ * A batch of one (every execution at concurrency 1, most of them under load) is one statement of
+ * primary-key lookups, cheaper than the function call; bigger batches are one call of
+ * sandfork_reserve (migration 0003_billing_functions), which sums the holds per account and
+ * locks the accounts in id order. Either is one round trip, atomic.
+ */
+function reserveStatement(rs: Reservation[]): [PreparedStatement, (string | null)[]] {
+  if (rs.length === 1) {
+    const r = rs[0] as Reservation;
+    return [RESERVE_ONE, [r.executionId, r.accountId, r.keyId, r.tokenId, r.idempotencyKey, r.requestHash, r.template, r.gatewayId, String(r.units)]];
+  }
   const batch = rs.map((r) => ({
     execution_id: r.executionId,
     account_id: r.accountId,
@@ -179,8 +188,23 @@ function reserveBatch(rs: Reservation[]): string {
     gateway_id: r.gatewayId,
     units: r.units,
   }));
-  return JSON.stringify(batch);
+  return [RESERVE_BATCH, [JSON.stringify(batch)]];
 }
+
+const RESERVE_ONE: PreparedStatement = {
+  name: "sandfork_reserve_one",
+  text: `WITH held AS (
+    UPDATE accounts SET reserved_units = reserved_units + $9::int8
+    WHERE id = $2::uuid AND balance_units - reserved_units >= $9::int8
+      AND EXISTS (SELECT 1 FROM api_keys WHERE api_keys.id = $3::uuid AND api_keys.revoked_at IS NULL)
+    RETURNING accounts.id
+  )
+  INSERT INTO executions (id, account_id, key_id, token_id, idempotency_key, request_hash, template, gateway_id, status, reserved_units)
+  SELECT $1::uuid, held.id, $3::uuid, $4, $5, $6, $7, $8, 'running', $9::int8 FROM held
+  RETURNING executions.id::text`,
+};
+
+const RESERVE_BATCH: PreparedStatement = { name: "sandfork_reserve", text: "SELECT id::text FROM sandfork_reserve($1::jsonb) AS id" };
 
 /** Nothing was held for `r` alone: say why. A duplicate first (it would have failed before any credit check), then the key, then the credits. */
 async function whyNotReserved(db: Database, r: Reservation): Promise<ReserveOutcome> {
@@ -223,7 +247,7 @@ export interface SettlementOf {
  */
 export async function settleAll(db: Database, items: SettlementOf[]): Promise<ExecutionRecord[]> {
   for (const { settlement: s } of items) if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
-  const rows = await runPrepared(db, SETTLE, [settleBatch(items)]);
+  const rows = await runPrepared(db, ...settleStatement(items));
   const settled = new Map(rows.map(({ row }) => fromSqlRow(JSON.parse(row as string))).map((record) => [record.id, record]));
   const records: ExecutionRecord[] = [];
   for (const { executionId } of items) {
@@ -239,10 +263,18 @@ export async function settle(db: Database, executionId: string, settlement: Sett
   return (await settleAll(db, [{ executionId, settlement }]))[0] as ExecutionRecord;
 }
 
-/** One call of sandfork_settle (migration 0003_billing_functions): only records still running settle, so a second settle is a no-op. */
-const SETTLE: PreparedStatement = { name: "sandfork_settle", text: "SELECT row_to_json(settled)::text AS row FROM sandfork_settle($1::jsonb) AS settled" };
-
-function settleBatch(items: SettlementOf[]): string {
+/**
+ * Only records still running settle, so a second settle is a no-op. A batch of one is one
+ * statement of primary-key lookups; bigger ones are one call of sandfork_settle (migration
+ * 0003_billing_functions), which locks their accounts in id order first. Each answers the
+ * records it settled as JSON.
+ */
+function settleStatement(items: SettlementOf[]): [PreparedStatement, (string | null)[]] {
+  if (items.length === 1) {
+    const { executionId, settlement: s } = items[0] as SettlementOf;
+    const exitCode = s.exitCode === null ? null : String(s.exitCode);
+    return [SETTLE_ONE, [executionId, s.status, exitCode, s.stdout, s.stderr, String(s.truncated), JSON.stringify(s.timings), String(s.chargedUnits)]];
+  }
   const batch = items.map(({ executionId, settlement: s }) => ({
     id: executionId,
     status: s.status,
@@ -253,8 +285,27 @@ function settleBatch(items: SettlementOf[]): string {
     timings: s.timings,
     charged_units: s.chargedUnits,
   }));
-  return JSON.stringify(batch);
+  return [SETTLE_BATCH, [JSON.stringify(batch)]];
 }
+
+const SETTLE_ONE: PreparedStatement = {
+  name: "sandfork_settle_one",
+  text: `WITH settled AS (
+    UPDATE executions SET status = $2, exit_code = $3::int4, stdout = $4, stderr = $5, truncated = $6::bool, timings = $7::jsonb,
+           charged_units = LEAST($8::int8, reserved_units), finished_at = now()
+    WHERE id = $1::uuid AND status = 'running'
+    RETURNING executions.*
+  ), paid AS (
+    UPDATE accounts SET reserved_units = accounts.reserved_units - settled.reserved_units, balance_units = accounts.balance_units - settled.charged_units
+    FROM settled WHERE accounts.id = settled.account_id
+  ), ledger AS (
+    INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
+    SELECT settled.account_id, settled.key_id, settled.id, 'usage', settled.template, settled.charged_units FROM settled
+  )
+  SELECT row_to_json(settled)::text AS row FROM settled`,
+};
+
+const SETTLE_BATCH: PreparedStatement = { name: "sandfork_settle", text: "SELECT row_to_json(settled)::text AS row FROM sandfork_settle($1::jsonb) AS settled" };
 
 /**
  * Reserve and settle group-committed on one database: the executions that reserve (or settle)

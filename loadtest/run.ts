@@ -184,15 +184,8 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     const bounded = (scenario: string, concurrency: number, send: () => Promise<boolean>, count = requests) =>
       drive({ scenario, requests: count, concurrency, maxDurationMs, send });
 
-    const warmUpMs = Math.max(maxDurationMs, 60_000);
-    const warmOne = await drive({ scenario: "warm-up, c=1", requests: warmUp, concurrency: 1, maxDurationMs: warmUpMs, send: execute });
-    const warmPeak = await bounded("warm-up", peakConcurrency, execute, Math.min(requests, 200));
-    const warm = { requests: warmOne.requests + warmPeak.requests, failures: warmOne.failures + warmPeak.failures };
-    if (warm.failures > 0) {
-      const probe = await call("POST", `${gateway.url}/v1/executions`, json, EXECUTION_BODY);
-      throw new Error(`warm-up: ${warm.failures} of ${warm.requests} executions failed; one answers ${probe.status} ${probe.body}`);
-    }
-
+    // The daemon alone first: an idle gap between the warm-up and the measured runs would let the
+    // gateway cool down again (its JIT keeps compiling for thousands of requests).
     await daemon.connect();
     const daemonRequest = () => ({ executionId: randomUUID(), ...EXECUTION, stdin: "", args: [], env: {}, files: [], language: "python", timeoutMs: 5_000, memoryMb: 256 });
     const daemonExecute = async () => (await daemon.execute(daemonRequest(), AbortSignal.timeout(30_000))).outcome === "completed";
@@ -200,6 +193,15 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     // At every concurrency measured (and 1, the issue's reference for the HTTP p50).
     for (const c of [...new Set([1, ...concurrencies])]) {
       daemonRuns[c] = latencyFigures(await bounded(`daemon alone, c=${c}`, c, daemonExecute));
+    }
+
+    const warmUpMs = Math.max(maxDurationMs, 60_000);
+    const warmOne = await drive({ scenario: "warm-up, c=1", requests: warmUp, concurrency: 1, maxDurationMs: warmUpMs, send: execute });
+    const warmPeak = await bounded("warm-up", peakConcurrency, execute, Math.min(requests, 200));
+    const warm = { requests: warmOne.requests + warmPeak.requests, failures: warmOne.failures + warmPeak.failures };
+    if (warm.failures > 0) {
+      const probe = await call("POST", `${gateway.url}/v1/executions`, json, EXECUTION_BODY);
+      throw new Error(`warm-up: ${warm.failures} of ${warm.requests} executions failed; one answers ${probe.status} ${probe.body}`);
     }
 
     const executions: Record<string, ExecutionFigures> = {};

@@ -1,5 +1,5 @@
 // `npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres]
-//                     [--warm-up N] [--max-seconds S] [--json] [--cpu-prof DIR]`
+//                     [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR]`
 // Measures POST /v1/executions for real: the gateway as `npm start` runs it (gateway/main.ts in a
 // child process, the real `sandfork-vmm serve` supervised under it on the python template that
 // `npm run build` put in .sandfork/templates), on each database in turn, at each concurrency.
@@ -7,12 +7,14 @@
 // /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
 // figures in the same run (the same executions sent straight to its socket with the runtime
 // client, no HTTP, no billing) and a plain Hono "hello" app as the floor. Loopback only; every
-// scenario is bounded in requests and seconds. Each gateway first serves --warm-up executions
-// (default 3000, one at a time, then 200 at the peak concurrency): V8 compiles the request path's
-// functions with its optimizing tier only after thousands of calls, and before that a c=1
-// execution costs about twice the CPU of a warm gateway's (measured once, with a throwaway
-// harness: 3.4 ms in the first thousand after 300, 1.2-1.6 ms from the fifth thousand on), which
-// is start-up, not steady state. --cpu-prof DIR writes the gateway processes'
+// scenario is bounded in requests and seconds. Each gateway is first warmed up (--warm-up):
+// V8 keeps compiling the request path's functions with its optimizing tier for thousands of
+// calls, and until it is done a c=1 execution costs up to twice the CPU of a warm gateway's
+// (2.1 ms in the first thousand, ~1.2 ms from the third on, PGlite, measured in blocks of a
+// thousand), which is start-up, not steady state. "auto" (the default) serves blocks of 1000 at
+// concurrency 1 until a block's gateway CPU per execution is no longer 5% below the best one
+// before it (at least 3 blocks, at most 20) and prints each block's figure; N serves exactly N.
+// Before those, 200 at the peak concurrency. --cpu-prof DIR writes the gateway processes'
 // `node --cpu-prof` profiles into DIR (one a thread, the largest is the main thread's) (profiling costs CPU too: measure figures without it).
 //
 // PostgreSQL: DATABASE_URL or TEST_DATABASE_URL names a server (a fresh database is created on it
@@ -39,16 +41,16 @@ const { values } = parseArgs({
     concurrency: { type: "string", default: "1,4,16" },
     databases: { type: "string", default: "pglite,postgres" },
     "max-seconds": { type: "string", default: "10" },
-    "warm-up": { type: "string", default: "3000" },
+    "warm-up": { type: "string", default: "auto" },
     json: { type: "boolean", default: false },
     "cpu-prof": { type: "string" },
   },
 });
 const requests = Number(values.requests);
-const warmUp = Number(values["warm-up"]);
+const warmUp = values["warm-up"] === "auto" ? "auto" : Number(values["warm-up"]);
 const maxDurationMs = Number(values["max-seconds"]) * 1000;
 const concurrencies = values.concurrency.split(",").map(Number);
-if (!Number.isSafeInteger(warmUp) || warmUp < 0) throw new Error("--warm-up must be a non-negative integer");
+if (warmUp !== "auto" && (!Number.isSafeInteger(warmUp) || warmUp < 0)) throw new Error("--warm-up must be auto or a non-negative integer");
 for (const [name, n] of [["requests", requests], ["max-seconds", maxDurationMs], ...concurrencies.map((c) => ["concurrency", c] as const)] as const) {
   if (!Number.isSafeInteger(n) || n <= 0) throw new Error(`--${name} must be a positive integer (or a list of them)`);
 }
@@ -155,8 +157,33 @@ async function freshPostgresDatabase(serverUrl: string): Promise<{ url: string; 
 
 interface DatabaseRun {
   executions: Record<string, ExecutionFigures>;
+  /** Gateway CPU ms per execution of each warm-up block at c=1 (--warm-up auto). */
+  warmUpBlocks: number[];
   daemon: Record<string, LatencyFigures>;
   scenarios: ScenarioSummary[];
+}
+
+const WARM_UP_BLOCK = 1000;
+
+/** --warm-up at concurrency 1: N executions, or blocks of them until the gateway's CPU per execution settles. */
+async function warmUpAtOne(pid: number, execute: () => Promise<boolean>): Promise<{ requests: number; failures: number; blocks: number[] }> {
+  const maxDurationMs = Math.max(Number(values["max-seconds"]) * 1000, 60_000);
+  if (warmUp !== "auto") return { ...(await drive({ scenario: "warm-up, c=1", requests: warmUp, concurrency: 1, maxDurationMs, send: execute })), blocks: [] };
+  const total = { requests: 0, failures: 0 };
+  const blocks: number[] = [];
+  for (let block = 0; block < 20; block++) {
+    const before = processCpuMs(pid);
+    const s = await drive({ scenario: `warm-up block ${block + 1}, c=1`, requests: WARM_UP_BLOCK, concurrency: 1, maxDurationMs, send: execute });
+    total.requests += s.requests;
+    total.failures += s.failures;
+    if (s.failures > 0) break;
+    const cpuMs = (processCpuMs(pid) - before) / Math.max(1, s.requests);
+    const settled = blocks.length >= 2 && cpuMs > 0.95 * Math.min(...blocks);
+    blocks.push(cpuMs);
+    if (settled) break;
+  }
+  say(`  warm-up at c=1: ${total.requests} executions; gateway CPU ms/exec by block of ${WARM_UP_BLOCK}: ${blocks.map((b) => b.toFixed(2)).join(", ")}`);
+  return { ...total, blocks: blocks.map((b) => round(b, 3)) };
 }
 
 /** The gateway on one database: executions at each concurrency, the daemon alone, other routes. */
@@ -195,9 +222,10 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       daemonRuns[c] = latencyFigures(await bounded(`daemon alone, c=${c}`, c, daemonExecute));
     }
 
-    const warmUpMs = Math.max(maxDurationMs, 60_000);
-    const warmOne = await drive({ scenario: "warm-up, c=1", requests: warmUp, concurrency: 1, maxDurationMs: warmUpMs, send: execute });
+    // The peak's shapes first (group commit's batches), then concurrency 1 until it settles, so
+    // that what the JIT does for the batches is not in the first measured run.
     const warmPeak = await bounded("warm-up", peakConcurrency, execute, Math.min(requests, 200));
+    const warmOne = await warmUpAtOne(gateway.pid, execute);
     const warm = { requests: warmOne.requests + warmPeak.requests, failures: warmOne.failures + warmPeak.failures };
     if (warm.failures > 0) {
       const probe = await call("POST", `${gateway.url}/v1/executions`, json, EXECUTION_BODY);
@@ -222,7 +250,7 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       const send = async () => (await call(method, `${gateway.url}${path}`, body === undefined ? auth : json, body)).status === status;
       scenarios.push(await bounded(`${name} (${database}), c=${peakConcurrency}`, peakConcurrency, send));
     }
-    return { executions, daemon: daemonRuns, scenarios };
+    return { executions, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, scenarios };
   } finally {
     daemon.close();
     await gateway.stop();
@@ -253,6 +281,7 @@ try {
     executions: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.executions])),
     daemon_p50_ms: daemonAtOne?.p50_ms ?? null,
     daemon: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.daemon])),
+    warm_up_cpu_ms_per_exec: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.warmUpBlocks])),
     hello_per_s: round(helloRun.requestsPerSecond, 0),
     hello_p50_ms: round(helloRun.p50Ms),
     execution: EXECUTION,

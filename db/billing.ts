@@ -71,7 +71,7 @@ function toRecord(row: ExecutionRow): ExecutionRecord {
   return { ...row, status: row.status as ExecutionStatus, timings: row.timings as ExecutionTimingsRecord | null };
 }
 
-/** An executions row as row_to_json renders it (snake_case; timestamps strings). */
+/** An executions row as to_jsonb renders it (snake_case; timestamps strings). */
 function fromSqlRow(row: Record<string, unknown>): ExecutionRecord {
   const units = (v: unknown) => (v === null ? null : Number(v));
   const date = (v: unknown) => (v === null ? null : new Date(v as string));
@@ -248,10 +248,13 @@ export interface SettlementOf {
 export async function settleAll(db: Database, items: SettlementOf[]): Promise<ExecutionRecord[]> {
   for (const { settlement: s } of items) if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
   const rows = await runPrepared(db, ...settleStatement(items));
-  const settled = new Map(rows.map(({ row }) => fromSqlRow(JSON.parse(row as string))).map((record) => [record.id, record]));
+  // The rows come back without their output (the caller holds it: no copy of a large output back
+  // through the database and JSON); a repeat's record is read whole instead.
+  const settled = new Map(rows.map(({ row }) => JSON.parse(row as string) as Record<string, unknown>).map((row) => [row.id as string, row]));
   const records: ExecutionRecord[] = [];
-  for (const { executionId } of items) {
-    const record = settled.get(executionId) ?? (await findExecution(db, executionId));
+  for (const { executionId, settlement } of items) {
+    const row = settled.get(executionId);
+    const record = row !== undefined ? fromSqlRow({ ...row, stdout: settlement.stdout, stderr: settlement.stderr }) : await findExecution(db, executionId);
     if (!record) throw new Error(`no execution ${executionId}`);
     records.push(record);
   }
@@ -267,7 +270,7 @@ export async function settle(db: Database, executionId: string, settlement: Sett
  * Only records still running settle, so a second settle is a no-op. A batch of one is one
  * statement of primary-key lookups; bigger ones are one call of sandfork_settle (migration
  * 0003_billing_functions), which locks their accounts in id order first. Each answers the
- * records it settled as JSON.
+ * records it settled as JSON, all but their output.
  */
 function settleStatement(items: SettlementOf[]): [PreparedStatement, (string | null)[]] {
   if (items.length === 1) {
@@ -302,10 +305,10 @@ const SETTLE_ONE: PreparedStatement = {
     INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
     SELECT settled.account_id, settled.key_id, settled.id, 'usage', settled.template, settled.charged_units FROM settled
   )
-  SELECT row_to_json(settled)::text AS row FROM settled`,
+  SELECT (to_jsonb(settled) - 'stdout' - 'stderr')::text AS row FROM settled`,
 };
 
-const SETTLE_BATCH: PreparedStatement = { name: "sandfork_settle", text: "SELECT row_to_json(settled)::text AS row FROM sandfork_settle($1::jsonb) AS settled" };
+const SETTLE_BATCH: PreparedStatement = { name: "sandfork_settle", text: "SELECT (to_jsonb(settled) - 'stdout' - 'stderr')::text AS row FROM sandfork_settle($1::jsonb) AS settled" };
 
 /**
  * Reserve and settle group-committed on one database: the executions that reserve (or settle)

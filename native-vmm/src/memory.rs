@@ -443,7 +443,7 @@ impl GuestMemory {
 
 /// Fills `slices` from `file` at `at`, back to back (continued after a short read), and empties
 /// the list.
-fn read_all_at(file: &std::fs::File, slices: &mut Vec<io::IoSliceMut<'_>>, mut at: u64) -> io::Result<()> {
+pub(crate) fn read_all_at(file: &std::fs::File, slices: &mut Vec<io::IoSliceMut<'_>>, mut at: u64) -> io::Result<()> {
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
         match crate::sys::preadv(file.as_raw_fd(), rest, at) {

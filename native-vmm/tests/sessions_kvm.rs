@@ -293,7 +293,8 @@ fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
 /// Checkpoints after the first hold only the pages written since the one before, naming it;
 /// forks from each restore its whole chain, from the files this daemon wrote and after a
 /// restart (every file hashed). A changed byte in a parent makes every checkpoint after it
-/// refused (the session resumes from the one before it), and a format-2 file is refused as such.
+/// refused (the session resumes from the one before it), and format-2 and format-4 files are
+/// refused as such.
 /// A page written with the bytes it held is restored from the parent that holds it.
 #[test]
 fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused() {
@@ -326,8 +327,9 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
     daemon.kill();
     let path = |checkpoint: &Value| dir.join("sessions/chain").join(format!("{:012}.sfck", u64_of(checkpoint, "checkpoint")));
     let mut damaged = std::fs::read(path(&taken[1])).unwrap();
-    let last_page = damaged.len() - 4096 - 100;
-    damaged[last_page] ^= 0x01;
+    // The first byte after the head (its length is the body's first word): a stored page's.
+    let first_stored = u64::from_le_bytes(damaged[24..32].try_into().unwrap()) as usize;
+    damaged[first_stored] ^= 0x01;
     std::fs::write(path(&taken[1]), &damaged).unwrap();
     daemon.restart();
     let mut s = daemon.client();
@@ -336,11 +338,15 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
     assert!(str_of(&refused, "message").contains("content hash of its parent"), "{refused}");
     assert_eq!(s.cell("chain", "(v, blob[0], blob[300000])"), Some(expected[0].to_owned()), "resumed from the checkpoint before the damaged one");
     daemon.kill();
-    let mut old = std::fs::read(path(&taken[0])).unwrap();
-    old[8..12].copy_from_slice(&2u32.to_le_bytes());
-    std::fs::write(path(&taken[0]), &old).unwrap();
+    for (checkpoint, version) in [(&taken[0], 2u32), (&taken[3], 4)] {
+        let mut old = std::fs::read(path(checkpoint)).unwrap();
+        old[8..12].copy_from_slice(&version.to_le_bytes());
+        std::fs::write(path(checkpoint), &old).unwrap();
+    }
     daemon.restart();
     let mut s = daemon.client();
-    let refused = s.call(json!({"type": "session_fork", "session": "from-old", "from": "chain", "checkpoint": u64_of(&taken[0], "checkpoint")}));
-    assert!(str_of(&refused, "message").contains("checkpoint format 2; this daemon reads format 4 only"), "{refused}");
+    for (checkpoint, version) in [(&taken[0], 2u32), (&taken[3], 4)] {
+        let refused = s.call(json!({"type": "session_fork", "session": "from-old", "from": "chain", "checkpoint": u64_of(checkpoint, "checkpoint")}));
+        assert!(str_of(&refused, "message").contains(&format!("checkpoint format {version}; this daemon reads format 5 only")), "{refused}");
+    }
 }

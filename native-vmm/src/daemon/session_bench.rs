@@ -1,11 +1,14 @@
 //! `sandfork-vmm bench sessions`: what a session's durability costs, measured in one run on
-//! the daemon's own `Sessions` (no socket in the way): checkpoint p50/p99 of a session that
-//! dirtied 1 MiB and 32 MiB beyond what its interpreter itself dirties, pause p50 at 32 MiB,
-//! resume p50 (request to the VM ready at its first instruction: checkpoint read and verified,
-//! memory forked and filled, vCPU restored), and durable checkpoints per second with 8
-//! sessions checkpointing at once, each after a cell that wrote 1 MiB (checkpoints are
-//! incremental: each holds what was written since the one before). Baselines from the same
-//! run: writing and fdatasync'ing the same number of bytes to a file natively (one at a time,
+//! the daemon's own `Sessions` (no socket in the way), for two cells: one that writes a new
+//! byte in every page of a buffer (its pages are almost all zeros: the friendly case for sparse
+//! pages) and one that fills the buffer with fresh random bytes (nothing to leave out: the
+//! worst case). For each: checkpoint p50/p99 of a session that dirtied 1 MiB and 32 MiB beyond
+//! what its interpreter itself dirties, pause p50, resume p50 (request to the VM ready at its
+//! first instruction: checkpoint read and verified, memory forked and filled, vCPU restored),
+//! the bytes of the files written, and durable checkpoints per second with 8 sessions
+//! checkpointing at once, each after a cell that wrote 1 MiB (checkpoints are incremental: each
+//! holds what was written since the one before). Baselines from the same run: writing and
+//! fdatasync'ing as many bytes as those checkpoints' files to a file natively (one at a time,
 //! and from 8 threads at once), and spawning `/usr/bin/python3.11 -c pass`.
 
 use std::fmt;
@@ -18,42 +21,93 @@ use std::time::{Duration, Instant};
 use crate::bench::{measure_native, Latency, ARGS, PROGRAM};
 use crate::daemon::bench::{latency, load_template};
 use crate::daemon::executor::ExecutionLimits;
-use crate::daemon::sessions::{Sessions, SessionsConfig};
+use crate::daemon::sessions::{Sessions, SessionsConfig, TakenCheckpoint};
 use crate::kvm;
+use crate::snapshot::sparse::PageCounts;
 
 pub const DEFAULT_ITERATIONS: usize = 100;
 const CONCURRENCY: usize = 8;
 
-/// One dirty size's figures.
+/// What a benchmark cell writes into its buffer each time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellBytes {
+    /// A new byte in every page (a page written with the bytes it held is left out of a
+    /// checkpoint), zeros elsewhere.
+    OneBytePerPage,
+    /// Fresh random bytes from /dev/urandom, read straight into the buffer.
+    Random,
+}
+
+impl CellBytes {
+    const ALL: [CellBytes; 2] = [CellBytes::OneBytePerPage, CellBytes::Random];
+
+    fn key(self) -> &'static str {
+        match self {
+            CellBytes::OneBytePerPage => "one_byte_per_page",
+            CellBytes::Random => "random",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            CellBytes::OneBytePerPage => "a new byte in every page (mostly zeros)",
+            CellBytes::Random => "fresh random bytes (incompressible)",
+        }
+    }
+
+    /// The cell that rewrites `mib` MiB of a buffer kept in the session, so that every
+    /// checkpoint after it holds that many pages more than the interpreter's own.
+    fn code(self, mib: u64) -> String {
+        let setup = format!("try:\n    blob\nexcept NameError:\n    blob, k, view = bytearray({mib} << 20), 0, None\n");
+        match self {
+            CellBytes::OneBytePerPage => format!("{setup}k = k % 250 + 1\nblob[::4096] = bytes([k]) * (len(blob) // 4096)\nNone"),
+            // Read in place: os.urandom would leave a second buffer's pages dirty too.
+            CellBytes::Random => format!("{setup}if view is None:\n    view, rand = memoryview(blob), open('/dev/urandom', 'rb', buffering=0)\nn = 0\nwhile n < len(blob):\n    n += rand.readinto(view[n:])\nNone"),
+        }
+    }
+}
+
+/// One cell's figures at one dirty size.
 #[derive(Debug, Clone)]
 pub struct DirtyFigures {
+    pub cell: CellBytes,
     pub written_mib: u64,
-    /// What the checkpoint held (the interpreter's own pages included).
+    /// Guest page bytes the checkpoint recorded (the interpreter's own pages included).
     pub dirty_bytes: u64,
+    /// What its file held on average, and how the last one stored its pages.
+    pub file_bytes: u64,
+    pub pages: PageCounts,
     pub checkpoint: Latency,
     /// The CPU time of those checkpoints on the VM's thread: what the machine's load does not
     /// stretch (it does the wall times on a shared machine).
     pub checkpoint_cpu: Latency,
-    /// Native write + fdatasync + rename of as many bytes.
+    /// Native write + fdatasync + rename of as many bytes as its files.
     pub native_write: Latency,
     pub pause: Latency,
+    /// A pause's file (a full checkpoint), on average.
+    pub pause_file_bytes: u64,
     pub resume: Latency,
+}
+
+/// Durable checkpoints per second of `CONCURRENCY` sessions at once, each after a 1 MiB cell.
+#[derive(Debug, Clone)]
+pub struct ConcurrentFigures {
+    pub cell: CellBytes,
+    /// In rounds that start together, and sustained (each session's own rate, 1 / its mean
+    /// checkpoint time, summed, while the others run their cells and checkpoints as they come).
+    pub rounds_per_s: f64,
+    pub sustained_per_s: f64,
+    /// What those checkpoints' files held on average (the full ones among them), and the rate
+    /// of as many native durable writes of that size from `CONCURRENCY` threads.
+    pub file_bytes: u64,
+    pub native_per_s: f64,
 }
 
 #[derive(Debug, Clone)]
 pub struct SessionReport {
     pub iterations: usize,
     pub sizes: Vec<DirtyFigures>,
-    /// Durable checkpoints per second of `CONCURRENCY` 1 MiB sessions at once: in rounds that
-    /// start together, and sustained (each session's own rate, 1 / its mean checkpoint time,
-    /// summed, while the others run their cells and checkpoints as they come).
-    pub checkpoints_per_s: f64,
-    pub sustained_per_s: f64,
-    /// What those checkpoints held on average (pages written since the one before, with the
-    /// full ones among them), and the rate of as many native durable writes of that size from
-    /// `CONCURRENCY` threads.
-    pub concurrent_bytes: u64,
-    pub native_concurrent_per_s: f64,
+    pub concurrent: Vec<ConcurrentFigures>,
     pub native_python: Latency,
 }
 
@@ -61,19 +115,28 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+fn kib(bytes: u64) -> f64 {
+    bytes as f64 / 1024.0
+}
+
 impl fmt::Display for SessionReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "session durability, {} iterations per figure", self.iterations)?;
         for s in &self.sizes {
-            writeln!(f, "  {} MiB written ({:.1} MiB dirty in the checkpoint):", s.written_mib, s.dirty_bytes as f64 / (1 << 20) as f64)?;
+            writeln!(f, "  {} MiB of {} ({:.1} MiB of pages in the checkpoint):", s.written_mib, s.cell.describe(), s.dirty_bytes as f64 / (1 << 20) as f64)?;
+            let p = s.pages;
+            writeln!(f, "    file per checkpoint    {:.0} KiB  (pages: {} zero, {} sparse, {} raw)", kib(s.file_bytes), p.zero, p.sparse, p.raw)?;
             writeln!(f, "    checkpoint (durable)   p50 {:.2} ms  p99 {:.2} ms", ms(s.checkpoint.p50), ms(s.checkpoint.p99))?;
             writeln!(f, "    its CPU time           p50 {:.2} ms  p99 {:.2} ms  (the VM thread's: capture, write, hash)", ms(s.checkpoint_cpu.p50), ms(s.checkpoint_cpu.p99))?;
-            writeln!(f, "    native write+fdatasync p50 {:.2} ms  p99 {:.2} ms  (same bytes, baseline)", ms(s.native_write.p50), ms(s.native_write.p99))?;
-            writeln!(f, "    pause                  p50 {:.2} ms  p99 {:.2} ms", ms(s.pause.p50), ms(s.pause.p99))?;
+            writeln!(f, "    native write+fdatasync p50 {:.2} ms  p99 {:.2} ms  (as many bytes as the files, baseline)", ms(s.native_write.p50), ms(s.native_write.p99))?;
+            writeln!(f, "    pause                  p50 {:.2} ms  p99 {:.2} ms  ({:.0} KiB file)", ms(s.pause.p50), ms(s.pause.p99), kib(s.pause_file_bytes))?;
             writeln!(f, "    resume (VM ready)      p50 {:.2} ms  p99 {:.2} ms", ms(s.resume.p50), ms(s.resume.p99))?;
         }
-        writeln!(f, "  durable 1 MiB checkpoints at concurrency {CONCURRENCY}: {:.0} per s in rounds of {CONCURRENCY} at once, {:.0} per s sustained  ({:.2} MiB each on average; each after a cell)", self.checkpoints_per_s, self.sustained_per_s, self.concurrent_bytes as f64 / (1 << 20) as f64)?;
-        writeln!(f, "    native write+fdatasync of as many bytes, {CONCURRENCY} threads: {:.0} per s  (baseline)", self.native_concurrent_per_s)?;
+        for c in &self.concurrent {
+            writeln!(f, "  durable checkpoints at concurrency {CONCURRENCY}, each after a cell writing 1 MiB of {}:", c.cell.describe())?;
+            writeln!(f, "    {:.0} per s in rounds of {CONCURRENCY} at once, {:.0} per s sustained  ({:.0} KiB files on average)", c.rounds_per_s, c.sustained_per_s, kib(c.file_bytes))?;
+            writeln!(f, "    native write+fdatasync of as many bytes, {CONCURRENCY} threads: {:.0} per s  (baseline)", c.native_per_s)?;
+        }
         writeln!(f, "  native spawn of {PROGRAM} -c pass: p50 {:.2} ms (baseline for a resume)", ms(self.native_python.p50))
     }
 }
@@ -84,17 +147,14 @@ impl SessionReport {
         let sizes: Vec<_> = self
             .sizes
             .iter()
-            .map(|s| serde_json::json!({"written_mib": s.written_mib, "dirty_bytes": s.dirty_bytes, "checkpoint": lat(&s.checkpoint), "checkpoint_cpu": lat(&s.checkpoint_cpu), "native_write_fdatasync": lat(&s.native_write), "pause": lat(&s.pause), "resume": lat(&s.resume)}))
+            .map(|s| {
+                let pages = serde_json::json!({"zero": s.pages.zero, "sparse": s.pages.sparse, "raw": s.pages.raw});
+                serde_json::json!({"cell": s.cell.key(), "written_mib": s.written_mib, "dirty_bytes": s.dirty_bytes, "file_bytes": s.file_bytes, "pages": pages, "checkpoint": lat(&s.checkpoint), "checkpoint_cpu": lat(&s.checkpoint_cpu), "native_write_fdatasync": lat(&s.native_write), "pause": lat(&s.pause), "pause_file_bytes": s.pause_file_bytes, "resume": lat(&s.resume)})
+            })
             .collect();
-        serde_json::json!({"iterations": self.iterations, "sizes": sizes, "checkpoints_per_s_c8": self.checkpoints_per_s, "sustained_per_s_c8": self.sustained_per_s, "checkpoint_bytes_c8": self.concurrent_bytes, "native_per_s_c8": self.native_concurrent_per_s, "native_python_p50_ms": ms(self.native_python.p50)}).to_string()
+        let concurrent: Vec<_> = self.concurrent.iter().map(|c| serde_json::json!({"cell": c.cell.key(), "checkpoints_per_s": c.rounds_per_s, "sustained_per_s": c.sustained_per_s, "file_bytes": c.file_bytes, "native_per_s": c.native_per_s})).collect();
+        serde_json::json!({"iterations": self.iterations, "concurrency": CONCURRENCY, "sizes": sizes, "concurrent": concurrent, "native_python_p50_ms": ms(self.native_python.p50)}).to_string()
     }
-}
-
-/// The cell that rewrites `mib` MiB of a buffer kept in the session, a new byte in every page
-/// each time (a page written with the bytes it held is left out of a checkpoint), so every
-/// checkpoint of it holds that many pages more than the interpreter's own.
-fn dirty_cell(mib: u64) -> String {
-    format!("try:\n    blob\nexcept NameError:\n    blob, k = bytearray({mib} << 20), 0\nk = k % 250 + 1\nblob[::4096] = bytes([k]) * (len(blob) // 4096)\nNone")
 }
 
 fn limits() -> ExecutionLimits {
@@ -109,55 +169,72 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
     let sessions_dir = data.join(format!("sfbench-sessions-{}", std::process::id()));
     let config = SessionsConfig { dir: sessions_dir.clone(), max_live: CONCURRENCY + 2 };
     let sessions = Arc::new(Sessions::open(config, std::slice::from_ref(&template), Arc::new(kvm::restore_cpu)).map_err(|e| e.to_string())?);
-    let fail = |e: crate::daemon::sessions::SessionError| e.message;
     let result = (|| {
         let mut sizes = Vec::new();
-        for mib in [1u64, 32] {
-            let id = format!("bench-{mib}");
-            sessions.create(&id, &template.name, None).map_err(fail)?;
-            let (mut checkpoint, mut checkpoint_cpu, mut pause, mut resume) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let mut dirty_bytes = 0;
-            for _ in 0..iterations {
-                sessions.execute(&id, dirty_cell(mib), Vec::new(), limits()).map_err(fail)?;
-                let started = Instant::now();
-                let taken = sessions.checkpoint(&id, false).map_err(fail)?;
-                checkpoint.push(started.elapsed());
-                checkpoint_cpu.push(taken.cpu);
-                dirty_bytes = taken.info.dirty_bytes;
+        for cell in CellBytes::ALL {
+            for mib in [1u64, 32] {
+                sizes.push(one_session(&sessions, &template.name, &sessions_dir, cell, mib, iterations)?);
             }
-            for _ in 0..iterations.min(50) {
-                sessions.execute(&id, dirty_cell(mib), Vec::new(), limits()).map_err(fail)?;
-                let started = Instant::now();
-                sessions.checkpoint(&id, true).map_err(fail)?;
-                pause.push(started.elapsed());
-                let resumed = sessions.resume(&id).map_err(fail)?.ok_or("the session was not paused")?;
-                resume.push(resumed);
-            }
-            sessions.delete(&id).map_err(fail)?;
-            let native_write = latency(native_durable_writes(&sessions_dir, dirty_bytes as usize, iterations))?;
-            sizes.push(DirtyFigures { written_mib: mib, dirty_bytes, checkpoint: latency::<String>(Ok(checkpoint))?, checkpoint_cpu: latency::<String>(Ok(checkpoint_cpu))?, native_write, pause: latency::<String>(Ok(pause))?, resume: latency::<String>(Ok(resume))? });
         }
-        let (checkpoints_per_s, concurrent_bytes) = concurrent_checkpoints(&sessions, &template.name, iterations, true)?;
-        let (sustained_per_s, _) = concurrent_checkpoints(&sessions, &template.name, iterations, false)?;
-        let native_concurrent_per_s = native_concurrent_writes(&sessions_dir, concurrent_bytes as usize, iterations)?;
+        let mut concurrent = Vec::new();
+        for cell in CellBytes::ALL {
+            let (rounds_per_s, file_bytes) = concurrent_checkpoints(&sessions, &template.name, cell, iterations, true)?;
+            let (sustained_per_s, _) = concurrent_checkpoints(&sessions, &template.name, cell, iterations, false)?;
+            let native_per_s = native_concurrent_writes(&sessions_dir, file_bytes as usize, iterations)?;
+            concurrent.push(ConcurrentFigures { cell, rounds_per_s, sustained_per_s, file_bytes, native_per_s });
+        }
         let native_python = latency(measure_native(PROGRAM, &ARGS, 20))?;
-        Ok(SessionReport { iterations, sizes, checkpoints_per_s, sustained_per_s, concurrent_bytes, native_concurrent_per_s, native_python })
+        Ok(SessionReport { iterations, sizes, concurrent, native_python })
     })();
     drop(sessions);
     let _ = std::fs::remove_dir_all(&sessions_dir);
     result
 }
 
-/// `CONCURRENCY` sessions, each on a thread of its own, `iterations` times a cell that writes
+/// One session running `cell` at `mib` MiB: `iterations` checkpoints after it, then up to 50
+/// pauses and resumes; and the native baseline of the checkpoints' bytes.
+fn one_session(sessions: &Sessions, template: &str, dir: &Path, cell: CellBytes, mib: u64, iterations: usize) -> Result<DirtyFigures, String> {
+    let fail = |e: crate::daemon::sessions::SessionError| e.message;
+    let id = format!("bench-{}-{mib}", cell.key());
+    sessions.create(&id, template, None).map_err(fail)?;
+    let (mut checkpoint, mut checkpoint_cpu, mut pause, mut resume) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut last, mut file_bytes, mut pause_file_bytes) = (None::<TakenCheckpoint>, 0, 0);
+    for _ in 0..iterations {
+        sessions.execute(&id, cell.code(mib), Vec::new(), limits()).map_err(fail)?;
+        let started = Instant::now();
+        let taken = sessions.checkpoint(&id, false).map_err(fail)?;
+        checkpoint.push(started.elapsed());
+        checkpoint_cpu.push(taken.cpu);
+        file_bytes += taken.info.file_bytes;
+        last = Some(taken);
+    }
+    let pauses = iterations.min(50);
+    for _ in 0..pauses {
+        sessions.execute(&id, cell.code(mib), Vec::new(), limits()).map_err(fail)?;
+        let started = Instant::now();
+        pause_file_bytes += sessions.checkpoint(&id, true).map_err(fail)?.info.file_bytes;
+        pause.push(started.elapsed());
+        let resumed = sessions.resume(&id).map_err(fail)?.ok_or("the session was not paused")?;
+        resume.push(resumed);
+    }
+    sessions.delete(&id).map_err(fail)?;
+    let last = last.ok_or("no iterations")?;
+    let file_bytes = file_bytes / iterations as u64;
+    let native_write = latency(native_durable_writes(dir, file_bytes as usize, iterations))?;
+    let of = |samples: Vec<Duration>| latency::<String>(Ok(samples));
+    Ok(DirtyFigures { cell, written_mib: mib, dirty_bytes: last.info.dirty_bytes, file_bytes, pages: last.pages, checkpoint: of(checkpoint)?, checkpoint_cpu: of(checkpoint_cpu)?, native_write, pause: of(pause)?, pause_file_bytes: pause_file_bytes / pauses.max(1) as u64, resume: of(resume)? })
+}
+
+/// `CONCURRENCY` sessions, each on a thread of its own, `iterations` times `cell` writing
 /// 1 MiB and then a checkpoint. `together`: the checkpoints of a round start at once (the cells
 /// are outside the time measured), checkpoints per second over the rounds' checkpoint phases;
 /// otherwise each session goes on at its own pace, and the rate is the sum of each one's
-/// 1 / mean checkpoint time. Also the checkpoints' average size in bytes.
-fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, iterations: usize, together: bool) -> Result<(f64, u64), String> {
+/// 1 / mean checkpoint time. Also the checkpoints' files' average size in bytes.
+fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBytes, iterations: usize, together: bool) -> Result<(f64, u64), String> {
     let ids: Vec<String> = (0..CONCURRENCY).map(|i| format!("bench-c{i}")).collect();
     for id in &ids {
         sessions.create(id, template, None).map_err(|e| e.message)?;
-        sessions.execute(id, dirty_cell(1), Vec::new(), limits()).map_err(|e| e.message)?;
+        sessions.execute(id, cell.code(1), Vec::new(), limits()).map_err(|e| e.message)?;
         sessions.checkpoint(id, false).map_err(|e| e.message)?;
     }
     let barrier = Arc::new(Barrier::new(CONCURRENCY));
@@ -168,14 +245,14 @@ fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, iterations: 
             thread::spawn(move || {
                 let (mut busy, mut bytes, mut failed) = (Duration::ZERO, 0, None);
                 for _ in 0..iterations {
-                    let cell = sessions.execute(&id, dirty_cell(1), Vec::new(), limits());
+                    let ran = sessions.execute(&id, cell.code(1), Vec::new(), limits());
                     if together {
                         barrier.wait();
                     }
                     let started = Instant::now();
                     // Every thread reaches both barriers even after a failure, so none waits forever.
-                    match cell.and_then(|_| sessions.checkpoint(&id, false)) {
-                        Ok(taken) => bytes += taken.info.dirty_bytes,
+                    match ran.and_then(|_| sessions.checkpoint(&id, false)) {
+                        Ok(taken) => bytes += taken.info.file_bytes,
                         Err(e) => failed = Some(e.message),
                     }
                     if together {

@@ -42,6 +42,7 @@ use crate::image::sha256;
 use crate::memory::{GuestMemory, PageSet};
 use crate::process::Output;
 use crate::snapshot::checkpoint::{self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent, Written, TEMPORARY_PREFIX};
+use crate::snapshot::sparse::PageCounts;
 use crate::snapshot::{ForkMemory, Template, TemplateError};
 use crate::status::RunStatus;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
@@ -116,6 +117,8 @@ pub struct TakenCheckpoint {
     pub write: Duration,
     /// CPU time the VM's thread spent on both (waiting for the disk or for a core excluded).
     pub cpu: Duration,
+    /// How its pages were stored.
+    pub pages: PageCounts,
 }
 
 /// What a session is doing.
@@ -202,7 +205,7 @@ impl Vm<'_> {
 
     /// Records the VM at a ready point as checkpoint `number` in `dir`, durably: incremental
     /// on `base` where the module docs allow it, full otherwise (and for a pause).
-    fn checkpoint(&mut self, template: &Template, dir: &Path, number: u64, pause: bool) -> io::Result<(Written, u64, Option<u64>, Duration)> {
+    fn checkpoint(&mut self, template: &Template, dir: &Path, number: u64, pause: bool) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
         self.take_written();
         let capturing = Instant::now();
         let unsaved_bytes = self.unsaved.as_ref().map_or(0, |set| set.count_ones(..) as u64 * crate::layout::PAGE_SIZE);
@@ -225,7 +228,7 @@ impl Vm<'_> {
         };
         let capture = capturing.elapsed();
         let written = checkpoint.write_durably(dir, &checkpoint_name(number))?;
-        let (dirty, parent) = (checkpoint.dirty_bytes, checkpoint.parent);
+        let (dirty, parent, pages) = (checkpoint.dirty_bytes, checkpoint.parent, checkpoint.pages);
         self.fingerprints.record(parent.is_none(), fresh);
         let (chain_bytes, full_bytes) = match (parent, self.base) {
             (Some(_), Some(base)) => (base.chain_bytes + dirty, base.full_bytes),
@@ -235,7 +238,7 @@ impl Vm<'_> {
         if let Some(unsaved) = &mut self.unsaved {
             unsaved.clear();
         }
-        Ok((written, dirty, parent.map(|p| p.number), capture))
+        Ok((written, dirty, parent.map(|p| p.number), capture, pages))
     }
 }
 
@@ -371,7 +374,7 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
 fn does_not_verify(e: TemplateError) -> SessionError {
     let why = match e {
         TemplateError::Io(e) => return internal("reading the checkpoint", e),
-        TemplateError::VersionMismatch { found, expected } => format!("checkpoint format {found}; this daemon reads format {expected} only (format 2 is from before incremental checkpoints)"),
+        TemplateError::VersionMismatch { found, expected } => format!("checkpoint format {found}; this daemon reads format {expected} only (older formats are not converted: 2 is from before incremental checkpoints, 4 from before sparse pages)"),
         e => e.to_string(),
     };
     SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {why}") }
@@ -679,7 +682,7 @@ impl Sessions {
         if pause && matches!(*session.lock(), Slot::Paused) {
             // Already paused: its newest checkpoint is its state.
             let newest = self.info(id)?.checkpoints.pop().ok_or_else(|| internal("a paused session", "has no checkpoint"))?;
-            return Ok(TakenCheckpoint { info: newest, capture: Duration::ZERO, write: Duration::ZERO, cpu: Duration::ZERO });
+            return Ok(TakenCheckpoint { info: newest, capture: Duration::ZERO, write: Duration::ZERO, cpu: Duration::ZERO, pages: PageCounts::default() });
         }
         if matches!(*session.lock(), Slot::Ended(_)) {
             return refuse(ErrorCode::SessionEnded, format!("session '{id}' has ended; fork it from a checkpoint"));
@@ -692,17 +695,17 @@ impl Sessions {
         let (written, _, released) = self.on_live(&session, &mut slot, move |vm| {
             let cpu_before = thread_cpu_time();
             let started = Instant::now();
-            let (written, dirty_bytes, parent, capture) = vm.checkpoint(&template, &dir, number, pause)?;
+            let (written, dirty_bytes, parent, capture, pages) = vm.checkpoint(&template, &dir, number, pause)?;
             vm.release = pause;
-            Ok::<_, io::Error>((written, dirty_bytes, parent, capture, started.elapsed().saturating_sub(capture), thread_cpu_time().saturating_sub(cpu_before)))
+            Ok::<_, io::Error>((written, dirty_bytes, parent, capture, pages, started.elapsed().saturating_sub(capture), thread_cpu_time().saturating_sub(cpu_before)))
         })?;
         if released {
             self.set_slot(&mut slot, Slot::Paused);
         }
-        let (Written { hash, file_bytes }, dirty_bytes, parent, capture, write, cpu) = written.map_err(|e| internal("writing the checkpoint", e))?;
+        let (Written { hash, file_bytes }, dirty_bytes, parent, capture, pages, write, cpu) = written.map_err(|e| internal("writing the checkpoint", e))?;
         self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(session.dir.join(checkpoint_name(number)), hash);
         let info = CheckpointInfo { number, sha256: sha256::to_hex(&hash), file_bytes, dirty_bytes, parent };
-        Ok(TakenCheckpoint { info, capture, write, cpu })
+        Ok(TakenCheckpoint { info, capture, write, cpu, pages })
     }
 
     /// Resumes a paused session (a running one is left as it is); says how long it took.

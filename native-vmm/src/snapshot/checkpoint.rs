@@ -19,6 +19,11 @@
 //! object a cell touches: ~60% of its written pages) is left out (`PageFingerprints`). `depth` counts the parents (0: full); the
 //! writer bounds it (`daemon::sessions`).
 //!
+//! Each stored page is kept by what it holds (`sparse`): a page of zeros as two bits in the
+//! page table, a mostly-zero page as its non-zero 64-byte chunks and their mask (packed with the
+//! other such pages after the raw ones), any other page whole. After a cell that wrote one byte
+//! in each page of a 1 MiB buffer, that is ~0.1 MiB in the file instead of ~1.5 MiB.
+//!
 //! ```text
 //! 24 bytes    header: magic "SFCHKPT\0", format version (u32 LE), zero, body length (file.rs)
 //! body        the head's length H: header, this, up to the first page (u64, a multiple of 4 KiB)
@@ -27,16 +32,23 @@
 //!             the AWAIT_REQUEST call's six arguments
 //!             CPU state (file::encode_cpu), process state (length-prefixed)
 //!             page runs stored here: count, then per run its guest address and its length
+//!             the page table (length-prefixed): 2 bits per page of the runs, in order, four
+//!               a byte, low bits first: 0 zero, 1 sparse, 2 raw
+//!             the packed region's length P (u64)
 //!             zeros up to H
-//!             the runs' pages, back to back from H (every run at a 4 KiB file offset)
-//!             4064 zeros
+//!             the raw pages, back to back from H (each at a 4 KiB file offset)
+//!             the packed region (P bytes): per sparse page, in order, its chunk mask (u64 LE,
+//!               bit i: chunk i stored, never 0) and its stored chunks, back to back
+//!             zeros up to 32 bytes before a multiple of 4 KiB
 //! 32 bytes    SHA-256 of header and body
 //! ```
 //!
-//! The pages sit at 4 KiB file offsets and the file is whole 4 KiB blocks, so that it moves
+//! The raw pages sit at 4 KiB file offsets and the file is whole 4 KiB blocks, so that they move
 //! between guest memory and the disk with O_DIRECT (`open_direct`): written in a few vectored
 //! writes straight from guest memory and read back straight into a restored VM's memory, by the
-//! disk, through no page cache (whose fresh pages cost more than the copy itself under PVM).
+//! disk, through no page cache (whose fresh pages cost more than the copy itself under PVM). The
+//! head and the packed region are written from and read into aligned blocks (`blocks`); a
+//! restore checks a file's content hash before it reads a sparse page of it.
 //! Where the file system refuses O_DIRECT (ramfs; tmpfs on older kernels), the same calls go
 //! through the page cache (`bench sessions --dir` on a ramfs ran so).
 //!
@@ -49,8 +61,9 @@
 //! `OpenedCheckpoint::open` (header, lengths) or `Chain::new_memory` (content hash, its own or a
 //! parent's), and the session falls back to its previous checkpoint (`daemon::sessions`).
 //!
-//! Format 2 (before incremental checkpoints) is not read: `open` refuses it as a version
-//! mismatch, which a session reports as a checkpoint that does not verify.
+//! Older formats are not read (2: before incremental checkpoints; 3: before the process state
+//! grew; 4: every page stored whole): `open` refuses them as a version mismatch, which a session
+//! reports as a checkpoint that does not verify.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -61,7 +74,9 @@ use std::path::Path;
 
 use sha2::Digest;
 
+use super::blocks::{Block, Blocks, BLOCK, ZERO_BLOCK};
 use super::codec::{Decoder, Encoder};
+use super::sparse::{self, PageCounts, PageKind, Unpacker};
 use super::{file, Template, TemplateError};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::image::sha256::Sha256;
@@ -70,17 +85,9 @@ use crate::memory::{page_ranges, GuestMemory, PageSet};
 use crate::process::GuestProcess;
 
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Longest chain a restore follows (parents of one checkpoint); the writer keeps well below.
 pub const MAX_DEPTH: u64 = 64;
-const BLOCK: usize = crate::layout::PAGE_SIZE as usize;
-
-/// A block of the file that is not guest memory (head, tail), aligned for O_DIRECT.
-#[repr(C, align(4096))]
-#[derive(Clone, Copy)]
-struct Block([u8; BLOCK]);
-
-const ZERO_BLOCK: Block = Block([0; BLOCK]);
 
 /// The checkpoint an incremental one holds the changes since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,14 +161,20 @@ impl PageFingerprints {
 /// A session VM's state, recorded: its small parts encoded, its pages still in guest memory,
 /// from where `write_durably` writes and hashes them without a copy.
 pub struct Checkpoint<'m> {
-    /// Head length, identity, call, CPU and process state, and the page-run table.
+    /// Head length, identity, call, CPU and process state, the page runs and their table.
     meta: Vec<u8>,
+    /// The guest ranges of the pages it records.
     ranges: Vec<(u64, u64)>,
+    /// Those of its raw pages, written straight from guest memory.
+    raw: Vec<(u64, u64)>,
+    /// The packed region, padded to whole blocks with room for the hash at the end.
+    packed: Blocks,
     mem: &'m GuestMemory,
     /// Bytes of guest pages recorded (what the VM changed against its template, or since
     /// `parent`).
     pub dirty_bytes: u64,
     pub parent: Option<Parent>,
+    pub pages: PageCounts,
 }
 
 /// A checkpoint on disk.
@@ -208,22 +221,48 @@ impl<'m> Checkpoint<'m> {
             e.u64(start);
             e.u64(end - start);
         }
+        let (mut kinds, mut raw, mut packed, mut pages) = (Vec::new(), Vec::<(u64, u64)>::new(), Blocks::new(), PageCounts::default());
+        for &(start, end) in &ranges {
+            for addr in (start..end).step_by(PAGE_SIZE as usize) {
+                let page = mem.range_bytes(addr, PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let mask = sparse::chunk_mask(page);
+                let kind = PageKind::of(mask);
+                match kind {
+                    PageKind::Zero => {}
+                    PageKind::Sparse => sparse::pack(page, mask, &mut packed),
+                    PageKind::Raw => match raw.last_mut() {
+                        Some((_, raw_end)) if *raw_end == addr => *raw_end += PAGE_SIZE,
+                        _ => raw.push((addr, addr + PAGE_SIZE)),
+                    },
+                }
+                kinds.push(kind);
+                pages.add(kind);
+            }
+        }
+        e.bytes(&sparse::encode_kinds(&kinds));
+        e.len(packed.len());
+        packed.pad_to_blocks((packed.len() + file::HASH_LEN).div_ceil(BLOCK));
         let dirty_bytes = ranges.iter().map(|(start, end)| end - start).sum();
         let mut meta = e.into_bytes();
         let head_len = crate::layout::page_align_up((file::HEADER_LEN + meta.len()) as u64);
         meta[..8].copy_from_slice(&head_len.to_le_bytes());
-        Ok(Checkpoint { meta, ranges, mem, dirty_bytes, parent })
+        Ok(Checkpoint { meta, ranges, raw, packed, mem, dirty_bytes, parent, pages })
     }
 
     /// Writes the file as `dir/name` durably (module docs): temporary name, fdatasync, rename,
     /// directory fsync. On error nothing is left under `name` that was not there before.
     pub fn write_durably(&self, dir: &Path, name: &str) -> io::Result<Written> {
         let head = self.head();
-        let pages = self.ranges.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let raw = self.raw.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        // The packed region's last block ends with the hash, written once it is known.
+        let (last, packed) = self.packed.blocks().split_last().ok_or_else(|| io::Error::other("a checkpoint without its closing block"))?;
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{name}"));
         let written = (|| {
             let CheckpointFile { file: out, direct } = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
-            let mut slices: Vec<IoSlice<'_>> = head.iter().map(|block| IoSlice::new(&block.0)).chain(pages.iter().map(|run| IoSlice::new(run))).collect();
+            fn block(block: &Block) -> IoSlice<'_> {
+                IoSlice::new(&block.0)
+            }
+            let mut slices: Vec<IoSlice<'_>> = head.iter().map(block).chain(raw.iter().map(|run| IoSlice::new(run))).chain(packed.iter().map(block)).collect();
             write_all_vectored(&out, &mut slices)?;
             // Where the write went to the page cache (no O_DIRECT), the disk takes the pages
             // while they are hashed; an O_DIRECT write is on its way already.
@@ -232,16 +271,17 @@ impl<'m> Checkpoint<'m> {
             }
             let mut hasher = Sha256::new();
             head.iter().for_each(|block| hasher.update(block.0));
-            pages.iter().for_each(|run| hasher.update(run));
-            hasher.update([0u8; BLOCK - file::HASH_LEN]);
+            raw.iter().for_each(|run| hasher.update(run));
+            packed.iter().for_each(|block| hasher.update(block.0));
+            hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
             let hash = <[u8; 32]>::from(hasher.finalize());
-            let mut tail = ZERO_BLOCK;
-            tail.0[BLOCK - file::HASH_LEN..].copy_from_slice(&hash);
-            (&out).write_all(&tail.0)?;
+            let mut closing = *last;
+            closing.0[BLOCK - file::HASH_LEN..].copy_from_slice(&hash);
+            (&out).write_all(&closing.0)?;
             out.sync_data()?;
             fs::rename(&temporary, dir.join(name))?;
             File::open(dir)?.sync_all()?;
-            let file_bytes = ((head.len() + 1) * BLOCK) as u64 + self.dirty_bytes;
+            let file_bytes = ((head.len() + self.packed.blocks().len()) * BLOCK) as u64 + self.raw_bytes();
             Ok(Written { hash, file_bytes })
         })();
         if written.is_err() {
@@ -255,20 +295,18 @@ impl<'m> Checkpoint<'m> {
         &self.ranges
     }
 
+    fn raw_bytes(&self) -> u64 {
+        self.raw.iter().map(|(start, end)| end - start).sum()
+    }
+
     /// The file's first blocks: header and `meta`, zero-padded to a whole block.
     fn head(&self) -> Vec<Block> {
         let head_len = crate::layout::page_align_up((file::HEADER_LEN + self.meta.len()) as u64) as usize;
-        let body_len = head_len - file::HEADER_LEN + self.dirty_bytes as usize + BLOCK - file::HASH_LEN;
-        let mut bytes = file::header(&MAGIC, FORMAT_VERSION, body_len).to_vec();
-        bytes.extend_from_slice(&self.meta);
-        bytes
-            .chunks(BLOCK)
-            .map(|chunk| {
-                let mut block = ZERO_BLOCK;
-                block.0[..chunk.len()].copy_from_slice(chunk);
-                block
-            })
-            .collect()
+        let body_len = head_len - file::HEADER_LEN + self.raw_bytes() as usize + self.packed.blocks().len() * BLOCK - file::HASH_LEN;
+        let mut head = Blocks::new();
+        head.push(&file::header(&MAGIC, FORMAT_VERSION, body_len));
+        head.push(&self.meta);
+        head.blocks().to_vec()
     }
 }
 
@@ -326,8 +364,14 @@ pub struct OpenedCheckpoint {
     process_state: Vec<u8>,
     file: CheckpointFile,
     head: Vec<Block>,
-    /// The page runs `(guest address, length)`, back to back in the file from `head`'s end.
+    /// The page runs `(guest address, length)` it records.
     runs: Vec<(u64, u64)>,
+    /// How each of their pages is stored, in order.
+    kinds: Vec<PageKind>,
+    /// Where the packed region starts in the file (after the raw pages) and its length.
+    packed_at: u64,
+    packed_len: u64,
+    file_len: u64,
     /// The content hash that this process computed when it wrote the file, if it did.
     known_hash: Option<[u8; 32]>,
 }
@@ -360,11 +404,8 @@ impl OpenedCheckpoint {
         if !len.is_multiple_of(BLOCK as u64) || !head_len.is_multiple_of(BLOCK as u64) || head_len == 0 || head_len > len - BLOCK as u64 {
             return Err(TemplateError::Corrupted(format!("a head of {head_len} bytes in a file of {len}")));
         }
-        let mut head = vec![ZERO_BLOCK; (head_len / BLOCK as u64) as usize];
-        head[0] = first;
-        for (i, block) in head.iter_mut().enumerate().skip(1) {
-            file.read_exact_at(&mut block.0, (i * BLOCK) as u64)?;
-        }
+        let mut head = vec![first];
+        head.extend_from_slice(Blocks::read_from(file, BLOCK as u64, (head_len / BLOCK as u64) as usize - 1)?.blocks());
         let mut tail = ZERO_BLOCK;
         file.read_exact_at(&mut tail.0, len - BLOCK as u64)?;
         let mut hash = [0u8; 32];
@@ -402,16 +443,21 @@ impl OpenedCheckpoint {
             if !whole_pages || start.checked_add(len).is_none_or(|end| end > identity.mem_bytes) {
                 return Err(TemplateError::Corrupted(format!("page run at {start:#x} of {len} bytes is not whole pages inside memory")));
             }
-            pages = pages.saturating_add(len);
+            pages = pages.saturating_add(len / PAGE_SIZE);
             runs.push((start, len));
         }
+        let kinds = sparse::decode_kinds(d.bytes("page table")?, pages).map_err(TemplateError::Corrupted)?;
+        let packed_len = d.u64("packed length")?;
         if d.raw(d.remaining(), "padding")?.iter().any(|&b| b != 0) {
-            return Err(TemplateError::Corrupted("bytes after the page-run table".into()));
+            return Err(TemplateError::Corrupted("bytes after the page table".into()));
         }
-        if head_len.saturating_add(pages).saturating_add(BLOCK as u64) != len {
-            return Err(TemplateError::Corrupted(format!("page runs of {pages} bytes in a file of {len} with a head of {head_len}")));
+        let raw_bytes = kinds.iter().filter(|&&kind| kind == PageKind::Raw).count() as u64 * PAGE_SIZE;
+        let packed_at = head_len + raw_bytes;
+        let expected = packed_len.checked_add(file::HASH_LEN as u64).map(|closing| packed_at.saturating_add(closing.next_multiple_of(BLOCK as u64)));
+        if expected != Some(len) {
+            return Err(TemplateError::Corrupted(format!("{raw_bytes} bytes of raw pages and {packed_len} of packed ones in a file of {len} with a head of {head_len}")));
         }
-        Ok(OpenedCheckpoint { hash, parent, depth, call, cpu, process_state, file: opened, head, runs, known_hash: known_hash.copied() })
+        Ok(OpenedCheckpoint { hash, parent, depth, call, cpu, process_state, file: opened, head, runs, kinds, packed_at, packed_len, file_len: len, known_hash: known_hash.copied() })
     }
 
     /// The VMM-side process state it recorded, its output capped at `output_cap`.
@@ -468,58 +514,126 @@ impl Chain {
         self.0.last().map_or(0, OpenedCheckpoint::page_bytes)
     }
 
-    /// A new copy-on-write fork of `template` holding the chain's pages, read from the files
-    /// straight into it, oldest first, each page from the newest checkpoint that holds it; a
-    /// file whose hash was not known is read whole and its content hash checked before a newer
-    /// one's pages go over it. An O_DIRECT read makes the pages present itself, in one pass as
-    /// it pins them; through the page cache they are made present in one call per run first
-    /// (the copy would fault each in).
+    /// A new copy-on-write fork of `template` holding the chain's pages, written into it
+    /// oldest first, each page from the newest checkpoint that holds it (`OpenedCheckpoint::
+    /// restore_into`); a file whose hash was not known is read whole and its content hash
+    /// checked before a newer one's pages go over it.
     pub fn new_memory(&self, template: &Template) -> Result<GuestMemory, TemplateError> {
         let mem = template.new_memory(super::ForkMemory::CopyOnWrite)?;
         let mut newer = PageSet::with_capacity((mem.size() / PAGE_SIZE) as usize);
         let mut plans = Vec::with_capacity(self.0.len());
         for checkpoint in &self.0 {
-            let mut plan = Vec::new();
-            let mut at = (checkpoint.head.len() * BLOCK) as u64;
+            plans.push(checkpoint.plan(&newer));
             for &(start, len) in &checkpoint.runs {
-                let (first, last) = ((start / PAGE_SIZE) as usize, ((start + len) / PAGE_SIZE) as usize);
-                if checkpoint.known_hash.is_none() {
-                    plan.push((start, len, at));
-                } else {
-                    for page in (first..last).filter(|&page| !newer.contains(page)) {
-                        let addr = page as u64 * PAGE_SIZE;
-                        match plan.last_mut() {
-                            Some((s, l, _)) if *s + *l == addr => *l += PAGE_SIZE,
-                            _ => plan.push((addr, PAGE_SIZE, at + (addr - start))),
+                newer.insert_range((start / PAGE_SIZE) as usize..((start + len) / PAGE_SIZE) as usize);
+            }
+        }
+        for (checkpoint, plan) in self.0.iter().zip(plans).rev() {
+            let which = if checkpoint.depth == self.newest().depth { String::new() } else { format!(" of its parent at depth {}", checkpoint.depth) };
+            checkpoint.restore_into(&mem, &plan, &which)?;
+        }
+        Ok(mem)
+    }
+}
+
+/// What a restore takes from one checkpoint of its chain.
+struct Plan {
+    /// Its raw pages to read, `(guest address, length, file offset)`, merged where they lie
+    /// back to back in both.
+    raw: Vec<(u64, u64, u64)>,
+    /// Per page of its runs: whether to write it (no newer checkpoint holds it).
+    wanted: Vec<bool>,
+    /// The guest ranges of the zero and sparse pages to write.
+    written: Vec<(u64, u64)>,
+    /// Whether a sparse page is wanted (the packed region must be read).
+    sparse: bool,
+}
+
+impl OpenedCheckpoint {
+    /// Its pages that no checkpoint in `newer` holds (every page where its hash is to be
+    /// checked: the whole file is read).
+    fn plan(&self, newer: &PageSet) -> Plan {
+        let mut plan = Plan { raw: Vec::new(), wanted: Vec::with_capacity(self.kinds.len()), written: Vec::new(), sparse: false };
+        let mut kinds = self.kinds.iter();
+        let mut at = (self.head.len() * BLOCK) as u64;
+        for &(start, len) in &self.runs {
+            for (addr, &kind) in (start..start + len).step_by(PAGE_SIZE as usize).zip(kinds.by_ref()) {
+                let wanted = self.known_hash.is_none() || !newer.contains((addr / PAGE_SIZE) as usize);
+                plan.wanted.push(wanted);
+                if kind == PageKind::Raw {
+                    if wanted {
+                        match plan.raw.last_mut() {
+                            Some((s, l, offset)) if *s + *l == addr && *offset + *l == at => *l += PAGE_SIZE,
+                            _ => plan.raw.push((addr, PAGE_SIZE, at)),
+                        }
+                    }
+                    at += PAGE_SIZE;
+                } else if wanted {
+                    plan.sparse |= kind == PageKind::Sparse;
+                    match plan.written.last_mut() {
+                        Some((_, end)) if *end == addr => *end += PAGE_SIZE,
+                        _ => plan.written.push((addr, addr + PAGE_SIZE)),
+                    }
+                }
+            }
+        }
+        plan
+    }
+
+    /// Writes the pages of `plan` into `mem`. The raw ones are read straight into it: an
+    /// O_DIRECT read makes the pages present itself, in one pass as it pins them; through the
+    /// page cache they are made present in one call per run first (the copy would fault each
+    /// in), as the zero and sparse pages are before they are written. A file whose hash was
+    /// not known has its content hash checked after its raw pages are read and before anything
+    /// of its packed region is used.
+    /// `which` names the checkpoint in errors (empty for the newest).
+    fn restore_into(&self, mem: &GuestMemory, plan: &Plan, which: &str) -> Result<(), TemplateError> {
+        if !self.file.direct {
+            for &(start, len, _) in &plan.raw {
+                mem.populate_for_write(start, len)?;
+            }
+        }
+        mem.read_runs_from(&self.file.file, &plan.raw)?;
+        let closing_blocks = ((self.file_len - self.packed_at) / BLOCK as u64) as usize;
+        let packed = if plan.sparse || self.known_hash.is_none() { Some(Blocks::read_from(&self.file.file, self.packed_at, closing_blocks)?) } else { None };
+        if let (None, Some(packed)) = (self.known_hash, &packed) {
+            let mut hasher = Sha256::new();
+            self.head.iter().for_each(|block| hasher.update(block.0));
+            for &(start, len, _) in &plan.raw {
+                hasher.update(mem.range_bytes(start, len).map_err(|e| TemplateError::Corrupted(e.to_string()))?);
+            }
+            let (last, blocks) = packed.blocks().split_last().ok_or_else(|| TemplateError::Corrupted("no closing block".into()))?;
+            blocks.iter().for_each(|block| hasher.update(block.0));
+            hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
+            if <[u8; 32]>::from(hasher.finalize()) != self.hash {
+                return Err(TemplateError::Corrupted(format!("the content hash{which} does not match the contents")));
+            }
+        }
+        for &(start, end) in &plan.written {
+            mem.populate_for_write(start, end - start)?;
+        }
+        let mut unpacker = packed.as_ref().map(|packed| Unpacker::new(packed, self.packed_len as usize));
+        let addresses = self.runs.iter().flat_map(|&(start, len)| (start..start + len).step_by(PAGE_SIZE as usize));
+        let damaged = |why: String| TemplateError::Corrupted(format!("the packed pages{which}: {why}"));
+        for ((addr, &kind), &wanted) in addresses.zip(&self.kinds).zip(&plan.wanted) {
+            match kind {
+                PageKind::Zero if wanted => sparse::restore(mem, addr, 0, &[]).map_err(|e| damaged(e.to_string()))?,
+                // Read in order whenever the region is: each page's place follows from those before.
+                PageKind::Sparse => {
+                    if let Some(unpacker) = unpacker.as_mut() {
+                        let (mask, stored) = unpacker.next_page().map_err(damaged)?;
+                        if wanted {
+                            sparse::restore(mem, addr, mask, stored).map_err(|e| damaged(e.to_string()))?;
                         }
                     }
                 }
-                newer.insert_range(first..last);
-                at += len;
-            }
-            plans.push(plan);
-        }
-        for (checkpoint, plan) in self.0.iter().zip(plans).rev() {
-            if !checkpoint.file.direct {
-                for &(start, len, _) in &plan {
-                    mem.populate_for_write(start, len)?;
-                }
-            }
-            mem.read_runs_from(&checkpoint.file.file, &plan)?;
-            if checkpoint.known_hash.is_none() {
-                let mut hasher = Sha256::new();
-                checkpoint.head.iter().for_each(|block| hasher.update(block.0));
-                for &(start, len) in &checkpoint.runs {
-                    hasher.update(mem.range_bytes(start, len).map_err(|e| TemplateError::Corrupted(e.to_string()))?);
-                }
-                hasher.update([0u8; BLOCK - file::HASH_LEN]);
-                if <[u8; 32]>::from(hasher.finalize()) != checkpoint.hash {
-                    let which = if checkpoint.depth == self.newest().depth { String::new() } else { format!(" of its parent at depth {}", checkpoint.depth) };
-                    return Err(TemplateError::Corrupted(format!("the content hash{which} does not match the contents")));
-                }
+                _ => {}
             }
         }
-        Ok(mem)
+        match unpacker {
+            Some(unpacker) => unpacker.finish().map_err(damaged),
+            None => Ok(()),
+        }
     }
 }
 

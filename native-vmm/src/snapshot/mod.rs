@@ -23,9 +23,11 @@
 //! hand-off, so forks of one template do not share random state.
 
 pub mod bench;
+mod blocks;
 pub mod checkpoint;
 pub mod codec;
 pub mod file;
+pub mod sparse;
 
 use std::fmt;
 use std::io::{self, Write};

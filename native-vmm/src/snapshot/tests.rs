@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::checkpoint;
 use super::codec::{Decoder, Encoder};
 use super::file;
 use super::TemplateError;
@@ -235,23 +236,31 @@ fn memory_is_stored_as_runs_of_non_zero_pages() {
 /// Seeded corruptions of a whole template body (identity, AWAIT_REQUEST call, vCPU, process
 /// state, memory), resealed so that the envelope's hash passes and the decoders behind it see
 /// the damage: each load is refused with a typed error or yields a template, never a panic.
+fn test_cpu() -> CpuSnapshot {
+    let regs = UserRegs { rax: 1, rbx: 2, rcx: 3, rdx: 4, rsi: 5, rdi: 6, rbp: 7, rsp: 8, r8: 9, r9: 10, r10: 11, r11: 12, r12: 13, r13: 14, r14: 15, r15: 16 };
+    CpuSnapshot { regs, rip: 0x40_1000, rflags: 0x246, fs_base: 0x7000, gs_base: 0, xsave: vec![0; 832] }
+}
+
+/// A template body of `process` and `mem` over `image`, for the python agent.
+fn template_body(image: &Image, mem: &GuestMemory, process: &GuestProcess) -> Vec<u8> {
+    let mut e = Encoder::new();
+    file::encode_identity(&super::TemplateIdentity::new("fuzz", image, &crate::agent::PYTHON_AGENT, MEM), &mut e);
+    for v in [0x5346_0001u64, 0x30_0000, 4096, 0, 0, 0] {
+        e.u64(v);
+    }
+    file::encode_cpu(&test_cpu(), &mut e);
+    e.bytes(&encode(process));
+    file::encode_memory(mem, &mut e).unwrap();
+    e.into_bytes()
+}
+
 #[test]
 fn corrupted_template_bodies_are_refused_or_load() {
     let (image, _dir) = test_image();
     let mem = GuestMemory::new(MEM).unwrap();
     let process = busy_process(image.clone(), &mem);
     let command = &crate::agent::PYTHON_AGENT;
-    let regs = UserRegs { rax: 1, rbx: 2, rcx: 3, rdx: 4, rsi: 5, rdi: 6, rbp: 7, rsp: 8, r8: 9, r9: 10, r10: 11, r11: 12, r12: 13, r13: 14, r14: 15, r15: 16 };
-    let cpu = CpuSnapshot { regs, rip: 0x40_1000, rflags: 0x246, fs_base: 0x7000, gs_base: 0, xsave: vec![0; 832] };
-    let mut e = Encoder::new();
-    file::encode_identity(&super::TemplateIdentity::new("fuzz", &image, command, MEM), &mut e);
-    for v in [0x5346_0001u64, 0x30_0000, 4096, 0, 0, 0] {
-        e.u64(v);
-    }
-    file::encode_cpu(&cpu, &mut e);
-    e.bytes(&encode(&process));
-    file::encode_memory(&mem, &mut e).unwrap();
-    let body = e.into_bytes();
+    let body = template_body(&image, &mem, &process);
     assert!(super::Template::from_file_contents(&file::seal(&body), image.clone(), command).is_ok(), "the undamaged body loads");
     let (mut rng, cases) = crate::fuzz::start("template loader");
     let mut loaded = 0;
@@ -262,4 +271,150 @@ fn corrupted_template_bodies_are_refused_or_load() {
         }
     }
     eprintln!("{cases} damaged template bodies: {loaded} loaded, the rest refused");
+}
+
+/// A vCPU stopped at a ready point, as far as a checkpoint asks it.
+struct StoppedCpu;
+
+impl crate::cpu::GuestCpu for StoppedCpu {
+    fn run(&mut self, _deadline: std::time::Instant) -> std::io::Result<crate::cpu::CpuExit> {
+        Err(std::io::Error::other("a stopped test vCPU does not run"))
+    }
+    fn set_syscall_return(&mut self, _value: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn set_fs_base(&mut self, _base: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn snapshot(&mut self) -> std::io::Result<CpuSnapshot> {
+        Ok(test_cpu())
+    }
+}
+
+const PAGE: u64 = crate::layout::PAGE_SIZE;
+/// Where the test template holds pages of 0xee, which the fork writes over.
+const TEMPLATE_PAGES: u64 = 0x40_0000;
+
+/// A checkpoint of a fork of a template whose pages at TEMPLATE_PAGES are 0xee, written over
+/// with: zeros (a zero page over the template's), every other chunk, one chunk in each of the
+/// 64 positions (sparse pages), a byte in every chunk and bytes everywhere (raw pages), a lone
+/// byte where the template had zeros. Returns the template (and its image's folder), the fork,
+/// the file's path, what was written and how.
+fn checkpointed_fork(dir: &std::path::Path) -> (super::Template, TempDir, GuestMemory, std::path::PathBuf, checkpoint::Written, crate::snapshot::sparse::PageCounts) {
+    let (image, image_dir) = test_image();
+    let mem = GuestMemory::new(MEM).unwrap();
+    mem.fill(TEMPLATE_PAGES, 70 * PAGE, 0xee).unwrap();
+    let process = new_process(image.clone());
+    let template = super::Template::from_file_contents(&file::seal(&template_body(&image, &mem, &process)), image, &crate::agent::PYTHON_AGENT).unwrap();
+    let fork = template.new_memory(super::ForkMemory::CopyOnWrite).unwrap();
+    fork.fill(TEMPLATE_PAGES, PAGE, 0).unwrap();
+    for chunk in (0..64).step_by(2) {
+        fork.fill(TEMPLATE_PAGES + PAGE + chunk * 64, 64, 0).unwrap();
+    }
+    for chunk in 0..64 {
+        let page = TEMPLATE_PAGES + (2 + chunk) * PAGE;
+        fork.fill(page, PAGE, 0).unwrap();
+        fork.write(page + chunk * 64 + chunk, &[chunk as u8 + 1]).unwrap();
+    }
+    let every_chunk = TEMPLATE_PAGES + 66 * PAGE;
+    fork.fill(every_chunk, PAGE, 0).unwrap();
+    for chunk in 0..64 {
+        fork.write(every_chunk + chunk * 64 + 63 - chunk, &[0x80]).unwrap();
+    }
+    fork.write(TEMPLATE_PAGES + 67 * PAGE, &(0..PAGE).map(|i| (i % 253 + 1) as u8).collect::<Vec<_>>()).unwrap();
+    fork.write(0x60_0000 + 4000, &[9]).unwrap();
+    let checkpoint = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Full).unwrap();
+    let written = checkpoint.write_durably(dir, "1.sfck").unwrap();
+    let pages = checkpoint.pages;
+    assert_eq!(std::fs::metadata(dir.join("1.sfck")).unwrap().len(), written.file_bytes);
+    drop(checkpoint);
+    (template, image_dir, fork, dir.join("1.sfck"), written, pages)
+}
+
+/// Restores the checkpoint at `path` (its hash `known`, or checked) and the parents it names
+/// (`<number>.sfck` beside it, with the hash `parent_known`, or checked); its memory or why not.
+fn restore(template: &super::Template, path: &std::path::Path, known: Option<[u8; 32]>) -> Result<GuestMemory, TemplateError> {
+    restore_chain(template, path, known, None)
+}
+
+fn restore_chain(template: &super::Template, path: &std::path::Path, known: Option<[u8; 32]>, parent_known: Option<[u8; 32]>) -> Result<GuestMemory, TemplateError> {
+    let opened = checkpoint::OpenedCheckpoint::open(checkpoint::open_file(path)?, template, known.as_ref())?;
+    let dir = path.parent().unwrap().to_owned();
+    let chain = checkpoint::Chain::open(opened, template, |number| Ok((checkpoint::open_file(&dir.join(format!("{number}.sfck")))?, parent_known)))?;
+    chain.new_memory(template)
+}
+
+fn assert_same_memory(restored: &GuestMemory, expected: &GuestMemory, what: &str) {
+    for start in (0..MEM).step_by(MIB as usize) {
+        assert!(restored.read_vec(start, MIB).unwrap() == expected.read_vec(start, MIB).unwrap(), "{what}: the MiB at {start:#x} differs");
+    }
+}
+
+#[test]
+fn a_checkpoint_restores_every_page_byte_exact_zero_sparse_and_raw() {
+    let dir = TempDir::new("sparse-checkpoint");
+    let (template, _image, fork, path, written, pages) = checkpointed_fork(&dir.0);
+    assert_eq!((pages.zero, pages.sparse, pages.raw), (1, 66, 2), "the zero page, 65 sparse ones and the lone byte, two raw");
+    assert_eq!(written.file_bytes, 5 * PAGE, "head, two raw pages, the packed ones and the hash (69 pages whole would be 71 blocks)");
+    for known in [None, Some(written.hash)] {
+        assert_same_memory(&restore(&template, &path, known).unwrap(), &fork, &format!("full, hash known: {}", known.is_some()));
+    }
+    // An incremental one over it: the raw page zeroed, the zero page raw, a sparse page sparse
+    // again with other chunks, a raw page sparse.
+    let zero_page = TEMPLATE_PAGES;
+    let (every_chunk, full) = (TEMPLATE_PAGES + 66 * PAGE, TEMPLATE_PAGES + 67 * PAGE);
+    fork.fill(full, PAGE, 0).unwrap();
+    fork.fill(zero_page, PAGE, 0x31).unwrap();
+    fork.fill(TEMPLATE_PAGES + 2 * PAGE, PAGE, 0).unwrap();
+    fork.write(TEMPLATE_PAGES + 2 * PAGE + 4095, &[7]).unwrap();
+    fork.fill(every_chunk + 64, PAGE - 64, 0).unwrap();
+    let mut changed = crate::memory::PageSet::with_capacity((MEM / PAGE) as usize);
+    for page in [zero_page, TEMPLATE_PAGES + 2 * PAGE, every_chunk, full] {
+        changed.insert((page / PAGE) as usize);
+    }
+    let parent = checkpoint::Parent { number: 1, hash: written.hash, depth: 0 };
+    let process = template.process.clone();
+    let incremental = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Since { parent, written: &changed }).unwrap();
+    assert_eq!((incremental.pages.zero, incremental.pages.sparse, incremental.pages.raw), (1, 2, 1));
+    let second = incremental.write_durably(&dir.0, "2.sfck").unwrap();
+    drop(incremental);
+    // Every file hashed, or none: then each page is read from the newest file holding it.
+    for (known, parent_known) in [(None, None), (Some(second.hash), Some(written.hash))] {
+        assert_same_memory(&restore_chain(&template, &dir.0.join("2.sfck"), known, parent_known).unwrap(), &fork, &format!("incremental, hashes known: {}", known.is_some()));
+    }
+}
+
+#[test]
+fn a_damaged_sparse_or_raw_page_is_refused_and_older_formats_too() {
+    let dir = TempDir::new("sparse-damaged");
+    let (template, _image, _fork, path, written, _) = checkpointed_fork(&dir.0);
+    let bytes = std::fs::read(&path).unwrap();
+    let head_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+    let packed_at = head_len + 2 * PAGE as usize;
+    let damaged = |at: usize, flip: u8| {
+        let mut copy = bytes.clone();
+        copy[at] ^= flip;
+        std::fs::write(&path, &copy).unwrap();
+    };
+    // A raw page's byte, a mask's, a stored chunk's, the last stored byte.
+    let packed_len = 66 * 8 + 32 * 64 + 64 * 64 + 64;
+    for at in [head_len + 100, packed_at, packed_at + 8 + 5, packed_at + packed_len - 1] {
+        damaged(at, 0x01);
+        let refused = restore(&template, &path, None).err().map(|e| e.to_string());
+        assert!(refused.as_deref().is_some_and(|why| why.contains("content hash does not match")), "byte {at}: {refused:?}");
+        // A file trusted by its known hash is not hashed again: damage there never panics.
+        let _ = restore(&template, &path, Some(written.hash));
+    }
+    damaged(packed_at, 0x01);
+    assert!(restore(&template, &path, Some(written.hash)).is_err_and(|e| e.to_string().contains("packed pages")), "a mask that no longer fits");
+    for version in [2u32, 4] {
+        let mut old = bytes.clone();
+        old[8..12].copy_from_slice(&version.to_le_bytes());
+        std::fs::write(&path, &old).unwrap();
+        assert!(matches!(restore(&template, &path, None), Err(TemplateError::VersionMismatch { found, expected: 5 }) if found == version));
+    }
+    std::fs::write(&path, &bytes[..bytes.len() - 4096]).unwrap();
+    assert!(matches!(restore(&template, &path, None), Err(TemplateError::Truncated { .. })));
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(restore(&template, &path, None).is_ok(), "the undamaged file");
 }

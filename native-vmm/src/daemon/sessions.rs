@@ -11,9 +11,9 @@
 //!   they were taken. A checkpoint is incremental (the pages written since the VM's previous
 //!   checkpoint, which it names: `snapshot::checkpoint`) except the VM's first (a new session's,
 //!   a fork's), a pause's (a paused session is then one file to resume), and one that would make
-//!   its chain longer than `MAX_CHAIN_DEPTH` or its chain's pages more than
-//!   `MAX_CHAIN_FACTOR` times its full checkpoint's. A restarted daemon finds every session there: paused when it has a
-//!   checkpoint that verifies (the newest that does; a damaged newer one is reported and
+//!   its chain longer than `MAX_CHAIN_DEPTH` or its chain's files more than `MAX_CHAIN_FACTOR`
+//!   times its full checkpoint's. A restarted daemon finds every session there: paused when it
+//!   has a checkpoint that verifies (the newest that does; a damaged newer one is reported and
 //!   skipped), ended otherwise (its VM died with the old daemon before any checkpoint).
 //!   Checkpoint files being written (`.writing-*`) at a start were never acknowledged and are
 //!   removed. Where the folder is on storage other daemons share, any of them can resume it.
@@ -59,8 +59,9 @@ pub const MAX_SESSION_FILE_BYTES: usize = 8 << 20;
 /// An incremental checkpoint has at most this many parents: a restore reads that many files
 /// besides its own at most.
 const MAX_CHAIN_DEPTH: u64 = 16;
-/// A chain's files hold at most this many times the pages of the full checkpoint it starts
-/// from: what a restore after a restart reads (and hashes) at most, against one full file.
+/// A chain's files hold at most this many times the bytes of the full checkpoint's file it
+/// starts from: what a restore after a restart reads (and hashes) at most, against one full
+/// file. Judged before a checkpoint is taken, by its pages' bytes (what its file holds at most).
 const MAX_CHAIN_FACTOR: u64 = 4;
 
 /// Why a session operation was refused.
@@ -180,7 +181,7 @@ pub struct Vm<'m> {
 #[derive(Debug, Clone, Copy)]
 pub struct Base {
     pub parent: Parent,
-    /// Page bytes in its chain's files, and in the full checkpoint the chain starts from.
+    /// Bytes of its chain's files, and of the full checkpoint's the chain starts from.
     pub chain_bytes: u64,
     pub full_bytes: u64,
 }
@@ -231,8 +232,8 @@ impl Vm<'_> {
         let (dirty, parent, pages) = (checkpoint.dirty_bytes, checkpoint.parent, checkpoint.pages);
         self.fingerprints.record(parent.is_none(), fresh);
         let (chain_bytes, full_bytes) = match (parent, self.base) {
-            (Some(_), Some(base)) => (base.chain_bytes + dirty, base.full_bytes),
-            _ => (dirty, dirty),
+            (Some(_), Some(base)) => (base.chain_bytes + written.file_bytes, base.full_bytes),
+            _ => (written.file_bytes, written.file_bytes),
         };
         self.base = Some(Base { parent: Parent { number, hash: written.hash, depth: parent.map_or(0, |p| p.depth + 1) }, chain_bytes, full_bytes });
         if let Some(unsaved) = &mut self.unsaved {
@@ -341,7 +342,7 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
                 Ok(cpu) => cpu,
                 Err(e) => return failed(internal("restoring the session's vCPU", e)),
             };
-            let base = Base { parent: Parent { number, hash: newest.hash, depth: newest.depth }, chain_bytes: chain.page_bytes(), full_bytes: chain.base_page_bytes() };
+            let base = Base { parent: Parent { number, hash: newest.hash, depth: newest.depth }, chain_bytes: chain.file_bytes(), full_bytes: chain.base_file_bytes() };
             (cpu, process, newest.call, fork, (!fork).then_some(base))
         }
     };

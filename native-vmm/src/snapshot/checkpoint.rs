@@ -468,9 +468,9 @@ impl OpenedCheckpoint {
         Ok(process)
     }
 
-    /// Bytes of guest pages the file holds.
-    pub fn page_bytes(&self) -> u64 {
-        self.runs.iter().map(|(_, len)| len).sum()
+    /// The file's size.
+    pub fn file_bytes(&self) -> u64 {
+        self.file_len
     }
 }
 
@@ -504,14 +504,14 @@ impl Chain {
         &self.0[0]
     }
 
-    /// Bytes of guest pages in all its files.
-    pub fn page_bytes(&self) -> u64 {
-        self.0.iter().map(OpenedCheckpoint::page_bytes).sum()
+    /// Bytes of all its files.
+    pub fn file_bytes(&self) -> u64 {
+        self.0.iter().map(OpenedCheckpoint::file_bytes).sum()
     }
 
-    /// Bytes of guest pages in the full checkpoint it starts from.
-    pub fn base_page_bytes(&self) -> u64 {
-        self.0.last().map_or(0, OpenedCheckpoint::page_bytes)
+    /// Bytes of the full checkpoint's file it starts from.
+    pub fn base_file_bytes(&self) -> u64 {
+        self.0.last().map_or(0, OpenedCheckpoint::file_bytes)
     }
 
     /// A new copy-on-write fork of `template` holding the chain's pages, written into it

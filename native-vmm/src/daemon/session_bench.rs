@@ -125,7 +125,7 @@ impl fmt::Display for SessionReport {
         for s in &self.sizes {
             writeln!(f, "  {} MiB of {} ({:.1} MiB of pages in the checkpoint):", s.written_mib, s.cell.describe(), s.dirty_bytes as f64 / (1 << 20) as f64)?;
             let p = s.pages;
-            writeln!(f, "    file per checkpoint    {:.0} KiB  (pages: {} zero, {} sparse, {} raw)", kib(s.file_bytes), p.zero, p.sparse, p.raw)?;
+            writeln!(f, "    file per checkpoint    {:.0} KiB  (the last one's pages: {} zero, {} sparse, {} changed chunks only, {} raw)", kib(s.file_bytes), p.zero, p.sparse, p.delta, p.raw)?;
             writeln!(f, "    checkpoint (durable)   p50 {:.2} ms  p99 {:.2} ms", ms(s.checkpoint.p50), ms(s.checkpoint.p99))?;
             writeln!(f, "    its CPU time           p50 {:.2} ms  p99 {:.2} ms  (the VM thread's: capture, write, hash)", ms(s.checkpoint_cpu.p50), ms(s.checkpoint_cpu.p99))?;
             writeln!(f, "    native write+fdatasync p50 {:.2} ms  p99 {:.2} ms  (as many bytes as the files, baseline)", ms(s.native_write.p50), ms(s.native_write.p99))?;
@@ -148,7 +148,7 @@ impl SessionReport {
             .sizes
             .iter()
             .map(|s| {
-                let pages = serde_json::json!({"zero": s.pages.zero, "sparse": s.pages.sparse, "raw": s.pages.raw});
+                let pages = serde_json::json!({"zero": s.pages.zero, "sparse": s.pages.sparse, "delta": s.pages.delta, "raw": s.pages.raw});
                 serde_json::json!({"cell": s.cell.key(), "written_mib": s.written_mib, "dirty_bytes": s.dirty_bytes, "file_bytes": s.file_bytes, "pages": pages, "checkpoint": lat(&s.checkpoint), "checkpoint_cpu": lat(&s.checkpoint_cpu), "native_write_fdatasync": lat(&s.native_write), "pause": lat(&s.pause), "pause_file_bytes": s.pause_file_bytes, "resume": lat(&s.resume)})
             })
             .collect();

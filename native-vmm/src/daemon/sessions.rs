@@ -209,16 +209,22 @@ impl Vm<'_> {
     fn checkpoint(&mut self, template: &Template, dir: &Path, number: u64, pause: bool) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
         self.take_written();
         let capturing = Instant::now();
-        let unsaved_bytes = self.unsaved.as_ref().map_or(0, |set| set.count_ones(..) as u64 * crate::layout::PAGE_SIZE);
-        let incremental = match (&self.base, &self.unsaved) {
-            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH && base.chain_bytes + unsaved_bytes <= MAX_CHAIN_FACTOR * base.full_bytes => Some((base.parent, self.fingerprints.changed(self.guest.mem, written)?)),
+        let mut incremental = match (&self.base, &self.unsaved) {
+            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH => Some((*base, self.fingerprints.changed(self.guest.mem, written)?)),
             _ => None,
         };
         let pages = match &incremental {
-            Some((parent, (changed, _))) => Pages::Since { parent: *parent, written: changed },
+            Some((base, (changed, _))) => Pages::Since { parent: base.parent, changed },
             None => Pages::Full,
         };
-        let checkpoint = Checkpoint::capture(template, self.guest.mem, self.guest.cpu.as_mut(), &self.guest.process, self.guest.call, pages)?;
+        let guest = &mut self.guest;
+        let mut checkpoint = Checkpoint::capture(template, guest.mem, guest.cpu.as_mut(), &guest.process, guest.call, pages)?;
+        // Judged by the file it makes (an incremental one's pages are mostly a fraction of a
+        // page each); one that would make its chain too large is taken again, full.
+        if incremental.as_ref().is_some_and(|(base, _)| base.chain_bytes + checkpoint.file_bytes() > MAX_CHAIN_FACTOR * base.full_bytes) {
+            incremental = None;
+            checkpoint = Checkpoint::capture(template, guest.mem, guest.cpu.as_mut(), &guest.process, guest.call, Pages::Full)?;
+        }
         let fresh = match incremental {
             Some((_, (_, fresh))) => fresh,
             // A pause releases the VM once this is durable: no later checkpoint of it compares

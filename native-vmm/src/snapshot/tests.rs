@@ -360,22 +360,32 @@ fn a_checkpoint_restores_every_page_byte_exact_zero_sparse_and_raw() {
         assert_same_memory(&restore(&template, &path, known).unwrap(), &fork, &format!("full, hash known: {}", known.is_some()));
     }
     // An incremental one over it: the raw page zeroed, the zero page raw, a sparse page sparse
-    // again with other chunks, a raw page sparse.
+    // again with other chunks, a chunk of a raw page changed (a delta), a page written with
+    // the bytes it held (left out).
+    let fingerprints = {
+        let mut fingerprints = checkpoint::PageFingerprints::new().unwrap();
+        fingerprints.record(true, fingerprints.of_ranges(&fork, &fork.copied_ranges().unwrap().unwrap()).unwrap());
+        fingerprints
+    };
     let zero_page = TEMPLATE_PAGES;
     let (every_chunk, full) = (TEMPLATE_PAGES + 66 * PAGE, TEMPLATE_PAGES + 67 * PAGE);
-    fork.fill(full, PAGE, 0).unwrap();
+    fork.fill(every_chunk, PAGE, 0).unwrap();
     fork.fill(zero_page, PAGE, 0x31).unwrap();
     fork.fill(TEMPLATE_PAGES + 2 * PAGE, PAGE, 0).unwrap();
     fork.write(TEMPLATE_PAGES + 2 * PAGE + 4095, &[7]).unwrap();
-    fork.fill(every_chunk + 64, PAGE - 64, 0).unwrap();
-    let mut changed = crate::memory::PageSet::with_capacity((MEM / PAGE) as usize);
-    for page in [zero_page, TEMPLATE_PAGES + 2 * PAGE, every_chunk, full] {
-        changed.insert((page / PAGE) as usize);
+    fork.write(full + 64 * 20 + 3, &[0, 0]).unwrap();
+    let rewritten = TEMPLATE_PAGES + 3 * PAGE;
+    fork.write(rewritten, &fork.read_vec(rewritten, PAGE).unwrap()).unwrap();
+    let mut written_pages = crate::memory::PageSet::with_capacity((MEM / PAGE) as usize);
+    for page in [zero_page, TEMPLATE_PAGES + 2 * PAGE, rewritten, every_chunk, full] {
+        written_pages.insert((page / PAGE) as usize);
     }
+    let (changed, _) = fingerprints.changed(&fork, &written_pages).unwrap();
     let parent = checkpoint::Parent { number: 1, hash: written.hash, depth: 0 };
     let process = template.process.clone();
-    let incremental = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Since { parent, written: &changed }).unwrap();
-    assert_eq!((incremental.pages.zero, incremental.pages.sparse, incremental.pages.raw), (1, 2, 1));
+    let incremental = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Since { parent, changed: &changed }).unwrap();
+    let counts = incremental.pages;
+    assert_eq!((counts.zero, counts.sparse, counts.raw, counts.delta), (1, 1, 1, 1), "zeroed; sparse (its one chunk costs less than a delta of the two that changed); raw; the raw page's changed chunk as a delta");
     let second = incremental.write_durably(&dir.0, "2.sfck").unwrap();
     drop(incremental);
     // Every file hashed, or none: then each page is read from the newest file holding it.

@@ -43,16 +43,8 @@ impl Blocks {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn blocks(&self) -> &[Block] {
         &self.blocks
-    }
-
-    pub fn last_block_mut(&mut self) -> Option<&mut Block> {
-        self.blocks.last_mut()
     }
 
     /// Appends `bytes` after the bytes there are.
@@ -91,13 +83,6 @@ impl Blocks {
         }
         true
     }
-
-    /// Every byte of the blocks, as one vector (decoding a head).
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(self.blocks.len() * BLOCK);
-        self.blocks.iter().for_each(|block| bytes.extend_from_slice(&block.0));
-        bytes
-    }
 }
 
 #[cfg(test)]
@@ -120,7 +105,7 @@ mod tests {
         assert_eq!(longer[11], 0);
         assert!(!blocks.read(2 * BLOCK - 4, &mut longer, usize::MAX), "past the blocks");
         blocks.pad_to_blocks(4);
-        assert_eq!((blocks.len(), blocks.blocks().len(), blocks.to_vec().len()), (BLOCK + 15, 4, 4 * BLOCK));
+        assert_eq!((blocks.len(), blocks.blocks().len()), (BLOCK + 15, 4));
         assert!(blocks.blocks()[0].0.as_ptr().align_offset(BLOCK) == 0 && blocks.blocks()[3].0.as_ptr().align_offset(BLOCK) == 0);
     }
 }

@@ -13,16 +13,20 @@
 //! content hash (the guest's writes as the vCPU logged them, `GuestCpu::take_written_pages`,
 //! and the VMM's, `GuestMemory::take_written`). Restoring an incremental one reads its chain
 //! back to the full one it starts from (`Chain`): each page from the newest checkpoint that
-//! holds it, every parent checked to be the one its child names, and every file whose hash this
-//! process did not compute itself hashed whole. A written page that holds the same bytes as when
-//! a checkpoint last recorded it (CPython's reference counts go up and down again on every
-//! object a cell touches: ~60% of its written pages) is left out (`PageFingerprints`). `depth` counts the parents (0: full); the
-//! writer bounds it (`daemon::sessions`).
+//! holds it whole, and the changed chunks newer ones hold of it, every parent checked to be the
+//! one its child names, and every file whose hash this process did not compute itself hashed
+//! whole. A written page that holds the same bytes as when a checkpoint last recorded it
+//! (CPython's reference counts go up and down again on every object a cell touches: ~60% of its
+//! written pages) is left out, and of a page that changed, an incremental checkpoint can hold
+//! only the 64-byte chunks that did (`PageFingerprints`: a fingerprint per chunk). `depth`
+//! counts the parents (0: full); the writer bounds it (`daemon::sessions`).
 //!
 //! Each stored page is kept by what it holds (`sparse`): a page of zeros as two bits in the
-//! page table, a mostly-zero page as its non-zero 64-byte chunks and their mask (packed with the
-//! other such pages after the raw ones), any other page whole. After a cell that wrote one byte
-//! in each page of a 1 MiB buffer, that is ~0.1 MiB in the file instead of ~1.5 MiB.
+//! page table, a mostly-zero page as its non-zero 64-byte chunks and their mask, a page of which
+//! few chunks changed since the parent as those chunks and their mask (both packed, after the
+//! raw pages), any other page whole. After a cell that wrote one byte in each page of a 1 MiB
+//! buffer, an incremental checkpoint's file is ~0.1 MiB instead of ~1.5 MiB (the buffer's 256
+//! pages as 72 bytes each, ~120 pages of the interpreter's objects as their changed chunks).
 //!
 //! ```text
 //! 24 bytes    header: magic "SFCHKPT\0", format version (u32 LE), zero, body length (file.rs)
@@ -33,12 +37,13 @@
 //!             CPU state (file::encode_cpu), process state (length-prefixed)
 //!             page runs stored here: count, then per run its guest address and its length
 //!             the page table (length-prefixed): 2 bits per page of the runs, in order, four
-//!               a byte, low bits first: 0 zero, 1 sparse, 2 raw
+//!               a byte, low bits first: 0 zero, 1 sparse, 2 raw, 3 delta (changed chunks over
+//!               the page as the parent's chain has it; only in a checkpoint with a parent)
 //!             the packed region's length P (u64)
 //!             zeros up to H
 //!             the raw pages, back to back from H (each at a 4 KiB file offset)
-//!             the packed region (P bytes): per sparse page, in order, its chunk mask (u64 LE,
-//!               bit i: chunk i stored, never 0) and its stored chunks, back to back
+//!             the packed region (P bytes): per sparse or delta page, in order, its chunk mask
+//!               (u64 LE, bit i: chunk i stored, never 0) and its stored chunks, back to back
 //!             zeros up to 32 bytes before a multiple of 4 KiB
 //! 32 bytes    SHA-256 of header and body
 //! ```
@@ -48,7 +53,7 @@
 //! writes straight from guest memory and read back straight into a restored VM's memory, by the
 //! disk, through no page cache (whose fresh pages cost more than the copy itself under PVM). The
 //! head and the packed region are written from and read into aligned blocks (`blocks`); a
-//! restore checks a file's content hash before it reads a sparse page of it.
+//! restore checks a file's content hash before it reads a packed page of it.
 //! Where the file system refuses O_DIRECT (ramfs; tmpfs on older kernels), the same calls go
 //! through the page cache (`bench sessions --dir` on a ramfs ran so).
 //!
@@ -577,10 +582,10 @@ struct Plan {
     raw: Vec<(u64, u64, u64)>,
     /// Per page of its runs: whether to write it (no newer checkpoint holds it).
     wanted: Vec<bool>,
-    /// The guest ranges of the zero and sparse pages to write.
+    /// The guest ranges of the zero, sparse and delta pages to write.
     written: Vec<(u64, u64)>,
-    /// Whether a sparse page is wanted (the packed region must be read).
-    sparse: bool,
+    /// Whether a sparse or delta page is wanted (the packed region must be read).
+    packed: bool,
 }
 
 impl OpenedCheckpoint {
@@ -592,7 +597,7 @@ impl OpenedCheckpoint {
     /// Its pages that no newer checkpoint `replaced` (every page where its hash is to be
     /// checked: the whole file is read).
     fn plan(&self, replaced: &PageSet) -> Plan {
-        let mut plan = Plan { raw: Vec::new(), wanted: Vec::with_capacity(self.kinds.len()), written: Vec::new(), sparse: false };
+        let mut plan = Plan { raw: Vec::new(), wanted: Vec::with_capacity(self.kinds.len()), written: Vec::new(), packed: false };
         let mut at = (self.head.len() * BLOCK) as u64;
         for (addr, kind) in self.pages() {
             let wanted = self.known_hash.is_none() || !replaced.contains((addr / PAGE_SIZE) as usize);
@@ -606,7 +611,7 @@ impl OpenedCheckpoint {
                 }
                 at += PAGE_SIZE;
             } else if wanted {
-                plan.sparse |= kind.packed();
+                plan.packed |= kind.packed();
                 match plan.written.last_mut() {
                     Some((_, end)) if *end == addr => *end += PAGE_SIZE,
                     _ => plan.written.push((addr, addr + PAGE_SIZE)),
@@ -619,7 +624,7 @@ impl OpenedCheckpoint {
     /// Writes the pages of `plan` into `mem`. The raw ones are read straight into it: an
     /// O_DIRECT read makes the pages present itself, in one pass as it pins them; through the
     /// page cache they are made present in one call per run first (the copy would fault each
-    /// in), as the zero and sparse pages are before they are written. A file whose hash was
+    /// in), as the zero, sparse and delta pages are before they are written. A file whose hash was
     /// not known has its content hash checked after its raw pages are read and before anything
     /// of its packed region is used.
     /// `which` names the checkpoint in errors (empty for the newest).
@@ -631,7 +636,7 @@ impl OpenedCheckpoint {
         }
         mem.read_runs_from(&self.file.file, &plan.raw)?;
         let closing_blocks = ((self.file_len - self.packed_at) / BLOCK as u64) as usize;
-        let packed = if plan.sparse || self.known_hash.is_none() { Some(Blocks::read_from(&self.file.file, self.packed_at, closing_blocks)?) } else { None };
+        let packed = if plan.packed || self.known_hash.is_none() { Some(Blocks::read_from(&self.file.file, self.packed_at, closing_blocks)?) } else { None };
         if let (None, Some(packed)) = (self.known_hash, &packed) {
             let mut hasher = Sha256::new();
             self.head.iter().for_each(|block| hasher.update(block.0));

@@ -101,6 +101,9 @@ pub struct ConcurrentFigures {
     /// of as many native durable writes of that size from `CONCURRENCY` threads.
     pub file_bytes: u64,
     pub native_per_s: f64,
+    /// The mean CPU time of a checkpoint on its VM's thread (in rounds): the machine's cores
+    /// divided by it bound the rate.
+    pub cpu_per_checkpoint: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -134,7 +137,7 @@ impl fmt::Display for SessionReport {
         }
         for c in &self.concurrent {
             writeln!(f, "  durable checkpoints at concurrency {CONCURRENCY}, each after a cell writing 1 MiB of {}:", c.cell.describe())?;
-            writeln!(f, "    {:.0} per s in rounds of {CONCURRENCY} at once, {:.0} per s sustained  ({:.0} KiB files on average)", c.rounds_per_s, c.sustained_per_s, kib(c.file_bytes))?;
+            writeln!(f, "    {:.0} per s in rounds of {CONCURRENCY} at once, {:.0} per s sustained  ({:.0} KiB files on average; {:.2} ms of CPU each on its VM's thread)", c.rounds_per_s, c.sustained_per_s, kib(c.file_bytes), ms(c.cpu_per_checkpoint))?;
             writeln!(f, "    native write+fdatasync of as many bytes, {CONCURRENCY} threads: {:.0} per s  (baseline)", c.native_per_s)?;
         }
         writeln!(f, "  native spawn of {PROGRAM} -c pass: p50 {:.2} ms (baseline for a resume)", ms(self.native_python.p50))
@@ -152,7 +155,7 @@ impl SessionReport {
                 serde_json::json!({"cell": s.cell.key(), "written_mib": s.written_mib, "dirty_bytes": s.dirty_bytes, "file_bytes": s.file_bytes, "pages": pages, "checkpoint": lat(&s.checkpoint), "checkpoint_cpu": lat(&s.checkpoint_cpu), "native_write_fdatasync": lat(&s.native_write), "pause": lat(&s.pause), "pause_file_bytes": s.pause_file_bytes, "resume": lat(&s.resume)})
             })
             .collect();
-        let concurrent: Vec<_> = self.concurrent.iter().map(|c| serde_json::json!({"cell": c.cell.key(), "checkpoints_per_s": c.rounds_per_s, "sustained_per_s": c.sustained_per_s, "file_bytes": c.file_bytes, "native_per_s": c.native_per_s})).collect();
+        let concurrent: Vec<_> = self.concurrent.iter().map(|c| serde_json::json!({"cell": c.cell.key(), "checkpoints_per_s": c.rounds_per_s, "sustained_per_s": c.sustained_per_s, "file_bytes": c.file_bytes, "native_per_s": c.native_per_s, "cpu_per_checkpoint_ms": ms(c.cpu_per_checkpoint)})).collect();
         serde_json::json!({"iterations": self.iterations, "concurrency": CONCURRENCY, "sizes": sizes, "concurrent": concurrent, "native_python_p50_ms": ms(self.native_python.p50)}).to_string()
     }
 }
@@ -178,10 +181,10 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
         }
         let mut concurrent = Vec::new();
         for cell in CellBytes::ALL {
-            let (rounds_per_s, file_bytes) = concurrent_checkpoints(&sessions, &template.name, cell, iterations, true)?;
-            let (sustained_per_s, _) = concurrent_checkpoints(&sessions, &template.name, cell, iterations, false)?;
+            let (rounds_per_s, file_bytes, cpu_per_checkpoint) = concurrent_checkpoints(&sessions, &template.name, cell, iterations, true)?;
+            let (sustained_per_s, _, _) = concurrent_checkpoints(&sessions, &template.name, cell, iterations, false)?;
             let native_per_s = native_concurrent_writes(&sessions_dir, file_bytes as usize, iterations)?;
-            concurrent.push(ConcurrentFigures { cell, rounds_per_s, sustained_per_s, file_bytes, native_per_s });
+            concurrent.push(ConcurrentFigures { cell, rounds_per_s, sustained_per_s, file_bytes, native_per_s, cpu_per_checkpoint });
         }
         let native_python = latency(measure_native(PROGRAM, &ARGS, 20))?;
         Ok(SessionReport { iterations, sizes, concurrent, native_python })
@@ -229,8 +232,9 @@ fn one_session(sessions: &Sessions, template: &str, dir: &Path, cell: CellBytes,
 /// 1 MiB and then a checkpoint. `together`: the checkpoints of a round start at once (the cells
 /// are outside the time measured), checkpoints per second over the rounds' checkpoint phases;
 /// otherwise each session goes on at its own pace, and the rate is the sum of each one's
-/// 1 / mean checkpoint time. Also the checkpoints' files' average size in bytes.
-fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBytes, iterations: usize, together: bool) -> Result<(f64, u64), String> {
+/// 1 / mean checkpoint time. Also the checkpoints' files' average size in bytes and their mean
+/// CPU time on their VMs' threads.
+fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBytes, iterations: usize, together: bool) -> Result<(f64, u64, Duration), String> {
     let ids: Vec<String> = (0..CONCURRENCY).map(|i| format!("bench-c{i}")).collect();
     for id in &ids {
         sessions.create(id, template, None).map_err(|e| e.message)?;
@@ -243,7 +247,7 @@ fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBy
         .map(|id| {
             let (sessions, id, barrier) = (sessions.clone(), id.clone(), barrier.clone());
             thread::spawn(move || {
-                let (mut busy, mut bytes, mut failed) = (Duration::ZERO, 0, None);
+                let (mut busy, mut bytes, mut cpu, mut failed) = (Duration::ZERO, 0, Duration::ZERO, None);
                 for _ in 0..iterations {
                     let ran = sessions.execute(&id, cell.code(1), Vec::new(), limits());
                     if together {
@@ -252,7 +256,10 @@ fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBy
                     let started = Instant::now();
                     // Every thread reaches both barriers even after a failure, so none waits forever.
                     match ran.and_then(|_| sessions.checkpoint(&id, false)) {
-                        Ok(taken) => bytes += taken.info.file_bytes,
+                        Ok(taken) => {
+                            bytes += taken.info.file_bytes;
+                            cpu += taken.cpu;
+                        }
                         Err(e) => failed = Some(e.message),
                     }
                     if together {
@@ -260,13 +267,14 @@ fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBy
                     }
                     busy += started.elapsed();
                 }
-                failed.map_or(Ok((busy, bytes)), Err)
+                failed.map_or(Ok((busy, bytes, cpu)), Err)
             })
         })
         .collect();
-    let (mut rounds, mut sustained, mut bytes) = (Duration::ZERO, 0.0, 0);
+    let (mut rounds, mut sustained, mut bytes, mut cpu) = (Duration::ZERO, 0.0, 0, Duration::ZERO);
     for worker in workers {
-        let (busy, written) = worker.join().map_err(|_| "a checkpoint thread panicked".to_owned())??;
+        let (busy, written, used) = worker.join().map_err(|_| "a checkpoint thread panicked".to_owned())??;
+        cpu += used;
         // Together, every thread measured the same rounds (barrier to barrier): the slowest
         // clock counts.
         rounds = rounds.max(busy);
@@ -278,7 +286,7 @@ fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBy
         sessions.delete(id).map_err(|e| e.message)?;
     }
     let rate = if together { count as f64 / rounds.as_secs_f64() } else { sustained };
-    Ok((rate, bytes / count.max(1)))
+    Ok((rate, bytes / count.max(1), cpu / count.max(1) as u32))
 }
 
 /// The native baseline of `concurrent_checkpoints`: `CONCURRENCY` threads each writing

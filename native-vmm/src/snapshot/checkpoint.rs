@@ -157,15 +157,12 @@ impl PageFingerprints {
         let mut fresh = Vec::new();
         for page in written.ones() {
             let prints = self.of(mem, page as u64)?;
-            match self.by_page.get(&(page as u64)) {
-                Some(old) => {
-                    let chunks = old.iter().zip(&prints).enumerate().fold(0u64, |mask, (i, (was, is))| mask | (u64::from(was != is) << i));
-                    if chunks == 0 {
-                        continue;
-                    }
-                    changed.chunks.insert(page as u64, chunks);
+            if let Some(old) = self.by_page.get(&(page as u64)) {
+                let chunks = old.iter().zip(&prints).enumerate().fold(0u64, |mask, (i, (was, is))| mask | (u64::from(was != is) << i));
+                if chunks == 0 {
+                    continue;
                 }
-                None => {}
+                changed.chunks.insert(page as u64, chunks);
             }
             changed.pages.insert(page);
             fresh.push((page as u64, prints));
@@ -489,7 +486,7 @@ impl OpenedCheckpoint {
         }
         let raw_bytes = kinds.iter().filter(|&&kind| kind == PageKind::Raw).count() as u64 * PAGE_SIZE;
         let packed_at = head_len + raw_bytes;
-        let expected = packed_len.checked_add(file::HASH_LEN as u64).map(|closing| packed_at.saturating_add(closing.next_multiple_of(BLOCK as u64)));
+        let expected = packed_len.checked_add(file::HASH_LEN as u64).and_then(|closing| closing.checked_next_multiple_of(BLOCK as u64)).and_then(|closing| packed_at.checked_add(closing));
         if expected != Some(len) {
             return Err(TemplateError::Corrupted(format!("{raw_bytes} bytes of raw pages and {packed_len} of packed ones in a file of {len} with a head of {head_len}")));
         }

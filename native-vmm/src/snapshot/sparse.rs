@@ -274,7 +274,7 @@ mod tests {
         // and in every chunk (raw).
         for offset in 0..CHUNK_BYTES {
             for (every, kind) in [(3, PageKind::Sparse), (1, PageKind::Raw)] {
-                let page: Vec<u8> = (0..PAGE).map(|i| if i % CHUNK_BYTES == offset && (i / CHUNK_BYTES) % every == 0 { (i / CHUNK_BYTES + 1) as u8 } else { 0 }).collect();
+                let page: Vec<u8> = (0..PAGE).map(|i| if i % CHUNK_BYTES == offset && (i / CHUNK_BYTES).is_multiple_of(every) { (i / CHUNK_BYTES + 1) as u8 } else { 0 }).collect();
                 assert_eq!(round_trip(&page), (kind, page), "offset {offset}, every {every} chunks");
             }
         }

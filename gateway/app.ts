@@ -76,6 +76,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
       tokenExecutions: new TokenExecutionCounter(now),
       telemetry: deps.telemetry,
       shutdownSignal: deps.shutdownSignal ?? new AbortController().signal,
+      runtimeGraceMs: deps.config.runtimeGraceMs,
     }),
     sessions: new SessionService({
       db: deps.db,

@@ -35,6 +35,12 @@ export interface GatewayConfig {
   headersTimeoutMs: number;
   /** Time a client has to send its whole request; the response (an execution's run) is not counted. */
   requestTimeoutMs: number;
+  /**
+   * How long past a program's timeout the gateway waits for the runtime before it answers
+   * runtime-failed: the runtime client's own grace (SANDFORK_VMM_EXECUTE_GRACE_MS, what it waits
+   * for the daemon) and 5 s more, so that the client's typed timeout always comes first.
+   */
+  runtimeGraceMs: number;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
@@ -64,5 +70,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     tokenSigningKeyPem: env.SANDFORK_TOKEN_SIGNING_KEY || undefined,
     headersTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_HEADERS_TIMEOUT_MS", 10_000),
     requestTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_REQUEST_TIMEOUT_MS", 30_000),
+    runtimeGraceMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_GRACE_MS", 5_000) + 5_000,
   };
 }

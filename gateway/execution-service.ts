@@ -16,9 +16,6 @@ import { costUnits, type Pricing, priceOf } from "./pricing.js";
 import { ProblemError } from "./problems.js";
 import { inSpan, type Telemetry } from "./telemetry.js";
 
-/** Extra time the runtime gets past the program's own timeout before the gateway gives up on it. */
-const RUNTIME_GRACE_MS = 10_000;
-
 export interface ExecutionInput {
   template: string;
   code: string;
@@ -59,6 +56,8 @@ export interface ExecutionServiceDeps {
   telemetry: Telemetry;
   /** Aborts in-flight executions when the gateway shuts down. */
   shutdownSignal: AbortSignal;
+  /** Extra time the runtime gets past the program's own timeout before the gateway gives up on it. */
+  runtimeGraceMs: number;
 }
 
 type NormalizedRequest = Omit<ExecutionRequest, "executionId" | "language"> & { language?: string | undefined };
@@ -244,7 +243,7 @@ export class ExecutionService {
     const startedAt = Date.now();
     let result: ExecutionResult;
     try {
-      const signal = AbortSignal.any([this.deps.shutdownSignal, AbortSignal.timeout(request.timeoutMs + RUNTIME_GRACE_MS)]);
+      const signal = AbortSignal.any([this.deps.shutdownSignal, AbortSignal.timeout(request.timeoutMs + this.deps.runtimeGraceMs)]);
       live.onStart?.(executionId);
       result = await runtime.execute({ executionId, ...request }, signal, live.onOutput);
     } catch (error) {

@@ -23,7 +23,7 @@
 #   SANDFORK_KVM_TIER_QEMU_VCPUS=N       the QEMU guest's vCPUs (default 1: the suites run one
 #                                        after another; with more, in two lanes pinned to a vCPU
 #                                        each, which multi-threaded TCG still stalls at times)
-#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  the QEMU run's wall-clock limit (default 2900; one vCPU
+#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  the QEMU run's wall-clock limit (default 3300; one vCPU
 #                                        runs the suites ~8x slower than native)
 #   SANDFORK_KVM_TIER_TESTS="a b"        only these suites: test file names (e.g. python_ptrace)
 #                                        and/or TypeScript ones: vitest-kvm (all of them)
@@ -148,7 +148,7 @@ fi
 MODE=${SANDFORK_KVM_TIER:-auto}
 case $MODE in auto|native|qemu) ;; *) echo "kvm-tier: SANDFORK_KVM_TIER=$MODE: expected auto, native or qemu" >&2; exit 2 ;; esac
 QEMU_SCALE=${SANDFORK_KVM_TIER_QEMU_SCALE:-15}
-QEMU_TIMEOUT=${SANDFORK_KVM_TIER_QEMU_TIMEOUT:-2900}
+QEMU_TIMEOUT=${SANDFORK_KVM_TIER_QEMU_TIMEOUT:-3300}
 ONLY=${SANDFORK_KVM_TIER_TESTS:-}
 
 fail_setup() {

@@ -1,7 +1,8 @@
 // Named prepared statements on either backend: a statement is parsed and described once per
 // connection, then each call only binds and executes it. On PGlite (in the gateway's own process)
 // the parse, plan and result typing of drizzle's unnamed statements were most of what billing
-// cost: the reserve and settle of one execution took ~1.1 ms of CPU that way, ~0.4 ms prepared.
+// cost: the reserve and settle of one execution took ~1.1 ms of CPU that way, ~0.4 ms prepared
+// (a throwaway benchmark; README, Performance).
 // Every column a statement returns is text (cast it in SQL), so both backends answer the same rows.
 import { PGlite, protocol } from "@electric-sql/pglite";
 import type { Sql } from "postgres";

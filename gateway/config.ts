@@ -1,7 +1,7 @@
 // Gateway configuration, read once from the environment.
 import { resolve } from "node:path";
 import type { KeyLimits } from "../db/keys.js";
-import { positiveIntegerFromEnv } from "../runtime/config.js";
+import { executeGraceMsFromEnv, positiveIntegerFromEnv } from "../runtime/config.js";
 import { loadSessionSettings, type SessionSettings } from "./session-settings.js";
 import { DEFAULT_PRICING, type Pricing, parsePricing } from "./pricing.js";
 
@@ -70,6 +70,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     tokenSigningKeyPem: env.SANDFORK_TOKEN_SIGNING_KEY || undefined,
     headersTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_HEADERS_TIMEOUT_MS", 10_000),
     requestTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_REQUEST_TIMEOUT_MS", 30_000),
-    runtimeGraceMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_GRACE_MS", 5_000) + 5_000,
+    runtimeGraceMs: executeGraceMsFromEnv(env) + 5_000,
   };
 }

@@ -48,6 +48,11 @@ export interface RuntimeConfig {
 export const MAX_SOCKET_PATH_BYTES = 107;
 
 /** The positive integer in env[name], or `fallback` when it is unset or empty; anything else throws. */
+/** SANDFORK_VMM_EXECUTE_GRACE_MS: the runtime client's wait past a program's timeout (the gateway's deadline is derived from it). */
+export function executeGraceMsFromEnv(env: NodeJS.ProcessEnv): number {
+  return positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_GRACE_MS", 5_000);
+}
+
 export function positiveIntegerFromEnv(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
   const raw = env[name];
   if (raw === undefined || raw === "") return fallback;
@@ -77,7 +82,7 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
     bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1) : undefined,
     readyTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_READY_TIMEOUT_MS", 15_000),
-    executeGraceMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_GRACE_MS", 5_000),
+    executeGraceMs: executeGraceMsFromEnv(env),
     connections: positiveIntegerFromEnv(env, "SANDFORK_VMM_CONNECTIONS", 4),
     maxInFlightPerConnection: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
     maxQueued: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_QUEUED", 256),

@@ -54,7 +54,6 @@ pub const KVM_GET_XSAVE: c_ulong = ior::<KvmXsave>(0xA4);
 pub const KVM_SET_XSAVE: c_ulong = iow::<KvmXsave>(0xA5);
 pub const KVM_SET_DEVICE_ATTR: c_ulong = iow::<KvmDeviceAttr>(0xE1);
 pub const KVM_GET_DEVICE_ATTR: c_ulong = iow::<KvmDeviceAttr>(0xE2);
-pub const KVM_HAS_DEVICE_ATTR: c_ulong = iow::<KvmDeviceAttr>(0xE3);
 /// The vCPU attribute group of the TSC (Linux 5.16+) and its one attribute: the offset added
 /// to the host's TSC to give the guest's.
 pub const KVM_VCPU_TSC_CTRL: u32 = 0;
@@ -458,7 +457,7 @@ mod tests {
         assert_eq!(KVM_SET_XCRS, 0x4188_AEA7);
         assert_eq!(KVM_GET_XSAVE, 0x9000_AEA4);
         assert_eq!(KVM_SET_XSAVE, 0x5000_AEA5);
-        assert_eq!((KVM_SET_DEVICE_ATTR, KVM_GET_DEVICE_ATTR, KVM_HAS_DEVICE_ATTR), (0x4018_AEE1, 0x4018_AEE2, 0x4018_AEE3));
+        assert_eq!((KVM_SET_DEVICE_ATTR, KVM_GET_DEVICE_ATTR), (0x4018_AEE1, 0x4018_AEE2));
     }
 
     #[test]

@@ -479,7 +479,10 @@ impl Threads {
             let Some(thread) = self.get_mut(tid) else { continue };
             let ThreadState::Runnable(resume) = thread.state else { continue };
             thread.state = ThreadState::Running;
-            self.charge_current();
+            // The same thread again: nothing to charge (running_ns counts it on).
+            if tid != self.current {
+                self.charge_current();
+            }
             self.current = tid;
             return Next::Run { tid, resume };
         }
@@ -492,7 +495,9 @@ impl Threads {
         if let Some(t) = self.list.iter().find(|t| matches!(&t.state, ThreadState::Blocked { wait: Wait { on: WaitOn::Request, .. }, .. })) {
             let tid = t.tid;
             self.get_mut(tid).expect("listed").state = ThreadState::Running;
-            self.charge_current();
+            if tid != self.current {
+                self.charge_current();
+            }
             self.current = tid;
             return Next::ReadyPoint { tid };
         }

@@ -85,9 +85,14 @@ use super::sparse::{self, PageCounts, PageKind, Unpacker};
 use super::{file, Template, TemplateError};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::image::sha256::Sha256;
-use crate::layout::PAGE_SIZE;
+use crate::layout::{pages_in, PAGE_SIZE};
 use crate::memory::{page_ranges, GuestMemory, PageSet};
 use crate::process::GuestProcess;
+
+/// The head's length in the file: header and metadata, up to the first page.
+fn head_len_of(meta: &[u8]) -> u64 {
+    crate::layout::page_align_up((file::HEADER_LEN + meta.len()) as u64)
+}
 
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
 pub const FORMAT_VERSION: u32 = 5;
@@ -268,9 +273,9 @@ impl<'m> Checkpoint<'m> {
         e.bytes(&sparse::encode_kinds(&kinds));
         e.len(packed.len());
         packed.pad_to_blocks((packed.len() + file::HASH_LEN).div_ceil(BLOCK));
-        let dirty_bytes = ranges.iter().map(|(start, end)| end - start).sum();
+        let dirty_bytes = pages_in(&ranges) * PAGE_SIZE;
         let mut meta = e.into_bytes();
-        let head_len = crate::layout::page_align_up((file::HEADER_LEN + meta.len()) as u64);
+        let head_len = head_len_of(&meta);
         meta[..8].copy_from_slice(&head_len.to_le_bytes());
         Ok(Checkpoint { meta, ranges, raw, packed, mem, dirty_bytes, parent, pages })
     }
@@ -321,17 +326,17 @@ impl<'m> Checkpoint<'m> {
     }
 
     fn raw_bytes(&self) -> u64 {
-        self.raw.iter().map(|(start, end)| end - start).sum()
+        pages_in(&self.raw) * PAGE_SIZE
     }
 
     /// The size its file will have.
     pub fn file_bytes(&self) -> u64 {
-        crate::layout::page_align_up((file::HEADER_LEN + self.meta.len()) as u64) + self.raw_bytes() + (self.packed.blocks().len() * BLOCK) as u64
+        head_len_of(&self.meta) + self.raw_bytes() + (self.packed.blocks().len() * BLOCK) as u64
     }
 
     /// The file's first blocks: header and `meta`, zero-padded to a whole block.
     fn head(&self) -> Vec<Block> {
-        let head_len = crate::layout::page_align_up((file::HEADER_LEN + self.meta.len()) as u64) as usize;
+        let head_len = head_len_of(&self.meta) as usize;
         let body_len = head_len - file::HEADER_LEN + self.raw_bytes() as usize + self.packed.blocks().len() * BLOCK - file::HASH_LEN;
         let mut head = Blocks::new();
         head.push(&file::header(&MAGIC, FORMAT_VERSION, body_len));

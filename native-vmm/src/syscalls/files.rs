@@ -793,15 +793,14 @@ pub(crate) fn readlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         return Err(Errno::EINVAL);
     }
     // An empty path names dirfd itself (an O_PATH|O_NOFOLLOW fd of a symlink).
-    let node = match user.read_path(args[1])?.as_slice() {
-        b"" => match proc.fds.get(fd_arg(args[0]))?.object {
+    let path = user.read_path(args[1])?;
+    let node = if path.is_empty() {
+        match proc.fds.get(fd_arg(args[0]))?.object {
             Object::Node(node) => node,
             _ => return Err(Errno::ENOENT),
-        },
-        _ => {
-            let (base, path) = path_at(proc, user, args[0], args[1])?;
-            resolve(proc, base, &path, false)?
         }
+    } else {
+        resolve(proc, base_dir(proc, args[0], &path)?, &path, false)?
     };
     let target = proc.config.vfs.readlink_in(&ProcessFacts::of(proc), node)?;
     let n = target.len().min(size as usize);

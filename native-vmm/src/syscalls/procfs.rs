@@ -15,7 +15,6 @@ use crate::process::{FdTable, GuestProcess, Object, Threads};
 const PAGE: u64 = 4096;
 const SIG_IGN: u64 = 1;
 /// Linux's clock id for the process's CPU time.
-const CLOCK_PROCESS_CPUTIME_ID: u64 = 2;
 /// USER_HZ: the tick of /proc's times.
 const TICKS_PER_SECOND: u64 = 100;
 
@@ -122,7 +121,7 @@ fn system_file(proc: &GuestProcess, file: SystemFile) -> String {
         SystemFile::Loadavg => format!("0.00 0.00 0.00 1/{} 1\n", proc.threads.alive()),
         SystemFile::Version => format!("{sysname} version {release} (sandfork@{nodename}) {version}\n"),
         SystemFile::Stat => {
-            let busy = cpu_ticks();
+            let busy = cpu_ticks(proc);
             let boot = time::now_ns(CLOCK_REALTIME).unwrap_or(0) / 1_000_000_000 - uptime_centis() / 100;
             format!("cpu  {busy} 0 0 0 0 0 0 0 0 0\ncpu0 {busy} 0 0 0 0 0 0 0 0 0\nintr 0\nctxt 0\nbtime {boot}\nprocesses 1\nprocs_running 1\nprocs_blocked 0\n")
         }
@@ -136,9 +135,10 @@ fn system_file(proc: &GuestProcess, file: SystemFile) -> String {
     }
 }
 
-/// The program's CPU time in ticks (as times() counts it).
-fn cpu_ticks() -> u64 {
-    time::now_ns(CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0) / (1_000_000_000 / TICKS_PER_SECOND)
+/// The program's CPU time in ticks, as times() counts it: its own threads' time, not the host
+/// thread's (which has run earlier VMs too).
+fn cpu_ticks(proc: &GuestProcess) -> u64 {
+    proc.threads.process_cpu_ns() / (1_000_000_000 / TICKS_PER_SECOND)
 }
 
 /// /proc/<pid>/comm: the program file's name, cut to Linux's 15 bytes.
@@ -218,7 +218,7 @@ fn task_file(proc: &GuestProcess, tid: u32, file: TaskFile) -> Vec<u8> {
                 "0".into(),
                 "0".into(),
                 "0".into(),
-                cpu_ticks().to_string(),
+                cpu_ticks(proc).to_string(),
                 "0".into(),
                 "0".into(),
                 "0".into(),

@@ -403,12 +403,20 @@ for path, mode in [('/proc/self/status', 'w'), ('/proc/meminfo', 'a'), ('/proc/s
     except OSError as e:
         print(path, errno.errorcode[e.errno])
 print(sorted(os.listdir('/proc/self'))[:4], os.path.exists('/proc/self/mem'), os.path.exists('/proc/2'))
+# O_CREAT through the program's /proc: the cwd link is its cwd, an fd link its open file.
+os.makedirs('/work/here', exist_ok=True)
+os.chdir('/work/here')
+with open('/proc/self/cwd/made', 'w') as made:
+    made.write('x'); made.flush()
+    with open(f'/proc/self/fd/{made.fileno()}', 'a') as again:
+        again.write('y')
+print(open('/work/here/made').read(), os.path.exists('/made'))
 "#;
     assert_prints(
         code,
         "1 True\n1 0 True 1 True\nTrue [0, 1, 2] /tmp/data\nTrue\n/tmp/data (deleted) kept\nclosed fd ENOENT\n\
          True ['[heap]', '[stack]']\n52 1 True\nTrue\nTrue\nTrue\nTrue\nTrue True\nTrue 1/1\nTrue True True False\n\
-         /proc/self/status EACCES\n/proc/meminfo EACCES\n/proc/self/newfile EROFS\n['cmdline', 'comm', 'cwd', 'environ'] False False\n",
+         /proc/self/status EACCES\n/proc/meminfo EACCES\n/proc/self/newfile EROFS\n['cmdline', 'comm', 'cwd', 'environ'] False False\nxy False\n",
     );
 }
 

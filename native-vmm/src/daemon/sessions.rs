@@ -61,7 +61,8 @@ pub const MAX_SESSION_FILE_BYTES: usize = 8 << 20;
 const MAX_CHAIN_DEPTH: u64 = 16;
 /// A chain's files hold at most this many times the bytes of the full checkpoint's file it
 /// starts from: what a restore after a restart reads (and hashes) at most, against one full
-/// file. Judged before a checkpoint is taken, by its pages' bytes (what its file holds at most).
+/// file. Judged on an incremental checkpoint once captured, by its file's bytes; one that would
+/// pass it is captured again, full (`Vm::checkpoint`).
 const MAX_CHAIN_FACTOR: u64 = 4;
 
 /// Why a session operation was refused.

@@ -232,8 +232,11 @@ impl Vfs {
             return Err(Errno::EINVAL);
         }
         let (node, created) = if opts.create {
-            let (dir, name) = path::resolve_parent(self, base, path)?;
-            match self.child(dir, &name)? {
+            // Through the program's /proc (its fds, its cwd), as resolve_in is.
+            let lookup = Lookup { vfs: self, view };
+            let (dir, name) = path::resolve_parent(&lookup, base, path)?;
+            let existing = lookup.child(dir, &name)?;
+            match existing {
                 Some(_) if opts.exclusive => return Err(Errno::EEXIST),
                 Some(_) => (self.resolve_in(view, base, path, !opts.nofollow)?, false),
                 // O_CREAT never makes a directory ("new/" or ".").

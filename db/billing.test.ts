@@ -74,6 +74,8 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
 
     const settled = await settle(fresh.db, id, settlement(12));
     expect(settled).toMatchObject({ status: "completed", chargedUnits: 12, stdout: "out" });
+    // The record settle answers (assembled from its columns and the settlement) is the stored one.
+    expect(settled).toEqual(await findExecution(fresh.db, id));
     // A second settlement (e.g. a retried handler) changes nothing.
     const again = await settle(fresh.db, id, settlement(25));
     expect(again.chargedUnits).toBe(12);
@@ -202,6 +204,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     // The repeat answers its first settlement; the others settle once each, at their own cost.
     const records = await settleAll(fresh.db, rs.map((r, i) => ({ executionId: r.executionId, settlement: settlement(4 + i) })));
     expect(records.map((r) => [r.id, r.chargedUnits])).toEqual(rs.map((r, i) => [r.executionId, i === 0 ? 3 : 4 + i]));
+    for (const record of records) expect(record).toEqual(await findExecution(fresh.db, record.id));
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100 - 3 - 5 - 6, reservedUnits: 0 });
     const usage = await usageForKey(fresh.db, ids.keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000));
     expect(usage).toMatchObject({ executions: 3, units: 14 });

@@ -20,7 +20,7 @@
 import { and, eq, lt, notInArray, or, sql } from "drizzle-orm";
 import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
-import { type PreparedStatement, runPrepared } from "./prepared.js";
+import { type PreparedStatement, runPrepared, type TextRow } from "./prepared.js";
 import { accounts, apiKeys, executions } from "./schema.js";
 
 export const EXECUTION_STATUSES = [
@@ -71,29 +71,35 @@ function toRecord(row: ExecutionRow): ExecutionRecord {
   return { ...row, status: row.status as ExecutionStatus, timings: row.timings as ExecutionTimingsRecord | null };
 }
 
-/** An executions row as to_jsonb renders it (snake_case; timestamps strings). */
-function fromSqlRow(row: Record<string, unknown>): ExecutionRecord {
-  const units = (v: unknown) => (v === null ? null : Number(v));
-  const date = (v: unknown) => (v === null ? null : new Date(v as string));
+/**
+ * What a settle statement answers of each record it settled, as text columns: everything the
+ * settlement itself does not say (its outcome and output come from the caller, not back through
+ * the database). Timestamps as epoch milliseconds.
+ */
+const SETTLED_COLUMNS = `settled.id::text, settled.account_id::text, settled.key_id::text, settled.token_id, settled.idempotency_key,
+  settled.request_hash, settled.template, settled.gateway_id, settled.reserved_units::text, settled.charged_units::text,
+  (extract(epoch FROM settled.created_at) * 1000)::text AS created_at, (extract(epoch FROM settled.finished_at) * 1000)::text AS finished_at`;
+
+function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
   return {
     id: row.id as string,
     accountId: row.account_id as string,
     keyId: row.key_id as string,
-    tokenId: row.token_id as string | null,
-    idempotencyKey: row.idempotency_key as string | null,
+    tokenId: row.token_id ?? null,
+    idempotencyKey: row.idempotency_key ?? null,
     requestHash: row.request_hash as string,
     template: row.template as string,
-    gatewayId: row.gateway_id as string | null,
-    status: row.status as ExecutionStatus,
-    exitCode: row.exit_code as number | null,
-    stdout: row.stdout as string | null,
-    stderr: row.stderr as string | null,
-    truncated: row.truncated as boolean | null,
-    timings: row.timings as ExecutionTimingsRecord | null,
+    gatewayId: row.gateway_id ?? null,
+    status: s.status,
+    exitCode: s.exitCode,
+    stdout: s.stdout,
+    stderr: s.stderr,
+    truncated: s.truncated,
+    timings: s.timings,
     reservedUnits: Number(row.reserved_units),
-    chargedUnits: units(row.charged_units),
-    createdAt: new Date(row.created_at as string),
-    finishedAt: date(row.finished_at),
+    chargedUnits: Number(row.charged_units),
+    createdAt: new Date(Number(row.created_at)),
+    finishedAt: new Date(Number(row.finished_at)),
   };
 }
 
@@ -248,13 +254,13 @@ export interface SettlementOf {
 export async function settleAll(db: Database, items: SettlementOf[]): Promise<ExecutionRecord[]> {
   for (const { settlement: s } of items) if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
   const rows = await runPrepared(db, ...settleStatement(items));
-  // The rows come back without their output (the caller holds it: no copy of a large output back
-  // through the database and JSON); a repeat's record is read whole instead.
-  const settled = new Map(rows.map(({ row }) => JSON.parse(row as string) as Record<string, unknown>).map((row) => [row.id as string, row]));
+  // The rows come back without what the caller already holds (no copy of a large output back
+  // through the database); a repeat's record is read whole instead.
+  const settled = new Map(rows.map((row) => [row.id as string, row]));
   const records: ExecutionRecord[] = [];
   for (const { executionId, settlement } of items) {
     const row = settled.get(executionId);
-    const record = row !== undefined ? fromSqlRow({ ...row, stdout: settlement.stdout, stderr: settlement.stderr }) : await findExecution(db, executionId);
+    const record = row !== undefined ? fromSettledRow(row, settlement) : await findExecution(db, executionId);
     if (!record) throw new Error(`no execution ${executionId}`);
     records.push(record);
   }
@@ -270,7 +276,7 @@ export async function settle(db: Database, executionId: string, settlement: Sett
  * Only records still running settle, so a second settle is a no-op. A batch of one is one
  * statement of primary-key lookups; bigger ones are one call of sandfork_settle (migration
  * 0003_billing_functions), which locks their accounts in id order first. Each answers the
- * records it settled as JSON, all but their output.
+ * records it settled as SETTLED_COLUMNS.
  */
 function settleStatement(items: SettlementOf[]): [PreparedStatement, (string | null)[]] {
   if (items.length === 1) {
@@ -305,10 +311,10 @@ const SETTLE_ONE: PreparedStatement = {
     INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
     SELECT settled.account_id, settled.key_id, settled.id, 'usage', settled.template, settled.charged_units FROM settled
   )
-  SELECT (to_jsonb(settled) - 'stdout' - 'stderr')::text AS row FROM settled`,
+  SELECT ${SETTLED_COLUMNS} FROM settled`,
 };
 
-const SETTLE_BATCH: PreparedStatement = { name: "sandfork_settle", text: "SELECT (to_jsonb(settled) - 'stdout' - 'stderr')::text AS row FROM sandfork_settle($1::jsonb) AS settled" };
+const SETTLE_BATCH: PreparedStatement = { name: "sandfork_settle", text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_settle($1::jsonb) AS settled` };
 
 /**
  * Reserve and settle group-committed on one database: the executions that reserve (or settle)

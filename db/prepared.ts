@@ -60,7 +60,10 @@ function runOnPglite(pg: PGlite, statement: PreparedStatement, params: Param[]):
       const parts: Uint8Array[] = [];
       if (columns === undefined) parts.push(serialize.parse({ name: statement.name, text: statement.text }), serialize.describe({ type: "S", name: statement.name }));
       parts.push(serialize.bind({ statement: statement.name, values: params }), serialize.execute(), serialize.sync());
-      const { messages } = await pg.execProtocol(concat(parts), { throwOnError: false });
+      // syncToFs: false, as PGlite's query() inside a transaction: our data directories are NodeFS
+      // or memory, whose syncToFs does nothing (writes reach the files as Postgres makes them),
+      // and skipping it saves a mutex and two promises a statement.
+      const { messages } = await pg.execProtocol(concat(parts), { throwOnError: false, syncToFs: false });
       const rows: TextRow[] = [];
       for (const message of messages as unknown as ProtocolMessage[]) {
         if (message.name === "rowDescription") parsed.set(statement.name, (columns = (message.fields as { name: string }[]).map((f) => f.name)));

@@ -411,12 +411,24 @@ with open('/proc/self/cwd/made', 'w') as made:
     with open(f'/proc/self/fd/{made.fileno()}', 'a') as again:
         again.write('y')
 print(open('/work/here/made').read(), os.path.exists('/made'))
+# So do the calls that change the tree: mkdir, symlink, rename, unlink and rmdir.
+os.mkdir('/proc/self/cwd/sub')
+os.symlink('made', '/proc/self/cwd/link')
+fd = os.open('/work/here/sub', os.O_RDONLY)
+os.rename('/proc/self/cwd/made', f'/proc/self/fd/{fd}/moved')
+print(sorted(os.listdir('/work/here')), os.listdir('/work/here/sub'), os.readlink('/work/here/link'))
+os.unlink(f'/proc/self/fd/{fd}/moved')
+os.close(fd)
+os.unlink('/proc/self/cwd/link')
+os.rmdir('/proc/self/cwd/sub')
+print(os.listdir('/work/here'))
 "#;
     assert_prints(
         code,
         "1 True\n1 0 True 1 True\nTrue [0, 1, 2] /tmp/data\nTrue\n/tmp/data (deleted) kept\nclosed fd ENOENT\n\
          True ['[heap]', '[stack]']\n52 1 True\nTrue\nTrue\nTrue\nTrue\nTrue True\nTrue 1/1\nTrue True True False\n\
-         /proc/self/status EACCES\n/proc/meminfo EACCES\n/proc/self/newfile EROFS\n['cmdline', 'comm', 'cwd', 'environ'] False False\nxy False\n",
+         /proc/self/status EACCES\n/proc/meminfo EACCES\n/proc/self/newfile EROFS\n['cmdline', 'comm', 'cwd', 'environ'] False False\nxy False\n\
+         ['link', 'sub'] ['moved'] made\n[]\n",
     );
 }
 

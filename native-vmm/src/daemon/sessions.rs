@@ -37,7 +37,7 @@ use crate::daemon::agent_executor::{thread_cpu_time, SharedRestoreFactory};
 use crate::daemon::executor::{Execution, ExecutionLimits, Usage, VmOrigin};
 use crate::daemon::response::ErrorCode;
 use crate::daemon::templates::Template as DaemonTemplate;
-use crate::fs::WORK_DIR;
+use crate::fs::{NoProcess, WORK_DIR};
 use crate::image::sha256;
 use crate::memory::{GuestMemory, PageSet};
 use crate::process::Output;
@@ -835,7 +835,7 @@ impl Sessions {
         let (removed, _, _) = self.with_vm(id, move |vm| {
             let vfs = &mut vm.guest.process.config.vfs;
             let work = vfs.resolve(vfs.root(), WORK_DIR.as_bytes(), true)?;
-            vfs.unlink(work, target.as_bytes())
+            vfs.unlink(&NoProcess, work, target.as_bytes())
         })?;
         removed.or_else(|errno| refuse(file_error_code(errno), format!("{WORK_DIR}/{path}: {}", errno_text(errno))))?;
         Ok(SessionFile { path, bytes: 0, contents: None })

@@ -26,7 +26,7 @@ mod vfs;
 pub use devices::Device;
 pub use image::Image;
 pub use path::{MAX_SYMLINKS, NAME_MAX, PATH_MAX};
-pub use procfs::{FdTarget, ProcNode, ProcessView, SystemFile, TaskFile};
+pub use procfs::{FdTarget, NoProcess, ProcNode, ProcessView, SystemFile, TaskFile};
 pub use vfs::{DirEntry, FsStats, Node, OpenOptions, Stat, Timespec, Vfs};
 
 /// The working directory of template programs (a writable directory of the Python image).

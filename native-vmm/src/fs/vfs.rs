@@ -611,35 +611,31 @@ impl Vfs {
         Ok(())
     }
 
-    /// mkdirat (EEXIST if the name exists, EROFS outside the overlay).
-    pub fn mkdir(&mut self, base: Node, path: &[u8], mode: u32) -> Result<(), Errno> {
-        let (dir, name) = path::resolve_parent(self, base, path)?;
-        if name == b"." || name == b".." || self.child(dir, &name)?.is_some() {
-            return Err(Errno::EEXIST);
-        }
+    /// mkdirat (EEXIST if the name exists, EROFS outside the overlay). Like every call that
+    /// changes the tree, it resolves `path` through `view`'s /proc (its cwd and fds), as
+    /// `resolve_in` does; `&NoProcess` where no program asks.
+    pub fn mkdir(&mut self, view: &dyn ProcessView, base: Node, path: &[u8], mode: u32) -> Result<(), Errno> {
+        let (dir, name) = self.new_entry_dir(view, base, path)?;
         let dir_id = self.changeable_dir(dir)?;
         self.overlay.create(dir_id, &name, mode, OverlayKind::Dir(BTreeMap::new())).map(|_| ())
     }
 
     /// symlinkat: creates a symlink at `path` whose target is `target` (stored as given).
-    pub fn symlink(&mut self, target: &[u8], base: Node, path: &[u8]) -> Result<(), Errno> {
+    pub fn symlink(&mut self, view: &dyn ProcessView, target: &[u8], base: Node, path: &[u8]) -> Result<(), Errno> {
         if target.is_empty() {
             return Err(Errno::ENOENT);
         }
         if target.len() >= path::PATH_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        let (dir, name) = path::resolve_parent(self, base, path)?;
-        if name == b"." || name == b".." || self.child(dir, &name)?.is_some() {
-            return Err(Errno::EEXIST);
-        }
+        let (dir, name) = self.new_entry_dir(view, base, path)?;
         let dir_id = self.changeable_dir(dir)?;
         self.overlay.create(dir_id, &name, 0o777, OverlayKind::Symlink(target.to_vec())).map(|_| ())
     }
 
     /// unlinkat without AT_REMOVEDIR: removes a file or symlink (EISDIR for a directory).
-    pub fn unlink(&mut self, base: Node, path: &[u8]) -> Result<(), Errno> {
-        let (dir, name, node) = self.existing_entry(base, path)?;
+    pub fn unlink(&mut self, view: &dyn ProcessView, base: Node, path: &[u8]) -> Result<(), Errno> {
+        let (dir, name, node) = self.existing_entry(view, base, path)?;
         if name == b"." || name == b".." || self.kind(node)? == FileKind::Directory {
             return Err(Errno::EISDIR);
         }
@@ -648,8 +644,8 @@ impl Vfs {
     }
 
     /// rmdir / unlinkat with AT_REMOVEDIR: removes an empty overlay directory.
-    pub fn rmdir(&mut self, base: Node, path: &[u8]) -> Result<(), Errno> {
-        let (dir, name, node) = self.existing_entry(base, path)?;
+    pub fn rmdir(&mut self, view: &dyn ProcessView, base: Node, path: &[u8]) -> Result<(), Errno> {
+        let (dir, name, node) = self.existing_entry(view, base, path)?;
         match name.as_slice() {
             b"." => return Err(Errno::EINVAL),
             b".." => return Err(Errno::ENOTEMPTY),
@@ -668,9 +664,9 @@ impl Vfs {
 
     /// renameat: moves an overlay entry, replacing a compatible target (a file replaces a file,
     /// a directory replaces an empty directory). Both sides must be in the overlay.
-    pub fn rename(&mut self, old_base: Node, old_path: &[u8], new_base: Node, new_path: &[u8]) -> Result<(), Errno> {
-        let (old_dir, old_name, node) = self.existing_entry(old_base, old_path)?;
-        let (new_dir, new_name) = path::resolve_parent(self, new_base, new_path)?;
+    pub fn rename(&mut self, view: &dyn ProcessView, old_base: Node, old_path: &[u8], new_base: Node, new_path: &[u8]) -> Result<(), Errno> {
+        let (old_dir, old_name, node) = self.existing_entry(view, old_base, old_path)?;
+        let (new_dir, new_name) = path::resolve_parent(&Lookup { vfs: self, view }, new_base, new_path)?;
         for name in [&old_name, &new_name] {
             if name.as_slice() == b"." || name.as_slice() == b".." {
                 return Err(Errno::EBUSY);
@@ -730,18 +726,29 @@ impl Vfs {
     }
 
     /// The entry named by `path` without following a final symlink, with its parent and name.
-    fn existing_entry(&self, base: Node, path: &[u8]) -> Result<(Node, Vec<u8>, Node), Errno> {
-        let (dir, name) = path::resolve_parent(self, base, path)?;
+    fn existing_entry(&self, view: &dyn ProcessView, base: Node, path: &[u8]) -> Result<(Node, Vec<u8>, Node), Errno> {
+        let lookup = Lookup { vfs: self, view };
+        let (dir, name) = path::resolve_parent(&lookup, base, path)?;
         let node = match name.as_slice() {
             b"." => dir,
             b".." => self.parent(dir)?,
-            _ => self.child(dir, &name)?.ok_or(Errno::ENOENT)?,
+            _ => lookup.child(dir, &name)?.ok_or(Errno::ENOENT)?,
         };
         // "file/" names a directory that is not there.
         if path.last() == Some(&b'/') && self.kind(node)? != FileKind::Directory {
             return Err(Errno::ENOTDIR);
         }
         Ok((dir, name, node))
+    }
+
+    /// The directory and name of an entry `path` is to create: EEXIST where the name is taken.
+    fn new_entry_dir(&self, view: &dyn ProcessView, base: Node, path: &[u8]) -> Result<(Node, Vec<u8>), Errno> {
+        let lookup = Lookup { vfs: self, view };
+        let (dir, name) = path::resolve_parent(&lookup, base, path)?;
+        if name == b"." || name == b".." || lookup.child(dir, &name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        Ok((dir, name))
     }
 
     /// Mount roots (and the image and /dev) cannot be removed or moved.
@@ -1069,11 +1076,11 @@ mod tests {
         assert_eq!(vfs.resolve(root, b"/proc/self/../self/status", true).and_then(|n| vfs.path_of(n)), Ok(b"/proc/1/status".to_vec()));
         assert_eq!(vfs.readlink(vfs.resolve(root, b"/proc/self", false).unwrap()), Ok(b"1".to_vec()));
         let (_d, mut vfs) = sample_vfs(1 << 20);
-        assert_eq!(vfs.mkdir(root, b"/proc/x", 0o755), Err(Errno::EROFS));
+        assert_eq!(vfs.mkdir(&NoProcess, root, b"/proc/x", 0o755), Err(Errno::EROFS));
         assert_eq!(vfs.open(root, b"/proc/self/status", &OpenOptions { write: true, ..RO }), Err(Errno::EACCES));
         assert_eq!(vfs.open(root, b"/proc/new", &RW_CREATE), Err(Errno::EROFS));
-        assert_eq!(vfs.unlink(root, b"/proc/self/status"), Err(Errno::EROFS));
-        assert_eq!(vfs.rmdir(root, b"/proc"), Err(Errno::EROFS));
+        assert_eq!(vfs.unlink(&NoProcess, root, b"/proc/self/status"), Err(Errno::EROFS));
+        assert_eq!(vfs.rmdir(&NoProcess, root, b"/proc"), Err(Errno::EROFS));
         assert_eq!(vfs.resolve(root, b"/lib/x", true), Err(Errno::ENOENT));
         assert!(vfs.image().file_bytes("/etc/shadow").is_none());
     }
@@ -1120,13 +1127,13 @@ mod tests {
         assert_eq!(vfs.open(root, b"/etc/passwd", &w), Err(Errno::EROFS));
         assert_eq!(vfs.open(root, b"/etc/new", &RW_CREATE), Err(Errno::EROFS));
         assert_eq!(vfs.open(root, b"/etc", &w), Err(Errno::EISDIR));
-        assert_eq!(vfs.mkdir(root, b"/etc/d", 0o755), Err(Errno::EROFS));
-        assert_eq!(vfs.mkdir(root, b"/etc", 0o755), Err(Errno::EEXIST));
-        assert_eq!(vfs.unlink(root, b"/etc/passwd"), Err(Errno::EROFS));
-        assert_eq!(vfs.unlink(root, b"/etc/nothing"), Err(Errno::ENOENT));
-        assert_eq!(vfs.rename(root, b"/etc/passwd", root, b"/tmp/p"), Err(Errno::EROFS));
-        assert_eq!(vfs.rename(root, b"/tmp", root, b"/tmp2"), Err(Errno::EBUSY));
-        assert_eq!(vfs.rmdir(root, b"/work"), Err(Errno::EBUSY));
+        assert_eq!(vfs.mkdir(&NoProcess, root, b"/etc/d", 0o755), Err(Errno::EROFS));
+        assert_eq!(vfs.mkdir(&NoProcess, root, b"/etc", 0o755), Err(Errno::EEXIST));
+        assert_eq!(vfs.unlink(&NoProcess, root, b"/etc/passwd"), Err(Errno::EROFS));
+        assert_eq!(vfs.unlink(&NoProcess, root, b"/etc/nothing"), Err(Errno::ENOENT));
+        assert_eq!(vfs.rename(&NoProcess, root, b"/etc/passwd", root, b"/tmp/p"), Err(Errno::EROFS));
+        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp", root, b"/tmp2"), Err(Errno::EBUSY));
+        assert_eq!(vfs.rmdir(&NoProcess, root, b"/work"), Err(Errno::EBUSY));
         let passwd = vfs.open(root, b"/etc/passwd", &RO).unwrap();
         assert_eq!(vfs.write_at(passwd, 0, b"x"), Err(Errno::EROFS));
         assert_eq!(vfs.access(passwd, W_OK), Err(Errno::EROFS));
@@ -1175,9 +1182,9 @@ mod tests {
         assert_eq!(vfs.stat(f).unwrap().size, 0);
         vfs.write_at(f, 0, b"data").unwrap();
 
-        vfs.mkdir(root, b"/work/sub", 0o755).unwrap();
-        assert_eq!(vfs.mkdir(root, b"/work/sub", 0o755), Err(Errno::EEXIST));
-        vfs.rename(work, b"out.txt", root, b"/work/sub/moved").unwrap();
+        vfs.mkdir(&NoProcess, root, b"/work/sub", 0o755).unwrap();
+        assert_eq!(vfs.mkdir(&NoProcess, root, b"/work/sub", 0o755), Err(Errno::EEXIST));
+        vfs.rename(&NoProcess, work, b"out.txt", root, b"/work/sub/moved").unwrap();
         assert_eq!(vfs.resolve(root, b"/work/out.txt", true), Err(Errno::ENOENT));
         let moved = vfs.resolve(root, b"/work/sub/moved", true).unwrap();
         assert_eq!(moved, f);
@@ -1186,16 +1193,16 @@ mod tests {
         let names: Vec<Vec<u8>> = vfs.read_dir(work).unwrap().into_iter().map(|e| e.name).collect();
         assert_eq!(names, [b".".to_vec(), b"..".to_vec(), b"sub".to_vec()]);
         assert_eq!(vfs.stat(work).unwrap().nlink, 3);
-        assert_eq!(vfs.rmdir(root, b"/work/sub"), Err(Errno::ENOTEMPTY));
-        assert_eq!(vfs.rename(root, b"/work/sub", root, b"/work/sub/inner"), Err(Errno::EINVAL));
+        assert_eq!(vfs.rmdir(&NoProcess, root, b"/work/sub"), Err(Errno::ENOTEMPTY));
+        assert_eq!(vfs.rename(&NoProcess, root, b"/work/sub", root, b"/work/sub/inner"), Err(Errno::EINVAL));
         // Cross-mount rename is allowed (one overlay); ".." from a mount root reaches the image.
-        vfs.rename(root, b"/work/sub", root, b"/tmp/sub").unwrap();
+        vfs.rename(&NoProcess, root, b"/work/sub", root, b"/tmp/sub").unwrap();
         assert_eq!(vfs.resolve(root, b"/tmp/sub/moved/../../../etc/passwd", true), Err(Errno::ENOTDIR));
         assert_eq!(vfs.resolve(root, b"/tmp/sub/../../etc/passwd", true), vfs.resolve(root, b"/etc/passwd", true));
 
         // An unlinked open file stays readable until closed.
-        assert_eq!(vfs.unlink(root, b"/tmp/sub"), Err(Errno::EISDIR));
-        vfs.unlink(root, b"/tmp/sub/moved").unwrap();
+        assert_eq!(vfs.unlink(&NoProcess, root, b"/tmp/sub"), Err(Errno::EISDIR));
+        vfs.unlink(&NoProcess, root, b"/tmp/sub/moved").unwrap();
         assert_eq!(read_all(&vfs, f), b"data");
         vfs.close(f);
         assert_eq!(read_all(&vfs, f), b"data", "the second open still holds it");
@@ -1203,11 +1210,11 @@ mod tests {
         assert_eq!(vfs.stat(f), Err(Errno::ENOENT));
         let f2 = vfs.open(root, b"/tmp/sub/f2", &RW_CREATE).unwrap();
         vfs.close(f2);
-        assert_eq!(vfs.unlink(root, b"/tmp/sub/f2/"), Err(Errno::ENOTDIR));
-        assert_eq!(vfs.rename(root, b"/tmp/sub/f2/", root, b"/tmp/f3"), Err(Errno::ENOTDIR));
-        vfs.unlink(root, b"/tmp/sub/f2").unwrap();
-        vfs.rmdir(root, b"/tmp/sub/").unwrap();
-        assert_eq!(vfs.rmdir(root, b"/tmp/."), Err(Errno::EINVAL));
+        assert_eq!(vfs.unlink(&NoProcess, root, b"/tmp/sub/f2/"), Err(Errno::ENOTDIR));
+        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/sub/f2/", root, b"/tmp/f3"), Err(Errno::ENOTDIR));
+        vfs.unlink(&NoProcess, root, b"/tmp/sub/f2").unwrap();
+        vfs.rmdir(&NoProcess, root, b"/tmp/sub/").unwrap();
+        assert_eq!(vfs.rmdir(&NoProcess, root, b"/tmp/."), Err(Errno::EINVAL));
     }
 
     #[test]
@@ -1222,7 +1229,7 @@ mod tests {
         assert_eq!(vfs.resolve(root, b"/dev/shm/../null", true), vfs.resolve(root, b"/dev/null", true));
         assert_eq!(vfs.statfs(f).unwrap().magic, TMPFS_MAGIC);
         assert_eq!(vfs.stat(vfs.resolve(root, b"/dev", true).unwrap()).unwrap().nlink, 3);
-        assert_eq!(vfs.rmdir(root, b"/dev/shm"), Err(Errno::EBUSY));
+        assert_eq!(vfs.rmdir(&NoProcess, root, b"/dev/shm"), Err(Errno::EBUSY));
         assert_eq!(vfs.stat(vfs.resolve(root, b"/dev/shm", true).unwrap()).unwrap().mode, 0o41777);
         // A fork's /dev/shm is its own, and a snapshot carries it.
         let mut e = Encoder::new();
@@ -1236,22 +1243,22 @@ mod tests {
     fn a_directory_without_its_write_bit_keeps_its_entries() {
         let (_d, mut vfs) = sample_vfs(1 << 20);
         let root = vfs.root();
-        vfs.mkdir(root, b"/tmp/ro", 0o755).unwrap();
+        vfs.mkdir(&NoProcess, root, b"/tmp/ro", 0o755).unwrap();
         let f = vfs.open(root, b"/tmp/ro/f", &RW_CREATE).unwrap();
         vfs.close(f);
         let ro = vfs.resolve(root, b"/tmp/ro", true).unwrap();
         vfs.chmod(ro, 0o555).unwrap();
         assert_eq!(vfs.open(root, b"/tmp/ro/g", &RW_CREATE), Err(Errno::EACCES));
-        assert_eq!(vfs.mkdir(root, b"/tmp/ro/d", 0o755), Err(Errno::EACCES));
-        assert_eq!(vfs.symlink(b"x", root, b"/tmp/ro/l"), Err(Errno::EACCES));
-        assert_eq!(vfs.unlink(root, b"/tmp/ro/f"), Err(Errno::EACCES));
-        assert_eq!(vfs.rename(root, b"/tmp/ro/f", root, b"/tmp/f"), Err(Errno::EACCES));
-        assert_eq!(vfs.rename(root, b"/work", root, b"/tmp/ro/w"), Err(Errno::EBUSY));
+        assert_eq!(vfs.mkdir(&NoProcess, root, b"/tmp/ro/d", 0o755), Err(Errno::EACCES));
+        assert_eq!(vfs.symlink(&NoProcess, b"x", root, b"/tmp/ro/l"), Err(Errno::EACCES));
+        assert_eq!(vfs.unlink(&NoProcess, root, b"/tmp/ro/f"), Err(Errno::EACCES));
+        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/ro/f", root, b"/tmp/f"), Err(Errno::EACCES));
+        assert_eq!(vfs.rename(&NoProcess, root, b"/work", root, b"/tmp/ro/w"), Err(Errno::EBUSY));
         // Its files stay writable by their own bits.
         let f = vfs.open(root, b"/tmp/ro/f", &OpenOptions { write: true, ..RO }).unwrap();
         assert_eq!(vfs.write_at(f, 0, b"x"), Ok(1));
         vfs.chmod(ro, 0o755).unwrap();
-        vfs.unlink(root, b"/tmp/ro/f").unwrap();
+        vfs.unlink(&NoProcess, root, b"/tmp/ro/f").unwrap();
     }
 
     #[test]
@@ -1263,25 +1270,25 @@ mod tests {
             vfs.write_at(n, 0, p).unwrap();
             vfs.close(n);
         }
-        vfs.mkdir(root, b"/tmp/d", 0o700).unwrap();
-        assert_eq!(vfs.rename(root, b"/tmp/a", root, b"/tmp/d"), Err(Errno::EISDIR));
-        assert_eq!(vfs.rename(root, b"/tmp/d", root, b"/tmp/a"), Err(Errno::ENOTDIR));
-        vfs.rename(root, b"/tmp/a", root, b"/tmp/b").unwrap();
+        vfs.mkdir(&NoProcess, root, b"/tmp/d", 0o700).unwrap();
+        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/a", root, b"/tmp/d"), Err(Errno::EISDIR));
+        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/d", root, b"/tmp/a"), Err(Errno::ENOTDIR));
+        vfs.rename(&NoProcess, root, b"/tmp/a", root, b"/tmp/b").unwrap();
         let b = vfs.resolve(root, b"/tmp/b", true).unwrap();
         assert_eq!(read_all(&vfs, b), b"/tmp/a");
-        vfs.rename(root, b"/tmp/b", root, b"/tmp/b").unwrap();
-        assert_eq!(vfs.rename(root, b"/tmp/none", root, b"/tmp/x"), Err(Errno::ENOENT));
-        assert_eq!(vfs.rename(root, b"/tmp/b", root, b"/etc/b"), Err(Errno::EROFS));
+        vfs.rename(&NoProcess, root, b"/tmp/b", root, b"/tmp/b").unwrap();
+        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/none", root, b"/tmp/x"), Err(Errno::ENOENT));
+        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/b", root, b"/etc/b"), Err(Errno::EROFS));
     }
 
     #[test]
     fn overlay_symlinks_and_fork_isolation() {
         let (_d, mut vfs) = sample_vfs(1 << 20);
         let root = vfs.root();
-        vfs.symlink(b"/etc/passwd", root, b"/tmp/pw").unwrap();
+        vfs.symlink(&NoProcess, b"/etc/passwd", root, b"/tmp/pw").unwrap();
         let passwd = vfs.resolve(root, b"/etc/passwd", true).unwrap();
         assert_eq!(vfs.resolve(root, b"/tmp/pw", true).unwrap(), passwd);
-        assert_eq!(vfs.symlink(b"x", root, b"/etc/x"), Err(Errno::EROFS));
+        assert_eq!(vfs.symlink(&NoProcess, b"x", root, b"/etc/x"), Err(Errno::EROFS));
         let mut fork = vfs.clone();
         let f = fork.open(root, b"/tmp/only-in-fork", &RW_CREATE).unwrap();
         fork.write_at(f, 0, b"x").unwrap();

@@ -4,7 +4,7 @@
 use super::{value, SysResult, SyscallOutcome, UserMemory};
 use crate::agent::{AgentRequest, HandOff};
 use crate::errno::Errno;
-use crate::fs::{OpenOptions, Vfs, WORK_DIR};
+use crate::fs::{NoProcess, OpenOptions, Vfs, WORK_DIR};
 use crate::process::GuestProcess;
 
 const FILE_MODE: u32 = 0o644;
@@ -59,7 +59,7 @@ fn place_files(vfs: &mut Vfs, request: &AgentRequest) -> Result<(), Errno> {
 pub(crate) fn write_work_file(vfs: &mut Vfs, path: &str, contents: &[u8], replace: bool) -> Result<(), Errno> {
     let work = vfs.resolve(vfs.root(), WORK_DIR.as_bytes(), true)?;
     for (slash, _) in path.match_indices('/') {
-        match vfs.mkdir(work, &path.as_bytes()[..slash], DIR_MODE) {
+        match vfs.mkdir(&NoProcess, work, &path.as_bytes()[..slash], DIR_MODE) {
             Ok(()) | Err(Errno::EEXIST) => {}
             Err(e) => return Err(e),
         }

@@ -11,7 +11,7 @@
 use super::procfs::{self, ProcessFacts};
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
-use crate::fs::{FileKind, FsStats, Node, OpenOptions, Stat, Timespec};
+use crate::fs::{FileKind, FsStats, Node, OpenOptions, ProcessView, Stat, Timespec, Vfs};
 use crate::process::{Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY};
 use crate::status::RunStatus;
 
@@ -75,6 +75,14 @@ fn base_dir(proc: &GuestProcess, dirfd: u64, path: &[u8]) -> Result<Node, Errno>
 /// threads and working directory).
 fn resolve(proc: &GuestProcess, base: Node, path: &[u8], follow_last: bool) -> Result<Node, Errno> {
     proc.config.vfs.resolve_in(&ProcessFacts::of(proc), base, path, follow_last)
+}
+
+/// Runs `op` on the file system beside the program's view of /proc (built from the process's
+/// other fields, so the file system can be borrowed mutably): opening and changing the tree
+/// resolve paths as `resolve` does.
+fn with_view<T>(proc: &mut GuestProcess, op: impl FnOnce(&mut Vfs, &dyn ProcessView) -> Result<T, Errno>) -> Result<T, Errno> {
+    let facts = ProcessFacts { fds: &proc.fds, threads: &proc.threads, cwd: proc.cwd, exe: &proc.config.command.exe };
+    op(&mut proc.config.vfs, &facts)
 }
 
 /// Reads the path argument and the directory it is relative to.
@@ -444,8 +452,7 @@ fn open_common(proc: &mut GuestProcess, user: &UserMemory, dirfd: u64, path: u64
         path_only,
         mode: (mode as u32) & 0o7777 & !proc.umask,
     };
-    let facts = ProcessFacts { fds: &proc.fds, threads: &proc.threads, cwd: proc.cwd, exe: &proc.config.command.exe };
-    let node = proc.config.vfs.open_in(&facts, base, &path, &opts)?;
+    let node = with_view(proc, |vfs, view| vfs.open_in(view, base, &path, &opts))?;
     let status = (flags & STATUS_FLAGS) | O_LARGEFILE;
     let mut description = Description::new(Object::Node(node), status as u32);
     // A /proc file's bytes are made once, at open, and read from the description.
@@ -856,7 +863,7 @@ pub(crate) fn fchdir(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
 pub(crate) fn mkdirat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (base, path) = path_at(proc, user, args[0], args[1])?;
     let mode = (args[2] as u32) & 0o7777 & !proc.umask;
-    proc.config.vfs.mkdir(base, &path, mode)?;
+    with_view(proc, |vfs, view| vfs.mkdir(view, base, &path, mode))?;
     value(0)
 }
 
@@ -873,9 +880,9 @@ pub(crate) fn unlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     }
     let (base, path) = path_at(proc, user, args[0], args[1])?;
     if flags & AT_REMOVEDIR != 0 {
-        proc.config.vfs.rmdir(base, &path)?;
+        with_view(proc, |vfs, view| vfs.rmdir(view, base, &path))?;
     } else {
-        proc.config.vfs.unlink(base, &path)?;
+        with_view(proc, |vfs, view| vfs.unlink(view, base, &path))?;
     }
     value(0)
 }
@@ -902,7 +909,7 @@ pub(crate) fn renameat2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     if flags & RENAME_NOREPLACE != 0 && resolve(proc, new_base, &new_path, false).is_ok() {
         return Err(Errno::EEXIST);
     }
-    proc.config.vfs.rename(old_base, &old_path, new_base, &new_path)?;
+    with_view(proc, |vfs, view| vfs.rename(view, old_base, &old_path, new_base, &new_path))?;
     value(0)
 }
 
@@ -920,7 +927,7 @@ pub(crate) fn rename(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
 pub(crate) fn symlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let target = user.read_path(args[0])?;
     let (base, path) = path_at(proc, user, args[1], args[2])?;
-    proc.config.vfs.symlink(&target, base, &path)?;
+    with_view(proc, |vfs, view| vfs.symlink(view, &target, base, &path))?;
     value(0)
 }
 

@@ -422,13 +422,17 @@ os.close(fd)
 os.unlink('/proc/self/cwd/link')
 os.rmdir('/proc/self/cwd/sub')
 print(os.listdir('/work/here'))
+# sendfile from a /proc file moves the bytes read() gives.
+src, dst = os.open('/proc/self/cmdline', os.O_RDONLY), os.open('/tmp/cmdline', os.O_WRONLY | os.O_CREAT)
+cmdline = open('/proc/self/cmdline', 'rb').read()
+print(os.sendfile(dst, src, None, 1 << 16) == len(cmdline) > 0, open('/tmp/cmdline', 'rb').read() == cmdline)
 "#;
     assert_prints(
         code,
         "1 True\n1 0 True 1 True\nTrue [0, 1, 2] /tmp/data\nTrue\n/tmp/data (deleted) kept\nclosed fd ENOENT\n\
          True ['[heap]', '[stack]']\n52 1 True\nTrue\nTrue\nTrue\nTrue\nTrue True\nTrue 1/1\nTrue True True False\n\
          /proc/self/status EACCES\n/proc/meminfo EACCES\n/proc/self/newfile EROFS\n['cmdline', 'comm', 'cwd', 'environ'] False False\nxy False\n\
-         ['link', 'sub'] ['moved'] made\n[]\n",
+         ['link', 'sub'] ['moved'] made\n[]\nTrue True\n",
     );
 }
 

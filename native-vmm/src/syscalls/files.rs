@@ -157,6 +157,12 @@ pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
 
 // ---- reading and writing ----
 
+/// The bytes of `data` from `pos` on, at most `max` of them (none from past its end).
+pub(super) fn bytes_at(data: &[u8], pos: u64, max: usize) -> &[u8] {
+    let start = pos.min(data.len() as u64) as usize;
+    &data[start..start + (data.len() - start).min(max)]
+}
+
 /// Reads up to `len` bytes from `fd` into guest memory at `buf`; `at` is pread's offset.
 fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>) -> SysResult {
     let desc = proc.fds.get(fd)?;
@@ -172,11 +178,9 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
             if at.is_some() {
                 return Err(Errno::ESPIPE);
             }
-            let data = &proc.config.stdin;
-            let start = (offset.min(data.len() as u64)) as usize;
-            let n = (data.len() - start).min(len as usize);
-            user.write(buf, &data[start..start + n])?;
-            n
+            let bytes = bytes_at(&proc.config.stdin, offset, len as usize);
+            user.write(buf, bytes)?;
+            bytes.len()
         }
         Object::PipeRead(pipe) | Object::Socket { rx: pipe, .. } => {
             if at.is_some() {
@@ -196,11 +200,9 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
                 Some(contents) => contents,
                 None => proc.config.vfs.contents(node)?,
             };
-            let pos = at.unwrap_or(offset);
-            let start = pos.min(data.len() as u64) as usize;
-            let n = (data.len() - start).min(len as usize);
-            user.write(buf, &data[start..start + n])?;
-            n
+            let bytes = bytes_at(data, at.unwrap_or(offset), len as usize);
+            user.write(buf, bytes)?;
+            bytes.len()
         }
         Object::EventFd { .. } => return super::eventfd::read(proc, user, fd, buf, len),
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
@@ -455,8 +457,11 @@ fn open_common(proc: &mut GuestProcess, user: &UserMemory, dirfd: u64, path: u64
     let node = with_view(proc, |vfs, view| vfs.open_in(view, base, &path, &opts))?;
     let status = (flags & STATUS_FLAGS) | O_LARGEFILE;
     let mut description = Description::new(Object::Node(node), status as u32);
-    // A /proc file's bytes are made once, at open, and read from the description.
-    description.contents = proc.config.vfs.proc_node(node).and_then(|p| procfs::render(proc, p)).map(Into::into);
+    // A /proc file's bytes are made once, at open, and read from the description (an O_PATH
+    // descriptor reads nothing).
+    if !path_only {
+        description.contents = proc.config.vfs.proc_node(node).and_then(|p| procfs::render(proc, p)).map(Into::into);
+    }
     match proc.fds.install(description, 0, flags & O_CLOEXEC != 0) {
         Ok(fd) => value(fd),
         Err(e) => {

@@ -94,11 +94,18 @@ fn transfer(proc: &mut GuestProcess, user: &UserMemory, src: Source, dst: Sink, 
     }
     let data = match &src {
         Source::File { fd, pos, .. } => {
-            let Object::Node(node) = proc.fds.get(*fd)?.object else { return Err(Errno::EBADF) };
-            let mut bytes = vec![0u8; max as usize];
-            let n = proc.config.vfs.read_at(node, *pos, &mut bytes)?;
-            bytes.truncate(n);
-            bytes
+            let desc = proc.fds.get(*fd)?;
+            let Object::Node(node) = desc.object else { return Err(Errno::EBADF) };
+            match &desc.contents {
+                // A /proc file: the bytes made when it was opened, as read() gives them.
+                Some(contents) => super::files::bytes_at(contents, *pos, max as usize).to_vec(),
+                None => {
+                    let mut bytes = vec![0u8; max as usize];
+                    let n = proc.config.vfs.read_at(node, *pos, &mut bytes)?;
+                    bytes.truncate(n);
+                    bytes
+                }
+            }
         }
         Source::Channel(pipe) => match proc.fds.pipe_mut(*pipe)?.read(max as usize) {
             Ok(bytes) => bytes,

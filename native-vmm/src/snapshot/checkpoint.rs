@@ -57,8 +57,8 @@
 //! Where the file system refuses O_DIRECT (ramfs; tmpfs on older kernels), the same calls go
 //! through the page cache (`bench sessions --dir` on a ramfs ran so).
 //!
-//! Durability (`Checkpoint::write_durably`): the file is written under a temporary name
-//! straight from the stopped VM's memory, the same bytes hashed, the hash appended, then
+//! Durability (`Checkpoint::write_durably`): the file's bytes are hashed, then written with the
+//! hash at its end under a temporary name straight from the stopped VM's memory, then
 //! fdatasync'ed, renamed to its final name and the directory fsync'ed, in that order, before
 //! the checkpoint is reported written. A crash at any instant leaves either no file under the
 //! final name (the temporary is removed at the next start) or the whole, synced file. A file
@@ -72,7 +72,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -329,30 +328,26 @@ impl<'m> Checkpoint<'m> {
     pub fn write_durably(&self, dir: &Path, name: &str) -> io::Result<Written> {
         let head = self.head();
         let raw = self.raw.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        // The packed region's last block ends with the hash, written once it is known.
+        // The packed region's last block ends with the hash, so the file is hashed before it is
+        // written, in one vectored write: a write with O_DIRECT returns once the disk has the
+        // bytes, so hashing after it (and writing the last block alone) waited on the disk twice.
         let (last, packed) = self.packed.blocks().split_last().ok_or_else(|| io::Error::other("a checkpoint without its closing block"))?;
+        let mut hasher = Sha256::new();
+        head.iter().for_each(|block| hasher.update(block.0));
+        raw.iter().for_each(|run| hasher.update(run));
+        packed.iter().for_each(|block| hasher.update(block.0));
+        hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
+        let hash = <[u8; 32]>::from(hasher.finalize());
+        let mut closing = *last;
+        closing.0[BLOCK - file::HASH_LEN..].copy_from_slice(&hash);
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{name}"));
         let written = (|| {
-            let CheckpointFile { file: out, direct } = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
+            let CheckpointFile { file: out, .. } = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
             fn block(block: &Block) -> IoSlice<'_> {
                 IoSlice::new(&block.0)
             }
-            let mut slices: Vec<IoSlice<'_>> = head.iter().map(block).chain(raw.iter().map(|run| IoSlice::new(run))).chain(packed.iter().map(block)).collect();
+            let mut slices: Vec<IoSlice<'_>> = head.iter().map(block).chain(raw.iter().map(|run| IoSlice::new(run))).chain(packed.iter().chain([&closing]).map(block)).collect();
             write_all_vectored(&out, &mut slices)?;
-            // Where the write went to the page cache (no O_DIRECT), the disk takes the pages
-            // while they are hashed; an O_DIRECT write is on its way already.
-            if !direct {
-                crate::sys::start_writeback(out.as_raw_fd())?;
-            }
-            let mut hasher = Sha256::new();
-            head.iter().for_each(|block| hasher.update(block.0));
-            raw.iter().for_each(|run| hasher.update(run));
-            packed.iter().for_each(|block| hasher.update(block.0));
-            hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
-            let hash = <[u8; 32]>::from(hasher.finalize());
-            let mut closing = *last;
-            closing.0[BLOCK - file::HASH_LEN..].copy_from_slice(&hash);
-            (&out).write_all(&closing.0)?;
             out.sync_data()?;
             fs::rename(&temporary, dir.join(name))?;
             File::open(dir)?.sync_all()?;

@@ -304,14 +304,6 @@ pub fn shutdown_read(fd: c_int) -> io::Result<()> {
     check(unsafe { libc::shutdown(fd, libc::SHUT_RD) }).map(drop)
 }
 
-/// sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE): starts the writeback of every dirty page
-/// of the file without waiting for it (a later fdatasync then waits for less); no durability
-/// on its own.
-pub fn start_writeback(fd: c_int) -> io::Result<()> {
-    // SAFETY: sync_file_range takes integers only.
-    check(unsafe { libc::sync_file_range(fd, 0, 0, libc::SYNC_FILE_RANGE_WRITE) }).map(drop)
-}
-
 /// preadv(fd, slices, offset): reads the file from `offset` into the slices in order; returns
 /// how many bytes it read (fewer at the end of the file).
 pub fn preadv(fd: c_int, slices: &mut [std::io::IoSliceMut<'_>], offset: u64) -> io::Result<usize> {

@@ -57,8 +57,8 @@
 //! Where the file system refuses O_DIRECT (ramfs; tmpfs on older kernels), the same calls go
 //! through the page cache (`bench sessions --dir` on a ramfs ran so).
 //!
-//! Durability (`Checkpoint::write_durably`): the file is written under a temporary name
-//! straight from the stopped VM's memory, the same bytes hashed, the hash appended, then
+//! Durability (`Checkpoint::write_durably`): the file's bytes are hashed, then written with the
+//! hash at its end under a temporary name straight from the stopped VM's memory, then
 //! fdatasync'ed, renamed to its final name and the directory fsync'ed, in that order, before
 //! the checkpoint is reported written. A crash at any instant leaves either no file under the
 //! final name (the temporary is removed at the next start) or the whole, synced file. A file
@@ -70,10 +70,8 @@
 //! grew; 4: every page stored whole): `open` refuses them as a version mismatch, which a session
 //! reports as a checkpoint that does not verify.
 
-use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -125,51 +123,79 @@ type ChunkPrints = [u64; PAGE_SIZE as usize / sparse::CHUNK_BYTES];
 /// bytes, and which of their chunks (`changed`). xxh3 rather than SHA-256 because it runs at
 /// memory speed (SHA-256 at ~1.5 GB/s would cost more than the pages it saves writing); the
 /// file's SHA-256 still covers every byte it stores. Pages it has no fingerprints of (after a
-/// restore) count as changed whole. They take 1/8 of the recorded pages' size in memory.
+/// restore) count as changed whole. They take 1/8 of the recorded pages' size in memory, and 4
+/// bytes per guest page up to the highest recorded one for the index (a hash map's probes were
+/// cache misses on entries of 520 bytes, ~15% of the time this takes).
 pub struct PageFingerprints {
     seed: u64,
-    by_page: HashMap<u64, ChunkPrints>,
+    /// The print of a chunk of zeros, most chunks of a fresh buffer's pages: not hashed each time.
+    zero: u64,
+    /// Per guest page, its record's index in `prints` plus one (0: none).
+    slots: Vec<u32>,
+    prints: Vec<ChunkPrints>,
 }
 
-/// Written pages whose bytes differ from what was recorded: all of them, and the chunks that
-/// differ in those that had a record.
+/// Written pages whose bytes differ from what was recorded, and per page what `capture` stores
+/// it by (found while fingerprinting it: not scanned a second time).
 #[derive(Default)]
 pub struct Changed {
     pub pages: PageSet,
-    pub chunks: HashMap<u64, u64>,
+    /// One per page of `pages`, in order.
+    pub masks: Vec<ChunkMasks>,
+}
+
+/// A page's chunks that hold a non-zero byte (`sparse::chunk_mask`), and those that differ from
+/// what was recorded of it (None: no record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkMasks {
+    pub nonzero: u64,
+    pub changed: Option<u64>,
 }
 
 impl PageFingerprints {
     pub fn new() -> io::Result<PageFingerprints> {
         let mut seed = [0u8; 8];
         crate::sys::fill_random(&mut seed)?;
-        Ok(PageFingerprints { seed: u64::from_le_bytes(seed), by_page: HashMap::new() })
+        let seed = u64::from_le_bytes(seed);
+        let zero = xxhash_rust::xxh3::xxh3_64_with_seed(&[0; sparse::CHUNK_BYTES], seed);
+        Ok(PageFingerprints { seed, zero, slots: Vec::new(), prints: Vec::new() })
     }
 
-    fn of(&self, mem: &GuestMemory, page: u64) -> io::Result<ChunkPrints> {
+    /// The page's fingerprints and its non-zero chunks.
+    fn of(&self, mem: &GuestMemory, page: u64) -> io::Result<(ChunkPrints, u64)> {
         let bytes = mem.range_bytes(page * PAGE_SIZE, PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let mut prints = [0; PAGE_SIZE as usize / sparse::CHUNK_BYTES];
-        for (print, chunk) in prints.iter_mut().zip(bytes.chunks_exact(sparse::CHUNK_BYTES)) {
-            *print = xxhash_rust::xxh3::xxh3_64_with_seed(chunk, self.seed);
+        let nonzero = sparse::chunk_mask(bytes);
+        let mut prints = [self.zero; PAGE_SIZE as usize / sparse::CHUNK_BYTES];
+        for (i, (print, chunk)) in prints.iter_mut().zip(bytes.chunks_exact(sparse::CHUNK_BYTES)).enumerate() {
+            if nonzero >> i & 1 == 1 {
+                *print = xxhash_rust::xxh3::xxh3_64_with_seed(chunk, self.seed);
+            }
         }
-        Ok(prints)
+        Ok((prints, nonzero))
+    }
+
+    /// What was recorded of `page`, if anything.
+    fn recorded(&self, page: u64) -> Option<&ChunkPrints> {
+        match self.slots.get(page as usize) {
+            Some(&slot) if slot > 0 => Some(&self.prints[slot as usize - 1]),
+            _ => None,
+        }
     }
 
     /// Of the pages `written`, those whose bytes differ from what was recorded, and the
     /// fingerprints to `record` once a checkpoint holding them is durable.
     pub fn changed(&self, mem: &GuestMemory, written: &PageSet) -> io::Result<(Changed, Vec<(u64, ChunkPrints)>)> {
-        let mut changed = Changed { pages: PageSet::with_capacity(written.len()), chunks: HashMap::new() };
-        let mut fresh = Vec::new();
+        let count = written.count_ones(..);
+        let mut changed = Changed { pages: PageSet::with_capacity(written.len()), masks: Vec::with_capacity(count) };
+        let mut fresh = Vec::with_capacity(count);
         for page in written.ones() {
-            let prints = self.of(mem, page as u64)?;
-            if let Some(old) = self.by_page.get(&(page as u64)) {
-                let chunks = old.iter().zip(&prints).enumerate().fold(0u64, |mask, (i, (was, is))| mask | (u64::from(was != is) << i));
-                if chunks == 0 {
-                    continue;
-                }
-                changed.chunks.insert(page as u64, chunks);
+            let (prints, nonzero) = self.of(mem, page as u64)?;
+            let chunks = self.recorded(page as u64).map(|old| old.iter().zip(&prints).enumerate().fold(0u64, |mask, (i, (was, is))| mask | (u64::from(was != is) << i)));
+            if chunks == Some(0) {
+                continue;
             }
             changed.pages.insert(page);
+            changed.masks.push(ChunkMasks { nonzero, changed: chunks });
             fresh.push((page as u64, prints));
         }
         Ok((changed, fresh))
@@ -177,15 +203,28 @@ impl PageFingerprints {
 
     /// The fingerprints of every page in `ranges` (what a full checkpoint stores).
     pub fn of_ranges(&self, mem: &GuestMemory, ranges: &[(u64, u64)]) -> io::Result<Vec<(u64, ChunkPrints)>> {
-        ranges.iter().flat_map(|&(start, end)| (start / PAGE_SIZE..end / PAGE_SIZE).map(|page| self.of(mem, page).map(|f| (page, f)))).collect()
+        ranges.iter().flat_map(|&(start, end)| (start / PAGE_SIZE..end / PAGE_SIZE).map(|page| self.of(mem, page).map(|(prints, _)| (page, prints)))).collect()
     }
 
     /// Takes `fresh` as what a durable checkpoint recorded (after a full one: all there is).
     pub fn record(&mut self, full: bool, fresh: Vec<(u64, ChunkPrints)>) {
         if full {
-            self.by_page.clear();
+            self.slots.clear();
+            self.prints.clear();
         }
-        self.by_page.extend(fresh);
+        for (page, prints) in fresh {
+            let page = page as usize;
+            if page >= self.slots.len() {
+                self.slots.resize(page + 1, 0);
+            }
+            match self.slots[page] {
+                0 => {
+                    self.prints.push(prints);
+                    self.slots[page] = u32::try_from(self.prints.len()).expect("fewer records than 2^32 pages");
+                }
+                slot => self.prints[slot as usize - 1] = prints,
+            }
+        }
     }
 }
 
@@ -219,12 +258,13 @@ pub struct Written {
 
 impl<'m> Checkpoint<'m> {
     /// Records a VM of `template` stopped at a ready point in `call`: its copy-on-write memory
-    /// `mem` (`pages` of it), its vCPU and its process (which must have no output or pending
-    /// request). The VM must stay stopped until the checkpoint is written.
+    /// `mem` (`pages` of it; `Pages::Since`'s masks found on this stopped VM), its vCPU and its
+    /// process (which must have no output or pending request). The VM must stay stopped until
+    /// the checkpoint is written.
     pub fn capture(template: &Template, mem: &'m GuestMemory, cpu: &mut dyn GuestCpu, process: &GuestProcess, call: [u64; 6], pages: Pages<'_>) -> io::Result<Checkpoint<'m>> {
-        let (ranges, parent, changed_chunks) = match pages {
+        let (ranges, parent, mut known_masks) = match pages {
             Pages::Full => (mem.copied_ranges()?.ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are checkpointed"))?, None, None),
-            Pages::Since { parent, changed } => (page_ranges(&changed.pages), Some(parent), Some(&changed.chunks)),
+            Pages::Since { parent, changed } => (page_ranges(&changed.pages), Some(parent), Some(changed.masks.iter())),
         };
         let cpu_state = cpu.snapshot()?;
         let mut e = Encoder::new();
@@ -256,8 +296,11 @@ impl<'m> Checkpoint<'m> {
         for &(start, end) in &ranges {
             for addr in (start..end).step_by(PAGE_SIZE as usize) {
                 let page = mem.range_bytes(addr, PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                let changed = changed_chunks.and_then(|chunks| chunks.get(&(addr / PAGE_SIZE)).copied());
-                let (kind, mask) = PageKind::choose(sparse::chunk_mask(page), changed);
+                let masks = match known_masks.as_mut() {
+                    Some(masks) => *masks.next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "fewer chunk masks than changed pages"))?,
+                    None => ChunkMasks { nonzero: sparse::chunk_mask(page), changed: None },
+                };
+                let (kind, mask) = PageKind::choose(masks.nonzero, masks.changed);
                 match kind {
                     PageKind::Zero => {}
                     PageKind::Sparse | PageKind::Delta => sparse::pack(page, mask, &mut packed),
@@ -285,30 +328,26 @@ impl<'m> Checkpoint<'m> {
     pub fn write_durably(&self, dir: &Path, name: &str) -> io::Result<Written> {
         let head = self.head();
         let raw = self.raw.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        // The packed region's last block ends with the hash, written once it is known.
+        // The packed region's last block ends with the hash, so the file is hashed before it is
+        // written, in one vectored write: a write with O_DIRECT returns once the disk has the
+        // bytes, so hashing after it (and writing the last block alone) waited on the disk twice.
         let (last, packed) = self.packed.blocks().split_last().ok_or_else(|| io::Error::other("a checkpoint without its closing block"))?;
+        let mut hasher = Sha256::new();
+        head.iter().for_each(|block| hasher.update(block.0));
+        raw.iter().for_each(|run| hasher.update(run));
+        packed.iter().for_each(|block| hasher.update(block.0));
+        hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
+        let hash = <[u8; 32]>::from(hasher.finalize());
+        let mut closing = *last;
+        closing.0[BLOCK - file::HASH_LEN..].copy_from_slice(&hash);
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{name}"));
         let written = (|| {
-            let CheckpointFile { file: out, direct } = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
+            let CheckpointFile { file: out, .. } = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
             fn block(block: &Block) -> IoSlice<'_> {
                 IoSlice::new(&block.0)
             }
-            let mut slices: Vec<IoSlice<'_>> = head.iter().map(block).chain(raw.iter().map(|run| IoSlice::new(run))).chain(packed.iter().map(block)).collect();
+            let mut slices: Vec<IoSlice<'_>> = head.iter().map(block).chain(raw.iter().map(|run| IoSlice::new(run))).chain(packed.iter().chain([&closing]).map(block)).collect();
             write_all_vectored(&out, &mut slices)?;
-            // Where the write went to the page cache (no O_DIRECT), the disk takes the pages
-            // while they are hashed; an O_DIRECT write is on its way already.
-            if !direct {
-                crate::sys::start_writeback(out.as_raw_fd())?;
-            }
-            let mut hasher = Sha256::new();
-            head.iter().for_each(|block| hasher.update(block.0));
-            raw.iter().for_each(|run| hasher.update(run));
-            packed.iter().for_each(|block| hasher.update(block.0));
-            hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
-            let hash = <[u8; 32]>::from(hasher.finalize());
-            let mut closing = *last;
-            closing.0[BLOCK - file::HASH_LEN..].copy_from_slice(&hash);
-            (&out).write_all(&closing.0)?;
             out.sync_data()?;
             fs::rename(&temporary, dir.join(name))?;
             File::open(dir)?.sync_all()?;
@@ -691,18 +730,18 @@ mod tests {
         written.insert_range(1..4);
         let (changed, fresh) = fingerprints.changed(&mem, &written).unwrap();
         assert_eq!(changed.pages.ones().collect::<Vec<_>>(), vec![1, 2, 3], "nothing recorded yet");
-        assert!(changed.chunks.is_empty(), "no page had a record: none is a delta");
+        assert!(changed.masks.iter().all(|masks| masks.changed.is_none()), "no page had a record: none is a delta");
         fingerprints.record(true, fresh);
         mem.write_u64(0x2000, 7).unwrap();
         mem.write_u64(0x2000 + 130, 7).unwrap();
         mem.write_u64(0x3000, 0).unwrap();
         let (changed, fresh) = fingerprints.changed(&mem, &written).unwrap();
         assert_eq!((changed.pages.ones().collect::<Vec<_>>(), fresh.len()), (vec![2], 1), "page 3 holds its bytes again, page 1 was not touched");
-        assert_eq!(changed.chunks, HashMap::from([(2, 0b101)]), "chunks 0 and 2 (bytes 130..138) of page 2 changed");
+        assert_eq!(changed.masks, vec![ChunkMasks { nonzero: 0b101, changed: Some(0b101) }], "chunks 0 and 2 (bytes 130..138) of page 2 changed, and are its only non-zero ones");
         fingerprints.record(false, fresh);
         mem.write_u64(0x2000, 0).unwrap();
         let (changed, _) = fingerprints.changed(&mem, &written).unwrap();
-        assert_eq!((changed.pages.ones().collect::<Vec<_>>(), changed.chunks), (vec![2], HashMap::from([(2, 0b1)])), "back to what an older checkpoint held is still a change");
+        assert_eq!((changed.pages.ones().collect::<Vec<_>>(), changed.masks), (vec![2], vec![ChunkMasks { nonzero: 0b100, changed: Some(0b1) }]), "back to what an older checkpoint held is still a change");
         assert_eq!(fingerprints.of_ranges(&mem, &[(0x1000, 0x3000)]).unwrap().len(), 2);
     }
 }

@@ -90,7 +90,7 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
       socketPath: join(dir, "vmm.sock"),
       templatesDir: join(dir, "templates"),
       databaseUrl: fresh?.url,
-      env: { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale) },
+      env: { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) },
       startTimeoutMs: 120_000 * timeScale,
     });
 

@@ -30,7 +30,7 @@ import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
-import { testNodeFlags, timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, testNodeFlags, timeScale } from "./testing/kvm-tier.js";
 
 
 const CREDITS = 100_000;
@@ -43,7 +43,7 @@ let gatewayUrl: string;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-agents-"));
-  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) };
+  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, () => {});
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;

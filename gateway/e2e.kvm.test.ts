@@ -21,7 +21,7 @@ import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
-import { timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
 
 
 const CREDITS = 100_000;
@@ -37,7 +37,7 @@ beforeAll(async () => {
     await mkdir(join(dir, "templates"), { recursive: true });
     await symlink(prebuiltNode, join(dir, "templates", "node"));
   }
-  const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) };
+  const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, (line) => log.push(line));
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;

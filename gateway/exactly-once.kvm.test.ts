@@ -24,7 +24,7 @@ import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh
 import { accounts, executions, usageLedger } from "../db/schema.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { type GatewayProcess, issueKey, startGatewayProcess } from "./testing/gateway-process.js";
-import { timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
 
 
 const GRANT = 10_000_000;
@@ -90,7 +90,7 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
       socketPath: join(dir, "vmm.sock"),
       templatesDir: join(dir, "templates"),
       databaseUrl: fresh?.url,
-      env: { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) },
+      env: { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv },
       startTimeoutMs: 120_000 * timeScale,
     });
 

@@ -15,7 +15,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { type GatewayProcess, issueKey, startGatewayProcess } from "./testing/gateway-process.js";
-import { timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
 
 /**
  * The kill comes once the loop has had checkpoints acknowledged (at least this long and this
@@ -44,7 +44,7 @@ describe("a session's acknowledged checkpoints under SIGKILL of the gateway and 
       dataDir: join(dir, "data"),
       socketPath: join(dir, "vmm.sock"),
       templatesDir: join(dir, "templates"),
-      env: { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) },
+      env: { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv },
       startTimeoutMs: 120_000 * timeScale,
     });
 

@@ -15,7 +15,7 @@ import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
-import { timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
 
 
 const CREDITS = 1_000_000;
@@ -35,7 +35,7 @@ interface Session {
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-sessions-"));
-  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) };
+  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", ...scaledDaemonReadyEnv };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, () => {});
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;

@@ -15,3 +15,9 @@ if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK
  * software CPU doubles the time a PGlite database takes to open (~75 s against ~32 s).
  */
 export const testNodeFlags = (process.env.SANDFORK_TEST_NODE_FLAGS ?? "").split(/\s+/).filter((flag) => flag !== "");
+
+/**
+ * The daemon's ready timeout for a gateway a KVM test starts (SANDFORK_VMM_READY_TIMEOUT_MS):
+ * the default 15 s, scaled with the path, since loading its templates runs guests.
+ */
+export const scaledDaemonReadyEnv = { SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) };

@@ -13,26 +13,11 @@ import {
   settleAll,
 } from "./billing.js";
 import { openDatabase } from "./client.js";
-import { createAccount, getBalance, grantCredits, insertKey, revokeKey } from "./keys.js";
+import { getBalance, revokeKey } from "./keys.js";
+import { accountWithKey } from "./testing/accounts.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";
 
-const limits = { rateLimitPerMinute: 60, maxConcurrency: 4, maxBodyBytes: 1024 };
-
-async function accountWithKey(fresh: FreshDatabase, credits: number) {
-  const accountId = await createAccount(fresh.db, "test");
-  if (credits > 0) await grantCredits(fresh.db, accountId, credits);
-  const key = await insertKey(fresh.db, {
-    accountId,
-    name: "k",
-    hash: randomUUID(),
-    hint: "sfk_…test",
-    scopes: ["execute"],
-    expiresAt: null,
-    limits,
-  });
-  return { accountId, keyId: key.id };
-}
 
 const settlement = (chargedUnits: number) => ({
   status: "completed" as const,
@@ -65,7 +50,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("reserves, settles at the actual cost and records usage once", async () => {
-    const ids = await accountWithKey(fresh, 100);
+    const ids = await accountWithKey(fresh.db, 100);
     const r = reservation(ids, 30);
     expect(await reserve(fresh.db, r)).toEqual({ kind: "reserved" });
     const id = r.executionId;
@@ -86,7 +71,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("never charges more than was reserved", async () => {
-    const ids = await accountWithKey(fresh, 10);
+    const ids = await accountWithKey(fresh.db, 10);
     const r = reservation(ids, 5);
     expect(await reserve(fresh.db, r)).toEqual({ kind: "reserved" });
     const settled = await settle(fresh.db, r.executionId, settlement(9));
@@ -95,13 +80,13 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("refuses a reservation the balance cannot cover", async () => {
-    const ids = await accountWithKey(fresh, 3);
+    const ids = await accountWithKey(fresh.db, 3);
     expect(await reserve(fresh.db, reservation(ids, 4))).toEqual({ kind: "insufficient-credits", availableUnits: 3 });
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 3, reservedUnits: 0 });
   });
 
   it("turns a repeated Idempotency-Key into a duplicate without holding credits", async () => {
-    const ids = await accountWithKey(fresh, 10);
+    const ids = await accountWithKey(fresh.db, 10);
     const first = reservation(ids, 2, "idem-1");
     expect(await reserve(fresh.db, first)).toEqual({ kind: "reserved" });
     const second = await reserve(fresh.db, reservation(ids, 2, "idem-1"));
@@ -110,7 +95,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("release frees the hold, charges nothing and frees the Idempotency-Key", async () => {
-    const ids = await accountWithKey(fresh, 10);
+    const ids = await accountWithKey(fresh.db, 10);
     const r = reservation(ids, 4, "idem-release");
     expect(await reserve(fresh.db, r)).toEqual({ kind: "reserved" });
     expect(await release(fresh.db, r.executionId)).toBe(true);
@@ -121,14 +106,14 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("refuses to reserve for a revoked key", async () => {
-    const ids = await accountWithKey(fresh, 10);
+    const ids = await accountWithKey(fresh.db, 10);
     await revokeKey(fresh.db, ids.keyId);
     expect(await reserve(fresh.db, reservation(ids, 1))).toEqual({ kind: "key-revoked" });
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 0 });
   });
 
   it("names a revoked key rather than the missing credits when both refuse the hold", async () => {
-    const ids = await accountWithKey(fresh, 0);
+    const ids = await accountWithKey(fresh.db, 0);
     await revokeKey(fresh.db, ids.keyId);
     const r = reservation(ids, 1);
     expect(await reserve(fresh.db, r)).toEqual({ kind: "key-revoked" });
@@ -136,7 +121,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("the recovery pass releases the holds of gone gateways and of executions past any deadline, and keeps the live ones", async () => {
-    const ids = await accountWithKey(fresh, 10);
+    const ids = await accountWithKey(fresh.db, 10);
     const live = reservation(ids, 3);
     const gone = { ...reservation(ids, 4), gatewayId: "gateway-gone" };
     expect(await reserve(fresh.db, live)).toEqual({ kind: "reserved" });
@@ -153,9 +138,9 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("a batch's reservations come out as reserving each alone would: sums per account, revoked keys, refusals", async () => {
-    const a = await accountWithKey(fresh, 10);
-    const b = await accountWithKey(fresh, 2);
-    const revoked = await accountWithKey(fresh, 10);
+    const a = await accountWithKey(fresh.db, 10);
+    const b = await accountWithKey(fresh.db, 2);
+    const revoked = await accountWithKey(fresh.db, 10);
     await revokeKey(fresh.db, revoked.keyId);
     // A's batch sums to 13 of its 10: each of A's is then decided alone, in order.
     const batch = [reservation(a, 4), reservation(b, 1), reservation(a, 4), reservation(a, 4), reservation(revoked, 1), reservation(a, 1), reservation(b, 1)];
@@ -175,7 +160,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("a repeated Idempotency-Key in a batch (of an earlier request or within the batch) is a duplicate, holding nothing", async () => {
-    const ids = await accountWithKey(fresh, 10);
+    const ids = await accountWithKey(fresh.db, 10);
     const earlier = reservation(ids, 1, "idem-batch-1");
     expect(await reserve(fresh.db, earlier)).toEqual({ kind: "reserved" });
     const batch = [reservation(ids, 1, "idem-batch-1"), reservation(ids, 1, "idem-batch-2"), reservation(ids, 1, "idem-batch-2")];
@@ -188,7 +173,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("settles a batch in one statement; a batch whose statement fails bills none of it", async () => {
-    const ids = await accountWithKey(fresh, 100);
+    const ids = await accountWithKey(fresh.db, 100);
     const rs = [reservation(ids, 10), reservation(ids, 10), reservation(ids, 10)];
     expect(await reserveAll(fresh.db, rs)).toEqual(rs.map(() => ({ kind: "reserved" })));
     // A NUL byte is not valid text in PostgreSQL: the whole statement fails.
@@ -211,7 +196,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
   });
 
   it("a settlement the database refuses frees its execution's hold at once, charging nothing", async () => {
-    const ids = await accountWithKey(fresh, 100);
+    const ids = await accountWithKey(fresh.db, 100);
     const batches = new BillingBatches(fresh.db);
     const r = reservation(ids, 10);
     expect(await batches.reserve(r)).toEqual({ kind: "reserved" });
@@ -263,7 +248,7 @@ describe("concurrent reservations on one key against a PostgreSQL server", () =>
     }));
 
   it("100 concurrent reservations with a balance for 60: exactly 60 succeed and settle, 40 are refused", async () => {
-    const ids = await accountWithKey(fresh, 60);
+    const ids = await accountWithKey(fresh.db, 60);
     const requests = oneUnitEach(ids, 100);
     const outcomes = await Promise.all(requests.map((r) => reserve(fresh.db, r)));
     const reserved = requests.filter((_, i) => outcomes[i]?.kind === "reserved");
@@ -279,7 +264,7 @@ describe("concurrent reservations on one key against a PostgreSQL server", () =>
   });
 
   it("two gateways (their own connections and batches) on one account never overspend it", async () => {
-    const ids = await accountWithKey(fresh, 60);
+    const ids = await accountWithKey(fresh.db, 60);
     const other = await openDatabase({ backend: "postgres", url: fresh.url as string, maxConnections: 10 });
     try {
       const gateways = [new BillingBatches(fresh.db), new BillingBatches(other.db)];

@@ -17,6 +17,7 @@
 //   settle is a no-op), spends the actual cost, frees the hold and writes the single usage ledger
 //   entry. It commits before the gateway answers.
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
+// Executions that need no record before they end take the cheaper path of db/leases.ts instead.
 import { and, eq, lt, notInArray, or, sql } from "drizzle-orm";
 import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
@@ -76,11 +77,18 @@ function toRecord(row: ExecutionRow): ExecutionRecord {
  * settlement itself does not say (its outcome and output come from the caller, not back through
  * the database). Timestamps as epoch milliseconds.
  */
-const SETTLED_COLUMNS = `settled.id::text, settled.account_id::text, settled.key_id::text, settled.token_id, settled.idempotency_key,
+export const SETTLED_COLUMNS = `settled.id::text, settled.account_id::text, settled.key_id::text, settled.token_id, settled.idempotency_key,
   settled.request_hash, settled.template, settled.gateway_id, settled.reserved_units::text, settled.charged_units::text,
   (extract(epoch FROM settled.created_at) * 1000)::text AS created_at, (extract(epoch FROM settled.finished_at) * 1000)::text AS finished_at`;
 
-function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
+/** The end of a settling statement: the usage row of each record in `settled`, and the records' SETTLED_COLUMNS. */
+export const USAGE_OF_SETTLED = `ledger AS (
+    INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
+    SELECT settled.account_id, settled.key_id, settled.id, 'usage', settled.template, settled.charged_units FROM settled
+  )
+  SELECT ${SETTLED_COLUMNS} FROM settled`;
+
+export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
   return {
     id: row.id as string,
     accountId: row.account_id as string,
@@ -284,8 +292,13 @@ function settleStatement(items: SettlementOf[]): [PreparedStatement, (string | n
     const exitCode = s.exitCode === null ? null : String(s.exitCode);
     return [SETTLE_ONE, [executionId, s.status, exitCode, s.stdout, s.stderr, String(s.truncated), JSON.stringify(s.timings), String(s.chargedUnits)]];
   }
-  const batch = items.map(({ executionId, settlement: s }) => ({
-    id: executionId,
+  const batch = items.map(({ executionId, settlement }) => ({ id: executionId, ...settlementJson(settlement) }));
+  return [SETTLE_BATCH, [JSON.stringify(batch)]];
+}
+
+/** A settlement as the batch functions (sandfork_settle, sandfork_record) take it, one JSON object's fields. */
+export function settlementJson(s: Settlement) {
+  return {
     status: s.status,
     exit_code: s.exitCode,
     stdout: s.stdout,
@@ -293,8 +306,7 @@ function settleStatement(items: SettlementOf[]): [PreparedStatement, (string | n
     truncated: s.truncated,
     timings: s.timings,
     charged_units: s.chargedUnits,
-  }));
-  return [SETTLE_BATCH, [JSON.stringify(batch)]];
+  };
 }
 
 const SETTLE_ONE: PreparedStatement = {
@@ -307,11 +319,7 @@ const SETTLE_ONE: PreparedStatement = {
   ), paid AS (
     UPDATE accounts SET reserved_units = accounts.reserved_units - settled.reserved_units, balance_units = accounts.balance_units - settled.charged_units
     FROM settled WHERE accounts.id = settled.account_id
-  ), ledger AS (
-    INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
-    SELECT settled.account_id, settled.key_id, settled.id, 'usage', settled.template, settled.charged_units FROM settled
-  )
-  SELECT ${SETTLED_COLUMNS} FROM settled`,
+  ), ${USAGE_OF_SETTLED}`,
 };
 
 const SETTLE_BATCH: PreparedStatement = { name: "sandfork_settle", text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_settle($1::jsonb) AS settled` };
@@ -326,12 +334,22 @@ export class BillingBatches {
   private readonly reservations: GroupCommit<Reservation, ReserveOutcome>;
   private readonly settlements: GroupCommit<SettlementOf, ExecutionRecord>;
 
-  constructor(private readonly db: Database) {
+  /**
+   * `freeUp(accountId)` gives back credits of the account that this gateway holds idle (its
+   * credit lease, gateway/credit-leases.ts) and says whether there were any: a reservation that
+   * found the account short is then tried once more.
+   */
+  constructor(
+    private readonly db: Database,
+    private readonly freeUp: (accountId: string) => Promise<boolean> = async () => false,
+  ) {
     this.reservations = new GroupCommit((rs) => reserveAll(db, rs));
     this.settlements = new GroupCommit((items) => settleAll(db, items));
   }
 
-  reserve(r: Reservation): Promise<ReserveOutcome> {
+  async reserve(r: Reservation): Promise<ReserveOutcome> {
+    const outcome = await this.reservations.submit(r);
+    if (outcome.kind !== "insufficient-credits" || !(await this.freeUp(r.accountId))) return outcome;
     return this.reservations.submit(r);
   }
 

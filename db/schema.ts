@@ -11,6 +11,7 @@ import {
   jsonb,
   numeric,
   pgTable,
+  primaryKey,
   text,
   timestamp,
   uniqueIndex,
@@ -24,7 +25,7 @@ export const accounts = pgTable(
     name: text("name").notNull(),
     // Credits granted and not yet spent. Reserved credits are part of the balance until settled.
     balanceUnits: bigint("balance_units", { mode: "number" }).notNull().default(0),
-    // Credits held by executions in flight (reserve, then settle).
+    // Credits held by executions in flight (reserve, then settle) and by gateways' credit leases.
     reservedUnits: bigint("reserved_units", { mode: "number" }).notNull().default(0),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
@@ -100,6 +101,24 @@ export const executions = pgTable(
     uniqueIndex("executions_key_idempotency_unique").on(t.keyId, t.idempotencyKey),
     index("executions_account_created_idx").on(t.accountId, t.createdAt),
   ],
+);
+
+// A gateway's credit lease on an account (gateway/credit-leases.ts): credits it took from the
+// account's available balance in one statement and holds executions against in memory. They are
+// part of the account's reserved units until spent (each execution's charge leaves both) or given
+// back; a dead gateway's leases are given back by the next start's recovery pass.
+export const creditLeases = pgTable(
+  "credit_leases",
+  {
+    gatewayId: text("gateway_id").notNull(),
+    accountId: uuid("account_id")
+      .notNull()
+      .references(() => accounts.id),
+    // Held and not yet spent or given back.
+    units: bigint("units", { mode: "number" }).notNull(),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.gatewayId, t.accountId] }), check("credit_leases_units_non_negative", sql`${t.units} >= 0`)],
 );
 
 // Stateful sessions (gateway/session-service.ts): a VM of the daemon's kept between requests.
@@ -178,4 +197,4 @@ export const usageLedger = pgTable(
   ],
 );
 
-export const schema = { accounts, apiKeys, executions, sessions, usageLedger };
+export const schema = { accounts, apiKeys, executions, creditLeases, sessions, usageLedger };

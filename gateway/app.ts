@@ -9,6 +9,7 @@ import { Authenticator } from "./auth/authenticator.js";
 import type { TokenService } from "./auth/tokens.js";
 import type { GatewayConfig } from "./config.js";
 import type { AppEnv, GatewayContext } from "./context.js";
+import { CreditLeases } from "./credit-leases.js";
 import { registerDocs } from "./docs.js";
 import { ExecutionService } from "./execution-service.js";
 import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits.js";
@@ -43,6 +44,12 @@ export interface Gateway {
   context: GatewayContext;
 }
 
+// A credit lease grows by this many holds of the execution that found it short: at concurrency
+// 16 a lease outlasts many batches. Kept for a second after nothing holds it, so back-to-back
+// executions do not take and give back credits each time.
+const HOLDS_PER_LEASE = 32;
+const LEASE_LINGER_MS = 1_000;
+
 const VALIDATION_TARGETS: Record<string, string> = {
   json: "request body",
   query: "query string",
@@ -58,6 +65,13 @@ export function createGateway(deps: GatewayDeps): Gateway {
   const gatewayId = deps.gatewayId ?? crypto.randomUUID();
   // Executions and session cells share each key's concurrency limit.
   const concurrency = new ConcurrencyLimiter();
+  const leases = new CreditLeases({
+    db: deps.db,
+    gatewayId,
+    holdsPerLease: HOLDS_PER_LEASE,
+    lingerMs: LEASE_LINGER_MS,
+    keyCheckMs: deps.config.keyCacheTtlMs,
+  });
   const context: GatewayContext = {
     db: deps.db,
     config: deps.config,
@@ -66,9 +80,11 @@ export function createGateway(deps: GatewayDeps): Gateway {
     runtime: deps.runtime,
     authenticator: new Authenticator(deps.db, deps.tokens, deps.config.keyCacheTtlMs, now),
     rateLimiter: new RateLimiter(now),
+    leases,
     executions: new ExecutionService({
       db: deps.db,
       gatewayId,
+      leases,
       runtime: deps.runtime,
       pricing: deps.config.pricing,
       limits: deps.config.executionLimits,
@@ -85,6 +101,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
       settings: deps.config.sessions,
       limits: deps.config.executionLimits,
       concurrency,
+      leases,
       now,
     }),
   };

@@ -5,6 +5,7 @@ import type { Authenticator } from "./auth/authenticator.js";
 import type { Principal } from "./auth/principal.js";
 import type { TokenService } from "./auth/tokens.js";
 import type { GatewayConfig } from "./config.js";
+import type { CreditLeases } from "./credit-leases.js";
 import type { ExecutionService } from "./execution-service.js";
 import type { RateLimiter } from "./limits.js";
 import type { SessionService } from "./session-service.js";
@@ -24,6 +25,7 @@ export interface GatewayContext {
   authenticator: Authenticator;
   tokens: TokenService;
   rateLimiter: RateLimiter;
+  leases: CreditLeases;
   executions: ExecutionService;
   sessions: SessionService;
   runtime: () => ExecutionRuntime | undefined;

@@ -3,11 +3,14 @@
 // executions at 8 concurrent, and in the middle of it
 //   - the gateway is killed with SIGKILL and started again on the same database, or
 //   - the daemon is killed with SIGKILL (its supervisor restarts it).
+// Half the requests carry an Idempotency-Key (reserved in the database before they run), half do
+// not (held of the gateway's credit lease in memory, recorded once they end: db/leases.ts).
 // Then the books are reconciled: every execution answered 200 is billed exactly once (its record
 // settled at the answered charge, one usage row), nothing is billed twice, no hold is left (the
-// killed gateway's are released by the recovery pass of the next start: gateway/server.ts), the
-// balance is the grant minus the settled usage, and a retry of every request that got no answer
-// or a retryable error, with its Idempotency-Key, gets 200 without a second charge.
+// killed gateway's reservations and credit leases are released by the recovery pass of the next
+// start: gateway/server.ts), what is reserved is exactly what live gateways' leases hold, the
+// balance is the grant minus the settled usage, and a retry of every keyed request that got no
+// answer or a retryable error, with its Idempotency-Key, gets 200 without a second charge.
 //
 // It needs a /dev/kvm that runs guests, so it is not part of the normal vitest run
 // (vitest.config.ts excludes *.kvm.test.ts); run it with
@@ -21,7 +24,7 @@ import { eq, sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type DatabaseBackend, type OpenDatabase, openDatabase } from "../db/client.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
-import { accounts, executions, usageLedger } from "../db/schema.js";
+import { accounts, creditLeases, executions, usageLedger } from "../db/schema.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { type GatewayProcess, issueKey, startGatewayProcess } from "./testing/gateway-process.js";
 import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
@@ -39,7 +42,9 @@ const RESTART_TEST_TIMEOUT_MS = 120_000 * timeScale;
 const BODY = JSON.stringify({ template: "python", code: "print(6*7)" });
 
 interface Sent {
+  /** The request's own name; sent as its Idempotency-Key when `keyed`. */
   idempotencyKey: string;
+  keyed: boolean;
   /** undefined: no answer (the connection died with the gateway). */
   status: number | undefined;
   body: string;
@@ -50,21 +55,18 @@ interface Caller {
   accountId: string;
 }
 
-async function post(gateway: GatewayProcess, caller: Caller, idempotencyKey: string): Promise<Sent> {
+async function post(gateway: GatewayProcess, caller: Caller, idempotencyKey: string, keyed = true): Promise<Sent> {
+  const headers: Record<string, string> = { authorization: `Bearer ${caller.key}`, "content-type": "application/json" };
+  if (keyed) headers["idempotency-key"] = idempotencyKey;
   try {
-    const response = await fetch(`${gateway.url}/v1/executions`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${caller.key}`, "content-type": "application/json", "idempotency-key": idempotencyKey },
-      body: BODY,
-      signal: AbortSignal.timeout(20_000 * timeScale),
-    });
-    return { idempotencyKey, status: response.status, body: await response.text() };
+    const response = await fetch(`${gateway.url}/v1/executions`, { method: "POST", headers, body: BODY, signal: AbortSignal.timeout(20_000 * timeScale) });
+    return { idempotencyKey, keyed, status: response.status, body: await response.text() };
   } catch {
-    return { idempotencyKey, status: undefined, body: "" };
+    return { idempotencyKey, keyed, status: undefined, body: "" };
   }
 }
 
-/** WORKERS loops sending executions until `until` resolves; each request has its own key. */
+/** WORKERS loops sending executions until `until` resolves; each request has its own name, every other one sent as its Idempotency-Key. */
 function load(gateway: () => GatewayProcess, caller: Caller, prefix: string, until: Promise<unknown>): Promise<Sent[]> {
   const sent: Sent[] = [];
   let stop = false;
@@ -72,7 +74,10 @@ function load(gateway: () => GatewayProcess, caller: Caller, prefix: string, unt
   let sequence = 0;
   const worker = async () => {
     // Bounded: stops at `until`, and after 10,000 requests whatever happens.
-    while (!stop && sequence < 10_000) sent.push(await post(gateway(), caller, `${prefix}-${sequence++}`));
+    while (!stop && sequence < 10_000) {
+      const n = sequence++;
+      sent.push(await post(gateway(), caller, `${prefix}-${n}`, n % 2 === 0));
+    }
   };
   return Promise.all(Array.from({ length: WORKERS }, worker)).then(() => sent);
 }
@@ -84,6 +89,9 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
   let fresh: FreshDatabase | undefined;
   let gateway: GatewayProcess;
   let caller: Caller;
+  // Across the tests on one account: every execution answered 200, and how many requests were not.
+  const answeredEver = new Set<string>();
+  let cutOffEver = 0;
   const start = () =>
     startGatewayProcess({
       dataDir: join(dir, "data"),
@@ -120,19 +128,25 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
     }
   }
 
-  /** Running executions of the caller, read while the gateway is dead (so PGlite can be opened). */
-  async function runningWhileDown(): Promise<number> {
+  /** Running executions and credit leases of the caller, read while the gateway is dead (so PGlite can be opened). */
+  async function heldWhileDown(): Promise<{ running: number; leases: number }> {
     const open = fresh ?? (await openDatabase({ backend: "pglite", dataDir: join(dir, "data", "data") }));
     try {
       const rows = await open.db.select({ id: executions.id }).from(executions).where(sql`${executions.accountId} = ${caller.accountId} AND ${executions.status} = 'running'`);
-      return rows.length;
+      const leases = await open.db.select().from(creditLeases).where(eq(creditLeases.accountId, caller.accountId));
+      return { running: rows.length, leases: leases.length };
     } finally {
       if (fresh === undefined) await open.close();
     }
   }
 
-  /** The reconciliation: what was answered is billed once, nothing else is held or billed twice. */
-  async function reconcile(answered: Map<string, { id: string; units: number }>) {
+  /**
+   * The reconciliation: what was answered is billed once, nothing else is held or billed twice;
+   * of the requests that got no 200 (in this and the earlier tests on the account), some may be
+   * billed once (committed, answer lost), and once the keyed ones were retried (`retried`) those
+   * can only be keyless.
+   */
+  async function reconcile(answered: Map<string, { id: string; units: number }>, retried: boolean) {
     await withBooks(async ({ db }) => {
       const rows = await db.select().from(executions).where(eq(executions.accountId, caller.accountId));
       const byId = new Map(rows.map((r) => [r.id, r]));
@@ -145,12 +159,16 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
         expect(byId.get(id), `answered ${idempotencyKey}`).toMatchObject({ status: "completed", chargedUnits: units });
         expect(usagePerExecution.get(id), `usage rows of answered ${idempotencyKey}`).toBe(1);
       }
+      for (const a of answered.values()) answeredEver.add(a.id);
+      const billedUnanswered = rows.filter((r) => r.status === "completed" && !answeredEver.has(r.id));
+      expect(billedUnanswered.length).toBeLessThanOrEqual(cutOffEver);
+      if (retried) expect(billedUnanswered.filter((r) => r.idempotencyKey !== null)).toEqual([]);
       // None twice; no usage without a settled record; no record still holding credits.
       expect([...usagePerExecution.values()].every((n) => n === 1)).toBe(true);
       for (const u of usage) expect(byId.get(u.executionId as string)?.status).toBe("completed");
       expect(rows.filter((r) => r.status === "running")).toEqual([]);
       // Each Idempotency-Key names at most one billed execution.
-      const billedKeys = rows.filter((r) => r.status === "completed").map((r) => r.idempotencyKey);
+      const billedKeys = rows.filter((r) => r.status === "completed" && r.idempotencyKey !== null).map((r) => r.idempotencyKey);
       expect(new Set(billedKeys).size).toBe(billedKeys.length);
 
       const [account] = await db.select().from(accounts).where(eq(accounts.id, caller.accountId));
@@ -159,14 +177,21 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
       const charged = rows.reduce((sum, r) => sum + (r.chargedUnits ?? 0), 0);
       expect(grants).toBe(GRANT);
       expect(spent).toBe(charged);
-      expect(account).toMatchObject({ balanceUnits: grants - spent, reservedUnits: 0 });
+      // Nothing is held but what the live gateway's credit lease holds (none of a dead one's).
+      const leases = await db.select().from(creditLeases).where(eq(creditLeases.accountId, caller.accountId));
+      expect(new Set(leases.filter((l) => l.units > 0).map((l) => l.gatewayId)).size).toBeLessThanOrEqual(1);
+      expect(account).toMatchObject({ balanceUnits: grants - spent, reservedUnits: leases.reduce((sum, l) => sum + l.units, 0) });
       const [{ negative }] = (await db.select({ negative: sql<number>`count(*)::int` }).from(accounts).where(sql`${accounts.balanceUnits} < 0`)) as [{ negative: number }];
       expect(negative).toBe(0);
     });
   }
 
-  /** 200s by Idempotency-Key; everything else must be a retryable refusal or no answer at all. */
-  function answeredOf(sent: Sent[]): { answered: Map<string, { id: string; units: number }>; unanswered: string[] } {
+  /**
+   * 200s by request name; everything else must be a retryable refusal or no answer at all. Only
+   * keyed requests can be retried: a keyless one cut off is billed once (its record committed
+   * before the answer was lost) or not at all.
+   */
+  function answeredOf(sent: Sent[]): { answered: Map<string, { id: string; units: number }>; unanswered: string[]; cutOff: number } {
     const answered = new Map<string, { id: string; units: number }>();
     const unanswered: string[] = [];
     for (const s of sent) {
@@ -176,10 +201,12 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
         answered.set(s.idempotencyKey, { id: body.id, units: body.usage.units });
       } else {
         if (s.status !== undefined) expect(JSON.parse(s.body), s.body).toMatchObject({ retryable: true });
-        unanswered.push(s.idempotencyKey);
+        if (s.keyed) unanswered.push(s.idempotencyKey);
       }
     }
-    return { answered, unanswered };
+    const cutOff = sent.filter((s) => s.status !== 200).length;
+    cutOffEver += cutOff;
+    return { answered, unanswered, cutOff };
   }
 
   /** Retries every request that got no 200, with its key: each now gets one, billed once. */
@@ -201,18 +228,23 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
     const killed = sleep(LOAD_BEFORE_KILL_MS).then(() => gateway.stop("SIGKILL"));
     const sent = await load(() => gateway, caller, "gateway-kill", killed);
     await killed;
-    const { answered, unanswered } = answeredOf(sent);
+    const { answered, unanswered, cutOff } = answeredOf(sent);
     expect(answered.size, "executions answered before the kill").toBeGreaterThan(0);
-    expect(unanswered.length, "requests cut off by the kill").toBeGreaterThan(0);
+    expect(cutOff, "requests cut off by the kill").toBeGreaterThan(0);
+    expect(sent.some((s) => s.status === 200 && !s.keyed), "keyless executions answered before the kill").toBe(true);
 
     // What the dead gateway left holding credits: exactly these the next start releases.
-    const abandoned = await runningWhileDown();
+    const abandoned = await heldWhileDown();
+    expect(abandoned.leases, "the dead gateway's credit lease").toBe(1);
     gateway = await start();
-    const released = /released (\d+) reservation\(s\) left by a stopped gateway/.exec(gateway.log.join("\n"))?.[1];
-    expect(Number(released ?? 0)).toBe(abandoned);
-    await reconcile(answered);
+    const log = gateway.log.join("\n");
+    const released = /released (\d+) reservation\(s\) left by a stopped gateway/.exec(log)?.[1];
+    expect(Number(released ?? 0)).toBe(abandoned.running);
+    const givenBack = /gave back (\d+) credit lease\(s\) of stopped gateways/.exec(log)?.[1];
+    expect(Number(givenBack ?? 0)).toBe(abandoned.leases);
+    await reconcile(answered, false);
     await retryUnanswered(unanswered, answered);
-    await reconcile(answered);
+    await reconcile(answered, true);
   }, RESTART_TEST_TIMEOUT_MS);
 
   it("SIGKILL of the daemon mid-load: every 200 is billed once, every failed execution released, retries bill once", async () => {
@@ -224,8 +256,8 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
     expect(answered.size).toBeGreaterThan(0);
     expect(gateway.daemonPid(), "the supervisor restarted the daemon").not.toBe(daemonPid);
 
-    await reconcile(answered);
+    await reconcile(answered, false);
     await retryUnanswered(unanswered, answered);
-    await reconcile(answered);
+    await reconcile(answered, true);
   }, RESTART_TEST_TIMEOUT_MS);
 });

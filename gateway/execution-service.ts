@@ -1,16 +1,21 @@
 // One execution, end to end, around the ExecutionRuntime boundary:
 // template allowed for a token → runtime present? → template known → token cap → concurrency slot
-// → reserve the worst-case cost (a duplicate Idempotency-Key replays here) → execute → settle the
-// actual cost (durable before the answer). Two database round trips in all, each shared with the
-// executions that reserve or settle at the same time (group commit, BillingBatches).
-// Nothing is charged unless the runtime reports an end of the program.
+// → hold the worst-case cost → execute → bill the actual cost (durable before the answer).
+// An execution nobody can see before it ends (no Idempotency-Key, not streamed) holds its cost of
+// this gateway's credit lease in memory and is billed with ONE statement that writes its record
+// (CreditLeases); one with an Idempotency-Key or a streamed one is reserved in the database first
+// (its record claims the key, or its id is announced, before it runs: a duplicate replays there)
+// and settled after: two round trips. Each statement is shared with the executions that reserve,
+// settle or record at the same time (group commit). Nothing is charged unless the runtime reports
+// an end of the program.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
-import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, release } from "../db/billing.js";
+import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, type ReserveOutcome, release } from "../db/billing.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
+import type { CreditLeases, HoldOutcome } from "./credit-leases.js";
 import type { ConcurrencyLimiter, TokenExecutionCounter } from "./limits.js";
 import { costUnits, type Pricing, priceOf } from "./pricing.js";
 import { ProblemError } from "./problems.js";
@@ -47,6 +52,7 @@ export interface ExecutionServiceDeps {
   db: Database;
   /** Recorded on each reservation: the recovery pass at start releases those of dead gateways. */
   gatewayId: string;
+  leases: CreditLeases;
   /** Undefined until a runtime (the daemon client) is connected. */
   runtime: () => ExecutionRuntime | undefined;
   pricing: Pricing;
@@ -117,7 +123,7 @@ export class ExecutionService {
   private readonly billing: BillingBatches;
 
   constructor(private readonly deps: ExecutionServiceDeps) {
-    this.billing = new BillingBatches(deps.db);
+    this.billing = new BillingBatches(deps.db, (accountId) => deps.leases.giveBackFree(accountId));
   }
 
   async templates(): Promise<Template[]> {
@@ -217,8 +223,12 @@ export class ExecutionService {
     const executionId = randomUUID();
     const reservedUnits = costUnits(price, request.timeoutMs);
 
-    const reservation = await inSpan(tracer, "billing.reserve", (span) => {
-      span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.reserved_units": reservedUnits });
+    // The record of an execution nobody can see before it ends need not exist before it does.
+    const leased = idempotencyKey === null && live.onStart === undefined;
+    const createdAt = new Date();
+    const reservation = await inSpan(tracer, "billing.reserve", (span): Promise<HoldOutcome | ReserveOutcome> => {
+      span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.reserved_units": reservedUnits, "sandfork.billing.leased": leased });
+      if (leased) return this.deps.leases.hold(principal.accountId, principal.keyId, reservedUnits);
       return this.billing.reserve({
         executionId,
         accountId: principal.accountId,
@@ -247,7 +257,8 @@ export class ExecutionService {
       live.onStart?.(executionId);
       result = await runtime.execute({ executionId, ...request }, signal, live.onOutput);
     } catch (error) {
-      await release(this.deps.db, executionId);
+      if (leased) this.deps.leases.drop(principal.accountId, reservedUnits);
+      else await release(this.deps.db, executionId);
       instruments.executions.add(1, { template: request.template, status: "aborted" });
       throw runtimeProblem(error);
     }
@@ -257,16 +268,29 @@ export class ExecutionService {
     // Billed time is what the VM existed for this request: fork plus run, never past the timeout.
     const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, request.timeoutMs);
     const chargedUnits = Math.min(costUnits(price, billedMs), reservedUnits);
+    const settlement = {
+      status: result.outcome,
+      exitCode: result.exitCode,
+      stdout: result.stdout,
+      stderr: result.stderr,
+      truncated: result.truncated,
+      timings: { ...result.timings, totalMs },
+      chargedUnits,
+    };
     const record = await inSpan(tracer, "billing.settle", (span) => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
-      return this.billing.settle(executionId, {
-        status: result.outcome,
-        exitCode: result.exitCode,
-        stdout: result.stdout,
-        stderr: result.stderr,
-        truncated: result.truncated,
-        timings: { ...result.timings, totalMs },
-        chargedUnits,
+      if (!leased) return this.billing.settle(executionId, settlement);
+      return this.deps.leases.record({
+        executionId,
+        accountId: principal.accountId,
+        keyId: principal.keyId,
+        tokenId: principal.token?.id ?? null,
+        requestHash: hash,
+        template: request.template,
+        gatewayId: this.deps.gatewayId,
+        reservedUnits,
+        createdAt,
+        settlement,
       });
     });
     instruments.executions.add(1, { template: request.template, status: result.outcome });

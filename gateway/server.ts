@@ -4,6 +4,7 @@ import { randomUUID } from "node:crypto";
 import { join } from "node:path";
 import { serve, type ServerType } from "@hono/node-server";
 import { liveGatewayIds, releaseAbandonedReservations } from "../db/billing.js";
+import { releaseAbandonedLeases } from "../db/leases.js";
 import { type OpenDatabase, openDatabase } from "../db/client.js";
 import { countKeys } from "../db/keys.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
@@ -51,6 +52,8 @@ export async function startGateway(
   const staleBefore = new Date(Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS);
   const released = await releaseAbandonedReservations(open.db, await liveGatewayIds(open, gatewayId), staleBefore);
   if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
+  const givenBack = await releaseAbandonedLeases(open.db, await liveGatewayIds(open, gatewayId));
+  if (givenBack.leases > 0) log(`gave back ${givenBack.leases} credit lease(s) of stopped gateways (${givenBack.units} units)`);
 
   const admin = await bootstrapAdminKey(open, config);
   if (admin !== null) {
@@ -122,6 +125,8 @@ export async function startGateway(
         shutdown.abort();
         await closed;
       }
+      // What is still held (an execution that would not end) the next start's recovery pass frees.
+      await context.leases.giveBackAll().catch((error: unknown) => log(`credit leases not given back: ${String(error)}`));
       await telemetry.shutdown();
       await open.close();
     },

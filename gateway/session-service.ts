@@ -9,6 +9,7 @@ import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
 import { BillingBatches, type ExecutionRecord, release } from "../db/billing.js";
 import {
+  type AccrualOutcome,
   accrue,
   expiredSessions,
   findSession,
@@ -24,6 +25,7 @@ import type { ExecutionOutcome, ExecutionRuntime } from "../runtime/execution-ru
 import type { CellResult, SessionInfo, SessionRuntime, TakenCheckpoint } from "../runtime/session-runtime.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
+import type { CreditLeases } from "./credit-leases.js";
 import { runtimeProblem } from "./execution-service.js";
 import type { ConcurrencyLimiter } from "./limits.js";
 import { ProblemError } from "./problems.js";
@@ -36,6 +38,8 @@ export interface SessionServiceDeps {
   settings: SessionSettings;
   limits: ExecutionLimits;
   concurrency: ConcurrencyLimiter;
+  /** This gateway's credit leases: what they hold idle is given back when a session finds its account short. */
+  leases: CreditLeases;
   now?: () => number;
 }
 
@@ -82,7 +86,7 @@ export class SessionService {
   private sweeper: NodeJS.Timeout | undefined;
 
   constructor(private readonly deps: SessionServiceDeps) {
-    this.billing = new BillingBatches(deps.db);
+    this.billing = new BillingBatches(deps.db, (accountId) => deps.leases.giveBackFree(accountId));
     this.now = deps.now ?? Date.now;
   }
 
@@ -95,8 +99,12 @@ export class SessionService {
     return runtime.sessions;
   }
 
-  private accrue(id: string, change: SessionChange = {}) {
-    return accrue(this.deps.db, id, new Date(this.now()), this.deps.settings, change);
+  /** Accrues; an account found short once more after this gateway's idle lease credits went back to it. */
+  private async accrue(id: string, change: SessionChange = {}): Promise<AccrualOutcome> {
+    const outcome = await accrue(this.deps.db, id, new Date(this.now()), this.deps.settings, change);
+    if (!outcome.short || !(await this.deps.leases.giveBackFree(outcome.session.accountId))) return outcome;
+    const rest = await accrue(this.deps.db, id, new Date(this.now()), this.deps.settings);
+    return { ...rest, chargedUnits: outcome.chargedUnits + rest.chargedUnits };
   }
 
   /** The session `id` as `principal` may see it; 404 otherwise (and for deleted ones). */

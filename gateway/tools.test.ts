@@ -5,7 +5,6 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { getBalance } from "../db/keys.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
 import { Sandfork, SandforkError, type StreamEvent } from "sandfork";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
@@ -78,7 +77,7 @@ describe("POST /v1/tool-calls", () => {
     expect(message).toMatchObject({ role: "tool", tool_call_id: "call_1" });
     expect(JSON.parse(message.content)).toMatchObject({ status: "completed", exit_code: 0, stdout: "45\n", usage: { units: CHARGED } });
     expect(runtime.requests[0]).toMatchObject({ template: "python", code: "print(45)" });
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
   });
 
   it("tells the model what was wrong with its call, without running anything or failing the request", async () => {
@@ -149,7 +148,7 @@ describe("/mcp", () => {
     const ran = await mcp.callTool({ name: "run_code", arguments: { language: "python", code: "print(45)" } });
     expect(ran.isError).toBeFalsy();
     expect(ran.structuredContent).toMatchObject({ status: "completed", stdout: "45\n", usage: { units: CHARGED } });
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - CHARGED });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED });
 
     const bad = await mcp.callTool({ name: "run_code", arguments: { language: "python" } });
     expect(bad.isError).toBe(true);
@@ -180,7 +179,7 @@ describe("streamed POST /v1/executions", () => {
     expect(final.execution).toMatchObject({ id: started.id, stdout: "one\ntwo\n", stderr: "warn\n", usage: { units: CHARGED } });
     const stored = await gw.call("GET", `/v1/executions/${started.id}`, { credential: key });
     expect(await stored.json()).toEqual(final.execution);
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
 
     // "stream": true streams without the Accept header; a refusal before the start is plain problem+json.
     const viaBody = await gw.call("POST", "/v1/executions", { credential: (await gw.issue({ credits: 100 })).key, body: { template: "python", code: "x", stream: true } });

@@ -157,7 +157,10 @@ async function freshPostgresDatabase(serverUrl: string): Promise<{ url: string; 
 }
 
 interface DatabaseRun {
+  /** Without an Idempotency-Key, at each concurrency. */
   executions: Record<string, ExecutionFigures>;
+  /** With a unique Idempotency-Key each, at 1 and the peak concurrency. */
+  keyed: Record<string, ExecutionFigures>;
   /** Gateway CPU ms per execution of each warm-up block at c=1 (--warm-up auto). */
   warmUpBlocks: number[];
   daemon: Record<string, LatencyFigures>;
@@ -205,8 +208,15 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     const auth = { authorization: `Bearer ${(JSON.parse(created.body) as { key: string }).key}` };
     const json = { ...auth, "content-type": "application/json" };
     let sequence = 0;
-    // A unique Idempotency-Key per request, as a retrying client sends (and as execute.k6.ts does).
+    // As the typed client and the agent tools send by default: no Idempotency-Key (the execution
+    // holds credits of the gateway's lease and is billed with one statement, db/leases.ts).
     const execute = async () => {
+      const r = await call("POST", `${gateway.url}/v1/executions`, json, EXECUTION_BODY);
+      return r.status === 200 && r.body.includes('"status":"completed"');
+    };
+    // A unique Idempotency-Key per request, as a retrying client sends (and as execute.k6.ts does):
+    // reserved in the database before it runs, settled after.
+    const executeKeyed = async () => {
       const r = await call("POST", `${gateway.url}/v1/executions`, { ...json, "idempotency-key": `lt-${sequence++}` }, EXECUTION_BODY);
       return r.status === 200 && r.body.includes('"status":"completed"');
     };
@@ -226,7 +236,8 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
 
     // The peak's shapes first (group commit's batches), then concurrency 1 until it settles, so
     // that what the JIT does for the batches is not in the first measured run.
-    const warmPeak = await bounded("warm-up", peakConcurrency, execute, Math.min(requests, 200));
+    let alternate = 0;
+    const warmPeak = await bounded("warm-up", peakConcurrency, () => (alternate++ % 2 === 0 ? execute() : executeKeyed()), Math.min(requests, 200));
     const warmOne = await warmUpAtOne(gateway.pid, execute);
     const warm = { requests: warmOne.requests + warmPeak.requests, failures: warmOne.failures + warmPeak.failures };
     if (warm.failures > 0) {
@@ -234,16 +245,21 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       throw new Error(`warm-up: ${warm.failures} of ${warm.requests} executions failed; one answers ${probe.status} ${probe.body}`);
     }
 
-    const executions: Record<string, ExecutionFigures> = {};
     const scenarios: ScenarioSummary[] = [];
-    for (const c of concurrencies) {
-      const cpuBefore = processCpuMs(gateway.pid);
-      const s = await bounded(`POST /v1/executions (${database}), c=${c}`, c, execute);
-      const cpuMs = processCpuMs(gateway.pid) - cpuBefore;
-      scenarios.push(s);
-      executions[c] = { ...latencyFigures(s), gateway_cpu_ms_per_exec: round(cpuMs / Math.max(1, s.requests), 3) };
-      say(`  c=${c}: p50 ${s.p50Ms.toFixed(2)} ms, ${s.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec`);
-    }
+    const measure = async (label: string, send: () => Promise<boolean>, at: number[]) => {
+      const figures: Record<string, ExecutionFigures> = {};
+      for (const c of at) {
+        const cpuBefore = processCpuMs(gateway.pid);
+        const s = await bounded(`POST /v1/executions${label} (${database}), c=${c}`, c, send);
+        const cpuMs = processCpuMs(gateway.pid) - cpuBefore;
+        scenarios.push(s);
+        figures[c] = { ...latencyFigures(s), gateway_cpu_ms_per_exec: round(cpuMs / Math.max(1, s.requests), 3) };
+        say(`  ${label.trim() || "keyless"} c=${c}: p50 ${s.p50Ms.toFixed(2)} ms, ${s.requestsPerSecond.toFixed(0)}/s, gateway CPU ${figures[c].gateway_cpu_ms_per_exec} ms/exec`);
+      }
+      return figures;
+    };
+    const executions = await measure("", execute, concurrencies);
+    const keyed = await measure(" + Idempotency-Key", executeKeyed, [...new Set([1, peakConcurrency])]);
     for (const [name, method, path, body, status] of [
       ["GET /healthz", "GET", "/healthz", undefined, 200],
       ["GET /v1/usage (key auth + DB)", "GET", "/v1/usage", undefined, 200],
@@ -252,7 +268,7 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       const send = async () => (await call(method, `${gateway.url}${path}`, body === undefined ? auth : json, body)).status === status;
       scenarios.push(await bounded(`${name} (${database}), c=${peakConcurrency}`, peakConcurrency, send));
     }
-    return { executions, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, scenarios };
+    return { executions, keyed, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, scenarios };
   } finally {
     daemon.close();
     await gateway.stop();
@@ -281,6 +297,7 @@ try {
   const daemonAtOne = first?.daemon["1"];
   const report = {
     executions: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.executions])),
+    idempotent_executions: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.keyed])),
     daemon_p50_ms: daemonAtOne?.p50_ms ?? null,
     daemon: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.daemon])),
     warm_up_cpu_ms_per_exec: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.warmUpBlocks])),
@@ -299,10 +316,12 @@ try {
     console.log(formatTable(rows));
     console.log("\ngateway CPU ms per execution, executions/s, p50 (HTTP p50 minus the daemon's own p50 at the same concurrency):");
     for (const [database, run] of Object.entries(runs)) {
-      for (const [c, e] of Object.entries(run.executions)) {
-        const alone = run.daemon[c];
-        const over = alone === undefined ? "" : ` (+${(e.p50_ms - alone.p50_ms).toFixed(2)} ms over the daemon alone, which did ${alone.per_s}/s)`;
-        console.log(`  ${database} c=${c}: ${e.gateway_cpu_ms_per_exec} ms CPU, ${e.per_s}/s, p50 ${e.p50_ms} ms${over}`);
+      for (const [label, figures] of [["", run.executions], [" + Idempotency-Key", run.keyed]] as const) {
+        for (const [c, e] of Object.entries(figures)) {
+          const alone = run.daemon[c];
+          const over = alone === undefined ? "" : ` (+${(e.p50_ms - alone.p50_ms).toFixed(2)} ms over the daemon alone, which did ${alone.per_s}/s)`;
+          console.log(`  ${database}${label} c=${c}: ${e.gateway_cpu_ms_per_exec} ms CPU, ${e.per_s}/s, p50 ${e.p50_ms} ms${over}`);
+        }
       }
     }
     console.log(`daemon alone at c=1: p50 ${report.daemon_p50_ms} ms; plain Hono hello: ${report.hello_per_s} req/s`);

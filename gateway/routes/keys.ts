@@ -75,6 +75,7 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     const revoked = await revokeKey(ctx.db, id);
     if (revoked === undefined) throw new ProblemError("not-found", `no key ${id}`);
     ctx.authenticator.forget(id);
+    ctx.leases.forgetKey(id);
     return c.json(keyJson(revoked), 200);
   });
 
@@ -94,6 +95,6 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     const { id } = c.req.valid("param");
     const balance = await grantCredits(ctx.db, id, c.req.valid("json").units);
     if (balance === undefined) throw new ProblemError("not-found", `no account ${id}`);
-    return c.json({ account_id: balance.accountId, ...balanceJson(balance) }, 200);
+    return c.json({ account_id: balance.accountId, ...balanceJson(ctx.leases.asSeenByCallers(balance)) }, 200);
   });
 }

@@ -54,7 +54,7 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
         units: usage.units + sessions.units,
         by_template: usage.byTemplate,
         sessions: { units: sessions.units, running_gib_seconds: sessions.runningGibSeconds, checkpoint_gib_hours: sessions.checkpointGibHours },
-        balance: balanceJson(balance),
+        balance: balanceJson(ctx.leases.asSeenByCallers(balance)),
       },
       200,
     );

@@ -2,7 +2,8 @@
 // helpers to issue keys and make requests through app.request (no sockets).
 import { generateKeyPairSync } from "node:crypto";
 import { InMemorySpanExporter } from "@opentelemetry/sdk-trace-base";
-import type { Scope } from "../../db/keys.js";
+import { type AccountBalance, getBalance, type Scope } from "../../db/keys.js";
+import { leasedUnits } from "../../db/leases.js";
 import type { DatabaseBackend } from "../../db/client.js";
 import { type FreshDatabase, freshDatabase } from "../../db/testing/fresh-database.js";
 import type { ExecutionRuntime } from "../../runtime/execution-runtime.js";
@@ -22,6 +23,11 @@ export interface TestGateway extends Gateway {
   runtime: ExecutionRuntime | undefined;
   issue(options?: TestKeyOptions): Promise<{ key: string; keyId: string; accountId: string }>;
   call(method: string, path: string, options?: CallOptions): Promise<Response>;
+  /**
+   * The account's stored balance once this gateway has given back what its credit lease holds
+   * idle, after checking that the lease the database records is the one the gateway spends.
+   */
+  books(accountId: string): Promise<AccountBalance | undefined>;
   dispose(): Promise<void>;
 }
 
@@ -97,6 +103,14 @@ export async function startTestGateway(
         },
       });
       return { key, keyId: stored.id, accountId: stored.accountId };
+    },
+    async books(accountId) {
+      const { leases } = gateway.context;
+      const stored = await leasedUnits(fresh.db, leases.gatewayId, accountId);
+      const spending = leases.leaseOn(accountId).units;
+      if (stored !== spending) throw new Error(`the database records a lease of ${stored} units on ${accountId}; the gateway spends one of ${spending}`);
+      await leases.giveBackAll();
+      return getBalance(fresh.db, accountId);
     },
     call(method, path, o = {}) {
       const headers: Record<string, string> = { ...o.headers };

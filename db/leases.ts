@@ -1,0 +1,226 @@
+// Credit leases: a gateway takes a block of an account's available credits in one transaction
+// (they join the account's reserved units, and the gateway's row in credit_leases says how many
+// it holds), holds its executions' worst-case costs against the block in memory
+// (gateway/credit-leases.ts), and records each execution once it has ended with ONE statement:
+// the final record, its usage row, and its charge leaving the account's balance, its reserved
+// units and the lease together. So an execution without an Idempotency-Key costs one round trip
+// of billing, not a reserve and a settle, and an account can still never be overspent: a lease
+// is only taken where the account covers it, and the database refuses a charge the lease cannot
+// cover. Unspent credits go back to the account when the gateway is done with them (idle, at
+// shutdown), or, for a gateway that died, at the next start (releaseAbandonedLeases).
+import { and, eq, sql } from "drizzle-orm";
+import type { Database } from "./client.js";
+import { type ExecutionRecord, fromSettledRow, SETTLED_COLUMNS, type Settlement, settlementJson, USAGE_OF_SETTLED } from "./billing.js";
+import { type PreparedStatement, runPrepared } from "./prepared.js";
+import { accounts, apiKeys, creditLeases } from "./schema.js";
+
+export type LeaseOutcome =
+  | { kind: "leased"; units: number }
+  | { kind: "insufficient-credits"; availableUnits: number }
+  | { kind: "key-revoked" };
+
+export interface LeaseRequest {
+  gatewayId: string;
+  accountId: string;
+  /** The key the credits are for: a revoked key gets none. */
+  keyId: string;
+  /** Fewer than this and the lease is refused. */
+  minUnits: number;
+  /** At most this many are taken, as many as the account has available up to it. */
+  maxUnits: number;
+}
+
+/** Adds up to `maxUnits` of the account's available credits (at least `minUnits`) to the gateway's lease on it. */
+export async function acquireLease(db: Database, r: LeaseRequest): Promise<LeaseOutcome> {
+  if (!Number.isSafeInteger(r.minUnits) || r.minUnits < 0 || !Number.isSafeInteger(r.maxUnits) || r.maxUnits < r.minUnits) {
+    throw new RangeError("a lease is a non-negative integer range");
+  }
+  return db.transaction(async (tx) => {
+    // Every statement that changes a lease locks its row before its account's (a record, a give
+    // back, the recovery pass): so does this, or a growing lease and a record could deadlock.
+    await tx
+      .insert(creditLeases)
+      .values({ gatewayId: r.gatewayId, accountId: r.accountId, units: 0 })
+      .onConflictDoUpdate({ target: [creditLeases.gatewayId, creditLeases.accountId], set: { units: sql`${creditLeases.units}` } });
+    const [account] = await tx
+      .select({
+        available: sql<string>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::text`,
+        keyUsable: sql<boolean>`EXISTS (SELECT 1 FROM ${apiKeys} WHERE ${apiKeys.id} = ${r.keyId} AND ${apiKeys.revokedAt} IS NULL)`,
+      })
+      .from(accounts)
+      .where(eq(accounts.id, r.accountId))
+      .for("update");
+    if (!account?.keyUsable) return { kind: "key-revoked" } as const;
+    const available = Number(account.available);
+    if (available < r.minUnits) return { kind: "insufficient-credits", availableUnits: available } as const;
+    const units = Math.min(r.maxUnits, available);
+    await tx
+      .update(accounts)
+      .set({ reservedUnits: sql`${accounts.reservedUnits} + ${units}` })
+      .where(eq(accounts.id, r.accountId));
+    await tx
+      .update(creditLeases)
+      .set({ units: sql`${creditLeases.units} + ${units}` })
+      .where(and(eq(creditLeases.gatewayId, r.gatewayId), eq(creditLeases.accountId, r.accountId)));
+    return { kind: "leased", units } as const;
+  });
+}
+
+/** Gives `units` of the gateway's lease on the account back to its available balance. */
+export async function giveBack(db: Database, gatewayId: string, accountId: string, units: number): Promise<void> {
+  if (!Number.isSafeInteger(units) || units < 0) throw new RangeError("a lease is a non-negative integer");
+  if (units === 0) return;
+  await runPrepared(db, GIVE_BACK, [gatewayId, accountId, String(units)]);
+}
+
+// A lease that does not hold `units` fails its check constraint: nothing is given back.
+const GIVE_BACK: PreparedStatement = {
+  name: "sandfork_give_back",
+  text: `WITH lease AS (
+    UPDATE credit_leases SET units = units - $3::int8 WHERE gateway_id = $1 AND account_id = $2::uuid RETURNING account_id
+  )
+  UPDATE accounts SET reserved_units = reserved_units - $3::int8 FROM lease WHERE accounts.id = lease.account_id`,
+};
+
+/** The units the gateway's lease on the account holds in the database (0 without one). */
+export async function leasedUnits(db: Database, gatewayId: string, accountId: string): Promise<number> {
+  const [row] = await db
+    .select({ units: creditLeases.units })
+    .from(creditLeases)
+    .where(and(eq(creditLeases.gatewayId, gatewayId), eq(creditLeases.accountId, accountId)));
+  return row?.units ?? 0;
+}
+
+/**
+ * Gives back every lease of the gateways not among `liveGatewayIds` (see liveGatewayIds in
+ * billing.ts): their executions in flight were never answered or recorded, so what they held is
+ * simply available again. Returns how many leases and units were given back.
+ */
+export async function releaseAbandonedLeases(db: Database, liveGatewayIds: string[]): Promise<{ leases: number; units: number }> {
+  return db.transaction(async (tx) => {
+    const live = sql.join(
+      liveGatewayIds.map((id) => sql`${id}`),
+      sql`, `,
+    );
+    const gone = await tx
+      .delete(creditLeases)
+      .where(liveGatewayIds.length === 0 ? sql`true` : sql`${creditLeases.gatewayId} NOT IN (${live})`)
+      .returning({ accountId: creditLeases.accountId, units: creditLeases.units });
+    const perAccount = new Map<string, number>();
+    for (const g of gone) perAccount.set(g.accountId, (perAccount.get(g.accountId) ?? 0) + g.units);
+    for (const [accountId, units] of [...perAccount].sort(([a], [b]) => a.localeCompare(b))) {
+      await tx
+        .update(accounts)
+        .set({ reservedUnits: sql`${accounts.reservedUnits} - ${units}` })
+        .where(eq(accounts.id, accountId));
+    }
+    return { leases: gone.length, units: gone.reduce((n, g) => n + g.units, 0) };
+  });
+}
+
+/** True while the key exists and is not revoked. */
+export async function keyUsable(db: Database, keyId: string): Promise<boolean> {
+  const [row] = await runPrepared(db, KEY_USABLE, [keyId]);
+  return row?.usable === "t" || row?.usable === "true";
+}
+
+const KEY_USABLE: PreparedStatement = {
+  name: "sandfork_key_usable",
+  text: `SELECT (EXISTS (SELECT 1 FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL))::text AS usable`,
+};
+
+/** An execution that ran on credits its gateway's lease held, and how it ended. */
+export interface LeasedExecution {
+  executionId: string;
+  accountId: string;
+  keyId: string;
+  tokenId: string | null;
+  requestHash: string;
+  template: string;
+  gatewayId: string;
+  /** What it held of the lease; the charge is capped at it. */
+  reservedUnits: number;
+  /** When it was accepted (its record's created_at). */
+  createdAt: Date;
+  settlement: Settlement;
+}
+
+/**
+ * Records each execution, ONE statement for the whole batch (see the top of this file), and
+ * answers the records in order. Atomic: if the statement fails, none of the batch is billed.
+ */
+export async function recordAll(db: Database, items: LeasedExecution[]): Promise<ExecutionRecord[]> {
+  for (const { settlement: s, reservedUnits } of items) {
+    if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
+    if (!Number.isSafeInteger(reservedUnits) || reservedUnits < 0) throw new RangeError("a hold is a non-negative integer");
+  }
+  const rows = await runPrepared(db, ...recordStatement(items));
+  const recorded = new Map(rows.map((row) => [row.id as string, row]));
+  return items.map(({ executionId, accountId, settlement }) => {
+    const row = recorded.get(executionId);
+    if (row === undefined) throw new Error(`execution ${executionId} was not recorded: its gateway holds no credit lease on account ${accountId}`);
+    return fromSettledRow(row, settlement);
+  });
+}
+
+/** A batch of one is one statement (no function call); bigger batches one call of sandfork_record (migration 0004_credit_leases). */
+function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string | null)[]] {
+  if (items.length === 1) {
+    const e = items[0] as LeasedExecution;
+    const s = e.settlement;
+    return [
+      RECORD_ONE,
+      [
+        e.executionId,
+        e.accountId,
+        e.keyId,
+        e.tokenId,
+        e.requestHash,
+        e.template,
+        e.gatewayId,
+        s.status,
+        s.exitCode === null ? null : String(s.exitCode),
+        s.stdout,
+        s.stderr,
+        String(s.truncated),
+        JSON.stringify(s.timings),
+        String(e.reservedUnits),
+        String(s.chargedUnits),
+        String(e.createdAt.getTime()),
+      ],
+    ];
+  }
+  const batch = items.map((e) => ({
+    id: e.executionId,
+    account_id: e.accountId,
+    key_id: e.keyId,
+    token_id: e.tokenId,
+    request_hash: e.requestHash,
+    template: e.template,
+    gateway_id: e.gatewayId,
+    ...settlementJson(e.settlement),
+    reserved_units: e.reservedUnits,
+    created_ms: e.createdAt.getTime(),
+  }));
+  return [RECORD_BATCH, [JSON.stringify(batch)]];
+}
+
+// The lease pays first: without one (or one that cannot cover the charge) nothing is inserted.
+const RECORD_ONE: PreparedStatement = {
+  name: "sandfork_record_one",
+  text: `WITH spent AS (
+    UPDATE credit_leases SET units = units - LEAST($15::int8, $14::int8) WHERE gateway_id = $7 AND account_id = $2::uuid RETURNING account_id
+  ), settled AS (
+    INSERT INTO executions (id, account_id, key_id, token_id, request_hash, template, gateway_id, status, exit_code, stdout, stderr,
+                            truncated, timings, reserved_units, charged_units, created_at, finished_at)
+    SELECT $1::uuid, spent.account_id, $3::uuid, $4, $5, $6, $7, $8, $9::int4, $10, $11, $12::bool, $13::jsonb, $14::int8,
+           LEAST($15::int8, $14::int8), to_timestamp($16::float8 / 1000), now()
+    FROM spent
+    RETURNING executions.*
+  ), paid AS (
+    UPDATE accounts SET reserved_units = accounts.reserved_units - settled.charged_units, balance_units = accounts.balance_units - settled.charged_units
+    FROM settled WHERE accounts.id = settled.account_id
+  ), ${USAGE_OF_SETTLED}`,
+};
+
+const RECORD_BATCH: PreparedStatement = { name: "sandfork_record", text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_record($1::jsonb) AS settled` };

@@ -1,0 +1,114 @@
+import { randomUUID } from "node:crypto";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { getBalance, revokeKey } from "../db/keys.js";
+import { type LeasedExecution, leasedUnits } from "../db/leases.js";
+import { accountWithKey } from "../db/testing/accounts.js";
+import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
+import { CreditLeases } from "./credit-leases.js";
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
+  let fresh: FreshDatabase;
+  beforeAll(async () => {
+    fresh = await freshDatabase(backend);
+  });
+  afterAll(async () => {
+    await fresh?.dispose();
+  });
+
+  const leasesOf = (options: Partial<{ holdsPerLease: number; lingerMs: number; keyCheckMs: number }> = {}) =>
+    new CreditLeases({ db: fresh.db, gatewayId: randomUUID(), holdsPerLease: 4, lingerMs: 60_000, keyCheckMs: 60_000, ...options });
+
+  const execution = (leases: CreditLeases, ids: { accountId: string; keyId: string }, reservedUnits: number, chargedUnits: number): LeasedExecution => ({
+    executionId: randomUUID(),
+    ...ids,
+    tokenId: null,
+    requestHash: "h".repeat(64),
+    template: "python",
+    gatewayId: leases.gatewayId,
+    reservedUnits,
+    createdAt: new Date(),
+    settlement: { status: "completed", exitCode: 0, stdout: "", stderr: "", truncated: false, timings: { queueMs: 0, forkMs: 1, execMs: 1, totalMs: 2 }, chargedUnits },
+  });
+
+  it("holds against one lease in memory, growing it by holdsPerLease holds when short; the database agrees", async () => {
+    const ids = await accountWithKey(fresh.db, 1_000);
+    const leases = leasesOf();
+    for (let i = 0; i < 4; i++) expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
+    expect(leases.leaseOn(ids.accountId)).toEqual({ units: 20, held: 20 });
+    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
+    expect(leases.leaseOn(ids.accountId)).toEqual({ units: 40, held: 25 });
+    expect(await leasedUnits(fresh.db, leases.gatewayId, ids.accountId)).toBe(40);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 40, availableUnits: 960 });
+    // Callers see what nothing holds as available.
+    expect(leases.asSeenByCallers((await getBalance(fresh.db, ids.accountId))!)).toMatchObject({ reservedUnits: 25, availableUnits: 975 });
+  });
+
+  it("concurrent holds share one growth of the lease", async () => {
+    const ids = await accountWithKey(fresh.db, 1_000);
+    const leases = leasesOf();
+    const outcomes = await Promise.all(Array.from({ length: 4 }, () => leases.hold(ids.accountId, ids.keyId, 5)));
+    expect(outcomes).toEqual(Array.from({ length: 4 }, () => ({ kind: "held" })));
+    expect(leases.leaseOn(ids.accountId)).toEqual({ units: 20, held: 20 });
+  });
+
+  it("refuses a hold the account cannot cover, counting what the lease still has free as available", async () => {
+    const ids = await accountWithKey(fresh.db, 12);
+    const leases = leasesOf();
+    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
+    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
+    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "insufficient-credits", availableUnits: 2 });
+    expect(leases.leaseOn(ids.accountId)).toEqual({ units: 12, held: 10 });
+  });
+
+  it("a record spends its charge and frees its hold; a refused record frees the hold and charges nothing", async () => {
+    const ids = await accountWithKey(fresh.db, 100);
+    const leases = leasesOf();
+    await leases.hold(ids.accountId, ids.keyId, 10);
+    await leases.hold(ids.accountId, ids.keyId, 10);
+    const record = await leases.record(execution(leases, ids, 10, 3));
+    expect(record.chargedUnits).toBe(3);
+    expect(leases.leaseOn(ids.accountId)).toEqual({ units: 37, held: 10 });
+    // NUL is refused by the database (the daemon client never sends it).
+    const refused = execution(leases, ids, 10, 3);
+    refused.settlement.stdout = "bad\u0000";
+    await expect(leases.record(refused)).rejects.toThrow();
+    expect(leases.leaseOn(ids.accountId)).toEqual({ units: 37, held: 0 });
+    expect(await leasedUnits(fresh.db, leases.gatewayId, ids.accountId)).toBe(37);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 97, reservedUnits: 37 });
+  });
+
+  it("gives back what nothing holds: after lingerMs, on demand (only the free part), and all at shutdown", async () => {
+    const ids = await accountWithKey(fresh.db, 100);
+    const lingering = leasesOf({ lingerMs: 20 });
+    await lingering.hold(ids.accountId, ids.keyId, 5);
+    lingering.drop(ids.accountId, 5);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 20 });
+    await sleep(200);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 0 });
+    expect(lingering.leaseOn(ids.accountId)).toEqual({ units: 0, held: 0 });
+
+    const leases = leasesOf();
+    await leases.hold(ids.accountId, ids.keyId, 5);
+    expect(await leases.giveBackFree(ids.accountId)).toBe(true);
+    expect(leases.leaseOn(ids.accountId)).toEqual({ units: 5, held: 5 });
+    expect(await leases.giveBackFree(ids.accountId)).toBe(false);
+    leases.drop(ids.accountId, 5);
+    await leases.giveBackAll();
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
+  });
+
+  it("a revoked key gets no hold once its check is due, or at once after forgetKey", async () => {
+    const ids = await accountWithKey(fresh.db, 100);
+    const leases = leasesOf({ keyCheckMs: 60_000 });
+    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
+    await revokeKey(fresh.db, ids.keyId);
+    // Trusted for keyCheckMs, as the key cache trusts a key that long.
+    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
+    leases.forgetKey(ids.keyId);
+    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "key-revoked" });
+    const checkedEveryTime = leasesOf({ keyCheckMs: 0 });
+    expect(await checkedEveryTime.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "key-revoked" });
+  });
+});

@@ -1,0 +1,202 @@
+// This gateway's credit leases (db/leases.ts), one an account, and the holds of its executions
+// in flight against them, in memory: an execution's hold costs no database round trip unless
+// its account's lease is short, and its record is the one statement billing it (group-committed
+// with the records of executions that end at the same time).
+//
+// For each account: `units` is what the lease holds in the database, `held` what executions in
+// flight hold of it; a hold needs `units - held` to cover it, else the lease first grows by up to
+// `holdsPerLease` such holds (as much as the account has available). An execution's record
+// spends its charge from `units` and frees its hold from `held`, both once its statement has
+// committed. A lease nothing holds is given back after `lingerMs` (so back-to-back executions
+// keep it), at shutdown, or at once when a reservation made in the database (an execution with
+// an Idempotency-Key, a session's cell) finds the account short.
+//
+// A revoked key gets no hold: a key is looked up at most once every `keyCheckMs` (the key
+// cache's TTL: as long as a revocation made by another gateway takes to reach this one's API-key
+// callers anyway), and at once after this gateway revoked it (forgetKey).
+import type { Database } from "../db/client.js";
+import type { ExecutionRecord } from "../db/billing.js";
+import { GroupCommit } from "../db/group-commit.js";
+import type { AccountBalance } from "../db/keys.js";
+import { acquireLease, giveBack, keyUsable, type LeasedExecution, recordAll } from "../db/leases.js";
+
+export type HoldOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number } | { kind: "key-revoked" };
+
+export interface CreditLeaseOptions {
+  db: Database;
+  gatewayId: string;
+  /** How many holds of the size that found the lease short it grows by. */
+  holdsPerLease: number;
+  /** How long a lease nothing holds is kept before its credits go back to the account. */
+  lingerMs: number;
+  /** How long a key found usable is trusted before it is looked up again. */
+  keyCheckMs: number;
+}
+
+interface AccountLease {
+  units: number;
+  held: number;
+  /** The lease's growth in flight: other holds wait for it rather than growing it too. */
+  growing: Promise<HoldOutcome> | undefined;
+  idle: NodeJS.Timeout | undefined;
+}
+
+export class CreditLeases {
+  private readonly leases = new Map<string, AccountLease>();
+  private readonly keysCheckedAt = new Map<string, number>();
+  private readonly records: GroupCommit<LeasedExecution, ExecutionRecord>;
+
+  constructor(private readonly options: CreditLeaseOptions) {
+    this.records = new GroupCommit((items) => recordAll(options.db, items));
+  }
+
+  get gatewayId(): string {
+    return this.options.gatewayId;
+  }
+
+  /** Holds `units` of the account's credits for an execution of `keyId`. */
+  async hold(accountId: string, keyId: string, units: number): Promise<HoldOutcome> {
+    if (!(await this.keyStillUsable(keyId))) return { kind: "key-revoked" };
+    const lease = this.leaseOf(accountId);
+    clearTimeout(lease.idle);
+    lease.idle = undefined;
+    while (lease.units - lease.held < units) {
+      // Another hold's growth decides nothing for this one: look again once it is done.
+      if (lease.growing !== undefined) {
+        await lease.growing;
+        continue;
+      }
+      const outcome = await this.grow(accountId, keyId, lease, units);
+      if (outcome.kind !== "held") {
+        this.idleLater(accountId, lease);
+        return outcome;
+      }
+    }
+    lease.held += units;
+    return { kind: "held" };
+  }
+
+  /**
+   * Records an execution that held `execution.reservedUnits`: its one billing statement. The
+   * hold is freed either way; a record the database refused billed nothing.
+   */
+  async record(execution: LeasedExecution): Promise<ExecutionRecord> {
+    const lease = this.leaseOf(execution.accountId);
+    try {
+      const record = await this.records.submit(execution);
+      lease.units -= record.chargedUnits ?? 0;
+      return record;
+    } finally {
+      this.drop(execution.accountId, execution.reservedUnits);
+    }
+  }
+
+  /** Frees a hold without charging it (the execution never ran to an end). */
+  drop(accountId: string, units: number): void {
+    const lease = this.leaseOf(accountId);
+    lease.held -= units;
+    this.idleLater(accountId, lease);
+  }
+
+  /**
+   * Gives the account's credits that nothing holds back to it now; true when there were any.
+   * A reservation in the database that found the account short retries after this.
+   */
+  async giveBackFree(accountId: string): Promise<boolean> {
+    const lease = this.leases.get(accountId);
+    if (lease === undefined || lease.growing !== undefined) return false;
+    const free = lease.units - lease.held;
+    if (free <= 0) return false;
+    lease.units -= free;
+    try {
+      await giveBack(this.options.db, this.options.gatewayId, accountId, free);
+      return true;
+    } catch (error) {
+      lease.units += free;
+      throw error;
+    }
+  }
+
+  /** Gives back every lease's free credits (at shutdown). What is still held stays for the next start's recovery pass. */
+  async giveBackAll(): Promise<void> {
+    for (const [accountId, lease] of this.leases) {
+      clearTimeout(lease.idle);
+      lease.idle = undefined;
+      await this.giveBackFree(accountId);
+    }
+  }
+
+  /** The next hold of `keyId` looks the key up again (this gateway just revoked it). */
+  forgetKey(keyId: string): void {
+    this.keysCheckedAt.delete(keyId);
+  }
+
+  /**
+   * The account's balance as its callers mean it: credits this gateway's lease holds that no
+   * execution holds are available, not reserved. (Another gateway's lease counts as reserved
+   * until it is given back, at most `lingerMs` after its last execution ends.)
+   */
+  asSeenByCallers(balance: AccountBalance): AccountBalance {
+    const lease = this.leases.get(balance.accountId);
+    const free = lease === undefined ? 0 : Math.max(0, lease.units - lease.held);
+    return { ...balance, reservedUnits: balance.reservedUnits - free, availableUnits: balance.availableUnits + free };
+  }
+
+  /** What this gateway's lease on the account holds and what its executions in flight hold of it. */
+  leaseOn(accountId: string): { units: number; held: number } {
+    const lease = this.leases.get(accountId);
+    return { units: lease?.units ?? 0, held: lease?.held ?? 0 };
+  }
+
+  private leaseOf(accountId: string): AccountLease {
+    let lease = this.leases.get(accountId);
+    if (lease === undefined) this.leases.set(accountId, (lease = { units: 0, held: 0, growing: undefined, idle: undefined }));
+    return lease;
+  }
+
+  private grow(accountId: string, keyId: string, lease: AccountLease, units: number): Promise<HoldOutcome> {
+    const short = units - (lease.units - lease.held);
+    lease.growing = acquireLease(this.options.db, {
+      gatewayId: this.options.gatewayId,
+      accountId,
+      keyId,
+      minUnits: short,
+      maxUnits: Math.max(short, units * this.options.holdsPerLease),
+    })
+      .then((outcome): HoldOutcome => {
+        if (outcome.kind === "leased") {
+          lease.units += outcome.units;
+          return { kind: "held" };
+        }
+        if (outcome.kind === "key-revoked") {
+          this.keysCheckedAt.delete(keyId);
+          return outcome;
+        }
+        // What this gateway could still hold counts as available too.
+        return { kind: "insufficient-credits", availableUnits: outcome.availableUnits + Math.max(0, lease.units - lease.held) };
+      })
+      .finally(() => (lease.growing = undefined));
+    return lease.growing;
+  }
+
+  private async keyStillUsable(keyId: string): Promise<boolean> {
+    const checkedAt = this.keysCheckedAt.get(keyId);
+    const now = Date.now();
+    if (checkedAt !== undefined && now - checkedAt < this.options.keyCheckMs) return true;
+    if (!(await keyUsable(this.options.db, keyId))) {
+      this.keysCheckedAt.delete(keyId);
+      return false;
+    }
+    this.keysCheckedAt.set(keyId, now);
+    return true;
+  }
+
+  private idleLater(accountId: string, lease: AccountLease): void {
+    if (lease.held > 0 || lease.units === 0 || lease.idle !== undefined) return;
+    lease.idle = setTimeout(() => {
+      lease.idle = undefined;
+      if (lease.held === 0) void this.giveBackFree(accountId).catch(() => {});
+    }, this.options.lingerMs);
+    lease.idle.unref();
+  }
+}

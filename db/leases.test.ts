@@ -93,6 +93,22 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     expect(await getBalance(fresh.db, b.accountId)).toMatchObject({ balanceUnits: 94, reservedUnits: 4 });
   });
 
+  it("a lease growing while its gateway records and gives back on the same account never deadlocks", async () => {
+    const ids = await accountWithKey(fresh.db, 1_000_000);
+    const gatewayId = randomUUID();
+    await acquireLease(fresh.db, { gatewayId, ...ids, minUnits: 100, maxUnits: 100 });
+    for (let round = 0; round < 30; round++) {
+      await Promise.all([
+        acquireLease(fresh.db, { gatewayId, ...ids, minUnits: 10, maxUnits: 10 }),
+        recordAll(fresh.db, [leased(ids, gatewayId, 10, 1)]),
+        recordAll(fresh.db, [leased(ids, gatewayId, 10, 1), leased(ids, gatewayId, 10, 1)]),
+        giveBack(fresh.db, gatewayId, ids.accountId, 5),
+      ]);
+    }
+    expect(await leasedUnits(fresh.db, gatewayId, ids.accountId)).toBe(100 + 30 * (10 - 3 - 5));
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 1_000_000 - 90, reservedUnits: 160 });
+  });
+
   it("the recovery pass gives back the leases of gateways that are gone, and only theirs", async () => {
     const ids = await accountWithKey(fresh.db, 100);
     const live = randomUUID();

@@ -25,7 +25,6 @@ import { generateText, jsonSchema, stepCountIs, tool } from "ai";
 import OpenAI from "openai";
 import { Sandfork, type StreamEvent } from "sandfork";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { getBalance } from "../db/keys.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
@@ -89,7 +88,7 @@ describe("MCP", () => {
     }
     const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as { executions: number; units: number };
     expect(usage.executions).toBe(2);
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - usage.units, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - usage.units, reservedUnits: 0 });
 
     // The token's one execution is used: the next call is an isError result with our problem type.
     const mcp = await connect(token);
@@ -317,6 +316,6 @@ describe("streamed executions", () => {
     }
     expect(execution).toMatchObject({ status: "completed", stdout: "tick 0\ntick 1\ntick 2\ntick 3\ntick 4\n" });
     expect(execution?.usage.units).toBeGreaterThan(0);
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - (execution?.usage.units ?? 0), reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - (execution?.usage.units ?? 0), reservedUnits: 0 });
   });
 });

@@ -15,7 +15,6 @@ import { join } from "node:path";
 import { eq } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { findExecution } from "../db/billing.js";
-import { getBalance } from "../db/keys.js";
 import { usageLedger } from "../db/schema.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
@@ -77,7 +76,7 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
 
     // Billed: the record is settled, the balance is lower by exactly the charge, one usage row.
     expect(await findExecution(gw.fresh.db, body.id)).toMatchObject({ status: "completed", chargedUnits: body.usage.units });
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
     const ledger = await gw.fresh.db.select().from(usageLedger).where(eq(usageLedger.executionId, body.id));
     expect(ledger).toEqual([expect.objectContaining({ kind: "usage", template: "python", accountId, units: body.usage.units })]);
     const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as { executions: number; units: number };
@@ -92,7 +91,7 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     expect(response.status, text).toBe(200);
     const body = JSON.parse(text) as { id: string; usage: { units: number } };
     expect(body, text).toMatchObject({ status: "completed", stdout: "a\uFFFDb\uFFFDc", stderr: "\uFFFD" });
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
   });
 
   it("POST /v1/executions runs JavaScript and TypeScript on the node template, billed, with Python's limit statuses", async () => {
@@ -118,7 +117,7 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     expect(flood).toMatchObject({ status: "output_exceeded" });
     const charged = [js, ts, thrown, timedOut, bomb, flood].reduce((sum, execution) => sum + execution.usage.units, 0);
     expect(js.usage.units).toBeGreaterThan(0);
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: CREDITS - charged, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - charged, reservedUnits: 0 });
     const refused = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "node", language: "python", code: "print(1)" } });
     expect(refused.status).toBe(422);
   });

@@ -9,7 +9,6 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { eq } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { getBalance } from "../db/keys.js";
 import { usageLedger } from "../db/schema.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
@@ -114,7 +113,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     expect(usage.sessions.units).toBeGreaterThan(0);
     expect(usage.sessions.running_gib_seconds).toBeGreaterThan(0);
     expect(usage.sessions.checkpoint_gib_hours).toBeGreaterThan(0);
-    const balance = await getBalance(gw.fresh.db, accountId);
+    const balance = await gw.books(accountId);
     expect(balance).toMatchObject({ balanceUnits: CREDITS - usage.units, reservedUnits: 0 });
     const entries = await gw.fresh.db.select().from(usageLedger).where(eq(usageLedger.keyId, keyId));
     expect(entries.filter((e) => e.kind === "session").every((e) => e.sessionId !== null)).toBe(true);

@@ -48,11 +48,13 @@ export async function startGateway(
   const log = options.log ?? ((line: string) => console.log(line));
   const gatewayId = randomUUID();
   const open = await openConfiguredDatabase(config, gatewayId);
-  // The recovery pass: executions a killed gateway never answered hold credits until released here.
+  // The recovery pass: executions a killed gateway never answered, and its credit leases, hold
+  // credits until released here.
   const staleBefore = new Date(Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS);
-  const released = await releaseAbandonedReservations(open.db, await liveGatewayIds(open, gatewayId), staleBefore);
+  const live = await liveGatewayIds(open, gatewayId);
+  const released = await releaseAbandonedReservations(open.db, live, staleBefore);
   if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
-  const givenBack = await releaseAbandonedLeases(open.db, await liveGatewayIds(open, gatewayId));
+  const givenBack = await releaseAbandonedLeases(open.db, live);
   if (givenBack.leases > 0) log(`gave back ${givenBack.leases} credit lease(s) of stopped gateways (${givenBack.units} units)`);
 
   const admin = await bootstrapAdminKey(open, config);

@@ -422,3 +422,46 @@ describe("100 concurrent executions on one key with credits for 60, against a Po
     expect(usage).toMatchObject({ key_id: keyId, executions: 60, units: 60 });
   });
 });
+
+describe("two gateways on one PostgreSQL, one account with credits for 40", () => {
+  let a: TestGateway;
+  let b: TestGateway;
+  const config = { pricing: { unitName: "credit", templates: { "*": { baseUnits: 1, unitsPerSecond: 0 } } } };
+  beforeAll(async () => {
+    a = await startTestGateway("postgres", { config });
+    b = await startTestGateway("postgres", { config, fresh: a.fresh });
+  });
+  afterAll(async () => {
+    await b?.dispose();
+    await a?.dispose();
+  });
+
+  it("their leases never overspend it together, and what they hold goes back to the last credit", async () => {
+    const runtime = new ScriptedRuntimeTestDouble();
+    runtime.respond = async () => {
+      await new Promise((r) => setTimeout(r, 10));
+      return completed();
+    };
+    a.runtime = runtime;
+    b.runtime = runtime;
+    const { key, accountId } = await a.issue({ credits: 40 });
+    const responses = await Promise.all(
+      Array.from({ length: 60 }, (_, i) => (i % 2 === 0 ? a : b).call("POST", "/v1/executions", { credential: key, body: PROGRAM })),
+    );
+    const statuses = responses.map((r) => r.status);
+    // Each 200 was held of one gateway's lease; a 402 only where neither lease nor account had a credit left for it.
+    expect(statuses.filter((s) => s === 200).length + statuses.filter((s) => s === 402).length).toBe(60);
+    expect(statuses.filter((s) => s === 200).length).toBeLessThanOrEqual(40);
+    expect(runtime.requests.length).toBe(statuses.filter((s) => s === 200).length);
+    const charged = runtime.requests.length;
+    await b.books(accountId);
+    expect(await a.books(accountId)).toEqual({ accountId, balanceUnits: 40 - charged, reservedUnits: 0, availableUnits: 40 - charged });
+    // With both leases given back, what is left runs to the last credit. (On two gateways at
+    // once, the last credits can be in the other's idle lease until it goes back: a 402 meanwhile.)
+    let more = 0;
+    while ((await b.call("POST", "/v1/executions", { credential: key, body: PROGRAM })).status === 200) more++;
+    expect(charged + more).toBe(40);
+    await b.books(accountId);
+    expect(await a.books(accountId)).toEqual({ accountId, balanceUnits: 0, reservedUnits: 0, availableUnits: 0 });
+  });
+});

@@ -45,6 +45,14 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     expect(leases.asSeenByCallers((await getBalance(fresh.db, ids.accountId))!)).toMatchObject({ reservedUnits: 25, availableUnits: 975 });
   });
 
+  it("a free execution (a hold of 0) on an account without credits holds and records", async () => {
+    const ids = await accountWithKey(fresh.db, 0);
+    const leases = leasesOf();
+    expect(await leases.hold(ids.accountId, ids.keyId, 0)).toEqual({ kind: "held" });
+    expect(await leases.record(execution(leases, ids, 0, 0))).toMatchObject({ chargedUnits: 0, reservedUnits: 0 });
+    expect(await leases.hold(ids.accountId, ids.keyId, 1)).toEqual({ kind: "insufficient-credits", availableUnits: 0 });
+  });
+
   it("concurrent holds share one growth of the lease", async () => {
     const ids = await accountWithKey(fresh.db, 1_000);
     const leases = leasesOf();

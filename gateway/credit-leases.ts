@@ -36,6 +36,8 @@ export interface CreditLeaseOptions {
 interface AccountLease {
   units: number;
   held: number;
+  /** The lease's row exists (records need it, even of a free execution). */
+  stored: boolean;
   /** The lease's growth in flight: other holds wait for it rather than growing it too. */
   growing: Promise<HoldOutcome> | undefined;
   idle: NodeJS.Timeout | undefined;
@@ -60,7 +62,7 @@ export class CreditLeases {
     const lease = this.leaseOf(accountId);
     clearTimeout(lease.idle);
     lease.idle = undefined;
-    while (lease.units - lease.held < units) {
+    while (!lease.stored || lease.units - lease.held < units) {
       // Another hold's growth decides nothing for this one: look again once it is done.
       if (lease.growing !== undefined) {
         await lease.growing;
@@ -150,12 +152,12 @@ export class CreditLeases {
 
   private leaseOf(accountId: string): AccountLease {
     let lease = this.leases.get(accountId);
-    if (lease === undefined) this.leases.set(accountId, (lease = { units: 0, held: 0, growing: undefined, idle: undefined }));
+    if (lease === undefined) this.leases.set(accountId, (lease = { units: 0, held: 0, stored: false, growing: undefined, idle: undefined }));
     return lease;
   }
 
   private grow(accountId: string, keyId: string, lease: AccountLease, units: number): Promise<HoldOutcome> {
-    const short = units - (lease.units - lease.held);
+    const short = Math.max(0, units - (lease.units - lease.held));
     lease.growing = acquireLease(this.options.db, {
       gatewayId: this.options.gatewayId,
       accountId,
@@ -166,6 +168,7 @@ export class CreditLeases {
       .then((outcome): HoldOutcome => {
         if (outcome.kind === "leased") {
           lease.units += outcome.units;
+          lease.stored = true;
           return { kind: "held" };
         }
         if (outcome.kind === "key-revoked") {

@@ -35,7 +35,7 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     expect(await acquireLease(fresh.db, { gatewayId, ...ids, minUnits: 10, maxUnits: 60 })).toEqual({ kind: "leased", units: 40 });
     expect(await leasedUnits(fresh.db, gatewayId, ids.accountId)).toBe(100);
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 100, availableUnits: 0 });
-    expect(await acquireLease(fresh.db, { gatewayId: randomUUID(), ...ids, minUnits: 1, maxUnits: 5 })).toEqual({ kind: "insufficient-credits", availableUnits: 0 });
+    expect(await acquireLease(fresh.db, { gatewayId: randomUUID(), ...ids, minUnits: 1, maxUnits: 5 })).toEqual({ kind: "insufficient-credits", availableUnits: 0, othersLeased: 100 });
     await giveBack(fresh.db, gatewayId, ids.accountId, 30);
     expect(await leasedUnits(fresh.db, gatewayId, ids.accountId)).toBe(70);
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 70, availableUnits: 30 });
@@ -107,6 +107,28 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     }
     expect(await leasedUnits(fresh.db, gatewayId, ids.accountId)).toBe(100 + 30 * (10 - 3 - 5));
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 1_000_000 - 90, reservedUnits: 160 });
+  });
+
+  it("gateways' leases growing while others record on the same account never deadlock", async () => {
+    const ids = await accountWithKey(fresh.db, 1_000_000);
+    const [g1, g2] = [randomUUID(), randomUUID()];
+    await acquireLease(fresh.db, { gatewayId: g2, ...ids, minUnits: 1000, maxUnits: 1000 });
+    for (let round = 0; round < 30; round++) {
+      await Promise.all([
+        acquireLease(fresh.db, { gatewayId: g1, ...ids, minUnits: 1, maxUnits: 1 }),
+        recordAll(fresh.db, [leased(ids, g2, 10, 1)]),
+        acquireLease(fresh.db, { gatewayId: g2, ...ids, minUnits: 1, maxUnits: 1 }),
+        recordAll(fresh.db, [leased(ids, g2, 10, 1), leased(ids, g2, 10, 1)]),
+      ]);
+    }
+    expect(await leasedUnits(fresh.db, g1, ids.accountId)).toBe(30);
+    expect(await leasedUnits(fresh.db, g2, ids.accountId)).toBe(1000 + 30 - 90);
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 1_000_000 - 90, reservedUnits: 970 });
+    // Two gateways' first leases at once: each new row's foreign key holds a KEY SHARE lock on the account.
+    for (let round = 0; round < 20; round++) {
+      const outcomes = await Promise.all([randomUUID(), randomUUID(), randomUUID()].map((gatewayId) => acquireLease(fresh.db, { gatewayId, ...ids, minUnits: 1, maxUnits: 1 })));
+      expect(outcomes).toEqual([1, 2, 3].map(() => ({ kind: "leased", units: 1 })));
+    }
   });
 
   it("the recovery pass gives back the leases of gateways that are gone, and only theirs", async () => {

@@ -8,7 +8,7 @@
 // is only taken where the account covers it, and the database refuses a charge the lease cannot
 // cover. Unspent credits go back to the account when the gateway is done with them (idle, at
 // shutdown), or, for a gateway that died, at the next start (releaseAbandonedLeases).
-import { and, eq, sql } from "drizzle-orm";
+import { and, eq, ne, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
 import { type ExecutionRecord, fromSettledRow, SETTLED_COLUMNS, type Settlement, settlementJson, USAGE_OF_SETTLED } from "./billing.js";
 import { type PreparedStatement, runPrepared } from "./prepared.js";
@@ -16,7 +16,8 @@ import { accounts, apiKeys, creditLeases } from "./schema.js";
 
 export type LeaseOutcome =
   | { kind: "leased"; units: number }
-  | { kind: "insufficient-credits"; availableUnits: number }
+  // `othersLeased`: what other gateways' leases on the account hold (idle ones go back soon).
+  | { kind: "insufficient-credits"; availableUnits: number; othersLeased: number }
   | { kind: "key-revoked" };
 
 export interface LeaseRequest {
@@ -49,10 +50,18 @@ export async function acquireLease(db: Database, r: LeaseRequest): Promise<Lease
       })
       .from(accounts)
       .where(eq(accounts.id, r.accountId))
-      .for("update");
+      // Not FOR UPDATE: the lease row's foreign key holds a KEY SHARE lock on the account, and two
+      // gateways' growths each holding one and waiting for FOR UPDATE deadlock.
+      .for("no key update");
     if (!account?.keyUsable) return { kind: "key-revoked" } as const;
     const available = Number(account.available);
-    if (available < r.minUnits) return { kind: "insufficient-credits", availableUnits: available } as const;
+    if (available < r.minUnits) {
+      const [others] = await tx
+        .select({ units: sql<string>`coalesce(sum(${creditLeases.units}), 0)::text` })
+        .from(creditLeases)
+        .where(and(eq(creditLeases.accountId, r.accountId), ne(creditLeases.gatewayId, r.gatewayId)));
+      return { kind: "insufficient-credits", availableUnits: available, othersLeased: Number(others?.units ?? 0) } as const;
+    }
     const units = Math.min(r.maxUnits, available);
     await tx
       .update(accounts)

@@ -11,6 +11,10 @@
 // keep it), at shutdown, or at once when a reservation made in the database (an execution with
 // an Idempotency-Key, a session's cell) finds the account short.
 //
+// A hold the account cannot cover while other gateways' leases hold enough waits, once, long
+// enough for an idle one to go back (1.5 x lingerMs), and tries again: several gateways on one
+// PostgreSQL then share an account to its last credit, not only the one that leased it last.
+//
 // A revoked key gets no hold: a key is looked up at most once every `keyCheckMs` (the key
 // cache's TTL: as long as a revocation made by another gateway takes to reach this one's API-key
 // callers anyway), and at once after this gateway revoked it (forgetKey).
@@ -21,6 +25,7 @@ import type { AccountBalance } from "../db/keys.js";
 import { acquireLease, giveBack, keyUsable, type LeasedExecution, recordAll } from "../db/leases.js";
 
 export type HoldOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number } | { kind: "key-revoked" };
+type GrowthOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number; othersLeased: number } | { kind: "key-revoked" };
 
 export interface CreditLeaseOptions {
   db: Database;
@@ -39,7 +44,7 @@ interface AccountLease {
   /** The lease's row exists (records need it, even of a free execution). */
   stored: boolean;
   /** The lease's growth in flight: other holds wait for it rather than growing it too. */
-  growing: Promise<HoldOutcome> | undefined;
+  growing: Promise<GrowthOutcome> | undefined;
   idle: NodeJS.Timeout | undefined;
 }
 
@@ -62,6 +67,7 @@ export class CreditLeases {
     const lease = this.leaseOf(accountId);
     clearTimeout(lease.idle);
     lease.idle = undefined;
+    let waited = false;
     while (!lease.stored || lease.units - lease.held < units) {
       // Another hold's growth decides nothing for this one: look again once it is done.
       if (lease.growing !== undefined) {
@@ -69,10 +75,14 @@ export class CreditLeases {
         continue;
       }
       const outcome = await this.grow(accountId, keyId, lease, units);
-      if (outcome.kind !== "held") {
-        this.idleLater(accountId, lease);
-        return outcome;
+      if (outcome.kind === "held") continue;
+      if (outcome.kind === "insufficient-credits" && !waited && outcome.othersLeased >= units) {
+        waited = true;
+        await new Promise((resolve) => setTimeout(resolve, this.options.lingerMs * 1.5));
+        continue;
       }
+      this.idleLater(accountId, lease);
+      return outcome.kind === "insufficient-credits" ? { kind: "insufficient-credits", availableUnits: outcome.availableUnits } : outcome;
     }
     lease.held += units;
     return { kind: "held" };
@@ -156,7 +166,7 @@ export class CreditLeases {
     return lease;
   }
 
-  private grow(accountId: string, keyId: string, lease: AccountLease, units: number): Promise<HoldOutcome> {
+  private grow(accountId: string, keyId: string, lease: AccountLease, units: number): Promise<GrowthOutcome> {
     const short = Math.max(0, units - (lease.units - lease.held));
     lease.growing = acquireLease(this.options.db, {
       gatewayId: this.options.gatewayId,
@@ -165,7 +175,7 @@ export class CreditLeases {
       minUnits: short,
       maxUnits: Math.max(short, units * this.options.holdsPerLease),
     })
-      .then((outcome): HoldOutcome => {
+      .then((outcome): GrowthOutcome => {
         if (outcome.kind === "leased") {
           lease.units += outcome.units;
           lease.stored = true;
@@ -176,7 +186,7 @@ export class CreditLeases {
           return outcome;
         }
         // What this gateway could still hold counts as available too.
-        return { kind: "insufficient-credits", availableUnits: outcome.availableUnits + Math.max(0, lease.units - lease.held) };
+        return { ...outcome, availableUnits: outcome.availableUnits + Math.max(0, lease.units - lease.held) };
       })
       .finally(() => (lease.growing = undefined));
     return lease.growing;

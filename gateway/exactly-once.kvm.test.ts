@@ -242,7 +242,9 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
     expect(Number(released ?? 0)).toBe(abandoned.running);
     const givenBack = /gave back (\d+) credit lease\(s\) of stopped gateways/.exec(log)?.[1];
     expect(Number(givenBack ?? 0)).toBe(abandoned.leases);
-    await reconcile(answered, false);
+    // Before the retries too where the books can be read beside the gateway (PostgreSQL; on PGlite
+    // it would cost another restart, and the reconciliation after the retries checks it all again).
+    if (fresh !== undefined) await reconcile(answered, false);
     await retryUnanswered(unanswered, answered);
     await reconcile(answered, true);
   }, RESTART_TEST_TIMEOUT_MS);
@@ -256,7 +258,9 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
     expect(answered.size).toBeGreaterThan(0);
     expect(gateway.daemonPid(), "the supervisor restarted the daemon").not.toBe(daemonPid);
 
-    await reconcile(answered, false);
+    // Before the retries too where the books can be read beside the gateway (PostgreSQL; on PGlite
+    // it would cost another restart, and the reconciliation after the retries checks it all again).
+    if (fresh !== undefined) await reconcile(answered, false);
     await retryUnanswered(unanswered, answered);
     await reconcile(answered, true);
   }, RESTART_TEST_TIMEOUT_MS);

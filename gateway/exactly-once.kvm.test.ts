@@ -34,8 +34,9 @@ const GRANT = 10_000_000;
 const WORKERS = 8;
 /**
  * Load before the kill, and (daemon case) after the restart: a few seconds in all. Slower guests
- * (QEMU: time scale 15) get more, but not in proportion: ~6 s there still answers dozens of
- * executions before the kill, and the suite stays well inside the tier's limit.
+ * (QEMU: time scale 15) get more, but not in proportion: ~6 s there, in which executions are
+ * still answered before the kill (the tests assert it), and the suite keeps a margin under the
+ * tier's suite limit.
  */
 const LOAD_BEFORE_KILL_MS = 1_500 * Math.sqrt(timeScale);
 const LOAD_AFTER_RESTART_MS = 1_000 * Math.sqrt(timeScale);

@@ -9,7 +9,7 @@
 // spends its charge from `units` and frees its hold from `held`, both once its statement has
 // committed. A lease nothing holds is given back after `lingerMs` (so back-to-back executions
 // keep it), at shutdown, or at once when a reservation made in the database (an execution with
-// an Idempotency-Key, a session's cell) finds the account short.
+// an Idempotency-Key, a session's cell) or a session's accrual finds the account short.
 //
 // A hold the account cannot cover while other gateways' leases hold enough waits, once, long
 // enough for an idle one to go back (1.5 x lingerMs), and tries again: several gateways on one

@@ -91,6 +91,15 @@ const GIVE_BACK: PreparedStatement = {
   UPDATE accounts SET reserved_units = reserved_units - $3::int8 FROM lease WHERE accounts.id = lease.account_id`,
 };
 
+/** Deletes the gateway's leases that hold nothing (at its shutdown); the accounts they were on. */
+export async function dropEmptyLeases(db: Database, gatewayId: string): Promise<string[]> {
+  const dropped = await db
+    .delete(creditLeases)
+    .where(and(eq(creditLeases.gatewayId, gatewayId), eq(creditLeases.units, 0)))
+    .returning({ accountId: creditLeases.accountId });
+  return dropped.map((d) => d.accountId);
+}
+
 /** The units the gateway's lease on the account holds in the database (0 without one). */
 export async function leasedUnits(db: Database, gatewayId: string, accountId: string): Promise<number> {
   const [row] = await db

@@ -1,8 +1,10 @@
 import { randomUUID } from "node:crypto";
+import { eq } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { getBalance, revokeKey } from "../db/keys.js";
 import { type LeasedExecution, leasedUnits } from "../db/leases.js";
 import { accountWithKey } from "../db/testing/accounts.js";
+import { creditLeases } from "../db/schema.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
 import { CreditLeases } from "./credit-leases.js";
 
@@ -105,6 +107,11 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     leases.drop(ids.accountId, 5);
     await leases.giveBackAll();
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
+    // Closing (at shutdown) also deletes the empty lease: the next start has nothing to recover.
+    const rows = () => fresh.db.select().from(creditLeases).where(eq(creditLeases.gatewayId, leases.gatewayId));
+    expect(await rows()).toHaveLength(1);
+    await leases.close();
+    expect(await rows()).toEqual([]);
   });
 
   it("a revoked key gets no hold once its check is due, or at once after forgetKey", async () => {

@@ -22,7 +22,7 @@ import type { Database } from "../db/client.js";
 import type { ExecutionRecord } from "../db/billing.js";
 import { GroupCommit } from "../db/group-commit.js";
 import type { AccountBalance } from "../db/keys.js";
-import { acquireLease, giveBack, keyUsable, type LeasedExecution, recordAll } from "../db/leases.js";
+import { acquireLease, dropEmptyLeases, giveBack, keyUsable, type LeasedExecution, recordAll } from "../db/leases.js";
 
 export type HoldOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number } | { kind: "key-revoked" };
 type GrowthOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number; othersLeased: number } | { kind: "key-revoked" };
@@ -129,12 +129,24 @@ export class CreditLeases {
     }
   }
 
-  /** Gives back every lease's free credits (at shutdown). What is still held stays for the next start's recovery pass. */
+  /** Gives back every lease's free credits. What is still held stays (at shutdown: for the next start's recovery pass). */
   async giveBackAll(): Promise<void> {
     for (const [accountId, lease] of this.leases) {
       clearTimeout(lease.idle);
       lease.idle = undefined;
       await this.giveBackFree(accountId);
+    }
+  }
+
+  /**
+   * At shutdown: gives back what nothing holds and deletes the leases left empty, so the next
+   * start's recovery pass finds only what a gateway left holding credits.
+   */
+  async close(): Promise<void> {
+    await this.giveBackAll();
+    for (const accountId of await dropEmptyLeases(this.options.db, this.options.gatewayId)) {
+      const lease = this.leases.get(accountId);
+      if (lease !== undefined) lease.stored = false;
     }
   }
 

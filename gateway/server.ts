@@ -128,7 +128,7 @@ export async function startGateway(
         await closed;
       }
       // What is still held (an execution that would not end) the next start's recovery pass frees.
-      await context.leases.giveBackAll().catch((error: unknown) => log(`credit leases not given back: ${String(error)}`));
+      await context.leases.close().catch((error: unknown) => log(`credit leases not given back: ${String(error)}`));
       await telemetry.shutdown();
       await open.close();
     },

@@ -18,7 +18,6 @@ import { accountWithKey } from "./testing/accounts.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";
 
-
 const settlement = (chargedUnits: number) => ({
   status: "completed" as const,
   exitCode: 0,

@@ -18,7 +18,8 @@
 //   entry. It commits before the gateway answers.
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
 // Executions that need no record before they end take the cheaper path of db/leases.ts instead.
-import { and, eq, lt, notInArray, or, sql } from "drizzle-orm";
+import { and, eq, lt, notInArray, or, type SQL, sql } from "drizzle-orm";
+import type { AnyPgColumn } from "drizzle-orm/pg-core";
 import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
 import { type PreparedStatement, runPrepared, type TextRow } from "./prepared.js";
@@ -135,9 +136,22 @@ function isUniqueViolation(error: unknown): boolean {
   return false;
 }
 
-/** True while the key exists and is not revoked; checked inside reserve's hold. */
-function keyUsable(keyId: string) {
-  return sql`EXISTS (SELECT 1 FROM ${apiKeys} WHERE ${apiKeys.id} = ${keyId} AND ${apiKeys.revokedAt} IS NULL)`;
+/**
+ * The account's available credits (balance - reserved) and whether `keyId` exists unrevoked, in
+ * one read; undefined without the account. `lock` takes the account's row for an update of its
+ * credits (FOR NO KEY UPDATE: rows whose foreign keys point at the account hold KEY SHARE locks
+ * on it, which FOR UPDATE would wait for).
+ */
+export async function accountStanding(db: Pick<Database, "select">, accountId: string, keyId: string, lock = false): Promise<{ availableUnits: number; keyUsable: boolean } | undefined> {
+  const query = db
+    .select({
+      available: sql<string>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::text`,
+      keyUsable: sql<boolean>`EXISTS (SELECT 1 FROM ${apiKeys} WHERE ${apiKeys.id} = ${keyId} AND ${apiKeys.revokedAt} IS NULL)`,
+    })
+    .from(accounts)
+    .where(eq(accounts.id, accountId));
+  const [row] = await (lock ? query.for("no key update") : query);
+  return row === undefined ? undefined : { availableUnits: Number(row.available), keyUsable: row.keyUsable };
 }
 
 /**
@@ -226,15 +240,9 @@ async function whyNotReserved(db: Database, r: Reservation): Promise<ReserveOutc
     const existing = await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
     if (existing) return { kind: "duplicate", existing };
   }
-  const [account] = await db
-    .select({
-      available: sql<number>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::bigint`,
-      keyUsable: sql<boolean>`${keyUsable(r.keyId)}`,
-    })
-    .from(accounts)
-    .where(eq(accounts.id, r.accountId));
+  const account = await accountStanding(db, r.accountId, r.keyId);
   if (!account?.keyUsable) return { kind: "key-revoked" };
-  return { kind: "insufficient-credits", availableUnits: Number(account.available) };
+  return { kind: "insufficient-credits", availableUnits: account.availableUnits };
 }
 
 export interface Settlement {
@@ -260,7 +268,7 @@ export interface SettlementOf {
  * Atomic: if the statement fails, none of the batch is billed.
  */
 export async function settleAll(db: Database, items: SettlementOf[]): Promise<ExecutionRecord[]> {
-  for (const { settlement: s } of items) if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
+  for (const { settlement } of items) checkCharge(settlement);
   const rows = await runPrepared(db, ...settleStatement(items));
   // The rows come back without what the caller already holds (no copy of a large output back
   // through the database); a repeat's record is read whole instead.
@@ -289,11 +297,20 @@ export async function settle(db: Database, executionId: string, settlement: Sett
 function settleStatement(items: SettlementOf[]): [PreparedStatement, (string | null)[]] {
   if (items.length === 1) {
     const { executionId, settlement: s } = items[0] as SettlementOf;
-    const exitCode = s.exitCode === null ? null : String(s.exitCode);
-    return [SETTLE_ONE, [executionId, s.status, exitCode, s.stdout, s.stderr, String(s.truncated), JSON.stringify(s.timings), String(s.chargedUnits)]];
+    return [SETTLE_ONE, [executionId, ...settlementParams(s), String(s.chargedUnits)]];
   }
   const batch = items.map(({ executionId, settlement }) => ({ id: executionId, ...settlementJson(settlement) }));
   return [SETTLE_BATCH, [JSON.stringify(batch)]];
+}
+
+/** Throws unless the settlement's charge is a whole number of units. */
+export function checkCharge(s: Settlement): void {
+  if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
+}
+
+/** A settlement's outcome as the single-row statements (SETTLE_ONE, RECORD_ONE) take it, six text parameters in a row. */
+export function settlementParams(s: Settlement): (string | null)[] {
+  return [s.status, s.exitCode === null ? null : String(s.exitCode), s.stdout, s.stderr, String(s.truncated), JSON.stringify(s.timings)];
 }
 
 /** A settlement as the batch functions (sandfork_settle, sandfork_record) take it, one JSON object's fields. */
@@ -395,7 +412,7 @@ export async function release(db: Database, executionId: string): Promise<boolea
  * never sent, so nothing is charged. Returns how many were released.
  */
 export async function releaseAbandonedReservations(db: Database, liveGatewayIds: string[], startedBefore: Date): Promise<number> {
-  const ownerGone = liveGatewayIds.length === 0 ? sql`true` : sql`${executions.gatewayId} IS NULL OR ${notInArray(executions.gatewayId, liveGatewayIds)}`;
+  const ownerGone = ofGoneGateway(executions.gatewayId, liveGatewayIds);
   const abandoned = await db
     .select({ id: executions.id })
     .from(executions)
@@ -403,6 +420,11 @@ export async function releaseAbandonedReservations(db: Database, liveGatewayIds:
   let released = 0;
   for (const { id } of abandoned) if (await release(db, id)) released++;
   return released;
+}
+
+/** Rows whose gateway (`column`; null: from before gateways had ids) is not among `liveGatewayIds`. */
+export function ofGoneGateway(column: AnyPgColumn, liveGatewayIds: string[]): SQL {
+  return liveGatewayIds.length === 0 ? sql`true` : sql`${column} IS NULL OR ${notInArray(column, liveGatewayIds)}`;
 }
 
 /**

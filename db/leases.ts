@@ -10,9 +10,20 @@
 // shutdown), or, for a gateway that died, at the next start (releaseAbandonedLeases).
 import { and, eq, ne, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
-import { type ExecutionRecord, fromSettledRow, SETTLED_COLUMNS, type Settlement, settlementJson, USAGE_OF_SETTLED } from "./billing.js";
+import {
+  accountStanding,
+  checkCharge,
+  type ExecutionRecord,
+  fromSettledRow,
+  ofGoneGateway,
+  SETTLED_COLUMNS,
+  type Settlement,
+  settlementJson,
+  settlementParams,
+  USAGE_OF_SETTLED,
+} from "./billing.js";
 import { type PreparedStatement, runPrepared } from "./prepared.js";
-import { accounts, apiKeys, creditLeases } from "./schema.js";
+import { accounts, creditLeases } from "./schema.js";
 
 export type LeaseOutcome =
   | { kind: "leased"; units: number }
@@ -43,18 +54,12 @@ export async function acquireLease(db: Database, r: LeaseRequest): Promise<Lease
       .insert(creditLeases)
       .values({ gatewayId: r.gatewayId, accountId: r.accountId, units: 0 })
       .onConflictDoUpdate({ target: [creditLeases.gatewayId, creditLeases.accountId], set: { units: sql`${creditLeases.units}` } });
-    const [account] = await tx
-      .select({
-        available: sql<string>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::text`,
-        keyUsable: sql<boolean>`EXISTS (SELECT 1 FROM ${apiKeys} WHERE ${apiKeys.id} = ${r.keyId} AND ${apiKeys.revokedAt} IS NULL)`,
-      })
-      .from(accounts)
-      .where(eq(accounts.id, r.accountId))
-      // Not FOR UPDATE: the lease row's foreign key holds a KEY SHARE lock on the account, and two
-      // gateways' growths each holding one and waiting for FOR UPDATE deadlock.
-      .for("no key update");
+    // Locked for the update below, under FOR NO KEY UPDATE: the lease row's foreign key holds a
+    // KEY SHARE lock on the account, and two gateways' growths each holding one and waiting for
+    // FOR UPDATE deadlocked.
+    const account = await accountStanding(tx, r.accountId, r.keyId, true);
     if (!account?.keyUsable) return { kind: "key-revoked" } as const;
-    const available = Number(account.available);
+    const available = account.availableUnits;
     if (available < r.minUnits) {
       const [others] = await tx
         .select({ units: sql<string>`coalesce(sum(${creditLeases.units}), 0)::text` })
@@ -116,13 +121,9 @@ export async function leasedUnits(db: Database, gatewayId: string, accountId: st
  */
 export async function releaseAbandonedLeases(db: Database, liveGatewayIds: string[]): Promise<{ leases: number; units: number }> {
   return db.transaction(async (tx) => {
-    const live = sql.join(
-      liveGatewayIds.map((id) => sql`${id}`),
-      sql`, `,
-    );
     const gone = await tx
       .delete(creditLeases)
-      .where(liveGatewayIds.length === 0 ? sql`true` : sql`${creditLeases.gatewayId} NOT IN (${live})`)
+      .where(ofGoneGateway(creditLeases.gatewayId, liveGatewayIds))
       .returning({ accountId: creditLeases.accountId, units: creditLeases.units });
     const perAccount = new Map<string, number>();
     for (const g of gone) perAccount.set(g.accountId, (perAccount.get(g.accountId) ?? 0) + g.units);
@@ -136,17 +137,6 @@ export async function releaseAbandonedLeases(db: Database, liveGatewayIds: strin
   });
 }
 
-/** True while the key exists and is not revoked. */
-export async function keyUsable(db: Database, keyId: string): Promise<boolean> {
-  const [row] = await runPrepared(db, KEY_USABLE, [keyId]);
-  return row?.usable === "t" || row?.usable === "true";
-}
-
-const KEY_USABLE: PreparedStatement = {
-  name: "sandfork_key_usable",
-  text: `SELECT (EXISTS (SELECT 1 FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL))::text AS usable`,
-};
-
 /** An execution that ran on credits its gateway's lease held, and how it ended. */
 export interface LeasedExecution {
   executionId: string;
@@ -158,7 +148,7 @@ export interface LeasedExecution {
   gatewayId: string;
   /** What it held of the lease; the charge is capped at it. */
   reservedUnits: number;
-  /** When it was accepted (its record's created_at). */
+  /** When it started to run (its record's created_at). */
   createdAt: Date;
   settlement: Settlement;
 }
@@ -168,8 +158,8 @@ export interface LeasedExecution {
  * answers the records in order. Atomic: if the statement fails, none of the batch is billed.
  */
 export async function recordAll(db: Database, items: LeasedExecution[]): Promise<ExecutionRecord[]> {
-  for (const { settlement: s, reservedUnits } of items) {
-    if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
+  for (const { settlement, reservedUnits } of items) {
+    checkCharge(settlement);
     if (!Number.isSafeInteger(reservedUnits) || reservedUnits < 0) throw new RangeError("a hold is a non-negative integer");
   }
   const rows = await runPrepared(db, ...recordStatement(items));
@@ -196,12 +186,7 @@ function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string 
         e.requestHash,
         e.template,
         e.gatewayId,
-        s.status,
-        s.exitCode === null ? null : String(s.exitCode),
-        s.stdout,
-        s.stderr,
-        String(s.truncated),
-        JSON.stringify(s.timings),
+        ...settlementParams(s),
         String(e.reservedUnits),
         String(s.chargedUnits),
         String(e.createdAt.getTime()),

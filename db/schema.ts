@@ -104,7 +104,7 @@ export const executions = pgTable(
 );
 
 // A gateway's credit lease on an account (gateway/credit-leases.ts): credits it took from the
-// account's available balance in one statement and holds executions against in memory. They are
+// account's available balance in one transaction and holds executions against in memory. They are
 // part of the account's reserved units until spent (each execution's charge leaves both) or given
 // back; a dead gateway's leases are given back by the next start's recovery pass.
 export const creditLeases = pgTable(

@@ -19,10 +19,10 @@
 // cache's TTL: as long as a revocation made by another gateway takes to reach this one's API-key
 // callers anyway), and at once after this gateway revoked it (forgetKey).
 import type { Database } from "../db/client.js";
-import type { ExecutionRecord } from "../db/billing.js";
+import { accountStanding, type ExecutionRecord } from "../db/billing.js";
 import { GroupCommit } from "../db/group-commit.js";
 import type { AccountBalance } from "../db/keys.js";
-import { acquireLease, dropEmptyLeases, giveBack, keyUsable, type LeasedExecution, recordAll } from "../db/leases.js";
+import { acquireLease, dropEmptyLeases, giveBack, type LeasedExecution, recordAll } from "../db/leases.js";
 
 export type HoldOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number } | { kind: "key-revoked" };
 type GrowthOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number; othersLeased: number } | { kind: "key-revoked" };
@@ -63,7 +63,7 @@ export class CreditLeases {
 
   /** Holds `units` of the account's credits for an execution of `keyId`. */
   async hold(accountId: string, keyId: string, units: number): Promise<HoldOutcome> {
-    if (!(await this.keyStillUsable(keyId))) return { kind: "key-revoked" };
+    if (!(await this.keyStillUsable(accountId, keyId))) return { kind: "key-revoked" };
     const lease = this.leaseOf(accountId);
     clearTimeout(lease.idle);
     lease.idle = undefined;
@@ -204,11 +204,11 @@ export class CreditLeases {
     return lease.growing;
   }
 
-  private async keyStillUsable(keyId: string): Promise<boolean> {
+  private async keyStillUsable(accountId: string, keyId: string): Promise<boolean> {
     const checkedAt = this.keysCheckedAt.get(keyId);
     const now = Date.now();
     if (checkedAt !== undefined && now - checkedAt < this.options.keyCheckMs) return true;
-    if (!(await keyUsable(this.options.db, keyId))) {
+    if (!(await accountStanding(this.options.db, accountId, keyId))?.keyUsable) {
       this.keysCheckedAt.delete(keyId);
       return false;
     }

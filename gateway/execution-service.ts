@@ -225,7 +225,6 @@ export class ExecutionService {
 
     // The record of an execution nobody can see before it ends need not exist before it does.
     const leased = idempotencyKey === null && live.onStart === undefined;
-    const createdAt = new Date();
     const reservation = await inSpan(tracer, "billing.reserve", (span): Promise<HoldOutcome | ReserveOutcome> => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.reserved_units": reservedUnits, "sandfork.billing.leased": leased });
       if (leased) return this.deps.leases.hold(principal.accountId, principal.keyId, reservedUnits);
@@ -289,7 +288,8 @@ export class ExecutionService {
         template: request.template,
         gatewayId: this.deps.gatewayId,
         reservedUnits,
-        createdAt,
+        // When it started to run, as a reserved record's created_at is when it was reserved.
+        createdAt: new Date(startedAt),
         settlement,
       });
     });

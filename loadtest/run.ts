@@ -208,18 +208,16 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     const auth = { authorization: `Bearer ${(JSON.parse(created.body) as { key: string }).key}` };
     const json = { ...auth, "content-type": "application/json" };
     let sequence = 0;
+    const executeWith = async (headers: Record<string, string>) => {
+      const r = await call("POST", `${gateway.url}/v1/executions`, headers, EXECUTION_BODY);
+      return r.status === 200 && r.body.includes('"status":"completed"');
+    };
     // As the typed client and the agent tools send by default: no Idempotency-Key (the execution
     // holds credits of the gateway's lease and is billed with one statement, db/leases.ts).
-    const execute = async () => {
-      const r = await call("POST", `${gateway.url}/v1/executions`, json, EXECUTION_BODY);
-      return r.status === 200 && r.body.includes('"status":"completed"');
-    };
+    const execute = () => executeWith(json);
     // A unique Idempotency-Key per request, as a retrying client sends (and as execute.k6.ts does):
     // reserved in the database before it runs, settled after.
-    const executeKeyed = async () => {
-      const r = await call("POST", `${gateway.url}/v1/executions`, { ...json, "idempotency-key": `lt-${sequence++}` }, EXECUTION_BODY);
-      return r.status === 200 && r.body.includes('"status":"completed"');
-    };
+    const executeKeyed = () => executeWith({ ...json, "idempotency-key": `lt-${sequence++}` });
     const bounded = (scenario: string, concurrency: number, send: () => Promise<boolean>, count = requests) =>
       drive({ scenario, requests: count, concurrency, maxDurationMs, send });
 

@@ -1,6 +1,5 @@
 // Builds the gateway's Hono app from its dependencies. No I/O here beyond what requests do.
 import { OpenAPIHono } from "@hono/zod-openapi";
-import { httpInstrumentationMiddleware } from "@hono/otel";
 import { trace } from "@opentelemetry/api";
 import { HTTPException } from "hono/http-exception";
 import type { Database } from "../db/client.js";
@@ -24,7 +23,8 @@ import { registerTokenRoutes } from "./routes/tokens.js";
 import { registerToolRoutes } from "./routes/tools.js";
 import { ToolRunner } from "./tools/runner.js";
 import { registerUsageRoutes } from "./routes/usage.js";
-import { SERVICE_NAME, SERVICE_VERSION, type Telemetry } from "./telemetry.js";
+import { httpTelemetry } from "./http-telemetry.js";
+import { SERVICE_VERSION, type Telemetry } from "./telemetry.js";
 
 export interface GatewayDeps {
   db: Database;
@@ -119,15 +119,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     },
   });
 
-  app.use(
-    "*",
-    httpInstrumentationMiddleware({
-      tracerProvider: deps.telemetry.tracerProvider,
-      meterProvider: deps.telemetry.meterProvider,
-      serviceName: SERVICE_NAME,
-      serviceVersion: SERVICE_VERSION,
-    }),
-  );
+  app.use("*", httpTelemetry(deps.telemetry));
 
   // FaaS attributes on the server span; the first request this instance serves is the cold start.
   let coldStart = true;

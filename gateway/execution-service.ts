@@ -121,9 +121,36 @@ function templatesOf(runtime: ExecutionRuntime): Promise<Template[]> {
 
 export class ExecutionService {
   private readonly billing: BillingBatches;
+  /** The abort controllers of the executions in flight, which the gateway's shutdown aborts. */
+  private readonly inFlight = new Set<AbortController>();
 
   constructor(private readonly deps: ExecutionServiceDeps) {
     this.billing = new BillingBatches(deps.db, (accountId) => deps.leases.giveBackFree(accountId));
+    deps.shutdownSignal.addEventListener("abort", () => {
+      for (const run of this.inFlight) run.abort(deps.shutdownSignal.reason);
+    });
+  }
+
+  /**
+   * Runs one execution with a signal that aborts at shutdown or when the runtime overstays the
+   * program's timeout by runtimeGraceMs (a backstop: the runtime enforces the timeout itself).
+   * One controller and one timer: AbortSignal.any and AbortSignal.timeout cost several times that
+   * per request.
+   */
+  private async runAbortable(runtime: ExecutionRuntime, request: ExecutionRequest, onOutput: LiveExecution["onOutput"]): Promise<ExecutionResult> {
+    this.deps.shutdownSignal.throwIfAborted();
+    const run = new AbortController();
+    this.inFlight.add(run);
+    const overstayed = setTimeout(
+      () => run.abort(new DOMException("the runtime did not answer within the execution's timeout", "TimeoutError")),
+      request.timeoutMs + this.deps.runtimeGraceMs,
+    );
+    try {
+      return await runtime.execute(request, run.signal, onOutput);
+    } finally {
+      clearTimeout(overstayed);
+      this.inFlight.delete(run);
+    }
   }
 
   async templates(): Promise<Template[]> {
@@ -252,9 +279,8 @@ export class ExecutionService {
     const startedAt = Date.now();
     let result: ExecutionResult;
     try {
-      const signal = AbortSignal.any([this.deps.shutdownSignal, AbortSignal.timeout(request.timeoutMs + this.deps.runtimeGraceMs)]);
       live.onStart?.(executionId);
-      result = await runtime.execute({ executionId, ...request }, signal, live.onOutput);
+      result = await this.runAbortable(runtime, { executionId, ...request }, live.onOutput);
     } catch (error) {
       if (leased) this.deps.leases.drop(principal.accountId, reservedUnits);
       else await release(this.deps.db, executionId);

@@ -2,7 +2,7 @@
 // execute with `unavailable` on a machine without /dev/kvm; runtime/gateway-runtime.test.ts covers
 // that). The double runs no code: it returns results scripted by each test, so that the gateway's
 // real reserve → execute → settle billing flow can be exercised against both databases.
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
 import { eq } from "drizzle-orm";
 import { findExecution } from "../db/billing.js";
 import { getBalance } from "../db/keys.js";
@@ -15,10 +15,10 @@ import { expectProblem, startTestGateway, type TestGateway } from "./testing/tes
 /** Test double: records requests and answers with `respond` (default: a completed run). */
 class ScriptedRuntimeTestDouble implements ExecutionRuntime {
   readonly requests: ExecutionRequest[] = [];
-  respond: (request: ExecutionRequest) => Promise<ExecutionResult> = async () => completed();
-  async execute(request: ExecutionRequest): Promise<ExecutionResult> {
+  respond: (request: ExecutionRequest, signal: AbortSignal) => Promise<ExecutionResult> = async () => completed();
+  async execute(request: ExecutionRequest, signal: AbortSignal): Promise<ExecutionResult> {
     this.requests.push(request);
-    return this.respond(request);
+    return this.respond(request, signal);
   }
   async templates(): Promise<Template[]> {
     return [
@@ -352,6 +352,39 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     await expectProblem(await execute(token), 401, "credentials-revoked");
     expect(runtime.requests).toHaveLength(1);
     expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+  });
+
+  it("gives up on a runtime that overstays the timeout by the grace, and aborts what runs at shutdown; neither is billed", async () => {
+    const shutdown = new AbortController();
+    const local = await startTestGateway(backend, { fresh: gw.fresh, config: { runtimeGraceMs: 50 }, shutdownSignal: shutdown.signal });
+    try {
+      const { key, accountId } = await local.issue({ credits: 100 });
+      const reasons: unknown[] = [];
+      // A runtime that never answers on its own: it gives up only when its signal aborts.
+      runtime.respond = (_request, signal) =>
+        new Promise((_resolve, reject) =>
+          signal.addEventListener("abort", () => {
+            reasons.push(signal.reason);
+            reject(signal.reason);
+          }),
+        );
+      local.runtime = runtime;
+      const call = (body: unknown) => local.call("POST", "/v1/executions", { credential: key, body });
+      await expectProblem(await call({ ...PROGRAM, timeout_ms: 100 }), 502, "runtime-failed");
+      expect(reasons[0]).toMatchObject({ name: "TimeoutError" });
+
+      const pending = call(PROGRAM);
+      await vi.waitUntil(() => runtime.requests.length === 2);
+      shutdown.abort(new Error("the gateway is shutting down"));
+      await expectProblem(await pending, 502, "runtime-failed");
+      expect(reasons[1]).toMatchObject({ message: "the gateway is shutting down" });
+      // Aborted before it started: the runtime is not asked.
+      await expectProblem(await call(PROGRAM), 502, "runtime-failed");
+      expect(runtime.requests).toHaveLength(2);
+      expect(await local.books(accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
+    } finally {
+      await local.dispose();
+    }
   });
 
   it("traces the request: server span with FaaS attributes; auth, billing, queue, fork and exec children", async () => {

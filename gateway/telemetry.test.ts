@@ -55,3 +55,23 @@ describe("OTLP export", () => {
     expect(received.length).toBe(before);
   });
 });
+
+describe("metrics at /metrics", () => {
+  it("tallies counts per attribute set and reads them, with the requests in flight, when collected", async () => {
+    const telemetry = createTelemetry({ env: {} });
+    const { executions, billedUnits, activeRequests } = telemetry.instruments;
+    executions.add(1, { template: "python", status: "completed" });
+    executions.add(2, { template: "python", status: "completed" });
+    executions.add(1, { template: "python", status: "timed_out" });
+    billedUnits.add(7, { template: "node" });
+    activeRequests.set("POST", 3);
+    const text = await telemetry.prometheusText();
+    expect(text).toMatch(/sandfork_executions_total\{[^}]*template="python",status="completed"[^}]*\} 3\b/);
+    expect(text).toMatch(/sandfork_executions_total\{[^}]*template="python",status="timed_out"[^}]*\} 1\b/);
+    expect(text).toMatch(/sandfork_billing_units_total\{[^}]*template="node"[^}]*\} 7\b/);
+    expect(text).toMatch(/http_server_active_requests\{[^}]*http_request_method="POST"[^}]*\} 3\b/);
+    executions.add(1, { template: "python", status: "completed" });
+    expect(await telemetry.prometheusText()).toMatch(/sandfork_executions_total\{[^}]*status="completed"[^}]*\} 4\b/);
+    await telemetry.shutdown();
+  });
+});

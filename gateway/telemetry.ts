@@ -2,7 +2,20 @@
 // Metrics are always readable at /metrics (Prometheus text); traces and metrics are also pushed by
 // OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT (or the per-signal variables) is set. Spans are
 // recorded only when something exports them (OTLP, or a test's exporter).
-import { context, type Counter, type Histogram, type Meter, type Span, SpanStatusCode, type Tracer, type TracerProvider } from "@opentelemetry/api";
+// Per-request cost matters here (issue 9): every SDK record hashes its attribute set, so counts are
+// tallied in memory and read when metrics are collected (TalliedCounter), and with nowhere to send
+// spans the tracer is the API's no-op one (no ids generated, no sampling decision per span).
+import {
+  type Attributes,
+  context,
+  type Histogram,
+  type Meter,
+  ProxyTracerProvider,
+  type Span,
+  SpanStatusCode,
+  type Tracer,
+  ValueType,
+} from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { OTLPMetricExporter } from "@opentelemetry/exporter-metrics-otlp-http";
 import { PrometheusExporter, PrometheusSerializer } from "@opentelemetry/exporter-prometheus";
@@ -15,18 +28,43 @@ import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic
 export const SERVICE_NAME = "sandfork-gateway";
 export const SERVICE_VERSION = "0.1.0";
 
+/**
+ * A monotonic sum whose add() is a Map update keyed by the values of its declared attributes; the
+ * SDK sees the totals only when a reader collects (an observable counter). Its attribute values
+ * must come from small sets (templates, statuses, problem types), as any metric's should.
+ */
+export class TalliedCounter<K extends string> {
+  private readonly totals = new Map<string, { attributes: Record<K, string>; value: number }>();
+
+  constructor(meter: Meter, name: string, description: string, private readonly keys: readonly K[]) {
+    meter.createObservableCounter(name, { description }).addCallback((result) => {
+      for (const total of this.totals.values()) result.observe(total.value, total.attributes);
+    });
+  }
+
+  add(value: number, attributes: Record<K, string>): void {
+    const key = this.keys.map((k) => attributes[k]).join("\u0000");
+    const total = this.totals.get(key);
+    if (total === undefined) this.totals.set(key, { attributes: { ...attributes }, value });
+    else total.value += value;
+  }
+}
+
 export interface GatewayInstruments {
-  executions: Counter;
+  executions: TalliedCounter<"template" | "status">;
   executionDuration: Histogram;
-  billedUnits: Counter;
-  rejectedRequests: Counter;
+  billedUnits: TalliedCounter<"template">;
+  rejectedRequests: TalliedCounter<"problem">;
+  /** http.server.request.duration, by method, route and status (semantic conventions). */
+  requestDuration: Histogram<Attributes>;
+  /** Requests being served, by method: read as http.server.active_requests when collected. */
+  activeRequests: Map<string, number>;
 }
 
 export interface Telemetry {
-  tracerProvider: TracerProvider;
-  meterProvider: MeterProvider;
+  /** Whether spans are recorded (something exports them). */
+  recording: boolean;
   tracer: Tracer;
-  meter: Meter;
   instruments: GatewayInstruments;
   /** The current metrics in Prometheus text exposition format. */
   prometheusText(): Promise<string>;
@@ -92,24 +130,34 @@ export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
   if (metricsUrl) readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter({ url: metricsUrl }) }));
   const meterProvider = new MeterProvider({ resource, readers });
 
-  const tracer = tracerProvider.getTracer(SERVICE_NAME, SERVICE_VERSION);
+  const tracer = (recording ? tracerProvider : new ProxyTracerProvider()).getTracer(SERVICE_NAME, SERVICE_VERSION);
   const meter = meterProvider.getMeter(SERVICE_NAME, SERVICE_VERSION);
+  const activeRequests = new Map<string, number>();
+  meter
+    .createObservableUpDownCounter("http.server.active_requests", { description: "HTTP requests being served", valueType: ValueType.INT })
+    .addCallback((result) => {
+      for (const [method, count] of activeRequests) result.observe(count, { "http.request.method": method });
+    });
   const instruments: GatewayInstruments = {
-    executions: meter.createCounter("sandfork.executions", { description: "Executions finished, by template and status" }),
+    executions: new TalliedCounter(meter, "sandfork.executions", "Executions finished, by template and status", ["template", "status"]),
     executionDuration: meter.createHistogram("sandfork.execution.duration", {
       description: "Wall time of executions as measured by the gateway",
       unit: "s",
     }),
-    billedUnits: meter.createCounter("sandfork.billing.units", { description: "Billing units charged, by template" }),
-    rejectedRequests: meter.createCounter("sandfork.requests.rejected", { description: "Requests answered with a problem, by problem type" }),
+    billedUnits: new TalliedCounter(meter, "sandfork.billing.units", "Billing units charged, by template", ["template"]),
+    rejectedRequests: new TalliedCounter(meter, "sandfork.requests.rejected", "Requests answered with a problem, by problem type", ["problem"]),
+    requestDuration: meter.createHistogram("http.server.request.duration", {
+      description: "Duration of HTTP requests",
+      unit: "s",
+      advice: { explicitBucketBoundaries: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] },
+    }),
+    activeRequests,
   };
   const serializer = new PrometheusSerializer();
 
   return {
-    tracerProvider,
-    meterProvider,
+    recording,
     tracer,
-    meter,
     instruments,
     async prometheusText() {
       const { resourceMetrics } = await prometheus.collect();

@@ -60,7 +60,14 @@ export function newTokenService(audience = TEST_AUDIENCE): TokenService {
 
 export async function startTestGateway(
   backend: DatabaseBackend,
-  options: { config?: Partial<GatewayConfig>; runtime?: ExecutionRuntime; fresh?: FreshDatabase; tokens?: TokenService; now?: () => number } = {},
+  options: {
+    config?: Partial<GatewayConfig>;
+    runtime?: ExecutionRuntime;
+    fresh?: FreshDatabase;
+    tokens?: TokenService;
+    now?: () => number;
+    shutdownSignal?: AbortSignal;
+  } = {},
 ): Promise<TestGateway> {
   const fresh = options.fresh ?? (await freshDatabase(backend, { maxConnections: 20 }));
   const config = testConfig({ tokenAudience: TEST_AUDIENCE, ...options.config });
@@ -75,6 +82,7 @@ export async function startTestGateway(
     tokens,
     runtime: () => holder.runtime,
     ...(options.now ? { now: options.now } : {}),
+    ...(options.shutdownSignal ? { shutdownSignal: options.shutdownSignal } : {}),
   });
   const test: TestGateway = {
     ...gateway,

@@ -101,6 +101,8 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     expect(await release(fresh.db, r.executionId)).toBe(false);
     expect(await findExecution(fresh.db, r.executionId)).toMatchObject({ status: "aborted", chargedUnits: 0, idempotencyKey: null });
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 10, reservedUnits: 0 });
+    // Not usage: it was charged nothing, though its record is finished.
+    expect(await usageForKey(fresh.db, ids.keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000))).toMatchObject({ executions: 0, units: 0 });
     expect((await reserve(fresh.db, reservation(ids, 4, "idem-release"))).kind).toBe("reserved");
   });
 

@@ -14,8 +14,9 @@
 //   duplicate request into an error of the whole statement, so nothing stays held. Only when
 //   something was not held do further queries (one reservation at a time) say why.
 // settle: moves the execution from running to its final state (only from running, so a second
-//   settle is a no-op), spends the actual cost, frees the hold and writes the single usage ledger
-//   entry. It commits before the gateway answers.
+//   settle is a no-op), spends the actual cost and frees the hold; the settled record, with its
+//   charged units, is the execution's entry in the accounts' journal (db/usage.ts sums them). It
+//   commits before the gateway answers.
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
 // Executions that need no record before they end take the cheaper path of db/leases.ts instead.
 import { and, eq, lt, notInArray, or, type SQL, sql } from "drizzle-orm";
@@ -81,13 +82,6 @@ function toRecord(row: ExecutionRow): ExecutionRecord {
 export const SETTLED_COLUMNS = `settled.id::text, settled.account_id::text, settled.key_id::text, settled.token_id, settled.idempotency_key,
   settled.request_hash, settled.template, settled.gateway_id, settled.reserved_units::text, settled.charged_units::text,
   (extract(epoch FROM settled.created_at) * 1000)::text AS created_at, (extract(epoch FROM settled.finished_at) * 1000)::text AS finished_at`;
-
-/** The end of a settling statement: the usage row of each record in `settled`, and the records' SETTLED_COLUMNS. */
-export const USAGE_OF_SETTLED = `ledger AS (
-    INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units)
-    SELECT settled.account_id, settled.key_id, settled.id, 'usage', settled.template, settled.charged_units FROM settled
-  )
-  SELECT ${SETTLED_COLUMNS} FROM settled`;
 
 export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
   return {
@@ -263,8 +257,7 @@ export interface SettlementOf {
 
 /**
  * Settles each execution exactly once, ONE statement for the whole batch: every record still
- * running leaves it, its account pays and frees the hold (summed per account), the ledger gets
- * its row. Answers the settled record, or the already-final record of a repeat, in order.
+ * running leaves it, its account pays and frees the hold (summed per account). Answers the settled record, or the already-final record of a repeat, in order.
  * Atomic: if the statement fails, none of the batch is billed.
  */
 export async function settleAll(db: Database, items: SettlementOf[]): Promise<ExecutionRecord[]> {
@@ -336,7 +329,8 @@ const SETTLE_ONE: PreparedStatement = {
   ), paid AS (
     UPDATE accounts SET reserved_units = accounts.reserved_units - settled.reserved_units, balance_units = accounts.balance_units - settled.charged_units
     FROM settled WHERE accounts.id = settled.account_id
-  ), ${USAGE_OF_SETTLED}`,
+  )
+  SELECT ${SETTLED_COLUMNS} FROM settled`,
 };
 
 const SETTLE_BATCH: PreparedStatement = { name: "sandfork_settle", text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_settle($1::jsonb) AS settled` };

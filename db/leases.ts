@@ -2,7 +2,7 @@
 // (they join the account's reserved units, and the gateway's row in credit_leases says how many
 // it holds), holds its executions' worst-case costs against the block in memory
 // (gateway/credit-leases.ts), and records each execution once it has ended with ONE statement:
-// the final record, its usage row, and its charge leaving the account's balance, its reserved
+// the final record (the charge's entry in the accounts' journal) and its charge leaving the account's balance, its reserved
 // units and the lease together. So an execution without an Idempotency-Key costs one round trip
 // of billing, not a reserve and a settle, and an account can still never be overspent: a lease
 // is only taken where the account covers it, and the database refuses a charge the lease cannot
@@ -20,7 +20,6 @@ import {
   type Settlement,
   settlementJson,
   settlementParams,
-  USAGE_OF_SETTLED,
 } from "./billing.js";
 import { type PreparedStatement, runPrepared } from "./prepared.js";
 import { accounts, creditLeases } from "./schema.js";
@@ -223,7 +222,8 @@ const RECORD_ONE: PreparedStatement = {
   ), paid AS (
     UPDATE accounts SET reserved_units = accounts.reserved_units - settled.charged_units, balance_units = accounts.balance_units - settled.charged_units
     FROM settled WHERE accounts.id = settled.account_id
-  ), ${USAGE_OF_SETTLED}`,
+  )
+  SELECT ${SETTLED_COLUMNS} FROM settled`,
 };
 
 const RECORD_BATCH: PreparedStatement = { name: "sandfork_record", text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_record($1::jsonb) AS settled` };

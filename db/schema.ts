@@ -100,6 +100,9 @@ export const executions = pgTable(
     // NULL idempotency keys are distinct, so only keyed requests are deduplicated.
     uniqueIndex("executions_key_idempotency_unique").on(t.keyId, t.idempotencyKey),
     index("executions_account_created_idx").on(t.accountId, t.createdAt),
+    // A key's usage over a period (db/usage.ts): each finished record is its execution's entry in
+    // the accounts' journal (its charged units), the usage ledger holds only grants and sessions.
+    index("executions_key_finished_idx").on(t.keyId, t.finishedAt),
   ],
 );
 
@@ -176,10 +179,10 @@ export const usageLedger = pgTable(
       .notNull()
       .references(() => accounts.id),
     keyId: uuid("key_id").references(() => apiKeys.id),
-    executionId: uuid("execution_id").references(() => executions.id),
     sessionId: uuid("session_id").references(() => sessions.id),
-    // "grant": credits added by an operator; "usage": credits consumed by one execution;
-    // "session": a session's running time and checkpoint storage accrued since its last entry.
+    // "grant": credits added by an operator; "session": a session's running time and checkpoint
+    // storage accrued since its last entry. An execution's charge is its record's charged_units
+    // (one row and one statement, where a ledger row beside it cost a second insert each).
     kind: text("kind").notNull(),
     template: text("template"),
     units: bigint("units", { mode: "number" }).notNull(),
@@ -189,11 +192,9 @@ export const usageLedger = pgTable(
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
   (t) => [
-    // An execution is charged at most once, however often settlement is attempted.
-    uniqueIndex("usage_ledger_execution_kind_unique").on(t.executionId, t.kind),
     index("usage_ledger_key_created_idx").on(t.keyId, t.createdAt),
     check("usage_ledger_units_non_negative", sql`${t.units} >= 0`),
-    check("usage_ledger_kind_known", sql`${t.kind} IN ('grant', 'usage', 'session')`),
+    check("usage_ledger_kind_known", sql`${t.kind} IN ('grant', 'session')`),
   ],
 );
 

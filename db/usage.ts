@@ -1,7 +1,9 @@
-// Usage sums over the ledger for one key and period.
-import { and, eq, gte, lt, sql } from "drizzle-orm";
+// Usage sums over one key's finished executions in a period: each settled record is its charge's
+// entry in the accounts' journal, attributed to when it was charged (finished_at). A released
+// execution ("aborted": the runtime never ran it) was charged nothing and is not usage.
+import { and, eq, gte, lt, ne, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
-import { usageLedger } from "./schema.js";
+import { executions } from "./schema.js";
 
 export interface TemplateUsage {
   template: string;
@@ -19,21 +21,14 @@ export interface UsageSummary {
 export async function usageForKey(db: Database, keyId: string, from: Date, to: Date): Promise<UsageSummary> {
   const rows = await db
     .select({
-      template: sql<string>`coalesce(${usageLedger.template}, '')`,
+      template: executions.template,
       executions: sql<number>`count(*)::int`,
-      units: sql<string>`coalesce(sum(${usageLedger.units}), 0)::text`,
+      units: sql<string>`coalesce(sum(${executions.chargedUnits}), 0)::text`,
     })
-    .from(usageLedger)
-    .where(
-      and(
-        eq(usageLedger.keyId, keyId),
-        eq(usageLedger.kind, "usage"),
-        gte(usageLedger.createdAt, from),
-        lt(usageLedger.createdAt, to),
-      ),
-    )
-    .groupBy(usageLedger.template)
-    .orderBy(usageLedger.template);
+    .from(executions)
+    .where(and(eq(executions.keyId, keyId), gte(executions.finishedAt, from), lt(executions.finishedAt, to), ne(executions.status, "aborted")))
+    .groupBy(executions.template)
+    .orderBy(executions.template);
   // Sums come back as text (a numeric); they must still be exact as JS numbers.
   const byTemplate = rows.map((r) => ({ template: r.template, executions: r.executions, units: exactUnits(r.units) }));
   return {

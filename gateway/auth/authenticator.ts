@@ -1,6 +1,8 @@
-// Turns an Authorization header into a Principal. API keys: shape and checksum first (no database),
-// then the SHA-256 is looked up; answers are cached for keyCacheTtlMs, which bounds how long a
-// revocation made by another gateway process takes to apply (this process forgets at once).
+// Turns an Authorization header into a Principal. API keys: their SHA-256 is looked up, answers
+// cached for keyCacheTtlMs, which bounds how long a revocation made by another gateway process
+// takes to apply (this process forgets at once); before the database is asked, shape and checksum
+// turn away malformed keys. A cached hash is one a key with a valid checksum had (one hash, one
+// key), so a cache hit costs one SHA-256, not two.
 import type { Database } from "../../db/client.js";
 import { findKeyByHash, type StoredKey } from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
@@ -40,8 +42,7 @@ export class Authenticator {
   }
 
   private async authenticateKey(key: string): Promise<Principal> {
-    if (!hasValidChecksum(key)) throw new ProblemError("invalid-credentials", "the API key is malformed or mistyped (checksum mismatch)");
-    const stored = await this.lookup(hashApiKey(key));
+    const stored = await this.lookup(key);
     if (stored === undefined) throw new ProblemError("invalid-credentials", "unknown API key");
     if (stored.revokedAt !== null) throw new ProblemError("credentials-revoked");
     if (stored.expiresAt !== null && stored.expiresAt.getTime() <= this.now()) throw new ProblemError("credentials-expired", "the API key has expired");
@@ -55,10 +56,12 @@ export class Authenticator {
     };
   }
 
-  private async lookup(hash: string): Promise<StoredKey | undefined> {
+  private async lookup(secret: string): Promise<StoredKey | undefined> {
+    const hash = hashApiKey(secret);
     const now = this.now();
     const cached = this.cache.get(hash);
     if (cached !== undefined && now - cached.fetchedAt < this.keyCacheTtlMs) return cached.key;
+    if (!hasValidChecksum(secret)) throw new ProblemError("invalid-credentials", "the API key is malformed or mistyped (checksum mismatch)");
     const key = await findKeyByHash(this.db, hash);
     this.cache.delete(hash);
     if (this.cache.size >= MAX_CACHED_KEYS) {

@@ -7,6 +7,7 @@
 import { PGlite, protocol } from "@electric-sql/pglite";
 import type { Sql } from "postgres";
 import type { Database } from "./client.js";
+import { bindExecuteSync, readResponse } from "./pglite-wire.js";
 
 export interface PreparedStatement {
   /** Unique among the statements of a process; names the server-side statement. */
@@ -31,19 +32,8 @@ const pgliteStatements = new WeakMap<PGlite, Map<string, string[]>>();
 
 const { serialize } = protocol;
 
-function concat(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
-
 interface ProtocolMessage {
   name: string;
-  fields?: ({ name: string } | string | null)[];
 }
 
 /**
@@ -57,25 +47,29 @@ function runOnPglite(pg: PGlite, statement: PreparedStatement, params: Param[]):
       let parsed = pgliteStatements.get(pg);
       if (parsed === undefined) pgliteStatements.set(pg, (parsed = new Map()));
       let columns = parsed.get(statement.name);
-      const parts: Uint8Array[] = [];
-      if (columns === undefined) parts.push(serialize.parse({ name: statement.name, text: statement.text }), serialize.describe({ type: "S", name: statement.name }));
-      parts.push(serialize.bind({ statement: statement.name, values: params }), serialize.execute(), serialize.sync());
+      const call = bindExecuteSync(statement.name, params);
+      const request = columns !== undefined ? call : Buffer.concat([serialize.parse({ name: statement.name, text: statement.text }), serialize.describe({ type: "S", name: statement.name }), call]);
       // syncToFs: false, as PGlite's query() inside a transaction: our data directories are NodeFS
       // or memory, whose syncToFs does nothing (writes reach the files as Postgres makes them),
       // and skipping it saves a mutex and two promises a statement.
-      const { messages } = await pg.execProtocol(concat(parts), { throwOnError: false, syncToFs: false });
-      const rows: TextRow[] = [];
-      for (const message of messages as unknown as ProtocolMessage[]) {
-        if (message.name === "rowDescription") parsed.set(statement.name, (columns = (message.fields as { name: string }[]).map((f) => f.name)));
-        else if (message.name === "noData") parsed.set(statement.name, (columns = []));
-        else if (message.name === "error") throw message;
-        else if (message.name === "dataRow") {
-          const row: TextRow = {};
-          (message.fields as (string | null)[]).forEach((value, i) => (row[(columns as string[])[i] as string] = value));
-          rows.push(row);
-        }
+      const raw = await pg.execProtocolRaw(request, { syncToFs: false });
+      const response = readResponse(raw);
+      // Described even when the call then failed: the statement exists from now on.
+      if (response.columns !== undefined) parsed.set(statement.name, (columns = response.columns));
+      if (response.failed) {
+        // The same error object PGlite's own query() throws.
+        let error: ProtocolMessage | undefined;
+        new protocol.Parser().parse(raw, (message) => {
+          if ((message as ProtocolMessage).name === "error") error ??= message as ProtocolMessage;
+        });
+        throw error ?? new Error(`PGlite failed ${statement.name} without saying why`);
       }
-      return rows;
+      const names = columns ?? [];
+      return response.rows.map((values) => {
+        const row: TextRow = {};
+        values.forEach((value, i) => (row[names[i] as string] = value));
+        return row;
+      });
     }),
   );
 }

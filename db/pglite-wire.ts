@@ -13,7 +13,7 @@ const EXECUTE_AND_SYNC = Uint8Array.of(
 );
 
 /** Bind (every parameter and result column as text), Execute and Sync of `statement`. */
-export function bindExecuteSync(statement: string, params: readonly (string | null)[]): Uint8Array {
+export function bindExecuteSync(statement: string, params: readonly (string | null)[]): Buffer {
   const nameBytes = Buffer.byteLength(statement);
   const valueBytes = params.map((p) => (p === null ? 0 : Buffer.byteLength(p)));
   // length, portal "\0", statement name "\0", no format codes (all text), parameter count,

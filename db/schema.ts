@@ -97,9 +97,11 @@ export const executions = pgTable(
     finishedAt: timestamp("finished_at", { withTimezone: true }),
   },
   (t) => [
-    // NULL idempotency keys are distinct, so only keyed requests are deduplicated.
-    uniqueIndex("executions_key_idempotency_unique").on(t.keyId, t.idempotencyKey),
-    index("executions_account_created_idx").on(t.accountId, t.createdAt),
+    // Only keyed requests are deduplicated; a record without a key (most: every leased one) adds
+    // no entry to this index, nor to the next, which holds only what is still running (the
+    // recovery pass at each start reads those).
+    uniqueIndex("executions_key_idempotency_unique").on(t.keyId, t.idempotencyKey).where(sql`${t.idempotencyKey} IS NOT NULL`),
+    index("executions_running_idx").on(t.createdAt).where(sql`${t.status} = 'running'`),
     // A key's usage over a period (db/usage.ts): each finished record is its execution's entry in
     // the accounts' journal (its charged units), the usage ledger holds only grants and sessions.
     index("executions_key_finished_idx").on(t.keyId, t.finishedAt),

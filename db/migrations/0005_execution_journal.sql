@@ -1,7 +1,10 @@
--- An execution's charge is recorded once, in its own row (executions.charged_units, finished_at):
--- the ledger's per-execution "usage" rows repeated it at the cost of a second insert per execution
--- (its heap row, three indexes, three foreign-key checks). The rows go only if every one of them
--- says what its execution says; the ledger keeps grants and session charges.
+-- The executions table is the journal of execution charges: a record's charged_units, attributed
+-- to its finished_at, is its execution's one entry. The ledger's per-execution "usage" rows
+-- repeated it at the cost of a second insert per execution (its heap row, three indexes, three
+-- foreign-key checks); they go only if every one of them says what its execution says, and the
+-- ledger keeps grants and session charges. Indexes: a key's usage over a period; the running
+-- records (all the recovery pass reads) instead of one by account no query used; the
+-- Idempotency-Key index holds only keyed records.
 DO $$
 BEGIN
   IF EXISTS (
@@ -16,8 +19,12 @@ DELETE FROM "usage_ledger" WHERE "kind" = 'usage';--> statement-breakpoint
 ALTER TABLE "usage_ledger" DROP CONSTRAINT "usage_ledger_kind_known";--> statement-breakpoint
 ALTER TABLE "usage_ledger" DROP CONSTRAINT "usage_ledger_execution_id_executions_id_fk";
 --> statement-breakpoint
+DROP INDEX "executions_account_created_idx";--> statement-breakpoint
 DROP INDEX "usage_ledger_execution_kind_unique";--> statement-breakpoint
+DROP INDEX "executions_key_idempotency_unique";--> statement-breakpoint
+CREATE INDEX "executions_running_idx" ON "executions" USING btree ("created_at") WHERE "executions"."status" = 'running';--> statement-breakpoint
 CREATE INDEX "executions_key_finished_idx" ON "executions" USING btree ("key_id","finished_at");--> statement-breakpoint
+CREATE UNIQUE INDEX "executions_key_idempotency_unique" ON "executions" USING btree ("key_id","idempotency_key") WHERE "executions"."idempotency_key" IS NOT NULL;--> statement-breakpoint
 ALTER TABLE "usage_ledger" DROP COLUMN "execution_id";--> statement-breakpoint
 ALTER TABLE "usage_ledger" ADD CONSTRAINT "usage_ledger_kind_known" CHECK ("usage_ledger"."kind" IN ('grant', 'session'));
 --> statement-breakpoint

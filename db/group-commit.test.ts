@@ -1,4 +1,4 @@
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { GroupCommit } from "./group-commit.js";
 
 /** A runner that records each batch and answers when `release` is called for it. */
@@ -34,6 +34,22 @@ describe("GroupCommit", () => {
     expect(await second).toBe(20);
     expect(await Promise.all(queued)).toEqual([30, 40, 50]);
     expect(runner.batches).toEqual([[1], [2], [3, 4, 5]]);
+  });
+
+  it("takes a lone item in the turn it was submitted and is done when it has committed", async () => {
+    const turns = vi.spyOn(globalThis, "setImmediate");
+    try {
+      const group = new GroupCommit(async (items: number[]) => items.map((n) => n + 1));
+      expect(await group.submit(1)).toBe(2);
+      expect(turns).toHaveBeenCalledTimes(1);
+      // Items submitted in one turn after that still go together.
+      const seen: number[][] = [];
+      const counting = new GroupCommit(async (items: number[]) => (seen.push(items), items));
+      expect(await Promise.all([counting.submit(1), counting.submit(2)])).toEqual([1, 2]);
+      expect(seen).toEqual([[1, 2]]);
+    } finally {
+      turns.mockRestore();
+    }
   });
 
   it("a batch that fails rejects every one of its items and no other", async () => {

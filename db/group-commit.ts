@@ -44,7 +44,10 @@ export class GroupCommit<I, O> {
       } catch (error) {
         for (const p of batch) p.reject(error);
       }
-      // What arrived while this batch ran submits in this turn's I/O callbacks: take it next turn.
+      // Submitted while this batch ran: take it next turn, with what this turn's I/O callbacks
+      // add. With none queued the group is done (a lone caller's batch costs no second turn of
+      // the loop); whoever submits next starts it again, in the same turn as the rest of its I/O.
+      if (this.queue.length === 0) break;
       await new Promise<void>((resolve) => setImmediate(resolve));
     }
     this.inFlight = false;

@@ -6,7 +6,8 @@
 // Per run it prints p50/p99, executions/s and the gateway process's CPU per execution (from
 // /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
 // figures in the same run (the same executions sent straight to its socket with the runtime
-// client, no HTTP, no billing) and a plain Hono "hello" app as the floor. Loopback only; every
+// client, no HTTP, no billing; at each concurrency in blocks alternating with the gateway's, so
+// that a shared machine's slow minutes fall on both) and a plain Hono "hello" app as the floor. Loopback only; every
 // scenario is bounded in requests and seconds. Each gateway is first warmed up (--warm-up):
 // V8 keeps compiling the request path's functions with its optimizing tier for thousands of
 // calls, and until it is done a c=1 execution costs up to twice the CPU of a warm gateway's
@@ -34,7 +35,7 @@ import { parseArgs } from "node:util";
 import postgres from "postgres";
 import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
-import { drive, formatTable, type ScenarioSummary } from "./lib/measure.js";
+import { drive, driveAlternating, formatTable, type ScenarioSummary } from "./lib/measure.js";
 
 const { values } = parseArgs({
   options: {
@@ -168,6 +169,8 @@ interface DatabaseRun {
 }
 
 const WARM_UP_BLOCK = 1000;
+/** Blocks of executions through the gateway, each after a block of the daemon alone. */
+const ALTERNATING_ROUNDS = 5;
 
 /** --warm-up at concurrency 1: N executions, or blocks of them until the gateway's CPU per execution settles. */
 async function warmUpAtOne(pid: number, execute: () => Promise<boolean>): Promise<{ requests: number; failures: number; blocks: number[] }> {
@@ -221,16 +224,10 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     const bounded = (scenario: string, concurrency: number, send: () => Promise<boolean>, count = requests) =>
       drive({ scenario, requests: count, concurrency, maxDurationMs, send });
 
-    // The daemon alone first: an idle gap between the warm-up and the measured runs would let the
-    // gateway cool down again (its JIT keeps compiling for thousands of requests).
     await daemon.connect();
     const daemonRequest = () => ({ executionId: randomUUID(), ...EXECUTION, stdin: "", args: [], env: {}, files: [], language: "python", timeoutMs: 5_000, memoryMb: 256 });
     const daemonExecute = async () => (await daemon.execute(daemonRequest(), AbortSignal.timeout(30_000))).outcome === "completed";
     const daemonRuns: Record<string, LatencyFigures> = {};
-    // At every concurrency measured (and 1, the issue's reference for the HTTP p50).
-    for (const c of [...new Set([1, ...concurrencies])]) {
-      daemonRuns[c] = latencyFigures(await bounded(`daemon alone, c=${c}`, c, daemonExecute));
-    }
 
     // The peak's shapes first (group commit's batches), then concurrency 1 until it settles, so
     // that what the JIT does for the batches is not in the first measured run.
@@ -244,20 +241,39 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     }
 
     const scenarios: ScenarioSummary[] = [];
-    const measure = async (label: string, send: () => Promise<boolean>, at: number[]) => {
-      const figures: Record<string, ExecutionFigures> = {};
-      for (const c of at) {
-        const cpuBefore = processCpuMs(gateway.pid);
-        const s = await bounded(`POST /v1/executions${label} (${database}), c=${c}`, c, send);
-        const cpuMs = processCpuMs(gateway.pid) - cpuBefore;
-        scenarios.push(s);
-        figures[c] = { ...latencyFigures(s), gateway_cpu_ms_per_exec: round(cpuMs / Math.max(1, s.requests), 3) };
-        say(`  ${label.trim() || "keyless"} c=${c}: p50 ${s.p50Ms.toFixed(2)} ms, ${s.requestsPerSecond.toFixed(0)}/s, gateway CPU ${figures[c].gateway_cpu_ms_per_exec} ms/exec`);
-      }
-      return figures;
-    };
-    const executions = await measure("", execute, concurrencies);
-    const keyed = await measure(" + Idempotency-Key", executeKeyed, [...new Set([1, peakConcurrency])]);
+    const figuresOf = (s: ScenarioSummary, cpuMs: number): ExecutionFigures => ({
+      ...latencyFigures(s),
+      gateway_cpu_ms_per_exec: round(cpuMs / Math.max(1, s.requests), 3),
+    });
+    const executions: Record<string, ExecutionFigures> = {};
+    // Keyless, in blocks alternating with the daemon alone at the same concurrency (its baseline).
+    for (const c of concurrencies) {
+      let cpuMs = 0;
+      const { subject, baseline } = await driveAlternating(
+        { scenario: `POST /v1/executions (${database}), c=${c}`, requests, concurrency: c, maxDurationMs: maxDurationMs / ALTERNATING_ROUNDS, send: execute },
+        { scenario: `daemon alone, c=${c}`, requests, concurrency: c, maxDurationMs: maxDurationMs / ALTERNATING_ROUNDS, send: daemonExecute },
+        ALTERNATING_ROUNDS,
+        async (block) => {
+          const before = processCpuMs(gateway.pid);
+          await block();
+          cpuMs += processCpuMs(gateway.pid) - before;
+        },
+      );
+      scenarios.push(subject);
+      daemonRuns[c] = latencyFigures(baseline);
+      executions[c] = figuresOf(subject, cpuMs);
+      say(`  keyless c=${c}: p50 ${subject.p50Ms.toFixed(2)} ms (the daemon alone ${baseline.p50Ms.toFixed(2)}), ${subject.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec`);
+    }
+    // The issue's reference for the HTTP p50 is the daemon's at concurrency 1.
+    if (daemonRuns["1"] === undefined) daemonRuns["1"] = latencyFigures(await bounded("daemon alone, c=1", 1, daemonExecute));
+    const keyed: Record<string, ExecutionFigures> = {};
+    for (const c of [...new Set([1, peakConcurrency])]) {
+      const cpuBefore = processCpuMs(gateway.pid);
+      const s = await bounded(`POST /v1/executions + Idempotency-Key (${database}), c=${c}`, c, executeKeyed);
+      scenarios.push(s);
+      keyed[c] = figuresOf(s, processCpuMs(gateway.pid) - cpuBefore);
+      say(`  + Idempotency-Key c=${c}: p50 ${s.p50Ms.toFixed(2)} ms, ${s.requestsPerSecond.toFixed(0)}/s, gateway CPU ${keyed[c].gateway_cpu_ms_per_exec} ms/exec`);
+    }
     for (const [name, method, path, body, status] of [
       ["GET /healthz", "GET", "/healthz", undefined, 200],
       ["GET /v1/usage (key auth + DB)", "GET", "/v1/usage", undefined, 200],
@@ -312,7 +328,7 @@ try {
     console.log(`\nup to ${requests} requests per scenario (bounded to ${maxDurationMs / 1000} s), loopback, keep-alive; each execution: ${EXECUTION_BODY}`);
     console.log(`${report.machine.cpus} CPUs, load average ${report.machine.loadavg.join(" ")}\n`);
     console.log(formatTable(rows));
-    console.log("\ngateway CPU ms per execution, executions/s, p50 (HTTP p50 minus the daemon's own p50 at the same concurrency):");
+    console.log("\ngateway CPU ms per execution, executions/s, p50 (HTTP p50 minus the daemon's own p50 at the same concurrency, in alternating blocks):");
     for (const [database, run] of Object.entries(runs)) {
       for (const [label, figures] of [["", run.executions], [" + Idempotency-Key", run.keyed]] as const) {
         for (const [c, e] of Object.entries(figures)) {

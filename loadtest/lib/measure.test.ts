@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { drive, formatTable, percentile } from "./measure.js";
+import { drive, driveAlternating, formatTable, percentile } from "./measure.js";
 
 describe("load measurement", () => {
   it("takes nearest-rank percentiles", () => {
@@ -35,6 +35,33 @@ describe("load measurement", () => {
     expect(summary.p50Ms).toBeGreaterThan(0);
     expect(summary.p99Ms).toBeGreaterThanOrEqual(summary.p95Ms);
     expect(formatTable([summary])).toMatch(/^scenario\s+requests\s+failed\s+req\/s/);
+  });
+
+  it("alternates blocks of a subject and its baseline, wrapping only the subject's, and sums each", async () => {
+    const order: string[] = [];
+    let wrapped = 0;
+    const options = (name: string, requests: number) => ({
+      scenario: name,
+      requests,
+      concurrency: 1,
+      maxDurationMs: 10_000,
+      send: async () => {
+        order.push(name);
+        return name === "gateway" || order.length % 2 === 0;
+      },
+    });
+    const { subject, baseline } = await driveAlternating(options("gateway", 7), options("daemon", 5), 3, async (block) => {
+      wrapped++;
+      const before = order.length;
+      await block();
+      expect(order.slice(before).every((n) => n === "gateway")).toBe(true);
+    });
+    expect(wrapped).toBe(3);
+    // Blocks of 3, 2, 2 and 2, 2, 1, the baseline's first in each round.
+    expect(order.join(",")).toBe("daemon,daemon,gateway,gateway,gateway,daemon,daemon,gateway,gateway,daemon,gateway,gateway");
+    expect(subject).toMatchObject({ scenario: "gateway", requests: 7, failures: 0 });
+    expect(baseline).toMatchObject({ scenario: "daemon", requests: 5 });
+    expect(baseline.failures).toBeGreaterThan(0);
   });
 
   it("stops at the time bound", async () => {

@@ -30,7 +30,13 @@ export interface DriveOptions {
   send: () => Promise<boolean>;
 }
 
-export async function drive(options: DriveOptions): Promise<ScenarioSummary> {
+interface Collected {
+  latencies: number[];
+  failures: number;
+  seconds: number;
+}
+
+async function collect(options: DriveOptions): Promise<Collected> {
   const latencies: number[] = [];
   let failures = 0;
   let issued = 0;
@@ -51,19 +57,56 @@ export async function drive(options: DriveOptions): Promise<ScenarioSummary> {
     }
   };
   await Promise.all(Array.from({ length: Math.max(1, options.concurrency) }, worker));
-  const seconds = (performance.now() - started) / 1000;
-  latencies.sort((a, b) => a - b);
+  return { latencies, failures, seconds: (performance.now() - started) / 1000 };
+}
+
+function summarize(scenario: string, { latencies, failures, seconds }: Collected): ScenarioSummary {
+  const sorted = [...latencies].sort((a, b) => a - b);
   return {
-    scenario: options.scenario,
-    requests: latencies.length,
+    scenario,
+    requests: sorted.length,
     failures,
     seconds,
-    requestsPerSecond: latencies.length / seconds,
-    p50Ms: percentile(latencies, 50),
-    p95Ms: percentile(latencies, 95),
-    p99Ms: percentile(latencies, 99),
-    maxMs: latencies.at(-1) ?? Number.NaN,
+    requestsPerSecond: sorted.length / seconds,
+    p50Ms: percentile(sorted, 50),
+    p95Ms: percentile(sorted, 95),
+    p99Ms: percentile(sorted, 99),
+    maxMs: sorted.at(-1) ?? Number.NaN,
   };
+}
+
+export async function drive(options: DriveOptions): Promise<ScenarioSummary> {
+  return summarize(options.scenario, await collect(options));
+}
+
+/**
+ * Drives `subject` and `baseline` in alternating blocks, `rounds` of each (their requests split
+ * evenly, each block bounded by its options' time), so that both meet the machine as it was in
+ * the same minutes: on a shared machine a figure and the baseline it is compared with, taken one
+ * after the other, can differ by the machine's mood alone. `aroundSubject` wraps each subject
+ * block (to read a CPU counter over the subject's blocks only). Each summary covers all its blocks.
+ */
+export async function driveAlternating(
+  subject: DriveOptions,
+  baseline: DriveOptions,
+  rounds: number,
+  aroundSubject: (block: () => Promise<void>) => Promise<void> = (block) => block(),
+): Promise<{ subject: ScenarioSummary; baseline: ScenarioSummary }> {
+  const totals = { subject: { latencies: [] as number[], failures: 0, seconds: 0 }, baseline: { latencies: [] as number[], failures: 0, seconds: 0 } };
+  const add = (into: Collected, block: Collected) => {
+    into.latencies.push(...block.latencies);
+    into.failures += block.failures;
+    into.seconds += block.seconds;
+  };
+  const share = (options: DriveOptions, round: number) => ({
+    ...options,
+    requests: Math.floor(options.requests / rounds) + (round < options.requests % rounds ? 1 : 0),
+  });
+  for (let round = 0; round < rounds; round++) {
+    add(totals.baseline, await collect(share(baseline, round)));
+    await aroundSubject(async () => add(totals.subject, await collect(share(subject, round))));
+  }
+  return { subject: summarize(subject.scenario, totals.subject), baseline: summarize(baseline.scenario, totals.baseline) };
 }
 
 export function formatTable(rows: ScenarioSummary[]): string {

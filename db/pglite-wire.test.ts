@@ -45,11 +45,12 @@ describe("prepared statements on PGlite", () => {
     await expect(runPrepared(db, { name: "wire_bad", text: "SELECT nonsense FROM" }, [])).rejects.toMatchObject({ code: "42601" });
   });
 
-  it("refuses a truncated response rather than reading past it", () => {
+  it("refuses a truncated or malformed response rather than reading past it", () => {
     const bind = bindExecuteSync("s", ["abc"]);
     expect(bind[0]).toBe(0x42);
     expect(bind.readInt32BE(1)).toBe(bind.length - 1 - 15);
     const dataRow = Buffer.from([0x44, 0, 0, 0, 20, 0, 1, 0, 0, 0, 3, 0x61]);
-    expect(() => readResponse(dataRow)).toThrow(/truncated/);
+    expect(() => readResponse(dataRow)).toThrow(/malformed/);
+    expect(() => readResponse(Buffer.from([0x43, 0xff, 0xff, 0xff, 0xf0]))).toThrow(/malformed/);
   });
 });

@@ -56,7 +56,8 @@ export function readResponse(bytes: Uint8Array): StatementResponse {
   while (at + 5 <= data.length) {
     const type = data[at] as number;
     const end = at + 1 + data.readInt32BE(at + 1);
-    if (end > data.length) throw new Error("PGlite answered a truncated protocol message");
+    // A message's length counts itself (4 bytes) and must end within the response.
+    if (end < at + 5 || end > data.length) throw new Error("PGlite answered a malformed protocol message");
     let p = at + 5;
     if (type === 0x45 /* E: ErrorResponse */) {
       response.failed = true;

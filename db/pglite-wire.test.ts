@@ -1,8 +1,8 @@
 // Prepared statements on PGlite through our own wire messages (db/pglite-wire.ts), against a real
 // PGlite: text both ways, NULLs, multi-byte text, no result, errors as PGlite throws them.
-import { PGlite } from "@electric-sql/pglite";
+import { PGlite, protocol } from "@electric-sql/pglite";
 import { drizzle } from "drizzle-orm/pglite";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { Database } from "./client.js";
 import { bindExecuteSync, readResponse } from "./pglite-wire.js";
 import { runPrepared } from "./prepared.js";
@@ -24,6 +24,18 @@ describe("prepared statements on PGlite", () => {
     const long = "x".repeat(100_000);
     for (let i = 0; i < 2; i++) {
       expect(await runPrepared(db, echo, [null, "", "ü€😀 \n\t\"'", long])).toEqual([{ a: null, b: "", c: "ü€😀 \n\t\"'", long: "100000" }]);
+    }
+  });
+
+  it("leaves PGlite's own message parser out of a successful call (it would also keep what it parsed)", async () => {
+    const echo = { name: "wire_parser", text: "SELECT $1::text AS a" };
+    await runPrepared(db, echo, ["first"]);
+    const parse = vi.spyOn(protocol.Parser.prototype, "parse");
+    try {
+      for (let i = 0; i < 50; i++) expect(await runPrepared(db, echo, [String(i)])).toEqual([{ a: String(i) }]);
+      expect(parse).not.toHaveBeenCalled();
+    } finally {
+      parse.mockRestore();
     }
   });
 

@@ -1,7 +1,8 @@
 // The PostgreSQL wire-protocol messages of one call of a prepared statement on PGlite, built and
 // read here rather than by PGlite's general codec: its serializer grows a buffer field by field
 // and its parser makes an object per message, together ~0.05 ms of an execution's ~0.4 ms of
-// billing on PGlite (issue 9). Only the success path is read here; a response with an error in it
+// billing on PGlite (issue 9); db/prepared.ts takes the raw response through PGlite's raw-data
+// stream, which its parser does not see. Only the success path is read here; a response with an error in it
 // is left to PGlite's parser, so the error thrown is the one its own query() would throw.
 // Message layouts: https://www.postgresql.org/docs/current/protocol-message-formats.html
 
@@ -69,6 +70,7 @@ export function readResponse(bytes: Uint8Array): StatementResponse {
       p += 2;
       for (let i = 0; i < count; i++) {
         const nameEnd = data.indexOf(0, p);
+        if (nameEnd < 0 || nameEnd + 19 > end) throw new Error("PGlite answered a malformed protocol message");
         columns.push(data.toString("utf8", p, nameEnd));
         // table oid, column number, type oid, type size, type modifier, format code
         p = nameEnd + 1 + 18;
@@ -84,6 +86,7 @@ export function readResponse(bytes: Uint8Array): StatementResponse {
         if (length < 0) {
           row.push(null);
         } else {
+          if (p + length > end) throw new Error("PGlite answered a malformed protocol message");
           row.push(data.toString("utf8", p, p + length));
           p += length;
         }

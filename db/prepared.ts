@@ -37,7 +37,7 @@ interface ProtocolMessage {
 }
 
 /**
- * PGlite's execProtocol takes neither of the locks its query() and transaction() hold, so this
+ * PGlite's protocol calls take neither of the locks its query() and transaction() hold, so this
  * takes both (as its describeQuery does): a statement never lands inside another caller's open
  * transaction.
  */
@@ -52,7 +52,12 @@ function runOnPglite(pg: PGlite, statement: PreparedStatement, params: Param[]):
       // syncToFs: false, as PGlite's query() inside a transaction: our data directories are NodeFS
       // or memory, whose syncToFs does nothing (writes reach the files as Postgres makes them),
       // and skipping it saves a mutex and two promises a statement.
-      const raw = await pg.execProtocolRaw(request, { syncToFs: false });
+      // The raw-data stream, not execProtocolRaw: that one also runs every response through
+      // PGlite's parser and keeps the parsed messages until its next query() (a growing heap when
+      // only prepared statements run). PGlite's chunks are views of its memory: copied.
+      const chunks: Uint8Array[] = [];
+      await pg.execProtocolRawStream(request, { syncToFs: false, onRawData: (chunk) => chunks.push(chunk.slice()) });
+      const raw = chunks.length === 1 ? (chunks[0] as Uint8Array) : Buffer.concat(chunks);
       const response = readResponse(raw);
       // Described even when the call then failed: the statement exists from now on.
       if (response.columns !== undefined) parsed.set(statement.name, (columns = response.columns));

@@ -6,7 +6,7 @@
 // Half the requests carry an Idempotency-Key (reserved in the database before they run), half do
 // not (held of the gateway's credit lease in memory, recorded once they end: db/leases.ts).
 // Then the books are reconciled: every execution answered 200 is billed exactly once (its record
-// settled at the answered charge, one usage row), nothing is billed twice, no hold is left (the
+// settled at the answered charge, its one entry), nothing is billed twice, no hold is left (the
 // killed gateway's reservations and credit leases are released by the recovery pass of the next
 // start: gateway/server.ts), what is reserved is exactly what live gateways' leases hold, the
 // balance is the grant minus the settled usage, and a retry of every keyed request that got no

@@ -1,5 +1,5 @@
 // The HTTP server's telemetry, per the OpenTelemetry semantic conventions: a SERVER span per
-// request (named "METHOD /route", parented by an incoming traceparent) when spans are recorded,
+// request (named "METHOD /route"; parented through the global propagator, none by default) when spans are recorded,
 // http.server.request.duration by method, route and status, and http.server.active_requests.
 // Our own rather than @hono/otel's: that one builds every request's header object twice, reads the
 // response headers back, and makes three metric records a request; this makes one.

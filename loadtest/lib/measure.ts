@@ -94,7 +94,7 @@ export async function driveAlternating(
 ): Promise<{ subject: ScenarioSummary; baseline: ScenarioSummary }> {
   const totals = { subject: { latencies: [] as number[], failures: 0, seconds: 0 }, baseline: { latencies: [] as number[], failures: 0, seconds: 0 } };
   const add = (into: Collected, block: Collected) => {
-    into.latencies.push(...block.latencies);
+    for (const latency of block.latencies) into.latencies.push(latency);
     into.failures += block.failures;
     into.seconds += block.seconds;
   };

@@ -4,7 +4,10 @@
 -- foreign-key checks); they go only if every one of them says what its execution says, and the
 -- ledger keeps grants and session charges. Indexes: a key's usage over a period; the running
 -- records (all the recovery pass reads) instead of one by account no query used; the
--- Idempotency-Key index holds only keyed records.
+-- Idempotency-Key index holds only keyed records. Stop every gateway on the database first: one
+-- still running the code before it would fail its settlements (a 502, nothing billed) until it
+-- restarts. The ledger is locked before it is checked, so no usage row can land in between.
+LOCK TABLE "usage_ledger", "executions" IN SHARE ROW EXCLUSIVE MODE;--> statement-breakpoint
 DO $$
 BEGIN
   IF EXISTS (

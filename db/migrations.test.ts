@@ -1,6 +1,5 @@
 // Migrations that move data: a database at an earlier migration, with rows in it, migrated to the
 // current schema, on both backends.
-import { randomBytes } from "node:crypto";
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -14,7 +13,7 @@ import postgres from "postgres";
 import { afterEach, describe, expect, it } from "vitest";
 import type { Database, DatabaseBackend } from "./client.js";
 import { schema } from "./schema.js";
-import { BACKENDS } from "./testing/fresh-database.js";
+import { BACKENDS, emptyPostgresDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";
 
 const MIGRATIONS = fileURLToPath(new URL("./migrations", import.meta.url));
@@ -49,22 +48,15 @@ async function emptyDatabase(backend: DatabaseBackend): Promise<EmptyDatabase> {
       close: () => pg.close(),
     };
   }
-  const adminUrl = process.env.TEST_DATABASE_URL;
-  if (!adminUrl) throw new Error("TEST_DATABASE_URL is not set (scripts/test.sh starts a PostgreSQL server and sets it)");
-  const name = `sandfork_migration_${randomBytes(6).toString("hex")}`;
-  const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
-  await admin.unsafe(`CREATE DATABASE ${name}`);
-  const url = new URL(adminUrl);
-  url.pathname = `/${name}`;
-  const client = postgres(url.toString(), { max: 1, onnotice: () => {} });
+  const empty = await emptyPostgresDatabase("sandfork_migration");
+  const client = postgres(empty.url, { max: 1, onnotice: () => {} });
   return {
     query: async <T>(text: string, params: string[] = []) => (await client.unsafe(text, params)) as unknown as T[],
     migrate: (folder) => migratePostgres(drizzlePostgres(client), { migrationsFolder: folder }),
     db: drizzlePostgres(client, { schema }) as unknown as Database,
     close: async () => {
       await client.end();
-      await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await admin.end();
+      await empty.drop();
     },
   };
 }

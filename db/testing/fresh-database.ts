@@ -25,13 +25,10 @@ export interface FreshDatabase extends OpenDatabase {
   dispose(): Promise<void>;
 }
 
-export async function freshDatabase(backend: DatabaseBackend, options: { maxConnections?: number } = {}): Promise<FreshDatabase> {
-  if (backend === "pglite") {
-    const open = await openDatabase({ backend: "pglite" });
-    return { ...open, url: undefined, dispose: () => open.close() };
-  }
+/** An empty database with a random name on the TEST_DATABASE_URL server: its URL, and drop(). */
+export async function emptyPostgresDatabase(prefix = "sandfork_test"): Promise<{ url: string; drop(): Promise<void> }> {
   const adminUrl = serverUrl();
-  const name = `sandfork_test_${randomBytes(6).toString("hex")}`;
+  const name = `${prefix}_${randomBytes(6).toString("hex")}`;
   const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
   try {
     await admin.unsafe(`CREATE DATABASE ${name}`);
@@ -40,18 +37,32 @@ export async function freshDatabase(backend: DatabaseBackend, options: { maxConn
   }
   const url = new URL(adminUrl);
   url.pathname = `/${name}`;
-  const open = await openDatabase({ backend: "postgres", url: url.toString(), maxConnections: options.maxConnections ?? 20 });
   return {
-    ...open,
     url: url.toString(),
-    dispose: async () => {
-      await open.close();
+    async drop() {
       const dropper = postgres(adminUrl, { max: 1, onnotice: () => {} });
       try {
         await dropper.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
       } finally {
         await dropper.end();
       }
+    },
+  };
+}
+
+export async function freshDatabase(backend: DatabaseBackend, options: { maxConnections?: number } = {}): Promise<FreshDatabase> {
+  if (backend === "pglite") {
+    const open = await openDatabase({ backend: "pglite" });
+    return { ...open, url: undefined, dispose: () => open.close() };
+  }
+  const empty = await emptyPostgresDatabase();
+  const open = await openDatabase({ backend: "postgres", url: empty.url, maxConnections: options.maxConnections ?? 20 });
+  return {
+    ...open,
+    url: empty.url,
+    dispose: async () => {
+      await open.close();
+      await empty.drop();
     },
   };
 }

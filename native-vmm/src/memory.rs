@@ -560,6 +560,11 @@ impl TemplateMemory {
         self.mem.read(addr, buf)
     }
 
+    /// The template's bytes at `[addr, addr+len)`, borrowed (nothing writes them once sealed).
+    pub fn range_bytes(&self, addr: u64, len: u64) -> Result<&[u8], OutOfBounds> {
+        self.mem.range_bytes(addr, len)
+    }
+
     /// See `GuestMemory::data_extents` (taken once, when the template was sealed).
     pub fn data_extents(&self) -> &[(u64, u64)] {
         &self.data

@@ -232,7 +232,7 @@ impl Vm<'_> {
             // pages with these (~3 ms of hashing at 32 MiB). Recorded as full with none, so even
             // a VM that stayed would count every page as changed, never one as kept.
             None if pause => Vec::new(),
-            None => self.fingerprints.of_ranges(self.guest.mem, checkpoint.ranges())?,
+            None => self.fingerprints.of_ranges(self.guest.mem, checkpoint.restored_ranges())?,
         };
         let capture = capturing.elapsed();
         let written = checkpoint.write_durably(dir, &checkpoint_name(number))?;
@@ -382,7 +382,7 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
 fn does_not_verify(e: TemplateError) -> SessionError {
     let why = match e {
         TemplateError::Io(e) => return internal("reading the checkpoint", e),
-        TemplateError::VersionMismatch { found, expected } => format!("checkpoint format {found}; this daemon reads format {expected} only (older formats are not converted: 2 is from before incremental checkpoints, 4 from before sparse pages)"),
+        TemplateError::VersionMismatch { found, expected } => format!("checkpoint format {found}; this daemon reads formats {} to {expected} (older ones are not converted: 2 is from before incremental checkpoints, 4 from before sparse pages)", checkpoint::OLDEST_READ_VERSION),
         e => e.to_string(),
     };
     SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {why}") }

@@ -1,16 +1,17 @@
 //! Session checkpoints: a session VM stopped at a ready point (between two cells, see
 //! `crate::agent`), recorded against the template it was forked from, durably on disk.
 //!
-//! A checkpoint holds what differs from the template: the guest pages the VM holds copies
-//! of (`GuestMemory::copied_ranges`; everything else still reads as the template), the vCPU's
+//! A checkpoint holds what differs from the template: of the guest pages the VM holds copies
+//! of (`GuestMemory::copied_ranges`; everything else still reads as the template), those whose
+//! bytes differ from the template's, most of them as the chunks that do (`sparse`), the vCPU's
 //! user state, the VMM-side process state (`GuestProcess::encode_state`: fds and their
 //! offsets, the overlay's files, the memory map, signals) and the AWAIT_REQUEST call it is
 //! stopped in. Restoring one is a fork of the template (copy-on-write, nothing copied) with
 //! the recorded pages written over it.
 //!
-//! A checkpoint is full (every page the VM holds a copy of) or incremental: only the pages
-//! written since its parent, an earlier checkpoint of the same VM that it names by number and
-//! content hash (the guest's writes as the vCPU logged them, `GuestCpu::take_written_pages`,
+//! A checkpoint is full (every page the VM holds a copy of that differs from the template's,
+//! `changed_from_template`) or incremental: only the pages written since its parent, an earlier
+//! checkpoint of the same VM that it names by number and content hash (the guest's writes as the vCPU logged them, `GuestCpu::take_written_pages`,
 //! and the VMM's, `GuestMemory::take_written`). Restoring an incremental one reads its chain
 //! back to the full one it starts from (`Chain`): each page from the newest checkpoint that
 //! holds it whole, and the changed chunks newer ones hold of it, every parent checked to be the
@@ -18,12 +19,15 @@
 //! whole. A written page that holds the same bytes as when a checkpoint last recorded it
 //! (CPython's reference counts go up and down again on every object a cell touches: ~60% of its
 //! written pages) is left out, and of a page that changed, an incremental checkpoint can hold
-//! only the 64-byte chunks that did (`PageFingerprints`: a fingerprint per chunk). `depth`
+//! only the 64-byte chunks that did (`PageFingerprints`: a fingerprint per chunk), as a full
+//! one holds those that differ from the template's page (after a 1 MiB cell, a pause's file is
+//! ~0.2 MiB instead of ~2 MiB: of the ~450 interpreter pages the VM holds copies of, ~30% hold
+//! the template's bytes again and most others differ from them in ~4 chunks). `depth`
 //! counts the parents (0: full); the writer bounds it (`daemon::sessions`).
 //!
 //! Each stored page is kept by what it holds (`sparse`): a page of zeros as two bits in the
 //! page table, a mostly-zero page as its non-zero 64-byte chunks and their mask, a page of which
-//! few chunks changed since the parent as those chunks and their mask (both packed, after the
+//! few chunks differ from the page beneath (the parent's, or the template's) as those chunks and their mask (both packed, after the
 //! raw pages), any other page whole. After a cell that wrote one byte in each page of a 1 MiB
 //! buffer, an incremental checkpoint's file is ~0.1 MiB instead of ~1.5 MiB (the buffer's 256
 //! pages as 72 bytes each, ~120 pages of the interpreter's objects as their changed chunks).
@@ -38,7 +42,7 @@
 //!             page runs stored here: count, then per run its guest address and its length
 //!             the page table (length-prefixed): 2 bits per page of the runs, in order, four
 //!               a byte, low bits first: 0 zero, 1 sparse, 2 raw, 3 delta (changed chunks over
-//!               the page as the parent's chain has it; only in a checkpoint with a parent)
+//!               the page as the parent's chain has it, or in a full checkpoint the template)
 //!             the packed region's length P (u64)
 //!             zeros up to H
 //!             the raw pages, back to back from H (each at a 4 KiB file offset)
@@ -66,9 +70,10 @@
 //! `OpenedCheckpoint::open` (header, lengths) or `Chain::new_memory` (content hash, its own or a
 //! parent's), and the session falls back to its previous checkpoint (`daemon::sessions`).
 //!
-//! Older formats are not read (2: before incremental checkpoints; 3: before the process state
-//! grew; 4: every page stored whole): `open` refuses them as a version mismatch, which a session
-//! reports as a checkpoint that does not verify.
+//! Format 5 (deltas only in incremental checkpoints) is read as it is; older formats are not
+//! (2: before incremental checkpoints; 3: before the process state grew; 4: every page stored
+//! whole): `open` refuses them as a version mismatch, which a session reports as a checkpoint
+//! that does not verify.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Write};
@@ -84,7 +89,7 @@ use super::{file, Template, TemplateError};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::image::sha256::Sha256;
 use crate::layout::{pages_in, PAGE_SIZE};
-use crate::memory::{page_ranges, GuestMemory, PageSet};
+use crate::memory::{page_ranges, GuestMemory, PageSet, TemplateMemory};
 use crate::process::GuestProcess;
 
 /// The head's length in the file: header and metadata, up to the first page.
@@ -93,7 +98,10 @@ fn head_len_of(meta: &[u8]) -> u64 {
 }
 
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
+/// The oldest format read: a format-5 file is one of format 6 whose full checkpoints store every
+/// page whole (6 lets them store a page as its chunks that differ from the template's).
+pub const OLDEST_READ_VERSION: u32 = 5;
 /// Longest chain a restore follows (parents of one checkpoint); the writer keeps well below.
 pub const MAX_DEPTH: u64 = 64;
 
@@ -228,13 +236,44 @@ impl PageFingerprints {
     }
 }
 
+/// Of the pages `copied` (those a fork holds copies of), the ones whose bytes differ from the
+/// template's, with their non-zero chunks and those that differ: what a full checkpoint stores.
+/// A page outside the template's data differs from its zeros where it is non-zero; one inside
+/// is compared chunk by chunk (CPython's heap pages differ from the template's in a few
+/// reference counts, and one in four holds the template's bytes again).
+fn changed_from_template(template: &TemplateMemory, mem: &GuestMemory, copied: &[(u64, u64)]) -> io::Result<Changed> {
+    let out_of_bounds = |e: crate::memory::OutOfBounds| io::Error::new(io::ErrorKind::InvalidData, e);
+    let data = template.data_extents();
+    let mut changed = Changed { pages: PageSet::with_capacity((mem.size() / PAGE_SIZE) as usize), masks: Vec::new() };
+    for &(start, end) in copied {
+        for addr in (start..end).step_by(PAGE_SIZE as usize) {
+            let page = mem.range_bytes(addr, PAGE_SIZE).map_err(out_of_bounds)?;
+            let nonzero = sparse::chunk_mask(page);
+            let next = data.partition_point(|&(_, data_end)| data_end <= addr);
+            let differs = match data.get(next) {
+                Some(&(data_start, _)) if data_start < addr + PAGE_SIZE => {
+                    let own = template.range_bytes(addr, PAGE_SIZE).map_err(out_of_bounds)?;
+                    page.chunks_exact(sparse::CHUNK_BYTES).zip(own.chunks_exact(sparse::CHUNK_BYTES)).enumerate().fold(0u64, |mask, (i, (is, was))| mask | (u64::from(is != was) << i))
+                }
+                _ => nonzero,
+            };
+            if differs != 0 {
+                changed.pages.insert((addr / PAGE_SIZE) as usize);
+                changed.masks.push(ChunkMasks { nonzero, changed: Some(differs) });
+            }
+        }
+    }
+    Ok(changed)
+}
+
 /// A session VM's state, recorded: its small parts encoded, its pages still in guest memory,
 /// from where `write_durably` writes and hashes them without a copy.
 pub struct Checkpoint<'m> {
     /// Head length, identity, call, CPU and process state, the page runs and their table.
     meta: Vec<u8>,
-    /// The guest ranges of the pages it records.
-    ranges: Vec<(u64, u64)>,
+    /// The guest ranges of the pages a restore of it gives back as the VM holds them now: those
+    /// it stores and, in a full one, those it leaves out as holding the template's bytes.
+    restored: Vec<(u64, u64)>,
     /// Those of its raw pages, written straight from guest memory.
     raw: Vec<(u64, u64)>,
     /// The packed region, padded to whole blocks with room for the hash at the end.
@@ -262,10 +301,18 @@ impl<'m> Checkpoint<'m> {
     /// process (which must have no output or pending request). The VM must stay stopped until
     /// the checkpoint is written.
     pub fn capture(template: &Template, mem: &'m GuestMemory, cpu: &mut dyn GuestCpu, process: &GuestProcess, call: [u64; 6], pages: Pages<'_>) -> io::Result<Checkpoint<'m>> {
-        let (ranges, parent, mut known_masks) = match pages {
-            Pages::Full => (mem.copied_ranges()?.ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are checkpointed"))?, None, None),
-            Pages::Since { parent, changed } => (page_ranges(&changed.pages), Some(parent), Some(changed.masks.iter())),
+        let from_template;
+        let (changed, parent, restored) = match pages {
+            Pages::Full => {
+                let copied = mem.copied_ranges()?.ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are checkpointed"))?;
+                from_template = changed_from_template(template.memory(), mem, &copied)?;
+                (&from_template, None, Some(copied))
+            }
+            Pages::Since { parent, changed } => (changed, Some(parent), None),
         };
+        let ranges = page_ranges(&changed.pages);
+        let restored = restored.unwrap_or_else(|| ranges.clone());
+        let mut masks = changed.masks.iter();
         let cpu_state = cpu.snapshot()?;
         let mut e = Encoder::new();
         // The head's length, once the rest is known.
@@ -296,10 +343,7 @@ impl<'m> Checkpoint<'m> {
         for &(start, end) in &ranges {
             for addr in (start..end).step_by(PAGE_SIZE as usize) {
                 let page = mem.range_bytes(addr, PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                let masks = match known_masks.as_mut() {
-                    Some(masks) => *masks.next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "fewer chunk masks than changed pages"))?,
-                    None => ChunkMasks { nonzero: sparse::chunk_mask(page), changed: None },
-                };
+                let masks = *masks.next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "fewer chunk masks than changed pages"))?;
                 let (kind, mask) = PageKind::choose(masks.nonzero, masks.changed);
                 match kind {
                     PageKind::Zero => {}
@@ -320,7 +364,7 @@ impl<'m> Checkpoint<'m> {
         let mut meta = e.into_bytes();
         let head_len = head_len_of(&meta);
         meta[..8].copy_from_slice(&head_len.to_le_bytes());
-        Ok(Checkpoint { meta, ranges, raw, packed, mem, dirty_bytes, parent, pages })
+        Ok(Checkpoint { meta, restored, raw, packed, mem, dirty_bytes, parent, pages })
     }
 
     /// Writes the file as `dir/name` durably (module docs): temporary name, fdatasync, rename,
@@ -359,9 +403,10 @@ impl<'m> Checkpoint<'m> {
         written
     }
 
-    /// The guest ranges `[start, end)` of the pages it holds.
-    pub fn ranges(&self) -> &[(u64, u64)] {
-        &self.ranges
+    /// The guest ranges `[start, end)` of the pages a restore of it gives back as they are now
+    /// (the fingerprints a full checkpoint records).
+    pub fn restored_ranges(&self) -> &[(u64, u64)] {
+        &self.restored
     }
 
     fn raw_bytes(&self) -> u64 {
@@ -467,7 +512,7 @@ impl OpenedCheckpoint {
         }
         let word = |at: usize| u64::from_le_bytes(first.0[at..at + 8].try_into().expect("8 bytes"));
         let version = word(8) as u32;
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(TemplateError::VersionMismatch { found: version, expected: FORMAT_VERSION });
         }
         let (body_len, head_len) = (word(16), word(file::HEADER_LEN));
@@ -521,9 +566,6 @@ impl OpenedCheckpoint {
             runs.push((start, len));
         }
         let kinds = sparse::decode_kinds(d.bytes("page table")?, pages).map_err(TemplateError::Corrupted)?;
-        if parent.is_none() && !kinds.iter().all(|kind| kind.replaces()) {
-            return Err(TemplateError::Corrupted("changed chunks of a page in a checkpoint with no parent".into()));
-        }
         let packed_len = d.u64("packed length")?;
         if d.raw(d.remaining(), "padding")?.iter().any(|&b| b != 0) {
             return Err(TemplateError::Corrupted("bytes after the page table".into()));

@@ -4,11 +4,13 @@
 //! stored) and those chunks, packed back to back with the other sparse pages; any other page is
 //! `Raw`, written whole at a 4 KiB file offset straight from guest memory. These replace the
 //! page (the template's, or an older checkpoint's): restoring a sparse or zero page writes its
-//! zero chunks as zeros. In an incremental checkpoint a page can also be a `Delta`: only the
-//! chunks that changed since its parent recorded the page (`checkpoint::PageFingerprints` keeps
-//! a fingerprint per chunk), packed as a sparse page is, written over the page as the parent's
-//! chain restores it (a CPython cell changes a few reference counts and pointers in each of
-//! ~100 pages of the interpreter's objects, which are no sparser than any other data).
+//! zero chunks as zeros. A page can also be a `Delta`: only the chunks that differ from the page
+//! a restore holds before it, packed as a sparse page is and written over that page. In an
+//! incremental checkpoint that is the page as its parent's chain restores it (the chunks that
+//! changed since the parent recorded it: `checkpoint::PageFingerprints` keeps a fingerprint per
+//! chunk); in a full one, the template's page (a CPython cell changes a few reference counts and
+//! pointers in each of ~100 pages of the interpreter's objects, which are no sparser than any
+//! other data, and a session's interpreter heap differs from the template's the same way).
 //!
 //! Why: what the disk takes is what a durable checkpoint costs (its rate for the bytes of a
 //! checkpoint after a 1 MiB cell was below 1,000 per second), and a page a cell writes is often

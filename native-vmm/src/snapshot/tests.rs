@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use sha2::Digest;
+
 use super::checkpoint;
 use super::codec::{Decoder, Encoder};
 use super::file;
@@ -301,11 +303,8 @@ const TEMPLATE_PAGES: u64 = 0x40_0000;
 /// byte where the template had zeros. Returns the template (and its image's folder), the fork,
 /// the file's path, what was written and how.
 fn checkpointed_fork(dir: &std::path::Path) -> (super::Template, TempDir, GuestMemory, std::path::PathBuf, checkpoint::Written, crate::snapshot::sparse::PageCounts) {
-    let (image, image_dir) = test_image();
-    let mem = GuestMemory::new(MEM).unwrap();
-    mem.fill(TEMPLATE_PAGES, 70 * PAGE, 0xee).unwrap();
-    let process = new_process(image.clone());
-    let template = super::Template::from_file_contents(&file::seal(&template_body(&image, &mem, &process)), image, &crate::agent::PYTHON_AGENT).unwrap();
+    let (template, image_dir) = template_of_ee_pages();
+    let process = template.process.clone();
     let fork = template.new_memory(super::ForkMemory::CopyOnWrite).unwrap();
     fork.fill(TEMPLATE_PAGES, PAGE, 0).unwrap();
     for chunk in (0..64).step_by(2) {
@@ -329,6 +328,15 @@ fn checkpointed_fork(dir: &std::path::Path) -> (super::Template, TempDir, GuestM
     assert_eq!(std::fs::metadata(dir.join("1.sfck")).unwrap().len(), written.file_bytes);
     drop(checkpoint);
     (template, image_dir, fork, dir.join("1.sfck"), written, pages)
+}
+
+/// A template whose 70 pages at TEMPLATE_PAGES hold 0xee (and its image's folder).
+fn template_of_ee_pages() -> (super::Template, TempDir) {
+    let (image, image_dir) = test_image();
+    let mem = GuestMemory::new(MEM).unwrap();
+    mem.fill(TEMPLATE_PAGES, 70 * PAGE, 0xee).unwrap();
+    let process = new_process(image.clone());
+    (super::Template::from_file_contents(&file::seal(&template_body(&image, &mem, &process)), image, &crate::agent::PYTHON_AGENT).unwrap(), image_dir)
 }
 
 /// Restores the checkpoint at `path` (its hash `known`, or checked) and the parents it names
@@ -397,7 +405,7 @@ fn a_checkpoint_restores_every_page_byte_exact_zero_sparse_and_raw() {
 #[test]
 fn a_damaged_sparse_or_raw_page_is_refused_and_older_formats_too() {
     let dir = TempDir::new("sparse-damaged");
-    let (template, _image, _fork, path, written, _) = checkpointed_fork(&dir.0);
+    let (template, _image, fork, path, written, _) = checkpointed_fork(&dir.0);
     let bytes = std::fs::read(&path).unwrap();
     let head_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
     let packed_at = head_len + 2 * PAGE as usize;
@@ -417,14 +425,56 @@ fn a_damaged_sparse_or_raw_page_is_refused_and_older_formats_too() {
     }
     damaged(packed_at, 0x01);
     assert!(restore(&template, &path, Some(written.hash)).is_err_and(|e| e.to_string().contains("packed pages")), "a mask that no longer fits");
-    for version in [2u32, 4] {
+    for version in [2u32, 4, 7] {
         let mut old = bytes.clone();
         old[8..12].copy_from_slice(&version.to_le_bytes());
         std::fs::write(&path, &old).unwrap();
-        assert!(matches!(restore(&template, &path, None), Err(TemplateError::VersionMismatch { found, expected: 5 }) if found == version));
+        assert!(matches!(restore(&template, &path, None), Err(TemplateError::VersionMismatch { found, expected: checkpoint::FORMAT_VERSION }) if found == version));
     }
+    // Format 5 is format 6 without a full checkpoint's deltas (this one has none): it restores.
+    let mut five = bytes.clone();
+    five[8..12].copy_from_slice(&5u32.to_le_bytes());
+    let hash_at = five.len() - 32;
+    let hash = <[u8; 32]>::from(sha2::Sha256::digest(&five[..hash_at]));
+    five[hash_at..].copy_from_slice(&hash);
+    std::fs::write(&path, &five).unwrap();
+    assert_same_memory(&restore(&template, &path, None).unwrap(), &fork, "format 5");
     std::fs::write(&path, &bytes[..bytes.len() - 4096]).unwrap();
     assert!(matches!(restore(&template, &path, None), Err(TemplateError::Truncated { .. })));
     std::fs::write(&path, &bytes).unwrap();
     assert!(restore(&template, &path, None).is_ok(), "the undamaged file");
+}
+
+#[test]
+fn a_full_checkpoint_stores_what_differs_from_the_template_and_leaves_out_the_same_bytes() {
+    let dir = TempDir::new("template-delta");
+    let (template, _image) = template_of_ee_pages();
+    let fork = template.new_memory(super::ForkMemory::CopyOnWrite).unwrap();
+    // One byte changed; the template's bytes written again; 48 chunks changed (too many for a
+    // delta: raw); zeros over the template's bytes; a lone byte where the template has none.
+    let (one_byte, same, many, zeroed, outside) = (TEMPLATE_PAGES, TEMPLATE_PAGES + PAGE, TEMPLATE_PAGES + 2 * PAGE, TEMPLATE_PAGES + 3 * PAGE, 0x60_0000);
+    fork.write(one_byte + 100, &[1]).unwrap();
+    fork.fill(same, PAGE, 0xee).unwrap();
+    for chunk in 0..48 {
+        fork.write(many + chunk * 64, &[2]).unwrap();
+    }
+    fork.fill(zeroed, PAGE, 0).unwrap();
+    fork.write(outside, &[3]).unwrap();
+    assert_eq!(fork.copied_pages().unwrap(), Some(5), "the fork holds copies of the five pages");
+    let process = template.process.clone();
+    let checkpoint = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Full).unwrap();
+    let counts = checkpoint.pages;
+    assert_eq!((counts.delta, counts.raw, counts.zero, counts.sparse), (1, 1, 1, 1), "the changed chunk over the template's page; raw; zero; sparse");
+    assert_eq!(checkpoint.dirty_bytes, 4 * PAGE, "the page holding the template's bytes is not stored");
+    let mut restored: Vec<u64> = checkpoint.restored_ranges().iter().flat_map(|&(start, end)| (start..end).step_by(PAGE as usize)).collect();
+    restored.sort();
+    assert_eq!(restored, vec![one_byte, same, many, zeroed, outside], "a restore gives every copied page back as it is (the left-out one as the template's)");
+    let written = checkpoint.write_durably(&dir.0, "1.sfck").unwrap();
+    assert_eq!(written.file_bytes, 3 * PAGE, "head, the raw page, the packed chunks and the hash");
+    drop(checkpoint);
+    for known in [None, Some(written.hash)] {
+        let mem = restore(&template, &dir.0.join("1.sfck"), known).unwrap();
+        assert_same_memory(&mem, &fork, &format!("hash known: {}", known.is_some()));
+        assert_eq!(mem.copied_pages().unwrap(), Some(4), "the page equal to the template's is not copied by the restore");
+    }
 }

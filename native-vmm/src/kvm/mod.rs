@@ -1,6 +1,6 @@
 //! The KVM backend: /dev/kvm, one VM (memory slots for the memory the program was handed, made
 //! on first touch) and one vCPU in long mode at CPL3, implementing `GuestCpu` (`KvmCpu`); VMs
-//! are destroyed on a reaper thread (`reaper`).
+//! are made ahead on a thread of their own (`spare`) and destroyed on another (`reaper`).
 //!
 //! Run by the KVM test tier on every machine (natively on a /dev/kvm that can create a VM,
 //! else inside a QEMU guest with nested SVM). Unit-tested without a VM: the ioctl numbers
@@ -19,6 +19,7 @@
 pub mod abi;
 pub mod reaper;
 mod run_page;
+mod spare;
 mod vcpu;
 mod watchdog;
 

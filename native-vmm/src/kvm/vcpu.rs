@@ -15,6 +15,7 @@ use std::time::Instant;
 use super::abi::*;
 use super::reaper::{self, Reaped};
 use super::run_page::RunPage;
+use super::spare::{self, Blank};
 use super::watchdog::Watchdog;
 use super::{context, Kvm};
 use crate::arch::cpu_state::{self, CpuFeatures};
@@ -130,20 +131,14 @@ impl<'m> KvmCpu<'m> {
         paging::check_memory_size(mem.size())?;
         let kvm = Kvm::shared()?;
         reaper::start();
-        let vm = kvm.create_vm()?;
-        let slots_on_touch = kvm.exit_on_emulation_failure && sys::ioctl_ref(vm.as_raw_fd(), KVM_ENABLE_CAP, &KvmEnableCap::new(KVM_CAP_EXIT_ON_EMULATION_FAILURE, 1)).is_ok();
+        let Blank { vm, vcpu, run_page, slots_on_touch, tsc_aligned } = spare::take(kvm)?;
         if install_tables {
             arch::install(mem)?;
         }
-        let vcpu = sys::ioctl_new_fd(vm.as_raw_fd(), KVM_CREATE_VCPU, 0).map_err(context("KVM_CREATE_VCPU"))?;
-        let run_page = RunPage::map(&vcpu, kvm.vcpu_mmap_size)?;
         // The vDSO reads the TSC as the host's: only then does it get the clock's data page.
-        if kvm.align_tsc(&vcpu) {
+        if tsc_aligned {
             crate::vdso::clock::show_in(mem)?;
         }
-
-        // CPUID first: KVM checks CR4 and XCR0 against the CPUID the guest was given.
-        sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, kvm.supported_cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;
         let reset_sregs = kvm.reset_sregs(|| get_sregs(&vcpu))?;
         load_state(&vcpu, &kvm.features, reset_sregs, user)?;
         if kvm.sync_regs {

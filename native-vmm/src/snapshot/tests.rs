@@ -478,3 +478,24 @@ fn a_full_checkpoint_stores_what_differs_from_the_template_and_leaves_out_the_sa
         assert_eq!(mem.copied_pages().unwrap(), Some(4), "the page equal to the template's is not copied by the restore");
     }
 }
+
+#[test]
+fn a_checkpoint_longer_than_a_piece_is_written_whole_and_hashed_in_order() {
+    let dir = TempDir::new("long-checkpoint");
+    let (template, _image) = template_of_ee_pages();
+    let fork = template.new_memory(super::ForkMemory::CopyOnWrite).unwrap();
+    // 5 MiB of bytes with no zero chunk, where the template has none: raw pages, three pieces.
+    let long: Vec<u8> = (0..5 * MIB).map(|i| (i * 7 % 251 + 1) as u8).collect();
+    fork.write(0x80_0000, &long).unwrap();
+    let process = template.process.clone();
+    let checkpoint = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Full).unwrap();
+    assert_eq!(checkpoint.pages.raw, 5 * MIB / PAGE);
+    let written = checkpoint.write_durably(&dir.0, "1.sfck").unwrap();
+    drop(checkpoint);
+    let bytes = std::fs::read(dir.0.join("1.sfck")).unwrap();
+    assert_eq!(bytes.len() as u64, written.file_bytes);
+    let (content, hash) = bytes.split_at(bytes.len() - 32);
+    assert_eq!(<[u8; 32]>::from(sha2::Sha256::digest(content)), written.hash, "the hash is of the bytes as written, in order");
+    assert_eq!(hash, written.hash);
+    assert_same_memory(&restore(&template, &dir.0.join("1.sfck"), None).unwrap(), &fork, "restored, hashed");
+}

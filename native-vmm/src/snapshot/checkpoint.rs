@@ -61,8 +61,9 @@
 //! Where the file system refuses O_DIRECT (ramfs; tmpfs on older kernels), the same calls go
 //! through the page cache (`bench sessions --dir` on a ramfs ran so).
 //!
-//! Durability (`Checkpoint::write_durably`): the file's bytes are hashed, then written with the
-//! hash at its end under a temporary name straight from the stopped VM's memory, then
+//! Durability (`Checkpoint::write_durably`): the file's bytes are hashed and written with the
+//! hash at its end under a temporary name straight from the stopped VM's memory (a file over
+//! 2 MiB in pieces, each written on a writer thread while the next is hashed), then
 //! fdatasync'ed, renamed to its final name and the directory fsync'ed, in that order, before
 //! the checkpoint is reported written. A crash at any instant leaves either no file under the
 //! final name (the temporary is removed at the next start) or the whole, synced file. A file

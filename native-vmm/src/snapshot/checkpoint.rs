@@ -764,35 +764,46 @@ impl OpenedCheckpoint {
     /// Writes the pages of `plan` into `mem`. The raw ones are read straight into it: an
     /// O_DIRECT read makes the pages present itself, in one pass as it pins them; through the
     /// page cache they are made present in one call per run first (the copy would fault each
-    /// in), as the zero, sparse and delta pages are before they are written. A file whose hash was
+    /// in), as the zero, sparse and delta pages are before they are written (with O_DIRECT on
+    /// another thread, while the disk reads the raw ones: `GuestMemory::populating_while`). A file whose hash was
     /// not known has its content hash checked after its raw pages are read and before anything
     /// of its packed region is used.
     /// `which` names the checkpoint in errors (empty for the newest).
     fn restore_into(&self, mem: &GuestMemory, plan: &Plan, which: &str) -> Result<(), TemplateError> {
-        if !self.file.direct {
-            for &(start, len, _) in &plan.raw {
-                mem.populate_for_write(start, len)?;
+        let read = || -> Result<Option<Blocks>, TemplateError> {
+            mem.read_runs_from(&self.file.file, &plan.raw)?;
+            let closing_blocks = ((self.file_len - self.packed_at) / BLOCK as u64) as usize;
+            let packed = if plan.packed || self.known_hash.is_none() { Some(Blocks::read_from(&self.file.file, self.packed_at, closing_blocks)?) } else { None };
+            if let (None, Some(packed)) = (self.known_hash, &packed) {
+                let mut hasher = Sha256::new();
+                self.head.iter().for_each(|block| hasher.update(block.0));
+                for &(start, len, _) in &plan.raw {
+                    hasher.update(mem.range_bytes(start, len).map_err(|e| TemplateError::Corrupted(e.to_string()))?);
+                }
+                let (last, blocks) = packed.blocks().split_last().ok_or_else(|| TemplateError::Corrupted("no closing block".into()))?;
+                blocks.iter().for_each(|block| hasher.update(block.0));
+                hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
+                if <[u8; 32]>::from(hasher.finalize()) != self.hash {
+                    return Err(TemplateError::Corrupted(format!("the content hash{which} does not match the contents")));
+                }
             }
-        }
-        mem.read_runs_from(&self.file.file, &plan.raw)?;
-        let closing_blocks = ((self.file_len - self.packed_at) / BLOCK as u64) as usize;
-        let packed = if plan.packed || self.known_hash.is_none() { Some(Blocks::read_from(&self.file.file, self.packed_at, closing_blocks)?) } else { None };
-        if let (None, Some(packed)) = (self.known_hash, &packed) {
-            let mut hasher = Sha256::new();
-            self.head.iter().for_each(|block| hasher.update(block.0));
-            for &(start, len, _) in &plan.raw {
-                hasher.update(mem.range_bytes(start, len).map_err(|e| TemplateError::Corrupted(e.to_string()))?);
+            Ok(packed)
+        };
+        let packed = if self.file.direct && !plan.raw.is_empty() && !plan.written.is_empty() {
+            // The disk fills the raw pages while another thread makes the others present.
+            mem.populating_while(&plan.written, read)?
+        } else {
+            if !self.file.direct {
+                for &(start, len, _) in &plan.raw {
+                    mem.populate_for_write(start, len)?;
+                }
             }
-            let (last, blocks) = packed.blocks().split_last().ok_or_else(|| TemplateError::Corrupted("no closing block".into()))?;
-            blocks.iter().for_each(|block| hasher.update(block.0));
-            hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
-            if <[u8; 32]>::from(hasher.finalize()) != self.hash {
-                return Err(TemplateError::Corrupted(format!("the content hash{which} does not match the contents")));
+            let packed = read()?;
+            for &(start, end) in &plan.written {
+                mem.populate_for_write(start, end - start)?;
             }
-        }
-        for &(start, end) in &plan.written {
-            mem.populate_for_write(start, end - start)?;
-        }
+            packed
+        };
         let mut unpacker = packed.as_ref().map(|packed| Unpacker::new(packed, self.packed_len as usize));
         let damaged = |why: String| TemplateError::Corrupted(format!("the packed pages{which}: {why}"));
         for ((addr, kind), &wanted) in self.pages().zip(&plan.wanted) {

@@ -66,7 +66,8 @@ pub struct ExecReport {
     pub pool_size: usize,
     pub fresh_fork: Latency,
     /// VMM CPU per fresh fork, in microseconds: on the forking thread until the VM is ready,
-    /// and in the whole process including its teardown (wherever that runs).
+    /// and in the whole process including the blank VM made ahead and its teardown (wherever
+    /// those run).
     pub fresh_fork_cpu_us: (f64, f64),
     pub pooled_exec: Latency,
     pub native_spawn: Latency,
@@ -123,7 +124,7 @@ impl fmt::Display for ExecReport {
         for (name, l) in [("fresh fork (VM ready, no pool)", &self.fresh_fork), ("pooled execution at the daemon socket", &self.pooled_exec), ("native spawn (baseline)", &self.native_spawn)] {
             writeln!(f, "{name:<44} {:>10.0} {:>10.0}", us(l.p50), us(l.p99))?;
         }
-        writeln!(f, "VMM CPU per fresh fork: {:.0} us until ready, {:.0} us with its teardown", self.fresh_fork_cpu_us.0, self.fresh_fork_cpu_us.1)?;
+        writeln!(f, "VMM CPU per fresh fork: {:.0} us on its thread until ready (not the blank VM made ahead: kvm::spare), {:.0} us in the whole process with that and its teardown", self.fresh_fork_cpu_us.0, self.fresh_fork_cpu_us.1)?;
         writeln!(f, "native: {}", self.native_command)?;
         writeln!(f, "native p50 / pooled p50: {:.1}x", self.ratio())?;
         writeln!(f, "VMM CPU per pooled execution: {:.0} us", self.vmm_cpu_us_per_exec)?;

@@ -384,7 +384,14 @@ impl GuestMemory {
     /// allocator, the other on the disk). `work`'s error comes first, then a populate's.
     pub fn populating_while<T, E: From<io::Error>>(&self, ranges: &[(u64, u64)], work: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
         let outside = |e: OutOfBounds| io::Error::new(io::ErrorKind::InvalidInput, e);
-        let spans = ranges.iter().map(|&(start, end)| self.check(start, end.saturating_sub(start)).map(|off| (self.host as usize + off, end.saturating_sub(start) as usize))).collect::<Result<Vec<_>, _>>().map_err(outside)?;
+        let spans = ranges
+            .iter()
+            .map(|&(start, end)| {
+                let len = end.saturating_sub(start);
+                self.check(start, len).map(|off| (self.host as usize + off, len as usize))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(outside)?;
         std::thread::scope(|scope| {
             // The mapping outlives the scope (borrowed by `self`); the spans were bounds-checked.
             let populating = scope.spawn(move || spans.into_iter().try_for_each(|(host, len)| populate(host, len)));

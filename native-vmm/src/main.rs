@@ -451,8 +451,8 @@ fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
 const BENCH_SESSIONS_USAGE: &str = "\
 usage: sandfork-vmm bench sessions --template DIR [--dir DATA] [--iterations N] [--json]
 
-Measures, in one run, a session's durability costs: checkpoint p50/p99 (written, fdatasync'ed,
-renamed, folder fsync'ed) of a session that wrote 1 MiB and 32 MiB, pause p50, resume p50 (to
+Measures, in one run, a session's durability costs: checkpoint p50/p99 (written, renamed,
+the file system flushed) of a session that wrote 1 MiB and 32 MiB, pause p50, resume p50 (to
 the VM ready at its first instruction), and durable checkpoints per second with 8 sessions at
 once, each after a cell that wrote 1 MiB (in rounds that start together, and sustained);
 baselines: the same bytes written and synced natively (one at a time and from 8 threads), and a

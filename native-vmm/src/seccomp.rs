@@ -112,16 +112,17 @@ const ALLOWED: &[(u32, &str)] = &[
 ];
 
 /// The file-system calls of session checkpoints (`snapshot::checkpoint`, `daemon::sessions`):
-/// durable (vectored) writes with their writeback started early, vectored reads into a
-/// restored VM's memory, atomic renames, the folder per session, listing them after a restart.
+/// durable (vectored) writes, vectored reads into a
+/// restored VM's memory, atomic renames, the folder per session, listing them after a restart,
+/// flushing the data folder's file system for the checkpoints written together (syncfs).
 const SESSION_FILES: &[(u32, &str)] = &[
     (20, "writev"),
     (74, "fsync"),
     (75, "fdatasync"),
+    (306, "syncfs"),
     (82, "rename"),
     (83, "mkdir"),
     (217, "getdents64"),
-    (277, "sync_file_range"),
     (295, "preadv"),
     (258, "mkdirat"),
     (263, "unlinkat"),

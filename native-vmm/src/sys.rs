@@ -304,6 +304,13 @@ pub fn shutdown_read(fd: c_int) -> io::Result<()> {
     check(unsafe { libc::shutdown(fd, libc::SHUT_RD) }).map(drop)
 }
 
+/// syncfs(fd): writes back and flushes everything of the file system holding `fd` (data and
+/// metadata), and reports a writeback error on it since this descriptor's last call.
+pub fn syncfs(fd: c_int) -> io::Result<()> {
+    // SAFETY: syncfs takes an integer only.
+    check(unsafe { libc::syncfs(fd) }).map(drop)
+}
+
 /// preadv(fd, slices, offset): reads the file from `offset` into the slices in order; returns
 /// how many bytes it read (fewer at the end of the file).
 pub fn preadv(fd: c_int, slices: &mut [std::io::IoSliceMut<'_>], offset: u64) -> io::Result<usize> {

@@ -43,6 +43,7 @@ use crate::memory::{GuestMemory, PageSet};
 use crate::process::Output;
 use crate::snapshot::checkpoint::{self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent, Written, TEMPORARY_PREFIX};
 use crate::snapshot::sparse::PageCounts;
+use crate::snapshot::sync_group::SyncGroup;
 use crate::snapshot::{ForkMemory, Template, TemplateError};
 use crate::status::RunStatus;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
@@ -207,7 +208,7 @@ impl Vm<'_> {
 
     /// Records the VM at a ready point as checkpoint `number` in `dir`, durably: incremental
     /// on `base` where the module docs allow it, full otherwise (and for a pause).
-    fn checkpoint(&mut self, template: &Template, dir: &Path, number: u64, pause: bool) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
+    fn checkpoint(&mut self, template: &Template, dir: &Path, number: u64, pause: bool, sync: &SyncGroup) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
         self.take_written();
         let capturing = Instant::now();
         let mut incremental = match (&self.base, &self.unsaved) {
@@ -235,7 +236,7 @@ impl Vm<'_> {
             None => self.fingerprints.of_ranges(self.guest.mem, checkpoint.restored_ranges())?,
         };
         let capture = capturing.elapsed();
-        let written = checkpoint.write_durably(dir, &checkpoint_name(number))?;
+        let written = checkpoint.write_durably(dir, &checkpoint_name(number), sync)?;
         let (dirty, parent, pages) = (checkpoint.dirty_bytes, checkpoint.parent, checkpoint.pages);
         self.fingerprints.record(parent.is_none(), fresh);
         let (chain_bytes, full_bytes) = match (parent, self.base) {
@@ -475,6 +476,8 @@ pub struct Sessions {
     /// Content hashes of the checkpoint files this daemon wrote, by path: restoring one of them
     /// does not hash it again (`Origin::Checkpoint`).
     written: Mutex<HashMap<PathBuf, [u8; 32]>>,
+    /// The data folder's flushes, shared by the checkpoints written at the same time.
+    sync: Arc<SyncGroup>,
 }
 
 /// A file in a session's /work.
@@ -490,7 +493,8 @@ impl Sessions {
     pub fn open(config: SessionsConfig, templates: &[DaemonTemplate], restore: Arc<SharedRestoreFactory>) -> io::Result<Sessions> {
         fs::create_dir_all(&config.dir)?;
         let templates = templates.iter().filter_map(|t| t.snapshot.clone().map(|s| (t.name.clone(), s))).collect();
-        let sessions = Sessions { config, templates, restore, table: Mutex::new(HashMap::new()), live: Mutex::new(0), written: Mutex::new(HashMap::new()) };
+        let sync = Arc::new(SyncGroup::of_folder(&config.dir)?);
+        let sessions = Sessions { config, templates, restore, table: Mutex::new(HashMap::new()), live: Mutex::new(0), written: Mutex::new(HashMap::new()), sync };
         sessions.recover()?;
         Ok(sessions)
     }
@@ -697,13 +701,13 @@ impl Sessions {
         }
         let mut slot = session.lock();
         let number = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?.last().map_or(1, |n| n + 1);
-        let dir = session.dir.clone();
+        let (dir, sync) = (session.dir.clone(), self.sync.clone());
         // Recorded and written from the stopped VM's memory on its own thread; a pause releases
         // the VM only once its checkpoint is on disk.
         let (written, _, released) = self.on_live(&session, &mut slot, move |vm| {
             let cpu_before = thread_cpu_time();
             let started = Instant::now();
-            let (written, dirty_bytes, parent, capture, pages) = vm.checkpoint(&template, &dir, number, pause)?;
+            let (written, dirty_bytes, parent, capture, pages) = vm.checkpoint(&template, &dir, number, pause, &sync)?;
             vm.release = pause;
             Ok::<_, io::Error>((written, dirty_bytes, parent, capture, pages, started.elapsed().saturating_sub(capture), thread_cpu_time().saturating_sub(cpu_before)))
         })?;

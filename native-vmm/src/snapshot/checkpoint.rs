@@ -63,11 +63,14 @@
 //!
 //! Durability (`Checkpoint::write_durably`): the file's bytes are hashed and written with the
 //! hash at its end under a temporary name straight from the stopped VM's memory (a file over
-//! 2 MiB in pieces, each written on a writer thread while the next is hashed), then
-//! fdatasync'ed, renamed to its final name and the directory fsync'ed, in that order, before
-//! the checkpoint is reported written. A crash at any instant leaves either no file under the
-//! final name (the temporary is removed at the next start) or the whole, synced file. A file
-//! that does not verify (a torn or damaged write the disk acknowledged) is refused with why, by
+//! 2 MiB in pieces, each written on a writer thread while the next is hashed), renamed to its
+//! final name, and then the file system is flushed (`sync_group`: one `syncfs` for the files
+//! of every writer that finished meanwhile, in place of each file's fdatasync and its folder's
+//! fsync) before the checkpoint is reported written. Every checkpoint is a file of its own,
+//! never overwritten, so a crash at any instant loses none reported written: before the flush
+//! ends the new file may be missing (its temporary is removed at the next start), whole, or,
+//! after a power loss on a file system that made the rename durable before the bytes, torn. A
+//! file that does not verify (torn, or damaged by the disk) is refused with why, by
 //! `OpenedCheckpoint::open` (header, lengths) or `Chain::new_memory` (content hash, its own or a
 //! parent's), and the session falls back to its previous checkpoint (`daemon::sessions`).
 //!
@@ -87,6 +90,7 @@ use sha2::Digest;
 use super::blocks::{Block, Blocks, BLOCK, ZERO_BLOCK};
 use super::codec::{Decoder, Encoder};
 use super::sparse::{self, PageCounts, PageKind, Unpacker};
+use super::sync_group::SyncGroup;
 use super::{file, Template, TemplateError};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::image::sha256::Sha256;
@@ -370,9 +374,11 @@ impl<'m> Checkpoint<'m> {
         Ok(Checkpoint { meta, restored, raw, packed, mem, dirty_bytes, parent, pages })
     }
 
-    /// Writes the file as `dir/name` durably (module docs): temporary name, fdatasync, rename,
-    /// directory fsync. On error nothing is left under `name` that was not there before.
-    pub fn write_durably(&self, dir: &Path, name: &str) -> io::Result<Written> {
+    /// Writes the file as `dir/name` durably (module docs): temporary name, rename, a flush of
+    /// `dir`'s file system shared with the other files written meanwhile (`sync`). On an error
+    /// before the rename nothing is left under `name`; after it, what is there is not reported
+    /// written, and a restore verifies it as any file.
+    pub fn write_durably(&self, dir: &Path, name: &str, sync: &SyncGroup) -> io::Result<Written> {
         let head = self.head();
         let raw = self.raw.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let (last, packed) = self.packed.blocks().split_last().ok_or_else(|| io::Error::other("a checkpoint without its closing block"))?;
@@ -381,9 +387,8 @@ impl<'m> Checkpoint<'m> {
         let written = (|| {
             let CheckpointFile { file: out, .. } = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
             let hash = hash_and_write(&out, &body, last)?;
-            out.sync_data()?;
             fs::rename(&temporary, dir.join(name))?;
-            File::open(dir)?.sync_all()?;
+            sync.sync()?;
             Ok(Written { hash, file_bytes: self.file_bytes() })
         })();
         if written.is_err() {

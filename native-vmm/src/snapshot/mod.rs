@@ -28,6 +28,7 @@ pub mod checkpoint;
 pub mod codec;
 pub mod file;
 pub mod sparse;
+pub mod sync_group;
 
 use std::fmt;
 use std::io::{self, Write};

@@ -9,6 +9,7 @@ use sha2::Digest;
 use super::checkpoint;
 use super::codec::{Decoder, Encoder};
 use super::file;
+use super::sync_group::SyncGroup;
 use super::TemplateError;
 use crate::cpu::{CpuSnapshot, UserRegs};
 use crate::fs::{Image, Vfs, DEFAULT_OVERLAY_LIMIT};
@@ -323,7 +324,7 @@ fn checkpointed_fork(dir: &std::path::Path) -> (super::Template, TempDir, GuestM
     fork.write(TEMPLATE_PAGES + 67 * PAGE, &(0..PAGE).map(|i| (i % 253 + 1) as u8).collect::<Vec<_>>()).unwrap();
     fork.write(0x60_0000 + 4000, &[9]).unwrap();
     let checkpoint = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Full).unwrap();
-    let written = checkpoint.write_durably(dir, "1.sfck").unwrap();
+    let written = checkpoint.write_durably(dir, "1.sfck", &SyncGroup::of_folder(dir).unwrap()).unwrap();
     let pages = checkpoint.pages;
     assert_eq!(std::fs::metadata(dir.join("1.sfck")).unwrap().len(), written.file_bytes);
     drop(checkpoint);
@@ -394,7 +395,7 @@ fn a_checkpoint_restores_every_page_byte_exact_zero_sparse_and_raw() {
     let incremental = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Since { parent, changed: &changed }).unwrap();
     let counts = incremental.pages;
     assert_eq!((counts.zero, counts.sparse, counts.raw, counts.delta), (1, 1, 1, 1), "zeroed; sparse (its one chunk costs less than a delta of the two that changed); raw; the raw page's changed chunk as a delta");
-    let second = incremental.write_durably(&dir.0, "2.sfck").unwrap();
+    let second = incremental.write_durably(&dir.0, "2.sfck", &SyncGroup::of_folder(&dir.0).unwrap()).unwrap();
     drop(incremental);
     // Every file hashed, or none: then each page is read from the newest file holding it.
     for (known, parent_known) in [(None, None), (Some(second.hash), Some(written.hash))] {
@@ -469,7 +470,7 @@ fn a_full_checkpoint_stores_what_differs_from_the_template_and_leaves_out_the_sa
     let mut restored: Vec<u64> = checkpoint.restored_ranges().iter().flat_map(|&(start, end)| (start..end).step_by(PAGE as usize)).collect();
     restored.sort();
     assert_eq!(restored, vec![one_byte, same, many, zeroed, outside], "a restore gives every copied page back as it is (the left-out one as the template's)");
-    let written = checkpoint.write_durably(&dir.0, "1.sfck").unwrap();
+    let written = checkpoint.write_durably(&dir.0, "1.sfck", &SyncGroup::of_folder(&dir.0).unwrap()).unwrap();
     assert_eq!(written.file_bytes, 3 * PAGE, "head, the raw page, the packed chunks and the hash");
     drop(checkpoint);
     for known in [None, Some(written.hash)] {
@@ -490,7 +491,7 @@ fn a_checkpoint_longer_than_a_piece_is_written_whole_and_hashed_in_order() {
     let process = template.process.clone();
     let checkpoint = checkpoint::Checkpoint::capture(&template, &fork, &mut StoppedCpu, &process, [0; 6], checkpoint::Pages::Full).unwrap();
     assert_eq!(checkpoint.pages.raw, 5 * MIB / PAGE);
-    let written = checkpoint.write_durably(&dir.0, "1.sfck").unwrap();
+    let written = checkpoint.write_durably(&dir.0, "1.sfck", &SyncGroup::of_folder(&dir.0).unwrap()).unwrap();
     drop(checkpoint);
     let bytes = std::fs::read(dir.0.join("1.sfck")).unwrap();
     assert_eq!(bytes.len() as u64, written.file_bytes);

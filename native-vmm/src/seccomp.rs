@@ -112,9 +112,9 @@ const ALLOWED: &[(u32, &str)] = &[
 ];
 
 /// The file-system calls of session checkpoints (`snapshot::checkpoint`, `daemon::sessions`):
-/// durable (vectored) writes, vectored reads into a
-/// restored VM's memory, atomic renames, the folder per session, listing them after a restart,
-/// flushing the data folder's file system for the checkpoints written together (syncfs).
+/// durable (vectored) writes, vectored reads into a restored VM's memory, atomic renames, the
+/// folder per session, listing them after a restart, flushing the data folder's file system
+/// for the checkpoints written together (syncfs).
 const SESSION_FILES: &[(u32, &str)] = &[
     (20, "writev"),
     (74, "fsync"),

@@ -25,11 +25,10 @@ pub struct SyncGroup {
 
 #[derive(Default)]
 struct Flushes {
-    /// Flushes started so far; the one running (if any) is this one.
+    /// Flushes started so far; one is running while it is ahead of `finished`.
     started: u64,
     /// The latest flush that has finished.
     finished: u64,
-    running: bool,
     /// The latest flush that failed, and how (every caller it covered gets the error).
     failed: Option<(u64, io::ErrorKind, String)>,
 }
@@ -57,17 +56,15 @@ impl SyncGroup {
         // A flush running now may have started before what the caller wrote: the next one counts.
         let needed = state.started + 1;
         while state.finished < needed {
-            if state.running {
+            if state.started > state.finished {
                 state = self.finished.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
                 continue;
             }
-            state.running = true;
             state.started += 1;
             let this = state.started;
             drop(state);
             let flushed = (self.flush)();
             state = self.lock();
-            state.running = false;
             state.finished = this;
             if let Err(e) = flushed {
                 state.failed = Some((this, e.kind(), e.to_string()));

@@ -7,8 +7,12 @@
 // /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
 // figures in the same run (the same executions sent straight to its socket with the runtime
 // client, no HTTP, no billing; at each concurrency in blocks alternating with the gateway's, so
-// that a shared machine's slow minutes fall on both) and a plain Hono "hello" app as the floor. Loopback only; every
-// scenario is bounded in requests and seconds. Each gateway is first warmed up (--warm-up):
+// that a shared machine's slow minutes fall on both) and a plain Hono "hello" app as the floor.
+// Beside the gateway's CPU it prints CPU baselines from the same minutes (CpuBaselines): the
+// runtime client's own CPU per execution in the daemon-alone blocks, and a plain Hono server's
+// per request at concurrency 1, back to back and with a VM execution before each request (as
+// every gateway request at concurrency 1 has). Loopback only; every scenario is bounded in
+// requests and seconds. Each gateway is first warmed up (--warm-up):
 // V8 keeps compiling the request path's functions with its optimizing tier for thousands of
 // calls, and until it is done a c=1 execution costs up to twice the CPU of a warm gateway's
 // (2.1 ms in the first thousand, ~1.2 ms from the third on, PGlite, measured in blocks of a
@@ -35,7 +39,7 @@ import { parseArgs } from "node:util";
 import postgres from "postgres";
 import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
-import { drive, driveAlternating, formatTable, type ScenarioSummary } from "./lib/measure.js";
+import { cpuOverBlocks, drive, driveAlternating, formatTable, type ScenarioSummary } from "./lib/measure.js";
 
 const { values } = parseArgs({
   options: {
@@ -84,6 +88,12 @@ function call(method: "GET" | "POST", url: string, headers: Record<string, strin
   });
 }
 
+/** utime + stime of this process in ms. */
+function ownCpuMs(): number {
+  const usage = process.cpuUsage();
+  return (usage.user + usage.system) / 1000;
+}
+
 /** utime + stime of a process in ms. /proc counts in USER_HZ ticks, 100 a second on Linux x86-64. */
 function processCpuMs(pid: number): number {
   const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
@@ -119,13 +129,19 @@ const latencyFigures = (s: ScenarioSummary): LatencyFigures => ({
 });
 
 /** A child process serving the plain Hono hello app; resolves to its URL. */
-async function startHello(): Promise<{ url: string; stop(): void }> {
+async function startHello(): Promise<HelloServer> {
   const child = spawn(process.execPath, ["--import", "tsx", join(REPOSITORY, "loadtest", "hello-server.ts")], { stdio: ["ignore", "pipe", "inherit"] });
   const url = await new Promise<string>((resolve, reject) => {
     createInterface({ input: child.stdout }).once("line", (line) => resolve((JSON.parse(line) as { url: string }).url));
     child.once("exit", (code) => reject(new Error(`the hello server exited early (code ${code})`)));
   });
-  return { url, stop: () => child.kill("SIGTERM") };
+  return { url, pid: child.pid as number, stop: () => child.kill("SIGTERM") };
+}
+
+interface HelloServer {
+  url: string;
+  pid: number;
+  stop(): void;
 }
 
 /** A PostgreSQL server URL and how to let go of it. */
@@ -157,6 +173,18 @@ async function freshPostgresDatabase(serverUrl: string): Promise<{ url: string; 
   };
 }
 
+/**
+ * What a gateway's CPU per execution at concurrency 1 is read against, measured beside it: the
+ * runtime client alone (this process's CPU over the daemon-alone blocks: the same request sent
+ * straight to the daemon, no HTTP, no billing), and a plain Hono server's CPU per request back to
+ * back and with one VM execution before each request. A VM's run between two requests leaves the
+ * caches cold for the next one; every gateway request at concurrency 1 follows one.
+ */
+interface CpuBaselines {
+  runtime_client_ms_per_exec: Record<string, number>;
+  hello_ms_per_req: { back_to_back: number; after_an_execution: number };
+}
+
 interface DatabaseRun {
   /** Without an Idempotency-Key, at each concurrency. */
   executions: Record<string, ExecutionFigures>;
@@ -165,6 +193,7 @@ interface DatabaseRun {
   /** Gateway CPU ms per execution of each warm-up block at c=1 (--warm-up auto). */
   warmUpBlocks: number[];
   daemon: Record<string, LatencyFigures>;
+  baselines: CpuBaselines;
   scenarios: ScenarioSummary[];
 }
 
@@ -197,7 +226,7 @@ async function warmUpAtOne(pid: number, execute: () => Promise<boolean>): Promis
 }
 
 /** The gateway on one database: executions at each concurrency, the daemon alone, other routes. */
-async function measureDatabase(database: "pglite" | "postgres", databaseUrl: string | undefined): Promise<DatabaseRun> {
+async function measureDatabase(database: "pglite" | "postgres", databaseUrl: string | undefined, hello: HelloServer): Promise<DatabaseRun> {
   const dir = await mkdtemp(join(tmpdir(), "sfk-lt-"));
   const socketPath = join(dir, "vmm.sock");
   say(`${database}: starting the gateway and its daemon`);
@@ -248,24 +277,44 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       gateway_cpu_ms_per_exec: round(cpuMs / Math.max(1, s.requests), 3),
     });
     const executions: Record<string, ExecutionFigures> = {};
+    const runtimeClientMsPerExec: Record<string, number> = {};
+    const alternating = (scenario: string, concurrency: number, send: () => Promise<boolean>) => ({
+      scenario,
+      requests,
+      concurrency,
+      maxDurationMs: maxDurationMs / ALTERNATING_ROUNDS,
+      send,
+    });
     // Keyless, in blocks alternating with the daemon alone at the same concurrency (its baseline).
     for (const c of concurrencies) {
-      let cpuMs = 0;
+      const gatewayCpu = cpuOverBlocks(() => processCpuMs(gateway.pid));
+      const clientCpu = cpuOverBlocks(ownCpuMs);
       const { subject, baseline } = await driveAlternating(
-        { scenario: `POST /v1/executions (${database}), c=${c}`, requests, concurrency: c, maxDurationMs: maxDurationMs / ALTERNATING_ROUNDS, send: execute },
-        { scenario: `daemon alone, c=${c}`, requests, concurrency: c, maxDurationMs: maxDurationMs / ALTERNATING_ROUNDS, send: daemonExecute },
+        alternating(`POST /v1/executions (${database}), c=${c}`, c, execute),
+        alternating(`daemon alone, c=${c}`, c, daemonExecute),
         ALTERNATING_ROUNDS,
-        async (block) => {
-          const before = processCpuMs(gateway.pid);
-          await block();
-          cpuMs += processCpuMs(gateway.pid) - before;
-        },
+        { subject: gatewayCpu.wrap, baseline: clientCpu.wrap },
       );
       scenarios.push(subject);
       daemonRuns[c] = latencyFigures(baseline);
-      executions[c] = figuresOf(subject, cpuMs);
-      say(`  keyless c=${c}: p50 ${subject.p50Ms.toFixed(2)} ms (the daemon alone ${baseline.p50Ms.toFixed(2)}), ${subject.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec`);
+      executions[c] = figuresOf(subject, gatewayCpu.ms);
+      runtimeClientMsPerExec[c] = round(clientCpu.ms / Math.max(1, baseline.requests), 3);
+      say(`  keyless c=${c}: p50 ${subject.p50Ms.toFixed(2)} ms (the daemon alone ${baseline.p50Ms.toFixed(2)}), ${subject.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec (the runtime client alone ${runtimeClientMsPerExec[c]})`);
     }
+    // The plain Hono server's CPU per request at c=1, back to back and after an execution each.
+    const helloCpu = { backToBack: cpuOverBlocks(() => processCpuMs(hello.pid)), afterAnExecution: cpuOverBlocks(() => processCpuMs(hello.pid)) };
+    const sendHello = async () => (await call("GET", `${hello.url}/hello`)).status === 200;
+    const helloRuns = await driveAlternating(
+      alternating("hello after an execution, c=1", 1, async () => (await daemonExecute()) && (await sendHello())),
+      alternating("hello back to back, c=1", 1, sendHello),
+      ALTERNATING_ROUNDS,
+      { subject: helloCpu.afterAnExecution.wrap, baseline: helloCpu.backToBack.wrap },
+    );
+    const helloMsPerReq = {
+      back_to_back: round(helloCpu.backToBack.ms / Math.max(1, helloRuns.baseline.requests), 3),
+      after_an_execution: round(helloCpu.afterAnExecution.ms / Math.max(1, helloRuns.subject.requests), 3),
+    };
+    say(`  plain Hono at c=1: ${helloMsPerReq.back_to_back} ms CPU per request back to back, ${helloMsPerReq.after_an_execution} ms after an execution each`);
     // The issue's reference for the HTTP p50 is the daemon's at concurrency 1.
     if (daemonRuns["1"] === undefined) daemonRuns["1"] = latencyFigures(await bounded("daemon alone, c=1", 1, daemonExecute));
     const keyed: Record<string, ExecutionFigures> = {};
@@ -284,7 +333,8 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       const send = async () => (await call(method, `${gateway.url}${path}`, body === undefined ? auth : json, body)).status === status;
       scenarios.push(await bounded(`${name} (${database}), c=${peakConcurrency}`, peakConcurrency, send));
     }
-    return { executions, keyed, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, scenarios };
+    const baselines = { runtime_client_ms_per_exec: runtimeClientMsPerExec, hello_ms_per_req: helloMsPerReq };
+    return { executions, keyed, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, baselines, scenarios };
   } finally {
     daemon.close();
     await gateway.stop();
@@ -298,12 +348,12 @@ try {
   const helloRun = await drive({ scenario: "hello (plain Hono)", requests: requests * 5, concurrency: peakConcurrency, maxDurationMs, send: async () => (await call("GET", `${hello.url}/hello`)).status === 200 });
   const runs: Partial<Record<"pglite" | "postgres", DatabaseRun>> = {};
   for (const database of databases as ("pglite" | "postgres")[]) {
-    if (database === "pglite") runs.pglite = await measureDatabase("pglite", undefined);
+    if (database === "pglite") runs.pglite = await measureDatabase("pglite", undefined, hello);
     else {
       pg ??= postgresServer();
       const fresh = await freshPostgresDatabase(pg.url);
       try {
-        runs.postgres = await measureDatabase("postgres", fresh.url);
+        runs.postgres = await measureDatabase("postgres", fresh.url, hello);
       } finally {
         await fresh.drop();
       }
@@ -317,6 +367,7 @@ try {
     daemon_p50_ms: daemonAtOne?.p50_ms ?? null,
     daemon: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.daemon])),
     warm_up_cpu_ms_per_exec: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.warmUpBlocks])),
+    cpu_baselines: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.baselines])),
     hello_per_s: round(helloRun.requestsPerSecond, 0),
     hello_p50_ms: round(helloRun.p50Ms),
     execution: EXECUTION,
@@ -341,6 +392,12 @@ try {
       }
     }
     console.log(`daemon alone at c=1: p50 ${report.daemon_p50_ms} ms; plain Hono hello: ${report.hello_per_s} req/s`);
+    console.log("CPU baselines in the same runs, ms (the runtime client alone per execution by concurrency; plain Hono per request at c=1, back to back / after an execution each):");
+    for (const [database, run] of Object.entries(runs)) {
+      const client = Object.entries(run.baselines.runtime_client_ms_per_exec).map(([c, ms]) => `c=${c} ${ms}`).join(", ");
+      const plain = run.baselines.hello_ms_per_req;
+      console.log(`  ${database}: runtime client ${client}; plain Hono ${plain.back_to_back} / ${plain.after_an_execution}`);
+    }
   }
 } finally {
   agent.destroy();

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { drive, driveAlternating, formatTable, percentile } from "./measure.js";
+import { cpuOverBlocks, drive, driveAlternating, formatTable, percentile } from "./measure.js";
 
 describe("load measurement", () => {
   it("takes nearest-rank percentiles", () => {
@@ -37,9 +37,10 @@ describe("load measurement", () => {
     expect(formatTable([summary])).toMatch(/^scenario\s+requests\s+failed\s+req\/s/);
   });
 
-  it("alternates blocks of a subject and its baseline, wrapping only the subject's, and sums each", async () => {
+  it("alternates blocks of a subject and its baseline, wrapping each side's blocks with its own wrapper, and sums each", async () => {
     const order: string[] = [];
     let wrapped = 0;
+    let baselineWrapped = 0;
     const options = (name: string, requests: number) => ({
       scenario: name,
       requests,
@@ -50,18 +51,37 @@ describe("load measurement", () => {
         return name === "gateway" || order.length % 2 === 0;
       },
     });
-    const { subject, baseline } = await driveAlternating(options("gateway", 7), options("daemon", 5), 3, async (block) => {
-      wrapped++;
+    const only = (name: string, onBlock: () => void) => async (block: () => Promise<void>) => {
+      onBlock();
       const before = order.length;
       await block();
-      expect(order.slice(before).every((n) => n === "gateway")).toBe(true);
+      expect(order.slice(before).length).toBeGreaterThan(0);
+      expect(order.slice(before).every((n) => n === name)).toBe(true);
+    };
+    const { subject, baseline } = await driveAlternating(options("gateway", 7), options("daemon", 5), 3, {
+      subject: only("gateway", () => wrapped++),
+      baseline: only("daemon", () => baselineWrapped++),
     });
     expect(wrapped).toBe(3);
+    expect(baselineWrapped).toBe(3);
     // Blocks of 3, 2, 2 and 2, 2, 1, the baseline's first in each round.
     expect(order.join(",")).toBe("daemon,daemon,gateway,gateway,gateway,daemon,daemon,gateway,gateway,daemon,gateway,gateway");
     expect(subject).toMatchObject({ scenario: "gateway", requests: 7, failures: 0 });
     expect(baseline).toMatchObject({ scenario: "daemon", requests: 5 });
     expect(baseline.failures).toBeGreaterThan(0);
+  });
+
+  it("sums a CPU counter over the blocks it wraps only", async () => {
+    let counter = 0;
+    const cpu = cpuOverBlocks(() => counter);
+    await cpu.wrap(async () => {
+      counter += 3;
+    });
+    counter += 100;
+    await cpu.wrap(async () => {
+      counter += 4;
+    });
+    expect(cpu.ms).toBe(7);
   });
 
   it("stops at the time bound", async () => {

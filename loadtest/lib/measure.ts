@@ -75,6 +75,24 @@ function summarize(scenario: string, { latencies, failures, seconds }: Collected
   };
 }
 
+/** Runs one block of requests, doing what it must around it. */
+export type BlockWrapper = (block: () => Promise<void>) => Promise<void>;
+
+/** Sums a CPU counter (ms) over the blocks it wraps. */
+export function cpuOverBlocks(readMs: () => number): { wrap: BlockWrapper; readonly ms: number } {
+  let ms = 0;
+  return {
+    wrap: async (block) => {
+      const before = readMs();
+      await block();
+      ms += readMs() - before;
+    },
+    get ms() {
+      return ms;
+    },
+  };
+}
+
 export async function drive(options: DriveOptions): Promise<ScenarioSummary> {
   return summarize(options.scenario, await collect(options));
 }
@@ -83,15 +101,18 @@ export async function drive(options: DriveOptions): Promise<ScenarioSummary> {
  * Drives `subject` and `baseline` in alternating blocks, `rounds` of each (their requests split
  * evenly, each block bounded by its options' time), so that both meet the machine as it was in
  * the same minutes: on a shared machine a figure and the baseline it is compared with, taken one
- * after the other, can differ by the machine's mood alone. `aroundSubject` wraps each subject
- * block (to read a CPU counter over the subject's blocks only). Each summary covers all its blocks.
+ * after the other, can differ by the machine's mood alone. `around.subject` wraps each subject
+ * block and `around.baseline` each baseline block (to read a CPU counter over one side's blocks
+ * only). Each summary covers all its blocks.
  */
 export async function driveAlternating(
   subject: DriveOptions,
   baseline: DriveOptions,
   rounds: number,
-  aroundSubject: (block: () => Promise<void>) => Promise<void> = (block) => block(),
+  around: { subject?: BlockWrapper; baseline?: BlockWrapper } = {},
 ): Promise<{ subject: ScenarioSummary; baseline: ScenarioSummary }> {
+  const unwrapped: BlockWrapper = (block) => block();
+  const { subject: aroundSubject = unwrapped, baseline: aroundBaseline = unwrapped } = around;
   const totals = { subject: { latencies: [] as number[], failures: 0, seconds: 0 }, baseline: { latencies: [] as number[], failures: 0, seconds: 0 } };
   const add = (into: Collected, block: Collected) => {
     for (const latency of block.latencies) into.latencies.push(latency);
@@ -103,7 +124,7 @@ export async function driveAlternating(
     requests: Math.floor(options.requests / rounds) + (round < options.requests % rounds ? 1 : 0),
   });
   for (let round = 0; round < rounds; round++) {
-    add(totals.baseline, await collect(share(baseline, round)));
+    await aroundBaseline(async () => add(totals.baseline, await collect(share(baseline, round))));
     await aroundSubject(async () => add(totals.subject, await collect(share(subject, round))));
   }
   return { subject: summarize(subject.scenario, totals.subject), baseline: summarize(baseline.scenario, totals.baseline) };

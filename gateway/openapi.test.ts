@@ -79,6 +79,18 @@ describe("OpenAPI document and operational endpoints", () => {
     expect(doc.components.securitySchemes.bearerAuth).toMatchObject({ type: "http", scheme: "bearer" });
   });
 
+  it("documents the Idempotency-Key header, with the pattern the gateway checks, on the routes that run code", async () => {
+    const doc = (await (await gw.call("GET", OPENAPI_PATH)).json()) as any;
+    for (const path of ["/v1/executions", "/v1/tool-calls"]) {
+      const header = doc.paths[path].post.parameters.find((p: { name: string }) => p.name === "idempotency-key");
+      expect(header, path).toMatchObject({ in: "header", required: false, schema: { type: "string" } });
+      const pattern = new RegExp(header.schema.pattern);
+      expect(pattern.test("retry-1")).toBe(true);
+      expect(pattern.test("bad key")).toBe(false);
+      expect(pattern.test("k".repeat(256))).toBe(false);
+    }
+  });
+
   it("serves a docs page pointing at the document, with its assets from this host", async () => {
     const response = await gw.call("GET", DOCS_PATH);
     expect(response.status).toBe(200);

@@ -9,7 +9,7 @@ import { priceOf } from "../pricing.js";
 import { ProblemError } from "../problems.js";
 import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-execution.js";
 import { ExecutionSchema, executionRequestSchema, IdParamSchema, TemplateSchema } from "../schemas.js";
-import { AUTHENTICATED, executionJson, IdempotencyHeaderSchema, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
+import { AUTHENTICATED, executionJson, IDEMPOTENCY_KEY_HEADER, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
 
 export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
   const unit = ctx.config.pricing.unitName;
@@ -26,8 +26,8 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
       "the same; a client that disconnects stops nothing and is billed for what ran.",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
+    parameters: [IDEMPOTENCY_KEY_HEADER],
     request: {
-      headers: IdempotencyHeaderSchema,
       body: { required: true, content: { "application/json": { schema: executionRequestSchema(ctx.config.executionLimits) } } },
     },
     responses: {

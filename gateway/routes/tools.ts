@@ -6,7 +6,7 @@ import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { formatTools } from "../tools/definitions.js";
 import { type ToolResult, type ToolRunner, toolResultText } from "../tools/runner.js";
-import { AUTHENTICATED, IdempotencyHeaderSchema, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
+import { AUTHENTICATED, IDEMPOTENCY_KEY_HEADER, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
 
 export const EXECUTION_ID_HEADER = "sandfork-execution-id";
 
@@ -65,8 +65,8 @@ export function registerToolRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext
       "content is the problem+json body, for the model to read.",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
+    parameters: [IDEMPOTENCY_KEY_HEADER],
     request: {
-      headers: IdempotencyHeaderSchema,
       body: { required: true, content: { "application/json": { schema: z.union([OpenAIToolCallSchema, AnthropicToolUseSchema]) } } },
     },
     responses: {

@@ -152,8 +152,10 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
    * can only be keyless.
    */
   async function reconcile(answered: Map<string, { id: string; units: number }>, retried: boolean) {
-    await withBooks(async ({ db }) => {
-      const rows = await db.select().from(executions).where(eq(executions.accountId, caller.accountId));
+    // One snapshot of the books: on PostgreSQL the live gateway may give an idle lease back between
+    // two separate reads (the account's reserved units read before, the lease rows after).
+    await withBooks(({ db }) => db.transaction(async (tx) => {
+      const rows = await tx.select().from(executions).where(eq(executions.accountId, caller.accountId));
       const byId = new Map(rows.map((r) => [r.id, r]));
       for (const [idempotencyKey, { id, units }] of answered) {
         expect(byId.get(id), `answered ${idempotencyKey}`).toMatchObject({ status: "completed", chargedUnits: units });
@@ -169,19 +171,19 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
       const billedKeys = rows.filter((r) => r.status === "completed" && r.idempotencyKey !== null).map((r) => r.idempotencyKey);
       expect(new Set(billedKeys).size).toBe(billedKeys.length);
 
-      const [account] = await db.select().from(accounts).where(eq(accounts.id, caller.accountId));
-      const ledger = await db.select().from(usageLedger).where(eq(usageLedger.accountId, caller.accountId));
+      const [account] = await tx.select().from(accounts).where(eq(accounts.id, caller.accountId));
+      const ledger = await tx.select().from(usageLedger).where(eq(usageLedger.accountId, caller.accountId));
       expect(ledger.map((l) => l.kind)).toEqual(["grant"]);
       const grants = ledger.reduce((sum, l) => sum + l.units, 0);
       const spent = rows.reduce((sum, r) => sum + (r.chargedUnits ?? 0), 0);
       expect(grants).toBe(GRANT);
       // Nothing is held but what the live gateway's credit lease holds (none of a dead one's).
-      const leases = await db.select().from(creditLeases).where(eq(creditLeases.accountId, caller.accountId));
+      const leases = await tx.select().from(creditLeases).where(eq(creditLeases.accountId, caller.accountId));
       expect(new Set(leases.filter((l) => l.units > 0).map((l) => l.gatewayId)).size).toBeLessThanOrEqual(1);
       expect(account).toMatchObject({ balanceUnits: grants - spent, reservedUnits: leases.reduce((sum, l) => sum + l.units, 0) });
-      const [{ negative }] = (await db.select({ negative: sql<number>`count(*)::int` }).from(accounts).where(sql`${accounts.balanceUnits} < 0`)) as [{ negative: number }];
+      const [{ negative }] = (await tx.select({ negative: sql<number>`count(*)::int` }).from(accounts).where(sql`${accounts.balanceUnits} < 0`)) as [{ negative: number }];
       expect(negative).toBe(0);
-    });
+    }, { isolationLevel: "repeatable read", accessMode: "read only" }));
   }
 
   /**

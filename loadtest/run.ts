@@ -39,7 +39,7 @@ import { parseArgs } from "node:util";
 import postgres from "postgres";
 import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
-import { cpuOverBlocks, drive, driveAlternating, formatTable, type ScenarioSummary } from "./lib/measure.js";
+import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
 
 const { values } = parseArgs({
   options: {
@@ -177,12 +177,14 @@ async function freshPostgresDatabase(serverUrl: string): Promise<{ url: string; 
  * What a gateway's CPU per execution at concurrency 1 is read against, measured beside it: the
  * runtime client alone (this process's CPU over the daemon-alone blocks: the same request sent
  * straight to the daemon, no HTTP, no billing), and a plain Hono server's CPU per request back to
- * back and with one VM execution before each request. A VM's run between two requests leaves the
- * caches cold for the next one; every gateway request at concurrency 1 follows one.
+ * back, after an idle pause of 1 ms, and with one VM execution before each request. Every gateway
+ * request at concurrency 1 follows a VM's run, during which the gateway waits idle: the pause
+ * tells how much of what that costs the next request is the idle wait alone (on a virtual
+ * machine an idle vCPU gives its core away, and comes back to cold caches).
  */
 interface CpuBaselines {
   runtime_client_ms_per_exec: Record<string, number>;
-  hello_ms_per_req: { back_to_back: number; after_an_execution: number };
+  hello_ms_per_req: { back_to_back: number; after_an_idle_pause: number; after_an_execution: number };
 }
 
 interface DatabaseRun {
@@ -200,6 +202,9 @@ interface DatabaseRun {
 const WARM_UP_BLOCK = 1000;
 /** Blocks of executions through the gateway, each after a block of the daemon alone. */
 const ALTERNATING_ROUNDS = 5;
+/** The plain Hono baseline's idle pause before a request: about a VM execution's wait at c=1 (a timer's 1 ms). */
+const IDLE_PAUSE_MS = 1;
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** --warm-up at concurrency 1: N executions, or blocks of them until the gateway's CPU per execution settles. */
 async function warmUpAtOne(pid: number, execute: () => Promise<boolean>): Promise<{ requests: number; failures: number; blocks: number[] }> {
@@ -301,20 +306,30 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       runtimeClientMsPerExec[c] = round(clientCpu.ms / Math.max(1, baseline.requests), 3);
       say(`  keyless c=${c}: p50 ${subject.p50Ms.toFixed(2)} ms (the daemon alone ${baseline.p50Ms.toFixed(2)}), ${subject.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec (the runtime client alone ${runtimeClientMsPerExec[c]})`);
     }
-    // The plain Hono server's CPU per request at c=1, back to back and after an execution each.
-    const helloCpu = { backToBack: cpuOverBlocks(() => processCpuMs(hello.pid)), afterAnExecution: cpuOverBlocks(() => processCpuMs(hello.pid)) };
+    // The plain Hono server's CPU per request at c=1: back to back, after an idle pause, after an execution.
     const sendHello = async () => (await call("GET", `${hello.url}/hello`)).status === 200;
-    const helloRuns = await driveAlternating(
-      alternating("hello after an execution, c=1", 1, async () => (await daemonExecute()) && (await sendHello())),
-      alternating("hello back to back, c=1", 1, sendHello),
+    const helloCpu = () => cpuOverBlocks(() => processCpuMs(hello.pid));
+    const [backToBack, afterAnIdlePause, afterAnExecution] = [helloCpu(), helloCpu(), helloCpu()];
+    const helloRuns = await driveInTurn(
+      [
+        { options: alternating("hello back to back, c=1", 1, sendHello), around: backToBack.wrap },
+        { options: alternating(`hello after ${IDLE_PAUSE_MS} ms idle, c=1`, 1, async () => {
+          await sleep(IDLE_PAUSE_MS);
+          return sendHello();
+        }), around: afterAnIdlePause.wrap },
+        { options: alternating("hello after an execution, c=1", 1, async () => (await daemonExecute()) && (await sendHello())), around: afterAnExecution.wrap },
+      ],
       ALTERNATING_ROUNDS,
-      { subject: helloCpu.afterAnExecution.wrap, baseline: helloCpu.backToBack.wrap },
     );
+    const perRequest = (cpu: { ms: number }, run: ScenarioSummary) => round(cpu.ms / Math.max(1, run.requests), 3);
     const helloMsPerReq = {
-      back_to_back: round(helloCpu.backToBack.ms / Math.max(1, helloRuns.baseline.requests), 3),
-      after_an_execution: round(helloCpu.afterAnExecution.ms / Math.max(1, helloRuns.subject.requests), 3),
+      back_to_back: perRequest(backToBack, helloRuns[0]),
+      after_an_idle_pause: perRequest(afterAnIdlePause, helloRuns[1]),
+      after_an_execution: perRequest(afterAnExecution, helloRuns[2]),
     };
-    say(`  plain Hono at c=1: ${helloMsPerReq.back_to_back} ms CPU per request back to back, ${helloMsPerReq.after_an_execution} ms after an execution each`);
+    say(
+      `  plain Hono at c=1: ${helloMsPerReq.back_to_back} ms CPU per request back to back, ${helloMsPerReq.after_an_idle_pause} after ${IDLE_PAUSE_MS} ms idle, ${helloMsPerReq.after_an_execution} after an execution each`,
+    );
     // The issue's reference for the HTTP p50 is the daemon's at concurrency 1.
     if (daemonRuns["1"] === undefined) daemonRuns["1"] = latencyFigures(await bounded("daemon alone, c=1", 1, daemonExecute));
     const keyed: Record<string, ExecutionFigures> = {};
@@ -392,11 +407,11 @@ try {
       }
     }
     console.log(`daemon alone at c=1: p50 ${report.daemon_p50_ms} ms; plain Hono hello: ${report.hello_per_s} req/s`);
-    console.log("CPU baselines in the same runs, ms (the runtime client alone per execution by concurrency; plain Hono per request at c=1, back to back / after an execution each):");
+    console.log(`CPU baselines in the same runs, ms (the runtime client alone per execution by concurrency; plain Hono per request at c=1, back to back / after ${IDLE_PAUSE_MS} ms idle / after an execution each):`);
     for (const [database, run] of Object.entries(runs)) {
       const client = Object.entries(run.baselines.runtime_client_ms_per_exec).map(([c, ms]) => `c=${c} ${ms}`).join(", ");
       const plain = run.baselines.hello_ms_per_req;
-      console.log(`  ${database}: runtime client ${client}; plain Hono ${plain.back_to_back} / ${plain.after_an_execution}`);
+      console.log(`  ${database}: runtime client ${client}; plain Hono ${plain.back_to_back} / ${plain.after_an_idle_pause} / ${plain.after_an_execution}`);
     }
   }
 } finally {

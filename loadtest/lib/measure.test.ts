@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { cpuOverBlocks, drive, driveAlternating, formatTable, percentile } from "./measure.js";
+import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, percentile } from "./measure.js";
 
 describe("load measurement", () => {
   it("takes nearest-rank percentiles", () => {
@@ -69,6 +69,28 @@ describe("load measurement", () => {
     expect(subject).toMatchObject({ scenario: "gateway", requests: 7, failures: 0 });
     expect(baseline).toMatchObject({ scenario: "daemon", requests: 5 });
     expect(baseline.failures).toBeGreaterThan(0);
+  });
+
+  it("drives three sides in turn, each block wrapped by its own side's wrapper, one summary a side in the order given", async () => {
+    const order: string[] = [];
+    const side = (name: string, requests: number) => ({
+      options: { scenario: name, requests, concurrency: 1, maxDurationMs: 10_000, send: async () => {
+          order.push(name);
+          return name !== "c";
+        },
+      },
+      around: async (block: () => Promise<void>) => {
+        order.push(`[${name}`);
+        await block();
+        order.push(`${name}]`);
+      },
+    });
+    const [a, b, c] = await driveInTurn([side("a", 2), side("b", 4), side("c", 3)], 2);
+    // Blocks of 1, 1 | 2, 2 | 2, 1: every block inside its own wrapper, a then b then c in each round.
+    expect(order.join(" ")).toBe("[a a a] [b b b b] [c c c c] [a a a] [b b b b] [c c c]");
+    expect([a.scenario, a.requests, a.failures]).toEqual(["a", 2, 0]);
+    expect([b.scenario, b.requests, b.failures]).toEqual(["b", 4, 0]);
+    expect([c.scenario, c.requests, c.failures]).toEqual(["c", 3, 3]);
   });
 
   it("sums a CPU counter over the blocks it wraps only", async () => {

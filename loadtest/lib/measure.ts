@@ -97,23 +97,22 @@ export async function drive(options: DriveOptions): Promise<ScenarioSummary> {
   return summarize(options.scenario, await collect(options));
 }
 
+/** One side of driveInTurn: its scenario, and what to do around each of its blocks (to read a CPU counter over that side's blocks only). */
+export interface TurnSide {
+  options: DriveOptions;
+  around?: BlockWrapper | undefined;
+}
+
 /**
- * Drives `subject` and `baseline` in alternating blocks, `rounds` of each (their requests split
- * evenly, each block bounded by its options' time), so that both meet the machine as it was in
- * the same minutes: on a shared machine a figure and the baseline it is compared with, taken one
- * after the other, can differ by the machine's mood alone. `around.subject` wraps each subject
- * block and `around.baseline` each baseline block (to read a CPU counter over one side's blocks
- * only). Each summary covers all its blocks.
+ * Drives the sides in turn, `rounds` blocks of each (their requests split evenly, each block
+ * bounded by its options' time, in the order given), so that all of them meet the machine as it
+ * was in the same minutes: on a shared machine a figure and the baseline it is compared with,
+ * taken one after the other, can differ by the machine's mood alone. Answers one summary a side,
+ * in the order given, each covering all its blocks.
  */
-export async function driveAlternating(
-  subject: DriveOptions,
-  baseline: DriveOptions,
-  rounds: number,
-  around: { subject?: BlockWrapper; baseline?: BlockWrapper } = {},
-): Promise<{ subject: ScenarioSummary; baseline: ScenarioSummary }> {
+export async function driveInTurn<Sides extends TurnSide[]>(sides: [...Sides], rounds: number): Promise<{ [Side in keyof Sides]: ScenarioSummary }> {
   const unwrapped: BlockWrapper = (block) => block();
-  const { subject: aroundSubject = unwrapped, baseline: aroundBaseline = unwrapped } = around;
-  const totals = { subject: { latencies: [] as number[], failures: 0, seconds: 0 }, baseline: { latencies: [] as number[], failures: 0, seconds: 0 } };
+  const totals = sides.map((): Collected => ({ latencies: [], failures: 0, seconds: 0 }));
   const add = (into: Collected, block: Collected) => {
     for (const latency of block.latencies) into.latencies.push(latency);
     into.failures += block.failures;
@@ -124,10 +123,29 @@ export async function driveAlternating(
     requests: Math.floor(options.requests / rounds) + (round < options.requests % rounds ? 1 : 0),
   });
   for (let round = 0; round < rounds; round++) {
-    await aroundBaseline(async () => add(totals.baseline, await collect(share(baseline, round))));
-    await aroundSubject(async () => add(totals.subject, await collect(share(subject, round))));
+    for (const [index, { options, around = unwrapped }] of sides.entries()) {
+      await around(async () => add(totals[index] as Collected, await collect(share(options, round))));
+    }
   }
-  return { subject: summarize(subject.scenario, totals.subject), baseline: summarize(baseline.scenario, totals.baseline) };
+  // One summary a side, so the tuple type holds.
+  return sides.map(({ options }, index) => summarize(options.scenario, totals[index] as Collected)) as { [Side in keyof Sides]: ScenarioSummary };
+}
+
+/** driveInTurn of a subject and its baseline, the baseline's block first in each round. */
+export async function driveAlternating(
+  subject: DriveOptions,
+  baseline: DriveOptions,
+  rounds: number,
+  around: { subject?: BlockWrapper; baseline?: BlockWrapper } = {},
+): Promise<{ subject: ScenarioSummary; baseline: ScenarioSummary }> {
+  const [baselineSummary, subjectSummary] = await driveInTurn(
+    [
+      { options: baseline, around: around.baseline },
+      { options: subject, around: around.subject },
+    ],
+    rounds,
+  );
+  return { subject: subjectSummary, baseline: baselineSummary };
 }
 
 export function formatTable(rows: ScenarioSummary[]): string {

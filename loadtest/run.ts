@@ -310,14 +310,16 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     const sendHello = async () => (await call("GET", `${hello.url}/hello`)).status === 200;
     const helloCpu = () => cpuOverBlocks(() => processCpuMs(hello.pid));
     const [backToBack, afterAnIdlePause, afterAnExecution] = [helloCpu(), helloCpu(), helloCpu()];
+    const sendHelloAfterIdle = async () => {
+      await sleep(IDLE_PAUSE_MS);
+      return sendHello();
+    };
+    const sendHelloAfterExecution = async () => (await daemonExecute()) && (await sendHello());
     const helloRuns = await driveInTurn(
       [
         { options: alternating("hello back to back, c=1", 1, sendHello), around: backToBack.wrap },
-        { options: alternating(`hello after ${IDLE_PAUSE_MS} ms idle, c=1`, 1, async () => {
-          await sleep(IDLE_PAUSE_MS);
-          return sendHello();
-        }), around: afterAnIdlePause.wrap },
-        { options: alternating("hello after an execution, c=1", 1, async () => (await daemonExecute()) && (await sendHello())), around: afterAnExecution.wrap },
+        { options: alternating(`hello after ${IDLE_PAUSE_MS} ms idle, c=1`, 1, sendHelloAfterIdle), around: afterAnIdlePause.wrap },
+        { options: alternating("hello after an execution, c=1", 1, sendHelloAfterExecution), around: afterAnExecution.wrap },
       ],
       ALTERNATING_ROUNDS,
     );

@@ -29,6 +29,7 @@
 import { execFileSync, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
+import { setTimeout as pauseFor } from "node:timers/promises";
 import { mkdtemp, rm } from "node:fs/promises";
 import { Agent, request as httpRequest } from "node:http";
 import { cpus, loadavg, tmpdir } from "node:os";
@@ -204,7 +205,6 @@ const WARM_UP_BLOCK = 1000;
 const ALTERNATING_ROUNDS = 5;
 /** The plain Hono baseline's idle pause before a request: about a VM execution's wait at c=1 (a timer's 1 ms). */
 const IDLE_PAUSE_MS = 1;
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** --warm-up at concurrency 1: N executions, or blocks of them until the gateway's CPU per execution settles. */
 async function warmUpAtOne(pid: number, execute: () => Promise<boolean>): Promise<{ requests: number; failures: number; blocks: number[] }> {
@@ -311,7 +311,7 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     const helloCpu = () => cpuOverBlocks(() => processCpuMs(hello.pid));
     const [backToBack, afterAnIdlePause, afterAnExecution] = [helloCpu(), helloCpu(), helloCpu()];
     const sendHelloAfterIdle = async () => {
-      await sleep(IDLE_PAUSE_MS);
+      await pauseFor(IDLE_PAUSE_MS);
       return sendHello();
     };
     const sendHelloAfterExecution = async () => (await daemonExecute()) && (await sendHello());

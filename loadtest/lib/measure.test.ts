@@ -73,12 +73,12 @@ describe("load measurement", () => {
 
   it("drives three sides in turn, each block wrapped by its own side's wrapper, one summary a side in the order given", async () => {
     const order: string[] = [];
+    const send = (name: string) => async () => {
+      order.push(name);
+      return name !== "c";
+    };
     const side = (name: string, requests: number) => ({
-      options: { scenario: name, requests, concurrency: 1, maxDurationMs: 10_000, send: async () => {
-          order.push(name);
-          return name !== "c";
-        },
-      },
+      options: { scenario: name, requests, concurrency: 1, maxDurationMs: 10_000, send: send(name) },
       around: async (block: () => Promise<void>) => {
         order.push(`[${name}`);
         await block();

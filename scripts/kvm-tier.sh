@@ -7,8 +7,8 @@
 # PostgreSQL). scripts/test.sh runs it after the other suites, on every machine:
 #
 # - natively, where /dev/kvm opens and can create a VM with a vCPU (scripts/kvm-probe.sh);
-# - otherwise inside ONE QEMU guest with an emulated AMD SVM CPU (scripts/kvm-in-qemu.sh),
-#   booted once for the whole tier.
+# - otherwise inside QEMU guests with an emulated AMD SVM CPU (scripts/kvm-in-qemu.sh), one a
+#   host core, each booted once and taking suites from a shared queue, longest first.
 #
 # A /dev/kvm that creates VMs but on which sandfork-vmm cannot run a static C program is not a
 # reason to fall back: the tier says so and runs natively, and what fails there is the VMM's.
@@ -20,11 +20,10 @@
 #                                        /dev/kvm cannot create a VM
 #   SANDFORK_KVM_TIER_QEMU_SCALE=N       SANDFORK_TEST_TIME_SCALE in QEMU (default 15: TCG runs
 #                                        guest code ~13x slower than native); natively it is 1
-#   SANDFORK_KVM_TIER_QEMU_VCPUS=N       the QEMU guest's vCPUs (default 1: the suites run one
-#                                        after another; with more, in two lanes pinned to a vCPU
-#                                        each, which multi-threaded TCG still stalls at times)
-#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  the QEMU run's wall-clock limit (default 3300; one vCPU
-#                                        runs the suites ~8x slower than native)
+#   SANDFORK_KVM_TIER_QEMU_GUESTS=N      how many QEMU guests of one vCPU share the suites
+#                                        (default the host's cores, as many as have 7 GiB free)
+#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  each QEMU guest's wall-clock limit (default 3300; a
+#                                        guest runs the suites ~8x slower than native)
 #   SANDFORK_KVM_TIER_TESTS="a b"        only these suites: test file names (e.g. python_ptrace)
 #                                        and/or TypeScript ones: vitest-kvm (all of them)
 #                                        or vitest-kvm-NAME (NAME.kvm.test.ts) (default: all)
@@ -33,31 +32,28 @@
 # QEMU TCG, nested SVM, kernel 6.1.192"), each suite's counts, and ends with
 # "kvm-tier: N passed, N failed". Exit code 0 only when tests ran and none failed.
 #
-# Internally, `kvm-tier.sh --run-here RESULTS_DIR LIST` runs the suites of LIST (lines
-# "name<TAB>test executable", and "vitest-kvm-NAME<TAB>its *.kvm.test.ts") where it is (host or
-# guest) and appends
-# each suite's counts to RESULTS_DIR/counts.
+# Internally, `kvm-tier.sh --run-here RESULTS_DIR LIST [QUEUE_DIR]` runs the suites of LIST
+# (lines "name<TAB>test executable", and "vitest-kvm-NAME<TAB>its *.kvm.test.ts") where it is
+# (host or guest), with QUEUE_DIR only those it claims there first, and appends each suite's
+# counts to RESULTS_DIR/counts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 # ---- inside the chosen environment: run the suites, record counts ---------------------------
 
-# run_suite RESULTS NAME EXE SHOW [PIN...]: runs one suite (a cargo test executable, or for
-# vitest-kvm-NAME the *.kvm.test.ts file EXE), under PIN (e.g. taskset -c 0) if given, and appends its counts to
-# RESULTS/counts. SHOW=live streams its output as it runs; SHOW=after prints it when it ends
-# (lanes running side by side would interleave theirs).
+# run_suite RESULTS NAME EXE SHOW: runs one suite (a cargo test executable, or for
+# vitest-kvm-NAME the *.kvm.test.ts file EXE) and appends its counts to RESULTS/counts.
+# SHOW=live streams its output as it runs; SHOW=after prints it when it ends.
 run_suite() {
   local results=$1 name=$2 exe=$3 show=$4 log rc line passed failed ignored started=$SECONDS
-  shift 4
-  local pin=("$@")
   log=$results/$name.log
   local out=/dev/stdout
   [ "$show" = live ] || out=/dev/null
   [ "$show" = live ] && echo "== KVM tier: $name"
   if [[ $name == vitest-kvm-* ]]; then
     # Runs from the repository; `vitest run` exits 1 when a test fails.
-    (cd "$ROOT" && timeout "$suite_limit" "${pin[@]}" node_modules/.bin/vitest run --config vitest.kvm.config.ts "$exe" 2>&1) | tee "$log" > "$out"
+    (cd "$ROOT" && timeout "$suite_limit" node_modules/.bin/vitest run --config vitest.kvm.config.ts "$exe" 2>&1) | tee "$log" > "$out"
     rc=${PIPESTATUS[0]}
     line=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^vitest-kvm: [0-9]+ passed, [0-9]+ failed' | tail -1)
     passed=$(sed -n 's/.* \([0-9]*\) passed.*/\1/p' <<<"$line")
@@ -65,7 +61,7 @@ run_suite() {
     ignored=$(sed -n 's/.* \([0-9]*\) skipped.*/\1/p' <<<"$line")
   else
     # cargo runs a test executable in its package's directory.
-    (cd "$ROOT/native-vmm" && timeout "$suite_limit" "${pin[@]}" "$exe" 2>&1) | tee "$log" > "$out"
+    (cd "$ROOT/native-vmm" && timeout "$suite_limit" "$exe" 2>&1) | tee "$log" > "$out"
     rc=${PIPESTATUS[0]}
     line=$(grep -E '^test result: ' "$log" | tail -1)
     passed=$(sed -n 's/.* \([0-9]*\) passed;.*/\1/p' <<<"$line")
@@ -73,74 +69,67 @@ run_suite() {
     ignored=$(sed -n 's/.* \([0-9]*\) ignored;.*/\1/p' <<<"$line")
   fi
   if [ "$show" != live ]; then
-    echo "== KVM tier: $name (${pin[*]})"
+    echo "== KVM tier: $name"
     cat "$log"
   fi
   passed=${passed:-0} failed=${failed:-0} ignored=${ignored:-0}
   # A suite that failed without a count of failures (killed, crashed, timed out) counts one.
   if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then failed=1; fi
-  # One short line appended at once: lanes share the file.
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$passed" "$failed" "$ignored" "$rc" $((SECONDS - started)) >> "$results/counts"
 }
 
 run_here() {
-  local results=$1 list=$2 name exe
+  local results=$1 list=$2 queue=${3:-} name exe show=live
   export SANDFORK_TEST_CPU=kvm SANDFORK_TEST_TIME_SCALE=${SANDFORK_TEST_TIME_SCALE:-1}
-  : > "$results/counts"
-  # The PostgreSQL halves of the TypeScript tests: test.sh's server natively; inside the QEMU
-  # guest (which reaches no host server) one of its own, in its RAM overlay.
-  local own_pg=0
-  if grep -q '^vitest-kvm-' "$list" && [ -z "${TEST_DATABASE_URL:-}" ]; then
-    local pg_env
-    if pg_env=$(SANDFORK_PG_DIR=/tmp/sandfork-kvm-tier-pg SANDFORK_PG_PORT=54332 bash "$ROOT/scripts/postgres.sh" start); then
-      eval "$pg_env"
-      own_pg=1
-    else
-      echo "kvm-tier: could not start PostgreSQL: the *.kvm.test.ts PostgreSQL variants will fail" >&2
-    fi
-  fi
-  # The node template, built once for the suites that run it (node_kvm, e2e.kvm.test.ts), which
-  # take its folder from SANDFORK_TEST_NODE_TEMPLATE_DIR: its snapshot takes ~5 s natively, and
-  # each suite building its own would pay that twice. Where it fails, each builds its own.
-  if grep -qE '^(node_kvm|vitest-kvm-e2e)	' "$list"; then
-    local node_data=$results/node-template
-    if (cd "$ROOT" && SANDFORK_DATA_DIR=$node_data SANDFORK_TEMPLATES=node SANDFORK_VMM_BOOT_TIMEOUT_MS=$((30000 * SANDFORK_TEST_TIME_SCALE)) \
-          node_modules/.bin/tsx runtime/cli/build-templates.ts > "$results/node-template.log" 2>&1) && [ -f "$node_data/templates/node/template.sfsnap" ]; then
-      export SANDFORK_TEST_NODE_TEMPLATE_DIR=$node_data/templates/node
-    else
-      echo "kvm-tier: building the node template failed, its suites build their own: $(tail -3 "$results/node-template.log")" >&2
-    fi
-  fi
+  mkdir -p "$results" && : > "$results/counts"
+  # With a queue, other QEMU guests run beside this one: their output would interleave with a
+  # suite's streamed live, so each suite's log is printed when it ends.
+  [ -z "$queue" ] || show=after
   # A suite's wall-clock limit, so that a hung guest costs minutes, not the whole run: 330 s
-  # natively (the slowest suite takes ~80 s), 750 s in QEMU (~250 s).
+  # natively (the slowest suite takes ~80 s), 750 s in QEMU (~600 s).
   suite_limit=$((300 + 30 * SANDFORK_TEST_TIME_SCALE))
-  if [ "${SANDFORK_KVM_TIER_PATH:-}" = qemu ] && [ "$(nproc)" -ge 2 ]; then
-    # In the QEMU guest: two lanes side by side, each pinned to one vCPU, so that no process
-    # of a suite ever runs on two vCPUs at once. Under QEMU's multi-threaded TCG that is what
-    # breaks: V8 patching code that a thread on another vCPU runs crashes Node at random (wasm
-    # "memory access out of bounds", SIGILL, SIGTRAP), and nested KVM guests hang their L1
-    # vCPU (a soft lockup inside KVM_RUN) when the VMM's threads span vCPUs. Pinned, neither
-    # happens. Suites go to lanes in turn, the TypeScript ones first (Node under TCG makes them
-    # the longest).
-    local lane=0
-    : > "$results/lane0" ; : > "$results/lane1"
-    { grep '^vitest-kvm-' "$list"; grep -v '^vitest-kvm-' "$list"; } > "$results/by-lane-order"
-    while IFS=$'\t' read -r name exe; do
-      printf '%s\t%s\n' "$name" "$exe" >> "$results/lane$lane"
-      lane=$((1 - lane))
-    done < "$results/by-lane-order"
-    for lane in 0 1; do
-      (while IFS=$'\t' read -r name exe; do run_suite "$results" "$name" "$exe" after taskset -c "$lane"; done < "$results/lane$lane") &
-    done
-    wait
-  else
-    while IFS=$'\t' read -r name exe; do run_suite "$results" "$name" "$exe" live; done < "$list"
-  fi
+  local own_pg=0 pg_tried=0 node_template_tried=0
+  while IFS=$'\t' read -r name exe; do
+    if [ -n "$queue" ]; then
+      # Claimed by whichever guest first creates its name in the shared queue (mkdir is atomic on
+      # the host's file system, over 9p too). The suites of the node template are claimed as one,
+      # so that one guest builds it.
+      local claim=$name
+      [[ $name == node_kvm || $name == vitest-kvm-e2e ]] && claim=node-template
+      [ -e "$results/claimed-$claim" ] || { mkdir "$queue/$claim" 2>/dev/null && : > "$results/claimed-$claim"; } || continue
+    fi
+    # The PostgreSQL halves of the TypeScript tests: test.sh's server natively; inside a QEMU
+    # guest (which reaches no host server) one of its own, in its RAM overlay.
+    if [[ $name == vitest-kvm-* ]] && [ -z "${TEST_DATABASE_URL:-}" ] && [ $pg_tried = 0 ]; then
+      pg_tried=1
+      local pg_env
+      if pg_env=$(SANDFORK_PG_DIR=/tmp/sandfork-kvm-tier-pg SANDFORK_PG_PORT=54332 bash "$ROOT/scripts/postgres.sh" start); then
+        eval "$pg_env"
+        own_pg=1
+      else
+        echo "kvm-tier: could not start PostgreSQL: the *.kvm.test.ts PostgreSQL variants will fail" >&2
+      fi
+    fi
+    # The node template, built once for the suites that run it (node_kvm, e2e.kvm.test.ts), which
+    # take its folder from SANDFORK_TEST_NODE_TEMPLATE_DIR: its snapshot takes ~5 s natively, and
+    # each suite building its own would pay that twice. Where it fails, each builds its own.
+    if [[ $name == node_kvm || $name == vitest-kvm-e2e ]] && [ $node_template_tried = 0 ]; then
+      node_template_tried=1
+      local node_data=$results/node-template
+      if (cd "$ROOT" && SANDFORK_DATA_DIR=$node_data SANDFORK_TEMPLATES=node SANDFORK_VMM_BOOT_TIMEOUT_MS=$((30000 * SANDFORK_TEST_TIME_SCALE)) \
+            node_modules/.bin/tsx runtime/cli/build-templates.ts > "$results/node-template.log" 2>&1) && [ -f "$node_data/templates/node/template.sfsnap" ]; then
+        export SANDFORK_TEST_NODE_TEMPLATE_DIR=$node_data/templates/node
+      else
+        echo "kvm-tier: building the node template failed, its suites build their own: $(tail -3 "$results/node-template.log")" >&2
+      fi
+    fi
+    run_suite "$results" "$name" "$exe" "$show"
+  done < "$list"
   if [ $own_pg = 1 ]; then SANDFORK_PG_DIR=/tmp/sandfork-kvm-tier-pg bash "$ROOT/scripts/postgres.sh" stop; fi
 }
 
 if [ "${1:-}" = --run-here ]; then
-  run_here "$2" "$3"
+  run_here "$2" "$3" "${4:-}"
   exit 0
 fi
 
@@ -226,7 +215,7 @@ if [ $path = native ]; then
     sed 's/^/kvm-tier:   /' <<<"$vmm_status"
     echo "kvm-tier: the tier runs natively anyway: its failures are the VMM's on this KVM (SANDFORK_KVM_TIER=qemu forces the QEMU path)"
   fi
-  SANDFORK_TEST_TIME_SCALE=1 bash scripts/kvm-tier.sh --run-here "$TIER_DIR/results" "$LIST"
+  SANDFORK_TEST_TIME_SCALE=1 bash scripts/kvm-tier.sh --run-here "$TIER_DIR/results/native" "$LIST"
   run_rc=$?
 else
   kernel=$(bash scripts/kvm-in-qemu.sh -n) || fail_setup "the QEMU path cannot run here (install its packages with scripts/setup-debian.sh)"
@@ -235,12 +224,37 @@ else
     *) echo "kvm-tier: /dev/kvm here: $kvm_status: running the tier in a QEMU guest" ;;
   esac
   echo "KVM tier: QEMU TCG, nested SVM, kernel ${kernel#* }"
-  echo "kvm-tier: booting Debian's kernel ${kernel%% *} once for all suites (time scale $QEMU_SCALE)"
-  # Guest memory: the RAM overlay holds every file the tests write (images, snapshots).
-  bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -s "${SANDFORK_KVM_TIER_QEMU_VCPUS:-1}" -w "$TIER_DIR/results" \
-    -e SANDFORK_TEST_TIME_SCALE="$QEMU_SCALE" -e SANDFORK_KVM_TIER_PATH=qemu -e SANDFORK_TEST_NODE_FLAGS=--liftoff-only -e CI="${CI:-}" \
-    -- bash "$ROOT/scripts/kvm-tier.sh" --run-here "$TIER_DIR/results" "$LIST"
-  run_rc=$?
+  # Guests of one vCPU each, side by side: single-threaded TCG, none of the multi-threaded one's
+  # cross-vCPU failures (see README), and one host core a guest. Each gets 6 GiB (the RAM
+  # overlay holds every file the tests write: images, snapshots), so no more than fit in memory.
+  guests=${SANDFORK_KVM_TIER_QEMU_GUESTS:-$(nproc)}
+  mem_guests=$(( $(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) / (7 * 1024 * 1024) ))
+  if [ -z "${SANDFORK_KVM_TIER_QEMU_GUESTS:-}" ] && [ "$guests" -gt "$mem_guests" ]; then guests=$mem_guests; fi
+  [ "$guests" -ge 1 ] 2>/dev/null || guests=1
+  # The queue's order: the longest suites first (on the QEMU path, 2026-12-02: 590 s down to
+  # ~160 s), so that the guests end close together; the others follow in the list's order.
+  ordered=$TIER_DIR/suites-longest-first.tsv
+  : > "$ordered"
+  for name in vitest-kvm-exactly-once hostile_kvm cpython_compat_kvm agent_ptrace daemon_ptrace sessions_kvm \
+              node_kvm vitest-kvm-soak vitest-kvm-sessions-crash vitest-kvm-agents vitest-kvm-sessions; do
+    grep "^$name	" "$LIST" >> "$ordered"
+  done
+  grep -v -x -F -f "$ordered" "$LIST" >> "$ordered"
+  mkdir -p "$TIER_DIR/queue"
+  echo "kvm-tier: booting Debian's kernel ${kernel%% *} in $guests guest(s) sharing the suites (time scale $QEMU_SCALE)"
+  pids=()
+  for ((g = 0; g < guests; g++)); do
+    mkdir -p "$TIER_DIR/results/qemu$g"
+    # Each guest's lines carry its number: the guests' outputs interleave.
+    (bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -w "$TIER_DIR/results/qemu$g" -w "$TIER_DIR/queue" \
+       -e SANDFORK_TEST_TIME_SCALE="$QEMU_SCALE" -e SANDFORK_TEST_NODE_FLAGS=--liftoff-only -e CI="${CI:-}" \
+       -- bash "$ROOT/scripts/kvm-tier.sh" --run-here "$TIER_DIR/results/qemu$g" "$ordered" "$TIER_DIR/queue" 2>&1 \
+       | sed -u "s/^/[qemu $g] /"
+     exit "${PIPESTATUS[0]}") &
+    pids+=($!)
+  done
+  run_rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || run_rc=$?; done
 fi
 
 # ---- the counts ---------------------------------------------------------------------------------
@@ -249,7 +263,7 @@ while IFS=$'\t' read -r name passed failed ignored rc secs; do
   ran+=("$name")
   echo "kvm-tier: $name: $passed passed, $failed failed, $ignored ignored (${secs} s, exit code $rc)"
   total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed)) total_ignored=$((total_ignored + ignored))
-done < "$TIER_DIR/results/counts"
+done < <(cat "$TIER_DIR"/results/*/counts)
 while IFS=$'\t' read -r name _; do
   if [[ " ${ran[*]+"${ran[*]}"} " != *" $name "* ]]; then
     echo "kvm-tier: $name: did not run (the run stopped with exit code $run_rc)"

@@ -29,7 +29,7 @@ import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
-import { scaledDaemonReadyEnv, testNodeFlags, timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, templatesWithPrebuilt, testNodeFlags, timeScale } from "./testing/kvm-tier.js";
 
 
 const CREDITS = 100_000;
@@ -42,6 +42,7 @@ let gatewayUrl: string;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-agents-"));
+  await templatesWithPrebuilt(dir, ["python"]);
   const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, () => {});
   if (started === undefined) throw new Error("supervised mode must start a runtime");

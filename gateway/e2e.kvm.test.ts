@@ -9,7 +9,7 @@
 // (vitest.config.ts excludes *.kvm.test.ts): scripts/kvm-tier.sh runs it with
 // vitest.kvm.config.ts, on this machine's /dev/kvm or inside a QEMU guest that has one. Its
 // waits are multiplied by SANDFORK_TEST_TIME_SCALE (1 native, ~15 in QEMU).
-import { mkdir, mkdtemp, rm, symlink } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -18,7 +18,7 @@ import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
-import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
 
 
 const CREDITS = 100_000;
@@ -29,11 +29,8 @@ const log: string[] = [];
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-e2e-"));
-  const prebuiltNode = process.env.SANDFORK_TEST_NODE_TEMPLATE_DIR;
-  if (prebuiltNode !== undefined) {
-    await mkdir(join(dir, "templates"), { recursive: true });
-    await symlink(prebuiltNode, join(dir, "templates", "node"));
-  }
+  // Node from the tier; python built here: the first test checks that start-up built it.
+  await templatesWithPrebuilt(dir, ["node"]);
   const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, (line) => log.push(line));
   if (started === undefined) throw new Error("supervised mode must start a runtime");

@@ -27,7 +27,7 @@ import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh
 import { accounts, creditLeases, executions, usageLedger } from "../db/schema.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { type GatewayProcess, issueKey, startGatewayProcess } from "./testing/gateway-process.js";
-import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
 
 
 const GRANT = 10_000_000;
@@ -109,6 +109,7 @@ describe.each(BACKENDS)("exactly once under SIGKILL, on %s", (backend: DatabaseB
 
   beforeAll(async () => {
     dir = await mkdtemp(join(tmpdir(), "sfk-x1-"));
+    await templatesWithPrebuilt(dir, ["python"]);
     if (backend === "postgres") fresh = await freshDatabase("postgres", { maxConnections: 2 });
     gateway = await start();
     caller = await issueKey(gateway, "exactly-once", GRANT);

@@ -15,7 +15,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { type GatewayProcess, issueKey, startGatewayProcess } from "./testing/gateway-process.js";
-import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
 
 /**
  * The kill comes once the loop has had checkpoints acknowledged (at least this long and this
@@ -44,12 +44,13 @@ describe("a session's acknowledged checkpoints under SIGKILL of the gateway and 
       dataDir: join(dir, "data"),
       socketPath: join(dir, "vmm.sock"),
       templatesDir: join(dir, "templates"),
-      env: { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv },
+      env: { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv },
       startTimeoutMs: 120_000 * timeScale,
     });
 
   beforeAll(async () => {
     dir = await mkdtemp(join(tmpdir(), "sfk-sessions-crash-"));
+    await templatesWithPrebuilt(dir, ["python"]);
     gateway = await start();
     key = (await issueKey(gateway, "sessions-crash", 10_000_000)).key;
   }, TEST_TIMEOUT_MS);

@@ -14,7 +14,7 @@ import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
-import { scaledDaemonReadyEnv, timeScale } from "./testing/kvm-tier.js";
+import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
 
 
 const CREDITS = 1_000_000;
@@ -34,6 +34,7 @@ interface Session {
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-sessions-"));
+  await templatesWithPrebuilt(dir, ["python"]);
   const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", ...scaledDaemonReadyEnv };
   const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, () => {});
   if (started === undefined) throw new Error("supervised mode must start a runtime");

@@ -1,5 +1,7 @@
 // What the KVM tier (scripts/kvm-tier.sh) tells the TypeScript tests that run guests about its
 // path, from the environment it sets: read once here for every *.kvm.test.ts and their config.
+import { mkdir, symlink } from "node:fs/promises";
+import { join } from "node:path";
 
 /**
  * SANDFORK_TEST_TIME_SCALE: how much slower than native this path runs guests (1 native, ~15
@@ -21,3 +23,18 @@ export const testNodeFlags = (process.env.SANDFORK_TEST_NODE_FLAGS ?? "").split(
  * the default 15 s, scaled with the path, since loading its templates runs guests.
  */
 export const scaledDaemonReadyEnv = { SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale) };
+
+/**
+ * `dir`/templates for a gateway or runtime a KVM test starts, with the templates the KVM tier
+ * built once linked in (SANDFORK_TEST_PYTHON_TEMPLATE_DIR, SANDFORK_TEST_NODE_TEMPLATE_DIR: start-up
+ * finds them up to date); those it did not build are built there at start, as without the tier.
+ */
+export async function templatesWithPrebuilt(dir: string, names: readonly ("python" | "node")[]): Promise<string> {
+  const templates = join(dir, "templates");
+  await mkdir(templates, { recursive: true });
+  for (const name of names) {
+    const prebuilt = process.env[`SANDFORK_TEST_${name.toUpperCase()}_TEMPLATE_DIR`];
+    if (prebuilt !== undefined && prebuilt !== "") await symlink(prebuilt, join(templates, name));
+  }
+  return templates;
+}

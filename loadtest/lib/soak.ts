@@ -28,14 +28,15 @@ interface ExecutionAnswer {
   usage: { units: number };
 }
 
-const KINDS: Kind[] = [
+/** The kinds of request the soak mixes; `oomTimeoutMs` is the out-of-memory kind's time limit. */
+const kindsOf = (oomTimeoutMs: number): Kind[] => [
   { name: "ok", body: { code: "print(6*7)" }, status: "completed", check: (b) => b.stdout === "42\n" },
   { name: "timeout", body: { code: "while True: pass", timeout_ms: 200 }, status: "timed_out" },
   // At the template's own memory size (256 MiB), so that it runs on a pooled VM like the rest
   // (a smaller limit has no snapshot: each such request would boot its agent). Filling it copies
   // ~50,000 pages (~0.3 s of CPU); on a shared, loaded host that took 2-5 s of wall time with
-  // four at once, so its time limit is the gateway's largest, not the 5 s default.
-  { name: "oom", body: { code: "x = []\nwhile True: x.append(bytearray(1 << 20))", timeout_ms: 30_000 }, status: "memory_exceeded" },
+  // four at once, so its time limit is the gateway's largest (by default), not the 5 s default.
+  { name: "oom", body: { code: "x = []\nwhile True: x.append(bytearray(1 << 20))", timeout_ms: oomTimeoutMs }, status: "memory_exceeded" },
   { name: "crash", body: { code: "import ctypes; ctypes.string_at(0)" }, status: "crashed" },
   { name: "flood", body: { code: "import sys\nwhile True: sys.stdout.write('x' * 65536)" }, status: "output_exceeded", check: (b) => b.truncated },
 ];
@@ -45,6 +46,11 @@ export interface SoakOptions {
   concurrency: number;
   /** Built templates (a python template with its snapshot); built into a scratch folder if unset. */
   templatesDir?: string;
+  /**
+   * The out-of-memory kind's time limit (default 30 s, the gateway's largest by default): a slower
+   * path needs more to fill the VM's memory; gatewayEnv must then raise SANDFORK_MAX_TIMEOUT_MS.
+   */
+  oomTimeoutMs?: number;
   /** More environment for the gateway process (e.g. the KVM tier's slower path's limits). */
   gatewayEnv?: Record<string, string>;
   log?: (line: string) => void;
@@ -83,6 +89,7 @@ async function descriptors(pid: number): Promise<{ fds: number; vms: number }> {
 
 export async function soak(options: SoakOptions): Promise<SoakReport> {
   const log = options.log ?? (() => {});
+  const kinds = kindsOf(options.oomTimeoutMs ?? 30_000);
   const dir = await mkdtemp(join(tmpdir(), "sfk-soak-"));
   const socketPath = join(dir, "vmm.sock");
   const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: options.templatesDir ?? join(dir, "templates"), env: { SANDFORK_TEMPLATES: "python", ...options.gatewayEnv }, startTimeoutMs: 300_000 });
@@ -105,7 +112,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     let answered = 0;
     let sequence = 0;
     const send = async (): Promise<boolean> => {
-      const kind = KINDS[sequence % KINDS.length] as Kind;
+      const kind = kinds[sequence % kinds.length] as Kind;
       const n = sequence++;
       const response = await fetch(`${gateway.url}/v1/executions`, {
         method: "POST",
@@ -126,7 +133,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     };
 
     // Warm: every kind once, so the pool, the template's pages and the database are in use.
-    await drive({ scenario: "soak warm-up", requests: KINDS.length * 2, concurrency: options.concurrency, maxDurationMs: 60_000, send });
+    await drive({ scenario: "soak warm-up", requests: kinds.length * 2, concurrency: options.concurrency, maxDurationMs: 60_000, send });
     const daemonPid = gateway.daemonPid();
     const settled = async () => {
       await daemon.connect().catch(() => {});

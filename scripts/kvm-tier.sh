@@ -245,7 +245,7 @@ else
   # ~160 s), so that the guests end close together; the others follow in the list's order.
   ordered=$TIER_DIR/suites-longest-first.tsv
   : > "$ordered"
-  for name in vitest-kvm-exactly-once hostile_kvm cpython_compat_kvm agent_ptrace daemon_ptrace sessions_kvm \
+  for name in vitest-kvm-exactly-once-pglite vitest-kvm-exactly-once-postgres hostile_kvm cpython_compat_kvm agent_ptrace daemon_ptrace sessions_kvm \
               node_kvm vitest-kvm-soak vitest-kvm-sessions-crash vitest-kvm-agents vitest-kvm-sessions; do
     grep "^$name	" "$LIST" >> "$ordered"
   done

@@ -184,7 +184,7 @@ if [ ${#tests[@]} -gt 0 ]; then
     }' "$TIER_DIR/build.json" | sort > "$LIST"
   [ "$(wc -l < "$LIST")" = $((${#tests[@]} / 2)) ] || fail_setup "expected $((${#tests[@]} / 2)) test executables, cargo reported: $(cat "$LIST")"
 fi
-# The TypeScript ones, a suite a file (so that the QEMU path's lanes can share them out).
+# The TypeScript ones, a suite a file (so that the QEMU path's guests can share them out).
 for f in $(git ls-files '*.kvm.test.ts'); do
   t=vitest-kvm-$(basename "$f" .kvm.test.ts)
   if [ -z "$ONLY" ] || [[ " $ONLY " == *" vitest-kvm "* ]] || [[ " $ONLY " == *" $t "* ]]; then printf '%s\t%s\n' "$t" "$f" >> "$LIST"; fi

@@ -34,10 +34,9 @@ import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./kvm-ti
 const GRANT = 10_000_000;
 const WORKERS = 8;
 /**
- * Load before the kill, and (daemon case) after the restart: a few seconds in all. Slower guests
- * (QEMU: time scale 15) get more, but not in proportion: ~6 s there, in which executions are
- * still answered before the kill (the tests assert it), and the suite keeps a margin under the
- * tier's suite limit.
+ * Load before the kill (at least; killWhenAnswered also waits for answers), and (daemon case)
+ * after the restart: a few seconds in all. Slower guests (QEMU: time scale 15) get more, but not
+ * in proportion (~6 s there), so that the suite keeps a margin under the tier's suite limit.
  */
 const LOAD_BEFORE_KILL_MS = 1_500 * Math.sqrt(timeScale);
 const LOAD_AFTER_RESTART_MS = 1_000 * Math.sqrt(timeScale);

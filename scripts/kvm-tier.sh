@@ -92,6 +92,16 @@ prebuild_template() {
   fi
 }
 
+# prebuilt_template_of NAME: the template the tier builds once for suite NAME (node for node_kvm and
+# e2e.kvm.test.ts, python for the other TypeScript suites: e2e checks that start-up builds
+# python), or nothing.
+prebuilt_template_of() {
+  case $1 in
+    node_kvm | vitest-kvm-e2e) echo node ;;
+    vitest-kvm-*) echo python ;;
+  esac
+}
+
 run_here() {
   local results=$1 list=$2 queue=${3:-} name exe show=live
   export SANDFORK_TEST_CPU=kvm SANDFORK_TEST_TIME_SCALE=${SANDFORK_TEST_TIME_SCALE:-1}
@@ -110,7 +120,7 @@ run_here() {
       # the host's file system, over 9p too). The suites of the node template are claimed as one,
       # so that one guest builds it.
       local claim=$name
-      [[ $name == node_kvm || $name == vitest-kvm-e2e ]] && claim=node-template
+      [ "$(prebuilt_template_of "$name")" = node ] && claim=node-template
       [ -e "$results/claimed-$claim" ] || { mkdir "$queue/$claim" 2>/dev/null && : > "$results/claimed-$claim"; } || continue
     fi
     # The PostgreSQL halves of the TypeScript tests: test.sh's server natively; inside a QEMU
@@ -126,13 +136,11 @@ run_here() {
       fi
     fi
     # Templates built once for the suites that run them, which find their folders in
-    # SANDFORK_TEST_<NAME>_TEMPLATE_DIR: node for node_kvm and e2e.kvm.test.ts, python for the
-    # TypeScript suites but e2e (which checks that start-up builds it). A build takes ~5 s
-    # natively and ~150 s in QEMU; each suite building its own would pay it again.
-    case $name in
-      node_kvm | vitest-kvm-e2e) prebuild_template node "$results" ;;
-      vitest-kvm-*) prebuild_template python "$results" ;;
-    esac
+    # SANDFORK_TEST_<NAME>_TEMPLATE_DIR. A build takes ~5 s natively and 146 s in QEMU; each
+    # suite building its own would pay it again.
+    local template
+    template=$(prebuilt_template_of "$name")
+    [ -z "$template" ] || prebuild_template "$template" "$results"
     run_suite "$results" "$name" "$exe" "$show"
   done < "$list"
   if [ $own_pg = 1 ]; then SANDFORK_PG_DIR=/tmp/sandfork-kvm-tier-pg bash "$ROOT/scripts/postgres.sh" stop; fi

@@ -55,10 +55,17 @@ export const limitBodyPerKey = createMiddleware<AppEnv>(async (c, next) => {
   if (stream !== null) {
     const chunks: Uint8Array[] = [];
     let size = 0;
-    for await (const chunk of stream) {
-      size += chunk.byteLength;
-      if (size > maxSize) throw tooLarge();
-      chunks.push(chunk);
+    try {
+      for await (const chunk of stream) {
+        size += chunk.byteLength;
+        if (size > maxSize) throw tooLarge();
+        chunks.push(chunk);
+      }
+    } catch (error) {
+      if (error instanceof ProblemError) throw error;
+      // The stream failed: the client went away mid-body (or the server's request timeout cut it
+      // off). Nobody reads this answer, but it is the client's failure, not the gateway's.
+      throw new ProblemError("malformed-request", "the request body ended before it was complete");
     }
     const body = Buffer.concat(chunks, size);
     // Hono keeps the body's promises there (its type names the resolved values), and derives any

@@ -119,6 +119,8 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
     let dir: string;
     let fresh: FreshDatabase | undefined;
     let gateway: GatewayProcess;
+    /** Stopped to read the books (PGlite); started again when a test next needs it, not after the last. */
+    let stoppedForBooks = false;
     let caller: Caller;
     // Across the tests on one account: every execution answered 200, and how many requests were not.
     const answeredEver = new Set<string>();
@@ -147,17 +149,30 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
       if (dir !== undefined) await rm(dir, { recursive: true, force: true });
     });
 
-    /** Reads the books with the gateway stopped (PGlite admits one process) or beside it (PostgreSQL). */
+    /**
+     * Reads the books with the gateway stopped (PGlite admits one process) or beside it
+     * (PostgreSQL). A stopped gateway is started again by running(), when it is next needed: in
+     * QEMU a start costs minutes, and the last reconciliation needs none after it.
+     */
     async function withBooks<T>(read: (open: OpenDatabase) => Promise<T>): Promise<T> {
       if (fresh !== undefined) return read(fresh);
       await gateway.stop();
+      stoppedForBooks = true;
       const open = await openDatabase({ backend: "pglite", dataDir: join(dir, "data", "data") });
       try {
         return await read(open);
       } finally {
         await open.close();
-        gateway = await start();
       }
+    }
+
+    /** The gateway, started again if reading the books stopped it. */
+    async function running(): Promise<GatewayProcess> {
+      if (stoppedForBooks) {
+        gateway = await start();
+        stoppedForBooks = false;
+      }
+      return gateway;
     }
 
     /** Running executions and credit leases of the caller, read while the gateway is dead (so PGlite can be opened). */
@@ -239,6 +254,7 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
     /** Retries every request that got no 200, with its key: each now gets one, billed once. */
     async function retryUnanswered(unanswered: string[], answered: Map<string, { id: string; units: number }>) {
       for (const idempotencyKey of unanswered) {
+        const gateway = await running();
         let retried = await post(gateway, caller, idempotencyKey);
         // A daemon restarting or a first attempt still settling answers retryably: try again shortly.
         for (let attempt = 0; attempt < 50 && retried.status !== 200; attempt++) {
@@ -252,6 +268,7 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
     }
 
     it("SIGKILL of the gateway mid-load: after the restart every 200 is billed once, the dead gateway's holds are released", async () => {
+      await running();
       const trigger = killWhenAnswered(LOAD_BEFORE_KILL_MS);
       const killed = trigger.due.then(() => gateway.stop("SIGKILL"));
       const sent = await load(() => gateway, caller, "gateway-kill", killed, trigger.onSent);
@@ -278,7 +295,7 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
     }, RESTART_TEST_TIMEOUT_MS);
 
     it("SIGKILL of the daemon mid-load: every 200 is billed once, every failed execution released, retries bill once", async () => {
-      const daemonPid = gateway.daemonPid();
+      const daemonPid = (await running()).daemonPid();
       const trigger = killWhenAnswered(LOAD_BEFORE_KILL_MS);
       const killed = trigger.due.then(() => process.kill(daemonPid, "SIGKILL"));
       // Load goes on through the restart of the daemon and a while after it.

@@ -1,7 +1,5 @@
-// `npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres]
-//                     [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR]`
-// Measures POST /v1/executions for real: the gateway as `npm start` runs it (gateway/main.ts in a
-// child process, the real `sandfork-vmm serve` supervised under it on the python template that
+// `npm run loadtest` (flags: `-- --help`). Measures POST /v1/executions for real: the gateway as
+// `npm start` runs it (gateway/main.ts in a child process, the real `sandfork-vmm serve` supervised under it on the python template that
 // `npm run build` put in .sandfork/templates), on each database in turn, at each concurrency.
 // Per run it prints p50/p99, executions/s and the gateway process's CPU per execution (from
 // /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
@@ -36,14 +34,15 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
-import { parseArgs } from "node:util";
 import postgres from "postgres";
+import { commandLine } from "../gateway/cli/command-line.js";
 import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
 import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
 
-const { values } = parseArgs({
-  options: {
+const { values, fail } = commandLine(
+  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR]",
+  {
     requests: { type: "string", default: "1000" },
     concurrency: { type: "string", default: "1,4,16" },
     databases: { type: "string", default: "pglite,postgres" },
@@ -52,17 +51,17 @@ const { values } = parseArgs({
     json: { type: "boolean", default: false },
     "cpu-prof": { type: "string" },
   },
-});
+);
 const requests = Number(values.requests);
 const warmUp = values["warm-up"] === "auto" ? "auto" : Number(values["warm-up"]);
 const maxDurationMs = Number(values["max-seconds"]) * 1000;
 const concurrencies = values.concurrency.split(",").map(Number);
-if (warmUp !== "auto" && (!Number.isSafeInteger(warmUp) || warmUp < 0)) throw new Error("--warm-up must be auto or a non-negative integer");
+if (warmUp !== "auto" && (!Number.isSafeInteger(warmUp) || warmUp < 0)) fail("--warm-up must be auto or a non-negative integer");
 for (const [name, n] of [["requests", requests], ["max-seconds", maxDurationMs], ...concurrencies.map((c) => ["concurrency", c] as const)] as const) {
-  if (!Number.isSafeInteger(n) || n <= 0) throw new Error(`--${name} must be a positive integer (or a list of them)`);
+  if (!Number.isSafeInteger(n) || n <= 0) fail(`--${name} must be a positive integer (or a list of them)`);
 }
 const databases = values.databases.split(",");
-for (const d of databases) if (d !== "pglite" && d !== "postgres") throw new Error(`--databases: pglite or postgres, got ${d}`);
+for (const d of databases) if (d !== "pglite" && d !== "postgres") fail(`--databases: pglite or postgres, got ${d}`);
 const peakConcurrency = Math.max(...concurrencies);
 const say = values.json ? (line: string) => process.stderr.write(`${line}\n`) : (line: string) => console.log(line);
 

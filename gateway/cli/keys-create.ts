@@ -1,33 +1,30 @@
-// `npm run keys:create -- --name NAME [--scopes execute,usage:read] [--credits N] [--account ID] [--expires-in SECONDS]`
-// Creates a key directly in the configured database (for an operator at the gateway's host) and
-// prints the secret once.
-import { parseArgs } from "node:util";
+// `npm run keys:create` (flags: `-- --help`). Creates a key directly in the configured database
+// (for an operator at the gateway's host) and prints the secret once.
 import { SCOPES, type Scope } from "../../db/keys.js";
 import { loadConfig } from "../config.js";
+import { commandLine } from "./command-line.js";
 import { issueKey } from "../key-service.js";
 import { openConfiguredDatabase } from "../server.js";
 
-const { values } = parseArgs({
-  options: {
-    name: { type: "string", default: "cli" },
-    scopes: { type: "string", default: "execute,usage:read" },
-    credits: { type: "string" },
-    account: { type: "string" },
-    "expires-in": { type: "string" },
-  },
+const { values, fail } = commandLine("npm run keys:create -- --name NAME [--scopes execute,usage:read] [--credits N] [--account ID] [--expires-in SECONDS]", {
+  name: { type: "string", default: "cli" },
+  scopes: { type: "string", default: "execute,usage:read" },
+  credits: { type: "string" },
+  account: { type: "string" },
+  "expires-in": { type: "string" },
 });
 
 function positiveInteger(flag: string, raw: string | undefined): number | undefined {
   if (raw === undefined) return undefined;
   const n = Number(raw);
-  if (!Number.isSafeInteger(n) || n <= 0) throw new Error(`--${flag} must be a positive integer`);
+  if (!Number.isSafeInteger(n) || n <= 0) fail(`--${flag} must be a positive integer`);
   return n;
 }
 
 async function main(): Promise<void> {
   const scopes = values.scopes.split(",").map((s) => s.trim());
   const unknown = scopes.filter((s) => !(SCOPES as readonly string[]).includes(s));
-  if (unknown.length > 0) throw new Error(`unknown scope(s) ${unknown.join(", ")}; known: ${SCOPES.join(", ")}`);
+  if (unknown.length > 0) fail(`--scopes: unknown scope(s) ${unknown.join(", ")}; known: ${SCOPES.join(", ")}`);
   const expiresIn = positiveInteger("expires-in", values["expires-in"]);
   const credits = positiveInteger("credits", values.credits);
 

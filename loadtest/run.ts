@@ -1,6 +1,7 @@
 // `npm run loadtest` (flags: `-- --help`). Measures POST /v1/executions for real: the gateway as
-// `npm start` runs it (gateway/main.ts in a child process, the real `sandfork-vmm serve` supervised under it on the python template that
-// `npm run build` put in .sandfork/templates), on each database in turn, at each concurrency.
+// `npm start` runs it (gateway/main.ts in a child process, the real `sandfork-vmm serve`
+// supervised under it on the python template that `npm run build` put in .sandfork/templates), on
+// each database in turn, at each concurrency.
 // Per run it prints p50/p99, executions/s and the gateway process's CPU per execution (from
 // /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
 // figures in the same run (the same executions sent straight to its socket with the runtime

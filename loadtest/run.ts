@@ -359,6 +359,29 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
   }
 }
 
+/** Issue 9's goals, each met or not (null: not measured in this run), with the figure it was read from. */
+interface Goal {
+  met: boolean | null;
+  figure: number | null;
+}
+
+/**
+ * Issue 9's goals on one database, read off its keyless executions: the gateway's CPU ≤ 1 ms per
+ * execution at every concurrency measured (the figure: the highest), the p50 at concurrency 1 ≤
+ * the daemon alone's (in the same blocks) + 1 ms (the figure: the difference), ≥ 500 executions/s
+ * at concurrency 16.
+ */
+function goalsOf(run: DatabaseRun): { cpu_ms_per_exec_at_most_1: Goal; p50_over_daemon_at_1_at_most_1_ms: Goal; per_s_at_16_at_least_500: Goal } {
+  const cpu = Math.max(...Object.values(run.executions).map((e) => e.gateway_cpu_ms_per_exec));
+  const [atOne, daemonAtOne, atSixteen] = [run.executions["1"], run.daemon["1"], run.executions["16"]];
+  const over = atOne === undefined || daemonAtOne === undefined ? null : round(atOne.p50_ms - daemonAtOne.p50_ms);
+  return {
+    cpu_ms_per_exec_at_most_1: { met: cpu <= 1, figure: cpu },
+    p50_over_daemon_at_1_at_most_1_ms: { met: over === null ? null : over <= 1, figure: over },
+    per_s_at_16_at_least_500: { met: atSixteen === undefined ? null : atSixteen.per_s >= 500, figure: atSixteen?.per_s ?? null },
+  };
+}
+
 const hello = await startHello();
 let pg: { url: string; stop(): void } | undefined;
 try {
@@ -382,6 +405,7 @@ try {
     executions: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.executions])),
     idempotent_executions: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.keyed])),
     daemon_p50_ms: daemonAtOne?.p50_ms ?? null,
+    goals: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, goalsOf(r)])),
     daemon: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.daemon])),
     warm_up_cpu_ms_per_exec: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.warmUpBlocks])),
     cpu_baselines: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.baselines])),
@@ -409,6 +433,14 @@ try {
       }
     }
     console.log(`daemon alone at c=1: p50 ${report.daemon_p50_ms} ms; plain Hono hello: ${report.hello_per_s} req/s`);
+    const verdict = (goal: Goal) => (goal.met === null ? "not measured" : `${goal.met ? "met" : "NOT met"} (${goal.figure})`);
+    console.log("issue 9's goals (keyless executions):");
+    for (const [database, goals] of Object.entries(report.goals)) {
+      console.log(
+        `  ${database}: gateway CPU ≤ 1 ms/exec at every concurrency: ${verdict(goals.cpu_ms_per_exec_at_most_1)}; ` +
+          `p50 at c=1 ≤ the daemon's + 1 ms: ${verdict(goals.p50_over_daemon_at_1_at_most_1_ms)}; ≥ 500/s at c=16: ${verdict(goals.per_s_at_16_at_least_500)}`,
+      );
+    }
     console.log(`CPU baselines in the same runs, ms (the runtime client alone per execution by concurrency; plain Hono per request at c=1, back to back / after ${IDLE_PAUSE_MS} ms idle / after an execution each):`);
     for (const [database, run] of Object.entries(runs)) {
       const client = Object.entries(run.baselines.runtime_client_ms_per_exec).map(([c, ms]) => `c=${c} ${ms}`).join(", ");

@@ -28,8 +28,9 @@ export const GATEWAY_APPLICATION_PREFIX = "sandfork-gateway:";
 export type DatabaseLocation =
   // gatewayId: names the sessions GATEWAY_APPLICATION_PREFIX + id, so other gateways see it alive.
   | { backend: "postgres"; url: string; maxConnections?: number; gatewayId?: string }
-  // dataDir undefined: an in-memory database that vanishes on close.
-  | { backend: "pglite"; dataDir?: string };
+  // dataDir undefined: an in-memory database that vanishes on close, made from loadDataDir's
+  // dump of a data folder (PGlite's dumpDataDir) when given.
+  | { backend: "pglite"; dataDir?: string; loadDataDir?: Blob | undefined };
 
 /** The committed SQL migrations, found beside this module whether run from source or from dist/. */
 function migrationsFolder(): string {
@@ -55,7 +56,7 @@ export async function openDatabase(location: DatabaseLocation): Promise<OpenData
   }
   const unlock = location.dataDir === undefined ? () => {} : lockDataDir(location.dataDir);
   try {
-    const client = location.dataDir === undefined ? new PGlite() : new PGlite(location.dataDir);
+    const client = location.dataDir === undefined ? new PGlite({ loadDataDir: location.loadDataDir }) : new PGlite(location.dataDir);
     const db = drizzlePglite(client, { schema });
     await migratePglite(db, migrationsConfig);
     return {

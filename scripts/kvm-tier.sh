@@ -199,6 +199,19 @@ for f in $(git ls-files '*.kvm.test.ts'); do
 done
 [ -s "$LIST" ] || fail_setup "SANDFORK_KVM_TIER_TESTS=$ONLY selects nothing"
 
+# The empty migrated PGlite database the TypeScript suites' fresh ones are copied from
+# (db/testing/pglite-seed.ts), made here natively: its initdb takes ~4 s natively and ~2 minutes in
+# a QEMU guest, where each suite paid it. In TIER_DIR, which the guests see. Without it the suites
+# make their own.
+unset SANDFORK_TEST_PGLITE_SEED
+if grep -q "^vitest-kvm-" "$LIST"; then
+  if (cd "$ROOT" && node_modules/.bin/tsx db/testing/pglite-seed.ts "$TIER_DIR/pglite-seed" > "$TIER_DIR/pglite-seed.log" 2>&1); then
+    export SANDFORK_TEST_PGLITE_SEED=$TIER_DIR/pglite-seed
+  else
+    echo "kvm-tier: making the PGlite seed failed, the suites make their own databases: $(tail -3 "$TIER_DIR/pglite-seed.log")" >&2
+  fi
+fi
+
 # The module behind /dev/kvm.
 kvm_module() {
   for m in kvm_pvm kvm_intel kvm_amd; do [ -d "/sys/module/$m" ] && { echo "$m"; return; }; done
@@ -266,6 +279,7 @@ else
     # Each guest's lines carry its number: the guests' outputs interleave.
     (bash scripts/kvm-in-qemu.sh -t "$QEMU_TIMEOUT" -m 6G -w "$TIER_DIR/results/qemu$g" -w "$TIER_DIR/queue" \
        -e SANDFORK_TEST_TIME_SCALE="$QEMU_SCALE" -e SANDFORK_TEST_NODE_FLAGS=--liftoff-only -e CI="${CI:-}" \
+       -e SANDFORK_TEST_PGLITE_SEED="${SANDFORK_TEST_PGLITE_SEED:-}" \
        -- bash "$ROOT/scripts/kvm-tier.sh" --run-here "$TIER_DIR/results/qemu$g" "$ordered" "$TIER_DIR/queue" 2>&1 \
        | sed -u "s/^/[qemu $g] /"
      exit "${PIPESTATUS[0]}") &

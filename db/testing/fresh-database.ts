@@ -1,9 +1,11 @@
 // Test support: a fresh, migrated database per test file, on either backend.
 // Postgres: a new database with a random name on the server at TEST_DATABASE_URL, dropped afterwards,
-// so test files can run in parallel. PGlite: an in-memory instance.
+// so test files can run in parallel. PGlite: an in-memory instance, loaded from the run's seed
+// when there is one (pglite-seed.ts).
 import { randomBytes } from "node:crypto";
 import postgres from "postgres";
 import { type DatabaseBackend, type OpenDatabase, openDatabase } from "../client.js";
+import { seedDump } from "./pglite-seed.js";
 
 export const BACKENDS: DatabaseBackend[] = ["postgres", "pglite"];
 
@@ -52,7 +54,7 @@ export async function emptyPostgresDatabase(prefix = "sandfork_test"): Promise<{
 
 export async function freshDatabase(backend: DatabaseBackend, options: { maxConnections?: number } = {}): Promise<FreshDatabase> {
   if (backend === "pglite") {
-    const open = await openDatabase({ backend: "pglite" });
+    const open = await openDatabase({ backend: "pglite", loadDataDir: await seedDump() });
     return { ...open, url: undefined, dispose: () => open.close() };
   }
   const empty = await emptyPostgresDatabase();

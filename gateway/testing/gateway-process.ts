@@ -6,6 +6,9 @@ import { readFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import { join } from "node:path";
+import { copySeedTo } from "../../db/testing/pglite-seed.js";
+import { EMBEDDED_DATABASE_DIR } from "../server.js";
 import { testNodeFlags } from "./kvm-tier.js";
 
 const REPOSITORY = fileURLToPath(new URL("../..", import.meta.url));
@@ -57,6 +60,7 @@ export function freePort(): Promise<number> {
 }
 
 export async function startGatewayProcess(options: GatewayProcessOptions): Promise<GatewayProcess> {
+  if (options.databaseUrl === undefined) await copySeedTo(join(options.dataDir, EMBEDDED_DATABASE_DIR));
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     PORT: String(await freePort()),

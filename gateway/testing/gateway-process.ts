@@ -18,7 +18,10 @@ const ADMIN_KEY = /^\s+(sfk_[0-9A-Za-z]+)\s*$/;
 const ADMIN_ACCOUNT = /POST \/v1\/accounts\/([0-9a-f-]{36})\/credits/;
 
 export interface GatewayProcessOptions {
-  /** SANDFORK_DATA_DIR: the embedded database (unless DATABASE_URL is set) and the signing key. */
+  /**
+   * SANDFORK_DATA_DIR: the embedded database (unless DATABASE_URL is set; a new one is copied from
+   * the test run's PGlite seed when there is one: db/testing/pglite-seed.ts) and the signing key.
+   */
   dataDir: string;
   /** SANDFORK_VMM_SOCKET: the daemon's socket, so a caller can reach the daemon directly. */
   socketPath: string;

@@ -240,15 +240,18 @@ describe("slow and oversized clients on a real socket", () => {
 
   it("closes a client that sends its body too slowly at the request timeout, as the client's failure", async () => {
     const errorsLogged = vi.spyOn(console, "error");
-    // Authenticated, so the server does wait for the body (a 401 would be answered at once).
-    const head = `POST /v1/tokens HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${adminKey}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n`;
-    const { text, closedAfterMs } = await slowClient([head, ...Array.from({ length: 40 }, () => " ")], 200);
-    expect(closedAfterMs).toBeGreaterThanOrEqual(config.requestTimeoutMs);
-    expect(closedAfterMs).toBeLessThan(config.requestTimeoutMs + 4_000);
-    expect(text).not.toMatch(/^HTTP\/1\.1 2/);
-    expect((await fetch(`${gateway.url}/healthz`)).status).toBe(200);
-    // A body cut short is a malformed request, not an unhandled error of the gateway's.
-    expect(errorsLogged.mock.calls.filter(([message]) => message === "unhandled error")).toEqual([]);
-    errorsLogged.mockRestore();
+    try {
+      // Authenticated, so the server does wait for the body (a 401 would be answered at once).
+      const head = `POST /v1/tokens HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${adminKey}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n`;
+      const { text, closedAfterMs } = await slowClient([head, ...Array.from({ length: 40 }, () => " ")], 200);
+      expect(closedAfterMs).toBeGreaterThanOrEqual(config.requestTimeoutMs);
+      expect(closedAfterMs).toBeLessThan(config.requestTimeoutMs + 4_000);
+      expect(text).not.toMatch(/^HTTP\/1\.1 2/);
+      expect((await fetch(`${gateway.url}/healthz`)).status).toBe(200);
+      // A body cut short is a malformed request, not an unhandled error of the gateway's.
+      expect(errorsLogged.mock.calls.filter(([message]) => message === "unhandled error")).toEqual([]);
+    } finally {
+      errorsLogged.mockRestore();
+    }
   });
 });

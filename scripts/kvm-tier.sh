@@ -200,8 +200,8 @@ done
 [ -s "$LIST" ] || fail_setup "SANDFORK_KVM_TIER_TESTS=$ONLY selects nothing"
 
 # The empty migrated PGlite database the TypeScript suites' fresh ones are copied from
-# (db/testing/pglite-seed.ts), made here natively: its initdb takes ~4 s natively and ~2 minutes in
-# a QEMU guest, where each suite paid it. In TIER_DIR, which the guests see. Without it the suites
+# (db/testing/pglite-seed.ts), made here natively: its initdb takes 3-4.5 s natively and ~75 s in a
+# QEMU guest, where each suite paid it. In TIER_DIR, which the guests see. Without it the suites
 # make their own.
 unset SANDFORK_TEST_PGLITE_SEED
 if grep -q "^vitest-kvm-" "$LIST"; then

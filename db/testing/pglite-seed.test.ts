@@ -3,12 +3,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { PGlite } from "@electric-sql/pglite";
 import { type Database, openDatabase } from "../client.js";
 import { accounts } from "../schema.js";
 import { accountWithKey } from "./accounts.js";
 import { freshDatabase } from "./fresh-database.js";
-import { copySeedTo, makeSeed } from "./pglite-seed.js";
+import { copySeedTo, makeSeed, writeSeedDump } from "./pglite-seed.js";
 
 describe("the PGlite seed", () => {
   const dir = mkdtempSync(join(tmpdir(), "sandfork-seed-test-"));
@@ -22,9 +21,8 @@ describe("the PGlite seed", () => {
     const seed = join(dir, "seed");
     await makeSeed(seed);
     const open = await openDatabase({ backend: "pglite", dataDir: join(seed, "data") });
-    const client = (open.db as unknown as { $client: PGlite }).$client;
-    await client.exec("CREATE TABLE seed_marker (x int)");
-    writeFileSync(join(seed, "data.tar"), Buffer.from(await (await client.dumpDataDir("none")).arrayBuffer()));
+    await open.db.execute(sql`CREATE TABLE seed_marker (x int)`);
+    await writeSeedDump(open.db, seed);
     await open.close();
     process.env.SANDFORK_TEST_PGLITE_SEED = seed;
   }, 60_000);

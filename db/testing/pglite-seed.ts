@@ -1,8 +1,8 @@
 // Test support: an empty, migrated PGlite database made once per test run and copied for each test
 // that wants a fresh one. Creating one runs Postgres's initdb and every migration inside PGlite's
-// WebAssembly: ~4 s natively, and ~2 minutes in the KVM tier's QEMU guests (a software CPU),
-// where each TypeScript suite used to pay it at least once. Loading the seed's dump takes ~0.6 s
-// natively; copying its folder is a file copy.
+// WebAssembly: 3-4.5 s natively, and ~75 s in the KVM tier's QEMU guests (a software CPU, with
+// --liftoff-only), where each TypeScript suite used to pay it at least once. Loading the seed's
+// dump takes 0.55-0.85 s natively and ~26 s there (README, The KVM test tier).
 //
 //   tsx db/testing/pglite-seed.ts DIR   makes DIR/data (a PGlite data folder) and DIR/data.tar (its dump)
 //
@@ -14,7 +14,7 @@ import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { PGlite } from "@electric-sql/pglite";
-import { openDatabase } from "../client.js";
+import { type Database, openDatabase } from "../client.js";
 
 const SEED_ENV = "SANDFORK_TEST_PGLITE_SEED";
 
@@ -34,13 +34,18 @@ export async function copySeedTo(dataDir: string): Promise<void> {
   await cp(join(seed, "data"), dataDir, { recursive: true });
 }
 
+/** Writes the seed's dump, DIR/data.tar, of the PGlite database behind `db` (open on DIR/data). */
+export async function writeSeedDump(db: Database, dir: string): Promise<void> {
+  const client = (db as unknown as { $client: PGlite }).$client;
+  await writeFile(join(dir, "data.tar"), Buffer.from(await (await client.dumpDataDir("none")).arrayBuffer()));
+}
+
 /** Makes DIR/data, an empty migrated PGlite data folder, and DIR/data.tar, its dump. */
 export async function makeSeed(dir: string): Promise<void> {
   await mkdir(dir, { recursive: true });
   const open = await openDatabase({ backend: "pglite", dataDir: join(dir, "data") });
   try {
-    const client = (open.db as unknown as { $client: PGlite }).$client;
-    await writeFile(join(dir, "data.tar"), Buffer.from(await (await client.dumpDataDir("none")).arrayBuffer()));
+    await writeSeedDump(open.db, dir);
   } finally {
     await open.close();
   }

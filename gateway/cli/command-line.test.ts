@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it, vi } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { commandLine } from "./command-line.js";
 
 const USAGE = "npm run tool -- [--count N]";
@@ -23,8 +23,6 @@ function run(args: string[]): { exitCode: number | undefined; stdout: string; st
 }
 
 describe("commandLine", () => {
-  afterEach(() => vi.restoreAllMocks());
-
   it("parses the flags, with their defaults", () => {
     expect(run(["--count", "3"])).toMatchObject({ exitCode: undefined, values: { count: "3", json: false } });
     expect(run([])).toMatchObject({ exitCode: undefined, values: { count: "1", json: false } });

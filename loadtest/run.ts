@@ -24,7 +24,9 @@
 //
 // PostgreSQL: DATABASE_URL or TEST_DATABASE_URL names a server (a fresh database is created on it
 // and dropped afterwards); with neither, a private throwaway server is started with
-// scripts/postgres.sh and stopped at the end.
+// scripts/postgres.sh, with fsync on as PostgreSQL ships (the tests' servers run without it), and
+// stopped at the end. The run prints the server's fsync and synchronous_commit: a commit that
+// waits for the disk is part of what an execution costs there.
 import { execFileSync, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
@@ -150,7 +152,7 @@ function postgresServer(): { url: string; stop(): void } {
   const given = process.env.DATABASE_URL || process.env.TEST_DATABASE_URL;
   if (given) return { url: given, stop: () => {} };
   // Its own directory and port: another user's server from scripts/postgres.sh is left alone.
-  const env = { ...process.env, SANDFORK_PG_DIR: join(tmpdir(), "sandfork-loadtest-pg"), SANDFORK_PG_PORT: "54341" };
+  const env = { ...process.env, SANDFORK_PG_DIR: join(tmpdir(), "sandfork-loadtest-pg"), SANDFORK_PG_PORT: "54341", SANDFORK_PG_FSYNC: "on" };
   const script = join(REPOSITORY, "scripts", "postgres.sh");
   const exported = execFileSync("bash", [script, "start"], { env, encoding: "utf8" });
   const url = /TEST_DATABASE_URL=(\S+)/.exec(exported)?.[1];
@@ -158,15 +160,23 @@ function postgresServer(): { url: string; stop(): void } {
   return { url, stop: () => execFileSync("bash", [script, "stop"], { env, stdio: "ignore" }) };
 }
 
-/** A fresh database on the server; dropped by the returned function. */
-async function freshPostgresDatabase(serverUrl: string): Promise<{ url: string; drop(): Promise<void> }> {
+/** How the server makes a commit durable: what the figures on it include. */
+interface Durability {
+  fsync: string;
+  synchronous_commit: string;
+}
+
+/** A fresh database on the server, dropped by the returned function, and the server's durability. */
+async function freshPostgresDatabase(serverUrl: string): Promise<{ url: string; durability: Durability; drop(): Promise<void> }> {
   const name = `sandfork_loadtest_${randomBytes(6).toString("hex")}`;
   const admin = postgres(serverUrl, { max: 1, onnotice: () => {} });
   await admin.unsafe(`CREATE DATABASE ${name}`);
+  const [settings] = await admin.unsafe<Durability[]>("SELECT current_setting('fsync') AS fsync, current_setting('synchronous_commit') AS synchronous_commit");
   const url = new URL(serverUrl);
   url.pathname = `/${name}`;
   return {
     url: url.toString(),
+    durability: { fsync: settings?.fsync ?? "unknown", synchronous_commit: settings?.synchronous_commit ?? "unknown" },
     async drop() {
       await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
       await admin.end();
@@ -387,11 +397,13 @@ let pg: { url: string; stop(): void } | undefined;
 try {
   const helloRun = await drive({ scenario: "hello (plain Hono)", requests: requests * 5, concurrency: peakConcurrency, maxDurationMs, send: async () => (await call("GET", `${hello.url}/hello`)).status === 200 });
   const runs: Partial<Record<"pglite" | "postgres", DatabaseRun>> = {};
+  let postgresDurability: Durability | undefined;
   for (const database of databases as ("pglite" | "postgres")[]) {
     if (database === "pglite") runs.pglite = await measureDatabase("pglite", undefined, hello);
     else {
       pg ??= postgresServer();
       const fresh = await freshPostgresDatabase(pg.url);
+      postgresDurability = fresh.durability;
       try {
         runs.postgres = await measureDatabase("postgres", fresh.url, hello);
       } finally {
@@ -411,6 +423,7 @@ try {
     cpu_baselines: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.baselines])),
     hello_per_s: round(helloRun.requestsPerSecond, 0),
     hello_p50_ms: round(helloRun.p50Ms),
+    postgres_durability: postgresDurability ?? null,
     execution: EXECUTION,
     // Client, gateway, daemon and VMs share this machine: its load says how far to trust the figures.
     machine: { cpus: cpus().length, loadavg: loadavg().map((l) => round(l)) },
@@ -420,7 +433,11 @@ try {
   } else {
     const rows = [helloRun, ...Object.values(runs).flatMap((r) => r.scenarios)];
     console.log(`\nup to ${requests} requests per scenario (bounded to ${maxDurationMs / 1000} s), loopback, keep-alive; each execution: ${EXECUTION_BODY}`);
-    console.log(`${report.machine.cpus} CPUs, load average ${report.machine.loadavg.join(" ")}\n`);
+    console.log(`${report.machine.cpus} CPUs, load average ${report.machine.loadavg.join(" ")}`);
+    if (postgresDurability !== undefined) {
+      console.log(`PostgreSQL server: fsync=${postgresDurability.fsync}, synchronous_commit=${postgresDurability.synchronous_commit}`);
+    }
+    console.log("");
     console.log(formatTable(rows));
     console.log("\ngateway CPU ms per execution, executions/s, p50 (HTTP p50 minus the daemon's own p50 at the same concurrency, in alternating blocks):");
     for (const [database, run] of Object.entries(runs)) {

@@ -2,10 +2,17 @@
 # Starts (or stops) a throwaway PostgreSQL server for the tests, from Debian's postgresql package.
 #   scripts/postgres.sh start   -> prints `export TEST_DATABASE_URL=...` for eval
 #   scripts/postgres.sh stop
+# fsync is off (tests need no durability; it spares their disk) unless SANDFORK_PG_FSYNC=on,
+# PostgreSQL's default, which the loadtest asks for: its figures are what a real server costs.
 set -euo pipefail
 
 PGDIR="${SANDFORK_PG_DIR:-/tmp/sandfork-test-pg}"
 PGPORT="${SANDFORK_PG_PORT:-54331}"
+PGFSYNC="${SANDFORK_PG_FSYNC:-off}"
+case "$PGFSYNC" in
+  on | off) ;;
+  *) echo "scripts/postgres.sh: SANDFORK_PG_FSYNC is on or off, not $PGFSYNC" >&2; exit 2 ;;
+esac
 
 pg_bin() {
   local dir
@@ -34,7 +41,7 @@ case "${1:-}" in
       mkdir -p "$PGDIR"
       [ "$(id -u)" = 0 ] && chown postgres: "$PGDIR"
       as_pg_user "'$bin/initdb' -D '$PGDIR' -U postgres --auth=trust --no-sync >/dev/null"
-      as_pg_user "'$bin/pg_ctl' -D '$PGDIR' -o \"-p $PGPORT -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300\" -l '$PGDIR/server.log' -w start >/dev/null"
+      as_pg_user "'$bin/pg_ctl' -D '$PGDIR' -o \"-p $PGPORT -k /tmp -c listen_addresses=127.0.0.1 -c fsync=$PGFSYNC -c max_connections=300\" -l '$PGDIR/server.log' -w start >/dev/null"
     fi
     echo "export TEST_DATABASE_URL=postgres://postgres@127.0.0.1:$PGPORT/postgres"
     ;;

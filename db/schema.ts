@@ -109,6 +109,29 @@ export const executions = pgTable(
   ],
 );
 
+// A key's usage by closed hour (db/usage.ts): what its finished executions of each template were
+// charged in each hour before its mark in execution_usage_keys, summed once (migration
+// 0007_execution_usage_hours). A usage query reads these for its whole hours instead of every
+// record, and the records themselves only for the hours at its ends and those not yet closed.
+export const executionUsageHours = pgTable(
+  "execution_usage_hours",
+  {
+    keyId: uuid("key_id").notNull(),
+    hour: timestamp("hour", { withTimezone: true }).notNull(),
+    template: text("template").notNull(),
+    executions: bigint("executions", { mode: "number" }).notNull(),
+    units: bigint("units", { mode: "number" }).notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.keyId, t.hour, t.template] })],
+);
+
+// How far each key's hours are summed: every hour before `rolledUpBefore` is in
+// execution_usage_hours (an hour with no executions has no row there).
+export const executionUsageKeys = pgTable("execution_usage_keys", {
+  keyId: uuid("key_id").primaryKey(),
+  rolledUpBefore: timestamp("rolled_up_before", { withTimezone: true }).notNull(),
+});
+
 // A gateway's credit lease on an account (gateway/credit-leases.ts): credits it took from the
 // account's available balance in one transaction and holds executions against in memory. They are
 // part of the account's reserved units until spent (each execution's charge leaves both) or given
@@ -201,4 +224,4 @@ export const usageLedger = pgTable(
   ],
 );
 
-export const schema = { accounts, apiKeys, executions, creditLeases, sessions, usageLedger };
+export const schema = { accounts, apiKeys, executions, executionUsageHours, executionUsageKeys, creditLeases, sessions, usageLedger };

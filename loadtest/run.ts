@@ -22,13 +22,11 @@
 // Before those, 200 at the peak concurrency. --cpu-prof DIR writes the gateway processes'
 // `node --cpu-prof` profiles into DIR (one a thread, the largest is the main thread's) (profiling costs CPU too: measure figures without it).
 //
-// PostgreSQL: DATABASE_URL or TEST_DATABASE_URL names a server (a fresh database is created on it
-// and dropped afterwards); with neither, a private throwaway server is started with
-// scripts/postgres.sh, with fsync on as PostgreSQL ships (the tests' servers run without it), and
-// stopped at the end. The run prints the server's fsync and synchronous_commit: a commit that
-// waits for the disk is part of what an execution costs there.
-import { execFileSync, spawn } from "node:child_process";
-import { randomBytes, randomUUID } from "node:crypto";
+// PostgreSQL: a fresh database on the server named by DATABASE_URL or TEST_DATABASE_URL, or on a
+// private one with fsync on (lib/postgres-server.ts). The run prints the server's fsync and
+// synchronous_commit: a commit that waits for the disk is part of what an execution costs there.
+import { spawn } from "node:child_process";
+import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { setTimeout as pauseFor } from "node:timers/promises";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -37,9 +35,9 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
-import postgres from "postgres";
 import { commandLine } from "../gateway/cli/command-line.js";
 import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
+import { type Durability, freshPostgresDatabase, postgresServer } from "./lib/postgres-server.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
 import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
 
@@ -145,43 +143,6 @@ interface HelloServer {
   url: string;
   pid: number;
   stop(): void;
-}
-
-/** A PostgreSQL server URL and how to let go of it. */
-function postgresServer(): { url: string; stop(): void } {
-  const given = process.env.DATABASE_URL || process.env.TEST_DATABASE_URL;
-  if (given) return { url: given, stop: () => {} };
-  // Its own directory and port: another user's server from scripts/postgres.sh is left alone.
-  const env = { ...process.env, SANDFORK_PG_DIR: join(tmpdir(), "sandfork-loadtest-pg"), SANDFORK_PG_PORT: "54341", SANDFORK_PG_FSYNC: "on" };
-  const script = join(REPOSITORY, "scripts", "postgres.sh");
-  const exported = execFileSync("bash", [script, "start"], { env, encoding: "utf8" });
-  const url = /TEST_DATABASE_URL=(\S+)/.exec(exported)?.[1];
-  if (url === undefined) throw new Error(`scripts/postgres.sh start printed no TEST_DATABASE_URL: ${exported}`);
-  return { url, stop: () => execFileSync("bash", [script, "stop"], { env, stdio: "ignore" }) };
-}
-
-/** How the server makes a commit durable: what the figures on it include. */
-interface Durability {
-  fsync: string;
-  synchronous_commit: string;
-}
-
-/** A fresh database on the server, dropped by the returned function, and the server's durability. */
-async function freshPostgresDatabase(serverUrl: string): Promise<{ url: string; durability: Durability; drop(): Promise<void> }> {
-  const name = `sandfork_loadtest_${randomBytes(6).toString("hex")}`;
-  const admin = postgres(serverUrl, { max: 1, onnotice: () => {} });
-  await admin.unsafe(`CREATE DATABASE ${name}`);
-  const [settings] = await admin.unsafe<Durability[]>("SELECT current_setting('fsync') AS fsync, current_setting('synchronous_commit') AS synchronous_commit");
-  const url = new URL(serverUrl);
-  url.pathname = `/${name}`;
-  return {
-    url: url.toString(),
-    durability: { fsync: settings?.fsync ?? "unknown", synchronous_commit: settings?.synchronous_commit ?? "unknown" },
-    async drop() {
-      await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await admin.end();
-    },
-  };
 }
 
 /**
@@ -401,8 +362,8 @@ try {
   for (const database of databases as ("pglite" | "postgres")[]) {
     if (database === "pglite") runs.pglite = await measureDatabase("pglite", undefined, hello);
     else {
-      pg ??= postgresServer();
-      const fresh = await freshPostgresDatabase(pg.url);
+      pg ??= postgresServer({ dirName: "sandfork-loadtest-pg", port: 54341 });
+      const fresh = await freshPostgresDatabase(pg.url, "sandfork_loadtest");
       postgresDurability = fresh.durability;
       try {
         runs.postgres = await measureDatabase("postgres", fresh.url, hello);

@@ -1,0 +1,49 @@
+CREATE TABLE "execution_usage_hours" (
+	"key_id" uuid NOT NULL,
+	"hour" timestamp with time zone NOT NULL,
+	"template" text NOT NULL,
+	"executions" bigint NOT NULL,
+	"units" bigint NOT NULL,
+	CONSTRAINT "execution_usage_hours_key_id_hour_template_pk" PRIMARY KEY("key_id","hour","template")
+);
+--> statement-breakpoint
+CREATE TABLE "execution_usage_keys" (
+	"key_id" uuid PRIMARY KEY NOT NULL,
+	"rolled_up_before" timestamp with time zone NOT NULL
+);
+--> statement-breakpoint
+
+-- The time before which every execution that finished has committed, so its usage can be summed
+-- for good. A record's finished_at is its transaction's start (now()), so this is the oldest
+-- start among the transactions open on this database's other connections (a record waiting for
+-- a lock), or the clock less `margin` (a transaction takes its start a moment before
+-- pg_stat_activity shows it). Gateways sharing a server connect as one role, which sees its own
+-- sessions' transactions.
+CREATE FUNCTION sandfork_usage_horizon(margin interval) RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
+  SELECT LEAST(clock_timestamp() - margin, min(xact_start)) FROM pg_stat_activity
+  WHERE datname = current_database() AND pid <> pg_backend_pid()
+$$;
+--> statement-breakpoint
+
+-- Sums the key's finished executions by UTC hour and template, from where its sums stopped to the
+-- last hour that closed before the horizon, and answers where its sums stop now. Two calls at once
+-- sum the same committed records: the second's rows are the first's, and are skipped.
+CREATE FUNCTION sandfork_roll_up_usage(key uuid) RETURNS timestamptz LANGUAGE plpgsql AS $$
+DECLARE
+  done timestamptz;
+  sealed timestamptz := date_trunc('hour', sandfork_usage_horizon(interval '5 seconds'), 'UTC');
+BEGIN
+  SELECT rolled_up_before INTO done FROM execution_usage_keys WHERE key_id = key;
+  IF done >= sealed THEN
+    RETURN done;
+  END IF;
+  INSERT INTO execution_usage_hours (key_id, hour, template, executions, units)
+  SELECT key, date_trunc('hour', finished_at, 'UTC'), template, count(*), coalesce(sum(charged_units), 0)
+  FROM executions
+  WHERE key_id = key AND finished_at >= coalesce(done, '-infinity') AND finished_at < sealed AND status <> 'aborted'
+  GROUP BY 2, 3
+  ON CONFLICT DO NOTHING;
+  INSERT INTO execution_usage_keys (key_id, rolled_up_before) VALUES (key, sealed)
+  ON CONFLICT (key_id) DO UPDATE SET rolled_up_before = GREATEST(execution_usage_keys.rolled_up_before, EXCLUDED.rolled_up_before);
+  RETURN sealed;
+END $$;

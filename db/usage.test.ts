@@ -1,0 +1,122 @@
+// A key's usage over any period equals the sums over its records, whether its whole hours come
+// from the hourly sums or not; the sums stop where a record might still commit.
+import { randomUUID } from "node:crypto";
+import postgres from "postgres";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runPrepared } from "./prepared.js";
+import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
+import { insertRecords, usageFromRecords } from "./testing/usage-records.js";
+import { usageForKey } from "./usage.js";
+
+const HOUR_MS = 3_600_000;
+const DAY_MS = 24 * HOUR_MS;
+
+/** sandfork_usage_horizon(margin) in microseconds since the epoch, as text. */
+async function horizonMicros(fresh: FreshDatabase, margin: string): Promise<string | null | undefined> {
+  const text = "SELECT (extract(epoch FROM sandfork_usage_horizon($1::interval)) * 1e6)::int8::text AS us";
+  return (await runPrepared(fresh.db, { name: "usage_test_horizon", text }, [margin]))[0]?.us;
+}
+
+describe.each(BACKENDS)("usage on %s", (backend) => {
+  let fresh: FreshDatabase;
+  beforeAll(async () => {
+    fresh = await freshDatabase(backend);
+  });
+  afterAll(async () => {
+    await fresh?.dispose();
+  });
+
+  /** Periods over the last `days` days: random ones, ones on hour boundaries, one hour's part, to the future. */
+  function periods(days: number): [Date, Date][] {
+    const now = Date.now();
+    const hour = (ms: number) => Math.floor(ms / HOUR_MS) * HOUR_MS;
+    const out: [number, number][] = [
+      [now - (days + 1) * DAY_MS, now + 60_000],
+      [hour(now - days * DAY_MS), hour(now)],
+      [hour(now - DAY_MS) + 60_000, hour(now - DAY_MS) + 1_800_000],
+      [hour(now - 2 * DAY_MS) - 1, hour(now - 2 * DAY_MS) + 2 * HOUR_MS + 1],
+      [hour(now) - 1, now + HOUR_MS],
+    ];
+    for (let i = 0; i < 30; i++) {
+      const from = now - Math.random() * days * DAY_MS;
+      out.push([from, from + Math.random() * (now + HOUR_MS - from)]);
+    }
+    return out.map(([from, to]) => [new Date(from), new Date(to)]);
+  }
+
+  it("equals the records' sums over any period, before and after the hours are summed, and with records added since", async () => {
+    const keyId = randomUUID();
+    await insertRecords(fresh.db, keyId, 3_000, 3);
+    await insertRecords(fresh.db, randomUUID(), 200, 3);
+    for (const [from, to] of periods(3)) {
+      expect(await usageForKey(fresh.db, keyId, from, to), `${from.toISOString()} to ${to.toISOString()}`).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
+    }
+    // Finished now: in the current hour, which is not summed yet.
+    await insertRecords(fresh.db, keyId, 20, 0);
+    const [from, to] = [new Date(Date.now() - 4 * DAY_MS), new Date(Date.now() + 60_000)];
+    const usage = await usageForKey(fresh.db, keyId, from, to);
+    expect(usage).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
+    expect(usage.executions).toBeGreaterThan(2_500);
+  });
+
+  it("reads a summed hour from its sum, not its records", async () => {
+    const keyId = randomUUID();
+    await insertRecords(fresh.db, keyId, 500, 2);
+    const hour = Math.floor((Date.now() - DAY_MS) / HOUR_MS) * HOUR_MS;
+    const [from, to] = [new Date(hour), new Date(hour + HOUR_MS)];
+    const summed = await usageForKey(fresh.db, keyId, from, to);
+    expect(summed).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
+    // The records of a closed hour never change; if they did, the hour's sum would still stand.
+    await runPrepared(
+      fresh.db,
+      { name: "usage_test_forget", text: "DELETE FROM executions WHERE key_id = $1::uuid AND finished_at >= $2::timestamptz AND finished_at < $3::timestamptz" },
+      [keyId, from.toISOString(), to.toISOString()],
+    );
+    expect((await usageFromRecords(fresh.db, keyId, from, to)).executions).toBe(0);
+    expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(summed);
+    // Its part is read from the records (now none): the sum covers whole hours only.
+    expect((await usageForKey(fresh.db, keyId, new Date(hour + 1), to)).executions).toBe(0);
+  });
+
+  it("sums each hour once when two queries sum a key's hours at the same time", async () => {
+    const keyId = randomUUID();
+    await insertRecords(fresh.db, keyId, 1_000, 2);
+    const [from, to] = [new Date(Date.now() - 3 * DAY_MS), new Date(Date.now() + 60_000)];
+    const expected = await usageFromRecords(fresh.db, keyId, from, to);
+    const both = await Promise.all([usageForKey(fresh.db, keyId, from, to), usageForKey(fresh.db, keyId, from, to)]);
+    expect(both).toEqual([expected, expected]);
+    expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
+  });
+
+  it("sums up to the clock less the margin while no other transaction is open", async () => {
+    const horizon = Number(await horizonMicros(fresh, "1 hour"));
+    const expected = (Date.now() - HOUR_MS) * 1000;
+    expect(Math.abs(horizon - expected)).toBeLessThan(10_000_000);
+  });
+});
+
+describe("usage on postgres, beside other connections", () => {
+  let fresh: FreshDatabase;
+  beforeAll(async () => {
+    fresh = await freshDatabase("postgres");
+  });
+  afterAll(async () => {
+    await fresh?.dispose();
+  });
+
+  it("stops the sums where a transaction still open on another connection started", async () => {
+    const other = postgres(fresh.url as string, { max: 1, onnotice: () => {} });
+    try {
+      const open = await other.reserve();
+      await open`BEGIN`;
+      const [started] = await open<{ us: string }[]>`SELECT (extract(epoch FROM now()) * 1e6)::int8::text AS us`;
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      expect(await horizonMicros(fresh, "0")).toBe(started?.us);
+      await open`COMMIT`;
+      open.release();
+      expect(BigInt((await horizonMicros(fresh, "0")) as string)).toBeGreaterThan(BigInt(started?.us as string));
+    } finally {
+      await other.end();
+    }
+  });
+});

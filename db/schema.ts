@@ -95,6 +95,8 @@ export const executions = pgTable(
     reservedUnits: bigint("reserved_units", { mode: "number" }).notNull(),
     chargedUnits: bigint("charged_units", { mode: "number" }),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    // The database's now() (its transaction's start) in every statement that bills a record: the
+    // usage sums rely on it (db/usage.ts). An aborted record, never usage, may carry another clock's.
     finishedAt: timestamp("finished_at", { withTimezone: true }),
   },
   (t) => [

@@ -12,6 +12,9 @@ export interface ExecutionLimits {
   maxMemoryMb: number;
 }
 
+/** The embedded database's folder inside dataDir. */
+export const EMBEDDED_DATABASE_DIR = "data";
+
 export interface GatewayConfig {
   host: string;
   port: number;

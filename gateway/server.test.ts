@@ -4,8 +4,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { openDatabase } from "../db/client.js";
-import { type GatewayConfig, loadConfig } from "./config.js";
-import { EMBEDDED_DATABASE_DIR, startGateway } from "./server.js";
+import { EMBEDDED_DATABASE_DIR, type GatewayConfig, loadConfig } from "./config.js";
+import { startGateway } from "./server.js";
 
 describe("gateway process on embedded PGlite", () => {
   const dataDir = mkdtempSync(join(tmpdir(), "sandfork-server-test-"));

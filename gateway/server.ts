@@ -10,11 +10,10 @@ import { countKeys } from "../db/keys.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { createGateway } from "./app.js";
 import { loadSigningKey, TokenService } from "./auth/tokens.js";
-import type { GatewayConfig } from "./config.js";
+import { EMBEDDED_DATABASE_DIR, type GatewayConfig } from "./config.js";
 import { issueKey, type IssuedKey } from "./key-service.js";
 import { createTelemetry } from "./telemetry.js";
 
-export const EMBEDDED_DATABASE_DIR = "data";
 /** An execution older than its longest timeout plus this is certainly not running any more, whoever ran it. */
 const STALE_RESERVATION_MARGIN_MS = 60_000;
 

@@ -8,7 +8,7 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { join } from "node:path";
 import { copySeedTo } from "../../db/testing/pglite-seed.js";
-import { EMBEDDED_DATABASE_DIR } from "../server.js";
+import { EMBEDDED_DATABASE_DIR } from "../config.js";
 import { testNodeFlags } from "./kvm-tier.js";
 
 const REPOSITORY = fileURLToPath(new URL("../..", import.meta.url));

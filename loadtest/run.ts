@@ -37,9 +37,9 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { commandLine } from "../gateway/cli/command-line.js";
 import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
-import { type Durability, freshPostgresDatabase, postgresServer } from "./lib/postgres-server.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
 import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
+import { type Durability, freshPostgresDatabase, postgresServer } from "./lib/postgres-server.js";
 
 const { values, fail } = commandLine(
   "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR]",

@@ -83,8 +83,8 @@ describe.each(BACKENDS)("usage on %s", (backend) => {
     await insertRecords(fresh.db, keyId, 1_000, 2);
     const [from, to] = [new Date(Date.now() - 3 * DAY_MS), new Date(Date.now() + 60_000)];
     const expected = await usageFromRecords(fresh.db, keyId, from, to);
-    const both = await Promise.all([usageForKey(fresh.db, keyId, from, to), usageForKey(fresh.db, keyId, from, to)]);
-    expect(both).toEqual([expected, expected]);
+    const together = await Promise.all([usageForKey(fresh.db, keyId, from, to), usageForKey(fresh.db, keyId, from, to)]);
+    expect(together).toEqual([expected, expected]);
     expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
   });
 
@@ -115,6 +115,33 @@ describe("usage on postgres, beside other connections", () => {
       await open`COMMIT`;
       open.release();
       expect(BigInt((await horizonMicros(fresh, "0")) as string)).toBeGreaterThan(BigInt(started?.us as string));
+    } finally {
+      await other.end();
+    }
+  });
+
+  it("waits for another connection's summing of the key's hours, then answers from its sums", async () => {
+    const keyId = randomUUID();
+    await insertRecords(fresh.db, keyId, 1_000, 2);
+    const [from, to] = [new Date(Date.now() - 3 * DAY_MS), new Date(Date.now() + 60_000)];
+    const expected = await usageFromRecords(fresh.db, keyId, from, to);
+    const other = postgres(fresh.url as string, { max: 1, onnotice: () => {} });
+    try {
+      // As if the key's hours were last summed a day ago.
+      await other`SELECT sandfork_roll_up_usage(${keyId}::uuid)`;
+      const dayAgo = new Date(Math.floor((Date.now() - DAY_MS) / HOUR_MS) * HOUR_MS);
+      await other`UPDATE execution_usage_keys SET rolled_up_before = ${dayAgo} WHERE key_id = ${keyId}::uuid`;
+      await other`DELETE FROM execution_usage_hours WHERE key_id = ${keyId}::uuid AND hour >= ${dayAgo}`;
+      const summing = await other.reserve();
+      await summing`BEGIN`;
+      await summing`SELECT sandfork_roll_up_usage(${keyId}::uuid)`;
+      let answered = false;
+      const usage = usageForKey(fresh.db, keyId, from, to).finally(() => (answered = true));
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      expect(answered).toBe(false);
+      await summing`COMMIT`;
+      summing.release();
+      expect(await usage).toEqual(expected);
     } finally {
       await other.end();
     }

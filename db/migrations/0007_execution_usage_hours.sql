@@ -26,8 +26,8 @@ $$;
 --> statement-breakpoint
 
 -- Sums the key's finished executions by UTC hour and template, from where its sums stopped to the
--- last hour that closed before the horizon, and answers where its sums stop now. Two calls at once
--- sum the same committed records: the second's rows are the first's, and are skipped.
+-- last hour that closed before the horizon, and answers where its sums stop now. One call sums a
+-- key at a time: another waits on the key's mark, then finds the hours summed.
 CREATE FUNCTION sandfork_roll_up_usage(key uuid) RETURNS timestamptz LANGUAGE plpgsql AS $$
 DECLARE
   done timestamptz;
@@ -37,13 +37,16 @@ BEGIN
   IF done >= sealed THEN
     RETURN done;
   END IF;
+  INSERT INTO execution_usage_keys (key_id, rolled_up_before) VALUES (key, '-infinity') ON CONFLICT (key_id) DO NOTHING;
+  SELECT rolled_up_before INTO done FROM execution_usage_keys WHERE key_id = key FOR UPDATE;
+  IF done >= sealed THEN
+    RETURN done;
+  END IF;
   INSERT INTO execution_usage_hours (key_id, hour, template, executions, units)
   SELECT key, date_trunc('hour', finished_at, 'UTC'), template, count(*), coalesce(sum(charged_units), 0)
   FROM executions
-  WHERE key_id = key AND finished_at >= coalesce(done, '-infinity') AND finished_at < sealed AND status <> 'aborted'
-  GROUP BY 2, 3
-  ON CONFLICT DO NOTHING;
-  INSERT INTO execution_usage_keys (key_id, rolled_up_before) VALUES (key, sealed)
-  ON CONFLICT (key_id) DO UPDATE SET rolled_up_before = GREATEST(execution_usage_keys.rolled_up_before, EXCLUDED.rolled_up_before);
+  WHERE key_id = key AND finished_at >= done AND finished_at < sealed AND status <> 'aborted'
+  GROUP BY 2, 3;
+  UPDATE execution_usage_keys SET rolled_up_before = sealed WHERE key_id = key;
   RETURN sealed;
 END $$;

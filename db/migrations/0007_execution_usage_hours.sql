@@ -17,11 +17,12 @@ CREATE TABLE "execution_usage_keys" (
 -- for good. A record's finished_at is its transaction's start (now()), so this is the oldest
 -- start among the transactions open on this database's other connections (a record waiting for
 -- a lock), or the clock less `margin` (a transaction takes its start a moment before
--- pg_stat_activity shows it). Gateways sharing a server connect as one role, which sees its own
--- sessions' transactions.
+-- pg_stat_activity shows it). Only clients write records (autovacuum's long transactions do not
+-- hold it back). Gateways sharing a server connect as one role, which sees its own sessions'
+-- transactions.
 CREATE FUNCTION sandfork_usage_horizon(margin interval) RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
   SELECT LEAST(clock_timestamp() - margin, min(xact_start)) FROM pg_stat_activity
-  WHERE datname = current_database() AND pid <> pg_backend_pid()
+  WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()
 $$;
 --> statement-breakpoint
 

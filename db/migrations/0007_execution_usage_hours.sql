@@ -32,12 +32,14 @@ $$;
 CREATE FUNCTION sandfork_roll_up_usage(key uuid) RETURNS timestamptz LANGUAGE plpgsql AS $$
 DECLARE
   done timestamptz;
-  sealed timestamptz := date_trunc('hour', sandfork_usage_horizon(interval '5 seconds'), 'UTC');
+  sealed timestamptz;
 BEGIN
   SELECT rolled_up_before INTO done FROM execution_usage_keys WHERE key_id = key;
-  IF done >= sealed THEN
+  -- Summed up to the clock's last hour: the horizon (pg_stat_activity's, costlier) cannot be later.
+  IF done >= date_trunc('hour', clock_timestamp() - interval '5 seconds', 'UTC') THEN
     RETURN done;
   END IF;
+  sealed := date_trunc('hour', sandfork_usage_horizon(interval '5 seconds'), 'UTC');
   INSERT INTO execution_usage_keys (key_id, rolled_up_before) VALUES (key, '-infinity') ON CONFLICT (key_id) DO NOTHING;
   SELECT rolled_up_before INTO done FROM execution_usage_keys WHERE key_id = key FOR UPDATE;
   IF done >= sealed THEN

@@ -7,8 +7,8 @@
 // 0007_execution_usage_hours); only its partial hours at either end and the hours not yet summed
 // (the current one) are summed from the records. So a query over a month reads a few hundred
 // rows, not every execution of the month: over 270,000 executions, summing the records took a
-// p50 of 98 ms on PostgreSQL and 222 ms on PGlite (in the gateway's own thread, where every
-// other request waits for it), and this 1.6 and 3.5 ms (`npm run bench:usage`; README, Performance).
+// p50 of 98.36 ms on PostgreSQL and 222.17 ms on PGlite (in the gateway's own thread, where every
+// other request waits for it), and this 1.56 and 3.49 ms (`npm run bench:usage`; README, Performance).
 import type { Database } from "./client.js";
 import { type PreparedStatement, runPrepared } from "./prepared.js";
 
@@ -28,6 +28,8 @@ const HOUR_MS = 3_600_000;
 
 /** Usage recorded for `keyId` in [from, to). */
 export async function usageForKey(db: Database, keyId: string, from: Date, to: Date): Promise<UsageSummary> {
+  // Two statements: one that read the sums in the statement that sums the hours would not see the
+  // rows it had just inserted (its snapshot is taken before them).
   const [mark] = await runPrepared(db, ROLL_UP, [keyId]);
   const summedBefore = Number(mark?.summed_before_ms);
   if (!Number.isFinite(summedBefore)) throw new Error(`sandfork_roll_up_usage answered ${JSON.stringify(mark)}`);

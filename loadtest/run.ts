@@ -35,11 +35,12 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import { emptyPostgresDatabase } from "../db/testing/fresh-database.js";
 import { commandLine } from "../gateway/cli/command-line.js";
 import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
 import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
-import { type Durability, freshPostgresDatabase, postgresServer } from "./lib/postgres-server.js";
+import { type Durability, durabilityOf, postgresServer } from "./lib/postgres-server.js";
 
 const { values, fail } = commandLine(
   "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR]",
@@ -363,8 +364,8 @@ try {
     if (database === "pglite") runs.pglite = await measureDatabase("pglite", undefined, hello);
     else {
       pg ??= postgresServer({ dirName: "sandfork-loadtest-pg", port: 54341 });
-      const fresh = await freshPostgresDatabase(pg.url, "sandfork_loadtest");
-      postgresDurability = fresh.durability;
+      postgresDurability = await durabilityOf(pg.url);
+      const fresh = await emptyPostgresDatabase("sandfork_loadtest", pg.url);
       try {
         runs.postgres = await measureDatabase("postgres", fresh.url, hello);
       } finally {

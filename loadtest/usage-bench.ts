@@ -10,11 +10,12 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { sql } from "drizzle-orm";
 import { type DatabaseBackend, type OpenDatabase, openDatabase } from "../db/client.js";
+import { emptyPostgresDatabase } from "../db/testing/fresh-database.js";
 import { insertRecords, usageFromRecords } from "../db/testing/usage-records.js";
 import { usageForKey } from "../db/usage.js";
 import { commandLine } from "../gateway/cli/command-line.js";
 import { percentile } from "./lib/measure.js";
-import { freshPostgresDatabase, postgresServer } from "./lib/postgres-server.js";
+import { durabilityOf, postgresServer } from "./lib/postgres-server.js";
 
 const { values, fail } = commandLine("npm run bench:usage -- [--executions N] [--days D] [--blocks B] [--databases pglite,postgres]", {
   executions: { type: "string", default: "300000" },
@@ -88,10 +89,11 @@ try {
       }
     } else {
       pg = postgresServer({ dirName: "sandfork-bench-pg", port: 54342 });
-      const fresh = await freshPostgresDatabase(pg.url, "sandfork_bench");
+      const durability = await durabilityOf(pg.url);
+      const fresh = await emptyPostgresDatabase("sandfork_bench", pg.url);
       const open = await openDatabase({ backend: "postgres", url: fresh.url, maxConnections: 1 });
       try {
-        console.log(`PostgreSQL server: fsync=${fresh.durability.fsync}, synchronous_commit=${fresh.durability.synchronous_commit}`);
+        console.log(`PostgreSQL server: fsync=${durability.fsync}, synchronous_commit=${durability.synchronous_commit}`);
         await measure(backend, open);
       } finally {
         await open.close();

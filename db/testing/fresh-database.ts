@@ -27,9 +27,8 @@ export interface FreshDatabase extends OpenDatabase {
   dispose(): Promise<void>;
 }
 
-/** An empty database with a random name on the TEST_DATABASE_URL server: its URL, and drop(). */
-export async function emptyPostgresDatabase(prefix = "sandfork_test"): Promise<{ url: string; drop(): Promise<void> }> {
-  const adminUrl = serverUrl();
+/** An empty database named `prefix`_<random> on the server (default TEST_DATABASE_URL's): its URL, and drop(). */
+export async function emptyPostgresDatabase(prefix = "sandfork_test", adminUrl = serverUrl()): Promise<{ url: string; drop(): Promise<void> }> {
   const name = `${prefix}_${randomBytes(6).toString("hex")}`;
   const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
   try {

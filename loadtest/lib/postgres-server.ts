@@ -1,9 +1,9 @@
 // The PostgreSQL server the load test and the benchmarks measure on: the one DATABASE_URL or
 // TEST_DATABASE_URL names, or else a private throwaway one from scripts/postgres.sh with fsync on,
 // as PostgreSQL ships (the tests' servers run without it): a commit that waits for the disk is
-// part of what billing costs on a real server. Each run gets a fresh database on it.
+// part of what billing costs on a real server. Each run gets a fresh database on it
+// (emptyPostgresDatabase, as the tests do).
 import { execFileSync } from "node:child_process";
-import { randomBytes } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -29,20 +29,13 @@ export interface Durability {
   synchronous_commit: string;
 }
 
-/** A fresh database named `prefix`_<random> on the server, dropped by drop(), and the server's durability. */
-export async function freshPostgresDatabase(serverUrl: string, prefix: string): Promise<{ url: string; durability: Durability; drop(): Promise<void> }> {
-  const name = `${prefix}_${randomBytes(6).toString("hex")}`;
-  const admin = postgres(serverUrl, { max: 1, onnotice: () => {} });
-  await admin.unsafe(`CREATE DATABASE ${name}`);
-  const [settings] = await admin.unsafe<Durability[]>("SELECT current_setting('fsync') AS fsync, current_setting('synchronous_commit') AS synchronous_commit");
-  const url = new URL(serverUrl);
-  url.pathname = `/${name}`;
-  return {
-    url: url.toString(),
-    durability: { fsync: settings?.fsync ?? "unknown", synchronous_commit: settings?.synchronous_commit ?? "unknown" },
-    async drop() {
-      await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await admin.end();
-    },
-  };
+/** The server's fsync and synchronous_commit. */
+export async function durabilityOf(serverUrl: string): Promise<Durability> {
+  const sql = postgres(serverUrl, { max: 1, onnotice: () => {} });
+  try {
+    const [settings] = await sql.unsafe<Durability[]>("SELECT current_setting('fsync') AS fsync, current_setting('synchronous_commit') AS synchronous_commit");
+    return { fsync: settings?.fsync ?? "unknown", synchronous_commit: settings?.synchronous_commit ?? "unknown" };
+  } finally {
+    await sql.end();
+  }
 }

@@ -111,10 +111,11 @@ export const executions = pgTable(
   ],
 );
 
-// A key's usage by closed hour (db/usage.ts): what its finished executions of each template were
-// charged in each hour before its mark in execution_usage_keys, summed once (migration
-// 0007_execution_usage_hours). A usage query reads these for its whole hours instead of every
-// record, and the records themselves only for the hours at its ends and those not yet closed.
+// A key's usage by hour (db/usage.ts): what its finished executions of each template were charged
+// in each hour before its mark in execution_usage_keys, summed once (migrations
+// 0007_execution_usage_hours, 0008_usage_sums_to_the_horizon); the row of the hour the mark falls
+// in holds its part before the mark. A usage query reads these for its whole hours instead of
+// every record, and the records themselves only for the hours at its ends and the last seconds.
 export const executionUsageHours = pgTable(
   "execution_usage_hours",
   {
@@ -127,7 +128,7 @@ export const executionUsageHours = pgTable(
   (t) => [primaryKey({ columns: [t.keyId, t.hour, t.template] })],
 );
 
-// How far each key's hours are summed: every hour before `rolledUpBefore` is in
+// How far each key's usage is summed: every execution that finished before `rolledUpBefore` is in
 // execution_usage_hours (an hour with no executions has no row there).
 export const executionUsageKeys = pgTable("execution_usage_keys", {
   keyId: uuid("key_id").primaryKey(),

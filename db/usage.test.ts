@@ -17,6 +17,18 @@ async function horizonMicros(fresh: FreshDatabase, margin: string): Promise<stri
   return (await runPrepared(fresh.db, { name: "usage_test_horizon", text }, [margin]))[0]?.us;
 }
 
+/** Where the key's sums stop (its mark), in milliseconds since the epoch. */
+async function markOf(fresh: FreshDatabase, keyId: string): Promise<number> {
+  const text = "SELECT (extract(epoch FROM rolled_up_before) * 1000)::int8::text AS ms FROM execution_usage_keys WHERE key_id = $1::uuid";
+  return Number((await runPrepared(fresh.db, { name: "usage_test_mark", text }, [keyId]))[0]?.ms);
+}
+
+/** Deletes the key's records that finished in [from, to). */
+async function forget(fresh: FreshDatabase, keyId: string, from: Date, to: Date): Promise<void> {
+  const text = "DELETE FROM executions WHERE key_id = $1::uuid AND finished_at >= $2::timestamptz AND finished_at < $3::timestamptz";
+  await runPrepared(fresh.db, { name: "usage_test_forget", text }, [keyId, from.toISOString(), to.toISOString()]);
+}
+
 describe.each(BACKENDS)("usage on %s", (backend) => {
   let fresh: FreshDatabase;
   beforeAll(async () => {
@@ -51,12 +63,64 @@ describe.each(BACKENDS)("usage on %s", (backend) => {
     for (const [from, to] of periods(3)) {
       expect(await usageForKey(fresh.db, keyId, from, to), `${from.toISOString()} to ${to.toISOString()}`).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
     }
-    // Finished now: in the current hour, which is not summed yet.
+    // Periods that end or start at the mark, or in its hour on either side of it.
+    const mark = await markOf(fresh, keyId);
+    const markHour = Math.floor(mark / HOUR_MS) * HOUR_MS;
+    for (const [from, to] of [
+      [mark - DAY_MS, mark],
+      [mark, mark + 1],
+      [mark - 1, mark + 1],
+      [markHour, mark],
+      [markHour - 1, mark - 1],
+      [markHour, mark + 60_000],
+      [markHour + 1, mark + 60_000],
+    ].map(([from, to]) => [new Date(from as number), new Date(to as number)] as const)) {
+      expect(await usageForKey(fresh.db, keyId, from, to), `${from.toISOString()} to ${to.toISOString()}`).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
+    }
+    // Finished now, after the mark: read from the records.
     await insertRecords(fresh.db, keyId, 20, 0);
     const [from, to] = [new Date(Date.now() - 4 * DAY_MS), new Date(Date.now() + 60_000)];
     const usage = await usageForKey(fresh.db, keyId, from, to);
     expect(usage).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
     expect(usage.executions).toBeGreaterThan(2_500);
+  });
+
+  it("sums the current hour up to the horizon, 5 s ago, and not again for 5 s", async () => {
+    const keyId = randomUUID();
+    await insertRecords(fresh.db, keyId, 500, 10 / (24 * 60));
+    const [from, to] = [new Date(Date.now() - DAY_MS), new Date(Date.now() + 60_000)];
+    const expected = await usageFromRecords(fresh.db, keyId, from, to);
+    expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
+    const mark = await markOf(fresh, keyId);
+    expect(Date.now() - mark).toBeGreaterThanOrEqual(5_000);
+    expect(Date.now() - mark).toBeLessThan(60_000);
+    // What finished before the mark is read from its sums, the current hour's part included.
+    await forget(fresh, keyId, from, new Date(mark));
+    expect((await usageFromRecords(fresh.db, keyId, from, new Date(mark))).executions).toBe(0);
+    expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
+    expect(await markOf(fresh, keyId)).toBe(mark);
+  });
+
+  it("adds what finished after the mark to the mark's hour, whose row then answers for all of it", async () => {
+    const keyId = randomUUID();
+    await insertRecords(fresh.db, keyId, 2_000, 1);
+    // As if the key had last been summed at 20 minutes past the hour three hours ago: its sums
+    // end there, and that hour's row holds its records before then.
+    const hour = Math.floor((Date.now() - 3 * HOUR_MS) / HOUR_MS) * HOUR_MS;
+    const earlierMark = new Date(hour + 20 * 60_000).toISOString();
+    await runPrepared(fresh.db, { name: "usage_test_set_mark", text: "INSERT INTO execution_usage_keys VALUES ($1::uuid, $2::timestamptz)" }, [keyId, earlierMark]);
+    const sumBefore = `INSERT INTO execution_usage_hours
+      SELECT key_id, date_trunc('hour', finished_at, 'UTC'), template, count(*), coalesce(sum(charged_units), 0) FROM executions
+      WHERE key_id = $1::uuid AND finished_at < $2::timestamptz AND status <> 'aborted' GROUP BY 1, 2, 3`;
+    await runPrepared(fresh.db, { name: "usage_test_sum_before", text: sumBefore }, [keyId, earlierMark]);
+    const [from, to] = [new Date(hour), new Date(hour + HOUR_MS)];
+    const [wholeFrom, wholeTo] = [new Date(Date.now() - 2 * DAY_MS), new Date(Date.now() + 60_000)];
+    const [expected, expectedWhole] = [await usageFromRecords(fresh.db, keyId, from, to), await usageFromRecords(fresh.db, keyId, wholeFrom, wholeTo)];
+    expect((await usageFromRecords(fresh.db, keyId, new Date(earlierMark), to)).executions).toBeGreaterThan(0);
+    expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
+    await forget(fresh, keyId, from, to);
+    expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
+    expect(await usageForKey(fresh.db, keyId, wholeFrom, wholeTo)).toEqual(expectedWhole);
   });
 
   it("reads a summed hour from its sum, not its records", async () => {
@@ -67,11 +131,7 @@ describe.each(BACKENDS)("usage on %s", (backend) => {
     const summed = await usageForKey(fresh.db, keyId, from, to);
     expect(summed).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
     // The records of a closed hour never change; if they did, the hour's sum would still stand.
-    await runPrepared(
-      fresh.db,
-      { name: "usage_test_forget", text: "DELETE FROM executions WHERE key_id = $1::uuid AND finished_at >= $2::timestamptz AND finished_at < $3::timestamptz" },
-      [keyId, from.toISOString(), to.toISOString()],
-    );
+    await forget(fresh, keyId, from, to);
     expect((await usageFromRecords(fresh.db, keyId, from, to)).executions).toBe(0);
     expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(summed);
     // Its part is read from the records (now none): the sum covers whole hours only.

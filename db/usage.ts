@@ -3,12 +3,13 @@
 // execution ("aborted": the runtime never ran it) was charged nothing and is not usage.
 //
 // A period's whole hours are read from the key's hourly sums (execution_usage_hours), which each
-// query first brings up to the last closed hour (sandfork_roll_up_usage, migration
-// 0007_execution_usage_hours); only its partial hours at either end and the hours not yet summed
-// (the current one) are summed from the records. So a query over a month reads a few hundred
-// rows, not every execution of the month: over 270,000 executions, summing the records took a
-// p50 of 98.36 ms on PostgreSQL and 222.17 ms on PGlite (in the gateway's own thread, where every
-// other request waits for it), and this 1.56 and 3.49 ms (`npm run bench:usage`; README, Performance).
+// query first brings up to the horizon, 5 s ago (sandfork_roll_up_usage, migrations
+// 0007_execution_usage_hours and 0008_usage_sums_to_the_horizon); the hour the sums stop in has a
+// row for its part before that. Only the partial hours at the period's ends and the last seconds
+// are summed from the records. So a query over a month reads a few hundred rows, not every
+// execution of the month: over 270,000 executions, summing the records took a p50 of 98.36 ms on
+// PostgreSQL and 222.17 ms on PGlite (in the gateway's own thread, where every other request waits
+// for it), and this 1.56 and 3.49 ms (`npm run bench:usage`; README, Performance).
 import type { Database } from "./client.js";
 import { type PreparedStatement, runPrepared } from "./prepared.js";
 
@@ -33,12 +34,8 @@ export async function usageForKey(db: Database, keyId: string, from: Date, to: D
   const [mark] = await runPrepared(db, ROLL_UP, [keyId]);
   const summedBefore = Number(mark?.summed_before_ms);
   if (!Number.isFinite(summedBefore)) throw new Error(`sandfork_roll_up_usage answered ${JSON.stringify(mark)}`);
-  // [hoursFrom, hoursTo): the period's whole hours that are summed; [from, hoursFrom) and
-  // [hoursTo, to) are read from the records. No whole summed hour: all of it from the records.
-  const firstWholeHour = Math.ceil(from.getTime() / HOUR_MS) * HOUR_MS;
-  const wholeHoursEnd = Math.min(Math.floor(to.getTime() / HOUR_MS) * HOUR_MS, summedBefore);
-  const [hoursFrom, hoursTo] = firstWholeHour < wholeHoursEnd ? [new Date(firstWholeHour), new Date(wholeHoursEnd)] : [to, to];
-  const rows = await runPrepared(db, USAGE, [keyId, from.toISOString(), hoursFrom.toISOString(), hoursTo.toISOString(), to.toISOString()]);
+  const { hoursFrom, hoursTo, recordsFrom } = summedPart(from.getTime(), to.getTime(), summedBefore);
+  const rows = await runPrepared(db, USAGE, [keyId, from.toISOString(), iso(hoursFrom), iso(hoursTo), iso(recordsFrom), to.toISOString()]);
   // Sums come back as text (a numeric); they must still be exact as JS numbers.
   const byTemplate = rows.map((r) => ({ template: r.template as string, executions: exactSum(r.executions), units: exactSum(r.units) }));
   return {
@@ -53,8 +50,29 @@ const ROLL_UP: PreparedStatement = {
   text: "SELECT (extract(epoch FROM sandfork_roll_up_usage($1::uuid)) * 1000)::int8::text AS summed_before_ms",
 };
 
-// $1 the key; $2 from, $3 the first summed hour, $4 the end of the summed hours, $5 to. Each part
-// is summed by template before the parts are added: the records' rows go through one aggregate.
+/**
+ * Which part of [from, to) the sums answer, in milliseconds: the rows of the hours in [hoursFrom,
+ * hoursTo) hold exactly the records of [hoursFrom, recordsFrom); [from, hoursFrom) and
+ * [recordsFrom, to) are read from the records. Every hour before the mark's is whole in the sums,
+ * and the mark's own hour holds its part before the mark: a period that runs past the mark takes
+ * that part too. None of it (hoursFrom = hoursTo = recordsFrom = to): all from the records.
+ */
+export function summedPart(from: number, to: number, mark: number): { hoursFrom: number; hoursTo: number; recordsFrom: number } {
+  const hoursFrom = Math.ceil(from / HOUR_MS) * HOUR_MS;
+  if (to >= mark) {
+    if (hoursFrom <= mark) return { hoursFrom, hoursTo: Math.ceil(mark / HOUR_MS) * HOUR_MS, recordsFrom: mark };
+  } else {
+    const hoursTo = Math.floor(to / HOUR_MS) * HOUR_MS;
+    if (hoursFrom <= hoursTo) return { hoursFrom, hoursTo, recordsFrom: hoursTo };
+  }
+  return { hoursFrom: to, hoursTo: to, recordsFrom: to };
+}
+
+const iso = (ms: number) => new Date(ms).toISOString();
+
+// $1 the key; $2 from, $3 and $4 the summed hours' range, $5 where the records start again, $6 to.
+// Each part is summed by template before the parts are added: the records' rows go through one
+// aggregate.
 const USAGE: PreparedStatement = {
   name: "sandfork_usage",
   text: `SELECT template, sum(executions)::text AS executions, sum(units)::text AS units FROM (
@@ -63,7 +81,7 @@ const USAGE: PreparedStatement = {
     GROUP BY template
     UNION ALL
     SELECT template, count(*), coalesce(sum(charged_units), 0) FROM executions
-    WHERE key_id = $1::uuid AND ((finished_at >= $2::timestamptz AND finished_at < $3::timestamptz) OR (finished_at >= $4::timestamptz AND finished_at < $5::timestamptz))
+    WHERE key_id = $1::uuid AND ((finished_at >= $2::timestamptz AND finished_at < $3::timestamptz) OR (finished_at >= $5::timestamptz AND finished_at < $6::timestamptz))
       AND status <> 'aborted'
     GROUP BY template
   ) AS usage

@@ -24,7 +24,7 @@ const INSERT_RECORDS = {
   text: `INSERT INTO executions (id, account_id, key_id, request_hash, template, status, reserved_units, charged_units, created_at, finished_at)
     SELECT gen_random_uuid(), gen_random_uuid(), $1::uuid, 'h', CASE WHEN random() < 0.3 THEN 'node' ELSE 'python' END,
            CASE WHEN random() < 0.1 THEN 'aborted' ELSE 'completed' END, 100, (random() * 20)::int8, at, at
-    FROM (SELECT CASE WHEN i % 10 = 0 THEN date_trunc('hour', now() - random() * $3::float8 * interval '1 day', 'UTC')
+    FROM (SELECT CASE WHEN i % 10 = 0 AND $3::float8 > 0 THEN date_trunc('hour', now() - random() * $3::float8 * interval '1 day', 'UTC')
                       ELSE now() - random() * $3::float8 * interval '1 day' END AS at
           FROM generate_series(1, $2::int4) AS i
           ORDER BY at) AS times
@@ -34,8 +34,9 @@ const INSERT_RECORDS = {
 
 /**
  * Inserts `count` finished records of `keyId` at random times over the last `days` days, oldest
- * first as a gateway writes them, one in ten on an hour's first instant, of two templates, one in
- * ten aborted; and three still running.
+ * first as a gateway writes them, one in ten on an hour's first instant (none with `days` 0: all
+ * finished now, after the key's sums stop), of two templates, one in ten aborted; and three still
+ * running.
  */
 export async function insertRecords(db: Database, keyId: string, count: number, days: number): Promise<void> {
   await runPrepared(db, INSERT_RECORDS, [keyId, String(count), String(days)]);

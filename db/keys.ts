@@ -1,6 +1,7 @@
 // Accounts and API keys: creation, lookup by hash, listing, revocation, credit grants.
 import { and, desc, eq, isNull, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
+import { type PreparedStatement, runPrepared } from "./prepared.js";
 import { accounts, apiKeys, usageLedger } from "./schema.js";
 
 export const SCOPES = ["execute", "usage:read", "admin"] as const;
@@ -122,12 +123,15 @@ export interface AccountBalance {
 }
 
 export async function getBalance(db: Database, accountId: string): Promise<AccountBalance | undefined> {
-  const [row] = await db
-    .select({ balance: accounts.balanceUnits, reserved: accounts.reservedUnits })
-    .from(accounts)
-    .where(eq(accounts.id, accountId));
-  return row === undefined ? undefined : toBalance(accountId, row);
+  const [row] = await runPrepared(db, BALANCE, [accountId]);
+  return row === undefined ? undefined : toBalance(accountId, { balance: Number(row.balance), reserved: Number(row.reserved) });
 }
+
+// Every GET /v1/usage reads it: prepared (db/prepared.ts), not parsed and typed each time.
+const BALANCE: PreparedStatement = {
+  name: "sandfork_balance",
+  text: "SELECT balance_units::text AS balance, reserved_units::text AS reserved FROM accounts WHERE id = $1::uuid",
+};
 
 function toBalance(accountId: string, row: { balance: number; reserved: number }): AccountBalance {
   return { accountId, balanceUnits: row.balance, reservedUnits: row.reserved, availableUnits: row.balance - row.reserved };

@@ -5,8 +5,9 @@
 // the whole, so frequent accruals cost no more than one. Its cells are charged as executions
 // (db/billing.ts). A charge never overspends: an account short of credits is charged what it has,
 // and the caller stops the session (`AccrualOutcome.short`).
-import { and, eq, gte, inArray, lt, sql } from "drizzle-orm";
+import { and, eq, inArray, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
+import { type PreparedStatement, runPrepared } from "./prepared.js";
 import { accounts, sessions, usageLedger } from "./schema.js";
 
 export type SessionRow = typeof sessions.$inferSelect;
@@ -177,17 +178,18 @@ export interface SessionUsage {
 
 /** Session charges of `keyId` recorded in [from, to) (cells are in the executions' usage). */
 export async function sessionUsageForKey(db: Database, keyId: string, from: Date, to: Date): Promise<SessionUsage> {
-  const [row] = await db
-    .select({
-      units: sql<string>`coalesce(sum(${usageLedger.units}), 0)::text`,
-      running: sql<string>`coalesce(sum(${usageLedger.runningMibMs}), 0)::text`,
-      storage: sql<string>`coalesce(sum(${usageLedger.storageByteMs}), 0)::text`,
-    })
-    .from(usageLedger)
-    .where(and(eq(usageLedger.keyId, keyId), eq(usageLedger.kind, "session"), gte(usageLedger.createdAt, from), lt(usageLedger.createdAt, to)));
+  const [row] = await runPrepared(db, SESSION_USAGE, [keyId, from.toISOString(), to.toISOString()]);
   return {
     units: Number(row?.units ?? "0"),
     runningGibSeconds: Number(row?.running ?? "0") / Number(MIB_MS_PER_GIB_SECOND),
     checkpointGibHours: Number(row?.storage ?? "0") / Number(BYTE_MS_PER_GIB_HOUR),
   };
 }
+
+// Every GET /v1/usage reads it: prepared (db/prepared.ts), not parsed and typed each time.
+const SESSION_USAGE: PreparedStatement = {
+  name: "sandfork_session_usage",
+  text: `SELECT coalesce(sum(units), 0)::text AS units, coalesce(sum(running_mib_ms), 0)::text AS running,
+      coalesce(sum(storage_byte_ms), 0)::text AS storage
+    FROM usage_ledger WHERE key_id = $1::uuid AND kind = 'session' AND created_at >= $2::timestamptz AND created_at < $3::timestamptz`,
+};

@@ -111,6 +111,18 @@ describe("OpenAPI document and operational endpoints", () => {
     expect(await response.json()).toEqual({ status: "degraded", database: "ok", runtime: "unavailable" });
   });
 
+  it("/healthz answers 503 once the database does not answer", async () => {
+    const alone = await startTestGateway("pglite");
+    try {
+      await alone.fresh.dispose();
+      const response = await alone.call("GET", "/healthz");
+      expect(response.status).toBe(503);
+      expect(await response.json()).toEqual({ status: "degraded", database: "error", runtime: "unavailable" });
+    } finally {
+      await alone.telemetry.shutdown();
+    }
+  });
+
   it("/metrics exposes request metrics in Prometheus format", async () => {
     await gw.call("GET", "/healthz");
     await gw.call("GET", "/v1/usage");

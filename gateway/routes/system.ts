@@ -1,6 +1,6 @@
 // GET /healthz and GET /metrics (unauthenticated: meant for the operator's network).
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
-import { sql } from "drizzle-orm";
+import { ping } from "../../db/prepared.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { HealthSchema } from "../schemas.js";
 
@@ -34,7 +34,7 @@ export function registerSystemRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayConte
   app.openapi(health, async (c) => {
     let database: "ok" | "error" = "ok";
     try {
-      await ctx.db.execute(sql`select 1`);
+      await ping(ctx.db);
     } catch {
       database = "error";
     }

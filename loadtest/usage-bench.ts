@@ -1,10 +1,12 @@
 // `npm run bench:usage` (flags: `-- --help`): what GET /v1/usage's query costs over a key's
 // month, on PGlite (on disk, as the gateway keeps it) and on PostgreSQL (lib/postgres-server.ts).
-// It inserts --executions records of one key at random times over --days days (and a tenth as
-// many of another key), then times, in blocks taken in turn, the query as db/usage.ts runs it (whole
-// hours from the hourly sums, the rest from the records) and the baseline: the same usage summed
-// from the records alone, as it was before. The first query, which sums the key's hours, is timed
-// on its own. Both answers must agree.
+// It inserts --executions records of one key at random times over --days days, a third as many of
+// a second key in the last 30 minutes (a busy current hour: before migration 0008 every query
+// summed its records) and a tenth as many of a third key over the days. Then, for each of the
+// first two keys, it times in blocks taken in turn the query as db/usage.ts runs it (sums up to 5
+// s ago, the rest from the records) and the baseline: the same usage summed from the records
+// alone, as it was before the sums. The first query, which sums the key's records, is timed on
+// its own. Both answers must agree.
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -33,7 +35,11 @@ const databases = (values.databases ?? "").split(",");
 for (const d of databases) if (d !== "pglite" && d !== "postgres") fail(`--databases: pglite or postgres, got ${d}`);
 
 const QUERIES_PER_BLOCK = 5;
-const KEY_ID = "00000000-0000-4000-8000-0000000000a1";
+/** The keys measured: one over the days, one busy in the last 30 minutes. */
+const MEASURED = [
+  { keyId: "00000000-0000-4000-8000-0000000000a1", count: executions, days, span: `${days} days` },
+  { keyId: "00000000-0000-4000-8000-0000000000a3", count: Math.ceil(executions / 3), days: 30 / (24 * 60), span: "the last 30 minutes" },
+];
 const OTHER_KEY_ID = "00000000-0000-4000-8000-0000000000a2";
 
 async function timed<T>(run: () => Promise<T>): Promise<{ ms: number; value: T }> {
@@ -44,35 +50,39 @@ async function timed<T>(run: () => Promise<T>): Promise<{ ms: number; value: T }
 
 const round = (ms: number) => Math.round(ms * 100) / 100;
 
+function figures(times: number[]): string {
+  const sorted = [...times].sort((a, b) => a - b);
+  return `p50 ${round(percentile(sorted, 50))} ms, p95 ${round(percentile(sorted, 95))} ms`;
+}
+
 async function measure(backend: DatabaseBackend, open: OpenDatabase): Promise<void> {
   const inserted = await timed(async () => {
-    await insertRecords(open.db, KEY_ID, executions, days);
     await insertRecords(open.db, OTHER_KEY_ID, Math.ceil(executions / 10), days);
+    for (const key of MEASURED) await insertRecords(open.db, key.keyId, key.count, key.days);
     // As autovacuum would have, for both queries alike (PGlite has no autovacuum).
     await open.db.execute(sql`VACUUM ANALYZE executions`);
   });
+  console.log(`${backend}: records inserted in ${Math.round(inserted.ms)} ms`);
   const [from, to] = [new Date(Date.now() - (days + 1) * 86_400_000), new Date(Date.now() + 60_000)];
-  const first = await timed(() => usageForKey(open.db, KEY_ID, from, to));
-  const baseline = await usageFromRecords(open.db, KEY_ID, from, to);
-  if (JSON.stringify(first.value) !== JSON.stringify(baseline)) {
-    throw new Error(`the two queries disagree: ${JSON.stringify(first.value)} against ${JSON.stringify(baseline)}`);
-  }
-  const withSums: number[] = [];
-  const fromRecords: number[] = [];
-  for (let block = 0; block < blocks; block++) {
-    const turns = block % 2 === 0 ? ([[withSums, usageForKey], [fromRecords, usageFromRecords]] as const) : ([[fromRecords, usageFromRecords], [withSums, usageForKey]] as const);
-    for (const [times, query] of turns) {
-      for (let i = 0; i < QUERIES_PER_BLOCK; i++) times.push((await timed(() => query(open.db, KEY_ID, from, to))).ms);
+  for (const { keyId, span } of MEASURED) {
+    const first = await timed(() => usageForKey(open.db, keyId, from, to));
+    const baseline = await usageFromRecords(open.db, keyId, from, to);
+    if (JSON.stringify(first.value) !== JSON.stringify(baseline)) {
+      throw new Error(`the two queries disagree: ${JSON.stringify(first.value)} against ${JSON.stringify(baseline)}`);
     }
+    const withSums: number[] = [];
+    const fromRecords: number[] = [];
+    for (let block = 0; block < blocks; block++) {
+      const turns = block % 2 === 0 ? ([[withSums, usageForKey], [fromRecords, usageFromRecords]] as const) : ([[fromRecords, usageFromRecords], [withSums, usageForKey]] as const);
+      for (const [times, query] of turns) {
+        for (let i = 0; i < QUERIES_PER_BLOCK; i++) times.push((await timed(() => query(open.db, keyId, from, to))).ms);
+      }
+    }
+    console.log(`  a key with ${first.value.executions} finished executions in ${span}:`);
+    console.log(`    first query, summing the key's records: ${round(first.ms)} ms`);
+    console.log(`    usage with the sums (db/usage.ts), ${withSums.length} queries: ${figures(withSums)}`);
+    console.log(`    baseline, summed from the records alone, ${fromRecords.length} queries: ${figures(fromRecords)}`);
   }
-  const figures = (times: number[]) => {
-    const sorted = [...times].sort((a, b) => a - b);
-    return `p50 ${round(percentile(sorted, 50))} ms, p95 ${round(percentile(sorted, 95))} ms`;
-  };
-  console.log(`${backend}: ${first.value.executions} executions of the key in ${days} days (inserted in ${Math.round(inserted.ms)} ms)`);
-  console.log(`  first query, summing the key's hours: ${round(first.ms)} ms`);
-  console.log(`  usage with hourly sums (db/usage.ts), ${withSums.length} queries: ${figures(withSums)}`);
-  console.log(`  baseline, summed from the records alone, ${fromRecords.length} queries: ${figures(fromRecords)}`);
 }
 
 let pg: { url: string; stop(): void } | undefined;

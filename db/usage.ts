@@ -57,7 +57,7 @@ const ROLL_UP: PreparedStatement = {
  * and the mark's own hour holds its part before the mark: a period that runs past the mark takes
  * that part too. None of it (hoursFrom = hoursTo = recordsFrom = to): all from the records.
  */
-export function summedPart(from: number, to: number, mark: number): { hoursFrom: number; hoursTo: number; recordsFrom: number } {
+function summedPart(from: number, to: number, mark: number): { hoursFrom: number; hoursTo: number; recordsFrom: number } {
   const hoursFrom = Math.ceil(from / HOUR_MS) * HOUR_MS;
   if (to >= mark) {
     if (hoursFrom <= mark) return { hoursFrom, hoursTo: Math.ceil(mark / HOUR_MS) * HOUR_MS, recordsFrom: mark };

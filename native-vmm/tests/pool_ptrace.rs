@@ -72,7 +72,8 @@ fn a_pooled_daemon_serves_each_request_on_a_fresh_or_reset_vm() {
         let pool = wait_for_refill(&mut client);
         eprintln!("pooled request {id}: timings {}, pool {pool}", timings.to_string());
         // A full copy (ptrace) holds every stored page; a copy-on-write fork copies the pages
-        // written, and a reset VM keeps its copies warm (the second request copies few or none).
+        // written (beyond those its warm-up copied), and a reset VM keeps its copies warm (the
+        // second request copies few or none).
         let resets = common::fork_memory() == ForkMemory::CopyOnWrite;
         let origin = answer.get("vm").and_then(|vm| vm.get("origin")).and_then(Value::as_str);
         assert_eq!(origin, Some(if resets && id == 2 { "reset" } else { "fresh" }), "{answer}");

@@ -4,8 +4,8 @@
 //! A vCPU belongs to the thread that created it (KVM vCPUs are best run there; the ptrace
 //! test CPU must be), so a pooled VM never changes threads. The pool is a set of worker
 //! threads, each holding at most one VM: a worker restores its VM from the template's
-//! snapshot, waits for a request on the template's queue, serves it on the VM it holds and
-//! answers. Then, off the request path, it resets the VM to the template (`snapshot::reset`:
+//! snapshot, warms it up (an empty program, then a reset: `warm_up`), waits for a request on
+//! the template's queue, serves it on the VM it holds and answers. Then, off the request path, it resets the VM to the template (`snapshot::reset`:
 //! the pages the request dirtied get the template's bytes back, the vCPU the snapshot's
 //! state), so the next request runs on host pages and KVM mappings that are already warm: a
 //! fresh fork pays a fault for every page it touches first. A VM is retired (destroyed, and a
@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
@@ -91,6 +91,8 @@ struct Shared {
     /// Total time spent resetting VMs after their requests, in microseconds.
     reset_micros: AtomicU64,
     served: AtomicU64,
+    /// New VMs are warmed up (`warm_up`): copy-on-write forks, until a warm-up fails.
+    warm_up: AtomicBool,
 }
 
 impl Shared {
@@ -122,6 +124,7 @@ impl Pool {
             resets: AtomicU64::new(0),
             reset_micros: AtomicU64::new(0),
             served: AtomicU64::new(0),
+            warm_up: AtomicBool::new(memory == ForkMemory::CopyOnWrite),
         });
         let mut pool = Pool { name: name.to_owned(), shared, workers: Vec::new() };
         for index in 0..size.max(1) {
@@ -194,16 +197,29 @@ fn serve_vm(shared: &Shared) -> bool {
     // Restored, with the memory its template reaches already mapped (the run would map it on
     // the request's path otherwise).
     let restored = (shared.restore)(&mem, shared.template.cpu()).and_then(|mut cpu| cpu.map_memory(shared.template.handed_out()).map(|()| cpu));
-    let mut cpu = match restored {
+    let cpu = match restored {
         Ok(cpu) => cpu,
         Err(e) => return fail_next_job(shared, LaunchError::Cpu(e)),
+    };
+    // The pages the VM holds copies of, as of its last reset (none for an unwarmed fork).
+    let (mut cpu, mut warm) = if shared.warm_up.load(Ordering::Relaxed) {
+        match warm_up(shared, &mem, cpu) {
+            Ok(warmed) => warmed,
+            Err(e) => {
+                // Nothing of a VM whose run went wrong is trusted: it is destroyed, and this
+                // pool's VMs serve unwarmed from now on rather than fail the same way again.
+                super::log(format_args!("pool: warming a new VM up failed, the pool's VMs go unwarmed: {e}"));
+                shared.warm_up.store(false, Ordering::Relaxed);
+                return true;
+            }
+        }
+    } else {
+        (cpu, Vec::new())
     };
     let mut ready_at = Instant::now();
     shared.forks.fetch_add(1, Ordering::Relaxed);
     shared.fork_micros.fetch_add(ready_at.duration_since(creating).as_micros() as u64, Ordering::Relaxed);
     let mut resets = 0;
-    // The pages the VM holds copies of, as of its last reset (none for a fresh fork).
-    let mut warm: Vec<(u64, u64)> = Vec::new();
     loop {
         let Some(job) = next_job(shared, true) else { return false };
         let taken = Instant::now();
@@ -244,6 +260,24 @@ fn serve_vm(shared: &Shared) -> bool {
         shared.resets.fetch_add(1, Ordering::Relaxed);
         shared.reset_micros.fetch_add(ready_at.duration_since(resetting).as_micros() as u64, Ordering::Relaxed);
     }
+}
+
+/// Readies a new VM as a reset one: runs an empty program on it and resets it, before it is
+/// counted ready. A fork's first run pays a fault for every page it touches (print(6*7) on the
+/// python template: 20-60 ms through the gateway, against ~1 ms on a reset VM), and most of
+/// those pages every run touches: the interpreter's, the agent's. Answers the vCPU and the pages
+/// the VM now holds copies of.
+fn warm_up<'m>(shared: &Shared, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>) -> io::Result<(Box<dyn GuestCpu + 'm>, Vec<(u64, u64)>)> {
+    let limits = RunLimits { mem_bytes: shared.template.identity().mem_bytes, ..RunLimits::default() };
+    let (outcome, mut cpu) = snapshot::serve_fork(&shared.template, mem, cpu, Instant::now(), AgentRequest::new(""), &limits).map_err(|e| io::Error::other(e.to_string()))?;
+    // As after a request: a VM whose run did not end in an exit is not reused.
+    if !matches!(outcome.status, RunStatus::Exited { .. }) {
+        return Err(io::Error::other(format!("the empty program ended {}", outcome.status)));
+    }
+    let copied = mem.copied_ranges()?.ok_or_else(|| io::Error::other("its copied pages cannot be known"))?;
+    reset(shared, mem, cpu.as_mut(), &copied)?;
+    cpu.map_memory(shared.template.handed_out())?;
+    Ok((cpu, copied))
 }
 
 /// The pages a VM holds copies of after a run. A copy is made in a page fault taken by the

@@ -175,8 +175,8 @@ pub struct PoolStats {
     pub target: u64,
     /// VMs created so far.
     pub forks: u64,
-    /// Mean time to create one of them ahead of its request (not part of any request's latency
-    /// unless the request had to wait for it, as `fork_us`).
+    /// Mean time to create one of them ahead of its request, its warm-up included (not part of
+    /// any request's latency unless the request had to wait for it, as `fork_us`).
     pub fork_us_mean: u64,
     /// VMs reset to the template after a request, for the next one (instead of destroyed).
     pub resets: u64,

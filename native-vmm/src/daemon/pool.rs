@@ -5,10 +5,11 @@
 //! test CPU must be), so a pooled VM never changes threads. The pool is a set of worker
 //! threads, each holding at most one VM: a worker restores its VM from the template's
 //! snapshot, warms it up (an empty program, then a reset: `warm_up`), waits for a request on
-//! the template's queue, serves it on the VM it holds and answers. Then, off the request path, it resets the VM to the template (`snapshot::reset`:
-//! the pages the request dirtied get the template's bytes back, the vCPU the snapshot's
-//! state), so the next request runs on host pages and KVM mappings that are already warm: a
-//! fresh fork pays a fault for every page it touches first. A VM is retired (destroyed, and a
+//! the template's queue, serves it on the VM it holds and answers. Then, off the request path,
+//! it resets the VM to the template (`snapshot::reset`: the pages the request dirtied get the
+//! template's bytes back, the vCPU the snapshot's state), so the next request runs on host
+//! pages and KVM mappings that are already warm: a fresh fork pays a fault for every page it
+//! touches first. A VM is retired (destroyed, and a
 //! fresh one restored in its place) after `MAX_RESETS` resets, when its run did not end in a
 //! normal exit (crash, timeout, memory or output limit, unsupported call, VMM error: nothing
 //! of such a VM is trusted again), when it holds more than `MAX_WARM_PAGES` copied pages, and

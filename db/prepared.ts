@@ -83,7 +83,8 @@ const PING: PreparedStatement = { name: "sandfork_ping", text: "SELECT 1" };
 
 /**
  * Resolves when the database answers a statement (GET /healthz): prepared, since on PGlite an
- * unnamed `select 1` took ~0.55 ms of the gateway's thread and this ~0.065 (a throwaway probe).
+ * unnamed `select 1` took 0.54-0.71 ms of the gateway's thread and this 0.061-0.066 (a throwaway
+ * probe).
  */
 export async function ping(db: Database): Promise<void> {
   await runPrepared(db, PING, []);

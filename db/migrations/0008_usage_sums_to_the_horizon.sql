@@ -1,7 +1,7 @@
 -- A key's usage is summed up to the horizon itself, not only to the last hour that closed before
--- it: the current hour's records were read by every query (at 600 executions a second, two
--- million of them by the hour's end). The row of the hour a key's mark falls in holds that hour's
--- part before the mark, and later calls add to it.
+-- it: every query read all the current hour's records, however many the key had run in it. The
+-- row of the hour a key's mark falls in holds that hour's part before the mark, and later calls
+-- add to it.
 --
 -- Sums the key's finished executions by UTC hour and template, from where its sums stopped to the
 -- horizon (rounded down to the millisecond, so that a JavaScript Date holds the mark exactly), and

@@ -93,7 +93,7 @@ struct Shared {
     reset_micros: AtomicU64,
     served: AtomicU64,
     /// New VMs are warmed up (`warm_up`): copy-on-write forks, until a warm-up fails.
-    warm_up: AtomicBool,
+    warms_up: AtomicBool,
 }
 
 impl Shared {
@@ -125,7 +125,7 @@ impl Pool {
             resets: AtomicU64::new(0),
             reset_micros: AtomicU64::new(0),
             served: AtomicU64::new(0),
-            warm_up: AtomicBool::new(memory == ForkMemory::CopyOnWrite),
+            warms_up: AtomicBool::new(memory == ForkMemory::CopyOnWrite),
         });
         let mut pool = Pool { name: name.to_owned(), shared, workers: Vec::new() };
         for index in 0..size.max(1) {
@@ -203,14 +203,14 @@ fn serve_vm(shared: &Shared) -> bool {
         Err(e) => return fail_next_job(shared, LaunchError::Cpu(e)),
     };
     // The pages the VM holds copies of, as of its last reset (none for an unwarmed fork).
-    let (mut cpu, mut warm) = if shared.warm_up.load(Ordering::Relaxed) {
+    let (mut cpu, mut warm) = if shared.warms_up.load(Ordering::Relaxed) {
         match warm_up(shared, &mem, cpu) {
             Ok(warmed) => warmed,
             Err(e) => {
                 // Nothing of a VM whose run went wrong is trusted: it is destroyed, and this
                 // pool's VMs serve unwarmed from now on rather than fail the same way again.
                 super::log(format_args!("pool: warming a new VM up failed, the pool's VMs go unwarmed: {e}"));
-                shared.warm_up.store(false, Ordering::Relaxed);
+                shared.warms_up.store(false, Ordering::Relaxed);
                 return true;
             }
         }
@@ -251,7 +251,7 @@ fn serve_vm(shared: &Shared) -> bool {
         cpu = used_cpu;
         let Some(copied) = copied.filter(|_| reusable) else { return true };
         let resetting = Instant::now();
-        if let Err(e) = reset(shared, &mem, cpu.as_mut(), &copied).and_then(|_| cpu.map_memory(shared.template.handed_out())) {
+        if let Err(e) = reset(shared, &mem, cpu.as_mut(), &copied) {
             super::log(format_args!("pool: resetting a VM failed, it is retired: {e}"));
             return true;
         }
@@ -277,7 +277,6 @@ fn warm_up<'m>(shared: &Shared, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm
     }
     let copied = mem.copied_ranges()?.ok_or_else(|| io::Error::other("its copied pages cannot be known"))?;
     reset(shared, mem, cpu.as_mut(), &copied)?;
-    cpu.map_memory(shared.template.handed_out())?;
     Ok((cpu, copied))
 }
 
@@ -300,12 +299,14 @@ fn copied_ranges(mem: &GuestMemory, resets: u64, warm: &[(u64, u64)], faults_bef
     }
 }
 
-/// `snapshot::reset` for the pool's forks; copy forks (the ptrace test CPU) are never reused.
-fn reset(shared: &Shared, mem: &GuestMemory, cpu: &mut dyn GuestCpu, copied: &[(u64, u64)]) -> io::Result<u64> {
+/// `snapshot::reset` for the pool's forks, then the memory its template reaches mapped again:
+/// the VM as ready as a new one. Copy forks (the ptrace test CPU) are never reused.
+fn reset(shared: &Shared, mem: &GuestMemory, cpu: &mut dyn GuestCpu, copied: &[(u64, u64)]) -> io::Result<()> {
     if shared.memory != ForkMemory::CopyOnWrite {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are reset"));
     }
-    snapshot::reset(&shared.template, mem, cpu, copied)
+    snapshot::reset(&shared.template, mem, cpu, copied)?;
+    cpu.map_memory(shared.template.handed_out())
 }
 
 /// A worker that could not create a VM answers the next job with why (rather than leaving

@@ -19,9 +19,9 @@
 //   commits before the gateway answers.
 // release: frees the hold of an execution that the runtime could not run; nothing is charged.
 // Executions that need no record before they end take the cheaper path of db/leases.ts instead.
-import { and, eq, lt, notInArray, or, type SQL, sql } from "drizzle-orm";
+import { and, eq, inArray, lt, notInArray, or, type SQL, sql } from "drizzle-orm";
 import type { AnyPgColumn } from "drizzle-orm/pg-core";
-import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
+import type { Database, OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
 import { type PreparedStatement, runPrepared, type TextRow } from "./prepared.js";
 import { accounts, apiKeys, executions } from "./schema.js";
@@ -421,6 +421,9 @@ export function ofGoneGateway(column: AnyPgColumn, liveGatewayIds: string[]): SQ
   return liveGatewayIds.length === 0 ? sql`true` : sql`${column} IS NULL OR ${notInArray(column, liveGatewayIds)}`;
 }
 
+/** A gateway's PostgreSQL sessions are named this followed by its id (see liveGatewayIds). */
+export const GATEWAY_APPLICATION_PREFIX = "sandfork-gateway:";
+
 /**
  * The gateways that have the database open now, `self` among them. PGlite: only this process
  * can (db/client.ts locks its directory). PostgreSQL: every gateway's sessions carry its id in
@@ -433,6 +436,13 @@ export async function liveGatewayIds(open: OpenDatabase, self: string): Promise<
     .from(sql`pg_stat_activity`)
     .where(sql`application_name LIKE ${`${GATEWAY_APPLICATION_PREFIX}%`}`);
   return [...new Set([self, ...rows.map((r) => r.name.slice(GATEWAY_APPLICATION_PREFIX.length))])];
+}
+
+/** Which of these execution ids have a record. */
+export async function recordedIds(db: Database, ids: string[]): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  const rows = await db.select({ id: executions.id }).from(executions).where(inArray(executions.id, ids));
+  return new Set(rows.map((r) => r.id));
 }
 
 export async function findExecution(db: Database, id: string): Promise<ExecutionRecord | undefined> {

@@ -3,13 +3,15 @@
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { PGlite } from "@electric-sql/pglite";
 import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
 import { drizzle as drizzlePglite } from "drizzle-orm/pglite";
 import { migrate as migratePglite } from "drizzle-orm/pglite/migrator";
 import { drizzle as drizzlePostgres } from "drizzle-orm/postgres-js";
 import { migrate as migratePostgres } from "drizzle-orm/postgres-js/migrator";
 import postgres from "postgres";
+import { GATEWAY_APPLICATION_PREFIX, recordedIds } from "./billing.js";
+import { recordAll } from "./leases.js";
+import { JOURNAL_FILE, JournaledPGlite, type JournalReplay, RecordJournal } from "./record-journal.js";
 import { schema } from "./schema.js";
 
 export type Database = PgDatabase<PgQueryResultHKT, typeof schema>;
@@ -19,11 +21,10 @@ export type DatabaseBackend = "postgres" | "pglite";
 export interface OpenDatabase {
   db: Database;
   backend: DatabaseBackend;
+  /** PGlite: what its record journal held at open, folded then (db/record-journal.ts). */
+  journalReplay?: JournalReplay;
   close(): Promise<void>;
 }
-
-/** A gateway's PostgreSQL sessions are named this followed by its id (see liveGatewayIds). */
-export const GATEWAY_APPLICATION_PREFIX = "sandfork-gateway:";
 
 export type DatabaseLocation =
   // gatewayId: names the sessions GATEWAY_APPLICATION_PREFIX + id, so other gateways see it alive.
@@ -56,15 +57,29 @@ export async function openDatabase(location: DatabaseLocation): Promise<OpenData
   }
   const unlock = location.dataDir === undefined ? () => {} : lockDataDir(location.dataDir);
   try {
-    const client = location.dataDir === undefined ? new PGlite({ loadDataDir: location.loadDataDir }) : new PGlite(location.dataDir);
+    const client =
+      location.dataDir === undefined ? new JournaledPGlite({ loadDataDir: location.loadDataDir }) : new JournaledPGlite(location.dataDir);
     const db = drizzlePglite(client, { schema });
     await migratePglite(db, migrationsConfig);
+    const database = db as unknown as Database;
+    const { journal, replay } = await RecordJournal.open(location.dataDir === undefined ? undefined : join(location.dataDir, JOURNAL_FILE), {
+      fold: async (records) => {
+        await recordAll(database, records, { journalFold: true });
+      },
+      recorded: (ids) => recordedIds(database, ids),
+    });
+    client.journal = journal;
     return {
-      db: db as unknown as Database,
+      db: database,
       backend: "pglite",
+      journalReplay: replay,
       close: async () => {
-        await client.close();
-        unlock();
+        try {
+          await journal.close();
+        } finally {
+          await client.close();
+          unlock();
+        }
       },
     };
   } catch (error) {

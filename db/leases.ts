@@ -21,7 +21,7 @@ import {
   settlementJson,
   settlementParams,
 } from "./billing.js";
-import { type PreparedStatement, runPrepared } from "./prepared.js";
+import { type PreparedStatement, type RunOptions, runPrepared } from "./prepared.js";
 import { accounts, creditLeases } from "./schema.js";
 
 export type LeaseOutcome =
@@ -149,6 +149,8 @@ export interface LeasedExecution {
   reservedUnits: number;
   /** When it started to run (its record's created_at). */
   createdAt: Date;
+  /** When it was answered, for a record that reaches the database after its answer (db/record-journal.ts); else its transaction's start. */
+  finishedAt?: Date;
   settlement: Settlement;
 }
 
@@ -156,12 +158,9 @@ export interface LeasedExecution {
  * Records each execution, ONE statement for the whole batch (see the top of this file), and
  * answers the records in order. Atomic: if the statement fails, none of the batch is billed.
  */
-export async function recordAll(db: Database, items: LeasedExecution[]): Promise<ExecutionRecord[]> {
-  for (const { settlement, reservedUnits } of items) {
-    checkCharge(settlement);
-    if (!Number.isSafeInteger(reservedUnits) || reservedUnits < 0) throw new RangeError("a hold is a non-negative integer");
-  }
-  const rows = await runPrepared(db, ...recordStatement(items));
+export async function recordAll(db: Database, items: LeasedExecution[], options: RunOptions = {}): Promise<ExecutionRecord[]> {
+  for (const item of items) checkRecordable(item);
+  const rows = await runPrepared(db, ...recordStatement(items), options);
   const recorded = new Map(rows.map((row) => [row.id as string, row]));
   return items.map(({ executionId, accountId, settlement }) => {
     const row = recorded.get(executionId);
@@ -170,7 +169,48 @@ export async function recordAll(db: Database, items: LeasedExecution[]): Promise
   });
 }
 
-/** A batch of one is one statement (no function call); bigger batches one call of sandfork_record (migration 0004_credit_leases). */
+/**
+ * Throws what the database would refuse of the record, but for its lease: a charge or hold that
+ * is not a whole number of units, an exit code beyond int4, a NUL in a text (PostgreSQL's text
+ * and jsonb hold none). A journaled record (db/record-journal.ts) is checked before it is
+ * appended: the database sees it only after its answer, and must take it then.
+ */
+export function checkRecordable(e: LeasedExecution): void {
+  const s = e.settlement;
+  checkCharge(s);
+  if (!Number.isSafeInteger(e.reservedUnits) || e.reservedUnits < 0) throw new RangeError("a hold is a non-negative integer");
+  if (s.exitCode !== null && !(Number.isInteger(s.exitCode) && s.exitCode >= -(2 ** 31) && s.exitCode < 2 ** 31)) throw new RangeError("an exit code is an int4");
+  for (const text of [e.executionId, e.accountId, e.keyId, e.tokenId, e.requestHash, e.template, e.gatewayId, s.status, s.stdout, s.stderr, JSON.stringify(s.timings)]) {
+    if (text !== null && text.includes("\0")) throw new RangeError("a record's texts hold no NUL character");
+  }
+}
+
+/** The record the database will hold of a journaled execution, as its record statement would answer it. */
+export function journaledRecord(e: LeasedExecution & { finishedAt: Date }): ExecutionRecord {
+  const s = e.settlement;
+  return {
+    id: e.executionId,
+    accountId: e.accountId,
+    keyId: e.keyId,
+    tokenId: e.tokenId,
+    idempotencyKey: null,
+    requestHash: e.requestHash,
+    template: e.template,
+    gatewayId: e.gatewayId,
+    status: s.status,
+    exitCode: s.exitCode,
+    stdout: s.stdout,
+    stderr: s.stderr,
+    truncated: s.truncated,
+    timings: s.timings,
+    reservedUnits: e.reservedUnits,
+    chargedUnits: Math.min(s.chargedUnits, e.reservedUnits),
+    createdAt: e.createdAt,
+    finishedAt: e.finishedAt,
+  };
+}
+
+/** A batch of one is one statement (no function call); bigger batches one call of sandfork_record (migration 0004_credit_leases, as 0009 redefines it). */
 function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string | null)[]] {
   if (items.length === 1) {
     const e = items[0] as LeasedExecution;
@@ -189,6 +229,7 @@ function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string 
         String(e.reservedUnits),
         String(s.chargedUnits),
         String(e.createdAt.getTime()),
+        e.finishedAt === undefined ? null : String(e.finishedAt.getTime()),
       ],
     ];
   }
@@ -203,6 +244,7 @@ function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string 
     ...settlementJson(e.settlement),
     reserved_units: e.reservedUnits,
     created_ms: e.createdAt.getTime(),
+    finished_ms: e.finishedAt?.getTime() ?? null,
   }));
   return [RECORD_BATCH, [JSON.stringify(batch)]];
 }
@@ -216,7 +258,7 @@ const RECORD_ONE: PreparedStatement = {
     INSERT INTO executions (id, account_id, key_id, token_id, request_hash, template, gateway_id, status, exit_code, stdout, stderr,
                             truncated, timings, reserved_units, charged_units, created_at, finished_at)
     SELECT $1::uuid, spent.account_id, $3::uuid, $4, $5, $6, $7, $8, $9::int4, $10, $11, $12::bool, $13::jsonb, $14::int8,
-           LEAST($15::int8, $14::int8), to_timestamp($16::float8 / 1000), now()
+           LEAST($15::int8, $14::int8), to_timestamp($16::float8 / 1000), coalesce(to_timestamp($17::float8 / 1000), now())
     FROM spent
     RETURNING executions.*
   ), paid AS (

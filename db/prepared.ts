@@ -8,6 +8,7 @@ import { PGlite, protocol } from "@electric-sql/pglite";
 import type { Sql } from "postgres";
 import type { Database } from "./client.js";
 import { bindExecuteSync, readResponse } from "./pglite-wire.js";
+import { JournaledPGlite } from "./record-journal.js";
 
 export interface PreparedStatement {
   /** Unique among the statements of a process; names the server-side statement. */
@@ -19,10 +20,19 @@ export type TextRow = Record<string, string | null>;
 
 type Param = string | null;
 
+export interface RunOptions {
+  /** The statement is the record journal's own fold (db/record-journal.ts), which every other statement waits for. */
+  journalFold?: boolean;
+}
+
 /** Runs `statement` with text parameters on the connection behind `db`; its rows, columns as text. */
-export async function runPrepared(db: Database, statement: PreparedStatement, params: Param[]): Promise<TextRow[]> {
+export async function runPrepared(db: Database, statement: PreparedStatement, params: Param[], options: RunOptions = {}): Promise<TextRow[]> {
   const client = (db as unknown as { $client: unknown }).$client;
-  if (client instanceof PGlite) return runOnPglite(client, statement, params);
+  if (client instanceof PGlite) {
+    const journal = client instanceof JournaledPGlite && options.journalFold !== true ? client.journal : undefined;
+    if (journal !== undefined && !journal.upToDate) await journal.settled();
+    return runOnPglite(client, statement, params);
+  }
   const rows = await (client as Sql).unsafe(statement.text, params, { prepare: true });
   return rows as unknown as TextRow[];
 }

@@ -1,7 +1,8 @@
 // This gateway's credit leases (db/leases.ts), one an account, and the holds of its executions
 // in flight against them, in memory: an execution's hold costs no database round trip unless
 // its account's lease is short, and its record is the one statement billing it (group-committed
-// with the records of executions that end at the same time).
+// with the records of executions that end at the same time; on embedded PGlite, appended to the
+// record journal and folded into the database with the others of the next few ms).
 //
 // For each account: `units` is what the lease holds in the database, `held` what executions in
 // flight hold of it; a hold needs `units - held` to cover it, else the lease first grows by up to
@@ -22,7 +23,8 @@ import type { Database } from "../db/client.js";
 import { accountStanding, type ExecutionRecord } from "../db/billing.js";
 import { GroupCommit } from "../db/group-commit.js";
 import type { AccountBalance } from "../db/keys.js";
-import { acquireLease, dropEmptyLeases, giveBack, type LeasedExecution, recordAll } from "../db/leases.js";
+import { acquireLease, checkRecordable, dropEmptyLeases, giveBack, journaledRecord, type LeasedExecution, recordAll } from "../db/leases.js";
+import { journalOf, type RecordJournal } from "../db/record-journal.js";
 
 export type HoldOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number } | { kind: "key-revoked" };
 type GrowthOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number; othersLeased: number } | { kind: "key-revoked" };
@@ -93,9 +95,33 @@ export class CreditLeases {
    * hold is freed either way; a record the database refused billed nothing.
    */
   async record(execution: LeasedExecution): Promise<ExecutionRecord> {
+    const journal = journalOf(this.options.db);
+    if (journal !== undefined) return this.recordInJournal(journal, execution);
     const lease = this.leaseOf(execution.accountId);
     try {
       const record = await this.records.submit(execution);
+      lease.units -= record.chargedUnits ?? 0;
+      return record;
+    } finally {
+      this.drop(execution.accountId, execution.reservedUnits);
+    }
+  }
+
+  /**
+   * On embedded PGlite: the record is committed to the journal, folded into the database with
+   * others a few ms later (db/record-journal.ts). The lease's checks, which the database makes of
+   * a record it writes at once, are made here: it will see this one after its answer.
+   */
+  private recordInJournal(journal: RecordJournal, execution: LeasedExecution): ExecutionRecord {
+    const lease = this.leaseOf(execution.accountId);
+    try {
+      checkRecordable(execution);
+      if (!lease.stored || lease.held < execution.reservedUnits) {
+        throw new Error(`execution ${execution.executionId} was not recorded: its gateway holds no credit lease covering it on account ${execution.accountId}`);
+      }
+      const journaled = { ...execution, finishedAt: new Date() };
+      journal.append(journaled);
+      const record = journaledRecord(journaled);
       lease.units -= record.chargedUnits ?? 0;
       return record;
     } finally {

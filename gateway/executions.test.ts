@@ -288,9 +288,10 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect((await execute(key, PROGRAM, { "idempotency-key": "fails" })).status).toBe(200);
   });
 
-  it("a settlement the database refuses answers 500 and frees the hold at once; nothing is charged", async () => {
+  it("a settlement the database would refuse answers 500 and frees the hold at once; nothing is charged", async () => {
     const { key, accountId } = await gw.issue({ credits: 100 });
-    // Text with NUL is refused by PostgreSQL (the daemon client maps NUL away; this runtime double does not).
+    // PostgreSQL's text holds no NUL (the daemon client maps NUL away; this runtime double does
+    // not): the record is refused before it is written (db/leases.ts, checkRecordable).
     runtime.respond = async () => completed({ stdout: "bad\u0000" });
     await expectProblem(await execute(key), 500, "internal-error");
     expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });

@@ -47,6 +47,11 @@ export async function startGateway(
   const log = options.log ?? ((line: string) => console.log(line));
   const gatewayId = randomUUID();
   const open = await openConfiguredDatabase(config, gatewayId);
+  const replay = open.journalReplay;
+  if (replay !== undefined && replay.folded > 0) log(`billed ${replay.folded} execution(s) a stopped gateway had answered, from its record journal`);
+  if (replay !== undefined && replay.unreadable > 0) {
+    log(`skipped ${replay.unreadable} unreadable line(s) of the record journal (appends that failed: their executions were not answered)`);
+  }
   // The recovery pass: executions a killed gateway never answered, and its credit leases, hold
   // credits until released here.
   const staleBefore = new Date(Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS);

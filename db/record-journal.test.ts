@@ -209,7 +209,7 @@ describe("RecordJournal", () => {
     journal.append(record(1));
     journal.append(record(2));
     expect(journal.upToDate).toBe(false);
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    await new Promise((resolve) => setTimeout(resolve, 300));
     expect(db.folds).toEqual([["execution-1", "execution-2"]]);
     expect(statSync(path).size).toBe(0);
 

@@ -96,7 +96,10 @@ export const executions = pgTable(
     chargedUnits: bigint("charged_units", { mode: "number" }),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
     // The database's now() (its transaction's start) in every statement that bills a record: the
-    // usage sums rely on it (db/usage.ts). An aborted record, never usage, may carry another clock's.
+    // usage sums rely on it (db/usage.ts). A record from embedded PGlite's record journal carries
+    // when it was answered instead: every statement there first folds the journal, so no record
+    // lands before a mark set after it was answered (db/record-journal.ts). An aborted record,
+    // never usage, may carry another clock's.
     finishedAt: timestamp("finished_at", { withTimezone: true }),
   },
   (t) => [

@@ -2,7 +2,7 @@
 // in flight against them, in memory: an execution's hold costs no database round trip unless
 // its account's lease is short, and its record is the one statement billing it (group-committed
 // with the records of executions that end at the same time; on embedded PGlite, appended to the
-// record journal and folded into the database with the others of the next few ms).
+// record journal and folded into the database with the others of the next 50 ms).
 //
 // For each account: `units` is what the lease holds in the database, `held` what executions in
 // flight hold of it; a hold needs `units - held` to cover it, else the lease first grows by up to
@@ -109,7 +109,7 @@ export class CreditLeases {
 
   /**
    * On embedded PGlite: the record is committed to the journal, folded into the database with
-   * others a few ms later (db/record-journal.ts). The lease's checks, which the database makes of
+   * others up to 50 ms later (db/record-journal.ts). The lease's checks, which the database makes of
    * a record it writes at once, are made here: it will see this one after its answer.
    */
   private recordInJournal(journal: RecordJournal, execution: LeasedExecution): ExecutionRecord {

@@ -178,6 +178,8 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
     /** Running executions and credit leases of the caller, read while the gateway is dead (so PGlite can be opened). */
     async function heldWhileDown(): Promise<{ running: number; leases: number }> {
       const open = fresh ?? (await openDatabase({ backend: "pglite", dataDir: join(dir, "data", "data") }));
+      // Opening PGlite bills what the killed gateway answered and had not folded yet (db/record-journal.ts).
+      if (open.journalReplay !== undefined) console.log(`records the killed gateway answered, billed from its record journal at the next open: ${open.journalReplay.folded}`);
       try {
         const rows = await open.db.select({ id: executions.id }).from(executions).where(sql`${executions.accountId} = ${caller.accountId} AND ${executions.status} = 'running'`);
         const leases = await open.db.select().from(creditLeases).where(eq(creditLeases.accountId, caller.accountId));

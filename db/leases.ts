@@ -159,7 +159,7 @@ export interface LeasedExecution {
  * answers the records in order. Atomic: if the statement fails, none of the batch is billed.
  */
 export async function recordAll(db: Database, items: LeasedExecution[], options: RunOptions = {}): Promise<ExecutionRecord[]> {
-  for (const item of items) checkRecordable(item);
+  for (const item of items) checkHoldAndCharge(item);
   const rows = await runPrepared(db, ...recordStatement(items), options);
   const recorded = new Map(rows.map((row) => [row.id as string, row]));
   return items.map(({ executionId, accountId, settlement }) => {
@@ -171,18 +171,23 @@ export async function recordAll(db: Database, items: LeasedExecution[], options:
 
 /**
  * Throws what the database would refuse of the record, but for its lease: a charge or hold that
- * is not a whole number of units, an exit code beyond int4, a NUL in a text (PostgreSQL's text
- * and jsonb hold none). A journaled record (db/record-journal.ts) is checked before it is
- * appended: the database sees it only after its answer, and must take it then.
+ * is not a whole number of units, an exit code beyond int4, a NUL in a text that did not come from
+ * this gateway's own ids (PostgreSQL's text holds none). For a journaled record
+ * (db/record-journal.ts), checked before it is appended: the database sees it only after its
+ * answer, and must take it then.
  */
 export function checkRecordable(e: LeasedExecution): void {
+  checkHoldAndCharge(e);
   const s = e.settlement;
-  checkCharge(s);
-  if (!Number.isSafeInteger(e.reservedUnits) || e.reservedUnits < 0) throw new RangeError("a hold is a non-negative integer");
   if (s.exitCode !== null && !(Number.isInteger(s.exitCode) && s.exitCode >= -(2 ** 31) && s.exitCode < 2 ** 31)) throw new RangeError("an exit code is an int4");
-  for (const text of [e.executionId, e.accountId, e.keyId, e.tokenId, e.requestHash, e.template, e.gatewayId, s.status, s.stdout, s.stderr, JSON.stringify(s.timings)]) {
+  for (const text of [s.stdout, s.stderr, s.status, e.template, e.tokenId]) {
     if (text !== null && text.includes("\0")) throw new RangeError("a record's texts hold no NUL character");
   }
+}
+
+function checkHoldAndCharge(e: LeasedExecution): void {
+  checkCharge(e.settlement);
+  if (!Number.isSafeInteger(e.reservedUnits) || e.reservedUnits < 0) throw new RangeError("a hold is a non-negative integer");
 }
 
 /** The record the database will hold of a journaled execution, as its record statement would answer it. */

@@ -291,7 +291,8 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
   it("a settlement the database would refuse answers 500 and frees the hold at once; nothing is charged", async () => {
     const { key, accountId } = await gw.issue({ credits: 100 });
     // PostgreSQL's text holds no NUL (the daemon client maps NUL away; this runtime double does
-    // not): the record is refused before it is written (db/leases.ts, checkRecordable).
+    // not): PostgreSQL refuses the record; on PGlite, the record journal before appending it
+    // (db/leases.ts, checkRecordable).
     runtime.respond = async () => completed({ stdout: "bad\u0000" });
     await expectProblem(await execute(key), 500, "internal-error");
     expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });

@@ -83,6 +83,11 @@ export const SETTLED_COLUMNS = `settled.id::text, settled.account_id::text, sett
   settled.request_hash, settled.template, settled.gateway_id, settled.reserved_units::text, settled.charged_units::text,
   (extract(epoch FROM settled.created_at) * 1000)::text AS created_at, (extract(epoch FROM settled.finished_at) * 1000)::text AS finished_at`;
 
+/** How the execution ended, as a settled record holds it. */
+export function settledOutcome(s: Settlement): Pick<ExecutionRecord, "status" | "exitCode" | "stdout" | "stderr" | "truncated" | "timings"> {
+  return { status: s.status, exitCode: s.exitCode, stdout: s.stdout, stderr: s.stderr, truncated: s.truncated, timings: s.timings };
+}
+
 export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
   return {
     id: row.id as string,
@@ -93,12 +98,7 @@ export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
     requestHash: row.request_hash as string,
     template: row.template as string,
     gatewayId: row.gateway_id ?? null,
-    status: s.status,
-    exitCode: s.exitCode,
-    stdout: s.stdout,
-    stderr: s.stderr,
-    truncated: s.truncated,
-    timings: s.timings,
+    ...settledOutcome(s),
     reservedUnits: Number(row.reserved_units),
     chargedUnits: Number(row.charged_units),
     createdAt: new Date(Number(row.created_at)),

@@ -2,8 +2,9 @@ import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { findExecution } from "./billing.js";
 import { getBalance, revokeKey } from "./keys.js";
-import { acquireLease, giveBack, type LeasedExecution, leasedUnits, recordAll, releaseAbandonedLeases } from "./leases.js";
+import { acquireLease, giveBack, leasedUnits, recordAll, releaseAbandonedLeases } from "./leases.js";
 import { accountWithKey } from "./testing/accounts.js";
+import { leasedExecution } from "./testing/leased-execution.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";
 
@@ -16,17 +17,6 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     await fresh?.dispose();
   });
 
-  const leased = (ids: { accountId: string; keyId: string }, gatewayId: string, reservedUnits: number, chargedUnits: number): LeasedExecution => ({
-    executionId: randomUUID(),
-    ...ids,
-    tokenId: null,
-    requestHash: "h".repeat(64),
-    template: "python",
-    gatewayId,
-    reservedUnits,
-    createdAt: new Date(Date.now() - 5),
-    settlement: { status: "completed", exitCode: 0, stdout: "42\n", stderr: "", truncated: false, timings: { queueMs: 0, forkMs: 1, execMs: 2, totalMs: 3 }, chargedUnits },
-  });
 
   it("takes as much as the account has available up to the maximum, and refuses below the minimum", async () => {
     const ids = await accountWithKey(fresh.db, 100);
@@ -55,7 +45,7 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     const ids = await accountWithKey(fresh.db, 100);
     const gatewayId = randomUUID();
     await acquireLease(fresh.db, { gatewayId, ...ids, minUnits: 50, maxUnits: 50 });
-    const one = leased(ids, gatewayId, 20, 3);
+    const one = leasedExecution(ids, gatewayId, 20, 3);
     const [record] = await recordAll(fresh.db, [one]);
     expect(record).toMatchObject({ id: one.executionId, status: "completed", stdout: "42\n", reservedUnits: 20, chargedUnits: 3, gatewayId, idempotencyKey: null });
     expect(record).toEqual(await findExecution(fresh.db, one.executionId));
@@ -63,7 +53,7 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     expect(await leasedUnits(fresh.db, gatewayId, ids.accountId)).toBe(47);
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 97, reservedUnits: 47 });
     // A charge above the hold is capped at it.
-    const [capped] = await recordAll(fresh.db, [leased(ids, gatewayId, 5, 9)]);
+    const [capped] = await recordAll(fresh.db, [leasedExecution(ids, gatewayId, 5, 9)]);
     expect(capped?.chargedUnits).toBe(5);
     expect(await usageForKey(fresh.db, ids.keyId, new Date(0), new Date(Date.now() + 60_000))).toMatchObject({ executions: 2, units: 8 });
   });
@@ -74,7 +64,7 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     const gatewayId = randomUUID();
     await acquireLease(fresh.db, { gatewayId, ...a, minUnits: 30, maxUnits: 30 });
     await acquireLease(fresh.db, { gatewayId, ...b, minUnits: 10, maxUnits: 10 });
-    const batch = [leased(a, gatewayId, 10, 4), leased(b, gatewayId, 10, 6), leased(a, gatewayId, 10, 5)];
+    const batch = [leasedExecution(a, gatewayId, 10, 4), leasedExecution(b, gatewayId, 10, 6), leasedExecution(a, gatewayId, 10, 5)];
     const records = await recordAll(fresh.db, batch);
     expect(records.map((r) => [r.id, r.chargedUnits])).toEqual(batch.map((e) => [e.executionId, e.settlement.chargedUnits]));
     for (const r of records) expect(r).toEqual(await findExecution(fresh.db, r.id));
@@ -82,14 +72,14 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     expect(await getBalance(fresh.db, b.accountId)).toMatchObject({ balanceUnits: 94, reservedUnits: 4 });
 
     // b's lease holds 4: a charge of 5 fails the whole batch, a's execution with it.
-    const refused = [leased(a, gatewayId, 10, 1), leased(b, gatewayId, 10, 5)];
+    const refused = [leasedExecution(a, gatewayId, 10, 1), leasedExecution(b, gatewayId, 10, 5)];
     await expect(recordAll(fresh.db, refused)).rejects.toThrow();
     for (const e of refused) expect(await findExecution(fresh.db, e.executionId)).toBeUndefined();
     expect(await getBalance(fresh.db, a.accountId)).toMatchObject({ balanceUnits: 91, reservedUnits: 21 });
     // A gateway with no lease on the account records nothing, alone or in a batch.
     const stranger = randomUUID();
-    await expect(recordAll(fresh.db, [leased(a, stranger, 10, 1)])).rejects.toThrow(/no credit lease/);
-    await expect(recordAll(fresh.db, [leased(a, stranger, 10, 1), leased(b, gatewayId, 1, 1)])).rejects.toThrow(/no credit lease/);
+    await expect(recordAll(fresh.db, [leasedExecution(a, stranger, 10, 1)])).rejects.toThrow(/no credit lease/);
+    await expect(recordAll(fresh.db, [leasedExecution(a, stranger, 10, 1), leasedExecution(b, gatewayId, 1, 1)])).rejects.toThrow(/no credit lease/);
     expect(await getBalance(fresh.db, b.accountId)).toMatchObject({ balanceUnits: 94, reservedUnits: 4 });
   });
 
@@ -100,8 +90,8 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     for (let round = 0; round < 30; round++) {
       await Promise.all([
         acquireLease(fresh.db, { gatewayId, ...ids, minUnits: 10, maxUnits: 10 }),
-        recordAll(fresh.db, [leased(ids, gatewayId, 10, 1)]),
-        recordAll(fresh.db, [leased(ids, gatewayId, 10, 1), leased(ids, gatewayId, 10, 1)]),
+        recordAll(fresh.db, [leasedExecution(ids, gatewayId, 10, 1)]),
+        recordAll(fresh.db, [leasedExecution(ids, gatewayId, 10, 1), leasedExecution(ids, gatewayId, 10, 1)]),
         giveBack(fresh.db, gatewayId, ids.accountId, 5),
       ]);
     }
@@ -116,9 +106,9 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     for (let round = 0; round < 30; round++) {
       await Promise.all([
         acquireLease(fresh.db, { gatewayId: g1, ...ids, minUnits: 1, maxUnits: 1 }),
-        recordAll(fresh.db, [leased(ids, g2, 10, 1)]),
+        recordAll(fresh.db, [leasedExecution(ids, g2, 10, 1)]),
         acquireLease(fresh.db, { gatewayId: g2, ...ids, minUnits: 1, maxUnits: 1 }),
-        recordAll(fresh.db, [leased(ids, g2, 10, 1), leased(ids, g2, 10, 1)]),
+        recordAll(fresh.db, [leasedExecution(ids, g2, 10, 1), leasedExecution(ids, g2, 10, 1)]),
       ]);
     }
     expect(await leasedUnits(fresh.db, g1, ids.accountId)).toBe(30);
@@ -137,7 +127,7 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     const dead = randomUUID();
     await acquireLease(fresh.db, { gatewayId: live, ...ids, minUnits: 20, maxUnits: 20 });
     await acquireLease(fresh.db, { gatewayId: dead, ...ids, minUnits: 30, maxUnits: 30 });
-    await recordAll(fresh.db, [leased(ids, dead, 10, 7)]);
+    await recordAll(fresh.db, [leasedExecution(ids, dead, 10, 7)]);
     const before = await getBalance(fresh.db, ids.accountId);
     expect(before).toMatchObject({ balanceUnits: 93, reservedUnits: 43 });
     const others = await releaseAbandonedLeases(fresh.db, [live]);

@@ -8,10 +8,11 @@ import { CreditLeases } from "../gateway/credit-leases.js";
 import { findExecution } from "./billing.js";
 import { openDatabase, type OpenDatabase } from "./client.js";
 import { getBalance } from "./keys.js";
-import { type LeasedExecution, leasedUnits, releaseAbandonedLeases } from "./leases.js";
+import { leasedUnits, releaseAbandonedLeases } from "./leases.js";
 import { JOURNAL_FILE, type JournaledRecord, type JournalStore, RecordJournal } from "./record-journal.js";
 import { executions } from "./schema.js";
 import { accountWithKey } from "./testing/accounts.js";
+import { leasedExecution } from "./testing/leased-execution.js";
 import { copySeedTo } from "./testing/pglite-seed.js";
 
 const dirs: string[] = [];
@@ -25,23 +26,15 @@ function tempDir(): string {
   return dir;
 }
 
-async function openAt(dataDir: string): Promise<OpenDatabase> {
+/** Opens the PGlite database in `dataDir` (a fresh one where there is none), uses it, closes it. */
+async function withDatabase<T>(dataDir: string, use: (open: OpenDatabase) => Promise<T>): Promise<T> {
   await copySeedTo(dataDir);
-  return openDatabase({ backend: "pglite", dataDir });
-}
-
-function leasedExecution(leases: CreditLeases, ids: { accountId: string; keyId: string }, reservedUnits: number, chargedUnits: number): LeasedExecution {
-  return {
-    executionId: randomUUID(),
-    ...ids,
-    tokenId: null,
-    requestHash: "h".repeat(64),
-    template: "python",
-    gatewayId: leases.gatewayId,
-    reservedUnits,
-    createdAt: new Date(Date.now() - 3),
-    settlement: { status: "completed", exitCode: 0, stdout: "42\n", stderr: "", truncated: false, timings: { queueMs: 0, forkMs: 1, execMs: 1, totalMs: 2 }, chargedUnits },
-  };
+  const open = await openDatabase({ backend: "pglite", dataDir });
+  try {
+    return await use(open);
+  } finally {
+    await open.close();
+  }
 }
 
 /** An account with 100 credits and a gateway's leases on the database, three executions recorded (3 units each). */
@@ -50,7 +43,7 @@ async function threeRecorded(open: OpenDatabase) {
   const leases = new CreditLeases({ db: open.db, gatewayId: randomUUID(), holdsPerLease: 4, lingerMs: 60_000, keyCheckMs: 60_000 });
   for (let i = 0; i < 3; i++) expect(await leases.hold(ids.accountId, ids.keyId, 10)).toEqual({ kind: "held" });
   const records = [];
-  for (let i = 0; i < 3; i++) records.push(await leases.record(leasedExecution(leases, ids, 10, 3)));
+  for (let i = 0; i < 3; i++) records.push(await leases.record(leasedExecution(ids, leases.gatewayId, 10, 3)));
   return { ids, leases, records };
 }
 
@@ -59,8 +52,7 @@ const journalLines = (dataDir: string) => readFileSync(join(dataDir, JOURNAL_FIL
 describe("the record journal on embedded PGlite", () => {
   it("an answered record is in the file before its fold, and every statement sees it: drizzle's, prepared ones", async () => {
     const dataDir = join(tempDir(), "data");
-    const open = await openAt(dataDir);
-    try {
+    await withDatabase(dataDir, async (open) => {
       const { ids, leases, records } = await threeRecorded(open);
       // Appended, not folded yet (the fold waits a few ms for others).
       expect(journalLines(dataDir)).toHaveLength(3);
@@ -74,101 +66,75 @@ describe("the record journal on embedded PGlite", () => {
       expect(await leasedUnits(open.db, leases.gatewayId, ids.accountId)).toBe(31);
       // ... and so do prepared ones (the balance).
       await leases.hold(ids.accountId, ids.keyId, 10);
-      await leases.record(leasedExecution(leases, ids, 10, 3));
+      await leases.record(leasedExecution(ids, leases.gatewayId, 10, 3));
       expect(journalLines(dataDir)).toHaveLength(1);
       expect(await getBalance(open.db, ids.accountId)).toMatchObject({ balanceUnits: 88, reservedUnits: 28 });
       // Everything in the file is in the database: the file is empty.
       expect(statSync(join(dataDir, JOURNAL_FILE)).size).toBe(0);
-    } finally {
-      await open.close();
-    }
+    });
   });
 
   it("records a killed gateway answered but never folded are billed once at the next open; folded ones are not billed again", async () => {
     const root = tempDir();
     const dataDir = join(root, "data");
-    const open = await openAt(dataDir);
-    let journal: string;
-    let accountId: string;
-    let ids: string[];
-    try {
+    const { accountId, ids } = await withDatabase(dataDir, async (open) => {
       const recorded = await threeRecorded(open);
-      accountId = recorded.ids.accountId;
-      ids = recorded.records.map((r) => r.id);
-      journal = readFileSync(join(dataDir, JOURNAL_FILE), "utf8");
+      const journal = readFileSync(join(dataDir, JOURNAL_FILE), "utf8");
       // What a SIGKILL now leaves: the directory as it is, nothing of the three folded. (No
       // statement runs while it is copied: PGlite runs in this thread.)
       cpSync(dataDir, join(root, "killed-before-fold"), { recursive: true });
-      expect(await getBalance(open.db, accountId)).toMatchObject({ balanceUnits: 91 });
+      expect(await getBalance(open.db, recorded.ids.accountId)).toMatchObject({ balanceUnits: 91 });
       // What a SIGKILL after the fold but before the file was emptied would leave.
       cpSync(dataDir, join(root, "killed-after-fold"), { recursive: true });
       writeFileSync(join(root, "killed-after-fold", JOURNAL_FILE), journal);
-    } finally {
-      await open.close();
-    }
+      return { accountId: recorded.ids.accountId, ids: recorded.records.map((r) => r.id) };
+    });
 
-    const beforeFold = await openDatabase({ backend: "pglite", dataDir: join(root, "killed-before-fold") });
-    try {
-      expect(beforeFold.journalReplay).toEqual({ folded: 3, alreadyRecorded: 0, unreadable: 0 });
-      expect(await beforeFold.db.select().from(executions).where(eq(executions.accountId, accountId))).toHaveLength(3);
+    await withDatabase(join(root, "killed-before-fold"), async (open) => {
+      expect(open.journalReplay).toEqual({ folded: 3, alreadyRecorded: 0, unreadable: 0 });
+      expect(await open.db.select().from(executions).where(eq(executions.accountId, accountId))).toHaveLength(3);
       // The recovery pass then gives back what the dead gateway's lease still held.
-      expect(await releaseAbandonedLeases(beforeFold.db, [])).toEqual({ leases: 1, units: 31 });
-      expect(await getBalance(beforeFold.db, accountId)).toMatchObject({ balanceUnits: 91, reservedUnits: 0 });
-    } finally {
-      await beforeFold.close();
-    }
+      expect(await releaseAbandonedLeases(open.db, [])).toEqual({ leases: 1, units: 31 });
+      expect(await getBalance(open.db, accountId)).toMatchObject({ balanceUnits: 91, reservedUnits: 0 });
+    });
 
-    const afterFold = await openDatabase({ backend: "pglite", dataDir: join(root, "killed-after-fold") });
-    try {
-      expect(afterFold.journalReplay).toEqual({ folded: 0, alreadyRecorded: 3, unreadable: 0 });
-      expect(await getBalance(afterFold.db, accountId)).toMatchObject({ balanceUnits: 91, reservedUnits: 31 });
-      const rows = await afterFold.db.select({ id: executions.id }).from(executions).where(eq(executions.accountId, accountId));
+    await withDatabase(join(root, "killed-after-fold"), async (open) => {
+      expect(open.journalReplay).toEqual({ folded: 0, alreadyRecorded: 3, unreadable: 0 });
+      expect(await getBalance(open.db, accountId)).toMatchObject({ balanceUnits: 91, reservedUnits: 31 });
+      const rows = await open.db.select({ id: executions.id }).from(executions).where(eq(executions.accountId, accountId));
       expect(rows.map((r) => r.id).sort()).toEqual([...ids].sort());
-    } finally {
-      await afterFold.close();
-    }
+    });
   });
 
   it("a line whose write was torn is skipped and reported, the whole lines before it are billed", async () => {
     const root = tempDir();
     const dataDir = join(root, "data");
-    const open = await openAt(dataDir);
-    let accountId: string;
-    try {
-      ({
-        ids: { accountId },
-      } = await threeRecorded(open));
+    const accountId = await withDatabase(dataDir, async (open) => {
+      const { ids } = await threeRecorded(open);
       cpSync(dataDir, join(root, "torn"), { recursive: true });
-    } finally {
-      await open.close();
-    }
+      return ids.accountId;
+    });
     const journal = readFileSync(join(root, "torn", JOURNAL_FILE), "utf8");
     appendFileSync(join(root, "torn", JOURNAL_FILE), journal.slice(0, journal.indexOf("\n") - 20));
-    const torn = await openDatabase({ backend: "pglite", dataDir: join(root, "torn") });
-    try {
-      expect(torn.journalReplay).toEqual({ folded: 3, alreadyRecorded: 0, unreadable: 1 });
-      expect(await getBalance(torn.db, accountId)).toMatchObject({ balanceUnits: 91 });
-    } finally {
-      await torn.close();
-    }
+    await withDatabase(join(root, "torn"), async (open) => {
+      expect(open.journalReplay).toEqual({ folded: 3, alreadyRecorded: 0, unreadable: 1 });
+      expect(await getBalance(open.db, accountId)).toMatchObject({ balanceUnits: 91 });
+    });
   });
 
   it("refuses before appending what the database would refuse: the answer is an error, the hold freed, nothing charged", async () => {
     const dataDir = join(tempDir(), "data");
-    const open = await openAt(dataDir);
-    try {
+    await withDatabase(dataDir, async (open) => {
       const ids = await accountWithKey(open.db, 100);
       const leases = new CreditLeases({ db: open.db, gatewayId: randomUUID(), holdsPerLease: 4, lingerMs: 60_000, keyCheckMs: 60_000 });
       await leases.hold(ids.accountId, ids.keyId, 10);
-      const bad = leasedExecution(leases, ids, 10, 3);
+      const bad = leasedExecution(ids, leases.gatewayId, 10, 3);
       bad.settlement.stderr = "nul\u0000";
       await expect(leases.record(bad)).rejects.toThrow(/NUL/);
       expect(journalLines(dataDir)).toEqual([]);
       expect(leases.leaseOn(ids.accountId)).toEqual({ units: 40, held: 0 });
       expect(await getBalance(open.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 40 });
-    } finally {
-      await open.close();
-    }
+    });
   });
 });
 

@@ -2,8 +2,9 @@ import { randomUUID } from "node:crypto";
 import { eq } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { getBalance, revokeKey } from "../db/keys.js";
-import { type LeasedExecution, leasedUnits } from "../db/leases.js";
+import { leasedUnits } from "../db/leases.js";
 import { accountWithKey } from "../db/testing/accounts.js";
+import { leasedExecution } from "../db/testing/leased-execution.js";
 import { creditLeases } from "../db/schema.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
 import { CreditLeases } from "./credit-leases.js";
@@ -22,17 +23,6 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
   const leasesOf = (options: Partial<{ holdsPerLease: number; lingerMs: number; keyCheckMs: number }> = {}) =>
     new CreditLeases({ db: fresh.db, gatewayId: randomUUID(), holdsPerLease: 4, lingerMs: 60_000, keyCheckMs: 60_000, ...options });
 
-  const execution = (leases: CreditLeases, ids: { accountId: string; keyId: string }, reservedUnits: number, chargedUnits: number): LeasedExecution => ({
-    executionId: randomUUID(),
-    ...ids,
-    tokenId: null,
-    requestHash: "h".repeat(64),
-    template: "python",
-    gatewayId: leases.gatewayId,
-    reservedUnits,
-    createdAt: new Date(),
-    settlement: { status: "completed", exitCode: 0, stdout: "", stderr: "", truncated: false, timings: { queueMs: 0, forkMs: 1, execMs: 1, totalMs: 2 }, chargedUnits },
-  });
 
   it("holds against one lease in memory, growing it by holdsPerLease holds when short; the database agrees", async () => {
     const ids = await accountWithKey(fresh.db, 1_000);
@@ -51,7 +41,7 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     const ids = await accountWithKey(fresh.db, 0);
     const leases = leasesOf();
     expect(await leases.hold(ids.accountId, ids.keyId, 0)).toEqual({ kind: "held" });
-    expect(await leases.record(execution(leases, ids, 0, 0))).toMatchObject({ chargedUnits: 0, reservedUnits: 0 });
+    expect(await leases.record(leasedExecution(ids, leases.gatewayId, 0, 0))).toMatchObject({ chargedUnits: 0, reservedUnits: 0 });
     expect(await leases.hold(ids.accountId, ids.keyId, 1)).toEqual({ kind: "insufficient-credits", availableUnits: 0 });
   });
 
@@ -77,11 +67,11 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     const leases = leasesOf();
     await leases.hold(ids.accountId, ids.keyId, 10);
     await leases.hold(ids.accountId, ids.keyId, 10);
-    const record = await leases.record(execution(leases, ids, 10, 3));
+    const record = await leases.record(leasedExecution(ids, leases.gatewayId, 10, 3));
     expect(record.chargedUnits).toBe(3);
     expect(leases.leaseOn(ids.accountId)).toEqual({ units: 37, held: 10 });
     // NUL is refused by the database (the daemon client never sends it).
-    const refused = execution(leases, ids, 10, 3);
+    const refused = leasedExecution(ids, leases.gatewayId, 10, 3);
     refused.settlement.stdout = "bad\u0000";
     await expect(leases.record(refused)).rejects.toThrow();
     expect(leases.leaseOn(ids.accountId)).toEqual({ units: 37, held: 0 });

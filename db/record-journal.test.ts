@@ -192,13 +192,19 @@ describe("RecordJournal", () => {
     await journal.close();
   });
 
-  it("a record decodes as it was appended, dates included", async () => {
+  it("a record decodes as it was appended, dates included; an open that cannot fold it keeps it", async () => {
     const path = join(tempDir(), JOURNAL_FILE);
     const writer = store();
     writer.failing = true;
     const { journal } = await RecordJournal.open(path, writer);
     journal.append(record(7));
     await expect(journal.close()).rejects.toThrow();
+
+    // A database that cannot take it: the open fails, saying where the records are, and keeps them.
+    const refusing = store();
+    refusing.failing = true;
+    await expect(RecordJournal.open(path, refusing)).rejects.toThrow(`cannot bill the executions answered in the record journal ${path}: the database is down`);
+    expect(readFileSync(path, "utf8").split("\n")).toHaveLength(2);
 
     const reader = store();
     const folded: JournaledRecord[] = [];

@@ -83,11 +83,17 @@ export class RecordJournal {
       const batch = records.slice(at, at + MAX_FOLD);
       const recorded = await store.recorded(batch.map((r) => r.executionId));
       const unfolded = batch.filter((r) => !recorded.has(r.executionId));
-      if (unfolded.length > 0) await store.fold(unfolded);
+      try {
+        if (unfolded.length > 0) await store.fold(unfolded);
+      } catch (error) {
+        // The file stays as it is: nothing in it is lost, and the next open tries again.
+        throw new Error(`cannot bill the executions answered in the record journal ${path}: ${(error as Error).message}`, { cause: error });
+      }
       replay.folded += unfolded.length;
       replay.alreadyRecorded += batch.length - unfolded.length;
     }
-    const fd = openSync(path, "a");
+    // Only this process reads it (it holds executions' output, as the database's files do).
+    const fd = openSync(path, "a", 0o600);
     ftruncateSync(fd, 0);
     return { journal: new RecordJournal(fd, store), replay };
   }

@@ -18,12 +18,13 @@
 //   npx vitest run --config vitest.kvm.config.ts gateway/exactly-once-
 // with TEST_DATABASE_URL set (scripts/postgres.sh) for the PostgreSQL one. Waits scale with
 // SANDFORK_TEST_TIME_SCALE (1 native, ~15 in QEMU).
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { eq, sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type DatabaseBackend, type OpenDatabase, openDatabase } from "../../db/client.js";
+import { JOURNAL_FILE } from "../../db/record-journal.js";
 import { type FreshDatabase, freshDatabase } from "../../db/testing/fresh-database.js";
 import { accounts, creditLeases, executions, usageLedger } from "../../db/schema.js";
 import { requireVmmBinary } from "../../runtime/testing/real-daemon.js";
@@ -177,9 +178,16 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
 
     /** Running executions and credit leases of the caller, read while the gateway is dead (so PGlite can be opened). */
     async function heldWhileDown(): Promise<{ running: number; leases: number }> {
-      const open = fresh ?? (await openDatabase({ backend: "pglite", dataDir: join(dir, "data", "data") }));
-      // Opening PGlite bills what the killed gateway answered and had not folded yet (db/record-journal.ts).
-      if (open.journalReplay !== undefined) console.log(`records the killed gateway answered, billed from its record journal at the next open: ${open.journalReplay.folded}`);
+      const dataDir = join(dir, "data", "data");
+      // On PGlite, what the killed gateway answered and had not folded yet is in its record
+      // journal (db/record-journal.ts), and opening the database bills it: every line, once.
+      const journaled = fresh === undefined ? (await readFile(join(dataDir, JOURNAL_FILE), "utf8")).split("\n").length - 1 : 0;
+      const open = fresh ?? (await openDatabase({ backend: "pglite", dataDir }));
+      if (open.journalReplay !== undefined) {
+        console.log(`records the killed gateway left in its record journal: ${journaled}, billed at the next open: ${open.journalReplay.folded}`);
+        expect(open.journalReplay.folded + open.journalReplay.alreadyRecorded).toBe(journaled);
+        expect(open.journalReplay.unreadable).toBe(0);
+      }
       try {
         const rows = await open.db.select({ id: executions.id }).from(executions).where(sql`${executions.accountId} = ${caller.accountId} AND ${executions.status} = 'running'`);
         const leases = await open.db.select().from(creditLeases).where(eq(creditLeases.accountId, caller.accountId));

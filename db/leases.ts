@@ -159,7 +159,7 @@ export interface LeasedExecution {
  * Records each execution, ONE statement for the whole batch (see the top of this file), and
  * answers the records in order. Atomic: if the statement fails, none of the batch is billed.
  */
-export async function recordAll(db: Database, items: LeasedExecution[], options: RunOptions = {}): Promise<ExecutionRecord[]> {
+export async function recordAll(db: Database, items: LeasedExecution[], options?: RunOptions): Promise<ExecutionRecord[]> {
   for (const item of items) checkHoldAndCharge(item);
   const rows = await runPrepared(db, ...recordStatement(items), options);
   const recorded = new Map(rows.map((row) => [row.id as string, row]));

@@ -26,10 +26,10 @@ export interface RunOptions {
 }
 
 /** Runs `statement` with text parameters on the connection behind `db`; its rows, columns as text. */
-export async function runPrepared(db: Database, statement: PreparedStatement, params: Param[], options: RunOptions = {}): Promise<TextRow[]> {
+export async function runPrepared(db: Database, statement: PreparedStatement, params: Param[], options?: RunOptions): Promise<TextRow[]> {
   const client = (db as unknown as { $client: unknown }).$client;
   if (client instanceof PGlite) {
-    const journal = client instanceof JournaledPGlite && options.journalFold !== true ? client.journal : undefined;
+    const journal = client instanceof JournaledPGlite && options?.journalFold !== true ? client.journal : undefined;
     if (journal !== undefined && !journal.upToDate) await journal.settled();
     return runOnPglite(client, statement, params);
   }

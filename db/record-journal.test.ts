@@ -168,7 +168,7 @@ describe("RecordJournal", () => {
     return s;
   }
 
-  it("folds what was appended together, after a few ms or when asked; a failed fold keeps the records, in the file and for the next try", async () => {
+  it("folds what was appended together, after the fold delay or when asked; a failed fold keeps the records, in the file and for the next try", async () => {
     const path = join(tempDir(), JOURNAL_FILE);
     const db = store();
     const { journal } = await RecordJournal.open(path, db);

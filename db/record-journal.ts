@@ -13,7 +13,7 @@
 // skipping those already in the database (a record and its charge are folded in one statement,
 // so its id in `executions` means it is billed). The file is emptied whenever everything in it is
 // in the database. On a database in memory the journal is in memory too.
-import { closeSync, existsSync, ftruncateSync, openSync, readFileSync, writeSync } from "node:fs";
+import { closeSync, ftruncateSync, openSync, readFileSync, writeSync } from "node:fs";
 import { PGlite, type Results, type Transaction } from "@electric-sql/pglite";
 import type { Database } from "./client.js";
 import type { LeasedExecution } from "./leases.js";
@@ -24,7 +24,7 @@ export const JOURNAL_FILE = "sandfork-records.journal";
 /**
  * How long an appended record waits for others to be folded with it. Against 10 ms, in runs taken
  * in turn (2026-12-03, 16:13-16:16, `loadtest/run.ts --concurrency 1,16 --databases pglite`):
- * 0.91 and 0.78 against 0.99 and 0.90 ms of gateway CPU per execution at concurrency 1.
+ * 0.91 and 0.78 against 0.99 and 0.9 ms of gateway CPU per execution at concurrency 1.
  */
 const FOLD_DELAY_MS = 50;
 /** After a failed fold, how long until the next try (unless a statement asks sooner). */
@@ -53,8 +53,8 @@ export interface JournalReplay {
 }
 
 export class RecordJournal {
+  /** Appended, not folded yet, in order. */
   private pending: JournaledRecord[] = [];
-  private appended = 0;
   private folded = 0;
   private folding: Promise<void> | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -77,7 +77,9 @@ export class RecordJournal {
   static async open(path: string | undefined, store: JournalStore): Promise<{ journal: RecordJournal; replay: JournalReplay }> {
     const replay: JournalReplay = { folded: 0, alreadyRecorded: 0, unreadable: 0 };
     if (path === undefined) return { journal: new RecordJournal(undefined, store), replay };
-    const { records, unreadable } = existsSync(path) ? decodeLines(readFileSync(path, "utf8")) : { records: [], unreadable: 0 };
+    // Only this process reads it (it holds executions' output, as the database's files do).
+    const fd = openSync(path, "a+", 0o600);
+    const { records, unreadable } = decodeLines(readFileSync(fd, "utf8"));
     replay.unreadable = unreadable;
     for (let at = 0; at < records.length; at += MAX_FOLD) {
       const batch = records.slice(at, at + MAX_FOLD);
@@ -87,13 +89,12 @@ export class RecordJournal {
         if (unfolded.length > 0) await store.fold(unfolded);
       } catch (error) {
         // The file stays as it is: nothing in it is lost, and the next open tries again.
+        closeSync(fd);
         throw new Error(`cannot bill the executions answered in the record journal ${path}: ${(error as Error).message}`, { cause: error });
       }
       replay.folded += unfolded.length;
       replay.alreadyRecorded += batch.length - unfolded.length;
     }
-    // Only this process reads it (it holds executions' output, as the database's files do).
-    const fd = openSync(path, "a", 0o600);
     ftruncateSync(fd, 0);
     return { journal: new RecordJournal(fd, store), replay };
   }
@@ -103,18 +104,17 @@ export class RecordJournal {
     if (this.broken !== undefined) throw new Error(`the record journal cannot be written: ${this.broken.message}`);
     if (this.fd !== undefined) this.write(`${encodeRecord(record)}\n`);
     this.pending.push(record);
-    this.appended++;
     this.foldLater(FOLD_DELAY_MS);
   }
 
   /** Every record appended is in the database. */
   get upToDate(): boolean {
-    return this.folded === this.appended;
+    return this.pending.length === 0;
   }
 
   /** Resolves once every record appended before this call is in the database; rejects if a fold fails. */
   async settled(): Promise<void> {
-    const target = this.appended;
+    const target = this.folded + this.pending.length;
     while (this.folded < target) {
       this.folding ??= this.foldPending().finally(() => (this.folding = undefined));
       await this.folding;
@@ -123,7 +123,6 @@ export class RecordJournal {
 
   /** Folds what is left and closes the file. What cannot be folded stays in it for the next open. */
   async close(): Promise<void> {
-    clearTimeout(this.timer);
     try {
       await this.settled();
     } finally {

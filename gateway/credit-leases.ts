@@ -54,9 +54,12 @@ export class CreditLeases {
   private readonly leases = new Map<string, AccountLease>();
   private readonly keysCheckedAt = new Map<string, number>();
   private readonly records: GroupCommit<LeasedExecution, ExecutionRecord>;
+  /** Embedded PGlite's record journal, which records go through there (db/record-journal.ts). */
+  private readonly journal: RecordJournal | undefined;
 
   constructor(private readonly options: CreditLeaseOptions) {
     this.records = new GroupCommit((items) => recordAll(options.db, items));
+    this.journal = journalOf(options.db);
   }
 
   get gatewayId(): string {
@@ -95,8 +98,7 @@ export class CreditLeases {
    * hold is freed either way; a record the database refused billed nothing.
    */
   async record(execution: LeasedExecution): Promise<ExecutionRecord> {
-    const journal = journalOf(this.options.db);
-    if (journal !== undefined) return this.recordInJournal(journal, execution);
+    if (this.journal !== undefined) return this.recordInJournal(this.journal, execution);
     const lease = this.leaseOf(execution.accountId);
     try {
       const record = await this.records.submit(execution);

@@ -1,6 +1,6 @@
 -- A leased execution's record may carry when it finished (finished_ms, Unix milliseconds): on
 -- embedded PGlite its record is first appended to the gateway's record journal and folded into
--- the database a few milliseconds later (db/record-journal.ts), and its finished_at is when the
+-- the database up to 50 ms later (db/record-journal.ts), and its finished_at is when the
 -- gateway answered it, as the answer said. Without finished_ms it is the transaction's start, as
 -- before (a server, where records are written before the answer). The usage sums stay exact: on
 -- PGlite every statement, a roll-up included, first folds what the journal holds, so no record

@@ -9,11 +9,10 @@
 //! it resets the VM to the template (`snapshot::reset`: the pages the request dirtied get the
 //! template's bytes back, the vCPU the snapshot's state), so the next request runs on host
 //! pages and KVM mappings that are already warm: a fresh fork pays a fault for every page it
-//! touches first. A VM is retired (destroyed, and a
-//! fresh one restored in its place) after `MAX_RESETS` resets, when its run did not end in a
-//! normal exit (crash, timeout, memory or output limit, unsupported call, VMM error: nothing
-//! of such a VM is trusted again), when it holds more than `MAX_WARM_PAGES` copied pages, and
-//! when its backend cannot be reset. `target` is the number of workers; `ready` counts the
+//! touches first. A VM is retired (destroyed, and a fresh one restored in its place) after
+//! `MAX_RESETS` resets, when its run did not end in a normal exit (crash, timeout, memory or
+//! output limit, unsupported call, VMM error: nothing of such a VM is trusted again), when it
+//! holds more than `MAX_WARM_PAGES` copied pages, and when its backend cannot be reset. `target` is the number of workers; `ready` counts the
 //! workers holding a VM and waiting for a request.
 //!
 //! A request's wait is split honestly: the part during which the VM that serves it was still

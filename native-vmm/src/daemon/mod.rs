@@ -5,7 +5,8 @@
 //! - `request`: typed, fully validated requests (the validation policy is documented there:
 //!   unknown fields are rejected, limits are clamped).
 //! - `response`: every frame the daemon sends.
-//! - `server`: the listener, connections, the bound on in-flight executions, shutdown.
+//! - `server`: the listener, connections, the bound on in-flight executions, shutdown;
+//!   `request_threads`: the threads its requests run on, kept between requests.
 //! - `executor`: the `Executor` trait the server calls, and the types crossing it.
 //! - `live_output`: a streamed execution's `output` frames, sent while it runs.
 //! - `agent_executor`: the production executor (a KVM VM per request, taken from the
@@ -21,6 +22,7 @@ pub mod isolation;
 pub mod live_output;
 pub mod pool;
 pub mod request;
+mod request_threads;
 pub mod response;
 pub mod server;
 pub mod session_bench;

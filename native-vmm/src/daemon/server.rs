@@ -1,9 +1,9 @@
 //! The daemon's server: a Unix stream listener, a thread per connection, a thread per
-//! in-flight execution.
+//! in-flight execution (kept for the next one when it has answered: `request_threads`).
 //!
 //! - A connection first completes the handshake, then may send requests at any pace.
 //!   `list_templates`, `health` and `stats` are answered on the connection's own thread;
-//!   each `execute` gets its own thread, so one connection's requests run concurrently and
+//!   each `execute` gets a thread of its own, so one connection's requests run concurrently and
 //!   their responses are written as they complete, one whole frame at a time under the
 //!   connection's writer lock. A streamed execution's `output` frames come first, from its
 //!   forwarder thread (`live_output`).
@@ -36,6 +36,7 @@ use crate::daemon::executor::{ExecuteRequest, Executor};
 use crate::daemon::frame::{self, FrameError};
 use crate::daemon::live_output::LiveOutput;
 use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
+use crate::daemon::request_threads::RequestThreads;
 use crate::daemon::response::{self, ErrorCode, RequestTimes, Response};
 use crate::process::OutputSink;
 use crate::daemon::session_protocol::{self, SessionOp};
@@ -124,6 +125,8 @@ struct Shared {
     admitted: Arc<Gauge>,
     running: Arc<Gauge>,
     connections: Arc<Gauge>,
+    /// Where executions and session requests run.
+    threads: RequestThreads,
     /// Executions that ran to an outcome, and their system calls and thread switches.
     executions: AtomicU64,
     syscalls: AtomicU64,
@@ -212,6 +215,7 @@ impl Server {
             admitted: Arc::new(Gauge::new(config.max_running + config.max_queued)),
             running: Arc::new(Gauge::new(config.max_running)),
             connections: Arc::new(Gauge::new(config.max_connections)),
+            threads: RequestThreads::default(),
             executions: AtomicU64::new(0),
             syscalls: AtomicU64::new(0),
             thread_switches: AtomicU64::new(0),
@@ -400,7 +404,7 @@ impl Connection {
         }
     }
 
-    /// Runs an execution on its own thread, or answers why it cannot start.
+    /// Runs an execution on a thread of its own, or answers why it cannot start.
     fn start_execution(&self, id: u64, request: ExecuteRequest, received: Instant) {
         let fail = |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
         let Some(admission) = self.shared.admitted.try_acquire() else {
@@ -411,7 +415,7 @@ impl Connection {
             return fail(ErrorCode::BadRequest, &format!("id {id} is already in flight on this connection"));
         }
         let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
-        let spawned = thread::Builder::new().name("sandfork-exec".into()).spawn(move || {
+        let spawned = self.shared.threads.run(Box::new(move || {
             let response = if request.stream {
                 let output_writer = writer.clone();
                 match LiveOutput::start(move |stream, data| output_writer.send(&response::output(id, stream, data))) {
@@ -427,7 +431,7 @@ impl Connection {
             };
             lock_ids(&ids).remove(&id);
             writer.send(&response);
-        });
+        }));
         if let Err(e) = spawned {
             lock_ids(&self.ids).remove(&id);
             fail(ErrorCode::Internal, &format!("starting an execution thread: {e}"));
@@ -436,7 +440,7 @@ impl Connection {
 }
 
 impl Connection {
-    /// Answers a session request on its own thread (it may run a cell or write a checkpoint).
+    /// Answers a session request on a thread of its own (it may run a cell or write a checkpoint).
     /// A cell takes an execution's admission and running slots; every other request only an
     /// admission.
     fn start_session_op(&self, id: u64, op: SessionOp, received: Instant) {
@@ -451,7 +455,7 @@ impl Connection {
             return fail(ErrorCode::BadRequest, &format!("id {id} is already in flight on this connection"));
         }
         let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
-        let spawned = thread::Builder::new().name("sandfork-session-op".into()).spawn(move || {
+        let spawned = self.shared.threads.run(Box::new(move || {
             let running = op.runs_code().then(|| shared.running.acquire());
             let runs_code = running.is_some();
             let result = panic::catch_unwind(AssertUnwindSafe(|| session_protocol::handle(&sessions, id, op, received)));
@@ -461,7 +465,7 @@ impl Connection {
             }
             lock_ids(&ids).remove(&id);
             writer.send(&result.unwrap_or_else(|_| response::error(Some(id), ErrorCode::Internal, "the session request panicked")));
-        });
+        }));
         if let Err(e) = spawned {
             lock_ids(&self.ids).remove(&id);
             fail(ErrorCode::Internal, &format!("starting a session thread: {e}"));

@@ -3,6 +3,7 @@ import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   BillingBatches,
+  findByIdempotencyKey,
   findExecution,
   liveGatewayIds,
   release,
@@ -46,6 +47,42 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
     template: "python",
     gatewayId: "gateway-a",
     units,
+  });
+
+  it("finds a record by id and by Idempotency-Key with every column as it was written, running and final", async () => {
+    const ids = await accountWithKey(fresh.db, 100);
+    const r = { ...reservation(ids, 30, `key-${randomUUID()}`), tokenId: "token-1", requestHash: "hash-1" };
+    await reserve(fresh.db, r);
+    const running = await findExecution(fresh.db, r.executionId);
+    expect(running).toEqual({
+      id: r.executionId,
+      accountId: ids.accountId,
+      keyId: ids.keyId,
+      tokenId: "token-1",
+      idempotencyKey: r.idempotencyKey,
+      requestHash: "hash-1",
+      template: "python",
+      gatewayId: "gateway-a",
+      status: "running",
+      exitCode: null,
+      stdout: null,
+      stderr: null,
+      truncated: null,
+      timings: null,
+      reservedUnits: 30,
+      chargedUnits: null,
+      createdAt: expect.any(Date),
+      finishedAt: null,
+    });
+    expect(Math.abs((running?.createdAt.getTime() ?? 0) - Date.now())).toBeLessThan(60_000);
+    const outcome = { status: "crashed" as const, exitCode: -11, stdout: "partial\n", stderr: "Segmentation fault", truncated: true, timings: { queueMs: 0.5, forkMs: 1.25, execMs: 7, totalMs: 9 }, chargedUnits: 4 };
+    const settled = await settle(fresh.db, r.executionId, outcome);
+    expect(settled).toMatchObject({ status: "crashed", exitCode: -11, truncated: true, stderr: "Segmentation fault", chargedUnits: 4 });
+    expect(settled.finishedAt).toBeInstanceOf(Date);
+    expect(await findExecution(fresh.db, r.executionId)).toEqual(settled);
+    expect(await findByIdempotencyKey(fresh.db, ids.keyId, r.idempotencyKey as string)).toEqual(settled);
+    expect(await findByIdempotencyKey(fresh.db, ids.keyId, "another key")).toBeUndefined();
+    expect(await findExecution(fresh.db, randomUUID())).toBeUndefined();
   });
 
   it("reserves, settles at the actual cost and records usage once", async () => {

@@ -68,12 +68,6 @@ export interface ExecutionRecord {
   finishedAt: Date | null;
 }
 
-type ExecutionRow = typeof executions.$inferSelect;
-
-function toRecord(row: ExecutionRow): ExecutionRecord {
-  return { ...row, status: row.status as ExecutionStatus, timings: row.timings as ExecutionTimingsRecord | null };
-}
-
 /**
  * What a settle statement answers of each record it settled, as text columns: everything the
  * settlement itself does not say (its outcome and output come from the caller, not back through
@@ -83,12 +77,15 @@ export const SETTLED_COLUMNS = `settled.id::text, settled.account_id::text, sett
   settled.request_hash, settled.template, settled.gateway_id, settled.reserved_units::text, settled.charged_units::text,
   (extract(epoch FROM settled.created_at) * 1000)::text AS created_at, (extract(epoch FROM settled.finished_at) * 1000)::text AS finished_at`;
 
+type Outcome = Pick<ExecutionRecord, "status" | "exitCode" | "stdout" | "stderr" | "truncated" | "timings">;
+
 /** How the execution ended, as a settled record holds it. */
-export function settledOutcome(s: Settlement): Pick<ExecutionRecord, "status" | "exitCode" | "stdout" | "stderr" | "truncated" | "timings"> {
+export function settledOutcome(s: Settlement): Outcome {
   return { status: s.status, exitCode: s.exitCode, stdout: s.stdout, stderr: s.stderr, truncated: s.truncated, timings: s.timings };
 }
 
-export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
+/** A record from the text columns of SETTLED_COLUMNS (or more) and how it ended. */
+function recordOf(row: TextRow, outcome: Outcome): ExecutionRecord {
   return {
     id: row.id as string,
     accountId: row.account_id as string,
@@ -98,12 +95,31 @@ export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
     requestHash: row.request_hash as string,
     template: row.template as string,
     gatewayId: row.gateway_id ?? null,
-    ...settledOutcome(s),
+    ...outcome,
     reservedUnits: Number(row.reserved_units),
-    chargedUnits: Number(row.charged_units),
+    chargedUnits: row.charged_units == null ? null : Number(row.charged_units),
     createdAt: new Date(Number(row.created_at)),
-    finishedAt: new Date(Number(row.finished_at)),
+    finishedAt: row.finished_at == null ? null : new Date(Number(row.finished_at)),
   };
+}
+
+export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
+  return recordOf(row, settledOutcome(s));
+}
+
+/** A whole record as text columns, for the lookups (findExecution, findByIdempotencyKey). */
+const RECORD_COLUMNS = `${SETTLED_COLUMNS.replaceAll("settled.", "")}, status, exit_code::text, stdout, stderr, truncated::text, timings::text`;
+
+/** A record as RECORD_COLUMNS gives it, running or final. */
+function fromRecordRow(row: TextRow): ExecutionRecord {
+  return recordOf(row, {
+    status: row.status as ExecutionStatus,
+    exitCode: row.exit_code == null ? null : Number(row.exit_code),
+    stdout: row.stdout ?? null,
+    stderr: row.stderr ?? null,
+    truncated: row.truncated == null ? null : row.truncated === "true",
+    timings: row.timings == null ? null : (JSON.parse(row.timings) as ExecutionTimingsRecord),
+  });
 }
 
 /** What reserve records about a new execution, and the units it holds. */
@@ -322,7 +338,7 @@ export function settlementJson(s: Settlement) {
 const SETTLE_ONE: PreparedStatement = {
   name: "sandfork_settle_one",
   text: `WITH settled AS (
-    UPDATE executions SET status = $2, exit_code = $3::int4, stdout = $4, stderr = $5, truncated = $6::bool, timings = $7::jsonb,
+    UPDATE executions SET status = $2, exit_code = $3::int4, stdout = $4, stderr = $5, truncated = $6::text::bool, timings = $7::jsonb,
            charged_units = LEAST($8::int8, reserved_units), finished_at = now()
     WHERE id = $1::uuid AND status = 'running'
     RETURNING executions.*
@@ -445,15 +461,20 @@ export async function recordedIds(db: Database, ids: string[]): Promise<Set<stri
   return new Set(rows.map((r) => r.id));
 }
 
+// Prepared (db/prepared.ts): on PGlite, drizzle's unnamed statement was a parse and plan in the gateway's thread at every lookup.
+const FIND_EXECUTION: PreparedStatement = { name: "sandfork_find_execution", text: `SELECT ${RECORD_COLUMNS} FROM executions WHERE id = $1::uuid` };
+
+const FIND_BY_IDEMPOTENCY_KEY: PreparedStatement = {
+  name: "sandfork_find_by_idempotency_key",
+  text: `SELECT ${RECORD_COLUMNS} FROM executions WHERE key_id = $1::uuid AND idempotency_key = $2`,
+};
+
 export async function findExecution(db: Database, id: string): Promise<ExecutionRecord | undefined> {
-  const [row] = await db.select().from(executions).where(eq(executions.id, id));
-  return row === undefined ? undefined : toRecord(row);
+  const [row] = await runPrepared(db, FIND_EXECUTION, [id]);
+  return row === undefined ? undefined : fromRecordRow(row);
 }
 
 export async function findByIdempotencyKey(db: Database, keyId: string, idempotencyKey: string): Promise<ExecutionRecord | undefined> {
-  const [row] = await db
-    .select()
-    .from(executions)
-    .where(and(eq(executions.keyId, keyId), eq(executions.idempotencyKey, idempotencyKey)));
-  return row === undefined ? undefined : toRecord(row);
+  const [row] = await runPrepared(db, FIND_BY_IDEMPOTENCY_KEY, [keyId, idempotencyKey]);
+  return row === undefined ? undefined : fromRecordRow(row);
 }

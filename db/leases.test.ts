@@ -41,6 +41,17 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 0 });
   });
 
+  it("stores every outcome column of a record as given: a truncated output, a signal's exit code", async () => {
+    const ids = await accountWithKey(fresh.db, 100);
+    const gatewayId = randomUUID();
+    await acquireLease(fresh.db, { gatewayId, ...ids, minUnits: 10, maxUnits: 10 });
+    const cut = leasedExecution(ids, gatewayId, 5, 1);
+    cut.settlement = { ...cut.settlement, status: "output_exceeded", exitCode: -9, stderr: "cut", truncated: true };
+    const [record] = await recordAll(fresh.db, [cut]);
+    expect(record).toMatchObject({ status: "output_exceeded", exitCode: -9, stderr: "cut", truncated: true });
+    expect(await findExecution(fresh.db, cut.executionId)).toEqual(record);
+  });
+
   it("records an execution with one statement: its charge leaves the balance, the reserved units and the lease", async () => {
     const ids = await accountWithKey(fresh.db, 100);
     const gatewayId = randomUUID();

@@ -258,7 +258,7 @@ const RECORD_ONE: PreparedStatement = {
   ), settled AS (
     INSERT INTO executions (id, account_id, key_id, token_id, request_hash, template, gateway_id, status, exit_code, stdout, stderr,
                             truncated, timings, reserved_units, charged_units, created_at, finished_at)
-    SELECT $1::uuid, spent.account_id, $3::uuid, $4, $5, $6, $7, $8, $9::int4, $10, $11, $12::bool, $13::jsonb, $14::int8,
+    SELECT $1::uuid, spent.account_id, $3::uuid, $4, $5, $6, $7, $8, $9::int4, $10, $11, $12::text::bool, $13::jsonb, $14::int8,
            LEAST($15::int8, $14::int8), to_timestamp($16::float8 / 1000), coalesce(to_timestamp($17::float8 / 1000), now())
     FROM spent
     RETURNING executions.*

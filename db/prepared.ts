@@ -4,6 +4,8 @@
 // cost: the reserve and settle of one execution took ~1.1 ms of CPU that way, ~0.4 ms prepared
 // (a throwaway benchmark; README, Performance).
 // Every column a statement returns is text (cast it in SQL), so both backends answer the same rows.
+// Every parameter is text too, cast in SQL; a boolean goes through text (`$1::text::bool`): to a
+// parameter PostgreSQL types bool, postgres.js sends anything but JavaScript's true as false.
 import { PGlite, protocol } from "@electric-sql/pglite";
 import type { Sql } from "postgres";
 import type { Database } from "./client.js";

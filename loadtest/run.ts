@@ -314,8 +314,12 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       keyed[c] = figuresOf(s, processCpuMs(gateway.pid) - cpuBefore);
       say(`  + Idempotency-Key c=${c}: p50 ${s.p50Ms.toFixed(2)} ms, ${s.requestsPerSecond.toFixed(0)}/s, gateway CPU ${keyed[c].gateway_cpu_ms_per_exec} ms/exec`);
     }
+    const answered = await call("POST", `${gateway.url}/v1/executions`, json, EXECUTION_BODY);
+    if (answered.status !== 200) throw new Error(`an execution to look up answered ${answered.status} ${answered.body}`);
+    const executionId = (JSON.parse(answered.body) as { id: string }).id;
     for (const [name, method, path, body, status] of [
       ["GET /healthz", "GET", "/healthz", undefined, 200],
+      ["GET /v1/executions/{id} (key auth + DB)", "GET", `/v1/executions/${executionId}`, undefined, 200],
       ["GET /v1/usage (key auth + DB)", "GET", "/v1/usage", undefined, 200],
       ["POST /v1/tokens (key auth + EdDSA)", "POST", "/v1/tokens", JSON.stringify({ ttl_seconds: 60, max_executions: 1 }), 201],
     ] as const) {

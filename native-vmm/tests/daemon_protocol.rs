@@ -80,7 +80,7 @@ impl Executor for ScriptedExecutor {
     }
 
     fn pools(&self) -> Vec<PoolStats> {
-        vec![PoolStats { template: "fake".into(), ready: 2, target: 4, forks: 9, fork_us_mean: 350, resets: 5, reset_us_mean: 120, served: 7 }]
+        vec![PoolStats { template: "fake".into(), ready: 2, target: 4, forks: 9, fork_us_mean: 350, resets: 5, reset_us_mean: 120, served: 7, warm_up: "on".into() }]
     }
 }
 
@@ -110,7 +110,7 @@ fn handshake_then_list_health_and_stats() {
     assert_eq!(client.call(r#"{"id":2,"type":"health"}"#).to_string(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
     let answer = client.call(&execute(3, "hi"));
     assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout"), u64_of(&answer, "id")), ("ok", "hi\n", 3), "{answer}");
-    assert_eq!(client.call(r#"{"id":4,"type":"stats"}"#).to_string(), r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7}]}"#);
+    assert_eq!(client.call(r#"{"id":4,"type":"stats"}"#).to_string(), r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7,"warm_up":"on"}]}"#);
     server.stop();
 }
 

@@ -8,12 +8,17 @@ mod common;
 mod daemon_support;
 mod pool_support;
 
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use daemon_support::{config, repetitions, scaled, str_of, u64_of, Client, Running};
-use pool_support::start;
+use pool_support::{start, start_restoring};
+use sandfork_vmm::cpu::{CpuExit, CpuSnapshot, GuestCpu};
 use sandfork_vmm::daemon::server::ServerConfig;
+use sandfork_vmm::memory::{GuestMemory, PageSet};
 use serde_json::Value;
 use sandfork_vmm::snapshot::ForkMemory;
 
@@ -241,4 +246,94 @@ fn take_to_first_instruction_pooled_and_unpooled_and_a_burst() {
     let stats = stats(&mut client);
     assert_eq!((u64_of(&stats, "executions"), u64_of(&stats, "in_flight")), (sequential + total, 0), "{stats}");
     pooled.stop();
+}
+
+/// A vCPU of the test CPU whose first run fails when `fail_once` is still set (then cleared):
+/// the one place a warm-up can be made to fail on a healthy template.
+struct FailsOnce<'m> {
+    cpu: Box<dyn GuestCpu + 'm>,
+    fail_once: Arc<AtomicBool>,
+}
+
+impl GuestCpu for FailsOnce<'_> {
+    fn run(&mut self, deadline: Instant) -> io::Result<CpuExit> {
+        if self.fail_once.swap(false, Ordering::SeqCst) {
+            return Err(io::Error::other("an injected vCPU failure"));
+        }
+        self.cpu.run(deadline)
+    }
+    fn set_syscall_return(&mut self, value: u64) -> io::Result<()> {
+        self.cpu.set_syscall_return(value)
+    }
+    fn set_fs_base(&mut self, base: u64) -> io::Result<()> {
+        self.cpu.set_fs_base(base)
+    }
+    fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
+        self.cpu.snapshot()
+    }
+    fn map_memory(&mut self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.cpu.map_memory(ranges)
+    }
+    fn track_writes(&mut self) -> io::Result<bool> {
+        self.cpu.track_writes()
+    }
+    fn take_written_pages(&mut self) -> io::Result<Option<PageSet>> {
+        self.cpu.take_written_pages()
+    }
+    fn take_inner_exits(&mut self) -> u64 {
+        self.cpu.take_inner_exits()
+    }
+    fn switches_threads(&self) -> bool {
+        self.cpu.switches_threads()
+    }
+    fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
+        self.cpu.load_thread(state)
+    }
+    fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
+        self.cpu.interrupted_state()
+    }
+    fn reset(&mut self, snapshot: &CpuSnapshot) -> io::Result<()> {
+        self.cpu.reset(snapshot)
+    }
+}
+
+/// A warm-up that fails costs the pool its warm-ups, not its service (pool.rs, serve_vm): the
+/// VM is destroyed, `stats` says why (`warm_up: failed: ...`), and every request is answered
+/// on VMs that were not warmed up, whose first request copies the pages it writes. On copy
+/// forks (the ptrace CPU) there is no warm-up (`off`): nothing is made to fail there, and the
+/// pool serves as it always does.
+#[test]
+fn a_failed_warm_up_leaves_the_pool_serving_unwarmed_vms() {
+    let copy_on_write = common::fork_memory() == ForkMemory::CopyOnWrite;
+    let fail_once = Arc::new(AtomicBool::new(copy_on_write));
+    let failing = fail_once.clone();
+    let server = start_restoring(
+        "pool-warm-up-fails",
+        1,
+        config(2),
+        Arc::new(move |mem: &GuestMemory, snapshot: &CpuSnapshot| -> io::Result<Box<dyn GuestCpu + '_>> {
+            let cpu = common::restore_cpu(mem, snapshot)?;
+            Ok(Box::new(FailsOnce { cpu, fail_once: failing.clone() }))
+        }),
+    );
+    let mut client = Client::hello(&server.path);
+    let ready = wait_for_refill(&mut client);
+    assert!(!fail_once.load(Ordering::SeqCst), "the injected failure was never hit");
+    let warm_up = str_of(&ready, "warm_up").to_owned();
+    if copy_on_write {
+        assert!(warm_up.starts_with("failed: ") && warm_up.contains("an injected vCPU failure"), "{ready}");
+    } else {
+        assert_eq!(warm_up, "off", "{ready}");
+    }
+    for id in 1..=3 {
+        let answer = client.call(&execute(id, "print(6*7)"));
+        assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "42\n"), "{answer}");
+        // Unwarmed, a VM's first request copies every page it writes: the interpreter's, at
+        // least 100 of them (a warmed VM's first request copies a handful).
+        if id == 1 {
+            assert!(u64_of(answer.get("usage").unwrap(), "pages_copied") >= 100, "{answer}");
+        }
+        wait_for_refill(&mut client);
+    }
+    server.stop();
 }

@@ -184,6 +184,11 @@ pub struct PoolStats {
     pub reset_us_mean: u64,
     /// Requests served by the pool's VMs.
     pub served: u64,
+    /// Whether its new VMs are warmed up before they are counted ready: `on`; `off` where its
+    /// forks are full copies (never reused); `failed: <reason>` once a warm-up failed, after
+    /// which the pool's VMs serve unwarmed (each one's first request pays a fault for every page
+    /// it writes).
+    pub warm_up: String,
 }
 
 /// Runs code for the daemon. Called from many threads at once (one per in-flight execution).

@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
@@ -91,8 +91,17 @@ struct Shared {
     /// Total time spent resetting VMs after their requests, in microseconds.
     reset_micros: AtomicU64,
     served: AtomicU64,
-    /// New VMs are warmed up (`warm_up`): copy-on-write forks, until a warm-up fails.
-    warms_up: AtomicBool,
+    /// Whether new VMs are warmed up (`warm_up`): copy-on-write forks are, until a warm-up fails.
+    warm_up: Mutex<WarmUp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum WarmUp {
+    On,
+    /// The pool's forks are full copies, never reused: nothing to warm up.
+    Off,
+    /// Why a warm-up failed; the pool's VMs go unwarmed since.
+    Failed(String),
 }
 
 impl Shared {
@@ -100,6 +109,11 @@ impl Shared {
         // The queue stays consistent across a panicking holder (none of its updates can be
         // half done): recover it.
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn warm_up(&self) -> MutexGuard<'_, WarmUp> {
+        // One assignment at a time: whole across a panicking holder.
+        self.warm_up.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -124,7 +138,7 @@ impl Pool {
             resets: AtomicU64::new(0),
             reset_micros: AtomicU64::new(0),
             served: AtomicU64::new(0),
-            warms_up: AtomicBool::new(memory == ForkMemory::CopyOnWrite),
+            warm_up: Mutex::new(if memory == ForkMemory::CopyOnWrite { WarmUp::On } else { WarmUp::Off }),
         });
         let mut pool = Pool { name: name.to_owned(), shared, workers: Vec::new() };
         for index in 0..size.max(1) {
@@ -157,6 +171,11 @@ impl Pool {
             resets,
             reset_us_mean: self.shared.reset_micros.load(Ordering::Relaxed).checked_div(resets).unwrap_or(0),
             served: self.shared.served.load(Ordering::Relaxed),
+            warm_up: match &*self.shared.warm_up() {
+                WarmUp::On => "on".to_owned(),
+                WarmUp::Off => "off".to_owned(),
+                WarmUp::Failed(reason) => format!("failed: {reason}"),
+            },
         }
     }
 }
@@ -202,14 +221,15 @@ fn serve_vm(shared: &Shared) -> bool {
         Err(e) => return fail_next_job(shared, LaunchError::Cpu(e)),
     };
     // The pages the VM holds copies of, as of its last reset (none for an unwarmed fork).
-    let (mut cpu, mut warm) = if shared.warms_up.load(Ordering::Relaxed) {
+    let warms_up = *shared.warm_up() == WarmUp::On;
+    let (mut cpu, mut warm) = if warms_up {
         match warm_up(shared, &mem, cpu) {
             Ok(warmed) => warmed,
             Err(e) => {
                 // Nothing of a VM whose run went wrong is trusted: it is destroyed, and this
                 // pool's VMs serve unwarmed from now on rather than fail the same way again.
                 super::log(format_args!("pool: warming a new VM up failed, the pool's VMs go unwarmed: {e}"));
-                shared.warms_up.store(false, Ordering::Relaxed);
+                *shared.warm_up() = WarmUp::Failed(e.to_string());
                 return true;
             }
         }

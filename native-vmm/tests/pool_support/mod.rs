@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use crate::common;
 use crate::daemon_support::{scratch, Running};
 use sandfork_vmm::agent::PYTHON_AGENT;
-use sandfork_vmm::daemon::agent_executor::AgentExecutor;
+use sandfork_vmm::daemon::agent_executor::{AgentExecutor, SharedRestoreFactory};
 use sandfork_vmm::daemon::server::ServerConfig;
 use sandfork_vmm::daemon::templates;
 use sandfork_vmm::fs::Image;
@@ -38,10 +38,15 @@ pub fn templates_dir() -> &'static Path {
 /// A daemon whose executor keeps `pool_size` VMs of the template ready (0: restores a VM for
 /// each request on the request's thread).
 pub fn start(tag: &str, pool_size: usize, config: ServerConfig) -> Running {
+    start_restoring(tag, pool_size, config, Arc::new(common::restore_cpu))
+}
+
+/// `start`, its VMs restored by `restore` (a wrapper of `common::restore_cpu`).
+pub fn start_restoring(tag: &str, pool_size: usize, config: ServerConfig, restore: Arc<SharedRestoreFactory>) -> Running {
     let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
     assert!(templates[0].snapshot.is_some());
     let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None)
-        .restoring(Arc::new(common::restore_cpu), common::fork_memory())
+        .restoring(restore, common::fork_memory())
         .pooled(pool_size)
         .unwrap_or_else(|e| panic!("starting the pool: {e}"));
     Running::start(&scratch(tag), Arc::new(executor), config)

@@ -95,7 +95,7 @@ struct Shared {
     warm_up: Mutex<WarmUp>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 enum WarmUp {
     On,
     /// The pool's forks are full copies, never reused: nothing to warm up.

@@ -23,7 +23,7 @@ import { and, eq, inArray, lt, notInArray, or, type SQL, sql } from "drizzle-orm
 import type { AnyPgColumn } from "drizzle-orm/pg-core";
 import type { Database, OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
-import { type PreparedStatement, runPrepared, type TextRow } from "./prepared.js";
+import { type PreparedStatement, type RunOptions, runPrepared, type TextRow } from "./prepared.js";
 import { accounts, apiKeys, executions } from "./schema.js";
 
 export const EXECUTION_STATUSES = [
@@ -127,6 +127,13 @@ export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId
   executionId: string;
   units: number;
 };
+
+/** The record reserving `r` writes: running, nothing charged yet. */
+export function runningRecord(r: Reservation, createdAt = new Date()): ExecutionRecord {
+  const { executionId, units, ...identity } = r;
+  const outcome = { status: "running", exitCode: null, stdout: null, stderr: null, truncated: null, timings: null } as const;
+  return { id: executionId, ...identity, ...outcome, reservedUnits: units, chargedUnits: null, createdAt, finishedAt: null };
+}
 
 export type ReserveOutcome =
   | { kind: "reserved" }
@@ -474,7 +481,7 @@ export async function findExecution(db: Database, id: string): Promise<Execution
   return row === undefined ? undefined : fromRecordRow(row);
 }
 
-export async function findByIdempotencyKey(db: Database, keyId: string, idempotencyKey: string): Promise<ExecutionRecord | undefined> {
-  const [row] = await runPrepared(db, FIND_BY_IDEMPOTENCY_KEY, [keyId, idempotencyKey]);
+export async function findByIdempotencyKey(db: Database, keyId: string, idempotencyKey: string, options?: RunOptions): Promise<ExecutionRecord | undefined> {
+  const [row] = await runPrepared(db, FIND_BY_IDEMPOTENCY_KEY, [keyId, idempotencyKey], options);
   return row === undefined ? undefined : fromRecordRow(row);
 }

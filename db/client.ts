@@ -64,7 +64,7 @@ export async function openDatabase(location: DatabaseLocation): Promise<OpenData
     const database = db as unknown as Database;
     const { journal, replay } = await RecordJournal.open(location.dataDir === undefined ? undefined : join(location.dataDir, JOURNAL_FILE), {
       fold: async (records) => {
-        await recordAll(database, records, { journalFold: true });
+        await recordAll(database, records, { waitForJournal: false });
       },
       recorded: (ids) => recordedIds(database, ids),
     });

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { findExecution } from "./billing.js";
+import { findByIdempotencyKey, findExecution } from "./billing.js";
 import { getBalance, revokeKey } from "./keys.js";
 import { acquireLease, giveBack, leasedUnits, recordAll, releaseAbandonedLeases } from "./leases.js";
 import { accountWithKey } from "./testing/accounts.js";
@@ -50,6 +50,23 @@ describe.each(BACKENDS)("credit leases on %s", (backend) => {
     const [record] = await recordAll(fresh.db, [cut]);
     expect(record).toMatchObject({ status: "output_exceeded", exitCode: -9, stderr: "cut", truncated: true });
     expect(await findExecution(fresh.db, cut.executionId)).toEqual(record);
+  });
+
+  it("records an Idempotency-Key, alone and in a batch; a second record with a key already recorded is refused, nothing of its statement billed", async () => {
+    const ids = await accountWithKey(fresh.db, 100);
+    const gatewayId = randomUUID();
+    await acquireLease(fresh.db, { gatewayId, ...ids, minUnits: 50, maxUnits: 50 });
+    const keyed = (key: string) => ({ ...leasedExecution(ids, gatewayId, 5, 2), idempotencyKey: key });
+    const [alone] = await recordAll(fresh.db, [keyed("alone")]);
+    const batch = await recordAll(fresh.db, [keyed("first"), leasedExecution(ids, gatewayId, 5, 2), keyed("second")]);
+    expect([alone, ...batch].map((r) => r?.idempotencyKey)).toEqual(["alone", "first", null, "second"]);
+    expect(await findByIdempotencyKey(fresh.db, ids.keyId, "second")).toEqual(batch[2]);
+
+    for (const again of [[keyed("alone")], [leasedExecution(ids, gatewayId, 5, 2), keyed("first")]]) {
+      await expect(recordAll(fresh.db, again)).rejects.toThrow();
+      for (const e of again) expect(await findExecution(fresh.db, e.executionId)).toBeUndefined();
+    }
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 92, reservedUnits: 42 });
   });
 
   it("records an execution with one statement: its charge leaves the balance, the reserved units and the lease", async () => {

@@ -3,8 +3,9 @@
 // it holds), holds its executions' worst-case costs against the block in memory
 // (gateway/credit-leases.ts), and records each execution once it has ended with ONE statement:
 // the final record (the charge's entry in the accounts' journal) and its charge leaving the account's balance, its reserved
-// units and the lease together. So an execution without an Idempotency-Key costs one round trip
-// of billing, not a reserve and a settle, and an account can still never be overspent: a lease
+// units and the lease together. So an execution without an Idempotency-Key (on embedded PGlite,
+// with one too: gateway/idempotency-claims.ts) costs one round trip of billing, not a reserve and
+// a settle, and an account can still never be overspent: a lease
 // is only taken where the account covers it, and the database refuses a charge the lease cannot
 // cover. Unspent credits go back to the account when the gateway is done with them (idle, at
 // shutdown), or, for a gateway that died, at the next start (releaseAbandonedLeases).
@@ -143,6 +144,11 @@ export interface LeasedExecution {
   accountId: string;
   keyId: string;
   tokenId: string | null;
+  /**
+   * Only on embedded PGlite, whose one gateway claims keys in memory (gateway/idempotency-claims.ts);
+   * elsewhere an execution with a key is reserved in the database first, not leased.
+   */
+  idempotencyKey: string | null;
   requestHash: string;
   template: string;
   gatewayId: string;
@@ -199,7 +205,7 @@ export function journaledRecord(e: LeasedExecution & { finishedAt: Date }): Exec
     accountId: e.accountId,
     keyId: e.keyId,
     tokenId: e.tokenId,
-    idempotencyKey: null,
+    idempotencyKey: e.idempotencyKey,
     requestHash: e.requestHash,
     template: e.template,
     gatewayId: e.gatewayId,
@@ -211,7 +217,7 @@ export function journaledRecord(e: LeasedExecution & { finishedAt: Date }): Exec
   };
 }
 
-/** A batch of one is one statement (no function call); bigger batches one call of sandfork_record (migration 0004_credit_leases, as 0009 redefines it). */
+/** A batch of one is one statement (no function call); bigger batches one call of sandfork_record (migration 0004_credit_leases, as 0010 redefines it). */
 function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string | null)[]] {
   if (items.length === 1) {
     const e = items[0] as LeasedExecution;
@@ -231,6 +237,7 @@ function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string 
         String(s.chargedUnits),
         String(e.createdAt.getTime()),
         e.finishedAt === undefined ? null : String(e.finishedAt.getTime()),
+        e.idempotencyKey,
       ],
     ];
   }
@@ -239,6 +246,7 @@ function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string 
     account_id: e.accountId,
     key_id: e.keyId,
     token_id: e.tokenId,
+    idempotency_key: e.idempotencyKey,
     request_hash: e.requestHash,
     template: e.template,
     gateway_id: e.gatewayId,
@@ -257,9 +265,9 @@ const RECORD_ONE: PreparedStatement = {
     UPDATE credit_leases SET units = units - LEAST($15::int8, $14::int8) WHERE gateway_id = $7 AND account_id = $2::uuid RETURNING account_id
   ), settled AS (
     INSERT INTO executions (id, account_id, key_id, token_id, request_hash, template, gateway_id, status, exit_code, stdout, stderr,
-                            truncated, timings, reserved_units, charged_units, created_at, finished_at)
+                            truncated, timings, reserved_units, charged_units, created_at, finished_at, idempotency_key)
     SELECT $1::uuid, spent.account_id, $3::uuid, $4, $5, $6, $7, $8, $9::int4, $10, $11, $12::text::bool, $13::jsonb, $14::int8,
-           LEAST($15::int8, $14::int8), to_timestamp($16::float8 / 1000), coalesce(to_timestamp($17::float8 / 1000), now())
+           LEAST($15::int8, $14::int8), to_timestamp($16::float8 / 1000), coalesce(to_timestamp($17::float8 / 1000), now()), $18
     FROM spent
     RETURNING executions.*
   ), paid AS (

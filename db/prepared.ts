@@ -23,15 +23,19 @@ export type TextRow = Record<string, string | null>;
 type Param = string | null;
 
 export interface RunOptions {
-  /** The statement is the record journal's own fold (db/record-journal.ts), which every other statement waits for. */
-  journalFold?: boolean;
+  /**
+   * False: run without first waiting for the record journal's folds (db/record-journal.ts), which
+   * every statement does by default. For the fold itself, and for a read of what no record the
+   * journal holds can change.
+   */
+  waitForJournal?: boolean;
 }
 
 /** Runs `statement` with text parameters on the connection behind `db`; its rows, columns as text. */
 export async function runPrepared(db: Database, statement: PreparedStatement, params: Param[], options?: RunOptions): Promise<TextRow[]> {
   const client = (db as unknown as { $client: unknown }).$client;
   if (client instanceof PGlite) {
-    const journal = client instanceof JournaledPGlite && options?.journalFold !== true ? client.journal : undefined;
+    const journal = client instanceof JournaledPGlite && options?.waitForJournal !== false ? client.journal : undefined;
     if (journal !== undefined && !journal.upToDate) await journal.settled();
     return runOnPglite(client, statement, params);
   }

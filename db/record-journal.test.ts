@@ -144,6 +144,7 @@ describe("RecordJournal", () => {
     accountId: "a",
     keyId: "k",
     tokenId: null,
+    idempotencyKey: null,
     requestHash: "h",
     template: "python",
     gatewayId: "g",
@@ -212,5 +213,23 @@ describe("RecordJournal", () => {
     expect(replay).toEqual({ folded: 1, alreadyRecorded: 0, unreadable: 0 });
     expect(folded).toEqual([record(7)]);
     expect(statSync(path).size).toBe(0);
+  });
+
+  it("a record's Idempotency-Key is kept, and a line written before records carried one reads as without", async () => {
+    const path = join(tempDir(), JOURNAL_FILE);
+    const keyed = { ...record(8), idempotencyKey: "retry-8" };
+    const { idempotencyKey: _, ...older } = JSON.parse(JSON.stringify({ ...record(9), createdAt: 1_009, finishedAt: 2_009 })) as Record<string, unknown>;
+    const writer = store();
+    writer.failing = true;
+    const { journal } = await RecordJournal.open(path, writer);
+    journal.append(keyed);
+    expect(journal.pendingWithKey("k", "retry-8")).toEqual(keyed);
+    expect(journal.pendingWithKey("other key", "retry-8")).toBeUndefined();
+    await expect(journal.close()).rejects.toThrow();
+    appendFileSync(path, `${JSON.stringify(older)}\n`);
+
+    const folded: JournaledRecord[] = [];
+    await RecordJournal.open(path, { ...store(), fold: async (records) => void folded.push(...records) });
+    expect(folded).toEqual([keyed, record(9)]);
   });
 });

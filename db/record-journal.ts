@@ -107,6 +107,11 @@ export class RecordJournal {
     this.foldLater(FOLD_DELAY_MS);
   }
 
+  /** The record appended with this key's Idempotency-Key and not folded yet, if any. */
+  pendingWithKey(keyId: string, idempotencyKey: string): JournaledRecord | undefined {
+    return this.pending.find((r) => r.idempotencyKey === idempotencyKey && r.keyId === keyId);
+  }
+
   /** Every record appended is in the database. */
   get upToDate(): boolean {
     return this.pending.length === 0;
@@ -203,7 +208,9 @@ function decodeRecord(line: string): JournaledRecord | undefined {
   const r = value as Record<string, unknown>;
   if (typeof r.executionId !== "string" || typeof r.createdAt !== "number" || typeof r.finishedAt !== "number") return undefined;
   if (typeof r.settlement !== "object" || r.settlement === null) return undefined;
-  return { ...(r as unknown as LeasedExecution), createdAt: new Date(r.createdAt), finishedAt: new Date(r.finishedAt) };
+  // Lines written before records carried an Idempotency-Key have none.
+  const idempotencyKey = typeof r.idempotencyKey === "string" ? r.idempotencyKey : null;
+  return { ...(r as unknown as LeasedExecution), idempotencyKey, createdAt: new Date(r.createdAt), finishedAt: new Date(r.finishedAt) };
 }
 
 /**

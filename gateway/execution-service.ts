@@ -5,19 +5,22 @@
 // this gateway's credit lease in memory and is billed with ONE statement that writes its record
 // (CreditLeases); one with an Idempotency-Key or a streamed one is reserved in the database first
 // (its record claims the key, or its id is announced, before it runs: a duplicate replays there)
-// and settled after: two round trips. Each statement is shared with the executions that reserve,
-// settle or record at the same time (group commit). Nothing is charged unless the runtime reports
-// an end of the program.
+// and settled after: two round trips. On embedded PGlite, which one gateway owns, a key is claimed
+// in memory instead (IdempotencyClaims), and only a streamed execution is reserved. Each statement
+// is shared with the executions that reserve, settle or record at the same time (group commit).
+// Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
-import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, type ReserveOutcome, release } from "../db/billing.js";
+import { journalOf } from "../db/record-journal.js";
+import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, type Reservation, type ReserveOutcome, release } from "../db/billing.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
 import type { CreditLeases, HoldOutcome } from "./credit-leases.js";
+import { IdempotencyClaims } from "./idempotency-claims.js";
 import type { ConcurrencyLimiter, TokenExecutionCounter } from "./limits.js";
-import { costUnits, type Pricing, priceOf } from "./pricing.js";
+import { costUnits, type Pricing, priceOf, type TemplatePrice } from "./pricing.js";
 import { ProblemError } from "./problems.js";
 import { inSpan, type Telemetry } from "./telemetry.js";
 
@@ -64,6 +67,15 @@ export interface ExecutionServiceDeps {
   shutdownSignal: AbortSignal;
   /** Extra time the runtime gets past the program's own timeout before the gateway gives up on it. */
   runtimeGraceMs: number;
+}
+
+/** How an execution is billed, fixed before it runs. */
+interface Billing {
+  /** What reserving it in the database writes, or what it holds of the lease. */
+  reservation: Reservation;
+  price: TemplatePrice;
+  /** This gateway claimed its Idempotency-Key in memory (IdempotencyClaims): the database need not. */
+  claimed: boolean;
 }
 
 type NormalizedRequest = Omit<ExecutionRequest, "executionId" | "language"> & { language?: string | undefined };
@@ -121,11 +133,15 @@ function templatesOf(runtime: ExecutionRuntime): Promise<Template[]> {
 
 export class ExecutionService {
   private readonly billing: BillingBatches;
+  /** Embedded PGlite's: Idempotency-Keys claimed in memory. */
+  private readonly claims: IdempotencyClaims | undefined;
   /** The abort controllers of the executions in flight, which the gateway's shutdown aborts. */
   private readonly inFlight = new Set<AbortController>();
 
   constructor(private readonly deps: ExecutionServiceDeps) {
     this.billing = new BillingBatches(deps.db, (accountId) => deps.leases.giveBackFree(accountId));
+    const journal = journalOf(deps.db);
+    this.claims = journal === undefined ? undefined : new IdempotencyClaims(deps.db, journal);
     deps.shutdownSignal.addEventListener("abort", () => {
       for (const run of this.inFlight) run.abort(deps.shutdownSignal.reason);
     });
@@ -203,7 +219,7 @@ export class ExecutionService {
     }
 
     try {
-      const outcome = await this.reserveAndRun(runtime, principal, resolved, hash, idempotencyKey, live);
+      const outcome = await this.claimAndRun(runtime, principal, resolved, hash, idempotencyKey, live);
       if (outcome.replayed && grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
       return outcome;
     } catch (error) {
@@ -237,7 +253,12 @@ export class ExecutionService {
     return existing;
   }
 
-  private async reserveAndRun(
+  /**
+   * On embedded PGlite a request with an Idempotency-Key first claims it in memory
+   * (gateway/idempotency-claims.ts): a duplicate replays there, and the execution is leased and
+   * journaled like one without a key, unless it is streamed.
+   */
+  private async claimAndRun(
     runtime: ExecutionRuntime,
     principal: Principal,
     request: ResolvedRequest,
@@ -245,33 +266,51 @@ export class ExecutionService {
     idempotencyKey: string | null,
     live: LiveExecution,
   ): Promise<ExecutionOutcome> {
-    const { tracer, instruments } = this.deps.telemetry;
     const price = priceOf(this.deps.pricing, request.template);
-    const executionId = randomUUID();
-    const reservedUnits = costUnits(price, request.timeoutMs);
+    const reservation: Reservation = {
+      executionId: randomUUID(),
+      accountId: principal.accountId,
+      keyId: principal.keyId,
+      tokenId: principal.token?.id ?? null,
+      idempotencyKey,
+      requestHash: hash,
+      template: request.template,
+      gatewayId: this.deps.gatewayId,
+      units: costUnits(price, request.timeoutMs),
+    };
+    if (idempotencyKey === null || this.claims === undefined) return this.reserveAndRun(runtime, principal, request, { reservation, price, claimed: false }, live);
+    const claim = await this.claims.claim({ ...reservation, idempotencyKey });
+    if (claim.kind === "existing") return { record: this.replay(principal, claim.record, hash), replayed: true };
+    try {
+      return await this.reserveAndRun(runtime, principal, request, { reservation, price, claimed: true }, live);
+    } finally {
+      claim.release();
+    }
+  }
 
-    // The record of an execution nobody can see before it ends need not exist before it does.
-    const leased = idempotencyKey === null && live.onStart === undefined;
-    const reservation = await inSpan(tracer, "billing.reserve", (span): Promise<HoldOutcome | ReserveOutcome> => {
+  private async reserveAndRun(
+    runtime: ExecutionRuntime,
+    principal: Principal,
+    request: ResolvedRequest,
+    { reservation, price, claimed }: Billing,
+    live: LiveExecution,
+  ): Promise<ExecutionOutcome> {
+    const { tracer, instruments } = this.deps.telemetry;
+    const { executionId, units: reservedUnits, requestHash: hash, idempotencyKey } = reservation;
+
+    // The record of an execution nobody can see before it ends need not exist before it does; nor
+    // need one whose Idempotency-Key this gateway claimed in memory.
+    const leased = (idempotencyKey === null || claimed) && live.onStart === undefined;
+    const reserved = await inSpan(tracer, "billing.reserve", (span): Promise<HoldOutcome | ReserveOutcome> => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.reserved_units": reservedUnits, "sandfork.billing.leased": leased });
       if (leased) return this.deps.leases.hold(principal.accountId, principal.keyId, reservedUnits);
-      return this.billing.reserve({
-        executionId,
-        accountId: principal.accountId,
-        keyId: principal.keyId,
-        tokenId: principal.token?.id ?? null,
-        idempotencyKey,
-        requestHash: hash,
-        template: request.template,
-        gatewayId: this.deps.gatewayId,
-        units: reservedUnits,
-      });
+      return this.billing.reserve(reservation);
     });
-    if (reservation.kind === "duplicate") return { record: this.replay(principal, reservation.existing, hash), replayed: true };
-    if (reservation.kind === "key-revoked") throw new ProblemError("credentials-revoked", "the API key behind this credential has been revoked");
-    if (reservation.kind === "insufficient-credits") {
+    if (reserved.kind === "duplicate") return { record: this.replay(principal, reserved.existing, hash), replayed: true };
+    if (reserved.kind === "key-revoked") throw new ProblemError("credentials-revoked", "the API key behind this credential has been revoked");
+    if (reserved.kind === "insufficient-credits") {
       throw new ProblemError("insufficient-credits", `this execution needs up to ${reservedUnits} ${this.deps.pricing.unitName}s`, {
-        extensions: { required_units: reservedUnits, available_units: reservation.availableUnits },
+        extensions: { required_units: reservedUnits, available_units: reserved.availableUnits },
       });
     }
 
@@ -305,13 +344,9 @@ export class ExecutionService {
     const record = await inSpan(tracer, "billing.settle", (span) => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
       if (!leased) return this.billing.settle(executionId, settlement);
+      const { units: _, ...identity } = reservation;
       return this.deps.leases.record({
-        executionId,
-        accountId: principal.accountId,
-        keyId: principal.keyId,
-        tokenId: principal.token?.id ?? null,
-        requestHash: hash,
-        template: request.template,
+        ...identity,
         gatewayId: this.deps.gatewayId,
         reservedUnits,
         // When it started to run, as a reserved record's created_at is when it was reserved.

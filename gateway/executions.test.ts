@@ -232,6 +232,42 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
   });
 
+  it("Idempotency-Key shared by a streamed and a plain request: whichever comes second gets 409 while the first runs, then its replay", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    let finish!: () => void;
+    runtime.respond = async () => {
+      await new Promise<void>((resolve) => (finish = resolve));
+      return completed();
+    };
+    const whileRunning = async (first: Promise<Response>, second: () => Promise<Response>) => {
+      while (runtime.requests.length === 0) await new Promise((r) => setTimeout(r, 5));
+      await expectProblem(await second(), 409, "idempotency-conflict");
+      runtime.requests.length = 0;
+      finish();
+      return first;
+    };
+    const streamed = { ...PROGRAM, stream: true };
+
+    const streamedFirst = await whileRunning(execute(key, streamed, { "idempotency-key": "s" }), () => execute(key, PROGRAM, { "idempotency-key": "s" }));
+    const final = /event: execution\ndata: (.*)\n/.exec(await streamedFirst.text())?.[1];
+    const plainReplay = await execute(key, PROGRAM, { "idempotency-key": "s" });
+    expect(plainReplay.headers.get("idempotent-replayed")).toBe("true");
+    expect(await plainReplay.json()).toEqual(JSON.parse(final ?? "null"));
+
+    const plainFirst = await whileRunning(execute(key, PROGRAM, { "idempotency-key": "p" }), () => execute(key, streamed, { "idempotency-key": "p" }));
+    const plainBody = (await plainFirst.json()) as ExecutionBody;
+    const streamedReplay = await (await execute(key, streamed, { "idempotency-key": "p" })).text();
+    expect(JSON.parse(/event: execution\ndata: (.*)\n/.exec(streamedReplay)?.[1] ?? "null")).toEqual(plainBody);
+
+    expect(runtime.requests).toHaveLength(0);
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - 2 * CHARGED, reservedUnits: 0 });
+    const records = await gw.fresh.db.select().from(executions).where(eq(executions.accountId, accountId));
+    expect(records.map((r) => [r.idempotencyKey, r.status]).sort()).toEqual([
+      ["p", "completed"],
+      ["s", "completed"],
+    ]);
+  });
+
   it("402 when the balance cannot cover the reservation; nothing runs, nothing is held", async () => {
     const { key, accountId } = await gw.issue({ credits: RESERVED - 1 });
     const problem = await expectProblem(await execute(key), 402, "insufficient-credits");
@@ -279,10 +315,11 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect(busy.headers.get("retry-after")).toBe("1");
     await expectProblem(busy, 503, "runtime-busy");
     expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
-    // The request with an Idempotency-Key was recorded before it ran, so its record stays, aborted;
-    // the others held credits of the gateway's lease only, and leave no record at all.
+    // On a PostgreSQL server the request with an Idempotency-Key was recorded before it ran, so its
+    // record stays, aborted; on PGlite its key was claimed in memory (gateway/idempotency-claims.ts).
+    // The others held credits of the gateway's lease only: no record at all.
     const records = await gw.fresh.db.select().from(executions).where(eq(executions.accountId, accountId));
-    expect(records.map((r) => [r.status, r.chargedUnits])).toEqual([["aborted", 0]]);
+    expect(records.map((r) => [r.status, r.chargedUnits])).toEqual(backend === "postgres" ? [["aborted", 0]] : []);
     // The failed request's Idempotency-Key was freed: a retry runs afresh.
     runtime.respond = async () => completed();
     expect((await execute(key, PROGRAM, { "idempotency-key": "fails" })).status).toBe(200);

@@ -227,7 +227,8 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     // holds credits of the gateway's lease and is billed with one statement, db/leases.ts).
     const execute = () => executeWith(json);
     // A unique Idempotency-Key per request, as a retrying client sends (and as execute.k6.ts does):
-    // reserved in the database before it runs, settled after.
+    // on PostgreSQL reserved in the database before it runs, settled after; on PGlite its key is
+    // claimed in memory and looked up once, then it is billed as a keyless one is.
     const executeKeyed = () => executeWith({ ...json, "idempotency-key": `lt-${sequence++}` });
     const bounded = (scenario: string, concurrency: number, send: () => Promise<boolean>, count = requests) =>
       drive({ scenario, requests: count, concurrency, maxDurationMs, send });

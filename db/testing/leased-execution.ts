@@ -8,6 +8,7 @@ export function leasedExecution(ids: { accountId: string; keyId: string }, gatew
     executionId: randomUUID(),
     ...ids,
     tokenId: null,
+    idempotencyKey: null,
     requestHash: "h".repeat(64),
     template: "python",
     gatewayId,

@@ -3,8 +3,9 @@
 // executions at 8 concurrent, and in the middle of it
 //   - the gateway is killed with SIGKILL and started again on the same database, or
 //   - the daemon is killed with SIGKILL (its supervisor restarts it).
-// Half the requests carry an Idempotency-Key (reserved in the database before they run), half do
-// not (held of the gateway's credit lease in memory, recorded once they end: db/leases.ts).
+// Half the requests carry an Idempotency-Key (on PostgreSQL reserved in the database before they
+// run; on PGlite claimed in memory, gateway/idempotency-claims.ts), half do not (held of the
+// gateway's credit lease in memory, recorded once they end: db/leases.ts).
 // Then the books are reconciled: every execution answered 200 is billed exactly once (its record
 // settled at the answered charge, its one entry), nothing is billed twice, no hold is left (the
 // killed gateway's reservations and credit leases are released by the recovery pass of the next

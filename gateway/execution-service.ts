@@ -11,8 +11,8 @@
 // Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
-import { journalOf } from "../db/record-journal.js";
 import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, type Reservation, type ReserveOutcome, release } from "../db/billing.js";
+import { journalOf } from "../db/record-journal.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
 import type { Principal } from "./auth/principal.js";

@@ -38,8 +38,8 @@ export class IdempotencyClaims {
 
   /** Claims the reservation's Idempotency-Key for it, unless an execution already has the key. */
   async claim(reservation: Reservation & { idempotencyKey: string }): Promise<KeyClaim> {
-    const running = { ...runningRecord(reservation), idempotencyKey: reservation.idempotencyKey };
-    const id = `${running.keyId}\n${running.idempotencyKey}`;
+    const running = runningRecord(reservation);
+    const id = `${reservation.keyId}\n${reservation.idempotencyKey}`;
     for (;;) {
       const holder = this.claims.get(id);
       if (holder?.lookup !== undefined) {
@@ -47,14 +47,14 @@ export class IdempotencyClaims {
         continue;
       }
       if (holder !== undefined) return { kind: "existing", record: holder.running };
-      const journaled = this.journal.pendingWithKey(running.keyId, running.idempotencyKey);
+      const journaled = this.journal.pendingWithKey(reservation.keyId, reservation.idempotencyKey);
       if (journaled !== undefined) return { kind: "existing", record: journaledRecord(journaled) };
 
       const claim: Claim = { running, lookup: undefined };
       this.claims.set(id, claim);
       let existing: ExecutionRecord | undefined;
       try {
-        const lookup = findByIdempotencyKey(this.db, running.keyId, running.idempotencyKey, { waitForJournal: false });
+        const lookup = findByIdempotencyKey(this.db, reservation.keyId, reservation.idempotencyKey, { waitForJournal: false });
         claim.lookup = lookup;
         existing = await lookup;
       } catch (error) {

@@ -1,6 +1,7 @@
 // IdempotencyClaims on a real embedded PGlite with its record journal: where a key is found, and
 // that claiming one costs no fold of the journal.
 import { randomUUID } from "node:crypto";
+import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type ExecutionRecord, type Reservation, runningRecord } from "../db/billing.js";
 import { journalOf, type RecordJournal } from "../db/record-journal.js";
@@ -69,6 +70,17 @@ describe("Idempotency-Keys claimed in memory on embedded PGlite", () => {
     expect(winners).toHaveLength(1);
     const winner = racing[outcomes.indexOf(winners[0] as KeyClaim)];
     for (const o of outcomes) if (o.kind === "existing") expect(o.record).toEqual(runningOf(winner as Reservation));
+  });
+
+  it("a lookup that fails fails its request and leaves the key unclaimed: a request waiting on it looks again itself", async () => {
+    await fresh.db.execute(sql`ALTER TABLE executions RENAME TO executions_away`);
+    try {
+      const racing = [claims.claim(reservation("failing")), claims.claim(reservation("failing"))];
+      for (const outcome of await Promise.allSettled(racing)) expect(outcome.status).toBe("rejected");
+    } finally {
+      await fresh.db.execute(sql`ALTER TABLE executions_away RENAME TO executions`);
+    }
+    claimed(await claims.claim(reservation("failing"))).release();
   });
 
   it("a journaled record is found in the journal before its fold, in the database after; claiming a key folds nothing", async () => {

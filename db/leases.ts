@@ -2,13 +2,14 @@
 // (they join the account's reserved units, and the gateway's row in credit_leases says how many
 // it holds), holds its executions' worst-case costs against the block in memory
 // (gateway/credit-leases.ts), and records each execution once it has ended with ONE statement:
-// the final record (the charge's entry in the accounts' journal) and its charge leaving the account's balance, its reserved
-// units and the lease together. So an execution without an Idempotency-Key (on embedded PGlite,
-// with one too: gateway/idempotency-claims.ts) costs one round trip of billing, not a reserve and
-// a settle, and an account can still never be overspent: a lease
-// is only taken where the account covers it, and the database refuses a charge the lease cannot
-// cover. Unspent credits go back to the account when the gateway is done with them (idle, at
-// shutdown), or, for a gateway that died, at the next start (releaseAbandonedLeases).
+// the final record (the charge's entry in the accounts' journal) and its charge leaving the
+// account's balance, its reserved units and the lease together. So an execution without an
+// Idempotency-Key (on embedded PGlite, with one too: gateway/idempotency-claims.ts) costs one
+// round trip of billing, not a reserve and a settle, and an account can still never be
+// overspent: a lease is only taken where the account covers it, and the database refuses a
+// charge the lease cannot cover. Unspent credits go back to the account when the gateway is done
+// with them (idle, at shutdown), or, for a gateway that died, at the next start
+// (releaseAbandonedLeases).
 import { and, eq, ne, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
 import {

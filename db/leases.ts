@@ -188,7 +188,7 @@ export function checkRecordable(e: LeasedExecution): void {
   checkHoldAndCharge(e);
   const s = e.settlement;
   if (s.exitCode !== null && !(Number.isInteger(s.exitCode) && s.exitCode >= -(2 ** 31) && s.exitCode < 2 ** 31)) throw new RangeError("an exit code is an int4");
-  for (const text of [s.stdout, s.stderr, s.status, e.template, e.tokenId]) {
+  for (const text of [s.stdout, s.stderr, s.status, e.template, e.tokenId, e.idempotencyKey]) {
     if (text !== null && text.includes("\0")) throw new RangeError("a record's texts hold no NUL character");
   }
 }

@@ -131,6 +131,9 @@ describe("the record journal on embedded PGlite", () => {
       const bad = leasedExecution(ids, leases.gatewayId, 10, 3);
       bad.settlement.stderr = "nul\u0000";
       await expect(leases.record(bad)).rejects.toThrow(/NUL/);
+      // An Idempotency-Key is checked at the HTTP edge; the journal does not rely on it.
+      await leases.hold(ids.accountId, ids.keyId, 10);
+      await expect(leases.record({ ...leasedExecution(ids, leases.gatewayId, 10, 3), idempotencyKey: "k\u0000" })).rejects.toThrow(/NUL/);
       expect(journalLines(dataDir)).toEqual([]);
       expect(leases.leaseOn(ids.accountId)).toEqual({ units: 40, held: 0 });
       expect(await getBalance(open.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 40 });

@@ -319,7 +319,12 @@ export class ExecutionService {
     let result: ExecutionResult;
     try {
       live.onStart?.(executionId);
-      result = await this.runAbortable(runtime, { executionId, ...request }, live.onOutput);
+      // The round trip to the runtime, with the phases the runtime reports as its children.
+      result = await inSpan(tracer, "runtime.execute", async () => {
+        const ran = await this.runAbortable(runtime, { executionId, ...request }, live.onOutput);
+        this.recordRuntimePhases(ran, startedAt);
+        return ran;
+      });
     } catch (error) {
       if (leased) this.deps.leases.drop(principal.accountId, reservedUnits);
       else await release(this.deps.db, executionId);
@@ -327,7 +332,6 @@ export class ExecutionService {
       throw runtimeProblem(error);
     }
     const totalMs = performance.now() - started;
-    this.recordRuntimePhases(result, startedAt);
 
     // Billed time is what the VM existed for this request: fork plus run, never past the timeout.
     const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, request.timeoutMs);

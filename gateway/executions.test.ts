@@ -426,7 +426,7 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     }
   });
 
-  it("traces the request: server span with FaaS attributes; auth, billing, queue, fork and exec children", async () => {
+  it("traces the request: server span with FaaS attributes; auth, billing and runtime children; queue, fork and exec under the runtime's", async () => {
     const { key } = await gw.issue({ credits: 100 });
     const response = await execute(key, PROGRAM, { "x-request-id": "req-123" });
     expect(response.headers.get("x-request-id")).toBe("req-123");
@@ -435,12 +435,16 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect(server?.attributes).toMatchObject({ "faas.trigger": "http", "faas.invocation_id": "req-123", "http.response.status_code": 200 });
     expect(typeof server?.attributes["faas.coldstart"]).toBe("boolean");
     const traceId = server?.spanContext().traceId;
-    for (const name of ["auth", "billing.reserve", "queue", "fork", "exec", "billing.settle"]) {
-      const child = spans.find((s) => s.name === name);
-      expect(child, name).toBeDefined();
-      expect(child?.spanContext().traceId, name).toBe(traceId);
-      expect(child?.parentSpanContext?.spanId, name).toBe(server?.spanContext().spanId);
-    }
+    const childOf = (parent: string | undefined, names: string[]) => {
+      for (const name of names) {
+        const child = spans.find((s) => s.name === name);
+        expect(child, name).toBeDefined();
+        expect(child?.spanContext().traceId, name).toBe(traceId);
+        expect(child?.parentSpanContext?.spanId, name).toBe(parent);
+      }
+    };
+    childOf(server?.spanContext().spanId, ["auth", "billing.reserve", "runtime.execute", "billing.settle"]);
+    childOf(spans.find((s) => s.name === "runtime.execute")?.spanContext().spanId, ["queue", "fork", "exec"]);
     const fork = spans.find((s) => s.name === "fork");
     expect(fork && fork.duration[0] * 1e3 + fork.duration[1] / 1e6).toBeCloseTo(2, 0);
 

@@ -26,19 +26,18 @@
 // private one with fsync on (lib/postgres-server.ts). The run prints the server's fsync and
 // synchronous_commit: a commit that waits for the disk is part of what an execution costs there.
 import { spawn } from "node:child_process";
-import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { setTimeout as pauseFor } from "node:timers/promises";
 import { mkdtemp, rm } from "node:fs/promises";
-import { Agent, request as httpRequest } from "node:http";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
-import { fileURLToPath } from "node:url";
 import { emptyPostgresDatabase } from "../db/testing/fresh-database.js";
 import { commandLine } from "../gateway/cli/command-line.js";
 import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
+import { daemonRequest, EXECUTION, EXECUTION_BODY, REPOSITORY, TEMPLATES_DIR } from "./lib/execution.js";
+import { keepAliveClient } from "./lib/http-client.js";
 import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
 import { type Durability, durabilityOf, postgresServer } from "./lib/postgres-server.js";
 
@@ -67,28 +66,9 @@ for (const d of databases) if (d !== "pglite" && d !== "postgres") fail(`--datab
 const peakConcurrency = Math.max(...concurrencies);
 const say = values.json ? (line: string) => process.stderr.write(`${line}\n`) : (line: string) => console.log(line);
 
-const REPOSITORY = fileURLToPath(new URL("..", import.meta.url));
-const TEMPLATES_DIR = join(REPOSITORY, ".sandfork", "templates");
-/** What every execution runs; the k6 script (execute.k6.ts) sends the same body. */
-const EXECUTION = { template: "python", code: "print(6*7)" };
-const EXECUTION_BODY = JSON.stringify(EXECUTION);
 
-// node:http with a keep-alive pool: a lighter client than fetch, so the figures are the servers'.
-const agent = new Agent({ keepAlive: true, maxSockets: peakConcurrency });
-
-/** One request; the body is read in full so the connection is reused. */
-function call(method: "GET" | "POST", url: string, headers: Record<string, string> = {}, body?: string): Promise<{ status: number; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = httpRequest(url, { method, headers, agent }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on("data", (chunk: Buffer) => chunks.push(chunk));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString() }));
-      res.on("error", reject);
-    });
-    req.on("error", reject);
-    req.end(body);
-  });
-}
+const client = keepAliveClient(peakConcurrency);
+const { call } = client;
 
 /** utime + stime of this process in ms. */
 function ownCpuMs(): number {
@@ -234,7 +214,6 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
       drive({ scenario, requests: count, concurrency, maxDurationMs, send });
 
     await daemon.connect();
-    const daemonRequest = () => ({ executionId: randomUUID(), ...EXECUTION, stdin: "", args: [], env: {}, files: [], language: "python", timeoutMs: 5_000, memoryMb: 256 });
     const daemonExecute = async () => (await daemon.execute(daemonRequest(), AbortSignal.timeout(30_000))).outcome === "completed";
     const daemonRuns: Record<string, LatencyFigures> = {};
 
@@ -433,7 +412,7 @@ try {
     }
   }
 } finally {
-  agent.destroy();
+  client.destroy();
   hello.stop();
   pg?.stop();
 }

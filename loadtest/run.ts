@@ -66,7 +66,6 @@ for (const d of databases) if (d !== "pglite" && d !== "postgres") fail(`--datab
 const peakConcurrency = Math.max(...concurrencies);
 const say = values.json ? (line: string) => process.stderr.write(`${line}\n`) : (line: string) => console.log(line);
 
-
 const client = keepAliveClient(peakConcurrency);
 const { call } = client;
 

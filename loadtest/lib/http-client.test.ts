@@ -1,7 +1,7 @@
 // The load tests' HTTP client against a real Node HTTP server: bodies by length and by chunks,
 // keep-alive reuse, the connection cap, a server that closes, and an answer cut off.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
+import { type AddressInfo, createServer as createNetServer } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import { keepAliveClient, parseAnswer } from "./http-client.js";
 
@@ -77,6 +77,32 @@ describe("the load tests' HTTP client", () => {
     await expect(client.call("GET", `${url}/cut`)).rejects.toThrow(/closed before the answer was whole/);
     expect((await client.call("GET", `${url}/after-cut`)).body).toBe("ok");
     expect(connections()).toBe(3);
+  });
+
+  it("drops a connection on which the server sent more than the answer, or sent unasked", async () => {
+    let connections = 0;
+    const server = createNetServer((socket) => {
+      connections++;
+      socket.setNoDelay(true);
+      socket.on("data", (request) => {
+        const path = request.toString("latin1").split(" ")[1];
+        socket.write(`HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok${path === "/extra" ? "HTTP/1.1 200 OK\r\n" : ""}`);
+        if (path === "/unasked") setTimeout(() => socket.write("surprise"), 5);
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const client = keepAliveClient(1);
+    cleanups.push(() => {
+      client.destroy();
+      server.close();
+    });
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    expect((await client.call("GET", `${url}/extra`)).body).toBe("ok");
+    expect((await client.call("GET", `${url}/next`)).body).toBe("ok");
+    expect((await client.call("GET", `${url}/unasked`)).body).toBe("ok");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect((await client.call("GET", `${url}/after`)).body).toBe("ok");
+    expect(connections).toBe(3);
   });
 
   it("parses an answer only once it is whole", () => {

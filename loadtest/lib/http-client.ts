@@ -113,7 +113,11 @@ class Connection {
 
   private read(ended: boolean): void {
     const reading = this.reading;
-    if (reading === undefined) return;
+    if (reading === undefined) {
+      // Bytes nobody asked for would be read as the next request's answer.
+      if (this.received.length > 0) this.destroy();
+      return;
+    }
     let parsed: ReturnType<typeof parseAnswer>;
     try {
       parsed = parseAnswer(this.received, ended);
@@ -125,7 +129,8 @@ class Connection {
     if (parsed === undefined) return;
     this.received = this.received.subarray(parsed.length);
     this.reading = undefined;
-    if (parsed.close) this.destroy();
+    // One request at a time: bytes past the answer are nobody's.
+    if (parsed.close || this.received.length > 0) this.destroy();
     reading.resolve(parsed.answer);
   }
 

@@ -80,10 +80,12 @@ async function measure(database: string, databaseUrl: string | undefined, receiv
     const warm = await drive({ scenario: "warm-up", requests: warmUp, concurrency: 1, maxDurationMs: Number.MAX_SAFE_INTEGER, send: () => execute(false) });
     if (warm.failures > 0) throw new Error(`warm-up: ${warm.failures} of ${warm.requests} executions failed`);
     const block = (scenario: string, send: () => Promise<boolean>) => ({ scenario, requests, concurrency: 1, maxDurationMs: Number.MAX_SAFE_INTEGER, send });
-    const { subject } = await driveAlternating(block("gateway", () => execute(true)), block("daemon alone", executeOnDaemon), ROUNDS);
-    if (subject.failures > 0) throw new Error(`${subject.failures} of ${subject.requests} executions failed`);
+    const { subject, baseline } = await driveAlternating(block("gateway", () => execute(true)), block("daemon alone", executeOnDaemon), ROUNDS);
+    for (const { scenario, failures, requests: sent } of [subject, baseline]) {
+      if (failures > 0) throw new Error(`${scenario}: ${failures} of ${sent} executions failed`);
+    }
 
-    // The spans of the measured executions, once they have all arrived (or stopped arriving).
+    // The spans of the measured executions, once they have all arrived or SPANS_DUE_MS has passed.
     const deadline = Date.now() + SPANS_DUE_MS;
     let phases: ExecutionPhases[] = [];
     while (Date.now() < deadline) {

@@ -123,8 +123,10 @@ function fromRecordRow(row: TextRow): ExecutionRecord {
 }
 
 /** What reserve records about a new execution, and the units it holds. */
-export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId" | "idempotencyKey" | "requestHash" | "template" | "gatewayId"> & {
+export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId" | "idempotencyKey" | "requestHash" | "template"> & {
   executionId: string;
+  /** The gateway running it: the recovery pass at start releases the reservations of dead ones. */
+  gatewayId: string;
   units: number;
 };
 

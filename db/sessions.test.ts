@@ -70,7 +70,7 @@ describe.each(BACKENDS)("session metering on %s", (backend) => {
   it("never takes more than the account has available, and says it fell short", async () => {
     const s = await session(50);
     // 30 of the 50 units are held by an execution in flight: 20 are available.
-    const held = await reserve(fresh.db, { executionId: randomUUID(), accountId: s.accountId, keyId: s.keyId, tokenId: null, idempotencyKey: null, requestHash: "h", template: "python", gatewayId: null, units: 30 });
+    const held = await reserve(fresh.db, { executionId: randomUUID(), accountId: s.accountId, keyId: s.keyId, tokenId: null, idempotencyKey: null, requestHash: "h", template: "python", gatewayId: "gateway-a", units: 30 });
     expect(held.kind).toBe("reserved");
     const short = await accrue(fresh.db, s.id, s.at(10_000), RATES);
     expect([short.chargedUnits, short.short]).toEqual([20, true]);

@@ -351,7 +351,6 @@ export class ExecutionService {
       const { units: _, ...identity } = reservation;
       return this.deps.leases.record({
         ...identity,
-        gatewayId: this.deps.gatewayId,
         reservedUnits,
         // When it started to run, as a reserved record's created_at is when it was reserved.
         createdAt: new Date(startedAt),

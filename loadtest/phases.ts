@@ -3,18 +3,12 @@
 // gateway's own OpenTelemetry traces (lib/phases.ts) and set beside the daemon alone in the same
 // run. The gateway records and exports every span here, which costs CPU and time of its own, so
 // the phases say where the time goes, not what an execution costs: that is `npm run loadtest`.
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { emptyPostgresDatabase } from "../db/testing/fresh-database.js";
 import { commandLine } from "../gateway/cli/command-line.js";
-import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
-import { DaemonClient } from "../runtime/daemon-client.js";
-import { daemonRequest, EXECUTION_BODY, TEMPLATES_DIR } from "./lib/execution.js";
+import { daemonRequest, EXECUTION_BODY } from "./lib/execution.js";
 import { keepAliveClient } from "./lib/http-client.js";
+import { onEachDatabase, parseDatabases, withLoadGateway } from "./lib/load-gateway.js";
 import { drive, driveAlternating, percentile } from "./lib/measure.js";
 import { type ExecutionPhases, executionPhases, type SpanReceiver, startSpanReceiver } from "./lib/phases.js";
-import { durabilityOf, postgresServer } from "./lib/postgres-server.js";
 
 const { values, fail } = commandLine("npm run loadtest:phases -- [--requests N] [--warm-up N] [--databases pglite,postgres]", {
   requests: { type: "string", default: "2000" },
@@ -25,8 +19,7 @@ const requests = Number(values.requests);
 const warmUp = Number(values["warm-up"]);
 if (!Number.isSafeInteger(requests) || requests <= 0) fail("--requests must be a positive integer");
 if (!Number.isSafeInteger(warmUp) || warmUp < 0) fail("--warm-up must be a non-negative integer");
-const databases = values.databases.split(",");
-for (const d of databases) if (d !== "pglite" && d !== "postgres") fail(`--databases: pglite or postgres, got ${d}`);
+const databases = parseDatabases(values.databases, fail);
 
 /** Blocks of the gateway taken in turn with blocks of the daemon alone. */
 const ROUNDS = 5;
@@ -44,20 +37,9 @@ interface PhaseRun {
 }
 
 async function measure(database: string, databaseUrl: string | undefined, receiver: SpanReceiver): Promise<PhaseRun> {
-  const dir = await mkdtemp(join(tmpdir(), "sfk-phases-"));
-  const socketPath = join(dir, "vmm.sock");
   // Every span exported within a fifth of a second, none dropped for a full queue.
   const env = { OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: receiver.url, OTEL_BSP_SCHEDULE_DELAY: "200", OTEL_BSP_MAX_QUEUE_SIZE: "65536", OTEL_BSP_MAX_EXPORT_BATCH_SIZE: "4096" };
-  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: TEMPLATES_DIR, databaseUrl, env });
-  const daemon = new DaemonClient({ socketPath, connections: 4 });
-  try {
-    if (gateway.admin === undefined) throw new Error("the gateway printed no admin key on its fresh database");
-    const admin = { authorization: `Bearer ${gateway.admin.key}`, "content-type": "application/json" };
-    const created = await client.call("POST", `${gateway.url}/v1/keys`, admin, JSON.stringify({ name: "phases", credits: 1_000_000_000_000, rate_limit_per_minute: 1_000_000 }));
-    if (created.status !== 201) throw new Error(`creating the key: ${created.status} ${created.body}`);
-    const json = { authorization: `Bearer ${(JSON.parse(created.body) as { key: string }).key}`, "content-type": "application/json" };
-    await daemon.connect();
-
+  return withLoadGateway(client.call, { databaseUrl, env }, async ({ gateway, daemon, json }) => {
     let sequence = 0;
     const clientMs = new Map<string, number>();
     const execute = async (measured: boolean) => {
@@ -95,11 +77,7 @@ async function measure(database: string, databaseUrl: string | undefined, receiv
     }
     receiver.spans.length = 0;
     return { phases, clientMs, daemonAlone };
-  } finally {
-    daemon.close();
-    await gateway.stop();
-    await rm(dir, { recursive: true, force: true });
-  }
+  });
 }
 
 function report(database: string, run: PhaseRun): void {
@@ -126,24 +104,13 @@ function report(database: string, run: PhaseRun): void {
 }
 
 const receiver = await startSpanReceiver();
-let pg: { url: string; stop(): void } | undefined;
 try {
-  for (const database of databases) {
-    if (database === "pglite") {
-      report("pglite", await measure("pglite", undefined, receiver));
-      continue;
-    }
-    pg ??= postgresServer({ dirName: "sandfork-loadtest-pg", port: 54341 });
-    const { fsync, synchronous_commit } = await durabilityOf(pg.url);
-    const fresh = await emptyPostgresDatabase("sandfork_phases", pg.url);
-    try {
-      report(`postgres (fsync=${fsync}, synchronous_commit=${synchronous_commit})`, await measure("postgres", fresh.url, receiver));
-    } finally {
-      await fresh.drop();
-    }
+  const { runs, postgresDurability } = await onEachDatabase(databases, "sandfork_phases", (database, databaseUrl) => measure(database, databaseUrl, receiver));
+  if (runs.pglite !== undefined) report("pglite", runs.pglite);
+  if (runs.postgres !== undefined) {
+    report(`postgres (fsync=${postgresDurability?.fsync}, synchronous_commit=${postgresDurability?.synchronous_commit})`, runs.postgres);
   }
 } finally {
   client.destroy();
   await receiver.close();
-  pg?.stop();
 }

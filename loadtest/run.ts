@@ -28,18 +28,14 @@
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { setTimeout as pauseFor } from "node:timers/promises";
-import { mkdtemp, rm } from "node:fs/promises";
-import { cpus, loadavg, tmpdir } from "node:os";
+import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
-import { emptyPostgresDatabase } from "../db/testing/fresh-database.js";
 import { commandLine } from "../gateway/cli/command-line.js";
-import { startGatewayProcess } from "../gateway/testing/gateway-process.js";
-import { DaemonClient } from "../runtime/daemon-client.js";
-import { daemonRequest, EXECUTION, EXECUTION_BODY, REPOSITORY, TEMPLATES_DIR } from "./lib/execution.js";
+import { daemonRequest, EXECUTION, EXECUTION_BODY, REPOSITORY } from "./lib/execution.js";
 import { keepAliveClient } from "./lib/http-client.js";
+import { type LoadDatabase, onEachDatabase, parseDatabases, withLoadGateway } from "./lib/load-gateway.js";
 import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
-import { type Durability, durabilityOf, postgresServer } from "./lib/postgres-server.js";
 
 const { values, fail } = commandLine(
   "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR]",
@@ -61,8 +57,7 @@ if (warmUp !== "auto" && (!Number.isSafeInteger(warmUp) || warmUp < 0)) fail("--
 for (const [name, n] of [["requests", requests], ["max-seconds", maxDurationMs], ...concurrencies.map((c) => ["concurrency", c] as const)] as const) {
   if (!Number.isSafeInteger(n) || n <= 0) fail(`--${name} must be a positive integer (or a list of them)`);
 }
-const databases = values.databases.split(",");
-for (const d of databases) if (d !== "pglite" && d !== "postgres") fail(`--databases: pglite or postgres, got ${d}`);
+const databases = parseDatabases(values.databases, fail);
 const peakConcurrency = Math.max(...concurrencies);
 const say = values.json ? (line: string) => process.stderr.write(`${line}\n`) : (line: string) => console.log(line);
 
@@ -182,21 +177,11 @@ async function warmUpAtOne(pid: number, execute: () => Promise<boolean>): Promis
 }
 
 /** The gateway on one database: executions at each concurrency, the daemon alone, other routes. */
-async function measureDatabase(database: "pglite" | "postgres", databaseUrl: string | undefined, hello: HelloServer): Promise<DatabaseRun> {
-  const dir = await mkdtemp(join(tmpdir(), "sfk-lt-"));
-  const socketPath = join(dir, "vmm.sock");
+async function measureDatabase(database: LoadDatabase, databaseUrl: string | undefined, hello: HelloServer): Promise<DatabaseRun> {
   say(`${database}: starting the gateway and its daemon`);
   const profileDir = values["cpu-prof"];
   const nodeArgs = profileDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${profileDir}`];
-  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: TEMPLATES_DIR, databaseUrl, nodeArgs });
-  const daemon = new DaemonClient({ socketPath, connections: 4 });
-  try {
-    if (gateway.admin === undefined) throw new Error("the gateway printed no admin key on its fresh database");
-    const admin = { authorization: `Bearer ${gateway.admin.key}`, "content-type": "application/json" };
-    const created = await call("POST", `${gateway.url}/v1/keys`, admin, JSON.stringify({ name: "loadtest", credits: 1_000_000_000_000, rate_limit_per_minute: 1_000_000, max_concurrency: 10_000 }));
-    if (created.status !== 201) throw new Error(`creating the load-test key: ${created.status} ${created.body}`);
-    const auth = { authorization: `Bearer ${(JSON.parse(created.body) as { key: string }).key}` };
-    const json = { ...auth, "content-type": "application/json" };
+  return withLoadGateway(call, { databaseUrl, nodeArgs }, async ({ gateway, daemon, auth, json }) => {
     let sequence = 0;
     const executeWith = async (headers: Record<string, string>) => {
       const r = await call("POST", `${gateway.url}/v1/executions`, headers, EXECUTION_BODY);
@@ -212,7 +197,6 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     const bounded = (scenario: string, concurrency: number, send: () => Promise<boolean>, count = requests) =>
       drive({ scenario, requests: count, concurrency, maxDurationMs, send });
 
-    await daemon.connect();
     const daemonExecute = async () => (await daemon.execute(daemonRequest(), AbortSignal.timeout(30_000))).outcome === "completed";
     const daemonRuns: Record<string, LatencyFigures> = {};
 
@@ -307,11 +291,7 @@ async function measureDatabase(database: "pglite" | "postgres", databaseUrl: str
     }
     const baselines = { runtime_client_ms_per_exec: runtimeClientMsPerExec, hello_ms_per_req: helloMsPerReq };
     return { executions, keyed, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, baselines, scenarios };
-  } finally {
-    daemon.close();
-    await gateway.stop();
-    await rm(dir, { recursive: true, force: true });
-  }
+  });
 }
 
 /** Issue 9's goals, each met or not (null: not measured in this run), with the figure it was read from. */
@@ -338,24 +318,11 @@ function goalsOf(run: DatabaseRun): { cpu_ms_per_exec_at_most_1: Goal; p50_over_
 }
 
 const hello = await startHello();
-let pg: { url: string; stop(): void } | undefined;
 try {
   const helloRun = await drive({ scenario: "hello (plain Hono)", requests: requests * 5, concurrency: peakConcurrency, maxDurationMs, send: async () => (await call("GET", `${hello.url}/hello`)).status === 200 });
-  const runs: Partial<Record<"pglite" | "postgres", DatabaseRun>> = {};
-  let postgresDurability: Durability | undefined;
-  for (const database of databases as ("pglite" | "postgres")[]) {
-    if (database === "pglite") runs.pglite = await measureDatabase("pglite", undefined, hello);
-    else {
-      pg ??= postgresServer({ dirName: "sandfork-loadtest-pg", port: 54341 });
-      postgresDurability = await durabilityOf(pg.url);
-      const fresh = await emptyPostgresDatabase("sandfork_loadtest", pg.url);
-      try {
-        runs.postgres = await measureDatabase("postgres", fresh.url, hello);
-      } finally {
-        await fresh.drop();
-      }
-    }
-  }
+  const { runs, postgresDurability } = await onEachDatabase(databases, "sandfork_loadtest", (database, databaseUrl) =>
+    measureDatabase(database, databaseUrl, hello),
+  );
   const first = runs.pglite ?? runs.postgres;
   const daemonAtOne = first?.daemon["1"];
   const report = {
@@ -413,5 +380,4 @@ try {
 } finally {
   client.destroy();
   hello.stop();
-  pg?.stop();
 }

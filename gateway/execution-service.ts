@@ -11,7 +11,7 @@
 // Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
-import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, type Reservation, type ReserveOutcome, release } from "../db/billing.js";
+import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, type Reservation, type ReserveOutcome, release, type Settlement } from "../db/billing.js";
 import { journalOf } from "../db/record-journal.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
@@ -35,6 +35,23 @@ export interface ExecutionInput {
   memory_mb?: number | undefined;
   /** One of the template's languages (default: its first). */
   language?: string | undefined;
+}
+
+/**
+ * What an execution that ran is billed as. Billed time is what the VM existed for the request:
+ * fork plus run, never past its timeout; the charge never exceeds what it held.
+ */
+export function settlementOf(result: ExecutionResult, billing: { price: TemplatePrice; reservedUnits: number; timeoutMs: number; totalMs: number }): Settlement {
+  const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, billing.timeoutMs);
+  return {
+    status: result.outcome,
+    exitCode: result.exitCode,
+    stdout: result.stdout,
+    stderr: result.stderr,
+    truncated: result.truncated,
+    timings: { ...result.timings, totalMs: billing.totalMs },
+    chargedUnits: Math.min(costUnits(billing.price, billedMs), billing.reservedUnits),
+  };
 }
 
 /** Watches one execution while it runs (a streamed POST /v1/executions). */
@@ -331,20 +348,8 @@ export class ExecutionService {
       instruments.executions.add(1, { template: request.template, status: "aborted" });
       throw runtimeProblem(error);
     }
-    const totalMs = performance.now() - started;
-
-    // Billed time is what the VM existed for this request: fork plus run, never past the timeout.
-    const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, request.timeoutMs);
-    const chargedUnits = Math.min(costUnits(price, billedMs), reservedUnits);
-    const settlement = {
-      status: result.outcome,
-      exitCode: result.exitCode,
-      stdout: result.stdout,
-      stderr: result.stderr,
-      truncated: result.truncated,
-      timings: { ...result.timings, totalMs },
-      chargedUnits,
-    };
+    const settlement = settlementOf(result, { price, reservedUnits, timeoutMs: request.timeoutMs, totalMs: performance.now() - started });
+    const { chargedUnits } = settlement;
     const record = await inSpan(tracer, "billing.settle", (span) => {
       span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
       if (!leased) return this.billing.settle(executionId, settlement);
@@ -358,7 +363,7 @@ export class ExecutionService {
       });
     });
     instruments.executions.add(1, { template: request.template, status: result.outcome });
-    instruments.executionDuration.record(totalMs / 1000, { template: request.template, status: result.outcome });
+    instruments.executionDuration.record(settlement.timings.totalMs / 1000, { template: request.template, status: result.outcome });
     instruments.billedUnits.add(record.chargedUnits ?? 0, { template: request.template });
     return { record, replayed: false };
   }

@@ -25,6 +25,9 @@
 // PostgreSQL: a fresh database on the server named by DATABASE_URL or TEST_DATABASE_URL, or on a
 // private one with fsync on (lib/postgres-server.ts). The run prints the server's fsync and
 // synchronous_commit: a commit that waits for the disk is part of what an execution costs there.
+// At concurrency 1 it also measures, in the same blocks, the daemon's run followed by its record
+// committed on that server from this process (lib/record-baseline.ts): the floor a gateway that
+// bills before it answers cannot go under there, whatever its HTTP costs.
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { setTimeout as pauseFor } from "node:timers/promises";
@@ -35,7 +38,8 @@ import { commandLine } from "../gateway/cli/command-line.js";
 import { daemonRequest, EXECUTION, EXECUTION_BODY, REPOSITORY } from "./lib/execution.js";
 import { keepAliveClient } from "./lib/http-client.js";
 import { type LoadDatabase, onEachDatabase, parseDatabases, withLoadGateway } from "./lib/load-gateway.js";
-import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
+import { cpuOverBlocks, drive, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
+import { openRecordBaseline } from "./lib/record-baseline.js";
 
 const { values, fail } = commandLine(
   "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR]",
@@ -142,6 +146,8 @@ interface DatabaseRun {
   /** Gateway CPU ms per execution of each warm-up block at c=1 (--warm-up auto). */
   warmUpBlocks: number[];
   daemon: Record<string, LatencyFigures>;
+  /** PostgreSQL, concurrency 1: the daemon's run, then its record committed on the server (lib/record-baseline.ts). */
+  daemonThenRecord: LatencyFigures | null;
   baselines: CpuBaselines;
   scenarios: ScenarioSummary[];
 }
@@ -181,7 +187,7 @@ async function measureDatabase(database: LoadDatabase, databaseUrl: string | und
   say(`${database}: starting the gateway and its daemon`);
   const profileDir = values["cpu-prof"];
   const nodeArgs = profileDir === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${profileDir}`];
-  return withLoadGateway(call, { databaseUrl, nodeArgs }, async ({ gateway, daemon, auth, json }) => {
+  return withLoadGateway(call, { databaseUrl, nodeArgs }, async ({ gateway, daemon, auth, key, json }) => {
     let sequence = 0;
     const executeWith = async (headers: Record<string, string>) => {
       const r = await call("POST", `${gateway.url}/v1/executions`, headers, EXECUTION_BODY);
@@ -225,21 +231,46 @@ async function measureDatabase(database: LoadDatabase, databaseUrl: string | und
       maxDurationMs: maxDurationMs / ALTERNATING_ROUNDS,
       send,
     });
-    // Keyless, in blocks alternating with the daemon alone at the same concurrency (its baseline).
-    for (const c of concurrencies) {
-      const gatewayCpu = cpuOverBlocks(() => processCpuMs(gateway.pid));
-      const clientCpu = cpuOverBlocks(ownCpuMs);
-      const { subject, baseline } = await driveAlternating(
-        alternating(`POST /v1/executions (${database}), c=${c}`, c, execute),
-        alternating(`daemon alone, c=${c}`, c, daemonExecute),
-        ALTERNATING_ROUNDS,
-        { subject: gatewayCpu.wrap, baseline: clientCpu.wrap },
-      );
-      scenarios.push(subject);
-      daemonRuns[c] = latencyFigures(baseline);
-      executions[c] = figuresOf(subject, gatewayCpu.ms);
-      runtimeClientMsPerExec[c] = round(clientCpu.ms / Math.max(1, baseline.requests), 3);
-      say(`  keyless c=${c}: p50 ${subject.p50Ms.toFixed(2)} ms (the daemon alone ${baseline.p50Ms.toFixed(2)}), ${subject.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec (the runtime client alone ${runtimeClientMsPerExec[c]})`);
+    // On PostgreSQL at concurrency 1, a third side in the same blocks: the daemon, then its record.
+    const recordBaseline =
+      databaseUrl !== undefined && concurrencies.includes(1)
+        ? await openRecordBaseline(databaseUrl, key, { executions: requests, timeoutMs: daemonRequest().timeoutMs })
+        : undefined;
+    let daemonThenRecord: LatencyFigures | null = null;
+    try {
+      const executeThenRecord = async () => {
+        const request = daemonRequest();
+        const sent = performance.now();
+        const result = await daemon.execute(request, AbortSignal.timeout(30_000));
+        await recordBaseline?.record(request, result, performance.now() - sent);
+        return result.outcome === "completed";
+      };
+      // Keyless, in blocks alternating with the daemon alone at the same concurrency (its baseline).
+      for (const c of concurrencies) {
+        const gatewayCpu = cpuOverBlocks(() => processCpuMs(gateway.pid));
+        const clientCpu = cpuOverBlocks(ownCpuMs);
+        const floor = c === 1 && recordBaseline !== undefined ? [{ options: alternating(`daemon then its record (${database}), c=1`, 1, executeThenRecord) }] : [];
+        const [baseline, subject, thenRecord] = await driveInTurn(
+          [
+            { options: alternating(`daemon alone, c=${c}`, c, daemonExecute), around: clientCpu.wrap },
+            { options: alternating(`POST /v1/executions (${database}), c=${c}`, c, execute), around: gatewayCpu.wrap },
+            ...floor,
+          ],
+          ALTERNATING_ROUNDS,
+        );
+        scenarios.push(subject);
+        daemonRuns[c] = latencyFigures(baseline);
+        executions[c] = figuresOf(subject, gatewayCpu.ms);
+        runtimeClientMsPerExec[c] = round(clientCpu.ms / Math.max(1, baseline.requests), 3);
+        const floorSaid = thenRecord === undefined ? "" : `, the daemon then its record ${thenRecord.p50Ms.toFixed(2)}`;
+        say(`  keyless c=${c}: p50 ${subject.p50Ms.toFixed(2)} ms (the daemon alone ${baseline.p50Ms.toFixed(2)}${floorSaid}), ${subject.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec (the runtime client alone ${runtimeClientMsPerExec[c]})`);
+        if (thenRecord !== undefined) {
+          scenarios.push(thenRecord);
+          daemonThenRecord = latencyFigures(thenRecord);
+        }
+      }
+    } finally {
+      await recordBaseline?.close();
     }
     // The plain Hono server's CPU per request at c=1: back to back, after an idle pause, after an execution.
     const sendHello = async () => (await call("GET", `${hello.url}/hello`)).status === 200;
@@ -290,7 +321,7 @@ async function measureDatabase(database: LoadDatabase, databaseUrl: string | und
       scenarios.push(await bounded(`${name} (${database}), c=${peakConcurrency}`, peakConcurrency, send));
     }
     const baselines = { runtime_client_ms_per_exec: runtimeClientMsPerExec, hello_ms_per_req: helloMsPerReq };
-    return { executions, keyed, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, baselines, scenarios };
+    return { executions, keyed, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, daemonThenRecord, baselines, scenarios };
   });
 }
 
@@ -331,6 +362,7 @@ try {
     daemon_p50_ms: daemonAtOne?.p50_ms ?? null,
     goals: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, goalsOf(r)])),
     daemon: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.daemon])),
+    daemon_then_record: Object.fromEntries(Object.entries(runs).flatMap(([d, r]) => (r.daemonThenRecord === null ? [] : [[d, { "1": r.daemonThenRecord }]]))),
     warm_up_cpu_ms_per_exec: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.warmUpBlocks])),
     cpu_baselines: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.baselines])),
     hello_per_s: round(helloRun.requestsPerSecond, 0),
@@ -362,6 +394,13 @@ try {
       }
     }
     console.log(`daemon alone at c=1: p50 ${report.daemon_p50_ms} ms; plain Hono hello: ${report.hello_per_s} req/s`);
+    for (const [database, run] of Object.entries(runs)) {
+      const [floor, alone] = [run.daemonThenRecord, run.daemon["1"]];
+      if (floor === null || alone === undefined) continue;
+      console.log(
+        `the daemon then its record committed on the ${database} server, c=1, no HTTP, no gateway (its floor there): p50 ${floor.p50_ms} ms (+${(floor.p50_ms - alone.p50_ms).toFixed(2)} ms over the daemon alone)`,
+      );
+    }
     const verdict = (goal: Goal) => (goal.met === null ? "not measured" : `${goal.met ? "met" : "NOT met"} (${goal.figure})`);
     console.log("issue 9's goals (keyless executions):");
     for (const [database, goals] of Object.entries(report.goals)) {

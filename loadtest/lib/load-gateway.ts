@@ -24,6 +24,8 @@ export interface LoadGateway {
   daemon: DaemonClient;
   /** The load-test key's authorization header. */
   auth: { authorization: string };
+  /** The load-test key and its account. */
+  key: { id: string; accountId: string };
   /** The same with a JSON content type. */
   json: { authorization: string; "content-type": string };
 }
@@ -43,9 +45,10 @@ export async function withLoadGateway<T>(
     const admin = { authorization: `Bearer ${gateway.admin.key}`, "content-type": "application/json" };
     const created = await call("POST", `${gateway.url}/v1/keys`, admin, JSON.stringify({ name: "loadtest", credits: 1_000_000_000_000, rate_limit_per_minute: 1_000_000, max_concurrency: 10_000 }));
     if (created.status !== 201) throw new Error(`creating the load-test key: ${created.status} ${created.body}`);
-    const auth = { authorization: `Bearer ${(JSON.parse(created.body) as { key: string }).key}` };
+    const key = JSON.parse(created.body) as { key: string; id: string; account_id: string };
+    const auth = { authorization: `Bearer ${key.key}` };
     await daemon.connect();
-    return await measure({ gateway, daemon, auth, json: { ...auth, "content-type": "application/json" } });
+    return await measure({ gateway, daemon, auth, key: { id: key.id, accountId: key.account_id }, json: { ...auth, "content-type": "application/json" } });
   } finally {
     daemon.close();
     await gateway.stop();

@@ -146,8 +146,12 @@ interface DatabaseRun {
   /** Gateway CPU ms per execution of each warm-up block at c=1 (--warm-up auto). */
   warmUpBlocks: number[];
   daemon: Record<string, LatencyFigures>;
-  /** PostgreSQL, concurrency 1: the daemon's run, then its record committed on the server (lib/record-baseline.ts). */
-  daemonThenRecord: LatencyFigures | null;
+  /**
+   * Concurrency 1, the daemon's run then a plain Hono request, and on PostgreSQL the daemon's run
+   * then its record committed on the server (lib/record-baseline.ts), in the gateway's blocks
+   * (unless --concurrency leaves 1 out: then the first in the plain Hono server's).
+   */
+  floors: { then_a_plain_request: LatencyFigures; then_its_record: LatencyFigures | null };
   baselines: CpuBaselines;
   scenarios: ScenarioSummary[];
 }
@@ -231,12 +235,25 @@ async function measureDatabase(database: LoadDatabase, databaseUrl: string | und
       maxDurationMs: maxDurationMs / ALTERNATING_ROUNDS,
       send,
     });
-    // On PostgreSQL at concurrency 1, a third side in the same blocks: the daemon, then its record.
+    // The plain Hono server's CPU per request at c=1: back to back, after an idle pause, after an execution.
+    const sendHello = async () => (await call("GET", `${hello.url}/hello`)).status === 200;
+    const helloCpu = () => cpuOverBlocks(() => processCpuMs(hello.pid));
+    const [backToBack, afterAnIdlePause, afterAnExecution] = [helloCpu(), helloCpu(), helloCpu()];
+    const sendHelloAfterIdle = async () => {
+      await pauseFor(IDLE_PAUSE_MS);
+      return sendHello();
+    };
+    const sendHelloAfterExecution = async () => (await daemonExecute()) && (await sendHello());
+    const helloAfterAnExecution = { options: alternating("daemon then a plain Hono request, c=1", 1, sendHelloAfterExecution), around: afterAnExecution.wrap };
+    // At concurrency 1, in the same blocks as the gateway and the daemon alone: the daemon then a
+    // plain Hono request (what an HTTP exchange adds to a VM's run), and on PostgreSQL the daemon
+    // then its record committed on the server (what billing before the answer adds there).
     const recordBaseline =
       databaseUrl !== undefined && concurrencies.includes(1)
         ? await openRecordBaseline(databaseUrl, key, { executions: requests, timeoutMs: daemonRequest().timeoutMs })
         : undefined;
-    let daemonThenRecord: LatencyFigures | null = null;
+    let thenHello: ScenarioSummary | undefined;
+    let thenRecord: ScenarioSummary | undefined;
     try {
       const executeThenRecord = async () => {
         const request = daemonRequest();
@@ -249,51 +266,41 @@ async function measureDatabase(database: LoadDatabase, databaseUrl: string | und
       for (const c of concurrencies) {
         const gatewayCpu = cpuOverBlocks(() => processCpuMs(gateway.pid));
         const clientCpu = cpuOverBlocks(ownCpuMs);
-        const floor = c === 1 && recordBaseline !== undefined ? [{ options: alternating(`daemon then its record (${database}), c=1`, 1, executeThenRecord) }] : [];
-        const [baseline, subject, thenRecord] = await driveInTurn(
+        const floors =
+          c !== 1 ? [] : [helloAfterAnExecution, ...(recordBaseline === undefined ? [] : [{ options: alternating(`daemon then its record (${database}), c=1`, 1, executeThenRecord) }])];
+        const [baseline, subject, ...floorRuns] = await driveInTurn(
           [
             { options: alternating(`daemon alone, c=${c}`, c, daemonExecute), around: clientCpu.wrap },
             { options: alternating(`POST /v1/executions (${database}), c=${c}`, c, execute), around: gatewayCpu.wrap },
-            ...floor,
+            ...floors,
           ],
           ALTERNATING_ROUNDS,
         );
-        scenarios.push(subject);
+        scenarios.push(subject, ...floorRuns);
         daemonRuns[c] = latencyFigures(baseline);
         executions[c] = figuresOf(subject, gatewayCpu.ms);
         runtimeClientMsPerExec[c] = round(clientCpu.ms / Math.max(1, baseline.requests), 3);
-        const floorSaid = thenRecord === undefined ? "" : `, the daemon then its record ${thenRecord.p50Ms.toFixed(2)}`;
-        say(`  keyless c=${c}: p50 ${subject.p50Ms.toFixed(2)} ms (the daemon alone ${baseline.p50Ms.toFixed(2)}${floorSaid}), ${subject.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec (the runtime client alone ${runtimeClientMsPerExec[c]})`);
-        if (thenRecord !== undefined) {
-          scenarios.push(thenRecord);
-          daemonThenRecord = latencyFigures(thenRecord);
-        }
+        if (c === 1) [thenHello, thenRecord] = floorRuns;
+        say(`  keyless c=${c}: p50 ${subject.p50Ms.toFixed(2)} ms (the daemon alone ${baseline.p50Ms.toFixed(2)}), ${subject.requestsPerSecond.toFixed(0)}/s, gateway CPU ${executions[c].gateway_cpu_ms_per_exec} ms/exec (the runtime client alone ${runtimeClientMsPerExec[c]})`);
       }
     } finally {
       await recordBaseline?.close();
     }
-    // The plain Hono server's CPU per request at c=1: back to back, after an idle pause, after an execution.
-    const sendHello = async () => (await call("GET", `${hello.url}/hello`)).status === 200;
-    const helloCpu = () => cpuOverBlocks(() => processCpuMs(hello.pid));
-    const [backToBack, afterAnIdlePause, afterAnExecution] = [helloCpu(), helloCpu(), helloCpu()];
-    const sendHelloAfterIdle = async () => {
-      await pauseFor(IDLE_PAUSE_MS);
-      return sendHello();
-    };
-    const sendHelloAfterExecution = async () => (await daemonExecute()) && (await sendHello());
     const helloRuns = await driveInTurn(
       [
         { options: alternating("hello back to back, c=1", 1, sendHello), around: backToBack.wrap },
         { options: alternating(`hello after ${IDLE_PAUSE_MS} ms idle, c=1`, 1, sendHelloAfterIdle), around: afterAnIdlePause.wrap },
-        { options: alternating("hello after an execution, c=1", 1, sendHelloAfterExecution), around: afterAnExecution.wrap },
+        ...(thenHello === undefined ? [helloAfterAnExecution] : []),
       ],
       ALTERNATING_ROUNDS,
     );
+    thenHello ??= helloRuns[2] as ScenarioSummary;
+    scenarios.push(...helloRuns);
     const perRequest = (cpu: { ms: number }, run: ScenarioSummary) => round(cpu.ms / Math.max(1, run.requests), 3);
     const helloMsPerReq = {
       back_to_back: perRequest(backToBack, helloRuns[0]),
       after_an_idle_pause: perRequest(afterAnIdlePause, helloRuns[1]),
-      after_an_execution: perRequest(afterAnExecution, helloRuns[2]),
+      after_an_execution: perRequest(afterAnExecution, thenHello),
     };
     say(
       `  plain Hono at c=1: ${helloMsPerReq.back_to_back} ms CPU per request back to back, ${helloMsPerReq.after_an_idle_pause} after ${IDLE_PAUSE_MS} ms idle, ${helloMsPerReq.after_an_execution} after an execution each`,
@@ -321,7 +328,11 @@ async function measureDatabase(database: LoadDatabase, databaseUrl: string | und
       scenarios.push(await bounded(`${name} (${database}), c=${peakConcurrency}`, peakConcurrency, send));
     }
     const baselines = { runtime_client_ms_per_exec: runtimeClientMsPerExec, hello_ms_per_req: helloMsPerReq };
-    return { executions, keyed, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, daemonThenRecord, baselines, scenarios };
+    const floors = {
+      then_a_plain_request: latencyFigures(thenHello),
+      then_its_record: thenRecord === undefined ? null : latencyFigures(thenRecord),
+    };
+    return { executions, keyed, warmUpBlocks: warmOne.blocks, daemon: daemonRuns, floors, baselines, scenarios };
   });
 }
 
@@ -362,7 +373,7 @@ try {
     daemon_p50_ms: daemonAtOne?.p50_ms ?? null,
     goals: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, goalsOf(r)])),
     daemon: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.daemon])),
-    daemon_then_record: Object.fromEntries(Object.entries(runs).flatMap(([d, r]) => (r.daemonThenRecord === null ? [] : [[d, { "1": r.daemonThenRecord }]]))),
+    floors_at_1: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.floors])),
     warm_up_cpu_ms_per_exec: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.warmUpBlocks])),
     cpu_baselines: Object.fromEntries(Object.entries(runs).map(([d, r]) => [d, r.baselines])),
     hello_per_s: round(helloRun.requestsPerSecond, 0),
@@ -394,12 +405,14 @@ try {
       }
     }
     console.log(`daemon alone at c=1: p50 ${report.daemon_p50_ms} ms; plain Hono hello: ${report.hello_per_s} req/s`);
+    console.log("floors at c=1, in the gateway's blocks (the daemon's run, then what answering over HTTP and billing before the answer cost on their own):");
     for (const [database, run] of Object.entries(runs)) {
-      const [floor, alone] = [run.daemonThenRecord, run.daemon["1"]];
-      if (floor === null || alone === undefined) continue;
-      console.log(
-        `the daemon then its record committed on the ${database} server, c=1, no HTTP, no gateway (its floor there): p50 ${floor.p50_ms} ms (+${(floor.p50_ms - alone.p50_ms).toFixed(2)} ms over the daemon alone)`,
-      );
+      const [alone, { then_a_plain_request: http, then_its_record: record }] = [run.daemon["1"], run.floors];
+      if (alone === undefined) continue;
+      const over = (f: LatencyFigures) => f.p50_ms - alone.p50_ms;
+      const recordSaid = record === null ? "" : `; then its record committed on the server ${record.p50_ms} (+${over(record).toFixed(2)})`;
+      const bound = record === null ? "" : `; the two together +${(over(http) + over(record)).toFixed(2)}, before any work of the gateway's own`;
+      console.log(`  ${database}, c=1, p50 ms: the daemon alone ${alone.p50_ms}; then a plain Hono request ${http.p50_ms} (+${over(http).toFixed(2)})${recordSaid}${bound}`);
     }
     const verdict = (goal: Goal) => (goal.met === null ? "not measured" : `${goal.met ? "met" : "NOT met"} (${goal.figure})`);
     console.log("issue 9's goals (keyless executions):");

@@ -25,9 +25,10 @@
 // PostgreSQL: a fresh database on the server named by DATABASE_URL or TEST_DATABASE_URL, or on a
 // private one with fsync on (lib/postgres-server.ts). The run prints the server's fsync and
 // synchronous_commit: a commit that waits for the disk is part of what an execution costs there.
-// At concurrency 1 it also measures, in the same blocks, the daemon's run followed by its record
-// committed on that server from this process (lib/record-baseline.ts): the floor a gateway that
-// bills before it answers cannot go under there, whatever its HTTP costs.
+// At concurrency 1 it also measures floors, in the same blocks as the gateway and the daemon alone:
+// the daemon's run followed by a plain Hono request (what answering over HTTP adds on its own) and,
+// on PostgreSQL, by its record committed on that server from this process (lib/record-baseline.ts:
+// what billing before the answer adds there on its own), and prints them with their sum.
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { setTimeout as pauseFor } from "node:timers/promises";

@@ -1,13 +1,12 @@
-import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { findExecution } from "../../db/billing.js";
 import { getBalance } from "../../db/keys.js";
 import { accountWithKey } from "../../db/testing/accounts.js";
 import { type FreshDatabase, freshDatabase } from "../../db/testing/fresh-database.js";
-import type { ExecutionRequest, ExecutionResult } from "../../runtime/execution-runtime.js";
+import type { ExecutionResult } from "../../runtime/execution-runtime.js";
+import { daemonRequest as request } from "./execution.js";
 import { openRecordBaseline } from "./record-baseline.js";
 
-const request = (): ExecutionRequest => ({ executionId: randomUUID(), template: "python", code: "print(6*7)", stdin: "", args: [], env: {}, files: [], language: "python", timeoutMs: 5_000, memoryMb: 256 });
 const result: ExecutionResult = { outcome: "completed", exitCode: 0, stdout: "42\n", stderr: "", truncated: false, timings: { queueMs: 0.1, forkMs: 0.2, execMs: 120.4 } };
 
 describe("the daemon-then-record baseline on PostgreSQL", () => {

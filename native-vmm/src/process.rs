@@ -10,6 +10,8 @@ mod memory_map;
 mod output;
 pub mod signals;
 pub mod threads;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use crate::fs::{Node, Vfs};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};

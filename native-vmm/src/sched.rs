@@ -24,7 +24,7 @@
 //! of its own. Nothing is saved while only one thread exists.
 
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::errno::Errno;
@@ -36,12 +36,17 @@ use crate::status::RunStatus;
 use crate::syscalls::{self, SyscallOutcome};
 use crate::vm::LoopEnd;
 
+/// How soon a slice that ended while the vCPU was in the stubs is tried again: a thread on its
+/// way back to program code from a call is preempted there at the next kick.
+const STUB_RETRY: Duration = Duration::from_millis(1);
+
 pub struct Scheduler {
     /// The thread whose registers the vCPU holds.
     on_cpu: u64,
     /// When the running thread's slice ends (None: not while nothing else could run).
     slice_end: Option<Instant>,
-    /// The slice ended while the vCPU was in the stubs: switch at the next system call.
+    /// The slice ended while the vCPU was in the stubs: switch at the next system call (or at
+    /// the next kick, `STUB_RETRY` later, if the thread returns to program code without one).
     switch_due: bool,
     deadline: Instant,
     limit_ms: u64,
@@ -106,7 +111,10 @@ impl Scheduler {
                 self.follow(cpu, process, mem, step)
             }
             None => {
-                self.slice_end = None;
+                // In the stubs: on the way to a call's exit the switch is made at that call; on
+                // the way back to program code there may be no call again (a spinning thread),
+                // so the vCPU is kicked again shortly, to be preempted in program code then.
+                self.slice_end = Some(now + STUB_RETRY);
                 self.switch_due = true;
                 Ok(None)
             }
@@ -409,4 +417,57 @@ enum Step {
     End(LoopEnd),
     /// The thread switched in makes its readiness call again.
     Retry { call: Call, final_attempt: bool },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::{Duration, Instant};
+
+    use super::{Scheduler, STUB_RETRY};
+    use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu};
+    use crate::memory::GuestMemory;
+    use crate::process::testing::{new_process, test_image, MEM};
+
+    /// A vCPU that can switch threads and was kicked while inside the VMM's stubs.
+    struct InTheStubs;
+
+    impl GuestCpu for InTheStubs {
+        fn run(&mut self, _deadline: Instant) -> io::Result<CpuExit> {
+            Err(io::Error::other("not run in these tests"))
+        }
+        fn set_syscall_return(&mut self, _value: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn set_fs_base(&mut self, _base: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn switches_threads(&self) -> bool {
+            true
+        }
+        fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
+            Ok(None)
+        }
+    }
+
+    #[test]
+    fn a_slice_that_ends_in_the_stubs_is_tried_again_soon_not_at_the_deadline() {
+        let (image, _dir) = test_image();
+        let mut process = new_process(image);
+        let mem = GuestMemory::new(MEM).unwrap();
+        process.threads.spawn(0x10_0000, None).expect("a second thread");
+        let deadline = Instant::now() + Duration::from_secs(150);
+        let mut cpu = InTheStubs;
+        let mut sched = Scheduler::new(&cpu, &mut process, deadline, 150_000);
+        assert!(sched.slice_end.is_some(), "two runnable threads share the vCPU in slices");
+
+        let kicked = Instant::now();
+        assert!(sched.slice_ended(&mut cpu, &mut process, &mem).unwrap().is_none());
+        // The thread may go back to program code and never call again (a spinner): without a
+        // next kick it would run to the run's deadline, starving the other one.
+        assert!(sched.switch_due, "a call on the way out switches");
+        let next_kick = sched.run_until(&process);
+        assert!(next_kick < deadline, "the vCPU would run to the deadline");
+        assert!(next_kick >= kicked + STUB_RETRY && next_kick <= Instant::now() + STUB_RETRY);
+    }
 }

@@ -12,15 +12,13 @@ use super::file;
 use super::sync_group::SyncGroup;
 use super::TemplateError;
 use crate::cpu::{CpuSnapshot, UserRegs};
-use crate::fs::{Image, Vfs, DEFAULT_OVERLAY_LIMIT};
-use crate::image::format::{self, Entry, EntryKind, Index};
+use crate::fs::Image;
 use crate::image::testdir::TempDir;
 use crate::memory::GuestMemory;
-use crate::process::{AddressSpace, GuestProcess, ProcessConfig};
+use crate::process::testing::{new_process, test_image, MEM, MIB};
+use crate::process::GuestProcess;
 use crate::syscalls::{dispatch, SyscallOutcome};
 
-const MIB: u64 = 1 << 20;
-const MEM: u64 = 16 * MIB;
 /// Argument strings and result buffers (below brk_start: never handed out by the map).
 const SCRATCH: u64 = 0x20_0000;
 const BUF: u64 = 0x30_0000;
@@ -45,24 +43,6 @@ const PIPE2: u64 = 293;
 const AT_FDCWD: u64 = -100i64 as u64;
 const O_RDWR: u64 = 2;
 const O_CREAT: u64 = 0o100;
-
-fn test_image() -> (Arc<Image>, TempDir) {
-    let dir = TempDir::new("snapshot");
-    let entry = |path: &str, kind| Entry { path: path.into(), mode: 0o755, mtime_sec: 0, mtime_nsec: 0, kind };
-    let mut index = Index {
-        name: "snapshot-test".into(),
-        writable_dirs: vec!["/tmp".into(), "/work".into()],
-        entries: vec![entry("/", EntryKind::Dir), entry("/etc", EntryKind::Dir), entry("/etc/motd", EntryKind::File { offset: 0, size: 5, sha256: [0; 32] })],
-    };
-    format::write(&dir.0, &mut index, |_| Ok(b"hello".to_vec())).unwrap();
-    (Image::open(&dir.0).unwrap(), dir)
-}
-
-fn new_process(image: Arc<Image>) -> GuestProcess {
-    let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
-    let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: b"standard input".to_vec(), output_cap: 1 << 20, mem_limit: MEM, command: Default::default() };
-    GuestProcess::new(config, AddressSpace { brk_start: 4 * MIB, mmap_low: 4 * MIB, mmap_high: 14 * MIB })
-}
 
 fn call(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64; 6]) -> u64 {
     match dispatch(proc, mem, nr, args) {

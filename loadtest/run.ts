@@ -251,7 +251,7 @@ async function measureDatabase(database: LoadDatabase, databaseUrl: string | und
     // then its record committed on the server (what billing before the answer adds there).
     const recordBaseline =
       databaseUrl !== undefined && concurrencies.includes(1)
-        ? await openRecordBaseline(databaseUrl, key, { executions: requests, timeoutMs: daemonRequest().timeoutMs })
+        ? await openRecordBaseline(databaseUrl, key, { executions: requests, template: EXECUTION.template, timeoutMs: daemonRequest().timeoutMs })
         : undefined;
     let thenHello: ScenarioSummary | undefined;
     let thenRecord: ScenarioSummary | undefined;
@@ -267,13 +267,13 @@ async function measureDatabase(database: LoadDatabase, databaseUrl: string | und
       for (const c of concurrencies) {
         const gatewayCpu = cpuOverBlocks(() => processCpuMs(gateway.pid));
         const clientCpu = cpuOverBlocks(ownCpuMs);
-        const floors =
+        const floorSides =
           c !== 1 ? [] : [helloAfterAnExecution, ...(recordBaseline === undefined ? [] : [{ options: alternating(`daemon then its record (${database}), c=1`, 1, executeThenRecord) }])];
         const [baseline, subject, ...floorRuns] = await driveInTurn(
           [
             { options: alternating(`daemon alone, c=${c}`, c, daemonExecute), around: clientCpu.wrap },
             { options: alternating(`POST /v1/executions (${database}), c=${c}`, c, execute), around: gatewayCpu.wrap },
-            ...floors,
+            ...floorSides,
           ],
           ALTERNATING_ROUNDS,
         );

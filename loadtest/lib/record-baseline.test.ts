@@ -20,7 +20,7 @@ describe("the daemon-then-record baseline on PostgreSQL", () => {
 
   it("bills each record as the gateway would, on a lease of its executions' worst cases that the database holds it to", async () => {
     const ids = await accountWithKey(fresh.db, 1_000);
-    const baseline = await openRecordBaseline(fresh.url as string, { id: ids.keyId, accountId: ids.accountId }, { executions: 2, timeoutMs: 5_000 });
+    const baseline = await openRecordBaseline(fresh.url as string, { id: ids.keyId, accountId: ids.accountId }, { executions: 2, template: "python", timeoutMs: 5_000 });
     try {
       // The default price: 1 unit + 10 a second; a 5 s timeout holds 51, 120.6 ms of fork and run charge 3.
       expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 1_000, reservedUnits: 102 });

@@ -9,7 +9,8 @@ import { randomUUID } from "node:crypto";
 import { openDatabase, type OpenDatabase } from "../../db/client.js";
 import { acquireLease, recordAll } from "../../db/leases.js";
 import { settlementOf } from "../../gateway/execution-service.js";
-import { costUnits, DEFAULT_PRICING, priceOf } from "../../gateway/pricing.js";
+import { loadConfig } from "../../gateway/config.js";
+import { costUnits, priceOf } from "../../gateway/pricing.js";
 import type { ExecutionRequest, ExecutionResult } from "../../runtime/execution-runtime.js";
 
 export interface RecordBaseline {
@@ -20,17 +21,18 @@ export interface RecordBaseline {
 
 /**
  * Opens a connection to `databaseUrl` holding a credit lease on the key's account for `executions`
- * records of executions with `timeoutMs` (each holds its worst case, as the gateway's do).
+ * records of `template` executions with `timeoutMs` (each holds its worst case, as the gateway's
+ * do), priced as the gateway this process starts prices them (its configuration, from this environment).
  */
 export async function openRecordBaseline(
   databaseUrl: string,
   key: { id: string; accountId: string },
-  { executions, timeoutMs }: { executions: number; timeoutMs: number },
+  { executions, template, timeoutMs }: { executions: number; template: string; timeoutMs: number },
 ): Promise<RecordBaseline> {
   const gatewayId = `loadtest-baseline-${randomUUID()}`;
   const open: OpenDatabase = await openDatabase({ backend: "postgres", url: databaseUrl, maxConnections: 1, gatewayId });
   try {
-    const price = priceOf(DEFAULT_PRICING, "python");
+    const price = priceOf(loadConfig().pricing, template);
     const reservedUnits = costUnits(price, timeoutMs);
     const units = reservedUnits * executions;
     const leased = await acquireLease(open.db, { gatewayId, accountId: key.accountId, keyId: key.id, minUnits: units, maxUnits: units });
@@ -46,7 +48,7 @@ export async function openRecordBaseline(
             tokenId: null,
             idempotencyKey: null,
             requestHash: "0".repeat(64),
-            template: request.template,
+            template,
             gatewayId,
             reservedUnits,
             createdAt: new Date(Date.now() - totalMs),

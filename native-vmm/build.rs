@@ -16,7 +16,9 @@ fn compile(cc: &str, what: &str, args: &[String]) {
 }
 
 fn main() {
-    let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("vdso");
+    let dir =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+            .join("vdso");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("vdso.so");
     let (source, script) = (dir.join("vdso.c"), dir.join("vdso.lds"));
     println!("cargo:rerun-if-changed={}", source.display());
@@ -25,14 +27,51 @@ fn main() {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
     // Position-independent, no libc, no stack protector or PLT: the object must need no
     // relocation and call nothing (glibc does not relocate a vDSO).
-    let flags = ["-O2", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector", "-fno-plt", "-fcf-protection=none", "-nostdlib", "-shared", "-Wall", "-Wextra", "-Werror"];
-    let link = ["-Wl,--hash-style=both", "-Wl,-Bsymbolic", "-Wl,-soname=linux-vdso.so.1", "-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,--eh-frame-hdr", "-Wl,--build-id=none"];
+    let flags = [
+        "-O2",
+        "-fPIC",
+        "-ffreestanding",
+        "-fno-builtin",
+        "-fno-stack-protector",
+        "-fno-plt",
+        "-fcf-protection=none",
+        "-nostdlib",
+        "-shared",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+    ];
+    let link = [
+        "-Wl,--hash-style=both",
+        "-Wl,-Bsymbolic",
+        "-Wl,-soname=linux-vdso.so.1",
+        "-Wl,--no-undefined",
+        "-Wl,-z,noexecstack",
+        "-Wl,--eh-frame-hdr",
+        "-Wl,--build-id=none",
+    ];
     let mut args: Vec<String> = flags.iter().chain(&link).map(|s| s.to_string()).collect();
-    args.extend([format!("-Wl,-T,{}", script.display()), "-o".into(), out.display().to_string(), source.display().to_string()]);
+    args.extend([
+        format!("-Wl,-T,{}", script.display()),
+        "-o".into(),
+        out.display().to_string(),
+        source.display().to_string(),
+    ]);
     compile(&cc, "the guest vDSO", &args);
 
-    let bench = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("tests/programs/vdso_clock.c");
+    let bench = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap())
+        .join("tests/programs/vdso_clock.c");
     println!("cargo:rerun-if-changed={}", bench.display());
     let bench_out = out.with_file_name("vdso_clock");
-    compile(&cc, "the syscall bench program", &["-O1".into(), "-static".into(), "-o".into(), bench_out.display().to_string(), bench.display().to_string()]);
+    compile(
+        &cc,
+        "the syscall bench program",
+        &[
+            "-O1".into(),
+            "-static".into(),
+            "-o".into(),
+            bench_out.display().to_string(),
+            bench.display().to_string(),
+        ],
+    );
 }

@@ -91,7 +91,10 @@ pub const PYTHON_AGENT_PATH: &str = "/opt/sandfork/agent.py";
 /// craft collisions against code of another request that hashes untrusted input (its own time
 /// limit bounds the damage). Each template boot draws a new secret, so bounding a template's
 /// lifetime (rebuilding its snapshot periodically) bounds the sharing.
-pub const PYTHON_AGENT: AgentCommand = AgentCommand { program: "python3", argv: &["python3", "-I", "-B", PYTHON_AGENT_PATH] };
+pub const PYTHON_AGENT: AgentCommand = AgentCommand {
+    program: "python3",
+    argv: &["python3", "-I", "-B", PYTHON_AGENT_PATH],
+};
 
 /// Where templates/node/image.json puts the Node agent.
 pub const NODE_AGENT_PATH: &str = "/opt/sandfork/agent.js";
@@ -110,8 +113,17 @@ pub const NODE_WORKER_DEFAULTS_PATH: &str = "/opt/sandfork/worker-defaults.js";
 /// the agent's environment is the VMM's (`vm::DEFAULT_ENV`), and a request's env is applied
 /// after start.
 /// argv[0] is the binary's path: without /proc/self/exe, Node takes process.execPath from it.
-pub const NODE_AGENT: AgentCommand =
-    AgentCommand { program: "node", argv: &["/usr/bin/node", "--max-old-space-size=65536", "--disable-wasm-trap-handler", "--require", NODE_WORKER_DEFAULTS_PATH, NODE_AGENT_PATH] };
+pub const NODE_AGENT: AgentCommand = AgentCommand {
+    program: "node",
+    argv: &[
+        "/usr/bin/node",
+        "--max-old-space-size=65536",
+        "--disable-wasm-trap-handler",
+        "--require",
+        NODE_WORKER_DEFAULTS_PATH,
+        NODE_AGENT_PATH,
+    ],
+};
 
 /// The Node template's script when a request names none: JavaScript, CommonJS unless the code
 /// is an ES module (templates/node/README.md).
@@ -182,7 +194,13 @@ fn invalid<T>(message: String) -> Result<T, InvalidRequest> {
 impl AgentRequest {
     /// `code` as /work/main.py with no arguments, environment, files or stdin.
     pub fn new(code: &str) -> AgentRequest {
-        AgentRequest { code: code.to_owned(), argv: vec![DEFAULT_SCRIPT.to_owned()], env: Vec::new(), files: Vec::new(), stdin: Vec::new() }
+        AgentRequest {
+            code: code.to_owned(),
+            argv: vec![DEFAULT_SCRIPT.to_owned()],
+            env: Vec::new(),
+            files: Vec::new(),
+            stdin: Vec::new(),
+        }
     }
 
     /// The script's path relative to /work (argv[0]); `validate` guarantees it exists.
@@ -194,17 +212,27 @@ impl AgentRequest {
     /// The script and the files must not collide (same path, or one inside the other).
     pub fn validate(&self) -> Result<(), InvalidRequest> {
         if self.code.len() > MAX_CODE_BYTES {
-            return invalid(format!("code is {} bytes, more than {MAX_CODE_BYTES}", self.code.len()));
+            return invalid(format!(
+                "code is {} bytes, more than {MAX_CODE_BYTES}",
+                self.code.len()
+            ));
         }
         if self.argv.is_empty() || self.argv.len() > MAX_ARGS {
-            return invalid(format!("argv must have 1 to {MAX_ARGS} entries (argv[0] is the script's path), not {}", self.argv.len()));
+            return invalid(format!(
+                "argv must have 1 to {MAX_ARGS} entries (argv[0] is the script's path), not {}",
+                self.argv.len()
+            ));
         }
-        check_work_path(self.script()).or_else(|reason| invalid(format!("argv[0] {}: {reason}", quoted(self.script()))))?;
+        check_work_path(self.script())
+            .or_else(|reason| invalid(format!("argv[0] {}: {reason}", quoted(self.script()))))?;
         if let Some(i) = self.argv.iter().position(|a| a.contains('\0')) {
             return invalid(format!("argv[{i}] contains a NUL byte"));
         }
         if self.env.len() > MAX_ENV_VARS {
-            return invalid(format!("{} environment variables, more than {MAX_ENV_VARS}", self.env.len()));
+            return invalid(format!(
+                "{} environment variables, more than {MAX_ENV_VARS}",
+                self.env.len()
+            ));
         }
         let mut names = BTreeSet::new();
         for (name, value) in &self.env {
@@ -212,36 +240,60 @@ impl AgentRequest {
                 return invalid(format!("environment variable {}: names must be non-empty without '=' or NUL, values without NUL", quoted(name)));
             }
             if !names.insert(name.as_str()) {
-                return invalid(format!("environment variable {} is given twice", quoted(name)));
+                return invalid(format!(
+                    "environment variable {} is given twice",
+                    quoted(name)
+                ));
             }
         }
-        let args_env: usize = self.argv.iter().map(|a| a.len() + 1).sum::<usize>() + self.env.iter().map(|(n, v)| n.len() + v.len() + 2).sum::<usize>();
+        let args_env: usize = self.argv.iter().map(|a| a.len() + 1).sum::<usize>()
+            + self
+                .env
+                .iter()
+                .map(|(n, v)| n.len() + v.len() + 2)
+                .sum::<usize>();
         if args_env > MAX_ARGS_ENV_BYTES {
-            return invalid(format!("argv and env take {args_env} bytes, more than {MAX_ARGS_ENV_BYTES}"));
+            return invalid(format!(
+                "argv and env take {args_env} bytes, more than {MAX_ARGS_ENV_BYTES}"
+            ));
         }
         if self.files.len() > MAX_FILES {
             return invalid(format!("{} files, more than {MAX_FILES}", self.files.len()));
         }
         let files_bytes = self.code.len() + self.files.iter().map(|(_, c)| c.len()).sum::<usize>();
         if files_bytes > MAX_FILES_BYTES {
-            return invalid(format!("files and code take {files_bytes} bytes, more than {MAX_FILES_BYTES}"));
+            return invalid(format!(
+                "files and code take {files_bytes} bytes, more than {MAX_FILES_BYTES}"
+            ));
         }
         let mut paths = BTreeSet::from([self.script()]);
         for (i, (path, _)) in self.files.iter().enumerate() {
-            check_work_path(path).or_else(|reason| invalid(format!("files[{i}].path {}: {reason}", quoted(path))))?;
+            check_work_path(path)
+                .or_else(|reason| invalid(format!("files[{i}].path {}: {reason}", quoted(path))))?;
             if !paths.insert(path.as_str()) {
-                let what = if path == self.script() { "is the script's path (argv[0])" } else { "is given twice" };
+                let what = if path == self.script() {
+                    "is the script's path (argv[0])"
+                } else {
+                    "is given twice"
+                };
                 return invalid(format!("files[{i}].path {} {what}", quoted(path)));
             }
         }
         for path in &paths {
             let mut ancestors = path.match_indices('/').map(|(i, _)| &path[..i]);
             if let Some(file) = ancestors.find(|a| paths.contains(a)) {
-                return invalid(format!("{} is a file, so {} cannot be inside it", quoted(file), quoted(path)));
+                return invalid(format!(
+                    "{} is a file, so {} cannot be inside it",
+                    quoted(file),
+                    quoted(path)
+                ));
             }
         }
         if self.stdin.len() > MAX_STDIN_BYTES {
-            return invalid(format!("stdin is {} bytes, more than {MAX_STDIN_BYTES}", self.stdin.len()));
+            return invalid(format!(
+                "stdin is {} bytes, more than {MAX_STDIN_BYTES}",
+                self.stdin.len()
+            ));
         }
         Ok(())
     }
@@ -258,7 +310,13 @@ impl AgentRequest {
             HandOff::Script => None,
             HandOff::Cell { reseed } => Some(SessionFlags { reseed }),
         };
-        let message = AgentMessage { code: &self.code, argv: &self.argv, env: &self.env, seed: &seed, session };
+        let message = AgentMessage {
+            code: &self.code,
+            argv: &self.argv,
+            env: &self.env,
+            seed: &seed,
+            session,
+        };
         Ok(serde_json::to_string(&message).expect("strings and string pairs always serialise"))
     }
 }
@@ -285,7 +343,10 @@ struct SessionFlags {
 }
 
 /// Name-value pairs as one JSON object, in their order.
-fn object_of_pairs<S: Serializer>(pairs: &&[(String, String)], serializer: S) -> Result<S::Ok, S::Error> {
+fn object_of_pairs<S: Serializer>(
+    pairs: &&[(String, String)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     serializer.collect_map(pairs.iter().map(|(name, value)| (name, value)))
 }
 
@@ -303,13 +364,22 @@ pub fn check_work_path(path: &str) -> Result<(), String> {
         return Err("contains a NUL byte".into());
     }
     if crate::fs::WORK_DIR.len() + 1 + path.len() >= PATH_MAX {
-        return Err(format!("longer than {} bytes", PATH_MAX - crate::fs::WORK_DIR.len() - 2));
+        return Err(format!(
+            "longer than {} bytes",
+            PATH_MAX - crate::fs::WORK_DIR.len() - 2
+        ));
     }
     for component in path.split('/') {
         match component {
             "" => return Err("empty path component (a doubled or trailing '/')".into()),
-            "." | ".." => return Err(format!("'{component}' components are not allowed (paths stay inside /work)")),
-            c if c.len() > NAME_MAX => return Err(format!("a component is longer than {NAME_MAX} bytes")),
+            "." | ".." => {
+                return Err(format!(
+                    "'{component}' components are not allowed (paths stay inside /work)"
+                ))
+            }
+            c if c.len() > NAME_MAX => {
+                return Err(format!("a component is longer than {NAME_MAX} bytes"))
+            }
             _ => {}
         }
     }
@@ -335,7 +405,10 @@ mod tests {
         let mut r = with_file("data/in.csv", 10);
         r.files.push(("helper.py".into(), b"X = 1\n".to_vec()));
         r.argv = vec!["src/app.py".into(), "--flag".into(), "".into()];
-        r.env = vec![("LANG".into(), "C.UTF-8".into()), ("EMPTY".into(), String::new())];
+        r.env = vec![
+            ("LANG".into(), "C.UTF-8".into()),
+            ("EMPTY".into(), String::new()),
+        ];
         r.stdin = b"input".to_vec();
         assert_eq!(r.validate(), Ok(()));
         assert_eq!(r.script(), "src/app.py");
@@ -367,7 +440,10 @@ mod tests {
         let mut r = AgentRequest::new("");
         r.argv = vec![format!("/{long}")];
         let message = refusal(&r);
-        assert!(message.starts_with("argv[0] \"/ééé") && message.len() < 256, "{message}");
+        assert!(
+            message.starts_with("argv[0] \"/ééé") && message.len() < 256,
+            "{message}"
+        );
         assert!(refusal(&with_file(&format!("../{long}"), 1)).len() < 256);
         let mut r = AgentRequest::new("");
         r.env = vec![(format!("={long}"), String::new())];
@@ -384,13 +460,19 @@ mod tests {
         r.files.push(("a-b".into(), vec![]));
         r.files.push(("a/b".into(), vec![]));
         assert!(refusal(&r).contains("\"a\" is a file"));
-        assert_eq!(refusal(&with_file("main.py/x", 1)), "\"main.py\" is a file, so \"main.py/x\" cannot be inside it");
+        assert_eq!(
+            refusal(&with_file("main.py/x", 1)),
+            "\"main.py\" is a file, so \"main.py/x\" cannot be inside it"
+        );
     }
 
     #[test]
     fn sizes_are_bounded() {
         assert!(refusal(&with_file("big.bin", MAX_FILES_BYTES)).contains("files and code take"));
-        assert_eq!(with_file("fits.bin", MAX_FILES_BYTES - "print(1)".len()).validate(), Ok(()));
+        assert_eq!(
+            with_file("fits.bin", MAX_FILES_BYTES - "print(1)".len()).validate(),
+            Ok(())
+        );
         let mut r = AgentRequest::new(&"#".repeat(MAX_CODE_BYTES + 1));
         assert!(refusal(&r).contains("code is"));
         r = AgentRequest::new("");
@@ -428,12 +510,34 @@ mod tests {
         r.stdin = b"not in the message".to_vec();
         let message = r.agent_message(HandOff::Script).unwrap();
         let (fixed, seed) = message.split_at(message.len() - (SEED_BYTES * 2 + 2));
-        assert_eq!(fixed, r#"{"code":"print(\"é\\n\")\n","argv":["main.py","-x"],"env":{"B":"2","A":"\"1\""},"seed":""#);
-        assert!(seed.ends_with("\"}") && seed[..SEED_BYTES * 2].bytes().all(|b| b.is_ascii_hexdigit()), "{message}");
-        assert_ne!(r.agent_message(HandOff::Script).unwrap(), message, "every message has its own seed");
+        assert_eq!(
+            fixed,
+            r#"{"code":"print(\"é\\n\")\n","argv":["main.py","-x"],"env":{"B":"2","A":"\"1\""},"seed":""#
+        );
+        assert!(
+            seed.ends_with("\"}")
+                && seed[..SEED_BYTES * 2]
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit()),
+            "{message}"
+        );
+        assert_ne!(
+            r.agent_message(HandOff::Script).unwrap(),
+            message,
+            "every message has its own seed"
+        );
         let parsed: serde_json::Value = serde_json::from_str(&message).unwrap();
-        assert_eq!(parsed.get("code").and_then(serde_json::Value::as_str), Some(r.code.as_str()));
-        let cell: serde_json::Value = serde_json::from_str(&r.agent_message(HandOff::Cell { reseed: true }).unwrap()).unwrap();
-        assert_eq!(cell.get("session"), Some(&serde_json::json!({"reseed": true})), "a cell says so");
+        assert_eq!(
+            parsed.get("code").and_then(serde_json::Value::as_str),
+            Some(r.code.as_str())
+        );
+        let cell: serde_json::Value =
+            serde_json::from_str(&r.agent_message(HandOff::Cell { reseed: true }).unwrap())
+                .unwrap();
+        assert_eq!(
+            cell.get("session"),
+            Some(&serde_json::json!({"reseed": true})),
+            "a cell says so"
+        );
     }
 }

@@ -35,7 +35,12 @@ impl Latency {
         let mut sorted = samples.to_vec();
         sorted.sort_unstable();
         let rank = |p: usize| sorted[((sorted.len() * p).div_ceil(100)).max(1) - 1];
-        (!sorted.is_empty()).then(|| Latency { p50: rank(50), p99: rank(99), min: sorted[0], max: sorted[sorted.len() - 1] })
+        (!sorted.is_empty()).then(|| Latency {
+            p50: rank(50),
+            p99: rank(99),
+            min: sorted[0],
+            max: sorted[sorted.len() - 1],
+        })
     }
 }
 
@@ -55,7 +60,10 @@ pub struct BenchReport {
 pub enum BenchError {
     Launch(LaunchError),
     /// The guest program did not exit with code 0.
-    GuestFailed { status: RunStatus, stderr: String },
+    GuestFailed {
+        status: RunStatus,
+        stderr: String,
+    },
     /// The native baseline could not be spawned, or did not exit with code 0.
     Native(io::Error),
     NoIterations,
@@ -65,7 +73,10 @@ impl std::fmt::Display for BenchError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BenchError::Launch(e) => write!(f, "{e}"),
-            BenchError::GuestFailed { status, stderr } => write!(f, "the guest run did not succeed: {status}; stderr: {stderr}"),
+            BenchError::GuestFailed { status, stderr } => write!(
+                f,
+                "the guest run did not succeed: {status}; stderr: {stderr}"
+            ),
             BenchError::Native(e) => write!(f, "native baseline: {e}"),
             BenchError::NoIterations => write!(f, "at least one iteration is needed"),
         }
@@ -75,7 +86,10 @@ impl std::fmt::Display for BenchError {
 impl std::error::Error for BenchError {}
 
 /// Times `iterations` calls of `run_once`, stopping at the first error.
-pub fn time_runs<E>(iterations: usize, mut run_once: impl FnMut() -> Result<(), E>) -> Result<Vec<Duration>, E> {
+pub fn time_runs<E>(
+    iterations: usize,
+    mut run_once: impl FnMut() -> Result<(), E>,
+) -> Result<Vec<Duration>, E> {
     let mut samples = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let start = Instant::now();
@@ -86,20 +100,36 @@ pub fn time_runs<E>(iterations: usize, mut run_once: impl FnMut() -> Result<(), 
 }
 
 /// The native baseline: spawns `program args` on the host `iterations` times, output discarded.
-pub fn measure_native(program: &str, args: &[&str], iterations: usize) -> io::Result<Vec<Duration>> {
+pub fn measure_native(
+    program: &str,
+    args: &[&str],
+    iterations: usize,
+) -> io::Result<Vec<Duration>> {
     time_runs(iterations, || {
-        let status = Command::new(program).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+        let status = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
         if status.success() {
             Ok(())
         } else {
-            Err(io::Error::other(format!("`{program} {}` exited with {status}", args.join(" "))))
+            Err(io::Error::other(format!(
+                "`{program} {}` exited with {status}",
+                args.join(" ")
+            )))
         }
     })
 }
 
 /// Runs the benchmark: the guest series first (so a missing backend fails before anything is
 /// measured), then the native baseline.
-pub fn run(image: Arc<Image>, iterations: usize, make_cpu: &CpuFactory) -> Result<BenchReport, BenchError> {
+pub fn run(
+    image: Arc<Image>,
+    iterations: usize,
+    make_cpu: &CpuFactory,
+) -> Result<BenchReport, BenchError> {
     if iterations == 0 {
         return Err(BenchError::NoIterations);
     }
@@ -109,7 +139,10 @@ pub fn run(image: Arc<Image>, iterations: usize, make_cpu: &CpuFactory) -> Resul
     let vm_samples = time_runs(iterations, || {
         let outcome = vm::launch(image.clone(), &request, make_cpu).map_err(BenchError::Launch)?;
         if outcome.status != (RunStatus::Exited { code: 0 }) {
-            return Err(BenchError::GuestFailed { status: outcome.status, stderr: String::from_utf8_lossy(&outcome.stderr).into_owned() });
+            return Err(BenchError::GuestFailed {
+                status: outcome.status,
+                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
+            });
         }
         last_stats = Some(outcome.stats);
         Ok(())
@@ -134,11 +167,26 @@ impl BenchReport {
     pub fn table(&self) -> String {
         let command = format!("{PROGRAM} {}", ARGS.join(" "));
         let mut out = format!("{command}, {} iterations (microseconds)\n", self.iterations);
-        let _ = writeln!(out, "{:<8} {:>10} {:>10} {:>10} {:>10}", "", "p50", "p99", "min", "max");
+        let _ = writeln!(
+            out,
+            "{:<8} {:>10} {:>10} {:>10} {:>10}",
+            "", "p50", "p99", "min", "max"
+        );
         for (name, l) in [("vm", &self.vm), ("native", &self.native)] {
-            let _ = writeln!(out, "{name:<8} {:>10.0} {:>10.0} {:>10.0} {:>10.0}", micros(l.p50), micros(l.p99), micros(l.min), micros(l.max));
+            let _ = writeln!(
+                out,
+                "{name:<8} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
+                micros(l.p50),
+                micros(l.p99),
+                micros(l.min),
+                micros(l.max)
+            );
         }
-        let _ = writeln!(out, "guest syscalls per run: {}, VM exits per run: {}", self.syscalls_per_run, self.exits_per_run);
+        let _ = writeln!(
+            out,
+            "guest syscalls per run: {}, VM exits per run: {}",
+            self.syscalls_per_run, self.exits_per_run
+        );
         out
     }
 
@@ -177,7 +225,12 @@ struct LatencyJson {
 impl LatencyJson {
     fn of(l: &Latency) -> LatencyJson {
         let tenths = |d: Duration| (micros(d) * 10.0).round() / 10.0;
-        LatencyJson { p50_us: tenths(l.p50), p99_us: tenths(l.p99), min_us: tenths(l.min), max_us: tenths(l.max) }
+        LatencyJson {
+            p50_us: tenths(l.p50),
+            p99_us: tenths(l.p99),
+            min_us: tenths(l.min),
+            max_us: tenths(l.max),
+        }
     }
 }
 
@@ -193,7 +246,10 @@ mod tests {
     fn percentiles_use_nearest_rank() {
         let samples: Vec<Duration> = (1..=100).rev().map(ms).collect();
         let l = Latency::of(&samples).unwrap();
-        assert_eq!((l.p50, l.p99, l.min, l.max), (ms(50), ms(99), ms(1), ms(100)));
+        assert_eq!(
+            (l.p50, l.p99, l.min, l.max),
+            (ms(50), ms(99), ms(1), ms(100))
+        );
         let one = Latency::of(&[ms(7)]).unwrap();
         assert_eq!((one.p50, one.p99), (ms(7), ms(7)));
         let three = Latency::of(&[ms(3), ms(1), ms(2)]).unwrap();
@@ -226,15 +282,45 @@ mod tests {
 
     #[test]
     fn report_renders_as_table_and_json() {
-        let l = Latency { p50: ms(1), p99: ms(2), min: Duration::from_micros(900), max: ms(3) };
-        let report = BenchReport { iterations: 10, vm: l, native: l, syscalls_per_run: 690, exits_per_run: 691 };
+        let l = Latency {
+            p50: ms(1),
+            p99: ms(2),
+            min: Duration::from_micros(900),
+            max: ms(3),
+        };
+        let report = BenchReport {
+            iterations: 10,
+            vm: l,
+            native: l,
+            syscalls_per_run: 690,
+            exits_per_run: 691,
+        };
         let json = report.to_json();
-        assert!(json.starts_with("{\"command\":\"/usr/bin/python3.11 -c pass\",\"iterations\":10,"), "{json}");
-        assert!(json.contains("\"vm\":{\"p50_us\":1000.0,\"p99_us\":2000.0,\"min_us\":900.0,\"max_us\":3000.0}"), "{json}");
-        assert!(json.ends_with("\"syscalls_per_run\":690,\"exits_per_run\":691}"), "{json}");
+        assert!(
+            json.starts_with("{\"command\":\"/usr/bin/python3.11 -c pass\",\"iterations\":10,"),
+            "{json}"
+        );
+        assert!(
+            json.contains(
+                "\"vm\":{\"p50_us\":1000.0,\"p99_us\":2000.0,\"min_us\":900.0,\"max_us\":3000.0}"
+            ),
+            "{json}"
+        );
+        assert!(
+            json.ends_with("\"syscalls_per_run\":690,\"exits_per_run\":691}"),
+            "{json}"
+        );
         let table = report.table();
-        let vm_row: Vec<&str> = table.lines().find(|l| l.starts_with("vm ")).unwrap().split_whitespace().collect();
+        let vm_row: Vec<&str> = table
+            .lines()
+            .find(|l| l.starts_with("vm "))
+            .unwrap()
+            .split_whitespace()
+            .collect();
         assert_eq!(vm_row, ["vm", "1000", "2000", "900", "3000"], "{table}");
-        assert!(table.contains("guest syscalls per run: 690, VM exits per run: 691"), "{table}");
+        assert!(
+            table.contains("guest syscalls per run: 690, VM exits per run: 691"),
+            "{table}"
+        );
     }
 }

@@ -81,7 +81,10 @@ pub trait GuestCpu {
     /// have just returned `CpuExit::Syscall` and not run since). Backends that cannot take
     /// one (test doubles) keep this default.
     fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "this vCPU backend cannot take a snapshot"))
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this vCPU backend cannot take a snapshot",
+        ))
     }
     /// Lets the guest reach exactly the guest-physical `ranges` (sorted, disjoint; rounded out
     /// as the backend needs), so that an access anywhere else faults as it would on Linux. The
@@ -115,7 +118,10 @@ pub trait GuestCpu {
     /// counts as stopped in a system call: `set_syscall_return` sets rax, `snapshot` reads the
     /// state back.
     fn load_thread(&mut self, _state: &CpuSnapshot) -> io::Result<()> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "this vCPU backend cannot switch threads"))
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this vCPU backend cannot switch threads",
+        ))
     }
     /// After `run` returned `DeadlineReached` because a time slice (not the run) ended: the
     /// state of the thread it interrupted in program code, to resume later with `load_thread`;
@@ -130,6 +136,9 @@ pub trait GuestCpu {
     /// the template too, the VM is then indistinguishable from a fresh fork. Backends that
     /// cannot (test doubles) keep this default, and their VMs are never reused.
     fn reset(&mut self, _snapshot: &CpuSnapshot) -> io::Result<()> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "this vCPU backend cannot be reset"))
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this vCPU backend cannot be reset",
+        ))
     }
 }

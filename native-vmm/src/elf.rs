@@ -49,11 +49,17 @@ pub enum ElfError {
     NotLittleEndian,
     UnsupportedVersion,
     /// e_machine is not x86-64.
-    NotX86_64 { machine: u16 },
+    NotX86_64 {
+        machine: u16,
+    },
     /// Neither ET_EXEC nor ET_DYN (relocatable objects and core files are not programs).
-    UnsupportedType { e_type: u16 },
+    UnsupportedType {
+        e_type: u16,
+    },
     /// e_phentsize is not the ELF64 program header size.
-    BadProgramHeaderSize { size: u16 },
+    BadProgramHeaderSize {
+        size: u16,
+    },
     /// A field's value is impossible (the message names the field and why).
     Malformed(&'static str),
     /// A name in the file is not valid UTF-8.
@@ -63,14 +69,20 @@ pub enum ElfError {
 impl fmt::Display for ElfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ElfError::Truncated(what) => write!(f, "ELF file truncated: {what} lies outside the file"),
+            ElfError::Truncated(what) => {
+                write!(f, "ELF file truncated: {what} lies outside the file")
+            }
             ElfError::BadMagic => write!(f, "not an ELF file (bad magic)"),
             ElfError::NotElf64 => write!(f, "not a 64-bit ELF file"),
             ElfError::NotLittleEndian => write!(f, "not a little-endian ELF file"),
             ElfError::UnsupportedVersion => write!(f, "unsupported ELF version"),
             ElfError::NotX86_64 { machine } => write!(f, "ELF machine {machine} is not x86-64"),
-            ElfError::UnsupportedType { e_type } => write!(f, "ELF type {e_type} is not an executable or shared object"),
-            ElfError::BadProgramHeaderSize { size } => write!(f, "program header size {size} is not {PHDR_SIZE}"),
+            ElfError::UnsupportedType { e_type } => {
+                write!(f, "ELF type {e_type} is not an executable or shared object")
+            }
+            ElfError::BadProgramHeaderSize { size } => {
+                write!(f, "program header size {size} is not {PHDR_SIZE}")
+            }
             ElfError::Malformed(what) => write!(f, "malformed ELF file: {what}"),
             ElfError::NotUtf8(what) => write!(f, "malformed ELF file: {what} is not UTF-8"),
         }
@@ -133,7 +145,12 @@ pub struct Elf<'a> {
     pub program_headers: Vec<ProgramHeader>,
 }
 
-fn range<'a>(bytes: &'a [u8], offset: u64, len: u64, what: &'static str) -> Result<&'a [u8], ElfError> {
+fn range<'a>(
+    bytes: &'a [u8],
+    offset: u64,
+    len: u64,
+    what: &'static str,
+) -> Result<&'a [u8], ElfError> {
     let end = offset.checked_add(len).ok_or(ElfError::Truncated(what))?;
     if end > bytes.len() as u64 {
         return Err(ElfError::Truncated(what));
@@ -197,10 +214,25 @@ impl<'a> Elf<'a> {
         if phnum == 0 || phnum == 0xffff {
             return Err(ElfError::Malformed("program header count is 0 or PN_XNUM"));
         }
-        let table = range(bytes, phoff, phnum as u64 * PHDR_SIZE as u64, "program header table")?;
-        let program_headers: Vec<ProgramHeader> = table.chunks_exact(PHDR_SIZE).map(parse_program_header).collect();
+        let table = range(
+            bytes,
+            phoff,
+            phnum as u64 * PHDR_SIZE as u64,
+            "program header table",
+        )?;
+        let program_headers: Vec<ProgramHeader> = table
+            .chunks_exact(PHDR_SIZE)
+            .map(parse_program_header)
+            .collect();
         validate_program_headers(bytes, &program_headers)?;
-        let elf = Elf { bytes, kind, entry, phoff, phnum, program_headers };
+        let elf = Elf {
+            bytes,
+            kind,
+            entry,
+            phoff,
+            phnum,
+            program_headers,
+        };
         Ok(elf)
     }
 
@@ -221,7 +253,11 @@ impl<'a> Elf<'a> {
     /// [lowest vaddr, highest vaddr end) over all PT_LOAD segments (unrelocated).
     pub fn load_span(&self) -> (u64, u64) {
         let low = self.load_segments().map(|p| p.vaddr).min().unwrap_or(0);
-        let high = self.load_segments().map(|p| p.vaddr_end()).max().unwrap_or(0);
+        let high = self
+            .load_segments()
+            .map(|p| p.vaddr_end())
+            .max()
+            .unwrap_or(0);
         (low, high)
     }
 
@@ -239,22 +275,36 @@ impl<'a> Elf<'a> {
 
     /// The PT_INTERP path (the dynamic loader), if the program has one.
     pub fn interpreter(&self) -> Result<Option<&'a str>, ElfError> {
-        let Some(p) = self.first_of(PT_INTERP) else { return Ok(None) };
+        let Some(p) = self.first_of(PT_INTERP) else {
+            return Ok(None);
+        };
         let raw = range(self.bytes, p.offset, p.filesz, "PT_INTERP")?;
-        let nul = raw.iter().position(|&b| b == 0).ok_or(ElfError::Malformed("PT_INTERP is not NUL-terminated"))?;
+        let nul = raw
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(ElfError::Malformed("PT_INTERP is not NUL-terminated"))?;
         if nul == 0 {
             return Err(ElfError::Malformed("PT_INTERP is empty"));
         }
-        std::str::from_utf8(&raw[..nul]).map(Some).map_err(|_| ElfError::NotUtf8("PT_INTERP"))
+        std::str::from_utf8(&raw[..nul])
+            .map(Some)
+            .map_err(|_| ElfError::NotUtf8("PT_INTERP"))
     }
 
     /// Translates an unrelocated virtual address of `len` bytes to the file bytes behind it,
     /// through the PT_LOAD segment that maps it from the file.
-    fn file_bytes_at(&self, vaddr: u64, len: u64, what: &'static str) -> Result<&'a [u8], ElfError> {
+    fn file_bytes_at(
+        &self,
+        vaddr: u64,
+        len: u64,
+        what: &'static str,
+    ) -> Result<&'a [u8], ElfError> {
         let seg = self
             .load_segments()
             .find(|p| p.vaddr <= vaddr && vaddr - p.vaddr < p.filesz)
-            .ok_or(ElfError::Malformed("dynamic section address is not backed by a loaded file range"))?;
+            .ok_or(ElfError::Malformed(
+                "dynamic section address is not backed by a loaded file range",
+            ))?;
         let within = vaddr - seg.vaddr;
         if len > seg.filesz - within {
             return Err(ElfError::Truncated(what));
@@ -264,7 +314,9 @@ impl<'a> Elf<'a> {
 
     /// DT_NEEDED, DT_RUNPATH and DT_RPATH from PT_DYNAMIC; empty for a static program.
     pub fn dynamic_info(&self) -> Result<DynamicInfo, ElfError> {
-        let Some(p) = self.first_of(PT_DYNAMIC) else { return Ok(DynamicInfo::default()) };
+        let Some(p) = self.first_of(PT_DYNAMIC) else {
+            return Ok(DynamicInfo::default());
+        };
         let table = range(self.bytes, p.offset, p.filesz, "PT_DYNAMIC")?;
         let mut strtab = None;
         let mut strsz = None;
@@ -288,22 +340,42 @@ impl<'a> Elf<'a> {
             }
         }
         if !terminated {
-            return Err(ElfError::Malformed("dynamic section has no DT_NULL terminator"));
+            return Err(ElfError::Malformed(
+                "dynamic section has no DT_NULL terminator",
+            ));
         }
-        let has_names = !needed_offsets.is_empty() || runpath_offset.is_some() || rpath_offset.is_some();
+        let has_names =
+            !needed_offsets.is_empty() || runpath_offset.is_some() || rpath_offset.is_some();
         if !has_names {
             return Ok(DynamicInfo::default());
         }
         let (Some(strtab), Some(strsz)) = (strtab, strsz) else {
-            return Err(ElfError::Malformed("dynamic section names strings but has no DT_STRTAB/DT_STRSZ"));
+            return Err(ElfError::Malformed(
+                "dynamic section names strings but has no DT_STRTAB/DT_STRSZ",
+            ));
         };
         let strings = self.file_bytes_at(strtab, strsz, "dynamic string table")?;
         let name = |offset: u64, what: &'static str| -> Result<String, ElfError> {
-            let tail = strings.get(offset as usize..).filter(|_| offset < strsz).ok_or(ElfError::Malformed("dynamic string offset is outside DT_STRSZ"))?;
-            let nul = tail.iter().position(|&b| b == 0).ok_or(ElfError::Malformed("dynamic string is not NUL-terminated"))?;
-            std::str::from_utf8(&tail[..nul]).map(str::to_owned).map_err(|_| ElfError::NotUtf8(what))
+            let tail = strings
+                .get(offset as usize..)
+                .filter(|_| offset < strsz)
+                .ok_or(ElfError::Malformed(
+                    "dynamic string offset is outside DT_STRSZ",
+                ))?;
+            let nul = tail
+                .iter()
+                .position(|&b| b == 0)
+                .ok_or(ElfError::Malformed("dynamic string is not NUL-terminated"))?;
+            std::str::from_utf8(&tail[..nul])
+                .map(str::to_owned)
+                .map_err(|_| ElfError::NotUtf8(what))
         };
-        let split = |s: String| -> Vec<String> { s.split(':').filter(|d| !d.is_empty()).map(str::to_owned).collect() };
+        let split = |s: String| -> Vec<String> {
+            s.split(':')
+                .filter(|d| !d.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
         let mut info = DynamicInfo::default();
         for off in needed_offsets {
             let lib = name(off, "DT_NEEDED name")?;
@@ -346,17 +418,23 @@ fn validate_program_headers(bytes: &[u8], headers: &[ProgramHeader]) -> Result<(
         }
         loads += 1;
         if p.filesz > p.memsz {
-            return Err(ElfError::Malformed("PT_LOAD file size exceeds its memory size"));
+            return Err(ElfError::Malformed(
+                "PT_LOAD file size exceeds its memory size",
+            ));
         }
         range(bytes, p.offset, p.filesz, "PT_LOAD file range")?;
         if p.align > 1 && !p.align.is_power_of_two() {
-            return Err(ElfError::Malformed("PT_LOAD alignment is not a power of two"));
+            return Err(ElfError::Malformed(
+                "PT_LOAD alignment is not a power of two",
+            ));
         }
         // The ELF spec requires PT_LOAD entries sorted by vaddr; overlapping ones would let one
         // segment's bytes silently overwrite another's.
         if let Some(end) = previous_end {
             if p.vaddr < end {
-                return Err(ElfError::Malformed("PT_LOAD segments overlap or are not in ascending order"));
+                return Err(ElfError::Malformed(
+                    "PT_LOAD segments overlap or are not in ascending order",
+                ));
             }
         }
         previous_end = Some(p.vaddr + p.memsz);
@@ -397,7 +475,10 @@ mod tests {
         assert_eq!(elf.load_span().0, 0x40_0000);
         assert!(elf.entry > 0x40_0000 && elf.entry < elf.load_span().1);
         assert_eq!(elf.phdr_vaddr(), Some(0x40_0040));
-        assert_eq!(elf.interpreter().unwrap(), Some("/lib64/ld-linux-x86-64.so.2"));
+        assert_eq!(
+            elf.interpreter().unwrap(),
+            Some("/lib64/ld-linux-x86-64.so.2")
+        );
         let needed = dynamic_info(&bytes).unwrap().needed;
         assert!(needed.iter().any(|n| n == "libc.so.6"), "{needed:?}");
         assert!(needed.iter().any(|n| n == "libm.so.6"), "{needed:?}");
@@ -432,10 +513,16 @@ mod tests {
         let bytes = host_file(PYTHON);
         // Every cut inside the ELF header or program header table must fail cleanly.
         for len in 0..(EHDR_SIZE + 13 * PHDR_SIZE) {
-            assert!(Elf::parse(&bytes[..len]).is_err(), "prefix of {len} bytes parsed");
+            assert!(
+                Elf::parse(&bytes[..len]).is_err(),
+                "prefix of {len} bytes parsed"
+            );
         }
         // Cut in the middle of the file: segments point past the end.
-        assert!(matches!(Elf::parse(&bytes[..bytes.len() / 2]), Err(ElfError::Truncated(_))));
+        assert!(matches!(
+            Elf::parse(&bytes[..bytes.len() / 2]),
+            Err(ElfError::Truncated(_))
+        ));
     }
 
     #[test]
@@ -458,7 +545,11 @@ mod tests {
 
     fn phdr_offset(bytes: &[u8], p_type: u32) -> usize {
         let elf = Elf::parse(bytes).unwrap();
-        let index = elf.program_headers.iter().position(|p| p.p_type == p_type).unwrap();
+        let index = elf
+            .program_headers
+            .iter()
+            .position(|p| p.p_type == p_type)
+            .unwrap();
         elf.phoff as usize + index * PHDR_SIZE
     }
 
@@ -469,32 +560,53 @@ mod tests {
 
         let mut huge_offset = good.clone();
         huge_offset[load + 8..load + 16].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(Elf::parse(&huge_offset), Err(ElfError::Truncated(_))));
+        assert!(matches!(
+            Elf::parse(&huge_offset),
+            Err(ElfError::Truncated(_))
+        ));
 
         let mut wrapping_vaddr = good.clone();
         wrapping_vaddr[load + 16..load + 24].copy_from_slice(&(u64::MAX - 10).to_le_bytes());
-        assert!(matches!(Elf::parse(&wrapping_vaddr), Err(ElfError::Malformed(_))));
+        assert!(matches!(
+            Elf::parse(&wrapping_vaddr),
+            Err(ElfError::Malformed(_))
+        ));
 
         let mut filesz_over_memsz = good.clone();
         filesz_over_memsz[load + 40..load + 48].copy_from_slice(&0u64.to_le_bytes());
-        assert!(matches!(Elf::parse(&filesz_over_memsz), Err(ElfError::Malformed(_))));
+        assert!(matches!(
+            Elf::parse(&filesz_over_memsz),
+            Err(ElfError::Malformed(_))
+        ));
 
         let mut huge_phnum = good.clone();
         huge_phnum[56..58].copy_from_slice(&0xfffeu16.to_le_bytes());
-        assert!(matches!(Elf::parse(&huge_phnum[..100_000]), Err(ElfError::Truncated(_))));
+        assert!(matches!(
+            Elf::parse(&huge_phnum[..100_000]),
+            Err(ElfError::Truncated(_))
+        ));
 
         // Moving the second PT_LOAD onto the first makes them overlap.
         let mut overlapping = good.clone();
         let second = load + PHDR_SIZE;
         overlapping[second + 16..second + 24].copy_from_slice(&0x40_0000u64.to_le_bytes());
-        assert!(matches!(Elf::parse(&overlapping), Err(ElfError::Malformed(_))));
+        assert!(matches!(
+            Elf::parse(&overlapping),
+            Err(ElfError::Malformed(_))
+        ));
     }
 
     #[test]
     fn corrupted_interpreter_and_dynamic_section_are_errors() {
         let good = host_file(PYTHON);
         let interp = phdr_offset(&good, PT_INTERP);
-        let interp_off = Elf::parse(&good).unwrap().program_headers.iter().find(|p| p.p_type == PT_INTERP).unwrap().offset as usize;
+        let interp_off = Elf::parse(&good)
+            .unwrap()
+            .program_headers
+            .iter()
+            .find(|p| p.p_type == PT_INTERP)
+            .unwrap()
+            .offset as usize;
 
         let mut unterminated = good.clone();
         unterminated[interp + 32..interp + 40].copy_from_slice(&5u64.to_le_bytes());
@@ -506,12 +618,17 @@ mod tests {
 
         let dynamic = phdr_offset(&good, PT_DYNAMIC);
         let mut dyn_outside = good.clone();
-        dyn_outside[dynamic + 8..dynamic + 16].copy_from_slice(&(good.len() as u64 - 8).to_le_bytes());
+        dyn_outside[dynamic + 8..dynamic + 16]
+            .copy_from_slice(&(good.len() as u64 - 8).to_le_bytes());
         assert!(dynamic_info(&dyn_outside).is_err());
 
         // Point DT_STRTAB (an address) at nothing that is loaded from the file.
         let elf = Elf::parse(&good).unwrap();
-        let dyn_hdr = elf.program_headers.iter().find(|p| p.p_type == PT_DYNAMIC).unwrap();
+        let dyn_hdr = elf
+            .program_headers
+            .iter()
+            .find(|p| p.p_type == PT_DYNAMIC)
+            .unwrap();
         let mut no_strtab = good.clone();
         let table = dyn_hdr.offset as usize..(dyn_hdr.offset + dyn_hdr.filesz) as usize;
         for at in table.step_by(DYN_SIZE) {
@@ -523,7 +640,9 @@ mod tests {
 
         // A DT_NEEDED offset past DT_STRSZ.
         let mut needed_out_of_range = good.clone();
-        for at in (dyn_hdr.offset as usize..(dyn_hdr.offset + dyn_hdr.filesz) as usize).step_by(DYN_SIZE) {
+        for at in
+            (dyn_hdr.offset as usize..(dyn_hdr.offset + dyn_hdr.filesz) as usize).step_by(DYN_SIZE)
+        {
             if u64_at(&good, at) == DT_NEEDED {
                 needed_out_of_range[at + 8..at + 16].copy_from_slice(&u64::MAX.to_le_bytes());
             }

@@ -38,7 +38,9 @@ pub fn env_number(name: &str) -> Option<u64> {
 /// `SANDFORK_FUZZ_SEED`, or one drawn from the clock.
 pub fn seed() -> u64 {
     env_number("SANDFORK_FUZZ_SEED").unwrap_or_else(|| {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         now.as_nanos() as u64
     })
 }
@@ -52,7 +54,18 @@ pub fn start(test: &str) -> (Rng, usize) {
 }
 
 /// Values that break length and offset arithmetic when they land in a field.
-const INTERESTING: [u64; 10] = [0, 1, 0x7f, 0x80, 0xff, 0x7fff_ffff, 0xffff_ffff, 1 << 32, i64::MAX as u64, u64::MAX];
+const INTERESTING: [u64; 10] = [
+    0,
+    1,
+    0x7f,
+    0x80,
+    0xff,
+    0x7fff_ffff,
+    0xffff_ffff,
+    1 << 32,
+    i64::MAX as u64,
+    u64::MAX,
+];
 
 /// `input` with one to four corruptions: bit flips, bytes set to edge values, little- or
 /// big-endian integer fields overwritten with edge values, bytes inserted, ranges deleted or
@@ -71,7 +84,11 @@ pub fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
             2 | 3 => {
                 let width = [2, 4, 8][rng.below(3)];
                 let value = INTERESTING[rng.below(INTERESTING.len())];
-                let bytes = if rng.below(2) == 0 { value.to_le_bytes() } else { value.to_be_bytes() };
+                let bytes = if rng.below(2) == 0 {
+                    value.to_le_bytes()
+                } else {
+                    value.to_be_bytes()
+                };
                 let end = (at + width).min(out.len());
                 out[at..end].copy_from_slice(&bytes[..end - at]);
             }

@@ -24,7 +24,10 @@ pub const VDSO_ADDR: u64 = USER_BASE - 2 * PAGE_SIZE;
 
 /// How many pages the page-aligned ranges `[start, end)` hold together.
 pub fn pages_in(ranges: &[(u64, u64)]) -> u64 {
-    ranges.iter().map(|(start, end)| (end - start) / PAGE_SIZE).sum()
+    ranges
+        .iter()
+        .map(|(start, end)| (end - start) / PAGE_SIZE)
+        .sum()
 }
 
 pub const fn page_align_up(addr: u64) -> u64 {

@@ -28,8 +28,8 @@ pub mod syscalls;
 // and the run loop.
 pub mod elf;
 pub mod loader;
-pub mod vdso;
 pub mod sched;
+pub mod vdso;
 pub mod vm;
 // The in-VM agent's request and its hand-off at the template's ready point.
 pub mod agent;

@@ -98,13 +98,24 @@ impl fmt::Display for LoadError {
         match self {
             LoadError::NotFound { path } => write!(f, "{path}: not found in the file image"),
             LoadError::Elf { path, error } => write!(f, "{path}: {error}"),
-            LoadError::Unloadable { path, reason } => write!(f, "{path}: cannot be loaded: {reason}"),
-            LoadError::DoesNotFit { path, mem_bytes } => {
-                write!(f, "{path}: does not fit in {} MiB of guest memory", mem_bytes >> 20)
+            LoadError::Unloadable { path, reason } => {
+                write!(f, "{path}: cannot be loaded: {reason}")
             }
-            LoadError::NulInArgument => write!(f, "an argument or environment string contains a NUL byte"),
+            LoadError::DoesNotFit { path, mem_bytes } => {
+                write!(
+                    f,
+                    "{path}: does not fit in {} MiB of guest memory",
+                    mem_bytes >> 20
+                )
+            }
+            LoadError::NulInArgument => {
+                write!(f, "an argument or environment string contains a NUL byte")
+            }
             LoadError::ArgumentsTooLarge { bytes, limit } => {
-                write!(f, "arguments and environment take {bytes} bytes; the limit is {limit}")
+                write!(
+                    f,
+                    "arguments and environment take {bytes} bytes; the limit is {limit}"
+                )
             }
             LoadError::Random(e) => write!(f, "reading host randomness for AT_RANDOM: {e}"),
             LoadError::Memory(e) => write!(f, "loader wrote outside guest memory: {e}"),
@@ -122,14 +133,24 @@ impl From<OutOfBounds> for LoadError {
 
 /// Loads `path` from the image (and its interpreter, also from the image) and builds the
 /// initial stack with `argv` (argv[0] included) and `envp` ("NAME=value" strings).
-pub fn load_program(mem: &GuestMemory, image: &Image, path: &str, argv: &[String], envp: &[String]) -> Result<LoadedProgram, LoadError> {
-    let bytes = image.file_bytes(path).ok_or_else(|| LoadError::NotFound { path: path.to_owned() })?;
+pub fn load_program(
+    mem: &GuestMemory,
+    image: &Image,
+    path: &str,
+    argv: &[String],
+    envp: &[String],
+) -> Result<LoadedProgram, LoadError> {
+    let bytes = image.file_bytes(path).ok_or_else(|| LoadError::NotFound {
+        path: path.to_owned(),
+    })?;
     load_elf(mem, bytes, path, &|p| image.file_bytes(p), argv, envp)
 }
 
 /// The size of the stack for a guest of `mem_bytes`: 8 MiB, or an eighth of small memories.
 pub fn stack_size(mem_bytes: u64) -> u64 {
-    STACK_SIZE.min(page_align_down(mem_bytes / 8)).max(PAGE_SIZE)
+    STACK_SIZE
+        .min(page_align_down(mem_bytes / 8))
+        .max(PAGE_SIZE)
 }
 
 /// Loads an executable given as bytes; `lookup` finds the interpreter's bytes by path.
@@ -147,37 +168,76 @@ pub fn load_elf<'a>(
     };
     let exe = Elf::parse(exe_bytes).map_err(elf_err(path))?;
     let mem_size = mem.size();
-    let stack_bottom = mem_size.checked_sub(stack_size(mem_size)).filter(|&b| b > USER_BASE).ok_or_else(|| LoadError::DoesNotFit { path: path.to_owned(), mem_bytes: mem_size })?;
+    let stack_bottom = mem_size
+        .checked_sub(stack_size(mem_size))
+        .filter(|&b| b > USER_BASE)
+        .ok_or_else(|| LoadError::DoesNotFit {
+            path: path.to_owned(),
+            mem_bytes: mem_size,
+        })?;
 
     // Main program: ET_EXEC where it was linked, ET_DYN (PIE, static-PIE) at PIE_BASE.
     let program_base = match exe.kind {
         ElfKind::Executable => 0,
-        ElfKind::SharedObject => checked_align_up(PIE_BASE, max_align(&exe)).ok_or(LoadError::Unloadable { path: path.to_owned(), reason: "segment alignment too large" })?,
+        ElfKind::SharedObject => {
+            checked_align_up(PIE_BASE, max_align(&exe)).ok_or(LoadError::Unloadable {
+                path: path.to_owned(),
+                reason: "segment alignment too large",
+            })?
+        }
     };
     let (exe_low, exe_high) = exe.load_span();
     let exe_start = program_base.checked_add(exe_low);
-    let exe_end = program_base.checked_add(exe_high).and_then(|e| checked_align_up(e, PAGE_SIZE));
+    let exe_end = program_base
+        .checked_add(exe_high)
+        .and_then(|e| checked_align_up(e, PAGE_SIZE));
     let (Some(exe_start), Some(exe_end)) = (exe_start, exe_end) else {
-        return Err(LoadError::Unloadable { path: path.to_owned(), reason: "segments outside the address space" });
+        return Err(LoadError::Unloadable {
+            path: path.to_owned(),
+            reason: "segments outside the address space",
+        });
     };
     if exe_start < USER_BASE {
-        return Err(LoadError::Unloadable { path: path.to_owned(), reason: "segments below the start of user memory" });
+        return Err(LoadError::Unloadable {
+            path: path.to_owned(),
+            reason: "segments below the start of user memory",
+        });
     }
     if exe_end > stack_bottom {
-        return Err(LoadError::DoesNotFit { path: path.to_owned(), mem_bytes: mem_size });
+        return Err(LoadError::DoesNotFit {
+            path: path.to_owned(),
+            mem_bytes: mem_size,
+        });
     }
 
     // Interpreter: just below the stack, so the mmap arena is one contiguous range.
     let interp = match exe.interpreter().map_err(elf_err(path))? {
         None => None,
-        Some(interp_path) => Some(place_interpreter(interp_path, lookup, stack_bottom, exe_end, mem_size)?),
+        Some(interp_path) => Some(place_interpreter(
+            interp_path,
+            lookup,
+            stack_bottom,
+            exe_end,
+            mem_size,
+        )?),
     };
     let mmap_high = interp.as_ref().map_or(stack_bottom, |i| i.lowest);
 
-    let phdr = exe.phdr_vaddr().ok_or(LoadError::Unloadable { path: path.to_owned(), reason: "program headers are not inside a loaded segment" })?;
-    let program_entry = program_base.checked_add(exe.entry).ok_or(LoadError::Unloadable { path: path.to_owned(), reason: "entry point outside the address space" })?;
+    let phdr = exe.phdr_vaddr().ok_or(LoadError::Unloadable {
+        path: path.to_owned(),
+        reason: "program headers are not inside a loaded segment",
+    })?;
+    let program_entry = program_base
+        .checked_add(exe.entry)
+        .ok_or(LoadError::Unloadable {
+            path: path.to_owned(),
+            reason: "entry point outside the address space",
+        })?;
     if !(exe_start..exe_end).contains(&program_entry) {
-        return Err(LoadError::Unloadable { path: path.to_owned(), reason: "entry point outside the loaded segments" });
+        return Err(LoadError::Unloadable {
+            path: path.to_owned(),
+            reason: "entry point outside the loaded segments",
+        });
     }
     let (entry, interpreter_base) = match &interp {
         Some(i) => (i.entry, Some(i.base)),
@@ -204,7 +264,11 @@ pub fn load_elf<'a>(
         stack_pointer,
         program_base,
         interpreter_base,
-        space: AddressSpace { brk_start, mmap_low: brk_start, mmap_high },
+        space: AddressSpace {
+            brk_start,
+            mmap_low: brk_start,
+            mmap_high,
+        },
     })
 }
 
@@ -226,13 +290,28 @@ fn place_interpreter<'a>(
     program_end: u64,
     mem_size: u64,
 ) -> Result<PlacedInterpreter<'a>, LoadError> {
-    let unloadable = |reason| LoadError::Unloadable { path: path.to_owned(), reason };
-    let bytes = lookup(path).ok_or_else(|| LoadError::NotFound { path: path.to_owned() })?;
-    let elf = Elf::parse(bytes).map_err(|error| LoadError::Elf { path: path.to_owned(), error })?;
+    let unloadable = |reason| LoadError::Unloadable {
+        path: path.to_owned(),
+        reason,
+    };
+    let bytes = lookup(path).ok_or_else(|| LoadError::NotFound {
+        path: path.to_owned(),
+    })?;
+    let elf = Elf::parse(bytes).map_err(|error| LoadError::Elf {
+        path: path.to_owned(),
+        error,
+    })?;
     if elf.kind != ElfKind::SharedObject {
         return Err(unloadable("the interpreter is not position-independent"));
     }
-    if elf.interpreter().map_err(|error| LoadError::Elf { path: path.to_owned(), error })?.is_some() {
+    if elf
+        .interpreter()
+        .map_err(|error| LoadError::Elf {
+            path: path.to_owned(),
+            error,
+        })?
+        .is_some()
+    {
         return Err(unloadable("the interpreter itself names an interpreter"));
     }
     let (low, high) = elf.load_span();
@@ -240,13 +319,26 @@ fn place_interpreter<'a>(
         return Err(unloadable("entry point outside the loaded segments"));
     }
     let align = max_align(&elf);
-    let high_page = checked_align_up(high, PAGE_SIZE).ok_or(unloadable("segments outside the address space"))?;
-    let base = stack_bottom.checked_sub(high_page).map(|b| b & !(align - 1));
-    let lowest = base.and_then(|b| b.checked_add(page_align_down(low))).filter(|&l| l >= program_end);
+    let high_page = checked_align_up(high, PAGE_SIZE)
+        .ok_or(unloadable("segments outside the address space"))?;
+    let base = stack_bottom
+        .checked_sub(high_page)
+        .map(|b| b & !(align - 1));
+    let lowest = base
+        .and_then(|b| b.checked_add(page_align_down(low)))
+        .filter(|&l| l >= program_end);
     let (Some(base), Some(lowest)) = (base, lowest) else {
-        return Err(LoadError::DoesNotFit { path: path.to_owned(), mem_bytes: mem_size });
+        return Err(LoadError::DoesNotFit {
+            path: path.to_owned(),
+            mem_bytes: mem_size,
+        });
     };
-    Ok(PlacedInterpreter { entry: base + elf.entry, elf, base, lowest })
+    Ok(PlacedInterpreter {
+        entry: base + elf.entry,
+        elf,
+        base,
+        lowest,
+    })
 }
 
 fn checked_align_up(addr: u64, align: u64) -> Option<u64> {
@@ -255,7 +347,12 @@ fn checked_align_up(addr: u64, align: u64) -> Option<u64> {
 
 /// The largest PT_LOAD alignment, at least a page (segments are placed page-granular).
 fn max_align(elf: &Elf) -> u64 {
-    elf.load_segments().map(|p| p.align).filter(|a| a.is_power_of_two()).max().unwrap_or(PAGE_SIZE).max(PAGE_SIZE)
+    elf.load_segments()
+        .map(|p| p.align)
+        .filter(|a| a.is_power_of_two())
+        .max()
+        .unwrap_or(PAGE_SIZE)
+        .max(PAGE_SIZE)
 }
 
 /// Copies each PT_LOAD's file bytes to base+p_vaddr and zeroes the rest of its memory (bss).
@@ -289,10 +386,14 @@ struct StringArea<'m> {
 impl StringArea<'_> {
     fn push(&mut self, bytes: &[u8], nul: bool) -> Result<u64, LoadError> {
         let len = bytes.len() as u64 + nul as u64;
-        let addr = self.cursor.checked_sub(len).filter(|&a| a >= self.floor).ok_or(LoadError::ArgumentsTooLarge {
-            bytes: len,
-            limit: self.cursor.saturating_sub(self.floor),
-        })?;
+        let addr = self
+            .cursor
+            .checked_sub(len)
+            .filter(|&a| a >= self.floor)
+            .ok_or(LoadError::ArgumentsTooLarge {
+                bytes: len,
+                limit: self.cursor.saturating_sub(self.floor),
+            })?;
         self.mem.write(addr, bytes)?;
         if nul {
             self.mem.write(addr + bytes.len() as u64, &[0])?;
@@ -306,22 +407,43 @@ impl StringArea<'_> {
 ///
 /// From rsp upward: argc, argv[..], NULL, envp[..], NULL, auxv pairs, AT_NULL; above those the
 /// 16 AT_RANDOM bytes and the strings.
-fn build_stack(mem: &GuestMemory, stack_bottom: u64, argv: &[String], envp: &[String], facts: &StackFacts) -> Result<u64, LoadError> {
-    if argv.iter().chain(envp).any(|s| s.as_bytes().contains(&0)) || facts.execfn.as_bytes().contains(&0) {
+fn build_stack(
+    mem: &GuestMemory,
+    stack_bottom: u64,
+    argv: &[String],
+    envp: &[String],
+    facts: &StackFacts,
+) -> Result<u64, LoadError> {
+    if argv.iter().chain(envp).any(|s| s.as_bytes().contains(&0))
+        || facts.execfn.as_bytes().contains(&0)
+    {
         return Err(LoadError::NulInArgument);
     }
     // Linux allows argv+envp a quarter of the stack limit; the rest is the program's.
     let stack_len = mem.size() - stack_bottom;
     let limit = stack_len / 4;
-    let string_bytes: u64 = argv.iter().chain(envp).map(|s| s.len() as u64 + 1).sum::<u64>() + facts.execfn.len() as u64 + 1;
+    let string_bytes: u64 = argv
+        .iter()
+        .chain(envp)
+        .map(|s| s.len() as u64 + 1)
+        .sum::<u64>()
+        + facts.execfn.len() as u64
+        + 1;
     let vector_bytes = (argv.len() + envp.len() + 3) as u64 * 8;
     if string_bytes + vector_bytes > limit {
-        return Err(LoadError::ArgumentsTooLarge { bytes: string_bytes + vector_bytes, limit });
+        return Err(LoadError::ArgumentsTooLarge {
+            bytes: string_bytes + vector_bytes,
+            limit,
+        });
     }
 
     let mut random = [0u8; 16];
     sys::fill_random(&mut random).map_err(LoadError::Random)?;
-    let mut area = StringArea { mem, cursor: mem.size() - 8, floor: mem.size() - limit };
+    let mut area = StringArea {
+        mem,
+        cursor: mem.size() - 8,
+        floor: mem.size() - limit,
+    };
     let execfn = area.push(facts.execfn.as_bytes(), true)?;
     let mut env_ptrs = Vec::with_capacity(envp.len());
     for s in envp.iter().rev() {
@@ -358,7 +480,8 @@ fn build_stack(mem: &GuestMemory, stack_bottom: u64, argv: &[String], envp: &[St
         (AT_EXECFN, execfn),
         (AT_NULL, 0),
     ];
-    let mut words: Vec<u64> = Vec::with_capacity(3 + arg_ptrs.len() + env_ptrs.len() + auxv.len() * 2);
+    let mut words: Vec<u64> =
+        Vec::with_capacity(3 + arg_ptrs.len() + env_ptrs.len() + auxv.len() * 2);
     words.push(arg_ptrs.len() as u64);
     words.extend(&arg_ptrs);
     words.push(0);
@@ -368,10 +491,15 @@ fn build_stack(mem: &GuestMemory, stack_bottom: u64, argv: &[String], envp: &[St
         words.extend([tag, value]);
     }
     let vector_len = words.len() as u64 * 8;
-    let rsp = area.cursor.checked_sub(vector_len).map(|a| a & !15).filter(|&a| a >= area.floor).ok_or(LoadError::ArgumentsTooLarge {
-        bytes: string_bytes + vector_len,
-        limit,
-    })?;
+    let rsp = area
+        .cursor
+        .checked_sub(vector_len)
+        .map(|a| a & !15)
+        .filter(|&a| a >= area.floor)
+        .ok_or(LoadError::ArgumentsTooLarge {
+            bytes: string_bytes + vector_len,
+            limit,
+        })?;
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     mem.write(rsp, &bytes)?;
     Ok(rsp)
@@ -393,10 +521,18 @@ pub(crate) mod tests {
 
     /// A minimal x86-64 ELF: one RWX PT_LOAD at `vaddr` holding the headers and `code`, with
     /// `bss` extra zero bytes, entry at the code; PT_PHDR describes the header table.
-    pub(crate) fn tiny_elf(e_type: u16, vaddr: u64, code: &[u8], bss: u64, interp: Option<&str>) -> Vec<u8> {
+    pub(crate) fn tiny_elf(
+        e_type: u16,
+        vaddr: u64,
+        code: &[u8],
+        bss: u64,
+        interp: Option<&str>,
+    ) -> Vec<u8> {
         let phnum: u16 = if interp.is_some() { 3 } else { 2 };
         let headers = 64 + phnum as u64 * 56;
-        let interp_bytes = interp.map(|s| [s.as_bytes(), &[0]].concat()).unwrap_or_default();
+        let interp_bytes = interp
+            .map(|s| [s.as_bytes(), &[0]].concat())
+            .unwrap_or_default();
         let code_off = headers + interp_bytes.len() as u64;
         let filesz = code_off + code.len() as u64;
         let mut b = Vec::new();
@@ -411,18 +547,43 @@ pub(crate) mod tests {
         for v in [64u16, 56, phnum, 64, 0, 0] {
             b.extend_from_slice(&v.to_le_bytes());
         }
-        let mut phdr = |p_type: u32, flags: u32, off: u64, va: u64, fsz: u64, msz: u64, align: u64| {
-            b.extend_from_slice(&p_type.to_le_bytes());
-            b.extend_from_slice(&flags.to_le_bytes());
-            for v in [off, va, va, fsz, msz, align] {
-                b.extend_from_slice(&v.to_le_bytes());
-            }
-        };
-        phdr(crate::elf::PT_PHDR, PF_R, 64, vaddr + 64, phnum as u64 * 56, phnum as u64 * 56, 8);
+        let mut phdr =
+            |p_type: u32, flags: u32, off: u64, va: u64, fsz: u64, msz: u64, align: u64| {
+                b.extend_from_slice(&p_type.to_le_bytes());
+                b.extend_from_slice(&flags.to_le_bytes());
+                for v in [off, va, va, fsz, msz, align] {
+                    b.extend_from_slice(&v.to_le_bytes());
+                }
+            };
+        phdr(
+            crate::elf::PT_PHDR,
+            PF_R,
+            64,
+            vaddr + 64,
+            phnum as u64 * 56,
+            phnum as u64 * 56,
+            8,
+        );
         if interp.is_some() {
-            phdr(crate::elf::PT_INTERP, PF_R, headers, vaddr + headers, interp_bytes.len() as u64, interp_bytes.len() as u64, 1);
+            phdr(
+                crate::elf::PT_INTERP,
+                PF_R,
+                headers,
+                vaddr + headers,
+                interp_bytes.len() as u64,
+                interp_bytes.len() as u64,
+                1,
+            );
         }
-        phdr(crate::elf::PT_LOAD, PF_R | PF_W | PF_X, 0, vaddr, filesz, filesz + bss, 0x1000);
+        phdr(
+            crate::elf::PT_LOAD,
+            PF_R | PF_W | PF_X,
+            0,
+            vaddr,
+            filesz,
+            filesz + bss,
+            0x1000,
+        );
         b.extend_from_slice(&interp_bytes);
         b.extend_from_slice(code);
         b
@@ -464,7 +625,10 @@ pub(crate) mod tests {
     }
 
     fn aux(auxv: &[(u64, u64)], tag: u64) -> u64 {
-        auxv.iter().find(|(t, _)| *t == tag).unwrap_or_else(|| panic!("auxv lacks tag {tag}")).1
+        auxv.iter()
+            .find(|(t, _)| *t == tag)
+            .unwrap_or_else(|| panic!("auxv lacks tag {tag}"))
+            .1
     }
 
     #[test]
@@ -478,13 +642,20 @@ pub(crate) mod tests {
         let loaded = load_elf(&mem, &exe, "/usr/bin/prog", &no_files, &argv, &envp).unwrap();
 
         assert_eq!(mem.read_vec(0x40_0000, exe.len() as u64).unwrap(), exe);
-        assert!(mem.read_vec(0x40_0000 + exe.len() as u64, 0x3000).unwrap().iter().all(|&b| b == 0));
+        assert!(mem
+            .read_vec(0x40_0000 + exe.len() as u64, 0x3000)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0));
         let code_addr = 0x40_0000 + exe.len() as u64 - code.len() as u64;
         assert_eq!(loaded.entry, code_addr);
         assert_eq!(loaded.program_base, 0);
         assert_eq!(loaded.interpreter_base, None);
         assert_eq!(loaded.stack_pointer % 16, 0);
-        assert_eq!(loaded.space.brk_start, page_align_up(0x40_0000 + exe.len() as u64 + 0x3000));
+        assert_eq!(
+            loaded.space.brk_start,
+            page_align_up(0x40_0000 + exe.len() as u64 + 0x3000)
+        );
         assert_eq!(loaded.space.mmap_low, loaded.space.brk_start);
         assert_eq!(loaded.space.mmap_high, 32 * MIB - stack_size(32 * MIB));
 
@@ -501,13 +672,27 @@ pub(crate) mod tests {
         assert_eq!(aux(&auxv, AT_SECURE), 0);
         assert_eq!(aux(&auxv, AT_CLKTCK), 100);
         assert_eq!(aux(&auxv, AT_UID), GUEST_UID);
-        assert_eq!(aux(&auxv, AT_HWCAP), std::arch::x86_64::__cpuid(1).edx as u64);
-        assert_eq!(mem.read_cstr(aux(&auxv, AT_PLATFORM), 16).unwrap(), b"x86_64");
-        assert_eq!(mem.read_cstr(aux(&auxv, AT_EXECFN), 64).unwrap(), b"/usr/bin/prog");
+        assert_eq!(
+            aux(&auxv, AT_HWCAP),
+            std::arch::x86_64::__cpuid(1).edx as u64
+        );
+        assert_eq!(
+            mem.read_cstr(aux(&auxv, AT_PLATFORM), 16).unwrap(),
+            b"x86_64"
+        );
+        assert_eq!(
+            mem.read_cstr(aux(&auxv, AT_EXECFN), 64).unwrap(),
+            b"/usr/bin/prog"
+        );
         let random = aux(&auxv, AT_RANDOM);
         assert!(random > loaded.stack_pointer && random + 16 <= 32 * MIB);
         assert_eq!(aux(&auxv, AT_SYSINFO_EHDR), VDSO_ADDR);
-        assert_eq!(mem.read_vec(VDSO_ADDR, crate::vdso::IMAGE.len() as u64).unwrap(), crate::vdso::IMAGE, "the vDSO is in place");
+        assert_eq!(
+            mem.read_vec(VDSO_ADDR, crate::vdso::IMAGE.len() as u64)
+                .unwrap(),
+            crate::vdso::IMAGE,
+            "the vDSO is in place"
+        );
         assert_eq!(auxv.last(), Some(&(AT_NULL, 0)));
     }
 
@@ -540,9 +725,15 @@ pub(crate) mod tests {
     fn segments_outside_user_memory_are_rejected() {
         let mem = GuestMemory::new(16 * MIB).unwrap();
         let below = tiny_elf(2, 0x1000, &[0xf4], 0, None);
-        assert!(matches!(load_elf(&mem, &below, "/p", &no_files, &[], &[]), Err(LoadError::Unloadable { .. })));
+        assert!(matches!(
+            load_elf(&mem, &below, "/p", &no_files, &[], &[]),
+            Err(LoadError::Unloadable { .. })
+        ));
         let above = tiny_elf(2, 15 * MIB, &[0xf4], 0, None);
-        assert!(matches!(load_elf(&mem, &above, "/p", &no_files, &[], &[]), Err(LoadError::DoesNotFit { .. })));
+        assert!(matches!(
+            load_elf(&mem, &above, "/p", &no_files, &[], &[]),
+            Err(LoadError::DoesNotFit { .. })
+        ));
         let wrapping = tiny_elf(2, !0xfff, &[0xf4], 0, None);
         assert!(load_elf(&mem, &wrapping, "/p", &no_files, &[], &[]).is_err());
     }
@@ -552,9 +743,15 @@ pub(crate) mod tests {
         let mem = GuestMemory::new(16 * MIB).unwrap();
         let exe = tiny_elf(2, 0x40_0000, &[0xf4], 0, None);
         let nul = strings(&["a\0b"]);
-        assert!(matches!(load_elf(&mem, &exe, "/p", &no_files, &nul, &[]), Err(LoadError::NulInArgument)));
+        assert!(matches!(
+            load_elf(&mem, &exe, "/p", &no_files, &nul, &[]),
+            Err(LoadError::NulInArgument)
+        ));
         let huge = vec!["x".repeat(1 << 20)];
-        assert!(matches!(load_elf(&mem, &exe, "/p", &no_files, &huge, &[]), Err(LoadError::ArgumentsTooLarge { .. })));
+        assert!(matches!(
+            load_elf(&mem, &exe, "/p", &no_files, &huge, &[]),
+            Err(LoadError::ArgumentsTooLarge { .. })
+        ));
     }
 
     #[test]
@@ -567,10 +764,16 @@ pub(crate) mod tests {
         }
         let fixed_address_interp = tiny_elf(2, 0x80_0000, &[0xf4], 0, None);
         let lookup = |_: &str| Some(&fixed_address_interp[..]);
-        assert!(matches!(load_elf(&mem, &exe, "/p", &lookup, &[], &[]), Err(LoadError::Unloadable { .. })));
+        assert!(matches!(
+            load_elf(&mem, &exe, "/p", &lookup, &[], &[]),
+            Err(LoadError::Unloadable { .. })
+        ));
         let garbage = b"#!/bin/sh\n".to_vec();
         let lookup = |_: &str| Some(&garbage[..]);
-        assert!(matches!(load_elf(&mem, &exe, "/p", &lookup, &[], &[]), Err(LoadError::Elf { .. })));
+        assert!(matches!(
+            load_elf(&mem, &exe, "/p", &lookup, &[], &[]),
+            Err(LoadError::Elf { .. })
+        ));
     }
 
     #[test]
@@ -580,7 +783,15 @@ pub(crate) mod tests {
         let lookup = |p: &str| (p == LD_SO_LINK).then_some(&ld_so[..]);
         let mem = GuestMemory::new(256 * MIB).unwrap();
         let argv = strings(&["python3", "-c", "pass"]);
-        let loaded = load_elf(&mem, &python, "/usr/bin/python3", &lookup, &argv, &strings(&["LANG=C.UTF-8"])).unwrap();
+        let loaded = load_elf(
+            &mem,
+            &python,
+            "/usr/bin/python3",
+            &lookup,
+            &argv,
+            &strings(&["LANG=C.UTF-8"]),
+        )
+        .unwrap();
 
         let py = Elf::parse(&python).unwrap();
         let ld = Elf::parse(&ld_so).unwrap();
@@ -598,7 +809,9 @@ pub(crate) mod tests {
         for seg in py.load_segments() {
             let want = &python[seg.offset as usize..(seg.offset + seg.filesz) as usize];
             assert_eq!(mem.read_vec(seg.vaddr, seg.filesz).unwrap(), want);
-            let bss = mem.read_vec(seg.vaddr + seg.filesz, seg.memsz - seg.filesz).unwrap();
+            let bss = mem
+                .read_vec(seg.vaddr + seg.filesz, seg.memsz - seg.filesz)
+                .unwrap();
             assert!(bss.iter().all(|&b| b == 0));
         }
         for seg in ld.load_segments() {
@@ -621,6 +834,9 @@ pub(crate) mod tests {
         let python = std::fs::read(PYTHON).unwrap();
         let mem = GuestMemory::new(8 * MIB).unwrap();
         let lookup = |_: &str| None;
-        assert!(matches!(load_elf(&mem, &python, "/p", &lookup, &[], &[]), Err(LoadError::DoesNotFit { .. })));
+        assert!(matches!(
+            load_elf(&mem, &python, "/p", &lookup, &[], &[]),
+            Err(LoadError::DoesNotFit { .. })
+        ));
     }
 }

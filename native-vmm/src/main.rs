@@ -8,7 +8,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandfork_vmm::{bench, syscalls_bench, threads_bench};
 use sandfork_vmm::daemon;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::image;
@@ -16,6 +15,7 @@ use sandfork_vmm::kvm::{self, Kvm};
 use sandfork_vmm::snapshot;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunRequest};
+use sandfork_vmm::{bench, syscalls_bench, threads_bench};
 
 const USAGE: &str = "\
 usage: sandfork-vmm <command> [options]
@@ -212,7 +212,9 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
         [] => Err(CliError::Usage("no command given".into(), USAGE)),
-        ["--help" | "-h" | "help", ..] | ["image" | "bench" | "template", "--help" | "-h"] => Err(CliError::Help(USAGE)),
+        ["--help" | "-h" | "help", ..] | ["image" | "bench" | "template", "--help" | "-h"] => {
+            Err(CliError::Help(USAGE))
+        }
         ["image", "build", ..] => image_build(&args[2..]),
         ["template", "build", ..] => template_build(&args[2..]),
         ["run", ..] => run(&args[1..]),
@@ -223,7 +225,10 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["bench", "threads", ..] => bench_threads(&args[2..]),
         ["bench", "syscalls", ..] => bench_syscalls(&args[2..]),
         ["serve", ..] => serve(&args[1..]),
-        ["image" | "bench" | "template", ..] => Err(CliError::Usage(format!("unknown command `{}`", words.join(" ")), USAGE)),
+        ["image" | "bench" | "template", ..] => Err(CliError::Usage(
+            format!("unknown command `{}`", words.join(" ")),
+            USAGE,
+        )),
         [other, ..] => Err(CliError::Usage(format!("unknown command `{other}`"), USAGE)),
     }
 }
@@ -239,8 +244,19 @@ struct Options {
 }
 
 impl Options {
-    fn parse(args: &[String], valued: &[&'static str], flags: &[&'static str], takes_rest: bool, usage: &'static str) -> Result<Options, CliError> {
-        let mut options = Options { values: HashMap::new(), flags: Vec::new(), rest: Vec::new(), usage };
+    fn parse(
+        args: &[String],
+        valued: &[&'static str],
+        flags: &[&'static str],
+        takes_rest: bool,
+        usage: &'static str,
+    ) -> Result<Options, CliError> {
+        let mut options = Options {
+            values: HashMap::new(),
+            flags: Vec::new(),
+            rest: Vec::new(),
+            usage,
+        };
         let mut i = 0;
         while i < args.len() {
             let arg = &args[i];
@@ -250,7 +266,10 @@ impl Options {
             }
             if arg == "--" || !arg.starts_with('-') {
                 if !takes_rest {
-                    return Err(CliError::Usage(format!("unexpected argument `{arg}`"), usage));
+                    return Err(CliError::Usage(
+                        format!("unexpected argument `{arg}`"),
+                        usage,
+                    ));
                 }
                 let from = if arg == "--" { i } else { i - 1 };
                 options.rest = args[from..].to_vec();
@@ -269,7 +288,9 @@ impl Options {
                 let value = match inline_value {
                     Some(v) => v,
                     None => {
-                        let v = args.get(i).ok_or_else(|| CliError::Usage(format!("{key} needs a value"), usage))?;
+                        let v = args.get(i).ok_or_else(|| {
+                            CliError::Usage(format!("{key} needs a value"), usage)
+                        })?;
                         i += 1;
                         v.clone()
                     }
@@ -285,30 +306,44 @@ impl Options {
     }
 
     fn required(&self, key: &'static str) -> Result<&str, CliError> {
-        self.values.get(key).map(String::as_str).ok_or_else(|| CliError::Usage(format!("{key} is required"), self.usage))
+        self.values
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| CliError::Usage(format!("{key} is required"), self.usage))
     }
 
     /// A positive integer option no larger than `max`, or `default` when absent.
     fn number(&self, key: &'static str, default: u64, max: u64) -> Result<u64, CliError> {
-        let Some(text) = self.values.get(key) else { return Ok(default) };
+        let Some(text) = self.values.get(key) else {
+            return Ok(default);
+        };
         match text.parse::<u64>() {
             Ok(n) if n >= 1 && n <= max => Ok(n),
-            _ => Err(CliError::Usage(format!("{key} expects an integer from 1 to {max}, got `{text}`"), self.usage)),
+            _ => Err(CliError::Usage(
+                format!("{key} expects an integer from 1 to {max}, got `{text}`"),
+                self.usage,
+            )),
         }
     }
 
     /// `--boot-timeout-ms` (at most an hour), or `vm::AGENT_BOOT_TIMEOUT` when absent.
     fn boot_timeout(&self) -> Result<Duration, CliError> {
         let default_ms = vm::AGENT_BOOT_TIMEOUT.as_millis() as u64;
-        self.number("--boot-timeout-ms", default_ms, 3_600_000).map(Duration::from_millis)
+        self.number("--boot-timeout-ms", default_ms, 3_600_000)
+            .map(Duration::from_millis)
     }
 
     /// A non-negative integer option no larger than `max`, or `default` when absent.
     fn count(&self, key: &'static str, default: u64, max: u64) -> Result<u64, CliError> {
-        let Some(text) = self.values.get(key) else { return Ok(default) };
+        let Some(text) = self.values.get(key) else {
+            return Ok(default);
+        };
         match text.parse::<u64>() {
             Ok(n) if n <= max => Ok(n),
-            _ => Err(CliError::Usage(format!("{key} expects an integer from 0 to {max}, got `{text}`"), self.usage)),
+            _ => Err(CliError::Usage(
+                format!("{key} expects an integer from 0 to {max}, got `{text}`"),
+                self.usage,
+            )),
         }
     }
 
@@ -322,39 +357,104 @@ fn open_image(dir: &str) -> Result<Arc<Image>, CliError> {
 }
 
 fn image_build(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--manifest", "--out"], &[], false, IMAGE_BUILD_USAGE)?;
+    let options = Options::parse(
+        args,
+        &["--manifest", "--out"],
+        &[],
+        false,
+        IMAGE_BUILD_USAGE,
+    )?;
     let manifest = options.required("--manifest")?;
     let out = options.required("--out")?;
-    let report = image::build(Path::new(manifest), Path::new(out)).map_err(|e| CliError::Failed(format!("building image from {manifest}: {e}")))?;
+    let report = image::build(Path::new(manifest), Path::new(out))
+        .map_err(|e| CliError::Failed(format!("building image from {manifest}: {e}")))?;
     for note in &report.notes {
         eprintln!("note: {note}");
     }
-    println!("image {:?} in {out}: {} files, {} bytes, {} libraries resolved", report.name, report.files, report.bytes, report.libraries.len());
+    println!(
+        "image {:?} in {out}: {} files, {} bytes, {} libraries resolved",
+        report.name,
+        report.files,
+        report.bytes,
+        report.libraries.len()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
 fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--image", "--template", "--out", "--mem-mib", "--boot-timeout-ms"], &[], false, TEMPLATE_BUILD_USAGE)?;
+    let options = Options::parse(
+        args,
+        &[
+            "--image",
+            "--template",
+            "--out",
+            "--mem-mib",
+            "--boot-timeout-ms",
+        ],
+        &[],
+        false,
+        TEMPLATE_BUILD_USAGE,
+    )?;
     let image_dir = options.required("--image")?;
     let name = options.required("--template")?;
     let out = options.required("--out")?;
-    let language = daemon::templates::Language::of_image(name).ok_or_else(|| CliError::Usage(format!("unknown template `{name}` (known: {})", daemon::templates::known_languages()), TEMPLATE_BUILD_USAGE))?;
+    let language = daemon::templates::Language::of_image(name).ok_or_else(|| {
+        CliError::Usage(
+            format!(
+                "unknown template `{name}` (known: {})",
+                daemon::templates::known_languages()
+            ),
+            TEMPLATE_BUILD_USAGE,
+        )
+    })?;
     let mem_mib = options.number("--mem-mib", language.default_memory_mib(), MAX_MEM_MIB)?;
     let boot_timeout = options.boot_timeout()?;
     let image = open_image(image_dir)?;
     let command = language.agent();
-    let outcome = snapshot::build(image, name, command, &vm::RunLimits { mem_bytes: mem_mib << 20, boot_timeout, ..Default::default() }, &kvm::new_cpu, Path::new(out)).map_err(|e| CliError::Failed(e.to_string()))?;
+    let outcome = snapshot::build(
+        image,
+        name,
+        command,
+        &vm::RunLimits {
+            mem_bytes: mem_mib << 20,
+            boot_timeout,
+            ..Default::default()
+        },
+        &kvm::new_cpu,
+        Path::new(out),
+    )
+    .map_err(|e| CliError::Failed(e.to_string()))?;
     println!("{outcome}");
     Ok(ExitCode::SUCCESS)
 }
 
 fn run(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--image", "--mem-mib", "--timeout-ms", "--output-cap", "--max-threads"], &[], true, RUN_USAGE)?;
+    let options = Options::parse(
+        args,
+        &[
+            "--image",
+            "--mem-mib",
+            "--timeout-ms",
+            "--output-cap",
+            "--max-threads",
+        ],
+        &[],
+        true,
+        RUN_USAGE,
+    )?;
     let image_dir = options.required("--image")?;
     let mem_mib = options.number("--mem-mib", vm::DEFAULT_MEM_BYTES >> 20, MAX_MEM_MIB)?;
-    let timeout_ms = options.number("--timeout-ms", vm::DEFAULT_TIMEOUT.as_millis() as u64, u64::MAX >> 1)?;
+    let timeout_ms = options.number(
+        "--timeout-ms",
+        vm::DEFAULT_TIMEOUT.as_millis() as u64,
+        u64::MAX >> 1,
+    )?;
     let output_cap = options.number("--output-cap", vm::DEFAULT_OUTPUT_CAP, u64::MAX >> 1)?;
-    let thread_limit = options.number("--max-threads", sandfork_vmm::process::DEFAULT_THREAD_LIMIT, MAX_THREADS)?;
+    let thread_limit = options.number(
+        "--max-threads",
+        sandfork_vmm::process::DEFAULT_THREAD_LIMIT,
+        MAX_THREADS,
+    )?;
     let Some((program, program_args)) = options.rest.split_first() else {
         return Err(CliError::Usage("no program given".into(), RUN_USAGE));
     };
@@ -367,11 +467,16 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
     request.timeout = Duration::from_millis(timeout_ms);
     request.output_cap = output_cap;
     request.thread_limit = thread_limit.max(1);
-    io::stdin().read_to_end(&mut request.stdin).map_err(|e| CliError::Failed(format!("reading stdin: {e}")))?;
+    io::stdin()
+        .read_to_end(&mut request.stdin)
+        .map_err(|e| CliError::Failed(format!("reading stdin: {e}")))?;
 
-    let outcome = vm::launch(image, &request, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    let outcome =
+        vm::launch(image, &request, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
     // Output is best effort: a closed pipe must not hide the exit status.
-    let _ = io::stdout().write_all(&outcome.stdout).and_then(|()| io::stdout().flush());
+    let _ = io::stdout()
+        .write_all(&outcome.stdout)
+        .and_then(|()| io::stdout().flush());
     let _ = io::stderr().write_all(&outcome.stderr);
     if !matches!(outcome.status, RunStatus::Exited { .. }) {
         eprintln!("sandfork-vmm: {}", outcome.status);
@@ -390,30 +495,60 @@ fn print_report(options: &Options, json: String, table: impl FnOnce() -> String)
 }
 
 fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--image", "--iterations"], &["--json"], false, BENCH_USAGE)?;
+    let options = Options::parse(
+        args,
+        &["--image", "--iterations"],
+        &["--json"],
+        false,
+        BENCH_USAGE,
+    )?;
     let image_dir = options.required("--image")?;
-    let iterations = options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
+    let iterations =
+        options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
     let image = open_image(image_dir)?;
-    let report = bench::run(image, iterations, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    let report = bench::run(image, iterations, &kvm::new_cpu)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
     print_report(&options, report.to_json(), || report.table());
     Ok(ExitCode::SUCCESS)
 }
 
 fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--image", "--handoffs", "--repetitions"], &["--json"], false, BENCH_THREADS_USAGE)?;
+    let options = Options::parse(
+        args,
+        &["--image", "--handoffs", "--repetitions"],
+        &["--json"],
+        false,
+        BENCH_THREADS_USAGE,
+    )?;
     let image = open_image(options.required("--image")?)?;
     let handoffs = options.number("--handoffs", threads_bench::DEFAULT_HANDOFFS, 10_000_000)?;
-    let repetitions = options.number("--repetitions", threads_bench::DEFAULT_REPETITIONS as u64, 1000)? as usize;
-    let report = threads_bench::run(image, handoffs, repetitions, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    let repetitions = options.number(
+        "--repetitions",
+        threads_bench::DEFAULT_REPETITIONS as u64,
+        1000,
+    )? as usize;
+    let report = threads_bench::run(image, handoffs, repetitions, &kvm::new_cpu)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
     print_report(&options, report.to_json(), || report.table());
     Ok(ExitCode::SUCCESS)
 }
 
 fn bench_syscalls(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--calls", "--repetitions"], &["--json"], false, BENCH_SYSCALLS_USAGE)?;
+    let options = Options::parse(
+        args,
+        &["--calls", "--repetitions"],
+        &["--json"],
+        false,
+        BENCH_SYSCALLS_USAGE,
+    )?;
     let calls = options.number("--calls", syscalls_bench::DEFAULT_CALLS, 100_000_000)?;
-    let repetitions = options.number("--repetitions", syscalls_bench::DEFAULT_REPETITIONS as u64, 1000)? as usize;
-    let report = syscalls_bench::run(calls, repetitions, &kvm::new_cpu).map_err(|e| CliError::Failed(e.to_string()))?;
+    let repetitions = options.number(
+        "--repetitions",
+        syscalls_bench::DEFAULT_REPETITIONS as u64,
+        1000,
+    )? as usize;
+    let report = syscalls_bench::run(calls, repetitions, &kvm::new_cpu)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
     print_report(&options, report.to_json(), || report.table());
     Ok(ExitCode::SUCCESS)
 }
@@ -435,17 +570,36 @@ options:
   --json             print one JSON object instead of a table";
 
 fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--template", "--iterations", "--pool-size"], &["--json"], false, BENCH_EXEC_USAGE)?;
+    let options = Options::parse(
+        args,
+        &["--template", "--iterations", "--pool-size"],
+        &["--json"],
+        false,
+        BENCH_EXEC_USAGE,
+    )?;
     let dir = options.required("--template")?;
-    let iterations = options.number("--iterations", daemon::bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
-    let pool_size = options.number("--pool-size", daemon::default_pool_size() as u64, daemon::MAX_POOL_SIZE)? as usize;
-    let report = daemon::bench::run(Path::new(dir), iterations, pool_size).map_err(CliError::Failed)?;
+    let iterations = options.number(
+        "--iterations",
+        daemon::bench::DEFAULT_ITERATIONS as u64,
+        100_000,
+    )? as usize;
+    let pool_size = options.number(
+        "--pool-size",
+        daemon::default_pool_size() as u64,
+        daemon::MAX_POOL_SIZE,
+    )? as usize;
+    let report =
+        daemon::bench::run(Path::new(dir), iterations, pool_size).map_err(CliError::Failed)?;
     if options.flag("--json") {
         println!("{}", report.to_json());
     } else {
         print!("{report}");
     }
-    Ok(if matches!(report.isolation, Some(Err(_))) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if matches!(report.isolation, Some(Err(_))) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 const BENCH_SESSIONS_USAGE: &str = "\
@@ -465,11 +619,25 @@ options:
   --json             print one JSON object instead of a table";
 
 fn bench_sessions(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--template", "--dir", "--iterations"], &["--json"], false, BENCH_SESSIONS_USAGE)?;
+    let options = Options::parse(
+        args,
+        &["--template", "--dir", "--iterations"],
+        &["--json"],
+        false,
+        BENCH_SESSIONS_USAGE,
+    )?;
     let dir = options.required("--template")?;
-    let data = options.values.get("--dir").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
-    let iterations = options.number("--iterations", daemon::session_bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
-    let report = daemon::session_bench::run(Path::new(dir), &data, iterations).map_err(CliError::Failed)?;
+    let data = options
+        .values
+        .get("--dir")
+        .map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    let iterations = options.number(
+        "--iterations",
+        daemon::session_bench::DEFAULT_ITERATIONS as u64,
+        100_000,
+    )? as usize;
+    let report =
+        daemon::session_bench::run(Path::new(dir), &data, iterations).map_err(CliError::Failed)?;
     if options.flag("--json") {
         println!("{}", report.to_json());
     } else {
@@ -479,40 +647,118 @@ fn bench_sessions(args: &[String]) -> Result<ExitCode, CliError> {
 }
 
 fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--template", "--iterations"], &[], false, BENCH_FORK_USAGE)?;
+    let options = Options::parse(
+        args,
+        &["--template", "--iterations"],
+        &[],
+        false,
+        BENCH_FORK_USAGE,
+    )?;
     let dir = options.required("--template")?;
-    let iterations = options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
+    let iterations =
+        options.number("--iterations", bench::DEFAULT_ITERATIONS as u64, 100_000)? as usize;
     let image = open_image(dir)?;
-    let language = daemon::templates::Language::of_image(image.name()).ok_or_else(|| CliError::Failed(format!("template {dir}: its image '{}' is not a known language", image.name())))?;
-    let template = snapshot::Template::load(Path::new(dir), image, language.agent()).map_err(|e| CliError::Failed(format!("template {dir}: {e}")))?;
-    let report = snapshot::bench::measure(&template, snapshot::ForkMemory::CopyOnWrite, &kvm::restore_cpu, iterations).map_err(|e| CliError::Failed(e.to_string()))?;
+    let language = daemon::templates::Language::of_image(image.name()).ok_or_else(|| {
+        CliError::Failed(format!(
+            "template {dir}: its image '{}' is not a known language",
+            image.name()
+        ))
+    })?;
+    let template = snapshot::Template::load(Path::new(dir), image, language.agent())
+        .map_err(|e| CliError::Failed(format!("template {dir}: {e}")))?;
+    let report = snapshot::bench::measure(
+        &template,
+        snapshot::ForkMemory::CopyOnWrite,
+        &kvm::restore_cpu,
+        iterations,
+    )
+    .map_err(|e| CliError::Failed(e.to_string()))?;
     print!("{report}");
     Ok(ExitCode::SUCCESS)
 }
 
 fn serve(args: &[String]) -> Result<ExitCode, CliError> {
-    let options = Options::parse(args, &["--socket", "--templates", "--max-concurrency", "--max-queue", "--pool-size", "--max-timeout-ms", "--max-memory-mib", "--max-output-bytes", "--boot-timeout-ms", "--test-forbidden-syscall-after-ms", "--sessions", "--max-sessions"], &[], false, SERVE_USAGE)?;
+    let options = Options::parse(
+        args,
+        &[
+            "--socket",
+            "--templates",
+            "--max-concurrency",
+            "--max-queue",
+            "--pool-size",
+            "--max-timeout-ms",
+            "--max-memory-mib",
+            "--max-output-bytes",
+            "--boot-timeout-ms",
+            "--test-forbidden-syscall-after-ms",
+            "--sessions",
+            "--max-sessions",
+        ],
+        &[],
+        false,
+        SERVE_USAGE,
+    )?;
     let defaults = daemon::DEFAULT_MAXIMA;
     let max_limits = daemon::executor::ExecutionLimits {
-        timeout_ms: options.number("--max-timeout-ms", defaults.timeout_ms, daemon::MAX_TIMEOUT_MS_LIMIT)?,
+        timeout_ms: options.number(
+            "--max-timeout-ms",
+            defaults.timeout_ms,
+            daemon::MAX_TIMEOUT_MS_LIMIT,
+        )?,
         memory_mib: options.number("--max-memory-mib", defaults.memory_mib, MAX_MEM_MIB)?,
-        output_bytes: options.number("--max-output-bytes", defaults.output_bytes, daemon::MAX_OUTPUT_BYTES_LIMIT)?,
+        output_bytes: options.number(
+            "--max-output-bytes",
+            defaults.output_bytes,
+            daemon::MAX_OUTPUT_BYTES_LIMIT,
+        )?,
     };
     if max_limits.memory_mib < daemon::request::MIN_MEMORY_MIB {
-        return Err(CliError::Usage(format!("--max-memory-mib must be at least {}", daemon::request::MIN_MEMORY_MIB), SERVE_USAGE));
+        return Err(CliError::Usage(
+            format!(
+                "--max-memory-mib must be at least {}",
+                daemon::request::MIN_MEMORY_MIB
+            ),
+            SERVE_USAGE,
+        ));
     }
     let serve_options = daemon::ServeOptions {
         socket: options.required("--socket")?.into(),
         templates: options.required("--templates")?.into(),
-        max_concurrency: options.number("--max-concurrency", daemon::default_concurrency() as u64, daemon::MAX_CONCURRENCY_LIMIT)? as usize,
-        max_queue: options.count("--max-queue", daemon::DEFAULT_QUEUE, daemon::MAX_QUEUE_LIMIT)? as usize,
+        max_concurrency: options.number(
+            "--max-concurrency",
+            daemon::default_concurrency() as u64,
+            daemon::MAX_CONCURRENCY_LIMIT,
+        )? as usize,
+        max_queue: options.count(
+            "--max-queue",
+            daemon::DEFAULT_QUEUE,
+            daemon::MAX_QUEUE_LIMIT,
+        )? as usize,
         max_limits,
-        pool_size: options.count("--pool-size", daemon::default_pool_size() as u64, daemon::MAX_POOL_SIZE)? as usize,
+        pool_size: options.count(
+            "--pool-size",
+            daemon::default_pool_size() as u64,
+            daemon::MAX_POOL_SIZE,
+        )? as usize,
         boot_timeout: options.boot_timeout()?,
-        sessions: options.values.get("--sessions").map(std::path::PathBuf::from),
-        max_sessions: options.number("--max-sessions", daemon::DEFAULT_MAX_SESSIONS, daemon::MAX_SESSIONS_LIMIT)? as usize,
-        forbidden_syscall_after: match options.values.contains_key("--test-forbidden-syscall-after-ms") {
-            true => Some(std::time::Duration::from_millis(options.count("--test-forbidden-syscall-after-ms", 0, 3_600_000)?)),
+        sessions: options
+            .values
+            .get("--sessions")
+            .map(std::path::PathBuf::from),
+        max_sessions: options.number(
+            "--max-sessions",
+            daemon::DEFAULT_MAX_SESSIONS,
+            daemon::MAX_SESSIONS_LIMIT,
+        )? as usize,
+        forbidden_syscall_after: match options
+            .values
+            .contains_key("--test-forbidden-syscall-after-ms")
+        {
+            true => Some(std::time::Duration::from_millis(options.count(
+                "--test-forbidden-syscall-after-ms",
+                0,
+                3_600_000,
+            )?)),
             false => None,
         },
     };
@@ -539,59 +785,173 @@ mod tests {
 
     #[test]
     fn options_take_values_flags_and_the_program_after_them() {
-        let args = strings(&["--image", "/img", "--mem-mib=64", "--json", "--", "python3", "-c", "print(1)"]);
-        let o = Options::parse(&args, &["--image", "--mem-mib"], &["--json"], true, RUN_USAGE).ok().unwrap();
+        let args = strings(&[
+            "--image",
+            "/img",
+            "--mem-mib=64",
+            "--json",
+            "--",
+            "python3",
+            "-c",
+            "print(1)",
+        ]);
+        let o = Options::parse(
+            &args,
+            &["--image", "--mem-mib"],
+            &["--json"],
+            true,
+            RUN_USAGE,
+        )
+        .ok()
+        .unwrap();
         assert_eq!(o.required("--image").ok(), Some("/img"));
         assert_eq!(o.number("--mem-mib", 256, 1024).ok(), Some(64));
         assert!(o.flag("--json"));
         assert_eq!(o.rest, strings(&["python3", "-c", "print(1)"]));
 
         // Without `--`, the first non-option starts the program; its own options stay its own.
-        let o = Options::parse(&strings(&["--image", "/i", "python3", "--version"]), &["--image"], &[], true, RUN_USAGE).ok().unwrap();
+        let o = Options::parse(
+            &strings(&["--image", "/i", "python3", "--version"]),
+            &["--image"],
+            &[],
+            true,
+            RUN_USAGE,
+        )
+        .ok()
+        .unwrap();
         assert_eq!(o.rest, strings(&["python3", "--version"]));
         assert_eq!(o.number("--mem-mib", 256, 1024).ok(), Some(256));
     }
 
     #[test]
     fn bad_options_are_usage_errors() {
-        let parse = |v: &[&str], rest| Options::parse(&strings(v), &["--image", "--iterations"], &["--json"], rest, BENCH_USAGE);
-        assert_eq!(usage_message(parse(&["--nope"], false)), "unknown option `--nope`");
-        assert_eq!(usage_message(parse(&["--image"], false)), "--image needs a value");
-        assert_eq!(usage_message(parse(&["--image", "a", "--image", "b"], false)), "--image given twice");
-        assert_eq!(usage_message(parse(&["--json=1"], false)), "--json takes no value");
-        assert_eq!(usage_message(parse(&["stray"], false)), "unexpected argument `stray`");
-        assert_eq!(usage_message(parse(&["--image", "a", "--help"], false)), "help");
+        let parse = |v: &[&str], rest| {
+            Options::parse(
+                &strings(v),
+                &["--image", "--iterations"],
+                &["--json"],
+                rest,
+                BENCH_USAGE,
+            )
+        };
+        assert_eq!(
+            usage_message(parse(&["--nope"], false)),
+            "unknown option `--nope`"
+        );
+        assert_eq!(
+            usage_message(parse(&["--image"], false)),
+            "--image needs a value"
+        );
+        assert_eq!(
+            usage_message(parse(&["--image", "a", "--image", "b"], false)),
+            "--image given twice"
+        );
+        assert_eq!(
+            usage_message(parse(&["--json=1"], false)),
+            "--json takes no value"
+        );
+        assert_eq!(
+            usage_message(parse(&["stray"], false)),
+            "unexpected argument `stray`"
+        );
+        assert_eq!(
+            usage_message(parse(&["--image", "a", "--help"], false)),
+            "help"
+        );
         let o = parse(&["--iterations", "0"], false).ok().unwrap();
-        assert!(matches!(o.number("--iterations", 5, 10), Err(CliError::Usage(m, _)) if m.contains("from 1 to 10")));
-        assert!(matches!(o.required("--image"), Err(CliError::Usage(m, _)) if m == "--image is required"));
+        assert!(
+            matches!(o.number("--iterations", 5, 10), Err(CliError::Usage(m, _)) if m.contains("from 1 to 10"))
+        );
+        assert!(
+            matches!(o.required("--image"), Err(CliError::Usage(m, _)) if m == "--image is required")
+        );
     }
 
     #[test]
     fn commands_are_dispatched_or_rejected_with_usage() {
         assert!(matches!(dispatch(&[]), Err(CliError::Usage(..))));
-        assert!(matches!(dispatch(&strings(&["frob"])), Err(CliError::Usage(m, _)) if m == "unknown command `frob`"));
-        assert!(matches!(dispatch(&strings(&["image", "frob"])), Err(CliError::Usage(..))));
-        assert!(matches!(dispatch(&strings(&["bench", "--help"])), Err(CliError::Help(USAGE))));
-        assert!(matches!(dispatch(&strings(&["run", "--help"])), Err(CliError::Help(RUN_USAGE))));
-        assert!(matches!(dispatch(&strings(&["image", "build", "--help"])), Err(CliError::Help(IMAGE_BUILD_USAGE))));
-        assert!(matches!(dispatch(&strings(&["bench", "run", "-h"])), Err(CliError::Help(BENCH_USAGE))));
-        assert!(matches!(dispatch(&strings(&["serve", "--help"])), Err(CliError::Help(SERVE_USAGE))));
-        assert!(matches!(dispatch(&strings(&["serve", "--templates", "/t"])), Err(CliError::Usage(m, _)) if m == "--socket is required"));
-        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-output-bytes", "4194304"])), Err(CliError::Usage(m, _)) if m.contains("from 1 to 2097152")));
-        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 64")));
-        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-queue", "-1"])), Err(CliError::Usage(m, _)) if m.contains("from 0 to 4096")));
-        assert!(matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--boot-timeout-ms", "0"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms expects an integer from 1 to 3600000")));
-        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "python", "--out", "/o", "--boot-timeout-ms", "x"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms")));
-        assert!(matches!(dispatch(&strings(&["bench", "fork", "--help"])), Err(CliError::Help(BENCH_FORK_USAGE))));
-        assert!(matches!(dispatch(&strings(&["bench", "threads", "--help"])), Err(CliError::Help(BENCH_THREADS_USAGE))));
-        assert!(matches!(dispatch(&strings(&["bench", "syscalls", "--help"])), Err(CliError::Help(BENCH_SYSCALLS_USAGE))));
-        assert!(matches!(dispatch(&strings(&["bench", "fork"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
-        assert!(matches!(dispatch(&strings(&["template", "build", "--help"])), Err(CliError::Help(TEMPLATE_BUILD_USAGE))));
-        assert!(matches!(dispatch(&strings(&["template", "frob"])), Err(CliError::Usage(..))));
-        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--out", "/o"])), Err(CliError::Usage(m, _)) if m == "--template is required"));
-        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "ruby", "--out", "/o"])), Err(CliError::Usage(m, _)) if m.contains("unknown template `ruby` (known: python, node)")));
-        assert!(matches!(dispatch(&strings(&["template", "build", "--image", "/nonexistent", "--template", "python", "--out", "/o"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));
-        assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent"])), Err(CliError::Usage(m, _)) if m == "no program given"));
-        assert!(matches!(dispatch(&strings(&["run", "--image", "/nonexistent", "--", "true"])), Err(CliError::Failed(m)) if m.contains("/nonexistent")));
+        assert!(
+            matches!(dispatch(&strings(&["frob"])), Err(CliError::Usage(m, _)) if m == "unknown command `frob`")
+        );
+        assert!(matches!(
+            dispatch(&strings(&["image", "frob"])),
+            Err(CliError::Usage(..))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["bench", "--help"])),
+            Err(CliError::Help(USAGE))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["run", "--help"])),
+            Err(CliError::Help(RUN_USAGE))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["image", "build", "--help"])),
+            Err(CliError::Help(IMAGE_BUILD_USAGE))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["bench", "run", "-h"])),
+            Err(CliError::Help(BENCH_USAGE))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["serve", "--help"])),
+            Err(CliError::Help(SERVE_USAGE))
+        ));
+        assert!(
+            matches!(dispatch(&strings(&["serve", "--templates", "/t"])), Err(CliError::Usage(m, _)) if m == "--socket is required")
+        );
+        assert!(
+            matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-output-bytes", "4194304"])), Err(CliError::Usage(m, _)) if m.contains("from 1 to 2097152"))
+        );
+        assert!(
+            matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-memory-mib", "8"])), Err(CliError::Usage(m, _)) if m.contains("at least 64"))
+        );
+        assert!(
+            matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-queue", "-1"])), Err(CliError::Usage(m, _)) if m.contains("from 0 to 4096"))
+        );
+        assert!(
+            matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--boot-timeout-ms", "0"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms expects an integer from 1 to 3600000"))
+        );
+        assert!(
+            matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "python", "--out", "/o", "--boot-timeout-ms", "x"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms"))
+        );
+        assert!(matches!(
+            dispatch(&strings(&["bench", "fork", "--help"])),
+            Err(CliError::Help(BENCH_FORK_USAGE))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["bench", "threads", "--help"])),
+            Err(CliError::Help(BENCH_THREADS_USAGE))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["bench", "syscalls", "--help"])),
+            Err(CliError::Help(BENCH_SYSCALLS_USAGE))
+        ));
+        assert!(
+            matches!(dispatch(&strings(&["bench", "fork"])), Err(CliError::Usage(m, _)) if m == "--template is required")
+        );
+        assert!(matches!(
+            dispatch(&strings(&["template", "build", "--help"])),
+            Err(CliError::Help(TEMPLATE_BUILD_USAGE))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["template", "frob"])),
+            Err(CliError::Usage(..))
+        ));
+        assert!(
+            matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--out", "/o"])), Err(CliError::Usage(m, _)) if m == "--template is required")
+        );
+        assert!(
+            matches!(dispatch(&strings(&["template", "build", "--image", "/i", "--template", "ruby", "--out", "/o"])), Err(CliError::Usage(m, _)) if m.contains("unknown template `ruby` (known: python, node)"))
+        );
+        assert!(
+            matches!(dispatch(&strings(&["template", "build", "--image", "/nonexistent", "--template", "python", "--out", "/o"])), Err(CliError::Failed(m)) if m.contains("/nonexistent"))
+        );
+        assert!(
+            matches!(dispatch(&strings(&["run", "--image", "/nonexistent"])), Err(CliError::Usage(m, _)) if m == "no program given")
+        );
+        assert!(
+            matches!(dispatch(&strings(&["run", "--image", "/nonexistent", "--", "true"])), Err(CliError::Failed(m)) if m.contains("/nonexistent"))
+        );
     }
 }

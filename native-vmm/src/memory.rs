@@ -47,7 +47,11 @@ pub struct OutOfBounds {
 
 impl fmt::Display for OutOfBounds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "guest range {:#x}+{:#x} is outside guest memory", self.addr, self.len)
+        write!(
+            f,
+            "guest range {:#x}+{:#x} is outside guest memory",
+            self.addr, self.len
+        )
     }
 }
 
@@ -88,17 +92,32 @@ impl GuestMemory {
     /// Allocates `size` bytes (a multiple of 4 KiB) of zeroed guest RAM in a fresh memfd.
     pub fn new(size: u64) -> io::Result<Self> {
         if size == 0 || !size.is_multiple_of(4096) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "guest memory size must be a non-zero multiple of 4 KiB"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "guest memory size must be a non-zero multiple of 4 KiB",
+            ));
         }
         let fd = sys::memfd("sandfork-guest", size)?;
         // SAFETY: mapping a fresh memfd of exactly `size` bytes at a kernel-chosen address.
         let host = unsafe {
-            libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_NORESERVE, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if host == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(GuestMemory { host: host as *mut u8, size, fd: Some(fd), written: None })
+        Ok(GuestMemory {
+            host: host as *mut u8,
+            size,
+            fd: Some(fd),
+            written: None,
+        })
     }
 
     /// A copy-on-write fork of a template's memory: the template's memfd mapped
@@ -107,16 +126,33 @@ impl GuestMemory {
     /// other fork sees the write, and creating the fork copies nothing.
     pub fn fork_of(template: &TemplateMemory) -> io::Result<GuestMemory> {
         let source = &template.mem;
-        let fd = source.fd.as_ref().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a template's memory is a memfd"))?;
+        let fd = source.fd.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a template's memory is a memfd",
+            )
+        })?;
         // SAFETY: a fresh private mapping of the whole template memfd (exactly `size` bytes)
         // at a kernel-chosen address.
         let host = unsafe {
-            libc::mmap(std::ptr::null_mut(), source.size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_NORESERVE, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                source.size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if host == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(GuestMemory { host: host as *mut u8, size: source.size, fd: None, written: None })
+        Ok(GuestMemory {
+            host: host as *mut u8,
+            size: source.size,
+            fd: None,
+            written: None,
+        })
     }
 
     pub fn size(&self) -> u64 {
@@ -126,20 +162,25 @@ impl GuestMemory {
     /// From now on, records which pages the VMM writes (`take_written`): a session VM's
     /// incremental checkpoints hold only the pages written since the one before.
     pub fn track_writes(&mut self) {
-        self.written = Some(RefCell::new(PageSet::with_capacity((self.size / PAGE_SIZE) as usize)));
+        self.written = Some(RefCell::new(PageSet::with_capacity(
+            (self.size / PAGE_SIZE) as usize,
+        )));
     }
 
     /// The pages the VMM wrote since tracking began or the last call (None: not tracked).
     pub fn take_written(&self) -> Option<PageSet> {
         let pages = (self.size / PAGE_SIZE) as usize;
-        self.written.as_ref().map(|set| std::mem::replace(&mut *set.borrow_mut(), PageSet::with_capacity(pages)))
+        self.written
+            .as_ref()
+            .map(|set| std::mem::replace(&mut *set.borrow_mut(), PageSet::with_capacity(pages)))
     }
 
     /// Records a write of `[off, off+len)` (bounds-checked by the caller).
     fn mark_written(&self, off: usize, len: usize) {
         if let (Some(set), true) = (&self.written, len > 0) {
             let page = PAGE_SIZE as usize;
-            set.borrow_mut().insert_range(off / page..(off + len).div_ceil(page));
+            set.borrow_mut()
+                .insert_range(off / page..(off + len).div_ceil(page));
         }
     }
 
@@ -155,7 +196,9 @@ impl GuestMemory {
     /// such pages (PAGEMAP_SCAN, which skips the untouched rest of the mapping); kernels
     /// without it get a read of one /proc/self/pagemap entry per page.
     pub fn copied_pages(&self) -> io::Result<Option<u64>> {
-        Ok(self.copied_ranges()?.map(|ranges| crate::layout::pages_in(&ranges)))
+        Ok(self
+            .copied_ranges()?
+            .map(|ranges| crate::layout::pages_in(&ranges)))
     }
 
     /// For a copy-on-write fork: the guest-physical ranges `[start, end)` of the pages it holds
@@ -168,7 +211,9 @@ impl GuestMemory {
         let pagemap = pagemap()?;
         match self.scan_copied_ranges(pagemap) {
             // Host errnos of a kernel without PAGEMAP_SCAN.
-            Err(e) if matches!(e.raw_os_error(), Some(25 /* ENOTTY */ | 22 /* EINVAL */)) => self.read_copied_ranges(pagemap).map(Some),
+            Err(e) if matches!(e.raw_os_error(), Some(25 /* ENOTTY */ | 22 /* EINVAL */)) => {
+                self.read_copied_ranges(pagemap).map(Some)
+            }
             scanned => scanned.map(Some),
         }
     }
@@ -179,11 +224,22 @@ impl GuestMemory {
         let mut regions = [sys::PageRegion::default(); 256];
         let (mut at, mut ranges) = (base, Vec::new());
         while at < end {
-            let (filled, walk_end) = sys::pagemap_scan(pagemap.as_raw_fd(), at, end, sys::PAGE_IS_PRESENT | sys::PAGE_IS_FILE, sys::PAGE_IS_FILE, &mut regions)?;
-            let found = regions.get(..filled).ok_or_else(|| io::Error::other("PAGEMAP_SCAN reported more regions than it was given room for"))?;
+            let (filled, walk_end) = sys::pagemap_scan(
+                pagemap.as_raw_fd(),
+                at,
+                end,
+                sys::PAGE_IS_PRESENT | sys::PAGE_IS_FILE,
+                sys::PAGE_IS_FILE,
+                &mut regions,
+            )?;
+            let found = regions.get(..filled).ok_or_else(|| {
+                io::Error::other("PAGEMAP_SCAN reported more regions than it was given room for")
+            })?;
             for region in found {
                 if region.start < base || region.end > end || region.start >= region.end {
-                    return Err(io::Error::other("PAGEMAP_SCAN reported a region outside the mapping"));
+                    return Err(io::Error::other(
+                        "PAGEMAP_SCAN reported a region outside the mapping",
+                    ));
                 }
                 ranges.push((region.start - base, region.end - base));
             }
@@ -203,12 +259,18 @@ impl GuestMemory {
     /// never wrote still show the template. Returns how many pages were restored.
     pub fn reset_to(&self, template: &TemplateMemory, copied: &[(u64, u64)]) -> io::Result<u64> {
         if self.fd.is_some() || self.size != template.size() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "only a copy-on-write fork of this template can be reset to it"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "only a copy-on-write fork of this template can be reset to it",
+            ));
         }
         let mut pages = 0;
         for &(start, end) in copied {
             if start >= end || end > self.size {
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("copied range {start:#x}..{end:#x} is not inside guest memory")));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("copied range {start:#x}..{end:#x} is not inside guest memory"),
+                ));
             }
             let mut at = start;
             for &(data_start, data_end) in &template.data {
@@ -229,7 +291,8 @@ impl GuestMemory {
     /// Zeroes guest memory `[start, end)` (nothing when empty).
     fn zero(&self, start: u64, end: u64) -> io::Result<()> {
         if start < end {
-            self.fill(start, end - start, 0).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            self.fill(start, end - start, 0)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         }
         Ok(())
     }
@@ -237,11 +300,17 @@ impl GuestMemory {
     /// Copies `[start, end)` of `source` (a memory of the same size) to the same range here.
     fn copy_from(&self, source: &GuestMemory, start: u64, end: u64) -> io::Result<()> {
         let len = end.saturating_sub(start);
-        let off = self.check(start, len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        source.check(start, len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let off = self
+            .check(start, len)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        source
+            .check(start, len)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // SAFETY: off..off+len was bounds-checked against both mappings just above; they are
         // distinct mappings, so the ranges do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(source.host.add(off), self.host.add(off), len as usize) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(source.host.add(off), self.host.add(off), len as usize)
+        };
         self.mark_written(off, len as usize);
         Ok(())
     }
@@ -277,11 +346,15 @@ impl GuestMemory {
     /// The page-aligned ranges of the memfd that hold pages (SEEK_DATA/SEEK_HOLE): everything
     /// outside them reads as zero and was never written. Empty for a fork.
     pub fn data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
-        let Some(fd) = &self.fd else { return Ok(Vec::new()) };
+        let Some(fd) = &self.fd else {
+            return Ok(Vec::new());
+        };
         let mut extents = Vec::new();
         let mut at = 0;
         while at < self.size {
-            let Some(start) = sys::seek_data(fd.as_raw_fd(), at)? else { break };
+            let Some(start) = sys::seek_data(fd.as_raw_fd(), at)? else {
+                break;
+            };
             let end = sys::seek_hole(fd.as_raw_fd(), start)?.min(self.size);
             if end <= start {
                 break;
@@ -342,15 +415,24 @@ impl GuestMemory {
     /// to back in the file): filling a restored session's pages straight from its checkpoints
     /// (with O_DIRECT, by the disk itself, through no page cache). Recorded as the VMM's writes
     /// when they are tracked (a restore takes them before tracking starts).
-    pub fn read_runs_from(&self, file: &std::fs::File, pieces: &[(u64, u64, u64)]) -> io::Result<()> {
+    pub fn read_runs_from(
+        &self,
+        file: &std::fs::File,
+        pieces: &[(u64, u64, u64)],
+    ) -> io::Result<()> {
         const IOV_MAX: usize = 1024;
         let mut previous_end = 0;
         let mut group: Vec<io::IoSliceMut<'_>> = Vec::new();
         let (mut group_start, mut group_end) = (0, 0);
         for (i, &(addr, len, at)) in pieces.iter().enumerate() {
-            let off = self.check(addr, len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            let off = self
+                .check(addr, len)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
             if addr < previous_end {
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, "page runs overlap or are not sorted"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "page runs overlap or are not sorted",
+                ));
             }
             previous_end = addr + len;
             if at != group_end || group.len() == IOV_MAX {
@@ -360,8 +442,12 @@ impl GuestMemory {
             // SAFETY: off..off+len was bounds-checked against the mapping, which outlives the
             // slices; the pieces do not overlap (checked above), so no two slices alias; the
             // caller's VM is not running while its memory is filled.
-            group.push(io::IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(self.host.add(off), len as usize) }));
-            group_end = at.checked_add(len).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a file offset past the end"))?;
+            group.push(io::IoSliceMut::new(unsafe {
+                std::slice::from_raw_parts_mut(self.host.add(off), len as usize)
+            }));
+            group_end = at.checked_add(len).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "a file offset past the end")
+            })?;
             self.mark_written(off, len as usize);
             if i + 1 == pieces.len() {
                 read_all_at(file, &mut group, group_start)?;
@@ -374,7 +460,9 @@ impl GuestMemory {
     /// (MADV_POPULATE_WRITE; for a fork, each gets its private copy), instead of one fault per
     /// page as a write would take: filling a restored session's pages (`populate`).
     pub fn populate_for_write(&self, addr: u64, len: u64) -> io::Result<()> {
-        let off = self.check(addr, len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let off = self
+            .check(addr, len)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         populate(self.host as usize + off, len as usize)
     }
 
@@ -382,21 +470,32 @@ impl GuestMemory {
     /// while `work` runs on this one, which must not touch them: a restore makes its packed
     /// pages present while the disk reads its raw ones into others (one waits on the page
     /// allocator, the other on the disk). `work`'s error comes first, then a populate's.
-    pub fn populating_while<T, E: From<io::Error>>(&self, ranges: &[(u64, u64)], work: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    pub fn populating_while<T, E: From<io::Error>>(
+        &self,
+        ranges: &[(u64, u64)],
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
         let outside = |e: OutOfBounds| io::Error::new(io::ErrorKind::InvalidInput, e);
         let spans = ranges
             .iter()
             .map(|&(start, end)| {
                 let len = end.saturating_sub(start);
-                self.check(start, len).map(|off| (self.host as usize + off, len as usize))
+                self.check(start, len)
+                    .map(|off| (self.host as usize + off, len as usize))
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(outside)?;
         std::thread::scope(|scope| {
             // The mapping outlives the scope (borrowed by `self`); the spans were bounds-checked.
-            let populating = scope.spawn(move || spans.into_iter().try_for_each(|(host, len)| populate(host, len)));
+            let populating = scope.spawn(move || {
+                spans
+                    .into_iter()
+                    .try_for_each(|(host, len)| populate(host, len))
+            });
             let done = work();
-            let populated = populating.join().map_err(|_| io::Error::other("a thread making pages present panicked"));
+            let populated = populating
+                .join()
+                .map_err(|_| io::Error::other("a thread making pages present panicked"));
             let value = done?;
             populated.and_then(|populated| populated).map_err(E::from)?;
             Ok(value)
@@ -440,7 +539,10 @@ impl GuestMemory {
             let want = (max - out.len() + 1).min(chunk.len()) as u64;
             let avail = self.size.saturating_sub(cur).min(want) as usize;
             if avail == 0 {
-                return Err(OutOfBounds { addr, len: (out.len() + 1) as u64 });
+                return Err(OutOfBounds {
+                    addr,
+                    len: (out.len() + 1) as u64,
+                });
             }
             self.read(cur, &mut chunk[..avail])?;
             if let Some(nul) = chunk[..avail].iter().position(|&b| b == 0) {
@@ -450,17 +552,29 @@ impl GuestMemory {
             out.extend_from_slice(&chunk[..avail]);
             cur += avail as u64;
         }
-        Err(OutOfBounds { addr, len: max as u64 + 1 })
+        Err(OutOfBounds {
+            addr,
+            len: max as u64 + 1,
+        })
     }
 }
 
 /// Fills `slices` from `file` at `at`, back to back (continued after a short read), and empties
 /// the list.
-pub(crate) fn read_all_at(file: &std::fs::File, slices: &mut Vec<io::IoSliceMut<'_>>, mut at: u64) -> io::Result<()> {
+pub(crate) fn read_all_at(
+    file: &std::fs::File,
+    slices: &mut Vec<io::IoSliceMut<'_>>,
+    mut at: u64,
+) -> io::Result<()> {
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
         match crate::sys::preadv(file.as_raw_fd(), rest, at) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file ends before its page runs")),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file ends before its page runs",
+                ))
+            }
             Ok(read) => {
                 io::IoSliceMut::advance_slices(&mut rest, read);
                 at += read as u64;
@@ -480,14 +594,26 @@ impl GuestMemory {
     /// sees a file page, not a copy. Nothing in the VMM writes guest memory there (it is not
     /// user memory, and the tables `arch::install` writes are elsewhere).
     pub fn show_shared_page(&self, addr: u64, page: &SharedPage) -> io::Result<()> {
-        let off = self.check(addr, crate::layout::PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let off = self
+            .check(addr, crate::layout::PAGE_SIZE)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         if !addr.is_multiple_of(crate::layout::PAGE_SIZE) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("a shared page at {addr:#x} is not page-aligned")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a shared page at {addr:#x} is not page-aligned"),
+            ));
         }
         // SAFETY: replaces one page inside this value's own mapping (bounds-checked above); the
         // whole mapping, this page included, is unmapped in Drop.
         let at = unsafe {
-            libc::mmap(self.host.add(off) as *mut c_void, crate::layout::PAGE_SIZE as usize, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_FIXED, page.fd.as_raw_fd(), 0)
+            libc::mmap(
+                self.host.add(off) as *mut c_void,
+                crate::layout::PAGE_SIZE as usize,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                page.fd.as_raw_fd(),
+                0,
+            )
         };
         if at == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -512,12 +638,22 @@ impl SharedPage {
         let fd = sys::memfd(name, crate::layout::PAGE_SIZE)?;
         // SAFETY: mapping a fresh memfd of exactly one page at a kernel-chosen address.
         let host = unsafe {
-            libc::mmap(std::ptr::null_mut(), crate::layout::PAGE_SIZE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                crate::layout::PAGE_SIZE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if host == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(SharedPage { fd, host: host as *mut u8 })
+        Ok(SharedPage {
+            fd,
+            host: host as *mut u8,
+        })
     }
 
     /// The page as 512 atomic words.
@@ -577,7 +713,10 @@ impl TemplateMemory {
     /// Seals filled guest memory as a template's (it must be memfd-backed, not a fork).
     pub fn seal(mem: GuestMemory) -> io::Result<TemplateMemory> {
         if mem.fd.is_none() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a copy-on-write fork cannot be a template's memory"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a copy-on-write fork cannot be a template's memory",
+            ));
         }
         let data = mem.data_extents()?;
         Ok(TemplateMemory { mem, data })
@@ -611,8 +750,11 @@ impl TemplateMemory {
             let mut at = start;
             while at < end {
                 let n = (end - at).min(chunk.len() as u64) as usize;
-                self.mem.read(at, &mut chunk[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                copy.write(at, &chunk[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                self.mem
+                    .read(at, &mut chunk[..n])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                copy.write(at, &chunk[..n])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                 at += n as u64;
             }
         }
@@ -641,15 +783,30 @@ impl MappedFile {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large to map"))?;
         if len == 0 {
             // mmap refuses zero-length mappings; an empty file is an empty slice.
-            return Ok(MappedFile { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), len: 0 });
+            return Ok(MappedFile {
+                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                len: 0,
+            });
         }
         // SAFETY: a fresh read-only private mapping of `len` bytes of an open file at a
         // kernel-chosen address; the fd may be closed afterwards, the mapping stays.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(MappedFile { ptr: ptr as *const u8, len })
+        Ok(MappedFile {
+            ptr: ptr as *const u8,
+            len,
+        })
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -679,15 +836,46 @@ mod tests {
         std::fs::write(&path, &contents).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         let mem = GuestMemory::new(64 * 1024).unwrap();
-        mem.read_runs_from(&file, &[(0x2000, 4096, 4096), (0x8000, 4096, 8192)]).unwrap();
+        mem.read_runs_from(&file, &[(0x2000, 4096, 4096), (0x8000, 4096, 8192)])
+            .unwrap();
         assert_eq!(mem.read_vec(0x2000, 4096).unwrap(), vec![2u8; 4096]);
         assert_eq!(mem.read_vec(0x8000, 4096).unwrap(), vec![3u8; 4096]);
-        assert_eq!(mem.read_vec(0x3000, 4096).unwrap(), vec![0u8; 4096], "nothing between the runs");
-        mem.read_runs_from(&file, &[(0x4000, 4096, 8192), (0x9000, 4096, 0)]).unwrap();
-        assert_eq!((mem.read_vec(0x4000, 4096).unwrap(), mem.read_vec(0x9000, 4096).unwrap()), (vec![3u8; 4096], vec![1u8; 4096]), "pieces from anywhere in the file");
-        assert_eq!(mem.read_runs_from(&file, &[(0x2000, 8192, 0), (0x3000, 4096, 8192)]).unwrap_err().kind(), io::ErrorKind::InvalidInput, "overlapping");
-        assert_eq!(mem.read_runs_from(&file, &[(60 * 1024, 8192, 0)]).unwrap_err().kind(), io::ErrorKind::InvalidInput, "outside memory");
-        assert_eq!(mem.read_runs_from(&file, &[(0, 8192, 8192)]).unwrap_err().kind(), io::ErrorKind::UnexpectedEof, "past the file's end");
+        assert_eq!(
+            mem.read_vec(0x3000, 4096).unwrap(),
+            vec![0u8; 4096],
+            "nothing between the runs"
+        );
+        mem.read_runs_from(&file, &[(0x4000, 4096, 8192), (0x9000, 4096, 0)])
+            .unwrap();
+        assert_eq!(
+            (
+                mem.read_vec(0x4000, 4096).unwrap(),
+                mem.read_vec(0x9000, 4096).unwrap()
+            ),
+            (vec![3u8; 4096], vec![1u8; 4096]),
+            "pieces from anywhere in the file"
+        );
+        assert_eq!(
+            mem.read_runs_from(&file, &[(0x2000, 8192, 0), (0x3000, 4096, 8192)])
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::InvalidInput,
+            "overlapping"
+        );
+        assert_eq!(
+            mem.read_runs_from(&file, &[(60 * 1024, 8192, 0)])
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::InvalidInput,
+            "outside memory"
+        );
+        assert_eq!(
+            mem.read_runs_from(&file, &[(0, 8192, 8192)])
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::UnexpectedEof,
+            "past the file's end"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 
@@ -700,7 +888,13 @@ mod tests {
         assert!(mem.read_u64(u64::MAX - 3).is_err());
         assert!(mem.fill(0, 64 * 1024 + 1, 0).is_err());
         let mut big = vec![0u8; 16];
-        assert_eq!(mem.read(64 * 1024 - 8, &mut big), Err(OutOfBounds { addr: 64 * 1024 - 8, len: 16 }));
+        assert_eq!(
+            mem.read(64 * 1024 - 8, &mut big),
+            Err(OutOfBounds {
+                addr: 64 * 1024 - 8,
+                len: 16
+            })
+        );
     }
 
     #[test]
@@ -722,11 +916,18 @@ mod tests {
         mem.write(0x3fff, &[1, 2]).unwrap();
         mem.fill(0x8000, 0x2000, 7).unwrap();
         let _ = mem.read_vec(0xc000, 0x1000).unwrap();
-        assert_eq!(page_ranges(&mem.take_written().unwrap()), vec![(0x1000, 0x2000), (0x3000, 0x5000), (0x8000, 0xa000)]);
+        assert_eq!(
+            page_ranges(&mem.take_written().unwrap()),
+            vec![(0x1000, 0x2000), (0x3000, 0x5000), (0x8000, 0xa000)]
+        );
         assert_eq!(mem.take_written().unwrap().count_ones(..), 0, "taken");
         // Not page-aligned: without the empty-length guard its page would be marked.
         mem.fill(0x4001, 0, 1).unwrap();
-        assert_eq!(mem.take_written().unwrap().count_ones(..), 0, "an empty write");
+        assert_eq!(
+            mem.take_written().unwrap().count_ones(..),
+            0,
+            "an empty write"
+        );
     }
 
     #[test]
@@ -739,23 +940,40 @@ mod tests {
         let mem = GuestMemory::new(1 << 20).unwrap();
         mem.write_u64(0x2000, 7).unwrap();
         let template = TemplateMemory::seal(mem).unwrap();
-        let (a, b) = (GuestMemory::fork_of(&template).unwrap(), GuestMemory::fork_of(&template).unwrap());
-        assert_eq!((a.read_u64(0x2000).unwrap(), b.read_u64(0x2000).unwrap()), (7, 7));
+        let (a, b) = (
+            GuestMemory::fork_of(&template).unwrap(),
+            GuestMemory::fork_of(&template).unwrap(),
+        );
+        assert_eq!(
+            (a.read_u64(0x2000).unwrap(), b.read_u64(0x2000).unwrap()),
+            (7, 7)
+        );
         a.write_u64(0x2000, 8).unwrap();
         a.write_u64(0x5000, 9).unwrap();
         assert_eq!(a.read_u64(0x2000).unwrap(), 8);
-        assert_eq!((b.read_u64(0x2000).unwrap(), b.read_u64(0x5000).unwrap()), (7, 0), "another fork");
+        assert_eq!(
+            (b.read_u64(0x2000).unwrap(), b.read_u64(0x5000).unwrap()),
+            (7, 0),
+            "another fork"
+        );
         let mut word = [0u8; 8];
         template.read(0x2000, &mut word).unwrap();
         assert_eq!(u64::from_le_bytes(word), 7, "the template");
         assert!(a.fd().is_none() && a.data_extents().unwrap().is_empty());
-        assert_eq!(a.copied_pages().unwrap(), Some(2), "the fork wrote two pages");
+        assert_eq!(
+            a.copied_pages().unwrap(),
+            Some(2),
+            "the fork wrote two pages"
+        );
         let _ = b.read_u64(0x9000).unwrap();
         assert_eq!(b.copied_pages().unwrap(), Some(0), "reading copies nothing");
         assert!(TemplateMemory::seal(a).is_err(), "a fork is not a template");
         let copy = template.copy().unwrap();
         copy.write_u64(0x2000, 10).unwrap();
-        assert_eq!((copy.read_u64(0x2000).unwrap(), b.read_u64(0x2000).unwrap()), (10, 7));
+        assert_eq!(
+            (copy.read_u64(0x2000).unwrap(), b.read_u64(0x2000).unwrap()),
+            (10, 7)
+        );
     }
 
     /// More separate runs of copied pages than one PAGEMAP_SCAN call has room for: the scan
@@ -771,7 +989,9 @@ mod tests {
             let _ = fork.read_u64(addr + 4096).unwrap();
         }
         let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
-        let expected: Vec<(u64, u64)> = (0..600u64).map(|page| (page * 2 * 4096, page * 2 * 4096 + 4096)).collect();
+        let expected: Vec<(u64, u64)> = (0..600u64)
+            .map(|page| (page * 2 * 4096, page * 2 * 4096 + 4096))
+            .collect();
         assert_eq!(fork.read_copied_ranges(&pagemap).unwrap(), expected);
         match fork.scan_copied_ranges(&pagemap) {
             Ok(ranges) => assert_eq!(ranges, expected),
@@ -790,7 +1010,10 @@ mod tests {
         mem.write(0x8000, &[1u8; 0x2000]).unwrap();
         let extents = mem.data_extents().unwrap();
         let covered = |addr: u64| extents.iter().any(|&(s, e)| s <= addr && addr < e);
-        assert!(covered(0x3001) && covered(0x8000) && covered(0x9fff), "{extents:x?}");
+        assert!(
+            covered(0x3001) && covered(0x8000) && covered(0x9fff),
+            "{extents:x?}"
+        );
         assert!(!covered(0x50000), "{extents:x?}");
     }
 

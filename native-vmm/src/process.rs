@@ -9,15 +9,18 @@ mod fds;
 mod memory_map;
 mod output;
 pub mod signals;
-pub mod threads;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod threads;
 
 use crate::fs::{Node, Vfs};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 pub use epoll::{EpollSet, Interest};
-pub use fds::{Description, Endpoint, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY};
+pub use fds::{
+    Description, Endpoint, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND,
+    O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY,
+};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
 pub use threads::{Threads, DEFAULT_THREAD_LIMIT};
@@ -99,11 +102,17 @@ const COUNTED_NUMBERS: usize = 512;
 
 impl CallCounters {
     fn new() -> CallCounters {
-        CallCounters { by_number: vec![0; COUNTED_NUMBERS], out_of_range: 0 }
+        CallCounters {
+            by_number: vec![0; COUNTED_NUMBERS],
+            out_of_range: 0,
+        }
     }
 
     fn add(&mut self, nr: u64) {
-        match usize::try_from(nr).ok().and_then(|i| self.by_number.get_mut(i)) {
+        match usize::try_from(nr)
+            .ok()
+            .and_then(|i| self.by_number.get_mut(i))
+        {
             Some(c) => *c += 1,
             None => self.out_of_range += 1,
         }
@@ -115,10 +124,18 @@ impl CallCounters {
             .iter()
             .enumerate()
             .filter(|&(_, &count)| count > 0)
-            .map(|(nr, &count)| SyscallCount { nr: Some(nr as u64), name: crate::syscalls::name(nr as u64), count })
+            .map(|(nr, &count)| SyscallCount {
+                nr: Some(nr as u64),
+                name: crate::syscalls::name(nr as u64),
+                count,
+            })
             .collect();
         if self.out_of_range > 0 {
-            out.push(SyscallCount { nr: None, name: None, count: self.out_of_range });
+            out.push(SyscallCount {
+                nr: None,
+                name: None,
+                count: self.out_of_range,
+            });
         }
         out
     }
@@ -168,7 +185,11 @@ impl GuestProcess {
             .filter(|&node| vfs.kind(node) == Ok(crate::fs::FileKind::Directory))
             .unwrap_or_else(|| vfs.root());
         let output = Output::new(config.output_cap);
-        let signals = SignalState { actions: [SigAction::default(); SIGNAL_COUNT], pending: 0, timer: None };
+        let signals = SignalState {
+            actions: [SigAction::default(); SIGNAL_COUNT],
+            pending: 0,
+            timer: None,
+        };
         GuestProcess {
             config,
             space,
@@ -267,7 +288,11 @@ impl AddressSpace {
     }
 
     pub(crate) fn decode_state(d: &mut Decoder) -> Result<AddressSpace, DecodeError> {
-        Ok(AddressSpace { brk_start: d.u64("brk start")?, mmap_low: d.u64("mmap low")?, mmap_high: d.u64("mmap high")? })
+        Ok(AddressSpace {
+            brk_start: d.u64("brk start")?,
+            mmap_low: d.u64("mmap low")?,
+            mmap_high: d.u64("mmap high")?,
+        })
     }
 }
 
@@ -318,13 +343,25 @@ impl GuestProcess {
 
     /// The process `encode_state` wrote, over `image`, with empty output capped at
     /// `output_cap` and fresh counters.
-    pub(crate) fn decode_state(d: &mut Decoder, image: std::sync::Arc<crate::fs::Image>, output_cap: u64) -> Result<GuestProcess, DecodeError> {
+    pub(crate) fn decode_state(
+        d: &mut Decoder,
+        image: std::sync::Arc<crate::fs::Image>,
+        output_cap: u64,
+    ) -> Result<GuestProcess, DecodeError> {
         let cwd_path = d.string("cwd")?;
         let stdin = d.bytes("stdin")?.to_vec();
         let mem_limit = d.u64("memory limit")?;
         let exe = d.string("exe")?;
-        let mut strings = || -> Result<Vec<String>, DecodeError> { (0..d.count(4, "command strings")?).map(|_| d.string("command string")).collect() };
-        let command = Command { exe, argv: strings()?, envp: strings()? };
+        let mut strings = || -> Result<Vec<String>, DecodeError> {
+            (0..d.count(4, "command strings")?)
+                .map(|_| d.string("command string"))
+                .collect()
+        };
+        let command = Command {
+            exe,
+            argv: strings()?,
+            envp: strings()?,
+        };
         let vfs = Vfs::decode_state(image, d)?;
         let space = AddressSpace::decode_state(d)?;
         let fds = FdTable::decode_state(d, &vfs)?;
@@ -332,13 +369,29 @@ impl GuestProcess {
         let memory = MemoryMap::decode_state(d)?;
         let mut actions = [SigAction::default(); SIGNAL_COUNT];
         for action in actions.iter_mut() {
-            *action = SigAction { handler: d.u64("sigaction")?, flags: d.u64("sigaction")?, restorer: d.u64("sigaction")?, mask: d.u64("sigaction")? };
+            *action = SigAction {
+                handler: d.u64("sigaction")?,
+                flags: d.u64("sigaction")?,
+                restorer: d.u64("sigaction")?,
+                mask: d.u64("sigaction")?,
+            };
         }
-        let signals = SignalState { actions, pending: d.u64("pending signals")?, timer: None };
+        let signals = SignalState {
+            actions,
+            pending: d.u64("pending signals")?,
+            timer: None,
+        };
         let umask = d.u32("umask")?;
         let nice = d.u32("nice")? as i32;
         let threads = Threads::decode_state(d)?;
-        let config = ProcessConfig { vfs, cwd: cwd_path, stdin, output_cap, mem_limit, command };
+        let config = ProcessConfig {
+            vfs,
+            cwd: cwd_path,
+            stdin,
+            output_cap,
+            mem_limit,
+            command,
+        };
         Ok(GuestProcess {
             config,
             space,

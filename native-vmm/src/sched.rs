@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::errno::Errno;
-use crate::process::signals::{self, Taken, SA_RESTART};
 use crate::memory::GuestMemory;
+use crate::process::signals::{self, Taken, SA_RESTART};
 use crate::process::threads::{Call, Next, Resume, Wait, WaitOn, QUANTUM};
 use crate::process::GuestProcess;
 use crate::status::RunStatus;
@@ -54,9 +54,20 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// For a run of `process` until `deadline` (reported as a limit of `limit_ms`).
-    pub fn new(cpu: &dyn GuestCpu, process: &mut GuestProcess, deadline: Instant, limit_ms: u64) -> Scheduler {
+    pub fn new(
+        cpu: &dyn GuestCpu,
+        process: &mut GuestProcess,
+        deadline: Instant,
+        limit_ms: u64,
+    ) -> Scheduler {
         process.threads.switching = cpu.switches_threads();
-        let mut sched = Scheduler { on_cpu: process.threads.current_tid(), slice_end: None, switch_due: false, deadline, limit_ms };
+        let mut sched = Scheduler {
+            on_cpu: process.threads.current_tid(),
+            slice_end: None,
+            switch_due: false,
+            deadline,
+            limit_ms,
+        };
         sched.start_slice(process);
         sched
     }
@@ -67,23 +78,39 @@ impl Scheduler {
 
     /// How the run ends at its deadline.
     pub fn timeout(&self) -> RunStatus {
-        RunStatus::Timeout { limit_ms: self.limit_ms }
+        RunStatus::Timeout {
+            limit_ms: self.limit_ms,
+        }
     }
 
     /// What the vCPU may run until: the run's deadline, the end of the slice, or the interval
     /// timer's next expiry.
     pub fn run_until(&self, process: &GuestProcess) -> Instant {
-        [self.slice_end, process.signals.timer.map(|t| t.next)].into_iter().flatten().fold(self.deadline, Instant::min)
+        [self.slice_end, process.signals.timer.map(|t| t.next)]
+            .into_iter()
+            .flatten()
+            .fold(self.deadline, Instant::min)
     }
 
     /// Answers system call `call` of the running thread; Some when the run ends.
-    pub fn syscall(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, call: Call) -> io::Result<Option<LoopEnd>> {
+    pub fn syscall(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+        call: Call,
+    ) -> io::Result<Option<LoopEnd>> {
         let outcome = syscalls::dispatch(process, mem, call.nr, call.args);
         self.apply(cpu, process, mem, outcome, call)
     }
 
     /// `run` returned DeadlineReached before the run's deadline: the slice ended.
-    pub fn slice_ended(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<Option<LoopEnd>> {
+    pub fn slice_ended(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+    ) -> io::Result<Option<LoopEnd>> {
         let now = Instant::now();
         process.threads.expire_timers(now);
         signals::fire_timer(process, now);
@@ -123,19 +150,35 @@ impl Scheduler {
 
     /// Applies one system call's outcome: resumes the thread, or switches to another, or
     /// ends the run.
-    pub fn apply(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, outcome: SyscallOutcome, call: Call) -> io::Result<Option<LoopEnd>> {
+    pub fn apply(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+        outcome: SyscallOutcome,
+        call: Call,
+    ) -> io::Result<Option<LoopEnd>> {
         let step = self.step(cpu, process, mem, outcome, call)?;
         self.follow(cpu, process, mem, step)
     }
 
     /// Carries out `step`: a readiness wait retried on switching in is answered here too (a
     /// loop, not recursion, however often waits retry).
-    fn follow(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, mut step: Step) -> io::Result<Option<LoopEnd>> {
+    fn follow(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+        mut step: Step,
+    ) -> io::Result<Option<LoopEnd>> {
         loop {
             match step {
                 Step::Resume => return Ok(None),
                 Step::End(end) => return Ok(Some(end)),
-                Step::Retry { call, final_attempt } => {
+                Step::Retry {
+                    call,
+                    final_attempt,
+                } => {
                     process.threads.current_mut().last_attempt = final_attempt;
                     let outcome = syscalls::dispatch(process, mem, call.nr, call.args);
                     if let Some(thread) = process.threads.get_mut(process.threads.current_tid()) {
@@ -147,7 +190,14 @@ impl Scheduler {
         }
     }
 
-    fn step(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, outcome: SyscallOutcome, call: Call) -> io::Result<Step> {
+    fn step(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+        outcome: SyscallOutcome,
+        call: Call,
+    ) -> io::Result<Step> {
         Ok(match outcome {
             SyscallOutcome::Return(value) => {
                 process.threads.progress();
@@ -174,7 +224,10 @@ impl Scheduler {
                     }
                     // No handler of this thread returns here: the stack is not what the
                     // program believes.
-                    None => Step::End(LoopEnd::Finished(RunStatus::Unsupported { syscall: call.nr, name: "rt_sigreturn" })),
+                    None => Step::End(LoopEnd::Finished(RunStatus::Unsupported {
+                        syscall: call.nr,
+                        name: "rt_sigreturn",
+                    })),
                 }
             }
             SyscallOutcome::SetFsBase(base) => {
@@ -184,16 +237,25 @@ impl Scheduler {
                 Step::Resume
             }
             SyscallOutcome::Stop(status) => Step::End(LoopEnd::Finished(status)),
-            SyscallOutcome::ReadyPoint if process.threads.alive() == 1 => Step::End(LoopEnd::ReadyPoint { call: call.args }),
+            SyscallOutcome::ReadyPoint if process.threads.alive() == 1 => {
+                Step::End(LoopEnd::ReadyPoint { call: call.args })
+            }
             SyscallOutcome::ReadyPoint => {
-                process.threads.block_current(Wait { on: WaitOn::Request, until: None });
+                process.threads.block_current(Wait {
+                    on: WaitOn::Request,
+                    until: None,
+                });
                 self.switch_step(cpu, process, mem)?
             }
             // A signal it would take interrupts the wait before it starts.
-            SyscallOutcome::Block(_) if signals::ready_for(process, process.threads.current_tid()) != 0 => match self.return_to_program(cpu, process, mem, Errno::EINTR.as_return())? {
-                Some(end) => Step::End(end),
-                None => Step::Resume,
-            },
+            SyscallOutcome::Block(_)
+                if signals::ready_for(process, process.threads.current_tid()) != 0 =>
+            {
+                match self.return_to_program(cpu, process, mem, Errno::EINTR.as_return())? {
+                    Some(end) => Step::End(end),
+                    None => Step::Resume,
+                }
+            }
             SyscallOutcome::Block(wait) => {
                 process.threads.block_current(wait);
                 self.switch_step(cpu, process, mem)?
@@ -233,7 +295,12 @@ impl Scheduler {
     /// The current thread no longer runs (it waits, yielded, exited or was preempted): gives
     /// the vCPU to the next runnable thread, sleeping on the host while every thread waits for
     /// a timer, and ends the run at the deadline, at a deadlock, or at the agent's ready point.
-    fn switch_step(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<Step> {
+    fn switch_step(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+    ) -> io::Result<Step> {
         self.switch_due = false;
         loop {
             let now = Instant::now();
@@ -246,14 +313,30 @@ impl Scheduler {
                     self.start_slice(process);
                     let end = match resume {
                         Resume::AsSaved => self.take_signal(cpu, process, mem, None)?,
-                        Resume::Return(value) => self.return_to_program(cpu, process, mem, value)?,
-                        Resume::Retry { call, final_attempt } => return Ok(Step::Retry { call, final_attempt }),
+                        Resume::Return(value) => {
+                            self.return_to_program(cpu, process, mem, value)?
+                        }
+                        Resume::Retry {
+                            call,
+                            final_attempt,
+                        } => {
+                            return Ok(Step::Retry {
+                                call,
+                                final_attempt,
+                            })
+                        }
                     };
                     return Ok(end.map_or(Step::Resume, Step::End));
                 }
                 // Every thread waits: the interval timer may end a wait first.
-                Next::SleepUntil(until) if timer.is_some_and(|t| t < until && t < self.deadline) => std::thread::sleep(timer.unwrap().saturating_duration_since(now)),
-                Next::Deadlock { .. } if timer.is_some_and(|t| t < self.deadline) => std::thread::sleep(timer.unwrap().saturating_duration_since(now)),
+                Next::SleepUntil(until)
+                    if timer.is_some_and(|t| t < until && t < self.deadline) =>
+                {
+                    std::thread::sleep(timer.unwrap().saturating_duration_since(now))
+                }
+                Next::Deadlock { .. } if timer.is_some_and(|t| t < self.deadline) => {
+                    std::thread::sleep(timer.unwrap().saturating_duration_since(now))
+                }
                 Next::SleepUntil(until) => {
                     if until >= self.deadline {
                         std::thread::sleep(self.deadline.saturating_duration_since(now));
@@ -265,9 +348,15 @@ impl Scheduler {
                     self.load(cpu, process, tid)?;
                     let state = cpu.snapshot()?;
                     let r = &state.regs;
-                    return Ok(Step::End(LoopEnd::ReadyPoint { call: [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9] }));
+                    return Ok(Step::End(LoopEnd::ReadyPoint {
+                        call: [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9],
+                    }));
                 }
-                Next::Deadlock { threads } => return Ok(Step::End(LoopEnd::Finished(RunStatus::Deadlocked { threads }))),
+                Next::Deadlock { threads } => {
+                    return Ok(Step::End(LoopEnd::Finished(RunStatus::Deadlocked {
+                        threads,
+                    })))
+                }
             }
         }
     }
@@ -275,10 +364,17 @@ impl Scheduler {
     /// The current thread's system call returns `value`: unless it takes a signal now, in
     /// which case the handler starts (with the call's return, or its restart under
     /// SA_RESTART, saved for rt_sigreturn) or the default action ends the run.
-    fn return_to_program(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, value: u64) -> io::Result<Option<LoopEnd>> {
+    fn return_to_program(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+        value: u64,
+    ) -> io::Result<Option<LoopEnd>> {
         interrupt_waiters(process);
         let tid = process.threads.current_tid();
-        if signals::ready_for(process, tid) == 0 && process.threads.current().suspend_mask.is_none() {
+        if signals::ready_for(process, tid) == 0 && process.threads.current().suspend_mask.is_none()
+        {
             cpu.set_syscall_return(value)?;
             return Ok(None);
         }
@@ -287,7 +383,13 @@ impl Scheduler {
 
     /// The current thread, stopped in a system call that returns `returned` (None: resuming
     /// as saved), takes its next signal if it has one.
-    fn take_signal(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, returned: Option<u64>) -> io::Result<Option<LoopEnd>> {
+    fn take_signal(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+        returned: Option<u64>,
+    ) -> io::Result<Option<LoopEnd>> {
         let tid = process.threads.current_tid();
         if signals::ready_for(process, tid) == 0 {
             restore_suspended_mask(process);
@@ -302,7 +404,11 @@ impl Scheduler {
             let nr = state.regs.rax;
             state.regs.rax = value;
             if value == Errno::EINTR.as_return() && restartable(nr) {
-                let restart = process.signals.actions.get(lowest(signals::ready_for(process, tid))).is_some_and(|a| a.flags & SA_RESTART != 0);
+                let restart = process
+                    .signals
+                    .actions
+                    .get(lowest(signals::ready_for(process, tid)))
+                    .is_some_and(|a| a.flags & SA_RESTART != 0);
                 if restart {
                     state.rip -= 2;
                     state.regs.rax = nr;
@@ -318,7 +424,13 @@ impl Scheduler {
 
     /// The current thread, whose registers are `state`, takes its next signal: its handler
     /// starts on a frame below them, or Linux's default action ends the run.
-    fn run_handler(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, state: CpuSnapshot) -> io::Result<Option<LoopEnd>> {
+    fn run_handler(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+        state: CpuSnapshot,
+    ) -> io::Result<Option<LoopEnd>> {
         let tid = process.threads.current_tid();
         match signals::take(process, tid) {
             None => {
@@ -326,20 +438,29 @@ impl Scheduler {
                 Ok(None)
             }
             Some(Taken::End(status)) => Ok(Some(LoopEnd::Finished(status))),
-            Some(Taken::Handler { sig, action, code }) => match signals::push_frame(process, mem, tid, state, (sig, action, code)) {
-                Ok(handler) => {
-                    cpu.load_thread(&handler)?;
-                    Ok(None)
+            Some(Taken::Handler { sig, action, code }) => {
+                match signals::push_frame(process, mem, tid, state, (sig, action, code)) {
+                    Ok(handler) => {
+                        cpu.load_thread(&handler)?;
+                        Ok(None)
+                    }
+                    // No room for the frame: Linux kills the process with SIGSEGV.
+                    Err(_) => Ok(Some(LoopEnd::Finished(RunStatus::Exited {
+                        code: 128 + 11,
+                    }))),
                 }
-                // No room for the frame: Linux kills the process with SIGSEGV.
-                Err(_) => Ok(Some(LoopEnd::Finished(RunStatus::Exited { code: 128 + 11 }))),
-            },
+            }
         }
     }
 
     /// Puts thread `tid` (now current) on the vCPU, saving the registers of the one there
     /// unless it exited or they are saved already (a preempted thread's).
-    fn load(&mut self, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, tid: u64) -> io::Result<()> {
+    fn load(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        tid: u64,
+    ) -> io::Result<()> {
         if self.on_cpu == tid {
             // Preempted and picked again at once (a readiness waiter queued behind it): the
             // vCPU holds what was saved. The saved copy must go, or the thread's next switch
@@ -347,11 +468,18 @@ impl Scheduler {
             process.threads.take_context(tid);
             return Ok(());
         }
-        if process.threads.get(self.on_cpu).is_some_and(|t| t.context.is_none()) {
+        if process
+            .threads
+            .get(self.on_cpu)
+            .is_some_and(|t| t.context.is_none())
+        {
             let state = cpu.snapshot()?;
             process.threads.set_context(self.on_cpu, state);
         }
-        let state: CpuSnapshot = process.threads.take_context(tid).ok_or_else(|| io::Error::other(format!("thread {tid} has no saved registers")))?;
+        let state: CpuSnapshot = process
+            .threads
+            .take_context(tid)
+            .ok_or_else(|| io::Error::other(format!("thread {tid} has no saved registers")))?;
         cpu.load_thread(&state)?;
         self.on_cpu = tid;
         process.threads.counters.switches += 1;
@@ -361,8 +489,14 @@ impl Scheduler {
     /// A new slice for the thread just switched in: `QUANTUM` while another thread is
     /// runnable, cut short by the earliest timer of a waiting one; none if neither.
     fn start_slice(&mut self, process: &GuestProcess) {
-        let quantum = process.threads.others_runnable().then(|| Instant::now() + QUANTUM);
-        self.slice_end = [quantum, process.threads.next_timer_of_others()].into_iter().flatten().min();
+        let quantum = process
+            .threads
+            .others_runnable()
+            .then(|| Instant::now() + QUANTUM);
+        self.slice_end = [quantum, process.threads.next_timer_of_others()]
+            .into_iter()
+            .flatten()
+            .min();
     }
 
     /// After a call that may have made another thread runnable (a wake, a new thread): the
@@ -407,7 +541,10 @@ fn lowest(set: u64) -> usize {
 /// Calls Linux restarts after a handler installed with SA_RESTART (reads, writes, waits on a
 /// descriptor or futex; not sleeps, polls or selects, which return -EINTR whatever the flag).
 fn restartable(nr: u64) -> bool {
-    matches!(nr, 0 | 1 | 17 | 18 | 19 | 20 | 42 | 43 | 44 | 45 | 46 | 47 | 202 | 288 | 295 | 296)
+    matches!(
+        nr,
+        0 | 1 | 17 | 18 | 19 | 20 | 42 | 43 | 44 | 45 | 46 | 47 | 202 | 288 | 295 | 296
+    )
 }
 
 /// What happens after one outcome is applied.
@@ -416,7 +553,10 @@ enum Step {
     Resume,
     End(LoopEnd),
     /// The thread switched in makes its readiness call again.
-    Retry { call: Call, final_attempt: bool },
+    Retry {
+        call: Call,
+        final_attempt: bool,
+    },
 }
 
 #[cfg(test)]
@@ -455,14 +595,23 @@ mod tests {
         let (image, _dir) = test_image();
         let mut process = new_process(image);
         let mem = GuestMemory::new(MEM).unwrap();
-        process.threads.spawn(0x10_0000, None).expect("a second thread");
+        process
+            .threads
+            .spawn(0x10_0000, None)
+            .expect("a second thread");
         let deadline = Instant::now() + Duration::from_secs(150);
         let mut cpu = InTheStubs;
         let mut sched = Scheduler::new(&cpu, &mut process, deadline, 150_000);
-        assert!(sched.slice_end.is_some(), "two runnable threads share the vCPU in slices");
+        assert!(
+            sched.slice_end.is_some(),
+            "two runnable threads share the vCPU in slices"
+        );
 
         let kicked = Instant::now();
-        assert!(sched.slice_ended(&mut cpu, &mut process, &mem).unwrap().is_none());
+        assert!(sched
+            .slice_ended(&mut cpu, &mut process, &mem)
+            .unwrap()
+            .is_none());
         // The thread may go back to program code and never call again (a spinner): without a
         // next kick it would run to the run's deadline, starving the other one.
         assert!(sched.switch_due, "a call on the way out switches");

@@ -140,7 +140,12 @@ pub enum Confinement {
 }
 
 fn stmt(code: u16, k: u32) -> SockFilter {
-    SockFilter { code, jt: 0, jf: 0, k }
+    SockFilter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
 }
 
 fn jump(code: u16, k: u32, jt: u8, jf: u8) -> SockFilter {
@@ -192,7 +197,12 @@ pub fn program(confinement: Confinement) -> Vec<SockFilter> {
         ),
         (
             PRCTL,
-            vec![stmt(BPF_LD_W_ABS, arg(0)), jump(BPF_JEQ_K, PR_SET_NAME, 1, 0), stmt(BPF_RET_K, RET_KILL_PROCESS), stmt(BPF_RET_K, RET_ALLOW)],
+            vec![
+                stmt(BPF_LD_W_ABS, arg(0)),
+                jump(BPF_JEQ_K, PR_SET_NAME, 1, 0),
+                stmt(BPF_RET_K, RET_KILL_PROCESS),
+                stmt(BPF_RET_K, RET_ALLOW),
+            ],
         ),
         (CLONE3, vec![stmt(BPF_RET_K, RET_ERRNO | ENOSYS)]),
         (OPEN, vec![stmt(BPF_RET_K, open)]),
@@ -203,13 +213,23 @@ pub fn program(confinement: Confinement) -> Vec<SockFilter> {
     let blocks_len: usize = checked.iter().map(|(_, b)| b.len()).sum();
     for (i, &(nr, _)) in allowed.iter().enumerate() {
         let to_allow = dispatch_len - i - 1 + 1 + blocks_len;
-        p.push(jump(BPF_JEQ_K, nr, u8::try_from(to_allow).expect("the filter's jumps fit in 8 bits"), 0));
+        p.push(jump(
+            BPF_JEQ_K,
+            nr,
+            u8::try_from(to_allow).expect("the filter's jumps fit in 8 bits"),
+            0,
+        ));
     }
     let mut block_start = 0;
     for (j, (nr, block)) in checked.iter().enumerate() {
         let i = allowed.len() + j;
         let to_block = dispatch_len - i - 1 + 1 + block_start;
-        p.push(jump(BPF_JEQ_K, *nr, u8::try_from(to_block).expect("the filter's jumps fit in 8 bits"), 0));
+        p.push(jump(
+            BPF_JEQ_K,
+            *nr,
+            u8::try_from(to_block).expect("the filter's jumps fit in 8 bits"),
+            0,
+        ));
         block_start += block.len();
     }
     p.push(stmt(BPF_RET_K, RET_KILL_PROCESS));
@@ -244,7 +264,13 @@ mod tests {
             let insn = program[pc];
             pc += 1;
             match insn.code {
-                BPF_LD_W_ABS => acc = u32::from_le_bytes(data[insn.k as usize..insn.k as usize + 4].try_into().unwrap()),
+                BPF_LD_W_ABS => {
+                    acc = u32::from_le_bytes(
+                        data[insn.k as usize..insn.k as usize + 4]
+                            .try_into()
+                            .unwrap(),
+                    )
+                }
                 BPF_AND_K => acc &= insn.k,
                 BPF_JEQ_K => pc += usize::from(if acc == insn.k { insn.jt } else { insn.jf }),
                 BPF_JGE_K => pc += usize::from(if acc >= insn.k { insn.jt } else { insn.jf }),
@@ -263,24 +289,80 @@ mod tests {
         }
         assert_eq!(run(&p, OPEN, [0; 6]), RET_ERRNO | EACCES);
         assert_eq!(run(&p, OPENAT, [0; 6]), RET_ERRNO | EACCES);
-        for (nr, name) in [(41, "socket"), (42, "connect"), (59, "execve"), (57, "fork"), (58, "vfork"), (101, "ptrace"), (165, "mount"), (105, "setuid"), (62, "kill"), (322, "execveat"), (1023, "unknown")] {
+        for (nr, name) in [
+            (41, "socket"),
+            (42, "connect"),
+            (59, "execve"),
+            (57, "fork"),
+            (58, "vfork"),
+            (101, "ptrace"),
+            (165, "mount"),
+            (105, "setuid"),
+            (62, "kill"),
+            (322, "execveat"),
+            (1023, "unknown"),
+        ] {
             assert_eq!(run(&p, nr, [0; 6]), RET_KILL_PROCESS, "{name}");
         }
-        assert_eq!(run(&p, X32_SYSCALL_BIT | 1, [0; 6]), RET_KILL_PROCESS, "x32 write");
+        assert_eq!(
+            run(&p, X32_SYSCALL_BIT | 1, [0; 6]),
+            RET_KILL_PROCESS,
+            "x32 write"
+        );
         // ioctl: KVM's and PAGEMAP_SCAN only.
-        assert_eq!(run(&p, IOCTL, [9, 0xAE80, 0, 0, 0, 0]), RET_ALLOW, "KVM_RUN");
-        assert_eq!(run(&p, IOCTL, [9, 0x4090_AE82, 0, 0, 0, 0]), RET_ALLOW, "KVM_SET_REGS");
-        assert_eq!(run(&p, IOCTL, [9, sys::PAGEMAP_SCAN as u64, 0, 0, 0, 0]), RET_ALLOW, "PAGEMAP_SCAN");
-        assert_eq!(run(&p, IOCTL, [0, 0x5401, 0, 0, 0, 0]), RET_KILL_PROCESS, "TCGETS");
-        assert_eq!(run(&p, IOCTL, [0, 0x5412, 0, 0, 0, 0]), RET_KILL_PROCESS, "TIOCSTI");
+        assert_eq!(
+            run(&p, IOCTL, [9, 0xAE80, 0, 0, 0, 0]),
+            RET_ALLOW,
+            "KVM_RUN"
+        );
+        assert_eq!(
+            run(&p, IOCTL, [9, 0x4090_AE82, 0, 0, 0, 0]),
+            RET_ALLOW,
+            "KVM_SET_REGS"
+        );
+        assert_eq!(
+            run(&p, IOCTL, [9, sys::PAGEMAP_SCAN as u64, 0, 0, 0, 0]),
+            RET_ALLOW,
+            "PAGEMAP_SCAN"
+        );
+        assert_eq!(
+            run(&p, IOCTL, [0, 0x5401, 0, 0, 0, 0]),
+            RET_KILL_PROCESS,
+            "TCGETS"
+        );
+        assert_eq!(
+            run(&p, IOCTL, [0, 0x5412, 0, 0, 0, 0]),
+            RET_KILL_PROCESS,
+            "TIOCSTI"
+        );
         // clone: threads only; clone3 falls back to clone.
-        assert_eq!(run(&p, CLONE, [0x3d0f00, 0, 0, 0, 0, 0]), RET_ALLOW, "pthread_create's clone");
-        assert_eq!(run(&p, CLONE, [0x1200011, 0, 0, 0, 0, 0]), RET_KILL_PROCESS, "fork's clone");
+        assert_eq!(
+            run(&p, CLONE, [0x3d0f00, 0, 0, 0, 0, 0]),
+            RET_ALLOW,
+            "pthread_create's clone"
+        );
+        assert_eq!(
+            run(&p, CLONE, [0x1200011, 0, 0, 0, 0, 0]),
+            RET_KILL_PROCESS,
+            "fork's clone"
+        );
         assert_eq!(run(&p, CLONE3, [0; 6]), RET_ERRNO | ENOSYS);
-        assert_eq!(run(&p, PRCTL, [15, 0, 0, 0, 0, 0]), RET_ALLOW, "PR_SET_NAME");
-        assert_eq!(run(&p, PRCTL, [22, 0, 0, 0, 0, 0]), RET_KILL_PROCESS, "PR_SET_SECCOMP");
+        assert_eq!(
+            run(&p, PRCTL, [15, 0, 0, 0, 0, 0]),
+            RET_ALLOW,
+            "PR_SET_NAME"
+        );
+        assert_eq!(
+            run(&p, PRCTL, [22, 0, 0, 0, 0, 0]),
+            RET_KILL_PROCESS,
+            "PR_SET_SECCOMP"
+        );
         for &(nr, name) in SESSION_FILES {
-            assert_eq!(run(&p, nr, [0; 6]), RET_KILL_PROCESS, "{name} without sessions");
+            assert_eq!(
+                run(&p, nr, [0; 6]),
+                RET_KILL_PROCESS,
+                "{name} without sessions"
+            );
         }
     }
 
@@ -292,18 +374,35 @@ mod tests {
         }
         assert_eq!(run(&p, OPENAT, [0; 6]), RET_ALLOW);
         assert_eq!(run(&p, OPEN, [0; 6]), RET_ALLOW);
-        for (nr, name) in [(41, "socket"), (42, "connect"), (59, "execve"), (57, "fork"), (101, "ptrace"), (165, "mount")] {
+        for (nr, name) in [
+            (41, "socket"),
+            (42, "connect"),
+            (59, "execve"),
+            (57, "fork"),
+            (101, "ptrace"),
+            (165, "mount"),
+        ] {
             assert_eq!(run(&p, nr, [0; 6]), RET_KILL_PROCESS, "{name}");
         }
-        assert_eq!(run(&p, CLONE, [0x1200011, 0, 0, 0, 0, 0]), RET_KILL_PROCESS, "fork's clone");
+        assert_eq!(
+            run(&p, CLONE, [0x1200011, 0, 0, 0, 0, 0]),
+            RET_KILL_PROCESS,
+            "fork's clone"
+        );
     }
 
     #[test]
     fn the_allow_list_has_no_repeats_and_no_checked_call() {
-        let mut numbers: Vec<u32> = ALLOWED.iter().chain(SESSION_FILES).map(|&(nr, _)| nr).collect();
+        let mut numbers: Vec<u32> = ALLOWED
+            .iter()
+            .chain(SESSION_FILES)
+            .map(|&(nr, _)| nr)
+            .collect();
         numbers.sort_unstable();
         numbers.dedup();
         assert_eq!(numbers.len(), ALLOWED.len() + SESSION_FILES.len());
-        assert!(![IOCTL, CLONE, PRCTL, CLONE3, OPEN, OPENAT].iter().any(|nr| numbers.contains(nr)));
+        assert!(![IOCTL, CLONE, PRCTL, CLONE3, OPEN, OPENAT]
+            .iter()
+            .any(|nr| numbers.contains(nr)));
     }
 }

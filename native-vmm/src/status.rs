@@ -95,19 +95,41 @@ impl fmt::Display for RunStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RunStatus::Exited { code } => write!(f, "exited with code {code}"),
-            RunStatus::Timeout { limit_ms } => write!(f, "timeout: wall-clock limit of {limit_ms} ms reached"),
-            RunStatus::OutOfMemory { limit_bytes } => write!(f, "out of memory: guest limit of {} MiB reached", limit_bytes >> 20),
-            RunStatus::OutputLimit { cap_bytes } => write!(f, "output limit: truncated at {cap_bytes} bytes"),
+            RunStatus::Timeout { limit_ms } => {
+                write!(f, "timeout: wall-clock limit of {limit_ms} ms reached")
+            }
+            RunStatus::OutOfMemory { limit_bytes } => write!(
+                f,
+                "out of memory: guest limit of {} MiB reached",
+                limit_bytes >> 20
+            ),
+            RunStatus::OutputLimit { cap_bytes } => {
+                write!(f, "output limit: truncated at {cap_bytes} bytes")
+            }
             RunStatus::Crashed { fault } => {
-                write!(f, "crashed: {} (vector {}) at rip {:#x}", fault.name(), fault.vector, fault.rip)?;
+                write!(
+                    f,
+                    "crashed: {} (vector {}) at rip {:#x}",
+                    fault.name(),
+                    fault.vector,
+                    fault.rip
+                )?;
                 if let Some(addr) = fault.address {
                     write!(f, ", address {addr:#x}")?;
                 }
                 Ok(())
             }
-            RunStatus::Unsupported { syscall, name } => write!(f, "unsupported: system call {name} ({syscall})"),
-            RunStatus::Deadlocked { threads: 1 } => write!(f, "deadlocked: the program's only thread waits for something that can never happen"),
-            RunStatus::Deadlocked { threads } => write!(f, "deadlocked: all {threads} threads wait, and none can wake another"),
+            RunStatus::Unsupported { syscall, name } => {
+                write!(f, "unsupported: system call {name} ({syscall})")
+            }
+            RunStatus::Deadlocked { threads: 1 } => write!(
+                f,
+                "deadlocked: the program's only thread waits for something that can never happen"
+            ),
+            RunStatus::Deadlocked { threads } => write!(
+                f,
+                "deadlocked: all {threads} threads wait, and none can wake another"
+            ),
         }
     }
 }

@@ -22,7 +22,8 @@ fn check(ret: c_int) -> io::Result<c_int> {
 
 /// Creates an anonymous memory file of `size` bytes (guest RAM lives in one).
 pub fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
-    let name = CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name contains NUL"))?;
+    let name = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd name contains NUL"))?;
     // SAFETY: name is NUL-terminated and outlives the call.
     let fd = check(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) })?;
     // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
@@ -112,7 +113,14 @@ pub struct PageRegion {
 /// "has not" (e.g. present and not a file page). Returns how many regions were filled and
 /// where the walk stopped (before `end` when `regions` filled up: scan again from there).
 /// Kernels before 6.7 fail it with ENOTTY.
-pub fn pagemap_scan(pagemap: c_int, start: u64, end: u64, mask: u64, inverted: u64, regions: &mut [PageRegion]) -> io::Result<(usize, u64)> {
+pub fn pagemap_scan(
+    pagemap: c_int,
+    start: u64,
+    end: u64,
+    mask: u64,
+    inverted: u64,
+    regions: &mut [PageRegion],
+) -> io::Result<(usize, u64)> {
     let mut arg = PmScanArg {
         size: std::mem::size_of::<PmScanArg>() as u64,
         flags: 0,
@@ -172,7 +180,10 @@ pub fn rdtsc_ordered() -> u64 {
 
 /// Reads host clock `clock` (a Linux clock id) as (seconds, nanoseconds).
 pub fn clock_time(clock: c_int) -> io::Result<(i64, i64)> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid, exclusively borrowed timespec for the duration of the call.
     check(unsafe { libc::clock_gettime(clock, &mut ts) })?;
     Ok((ts.tv_sec, ts.tv_nsec))
@@ -227,7 +238,14 @@ pub fn install_interrupting_handler(signo: c_int) -> io::Result<()> {
 pub fn tgkill(tid: i32, signo: c_int) -> io::Result<()> {
     let pid = std::process::id() as libc::c_long;
     // SAFETY: tgkill takes three integers and touches no memory of ours.
-    let ret = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid as libc::c_long, signo as libc::c_long) };
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            pid,
+            tid as libc::c_long,
+            signo as libc::c_long,
+        )
+    };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -283,15 +301,32 @@ pub fn set_no_new_privs() -> io::Result<()> {
 /// seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, program): the filter applies to
 /// every thread of the process (and to the threads they start).
 pub fn install_seccomp_filter(program: &[SockFilter]) -> io::Result<()> {
-    let len = u16::try_from(program.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a seccomp filter holds at most 65535 instructions"))?;
-    let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
+    let len = u16::try_from(program.len()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a seccomp filter holds at most 65535 instructions",
+        )
+    })?;
+    let fprog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast_mut(),
+    };
     // SAFETY: `fprog` points at `program`, which outlives the call; the kernel copies it.
-    let ret = unsafe { libc::syscall(libc::SYS_seccomp, SECCOMP_SET_MODE_FILTER, libc::SECCOMP_FILTER_FLAG_TSYNC, &fprog as *const libc::sock_fprog) };
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_TSYNC,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
     match ret {
         0 => Ok(()),
         r if r < 0 => Err(io::Error::last_os_error()),
         // With TSYNC, a positive answer is the id of a thread that could not take the filter.
-        tid => Err(io::Error::other(format!("thread {tid} could not be confined"))),
+        tid => Err(io::Error::other(format!(
+            "thread {tid} could not be confined"
+        ))),
     }
 }
 
@@ -314,10 +349,18 @@ pub fn syncfs(fd: c_int) -> io::Result<()> {
 /// preadv(fd, slices, offset): reads the file from `offset` into the slices in order; returns
 /// how many bytes it read (fewer at the end of the file).
 pub fn preadv(fd: c_int, slices: &mut [std::io::IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
-    let count = c_int::try_from(slices.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many slices"))?;
+    let count = c_int::try_from(slices.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many slices"))?;
     // SAFETY: IoSliceMut is ABI-compatible with struct iovec on Unix (std documents it); every
     // slice is a live, exclusively borrowed buffer for the duration of the call.
-    let read = unsafe { libc::preadv(fd, slices.as_mut_ptr() as *const libc::iovec, count, offset as libc::off_t) };
+    let read = unsafe {
+        libc::preadv(
+            fd,
+            slices.as_mut_ptr() as *const libc::iovec,
+            count,
+            offset as libc::off_t,
+        )
+    };
     if read < 0 {
         Err(io::Error::last_os_error())
     } else {

@@ -60,25 +60,40 @@ fn program_image(dir: &Path) -> std::io::Result<(PathBuf, std::sync::Arc<Image>)
     std::fs::write(&program, PROGRAM_BYTES)?;
     std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755))?;
     let manifest = serde_json::json!({ "name": "syscall-bench", "paths": [{ "host": program, "guest": GUEST_PATH }] });
-    let manifest = Manifest::parse(manifest.to_string().as_bytes(), dir).map_err(std::io::Error::other)?;
+    let manifest =
+        Manifest::parse(manifest.to_string().as_bytes(), dir).map_err(std::io::Error::other)?;
     image::build_from(&manifest, &dir.join("image"))?;
     Ok((program, Image::open(&dir.join("image"))?))
 }
 
 fn parse(stdout: &[u8]) -> Result<PerCall, BenchError> {
-    serde_json::from_slice(stdout).map_err(|e| BenchError::Native(std::io::Error::other(format!("the bench program printed {:?}: {e}", String::from_utf8_lossy(stdout)))))
+    serde_json::from_slice(stdout).map_err(|e| {
+        BenchError::Native(std::io::Error::other(format!(
+            "the bench program printed {:?}: {e}",
+            String::from_utf8_lossy(stdout)
+        )))
+    })
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
-    values.get(values.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
+    values
+        .get(values.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
 }
 
-pub fn run(calls: u64, repetitions: usize, make_cpu: &CpuFactory) -> Result<SyscallsReport, BenchError> {
+pub fn run(
+    calls: u64,
+    repetitions: usize,
+    make_cpu: &CpuFactory,
+) -> Result<SyscallsReport, BenchError> {
     if repetitions == 0 || calls == 0 {
         return Err(BenchError::NoIterations);
     }
-    let scratch = Scratch(std::env::temp_dir().join(format!("sandfork-bench-syscalls-{}", std::process::id())));
+    let scratch = Scratch(
+        std::env::temp_dir().join(format!("sandfork-bench-syscalls-{}", std::process::id())),
+    );
     let (program, image) = program_image(&scratch.0).map_err(BenchError::Native)?;
     let args = ["bench".to_owned(), calls.to_string()];
     let mut request = RunRequest::new(GUEST_PATH, &args);
@@ -87,18 +102,43 @@ pub fn run(calls: u64, repetitions: usize, make_cpu: &CpuFactory) -> Result<Sysc
     for _ in 0..repetitions {
         let outcome = vm::launch(image.clone(), &request, make_cpu).map_err(BenchError::Launch)?;
         if outcome.status != (RunStatus::Exited { code: 0 }) {
-            return Err(BenchError::GuestFailed { status: outcome.status, stderr: String::from_utf8_lossy(&outcome.stderr).into_owned() });
+            return Err(BenchError::GuestFailed {
+                status: outcome.status,
+                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
+            });
         }
         vm_runs.push(parse(&outcome.stdout)?);
-        exits = outcome.stats.calls.iter().filter(|c| c.nr == Some(CLOCK_GETTIME)).map(|c| c.count).sum();
-        let native = Command::new(&program).args(&args).output().map_err(BenchError::Native)?;
+        exits = outcome
+            .stats
+            .calls
+            .iter()
+            .filter(|c| c.nr == Some(CLOCK_GETTIME))
+            .map(|c| c.count)
+            .sum();
+        let native = Command::new(&program)
+            .args(&args)
+            .output()
+            .map_err(BenchError::Native)?;
         if !native.status.success() {
-            return Err(BenchError::Native(std::io::Error::other(format!("exited with {}: {}", native.status, String::from_utf8_lossy(&native.stderr)))));
+            return Err(BenchError::Native(std::io::Error::other(format!(
+                "exited with {}: {}",
+                native.status,
+                String::from_utf8_lossy(&native.stderr)
+            ))));
         }
         native_runs.push(parse(&native.stdout)?);
     }
-    let summary = |runs: &[PerCall]| PerCall { syscall_ns: median(runs.iter().map(|r| r.syscall_ns).collect()), clock_gettime_ns: median(runs.iter().map(|r| r.clock_gettime_ns).collect()) };
-    Ok(SyscallsReport { calls, repetitions, vm: summary(&vm_runs), native: summary(&native_runs), vm_clock_gettime_exits: exits })
+    let summary = |runs: &[PerCall]| PerCall {
+        syscall_ns: median(runs.iter().map(|r| r.syscall_ns).collect()),
+        clock_gettime_ns: median(runs.iter().map(|r| r.clock_gettime_ns).collect()),
+    };
+    Ok(SyscallsReport {
+        calls,
+        repetitions,
+        vm: summary(&vm_runs),
+        native: summary(&native_runs),
+        vm_clock_gettime_exits: exits,
+    })
 }
 
 #[derive(Serialize)]
@@ -112,18 +152,42 @@ struct ReportJson {
 
 impl SyscallsReport {
     pub fn table(&self) -> String {
-        let mut out = format!("{} calls of each, median of {} runs (nanoseconds per call)\n", self.calls, self.repetitions);
-        let _ = writeln!(out, "{:<8} {:>22} {:>26}", "", "system call (getppid)", "clock_gettime (the vDSO)");
+        let mut out = format!(
+            "{} calls of each, median of {} runs (nanoseconds per call)\n",
+            self.calls, self.repetitions
+        );
+        let _ = writeln!(
+            out,
+            "{:<8} {:>22} {:>26}",
+            "", "system call (getppid)", "clock_gettime (the vDSO)"
+        );
         for (name, r) in [("vm", &self.vm), ("native", &self.native)] {
-            let _ = writeln!(out, "{name:<8} {:>22.1} {:>26.1}", r.syscall_ns, r.clock_gettime_ns);
+            let _ = writeln!(
+                out,
+                "{name:<8} {:>22.1} {:>26.1}",
+                r.syscall_ns, r.clock_gettime_ns
+            );
         }
-        let _ = writeln!(out, "clock_gettime calls that left the VM: {}", self.vm_clock_gettime_exits);
+        let _ = writeln!(
+            out,
+            "clock_gettime calls that left the VM: {}",
+            self.vm_clock_gettime_exits
+        );
         out
     }
 
     pub fn to_json(&self) -> String {
-        let round = |r: PerCall| PerCall { syscall_ns: (r.syscall_ns * 10.0).round() / 10.0, clock_gettime_ns: (r.clock_gettime_ns * 10.0).round() / 10.0 };
-        let report = ReportJson { calls: self.calls, repetitions: self.repetitions, vm: round(self.vm), native: round(self.native), vm_clock_gettime_exits: self.vm_clock_gettime_exits };
+        let round = |r: PerCall| PerCall {
+            syscall_ns: (r.syscall_ns * 10.0).round() / 10.0,
+            clock_gettime_ns: (r.clock_gettime_ns * 10.0).round() / 10.0,
+        };
+        let report = ReportJson {
+            calls: self.calls,
+            repetitions: self.repetitions,
+            vm: round(self.vm),
+            native: round(self.native),
+            vm_clock_gettime_exits: self.vm_clock_gettime_exits,
+        };
         serde_json::to_string(&report).unwrap_or_default()
     }
 }
@@ -134,10 +198,28 @@ mod tests {
 
     #[test]
     fn the_report_prints_both_figures_next_to_native() {
-        let report = SyscallsReport { calls: 10, repetitions: 3, vm: PerCall { syscall_ns: 6012.34, clock_gettime_ns: 31.26 }, native: PerCall { syscall_ns: 120.0, clock_gettime_ns: 20.0 }, vm_clock_gettime_exits: 0 };
-        assert_eq!(report.to_json(), r#"{"calls":10,"repetitions":3,"vm":{"syscall_ns":6012.3,"clock_gettime_ns":31.3},"native":{"syscall_ns":120.0,"clock_gettime_ns":20.0},"vm_clock_gettime_exits":0}"#);
+        let report = SyscallsReport {
+            calls: 10,
+            repetitions: 3,
+            vm: PerCall {
+                syscall_ns: 6012.34,
+                clock_gettime_ns: 31.26,
+            },
+            native: PerCall {
+                syscall_ns: 120.0,
+                clock_gettime_ns: 20.0,
+            },
+            vm_clock_gettime_exits: 0,
+        };
+        assert_eq!(
+            report.to_json(),
+            r#"{"calls":10,"repetitions":3,"vm":{"syscall_ns":6012.3,"clock_gettime_ns":31.3},"native":{"syscall_ns":120.0,"clock_gettime_ns":20.0},"vm_clock_gettime_exits":0}"#
+        );
         let table = report.table();
-        assert!(table.contains("6012.3") && table.contains("120.0") && table.contains("left the VM: 0"), "{table}");
+        assert!(
+            table.contains("6012.3") && table.contains("120.0") && table.contains("left the VM: 0"),
+            "{table}"
+        );
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
     }
 }

@@ -57,11 +57,20 @@ pub struct ThreadsReport {
 /// The seconds the program printed.
 fn elapsed(stdout: &[u8]) -> Result<Duration, BenchError> {
     let text = String::from_utf8_lossy(stdout);
-    let seconds: f64 = text.trim().parse().map_err(|_| BenchError::Native(std::io::Error::other(format!("the ping-pong printed {text:?}, not its time"))))?;
+    let seconds: f64 = text.trim().parse().map_err(|_| {
+        BenchError::Native(std::io::Error::other(format!(
+            "the ping-pong printed {text:?}, not its time"
+        )))
+    })?;
     Ok(Duration::from_secs_f64(seconds.max(0.0)))
 }
 
-pub fn run(image: Arc<Image>, handoffs: u64, repetitions: usize, make_cpu: &CpuFactory) -> Result<ThreadsReport, BenchError> {
+pub fn run(
+    image: Arc<Image>,
+    handoffs: u64,
+    repetitions: usize,
+    make_cpu: &CpuFactory,
+) -> Result<ThreadsReport, BenchError> {
     if repetitions == 0 || handoffs < 2 {
         return Err(BenchError::NoIterations);
     }
@@ -72,13 +81,23 @@ pub fn run(image: Arc<Image>, handoffs: u64, repetitions: usize, make_cpu: &CpuF
     for _ in 0..repetitions {
         let outcome = vm::launch(image.clone(), &request, make_cpu).map_err(BenchError::Launch)?;
         if outcome.status != (RunStatus::Exited { code: 0 }) {
-            return Err(BenchError::GuestFailed { status: outcome.status, stderr: String::from_utf8_lossy(&outcome.stderr).into_owned() });
+            return Err(BenchError::GuestFailed {
+                status: outcome.status,
+                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
+            });
         }
         vm_samples.push(elapsed(&outcome.stdout)?);
         last = Some(outcome.stats);
-        let native = Command::new(PROGRAM).args(&args).output().map_err(BenchError::Native)?;
+        let native = Command::new(PROGRAM)
+            .args(&args)
+            .output()
+            .map_err(BenchError::Native)?;
         if !native.status.success() {
-            return Err(BenchError::Native(std::io::Error::other(format!("exited with {}: {}", native.status, String::from_utf8_lossy(&native.stderr)))));
+            return Err(BenchError::Native(std::io::Error::other(format!(
+                "exited with {}: {}",
+                native.status,
+                String::from_utf8_lossy(&native.stderr)
+            ))));
         }
         native_samples.push(elapsed(&native.stdout)?);
     }
@@ -103,7 +122,13 @@ impl ThreadsReport {
         let mut out = format!("Condition ping-pong, {} hand-offs between two threads, {} repetitions (microseconds per hand-off)\n", self.handoffs, self.repetitions);
         let _ = writeln!(out, "{:<8} {:>10} {:>10} {:>10}", "", "p50", "min", "max");
         for (name, l) in [("vm", &self.vm), ("native", &self.native)] {
-            let _ = writeln!(out, "{name:<8} {:>10.1} {:>10.1} {:>10.1}", self.per_handoff_us(l.p50), self.per_handoff_us(l.min), self.per_handoff_us(l.max));
+            let _ = writeln!(
+                out,
+                "{name:<8} {:>10.1} {:>10.1} {:>10.1}",
+                self.per_handoff_us(l.p50),
+                self.per_handoff_us(l.min),
+                self.per_handoff_us(l.max)
+            );
         }
         let _ = writeln!(out, "in the guest, per hand-off: {:.2} thread switches, {:.2} system calls ({} preemptions in all)", self.switches_per_handoff, self.syscalls_per_handoff, self.preemptions);
         out
@@ -141,18 +166,50 @@ mod tests {
 
     #[test]
     fn the_native_ping_pong_runs_and_prints_its_time() {
-        let native = Command::new(PROGRAM).args(["-c", PING_PONG, "200"]).output().unwrap();
-        assert!(native.status.success(), "{}", String::from_utf8_lossy(&native.stderr));
+        let native = Command::new(PROGRAM)
+            .args(["-c", PING_PONG, "200"])
+            .output()
+            .unwrap();
+        assert!(
+            native.status.success(),
+            "{}",
+            String::from_utf8_lossy(&native.stderr)
+        );
         let took = elapsed(&native.stdout).unwrap();
-        assert!(took > Duration::ZERO && took < Duration::from_secs(30), "{took:?}");
+        assert!(
+            took > Duration::ZERO && took < Duration::from_secs(30),
+            "{took:?}"
+        );
         assert!(elapsed(b"not a number").is_err());
     }
 
     #[test]
     fn the_report_is_per_hand_off() {
-        let l = |ms| Latency { p50: Duration::from_millis(ms), p99: Duration::from_millis(ms), min: Duration::from_millis(ms), max: Duration::from_millis(ms) };
-        let report = ThreadsReport { handoffs: 1000, repetitions: 3, vm: l(50), native: l(10), switches_per_handoff: 1.0, syscalls_per_handoff: 3.5, preemptions: 0 };
-        assert_eq!(report.to_json(), r#"{"handoffs":1000,"repetitions":3,"vm_us_per_handoff_p50":50.0,"native_us_per_handoff_p50":10.0,"switches_per_handoff":1.0,"syscalls_per_handoff":3.5,"preemptions":0}"#);
-        assert!(report.table().contains("vm             50.0       50.0       50.0"), "{}", report.table());
+        let l = |ms| Latency {
+            p50: Duration::from_millis(ms),
+            p99: Duration::from_millis(ms),
+            min: Duration::from_millis(ms),
+            max: Duration::from_millis(ms),
+        };
+        let report = ThreadsReport {
+            handoffs: 1000,
+            repetitions: 3,
+            vm: l(50),
+            native: l(10),
+            switches_per_handoff: 1.0,
+            syscalls_per_handoff: 3.5,
+            preemptions: 0,
+        };
+        assert_eq!(
+            report.to_json(),
+            r#"{"handoffs":1000,"repetitions":3,"vm_us_per_handoff_p50":50.0,"native_us_per_handoff_p50":10.0,"switches_per_handoff":1.0,"syscalls_per_handoff":3.5,"preemptions":0}"#
+        );
+        assert!(
+            report
+                .table()
+                .contains("vm             50.0       50.0       50.0"),
+            "{}",
+            report.table()
+        );
     }
 }

@@ -13,10 +13,10 @@ use crate::fs::Image;
 use crate::layout::page_align_up;
 use crate::loader::{self, LoadError, LoadedProgram};
 use crate::memory::GuestMemory;
-use crate::process::{GuestProcess, OutputSink, ProcessConfig, SyscallCount, DEFAULT_THREAD_LIMIT};
-use crate::status::RunStatus;
 use crate::process::threads::{Call, ThreadCounters};
+use crate::process::{GuestProcess, OutputSink, ProcessConfig, SyscallCount, DEFAULT_THREAD_LIMIT};
 use crate::sched::Scheduler;
+use crate::status::RunStatus;
 use crate::syscalls;
 
 pub const DEFAULT_MEM_BYTES: u64 = 256 << 20;
@@ -28,7 +28,12 @@ pub const DEFAULT_CWD: &str = crate::fs::WORK_DIR;
 /// gives each new thread (up to eight) an arena of its own, reserving 64 MiB of address space
 /// for each, and here guest memory is the address space (a 256 MiB guest holds three). On one
 /// vCPU extra arenas buy nothing anyway: no two threads ever run at once.
-pub const DEFAULT_ENV: [&str; 4] = ["PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8", "GLIBC_TUNABLES=glibc.malloc.arena_max=1"];
+pub const DEFAULT_ENV: [&str; 4] = [
+    "PATH=/usr/bin:/bin",
+    "HOME=/tmp",
+    "LANG=C.UTF-8",
+    "GLIBC_TUNABLES=glibc.malloc.arena_max=1",
+];
 
 /// One program to run in a fresh guest.
 #[derive(Debug, Clone)]
@@ -56,7 +61,9 @@ impl RunRequest {
     pub fn new(program: &str, args: &[String]) -> RunRequest {
         RunRequest {
             program: program.to_owned(),
-            argv: std::iter::once(program.to_owned()).chain(args.iter().cloned()).collect(),
+            argv: std::iter::once(program.to_owned())
+                .chain(args.iter().cloned())
+                .collect(),
             envp: DEFAULT_ENV.iter().map(|s| s.to_string()).collect(),
             stdin: Vec::new(),
             cwd: DEFAULT_CWD.to_owned(),
@@ -93,7 +100,12 @@ pub struct RunStats {
 impl RunStats {
     /// The counters of a guest that ran from its first instruction: everything `process`
     /// counted, with the loop's `exits` and the times.
-    fn of_whole_run(process: &GuestProcess, exits: u64, wall: Duration, load: Duration) -> RunStats {
+    fn of_whole_run(
+        process: &GuestProcess,
+        exits: u64,
+        wall: Duration,
+        load: Duration,
+    ) -> RunStats {
         RunStats {
             syscalls: process.total_syscalls(),
             exits,
@@ -119,7 +131,9 @@ pub struct RunOutcome {
 #[derive(Debug)]
 pub enum LaunchError {
     /// The program is not in the image (neither as a path nor on PATH).
-    ProgramNotFound { program: String },
+    ProgramNotFound {
+        program: String,
+    },
     /// Guest memory could not be allocated.
     Memory(io::Error),
     Load(LoadError),
@@ -130,19 +144,25 @@ pub enum LaunchError {
     /// An agent request broke the rules of `AgentRequest::validate`; no guest ran it.
     InvalidRequest(InvalidRequest),
     /// The agent ended, crashed or wrote output before reaching its ready point.
-    AgentNotReady { reason: String },
+    AgentNotReady {
+        reason: String,
+    },
 }
 
 impl fmt::Display for LaunchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LaunchError::ProgramNotFound { program } => write!(f, "{program}: not found in the file image"),
+            LaunchError::ProgramNotFound { program } => {
+                write!(f, "{program}: not found in the file image")
+            }
             LaunchError::Memory(e) => write!(f, "allocating guest memory: {e}"),
             LaunchError::Load(e) => write!(f, "loading the program: {e}"),
             LaunchError::FileSystem(e) => write!(f, "setting up the file system: errno {}", e.0),
             LaunchError::Cpu(e) => write!(f, "{e}"),
             LaunchError::InvalidRequest(e) => write!(f, "{e}"),
-            LaunchError::AgentNotReady { reason } => write!(f, "the agent did not reach its ready point: {reason}"),
+            LaunchError::AgentNotReady { reason } => {
+                write!(f, "the agent did not reach its ready point: {reason}")
+            }
         }
     }
 }
@@ -157,7 +177,8 @@ impl From<LoadError> for LaunchError {
 
 /// Creates the vCPU for a loaded program (the backend is the caller's choice). The vCPU may
 /// borrow the guest memory it runs on.
-pub type CpuFactory<'a> = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> + 'a;
+pub type CpuFactory<'a> =
+    dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> + 'a;
 
 /// Finds `program` in the image: a path containing '/' as is, a bare name in envp's PATH.
 pub fn resolve_program(image: &Image, program: &str, envp: &[String]) -> Option<String> {
@@ -167,8 +188,14 @@ pub fn resolve_program(image: &Image, program: &str, envp: &[String]) -> Option<
     if program.is_empty() {
         return None;
     }
-    let path = envp.iter().find_map(|e| e.strip_prefix("PATH=")).unwrap_or("/usr/bin:/bin");
-    path.split(':').filter(|dir| dir.starts_with('/')).map(|dir| format!("{}/{program}", dir.trim_end_matches('/'))).find(|candidate| image.file_bytes(candidate).is_some())
+    let path = envp
+        .iter()
+        .find_map(|e| e.strip_prefix("PATH="))
+        .unwrap_or("/usr/bin:/bin");
+    path.split(':')
+        .filter(|dir| dir.starts_with('/'))
+        .map(|dir| format!("{}/{program}", dir.trim_end_matches('/')))
+        .find(|candidate| image.file_bytes(candidate).is_some())
 }
 
 /// A guest whose memory, program and process exist, before its vCPU does (the vCPU borrows
@@ -180,16 +207,36 @@ struct Prepared {
 }
 
 fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError> {
-    let program = resolve_program(&image, &req.program, &req.envp).ok_or_else(|| LaunchError::ProgramNotFound { program: req.program.clone() })?;
+    let program = resolve_program(&image, &req.program, &req.envp).ok_or_else(|| {
+        LaunchError::ProgramNotFound {
+            program: req.program.clone(),
+        }
+    })?;
     let mem_bytes = page_align_up(req.mem_bytes.min(u64::MAX / 2));
     let mem = GuestMemory::new(mem_bytes).map_err(LaunchError::Memory)?;
     let loaded = loader::load_program(&mem, &image, &program, &req.argv, &req.envp)?;
-    let vfs = crate::fs::Vfs::new(image, crate::fs::DEFAULT_OVERLAY_LIMIT).map_err(LaunchError::FileSystem)?;
-    let command = crate::process::Command { exe: program, argv: req.argv.clone(), envp: req.envp.clone() };
-    let config = ProcessConfig { vfs, cwd: req.cwd.clone(), stdin: req.stdin.clone(), output_cap: req.output_cap, mem_limit: mem_bytes, command };
+    let vfs = crate::fs::Vfs::new(image, crate::fs::DEFAULT_OVERLAY_LIMIT)
+        .map_err(LaunchError::FileSystem)?;
+    let command = crate::process::Command {
+        exe: program,
+        argv: req.argv.clone(),
+        envp: req.envp.clone(),
+    };
+    let config = ProcessConfig {
+        vfs,
+        cwd: req.cwd.clone(),
+        stdin: req.stdin.clone(),
+        output_cap: req.output_cap,
+        mem_limit: mem_bytes,
+        command,
+    };
     let mut process = GuestProcess::new(config, loaded.space);
     process.set_thread_limit(req.thread_limit);
-    Ok(Prepared { mem, loaded, process })
+    Ok(Prepared {
+        mem,
+        loaded,
+        process,
+    })
 }
 
 /// The run loop's deadline `timeout` from now, and the limit in milliseconds it reports.
@@ -197,22 +244,40 @@ fn deadline_after(timeout: Duration) -> (Instant, u64) {
     let now = Instant::now();
     let limit_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
     // A timeout too large for Instant is no practical limit: a year stands in for it.
-    (now.checked_add(timeout).unwrap_or(now + Duration::from_secs(86_400 * 365)), limit_ms)
+    (
+        now.checked_add(timeout)
+            .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+        limit_ms,
+    )
 }
 
 /// Runs `req` in a fresh guest built from `image`, with a vCPU from `make_cpu`.
-pub fn launch(image: Arc<Image>, req: &RunRequest, make_cpu: &CpuFactory) -> Result<RunOutcome, LaunchError> {
+pub fn launch(
+    image: Arc<Image>,
+    req: &RunRequest,
+    make_cpu: &CpuFactory,
+) -> Result<RunOutcome, LaunchError> {
     let started = Instant::now();
-    let Prepared { mem, loaded, mut process } = prepare(image, req)?;
+    let Prepared {
+        mem,
+        loaded,
+        mut process,
+    } = prepare(image, req)?;
     let mut cpu = make_cpu(&mem, &loaded).map_err(LaunchError::Cpu)?;
     let load = started.elapsed();
 
     let run_started = Instant::now();
     let (deadline, limit_ms) = deadline_after(req.timeout);
-    let (end, exits) = run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
+    let (end, exits) =
+        run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
     let stats = RunStats::of_whole_run(&process, exits, run_started.elapsed(), load);
     let (stdout, stderr) = process.into_output().into_parts();
-    Ok(RunOutcome { status: end.into_status(), stdout, stderr, stats })
+    Ok(RunOutcome {
+        status: end.into_status(),
+        stdout,
+        stderr,
+        stats,
+    })
 }
 
 /// Where the run loop stopped.
@@ -231,7 +296,10 @@ impl LoopEnd {
     pub fn into_status(self) -> RunStatus {
         match self {
             LoopEnd::Finished(status) => status,
-            LoopEnd::ReadyPoint { .. } => RunStatus::Unsupported { syscall: AWAIT_REQUEST_SYSCALL, name: syscalls::name(AWAIT_REQUEST_SYSCALL).unwrap_or("unknown") },
+            LoopEnd::ReadyPoint { .. } => RunStatus::Unsupported {
+                syscall: AWAIT_REQUEST_SYSCALL,
+                name: syscalls::name(AWAIT_REQUEST_SYSCALL).unwrap_or("unknown"),
+            },
         }
     }
 }
@@ -240,19 +308,35 @@ impl LoopEnd {
 /// to the scheduler (`crate::sched`, which switches threads), a fault ends the run as Crashed,
 /// the deadline as Timeout, an agent's AWAIT_REQUEST without a pending request at the ready
 /// point. Returns where it stopped and the number of VM exits.
-pub fn run_loop(cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory, deadline: Instant, limit_ms: u64) -> io::Result<(LoopEnd, u64)> {
+pub fn run_loop(
+    cpu: &mut dyn GuestCpu,
+    process: &mut GuestProcess,
+    mem: &GuestMemory,
+    deadline: Instant,
+    limit_ms: u64,
+) -> io::Result<(LoopEnd, u64)> {
     let mut sched = Scheduler::new(cpu, process, deadline, limit_ms);
     run_scheduled(&mut sched, cpu, process, mem)
 }
 
-fn run_scheduled(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<(LoopEnd, u64)> {
+fn run_scheduled(
+    sched: &mut Scheduler,
+    cpu: &mut dyn GuestCpu,
+    process: &mut GuestProcess,
+    mem: &GuestMemory,
+) -> io::Result<(LoopEnd, u64)> {
     process.threads.start_cpu_clock();
     let ended = run_until_stopped(sched, cpu, process, mem);
     process.threads.stop_cpu_clock();
     ended
 }
 
-fn run_until_stopped(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mut GuestProcess, mem: &GuestMemory) -> io::Result<(LoopEnd, u64)> {
+fn run_until_stopped(
+    sched: &mut Scheduler,
+    cpu: &mut dyn GuestCpu,
+    process: &mut GuestProcess,
+    mem: &GuestMemory,
+) -> io::Result<(LoopEnd, u64)> {
     let mut exits = 0;
     let mut handed_out = process.memory.handed_out_generation();
     cpu.map_memory(&process.memory_handed_out())?;
@@ -266,7 +350,9 @@ fn run_until_stopped(sched: &mut Scheduler, cpu: &mut dyn GuestCpu, process: &mu
                 exits += 1;
                 break LoopEnd::Finished(RunStatus::Crashed { fault });
             }
-            CpuExit::DeadlineReached if Instant::now() >= sched.deadline() => break LoopEnd::Finished(sched.timeout()),
+            CpuExit::DeadlineReached if Instant::now() >= sched.deadline() => {
+                break LoopEnd::Finished(sched.timeout())
+            }
             CpuExit::DeadlineReached => sched.slice_ended(cpu, process, mem)?,
         };
         if process.memory.handed_out_generation() != handed_out {
@@ -302,7 +388,14 @@ pub struct RunLimits {
 
 impl Default for RunLimits {
     fn default() -> RunLimits {
-        RunLimits { timeout: DEFAULT_TIMEOUT, mem_bytes: DEFAULT_MEM_BYTES, output_cap: DEFAULT_OUTPUT_CAP, boot_timeout: AGENT_BOOT_TIMEOUT, live_output: OutputSink::none(), threads: DEFAULT_THREAD_LIMIT }
+        RunLimits {
+            timeout: DEFAULT_TIMEOUT,
+            mem_bytes: DEFAULT_MEM_BYTES,
+            output_cap: DEFAULT_OUTPUT_CAP,
+            boot_timeout: AGENT_BOOT_TIMEOUT,
+            live_output: OutputSink::none(),
+            threads: DEFAULT_THREAD_LIMIT,
+        }
     }
 }
 
@@ -327,15 +420,39 @@ impl<'m> ReadyGuest<'m> {
     /// Answers the pending AWAIT_REQUEST with `request` and runs the guest to its end, for at
     /// most `timeout`. The outcome's counters cover the request only (from the hand-off on;
     /// `load` is zero).
-    pub fn serve(self, request: AgentRequest, timeout: Duration) -> Result<RunOutcome, LaunchError> {
-        self.serve_keeping_cpu(request, timeout).map(|(outcome, _)| outcome)
+    pub fn serve(
+        self,
+        request: AgentRequest,
+        timeout: Duration,
+    ) -> Result<RunOutcome, LaunchError> {
+        self.serve_keeping_cpu(request, timeout)
+            .map(|(outcome, _)| outcome)
     }
 
     /// `serve`, handing the vCPU back afterwards, so that the VM can be reset and reused.
-    pub fn serve_keeping_cpu(mut self, request: AgentRequest, timeout: Duration) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
-        let (end, stats) = hand_over(&mut self.process, self.mem, self.cpu.as_mut(), self.call, request, timeout)?;
+    pub fn serve_keeping_cpu(
+        mut self,
+        request: AgentRequest,
+        timeout: Duration,
+    ) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
+        let (end, stats) = hand_over(
+            &mut self.process,
+            self.mem,
+            self.cpu.as_mut(),
+            self.call,
+            request,
+            timeout,
+        )?;
         let (stdout, stderr) = self.process.into_output().into_parts();
-        Ok((RunOutcome { status: end.into_status(), stdout, stderr, stats }, self.cpu))
+        Ok((
+            RunOutcome {
+                status: end.into_status(),
+                stdout,
+                stderr,
+                stats,
+            },
+            self.cpu,
+        ))
     }
 }
 
@@ -343,16 +460,33 @@ impl<'m> ReadyGuest<'m> {
 /// the guest until it stops: at its end, or (a session's cell, `HandOff::Cell`) at its next
 /// ready point. The counters cover this request only (from the hand-off on; `load` is zero);
 /// the output stays in `process`.
-pub fn hand_over(process: &mut GuestProcess, mem: &GuestMemory, cpu: &mut dyn GuestCpu, call: [u64; 6], request: AgentRequest, timeout: Duration) -> Result<(LoopEnd, RunStats), LaunchError> {
+pub fn hand_over(
+    process: &mut GuestProcess,
+    mem: &GuestMemory,
+    cpu: &mut dyn GuestCpu,
+    call: [u64; 6],
+    request: AgentRequest,
+    timeout: Duration,
+) -> Result<(LoopEnd, RunStats), LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
-    let (calls_before, unsupported_before, total_before) = (process.syscall_counts(), process.unsupported_counts(), process.total_syscalls());
+    let (calls_before, unsupported_before, total_before) = (
+        process.syscall_counts(),
+        process.unsupported_counts(),
+        process.total_syscalls(),
+    );
     let threads_before = process.threads().counters;
     process.agent_request = Some(request);
     let started = Instant::now();
     let (deadline, limit_ms) = deadline_after(timeout);
     let mut sched = Scheduler::new(cpu, process, deadline, limit_ms);
-    let call = Call { nr: AWAIT_REQUEST_SYSCALL, args: call };
-    let (end, exits) = match sched.syscall(cpu, process, mem, call).map_err(LaunchError::Cpu)? {
+    let call = Call {
+        nr: AWAIT_REQUEST_SYSCALL,
+        args: call,
+    };
+    let (end, exits) = match sched
+        .syscall(cpu, process, mem, call)
+        .map_err(LaunchError::Cpu)?
+    {
         Some(end) => (end, 0),
         None => run_scheduled(&mut sched, cpu, process, mem).map_err(LaunchError::Cpu)?,
     };
@@ -398,34 +532,61 @@ const BOOT_STDERR_SHOWN: usize = 2000;
 /// hands the stopped guest to `at_ready` (a template build snapshots it there; `launch_agent`
 /// serves it a request). The boot has `limits.boot_timeout`; an agent that ends or crashes first,
 /// or writes any output before its ready point (every fork would repeat it), is an error.
-pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimits, make_cpu: &CpuFactory, at_ready: impl FnOnce(ReadyGuest<'_>) -> T) -> Result<T, LaunchError> {
+pub fn boot_agent<T>(
+    image: Arc<Image>,
+    command: &AgentCommand,
+    limits: &RunLimits,
+    make_cpu: &CpuFactory,
+    at_ready: impl FnOnce(ReadyGuest<'_>) -> T,
+) -> Result<T, LaunchError> {
     let started = Instant::now();
     let mut req = RunRequest::new(command.program, &[]);
     req.argv = command.argv.iter().map(|a| a.to_string()).collect();
     req.mem_bytes = limits.mem_bytes;
     req.output_cap = limits.output_cap;
     req.thread_limit = limits.threads;
-    let Prepared { mem, loaded, mut process } = prepare(image, &req)?;
+    let Prepared {
+        mem,
+        loaded,
+        mut process,
+    } = prepare(image, &req)?;
     let mut cpu = make_cpu(&mem, &loaded).map_err(LaunchError::Cpu)?;
     let load = started.elapsed();
 
     let run_started = Instant::now();
     let (deadline, limit_ms) = deadline_after(limits.boot_timeout);
-    let (end, exits) = run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
+    let (end, exits) =
+        run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
     let stderr_tail = || {
         let stderr = process.stderr();
-        String::from_utf8_lossy(&stderr[stderr.len().saturating_sub(BOOT_STDERR_SHOWN)..]).into_owned()
+        String::from_utf8_lossy(&stderr[stderr.len().saturating_sub(BOOT_STDERR_SHOWN)..])
+            .into_owned()
     };
     let call = match end {
         LoopEnd::ReadyPoint { call } => call,
-        LoopEnd::Finished(status) => return Err(LaunchError::AgentNotReady { reason: format!("{status} before its ready point; stderr: {}", stderr_tail()) }),
+        LoopEnd::Finished(status) => {
+            return Err(LaunchError::AgentNotReady {
+                reason: format!("{status} before its ready point; stderr: {}", stderr_tail()),
+            })
+        }
     };
     if !process.stdout().is_empty() || !process.stderr().is_empty() {
-        let reason = format!("it wrote {} bytes to stdout and {} to stderr before its ready point; stderr: {}", process.stdout().len(), process.stderr().len(), stderr_tail());
+        let reason = format!(
+            "it wrote {} bytes to stdout and {} to stderr before its ready point; stderr: {}",
+            process.stdout().len(),
+            process.stderr().len(),
+            stderr_tail()
+        );
         return Err(LaunchError::AgentNotReady { reason });
     }
     let boot = RunStats::of_whole_run(&process, exits, run_started.elapsed(), load);
-    Ok(at_ready(ReadyGuest { mem: &mem, cpu, process, call, boot }))
+    Ok(at_ready(ReadyGuest {
+        mem: &mem,
+        cpu,
+        process,
+        call,
+        boot,
+    }))
 }
 
 /// Runs `request` on a freshly booted agent: what the daemon's executor does for a template
@@ -433,7 +594,13 @@ pub fn boot_agent<T>(image: Arc<Image>, command: &AgentCommand, limits: &RunLimi
 /// VM instead (`snapshot::serve_restored`). The request is checked before any guest is created. The outcome's counters
 /// cover the request; its `load` is everything before the hand-off (creating the guest and
 /// booting the agent to its ready point: what a fork replaces).
-pub fn launch_agent(image: Arc<Image>, command: &AgentCommand, request: AgentRequest, limits: &RunLimits, make_cpu: &CpuFactory) -> Result<RunOutcome, LaunchError> {
+pub fn launch_agent(
+    image: Arc<Image>,
+    command: &AgentCommand,
+    request: AgentRequest,
+    limits: &RunLimits,
+    make_cpu: &CpuFactory,
+) -> Result<RunOutcome, LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
     let started = Instant::now();
     boot_agent(image, command, limits, make_cpu, |mut ready| {
@@ -463,14 +630,27 @@ mod tests {
     fn test_image() -> (Arc<Image>, TempDir) {
         let dir = TempDir::new("vm");
         let program = tiny_elf(2, 0x40_0000, &[0xf4], 0, None);
-        let entry = |path: &str, kind| Entry { path: path.into(), mode: 0o755, mtime_sec: 0, mtime_nsec: 0, kind };
+        let entry = |path: &str, kind| Entry {
+            path: path.into(),
+            mode: 0o755,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            kind,
+        };
         let mut index = Index {
             name: "vm-test".into(),
             writable_dirs: vec!["/tmp".into(), "/work".into()],
             entries: vec![
                 entry("/", EntryKind::Dir),
                 entry("/bin", EntryKind::Dir),
-                entry(PROGRAM, EntryKind::File { offset: 0, size: program.len() as u64, sha256: [0; 32] }),
+                entry(
+                    PROGRAM,
+                    EntryKind::File {
+                        offset: 0,
+                        size: program.len() as u64,
+                        sha256: [0; 32],
+                    },
+                ),
             ],
         };
         format::write(&dir.0, &mut index, |_| Ok(program.clone())).unwrap();
@@ -514,11 +694,18 @@ mod tests {
 
     /// Launches /bin/prog on a scripted CPU; `script` gets the loaded program and guest memory
     /// (to place syscall buffers) and returns the exits to replay.
-    fn launch_scripted(script: impl Fn(&GuestMemory, &LoadedProgram) -> Vec<CpuExit>) -> (RunOutcome, Arc<Mutex<Log>>) {
+    fn launch_scripted(
+        script: impl Fn(&GuestMemory, &LoadedProgram) -> Vec<CpuExit>,
+    ) -> (RunOutcome, Arc<Mutex<Log>>) {
         let (image, _dir) = test_image();
         let log = Arc::new(Mutex::new(Log::default()));
         let cpu_log = log.clone();
-        let make_cpu = factory(move |mem, loaded| Ok(Box::new(ScriptedCpu { script: script(mem, loaded).into(), log: cpu_log.clone() })));
+        let make_cpu = factory(move |mem, loaded| {
+            Ok(Box::new(ScriptedCpu {
+                script: script(mem, loaded).into(),
+                log: cpu_log.clone(),
+            }))
+        });
         let mut request = RunRequest::new(PROGRAM, &[]);
         request.mem_bytes = 16 << 20;
         request.timeout = Duration::from_millis(1500);
@@ -537,9 +724,18 @@ mod tests {
             let buf = loaded.stack_pointer - 256;
             mem.write(buf, b"hello\n").unwrap();
             vec![
-                CpuExit::Syscall { nr: SYS_WRITE, args: [1, buf, 6, 0, 0, 0] },
-                CpuExit::Syscall { nr: SYS_WRITE, args: [2, buf, 2, 0, 0, 0] },
-                CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [3, 0, 0, 0, 0, 0] },
+                CpuExit::Syscall {
+                    nr: SYS_WRITE,
+                    args: [1, buf, 6, 0, 0, 0],
+                },
+                CpuExit::Syscall {
+                    nr: SYS_WRITE,
+                    args: [2, buf, 2, 0, 0, 0],
+                },
+                CpuExit::Syscall {
+                    nr: SYS_EXIT_GROUP,
+                    args: [3, 0, 0, 0, 0, 0],
+                },
             ]
         });
         assert_eq!(outcome.status, RunStatus::Exited { code: 3 });
@@ -554,8 +750,14 @@ mod tests {
     fn arch_prctl_set_fs_reaches_the_cpu_and_returns_zero() {
         let (outcome, log) = launch_scripted(|_, _| {
             vec![
-                CpuExit::Syscall { nr: SYS_ARCH_PRCTL, args: [ARCH_SET_FS, 0x7000, 0, 0, 0, 0] },
-                CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [0, 0, 0, 0, 0, 0] },
+                CpuExit::Syscall {
+                    nr: SYS_ARCH_PRCTL,
+                    args: [ARCH_SET_FS, 0x7000, 0, 0, 0, 0],
+                },
+                CpuExit::Syscall {
+                    nr: SYS_EXIT_GROUP,
+                    args: [0, 0, 0, 0, 0, 0],
+                },
             ]
         });
         assert_eq!(outcome.status, RunStatus::Exited { code: 0 });
@@ -566,9 +768,24 @@ mod tests {
 
     #[test]
     fn a_fault_is_a_crash_and_counts_as_an_exit() {
-        let fault = GuestFault { vector: 14, error_code: 6, rip: 0x40_0078, address: Some(0) };
+        let fault = GuestFault {
+            vector: 14,
+            error_code: 6,
+            rip: 0x40_0078,
+            address: Some(0),
+        };
         let (outcome, _) = launch_scripted(move |_, _| vec![CpuExit::Fault(fault.clone())]);
-        assert_eq!(outcome.status, RunStatus::Crashed { fault: GuestFault { vector: 14, error_code: 6, rip: 0x40_0078, address: Some(0) } });
+        assert_eq!(
+            outcome.status,
+            RunStatus::Crashed {
+                fault: GuestFault {
+                    vector: 14,
+                    error_code: 6,
+                    rip: 0x40_0078,
+                    address: Some(0)
+                }
+            }
+        );
         assert_eq!((outcome.stats.syscalls, outcome.stats.exits), (0, 1));
     }
 
@@ -585,25 +802,55 @@ mod tests {
         use crate::errno::Errno;
         let (outcome, log) = launch_scripted(|_, _| {
             vec![
-                CpuExit::Syscall { nr: UNKNOWN, args: [0; 6] },
-                CpuExit::Syscall { nr: UNKNOWN, args: [0; 6] },
-                CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [0; 6] },
+                CpuExit::Syscall {
+                    nr: UNKNOWN,
+                    args: [0; 6],
+                },
+                CpuExit::Syscall {
+                    nr: UNKNOWN,
+                    args: [0; 6],
+                },
+                CpuExit::Syscall {
+                    nr: SYS_EXIT_GROUP,
+                    args: [0; 6],
+                },
             ]
         });
         assert_eq!(outcome.status, RunStatus::Exited { code: 0 });
-        assert_eq!(log.lock().unwrap().returns, vec![Errno::ENOSYS.as_return(); 2]);
-        let unsupported: Vec<(Option<u64>, u64)> = outcome.stats.unsupported.iter().map(|c| (c.nr, c.count)).collect();
-        assert_eq!(unsupported, vec![(None, 2)], "numbers past the x86-64 range share one bucket");
+        assert_eq!(
+            log.lock().unwrap().returns,
+            vec![Errno::ENOSYS.as_return(); 2]
+        );
+        let unsupported: Vec<(Option<u64>, u64)> = outcome
+            .stats
+            .unsupported
+            .iter()
+            .map(|c| (c.nr, c.count))
+            .collect();
+        assert_eq!(
+            unsupported,
+            vec![(None, 2)],
+            "numbers past the x86-64 range share one bucket"
+        );
     }
 
     #[test]
     fn programs_are_found_by_path_or_on_path() {
         let (image, _dir) = test_image();
         let env = |p: &str| vec![format!("PATH={p}")];
-        assert_eq!(resolve_program(&image, "/bin/prog", &[]), Some("/bin/prog".into()));
-        assert_eq!(resolve_program(&image, "prog", &env("/usr/bin:/bin")), Some("/bin/prog".into()));
+        assert_eq!(
+            resolve_program(&image, "/bin/prog", &[]),
+            Some("/bin/prog".into())
+        );
+        assert_eq!(
+            resolve_program(&image, "prog", &env("/usr/bin:/bin")),
+            Some("/bin/prog".into())
+        );
         assert_eq!(resolve_program(&image, "prog", &env("/usr/bin")), None);
-        assert_eq!(resolve_program(&image, "prog", &env("relative:/bin/")), Some("/bin/prog".into()));
+        assert_eq!(
+            resolve_program(&image, "prog", &env("relative:/bin/")),
+            Some("/bin/prog".into())
+        );
         assert_eq!(resolve_program(&image, "/bin/missing", &[]), None);
         assert_eq!(resolve_program(&image, "", &[]), None);
     }
@@ -613,7 +860,10 @@ mod tests {
         let (image, _dir) = test_image();
         let never = factory(|_, _| Err(io::Error::other("no /dev/kvm")));
         let missing = RunRequest::new("missing", &[]);
-        assert!(matches!(launch(image.clone(), &missing, &never), Err(LaunchError::ProgramNotFound { .. })));
+        assert!(matches!(
+            launch(image.clone(), &missing, &never),
+            Err(LaunchError::ProgramNotFound { .. })
+        ));
         let cpu_fails = RunRequest::new(PROGRAM, &[]);
         match launch(image, &cpu_fails, &never) {
             Err(LaunchError::Cpu(e)) => assert_eq!(e.to_string(), "no /dev/kvm"),
@@ -623,10 +873,16 @@ mod tests {
 
     // ---- the agent hand-off ----
 
-    const AGENT: AgentCommand = AgentCommand { program: PROGRAM, argv: &[PROGRAM] };
+    const AGENT: AgentCommand = AgentCommand {
+        program: PROGRAM,
+        argv: &[PROGRAM],
+    };
 
     fn await_request(buf: u64, len: u64) -> CpuExit {
-        CpuExit::Syscall { nr: AWAIT_REQUEST_SYSCALL, args: [buf, len, 0, 0, 0, 0] }
+        CpuExit::Syscall {
+            nr: AWAIT_REQUEST_SYSCALL,
+            args: [buf, len, 0, 0, 0, 0],
+        }
     }
 
     /// What a scripted agent run left behind.
@@ -640,16 +896,34 @@ mod tests {
 
     /// Boots /bin/prog as an agent on a scripted CPU (`script` gets guest memory and a free
     /// address to use) and, at the ready point, serves `request`.
-    fn serve_scripted(script: impl Fn(&GuestMemory, u64) -> Vec<CpuExit>, request: AgentRequest) -> Served {
+    fn serve_scripted(
+        script: impl Fn(&GuestMemory, u64) -> Vec<CpuExit>,
+        request: AgentRequest,
+    ) -> Served {
         let (image, _dir) = test_image();
         let log = Arc::new(Mutex::new(Log::default()));
         let cpu_log = log.clone();
-        let make_cpu = factory(move |mem, loaded| Ok(Box::new(ScriptedCpu { script: script(mem, loaded.stack_pointer - 0x4000).into(), log: cpu_log.clone() })));
-        let limits = RunLimits { mem_bytes: 16 << 20, timeout: Duration::from_millis(1500), output_cap: 1 << 20, ..RunLimits::default() };
+        let make_cpu = factory(move |mem, loaded| {
+            Ok(Box::new(ScriptedCpu {
+                script: script(mem, loaded.stack_pointer - 0x4000).into(),
+                log: cpu_log.clone(),
+            }))
+        });
+        let limits = RunLimits {
+            mem_bytes: 16 << 20,
+            timeout: Duration::from_millis(1500),
+            output_cap: 1 << 20,
+            ..RunLimits::default()
+        };
         boot_agent(image, &AGENT, &limits, &make_cpu, |ready| {
             let (mem, call) = (ready.mem, ready.call);
             let outcome = ready.serve(request, Duration::from_millis(1500));
-            Served { outcome, log, call, buffer: mem.read_vec(call[0], 64).unwrap() }
+            Served {
+                outcome,
+                log,
+                call,
+                buffer: mem.read_vec(call[0], 64).unwrap(),
+            }
         })
         .unwrap()
     }
@@ -662,61 +936,137 @@ mod tests {
         let mut request = AgentRequest::new("print(1)");
         request.files = vec![("d/e/f.txt".into(), b"file".to_vec())];
         request.stdin = b"in".to_vec();
-        let message = request.agent_message(crate::agent::HandOff::Script).unwrap();
+        let message = request
+            .agent_message(crate::agent::HandOff::Script)
+            .unwrap();
         let served = serve_scripted(
             |mem, buf| {
                 mem.write(buf + 0x1000, b"/work/d/e/f.txt\0").unwrap();
                 mem.write(buf + 0x1100, b"main.py\0").unwrap();
                 vec![
                     await_request(buf, 0x800),
-                    CpuExit::Syscall { nr: SYS_READ, args: [0, buf + 0x2000, 16, 0, 0, 0] },
-                    CpuExit::Syscall { nr: SYS_OPEN, args: [buf + 0x1000, 0, 0, 0, 0, 0] },
-                    CpuExit::Syscall { nr: SYS_READ, args: [3, buf + 0x2000, 16, 0, 0, 0] },
-                    CpuExit::Syscall { nr: SYS_OPEN, args: [buf + 0x1100, 0, 0, 0, 0, 0] },
-                    CpuExit::Syscall { nr: SYS_READ, args: [4, buf + 0x2000, 16, 0, 0, 0] },
-                    CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [5, 0, 0, 0, 0, 0] },
+                    CpuExit::Syscall {
+                        nr: SYS_READ,
+                        args: [0, buf + 0x2000, 16, 0, 0, 0],
+                    },
+                    CpuExit::Syscall {
+                        nr: SYS_OPEN,
+                        args: [buf + 0x1000, 0, 0, 0, 0, 0],
+                    },
+                    CpuExit::Syscall {
+                        nr: SYS_READ,
+                        args: [3, buf + 0x2000, 16, 0, 0, 0],
+                    },
+                    CpuExit::Syscall {
+                        nr: SYS_OPEN,
+                        args: [buf + 0x1100, 0, 0, 0, 0, 0],
+                    },
+                    CpuExit::Syscall {
+                        nr: SYS_READ,
+                        args: [4, buf + 0x2000, 16, 0, 0, 0],
+                    },
+                    CpuExit::Syscall {
+                        nr: SYS_EXIT_GROUP,
+                        args: [5, 0, 0, 0, 0, 0],
+                    },
                 ]
             },
             request,
         );
-        assert_eq!(served.call[1], 0x800, "the ready point is the AWAIT_REQUEST call");
+        assert_eq!(
+            served.call[1], 0x800,
+            "the ready point is the AWAIT_REQUEST call"
+        );
         let outcome = served.outcome.unwrap();
         assert_eq!(outcome.status, RunStatus::Exited { code: 5 });
-        assert_eq!(served.log.lock().unwrap().returns, vec![message.len() as u64, 2, 3, 4, 4, 8], "message, stdin, file, script (relative to /work)");
+        assert_eq!(
+            served.log.lock().unwrap().returns,
+            vec![message.len() as u64, 2, 3, 4, 4, 8],
+            "message, stdin, file, script (relative to /work)"
+        );
         // The same message but for its seed, drawn afresh for each message.
         let before_seed = message.find("\"seed\":\"").unwrap() + 8;
-        assert_eq!(&served.buffer[..before_seed], &message.as_bytes()[..before_seed]);
-        assert_eq!((outcome.stats.syscalls, outcome.stats.exits), (7, 6), "the hand-off is counted as a call, not as an exit");
+        assert_eq!(
+            &served.buffer[..before_seed],
+            &message.as_bytes()[..before_seed]
+        );
+        assert_eq!(
+            (outcome.stats.syscalls, outcome.stats.exits),
+            (7, 6),
+            "the hand-off is counted as a call, not as an exit"
+        );
     }
 
     #[test]
     fn a_small_buffer_gets_e2big_and_the_size_then_the_retry_succeeds() {
         use crate::errno::Errno;
         let request = AgentRequest::new("x = 1");
-        let needed = request.agent_message(crate::agent::HandOff::Script).unwrap().len() as u64;
+        let needed = request
+            .agent_message(crate::agent::HandOff::Script)
+            .unwrap()
+            .len() as u64;
         let served = serve_scripted(
-            |_, buf| vec![await_request(buf, 7), await_request(buf, 8), await_request(0, 4096), await_request(buf, 4096), CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [0; 6] }],
+            |_, buf| {
+                vec![
+                    await_request(buf, 7),
+                    await_request(buf, 8),
+                    await_request(0, 4096),
+                    await_request(buf, 4096),
+                    CpuExit::Syscall {
+                        nr: SYS_EXIT_GROUP,
+                        args: [0; 6],
+                    },
+                ]
+            },
             request,
         );
-        assert_eq!(served.outcome.unwrap().status, RunStatus::Exited { code: 0 });
+        assert_eq!(
+            served.outcome.unwrap().status,
+            RunStatus::Exited { code: 0 }
+        );
         let (e2big, efault) = (Errno::E2BIG.as_return(), Errno::EFAULT.as_return());
-        assert_eq!(served.log.lock().unwrap().returns, vec![e2big, e2big, efault, needed], "too small (no room for the size), too small, bad buffer, then served");
+        assert_eq!(
+            served.log.lock().unwrap().returns,
+            vec![e2big, e2big, efault, needed],
+            "too small (no room for the size), too small, bad buffer, then served"
+        );
         let prefix = b"{\"code\":\"x = 1\",\"argv\":[\"main.py\"],\"env\":{},\"seed\":\"";
         assert_eq!(served.buffer[..prefix.len()], *prefix);
     }
 
     #[test]
     fn asking_again_after_the_hand_off_is_unsupported() {
-        let served = serve_scripted(|_, buf| vec![await_request(buf, 4096), await_request(buf, 4096)], AgentRequest::new(""));
-        assert_eq!(served.outcome.unwrap().status, RunStatus::Unsupported { syscall: AWAIT_REQUEST_SYSCALL, name: "sandfork_await_request" });
+        let served = serve_scripted(
+            |_, buf| vec![await_request(buf, 4096), await_request(buf, 4096)],
+            AgentRequest::new(""),
+        );
+        assert_eq!(
+            served.outcome.unwrap().status,
+            RunStatus::Unsupported {
+                syscall: AWAIT_REQUEST_SYSCALL,
+                name: "sandfork_await_request"
+            }
+        );
     }
 
     #[test]
     fn an_agent_that_exits_before_its_ready_point_is_not_ready() {
         let (image, _dir) = test_image();
-        let make_cpu = factory(|_, _| Ok(Box::new(ScriptedCpu { script: vec![CpuExit::Syscall { nr: SYS_EXIT_GROUP, args: [9, 0, 0, 0, 0, 0] }].into(), log: Default::default() })));
+        let make_cpu = factory(|_, _| {
+            Ok(Box::new(ScriptedCpu {
+                script: vec![CpuExit::Syscall {
+                    nr: SYS_EXIT_GROUP,
+                    args: [9, 0, 0, 0, 0, 0],
+                }]
+                .into(),
+                log: Default::default(),
+            }))
+        });
         match boot_agent(image, &AGENT, &RunLimits::default(), &make_cpu, |_| ()) {
-            Err(LaunchError::AgentNotReady { reason }) => assert_eq!(reason, "exited with code 9 before its ready point; stderr: "),
+            Err(LaunchError::AgentNotReady { reason }) => assert_eq!(
+                reason,
+                "exited with code 9 before its ready point; stderr: "
+            ),
             other => panic!("expected AgentNotReady, got {:?}", other.err()),
         }
     }

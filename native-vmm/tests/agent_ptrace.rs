@@ -14,7 +14,9 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use common::{describe, python_image, scaled, test_cpu};
-use sandfork_vmm::agent::{AgentCommand, AgentRequest, AWAIT_REQUEST_SYSCALL, MAX_FILES_BYTES, PYTHON_AGENT};
+use sandfork_vmm::agent::{
+    AgentCommand, AgentRequest, AWAIT_REQUEST_SYSCALL, MAX_FILES_BYTES, PYTHON_AGENT,
+};
 use sandfork_vmm::cpu::GuestCpu;
 use sandfork_vmm::loader::LoadedProgram;
 use sandfork_vmm::memory::GuestMemory;
@@ -26,11 +28,16 @@ const SYS_GETRANDOM: u64 = 318;
 const AGENT_FIRST_BUFFER: u64 = 64 * 1024;
 
 fn limits() -> RunLimits {
-    RunLimits { timeout: scaled(Duration::from_secs(10)), boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT), ..RunLimits::default() }
+    RunLimits {
+        timeout: scaled(Duration::from_secs(10)),
+        boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT),
+        ..RunLimits::default()
+    }
 }
 
 fn execute(request: AgentRequest) -> RunOutcome {
-    vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits(), &test_cpu).unwrap_or_else(|e| panic!("launching the agent: {e}"))
+    vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits(), &test_cpu)
+        .unwrap_or_else(|e| panic!("launching the agent: {e}"))
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -40,13 +47,32 @@ fn text(bytes: &[u8]) -> String {
 /// Runs `code` and expects exit code `code` with exactly `stdout` and `stderr`.
 fn assert_run(code: &str, exit: i32, stdout: &str, stderr: &str) {
     let outcome = execute(AgentRequest::new(code));
-    assert_eq!(outcome.status, RunStatus::Exited { code: exit }, "{}", describe(&outcome));
-    assert_eq!((text(&outcome.stdout).as_str(), text(&outcome.stderr).as_str()), (stdout, stderr), "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: exit },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        (
+            text(&outcome.stdout).as_str(),
+            text(&outcome.stderr).as_str()
+        ),
+        (stdout, stderr),
+        "{}",
+        describe(&outcome)
+    );
 }
 
 /// How often the guest made system call `nr` in the run (after the hand-off).
 fn calls_of(outcome: &RunOutcome, nr: Option<u64>) -> u64 {
-    outcome.stats.calls.iter().filter(|c| c.nr == nr).map(|c| c.count).sum()
+    outcome
+        .stats
+        .calls
+        .iter()
+        .filter(|c| c.nr == nr)
+        .map(|c| c.count)
+        .sum()
 }
 
 #[test]
@@ -64,8 +90,17 @@ fn stdout_and_stderr_are_captured_separately() {
 fn an_uncaught_exception_is_a_standard_traceback_and_exit_code_1() {
     let code = "print('before')\ndef divide(n):\n    return n / 0\n\ndivide(1)\n";
     let outcome = execute(AgentRequest::new(code));
-    assert_eq!(outcome.status, RunStatus::Exited { code: 1 }, "{}", describe(&outcome));
-    assert_eq!(text(&outcome.stdout), "before\n", "output before the exception is flushed");
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 1 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        text(&outcome.stdout),
+        "before\n",
+        "output before the exception is flushed"
+    );
     let expected = concat!(
         "Traceback (most recent call last):\n",
         "  File \"/work/main.py\", line 5, in <module>\n",
@@ -75,7 +110,11 @@ fn an_uncaught_exception_is_a_standard_traceback_and_exit_code_1() {
         "           ~~^~~\n",
         "ZeroDivisionError: division by zero\n",
     );
-    assert_eq!(text(&outcome.stderr), expected, "no agent frames, the user's lines shown");
+    assert_eq!(
+        text(&outcome.stderr),
+        expected,
+        "no agent frames, the user's lines shown"
+    );
 }
 
 #[test]
@@ -103,7 +142,12 @@ print(__name__, __file__, type(pickle.loads(pickle.dumps(Point()))).__module__)
 sys.excepthook = lambda kind, value, tb: print("hook:", kind.__name__, value, file=sys.stderr)
 raise KeyError("k")
 "#;
-    assert_run(code, 1, "__main__ /work/main.py __main__\nat exit\n", "hook: KeyError 'k'\n");
+    assert_run(
+        code,
+        1,
+        "__main__ /work/main.py __main__\nat exit\n",
+        "hook: KeyError 'k'\n",
+    );
 }
 
 #[test]
@@ -121,11 +165,22 @@ print(sys.stdin.read().upper())
 "#,
     );
     request.argv = vec!["tools/run.py".into(), "--flag".into(), "two words".into()];
-    request.env = vec![("GREETING".into(), "hello".into()), ("EMPTY".into(), String::new())];
-    request.files = vec![("data/input.csv".into(), b"a,b\n1,2\n".to_vec()), ("tools/helper.py".into(), b"VALUE = 42\n".to_vec())];
+    request.env = vec![
+        ("GREETING".into(), "hello".into()),
+        ("EMPTY".into(), String::new()),
+    ];
+    request.files = vec![
+        ("data/input.csv".into(), b"a,b\n1,2\n".to_vec()),
+        ("tools/helper.py".into(), b"VALUE = 42\n".to_vec()),
+    ];
     request.stdin = b"from stdin".to_vec();
     let outcome = execute(request);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
     // The import from /work wrote no __pycache__ there (the agent runs with -B).
     let expected = concat!(
         "['tools/run.py', '--flag', 'two words']\n",
@@ -144,12 +199,26 @@ fn randomness_is_fresh_after_the_hand_off() {
     let first = execute(AgentRequest::new(code));
     let second = execute(AgentRequest::new(code));
     for outcome in [&first, &second] {
-        assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(outcome));
+        assert_eq!(
+            outcome.status,
+            RunStatus::Exited { code: 0 },
+            "{}",
+            describe(outcome)
+        );
         // The template's memory is shared by all forks: the agent reseeds `random` from the
         // fresh seed in each request's message (no system call), and os.urandom asks the host.
-        assert!(calls_of(outcome, Some(SYS_GETRANDOM)) >= 1, "getrandom after the hand-off: {:?}", outcome.stats.calls);
+        assert!(
+            calls_of(outcome, Some(SYS_GETRANDOM)) >= 1,
+            "getrandom after the hand-off: {:?}",
+            outcome.stats.calls
+        );
     }
-    let values = |o: &RunOutcome| text(&o.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    let values = |o: &RunOutcome| {
+        text(&o.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
     let (a, b) = (values(&first), values(&second));
     assert_eq!((a.len(), b.len()), (2, 2), "{a:?} {b:?}");
     assert_ne!(a[0], b[0], "random.random() repeated across runs");
@@ -159,45 +228,105 @@ fn randomness_is_fresh_after_the_hand_off() {
 #[test]
 fn a_request_larger_than_the_first_buffer_is_fetched_again_with_the_size_needed() {
     let literal = "a".repeat(AGENT_FIRST_BUFFER as usize * 2);
-    let outcome = execute(AgentRequest::new(&format!("s = '{literal}'\nprint(len(s))")));
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    let outcome = execute(AgentRequest::new(&format!(
+        "s = '{literal}'\nprint(len(s))"
+    )));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
     assert_eq!(text(&outcome.stdout), format!("{}\n", literal.len()));
     // The hand-off answered E2BIG with the size, the agent asked once more.
-    assert_eq!(calls_of(&outcome, None), 2, "AWAIT_REQUEST calls: {:?}", outcome.stats.calls);
+    assert_eq!(
+        calls_of(&outcome, None),
+        2,
+        "AWAIT_REQUEST calls: {:?}",
+        outcome.stats.calls
+    );
 }
 
 #[test]
 fn the_timeout_starts_at_the_hand_off() {
     let request = AgentRequest::new("while True:\n    pass");
-    let limits = RunLimits { timeout: Duration::from_millis(300), ..limits() };
-    let outcome = vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits, &test_cpu).unwrap();
-    assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: 300 }, "{}", describe(&outcome));
-    assert!(outcome.stats.wall >= Duration::from_millis(300) && outcome.stats.wall < scaled(Duration::from_secs(5)), "{:?}", outcome.stats.wall);
+    let limits = RunLimits {
+        timeout: Duration::from_millis(300),
+        ..limits()
+    };
+    let outcome =
+        vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits, &test_cpu).unwrap();
+    assert_eq!(
+        outcome.status,
+        RunStatus::Timeout { limit_ms: 300 },
+        "{}",
+        describe(&outcome)
+    );
+    assert!(
+        outcome.stats.wall >= Duration::from_millis(300)
+            && outcome.stats.wall < scaled(Duration::from_secs(5)),
+        "{:?}",
+        outcome.stats.wall
+    );
 }
 
 #[test]
 fn without_a_request_the_boot_stops_at_the_ready_point() {
-    let ready = vm::boot_agent(python_image(), &PYTHON_AGENT, &limits(), &test_cpu, |ready| {
-        // The template build's view: the guest is stopped inside AWAIT_REQUEST with its buffer.
-        assert_eq!(ready.call[1], AGENT_FIRST_BUFFER, "call arguments: {:x?}", ready.call);
-        assert!(ready.mem.check(ready.call[0], ready.call[1]).is_ok(), "the buffer is guest memory");
-        assert!(ready.process.stdout().is_empty() && ready.process.stderr().is_empty());
-        let boot = ready.boot.clone();
-        // The same stopped guest then serves a request, as a fork of it will.
-        (boot, ready.serve(AgentRequest::new("print('served')"), scaled(Duration::from_secs(10))))
-    });
+    let ready = vm::boot_agent(
+        python_image(),
+        &PYTHON_AGENT,
+        &limits(),
+        &test_cpu,
+        |ready| {
+            // The template build's view: the guest is stopped inside AWAIT_REQUEST with its buffer.
+            assert_eq!(
+                ready.call[1], AGENT_FIRST_BUFFER,
+                "call arguments: {:x?}",
+                ready.call
+            );
+            assert!(
+                ready.mem.check(ready.call[0], ready.call[1]).is_ok(),
+                "the buffer is guest memory"
+            );
+            assert!(ready.process.stdout().is_empty() && ready.process.stderr().is_empty());
+            let boot = ready.boot.clone();
+            // The same stopped guest then serves a request, as a fork of it will.
+            (
+                boot,
+                ready.serve(
+                    AgentRequest::new("print('served')"),
+                    scaled(Duration::from_secs(10)),
+                ),
+            )
+        },
+    );
     let (boot, served) = ready.unwrap_or_else(|e| panic!("booting the agent: {e}"));
-    assert!(boot.syscalls > 100 && boot.unsupported.iter().all(|c| c.name == Some("rseq")), "{boot:?}");
+    assert!(
+        boot.syscalls > 100 && boot.unsupported.iter().all(|c| c.name == Some("rseq")),
+        "{boot:?}"
+    );
     let outcome = served.unwrap();
-    assert_eq!((outcome.status, text(&outcome.stdout)), (RunStatus::Exited { code: 0 }, "served\n".to_owned()));
-    assert!(outcome.stats.syscalls < boot.syscalls, "the request's counters start at the hand-off");
+    assert_eq!(
+        (outcome.status, text(&outcome.stdout)),
+        (RunStatus::Exited { code: 0 }, "served\n".to_owned())
+    );
+    assert!(
+        outcome.stats.syscalls < boot.syscalls,
+        "the request's counters start at the hand-off"
+    );
 }
 
 #[test]
 fn a_program_that_never_awaits_a_request_is_not_a_template() {
-    let exits_early = AgentCommand { program: "python3", argv: &["python3", "-c", "print('no agent here')"] };
+    let exits_early = AgentCommand {
+        program: "python3",
+        argv: &["python3", "-c", "print('no agent here')"],
+    };
     match vm::boot_agent(python_image(), &exits_early, &limits(), &test_cpu, |_| ()) {
-        Err(LaunchError::AgentNotReady { reason }) => assert!(reason.starts_with("exited with code 0 before its ready point"), "{reason}"),
+        Err(LaunchError::AgentNotReady { reason }) => assert!(
+            reason.starts_with("exited with code 0 before its ready point"),
+            "{reason}"
+        ),
         other => panic!("expected AgentNotReady, got {:?}", other.err()),
     }
     let noisy = AgentCommand {
@@ -205,7 +334,11 @@ fn a_program_that_never_awaits_a_request_is_not_a_template() {
         argv: &["python3", "-c", "import ctypes, sys; print('noise', file=sys.stderr); ctypes.CDLL(None).syscall(0x53460001, 0, 0)"],
     };
     match vm::boot_agent(python_image(), &noisy, &limits(), &test_cpu, |_| ()) {
-        Err(LaunchError::AgentNotReady { reason }) => assert!(reason.contains("wrote 0 bytes to stdout and 6 to stderr") && reason.ends_with("noise\n"), "{reason}"),
+        Err(LaunchError::AgentNotReady { reason }) => assert!(
+            reason.contains("wrote 0 bytes to stdout and 6 to stderr")
+                && reason.ends_with("noise\n"),
+            "{reason}"
+        ),
         other => panic!("expected AgentNotReady, got {:?}", other.err()),
     }
 }
@@ -214,7 +347,15 @@ fn a_program_that_never_awaits_a_request_is_not_a_template() {
 fn awaiting_a_request_outside_an_agent_run_is_unsupported() {
     let code = format!("import ctypes\nctypes.CDLL(None).syscall({AWAIT_REQUEST_SYSCALL}, 0, 0)\nprint('not reached')");
     let outcome = execute(AgentRequest::new(&code));
-    assert_eq!(outcome.status, RunStatus::Unsupported { syscall: AWAIT_REQUEST_SYSCALL, name: "sandfork_await_request" }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Unsupported {
+            syscall: AWAIT_REQUEST_SYSCALL,
+            name: "sandfork_await_request"
+        },
+        "{}",
+        describe(&outcome)
+    );
     assert!(outcome.stdout.is_empty());
 }
 
@@ -241,17 +382,46 @@ fn hostile_requests_are_refused_before_any_vm_starts() {
     let mut absolute_script = AgentRequest::new("");
     absolute_script.argv = vec!["/usr/lib/python3.11/os.py".into()];
     for (request, expected) in [
-        (with_file("../etc/x", 1), "files[0].path \"../etc/x\": '..' components are not allowed"),
-        (with_file("/etc/passwd", 1), "files[0].path \"/etc/passwd\": absolute paths are not allowed"),
-        (with_file("huge.bin", MAX_FILES_BYTES), "files and code take"),
-        (absolute_script, "argv[0] \"/usr/lib/python3.11/os.py\": absolute paths"),
+        (
+            with_file("../etc/x", 1),
+            "files[0].path \"../etc/x\": '..' components are not allowed",
+        ),
+        (
+            with_file("/etc/passwd", 1),
+            "files[0].path \"/etc/passwd\": absolute paths are not allowed",
+        ),
+        (
+            with_file("huge.bin", MAX_FILES_BYTES),
+            "files and code take",
+        ),
+        (
+            absolute_script,
+            "argv[0] \"/usr/lib/python3.11/os.py\": absolute paths",
+        ),
     ] {
-        match vm::launch_agent(python_image(), &PYTHON_AGENT, request, &limits(), &counting_cpu) {
-            Err(LaunchError::InvalidRequest(e)) => assert!(e.to_string().starts_with(&format!("invalid request: {expected}")), "{e}"),
-            other => panic!("expected an invalid request, got {:?}", other.map(|o| o.status)),
+        match vm::launch_agent(
+            python_image(),
+            &PYTHON_AGENT,
+            request,
+            &limits(),
+            &counting_cpu,
+        ) {
+            Err(LaunchError::InvalidRequest(e)) => assert!(
+                e.to_string()
+                    .starts_with(&format!("invalid request: {expected}")),
+                "{e}"
+            ),
+            other => panic!(
+                "expected an invalid request, got {:?}",
+                other.map(|o| o.status)
+            ),
         }
     }
-    assert_eq!(cpus_created.get(), 0, "no guest was created for a refused request");
+    assert_eq!(
+        cpus_created.get(),
+        0,
+        "no guest was created for a refused request"
+    );
 }
 
 /// The split between boot and request on the test CPU's path, printed.
@@ -262,17 +432,31 @@ fn timings_of_boot_and_request() {
     let mut requests = Vec::new();
     for _ in 0..5 {
         let started = Instant::now();
-        let outcome = vm::boot_agent(image.clone(), &PYTHON_AGENT, &limits(), &test_cpu, |ready| {
-            let boot = (started.elapsed(), ready.boot.clone());
-            let handed_off = Instant::now();
-            let served = ready.serve(AgentRequest::new("print(1+1)"), scaled(Duration::from_secs(10)));
-            (boot, handed_off.elapsed(), served)
-        });
+        let outcome = vm::boot_agent(
+            image.clone(),
+            &PYTHON_AGENT,
+            &limits(),
+            &test_cpu,
+            |ready| {
+                let boot = (started.elapsed(), ready.boot.clone());
+                let handed_off = Instant::now();
+                let served = ready.serve(
+                    AgentRequest::new("print(1+1)"),
+                    scaled(Duration::from_secs(10)),
+                );
+                (boot, handed_off.elapsed(), served)
+            },
+        );
         let ((boot_total, boot), request_total, served) = outcome.unwrap();
         let served = served.unwrap();
         assert_eq!(text(&served.stdout), "2\n");
         boots.push((boot_total, boot.load, boot.syscalls, boot.peak_memory));
-        requests.push((request_total, served.stats.wall, served.stats.syscalls, served.stats.exits));
+        requests.push((
+            request_total,
+            served.stats.wall,
+            served.stats.syscalls,
+            served.stats.exits,
+        ));
     }
     let median = |mut v: Vec<Duration>| {
         v.sort();
@@ -299,9 +483,23 @@ fn numpy_is_preloaded_and_reseeded_per_run() {
     let code = "import sys\nprint('numpy' in sys.modules)\nimport numpy as np\nprint(int(np.arange(6).reshape(2, 3).sum()))\nprint(np.random.random())\n";
     let first = execute(AgentRequest::new(code));
     let second = execute(AgentRequest::new(code));
-    assert_eq!(first.status, RunStatus::Exited { code: 0 }, "{}", describe(&first));
+    assert_eq!(
+        first.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&first)
+    );
     let (a, b) = (text(&first.stdout), text(&second.stdout));
     let lines: Vec<&str> = a.lines().collect();
-    assert_eq!(lines[..2], ["True", "15"], "is python3-numpy installed (apt-get install python3-numpy)? {}", describe(&first));
-    assert_ne!(a.lines().nth(2), b.lines().nth(2), "numpy's global generator must be reseeded per run");
+    assert_eq!(
+        lines[..2],
+        ["True", "15"],
+        "is python3-numpy installed (apt-get install python3-numpy)? {}",
+        describe(&first)
+    );
+    assert_ne!(
+        a.lines().nth(2),
+        b.lines().nth(2),
+        "numpy's global generator must be reseeded per run"
+    );
 }

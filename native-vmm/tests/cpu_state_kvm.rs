@@ -13,7 +13,10 @@ use sandfork_vmm::snapshot::{self, ForkMemory, Template};
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunLimits};
 
-const VECTOR_AGENT: AgentCommand = AgentCommand { program: "/bin/vector_state_agent-static", argv: &["vector_state_agent"] };
+const VECTOR_AGENT: AgentCommand = AgentCommand {
+    program: "/bin/vector_state_agent-static",
+    argv: &["vector_state_agent"],
+};
 
 fn programs_image() -> Arc<Image> {
     static IMAGE: OnceLock<Arc<Image>> = OnceLock::new();
@@ -24,10 +27,19 @@ fn programs_image() -> Arc<Image> {
                 .iter()
                 .map(|name| {
                     let binary = compile(name, Linking::Static, &out);
-                    format!(r#"{{"host": "{}", "guest": "/bin/{name}-static"}}"#, binary.display())
+                    format!(
+                        r#"{{"host": "{}", "guest": "/bin/{name}-static"}}"#,
+                        binary.display()
+                    )
                 })
                 .collect();
-            common::build_image("cpu-state-image", &format!(r#"{{"name": "cpu-state", "paths": [{}], "writable_dirs": ["/tmp", "/work"]}}"#, paths.join(", ")))
+            common::build_image(
+                "cpu-state-image",
+                &format!(
+                    r#"{{"name": "cpu-state", "paths": [{}], "writable_dirs": ["/tmp", "/work"]}}"#,
+                    paths.join(", ")
+                ),
+            )
         })
         .clone()
 }
@@ -35,25 +47,68 @@ fn programs_image() -> Arc<Image> {
 #[test]
 fn vector_and_fpu_registers_survive_the_snapshot_into_a_fork() {
     let dir = common::process_dir("cpu-state-template");
-    let limits = RunLimits { timeout: scaled(Duration::from_secs(10)), boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT), ..RunLimits::default() };
-    snapshot::build(programs_image(), "vector-state", &VECTOR_AGENT, &limits, &sandfork_vmm::kvm::new_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
-    let template = Template::load(&dir, programs_image(), &VECTOR_AGENT).unwrap_or_else(|e| panic!("loading the template: {e}"));
+    let limits = RunLimits {
+        timeout: scaled(Duration::from_secs(10)),
+        boot_timeout: scaled(vm::AGENT_BOOT_TIMEOUT),
+        ..RunLimits::default()
+    };
+    snapshot::build(
+        programs_image(),
+        "vector-state",
+        &VECTOR_AGENT,
+        &limits,
+        &sandfork_vmm::kvm::new_cpu,
+        &dir,
+    )
+    .unwrap_or_else(|e| panic!("building the template: {e}"));
+    let template = Template::load(&dir, programs_image(), &VECTOR_AGENT)
+        .unwrap_or_else(|e| panic!("loading the template: {e}"));
     for _ in 0..2 {
-        let restored = snapshot::serve_restored(&template, ForkMemory::CopyOnWrite, &sandfork_vmm::kvm::restore_cpu, AgentRequest::new(""), &limits).unwrap_or_else(|e| panic!("serving a fork: {e}"));
+        let restored = snapshot::serve_restored(
+            &template,
+            ForkMemory::CopyOnWrite,
+            &sandfork_vmm::kvm::restore_cpu,
+            AgentRequest::new(""),
+            &limits,
+        )
+        .unwrap_or_else(|e| panic!("serving a fork: {e}"));
         let outcome = restored.outcome;
         let stdout = String::from_utf8_lossy(&outcome.stdout);
-        assert!(stdout == "vector state intact\n" || stdout == "vector state intact (with AVX-512)\n", "{}", describe(&outcome));
-        assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+        assert!(
+            stdout == "vector state intact\n" || stdout == "vector state intact (with AVX-512)\n",
+            "{}",
+            describe(&outcome)
+        );
+        assert_eq!(
+            outcome.status,
+            RunStatus::Exited { code: 0 },
+            "{}",
+            describe(&outcome)
+        );
     }
 }
 
 #[test]
 fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
-    let outcome = vm::launch(programs_image(), &request("/bin/frame_cs_attack-static", &[]), &sandfork_vmm::kvm::new_cpu).unwrap_or_else(|e| panic!("launching: {e}"));
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    let outcome = vm::launch(
+        programs_image(),
+        &request("/bin/frame_cs_attack-static", &[]),
+        &sandfork_vmm::kvm::new_cpu,
+    )
+    .unwrap_or_else(|e| panic!("launching: {e}"));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
     // The selectors themselves differ by backend (PVM shows its own); the privilege must not.
     let stdout = String::from_utf8_lossy(&outcome.stdout);
-    assert!(stdout.starts_with("pid 1 cs ") && stdout.ends_with(" cpl 3\n"), "{}", describe(&outcome));
+    assert!(
+        stdout.starts_with("pid 1 cs ") && stdout.ends_with(" cpl 3\n"),
+        "{}",
+        describe(&outcome)
+    );
 }
 
 /// Guest memory the program was never handed is in no KVM memory slot: touching it crashes the
@@ -62,12 +117,30 @@ fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
 /// (vector 6) into a CPL3 guest whose instruction it failed to emulate.
 #[test]
 fn memory_never_handed_out_faults() {
-    let cases = [("import ctypes\nctypes.c_uint64.from_address(0x8000000).value", "a load", &[14][..]), ("import ctypes\nctypes.string_at(0x8000000, 4096)", "a copy", &[14, 6][..])];
+    let cases = [
+        (
+            "import ctypes\nctypes.c_uint64.from_address(0x8000000).value",
+            "a load",
+            &[14][..],
+        ),
+        (
+            "import ctypes\nctypes.string_at(0x8000000, 4096)",
+            "a copy",
+            &[14, 6][..],
+        ),
+    ];
     for (code, kind, vectors) in cases {
         let outcome = common::python(code);
         match &outcome.status {
-            RunStatus::Crashed { fault } => assert!(vectors.contains(&fault.vector), "{kind}: {}", describe(&outcome)),
-            _ => panic!("{kind} of memory never handed out must crash the program: {}", describe(&outcome)),
+            RunStatus::Crashed { fault } => assert!(
+                vectors.contains(&fault.vector),
+                "{kind}: {}",
+                describe(&outcome)
+            ),
+            _ => panic!(
+                "{kind} of memory never handed out must crash the program: {}",
+                describe(&outcome)
+            ),
         }
     }
 }
@@ -98,5 +171,8 @@ m3, a3 = fresh()
 ctypes.memset(a3 + 12288, 0x5a, 1 << 20)
 print(m3[12288:12292], m3[12288 + (1 << 20) - 1:12288 + (1 << 20) + 1])
 "#;
-    common::assert_prints(code, "0x1122334455667788\n16\n0x100f0e0d0c0b0a09\nb'ZZZZ' b'Z\\x00'\n");
+    common::assert_prints(
+        code,
+        "0x1122334455667788\n16\n0x100f0e0d0c0b0a09\nb'ZZZZ' b'Z\\x00'\n",
+    );
 }

@@ -39,7 +39,14 @@ fn native_passes_pass_in_the_vm() {
     assert!(of > 0, "no test passed natively");
     if short {
         for r in &results {
-            assert!(r.lost.is_empty(), "{}: native passes that fail in the VM ({}): {:?}\n{}", r.module, r.vm_status, r.lost, r.vm_output);
+            assert!(
+                r.lost.is_empty(),
+                "{}: native passes that fail in the VM ({}): {:?}\n{}",
+                r.module,
+                r.vm_status,
+                r.lost,
+                r.vm_output
+            );
         }
         assert_eq!(kept, of);
     }

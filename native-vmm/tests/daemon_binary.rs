@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use daemon_support::{templates_dir, assert_error, scratch, str_of, u64_of, wait_for, Client};
+use daemon_support::{assert_error, scratch, str_of, templates_dir, u64_of, wait_for, Client};
 use serde_json::Value;
 
 /// A running daemon process, killed if the test ends without stopping it.
@@ -38,9 +38,19 @@ impl Daemon {
     /// Starts the daemon and waits until it accepts connections.
     fn start(dir: &Path) -> Daemon {
         let socket = dir.join("s.sock");
-        let mut daemon = Daemon { child: Daemon::spawn(&socket, templates_dir(), &["--max-concurrency", "3"]), socket };
-        let listening = wait_for(Duration::from_secs(30), || std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok() || matches!(daemon.child.try_wait(), Ok(Some(_))));
-        assert!(listening && daemon.child.try_wait().unwrap().is_none(), "the daemon did not start: {}", daemon.stderr());
+        let mut daemon = Daemon {
+            child: Daemon::spawn(&socket, templates_dir(), &["--max-concurrency", "3"]),
+            socket,
+        };
+        let listening = wait_for(Duration::from_secs(30), || {
+            std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok()
+                || matches!(daemon.child.try_wait(), Ok(Some(_)))
+        });
+        assert!(
+            listening && daemon.child.try_wait().unwrap().is_none(),
+            "the daemon did not start: {}",
+            daemon.stderr()
+        );
         daemon
     }
 
@@ -56,7 +66,11 @@ impl Daemon {
 
     /// Sends SIGTERM (through kill(1): std can only send SIGKILL).
     fn terminate(&mut self) -> std::process::ExitStatus {
-        let sent = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().expect("running kill");
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("running kill");
         assert!(sent.success());
         self.child.wait().expect("waiting for the daemon")
     }
@@ -81,49 +95,101 @@ fn serves_health_templates_and_execute_on_this_host() {
     if kvm_present {
         assert_eq!(kvm, "available", "{health}");
     } else {
-        assert!(kvm.starts_with("unavailable: /dev/kvm is missing"), "{health}");
+        assert!(
+            kvm.starts_with("unavailable: /dev/kvm is missing"),
+            "{health}"
+        );
         assert_eq!(health.get("ok"), Some(&Value::Bool(false)), "{health}");
     }
 
     let listed = client.call(r#"{"id":2,"type":"list_templates"}"#);
-    let templates = listed.get("templates").and_then(Value::as_array).expect("a template list");
+    let templates = listed
+        .get("templates")
+        .and_then(Value::as_array)
+        .expect("a template list");
     assert_eq!(templates.len(), 1, "{listed}");
     let image = sandfork_vmm::fs::Image::open(&templates_dir().join("python")).unwrap();
-    let hash: String = image.content_hash().iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!((str_of(&templates[0], "name"), str_of(&templates[0], "language"), str_of(&templates[0], "content_hash")), ("python", "python", hash.as_str()));
+    let hash: String = image
+        .content_hash()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        (
+            str_of(&templates[0], "name"),
+            str_of(&templates[0], "language"),
+            str_of(&templates[0], "content_hash")
+        ),
+        ("python", "python", hash.as_str())
+    );
     assert_eq!(templates[0].get("ready"), Some(&Value::Bool(kvm_present)));
 
-    let answer = client.call(r#"{"id":3,"type":"execute","template":"python","code":"print(6*7)"}"#);
+    let answer =
+        client.call(r#"{"id":3,"type":"execute","template":"python","code":"print(6*7)"}"#);
     if kvm_present {
-        assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "42\n"), "{answer}");
+        assert_eq!(
+            (str_of(&answer, "status"), str_of(&answer, "stdout")),
+            ("ok", "42\n"),
+            "{answer}"
+        );
     } else {
         assert_error(&answer, "unavailable", Some(3));
         assert!(str_of(&answer, "message").contains("/dev/kvm"), "{answer}");
     }
-    assert_error(&client.call(r#"{"id":4,"type":"execute","template":"ruby","code":"x"}"#), "unknown_template", Some(4));
+    assert_error(
+        &client.call(r#"{"id":4,"type":"execute","template":"ruby","code":"x"}"#),
+        "unknown_template",
+        Some(4),
+    );
 
     let stats = client.call(r#"{"id":5,"type":"stats"}"#);
-    let syscalls = if kvm_present { u64_of(answer.get("usage").unwrap(), "syscalls") } else { 0 };
-    assert_eq!(stats.to_string(), format!(r#"{{"id":5,"type":"stats","executions":{},"in_flight":0,"syscalls":{syscalls},"thread_switches":0,"pools":[]}}"#, u64::from(kvm_present)));
+    let syscalls = if kvm_present {
+        u64_of(answer.get("usage").unwrap(), "syscalls")
+    } else {
+        0
+    };
+    assert_eq!(
+        stats.to_string(),
+        format!(
+            r#"{{"id":5,"type":"stats","executions":{},"in_flight":0,"syscalls":{syscalls},"thread_switches":0,"pools":[]}}"#,
+            u64::from(kvm_present)
+        )
+    );
     drop(client);
 
     let status = daemon.terminate();
-    assert!(status.success(), "exit status {status}: {}", daemon.stderr());
+    assert!(
+        status.success(),
+        "exit status {status}: {}",
+        daemon.stderr()
+    );
     assert!(!daemon.socket.exists(), "SIGTERM removes the socket file");
     let log = daemon.stderr();
-    assert!(log.contains("listening on") && log.contains("signal 15, stopping"), "{log}");
+    assert!(
+        log.contains("listening on") && log.contains("signal 15, stopping"),
+        "{log}"
+    );
 }
 
 #[test]
 fn a_second_daemon_on_a_live_socket_is_refused() {
     let dir = scratch("bin-twice");
     let mut first = Daemon::start(&dir);
-    let second = Daemon::spawn(&first.socket, templates_dir(), &[]).wait_with_output().unwrap();
+    let second = Daemon::spawn(&first.socket, templates_dir(), &[])
+        .wait_with_output()
+        .unwrap();
     assert_eq!(second.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&second.stderr).contains("another server is listening"), "{}", String::from_utf8_lossy(&second.stderr));
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("another server is listening"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
     // The first one is unaffected.
     let mut client = Client::hello(&first.socket);
-    assert_eq!(str_of(&client.call(r#"{"id":1,"type":"health"}"#), "type"), "health");
+    assert_eq!(
+        str_of(&client.call(r#"{"id":1,"type":"health"}"#), "type"),
+        "health"
+    );
     assert!(first.terminate().success());
 }
 
@@ -133,13 +199,17 @@ fn a_broken_template_stops_the_start() {
     let templates = dir.join("templates");
     std::fs::create_dir_all(templates.join("junk")).unwrap();
     std::fs::write(templates.join("junk/image.index"), b"not an image").unwrap();
-    let output = Daemon::spawn(&dir.join("s.sock"), &templates, &[]).wait_with_output().unwrap();
+    let output = Daemon::spawn(&dir.join("s.sock"), &templates, &[])
+        .wait_with_output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("junk"), "{stderr}");
     assert!(!dir.join("s.sock").exists());
 
-    let output = Daemon::spawn(&dir.join("s.sock"), &dir.join("missing"), &[]).wait_with_output().unwrap();
+    let output = Daemon::spawn(&dir.join("s.sock"), &dir.join("missing"), &[])
+        .wait_with_output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("listing templates"));
 }
@@ -151,9 +221,15 @@ fn sigterm_stops_a_daemon_whose_stderr_is_a_broken_pipe() {
     let mut daemon = Daemon::start(&dir);
     drop(daemon.child.stderr.take());
     drop(daemon.child.stdout.take());
-    let sent = Command::new("kill").arg("-TERM").arg(daemon.child.id().to_string()).status().expect("running kill");
+    let sent = Command::new("kill")
+        .arg("-TERM")
+        .arg(daemon.child.id().to_string())
+        .status()
+        .expect("running kill");
     assert!(sent.success());
-    let exited = wait_for(Duration::from_secs(10), || matches!(daemon.child.try_wait(), Ok(Some(_))));
+    let exited = wait_for(Duration::from_secs(10), || {
+        matches!(daemon.child.try_wait(), Ok(Some(_)))
+    });
     assert!(exited, "the daemon ignored SIGTERM");
     assert!(daemon.child.wait().unwrap().success());
     assert!(!daemon.socket.exists(), "SIGTERM removes the socket file");
@@ -167,12 +243,33 @@ fn a_forbidden_host_system_call_kills_the_daemon() {
     use std::os::unix::process::ExitStatusExt;
     let dir = scratch("seccomp");
     let socket = dir.join("s.sock");
-    let mut child = Daemon::spawn(&socket, templates_dir(), &["--test-forbidden-syscall-after-ms", "300"]);
-    assert!(wait_for(Duration::from_secs(30), || matches!(child.try_wait(), Ok(Some(_)))), "the daemon is still running");
+    let mut child = Daemon::spawn(
+        &socket,
+        templates_dir(),
+        &["--test-forbidden-syscall-after-ms", "300"],
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || matches!(
+            child.try_wait(),
+            Ok(Some(_))
+        )),
+        "the daemon is still running"
+    );
     let status = child.wait().unwrap();
     let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    assert_eq!(status.signal(), Some(31), "expected SIGSYS, got {status:?}; stderr: {stderr}");
-    assert!(stderr.contains("confined by seccomp") && !stderr.contains("not confined"), "{stderr}");
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(31),
+        "expected SIGSYS, got {status:?}; stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("confined by seccomp") && !stderr.contains("not confined"),
+        "{stderr}"
+    );
 }
-

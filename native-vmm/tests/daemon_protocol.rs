@@ -10,13 +10,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use daemon_support::{assert_error, config, parse, scratch, str_of, u64_of, wait_for, Client, Running};
+use daemon_support::{
+    assert_error, config, parse, scratch, str_of, u64_of, wait_for, Client, Running,
+};
+use sandfork_vmm::daemon::executor::{
+    ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage,
+    VmOrigin,
+};
 use sandfork_vmm::daemon::frame;
-use sandfork_vmm::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage, VmOrigin};
 use sandfork_vmm::daemon::server::{Server, ServerConfig};
-use serde_json::Value;
 use sandfork_vmm::process::{Output, OutputSink, Stream};
 use sandfork_vmm::status::RunStatus;
+use serde_json::Value;
 
 /// Executes by script: code "block" waits until `release`, "stream" writes a first chunk of
 /// output to the live sink, waits until `release` and writes a second, "panic" panics, anything
@@ -44,7 +49,11 @@ impl ScriptedExecutor {
 }
 
 impl Executor for ScriptedExecutor {
-    fn execute(&self, request: ExecuteRequest, live_output: OutputSink) -> Result<Execution, ExecuteError> {
+    fn execute(
+        &self,
+        request: ExecuteRequest,
+        live_output: OutputSink,
+    ) -> Result<Execution, ExecuteError> {
         if request.template != "fake" {
             return Err(ExecuteError::UnknownTemplate(request.template.clone()));
         }
@@ -63,24 +72,64 @@ impl Executor for ScriptedExecutor {
             _ => {}
         }
         self.finished.fetch_add(1, Ordering::SeqCst);
-        let usage = Usage { wall_us: 5, cpu_us: 4, peak_memory_bytes: 4096, pages_copied: 0, syscalls: 3, exits: 3, threads_created: 1, thread_switches: 4 };
+        let usage = Usage {
+            wall_us: 5,
+            cpu_us: 4,
+            peak_memory_bytes: 4096,
+            pages_copied: 0,
+            syscalls: 3,
+            exits: 3,
+            threads_created: 1,
+            thread_switches: 4,
+        };
         let (stdout, stderr) = match output.total() {
-            0 => (format!("{}\n", request.agent_request.code).into_bytes(), vec![]),
+            0 => (
+                format!("{}\n", request.agent_request.code).into_bytes(),
+                vec![],
+            ),
             _ => output.into_parts(),
         };
-        Ok(Execution { status: RunStatus::Exited { code: 0 }, stdout, stderr, queue: Duration::ZERO, vm_setup: Duration::from_micros(1), run: Duration::from_micros(2), usage, vm: VmOrigin::Fresh })
+        Ok(Execution {
+            status: RunStatus::Exited { code: 0 },
+            stdout,
+            stderr,
+            queue: Duration::ZERO,
+            vm_setup: Duration::from_micros(1),
+            run: Duration::from_micros(2),
+            usage,
+            vm: VmOrigin::Fresh,
+        })
     }
 
     fn templates(&self) -> Vec<TemplateInfo> {
-        vec![TemplateInfo { name: "fake".into(), content_hash: "00".repeat(32), language: "python".into(), languages: vec!["python".into()], ready: true }]
+        vec![TemplateInfo {
+            name: "fake".into(),
+            content_hash: "00".repeat(32),
+            language: "python".into(),
+            languages: vec!["python".into()],
+            ready: true,
+        }]
     }
 
     fn health(&self) -> Health {
-        Health { kvm: Ok(()), templates: 1 }
+        Health {
+            kvm: Ok(()),
+            templates: 1,
+        }
     }
 
     fn pools(&self) -> Vec<PoolStats> {
-        vec![PoolStats { template: "fake".into(), ready: 2, target: 4, forks: 9, fork_us_mean: 350, resets: 5, reset_us_mean: 120, served: 7, warm_up: "on".into() }]
+        vec![PoolStats {
+            template: "fake".into(),
+            ready: 2,
+            target: 4,
+            forks: 9,
+            fork_us_mean: 350,
+            resets: 5,
+            reset_us_mean: 120,
+            served: 7,
+            warm_up: "on".into(),
+        }]
     }
 }
 
@@ -91,13 +140,20 @@ fn start(tag: &str, max_in_flight: usize) -> (Running, Arc<ScriptedExecutor>) {
 }
 
 fn execute(id: u64, code: &str) -> String {
-    format!(r#"{{"id":{id},"type":"execute","template":"fake","code":{}}}"#, Value::from(code))
+    format!(
+        r#"{{"id":{id},"type":"execute","template":"fake","code":{}}}"#,
+        Value::from(code)
+    )
 }
 
 /// A connection still works: a health request is answered.
 fn assert_serves(client: &mut Client, id: u64) {
     let health = client.call(&format!(r#"{{"id":{id},"type":"health"}}"#));
-    assert_eq!((str_of(&health, "type"), u64_of(&health, "id")), ("health", id), "{health}");
+    assert_eq!(
+        (str_of(&health, "type"), u64_of(&health, "id")),
+        ("health", id),
+        "{health}"
+    );
 }
 
 #[test]
@@ -105,12 +161,41 @@ fn handshake_then_list_health_and_stats() {
     let (server, _) = start("hello", 2);
     let mut client = Client::connect(&server.path);
     let hello = client.call(r#"{"type":"hello","protocol":1}"#);
-    assert_eq!(hello, parse(concat!(r#"{"type":"hello","protocol":1,"server":"sandfork-vmm "#, env!("CARGO_PKG_VERSION"), r#""}"#)));
-    assert_eq!(client.call(r#"{"id":1,"type":"list_templates"}"#).to_string(), format!(r#"{{"id":1,"type":"templates","templates":[{{"name":"fake","content_hash":"{}","language":"python","languages":["python"],"ready":true}}]}}"#, "00".repeat(32)));
-    assert_eq!(client.call(r#"{"id":2,"type":"health"}"#).to_string(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
+    assert_eq!(
+        hello,
+        parse(concat!(
+            r#"{"type":"hello","protocol":1,"server":"sandfork-vmm "#,
+            env!("CARGO_PKG_VERSION"),
+            r#""}"#
+        ))
+    );
+    assert_eq!(
+        client
+            .call(r#"{"id":1,"type":"list_templates"}"#)
+            .to_string(),
+        format!(
+            r#"{{"id":1,"type":"templates","templates":[{{"name":"fake","content_hash":"{}","language":"python","languages":["python"],"ready":true}}]}}"#,
+            "00".repeat(32)
+        )
+    );
+    assert_eq!(
+        client.call(r#"{"id":2,"type":"health"}"#).to_string(),
+        r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#
+    );
     let answer = client.call(&execute(3, "hi"));
-    assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout"), u64_of(&answer, "id")), ("ok", "hi\n", 3), "{answer}");
-    assert_eq!(client.call(r#"{"id":4,"type":"stats"}"#).to_string(), r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7,"warm_up":"on"}]}"#);
+    assert_eq!(
+        (
+            str_of(&answer, "status"),
+            str_of(&answer, "stdout"),
+            u64_of(&answer, "id")
+        ),
+        ("ok", "hi\n", 3),
+        "{answer}"
+    );
+    assert_eq!(
+        client.call(r#"{"id":4,"type":"stats"}"#).to_string(),
+        r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7,"warm_up":"on"}]}"#
+    );
     server.stop();
 }
 
@@ -120,7 +205,10 @@ fn a_wrong_protocol_version_is_refused_and_closed() {
     let mut client = Client::connect(&server.path);
     let answer = client.call(r#"{"type":"hello","protocol":2}"#);
     assert_error(&answer, "unsupported_protocol", None);
-    assert!(str_of(&answer, "message").contains("protocol 1"), "{answer}");
+    assert!(
+        str_of(&answer, "message").contains("protocol 1"),
+        "{answer}"
+    );
     assert!(client.is_closed());
     // A client that gets the version right is served.
     assert_serves(&mut Client::hello(&server.path), 1);
@@ -130,11 +218,26 @@ fn a_wrong_protocol_version_is_refused_and_closed() {
 fn requests_before_the_handshake_are_bad_requests_and_the_hello_still_works() {
     let (server, _) = start("prehello", 2);
     let mut client = Client::connect(&server.path);
-    assert_error(&client.call(r#"{"id":1,"type":"health"}"#), "bad_request", None);
-    assert_error(&client.call(r#"{"type":"hello","protocol":"1"}"#), "bad_request", None);
+    assert_error(
+        &client.call(r#"{"id":1,"type":"health"}"#),
+        "bad_request",
+        None,
+    );
+    assert_error(
+        &client.call(r#"{"type":"hello","protocol":"1"}"#),
+        "bad_request",
+        None,
+    );
     assert_error(&client.call("[1]"), "bad_frame", None);
-    assert_eq!(str_of(&client.call(r#"{"type":"hello","protocol":1}"#), "type"), "hello");
-    assert_error(&client.call(r#"{"id":5,"type":"hello","protocol":1}"#), "bad_request", Some(5));
+    assert_eq!(
+        str_of(&client.call(r#"{"type":"hello","protocol":1}"#), "type"),
+        "hello"
+    );
+    assert_error(
+        &client.call(r#"{"id":5,"type":"hello","protocol":1}"#),
+        "bad_request",
+        Some(5),
+    );
     assert_serves(&mut client, 6);
 }
 
@@ -143,7 +246,16 @@ fn malformed_frames_get_error_frames_and_the_connection_goes_on() {
     let (server, _) = start("malformed", 2);
     let mut client = Client::hello(&server.path);
     let mut other = Client::hello(&server.path);
-    let payloads: [&[u8]; 8] = [b"", b"\xff\xfe", b"{\"a\":\"\xc3\"}", b"not json", b"[]", b"\"s\"", b"{\"a\":1,}", b"{\"id\":1,\"type\":\"health\"}{}"];
+    let payloads: [&[u8]; 8] = [
+        b"",
+        b"\xff\xfe",
+        b"{\"a\":\"\xc3\"}",
+        b"not json",
+        b"[]",
+        b"\"s\"",
+        b"{\"a\":1,}",
+        b"{\"id\":1,\"type\":\"health\"}{}",
+    ];
     for payload in payloads {
         client.send_payload(payload);
         let answer = client.recv();
@@ -151,10 +263,26 @@ fn malformed_frames_get_error_frames_and_the_connection_goes_on() {
         assert_serves(&mut other, 1);
     }
     // Valid JSON objects that are not valid requests are bad requests, with the id when known.
-    assert_error(&client.call(r#"{"id":9,"type":"execute","template":"fake"}"#), "bad_request", Some(9));
-    assert_error(&client.call(r#"{"id":-9,"type":"health"}"#), "bad_request", None);
-    assert_error(&client.call(r#"{"id":10,"type":"execute","template":"ruby","code":"x"}"#), "unknown_template", Some(10));
-    let nested = format!(r#"{{"id":11,"type":"execute","template":"fake","code":"x","env":{}1{}}}"#, "[".repeat(100), "]".repeat(100));
+    assert_error(
+        &client.call(r#"{"id":9,"type":"execute","template":"fake"}"#),
+        "bad_request",
+        Some(9),
+    );
+    assert_error(
+        &client.call(r#"{"id":-9,"type":"health"}"#),
+        "bad_request",
+        None,
+    );
+    assert_error(
+        &client.call(r#"{"id":10,"type":"execute","template":"ruby","code":"x"}"#),
+        "unknown_template",
+        Some(10),
+    );
+    let nested = format!(
+        r#"{{"id":11,"type":"execute","template":"fake","code":"x","env":{}1{}}}"#,
+        "[".repeat(100),
+        "]".repeat(100)
+    );
     assert_error(&client.call(&nested), "bad_frame", None);
     assert_serves(&mut client, 12);
 }
@@ -167,7 +295,10 @@ fn an_oversized_length_closes_only_that_connection() {
     client.send_raw(&(16u32 << 20 | 1).to_be_bytes());
     let answer = client.recv();
     assert_error(&answer, "bad_frame", None);
-    assert!(str_of(&answer, "message").contains("exceeds the limit"), "{answer}");
+    assert!(
+        str_of(&answer, "message").contains("exceeds the limit"),
+        "{answer}"
+    );
     assert!(client.is_closed());
     assert_serves(&mut other, 1);
     assert_serves(&mut Client::hello(&server.path), 2);
@@ -191,17 +322,32 @@ fn responses_come_as_executions_complete() {
     let (server, executor) = start("order", 4);
     let mut client = Client::hello(&server.path);
     client.send(&execute(1, "block"));
-    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 1));
+    assert!(wait_for(Duration::from_secs(10), || executor
+        .started
+        .load(Ordering::SeqCst)
+        == 1));
     // Requests on one connection run concurrently: id 2 finishes while id 1 is still running.
     let second = client.call(&execute(2, "quick"));
-    assert_eq!((u64_of(&second, "id"), str_of(&second, "stdout")), (2, "quick\n"), "{second}");
+    assert_eq!(
+        (u64_of(&second, "id"), str_of(&second, "stdout")),
+        (2, "quick\n"),
+        "{second}"
+    );
     // An id already in flight on this connection is refused; other requests are still served.
     assert_error(&client.call(&execute(1, "again")), "bad_request", Some(1));
     let stats = client.call(r#"{"id":3,"type":"stats"}"#);
-    assert_eq!((u64_of(&stats, "in_flight"), u64_of(&stats, "executions")), (1, 1), "{stats}");
+    assert_eq!(
+        (u64_of(&stats, "in_flight"), u64_of(&stats, "executions")),
+        (1, 1),
+        "{stats}"
+    );
     executor.release();
     let first = client.recv();
-    assert_eq!((u64_of(&first, "id"), str_of(&first, "stdout")), (1, "block\n"), "{first}");
+    assert_eq!(
+        (u64_of(&first, "id"), str_of(&first, "stdout")),
+        (1, "block\n"),
+        "{first}"
+    );
     server.stop();
 }
 
@@ -212,7 +358,10 @@ fn a_streamed_execution_sends_its_output_as_written_then_the_answer() {
     client.send(r#"{"id":5,"type":"execute","template":"fake","code":"stream","stream":true}"#);
     // The first chunk arrives while the execution still waits, without the cut '€'.
     let first = client.recv();
-    assert_eq!(first.to_string(), r#"{"id":5,"type":"output","stream":"stdout","data":"first "}"#);
+    assert_eq!(
+        first.to_string(),
+        r#"{"id":5,"type":"output","stream":"stdout","data":"first "}"#
+    );
     assert_serves(&mut client, 6);
     executor.release();
     let mut frames = Vec::new();
@@ -225,13 +374,35 @@ fn a_streamed_execution_sends_its_output_as_written_then_the_answer() {
         }
     }
     let (answer, chunks) = frames.split_last().unwrap();
-    let joined = |stream: &str| chunks.iter().filter(|c| str_of(c, "stream") == stream).map(|c| str_of(c, "data")).collect::<String>();
-    assert!(chunks.iter().all(|c| str_of(c, "type") == "output" && u64_of(c, "id") == 5), "{chunks:?}");
-    assert_eq!((format!("first {}", joined("stdout")), joined("stderr")), ("first €\n".to_owned(), "warning\n".to_owned()));
-    assert_eq!((str_of(answer, "stdout"), str_of(answer, "stderr")), ("first €\n", "warning\n"), "{answer}");
+    let joined = |stream: &str| {
+        chunks
+            .iter()
+            .filter(|c| str_of(c, "stream") == stream)
+            .map(|c| str_of(c, "data"))
+            .collect::<String>()
+    };
+    assert!(
+        chunks
+            .iter()
+            .all(|c| str_of(c, "type") == "output" && u64_of(c, "id") == 5),
+        "{chunks:?}"
+    );
+    assert_eq!(
+        (format!("first {}", joined("stdout")), joined("stderr")),
+        ("first €\n".to_owned(), "warning\n".to_owned())
+    );
+    assert_eq!(
+        (str_of(answer, "stdout"), str_of(answer, "stderr")),
+        ("first €\n", "warning\n"),
+        "{answer}"
+    );
     // Without "stream" the same execution sends the answer alone.
     let plain = client.call(r#"{"id":7,"type":"execute","template":"fake","code":"stream"}"#);
-    assert_eq!((str_of(&plain, "type"), str_of(&plain, "stdout")), ("execution", "first €\n"), "{plain}");
+    assert_eq!(
+        (str_of(&plain, "type"), str_of(&plain, "stdout")),
+        ("execution", "first €\n"),
+        "{plain}"
+    );
     server.stop();
 }
 
@@ -242,19 +413,29 @@ fn beyond_the_in_flight_limit_requests_are_busy() {
     let mut b = Client::hello(&server.path);
     a.send(&execute(1, "block"));
     b.send(&execute(1, "block"));
-    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 2));
+    assert!(wait_for(Duration::from_secs(10), || executor
+        .started
+        .load(Ordering::SeqCst)
+        == 2));
     // The limit is over all connections.
     for client in [&mut a, &mut b] {
         let busy = client.call(&execute(2, "more"));
         assert_error(&busy, "busy", Some(2));
-        assert!(str_of(&busy, "message").contains("maximum of 2 executions with 0 waiting"), "{busy}");
+        assert!(
+            str_of(&busy, "message").contains("maximum of 2 executions with 0 waiting"),
+            "{busy}"
+        );
     }
     // Non-execution requests are still answered.
     assert_serves(&mut a, 3);
     executor.release();
     for client in [&mut a, &mut b] {
         let done = client.recv();
-        assert_eq!((u64_of(&done, "id"), str_of(&done, "status")), (1, "ok"), "{done}");
+        assert_eq!(
+            (u64_of(&done, "id"), str_of(&done, "status")),
+            (1, "ok"),
+            "{done}"
+        );
         // A slot is free again.
         let retried = client.call(&execute(2, "more"));
         assert_eq!(str_of(&retried, "stdout"), "more\n", "{retried}");
@@ -265,24 +446,49 @@ fn beyond_the_in_flight_limit_requests_are_busy() {
 #[test]
 fn executions_beyond_the_running_limit_wait_in_a_bounded_queue() {
     let executor = Arc::new(ScriptedExecutor::default());
-    let server = Running::start(&scratch("queue"), executor.clone(), ServerConfig { max_queued: 1, ..config(1) });
+    let server = Running::start(
+        &scratch("queue"),
+        executor.clone(),
+        ServerConfig {
+            max_queued: 1,
+            ..config(1)
+        },
+    );
     let mut client = Client::hello(&server.path);
     client.send(&execute(1, "block"));
-    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 1));
+    assert!(wait_for(Duration::from_secs(10), || executor
+        .started
+        .load(Ordering::SeqCst)
+        == 1));
     client.send(&execute(2, "queued"));
     let busy = client.call(&execute(3, "too many"));
     assert_error(&busy, "busy", Some(3));
-    assert!(str_of(&busy, "message").contains("maximum of 1 executions with 1 waiting"), "{busy}");
+    assert!(
+        str_of(&busy, "message").contains("maximum of 1 executions with 1 waiting"),
+        "{busy}"
+    );
     let stats = client.call(r#"{"id":4,"type":"stats"}"#);
-    assert_eq!(u64_of(&stats, "in_flight"), 2, "running and queued are both in flight: {stats}");
-    assert_eq!(executor.started.load(Ordering::SeqCst), 1, "the queued execution has not started");
+    assert_eq!(
+        u64_of(&stats, "in_flight"),
+        2,
+        "running and queued are both in flight: {stats}"
+    );
+    assert_eq!(
+        executor.started.load(Ordering::SeqCst),
+        1,
+        "the queued execution has not started"
+    );
     std::thread::sleep(Duration::from_millis(50));
     executor.release();
     let mut answers = [client.recv(), client.recv()];
     answers.sort_by_key(|a| u64_of(a, "id"));
     assert_eq!(str_of(&answers[1], "stdout"), "queued\n", "{}", answers[1]);
     let queued_us = u64_of(answers[1].get("timings").unwrap(), "queue_us");
-    assert!(queued_us >= 50_000, "the wait is reported as queue_us: {}", answers[1]);
+    assert!(
+        queued_us >= 50_000,
+        "the wait is reported as queue_us: {}",
+        answers[1]
+    );
     server.stop();
 }
 
@@ -292,12 +498,21 @@ fn a_client_gone_mid_execution_does_not_harm_the_server() {
     let mut client = Client::hello(&server.path);
     client.send(&execute(1, "block"));
     client.send(&execute(2, "block"));
-    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 2));
+    assert!(wait_for(Duration::from_secs(10), || executor
+        .started
+        .load(Ordering::SeqCst)
+        == 2));
     drop(client);
     executor.release();
-    assert!(wait_for(Duration::from_secs(10), || executor.finished.load(Ordering::SeqCst) == 2));
+    assert!(wait_for(Duration::from_secs(10), || executor
+        .finished
+        .load(Ordering::SeqCst)
+        == 2));
     let mut other = Client::hello(&server.path);
-    assert!(wait_for(Duration::from_secs(10), || u64_of(&other.call(r#"{"id":1,"type":"stats"}"#), "in_flight") == 0));
+    assert!(wait_for(Duration::from_secs(10), || u64_of(
+        &other.call(r#"{"id":1,"type":"stats"}"#),
+        "in_flight"
+    ) == 0));
     let answer = other.call(&execute(2, "after"));
     assert_eq!(str_of(&answer, "stdout"), "after\n", "{answer}");
     server.stop();
@@ -315,7 +530,10 @@ fn an_executor_panic_is_an_internal_error() {
 #[test]
 fn connections_beyond_the_limit_are_told_busy() {
     let executor = Arc::new(ScriptedExecutor::default());
-    let config = ServerConfig { max_connections: 1, ..config(2) };
+    let config = ServerConfig {
+        max_connections: 1,
+        ..config(2)
+    };
     let server = Running::start(&scratch("conns"), executor, config);
     let mut first = Client::hello(&server.path);
     let mut second = Client::connect(&server.path);
@@ -330,7 +548,9 @@ fn connections_beyond_the_limit_are_told_busy() {
         let hello = br#"{"type":"hello","protocol":1}"#;
         let mut frame = (hello.len() as u32).to_be_bytes().to_vec();
         frame.extend_from_slice(hello);
-        client.stream.write_all(&frame).is_ok() && frame::read_frame(&mut client.stream).is_ok_and(|answer| str_of(&answer, "type") == "hello")
+        client.stream.write_all(&frame).is_ok()
+            && frame::read_frame(&mut client.stream)
+                .is_ok_and(|answer| str_of(&answer, "type") == "hello")
     }));
 }
 
@@ -340,12 +560,21 @@ fn stopping_finishes_in_flight_work_and_removes_the_socket() {
     let path = server.path.clone();
     let mut client = Client::hello(&path);
     client.send(&execute(1, "block"));
-    assert!(wait_for(Duration::from_secs(10), || executor.started.load(Ordering::SeqCst) == 1));
+    assert!(wait_for(Duration::from_secs(10), || executor
+        .started
+        .load(Ordering::SeqCst)
+        == 1));
     let stopper = server.stopper.clone();
     let stopping = std::thread::spawn(move || server.stop());
     std::thread::sleep(Duration::from_millis(100));
-    assert!(!stopping.is_finished(), "the server waits for the execution in flight");
-    assert!(!path.exists() && std::os::unix::net::UnixStream::connect(&path).is_err(), "but no longer listens");
+    assert!(
+        !stopping.is_finished(),
+        "the server waits for the execution in flight"
+    );
+    assert!(
+        !path.exists() && std::os::unix::net::UnixStream::connect(&path).is_err(),
+        "but no longer listens"
+    );
     executor.release();
     let done = client.recv();
     assert_eq!(str_of(&done, "status"), "ok", "{done}");
@@ -362,7 +591,9 @@ fn the_socket_file_is_replaced_only_when_stale() {
 
     // A regular file is never replaced.
     std::fs::write(&path, b"precious").unwrap();
-    let error = Server::bind(&path, executor.clone(), config(1)).err().expect("a regular file must not be replaced");
+    let error = Server::bind(&path, executor.clone(), config(1))
+        .err()
+        .expect("a regular file must not be replaced");
     assert!(error.to_string().contains("not a socket"), "{error}");
     assert_eq!(std::fs::read(&path).unwrap(), b"precious");
     std::fs::remove_file(&path).unwrap();
@@ -374,12 +605,18 @@ fn the_socket_file_is_replaced_only_when_stale() {
     assert_serves(&mut Client::hello(&path), 1);
 
     // A live one is not.
-    let error = Server::bind(&path, executor, config(1)).err().expect("a live socket must not be replaced");
+    let error = Server::bind(&path, executor, config(1))
+        .err()
+        .expect("a live socket must not be replaced");
     assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse, "{error}");
     assert_serves(&mut Client::hello(&path), 2);
     server.stop();
     assert!(!path.exists());
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no temporary socket is left behind");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "no temporary socket is left behind"
+    );
 }
 
 #[test]
@@ -405,7 +642,13 @@ fn random_byte_streams_never_take_the_server_down() {
             let length = next() % 40;
             bytes.extend_from_slice(&(length as u32).to_be_bytes());
             let alphabet = br#"{}[]":,0123456789-.eEtruefalsnl idtypeexecutehealth"#;
-            bytes.extend((0..length).map(|_| if round % 2 == 0 { next() as u8 } else { alphabet[(next() % alphabet.len() as u64) as usize] }));
+            bytes.extend((0..length).map(|_| {
+                if round % 2 == 0 {
+                    next() as u8
+                } else {
+                    alphabet[(next() % alphabet.len() as u64) as usize]
+                }
+            }));
         }
         bytes.extend((0..next() % 16).map(|_| next() as u8));
         // The server may close first (oversized length, wrong protocol): that is fine.
@@ -421,10 +664,16 @@ fn random_byte_streams_never_take_the_server_down() {
         if str_of(&answer, "type") == "hello" {
             break client;
         }
-        assert!(str_of(&answer, "code") == "busy" && Instant::now() < deadline, "{answer}");
+        assert!(
+            str_of(&answer, "code") == "busy" && Instant::now() < deadline,
+            "{answer}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     assert_serves(&mut client, 1);
-    assert_eq!(str_of(&client.call(&execute(2, "still here")), "stdout"), "still here\n");
+    assert_eq!(
+        str_of(&client.call(&execute(2, "still here")), "stdout"),
+        "still here\n"
+    );
     server.stop();
 }

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
-use daemon_support::{templates_dir, config, repetitions, scaled_ms, time_scale, scratch, str_of, u64_of, Client, Running};
+use daemon_support::{
+    config, repetitions, scaled_ms, scratch, str_of, templates_dir, time_scale, u64_of, Client,
+    Running,
+};
 use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::server::ServerConfig;
 use sandfork_vmm::daemon::templates;
@@ -19,12 +22,17 @@ use serde_json::Value;
 
 fn start(tag: &str, config: ServerConfig) -> Running {
     let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
-    let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None).booting_within(daemon_support::scaled(sandfork_vmm::vm::AGENT_BOOT_TIMEOUT));
+    let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None)
+        .booting_within(daemon_support::scaled(sandfork_vmm::vm::AGENT_BOOT_TIMEOUT));
     Running::start(&scratch(tag), Arc::new(executor), config)
 }
 
 fn execute(id: u64, code: &str, extra: &str) -> String {
-    format!(r#"{{"id":{id},"type":"execute","template":"python","code":{}{}{extra}}}"#, Value::from(code), if extra.is_empty() { "" } else { "," })
+    format!(
+        r#"{{"id":{id},"type":"execute","template":"python","code":{}{}{extra}}}"#,
+        Value::from(code),
+        if extra.is_empty() { "" } else { "," }
+    )
 }
 
 #[test]
@@ -34,17 +42,48 @@ fn one_execution_maps_to_the_protocol_response() {
     let started = Instant::now();
     let answer = client.call(&execute(1, "print(6*7)", ""));
     eprintln!("one execution: {:?}: {answer}", started.elapsed());
-    assert_eq!((str_of(&answer, "type"), u64_of(&answer, "id"), str_of(&answer, "status")), ("execution", 1, "ok"), "{answer}");
-    assert_eq!((answer.get("exit_code"), str_of(&answer, "stdout"), str_of(&answer, "stderr")), (Some(&Value::from(0i64)), "42\n", ""), "{answer}");
-    assert_eq!((answer.get("truncated"), answer.get("fault")), (Some(&Value::Bool(false)), Some(&Value::Null)));
-    let limits = format!(r#"{{"timeout_ms":{},"memory_mib":256,"output_bytes":1048576}}"#, scaled_ms(10_000));
+    assert_eq!(
+        (
+            str_of(&answer, "type"),
+            u64_of(&answer, "id"),
+            str_of(&answer, "status")
+        ),
+        ("execution", 1, "ok"),
+        "{answer}"
+    );
+    assert_eq!(
+        (
+            answer.get("exit_code"),
+            str_of(&answer, "stdout"),
+            str_of(&answer, "stderr")
+        ),
+        (Some(&Value::from(0i64)), "42\n", ""),
+        "{answer}"
+    );
+    assert_eq!(
+        (answer.get("truncated"), answer.get("fault")),
+        (Some(&Value::Bool(false)), Some(&Value::Null))
+    );
+    let limits = format!(
+        r#"{{"timeout_ms":{},"memory_mib":256,"output_bytes":1048576}}"#,
+        scaled_ms(10_000)
+    );
     assert_eq!(answer.get("limits").map(Value::to_string), Some(limits));
     let timings = answer.get("timings").unwrap();
     let usage = answer.get("usage").unwrap();
-    assert!(u64_of(timings, "fork_us") > 0 && u64_of(timings, "exec_us") > 0, "{answer}");
-    assert!(u64_of(timings, "total_us") >= u64_of(timings, "fork_us") + u64_of(timings, "exec_us"), "{answer}");
+    assert!(
+        u64_of(timings, "fork_us") > 0 && u64_of(timings, "exec_us") > 0,
+        "{answer}"
+    );
+    assert!(
+        u64_of(timings, "total_us") >= u64_of(timings, "fork_us") + u64_of(timings, "exec_us"),
+        "{answer}"
+    );
     // The request's own counters: a handful of calls after the hand-off, not the boot's hundreds.
-    assert!((1..100).contains(&u64_of(usage, "syscalls")) && (1..100).contains(&u64_of(usage, "exits")), "{answer}");
+    assert!(
+        (1..100).contains(&u64_of(usage, "syscalls")) && (1..100).contains(&u64_of(usage, "exits")),
+        "{answer}"
+    );
     assert!(u64_of(usage, "peak_memory_bytes") > 1 << 20, "{answer}");
     assert_eq!(u64_of(usage, "pages_copied"), 0);
     server.stop();
@@ -81,24 +120,79 @@ fn outcomes_map_to_statuses_concurrently_on_one_connection() {
     for (answer, (_, status)) in answers.iter().zip(&cases) {
         assert_eq!(str_of(answer, "status"), *status, "{answer}");
         let exit_code = answer.get("exit_code").unwrap();
-        assert_eq!(exit_code.is_null(), !matches!(*status, "ok" | "error"), "{answer}");
-        assert_eq!(answer.get("fault").unwrap().is_null(), *status != "crashed", "{answer}");
-        assert_eq!(answer.get("truncated"), Some(&Value::Bool(*status == "output_limit")), "{answer}");
+        assert_eq!(
+            exit_code.is_null(),
+            !matches!(*status, "ok" | "error"),
+            "{answer}"
+        );
+        assert_eq!(
+            answer.get("fault").unwrap().is_null(),
+            *status != "crashed",
+            "{answer}"
+        );
+        assert_eq!(
+            answer.get("truncated"),
+            Some(&Value::Bool(*status == "output_limit")),
+            "{answer}"
+        );
     }
-    let [exited, raised, timed_out, capped, crashed, binary, inputs, clamped] = &answers[..] else { unreachable!() };
-    assert_eq!((exited.get("exit_code"), str_of(exited, "stdout")), (Some(&Value::from(3i64)), "partial\n"));
+    let [exited, raised, timed_out, capped, crashed, binary, inputs, clamped] = &answers[..] else {
+        unreachable!()
+    };
+    assert_eq!(
+        (exited.get("exit_code"), str_of(exited, "stdout")),
+        (Some(&Value::from(3i64)), "partial\n")
+    );
     assert_eq!(raised.get("exit_code"), Some(&Value::from(1i64)));
     let traceback = str_of(raised, "stderr");
-    assert!(traceback.starts_with("Traceback (most recent call last):") && traceback.ends_with("ValueError: boom\n"), "{traceback}");
-    assert!(u64_of(timed_out.get("timings").unwrap(), "exec_us") >= 300_000, "{timed_out}");
-    assert_eq!(str_of(capped, "stdout").len() + str_of(capped, "stderr").len(), 100, "{capped}");
+    assert!(
+        traceback.starts_with("Traceback (most recent call last):")
+            && traceback.ends_with("ValueError: boom\n"),
+        "{traceback}"
+    );
+    assert!(
+        u64_of(timed_out.get("timings").unwrap(), "exec_us") >= 300_000,
+        "{timed_out}"
+    );
+    assert_eq!(
+        str_of(capped, "stdout").len() + str_of(capped, "stderr").len(),
+        100,
+        "{capped}"
+    );
     let fault = crashed.get("fault").unwrap();
-    assert_eq!((u64_of(fault, "vector"), str_of(fault, "name"), fault.get("address")), (14, "segmentation fault (page fault)", Some(&Value::from(0u64))), "{crashed}");
+    assert_eq!(
+        (
+            u64_of(fault, "vector"),
+            str_of(fault, "name"),
+            fault.get("address")
+        ),
+        (
+            14,
+            "segmentation fault (page fault)",
+            Some(&Value::from(0u64))
+        ),
+        "{crashed}"
+    );
     assert!(u64_of(fault, "rip") > 0);
-    assert_eq!(str_of(binary, "stdout"), "ok \u{fffd}\n", "invalid UTF-8 is replaced");
-    assert_eq!(str_of(inputs, "stdout"), "['prog.py', '--n', '3'] hi typed ['a,b', '1,2'] b'\\x00\\xff'\n", "{inputs}");
-    let limits = format!(r#"{{"timeout_ms":{},"memory_mib":64,"output_bytes":1048576}}"#, scaled_ms(10_000));
-    assert_eq!(clamped.get("limits").map(Value::to_string), Some(limits), "clamped into [minimum, maximum]");
+    assert_eq!(
+        str_of(binary, "stdout"),
+        "ok \u{fffd}\n",
+        "invalid UTF-8 is replaced"
+    );
+    assert_eq!(
+        str_of(inputs, "stdout"),
+        "['prog.py', '--n', '3'] hi typed ['a,b', '1,2'] b'\\x00\\xff'\n",
+        "{inputs}"
+    );
+    let limits = format!(
+        r#"{{"timeout_ms":{},"memory_mib":64,"output_bytes":1048576}}"#,
+        scaled_ms(10_000)
+    );
+    assert_eq!(
+        clamped.get("limits").map(Value::to_string),
+        Some(limits),
+        "clamped into [minimum, maximum]"
+    );
     server.stop();
 }
 
@@ -113,14 +207,22 @@ fn a_burst_of_concurrent_executions() {
     const CONNECTIONS: u64 = 8;
     let cores = thread::available_parallelism().map_or(2, |n| n.get());
     let running = if time_scale() > 1 { cores } else { 4 };
-    let server = start("pt-burst", ServerConfig { max_queued: total as usize, ..config(running) });
+    let server = start(
+        "pt-burst",
+        ServerConfig {
+            max_queued: total as usize,
+            ..config(running)
+        },
+    );
     let started = Instant::now();
     let workers: Vec<_> = (0..CONNECTIONS)
         .map(|connection| {
             let path = server.path.clone();
             thread::spawn(move || {
                 let mut client = Client::hello(&path);
-                let ids: Vec<u64> = (0..total).filter(|i| i % CONNECTIONS == connection).collect();
+                let ids: Vec<u64> = (0..total)
+                    .filter(|i| i % CONNECTIONS == connection)
+                    .collect();
                 for &i in &ids {
                     client.send(&execute(i, &format!("print({i}*{i})"), ""));
                 }
@@ -129,10 +231,18 @@ fn a_burst_of_concurrent_executions() {
                 for _ in &ids {
                     let answer = client.recv();
                     let id = u64_of(&answer, "id");
-                    assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", format!("{}\n", id * id).as_str()), "{answer}");
+                    assert_eq!(
+                        (str_of(&answer, "status"), str_of(&answer, "stdout")),
+                        ("ok", format!("{}\n", id * id).as_str()),
+                        "{answer}"
+                    );
                     answered.push(id);
                     let t = answer.get("timings").unwrap();
-                    timings.push([u64_of(t, "queue_us"), u64_of(t, "fork_us"), u64_of(t, "exec_us")]);
+                    timings.push([
+                        u64_of(t, "queue_us"),
+                        u64_of(t, "fork_us"),
+                        u64_of(t, "exec_us"),
+                    ]);
                 }
                 answered.sort();
                 assert_eq!(answered, ids, "each request answered exactly once");
@@ -140,7 +250,10 @@ fn a_burst_of_concurrent_executions() {
             })
         })
         .collect();
-    let timings: Vec<[u64; 3]> = workers.into_iter().flat_map(|w| w.join().expect("a client thread failed")).collect();
+    let timings: Vec<[u64; 3]> = workers
+        .into_iter()
+        .flat_map(|w| w.join().expect("a client thread failed"))
+        .collect();
     let elapsed = started.elapsed();
     let p50_ms = |column: usize| {
         let mut values: Vec<u64> = timings.iter().map(|t| t[column]).collect();
@@ -159,6 +272,10 @@ fn a_burst_of_concurrent_executions() {
     );
     let mut client = Client::hello(&server.path);
     let stats = client.call(r#"{"id":1,"type":"stats"}"#);
-    assert_eq!((u64_of(&stats, "executions"), u64_of(&stats, "in_flight")), (total, 0), "{stats}");
+    assert_eq!(
+        (u64_of(&stats, "executions"), u64_of(&stats, "in_flight")),
+        (total, 0),
+        "{stats}"
+    );
     server.stop();
 }

@@ -33,19 +33,34 @@ fn node() -> &'static (Arc<Image>, Template) {
     static NODE_TEMPLATE: OnceLock<(Arc<Image>, Template)> = OnceLock::new();
     NODE_TEMPLATE.get_or_init(|| {
         if let Some(dir) = std::env::var_os("SANDFORK_TEST_NODE_TEMPLATE_DIR") {
-            let image = Image::open(Path::new(&dir)).unwrap_or_else(|e| panic!("the tier's node template: {e}"));
-            let template = Template::load(Path::new(&dir), image.clone(), &NODE_AGENT).unwrap_or_else(|e| panic!("the tier's node template: {e}"));
+            let image = Image::open(Path::new(&dir))
+                .unwrap_or_else(|e| panic!("the tier's node template: {e}"));
+            let template = Template::load(Path::new(&dir), image.clone(), &NODE_AGENT)
+                .unwrap_or_else(|e| panic!("the tier's node template: {e}"));
             return (image, template);
         }
         let source = repository().join("templates/node");
-        let prepared = Command::new("bash").arg(source.join("prepare.sh")).status().expect("running templates/node/prepare.sh");
+        let prepared = Command::new("bash")
+            .arg(source.join("prepare.sh"))
+            .status()
+            .expect("running templates/node/prepare.sh");
         assert!(prepared.success(), "templates/node/prepare.sh failed");
         let folder = process_dir("node-template").join("node");
-        sandfork_vmm::image::build(&source.join("image.json"), &folder).unwrap_or_else(|e| panic!("building the Node image: {e}"));
+        sandfork_vmm::image::build(&source.join("image.json"), &folder)
+            .unwrap_or_else(|e| panic!("building the Node image: {e}"));
         let image = Image::open(&folder).unwrap_or_else(|e| panic!("{e}"));
         let limits = common::boot_limits(Language::Node.default_memory_mib() << 20);
-        snapshot::build(image.clone(), "node", &NODE_AGENT, &limits, &test_cpu, &folder).unwrap_or_else(|e| panic!("building the Node template: {e}"));
-        let template = Template::load(&folder, image.clone(), &NODE_AGENT).unwrap_or_else(|e| panic!("loading the Node template: {e}"));
+        snapshot::build(
+            image.clone(),
+            "node",
+            &NODE_AGENT,
+            &limits,
+            &test_cpu,
+            &folder,
+        )
+        .unwrap_or_else(|e| panic!("building the Node template: {e}"));
+        let template = Template::load(&folder, image.clone(), &NODE_AGENT)
+            .unwrap_or_else(|e| panic!("loading the Node template: {e}"));
         (image, template)
     })
 }
@@ -55,24 +70,47 @@ fn template() -> &'static Template {
 }
 
 fn limits() -> RunLimits {
-    RunLimits { timeout: scaled(Duration::from_secs(10)), mem_bytes: Language::Node.default_memory_mib() << 20, ..RunLimits::default() }
+    RunLimits {
+        timeout: scaled(Duration::from_secs(10)),
+        mem_bytes: Language::Node.default_memory_mib() << 20,
+        ..RunLimits::default()
+    }
 }
 
 /// Runs `code` as /work/`script` in a fresh fork of the template; it must make no system call
 /// the VMM answers as unsupported.
-fn run_in_vm(script: &str, code: &str, customize: impl FnOnce(&mut AgentRequest, &mut RunLimits)) -> RunOutcome {
+fn run_in_vm(
+    script: &str,
+    code: &str,
+    customize: impl FnOnce(&mut AgentRequest, &mut RunLimits),
+) -> RunOutcome {
     let outcome = run_counting_unsupported(script, code, customize);
-    assert!(outcome.stats.unsupported.is_empty(), "{script} made system calls answered as unsupported: {}", describe(&outcome));
+    assert!(
+        outcome.stats.unsupported.is_empty(),
+        "{script} made system calls answered as unsupported: {}",
+        describe(&outcome)
+    );
     outcome
 }
 
 /// `run_in_vm` without the check of unsupported calls.
-fn run_counting_unsupported(script: &str, code: &str, customize: impl FnOnce(&mut AgentRequest, &mut RunLimits)) -> RunOutcome {
+fn run_counting_unsupported(
+    script: &str,
+    code: &str,
+    customize: impl FnOnce(&mut AgentRequest, &mut RunLimits),
+) -> RunOutcome {
     let mut request = AgentRequest::new(code);
     request.argv = vec![script.to_owned()];
     let mut limits = limits();
     customize(&mut request, &mut limits);
-    let restored = snapshot::serve_restored(template(), ForkMemory::CopyOnWrite, &restore_cpu, request, &limits).unwrap_or_else(|e| panic!("serving {script}: {e}"));
+    let restored = snapshot::serve_restored(
+        template(),
+        ForkMemory::CopyOnWrite,
+        &restore_cpu,
+        request,
+        &limits,
+    )
+    .unwrap_or_else(|e| panic!("serving {script}: {e}"));
     restored.outcome
 }
 
@@ -95,7 +133,8 @@ struct Native {
 fn run_natively(script: &str, code: &str, args: &[&str], stdin: &str) -> Native {
     static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("sandfork-node-native-{}-{run}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("sandfork-node-native-{}-{run}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(script), code).unwrap();
@@ -111,10 +150,20 @@ fn run_natively(script: &str, code: &str, args: &[&str], stdin: &str) -> Native 
         .spawn()
         .expect("running /usr/bin/node");
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    Native { stdout: text(&out.stdout), stderr: text(&out.stderr), code: out.status.code().unwrap_or(-1), dir: dir.display().to_string() }
+    Native {
+        stdout: text(&out.stdout),
+        stderr: text(&out.stderr),
+        code: out.status.code().unwrap_or(-1),
+        dir: dir.display().to_string(),
+    }
 }
 
 /// TypeScript transpiled natively by the template's `typescript` package, as `format`.
@@ -126,9 +175,19 @@ fn transpile_natively(source: &str, format: &str) -> String {
          process.stdout.write(ts.transpileModule(src, {{ compilerOptions: {{ target: ts.ScriptTarget.ES2022, module, esModuleInterop: true }} }}).outputText);",
         compiler = compiler.display().to_string()
     );
-    let mut child = Command::new(NODE).args(["-e", &script]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().expect("running node");
+    let mut child = Command::new(NODE)
+        .args(["-e", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running node");
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(source.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(source.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "transpiling natively failed");
     text(&out.stdout)
@@ -138,10 +197,24 @@ fn transpile_natively(source: &str, format: &str) -> String {
 /// same stdout.
 fn assert_as_native(script: &str, code: &str) -> RunOutcome {
     let native = run_natively(script, code, &[], "");
-    assert_eq!(native.code, 0, "native node failed on {script}: {}", native.stderr);
+    assert_eq!(
+        native.code, 0,
+        "native node failed on {script}: {}",
+        native.stderr
+    );
     let outcome = run_in_vm(script, code, |_, _| {});
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(text(&outcome.stdout), native.stdout, "{script}: {}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        text(&outcome.stdout),
+        native.stdout,
+        "{script}: {}",
+        describe(&outcome)
+    );
     outcome
 }
 
@@ -297,14 +370,24 @@ fn javascript_programs_print_what_native_node_prints() {
     assert_as_native("main.js", WEBASSEMBLY);
     // Module syntax in a .js script: run as an ES module, as in a package of type "module".
     let module = assert_as_native("main.mjs", MODULE_WITH_TOP_LEVEL_AWAIT);
-    assert_eq!(text(&run_in_vm("main.js", MODULE_WITH_TOP_LEVEL_AWAIT, |_, _| {}).stdout), text(&module.stdout));
+    assert_eq!(
+        text(&run_in_vm("main.js", MODULE_WITH_TOP_LEVEL_AWAIT, |_, _| {}).stdout),
+        text(&module.stdout)
+    );
     let native = run_natively("main.js", ARGS_ENV_STDIN, &["a", "b c"], "piped in");
     let outcome = run_in_vm("main.js", ARGS_ENV_STDIN, |request, _| {
         request.argv.extend(["a".to_owned(), "b c".to_owned()]);
-        request.env.push(("GREETING".to_owned(), "hello".to_owned()));
+        request
+            .env
+            .push(("GREETING".to_owned(), "hello".to_owned()));
         request.stdin = b"piped in".to_vec();
     });
-    assert_eq!(text(&outcome.stdout), native.stdout.replace("undefined", "hello"), "{}", describe(&outcome));
+    assert_eq!(
+        text(&outcome.stdout),
+        native.stdout.replace("undefined", "hello"),
+        "{}",
+        describe(&outcome)
+    );
 }
 
 /// Workers run in the template's default VM: one that posts its answer back (with the help of a
@@ -322,7 +405,12 @@ const limit = (options) => new Promise((resolve) => new Worker("require('worker_
 Promise.all([limit({}), limit({ resourceLimits: { codeRangeSizeMb: 16 } }), limit({ resourceLimits: { stackSizeMb: 2 } })]).then((sizes) => console.log(sizes.join(" ")));
 "#;
     let outcome = run_in_vm("main.js", code, |_, _| {});
-    assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 0 }, "32 16 32\n".to_owned()), "{}", describe(&outcome));
+    assert_eq!(
+        (outcome.status.clone(), text(&outcome.stdout)),
+        (RunStatus::Exited { code: 0 }, "32 16 32\n".to_owned()),
+        "{}",
+        describe(&outcome)
+    );
 }
 
 /// The signals a program handles reach its listeners as natively (Node's own SIGINT and SIGTERM
@@ -347,7 +435,12 @@ console.log("sent");
     let code = "console.log('before'); process.kill(process.pid, 'SIGTERM'); setTimeout(() => console.log('not reached'), 1000);";
     let native = run_natively("main.js", code, &[], "");
     let outcome = run_in_vm("main.js", code, |_, _| {});
-    assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 128 + 15 }, native.stdout), "{}", describe(&outcome));
+    assert_eq!(
+        (outcome.status.clone(), text(&outcome.stdout)),
+        (RunStatus::Exited { code: 128 + 15 }, native.stdout),
+        "{}",
+        describe(&outcome)
+    );
 }
 
 /// libuv uses io_uring only when asked (UV_USE_IO_URING=1, read when node starts, so a request's
@@ -372,10 +465,27 @@ const fs = require("fs"), fsp = require("fs/promises");
     request.envp.push("UV_USE_IO_URING=1".to_owned());
     request.mem_bytes = Language::Node.default_memory_mib() << 20;
     let outcome = common::run(&node().0, &request);
-    assert_eq!((outcome.status.clone(), text(&outcome.stdout)), (RunStatus::Exited { code: 0 }, native.stdout), "{}", describe(&outcome));
-    let refused: Vec<_> = outcome.stats.unsupported.iter().filter_map(|c| c.name).collect();
+    assert_eq!(
+        (outcome.status.clone(), text(&outcome.stdout)),
+        (RunStatus::Exited { code: 0 }, native.stdout),
+        "{}",
+        describe(&outcome)
+    );
+    let refused: Vec<_> = outcome
+        .stats
+        .unsupported
+        .iter()
+        .filter_map(|c| c.name)
+        .collect();
     // rseq: glibc's probe at start-up (table.rs).
-    assert!(refused.contains(&"io_uring_setup") && refused.iter().all(|name| ["io_uring_setup", "rseq"].contains(name)), "{}", describe(&outcome));
+    assert!(
+        refused.contains(&"io_uring_setup")
+            && refused
+                .iter()
+                .all(|name| ["io_uring_setup", "rseq"].contains(name)),
+        "{}",
+        describe(&outcome)
+    );
 }
 
 /// Exit codes and what reaches stderr, as natively: process.exit, process.exitCode, an uncaught
@@ -428,35 +538,93 @@ console.log(await wait(5), [1, 2, 3].reduce((a: number, b: number) => a + b, 0))
 
 #[test]
 fn typescript_runs_as_its_native_transpile_runs() {
-    for (source, format) in [(TYPESCRIPT_COMMONJS, "commonjs"), (TYPESCRIPT_MODULE, "module")] {
+    for (source, format) in [
+        (TYPESCRIPT_COMMONJS, "commonjs"),
+        (TYPESCRIPT_MODULE, "module"),
+    ] {
         let js = transpile_natively(source, format);
-        let native = run_natively(if format == "module" { "main.mjs" } else { "main.js" }, &js, &[], "");
+        let native = run_natively(
+            if format == "module" {
+                "main.mjs"
+            } else {
+                "main.js"
+            },
+            &js,
+            &[],
+            "",
+        );
         assert_eq!(native.code, 0, "{}", native.stderr);
         let outcome = run_in_vm("main.ts", source, |_, _| {});
-        assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-        assert_eq!(text(&outcome.stdout), native.stdout, "{}", describe(&outcome));
+        assert_eq!(
+            outcome.status,
+            RunStatus::Exited { code: 0 },
+            "{}",
+            describe(&outcome)
+        );
+        assert_eq!(
+            text(&outcome.stdout),
+            native.stdout,
+            "{}",
+            describe(&outcome)
+        );
     }
     // A syntax error is reported as Node reports one: file and line, the line, a caret, exit 1.
-    let outcome = run_in_vm("main.ts", "const ok: number = 1;\nlet broken = ;\n", |_, _| {});
-    assert_eq!(outcome.status, RunStatus::Exited { code: 1 }, "{}", describe(&outcome));
+    let outcome = run_in_vm(
+        "main.ts",
+        "const ok: number = 1;\nlet broken = ;\n",
+        |_, _| {},
+    );
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 1 },
+        "{}",
+        describe(&outcome)
+    );
     assert!(text(&outcome.stderr).starts_with("/work/main.ts:2\nlet broken = ;\n             ^\n\nSyntaxError: Expression expected.\n"), "{}", describe(&outcome));
 }
 
 #[test]
 fn the_limits_end_programs_with_their_statuses() {
-    let outcome = run_in_vm("main.js", "while (true) {}", |_, limits| limits.timeout = Duration::from_millis(300));
-    assert!(matches!(outcome.status, RunStatus::Timeout { .. }), "{}", describe(&outcome));
-    let outcome = run_in_vm("main.js", "const grow = []; for (;;) grow.push(new Array(100000).fill(1.5));", |_, _| {});
-    assert!(matches!(outcome.status, RunStatus::OutOfMemory { .. }), "{}", describe(&outcome));
-    let outcome = run_in_vm("main.js", "for (;;) process.stdout.write('x'.repeat(65536));", |_, limits| limits.output_cap = 1 << 20);
-    assert!(matches!(outcome.status, RunStatus::OutputLimit { .. }), "{}", describe(&outcome));
+    let outcome = run_in_vm("main.js", "while (true) {}", |_, limits| {
+        limits.timeout = Duration::from_millis(300)
+    });
+    assert!(
+        matches!(outcome.status, RunStatus::Timeout { .. }),
+        "{}",
+        describe(&outcome)
+    );
+    let outcome = run_in_vm(
+        "main.js",
+        "const grow = []; for (;;) grow.push(new Array(100000).fill(1.5));",
+        |_, _| {},
+    );
+    assert!(
+        matches!(outcome.status, RunStatus::OutOfMemory { .. }),
+        "{}",
+        describe(&outcome)
+    );
+    let outcome = run_in_vm(
+        "main.js",
+        "for (;;) process.stdout.write('x'.repeat(65536));",
+        |_, limits| limits.output_cap = 1 << 20,
+    );
+    assert!(
+        matches!(outcome.status, RunStatus::OutputLimit { .. }),
+        "{}",
+        describe(&outcome)
+    );
 }
 
 #[test]
 fn every_execution_draws_fresh_randomness() {
     let code = "const c = require('crypto'); console.log(c.randomBytes(8).toString('hex'), Math.random(), c.randomUUID(), c.randomInt(1e9));";
-    let runs: Vec<String> = (0..2).map(|_| text(&run_in_vm("main.js", code, |_, _| {}).stdout)).collect();
-    let fields: Vec<Vec<&str>> = runs.iter().map(|r| r.split_whitespace().collect()).collect();
+    let runs: Vec<String> = (0..2)
+        .map(|_| text(&run_in_vm("main.js", code, |_, _| {}).stdout))
+        .collect();
+    let fields: Vec<Vec<&str>> = runs
+        .iter()
+        .map(|r| r.split_whitespace().collect())
+        .collect();
     assert!(fields.iter().all(|f| f.len() == 4), "{runs:?}");
     for (i, (first, second)) in fields[0].iter().zip(&fields[1]).enumerate() {
         assert_ne!(first, second, "field {i} repeats across forks: {runs:?}");
@@ -498,15 +666,61 @@ const environ = fs.readFileSync("/proc/self/environ", "utf8").split("\0").filter
 console.log("environ", JSON.stringify(environ) === JSON.stringify(Object.entries(process.env).map(([k, v]) => `${k}=${v}`).sort()));
 "#;
     let outcome = run_counting_unsupported("main.js", code, |_, _| {});
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    let unsupported: Vec<_> = outcome.stats.unsupported.iter().map(|c| (c.name, c.count)).collect();
-    assert_eq!(unsupported, vec![(Some("clone"), 2)], "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    let unsupported: Vec<_> = outcome
+        .stats
+        .unsupported
+        .iter()
+        .map(|c| (c.name, c.count))
+        .collect();
+    assert_eq!(
+        unsupported,
+        vec![(Some("clone"), 2)],
+        "{}",
+        describe(&outcome)
+    );
     let stdout = text(&outcome.stdout);
-    for what in ["execSync", "spawn", "dns", "connect", "remote", "http", "/etc/passwd", "/proc/self/mem", "/root", "/home", "write:/usr/bin/node", "write:/opt/sandfork/agent.js", "write:/written"] {
-        let line = stdout.lines().find(|l| l.split(' ').next() == Some(what)).unwrap_or_else(|| panic!("no line for {what}: {stdout}"));
-        assert!(!line.ends_with("no error") && !line.ends_with("readable"), "{line}");
+    for what in [
+        "execSync",
+        "spawn",
+        "dns",
+        "connect",
+        "remote",
+        "http",
+        "/etc/passwd",
+        "/proc/self/mem",
+        "/root",
+        "/home",
+        "write:/usr/bin/node",
+        "write:/opt/sandfork/agent.js",
+        "write:/written",
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.split(' ').next() == Some(what))
+            .unwrap_or_else(|| panic!("no line for {what}: {stdout}"));
+        assert!(
+            !line.ends_with("no error") && !line.ends_with("readable"),
+            "{line}"
+        );
     }
-    assert!(stdout.lines().any(|l| l == "loopback pong") && stdout.lines().any(|l| l == "closed"), "an in-VM connection, and its server closed: {stdout}");
-    assert!(stdout.lines().any(|l| l == "dev lib lib64 opt proc tmp usr work"), "only the image, the writable folders and the VMM's /dev and /proc: {stdout}");
-    assert!(stdout.lines().any(|l| l == "environ true"), "/proc/self/environ is the program's own environment: {stdout}");
+    assert!(
+        stdout.lines().any(|l| l == "loopback pong") && stdout.lines().any(|l| l == "closed"),
+        "an in-VM connection, and its server closed: {stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == "dev lib lib64 opt proc tmp usr work"),
+        "only the image, the writable folders and the VMM's /dev and /proc: {stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l == "environ true"),
+        "/proc/self/environ is the program's own environment: {stdout}"
+    );
 }

@@ -19,11 +19,14 @@ use pool_support::{start, start_restoring};
 use sandfork_vmm::cpu::{CpuExit, CpuSnapshot, GuestCpu};
 use sandfork_vmm::daemon::server::ServerConfig;
 use sandfork_vmm::memory::{GuestMemory, PageSet};
-use serde_json::Value;
 use sandfork_vmm::snapshot::ForkMemory;
+use serde_json::Value;
 
 fn execute(id: u64, code: &str) -> String {
-    format!(r#"{{"id":{id},"type":"execute","template":"python","code":{}}}"#, Value::from(code))
+    format!(
+        r#"{{"id":{id},"type":"execute","template":"python","code":{}}}"#,
+        Value::from(code)
+    )
 }
 
 fn stats(client: &mut Client) -> Value {
@@ -33,7 +36,11 @@ fn stats(client: &mut Client) -> Value {
 /// The python template's pool counters from `stats`.
 fn pool_stats(client: &mut Client) -> Value {
     let stats = stats(client);
-    match stats.get("pools").and_then(Value::as_array).map(Vec::as_slice) {
+    match stats
+        .get("pools")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    {
         Some([pool]) if str_of(pool, "template") == "python" => pool.clone(),
         _ => panic!("expected one pool, for python: {stats}"),
     }
@@ -63,38 +70,85 @@ fn a_pooled_daemon_serves_each_request_on_a_fresh_or_reset_vm() {
     let server = start("pool-fresh", 1, config(2));
     let mut client = Client::hello(&server.path);
     let first_ready = wait_for_refill(&mut client);
-    assert_eq!((u64_of(&first_ready, "target"), u64_of(&first_ready, "forks"), u64_of(&first_ready, "served")), (1, 1, 0), "{first_ready}");
+    assert_eq!(
+        (
+            u64_of(&first_ready, "target"),
+            u64_of(&first_ready, "forks"),
+            u64_of(&first_ready, "served")
+        ),
+        (1, 1, 0),
+        "{first_ready}"
+    );
 
     let code = "import os, random\nprint(os.path.exists('/tmp/mark'), random.getrandbits(64))\nopen('/tmp/mark', 'w').write('x')";
     let mut seen = Vec::new();
     for id in 1..=2 {
         let answer = client.call(&execute(id, code));
-        assert_eq!((str_of(&answer, "type"), u64_of(&answer, "id"), str_of(&answer, "status")), ("execution", id, "ok"), "{answer}");
+        assert_eq!(
+            (
+                str_of(&answer, "type"),
+                u64_of(&answer, "id"),
+                str_of(&answer, "status")
+            ),
+            ("execution", id, "ok"),
+            "{answer}"
+        );
         let stdout = str_of(&answer, "stdout").to_owned();
-        assert!(stdout.starts_with("False "), "the second request must not see the first one's /tmp/mark: {answer}");
+        assert!(
+            stdout.starts_with("False "),
+            "the second request must not see the first one's /tmp/mark: {answer}"
+        );
         seen.push(stdout);
         let timings = answer.get("timings").unwrap();
         let pool = wait_for_refill(&mut client);
-        eprintln!("pooled request {id}: timings {}, pool {pool}", timings.to_string());
+        eprintln!(
+            "pooled request {id}: timings {}, pool {pool}",
+            timings.to_string()
+        );
         // A full copy (ptrace) holds every stored page; a copy-on-write fork copies the pages
         // written (beyond those its warm-up copied), and a reset VM keeps its copies warm (the
         // second request copies few or none).
         let resets = common::fork_memory() == ForkMemory::CopyOnWrite;
-        let origin = answer.get("vm").and_then(|vm| vm.get("origin")).and_then(Value::as_str);
-        assert_eq!(origin, Some(if resets && id == 2 { "reset" } else { "fresh" }), "{answer}");
+        let origin = answer
+            .get("vm")
+            .and_then(|vm| vm.get("origin"))
+            .and_then(Value::as_str);
+        assert_eq!(
+            origin,
+            Some(if resets && id == 2 { "reset" } else { "fresh" }),
+            "{answer}"
+        );
         let least_copied = match (resets, id) {
             (false, _) => 1000,
             (true, 1) => 1,
             (true, _) => 0,
         };
-        assert!(u64_of(timings, "exec_us") > 0 && u64_of(answer.get("usage").unwrap(), "pages_copied") >= least_copied, "{answer}");
+        assert!(
+            u64_of(timings, "exec_us") > 0
+                && u64_of(answer.get("usage").unwrap(), "pages_copied") >= least_copied,
+            "{answer}"
+        );
     }
     assert_ne!(seen[0], seen[1], "two VMs drew the same randomness");
     // No request waited for a fork: one VM was made before them, and after each either it was
     // reset (copy-on-write) or the next was made ahead (a full copy).
     let pool = pool_stats(&mut client);
-    let (forks, resets) = if common::fork_memory() == ForkMemory::CopyOnWrite { (1, 2) } else { (3, 0) };
-    assert_eq!((u64_of(&pool, "ready"), u64_of(&pool, "target"), u64_of(&pool, "forks"), u64_of(&pool, "resets"), u64_of(&pool, "served")), (1, 1, forks, resets, 2), "{pool}");
+    let (forks, resets) = if common::fork_memory() == ForkMemory::CopyOnWrite {
+        (1, 2)
+    } else {
+        (3, 0)
+    };
+    assert_eq!(
+        (
+            u64_of(&pool, "ready"),
+            u64_of(&pool, "target"),
+            u64_of(&pool, "forks"),
+            u64_of(&pool, "resets"),
+            u64_of(&pool, "served")
+        ),
+        (1, 1, forks, resets, 2),
+        "{pool}"
+    );
     server.stop();
 }
 
@@ -110,16 +164,30 @@ fn threaded_requests_on_a_reset_vm_are_counted_in_usage_and_stats() {
     let (mut syscalls, mut switches) = (0, 0);
     for id in 1..=2 {
         let answer = client.call(&execute(id, code));
-        assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "1 [0, 1, 2] 1\n"), "{answer}");
+        assert_eq!(
+            (str_of(&answer, "status"), str_of(&answer, "stdout")),
+            ("ok", "1 [0, 1, 2] 1\n"),
+            "{answer}"
+        );
         let usage = answer.get("usage").unwrap();
         assert_eq!(u64_of(usage, "threads_created"), 3, "{answer}");
-        assert!(u64_of(usage, "thread_switches") >= 3, "each thread ran at least once: {answer}");
+        assert!(
+            u64_of(usage, "thread_switches") >= 3,
+            "each thread ran at least once: {answer}"
+        );
         syscalls += u64_of(usage, "syscalls");
         switches += u64_of(usage, "thread_switches");
         wait_for_refill(&mut client);
     }
     let stats = stats(&mut client);
-    assert_eq!((u64_of(&stats, "syscalls"), u64_of(&stats, "thread_switches")), (syscalls, switches), "{stats}");
+    assert_eq!(
+        (
+            u64_of(&stats, "syscalls"),
+            u64_of(&stats, "thread_switches")
+        ),
+        (syscalls, switches),
+        "{stats}"
+    );
     server.stop();
 }
 
@@ -130,9 +198,22 @@ fn pool_size_zero_restores_a_vm_per_request() {
     let server = start("pool-none", 0, config(2));
     let mut client = Client::hello(&server.path);
     let answer = client.call(&execute(1, "print(6*7)"));
-    assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "42\n"), "{answer}");
-    assert!(u64_of(answer.get("timings").unwrap(), "fork_us") > 0, "{answer}");
-    assert_eq!(stats(&mut client).get("pools").map(Value::to_string).as_deref(), Some("[]"));
+    assert_eq!(
+        (str_of(&answer, "status"), str_of(&answer, "stdout")),
+        ("ok", "42\n"),
+        "{answer}"
+    );
+    assert!(
+        u64_of(answer.get("timings").unwrap(), "fork_us") > 0,
+        "{answer}"
+    );
+    assert_eq!(
+        stats(&mut client)
+            .get("pools")
+            .map(Value::to_string)
+            .as_deref(),
+        Some("[]")
+    );
     server.stop();
 }
 
@@ -147,7 +228,9 @@ fn concurrent_executions(server: &Running, total: u64) -> (Vec<u64>, Duration) {
             let path = server.path.clone();
             thread::spawn(move || {
                 let mut client = Client::hello(&path);
-                let ids: Vec<u64> = (0..total).filter(|i| i % CONNECTIONS == connection).collect();
+                let ids: Vec<u64> = (0..total)
+                    .filter(|i| i % CONNECTIONS == connection)
+                    .collect();
                 for &i in &ids {
                     client.send(&execute(i, &format!("print({i}*{i})")));
                 }
@@ -156,7 +239,11 @@ fn concurrent_executions(server: &Running, total: u64) -> (Vec<u64>, Duration) {
                 for _ in &ids {
                     let answer = client.recv();
                     let id = u64_of(&answer, "id");
-                    assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", format!("{}\n", id * id).as_str()), "{answer}");
+                    assert_eq!(
+                        (str_of(&answer, "status"), str_of(&answer, "stdout")),
+                        ("ok", format!("{}\n", id * id).as_str()),
+                        "{answer}"
+                    );
                     answered.push(id);
                     let timings = answer.get("timings").unwrap();
                     takes.push(u64_of(timings, "queue_us") + u64_of(timings, "fork_us"));
@@ -167,7 +254,10 @@ fn concurrent_executions(server: &Running, total: u64) -> (Vec<u64>, Duration) {
             })
         })
         .collect();
-    let mut takes: Vec<u64> = clients.into_iter().flat_map(|c| c.join().expect("a client thread failed")).collect();
+    let mut takes: Vec<u64> = clients
+        .into_iter()
+        .flat_map(|c| c.join().expect("a client thread failed"))
+        .collect();
     takes.sort();
     (takes, started.elapsed())
 }
@@ -186,7 +276,11 @@ fn sequential_takes(server: &Running, count: u64, pooled: bool) -> Vec<u64> {
                 wait_for_refill(&mut client);
             }
             let answer = client.call(&execute(id, "print(1)"));
-            assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "1\n"), "{answer}");
+            assert_eq!(
+                (str_of(&answer, "status"), str_of(&answer, "stdout")),
+                ("ok", "1\n"),
+                "{answer}"
+            );
             let timings = answer.get("timings").unwrap();
             u64_of(timings, "queue_us") + u64_of(timings, "fork_us")
         })
@@ -209,8 +303,19 @@ fn take_to_first_instruction_pooled_and_unpooled_and_a_burst() {
     let sequential = repetitions(30, 10);
     let total = repetitions(200, 40);
     const RUNNING: usize = 4;
-    let build = format!("{} CPU, {} build", common::cpu_name(), if cfg!(debug_assertions) { "debug" } else { "release" });
-    let burst = ServerConfig { max_queued: total as usize, ..config(RUNNING) };
+    let build = format!(
+        "{} CPU, {} build",
+        common::cpu_name(),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
+    let burst = ServerConfig {
+        max_queued: total as usize,
+        ..config(RUNNING)
+    };
 
     let unpooled = start("pool-none-seq", 0, burst);
     let unpooled_takes = sequential_takes(&unpooled, sequential, false);
@@ -218,7 +323,10 @@ fn take_to_first_instruction_pooled_and_unpooled_and_a_burst() {
 
     let pooled = start("pool-burst", RUNNING, burst);
     let pooled_takes = sequential_takes(&pooled, sequential, true);
-    for (what, takes) in [(format!("pool of {RUNNING}"), &pooled_takes), ("no pool".to_owned(), &unpooled_takes)] {
+    for (what, takes) in [
+        (format!("pool of {RUNNING}"), &pooled_takes),
+        ("no pool".to_owned(), &unpooled_takes),
+    ] {
         eprintln!(
             "{sequential} requests one at a time, {what} ({build}): take-to-first-instruction (queue_us + fork_us) p50 {:.2} ms, p99 {:.2} ms",
             percentile_ms(takes, 50),
@@ -241,10 +349,21 @@ fn take_to_first_instruction_pooled_and_unpooled_and_a_burst() {
     let served = |pool: &Value| u64_of(pool, "served");
     // A VM ready again is a new one or a used one reset (KVM resets; the ptrace CPU never does).
     let readied = |pool: &Value| u64_of(pool, "forks") + u64_of(pool, "resets");
-    assert_eq!((served(&after) - served(&before), readied(&after) - readied(&before)), (total, total), "every used VM was reset or replaced: {before} then {after}");
+    assert_eq!(
+        (
+            served(&after) - served(&before),
+            readied(&after) - readied(&before)
+        ),
+        (total, total),
+        "every used VM was reset or replaced: {before} then {after}"
+    );
     assert_eq!(readied(&after), served(&after) + RUNNING as u64, "{after}");
     let stats = stats(&mut client);
-    assert_eq!((u64_of(&stats, "executions"), u64_of(&stats, "in_flight")), (sequential + total, 0), "{stats}");
+    assert_eq!(
+        (u64_of(&stats, "executions"), u64_of(&stats, "in_flight")),
+        (sequential + total, 0),
+        "{stats}"
+    );
     pooled.stop();
 }
 
@@ -311,27 +430,47 @@ fn a_failed_warm_up_leaves_the_pool_serving_unwarmed_vms() {
         "pool-warm-up-fails",
         1,
         config(2),
-        Arc::new(move |mem: &GuestMemory, snapshot: &CpuSnapshot| -> io::Result<Box<dyn GuestCpu + '_>> {
-            let cpu = common::restore_cpu(mem, snapshot)?;
-            Ok(Box::new(FailsOnce { cpu, fail_once: failing.clone() }))
-        }),
+        Arc::new(
+            move |mem: &GuestMemory,
+                  snapshot: &CpuSnapshot|
+                  -> io::Result<Box<dyn GuestCpu + '_>> {
+                let cpu = common::restore_cpu(mem, snapshot)?;
+                Ok(Box::new(FailsOnce {
+                    cpu,
+                    fail_once: failing.clone(),
+                }))
+            },
+        ),
     );
     let mut client = Client::hello(&server.path);
     let ready = wait_for_refill(&mut client);
-    assert!(!fail_once.load(Ordering::SeqCst), "the injected failure was never hit");
+    assert!(
+        !fail_once.load(Ordering::SeqCst),
+        "the injected failure was never hit"
+    );
     let warm_up = str_of(&ready, "warm_up").to_owned();
     if copy_on_write {
-        assert!(warm_up.starts_with("failed: ") && warm_up.contains("an injected vCPU failure"), "{ready}");
+        assert!(
+            warm_up.starts_with("failed: ") && warm_up.contains("an injected vCPU failure"),
+            "{ready}"
+        );
     } else {
         assert_eq!(warm_up, "off", "{ready}");
     }
     for id in 1..=3 {
         let answer = client.call(&execute(id, "print(6*7)"));
-        assert_eq!((str_of(&answer, "status"), str_of(&answer, "stdout")), ("ok", "42\n"), "{answer}");
+        assert_eq!(
+            (str_of(&answer, "status"), str_of(&answer, "stdout")),
+            ("ok", "42\n"),
+            "{answer}"
+        );
         // Unwarmed, a VM's first request copies every page it writes: the interpreter's, at
         // least 100 of them (a warmed VM's first request copies a handful).
         if id == 1 {
-            assert!(u64_of(answer.get("usage").unwrap(), "pages_copied") >= 100, "{answer}");
+            assert!(
+                u64_of(answer.get("usage").unwrap(), "pages_copied") >= 100,
+                "{answer}"
+            );
         }
         wait_for_refill(&mut client);
     }

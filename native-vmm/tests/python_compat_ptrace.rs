@@ -52,7 +52,12 @@ async def main():
 print(asyncio.run(main()))
 "#;
     let outcome = python(code);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
     assert_eq!(
         String::from_utf8_lossy(&outcome.stdout),
         "['B', 'A', 'C'] ['a', 'b'] True\nqueue total 10\nT True\ntimed out True\ndone\n",
@@ -61,7 +66,11 @@ print(asyncio.run(main()))
     );
     // wait_for's 5 s sleep was cancelled after 0.1 s (on the guest's clock, above): the run did
     // not sleep it out.
-    assert!(outcome.stats.wall < scaled(Duration::from_secs(4)), "the run took {:?}", outcome.stats.wall);
+    assert!(
+        outcome.stats.wall < scaled(Duration::from_secs(4)),
+        "the run took {:?}",
+        outcome.stats.wall
+    );
 }
 
 #[test]
@@ -126,7 +135,12 @@ except OSError as e:
 fn dev_urandom_differs_between_runs() {
     let code = "print(open('/dev/urandom', 'rb').read(16).hex())";
     let (first, second) = (python(code), python(code));
-    assert_eq!(first.status, RunStatus::Exited { code: 0 }, "{}", describe(&first));
+    assert_eq!(
+        first.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&first)
+    );
     assert_eq!(first.stdout.len(), 33, "{}", describe(&first));
     assert_ne!(first.stdout, second.stdout);
 }
@@ -146,7 +160,10 @@ print(st.f_blocks > 1000, st.f_bfree, st.f_bavail, bool(st.f_flag & os.ST_RDONLY
 fd = os.open('/work', os.O_RDONLY)
 print(os.fstatvfs(fd).f_blocks == (64 << 20) // 4096, bool(os.fstatvfs(fd).f_flag & os.ST_RDONLY))
 "#;
-    assert_prints(code, "True True True\nTrue True\nTrue 0 0 True 255\nTrue False\n");
+    assert_prints(
+        code,
+        "True True True\nTrue True\nTrue 0 0 True 255\nTrue False\n",
+    );
 }
 
 #[test]
@@ -167,7 +184,10 @@ with open('/tmp/data.bin', 'r+b') as f:
         print('shared writable:', e.errno)
 "#;
     // A shared writable mapping would need writes to reach the file (syscalls/memory.rs): ENODEV.
-    assert_prints(code, "b'hello' 13 18\nb'HELLO' b'hello'\nshared writable: 19\n");
+    assert_prints(
+        code,
+        "b'hello' 13 18\nb'HELLO' b'hello'\nshared writable: 19\n",
+    );
 }
 
 #[test]
@@ -273,9 +293,19 @@ signal.alarm(1)
 time.sleep(5)
 "#;
     let outcome = python(code);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 128 + 14 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 128 + 14 },
+        "{}",
+        describe(&outcome)
+    );
     let expected = "kill, raise, pthread_kill: [10, 10, 10]\nKeyboardInterrupt\nsleep resumed after the handler: True alarm\na busy loop is interrupted\na blocked read is interrupted\npause woke 3 times; timer (0.0, 0.0)\n";
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), expected, "{}", describe(&outcome));
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        expected,
+        "{}",
+        describe(&outcome)
+    );
 }
 
 #[test]
@@ -520,7 +550,10 @@ os.utime('/tmp/t')
 st = os.stat('/tmp/t')
 print(abs(st.st_atime - before) < 60, st.st_atime_ns == st.st_mtime_ns)
 "#;
-    assert_prints(code, "1500000000123456789 1600000000987654321\n-100.0 5.0\n7 8\nTrue True\n");
+    assert_prints(
+        code,
+        "1500000000123456789 1600000000987654321\n-100.0 5.0\n7 8\nTrue True\n",
+    );
 }
 
 #[test]
@@ -548,7 +581,10 @@ try:
 except OSError as e:
     print('O_CREAT is ignored', errno.errorcode[e.errno])
 "#;
-    assert_prints(code, "True 11\nb'/etc/passwd'\nEBADF\nELOOP\nTrue\nO_CREAT is ignored ENOENT\n");
+    assert_prints(
+        code,
+        "True 11\nb'/etc/passwd'\nEBADF\nELOOP\nTrue\nO_CREAT is ignored ENOENT\n",
+    );
 }
 
 #[test]

@@ -6,7 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_prints, describe, python, python_image, python_request, run, scaled, time_scale};
+use common::{
+    assert_prints, describe, python, python_image, python_request, run, scaled, time_scale,
+};
 use sandfork_vmm::status::RunStatus;
 
 #[test]
@@ -17,13 +19,27 @@ fn prints_six_times_seven() {
 #[test]
 fn exit_code_and_uncaught_exception() {
     let outcome = python("import sys; print('partial'); sys.exit(7)");
-    assert_eq!(outcome.status, RunStatus::Exited { code: 7 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 7 },
+        "{}",
+        describe(&outcome)
+    );
     assert_eq!(outcome.stdout, b"partial\n");
 
     let outcome = python("raise ValueError('boom')");
-    assert_eq!(outcome.status, RunStatus::Exited { code: 1 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 1 },
+        "{}",
+        describe(&outcome)
+    );
     let stderr = String::from_utf8_lossy(&outcome.stderr);
-    assert!(stderr.starts_with("Traceback (most recent call last):") && stderr.ends_with("ValueError: boom\n"), "{stderr}");
+    assert!(
+        stderr.starts_with("Traceback (most recent call last):")
+            && stderr.ends_with("ValueError: boom\n"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -97,9 +113,13 @@ print(datetime.datetime.now().year >= 2024)
 
 #[test]
 fn reads_a_stdlib_source_file_from_the_image() {
-    let first_line = std::fs::read_to_string("/usr/lib/python3.11/json/__init__.py").expect("the host's json package (the image is built from it)");
+    let first_line = std::fs::read_to_string("/usr/lib/python3.11/json/__init__.py")
+        .expect("the host's json package (the image is built from it)");
     let first_line = first_line.lines().next().unwrap_or_default();
-    assert_prints("import json; print(json.__file__); print(open(json.__file__).readline(), end='')", &format!("/usr/lib/python3.11/json/__init__.py\n{first_line}\n"));
+    assert_prints(
+        "import json; print(json.__file__); print(open(json.__file__).readline(), end='')",
+        &format!("/usr/lib/python3.11/json/__init__.py\n{first_line}\n"),
+    );
 }
 
 #[test]
@@ -122,11 +142,21 @@ fn lists_the_stdlib_directory() {
 
 #[test]
 fn passes_stdin_through() {
-    let mut req = python_request("import sys; data = sys.stdin.read(); print(len(data), data.upper(), end='')");
+    let mut req = python_request(
+        "import sys; data = sys.stdin.read(); print(len(data), data.upper(), end='')",
+    );
     req.stdin = b"hello\nworld\n".to_vec();
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "12 HELLO\nWORLD\n");
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "12 HELLO\nWORLD\n"
+    );
 }
 
 #[test]
@@ -208,7 +238,10 @@ async def main():
     await server.wait_closed()
 asyncio.run(main())
 "#;
-    assert_prints(code, "b'TCP' True True\nOSError 98\nport free again\nb'unix' unix.sock\nb'ASYNCIO\\n'\n");
+    assert_prints(
+        code,
+        "b'TCP' True True\nOSError 98\nport free again\nb'unix' unix.sock\nb'ASYNCIO\\n'\n",
+    );
 }
 
 #[test]
@@ -217,10 +250,20 @@ fn endless_loop_times_out() {
     // Scaled, so that on a slow path the limit still falls in the loop, not in Python's start-up.
     req.timeout = scaled(Duration::from_millis(1500));
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: req.timeout.as_millis() as u64 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Timeout {
+            limit_ms: req.timeout.as_millis() as u64
+        },
+        "{}",
+        describe(&outcome)
+    );
     // The run (loading excluded) ends at the limit, not long after it.
     let wall = outcome.stats.wall;
-    assert!(wall >= req.timeout && wall < req.timeout + scaled(Duration::from_secs(2)), "the run took {wall:?}");
+    assert!(
+        wall >= req.timeout && wall < req.timeout + scaled(Duration::from_secs(2)),
+        "the run took {wall:?}"
+    );
 }
 
 #[test]
@@ -229,8 +272,16 @@ fn an_allocation_larger_than_memory_raises_memory_error_and_the_program_goes_on(
     let mut req = python_request(code);
     req.mem_bytes = 256 << 20;
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "fell back to 1048576\n");
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "fell back to 1048576\n"
+    );
 }
 
 #[test]
@@ -238,7 +289,14 @@ fn growing_list_is_out_of_memory() {
     let mut req = python_request("chunks = []\nwhile True: chunks.append(bytearray(1 << 20))");
     req.mem_bytes = 128 << 20;
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::OutOfMemory { limit_bytes: 128 << 20 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::OutOfMemory {
+            limit_bytes: 128 << 20
+        },
+        "{}",
+        describe(&outcome)
+    );
 }
 
 #[test]
@@ -247,10 +305,23 @@ fn output_flood_is_truncated_exactly_at_the_cap() {
     let mut req = python_request("while True: print('x' * 99)");
     req.output_cap = CAP;
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::OutputLimit { cap_bytes: CAP }, "{}", describe(&outcome));
-    let expected: Vec<u8> = format!("{}\n", "x".repeat(99)).into_bytes().into_iter().cycle().take(CAP as usize).collect();
+    assert_eq!(
+        outcome.status,
+        RunStatus::OutputLimit { cap_bytes: CAP },
+        "{}",
+        describe(&outcome)
+    );
+    let expected: Vec<u8> = format!("{}\n", "x".repeat(99))
+        .into_bytes()
+        .into_iter()
+        .cycle()
+        .take(CAP as usize)
+        .collect();
     assert_eq!(outcome.stdout.len(), CAP as usize);
-    assert!(outcome.stdout == expected, "stdout is not the flood's first {CAP} bytes");
+    assert!(
+        outcome.stdout == expected,
+        "stdout is not the flood's first {CAP} bytes"
+    );
     assert!(outcome.stderr.is_empty());
 }
 
@@ -258,7 +329,9 @@ fn output_flood_is_truncated_exactly_at_the_cap() {
 fn segfault_crashes_with_the_faulting_address() {
     let outcome = python("import ctypes; ctypes.string_at(8)");
     match outcome.status {
-        RunStatus::Crashed { ref fault } => assert_eq!((fault.vector, fault.address), (14, Some(8)), "{fault:?}"),
+        RunStatus::Crashed { ref fault } => {
+            assert_eq!((fault.vector, fault.address), (14, Some(8)), "{fault:?}")
+        }
         _ => panic!("expected a crash\n{}", describe(&outcome)),
     }
 }
@@ -278,7 +351,12 @@ print(lzma.decompress(lzma.compress(b'sandfork')))
 #[test]
 fn binary_stdout_is_passed_through_unchanged() {
     let outcome = python("import sys; sys.stdout.buffer.write(bytes(range(256)))");
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
     assert_eq!(outcome.stdout, (0..=255u8).collect::<Vec<u8>>());
 }
 
@@ -291,21 +369,42 @@ fn relative_paths_resolve_in_the_working_directory() {
 #[test]
 fn sleeping_past_the_limit_times_out_at_the_limit() {
     // All three durations scaled: the limit falls in the sleep, the bound stays below the sleep.
-    let mut req = python_request(&format!("import time; time.sleep({}); print('woke')", 30 * time_scale()));
+    let mut req = python_request(&format!(
+        "import time; time.sleep({}); print('woke')",
+        30 * time_scale()
+    ));
     req.timeout = scaled(Duration::from_millis(800));
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::Timeout { limit_ms: req.timeout.as_millis() as u64 }, "{}", describe(&outcome));
-    assert!(outcome.stats.wall < scaled(Duration::from_secs(3)), "the run took {:?}", outcome.stats.wall);
+    assert_eq!(
+        outcome.status,
+        RunStatus::Timeout {
+            limit_ms: req.timeout.as_millis() as u64
+        },
+        "{}",
+        describe(&outcome)
+    );
+    assert!(
+        outcome.stats.wall < scaled(Duration::from_secs(3)),
+        "the run took {:?}",
+        outcome.stats.wall
+    );
     assert!(outcome.stdout.is_empty());
 }
 
 #[test]
 fn stderr_counts_toward_the_output_cap() {
     const CAP: u64 = 50_000;
-    let mut req = python_request("import sys\nprint('start', flush=True)\nwhile True: sys.stderr.write('e' * 1000)");
+    let mut req = python_request(
+        "import sys\nprint('start', flush=True)\nwhile True: sys.stderr.write('e' * 1000)",
+    );
     req.output_cap = CAP;
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::OutputLimit { cap_bytes: CAP }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::OutputLimit { cap_bytes: CAP },
+        "{}",
+        describe(&outcome)
+    );
     assert_eq!(outcome.stdout, b"start\n");
     assert_eq!(outcome.stderr.len() as u64, CAP - 6);
     assert!(outcome.stderr.iter().all(|&b| b == b'e'));
@@ -314,8 +413,19 @@ fn stderr_counts_toward_the_output_cap() {
 #[test]
 fn every_run_starts_with_empty_writable_directories() {
     let image = python_image();
-    let first = run(&image, &python_request("open('/tmp/left-behind', 'w').write('x'); print('written')"));
+    let first = run(
+        &image,
+        &python_request("open('/tmp/left-behind', 'w').write('x'); print('written')"),
+    );
     assert_eq!(first.stdout, b"written\n", "{}", describe(&first));
-    let second = run(&image, &python_request("import os; print(os.listdir('/tmp'), os.listdir('/work'))"));
-    assert_eq!(String::from_utf8_lossy(&second.stdout), "[] []\n", "{}", describe(&second));
+    let second = run(
+        &image,
+        &python_request("import os; print(os.listdir('/tmp'), os.listdir('/work'))"),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&second.stdout),
+        "[] []\n",
+        "{}",
+        describe(&second)
+    );
 }

@@ -25,7 +25,10 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path) -> Daemon {
-        let mut daemon = Daemon { dir: dir.to_owned(), child: None };
+        let mut daemon = Daemon {
+            dir: dir.to_owned(),
+            child: None,
+        };
         daemon.restart();
         daemon
     }
@@ -50,7 +53,13 @@ impl Daemon {
             .expect("starting sandfork-vmm serve");
         self.child = Some(child);
         let socket = self.socket();
-        assert!(wait_for(scaled(Duration::from_secs(30)), || UnixStream::connect(&socket).is_ok()), "the daemon did not start listening");
+        assert!(
+            wait_for(scaled(Duration::from_secs(30)), || UnixStream::connect(
+                &socket
+            )
+            .is_ok()),
+            "the daemon did not start listening"
+        );
     }
 
     /// SIGKILL, and waits for the process to be gone.
@@ -62,7 +71,10 @@ impl Daemon {
     }
 
     fn client(&self) -> Session {
-        Session { client: Client::hello(&self.socket()), next_id: 1 }
+        Session {
+            client: Client::hello(&self.socket()),
+            next_id: 1,
+        }
     }
 }
 
@@ -89,13 +101,20 @@ impl Session {
     /// `call`, failing the test unless the answer has `type`.
     fn expect(&mut self, kind: &str, request: Value) -> Value {
         let answer = self.call(request.clone());
-        assert_eq!(answer.get("type").and_then(Value::as_str), Some(kind), "{request} got {answer}");
+        assert_eq!(
+            answer.get("type").and_then(Value::as_str),
+            Some(kind),
+            "{request} got {answer}"
+        );
         answer
     }
 
     /// Runs a cell that must succeed; returns its result's value (the last expression's repr).
     fn cell(&mut self, session: &str, code: &str) -> Option<String> {
-        let answer = self.expect("execution", json!({"type": "session_execute", "session": session, "code": code}));
+        let answer = self.expect(
+            "execution",
+            json!({"type": "session_execute", "session": session, "code": code}),
+        );
         assert_eq!(str_of(&answer, "status"), "ok", "{code}: {answer}");
         answer["result"]["value"].as_str().map(str::to_owned)
     }
@@ -106,7 +125,10 @@ fn daemon_with_session(name: &str, session: &str) -> (PathBuf, Daemon, Session) 
     let dir = scratch(name);
     let daemon = Daemon::start(&dir);
     let mut s = daemon.client();
-    s.expect("session", json!({"type": "session_create", "session": session, "template": "python"}));
+    s.expect(
+        "session",
+        json!({"type": "session_create", "session": session, "template": "python"}),
+    );
     (dir, daemon, s)
 }
 
@@ -115,7 +137,10 @@ fn interpreter_state_survives_between_cells() {
     let dir = scratch("sessions-state");
     let daemon = Daemon::start(&dir);
     let mut s = daemon.client();
-    let created = s.expect("session", json!({"type": "session_create", "session": "state", "template": "python"}));
+    let created = s.expect(
+        "session",
+        json!({"type": "session_create", "session": "state", "template": "python"}),
+    );
     assert_eq!(str_of(&created, "state"), "running", "{created}");
 
     assert_eq!(s.cell("state", "x = 41\nimport fractions\nhandle = open('/work/notes.txt', 'w')\nhandle.write('one ')\nx + 1"), Some("42".into()));
@@ -124,26 +149,63 @@ fn interpreter_state_survives_between_cells() {
     assert_eq!(value, Some("(41, Fraction(1, 1), 'one two')".into()));
     // A statement has no value; a failing cell reports its exception and keeps the state.
     assert_eq!(s.cell("state", "y = x * 2"), None);
-    let failed = s.expect("execution", json!({"type": "session_execute", "session": "state", "code": "undefined_name"}));
-    assert_eq!((str_of(&failed, "status"), failed["result"]["error"]["name"].as_str()), ("error", Some("NameError")), "{failed}");
+    let failed = s.expect(
+        "execution",
+        json!({"type": "session_execute", "session": "state", "code": "undefined_name"}),
+    );
+    assert_eq!(
+        (
+            str_of(&failed, "status"),
+            failed["result"]["error"]["name"].as_str()
+        ),
+        ("error", Some("NameError")),
+        "{failed}"
+    );
     assert!(str_of(&failed, "stderr").contains("NameError"), "{failed}");
     assert_eq!(s.cell("state", "print('out'); y"), Some("82".into()));
     // A file put by the protocol is seen by the code, and the code's file read back.
     s.expect("session_file", json!({"type": "session_write_file", "session": "state", "path": "in/data.csv", "content": "a,b\n1,2\n"}));
-    assert_eq!(s.cell("state", "open('/work/in/data.csv').read().splitlines()[1]"), Some("'1,2'".into()));
-    let read = s.expect("session_file", json!({"type": "session_read_file", "session": "state", "path": "notes.txt"}));
-    assert_eq!(str_of(&read, "content"), "b25lIHR3bw==", "base64 of 'one two': {read}");
-    let missing = s.call(json!({"type": "session_read_file", "session": "state", "path": "nope.txt"}));
+    assert_eq!(
+        s.cell("state", "open('/work/in/data.csv').read().splitlines()[1]"),
+        Some("'1,2'".into())
+    );
+    let read = s.expect(
+        "session_file",
+        json!({"type": "session_read_file", "session": "state", "path": "notes.txt"}),
+    );
+    assert_eq!(
+        str_of(&read, "content"),
+        "b25lIHR3bw==",
+        "base64 of 'one two': {read}"
+    );
+    let missing =
+        s.call(json!({"type": "session_read_file", "session": "state", "path": "nope.txt"}));
     assert_eq!(str_of(&missing, "code"), "not_found", "{missing}");
     let escape = s.call(json!({"type": "session_write_file", "session": "state", "path": "../etc/passwd", "content": "x"}));
     assert_eq!(str_of(&escape, "code"), "bad_request", "{escape}");
     // A program that ends its process ends the session.
-    let exited = s.expect("execution", json!({"type": "session_execute", "session": "state", "code": "import os; os._exit(3)"}));
-    assert_eq!((str_of(&exited, "status"), str_of(&exited, "session_state")), ("error", "ended"), "{exited}");
+    let exited = s.expect(
+        "execution",
+        json!({"type": "session_execute", "session": "state", "code": "import os; os._exit(3)"}),
+    );
+    assert_eq!(
+        (str_of(&exited, "status"), str_of(&exited, "session_state")),
+        ("error", "ended"),
+        "{exited}"
+    );
     let after = s.call(json!({"type": "session_execute", "session": "state", "code": "x"}));
     assert_eq!(str_of(&after, "code"), "session_ended", "{after}");
-    s.expect("session", json!({"type": "session_delete", "session": "state"}));
-    assert_eq!(str_of(&s.call(json!({"type": "session_info", "session": "state"})), "code"), "not_found");
+    s.expect(
+        "session",
+        json!({"type": "session_delete", "session": "state"}),
+    );
+    assert_eq!(
+        str_of(
+            &s.call(json!({"type": "session_info", "session": "state"})),
+            "code"
+        ),
+        "not_found"
+    );
 }
 
 /// e2b #884's case: files written before a pause are all there after a resume, twice in a
@@ -158,28 +220,68 @@ fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
     let expected = Some("(20, True, b'\\x00\\x01\\x02\\xff')".to_owned());
     assert_eq!(s.cell("files", check), expected);
     for round in 0..2 {
-        let paused = s.expect("checkpoint", json!({"type": "session_pause", "session": "files"}));
+        let paused = s.expect(
+            "checkpoint",
+            json!({"type": "session_pause", "session": "files"}),
+        );
         assert_eq!(str_of(&paused, "state"), "paused", "{paused}");
-        assert_eq!(str_of(&s.expect("session", json!({"type": "session_info", "session": "files"})), "state"), "paused");
+        assert_eq!(
+            str_of(
+                &s.expect(
+                    "session",
+                    json!({"type": "session_info", "session": "files"})
+                ),
+                "state"
+            ),
+            "paused"
+        );
         if round == 1 {
-            let resumed = s.expect("session", json!({"type": "session_resume", "session": "files"}));
+            let resumed = s.expect(
+                "session",
+                json!({"type": "session_resume", "session": "files"}),
+            );
             assert_eq!(str_of(&resumed, "state"), "running", "{resumed}");
         }
         // Resumed by the cell itself in round 0.
-        let answer = s.expect("execution", json!({"type": "session_execute", "session": "files", "code": check}));
-        assert_eq!(answer["result"]["value"].as_str().map(str::to_owned), expected, "round {round}: {answer}");
+        let answer = s.expect(
+            "execution",
+            json!({"type": "session_execute", "session": "files", "code": check}),
+        );
+        assert_eq!(
+            answer["result"]["value"].as_str().map(str::to_owned),
+            expected,
+            "round {round}: {answer}"
+        );
         assert_eq!(answer["resumed"], Value::Bool(round == 0), "{answer}");
-        s.cell("files", &format!("open('/work/round{round}.txt', 'w').write('r{round}')"));
+        s.cell(
+            "files",
+            &format!("open('/work/round{round}.txt', 'w').write('r{round}')"),
+        );
     }
-    s.expect("checkpoint", json!({"type": "session_pause", "session": "files"}));
+    s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "files"}),
+    );
     daemon.kill();
     daemon.restart();
     let mut s = daemon.client();
-    let found = s.expect("session", json!({"type": "session_info", "session": "files"}));
+    let found = s.expect(
+        "session",
+        json!({"type": "session_info", "session": "files"}),
+    );
     assert_eq!(str_of(&found, "state"), "paused", "{found}");
     assert_eq!(s.cell("files", check), expected);
-    assert_eq!(s.cell("files", "open('/work/round0.txt').read() + open('/work/round1.txt').read()"), Some("'r0r1'".into()));
-    let read = s.expect("session_file", json!({"type": "session_read_file", "session": "files", "path": "deep/er/f3.txt"}));
+    assert_eq!(
+        s.cell(
+            "files",
+            "open('/work/round0.txt').read() + open('/work/round1.txt').read()"
+        ),
+        Some("'r0r1'".into())
+    );
+    let read = s.expect(
+        "session_file",
+        json!({"type": "session_read_file", "session": "files", "path": "deep/er/f3.txt"}),
+    );
     assert_eq!(str_of(&read, "content"), "MzMzMw==", "{read}");
 }
 
@@ -189,13 +291,22 @@ fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
 /// client recorded for it.
 #[test]
 fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
-    let kills: u32 = std::env::var("SANDFORK_SESSION_CRASH_KILLS").ok().and_then(|n| n.parse().ok()).unwrap_or(20);
+    let kills: u32 = std::env::var("SANDFORK_SESSION_CRASH_KILLS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20);
     let dir = scratch("sessions-crash");
     let mut daemon = Daemon::start(&dir);
-    daemon.client().expect("session", json!({"type": "session_create", "session": "crash", "template": "python"}));
+    daemon.client().expect(
+        "session",
+        json!({"type": "session_create", "session": "crash", "template": "python"}),
+    );
     let mut first = daemon.client();
     first.cell("crash", "n = 0\nblob = bytearray(256 << 10)");
-    first.expect("checkpoint", json!({"type": "session_checkpoint", "session": "crash"}));
+    first.expect(
+        "checkpoint",
+        json!({"type": "session_checkpoint", "session": "crash"}),
+    );
     // (checkpoint number, sha256, n) of every acknowledged checkpoint.
     let mut acknowledged: Vec<(u64, String, u64)> = Vec::new();
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -211,7 +322,10 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
         // The client loop: bump n, dirty some memory, checkpoint; until its connection dies
         // (a read that fails is the kill, not a test failure).
         let client = thread::spawn(move || {
-            let mut s = Session { client: Client::hello(&socket), next_id: 1 };
+            let mut s = Session {
+                client: Client::hello(&socket),
+                next_id: 1,
+            };
             let mut call = |mut request: Value| {
                 request["id"] = Value::from(1);
                 s.client.send(&request.to_string());
@@ -219,13 +333,29 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
             };
             let mut acked = Vec::new();
             while !client_stop.load(Ordering::SeqCst) {
-                let Some(bumped) = call(json!({"type": "session_execute", "session": "crash", "code": "n += 1\nblob[n % len(blob)] = n % 256\nn"})) else { break };
-                let Some(n) = bumped["result"]["value"].as_str().and_then(|v| v.parse::<u64>().ok()) else { break };
-                let Some(taken) = call(json!({"type": "session_checkpoint", "session": "crash"})) else { break };
+                let Some(bumped) = call(
+                    json!({"type": "session_execute", "session": "crash", "code": "n += 1\nblob[n % len(blob)] = n % 256\nn"}),
+                ) else {
+                    break;
+                };
+                let Some(n) = bumped["result"]["value"]
+                    .as_str()
+                    .and_then(|v| v.parse::<u64>().ok())
+                else {
+                    break;
+                };
+                let Some(taken) = call(json!({"type": "session_checkpoint", "session": "crash"}))
+                else {
+                    break;
+                };
                 if taken.get("type").and_then(Value::as_str) != Some("checkpoint") {
                     break;
                 }
-                acked.push((u64_of(&taken, "checkpoint"), str_of(&taken, "sha256").to_owned(), n));
+                acked.push((
+                    u64_of(&taken, "checkpoint"),
+                    str_of(&taken, "sha256").to_owned(),
+                    n,
+                ));
             }
             acked
         });
@@ -235,27 +365,50 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
         acknowledged.extend(client.join().unwrap_or_default());
         daemon.restart();
     }
-    assert!(!acknowledged.is_empty(), "no checkpoint was acknowledged in {kills} rounds");
+    assert!(
+        !acknowledged.is_empty(),
+        "no checkpoint was acknowledged in {kills} rounds"
+    );
     let mut s = daemon.client();
-    let info = s.expect("session", json!({"type": "session_info", "session": "crash"}));
-    let on_disk: Vec<(u64, String)> = info["checkpoints"].as_array().unwrap().iter().map(|c| (u64_of(c, "checkpoint"), str_of(c, "sha256").to_owned())).collect();
+    let info = s.expect(
+        "session",
+        json!({"type": "session_info", "session": "crash"}),
+    );
+    let on_disk: Vec<(u64, String)> = info["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (u64_of(c, "checkpoint"), str_of(c, "sha256").to_owned()))
+        .collect();
     let mut recovered = 0;
     for (number, sha256, n) in &acknowledged {
-        let listed = on_disk.iter().any(|(k, hash)| k == number && hash == sha256);
+        let listed = on_disk
+            .iter()
+            .any(|(k, hash)| k == number && hash == sha256);
         let fork = format!("fork-{number}");
-        let forked = s.call(json!({"type": "session_fork", "session": fork, "from": "crash", "checkpoint": number}));
-        let restored = forked.get("type").and_then(Value::as_str) == Some("session") && s.cell(&fork, "n") == Some(n.to_string());
+        let forked = s.call(
+            json!({"type": "session_fork", "session": fork, "from": "crash", "checkpoint": number}),
+        );
+        let restored = forked.get("type").and_then(Value::as_str) == Some("session")
+            && s.cell(&fork, "n") == Some(n.to_string());
         if listed && restored {
             recovered += 1;
         }
         s.call(json!({"type": "session_delete", "session": fork}));
     }
     println!("session checkpoints: {recovered}/{} acknowledged recovered after {kills} SIGKILLs of the daemon", acknowledged.len());
-    assert_eq!(recovered, acknowledged.len(), "acknowledged checkpoints lost");
+    assert_eq!(
+        recovered,
+        acknowledged.len(),
+        "acknowledged checkpoints lost"
+    );
     // The session itself goes on from its newest checkpoint (at least the last acknowledged).
     let last = acknowledged.iter().map(|(_, _, n)| *n).max().unwrap();
     let now: u64 = s.cell("crash", "n").unwrap().parse().unwrap();
-    assert!(now >= last, "the session resumed at n={now}, before the last acknowledged n={last}");
+    assert!(
+        now >= last,
+        "the session resumed at n={now}, before the last acknowledged n={last}"
+    );
     assert_eq!(s.cell("crash", "n += 1\nn"), Some((now + 1).to_string()));
 }
 
@@ -266,16 +419,33 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
 fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
     let (dir, mut daemon, mut s) = daemon_with_session("sessions-torn", "torn");
     s.cell("torn", "state = 'first'");
-    let first = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "torn"}));
+    let first = s.expect(
+        "checkpoint",
+        json!({"type": "session_checkpoint", "session": "torn"}),
+    );
     s.cell("torn", "state = 'second'");
-    let second = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "torn"}));
+    let second = s.expect(
+        "checkpoint",
+        json!({"type": "session_checkpoint", "session": "torn"}),
+    );
     s.cell("torn", "state = 'third'");
-    let third = s.expect("checkpoint", json!({"type": "session_pause", "session": "torn"}));
+    let third = s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "torn"}),
+    );
     daemon.kill();
-    let path = |taken: &Value| dir.join("sessions/torn").join(format!("{:012}.sfck", u64_of(taken, "checkpoint")));
+    let path = |taken: &Value| {
+        dir.join("sessions/torn")
+            .join(format!("{:012}.sfck", u64_of(taken, "checkpoint")))
+    };
     // The newest torn short; the one before it whole but with a byte of its pages changed.
     let length = std::fs::metadata(path(&third)).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(path(&third)).unwrap().set_len(length / 2).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path(&third))
+        .unwrap()
+        .set_len(length / 2)
+        .unwrap();
     let mut flipped = std::fs::read(path(&second)).unwrap();
     let middle = flipped.len() / 2;
     flipped[middle] ^= 0x40;
@@ -287,7 +457,12 @@ fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
         assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
         assert!(str_of(&refused, "message").contains(why), "{refused}");
     }
-    assert_eq!(s.cell("torn", "state"), Some("'first'".into()), "resumed from checkpoint {}", u64_of(&first, "checkpoint"));
+    assert_eq!(
+        s.cell("torn", "state"),
+        Some("'first'".into()),
+        "resumed from checkpoint {}",
+        u64_of(&first, "checkpoint")
+    );
 }
 
 /// Checkpoints after the first hold only the pages written since the one before, naming it;
@@ -300,23 +475,54 @@ fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
 fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused() {
     let (dir, mut daemon, mut s) = daemon_with_session("sessions-chain", "chain");
     let mut taken = Vec::new();
-    for (step, code) in ["v = 'c1'\nblob = bytearray(512 << 10)", "v = 'c2'\nblob[0] = 2", "v = 'c3'\nblob[300000] = 3", "v = 'c4'\nblob[0] = 2\nblob[300000] = 4"].iter().enumerate() {
+    for (step, code) in [
+        "v = 'c1'\nblob = bytearray(512 << 10)",
+        "v = 'c2'\nblob[0] = 2",
+        "v = 'c3'\nblob[300000] = 3",
+        "v = 'c4'\nblob[0] = 2\nblob[300000] = 4",
+    ]
+    .iter()
+    .enumerate()
+    {
         s.cell("chain", code);
-        let checkpoint = s.expect("checkpoint", json!({"type": "session_checkpoint", "session": "chain"}));
-        let parent = if step == 0 { Value::Null } else { Value::from(u64_of(&taken[step - 1], "checkpoint")) };
+        let checkpoint = s.expect(
+            "checkpoint",
+            json!({"type": "session_checkpoint", "session": "chain"}),
+        );
+        let parent = if step == 0 {
+            Value::Null
+        } else {
+            Value::from(u64_of(&taken[step - 1], "checkpoint"))
+        };
         assert_eq!(checkpoint["parent"], parent, "{checkpoint}");
         taken.push(checkpoint);
     }
     let full = u64_of(&taken[0], "dirty_bytes");
-    assert!(taken[1..].iter().all(|c| u64_of(c, "dirty_bytes") < full && u64_of(c, "file_bytes") < u64_of(&taken[0], "file_bytes")), "incremental ones are smaller: {taken:?}");
+    assert!(
+        taken[1..].iter().all(|c| u64_of(c, "dirty_bytes") < full
+            && u64_of(c, "file_bytes") < u64_of(&taken[0], "file_bytes")),
+        "incremental ones are smaller: {taken:?}"
+    );
     // c4 writes blob[0]'s page with the bytes it held: left out of checkpoint 4, read from 2.
-    let expected = ["('c1', 0, 0)", "('c2', 2, 0)", "('c3', 2, 3)", "('c4', 2, 4)"];
+    let expected = [
+        "('c1', 0, 0)",
+        "('c2', 2, 0)",
+        "('c3', 2, 3)",
+        "('c4', 2, 4)",
+    ];
     let check_forks = |s: &mut Session, round: &str| {
         for (checkpoint, want) in taken.iter().zip(expected) {
             let fork = format!("{round}-{}", u64_of(checkpoint, "checkpoint"));
             s.expect("session", json!({"type": "session_fork", "session": fork, "from": "chain", "checkpoint": u64_of(checkpoint, "checkpoint")}));
-            assert_eq!(s.cell(&fork, "(v, blob[0], blob[300000])"), Some(want.to_owned()), "{round}: fork of {checkpoint}");
-            s.expect("session", json!({"type": "session_delete", "session": fork}));
+            assert_eq!(
+                s.cell(&fork, "(v, blob[0], blob[300000])"),
+                Some(want.to_owned()),
+                "{round}: fork of {checkpoint}"
+            );
+            s.expect(
+                "session",
+                json!({"type": "session_delete", "session": fork}),
+            );
         }
     };
     check_forks(&mut s, "known");
@@ -325,7 +531,10 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
     let mut s = daemon.client();
     check_forks(&mut s, "hashed");
     daemon.kill();
-    let path = |checkpoint: &Value| dir.join("sessions/chain").join(format!("{:012}.sfck", u64_of(checkpoint, "checkpoint")));
+    let path = |checkpoint: &Value| {
+        dir.join("sessions/chain")
+            .join(format!("{:012}.sfck", u64_of(checkpoint, "checkpoint")))
+    };
     let mut damaged = std::fs::read(path(&taken[1])).unwrap();
     // The first byte after the head (its length is the body's first word): a stored page's.
     let first_stored = u64::from_le_bytes(damaged[24..32].try_into().unwrap()) as usize;
@@ -335,8 +544,15 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
     let mut s = daemon.client();
     let refused = s.call(json!({"type": "session_fork", "session": "from-damaged", "from": "chain", "checkpoint": u64_of(&taken[2], "checkpoint")}));
     assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
-    assert!(str_of(&refused, "message").contains("content hash of its parent"), "{refused}");
-    assert_eq!(s.cell("chain", "(v, blob[0], blob[300000])"), Some(expected[0].to_owned()), "resumed from the checkpoint before the damaged one");
+    assert!(
+        str_of(&refused, "message").contains("content hash of its parent"),
+        "{refused}"
+    );
+    assert_eq!(
+        s.cell("chain", "(v, blob[0], blob[300000])"),
+        Some(expected[0].to_owned()),
+        "resumed from the checkpoint before the damaged one"
+    );
     daemon.kill();
     for (checkpoint, version) in [(&taken[0], 2u32), (&taken[3], 4)] {
         let mut old = std::fs::read(path(checkpoint)).unwrap();
@@ -347,6 +563,11 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
     let mut s = daemon.client();
     for (checkpoint, version) in [(&taken[0], 2u32), (&taken[3], 4)] {
         let refused = s.call(json!({"type": "session_fork", "session": "from-old", "from": "chain", "checkpoint": u64_of(checkpoint, "checkpoint")}));
-        assert!(str_of(&refused, "message").contains(&format!("checkpoint format {version}; this daemon reads formats 5 to 6")), "{refused}");
+        assert!(
+            str_of(&refused, "message").contains(&format!(
+                "checkpoint format {version}; this daemon reads formats 5 to 6"
+            )),
+            "{refused}"
+        );
     }
 }

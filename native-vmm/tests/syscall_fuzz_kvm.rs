@@ -44,10 +44,22 @@ fn run_seed(master: u64, i: u64) -> u64 {
 
 /// Secrets with the prefix the guest searches for, in the places a VMM bug could copy from.
 fn plant_host_secrets() -> Vec<String> {
-    let secrets: Vec<String> = ["env", "heap", "file"].iter().map(|place| format!("SFHOST::{place}-{:x}", run_seed(std::process::id().into(), 7))).collect();
+    let secrets: Vec<String> = ["env", "heap", "file"]
+        .iter()
+        .map(|place| {
+            format!(
+                "SFHOST::{place}-{:x}",
+                run_seed(std::process::id().into(), 7)
+            )
+        })
+        .collect();
     std::env::set_var("SANDFORK_FUZZ_HOST_SECRET", &secrets[0]);
     Box::leak(secrets[1].repeat(64).into_boxed_str());
-    std::fs::write(common::process_dir("fuzzer-secret").join("secret"), &secrets[2]).unwrap();
+    std::fs::write(
+        common::process_dir("fuzzer-secret").join("secret"),
+        &secrets[2],
+    )
+    .unwrap();
     secrets
 }
 
@@ -65,28 +77,49 @@ fn random_system_calls_end_in_a_status_and_never_see_host_data() {
     let (mut runs, mut calls) = (0, 0);
     while runs == 0 || started.elapsed() < budget {
         let seed = run_seed(master, runs);
-        let mut req = RunRequest::new("/bin/syscall_fuzzer", &[format!("{seed:#x}"), CALLS_PER_RUN.to_string()]);
+        let mut req = RunRequest::new(
+            "/bin/syscall_fuzzer",
+            &[format!("{seed:#x}"), CALLS_PER_RUN.to_string()],
+        );
         req.timeout = limit;
         req.mem_bytes = 64 << 20;
         let (done, result) = mpsc::channel();
         let image = image.clone();
         let sent = Instant::now();
         thread::spawn(move || {
-            let _ = done.send(vm::launch(image, &req, &common::test_cpu).map_err(|e| e.to_string()));
+            let _ =
+                done.send(vm::launch(image, &req, &common::test_cpu).map_err(|e| e.to_string()));
         });
         let context = format!("run {runs} (seed {seed:#x}; master seed {master:#x})");
         let outcome = match result.recv_timeout(limit + scaled(Duration::from_secs(10))) {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(e)) => panic!("{context}: the VMM failed instead of ending the run with a status: {e}"),
-            Err(_) => panic!("{context}: no answer {:?} after its {limit:?} time limit", sent.elapsed()),
+            Ok(Err(e)) => {
+                panic!("{context}: the VMM failed instead of ending the run with a status: {e}")
+            }
+            Err(_) => panic!(
+                "{context}: no answer {:?} after its {limit:?} time limit",
+                sent.elapsed()
+            ),
         };
         let output = [outcome.stdout.as_slice(), outcome.stderr.as_slice()].concat();
         for secret in &secrets {
-            assert!(!output.windows(secret.len()).any(|w| w == secret.as_bytes()), "{context}: the guest's output holds the host secret {secret}");
+            assert!(
+                !output.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{context}: the guest's output holds the host secret {secret}"
+            );
         }
-        assert_ne!(outcome.status, RunStatus::Exited { code: 99 }, "{context}: host data reached guest memory: {}", String::from_utf8_lossy(&outcome.stdout));
+        assert_ne!(
+            outcome.status,
+            RunStatus::Exited { code: 99 },
+            "{context}: host data reached guest memory: {}",
+            String::from_utf8_lossy(&outcome.stdout)
+        );
         if let RunStatus::Timeout { .. } = outcome.status {
-            assert!(sent.elapsed() < limit + scaled(Duration::from_secs(2)), "{context}: timed out only after {:?}", sent.elapsed());
+            assert!(
+                sent.elapsed() < limit + scaled(Duration::from_secs(2)),
+                "{context}: timed out only after {:?}",
+                sent.elapsed()
+            );
         }
         let kind = match &outcome.status {
             RunStatus::Unsupported { name, .. } => name,
@@ -96,6 +129,9 @@ fn random_system_calls_end_in_a_status_and_never_see_host_data() {
         calls += outcome.stats.syscalls;
         runs += 1;
     }
-    eprintln!("syscall fuzzer: {runs} runs, {calls} system calls in {:?}; how runs ended: {statuses:?}", started.elapsed());
+    eprintln!(
+        "syscall fuzzer: {runs} runs, {calls} system calls in {:?}; how runs ended: {statuses:?}",
+        started.elapsed()
+    );
     assert!(statuses.values().sum::<u64>() == runs);
 }

@@ -74,11 +74,28 @@ print("gil", sorted(sums.values()), threading.active_count())
 
 #[test]
 fn a_threading_program_prints_what_it_prints_natively() {
-    let native = Command::new("/usr/bin/python3.11").args(["-c", THREADING_PROGRAM]).output().expect("running /usr/bin/python3.11");
-    assert!(native.status.success(), "natively: {}", String::from_utf8_lossy(&native.stderr));
+    let native = Command::new("/usr/bin/python3.11")
+        .args(["-c", THREADING_PROGRAM])
+        .output()
+        .expect("running /usr/bin/python3.11");
+    assert!(
+        native.status.success(),
+        "natively: {}",
+        String::from_utf8_lossy(&native.stderr)
+    );
     let outcome = python(THREADING_PROGRAM);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), String::from_utf8_lossy(&native.stdout), "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "{}",
+        describe(&outcome)
+    );
     let threads = outcome.stats.threads;
     assert!(threads.created >= 16 + 4 + 1 + 5 + 3, "{threads:?}");
     assert!(threads.peak >= 17 && threads.refused == 0, "{threads:?}");
@@ -100,16 +117,39 @@ except RuntimeError as e:
 stop.set()
 "#;
     let outcome = python(code);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "63 64 can't start new thread\n");
-    assert_eq!((outcome.stats.threads.peak, outcome.stats.threads.refused), (64, 1), "{:?}", outcome.stats.threads);
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "63 64 can't start new thread\n"
+    );
+    assert_eq!(
+        (outcome.stats.threads.peak, outcome.stats.threads.refused),
+        (64, 1),
+        "{:?}",
+        outcome.stats.threads
+    );
 
     // Uncaught, the same bomb is the program's error exit, with the limit configurable.
     let mut req = python_request("import threading, time\nwhile True: threading.Thread(target=time.sleep, args=(30,), daemon=True).start()");
     req.thread_limit = 8;
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 1 }, "{}", describe(&outcome));
-    assert!(String::from_utf8_lossy(&outcome.stderr).ends_with("RuntimeError: can't start new thread\n"), "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 1 },
+        "{}",
+        describe(&outcome)
+    );
+    assert!(
+        String::from_utf8_lossy(&outcome.stderr)
+            .ends_with("RuntimeError: can't start new thread\n"),
+        "{}",
+        describe(&outcome)
+    );
     assert_eq!(outcome.stats.threads.peak, 8);
 }
 
@@ -133,17 +173,36 @@ for t in ts: t.join()
     let mut req = python_request(code);
     req.timeout = scaled(Duration::from_secs(30));
     let outcome = run(&python_image(), &req);
-    assert_eq!(outcome.status, RunStatus::Deadlocked { threads: 3 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Deadlocked { threads: 3 },
+        "{}",
+        describe(&outcome)
+    );
     assert_eq!(outcome.stdout, b"started\n");
-    assert!(outcome.stats.wall < scaled(Duration::from_secs(5)), "ended after {:?}, not at once", outcome.stats.wall);
+    assert!(
+        outcome.stats.wall < scaled(Duration::from_secs(5)),
+        "ended after {:?}, not at once",
+        outcome.stats.wall
+    );
     assert_eq!(outcome.status.kind(), "deadlocked");
 
     // One thread alone: a lock acquired twice.
     let outcome = python("import threading\nl = threading.Lock()\nl.acquire()\nl.acquire()");
-    assert_eq!(outcome.status, RunStatus::Deadlocked { threads: 1 }, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Deadlocked { threads: 1 },
+        "{}",
+        describe(&outcome)
+    );
     // A timed wait is not a deadlock: it times out.
-    let outcome = python("import threading\nl = threading.Lock()\nl.acquire()\nprint(l.acquire(timeout=0.05))");
-    assert_eq!((outcome.status, outcome.stdout), (RunStatus::Exited { code: 0 }, b"False\n".to_vec()));
+    let outcome = python(
+        "import threading\nl = threading.Lock()\nl.acquire()\nprint(l.acquire(timeout=0.05))",
+    );
+    assert_eq!(
+        (outcome.status, outcome.stdout),
+        (RunStatus::Exited { code: 0 }, b"False\n".to_vec())
+    );
 }
 
 #[test]
@@ -165,10 +224,27 @@ spinning = False
 t.join()
 print("stopped", 0.05 <= time.monotonic() - t0 < BOUND)
 "#;
-    let outcome = python(&code.replace("BOUND", &scaled(Duration::from_secs(2)).as_secs().to_string()));
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "stopped True\n", "{}", describe(&outcome));
-    assert!(outcome.stats.threads.preemptions >= 1, "{:?}", outcome.stats.threads);
+    let outcome = python(&code.replace(
+        "BOUND",
+        &scaled(Duration::from_secs(2)).as_secs().to_string(),
+    ));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "stopped True\n",
+        "{}",
+        describe(&outcome)
+    );
+    assert!(
+        outcome.stats.threads.preemptions >= 1,
+        "{:?}",
+        outcome.stats.threads
+    );
 }
 
 #[test]
@@ -193,9 +269,23 @@ print(total, got)
 "#;
     let expected: u64 = (0..30u64).map(|i| (i..400_000 + i).sum::<u64>()).sum();
     let outcome = python(code);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), format!("{expected} [b'x']\n"), "{}", describe(&outcome));
-    assert!(outcome.stats.threads.preemptions >= 1, "{:?}", outcome.stats.threads);
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        format!("{expected} [b'x']\n"),
+        "{}",
+        describe(&outcome)
+    );
+    assert!(
+        outcome.stats.threads.preemptions >= 1,
+        "{:?}",
+        outcome.stats.threads
+    );
 }
 
 // ---- a template snapshotted with threads alive ----
@@ -217,7 +307,10 @@ builtins.template_worker = (jobs, done)
 runpy.run_path("/opt/sandfork/agent.py", run_name="__main__")
 "#;
 const THREADED_AGENT_PATH: &str = "/opt/test/threaded_agent.py";
-const THREADED_AGENT_COMMAND: AgentCommand = AgentCommand { program: "python3", argv: &["python3", "-I", "-B", THREADED_AGENT_PATH] };
+const THREADED_AGENT_COMMAND: AgentCommand = AgentCommand {
+    program: "python3",
+    argv: &["python3", "-I", "-B", THREADED_AGENT_PATH],
+};
 
 /// A thread preempted while a readiness waiter was due, and picked again at once, used to keep
 /// its saved registers while it ran on; its next switch then resumed it from them, back in
@@ -241,8 +334,16 @@ for _ in range(3):
     print(sum(got))
 "#;
     let outcome = python(code);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), "4194304\n".repeat(3));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "4194304\n".repeat(3)
+    );
 }
 
 /// The Python template's image plus the threaded agent.
@@ -278,17 +379,45 @@ print(done.get(timeout=5), sorted(t.name for t in threading.enumerate()))
 fn a_template_with_threads_alive_forks_and_resets_them_all() {
     let image = threaded_agent_image();
     let dir = common::process_dir("threaded-template").join("t");
-    let limits = RunLimits { timeout: scaled(Duration::from_secs(20)), ..common::boot_limits(vm::DEFAULT_MEM_BYTES) };
-    snapshot::build(image.clone(), "threaded", &THREADED_AGENT_COMMAND, &limits, &common::test_cpu, &dir).unwrap_or_else(|e| panic!("building the template: {e}"));
-    let template = Template::load(&dir, image, &THREADED_AGENT_COMMAND).unwrap_or_else(|e| panic!("loading the template: {e}"));
+    let limits = RunLimits {
+        timeout: scaled(Duration::from_secs(20)),
+        ..common::boot_limits(vm::DEFAULT_MEM_BYTES)
+    };
+    snapshot::build(
+        image.clone(),
+        "threaded",
+        &THREADED_AGENT_COMMAND,
+        &limits,
+        &common::test_cpu,
+        &dir,
+    )
+    .unwrap_or_else(|e| panic!("building the template: {e}"));
+    let template = Template::load(&dir, image, &THREADED_AGENT_COMMAND)
+        .unwrap_or_else(|e| panic!("loading the template: {e}"));
     let expected = "(45, 1) ['MainThread', 'template-worker']\n";
 
     // Fresh forks: each gets both threads as the template left them.
     for _ in 0..2 {
-        let restored = snapshot::serve_restored(&template, common::fork_memory(), &common::restore_cpu, AgentRequest::new(HAND_A_JOB), &limits).unwrap();
-        assert_eq!(restored.outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&restored.outcome));
+        let restored = snapshot::serve_restored(
+            &template,
+            common::fork_memory(),
+            &common::restore_cpu,
+            AgentRequest::new(HAND_A_JOB),
+            &limits,
+        )
+        .unwrap();
+        assert_eq!(
+            restored.outcome.status,
+            RunStatus::Exited { code: 0 },
+            "{}",
+            describe(&restored.outcome)
+        );
         assert_eq!(String::from_utf8_lossy(&restored.outcome.stdout), expected);
-        assert!(restored.outcome.stats.threads.switches >= 2, "{:?}", restored.outcome.stats.threads);
+        assert!(
+            restored.outcome.stats.threads.switches >= 2,
+            "{:?}",
+            restored.outcome.stats.threads
+        );
     }
 
     // One VM reset after each request, as the pool does: the worker thread's registers and
@@ -299,9 +428,26 @@ fn a_template_with_threads_alive_forks_and_resets_them_all() {
     let mem = template.new_memory(ForkMemory::CopyOnWrite).unwrap();
     let mut cpu = common::restore_cpu(&mem, template.cpu()).unwrap();
     for round in 0..3 {
-        let (outcome, back) = snapshot::serve_fork(&template, &mem, cpu, Instant::now(), AgentRequest::new(HAND_A_JOB), &limits).unwrap();
-        assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "round {round}: {}", describe(&outcome));
-        assert_eq!(String::from_utf8_lossy(&outcome.stdout), expected, "round {round}");
+        let (outcome, back) = snapshot::serve_fork(
+            &template,
+            &mem,
+            cpu,
+            Instant::now(),
+            AgentRequest::new(HAND_A_JOB),
+            &limits,
+        )
+        .unwrap();
+        assert_eq!(
+            outcome.status,
+            RunStatus::Exited { code: 0 },
+            "round {round}: {}",
+            describe(&outcome)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&outcome.stdout),
+            expected,
+            "round {round}"
+        );
         cpu = back;
         let copied = mem.copied_ranges().unwrap().expect("a copy-on-write fork");
         snapshot::reset(&template, &mem, cpu.as_mut(), &copied).unwrap();

@@ -56,7 +56,11 @@ pub const XCR0_SSE: u64 = 1 << 1;
 pub const XCR0_AVX: u64 = 1 << 2;
 
 /// The MSRs to set, with their values.
-pub const MSRS: [(u32, u64); 3] = [(MSR_STAR, STAR), (MSR_LSTAR, SYSCALL_ENTRY_ADDR), (MSR_SFMASK, SFMASK)];
+pub const MSRS: [(u32, u64); 3] = [
+    (MSR_STAR, STAR),
+    (MSR_LSTAR, SYSCALL_ENTRY_ADDR),
+    (MSR_SFMASK, SFMASK),
+];
 
 /// The CPU features the setup depends on, from the CPUID the vCPU will report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,8 +81,13 @@ impl CpuFeatures {
     pub fn from_cpuid(leaf: impl Fn(u32, u32) -> Option<[u32; 4]>) -> CpuFeatures {
         let xsave = leaf(1, 0).is_some_and(|[_, _, ecx, _]| ecx & (1 << 26) != 0);
         let fsgsbase = leaf(7, 0).is_some_and(|[_, ebx, _, _]| ebx & 1 != 0);
-        let supported_xcr0 = leaf(0xD, 0).map_or(0, |[eax, _, _, edx]| (edx as u64) << 32 | eax as u64);
-        CpuFeatures { xsave, fsgsbase, supported_xcr0 }
+        let supported_xcr0 =
+            leaf(0xD, 0).map_or(0, |[eax, _, _, edx]| (edx as u64) << 32 | eax as u64);
+        CpuFeatures {
+            xsave,
+            fsgsbase,
+            supported_xcr0,
+        }
     }
 
     /// PAE for long mode, FXSR/SSE exceptions, OSXSAVE (so programs see AVX as usable) and
@@ -97,7 +106,8 @@ impl CpuFeatures {
     /// x87|SSE|AVX as far as supported (XCR0=7 on any AVX machine); None without XSAVE.
     /// AVX-512 and AMX state stay off: their state would grow every XSAVE area for little gain.
     pub fn xcr0(&self) -> Option<u64> {
-        self.xsave.then_some(self.supported_xcr0 & (XCR0_X87 | XCR0_SSE | XCR0_AVX) | XCR0_X87)
+        self.xsave
+            .then_some(self.supported_xcr0 & (XCR0_X87 | XCR0_SSE | XCR0_AVX) | XCR0_X87)
     }
 
     /// The XSAVE components a snapshot's state is restored for: every one KVM can hold. Not
@@ -118,7 +128,11 @@ pub struct UserSegments {
 }
 
 pub fn user_segments() -> UserSegments {
-    UserSegments { cs: Segment::from_gdt(USER_CS), data: Segment::from_gdt(USER_SS), tr: Segment::from_gdt(TSS_SELECTOR) }
+    UserSegments {
+        cs: Segment::from_gdt(USER_CS),
+        data: Segment::from_gdt(USER_SS),
+        tr: Segment::from_gdt(TSS_SELECTOR),
+    }
 }
 
 #[cfg(test)]
@@ -132,7 +146,11 @@ mod tests {
         assert_eq!(STAR, 0x0010_0008_0000_0000);
         assert_eq!(SFMASK, 0x4_4700);
         assert_eq!(USER_RFLAGS, 0x202);
-        assert_eq!(SFMASK & USER_RFLAGS, RFLAGS_IF, "the stub runs with interrupts off");
+        assert_eq!(
+            SFMASK & USER_RFLAGS,
+            RFLAGS_IF,
+            "the stub runs with interrupts off"
+        );
     }
 
     #[test]
@@ -155,7 +173,10 @@ mod tests {
     fn avx_machine_gets_xcr0_7_and_osxsave() {
         let features = CpuFeatures::from_cpuid(cpuid(true, true, 0x2E7));
         assert_eq!(features.xcr0(), Some(7));
-        assert_eq!(features.cr4(), CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT | CR4_OSXSAVE | CR4_FSGSBASE);
+        assert_eq!(
+            features.cr4(),
+            CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT | CR4_OSXSAVE | CR4_FSGSBASE
+        );
     }
 
     #[test]
@@ -169,15 +190,24 @@ mod tests {
         // PVM: no XSAVE in leaf 1, but leaf 0xD lists what the guest really runs with.
         let pvm = CpuFeatures::from_cpuid(cpuid(false, false, 0xE7));
         assert_eq!((pvm.xcr0(), pvm.restored_state()), (None, 0xE7));
-        assert_eq!(CpuFeatures::from_cpuid(cpuid(true, true, 0x7)).restored_state(), 7);
-        assert_eq!(CpuFeatures::from_cpuid(|_, _| None).restored_state(), XCR0_X87 | XCR0_SSE);
+        assert_eq!(
+            CpuFeatures::from_cpuid(cpuid(true, true, 0x7)).restored_state(),
+            7
+        );
+        assert_eq!(
+            CpuFeatures::from_cpuid(|_, _| None).restored_state(),
+            XCR0_X87 | XCR0_SSE
+        );
         assert_eq!(CpuFeatures::from_cpuid(|_, _| None), CpuFeatures::default());
     }
 
     #[test]
     fn user_segments_are_cpl3_long_mode() {
         let segments = user_segments();
-        assert_eq!((segments.cs.selector, segments.cs.dpl, segments.cs.long), (USER_CS, 3, true));
+        assert_eq!(
+            (segments.cs.selector, segments.cs.dpl, segments.cs.long),
+            (USER_CS, 3, true)
+        );
         assert_eq!((segments.data.selector, segments.data.dpl), (USER_SS, 3));
         assert_eq!(segments.tr.selector, TSS_SELECTOR);
     }

@@ -59,10 +59,20 @@ const fn segment_descriptor(dpl: u64, kind: u64, flags: u64) -> u64 {
     0xFFFF | access << 40 | 0xF << 48 | flags << 52
 }
 
-pub const KERNEL_CODE_DESCRIPTOR: u64 = segment_descriptor(0, TYPE_CODE_EXEC_READ_ACCESSED, FLAG_GRANULARITY | FLAG_LONG);
-pub const KERNEL_DATA_DESCRIPTOR: u64 = segment_descriptor(0, TYPE_DATA_READ_WRITE_ACCESSED, FLAG_GRANULARITY | FLAG_DB);
-pub const USER_DATA_DESCRIPTOR: u64 = segment_descriptor(3, TYPE_DATA_READ_WRITE_ACCESSED, FLAG_GRANULARITY | FLAG_DB);
-pub const USER_CODE_DESCRIPTOR: u64 = segment_descriptor(3, TYPE_CODE_EXEC_READ_ACCESSED, FLAG_GRANULARITY | FLAG_LONG);
+pub const KERNEL_CODE_DESCRIPTOR: u64 = segment_descriptor(
+    0,
+    TYPE_CODE_EXEC_READ_ACCESSED,
+    FLAG_GRANULARITY | FLAG_LONG,
+);
+pub const KERNEL_DATA_DESCRIPTOR: u64 =
+    segment_descriptor(0, TYPE_DATA_READ_WRITE_ACCESSED, FLAG_GRANULARITY | FLAG_DB);
+pub const USER_DATA_DESCRIPTOR: u64 =
+    segment_descriptor(3, TYPE_DATA_READ_WRITE_ACCESSED, FLAG_GRANULARITY | FLAG_DB);
+pub const USER_CODE_DESCRIPTOR: u64 = segment_descriptor(
+    3,
+    TYPE_CODE_EXEC_READ_ACCESSED,
+    FLAG_GRANULARITY | FLAG_LONG,
+);
 
 /// The 16-byte system descriptor of the TSS at `base`.
 fn tss_descriptor(base: u64) -> [u64; 2] {
@@ -77,7 +87,15 @@ fn tss_descriptor(base: u64) -> [u64; 2] {
 
 pub fn gdt() -> [u64; GDT_SLOTS] {
     let [tss_low, tss_high] = tss_descriptor(TSS_ADDR);
-    [0, KERNEL_CODE_DESCRIPTOR, KERNEL_DATA_DESCRIPTOR, USER_DATA_DESCRIPTOR, USER_CODE_DESCRIPTOR, tss_low, tss_high]
+    [
+        0,
+        KERNEL_CODE_DESCRIPTOR,
+        KERNEL_DATA_DESCRIPTOR,
+        USER_DATA_DESCRIPTOR,
+        USER_CODE_DESCRIPTOR,
+        tss_low,
+        tss_high,
+    ]
 }
 
 /// The TSS: IST1 (and RSP0, for completeness: every gate uses IST1) on the exception stack, and
@@ -123,7 +141,11 @@ pub fn write_tables(mem: &GuestMemory) -> io::Result<()> {
     let gdt: Vec<u8> = gdt().iter().flat_map(|d| d.to_le_bytes()).collect();
     mem.write(GDT_ADDR, &gdt).map_err(too_small)?;
     mem.write(TSS_ADDR, &tss()).map_err(too_small)?;
-    let idt: Vec<u8> = idt().iter().flatten().flat_map(|d| d.to_le_bytes()).collect();
+    let idt: Vec<u8> = idt()
+        .iter()
+        .flatten()
+        .flat_map(|d| d.to_le_bytes())
+        .collect();
     mem.write(IDT_ADDR, &idt).map_err(too_small)
 }
 
@@ -150,12 +172,20 @@ impl Segment {
     pub fn from_descriptor(selector: u16, descriptor: u64, base_high: u64) -> Segment {
         let raw_limit = (descriptor & 0xFFFF) | (descriptor >> 48 & 0xF) << 16;
         let granularity = descriptor >> 55 & 1 != 0;
-        let limit = if granularity { raw_limit << 12 | 0xFFF } else { raw_limit };
+        let limit = if granularity {
+            raw_limit << 12 | 0xFFF
+        } else {
+            raw_limit
+        };
         let code_data = descriptor >> 44 & 1 != 0;
         let base_low = (descriptor >> 16 & 0xFF_FFFF) | (descriptor >> 56 & 0xFF) << 24;
         Segment {
             selector,
-            base: if code_data { base_low } else { base_low | base_high << 32 },
+            base: if code_data {
+                base_low
+            } else {
+                base_low | base_high << 32
+            },
             limit: limit as u32,
             kind: (descriptor >> 40 & 0xF) as u8,
             present: descriptor >> 47 & 1 != 0,
@@ -197,26 +227,42 @@ mod tests {
         assert!(kernel_cs.present && kernel_cs.long && kernel_cs.code_data && !kernel_cs.db);
         assert_eq!((kernel_cs.dpl, kernel_cs.kind), (0, 0xB));
         let kernel_ss = Segment::from_gdt(KERNEL_SS);
-        assert_eq!((kernel_ss.dpl, kernel_ss.kind, kernel_ss.long), (0, 0x3, false));
+        assert_eq!(
+            (kernel_ss.dpl, kernel_ss.kind, kernel_ss.long),
+            (0, 0x3, false)
+        );
         let user_cs = Segment::from_gdt(USER_CS);
         assert!(user_cs.present && user_cs.long && !user_cs.db);
-        assert_eq!((user_cs.dpl, user_cs.kind, user_cs.selector & 3), (3, 0xB, 3));
+        assert_eq!(
+            (user_cs.dpl, user_cs.kind, user_cs.selector & 3),
+            (3, 0xB, 3)
+        );
         let user_ss = Segment::from_gdt(USER_SS);
         assert!(user_ss.present && user_ss.db && !user_ss.long);
-        assert_eq!((user_ss.dpl, user_ss.kind, user_ss.limit), (3, 0x3, 0xFFFF_FFFF));
+        assert_eq!(
+            (user_ss.dpl, user_ss.kind, user_ss.limit),
+            (3, 0x3, 0xFFFF_FFFF)
+        );
     }
 
     #[test]
     fn tss_descriptor_points_at_the_tss() {
         let tr = Segment::from_gdt(TSS_SELECTOR);
         assert_eq!(tr.base, TSS_ADDR);
-        assert_eq!(tr.limit as u64, TSS_SIZE_WITH_IO_BITMAP - 1, "the limit covers the I/O bitmap");
+        assert_eq!(
+            tr.limit as u64,
+            TSS_SIZE_WITH_IO_BITMAP - 1,
+            "the limit covers the I/O bitmap"
+        );
         assert_eq!(tr.kind as u64, TYPE_TSS_BUSY);
         assert!(tr.present && !tr.code_data);
         // A base above 4 GiB would need the upper half: check the split too.
         let high = 0x1234_5678_9ABC_D000;
         let [low, upper] = tss_descriptor(high);
-        assert_eq!(Segment::from_descriptor(TSS_SELECTOR, low, upper).base, high);
+        assert_eq!(
+            Segment::from_descriptor(TSS_SELECTOR, low, upper).base,
+            high
+        );
     }
 
     /// The CPU's check of a one-byte `in`/`out` at CPL3 with IOPL 0: it reads the two bytes of
@@ -236,10 +282,16 @@ mod tests {
         let tss = tss();
         let word = |at: usize| u64::from_le_bytes(tss[at..at + 8].try_into().unwrap());
         assert_eq!(word(TSS_IST1), EXCEPTION_STACK_TOP);
-        assert_eq!(EXCEPTION_STACK_TOP % 16, 0, "the CPU aligns IST stacks to 16 bytes");
+        assert_eq!(
+            EXCEPTION_STACK_TOP % 16,
+            0,
+            "the CPU aligns IST stacks to 16 bytes"
+        );
         let limit = Segment::from_gdt(TSS_SELECTOR).limit as usize;
         assert_eq!(limit + 1, tss.len());
-        let allowed: Vec<u16> = (0..=u16::MAX).filter(|&port| io_allowed(&tss, limit, port)).collect();
+        let allowed: Vec<u16> = (0..=u16::MAX)
+            .filter(|&port| io_allowed(&tss, limit, port))
+            .collect();
         assert_eq!(allowed, [SYSCALL_PORT]);
         assert!(!io_allowed(&tss, limit, super::super::EXCEPTION_PORT));
     }
@@ -263,9 +315,18 @@ mod tests {
     fn write_tables_puts_them_at_their_addresses() {
         let mem = GuestMemory::new(4 << 20).unwrap();
         write_tables(&mem).unwrap();
-        assert_eq!(mem.read_u64(GDT_ADDR + KERNEL_CS as u64).unwrap(), KERNEL_CODE_DESCRIPTOR);
-        assert_eq!(mem.read_u64(GDT_ADDR + (USER_CS & !3) as u64).unwrap(), USER_CODE_DESCRIPTOR);
-        assert_eq!(mem.read_u64(TSS_ADDR + TSS_IST1 as u64).unwrap(), EXCEPTION_STACK_TOP);
+        assert_eq!(
+            mem.read_u64(GDT_ADDR + KERNEL_CS as u64).unwrap(),
+            KERNEL_CODE_DESCRIPTOR
+        );
+        assert_eq!(
+            mem.read_u64(GDT_ADDR + (USER_CS & !3) as u64).unwrap(),
+            USER_CODE_DESCRIPTOR
+        );
+        assert_eq!(
+            mem.read_u64(TSS_ADDR + TSS_IST1 as u64).unwrap(),
+            EXCEPTION_STACK_TOP
+        );
         assert_eq!(mem.read_u64(IDT_ADDR + 14 * 16).unwrap(), idt()[14][0]);
     }
 }

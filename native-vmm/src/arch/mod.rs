@@ -71,7 +71,10 @@ pub fn install(mem: &GuestMemory) -> io::Result<()> {
 
 /// A guest write of the system area failed: guest memory is smaller than the layout needs.
 fn too_small(e: crate::memory::OutOfBounds) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, format!("writing the guest system area: {e}"))
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("writing the guest system area: {e}"),
+    )
 }
 
 #[cfg(test)]
@@ -93,12 +96,21 @@ mod tests {
             (SYSCALL_STACK_TOP - 0x1000, 0x1000),
             (EXCEPTION_STACK_TOP - 0x1000, 0x1000),
             (FIRST_PD_ADDR, crate::layout::VVAR_ADDR - FIRST_PD_ADDR),
-            (crate::layout::VVAR_ADDR, USER_BASE - crate::layout::VVAR_ADDR),
+            (
+                crate::layout::VVAR_ADDR,
+                USER_BASE - crate::layout::VVAR_ADDR,
+            ),
         ];
         for (i, &(start, len)) in objects.iter().enumerate() {
-            assert!(start >= SYSTEM_AREA_START && start + len <= USER_BASE, "object {i} at {start:#x}");
+            assert!(
+                start >= SYSTEM_AREA_START && start + len <= USER_BASE,
+                "object {i} at {start:#x}"
+            );
             for &(other, other_len) in &objects[i + 1..] {
-                assert!(start + len <= other || other + other_len <= start, "{start:#x} overlaps {other:#x}");
+                assert!(
+                    start + len <= other || other + other_len <= start,
+                    "{start:#x} overlaps {other:#x}"
+                );
             }
         }
     }
@@ -108,8 +120,14 @@ mod tests {
         let mem = GuestMemory::new(16 << 20).unwrap();
         mem.fill(0, 16 << 20, 0xAA).unwrap();
         install(&mem).unwrap();
-        assert_eq!(mem.read_vec(0, SYSTEM_AREA_START).unwrap(), vec![0xAA; SYSTEM_AREA_START as usize]);
-        assert_eq!(mem.read_vec(USER_BASE, 1 << 20).unwrap(), vec![0xAA; 1 << 20]);
+        assert_eq!(
+            mem.read_vec(0, SYSTEM_AREA_START).unwrap(),
+            vec![0xAA; SYSTEM_AREA_START as usize]
+        );
+        assert_eq!(
+            mem.read_vec(USER_BASE, 1 << 20).unwrap(),
+            vec![0xAA; 1 << 20]
+        );
     }
 
     #[test]

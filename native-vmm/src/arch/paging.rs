@@ -15,7 +15,10 @@
 
 use std::io;
 
-use super::{too_small, CODE_ADDR, FIRST_PD_ADDR, LOW_PT_ADDR, PDPT_ADDR, PML4_ADDR, SYSCALL_STACK_TOP, TAIL_PT_ADDR};
+use super::{
+    too_small, CODE_ADDR, FIRST_PD_ADDR, LOW_PT_ADDR, PDPT_ADDR, PML4_ADDR, SYSCALL_STACK_TOP,
+    TAIL_PT_ADDR,
+};
 use crate::layout::{PAGE_SIZE, SYSTEM_AREA_START, USER_BASE, VVAR_ADDR};
 use crate::memory::GuestMemory;
 
@@ -164,10 +167,18 @@ mod tests {
             writable &= entry & PTE_WRITABLE != 0;
             let base = entry & PTE_ADDR_MASK;
             if level == 2 && entry & PTE_LARGE != 0 {
-                return Some(Translation { phys: base + (virt & (LARGE_PAGE_SIZE - 1)), user, writable });
+                return Some(Translation {
+                    phys: base + (virt & (LARGE_PAGE_SIZE - 1)),
+                    user,
+                    writable,
+                });
             }
             if level == 3 {
-                return Some(Translation { phys: base + (virt & (PAGE_SIZE - 1)), user, writable });
+                return Some(Translation {
+                    phys: base + (virt & (PAGE_SIZE - 1)),
+                    user,
+                    writable,
+                });
             }
             table = base;
         }
@@ -177,26 +188,74 @@ mod tests {
     fn check_layout(size: u64) {
         let mem = GuestMemory::new(size).unwrap();
         write_page_tables(&mem).unwrap();
-        let user = |phys| Some(Translation { phys, user: true, writable: true });
-        let system = |phys| Some(Translation { phys, user: false, writable: true });
+        let user = |phys| {
+            Some(Translation {
+                phys,
+                user: true,
+                writable: true,
+            })
+        };
+        let system = |phys| {
+            Some(Translation {
+                phys,
+                user: false,
+                writable: true,
+            })
+        };
 
         assert_eq!(walk(&mem, 0), None, "page 0 must be absent");
         assert_eq!(walk(&mem, 0xFFF), None);
         assert_eq!(walk(&mem, SYSTEM_AREA_START), system(SYSTEM_AREA_START));
         assert_eq!(walk(&mem, CODE_ADDR - 1), system(CODE_ADDR - 1));
-        assert_eq!(walk(&mem, CODE_ADDR + 0x123), Some(Translation { phys: CODE_ADDR + 0x123, user: true, writable: false }), "stub code: user read-only");
-        assert_eq!(walk(&mem, SYSCALL_STACK_TOP - 8), user(SYSCALL_STACK_TOP - 8), "syscall stack: user writable");
-        assert_eq!(walk(&mem, SYSCALL_STACK_TOP - PAGE_SIZE), user(SYSCALL_STACK_TOP - PAGE_SIZE));
-        assert_eq!(walk(&mem, SYSCALL_STACK_TOP), system(SYSCALL_STACK_TOP), "the exception stack stays supervisor-only");
+        assert_eq!(
+            walk(&mem, CODE_ADDR + 0x123),
+            Some(Translation {
+                phys: CODE_ADDR + 0x123,
+                user: true,
+                writable: false
+            }),
+            "stub code: user read-only"
+        );
+        assert_eq!(
+            walk(&mem, SYSCALL_STACK_TOP - 8),
+            user(SYSCALL_STACK_TOP - 8),
+            "syscall stack: user writable"
+        );
+        assert_eq!(
+            walk(&mem, SYSCALL_STACK_TOP - PAGE_SIZE),
+            user(SYSCALL_STACK_TOP - PAGE_SIZE)
+        );
+        assert_eq!(
+            walk(&mem, SYSCALL_STACK_TOP),
+            system(SYSCALL_STACK_TOP),
+            "the exception stack stays supervisor-only"
+        );
         assert_eq!(walk(&mem, PML4_ADDR + 8), system(PML4_ADDR + 8));
         assert_eq!(walk(&mem, VVAR_ADDR - 1), system(VVAR_ADDR - 1));
-        let read_only = |phys| Some(Translation { phys, user: true, writable: false });
-        assert_eq!(walk(&mem, VVAR_ADDR), read_only(VVAR_ADDR), "the vDSO's data page: user read-only");
-        assert_eq!(walk(&mem, crate::layout::VDSO_ADDR + 8), read_only(crate::layout::VDSO_ADDR + 8), "the vDSO: user read-only");
+        let read_only = |phys| {
+            Some(Translation {
+                phys,
+                user: true,
+                writable: false,
+            })
+        };
+        assert_eq!(
+            walk(&mem, VVAR_ADDR),
+            read_only(VVAR_ADDR),
+            "the vDSO's data page: user read-only"
+        );
+        assert_eq!(
+            walk(&mem, crate::layout::VDSO_ADDR + 8),
+            read_only(crate::layout::VDSO_ADDR + 8),
+            "the vDSO: user read-only"
+        );
         assert_eq!(walk(&mem, USER_BASE - 1), read_only(USER_BASE - 1));
         assert_eq!(walk(&mem, USER_BASE), user(USER_BASE));
         assert_eq!(walk(&mem, LARGE_PAGE_SIZE - 8), user(LARGE_PAGE_SIZE - 8));
-        assert_eq!(walk(&mem, LARGE_PAGE_SIZE + 0x1234), user(LARGE_PAGE_SIZE + 0x1234));
+        assert_eq!(
+            walk(&mem, LARGE_PAGE_SIZE + 0x1234),
+            user(LARGE_PAGE_SIZE + 0x1234)
+        );
         assert_eq!(walk(&mem, size / 2 + 0x10), user(size / 2 + 0x10));
         assert_eq!(walk(&mem, size - 1), user(size - 1));
         assert_eq!(walk(&mem, size), None, "nothing above guest memory");
@@ -205,7 +264,11 @@ mod tests {
         // Every 2 MiB region of user memory translates to itself.
         let mut addr = LARGE_PAGE_SIZE;
         while addr < size {
-            assert_eq!(walk(&mem, addr + 0x42), user(addr + 0x42), "region {addr:#x}");
+            assert_eq!(
+                walk(&mem, addr + 0x42),
+                user(addr + 0x42),
+                "region {addr:#x}"
+            );
             addr += LARGE_PAGE_SIZE;
         }
     }
@@ -218,10 +281,16 @@ mod tests {
         while let Some(table) = tables.pop() {
             for i in 0..ENTRIES as u64 {
                 let entry = mem.read_u64(table + i * 8).unwrap();
-                let is_table = entry & PTE_PRESENT != 0 && entry & PTE_LARGE == 0 && table != LOW_PT_ADDR && table != TAIL_PT_ADDR;
+                let is_table = entry & PTE_PRESENT != 0
+                    && entry & PTE_LARGE == 0
+                    && table != LOW_PT_ADDR
+                    && table != TAIL_PT_ADDR;
                 if is_table {
                     let next = entry & PTE_ADDR_MASK;
-                    assert!((SYSTEM_AREA_START..USER_BASE).contains(&next), "table {next:#x}");
+                    assert!(
+                        (SYSTEM_AREA_START..USER_BASE).contains(&next),
+                        "table {next:#x}"
+                    );
                     tables.push(next);
                 }
             }
@@ -243,7 +312,10 @@ mod tests {
         check_layout(2 << 30);
         let mem = GuestMemory::new(2 << 30).unwrap();
         write_page_tables(&mem).unwrap();
-        assert_eq!(mem.read_u64(PDPT_ADDR + 8).unwrap() & PTE_ADDR_MASK, FIRST_PD_ADDR + PAGE_SIZE);
+        assert_eq!(
+            mem.read_u64(PDPT_ADDR + 8).unwrap() & PTE_ADDR_MASK,
+            FIRST_PD_ADDR + PAGE_SIZE
+        );
         assert_eq!(mem.read_u64(PDPT_ADDR + 16).unwrap(), 0);
     }
 
@@ -254,7 +326,11 @@ mod tests {
         assert_eq!(mem.read_u64(FIRST_PD_ADDR).unwrap() & PTE_LARGE, 0);
         for r in 1..32 {
             let pde = mem.read_u64(FIRST_PD_ADDR + r * 8).unwrap();
-            assert_eq!(pde, (r * LARGE_PAGE_SIZE) | USER_PAGE | PTE_LARGE, "region {r}");
+            assert_eq!(
+                pde,
+                (r * LARGE_PAGE_SIZE) | USER_PAGE | PTE_LARGE,
+                "region {r}"
+            );
         }
         assert_eq!(mem.read_u64(FIRST_PD_ADDR + 32 * 8).unwrap(), 0);
     }
@@ -265,7 +341,10 @@ mod tests {
         check_layout(size);
         let mem = GuestMemory::new(size).unwrap();
         write_page_tables(&mem).unwrap();
-        assert_eq!(mem.read_u64(FIRST_PD_ADDR + 4 * 8).unwrap(), TAIL_PT_ADDR | TABLE);
+        assert_eq!(
+            mem.read_u64(FIRST_PD_ADDR + 4 * 8).unwrap(),
+            TAIL_PT_ADDR | TABLE
+        );
         assert!(walk(&mem, size - PAGE_SIZE).is_some());
         assert_eq!(walk(&mem, size), None);
     }
@@ -275,7 +354,10 @@ mod tests {
         let size = USER_BASE + 3 * PAGE_SIZE;
         let mem = GuestMemory::new(size).unwrap();
         write_page_tables(&mem).unwrap();
-        assert_eq!(walk(&mem, USER_BASE + 2 * PAGE_SIZE).map(|t| t.user), Some(true));
+        assert_eq!(
+            walk(&mem, USER_BASE + 2 * PAGE_SIZE).map(|t| t.user),
+            Some(true)
+        );
         assert_eq!(walk(&mem, size), None);
     }
 

@@ -158,33 +158,54 @@ pub const FAULT_CS_REG: Reg = Reg::Rcx;
 
 /// `mov [addr], src` for a system-area address (always below 2 GiB, so a disp32 reaches it).
 fn store(addr: u64, src: Reg) -> Insn {
-    Insn::StoreAbsolute { addr: addr as u32, src }
+    Insn::StoreAbsolute {
+        addr: addr as u32,
+        src,
+    }
 }
 
 /// The LSTAR target.
 pub fn syscall_entry() -> Vec<Insn> {
     vec![
-        Insn::StoreImmediate { addr: FRAME_CS as u32, value: USER_CS as u32 }, // mov [frame.cs], USER_CS
-        Insn::StoreImmediate { addr: FRAME_SS as u32, value: USER_SS as u32 }, // mov [frame.ss], USER_SS
-        store(FRAME_RSP, Reg::Rsp),              // mov [frame.rsp], rsp     user stack pointer
-        store(FRAME_RFLAGS, Reg::R11),           // mov [frame.rflags], r11  user rflags (saved by syscall)
-        store(FRAME_RIP, Reg::Rcx),              // mov [frame.rip], rcx     return address (saved by syscall)
+        Insn::StoreImmediate {
+            addr: FRAME_CS as u32,
+            value: USER_CS as u32,
+        }, // mov [frame.cs], USER_CS
+        Insn::StoreImmediate {
+            addr: FRAME_SS as u32,
+            value: USER_SS as u32,
+        }, // mov [frame.ss], USER_SS
+        store(FRAME_RSP, Reg::Rsp), // mov [frame.rsp], rsp     user stack pointer
+        store(FRAME_RFLAGS, Reg::R11), // mov [frame.rflags], r11  user rflags (saved by syscall)
+        store(FRAME_RIP, Reg::Rcx), // mov [frame.rip], rcx     return address (saved by syscall)
         Insn::SetStackPointer(SYSCALL_FRAME as u32), // mov rsp, frame
-        Insn::OutAl(SYSCALL_PORT as u8),         // out SYSCALL_PORT, al     the VMM answers, sets rax
-        Insn::Iretq,                             // iretq                    back to CPL3 after the syscall
+        Insn::OutAl(SYSCALL_PORT as u8), // out SYSCALL_PORT, al     the VMM answers, sets rax
+        Insn::Iretq,                // iretq                    back to CPL3 after the syscall
     ]
 }
 
 /// The tail every exception stub jumps to, with [rsp] = vector, error code, rip, cs, ...
 pub fn exception_common() -> Vec<Insn> {
     vec![
-        Insn::LoadFromStack { dst: VECTOR_REG, disp: 0 },      // mov rdi, [rsp]      vector
-        Insn::LoadFromStack { dst: ERROR_CODE_REG, disp: 8 },  // mov rsi, [rsp+8]    error code
-        Insn::LoadFromStack { dst: FAULT_RIP_REG, disp: 16 },  // mov rdx, [rsp+16]   faulting rip
-        Insn::LoadFromStack { dst: FAULT_CS_REG, disp: 24 },   // mov rcx, [rsp+24]   faulting cs
-        Insn::OutAl(EXCEPTION_PORT as u8),                     // out EXCEPTION_PORT, al
-        Insn::Hlt,                                             // hlt                 never resumed
-        Insn::JumpShort(-3),                                   // jmp hlt
+        Insn::LoadFromStack {
+            dst: VECTOR_REG,
+            disp: 0,
+        }, // mov rdi, [rsp]      vector
+        Insn::LoadFromStack {
+            dst: ERROR_CODE_REG,
+            disp: 8,
+        }, // mov rsi, [rsp+8]    error code
+        Insn::LoadFromStack {
+            dst: FAULT_RIP_REG,
+            disp: 16,
+        }, // mov rdx, [rsp+16]   faulting rip
+        Insn::LoadFromStack {
+            dst: FAULT_CS_REG,
+            disp: 24,
+        }, // mov rcx, [rsp+24]   faulting cs
+        Insn::OutAl(EXCEPTION_PORT as u8), // out EXCEPTION_PORT, al
+        Insn::Hlt,                         // hlt                 never resumed
+        Insn::JumpShort(-3),               // jmp hlt
     ]
 }
 
@@ -195,7 +216,9 @@ pub fn exception_stub(vector: u8) -> Vec<Insn> {
         stub.push(Insn::PushImm8(0)); // push 0        dummy error code: one frame layout for all
     }
     stub.push(Insn::PushImm8(vector)); // push vector
-    stub.push(Insn::Jump { target: EXCEPTION_COMMON_ADDR }); // jmp exception_common
+    stub.push(Insn::Jump {
+        target: EXCEPTION_COMMON_ADDR,
+    }); // jmp exception_common
     stub
 }
 
@@ -267,8 +290,10 @@ mod tests {
     /// Bytes GNU as 2.40 produced for the same code (`as` + `objdump -d`, see the listing in
     /// each test), so the encoder is checked against an independent assembler.
     const SYSCALL_ENTRY_AS: [u8; 59] = [
-        0x48, 0xc7, 0x04, 0x25, 0xe0, 0x8f, 0x00, 0x00, 0x23, 0x00, 0x00, 0x00, // mov QWORD PTR ds:0x8fe0, 0x23
-        0x48, 0xc7, 0x04, 0x25, 0xf8, 0x8f, 0x00, 0x00, 0x1b, 0x00, 0x00, 0x00, // mov QWORD PTR ds:0x8ff8, 0x1b
+        0x48, 0xc7, 0x04, 0x25, 0xe0, 0x8f, 0x00, 0x00, 0x23, 0x00, 0x00,
+        0x00, // mov QWORD PTR ds:0x8fe0, 0x23
+        0x48, 0xc7, 0x04, 0x25, 0xf8, 0x8f, 0x00, 0x00, 0x1b, 0x00, 0x00,
+        0x00, // mov QWORD PTR ds:0x8ff8, 0x1b
         0x48, 0x89, 0x24, 0x25, 0xf0, 0x8f, 0x00, 0x00, // mov QWORD PTR ds:0x8ff0, rsp
         0x4c, 0x89, 0x1c, 0x25, 0xe8, 0x8f, 0x00, 0x00, // mov QWORD PTR ds:0x8fe8, r11
         0x48, 0x89, 0x0c, 0x25, 0xd8, 0x8f, 0x00, 0x00, // mov QWORD PTR ds:0x8fd8, rcx
@@ -312,11 +337,15 @@ mod tests {
 
     #[test]
     fn code_fits_its_slots() {
-        let end = |start: u64, insns: Vec<Insn>| start + insns.iter().map(Insn::encoded_len).sum::<u64>();
+        let end =
+            |start: u64, insns: Vec<Insn>| start + insns.iter().map(Insn::encoded_len).sum::<u64>();
         assert!(end(SYSCALL_ENTRY_ADDR, syscall_entry()) <= EXCEPTION_COMMON_ADDR);
         assert!(end(EXCEPTION_COMMON_ADDR, exception_common()) <= EXCEPTION_STUBS_ADDR);
         for v in 0..VECTORS {
-            assert!(end(exception_stub_addr(v), exception_stub(v)) <= exception_stub_addr(v) + EXCEPTION_STUB_STRIDE);
+            assert!(
+                end(exception_stub_addr(v), exception_stub(v))
+                    <= exception_stub_addr(v) + EXCEPTION_STUB_STRIDE
+            );
         }
         assert!(CODE_ADDR + code_image().len() as u64 <= SYSCALL_STACK_TOP - 0x1000);
     }
@@ -338,7 +367,13 @@ mod tests {
     }
 
     enum End {
-        Iret { rip: Value, cs: Value, rflags: Value, rsp: Value, ss: Value },
+        Iret {
+            rip: Value,
+            cs: Value,
+            rflags: Value,
+            rsp: Value,
+            ss: Value,
+        },
         Halted,
     }
 
@@ -346,13 +381,31 @@ mod tests {
         fn new() -> Machine {
             let image = GuestMemory::new(4 << 20).unwrap();
             super::super::install(&image).unwrap();
-            let names = [(Reg::Rcx, "rcx"), (Reg::Rdx, "rdx"), (Reg::Rsp, "rsp"), (Reg::Rsi, "rsi"), (Reg::Rdi, "rdi"), (Reg::R11, "r11")];
-            let regs = names.into_iter().map(|(r, name)| (r, Value::Unknown(name))).collect();
-            Machine { regs, mem: HashMap::new(), image, ports: Vec::new() }
+            let names = [
+                (Reg::Rcx, "rcx"),
+                (Reg::Rdx, "rdx"),
+                (Reg::Rsp, "rsp"),
+                (Reg::Rsi, "rsi"),
+                (Reg::Rdi, "rdi"),
+                (Reg::R11, "r11"),
+            ];
+            let regs = names
+                .into_iter()
+                .map(|(r, name)| (r, Value::Unknown(name)))
+                .collect();
+            Machine {
+                regs,
+                mem: HashMap::new(),
+                image,
+                ports: Vec::new(),
+            }
         }
 
         fn load(&self, addr: u64) -> Value {
-            self.mem.get(&addr).copied().unwrap_or_else(|| Value::Known(self.image.read_u64(addr).unwrap()))
+            self.mem
+                .get(&addr)
+                .copied()
+                .unwrap_or_else(|| Value::Known(self.image.read_u64(addr).unwrap()))
         }
 
         fn known_rsp(&self) -> u64 {
@@ -366,14 +419,18 @@ mod tests {
         fn run(&mut self, mut rip: u64) -> End {
             let program: HashMap<u64, Insn> = program().into_iter().collect();
             for _ in 0..100 {
-                let insn = program.get(&rip).copied().unwrap_or_else(|| panic!("no instruction at {rip:#x}"));
+                let insn = program
+                    .get(&rip)
+                    .copied()
+                    .unwrap_or_else(|| panic!("no instruction at {rip:#x}"));
                 rip += insn.encoded_len();
                 match insn {
                     Insn::StoreAbsolute { addr, src } => {
                         self.mem.insert(addr as u64, self.regs[&src]);
                     }
                     Insn::StoreImmediate { addr, value } => {
-                        self.mem.insert(addr as u64, Value::Known(value as i32 as i64 as u64));
+                        self.mem
+                            .insert(addr as u64, Value::Known(value as i32 as i64 as u64));
                     }
                     Insn::LoadFromStack { dst, disp } => {
                         let value = self.load(self.known_rsp() + disp as u64);
@@ -384,7 +441,8 @@ mod tests {
                     }
                     Insn::PushImm8(value) => {
                         let rsp = self.known_rsp() - 8;
-                        self.mem.insert(rsp, Value::Known(value as i8 as i64 as u64));
+                        self.mem
+                            .insert(rsp, Value::Known(value as i8 as i64 as u64));
                         self.regs.insert(Reg::Rsp, Value::Known(rsp));
                     }
                     Insn::Jump { target } => rip = target,
@@ -415,13 +473,28 @@ mod tests {
         machine.mem.insert(FRAME_CS, Value::Known(KERNEL_CS as u64));
         machine.mem.insert(FRAME_SS, Value::Known(0x10));
         let before = machine.regs.clone();
-        let End::Iret { rip, cs, rflags, rsp, ss } = machine.run(SYSCALL_ENTRY_ADDR) else {
+        let End::Iret {
+            rip,
+            cs,
+            rflags,
+            rsp,
+            ss,
+        } = machine.run(SYSCALL_ENTRY_ADDR)
+        else {
             panic!("the syscall entry must end in iretq");
         };
         assert_eq!(machine.ports, vec![SYSCALL_PORT as u8]);
-        assert_eq!(rip, Value::Unknown("rcx"), "returns after the syscall instruction");
+        assert_eq!(
+            rip,
+            Value::Unknown("rcx"),
+            "returns after the syscall instruction"
+        );
         assert_eq!(rflags, Value::Unknown("r11"), "restores the user's rflags");
-        assert_eq!(rsp, Value::Unknown("rsp"), "restores the user's stack pointer");
+        assert_eq!(
+            rsp,
+            Value::Unknown("rsp"),
+            "restores the user's stack pointer"
+        );
         assert_eq!(cs, Value::Known(USER_CS as u64));
         assert_eq!(ss, Value::Known(USER_SS as u64));
         for (reg, value) in &before {
@@ -431,7 +504,10 @@ mod tests {
         }
         // Nothing was written outside the frame (in particular, not the user stack).
         for addr in machine.mem.keys() {
-            assert!((SYSCALL_FRAME..SYSCALL_STACK_TOP).contains(addr), "wrote {addr:#x}");
+            assert!(
+                (SYSCALL_FRAME..SYSCALL_STACK_TOP).contains(addr),
+                "wrote {addr:#x}"
+            );
         }
     }
 
@@ -451,14 +527,25 @@ mod tests {
                 machine.mem.insert(rsp, Value::Known(word));
             }
             machine.regs.insert(Reg::Rsp, Value::Known(rsp));
-            assert!(matches!(machine.run(exception_stub_addr(vector)), End::Halted));
+            assert!(matches!(
+                machine.run(exception_stub_addr(vector)),
+                End::Halted
+            ));
             assert_eq!(machine.ports, vec![EXCEPTION_PORT as u8], "vector {vector}");
             let frame = ExceptionFrame::from_registers(|r| match machine.regs[&r] {
                 Value::Known(v) => v,
                 Value::Unknown(name) => panic!("{name} was not loaded"),
             });
             let error_code = if has_error_code(vector) { 0x14 } else { 0 };
-            assert_eq!(frame, ExceptionFrame { vector: vector as u64, error_code, rip: 0x40_1234, cs: USER_CS as u64 });
+            assert_eq!(
+                frame,
+                ExceptionFrame {
+                    vector: vector as u64,
+                    error_code,
+                    rip: 0x40_1234,
+                    cs: USER_CS as u64
+                }
+            );
             assert!(!frame.in_supervisor_code());
         }
     }

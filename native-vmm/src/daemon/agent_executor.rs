@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cpu::{CpuSnapshot, GuestCpu};
-use crate::daemon::executor::{ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage, VmOrigin};
+use crate::daemon::executor::{
+    ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage,
+    VmOrigin,
+};
 use crate::daemon::pool::{Pool, PooledRun};
 use crate::daemon::templates::Template;
 use crate::kvm::{self, Kvm};
@@ -27,10 +30,14 @@ use crate::sys;
 use crate::vm::{self, LaunchError, RunLimits, RunOutcome};
 
 /// A vCPU constructor the executor can share between execution threads.
-pub type SharedCpuFactory = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> + Send + Sync;
+pub type SharedCpuFactory = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>>
+    + Send
+    + Sync;
 
 /// A constructor of vCPUs restored from a template snapshot, shared between execution threads.
-pub type SharedRestoreFactory = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> + Send + Sync;
+pub type SharedRestoreFactory = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>>
+    + Send
+    + Sync;
 
 const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
 
@@ -64,14 +71,22 @@ impl AgentExecutor {
     pub fn with_kvm(templates: Vec<Template>, pool_size: usize) -> io::Result<AgentExecutor> {
         let unavailable = Kvm::shared().err().map(|e| {
             let text = e.to_string();
-            text.strip_prefix("sandfork-vmm needs KVM: ").map(str::to_owned).unwrap_or(text)
+            text.strip_prefix("sandfork-vmm needs KVM: ")
+                .map(str::to_owned)
+                .unwrap_or(text)
         });
-        AgentExecutor::new(templates, Box::new(kvm::new_cpu), unavailable).restoring(Arc::new(kvm::restore_cpu), ForkMemory::CopyOnWrite).pooled(pool_size)
+        AgentExecutor::new(templates, Box::new(kvm::new_cpu), unavailable)
+            .restoring(Arc::new(kvm::restore_cpu), ForkMemory::CopyOnWrite)
+            .pooled(pool_size)
     }
 
     /// Restores VMs of templates that have a snapshot with `restore` on memory made as
     /// `memory` says, instead of booting them.
-    pub fn restoring(mut self, restore: Arc<SharedRestoreFactory>, memory: ForkMemory) -> AgentExecutor {
+    pub fn restoring(
+        mut self,
+        restore: Arc<SharedRestoreFactory>,
+        memory: ForkMemory,
+    ) -> AgentExecutor {
         self.restore = Some((restore, memory));
         self
     }
@@ -79,13 +94,21 @@ impl AgentExecutor {
     /// Starts a warm pool of `size` VMs for each template with a snapshot (after `restoring`;
     /// 0 starts none). Nothing is started where VMs cannot be created.
     pub fn pooled(mut self, size: usize) -> io::Result<AgentExecutor> {
-        let Some((restore, memory)) = &self.restore else { return Ok(self) };
+        let Some((restore, memory)) = &self.restore else {
+            return Ok(self);
+        };
         if size == 0 || self.unavailable.is_some() {
             return Ok(self);
         }
         for template in &self.templates {
             if let Some(snapshot) = &template.snapshot {
-                let pool = Pool::start(&template.name, snapshot.clone(), restore.clone(), *memory, size)?;
+                let pool = Pool::start(
+                    &template.name,
+                    snapshot.clone(),
+                    restore.clone(),
+                    *memory,
+                    size,
+                )?;
                 self.pools.push((template.name.clone(), pool));
             }
         }
@@ -93,8 +116,19 @@ impl AgentExecutor {
     }
 
     /// An executor on any vCPU backend (tests run it on the ptrace development CPU).
-    pub fn new(templates: Vec<Template>, make_cpu: Box<SharedCpuFactory>, unavailable: Option<String>) -> AgentExecutor {
-        AgentExecutor { templates, make_cpu, restore: None, pools: Vec::new(), unavailable, boot_timeout: vm::AGENT_BOOT_TIMEOUT }
+    pub fn new(
+        templates: Vec<Template>,
+        make_cpu: Box<SharedCpuFactory>,
+        unavailable: Option<String>,
+    ) -> AgentExecutor {
+        AgentExecutor {
+            templates,
+            make_cpu,
+            restore: None,
+            pools: Vec::new(),
+            unavailable,
+            boot_timeout: vm::AGENT_BOOT_TIMEOUT,
+        }
     }
 
     /// Gives an agent booted for a request (a template without a usable snapshot) `limit` to
@@ -109,30 +143,78 @@ impl AgentExecutor {
     }
 
     fn pool(&self, template: &str) -> Option<&Pool> {
-        self.pools.iter().find(|(name, _)| name == template).map(|(_, pool)| pool)
+        self.pools
+            .iter()
+            .find(|(name, _)| name == template)
+            .map(|(_, pool)| pool)
     }
 
     /// Serves the request on a VM of `template`: one from its warm pool, else one restored from
     /// its snapshot for the request, else (no snapshot, restoring off, or another memory size
     /// than the snapshot's VMs have) one whose agent is booted for it. The program's output also
     /// goes to `live_output` as it is written.
-    fn run(&self, template: &Template, request: ExecuteRequest, live_output: OutputSink) -> Result<Ran, LaunchError> {
-        let limits = RunLimits { timeout: request.limits.timeout(), mem_bytes: request.limits.memory_bytes(), output_cap: request.limits.output_bytes, boot_timeout: self.boot_timeout, live_output, ..RunLimits::default() };
+    fn run(
+        &self,
+        template: &Template,
+        request: ExecuteRequest,
+        live_output: OutputSink,
+    ) -> Result<Ran, LaunchError> {
+        let limits = RunLimits {
+            timeout: request.limits.timeout(),
+            mem_bytes: request.limits.memory_bytes(),
+            output_cap: request.limits.output_bytes,
+            boot_timeout: self.boot_timeout,
+            live_output,
+            ..RunLimits::default()
+        };
         let agent_request = request.agent_request;
-        let snapshot = template.snapshot.as_ref().filter(|s| s.identity().mem_bytes == limits.mem_bytes);
+        let snapshot = template
+            .snapshot
+            .as_ref()
+            .filter(|s| s.identity().mem_bytes == limits.mem_bytes);
         match (snapshot, self.pool(&template.name), &self.restore) {
             (Some(_), Some(pool), _) => {
-                let PooledRun { restored, resets, queue_wait, fork_wait, cpu } = pool.run(agent_request, limits)?;
+                let PooledRun {
+                    restored,
+                    resets,
+                    queue_wait,
+                    fork_wait,
+                    cpu,
+                } = pool.run(agent_request, limits)?;
                 let mut outcome = restored.outcome;
                 outcome.stats.load = fork_wait;
-                let vm = if resets == 0 { VmOrigin::Fresh } else { VmOrigin::Reset { resets } };
-                Ok(Ran { outcome, pages_copied: restored.pages_copied, queue: queue_wait, cpu, vm })
+                let vm = if resets == 0 {
+                    VmOrigin::Fresh
+                } else {
+                    VmOrigin::Reset { resets }
+                };
+                Ok(Ran {
+                    outcome,
+                    pages_copied: restored.pages_copied,
+                    queue: queue_wait,
+                    cpu,
+                    vm,
+                })
             }
             (Some(snapshot), None, Some((restore, memory))) => Ran::here(VmOrigin::Fresh, || {
-                snapshot::serve_restored(snapshot, *memory, restore.as_ref(), agent_request, &limits).map(|r| (r.outcome, r.pages_copied))
+                snapshot::serve_restored(
+                    snapshot,
+                    *memory,
+                    restore.as_ref(),
+                    agent_request,
+                    &limits,
+                )
+                .map(|r| (r.outcome, r.pages_copied))
             }),
             _ => Ran::here(VmOrigin::Booted, || {
-                vm::launch_agent(template.image.clone(), template.language.agent(), agent_request, &limits, self.make_cpu.as_ref()).map(|outcome| (outcome, 0))
+                vm::launch_agent(
+                    template.image.clone(),
+                    template.language.agent(),
+                    agent_request,
+                    &limits,
+                    self.make_cpu.as_ref(),
+                )
+                .map(|outcome| (outcome, 0))
             }),
         }
     }
@@ -154,10 +236,19 @@ struct Ran {
 
 impl Ran {
     /// A run on the calling thread, on a VM created for it, its CPU time measured around it.
-    fn here(vm: VmOrigin, run: impl FnOnce() -> Result<(RunOutcome, u64), LaunchError>) -> Result<Ran, LaunchError> {
+    fn here(
+        vm: VmOrigin,
+        run: impl FnOnce() -> Result<(RunOutcome, u64), LaunchError>,
+    ) -> Result<Ran, LaunchError> {
         let cpu_before = thread_cpu_time();
         let (outcome, pages_copied) = run()?;
-        Ok(Ran { outcome, pages_copied, queue: Duration::ZERO, cpu: thread_cpu_time().saturating_sub(cpu_before), vm })
+        Ok(Ran {
+            outcome,
+            pages_copied,
+            queue: Duration::ZERO,
+            cpu: thread_cpu_time().saturating_sub(cpu_before),
+            vm,
+        })
     }
 }
 
@@ -167,18 +258,35 @@ fn launch_failure(template: &Template, error: LaunchError) -> ExecuteError {
         LaunchError::InvalidRequest(e) => ExecuteError::Rejected(e.0),
         // The limits are at least what the agent needs to boot (request::MIN_MEMORY_MIB), so
         // an agent that does not get ready is a template that is not ready.
-        LaunchError::AgentNotReady { reason } => ExecuteError::Unavailable(format!("template '{}' is not ready: {reason}", template.name)),
+        LaunchError::AgentNotReady { reason } => ExecuteError::Unavailable(format!(
+            "template '{}' is not ready: {reason}",
+            template.name
+        )),
         other => ExecuteError::Internal(format!("template '{}': {other}", template.name)),
     }
 }
 
 impl Executor for AgentExecutor {
-    fn execute(&self, request: ExecuteRequest, live_output: OutputSink) -> Result<Execution, ExecuteError> {
-        let template = self.template(&request.template).ok_or_else(|| ExecuteError::UnknownTemplate(request.template.clone()))?;
+    fn execute(
+        &self,
+        request: ExecuteRequest,
+        live_output: OutputSink,
+    ) -> Result<Execution, ExecuteError> {
+        let template = self
+            .template(&request.template)
+            .ok_or_else(|| ExecuteError::UnknownTemplate(request.template.clone()))?;
         if let Some(reason) = &self.unavailable {
             return Err(ExecuteError::Unavailable(reason.clone()));
         }
-        let Ran { outcome, pages_copied, queue, cpu, vm } = self.run(template, request, live_output).map_err(|error| launch_failure(template, error))?;
+        let Ran {
+            outcome,
+            pages_copied,
+            queue,
+            cpu,
+            vm,
+        } = self
+            .run(template, request, live_output)
+            .map_err(|error| launch_failure(template, error))?;
         let stats = &outcome.stats;
         let usage = Usage {
             wall_us: (stats.load + stats.wall).as_micros() as u64,
@@ -190,18 +298,34 @@ impl Executor for AgentExecutor {
             threads_created: stats.threads.created,
             thread_switches: stats.threads.switches,
         };
-        Ok(Execution { status: outcome.status, queue, vm_setup: stats.load, run: stats.wall, usage, vm, stdout: outcome.stdout, stderr: outcome.stderr })
+        Ok(Execution {
+            status: outcome.status,
+            queue,
+            vm_setup: stats.load,
+            run: stats.wall,
+            usage,
+            vm,
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+        })
     }
 
     /// The template's script name, and its VMs' memory size (its snapshot's, else its
     /// runtime's default): the operator chose it when building the template.
     fn complete(&self, request: &mut ExecuteRequest) {
-        let Some(template) = self.template(&request.template) else { return };
+        let Some(template) = self.template(&request.template) else {
+            return;
+        };
         if request.defaulted.script {
             request.agent_request.argv[0] = template.language.default_script().to_owned();
         }
         if request.defaulted.memory {
-            let mib = template.snapshot.as_ref().map_or(template.language.default_memory_mib(), |s| s.identity().mem_bytes >> 20);
+            let mib = template
+                .snapshot
+                .as_ref()
+                .map_or(template.language.default_memory_mib(), |s| {
+                    s.identity().mem_bytes >> 20
+                });
             request.limits.memory_mib = mib;
         }
     }
@@ -213,14 +337,22 @@ impl Executor for AgentExecutor {
                 name: t.name.clone(),
                 content_hash: t.content_hash.clone(),
                 language: t.language.name().to_owned(),
-                languages: t.language.languages().iter().map(|l| (*l).to_owned()).collect(),
+                languages: t
+                    .language
+                    .languages()
+                    .iter()
+                    .map(|l| (*l).to_owned())
+                    .collect(),
                 ready: self.unavailable.is_none(),
             })
             .collect()
     }
 
     fn health(&self) -> Health {
-        Health { kvm: self.unavailable.clone().map_or(Ok(()), Err), templates: self.templates.len() }
+        Health {
+            kvm: self.unavailable.clone().map_or(Ok(()), Err),
+            templates: self.templates.len(),
+        }
     }
 
     fn pools(&self) -> Vec<PoolStats> {

@@ -16,7 +16,15 @@ mod tests {
 
     #[test]
     fn rfc4648_vectors() {
-        for (text, bytes) in [("", ""), ("Zg==", "f"), ("Zm8=", "fo"), ("Zm9v", "foo"), ("Zm9vYg==", "foob"), ("Zm9vYmE=", "fooba"), ("Zm9vYmFy", "foobar")] {
+        for (text, bytes) in [
+            ("", ""),
+            ("Zg==", "f"),
+            ("Zm8=", "fo"),
+            ("Zm9v", "foo"),
+            ("Zm9vYg==", "foob"),
+            ("Zm9vYmE=", "fooba"),
+            ("Zm9vYmFy", "foobar"),
+        ] {
             assert_eq!(decode(text).unwrap(), bytes.as_bytes(), "{text}");
         }
         assert_eq!(decode("AP8+/w==").unwrap(), vec![0x00, 0xff, 0x3e, 0xff]);
@@ -24,7 +32,10 @@ mod tests {
 
     #[test]
     fn malformed_input_is_refused() {
-        for text in ["Zg", "Zg=", "Z===", "Zg==Zg==", "Zg=A", "Zm9v\n", "Zm 9", "Zh==", "Zm9=", "====", "Zm9v====", "Zm-_", "é123"] {
+        for text in [
+            "Zg", "Zg=", "Z===", "Zg==Zg==", "Zg=A", "Zm9v\n", "Zm 9", "Zh==", "Zm9=", "====",
+            "Zm9v====", "Zm-_", "é123",
+        ] {
             assert!(decode(text).is_err(), "{text:?}");
         }
     }

@@ -52,8 +52,16 @@ struct Workload {
 
 fn workload(language: Language) -> Workload {
     match language {
-        Language::Python => Workload { code: "print(1+1)", stdout: "2\n", native: ("/usr/bin/python3.11", &["-c", "print(1+1)"]) },
-        Language::Node => Workload { code: "console.log(1+1)", stdout: "2\n", native: ("/usr/bin/node", &["-e", "console.log(1+1)"]) },
+        Language::Python => Workload {
+            code: "print(1+1)",
+            stdout: "2\n",
+            native: ("/usr/bin/python3.11", &["-c", "print(1+1)"]),
+        },
+        Language::Node => Workload {
+            code: "console.log(1+1)",
+            stdout: "2\n",
+            native: ("/usr/bin/node", &["-e", "console.log(1+1)"]),
+        },
     }
 }
 
@@ -90,8 +98,15 @@ impl ExecReport {
     }
 
     pub fn to_json(&self) -> String {
-        let latency = |l: &Latency| json!({"p50": l.p50.as_micros() as u64, "p99": l.p99.as_micros() as u64});
-        let by_count = |rows: Vec<(usize, f64)>| Value::Object(rows.into_iter().map(|(n, v)| (n.to_string(), json!(v))).collect());
+        let latency =
+            |l: &Latency| json!({"p50": l.p50.as_micros() as u64, "p99": l.p99.as_micros() as u64});
+        let by_count = |rows: Vec<(usize, f64)>| {
+            Value::Object(
+                rows.into_iter()
+                    .map(|(n, v)| (n.to_string(), json!(v)))
+                    .collect(),
+            )
+        };
         json!({
             "template": self.template,
             "code": self.code,
@@ -119,26 +134,62 @@ impl ExecReport {
 impl fmt::Display for ExecReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
-        writeln!(f, "template {}: `{}`, {} iterations, pool of {} VMs per template", self.template, self.code, self.iterations, self.pool_size)?;
+        writeln!(
+            f,
+            "template {}: `{}`, {} iterations, pool of {} VMs per template",
+            self.template, self.code, self.iterations, self.pool_size
+        )?;
         writeln!(f, "{:<44} {:>10} {:>10}", "(microseconds)", "p50", "p99")?;
-        for (name, l) in [("fresh fork (VM ready, no pool)", &self.fresh_fork), ("pooled execution at the daemon socket", &self.pooled_exec), ("native spawn (baseline)", &self.native_spawn)] {
+        for (name, l) in [
+            ("fresh fork (VM ready, no pool)", &self.fresh_fork),
+            ("pooled execution at the daemon socket", &self.pooled_exec),
+            ("native spawn (baseline)", &self.native_spawn),
+        ] {
             writeln!(f, "{name:<44} {:>10.0} {:>10.0}", us(l.p50), us(l.p99))?;
         }
         writeln!(f, "VMM CPU per fresh fork: {:.0} us on its thread until ready (not the blank VM made ahead: kvm::spare), {:.0} us in the whole process with that and its teardown", self.fresh_fork_cpu_us.0, self.fresh_fork_cpu_us.1)?;
         writeln!(f, "native: {}", self.native_command)?;
         writeln!(f, "native p50 / pooled p50: {:.1}x", self.ratio())?;
-        writeln!(f, "VMM CPU per pooled execution: {:.0} us", self.vmm_cpu_us_per_exec)?;
-        let rates: Vec<String> = self.exec_per_s.iter().map(|(c, r)| format!("{c}: {r:.0}/s")).collect();
-        writeln!(f, "daemon throughput by concurrent clients: {}", rates.join(", "))?;
+        writeln!(
+            f,
+            "VMM CPU per pooled execution: {:.0} us",
+            self.vmm_cpu_us_per_exec
+        )?;
+        let rates: Vec<String> = self
+            .exec_per_s
+            .iter()
+            .map(|(c, r)| format!("{c}: {r:.0}/s"))
+            .collect();
+        writeln!(
+            f,
+            "daemon throughput by concurrent clients: {}",
+            rates.join(", ")
+        )?;
         for (n, rss, host) in &self.idle_vm_kib {
-            let cgroup = self.cgroup_vm_kib.iter().find(|(c, _)| c == n).map_or(String::new(), |(_, kib)| format!(", {kib:.0} KiB charged to the cgroup"));
+            let cgroup = self
+                .cgroup_vm_kib
+                .iter()
+                .find(|(c, _)| c == n)
+                .map_or(String::new(), |(_, kib)| {
+                    format!(", {kib:.0} KiB charged to the cgroup")
+                });
             writeln!(f, "memory per idle fresh VM with {n} alive: {rss:.0} KiB RSS{cgroup}, {host:.0} KiB of host MemAvailable")?;
         }
-        writeln!(f, "a warm (reset) VM also holds {:.0} KiB of copied pages", self.warm_vm_kib)?;
+        writeln!(
+            f,
+            "a warm (reset) VM also holds {:.0} KiB of copied pages",
+            self.warm_vm_kib
+        )?;
         match &self.isolation {
-            Some(Ok(())) => writeln!(f, "isolation across a reset: ok (nothing of the previous execution found)"),
+            Some(Ok(())) => writeln!(
+                f,
+                "isolation across a reset: ok (nothing of the previous execution found)"
+            ),
             Some(Err(e)) => writeln!(f, "isolation across a reset: FAILED: {e}"),
-            None => writeln!(f, "isolation across a reset: not run (its programs are Python)"),
+            None => writeln!(
+                f,
+                "isolation across a reset: not run (its programs are Python)"
+            ),
         }
     }
 }
@@ -153,10 +204,19 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let load = || load_template(dir);
     let template = load()?;
     let name = template.name.clone();
-    let snapshot = template.snapshot.clone().ok_or_else(|| format!("{} has no snapshot: run `sandfork-vmm template build` first", dir.display()))?;
+    let snapshot = template.snapshot.clone().ok_or_else(|| {
+        format!(
+            "{} has no snapshot: run `sandfork-vmm template build` first",
+            dir.display()
+        )
+    })?;
     let template_language = template.language;
     let work = workload(template_language);
-    let limits = ExecutionLimits { timeout_ms: 10_000, memory_mib: snapshot.identity().mem_bytes >> 20, output_bytes: 1 << 20 };
+    let limits = ExecutionLimits {
+        timeout_ms: 10_000,
+        memory_mib: snapshot.identity().mem_bytes >> 20,
+        output_bytes: 1 << 20,
+    };
 
     let handed_out = snapshot.handed_out();
     let (process_before, mut ready_cpu) = (process_cpu(), Duration::ZERO);
@@ -170,12 +230,26 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     }))?;
     kvm::reaper::flush();
     let per_fork = |cpu: Duration| cpu.as_secs_f64() * 1e6 / iterations as f64;
-    let fresh_fork_cpu_us = (per_fork(ready_cpu), per_fork(process_cpu().saturating_sub(process_before)));
+    let fresh_fork_cpu_us = (
+        per_fork(ready_cpu),
+        per_fork(process_cpu().saturating_sub(process_before)),
+    );
 
-    let executor: Arc<dyn Executor> = Arc::new(AgentExecutor::with_kvm(vec![template], pool_size).map_err(|e| e.to_string())?);
+    let executor: Arc<dyn Executor> =
+        Arc::new(AgentExecutor::with_kvm(vec![template], pool_size).map_err(|e| e.to_string())?);
     let socket = scratch_socket()?;
     let policy = LimitPolicy::new(limits, limits);
-    let server = Server::bind(&socket, executor.clone(), ServerConfig { max_running: 16, max_queued: 64, max_connections: 64, limits: policy }).map_err(|e| format!("binding {}: {e}", socket.display()))?;
+    let server = Server::bind(
+        &socket,
+        executor.clone(),
+        ServerConfig {
+            max_running: 16,
+            max_queued: 64,
+            max_connections: 64,
+            limits: policy,
+        },
+    )
+    .map_err(|e| format!("binding {}: {e}", socket.display()))?;
     let stopper = server.stopper().map_err(|e| e.to_string())?;
     let serving = thread::spawn(move || server.run());
     let measured = (|| {
@@ -183,19 +257,37 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         let mut warm_pages = Vec::new();
         for _ in 0..pool_size * 2 {
             let answer = client.execute(&name, work.code, work.stdout)?;
-            if answer.get("vm").and_then(|v| v.get("origin")).and_then(Value::as_str) == Some("fresh") {
-                warm_pages.push(answer.get("usage").and_then(|u| u.get("pages_copied")).and_then(Value::as_u64).unwrap_or(0));
+            if answer
+                .get("vm")
+                .and_then(|v| v.get("origin"))
+                .and_then(Value::as_str)
+                == Some("fresh")
+            {
+                warm_pages.push(
+                    answer
+                        .get("usage")
+                        .and_then(|u| u.get("pages_copied"))
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0),
+                );
             }
         }
         let cpu_before = process_cpu();
-        let pooled = latency(time_runs(iterations, || client.execute(&name, work.code, work.stdout).map(drop)))?;
+        let pooled = latency(time_runs(iterations, || {
+            client.execute(&name, work.code, work.stdout).map(drop)
+        }))?;
         let cpu = process_cpu().saturating_sub(cpu_before);
         let mut rates = Vec::new();
         for clients in CONCURRENCY {
             rates.push((clients, throughput(&socket, &name, &work, clients)?));
         }
         let warm_kib = warm_pages.iter().sum::<u64>() as f64 * 4.0 / warm_pages.len().max(1) as f64;
-        Ok::<_, String>((pooled, cpu.as_secs_f64() * 1e6 / iterations as f64, rates, warm_kib))
+        Ok::<_, String>((
+            pooled,
+            cpu.as_secs_f64() * 1e6 / iterations as f64,
+            rates,
+            warm_kib,
+        ))
     })();
     stopper.stop();
     let _ = serving.join();
@@ -203,7 +295,11 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     drop(executor);
     let (pooled_exec, vmm_cpu_us_per_exec, exec_per_s, warm_vm_kib) = measured?;
 
-    let native_spawn = latency(measure_native(work.native.0, work.native.1, (iterations / 5).max(10)))?;
+    let native_spawn = latency(measure_native(
+        work.native.0,
+        work.native.1,
+        (iterations / 5).max(10),
+    ))?;
     let (mut idle_vm_kib, mut cgroup_vm_kib) = (Vec::new(), Vec::new());
     for count in IDLE_VMS {
         let (rss, cgroup) = idle_memory(&snapshot, count)?;
@@ -213,7 +309,17 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let isolation = (template_language == Language::Python).then(|| {
         AgentExecutor::with_kvm(vec![load()?], 1)
             .map_err(|e| e.to_string())
-            .and_then(|executor| isolation::run(&executor, &name, ExecutionLimits { timeout_ms: 60_000, ..limits }, &kvm::reachable_memory(handed_out, snapshot.identity().mem_bytes)))
+            .and_then(|executor| {
+                isolation::run(
+                    &executor,
+                    &name,
+                    ExecutionLimits {
+                        timeout_ms: 60_000,
+                        ..limits
+                    },
+                    &kvm::reachable_memory(handed_out, snapshot.identity().mem_bytes),
+                )
+            })
             .map(drop)
     });
     Ok(ExecReport {
@@ -237,19 +343,32 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
 
 /// The template of folder `dir`, loaded as the daemon loads its templates directory.
 pub(crate) fn load_template(dir: &Path) -> Result<Template, String> {
-    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str())) else {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
+    else {
         return Err(format!("{} is not a template folder", dir.display()));
     };
-    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
-    templates::load(parent).map_err(|e| e.to_string())?.into_iter().find(|t| t.name == name).ok_or_else(|| format!("{} is not a template folder", dir.display()))
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    templates::load(parent)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| format!("{} is not a template folder", dir.display()))
 }
 
-pub(crate) fn latency<E: fmt::Display>(samples: Result<Vec<Duration>, E>) -> Result<Latency, String> {
+pub(crate) fn latency<E: fmt::Display>(
+    samples: Result<Vec<Duration>, E>,
+) -> Result<Latency, String> {
     Latency::of(&samples.map_err(|e| e.to_string())?).ok_or_else(|| "no samples".to_owned())
 }
 
 fn process_cpu() -> Duration {
-    sys::clock_time(CLOCK_PROCESS_CPUTIME_ID).map_or(Duration::ZERO, |(s, ns)| Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32))
+    sys::clock_time(CLOCK_PROCESS_CPUTIME_ID).map_or(Duration::ZERO, |(s, ns)| {
+        Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32)
+    })
 }
 
 /// A private directory for the socket (short: a socket path must fit in 108 bytes).
@@ -260,18 +379,31 @@ fn scratch_socket() -> Result<PathBuf, String> {
 }
 
 /// Executions per second with `clients` connections each sending requests one after another.
-fn throughput(socket: &Path, template: &str, work: &Workload, clients: usize) -> Result<f64, String> {
+fn throughput(
+    socket: &Path,
+    template: &str,
+    work: &Workload,
+    clients: usize,
+) -> Result<f64, String> {
     let started = Instant::now();
     let results: Vec<Result<(), String>> = thread::scope(|scope| {
         let workers: Vec<_> = (0..clients)
             .map(|_| {
                 scope.spawn(|| {
                     let mut client = Client::connect(socket)?;
-                    (0..REQUESTS_PER_CLIENT).try_for_each(|_| client.execute(template, work.code, work.stdout).map(drop))
+                    (0..REQUESTS_PER_CLIENT).try_for_each(|_| {
+                        client.execute(template, work.code, work.stdout).map(drop)
+                    })
                 })
             })
             .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a client thread panicked".to_owned()))).collect()
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err("a client thread panicked".to_owned()))
+            })
+            .collect()
     });
     results.into_iter().collect::<Result<Vec<()>, String>>()?;
     Ok((clients * REQUESTS_PER_CLIENT) as f64 / started.elapsed().as_secs_f64())
@@ -279,23 +411,42 @@ fn throughput(socket: &Path, template: &str, work: &Workload, clients: usize) ->
 
 /// Memory per VM with `count` fresh forks of `snapshot` alive at once, each with the memory its
 /// template reaches mapped as a pooled VM has it: (count, RSS, MemAvailable) and the cgroup's.
-fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<((usize, f64, f64), Option<f64>), String> {
+fn idle_memory(
+    snapshot: &crate::snapshot::Template,
+    count: usize,
+) -> Result<((usize, f64, f64), Option<f64>), String> {
     // VMs dropped earlier are destroyed on the reaper thread: none may still be going away.
     kvm::reaper::flush();
-    let (rss_before, host_before, cgroup_before) = (rss_kib()?, mem_available_kib()?, cgroup_bytes());
-    let mems = (0..count).map(|_| snapshot.new_memory(ForkMemory::CopyOnWrite)).collect::<io::Result<Vec<_>>>().map_err(|e| e.to_string())?;
+    let (rss_before, host_before, cgroup_before) =
+        (rss_kib()?, mem_available_kib()?, cgroup_bytes());
+    let mems = (0..count)
+        .map(|_| snapshot.new_memory(ForkMemory::CopyOnWrite))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(|e| e.to_string())?;
     let handed_out = snapshot.handed_out();
     let cpus = mems
         .iter()
-        .map(|mem| kvm::restore_cpu(mem, snapshot.cpu()).and_then(|mut cpu| cpu.map_memory(handed_out).map(|()| cpu)))
+        .map(|mem| {
+            kvm::restore_cpu(mem, snapshot.cpu())
+                .and_then(|mut cpu| cpu.map_memory(handed_out).map(|()| cpu))
+        })
         .collect::<io::Result<Vec<_>>>()
         .map_err(|e| format!("creating {count} VMs: {e}"))?;
     let (rss_after, host_after, cgroup_after) = (rss_kib()?, mem_available_kib()?, cgroup_bytes());
     drop(cpus);
     kvm::reaper::flush();
     let per_vm = |delta: f64| delta / count as f64;
-    let cgroup = cgroup_before.zip(cgroup_after).map(|(before, after)| per_vm(after.saturating_sub(before) as f64 / 1024.0));
-    Ok(((count, per_vm(rss_after.saturating_sub(rss_before) as f64), per_vm(host_before.saturating_sub(host_after) as f64)), cgroup))
+    let cgroup = cgroup_before
+        .zip(cgroup_after)
+        .map(|(before, after)| per_vm(after.saturating_sub(before) as f64 / 1024.0));
+    Ok((
+        (
+            count,
+            per_vm(rss_after.saturating_sub(rss_before) as f64),
+            per_vm(host_before.saturating_sub(host_after) as f64),
+        ),
+        cgroup,
+    ))
 }
 
 /// Bytes charged to this process's memory cgroup (v2 `memory.current`, or v1
@@ -308,7 +459,9 @@ fn cgroup_bytes() -> Option<u64> {
         let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
         match controllers {
             "" => read(format!("/sys/fs/cgroup{path}/memory.current")),
-            c if c.split(',').any(|c| c == "memory") => read(format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes")),
+            c if c.split(',').any(|c| c == "memory") => {
+                read(format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"))
+            }
             _ => None,
         }
     })
@@ -317,7 +470,10 @@ fn cgroup_bytes() -> Option<u64> {
 fn proc_field_kib(file: &str, field: &str) -> Result<u64, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("reading {file}: {e}"))?;
     text.lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(field)
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        })
         .ok_or_else(|| format!("{file} has no {field}"))
 }
 
@@ -337,15 +493,18 @@ struct Client {
 
 impl Client {
     fn connect(socket: &Path) -> Result<Client, String> {
-        let stream = UnixStream::connect(socket).map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+        let stream = UnixStream::connect(socket)
+            .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
         let mut client = Client { stream, next_id: 1 };
         client.send_and_read(&json!({"type": "hello", "protocol": 1}))?;
         Ok(client)
     }
 
     fn send_and_read(&mut self, message: &Value) -> Result<Value, String> {
-        frame::write_frame(&mut self.stream, message).map_err(|e| format!("writing to the daemon: {e}"))?;
-        let answer = frame::read_frame(&mut self.stream).map_err(|e| format!("reading from the daemon: {e}"))?;
+        frame::write_frame(&mut self.stream, message)
+            .map_err(|e| format!("writing to the daemon: {e}"))?;
+        let answer = frame::read_frame(&mut self.stream)
+            .map_err(|e| format!("reading from the daemon: {e}"))?;
         match answer.get("type").and_then(Value::as_str) {
             Some("error") => Err(format!("the daemon answered {answer}")),
             _ => Ok(answer),
@@ -356,7 +515,9 @@ impl Client {
     fn execute(&mut self, template: &str, code: &str, stdout: &str) -> Result<Value, String> {
         let id = self.next_id;
         self.next_id += 1;
-        let answer = self.send_and_read(&json!({"id": id, "type": "execute", "template": template, "code": code}))?;
+        let answer = self.send_and_read(
+            &json!({"id": id, "type": "execute", "template": template, "code": code}),
+        )?;
         if answer.get("stdout").and_then(Value::as_str) != Some(stdout) {
             return Err(format!("`{code}` did not print {stdout:?}: {answer}"));
         }

@@ -138,7 +138,9 @@ impl fmt::Display for ExecuteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ExecuteError::UnknownTemplate(name) => write!(f, "no template named '{name}'"),
-            ExecuteError::Unavailable(reason) | ExecuteError::Rejected(reason) | ExecuteError::Internal(reason) => f.write_str(reason),
+            ExecuteError::Unavailable(reason)
+            | ExecuteError::Rejected(reason)
+            | ExecuteError::Internal(reason) => f.write_str(reason),
         }
     }
 }
@@ -197,7 +199,11 @@ pub trait Executor: Send + Sync {
     /// is handed over (not borrowed) so that its code, files and stdin (tens of MiB at most)
     /// reach the VM without a copy. The output the program writes also goes to `live_output`
     /// as it is written (`OutputSink::none()` unless the client streams).
-    fn execute(&self, request: ExecuteRequest, live_output: OutputSink) -> Result<Execution, ExecuteError>;
+    fn execute(
+        &self,
+        request: ExecuteRequest,
+        live_output: OutputSink,
+    ) -> Result<Execution, ExecuteError>;
     /// Gives `request` its template's defaults for what it left out (`Defaulted`), before its
     /// limits are reported; an executor without templates of its own leaves it as parsed.
     fn complete(&self, _request: &mut ExecuteRequest) {}

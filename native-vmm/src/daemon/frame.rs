@@ -45,7 +45,13 @@ impl FrameError {
     /// After this error the next frame boundary is unknown (or the connection is gone): the
     /// connection must be closed. Otherwise the whole payload was consumed and the peer may go on.
     pub fn loses_framing(&self) -> bool {
-        matches!(self, FrameError::Closed | FrameError::Oversized { .. } | FrameError::Truncated { .. } | FrameError::Io(_))
+        matches!(
+            self,
+            FrameError::Closed
+                | FrameError::Oversized { .. }
+                | FrameError::Truncated { .. }
+                | FrameError::Io(_)
+        )
     }
 }
 
@@ -53,9 +59,18 @@ impl fmt::Display for FrameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FrameError::Closed => write!(f, "connection closed"),
-            FrameError::Oversized { length } => write!(f, "frame length {length} exceeds the limit of {MAX_FRAME_BYTES} bytes"),
-            FrameError::Truncated { expected, got } => write!(f, "connection closed inside a frame ({got} of {expected} bytes)"),
-            FrameError::NotUtf8 { valid_up_to } => write!(f, "frame payload is not UTF-8 (invalid byte at offset {valid_up_to})"),
+            FrameError::Oversized { length } => write!(
+                f,
+                "frame length {length} exceeds the limit of {MAX_FRAME_BYTES} bytes"
+            ),
+            FrameError::Truncated { expected, got } => write!(
+                f,
+                "connection closed inside a frame ({got} of {expected} bytes)"
+            ),
+            FrameError::NotUtf8 { valid_up_to } => write!(
+                f,
+                "frame payload is not UTF-8 (invalid byte at offset {valid_up_to})"
+            ),
             FrameError::NotJson(e) => write!(f, "frame payload is not JSON: {e}"),
             FrameError::NotObject => write!(f, "frame payload is not a JSON object"),
             FrameError::Io(e) => write!(f, "reading the connection: {e}"),
@@ -90,22 +105,34 @@ pub fn read_frame(reader: &mut impl Read) -> Result<Value, FrameError> {
     }
     let length = u32::from_be_bytes(header);
     if length as usize > MAX_FRAME_BYTES {
-        return Err(FrameError::Oversized { length: length.into() });
+        return Err(FrameError::Oversized {
+            length: length.into(),
+        });
     }
     // The cap above bounds this allocation; the buffer is filled as bytes arrive.
     let mut payload = Vec::new();
-    let got = reader.take(length.into()).read_to_end(&mut payload).map_err(FrameError::Io)?;
+    let got = reader
+        .take(length.into())
+        .read_to_end(&mut payload)
+        .map_err(FrameError::Io)?;
     if got < length as usize {
-        return Err(FrameError::Truncated { expected: length as usize, got });
+        return Err(FrameError::Truncated {
+            expected: length as usize,
+            got,
+        });
     }
     decode_payload(&payload)
 }
 
 /// Checks a complete payload: UTF-8, then JSON, then an object.
 pub fn decode_payload(payload: &[u8]) -> Result<Value, FrameError> {
-    let text = std::str::from_utf8(payload).map_err(|e| FrameError::NotUtf8 { valid_up_to: e.valid_up_to() })?;
+    let text = std::str::from_utf8(payload).map_err(|e| FrameError::NotUtf8 {
+        valid_up_to: e.valid_up_to(),
+    })?;
     let mut reader = serde_json::Deserializer::from_str(text);
-    let value = StrictValue { depth: 1 }.deserialize(&mut reader).map_err(FrameError::NotJson)?;
+    let value = StrictValue { depth: 1 }
+        .deserialize(&mut reader)
+        .map_err(FrameError::NotJson)?;
     reader.end().map_err(FrameError::NotJson)?;
     match value {
         Value::Object(_) => Ok(value),
@@ -123,9 +150,13 @@ impl StrictValue {
     /// The seed for the members of an array or object at this depth.
     fn members<E: de::Error>(self) -> Result<StrictValue, E> {
         if self.depth > MAX_DEPTH {
-            return Err(E::custom(format_args!("nesting deeper than {MAX_DEPTH} levels")));
+            return Err(E::custom(format_args!(
+                "nesting deeper than {MAX_DEPTH} levels"
+            )));
         }
-        Ok(StrictValue { depth: self.depth + 1 })
+        Ok(StrictValue {
+            depth: self.depth + 1,
+        })
     }
 }
 
@@ -187,7 +218,9 @@ impl<'de> Visitor<'de> for StrictValue {
         let mut members = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             if members.contains_key(&key) {
-                return Err(de::Error::custom(format_args!("duplicate object key {key:?}")));
+                return Err(de::Error::custom(format_args!(
+                    "duplicate object key {key:?}"
+                )));
             }
             let value = map.next_value_seed(member)?;
             members.insert(key, value);
@@ -220,7 +253,10 @@ pub enum EncodeError {
 impl fmt::Display for EncodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EncodeError::TooLarge { length } => write!(f, "response of {length} bytes exceeds the frame limit of {MAX_FRAME_BYTES} bytes"),
+            EncodeError::TooLarge { length } => write!(
+                f,
+                "response of {length} bytes exceeds the frame limit of {MAX_FRAME_BYTES} bytes"
+            ),
             EncodeError::NotSerialisable(e) => write!(f, "response cannot be serialised: {e}"),
         }
     }
@@ -228,7 +264,8 @@ impl fmt::Display for EncodeError {
 
 /// Writes one frame with a single `write_all` (callers serialise writers on a connection).
 pub fn write_frame(writer: &mut impl Write, message: &impl Serialize) -> io::Result<()> {
-    let frame = encode_frame(message).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let frame = encode_frame(message)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     writer.write_all(&frame)?;
     writer.flush()
 }
@@ -320,19 +357,36 @@ mod tests {
                 ref other => panic!("{payload:?}: {other:?}"),
             };
             assert_eq!(kind, *expected, "{payload:?}: {error}");
-            assert!(!error.loses_framing(), "{payload:?}: the payload was consumed, the connection can go on");
+            assert!(
+                !error.loses_framing(),
+                "{payload:?}: the payload was consumed, the connection can go on"
+            );
         }
     }
 
     #[test]
     fn deep_nesting_is_refused() {
-        let deep = format!("{{\"a\":{}1{}}}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
-        assert!(matches!(read(&frame(deep.as_bytes())), Err(FrameError::NotJson(_))));
-        let shallow = format!("{{\"a\":{}1{}}}", "[".repeat(MAX_DEPTH - 2), "]".repeat(MAX_DEPTH - 2));
+        let deep = format!(
+            "{{\"a\":{}1{}}}",
+            "[".repeat(MAX_DEPTH),
+            "]".repeat(MAX_DEPTH)
+        );
+        assert!(matches!(
+            read(&frame(deep.as_bytes())),
+            Err(FrameError::NotJson(_))
+        ));
+        let shallow = format!(
+            "{{\"a\":{}1{}}}",
+            "[".repeat(MAX_DEPTH - 2),
+            "]".repeat(MAX_DEPTH - 2)
+        );
         assert!(read(&frame(shallow.as_bytes())).is_ok());
         // A million opening brackets fail fast instead of recursing.
         let hostile = format!("{{\"a\":{}", "[".repeat(1 << 20));
-        assert!(matches!(read(&frame(hostile.as_bytes())), Err(FrameError::NotJson(_))));
+        assert!(matches!(
+            read(&frame(hostile.as_bytes())),
+            Err(FrameError::NotJson(_))
+        ));
     }
 
     #[test]
@@ -358,7 +412,10 @@ mod tests {
             if let Err(e) = read_frame(&mut reader) {
                 assert!(!e.loses_framing(), "{payload:?}: {e}");
             }
-            assert_eq!(read_frame(&mut reader).unwrap().get("next"), Some(&Value::Bool(true)));
+            assert_eq!(
+                read_frame(&mut reader).unwrap().get("next"),
+                Some(&Value::Bool(true))
+            );
             // And random bytes as a whole stream (header included) end in an error or a value.
             let raw: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
             let _ = read(&raw);
@@ -368,7 +425,9 @@ mod tests {
     #[test]
     fn responses_larger_than_the_cap_are_not_encoded() {
         let big = json!({"s": "\u{1}".repeat(MAX_FRAME_BYTES / 6 + 1)});
-        assert!(matches!(encode_frame(&big), Err(EncodeError::TooLarge { length }) if length > MAX_FRAME_BYTES));
+        assert!(
+            matches!(encode_frame(&big), Err(EncodeError::TooLarge { length }) if length > MAX_FRAME_BYTES)
+        );
         assert!(write_frame(&mut Vec::new(), &big).is_err());
     }
 }

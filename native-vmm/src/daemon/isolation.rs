@@ -133,15 +133,24 @@ pub fn plant_code() -> String {
 }
 
 /// The environment and argv of the plant: the token rides in both.
-pub fn plant_env_argv(token: &str, reachable: &[(u64, u64)]) -> (Vec<(String, String)>, Vec<String>) {
+pub fn plant_env_argv(
+    token: &str,
+    reachable: &[(u64, u64)],
+) -> (Vec<(String, String)>, Vec<String>) {
     let mut env = search_env(reachable);
     env.push(("SF_TOKEN".to_owned(), token.to_owned()));
-    (env, vec![DEFAULT_SCRIPT.to_owned(), format!("{MARKER}{token}")])
+    (
+        env,
+        vec![DEFAULT_SCRIPT.to_owned(), format!("{MARKER}{token}")],
+    )
 }
 
 /// The environment of a search of a guest that can reach `reachable`.
 pub fn search_env(reachable: &[(u64, u64)]) -> Vec<(String, String)> {
-    let spans: Vec<String> = reachable.iter().map(|(start, end)| format!("{start:x}-{end:x}")).collect();
+    let spans: Vec<String> = reachable
+        .iter()
+        .map(|(start, end)| format!("{start:x}-{end:x}"))
+        .collect();
     vec![("SF_REACHABLE".to_owned(), spans.join(","))]
 }
 
@@ -154,21 +163,47 @@ pub fn new_token() -> std::io::Result<String> {
 
 /// Line `index` of a program's output, as JSON.
 fn parse(what: &str, stdout: &[u8], index: usize) -> Result<Value, String> {
-    let line = stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).nth(index).ok_or_else(|| format!("the {what} printed no line {index}: {}", String::from_utf8_lossy(stdout)))?;
-    serde_json::from_slice(line).map_err(|e| format!("the {what}'s output is not JSON ({e}): {}", String::from_utf8_lossy(stdout)))
+    let line = stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .nth(index)
+        .ok_or_else(|| {
+            format!(
+                "the {what} printed no line {index}: {}",
+                String::from_utf8_lossy(stdout)
+            )
+        })?;
+    serde_json::from_slice(line).map_err(|e| {
+        format!(
+            "the {what}'s output is not JSON ({e}): {}",
+            String::from_utf8_lossy(stdout)
+        )
+    })
 }
 
 fn strings(value: Option<&Value>) -> BTreeSet<String> {
-    value.and_then(Value::as_array).map_or(&[][..], Vec::as_slice).iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)).collect()
+    value
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+        .collect()
 }
 
 /// Compares a search run after the plant on the same VM (`after`) with one on a fresh fork
 /// (`control`): what differs is named in the error.
 pub fn check(token: &str, control: &[u8], plant: &[u8], after: &[u8]) -> Result<(), String> {
-    let (control, planted, plant) = (parse("control search", control, 0)?, parse("plant", plant, 1)?, parse("plant", plant, 0)?);
+    let (control, planted, plant) = (
+        parse("control search", control, 0)?,
+        parse("plant", plant, 1)?,
+        parse("plant", plant, 0)?,
+    );
     let after = parse("search after the plant", after, 0)?;
     if !strings(planted.get("found")).contains(token) {
-        return Err("the plant's own search did not find the secret: the check would prove nothing".to_owned());
+        return Err(
+            "the plant's own search did not find the secret: the check would prove nothing"
+                .to_owned(),
+        );
     }
     let mut leaks = Vec::new();
     if strings(after.get("found")).contains(token) {
@@ -180,7 +215,11 @@ pub fn check(token: &str, control: &[u8], plant: &[u8], after: &[u8]) -> Result<
     for key in ["files", "fds", "signals", "fs_base"] {
         if after.get(key) != control.get(key) {
             let show = |v: &Value| v.get(key).map_or("none".to_owned(), Value::to_string);
-            leaks.push(format!("{key}: {} after the plant, {} on a fresh fork", show(&after), show(&control)));
+            leaks.push(format!(
+                "{key}: {} after the plant, {} on a fresh fork",
+                show(&after),
+                show(&control)
+            ));
         }
     }
     if after.get("fs_base") == plant.get("fs_base") {
@@ -202,17 +241,50 @@ pub fn check(token: &str, control: &[u8], plant: &[u8], after: &[u8]) -> Result<
 /// reaches at its start (`kvm::reachable_memory` of `snapshot::Template::handed_out`). On a
 /// pool of one VM the last two run on that VM after resets; without a pool, on fresh forks.
 /// Returns where each execution's VM came from, for the caller to confirm which case it checked.
-pub fn run(executor: &dyn Executor, template: &str, limits: ExecutionLimits, reachable: &[(u64, u64)]) -> Result<[VmOrigin; 3], String> {
+pub fn run(
+    executor: &dyn Executor,
+    template: &str,
+    limits: ExecutionLimits,
+    reachable: &[(u64, u64)],
+) -> Result<[VmOrigin; 3], String> {
     let token = new_token().map_err(|e| format!("drawing a token: {e}"))?;
     let execute = |what: &str, code: String, env: Vec<(String, String)>, argv: Vec<String>| {
-        let agent_request = AgentRequest { code, argv, env, files: Vec::new(), stdin: Vec::new() };
-        let execution = executor.execute(ExecuteRequest { template: template.to_owned(), agent_request, limits, stream: false, defaulted: Default::default() }, OutputSink::none()).map_err(|e| format!("the {what}: {e}"))?;
+        let agent_request = AgentRequest {
+            code,
+            argv,
+            env,
+            files: Vec::new(),
+            stdin: Vec::new(),
+        };
+        let execution = executor
+            .execute(
+                ExecuteRequest {
+                    template: template.to_owned(),
+                    agent_request,
+                    limits,
+                    stream: false,
+                    defaulted: Default::default(),
+                },
+                OutputSink::none(),
+            )
+            .map_err(|e| format!("the {what}: {e}"))?;
         if execution.status != (RunStatus::Exited { code: 0 }) {
-            return Err(format!("the {what} ended with {}: {}", execution.status, String::from_utf8_lossy(&execution.stderr)));
+            return Err(format!(
+                "the {what} ended with {}: {}",
+                execution.status,
+                String::from_utf8_lossy(&execution.stderr)
+            ));
         }
         Ok(execution)
     };
-    let search = || execute("search", SEARCH.to_owned(), search_env(reachable), vec![DEFAULT_SCRIPT.to_owned()]);
+    let search = || {
+        execute(
+            "search",
+            SEARCH.to_owned(),
+            search_env(reachable),
+            vec![DEFAULT_SCRIPT.to_owned()],
+        )
+    };
     let control = search()?;
     let (env, argv) = plant_env_argv(&token, reachable);
     let plant = execute("plant", plant_code(), env, argv)?;

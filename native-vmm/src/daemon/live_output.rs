@@ -31,7 +31,9 @@ struct Queue {
 impl Queue {
     fn lock(&self) -> MutexGuard<'_, Pending> {
         // Every update is a whole push or take: a panicking holder leaves it consistent.
-        self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -46,7 +48,9 @@ impl LiveOutput {
     pub fn start(send: impl Fn(Stream, String) + Send + 'static) -> io::Result<LiveOutput> {
         let queue = Arc::new(Queue::default());
         let forwarding = queue.clone();
-        let forwarder = thread::Builder::new().name("sandfork-output".into()).spawn(move || forward(&forwarding, send))?;
+        let forwarder = thread::Builder::new()
+            .name("sandfork-output".into())
+            .spawn(move || forward(&forwarding, send))?;
         Ok(LiveOutput { queue, forwarder })
     }
 
@@ -78,19 +82,27 @@ fn forward(queue: &Queue, send: impl Fn(Stream, String)) {
         let (chunks, done) = {
             let mut pending = queue.lock();
             while pending.chunks.is_empty() && !pending.done {
-                pending = queue.changed.wait(pending).unwrap_or_else(|poisoned| poisoned.into_inner());
+                pending = queue
+                    .changed
+                    .wait(pending)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
             }
             (mem::take(&mut pending.chunks), pending.done)
         };
         for (stream, bytes) in chunks {
-            let decoder = if stream == Stream::Stdout { &mut stdout } else { &mut stderr };
+            let decoder = if stream == Stream::Stdout {
+                &mut stdout
+            } else {
+                &mut stderr
+            };
             let text = decoder.push(&bytes);
             if !text.is_empty() {
                 send(stream, text);
             }
         }
         if done {
-            for (stream, decoder) in [(Stream::Stdout, &mut stdout), (Stream::Stderr, &mut stderr)] {
+            for (stream, decoder) in [(Stream::Stdout, &mut stdout), (Stream::Stderr, &mut stderr)]
+            {
                 let rest = decoder.finish();
                 if !rest.is_empty() {
                     send(stream, rest);
@@ -158,7 +170,10 @@ mod tests {
         for cut in 0..=bytes.len() {
             for cut2 in cut..=bytes.len() {
                 let mut decoder = Utf8Decoder::default();
-                let text = decoder.push(&bytes[..cut]) + &decoder.push(&bytes[cut..cut2]) + &decoder.push(&bytes[cut2..]) + &decoder.finish();
+                let text = decoder.push(&bytes[..cut])
+                    + &decoder.push(&bytes[cut..cut2])
+                    + &decoder.push(&bytes[cut2..])
+                    + &decoder.finish();
                 assert_eq!(text, expected, "cut at {cut} and {cut2}");
             }
         }
@@ -168,7 +183,8 @@ mod tests {
     fn everything_queued_is_sent_in_order_before_finish_returns() {
         let sent = Arc::new(Mutex::new(Vec::new()));
         let log = sent.clone();
-        let live = LiveOutput::start(move |stream, text| log.lock().unwrap().push((stream, text))).unwrap();
+        let live = LiveOutput::start(move |stream, text| log.lock().unwrap().push((stream, text)))
+            .unwrap();
         let sink = live.sink();
         let write = |stream, data: &[u8]| {
             let mut out = crate::process::Output::new(1 << 20);
@@ -181,7 +197,12 @@ mod tests {
         write(Stream::Stdout, b"\xac\n");
         live.finish();
         let sent = sent.lock().unwrap();
-        let text = |want| sent.iter().filter(|(s, _)| *s == want).map(|(_, t)| t.as_str()).collect::<String>();
+        let text = |want| {
+            sent.iter()
+                .filter(|(s, _)| *s == want)
+                .map(|(_, t)| t.as_str())
+                .collect::<String>()
+        };
         assert_eq!(text(Stream::Stdout), "one\ntwo €\n");
         assert_eq!(text(Stream::Stderr), "oops\n");
     }

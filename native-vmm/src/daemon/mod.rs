@@ -14,8 +14,8 @@
 //!   otherwise) and `templates`: the templates it serves (image, and snapshot when built).
 
 pub mod agent_executor;
-pub mod bench;
 mod base64;
+pub mod bench;
 pub mod executor;
 pub mod frame;
 pub mod isolation;
@@ -54,14 +54,24 @@ pub const MAX_POOL_SIZE: u64 = 256;
 pub const MAX_CONNECTIONS: usize = 1024;
 
 /// What a request gets when it does not ask (each clamped to the daemon's maxima).
-pub const DEFAULT_LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 };
+pub const DEFAULT_LIMITS: ExecutionLimits = ExecutionLimits {
+    timeout_ms: 10_000,
+    memory_mib: 256,
+    output_bytes: 1 << 20,
+};
 /// Maxima when `serve` is not told otherwise.
-pub const DEFAULT_MAXIMA: ExecutionLimits = ExecutionLimits { timeout_ms: 60_000, memory_mib: 2048, output_bytes: 1 << 20 };
+pub const DEFAULT_MAXIMA: ExecutionLimits = ExecutionLimits {
+    timeout_ms: 60_000,
+    memory_mib: 2048,
+    output_bytes: 1 << 20,
+};
 
 /// Executions running at once by default: two per core (a VM blocked in a system call's host
 /// work leaves its core to another), at least two.
 pub fn default_concurrency() -> usize {
-    thread::available_parallelism().map_or(2, |n| n.get() * 2).max(2)
+    thread::available_parallelism()
+        .map_or(2, |n| n.get() * 2)
+        .max(2)
 }
 
 /// VMs kept ready per template by default: one per execution that can run at once, so a burst
@@ -105,16 +115,25 @@ pub const MAX_SESSIONS_LIMIT: u64 = 4096;
 pub fn serve(options: &ServeOptions) -> Result<(), String> {
     // Before any thread exists, so that every thread inherits the mask and only the waiter
     // below ever takes these signals.
-    let signals = sys::block_signals(&[sys::SIGTERM, sys::SIGINT]).map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
+    let signals = sys::block_signals(&[sys::SIGTERM, sys::SIGINT])
+        .map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
     let templates = templates::load(&options.templates).map_err(|e| e.to_string())?;
     let sessions = match &options.sessions {
         Some(dir) if kvm::Kvm::shared().is_ok() => {
-            let config = sessions::SessionsConfig { dir: dir.clone(), max_live: options.max_sessions };
-            Some(Arc::new(sessions::Sessions::open(config, &templates, Arc::new(kvm::restore_cpu)).map_err(|e| format!("opening the sessions in {}: {e}", dir.display()))?))
+            let config = sessions::SessionsConfig {
+                dir: dir.clone(),
+                max_live: options.max_sessions,
+            };
+            Some(Arc::new(
+                sessions::Sessions::open(config, &templates, Arc::new(kvm::restore_cpu))
+                    .map_err(|e| format!("opening the sessions in {}: {e}", dir.display()))?,
+            ))
         }
         _ => None,
     };
-    let executor = AgentExecutor::with_kvm(templates, options.pool_size).map_err(|e| format!("starting the warm pools: {e}"))?.booting_within(options.boot_timeout);
+    let executor = AgentExecutor::with_kvm(templates, options.pool_size)
+        .map_err(|e| format!("starting the warm pools: {e}"))?
+        .booting_within(options.boot_timeout);
     let health = executor.health();
     let config = ServerConfig {
         max_running: options.max_concurrency,
@@ -122,12 +141,15 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         max_connections: MAX_CONNECTIONS,
         limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits),
     };
-    let mut server = Server::bind(&options.socket, Arc::new(executor), config).map_err(|e| format!("listening on {}: {e}", options.socket.display()))?;
+    let mut server = Server::bind(&options.socket, Arc::new(executor), config)
+        .map_err(|e| format!("listening on {}: {e}", options.socket.display()))?;
     if let Some(sessions) = sessions {
         server = server.with_sessions(sessions);
     }
 
-    let stopper = server.stopper().map_err(|e| format!("duplicating the listening socket: {e}"))?;
+    let stopper = server
+        .stopper()
+        .map_err(|e| format!("duplicating the listening socket: {e}"))?;
     thread::Builder::new()
         .name("sandfork-signals".into())
         .spawn(move || {
@@ -149,7 +171,8 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         Some(_) => crate::seccomp::Confinement::WithSessionFiles,
         None => crate::seccomp::Confinement::NoFiles,
     };
-    crate::seccomp::confine(confinement).map_err(|e| format!("installing the seccomp filter: {e}"))?;
+    crate::seccomp::confine(confinement)
+        .map_err(|e| format!("installing the seccomp filter: {e}"))?;
     if let Some(after) = options.forbidden_syscall_after {
         thread::Builder::new()
             .name("sandfork-trip".into())
@@ -157,11 +180,17 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
                 thread::sleep(after);
                 // socket(2) is not on the allow-list: the filter kills the process here.
                 let _ = std::net::UdpSocket::bind("127.0.0.1:0");
-                log(format_args!("a forbidden system call returned: the daemon is not confined"));
+                log(format_args!(
+                    "a forbidden system call returned: the daemon is not confined"
+                ));
             })
             .map_err(|e| format!("starting the trip thread: {e}"))?;
     }
-    log(format_args!("listening on {} ({} templates, kvm {kvm}; confined by seccomp)", server.path().display(), health.templates));
+    log(format_args!(
+        "listening on {} ({} templates, kvm {kvm}; confined by seccomp)",
+        server.path().display(),
+        health.templates
+    ));
     server.run();
     Ok(())
 }

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use crate::agent::AgentRequest;
 use crate::cpu::GuestCpu;
-use crate::layout::pages_in;
 use crate::daemon::executor::PoolStats;
+use crate::layout::pages_in;
 use crate::memory::GuestMemory;
 use crate::snapshot::{self, ForkMemory, Restored, Template};
 use crate::status::RunStatus;
@@ -108,12 +108,16 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         // The queue stays consistent across a panicking holder (none of its updates can be
         // half done): recover it.
-        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn warm_up(&self) -> MutexGuard<'_, WarmUp> {
         // One assignment at a time: whole across a panicking holder.
-        self.warm_up.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.warm_up
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -126,25 +130,45 @@ pub struct Pool {
 impl Pool {
     /// Starts `size` workers (at least one) for `template`, each restoring VMs with `restore`
     /// on memory made as `memory` says.
-    pub fn start(name: &str, template: Arc<Template>, restore: Arc<SharedRestoreFactory>, memory: ForkMemory, size: usize) -> io::Result<Pool> {
+    pub fn start(
+        name: &str,
+        template: Arc<Template>,
+        restore: Arc<SharedRestoreFactory>,
+        memory: ForkMemory,
+        size: usize,
+    ) -> io::Result<Pool> {
         let shared = Arc::new(Shared {
             template,
             restore,
             memory,
-            queue: Mutex::new(Queue { jobs: VecDeque::new(), ready: 0, stopping: false }),
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                ready: 0,
+                stopping: false,
+            }),
             work: Condvar::new(),
             forks: AtomicU64::new(0),
             fork_micros: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             reset_micros: AtomicU64::new(0),
             served: AtomicU64::new(0),
-            warm_up: Mutex::new(if memory == ForkMemory::CopyOnWrite { WarmUp::On } else { WarmUp::Off }),
+            warm_up: Mutex::new(if memory == ForkMemory::CopyOnWrite {
+                WarmUp::On
+            } else {
+                WarmUp::Off
+            }),
         });
-        let mut pool = Pool { name: name.to_owned(), shared, workers: Vec::new() };
+        let mut pool = Pool {
+            name: name.to_owned(),
+            shared,
+            workers: Vec::new(),
+        };
         for index in 0..size.max(1) {
             let shared = pool.shared.clone();
             // A failed spawn drops `pool`, which stops the workers already started.
-            let worker = thread::Builder::new().name(format!("sandfork-pool-{index}")).spawn(move || work(&shared))?;
+            let worker = thread::Builder::new()
+                .name(format!("sandfork-pool-{index}"))
+                .spawn(move || work(&shared))?;
             pool.workers.push(worker);
         }
         Ok(pool)
@@ -153,10 +177,19 @@ impl Pool {
     /// Runs `request` on the next pooled VM, waiting for one as long as it takes.
     pub fn run(&self, request: AgentRequest, limits: RunLimits) -> Result<PooledRun, LaunchError> {
         let (reply, answer) = mpsc::channel();
-        self.shared.lock().jobs.push_back(Job { request, limits, enqueued: Instant::now(), reply });
+        self.shared.lock().jobs.push_back(Job {
+            request,
+            limits,
+            enqueued: Instant::now(),
+            reply,
+        });
         self.shared.work.notify_one();
         // A worker that panicked mid-job dropped the sender without answering.
-        answer.recv().unwrap_or_else(|_| Err(LaunchError::Cpu(io::Error::other("the pooled VM serving the request panicked"))))
+        answer.recv().unwrap_or_else(|_| {
+            Err(LaunchError::Cpu(io::Error::other(
+                "the pooled VM serving the request panicked",
+            )))
+        })
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -167,9 +200,19 @@ impl Pool {
             ready: self.shared.lock().ready,
             target: self.workers.len() as u64,
             forks,
-            fork_us_mean: self.shared.fork_micros.load(Ordering::Relaxed).checked_div(forks).unwrap_or(0),
+            fork_us_mean: self
+                .shared
+                .fork_micros
+                .load(Ordering::Relaxed)
+                .checked_div(forks)
+                .unwrap_or(0),
             resets,
-            reset_us_mean: self.shared.reset_micros.load(Ordering::Relaxed).checked_div(resets).unwrap_or(0),
+            reset_us_mean: self
+                .shared
+                .reset_micros
+                .load(Ordering::Relaxed)
+                .checked_div(resets)
+                .unwrap_or(0),
             served: self.shared.served.load(Ordering::Relaxed),
             warm_up: match &*self.shared.warm_up() {
                 WarmUp::On => "on".to_owned(),
@@ -200,7 +243,9 @@ fn work(shared: &Shared) {
         match panic::catch_unwind(AssertUnwindSafe(|| serve_vm(shared))) {
             Ok(true) => {}
             Ok(false) => return,
-            Err(_) => super::log(format_args!("pool: a worker panicked; its VM is destroyed and the worker goes on")),
+            Err(_) => super::log(format_args!(
+                "pool: a worker panicked; its VM is destroyed and the worker goes on"
+            )),
         }
     }
 }
@@ -215,7 +260,8 @@ fn serve_vm(shared: &Shared) -> bool {
     };
     // Restored, with the memory its template reaches already mapped (the run would map it on
     // the request's path otherwise).
-    let restored = (shared.restore)(&mem, shared.template.cpu()).and_then(|mut cpu| cpu.map_memory(shared.template.handed_out()).map(|()| cpu));
+    let restored = (shared.restore)(&mem, shared.template.cpu())
+        .and_then(|mut cpu| cpu.map_memory(shared.template.handed_out()).map(|()| cpu));
     let cpu = match restored {
         Ok(cpu) => cpu,
         Err(e) => return fail_next_job(shared, LaunchError::Cpu(e)),
@@ -228,7 +274,9 @@ fn serve_vm(shared: &Shared) -> bool {
             Err(e) => {
                 // Nothing of a VM whose run went wrong is trusted: it is destroyed, and this
                 // pool's VMs serve unwarmed from now on rather than fail the same way again.
-                super::log(format_args!("pool: warming a new VM up failed, the pool's VMs go unwarmed: {e}"));
+                super::log(format_args!(
+                    "pool: warming a new VM up failed, the pool's VMs go unwarmed: {e}"
+                ));
                 *shared.warm_up() = WarmUp::Failed(e.to_string());
                 return true;
             }
@@ -238,17 +286,23 @@ fn serve_vm(shared: &Shared) -> bool {
     };
     let mut ready_at = Instant::now();
     shared.forks.fetch_add(1, Ordering::Relaxed);
-    shared.fork_micros.fetch_add(ready_at.duration_since(creating).as_micros() as u64, Ordering::Relaxed);
+    shared.fork_micros.fetch_add(
+        ready_at.duration_since(creating).as_micros() as u64,
+        Ordering::Relaxed,
+    );
     let mut resets = 0;
     loop {
-        let Some(job) = next_job(shared, true) else { return false };
+        let Some(job) = next_job(shared, true) else {
+            return false;
+        };
         let taken = Instant::now();
         // The part of the job's wait that overlapped readying this VM was a wait for the VM.
         let fork_wait = ready_at.saturating_duration_since(job.enqueued.max(creating));
         let queue_wait = taken.duration_since(job.enqueued).saturating_sub(fork_wait);
         let cpu_before = thread_cpu_time();
         let faults_before = sys::thread_page_faults().ok();
-        let served = snapshot::serve_fork(&shared.template, &mem, cpu, taken, job.request, &job.limits);
+        let served =
+            snapshot::serve_fork(&shared.template, &mem, cpu, taken, job.request, &job.limits);
         shared.served.fetch_add(1, Ordering::Relaxed);
         let (outcome, used_cpu) = match served {
             Ok(served) => served,
@@ -263,22 +317,41 @@ fn serve_vm(shared: &Shared) -> bool {
             None => snapshot::pages_copied(&mem).unwrap_or(0),
         };
         let pages_copied = copied_pages.saturating_sub(pages_in(&warm));
-        let reusable = matches!(outcome.status, RunStatus::Exited { .. }) && resets < MAX_RESETS && copied_pages <= MAX_WARM_PAGES && copied.is_some();
+        let reusable = matches!(outcome.status, RunStatus::Exited { .. })
+            && resets < MAX_RESETS
+            && copied_pages <= MAX_WARM_PAGES
+            && copied.is_some();
         let fork_wait = fork_wait + outcome.stats.load;
-        let run = PooledRun { restored: Restored { outcome, pages_copied }, resets, queue_wait, fork_wait, cpu: thread_cpu_time().saturating_sub(cpu_before) };
+        let run = PooledRun {
+            restored: Restored {
+                outcome,
+                pages_copied,
+            },
+            resets,
+            queue_wait,
+            fork_wait,
+            cpu: thread_cpu_time().saturating_sub(cpu_before),
+        };
         let _ = job.reply.send(Ok(run));
         cpu = used_cpu;
-        let Some(copied) = copied.filter(|_| reusable) else { return true };
+        let Some(copied) = copied.filter(|_| reusable) else {
+            return true;
+        };
         let resetting = Instant::now();
         if let Err(e) = reset(shared, &mem, cpu.as_mut(), &copied) {
-            super::log(format_args!("pool: resetting a VM failed, it is retired: {e}"));
+            super::log(format_args!(
+                "pool: resetting a VM failed, it is retired: {e}"
+            ));
             return true;
         }
         warm = copied;
         ready_at = Instant::now();
         resets += 1;
         shared.resets.fetch_add(1, Ordering::Relaxed);
-        shared.reset_micros.fetch_add(ready_at.duration_since(resetting).as_micros() as u64, Ordering::Relaxed);
+        shared.reset_micros.fetch_add(
+            ready_at.duration_since(resetting).as_micros() as u64,
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -287,14 +360,34 @@ fn serve_vm(shared: &Shared) -> bool {
 /// python template: 20-60 ms through the gateway, against ~1 ms on a reset VM), and most of
 /// those pages every run touches: the interpreter's, the agent's. Answers the vCPU and the pages
 /// the VM now holds copies of.
-fn warm_up<'m>(shared: &Shared, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>) -> io::Result<(Box<dyn GuestCpu + 'm>, Vec<(u64, u64)>)> {
-    let limits = RunLimits { mem_bytes: shared.template.identity().mem_bytes, ..RunLimits::default() };
-    let (outcome, mut cpu) = snapshot::serve_fork(&shared.template, mem, cpu, Instant::now(), AgentRequest::new(""), &limits).map_err(|e| io::Error::other(e.to_string()))?;
+fn warm_up<'m>(
+    shared: &Shared,
+    mem: &'m GuestMemory,
+    cpu: Box<dyn GuestCpu + 'm>,
+) -> io::Result<(Box<dyn GuestCpu + 'm>, Vec<(u64, u64)>)> {
+    let limits = RunLimits {
+        mem_bytes: shared.template.identity().mem_bytes,
+        ..RunLimits::default()
+    };
+    let (outcome, mut cpu) = snapshot::serve_fork(
+        &shared.template,
+        mem,
+        cpu,
+        Instant::now(),
+        AgentRequest::new(""),
+        &limits,
+    )
+    .map_err(|e| io::Error::other(e.to_string()))?;
     // As after a request: a VM whose run did not end in an exit is not reused.
     if !matches!(outcome.status, RunStatus::Exited { .. }) {
-        return Err(io::Error::other(format!("the empty program ended {}", outcome.status)));
+        return Err(io::Error::other(format!(
+            "the empty program ended {}",
+            outcome.status
+        )));
     }
-    let copied = mem.copied_ranges()?.ok_or_else(|| io::Error::other("its copied pages cannot be known"))?;
+    let copied = mem
+        .copied_ranges()?
+        .ok_or_else(|| io::Error::other("its copied pages cannot be known"))?;
     reset(shared, mem, cpu.as_mut(), &copied)?;
     Ok((cpu, copied))
 }
@@ -304,15 +397,23 @@ fn warm_up<'m>(shared: &Shared, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm
 /// whose run took no fault holds exactly its warm pages, and the scan (~0.1 ms) is skipped.
 /// None when they cannot be known (the pagemap cannot be read, a memory that is no fork): the
 /// VM is then not reused.
-fn copied_ranges(mem: &GuestMemory, resets: u64, warm: &[(u64, u64)], faults_before: Option<u64>) -> Option<Vec<(u64, u64)>> {
-    let no_fault = resets > 0 && faults_before.is_some() && sys::thread_page_faults().ok() == faults_before;
+fn copied_ranges(
+    mem: &GuestMemory,
+    resets: u64,
+    warm: &[(u64, u64)],
+    faults_before: Option<u64>,
+) -> Option<Vec<(u64, u64)>> {
+    let no_fault =
+        resets > 0 && faults_before.is_some() && sys::thread_page_faults().ok() == faults_before;
     if no_fault {
         return Some(warm.to_vec());
     }
     match mem.copied_ranges() {
         Ok(ranges) => ranges,
         Err(e) => {
-            super::log(format_args!("pool: counting a VM's copied pages failed, it is retired: {e}"));
+            super::log(format_args!(
+                "pool: counting a VM's copied pages failed, it is retired: {e}"
+            ));
             None
         }
     }
@@ -320,9 +421,17 @@ fn copied_ranges(mem: &GuestMemory, resets: u64, warm: &[(u64, u64)], faults_bef
 
 /// `snapshot::reset` for the pool's forks, then the memory its template reaches mapped again:
 /// the VM as ready as a new one. Copy forks (the ptrace test CPU) are never reused.
-fn reset(shared: &Shared, mem: &GuestMemory, cpu: &mut dyn GuestCpu, copied: &[(u64, u64)]) -> io::Result<()> {
+fn reset(
+    shared: &Shared,
+    mem: &GuestMemory,
+    cpu: &mut dyn GuestCpu,
+    copied: &[(u64, u64)],
+) -> io::Result<()> {
     if shared.memory != ForkMemory::CopyOnWrite {
-        return Err(io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are reset"));
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "only copy-on-write forks are reset",
+        ));
     }
     snapshot::reset(&shared.template, mem, cpu, copied)?;
     cpu.map_memory(shared.template.handed_out())
@@ -353,7 +462,10 @@ fn next_job(shared: &Shared, holding_vm: bool) -> Option<Job> {
         if queue.stopping {
             break None;
         }
-        queue = shared.work.wait(queue).unwrap_or_else(|poisoned| poisoned.into_inner());
+        queue = shared
+            .work
+            .wait(queue)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
     };
     queue.ready -= u64::from(holding_vm);
     job

@@ -75,16 +75,27 @@ pub struct RequestError {
 }
 
 pub(crate) fn bad(id: Option<u64>, message: impl Into<String>) -> RequestError {
-    RequestError { id, code: ErrorCode::BadRequest, message: message.into() }
+    RequestError {
+        id,
+        code: ErrorCode::BadRequest,
+        message: message.into(),
+    }
 }
 
 /// Reads `frame` as a `T`; a refusal names where in the frame it lies ("limits.timeout_ms: ...").
 /// serde quotes the offending key or value whole, so the message is cut (a hostile frame may
 /// carry megabytes there).
-pub(crate) fn typed<'a, T: Deserialize<'a>>(frame: &'a Value, id: Option<u64>) -> Result<T, RequestError> {
+pub(crate) fn typed<'a, T: Deserialize<'a>>(
+    frame: &'a Value,
+    id: Option<u64>,
+) -> Result<T, RequestError> {
     serde_path_to_error::deserialize(frame).map_err(|e| {
         let path = e.path().to_string();
-        let message = if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) };
+        let message = if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        };
         bad(id, truncate(&message, 4 * MAX_QUOTED_CHARS))
     })
 }
@@ -197,7 +208,13 @@ impl<'de> Deserialize<'de> for Environment {
 pub fn parse_hello(frame: &Value) -> Result<u64, RequestError> {
     let hello: Hello = typed(frame, None)?;
     if hello.kind != "hello" {
-        return Err(bad(None, format!("the first frame must be a hello, not '{}'", truncate(&hello.kind, MAX_QUOTED_CHARS))));
+        return Err(bad(
+            None,
+            format!(
+                "the first frame must be a hello, not '{}'",
+                truncate(&hello.kind, MAX_QUOTED_CHARS)
+            ),
+        ));
     }
     let SafeInteger(protocol) = hello.protocol;
     if protocol != PROTOCOL_VERSION {
@@ -212,7 +229,12 @@ pub fn parse_request(frame: &Value, policy: &LimitPolicy) -> Result<(u64, Reques
     let id = match frame.get("id") {
         Some(value) => match value.as_u64() {
             Some(id) if id <= MAX_INTEGER => id,
-            _ => return Err(bad(None, format!("id must be an integer from 0 to {MAX_INTEGER}"))),
+            _ => {
+                return Err(bad(
+                    None,
+                    format!("id must be an integer from 0 to {MAX_INTEGER}"),
+                ))
+            }
         },
         None => return Err(bad(None, "id is required")),
     };
@@ -234,9 +256,19 @@ pub fn parse_request(frame: &Value, policy: &LimitPolicy) -> Result<(u64, Reques
             refuse_positional_objects(frame, Some(id))?;
             Request::Execute(parse_execute(typed(frame, Some(id))?, Some(id), policy)?)
         }
-        kind if kind.starts_with("session_") => Request::Session(crate::daemon::session_protocol::parse(kind, frame, id, policy)?),
+        kind if kind.starts_with("session_") => Request::Session(
+            crate::daemon::session_protocol::parse(kind, frame, id, policy)?,
+        ),
         "hello" => return Err(bad(Some(id), "the handshake is already done")),
-        other => return Err(bad(Some(id), format!("unknown request type '{}'", truncate(other, MAX_QUOTED_CHARS)))),
+        other => {
+            return Err(bad(
+                Some(id),
+                format!(
+                    "unknown request type '{}'",
+                    truncate(other, MAX_QUOTED_CHARS)
+                ),
+            ))
+        }
     };
     Ok((id, request))
 }
@@ -245,32 +277,60 @@ pub fn parse_request(frame: &Value, policy: &LimitPolicy) -> Result<(u64, Reques
 /// the protocol's nested objects must be objects.
 fn refuse_positional_objects(frame: &Value, id: Option<u64>) -> Result<(), RequestError> {
     if frame.get("limits").is_some_and(Value::is_array) {
-        return Err(bad(id, "limits: invalid type: sequence, expected an object"));
+        return Err(bad(
+            id,
+            "limits: invalid type: sequence, expected an object",
+        ));
     }
-    let files = frame.get("files").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    let files = frame
+        .get("files")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
     match files.iter().position(Value::is_array) {
-        Some(i) => Err(bad(id, format!("files[{i}]: invalid type: sequence, expected an object"))),
+        Some(i) => Err(bad(
+            id,
+            format!("files[{i}]: invalid type: sequence, expected an object"),
+        )),
         None => Ok(()),
     }
 }
 
-fn parse_execute(fields: ExecuteFields, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecuteRequest, RequestError> {
+fn parse_execute(
+    fields: ExecuteFields,
+    id: Option<u64>,
+    policy: &LimitPolicy,
+) -> Result<ExecuteRequest, RequestError> {
     if fields.template.is_empty() || fields.template.len() > MAX_TEMPLATE_NAME_BYTES {
-        return Err(bad(id, format!("template must be 1 to {MAX_TEMPLATE_NAME_BYTES} bytes")));
+        return Err(bad(
+            id,
+            format!("template must be 1 to {MAX_TEMPLATE_NAME_BYTES} bytes"),
+        ));
     }
     let mut files = Vec::new();
     for (i, file) in fields.files.unwrap_or_default().into_iter().enumerate() {
         let content = match file.encoding.unwrap_or(Encoding::Utf8) {
             Encoding::Utf8 => file.content.into_bytes(),
-            Encoding::Base64 => base64::decode(&file.content).map_err(|why| bad(id, format!("files[{i}].content: {why}")))?,
+            Encoding::Base64 => base64::decode(&file.content)
+                .map_err(|why| bad(id, format!("files[{i}].content: {why}")))?,
         };
         files.push((file.path, content));
     }
-    let defaulted = Defaulted { script: fields.argv.is_none(), memory: fields.limits.as_ref().is_none_or(|l| l.memory_mib.is_none()) };
+    let defaulted = Defaulted {
+        script: fields.argv.is_none(),
+        memory: fields
+            .limits
+            .as_ref()
+            .is_none_or(|l| l.memory_mib.is_none()),
+    };
     let agent_request = AgentRequest {
         code: fields.code,
-        argv: fields.argv.unwrap_or_else(|| vec![DEFAULT_SCRIPT.to_owned()]),
-        env: fields.env.map(|Environment(pairs)| pairs).unwrap_or_default(),
+        argv: fields
+            .argv
+            .unwrap_or_else(|| vec![DEFAULT_SCRIPT.to_owned()]),
+        env: fields
+            .env
+            .map(|Environment(pairs)| pairs)
+            .unwrap_or_default(),
         files,
         stdin: fields.stdin.map(String::into_bytes).unwrap_or_default(),
     };
@@ -279,21 +339,54 @@ fn parse_execute(fields: ExecuteFields, id: Option<u64>, policy: &LimitPolicy) -
         Some(limits) => clamp_limits(limits, id, policy)?,
         None => policy.default,
     };
-    Ok(ExecuteRequest { template: fields.template, agent_request, limits, stream: fields.stream.unwrap_or(false), defaulted })
+    Ok(ExecuteRequest {
+        template: fields.template,
+        agent_request,
+        limits,
+        stream: fields.stream.unwrap_or(false),
+        defaulted,
+    })
 }
 
-pub(crate) fn clamp_limits(fields: LimitFields, id: Option<u64>, policy: &LimitPolicy) -> Result<ExecutionLimits, RequestError> {
-    let pick = |name: &str, value: Option<SafeInteger>, min: u64, default: u64, max: u64| match value {
-        Some(SafeInteger(n)) if n < min => Err(bad(id, format!("limits.{name} must be an integer from {min} to {MAX_INTEGER}"))),
-        Some(SafeInteger(n)) => Ok(n.min(max)),
-        None => Ok(default),
-    };
+pub(crate) fn clamp_limits(
+    fields: LimitFields,
+    id: Option<u64>,
+    policy: &LimitPolicy,
+) -> Result<ExecutionLimits, RequestError> {
+    let pick =
+        |name: &str, value: Option<SafeInteger>, min: u64, default: u64, max: u64| match value {
+            Some(SafeInteger(n)) if n < min => Err(bad(
+                id,
+                format!("limits.{name} must be an integer from {min} to {MAX_INTEGER}"),
+            )),
+            Some(SafeInteger(n)) => Ok(n.min(max)),
+            None => Ok(default),
+        };
     let (default, max) = (policy.default, policy.max);
     Ok(ExecutionLimits {
-        timeout_ms: pick("timeout_ms", fields.timeout_ms, 1, default.timeout_ms, max.timeout_ms)?,
+        timeout_ms: pick(
+            "timeout_ms",
+            fields.timeout_ms,
+            1,
+            default.timeout_ms,
+            max.timeout_ms,
+        )?,
         // The maximum is at least MIN_MEMORY_MIB (`serve` checks it), so this stays within it.
-        memory_mib: pick("memory_mib", fields.memory_mib, 1, default.memory_mib, max.memory_mib)?.max(MIN_MEMORY_MIB),
-        output_bytes: pick("output_bytes", fields.output_bytes, 0, default.output_bytes, max.output_bytes)?,
+        memory_mib: pick(
+            "memory_mib",
+            fields.memory_mib,
+            1,
+            default.memory_mib,
+            max.memory_mib,
+        )?
+        .max(MIN_MEMORY_MIB),
+        output_bytes: pick(
+            "output_bytes",
+            fields.output_bytes,
+            0,
+            default.output_bytes,
+            max.output_bytes,
+        )?,
     })
 }
 
@@ -305,8 +398,16 @@ mod tests {
     use serde_json::Map;
 
     const POLICY: LimitPolicy = LimitPolicy {
-        default: ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 },
-        max: ExecutionLimits { timeout_ms: 30_000, memory_mib: 512, output_bytes: 2 << 20 },
+        default: ExecutionLimits {
+            timeout_ms: 10_000,
+            memory_mib: 256,
+            output_bytes: 1 << 20,
+        },
+        max: ExecutionLimits {
+            timeout_ms: 30_000,
+            memory_mib: 512,
+            output_bytes: 2 << 20,
+        },
     };
 
     fn value(text: &str) -> Value {
@@ -315,7 +416,8 @@ mod tests {
 
     /// As the server reads a request: a frame, then its fields.
     fn parse(text: &str) -> Result<(u64, Request), RequestError> {
-        let frame = frame::decode_payload(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let frame =
+            frame::decode_payload(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
         parse_request(&frame, &POLICY)
     }
 
@@ -330,7 +432,12 @@ mod tests {
     fn refused(text: &str, id: Option<u64>) -> String {
         match parse(text) {
             Err(e) => {
-                assert_eq!((e.code, e.id), (ErrorCode::BadRequest, id), "{text}: {}", e.message);
+                assert_eq!(
+                    (e.code, e.id),
+                    (ErrorCode::BadRequest, id),
+                    "{text}: {}",
+                    e.message
+                );
                 e.message
             }
             Ok(ok) => panic!("{text} was accepted: {ok:?}"),
@@ -339,12 +446,18 @@ mod tests {
 
     /// `{"id":7,"type":"execute","template":"python","code":"x",<extra>}`.
     fn with(extra: &str) -> String {
-        format!(r#"{{"id":7,"type":"execute","template":"python","code":"x"{}{extra}}}"#, if extra.is_empty() { "" } else { "," })
+        format!(
+            r#"{{"id":7,"type":"execute","template":"python","code":"x"{}{extra}}}"#,
+            if extra.is_empty() { "" } else { "," }
+        )
     }
 
     #[test]
     fn hello_must_ask_for_our_protocol() {
-        assert_eq!(parse_hello(&value(r#"{"type":"hello","protocol":1}"#)), Ok(1));
+        assert_eq!(
+            parse_hello(&value(r#"{"type":"hello","protocol":1}"#)),
+            Ok(1)
+        );
         let e = parse_hello(&value(r#"{"type":"hello","protocol":2}"#)).unwrap_err();
         assert_eq!(e.code, ErrorCode::UnsupportedProtocol);
         assert!(e.message.contains("protocol 2"), "{}", e.message);
@@ -361,23 +474,57 @@ mod tests {
             r#"{"type":1,"protocol":1}"#,
         ] {
             let e = parse_hello(&value(bad)).unwrap_err();
-            assert_eq!((e.code, e.id), (ErrorCode::BadRequest, None), "{bad}: {}", e.message);
+            assert_eq!(
+                (e.code, e.id),
+                (ErrorCode::BadRequest, None),
+                "{bad}: {}",
+                e.message
+            );
         }
     }
 
     #[test]
     fn ids_and_types_are_checked_first() {
-        assert_eq!(parse(r#"{"id":0,"type":"health"}"#), Ok((0, Request::Health)));
-        assert_eq!(parse(r#"{"type":"stats","id":9007199254740991}"#), Ok((MAX_INTEGER, Request::Stats)));
-        assert_eq!(parse(r#"{"id":3,"type":"list_templates"}"#), Ok((3, Request::ListTemplates)));
-        for no_id in [r#"{"type":"health"}"#, r#"{"id":null,"type":"health"}"#, r#"{"id":-1,"type":"health"}"#, r#"{"id":1.5,"type":"health"}"#, r#"{"id":"1","type":"health"}"#, r#"{"id":9007199254740992,"type":"health"}"#, r#"{"id":1e3,"type":"health"}"#] {
+        assert_eq!(
+            parse(r#"{"id":0,"type":"health"}"#),
+            Ok((0, Request::Health))
+        );
+        assert_eq!(
+            parse(r#"{"type":"stats","id":9007199254740991}"#),
+            Ok((MAX_INTEGER, Request::Stats))
+        );
+        assert_eq!(
+            parse(r#"{"id":3,"type":"list_templates"}"#),
+            Ok((3, Request::ListTemplates))
+        );
+        for no_id in [
+            r#"{"type":"health"}"#,
+            r#"{"id":null,"type":"health"}"#,
+            r#"{"id":-1,"type":"health"}"#,
+            r#"{"id":1.5,"type":"health"}"#,
+            r#"{"id":"1","type":"health"}"#,
+            r#"{"id":9007199254740992,"type":"health"}"#,
+            r#"{"id":1e3,"type":"health"}"#,
+        ] {
             refused(no_id, None);
         }
         assert_eq!(refused(r#"{"id":4}"#, Some(4)), "type is required");
-        assert_eq!(refused(r#"{"id":4,"type":["health"]}"#, Some(4)), "type must be a string");
-        assert_eq!(refused(r#"{"id":4,"type":"reboot"}"#, Some(4)), "unknown request type 'reboot'");
-        assert_eq!(refused(r#"{"id":4,"type":"hello","protocol":1}"#, Some(4)), "the handshake is already done");
-        assert_eq!(refused(r#"{"id":4,"type":"health","verbose":true}"#, Some(4)), "verbose: unknown field `verbose`, expected `id` or `type`");
+        assert_eq!(
+            refused(r#"{"id":4,"type":["health"]}"#, Some(4)),
+            "type must be a string"
+        );
+        assert_eq!(
+            refused(r#"{"id":4,"type":"reboot"}"#, Some(4)),
+            "unknown request type 'reboot'"
+        );
+        assert_eq!(
+            refused(r#"{"id":4,"type":"hello","protocol":1}"#, Some(4)),
+            "the handshake is already done"
+        );
+        assert_eq!(
+            refused(r#"{"id":4,"type":"health","verbose":true}"#, Some(4)),
+            "verbose: unknown field `verbose`, expected `id` or `type`"
+        );
         // A hostile type name is not echoed whole.
         let long = format!(r#"{{"id":4,"type":"{}"}}"#, "x".repeat(10_000));
         assert!(refused(&long, Some(4)).len() < 200);
@@ -402,9 +549,17 @@ mod tests {
                     stdin: b"in".to_vec(),
                     argv: vec!["script.py".into(), "--flag".into()],
                     env: vec![("LANG".into(), "C.UTF-8".into()), ("X".into(), "".into())],
-                    files: vec![("data.csv".into(), b"a,b\n1,2\n".to_vec()), ("dir/blob.bin".into(), vec![0, 0xff]), ("dir/sub/t.txt".into(), vec![])],
+                    files: vec![
+                        ("data.csv".into(), b"a,b\n1,2\n".to_vec()),
+                        ("dir/blob.bin".into(), vec![0, 0xff]),
+                        ("dir/sub/t.txt".into(), vec![])
+                    ],
                 },
-                limits: ExecutionLimits { timeout_ms: 5000, memory_mib: 128, output_bytes: 4096 },
+                limits: ExecutionLimits {
+                    timeout_ms: 5000,
+                    memory_mib: 128,
+                    output_bytes: 4096
+                },
                 stream: true,
                 defaulted: Defaulted::default(),
             }
@@ -418,28 +573,81 @@ mod tests {
         assert_eq!(request.limits, POLICY.default);
         // null is the same as absent.
         assert!(!request.stream);
-        assert_eq!(execute(&with(r#""stdin":null,"argv":null,"env":null,"files":null,"limits":null,"stream":null"#)), request);
+        assert_eq!(
+            execute(&with(
+                r#""stdin":null,"argv":null,"env":null,"files":null,"limits":null,"stream":null"#
+            )),
+            request
+        );
 
-        let clamped = execute(&with(r#""limits":{"timeout_ms":9007199254740991,"memory_mib":100000,"output_bytes":99999999}"#));
+        let clamped = execute(&with(
+            r#""limits":{"timeout_ms":9007199254740991,"memory_mib":100000,"output_bytes":99999999}"#,
+        ));
         assert_eq!(clamped.limits, POLICY.max);
         let partial = execute(&with(r#""limits":{"timeout_ms":1,"output_bytes":0}"#));
-        assert_eq!(partial.limits, ExecutionLimits { timeout_ms: 1, memory_mib: 256, output_bytes: 0 });
-        assert!(refused(&with(r#""limits":{"timeout_ms":0}"#), Some(7)).contains("limits.timeout_ms must be an integer from 1"));
-        assert_eq!(execute(&with(r#""limits":{"memory_mib":16}"#)).limits.memory_mib, MIN_MEMORY_MIB, "raised to what the agent needs");
-        assert!(refused(&with(r#""limits":{"memory_mib":0}"#), Some(7)).contains("limits.memory_mib must be an integer from 1"));
-        assert!(refused(&with(r#""limits":{"memory_mib":2.5}"#), Some(7)).contains("limits.memory_mib"));
+        assert_eq!(
+            partial.limits,
+            ExecutionLimits {
+                timeout_ms: 1,
+                memory_mib: 256,
+                output_bytes: 0
+            }
+        );
+        assert!(refused(&with(r#""limits":{"timeout_ms":0}"#), Some(7))
+            .contains("limits.timeout_ms must be an integer from 1"));
+        assert_eq!(
+            execute(&with(r#""limits":{"memory_mib":16}"#))
+                .limits
+                .memory_mib,
+            MIN_MEMORY_MIB,
+            "raised to what the agent needs"
+        );
+        assert!(refused(&with(r#""limits":{"memory_mib":0}"#), Some(7))
+            .contains("limits.memory_mib must be an integer from 1"));
+        assert!(
+            refused(&with(r#""limits":{"memory_mib":2.5}"#), Some(7)).contains("limits.memory_mib")
+        );
         assert_eq!(refused(&with(r#""limits":{"timeout":5}"#), Some(7)), "limits.timeout: unknown field `timeout`, expected one of `timeout_ms`, `memory_mib`, `output_bytes`");
-        assert_eq!(refused(&with(r#""limits":[5]"#), Some(7)), "limits: invalid type: sequence, expected an object");
-        assert_eq!(refused(&with(r#""limits":[5000,128,4096]"#), Some(7)), "limits: invalid type: sequence, expected an object");
+        assert_eq!(
+            refused(&with(r#""limits":[5]"#), Some(7)),
+            "limits: invalid type: sequence, expected an object"
+        );
+        assert_eq!(
+            refused(&with(r#""limits":[5000,128,4096]"#), Some(7)),
+            "limits: invalid type: sequence, expected an object"
+        );
 
         // Defaults above a small maximum are clamped too.
-        let small = LimitPolicy::new(POLICY.default, ExecutionLimits { timeout_ms: 100, memory_mib: 64, output_bytes: 10 });
-        assert_eq!(small.default, ExecutionLimits { timeout_ms: 100, memory_mib: 64, output_bytes: 10 });
+        let small = LimitPolicy::new(
+            POLICY.default,
+            ExecutionLimits {
+                timeout_ms: 100,
+                memory_mib: 64,
+                output_bytes: 10,
+            },
+        );
+        assert_eq!(
+            small.default,
+            ExecutionLimits {
+                timeout_ms: 100,
+                memory_mib: 64,
+                output_bytes: 10
+            }
+        );
     }
 
     #[test]
     fn every_field_refuses_every_wrong_type() {
-        let junk = ["1", "-1", "1.5", "true", r#""s""#, "[]", "{}", r#"[{"a":[{"b":null}]}]"#];
+        let junk = [
+            "1",
+            "-1",
+            "1.5",
+            "true",
+            r#""s""#,
+            "[]",
+            "{}",
+            r#"[{"a":[{"b":null}]}]"#,
+        ];
         // Each field with the junk values of the right type (which may be valid).
         let fields: [(&str, &[&str]); 9] = [
             ("type", &[r#""s""#]),
@@ -455,7 +663,9 @@ mod tests {
         for (field, right_type) in fields {
             for junk in junk.iter().filter(|j| !right_type.contains(j)) {
                 let mut request = value(&with(""));
-                let Value::Object(members) = &mut request else { unreachable!() };
+                let Value::Object(members) = &mut request else {
+                    unreachable!()
+                };
                 members.insert(field.to_owned(), value(junk));
                 let text = request.to_string();
                 match parse_request(&request, &POLICY) {
@@ -471,35 +681,91 @@ mod tests {
 
     #[test]
     fn required_fields_are_required() {
-        assert_eq!(refused(r#"{"id":7,"type":"execute","code":"x"}"#, Some(7)), "missing field `template`");
-        assert_eq!(refused(r#"{"id":7,"type":"execute","template":"python"}"#, Some(7)), "missing field `code`");
-        assert_eq!(refused(r#"{"id":7,"type":"execute","template":"","code":"x"}"#, Some(7)), "template must be 1 to 255 bytes");
+        assert_eq!(
+            refused(r#"{"id":7,"type":"execute","code":"x"}"#, Some(7)),
+            "missing field `template`"
+        );
+        assert_eq!(
+            refused(r#"{"id":7,"type":"execute","template":"python"}"#, Some(7)),
+            "missing field `code`"
+        );
+        assert_eq!(
+            refused(
+                r#"{"id":7,"type":"execute","template":"","code":"x"}"#,
+                Some(7)
+            ),
+            "template must be 1 to 255 bytes"
+        );
         assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "timeout_ms: unknown field `timeout_ms`, expected one of `id`, `type`, `template`, `code`, `stdin`, `argv`, `env`, `files`, `limits`, `stream`");
     }
 
     #[test]
     fn argv_env_and_files_follow_the_agent_rules() {
         assert!(refused(&with(r#""argv":[]"#), Some(7)).starts_with("argv must have 1 to"));
-        let many = format!(r#""argv":[{}]"#, vec![r#""a""#; agent::MAX_ARGS + 1].join(","));
+        let many = format!(
+            r#""argv":[{}]"#,
+            vec![r#""a""#; agent::MAX_ARGS + 1].join(",")
+        );
         assert!(refused(&with(&many), Some(7)).starts_with("argv must have 1 to"));
-        assert_eq!(refused(&with(r#""argv":["a",1]"#), Some(7)), "argv[1]: invalid type: integer `1`, expected a string");
-        assert_eq!(refused(&with(r#""argv":["a","b\u0000"]"#), Some(7)), "argv[1] contains a NUL byte");
+        assert_eq!(
+            refused(&with(r#""argv":["a",1]"#), Some(7)),
+            "argv[1]: invalid type: integer `1`, expected a string"
+        );
+        assert_eq!(
+            refused(&with(r#""argv":["a","b\u0000"]"#), Some(7)),
+            "argv[1] contains a NUL byte"
+        );
         assert!(refused(&with(r#""argv":["../x.py"]"#), Some(7)).starts_with("argv[0]"));
-        assert_eq!(execute(&with(r#""argv":["é.py","--x=1",""]"#)).agent_request.argv, vec!["é.py", "--x=1", ""]);
+        assert_eq!(
+            execute(&with(r#""argv":["é.py","--x=1",""]"#))
+                .agent_request
+                .argv,
+            vec!["é.py", "--x=1", ""]
+        );
 
         assert!(refused(&with(r#""env":{"A=B":"1"}"#), Some(7)).contains("without '='"));
         assert!(refused(&with(r#""env":{"A":"\u0000"}"#), Some(7)).contains("values without NUL"));
-        assert_eq!(refused(&with(r#""env":{"A":1}"#), Some(7)), "env.A: invalid type: integer `1`, expected a string");
-        let many: Vec<String> = (0..=agent::MAX_ENV_VARS).map(|i| format!(r#""V{i}":"""#)).collect();
-        assert!(refused(&with(&format!(r#""env":{{{}}}"#, many.join(","))), Some(7)).contains("environment variables, more than"));
+        assert_eq!(
+            refused(&with(r#""env":{"A":1}"#), Some(7)),
+            "env.A: invalid type: integer `1`, expected a string"
+        );
+        let many: Vec<String> = (0..=agent::MAX_ENV_VARS)
+            .map(|i| format!(r#""V{i}":"""#))
+            .collect();
+        assert!(
+            refused(&with(&format!(r#""env":{{{}}}"#, many.join(","))), Some(7))
+                .contains("environment variables, more than")
+        );
 
-        let file = |path: &str| with(&format!(r#""files":[{{"path":{},"content":"x"}}]"#, Value::from(path)));
-        assert_eq!(execute(&file("a/b/c.txt")).agent_request.files, vec![("a/b/c.txt".to_owned(), b"x".to_vec())]);
-        for bad in ["", "/etc/passwd", "..", "../x", "a/./b", "a//b", "a/", "a\u{0}b", "main.py"] {
+        let file = |path: &str| {
+            with(&format!(
+                r#""files":[{{"path":{},"content":"x"}}]"#,
+                Value::from(path)
+            ))
+        };
+        assert_eq!(
+            execute(&file("a/b/c.txt")).agent_request.files,
+            vec![("a/b/c.txt".to_owned(), b"x".to_vec())]
+        );
+        for bad in [
+            "",
+            "/etc/passwd",
+            "..",
+            "../x",
+            "a/./b",
+            "a//b",
+            "a/",
+            "a\u{0}b",
+            "main.py",
+        ] {
             let message = refused(&file(bad), Some(7));
             assert!(message.starts_with("files[0].path"), "{bad:?}: {message}");
         }
-        let two = |a: &str, b: &str| with(&format!(r#""files":[{{"path":"{a}","content":""}},{{"path":"{b}","content":""}}]"#));
+        let two = |a: &str, b: &str| {
+            with(&format!(
+                r#""files":[{{"path":"{a}","content":""}},{{"path":"{b}","content":""}}]"#
+            ))
+        };
         assert!(refused(&two("a", "a"), Some(7)).contains("given twice"));
         assert!(refused(&two("a", "a/b"), Some(7)).contains("\"a\" is a file"));
         assert_eq!(execute(&two("a", "ab/c")).agent_request.files.len(), 2);
@@ -508,17 +774,64 @@ mod tests {
     #[test]
     fn file_entries_are_checked_field_by_field() {
         let entry = |body: &str| with(&format!(r#""files":[{body}]"#));
-        assert_eq!(refused(&entry(r#""a""#), Some(7)), "files[0]: invalid type: string \"a\", expected an object");
-        assert_eq!(refused(&entry(r#"{"path":"a","content":"x"},["b","y",null]"#), Some(7)), "files[1]: invalid type: sequence, expected an object");
-        assert_eq!(refused(&entry(r#"{"content":"x"}"#), Some(7)), "files[0]: missing field `path`");
-        assert_eq!(refused(&entry(r#"{"path":"a"}"#), Some(7)), "files[0]: missing field `content`");
-        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","mode":420}"#), Some(7)), "files[0].mode: unknown field `mode`, expected one of `path`, `content`, `encoding`");
-        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":"hex"}"#), Some(7)), "files[0].encoding: unknown variant `hex`, expected `utf8` or `base64`");
-        assert_eq!(refused(&entry(r#"{"path":"a","content":"x","encoding":1}"#), Some(7)), "files[0].encoding: invalid type: integer `1`, expected string or map");
-        assert!(refused(&entry(r#"{"path":"a","content":"Zg","encoding":"base64"}"#), Some(7)).starts_with("files[0].content: "));
-        assert_eq!(refused(&entry(r#"{"path":"a","content":["x"]}"#), Some(7)), "files[0].content: invalid type: sequence, expected a string");
-        assert_eq!(execute(&entry(r#"{"path":"a","content":"AP8=","encoding":"base64"}"#)).agent_request.files[0].1, vec![0, 0xff]);
-        let many: Vec<String> = (0..=agent::MAX_FILES).map(|i| format!(r#"{{"path":"f{i}","content":""}}"#)).collect();
+        assert_eq!(
+            refused(&entry(r#""a""#), Some(7)),
+            "files[0]: invalid type: string \"a\", expected an object"
+        );
+        assert_eq!(
+            refused(
+                &entry(r#"{"path":"a","content":"x"},["b","y",null]"#),
+                Some(7)
+            ),
+            "files[1]: invalid type: sequence, expected an object"
+        );
+        assert_eq!(
+            refused(&entry(r#"{"content":"x"}"#), Some(7)),
+            "files[0]: missing field `path`"
+        );
+        assert_eq!(
+            refused(&entry(r#"{"path":"a"}"#), Some(7)),
+            "files[0]: missing field `content`"
+        );
+        assert_eq!(
+            refused(&entry(r#"{"path":"a","content":"x","mode":420}"#), Some(7)),
+            "files[0].mode: unknown field `mode`, expected one of `path`, `content`, `encoding`"
+        );
+        assert_eq!(
+            refused(
+                &entry(r#"{"path":"a","content":"x","encoding":"hex"}"#),
+                Some(7)
+            ),
+            "files[0].encoding: unknown variant `hex`, expected `utf8` or `base64`"
+        );
+        assert_eq!(
+            refused(
+                &entry(r#"{"path":"a","content":"x","encoding":1}"#),
+                Some(7)
+            ),
+            "files[0].encoding: invalid type: integer `1`, expected string or map"
+        );
+        assert!(refused(
+            &entry(r#"{"path":"a","content":"Zg","encoding":"base64"}"#),
+            Some(7)
+        )
+        .starts_with("files[0].content: "));
+        assert_eq!(
+            refused(&entry(r#"{"path":"a","content":["x"]}"#), Some(7)),
+            "files[0].content: invalid type: sequence, expected a string"
+        );
+        assert_eq!(
+            execute(&entry(
+                r#"{"path":"a","content":"AP8=","encoding":"base64"}"#
+            ))
+            .agent_request
+            .files[0]
+                .1,
+            vec![0, 0xff]
+        );
+        let many: Vec<String> = (0..=agent::MAX_FILES)
+            .map(|i| format!(r#"{{"path":"f{i}","content":""}}"#))
+            .collect();
         assert!(refused(&entry(&many.join(",")), Some(7)).contains("files, more than"));
     }
 
@@ -539,15 +852,37 @@ mod tests {
                 2 => Value::from(next() >> (next() % 64)),
                 3 => Value::from(-((next() % 1000) as i64)),
                 4 => Value::from((next() % 1000) as f64 / 7.0),
-                5 => Value::from(["", "a", "..", "/x", "python", "utf8", "base64", "Zg==", "\u{0}", "é"][(next() % 10) as usize]),
+                5 => Value::from(
+                    [
+                        "", "a", "..", "/x", "python", "utf8", "base64", "Zg==", "\u{0}", "é",
+                    ][(next() % 10) as usize],
+                ),
                 6 => Value::Array((0..next() % 4).map(|_| tree(next, depth + 1)).collect()),
-                _ => Value::Object((0..next() % 4).map(|i| (["path", "content", "encoding", "timeout_ms", "x", "A"][((next() + i) % 6) as usize].to_owned(), tree(next, depth + 1))).collect()),
+                _ => Value::Object(
+                    (0..next() % 4)
+                        .map(|i| {
+                            (
+                                ["path", "content", "encoding", "timeout_ms", "x", "A"]
+                                    [((next() + i) % 6) as usize]
+                                    .to_owned(),
+                                tree(next, depth + 1),
+                            )
+                        })
+                        .collect(),
+                ),
             }
         }
-        let keys = ["id", "type", "template", "code", "stdin", "argv", "env", "files", "limits", "other"];
+        let keys = [
+            "id", "type", "template", "code", "stdin", "argv", "env", "files", "limits", "other",
+        ];
         for _ in 0..20_000 {
             let mut members = Map::new();
-            for (key, value) in [("id", Value::from(1u64)), ("type", Value::from("execute")), ("template", Value::from("python")), ("code", Value::from("x"))] {
+            for (key, value) in [
+                ("id", Value::from(1u64)),
+                ("type", Value::from("execute")),
+                ("template", Value::from("python")),
+                ("code", Value::from("x")),
+            ] {
                 members.insert(key.into(), value);
             }
             let key = keys[(next() % keys.len() as u64) as usize];
@@ -555,7 +890,10 @@ mod tests {
             match parse_request(&Value::Object(members), &POLICY) {
                 Ok((id, Request::Execute(r))) => {
                     assert!(id == 1 || key == "id");
-                    assert!(r.limits.timeout_ms <= POLICY.max.timeout_ms && r.limits.memory_mib >= MIN_MEMORY_MIB);
+                    assert!(
+                        r.limits.timeout_ms <= POLICY.max.timeout_ms
+                            && r.limits.memory_mib >= MIN_MEMORY_MIB
+                    );
                     assert_eq!(r.agent_request.validate(), Ok(()));
                 }
                 Ok(other) => panic!("{other:?}"),
@@ -597,12 +935,19 @@ mod tests {
             } else {
                 crate::fuzz::mutate(&mut rng, &stream)
             };
-            let Ok(frame) = frame::read_frame(&mut &corrupted[..]) else { continue };
+            let Ok(frame) = frame::read_frame(&mut &corrupted[..]) else {
+                continue;
+            };
             frames += 1;
             let _ = parse_hello(&frame);
             match parse_request(&frame, &POLICY) {
                 Ok(_) => requests += 1,
-                Err(e) => assert!(e.message.len() < 1024, "a refusal of {} bytes: {}", e.message.len(), e.message.chars().take(300).collect::<String>()),
+                Err(e) => assert!(
+                    e.message.len() < 1024,
+                    "a refusal of {} bytes: {}",
+                    e.message.len(),
+                    e.message.chars().take(300).collect::<String>()
+                ),
             }
         }
         eprintln!("{cases} corrupted frames: {frames} read as JSON objects, {requests} parsed as requests");

@@ -37,7 +37,10 @@ pub struct RequestThreads {
 
 impl Default for RequestThreads {
     fn default() -> RequestThreads {
-        RequestThreads { idle: Arc::default(), idle_lifetime: IDLE_LIFETIME }
+        RequestThreads {
+            idle: Arc::default(),
+            idle_lifetime: IDLE_LIFETIME,
+        }
     }
 }
 
@@ -55,7 +58,10 @@ impl RequestThreads {
             None => task,
         };
         let (idle, lifetime) = (self.idle.clone(), self.idle_lifetime);
-        thread::Builder::new().name("sandfork-request".into()).spawn(move || serve(&idle, lifetime, task)).map(drop)
+        thread::Builder::new()
+            .name("sandfork-request".into())
+            .spawn(move || serve(&idle, lifetime, task))
+            .map(drop)
     }
 
     /// Threads waiting for a task.
@@ -78,7 +84,10 @@ fn serve(idle: &Mutex<Vec<Idle>>, idle_lifetime: Duration, first: Task) {
     let mut task = first;
     loop {
         task();
-        lock(idle).push(Idle { thread: me, tasks: tasks.clone() });
+        lock(idle).push(Idle {
+            thread: me,
+            tasks: tasks.clone(),
+        });
         task = match received.recv_timeout(idle_lifetime) {
             Ok(next) => next,
             Err(RecvTimeoutError::Timeout) => {
@@ -110,7 +119,9 @@ mod tests {
         let mut ran_on = Vec::new();
         for _ in 0..n {
             let (done, finished) = channel();
-            threads.run(Box::new(move || done.send(thread::current().id()).unwrap())).unwrap();
+            threads
+                .run(Box::new(move || done.send(thread::current().id()).unwrap()))
+                .unwrap();
             ran_on.push(finished.recv().unwrap());
             // The thread lists itself idle right after its task: wait for it.
             while threads.idle() == 0 {
@@ -124,7 +135,10 @@ mod tests {
     fn a_thread_that_answered_serves_the_next_request() {
         let threads = RequestThreads::default();
         let ran_on = run_in_turn(&threads, 20);
-        assert!(ran_on.iter().all(|t| *t == ran_on[0]), "one thread served all 20 requests made one after another");
+        assert!(
+            ran_on.iter().all(|t| *t == ran_on[0]),
+            "one thread served all 20 requests made one after another"
+        );
         assert_eq!(threads.idle(), 1);
     }
 
@@ -137,11 +151,12 @@ mod tests {
         let (done, finished) = channel();
         for _ in 0..4 {
             let (barrier, done) = (barrier.clone(), done.clone());
-            threads.run(Box::new(move || {
-                barrier.wait();
-                done.send(thread::current().id()).unwrap();
-            }))
-            .unwrap();
+            threads
+                .run(Box::new(move || {
+                    barrier.wait();
+                    done.send(thread::current().id()).unwrap();
+                }))
+                .unwrap();
         }
         let mut ran_on: Vec<ThreadId> = (0..4).map(|_| finished.recv().unwrap()).collect();
         ran_on.sort_by_key(|t| format!("{t:?}"));
@@ -151,11 +166,17 @@ mod tests {
 
     #[test]
     fn a_thread_idle_for_its_lifetime_ends_and_the_next_request_starts_one() {
-        let threads = RequestThreads { idle_lifetime: Duration::from_millis(20), ..RequestThreads::default() };
+        let threads = RequestThreads {
+            idle_lifetime: Duration::from_millis(20),
+            ..RequestThreads::default()
+        };
         let first = run_in_turn(&threads, 1);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while threads.idle() != 0 {
-            assert!(std::time::Instant::now() < deadline, "the idle thread never ended");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the idle thread never ended"
+            );
             thread::sleep(Duration::from_millis(5));
         }
         let next = run_in_turn(&threads, 1);

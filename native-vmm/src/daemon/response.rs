@@ -5,7 +5,9 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::daemon::executor::{ExecuteError, Execution, ExecutionLimits, Health, PoolStats, TemplateInfo, Usage};
+use crate::daemon::executor::{
+    ExecuteError, Execution, ExecutionLimits, Health, PoolStats, TemplateInfo, Usage,
+};
 use crate::daemon::request::PROTOCOL_VERSION;
 use crate::process::Stream;
 use crate::status::RunStatus;
@@ -31,7 +33,10 @@ pub enum ErrorCode {
 impl ErrorCode {
     /// Whether the same request may succeed later.
     pub fn retryable(self) -> bool {
-        matches!(self, ErrorCode::Unavailable | ErrorCode::Busy | ErrorCode::Internal)
+        matches!(
+            self,
+            ErrorCode::Unavailable | ErrorCode::Busy | ErrorCode::Internal
+        )
     }
 }
 
@@ -67,13 +72,35 @@ impl Response {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Body {
-    Hello { protocol: u64, server: &'static str },
-    Error { code: ErrorCode, message: String, retryable: bool },
-    Templates { templates: Vec<TemplateInfo> },
-    Health { ok: bool, kvm: String, templates: u64 },
-    Stats { executions: u64, in_flight: u64, syscalls: u64, thread_switches: u64, pools: Vec<PoolStats> },
+    Hello {
+        protocol: u64,
+        server: &'static str,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+        retryable: bool,
+    },
+    Templates {
+        templates: Vec<TemplateInfo>,
+    },
+    Health {
+        ok: bool,
+        kvm: String,
+        templates: u64,
+    },
+    Stats {
+        executions: u64,
+        in_flight: u64,
+        syscalls: u64,
+        thread_switches: u64,
+        pools: Vec<PoolStats>,
+    },
     Execution(ExecutionBody),
-    Output { stream: &'static str, data: String },
+    Output {
+        stream: &'static str,
+        data: String,
+    },
     /// Session replies (PROTOCOL.md, Sessions): their fields are built by `daemon::sessions`.
     Session(Map<String, Value>),
     Checkpoint(Map<String, Value>),
@@ -125,11 +152,21 @@ struct Timings {
 }
 
 fn reply(id: u64, body: Body) -> Response {
-    Response { id: Some(Some(id)), body }
+    Response {
+        id: Some(Some(id)),
+        body,
+    }
 }
 
 pub fn error(id: Option<u64>, code: ErrorCode, message: &str) -> Response {
-    Response { id: Some(id), body: Body::Error { code, message: message.to_owned(), retryable: code.retryable() } }
+    Response {
+        id: Some(id),
+        body: Body::Error {
+            code,
+            message: message.to_owned(),
+            retryable: code.retryable(),
+        },
+    }
 }
 
 /// Part of a streamed execution's output, as written (before its `execution` answer).
@@ -142,11 +179,22 @@ pub fn output(id: u64, stream: Stream, data: String) -> Response {
 }
 
 pub fn hello() -> Response {
-    Response { id: None, body: Body::Hello { protocol: PROTOCOL_VERSION, server: concat!("sandfork-vmm ", env!("CARGO_PKG_VERSION")) } }
+    Response {
+        id: None,
+        body: Body::Hello {
+            protocol: PROTOCOL_VERSION,
+            server: concat!("sandfork-vmm ", env!("CARGO_PKG_VERSION")),
+        },
+    }
 }
 
 pub fn templates(id: u64, templates: &[TemplateInfo]) -> Response {
-    reply(id, Body::Templates { templates: templates.to_vec() })
+    reply(
+        id,
+        Body::Templates {
+            templates: templates.to_vec(),
+        },
+    )
 }
 
 /// `kvm` is "available" or "unavailable: <reason>"; `ok` says executions can run now.
@@ -156,7 +204,14 @@ pub fn health(id: u64, health: &Health) -> Response {
         Err(reason) => format!("unavailable: {reason}"),
     };
     let ok = health.kvm.is_ok() && health.templates > 0;
-    reply(id, Body::Health { ok, kvm, templates: health.templates as u64 })
+    reply(
+        id,
+        Body::Health {
+            ok,
+            kvm,
+            templates: health.templates as u64,
+        },
+    )
 }
 
 /// Daemon-wide counters for `stats`: executions run, in flight now, and the system calls and
@@ -170,8 +225,22 @@ pub struct Totals {
 }
 
 pub fn stats(id: u64, totals: Totals, pools: &[PoolStats]) -> Response {
-    let Totals { executions, in_flight, syscalls, thread_switches } = totals;
-    reply(id, Body::Stats { executions, in_flight, syscalls, thread_switches, pools: pools.to_vec() })
+    let Totals {
+        executions,
+        in_flight,
+        syscalls,
+        thread_switches,
+    } = totals;
+    reply(
+        id,
+        Body::Stats {
+            executions,
+            in_flight,
+            syscalls,
+            thread_switches,
+            pools: pools.to_vec(),
+        },
+    )
 }
 
 fn micros(d: Duration) -> u64 {
@@ -188,7 +257,12 @@ pub struct RequestTimes {
     pub total: Duration,
 }
 
-pub fn execution(id: u64, run: &Execution, limits: &ExecutionLimits, times: RequestTimes) -> Response {
+pub fn execution(
+    id: u64,
+    run: &Execution,
+    limits: &ExecutionLimits,
+    times: RequestTimes,
+) -> Response {
     session_execution(id, run, limits, times, Map::new())
 }
 
@@ -212,13 +286,24 @@ pub fn session_reply(id: u64, kind: SessionReply, fields: Map<String, Value>) ->
 }
 
 /// An `execution` with a session execution's fields after the usual ones.
-pub fn session_execution(id: u64, run: &Execution, limits: &ExecutionLimits, times: RequestTimes, session: Map<String, Value>) -> Response {
+pub fn session_execution(
+    id: u64,
+    run: &Execution,
+    limits: &ExecutionLimits,
+    times: RequestTimes,
+    session: Map<String, Value>,
+) -> Response {
     let exit_code = match run.status {
         RunStatus::Exited { code } => Some(i64::from(code)),
         _ => None,
     };
     let fault = match &run.status {
-        RunStatus::Crashed { fault } => Some(Fault { vector: u64::from(fault.vector), name: fault.name(), rip: fault.rip, address: fault.address }),
+        RunStatus::Crashed { fault } => Some(Fault {
+            vector: u64::from(fault.vector),
+            name: fault.name(),
+            rip: fault.rip,
+            address: fault.address,
+        }),
         _ => None,
     };
     reply(
@@ -231,8 +316,16 @@ pub fn session_execution(id: u64, run: &Execution, limits: &ExecutionLimits, tim
             truncated: matches!(run.status, RunStatus::OutputLimit { .. }),
             fault,
             limits: *limits,
-            vm: Vm { origin: run.vm.name(), resets: run.vm.resets() },
-            timings: Timings { queue_us: micros(times.queue + run.queue), fork_us: micros(run.vm_setup), exec_us: micros(run.run), total_us: micros(times.total) },
+            vm: Vm {
+                origin: run.vm.name(),
+                resets: run.vm.resets(),
+            },
+            timings: Timings {
+                queue_us: micros(times.queue + run.queue),
+                fork_us: micros(run.vm_setup),
+                exec_us: micros(run.run),
+                total_us: micros(times.total),
+            },
             usage: run.usage.clone(),
             session,
         }),
@@ -247,13 +340,38 @@ mod tests {
     use crate::daemon::executor::VmOrigin;
     use crate::status::GuestFault;
 
-    const LIMITS: ExecutionLimits = ExecutionLimits { timeout_ms: 1000, memory_mib: 64, output_bytes: 10 };
+    const LIMITS: ExecutionLimits = ExecutionLimits {
+        timeout_ms: 1000,
+        memory_mib: 64,
+        output_bytes: 10,
+    };
     /// The server's wait for a slot; the executor waited 5 µs more for a pool worker.
-    const TIMES: RequestTimes = RequestTimes { queue: Duration::from_micros(7), total: Duration::from_micros(1380) };
+    const TIMES: RequestTimes = RequestTimes {
+        queue: Duration::from_micros(7),
+        total: Duration::from_micros(1380),
+    };
 
     fn run(status: RunStatus, stdout: &[u8]) -> Value {
-        let usage = Usage { wall_us: 1360, cpu_us: 900, peak_memory_bytes: 18_350_080, pages_copied: 0, syscalls: 31, exits: 33, threads_created: 2, thread_switches: 9 };
-        let finished = Execution { status, stdout: stdout.to_vec(), stderr: b"err".to_vec(), queue: Duration::from_micros(5), vm_setup: Duration::from_micros(410), run: Duration::from_micros(950), usage, vm: VmOrigin::Reset { resets: 3 } };
+        let usage = Usage {
+            wall_us: 1360,
+            cpu_us: 900,
+            peak_memory_bytes: 18_350_080,
+            pages_copied: 0,
+            syscalls: 31,
+            exits: 33,
+            threads_created: 2,
+            thread_switches: 9,
+        };
+        let finished = Execution {
+            status,
+            stdout: stdout.to_vec(),
+            stderr: b"err".to_vec(),
+            queue: Duration::from_micros(5),
+            vm_setup: Duration::from_micros(410),
+            run: Duration::from_micros(950),
+            usage,
+            vm: VmOrigin::Reset { resets: 3 },
+        };
         json(&execution(7, &finished, &LIMITS, TIMES))
     }
 
@@ -273,64 +391,172 @@ mod tests {
             )
         );
         let error = run(RunStatus::Exited { code: -3 }, b"");
-        assert_eq!((error.get("status"), error.get("exit_code")), (Some(&Value::from("error")), Some(&Value::from(-3i64))));
+        assert_eq!(
+            (error.get("status"), error.get("exit_code")),
+            (Some(&Value::from("error")), Some(&Value::from(-3i64)))
+        );
     }
 
     #[test]
     fn other_statuses_have_no_exit_code_and_only_a_crash_has_a_fault() {
-        let fault = GuestFault { vector: 14, error_code: 6, rip: 0x40_1000, address: Some(0) };
+        let fault = GuestFault {
+            vector: 14,
+            error_code: 6,
+            rip: 0x40_1000,
+            address: Some(0),
+        };
         let cases = [
             (RunStatus::Timeout { limit_ms: 1000 }, "timeout"),
-            (RunStatus::OutOfMemory { limit_bytes: 64 << 20 }, "out_of_memory"),
+            (
+                RunStatus::OutOfMemory {
+                    limit_bytes: 64 << 20,
+                },
+                "out_of_memory",
+            ),
             (RunStatus::OutputLimit { cap_bytes: 10 }, "output_limit"),
             (RunStatus::Crashed { fault }, "crashed"),
-            (RunStatus::Unsupported { syscall: 41, name: "socket" }, "unsupported"),
+            (
+                RunStatus::Unsupported {
+                    syscall: 41,
+                    name: "socket",
+                },
+                "unsupported",
+            ),
         ];
         for (status, kind) in cases {
             let v = run(status, b"");
             assert_eq!(v.get("status"), Some(&Value::from(kind)));
             assert_eq!(v.get("exit_code"), Some(&Value::Null), "{kind}");
-            assert_eq!(v.get("truncated"), Some(&Value::Bool(kind == "output_limit")), "{kind}");
+            assert_eq!(
+                v.get("truncated"),
+                Some(&Value::Bool(kind == "output_limit")),
+                "{kind}"
+            );
             let fault = v.get("fault").unwrap();
             if kind == "crashed" {
-                assert_eq!(fault.to_string(), r#"{"vector":14,"name":"segmentation fault (page fault)","rip":4198400,"address":0}"#);
+                assert_eq!(
+                    fault.to_string(),
+                    r#"{"vector":14,"name":"segmentation fault (page fault)","rip":4198400,"address":0}"#
+                );
             } else {
                 assert!(fault.is_null(), "{kind}");
             }
         }
-        let no_address = run(RunStatus::Crashed { fault: GuestFault { vector: 6, error_code: 0, rip: 1, address: None } }, b"");
-        assert_eq!(no_address.get("fault").and_then(|f| f.get("address")), Some(&Value::Null));
+        let no_address = run(
+            RunStatus::Crashed {
+                fault: GuestFault {
+                    vector: 6,
+                    error_code: 0,
+                    rip: 1,
+                    address: None,
+                },
+            },
+            b"",
+        );
+        assert_eq!(
+            no_address.get("fault").and_then(|f| f.get("address")),
+            Some(&Value::Null)
+        );
     }
 
     #[test]
     fn output_is_lossy_utf8() {
-        let v = run(RunStatus::Exited { code: 0 }, b"ok \xff\xfe \xc3\xa9 \xe2\x82");
-        assert_eq!(v.get("stdout").and_then(Value::as_str), Some("ok \u{fffd}\u{fffd} é \u{fffd}"));
+        let v = run(
+            RunStatus::Exited { code: 0 },
+            b"ok \xff\xfe \xc3\xa9 \xe2\x82",
+        );
+        assert_eq!(
+            v.get("stdout").and_then(Value::as_str),
+            Some("ok \u{fffd}\u{fffd} é \u{fffd}")
+        );
     }
 
     #[test]
     fn errors_carry_code_retryability_and_id() {
-        assert_eq!(json(&error(None, ErrorCode::BadFrame, "m")).to_string(), r#"{"id":null,"type":"error","code":"bad_frame","message":"m","retryable":false}"#);
-        let retryable: Vec<Value> = [ErrorCode::BadFrame, ErrorCode::BadRequest, ErrorCode::UnsupportedProtocol, ErrorCode::UnknownTemplate, ErrorCode::Unavailable, ErrorCode::Busy, ErrorCode::Internal]
-            .into_iter()
-            .filter(|c| c.retryable())
-            .map(|c| serde_json::to_value(c).unwrap())
-            .collect();
+        assert_eq!(
+            json(&error(None, ErrorCode::BadFrame, "m")).to_string(),
+            r#"{"id":null,"type":"error","code":"bad_frame","message":"m","retryable":false}"#
+        );
+        let retryable: Vec<Value> = [
+            ErrorCode::BadFrame,
+            ErrorCode::BadRequest,
+            ErrorCode::UnsupportedProtocol,
+            ErrorCode::UnknownTemplate,
+            ErrorCode::Unavailable,
+            ErrorCode::Busy,
+            ErrorCode::Internal,
+        ]
+        .into_iter()
+        .filter(|c| c.retryable())
+        .map(|c| serde_json::to_value(c).unwrap())
+        .collect();
         assert_eq!(retryable, ["unavailable", "busy", "internal"]);
-        assert_eq!(serde_json::to_string(&ErrorCode::UnsupportedProtocol).unwrap(), r#""unsupported_protocol""#);
-        assert_eq!(ErrorCode::from(&ExecuteError::Rejected("x".into())), ErrorCode::BadRequest);
-        assert_eq!(json(&error(Some(9), ErrorCode::from(&ExecuteError::UnknownTemplate("ruby".into())), "m")).get("code"), Some(&Value::from("unknown_template")));
+        assert_eq!(
+            serde_json::to_string(&ErrorCode::UnsupportedProtocol).unwrap(),
+            r#""unsupported_protocol""#
+        );
+        assert_eq!(
+            ErrorCode::from(&ExecuteError::Rejected("x".into())),
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            json(&error(
+                Some(9),
+                ErrorCode::from(&ExecuteError::UnknownTemplate("ruby".into())),
+                "m"
+            ))
+            .get("code"),
+            Some(&Value::from("unknown_template"))
+        );
         assert_eq!(error(Some(9), ErrorCode::Busy, "m").id(), Some(9));
-        assert_eq!(json(&hello()).to_string(), concat!(r#"{"type":"hello","protocol":1,"server":"sandfork-vmm "#, env!("CARGO_PKG_VERSION"), r#""}"#));
+        assert_eq!(
+            json(&hello()).to_string(),
+            concat!(
+                r#"{"type":"hello","protocol":1,"server":"sandfork-vmm "#,
+                env!("CARGO_PKG_VERSION"),
+                r#""}"#
+            )
+        );
         assert_eq!(hello().id(), None);
     }
 
     #[test]
     fn health_is_ok_only_when_vms_can_run() {
-        let up = json(&health(2, &Health { kvm: Ok(()), templates: 1 }));
-        assert_eq!(up.to_string(), r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#);
-        let down = json(&health(2, &Health { kvm: Err("/dev/kvm is missing".into()), templates: 1 }));
-        assert_eq!((down.get("ok"), down.get("kvm").and_then(Value::as_str)), (Some(&Value::Bool(false)), Some("unavailable: /dev/kvm is missing")));
-        assert_eq!(json(&health(2, &Health { kvm: Ok(()), templates: 0 })).get("ok"), Some(&Value::Bool(false)));
+        let up = json(&health(
+            2,
+            &Health {
+                kvm: Ok(()),
+                templates: 1,
+            },
+        ));
+        assert_eq!(
+            up.to_string(),
+            r#"{"id":2,"type":"health","ok":true,"kvm":"available","templates":1}"#
+        );
+        let down = json(&health(
+            2,
+            &Health {
+                kvm: Err("/dev/kvm is missing".into()),
+                templates: 1,
+            },
+        ));
+        assert_eq!(
+            (down.get("ok"), down.get("kvm").and_then(Value::as_str)),
+            (
+                Some(&Value::Bool(false)),
+                Some("unavailable: /dev/kvm is missing")
+            )
+        );
+        assert_eq!(
+            json(&health(
+                2,
+                &Health {
+                    kvm: Ok(()),
+                    templates: 0
+                }
+            ))
+            .get("ok"),
+            Some(&Value::Bool(false))
+        );
     }
 }

@@ -38,9 +38,9 @@ use crate::daemon::live_output::LiveOutput;
 use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
 use crate::daemon::request_threads::RequestThreads;
 use crate::daemon::response::{self, ErrorCode, RequestTimes, Response};
-use crate::process::OutputSink;
 use crate::daemon::session_protocol::{self, SessionOp};
 use crate::daemon::sessions::Sessions;
+use crate::process::OutputSink;
 use crate::sys;
 
 /// How long one response write may block on a client that does not read.
@@ -66,12 +66,18 @@ struct Gauge {
 
 impl Gauge {
     fn new(max: usize) -> Gauge {
-        Gauge { count: Mutex::new(0), changed: Condvar::new(), max }
+        Gauge {
+            count: Mutex::new(0),
+            changed: Condvar::new(),
+            max,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
         // The count stays consistent even if a holder panicked: recover it.
-        self.count.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.count
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn try_acquire(self: &Arc<Gauge>) -> Option<Slot> {
@@ -88,7 +94,10 @@ impl Gauge {
     fn acquire(self: &Arc<Gauge>) -> Slot {
         let mut count = self.lock();
         while *count >= self.max {
-            count = self.changed.wait(count).unwrap_or_else(|poisoned| poisoned.into_inner());
+            count = self
+                .changed
+                .wait(count)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
         *count += 1;
         Slot(self.clone())
@@ -101,7 +110,10 @@ impl Gauge {
     fn wait_until_zero(&self) {
         let mut count = self.lock();
         while *count > 0 {
-            count = self.changed.wait(count).unwrap_or_else(|poisoned| poisoned.into_inner());
+            count = self
+                .changed
+                .wait(count)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 }
@@ -158,11 +170,20 @@ impl Drop for SocketFile {
 fn bind_socket(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     match fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => {
-            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists and is not a socket; not replacing it", path.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; not replacing it",
+                    path.display()
+                ),
+            ));
         }
         Ok(_) => {
             if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{}: another server is listening there", path.display())));
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{}: another server is listening there", path.display()),
+                ));
             }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -170,14 +191,26 @@ fn bind_socket(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     }
     let temporary = path.with_file_name(format!(".sandfork-{}.sock", std::process::id()));
     let _ = fs::remove_file(&temporary);
-    let listener = UnixListener::bind(&temporary).map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", temporary.display())))?;
-    let placed = fs::set_permissions(&temporary, fs::Permissions::from_mode(0o600)).and_then(|()| fs::rename(&temporary, path));
+    let listener = UnixListener::bind(&temporary)
+        .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", temporary.display())))?;
+    let placed = fs::set_permissions(&temporary, fs::Permissions::from_mode(0o600))
+        .and_then(|()| fs::rename(&temporary, path));
     if let Err(e) = placed {
         let _ = fs::remove_file(&temporary);
-        return Err(io::Error::new(e.kind(), format!("placing the socket at {}: {e}", path.display())));
+        return Err(io::Error::new(
+            e.kind(),
+            format!("placing the socket at {}: {e}", path.display()),
+        ));
     }
     let meta = fs::symlink_metadata(path)?;
-    Ok((listener, SocketFile { path: path.to_owned(), device: meta.dev(), inode: meta.ino() }))
+    Ok((
+        listener,
+        SocketFile {
+            path: path.to_owned(),
+            device: meta.dev(),
+            inode: meta.ino(),
+        },
+    ))
 }
 
 pub struct Server {
@@ -206,7 +239,11 @@ impl Stopper {
 }
 
 impl Server {
-    pub fn bind(path: &Path, executor: Arc<dyn Executor>, config: ServerConfig) -> io::Result<Server> {
+    pub fn bind(
+        path: &Path,
+        executor: Arc<dyn Executor>,
+        config: ServerConfig,
+    ) -> io::Result<Server> {
         let (listener, socket) = bind_socket(path)?;
         let shared = Arc::new(Shared {
             executor,
@@ -221,7 +258,11 @@ impl Server {
             thread_switches: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
         });
-        Ok(Server { listener, socket, shared })
+        Ok(Server {
+            listener,
+            socket,
+            shared,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -237,13 +278,20 @@ impl Server {
     }
 
     pub fn stopper(&self) -> io::Result<Stopper> {
-        Ok(Stopper { shared: self.shared.clone(), listener: Arc::new(self.listener.try_clone()?) })
+        Ok(Stopper {
+            shared: self.shared.clone(),
+            listener: Arc::new(self.listener.try_clone()?),
+        })
     }
 
     /// Serves until `Stopper::stop`, then closes and removes the socket and waits for the
     /// executions in flight to finish (their responses are still sent on their connections).
     pub fn run(self) {
-        let Server { listener, socket, shared } = self;
+        let Server {
+            listener,
+            socket,
+            shared,
+        } = self;
         for stream in listener.incoming() {
             if shared.stopping.load(Ordering::SeqCst) {
                 break;
@@ -260,14 +308,19 @@ impl Server {
             let Some(slot) = shared.connections.try_acquire() else {
                 let mut stream = stream;
                 let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-                let _ = frame::write_frame(&mut stream, &response::error(None, ErrorCode::Busy, "too many connections"));
+                let _ = frame::write_frame(
+                    &mut stream,
+                    &response::error(None, ErrorCode::Busy, "too many connections"),
+                );
                 continue;
             };
             let connection_shared = shared.clone();
-            let spawned = thread::Builder::new().name("sandfork-conn".into()).spawn(move || {
-                let _slot = slot;
-                Connection::serve(stream, connection_shared);
-            });
+            let spawned = thread::Builder::new()
+                .name("sandfork-conn".into())
+                .spawn(move || {
+                    let _slot = slot;
+                    Connection::serve(stream, connection_shared);
+                });
             if let Err(e) = spawned {
                 super::log(format_args!("starting a connection thread: {e}"));
             }
@@ -284,11 +337,15 @@ struct Writer(Arc<Mutex<UnixStream>>);
 impl Writer {
     /// Sends one frame. A failure means the client is gone or stuck: it is its loss only.
     fn send(&self, message: &Response) {
-        let mut stream = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut stream = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = match frame::encode_frame(message) {
             Ok(bytes) => stream.write_all(&bytes),
             Err(unsendable) => {
-                let error = response::error(message.id(), ErrorCode::Internal, &unsendable.to_string());
+                let error =
+                    response::error(message.id(), ErrorCode::Internal, &unsendable.to_string());
                 frame::write_frame(&mut *stream, &error)
             }
         };
@@ -303,7 +360,10 @@ impl Writer {
     }
 
     fn close(&self) {
-        let stream = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let stream = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let _ = stream.shutdown(std::net::Shutdown::Both);
     }
 }
@@ -323,9 +383,15 @@ enum AfterError {
 
 impl Connection {
     fn serve(stream: UnixStream, shared: Arc<Shared>) {
-        let Ok(write_half) = stream.try_clone() else { return };
+        let Ok(write_half) = stream.try_clone() else {
+            return;
+        };
         let _ = write_half.set_write_timeout(Some(WRITE_TIMEOUT));
-        let connection = Connection { shared, writer: Writer(Arc::new(Mutex::new(write_half))), ids: Arc::new(Mutex::new(HashSet::new())) };
+        let connection = Connection {
+            shared,
+            writer: Writer(Arc::new(Mutex::new(write_half))),
+            ids: Arc::new(Mutex::new(HashSet::new())),
+        };
         let mut reader = BufReader::new(stream);
         if connection.handshake(&mut reader) {
             connection.requests(&mut reader);
@@ -337,7 +403,8 @@ impl Connection {
         match error {
             FrameError::Closed | FrameError::Io(_) => AfterError::Close,
             e => {
-                self.writer.send(&response::error(None, ErrorCode::BadFrame, &e.to_string()));
+                self.writer
+                    .send(&response::error(None, ErrorCode::BadFrame, &e.to_string()));
                 if e.loses_framing() {
                     self.writer.close();
                     AfterError::Close
@@ -385,8 +452,12 @@ impl Connection {
             };
             let received = Instant::now();
             match request::parse_request(&message, &self.shared.config.limits) {
-                Ok((id, Request::ListTemplates)) => self.writer.send(&response::templates(id, &self.shared.executor.templates())),
-                Ok((id, Request::Health)) => self.writer.send(&response::health(id, &self.shared.executor.health())),
+                Ok((id, Request::ListTemplates)) => self
+                    .writer
+                    .send(&response::templates(id, &self.shared.executor.templates())),
+                Ok((id, Request::Health)) => self
+                    .writer
+                    .send(&response::health(id, &self.shared.executor.health())),
                 Ok((id, Request::Stats)) => {
                     let shared = &self.shared;
                     let totals = response::Totals {
@@ -395,7 +466,8 @@ impl Connection {
                         syscalls: shared.syscalls.load(Ordering::Relaxed),
                         thread_switches: shared.thread_switches.load(Ordering::Relaxed),
                     };
-                    self.writer.send(&response::stats(id, totals, &shared.executor.pools()));
+                    self.writer
+                        .send(&response::stats(id, totals, &shared.executor.pools()));
                 }
                 Ok((id, Request::Execute(execute))) => self.start_execution(id, execute, received),
                 Ok((id, Request::Session(op))) => self.start_session_op(id, op, received),
@@ -406,35 +478,60 @@ impl Connection {
 
     /// Runs an execution on a thread of its own, or answers why it cannot start.
     fn start_execution(&self, id: u64, request: ExecuteRequest, received: Instant) {
-        let fail = |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
+        let fail =
+            |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
         let Some(admission) = self.shared.admitted.try_acquire() else {
-            let ServerConfig { max_running, max_queued, .. } = self.shared.config;
+            let ServerConfig {
+                max_running,
+                max_queued,
+                ..
+            } = self.shared.config;
             return fail(ErrorCode::Busy, &format!("the daemon is running its maximum of {max_running} executions with {max_queued} waiting"));
         };
         if !lock_ids(&self.ids).insert(id) {
-            return fail(ErrorCode::BadRequest, &format!("id {id} is already in flight on this connection"));
+            return fail(
+                ErrorCode::BadRequest,
+                &format!("id {id} is already in flight on this connection"),
+            );
         }
         let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
         let spawned = self.shared.threads.run(Box::new(move || {
             let response = if request.stream {
                 let output_writer = writer.clone();
-                match LiveOutput::start(move |stream, data| output_writer.send(&response::output(id, stream, data))) {
+                match LiveOutput::start(move |stream, data| {
+                    output_writer.send(&response::output(id, stream, data))
+                }) {
                     Ok(live) => {
-                        let response = run_execution(&shared, id, request, received, admission, live.sink());
+                        let response =
+                            run_execution(&shared, id, request, received, admission, live.sink());
                         live.finish();
                         response
                     }
-                    Err(e) => response::error(Some(id), ErrorCode::Internal, &format!("starting the output thread: {e}")),
+                    Err(e) => response::error(
+                        Some(id),
+                        ErrorCode::Internal,
+                        &format!("starting the output thread: {e}"),
+                    ),
                 }
             } else {
-                run_execution(&shared, id, request, received, admission, OutputSink::none())
+                run_execution(
+                    &shared,
+                    id,
+                    request,
+                    received,
+                    admission,
+                    OutputSink::none(),
+                )
             };
             lock_ids(&ids).remove(&id);
             writer.send(&response);
         }));
         if let Err(e) = spawned {
             lock_ids(&self.ids).remove(&id);
-            fail(ErrorCode::Internal, &format!("starting an execution thread: {e}"));
+            fail(
+                ErrorCode::Internal,
+                &format!("starting an execution thread: {e}"),
+            );
         }
     }
 }
@@ -444,31 +541,49 @@ impl Connection {
     /// A cell takes an execution's admission and running slots; every other request only an
     /// admission.
     fn start_session_op(&self, id: u64, op: SessionOp, received: Instant) {
-        let fail = |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
+        let fail =
+            |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
         let Some(sessions) = self.shared.sessions.clone() else {
             return fail(ErrorCode::Unavailable, "this daemon keeps no sessions (it needs serve --sessions DIR and a usable /dev/kvm)");
         };
         let Some(admission) = self.shared.admitted.try_acquire() else {
-            return fail(ErrorCode::Busy, "the daemon is at its maximum of requests in flight");
+            return fail(
+                ErrorCode::Busy,
+                "the daemon is at its maximum of requests in flight",
+            );
         };
         if !lock_ids(&self.ids).insert(id) {
-            return fail(ErrorCode::BadRequest, &format!("id {id} is already in flight on this connection"));
+            return fail(
+                ErrorCode::BadRequest,
+                &format!("id {id} is already in flight on this connection"),
+            );
         }
         let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
         let spawned = self.shared.threads.run(Box::new(move || {
             let running = op.runs_code().then(|| shared.running.acquire());
             let runs_code = running.is_some();
-            let result = panic::catch_unwind(AssertUnwindSafe(|| session_protocol::handle(&sessions, id, op, received)));
+            let result = panic::catch_unwind(AssertUnwindSafe(|| {
+                session_protocol::handle(&sessions, id, op, received)
+            }));
             drop((running, admission));
             if runs_code {
                 shared.executions.fetch_add(1, Ordering::Relaxed);
             }
             lock_ids(&ids).remove(&id);
-            writer.send(&result.unwrap_or_else(|_| response::error(Some(id), ErrorCode::Internal, "the session request panicked")));
+            writer.send(&result.unwrap_or_else(|_| {
+                response::error(
+                    Some(id),
+                    ErrorCode::Internal,
+                    "the session request panicked",
+                )
+            }));
         }));
         if let Err(e) = spawned {
             lock_ids(&self.ids).remove(&id);
-            fail(ErrorCode::Internal, &format!("starting a session thread: {e}"));
+            fail(
+                ErrorCode::Internal,
+                &format!("starting a session thread: {e}"),
+            );
         }
     }
 }
@@ -480,19 +595,40 @@ fn lock_ids(ids: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>
 /// Waits for a running slot, runs one execution (its output also going to `live_output`) and
 /// builds its response (the slots are given back before the response is written). A panic in
 /// the executor is answered `internal` instead of losing the response.
-fn run_execution(shared: &Shared, id: u64, mut request: ExecuteRequest, received: Instant, admission: Slot, live_output: OutputSink) -> Response {
+fn run_execution(
+    shared: &Shared,
+    id: u64,
+    mut request: ExecuteRequest,
+    received: Instant,
+    admission: Slot,
+    live_output: OutputSink,
+) -> Response {
     shared.executor.complete(&mut request);
     let limits = request.limits;
     let running = shared.running.acquire();
     let queue = received.elapsed();
-    let result = panic::catch_unwind(AssertUnwindSafe(|| shared.executor.execute(request, live_output)));
+    let result = panic::catch_unwind(AssertUnwindSafe(|| {
+        shared.executor.execute(request, live_output)
+    }));
     drop((running, admission));
     match result {
         Ok(Ok(execution)) => {
             shared.executions.fetch_add(1, Ordering::Relaxed);
-            shared.syscalls.fetch_add(execution.usage.syscalls, Ordering::Relaxed);
-            shared.thread_switches.fetch_add(execution.usage.thread_switches, Ordering::Relaxed);
-            response::execution(id, &execution, &limits, RequestTimes { queue, total: received.elapsed() })
+            shared
+                .syscalls
+                .fetch_add(execution.usage.syscalls, Ordering::Relaxed);
+            shared
+                .thread_switches
+                .fetch_add(execution.usage.thread_switches, Ordering::Relaxed);
+            response::execution(
+                id,
+                &execution,
+                &limits,
+                RequestTimes {
+                    queue,
+                    total: received.elapsed(),
+                },
+            )
         }
         Ok(Err(e)) => response::error(Some(id), ErrorCode::from(&e), &e.to_string()),
         Err(_) => response::error(Some(id), ErrorCode::Internal, "the executor panicked"),

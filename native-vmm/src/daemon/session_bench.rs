@@ -124,23 +124,53 @@ fn kib(bytes: u64) -> f64 {
 
 impl fmt::Display for SessionReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "session durability, {} iterations per figure", self.iterations)?;
+        writeln!(
+            f,
+            "session durability, {} iterations per figure",
+            self.iterations
+        )?;
         for s in &self.sizes {
-            writeln!(f, "  {} MiB of {} ({:.1} MiB of pages in the checkpoint):", s.written_mib, s.cell.describe(), s.dirty_bytes as f64 / (1 << 20) as f64)?;
+            writeln!(
+                f,
+                "  {} MiB of {} ({:.1} MiB of pages in the checkpoint):",
+                s.written_mib,
+                s.cell.describe(),
+                s.dirty_bytes as f64 / (1 << 20) as f64
+            )?;
             let p = s.pages;
             writeln!(f, "    file per checkpoint    {:.0} KiB  (the last one's pages: {} zero, {} sparse, {} changed chunks only, {} raw)", kib(s.file_bytes), p.zero, p.sparse, p.delta, p.raw)?;
-            writeln!(f, "    checkpoint (durable)   p50 {:.2} ms  p99 {:.2} ms", ms(s.checkpoint.p50), ms(s.checkpoint.p99))?;
+            writeln!(
+                f,
+                "    checkpoint (durable)   p50 {:.2} ms  p99 {:.2} ms",
+                ms(s.checkpoint.p50),
+                ms(s.checkpoint.p99)
+            )?;
             writeln!(f, "    its CPU time           p50 {:.2} ms  p99 {:.2} ms  (the VM thread's: capture, write, hash)", ms(s.checkpoint_cpu.p50), ms(s.checkpoint_cpu.p99))?;
             writeln!(f, "    native write+fdatasync p50 {:.2} ms  p99 {:.2} ms  (as many bytes as the files, baseline)", ms(s.native_write.p50), ms(s.native_write.p99))?;
-            writeln!(f, "    pause                  p50 {:.2} ms  p99 {:.2} ms  ({:.0} KiB file)", ms(s.pause.p50), ms(s.pause.p99), kib(s.pause_file_bytes))?;
-            writeln!(f, "    resume (VM ready)      p50 {:.2} ms  p99 {:.2} ms", ms(s.resume.p50), ms(s.resume.p99))?;
+            writeln!(
+                f,
+                "    pause                  p50 {:.2} ms  p99 {:.2} ms  ({:.0} KiB file)",
+                ms(s.pause.p50),
+                ms(s.pause.p99),
+                kib(s.pause_file_bytes)
+            )?;
+            writeln!(
+                f,
+                "    resume (VM ready)      p50 {:.2} ms  p99 {:.2} ms",
+                ms(s.resume.p50),
+                ms(s.resume.p99)
+            )?;
         }
         for c in &self.concurrent {
             writeln!(f, "  durable checkpoints at concurrency {CONCURRENCY}, each after a cell writing 1 MiB of {}:", c.cell.describe())?;
             writeln!(f, "    {:.0} per s in rounds of {CONCURRENCY} at once, {:.0} per s sustained  ({:.0} KiB files on average; {:.2} ms of CPU each on its VM's thread)", c.rounds_per_s, c.sustained_per_s, kib(c.file_bytes), ms(c.cpu_per_checkpoint))?;
             writeln!(f, "    native write+fdatasync of as many bytes, {CONCURRENCY} threads: {:.0} per s  (baseline)", c.native_per_s)?;
         }
-        writeln!(f, "  native spawn of {PROGRAM} -c pass: p50 {:.2} ms (baseline for a resume)", ms(self.native_python.p50))
+        writeln!(
+            f,
+            "  native spawn of {PROGRAM} -c pass: p50 {:.2} ms (baseline for a resume)",
+            ms(self.native_python.p50)
+        )
     }
 }
 
@@ -161,7 +191,11 @@ impl SessionReport {
 }
 
 fn limits() -> ExecutionLimits {
-    ExecutionLimits { timeout_ms: 30_000, memory_mib: 256, output_bytes: 1 << 16 }
+    ExecutionLimits {
+        timeout_ms: 30_000,
+        memory_mib: 256,
+        output_bytes: 1 << 16,
+    }
 }
 
 /// Runs the benchmark on the template folder `dir` (image and snapshot), its checkpoints in
@@ -170,24 +204,56 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
     kvm::Kvm::shared().map_err(|e| e.to_string())?;
     let template = load_template(dir)?;
     let sessions_dir = data.join(format!("sfbench-sessions-{}", std::process::id()));
-    let config = SessionsConfig { dir: sessions_dir.clone(), max_live: CONCURRENCY + 2 };
-    let sessions = Arc::new(Sessions::open(config, std::slice::from_ref(&template), Arc::new(kvm::restore_cpu)).map_err(|e| e.to_string())?);
+    let config = SessionsConfig {
+        dir: sessions_dir.clone(),
+        max_live: CONCURRENCY + 2,
+    };
+    let sessions = Arc::new(
+        Sessions::open(
+            config,
+            std::slice::from_ref(&template),
+            Arc::new(kvm::restore_cpu),
+        )
+        .map_err(|e| e.to_string())?,
+    );
     let result = (|| {
         let mut sizes = Vec::new();
         for cell in CellBytes::ALL {
             for mib in [1u64, 32] {
-                sizes.push(one_session(&sessions, &template.name, &sessions_dir, cell, mib, iterations)?);
+                sizes.push(one_session(
+                    &sessions,
+                    &template.name,
+                    &sessions_dir,
+                    cell,
+                    mib,
+                    iterations,
+                )?);
             }
         }
         let mut concurrent = Vec::new();
         for cell in CellBytes::ALL {
-            let (rounds_per_s, file_bytes, cpu_per_checkpoint) = concurrent_checkpoints(&sessions, &template.name, cell, iterations, true)?;
-            let (sustained_per_s, _, _) = concurrent_checkpoints(&sessions, &template.name, cell, iterations, false)?;
-            let native_per_s = native_concurrent_writes(&sessions_dir, file_bytes as usize, iterations)?;
-            concurrent.push(ConcurrentFigures { cell, rounds_per_s, sustained_per_s, file_bytes, native_per_s, cpu_per_checkpoint });
+            let (rounds_per_s, file_bytes, cpu_per_checkpoint) =
+                concurrent_checkpoints(&sessions, &template.name, cell, iterations, true)?;
+            let (sustained_per_s, _, _) =
+                concurrent_checkpoints(&sessions, &template.name, cell, iterations, false)?;
+            let native_per_s =
+                native_concurrent_writes(&sessions_dir, file_bytes as usize, iterations)?;
+            concurrent.push(ConcurrentFigures {
+                cell,
+                rounds_per_s,
+                sustained_per_s,
+                file_bytes,
+                native_per_s,
+                cpu_per_checkpoint,
+            });
         }
         let native_python = latency(measure_native(PROGRAM, &ARGS, 20))?;
-        Ok(SessionReport { iterations, sizes, concurrent, native_python })
+        Ok(SessionReport {
+            iterations,
+            sizes,
+            concurrent,
+            native_python,
+        })
     })();
     drop(sessions);
     let _ = std::fs::remove_dir_all(&sessions_dir);
@@ -196,14 +262,24 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
 
 /// One session running `cell` at `mib` MiB: `iterations` checkpoints after it, then up to 50
 /// pauses and resumes; and the native baseline of the checkpoints' bytes.
-fn one_session(sessions: &Sessions, template: &str, dir: &Path, cell: CellBytes, mib: u64, iterations: usize) -> Result<DirtyFigures, String> {
+fn one_session(
+    sessions: &Sessions,
+    template: &str,
+    dir: &Path,
+    cell: CellBytes,
+    mib: u64,
+    iterations: usize,
+) -> Result<DirtyFigures, String> {
     let fail = |e: crate::daemon::sessions::SessionError| e.message;
     let id = format!("bench-{}-{mib}", cell.key());
     sessions.create(&id, template, None).map_err(fail)?;
-    let (mut checkpoint, mut checkpoint_cpu, mut pause, mut resume) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut checkpoint, mut checkpoint_cpu, mut pause, mut resume) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut last, mut file_bytes, mut pause_file_bytes) = (None::<TakenCheckpoint>, 0, 0);
     for _ in 0..iterations {
-        sessions.execute(&id, cell.code(mib), Vec::new(), limits()).map_err(fail)?;
+        sessions
+            .execute(&id, cell.code(mib), Vec::new(), limits())
+            .map_err(fail)?;
         let started = Instant::now();
         let taken = sessions.checkpoint(&id, false).map_err(fail)?;
         checkpoint.push(started.elapsed());
@@ -213,11 +289,20 @@ fn one_session(sessions: &Sessions, template: &str, dir: &Path, cell: CellBytes,
     }
     let pauses = iterations.min(50);
     for _ in 0..pauses {
-        sessions.execute(&id, cell.code(mib), Vec::new(), limits()).map_err(fail)?;
+        sessions
+            .execute(&id, cell.code(mib), Vec::new(), limits())
+            .map_err(fail)?;
         let started = Instant::now();
-        pause_file_bytes += sessions.checkpoint(&id, true).map_err(fail)?.info.file_bytes;
+        pause_file_bytes += sessions
+            .checkpoint(&id, true)
+            .map_err(fail)?
+            .info
+            .file_bytes;
         pause.push(started.elapsed());
-        let resumed = sessions.resume(&id).map_err(fail)?.ok_or("the session was not paused")?;
+        let resumed = sessions
+            .resume(&id)
+            .map_err(fail)?
+            .ok_or("the session was not paused")?;
         resume.push(resumed);
     }
     sessions.delete(&id).map_err(fail)?;
@@ -225,7 +310,19 @@ fn one_session(sessions: &Sessions, template: &str, dir: &Path, cell: CellBytes,
     let file_bytes = file_bytes / iterations as u64;
     let native_write = latency(native_durable_writes(dir, file_bytes as usize, iterations))?;
     let of = |samples: Vec<Duration>| latency::<String>(Ok(samples));
-    Ok(DirtyFigures { cell, written_mib: mib, dirty_bytes: last.info.dirty_bytes, file_bytes, pages: last.pages, checkpoint: of(checkpoint)?, checkpoint_cpu: of(checkpoint_cpu)?, native_write, pause: of(pause)?, pause_file_bytes: pause_file_bytes / pauses.max(1) as u64, resume: of(resume)? })
+    Ok(DirtyFigures {
+        cell,
+        written_mib: mib,
+        dirty_bytes: last.info.dirty_bytes,
+        file_bytes,
+        pages: last.pages,
+        checkpoint: of(checkpoint)?,
+        checkpoint_cpu: of(checkpoint_cpu)?,
+        native_write,
+        pause: of(pause)?,
+        pause_file_bytes: pause_file_bytes / pauses.max(1) as u64,
+        resume: of(resume)?,
+    })
 }
 
 /// `CONCURRENCY` sessions, each on a thread of its own, `iterations` times `cell` writing
@@ -234,11 +331,19 @@ fn one_session(sessions: &Sessions, template: &str, dir: &Path, cell: CellBytes,
 /// otherwise each session goes on at its own pace, and the rate is the sum of each one's
 /// 1 / mean checkpoint time. Also the checkpoints' files' average size in bytes and their mean
 /// CPU time on their VMs' threads.
-fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBytes, iterations: usize, together: bool) -> Result<(f64, u64, Duration), String> {
+fn concurrent_checkpoints(
+    sessions: &Arc<Sessions>,
+    template: &str,
+    cell: CellBytes,
+    iterations: usize,
+    together: bool,
+) -> Result<(f64, u64, Duration), String> {
     let ids: Vec<String> = (0..CONCURRENCY).map(|i| format!("bench-c{i}")).collect();
     for id in &ids {
         sessions.create(id, template, None).map_err(|e| e.message)?;
-        sessions.execute(id, cell.code(1), Vec::new(), limits()).map_err(|e| e.message)?;
+        sessions
+            .execute(id, cell.code(1), Vec::new(), limits())
+            .map_err(|e| e.message)?;
         sessions.checkpoint(id, false).map_err(|e| e.message)?;
     }
     let barrier = Arc::new(Barrier::new(CONCURRENCY));
@@ -247,7 +352,8 @@ fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBy
         .map(|id| {
             let (sessions, id, barrier) = (sessions.clone(), id.clone(), barrier.clone());
             thread::spawn(move || {
-                let (mut busy, mut bytes, mut cpu, mut failed) = (Duration::ZERO, 0, Duration::ZERO, None);
+                let (mut busy, mut bytes, mut cpu, mut failed) =
+                    (Duration::ZERO, 0, Duration::ZERO, None);
                 for _ in 0..iterations {
                     let ran = sessions.execute(&id, cell.code(1), Vec::new(), limits());
                     if together {
@@ -273,7 +379,9 @@ fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBy
         .collect();
     let (mut rounds, mut sustained, mut bytes, mut cpu) = (Duration::ZERO, 0.0, 0, Duration::ZERO);
     for worker in workers {
-        let (busy, written, used) = worker.join().map_err(|_| "a checkpoint thread panicked".to_owned())??;
+        let (busy, written, used) = worker
+            .join()
+            .map_err(|_| "a checkpoint thread panicked".to_owned())??;
         cpu += used;
         // Together, every thread measured the same rounds (barrier to barrier): the slowest
         // clock counts.
@@ -285,7 +393,11 @@ fn concurrent_checkpoints(sessions: &Arc<Sessions>, template: &str, cell: CellBy
     for id in &ids {
         sessions.delete(id).map_err(|e| e.message)?;
     }
-    let rate = if together { count as f64 / rounds.as_secs_f64() } else { sustained };
+    let rate = if together {
+        count as f64 / rounds.as_secs_f64()
+    } else {
+        sustained
+    };
     Ok((rate, bytes / count.max(1), cpu / count.max(1) as u32))
 }
 
@@ -303,16 +415,23 @@ fn native_concurrent_writes(dir: &Path, bytes: usize, iterations: usize) -> Resu
         })
         .collect();
     for worker in workers {
-        worker.join().map_err(|_| "a native writer panicked".to_owned())??;
+        worker
+            .join()
+            .map_err(|_| "a native writer panicked".to_owned())??;
     }
     Ok((CONCURRENCY * iterations) as f64 / started.elapsed().as_secs_f64())
 }
 
 /// The native baseline of a durable checkpoint: `bytes` written to a new file, fdatasync'ed,
 /// renamed and the folder fsync'ed, as `Checkpoint::write_durably` does.
-fn native_durable_writes(dir: &Path, bytes: usize, iterations: usize) -> Result<Vec<Duration>, String> {
+fn native_durable_writes(
+    dir: &Path,
+    bytes: usize,
+    iterations: usize,
+) -> Result<Vec<Duration>, String> {
     let data = vec![0x5a_u8; bytes];
-    let (temporary, target): (PathBuf, PathBuf) = (dir.join(".native-baseline"), dir.join("native-baseline"));
+    let (temporary, target): (PathBuf, PathBuf) =
+        (dir.join(".native-baseline"), dir.join("native-baseline"));
     crate::bench::time_runs(iterations, || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&temporary)?;
         file.write_all(&data)?;

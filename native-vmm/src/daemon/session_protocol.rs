@@ -10,24 +10,63 @@ use serde_json::{json, Map, Value};
 
 use crate::daemon::base64;
 use crate::daemon::executor::ExecutionLimits;
-use crate::daemon::request::{bad, clamp_limits, typed, Encoding, Environment, LimitFields, LimitPolicy, RequestError, SafeInteger};
+use crate::daemon::request::{
+    bad, clamp_limits, typed, Encoding, Environment, LimitFields, LimitPolicy, RequestError,
+    SafeInteger,
+};
 use crate::daemon::response::{self, RequestTimes, Response, SessionReply};
-use crate::daemon::sessions::{check_session_id, CheckpointInfo, SessionError, SessionInfo, SessionState, Sessions, TakenCheckpoint};
+use crate::daemon::sessions::{
+    check_session_id, CheckpointInfo, SessionError, SessionInfo, SessionState, Sessions,
+    TakenCheckpoint,
+};
 
 /// One validated session request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionOp {
-    Create { session: String, template: String, memory_mib: Option<u64> },
-    Execute { session: String, code: String, env: Vec<(String, String)>, limits: ExecutionLimits },
-    WriteFile { session: String, path: String, content: Vec<u8> },
-    ReadFile { session: String, path: String },
-    DeleteFile { session: String, path: String },
-    Checkpoint { session: String },
-    Pause { session: String },
-    Resume { session: String },
-    Fork { session: String, from: String, checkpoint: u64 },
-    Delete { session: String },
-    Info { session: String },
+    Create {
+        session: String,
+        template: String,
+        memory_mib: Option<u64>,
+    },
+    Execute {
+        session: String,
+        code: String,
+        env: Vec<(String, String)>,
+        limits: ExecutionLimits,
+    },
+    WriteFile {
+        session: String,
+        path: String,
+        content: Vec<u8>,
+    },
+    ReadFile {
+        session: String,
+        path: String,
+    },
+    DeleteFile {
+        session: String,
+        path: String,
+    },
+    Checkpoint {
+        session: String,
+    },
+    Pause {
+        session: String,
+    },
+    Resume {
+        session: String,
+    },
+    Fork {
+        session: String,
+        from: String,
+        checkpoint: u64,
+    },
+    Delete {
+        session: String,
+    },
+    Info {
+        session: String,
+    },
     List,
 }
 
@@ -67,58 +106,121 @@ fn allowed(kind: &str) -> Option<&'static [&'static str]> {
         "session_write_file" => &["path", "content", "encoding"],
         "session_read_file" | "session_delete_file" => &["path"],
         "session_fork" => &["from", "checkpoint"],
-        "session_checkpoint" | "session_pause" | "session_resume" | "session_delete" | "session_info" | "session_list" => &[],
+        "session_checkpoint" | "session_pause" | "session_resume" | "session_delete"
+        | "session_info" | "session_list" => &[],
         _ => return None,
     })
 }
 
 /// Parses a request whose type starts with `session_`.
-pub fn parse(kind: &str, frame: &Value, id: u64, policy: &LimitPolicy) -> Result<SessionOp, RequestError> {
+pub fn parse(
+    kind: &str,
+    frame: &Value,
+    id: u64,
+    policy: &LimitPolicy,
+) -> Result<SessionOp, RequestError> {
     let id = Some(id);
     let Some(allowed) = allowed(kind) else {
-        return Err(bad(id, format!("unknown request type '{}'", kind.chars().take(64).collect::<String>())));
+        return Err(bad(
+            id,
+            format!(
+                "unknown request type '{}'",
+                kind.chars().take(64).collect::<String>()
+            ),
+        ));
     };
     if let Value::Object(members) = frame {
-        let own = |key: &str| key == "id" || key == "type" || (key == "session" && kind != "session_list") || allowed.contains(&key);
+        let own = |key: &str| {
+            key == "id"
+                || key == "type"
+                || (key == "session" && kind != "session_list")
+                || allowed.contains(&key)
+        };
         if let Some(key) = members.keys().find(|key| !own(key)) {
-            return Err(bad(id, format!("{}: unknown field for {kind}", key.chars().take(64).collect::<String>())));
+            return Err(bad(
+                id,
+                format!(
+                    "{}: unknown field for {kind}",
+                    key.chars().take(64).collect::<String>()
+                ),
+            ));
         }
         if members.get("limits").is_some_and(Value::is_array) {
-            return Err(bad(id, "limits: invalid type: sequence, expected an object"));
+            return Err(bad(
+                id,
+                "limits: invalid type: sequence, expected an object",
+            ));
         }
     }
     let fields: Fields = typed(frame, id)?;
     if kind == "session_list" {
         return Ok(SessionOp::List);
     }
-    let required = |value: Option<String>, name: &str| value.ok_or_else(|| bad(id, format!("missing field `{name}`")));
+    let required = |value: Option<String>, name: &str| {
+        value.ok_or_else(|| bad(id, format!("missing field `{name}`")))
+    };
     let session = required(fields.session, "session")?;
     check_session_id(&session).map_err(|why| bad(id, format!("session: {why}")))?;
     Ok(match kind {
-        "session_create" => SessionOp::Create { session, template: required(fields.template, "template")?, memory_mib: fields.memory_mib.map(|SafeInteger(n)| n) },
+        "session_create" => SessionOp::Create {
+            session,
+            template: required(fields.template, "template")?,
+            memory_mib: fields.memory_mib.map(|SafeInteger(n)| n),
+        },
         "session_execute" => {
             let limits = match fields.limits {
-                Some(limits) if limits.memory_mib.is_some() => return Err(bad(id, "limits.memory_mib: a session's memory is set when it is created")),
+                Some(limits) if limits.memory_mib.is_some() => {
+                    return Err(bad(
+                        id,
+                        "limits.memory_mib: a session's memory is set when it is created",
+                    ))
+                }
                 Some(limits) => clamp_limits(limits, id, policy)?,
                 None => policy.default,
             };
-            SessionOp::Execute { session, code: required(fields.code, "code")?, env: fields.env.map(|Environment(pairs)| pairs).unwrap_or_default(), limits }
+            SessionOp::Execute {
+                session,
+                code: required(fields.code, "code")?,
+                env: fields
+                    .env
+                    .map(|Environment(pairs)| pairs)
+                    .unwrap_or_default(),
+                limits,
+            }
         }
         "session_write_file" => {
             let text = required(fields.content, "content")?;
             let content = match fields.encoding.unwrap_or(Encoding::Utf8) {
                 Encoding::Utf8 => text.into_bytes(),
-                Encoding::Base64 => base64::decode(&text).map_err(|why| bad(id, format!("content: {why}")))?,
+                Encoding::Base64 => {
+                    base64::decode(&text).map_err(|why| bad(id, format!("content: {why}")))?
+                }
             };
-            SessionOp::WriteFile { session, path: required(fields.path, "path")?, content }
+            SessionOp::WriteFile {
+                session,
+                path: required(fields.path, "path")?,
+                content,
+            }
         }
-        "session_read_file" => SessionOp::ReadFile { session, path: required(fields.path, "path")? },
-        "session_delete_file" => SessionOp::DeleteFile { session, path: required(fields.path, "path")? },
+        "session_read_file" => SessionOp::ReadFile {
+            session,
+            path: required(fields.path, "path")?,
+        },
+        "session_delete_file" => SessionOp::DeleteFile {
+            session,
+            path: required(fields.path, "path")?,
+        },
         "session_fork" => {
             let from = required(fields.from, "from")?;
             check_session_id(&from).map_err(|why| bad(id, format!("from: {why}")))?;
-            let Some(SafeInteger(checkpoint)) = fields.checkpoint else { return Err(bad(id, "missing field `checkpoint`")) };
-            SessionOp::Fork { session, from, checkpoint }
+            let Some(SafeInteger(checkpoint)) = fields.checkpoint else {
+                return Err(bad(id, "missing field `checkpoint`"));
+            };
+            SessionOp::Fork {
+                session,
+                from,
+                checkpoint,
+            }
         }
         "session_checkpoint" => SessionOp::Checkpoint { session },
         "session_pause" => SessionOp::Pause { session },
@@ -161,13 +263,18 @@ fn taken_json(session: &str, taken: &TakenCheckpoint, state: SessionState) -> Ma
     fields.insert("state".into(), json!(state));
     fields.insert("dirty_bytes".into(), taken.info.dirty_bytes.into());
     fields.insert("parent".into(), json!(taken.info.parent));
-    fields.insert("timings".into(), json!({"capture_us": micros(taken.capture), "write_us": micros(taken.write)}));
+    fields.insert(
+        "timings".into(),
+        json!({"capture_us": micros(taken.capture), "write_us": micros(taken.write)}),
+    );
     fields
 }
 
 /// Answers one session request (on its own thread: it may run guest code or write to disk).
 pub fn handle(sessions: &Sessions, id: u64, op: SessionOp, received: Instant) -> Response {
-    let answer = |result: Result<Response, SessionError>| result.unwrap_or_else(|e| response::error(Some(id), e.code, &e.message));
+    let answer = |result: Result<Response, SessionError>| {
+        result.unwrap_or_else(|e| response::error(Some(id), e.code, &e.message))
+    };
     let session_reply = |info: SessionInfo, extra: Option<(&str, Value)>| {
         let mut fields = session_json(&info);
         if let Some((key, value)) = extra {
@@ -210,12 +317,21 @@ mod tests {
     use crate::daemon::request::{parse_request, Request};
 
     const POLICY: LimitPolicy = LimitPolicy {
-        default: ExecutionLimits { timeout_ms: 10_000, memory_mib: 256, output_bytes: 1 << 20 },
-        max: ExecutionLimits { timeout_ms: 30_000, memory_mib: 512, output_bytes: 2 << 20 },
+        default: ExecutionLimits {
+            timeout_ms: 10_000,
+            memory_mib: 256,
+            output_bytes: 1 << 20,
+        },
+        max: ExecutionLimits {
+            timeout_ms: 30_000,
+            memory_mib: 512,
+            output_bytes: 2 << 20,
+        },
     };
 
     fn parse_text(text: &str) -> Result<SessionOp, RequestError> {
-        let value = frame::decode_payload(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let value =
+            frame::decode_payload(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
         match parse_request(&value, &POLICY) {
             Ok((_, Request::Session(op))) => Ok(op),
             Ok((_, other)) => panic!("{text}: {other:?}"),
@@ -225,37 +341,117 @@ mod tests {
 
     fn refused(text: &str) -> String {
         let e = parse_text(text).expect_err(text);
-        assert_eq!((e.code, e.id), (crate::daemon::response::ErrorCode::BadRequest, Some(1)), "{text}: {}", e.message);
+        assert_eq!(
+            (e.code, e.id),
+            (crate::daemon::response::ErrorCode::BadRequest, Some(1)),
+            "{text}: {}",
+            e.message
+        );
         e.message
     }
 
     #[test]
     fn every_session_request_parses() {
-        assert_eq!(parse_text(r#"{"id":1,"type":"session_create","session":"a-1","template":"python"}"#), Ok(SessionOp::Create { session: "a-1".into(), template: "python".into(), memory_mib: None }));
         assert_eq!(
-            parse_text(r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":{"timeout_ms":99999999}}"#),
-            Ok(SessionOp::Execute { session: "a".into(), code: "x".into(), env: vec![], limits: ExecutionLimits { timeout_ms: 30_000, ..POLICY.default } })
+            parse_text(r#"{"id":1,"type":"session_create","session":"a-1","template":"python"}"#),
+            Ok(SessionOp::Create {
+                session: "a-1".into(),
+                template: "python".into(),
+                memory_mib: None
+            })
         );
-        assert_eq!(parse_text(r#"{"id":1,"type":"session_write_file","session":"a","path":"d/f","content":"AP8=","encoding":"base64"}"#), Ok(SessionOp::WriteFile { session: "a".into(), path: "d/f".into(), content: vec![0, 0xff] }));
-        assert_eq!(parse_text(r#"{"id":1,"type":"session_fork","session":"b","from":"a","checkpoint":3}"#), Ok(SessionOp::Fork { session: "b".into(), from: "a".into(), checkpoint: 3 }));
-        assert_eq!(parse_text(r#"{"id":1,"type":"session_list"}"#), Ok(SessionOp::List));
+        assert_eq!(
+            parse_text(
+                r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":{"timeout_ms":99999999}}"#
+            ),
+            Ok(SessionOp::Execute {
+                session: "a".into(),
+                code: "x".into(),
+                env: vec![],
+                limits: ExecutionLimits {
+                    timeout_ms: 30_000,
+                    ..POLICY.default
+                }
+            })
+        );
+        assert_eq!(
+            parse_text(
+                r#"{"id":1,"type":"session_write_file","session":"a","path":"d/f","content":"AP8=","encoding":"base64"}"#
+            ),
+            Ok(SessionOp::WriteFile {
+                session: "a".into(),
+                path: "d/f".into(),
+                content: vec![0, 0xff]
+            })
+        );
+        assert_eq!(
+            parse_text(r#"{"id":1,"type":"session_fork","session":"b","from":"a","checkpoint":3}"#),
+            Ok(SessionOp::Fork {
+                session: "b".into(),
+                from: "a".into(),
+                checkpoint: 3
+            })
+        );
+        assert_eq!(
+            parse_text(r#"{"id":1,"type":"session_list"}"#),
+            Ok(SessionOp::List)
+        );
         for kind in ["checkpoint", "pause", "resume", "delete", "info"] {
-            assert!(parse_text(&format!(r#"{{"id":1,"type":"session_{kind}","session":"a"}}"#)).is_ok(), "{kind}");
+            assert!(
+                parse_text(&format!(
+                    r#"{{"id":1,"type":"session_{kind}","session":"a"}}"#
+                ))
+                .is_ok(),
+                "{kind}"
+            );
         }
     }
 
     #[test]
     fn bad_session_requests_are_refused_with_where() {
-        assert_eq!(refused(r#"{"id":1,"type":"session_pause"}"#), "missing field `session`");
-        assert!(refused(r#"{"id":1,"type":"session_pause","session":"../x"}"#).starts_with("session: session ids are"));
-        assert!(refused(&format!(r#"{{"id":1,"type":"session_pause","session":"{}"}}"#, "a".repeat(65))).starts_with("session:"));
-        assert_eq!(refused(r#"{"id":1,"type":"session_pause","session":"a","code":"x"}"#), "code: unknown field for session_pause");
-        assert_eq!(refused(r#"{"id":1,"type":"session_execute","session":"a"}"#), "missing field `code`");
-        assert_eq!(refused(r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":{"memory_mib":64}}"#), "limits.memory_mib: a session's memory is set when it is created");
-        assert_eq!(refused(r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":[1]}"#), "limits: invalid type: sequence, expected an object");
-        assert_eq!(refused(r#"{"id":1,"type":"session_fork","session":"b","from":"a"}"#), "missing field `checkpoint`");
+        assert_eq!(
+            refused(r#"{"id":1,"type":"session_pause"}"#),
+            "missing field `session`"
+        );
+        assert!(
+            refused(r#"{"id":1,"type":"session_pause","session":"../x"}"#)
+                .starts_with("session: session ids are")
+        );
+        assert!(refused(&format!(
+            r#"{{"id":1,"type":"session_pause","session":"{}"}}"#,
+            "a".repeat(65)
+        ))
+        .starts_with("session:"));
+        assert_eq!(
+            refused(r#"{"id":1,"type":"session_pause","session":"a","code":"x"}"#),
+            "code: unknown field for session_pause"
+        );
+        assert_eq!(
+            refused(r#"{"id":1,"type":"session_execute","session":"a"}"#),
+            "missing field `code`"
+        );
+        assert_eq!(
+            refused(
+                r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":{"memory_mib":64}}"#
+            ),
+            "limits.memory_mib: a session's memory is set when it is created"
+        );
+        assert_eq!(
+            refused(r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":[1]}"#),
+            "limits: invalid type: sequence, expected an object"
+        );
+        assert_eq!(
+            refused(r#"{"id":1,"type":"session_fork","session":"b","from":"a"}"#),
+            "missing field `checkpoint`"
+        );
         assert!(refused(r#"{"id":1,"type":"session_write_file","session":"a","path":"f","content":"Zg","encoding":"base64"}"#).starts_with("content: "));
-        assert_eq!(refused(r#"{"id":1,"type":"session_reboot","session":"a"}"#), "unknown request type 'session_reboot'");
-        assert_eq!(refused(r#"{"id":1,"type":"session_info","session":7}"#), "session: invalid type: integer `7`, expected a string");
+        assert_eq!(
+            refused(r#"{"id":1,"type":"session_reboot","session":"a"}"#),
+            "unknown request type 'session_reboot'"
+        );
+        assert_eq!(
+            refused(r#"{"id":1,"type":"session_info","session":7}"#),
+            "session: invalid type: integer `7`, expected a string"
+        );
     }
 }

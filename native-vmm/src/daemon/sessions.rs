@@ -41,7 +41,10 @@ use crate::fs::{NoProcess, WORK_DIR};
 use crate::image::sha256;
 use crate::memory::{GuestMemory, PageSet};
 use crate::process::Output;
-use crate::snapshot::checkpoint::{self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent, Written, TEMPORARY_PREFIX};
+use crate::snapshot::checkpoint::{
+    self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent,
+    Written, TEMPORARY_PREFIX,
+};
 use crate::snapshot::sparse::PageCounts;
 use crate::snapshot::sync_group::SyncGroup;
 use crate::snapshot::{ForkMemory, Template, TemplateError};
@@ -74,17 +77,30 @@ pub struct SessionError {
 }
 
 fn refuse<T>(code: ErrorCode, message: impl Into<String>) -> Result<T, SessionError> {
-    Err(SessionError { code, message: message.into() })
+    Err(SessionError {
+        code,
+        message: message.into(),
+    })
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> SessionError {
-    SessionError { code: ErrorCode::Internal, message: format!("{what}: {e}") }
+    SessionError {
+        code: ErrorCode::Internal,
+        message: format!("{what}: {e}"),
+    }
 }
 
 /// Checks a session id: 1 to 64 ASCII letters, digits, '-' or '_'.
 pub fn check_session_id(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > MAX_SESSION_ID_BYTES || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(format!("session ids are 1 to {MAX_SESSION_ID_BYTES} ASCII letters, digits, '-' or '_'"));
+    if id.is_empty()
+        || id.len() > MAX_SESSION_ID_BYTES
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(format!(
+            "session ids are 1 to {MAX_SESSION_ID_BYTES} ASCII letters, digits, '-' or '_'"
+        ));
     }
     Ok(())
 }
@@ -192,11 +208,15 @@ impl Vm<'_> {
     /// Adds the pages written since the last call, by the guest and by the VMM, to `unsaved`.
     /// A vCPU whose write log fails stops tracking: every checkpoint after is full.
     fn take_written(&mut self) {
-        let Some(unsaved) = &mut self.unsaved else { return };
+        let Some(unsaved) = &mut self.unsaved else {
+            return;
+        };
         let guest = match self.guest.cpu.take_written_pages() {
             Ok(guest) => guest,
             Err(e) => {
-                super::log(format_args!("a session VM's write log failed ({e}); its checkpoints are full from now on"));
+                super::log(format_args!(
+                    "a session VM's write log failed ({e}); its checkpoints are full from now on"
+                ));
                 self.unsaved = None;
                 return;
             }
@@ -208,24 +228,52 @@ impl Vm<'_> {
 
     /// Records the VM at a ready point as checkpoint `number` in `dir`, durably: incremental
     /// on `base` where the module docs allow it, full otherwise (and for a pause).
-    fn checkpoint(&mut self, template: &Template, dir: &Path, number: u64, pause: bool, sync: &SyncGroup) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
+    fn checkpoint(
+        &mut self,
+        template: &Template,
+        dir: &Path,
+        number: u64,
+        pause: bool,
+        sync: &SyncGroup,
+    ) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
         self.take_written();
         let capturing = Instant::now();
         let mut incremental = match (&self.base, &self.unsaved) {
-            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH => Some((*base, self.fingerprints.changed(self.guest.mem, written)?)),
+            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH => {
+                Some((*base, self.fingerprints.changed(self.guest.mem, written)?))
+            }
             _ => None,
         };
         let pages = match &incremental {
-            Some((base, (changed, _))) => Pages::Since { parent: base.parent, changed },
+            Some((base, (changed, _))) => Pages::Since {
+                parent: base.parent,
+                changed,
+            },
             None => Pages::Full,
         };
         let guest = &mut self.guest;
-        let mut checkpoint = Checkpoint::capture(template, guest.mem, guest.cpu.as_mut(), &guest.process, guest.call, pages)?;
+        let mut checkpoint = Checkpoint::capture(
+            template,
+            guest.mem,
+            guest.cpu.as_mut(),
+            &guest.process,
+            guest.call,
+            pages,
+        )?;
         // Judged by the file it makes (an incremental one's pages are mostly a fraction of a
         // page each); one that would make its chain too large is taken again, full.
-        if incremental.as_ref().is_some_and(|(base, _)| base.chain_bytes + checkpoint.file_bytes() > MAX_CHAIN_FACTOR * base.full_bytes) {
+        if incremental.as_ref().is_some_and(|(base, _)| {
+            base.chain_bytes + checkpoint.file_bytes() > MAX_CHAIN_FACTOR * base.full_bytes
+        }) {
             incremental = None;
-            checkpoint = Checkpoint::capture(template, guest.mem, guest.cpu.as_mut(), &guest.process, guest.call, Pages::Full)?;
+            checkpoint = Checkpoint::capture(
+                template,
+                guest.mem,
+                guest.cpu.as_mut(),
+                &guest.process,
+                guest.call,
+                Pages::Full,
+            )?;
         }
         let fresh = match incremental {
             Some((_, (_, fresh))) => fresh,
@@ -233,7 +281,9 @@ impl Vm<'_> {
             // pages with these (~3 ms of hashing at 32 MiB). Recorded as full with none, so even
             // a VM that stayed would count every page as changed, never one as kept.
             None if pause => Vec::new(),
-            None => self.fingerprints.of_ranges(self.guest.mem, checkpoint.restored_ranges())?,
+            None => self
+                .fingerprints
+                .of_ranges(self.guest.mem, checkpoint.restored_ranges())?,
         };
         let capture = capturing.elapsed();
         let written = checkpoint.write_durably(dir, &checkpoint_name(number), sync)?;
@@ -243,7 +293,15 @@ impl Vm<'_> {
             (Some(_), Some(base)) => (base.chain_bytes + written.file_bytes, base.full_bytes),
             _ => (written.file_bytes, written.file_bytes),
         };
-        self.base = Some(Base { parent: Parent { number, hash: written.hash, depth: parent.map_or(0, |p| p.depth + 1) }, chain_bytes, full_bytes });
+        self.base = Some(Base {
+            parent: Parent {
+                number,
+                hash: written.hash,
+                depth: parent.map_or(0, |p| p.depth + 1),
+            },
+            chain_bytes,
+            full_bytes,
+        });
         if let Some(unsaved) = &mut self.unsaved {
             unsaved.clear();
         }
@@ -260,7 +318,11 @@ enum Origin {
     /// write are hashed to be verified). A fork reseeds (its branches must not share random
     /// state) and starts a chain of its own; a resume goes on exactly as it was, its next
     /// checkpoint building on this one.
-    Checkpoint { chain: Chain, number: u64, fork: bool },
+    Checkpoint {
+        chain: Chain,
+        number: u64,
+        fork: bool,
+    },
 }
 
 /// The handle of a live session VM's thread.
@@ -271,28 +333,46 @@ struct LiveVm {
 
 impl LiveVm {
     /// Creates the VM on a thread of its own; returns once it is ready (or why it is not).
-    fn start(template: Arc<Template>, restore: Arc<SharedRestoreFactory>, origin: Origin) -> Result<LiveVm, SessionError> {
+    fn start(
+        template: Arc<Template>,
+        restore: Arc<SharedRestoreFactory>,
+        origin: Origin,
+    ) -> Result<LiveVm, SessionError> {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), SessionError>>();
         let thread = thread::Builder::new()
             .name("sandfork-session".into())
             .spawn(move || {
-                let started = panic::catch_unwind(AssertUnwindSafe(|| run_vm(&template, restore.as_ref(), origin, &ready_tx, &inbox)));
+                let started = panic::catch_unwind(AssertUnwindSafe(|| {
+                    run_vm(&template, restore.as_ref(), origin, &ready_tx, &inbox)
+                }));
                 if started.is_err() {
-                    let _ = ready_tx.send(refuse(ErrorCode::Internal, "the session VM's thread panicked"));
+                    let _ = ready_tx.send(refuse(
+                        ErrorCode::Internal,
+                        "the session VM's thread panicked",
+                    ));
                 }
             })
             .map_err(|e| internal("starting a session thread", e))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(LiveVm { jobs, thread: Some(thread) }),
+            Ok(Ok(())) => Ok(LiveVm {
+                jobs,
+                thread: Some(thread),
+            }),
             Ok(Err(e)) => Err(e),
-            Err(_) => refuse(ErrorCode::Internal, "the session VM's thread ended before its VM was ready"),
+            Err(_) => refuse(
+                ErrorCode::Internal,
+                "the session VM's thread ended before its VM was ready",
+            ),
         }
     }
 
     /// Runs `job` on the VM's thread and returns what it returned; None when the VM is gone
     /// (its thread ended or a job panicked).
-    fn on_vm<T: Send + 'static>(&self, job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static) -> Option<T> {
+    fn on_vm<T: Send + 'static>(
+        &self,
+        job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static,
+    ) -> Option<T> {
         let (tx, rx) = mpsc::channel();
         let job: Job = Box::new(move |vm| {
             let _ = tx.send(job(vm));
@@ -315,7 +395,13 @@ impl Drop for LiveVm {
 
 /// A session VM's thread: creates the VM, says it is ready, runs jobs until one releases it
 /// or the handle is dropped.
-fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, ready: &mpsc::Sender<Result<(), SessionError>>, inbox: &mpsc::Receiver<Job>) {
+fn run_vm(
+    template: &Template,
+    restore: &SharedRestoreFactory,
+    origin: Origin,
+    ready: &mpsc::Sender<Result<(), SessionError>>,
+    inbox: &mpsc::Receiver<Job>,
+) {
     let failed = |e: SessionError| {
         let _ = ready.send(Err(e));
     };
@@ -335,7 +421,11 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
             let guest = template.ready_guest(&mem, cpu, 0);
             (guest.cpu, guest.process, guest.call, true, None)
         }
-        Origin::Checkpoint { chain, number, fork } => {
+        Origin::Checkpoint {
+            chain,
+            number,
+            fork,
+        } => {
             mem = match chain.new_memory(template) {
                 Ok(mem) => mem,
                 Err(e) => return failed(does_not_verify(e)),
@@ -350,12 +440,22 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
                 Ok(cpu) => cpu,
                 Err(e) => return failed(internal("restoring the session's vCPU", e)),
             };
-            let base = Base { parent: Parent { number, hash: newest.hash, depth: newest.depth }, chain_bytes: chain.file_bytes(), full_bytes: chain.base_file_bytes() };
+            let base = Base {
+                parent: Parent {
+                    number,
+                    hash: newest.hash,
+                    depth: newest.depth,
+                },
+                chain_bytes: chain.file_bytes(),
+                full_bytes: chain.base_file_bytes(),
+            };
             (cpu, process, newest.call, fork, (!fork).then_some(base))
         }
     };
     let unsaved = match cpu.track_writes() {
-        Ok(true) => Some(PageSet::with_capacity((mem.size() / crate::layout::PAGE_SIZE) as usize)),
+        Ok(true) => Some(PageSet::with_capacity(
+            (mem.size() / crate::layout::PAGE_SIZE) as usize,
+        )),
         Ok(false) => None,
         Err(e) => return failed(internal("logging the session's writes", e)),
     };
@@ -363,8 +463,26 @@ fn run_vm(template: &Template, restore: &SharedRestoreFactory, origin: Origin, r
         Ok(fingerprints) => fingerprints,
         Err(e) => return failed(internal("seeding the page fingerprints", e)),
     };
-    let mut vm = Vm { guest: ReadyGuest { mem: &mem, cpu, process, call, boot: RunStats::default() }, reseed, release: false, copied_pages: None, base, unsaved, fingerprints };
-    if let Err(e) = vm.guest.cpu.map_memory(&vm.guest.process.memory_handed_out()) {
+    let mut vm = Vm {
+        guest: ReadyGuest {
+            mem: &mem,
+            cpu,
+            process,
+            call,
+            boot: RunStats::default(),
+        },
+        reseed,
+        release: false,
+        copied_pages: None,
+        base,
+        unsaved,
+        fingerprints,
+    };
+    if let Err(e) = vm
+        .guest
+        .cpu
+        .map_memory(&vm.guest.process.memory_handed_out())
+    {
         return failed(internal("mapping the session's memory", e));
     }
     if ready.send(Ok(())).is_err() {
@@ -386,17 +504,33 @@ fn does_not_verify(e: TemplateError) -> SessionError {
         TemplateError::VersionMismatch { found, expected } => format!("checkpoint format {found}; this daemon reads formats {} to {expected} (older ones are not converted: 2 is from before incremental checkpoints, 4 from before sparse pages)", checkpoint::OLDEST_READ_VERSION),
         e => e.to_string(),
     };
-    SessionError { code: ErrorCode::NotFound, message: format!("the checkpoint does not verify: {why}") }
+    SessionError {
+        code: ErrorCode::NotFound,
+        message: format!("the checkpoint does not verify: {why}"),
+    }
 }
 
 /// Runs one cell on `vm`: the cell's outcome and result, the output taken out of the process.
-fn run_cell(vm: &mut Vm<'_>, request: AgentRequest, limits: &ExecutionLimits) -> Result<(Execution, Option<CellResult>), LaunchError> {
+fn run_cell(
+    vm: &mut Vm<'_>,
+    request: AgentRequest,
+    limits: &ExecutionLimits,
+) -> Result<(Execution, Option<CellResult>), LaunchError> {
     vm.guest.process.hand_off = HandOff::Cell { reseed: vm.reseed };
     vm.guest.process.config.output_cap = limits.output_bytes;
     vm.guest.process.output = Output::new(limits.output_bytes);
     let cpu_before = thread_cpu_time();
-    let faults_before = vm.copied_pages.or_else(|| vm.guest.mem.copied_pages().ok().flatten());
-    let (end, stats) = vm::hand_over(&mut vm.guest.process, vm.guest.mem, vm.guest.cpu.as_mut(), vm.guest.call, request, limits.timeout())?;
+    let faults_before = vm
+        .copied_pages
+        .or_else(|| vm.guest.mem.copied_pages().ok().flatten());
+    let (end, stats) = vm::hand_over(
+        &mut vm.guest.process,
+        vm.guest.mem,
+        vm.guest.cpu.as_mut(),
+        vm.guest.call,
+        request,
+        limits.timeout(),
+    )?;
     vm.reseed = false;
     let cpu = thread_cpu_time().saturating_sub(cpu_before);
     let output = std::mem::replace(&mut vm.guest.process.output, Output::new(0));
@@ -414,21 +548,52 @@ fn run_cell(vm: &mut Vm<'_>, request: AgentRequest, limits: &ExecutionLimits) ->
         }
     };
     vm.copied_pages = vm.guest.mem.copied_pages().ok().flatten();
-    let pages_copied = vm.copied_pages.unwrap_or(0).saturating_sub(faults_before.unwrap_or(0));
-    let usage = Usage { wall_us: stats.wall.as_micros() as u64, cpu_us: cpu.as_micros() as u64, peak_memory_bytes: stats.peak_memory, pages_copied, syscalls: stats.syscalls, exits: stats.exits, threads_created: stats.threads.created, thread_switches: stats.threads.switches };
-    let execution = Execution { status, stdout, stderr, queue: Duration::ZERO, vm_setup: Duration::ZERO, run: stats.wall, usage, vm: VmOrigin::Fresh };
+    let pages_copied = vm
+        .copied_pages
+        .unwrap_or(0)
+        .saturating_sub(faults_before.unwrap_or(0));
+    let usage = Usage {
+        wall_us: stats.wall.as_micros() as u64,
+        cpu_us: cpu.as_micros() as u64,
+        peak_memory_bytes: stats.peak_memory,
+        pages_copied,
+        syscalls: stats.syscalls,
+        exits: stats.exits,
+        threads_created: stats.threads.created,
+        thread_switches: stats.threads.switches,
+    };
+    let execution = Execution {
+        status,
+        stdout,
+        stderr,
+        queue: Duration::ZERO,
+        vm_setup: Duration::ZERO,
+        run: stats.wall,
+        usage,
+        vm: VmOrigin::Fresh,
+    };
     Ok((execution, result))
 }
 
 /// The result the agent passed with the AWAIT_REQUEST call it stopped in (`crate::agent`); an
 /// agent that passed none, or something unreadable, gets an error result saying so.
 fn read_cell_result(mem: &GuestMemory, call: [u64; 6]) -> CellResult {
-    let unreadable = |why: &str| CellResult { value: None, error: Some(crate::agent::CellError { name: "SandforkAgentError".into(), message: why.into() }) };
+    let unreadable = |why: &str| CellResult {
+        value: None,
+        error: Some(crate::agent::CellError {
+            name: "SandforkAgentError".into(),
+            message: why.into(),
+        }),
+    };
     if call[4] != CELL_RESULT_MAGIC || call[3] > MAX_CELL_RESULT_BYTES {
         return unreadable("the agent passed no cell result");
     }
     // Read as a system call reads the program's memory: user memory only.
-    match crate::syscalls::UserMemory::new(mem).read_vec(call[2], call[3]).ok().and_then(|bytes| serde_json::from_slice::<CellResult>(&bytes).ok()) {
+    match crate::syscalls::UserMemory::new(mem)
+        .read_vec(call[2], call[3])
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<CellResult>(&bytes).ok())
+    {
         Some(result) => result,
         None => unreadable("the agent's cell result is unreadable"),
     }
@@ -452,7 +617,9 @@ struct Session {
 
 impl Session {
     fn lock(&self) -> MutexGuard<'_, Slot> {
-        self.slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.slot
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -490,35 +657,75 @@ pub struct SessionFile {
 impl Sessions {
     /// Opens the sessions folder (creating it), finds the sessions a previous daemon left there
     /// (module docs) and serves the templates of `templates` that have a snapshot.
-    pub fn open(config: SessionsConfig, templates: &[DaemonTemplate], restore: Arc<SharedRestoreFactory>) -> io::Result<Sessions> {
+    pub fn open(
+        config: SessionsConfig,
+        templates: &[DaemonTemplate],
+        restore: Arc<SharedRestoreFactory>,
+    ) -> io::Result<Sessions> {
         fs::create_dir_all(&config.dir)?;
-        let templates = templates.iter().filter_map(|t| t.snapshot.clone().map(|s| (t.name.clone(), s))).collect();
+        let templates = templates
+            .iter()
+            .filter_map(|t| t.snapshot.clone().map(|s| (t.name.clone(), s)))
+            .collect();
         let sync = Arc::new(SyncGroup::of_folder(&config.dir)?);
-        let sessions = Sessions { config, templates, restore, table: Mutex::new(HashMap::new()), live: Mutex::new(0), written: Mutex::new(HashMap::new()), sync };
+        let sessions = Sessions {
+            config,
+            templates,
+            restore,
+            table: Mutex::new(HashMap::new()),
+            live: Mutex::new(0),
+            written: Mutex::new(HashMap::new()),
+            sync,
+        };
         sessions.recover()?;
         Ok(sessions)
     }
 
     fn table(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn recover(&self) -> io::Result<()> {
         for entry in fs::read_dir(&self.config.dir)? {
             let dir = entry?.path();
-            let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else { continue };
-            let Ok(record) = fs::read(dir.join(SESSION_FILE)).map_err(|_| ()).and_then(|bytes| serde_json::from_slice::<SessionRecord>(&bytes).map_err(|_| ())) else { continue };
+            let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+                continue;
+            };
+            let Ok(record) = fs::read(dir.join(SESSION_FILE))
+                .map_err(|_| ())
+                .and_then(|bytes| serde_json::from_slice::<SessionRecord>(&bytes).map_err(|_| ()))
+            else {
+                continue;
+            };
             if check_session_id(&id).is_err() {
                 continue;
             }
             for file in fs::read_dir(&dir)? {
                 let path = file?.path();
-                if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(TEMPORARY_PREFIX)) {
+                if path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(TEMPORARY_PREFIX))
+                {
                     let _ = fs::remove_file(&path);
                 }
             }
-            let slot = if checkpoint_numbers(&dir)?.is_empty() { Slot::Ended("the daemon restarted before the session had a checkpoint".into()) } else { Slot::Paused };
-            self.table().insert(id.clone(), Arc::new(Session { id, template: record.template, dir, slot: Mutex::new(slot) }));
+            let slot = if checkpoint_numbers(&dir)?.is_empty() {
+                Slot::Ended("the daemon restarted before the session had a checkpoint".into())
+            } else {
+                Slot::Paused
+            };
+            self.table().insert(
+                id.clone(),
+                Arc::new(Session {
+                    id,
+                    template: record.template,
+                    dir,
+                    slot: Mutex::new(slot),
+                }),
+            );
         }
         Ok(())
     }
@@ -526,7 +733,12 @@ impl Sessions {
     fn template(&self, name: &str) -> Result<Arc<Template>, SessionError> {
         match self.templates.iter().find(|(n, _)| n == name) {
             Some((_, template)) => Ok(template.clone()),
-            None => refuse(ErrorCode::UnknownTemplate, format!("no template named '{name}' with a snapshot (sessions are forked from one)")),
+            None => refuse(
+                ErrorCode::UnknownTemplate,
+                format!(
+                    "no template named '{name}' with a snapshot (sessions are forked from one)"
+                ),
+            ),
         }
     }
 
@@ -541,7 +753,13 @@ impl Sessions {
     fn acquire_live(&self) -> Result<(), SessionError> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if *live >= self.config.max_live {
-            return refuse(ErrorCode::Busy, format!("the daemon holds its maximum of {} running sessions; pause one", self.config.max_live));
+            return refuse(
+                ErrorCode::Busy,
+                format!(
+                    "the daemon holds its maximum of {} running sessions; pause one",
+                    self.config.max_live
+                ),
+            );
         }
         *live += 1;
         Ok(())
@@ -568,29 +786,57 @@ impl Sessions {
 
     /// Creates session `id`: a VM forked from `template`, its folder on disk. `memory_mib`
     /// must be the template's VM size when given.
-    pub fn create(&self, id: &str, template: &str, memory_mib: Option<u64>) -> Result<SessionInfo, SessionError> {
+    pub fn create(
+        &self,
+        id: &str,
+        template: &str,
+        memory_mib: Option<u64>,
+    ) -> Result<SessionInfo, SessionError> {
         let snapshot = self.template(template)?;
         let template_mib = snapshot.identity().mem_bytes >> 20;
         if memory_mib.is_some_and(|m| m != template_mib) {
-            return refuse(ErrorCode::BadRequest, format!("memory_mib: the '{template}' template's sessions have {template_mib} MiB"));
+            return refuse(
+                ErrorCode::BadRequest,
+                format!("memory_mib: the '{template}' template's sessions have {template_mib} MiB"),
+            );
         }
         self.register(id, template, || self.start_vm(template, Origin::Template))
     }
 
     /// Adds session `id` of `template` (refused when the id is taken): its folder and record
     /// on disk, then its VM from `start`. A failure undoes both.
-    fn register(&self, id: &str, template: &str, start: impl FnOnce() -> Result<LiveVm, SessionError>) -> Result<SessionInfo, SessionError> {
+    fn register(
+        &self,
+        id: &str,
+        template: &str,
+        start: impl FnOnce() -> Result<LiveVm, SessionError>,
+    ) -> Result<SessionInfo, SessionError> {
         let dir = self.config.dir.join(id);
-        let session = Arc::new(Session { id: id.to_owned(), template: template.to_owned(), dir: dir.clone(), slot: Mutex::new(Slot::Deleted) });
+        let session = Arc::new(Session {
+            id: id.to_owned(),
+            template: template.to_owned(),
+            dir: dir.clone(),
+            slot: Mutex::new(Slot::Deleted),
+        });
         let mut slot = session.lock();
         {
             let mut table = self.table();
             if table.contains_key(id) {
-                return refuse(ErrorCode::BadRequest, format!("session '{id}' already exists"));
+                return refuse(
+                    ErrorCode::BadRequest,
+                    format!("session '{id}' already exists"),
+                );
             }
             table.insert(id.to_owned(), session.clone());
         }
-        match write_record(&dir, &SessionRecord { template: template.to_owned() }).and_then(|()| start()) {
+        match write_record(
+            &dir,
+            &SessionRecord {
+                template: template.to_owned(),
+            },
+        )
+        .and_then(|()| start())
+        {
             Ok(vm) => {
                 *slot = Slot::Live(vm);
                 drop(slot);
@@ -606,34 +852,65 @@ impl Sessions {
 
     /// Makes sure the session has a VM, resuming it from its newest checkpoint that verifies
     /// when paused; says whether it resumed and how long that took.
-    fn ensure_live(&self, session: &Session, slot: &mut Slot) -> Result<Option<Duration>, SessionError> {
+    fn ensure_live(
+        &self,
+        session: &Session,
+        slot: &mut Slot,
+    ) -> Result<Option<Duration>, SessionError> {
         match slot {
             Slot::Live(_) => return Ok(None),
-            Slot::Ended(why) => return refuse(ErrorCode::SessionEnded, format!("session '{}' has ended: {why}", session.id)),
-            Slot::Deleted => return refuse(ErrorCode::NotFound, format!("no session '{}'", session.id)),
+            Slot::Ended(why) => {
+                return refuse(
+                    ErrorCode::SessionEnded,
+                    format!("session '{}' has ended: {why}", session.id),
+                )
+            }
+            Slot::Deleted => {
+                return refuse(ErrorCode::NotFound, format!("no session '{}'", session.id))
+            }
             Slot::Paused => {}
         }
         let started = Instant::now();
         // The newest checkpoint that verifies: a newer one that does not (a write the disk
         // acknowledged but tore) is logged and skipped.
-        let numbers = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?;
+        let numbers =
+            checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?;
         for &number in numbers.iter().rev() {
-            let started_vm = self.open_chain(session, number).and_then(|chain| self.start_vm(&session.template, Origin::Checkpoint { chain, number, fork: false }));
+            let started_vm = self.open_chain(session, number).and_then(|chain| {
+                self.start_vm(
+                    &session.template,
+                    Origin::Checkpoint {
+                        chain,
+                        number,
+                        fork: false,
+                    },
+                )
+            });
             match started_vm {
                 Ok(vm) => {
                     *slot = Slot::Live(vm);
                     return Ok(Some(started.elapsed()));
                 }
-                Err(e) if e.code == ErrorCode::NotFound => super::log(format_args!("session {}: checkpoint {number}: {}; using the one before", session.id, e.message)),
+                Err(e) if e.code == ErrorCode::NotFound => super::log(format_args!(
+                    "session {}: checkpoint {number}: {}; using the one before",
+                    session.id, e.message
+                )),
                 Err(e) => return Err(e),
             }
         }
-        refuse(ErrorCode::SessionEnded, format!("session '{}' has no checkpoint that verifies", session.id))
+        refuse(
+            ErrorCode::SessionEnded,
+            format!("session '{}' has no checkpoint that verifies", session.id),
+        )
     }
 
     /// Runs `job` on the session's VM (resumed first when paused); also says how long a resume
     /// took and whether the job released the VM.
-    fn with_vm<T: Send + 'static>(&self, id: &str, job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static) -> Result<(T, Option<Duration>, bool), SessionError> {
+    fn with_vm<T: Send + 'static>(
+        &self,
+        id: &str,
+        job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static,
+    ) -> Result<(T, Option<Duration>, bool), SessionError> {
         let session = self.session(id)?;
         let mut slot = session.lock();
         self.on_live(&session, &mut slot, job)
@@ -641,9 +918,16 @@ impl Sessions {
 
     /// `with_vm` under the session's lock, held by the caller. A VM that went away under the
     /// job (a panic) ends the session.
-    fn on_live<T: Send + 'static>(&self, session: &Session, slot: &mut Slot, job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static) -> Result<(T, Option<Duration>, bool), SessionError> {
+    fn on_live<T: Send + 'static>(
+        &self,
+        session: &Session,
+        slot: &mut Slot,
+        job: impl for<'m> FnOnce(&mut Vm<'m>) -> T + Send + 'static,
+    ) -> Result<(T, Option<Duration>, bool), SessionError> {
         let resumed = self.ensure_live(session, slot)?;
-        let Slot::Live(vm) = &*slot else { unreachable!("ensure_live leaves a live VM") };
+        let Slot::Live(vm) = &*slot else {
+            unreachable!("ensure_live leaves a live VM")
+        };
         let (tx, rx) = mpsc::channel();
         let answer = vm.on_vm(move |vm| {
             let value = job(vm);
@@ -654,25 +938,44 @@ impl Sessions {
             Some(value) => Ok((value, resumed, rx.recv().unwrap_or(true))),
             None => {
                 self.set_slot(slot, Slot::Ended("the session's VM failed".into()));
-                refuse(ErrorCode::SessionEnded, format!("session '{}' has ended: its VM failed", session.id))
+                refuse(
+                    ErrorCode::SessionEnded,
+                    format!("session '{}' has ended: its VM failed", session.id),
+                )
             }
         }
     }
 
     /// Runs `code` as the session's next cell.
-    pub fn execute(&self, id: &str, code: String, env: Vec<(String, String)>, limits: ExecutionLimits) -> Result<CellRun, SessionError> {
+    pub fn execute(
+        &self,
+        id: &str,
+        code: String,
+        env: Vec<(String, String)>,
+        limits: ExecutionLimits,
+    ) -> Result<CellRun, SessionError> {
         let mut request = AgentRequest::new("");
         request.code = code;
         request.env = env;
-        request.validate().or_else(|e| refuse(ErrorCode::BadRequest, e.0))?;
+        request
+            .validate()
+            .or_else(|e| refuse(ErrorCode::BadRequest, e.0))?;
         let session = self.session(id)?;
         let template_mib = self.template(&session.template)?.identity().mem_bytes >> 20;
-        let limits = ExecutionLimits { memory_mib: template_mib, ..limits };
+        let limits = ExecutionLimits {
+            memory_mib: template_mib,
+            ..limits
+        };
         let mut slot = session.lock();
-        let (ran, resumed, released) = self.on_live(&session, &mut slot, move |vm| run_cell(vm, request, &limits))?;
+        let (ran, resumed, released) = self.on_live(&session, &mut slot, move |vm| {
+            run_cell(vm, request, &limits)
+        })?;
         let ran = ran.map_err(|e| internal("running the cell", e));
         if released || ran.is_err() {
-            let why = ran.as_ref().map_or_else(|e| e.message.clone(), |(execution, _)| format!("its program stopped ({})", execution.status.kind()));
+            let why = ran.as_ref().map_or_else(
+                |e| e.message.clone(),
+                |(execution, _)| format!("its program stopped ({})", execution.status.kind()),
+            );
             self.set_slot(&mut slot, Slot::Ended(why));
         }
         let (mut execution, result) = ran?;
@@ -682,7 +985,12 @@ impl Sessions {
             SessionState::Running
         };
         execution.vm_setup = resumed.unwrap_or_default();
-        Ok(CellRun { execution, result, state, resumed: resumed.is_some() })
+        Ok(CellRun {
+            execution,
+            result,
+            state,
+            resumed: resumed.is_some(),
+        })
     }
 
     /// Takes a checkpoint of the running (or paused: resumed first) session, durably; with
@@ -693,31 +1001,72 @@ impl Sessions {
         let template = self.template(&session.template)?;
         if pause && matches!(*session.lock(), Slot::Paused) {
             // Already paused: its newest checkpoint is its state.
-            let newest = self.info(id)?.checkpoints.pop().ok_or_else(|| internal("a paused session", "has no checkpoint"))?;
-            return Ok(TakenCheckpoint { info: newest, capture: Duration::ZERO, write: Duration::ZERO, cpu: Duration::ZERO, pages: PageCounts::default() });
+            let newest = self
+                .info(id)?
+                .checkpoints
+                .pop()
+                .ok_or_else(|| internal("a paused session", "has no checkpoint"))?;
+            return Ok(TakenCheckpoint {
+                info: newest,
+                capture: Duration::ZERO,
+                write: Duration::ZERO,
+                cpu: Duration::ZERO,
+                pages: PageCounts::default(),
+            });
         }
         if matches!(*session.lock(), Slot::Ended(_)) {
-            return refuse(ErrorCode::SessionEnded, format!("session '{id}' has ended; fork it from a checkpoint"));
+            return refuse(
+                ErrorCode::SessionEnded,
+                format!("session '{id}' has ended; fork it from a checkpoint"),
+            );
         }
         let mut slot = session.lock();
-        let number = checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?.last().map_or(1, |n| n + 1);
+        let number = checkpoint_numbers(&session.dir)
+            .map_err(|e| internal("listing checkpoints", e))?
+            .last()
+            .map_or(1, |n| n + 1);
         let (dir, sync) = (session.dir.clone(), self.sync.clone());
         // Recorded and written from the stopped VM's memory on its own thread; a pause releases
         // the VM only once its checkpoint is on disk.
         let (written, _, released) = self.on_live(&session, &mut slot, move |vm| {
             let cpu_before = thread_cpu_time();
             let started = Instant::now();
-            let (written, dirty_bytes, parent, capture, pages) = vm.checkpoint(&template, &dir, number, pause, &sync)?;
+            let (written, dirty_bytes, parent, capture, pages) =
+                vm.checkpoint(&template, &dir, number, pause, &sync)?;
             vm.release = pause;
-            Ok::<_, io::Error>((written, dirty_bytes, parent, capture, pages, started.elapsed().saturating_sub(capture), thread_cpu_time().saturating_sub(cpu_before)))
+            Ok::<_, io::Error>((
+                written,
+                dirty_bytes,
+                parent,
+                capture,
+                pages,
+                started.elapsed().saturating_sub(capture),
+                thread_cpu_time().saturating_sub(cpu_before),
+            ))
         })?;
         if released {
             self.set_slot(&mut slot, Slot::Paused);
         }
-        let (Written { hash, file_bytes }, dirty_bytes, parent, capture, pages, write, cpu) = written.map_err(|e| internal("writing the checkpoint", e))?;
-        self.written.lock().unwrap_or_else(|p| p.into_inner()).insert(session.dir.join(checkpoint_name(number)), hash);
-        let info = CheckpointInfo { number, sha256: sha256::to_hex(&hash), file_bytes, dirty_bytes, parent };
-        Ok(TakenCheckpoint { info, capture, write, cpu, pages })
+        let (Written { hash, file_bytes }, dirty_bytes, parent, capture, pages, write, cpu) =
+            written.map_err(|e| internal("writing the checkpoint", e))?;
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session.dir.join(checkpoint_name(number)), hash);
+        let info = CheckpointInfo {
+            number,
+            sha256: sha256::to_hex(&hash),
+            file_bytes,
+            dirty_bytes,
+            parent,
+        };
+        Ok(TakenCheckpoint {
+            info,
+            capture,
+            write,
+            cpu,
+            pages,
+        })
     }
 
     /// Resumes a paused session (a running one is left as it is); says how long it took.
@@ -732,33 +1081,64 @@ impl Sessions {
     pub fn fork(&self, id: &str, from: &str, number: u64) -> Result<SessionInfo, SessionError> {
         let source = self.session(from)?;
         let about = |e: SessionError| match e.code {
-            ErrorCode::NotFound => SessionError { code: e.code, message: format!("checkpoint {number} of session '{from}': {}", e.message) },
+            ErrorCode::NotFound => SessionError {
+                code: e.code,
+                message: format!("checkpoint {number} of session '{from}': {}", e.message),
+            },
             _ => e,
         };
         let chain = {
             let _slot = source.lock();
             self.open_chain(&source, number).map_err(about)?
         };
-        self.register(id, &source.template, || self.start_vm(&source.template, Origin::Checkpoint { chain, number, fork: true }).map_err(about))
+        self.register(id, &source.template, || {
+            self.start_vm(
+                &source.template,
+                Origin::Checkpoint {
+                    chain,
+                    number,
+                    fork: true,
+                },
+            )
+            .map_err(about)
+        })
     }
 
     /// Opens checkpoint `number` of `session` and the parents it builds on (`Chain::open`):
     /// `not_found` when it is missing or does not verify.
     fn open_chain(&self, session: &Session, number: u64) -> Result<Chain, SessionError> {
         let template = self.template(&session.template)?;
-        let (file, known) = self.open_checkpoint(session, number).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => SessionError { code: ErrorCode::NotFound, message: format!("session '{}' has no checkpoint {number}", session.id) },
-            _ => internal("reading the checkpoint", e),
-        })?;
-        let newest = OpenedCheckpoint::open(file, &template, known.as_ref()).map_err(does_not_verify)?;
-        Chain::open(newest, &template, |parent| self.open_checkpoint(session, parent)).map_err(does_not_verify)
+        let (file, known) = self
+            .open_checkpoint(session, number)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => SessionError {
+                    code: ErrorCode::NotFound,
+                    message: format!("session '{}' has no checkpoint {number}", session.id),
+                },
+                _ => internal("reading the checkpoint", e),
+            })?;
+        let newest =
+            OpenedCheckpoint::open(file, &template, known.as_ref()).map_err(does_not_verify)?;
+        Chain::open(newest, &template, |parent| {
+            self.open_checkpoint(session, parent)
+        })
+        .map_err(does_not_verify)
     }
 
     /// Opens checkpoint `number` of `session`, with the hash this daemon wrote it with, if it did.
-    fn open_checkpoint(&self, session: &Session, number: u64) -> io::Result<(CheckpointFile, Option<[u8; 32]>)> {
+    fn open_checkpoint(
+        &self,
+        session: &Session,
+        number: u64,
+    ) -> io::Result<(CheckpointFile, Option<[u8; 32]>)> {
         let path = session.dir.join(checkpoint_name(number));
         let file = checkpoint::open_file(&path)?;
-        let known = self.written.lock().unwrap_or_else(|p| p.into_inner()).get(&path).copied();
+        let known = self
+            .written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&path)
+            .copied();
         Ok((file, known))
     }
 
@@ -768,8 +1148,17 @@ impl Sessions {
         let mut slot = session.lock();
         self.set_slot(&mut slot, Slot::Deleted);
         self.table().remove(id);
-        self.written.lock().unwrap_or_else(|p| p.into_inner()).retain(|path, _| !path.starts_with(&session.dir));
-        fs::remove_dir_all(&session.dir).or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(internal("removing the session's folder", e)) })
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|path, _| !path.starts_with(&session.dir));
+        fs::remove_dir_all(&session.dir).or_else(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(internal("removing the session's folder", e))
+            }
+        })
     }
 
     pub fn info(&self, id: &str) -> Result<SessionInfo, SessionError> {
@@ -782,13 +1171,32 @@ impl Sessions {
             Slot::Deleted => return refuse(ErrorCode::NotFound, format!("no session '{id}'")),
         };
         let mut checkpoints = Vec::new();
-        for number in checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))? {
-            if let Ok((sha256, file_bytes)) = stored_hash(&session.dir.join(checkpoint_name(number))) {
-                checkpoints.push(CheckpointInfo { number, sha256, file_bytes, dirty_bytes: 0, parent: None });
+        for number in
+            checkpoint_numbers(&session.dir).map_err(|e| internal("listing checkpoints", e))?
+        {
+            if let Ok((sha256, file_bytes)) =
+                stored_hash(&session.dir.join(checkpoint_name(number)))
+            {
+                checkpoints.push(CheckpointInfo {
+                    number,
+                    sha256,
+                    file_bytes,
+                    dirty_bytes: 0,
+                    parent: None,
+                });
             }
         }
-        let memory_mib = self.template(&session.template).map_or(0, |t| t.identity().mem_bytes >> 20);
-        Ok(SessionInfo { id: id.to_owned(), template: session.template.clone(), state, memory_mib, checkpoints, ended })
+        let memory_mib = self
+            .template(&session.template)
+            .map_or(0, |t| t.identity().mem_bytes >> 20);
+        Ok(SessionInfo {
+            id: id.to_owned(),
+            template: session.template.clone(),
+            state,
+            memory_mib,
+            checkpoints,
+            ended,
+        })
     }
 
     /// Every session, by id.
@@ -799,16 +1207,43 @@ impl Sessions {
     }
 
     /// Writes `contents` as `path` under the session's /work (replacing a file there).
-    pub fn write_file(&self, id: &str, path: String, contents: Vec<u8>) -> Result<SessionFile, SessionError> {
+    pub fn write_file(
+        &self,
+        id: &str,
+        path: String,
+        contents: Vec<u8>,
+    ) -> Result<SessionFile, SessionError> {
         check_file_path(&path)?;
         if contents.len() > MAX_SESSION_FILE_BYTES {
-            return refuse(ErrorCode::BadRequest, format!("content: {} bytes, more than {MAX_SESSION_FILE_BYTES}", contents.len()));
+            return refuse(
+                ErrorCode::BadRequest,
+                format!(
+                    "content: {} bytes, more than {MAX_SESSION_FILE_BYTES}",
+                    contents.len()
+                ),
+            );
         }
         let bytes = contents.len() as u64;
         let target = path.clone();
-        let (written, _, _) = self.with_vm(id, move |vm| crate::syscalls::agent::write_work_file(&mut vm.guest.process.config.vfs, &target, &contents, true))?;
-        written.or_else(|errno| refuse(file_error_code(errno), format!("{WORK_DIR}/{path}: {}", errno_text(errno))))?;
-        Ok(SessionFile { path, bytes, contents: None })
+        let (written, _, _) = self.with_vm(id, move |vm| {
+            crate::syscalls::agent::write_work_file(
+                &mut vm.guest.process.config.vfs,
+                &target,
+                &contents,
+                true,
+            )
+        })?;
+        written.or_else(|errno| {
+            refuse(
+                file_error_code(errno),
+                format!("{WORK_DIR}/{path}: {}", errno_text(errno)),
+            )
+        })?;
+        Ok(SessionFile {
+            path,
+            bytes,
+            contents: None,
+        })
     }
 
     /// Reads the file `path` under the session's /work.
@@ -827,8 +1262,17 @@ impl Sessions {
             }
             Ok(contents.to_vec())
         })?;
-        let contents = read.or_else(|errno| refuse(file_error_code(errno), format!("{WORK_DIR}/{path}: {}", errno_text(errno))))?;
-        Ok(SessionFile { path, bytes: contents.len() as u64, contents: Some(contents) })
+        let contents = read.or_else(|errno| {
+            refuse(
+                file_error_code(errno),
+                format!("{WORK_DIR}/{path}: {}", errno_text(errno)),
+            )
+        })?;
+        Ok(SessionFile {
+            path,
+            bytes: contents.len() as u64,
+            contents: Some(contents),
+        })
     }
 
     /// Removes the file `path` under the session's /work (a file the program holds open stays
@@ -841,8 +1285,17 @@ impl Sessions {
             let work = vfs.resolve(vfs.root(), WORK_DIR.as_bytes(), true)?;
             vfs.unlink(&NoProcess, work, target.as_bytes())
         })?;
-        removed.or_else(|errno| refuse(file_error_code(errno), format!("{WORK_DIR}/{path}: {}", errno_text(errno))))?;
-        Ok(SessionFile { path, bytes: 0, contents: None })
+        removed.or_else(|errno| {
+            refuse(
+                file_error_code(errno),
+                format!("{WORK_DIR}/{path}: {}", errno_text(errno)),
+            )
+        })?;
+        Ok(SessionFile {
+            path,
+            bytes: 0,
+            contents: None,
+        })
     }
 }
 
@@ -857,7 +1310,8 @@ impl Drop for Sessions {
 }
 
 fn check_file_path(path: &str) -> Result<(), SessionError> {
-    crate::agent::check_work_path(path).or_else(|why| refuse(ErrorCode::BadRequest, format!("path {path:?}: {why}")))
+    crate::agent::check_work_path(path)
+        .or_else(|why| refuse(ErrorCode::BadRequest, format!("path {path:?}: {why}")))
 }
 
 fn file_error_code(errno: crate::errno::Errno) -> ErrorCode {
@@ -891,14 +1345,17 @@ fn checkpoint_numbers(dir: &Path) -> io::Result<Vec<u64>> {
     let mut numbers = Vec::new();
     for entry in fs::read_dir(dir)? {
         let name = entry?.file_name();
-        if let Some(number) = name.to_str().and_then(|n| n.strip_suffix(CHECKPOINT_EXTENSION)).and_then(|n| n.parse().ok()) {
+        if let Some(number) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(CHECKPOINT_EXTENSION))
+            .and_then(|n| n.parse().ok())
+        {
             numbers.push(number);
         }
     }
     numbers.sort_unstable();
     Ok(numbers)
 }
-
 
 /// The content hash a checkpoint file ends with (hex; verified only when it is restored) and
 /// the file's size.
@@ -920,7 +1377,10 @@ fn write_record(dir: &Path, record: &SessionRecord) -> Result<(), SessionError> 
         fs::create_dir(dir)?;
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{SESSION_FILE}"));
         let mut file = fs::File::create(&temporary)?;
-        io::Write::write_all(&mut file, &serde_json::to_vec(record).map_err(io::Error::other)?)?;
+        io::Write::write_all(
+            &mut file,
+            &serde_json::to_vec(record).map_err(io::Error::other)?,
+        )?;
         file.sync_data()?;
         fs::rename(&temporary, dir.join(SESSION_FILE))?;
         fs::File::open(dir)?.sync_all()?;

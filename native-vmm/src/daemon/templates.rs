@@ -99,18 +99,25 @@ pub enum TemplateError {
     /// The image's name is not a language this daemon can run.
     UnknownLanguage { dir: PathBuf, image_name: String },
     /// The folder's snapshot is damaged or was built from another image or agent.
-    Snapshot { dir: PathBuf, error: snapshot::TemplateError },
+    Snapshot {
+        dir: PathBuf,
+        error: snapshot::TemplateError,
+    },
 }
 
 impl fmt::Display for TemplateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TemplateError::Directory { dir, error } => write!(f, "listing templates in {}: {error}", dir.display()),
+            TemplateError::Directory { dir, error } => {
+                write!(f, "listing templates in {}: {error}", dir.display())
+            }
             TemplateError::Image { dir, error } => write!(f, "template {}: {error}", dir.display()),
             TemplateError::UnknownLanguage { dir, image_name } => {
                 write!(f, "template {}: its image is named '{image_name}', which is not a known language ({})", dir.display(), known_languages())
             }
-            TemplateError::Snapshot { dir, error } => write!(f, "template {}: {error}", dir.display()),
+            TemplateError::Snapshot { dir, error } => {
+                write!(f, "template {}: {error}", dir.display())
+            }
         }
     }
 }
@@ -121,11 +128,16 @@ impl std::error::Error for TemplateError {}
 /// and entries that are not directories are skipped; a folder that is not a valid image of a
 /// known language is an error (a daemon with a broken template should not start quietly).
 pub fn load(dir: &Path) -> Result<Vec<Template>, TemplateError> {
-    let listing = |error| TemplateError::Directory { dir: dir.to_owned(), error };
+    let listing = |error| TemplateError::Directory {
+        dir: dir.to_owned(),
+        error,
+    };
     let mut folders = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(listing)? {
         let entry = entry.map_err(listing)?;
-        let Ok(name) = entry.file_name().into_string() else { continue };
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
         // Follows symlinks: a template folder may link to an image built elsewhere.
         if name.starts_with('.') || !entry.path().is_dir() {
             continue;
@@ -137,23 +149,43 @@ pub fn load(dir: &Path) -> Result<Vec<Template>, TemplateError> {
         .into_iter()
         .map(|name| {
             let path = dir.join(&name);
-            let image = Image::open(&path).map_err(|error| TemplateError::Image { dir: path.clone(), error })?;
-            let language = Language::of_image(image.name()).ok_or_else(|| TemplateError::UnknownLanguage { dir: path.clone(), image_name: image.name().to_owned() })?;
+            let image = Image::open(&path).map_err(|error| TemplateError::Image {
+                dir: path.clone(),
+                error,
+            })?;
+            let language =
+                Language::of_image(image.name()).ok_or_else(|| TemplateError::UnknownLanguage {
+                    dir: path.clone(),
+                    image_name: image.name().to_owned(),
+                })?;
             let content_hash = sha256::to_hex(&image.content_hash());
             let snapshot = load_snapshot(&path, &image, language)?;
-            Ok(Template { name, language, image, content_hash, snapshot })
+            Ok(Template {
+                name,
+                language,
+                image,
+                content_hash,
+                snapshot,
+            })
         })
         .collect()
 }
 
 /// The snapshot in template folder `dir`, verified against its image and agent; None when the
 /// folder has none (its VMs are then booted).
-fn load_snapshot(dir: &Path, image: &Arc<Image>, language: Language) -> Result<Option<Arc<snapshot::Template>>, TemplateError> {
+fn load_snapshot(
+    dir: &Path,
+    image: &Arc<Image>,
+    language: Language,
+) -> Result<Option<Arc<snapshot::Template>>, TemplateError> {
     if !dir.join(snapshot::TEMPLATE_FILE).exists() {
         return Ok(None);
     }
     match snapshot::Template::load(dir, image.clone(), language.agent()) {
         Ok(template) => Ok(Some(Arc::new(template))),
-        Err(error) => Err(TemplateError::Snapshot { dir: dir.to_owned(), error }),
+        Err(error) => Err(TemplateError::Snapshot {
+            dir: dir.to_owned(),
+            error,
+        }),
     }
 }

@@ -88,13 +88,29 @@ impl PtraceCpu {
         let tracee = Tracee { pid };
         match ptrace_sys::wait(pid)? {
             WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {}
-            WaitStatus::Exited(code) => return Err(io::Error::other(format!("development CPU: {}", ptrace_sys::describe_child_exit(code)))),
-            other => return Err(io::Error::other(format!("development CPU: unexpected first stop of the child: {other:?}"))),
+            WaitStatus::Exited(code) => {
+                return Err(io::Error::other(format!(
+                    "development CPU: {}",
+                    ptrace_sys::describe_child_exit(code)
+                )))
+            }
+            other => {
+                return Err(io::Error::other(format!(
+                    "development CPU: unexpected first stop of the child: {other:?}"
+                )))
+            }
         }
         ptrace_sys::set_options_exitkill_sysgood(pid)?;
         let regs = regs(&ptrace_sys::get_regs(pid)?);
         let watchdog = DeadlineWatchdog::start(pid)?;
-        Ok(PtraceCpu { watchdog, tracee, regs, regs_dirty: true, regs_current: true, loaded_call: None })
+        Ok(PtraceCpu {
+            watchdog,
+            tracee,
+            regs,
+            regs_dirty: true,
+            regs_current: true,
+            loaded_call: None,
+        })
     }
 
     fn pid(&self) -> i32 {
@@ -139,7 +155,10 @@ impl GuestCpu for PtraceCpu {
                         return Ok(CpuExit::Fault(int80_fault(self.regs.rip)));
                     }
                     let r = &self.regs;
-                    return Ok(CpuExit::Syscall { nr: r.orig_rax, args: [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9] });
+                    return Ok(CpuExit::Syscall {
+                        nr: r.orig_rax,
+                        args: [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9],
+                    });
                 }
                 WaitStatus::SignalStop(ptrace_sys::SIGSTOP) => {
                     if Instant::now() >= deadline {
@@ -156,8 +175,16 @@ impl GuestCpu for PtraceCpu {
                     // Any other signal comes from outside the guest (the guest's own signals
                     // are emulated by the syscall layer): suppress it.
                 }
-                WaitStatus::Exited(code) => return Err(io::Error::other(format!("development CPU: guest process exited on its own (code {code})"))),
-                WaitStatus::Killed(sig) => return Err(io::Error::other(format!("development CPU: guest process killed by signal {sig}"))),
+                WaitStatus::Exited(code) => {
+                    return Err(io::Error::other(format!(
+                        "development CPU: guest process exited on its own (code {code})"
+                    )))
+                }
+                WaitStatus::Killed(sig) => {
+                    return Err(io::Error::other(format!(
+                        "development CPU: guest process killed by signal {sig}"
+                    )))
+                }
             }
         }
     }
@@ -178,11 +205,18 @@ impl GuestCpu for PtraceCpu {
         let nr = match self.loaded_call {
             Some(nr) if self.regs_current => nr,
             _ if !self.regs_current || self.regs.orig_rax == u64::MAX => {
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, "development CPU: a snapshot needs the guest stopped in a system call"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "development CPU: a snapshot needs the guest stopped in a system call",
+                ));
             }
             _ => self.regs.orig_rax,
         };
-        Ok(user_state(&self.regs, nr, ptrace_sys::get_xstate(self.pid())?))
+        Ok(user_state(
+            &self.regs,
+            nr,
+            ptrace_sys::get_xstate(self.pid())?,
+        ))
     }
 
     fn switches_threads(&self) -> bool {
@@ -208,7 +242,11 @@ impl GuestCpu for PtraceCpu {
             return Ok(None);
         }
         self.read_regs()?;
-        Ok(Some(user_state(&self.regs, self.regs.rax, ptrace_sys::get_xstate(self.pid())?)))
+        Ok(Some(user_state(
+            &self.regs,
+            self.regs.rax,
+            ptrace_sys::get_xstate(self.pid())?,
+        )))
     }
 }
 
@@ -249,8 +287,32 @@ fn tracee_regs(host: &Regs, state: &CpuSnapshot) -> Regs {
 
 /// The guest state in tracee registers `r`, with `rax` as the value of rax.
 fn user_state(r: &Regs, rax: u64, xsave: Vec<u8>) -> CpuSnapshot {
-    let regs = UserRegs { rax, rbx: r.rbx, rcx: r.rcx, rdx: r.rdx, rsi: r.rsi, rdi: r.rdi, rbp: r.rbp, rsp: r.rsp, r8: r.r8, r9: r.r9, r10: r.r10, r11: r.r11, r12: r.r12, r13: r.r13, r14: r.r14, r15: r.r15 };
-    CpuSnapshot { regs, rip: r.rip, rflags: r.eflags, fs_base: r.fs_base, gs_base: r.gs_base, xsave }
+    let regs = UserRegs {
+        rax,
+        rbx: r.rbx,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        rbp: r.rbp,
+        rsp: r.rsp,
+        r8: r.r8,
+        r9: r.r9,
+        r10: r.r10,
+        r11: r.r11,
+        r12: r.r12,
+        r13: r.r13,
+        r14: r.r14,
+        r15: r.r15,
+    };
+    CpuSnapshot {
+        regs,
+        rip: r.rip,
+        rflags: r.eflags,
+        fs_base: r.fs_base,
+        gs_base: r.gs_base,
+        xsave,
+    }
 }
 
 /// The fault `int 0x80` (the 32-bit system call gate) raises in the KVM guest, whose IDT ends
@@ -258,7 +320,12 @@ fn user_state(r: &Regs, rax: u64, xsave: Vec<u8>) -> CpuSnapshot {
 /// it as an i386 system call, so the development CPU reports the fault the product would see.
 fn int80_fault(rip_after: u64) -> GuestFault {
     const IDT_ENTRY_0X80: u64 = 0x80 << 3 | 2;
-    GuestFault { vector: 13, error_code: IDT_ENTRY_0X80, rip: rip_after.wrapping_sub(2), address: None }
+    GuestFault {
+        vector: 13,
+        error_code: IDT_ENTRY_0X80,
+        rip: rip_after.wrapping_sub(2),
+        address: None,
+    }
 }
 
 /// Translates the signal the host kernel raised for a CPU exception back into that exception.
@@ -275,7 +342,16 @@ fn fault_from_signal(sig: i32, info: &SigInfo, rip: u64) -> Option<GuestFault> {
     let (vector, error_code, address) = match sig {
         // #GP (and other faults without an address) arrive as SIGSEGV from SI_KERNEL.
         ptrace_sys::SIGSEGV if info.code == SI_KERNEL => (13, 0, None),
-        ptrace_sys::SIGSEGV => (14, PF_USER | if info.code == SEGV_ACCERR { PF_PRESENT } else { 0 }, Some(info.addr)),
+        ptrace_sys::SIGSEGV => (
+            14,
+            PF_USER
+                | if info.code == SEGV_ACCERR {
+                    PF_PRESENT
+                } else {
+                    0
+                },
+            Some(info.addr),
+        ),
         ptrace_sys::SIGBUS if info.code == BUS_ADRALN => (17, 0, Some(info.addr)),
         ptrace_sys::SIGBUS => (13, 0, Some(info.addr)),
         ptrace_sys::SIGILL => (6, 0, None),
@@ -284,7 +360,12 @@ fn fault_from_signal(sig: i32, info: &SigInfo, rip: u64) -> Option<GuestFault> {
         ptrace_sys::SIGTRAP => (3, 0, None),
         _ => return None,
     };
-    Some(GuestFault { vector, error_code, rip, address })
+    Some(GuestFault {
+        vector,
+        error_code,
+        rip,
+        address,
+    })
 }
 
 /// Fails unless `[start, end)` is unmapped in this process, so the child (a copy of it) can
@@ -293,8 +374,12 @@ fn ensure_range_free(start: u64, end: u64) -> io::Result<()> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     for line in maps.lines() {
         let range = line.split_whitespace().next().unwrap_or("");
-        let Some((lo, hi)) = range.split_once('-') else { continue };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            continue;
+        };
         if lo < end && hi > start {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
@@ -313,7 +398,9 @@ struct Tracee {
 impl Drop for Tracee {
     fn drop(&mut self) {
         let _ = ptrace_sys::send_signal(self.pid, ptrace_sys::SIGKILL);
-        while let Ok(WaitStatus::SignalStop(_) | WaitStatus::SyscallStop) = ptrace_sys::wait(self.pid) {}
+        while let Ok(WaitStatus::SignalStop(_) | WaitStatus::SyscallStop) =
+            ptrace_sys::wait(self.pid)
+        {}
     }
 }
 

@@ -107,24 +107,62 @@ pub fn spawn_tracee(memfd: RawFd, start: u64, len: u64) -> io::Result<i32> {
 fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
     // The tracer is the forking thread; die with it rather than run the guest untraced.
     // SAFETY: raw system call with integer arguments.
-    unsafe { syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG as c_long, SIGKILL as c_long, 0 as c_long, 0 as c_long, 0 as c_long) };
+    unsafe {
+        syscall(
+            libc::SYS_prctl,
+            libc::PR_SET_PDEATHSIG as c_long,
+            SIGKILL as c_long,
+            0 as c_long,
+            0 as c_long,
+            0 as c_long,
+        )
+    };
     // SAFETY: raw system call with integer arguments.
-    if unsafe { syscall(libc::SYS_ptrace, libc::PTRACE_TRACEME as c_long, 0 as c_long, 0 as c_long, 0 as c_long) } < 0 {
+    if unsafe {
+        syscall(
+            libc::SYS_ptrace,
+            libc::PTRACE_TRACEME as c_long,
+            0 as c_long,
+            0 as c_long,
+            0 as c_long,
+        )
+    } < 0
+    {
         exit_child(CHILD_TRACEME_FAILED);
     }
     // SAFETY: maps the memfd at fixed addresses that were checked to be free (NOREPLACE fails
     // rather than clobbering anything the forked copy still has there).
-    let at = unsafe { syscall(libc::SYS_mmap, start as c_long, len as c_long, PROT_RWX, (libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE) as c_long, memfd as c_long, start as c_long) };
+    let at = unsafe {
+        syscall(
+            libc::SYS_mmap,
+            start as c_long,
+            len as c_long,
+            PROT_RWX,
+            (libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE) as c_long,
+            memfd as c_long,
+            start as c_long,
+        )
+    };
     if at != start as c_long {
         // last_os_error reads errno without allocating. A kernel that ignores NOREPLACE and
         // maps elsewhere leaves errno 0.
-        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0).clamp(0, 99);
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(0)
+            .clamp(0, 99);
         exit_child(CHILD_MAP_FAILED_BASE + errno as c_long);
     }
     // The guest never reaches the host kernel, so it needs no fd; holding copies of the
     // parent's pipes would only delay EOF for other threads' subprocesses.
     // SAFETY: raw system call with integer arguments; nothing in this process uses fds any more.
-    unsafe { syscall(libc::SYS_close_range, 0 as c_long, c_long::from(u32::MAX), 0 as c_long) };
+    unsafe {
+        syscall(
+            libc::SYS_close_range,
+            0 as c_long,
+            c_long::from(u32::MAX),
+            0 as c_long,
+        )
+    };
     // SAFETY: raw system calls with integer arguments.
     unsafe { syscall(libc::SYS_kill, syscall(libc::SYS_getpid), SIGSTOP as c_long) };
     // Reached only if the tracer resumed us without installing the guest's registers.
@@ -182,30 +220,61 @@ pub fn wait(pid: i32) -> io::Result<WaitStatus> {
 
 pub fn set_options_exitkill_sysgood(pid: i32) -> io::Result<()> {
     // SAFETY: PTRACE_SETOPTIONS reads no memory; the options travel in `data`.
-    check(unsafe { ptrace(libc::PTRACE_SETOPTIONS, pid, std::ptr::null_mut::<c_void>(), (libc::PTRACE_O_EXITKILL | libc::PTRACE_O_TRACESYSGOOD) as usize as *mut c_void) })?;
+    check(unsafe {
+        ptrace(
+            libc::PTRACE_SETOPTIONS,
+            pid,
+            std::ptr::null_mut::<c_void>(),
+            (libc::PTRACE_O_EXITKILL | libc::PTRACE_O_TRACESYSGOOD) as usize as *mut c_void,
+        )
+    })?;
     Ok(())
 }
 
 pub fn get_regs(pid: i32) -> io::Result<Regs> {
     let mut regs = Regs::default();
     // SAFETY: regs is a valid, writable user_regs_struct.
-    check(unsafe { ptrace(libc::PTRACE_GETREGS, pid, std::ptr::null_mut::<c_void>(), &mut regs as *mut Regs as *mut c_void) })?;
+    check(unsafe {
+        ptrace(
+            libc::PTRACE_GETREGS,
+            pid,
+            std::ptr::null_mut::<c_void>(),
+            &mut regs as *mut Regs as *mut c_void,
+        )
+    })?;
     Ok(regs)
 }
 
 pub fn set_regs(pid: i32, regs: &Regs) -> io::Result<()> {
     // SAFETY: the kernel only reads the user_regs_struct behind the pointer.
-    check(unsafe { ptrace(libc::PTRACE_SETREGS, pid, std::ptr::null_mut::<c_void>(), regs as *const Regs as *mut c_void) })?;
+    check(unsafe {
+        ptrace(
+            libc::PTRACE_SETREGS,
+            pid,
+            std::ptr::null_mut::<c_void>(),
+            regs as *const Regs as *mut c_void,
+        )
+    })?;
     Ok(())
 }
 
 /// The tracee's XSAVE area (x87, SSE, AVX... state), standard layout, as long as the host's.
 pub fn get_xstate(pid: i32) -> io::Result<Vec<u8>> {
     let mut area = vec![0u8; XSTATE_BUFFER];
-    let mut iov = libc::iovec { iov_base: area.as_mut_ptr().cast(), iov_len: area.len() };
+    let mut iov = libc::iovec {
+        iov_base: area.as_mut_ptr().cast(),
+        iov_len: area.len(),
+    };
     // SAFETY: iov describes `area`, writable for iov.len bytes; the kernel shrinks iov.len to
     // what it wrote.
-    check(unsafe { ptrace(libc::PTRACE_GETREGSET, pid, NT_X86_XSTATE as *mut c_void, &mut iov as *mut libc::iovec) })?;
+    check(unsafe {
+        ptrace(
+            libc::PTRACE_GETREGSET,
+            pid,
+            NT_X86_XSTATE as *mut c_void,
+            &mut iov as *mut libc::iovec,
+        )
+    })?;
     area.truncate(iov.iov_len.min(XSTATE_BUFFER));
     Ok(area)
 }
@@ -213,9 +282,19 @@ pub fn get_xstate(pid: i32) -> io::Result<Vec<u8>> {
 /// Loads an XSAVE area (standard layout) into the tracee.
 pub fn set_xstate(pid: i32, area: &[u8]) -> io::Result<()> {
     let mut copy = area.to_vec();
-    let mut iov = libc::iovec { iov_base: copy.as_mut_ptr().cast(), iov_len: copy.len() };
+    let mut iov = libc::iovec {
+        iov_base: copy.as_mut_ptr().cast(),
+        iov_len: copy.len(),
+    };
     // SAFETY: iov describes `copy`, readable for iov.len bytes, alive for the call.
-    check(unsafe { ptrace(libc::PTRACE_SETREGSET, pid, NT_X86_XSTATE as *mut c_void, &mut iov as *mut libc::iovec) })?;
+    check(unsafe {
+        ptrace(
+            libc::PTRACE_SETREGSET,
+            pid,
+            NT_X86_XSTATE as *mut c_void,
+            &mut iov as *mut libc::iovec,
+        )
+    })?;
     Ok(())
 }
 
@@ -223,7 +302,14 @@ pub fn set_xstate(pid: i32, area: &[u8]) -> io::Result<()> {
 /// delivering `signal` (0 for none).
 pub fn sysemu(pid: i32, signal: i32) -> io::Result<()> {
     // SAFETY: PTRACE_SYSEMU reads no memory; the signal travels in `data`.
-    check(unsafe { ptrace(libc::PTRACE_SYSEMU, pid, std::ptr::null_mut::<c_void>(), signal as c_long as *mut c_void) })?;
+    check(unsafe {
+        ptrace(
+            libc::PTRACE_SYSEMU,
+            pid,
+            std::ptr::null_mut::<c_void>(),
+            signal as c_long as *mut c_void,
+        )
+    })?;
     Ok(())
 }
 
@@ -232,8 +318,19 @@ pub fn get_siginfo(pid: i32) -> io::Result<SigInfo> {
     // first field for SIGSEGV/SIGBUS/SIGILL/SIGFPE/SIGTRAP is si_addr.
     let mut raw = [0u64; 16];
     // SAFETY: raw is a writable 128-byte buffer, the size of siginfo_t.
-    check(unsafe { ptrace(libc::PTRACE_GETSIGINFO, pid, std::ptr::null_mut::<c_void>(), raw.as_mut_ptr() as *mut c_void) })?;
-    Ok(SigInfo { signo: raw[0] as u32 as i32, code: (raw[1] & 0xffff_ffff) as u32 as i32, addr: raw[2] })
+    check(unsafe {
+        ptrace(
+            libc::PTRACE_GETSIGINFO,
+            pid,
+            std::ptr::null_mut::<c_void>(),
+            raw.as_mut_ptr() as *mut c_void,
+        )
+    })?;
+    Ok(SigInfo {
+        signo: raw[0] as u32 as i32,
+        code: (raw[1] & 0xffff_ffff) as u32 as i32,
+        addr: raw[2],
+    })
 }
 
 /// Whether the system call the tracee is stopped at was made with the 64-bit `syscall`
@@ -243,7 +340,14 @@ pub fn stopped_at_64bit_syscall(pid: i32) -> io::Result<bool> {
     let mut raw = [0u64; 11];
     let size = std::mem::size_of_val(&raw);
     // SAFETY: raw is a writable buffer of `size` bytes; the kernel writes at most that much.
-    check(unsafe { ptrace(libc::PTRACE_GET_SYSCALL_INFO, pid, size as *mut c_void, raw.as_mut_ptr() as *mut c_void) })?;
+    check(unsafe {
+        ptrace(
+            libc::PTRACE_GET_SYSCALL_INFO,
+            pid,
+            size as *mut c_void,
+            raw.as_mut_ptr() as *mut c_void,
+        )
+    })?;
     Ok((raw[0] >> 32) as u32 == AUDIT_ARCH_X86_64)
 }
 

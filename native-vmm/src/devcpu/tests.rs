@@ -36,12 +36,24 @@ fn syscalls_stop_with_their_number_and_arguments_and_take_our_return_value() {
     let (mem, mut cpu) = guest(&code);
 
     let exit = cpu.run(far_deadline()).unwrap();
-    assert_eq!(exit, CpuExit::Syscall { nr: 1, args: [1, msg_at, 3, 0, 0, 0] });
+    assert_eq!(
+        exit,
+        CpuExit::Syscall {
+            nr: 1,
+            args: [1, msg_at, 3, 0, 0, 0]
+        }
+    );
     assert_eq!(mem.read_vec(msg_at, 3).unwrap(), b"hi\n");
     cpu.set_syscall_return(3).unwrap();
 
     let exit = cpu.run(far_deadline()).unwrap();
-    assert_eq!(exit, CpuExit::Syscall { nr: 231, args: [3, msg_at, 3, 0, 0, 0] });
+    assert_eq!(
+        exit,
+        CpuExit::Syscall {
+            nr: 231,
+            args: [3, msg_at, 3, 0, 0, 0]
+        }
+    );
 }
 
 #[test]
@@ -55,10 +67,19 @@ fn fs_base_set_from_the_host_is_what_the_guest_reads_through_fs() {
     ];
     let (mem, mut cpu) = guest(&code);
     mem.write_u64(tls, 0x1234_5678_9abc).unwrap();
-    assert!(matches!(cpu.run(far_deadline()).unwrap(), CpuExit::Syscall { .. }));
+    assert!(matches!(
+        cpu.run(far_deadline()).unwrap(),
+        CpuExit::Syscall { .. }
+    ));
     cpu.set_fs_base(tls).unwrap();
     cpu.set_syscall_return(0).unwrap();
-    assert_eq!(cpu.run(far_deadline()).unwrap(), CpuExit::Syscall { nr: 60, args: [0x1234_5678_9abc, 0, 0, 0, 0, 0] });
+    assert_eq!(
+        cpu.run(far_deadline()).unwrap(),
+        CpuExit::Syscall {
+            nr: 60,
+            args: [0x1234_5678_9abc, 0, 0, 0, 0, 0]
+        }
+    );
 }
 
 #[test]
@@ -68,7 +89,10 @@ fn guest_writes_are_seen_in_guest_memory() {
         0x0f, 0x05, // syscall
     ];
     let (mem, mut cpu) = guest(&code);
-    assert!(matches!(cpu.run(far_deadline()).unwrap(), CpuExit::Syscall { .. }));
+    assert!(matches!(
+        cpu.run(far_deadline()).unwrap(),
+        CpuExit::Syscall { .. }
+    ));
     assert_eq!(mem.read_u32(STACK_TOP).unwrap(), 0xdead_beef);
 }
 
@@ -83,13 +107,19 @@ fn expect_fault(code: &[u8]) -> GuestFault {
 #[test]
 fn ud2_is_an_invalid_opcode_at_its_rip() {
     let fault = expect_fault(&[0x90, 0x0f, 0x0b]); // nop; ud2
-    assert_eq!((fault.vector, fault.rip, fault.address), (6, USER_BASE + 1, None));
+    assert_eq!(
+        (fault.vector, fault.rip, fault.address),
+        (6, USER_BASE + 1, None)
+    );
 }
 
 #[test]
 fn null_page_write_is_a_page_fault_with_its_address() {
     let fault = expect_fault(&[0xc6, 0x04, 0x25, 0x08, 0x00, 0x00, 0x00, 0x01]); // mov byte [0x8], 1
-    assert_eq!((fault.vector, fault.rip, fault.address), (14, USER_BASE, Some(8)));
+    assert_eq!(
+        (fault.vector, fault.rip, fault.address),
+        (14, USER_BASE, Some(8))
+    );
 }
 
 #[test]
@@ -107,7 +137,10 @@ fn division_by_zero_is_a_divide_error() {
 #[test]
 fn privileged_instruction_is_a_general_protection_fault() {
     let fault = expect_fault(&[0xf4]); // hlt
-    assert_eq!((fault.vector, fault.rip, fault.address), (13, USER_BASE, None));
+    assert_eq!(
+        (fault.vector, fault.rip, fault.address),
+        (13, USER_BASE, None)
+    );
 }
 
 #[test]
@@ -122,9 +155,15 @@ fn int_0x80_is_a_general_protection_fault_not_a_system_call() {
 fn endless_loop_reaches_the_deadline() {
     let (_mem, mut cpu) = guest(&[0xeb, 0xfe]); // jmp $
     let start = Instant::now();
-    assert_eq!(cpu.run(start + Duration::from_millis(100)).unwrap(), CpuExit::DeadlineReached);
+    assert_eq!(
+        cpu.run(start + Duration::from_millis(100)).unwrap(),
+        CpuExit::DeadlineReached
+    );
     let took = start.elapsed();
-    assert!(took >= Duration::from_millis(100) && took < Duration::from_secs(2), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_secs(2),
+        "took {took:?}"
+    );
 }
 
 #[test]
@@ -135,9 +174,15 @@ fn a_late_watchdog_stop_does_not_end_a_later_run() {
         0x0f, 0x05, // syscall
     ];
     let (_mem, mut cpu) = guest(&code);
-    assert!(matches!(cpu.run(Instant::now() + Duration::from_millis(20)).unwrap(), CpuExit::Syscall { .. }));
+    assert!(matches!(
+        cpu.run(Instant::now() + Duration::from_millis(20)).unwrap(),
+        CpuExit::Syscall { .. }
+    ));
     std::thread::sleep(Duration::from_millis(60));
-    assert!(matches!(cpu.run(far_deadline()).unwrap(), CpuExit::Syscall { .. }));
+    assert!(matches!(
+        cpu.run(far_deadline()).unwrap(),
+        CpuExit::Syscall { .. }
+    ));
 }
 
 #[test]
@@ -149,7 +194,9 @@ fn guest_range_taken_by_the_host_is_refused() {
 
 #[test]
 fn child_startup_failures_are_explained() {
-    assert!(ptrace_sys::describe_child_exit(128 + 1).ends_with("Operation not permitted (os error 1)"));
+    assert!(
+        ptrace_sys::describe_child_exit(128 + 1).ends_with("Operation not permitted (os error 1)")
+    );
     assert!(ptrace_sys::describe_child_exit(120).contains("PTRACE_TRACEME"));
     assert!(ptrace_sys::describe_child_exit(3).contains("code 3"));
 }

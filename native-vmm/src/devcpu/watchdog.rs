@@ -32,8 +32,14 @@ impl DeadlineWatchdog {
     pub fn start(pid: i32) -> io::Result<Self> {
         let shared = Arc::new((Mutex::new(State::default()), Condvar::new()));
         let theirs = Arc::clone(&shared);
-        let thread = std::thread::Builder::new().name(format!("devcpu-watchdog-{pid}")).spawn(move || watch(pid, &theirs))?;
-        Ok(DeadlineWatchdog { shared, armed: None, thread: Some(thread) })
+        let thread = std::thread::Builder::new()
+            .name(format!("devcpu-watchdog-{pid}"))
+            .spawn(move || watch(pid, &theirs))?;
+        Ok(DeadlineWatchdog {
+            shared,
+            armed: None,
+            thread: Some(thread),
+        })
     }
 
     /// Makes sure the tracee is stopped at `deadline` at the latest.
@@ -43,7 +49,9 @@ impl DeadlineWatchdog {
         }
         self.armed = Some(deadline);
         let (lock, wake) = &*self.shared;
-        lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).deadline = Some(deadline);
+        lock.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .deadline = Some(deadline);
         wake.notify_one();
     }
 }
@@ -56,7 +64,9 @@ fn watch(pid: i32, shared: &(Mutex<State>, Condvar)) {
             return;
         }
         state = match state.deadline {
-            None => wake.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner()),
+            None => wake
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
             Some(deadline) => {
                 let now = Instant::now();
                 if now >= deadline {
@@ -66,7 +76,9 @@ fn watch(pid: i32, shared: &(Mutex<State>, Condvar)) {
                     state.deadline = None;
                     state
                 } else {
-                    wake.wait_timeout(state, deadline - now).unwrap_or_else(|poisoned| poisoned.into_inner()).0
+                    wake.wait_timeout(state, deadline - now)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .0
                 }
             }
         };
@@ -76,7 +88,9 @@ fn watch(pid: i32, shared: &(Mutex<State>, Condvar)) {
 impl Drop for DeadlineWatchdog {
     fn drop(&mut self) {
         let (lock, wake) = &*self.shared;
-        lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).shutdown = true;
+        lock.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .shutdown = true;
         wake.notify_one();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

@@ -25,10 +25,18 @@ pub(crate) struct ImageNode {
 }
 
 pub(crate) enum ImageKind {
-    File { offset: u64, size: u64, sha256: [u8; 32] },
+    File {
+        offset: u64,
+        size: u64,
+        sha256: [u8; 32],
+    },
     /// Children sorted by name (the index is sorted by path, which sorts siblings by name).
-    Dir { children: Vec<u32> },
-    Symlink { target: String },
+    Dir {
+        children: Vec<u32>,
+    },
+    Symlink {
+        target: String,
+    },
 }
 
 impl ImageNode {
@@ -74,7 +82,8 @@ impl Image {
     /// error saying why. File contents are checked against their hashes when first read (a
     /// corrupted file reads as EIO); `verify_all` checks every file at once.
     pub fn open(dir: &Path) -> io::Result<Arc<Image>> {
-        let describe = |e: io::Error| io::Error::new(e.kind(), format!("image {}: {e}", dir.display()));
+        let describe =
+            |e: io::Error| io::Error::new(e.kind(), format!("image {}: {e}", dir.display()));
         Self::open_checked(dir).map(Arc::new).map_err(describe)
     }
 
@@ -82,15 +91,29 @@ impl Image {
         let index = std::fs::read(dir.join(format::INDEX_FILE))?;
         let header = format::decode_header(&index)?;
         if header.body_len > format::MAX_BODY_LEN {
-            return Err(FormatError::Malformed { offset: 0, reason: format!("index body of {} bytes is too large", header.body_len) }.into());
+            return Err(FormatError::Malformed {
+                offset: 0,
+                reason: format!("index body of {} bytes is too large", header.body_len),
+            }
+            .into());
         }
         let expected = format::HEADER_LEN as u64 + header.body_len;
         if index.len() as u64 != expected {
-            return Err(FormatError::SizeMismatch { file: format::INDEX_FILE, expected, found: index.len() as u64 }.into());
+            return Err(FormatError::SizeMismatch {
+                file: format::INDEX_FILE,
+                expected,
+                found: index.len() as u64,
+            }
+            .into());
         }
         let data = MappedFile::open(&dir.join(format::DATA_FILE))?;
         if data.bytes().len() as u64 != header.data_len {
-            return Err(FormatError::SizeMismatch { file: format::DATA_FILE, expected: header.data_len, found: data.bytes().len() as u64 }.into());
+            return Err(FormatError::SizeMismatch {
+                file: format::DATA_FILE,
+                expected: header.data_len,
+                found: data.bytes().len() as u64,
+            }
+            .into());
         }
         let body = &index[format::HEADER_LEN..];
         if sha256::digest(body) != header.content_hash {
@@ -98,8 +121,18 @@ impl Image {
         }
         let decoded = format::decode_body(body, header.data_len)?;
         let nodes = build_tree(decoded.entries);
-        let checked = nodes.iter().map(|_| AtomicU8::new(Check::Unchecked as u8)).collect();
-        Ok(Image { name: decoded.name, content_hash: header.content_hash, writable_dirs: decoded.writable_dirs, nodes, checked, data })
+        let checked = nodes
+            .iter()
+            .map(|_| AtomicU8::new(Check::Unchecked as u8))
+            .collect();
+        Ok(Image {
+            name: decoded.name,
+            content_hash: header.content_hash,
+            writable_dirs: decoded.writable_dirs,
+            nodes,
+            checked,
+            data,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -129,7 +162,13 @@ impl Image {
     pub fn verify_all(&self) -> io::Result<()> {
         for (idx, node) in self.nodes.iter().enumerate() {
             if let (ImageKind::File { .. }, Err(_)) = (&node.kind, self.contents(idx as u32)) {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("image file {} does not match its hash: the image is corrupted", node.path)));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "image file {} does not match its hash: the image is corrupted",
+                        node.path
+                    ),
+                ));
             }
         }
         Ok(())
@@ -150,29 +189,46 @@ impl Image {
 
     /// Exact lookup of a normalised path, without following symlinks.
     pub(crate) fn lookup(&self, path: &str) -> Option<u32> {
-        self.nodes.binary_search_by(|n| n.path.as_bytes().cmp(path.as_bytes())).ok().map(|i| i as u32)
+        self.nodes
+            .binary_search_by(|n| n.path.as_bytes().cmp(path.as_bytes()))
+            .ok()
+            .map(|i| i as u32)
     }
 
     /// The contents of file node `idx`, checked against its hash on first use: EIO if
     /// corrupted, EISDIR for a directory, EINVAL for a symlink.
     pub(crate) fn contents(&self, idx: u32) -> Result<&[u8], Errno> {
         let (offset, size, expected) = match &self.node(idx).kind {
-            ImageKind::File { offset, size, sha256 } => (*offset as usize, *size as usize, sha256),
+            ImageKind::File {
+                offset,
+                size,
+                sha256,
+            } => (*offset as usize, *size as usize, sha256),
             ImageKind::Dir { .. } => return Err(Errno::EISDIR),
             ImageKind::Symlink { .. } => return Err(Errno::EINVAL),
         };
         // The decoder checked offset + size against the data length.
-        let bytes = self.data.bytes().get(offset..offset + size).ok_or(Errno::EIO)?;
+        let bytes = self
+            .data
+            .bytes()
+            .get(offset..offset + size)
+            .ok_or(Errno::EIO)?;
         let state = &self.checked[idx as usize];
         match state.load(Ordering::Acquire) {
             s if s == Check::Good as u8 => Ok(bytes),
             s if s == Check::Corrupt as u8 => Err(Errno::EIO),
             _ => {
-                let page_end = (format::align_up((offset + size) as u64) as usize).min(self.data.bytes().len());
-                let padding_clean = self.data.bytes()[offset + size..page_end].iter().all(|&b| b == 0);
+                let page_end = (format::align_up((offset + size) as u64) as usize)
+                    .min(self.data.bytes().len());
+                let padding_clean = self.data.bytes()[offset + size..page_end]
+                    .iter()
+                    .all(|&b| b == 0);
                 // Racing first reads compute the same answer, so a plain store is enough.
                 let good = padding_clean && sha256::digest(bytes) == *expected;
-                state.store(if good { Check::Good } else { Check::Corrupt } as u8, Ordering::Release);
+                state.store(
+                    if good { Check::Good } else { Check::Corrupt } as u8,
+                    Ordering::Release,
+                );
                 if good {
                     Ok(bytes)
                 } else {
@@ -193,7 +249,9 @@ fn build_tree(entries: Vec<format::Entry>) -> Vec<ImageNode> {
         } else {
             let parent_path = format::parent_path(&e.path);
             // Validated by the decoder: the parent is an earlier directory entry.
-            nodes.binary_search_by(|n| n.path.as_str().cmp(parent_path)).map_or(0, |i| i as u32)
+            nodes
+                .binary_search_by(|n| n.path.as_str().cmp(parent_path))
+                .map_or(0, |i| i as u32)
         };
         if idx != 0 {
             if let ImageKind::Dir { children } = &mut nodes[parent as usize].kind {
@@ -201,11 +259,30 @@ fn build_tree(entries: Vec<format::Entry>) -> Vec<ImageNode> {
             }
         }
         let kind = match e.kind {
-            EntryKind::File { offset, size, sha256 } => ImageKind::File { offset, size, sha256 },
-            EntryKind::Dir => ImageKind::Dir { children: Vec::new() },
+            EntryKind::File {
+                offset,
+                size,
+                sha256,
+            } => ImageKind::File {
+                offset,
+                size,
+                sha256,
+            },
+            EntryKind::Dir => ImageKind::Dir {
+                children: Vec::new(),
+            },
             EntryKind::Symlink { target } => ImageKind::Symlink { target },
         };
-        nodes.push(ImageNode { path: e.path, parent, mode: e.mode, mtime: Timespec { sec: e.mtime_sec, nsec: e.mtime_nsec }, kind });
+        nodes.push(ImageNode {
+            path: e.path,
+            parent,
+            mode: e.mode,
+            mtime: Timespec {
+                sec: e.mtime_sec,
+                nsec: e.mtime_nsec,
+            },
+            kind,
+        });
     }
     nodes
 }
@@ -223,7 +300,10 @@ impl Tree for Image {
 
     fn child(&self, dir: u32, name: &[u8]) -> Result<Option<u32>, Errno> {
         match &self.node(dir).kind {
-            ImageKind::Dir { children } => Ok(children.binary_search_by(|&c| self.node(c).name().as_bytes().cmp(name)).ok().map(|i| children[i])),
+            ImageKind::Dir { children } => Ok(children
+                .binary_search_by(|&c| self.node(c).name().as_bytes().cmp(name))
+                .ok()
+                .map(|i| children[i])),
             _ => Err(Errno::ENOTDIR),
         }
     }
@@ -254,9 +334,31 @@ mod tests {
     fn corrupted_indexes_are_refused_or_open_to_a_usable_image() {
         // In memory: thousands of rewrites of the index on a disk cost seconds.
         let dir = TempDir::in_memory("image-fuzz");
-        let entry = |path: &str, kind| Entry { path: path.into(), mode: 0o755, mtime_sec: 0, mtime_nsec: 0, kind };
-        let file = |path: &str, size| entry(path, EntryKind::File { offset: 0, size, sha256: [0; 32] });
-        let symlink = |path: &str, target: &str| entry(path, EntryKind::Symlink { target: target.into() });
+        let entry = |path: &str, kind| Entry {
+            path: path.into(),
+            mode: 0o755,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            kind,
+        };
+        let file = |path: &str, size| {
+            entry(
+                path,
+                EntryKind::File {
+                    offset: 0,
+                    size,
+                    sha256: [0; 32],
+                },
+            )
+        };
+        let symlink = |path: &str, target: &str| {
+            entry(
+                path,
+                EntryKind::Symlink {
+                    target: target.into(),
+                },
+            )
+        };
         let mut index = Index {
             name: "fuzz".into(),
             writable_dirs: vec!["/tmp".into()],
@@ -271,12 +373,24 @@ mod tests {
                 symlink("/loop", "/loop"),
             ],
         };
-        format::write(&dir.0, &mut index, |e| Ok(vec![b'z'; if e.path == "/bin/a" { 5000 } else { 3 }])).unwrap();
+        format::write(&dir.0, &mut index, |e| {
+            Ok(vec![b'z'; if e.path == "/bin/a" { 5000 } else { 3 }])
+        })
+        .unwrap();
         let index_path = dir.0.join(format::INDEX_FILE);
         let good = std::fs::read(&index_path).unwrap();
         let header = format::decode_header(&good).unwrap();
         let body = &good[format::HEADER_LEN..];
-        let paths = ["/bin/a", "/bin/l", "/lib/a", "/lib/../etc/x", "/loop", "/etc/x", "/tmp", "/nothing"];
+        let paths = [
+            "/bin/a",
+            "/bin/l",
+            "/lib/a",
+            "/lib/../etc/x",
+            "/loop",
+            "/etc/x",
+            "/tmp",
+            "/nothing",
+        ];
         let (mut rng, cases) = crate::fuzz::start("image reader");
         let mut opened = 0;
         for case in 0..cases {
@@ -284,11 +398,17 @@ mod tests {
                 crate::fuzz::mutate(&mut rng, &good)
             } else {
                 let damaged = crate::fuzz::mutate(&mut rng, body);
-                let sealed = Header { body_len: damaged.len() as u64, data_len: header.data_len, content_hash: sha256::digest(&damaged) };
+                let sealed = Header {
+                    body_len: damaged.len() as u64,
+                    data_len: header.data_len,
+                    content_hash: sha256::digest(&damaged),
+                };
                 [format::encode_header(&sealed).as_slice(), &damaged].concat()
             };
             std::fs::write(&index_path, &bytes).unwrap();
-            let Ok(image) = Image::open(&dir.0) else { continue };
+            let Ok(image) = Image::open(&dir.0) else {
+                continue;
+            };
             opened += 1;
             let _ = image.verify_all();
             for path in paths {

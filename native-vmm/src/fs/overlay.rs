@@ -69,7 +69,12 @@ pub(crate) struct Overlay {
 
 impl Overlay {
     pub fn new(limit: u64) -> Overlay {
-        Overlay { nodes: HashMap::new(), next_id: 1, used: 0, limit }
+        Overlay {
+            nodes: HashMap::new(),
+            next_id: 1,
+            used: 0,
+            limit,
+        }
     }
 
     pub fn used(&self) -> u64 {
@@ -89,7 +94,12 @@ impl Overlay {
     }
 
     /// utimensat: sets the modification time of node `id`.
-    pub fn set_times(&mut self, id: u64, atime: Option<Timespec>, mtime: Option<Timespec>) -> Result<(), Errno> {
+    pub fn set_times(
+        &mut self,
+        id: u64,
+        atime: Option<Timespec>,
+        mtime: Option<Timespec>,
+    ) -> Result<(), Errno> {
         let node = self.get_mut(id)?;
         node.atime = atime.unwrap_or(node.atime);
         node.mtime = mtime.unwrap_or(node.mtime);
@@ -117,8 +127,23 @@ impl Overlay {
         self.insert(None, name, 0o1777, OverlayKind::Dir(BTreeMap::new()))
     }
 
-    fn insert(&mut self, parent: Option<u64>, name: &[u8], mode: u32, kind: OverlayKind) -> Result<u64, Errno> {
-        let node = OverlayNode { parent, name: name.to_vec(), mode: mode & 0o7777, kind, linked: true, open_count: 0, mtime: OVERLAY_TIME, atime: OVERLAY_TIME };
+    fn insert(
+        &mut self,
+        parent: Option<u64>,
+        name: &[u8],
+        mode: u32,
+        kind: OverlayKind,
+    ) -> Result<u64, Errno> {
+        let node = OverlayNode {
+            parent,
+            name: name.to_vec(),
+            mode: mode & 0o7777,
+            kind,
+            linked: true,
+            open_count: 0,
+            mtime: OVERLAY_TIME,
+            atime: OVERLAY_TIME,
+        };
         self.reserve(node.charge())?;
         let id = self.next_id;
         self.next_id += 1;
@@ -134,7 +159,13 @@ impl Overlay {
     }
 
     /// Creates `name` in directory `dir`; EEXIST if the name is taken.
-    pub fn create(&mut self, dir: u64, name: &[u8], mode: u32, kind: OverlayKind) -> Result<u64, Errno> {
+    pub fn create(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+        kind: OverlayKind,
+    ) -> Result<u64, Errno> {
         if self.child(dir, name)?.is_some() {
             return Err(Errno::EEXIST);
         }
@@ -158,7 +189,14 @@ impl Overlay {
 
     /// Moves node `id` (currently `old_name` in `old_dir`) to `new_name` in `new_dir`, which
     /// must be free (the caller removes a replaced target first).
-    pub fn relink(&mut self, id: u64, old_dir: u64, old_name: &[u8], new_dir: u64, new_name: &[u8]) -> Result<(), Errno> {
+    pub fn relink(
+        &mut self,
+        id: u64,
+        old_dir: u64,
+        old_name: &[u8],
+        new_dir: u64,
+        new_name: &[u8],
+    ) -> Result<(), Errno> {
         let name_growth = new_name.len() as u64;
         self.reserve(name_growth)?;
         if let OverlayKind::Dir(entries) = &mut self.get_mut(old_dir)?.kind {
@@ -189,7 +227,10 @@ impl Overlay {
     }
 
     fn free_if_unused(&mut self, id: u64) {
-        let unused = self.nodes.get(&id).is_some_and(|n| !n.linked && n.open_count == 0);
+        let unused = self
+            .nodes
+            .get(&id)
+            .is_some_and(|n| !n.linked && n.open_count == 0);
         if unused {
             if let Some(node) = self.nodes.remove(&id) {
                 self.used -= node.charge();
@@ -316,9 +357,30 @@ impl Overlay {
                 t => return Err(DecodeError::new(format!("overlay kind tag {t}"))),
             };
             let (linked, open_count) = (d.bool("overlay linked")?, d.u32("overlay open count")?);
-            let mtime = Timespec { sec: d.i64("overlay mtime")?, nsec: d.u32("overlay mtime")? };
-            let atime = Timespec { sec: d.i64("overlay atime")?, nsec: d.u32("overlay atime")? };
-            if nodes.insert(id, OverlayNode { parent, name, mode, kind, linked, open_count, mtime, atime }).is_some() {
+            let mtime = Timespec {
+                sec: d.i64("overlay mtime")?,
+                nsec: d.u32("overlay mtime")?,
+            };
+            let atime = Timespec {
+                sec: d.i64("overlay atime")?,
+                nsec: d.u32("overlay atime")?,
+            };
+            if nodes
+                .insert(
+                    id,
+                    OverlayNode {
+                        parent,
+                        name,
+                        mode,
+                        kind,
+                        linked,
+                        open_count,
+                        mtime,
+                        atime,
+                    },
+                )
+                .is_some()
+            {
                 return Err(DecodeError::new(format!("overlay node {id} appears twice")));
             }
         }
@@ -328,12 +390,25 @@ impl Overlay {
                 OverlayKind::Dir(entries) => entries.values().copied().collect(),
                 _ => Vec::new(),
             };
-            if *id >= next_id || node.parent.into_iter().chain(children).any(|other| !nodes.contains_key(&other)) {
-                return Err(DecodeError::new(format!("overlay node {id} refers to a missing node or is numbered past {next_id}")));
+            if *id >= next_id
+                || node
+                    .parent
+                    .into_iter()
+                    .chain(children)
+                    .any(|other| !nodes.contains_key(&other))
+            {
+                return Err(DecodeError::new(format!(
+                    "overlay node {id} refers to a missing node or is numbered past {next_id}"
+                )));
             }
         }
         let used = nodes.values().map(OverlayNode::charge).sum();
-        Ok(Overlay { nodes, next_id, used, limit })
+        Ok(Overlay {
+            nodes,
+            next_id,
+            used,
+            limit,
+        })
     }
 }
 
@@ -346,7 +421,9 @@ mod tests {
         let mut o = Overlay::new(4096);
         let root = o.add_mount_root(b"tmp").unwrap();
         let base = o.used();
-        let f = o.create(root, b"f", 0o644, OverlayKind::File(Vec::new())).unwrap();
+        let f = o
+            .create(root, b"f", 0o644, OverlayKind::File(Vec::new()))
+            .unwrap();
         assert_eq!(o.used(), base + NODE_CHARGE + 1);
         o.write(f, 10, b"abc").unwrap();
         assert_eq!(o.used(), base + NODE_CHARGE + 1 + 13);
@@ -363,7 +440,9 @@ mod tests {
     fn unlinked_open_file_lives_until_closed() {
         let mut o = Overlay::new(1 << 20);
         let root = o.add_mount_root(b"tmp").unwrap();
-        let f = o.create(root, b"f", 0o600, OverlayKind::File(Vec::new())).unwrap();
+        let f = o
+            .create(root, b"f", 0o600, OverlayKind::File(Vec::new()))
+            .unwrap();
         o.open(f).unwrap();
         o.write(f, 0, b"data").unwrap();
         o.unlink(root, b"f").unwrap();
@@ -372,7 +451,9 @@ mod tests {
         o.close(f);
         assert!(o.get(f).is_err());
         // A new file never reuses the freed id.
-        let g = o.create(root, b"f", 0o600, OverlayKind::File(Vec::new())).unwrap();
+        let g = o
+            .create(root, b"f", 0o600, OverlayKind::File(Vec::new()))
+            .unwrap();
         assert_ne!(f, g);
     }
 }

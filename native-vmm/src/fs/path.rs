@@ -38,16 +38,34 @@ fn check_length(path: &[u8]) -> Result<(), Errno> {
 
 /// Resolves `path` (absolute, or relative to directory `base`); a final symlink is followed
 /// only when `follow_last` is set (or the path ends in "/").
-pub(crate) fn resolve<T: Tree>(tree: &T, base: T::Node, path: &[u8], follow_last: bool) -> Result<T::Node, Errno> {
+pub(crate) fn resolve<T: Tree>(
+    tree: &T,
+    base: T::Node,
+    path: &[u8],
+    follow_last: bool,
+) -> Result<T::Node, Errno> {
     check_length(path)?;
     let mut budget = MAX_SYMLINKS;
     walk(tree, base, path, follow_last, &mut budget)
 }
 
-fn walk<T: Tree>(tree: &T, base: T::Node, path: &[u8], follow_last: bool, budget: &mut u32) -> Result<T::Node, Errno> {
-    let mut cur = if path.first() == Some(&b'/') { tree.root() } else { base };
+fn walk<T: Tree>(
+    tree: &T,
+    base: T::Node,
+    path: &[u8],
+    follow_last: bool,
+    budget: &mut u32,
+) -> Result<T::Node, Errno> {
+    let mut cur = if path.first() == Some(&b'/') {
+        tree.root()
+    } else {
+        base
+    };
     let trailing_slash = path.last() == Some(&b'/');
-    let components: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+    let components: Vec<&[u8]> = path
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .collect();
     for (i, &name) in components.iter().enumerate() {
         if tree.kind(cur)? != FileKind::Directory {
             return Err(Errno::ENOTDIR);
@@ -93,7 +111,11 @@ fn walk<T: Tree>(tree: &T, base: T::Node, path: &[u8], follow_last: bool, budget
 /// Splits `path` into its resolved parent directory and final name (for create, mkdir, unlink,
 /// rename). Trailing slashes are dropped; "/" yields (root, "."). The name may be "." or "..",
 /// which each operation rejects in its own way.
-pub(crate) fn resolve_parent<T: Tree>(tree: &T, base: T::Node, path: &[u8]) -> Result<(T::Node, Vec<u8>), Errno> {
+pub(crate) fn resolve_parent<T: Tree>(
+    tree: &T,
+    base: T::Node,
+    path: &[u8],
+) -> Result<(T::Node, Vec<u8>), Errno> {
     check_length(path)?;
     let mut end = path.len();
     while end > 1 && path[end - 1] == b'/' {
@@ -145,12 +167,12 @@ mod tests {
         use FileKind::*;
         Toy(vec![
             (0, "", Directory, ""),
-            (0, "usr", Directory, ""),          // 1
-            (1, "lib", Directory, ""),          // 2
-            (2, "libc.so", Regular, ""),        // 3
-            (0, "lib", Symlink, "usr/lib"),     // 4
-            (0, "loop", Symlink, "/loop"),      // 5
-            (2, "up", Symlink, "../../lib"),    // 6
+            (0, "usr", Directory, ""),           // 1
+            (1, "lib", Directory, ""),           // 2
+            (2, "libc.so", Regular, ""),         // 3
+            (0, "lib", Symlink, "usr/lib"),      // 4
+            (0, "loop", Symlink, "/loop"),       // 5
+            (2, "up", Symlink, "../../lib"),     // 6
             (0, "dangling", Symlink, "nowhere"), // 7
         ])
     }
@@ -160,7 +182,10 @@ mod tests {
         let t = toy();
         assert_eq!(resolve(&t, 0, b"/lib/libc.so", true), Ok(3));
         assert_eq!(resolve(&t, 2, b"libc.so", true), Ok(3));
-        assert_eq!(resolve(&t, 2, b"../../../../usr/./lib//libc.so", true), Ok(3));
+        assert_eq!(
+            resolve(&t, 2, b"../../../../usr/./lib//libc.so", true),
+            Ok(3)
+        );
         assert_eq!(resolve(&t, 0, b"/..", true), Ok(0));
         assert_eq!(resolve(&t, 0, b"/lib", false), Ok(4));
         assert_eq!(resolve(&t, 0, b"/lib/", false), Ok(2));
@@ -172,7 +197,10 @@ mod tests {
         assert_eq!(resolve(&t, 0, b"/lib/libc.so/", true), Err(Errno::ENOTDIR));
         assert_eq!(resolve(&t, 0, b"", true), Err(Errno::ENOENT));
         assert_eq!(resolve(&t, 0, &[b'a'; 256], true), Err(Errno::ENAMETOOLONG));
-        assert_eq!(resolve(&t, 0, &[b'/'; PATH_MAX], true), Err(Errno::ENAMETOOLONG));
+        assert_eq!(
+            resolve(&t, 0, &[b'/'; PATH_MAX], true),
+            Err(Errno::ENAMETOOLONG)
+        );
     }
 
     #[test]

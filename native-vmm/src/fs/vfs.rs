@@ -73,7 +73,10 @@ pub struct Stat {
 }
 
 /// Fixed timestamp of overlay nodes (2024-01-01T00:00:00Z): runs stay reproducible.
-pub const OVERLAY_TIME: Timespec = Timespec { sec: 1_704_067_200, nsec: 0 };
+pub const OVERLAY_TIME: Timespec = Timespec {
+    sec: 1_704_067_200,
+    nsec: 0,
+};
 const DEVICE: u64 = 0x53;
 const BLOCK_SIZE: u32 = 4096;
 /// Overlay inode numbers start here, above any image inode.
@@ -165,14 +168,35 @@ impl Vfs {
         let mut mounts = Vec::new();
         for path in image.writable_dirs() {
             // The image decoder checked that the parent exists as a directory.
-            let parent = image.lookup(crate::image::format::parent_path(path)).ok_or(Errno::ENOENT)?;
-            let name = path.rsplit('/').next().unwrap_or_default().as_bytes().to_vec();
+            let parent = image
+                .lookup(crate::image::format::parent_path(path))
+                .ok_or(Errno::ENOENT)?;
+            let name = path
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .as_bytes()
+                .to_vec();
             let root = overlay.add_mount_root(&name)?;
-            mounts.push(Mount { parent: MountParent::Image(parent), name, root, path: path.clone() });
+            mounts.push(Mount {
+                parent: MountParent::Image(parent),
+                name,
+                root,
+                path: path.clone(),
+            });
         }
         let root = overlay.add_mount_root(SHM_NAME)?;
-        mounts.push(Mount { parent: MountParent::Dev, name: SHM_NAME.to_vec(), root, path: "/dev/shm".to_owned() });
-        Ok(Vfs { image, overlay, mounts: Arc::new(mounts) })
+        mounts.push(Mount {
+            parent: MountParent::Dev,
+            name: SHM_NAME.to_vec(),
+            root,
+            path: "/dev/shm".to_owned(),
+        });
+        Ok(Vfs {
+            image,
+            overlay,
+            mounts: Arc::new(mounts),
+        })
     }
 
     pub fn image(&self) -> &Arc<Image> {
@@ -192,18 +216,57 @@ impl Vfs {
         let block = BLOCK_SIZE as u64;
         Ok(match node.0 {
             NodeId::Overlay(_) => {
-                let (limit, free) = (self.overlay.limit(), self.overlay.limit().saturating_sub(self.overlay.used()));
-                FsStats { magic: TMPFS_MAGIC, block_size: block, blocks: limit / block, free_blocks: free / block, files: limit / NODE_CHARGE, free_files: free / NODE_CHARGE, fsid: 2, read_only: false }
+                let (limit, free) = (
+                    self.overlay.limit(),
+                    self.overlay.limit().saturating_sub(self.overlay.used()),
+                );
+                FsStats {
+                    magic: TMPFS_MAGIC,
+                    block_size: block,
+                    blocks: limit / block,
+                    free_blocks: free / block,
+                    files: limit / NODE_CHARGE,
+                    free_files: free / NODE_CHARGE,
+                    fsid: 2,
+                    read_only: false,
+                }
             }
             NodeId::Image(_) => {
                 let nodes = self.image.node_count() as u64;
-                FsStats { magic: SQUASHFS_MAGIC, block_size: block, blocks: self.image.data_size().div_ceil(block), free_blocks: 0, files: nodes, free_files: 0, fsid: 1, read_only: true }
+                FsStats {
+                    magic: SQUASHFS_MAGIC,
+                    block_size: block,
+                    blocks: self.image.data_size().div_ceil(block),
+                    free_blocks: 0,
+                    files: nodes,
+                    free_files: 0,
+                    fsid: 1,
+                    read_only: true,
+                }
             }
             NodeId::DevDir | NodeId::Device(_) => {
                 let files = 1 + Device::ALL.len() as u64;
-                FsStats { magic: TMPFS_MAGIC, block_size: block, blocks: 0, free_blocks: 0, files, free_files: 0, fsid: 3, read_only: false }
+                FsStats {
+                    magic: TMPFS_MAGIC,
+                    block_size: block,
+                    blocks: 0,
+                    free_blocks: 0,
+                    files,
+                    free_files: 0,
+                    fsid: 3,
+                    read_only: false,
+                }
             }
-            NodeId::Proc(_) => FsStats { magic: PROC_SUPER_MAGIC, block_size: block, blocks: 0, free_blocks: 0, files: 0, free_files: 0, fsid: 4, read_only: true },
+            NodeId::Proc(_) => FsStats {
+                magic: PROC_SUPER_MAGIC,
+                block_size: block,
+                blocks: 0,
+                free_blocks: 0,
+                files: 0,
+                free_files: 0,
+                fsid: 4,
+                read_only: true,
+            },
         })
     }
 
@@ -215,7 +278,13 @@ impl Vfs {
     }
 
     /// `resolve` for a running program: /proc's fd, task and cwd entries come from `view`.
-    pub fn resolve_in(&self, view: &dyn ProcessView, base: Node, path: &[u8], follow_last: bool) -> Result<Node, Errno> {
+    pub fn resolve_in(
+        &self,
+        view: &dyn ProcessView,
+        base: Node,
+        path: &[u8],
+        follow_last: bool,
+    ) -> Result<Node, Errno> {
         path::resolve(&Lookup { vfs: self, view }, base, path, follow_last)
     }
 
@@ -226,7 +295,13 @@ impl Vfs {
     }
 
     /// `open` for a running program (see `resolve_in`).
-    pub fn open_in(&mut self, view: &dyn ProcessView, base: Node, path: &[u8], opts: &OpenOptions) -> Result<Node, Errno> {
+    pub fn open_in(
+        &mut self,
+        view: &dyn ProcessView,
+        base: Node,
+        path: &[u8],
+        opts: &OpenOptions,
+    ) -> Result<Node, Errno> {
         if opts.create && opts.directory {
             // Linux (since 6.4) refuses O_CREAT|O_DIRECTORY outright.
             return Err(Errno::EINVAL);
@@ -240,10 +315,20 @@ impl Vfs {
                 Some(_) if opts.exclusive => return Err(Errno::EEXIST),
                 Some(_) => (self.resolve_in(view, base, path, !opts.nofollow)?, false),
                 // O_CREAT never makes a directory ("new/" or ".").
-                None if name == b"." || name == b".." || path.last() == Some(&b'/') => return Err(Errno::EISDIR),
+                None if name == b"." || name == b".." || path.last() == Some(&b'/') => {
+                    return Err(Errno::EISDIR)
+                }
                 None => {
                     let dir_id = self.changeable_dir(dir)?;
-                    (Node(NodeId::Overlay(self.overlay.create(dir_id, &name, opts.mode, OverlayKind::File(Vec::new()))?)), true)
+                    (
+                        Node(NodeId::Overlay(self.overlay.create(
+                            dir_id,
+                            &name,
+                            opts.mode,
+                            OverlayKind::File(Vec::new()),
+                        )?)),
+                        true,
+                    )
                 }
             }
         } else {
@@ -326,9 +411,25 @@ impl Vfs {
                 let (size, subdirs) = match &n.kind {
                     ImageKind::File { size, .. } => (*size, 0),
                     ImageKind::Dir { children } => {
-                        let dirs = children.iter().filter(|&&c| self.image.node(c).file_kind() == FileKind::Directory).count();
-                        let synthetic = |name| usize::from(i == 0 && self.image.child(0, name).ok().flatten().is_none());
-                        (BLOCK_SIZE as u64, dirs + synthetic(DEV_DIR) + synthetic(PROC_DIR) + self.mounts.iter().filter(|m| m.parent == MountParent::Image(i)).count())
+                        let dirs = children
+                            .iter()
+                            .filter(|&&c| self.image.node(c).file_kind() == FileKind::Directory)
+                            .count();
+                        let synthetic = |name| {
+                            usize::from(
+                                i == 0 && self.image.child(0, name).ok().flatten().is_none(),
+                            )
+                        };
+                        (
+                            BLOCK_SIZE as u64,
+                            dirs + synthetic(DEV_DIR)
+                                + synthetic(PROC_DIR)
+                                + self
+                                    .mounts
+                                    .iter()
+                                    .filter(|m| m.parent == MountParent::Image(i))
+                                    .count(),
+                        )
                     }
                     ImageKind::Symlink { target } => (target.len() as u64, 0),
                 };
@@ -339,14 +440,31 @@ impl Vfs {
                 let (size, subdirs) = match &n.kind {
                     OverlayKind::File(data) => (data.len() as u64, 0),
                     OverlayKind::Dir(entries) => {
-                        let dirs = entries.values().filter(|&&c| self.overlay.get(c).is_ok_and(|c| c.file_kind() == FileKind::Directory)).count();
+                        let dirs = entries
+                            .values()
+                            .filter(|&&c| {
+                                self.overlay
+                                    .get(c)
+                                    .is_ok_and(|c| c.file_kind() == FileKind::Directory)
+                            })
+                            .count();
                         (BLOCK_SIZE as u64, dirs)
                     }
                     OverlayKind::Symlink(target) => (target.len() as u64, 0),
                 };
                 (ino(node), n.file_kind(), n.mode, size, n.mtime, subdirs)
             }
-            NodeId::DevDir => (ino(node), FileKind::Directory, 0o755, BLOCK_SIZE as u64, OVERLAY_TIME, self.mounts.iter().filter(|m| m.parent == MountParent::Dev).count()),
+            NodeId::DevDir => (
+                ino(node),
+                FileKind::Directory,
+                0o755,
+                BLOCK_SIZE as u64,
+                OVERLAY_TIME,
+                self.mounts
+                    .iter()
+                    .filter(|m| m.parent == MountParent::Dev)
+                    .count(),
+            ),
             NodeId::Device(_) => (ino(node), FileKind::CharDevice, 0o666, 0, OVERLAY_TIME, 0),
             // /proc's files read as size 0 (they are made when read); nlink 2 for every
             // directory (its subdirectories change as threads come and go).
@@ -369,8 +487,16 @@ impl Vfs {
             mode: kind.mode_bits() | perm,
             nlink,
             // The guest (an unprivileged user) owns what it wrote; the image and /dev are root's.
-            uid: if self.owned_by_guest(node) { crate::loader::GUEST_UID as u32 } else { 0 },
-            gid: if self.owned_by_guest(node) { crate::loader::GUEST_GID as u32 } else { 0 },
+            uid: if self.owned_by_guest(node) {
+                crate::loader::GUEST_UID as u32
+            } else {
+                0
+            },
+            gid: if self.owned_by_guest(node) {
+                crate::loader::GUEST_GID as u32
+            } else {
+                0
+            },
             rdev: self.device(node).map_or(0, Device::rdev),
             size,
             blksize: BLOCK_SIZE,
@@ -422,7 +548,9 @@ impl Vfs {
             return device.read(buf);
         }
         let data = self.contents(node)?;
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(data.len());
         let n = buf.len().min(data.len() - start);
         buf[..n].copy_from_slice(&data[start..start + n]);
         Ok(n)
@@ -446,7 +574,12 @@ impl Vfs {
 
     /// utimensat of an overlay node's access and modification times (None: left as is; EROFS
     /// for the image).
-    pub fn set_times(&mut self, node: Node, atime: Option<Timespec>, mtime: Option<Timespec>) -> Result<(), Errno> {
+    pub fn set_times(
+        &mut self,
+        node: Node,
+        atime: Option<Timespec>,
+        mtime: Option<Timespec>,
+    ) -> Result<(), Errno> {
         let id = self.overlay_id(node)?;
         self.overlay.set_times(id, atime, mtime)
     }
@@ -470,22 +603,40 @@ impl Vfs {
         }
         let parent = self.parent(node)?;
         let mut entries = vec![
-            DirEntry { name: b".".to_vec(), ino: ino(node), kind: FileKind::Directory },
-            DirEntry { name: b"..".to_vec(), ino: ino(parent), kind: FileKind::Directory },
+            DirEntry {
+                name: b".".to_vec(),
+                ino: ino(node),
+                kind: FileKind::Directory,
+            },
+            DirEntry {
+                name: b"..".to_vec(),
+                ino: ino(parent),
+                kind: FileKind::Directory,
+            },
         ];
         let mut named: BTreeMap<Vec<u8>, Node> = BTreeMap::new();
         match node.0 {
             NodeId::Image(i) => {
                 if let ImageKind::Dir { children } = &self.image_node(i)?.kind {
                     for &c in children {
-                        named.insert(self.image.node(c).name().as_bytes().to_vec(), Node(NodeId::Image(c)));
+                        named.insert(
+                            self.image.node(c).name().as_bytes().to_vec(),
+                            Node(NodeId::Image(c)),
+                        );
                     }
                 }
                 if i == 0 {
                     named.insert(DEV_DIR.to_vec(), Node(NodeId::DevDir));
-                    named.insert(PROC_DIR.to_vec(), Node(NodeId::Proc(ProcNode::Dir(SystemDir::Root))));
+                    named.insert(
+                        PROC_DIR.to_vec(),
+                        Node(NodeId::Proc(ProcNode::Dir(SystemDir::Root))),
+                    );
                 }
-                for m in self.mounts.iter().filter(|m| m.parent == MountParent::Image(i)) {
+                for m in self
+                    .mounts
+                    .iter()
+                    .filter(|m| m.parent == MountParent::Image(i))
+                {
                     named.insert(m.name.clone(), Node(NodeId::Overlay(m.root)));
                 }
             }
@@ -502,7 +653,11 @@ impl Vfs {
             NodeId::Proc(p) => {
                 for (name, child) in p.entries(view) {
                     let child = Node(NodeId::Proc(child));
-                    entries.push(DirEntry { name, ino: ino(child), kind: self.kind(child)? });
+                    entries.push(DirEntry {
+                        name,
+                        ino: ino(child),
+                        kind: self.kind(child)?,
+                    });
                 }
             }
             NodeId::Overlay(id) => {
@@ -514,7 +669,11 @@ impl Vfs {
             }
         }
         for (name, child) in named {
-            entries.push(DirEntry { name, ino: ino(child), kind: self.kind(child)? });
+            entries.push(DirEntry {
+                name,
+                ino: ino(child),
+                kind: self.kind(child)?,
+            });
         }
         Ok(entries)
     }
@@ -546,7 +705,11 @@ impl Vfs {
                         None => break,
                     }
                 }
-                let mount = self.mounts.iter().find(|m| m.root == id).ok_or(Errno::ENOENT)?;
+                let mount = self
+                    .mounts
+                    .iter()
+                    .find(|m| m.root == id)
+                    .ok_or(Errno::ENOENT)?;
                 let mut out = mount.path.as_bytes().to_vec();
                 for name in names.iter().rev() {
                     out.push(b'/');
@@ -560,7 +723,11 @@ impl Vfs {
                 let mut names = Vec::new();
                 let mut cur = p;
                 while let Some(parent) = cur.parent() {
-                    let name = parent.entries(&NoProcess).into_iter().find(|(_, c)| *c == cur).map(|(n, _)| n);
+                    let name = parent
+                        .entries(&NoProcess)
+                        .into_iter()
+                        .find(|(_, c)| *c == cur)
+                        .map(|(n, _)| n);
                     // A thread's or fd's entry is a number (not listed without a process).
                     names.push(name.unwrap_or_else(|| match cur {
                         ProcNode::Thread(n) | ProcNode::Fd(n) => n.to_string().into_bytes(),
@@ -603,7 +770,11 @@ impl Vfs {
         }
         if let NodeId::Overlay(_) = node.0 {
             let owner_bits = (stat.mode >> 6) & 0o7;
-            return if mode & 0o7 & !owner_bits == 0 { Ok(()) } else { Err(Errno::EACCES) };
+            return if mode & 0o7 & !owner_bits == 0 {
+                Ok(())
+            } else {
+                Err(Errno::EACCES)
+            };
         }
         if mode & X_OK != 0 && self.kind(node)? != FileKind::Directory && stat.mode & 0o111 == 0 {
             return Err(Errno::EACCES);
@@ -614,14 +785,28 @@ impl Vfs {
     /// mkdirat (EEXIST if the name exists, EROFS outside the overlay). Like every call that
     /// changes the tree, it resolves `path` through `view`'s /proc (its cwd and fds), as
     /// `resolve_in` does; `&NoProcess` where no program asks.
-    pub fn mkdir(&mut self, view: &dyn ProcessView, base: Node, path: &[u8], mode: u32) -> Result<(), Errno> {
+    pub fn mkdir(
+        &mut self,
+        view: &dyn ProcessView,
+        base: Node,
+        path: &[u8],
+        mode: u32,
+    ) -> Result<(), Errno> {
         let (dir, name) = self.new_entry_dir(view, base, path)?;
         let dir_id = self.changeable_dir(dir)?;
-        self.overlay.create(dir_id, &name, mode, OverlayKind::Dir(BTreeMap::new())).map(|_| ())
+        self.overlay
+            .create(dir_id, &name, mode, OverlayKind::Dir(BTreeMap::new()))
+            .map(|_| ())
     }
 
     /// symlinkat: creates a symlink at `path` whose target is `target` (stored as given).
-    pub fn symlink(&mut self, view: &dyn ProcessView, target: &[u8], base: Node, path: &[u8]) -> Result<(), Errno> {
+    pub fn symlink(
+        &mut self,
+        view: &dyn ProcessView,
+        target: &[u8],
+        base: Node,
+        path: &[u8],
+    ) -> Result<(), Errno> {
         if target.is_empty() {
             return Err(Errno::ENOENT);
         }
@@ -630,7 +815,9 @@ impl Vfs {
         }
         let (dir, name) = self.new_entry_dir(view, base, path)?;
         let dir_id = self.changeable_dir(dir)?;
-        self.overlay.create(dir_id, &name, 0o777, OverlayKind::Symlink(target.to_vec())).map(|_| ())
+        self.overlay
+            .create(dir_id, &name, 0o777, OverlayKind::Symlink(target.to_vec()))
+            .map(|_| ())
     }
 
     /// unlinkat without AT_REMOVEDIR: removes a file or symlink (EISDIR for a directory).
@@ -664,9 +851,17 @@ impl Vfs {
 
     /// renameat: moves an overlay entry, replacing a compatible target (a file replaces a file,
     /// a directory replaces an empty directory). Both sides must be in the overlay.
-    pub fn rename(&mut self, view: &dyn ProcessView, old_base: Node, old_path: &[u8], new_base: Node, new_path: &[u8]) -> Result<(), Errno> {
+    pub fn rename(
+        &mut self,
+        view: &dyn ProcessView,
+        old_base: Node,
+        old_path: &[u8],
+        new_base: Node,
+        new_path: &[u8],
+    ) -> Result<(), Errno> {
         let (old_dir, old_name, node) = self.existing_entry(view, old_base, old_path)?;
-        let (new_dir, new_name) = path::resolve_parent(&Lookup { vfs: self, view }, new_base, new_path)?;
+        let (new_dir, new_name) =
+            path::resolve_parent(&Lookup { vfs: self, view }, new_base, new_path)?;
         for name in [&old_name, &new_name] {
             if name.as_slice() == b"." || name.as_slice() == b".." {
                 return Err(Errno::EBUSY);
@@ -692,7 +887,8 @@ impl Vfs {
             }
             self.overlay.unlink(new_dir_id, &new_name)?;
         }
-        self.overlay.relink(id, old_dir_id, &old_name, new_dir_id, &new_name)
+        self.overlay
+            .relink(id, old_dir_id, &old_name, new_dir_id, &new_name)
     }
 
     // ---- helpers ----
@@ -710,7 +906,9 @@ impl Vfs {
     /// The overlay id of a node that may be modified: EROFS for image nodes and /dev.
     fn overlay_id(&self, node: Node) -> Result<u64, Errno> {
         match node.0 {
-            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => Err(Errno::EROFS),
+            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => {
+                Err(Errno::EROFS)
+            }
             NodeId::Overlay(id) => Ok(id),
         }
     }
@@ -726,7 +924,12 @@ impl Vfs {
     }
 
     /// The entry named by `path` without following a final symlink, with its parent and name.
-    fn existing_entry(&self, view: &dyn ProcessView, base: Node, path: &[u8]) -> Result<(Node, Vec<u8>, Node), Errno> {
+    fn existing_entry(
+        &self,
+        view: &dyn ProcessView,
+        base: Node,
+        path: &[u8],
+    ) -> Result<(Node, Vec<u8>, Node), Errno> {
         let lookup = Lookup { vfs: self, view };
         let (dir, name) = path::resolve_parent(&lookup, base, path)?;
         let node = match name.as_slice() {
@@ -742,7 +945,12 @@ impl Vfs {
     }
 
     /// The directory and name of an entry `path` is to create: EEXIST where the name is taken.
-    fn new_entry_dir(&self, view: &dyn ProcessView, base: Node, path: &[u8]) -> Result<(Node, Vec<u8>), Errno> {
+    fn new_entry_dir(
+        &self,
+        view: &dyn ProcessView,
+        base: Node,
+        path: &[u8],
+    ) -> Result<(Node, Vec<u8>), Errno> {
         let lookup = Lookup { vfs: self, view };
         let (dir, name) = path::resolve_parent(&lookup, base, path)?;
         if name == b"." || name == b".." || lookup.child(dir, &name)?.is_some() {
@@ -755,7 +963,9 @@ impl Vfs {
     fn check_removable(&self, node: Node) -> Result<(), Errno> {
         match node.0 {
             NodeId::Overlay(id) if self.mounts.iter().any(|m| m.root == id) => Err(Errno::EBUSY),
-            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => Err(Errno::EROFS),
+            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => {
+                Err(Errno::EROFS)
+            }
             NodeId::Overlay(_) => Ok(()),
         }
     }
@@ -809,7 +1019,9 @@ impl Tree for Lookup<'_> {
 
     fn child(&self, dir: Node, name: &[u8]) -> Result<Option<Node>, Errno> {
         match dir.0 {
-            NodeId::Proc(p) if p.kind() == FileKind::Directory => Ok(p.child(self.view, name).map(|c| Node(NodeId::Proc(c)))),
+            NodeId::Proc(p) if p.kind() == FileKind::Directory => {
+                Ok(p.child(self.view, name).map(|c| Node(NodeId::Proc(c))))
+            }
             _ => self.vfs.child(dir, name),
         }
     }
@@ -820,7 +1032,13 @@ impl Tree for Lookup<'_> {
 
     fn link_target(&self, node: Node) -> Result<Vec<u8>, Errno> {
         match node.0 {
-            NodeId::Proc(p) => p.link_text(self.view, |n| self.vfs.link_path(n)).ok_or(if p.kind() == FileKind::Symlink { Errno::ENOENT } else { Errno::EINVAL }),
+            NodeId::Proc(p) => p.link_text(self.view, |n| self.vfs.link_path(n)).ok_or(
+                if p.kind() == FileKind::Symlink {
+                    Errno::ENOENT
+                } else {
+                    Errno::EINVAL
+                },
+            ),
             _ => self.vfs.link_target(node),
         }
     }
@@ -845,14 +1063,22 @@ impl Tree for Vfs {
             NodeId::Image(i) => Ok(Node(NodeId::Image(self.image_node(i)?.parent))),
             NodeId::Overlay(id) => match self.overlay.get(id)?.parent {
                 Some(p) => Ok(Node(NodeId::Overlay(p))),
-                None => match self.mounts.iter().find(|m| m.root == id).ok_or(Errno::ENOENT)?.parent {
+                None => match self
+                    .mounts
+                    .iter()
+                    .find(|m| m.root == id)
+                    .ok_or(Errno::ENOENT)?
+                    .parent
+                {
                     MountParent::Image(i) => Ok(Node(NodeId::Image(i))),
                     MountParent::Dev => Ok(Node(NodeId::DevDir)),
                 },
             },
             NodeId::DevDir => Ok(Node::ROOT),
             NodeId::Device(_) => Ok(Node(NodeId::DevDir)),
-            NodeId::Proc(p) => Ok(p.parent().map_or(Node::ROOT, |parent| Node(NodeId::Proc(parent)))),
+            NodeId::Proc(p) => Ok(p
+                .parent()
+                .map_or(Node::ROOT, |parent| Node(NodeId::Proc(parent)))),
         }
     }
 
@@ -860,7 +1086,11 @@ impl Tree for Vfs {
     fn child(&self, dir: Node, name: &[u8]) -> Result<Option<Node>, Errno> {
         match dir.0 {
             NodeId::Image(i) => {
-                if let Some(m) = self.mounts.iter().find(|m| m.parent == MountParent::Image(i) && m.name == name) {
+                if let Some(m) = self
+                    .mounts
+                    .iter()
+                    .find(|m| m.parent == MountParent::Image(i) && m.name == name)
+                {
                     return Ok(Some(Node(NodeId::Overlay(m.root))));
                 }
                 if i == 0 && name == DEV_DIR {
@@ -872,13 +1102,22 @@ impl Tree for Vfs {
                 self.image_node(i)?;
                 Ok(self.image.child(i, name)?.map(|c| Node(NodeId::Image(c))))
             }
-            NodeId::Overlay(id) => Ok(self.overlay.child(id, name)?.map(|c| Node(NodeId::Overlay(c)))),
-            NodeId::DevDir => match self.mounts.iter().find(|m| m.parent == MountParent::Dev && m.name == name) {
+            NodeId::Overlay(id) => Ok(self
+                .overlay
+                .child(id, name)?
+                .map(|c| Node(NodeId::Overlay(c)))),
+            NodeId::DevDir => match self
+                .mounts
+                .iter()
+                .find(|m| m.parent == MountParent::Dev && m.name == name)
+            {
                 Some(m) => Ok(Some(Node(NodeId::Overlay(m.root)))),
                 None => Ok(Device::by_name(name).map(|d| Node(NodeId::Device(d)))),
             },
             NodeId::Device(_) => Err(Errno::ENOTDIR),
-            NodeId::Proc(p) if p.kind() == FileKind::Directory => Ok(p.child(&NoProcess, name).map(|c| Node(NodeId::Proc(c)))),
+            NodeId::Proc(p) if p.kind() == FileKind::Directory => {
+                Ok(p.child(&NoProcess, name).map(|c| Node(NodeId::Proc(c))))
+            }
             NodeId::Proc(_) => Err(Errno::ENOTDIR),
         }
     }
@@ -898,7 +1137,11 @@ impl Tree for Vfs {
                 _ => Err(Errno::EINVAL),
             },
             NodeId::DevDir | NodeId::Device(_) => Err(Errno::EINVAL),
-            NodeId::Proc(_) => Lookup { vfs: self, view: &NoProcess }.link_target(node),
+            NodeId::Proc(_) => Lookup {
+                vfs: self,
+                view: &NoProcess,
+            }
+            .link_target(node),
         }
     }
 }
@@ -939,10 +1182,17 @@ impl Vfs {
     /// a directory at each of the image's writable mount points.
     pub(crate) fn decode_state(image: Arc<Image>, d: &mut Decoder) -> Result<Vfs, DecodeError> {
         let overlay = Overlay::decode_state(d)?;
-        let mut vfs = Vfs::new(image, overlay.limit()).map_err(|e| DecodeError::new(format!("mounting the overlay: errno {}", e.0)))?;
+        let mut vfs = Vfs::new(image, overlay.limit())
+            .map_err(|e| DecodeError::new(format!("mounting the overlay: errno {}", e.0)))?;
         for mount in vfs.mounts.iter() {
-            if !overlay.get(mount.root).is_ok_and(|root| root.file_kind() == FileKind::Directory && root.parent.is_none()) {
-                return Err(DecodeError::new(format!("the overlay has no directory for the mount {}", mount.path)));
+            if !overlay
+                .get(mount.root)
+                .is_ok_and(|root| root.file_kind() == FileKind::Directory && root.parent.is_none())
+            {
+                return Err(DecodeError::new(format!(
+                    "the overlay has no directory for the mount {}",
+                    mount.path
+                )));
             }
         }
         vfs.overlay = overlay;
@@ -957,15 +1207,20 @@ impl Vfs {
             2 => Node(NodeId::DevDir),
             3 => {
                 let index = d.u8("device")?;
-                Node(NodeId::Device(Device::from_index(index).ok_or_else(|| DecodeError::new(format!("device {index}")))?))
+                Node(NodeId::Device(Device::from_index(index).ok_or_else(
+                    || DecodeError::new(format!("device {index}")),
+                )?))
             }
             4 => {
                 let code = d.u64("proc node")?;
-                Node(NodeId::Proc(ProcNode::from_code(code).ok_or_else(|| DecodeError::new(format!("proc node {code:#x}")))?))
+                Node(NodeId::Proc(ProcNode::from_code(code).ok_or_else(
+                    || DecodeError::new(format!("proc node {code:#x}")),
+                )?))
             }
             t => return Err(DecodeError::new(format!("node tag {t}"))),
         };
-        self.kind(node).map_err(|_| DecodeError::new(format!("{node:?} does not exist")))?;
+        self.kind(node)
+            .map_err(|_| DecodeError::new(format!("{node:?} does not exist")))?;
         Ok(node)
     }
 }
@@ -977,15 +1232,35 @@ mod tests {
     use crate::image::testdir::TempDir;
 
     fn entry(path: &str, mode: u32, kind: EntryKind) -> Entry {
-        Entry { path: path.into(), mode, mtime_sec: 1_600_000_000, mtime_nsec: 7, kind }
+        Entry {
+            path: path.into(),
+            mode,
+            mtime_sec: 1_600_000_000,
+            mtime_nsec: 7,
+            kind,
+        }
     }
 
     fn file(path: &str, size: u64) -> Entry {
-        entry(path, 0o644, EntryKind::File { offset: 0, size, sha256: [0; 32] })
+        entry(
+            path,
+            0o644,
+            EntryKind::File {
+                offset: 0,
+                size,
+                sha256: [0; 32],
+            },
+        )
     }
 
     fn link(path: &str, target: &str) -> Entry {
-        entry(path, 0o777, EntryKind::Symlink { target: target.into() })
+        entry(
+            path,
+            0o777,
+            EntryKind::Symlink {
+                target: target.into(),
+            },
+        )
     }
 
     /// Writes a small image straight through the format writer (independent of the builder).
@@ -1004,7 +1279,15 @@ mod tests {
                 link("/loop2", "/loop1"),
                 dir_entry("/usr"),
                 dir_entry("/usr/bin"),
-                entry("/usr/bin/prog", 0o755, EntryKind::File { offset: 0, size: 5000, sha256: [0; 32] }),
+                entry(
+                    "/usr/bin/prog",
+                    0o755,
+                    EntryKind::File {
+                        offset: 0,
+                        size: 5000,
+                        sha256: [0; 32],
+                    },
+                ),
                 file("/usr/empty", 0),
             ],
         };
@@ -1029,8 +1312,26 @@ mod tests {
         vfs.contents(node).unwrap().to_vec()
     }
 
-    const RW_CREATE: OpenOptions = OpenOptions { write: true, create: true, exclusive: false, truncate: false, directory: false, nofollow: false, path_only: false, mode: 0o644 };
-    const RO: OpenOptions = OpenOptions { write: false, create: false, exclusive: false, truncate: false, directory: false, nofollow: false, path_only: false, mode: 0 };
+    const RW_CREATE: OpenOptions = OpenOptions {
+        write: true,
+        create: true,
+        exclusive: false,
+        truncate: false,
+        directory: false,
+        nofollow: false,
+        path_only: false,
+        mode: 0o644,
+    };
+    const RO: OpenOptions = OpenOptions {
+        write: false,
+        create: false,
+        exclusive: false,
+        truncate: false,
+        directory: false,
+        nofollow: false,
+        path_only: false,
+        mode: 0,
+    };
 
     #[test]
     fn image_files_resolve_through_symlinks() {
@@ -1040,13 +1341,25 @@ mod tests {
         assert_eq!(vfs.resolve(root, b"/usr/bin/prog", true).unwrap(), prog);
         let st = vfs.stat(prog).unwrap();
         assert_eq!((st.mode, st.size, st.nlink, st.uid), (0o100755, 5000, 1, 0));
-        assert_eq!(st.mtime, Timespec { sec: 1_600_000_000, nsec: 7 });
+        assert_eq!(
+            st.mtime,
+            Timespec {
+                sec: 1_600_000_000,
+                nsec: 7
+            }
+        );
         let mut buf = [0u8; 10];
         assert_eq!(vfs.read_at(prog, 4995, &mut buf).unwrap(), 5);
         assert_eq!(&buf[..5], &[(4995u32 % 256) as u8, 132, 133, 134, 135]);
         assert_eq!(vfs.read_at(prog, u64::MAX, &mut buf).unwrap(), 0);
-        assert_eq!(vfs.image().file_bytes("/bin/prog").map(<[u8]>::len), Some(5000));
-        assert_eq!(vfs.image().file_bytes("/etc/passwd"), Some(&b"root:x:0:0:root:/root:/bin"[..]));
+        assert_eq!(
+            vfs.image().file_bytes("/bin/prog").map(<[u8]>::len),
+            Some(5000)
+        );
+        assert_eq!(
+            vfs.image().file_bytes("/etc/passwd"),
+            Some(&b"root:x:0:0:root:/root:/bin"[..])
+        );
         assert_eq!(vfs.image().file_bytes("/usr/bin"), None);
         // lstat sees the link itself.
         let bin = vfs.resolve(root, b"/bin", false).unwrap();
@@ -1062,24 +1375,60 @@ mod tests {
         assert_eq!(vfs.resolve(root, b"/etc/shadow", true), Err(Errno::ENOENT));
         // /proc is the VMM's own: no host entry (mem, another pid, a host file) exists in it,
         // nothing in it is writable, and it lists only what it makes.
-        for absent in [&b"/proc/self/mem"[..], b"/proc/2", b"/proc/self/fd/0", b"/proc/kcore", b"/proc/sys/kernel/core_pattern", b"/proc/self/root"] {
-            assert_eq!(vfs.resolve(root, absent, true), Err(Errno::ENOENT), "{}", String::from_utf8_lossy(absent));
+        for absent in [
+            &b"/proc/self/mem"[..],
+            b"/proc/2",
+            b"/proc/self/fd/0",
+            b"/proc/kcore",
+            b"/proc/sys/kernel/core_pattern",
+            b"/proc/self/root",
+        ] {
+            assert_eq!(
+                vfs.resolve(root, absent, true),
+                Err(Errno::ENOENT),
+                "{}",
+                String::from_utf8_lossy(absent)
+            );
         }
         let maps = vfs.resolve(root, b"/proc/self/maps", true).unwrap();
         assert_eq!(vfs.path_of(maps).unwrap(), b"/proc/1/maps");
-        assert_eq!(vfs.contents(maps), Err(Errno::ENODEV), "made by the syscall layer, per open");
+        assert_eq!(
+            vfs.contents(maps),
+            Err(Errno::ENODEV),
+            "made by the syscall layer, per open"
+        );
         assert_eq!(vfs.access(maps, W_OK), Err(Errno::EACCES));
         assert_eq!(vfs.stat(maps).unwrap().mode, 0o100444);
         assert_eq!(vfs.statfs(maps).unwrap().magic, 0x9fa0);
         let proc_dir = vfs.resolve(root, b"/proc", true).unwrap();
         assert_eq!(vfs.resolve(proc_dir, b"..", true), Ok(root));
-        assert_eq!(vfs.resolve(root, b"/proc/self/../self/status", true).and_then(|n| vfs.path_of(n)), Ok(b"/proc/1/status".to_vec()));
-        assert_eq!(vfs.readlink(vfs.resolve(root, b"/proc/self", false).unwrap()), Ok(b"1".to_vec()));
+        assert_eq!(
+            vfs.resolve(root, b"/proc/self/../self/status", true)
+                .and_then(|n| vfs.path_of(n)),
+            Ok(b"/proc/1/status".to_vec())
+        );
+        assert_eq!(
+            vfs.readlink(vfs.resolve(root, b"/proc/self", false).unwrap()),
+            Ok(b"1".to_vec())
+        );
         let (_d, mut vfs) = sample_vfs(1 << 20);
-        assert_eq!(vfs.mkdir(&NoProcess, root, b"/proc/x", 0o755), Err(Errno::EROFS));
-        assert_eq!(vfs.open(root, b"/proc/self/status", &OpenOptions { write: true, ..RO }), Err(Errno::EACCES));
+        assert_eq!(
+            vfs.mkdir(&NoProcess, root, b"/proc/x", 0o755),
+            Err(Errno::EROFS)
+        );
+        assert_eq!(
+            vfs.open(
+                root,
+                b"/proc/self/status",
+                &OpenOptions { write: true, ..RO }
+            ),
+            Err(Errno::EACCES)
+        );
         assert_eq!(vfs.open(root, b"/proc/new", &RW_CREATE), Err(Errno::EROFS));
-        assert_eq!(vfs.unlink(&NoProcess, root, b"/proc/self/status"), Err(Errno::EROFS));
+        assert_eq!(
+            vfs.unlink(&NoProcess, root, b"/proc/self/status"),
+            Err(Errno::EROFS)
+        );
         assert_eq!(vfs.rmdir(&NoProcess, root, b"/proc"), Err(Errno::EROFS));
         assert_eq!(vfs.resolve(root, b"/lib/x", true), Err(Errno::ENOENT));
         assert!(vfs.image().file_bytes("/etc/shadow").is_none());
@@ -1092,10 +1441,19 @@ mod tests {
         assert_eq!(vfs.resolve(root, b"/loop1", true), Err(Errno::ELOOP));
         assert_eq!(vfs.resolve(root, b"/loop1/x", false), Err(Errno::ELOOP));
         let passwd = vfs.resolve(root, b"/etc/passwd", true).unwrap();
-        assert_eq!(vfs.resolve(root, b"/../../../etc/passwd", true).unwrap(), passwd);
+        assert_eq!(
+            vfs.resolve(root, b"/../../../etc/passwd", true).unwrap(),
+            passwd
+        );
         let tmp = vfs.resolve(root, b"/tmp", true).unwrap();
-        assert_eq!(vfs.resolve(tmp, b"../../etc/./passwd", true).unwrap(), passwd);
-        assert_eq!(vfs.resolve(root, b"/etc/passwd/", true), Err(Errno::ENOTDIR));
+        assert_eq!(
+            vfs.resolve(tmp, b"../../etc/./passwd", true).unwrap(),
+            passwd
+        );
+        assert_eq!(
+            vfs.resolve(root, b"/etc/passwd/", true),
+            Err(Errno::ENOTDIR)
+        );
         let long = vec![b'a'; 300];
         assert_eq!(vfs.resolve(root, &long, true), Err(Errno::ENAMETOOLONG));
         assert_eq!(vfs.resolve(root, b"", true), Err(Errno::ENOENT));
@@ -1105,8 +1463,19 @@ mod tests {
     #[test]
     fn root_listing_merges_writable_mounts() {
         let (_d, vfs) = sample_vfs(1 << 20);
-        let names: Vec<String> = vfs.read_dir(vfs.root()).unwrap().iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
-        assert_eq!(names, [".", "..", "bin", "dev", "etc", "lib", "loop1", "loop2", "proc", "tmp", "usr", "work"]);
+        let names: Vec<String> = vfs
+            .read_dir(vfs.root())
+            .unwrap()
+            .iter()
+            .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ".", "..", "bin", "dev", "etc", "lib", "loop1", "loop2", "proc", "tmp", "usr",
+                "work"
+            ]
+        );
         let entries = vfs.read_dir(vfs.root()).unwrap();
         assert_eq!(entries[2].kind, FileKind::Symlink);
         assert_eq!(entries[3].kind, FileKind::Directory);
@@ -1127,12 +1496,30 @@ mod tests {
         assert_eq!(vfs.open(root, b"/etc/passwd", &w), Err(Errno::EROFS));
         assert_eq!(vfs.open(root, b"/etc/new", &RW_CREATE), Err(Errno::EROFS));
         assert_eq!(vfs.open(root, b"/etc", &w), Err(Errno::EISDIR));
-        assert_eq!(vfs.mkdir(&NoProcess, root, b"/etc/d", 0o755), Err(Errno::EROFS));
-        assert_eq!(vfs.mkdir(&NoProcess, root, b"/etc", 0o755), Err(Errno::EEXIST));
-        assert_eq!(vfs.unlink(&NoProcess, root, b"/etc/passwd"), Err(Errno::EROFS));
-        assert_eq!(vfs.unlink(&NoProcess, root, b"/etc/nothing"), Err(Errno::ENOENT));
-        assert_eq!(vfs.rename(&NoProcess, root, b"/etc/passwd", root, b"/tmp/p"), Err(Errno::EROFS));
-        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp", root, b"/tmp2"), Err(Errno::EBUSY));
+        assert_eq!(
+            vfs.mkdir(&NoProcess, root, b"/etc/d", 0o755),
+            Err(Errno::EROFS)
+        );
+        assert_eq!(
+            vfs.mkdir(&NoProcess, root, b"/etc", 0o755),
+            Err(Errno::EEXIST)
+        );
+        assert_eq!(
+            vfs.unlink(&NoProcess, root, b"/etc/passwd"),
+            Err(Errno::EROFS)
+        );
+        assert_eq!(
+            vfs.unlink(&NoProcess, root, b"/etc/nothing"),
+            Err(Errno::ENOENT)
+        );
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/etc/passwd", root, b"/tmp/p"),
+            Err(Errno::EROFS)
+        );
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/tmp", root, b"/tmp2"),
+            Err(Errno::EBUSY)
+        );
         assert_eq!(vfs.rmdir(&NoProcess, root, b"/work"), Err(Errno::EBUSY));
         let passwd = vfs.open(root, b"/etc/passwd", &RO).unwrap();
         assert_eq!(vfs.write_at(passwd, 0, b"x"), Err(Errno::EROFS));
@@ -1140,14 +1527,72 @@ mod tests {
         assert_eq!(vfs.access(passwd, X_OK), Err(Errno::EACCES));
         let prog = vfs.resolve(root, b"/bin/prog", true).unwrap();
         assert_eq!(vfs.access(prog, X_OK), Ok(()));
-        assert_eq!(vfs.open(root, b"/bin", &OpenOptions { nofollow: true, ..RO }), Err(Errno::ELOOP));
-        let link = vfs.open(root, b"/bin", &OpenOptions { nofollow: true, path_only: true, ..RO }).unwrap();
-        assert_eq!(vfs.kind(link), Ok(FileKind::Symlink), "O_PATH|O_NOFOLLOW names the link itself");
-        assert_eq!(vfs.open(root, b"/etc/passwd", &OpenOptions { directory: true, ..RO }), Err(Errno::ENOTDIR));
-        assert_eq!(vfs.open(root, b"/tmp", &OpenOptions { write: false, ..RW_CREATE }), Err(Errno::EISDIR));
+        assert_eq!(
+            vfs.open(
+                root,
+                b"/bin",
+                &OpenOptions {
+                    nofollow: true,
+                    ..RO
+                }
+            ),
+            Err(Errno::ELOOP)
+        );
+        let link = vfs
+            .open(
+                root,
+                b"/bin",
+                &OpenOptions {
+                    nofollow: true,
+                    path_only: true,
+                    ..RO
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            vfs.kind(link),
+            Ok(FileKind::Symlink),
+            "O_PATH|O_NOFOLLOW names the link itself"
+        );
+        assert_eq!(
+            vfs.open(
+                root,
+                b"/etc/passwd",
+                &OpenOptions {
+                    directory: true,
+                    ..RO
+                }
+            ),
+            Err(Errno::ENOTDIR)
+        );
+        assert_eq!(
+            vfs.open(
+                root,
+                b"/tmp",
+                &OpenOptions {
+                    write: false,
+                    ..RW_CREATE
+                }
+            ),
+            Err(Errno::EISDIR)
+        );
         assert_eq!(vfs.open(root, b"/tmp/new/", &RW_CREATE), Err(Errno::EISDIR));
-        assert_eq!(vfs.open(root, b"/tmp/new", &OpenOptions { directory: true, ..RW_CREATE }), Err(Errno::EINVAL));
-        assert_eq!(vfs.resolve(root, b"/tmp/new", true), Err(Errno::ENOENT), "nothing was created");
+        assert_eq!(
+            vfs.open(
+                root,
+                b"/tmp/new",
+                &OpenOptions {
+                    directory: true,
+                    ..RW_CREATE
+                }
+            ),
+            Err(Errno::EINVAL)
+        );
+        assert_eq!(
+            vfs.resolve(root, b"/tmp/new", true),
+            Err(Errno::ENOENT),
+            "nothing was created"
+        );
     }
 
     #[test]
@@ -1164,44 +1609,107 @@ mod tests {
         assert_eq!(vfs.path_of(f).unwrap(), b"/work/out.txt");
         assert_eq!(vfs.access(f, W_OK), Ok(()));
         vfs.chmod(f, 0o4755 | 0o170000).unwrap();
-        assert_eq!(vfs.stat(f).unwrap().mode, 0o104755, "only permission bits change");
+        assert_eq!(
+            vfs.stat(f).unwrap().mode,
+            0o104755,
+            "only permission bits change"
+        );
         assert_eq!(vfs.access(f, X_OK), Ok(()));
         vfs.chmod(f, 0o644).unwrap();
-        let when = Timespec { sec: 1_800_000_000, nsec: 5 };
+        let when = Timespec {
+            sec: 1_800_000_000,
+            nsec: 5,
+        };
         vfs.set_times(f, None, Some(when)).unwrap();
-        assert_eq!((vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime), (OVERLAY_TIME, when));
-        let read = Timespec { sec: 1_700_000_000, nsec: 9 };
+        assert_eq!(
+            (vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime),
+            (OVERLAY_TIME, when)
+        );
+        let read = Timespec {
+            sec: 1_700_000_000,
+            nsec: 9,
+        };
         vfs.set_times(f, Some(read), None).unwrap();
-        assert_eq!((vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime), (read, when));
+        assert_eq!(
+            (vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime),
+            (read, when)
+        );
         assert_eq!(vfs.set_times(root, None, Some(when)), Err(Errno::EROFS));
         assert_eq!(vfs.chmod(root, 0o700), Err(Errno::EROFS));
-        assert_eq!(vfs.open(root, b"/work/out.txt", &OpenOptions { exclusive: true, ..RW_CREATE }), Err(Errno::EEXIST));
+        assert_eq!(
+            vfs.open(
+                root,
+                b"/work/out.txt",
+                &OpenOptions {
+                    exclusive: true,
+                    ..RW_CREATE
+                }
+            ),
+            Err(Errno::EEXIST)
+        );
         // O_TRUNC empties it.
-        let again = vfs.open(root, b"/work/out.txt", &OpenOptions { truncate: true, ..RW_CREATE }).unwrap();
+        let again = vfs
+            .open(
+                root,
+                b"/work/out.txt",
+                &OpenOptions {
+                    truncate: true,
+                    ..RW_CREATE
+                },
+            )
+            .unwrap();
         assert_eq!(again, f);
         assert_eq!(vfs.stat(f).unwrap().size, 0);
         vfs.write_at(f, 0, b"data").unwrap();
 
         vfs.mkdir(&NoProcess, root, b"/work/sub", 0o755).unwrap();
-        assert_eq!(vfs.mkdir(&NoProcess, root, b"/work/sub", 0o755), Err(Errno::EEXIST));
-        vfs.rename(&NoProcess, work, b"out.txt", root, b"/work/sub/moved").unwrap();
-        assert_eq!(vfs.resolve(root, b"/work/out.txt", true), Err(Errno::ENOENT));
+        assert_eq!(
+            vfs.mkdir(&NoProcess, root, b"/work/sub", 0o755),
+            Err(Errno::EEXIST)
+        );
+        vfs.rename(&NoProcess, work, b"out.txt", root, b"/work/sub/moved")
+            .unwrap();
+        assert_eq!(
+            vfs.resolve(root, b"/work/out.txt", true),
+            Err(Errno::ENOENT)
+        );
         let moved = vfs.resolve(root, b"/work/sub/moved", true).unwrap();
         assert_eq!(moved, f);
         assert_eq!(vfs.path_of(f).unwrap(), b"/work/sub/moved");
         assert_eq!(read_all(&vfs, moved), b"data");
-        let names: Vec<Vec<u8>> = vfs.read_dir(work).unwrap().into_iter().map(|e| e.name).collect();
+        let names: Vec<Vec<u8>> = vfs
+            .read_dir(work)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
         assert_eq!(names, [b".".to_vec(), b"..".to_vec(), b"sub".to_vec()]);
         assert_eq!(vfs.stat(work).unwrap().nlink, 3);
-        assert_eq!(vfs.rmdir(&NoProcess, root, b"/work/sub"), Err(Errno::ENOTEMPTY));
-        assert_eq!(vfs.rename(&NoProcess, root, b"/work/sub", root, b"/work/sub/inner"), Err(Errno::EINVAL));
+        assert_eq!(
+            vfs.rmdir(&NoProcess, root, b"/work/sub"),
+            Err(Errno::ENOTEMPTY)
+        );
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/work/sub", root, b"/work/sub/inner"),
+            Err(Errno::EINVAL)
+        );
         // Cross-mount rename is allowed (one overlay); ".." from a mount root reaches the image.
-        vfs.rename(&NoProcess, root, b"/work/sub", root, b"/tmp/sub").unwrap();
-        assert_eq!(vfs.resolve(root, b"/tmp/sub/moved/../../../etc/passwd", true), Err(Errno::ENOTDIR));
-        assert_eq!(vfs.resolve(root, b"/tmp/sub/../../etc/passwd", true), vfs.resolve(root, b"/etc/passwd", true));
+        vfs.rename(&NoProcess, root, b"/work/sub", root, b"/tmp/sub")
+            .unwrap();
+        assert_eq!(
+            vfs.resolve(root, b"/tmp/sub/moved/../../../etc/passwd", true),
+            Err(Errno::ENOTDIR)
+        );
+        assert_eq!(
+            vfs.resolve(root, b"/tmp/sub/../../etc/passwd", true),
+            vfs.resolve(root, b"/etc/passwd", true)
+        );
 
         // An unlinked open file stays readable until closed.
-        assert_eq!(vfs.unlink(&NoProcess, root, b"/tmp/sub"), Err(Errno::EISDIR));
+        assert_eq!(
+            vfs.unlink(&NoProcess, root, b"/tmp/sub"),
+            Err(Errno::EISDIR)
+        );
         vfs.unlink(&NoProcess, root, b"/tmp/sub/moved").unwrap();
         assert_eq!(read_all(&vfs, f), b"data");
         vfs.close(f);
@@ -1210,8 +1718,14 @@ mod tests {
         assert_eq!(vfs.stat(f), Err(Errno::ENOENT));
         let f2 = vfs.open(root, b"/tmp/sub/f2", &RW_CREATE).unwrap();
         vfs.close(f2);
-        assert_eq!(vfs.unlink(&NoProcess, root, b"/tmp/sub/f2/"), Err(Errno::ENOTDIR));
-        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/sub/f2/", root, b"/tmp/f3"), Err(Errno::ENOTDIR));
+        assert_eq!(
+            vfs.unlink(&NoProcess, root, b"/tmp/sub/f2/"),
+            Err(Errno::ENOTDIR)
+        );
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/tmp/sub/f2/", root, b"/tmp/f3"),
+            Err(Errno::ENOTDIR)
+        );
         vfs.unlink(&NoProcess, root, b"/tmp/sub/f2").unwrap();
         vfs.rmdir(&NoProcess, root, b"/tmp/sub/").unwrap();
         assert_eq!(vfs.rmdir(&NoProcess, root, b"/tmp/."), Err(Errno::EINVAL));
@@ -1221,16 +1735,45 @@ mod tests {
     fn dev_shm_is_a_writable_overlay_directory() {
         let (_d, mut vfs) = sample_vfs(1 << 20);
         let root = vfs.root();
-        let names: Vec<Vec<u8>> = vfs.read_dir(vfs.resolve(root, b"/dev", true).unwrap()).unwrap().into_iter().map(|e| e.name).collect();
-        assert_eq!(names, [&b"."[..], b"..", b"null", b"random", b"shm", b"urandom", b"zero"]);
+        let names: Vec<Vec<u8>> = vfs
+            .read_dir(vfs.resolve(root, b"/dev", true).unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                &b"."[..],
+                b"..",
+                b"null",
+                b"random",
+                b"shm",
+                b"urandom",
+                b"zero"
+            ]
+        );
         let f = vfs.open(root, b"/dev/shm/sem.x", &RW_CREATE).unwrap();
         vfs.write_at(f, 0, b"x").unwrap();
         assert_eq!(vfs.path_of(f).unwrap(), b"/dev/shm/sem.x");
-        assert_eq!(vfs.resolve(root, b"/dev/shm/../null", true), vfs.resolve(root, b"/dev/null", true));
+        assert_eq!(
+            vfs.resolve(root, b"/dev/shm/../null", true),
+            vfs.resolve(root, b"/dev/null", true)
+        );
         assert_eq!(vfs.statfs(f).unwrap().magic, TMPFS_MAGIC);
-        assert_eq!(vfs.stat(vfs.resolve(root, b"/dev", true).unwrap()).unwrap().nlink, 3);
+        assert_eq!(
+            vfs.stat(vfs.resolve(root, b"/dev", true).unwrap())
+                .unwrap()
+                .nlink,
+            3
+        );
         assert_eq!(vfs.rmdir(&NoProcess, root, b"/dev/shm"), Err(Errno::EBUSY));
-        assert_eq!(vfs.stat(vfs.resolve(root, b"/dev/shm", true).unwrap()).unwrap().mode, 0o41777);
+        assert_eq!(
+            vfs.stat(vfs.resolve(root, b"/dev/shm", true).unwrap())
+                .unwrap()
+                .mode,
+            0o41777
+        );
         // A fork's /dev/shm is its own, and a snapshot carries it.
         let mut e = Encoder::new();
         vfs.encode_state(&mut e);
@@ -1249,13 +1792,30 @@ mod tests {
         let ro = vfs.resolve(root, b"/tmp/ro", true).unwrap();
         vfs.chmod(ro, 0o555).unwrap();
         assert_eq!(vfs.open(root, b"/tmp/ro/g", &RW_CREATE), Err(Errno::EACCES));
-        assert_eq!(vfs.mkdir(&NoProcess, root, b"/tmp/ro/d", 0o755), Err(Errno::EACCES));
-        assert_eq!(vfs.symlink(&NoProcess, b"x", root, b"/tmp/ro/l"), Err(Errno::EACCES));
-        assert_eq!(vfs.unlink(&NoProcess, root, b"/tmp/ro/f"), Err(Errno::EACCES));
-        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/ro/f", root, b"/tmp/f"), Err(Errno::EACCES));
-        assert_eq!(vfs.rename(&NoProcess, root, b"/work", root, b"/tmp/ro/w"), Err(Errno::EBUSY));
+        assert_eq!(
+            vfs.mkdir(&NoProcess, root, b"/tmp/ro/d", 0o755),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            vfs.symlink(&NoProcess, b"x", root, b"/tmp/ro/l"),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            vfs.unlink(&NoProcess, root, b"/tmp/ro/f"),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/tmp/ro/f", root, b"/tmp/f"),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/work", root, b"/tmp/ro/w"),
+            Err(Errno::EBUSY)
+        );
         // Its files stay writable by their own bits.
-        let f = vfs.open(root, b"/tmp/ro/f", &OpenOptions { write: true, ..RO }).unwrap();
+        let f = vfs
+            .open(root, b"/tmp/ro/f", &OpenOptions { write: true, ..RO })
+            .unwrap();
         assert_eq!(vfs.write_at(f, 0, b"x"), Ok(1));
         vfs.chmod(ro, 0o755).unwrap();
         vfs.unlink(&NoProcess, root, b"/tmp/ro/f").unwrap();
@@ -1271,29 +1831,50 @@ mod tests {
             vfs.close(n);
         }
         vfs.mkdir(&NoProcess, root, b"/tmp/d", 0o700).unwrap();
-        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/a", root, b"/tmp/d"), Err(Errno::EISDIR));
-        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/d", root, b"/tmp/a"), Err(Errno::ENOTDIR));
-        vfs.rename(&NoProcess, root, b"/tmp/a", root, b"/tmp/b").unwrap();
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/tmp/a", root, b"/tmp/d"),
+            Err(Errno::EISDIR)
+        );
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/tmp/d", root, b"/tmp/a"),
+            Err(Errno::ENOTDIR)
+        );
+        vfs.rename(&NoProcess, root, b"/tmp/a", root, b"/tmp/b")
+            .unwrap();
         let b = vfs.resolve(root, b"/tmp/b", true).unwrap();
         assert_eq!(read_all(&vfs, b), b"/tmp/a");
-        vfs.rename(&NoProcess, root, b"/tmp/b", root, b"/tmp/b").unwrap();
-        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/none", root, b"/tmp/x"), Err(Errno::ENOENT));
-        assert_eq!(vfs.rename(&NoProcess, root, b"/tmp/b", root, b"/etc/b"), Err(Errno::EROFS));
+        vfs.rename(&NoProcess, root, b"/tmp/b", root, b"/tmp/b")
+            .unwrap();
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/tmp/none", root, b"/tmp/x"),
+            Err(Errno::ENOENT)
+        );
+        assert_eq!(
+            vfs.rename(&NoProcess, root, b"/tmp/b", root, b"/etc/b"),
+            Err(Errno::EROFS)
+        );
     }
 
     #[test]
     fn overlay_symlinks_and_fork_isolation() {
         let (_d, mut vfs) = sample_vfs(1 << 20);
         let root = vfs.root();
-        vfs.symlink(&NoProcess, b"/etc/passwd", root, b"/tmp/pw").unwrap();
+        vfs.symlink(&NoProcess, b"/etc/passwd", root, b"/tmp/pw")
+            .unwrap();
         let passwd = vfs.resolve(root, b"/etc/passwd", true).unwrap();
         assert_eq!(vfs.resolve(root, b"/tmp/pw", true).unwrap(), passwd);
-        assert_eq!(vfs.symlink(&NoProcess, b"x", root, b"/etc/x"), Err(Errno::EROFS));
+        assert_eq!(
+            vfs.symlink(&NoProcess, b"x", root, b"/etc/x"),
+            Err(Errno::EROFS)
+        );
         let mut fork = vfs.clone();
         let f = fork.open(root, b"/tmp/only-in-fork", &RW_CREATE).unwrap();
         fork.write_at(f, 0, b"x").unwrap();
         assert_eq!(fork.resolve(root, b"/tmp/only-in-fork", true), Ok(f));
-        assert_eq!(vfs.resolve(root, b"/tmp/only-in-fork", true), Err(Errno::ENOENT));
+        assert_eq!(
+            vfs.resolve(root, b"/tmp/only-in-fork", true),
+            Err(Errno::ENOENT)
+        );
     }
 
     #[test]
@@ -1327,14 +1908,20 @@ mod tests {
         let index = std::fs::read(&index_path).unwrap();
         let data = std::fs::read(&data_path).unwrap();
         let check = |what: &str, expect: &str| {
-            let err = Image::open(&dir.0).err().unwrap_or_else(|| panic!("{what}: accepted"));
+            let err = Image::open(&dir.0)
+                .err()
+                .unwrap_or_else(|| panic!("{what}: accepted"));
             assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{what}: {err}");
             assert!(err.to_string().contains(expect), "{what}: {err}");
         };
 
         // A flipped data byte: the index is intact, so the image opens, but the damaged file
         // reads as EIO (and verify_all names it) while the others stay readable.
-        for (at, damaged) in [(10usize, "/etc/passwd"), (4096 + 4999, "/usr/bin/prog"), (100, "/etc/passwd")] {
+        for (at, damaged) in [
+            (10usize, "/etc/passwd"),
+            (4096 + 4999, "/usr/bin/prog"),
+            (100, "/etc/passwd"),
+        ] {
             let mut flipped = data.clone();
             flipped[at] ^= 1;
             std::fs::write(&data_path, &flipped).unwrap();
@@ -1345,8 +1932,16 @@ mod tests {
             let vfs = Vfs::new(image, 1 << 20).unwrap();
             let node = vfs.resolve(vfs.root(), damaged.as_bytes(), true).unwrap();
             assert_eq!(vfs.read_at(node, 0, &mut [0u8; 8]), Err(Errno::EIO));
-            assert_eq!(vfs.read_at(node, 0, &mut [0u8; 8]), Err(Errno::EIO), "remembered");
-            let other = if damaged == "/etc/passwd" { "/usr/bin/prog" } else { "/etc/passwd" };
+            assert_eq!(
+                vfs.read_at(node, 0, &mut [0u8; 8]),
+                Err(Errno::EIO),
+                "remembered"
+            );
+            let other = if damaged == "/etc/passwd" {
+                "/usr/bin/prog"
+            } else {
+                "/etc/passwd"
+            };
             assert!(vfs.image().file_bytes(other).is_some());
         }
         std::fs::write(&data_path, &data[..data.len() - 1]).unwrap();
@@ -1373,6 +1968,9 @@ mod tests {
         std::fs::write(&index_path, &index).unwrap();
         assert!(Image::open(&dir.0).is_ok());
         std::fs::remove_file(&data_path).unwrap();
-        assert_eq!(Image::open(&dir.0).err().map(|e| e.kind()), Some(std::io::ErrorKind::NotFound));
+        assert_eq!(
+            Image::open(&dir.0).err().map(|e| e.kind()),
+            Some(std::io::ErrorKind::NotFound)
+        );
     }
 }

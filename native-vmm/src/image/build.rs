@@ -28,7 +28,13 @@ use crate::elf;
 
 /// Where DT_NEEDED names are searched after DT_RUNPATH/DT_RPATH (glibc's x86-64 Debian system
 /// directories; without /etc/ld.so.cache in the image, ld.so searches these).
-pub const LIBRARY_SEARCH_PATH: [&str; 5] = ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib", "/lib"];
+pub const LIBRARY_SEARCH_PATH: [&str; 5] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib",
+    "/lib",
+];
 
 /// Host symlinks followed while resolving one path before giving up (as ld.so and Linux do).
 const MAX_HOST_SYMLINKS: u32 = 40;
@@ -66,7 +72,12 @@ impl fmt::Display for BuildReport {
             mib(self.data_bytes),
             self.seconds
         )?;
-        writeln!(f, "libraries ({}): {}", self.libraries.len(), self.libraries.join(" "))?;
+        writeln!(
+            f,
+            "libraries ({}): {}",
+            self.libraries.len(),
+            self.libraries.join(" ")
+        )?;
         for note in &self.notes {
             writeln!(f, "note: {note}")?;
         }
@@ -82,14 +93,25 @@ pub fn build(manifest: &Path, out_dir: &Path) -> io::Result<BuildReport> {
 /// Builds the image described by an already parsed manifest.
 pub fn build_from(manifest: &Manifest, out_dir: &Path) -> io::Result<BuildReport> {
     let started = Instant::now();
-    let mut c = Collector { manifest, entries: BTreeMap::new(), done: HashSet::new(), scan: Vec::new(), libraries: BTreeSet::new(), notes: Vec::new(), excluded: 0 };
+    let mut c = Collector {
+        manifest,
+        entries: BTreeMap::new(),
+        done: HashSet::new(),
+        scan: Vec::new(),
+        libraries: BTreeSet::new(),
+        notes: Vec::new(),
+        excluded: 0,
+    };
     c.add_dir("/", Some(&fs::metadata("/")?))?;
     for spec in &manifest.paths {
         c.add_spec(spec)?;
     }
     for spec in &manifest.optional_paths {
         match fs::symlink_metadata(&spec.host) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => c.notes.push(format!("optional path {} is absent; skipped", spec.host.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => c.notes.push(format!(
+                "optional path {} is absent; skipped",
+                spec.host.display()
+            )),
             _ => c.add_spec(spec)?,
         }
     }
@@ -98,16 +120,26 @@ pub fn build_from(manifest: &Manifest, out_dir: &Path) -> io::Result<BuildReport
     }
     c.resolve_libraries()?;
     if c.excluded > 0 {
-        c.notes.push(format!("{} paths excluded by patterns", c.excluded));
+        c.notes
+            .push(format!("{} paths excluded by patterns", c.excluded));
     }
     c.finish(out_dir, started)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Pending {
-    Dir { mode: u32 },
-    File { host: PathBuf, size: u64, mode: u32, mtime: (i64, u32) },
-    Symlink { target: String },
+    Dir {
+        mode: u32,
+    },
+    File {
+        host: PathBuf,
+        size: u64,
+        mode: u32,
+        mtime: (i64, u32),
+    },
+    Symlink {
+        target: String,
+    },
 }
 
 struct Collector<'m> {
@@ -128,7 +160,9 @@ impl Collector<'_> {
     fn directory_times(&self) -> BTreeMap<String, (i64, u32)> {
         let mut times: BTreeMap<String, (i64, u32)> = BTreeMap::new();
         for (path, pending) in &self.entries {
-            let Pending::File { mtime, .. } = pending else { continue };
+            let Pending::File { mtime, .. } = pending else {
+                continue;
+            };
             let mut dir = path.as_str();
             while dir != "/" {
                 dir = format::parent_path(dir);
@@ -154,7 +188,9 @@ fn with_path(path: &Path) -> impl Fn(io::Error) -> io::Error + '_ {
 }
 
 fn guest_path(host: &Path) -> io::Result<String> {
-    let s = host.to_str().ok_or_else(|| invalid(format!("{}: path is not UTF-8", host.display())))?;
+    let s = host
+        .to_str()
+        .ok_or_else(|| invalid(format!("{}: path is not UTF-8", host.display())))?;
     if !format::is_normal_path(s) {
         return Err(invalid(format!("{s}: not an absolute normalised path")));
     }
@@ -163,12 +199,17 @@ fn guest_path(host: &Path) -> io::Result<String> {
 
 impl Collector<'_> {
     fn in_writable_dir(&self, guest: &str) -> bool {
-        self.manifest.writable_dirs.iter().any(|w| format::is_within(guest, w))
+        self.manifest
+            .writable_dirs
+            .iter()
+            .any(|w| format::is_within(guest, w))
     }
 
     fn insert(&mut self, guest: String, entry: Pending) -> io::Result<()> {
         if self.in_writable_dir(&guest) {
-            return Err(invalid(format!("{guest} lies in a writable directory (those start empty in every VM)")));
+            return Err(invalid(format!(
+                "{guest} lies in a writable directory (those start empty in every VM)"
+            )));
         }
         if guest != "/" {
             self.add_ancestors(&guest)?;
@@ -180,7 +221,9 @@ impl Collector<'_> {
             }
             Some(old) if *old == entry => Ok(()),
             Some(Pending::Dir { .. }) if matches!(entry, Pending::Dir { .. }) => Ok(()),
-            Some(old) => Err(invalid(format!("{guest} is listed twice with different contents ({old:?} and {entry:?})"))),
+            Some(old) => Err(invalid(format!(
+                "{guest} is listed twice with different contents ({old:?} and {entry:?})"
+            ))),
         }
     }
 
@@ -206,10 +249,18 @@ impl Collector<'_> {
             Some(guest) => {
                 let meta = fs::metadata(&spec.host).map_err(with_path(&spec.host))?;
                 if !meta.is_file() {
-                    return Err(invalid(format!("{}: only regular files can be given a guest path", spec.host.display())));
+                    return Err(invalid(format!(
+                        "{}: only regular files can be given a guest path",
+                        spec.host.display()
+                    )));
                 }
                 let host = fs::canonicalize(&spec.host)?;
-                let entry = Pending::File { host: host.clone(), size: meta.len(), mode: meta.permissions().mode() & 0o7777, mtime: mtime(&meta) };
+                let entry = Pending::File {
+                    host: host.clone(),
+                    size: meta.len(),
+                    mode: meta.permissions().mode() & 0o7777,
+                    mtime: mtime(&meta),
+                };
                 self.insert(guest.clone(), entry)?;
                 self.scan.push(host);
                 Ok(())
@@ -245,13 +296,24 @@ impl Collector<'_> {
                         continue;
                     }
                     if *budget == 0 {
-                        return Err(invalid(format!("{}: too many levels of symbolic links", path.display())));
+                        return Err(invalid(format!(
+                            "{}: too many levels of symbolic links",
+                            path.display()
+                        )));
                     }
                     *budget -= 1;
                     let target = fs::read_link(&next).map_err(with_path(&next))?;
-                    let target_str = target.to_str().ok_or_else(|| invalid(format!("{}: symlink target is not UTF-8", next.display())))?.to_owned();
+                    let target_str = target
+                        .to_str()
+                        .ok_or_else(|| {
+                            invalid(format!("{}: symlink target is not UTF-8", next.display()))
+                        })?
+                        .to_owned();
                     if target_str.is_empty() || target_str.len() >= format::PATH_MAX {
-                        return Err(invalid(format!("{}: unusable symlink target", next.display())));
+                        return Err(invalid(format!(
+                            "{}: unusable symlink target",
+                            next.display()
+                        )));
                     }
                     self.insert(guest_path(&next)?, Pending::Symlink { target: target_str })?;
                     cur = self.resolve_recording(&cur.join(&target), budget)?;
@@ -269,31 +331,50 @@ impl Collector<'_> {
         let guest = guest_path(canonical)?;
         let meta = fs::symlink_metadata(canonical).map_err(with_path(canonical))?;
         if meta.is_file() {
-            let entry = Pending::File { host: canonical.to_path_buf(), size: meta.len(), mode: meta.permissions().mode() & 0o7777, mtime: mtime(&meta) };
+            let entry = Pending::File {
+                host: canonical.to_path_buf(),
+                size: meta.len(),
+                mode: meta.permissions().mode() & 0o7777,
+                mtime: mtime(&meta),
+            };
             self.insert(guest, entry)?;
             self.scan.push(canonical.to_path_buf());
             return Ok(());
         }
         if !meta.is_dir() {
-            self.notes.push(format!("{guest}: not a regular file, directory or symlink; skipped"));
+            self.notes.push(format!(
+                "{guest}: not a regular file, directory or symlink; skipped"
+            ));
             return Ok(());
         }
         self.add_dir(&guest, Some(&meta))?;
-        let mut children: Vec<PathBuf> = fs::read_dir(canonical).map_err(with_path(canonical))?.map(|e| e.map(|e| e.path())).collect::<io::Result<_>>()?;
+        let mut children: Vec<PathBuf> = fs::read_dir(canonical)
+            .map_err(with_path(canonical))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<io::Result<_>>()?;
         children.sort();
         for child in children {
             let child_guest = guest_path(&child)?;
-            if self.manifest.exclude.iter().any(|p| p.matches(&child_guest)) {
+            if self
+                .manifest
+                .exclude
+                .iter()
+                .any(|p| p.matches(&child_guest))
+            {
                 self.excluded += 1;
                 continue;
             }
             if self.in_writable_dir(&child_guest) {
-                self.notes.push(format!("{child_guest}: inside a writable directory; skipped"));
+                self.notes.push(format!(
+                    "{child_guest}: inside a writable directory; skipped"
+                ));
                 continue;
             }
             match self.add_host_path(&child) {
                 // A dangling symlink inside a directory stays a (dangling) symlink, as on the host.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => self.notes.push(format!("{child_guest}: dangling symlink ({e})")),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => self
+                    .notes
+                    .push(format!("{child_guest}: dangling symlink ({e})")),
                 other => other?,
             }
         }
@@ -310,20 +391,34 @@ impl Collector<'_> {
             let (interp, info) = match (elf::interpreter(&bytes), elf::dynamic_info(&bytes)) {
                 (Ok(interp), Ok(info)) => (interp, info),
                 (Err(e), _) | (_, Err(e)) => {
-                    self.notes.push(format!("{}: {e}; its dependencies were not resolved", host.display()));
+                    self.notes.push(format!(
+                        "{}: {e}; its dependencies were not resolved",
+                        host.display()
+                    ));
                     continue;
                 }
             };
             if let Some(interp) = interp {
                 self.add_library(&interp, &host)?;
             }
-            let origin = host.parent().unwrap_or(Path::new("/")).to_string_lossy().into_owned();
+            let origin = host
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .to_string_lossy()
+                .into_owned();
             // ld.so ignores DT_RPATH when DT_RUNPATH is present.
-            let own_dirs = if info.runpath.is_empty() { &info.rpath } else { &info.runpath };
+            let own_dirs = if info.runpath.is_empty() {
+                &info.rpath
+            } else {
+                &info.runpath
+            };
             for name in &info.needed {
                 match locate_library(name, own_dirs, &origin) {
                     Some(path) => self.add_library(&path, &host)?,
-                    None => self.notes.push(format!("{}: needed library {name} not found on the search path", host.display())),
+                    None => self.notes.push(format!(
+                        "{}: needed library {name} not found on the search path",
+                        host.display()
+                    )),
                 }
             }
         }
@@ -332,7 +427,9 @@ impl Collector<'_> {
 
     fn add_library(&mut self, path: &str, needed_by: &Path) -> io::Result<()> {
         self.libraries.insert(path.to_owned());
-        self.add_host_path(Path::new(path)).map_err(|e| io::Error::new(e.kind(), format!("{e} (needed by {})", needed_by.display())))
+        self.add_host_path(Path::new(path)).map_err(|e| {
+            io::Error::new(e.kind(), format!("{e} (needed by {})", needed_by.display()))
+        })
     }
 
     fn finish(self, out_dir: &Path, started: Instant) -> io::Result<BuildReport> {
@@ -351,40 +448,89 @@ impl Collector<'_> {
             seconds: 0.0,
         };
         for dir in &self.manifest.writable_dirs {
-            if !matches!(self.entries.get(format::parent_path(dir)), Some(Pending::Dir { .. })) {
-                return Err(invalid(format!("writable directory {dir}: its parent is not a directory in the image")));
+            if !matches!(
+                self.entries.get(format::parent_path(dir)),
+                Some(Pending::Dir { .. })
+            ) {
+                return Err(invalid(format!(
+                    "writable directory {dir}: its parent is not a directory in the image"
+                )));
             }
         }
         let mut entries = Vec::with_capacity(self.entries.len());
         let mut hosts: BTreeMap<String, PathBuf> = BTreeMap::new();
         for (path, pending) in &self.entries {
             if path != "/" {
-                if let Some(parent @ (Pending::File { .. } | Pending::Symlink { .. })) = self.entries.get(format::parent_path(path)) {
-                    let what = if matches!(parent, Pending::File { .. }) { "a file" } else { "a symlink" };
-                    return Err(invalid(format!("{path}: its parent {} is {what} in the image", format::parent_path(path))));
+                if let Some(parent @ (Pending::File { .. } | Pending::Symlink { .. })) =
+                    self.entries.get(format::parent_path(path))
+                {
+                    let what = if matches!(parent, Pending::File { .. }) {
+                        "a file"
+                    } else {
+                        "a symlink"
+                    };
+                    return Err(invalid(format!(
+                        "{path}: its parent {} is {what} in the image",
+                        format::parent_path(path)
+                    )));
                 }
             }
             let (mode, (mtime_sec, mtime_nsec), kind) = match pending {
                 Pending::Dir { mode } => {
                     report.dirs += 1;
-                    (*mode, dir_times.get(path.as_str()).copied().unwrap_or(newest), EntryKind::Dir)
+                    (
+                        *mode,
+                        dir_times.get(path.as_str()).copied().unwrap_or(newest),
+                        EntryKind::Dir,
+                    )
                 }
-                Pending::File { host, size, mode, mtime } => {
+                Pending::File {
+                    host,
+                    size,
+                    mode,
+                    mtime,
+                } => {
                     report.files += 1;
                     report.bytes += size;
                     hosts.insert(path.clone(), host.clone());
-                    (*mode, *mtime, EntryKind::File { offset: 0, size: *size, sha256: [0; 32] })
+                    (
+                        *mode,
+                        *mtime,
+                        EntryKind::File {
+                            offset: 0,
+                            size: *size,
+                            sha256: [0; 32],
+                        },
+                    )
                 }
                 Pending::Symlink { target } => {
                     report.symlinks += 1;
-                    (0o777, newest, EntryKind::Symlink { target: target.clone() })
+                    (
+                        0o777,
+                        newest,
+                        EntryKind::Symlink {
+                            target: target.clone(),
+                        },
+                    )
                 }
             };
-            entries.push(Entry { path: path.clone(), mode, mtime_sec, mtime_nsec, kind });
+            entries.push(Entry {
+                path: path.clone(),
+                mode,
+                mtime_sec,
+                mtime_nsec,
+                kind,
+            });
         }
-        let mut index = Index { name: self.manifest.name.clone(), writable_dirs: self.manifest.writable_dirs.clone(), entries };
+        let mut index = Index {
+            name: self.manifest.name.clone(),
+            writable_dirs: self.manifest.writable_dirs.clone(),
+            entries,
+        };
         report.content_hash = format::write(out_dir, &mut index, |entry| {
-            let host = hosts.get(&entry.path).ok_or_else(|| invalid(format!("{}: no host file", entry.path)))?;
+            let host = hosts
+                .get(&entry.path)
+                .ok_or_else(|| invalid(format!("{}: no host file", entry.path)))?;
             fs::read(host).map_err(with_path(host))
         })?;
         report.data_bytes = fs::metadata(out_dir.join(format::DATA_FILE))?.len();
@@ -407,9 +553,13 @@ fn is_elf(path: &Path) -> io::Result<bool> {
 /// own search directories ($ORIGIN expanded), then `LIBRARY_SEARCH_PATH`.
 fn locate_library(name: &str, own_dirs: &[String], origin: &str) -> Option<String> {
     if name.contains('/') {
-        return fs::metadata(name).is_ok_and(|m| m.is_file()).then(|| name.to_owned());
+        return fs::metadata(name)
+            .is_ok_and(|m| m.is_file())
+            .then(|| name.to_owned());
     }
-    let own = own_dirs.iter().map(|d| d.replace("${ORIGIN}", origin).replace("$ORIGIN", origin));
+    let own = own_dirs
+        .iter()
+        .map(|d| d.replace("${ORIGIN}", origin).replace("$ORIGIN", origin));
     own.chain(LIBRARY_SEARCH_PATH.iter().map(|d| d.to_string()))
         .filter(|dir| dir.starts_with('/'))
         .map(|dir| format!("{}/{name}", dir.trim_end_matches('/')))
@@ -458,19 +608,57 @@ mod tests {
         let image = Image::open(&out.0).unwrap();
         assert_eq!(image.content_hash(), report.content_hash);
         assert_eq!(image.writable_dirs(), ["/scratch", "/work"]);
-        assert_eq!(image.file_bytes(&format!("{r}/alias/a.txt")), Some(&b"alpha"[..]));
-        assert_eq!(image.file_bytes(&format!("{r}/real/sub/b.txt")), Some(&b"beta"[..]));
-        assert_eq!(image.file_bytes(&format!("{r}/real/rel-link")), Some(&b"alpha"[..]));
+        assert_eq!(
+            image.file_bytes(&format!("{r}/alias/a.txt")),
+            Some(&b"alpha"[..])
+        );
+        assert_eq!(
+            image.file_bytes(&format!("{r}/real/sub/b.txt")),
+            Some(&b"beta"[..])
+        );
+        assert_eq!(
+            image.file_bytes(&format!("{r}/real/rel-link")),
+            Some(&b"alpha"[..])
+        );
         assert_eq!(image.file_bytes("/opt/renamed.txt"), Some(&b"alpha"[..]));
-        assert_eq!(image.file_bytes(&format!("{r}/real/skip/c.txt")), None, "excluded directory");
-        assert_eq!(image.file_bytes(&format!("{r}/real/x.opt-1.pyc")), None, "excluded pattern");
-        assert_eq!(image.file_bytes(&format!("{r}/secret")), None, "never listed");
-        assert!(report.notes.iter().any(|n| n.contains("not-there") && n.contains("absent")), "{:?}", report.notes);
-        assert!(report.notes.iter().any(|n| n.contains("dangling")), "{:?}", report.notes);
-        assert!(report.notes.iter().any(|n| n.contains("2 paths excluded")), "{:?}", report.notes);
+        assert_eq!(
+            image.file_bytes(&format!("{r}/real/skip/c.txt")),
+            None,
+            "excluded directory"
+        );
+        assert_eq!(
+            image.file_bytes(&format!("{r}/real/x.opt-1.pyc")),
+            None,
+            "excluded pattern"
+        );
+        assert_eq!(
+            image.file_bytes(&format!("{r}/secret")),
+            None,
+            "never listed"
+        );
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.contains("not-there") && n.contains("absent")),
+            "{:?}",
+            report.notes
+        );
+        assert!(
+            report.notes.iter().any(|n| n.contains("dangling")),
+            "{:?}",
+            report.notes
+        );
+        assert!(
+            report.notes.iter().any(|n| n.contains("2 paths excluded")),
+            "{:?}",
+            report.notes
+        );
         // The link itself is a symlink in the image, as on the host.
         let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
-        let alias = vfs.resolve(vfs.root(), format!("{r}/alias").as_bytes(), false).unwrap();
+        let alias = vfs
+            .resolve(vfs.root(), format!("{r}/alias").as_bytes(), false)
+            .unwrap();
         assert_eq!(vfs.readlink(alias).unwrap(), b"real");
         assert_eq!(report.files, 3);
         assert_eq!(report.symlinks, 3);
@@ -487,10 +675,18 @@ mod tests {
         let ra = build_from(&manifest(&host.0, ""), &a.0).unwrap();
         let rb = build_from(&manifest(&host.0, ""), &b.0).unwrap();
         assert_eq!(ra.content_hash, rb.content_hash);
-        assert_eq!(fs::read(a.0.join(format::INDEX_FILE)).unwrap(), fs::read(b.0.join(format::INDEX_FILE)).unwrap());
+        assert_eq!(
+            fs::read(a.0.join(format::INDEX_FILE)).unwrap(),
+            fs::read(b.0.join(format::INDEX_FILE)).unwrap()
+        );
         // A changed file changes the hash.
         fs::write(host.0.join("real/sub/b.txt"), b"BETA").unwrap();
-        assert_ne!(build_from(&manifest(&host.0, ""), &a.0).unwrap().content_hash, ra.content_hash);
+        assert_ne!(
+            build_from(&manifest(&host.0, ""), &a.0)
+                .unwrap()
+                .content_hash,
+            ra.content_hash
+        );
     }
 
     #[test]
@@ -499,40 +695,91 @@ mod tests {
         host_tree(&host.0);
         let out = TempDir::new("bad-out");
         let r = host.0.display().to_string();
-        let missing = build_from(&manifest(&host.0, &format!(r#""{r}/nope","#)), &out.0).unwrap_err();
+        let missing =
+            build_from(&manifest(&host.0, &format!(r#""{r}/nope","#)), &out.0).unwrap_err();
         assert!(missing.to_string().contains("nope"), "{missing}");
-        let writable = Manifest::parse(format!(r#"{{"name": "t", "paths": ["{r}/real"], "writable_dirs": ["{r}/real/sub"]}}"#).as_bytes(), &host.0).unwrap();
+        let writable = Manifest::parse(
+            format!(r#"{{"name": "t", "paths": ["{r}/real"], "writable_dirs": ["{r}/real/sub"]}}"#)
+                .as_bytes(),
+            &host.0,
+        )
+        .unwrap();
         // Walks skip the writable directory; its contents never enter the image.
         let report = build_from(&writable, &out.0).unwrap();
-        assert!(report.notes.iter().any(|n| n.contains("inside a writable directory")), "{:?}", report.notes);
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.contains("inside a writable directory")),
+            "{:?}",
+            report.notes
+        );
         let under_file = Manifest::parse(
             format!(r#"{{"name": "t", "paths": ["{r}/real/a.txt", {{"host": "{r}/secret", "guest": "{r}/real/a.txt/x"}}]}}"#).as_bytes(),
             &host.0,
         )
         .unwrap();
-        assert!(build_from(&under_file, &out.0).unwrap_err().to_string().contains("is a file"));
-        let under_link = Manifest::parse(format!(r#"{{"name": "t", "paths": ["{r}/alias"], "writable_dirs": ["{r}/alias/w"]}}"#).as_bytes(), &host.0).unwrap();
-        assert!(build_from(&under_link, &out.0).unwrap_err().to_string().contains("parent is not a directory"));
+        assert!(build_from(&under_file, &out.0)
+            .unwrap_err()
+            .to_string()
+            .contains("is a file"));
+        let under_link = Manifest::parse(
+            format!(r#"{{"name": "t", "paths": ["{r}/alias"], "writable_dirs": ["{r}/alias/w"]}}"#)
+                .as_bytes(),
+            &host.0,
+        )
+        .unwrap();
+        assert!(build_from(&under_link, &out.0)
+            .unwrap_err()
+            .to_string()
+            .contains("parent is not a directory"));
         fs::create_dir_all(host.0.join("loops")).unwrap();
         symlink("l2", host.0.join("loops/l1")).unwrap();
         symlink("l1", host.0.join("loops/l2")).unwrap();
-        let looped = Manifest::parse(format!(r#"{{"name": "t", "paths": ["{r}/loops/l1"]}}"#).as_bytes(), &host.0).unwrap();
-        assert!(build_from(&looped, &out.0).unwrap_err().to_string().contains("too many levels"));
+        let looped = Manifest::parse(
+            format!(r#"{{"name": "t", "paths": ["{r}/loops/l1"]}}"#).as_bytes(),
+            &host.0,
+        )
+        .unwrap();
+        assert!(build_from(&looped, &out.0)
+            .unwrap_err()
+            .to_string()
+            .contains("too many levels"));
     }
 
     #[test]
     fn resolves_shared_libraries_of_host_programs() {
         // /bin/true is a dynamic ELF on Debian: its interpreter and libc must come along.
         let out = TempDir::new("libs-out");
-        let m = Manifest::parse(br#"{"name": "t", "paths": ["/bin/true"], "writable_dirs": ["/tmp"]}"#, Path::new("/")).unwrap();
+        let m = Manifest::parse(
+            br#"{"name": "t", "paths": ["/bin/true"], "writable_dirs": ["/tmp"]}"#,
+            Path::new("/"),
+        )
+        .unwrap();
         let report = build_from(&m, &out.0).unwrap();
-        assert!(report.libraries.iter().any(|l| l == "/lib64/ld-linux-x86-64.so.2"), "{:?}", report.libraries);
-        assert!(report.libraries.iter().any(|l| l.ends_with("/libc.so.6")), "{:?}", report.libraries);
+        assert!(
+            report
+                .libraries
+                .iter()
+                .any(|l| l == "/lib64/ld-linux-x86-64.so.2"),
+            "{:?}",
+            report.libraries
+        );
+        assert!(
+            report.libraries.iter().any(|l| l.ends_with("/libc.so.6")),
+            "{:?}",
+            report.libraries
+        );
         let image = Image::open(&out.0).unwrap();
         let ld = image.file_bytes("/lib64/ld-linux-x86-64.so.2").unwrap();
         assert_eq!(&ld[..4], b"\x7fELF");
-        assert_eq!(image.file_bytes("/bin/true").map(<[u8]>::len), Some(fs::metadata("/bin/true").unwrap().len() as usize));
-        assert!(image.file_bytes("/lib/x86_64-linux-gnu/libc.so.6").is_some());
+        assert_eq!(
+            image.file_bytes("/bin/true").map(<[u8]>::len),
+            Some(fs::metadata("/bin/true").unwrap().len() as usize)
+        );
+        assert!(image
+            .file_bytes("/lib/x86_64-linux-gnu/libc.so.6")
+            .is_some());
         assert!(image.file_bytes("/bin/false").is_none());
     }
 
@@ -545,8 +792,14 @@ mod tests {
         let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
         let root = vfs.root();
         let python = vfs.resolve(root, b"/usr/bin/python3", true).unwrap();
-        assert_eq!(vfs.resolve(root, b"/usr/bin/python3.11", true).unwrap(), python);
-        assert_eq!(vfs.contents(python).unwrap(), fs::read("/usr/bin/python3.11").unwrap());
+        assert_eq!(
+            vfs.resolve(root, b"/usr/bin/python3.11", true).unwrap(),
+            python
+        );
+        assert_eq!(
+            vfs.contents(python).unwrap(),
+            fs::read("/usr/bin/python3.11").unwrap()
+        );
         for present in [
             "/lib64/ld-linux-x86-64.so.2",
             "/lib/x86_64-linux-gnu/libc.so.6",
@@ -555,15 +808,35 @@ mod tests {
             "/usr/lib/python3.11/encodings/__init__.py",
             "/usr/lib/python3.11/lib-dynload/_json.cpython-311-x86_64-linux-gnu.so",
         ] {
-            assert!(vfs.image().file_bytes(present).is_some(), "{present} missing");
+            assert!(
+                vfs.image().file_bytes(present).is_some(),
+                "{present} missing"
+            );
         }
-        for absent in ["/usr/lib/python3.11/test", "/usr/lib/python3.11/lib-dynload/_testcapi.cpython-311-x86_64-linux-gnu.so", "/etc/shadow"] {
-            assert_eq!(vfs.resolve(root, absent.as_bytes(), true).err(), Some(crate::errno::Errno::ENOENT), "{absent}");
+        for absent in [
+            "/usr/lib/python3.11/test",
+            "/usr/lib/python3.11/lib-dynload/_testcapi.cpython-311-x86_64-linux-gnu.so",
+            "/etc/shadow",
+        ] {
+            assert_eq!(
+                vfs.resolve(root, absent.as_bytes(), true).err(),
+                Some(crate::errno::Errno::ENOENT),
+                "{absent}"
+            );
         }
         // Source mtimes survive, so the stdlib's .pyc files stay valid.
-        let os_py = vfs.resolve(root, b"/usr/lib/python3.11/os.py", true).unwrap();
-        assert_eq!(vfs.stat(os_py).unwrap().mtime.sec, fs::metadata("/usr/lib/python3.11/os.py").unwrap().mtime());
-        assert!(report.libraries.iter().any(|l| l.ends_with("/libssl.so.3")), "lib-dynload's own libraries: {:?}", report.libraries);
+        let os_py = vfs
+            .resolve(root, b"/usr/lib/python3.11/os.py", true)
+            .unwrap();
+        assert_eq!(
+            vfs.stat(os_py).unwrap().mtime.sec,
+            fs::metadata("/usr/lib/python3.11/os.py").unwrap().mtime()
+        );
+        assert!(
+            report.libraries.iter().any(|l| l.ends_with("/libssl.so.3")),
+            "lib-dynload's own libraries: {:?}",
+            report.libraries
+        );
         let tmp = vfs.resolve(root, b"/tmp", true).unwrap();
         assert_eq!(vfs.access(tmp, crate::fs::W_OK), Ok(()));
     }

@@ -49,9 +49,15 @@ const MAX_WRITABLE_DIRS: u32 = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryKind {
-    File { offset: u64, size: u64, sha256: [u8; 32] },
+    File {
+        offset: u64,
+        size: u64,
+        sha256: [u8; 32],
+    },
     Dir,
-    Symlink { target: String },
+    Symlink {
+        target: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,23 +92,41 @@ pub enum FormatError {
     BadMagic,
     UnsupportedVersion(u32),
     /// A file is shorter or longer than its header says.
-    SizeMismatch { file: &'static str, expected: u64, found: u64 },
+    SizeMismatch {
+        file: &'static str,
+        expected: u64,
+        found: u64,
+    },
     /// The index body does not match the header's content hash.
     HashMismatch,
     /// The index body is malformed; `offset` is the byte offset in the body.
-    Malformed { offset: usize, reason: String },
+    Malformed {
+        offset: usize,
+        reason: String,
+    },
 }
 
 impl fmt::Display for FormatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FormatError::BadMagic => write!(f, "not a sandfork image index (bad magic)"),
-            FormatError::UnsupportedVersion(v) => write!(f, "unsupported image format version {v} (this build reads {VERSION})"),
-            FormatError::SizeMismatch { file, expected, found } => {
+            FormatError::UnsupportedVersion(v) => write!(
+                f,
+                "unsupported image format version {v} (this build reads {VERSION})"
+            ),
+            FormatError::SizeMismatch {
+                file,
+                expected,
+                found,
+            } => {
                 write!(f, "{file} has {found} bytes but the header says {expected}: truncated or corrupted image")
             }
-            FormatError::HashMismatch => write!(f, "content hash mismatch: the image index is corrupted"),
-            FormatError::Malformed { offset, reason } => write!(f, "malformed image index at body byte {offset}: {reason}"),
+            FormatError::HashMismatch => {
+                write!(f, "content hash mismatch: the image index is corrupted")
+            }
+            FormatError::Malformed { offset, reason } => {
+                write!(f, "malformed image index at body byte {offset}: {reason}")
+            }
         }
     }
 }
@@ -134,12 +158,17 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, FormatError> {
         if bytes.len() < 8 || bytes[..8] != MAGIC {
             return Err(FormatError::BadMagic);
         }
-        return Err(FormatError::SizeMismatch { file: INDEX_FILE, expected: HEADER_LEN as u64, found: bytes.len() as u64 });
+        return Err(FormatError::SizeMismatch {
+            file: INDEX_FILE,
+            expected: HEADER_LEN as u64,
+            found: bytes.len() as u64,
+        });
     }
     if bytes[..8] != MAGIC {
         return Err(FormatError::BadMagic);
     }
-    let u32_at = |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+    let u32_at =
+        |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap_or([0; 8]));
     let version = u32_at(8);
     if version != VERSION {
@@ -147,7 +176,11 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, FormatError> {
     }
     let mut content_hash = [0u8; 32];
     content_hash.copy_from_slice(&bytes[32..64]);
-    Ok(Header { body_len: u64_at(16), data_len: u64_at(24), content_hash })
+    Ok(Header {
+        body_len: u64_at(16),
+        data_len: u64_at(24),
+        content_hash,
+    })
 }
 
 pub fn encode_body(index: &Index) -> Vec<u8> {
@@ -174,7 +207,11 @@ pub fn encode_body(index: &Index) -> Vec<u8> {
         out.extend_from_slice(&e.mtime_nsec.to_le_bytes());
         put_str(&mut out, &e.path);
         match &e.kind {
-            EntryKind::File { offset, size, sha256 } => {
+            EntryKind::File {
+                offset,
+                size,
+                sha256,
+            } => {
                 out.extend_from_slice(&offset.to_le_bytes());
                 out.extend_from_slice(&size.to_le_bytes());
                 out.extend_from_slice(sha256);
@@ -194,7 +231,10 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn fail<T>(&self, reason: impl Into<String>) -> Result<T, FormatError> {
-        Err(FormatError::Malformed { offset: self.pos, reason: reason.into() })
+        Err(FormatError::Malformed {
+            offset: self.pos,
+            reason: reason.into(),
+        })
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], FormatError> {
@@ -232,7 +272,10 @@ impl<'a> Cursor<'a> {
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
             Ok(s) => Ok(s.to_owned()),
-            Err(_) => Err(FormatError::Malformed { offset: start, reason: format!("{what} is not UTF-8") }),
+            Err(_) => Err(FormatError::Malformed {
+                offset: start,
+                reason: format!("{what} is not UTF-8"),
+            }),
         }
     }
 }
@@ -244,7 +287,9 @@ pub fn is_normal_path(p: &str) -> bool {
     }
     p.len() < PATH_MAX
         && p.starts_with('/')
-        && p[1..].split('/').all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255 && !c.contains('\0'))
+        && p[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255 && !c.contains('\0'))
 }
 
 /// The parent of a normalised path other than "/".
@@ -266,13 +311,17 @@ pub fn decode_body(bytes: &[u8], data_len: u64) -> Result<Index, FormatError> {
     let name = c.str("image name", 255)?;
     let writable_count = c.u32("writable directory count")?;
     if writable_count > MAX_WRITABLE_DIRS {
-        return c.fail(format!("{writable_count} writable directories, more than {MAX_WRITABLE_DIRS}"));
+        return c.fail(format!(
+            "{writable_count} writable directories, more than {MAX_WRITABLE_DIRS}"
+        ));
     }
     let mut writable_dirs = Vec::new();
     for _ in 0..writable_count {
         let dir = c.str("writable directory", PATH_MAX - 1)?;
         if dir == "/" || !is_normal_path(&dir) {
-            return c.fail(format!("writable directory {dir:?} is not a normalised absolute path below /"));
+            return c.fail(format!(
+                "writable directory {dir:?} is not a normalised absolute path below /"
+            ));
         }
         writable_dirs.push(dir);
     }
@@ -302,7 +351,11 @@ pub fn decode_body(bytes: &[u8], data_len: u64) -> Result<Index, FormatError> {
                 if offset.checked_add(size).is_none_or(|end| end > data_len) {
                     return malformed(format!("{path}: data range {offset}+{size} lies outside the {data_len}-byte data file"));
                 }
-                EntryKind::File { offset, size, sha256 }
+                EntryKind::File {
+                    offset,
+                    size,
+                    sha256,
+                }
             }
             2 => EntryKind::Dir,
             3 => {
@@ -315,28 +368,45 @@ pub fn decode_body(bytes: &[u8], data_len: u64) -> Result<Index, FormatError> {
             other => return malformed(format!("unknown entry kind {other}")),
         };
         if mode > 0o7777 || mtime_nsec >= 1_000_000_000 {
-            return malformed(format!("{path}: mode {mode:o} or mtime nanoseconds {mtime_nsec} out of range"));
+            return malformed(format!(
+                "{path}: mode {mode:o} or mtime nanoseconds {mtime_nsec} out of range"
+            ));
         }
         if !is_normal_path(&path) {
-            return malformed(format!("entry path {path:?} is not absolute and normalised"));
+            return malformed(format!(
+                "entry path {path:?} is not absolute and normalised"
+            ));
         }
         if i == 0 {
             if path != "/" || kind != EntryKind::Dir {
                 return malformed("the first entry is not the root directory".into());
             }
         } else {
-            if entries.last().is_some_and(|prev| prev.path.as_bytes() >= path.as_bytes()) {
+            if entries
+                .last()
+                .is_some_and(|prev| prev.path.as_bytes() >= path.as_bytes())
+            {
                 return malformed(format!("entry {path} is out of order or duplicated"));
             }
             if kinds.get(parent_path(&path)) != Some(&true) {
-                return malformed(format!("the parent of {path} is not a directory entry before it"));
+                return malformed(format!(
+                    "the parent of {path} is not a directory entry before it"
+                ));
             }
         }
         if writable_dirs.iter().any(|w| is_within(&path, w)) {
-            return malformed(format!("{path} lies in a writable directory, which belongs to the overlay"));
+            return malformed(format!(
+                "{path} lies in a writable directory, which belongs to the overlay"
+            ));
         }
         kinds.insert(path.clone(), kind == EntryKind::Dir);
-        entries.push(Entry { path, mode, mtime_sec, mtime_nsec, kind });
+        entries.push(Entry {
+            path,
+            mode,
+            mtime_sec,
+            mtime_nsec,
+            kind,
+        });
     }
     if count == 0 {
         return c.fail("the index has no root directory");
@@ -346,41 +416,65 @@ pub fn decode_body(bytes: &[u8], data_len: u64) -> Result<Index, FormatError> {
     }
     for w in &writable_dirs {
         if kinds.get(parent_path(w)) != Some(&true) {
-            return c.fail(format!("the parent of writable directory {w} is not a directory in the image"));
+            return c.fail(format!(
+                "the parent of writable directory {w} is not a directory in the image"
+            ));
         }
     }
-    Ok(Index { name, writable_dirs, entries })
+    Ok(Index {
+        name,
+        writable_dirs,
+        entries,
+    })
 }
 
 /// Writes `index` to `out_dir`: assigns data offsets to its files (in entry order), streams each
 /// file's contents from `content` into the data file, records each file's hash, and returns
 /// the content hash. `content` must return exactly the size recorded in the entry.
-pub fn write(out_dir: &Path, index: &mut Index, mut content: impl FnMut(&Entry) -> io::Result<Vec<u8>>) -> io::Result<[u8; 32]> {
+pub fn write(
+    out_dir: &Path,
+    index: &mut Index,
+    mut content: impl FnMut(&Entry) -> io::Result<Vec<u8>>,
+) -> io::Result<[u8; 32]> {
     fs::create_dir_all(out_dir)?;
     let data_tmp = out_dir.join(format!("{DATA_FILE}.tmp"));
     let index_tmp = out_dir.join(format!("{INDEX_FILE}.tmp"));
     let mut data = io::BufWriter::new(File::create(&data_tmp)?);
     let mut written = 0u64;
     for i in 0..index.entries.len() {
-        let EntryKind::File { size, .. } = index.entries[i].kind else { continue };
+        let EntryKind::File { size, .. } = index.entries[i].kind else {
+            continue;
+        };
         let bytes = content(&index.entries[i])?;
         if bytes.len() as u64 != size {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} changed during the build ({size} bytes when listed, {} when read)", index.entries[i].path, bytes.len()),
+                format!(
+                    "{} changed during the build ({size} bytes when listed, {} when read)",
+                    index.entries[i].path,
+                    bytes.len()
+                ),
             ));
         }
         data.write_all(&bytes)?;
         let end = written + size;
         data.write_all(&vec![0u8; (align_up(end) - end) as usize])?;
-        index.entries[i].kind = EntryKind::File { offset: written, size, sha256: sha256::digest(&bytes) };
+        index.entries[i].kind = EntryKind::File {
+            offset: written,
+            size,
+            sha256: sha256::digest(&bytes),
+        };
         written = align_up(end);
     }
     data.into_inner().map_err(|e| e.into_error())?.sync_all()?;
 
     let body = encode_body(index);
     let content_hash = sha256::digest(&body);
-    let header = encode_header(&Header { body_len: body.len() as u64, data_len: written, content_hash });
+    let header = encode_header(&Header {
+        body_len: body.len() as u64,
+        data_len: written,
+        content_hash,
+    });
     let mut index_file = File::create(&index_tmp)?;
     index_file.write_all(&header)?;
     index_file.write_all(&body)?;
@@ -397,7 +491,13 @@ mod tests {
     use super::*;
 
     fn entry(path: &str, kind: EntryKind) -> Entry {
-        Entry { path: path.into(), mode: 0o755, mtime_sec: 1_700_000_000, mtime_nsec: 5, kind }
+        Entry {
+            path: path.into(),
+            mode: 0o755,
+            mtime_sec: 1_700_000_000,
+            mtime_nsec: 5,
+            kind,
+        }
     }
 
     fn sample() -> Index {
@@ -407,7 +507,14 @@ mod tests {
             entries: vec![
                 entry("/", EntryKind::Dir),
                 entry("/a", EntryKind::Dir),
-                entry("/a/f", EntryKind::File { offset: 0, size: 3, sha256: [9; 32] }),
+                entry(
+                    "/a/f",
+                    EntryKind::File {
+                        offset: 0,
+                        size: 3,
+                        sha256: [9; 32],
+                    },
+                ),
                 entry("/a/l", EntryKind::Symlink { target: "f".into() }),
             ],
         }
@@ -423,7 +530,13 @@ mod tests {
     fn every_truncation_of_the_body_is_refused() {
         let body = encode_body(&sample());
         for len in 0..body.len() {
-            assert!(matches!(decode_body(&body[..len], 4096), Err(FormatError::Malformed { .. })), "len {len}");
+            assert!(
+                matches!(
+                    decode_body(&body[..len], 4096),
+                    Err(FormatError::Malformed { .. })
+                ),
+                "len {len}"
+            );
         }
     }
 
@@ -432,22 +545,46 @@ mod tests {
         let bad = |f: &dyn Fn(&mut Index)| {
             let mut idx = sample();
             f(&mut idx);
-            decode_body(&encode_body(&idx), 4096).unwrap_err().to_string()
+            decode_body(&encode_body(&idx), 4096)
+                .unwrap_err()
+                .to_string()
         };
         assert!(bad(&|i| i.entries.swap(2, 3)).contains("out of order"));
-        assert!(bad(&|i| i.entries[2].kind = EntryKind::File { offset: 4096, size: 1, sha256: [0; 32] }).contains("outside"));
-        assert!(bad(&|i| i.entries[2].kind = EntryKind::File { offset: 1, size: 1, sha256: [0; 32] }).contains("page aligned"));
+        assert!(bad(&|i| i.entries[2].kind = EntryKind::File {
+            offset: 4096,
+            size: 1,
+            sha256: [0; 32]
+        })
+        .contains("outside"));
+        assert!(bad(&|i| i.entries[2].kind = EntryKind::File {
+            offset: 1,
+            size: 1,
+            sha256: [0; 32]
+        })
+        .contains("page aligned"));
         assert!(bad(&|i| i.entries[1].path = "/a/../b".into()).contains("normalised"));
         assert!(bad(&|i| i.entries.remove(1).path.clear()).contains("parent"));
-        assert!(bad(&|i| i.entries[0].kind = EntryKind::File { offset: 0, size: 0, sha256: [0; 32] }).contains("root"));
+        assert!(bad(&|i| i.entries[0].kind = EntryKind::File {
+            offset: 0,
+            size: 0,
+            sha256: [0; 32]
+        })
+        .contains("root"));
         assert!(bad(&|i| i.writable_dirs[0] = "/a".into()).contains("writable"));
         assert!(bad(&|i| i.writable_dirs[0] = "/nodir/tmp".into()).contains("parent of writable"));
-        assert!(bad(&|i| i.entries[3].kind = EntryKind::Symlink { target: String::new() }).contains("symlink"));
+        assert!(bad(&|i| i.entries[3].kind = EntryKind::Symlink {
+            target: String::new()
+        })
+        .contains("symlink"));
     }
 
     #[test]
     fn header_checks_magic_and_version() {
-        let h = Header { body_len: 10, data_len: 4096, content_hash: [7; 32] };
+        let h = Header {
+            body_len: 10,
+            data_len: 4096,
+            content_hash: [7; 32],
+        };
         let bytes = encode_header(&h);
         assert_eq!(decode_header(&bytes).unwrap(), h);
         let mut wrong = bytes;
@@ -456,15 +593,25 @@ mod tests {
         let mut v2 = bytes;
         v2[8] = 2;
         assert_eq!(decode_header(&v2), Err(FormatError::UnsupportedVersion(2)));
-        assert!(matches!(decode_header(&bytes[..20]), Err(FormatError::SizeMismatch { .. })));
+        assert!(matches!(
+            decode_header(&bytes[..20]),
+            Err(FormatError::SizeMismatch { .. })
+        ));
     }
 
     #[test]
     fn path_helpers() {
-        assert!(is_normal_path("/") && is_normal_path("/a/b") && !is_normal_path("a") && !is_normal_path("/a/"));
+        assert!(
+            is_normal_path("/")
+                && is_normal_path("/a/b")
+                && !is_normal_path("a")
+                && !is_normal_path("/a/")
+        );
         assert!(!is_normal_path("/a//b") && !is_normal_path("/./a"));
         assert_eq!(parent_path("/a/b"), "/a");
         assert_eq!(parent_path("/a"), "/");
-        assert!(is_within("/tmp/x", "/tmp") && is_within("/tmp", "/tmp") && !is_within("/tmpx", "/tmp"));
+        assert!(
+            is_within("/tmp/x", "/tmp") && is_within("/tmp", "/tmp") && !is_within("/tmpx", "/tmp")
+        );
     }
 }

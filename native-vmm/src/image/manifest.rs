@@ -60,11 +60,21 @@ struct PlacedFile {
 
 impl Manifest {
     pub fn load(path: &Path) -> io::Result<Manifest> {
-        let text = std::fs::read(path).map_err(|e| io::Error::new(e.kind(), format!("manifest {}: {e}", path.display())))?;
+        let text = std::fs::read(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("manifest {}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let base = if base.as_os_str().is_empty() { Path::new(".") } else { base };
+        let base = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base
+        };
         let base = std::fs::canonicalize(base)?;
-        Manifest::parse(&text, &base).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("manifest {}: {e}", path.display())))
+        Manifest::parse(&text, &base).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("manifest {}: {e}", path.display()),
+            )
+        })
     }
 
     /// Parses manifest JSON; relative host paths are taken relative to `base_dir`.
@@ -78,22 +88,41 @@ impl Manifest {
             return Err("\"paths\" must list at least one path".into());
         }
         let optional_paths = path_specs(file.optional_paths, "optional_paths", base_dir)?;
-        let exclude = file.exclude.iter().map(|p| Pattern::new(p)).collect::<Result<Vec<_>, _>>()?;
+        let exclude = file
+            .exclude
+            .iter()
+            .map(|p| Pattern::new(p))
+            .collect::<Result<Vec<_>, _>>()?;
         let writable_dirs = file.writable_dirs;
         for (i, dir) in writable_dirs.iter().enumerate() {
             if dir == "/" || !is_normal_path(dir) {
-                return Err(format!("writable directory {dir:?} must be an absolute normalised path below /"));
+                return Err(format!(
+                    "writable directory {dir:?} must be an absolute normalised path below /"
+                ));
             }
-            if writable_dirs[..i].iter().any(|other| is_within(dir, other) || is_within(other, dir)) {
+            if writable_dirs[..i]
+                .iter()
+                .any(|other| is_within(dir, other) || is_within(other, dir))
+            {
                 return Err(format!("writable directory {dir:?} overlaps another one"));
             }
         }
-        Ok(Manifest { name: file.name, paths, optional_paths, exclude, writable_dirs })
+        Ok(Manifest {
+            name: file.name,
+            paths,
+            optional_paths,
+            exclude,
+            writable_dirs,
+        })
     }
 }
 
 /// Checks the entries of `key` and resolves their host paths against `base_dir`.
-fn path_specs(entries: Vec<PathEntry>, key: &str, base_dir: &Path) -> Result<Vec<PathSpec>, String> {
+fn path_specs(
+    entries: Vec<PathEntry>,
+    key: &str,
+    base_dir: &Path,
+) -> Result<Vec<PathSpec>, String> {
     entries
         .into_iter()
         .map(|entry| {
@@ -101,7 +130,9 @@ fn path_specs(entries: Vec<PathEntry>, key: &str, base_dir: &Path) -> Result<Vec
                 PathEntry::SamePlace(host) => (host, None),
                 PathEntry::Placed(PlacedFile { host, guest }) => {
                     if guest == "/" || !is_normal_path(&guest) {
-                        return Err(format!("guest path {guest:?} must be an absolute normalised path below /"));
+                        return Err(format!(
+                            "guest path {guest:?} must be an absolute normalised path below /"
+                        ));
                     }
                     (host, Some(guest))
                 }
@@ -109,7 +140,10 @@ fn path_specs(entries: Vec<PathEntry>, key: &str, base_dir: &Path) -> Result<Vec
             if host.is_empty() {
                 return Err(format!("an entry of \"{key}\" has an empty host path"));
             }
-            Ok(PathSpec { host: base_dir.join(host), guest })
+            Ok(PathSpec {
+                host: base_dir.join(host),
+                guest,
+            })
         })
         .collect()
 }
@@ -124,8 +158,20 @@ mod tests {
             "optional_paths": ["/nope"], "exclude": ["/usr/**/test"], "writable_dirs": ["/tmp", "/work"]}"#;
         let m = Manifest::parse(text, Path::new("/templates/py")).unwrap();
         assert_eq!(m.name, "py");
-        assert_eq!(m.paths[0], PathSpec { host: "/usr/bin/python3".into(), guest: None });
-        assert_eq!(m.paths[1], PathSpec { host: "/templates/py/agent.py".into(), guest: Some("/opt/agent.py".into()) });
+        assert_eq!(
+            m.paths[0],
+            PathSpec {
+                host: "/usr/bin/python3".into(),
+                guest: None
+            }
+        );
+        assert_eq!(
+            m.paths[1],
+            PathSpec {
+                host: "/templates/py/agent.py".into(),
+                guest: Some("/opt/agent.py".into())
+            }
+        );
         assert_eq!(m.optional_paths.len(), 1);
         assert!(m.exclude[0].matches("/usr/lib/test"));
         assert_eq!(m.writable_dirs, ["/tmp", "/work"]);
@@ -135,18 +181,31 @@ mod tests {
     fn rejects_invalid_manifests() {
         let bad = |text: &str| Manifest::parse(text.as_bytes(), Path::new("/")).unwrap_err();
         assert!(bad("[]").contains("expected a JSON object"));
-        assert!(bad(r#"{"name": "x", "paths": ["/a"], "exlude": []}"#).contains("unknown field `exlude`"));
+        assert!(bad(r#"{"name": "x", "paths": ["/a"], "exlude": []}"#)
+            .contains("unknown field `exlude`"));
         assert!(bad(r#"{"paths": ["/a"]}"#).contains("missing field `name`"));
         assert!(bad(r#"{"name": "x", "paths": []}"#).contains("at least one"));
         // An entry that is neither a string nor a {"host", "guest"} object.
         assert!(bad(r#"{"name": "x", "paths": [1]}"#).contains("did not match any variant"));
-        assert!(bad(r#"{"name": "x", "paths": [{"host": "/a", "guest": "rel"}]}"#).contains("guest path"));
-        assert!(bad(r#"{"name": "x", "paths": [{"host": "/a"}]}"#).contains("did not match any variant"));
+        assert!(
+            bad(r#"{"name": "x", "paths": [{"host": "/a", "guest": "rel"}]}"#)
+                .contains("guest path")
+        );
+        assert!(bad(r#"{"name": "x", "paths": [{"host": "/a"}]}"#)
+            .contains("did not match any variant"));
         assert!(bad(r#"{"name": "x", "paths": [""]}"#).contains("empty host path"));
-        assert!(bad(r#"{"name": "x", "paths": ["/a"], "exclude": ["rel"]}"#).contains("not absolute"));
-        assert!(bad(r#"{"name": "x", "paths": ["/a"], "writable_dirs": ["/"]}"#).contains("below /"));
-        assert!(bad(r#"{"name": "x", "paths": ["/a"], "writable_dirs": ["/w", "/w/x"]}"#).contains("overlaps"));
+        assert!(
+            bad(r#"{"name": "x", "paths": ["/a"], "exclude": ["rel"]}"#).contains("not absolute")
+        );
+        assert!(
+            bad(r#"{"name": "x", "paths": ["/a"], "writable_dirs": ["/"]}"#).contains("below /")
+        );
+        assert!(
+            bad(r#"{"name": "x", "paths": ["/a"], "writable_dirs": ["/w", "/w/x"]}"#)
+                .contains("overlaps")
+        );
         assert!(bad(r#"{"name": "x", "paths": ["/a"],}"#).contains("trailing comma at line 1"));
-        assert!(bad(r#"{"name": "x", "name": "y", "paths": ["/a"]}"#).contains("duplicate field `name`"));
+        assert!(bad(r#"{"name": "x", "name": "y", "paths": ["/a"]}"#)
+            .contains("duplicate field `name`"));
     }
 }

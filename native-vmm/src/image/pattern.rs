@@ -20,7 +20,9 @@ impl Pattern {
         if text.contains("***") {
             return Err(format!("exclude pattern {text:?} contains \"***\""));
         }
-        Ok(Pattern { text: text.to_owned() })
+        Ok(Pattern {
+            text: text.to_owned(),
+        })
     }
 
     pub fn as_str(&self) -> &str {
@@ -64,14 +66,23 @@ mod tests {
     #[test]
     fn literal_star_and_double_star() {
         assert!(m("/usr/lib/python3.11/test", "/usr/lib/python3.11/test"));
-        assert!(!m("/usr/lib/python3.11/test", "/usr/lib/python3.11/test/x.py"));
+        assert!(!m(
+            "/usr/lib/python3.11/test",
+            "/usr/lib/python3.11/test/x.py"
+        ));
         assert!(!m("/usr/lib/python3.11/test", "/usr/lib/python3.11/tests"));
         assert!(m("/usr/lib/*/test", "/usr/lib/python3.11/test"));
         assert!(!m("/usr/*/test", "/usr/lib/python3.11/test"));
         assert!(m("/usr/**/test", "/usr/lib/python3.11/test"));
         assert!(m("/a/**/*.pyc", "/a/x.pyc"));
-        assert!(m("/a/**/*.opt-1.pyc", "/a/b/__pycache__/m.cpython-311.opt-1.pyc"));
-        assert!(!m("/a/**/*.opt-1.pyc", "/a/b/__pycache__/m.cpython-311.pyc"));
+        assert!(m(
+            "/a/**/*.opt-1.pyc",
+            "/a/b/__pycache__/m.cpython-311.opt-1.pyc"
+        ));
+        assert!(!m(
+            "/a/**/*.opt-1.pyc",
+            "/a/b/__pycache__/m.cpython-311.pyc"
+        ));
         assert!(m("/a/?.py", "/a/b.py"));
         assert!(!m("/a/?.py", "/a//.py"));
         assert!(m("/a/**", "/a/b/c"));

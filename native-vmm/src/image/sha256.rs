@@ -20,6 +20,9 @@ mod tests {
 
     #[test]
     fn digest_and_hex_match_fips_180() {
-        assert_eq!(to_hex(&digest(b"abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            to_hex(&digest(b"abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 }

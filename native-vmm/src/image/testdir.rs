@@ -22,7 +22,11 @@ impl TempDir {
 
     fn under(parent: &Path, tag: &str) -> TempDir {
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let dir = parent.join(format!("sandfork-{tag}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        let dir = parent.join(format!(
+            "sandfork-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
     }

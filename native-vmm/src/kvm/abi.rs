@@ -91,7 +91,12 @@ pub struct KvmEnableCap {
 
 impl KvmEnableCap {
     pub fn new(cap: u32, arg0: u64) -> KvmEnableCap {
-        KvmEnableCap { cap, flags: 0, args: [arg0, 0, 0, 0], pad: [0; 64] }
+        KvmEnableCap {
+            cap,
+            flags: 0,
+            args: [arg0, 0, 0, 0],
+            pad: [0; 64],
+        }
     }
 }
 
@@ -284,7 +289,11 @@ pub const MAX_CPUID_ENTRIES: usize = 256;
 
 impl<const N: usize> KvmCpuid2<N> {
     pub fn with_capacity() -> Self {
-        KvmCpuid2 { nent: N as u32, padding: 0, entries: [KvmCpuidEntry2::default(); N] }
+        KvmCpuid2 {
+            nent: N as u32,
+            padding: 0,
+            entries: [KvmCpuidEntry2::default(); N],
+        }
     }
 
     /// The entries the kernel filled in.
@@ -294,7 +303,10 @@ impl<const N: usize> KvmCpuid2<N> {
 
     /// eax, ebx, ecx, edx of leaf `function` (sub-leaf `index`).
     pub fn leaf(&self, function: u32, index: u32) -> Option<[u32; 4]> {
-        self.filled().iter().find(|e| e.function == function && e.index == index).map(|e| [e.eax, e.ebx, e.ecx, e.edx])
+        self.filled()
+            .iter()
+            .find(|e| e.function == function && e.index == index)
+            .map(|e| [e.eax, e.ebx, e.ecx, e.edx])
     }
 }
 
@@ -371,7 +383,13 @@ pub struct IoExit {
 
 impl IoExit {
     pub fn decode(data: &[u8; EXIT_DATA_SIZE]) -> IoExit {
-        IoExit { direction: data[0], size: data[1], port: u16_at(data, 2), count: u32_at(data, 4), data_offset: u64_at(data, 8) }
+        IoExit {
+            direction: data[0],
+            size: data[1],
+            port: u16_at(data, 2),
+            count: u32_at(data, 4),
+            data_offset: u64_at(data, 8),
+        }
     }
 }
 
@@ -389,7 +407,11 @@ impl MmioExit {
     pub const MAX_LEN: usize = 8;
 
     pub fn decode(data: &[u8; EXIT_DATA_SIZE]) -> MmioExit {
-        MmioExit { phys_addr: u64_at(data, 0), len: u32_at(data, 16), is_write: data[20] != 0 }
+        MmioExit {
+            phys_addr: u64_at(data, 0),
+            len: u32_at(data, 16),
+            is_write: data[20] != 0,
+        }
     }
 }
 
@@ -403,7 +425,10 @@ pub struct InternalError {
 impl InternalError {
     pub fn decode(data: &[u8; EXIT_DATA_SIZE]) -> InternalError {
         let ndata = (u32_at(data, 4) as usize).min(16);
-        InternalError { suberror: u32_at(data, 0), data: (0..ndata).map(|i| u64_at(data, 8 + 8 * i)).collect() }
+        InternalError {
+            suberror: u32_at(data, 0),
+            data: (0..ndata).map(|i| u64_at(data, 8 + 8 * i)).collect(),
+        }
     }
 
     pub fn suberror_name(&self) -> &'static str {
@@ -426,7 +451,10 @@ pub struct FailEntry {
 
 impl FailEntry {
     pub fn decode(data: &[u8; EXIT_DATA_SIZE]) -> FailEntry {
-        FailEntry { hardware_entry_failure_reason: u64_at(data, 0), cpu: u32_at(data, 8) }
+        FailEntry {
+            hardware_entry_failure_reason: u64_at(data, 0),
+            cpu: u32_at(data, 8),
+        }
     }
 }
 
@@ -457,14 +485,26 @@ mod tests {
         assert_eq!(KVM_SET_XCRS, 0x4188_AEA7);
         assert_eq!(KVM_GET_XSAVE, 0x9000_AEA4);
         assert_eq!(KVM_SET_XSAVE, 0x5000_AEA5);
-        assert_eq!((KVM_SET_DEVICE_ATTR, KVM_GET_DEVICE_ATTR), (0x4018_AEE1, 0x4018_AEE2));
+        assert_eq!(
+            (KVM_SET_DEVICE_ATTR, KVM_GET_DEVICE_ATTR),
+            (0x4018_AEE1, 0x4018_AEE2)
+        );
     }
 
     #[test]
     fn struct_sizes_match_the_kernel_abi() {
         assert_eq!(size_of::<KvmRegs>(), 144);
-        assert_eq!((offset_of!(KvmRegs, gprs) + offset_of!(UserRegs, rsp), offset_of!(KvmRegs, gprs) + offset_of!(UserRegs, r15)), (0x30, 0x78));
-        assert_eq!((offset_of!(KvmRegs, rip), offset_of!(KvmRegs, rflags)), (0x80, 0x88));
+        assert_eq!(
+            (
+                offset_of!(KvmRegs, gprs) + offset_of!(UserRegs, rsp),
+                offset_of!(KvmRegs, gprs) + offset_of!(UserRegs, r15)
+            ),
+            (0x30, 0x78)
+        );
+        assert_eq!(
+            (offset_of!(KvmRegs, rip), offset_of!(KvmRegs, rflags)),
+            (0x80, 0x88)
+        );
         assert_eq!(size_of::<KvmSegment>(), 24);
         assert_eq!(size_of::<KvmDtable>(), 16);
         assert_eq!(size_of::<KvmEnableCap>(), 104);
@@ -504,7 +544,16 @@ mod tests {
         data[2..4].copy_from_slice(&0xE1u16.to_le_bytes());
         data[4..8].copy_from_slice(&1u32.to_le_bytes());
         data[8..16].copy_from_slice(&0x1000u64.to_le_bytes());
-        assert_eq!(IoExit::decode(&data), IoExit { direction: KVM_EXIT_IO_OUT, size: 1, port: 0xE1, count: 1, data_offset: 0x1000 });
+        assert_eq!(
+            IoExit::decode(&data),
+            IoExit {
+                direction: KVM_EXIT_IO_OUT,
+                size: 1,
+                port: 0xE1,
+                count: 1,
+                data_offset: 0x1000
+            }
+        );
 
         // internal: suberror@0 ndata@4 data@8; ndata is clamped to the 16 words there are.
         let mut data = [0u8; EXIT_DATA_SIZE];
@@ -513,7 +562,13 @@ mod tests {
         data[8..16].copy_from_slice(&0xAAu64.to_le_bytes());
         data[16..24].copy_from_slice(&0xBBu64.to_le_bytes());
         let internal = InternalError::decode(&data);
-        assert_eq!(internal, InternalError { suberror: 1, data: vec![0xAA, 0xBB] });
+        assert_eq!(
+            internal,
+            InternalError {
+                suberror: 1,
+                data: vec![0xAA, 0xBB]
+            }
+        );
         assert_eq!(internal.suberror_name(), "instruction emulation failed");
         data[4..8].copy_from_slice(&1000u32.to_le_bytes());
         assert_eq!(InternalError::decode(&data).data.len(), 16);
@@ -522,7 +577,13 @@ mod tests {
         let mut data = [0u8; EXIT_DATA_SIZE];
         data[0..8].copy_from_slice(&0x21u64.to_le_bytes());
         data[8..12].copy_from_slice(&3u32.to_le_bytes());
-        assert_eq!(FailEntry::decode(&data), FailEntry { hardware_entry_failure_reason: 0x21, cpu: 3 });
+        assert_eq!(
+            FailEntry::decode(&data),
+            FailEntry {
+                hardware_entry_failure_reason: 0x21,
+                cpu: 3
+            }
+        );
     }
 
     #[test]
@@ -532,15 +593,33 @@ mod tests {
         assert_eq!(area.to_bytes(), bytes[..KvmXsave::BYTES]);
         assert_eq!(area.region[1], u32::from_le_bytes([4, 5, 6, 7]));
         let short = KvmXsave::from_bytes(&[1, 2, 3, 4, 5]);
-        assert_eq!((short.region[0], short.region[1], short.region[2]), (0x0403_0201, 5, 0));
+        assert_eq!(
+            (short.region[0], short.region[1], short.region[2]),
+            (0x0403_0201, 5, 0)
+        );
     }
 
     #[test]
     fn cpuid_lookup_uses_only_filled_entries() {
         let mut cpuid = KvmCpuid2::<4>::with_capacity();
-        cpuid.entries[0] = KvmCpuidEntry2 { function: 7, index: 0, ebx: 1, ..Default::default() };
-        cpuid.entries[1] = KvmCpuidEntry2 { function: 7, index: 1, ebx: 2, ..Default::default() };
-        cpuid.entries[2] = KvmCpuidEntry2 { function: 0xD, index: 0, eax: 7, ..Default::default() };
+        cpuid.entries[0] = KvmCpuidEntry2 {
+            function: 7,
+            index: 0,
+            ebx: 1,
+            ..Default::default()
+        };
+        cpuid.entries[1] = KvmCpuidEntry2 {
+            function: 7,
+            index: 1,
+            ebx: 2,
+            ..Default::default()
+        };
+        cpuid.entries[2] = KvmCpuidEntry2 {
+            function: 0xD,
+            index: 0,
+            eax: 7,
+            ..Default::default()
+        };
         cpuid.nent = 2;
         assert_eq!(cpuid.leaf(7, 0), Some([0, 1, 0, 0]));
         assert_eq!(cpuid.leaf(7, 1), Some([0, 2, 0, 0]));

@@ -34,7 +34,12 @@ use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::loader::LoadedProgram;
 use crate::memory::GuestMemory;
 use crate::sys;
-use abi::{KvmCpuid2, KvmSregs, KVM_API_VERSION, KVM_GET_DEVICE_ATTR, KVM_SET_DEVICE_ATTR, KVM_CAP_EXIT_ON_EMULATION_FAILURE, KVM_CAP_IMMEDIATE_EXIT, KVM_CAP_SYNC_REGS, KVM_CHECK_EXTENSION, KVM_SYNC_X86_REGS, KVM_CREATE_VM, KVM_GET_API_VERSION, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE, MAX_CPUID_ENTRIES};
+use abi::{
+    KvmCpuid2, KvmSregs, KVM_API_VERSION, KVM_CAP_EXIT_ON_EMULATION_FAILURE,
+    KVM_CAP_IMMEDIATE_EXIT, KVM_CAP_SYNC_REGS, KVM_CHECK_EXTENSION, KVM_CREATE_VM,
+    KVM_GET_API_VERSION, KVM_GET_DEVICE_ATTR, KVM_GET_SUPPORTED_CPUID, KVM_GET_VCPU_MMAP_SIZE,
+    KVM_SET_DEVICE_ATTR, KVM_SYNC_X86_REGS, MAX_CPUID_ENTRIES,
+};
 pub use vcpu::{slot_ranges as reachable_memory, KvmCpu};
 
 pub const KVM_DEVICE: &str = "/dev/kvm";
@@ -53,7 +58,10 @@ pub enum KvmUnavailable {
     /// A capability this backend relies on is absent.
     MissingCapability(&'static str),
     /// A query every VM needs (vCPU mmap size, supported CPUID) failed.
-    Query { ioctl: &'static str, error: io::Error },
+    Query {
+        ioctl: &'static str,
+        error: io::Error,
+    },
 }
 
 impl fmt::Display for KvmUnavailable {
@@ -131,24 +139,55 @@ enum TscAlignment {
 impl Kvm {
     pub fn open() -> Result<Kvm, KvmUnavailable> {
         // std opens with O_CLOEXEC.
-        let file = OpenOptions::new().read(true).write(true).open(KVM_DEVICE).map_err(classify_open_error)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(KVM_DEVICE)
+            .map_err(classify_open_error)?;
         let fd: OwnedFd = file.into();
         match sys::ioctl_val(fd.as_raw_fd(), KVM_GET_API_VERSION, 0) {
             Ok(KVM_API_VERSION) => {}
             other => return Err(KvmUnavailable::ApiVersion(other)),
         }
         // The deadline watchdog relies on immediate_exit to close the race with KVM_RUN entry.
-        if sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_IMMEDIATE_EXIT).unwrap_or(0) <= 0 {
-            return Err(KvmUnavailable::MissingCapability("KVM_CAP_IMMEDIATE_EXIT (Linux 4.11+)"));
+        if sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_IMMEDIATE_EXIT).unwrap_or(0)
+            <= 0
+        {
+            return Err(KvmUnavailable::MissingCapability(
+                "KVM_CAP_IMMEDIATE_EXIT (Linux 4.11+)",
+            ));
         }
         let query = |ioctl| move |error| KvmUnavailable::Query { ioctl, error };
-        let vcpu_mmap_size = sys::ioctl_val(fd.as_raw_fd(), KVM_GET_VCPU_MMAP_SIZE, 0).map_err(query("KVM_GET_VCPU_MMAP_SIZE"))? as usize;
+        let vcpu_mmap_size = sys::ioctl_val(fd.as_raw_fd(), KVM_GET_VCPU_MMAP_SIZE, 0)
+            .map_err(query("KVM_GET_VCPU_MMAP_SIZE"))? as usize;
         let mut supported_cpuid = Box::new(KvmCpuid2::<MAX_CPUID_ENTRIES>::with_capacity());
-        sys::ioctl_mut(fd.as_raw_fd(), KVM_GET_SUPPORTED_CPUID, supported_cpuid.as_mut()).map_err(query("KVM_GET_SUPPORTED_CPUID"))?;
-        let features = CpuFeatures::from_cpuid(|function, index| supported_cpuid.leaf(function, index));
-        let exit_on_emulation_failure = sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_EXIT_ON_EMULATION_FAILURE as _).unwrap_or(0) > 0;
-        let sync_regs = sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS).map_or(false, |fields| fields as u64 & KVM_SYNC_X86_REGS != 0);
-        Ok(Kvm { fd, vcpu_mmap_size, supported_cpuid, features, reset_sregs: OnceLock::new(), exit_on_emulation_failure, sync_regs, tsc: OnceLock::new() })
+        sys::ioctl_mut(
+            fd.as_raw_fd(),
+            KVM_GET_SUPPORTED_CPUID,
+            supported_cpuid.as_mut(),
+        )
+        .map_err(query("KVM_GET_SUPPORTED_CPUID"))?;
+        let features =
+            CpuFeatures::from_cpuid(|function, index| supported_cpuid.leaf(function, index));
+        let exit_on_emulation_failure = sys::ioctl_val(
+            fd.as_raw_fd(),
+            KVM_CHECK_EXTENSION,
+            KVM_CAP_EXIT_ON_EMULATION_FAILURE as _,
+        )
+        .unwrap_or(0)
+            > 0;
+        let sync_regs = sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS)
+            .map_or(false, |fields| fields as u64 & KVM_SYNC_X86_REGS != 0);
+        Ok(Kvm {
+            fd,
+            vcpu_mmap_size,
+            supported_cpuid,
+            features,
+            reset_sregs: OnceLock::new(),
+            exit_on_emulation_failure,
+            sync_regs,
+            tsc: OnceLock::new(),
+        })
     }
 
     /// The process-wide /dev/kvm, opened and queried on first success, so that creating a VM
@@ -164,7 +203,10 @@ impl Kvm {
 
     /// `Kvm::reset_sregs`, read with `read_new_vcpu` (KVM_GET_SREGS of a vCPU never run) the
     /// first time.
-    fn reset_sregs(&self, read_new_vcpu: impl FnOnce() -> io::Result<KvmSregs>) -> io::Result<KvmSregs> {
+    fn reset_sregs(
+        &self,
+        read_new_vcpu: impl FnOnce() -> io::Result<KvmSregs>,
+    ) -> io::Result<KvmSregs> {
         if let Some(sregs) = self.reset_sregs.get() {
             return Ok(*sregs);
         }
@@ -175,11 +217,13 @@ impl Kvm {
     /// Makes the new vCPU `vcpu`'s TSC read the host's TSC; false if it cannot. The first vCPU
     /// tells which way this KVM needs (`TscAlignment`): on PVM no ioctl at all per vCPU.
     fn align_tsc(&self, vcpu: &OwnedFd) -> bool {
-        let how = *self.tsc.get_or_init(|| match tsc_offset(vcpu, KVM_GET_DEVICE_ATTR, 0) {
-            Ok(0) => TscAlignment::Already,
-            Ok(_) => TscAlignment::SetOffset,
-            Err(_) => TscAlignment::Unavailable,
-        });
+        let how = *self
+            .tsc
+            .get_or_init(|| match tsc_offset(vcpu, KVM_GET_DEVICE_ATTR, 0) {
+                Ok(0) => TscAlignment::Already,
+                Ok(_) => TscAlignment::SetOffset,
+                Err(_) => TscAlignment::Unavailable,
+            });
         match how {
             TscAlignment::Already => true,
             TscAlignment::SetOffset => tsc_offset(vcpu, KVM_SET_DEVICE_ATTR, 0).is_ok(),
@@ -193,13 +237,23 @@ impl Kvm {
 }
 
 /// The product's vCPU for a freshly loaded program (a `vm::CpuFactory`).
-pub fn new_cpu<'m>(mem: &'m GuestMemory, loaded: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
-    Ok(Box::new(KvmCpu::new(mem, loaded.entry, loaded.stack_pointer)?))
+pub fn new_cpu<'m>(
+    mem: &'m GuestMemory,
+    loaded: &LoadedProgram,
+) -> io::Result<Box<dyn GuestCpu + 'm>> {
+    Ok(Box::new(KvmCpu::new(
+        mem,
+        loaded.entry,
+        loaded.stack_pointer,
+    )?))
 }
 
 /// The product's vCPU restored from a template snapshot (a `snapshot::RestoreFactory`; use it
 /// with `ForkMemory::CopyOnWrite`).
-pub fn restore_cpu<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
+pub fn restore_cpu<'m>(
+    mem: &'m GuestMemory,
+    snapshot: &CpuSnapshot,
+) -> io::Result<Box<dyn GuestCpu + 'm>> {
     Ok(Box::new(KvmCpu::restore(mem, snapshot)?))
 }
 
@@ -207,7 +261,12 @@ pub fn restore_cpu<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Resu
 /// `value`) of the KVM_VCPU_TSC_OFFSET attribute.
 fn tsc_offset(vcpu: &OwnedFd, request: std::ffi::c_ulong, value: u64) -> io::Result<u64> {
     let mut offset = value;
-    let attr = abi::KvmDeviceAttr { flags: 0, group: abi::KVM_VCPU_TSC_CTRL, attr: abi::KVM_VCPU_TSC_OFFSET, addr: &mut offset as *mut u64 as u64 };
+    let attr = abi::KvmDeviceAttr {
+        flags: 0,
+        group: abi::KVM_VCPU_TSC_CTRL,
+        attr: abi::KVM_VCPU_TSC_OFFSET,
+        addr: &mut offset as *mut u64 as u64,
+    };
     sys::ioctl_ref(vcpu.as_raw_fd(), request, &attr)?;
     Ok(offset)
 }
@@ -242,7 +301,12 @@ mod tests {
                     assert!(text.contains("is missing"), "{text}");
                 }
                 let io_error: io::Error = e.into();
-                assert!(io_error.get_ref().is_some_and(|inner| inner.is::<KvmUnavailable>()), "the typed error survives");
+                assert!(
+                    io_error
+                        .get_ref()
+                        .is_some_and(|inner| inner.is::<KvmUnavailable>()),
+                    "the typed error survives"
+                );
                 assert_eq!(io_error.to_string(), text);
                 // A failed open is not cached: the shared instance reports the same.
                 assert_eq!(Kvm::shared().err().map(|e| e.to_string()), Some(text));
@@ -255,12 +319,31 @@ mod tests {
         let missing = classify_open_error(io::Error::from_raw_os_error(2));
         assert!(matches!(missing, KvmUnavailable::Missing));
         assert_eq!(io::Error::from(missing).kind(), io::ErrorKind::NotFound);
-        assert!(matches!(classify_open_error(io::Error::from_raw_os_error(13)), KvmUnavailable::PermissionDenied));
+        assert!(matches!(
+            classify_open_error(io::Error::from_raw_os_error(13)),
+            KvmUnavailable::PermissionDenied
+        ));
         let no_driver = classify_open_error(io::Error::from_raw_os_error(19));
-        assert!(no_driver.to_string().contains("no KVM driver"), "{no_driver}");
-        assert!(matches!(classify_open_error(io::Error::from_raw_os_error(24)), KvmUnavailable::OpenFailed(_)));
-        assert!(KvmUnavailable::ApiVersion(Ok(11)).to_string().contains("version 11"));
-        let query = KvmUnavailable::Query { ioctl: "KVM_GET_SUPPORTED_CPUID", error: io::Error::from_raw_os_error(7) };
-        assert!(query.to_string().starts_with("sandfork-vmm needs KVM: KVM_GET_SUPPORTED_CPUID on /dev/kvm failed"), "{query}");
+        assert!(
+            no_driver.to_string().contains("no KVM driver"),
+            "{no_driver}"
+        );
+        assert!(matches!(
+            classify_open_error(io::Error::from_raw_os_error(24)),
+            KvmUnavailable::OpenFailed(_)
+        ));
+        assert!(KvmUnavailable::ApiVersion(Ok(11))
+            .to_string()
+            .contains("version 11"));
+        let query = KvmUnavailable::Query {
+            ioctl: "KVM_GET_SUPPORTED_CPUID",
+            error: io::Error::from_raw_os_error(7),
+        };
+        assert!(
+            query
+                .to_string()
+                .starts_with("sandfork-vmm needs KVM: KVM_GET_SUPPORTED_CPUID on /dev/kvm failed"),
+            "{query}"
+        );
     }
 }

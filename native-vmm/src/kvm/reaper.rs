@@ -25,7 +25,9 @@ struct Queue {
 impl Queue {
     fn pending(&self) -> MutexGuard<'_, u64> {
         // A count stays meaningful even if a holder panicked: every update is one assignment.
-        self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -36,18 +38,24 @@ fn queue() -> Option<&'static Queue> {
     QUEUE
         .get_or_init(|| {
             let (sender, receiver) = mpsc::channel::<Remains>();
-            let spawned = std::thread::Builder::new().name("kvm-vm-reaper".into()).spawn(move || {
-                for remains in receiver {
-                    drop(remains);
-                    let queue = queue().expect("the reaper runs only once its queue exists");
-                    let mut pending = queue.pending();
-                    *pending -= 1;
-                    if *pending == 0 {
-                        queue.drained.notify_all();
+            let spawned = std::thread::Builder::new()
+                .name("kvm-vm-reaper".into())
+                .spawn(move || {
+                    for remains in receiver {
+                        drop(remains);
+                        let queue = queue().expect("the reaper runs only once its queue exists");
+                        let mut pending = queue.pending();
+                        *pending -= 1;
+                        if *pending == 0 {
+                            queue.drained.notify_all();
+                        }
                     }
-                }
-            });
-            spawned.ok().map(|_| Queue { sender, pending: Mutex::new(0), drained: Condvar::new() })
+                });
+            spawned.ok().map(|_| Queue {
+                sender,
+                pending: Mutex::new(0),
+                drained: Condvar::new(),
+            })
         })
         .as_ref()
 }
@@ -60,7 +68,9 @@ pub fn start() {
 
 /// Queues `remains` to be dropped on the reaper thread (dropped here if it cannot be started).
 fn dispose(remains: Remains) {
-    let Some(queue) = queue() else { return drop(remains) };
+    let Some(queue) = queue() else {
+        return drop(remains);
+    };
     *queue.pending() += 1;
     if let Err(unsent) = queue.sender.send(remains) {
         *queue.pending() -= 1;
@@ -73,7 +83,10 @@ pub fn flush() {
     let Some(queue) = queue() else { return };
     let mut pending = queue.pending();
     while *pending > 0 {
-        pending = queue.drained.wait(pending).unwrap_or_else(|poisoned| poisoned.into_inner());
+        pending = queue
+            .drained
+            .wait(pending)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
     }
 }
 
@@ -115,7 +128,10 @@ mod tests {
 
     impl Drop for Marker {
         fn drop(&mut self) {
-            self.dropped_on.lock().unwrap().push(std::thread::current().id());
+            self.dropped_on
+                .lock()
+                .unwrap()
+                .push(std::thread::current().id());
             self.count.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -125,13 +141,23 @@ mod tests {
         let dropped_on = Arc::new(Mutex::new(Vec::new()));
         let count = Arc::new(AtomicUsize::new(0));
         for _ in 0..50 {
-            let reaped = Reaped::new(Marker { dropped_on: dropped_on.clone(), count: count.clone() });
+            let reaped = Reaped::new(Marker {
+                dropped_on: dropped_on.clone(),
+                count: count.clone(),
+            });
             assert!(Arc::strong_count(&reaped.count) >= 2, "derefs to the value");
             drop(reaped);
         }
         flush();
-        assert_eq!(count.load(Ordering::SeqCst), 50, "flush returns only once all are dropped");
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            50,
+            "flush returns only once all are dropped"
+        );
         let threads = dropped_on.lock().unwrap();
-        assert!(threads.iter().all(|&t| t != std::thread::current().id()), "none dropped in place");
+        assert!(
+            threads.iter().all(|&t| t != std::thread::current().id()),
+            "none dropped in place"
+        );
     }
 }

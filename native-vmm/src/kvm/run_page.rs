@@ -25,16 +25,34 @@ impl RunPage {
     /// Maps `len` bytes (KVM_GET_VCPU_MMAP_SIZE) of `vcpu`'s run structure.
     pub fn map(vcpu: &OwnedFd, len: usize) -> io::Result<RunPage> {
         if len < size_of::<KvmRun>() {
-            return Err(io::Error::other(format!("KVM_GET_VCPU_MMAP_SIZE is {len}, smaller than struct kvm_run ({} bytes)", size_of::<KvmRun>())));
+            return Err(io::Error::other(format!(
+                "KVM_GET_VCPU_MMAP_SIZE is {len}, smaller than struct kvm_run ({} bytes)",
+                size_of::<KvmRun>()
+            )));
         }
         // SAFETY: a fresh shared mapping of the vCPU fd at a kernel-chosen address, as the KVM
         // API prescribes; nothing else refers to that range.
-        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, vcpu.as_raw_fd(), 0) };
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                vcpu.as_raw_fd(),
+                0,
+            )
+        };
         if addr == libc::MAP_FAILED {
             let e = io::Error::last_os_error();
-            return Err(io::Error::new(e.kind(), format!("mmap of the vCPU run page: {e}")));
+            return Err(io::Error::new(
+                e.kind(),
+                format!("mmap of the vCPU run page: {e}"),
+            ));
         }
-        Ok(RunPage { run: addr as *mut KvmRun, len })
+        Ok(RunPage {
+            run: addr as *mut KvmRun,
+            len,
+        })
     }
 
     pub fn exit_reason(&self) -> u32 {
@@ -56,7 +74,9 @@ impl RunPage {
         // SAFETY: the exit union lies inside the mapping (checked in map) and `mmio.data` (8
         // bytes at DATA_OFFSET) inside the union; the kernel does not touch it outside KVM_RUN.
         unsafe {
-            let data = std::ptr::addr_of_mut!((*self.run).exit).cast::<u8>().add(MmioExit::DATA_OFFSET);
+            let data = std::ptr::addr_of_mut!((*self.run).exit)
+                .cast::<u8>()
+                .add(MmioExit::DATA_OFFSET);
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, len);
         }
     }
@@ -66,7 +86,9 @@ impl RunPage {
     pub fn keep_regs_synced(&self) {
         // SAFETY: a field inside the mapping (checked in map); the kernel reads it only inside
         // KVM_RUN on this thread.
-        unsafe { std::ptr::addr_of_mut!((*self.run).kvm_valid_regs).write_volatile(KVM_SYNC_X86_REGS) };
+        unsafe {
+            std::ptr::addr_of_mut!((*self.run).kvm_valid_regs).write_volatile(KVM_SYNC_X86_REGS)
+        };
     }
 
     /// The general registers KVM stored at the last return from KVM_RUN, or the ones `put_regs`
@@ -74,7 +96,11 @@ impl RunPage {
     pub fn regs(&self) -> KvmRegs {
         // SAFETY: `struct kvm_sync_regs` starts with a `struct kvm_regs` at the start of the
         // `sync_regs` area inside the mapping; read unaligned-safe and volatile, outside KVM_RUN.
-        unsafe { std::ptr::addr_of!((*self.run).sync_regs).cast::<KvmRegs>().read_volatile() }
+        unsafe {
+            std::ptr::addr_of!((*self.run).sync_regs)
+                .cast::<KvmRegs>()
+                .read_volatile()
+        }
     }
 
     /// Leaves `regs` for KVM to load at the next KVM_RUN's entry (`kvm_dirty_regs`; KVM clears
@@ -82,7 +108,9 @@ impl RunPage {
     pub fn put_regs(&self, regs: &KvmRegs) {
         // SAFETY: as in `regs`; then a field inside the mapping.
         unsafe {
-            std::ptr::addr_of_mut!((*self.run).sync_regs).cast::<KvmRegs>().write_volatile(*regs);
+            std::ptr::addr_of_mut!((*self.run).sync_regs)
+                .cast::<KvmRegs>()
+                .write_volatile(*regs);
             let dirty = std::ptr::addr_of_mut!((*self.run).kvm_dirty_regs);
             dirty.write_volatile(dirty.read_volatile() | KVM_SYNC_X86_REGS);
         }
@@ -166,15 +194,27 @@ mod tests {
     fn synced_registers_sit_at_the_start_of_the_sync_area_and_are_marked_dirty() {
         let (page, kernel) = fake_run_page();
         page.keep_regs_synced();
-        let regs = KvmRegs { rip: 0x40_1000, rflags: 0x202, ..Default::default() };
+        let regs = KvmRegs {
+            rip: 0x40_1000,
+            rflags: 0x202,
+            ..Default::default()
+        };
         page.put_regs(&regs);
         let word = |at: u64| {
             let mut b = [0u8; 8];
             kernel.read_at(&mut b, at).unwrap();
             u64::from_le_bytes(b)
         };
-        assert_eq!((word(0x120), word(0x128)), (KVM_SYNC_X86_REGS, KVM_SYNC_X86_REGS), "kvm_valid_regs, kvm_dirty_regs");
-        assert_eq!((word(0x130 + 0x80), word(0x130 + 0x88)), (0x40_1000, 0x202), "rip and rflags of struct kvm_regs");
+        assert_eq!(
+            (word(0x120), word(0x128)),
+            (KVM_SYNC_X86_REGS, KVM_SYNC_X86_REGS),
+            "kvm_valid_regs, kvm_dirty_regs"
+        );
+        assert_eq!(
+            (word(0x130 + 0x80), word(0x130 + 0x88)),
+            (0x40_1000, 0x202),
+            "rip and rflags of struct kvm_regs"
+        );
         kernel.write_at(&7u64.to_le_bytes(), 0x130).unwrap(); // what KVM stores at an exit: rax
         assert_eq!(page.regs().gprs.rax, 7);
     }

@@ -12,7 +12,10 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
-use super::abi::{KvmEnableCap, KVM_CAP_EXIT_ON_EMULATION_FAILURE, KVM_CREATE_VCPU, KVM_ENABLE_CAP, KVM_SET_CPUID2};
+use super::abi::{
+    KvmEnableCap, KVM_CAP_EXIT_ON_EMULATION_FAILURE, KVM_CREATE_VCPU, KVM_ENABLE_CAP,
+    KVM_SET_CPUID2,
+};
 use super::run_page::RunPage;
 use super::{context, Kvm};
 use crate::sys;
@@ -33,13 +36,31 @@ pub struct Blank {
 
 fn make(kvm: &Kvm) -> io::Result<Blank> {
     let vm = kvm.create_vm()?;
-    let slots_on_touch = kvm.exit_on_emulation_failure && sys::ioctl_ref(vm.as_raw_fd(), KVM_ENABLE_CAP, &KvmEnableCap::new(KVM_CAP_EXIT_ON_EMULATION_FAILURE, 1)).is_ok();
-    let vcpu = sys::ioctl_new_fd(vm.as_raw_fd(), KVM_CREATE_VCPU, 0).map_err(context("KVM_CREATE_VCPU"))?;
+    let slots_on_touch = kvm.exit_on_emulation_failure
+        && sys::ioctl_ref(
+            vm.as_raw_fd(),
+            KVM_ENABLE_CAP,
+            &KvmEnableCap::new(KVM_CAP_EXIT_ON_EMULATION_FAILURE, 1),
+        )
+        .is_ok();
+    let vcpu = sys::ioctl_new_fd(vm.as_raw_fd(), KVM_CREATE_VCPU, 0)
+        .map_err(context("KVM_CREATE_VCPU"))?;
     let run_page = RunPage::map(&vcpu, kvm.vcpu_mmap_size)?;
     let tsc_aligned = kvm.align_tsc(&vcpu);
     // CPUID before any state: KVM checks CR4 and XCR0 against the CPUID the guest was given.
-    sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_CPUID2, kvm.supported_cpuid.as_ref()).map_err(context("KVM_SET_CPUID2"))?;
-    Ok(Blank { vm, vcpu, run_page, slots_on_touch, tsc_aligned })
+    sys::ioctl_ref(
+        vcpu.as_raw_fd(),
+        KVM_SET_CPUID2,
+        kvm.supported_cpuid.as_ref(),
+    )
+    .map_err(context("KVM_SET_CPUID2"))?;
+    Ok(Blank {
+        vm,
+        vcpu,
+        run_page,
+        slots_on_touch,
+        tsc_aligned,
+    })
 }
 
 struct Stock {
@@ -51,7 +72,9 @@ struct Stock {
 impl Stock {
     fn ready(&self) -> MutexGuard<'_, Vec<Blank>> {
         // A list of whole VMs stays usable even if a holder panicked: each push or pop is one step.
-        self.ready.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.ready
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The thread's loop: refill up to `STOCK`, sleep until one is taken; end at a failure.
@@ -59,7 +82,10 @@ impl Stock {
         loop {
             let mut ready = self.ready();
             while ready.len() >= STOCK {
-                ready = self.taken.wait(ready).unwrap_or_else(|poisoned| poisoned.into_inner());
+                ready = self
+                    .taken
+                    .wait(ready)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
             }
             drop(ready);
             match make(kvm) {
@@ -75,12 +101,17 @@ fn stock(kvm: &'static Kvm) -> Option<&'static Stock> {
     static STOCK_OF_BLANKS: OnceLock<Option<Stock>> = OnceLock::new();
     STOCK_OF_BLANKS
         .get_or_init(|| {
-            let spawned = std::thread::Builder::new().name("kvm-vm-stock".into()).spawn(move || {
-                if let Some(stock) = stock(kvm) {
-                    stock.keep_filled(kvm);
-                }
-            });
-            spawned.ok().map(|_| Stock { ready: Mutex::new(Vec::with_capacity(STOCK)), taken: Condvar::new() })
+            let spawned = std::thread::Builder::new()
+                .name("kvm-vm-stock".into())
+                .spawn(move || {
+                    if let Some(stock) = stock(kvm) {
+                        stock.keep_filled(kvm);
+                    }
+                });
+            spawned.ok().map(|_| Stock {
+                ready: Mutex::new(Vec::with_capacity(STOCK)),
+                taken: Condvar::new(),
+            })
         })
         .as_ref()
 }

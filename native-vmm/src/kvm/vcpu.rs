@@ -22,11 +22,13 @@ use crate::arch::cpu_state::{self, CpuFeatures};
 use crate::arch::descriptors::{Segment, GDT_LIMIT, IDT_LIMIT};
 use crate::arch::stubs::{ExceptionFrame, Reg, FRAME_RFLAGS, FRAME_RIP, FRAME_RSP};
 use crate::arch::{self, paging, EXCEPTION_PORT, GDT_ADDR, IDT_ADDR, SYSCALL_PORT};
-use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu, UserRegs, XSAVE_MIN_BYTES, XSAVE_XCOMP_BV, XSAVE_XSTATE_BV};
+use crate::cpu::{
+    CpuExit, CpuSnapshot, GuestCpu, UserRegs, XSAVE_MIN_BYTES, XSAVE_XCOMP_BV, XSAVE_XSTATE_BV,
+};
 use crate::layout::PAGE_SIZE;
 use crate::memory::{GuestMemory, PageSet};
-use crate::sys;
 use crate::status::GuestFault;
+use crate::sys;
 
 const GENERAL_PROTECTION: u8 = 13;
 const PAGE_FAULT: u8 = 14;
@@ -98,8 +100,24 @@ impl<'m> KvmCpu<'m> {
     /// Writes the `arch` tables into the system area of `mem`, creates the VM and its vCPU,
     /// and points the vCPU at `entry` with `stack_pointer` in rsp (other registers 0), at CPL3.
     pub fn new(mem: &'m GuestMemory, entry: u64, stack_pointer: u64) -> io::Result<KvmCpu<'m>> {
-        let regs = KvmRegs { gprs: UserRegs { rsp: stack_pointer, ..Default::default() }, rip: entry, rflags: cpu_state::USER_RFLAGS };
-        KvmCpu::create(mem, true, regs, &UserState { fs_base: 0, gs_base: 0, xsave: None })
+        let regs = KvmRegs {
+            gprs: UserRegs {
+                rsp: stack_pointer,
+                ..Default::default()
+            },
+            rip: entry,
+            rflags: cpu_state::USER_RFLAGS,
+        };
+        KvmCpu::create(
+            mem,
+            true,
+            regs,
+            &UserState {
+                fs_base: 0,
+                gs_base: 0,
+                xsave: None,
+            },
+        )
     }
 
     /// A vCPU in the state `snapshot` recorded, on `mem`: a copy-on-write fork of a template
@@ -127,11 +145,22 @@ impl<'m> KvmCpu<'m> {
 
     /// Creates the VM (one slot: all of `mem`) and its vCPU in long mode at CPL3 with `regs`;
     /// `install_tables` writes the `arch` tables into `mem` first (a fork has them already).
-    fn create(mem: &'m GuestMemory, install_tables: bool, regs: KvmRegs, user: &UserState) -> io::Result<KvmCpu<'m>> {
+    fn create(
+        mem: &'m GuestMemory,
+        install_tables: bool,
+        regs: KvmRegs,
+        user: &UserState,
+    ) -> io::Result<KvmCpu<'m>> {
         paging::check_memory_size(mem.size())?;
         let kvm = Kvm::shared()?;
         reaper::start();
-        let Blank { vm, vcpu, run_page, slots_on_touch, tsc_aligned } = spare::take(kvm)?;
+        let Blank {
+            vm,
+            vcpu,
+            run_page,
+            slots_on_touch,
+            tsc_aligned,
+        } = spare::take(kvm)?;
         if install_tables {
             arch::install(mem)?;
         }
@@ -149,7 +178,20 @@ impl<'m> KvmCpu<'m> {
         let watchdog = Watchdog::start(Box::new(move || exit_flag.raise()))?;
         let handles = Reaped::new(VmHandles { run_page, vcpu, vm });
         // No memory slot yet: `map_memory` creates them all at once (every run starts with it).
-        let cpu = KvmCpu { watchdog, handles, slots: Vec::new(), reachable: Vec::new(), slots_on_touch, inner_exits: 0, sync_regs: kvm.sync_regs, regs, in_syscall: false, user_state_in_regs: false, mem, written: None };
+        let cpu = KvmCpu {
+            watchdog,
+            handles,
+            slots: Vec::new(),
+            reachable: Vec::new(),
+            slots_on_touch,
+            inner_exits: 0,
+            sync_regs: kvm.sync_regs,
+            regs,
+            in_syscall: false,
+            user_state_in_regs: false,
+            mem,
+            written: None,
+        };
         cpu.put_regs(&regs)?;
         Ok(cpu)
     }
@@ -161,10 +203,29 @@ impl<'m> KvmCpu<'m> {
             self.take_slot_log(slot)?;
         }
         let (start, end) = range.unwrap_or((0, 0));
-        let userspace_addr = if range.is_some() { self.mem.host_base() + start } else { 0 };
-        let flags = if self.written.is_some() { KVM_MEM_LOG_DIRTY_PAGES } else { 0 };
-        let region = KvmUserspaceMemoryRegion { slot: slot as u32, flags, guest_phys_addr: start, memory_size: end - start, userspace_addr };
-        sys::ioctl_ref(self.handles.vm.as_raw_fd(), KVM_SET_USER_MEMORY_REGION, &region).map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
+        let userspace_addr = if range.is_some() {
+            self.mem.host_base() + start
+        } else {
+            0
+        };
+        let flags = if self.written.is_some() {
+            KVM_MEM_LOG_DIRTY_PAGES
+        } else {
+            0
+        };
+        let region = KvmUserspaceMemoryRegion {
+            slot: slot as u32,
+            flags,
+            guest_phys_addr: start,
+            memory_size: end - start,
+            userspace_addr,
+        };
+        sys::ioctl_ref(
+            self.handles.vm.as_raw_fd(),
+            KVM_SET_USER_MEMORY_REGION,
+            &region,
+        )
+        .map_err(context("KVM_SET_USER_MEMORY_REGION"))?;
         if self.slots.len() <= slot {
             self.slots.resize(slot + 1, None);
         }
@@ -175,14 +236,24 @@ impl<'m> KvmCpu<'m> {
     /// Adds the pages the guest wrote in slot `slot` since its log was last taken to `written`
     /// (KVM_GET_DIRTY_LOG, which also clears the log); nothing when writes are not tracked.
     fn take_slot_log(&mut self, slot: usize) -> io::Result<()> {
-        let (Some(written), Some(Some((start, end)))) = (&mut self.written, self.slots.get(slot)) else { return Ok(()) };
+        let (Some(written), Some(Some((start, end)))) = (&mut self.written, self.slots.get(slot))
+        else {
+            return Ok(());
+        };
         let pages = ((end - start) / PAGE_SIZE) as usize;
         let mut bitmap = vec![0u64; pages.div_ceil(64)];
-        let log = KvmDirtyLog { slot: slot as u32, padding: 0, dirty_bitmap: bitmap.as_mut_ptr() as u64 };
-        sys::ioctl_ref(self.handles.vm.as_raw_fd(), KVM_GET_DIRTY_LOG, &log).map_err(context("KVM_GET_DIRTY_LOG"))?;
+        let log = KvmDirtyLog {
+            slot: slot as u32,
+            padding: 0,
+            dirty_bitmap: bitmap.as_mut_ptr() as u64,
+        };
+        sys::ioctl_ref(self.handles.vm.as_raw_fd(), KVM_GET_DIRTY_LOG, &log)
+            .map_err(context("KVM_GET_DIRTY_LOG"))?;
         let first = (start / PAGE_SIZE) as usize;
         for (i, &word) in bitmap.iter().enumerate().filter(|(_, &word)| word != 0) {
-            (0..64).filter(|bit| word >> bit & 1 != 0).for_each(|bit| written.insert(first + i * 64 + bit));
+            (0..64)
+                .filter(|bit| word >> bit & 1 != 0)
+                .for_each(|bit| written.insert(first + i * 64 + bit));
         }
         Ok(())
     }
@@ -194,7 +265,8 @@ impl<'m> KvmCpu<'m> {
             return Ok(self.handles.run_page.regs());
         }
         let mut regs = KvmRegs::default();
-        sys::ioctl_mut(self.handles.vcpu.as_raw_fd(), KVM_GET_REGS, &mut regs).map_err(context("KVM_GET_REGS"))?;
+        sys::ioctl_mut(self.handles.vcpu.as_raw_fd(), KVM_GET_REGS, &mut regs)
+            .map_err(context("KVM_GET_REGS"))?;
         Ok(regs)
     }
 
@@ -208,7 +280,8 @@ impl<'m> KvmCpu<'m> {
             self.handles.run_page.put_regs(regs);
             return Ok(());
         }
-        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_REGS, regs).map_err(context("KVM_SET_REGS"))?;
+        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_REGS, regs)
+            .map_err(context("KVM_SET_REGS"))?;
         Ok(())
     }
 
@@ -217,19 +290,37 @@ impl<'m> KvmCpu<'m> {
     fn user_state(&self, regs: KvmRegs) -> io::Result<CpuSnapshot> {
         let sregs = self.get_sregs()?;
         let mut area = KvmXsave::zeroed();
-        sys::ioctl_mut(self.handles.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area).map_err(context("KVM_GET_XSAVE"))?;
-        Ok(CpuSnapshot { regs: regs.gprs, rip: regs.rip, rflags: regs.rflags, fs_base: sregs.fs.base, gs_base: sregs.gs.base, xsave: area.to_bytes() })
+        sys::ioctl_mut(self.handles.vcpu.as_raw_fd(), KVM_GET_XSAVE, &mut area)
+            .map_err(context("KVM_GET_XSAVE"))?;
+        Ok(CpuSnapshot {
+            regs: regs.gprs,
+            rip: regs.rip,
+            rflags: regs.rflags,
+            fs_base: sregs.fs.base,
+            gs_base: sregs.gs.base,
+            xsave: area.to_bytes(),
+        })
     }
 
     /// Gives guest memory in `[start, end)` that no slot covers slots of its own; true if it
     /// made any.
     fn fill_slots(&mut self, start: u64, end: u64) -> io::Result<bool> {
-        let mut covered: Vec<(u64, u64)> = self.slots.iter().flatten().copied().filter(|&(s, e)| s < end && e > start).collect();
+        let mut covered: Vec<(u64, u64)> = self
+            .slots
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&(s, e)| s < end && e > start)
+            .collect();
         covered.sort_unstable();
         let (mut at, mut made) = (start, false);
         for (s, e) in covered.into_iter().chain(std::iter::once((end, end))) {
             if s > at {
-                let free = self.slots.iter().position(Option::is_none).unwrap_or(self.slots.len());
+                let free = self
+                    .slots
+                    .iter()
+                    .position(Option::is_none)
+                    .unwrap_or(self.slots.len());
                 self.set_slot(free, Some((at, s)))?;
                 made = true;
             }
@@ -251,21 +342,40 @@ impl<'m> KvmCpu<'m> {
     /// slot (or a later piece of the same instruction's access): the range gets its slot and
     /// the access is completed on guest memory, as the guest would have done it. False if the
     /// access is outside what the guest may reach.
-    fn complete_first_touch(&mut self, mmio: &MmioExit, data: &[u8; EXIT_DATA_SIZE]) -> io::Result<bool> {
+    fn complete_first_touch(
+        &mut self,
+        mmio: &MmioExit,
+        data: &[u8; EXIT_DATA_SIZE],
+    ) -> io::Result<bool> {
         let len = mmio.len as usize;
         let end = mmio.phys_addr.saturating_add(mmio.len as u64);
-        let Some(&(start, range_end)) = self.reachable.iter().find(|&&(s, e)| s <= mmio.phys_addr && end <= e) else { return Ok(false) };
+        let Some(&(start, range_end)) = self
+            .reachable
+            .iter()
+            .find(|&&(s, e)| s <= mmio.phys_addr && end <= e)
+        else {
+            return Ok(false);
+        };
         if len == 0 || len > MmioExit::MAX_LEN {
             return Ok(false);
         }
         self.fill_slots(start, range_end)?;
         let bytes = MmioExit::DATA_OFFSET..MmioExit::DATA_OFFSET + len;
-        let invalid = |e| io::Error::new(io::ErrorKind::InvalidData, format!("completing a first touch: {e}"));
+        let invalid = |e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("completing a first touch: {e}"),
+            )
+        };
         if mmio.is_write {
-            self.mem.write(mmio.phys_addr, &data[bytes]).map_err(invalid)?;
+            self.mem
+                .write(mmio.phys_addr, &data[bytes])
+                .map_err(invalid)?;
         } else {
             let mut read = [0u8; MmioExit::MAX_LEN];
-            self.mem.read(mmio.phys_addr, &mut read[..len]).map_err(invalid)?;
+            self.mem
+                .read(mmio.phys_addr, &mut read[..len])
+                .map_err(invalid)?;
             self.handles.run_page.set_mmio_data(&read[..len]);
         }
         Ok(true)
@@ -284,9 +394,17 @@ impl<'m> KvmCpu<'m> {
                 // Guest memory outside every slot: memory the program was never handed.
                 let rip = self.get_regs()?.rip;
                 let error_code = PF_USER | if mmio.is_write { PF_WRITE } else { 0 };
-                CpuExit::Fault(GuestFault { vector: PAGE_FAULT, error_code, rip, address: Some(mmio.phys_addr) })
+                CpuExit::Fault(GuestFault {
+                    vector: PAGE_FAULT,
+                    error_code,
+                    rip,
+                    address: Some(mmio.phys_addr),
+                })
             }
-            KVM_EXIT_INTERNAL_ERROR if InternalError::decode(&self.handles.run_page.exit_data()).suberror == KVM_INTERNAL_ERROR_EMULATION => {
+            KVM_EXIT_INTERNAL_ERROR
+                if InternalError::decode(&self.handles.run_page.exit_data()).suberror
+                    == KVM_INTERNAL_ERROR_EMULATION =>
+            {
                 // KVM emulates an instruction only when it touches memory outside every slot;
                 // one it cannot emulate (an instruction fetch, AVX-512) ends up here, its rip
                 // unchanged. If reachable memory was waiting for its slots, they are made and
@@ -296,7 +414,12 @@ impl<'m> KvmCpu<'m> {
                     return Ok(None);
                 }
                 let rip = self.get_regs()?.rip;
-                CpuExit::Fault(GuestFault { vector: PAGE_FAULT, error_code: PF_USER, rip, address: None })
+                CpuExit::Fault(GuestFault {
+                    vector: PAGE_FAULT,
+                    error_code: PF_USER,
+                    rip,
+                    address: None,
+                })
             }
             _ => return self.handle_other_exit().map(Some),
         }))
@@ -319,17 +442,28 @@ impl<'m> KvmCpu<'m> {
                     (KVM_EXIT_IO_OUT, EXCEPTION_PORT) => {
                         let regs = self.get_regs()?;
                         let frame = ExceptionFrame::from_registers(|r| register(&regs.gprs, r));
-                        let cr2 = if frame.vector == PAGE_FAULT as u64 { Some(self.get_sregs()?.cr2) } else { None };
+                        let cr2 = if frame.vector == PAGE_FAULT as u64 {
+                            Some(self.get_sregs()?.cr2)
+                        } else {
+                            None
+                        };
                         fault_exit(frame, cr2)
                     }
                     // The I/O bitmap lets CPL3 reach SYSCALL_PORT (the stub runs at CPL3 on
                     // PVM), so the program's own code can `in` from it too: an I/O access the
                     // VMM does not serve is the general protection fault any other port gets.
-                    _ => Ok(CpuExit::Fault(GuestFault { vector: GENERAL_PROTECTION, error_code: 0, rip: self.get_regs()?.rip, address: None })),
+                    _ => Ok(CpuExit::Fault(GuestFault {
+                        vector: GENERAL_PROTECTION,
+                        error_code: 0,
+                        rip: self.get_regs()?.rip,
+                        address: None,
+                    })),
                 }
             }
             KVM_EXIT_SHUTDOWN => {
-                let rip = self.get_regs().map_or_else(|e| format!("unknown: {e}"), |r| format!("{:#x}", r.rip));
+                let rip = self
+                    .get_regs()
+                    .map_or_else(|e| format!("unknown: {e}"), |r| format!("{:#x}", r.rip));
                 Err(io::Error::other(format!("the guest triple-faulted (KVM_EXIT_SHUTDOWN, rip {rip}): the CPL0 exception path itself failed")))
             }
             KVM_EXIT_FAIL_ENTRY => {
@@ -341,10 +475,20 @@ impl<'m> KvmCpu<'m> {
             }
             KVM_EXIT_INTERNAL_ERROR => {
                 let internal = InternalError::decode(&data);
-                Err(io::Error::other(format!("KVM internal error {} ({}), data {:x?}", internal.suberror, internal.suberror_name(), internal.data)))
+                Err(io::Error::other(format!(
+                    "KVM internal error {} ({}), data {:x?}",
+                    internal.suberror,
+                    internal.suberror_name(),
+                    internal.data
+                )))
             }
-            KVM_EXIT_HLT => Err(io::Error::other("the vCPU halted: it was run again after reporting a fault")),
-            other => Err(io::Error::other(format!("unexpected KVM exit {other} ({})", exit_reason_name(other)))),
+            KVM_EXIT_HLT => Err(io::Error::other(
+                "the vCPU halted: it was run again after reporting a fault",
+            )),
+            other => Err(io::Error::other(format!(
+                "unexpected KVM exit {other} ({})",
+                exit_reason_name(other)
+            ))),
         }
     }
 }
@@ -373,7 +517,10 @@ impl GuestCpu for KvmCpu<'_> {
 
     fn set_syscall_return(&mut self, value: u64) -> io::Result<()> {
         if !self.in_syscall {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "set_syscall_return: the vCPU is not stopped in a system call"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "set_syscall_return: the vCPU is not stopped in a system call",
+            ));
         }
         self.regs.gprs.rax = value;
         self.put_regs(&self.regs)
@@ -384,15 +531,32 @@ impl GuestCpu for KvmCpu<'_> {
     /// register still holds the program's value.
     fn snapshot(&mut self) -> io::Result<CpuSnapshot> {
         if !self.in_syscall {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "snapshot: the vCPU is not stopped in a system call"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "snapshot: the vCPU is not stopped in a system call",
+            ));
         }
         if self.user_state_in_regs {
             return self.user_state(self.regs);
         }
-        let frame = |addr: u64| self.mem.read_u64(addr).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("reading the syscall frame: {e}")));
+        let frame = |addr: u64| {
+            self.mem.read_u64(addr).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("reading the syscall frame: {e}"),
+                )
+            })
+        };
         let (rip, rflags, rsp) = (frame(FRAME_RIP)?, frame(FRAME_RFLAGS)?, frame(FRAME_RSP)?);
         // The stub runs on its own stack: the program's rsp is the one in the frame.
-        self.user_state(KvmRegs { gprs: UserRegs { rsp, ..self.regs.gprs }, rip, rflags })
+        self.user_state(KvmRegs {
+            gprs: UserRegs {
+                rsp,
+                ..self.regs.gprs
+            },
+            rip,
+            rflags,
+        })
     }
 
     fn take_inner_exits(&mut self) -> u64 {
@@ -414,27 +578,61 @@ impl GuestCpu for KvmCpu<'_> {
     /// that); a template's states were checked when it was loaded.
     fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
         if state.xsave.len() < XSAVE_MIN_BYTES {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a thread's XSAVE area is shorter than its header"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a thread's XSAVE area is shorter than its header",
+            ));
         }
-        let regs = KvmRegs { gprs: state.regs, rip: state.rip, rflags: state.rflags | cpu_state::RFLAGS_RESERVED };
+        let regs = KvmRegs {
+            gprs: state.regs,
+            rip: state.rip,
+            rflags: state.rflags | cpu_state::RFLAGS_RESERVED,
+        };
         let features = &Kvm::shared()?.features;
         let bases = [(MSR_FS_BASE, state.fs_base), (MSR_GS_BASE, state.gs_base)];
-        let mut msrs = KvmMsrs { nmsrs: 2, pad: 0, entries: [KvmMsrEntry::default(); 2] };
+        let mut msrs = KvmMsrs {
+            nmsrs: 2,
+            pad: 0,
+            entries: [KvmMsrEntry::default(); 2],
+        };
         for (entry, (index, data)) in msrs.entries.iter_mut().zip(bases) {
-            *entry = KvmMsrEntry { index, reserved: 0, data };
+            *entry = KvmMsrEntry {
+                index,
+                reserved: 0,
+                data,
+            };
         }
-        if sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs).map_err(context("KVM_SET_MSRS"))? != 2 {
-            return Err(io::Error::other("KVM_SET_MSRS rejected the thread's FS/GS base"));
+        if sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs)
+            .map_err(context("KVM_SET_MSRS"))?
+            != 2
+        {
+            return Err(io::Error::other(
+                "KVM_SET_MSRS rejected the thread's FS/GS base",
+            ));
         }
         let area = xsave_for_guest(&state.xsave, features.restored_state());
-        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area).map_err(context("KVM_SET_XSAVE"))?;
+        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_XSAVE, &area)
+            .map_err(context("KVM_SET_XSAVE"))?;
         let loaded = if self.in_syscall && !self.user_state_in_regs {
-            let frame = |addr: u64, value: u64| self.mem.write_u64(addr, value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("writing the syscall frame: {e}")));
+            let frame = |addr: u64, value: u64| {
+                self.mem.write_u64(addr, value).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("writing the syscall frame: {e}"),
+                    )
+                })
+            };
             frame(FRAME_RIP, regs.rip)?;
             frame(FRAME_RFLAGS, regs.rflags)?;
             frame(FRAME_RSP, regs.gprs.rsp)?;
             // The stub's own rip (at its `out`), rsp (the frame) and rflags stay.
-            KvmRegs { gprs: UserRegs { rsp: self.regs.gprs.rsp, ..regs.gprs }, ..self.regs }
+            KvmRegs {
+                gprs: UserRegs {
+                    rsp: self.regs.gprs.rsp,
+                    ..regs.gprs
+                },
+                ..self.regs
+            }
         } else {
             self.user_state_in_regs = true;
             regs
@@ -463,7 +661,8 @@ impl GuestCpu for KvmCpu<'_> {
         let (regs, user) = snapshot_state(snapshot)?;
         let kvm = Kvm::shared()?;
         // Read when this vCPU was made: a used vCPU's own would carry its last run's CR2.
-        let reset_sregs = kvm.reset_sregs(|| Err(io::Error::other("no new vCPU's registers were recorded")))?;
+        let reset_sregs =
+            kvm.reset_sregs(|| Err(io::Error::other("no new vCPU's registers were recorded")))?;
         load_state(&self.handles.vcpu, &kvm.features, reset_sregs, &user)?;
         self.put_regs(&regs)?;
         self.regs = regs;
@@ -502,7 +701,9 @@ impl GuestCpu for KvmCpu<'_> {
     /// Slots get KVM_MEM_LOG_DIRTY_PAGES (those there already are registered again with it).
     fn track_writes(&mut self) -> io::Result<bool> {
         if self.written.is_none() {
-            self.written = Some(PageSet::with_capacity((self.mem.size() / PAGE_SIZE) as usize));
+            self.written = Some(PageSet::with_capacity(
+                (self.mem.size() / PAGE_SIZE) as usize,
+            ));
             for slot in 0..self.slots.len() {
                 if let Some(range) = self.slots[slot] {
                     self.set_slot(slot, Some(range))?;
@@ -525,11 +726,15 @@ impl GuestCpu for KvmCpu<'_> {
 
     fn set_fs_base(&mut self, base: u64) -> io::Result<()> {
         if base >= USER_ADDRESS_LIMIT {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("FS base {base:#x} is not a user address")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("FS base {base:#x} is not a user address"),
+            ));
         }
         let mut sregs = self.get_sregs()?;
         sregs.fs.base = base;
-        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_SREGS, &sregs).map_err(context("KVM_SET_SREGS"))?;
+        sys::ioctl_ref(self.handles.vcpu.as_raw_fd(), KVM_SET_SREGS, &sregs)
+            .map_err(context("KVM_SET_SREGS"))?;
         Ok(())
     }
 }
@@ -539,23 +744,55 @@ impl GuestCpu for KvmCpu<'_> {
 fn snapshot_state(snapshot: &CpuSnapshot) -> io::Result<(KvmRegs, UserState<'_>)> {
     for (name, base) in [("FS", snapshot.fs_base), ("GS", snapshot.gs_base)] {
         if base >= USER_ADDRESS_LIMIT {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot {name} base {base:#x} is not a user address")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("snapshot {name} base {base:#x} is not a user address"),
+            ));
         }
     }
     if snapshot.xsave.len() < XSAVE_MIN_BYTES {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot XSAVE area of {} bytes is shorter than its header", snapshot.xsave.len())));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "snapshot XSAVE area of {} bytes is shorter than its header",
+                snapshot.xsave.len()
+            ),
+        ));
     }
-    let regs = KvmRegs { gprs: snapshot.regs, rip: snapshot.rip, rflags: snapshot.rflags | cpu_state::RFLAGS_RESERVED };
-    Ok((regs, UserState { fs_base: snapshot.fs_base, gs_base: snapshot.gs_base, xsave: Some(&snapshot.xsave) }))
+    let regs = KvmRegs {
+        gprs: snapshot.regs,
+        rip: snapshot.rip,
+        rflags: snapshot.rflags | cpu_state::RFLAGS_RESERVED,
+    };
+    Ok((
+        regs,
+        UserState {
+            fs_base: snapshot.fs_base,
+            gs_base: snapshot.gs_base,
+            xsave: Some(&snapshot.xsave),
+        },
+    ))
 }
 
 /// Loads every piece of vCPU state the guest can reach into `vcpu` (after KVM_SET_CPUID2):
 /// segments and control registers, XCR0, the vector state, the syscall MSRs and `regs`.
-fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, user: &UserState) -> io::Result<()> {
+fn load_state(
+    vcpu: &OwnedFd,
+    features: &CpuFeatures,
+    reset_sregs: KvmSregs,
+    user: &UserState,
+) -> io::Result<()> {
     set_sregs(vcpu, features, reset_sregs, user)?;
     if let Some(xcr0) = features.xcr0() {
-        let mut xcrs = KvmXcrs { nr_xcrs: 1, ..Default::default() };
-        xcrs.xcrs[0] = KvmXcr { xcr: 0, reserved: 0, value: xcr0 };
+        let mut xcrs = KvmXcrs {
+            nr_xcrs: 1,
+            ..Default::default()
+        };
+        xcrs.xcrs[0] = KvmXcr {
+            xcr: 0,
+            reserved: 0,
+            value: xcr0,
+        };
         sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_XCRS, &xcrs).map_err(context("KVM_SET_XCRS"))?;
     }
     // None only for a new vCPU starting a program, whose vector state is the reset state.
@@ -571,7 +808,11 @@ fn load_state(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, use
 pub fn slot_ranges(ranges: &[(u64, u64)], size: u64) -> Vec<(u64, u64)> {
     let align = paging::LARGE_PAGE_SIZE;
     let mut rounded: Vec<(u64, u64)> = std::iter::once((0, align))
-        .chain(ranges.iter().map(|&(s, e)| (s / align * align, e.div_ceil(align) * align)))
+        .chain(
+            ranges
+                .iter()
+                .map(|&(s, e)| (s / align * align, e.div_ceil(align) * align)),
+        )
         .map(|(s, e)| (s.min(size), e.min(size)))
         .filter(|(s, e)| s < e)
         .collect();
@@ -588,14 +829,20 @@ pub fn slot_ranges(ranges: &[(u64, u64)], size: u64) -> Vec<(u64, u64)> {
 
 fn get_sregs(vcpu: &OwnedFd) -> io::Result<KvmSregs> {
     let mut sregs = KvmSregs::default();
-    sys::ioctl_mut(vcpu.as_raw_fd(), KVM_GET_SREGS, &mut sregs).map_err(context("KVM_GET_SREGS"))?;
+    sys::ioctl_mut(vcpu.as_raw_fd(), KVM_GET_SREGS, &mut sregs)
+        .map_err(context("KVM_GET_SREGS"))?;
     Ok(sregs)
 }
 
 /// Long mode with paging on the arch tables, CPL3 segments. Starts from a new vCPU's reset
 /// state (`Kvm::reset_sregs`) so fields this backend does not care about (LDT, APIC base) keep
 /// KVM's defaults, and a reset vCPU keeps nothing of its last run (CR2).
-fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, user: &UserState) -> io::Result<()> {
+fn set_sregs(
+    vcpu: &OwnedFd,
+    features: &CpuFeatures,
+    reset_sregs: KvmSregs,
+    user: &UserState,
+) -> io::Result<()> {
     let mut sregs = reset_sregs;
     let segments = cpu_state::user_segments();
     let data = kvm_segment(&segments.data);
@@ -603,8 +850,16 @@ fn set_sregs(vcpu: &OwnedFd, features: &CpuFeatures, reset_sregs: KvmSregs, user
     (sregs.ss, sregs.ds, sregs.es, sregs.fs, sregs.gs) = (data, data, data, data, data);
     (sregs.fs.base, sregs.gs.base) = (user.fs_base, user.gs_base);
     sregs.tr = kvm_segment(&segments.tr);
-    sregs.gdt = KvmDtable { base: GDT_ADDR, limit: GDT_LIMIT, padding: [0; 3] };
-    sregs.idt = KvmDtable { base: IDT_ADDR, limit: IDT_LIMIT, padding: [0; 3] };
+    sregs.gdt = KvmDtable {
+        base: GDT_ADDR,
+        limit: GDT_LIMIT,
+        padding: [0; 3],
+    };
+    sregs.idt = KvmDtable {
+        base: IDT_ADDR,
+        limit: IDT_LIMIT,
+        padding: [0; 3],
+    };
     sregs.cr0 = cpu_state::CR0;
     sregs.cr3 = cpu_state::CR3;
     sregs.cr4 = features.cr4();
@@ -628,14 +883,25 @@ fn xsave_for_guest(area: &[u8], components: u64) -> KvmXsave {
 }
 
 fn set_msrs(vcpu: &OwnedFd) -> io::Result<()> {
-    let mut msrs = KvmMsrs { nmsrs: cpu_state::MSRS.len() as u32, pad: 0, entries: [KvmMsrEntry::default(); cpu_state::MSRS.len()] };
+    let mut msrs = KvmMsrs {
+        nmsrs: cpu_state::MSRS.len() as u32,
+        pad: 0,
+        entries: [KvmMsrEntry::default(); cpu_state::MSRS.len()],
+    };
     for (entry, &(index, data)) in msrs.entries.iter_mut().zip(cpu_state::MSRS.iter()) {
-        *entry = KvmMsrEntry { index, reserved: 0, data };
+        *entry = KvmMsrEntry {
+            index,
+            reserved: 0,
+            data,
+        };
     }
     // KVM_SET_MSRS returns how many entries it set, stopping at the first it rejects.
-    let set = sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs).map_err(context("KVM_SET_MSRS"))? as usize;
+    let set = sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs)
+        .map_err(context("KVM_SET_MSRS"))? as usize;
     if let Some(&(index, value)) = cpu_state::MSRS.get(set) {
-        return Err(io::Error::other(format!("KVM_SET_MSRS rejected MSR {index:#x} = {value:#x}")));
+        return Err(io::Error::other(format!(
+            "KVM_SET_MSRS rejected MSR {index:#x} = {value:#x}"
+        )));
     }
     Ok(())
 }
@@ -672,7 +938,10 @@ fn register(regs: &UserRegs, reg: Reg) -> u64 {
 
 /// The Linux syscall ABI: number in rax, arguments in rdi, rsi, rdx, r10, r8, r9.
 fn syscall_exit(regs: &UserRegs) -> CpuExit {
-    CpuExit::Syscall { nr: regs.rax, args: [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9] }
+    CpuExit::Syscall {
+        nr: regs.rax,
+        args: [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9],
+    }
 }
 
 /// A program fault, or an error if the stubs themselves faulted (a VMM bug, not the program's).
@@ -683,7 +952,12 @@ fn fault_exit(frame: ExceptionFrame, cr2: Option<u64>) -> io::Result<CpuExit> {
             frame.vector, frame.error_code, frame.rip
         )));
     }
-    Ok(CpuExit::Fault(GuestFault { vector: frame.vector as u8, error_code: frame.error_code, rip: frame.rip, address: cr2 }))
+    Ok(CpuExit::Fault(GuestFault {
+        vector: frame.vector as u8,
+        error_code: frame.error_code,
+        rip: frame.rip,
+        address: cr2,
+    }))
 }
 
 #[cfg(test)]
@@ -698,30 +972,74 @@ mod tests {
         let mem = GuestMemory::new(4 << 20).unwrap();
         if let Err(e) = KvmCpu::new(&mem, crate::layout::USER_BASE, 4 << 20) {
             if !std::path::Path::new(super::super::KVM_DEVICE).exists() {
-                assert!(e.get_ref().is_some_and(|inner| inner.is::<super::super::KvmUnavailable>()), "{e}");
+                assert!(
+                    e.get_ref()
+                        .is_some_and(|inner| inner.is::<super::super::KvmUnavailable>()),
+                    "{e}"
+                );
                 assert_eq!(e.kind(), io::ErrorKind::NotFound);
-                assert_eq!(mem.read_u64(crate::arch::PML4_ADDR).unwrap(), 0, "nothing written");
+                assert_eq!(
+                    mem.read_u64(crate::arch::PML4_ADDR).unwrap(),
+                    0,
+                    "nothing written"
+                );
             }
         }
     }
 
     #[test]
     fn syscall_arguments_follow_the_linux_abi() {
-        let regs = UserRegs { rax: 1, rdi: 2, rsi: 3, rdx: 4, r10: 5, r8: 6, r9: 7, rcx: 99, r11: 98, ..Default::default() };
-        assert_eq!(syscall_exit(&regs), CpuExit::Syscall { nr: 1, args: [2, 3, 4, 5, 6, 7] });
+        let regs = UserRegs {
+            rax: 1,
+            rdi: 2,
+            rsi: 3,
+            rdx: 4,
+            r10: 5,
+            r8: 6,
+            r9: 7,
+            rcx: 99,
+            r11: 98,
+            ..Default::default()
+        };
+        assert_eq!(
+            syscall_exit(&regs),
+            CpuExit::Syscall {
+                nr: 1,
+                args: [2, 3, 4, 5, 6, 7]
+            }
+        );
     }
 
     #[test]
     fn exception_registers_become_a_guest_fault() {
-        let regs = UserRegs { rdi: 14, rsi: 6, rdx: 0x40_1000, rcx: USER_CS as u64, ..Default::default() };
+        let regs = UserRegs {
+            rdi: 14,
+            rsi: 6,
+            rdx: 0x40_1000,
+            rcx: USER_CS as u64,
+            ..Default::default()
+        };
         let frame = ExceptionFrame::from_registers(|r| register(&regs, r));
         let exit = fault_exit(frame, Some(0xdead_0000)).unwrap();
-        assert_eq!(exit, CpuExit::Fault(GuestFault { vector: 14, error_code: 6, rip: 0x40_1000, address: Some(0xdead_0000) }));
+        assert_eq!(
+            exit,
+            CpuExit::Fault(GuestFault {
+                vector: 14,
+                error_code: 6,
+                rip: 0x40_1000,
+                address: Some(0xdead_0000)
+            })
+        );
     }
 
     #[test]
     fn a_fault_in_the_stubs_is_an_error_not_a_program_crash() {
-        let frame = ExceptionFrame { vector: 13, error_code: 0, rip: 0x7021, cs: KERNEL_CS as u64 };
+        let frame = ExceptionFrame {
+            vector: 13,
+            error_code: 0,
+            rip: 0x7021,
+            cs: KERNEL_CS as u64,
+        };
         let err = fault_exit(frame, None).unwrap_err();
         assert!(err.to_string().contains("CPL0 code at rip 0x7021"), "{err}");
     }
@@ -732,8 +1050,16 @@ mod tests {
         area[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8].copy_from_slice(&0xE7u64.to_le_bytes());
         area[XSAVE_XCOMP_BV..XSAVE_XCOMP_BV + 8].copy_from_slice(&(1u64 << 63).to_le_bytes());
         let bytes = xsave_for_guest(&area, 7).to_bytes();
-        assert_eq!(bytes[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8], 7u64.to_le_bytes(), "AVX-512 state dropped");
-        assert_eq!(bytes[XSAVE_XCOMP_BV..XSAVE_XCOMP_BV + 8], [0; 8], "standard layout");
+        assert_eq!(
+            bytes[XSAVE_XSTATE_BV..XSAVE_XSTATE_BV + 8],
+            7u64.to_le_bytes(),
+            "AVX-512 state dropped"
+        );
+        assert_eq!(
+            bytes[XSAVE_XCOMP_BV..XSAVE_XCOMP_BV + 8],
+            [0; 8],
+            "standard layout"
+        );
         assert_eq!(bytes[..512], area[..512], "legacy area unchanged");
         assert_eq!(bytes[2699], 0xAA);
         assert_eq!(bytes[2700..], vec![0; KvmXsave::BYTES - 2700][..], "padded");
@@ -742,8 +1068,23 @@ mod tests {
     #[test]
     fn segments_reach_kvm_unchanged() {
         let cs = kvm_segment(&cpu_state::user_segments().cs);
-        assert_eq!((cs.selector, cs.type_, cs.present, cs.dpl, cs.s, cs.l, cs.db, cs.g), (USER_CS, 0xB, 1, 3, 1, 1, 0, 1));
+        assert_eq!(
+            (
+                cs.selector,
+                cs.type_,
+                cs.present,
+                cs.dpl,
+                cs.s,
+                cs.l,
+                cs.db,
+                cs.g
+            ),
+            (USER_CS, 0xB, 1, 3, 1, 1, 0, 1)
+        );
         let tr = kvm_segment(&cpu_state::user_segments().tr);
-        assert_eq!((tr.type_, tr.s, tr.present, tr.base), (0xB, 0, 1, crate::arch::TSS_ADDR));
+        assert_eq!(
+            (tr.type_, tr.s, tr.present, tr.base),
+            (0xB, 0, 1, crate::arch::TSS_ADDR)
+        );
     }
 }

@@ -44,21 +44,31 @@ struct Service {
 impl Service {
     fn lock(&self) -> MutexGuard<'_, Table> {
         // The table stays consistent even if a holder panicked: every update is one assignment.
-        self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
 /// The process-wide service, its thread started on first use. A failed start is not cached.
 fn service() -> io::Result<&'static Service> {
     static SERVICE: Mutex<Option<&'static Service>> = Mutex::new(None);
-    let mut service = SERVICE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut service = SERVICE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(started) = *service {
         return Ok(started);
     }
     let signal = kick_signal()?;
     // Lives as long as the process, as its thread does.
-    let started: &'static Service = Box::leak(Box::new(Service { table: Mutex::new(Table::default()), wake: Condvar::new(), signal }));
-    std::thread::Builder::new().name("kvm-vcpu-watchdog".into()).spawn(move || watch(started))?;
+    let started: &'static Service = Box::leak(Box::new(Service {
+        table: Mutex::new(Table::default()),
+        wake: Condvar::new(),
+        signal,
+    }));
+    std::thread::Builder::new()
+        .name("kvm-vcpu-watchdog".into())
+        .spawn(move || watch(started))?;
     *service = Some(started);
     Ok(started)
 }
@@ -75,7 +85,9 @@ fn kick_signal() -> io::Result<c_int> {
     static INSTALLED: OnceLock<Result<c_int, i32>> = OnceLock::new();
     let installed = INSTALLED.get_or_init(|| {
         let signal = sys::sigrtmin();
-        sys::install_interrupting_handler(signal).map(|()| signal).map_err(|e| e.raw_os_error().unwrap_or(0))
+        sys::install_interrupting_handler(signal)
+            .map(|()| signal)
+            .map_err(|e| e.raw_os_error().unwrap_or(0))
     });
     installed.map_err(io::Error::from_raw_os_error)
 }
@@ -92,7 +104,14 @@ impl Watchdog {
         let mut table = service.lock();
         let id = table.next_id;
         table.next_id += 1;
-        table.entries.insert(id, Entry { deadline: None, armed_tid: None, on_fire });
+        table.entries.insert(
+            id,
+            Entry {
+                deadline: None,
+                armed_tid: None,
+                on_fire,
+            },
+        );
         Ok(Watchdog { service, id })
     }
 
@@ -106,7 +125,9 @@ impl Watchdog {
         if Instant::now() >= deadline {
             return false;
         }
-        let Some(entry) = table.entries.get_mut(&self.id) else { return false };
+        let Some(entry) = table.entries.get_mut(&self.id) else {
+            return false;
+        };
         entry.armed_tid = Some(tid);
         if entry.deadline != Some(deadline) {
             entry.deadline = Some(deadline);
@@ -130,7 +151,9 @@ fn watch(service: &Service) {
         let mut next: Option<Instant> = None;
         for entry in table.entries.values_mut() {
             match (entry.deadline, entry.armed_tid) {
-                (Some(deadline), _) if now < deadline => next = Some(next.map_or(deadline, |n| n.min(deadline))),
+                (Some(deadline), _) if now < deadline => {
+                    next = Some(next.map_or(deadline, |n| n.min(deadline)))
+                }
                 (Some(_), Some(tid)) => {
                     (entry.on_fire)();
                     // The vCPU thread is alive: it cannot get past disarm() while we hold the
@@ -146,7 +169,13 @@ fn watch(service: &Service) {
             }
         }
         table = match next {
-            Some(deadline) => service.wake.wait_timeout(table, deadline - now).unwrap_or_else(|p| p.into_inner()).0,
+            Some(deadline) => {
+                service
+                    .wake
+                    .wait_timeout(table, deadline - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
             None => service.wake.wait(table).unwrap_or_else(|p| p.into_inner()),
         };
     }
@@ -192,7 +221,11 @@ mod tests {
         watchdog.disarm();
         assert_eq!(err.kind(), std::io::ErrorKind::Interrupted);
         assert!(start.elapsed() >= Duration::from_millis(50));
-        assert_eq!(fired.load(Ordering::SeqCst), 1, "on_fire runs once, before the signal");
+        assert_eq!(
+            fired.load(Ordering::SeqCst),
+            1,
+            "on_fire runs once, before the signal"
+        );
     }
 
     #[test]
@@ -226,10 +259,20 @@ mod tests {
         while late_fired.load(Ordering::SeqCst) == 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(start.elapsed() >= Duration::from_millis(60), "the later deadline is not cut short by the earlier one");
+        assert!(
+            start.elapsed() >= Duration::from_millis(60),
+            "the later deadline is not cut short by the earlier one"
+        );
         std::thread::sleep(Duration::from_millis(30));
         early.disarm();
         late.disarm();
-        assert_eq!((early_fired.load(Ordering::SeqCst), late_fired.load(Ordering::SeqCst), dropped_fired.load(Ordering::SeqCst)), (1, 1, 0));
+        assert_eq!(
+            (
+                early_fired.load(Ordering::SeqCst),
+                late_fired.load(Ordering::SeqCst),
+                dropped_fired.load(Ordering::SeqCst)
+            ),
+            (1, 1, 0)
+        );
     }
 }

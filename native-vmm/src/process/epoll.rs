@@ -29,7 +29,11 @@ pub struct EpollSet {
 impl EpollSet {
     /// EPOLL_CTL_ADD: EEXIST when `fd` is registered (and not stale).
     pub fn add(&mut self, fd: u64, interest: Interest) -> Result<(), Errno> {
-        if self.interests.get(&fd).is_some_and(|old| old.description == interest.description) {
+        if self
+            .interests
+            .get(&fd)
+            .is_some_and(|old| old.description == interest.description)
+        {
             return Err(Errno::EEXIST);
         }
         self.interests.insert(fd, interest);
@@ -87,9 +91,15 @@ impl EpollSet {
         for _ in 0..n {
             let fd = d.u64("epoll fd")?;
             if fd >= fd_limit {
-                return Err(DecodeError::new(format!("epoll registration of fd {fd}, past the fd limit")));
+                return Err(DecodeError::new(format!(
+                    "epoll registration of fd {fd}, past the fd limit"
+                )));
             }
-            let interest = Interest { events: d.u32("epoll events")?, data: d.u64("epoll data")?, description: d.index(usize::MAX, "epoll description")? };
+            let interest = Interest {
+                events: d.u32("epoll events")?,
+                data: d.u64("epoll data")?,
+                description: d.index(usize::MAX, "epoll description")?,
+            };
             interests.insert(fd, interest);
         }
         Ok(EpollSet { interests })

@@ -50,14 +50,21 @@ pub enum Object {
     /// One end of an AF_UNIX SOCK_STREAM socketpair: it reads pipe `rx` and writes pipe `tx`
     /// (the other end has them swapped). `shut_write` records shutdown(SHUT_WR), which
     /// already let go of this end's hold on `tx`.
-    Socket { rx: usize, tx: usize, shut_write: bool },
+    Socket {
+        rx: usize,
+        tx: usize,
+        shut_write: bool,
+    },
     /// An epoll instance (an index into the epoll table).
     Epoll(usize),
     /// A socket(2) stream socket not connected yet: unbound, bound or listening (an index into
     /// the endpoint table). connect turns it into a `Socket`.
     Endpoint(usize),
     /// An eventfd: its counter (shared by the description's fds) and EFD_SEMAPHORE.
-    EventFd { count: u64, semaphore: bool },
+    EventFd {
+        count: u64,
+        semaphore: bool,
+    },
 }
 
 /// A socket made by socket(2) before it is connected. Its address lives only in this VM's
@@ -96,7 +103,13 @@ pub struct Description {
 
 impl Description {
     pub fn new(object: Object, flags: u32) -> Description {
-        Description { object, flags, offset: 0, contents: None, refs: 0 }
+        Description {
+            object,
+            flags,
+            offset: 0,
+            contents: None,
+            refs: 0,
+        }
     }
 
     pub fn readable(&self) -> bool {
@@ -126,7 +139,13 @@ pub struct Pipe {
 
 impl Default for Pipe {
     fn default() -> Pipe {
-        Pipe { buffer: VecDeque::new(), readers: 0, writers: 0, shut_read: false, capacity: PIPE_CAPACITY }
+        Pipe {
+            buffer: VecDeque::new(),
+            readers: 0,
+            writers: 0,
+            shut_read: false,
+            capacity: PIPE_CAPACITY,
+        }
     }
 }
 
@@ -146,7 +165,11 @@ impl Pipe {
             return Ok(Vec::new());
         }
         if self.buffer.is_empty() {
-            return if self.writers == 0 { Ok(Vec::new()) } else { Err(PipeError::WouldBlock) };
+            return if self.writers == 0 {
+                Ok(Vec::new())
+            } else {
+                Err(PipeError::WouldBlock)
+            };
         }
         let n = max.min(self.buffer.len());
         Ok(self.buffer.drain(..n).collect())
@@ -197,7 +220,11 @@ impl Pipe {
         if self.buffer.is_empty() && !self.input_closed() {
             return Err(PipeError::WouldBlock);
         }
-        let n = if self.shut_read { 0 } else { max.min(self.buffer.len()) };
+        let n = if self.shut_read {
+            0
+        } else {
+            max.min(self.buffer.len())
+        };
         Ok(self.buffer.iter().take(n).copied().collect())
     }
 }
@@ -232,8 +259,22 @@ const FIRST_EPHEMERAL_PORT: u16 = 32768;
 impl FdTable {
     /// fd 0 is the run's stdin, fds 1 and 2 the captured stdout and stderr.
     pub fn new() -> FdTable {
-        let mut table = FdTable { fds: Vec::new(), descriptions: Vec::new(), pipes: Vec::new(), epolls: Vec::new(), endpoints: Vec::new(), bound: Default::default(), socket_names: Default::default(), next_port: FIRST_EPHEMERAL_PORT, limit: FD_LIMIT };
-        for (object, flags) in [(Object::Stdin, O_RDONLY), (Object::Output(Stream::Stdout), O_WRONLY), (Object::Output(Stream::Stderr), O_WRONLY)] {
+        let mut table = FdTable {
+            fds: Vec::new(),
+            descriptions: Vec::new(),
+            pipes: Vec::new(),
+            epolls: Vec::new(),
+            endpoints: Vec::new(),
+            bound: Default::default(),
+            socket_names: Default::default(),
+            next_port: FIRST_EPHEMERAL_PORT,
+            limit: FD_LIMIT,
+        };
+        for (object, flags) in [
+            (Object::Stdin, O_RDONLY),
+            (Object::Output(Stream::Stdout), O_WRONLY),
+            (Object::Output(Stream::Stderr), O_WRONLY),
+        ] {
             // The table is empty and the limit is far above 3: these cannot fail.
             let _ = table.install(Description::new(object, flags), 0, false);
         }
@@ -250,22 +291,34 @@ impl FdTable {
     }
 
     fn slot(&self, fd: u64) -> Result<Slot, Errno> {
-        usize::try_from(fd).ok().and_then(|i| self.fds.get(i).copied().flatten()).ok_or(Errno::EBADF)
+        usize::try_from(fd)
+            .ok()
+            .and_then(|i| self.fds.get(i).copied().flatten())
+            .ok_or(Errno::EBADF)
     }
 
     pub fn get(&self, fd: u64) -> Result<&Description, Errno> {
         let slot = self.slot(fd)?;
-        self.descriptions[slot.description].as_ref().ok_or(Errno::EBADF)
+        self.descriptions[slot.description]
+            .as_ref()
+            .ok_or(Errno::EBADF)
     }
 
     pub fn get_mut(&mut self, fd: u64) -> Result<&mut Description, Errno> {
         let slot = self.slot(fd)?;
-        self.descriptions[slot.description].as_mut().ok_or(Errno::EBADF)
+        self.descriptions[slot.description]
+            .as_mut()
+            .ok_or(Errno::EBADF)
     }
 
     /// The open fds in ascending order, with their descriptions.
     pub fn open_fds(&self) -> impl Iterator<Item = (u64, &Description)> + '_ {
-        self.fds.iter().enumerate().filter_map(|(fd, slot)| Some((fd as u64, self.descriptions[slot.as_ref()?.description].as_ref()?)))
+        self.fds.iter().enumerate().filter_map(|(fd, slot)| {
+            Some((
+                fd as u64,
+                self.descriptions[slot.as_ref()?.description].as_ref()?,
+            ))
+        })
     }
 
     pub fn cloexec(&self, fd: u64) -> Result<bool, Errno> {
@@ -285,7 +338,9 @@ impl FdTable {
         if min_fd >= self.limit {
             return Err(Errno::EINVAL);
         }
-        let found = (min..self.fds.len()).find(|&i| self.fds[i].is_none()).unwrap_or(self.fds.len().max(min));
+        let found = (min..self.fds.len())
+            .find(|&i| self.fds[i].is_none())
+            .unwrap_or(self.fds.len().max(min));
         if found as u64 >= self.limit {
             return Err(Errno::EMFILE);
         }
@@ -303,17 +358,33 @@ impl FdTable {
     }
 
     /// Opens a new description at the lowest free fd ≥ `min_fd`.
-    pub fn install(&mut self, description: Description, min_fd: u64, cloexec: bool) -> Result<u64, Errno> {
+    pub fn install(
+        &mut self,
+        description: Description,
+        min_fd: u64,
+        cloexec: bool,
+    ) -> Result<u64, Errno> {
         self.lowest_free(min_fd)?;
         self.adopt_object(&description.object);
         self.install_adopted(description, min_fd, cloexec)
     }
 
     /// `install` for a description whose channels already count it (an accepted connection).
-    fn install_adopted(&mut self, description: Description, min_fd: u64, cloexec: bool) -> Result<u64, Errno> {
+    fn install_adopted(
+        &mut self,
+        description: Description,
+        min_fd: u64,
+        cloexec: bool,
+    ) -> Result<u64, Errno> {
         let fd = self.lowest_free(min_fd)?;
         let index = free_index(&mut self.descriptions, description);
-        self.put(fd, Slot { description: index, cloexec });
+        self.put(
+            fd,
+            Slot {
+                description: index,
+                cloexec,
+            },
+        );
         Ok(fd as u64)
     }
 
@@ -321,13 +392,24 @@ impl FdTable {
     pub fn duplicate(&mut self, fd: u64, min_fd: u64, cloexec: bool) -> Result<u64, Errno> {
         let slot = self.slot(fd)?;
         let new_fd = self.lowest_free(min_fd)?;
-        self.put(new_fd, Slot { description: slot.description, cloexec });
+        self.put(
+            new_fd,
+            Slot {
+                description: slot.description,
+                cloexec,
+            },
+        );
         Ok(new_fd as u64)
     }
 
     /// dup2/dup3: makes `new_fd` refer to `fd`'s description, closing what it held (returned
     /// when that was its last reference, for the caller to release).
-    pub fn duplicate_to(&mut self, fd: u64, new_fd: u64, cloexec: bool) -> Result<Option<Object>, Errno> {
+    pub fn duplicate_to(
+        &mut self,
+        fd: u64,
+        new_fd: u64,
+        cloexec: bool,
+    ) -> Result<Option<Object>, Errno> {
         let slot = self.slot(fd)?;
         if new_fd >= self.limit {
             return Err(Errno::EBADF);
@@ -336,7 +418,13 @@ impl FdTable {
             return Ok(None);
         }
         let released = self.close(new_fd).unwrap_or(None);
-        self.put(new_fd as usize, Slot { description: slot.description, cloexec });
+        self.put(
+            new_fd as usize,
+            Slot {
+                description: slot.description,
+                cloexec,
+            },
+        );
         Ok(released)
     }
 
@@ -383,7 +471,10 @@ impl FdTable {
     pub fn new_pipe(&mut self, flags: u32) -> (Description, Description) {
         let index = free_index(&mut self.pipes, Pipe::default());
         let status = flags & O_NONBLOCK;
-        (Description::new(Object::PipeRead(index), O_RDONLY | status), Description::new(Object::PipeWrite(index), O_WRONLY | status))
+        (
+            Description::new(Object::PipeRead(index), O_RDONLY | status),
+            Description::new(Object::PipeWrite(index), O_WRONLY | status),
+        )
     }
 
     /// Creates a connected socketpair: two read-write descriptions, not yet installed.
@@ -392,8 +483,22 @@ impl FdTable {
         let b_to_a = free_index(&mut self.pipes, Pipe::default());
         let status = O_RDWR | (flags & O_NONBLOCK);
         (
-            Description::new(Object::Socket { rx: b_to_a, tx: a_to_b, shut_write: false }, status),
-            Description::new(Object::Socket { rx: a_to_b, tx: b_to_a, shut_write: false }, status),
+            Description::new(
+                Object::Socket {
+                    rx: b_to_a,
+                    tx: a_to_b,
+                    shut_write: false,
+                },
+                status,
+            ),
+            Description::new(
+                Object::Socket {
+                    rx: a_to_b,
+                    tx: b_to_a,
+                    shut_write: false,
+                },
+                status,
+            ),
         )
     }
 
@@ -401,14 +506,18 @@ impl FdTable {
     /// makes this end read end of file and the peer's writes fail with EPIPE.
     pub fn shutdown_socket(&mut self, fd: u64, read: bool, write: bool) -> Result<(), Errno> {
         let desc = self.get_mut(fd)?;
-        let Object::Socket { rx, tx, shut_write } = &mut desc.object else { return Err(Errno::ENOTSOCK) };
+        let Object::Socket { rx, tx, shut_write } = &mut desc.object else {
+            return Err(Errno::ENOTSOCK);
+        };
         let (rx, tx) = (*rx, *tx);
         let release_tx = write && !*shut_write;
         if write {
             *shut_write = true;
         }
         if release_tx {
-            self.pipes[tx].iter_mut().for_each(|p| p.writers = p.writers.saturating_sub(1));
+            self.pipes[tx]
+                .iter_mut()
+                .for_each(|p| p.writers = p.writers.saturating_sub(1));
         }
         if read {
             self.pipes[rx].iter_mut().for_each(|p| p.shut_read = true);
@@ -418,12 +527,23 @@ impl FdTable {
 
     /// Creates an unconnected socket's description (socket(2)), not yet installed.
     pub fn new_endpoint(&mut self, family: u16, flags: u32) -> Description {
-        let index = free_index(&mut self.endpoints, Endpoint { family, name: None, key: None, listening: None });
+        let index = free_index(
+            &mut self.endpoints,
+            Endpoint {
+                family,
+                name: None,
+                key: None,
+                listening: None,
+            },
+        );
         Description::new(Object::Endpoint(index), O_RDWR | (flags & O_NONBLOCK))
     }
 
     pub fn endpoint(&self, index: usize) -> Result<&Endpoint, Errno> {
-        self.endpoints.get(index).and_then(|e| e.as_ref()).ok_or(Errno::EBADF)
+        self.endpoints
+            .get(index)
+            .and_then(|e| e.as_ref())
+            .ok_or(Errno::EBADF)
     }
 
     /// Whether any socket has an address or a connection by address (a template snapshot
@@ -452,7 +572,11 @@ impl FdTable {
     pub fn ephemeral_port(&mut self, key_of: impl Fn(u16) -> Vec<u8>) -> Result<u16, Errno> {
         for _ in 0..=(u16::MAX - FIRST_EPHEMERAL_PORT) {
             let port = self.next_port;
-            self.next_port = if port == u16::MAX { FIRST_EPHEMERAL_PORT } else { port + 1 };
+            self.next_port = if port == u16::MAX {
+                FIRST_EPHEMERAL_PORT
+            } else {
+                port + 1
+            };
             if !self.bound.contains_key(&key_of(port)) {
                 return Ok(port);
             }
@@ -462,7 +586,11 @@ impl FdTable {
 
     /// listen(2): endpoint `index` (bound) takes connections, at most `backlog` waiting.
     pub fn listen(&mut self, index: usize, backlog: usize) -> Result<(), Errno> {
-        let endpoint = self.endpoints.get_mut(index).and_then(|e| e.as_mut()).ok_or(Errno::EBADF)?;
+        let endpoint = self
+            .endpoints
+            .get_mut(index)
+            .and_then(|e| e.as_mut())
+            .ok_or(Errno::EBADF)?;
         if endpoint.key.is_none() {
             return Err(Errno::EINVAL);
         }
@@ -475,14 +603,25 @@ impl FdTable {
 
     /// The listening endpoint bound at `key`.
     pub fn listener(&self, key: &[u8]) -> Option<usize> {
-        self.bound.get(key).copied().filter(|&i| self.endpoints[i].as_ref().is_some_and(|e| e.listening.is_some()))
+        self.bound.get(key).copied().filter(|&i| {
+            self.endpoints[i]
+                .as_ref()
+                .is_some_and(|e| e.listening.is_some())
+        })
     }
 
     /// connect(2) of the endpoint at `fd` to listener `listener`: a socketpair whose one end
     /// replaces the endpoint and whose other waits on the listener; `names` are the client's
     /// (local, peer) addresses. EAGAIN when the backlog is full.
-    pub fn connect(&mut self, fd: u64, listener: usize, names: (Vec<u8>, Vec<u8>)) -> Result<(), Errno> {
-        let Object::Endpoint(own) = self.get(fd)?.object else { return Err(Errno::EISCONN) };
+    pub fn connect(
+        &mut self,
+        fd: u64,
+        listener: usize,
+        names: (Vec<u8>, Vec<u8>),
+    ) -> Result<(), Errno> {
+        let Object::Endpoint(own) = self.get(fd)?.object else {
+            return Err(Errno::EISCONN);
+        };
         let full = match &self.endpoint(listener)?.listening {
             Some((backlog, queue)) => queue.len() > *backlog,
             None => return Err(Errno::ECONNREFUSED),
@@ -493,13 +632,24 @@ impl FdTable {
         let (client, server) = self.new_socketpair(0);
         self.adopt_object(&client.object);
         self.adopt_object(&server.object);
-        let (Object::Socket { rx: client_rx, .. }, Object::Socket { rx: server_rx, .. }) = (&client.object, &server.object) else { unreachable!("new_socketpair makes sockets") };
+        let (Object::Socket { rx: client_rx, .. }, Object::Socket { rx: server_rx, .. }) =
+            (&client.object, &server.object)
+        else {
+            unreachable!("new_socketpair makes sockets")
+        };
         let (client_rx, server_rx) = (*client_rx, *server_rx);
         let server_names = (names.1.clone(), names.0.clone());
         self.socket_names.insert(client_rx, names);
         self.socket_names.insert(server_rx, server_names.clone());
-        if let Some(Some(Endpoint { listening: Some((_, queue)), .. })) = self.endpoints.get_mut(listener) {
-            queue.push_back(Connection { object: server.object, names: server_names });
+        if let Some(Some(Endpoint {
+            listening: Some((_, queue)),
+            ..
+        })) = self.endpoints.get_mut(listener)
+        {
+            queue.push_back(Connection {
+                object: server.object,
+                names: server_names,
+            });
         }
         self.release_endpoint(own);
         self.get_mut(fd)?.object = client.object;
@@ -508,16 +658,34 @@ impl FdTable {
 
     /// accept(2): the next waiting connection of listener `listener`, installed at the lowest
     /// free fd with `flags` (O_NONBLOCK) and `cloexec`; None when none waits.
-    pub fn accept(&mut self, listener: usize, flags: u32, cloexec: bool) -> Result<Option<(u64, Vec<u8>)>, Errno> {
-        let endpoint = self.endpoints.get_mut(listener).and_then(|e| e.as_mut()).ok_or(Errno::EBADF)?;
-        let Some((_, queue)) = &mut endpoint.listening else { return Err(Errno::EINVAL) };
-        let Some(connection) = queue.pop_front() else { return Ok(None) };
+    pub fn accept(
+        &mut self,
+        listener: usize,
+        flags: u32,
+        cloexec: bool,
+    ) -> Result<Option<(u64, Vec<u8>)>, Errno> {
+        let endpoint = self
+            .endpoints
+            .get_mut(listener)
+            .and_then(|e| e.as_mut())
+            .ok_or(Errno::EBADF)?;
+        let Some((_, queue)) = &mut endpoint.listening else {
+            return Err(Errno::EINVAL);
+        };
+        let Some(connection) = queue.pop_front() else {
+            return Ok(None);
+        };
         let peer = connection.names.1.clone();
-        let description = Description::new(connection.object.clone(), O_RDWR | (flags & O_NONBLOCK));
+        let description =
+            Description::new(connection.object.clone(), O_RDWR | (flags & O_NONBLOCK));
         match self.install_adopted(description, 0, cloexec) {
             Ok(fd) => Ok(Some((fd, peer))),
             Err(e) => {
-                if let Some(Some(Endpoint { listening: Some((_, queue)), .. })) = self.endpoints.get_mut(listener) {
+                if let Some(Some(Endpoint {
+                    listening: Some((_, queue)),
+                    ..
+                })) = self.endpoints.get_mut(listener)
+                {
                     queue.push_front(connection);
                 }
                 Err(e)
@@ -532,7 +700,9 @@ impl FdTable {
 
     /// Frees endpoint `index`: its address, and the connections still waiting on it.
     fn release_endpoint(&mut self, index: usize) {
-        let Some(endpoint) = self.endpoints.get_mut(index).and_then(Option::take) else { return };
+        let Some(endpoint) = self.endpoints.get_mut(index).and_then(Option::take) else {
+            return;
+        };
         if let Some(key) = endpoint.key {
             self.bound.remove(&key);
         }
@@ -543,15 +713,24 @@ impl FdTable {
 
     /// Creates an epoll instance's description, not yet installed.
     pub fn new_epoll(&mut self) -> Description {
-        Description::new(Object::Epoll(free_index(&mut self.epolls, EpollSet::default())), O_RDWR)
+        Description::new(
+            Object::Epoll(free_index(&mut self.epolls, EpollSet::default())),
+            O_RDWR,
+        )
     }
 
     pub fn epoll(&self, index: usize) -> Result<&EpollSet, Errno> {
-        self.epolls.get(index).and_then(|e| e.as_ref()).ok_or(Errno::EBADF)
+        self.epolls
+            .get(index)
+            .and_then(|e| e.as_ref())
+            .ok_or(Errno::EBADF)
     }
 
     pub fn epoll_mut(&mut self, index: usize) -> Result<&mut EpollSet, Errno> {
-        self.epolls.get_mut(index).and_then(|e| e.as_mut()).ok_or(Errno::EBADF)
+        self.epolls
+            .get_mut(index)
+            .and_then(|e| e.as_mut())
+            .ok_or(Errno::EBADF)
     }
 
     /// Which open file description `fd` refers to now (an epoll registration is tied to it, so
@@ -561,7 +740,10 @@ impl FdTable {
     }
 
     pub fn pipe_mut(&mut self, index: usize) -> Result<&mut Pipe, Errno> {
-        self.pipes.get_mut(index).and_then(|p| p.as_mut()).ok_or(Errno::EBADF)
+        self.pipes
+            .get_mut(index)
+            .and_then(|p| p.as_mut())
+            .ok_or(Errno::EBADF)
     }
 
     /// F_SETPIPE_SZ: pipe `index` holds at least `size` bytes from now on (rounded up to a power
@@ -575,7 +757,14 @@ impl FdTable {
             return Err(Errno::EPERM);
         }
         let capacity = (size as usize).max(PAGE).next_power_of_two();
-        let others: usize = self.pipes.iter().enumerate().filter(|&(i, _)| i != index).filter_map(|(_, p)| p.as_ref()).map(|p| p.capacity).sum();
+        let others: usize = self
+            .pipes
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != index)
+            .filter_map(|(_, p)| p.as_ref())
+            .map(|p| p.capacity)
+            .sum();
         let pipe = self.pipe_mut(index)?;
         if capacity < pipe.buffer.len() {
             return Err(Errno::EBUSY);
@@ -588,7 +777,10 @@ impl FdTable {
     }
 
     pub fn pipe(&self, index: usize) -> Result<&Pipe, Errno> {
-        self.pipes.get(index).and_then(|p| p.as_ref()).ok_or(Errno::EBADF)
+        self.pipes
+            .get(index)
+            .and_then(|p| p.as_ref())
+            .ok_or(Errno::EBADF)
     }
 
     fn adopt_object(&mut self, object: &Object) {
@@ -598,8 +790,13 @@ impl FdTable {
             Object::Socket { rx, tx, .. } => (Some(rx), Some(tx)),
             _ => return,
         };
-        read.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.readers += 1);
-        write.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.writers += 1);
+        read.and_then(|i| self.pipes[i].as_mut())
+            .into_iter()
+            .for_each(|p| p.readers += 1);
+        write
+            .and_then(|i| self.pipes[i].as_mut())
+            .into_iter()
+            .for_each(|p| p.writers += 1);
     }
 
     fn release_object(&mut self, object: &Object) {
@@ -618,10 +815,18 @@ impl FdTable {
             }
             _ => return,
         };
-        read.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.readers = p.readers.saturating_sub(1));
-        write.and_then(|i| self.pipes[i].as_mut()).into_iter().for_each(|p| p.writers = p.writers.saturating_sub(1));
+        read.and_then(|i| self.pipes[i].as_mut())
+            .into_iter()
+            .for_each(|p| p.readers = p.readers.saturating_sub(1));
+        write
+            .and_then(|i| self.pipes[i].as_mut())
+            .into_iter()
+            .for_each(|p| p.writers = p.writers.saturating_sub(1));
         for index in read.into_iter().chain(write) {
-            if self.pipes[index].as_ref().is_some_and(|p| p.readers == 0 && p.writers == 0) {
+            if self.pipes[index]
+                .as_ref()
+                .is_some_and(|p| p.readers == 0 && p.writers == 0)
+            {
                 self.pipes[index] = None;
                 self.socket_names.remove(&index);
             }
@@ -666,7 +871,11 @@ fn encode_slots<T>(e: &mut Encoder, slots: &[Option<T>], mut item: impl FnMut(&m
 }
 
 /// Decodes what `encode_slots` wrote.
-fn decode_slots<'a, T>(d: &mut Decoder<'a>, what: &str, mut item: impl FnMut(&mut Decoder<'a>) -> Result<T, DecodeError>) -> Result<Vec<Option<T>>, DecodeError> {
+fn decode_slots<'a, T>(
+    d: &mut Decoder<'a>,
+    what: &str,
+    mut item: impl FnMut(&mut Decoder<'a>) -> Result<T, DecodeError>,
+) -> Result<Vec<Option<T>>, DecodeError> {
     let n = d.count(1, what)?;
     let mut slots = Vec::with_capacity(n);
     for _ in 0..n {
@@ -729,11 +938,22 @@ impl Object {
             3 => Object::PipeRead(d.index(usize::MAX, "pipe index")?),
             4 => Object::PipeWrite(d.index(usize::MAX, "pipe index")?),
             5 => Object::Node(vfs.decode_node(d)?),
-            6 => Object::Socket { rx: d.index(usize::MAX, "socket pipe")?, tx: d.index(usize::MAX, "socket pipe")?, shut_write: d.bool("socket shutdown")? },
+            6 => Object::Socket {
+                rx: d.index(usize::MAX, "socket pipe")?,
+                tx: d.index(usize::MAX, "socket pipe")?,
+                shut_write: d.bool("socket shutdown")?,
+            },
             7 => Object::Epoll(d.index(usize::MAX, "epoll index")?),
             8 => match d.u64("eventfd count")? {
-                count if count <= crate::syscalls::EVENTFD_MAX_COUNT => Object::EventFd { count, semaphore: d.bool("eventfd semaphore")? },
-                count => return Err(DecodeError::new(format!("eventfd count {count} past its maximum"))),
+                count if count <= crate::syscalls::EVENTFD_MAX_COUNT => Object::EventFd {
+                    count,
+                    semaphore: d.bool("eventfd semaphore")?,
+                },
+                count => {
+                    return Err(DecodeError::new(format!(
+                        "eventfd count {count} past its maximum"
+                    )))
+                }
             },
             t => return Err(DecodeError::new(format!("description object tag {t}"))),
         })
@@ -776,9 +996,17 @@ impl FdTable {
     /// The table `encode_state` wrote; nodes are checked against `vfs`, every fd's description,
     /// every channel a pipe end or socket uses and every epoll instance must exist.
     pub(crate) fn decode_state(d: &mut Decoder, vfs: &Vfs) -> Result<FdTable, DecodeError> {
-        let fds = decode_slots(d, "fd slot", |d| Ok(Slot { description: d.index(usize::MAX, "fd description")?, cloexec: d.bool("fd cloexec")? }))?;
+        let fds = decode_slots(d, "fd slot", |d| {
+            Ok(Slot {
+                description: d.index(usize::MAX, "fd description")?,
+                cloexec: d.bool("fd cloexec")?,
+            })
+        })?;
         if fds.len() as u64 > FD_LIMIT {
-            return Err(DecodeError::new(format!("{} fds, more than {FD_LIMIT}", fds.len())));
+            return Err(DecodeError::new(format!(
+                "{} fds, more than {FD_LIMIT}",
+                fds.len()
+            )));
         }
         let descriptions = decode_slots(d, "description", |d| {
             let object = Object::decode_state(d, vfs)?;
@@ -788,49 +1016,97 @@ impl FdTable {
                 1 => Some(d.bytes("description contents")?.into()),
                 t => return Err(DecodeError::new(format!("description contents tag {t}"))),
             };
-            Ok(Description { object, flags, offset, contents, refs: d.u32("description refs")? })
+            Ok(Description {
+                object,
+                flags,
+                offset,
+                contents,
+                refs: d.u32("description refs")?,
+            })
         })?;
         let pipes = decode_slots(d, "pipe", |d| {
             let len = d.count(1, "pipe buffer")?;
             let buffer = d.raw(len, "pipe buffer")?.iter().copied().collect();
-            let (readers, writers, shut_read) = (d.u32("pipe readers")?, d.u32("pipe writers")?, d.bool("pipe shutdown")?);
+            let (readers, writers, shut_read) = (
+                d.u32("pipe readers")?,
+                d.u32("pipe writers")?,
+                d.bool("pipe shutdown")?,
+            );
             let capacity = d.index(MAX_PIPE_CAPACITY + 1, "pipe capacity")?;
             if !capacity.is_power_of_two() || capacity < PAGE || len > capacity {
-                return Err(DecodeError::new(format!("pipe of capacity {capacity} holding {len} bytes")));
+                return Err(DecodeError::new(format!(
+                    "pipe of capacity {capacity} holding {len} bytes"
+                )));
             }
-            Ok(Pipe { buffer, readers, writers, shut_read, capacity })
+            Ok(Pipe {
+                buffer,
+                readers,
+                writers,
+                shut_read,
+                capacity,
+            })
         })?;
         if pipes.iter().flatten().map(Pipe::capacity).sum::<usize>() > PIPE_BUDGET {
-            return Err(DecodeError::new("the pipes hold more than their budget".to_owned()));
+            return Err(DecodeError::new(
+                "the pipes hold more than their budget".to_owned(),
+            ));
         }
         let epolls = decode_slots(d, "epoll", |d| EpollSet::decode_state(d, FD_LIMIT))?;
         let limit = d.u64("fd limit")?.min(FD_LIMIT);
         for slot in fds.iter().flatten() {
-            if !descriptions.get(slot.description).is_some_and(Option::is_some) {
-                return Err(DecodeError::new(format!("an fd refers to missing description {}", slot.description)));
+            if !descriptions
+                .get(slot.description)
+                .is_some_and(Option::is_some)
+            {
+                return Err(DecodeError::new(format!(
+                    "an fd refers to missing description {}",
+                    slot.description
+                )));
             }
         }
         for description in descriptions.iter().flatten() {
             let (channels, epoll) = match description.object {
                 Object::PipeRead(i) | Object::PipeWrite(i) => ([Some(i), None], None),
                 // A shut-down write side's channel may be gone with the peer.
-                Object::Socket { rx, tx, shut_write } => ([Some(rx), (!shut_write).then_some(tx)], None),
+                Object::Socket { rx, tx, shut_write } => {
+                    ([Some(rx), (!shut_write).then_some(tx)], None)
+                }
                 Object::Epoll(i) => ([None, None], Some(i)),
-                Object::Stdin | Object::Output(_) | Object::Node(_) | Object::EventFd { .. } => ([None, None], None),
-                Object::Endpoint(_) => return Err(DecodeError::new("a template snapshot holds no unconnected socket".to_owned())),
+                Object::Stdin | Object::Output(_) | Object::Node(_) | Object::EventFd { .. } => {
+                    ([None, None], None)
+                }
+                Object::Endpoint(_) => {
+                    return Err(DecodeError::new(
+                        "a template snapshot holds no unconnected socket".to_owned(),
+                    ))
+                }
             };
             for i in channels.into_iter().flatten() {
                 if !pipes.get(i).is_some_and(Option::is_some) {
-                    return Err(DecodeError::new(format!("a description refers to missing pipe {i}")));
+                    return Err(DecodeError::new(format!(
+                        "a description refers to missing pipe {i}"
+                    )));
                 }
             }
             if let Some(i) = epoll {
                 if !epolls.get(i).is_some_and(Option::is_some) {
-                    return Err(DecodeError::new(format!("a description refers to missing epoll instance {i}")));
+                    return Err(DecodeError::new(format!(
+                        "a description refers to missing epoll instance {i}"
+                    )));
                 }
             }
         }
-        Ok(FdTable { fds, descriptions, pipes, epolls, endpoints: Vec::new(), bound: Default::default(), socket_names: Default::default(), next_port: FIRST_EPHEMERAL_PORT, limit })
+        Ok(FdTable {
+            fds,
+            descriptions,
+            pipes,
+            epolls,
+            endpoints: Vec::new(),
+            bound: Default::default(),
+            socket_names: Default::default(),
+            next_port: FIRST_EPHEMERAL_PORT,
+            limit,
+        })
     }
 }
 
@@ -861,7 +1137,9 @@ mod tests {
         let rfd = t.install(r, 0, false).unwrap();
         let wfd = t.install(w, 0, false).unwrap();
         let extra = t.duplicate(wfd, 0, false).unwrap();
-        let Object::PipeRead(p) = t.get(rfd).unwrap().object else { panic!("not a pipe") };
+        let Object::PipeRead(p) = t.get(rfd).unwrap().object else {
+            panic!("not a pipe")
+        };
         assert_eq!(t.pipe_mut(p).unwrap().write(b"abc"), Ok(3));
         t.close(wfd).unwrap();
         // A dup of the write end still holds it open: an empty pipe would block.
@@ -879,10 +1157,15 @@ mod tests {
         let (r, w) = t.new_pipe(0);
         let rfd = t.install(r, 0, false).unwrap();
         let wfd = t.install(w, 0, false).unwrap();
-        let Object::PipeWrite(p) = t.get(wfd).unwrap().object else { panic!("not a pipe") };
+        let Object::PipeWrite(p) = t.get(wfd).unwrap().object else {
+            panic!("not a pipe")
+        };
         let big = vec![1u8; PIPE_CAPACITY + 10];
         assert_eq!(t.pipe_mut(p).unwrap().write(&big), Ok(PIPE_CAPACITY));
-        assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(PipeError::WouldBlock));
+        assert_eq!(
+            t.pipe_mut(p).unwrap().write(b"x"),
+            Err(PipeError::WouldBlock)
+        );
         t.close(rfd).unwrap();
         assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(PipeError::NoReader));
     }
@@ -894,7 +1177,9 @@ mod tests {
             .map(|_| {
                 let (r, w) = t.new_pipe(0);
                 t.install(r, 0, false).unwrap();
-                let Object::PipeWrite(p) = w.object else { panic!("not a pipe") };
+                let Object::PipeWrite(p) = w.object else {
+                    panic!("not a pipe")
+                };
                 t.install(w, 0, false).unwrap();
                 p
             })
@@ -904,14 +1189,27 @@ mod tests {
         assert_eq!(t.set_pipe_capacity(p, 5000), Ok(8192));
         assert_eq!(t.pipe_mut(p).unwrap().write(&[1u8; 9000]), Ok(8192));
         assert_eq!(t.set_pipe_capacity(p, 4096), Err(Errno::EBUSY));
-        assert_eq!(t.set_pipe_capacity(p, (MAX_PIPE_CAPACITY + 1) as u64), Err(Errno::EPERM));
+        assert_eq!(
+            t.set_pipe_capacity(p, (MAX_PIPE_CAPACITY + 1) as u64),
+            Err(Errno::EPERM)
+        );
         assert_eq!(t.set_pipe_capacity(p, 1 << 32), Err(Errno::EINVAL));
         // Every pipe at the maximum would hold more than the fd limit's worth of default pipes.
-        let granted = pipes.iter().take_while(|&&p| t.set_pipe_capacity(p, MAX_PIPE_CAPACITY as u64).is_ok()).count();
+        let granted = pipes
+            .iter()
+            .take_while(|&&p| t.set_pipe_capacity(p, MAX_PIPE_CAPACITY as u64).is_ok())
+            .count();
         assert!(granted > 10 && granted < pipes.len(), "{granted}");
-        assert_eq!(t.set_pipe_capacity(pipes[granted], MAX_PIPE_CAPACITY as u64), Err(Errno::EPERM));
+        assert_eq!(
+            t.set_pipe_capacity(pipes[granted], MAX_PIPE_CAPACITY as u64),
+            Err(Errno::EPERM)
+        );
         assert!(t.pipes.iter().flatten().map(Pipe::capacity).sum::<usize>() <= PIPE_BUDGET);
-        assert_eq!(t.set_pipe_capacity(pipes[granted], 4096), Ok(4096), "shrinking is always allowed");
+        assert_eq!(
+            t.set_pipe_capacity(pipes[granted], 4096),
+            Ok(4096),
+            "shrinking is always allowed"
+        );
     }
 
     #[test]
@@ -923,7 +1221,10 @@ mod tests {
         assert_eq!(t.duplicate(1, 0, false), Err(Errno::EMFILE));
         assert_eq!(t.duplicate_to(2, 9, false), Err(Errno::EBADF));
         assert!(t.duplicate_to(2, 3, true).unwrap().is_none());
-        assert!(matches!(t.get(3).unwrap().object, Object::Output(Stream::Stderr)));
+        assert!(matches!(
+            t.get(3).unwrap().object,
+            Object::Output(Stream::Stderr)
+        ));
         assert!(t.cloexec(3).unwrap());
         t.close_range(3, u64::MAX, false);
         assert!(t.get(3).is_err() && t.get(4).is_err() && t.get(2).is_ok());

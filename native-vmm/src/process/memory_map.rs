@@ -69,7 +69,13 @@ impl RangeSet {
             return;
         }
         // Absorb every range that overlaps or touches [start, end).
-        let touching: Vec<(u64, u64)> = self.ranges.range(..=end).rev().take_while(|&(_, &e)| e >= start).map(|(&s, &e)| (s, e)).collect();
+        let touching: Vec<(u64, u64)> = self
+            .ranges
+            .range(..=end)
+            .rev()
+            .take_while(|&(_, &e)| e >= start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
         for (s, e) in touching {
             self.ranges.remove(&s);
             start = start.min(s);
@@ -84,8 +90,13 @@ impl RangeSet {
 
     /// The parts of [start, end) that lie inside the set.
     fn intersection(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
-        let mut parts: Vec<(u64, u64)> =
-            self.ranges.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s.max(start), e.min(end))).collect();
+        let mut parts: Vec<(u64, u64)> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take_while(|&(_, &e)| e > start)
+            .map(|(&s, &e)| (s.max(start), e.min(end)))
+            .collect();
         parts.reverse();
         parts
     }
@@ -114,7 +125,16 @@ impl MemoryMap {
         let mut dirty = RangeSet::default();
         dirty.insert(0, space.brk_start.min(mem_size));
         dirty.insert(space.mmap_high.min(mem_size), mem_size);
-        MemoryMap { space, mem_size, brk: space.brk_start, regions: BTreeMap::new(), mapped_bytes: 0, peak_bytes: 0, dirty, dirty_generation: 0 }
+        MemoryMap {
+            space,
+            mem_size,
+            brk: space.brk_start,
+            regions: BTreeMap::new(),
+            mapped_bytes: 0,
+            peak_bytes: 0,
+            dirty,
+            dirty_generation: 0,
+        }
     }
 
     /// Every range of guest memory the program has ever been handed (the loaded program, the
@@ -166,7 +186,12 @@ impl MemoryMap {
     }
 
     /// Zeroes the parts of [start, end) that may hold stale bytes, then marks it handed out.
-    fn zero_for_reuse(&mut self, mem: &GuestMemory, start: u64, end: u64) -> Result<(), OutOfBounds> {
+    fn zero_for_reuse(
+        &mut self,
+        mem: &GuestMemory,
+        start: u64,
+        end: u64,
+    ) -> Result<(), OutOfBounds> {
         let already: Vec<(u64, u64)> = self.dirty.intersection(start, end);
         for &(s, e) in &already {
             mem.fill(s, e - s, 0)?;
@@ -179,7 +204,10 @@ impl MemoryMap {
     }
 
     fn overlaps_region(&self, start: u64, end: u64) -> bool {
-        self.regions.range(..end).next_back().is_some_and(|(_, r)| r.end > start)
+        self.regions
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, r)| r.end > start)
     }
 
     fn overlaps_heap(&self, start: u64, end: u64) -> bool {
@@ -197,7 +225,9 @@ impl MemoryMap {
         let old_end = self.brk_end();
         let new_end = page_align_up(requested.min(u64::MAX - PAGE_SIZE));
         if new_end > old_end {
-            if new_end > self.space.mmap_high.min(self.mem_size) || self.overlaps_region(old_end, new_end) {
+            if new_end > self.space.mmap_high.min(self.mem_size)
+                || self.overlaps_region(old_end, new_end)
+            {
                 return self.brk;
             }
             if self.zero_for_reuse(mem, old_end, new_end).is_err() {
@@ -210,9 +240,19 @@ impl MemoryMap {
     }
 
     /// Maps `len` bytes (rounded up to pages) and returns the address. The range is zeroed.
-    pub fn map(&mut self, mem: &GuestMemory, placement: Placement, len: u64, prot: u32) -> Result<u64, MapError> {
+    pub fn map(
+        &mut self,
+        mem: &GuestMemory,
+        placement: Placement,
+        len: u64,
+        prot: u32,
+    ) -> Result<u64, MapError> {
         if len == 0 || len > self.mem_size {
-            return Err(if len == 0 { MapError::Invalid } else { MapError::NoRoom });
+            return Err(if len == 0 {
+                MapError::Invalid
+            } else {
+                MapError::NoRoom
+            });
         }
         let len = page_align_up(len);
         let start = match placement {
@@ -232,7 +272,13 @@ impl MemoryMap {
             return Err(MapError::NotMapped);
         }
         self.zero_for_reuse(mem, start, start + len)?;
-        self.regions.insert(start, Region { end: start + len, prot });
+        self.regions.insert(
+            start,
+            Region {
+                end: start + len,
+                prot,
+            },
+        );
         self.mapped_bytes += len;
         self.note_usage();
         Ok(start)
@@ -282,15 +328,32 @@ impl MemoryMap {
 
     /// Removes [start, end) from the region records, splitting regions that straddle it.
     fn carve(&mut self, start: u64, end: u64) -> Vec<(u64, Region)> {
-        let hit: Vec<(u64, Region)> =
-            self.regions.range(..end).rev().take_while(|(_, r)| r.end > start).map(|(&s, &r)| (s, r)).collect();
+        let hit: Vec<(u64, Region)> = self
+            .regions
+            .range(..end)
+            .rev()
+            .take_while(|(_, r)| r.end > start)
+            .map(|(&s, &r)| (s, r))
+            .collect();
         for &(s, r) in &hit {
             self.regions.remove(&s);
             if s < start {
-                self.regions.insert(s, Region { end: start, prot: r.prot });
+                self.regions.insert(
+                    s,
+                    Region {
+                        end: start,
+                        prot: r.prot,
+                    },
+                );
             }
             if r.end > end {
-                self.regions.insert(end, Region { end: r.end, prot: r.prot });
+                self.regions.insert(
+                    end,
+                    Region {
+                        end: r.end,
+                        prot: r.prot,
+                    },
+                );
             }
             self.mapped_bytes -= r.end.min(end) - s.max(start);
         }
@@ -316,7 +379,9 @@ impl MemoryMap {
         if !addr.is_multiple_of(PAGE_SIZE) {
             return Err(MapError::Invalid);
         }
-        let end = addr.checked_add(page_align_up(len.min(u64::MAX - PAGE_SIZE))).ok_or(MapError::Invalid)?;
+        let end = addr
+            .checked_add(page_align_up(len.min(u64::MAX - PAGE_SIZE)))
+            .ok_or(MapError::Invalid)?;
         if end > self.mem_size || addr < USER_BASE {
             return Err(MapError::NotMapped);
         }
@@ -364,7 +429,11 @@ impl MemoryMap {
     /// Recorded protection of the region holding `addr`.
     #[cfg(test)]
     pub fn prot_at(&self, addr: u64) -> Option<u32> {
-        self.regions.range(..=addr).next_back().filter(|(_, r)| r.end > addr).map(|(_, r)| r.prot)
+        self.regions
+            .range(..=addr)
+            .next_back()
+            .filter(|(_, r)| r.end > addr)
+            .map(|(_, r)| r.prot)
     }
 
     /// madvise(MADV_DONTNEED): the range reads as zeros afterwards.
@@ -372,7 +441,9 @@ impl MemoryMap {
         if !addr.is_multiple_of(PAGE_SIZE) {
             return Err(MapError::Invalid);
         }
-        let end = addr.checked_add(page_align_up(len.min(u64::MAX - PAGE_SIZE))).ok_or(MapError::Invalid)?;
+        let end = addr
+            .checked_add(page_align_up(len.min(u64::MAX - PAGE_SIZE)))
+            .ok_or(MapError::Invalid)?;
         if addr < USER_BASE || end > self.mem_size {
             return Err(MapError::NotMapped);
         }
@@ -384,9 +455,24 @@ impl MemoryMap {
 
     /// mremap(2) of one whole region: shrinks in place, grows in place when the pages above
     /// are free, otherwise moves when `may_move` (copying the contents) or fails with NotMapped.
-    pub fn remap(&mut self, mem: &GuestMemory, addr: u64, old_len: u64, new_len: u64, may_move: bool) -> Result<u64, MapError> {
-        if !addr.is_multiple_of(PAGE_SIZE) || old_len == 0 || new_len == 0 || new_len > self.mem_size {
-            return Err(if new_len > self.mem_size { MapError::NoRoom } else { MapError::Invalid });
+    pub fn remap(
+        &mut self,
+        mem: &GuestMemory,
+        addr: u64,
+        old_len: u64,
+        new_len: u64,
+        may_move: bool,
+    ) -> Result<u64, MapError> {
+        if !addr.is_multiple_of(PAGE_SIZE)
+            || old_len == 0
+            || new_len == 0
+            || new_len > self.mem_size
+        {
+            return Err(if new_len > self.mem_size {
+                MapError::NoRoom
+            } else {
+                MapError::Invalid
+            });
         }
         let old_len = page_align_up(old_len.min(self.mem_size));
         let new_len = page_align_up(new_len);
@@ -404,7 +490,12 @@ impl MemoryMap {
             && !self.overlaps_region(old_end, grown_end)
             && !self.overlaps_heap(old_end, grown_end);
         if in_place {
-            self.map(mem, Placement::Fixed(old_end), new_len - old_len, region.prot)?;
+            self.map(
+                mem,
+                Placement::Fixed(old_end),
+                new_len - old_len,
+                region.prot,
+            )?;
             return Ok(addr);
         }
         if !may_move {
@@ -454,18 +545,28 @@ impl MemoryMap {
         let range = |d: &mut Decoder, what: &str| -> Result<(u64, u64), DecodeError> {
             let (start, end) = (d.u64(what)?, d.u64(what)?);
             if start >= end || end > mem_size {
-                return Err(DecodeError::new(format!("{what} {start:#x}..{end:#x} is empty or outside memory")));
+                return Err(DecodeError::new(format!(
+                    "{what} {start:#x}..{end:#x} is empty or outside memory"
+                )));
             }
             Ok((start, end))
         };
         let n = d.count(20, "region count")?;
         if n > MAX_REGIONS {
-            return Err(DecodeError::new(format!("{n} regions, more than {MAX_REGIONS}")));
+            return Err(DecodeError::new(format!(
+                "{n} regions, more than {MAX_REGIONS}"
+            )));
         }
         let mut regions = BTreeMap::new();
         for _ in 0..n {
             let (start, end) = range(d, "region")?;
-            regions.insert(start, Region { end, prot: d.u32("region protection")? });
+            regions.insert(
+                start,
+                Region {
+                    end,
+                    prot: d.u32("region protection")?,
+                },
+            );
         }
         let (mapped_bytes, peak_bytes) = (d.u64("mapped bytes")?, d.u64("peak bytes")?);
         let n = d.count(16, "dirty range count")?;
@@ -474,7 +575,16 @@ impl MemoryMap {
             let (start, end) = range(d, "dirty range")?;
             dirty.insert(start, end);
         }
-        Ok(MemoryMap { space, mem_size, brk, regions, mapped_bytes, peak_bytes, dirty, dirty_generation: 0 })
+        Ok(MemoryMap {
+            space,
+            mem_size,
+            brk,
+            regions,
+            mapped_bytes,
+            peak_bytes,
+            dirty,
+            dirty_generation: 0,
+        })
     }
 }
 
@@ -486,7 +596,11 @@ mod tests {
 
     fn setup() -> (GuestMemory, MemoryMap) {
         let mem = GuestMemory::new(16 * MIB).unwrap();
-        let space = AddressSpace { brk_start: 2 * MIB, mmap_low: 2 * MIB, mmap_high: 14 * MIB };
+        let space = AddressSpace {
+            brk_start: 2 * MIB,
+            mmap_low: 2 * MIB,
+            mmap_high: 14 * MIB,
+        };
         let map = MemoryMap::new(space, mem.size());
         (mem, map)
     }
@@ -537,9 +651,18 @@ mod tests {
     #[test]
     fn exhausted_pool_reports_no_room() {
         let (mem, mut map) = setup();
-        assert_eq!(map.map(&mem, Placement::Hint(0), 12 * MIB + 4096, 3), Err(MapError::NoRoom));
-        assert_eq!(map.map(&mem, Placement::Hint(0), 12 * MIB, 3).unwrap(), 2 * MIB);
-        assert_eq!(map.map(&mem, Placement::Hint(0), 4096, 3), Err(MapError::NoRoom));
+        assert_eq!(
+            map.map(&mem, Placement::Hint(0), 12 * MIB + 4096, 3),
+            Err(MapError::NoRoom)
+        );
+        assert_eq!(
+            map.map(&mem, Placement::Hint(0), 12 * MIB, 3).unwrap(),
+            2 * MIB
+        );
+        assert_eq!(
+            map.map(&mem, Placement::Hint(0), 4096, 3),
+            Err(MapError::NoRoom)
+        );
         assert_eq!(map.set_brk(&mem, 2 * MIB + 1), 2 * MIB);
     }
 
@@ -547,14 +670,29 @@ mod tests {
     fn fixed_maps_replace_and_noreplace_refuses() {
         let (mem, mut map) = setup();
         let a = map.map(&mem, Placement::Hint(0), 4 * 4096, 3).unwrap();
-        assert_eq!(map.map(&mem, Placement::FixedNoReplace(a + 4096), 4096, 1), Err(MapError::Exists));
-        assert_eq!(map.map(&mem, Placement::Fixed(a + 4096), 4096, 1).unwrap(), a + 4096);
+        assert_eq!(
+            map.map(&mem, Placement::FixedNoReplace(a + 4096), 4096, 1),
+            Err(MapError::Exists)
+        );
+        assert_eq!(
+            map.map(&mem, Placement::Fixed(a + 4096), 4096, 1).unwrap(),
+            a + 4096
+        );
         assert_eq!(map.in_use(), 4 * 4096);
         assert_eq!(map.prot_at(a + 4096), Some(1));
         assert_eq!(map.prot_at(a), Some(3));
-        assert_eq!(map.map(&mem, Placement::Fixed(a + 1), 4096, 1), Err(MapError::Invalid));
-        assert_eq!(map.map(&mem, Placement::Fixed(0x1000), 4096, 1), Err(MapError::NotMapped));
-        assert_eq!(map.map(&mem, Placement::Fixed(16 * MIB), 4096, 1), Err(MapError::NotMapped));
+        assert_eq!(
+            map.map(&mem, Placement::Fixed(a + 1), 4096, 1),
+            Err(MapError::Invalid)
+        );
+        assert_eq!(
+            map.map(&mem, Placement::Fixed(0x1000), 4096, 1),
+            Err(MapError::NotMapped)
+        );
+        assert_eq!(
+            map.map(&mem, Placement::Fixed(16 * MIB), 4096, 1),
+            Err(MapError::NotMapped)
+        );
     }
 
     #[test]
@@ -576,7 +714,10 @@ mod tests {
         let a = map.map(&mem, Placement::Hint(0), 4096, 3).unwrap();
         mem.fill(a, 4096, 9).unwrap();
         // The page above a is the top of the pool: growing must move.
-        assert_eq!(map.remap(&mem, a, 4096, 8192, false), Err(MapError::NotMapped));
+        assert_eq!(
+            map.remap(&mem, a, 4096, 8192, false),
+            Err(MapError::NotMapped)
+        );
         let b = map.remap(&mem, a, 4096, 8192, true).unwrap();
         assert_ne!(a, b);
         assert_eq!(mem.read_vec(b, 4096).unwrap(), vec![9; 4096]);
@@ -584,7 +725,10 @@ mod tests {
         assert_eq!(map.in_use(), 8192);
         assert_eq!(map.remap(&mem, b, 8192, 4096, false).unwrap(), b);
         assert_eq!(map.in_use(), 4096);
-        assert_eq!(map.remap(&mem, a, 4096, 8192, true), Err(MapError::NotMapped));
+        assert_eq!(
+            map.remap(&mem, a, 4096, 8192, true),
+            Err(MapError::NotMapped)
+        );
     }
 
     #[test]

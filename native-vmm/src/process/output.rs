@@ -38,7 +38,11 @@ impl OutputSink {
 
 impl fmt::Debug for OutputSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() { "OutputSink(set)" } else { "OutputSink(none)" })
+        f.write_str(if self.0.is_some() {
+            "OutputSink(set)"
+        } else {
+            "OutputSink(none)"
+        })
     }
 }
 
@@ -52,7 +56,12 @@ pub struct Output {
 
 impl Output {
     pub fn new(cap: u64) -> Output {
-        Output { stdout: Vec::new(), stderr: Vec::new(), cap, sink: OutputSink::none() }
+        Output {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            cap,
+            sink: OutputSink::none(),
+        }
     }
 
     /// From now on, every kept byte also goes to `sink` as it is appended.
@@ -114,12 +123,18 @@ mod tests {
         let mut out = Output::new(10);
         assert_eq!(out.append(Stream::Stdout, b"hello"), Appended::All);
         assert_eq!(out.append(Stream::Stderr, b"wor"), Appended::All);
-        assert_eq!(out.append(Stream::Stdout, b"ld!!"), Appended::CapReached { kept: 2 });
+        assert_eq!(
+            out.append(Stream::Stdout, b"ld!!"),
+            Appended::CapReached { kept: 2 }
+        );
         assert_eq!(out.stdout(), b"hellold");
         assert_eq!(out.stderr(), b"wor");
         assert_eq!(out.remaining(), 0);
         assert_eq!(out.append(Stream::Stderr, b""), Appended::All);
-        assert_eq!(out.append(Stream::Stderr, b"x"), Appended::CapReached { kept: 0 });
+        assert_eq!(
+            out.append(Stream::Stderr, b"x"),
+            Appended::CapReached { kept: 0 }
+        );
     }
 
     #[test]
@@ -128,11 +143,22 @@ mod tests {
         let mut out = Output::new(6);
         assert_eq!(out.append(Stream::Stdout, b"ab"), Appended::All);
         let log = seen.clone();
-        out.stream_to(OutputSink::new(move |stream, data| log.lock().unwrap().push((stream, data.to_vec()))));
+        out.stream_to(OutputSink::new(move |stream, data| {
+            log.lock().unwrap().push((stream, data.to_vec()))
+        }));
         out.append(Stream::Stderr, b"cd");
         out.append(Stream::Stdout, b"");
-        assert_eq!(out.append(Stream::Stdout, b"efgh"), Appended::CapReached { kept: 2 });
+        assert_eq!(
+            out.append(Stream::Stdout, b"efgh"),
+            Appended::CapReached { kept: 2 }
+        );
         out.append(Stream::Stdout, b"i");
-        assert_eq!(*seen.lock().unwrap(), vec![(Stream::Stderr, b"cd".to_vec()), (Stream::Stdout, b"ef".to_vec())]);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                (Stream::Stderr, b"cd".to_vec()),
+                (Stream::Stdout, b"ef".to_vec())
+            ]
+        );
     }
 }

@@ -67,27 +67,42 @@ pub struct SignalFrame {
 /// What the next signal a thread takes does.
 pub enum Taken {
     /// Run the handler of `sig`.
-    Handler { sig: u64, action: SigAction, code: i32 },
+    Handler {
+        sig: u64,
+        action: SigAction,
+        code: i32,
+    },
     /// Linux's default action ends the process.
     End(RunStatus),
 }
 
 /// SIGALRM is due: made pending and the timer re-armed (or disarmed).
 pub fn fire_timer(proc: &mut GuestProcess, now: Instant) {
-    let Some(timer) = proc.signals.timer else { return };
+    let Some(timer) = proc.signals.timer else {
+        return;
+    };
     if timer.next > now {
         return;
     }
     proc.signals.pending |= bit(SIGALRM);
-    proc.signals.timer = timer.interval.map(|every| RealTimer { next: now.max(timer.next) + every, interval: Some(every) });
+    proc.signals.timer = timer.interval.map(|every| RealTimer {
+        next: now.max(timer.next) + every,
+        interval: Some(every),
+    });
 }
 
 /// The signals thread `tid` would take now: its own pending ones and the process's that it
 /// does not block, of those only what the main thread blocks unless it is the main thread.
 pub fn ready_for(proc: &GuestProcess, tid: u64) -> u64 {
-    let Some(thread) = proc.threads.get(tid) else { return 0 };
+    let Some(thread) = proc.threads.get(tid) else {
+        return 0;
+    };
     let mut process_wide = proc.signals.pending & !thread.blocked_signals;
-    if let Some(main) = proc.threads.get(super::threads::MAIN_TID).filter(|_| tid != super::threads::MAIN_TID) {
+    if let Some(main) = proc
+        .threads
+        .get(super::threads::MAIN_TID)
+        .filter(|_| tid != super::threads::MAIN_TID)
+    {
         process_wide &= main.blocked_signals;
     }
     (thread.pending_signals & !thread.blocked_signals) | process_wide
@@ -109,7 +124,13 @@ pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
         }
         let sig = u64::from(ready.trailing_zeros()) + 1;
         let thread = proc.threads.get_mut(tid)?;
-        let code = if thread.pending_signals & bit(sig) != 0 { SI_TKILL } else if sig == SIGALRM { SI_KERNEL } else { SI_USER };
+        let code = if thread.pending_signals & bit(sig) != 0 {
+            SI_TKILL
+        } else if sig == SIGALRM {
+            SI_KERNEL
+        } else {
+            SI_USER
+        };
         thread.pending_signals &= !bit(sig);
         proc.signals.pending &= !bit(sig);
         let action = proc.signals.actions[sig as usize];
@@ -117,8 +138,17 @@ pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
             SIG_IGN => continue,
             SIG_DFL if matches!(sig, SIGCHLD | SIGCONT | SIGURG | SIGWINCH) => continue,
             // A stopped process with nobody to continue it never runs again.
-            SIG_DFL if matches!(sig, SIGSTOP | SIGTSTP..=SIGTTOU) => return Some(Taken::End(RunStatus::Unsupported { syscall: 62, name: "kill" })),
-            SIG_DFL => return Some(Taken::End(RunStatus::Exited { code: 128 + sig as i32 })),
+            SIG_DFL if matches!(sig, SIGSTOP | SIGTSTP..=SIGTTOU) => {
+                return Some(Taken::End(RunStatus::Unsupported {
+                    syscall: 62,
+                    name: "kill",
+                }))
+            }
+            SIG_DFL => {
+                return Some(Taken::End(RunStatus::Exited {
+                    code: 128 + sig as i32,
+                }))
+            }
             _ => {
                 if action.flags & SA_RESETHAND != 0 {
                     proc.signals.actions[sig as usize] = SigAction::default();
@@ -137,25 +167,60 @@ fn put(frame: &mut [u8], at: u64, value: u64) {
 /// stack with SA_ONSTACK), blocks the handler's mask for thread `tid`, and returns the
 /// registers the handler starts with. A frame that does not fit in the program's memory is
 /// EFAULT (Linux then kills the process with SIGSEGV).
-pub fn push_frame(proc: &mut GuestProcess, mem: &GuestMemory, tid: u64, interrupted: CpuSnapshot, taken: (u64, SigAction, i32)) -> Result<CpuSnapshot, Errno> {
+pub fn push_frame(
+    proc: &mut GuestProcess,
+    mem: &GuestMemory,
+    tid: u64,
+    interrupted: CpuSnapshot,
+    taken: (u64, SigAction, i32),
+) -> Result<CpuSnapshot, Errno> {
     let (sig, action, code) = taken;
     let thread = proc.threads.get_mut(tid).ok_or(Errno::ESRCH)?;
     let (ss_sp, ss_flags, ss_size) = thread.alt_stack;
     let sp = interrupted.regs.rsp;
     let alt_enabled = ss_flags & SS_DISABLE == 0 && ss_size > 0;
     let on_alt = alt_enabled && sp > ss_sp && sp - ss_sp <= ss_size;
-    let top = if action.flags & SA_ONSTACK != 0 && alt_enabled && !on_alt { ss_sp.wrapping_add(ss_size) } else { sp.wrapping_sub(RED_ZONE) };
+    let top = if action.flags & SA_ONSTACK != 0 && alt_enabled && !on_alt {
+        ss_sp.wrapping_add(ss_size)
+    } else {
+        sp.wrapping_sub(RED_ZONE)
+    };
     // At the handler's first instruction rsp + 8 is 16-byte aligned, as after a call.
     let addr = (top.wrapping_sub(FRAME_BYTES) & !15).wrapping_sub(8);
     let mask = thread.suspend_mask.take().unwrap_or(thread.blocked_signals);
     let mut frame = vec![0u8; FRAME_BYTES as usize];
     put(&mut frame, 0, action.restorer);
     put(&mut frame, UCONTEXT_AT + 16, ss_sp);
-    let stack_flags = if !alt_enabled { SS_DISABLE } else if on_alt { SS_ONSTACK } else { 0 };
+    let stack_flags = if !alt_enabled {
+        SS_DISABLE
+    } else if on_alt {
+        SS_ONSTACK
+    } else {
+        0
+    };
     put(&mut frame, UCONTEXT_AT + 24, u64::from(stack_flags));
     put(&mut frame, UCONTEXT_AT + 32, ss_size);
     let r = &interrupted.regs;
-    let gprs = [r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, r.rdi, r.rsi, r.rbp, r.rbx, r.rdx, r.rax, r.rcx, r.rsp, interrupted.rip, interrupted.rflags];
+    let gprs = [
+        r.r8,
+        r.r9,
+        r.r10,
+        r.r11,
+        r.r12,
+        r.r13,
+        r.r14,
+        r.r15,
+        r.rdi,
+        r.rsi,
+        r.rbp,
+        r.rbx,
+        r.rdx,
+        r.rax,
+        r.rcx,
+        r.rsp,
+        interrupted.rip,
+        interrupted.rflags,
+    ];
     for (i, v) in gprs.into_iter().enumerate() {
         put(&mut frame, MCONTEXT_AT + 8 * i as u64, v);
     }
@@ -167,8 +232,10 @@ pub fn push_frame(proc: &mut GuestProcess, mem: &GuestMemory, tid: u64, interrup
     frame[info..info + 4].copy_from_slice(&(sig as i32).to_le_bytes());
     frame[info + 8..info + 12].copy_from_slice(&code.to_le_bytes());
     if code != SI_KERNEL {
-        frame[info + 16..info + 20].copy_from_slice(&(crate::syscalls::GUEST_PID as i32).to_le_bytes());
-        frame[info + 20..info + 24].copy_from_slice(&(crate::loader::GUEST_UID as u32).to_le_bytes());
+        frame[info + 16..info + 20]
+            .copy_from_slice(&(crate::syscalls::GUEST_PID as i32).to_le_bytes());
+        frame[info + 20..info + 24]
+            .copy_from_slice(&(crate::loader::GUEST_UID as u32).to_le_bytes());
     }
     UserMemory::new(mem).write(addr, &frame)?;
     let mut handler = interrupted.clone();
@@ -180,7 +247,11 @@ pub fn push_frame(proc: &mut GuestProcess, mem: &GuestMemory, tid: u64, interrup
     handler.regs.rax = 0;
     // DF and TF clear, as the ABI and Linux's signal entry leave them.
     handler.rflags &= !0x500;
-    let nodefer = if action.flags & SA_NODEFER != 0 { 0 } else { bit(sig) };
+    let nodefer = if action.flags & SA_NODEFER != 0 {
+        0
+    } else {
+        bit(sig)
+    };
     thread.blocked_signals = (mask | action.mask | nodefer) & !(bit(SIGKILL) | bit(SIGSTOP));
     if thread.signal_frames.len() == MAX_NESTED_FRAMES {
         thread.signal_frames.remove(0);
@@ -192,7 +263,12 @@ pub fn push_frame(proc: &mut GuestProcess, mem: &GuestMemory, tid: u64, interrup
 /// rt_sigreturn with the stack pointer at `rsp` (just past the frame's return address): the
 /// registers the handler interrupted, and the frame's signal mask set for `tid`; None when no
 /// frame of this thread is there (the stack is not what the program believes).
-pub fn pop_frame(proc: &mut GuestProcess, mem: &GuestMemory, tid: u64, rsp: u64) -> Option<CpuSnapshot> {
+pub fn pop_frame(
+    proc: &mut GuestProcess,
+    mem: &GuestMemory,
+    tid: u64,
+    rsp: u64,
+) -> Option<CpuSnapshot> {
     let addr = rsp.wrapping_sub(8);
     let thread = proc.threads.get_mut(tid)?;
     let at = thread.signal_frames.iter().rposition(|f| f.addr == addr)?;

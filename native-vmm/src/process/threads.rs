@@ -77,7 +77,10 @@ pub enum ThreadState {
     Running,
     Runnable(Resume),
     /// Waiting; `seq` orders waiters first come, first woken.
-    Blocked { wait: Wait, seq: u64 },
+    Blocked {
+        wait: Wait,
+        seq: u64,
+    },
 }
 
 /// One guest thread.
@@ -115,7 +118,22 @@ pub struct Thread {
 
 impl Thread {
     fn new(tid: u64) -> Thread {
-        Thread { tid, state: ThreadState::Running, context: None, clear_child_tid: 0, robust_list: 0, blocked_signals: 0, alt_stack: (0, super::SS_DISABLE, 0), fs_base: 0, last_attempt: false, calling: None, pending_signals: 0, suspend_mask: None, signal_frames: Vec::new(), cpu_ns: 0 }
+        Thread {
+            tid,
+            state: ThreadState::Running,
+            context: None,
+            clear_child_tid: 0,
+            robust_list: 0,
+            blocked_signals: 0,
+            alt_stack: (0, super::SS_DISABLE, 0),
+            fs_base: 0,
+            last_attempt: false,
+            calling: None,
+            pending_signals: 0,
+            suspend_mask: None,
+            signal_frames: Vec::new(),
+            cpu_ns: 0,
+        }
     }
 }
 
@@ -134,7 +152,9 @@ struct CpuClock {
 fn host_thread_cpu_ns() -> u64 {
     const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
     let (sec, nsec) = crate::sys::clock_time(CLOCK_THREAD_CPUTIME_ID).unwrap_or((0, 0));
-    (sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(nsec.max(0) as u64)
+    (sec.max(0) as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(nsec.max(0) as u64)
 }
 
 /// Where a new thread starts: the creating thread's registers at its clone call, with these
@@ -207,7 +227,10 @@ impl Threads {
             epoch: 0,
             limit: limit.max(1),
             switching: false,
-            counters: ThreadCounters { peak: 1, ..ThreadCounters::default() },
+            counters: ThreadCounters {
+                peak: 1,
+                ..ThreadCounters::default()
+            },
             cpu: CpuClock::default(),
         }
     }
@@ -238,14 +261,23 @@ impl Threads {
 
     /// The time the current thread has run since it was last charged.
     fn running_ns(&self) -> u64 {
-        self.cpu.since.map_or(0, |since| host_thread_cpu_ns().saturating_sub(since))
+        self.cpu
+            .since
+            .map_or(0, |since| host_thread_cpu_ns().saturating_sub(since))
     }
 
     /// Thread `tid`'s CPU time (CLOCK_THREAD_CPUTIME_ID, pthread_getcpuclockid); None if it is
     /// not alive.
     pub fn thread_cpu_ns(&self, tid: u64) -> Option<u64> {
         let thread = self.get(tid)?;
-        Some(thread.cpu_ns + if tid == self.current { self.running_ns() } else { 0 })
+        Some(
+            thread.cpu_ns
+                + if tid == self.current {
+                    self.running_ns()
+                } else {
+                    0
+                },
+        )
     }
 
     /// The process's CPU time: every thread's, the exited ones' included.
@@ -284,11 +316,17 @@ impl Threads {
     }
 
     pub fn get(&self, tid: u64) -> Option<&Thread> {
-        self.list.binary_search_by_key(&tid, |t| t.tid).ok().map(|i| &self.list[i])
+        self.list
+            .binary_search_by_key(&tid, |t| t.tid)
+            .ok()
+            .map(|i| &self.list[i])
     }
 
     pub fn get_mut(&mut self, tid: u64) -> Option<&mut Thread> {
-        self.list.binary_search_by_key(&tid, |t| t.tid).ok().map(|i| &mut self.list[i])
+        self.list
+            .binary_search_by_key(&tid, |t| t.tid)
+            .ok()
+            .map(|i| &mut self.list[i])
     }
 
     /// Adds a thread made by the current one (signal mask inherited, no alternate stack, as
@@ -354,7 +392,9 @@ impl Threads {
         let seq = self.next_seq;
         self.next_seq += 1;
         let thread = self.current_mut();
-        if let (WaitOn::Ready { .. }, ThreadState::Blocked { wait: earlier, .. }) = (&wait.on, &thread.state) {
+        if let (WaitOn::Ready { .. }, ThreadState::Blocked { wait: earlier, .. }) =
+            (&wait.on, &thread.state)
+        {
             if matches!(earlier.on, WaitOn::Ready { .. }) {
                 wait.until = earlier.until;
             }
@@ -372,7 +412,11 @@ impl Threads {
 
     /// Another thread is waiting for the vCPU (or would run if it got it).
     pub fn others_runnable(&self) -> bool {
-        !self.run_queue.is_empty() || self.list.iter().any(|t| t.tid != self.current && self.retry_due(t))
+        !self.run_queue.is_empty()
+            || self
+                .list
+                .iter()
+                .any(|t| t.tid != self.current && self.retry_due(t))
     }
 
     /// A readiness waiter another thread's progress may have unblocked.
@@ -382,10 +426,14 @@ impl Threads {
 
     /// The earliest timer of any thread but the current one.
     pub fn next_timer_of_others(&self) -> Option<Instant> {
-        self.list.iter().filter(|t| t.tid != self.current).filter_map(|t| match &t.state {
-            ThreadState::Blocked { wait, .. } => wait.until,
-            _ => None,
-        }).min()
+        self.list
+            .iter()
+            .filter(|t| t.tid != self.current)
+            .filter_map(|t| match &t.state {
+                ThreadState::Blocked { wait, .. } => wait.until,
+                _ => None,
+            })
+            .min()
     }
 
     /// Makes every thread whose timer has passed by `now` runnable: a sleep returns 0, a futex
@@ -393,12 +441,25 @@ impl Threads {
     pub fn expire_timers(&mut self, now: Instant) {
         let mut expired: Vec<(u64, u64, Resume)> = Vec::new();
         for t in &self.list {
-            if let ThreadState::Blocked { wait: Wait { on, until: Some(until) }, seq } = &t.state {
+            if let ThreadState::Blocked {
+                wait:
+                    Wait {
+                        on,
+                        until: Some(until),
+                    },
+                seq,
+            } = &t.state
+            {
                 if *until <= now {
                     let resume = match on {
                         WaitOn::Sleep => Resume::Return(0),
-                        WaitOn::Futex { .. } => Resume::Return(crate::errno::Errno::ETIMEDOUT.as_return()),
-                        WaitOn::Ready { call, .. } => Resume::Retry { call: *call, final_attempt: true },
+                        WaitOn::Futex { .. } => {
+                            Resume::Return(crate::errno::Errno::ETIMEDOUT.as_return())
+                        }
+                        WaitOn::Ready { call, .. } => Resume::Retry {
+                            call: *call,
+                            final_attempt: true,
+                        },
                         // Never timed.
                         WaitOn::Request => continue,
                     };
@@ -427,7 +488,14 @@ impl Threads {
             .list
             .iter()
             .filter_map(|t| match &t.state {
-                ThreadState::Blocked { wait: Wait { on: WaitOn::Futex { addr: a, bitset: b }, .. }, seq } if *a == addr && b & bitset != 0 => Some((*seq, t.tid)),
+                ThreadState::Blocked {
+                    wait:
+                        Wait {
+                            on: WaitOn::Futex { addr: a, bitset: b },
+                            ..
+                        },
+                    seq,
+                } if *a == addr && b & bitset != 0 => Some((*seq, t.tid)),
                 _ => None,
             })
             .collect();
@@ -438,7 +506,11 @@ impl Threads {
     /// Wakes up to `count` futex waiters on `addr` matching `bitset` (their wait returns 0);
     /// returns how many.
     pub fn futex_wake(&mut self, addr: u64, count: u64, bitset: u32) -> u64 {
-        let woken: Vec<u64> = self.futex_waiters(addr, bitset).into_iter().take(count.min(usize::MAX as u64) as usize).collect();
+        let woken: Vec<u64> = self
+            .futex_waiters(addr, bitset)
+            .into_iter()
+            .take(count.min(usize::MAX as u64) as usize)
+            .collect();
         for &tid in &woken {
             self.make_runnable(tid, Resume::Return(0));
         }
@@ -449,9 +521,21 @@ impl Threads {
     /// `target` instead (FUTEX_REQUEUE); returns woken plus moved.
     pub fn futex_requeue(&mut self, addr: u64, wake: u64, requeue: u64, target: u64) -> u64 {
         let woken = self.futex_wake(addr, wake, u32::MAX);
-        let moved: Vec<u64> = self.futex_waiters(addr, u32::MAX).into_iter().take(requeue.min(usize::MAX as u64) as usize).collect();
+        let moved: Vec<u64> = self
+            .futex_waiters(addr, u32::MAX)
+            .into_iter()
+            .take(requeue.min(usize::MAX as u64) as usize)
+            .collect();
         for &tid in &moved {
-            if let Some(ThreadState::Blocked { wait: Wait { on: WaitOn::Futex { addr, .. }, .. }, .. }) = self.get_mut(tid).map(|t| &mut t.state) {
+            if let Some(ThreadState::Blocked {
+                wait:
+                    Wait {
+                        on: WaitOn::Futex { addr, .. },
+                        ..
+                    },
+                ..
+            }) = self.get_mut(tid).map(|t| &mut t.state)
+            {
                 *addr = target;
             }
         }
@@ -468,16 +552,33 @@ impl Threads {
             .iter()
             .filter(|t| self.retry_due(t))
             .filter_map(|t| match &t.state {
-                ThreadState::Blocked { wait: Wait { on: WaitOn::Ready { call, .. }, .. }, .. } => Some((t.tid, *call)),
+                ThreadState::Blocked {
+                    wait:
+                        Wait {
+                            on: WaitOn::Ready { call, .. },
+                            ..
+                        },
+                    ..
+                } => Some((t.tid, *call)),
                 _ => None,
             })
             .collect();
         for (tid, call) in retries {
-            self.make_runnable(tid, Resume::Retry { call, final_attempt: false });
+            self.make_runnable(
+                tid,
+                Resume::Retry {
+                    call,
+                    final_attempt: false,
+                },
+            );
         }
         while let Some(tid) = self.run_queue.pop_front() {
-            let Some(thread) = self.get_mut(tid) else { continue };
-            let ThreadState::Runnable(resume) = thread.state else { continue };
+            let Some(thread) = self.get_mut(tid) else {
+                continue;
+            };
+            let ThreadState::Runnable(resume) = thread.state else {
+                continue;
+            };
             thread.state = ThreadState::Running;
             // The same thread again: nothing to charge (running_ns counts it on).
             if tid != self.current {
@@ -486,13 +587,29 @@ impl Threads {
             self.current = tid;
             return Next::Run { tid, resume };
         }
-        if let Some(until) = self.list.iter().filter_map(|t| match &t.state {
-            ThreadState::Blocked { wait, .. } => wait.until,
-            _ => None,
-        }).min() {
+        if let Some(until) = self
+            .list
+            .iter()
+            .filter_map(|t| match &t.state {
+                ThreadState::Blocked { wait, .. } => wait.until,
+                _ => None,
+            })
+            .min()
+        {
             return Next::SleepUntil(until);
         }
-        if let Some(t) = self.list.iter().find(|t| matches!(&t.state, ThreadState::Blocked { wait: Wait { on: WaitOn::Request, .. }, .. })) {
+        if let Some(t) = self.list.iter().find(|t| {
+            matches!(
+                &t.state,
+                ThreadState::Blocked {
+                    wait: Wait {
+                        on: WaitOn::Request,
+                        ..
+                    },
+                    ..
+                }
+            )
+        }) {
             let tid = t.tid;
             self.get_mut(tid).expect("listed").state = ThreadState::Running;
             if tid != self.current {
@@ -501,13 +618,18 @@ impl Threads {
             self.current = tid;
             return Next::ReadyPoint { tid };
         }
-        Next::Deadlock { threads: self.alive() }
+        Next::Deadlock {
+            threads: self.alive(),
+        }
     }
 
     /// A signal for blocked thread `tid` ends its wait: the call returns -EINTR (or is made
     /// again after the handler, see `crate::sched`). False if it was not waiting.
     pub fn interrupt(&mut self, tid: u64) -> bool {
-        if !matches!(self.get(tid).map(|t| &t.state), Some(ThreadState::Blocked { .. })) {
+        if !matches!(
+            self.get(tid).map(|t| &t.state),
+            Some(ThreadState::Blocked { .. })
+        ) {
             return false;
         }
         self.make_runnable(tid, Resume::Return(crate::errno::Errno::EINTR.as_return()));
@@ -521,7 +643,11 @@ impl Threads {
     }
 
     pub fn blocked(&self) -> Vec<u64> {
-        self.list.iter().filter(|t| matches!(t.state, ThreadState::Blocked { .. })).map(|t| t.tid).collect()
+        self.list
+            .iter()
+            .filter(|t| matches!(t.state, ThreadState::Blocked { .. }))
+            .map(|t| t.tid)
+            .collect()
     }
 
     /// Takes the registers saved for `tid` (to load them into the vCPU).
@@ -579,7 +705,14 @@ impl Threads {
                 None if t.tid == self.current => e.bool(false),
                 None => return Err("a thread has no saved registers"),
             }
-            for v in [t.clear_child_tid, t.robust_list, t.blocked_signals, t.alt_stack.0, t.alt_stack.2, t.fs_base] {
+            for v in [
+                t.clear_child_tid,
+                t.robust_list,
+                t.blocked_signals,
+                t.alt_stack.0,
+                t.alt_stack.2,
+                t.fs_base,
+            ] {
                 e.u64(v);
             }
             e.u32(t.alt_stack.1);
@@ -592,7 +725,12 @@ impl Threads {
     }
 
     pub(crate) fn decode_state(d: &mut Decoder) -> Result<Threads, DecodeError> {
-        let (current, next_tid, next_seq, limit) = (d.u64("current thread")?, d.u64("next tid")?, d.u64("next seq")?, d.u64("thread limit")?);
+        let (current, next_tid, next_seq, limit) = (
+            d.u64("current thread")?,
+            d.u64("next tid")?,
+            d.u64("next seq")?,
+            d.u64("thread limit")?,
+        );
         let count = d.count(40, "threads")?;
         let mut list = Vec::with_capacity(count);
         for _ in 0..count {
@@ -604,35 +742,95 @@ impl Threads {
                     let seq = d.u64("wait seq")?;
                     let on = match d.u8("wait kind")? {
                         0 => WaitOn::Sleep,
-                        1 => WaitOn::Futex { addr: d.u64("futex address")?, bitset: d.u32("futex bitset")? },
-                        2 => WaitOn::Ready { epoch: 0, call: decode_call(d)? },
+                        1 => WaitOn::Futex {
+                            addr: d.u64("futex address")?,
+                            bitset: d.u32("futex bitset")?,
+                        },
+                        2 => WaitOn::Ready {
+                            epoch: 0,
+                            call: decode_call(d)?,
+                        },
                         3 => WaitOn::Request,
                         other => return Err(DecodeError::new(format!("wait kind {other}"))),
                     };
-                    ThreadState::Blocked { wait: Wait { on, until: None }, seq }
+                    ThreadState::Blocked {
+                        wait: Wait { on, until: None },
+                        seq,
+                    }
                 }
                 other => return Err(DecodeError::new(format!("thread state {other}"))),
             };
-            let context = if d.bool("thread context")? { Some(crate::snapshot::file::decode_cpu(d)?) } else { None };
-            let (clear_child_tid, robust_list, blocked_signals, ss_sp, ss_size, fs_base) = (d.u64("clear_child_tid")?, d.u64("robust list")?, d.u64("signal mask")?, d.u64("sigaltstack")?, d.u64("sigaltstack")?, d.u64("fs base")?);
+            let context = if d.bool("thread context")? {
+                Some(crate::snapshot::file::decode_cpu(d)?)
+            } else {
+                None
+            };
+            let (clear_child_tid, robust_list, blocked_signals, ss_sp, ss_size, fs_base) = (
+                d.u64("clear_child_tid")?,
+                d.u64("robust list")?,
+                d.u64("signal mask")?,
+                d.u64("sigaltstack")?,
+                d.u64("sigaltstack")?,
+                d.u64("fs base")?,
+            );
             let alt_stack = (ss_sp, d.u32("sigaltstack")?, ss_size);
             if list.last().is_some_and(|t: &Thread| t.tid >= tid) || tid >= next_tid {
                 return Err(DecodeError::new(format!("thread {tid} out of order")));
             }
-            list.push(Thread { tid, state, context, clear_child_tid, robust_list, blocked_signals, alt_stack, fs_base, last_attempt: false, calling: None, pending_signals: 0, suspend_mask: None, signal_frames: Vec::new(), cpu_ns: 0 });
+            list.push(Thread {
+                tid,
+                state,
+                context,
+                clear_child_tid,
+                robust_list,
+                blocked_signals,
+                alt_stack,
+                fs_base,
+                last_attempt: false,
+                calling: None,
+                pending_signals: 0,
+                suspend_mask: None,
+                signal_frames: Vec::new(),
+                cpu_ns: 0,
+            });
         }
         let queued = d.count(8, "run queue")?;
         let mut run_queue = VecDeque::with_capacity(queued);
         for _ in 0..queued {
             run_queue.push_back(d.u64("queued thread")?);
         }
-        let threads = Threads { list, current, run_queue, next_tid, next_seq, epoch: 0, limit: limit.max(1), switching: false, counters: ThreadCounters::default(), cpu: CpuClock::default() };
+        let threads = Threads {
+            list,
+            current,
+            run_queue,
+            next_tid,
+            next_seq,
+            epoch: 0,
+            limit: limit.max(1),
+            switching: false,
+            counters: ThreadCounters::default(),
+            cpu: CpuClock::default(),
+        };
         let holds = |tid: u64| threads.get(tid).is_some();
-        if !holds(current) || threads.run_queue.iter().any(|&t| !holds(t)) || threads.list.iter().any(|t| t.tid != current && t.context.is_none()) {
-            return Err(DecodeError::new("the thread table names a thread it does not hold"));
+        if !holds(current)
+            || threads.run_queue.iter().any(|&t| !holds(t))
+            || threads
+                .list
+                .iter()
+                .any(|t| t.tid != current && t.context.is_none())
+        {
+            return Err(DecodeError::new(
+                "the thread table names a thread it does not hold",
+            ));
         }
-        let counters = ThreadCounters { peak: threads.alive(), ..ThreadCounters::default() };
-        Ok(Threads { counters, ..threads })
+        let counters = ThreadCounters {
+            peak: threads.alive(),
+            ..ThreadCounters::default()
+        };
+        Ok(Threads {
+            counters,
+            ..threads
+        })
     }
 }
 
@@ -659,7 +857,10 @@ fn encode_resume(resume: Resume, e: &mut Encoder) {
             e.u8(1);
             e.u64(v);
         }
-        Resume::Retry { call, final_attempt } => {
+        Resume::Retry {
+            call,
+            final_attempt,
+        } => {
             e.u8(2);
             encode_call(call, e);
             e.bool(final_attempt);
@@ -671,7 +872,10 @@ fn decode_resume(d: &mut Decoder) -> Result<Resume, DecodeError> {
     Ok(match d.u8("resume")? {
         0 => Resume::AsSaved,
         1 => Resume::Return(d.u64("return value")?),
-        2 => Resume::Retry { call: decode_call(d)?, final_attempt: d.bool("final attempt")? },
+        2 => Resume::Retry {
+            call: decode_call(d)?,
+            final_attempt: d.bool("final attempt")?,
+        },
         other => return Err(DecodeError::new(format!("resume kind {other}"))),
     })
 }
@@ -691,23 +895,42 @@ mod tests {
     #[test]
     fn cpu_time_counts_only_while_a_run_holds_the_vcpu_and_survives_the_thread() {
         let mut threads = Threads::new(4);
-        assert_eq!(threads.process_cpu_ns(), 0, "a new process has used nothing");
+        assert_eq!(
+            threads.process_cpu_ns(),
+            0,
+            "a new process has used nothing"
+        );
         spin_cpu(2_000_000);
-        assert_eq!(threads.process_cpu_ns(), 0, "the host thread's time before the run is not the guest's");
+        assert_eq!(
+            threads.process_cpu_ns(),
+            0,
+            "the host thread's time before the run is not the guest's"
+        );
         threads.start_cpu_clock();
         spin_cpu(5_000_000);
         assert!(threads.thread_cpu_ns(MAIN_TID).unwrap() >= 5_000_000);
         threads.stop_cpu_clock();
         let used = threads.thread_cpu_ns(MAIN_TID).unwrap();
         spin_cpu(2_000_000);
-        assert_eq!(threads.thread_cpu_ns(MAIN_TID), Some(used), "nothing counts between runs");
+        assert_eq!(
+            threads.thread_cpu_ns(MAIN_TID),
+            Some(used),
+            "nothing counts between runs"
+        );
         assert_eq!(threads.process_cpu_ns(), used);
         assert_eq!(threads.thread_cpu_ns(MAIN_TID + 1), None);
         threads.exit_current();
-        assert_eq!(threads.process_cpu_ns(), used, "an exited thread's time stays the process's");
+        assert_eq!(
+            threads.process_cpu_ns(),
+            used,
+            "an exited thread's time stays the process's"
+        );
     }
 
-    const POLL: Call = Call { nr: 7, args: [0x1000, 1, 100, 0, 0, 0] };
+    const POLL: Call = Call {
+        nr: 7,
+        args: [0x1000, 1, 100, 0, 0, 0],
+    };
 
     fn wait(on: WaitOn) -> Wait {
         Wait { on, until: None }
@@ -722,16 +945,46 @@ mod tests {
         assert_eq!(t.spawn(0, None), None);
         assert_eq!(t.counters.refused, 1);
         assert_eq!(t.get(2).unwrap().fs_base, 0x2000);
-        t.block_current(wait(WaitOn::Futex { addr: 0x100, bitset: u32::MAX }));
-        assert_eq!(t.next(Instant::now()), Next::Run { tid: 2, resume: Resume::AsSaved });
+        t.block_current(wait(WaitOn::Futex {
+            addr: 0x100,
+            bitset: u32::MAX,
+        }));
+        assert_eq!(
+            t.next(Instant::now()),
+            Next::Run {
+                tid: 2,
+                resume: Resume::AsSaved
+            }
+        );
         assert_eq!(t.current_tid(), 2);
         t.requeue_current(Resume::Return(0));
-        assert_eq!(t.next(Instant::now()), Next::Run { tid: 3, resume: Resume::AsSaved });
+        assert_eq!(
+            t.next(Instant::now()),
+            Next::Run {
+                tid: 3,
+                resume: Resume::AsSaved
+            }
+        );
         t.exit_current();
-        assert_eq!(t.next(Instant::now()), Next::Run { tid: 2, resume: Resume::Return(0) });
+        assert_eq!(
+            t.next(Instant::now()),
+            Next::Run {
+                tid: 2,
+                resume: Resume::Return(0)
+            }
+        );
         assert_eq!(t.futex_wake(0x100, 5, u32::MAX), 1);
-        t.block_current(wait(WaitOn::Futex { addr: 0x200, bitset: 1 }));
-        assert_eq!(t.next(Instant::now()), Next::Run { tid: 1, resume: Resume::Return(0) });
+        t.block_current(wait(WaitOn::Futex {
+            addr: 0x200,
+            bitset: 1,
+        }));
+        assert_eq!(
+            t.next(Instant::now()),
+            Next::Run {
+                tid: 1,
+                resume: Resume::Return(0)
+            }
+        );
     }
 
     #[test]
@@ -742,17 +995,33 @@ mod tests {
         }
         // Threads 2, 3, 4 wait in that order: 2 and 4 on A with bitset 1, 3 on A with bitset 2.
         for (tid, bitset) in [(2, 1), (3, 2), (4, 1)] {
-            assert!(matches!(t.next(Instant::now()), Next::Run { tid: got, .. } if got == tid || got == 1));
+            assert!(
+                matches!(t.next(Instant::now()), Next::Run { tid: got, .. } if got == tid || got == 1)
+            );
             while t.current_tid() != tid {
                 t.requeue_current(Resume::Return(0));
                 t.next(Instant::now());
             }
             t.block_current(wait(WaitOn::Futex { addr: 0xA0, bitset }));
         }
-        assert_eq!(t.futex_wake(0xA0, 1, 2), 1, "only thread 3 matches bitset 2");
-        assert_eq!(t.get(3).unwrap().state, ThreadState::Runnable(Resume::Return(0)));
-        assert_eq!(t.futex_requeue(0xA0, 1, 10, 0xB0), 2, "one woken (the first waiter), one moved");
-        assert_eq!(t.get(2).unwrap().state, ThreadState::Runnable(Resume::Return(0)));
+        assert_eq!(
+            t.futex_wake(0xA0, 1, 2),
+            1,
+            "only thread 3 matches bitset 2"
+        );
+        assert_eq!(
+            t.get(3).unwrap().state,
+            ThreadState::Runnable(Resume::Return(0))
+        );
+        assert_eq!(
+            t.futex_requeue(0xA0, 1, 10, 0xB0),
+            2,
+            "one woken (the first waiter), one moved"
+        );
+        assert_eq!(
+            t.get(2).unwrap().state,
+            ThreadState::Runnable(Resume::Return(0))
+        );
         assert_eq!(t.futex_wake(0xA0, 10, u32::MAX), 0);
         assert_eq!(t.futex_wake(0xB0, 10, u32::MAX), 1);
     }
@@ -762,20 +1031,62 @@ mod tests {
         let now = Instant::now();
         let mut t = Threads::new(8);
         t.spawn(0, None).unwrap();
-        t.block_current(Wait { on: WaitOn::Sleep, until: Some(now + Duration::from_millis(5)) });
-        assert_eq!(t.next(now), Next::Run { tid: 2, resume: Resume::AsSaved });
-        assert_eq!(t.next_timer_of_others(), Some(now + Duration::from_millis(5)));
-        t.block_current(wait(WaitOn::Ready { epoch: t.epoch(), call: POLL }));
-        assert_eq!(t.next(now), Next::SleepUntil(now + Duration::from_millis(5)));
-        assert_eq!(t.next(now + Duration::from_millis(5)), Next::Run { tid: 1, resume: Resume::Return(0) });
-        assert!(!t.others_runnable(), "no progress since thread 2 found nothing");
+        t.block_current(Wait {
+            on: WaitOn::Sleep,
+            until: Some(now + Duration::from_millis(5)),
+        });
+        assert_eq!(
+            t.next(now),
+            Next::Run {
+                tid: 2,
+                resume: Resume::AsSaved
+            }
+        );
+        assert_eq!(
+            t.next_timer_of_others(),
+            Some(now + Duration::from_millis(5))
+        );
+        t.block_current(wait(WaitOn::Ready {
+            epoch: t.epoch(),
+            call: POLL,
+        }));
+        assert_eq!(
+            t.next(now),
+            Next::SleepUntil(now + Duration::from_millis(5))
+        );
+        assert_eq!(
+            t.next(now + Duration::from_millis(5)),
+            Next::Run {
+                tid: 1,
+                resume: Resume::Return(0)
+            }
+        );
+        assert!(
+            !t.others_runnable(),
+            "no progress since thread 2 found nothing"
+        );
         t.progress();
         assert!(t.others_runnable());
         t.block_current(wait(WaitOn::Request));
-        assert_eq!(t.next(now), Next::Run { tid: 2, resume: Resume::Retry { call: POLL, final_attempt: false } });
-        t.block_current(wait(WaitOn::Ready { epoch: t.epoch(), call: POLL }));
+        assert_eq!(
+            t.next(now),
+            Next::Run {
+                tid: 2,
+                resume: Resume::Retry {
+                    call: POLL,
+                    final_attempt: false
+                }
+            }
+        );
+        t.block_current(wait(WaitOn::Ready {
+            epoch: t.epoch(),
+            call: POLL,
+        }));
         assert_eq!(t.next(now), Next::ReadyPoint { tid: 1 });
-        t.block_current(wait(WaitOn::Futex { addr: 4, bitset: u32::MAX }));
+        t.block_current(wait(WaitOn::Futex {
+            addr: 4,
+            bitset: u32::MAX,
+        }));
         assert_eq!(t.next(now), Next::Deadlock { threads: 2 });
     }
 
@@ -784,9 +1095,30 @@ mod tests {
         let now = Instant::now();
         let mut t = Threads::new(2);
         let first = now + Duration::from_millis(50);
-        t.block_current(Wait { on: WaitOn::Ready { epoch: 0, call: POLL }, until: Some(first) });
-        t.block_current(Wait { on: WaitOn::Ready { epoch: 1, call: POLL }, until: Some(now + Duration::from_secs(9)) });
+        t.block_current(Wait {
+            on: WaitOn::Ready {
+                epoch: 0,
+                call: POLL,
+            },
+            until: Some(first),
+        });
+        t.block_current(Wait {
+            on: WaitOn::Ready {
+                epoch: 1,
+                call: POLL,
+            },
+            until: Some(now + Duration::from_secs(9)),
+        });
         assert_eq!(t.next(now), Next::SleepUntil(first));
-        assert_eq!(t.next(first), Next::Run { tid: 1, resume: Resume::Retry { call: POLL, final_attempt: true } });
+        assert_eq!(
+            t.next(first),
+            Next::Run {
+                tid: 1,
+                resume: Resume::Retry {
+                    call: POLL,
+                    final_attempt: true
+                }
+            }
+        );
     }
 }

@@ -30,8 +30,14 @@ pub struct ForkReport {
 }
 
 /// Creates `iterations` VMs of `template`, serves each `CODE`, and times the steps.
-pub fn measure(template: &Template, how: ForkMemory, make_cpu: &RestoreFactory, iterations: usize) -> Result<ForkReport, LaunchError> {
-    let (mut memory, mut vcpu, mut fork, mut serve) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+pub fn measure(
+    template: &Template,
+    how: ForkMemory,
+    make_cpu: &RestoreFactory,
+    iterations: usize,
+) -> Result<ForkReport, LaunchError> {
+    let (mut memory, mut vcpu, mut fork, mut serve) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..iterations {
         let started = Instant::now();
         let mem = template.new_memory(how).map_err(LaunchError::Memory)?;
@@ -43,7 +49,11 @@ pub fn measure(template: &Template, how: ForkMemory, make_cpu: &RestoreFactory, 
         let outcome = ready.serve(AgentRequest::new(CODE), Duration::from_secs(10))?;
         let served = ready_at.elapsed();
         if outcome.status != (RunStatus::Exited { code: 0 }) {
-            let reason = format!("`{CODE}` ended with {} in a restored VM; stderr: {}", outcome.status, String::from_utf8_lossy(&outcome.stderr));
+            let reason = format!(
+                "`{CODE}` ended with {} in a restored VM; stderr: {}",
+                outcome.status,
+                String::from_utf8_lossy(&outcome.stderr)
+            );
             return Err(LaunchError::AgentNotReady { reason });
         }
         memory.push(mapped - started);
@@ -51,20 +61,51 @@ pub fn measure(template: &Template, how: ForkMemory, make_cpu: &RestoreFactory, 
         fork.push(ready_at - started);
         serve.push(served);
     }
-    let latency = |samples: &[Duration]| Latency::of(samples).ok_or_else(|| LaunchError::Memory(std::io::Error::new(std::io::ErrorKind::InvalidInput, "no iterations")));
-    Ok(ForkReport { iterations, how, memory: latency(&memory)?, vcpu: latency(&vcpu)?, fork: latency(&fork)?, serve: latency(&serve)? })
+    let latency = |samples: &[Duration]| {
+        Latency::of(samples).ok_or_else(|| {
+            LaunchError::Memory(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no iterations",
+            ))
+        })
+    };
+    Ok(ForkReport {
+        iterations,
+        how,
+        memory: latency(&memory)?,
+        vcpu: latency(&vcpu)?,
+        fork: latency(&fork)?,
+        serve: latency(&serve)?,
+    })
 }
 
 impl fmt::Display for ForkReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{} VMs from the template, each served `{CODE}`:", self.iterations)?;
-        writeln!(f, "{:<28} {:>12} {:>12} {:>12} {:>12}", "", "p50", "p99", "min", "max")?;
+        writeln!(
+            f,
+            "{} VMs from the template, each served `{CODE}`:",
+            self.iterations
+        )?;
+        writeln!(
+            f,
+            "{:<28} {:>12} {:>12} {:>12} {:>12}",
+            "", "p50", "p99", "min", "max"
+        )?;
         let memory = match self.how {
             ForkMemory::CopyOnWrite => "memory (copy-on-write fork)",
             ForkMemory::Copy => "memory (full copy)",
         };
-        for (name, l) in [(memory, &self.memory), ("vCPU restore", &self.vcpu), ("fork (VM ready)", &self.fork), ("serve (hand-off to exit)", &self.serve)] {
-            writeln!(f, "{name:<28} {:>12?} {:>12?} {:>12?} {:>12?}", l.p50, l.p99, l.min, l.max)?;
+        for (name, l) in [
+            (memory, &self.memory),
+            ("vCPU restore", &self.vcpu),
+            ("fork (VM ready)", &self.fork),
+            ("serve (hand-off to exit)", &self.serve),
+        ] {
+            writeln!(
+                f,
+                "{name:<28} {:>12?} {:>12?} {:>12?} {:>12?}",
+                l.p50, l.p99, l.min, l.max
+            )?;
         }
         Ok(())
     }

@@ -32,10 +32,16 @@ impl Blocks {
         let mut blocks = vec![ZERO_BLOCK; count];
         const IOV_MAX: usize = 1024;
         for (i, group) in blocks.chunks_mut(IOV_MAX).enumerate() {
-            let mut slices: Vec<IoSliceMut<'_>> = group.iter_mut().map(|block| IoSliceMut::new(&mut block.0)).collect();
+            let mut slices: Vec<IoSliceMut<'_>> = group
+                .iter_mut()
+                .map(|block| IoSliceMut::new(&mut block.0))
+                .collect();
             crate::memory::read_all_at(file, &mut slices, at + (i * IOV_MAX * BLOCK) as u64)?;
         }
-        Ok(Blocks { blocks, len: count * BLOCK })
+        Ok(Blocks {
+            blocks,
+            len: count * BLOCK,
+        })
     }
 
     /// Bytes appended (`read_from`: every byte read).
@@ -71,7 +77,10 @@ impl Blocks {
     /// Copies the bytes at `[at, at + out.len())` into `out`; false when that is past `end`
     /// (or past the blocks).
     pub fn read(&self, at: usize, out: &mut [u8], end: usize) -> bool {
-        if at.checked_add(out.len()).is_none_or(|stop| stop > end.min(self.blocks.len() * BLOCK)) {
+        if at
+            .checked_add(out.len())
+            .is_none_or(|stop| stop > end.min(self.blocks.len() * BLOCK))
+        {
             return false;
         }
         let mut done = 0;
@@ -100,12 +109,24 @@ mod tests {
         assert!(blocks.read(BLOCK + 4, &mut out, blocks.len()));
         assert_eq!(out, [2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3]);
         let mut longer = [9u8; 12];
-        assert!(!blocks.read(BLOCK + 4, &mut longer, blocks.len()), "one byte past the end");
-        assert!(blocks.read(BLOCK + 4, &mut longer, 2 * BLOCK), "inside the zero padding when allowed");
+        assert!(
+            !blocks.read(BLOCK + 4, &mut longer, blocks.len()),
+            "one byte past the end"
+        );
+        assert!(
+            blocks.read(BLOCK + 4, &mut longer, 2 * BLOCK),
+            "inside the zero padding when allowed"
+        );
         assert_eq!(longer[11], 0);
-        assert!(!blocks.read(2 * BLOCK - 4, &mut longer, usize::MAX), "past the blocks");
+        assert!(
+            !blocks.read(2 * BLOCK - 4, &mut longer, usize::MAX),
+            "past the blocks"
+        );
         blocks.pad_to_blocks(4);
         assert_eq!((blocks.len(), blocks.blocks().len()), (BLOCK + 15, 4));
-        assert!(blocks.blocks()[0].0.as_ptr().align_offset(BLOCK) == 0 && blocks.blocks()[3].0.as_ptr().align_offset(BLOCK) == 0);
+        assert!(
+            blocks.blocks()[0].0.as_ptr().align_offset(BLOCK) == 0
+                && blocks.blocks()[3].0.as_ptr().align_offset(BLOCK) == 0
+        );
     }
 }

@@ -126,7 +126,10 @@ pub enum Pages<'a> {
     /// Every page the VM holds a copy of.
     Full,
     /// The pages changed since `parent` (`PageFingerprints::changed`).
-    Since { parent: Parent, changed: &'a Changed },
+    Since {
+        parent: Parent,
+        changed: &'a Changed,
+    },
 }
 
 /// One fingerprint per 64-byte chunk of a page.
@@ -172,15 +175,26 @@ impl PageFingerprints {
         crate::sys::fill_random(&mut seed)?;
         let seed = u64::from_le_bytes(seed);
         let zero = xxhash_rust::xxh3::xxh3_64_with_seed(&[0; sparse::CHUNK_BYTES], seed);
-        Ok(PageFingerprints { seed, zero, slots: Vec::new(), prints: Vec::new() })
+        Ok(PageFingerprints {
+            seed,
+            zero,
+            slots: Vec::new(),
+            prints: Vec::new(),
+        })
     }
 
     /// The page's fingerprints and its non-zero chunks.
     fn of(&self, mem: &GuestMemory, page: u64) -> io::Result<(ChunkPrints, u64)> {
-        let bytes = mem.range_bytes(page * PAGE_SIZE, PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let bytes = mem
+            .range_bytes(page * PAGE_SIZE, PAGE_SIZE)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let nonzero = sparse::chunk_mask(bytes);
         let mut prints = [self.zero; PAGE_SIZE as usize / sparse::CHUNK_BYTES];
-        for (i, (print, chunk)) in prints.iter_mut().zip(bytes.chunks_exact(sparse::CHUNK_BYTES)).enumerate() {
+        for (i, (print, chunk)) in prints
+            .iter_mut()
+            .zip(bytes.chunks_exact(sparse::CHUNK_BYTES))
+            .enumerate()
+        {
             if nonzero >> i & 1 == 1 {
                 *print = xxhash_rust::xxh3::xxh3_64_with_seed(chunk, self.seed);
             }
@@ -198,26 +212,53 @@ impl PageFingerprints {
 
     /// Of the pages `written`, those whose bytes differ from what was recorded, and the
     /// fingerprints to `record` once a checkpoint holding them is durable.
-    pub fn changed(&self, mem: &GuestMemory, written: &PageSet) -> io::Result<(Changed, Vec<(u64, ChunkPrints)>)> {
+    pub fn changed(
+        &self,
+        mem: &GuestMemory,
+        written: &PageSet,
+    ) -> io::Result<(Changed, Vec<(u64, ChunkPrints)>)> {
         let count = written.count_ones(..);
-        let mut changed = Changed { pages: PageSet::with_capacity(written.len()), masks: Vec::with_capacity(count) };
+        let mut changed = Changed {
+            pages: PageSet::with_capacity(written.len()),
+            masks: Vec::with_capacity(count),
+        };
         let mut fresh = Vec::with_capacity(count);
         for page in written.ones() {
             let (prints, nonzero) = self.of(mem, page as u64)?;
-            let chunks = self.recorded(page as u64).map(|old| old.iter().zip(&prints).enumerate().fold(0u64, |mask, (i, (was, is))| mask | (u64::from(was != is) << i)));
+            let chunks = self.recorded(page as u64).map(|old| {
+                old.iter()
+                    .zip(&prints)
+                    .enumerate()
+                    .fold(0u64, |mask, (i, (was, is))| {
+                        mask | (u64::from(was != is) << i)
+                    })
+            });
             if chunks == Some(0) {
                 continue;
             }
             changed.pages.insert(page);
-            changed.masks.push(ChunkMasks { nonzero, changed: chunks });
+            changed.masks.push(ChunkMasks {
+                nonzero,
+                changed: chunks,
+            });
             fresh.push((page as u64, prints));
         }
         Ok((changed, fresh))
     }
 
     /// The fingerprints of every page in `ranges` (what a full checkpoint stores).
-    pub fn of_ranges(&self, mem: &GuestMemory, ranges: &[(u64, u64)]) -> io::Result<Vec<(u64, ChunkPrints)>> {
-        ranges.iter().flat_map(|&(start, end)| (start / PAGE_SIZE..end / PAGE_SIZE).map(|page| self.of(mem, page).map(|(prints, _)| (page, prints)))).collect()
+    pub fn of_ranges(
+        &self,
+        mem: &GuestMemory,
+        ranges: &[(u64, u64)],
+    ) -> io::Result<Vec<(u64, ChunkPrints)>> {
+        ranges
+            .iter()
+            .flat_map(|&(start, end)| {
+                (start / PAGE_SIZE..end / PAGE_SIZE)
+                    .map(|page| self.of(mem, page).map(|(prints, _)| (page, prints)))
+            })
+            .collect()
     }
 
     /// Takes `fresh` as what a durable checkpoint recorded (after a full one: all there is).
@@ -234,7 +275,8 @@ impl PageFingerprints {
             match self.slots[page] {
                 0 => {
                     self.prints.push(prints);
-                    self.slots[page] = u32::try_from(self.prints.len()).expect("fewer records than 2^32 pages");
+                    self.slots[page] =
+                        u32::try_from(self.prints.len()).expect("fewer records than 2^32 pages");
                 }
                 slot => self.prints[slot as usize - 1] = prints,
             }
@@ -247,10 +289,18 @@ impl PageFingerprints {
 /// A page outside the template's data differs from its zeros where it is non-zero; one inside
 /// is compared chunk by chunk (CPython's heap pages differ from the template's in a few
 /// reference counts, and one in four holds the template's bytes again).
-fn changed_from_template(template: &TemplateMemory, mem: &GuestMemory, copied: &[(u64, u64)]) -> io::Result<Changed> {
-    let out_of_bounds = |e: crate::memory::OutOfBounds| io::Error::new(io::ErrorKind::InvalidData, e);
+fn changed_from_template(
+    template: &TemplateMemory,
+    mem: &GuestMemory,
+    copied: &[(u64, u64)],
+) -> io::Result<Changed> {
+    let out_of_bounds =
+        |e: crate::memory::OutOfBounds| io::Error::new(io::ErrorKind::InvalidData, e);
     let data = template.data_extents();
-    let mut changed = Changed { pages: PageSet::with_capacity((mem.size() / PAGE_SIZE) as usize), masks: Vec::new() };
+    let mut changed = Changed {
+        pages: PageSet::with_capacity((mem.size() / PAGE_SIZE) as usize),
+        masks: Vec::new(),
+    };
     for &(start, end) in copied {
         for addr in (start..end).step_by(PAGE_SIZE as usize) {
             let page = mem.range_bytes(addr, PAGE_SIZE).map_err(out_of_bounds)?;
@@ -258,14 +308,24 @@ fn changed_from_template(template: &TemplateMemory, mem: &GuestMemory, copied: &
             let next = data.partition_point(|&(_, data_end)| data_end <= addr);
             let differs = match data.get(next) {
                 Some(&(data_start, _)) if data_start < addr + PAGE_SIZE => {
-                    let own = template.range_bytes(addr, PAGE_SIZE).map_err(out_of_bounds)?;
-                    page.chunks_exact(sparse::CHUNK_BYTES).zip(own.chunks_exact(sparse::CHUNK_BYTES)).enumerate().fold(0u64, |mask, (i, (is, was))| mask | (u64::from(is != was) << i))
+                    let own = template
+                        .range_bytes(addr, PAGE_SIZE)
+                        .map_err(out_of_bounds)?;
+                    page.chunks_exact(sparse::CHUNK_BYTES)
+                        .zip(own.chunks_exact(sparse::CHUNK_BYTES))
+                        .enumerate()
+                        .fold(0u64, |mask, (i, (is, was))| {
+                            mask | (u64::from(is != was) << i)
+                        })
                 }
                 _ => nonzero,
             };
             if differs != 0 {
                 changed.pages.insert((addr / PAGE_SIZE) as usize);
-                changed.masks.push(ChunkMasks { nonzero, changed: Some(differs) });
+                changed.masks.push(ChunkMasks {
+                    nonzero,
+                    changed: Some(differs),
+                });
             }
         }
     }
@@ -306,11 +366,23 @@ impl<'m> Checkpoint<'m> {
     /// `mem` (`pages` of it; `Pages::Since`'s masks found on this stopped VM), its vCPU and its
     /// process (which must have no output or pending request). The VM must stay stopped until
     /// the checkpoint is written.
-    pub fn capture(template: &Template, mem: &'m GuestMemory, cpu: &mut dyn GuestCpu, process: &GuestProcess, call: [u64; 6], pages: Pages<'_>) -> io::Result<Checkpoint<'m>> {
+    pub fn capture(
+        template: &Template,
+        mem: &'m GuestMemory,
+        cpu: &mut dyn GuestCpu,
+        process: &GuestProcess,
+        call: [u64; 6],
+        pages: Pages<'_>,
+    ) -> io::Result<Checkpoint<'m>> {
         let from_template;
         let (changed, parent, restored) = match pages {
             Pages::Full => {
-                let copied = mem.copied_ranges()?.ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "only copy-on-write forks are checkpointed"))?;
+                let copied = mem.copied_ranges()?.ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "only copy-on-write forks are checkpointed",
+                    )
+                })?;
                 from_template = changed_from_template(template.memory(), mem, &copied)?;
                 (&from_template, None, Some(copied))
             }
@@ -337,18 +409,32 @@ impl<'m> Checkpoint<'m> {
         }
         file::encode_cpu(&cpu_state, &mut e);
         let mut state = Encoder::new();
-        process.encode_state(&mut state).map_err(|why| io::Error::new(io::ErrorKind::InvalidData, format!("process state: {why}")))?;
+        process.encode_state(&mut state).map_err(|why| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("process state: {why}"))
+        })?;
         e.bytes(&state.into_bytes());
         e.len(ranges.len());
         for &(start, end) in &ranges {
             e.u64(start);
             e.u64(end - start);
         }
-        let (mut kinds, mut raw, mut packed, mut pages) = (Vec::new(), Vec::<(u64, u64)>::new(), Blocks::new(), PageCounts::default());
+        let (mut kinds, mut raw, mut packed, mut pages) = (
+            Vec::new(),
+            Vec::<(u64, u64)>::new(),
+            Blocks::new(),
+            PageCounts::default(),
+        );
         for &(start, end) in &ranges {
             for addr in (start..end).step_by(PAGE_SIZE as usize) {
-                let page = mem.range_bytes(addr, PAGE_SIZE).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                let masks = *masks.next().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "fewer chunk masks than changed pages"))?;
+                let page = mem
+                    .range_bytes(addr, PAGE_SIZE)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let masks = *masks.next().ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "fewer chunk masks than changed pages",
+                    )
+                })?;
                 let (kind, mask) = PageKind::choose(masks.nonzero, masks.changed);
                 match kind {
                     PageKind::Zero => {}
@@ -371,7 +457,16 @@ impl<'m> Checkpoint<'m> {
         let mut meta = e.into_bytes();
         let head_len = head_len_of(&meta);
         meta[..8].copy_from_slice(&head_len.to_le_bytes());
-        Ok(Checkpoint { meta, restored, raw, packed, mem, dirty_bytes, parent, pages })
+        Ok(Checkpoint {
+            meta,
+            restored,
+            raw,
+            packed,
+            mem,
+            dirty_bytes,
+            parent,
+            pages,
+        })
     }
 
     /// Writes the file as `dir/name` durably (module docs): temporary name, rename, a flush of
@@ -380,16 +475,36 @@ impl<'m> Checkpoint<'m> {
     /// written, and a restore verifies it as any file.
     pub fn write_durably(&self, dir: &Path, name: &str, sync: &SyncGroup) -> io::Result<Written> {
         let head = self.head();
-        let raw = self.raw.iter().map(|&(start, end)| self.mem.range_bytes(start, end - start)).collect::<Result<Vec<_>, _>>().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let (last, packed) = self.packed.blocks().split_last().ok_or_else(|| io::Error::other("a checkpoint without its closing block"))?;
-        let body: Vec<&[u8]> = head.iter().map(|block| &block.0[..]).chain(raw.iter().copied()).chain(packed.iter().map(|block| &block.0[..])).collect();
+        let raw = self
+            .raw
+            .iter()
+            .map(|&(start, end)| self.mem.range_bytes(start, end - start))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let (last, packed) = self
+            .packed
+            .blocks()
+            .split_last()
+            .ok_or_else(|| io::Error::other("a checkpoint without its closing block"))?;
+        let body: Vec<&[u8]> = head
+            .iter()
+            .map(|block| &block.0[..])
+            .chain(raw.iter().copied())
+            .chain(packed.iter().map(|block| &block.0[..]))
+            .collect();
         let temporary = dir.join(format!("{TEMPORARY_PREFIX}{name}"));
         let written = (|| {
-            let CheckpointFile { file: out, .. } = open_direct(OpenOptions::new().write(true).create(true).truncate(true), &temporary)?;
+            let CheckpointFile { file: out, .. } = open_direct(
+                OpenOptions::new().write(true).create(true).truncate(true),
+                &temporary,
+            )?;
             let hash = hash_and_write(&out, &body, last)?;
             fs::rename(&temporary, dir.join(name))?;
             sync.sync()?;
-            Ok(Written { hash, file_bytes: self.file_bytes() })
+            Ok(Written {
+                hash,
+                file_bytes: self.file_bytes(),
+            })
         })();
         if written.is_err() {
             let _ = fs::remove_file(&temporary);
@@ -415,7 +530,10 @@ impl<'m> Checkpoint<'m> {
     /// The file's first blocks: header and `meta`, zero-padded to a whole block.
     fn head(&self) -> Vec<Block> {
         let head_len = head_len_of(&self.meta) as usize;
-        let body_len = head_len - file::HEADER_LEN + self.raw_bytes() as usize + self.packed.blocks().len() * BLOCK - file::HASH_LEN;
+        let body_len = head_len - file::HEADER_LEN
+            + self.raw_bytes() as usize
+            + self.packed.blocks().len() * BLOCK
+            - file::HASH_LEN;
         let mut head = Blocks::new();
         head.push(&file::header(&MAGIC, FORMAT_VERSION, body_len));
         head.push(&self.meta);
@@ -441,12 +559,22 @@ fn hash_and_write(out: &File, body: &[&[u8]], closing: &Block) -> io::Result<[u8
     std::thread::scope(|scope| {
         let writer = (!pieces.is_empty()).then(|| {
             let (pieces, written) = mpsc::channel::<(Vec<&[u8]>, Option<Block>)>();
-            (pieces, scope.spawn(move || written.into_iter().try_for_each(|(bytes, closing)| write_piece(out, &bytes, closing.as_ref()))))
+            (
+                pieces,
+                scope.spawn(move || {
+                    written
+                        .into_iter()
+                        .try_for_each(|(bytes, closing)| write_piece(out, &bytes, closing.as_ref()))
+                }),
+            )
         });
         for piece in pieces {
             piece.iter().for_each(|bytes| hasher.update(bytes));
             // A writer that stopped has failed: its error is what `join` returns below.
-            if writer.as_ref().is_some_and(|(queue, _)| queue.send((piece, None)).is_err()) {
+            if writer
+                .as_ref()
+                .is_some_and(|(queue, _)| queue.send((piece, None)).is_err())
+            {
                 break;
             }
         }
@@ -460,7 +588,9 @@ fn hash_and_write(out: &File, body: &[&[u8]], closing: &Block) -> io::Result<[u8
             Some((queue, thread)) => {
                 let _ = queue.send((last_piece, Some(closing)));
                 drop(queue);
-                thread.join().map_err(|_| io::Error::other("the checkpoint's writer thread panicked"))??;
+                thread
+                    .join()
+                    .map_err(|_| io::Error::other("the checkpoint's writer thread panicked"))??;
             }
         }
         Ok(hash)
@@ -489,7 +619,11 @@ fn pieces_of<'a>(bytes: &[&'a [u8]], max: usize) -> Vec<Vec<&'a [u8]>> {
 
 /// Writes `bytes` and then `closing` to `out` at its file position.
 fn write_piece(out: &File, bytes: &[&[u8]], closing: Option<&Block>) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = bytes.iter().map(|bytes| IoSlice::new(bytes)).chain(closing.map(|block| IoSlice::new(&block.0))).collect();
+    let mut slices: Vec<IoSlice<'_>> = bytes
+        .iter()
+        .map(|bytes| IoSlice::new(bytes))
+        .chain(closing.map(|block| IoSlice::new(&block.0)))
+        .collect();
     write_all_vectored(out, &mut slices)
 }
 
@@ -520,8 +654,14 @@ pub struct CheckpointFile {
 /// (EINVAL: ramfs, tmpfs on older kernels).
 fn open_direct(options: &mut OpenOptions, path: &Path) -> io::Result<CheckpointFile> {
     match options.clone().custom_flags(libc::O_DIRECT).open(path) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(CheckpointFile { file: options.open(path)?, direct: false }),
-        opened => Ok(CheckpointFile { file: opened?, direct: true }),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(CheckpointFile {
+            file: options.open(path)?,
+            direct: false,
+        }),
+        opened => Ok(CheckpointFile {
+            file: opened?,
+            direct: true,
+        }),
     }
 }
 
@@ -565,7 +705,11 @@ impl OpenedCheckpoint {
     /// hash this process computed while writing it: a file is never changed in place), that the
     /// stored hash is that one. The content hash itself is checked by `Chain::new_memory`,
     /// which reads the pages.
-    pub fn open(opened: CheckpointFile, template: &Template, known_hash: Option<&[u8; 32]>) -> Result<OpenedCheckpoint, TemplateError> {
+    pub fn open(
+        opened: CheckpointFile,
+        template: &Template,
+        known_hash: Option<&[u8; 32]>,
+    ) -> Result<OpenedCheckpoint, TemplateError> {
         let file = &opened.file;
         let len = file.metadata()?.len();
         let mut first = ZERO_BLOCK;
@@ -577,30 +721,49 @@ impl OpenedCheckpoint {
         let word = |at: usize| u64::from_le_bytes(first.0[at..at + 8].try_into().expect("8 bytes"));
         let version = word(8) as u32;
         if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
-            return Err(TemplateError::VersionMismatch { found: version, expected: FORMAT_VERSION });
+            return Err(TemplateError::VersionMismatch {
+                found: version,
+                expected: FORMAT_VERSION,
+            });
         }
         let (body_len, head_len) = (word(16), word(file::HEADER_LEN));
         let expected = body_len.saturating_add((file::HEADER_LEN + file::HASH_LEN) as u64);
         if len != expected || read < file::HEADER_LEN + 8 {
-            return Err(TemplateError::Truncated { expected, actual: len });
+            return Err(TemplateError::Truncated {
+                expected,
+                actual: len,
+            });
         }
-        if !len.is_multiple_of(BLOCK as u64) || !head_len.is_multiple_of(BLOCK as u64) || head_len == 0 || head_len > len - BLOCK as u64 {
-            return Err(TemplateError::Corrupted(format!("a head of {head_len} bytes in a file of {len}")));
+        if !len.is_multiple_of(BLOCK as u64)
+            || !head_len.is_multiple_of(BLOCK as u64)
+            || head_len == 0
+            || head_len > len - BLOCK as u64
+        {
+            return Err(TemplateError::Corrupted(format!(
+                "a head of {head_len} bytes in a file of {len}"
+            )));
         }
         let mut head = vec![first];
-        head.extend_from_slice(Blocks::read_from(file, BLOCK as u64, (head_len / BLOCK as u64) as usize - 1)?.blocks());
+        head.extend_from_slice(
+            Blocks::read_from(file, BLOCK as u64, (head_len / BLOCK as u64) as usize - 1)?.blocks(),
+        );
         let mut tail = ZERO_BLOCK;
         file.read_exact_at(&mut tail.0, len - BLOCK as u64)?;
         let mut hash = [0u8; 32];
         hash.copy_from_slice(&tail.0[BLOCK - file::HASH_LEN..]);
         if known_hash.is_some_and(|known| *known != hash) {
-            return Err(TemplateError::Corrupted("the content hash is not the one it was written with".into()));
+            return Err(TemplateError::Corrupted(
+                "the content hash is not the one it was written with".into(),
+            ));
         }
         let head_bytes: Vec<u8> = head.iter().flat_map(|block| block.0).collect();
         let mut d = Decoder::new(&head_bytes[file::HEADER_LEN + 8..]);
         let identity = file::decode_identity(&mut d)?;
         if identity != *template.identity() {
-            return Err(TemplateError::Corrupted(format!("the checkpoint was taken on a VM of another template build ('{}')", identity.name)));
+            return Err(TemplateError::Corrupted(format!(
+                "the checkpoint was taken on a VM of another template build ('{}')",
+                identity.name
+            )));
         }
         let parent = match d.u8("parent")? {
             0 => None,
@@ -609,7 +772,10 @@ impl OpenedCheckpoint {
         };
         let depth = d.u64("depth")?;
         if (depth == 0) != parent.is_none() || depth > MAX_DEPTH {
-            return Err(TemplateError::Corrupted(format!("a depth of {depth} (at most {MAX_DEPTH}) {} a parent", if parent.is_some() { "with" } else { "without" })));
+            return Err(TemplateError::Corrupted(format!(
+                "a depth of {depth} (at most {MAX_DEPTH}) {} a parent",
+                if parent.is_some() { "with" } else { "without" }
+            )));
         }
         let mut call = [0u64; 6];
         for v in call.iter_mut() {
@@ -623,30 +789,66 @@ impl OpenedCheckpoint {
             let start = d.u64("page run address")?;
             let len = d.u64("page run length")?;
             let whole_pages = start.is_multiple_of(PAGE_SIZE) && len.is_multiple_of(PAGE_SIZE);
-            if !whole_pages || start.checked_add(len).is_none_or(|end| end > identity.mem_bytes) {
-                return Err(TemplateError::Corrupted(format!("page run at {start:#x} of {len} bytes is not whole pages inside memory")));
+            if !whole_pages
+                || start
+                    .checked_add(len)
+                    .is_none_or(|end| end > identity.mem_bytes)
+            {
+                return Err(TemplateError::Corrupted(format!(
+                    "page run at {start:#x} of {len} bytes is not whole pages inside memory"
+                )));
             }
             pages = pages.saturating_add(len / PAGE_SIZE);
             runs.push((start, len));
         }
-        let kinds = sparse::decode_kinds(d.bytes("page table")?, pages).map_err(TemplateError::Corrupted)?;
+        let kinds = sparse::decode_kinds(d.bytes("page table")?, pages)
+            .map_err(TemplateError::Corrupted)?;
         let packed_len = d.u64("packed length")?;
         if d.raw(d.remaining(), "padding")?.iter().any(|&b| b != 0) {
-            return Err(TemplateError::Corrupted("bytes after the page table".into()));
+            return Err(TemplateError::Corrupted(
+                "bytes after the page table".into(),
+            ));
         }
-        let raw_bytes = kinds.iter().filter(|&&kind| kind == PageKind::Raw).count() as u64 * PAGE_SIZE;
+        let raw_bytes =
+            kinds.iter().filter(|&&kind| kind == PageKind::Raw).count() as u64 * PAGE_SIZE;
         let packed_at = head_len + raw_bytes;
-        let expected = packed_len.checked_add(file::HASH_LEN as u64).and_then(|closing| closing.checked_next_multiple_of(BLOCK as u64)).and_then(|closing| packed_at.checked_add(closing));
+        let expected = packed_len
+            .checked_add(file::HASH_LEN as u64)
+            .and_then(|closing| closing.checked_next_multiple_of(BLOCK as u64))
+            .and_then(|closing| packed_at.checked_add(closing));
         if expected != Some(len) {
             return Err(TemplateError::Corrupted(format!("{raw_bytes} bytes of raw pages and {packed_len} of packed ones in a file of {len} with a head of {head_len}")));
         }
-        Ok(OpenedCheckpoint { hash, parent, depth, call, cpu, process_state, file: opened, head, runs, kinds, packed_at, packed_len, file_len: len, known_hash: known_hash.copied() })
+        Ok(OpenedCheckpoint {
+            hash,
+            parent,
+            depth,
+            call,
+            cpu,
+            process_state,
+            file: opened,
+            head,
+            runs,
+            kinds,
+            packed_at,
+            packed_len,
+            file_len: len,
+            known_hash: known_hash.copied(),
+        })
     }
 
     /// The VMM-side process state it recorded, its output capped at `output_cap`.
-    pub fn process(&self, template: &Template, output_cap: u64) -> Result<GuestProcess, TemplateError> {
+    pub fn process(
+        &self,
+        template: &Template,
+        output_cap: u64,
+    ) -> Result<GuestProcess, TemplateError> {
         let mut d = Decoder::new(&self.process_state);
-        let process = GuestProcess::decode_state(&mut d, template.process.config.vfs.image().clone(), output_cap)?;
+        let process = GuestProcess::decode_state(
+            &mut d,
+            template.process.config.vfs.image().clone(),
+            output_cap,
+        )?;
         d.finish("the process state")?;
         Ok(process)
     }
@@ -664,17 +866,29 @@ pub struct Chain(Vec<OpenedCheckpoint>);
 impl Chain {
     /// Follows `newest`'s parents, opening each with `open_parent` (by number: its file and the
     /// hash this process wrote it with, if it did).
-    pub fn open(newest: OpenedCheckpoint, template: &Template, mut open_parent: impl FnMut(u64) -> io::Result<(CheckpointFile, Option<[u8; 32]>)>) -> Result<Chain, TemplateError> {
+    pub fn open(
+        newest: OpenedCheckpoint,
+        template: &Template,
+        mut open_parent: impl FnMut(u64) -> io::Result<(CheckpointFile, Option<[u8; 32]>)>,
+    ) -> Result<Chain, TemplateError> {
         let mut chain = vec![newest];
-        while let Some(&OpenedCheckpoint { parent: Some((number, hash)), depth, .. }) = chain.last() {
+        while let Some(&OpenedCheckpoint {
+            parent: Some((number, hash)),
+            depth,
+            ..
+        }) = chain.last()
+        {
             let (file, known) = open_parent(number).map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => TemplateError::Corrupted(format!("its parent, checkpoint {number}, is missing")),
+                io::ErrorKind::NotFound => {
+                    TemplateError::Corrupted(format!("its parent, checkpoint {number}, is missing"))
+                }
                 _ => TemplateError::Io(e),
             })?;
-            let parent = OpenedCheckpoint::open(file, template, known.as_ref()).map_err(|e| match e {
-                TemplateError::Io(e) => TemplateError::Io(e),
-                e => TemplateError::Corrupted(format!("its parent, checkpoint {number}: {e}")),
-            })?;
+            let parent =
+                OpenedCheckpoint::open(file, template, known.as_ref()).map_err(|e| match e {
+                    TemplateError::Io(e) => TemplateError::Io(e),
+                    e => TemplateError::Corrupted(format!("its parent, checkpoint {number}: {e}")),
+                })?;
             if parent.hash != hash || parent.depth + 1 != depth {
                 return Err(TemplateError::Corrupted(format!("checkpoint {number} is not the parent it names (another content hash or depth)")));
             }
@@ -715,7 +929,11 @@ impl Chain {
             }
         }
         for (checkpoint, plan) in self.0.iter().zip(plans).rev() {
-            let which = if checkpoint.depth == self.newest().depth { String::new() } else { format!(" of its parent at depth {}", checkpoint.depth) };
+            let which = if checkpoint.depth == self.newest().depth {
+                String::new()
+            } else {
+                format!(" of its parent at depth {}", checkpoint.depth)
+            };
             checkpoint.restore_into(&mem, &plan, &which)?;
         }
         Ok(mem)
@@ -738,21 +956,32 @@ struct Plan {
 impl OpenedCheckpoint {
     /// Its pages in order: guest address and how each is stored.
     fn pages(&self) -> impl Iterator<Item = (u64, PageKind)> + '_ {
-        self.runs.iter().flat_map(|&(start, len)| (start..start + len).step_by(PAGE_SIZE as usize)).zip(self.kinds.iter().copied())
+        self.runs
+            .iter()
+            .flat_map(|&(start, len)| (start..start + len).step_by(PAGE_SIZE as usize))
+            .zip(self.kinds.iter().copied())
     }
 
     /// Its pages that no newer checkpoint `replaced` (every page where its hash is to be
     /// checked: the whole file is read).
     fn plan(&self, replaced: &PageSet) -> Plan {
-        let mut plan = Plan { raw: Vec::new(), wanted: Vec::with_capacity(self.kinds.len()), written: Vec::new(), packed: false };
+        let mut plan = Plan {
+            raw: Vec::new(),
+            wanted: Vec::with_capacity(self.kinds.len()),
+            written: Vec::new(),
+            packed: false,
+        };
         let mut at = (self.head.len() * BLOCK) as u64;
         for (addr, kind) in self.pages() {
-            let wanted = self.known_hash.is_none() || !replaced.contains((addr / PAGE_SIZE) as usize);
+            let wanted =
+                self.known_hash.is_none() || !replaced.contains((addr / PAGE_SIZE) as usize);
             plan.wanted.push(wanted);
             if kind == PageKind::Raw {
                 if wanted {
                     match plan.raw.last_mut() {
-                        Some((s, l, offset)) if *s + *l == addr && *offset + *l == at => *l += PAGE_SIZE,
+                        Some((s, l, offset)) if *s + *l == addr && *offset + *l == at => {
+                            *l += PAGE_SIZE
+                        }
                         _ => plan.raw.push((addr, PAGE_SIZE, at)),
                     }
                 }
@@ -776,22 +1005,43 @@ impl OpenedCheckpoint {
     /// not known has its content hash checked after its raw pages are read and before anything
     /// of its packed region is used.
     /// `which` names the checkpoint in errors (empty for the newest).
-    fn restore_into(&self, mem: &GuestMemory, plan: &Plan, which: &str) -> Result<(), TemplateError> {
+    fn restore_into(
+        &self,
+        mem: &GuestMemory,
+        plan: &Plan,
+        which: &str,
+    ) -> Result<(), TemplateError> {
         let read = || -> Result<Option<Blocks>, TemplateError> {
             mem.read_runs_from(&self.file.file, &plan.raw)?;
             let closing_blocks = ((self.file_len - self.packed_at) / BLOCK as u64) as usize;
-            let packed = if plan.packed || self.known_hash.is_none() { Some(Blocks::read_from(&self.file.file, self.packed_at, closing_blocks)?) } else { None };
+            let packed = if plan.packed || self.known_hash.is_none() {
+                Some(Blocks::read_from(
+                    &self.file.file,
+                    self.packed_at,
+                    closing_blocks,
+                )?)
+            } else {
+                None
+            };
             if let (None, Some(packed)) = (self.known_hash, &packed) {
                 let mut hasher = Sha256::new();
                 self.head.iter().for_each(|block| hasher.update(block.0));
                 for &(start, len, _) in &plan.raw {
-                    hasher.update(mem.range_bytes(start, len).map_err(|e| TemplateError::Corrupted(e.to_string()))?);
+                    hasher.update(
+                        mem.range_bytes(start, len)
+                            .map_err(|e| TemplateError::Corrupted(e.to_string()))?,
+                    );
                 }
-                let (last, blocks) = packed.blocks().split_last().ok_or_else(|| TemplateError::Corrupted("no closing block".into()))?;
+                let (last, blocks) = packed
+                    .blocks()
+                    .split_last()
+                    .ok_or_else(|| TemplateError::Corrupted("no closing block".into()))?;
                 blocks.iter().for_each(|block| hasher.update(block.0));
                 hasher.update(&last.0[..BLOCK - file::HASH_LEN]);
                 if <[u8; 32]>::from(hasher.finalize()) != self.hash {
-                    return Err(TemplateError::Corrupted(format!("the content hash{which} does not match the contents")));
+                    return Err(TemplateError::Corrupted(format!(
+                        "the content hash{which} does not match the contents"
+                    )));
                 }
             }
             Ok(packed)
@@ -811,17 +1061,23 @@ impl OpenedCheckpoint {
             }
             packed
         };
-        let mut unpacker = packed.as_ref().map(|packed| Unpacker::new(packed, self.packed_len as usize));
-        let damaged = |why: String| TemplateError::Corrupted(format!("the packed pages{which}: {why}"));
+        let mut unpacker = packed
+            .as_ref()
+            .map(|packed| Unpacker::new(packed, self.packed_len as usize));
+        let damaged =
+            |why: String| TemplateError::Corrupted(format!("the packed pages{which}: {why}"));
         for ((addr, kind), &wanted) in self.pages().zip(&plan.wanted) {
             match kind {
-                PageKind::Zero if wanted => sparse::restore(mem, addr, kind, 0, &[]).map_err(|e| damaged(e.to_string()))?,
+                PageKind::Zero if wanted => {
+                    sparse::restore(mem, addr, kind, 0, &[]).map_err(|e| damaged(e.to_string()))?
+                }
                 // Read in order whenever the region is: each page's place follows from those before.
                 PageKind::Sparse | PageKind::Delta => {
                     if let Some(unpacker) = unpacker.as_mut() {
                         let (mask, stored) = unpacker.next_page().map_err(damaged)?;
                         if wanted {
-                            sparse::restore(mem, addr, kind, mask, stored).map_err(|e| damaged(e.to_string()))?;
+                            sparse::restore(mem, addr, kind, mask, stored)
+                                .map_err(|e| damaged(e.to_string()))?;
                         }
                     }
                 }
@@ -843,11 +1099,18 @@ mod tests {
     fn pieces_keep_the_bytes_in_order_and_none_is_longer_than_asked() {
         let (a, b, c) = ([1u8; 4096], [2u8; 3 * 4096], [3u8; 4096]);
         let pieces = pieces_of(&[&a, &b, &c], 2 * 4096);
-        let lengths: Vec<Vec<usize>> = pieces.iter().map(|piece| piece.iter().map(|bytes| bytes.len()).collect()).collect();
+        let lengths: Vec<Vec<usize>> = pieces
+            .iter()
+            .map(|piece| piece.iter().map(|bytes| bytes.len()).collect())
+            .collect();
         assert_eq!(lengths, vec![vec![4096, 4096], vec![8192], vec![4096]]);
         let joined: Vec<u8> = pieces.concat().concat();
         assert_eq!(joined, [&a[..], &b[..], &c[..]].concat());
-        assert_eq!(pieces_of(&[], 4096), vec![Vec::<&[u8]>::new()], "an empty body is one empty piece");
+        assert_eq!(
+            pieces_of(&[], 4096),
+            vec![Vec::<&[u8]>::new()],
+            "an empty body is one empty piece"
+        );
     }
 
     #[test]
@@ -857,19 +1120,53 @@ mod tests {
         let mut written = PageSet::with_capacity(16);
         written.insert_range(1..4);
         let (changed, fresh) = fingerprints.changed(&mem, &written).unwrap();
-        assert_eq!(changed.pages.ones().collect::<Vec<_>>(), vec![1, 2, 3], "nothing recorded yet");
-        assert!(changed.masks.iter().all(|masks| masks.changed.is_none()), "no page had a record: none is a delta");
+        assert_eq!(
+            changed.pages.ones().collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "nothing recorded yet"
+        );
+        assert!(
+            changed.masks.iter().all(|masks| masks.changed.is_none()),
+            "no page had a record: none is a delta"
+        );
         fingerprints.record(true, fresh);
         mem.write_u64(0x2000, 7).unwrap();
         mem.write_u64(0x2000 + 130, 7).unwrap();
         mem.write_u64(0x3000, 0).unwrap();
         let (changed, fresh) = fingerprints.changed(&mem, &written).unwrap();
-        assert_eq!((changed.pages.ones().collect::<Vec<_>>(), fresh.len()), (vec![2], 1), "page 3 holds its bytes again, page 1 was not touched");
-        assert_eq!(changed.masks, vec![ChunkMasks { nonzero: 0b101, changed: Some(0b101) }], "chunks 0 and 2 (bytes 130..138) of page 2 changed, and are its only non-zero ones");
+        assert_eq!(
+            (changed.pages.ones().collect::<Vec<_>>(), fresh.len()),
+            (vec![2], 1),
+            "page 3 holds its bytes again, page 1 was not touched"
+        );
+        assert_eq!(
+            changed.masks,
+            vec![ChunkMasks {
+                nonzero: 0b101,
+                changed: Some(0b101)
+            }],
+            "chunks 0 and 2 (bytes 130..138) of page 2 changed, and are its only non-zero ones"
+        );
         fingerprints.record(false, fresh);
         mem.write_u64(0x2000, 0).unwrap();
         let (changed, _) = fingerprints.changed(&mem, &written).unwrap();
-        assert_eq!((changed.pages.ones().collect::<Vec<_>>(), changed.masks), (vec![2], vec![ChunkMasks { nonzero: 0b100, changed: Some(0b1) }]), "back to what an older checkpoint held is still a change");
-        assert_eq!(fingerprints.of_ranges(&mem, &[(0x1000, 0x3000)]).unwrap().len(), 2);
+        assert_eq!(
+            (changed.pages.ones().collect::<Vec<_>>(), changed.masks),
+            (
+                vec![2],
+                vec![ChunkMasks {
+                    nonzero: 0b100,
+                    changed: Some(0b1)
+                }]
+            ),
+            "back to what an older checkpoint held is still a change"
+        );
+        assert_eq!(
+            fingerprints
+                .of_ranges(&mem, &[(0x1000, 0x3000)])
+                .unwrap()
+                .len(),
+            2
+        );
     }
 }

@@ -97,13 +97,18 @@ impl<'a> Decoder<'a> {
     pub fn finish(&self, what: &str) -> Result<(), DecodeError> {
         match self.remaining() {
             0 => Ok(()),
-            n => Err(DecodeError::new(format!("{n} unexpected bytes after {what}"))),
+            n => Err(DecodeError::new(format!(
+                "{n} unexpected bytes after {what}"
+            ))),
         }
     }
 
     pub fn raw(&mut self, n: usize, what: &str) -> Result<&'a [u8], DecodeError> {
         if n > self.remaining() {
-            return Err(DecodeError::new(format!("{what}: needs {n} bytes, {} remain", self.remaining())));
+            return Err(DecodeError::new(format!(
+                "{what}: needs {n} bytes, {} remain",
+                self.remaining()
+            )));
         }
         let slice = &self.bytes[self.at..self.at + n];
         self.at += n;
@@ -150,7 +155,10 @@ impl<'a> Decoder<'a> {
         let n = self.u64(what)?;
         let max = (self.remaining() / min_item_bytes.max(1)) as u64;
         if n > max {
-            return Err(DecodeError::new(format!("{what}: {n} items cannot fit in the {} bytes that remain", self.remaining())));
+            return Err(DecodeError::new(format!(
+                "{what}: {n} items cannot fit in the {} bytes that remain",
+                self.remaining()
+            )));
         }
         Ok(n as usize)
     }
@@ -159,7 +167,9 @@ impl<'a> Decoder<'a> {
     pub fn index(&mut self, bound: usize, what: &str) -> Result<usize, DecodeError> {
         let v = self.u64(what)?;
         if v >= bound as u64 {
-            return Err(DecodeError::new(format!("{what}: {v} is out of range (below {bound})")));
+            return Err(DecodeError::new(format!(
+                "{what}: {v} is out of range (below {bound})"
+            )));
         }
         Ok(v as usize)
     }
@@ -171,7 +181,8 @@ impl<'a> Decoder<'a> {
 
     pub fn string(&mut self, what: &str) -> Result<String, DecodeError> {
         let bytes = self.bytes(what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::new(format!("{what}: not UTF-8")))
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| DecodeError::new(format!("{what}: not UTF-8")))
     }
 }
 
@@ -203,11 +214,19 @@ mod tests {
 
     #[test]
     fn short_or_hostile_input_is_an_error() {
-        assert!(Decoder::new(&[1, 2, 3]).u64("x").unwrap_err().0.contains("x: needs 8 bytes, 3 remain"));
+        assert!(Decoder::new(&[1, 2, 3])
+            .u64("x")
+            .unwrap_err()
+            .0
+            .contains("x: needs 8 bytes, 3 remain"));
         assert!(Decoder::new(&[2]).bool("flag").is_err());
         let mut huge = Encoder::new();
         huge.u64(u64::MAX);
-        assert!(Decoder::new(&huge.into_bytes()).bytes("name").unwrap_err().0.contains("cannot fit"));
+        assert!(Decoder::new(&huge.into_bytes())
+            .bytes("name")
+            .unwrap_err()
+            .0
+            .contains("cannot fit"));
         let mut e = Encoder::new();
         e.u64(5);
         assert!(Decoder::new(&e.into_bytes()).index(5, "fd").is_err());

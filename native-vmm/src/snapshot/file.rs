@@ -59,26 +59,40 @@ pub fn open(file: &[u8]) -> Result<&[u8], TemplateError> {
         return Err(TemplateError::NotATemplate);
     }
     if (file.len() as u64) < minimum {
-        return Err(TemplateError::Truncated { expected: minimum, actual: file.len() as u64 });
+        return Err(TemplateError::Truncated {
+            expected: minimum,
+            actual: file.len() as u64,
+        });
     }
     let word = |at: usize| u32::from_le_bytes([file[at], file[at + 1], file[at + 2], file[at + 3]]);
     let version = word(8);
     if version != FORMAT_VERSION {
-        return Err(TemplateError::VersionMismatch { found: version, expected: FORMAT_VERSION });
+        return Err(TemplateError::VersionMismatch {
+            found: version,
+            expected: FORMAT_VERSION,
+        });
     }
     let mut len = [0u8; 8];
     len.copy_from_slice(&file[16..24]);
     let body_len = u64::from_le_bytes(len);
     let expected = body_len.saturating_add(minimum);
     if (file.len() as u64) < expected {
-        return Err(TemplateError::Truncated { expected, actual: file.len() as u64 });
+        return Err(TemplateError::Truncated {
+            expected,
+            actual: file.len() as u64,
+        });
     }
     if file.len() as u64 > expected {
-        return Err(TemplateError::Corrupted(format!("{} bytes after the content hash", file.len() as u64 - expected)));
+        return Err(TemplateError::Corrupted(format!(
+            "{} bytes after the content hash",
+            file.len() as u64 - expected
+        )));
     }
     let (content, hash) = file.split_at(file.len() - HASH_LEN);
     if sha256::digest(content)[..] != *hash {
-        return Err(TemplateError::Corrupted("the content hash does not match the contents".into()));
+        return Err(TemplateError::Corrupted(
+            "the content hash does not match the contents".into(),
+        ));
     }
     Ok(&content[HEADER_LEN..])
 }
@@ -91,11 +105,19 @@ pub fn encode_identity(id: &TemplateIdentity, e: &mut Encoder) {
 }
 
 pub fn decode_identity(d: &mut Decoder) -> Result<TemplateIdentity, DecodeError> {
-    Ok(TemplateIdentity { name: d.string("template name")?, image_hash: d.hash("image hash")?, agent_hash: d.hash("agent hash")?, mem_bytes: d.u64("memory size")? })
+    Ok(TemplateIdentity {
+        name: d.string("template name")?,
+        image_hash: d.hash("image hash")?,
+        agent_hash: d.hash("agent hash")?,
+        mem_bytes: d.u64("memory size")?,
+    })
 }
 
 fn regs_array(r: &UserRegs) -> [u64; 16] {
-    [r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15]
+    [
+        r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8, r.r9, r.r10, r.r11, r.r12,
+        r.r13, r.r14, r.r15,
+    ]
 }
 
 pub fn encode_cpu(cpu: &CpuSnapshot, e: &mut Encoder) {
@@ -114,13 +136,45 @@ pub fn decode_cpu(d: &mut Decoder) -> Result<CpuSnapshot, DecodeError> {
         *slot = d.u64("register")?;
     }
     let [rax, rbx, rcx, rdx, rsi, rdi, rbp, rsp, r8, r9, r10, r11, r12, r13, r14, r15] = v;
-    let regs = UserRegs { rax, rbx, rcx, rdx, rsi, rdi, rbp, rsp, r8, r9, r10, r11, r12, r13, r14, r15 };
-    let (rip, rflags, fs_base, gs_base) = (d.u64("rip")?, d.u64("rflags")?, d.u64("fs base")?, d.u64("gs base")?);
+    let regs = UserRegs {
+        rax,
+        rbx,
+        rcx,
+        rdx,
+        rsi,
+        rdi,
+        rbp,
+        rsp,
+        r8,
+        r9,
+        r10,
+        r11,
+        r12,
+        r13,
+        r14,
+        r15,
+    };
+    let (rip, rflags, fs_base, gs_base) = (
+        d.u64("rip")?,
+        d.u64("rflags")?,
+        d.u64("fs base")?,
+        d.u64("gs base")?,
+    );
     let xsave = d.bytes("XSAVE area")?.to_vec();
     if xsave.len() < crate::cpu::XSAVE_MIN_BYTES {
-        return Err(DecodeError::new(format!("XSAVE area of {} bytes is shorter than its header", xsave.len())));
+        return Err(DecodeError::new(format!(
+            "XSAVE area of {} bytes is shorter than its header",
+            xsave.len()
+        )));
     }
-    Ok(CpuSnapshot { regs, rip, rflags, fs_base, gs_base, xsave })
+    Ok(CpuSnapshot {
+        regs,
+        rip,
+        rflags,
+        fs_base,
+        gs_base,
+        xsave,
+    })
 }
 
 /// How much of guest memory a template stores.
@@ -139,10 +193,13 @@ pub fn encode_memory(mem: &GuestMemory, e: &mut Encoder) -> std::io::Result<Memo
     for (start, end) in mem.data_extents()? {
         let mut at = start & !(PAGE_SIZE - 1);
         while at < end {
-            mem.read(at, &mut page).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            mem.read(at, &mut page)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
             if page.iter().any(|&b| b != 0) {
                 match runs.last_mut() {
-                    Some((run_start, bytes)) if *run_start + bytes.len() as u64 == at => bytes.extend_from_slice(&page),
+                    Some((run_start, bytes)) if *run_start + bytes.len() as u64 == at => {
+                        bytes.extend_from_slice(&page)
+                    }
                     _ => runs.push((at, page.clone())),
                 }
             }
@@ -150,7 +207,10 @@ pub fn encode_memory(mem: &GuestMemory, e: &mut Encoder) -> std::io::Result<Memo
         }
     }
     e.len(runs.len());
-    let mut stats = MemoryStats { runs: runs.len() as u64, stored_bytes: 0 };
+    let mut stats = MemoryStats {
+        runs: runs.len() as u64,
+        stored_bytes: 0,
+    };
     for (start, bytes) in &runs {
         e.u64(*start);
         e.bytes(bytes);
@@ -163,14 +223,21 @@ pub fn encode_memory(mem: &GuestMemory, e: &mut Encoder) -> std::io::Result<Memo
 /// size); every run must be page-aligned and inside memory.
 pub fn decode_memory(d: &mut Decoder, mem: &GuestMemory) -> Result<MemoryStats, DecodeError> {
     let n = d.count(16, "memory run count")?;
-    let mut stats = MemoryStats { runs: n as u64, stored_bytes: 0 };
+    let mut stats = MemoryStats {
+        runs: n as u64,
+        stored_bytes: 0,
+    };
     for _ in 0..n {
         let start = d.u64("memory run address")?;
         let bytes = d.bytes("memory run")?;
         if !start.is_multiple_of(PAGE_SIZE) || !(bytes.len() as u64).is_multiple_of(PAGE_SIZE) {
-            return Err(DecodeError::new(format!("memory run at {start:#x} of {} bytes is not whole pages", bytes.len())));
+            return Err(DecodeError::new(format!(
+                "memory run at {start:#x} of {} bytes is not whole pages",
+                bytes.len()
+            )));
         }
-        mem.write(start, bytes).map_err(|e| DecodeError::new(format!("memory run: {e}")))?;
+        mem.write(start, bytes)
+            .map_err(|e| DecodeError::new(format!("memory run: {e}")))?;
         stats.stored_bytes += bytes.len() as u64;
     }
     Ok(stats)

@@ -64,8 +64,18 @@ pub struct TemplateIdentity {
 }
 
 impl TemplateIdentity {
-    pub fn new(name: &str, image: &Image, command: &AgentCommand, mem_bytes: u64) -> TemplateIdentity {
-        TemplateIdentity { name: name.to_owned(), image_hash: image.content_hash(), agent_hash: agent_hash(image, command), mem_bytes }
+    pub fn new(
+        name: &str,
+        image: &Image,
+        command: &AgentCommand,
+        mem_bytes: u64,
+    ) -> TemplateIdentity {
+        TemplateIdentity {
+            name: name.to_owned(),
+            image_hash: image.content_hash(),
+            agent_hash: agent_hash(image, command),
+            mem_bytes,
+        }
     }
 }
 
@@ -94,13 +104,22 @@ pub enum TemplateError {
     /// The file does not start with the template magic.
     NotATemplate,
     /// The file is shorter than its header says.
-    Truncated { expected: u64, actual: u64 },
+    Truncated {
+        expected: u64,
+        actual: u64,
+    },
     /// Written by a different format version of sandfork-vmm.
-    VersionMismatch { found: u32, expected: u32 },
+    VersionMismatch {
+        found: u32,
+        expected: u32,
+    },
     /// The content hash does not match, or the contents do not decode.
     Corrupted(String),
     /// Built from a different file image.
-    ImageMismatch { template: [u8; 32], image: [u8; 32] },
+    ImageMismatch {
+        template: [u8; 32],
+        image: [u8; 32],
+    },
     /// Built with a different agent (command or script).
     AgentMismatch,
     /// Booting the agent to its ready point failed.
@@ -147,7 +166,13 @@ impl From<DecodeError> for TemplateError {
 pub enum BuildOutcome {
     /// The template on disk was built from the same image, agent and memory size: kept.
     UpToDate { path: PathBuf },
-    Built { path: PathBuf, file_bytes: u64, memory: MemoryStats, boot: RunStats, snapshot: Duration },
+    Built {
+        path: PathBuf,
+        file_bytes: u64,
+        memory: MemoryStats,
+        boot: RunStats,
+        snapshot: Duration,
+    },
 }
 
 impl fmt::Display for BuildOutcome {
@@ -172,7 +197,14 @@ impl fmt::Display for BuildOutcome {
 /// agent boots on a vCPU from `make_cpu` (KVM in the product) to its ready point, within
 /// `limits.boot_timeout`, where everything is recorded.
 /// The file is written to a temporary name and renamed into place.
-pub fn build(image: Arc<Image>, name: &str, command: &AgentCommand, limits: &RunLimits, make_cpu: &CpuFactory, dir: &Path) -> Result<BuildOutcome, TemplateError> {
+pub fn build(
+    image: Arc<Image>,
+    name: &str,
+    command: &AgentCommand,
+    limits: &RunLimits,
+    make_cpu: &CpuFactory,
+    dir: &Path,
+) -> Result<BuildOutcome, TemplateError> {
     let path = dir.join(TEMPLATE_FILE);
     let identity = TemplateIdentity::new(name, &image, command, limits.mem_bytes);
     if let Ok(bytes) = std::fs::read(&path) {
@@ -180,12 +212,13 @@ pub fn build(image: Arc<Image>, name: &str, command: &AgentCommand, limits: &Run
             return Ok(BuildOutcome::UpToDate { path });
         }
     }
-    let (recorded, boot, snapshot) = vm::boot_agent(image, command, limits, make_cpu, |mut ready| {
-        let started = Instant::now();
-        let recorded = record(&identity, &mut ready);
-        (recorded, ready.boot, started.elapsed())
-    })
-    .map_err(TemplateError::Boot)?;
+    let (recorded, boot, snapshot) =
+        vm::boot_agent(image, command, limits, make_cpu, |mut ready| {
+            let started = Instant::now();
+            let recorded = record(&identity, &mut ready);
+            (recorded, ready.boot, started.elapsed())
+        })
+        .map_err(TemplateError::Boot)?;
     let (body, memory) = recorded?;
     let contents = file::seal(&body);
     std::fs::create_dir_all(dir)?;
@@ -200,15 +233,31 @@ pub fn build(image: Arc<Image>, name: &str, command: &AgentCommand, limits: &Run
         let _ = std::fs::remove_file(&temporary);
         return Err(e.into());
     }
-    Ok(BuildOutcome::Built { path, file_bytes: contents.len() as u64, memory, boot, snapshot })
+    Ok(BuildOutcome::Built {
+        path,
+        file_bytes: contents.len() as u64,
+        memory,
+        boot,
+        snapshot,
+    })
 }
 
 /// Encodes a guest stopped at its ready point: the body of a template file.
-fn record(identity: &TemplateIdentity, ready: &mut ReadyGuest<'_>) -> Result<(Vec<u8>, MemoryStats), TemplateError> {
+fn record(
+    identity: &TemplateIdentity,
+    ready: &mut ReadyGuest<'_>,
+) -> Result<(Vec<u8>, MemoryStats), TemplateError> {
     if ready.mem.size() != identity.mem_bytes {
-        return Err(TemplateError::Snapshot(format!("guest memory is {} bytes, not {}", ready.mem.size(), identity.mem_bytes)));
+        return Err(TemplateError::Snapshot(format!(
+            "guest memory is {} bytes, not {}",
+            ready.mem.size(),
+            identity.mem_bytes
+        )));
     }
-    let cpu = ready.cpu.snapshot().map_err(|e| TemplateError::Snapshot(format!("vCPU state: {e}")))?;
+    let cpu = ready
+        .cpu
+        .snapshot()
+        .map_err(|e| TemplateError::Snapshot(format!("vCPU state: {e}")))?;
     let mut e = Encoder::new();
     file::encode_identity(identity, &mut e);
     for v in ready.call {
@@ -216,7 +265,10 @@ fn record(identity: &TemplateIdentity, ready: &mut ReadyGuest<'_>) -> Result<(Ve
     }
     file::encode_cpu(&cpu, &mut e);
     let mut process = Encoder::new();
-    ready.process.encode_state(&mut process).map_err(|why| TemplateError::Snapshot(format!("process state: {why}")))?;
+    ready
+        .process
+        .encode_state(&mut process)
+        .map_err(|why| TemplateError::Snapshot(format!("process state: {why}")))?;
     e.bytes(&process.into_bytes());
     let memory = file::encode_memory(ready.mem, &mut e)?;
     Ok((e.into_bytes(), memory))
@@ -247,17 +299,28 @@ impl Template {
     /// memory goes into a memfd, with the KVM system area (`arch::install`) written into it
     /// once so that forks need not write it (it is not part of a snapshot's meaning: a
     /// template built on either backend restores on either).
-    pub fn load(dir: &Path, image: Arc<Image>, command: &AgentCommand) -> Result<Template, TemplateError> {
+    pub fn load(
+        dir: &Path,
+        image: Arc<Image>,
+        command: &AgentCommand,
+    ) -> Result<Template, TemplateError> {
         let contents = std::fs::read(dir.join(TEMPLATE_FILE))?;
         Template::from_file_contents(&contents, image, command)
     }
 
-    pub fn from_file_contents(contents: &[u8], image: Arc<Image>, command: &AgentCommand) -> Result<Template, TemplateError> {
+    pub fn from_file_contents(
+        contents: &[u8],
+        image: Arc<Image>,
+        command: &AgentCommand,
+    ) -> Result<Template, TemplateError> {
         let body = file::open(contents)?;
         let mut d = Decoder::new(body);
         let identity = file::decode_identity(&mut d)?;
         if identity.image_hash != image.content_hash() {
-            return Err(TemplateError::ImageMismatch { template: identity.image_hash, image: image.content_hash() });
+            return Err(TemplateError::ImageMismatch {
+                template: identity.image_hash,
+                image: image.content_hash(),
+            });
         }
         if identity.agent_hash != agent_hash(&image, command) {
             return Err(TemplateError::AgentMismatch);
@@ -271,9 +334,13 @@ impl Template {
         let mut pd = Decoder::new(process_bytes);
         let process = GuestProcess::decode_state(&mut pd, image, vm::DEFAULT_OUTPUT_CAP)?;
         pd.finish("the process state")?;
-        crate::arch::paging::check_memory_size(identity.mem_bytes).map_err(|e| TemplateError::Corrupted(e.to_string()))?;
+        crate::arch::paging::check_memory_size(identity.mem_bytes)
+            .map_err(|e| TemplateError::Corrupted(e.to_string()))?;
         if process.config.mem_limit != identity.mem_bytes {
-            return Err(TemplateError::Corrupted(format!("process memory limit {} differs from the memory size {}", process.config.mem_limit, identity.mem_bytes)));
+            return Err(TemplateError::Corrupted(format!(
+                "process memory limit {} differs from the memory size {}",
+                process.config.mem_limit, identity.mem_bytes
+            )));
         }
         let mem = GuestMemory::new(identity.mem_bytes)?;
         let stored = file::decode_memory(&mut d, &mem)?;
@@ -281,7 +348,15 @@ impl Template {
         crate::arch::install(&mem)?;
         let memory = TemplateMemory::seal(mem)?;
         let handed_out = process.memory_handed_out();
-        Ok(Template { identity, call, cpu, process, handed_out, memory, stored })
+        Ok(Template {
+            identity,
+            call,
+            cpu,
+            process,
+            handed_out,
+            memory,
+            stored,
+        })
     }
 
     pub fn identity(&self) -> &TemplateIdentity {
@@ -317,11 +392,22 @@ impl Template {
 
     /// A guest of this template on `mem` (from `new_memory`) with a vCPU restored on it,
     /// stopped at the ready point; its output is capped at `output_cap`.
-    pub fn ready_guest<'m>(&self, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, output_cap: u64) -> ReadyGuest<'m> {
+    pub fn ready_guest<'m>(
+        &self,
+        mem: &'m GuestMemory,
+        cpu: Box<dyn GuestCpu + 'm>,
+        output_cap: u64,
+    ) -> ReadyGuest<'m> {
         let mut process = self.process.clone();
         process.config.output_cap = output_cap;
         process.output = Output::new(output_cap);
-        ReadyGuest { mem, cpu, process, call: self.call, boot: RunStats::default() }
+        ReadyGuest {
+            mem,
+            cpu,
+            process,
+            call: self.call,
+            boot: RunStats::default(),
+        }
     }
 }
 
@@ -336,7 +422,8 @@ pub enum ForkMemory {
 
 /// Creates a vCPU in a snapshot's state on guest memory (`KvmCpu::restore`,
 /// `PtraceCpu::restore`).
-pub type RestoreFactory<'a> = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> + 'a;
+pub type RestoreFactory<'a> =
+    dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> + 'a;
 
 /// What `serve_restored` gives back.
 #[derive(Debug, Clone)]
@@ -350,7 +437,13 @@ pub struct Restored {
 /// Runs `request` in a new VM of `template`: memory as `how` says, a vCPU from `make_cpu`,
 /// served at the ready point with `limits` (its memory size must be the template's). The
 /// outcome's counters cover the request; its `load` is creating the VM from the template.
-pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFactory, request: AgentRequest, limits: &RunLimits) -> Result<Restored, LaunchError> {
+pub fn serve_restored(
+    template: &Template,
+    how: ForkMemory,
+    make_cpu: &RestoreFactory,
+    request: AgentRequest,
+    limits: &RunLimits,
+) -> Result<Restored, LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
     check_memory_size(template, limits)?;
     let started = Instant::now();
@@ -358,7 +451,10 @@ pub fn serve_restored(template: &Template, how: ForkMemory, make_cpu: &RestoreFa
     let cpu = make_cpu(&mem, &template.cpu).map_err(LaunchError::Cpu)?;
     let (outcome, _) = serve_checked_fork(template, &mem, cpu, started, request, limits)?;
     let pages_copied = pages_copied(&mem).map_err(LaunchError::Memory)?;
-    Ok(Restored { outcome, pages_copied })
+    Ok(Restored {
+        outcome,
+        pages_copied,
+    })
 }
 
 /// Pages of guest memory a VM of a template holds copies of: for a copy-on-write fork, the
@@ -375,8 +471,14 @@ fn check_memory_size(template: &Template, limits: &RunLimits) -> Result<(), Laun
     if limits.mem_bytes == template.identity.mem_bytes {
         return Ok(());
     }
-    let why = format!("the request asks for {} bytes of memory, the template's VMs have {}", limits.mem_bytes, template.identity.mem_bytes);
-    Err(LaunchError::Memory(io::Error::new(io::ErrorKind::InvalidInput, why)))
+    let why = format!(
+        "the request asks for {} bytes of memory, the template's VMs have {}",
+        limits.mem_bytes, template.identity.mem_bytes
+    );
+    Err(LaunchError::Memory(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        why,
+    )))
 }
 
 /// Runs `request` in a VM of `template` whose memory (`Template::new_memory`) and vCPU
@@ -385,7 +487,14 @@ fn check_memory_size(template: &Template, limits: &RunLimits) -> Result<(), Laun
 /// being ready for the request. The request itself is checked by `ReadyGuest::serve`, before
 /// the guest runs. The vCPU comes back for `reset`; counting the pages the run copied is the
 /// caller's (`GuestMemory::copied_ranges`), which knows when nothing can have been copied.
-pub fn serve_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
+pub fn serve_fork<'m>(
+    template: &Template,
+    mem: &'m GuestMemory,
+    cpu: Box<dyn GuestCpu + 'm>,
+    setup_started: Instant,
+    request: AgentRequest,
+    limits: &RunLimits,
+) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
     check_memory_size(template, limits)?;
     serve_checked_fork(template, mem, cpu, setup_started, request, limits)
 }
@@ -398,14 +507,26 @@ pub fn serve_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn Gu
 /// signal dispositions) needs nothing: every `serve_fork` starts from the template's copy.
 /// `copied` are the pages the VM holds copies of (`GuestMemory::copied_ranges`). Returns the
 /// pages written back.
-pub fn reset(template: &Template, mem: &GuestMemory, cpu: &mut dyn GuestCpu, copied: &[(u64, u64)]) -> io::Result<u64> {
+pub fn reset(
+    template: &Template,
+    mem: &GuestMemory,
+    cpu: &mut dyn GuestCpu,
+    copied: &[(u64, u64)],
+) -> io::Result<u64> {
     let pages = mem.reset_to(&template.memory, copied)?;
     cpu.reset(&template.cpu)?;
     Ok(pages)
 }
 
 /// `serve_fork` once `limits` is known to fit the template.
-fn serve_checked_fork<'m>(template: &Template, mem: &'m GuestMemory, cpu: Box<dyn GuestCpu + 'm>, setup_started: Instant, request: AgentRequest, limits: &RunLimits) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
+fn serve_checked_fork<'m>(
+    template: &Template,
+    mem: &'m GuestMemory,
+    cpu: Box<dyn GuestCpu + 'm>,
+    setup_started: Instant,
+    request: AgentRequest,
+    limits: &RunLimits,
+) -> Result<(RunOutcome, Box<dyn GuestCpu + 'm>), LaunchError> {
     let mut ready = template.ready_guest(mem, cpu, limits.output_cap);
     ready.process.output.stream_to(limits.live_output.clone());
     ready.process.set_thread_limit(limits.threads);

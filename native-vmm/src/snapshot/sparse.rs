@@ -57,7 +57,14 @@ impl PageKind {
             kind => (kind, 0),
         };
         match changed {
-            Some(changed) if changed != 0 && changed.count_ones() <= MAX_SPARSE_CHUNKS && (whole.0 == PageKind::Raw || changed.count_ones() < nonzero.count_ones()) => (PageKind::Delta, changed),
+            Some(changed)
+                if changed != 0
+                    && changed.count_ones() <= MAX_SPARSE_CHUNKS
+                    && (whole.0 == PageKind::Raw
+                        || changed.count_ones() < nonzero.count_ones()) =>
+            {
+                (PageKind::Delta, changed)
+            }
             _ => whole,
         }
     }
@@ -104,11 +111,15 @@ impl PageCounts {
 
 /// Bit i set: chunk i of `page` (4 KiB) holds a non-zero byte.
 pub fn chunk_mask(page: &[u8]) -> u64 {
-    page.chunks_exact(CHUNK_BYTES).enumerate().fold(0, |mask, (i, chunk)| {
-        // Eight words OR'ed together, no early exit: the compiler keeps it branch-free.
-        let any = chunk.chunks_exact(8).fold(0u64, |acc, word| acc | u64::from_ne_bytes(word.try_into().expect("8 bytes")));
-        mask | (u64::from(any != 0) << i)
-    })
+    page.chunks_exact(CHUNK_BYTES)
+        .enumerate()
+        .fold(0, |mask, (i, chunk)| {
+            // Eight words OR'ed together, no early exit: the compiler keeps it branch-free.
+            let any = chunk.chunks_exact(8).fold(0u64, |acc, word| {
+                acc | u64::from_ne_bytes(word.try_into().expect("8 bytes"))
+            });
+            mask | (u64::from(any != 0) << i)
+        })
 }
 
 /// The chunk runs of `mask`, in order: whether they are stored, and which chunks.
@@ -120,7 +131,11 @@ fn chunk_runs(mask: u64) -> impl Iterator<Item = (bool, Range<usize>)> {
         }
         let rest = mask >> chunk;
         let stored = rest & 1 == 1;
-        let run = if stored { (!rest).trailing_zeros() } else { rest.trailing_zeros() } as usize;
+        let run = if stored {
+            (!rest).trailing_zeros()
+        } else {
+            rest.trailing_zeros()
+        } as usize;
         let run = run.min(CHUNKS - chunk);
         chunk += run;
         Some((stored, chunk - run..chunk))
@@ -138,10 +153,19 @@ pub fn pack(page: &[u8], mask: u64, out: &mut Blocks) {
 /// Writes a stored page of `kind` into guest memory at `addr`: the chunks of `mask` from
 /// `stored` (`mask`'s chunks, back to back; a zero page's mask is 0, a raw one's all ones),
 /// zeros elsewhere, except for a delta, which leaves the other chunks as they are.
-pub fn restore(mem: &GuestMemory, addr: u64, kind: PageKind, mask: u64, stored: &[u8]) -> Result<(), OutOfBounds> {
+pub fn restore(
+    mem: &GuestMemory,
+    addr: u64,
+    kind: PageKind,
+    mask: u64,
+    stored: &[u8],
+) -> Result<(), OutOfBounds> {
     let mut at = 0;
     for (is_stored, chunks) in chunk_runs(mask) {
-        let (to, len) = (addr + (chunks.start * CHUNK_BYTES) as u64, chunks.len() * CHUNK_BYTES);
+        let (to, len) = (
+            addr + (chunks.start * CHUNK_BYTES) as u64,
+            chunks.len() * CHUNK_BYTES,
+        );
         if is_stored {
             mem.write(to, &stored[at..at + len])?;
             at += len;
@@ -163,22 +187,39 @@ pub struct Unpacker<'a> {
 
 impl<'a> Unpacker<'a> {
     pub fn new(packed: &'a Blocks, len: usize) -> Unpacker<'a> {
-        Unpacker { packed, at: 0, end: len, page: [0; PAGE_SIZE as usize] }
+        Unpacker {
+            packed,
+            at: 0,
+            end: len,
+            page: [0; PAGE_SIZE as usize],
+        }
     }
 
     /// The next sparse page's mask and stored chunks.
     pub fn next_page(&mut self) -> Result<(u64, &[u8]), String> {
         let mut mask = [0u8; 8];
         if !self.packed.read(self.at, &mut mask, self.end) {
-            return Err(format!("the packed pages end at byte {} before the page table's", self.at));
+            return Err(format!(
+                "the packed pages end at byte {} before the page table's",
+                self.at
+            ));
         }
         let mask = u64::from_le_bytes(mask);
         if mask == 0 {
-            return Err(format!("a sparse page with no chunks at byte {} of the packed pages", self.at));
+            return Err(format!(
+                "a sparse page with no chunks at byte {} of the packed pages",
+                self.at
+            ));
         }
         let len = mask.count_ones() as usize * CHUNK_BYTES;
-        if !self.packed.read(self.at + 8, &mut self.page[..len], self.end) {
-            return Err(format!("a sparse page at byte {} runs past the packed pages", self.at));
+        if !self
+            .packed
+            .read(self.at + 8, &mut self.page[..len], self.end)
+        {
+            return Err(format!(
+                "a sparse page at byte {} runs past the packed pages",
+                self.at
+            ));
         }
         self.at += 8 + len;
         Ok((mask, &self.page[..len]))
@@ -195,14 +236,24 @@ impl<'a> Unpacker<'a> {
 
 /// The page table: two bits per page (`PageKind::code`), four pages a byte, low bits first.
 pub fn encode_kinds(kinds: &[PageKind]) -> Vec<u8> {
-    kinds.chunks(4).map(|four| four.iter().enumerate().fold(0u8, |byte, (i, kind)| byte | kind.code() << (2 * i))).collect()
+    kinds
+        .chunks(4)
+        .map(|four| {
+            four.iter()
+                .enumerate()
+                .fold(0u8, |byte, (i, kind)| byte | kind.code() << (2 * i))
+        })
+        .collect()
 }
 
 /// Decodes a page table of `pages` pages; refuses one of another length, an unknown code or
 /// bits set past its last page.
 pub fn decode_kinds(bytes: &[u8], pages: u64) -> Result<Vec<PageKind>, String> {
     if bytes.len() as u64 != pages.div_ceil(4) {
-        return Err(format!("a page table of {} bytes for {pages} pages", bytes.len()));
+        return Err(format!(
+            "a page table of {} bytes for {pages} pages",
+            bytes.len()
+        ));
     }
     let mut kinds = Vec::with_capacity(pages as usize);
     for (i, byte) in bytes.iter().enumerate() {
@@ -254,9 +305,20 @@ mod tests {
             PageKind::Raw => restore(&mem, PAGE_SIZE, PageKind::Raw, u64::MAX, page).unwrap(),
             PageKind::Delta => unreachable!("a page stored whole"),
         }
-        assert_eq!(mem.read_vec(0, PAGE_SIZE).unwrap(), vec![0xee; PAGE], "the page before is untouched");
-        assert_eq!(mem.read_vec(2 * PAGE_SIZE, PAGE_SIZE).unwrap(), vec![0xee; PAGE], "the page after is untouched");
-        (PageKind::of(mask), mem.read_vec(PAGE_SIZE, PAGE_SIZE).unwrap())
+        assert_eq!(
+            mem.read_vec(0, PAGE_SIZE).unwrap(),
+            vec![0xee; PAGE],
+            "the page before is untouched"
+        );
+        assert_eq!(
+            mem.read_vec(2 * PAGE_SIZE, PAGE_SIZE).unwrap(),
+            vec![0xee; PAGE],
+            "the page after is untouched"
+        );
+        (
+            PageKind::of(mask),
+            mem.read_vec(PAGE_SIZE, PAGE_SIZE).unwrap(),
+        )
     }
 
     #[test]
@@ -276,22 +338,52 @@ mod tests {
         // and in every chunk (raw).
         for offset in 0..CHUNK_BYTES {
             for (every, kind) in [(3, PageKind::Sparse), (1, PageKind::Raw)] {
-                let page: Vec<u8> = (0..PAGE).map(|i| if i % CHUNK_BYTES == offset && (i / CHUNK_BYTES).is_multiple_of(every) { (i / CHUNK_BYTES + 1) as u8 } else { 0 }).collect();
-                assert_eq!(round_trip(&page), (kind, page), "offset {offset}, every {every} chunks");
+                let page: Vec<u8> = (0..PAGE)
+                    .map(|i| {
+                        if i % CHUNK_BYTES == offset && (i / CHUNK_BYTES).is_multiple_of(every) {
+                            (i / CHUNK_BYTES + 1) as u8
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                assert_eq!(
+                    round_trip(&page),
+                    (kind, page),
+                    "offset {offset}, every {every} chunks"
+                );
             }
         }
         // Each chunk alone, and every other chunk (alternating runs of one).
         for chunk in 0..CHUNKS {
-            let page: Vec<u8> = (0..PAGE).map(|i| if i / CHUNK_BYTES == chunk { (i % 251 + 1) as u8 } else { 0 }).collect();
+            let page: Vec<u8> = (0..PAGE)
+                .map(|i| {
+                    if i / CHUNK_BYTES == chunk {
+                        (i % 251 + 1) as u8
+                    } else {
+                        0
+                    }
+                })
+                .collect();
             assert_eq!(round_trip(&page), (PageKind::Sparse, page), "chunk {chunk}");
         }
-        let alternating: Vec<u8> = (0..PAGE).map(|i| if (i / CHUNK_BYTES) % 2 == 1 { 0x5a } else { 0 }).collect();
+        let alternating: Vec<u8> = (0..PAGE)
+            .map(|i| if (i / CHUNK_BYTES) % 2 == 1 { 0x5a } else { 0 })
+            .collect();
         assert_eq!(round_trip(&alternating), (PageKind::Sparse, alternating));
-        assert_eq!(round_trip(&[0; PAGE]), (PageKind::Zero, vec![0; PAGE]), "zeros written over the template's bytes");
+        assert_eq!(
+            round_trip(&[0; PAGE]),
+            (PageKind::Zero, vec![0; PAGE]),
+            "zeros written over the template's bytes"
+        );
         let full: Vec<u8> = (0..PAGE).map(|i| (i * 7 % 255 + 1) as u8).collect();
         assert_eq!(round_trip(&full), (PageKind::Raw, full));
         // The threshold: 47 chunks sparse, 48 raw.
-        let chunks = |n: usize| -> Vec<u8> { (0..PAGE).map(|i| u8::from(i / CHUNK_BYTES < n && i % CHUNK_BYTES == 3)).collect() };
+        let chunks = |n: usize| -> Vec<u8> {
+            (0..PAGE)
+                .map(|i| u8::from(i / CHUNK_BYTES < n && i % CHUNK_BYTES == 3))
+                .collect()
+        };
         assert_eq!(round_trip(&chunks(47)).0, PageKind::Sparse);
         assert_eq!(round_trip(&chunks(48)).0, PageKind::Raw);
     }
@@ -315,13 +407,36 @@ mod tests {
     #[test]
     fn the_cheaper_of_whole_and_delta_is_chosen() {
         let few = 0b111;
-        assert_eq!(PageKind::choose(0, Some(few)), (PageKind::Zero, 0), "zeros cost nothing");
+        assert_eq!(
+            PageKind::choose(0, Some(few)),
+            (PageKind::Zero, 0),
+            "zeros cost nothing"
+        );
         assert_eq!(PageKind::choose(few, Some(0b1)), (PageKind::Delta, 0b1));
-        assert_eq!(PageKind::choose(few, Some(few)), (PageKind::Sparse, few), "a tie: stored whole");
-        assert_eq!(PageKind::choose(few, None), (PageKind::Sparse, few), "no record: stored whole");
-        assert_eq!(PageKind::choose(u64::MAX, Some(1 << 40)), (PageKind::Delta, 1 << 40));
-        assert_eq!(PageKind::choose(u64::MAX, Some(u64::MAX >> 8)), (PageKind::Raw, 0), "too many changed chunks");
-        assert_eq!(PageKind::choose(u64::MAX, Some(0)), (PageKind::Raw, 0), "nothing changed is no delta");
+        assert_eq!(
+            PageKind::choose(few, Some(few)),
+            (PageKind::Sparse, few),
+            "a tie: stored whole"
+        );
+        assert_eq!(
+            PageKind::choose(few, None),
+            (PageKind::Sparse, few),
+            "no record: stored whole"
+        );
+        assert_eq!(
+            PageKind::choose(u64::MAX, Some(1 << 40)),
+            (PageKind::Delta, 1 << 40)
+        );
+        assert_eq!(
+            PageKind::choose(u64::MAX, Some(u64::MAX >> 8)),
+            (PageKind::Raw, 0),
+            "too many changed chunks"
+        );
+        assert_eq!(
+            PageKind::choose(u64::MAX, Some(0)),
+            (PageKind::Raw, 0),
+            "nothing changed is no delta"
+        );
     }
 
     #[test]
@@ -331,22 +446,42 @@ mod tests {
         let mut packed = Blocks::new();
         pack(&page, chunk_mask(&page), &mut packed);
         assert_eq!(packed.len(), 8 + 64);
-        assert!(Unpacker::new(&packed, packed.len() - 1).next_page().unwrap_err().contains("runs past"));
-        assert!(Unpacker::new(&packed, 4).next_page().unwrap_err().contains("end at byte 0"));
+        assert!(Unpacker::new(&packed, packed.len() - 1)
+            .next_page()
+            .unwrap_err()
+            .contains("runs past"));
+        assert!(Unpacker::new(&packed, 4)
+            .next_page()
+            .unwrap_err()
+            .contains("end at byte 0"));
         let mut unpacker = Unpacker::new(&packed, packed.len() + 8);
         unpacker.next_page().unwrap();
         assert!(unpacker.finish().unwrap_err().contains("8 bytes after"));
-        assert!(unpacker.next_page().unwrap_err().contains("no chunks"), "zeros where a mask should be");
+        assert!(
+            unpacker.next_page().unwrap_err().contains("no chunks"),
+            "zeros where a mask should be"
+        );
     }
 
     #[test]
     fn the_page_table_round_trips_and_refuses_what_it_cannot_hold() {
-        let kinds = [PageKind::Raw, PageKind::Zero, PageKind::Sparse, PageKind::Sparse, PageKind::Delta];
+        let kinds = [
+            PageKind::Raw,
+            PageKind::Zero,
+            PageKind::Sparse,
+            PageKind::Sparse,
+            PageKind::Delta,
+        ];
         let bytes = encode_kinds(&kinds);
         assert_eq!(bytes.len(), 2);
         assert_eq!(decode_kinds(&bytes, 5).unwrap(), kinds);
         assert!(decode_kinds(&bytes, 9).is_err(), "too short");
-        assert!(decode_kinds(&bytes[..1], 3).unwrap_err().contains("bits set after"), "a fourth page in a table of three");
+        assert!(
+            decode_kinds(&bytes[..1], 3)
+                .unwrap_err()
+                .contains("bits set after"),
+            "a fourth page in a table of three"
+        );
         assert!(decode_kinds(&[], 0).unwrap().is_empty());
     }
 }

@@ -35,18 +35,26 @@ struct Flushes {
 
 impl SyncGroup {
     pub fn new(flush: Flush) -> SyncGroup {
-        SyncGroup { flush, state: Mutex::new(Flushes::default()), finished: Condvar::new() }
+        SyncGroup {
+            flush,
+            state: Mutex::new(Flushes::default()),
+            finished: Condvar::new(),
+        }
     }
 
     /// The group of a folder: its flush is `syncfs` on the folder's file system.
     pub fn of_folder(dir: &std::path::Path) -> io::Result<SyncGroup> {
         use std::os::fd::AsRawFd;
         let folder = std::fs::File::open(dir)?;
-        Ok(SyncGroup::new(Box::new(move || crate::sys::syncfs(folder.as_raw_fd()))))
+        Ok(SyncGroup::new(Box::new(move || {
+            crate::sys::syncfs(folder.as_raw_fd())
+        })))
     }
 
     fn lock(&self) -> MutexGuard<'_, Flushes> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Returns once a flush that started after this call has finished: everything written
@@ -57,7 +65,10 @@ impl SyncGroup {
         let needed = state.started + 1;
         while state.finished < needed {
             if state.started > state.finished {
-                state = self.finished.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+                state = self
+                    .finished
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
                 continue;
             }
             state.started += 1;
@@ -72,7 +83,10 @@ impl SyncGroup {
             self.finished.notify_all();
         }
         match &state.failed {
-            Some((flush, kind, why)) if *flush >= needed => Err(io::Error::new(*kind, format!("flushing the file system: {why}"))),
+            Some((flush, kind, why)) if *flush >= needed => Err(io::Error::new(
+                *kind,
+                format!("flushing the file system: {why}"),
+            )),
             _ => Ok(()),
         }
     }
@@ -86,7 +100,11 @@ mod tests {
     use std::time::Duration;
 
     /// A flush that counts itself and records, per flush, the clock ticks at its start and end.
-    fn recording_group(spans: Arc<Mutex<Vec<(u64, u64)>>>, clock: Arc<AtomicU64>, fail_flush: Option<usize>) -> SyncGroup {
+    fn recording_group(
+        spans: Arc<Mutex<Vec<(u64, u64)>>>,
+        clock: Arc<AtomicU64>,
+        fail_flush: Option<usize>,
+    ) -> SyncGroup {
         SyncGroup::new(Box::new(move || {
             let start = clock.fetch_add(1, Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(2));
@@ -102,7 +120,10 @@ mod tests {
 
     #[test]
     fn every_caller_returns_after_a_flush_that_started_after_it_called_and_callers_share_flushes() {
-        let (spans, clock) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicU64::new(0)));
+        let (spans, clock) = (
+            Arc::new(Mutex::new(Vec::new())),
+            Arc::new(AtomicU64::new(0)),
+        );
         let group = Arc::new(recording_group(spans.clone(), clock.clone(), None));
         let callers = 16;
         let barrier = Arc::new(Barrier::new(callers));
@@ -120,9 +141,18 @@ mod tests {
         let calls: Vec<(u64, u64)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         let spans = spans.lock().unwrap().clone();
         for (called, returned) in &calls {
-            assert!(spans.iter().any(|(start, end)| start > called && end < returned), "a caller at {called} returned at {returned} with no flush between: {spans:?}");
+            assert!(
+                spans
+                    .iter()
+                    .any(|(start, end)| start > called && end < returned),
+                "a caller at {called} returned at {returned} with no flush between: {spans:?}"
+            );
         }
-        assert!(spans.len() < callers, "{} flushes for {callers} callers arriving together", spans.len());
+        assert!(
+            spans.len() < callers,
+            "{} flushes for {callers} callers arriving together",
+            spans.len()
+        );
         for pair in spans.windows(2) {
             assert!(pair[0].1 < pair[1].0, "flushes overlapped: {spans:?}");
         }
@@ -130,13 +160,20 @@ mod tests {
 
     #[test]
     fn a_failed_flush_fails_the_callers_it_covered_and_not_later_ones() {
-        let (spans, clock) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicU64::new(0)));
+        let (spans, clock) = (
+            Arc::new(Mutex::new(Vec::new())),
+            Arc::new(AtomicU64::new(0)),
+        );
         let group = recording_group(spans.clone(), clock, Some(2));
         group.sync().unwrap();
         let failed = group.sync().unwrap_err();
         assert!(failed.to_string().contains("disk gone"), "{failed}");
         group.sync().unwrap();
-        assert_eq!(spans.lock().unwrap().len(), 3, "one flush each for callers one after another");
+        assert_eq!(
+            spans.lock().unwrap().len(),
+            3,
+            "one flush each for callers one after another"
+        );
     }
 
     #[test]

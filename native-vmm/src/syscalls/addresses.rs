@@ -29,7 +29,11 @@ const SOMAXCONN: usize = 4096;
 
 /// socket(domain, type, protocol)
 pub(crate) fn socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let (domain, kind, protocol) = (args[0] as u32 as u64, args[1] as u32 as u64, args[2] as u32 as u64);
+    let (domain, kind, protocol) = (
+        args[0] as u32 as u64,
+        args[1] as u32 as u64,
+        args[2] as u32 as u64,
+    );
     let family = match domain as u16 {
         AF_UNIX | AF_INET | AF_INET6 if domain <= u64::from(u16::MAX) => domain as u16,
         _ => return Err(Errno::EAFNOSUPPORT),
@@ -44,7 +48,11 @@ pub(crate) fn socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
     if !protocol_ok {
         return Err(EPROTONOSUPPORT);
     }
-    let flags = if kind & SOCK_NONBLOCK != 0 { O_NONBLOCK } else { 0 };
+    let flags = if kind & SOCK_NONBLOCK != 0 {
+        O_NONBLOCK
+    } else {
+        0
+    };
     let description = proc.fds.new_endpoint(family, flags);
     value(proc.fds.install(description, 0, kind & SOCK_CLOEXEC != 0)?)
 }
@@ -93,14 +101,21 @@ fn is_local(family: u16, addr: &[u8]) -> bool {
     if family == AF_INET {
         addr[0] == 127 || addr == [0, 0, 0, 0]
     } else {
-        let v4_mapped = addr[..10].iter().all(|&b| b == 0) && addr[10..12] == [0xff, 0xff] && addr[12] == 127;
+        let v4_mapped =
+            addr[..10].iter().all(|&b| b == 0) && addr[10..12] == [0xff, 0xff] && addr[12] == 127;
         addr[..15].iter().all(|&b| b == 0) && addr[15] <= 1 || v4_mapped
     }
 }
 
 /// Reads the sockaddr at `addr` (`len` bytes) for a socket of `family`. Err(ENETUNREACH) for
 /// an address of another host.
-fn read_address(proc: &GuestProcess, user: &UserMemory, family: u16, addr: u64, len: u64) -> Result<Address, Errno> {
+fn read_address(
+    proc: &GuestProcess,
+    user: &UserMemory,
+    family: u16,
+    addr: u64,
+    len: u64,
+) -> Result<Address, Errno> {
     let len = len as u32 as usize;
     if len < 2 || len > 2 + UNIX_PATH_MAX.max(26) {
         return Err(Errno::EINVAL);
@@ -134,7 +149,11 @@ fn read_address(proc: &GuestProcess, user: &UserMemory, family: u16, addr: u64, 
                 let dir = proc.config.vfs.resolve(proc.cwd, dir, true)?;
                 [proc.config.vfs.path_of(dir)?, b"/".to_vec(), name.to_vec()].concat()
             };
-            Ok(Address { key: [b"u".as_slice(), &key].concat(), name: raw, port: None })
+            Ok(Address {
+                key: [b"u".as_slice(), &key].concat(),
+                name: raw,
+                port: None,
+            })
         }
         _ => {
             let (port, host) = match family {
@@ -150,17 +169,30 @@ fn read_address(proc: &GuestProcess, user: &UserMemory, family: u16, addr: u64, 
             let mut name = loopback_name(family, port);
             let at = if family == AF_INET { 4 } else { 8 };
             name[at..at + host.len()].copy_from_slice(host);
-            Ok(Address { key: inet_key(family, port), name, port: Some(port) })
+            Ok(Address {
+                key: inet_key(family, port),
+                name,
+                port: Some(port),
+            })
         }
     }
 }
 
 /// Binds endpoint `index` of `family` to `address`, an ephemeral port for port 0.
-fn bind_address(proc: &mut GuestProcess, index: usize, family: u16, address: Address) -> Result<(), Errno> {
+fn bind_address(
+    proc: &mut GuestProcess,
+    index: usize,
+    family: u16,
+    address: Address,
+) -> Result<(), Errno> {
     match address.port {
         Some(0) => {
             let port = proc.fds.ephemeral_port(|p| inet_key(family, p))?;
-            let mut name = if address.name.is_empty() { loopback_name(family, port) } else { address.name };
+            let mut name = if address.name.is_empty() {
+                loopback_name(family, port)
+            } else {
+                address.name
+            };
             name[2..4].copy_from_slice(&port.to_be_bytes());
             proc.fds.bind(index, inet_key(family, port), name)
         }
@@ -171,7 +203,13 @@ fn bind_address(proc: &mut GuestProcess, index: usize, family: u16, address: Add
 /// bind(fd, addr, addrlen)
 pub(crate) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (index, family) = endpoint(proc, args[0], Errno::EINVAL)?;
-    let address = read_address(proc, user, family, args[1], args[2]).map_err(|e| if e == Errno::ENETUNREACH { Errno::EADDRNOTAVAIL } else { e })?;
+    let address = read_address(proc, user, family, args[1], args[2]).map_err(|e| {
+        if e == Errno::ENETUNREACH {
+            Errno::EADDRNOTAVAIL
+        } else {
+            e
+        }
+    })?;
     bind_address(proc, index, family, address)?;
     value(0)
 }
@@ -183,7 +221,16 @@ pub(crate) fn listen(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
         if family == AF_UNIX {
             return Err(Errno::EINVAL);
         }
-        bind_address(proc, index, family, Address { key: Vec::new(), name: Vec::new(), port: Some(0) })?;
+        bind_address(
+            proc,
+            index,
+            family,
+            Address {
+                key: Vec::new(),
+                name: Vec::new(),
+                port: Some(0),
+            },
+        )?;
     }
     let backlog = (args[1] as i32).clamp(0, SOMAXCONN as i32) as usize;
     proc.fds.listen(index, backlog)?;
@@ -197,14 +244,23 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let address = read_address(proc, user, family, args[1], args[2])?;
     let Some(listener) = proc.fds.listener(&address.key) else {
         let abstract_name = address.key.get(1) == Some(&0);
-        return Err(if family == AF_UNIX && !abstract_name { Errno::ENOENT } else { Errno::ECONNREFUSED });
+        return Err(if family == AF_UNIX && !abstract_name {
+            Errno::ENOENT
+        } else {
+            Errno::ECONNREFUSED
+        });
     };
     let local = match (family, proc.fds.endpoint(index)?.name.clone()) {
         (_, Some(name)) => name,
         (AF_UNIX, None) => AF_UNIX.to_le_bytes().to_vec(),
         (_, None) => loopback_name(family, proc.fds.ephemeral_port(|p| inet_key(family, p))?),
     };
-    let peer = proc.fds.endpoint(listener)?.name.clone().unwrap_or_default();
+    let peer = proc
+        .fds
+        .endpoint(listener)?
+        .name
+        .clone()
+        .unwrap_or_default();
     proc.fds.connect(fd_arg(args[0]), listener, (local, peer))?;
     value(0)
 }
@@ -219,9 +275,17 @@ pub(crate) fn accept4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let desc = proc.fds.get(fd_arg(fd))?;
     let nonblocking = desc.nonblocking();
     let Object::Endpoint(index) = desc.object else {
-        return Err(if matches!(desc.object, Object::Socket { .. }) { Errno::EINVAL } else { Errno::ENOTSOCK });
+        return Err(if matches!(desc.object, Object::Socket { .. }) {
+            Errno::EINVAL
+        } else {
+            Errno::ENOTSOCK
+        });
     };
-    let status = if flags & SOCK_NONBLOCK != 0 { O_NONBLOCK } else { 0 };
+    let status = if flags & SOCK_NONBLOCK != 0 {
+        O_NONBLOCK
+    } else {
+        0
+    };
     match proc.fds.accept(index, status, flags & SOCK_CLOEXEC != 0)? {
         Some((new_fd, peer)) => {
             if addr != 0 {
@@ -247,7 +311,10 @@ pub(super) fn endpoint_name(proc: &GuestProcess, index: usize) -> Result<Vec<u8>
         (None, AF_UNIX) => AF_UNIX.to_le_bytes().to_vec(),
         (None, family) => {
             let mut name = loopback_name(family, 0);
-            name[4..].iter_mut().take(if family == AF_INET { 4 } else { 0 }).for_each(|b| *b = 0);
+            name[4..]
+                .iter_mut()
+                .take(if family == AF_INET { 4 } else { 0 })
+                .for_each(|b| *b = 0);
             if family == AF_INET6 {
                 name[23] = 0;
             }

@@ -26,7 +26,11 @@ pub fn await_request(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     };
     let needed = message.len() as u64;
     let fits = needed <= buf_len;
-    let checked = if fits { user.check(buf, needed) } else { Ok(()) };
+    let checked = if fits {
+        user.check(buf, needed)
+    } else {
+        Ok(())
+    };
     if !fits || checked.is_err() {
         proc.agent_request = Some(request);
         checked?;
@@ -47,7 +51,12 @@ pub fn await_request(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
 /// their parent directories. The request was validated: paths are relative and normal.
 fn place_files(vfs: &mut Vfs, request: &AgentRequest) -> Result<(), Errno> {
     let script = (request.script(), request.code.as_bytes());
-    for (path, contents) in std::iter::once(script).chain(request.files.iter().map(|(p, c)| (p.as_str(), c.as_slice()))) {
+    for (path, contents) in std::iter::once(script).chain(
+        request
+            .files
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_slice())),
+    ) {
         write_work_file(vfs, path, contents, false)?;
     }
     Ok(())
@@ -56,7 +65,12 @@ fn place_files(vfs: &mut Vfs, request: &AgentRequest) -> Result<(), Errno> {
 /// Writes `contents` as the file `path` under /work (a path `agent::check_work_path`
 /// accepts), creating its parent directories; an existing file is replaced when `replace`,
 /// else EEXIST.
-pub(crate) fn write_work_file(vfs: &mut Vfs, path: &str, contents: &[u8], replace: bool) -> Result<(), Errno> {
+pub(crate) fn write_work_file(
+    vfs: &mut Vfs,
+    path: &str,
+    contents: &[u8],
+    replace: bool,
+) -> Result<(), Errno> {
     let work = vfs.resolve(vfs.root(), WORK_DIR.as_bytes(), true)?;
     for (slash, _) in path.match_indices('/') {
         match vfs.mkdir(&NoProcess, work, &path.as_bytes()[..slash], DIR_MODE) {
@@ -64,7 +78,15 @@ pub(crate) fn write_work_file(vfs: &mut Vfs, path: &str, contents: &[u8], replac
             Err(e) => return Err(e),
         }
     }
-    let options = OpenOptions { write: true, create: true, exclusive: !replace, truncate: replace, nofollow: true, mode: FILE_MODE, ..OpenOptions::default() };
+    let options = OpenOptions {
+        write: true,
+        create: true,
+        exclusive: !replace,
+        truncate: replace,
+        nofollow: true,
+        mode: FILE_MODE,
+        ..OpenOptions::default()
+    };
     let node = vfs.open(work, path.as_bytes(), &options)?;
     let written = vfs.write_at(node, 0, contents);
     vfs.close(node);

@@ -45,7 +45,11 @@ fn create(proc: &mut GuestProcess, cloexec: bool) -> SysResult {
 }
 
 /// epoll_create(size): size must be positive (and is otherwise ignored, as on Linux).
-pub(crate) fn epoll_create(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn epoll_create(
+    proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     if args[0] as u32 as i32 <= 0 {
         return Err(Errno::EINVAL);
     }
@@ -53,7 +57,11 @@ pub(crate) fn epoll_create(proc: &mut GuestProcess, _user: &UserMemory, args: [u
 }
 
 /// epoll_create1(flags): EPOLL_CLOEXEC is the only flag.
-pub(crate) fn epoll_create1(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn epoll_create1(
+    proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let flags = args[0] as u32 as u64;
     if flags & !O_CLOEXEC != 0 {
         return Err(Errno::EINVAL);
@@ -76,7 +84,11 @@ pub(crate) fn epoll_ctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     let description = proc.fds.description_id(fd)?;
     let interest = |user: &UserMemory| -> Result<Interest, Errno> {
         let events = user.read_u32(event)?;
-        Ok(Interest { events, data: user.read_u64(event + 4)?, description })
+        Ok(Interest {
+            events,
+            data: user.read_u64(event + 4)?,
+            description,
+        })
     };
     let set = proc.fds.epoll_mut(index)?;
     match op as u32 as u64 {
@@ -100,7 +112,9 @@ pub(crate) fn epoll_ctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
 pub(super) fn ready_list(proc: &GuestProcess, index: usize) -> Result<Vec<(u64, u32, u64)>, Errno> {
     let mut ready = Vec::new();
     for (fd, interest) in proc.fds.epoll(index)?.interests() {
-        if proc.fds.description_id(fd) != Ok(interest.description) || interest.events & !EPOLL_FLAGS == 0 {
+        if proc.fds.description_id(fd) != Ok(interest.description)
+            || interest.events & !EPOLL_FLAGS == 0
+        {
             continue;
         }
         let wanted = interest.events | u32::from(POLLERR | POLLHUP);
@@ -112,7 +126,12 @@ pub(super) fn ready_list(proc: &GuestProcess, index: usize) -> Result<Vec<(u64, 
     Ok(ready)
 }
 
-fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeout: Option<Duration>) -> SysResult {
+fn wait_common(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+    timeout: Option<Duration>,
+) -> SysResult {
     let [epfd, events, maxevents, ..] = args;
     let index = epoll_index(proc, epfd)?;
     let max = maxevents as u32 as i32;
@@ -123,7 +142,11 @@ fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeo
     let mut ready = ready_list(proc, index)?;
     ready.truncate(max as usize);
     if ready.is_empty() {
-        return if timeout == Some(Duration::ZERO) { value(0) } else { wait_ready(proc, timeout) };
+        return if timeout == Some(Duration::ZERO) {
+            value(0)
+        } else {
+            wait_ready(proc, timeout)
+        };
     }
     let mut out = Vec::with_capacity(ready.len() * EVENT_SIZE as usize);
     for &(_, events, data) in &ready {
@@ -133,7 +156,9 @@ fn wait_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeo
     user.write(events, &out)?;
     let set = proc.fds.epoll_mut(index)?;
     for &(fd, ..) in &ready {
-        let oneshot = set.interests().any(|(f, i)| f == fd && i.events & EPOLLONESHOT != 0);
+        let oneshot = set
+            .interests()
+            .any(|(f, i)| f == fd && i.events & EPOLLONESHOT != 0);
         if oneshot {
             set.disarm(fd, EPOLL_FLAGS);
         }

@@ -25,31 +25,56 @@ pub(crate) fn eventfd2(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 
     if flags & !(EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }
-    let object = Object::EventFd { count: initval, semaphore: flags & EFD_SEMAPHORE != 0 };
+    let object = Object::EventFd {
+        count: initval,
+        semaphore: flags & EFD_SEMAPHORE != 0,
+    };
     let status = O_RDWR | (flags & EFD_NONBLOCK) as u32;
-    value(proc.fds.install(Description::new(object, status), 0, flags & EFD_CLOEXEC != 0)?)
+    value(proc.fds.install(
+        Description::new(object, status),
+        0,
+        flags & EFD_CLOEXEC != 0,
+    )?)
 }
 
 /// read(2) on an eventfd: the counter as 8 bytes, then zero (semaphore mode: 1, then one less).
-pub(super) fn read(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64) -> SysResult {
+pub(super) fn read(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    fd: u64,
+    buf: u64,
+    len: u64,
+) -> SysResult {
     if len < 8 {
         return Err(Errno::EINVAL);
     }
     user.check(buf, 8)?;
     let desc = proc.fds.get_mut(fd)?;
     let nonblocking = desc.nonblocking();
-    let Object::EventFd { count, semaphore } = &mut desc.object else { return Err(Errno::EINVAL) };
+    let Object::EventFd { count, semaphore } = &mut desc.object else {
+        return Err(Errno::EINVAL);
+    };
     let taken = if *semaphore { (*count).min(1) } else { *count };
     *count -= taken;
     if taken == 0 {
-        return if nonblocking { Err(Errno::EAGAIN) } else { wait_ready(proc, None) };
+        return if nonblocking {
+            Err(Errno::EAGAIN)
+        } else {
+            wait_ready(proc, None)
+        };
     }
     user.write(buf, &taken.to_le_bytes())?;
     value(8)
 }
 
 /// write(2) on an eventfd: adds the 8-byte value to the counter (u64::MAX is EINVAL).
-pub(super) fn write(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64) -> SysResult {
+pub(super) fn write(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    fd: u64,
+    buf: u64,
+    len: u64,
+) -> SysResult {
     if len < 8 {
         return Err(Errno::EINVAL);
     }
@@ -59,7 +84,9 @@ pub(super) fn write(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u6
     }
     let desc = proc.fds.get_mut(fd)?;
     let nonblocking = desc.nonblocking();
-    let Object::EventFd { count, .. } = &mut desc.object else { return Err(Errno::EINVAL) };
+    let Object::EventFd { count, .. } = &mut desc.object else {
+        return Err(Errno::EINVAL);
+    };
     let fits = MAX_COUNT - *count >= added;
     if fits {
         *count += added;

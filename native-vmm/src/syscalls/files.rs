@@ -12,7 +12,10 @@ use super::procfs::{self, ProcessFacts};
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, FsStats, Node, OpenOptions, ProcessView, Stat, Timespec, Vfs};
-use crate::process::{Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY};
+use crate::process::{
+    Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK,
+    O_RDONLY,
+};
 use crate::status::RunStatus;
 
 /// Bytes moved by one read or write call at most (Linux also returns short counts); bounds
@@ -40,7 +43,13 @@ const O_CLOEXEC: u64 = 0o2000000;
 pub(super) const O_PATH: u64 = 0o10000000;
 const O_TMPFILE: u64 = 0o20000000;
 /// Status flags kept on a description and shown by F_GETFL.
-const STATUS_FLAGS: u64 = O_ACCMODE as u64 | O_APPEND as u64 | O_NONBLOCK as u64 | O_DSYNC | O_DIRECT | O_NOATIME | O_PATH;
+const STATUS_FLAGS: u64 = O_ACCMODE as u64
+    | O_APPEND as u64
+    | O_NONBLOCK as u64
+    | O_DSYNC
+    | O_DIRECT
+    | O_NOATIME
+    | O_PATH;
 
 const S_IFIFO: u32 = 0o010000;
 const S_IFSOCK: u32 = 0o140000;
@@ -74,19 +83,34 @@ fn base_dir(proc: &GuestProcess, dirfd: u64, path: &[u8]) -> Result<Node, Errno>
 /// Resolves `path` from `base` as the program sees the file system (/proc shows its fds,
 /// threads and working directory).
 fn resolve(proc: &GuestProcess, base: Node, path: &[u8], follow_last: bool) -> Result<Node, Errno> {
-    proc.config.vfs.resolve_in(&ProcessFacts::of(proc), base, path, follow_last)
+    proc.config
+        .vfs
+        .resolve_in(&ProcessFacts::of(proc), base, path, follow_last)
 }
 
 /// Runs `op` on the file system beside the program's view of /proc (built from the process's
 /// other fields, so the file system can be borrowed mutably): opening and changing the tree
 /// resolve paths as `resolve` does.
-fn with_view<T>(proc: &mut GuestProcess, op: impl FnOnce(&mut Vfs, &dyn ProcessView) -> Result<T, Errno>) -> Result<T, Errno> {
-    let facts = ProcessFacts { fds: &proc.fds, threads: &proc.threads, cwd: proc.cwd, exe: &proc.config.command.exe };
+fn with_view<T>(
+    proc: &mut GuestProcess,
+    op: impl FnOnce(&mut Vfs, &dyn ProcessView) -> Result<T, Errno>,
+) -> Result<T, Errno> {
+    let facts = ProcessFacts {
+        fds: &proc.fds,
+        threads: &proc.threads,
+        cwd: proc.cwd,
+        exe: &proc.config.command.exe,
+    };
     op(&mut proc.config.vfs, &facts)
 }
 
 /// Reads the path argument and the directory it is relative to.
-fn path_at(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64) -> Result<(Node, Vec<u8>), Errno> {
+fn path_at(
+    proc: &GuestProcess,
+    user: &UserMemory,
+    dirfd: u64,
+    path: u64,
+) -> Result<(Node, Vec<u8>), Errno> {
     let path = user.read_path(path)?;
     if path.is_empty() {
         return Err(Errno::ENOENT);
@@ -99,7 +123,21 @@ fn path_at(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64) -> Res
 /// the files of the image.
 fn stream_stat(fd: u64, file_type: u32) -> Stat {
     let zero = Timespec::default();
-    Stat { dev: 0xc, ino: 1000 + fd, mode: file_type | 0o600, nlink: 1, uid: 0, gid: 0, rdev: 0, size: 0, blksize: 4096, blocks: 0, atime: zero, mtime: zero, ctime: zero }
+    Stat {
+        dev: 0xc,
+        ino: 1000 + fd,
+        mode: file_type | 0o600,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        size: 0,
+        blksize: 4096,
+        blocks: 0,
+        atime: zero,
+        mtime: zero,
+        ctime: zero,
+    }
 }
 
 /// `struct stat` as x86-64 Linux lays it out (144 bytes).
@@ -151,7 +189,9 @@ pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
         Object::Node(node) => proc.config.vfs.stat(node),
         Object::Socket { .. } | Object::Endpoint(_) => Ok(stream_stat(fd, S_IFSOCK)),
         Object::Epoll(_) | Object::EventFd { .. } => Ok(stream_stat(fd, 0)),
-        Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => Ok(stream_stat(fd, S_IFIFO)),
+        Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => {
+            Ok(stream_stat(fd, S_IFIFO))
+        }
     }
 }
 
@@ -164,7 +204,14 @@ pub(super) fn bytes_at(data: &[u8], pos: u64, max: usize) -> &[u8] {
 }
 
 /// Reads up to `len` bytes from `fd` into guest memory at `buf`; `at` is pread's offset.
-fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>) -> SysResult {
+fn read_fd(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    fd: u64,
+    buf: u64,
+    len: u64,
+    at: Option<u64>,
+) -> SysResult {
     let desc = proc.fds.get(fd)?;
     // An O_PATH descriptor only names a file: no I/O through it.
     if !desc.readable() || desc.flags & O_PATH as u32 != 0 {
@@ -216,7 +263,14 @@ fn read_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u
 }
 
 /// Writes `len` bytes from guest memory at `buf` to `fd`; `at` is pwrite's offset.
-fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: u64, at: Option<u64>) -> SysResult {
+fn write_fd(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    fd: u64,
+    buf: u64,
+    len: u64,
+    at: Option<u64>,
+) -> SysResult {
     let desc = proc.fds.get(fd)?;
     if !desc.writable() || desc.flags & O_PATH as u32 != 0 {
         return Err(Errno::EBADF);
@@ -226,7 +280,9 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
     let take = match desc.object {
         Object::EventFd { .. } => return super::eventfd::write(proc, user, fd, buf, len),
         Object::Output(_) => len.min(proc.output.remaining()),
-        Object::PipeWrite(pipe) | Object::Socket { tx: pipe, .. } => len.min(proc.fds.pipe(pipe).map_or(0, |p| p.capacity()) as u64),
+        Object::PipeWrite(pipe) | Object::Socket { tx: pipe, .. } => {
+            len.min(proc.fds.pipe(pipe).map_or(0, |p| p.capacity()) as u64)
+        }
         Object::Node(_) => len.min(MAX_IO),
         _ => 0,
     };
@@ -237,7 +293,13 @@ fn write_fd(proc: &mut GuestProcess, user: &UserMemory, fd: u64, buf: u64, len: 
 /// Writes `data` (the first part of a `requested`-byte write) to `fd`, which the caller checked
 /// is open for writing; `at` is pwrite's offset. Shared by write(2) and the calls that move
 /// bytes between fds inside the VMM (transfer.rs).
-pub(super) fn write_bytes(proc: &mut GuestProcess, fd: u64, data: &[u8], requested: u64, at: Option<u64>) -> SysResult {
+pub(super) fn write_bytes(
+    proc: &mut GuestProcess,
+    fd: u64,
+    data: &[u8],
+    requested: u64,
+    at: Option<u64>,
+) -> SysResult {
     let desc = proc.fds.get(fd)?;
     let (object, offset, flags) = (desc.object.clone(), desc.offset, desc.flags);
     match object {
@@ -247,17 +309,26 @@ pub(super) fn write_bytes(proc: &mut GuestProcess, fd: u64, data: &[u8], request
             }
             match proc.output.append(stream, data) {
                 Appended::All if data.len() as u64 == requested => value(requested),
-                _ => Ok(SyscallOutcome::Stop(RunStatus::OutputLimit { cap_bytes: proc.output.cap() })),
+                _ => Ok(SyscallOutcome::Stop(RunStatus::OutputLimit {
+                    cap_bytes: proc.output.cap(),
+                })),
             }
         }
-        Object::PipeWrite(pipe) | Object::Socket { tx: pipe, shut_write: false, .. } => {
+        Object::PipeWrite(pipe)
+        | Object::Socket {
+            tx: pipe,
+            shut_write: false,
+            ..
+        } => {
             if at.is_some() {
                 return Err(Errno::ESPIPE);
             }
             write_channel_bytes(proc, pipe, data, flags & O_NONBLOCK != 0)
         }
         // SIGPIPE is never delivered: the write fails with EPIPE.
-        Object::Socket { shut_write: true, .. } => Err(Errno::EPIPE),
+        Object::Socket {
+            shut_write: true, ..
+        } => Err(Errno::EPIPE),
         Object::Node(node) => {
             let mut pos = match at {
                 Some(pos) => pos,
@@ -280,7 +351,14 @@ pub(super) fn write_bytes(proc: &mut GuestProcess, fd: u64, data: &[u8], request
 
 /// Reads up to `len` bytes of in-memory channel `pipe` (a pipe's read end, a socket's receive
 /// side) into guest memory at `buf`.
-pub(super) fn read_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool) -> SysResult {
+pub(super) fn read_channel(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    pipe: usize,
+    buf: u64,
+    len: u64,
+    nonblocking: bool,
+) -> SysResult {
     user.check(buf, len.min(MAX_IO))?;
     match proc.fds.pipe_mut(pipe)?.read(len.min(MAX_IO) as usize) {
         Ok(bytes) => {
@@ -294,13 +372,25 @@ pub(super) fn read_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usi
 
 /// Writes what fits of `len` bytes at `buf` into in-memory channel `pipe` (a pipe's write
 /// end, a socket's send side).
-pub(super) fn write_channel(proc: &mut GuestProcess, user: &UserMemory, pipe: usize, buf: u64, len: u64, nonblocking: bool) -> SysResult {
+pub(super) fn write_channel(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    pipe: usize,
+    buf: u64,
+    len: u64,
+    nonblocking: bool,
+) -> SysResult {
     let data = user.read_vec(buf, len.min(proc.fds.pipe(pipe)?.capacity() as u64))?;
     write_channel_bytes(proc, pipe, &data, nonblocking)
 }
 
 /// Writes what fits of `data` into in-memory channel `pipe`.
-pub(super) fn write_channel_bytes(proc: &mut GuestProcess, pipe: usize, data: &[u8], nonblocking: bool) -> SysResult {
+pub(super) fn write_channel_bytes(
+    proc: &mut GuestProcess,
+    pipe: usize,
+    data: &[u8],
+    nonblocking: bool,
+) -> SysResult {
     match proc.fds.pipe_mut(pipe)?.write(data) {
         Ok(n) => value(n as u64),
         Err(PipeError::NoReader) => Err(Errno::EPIPE),
@@ -330,25 +420,53 @@ fn non_negative(pos: u64) -> Result<u64, Errno> {
 
 /// pread64(fd, buf, count, offset)
 pub(crate) fn pread64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    read_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(non_negative(args[3])?))
+    read_fd(
+        proc,
+        user,
+        fd_arg(args[0]),
+        args[1],
+        args[2],
+        Some(non_negative(args[3])?),
+    )
 }
 
 /// pwrite64(fd, buf, count, offset)
 pub(crate) fn pwrite64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    write_fd(proc, user, fd_arg(args[0]), args[1], args[2], Some(non_negative(args[3])?))
+    write_fd(
+        proc,
+        user,
+        fd_arg(args[0]),
+        args[1],
+        args[2],
+        Some(non_negative(args[3])?),
+    )
 }
 
 /// readv/writev: the buffers in order, stopping at the first short transfer.
-fn vectored(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], writing: bool) -> SysResult {
+fn vectored(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+    writing: bool,
+) -> SysResult {
     let fd = fd_arg(args[0]);
     proc.fds.get(fd)?;
     let iovecs = user.read_iovecs(args[1], args[2])?;
-    transfer_each(&iovecs, |base, len| if writing { write_fd(proc, user, fd, base, len, None) } else { read_fd(proc, user, fd, base, len, None) })
+    transfer_each(&iovecs, |base, len| {
+        if writing {
+            write_fd(proc, user, fd, base, len, None)
+        } else {
+            read_fd(proc, user, fd, base, len, None)
+        }
+    })
 }
 
 /// Runs one transfer per (base, len) buffer in order and adds up the counts, stopping at the
 /// first short one; an error after some bytes moved ends the call with what moved.
-pub(super) fn transfer_each(iovecs: &[(u64, u64)], mut transfer: impl FnMut(u64, u64) -> SysResult) -> SysResult {
+pub(super) fn transfer_each(
+    iovecs: &[(u64, u64)],
+    mut transfer: impl FnMut(u64, u64) -> SysResult,
+) -> SysResult {
     let mut total = 0u64;
     for &(base, len) in iovecs {
         if len == 0 {
@@ -393,7 +511,9 @@ pub(crate) fn lseek(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6])
     let fd = fd_arg(args[0]);
     let (off, whence) = (args[1] as i64, args[2]);
     let desc = proc.fds.get(fd)?;
-    let Object::Node(node) = desc.object else { return Err(Errno::ESPIPE) };
+    let Object::Node(node) = desc.object else {
+        return Err(Errno::ESPIPE);
+    };
     let is_dir = proc.config.vfs.kind(node)? == FileKind::Directory;
     let size = proc.config.vfs.stat(node)?.size;
     let base: i64 = match whence {
@@ -405,13 +525,20 @@ pub(crate) fn lseek(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6])
             if off < 0 || off as u64 >= size {
                 return Err(Errno::ENXIO);
             }
-            let target = if whence == SEEK_DATA { off as u64 } else { size };
+            let target = if whence == SEEK_DATA {
+                off as u64
+            } else {
+                size
+            };
             proc.fds.get_mut(fd)?.offset = target;
             return value(target);
         }
         _ => return Err(Errno::EINVAL),
     };
-    let target = base.checked_add(off).filter(|&t| t >= 0).ok_or(Errno::EINVAL)?;
+    let target = base
+        .checked_add(off)
+        .filter(|&t| t >= 0)
+        .ok_or(Errno::EINVAL)?;
     proc.fds.get_mut(fd)?.offset = target as u64;
     value(target as u64)
 }
@@ -430,10 +557,24 @@ pub(crate) fn open(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
 
 /// creat(path, mode)
 pub(crate) fn creat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    open_common(proc, user, AT_FDCWD as u64, args[0], O_CREAT | 1 | O_TRUNC, args[1])
+    open_common(
+        proc,
+        user,
+        AT_FDCWD as u64,
+        args[0],
+        O_CREAT | 1 | O_TRUNC,
+        args[1],
+    )
 }
 
-fn open_common(proc: &mut GuestProcess, user: &UserMemory, dirfd: u64, path: u64, flags: u64, mode: u64) -> SysResult {
+fn open_common(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    dirfd: u64,
+    path: u64,
+    flags: u64,
+    mode: u64,
+) -> SysResult {
     let accmode = flags & O_ACCMODE as u64;
     if accmode == O_ACCMODE as u64 {
         return Err(Errno::EINVAL);
@@ -460,7 +601,12 @@ fn open_common(proc: &mut GuestProcess, user: &UserMemory, dirfd: u64, path: u64
     // A /proc file's bytes are made once, at open, and read from the description (an O_PATH
     // descriptor reads nothing).
     if !path_only {
-        description.contents = proc.config.vfs.proc_node(node).and_then(|p| procfs::render(proc, p)).map(Into::into);
+        description.contents = proc
+            .config
+            .vfs
+            .proc_node(node)
+            .and_then(|p| procfs::render(proc, p))
+            .map(Into::into);
     }
     match proc.fds.install(description, 0, flags & O_CLOEXEC != 0) {
         Ok(fd) => value(fd),
@@ -479,14 +625,21 @@ pub(crate) fn close(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6])
 }
 
 /// close_range(first, last, flags)
-pub(crate) fn close_range(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn close_range(
+    proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     const CLOSE_RANGE_UNSHARE: u64 = 2;
     const CLOSE_RANGE_CLOEXEC: u64 = 4;
     let (first, last, flags) = (args[0] as u32 as u64, args[1] as u32 as u64, args[2]);
     if flags & !(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC) != 0 || first > last {
         return Err(Errno::EINVAL);
     }
-    for object in proc.fds.close_range(first, last, flags & CLOSE_RANGE_CLOEXEC != 0) {
+    for object in proc
+        .fds
+        .close_range(first, last, flags & CLOSE_RANGE_CLOEXEC != 0)
+    {
         proc.release(Some(object));
     }
     value(0)
@@ -545,7 +698,11 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     let (cmd, arg) = (args[1] as u32 as u64, args[2]);
     let desc = proc.fds.get(fd)?;
     match cmd {
-        F_DUPFD | F_DUPFD_CLOEXEC => value(proc.fds.duplicate(fd, arg as u32 as u64, cmd == F_DUPFD_CLOEXEC)?),
+        F_DUPFD | F_DUPFD_CLOEXEC => value(proc.fds.duplicate(
+            fd,
+            arg as u32 as u64,
+            cmd == F_DUPFD_CLOEXEC,
+        )?),
         F_GETFD => value(u64::from(proc.fds.cloexec(fd)?)),
         F_SETFD => {
             proc.fds.set_cloexec(fd, arg & FD_CLOEXEC != 0)?;
@@ -566,11 +723,15 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             value(0)
         }
         F_GETPIPE_SZ => match desc.object {
-            Object::PipeRead(pipe) | Object::PipeWrite(pipe) => value(proc.fds.pipe(pipe)?.capacity() as u64),
+            Object::PipeRead(pipe) | Object::PipeWrite(pipe) => {
+                value(proc.fds.pipe(pipe)?.capacity() as u64)
+            }
             _ => Err(Errno::EBADF),
         },
         F_SETPIPE_SZ => match desc.object {
-            Object::PipeRead(pipe) | Object::PipeWrite(pipe) => value(proc.fds.set_pipe_capacity(pipe, arg as u32 as u64)? as u64),
+            Object::PipeRead(pipe) | Object::PipeWrite(pipe) => {
+                value(proc.fds.set_pipe_capacity(pipe, arg as u32 as u64)? as u64)
+            }
             _ => Err(Errno::EBADF),
         },
         _ => Err(Errno::EINVAL),
@@ -630,7 +791,11 @@ pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
         FIONBIO => {
             let on = user.read_u32(arg)? != 0;
             let desc = proc.fds.get_mut(fd)?;
-            desc.flags = if on { desc.flags | O_NONBLOCK } else { desc.flags & !O_NONBLOCK };
+            desc.flags = if on {
+                desc.flags | O_NONBLOCK
+            } else {
+                desc.flags & !O_NONBLOCK
+            };
             value(0)
         }
         FIOCLEX | FIONCLEX => {
@@ -640,8 +805,12 @@ pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
         FIONREAD => {
             let available = match desc.object {
                 Object::Stdin => (proc.config.stdin.len() as u64).saturating_sub(desc.offset),
-                Object::PipeRead(p) | Object::Socket { rx: p, .. } => proc.fds.pipe(p)?.buffered() as u64,
-                Object::Node(node) if proc.config.vfs.kind(node)? == FileKind::Regular => proc.config.vfs.stat(node)?.size.saturating_sub(desc.offset),
+                Object::PipeRead(p) | Object::Socket { rx: p, .. } => {
+                    proc.fds.pipe(p)?.buffered() as u64
+                }
+                Object::Node(node) if proc.config.vfs.kind(node)? == FileKind::Regular => {
+                    proc.config.vfs.stat(node)?.size.saturating_sub(desc.offset)
+                }
                 _ => return Err(Errno::ENOTTY),
             };
             user.write_u32(arg, available.min(i32::MAX as u64) as u32)?;
@@ -661,7 +830,13 @@ pub(crate) fn fstat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
 }
 
 /// The node a stat-family call names: dirfd + path, or dirfd itself with AT_EMPTY_PATH.
-pub(super) fn stat_target(proc: &GuestProcess, user: &UserMemory, dirfd: u64, path: u64, flags: u64) -> Result<Stat, Errno> {
+pub(super) fn stat_target(
+    proc: &GuestProcess,
+    user: &UserMemory,
+    dirfd: u64,
+    path: u64,
+    flags: u64,
+) -> Result<Stat, Errno> {
     let path_bytes = user.read_path(path)?;
     if path_bytes.is_empty() {
         if flags & AT_EMPTY_PATH == 0 {
@@ -694,7 +869,11 @@ pub(crate) fn stat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
 
 /// lstat(path, statbuf)
 pub(crate) fn lstat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    newfstatat(proc, user, [AT_FDCWD as u64, args[0], args[1], AT_SYMLINK_NOFOLLOW, 0, 0])
+    newfstatat(
+        proc,
+        user,
+        [AT_FDCWD as u64, args[0], args[1], AT_SYMLINK_NOFOLLOW, 0, 0],
+    )
 }
 
 /// statx(dirfd, path, flags, mask, statxbuf): the basic fields, whatever the mask asks.
@@ -717,7 +896,19 @@ fn statfs_bytes(s: &FsStats) -> [u8; 120] {
     let flags = ST_VALID | if s.read_only { ST_RDONLY } else { 0 };
     // f_type, f_bsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree, f_fsid, f_namelen,
     // f_frsize, f_flags; f_spare stays zero.
-    let fields = [s.magic, s.block_size, s.blocks, s.free_blocks, s.free_blocks, s.files, s.free_files, s.fsid, NAME_MAX, s.block_size, flags];
+    let fields = [
+        s.magic,
+        s.block_size,
+        s.blocks,
+        s.free_blocks,
+        s.free_blocks,
+        s.files,
+        s.free_files,
+        s.fsid,
+        NAME_MAX,
+        s.block_size,
+        flags,
+    ];
     for (i, v) in fields.iter().enumerate() {
         b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
     }
@@ -737,7 +928,10 @@ pub(crate) fn statfs(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
 pub(crate) fn fstatfs(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let node = match proc.fds.get(fd_arg(args[0]))?.object {
         Object::Node(node) => node,
-        _ => proc.config.vfs.resolve(proc.config.vfs.root(), b"/dev", true)?,
+        _ => proc
+            .config
+            .vfs
+            .resolve(proc.config.vfs.root(), b"/dev", true)?,
     };
     user.write(args[1], &statfs_bytes(&proc.config.vfs.statfs(node)?))?;
     value(0)
@@ -749,12 +943,17 @@ pub(crate) fn getdents64(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let fd = fd_arg(args[0]);
     let (dirp, count) = (args[1], args[2].min(MAX_IO));
     let desc = proc.fds.get(fd)?;
-    let Object::Node(node) = desc.object else { return Err(Errno::ENOTDIR) };
+    let Object::Node(node) = desc.object else {
+        return Err(Errno::ENOTDIR);
+    };
     let entries = proc.config.vfs.read_dir_in(&ProcessFacts::of(proc), node)?;
     user.check(dirp, count)?;
     let mut out = Vec::new();
     let mut index = desc.offset;
-    for entry in entries.iter().skip(usize::try_from(index).unwrap_or(usize::MAX)) {
+    for entry in entries
+        .iter()
+        .skip(usize::try_from(index).unwrap_or(usize::MAX))
+    {
         // d_ino, d_off, d_reclen, d_type, the name and its NUL, padded to 8 bytes.
         let reclen = (19 + entry.name.len() + 1).next_multiple_of(8);
         if (out.len() + reclen) as u64 > count {
@@ -822,7 +1021,11 @@ pub(crate) fn readlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 
 /// readlink(path, buf, size)
 pub(crate) fn readlink(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    readlinkat(proc, user, [AT_FDCWD as u64, args[0], args[1], args[2], 0, 0])
+    readlinkat(
+        proc,
+        user,
+        [AT_FDCWD as u64, args[0], args[1], args[2], 0, 0],
+    )
 }
 
 /// getcwd(buf, size): the path and its NUL; ERANGE when it does not fit.
@@ -899,7 +1102,11 @@ pub(crate) fn unlink(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
 
 /// rmdir(path)
 pub(crate) fn rmdir(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    unlinkat(proc, user, [AT_FDCWD as u64, args[0], AT_REMOVEDIR, 0, 0, 0])
+    unlinkat(
+        proc,
+        user,
+        [AT_FDCWD as u64, args[0], AT_REMOVEDIR, 0, 0, 0],
+    )
 }
 
 /// renameat2(olddirfd, oldpath, newdirfd, newpath, flags): RENAME_NOREPLACE is supported.
@@ -914,7 +1121,9 @@ pub(crate) fn renameat2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     if flags & RENAME_NOREPLACE != 0 && resolve(proc, new_base, &new_path, false).is_ok() {
         return Err(Errno::EEXIST);
     }
-    with_view(proc, |vfs, view| vfs.rename(view, old_base, &old_path, new_base, &new_path))?;
+    with_view(proc, |vfs, view| {
+        vfs.rename(view, old_base, &old_path, new_base, &new_path)
+    })?;
     value(0)
 }
 
@@ -925,7 +1134,11 @@ pub(crate) fn renameat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
 
 /// rename(oldpath, newpath)
 pub(crate) fn rename(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    renameat2(proc, user, [AT_FDCWD as u64, args[0], AT_FDCWD as u64, args[1], 0, 0])
+    renameat2(
+        proc,
+        user,
+        [AT_FDCWD as u64, args[0], AT_FDCWD as u64, args[1], 0, 0],
+    )
 }
 
 /// symlinkat(target, newdirfd, linkpath)
@@ -1003,16 +1216,26 @@ pub(crate) fn utimensat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     }
     // One moment for both times, as Linux takes.
     let ns = super::time::now_ns(super::time::CLOCK_REALTIME)?;
-    let now = Timespec { sec: (ns / 1_000_000_000) as i64, nsec: (ns % 1_000_000_000) as u32 };
+    let now = Timespec {
+        sec: (ns / 1_000_000_000) as i64,
+        nsec: (ns % 1_000_000_000) as u32,
+    };
     // [atime, mtime]: None leaves one as it is.
     let mut new_times = [None, None];
     for (i, slot) in new_times.iter_mut().enumerate() {
         let t = times + 16 * i as u64;
-        *slot = match if times == 0 { UTIME_NOW } else { user.read_u64(t + 8)? } {
+        *slot = match if times == 0 {
+            UTIME_NOW
+        } else {
+            user.read_u64(t + 8)?
+        } {
             UTIME_OMIT => None,
             UTIME_NOW => Some(now),
             // Times before 1970 are allowed; the nanoseconds must be a fraction of a second.
-            nsec if nsec < 1_000_000_000 => Some(Timespec { sec: user.read_u64(t)? as i64, nsec: nsec as u32 }),
+            nsec if nsec < 1_000_000_000 => Some(Timespec {
+                sec: user.read_u64(t)? as i64,
+                nsec: nsec as u32,
+            }),
             _ => return Err(Errno::EINVAL),
         };
     }
@@ -1028,6 +1251,8 @@ pub(crate) fn utimensat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     if new_times == [None, None] {
         return value(0);
     }
-    proc.config.vfs.set_times(node, new_times[0], new_times[1])?;
+    proc.config
+        .vfs
+        .set_times(node, new_times[0], new_times[1])?;
     value(0)
 }

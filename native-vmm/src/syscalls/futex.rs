@@ -36,7 +36,11 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     let val = val as u32;
     match cmd {
         FUTEX_WAIT | FUTEX_WAIT_BITSET => {
-            let bitset = if cmd == FUTEX_WAIT { FUTEX_BITSET_MATCH_ANY } else { val3 as u32 };
+            let bitset = if cmd == FUTEX_WAIT {
+                FUTEX_BITSET_MATCH_ANY
+            } else {
+                val3 as u32
+            };
             if bitset == 0 {
                 return Err(Errno::EINVAL);
             }
@@ -47,7 +51,11 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
                 let requested = Duration::new(sec, nsec);
                 if cmd == FUTEX_WAIT_BITSET {
                     // An absolute time on CLOCK_MONOTONIC, or CLOCK_REALTIME with the flag.
-                    let clock = if op & FUTEX_CLOCK_REALTIME != 0 { time::CLOCK_REALTIME } else { time::CLOCK_MONOTONIC };
+                    let clock = if op & FUTEX_CLOCK_REALTIME != 0 {
+                        time::CLOCK_REALTIME
+                    } else {
+                        time::CLOCK_MONOTONIC
+                    };
                     Some(time::instant_at(clock, requested)?)
                 } else {
                     Some(after(requested).unwrap_or_else(time::far_future))
@@ -57,9 +65,18 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             if user.read_u32(uaddr)? != val {
                 return Err(Errno::EAGAIN);
             }
-            block(WaitOn::Futex { addr: uaddr, bitset }, until)
+            block(
+                WaitOn::Futex {
+                    addr: uaddr,
+                    bitset,
+                },
+                until,
+            )
         }
-        FUTEX_WAKE => value(proc.threads.futex_wake(uaddr, count(val), FUTEX_BITSET_MATCH_ANY)),
+        FUTEX_WAKE => value(
+            proc.threads
+                .futex_wake(uaddr, count(val), FUTEX_BITSET_MATCH_ANY),
+        ),
         FUTEX_WAKE_BITSET => {
             if val3 as u32 == 0 {
                 return Err(Errno::EINVAL);
@@ -75,13 +92,20 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             if cmd == FUTEX_CMP_REQUEUE && user.read_u32(uaddr)? != val3 as u32 {
                 return Err(Errno::EAGAIN);
             }
-            value(proc.threads.futex_requeue(uaddr, u64::from(val), u64::from(requeue), uaddr2))
+            value(
+                proc.threads
+                    .futex_requeue(uaddr, u64::from(val), u64::from(requeue), uaddr2),
+            )
         }
         FUTEX_WAKE_OP => {
             let old = wake_op(user, uaddr2, val3 as u32)?;
-            let mut woken = proc.threads.futex_wake(uaddr, count(val), FUTEX_BITSET_MATCH_ANY);
+            let mut woken = proc
+                .threads
+                .futex_wake(uaddr, count(val), FUTEX_BITSET_MATCH_ANY);
             if wake_op_compare(old, val3 as u32)? {
-                woken += proc.threads.futex_wake(uaddr2, count(timeout as u32), FUTEX_BITSET_MATCH_ANY);
+                woken +=
+                    proc.threads
+                        .futex_wake(uaddr2, count(timeout as u32), FUTEX_BITSET_MATCH_ANY);
             }
             value(woken)
         }
@@ -148,7 +172,10 @@ mod tests {
         let encoded = (4 << 24) | 1;
         assert!(wake_op_compare(2, encoded).unwrap());
         assert!(!wake_op_compare(1, encoded).unwrap());
-        assert!(!wake_op_compare(u32::MAX, encoded).unwrap(), "signed: -1 is not > 1");
+        assert!(
+            !wake_op_compare(u32::MAX, encoded).unwrap(),
+            "signed: -1 is not > 1"
+        );
         assert_eq!(wake_op_compare(0, 9 << 24), Err(Errno::ENOSYS));
         assert_eq!(count(u32::MAX), u64::MAX);
         assert_eq!(count(3), 3);

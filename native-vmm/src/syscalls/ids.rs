@@ -95,7 +95,10 @@ pub(crate) fn capget(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return Err(Errno::ESRCH);
     }
     if data != 0 {
-        user.write(data, &[0; 2 * CAPABILITY_DATA_BYTES as usize][..(structs * CAPABILITY_DATA_BYTES) as usize])?;
+        user.write(
+            data,
+            &[0; 2 * CAPABILITY_DATA_BYTES as usize][..(structs * CAPABILITY_DATA_BYTES) as usize],
+        )?;
     }
     value(0)
 }

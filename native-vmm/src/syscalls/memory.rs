@@ -43,7 +43,9 @@ fn map_error(proc: &GuestProcess, err: MapError) -> SysResult {
         MapError::Invalid => Err(Errno::EINVAL),
         MapError::NotMapped => Err(Errno::ENOMEM),
         MapError::Exists => Err(Errno::EEXIST),
-        MapError::NoRoom => Ok(SyscallOutcome::Stop(RunStatus::OutOfMemory { limit_bytes: proc.config.mem_limit })),
+        MapError::NoRoom => Ok(SyscallOutcome::Stop(RunStatus::OutOfMemory {
+            limit_bytes: proc.config.mem_limit,
+        })),
     }
 }
 
@@ -60,7 +62,10 @@ fn no_room(proc: &GuestProcess, len: u64) -> SysResult {
 pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [addr, len, prot, flags, fd, offset] = args;
     let kind = flags & MAP_TYPE;
-    if !matches!(kind, MAP_SHARED | MAP_PRIVATE | MAP_SHARED_VALIDATE) || len == 0 || prot & !PROT_MASK != 0 {
+    if !matches!(kind, MAP_SHARED | MAP_PRIVATE | MAP_SHARED_VALIDATE)
+        || len == 0
+        || prot & !PROT_MASK != 0
+    {
         return Err(Errno::EINVAL);
     }
     if !offset.is_multiple_of(4096) {
@@ -69,7 +74,9 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     // The file's bytes to copy in, checked before anything is mapped.
     let file = if flags & MAP_ANONYMOUS == 0 {
         let desc = proc.fds.get(fd as u32 as u64)?;
-        let Object::Node(node) = desc.object else { return Err(Errno::ENODEV) };
+        let Object::Node(node) = desc.object else {
+            return Err(Errno::ENODEV);
+        };
         if proc.config.vfs.kind(node)? != FileKind::Regular {
             return Err(Errno::ENODEV);
         }
@@ -77,7 +84,11 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
             return Err(Errno::EACCES);
         }
         if kind != MAP_PRIVATE && prot & PROT_WRITE != 0 {
-            return Err(if desc.writable() { Errno::ENODEV } else { Errno::EACCES });
+            return Err(if desc.writable() {
+                Errno::ENODEV
+            } else {
+                Errno::EACCES
+            });
         }
         Some((node, offset))
     } else {
@@ -159,7 +170,13 @@ pub(crate) fn mremap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     if flags & !MREMAP_MAYMOVE != 0 {
         return Err(Errno::EINVAL);
     }
-    match proc.memory.remap(user.guest(), addr, old_len, new_len, flags & MREMAP_MAYMOVE != 0) {
+    match proc.memory.remap(
+        user.guest(),
+        addr,
+        old_len,
+        new_len,
+        flags & MREMAP_MAYMOVE != 0,
+    ) {
         Ok(start) => value(start),
         Err(MapError::NoRoom) => no_room(proc, new_len),
         Err(e) => map_error(proc, e),
@@ -173,7 +190,10 @@ pub(crate) fn msync(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
     const MS_INVALIDATE: u64 = 2;
     const MS_SYNC: u64 = 4;
     let [addr, _, flags, ..] = args;
-    if !addr.is_multiple_of(4096) || flags & !(MS_ASYNC | MS_INVALIDATE | MS_SYNC) != 0 || flags & (MS_ASYNC | MS_SYNC) == MS_ASYNC | MS_SYNC {
+    if !addr.is_multiple_of(4096)
+        || flags & !(MS_ASYNC | MS_INVALIDATE | MS_SYNC) != 0
+        || flags & (MS_ASYNC | MS_SYNC) == MS_ASYNC | MS_SYNC
+    {
         return Err(Errno::EINVAL);
     }
     value(0)

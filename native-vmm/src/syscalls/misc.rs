@@ -10,7 +10,14 @@ use crate::sys;
 /// nobody mistakes it for a real kernel.
 /// uname's fields: sysname, nodename, release, version, machine, domainname (/proc shows
 /// them too).
-pub(super) const UNAME: [&[u8]; 6] = [b"Linux", b"sandfork", b"6.1.0-sandfork", b"#1 SMP sandfork process VM", b"x86_64", b"(none)"];
+pub(super) const UNAME: [&[u8]; 6] = [
+    b"Linux",
+    b"sandfork",
+    b"6.1.0-sandfork",
+    b"#1 SMP sandfork process VM",
+    b"x86_64",
+    b"(none)",
+];
 
 pub(crate) fn uname(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const FIELD: usize = 65;
@@ -28,7 +35,8 @@ pub(crate) fn sysinfo(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let free = total.saturating_sub(proc.memory_in_use());
     let uptime = time::now_ns(time::CLOCK_BOOTTIME)? / 1_000_000_000;
     let mut info = [0u8; 112];
-    let mut put = |offset: usize, v: u64| info[offset..offset + 8].copy_from_slice(&v.to_le_bytes());
+    let mut put =
+        |offset: usize, v: u64| info[offset..offset + 8].copy_from_slice(&v.to_le_bytes());
     put(0, uptime);
     put(32, total); // totalram
     put(40, free); // freeram
@@ -46,7 +54,9 @@ pub(crate) fn getrandom(_proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     /// Bytes returned per call at most (Linux returns short counts for large requests too).
     const MAX_PER_CALL: u64 = 1 << 20;
     let [buf, len, flags, ..] = args;
-    if flags & !(GRND_NONBLOCK | GRND_RANDOM | GRND_INSECURE) != 0 || flags & (GRND_RANDOM | GRND_INSECURE) == GRND_RANDOM | GRND_INSECURE {
+    if flags & !(GRND_NONBLOCK | GRND_RANDOM | GRND_INSECURE) != 0
+        || flags & (GRND_RANDOM | GRND_INSECURE) == GRND_RANDOM | GRND_INSECURE
+    {
         return Err(Errno::EINVAL);
     }
     let len = len.min(MAX_PER_CALL);
@@ -82,16 +92,16 @@ pub(super) fn limit(proc: &GuestProcess, resource: u64) -> Result<(u64, u64), Er
     let mem = proc.config.mem_limit;
     Ok(match resource {
         0 | 1 | 5 | 10 | 15 => (RLIM_INFINITY, RLIM_INFINITY), // cpu, fsize, rss, locks, rttime
-        2 | 9 => (mem, mem),                                    // data, as: guest memory
+        2 | 9 => (mem, mem),                                   // data, as: guest memory
         // The hard limit is the main thread's stack; the soft one is what glibc gives a new
         // thread's stack by default (see THREAD_STACK).
         RLIMIT_STACK => (stack_size(mem).min(THREAD_STACK), stack_size(mem)),
-        4 | 13 | 14 => (0, 0),                 // core, nice, rtprio
-        6 => (1, 1),                           // nproc: the one process
+        4 | 13 | 14 => (0, 0), // core, nice, rtprio
+        6 => (1, 1),           // nproc: the one process
         RLIMIT_NOFILE => (proc.fds.limit(), FD_LIMIT),
-        8 => (8 << 20, 8 << 20),               // memlock (Linux default)
-        11 => (1024, 1024),                    // sigpending
-        12 => (819_200, 819_200),              // msgqueue (Linux default)
+        8 => (8 << 20, 8 << 20),  // memlock (Linux default)
+        11 => (1024, 1024),       // sigpending
+        12 => (819_200, 819_200), // msgqueue (Linux default)
         _ => return Err(Errno::EINVAL),
     })
 }
@@ -132,7 +142,11 @@ pub(crate) fn prlimit64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     if resource >= RLIMIT_COUNT {
         return Err(Errno::EINVAL);
     }
-    let requested = if new != 0 { Some((user.read_u64(new)?, user.read_u64(new + 8)?)) } else { None };
+    let requested = if new != 0 {
+        Some((user.read_u64(new)?, user.read_u64(new + 8)?))
+    } else {
+        None
+    };
     if old != 0 {
         write_rlimit(user, old, limit(proc, resource)?)?;
     }
@@ -156,7 +170,11 @@ pub(crate) fn setrlimit(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
 }
 
 /// sched_getaffinity(pid, len, mask): one CPU.
-pub(crate) fn sched_getaffinity(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn sched_getaffinity(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let [pid, len, mask, ..] = args;
     if !super::threads::names_a_thread(proc, pid) {
         return Err(Errno::ESRCH);
@@ -169,7 +187,11 @@ pub(crate) fn sched_getaffinity(proc: &mut GuestProcess, user: &UserMemory, args
 }
 
 /// sched_setaffinity(pid, len, mask): accepted when the mask includes the one CPU.
-pub(crate) fn sched_setaffinity(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn sched_setaffinity(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let [pid, len, mask, ..] = args;
     if !super::threads::names_a_thread(proc, pid) {
         return Err(Errno::ESRCH);

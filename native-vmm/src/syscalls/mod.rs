@@ -3,8 +3,8 @@
 //! (readiness), eventfd, memory, ids (process identity), threads (clone, exit, thread ids, yield),
 //! futex, time, signals, and misc (system information, randomness, limits).
 
-pub(crate) mod agent;
 mod addresses;
+pub(crate) mod agent;
 mod epoll;
 mod eventfd;
 mod files;
@@ -19,8 +19,8 @@ mod signals;
 mod sockets;
 mod table;
 mod threads;
-mod transfer;
 mod time;
+mod transfer;
 mod user;
 
 #[cfg(test)]
@@ -35,9 +35,9 @@ use crate::process::GuestProcess;
 use crate::status::RunStatus;
 
 pub(crate) use eventfd::MAX_COUNT as EVENTFD_MAX_COUNT;
+pub(crate) use ids::GUEST_PID;
 pub use table::{name, Policy, SyscallEntry, TABLE};
 pub use user::UserMemory;
-pub(crate) use ids::GUEST_PID;
 
 /// What the run loop does after a system call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,11 +92,22 @@ pub(crate) fn wait_ready(proc: &GuestProcess, timeout: Option<Duration>) -> SysR
         return value(0);
     }
     let call = thread.calling.ok_or(Errno::EINTR)?;
-    block(WaitOn::Ready { epoch: proc.threads.epoch(), call }, timeout.and_then(after))
+    block(
+        WaitOn::Ready {
+            epoch: proc.threads.epoch(),
+            call,
+        },
+        timeout.and_then(after),
+    )
 }
 
 /// Handles system call `nr` with its six argument registers.
-pub fn dispatch(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64; 6]) -> SyscallOutcome {
+pub fn dispatch(
+    proc: &mut GuestProcess,
+    mem: &GuestMemory,
+    nr: u64,
+    args: [u64; 6],
+) -> SyscallOutcome {
     proc.count_call(nr);
     proc.threads.set_calling(Some(Call { nr, args }));
     let outcome = dispatch_call(proc, mem, nr, args);
@@ -104,7 +115,12 @@ pub fn dispatch(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64;
     outcome
 }
 
-fn dispatch_call(proc: &mut GuestProcess, mem: &GuestMemory, nr: u64, args: [u64; 6]) -> SyscallOutcome {
+fn dispatch_call(
+    proc: &mut GuestProcess,
+    mem: &GuestMemory,
+    nr: u64,
+    args: [u64; 6],
+) -> SyscallOutcome {
     let Some(entry) = table::lookup(nr) else {
         proc.count_unsupported(nr);
         return SyscallOutcome::Return(Errno::ENOSYS.as_return());

@@ -17,8 +17,10 @@ fn changes_nothing(uid: u64, gid: u64) -> bool {
 }
 
 fn owner_change(stat: &Stat, uid: u64, gid: u64) -> SysResult {
-    let unchanged = |given: u64, own: u64| given as u32 == u32::MAX || u64::from(given as u32) == own;
-    let own_file = u64::from(stat.uid) == GUEST_UID && unchanged(uid, GUEST_UID) && unchanged(gid, GUEST_GID);
+    let unchanged =
+        |given: u64, own: u64| given as u32 == u32::MAX || u64::from(given as u32) == own;
+    let own_file =
+        u64::from(stat.uid) == GUEST_UID && unchanged(uid, GUEST_UID) && unchanged(gid, GUEST_GID);
     if changes_nothing(uid, gid) || own_file {
         value(0)
     } else {
@@ -37,12 +39,27 @@ pub(crate) fn fchownat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
 
 /// chown(path, uid, gid)
 pub(crate) fn chown(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    fchownat(proc, user, [AT_FDCWD as u64, args[0], args[1], args[2], 0, 0])
+    fchownat(
+        proc,
+        user,
+        [AT_FDCWD as u64, args[0], args[1], args[2], 0, 0],
+    )
 }
 
 /// lchown(path, uid, gid)
 pub(crate) fn lchown(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    fchownat(proc, user, [AT_FDCWD as u64, args[0], args[1], args[2], AT_SYMLINK_NOFOLLOW, 0])
+    fchownat(
+        proc,
+        user,
+        [
+            AT_FDCWD as u64,
+            args[0],
+            args[1],
+            args[2],
+            AT_SYMLINK_NOFOLLOW,
+            0,
+        ],
+    )
 }
 
 /// fchown(fd, uid, gid): EBADF for a descriptor that is not open.
@@ -67,13 +84,21 @@ fn names_the_guest(which: u64, who: u64) -> Result<(), Errno> {
 }
 
 /// getpriority(which, who): 20 - nice, as the kernel returns it (glibc turns it into nice).
-pub(crate) fn getpriority(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn getpriority(
+    proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     names_the_guest(args[0], args[1])?;
     value((20 - proc.nice) as u64)
 }
 
 /// setpriority(which, who, nice): clamped to -20..=19; lowering it needs privilege (EACCES).
-pub(crate) fn setpriority(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn setpriority(
+    proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     names_the_guest(args[0], args[1])?;
     let nice = (args[2] as i32).clamp(-20, 19);
     if nice < proc.nice {

@@ -30,7 +30,9 @@ const POLLRDHUP: u16 = 0x2000;
 
 /// The poll bits `fd` reports now (before masking by the requested events).
 pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
-    let Ok(desc) = proc.fds.get(fd) else { return POLLNVAL };
+    let Ok(desc) = proc.fds.get(fd) else {
+        return POLLNVAL;
+    };
     let readable = POLLIN | POLLRDNORM;
     let writable = POLLOUT | POLLWRNORM;
     match desc.object {
@@ -52,8 +54,14 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
         },
         Object::Socket { rx, tx, shut_write } => {
             // A shut-down write side was let go of: its channel is gone once the peer closes.
-            let output = if shut_write { None } else { proc.fds.pipe(tx).ok() };
-            let Ok(input) = proc.fds.pipe(rx) else { return POLLNVAL };
+            let output = if shut_write {
+                None
+            } else {
+                proc.fds.pipe(tx).ok()
+            };
+            let Ok(input) = proc.fds.pipe(rx) else {
+                return POLLNVAL;
+            };
             if !shut_write && output.is_none() {
                 return POLLNVAL;
             }
@@ -78,12 +86,23 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
         // A listener is readable while a connection waits for accept; a socket not connected
         // yet has nothing to read or write.
         Object::Endpoint(i) => match proc.fds.endpoint(i) {
-            Ok(endpoint) if endpoint.listening.as_ref().is_some_and(|(_, queue)| !queue.is_empty()) => readable,
+            Ok(endpoint)
+                if endpoint
+                    .listening
+                    .as_ref()
+                    .is_some_and(|(_, queue)| !queue.is_empty()) =>
+            {
+                readable
+            }
             Ok(_) => 0,
             Err(_) => POLLNVAL,
         },
         Object::EventFd { count, .. } => {
-            let mut bits = if count < super::EVENTFD_MAX_COUNT { writable } else { 0 };
+            let mut bits = if count < super::EVENTFD_MAX_COUNT {
+                writable
+            } else {
+                0
+            };
             if count > 0 {
                 bits |= readable;
             }
@@ -97,7 +116,13 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
     }
 }
 
-fn poll_common(proc: &mut GuestProcess, user: &UserMemory, fds: u64, nfds: u64, timeout: Option<Duration>) -> SysResult {
+fn poll_common(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    fds: u64,
+    nfds: u64,
+    timeout: Option<Duration>,
+) -> SysResult {
     if nfds > proc.fds.limit() {
         return Err(Errno::EINVAL);
     }
@@ -106,7 +131,11 @@ fn poll_common(proc: &mut GuestProcess, user: &UserMemory, fds: u64, nfds: u64, 
     for entry in entries.chunks_exact_mut(8) {
         let fd = i32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
         let events = u16::from_le_bytes([entry[4], entry[5]]);
-        let revents = if fd < 0 { 0 } else { ready_bits(proc, fd as u64) & (events | POLLERR | POLLHUP | POLLNVAL) };
+        let revents = if fd < 0 {
+            0
+        } else {
+            ready_bits(proc, fd as u64) & (events | POLLERR | POLLHUP | POLLNVAL)
+        };
         entry[6..8].copy_from_slice(&revents.to_le_bytes());
         if revents != 0 {
             ready += 1;
@@ -146,7 +175,12 @@ pub(crate) fn ppoll(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     poll_common(proc, user, args[0], args[1], timeout)
 }
 
-fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], timeout: Option<Duration>) -> SysResult {
+fn select_common(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+    timeout: Option<Duration>,
+) -> SysResult {
     let nfds = args[0] as u32 as i32;
     if nfds < 0 || nfds as u64 > proc.fds.limit() {
         return Err(Errno::EINVAL);
@@ -155,8 +189,17 @@ fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], tim
     // (guest address, requested bits, ready bits) for the read, write and except sets.
     let mut sets = Vec::with_capacity(3);
     for (i, &addr) in args[1..4].iter().enumerate() {
-        let wanted = if addr == 0 { vec![0u8; bytes as usize] } else { user.read_vec(addr, bytes)? };
-        sets.push((addr, wanted, vec![0u8; bytes as usize], [POLLIN | POLLHUP | POLLERR, POLLOUT | POLLERR, POLLPRI][i]));
+        let wanted = if addr == 0 {
+            vec![0u8; bytes as usize]
+        } else {
+            user.read_vec(addr, bytes)?
+        };
+        sets.push((
+            addr,
+            wanted,
+            vec![0u8; bytes as usize],
+            [POLLIN | POLLHUP | POLLERR, POLLOUT | POLLERR, POLLPRI][i],
+        ));
     }
     let mut ready = 0;
     for fd in 0..nfds as u64 {
@@ -175,7 +218,11 @@ fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], tim
             }
         }
     }
-    let outcome = if ready == 0 && timeout != Some(Duration::ZERO) { wait_ready(proc, timeout)? } else { SyscallOutcome::Return(ready) };
+    let outcome = if ready == 0 && timeout != Some(Duration::ZERO) {
+        wait_ready(proc, timeout)?
+    } else {
+        SyscallOutcome::Return(ready)
+    };
     if matches!(outcome, SyscallOutcome::Block(_)) {
         // The sets stay as the program passed them: the call is made again with them.
         return Ok(outcome);
@@ -191,7 +238,11 @@ fn select_common(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], tim
 
 /// select(nfds, readfds, writefds, exceptfds, timeout): a NULL timeval waits forever.
 pub(crate) fn select(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let timeout = if args[4] == 0 { None } else { Some(user.read_timeval(args[4])?) };
+    let timeout = if args[4] == 0 {
+        None
+    } else {
+        Some(user.read_timeval(args[4])?)
+    };
     select_common(proc, user, args, timeout)
 }
 

@@ -32,7 +32,11 @@ fn signal_number(sig: u64) -> Result<u64, Errno> {
 }
 
 /// rt_sigaction(sig, act, oldact, sigsetsize)
-pub(crate) fn rt_sigaction(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn rt_sigaction(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let [sig, act, old, setsize, ..] = args;
     let sig = signal_number(sig)?;
     if setsize != SIGSET_SIZE {
@@ -42,14 +46,22 @@ pub(crate) fn rt_sigaction(proc: &mut GuestProcess, user: &UserMemory, args: [u6
         return Err(Errno::EINVAL);
     }
     let new = if act != 0 {
-        Some(SigAction { handler: user.read_u64(act)?, flags: user.read_u64(act + 8)?, restorer: user.read_u64(act + 16)?, mask: user.read_u64(act + 24)? })
+        Some(SigAction {
+            handler: user.read_u64(act)?,
+            flags: user.read_u64(act + 8)?,
+            restorer: user.read_u64(act + 16)?,
+            mask: user.read_u64(act + 24)?,
+        })
     } else {
         None
     };
     if old != 0 {
         let cur = proc.signals.actions[sig as usize];
         let mut raw = [0u8; 32];
-        for (i, field) in [cur.handler, cur.flags, cur.restorer, cur.mask].into_iter().enumerate() {
+        for (i, field) in [cur.handler, cur.flags, cur.restorer, cur.mask]
+            .into_iter()
+            .enumerate()
+        {
             raw[i * 8..i * 8 + 8].copy_from_slice(&field.to_le_bytes());
         }
         user.write(old, &raw)?;
@@ -66,12 +78,20 @@ pub(crate) fn rt_sigaction(proc: &mut GuestProcess, user: &UserMemory, args: [u6
 
 /// rt_sigprocmask(how, set, oldset, sigsetsize): a pending signal it unblocks is taken as the
 /// call returns.
-pub(crate) fn rt_sigprocmask(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn rt_sigprocmask(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let [how, set, old, setsize, ..] = args;
     if setsize != SIGSET_SIZE {
         return Err(Errno::EINVAL);
     }
-    let new = if set != 0 { Some(user.read_u64(set)?) } else { None };
+    let new = if set != 0 {
+        Some(user.read_u64(set)?)
+    } else {
+        None
+    };
     if new.is_some() && !matches!(how, SIG_BLOCK | SIG_UNBLOCK | SIG_SETMASK) {
         return Err(Errno::EINVAL);
     }
@@ -90,12 +110,19 @@ pub(crate) fn rt_sigprocmask(proc: &mut GuestProcess, user: &UserMemory, args: [
 }
 
 /// rt_sigpending(set, sigsetsize): signals sent while blocked.
-pub(crate) fn rt_sigpending(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn rt_sigpending(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     if args[1] != SIGSET_SIZE {
         return Err(Errno::EINVAL);
     }
     let thread = proc.threads.current();
-    user.write_u64(args[0], (proc.signals.pending | thread.pending_signals) & thread.blocked_signals)?;
+    user.write_u64(
+        args[0],
+        (proc.signals.pending | thread.pending_signals) & thread.blocked_signals,
+    )?;
     value(0)
 }
 
@@ -112,7 +139,11 @@ pub(crate) fn sigaltstack(proc: &mut GuestProcess, user: &UserMemory, args: [u64
         if flags & SS_DISABLE == 0 && size < MINSIGSTKSZ {
             return Err(Errno::ENOMEM);
         }
-        Some(if flags & SS_DISABLE != 0 { (0, SS_DISABLE, 0) } else { (sp, flags & SS_AUTODISARM, size) })
+        Some(if flags & SS_DISABLE != 0 {
+            (0, SS_DISABLE, 0)
+        } else {
+            (sp, flags & SS_AUTODISARM, size)
+        })
     } else {
         None
     };
@@ -182,7 +213,11 @@ fn signal_or_probe(sig: u64) -> Result<Option<u64>, Errno> {
 }
 
 /// rt_sigreturn(): the scheduler restores what the handler interrupted.
-pub(crate) fn rt_sigreturn(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+pub(crate) fn rt_sigreturn(
+    _proc: &mut GuestProcess,
+    _user: &UserMemory,
+    _args: [u64; 6],
+) -> SysResult {
     Ok(SyscallOutcome::SigReturn)
 }
 
@@ -193,7 +228,11 @@ pub(crate) fn pause(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6
 
 /// rt_sigsuspend(mask, sigsetsize): waits with `mask` until a signal interrupts it; the
 /// thread's own mask comes back when the handler returns.
-pub(crate) fn rt_sigsuspend(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn rt_sigsuspend(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     if args[1] != SIGSET_SIZE {
         return Err(Errno::EINVAL);
     }
@@ -208,17 +247,31 @@ const ITIMER_REAL: u64 = 0;
 
 /// The time left on the real-time timer, and its interval.
 fn timer_value(proc: &GuestProcess) -> (Duration, Duration) {
-    proc.signals.timer.map_or((Duration::ZERO, Duration::ZERO), |t| {
-        // A timer that is due reads as just about to expire, never as disarmed.
-        (t.next.saturating_duration_since(Instant::now()).max(Duration::from_micros(1)), t.interval.unwrap_or_default())
-    })
+    proc.signals
+        .timer
+        .map_or((Duration::ZERO, Duration::ZERO), |t| {
+            // A timer that is due reads as just about to expire, never as disarmed.
+            (
+                t.next
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_micros(1)),
+                t.interval.unwrap_or_default(),
+            )
+        })
 }
 
 fn arm(proc: &mut GuestProcess, value: Duration, interval: Duration) {
-    proc.signals.timer = (!value.is_zero()).then(|| RealTimer { next: Instant::now() + value, interval: (!interval.is_zero()).then_some(interval) });
+    proc.signals.timer = (!value.is_zero()).then(|| RealTimer {
+        next: Instant::now() + value,
+        interval: (!interval.is_zero()).then_some(interval),
+    });
 }
 
-fn write_itimerval(user: &UserMemory, addr: u64, (value, interval): (Duration, Duration)) -> Result<(), Errno> {
+fn write_itimerval(
+    user: &UserMemory,
+    addr: u64,
+    (value, interval): (Duration, Duration),
+) -> Result<(), Errno> {
     let mut raw = [0u8; 32];
     for (i, d) in [interval, value].into_iter().enumerate() {
         raw[i * 16..i * 16 + 8].copy_from_slice(&d.as_secs().to_le_bytes());
@@ -226,7 +279,6 @@ fn write_itimerval(user: &UserMemory, addr: u64, (value, interval): (Duration, D
     }
     user.write(addr, &raw)
 }
-
 
 /// Only ITIMER_REAL: the CPU-time timers are refused with EINVAL, as by a kernel without them.
 fn check_which(which: u64) -> Result<(), Errno> {
@@ -247,7 +299,14 @@ pub(crate) fn getitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
 /// setitimer(which, new_value, old_value)
 pub(crate) fn setitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     check_which(args[0])?;
-    let new = if args[1] != 0 { Some((user.read_timeval(args[1])?, user.read_timeval(args[1] + 16)?)) } else { None };
+    let new = if args[1] != 0 {
+        Some((
+            user.read_timeval(args[1])?,
+            user.read_timeval(args[1] + 16)?,
+        ))
+    } else {
+        None
+    };
     if args[2] != 0 {
         write_itimerval(user, args[2], timer_value(proc))?;
     }
@@ -259,7 +318,15 @@ pub(crate) fn setitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
 /// alarm(seconds): the seconds left on the previous timer (rounded up), 0 if none.
 pub(crate) fn alarm(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (left, _) = timer_value(proc);
-    let before = if proc.signals.timer.is_some() { left.as_secs() + u64::from(left.subsec_nanos() > 0) } else { 0 };
-    arm(proc, Duration::from_secs(u64::from(args[0] as u32)), Duration::ZERO);
+    let before = if proc.signals.timer.is_some() {
+        left.as_secs() + u64::from(left.subsec_nanos() > 0)
+    } else {
+        0
+    };
+    arm(
+        proc,
+        Duration::from_secs(u64::from(args[0] as u32)),
+        Duration::ZERO,
+    );
     value(before)
 }

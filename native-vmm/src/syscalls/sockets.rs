@@ -51,7 +51,9 @@ const UNNAMED_ADDRESS: [u8; 2] = [AF_UNIX as u8, 0];
 fn socket(proc: &GuestProcess, fd: u64) -> Result<(usize, Option<usize>, bool), Errno> {
     let desc = proc.fds.get(fd_arg(fd))?;
     match desc.object {
-        Object::Socket { rx, tx, shut_write } => Ok((rx, (!shut_write).then_some(tx), desc.nonblocking())),
+        Object::Socket { rx, tx, shut_write } => {
+            Ok((rx, (!shut_write).then_some(tx), desc.nonblocking()))
+        }
         Object::Endpoint(_) => Err(Errno::ENOTCONN),
         _ => Err(Errno::ENOTSOCK),
     }
@@ -61,7 +63,12 @@ fn socket(proc: &GuestProcess, fd: u64) -> Result<(usize, Option<usize>, bool), 
 fn any_socket(proc: &GuestProcess, fd: u64) -> Result<(u16, bool), Errno> {
     match proc.fds.get(fd_arg(fd))?.object {
         Object::Socket { rx, .. } => {
-            let family = proc.fds.socket_names(rx).map_or(AF_UNIX as u16, |(local, _)| u16::from_le_bytes([local[0], local[1]]));
+            let family = proc
+                .fds
+                .socket_names(rx)
+                .map_or(AF_UNIX as u16, |(local, _)| {
+                    u16::from_le_bytes([local[0], local[1]])
+                });
             Ok((family, false))
         }
         Object::Endpoint(i) => {
@@ -76,7 +83,11 @@ fn any_socket(proc: &GuestProcess, fd: u64) -> Result<(u16, bool), Errno> {
 /// SOCK_CLOEXEC); other types are EOPNOTSUPP, other families EOPNOTSUPP too (no network).
 pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [domain, kind, protocol, sv, ..] = args;
-    let (domain, kind, protocol) = (domain as u32 as u64, kind as u32 as u64, protocol as u32 as u64);
+    let (domain, kind, protocol) = (
+        domain as u32 as u64,
+        kind as u32 as u64,
+        protocol as u32 as u64,
+    );
     if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }
@@ -88,7 +99,11 @@ pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     }
     user.check(sv, 8)?;
     let cloexec = kind & SOCK_CLOEXEC != 0;
-    let nonblock = if kind & SOCK_NONBLOCK != 0 { O_NONBLOCK } else { 0 };
+    let nonblock = if kind & SOCK_NONBLOCK != 0 {
+        O_NONBLOCK
+    } else {
+        0
+    };
     let (a, b) = proc.fds.new_socketpair(nonblock);
     let fd_a = proc.fds.install(a, 0, cloexec)?;
     let fd_b = match proc.fds.install(b, 0, cloexec) {
@@ -138,7 +153,11 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
         return read_channel(proc, user, rx, buf, len, nonblocking);
     }
     user.check(buf, len.min(PIPE_CAPACITY as u64))?;
-    match proc.fds.pipe(rx)?.peek(len.min(PIPE_CAPACITY as u64) as usize) {
+    match proc
+        .fds
+        .pipe(rx)?
+        .peek(len.min(PIPE_CAPACITY as u64) as usize)
+    {
         Ok(bytes) => {
             user.write(buf, &bytes)?;
             value(bytes.len() as u64)
@@ -151,7 +170,11 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
 /// A `struct msghdr`'s (iovec array, iovec count, control length); a name is EISCONN.
 fn read_msghdr(user: &UserMemory, msg: u64) -> Result<(Vec<(u64, u64)>, u64), Errno> {
     let namelen = user.read_u32(msg + 8)?;
-    let (iov, iovlen, controllen) = (user.read_u64(msg + 16)?, user.read_u64(msg + 24)?, user.read_u64(msg + 40)?);
+    let (iov, iovlen, controllen) = (
+        user.read_u64(msg + 16)?,
+        user.read_u64(msg + 24)?,
+        user.read_u64(msg + 40)?,
+    );
     if namelen != 0 && user.read_u64(msg)? != 0 {
         return Err(EISCONN);
     }
@@ -168,7 +191,9 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return Err(Errno::EOPNOTSUPP);
     }
     let tx = tx.ok_or(Errno::EPIPE)?;
-    transfer_each(&iovecs, |base, len| write_channel(proc, user, tx, base, len, nonblocking))
+    transfer_each(&iovecs, |base, len| {
+        write_channel(proc, user, tx, base, len, nonblocking)
+    })
 }
 
 /// recvmsg(fd, msg, flags): fills the iovecs in order; no name, no control data, no flags
@@ -184,7 +209,9 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     user.write_u32(msg + 8, 0)?;
     user.write_u64(msg + 40, 0)?;
     user.write_u32(msg + 48, 0)?;
-    transfer_each(&iovecs, |base, len| read_channel(proc, user, rx, base, len, nonblocking))
+    transfer_each(&iovecs, |base, len| {
+        read_channel(proc, user, rx, base, len, nonblocking)
+    })
 }
 
 /// shutdown(fd, how): SHUT_RD, SHUT_WR or SHUT_RDWR.
@@ -194,13 +221,19 @@ pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 
         return Err(Errno::EINVAL);
     }
     socket(proc, args[0])?;
-    proc.fds.shutdown_socket(fd_arg(args[0]), how != 1, how != 0)?;
+    proc.fds
+        .shutdown_socket(fd_arg(args[0]), how != 1, how != 0)?;
     value(0)
 }
 
 /// Writes an int-sized socket option or an address, truncated to the caller's buffer length
 /// (read from and written back to `len_addr`), as Linux does.
-pub(super) fn write_truncated(user: &UserMemory, buf: u64, len_addr: u64, bytes: &[u8]) -> SysResult {
+pub(super) fn write_truncated(
+    user: &UserMemory,
+    buf: u64,
+    len_addr: u64,
+    bytes: &[u8],
+) -> SysResult {
     let room = user.read_u32(len_addr)? as i32;
     if room < 0 {
         return Err(Errno::EINVAL);
@@ -222,7 +255,13 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         (SOL_SOCKET, SO_DOMAIN) => u32::from(family),
         (SOL_SOCKET, SO_SNDBUF | SO_RCVBUF) => PIPE_CAPACITY as u32,
         (SOL_SOCKET, SO_ACCEPTCONN) => u32::from(listening),
-        (SOL_SOCKET, SO_PROTOCOL) => if internet { IPPROTO_TCP as u32 } else { 0 },
+        (SOL_SOCKET, SO_PROTOCOL) => {
+            if internet {
+                IPPROTO_TCP as u32
+            } else {
+                0
+            }
+        }
         (SOL_SOCKET, SO_ERROR | SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE) => 0,
         // Options of TCP and IPv6 change nothing in memory: they read back as 0.
         (IPPROTO_TCP, _) | (IPPROTO_IPV6, IPV6_V6ONLY) if internet => 0,
@@ -239,7 +278,10 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let (family, _) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
     let accepted = match (level as u32 as u64, name as u32 as u64) {
-        (SOL_SOCKET, SO_REUSEADDR | SO_REUSEPORT | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED) => true,
+        (
+            SOL_SOCKET,
+            SO_REUSEADDR | SO_REUSEPORT | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED,
+        ) => true,
         (IPPROTO_TCP, _) | (IPPROTO_IPV6, IPV6_V6ONLY) => internet,
         _ => false,
     };
@@ -256,7 +298,10 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 /// getsockname(fd, addr, addrlen): a socketpair's ends are unnamed.
 pub(crate) fn getsockname(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let name = match proc.fds.get(fd_arg(args[0]))?.object {
-        Object::Socket { rx, .. } => proc.fds.socket_names(rx).map_or(UNNAMED_ADDRESS.to_vec(), |(local, _)| local.clone()),
+        Object::Socket { rx, .. } => proc
+            .fds
+            .socket_names(rx)
+            .map_or(UNNAMED_ADDRESS.to_vec(), |(local, _)| local.clone()),
         Object::Endpoint(i) => endpoint_name(proc, i)?,
         _ => return Err(Errno::ENOTSOCK),
     };
@@ -266,7 +311,10 @@ pub(crate) fn getsockname(proc: &mut GuestProcess, user: &UserMemory, args: [u64
 /// getpeername(fd, addr, addrlen): ENOTCONN before connect.
 pub(crate) fn getpeername(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let name = match proc.fds.get(fd_arg(args[0]))?.object {
-        Object::Socket { rx, .. } => proc.fds.socket_names(rx).map_or(UNNAMED_ADDRESS.to_vec(), |(_, peer)| peer.clone()),
+        Object::Socket { rx, .. } => proc
+            .fds
+            .socket_names(rx)
+            .map_or(UNNAMED_ADDRESS.to_vec(), |(_, peer)| peer.clone()),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
         _ => return Err(Errno::ENOTSOCK),
     };

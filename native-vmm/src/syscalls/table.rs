@@ -20,7 +20,10 @@
 //! A number not in the table returns -ENOSYS. Every call is counted per number; -ENOSYS answers are
 //! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
-use super::{addresses, epoll, eventfd, files, futex, ids, memory, misc, ownership, poll, signals, sockets, threads, time, transfer, SysResult, UserMemory};
+use super::{
+    addresses, epoll, eventfd, files, futex, ids, memory, misc, ownership, poll, signals, sockets,
+    threads, time, transfer, SysResult, UserMemory,
+};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
 
@@ -40,11 +43,19 @@ pub struct SyscallEntry {
 }
 
 const fn emulate(nr: u64, name: &'static str, handler: Handler) -> SyscallEntry {
-    SyscallEntry { nr, name, policy: Policy::Emulate(handler) }
+    SyscallEntry {
+        nr,
+        name,
+        policy: Policy::Emulate(handler),
+    }
 }
 
 const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
-    SyscallEntry { nr, name, policy: Policy::Refuse(errno) }
+    SyscallEntry {
+        nr,
+        name,
+        policy: Policy::Refuse(errno),
+    }
 }
 
 const NO_PROCESSES: Errno = Errno::ENOSYS;
@@ -240,12 +251,19 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(435, "clone3", threads::clone3),
     emulate(436, "close_range", files::close_range),
     emulate(439, "faccessat2", files::faccessat2),
-    emulate(crate::agent::AWAIT_REQUEST_SYSCALL, "sandfork_await_request", super::agent::await_request),
+    emulate(
+        crate::agent::AWAIT_REQUEST_SYSCALL,
+        "sandfork_await_request",
+        super::agent::await_request,
+    ),
 ];
 
 /// The table row for `nr`.
 pub fn lookup(nr: u64) -> Option<&'static SyscallEntry> {
-    TABLE.binary_search_by_key(&nr, |e| e.nr).ok().map(|i| &TABLE[i])
+    TABLE
+        .binary_search_by_key(&nr, |e| e.nr)
+        .ok()
+        .map(|i| &TABLE[i])
 }
 
 /// The Linux name of `nr`, when it is in the table.

@@ -79,8 +79,18 @@ struct Guest {
 
 fn test_image() -> (std::sync::Arc<Image>, TempDir) {
     let dir = TempDir::new("sys-test");
-    let entry = |path: &str, mode, kind| Entry { path: path.into(), mode, mtime_sec: 1_600_000_000, mtime_nsec: 0, kind };
-    let file = |size: usize| EntryKind::File { offset: 0, size: size as u64, sha256: [0; 32] };
+    let entry = |path: &str, mode, kind| Entry {
+        path: path.into(),
+        mode,
+        mtime_sec: 1_600_000_000,
+        mtime_nsec: 0,
+        kind,
+    };
+    let file = |size: usize| EntryKind::File {
+        offset: 0,
+        size: size as u64,
+        sha256: [0; 32],
+    };
     let mut index = Index {
         name: "sys-test".into(),
         writable_dirs: vec!["/tmp".into(), "/work".into()],
@@ -88,22 +98,50 @@ fn test_image() -> (std::sync::Arc<Image>, TempDir) {
             entry("/", 0o755, EntryKind::Dir),
             entry("/etc", 0o755, EntryKind::Dir),
             entry("/etc/passwd", 0o644, file(PASSWD.len())),
-            entry("/lib", 0o777, EntryKind::Symlink { target: "usr/lib".into() }),
+            entry(
+                "/lib",
+                0o777,
+                EntryKind::Symlink {
+                    target: "usr/lib".into(),
+                },
+            ),
             entry("/usr", 0o755, EntryKind::Dir),
             entry("/usr/lib", 0o755, EntryKind::Dir),
             entry("/usr/lib/data.bin", 0o644, file(5000)),
         ],
     };
-    format::write(&dir.0, &mut index, |e| Ok(if e.path == "/etc/passwd" { PASSWD.to_vec() } else { (0..5000).map(|i| (i % 251) as u8).collect() })).unwrap();
+    format::write(&dir.0, &mut index, |e| {
+        Ok(if e.path == "/etc/passwd" {
+            PASSWD.to_vec()
+        } else {
+            (0..5000).map(|i| (i % 251) as u8).collect()
+        })
+    })
+    .unwrap();
     (Image::open(&dir.0).unwrap(), dir)
 }
 
 fn guest_with(stdin: &[u8], output_cap: u64) -> Guest {
     let (image, dir) = test_image();
     let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
-    let config = ProcessConfig { vfs, cwd: "/work".into(), stdin: stdin.to_vec(), output_cap, mem_limit: MEM, command: Default::default() };
-    let space = AddressSpace { brk_start: 4 * MIB, mmap_low: 4 * MIB, mmap_high: 14 * MIB };
-    Guest { proc: GuestProcess::new(config, space), mem: GuestMemory::new(MEM).unwrap(), _dir: dir }
+    let config = ProcessConfig {
+        vfs,
+        cwd: "/work".into(),
+        stdin: stdin.to_vec(),
+        output_cap,
+        mem_limit: MEM,
+        command: Default::default(),
+    };
+    let space = AddressSpace {
+        brk_start: 4 * MIB,
+        mmap_low: 4 * MIB,
+        mmap_high: 14 * MIB,
+    };
+    Guest {
+        proc: GuestProcess::new(config, space),
+        mem: GuestMemory::new(MEM).unwrap(),
+        _dir: dir,
+    }
 }
 
 fn guest() -> Guest {
@@ -172,7 +210,12 @@ fn ready_wait(outcome: SyscallOutcome) -> Option<Instant> {
 #[test]
 fn table_is_sorted_unique_and_named() {
     assert!(TABLE.windows(2).all(|w| w[0].nr < w[1].nr));
-    assert!(TABLE.iter().all(|e| !e.name.is_empty() && (e.nr < 512 || e.nr == crate::agent::AWAIT_REQUEST_SYSCALL)));
+    assert!(
+        TABLE
+            .iter()
+            .all(|e| !e.name.is_empty()
+                && (e.nr < 512 || e.nr == crate::agent::AWAIT_REQUEST_SYSCALL))
+    );
 }
 
 #[test]
@@ -185,12 +228,20 @@ fn unknown_calls_are_enosys_and_counted() {
     assert_eq!(g.ret(SOCKET, &[17, 3, 0]), err(Errno::EAFNOSUPPORT));
     assert_eq!(g.ret(GETTID, &[]), 1);
     let unsupported = g.proc.unsupported_counts();
-    assert!(unsupported.iter().any(|c| c.nr == Some(500) && c.count == 2 && c.name.is_none()));
-    assert!(unsupported.iter().any(|c| c.nr == Some(CLONE) && c.name == Some("clone")));
+    assert!(unsupported
+        .iter()
+        .any(|c| c.nr == Some(500) && c.count == 2 && c.name.is_none()));
+    assert!(unsupported
+        .iter()
+        .any(|c| c.nr == Some(CLONE) && c.name == Some("clone")));
     assert!(unsupported.iter().any(|c| c.nr.is_none() && c.count == 1));
     // A refusal by policy other than ENOSYS is answered, not unsupported.
     assert!(!unsupported.iter().any(|c| c.nr == Some(SOCKET)));
-    assert!(g.proc.syscall_counts().iter().any(|c| c.nr == Some(GETTID) && c.name == Some("gettid") && c.count == 1));
+    assert!(g
+        .proc
+        .syscall_counts()
+        .iter()
+        .any(|c| c.nr == Some(GETTID) && c.name == Some("gettid") && c.count == 1));
     assert_eq!(g.proc.total_syscalls(), 6);
 }
 
@@ -198,7 +249,10 @@ fn unknown_calls_are_enosys_and_counted() {
 fn calls_the_scheduler_carries_out() {
     let mut g = guest();
     assert_eq!(g.call(RT_SIGRETURN, &[]), SyscallOutcome::SigReturn);
-    assert_eq!(g.call(EXIT_GROUP, &[0x1_03]), SyscallOutcome::Stop(RunStatus::Exited { code: 3 }));
+    assert_eq!(
+        g.call(EXIT_GROUP, &[0x1_03]),
+        SyscallOutcome::Stop(RunStatus::Exited { code: 3 })
+    );
 }
 
 #[test]
@@ -206,7 +260,11 @@ fn bad_pointers_are_efault() {
     let mut g = guest();
     // System area (supervisor-only), outside memory, and a range running off the end.
     for addr in [0u64, 0x1000, 0xf_f000, MEM, MEM - 2, u64::MAX - 4] {
-        assert_eq!(g.ret(WRITE, &[1, addr, 5]), err(Errno::EFAULT), "write from {addr:#x}");
+        assert_eq!(
+            g.ret(WRITE, &[1, addr, 5]),
+            err(Errno::EFAULT),
+            "write from {addr:#x}"
+        );
         assert_eq!(g.ret(CLOCK_GETTIME, &[0, addr]), err(Errno::EFAULT));
         assert_eq!(g.ret(UNAME, &[addr]), err(Errno::EFAULT));
         assert_eq!(g.ret(GETRANDOM, &[addr, 16, 0]), err(Errno::EFAULT));
@@ -217,7 +275,10 @@ fn bad_pointers_are_efault() {
     // A path with no NUL before the end of memory.
     g.mem.fill(MEM - 8, 8, b'a').unwrap();
     assert_eq!(g.ret(OPENAT, &[AT_FDCWD, MEM - 8, 0]), err(Errno::EFAULT));
-    assert!(g.mem.read_vec(0, 0x2000).unwrap().iter().all(|&b| b == 0), "the system area was written");
+    assert!(
+        g.mem.read_vec(0, 0x2000).unwrap().iter().all(|&b| b == 0),
+        "the system area was written"
+    );
     assert_eq!(g.ret(WRITEV, &[1, SCRATCH, 2000]), err(Errno::EINVAL));
     assert_eq!(g.proc.stdout(), b"");
 }
@@ -238,13 +299,28 @@ fn mmap_munmap_brk_accounting_and_out_of_memory() {
     // Reused memory comes back zeroed.
     let b = g.ret(MMAP, &[0, 4096, 3, 0x22, u64::MAX, 0]) as u64;
     assert!(g.mem.read_vec(b, 4096).unwrap().iter().all(|&x| x == 0));
-    assert_eq!(g.ret(MMAP, &[0, 0, 3, 0x22, u64::MAX, 0]), err(Errno::EINVAL));
-    assert_eq!(g.ret(MMAP, &[0, 4096, 3, 0x20, u64::MAX, 0]), err(Errno::EINVAL));
+    assert_eq!(
+        g.ret(MMAP, &[0, 0, 3, 0x22, u64::MAX, 0]),
+        err(Errno::EINVAL)
+    );
+    assert_eq!(
+        g.ret(MMAP, &[0, 4096, 3, 0x20, u64::MAX, 0]),
+        err(Errno::EINVAL)
+    );
     // More than is left: the run stops as out of memory; more than the guest holds at all
     // could never fit and is ENOMEM, as is growing a mapping past it.
-    assert_eq!(g.ret(MMAP, &[0, MEM + 4096, 3, 0x22, u64::MAX, 0]), err(Errno::ENOMEM));
-    assert_eq!(g.ret(MREMAP, &[b, 4096, MEM + 4096, 1, 0]), err(Errno::ENOMEM));
-    assert_eq!(g.call(MMAP, &[0, 11 * MIB, 3, 0x22, u64::MAX, 0]), SyscallOutcome::Stop(RunStatus::OutOfMemory { limit_bytes: MEM }));
+    assert_eq!(
+        g.ret(MMAP, &[0, MEM + 4096, 3, 0x22, u64::MAX, 0]),
+        err(Errno::ENOMEM)
+    );
+    assert_eq!(
+        g.ret(MREMAP, &[b, 4096, MEM + 4096, 1, 0]),
+        err(Errno::ENOMEM)
+    );
+    assert_eq!(
+        g.call(MMAP, &[0, 11 * MIB, 3, 0x22, u64::MAX, 0]),
+        SyscallOutcome::Stop(RunStatus::OutOfMemory { limit_bytes: MEM })
+    );
 }
 
 #[test]
@@ -267,7 +343,10 @@ fn output_cap_truncates_and_stops() {
     assert_eq!(g.write_bytes(1, b"hello"), 5);
     assert_eq!(g.write_bytes(2, b"wor"), 3);
     g.mem.write(SCRATCH + 0x1000, b"ld and more").unwrap();
-    assert_eq!(g.call(WRITE, &[1, SCRATCH + 0x1000, 11]), SyscallOutcome::Stop(RunStatus::OutputLimit { cap_bytes: 10 }));
+    assert_eq!(
+        g.call(WRITE, &[1, SCRATCH + 0x1000, 11]),
+        SyscallOutcome::Stop(RunStatus::OutputLimit { cap_bytes: 10 })
+    );
     assert_eq!(g.proc.stdout(), b"hellold");
     assert_eq!(g.proc.stderr(), b"wor");
 }
@@ -284,7 +363,10 @@ fn stdin_pipes_dup_and_fcntl() {
     assert_eq!(g.ret(IOCTL, &[1, 0x5401, BUF]), err(Errno::ENOTTY));
 
     assert_eq!(g.ret(PIPE2, &[SCRATCH, O_CLOEXEC]), 0);
-    let (r, w) = (g.mem.read_u32(SCRATCH).unwrap() as u64, g.mem.read_u32(SCRATCH + 4).unwrap() as u64);
+    let (r, w) = (
+        g.mem.read_u32(SCRATCH).unwrap() as u64,
+        g.mem.read_u32(SCRATCH + 4).unwrap() as u64,
+    );
     assert_eq!((r, w), (3, 4));
     assert_eq!(g.ret(FCNTL, &[r, 1]), 1); // F_GETFD: FD_CLOEXEC
     assert_eq!(g.ret(FCNTL, &[r, 2, 0]), 0);
@@ -300,7 +382,19 @@ fn stdin_pipes_dup_and_fcntl() {
     assert_eq!(g.ret(FCNTL, &[r, 3]) as u64 & O_NONBLOCK, O_NONBLOCK);
     assert_eq!(g.read_bytes(r, 1), Err(err(Errno::EAGAIN)));
     assert_eq!(g.ret(FCNTL, &[r, 4, 0]), 0);
-    assert_eq!(blocked(g.call(READ, &[r, BUF, 1])), Wait { on: WaitOn::Ready { epoch: 0, call: Call { nr: READ, args: [r, BUF, 1, 0, 0, 0] } }, until: None });
+    assert_eq!(
+        blocked(g.call(READ, &[r, BUF, 1])),
+        Wait {
+            on: WaitOn::Ready {
+                epoch: 0,
+                call: Call {
+                    nr: READ,
+                    args: [r, BUF, 1, 0, 0, 0]
+                }
+            },
+            until: None
+        }
+    );
     // Both write ends closed: end of file.
     assert_eq!(g.ret(CLOSE, &[w]), 0);
     assert_eq!(g.ret(CLOSE, &[w2]), 0);
@@ -397,26 +491,70 @@ fn futex_waits_block_and_wakes_count_waiters() {
     const FUTEX_WAIT_BITSET_REALTIME: u64 = 9 | 256;
     let mut g = guest();
     g.mem.write_u32(BUF, 7).unwrap();
-    assert_eq!(g.ret(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 8, 0]), err(Errno::EAGAIN));
-    assert_eq!(g.ret(FUTEX, &[BUF, FUTEX_WAKE_PRIVATE, 1]), 0, "nobody waits");
-    assert_eq!(blocked(g.call(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 7, 0])), Wait { on: WaitOn::Futex { addr: BUF, bitset: u32::MAX }, until: None });
+    assert_eq!(
+        g.ret(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 8, 0]),
+        err(Errno::EAGAIN)
+    );
+    assert_eq!(
+        g.ret(FUTEX, &[BUF, FUTEX_WAKE_PRIVATE, 1]),
+        0,
+        "nobody waits"
+    );
+    assert_eq!(
+        blocked(g.call(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 7, 0])),
+        Wait {
+            on: WaitOn::Futex {
+                addr: BUF,
+                bitset: u32::MAX
+            },
+            until: None
+        }
+    );
     // A relative timeout of 1 ms; an absolute CLOCK_REALTIME one a second from now.
     g.mem.write_u64(SCRATCH, 0).unwrap();
     g.mem.write_u64(SCRATCH + 8, 1_000_000).unwrap();
-    let until = blocked(g.call(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 7, SCRATCH])).until.unwrap();
+    let until = blocked(g.call(FUTEX, &[BUF, FUTEX_WAIT_PRIVATE, 7, SCRATCH]))
+        .until
+        .unwrap();
     assert!(until <= Instant::now() + Duration::from_millis(1));
     let now = super::time::now_ns(super::time::CLOCK_REALTIME).unwrap();
     g.mem.write_u64(SCRATCH, now / 1_000_000_000 + 1).unwrap();
     g.mem.write_u64(SCRATCH + 8, now % 1_000_000_000).unwrap();
-    let wait = blocked(g.call(FUTEX, &[BUF, FUTEX_WAIT_BITSET_REALTIME, 7, SCRATCH, 0, 0b10]));
-    assert_eq!(wait.on, WaitOn::Futex { addr: BUF, bitset: 0b10 });
+    let wait = blocked(g.call(
+        FUTEX,
+        &[BUF, FUTEX_WAIT_BITSET_REALTIME, 7, SCRATCH, 0, 0b10],
+    ));
+    assert_eq!(
+        wait.on,
+        WaitOn::Futex {
+            addr: BUF,
+            bitset: 0b10
+        }
+    );
     let left = wait.until.unwrap() - Instant::now();
-    assert!(left > Duration::from_millis(900) && left <= Duration::from_secs(1), "{left:?}");
-    assert_eq!(g.ret(FUTEX, &[BUF, 9, 7, 0, 0, 0]), err(Errno::EINVAL), "an empty bitset");
-    assert_eq!(g.ret(FUTEX, &[BUF + 1, FUTEX_WAKE_PRIVATE, 1]), err(Errno::EINVAL));
-    assert_eq!(g.ret(FUTEX, &[BUF, 6, 1]), err(Errno::ENOSYS), "FUTEX_LOCK_PI");
+    assert!(
+        left > Duration::from_millis(900) && left <= Duration::from_secs(1),
+        "{left:?}"
+    );
+    assert_eq!(
+        g.ret(FUTEX, &[BUF, 9, 7, 0, 0, 0]),
+        err(Errno::EINVAL),
+        "an empty bitset"
+    );
+    assert_eq!(
+        g.ret(FUTEX, &[BUF + 1, FUTEX_WAKE_PRIVATE, 1]),
+        err(Errno::EINVAL)
+    );
+    assert_eq!(
+        g.ret(FUTEX, &[BUF, 6, 1]),
+        err(Errno::ENOSYS),
+        "FUTEX_LOCK_PI"
+    );
     // CMP_REQUEUE compares the word; WAKE_OP updates the second word.
-    assert_eq!(g.ret(FUTEX, &[BUF, 4, 1, 1, BUF + 8, 8]), err(Errno::EAGAIN));
+    assert_eq!(
+        g.ret(FUTEX, &[BUF, 4, 1, 1, BUF + 8, 8]),
+        err(Errno::EAGAIN)
+    );
     assert_eq!(g.ret(FUTEX, &[BUF, 4, 1, 1, BUF + 8, 7]), 0);
     g.mem.write_u32(BUF + 8, 5).unwrap();
     let add_2 = (1 << 28) | (2 << 12);
@@ -431,39 +569,92 @@ fn clone_makes_threads_of_pthreads_flag_set_only() {
     const SET_TID_ADDRESS: u64 = 218;
     const PTHREAD_FLAGS: u64 = 0x3d0f00;
     let mut g = guest();
-    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS, 0x100_0000, BUF, BUF + 4, 0x20_0000]), err(Errno::ENOSYS), "a vCPU that cannot switch threads: none");
+    assert_eq!(
+        g.ret(CLONE, &[PTHREAD_FLAGS, 0x100_0000, BUF, BUF + 4, 0x20_0000]),
+        err(Errno::ENOSYS),
+        "a vCPU that cannot switch threads: none"
+    );
     g.proc.threads.switching = true;
     g.proc.set_thread_limit(3);
-    assert_eq!(g.ret(CLONE, &[0x1200011, 0, 0, BUF, 0]), err(Errno::ENOSYS), "fork's flags: a new process");
-    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS | 0x4000, 0, 0, 0, 0]), err(Errno::EINVAL), "CLONE_VFORK with a thread");
-    assert_eq!(g.ret(CLONE, &[PTHREAD_FLAGS, 0x100_0000, 0, BUF + 4, 0x20_0000]), err(Errno::EFAULT), "CLONE_PARENT_SETTID at NULL");
+    assert_eq!(
+        g.ret(CLONE, &[0x1200011, 0, 0, BUF, 0]),
+        err(Errno::ENOSYS),
+        "fork's flags: a new process"
+    );
+    assert_eq!(
+        g.ret(CLONE, &[PTHREAD_FLAGS | 0x4000, 0, 0, 0, 0]),
+        err(Errno::EINVAL),
+        "CLONE_VFORK with a thread"
+    );
+    assert_eq!(
+        g.ret(CLONE, &[PTHREAD_FLAGS, 0x100_0000, 0, BUF + 4, 0x20_0000]),
+        err(Errno::EFAULT),
+        "CLONE_PARENT_SETTID at NULL"
+    );
     // clone(): the parent's tid word is written, the child's clear_child_tid recorded.
-    let SyscallOutcome::Spawned(start) = g.call(CLONE, &[PTHREAD_FLAGS, 0x100_0000, BUF, BUF + 4, 0x20_0000]) else { panic!("no thread") };
-    assert_eq!((start.tid, start.stack, start.tls), (2, 0x100_0000, Some(0x20_0000)));
+    let SyscallOutcome::Spawned(start) =
+        g.call(CLONE, &[PTHREAD_FLAGS, 0x100_0000, BUF, BUF + 4, 0x20_0000])
+    else {
+        panic!("no thread")
+    };
+    assert_eq!(
+        (start.tid, start.stack, start.tls),
+        (2, 0x100_0000, Some(0x20_0000))
+    );
     assert_eq!(g.mem.read_u32(BUF).unwrap(), 2);
     assert_eq!(g.proc.threads.get(2).unwrap().clear_child_tid, BUF + 4);
     // clone3(): the stack pointer is stack + stack_size; unknown trailing fields must be zero.
     let args = SCRATCH + 0x800;
-    let fields = [PTHREAD_FLAGS, 0, BUF + 12, BUF + 8, 0, 0x200_0000, 0x1_0000, 0x30_0000, 0, 0, 0];
+    let fields = [
+        PTHREAD_FLAGS,
+        0,
+        BUF + 12,
+        BUF + 8,
+        0,
+        0x200_0000,
+        0x1_0000,
+        0x30_0000,
+        0,
+        0,
+        0,
+    ];
     for (i, v) in fields.iter().enumerate() {
         g.mem.write_u64(args + 8 * i as u64, *v).unwrap();
     }
     g.mem.write_u64(args + 88, 1).unwrap();
     assert_eq!(g.ret(CLONE3, &[args, 96]), err(Errno::E2BIG));
     assert_eq!(g.ret(CLONE3, &[args, 32]), err(Errno::EINVAL));
-    let SyscallOutcome::Spawned(start) = g.call(CLONE3, &[args, 88]) else { panic!("no thread") };
+    let SyscallOutcome::Spawned(start) = g.call(CLONE3, &[args, 88]) else {
+        panic!("no thread")
+    };
     assert_eq!((start.tid, start.stack), (3, 0x201_0000));
-    assert_eq!(g.ret(CLONE3, &[args, 88]), err(Errno::EAGAIN), "the limit of 3");
+    assert_eq!(
+        g.ret(CLONE3, &[args, 88]),
+        err(Errno::EAGAIN),
+        "the limit of 3"
+    );
     assert_eq!(g.proc.threads.counters.refused, 1);
     // Thread 2 runs: its own tid; its exit zeroes its clear_child_tid word and wakes a joiner.
-    g.proc.threads.block_current(Wait { on: WaitOn::Futex { addr: BUF + 4, bitset: u32::MAX }, until: None });
-    assert!(matches!(g.proc.threads.next(Instant::now()), crate::process::threads::Next::Run { tid: 2, .. }));
+    g.proc.threads.block_current(Wait {
+        on: WaitOn::Futex {
+            addr: BUF + 4,
+            bitset: u32::MAX,
+        },
+        until: None,
+    });
+    assert!(matches!(
+        g.proc.threads.next(Instant::now()),
+        crate::process::threads::Next::Run { tid: 2, .. }
+    ));
     assert_eq!(g.ret(GETTID, &[]), 2);
     assert_eq!(g.ret(SET_TID_ADDRESS, &[BUF + 4]), 2);
     g.mem.write_u32(BUF + 4, 2).unwrap();
     assert_eq!(g.call(EXIT, &[0]), SyscallOutcome::ThreadExited);
     assert_eq!(g.mem.read_u32(BUF + 4).unwrap(), 0);
-    assert_eq!(g.proc.threads.get(1).unwrap().state, crate::process::threads::ThreadState::Runnable(crate::process::threads::Resume::Return(0)));
+    assert_eq!(
+        g.proc.threads.get(1).unwrap().state,
+        crate::process::threads::ThreadState::Runnable(crate::process::threads::Resume::Return(0))
+    );
     assert_eq!(g.proc.threads.alive(), 2);
 }
 
@@ -475,7 +666,10 @@ fn sleeps_block_the_thread_until_their_time() {
     let wait = blocked(g.call(NANOSLEEP, &[SCRATCH, 0]));
     assert_eq!(wait.on, WaitOn::Sleep);
     let left = wait.until.unwrap() - Instant::now();
-    assert!(left > Duration::from_secs(29) && left <= Duration::from_secs(30), "{left:?}");
+    assert!(
+        left > Duration::from_secs(29) && left <= Duration::from_secs(30),
+        "{left:?}"
+    );
     g.mem.write_u64(SCRATCH + 8, 1_000_000_000).unwrap();
     assert_eq!(g.ret(NANOSLEEP, &[SCRATCH, 0]), err(Errno::EINVAL));
 }
@@ -501,7 +695,10 @@ fn signals_sent_to_self() {
     assert_eq!(g.mem.read_u64(BUF).unwrap(), 1 << 5);
     g.mem.write_u64(SCRATCH, 0).unwrap();
     assert_eq!(g.ret(RT_SIGPROCMASK, &[2, SCRATCH, 0, 8]), 0);
-    assert!(matches!(signals::take(&mut g.proc, 1), Some(Taken::End(RunStatus::Exited { code: 134 }))));
+    assert!(matches!(
+        signals::take(&mut g.proc, 1),
+        Some(Taken::End(RunStatus::Exited { code: 134 }))
+    ));
     // An installed handler is what the next signal runs, with its flags and mask.
     let mut g = guest();
     let act = [0x40_1000u64, 0x0400_0000, 0x40_2000, 1 << 1];
@@ -514,12 +711,23 @@ fn signals_sent_to_self() {
     assert_eq!(g.ret(RT_SIGACTION, &[9, SCRATCH, 0, 8]), err(Errno::EINVAL));
     assert_eq!(g.ret(KILL, &[0, 10]), 0);
     match signals::take(&mut g.proc, 1) {
-        Some(Taken::Handler { sig: 10, action, code: signals::SI_USER }) => assert_eq!((action.handler, action.mask), (0x40_1000, 1 << 1)),
+        Some(Taken::Handler {
+            sig: 10,
+            action,
+            code: signals::SI_USER,
+        }) => assert_eq!((action.handler, action.mask), (0x40_1000, 1 << 1)),
         _ => panic!("SIGUSR1 should run its handler"),
     }
     // A signal to the thread itself is SI_TKILL; to a thread that does not exist, ESRCH.
     assert_eq!(g.ret(TKILL, &[1, 10]), 0);
-    assert!(matches!(signals::take(&mut g.proc, 1), Some(Taken::Handler { sig: 10, code: signals::SI_TKILL, .. })));
+    assert!(matches!(
+        signals::take(&mut g.proc, 1),
+        Some(Taken::Handler {
+            sig: 10,
+            code: signals::SI_TKILL,
+            ..
+        })
+    ));
     assert_eq!(g.ret(TKILL, &[7, 10]), err(Errno::ESRCH));
 }
 
@@ -546,13 +754,19 @@ fn interval_timer() {
     let due = g.proc.signals.timer.unwrap().next;
     crate::process::signals::fire_timer(&mut g.proc, due);
     assert_eq!(g.proc.signals.pending, 1 << 13);
-    assert_eq!(g.proc.signals.timer.unwrap().next, due + std::time::Duration::from_millis(10));
+    assert_eq!(
+        g.proc.signals.timer.unwrap().next,
+        due + std::time::Duration::from_millis(10)
+    );
 }
 
 #[test]
 fn fs_base_and_limits() {
     let mut g = guest();
-    assert_eq!(g.call(ARCH_PRCTL, &[0x1002, 0x7000_1234]), SyscallOutcome::SetFsBase(0x7000_1234));
+    assert_eq!(
+        g.call(ARCH_PRCTL, &[0x1002, 0x7000_1234]),
+        SyscallOutcome::SetFsBase(0x7000_1234)
+    );
     assert_eq!(g.ret(ARCH_PRCTL, &[0x1003, BUF]), 0);
     assert_eq!(g.mem.read_u64(BUF).unwrap(), 0x7000_1234);
     assert_eq!(g.ret(ARCH_PRCTL, &[0x1001, 0]), err(Errno::EINVAL));
@@ -582,13 +796,35 @@ fn poll_and_select_report_readiness() {
     let pollfds = SCRATCH + 0x100;
     let entries: [(i32, u16); 4] = [(r as i32, 1), (w as i32, 4), (99, 1), (-1, 1)];
     for (i, (fd, events)) in entries.iter().enumerate() {
-        g.mem.write(pollfds + 8 * i as u64, &fd.to_le_bytes()).unwrap();
-        g.mem.write(pollfds + 8 * i as u64 + 4, &events.to_le_bytes()).unwrap();
-        g.mem.write(pollfds + 8 * i as u64 + 6, &0xffffu16.to_le_bytes()).unwrap();
+        g.mem
+            .write(pollfds + 8 * i as u64, &fd.to_le_bytes())
+            .unwrap();
+        g.mem
+            .write(pollfds + 8 * i as u64 + 4, &events.to_le_bytes())
+            .unwrap();
+        g.mem
+            .write(pollfds + 8 * i as u64 + 6, &0xffffu16.to_le_bytes())
+            .unwrap();
     }
-    let revents = |g: &Guest, i: u64| u16::from_le_bytes(g.mem.read_vec(pollfds + 8 * i + 6, 2).unwrap().try_into().unwrap());
+    let revents = |g: &Guest, i: u64| {
+        u16::from_le_bytes(
+            g.mem
+                .read_vec(pollfds + 8 * i + 6, 2)
+                .unwrap()
+                .try_into()
+                .unwrap(),
+        )
+    };
     assert_eq!(g.ret(POLL, &[pollfds, 4, 0]), 2);
-    assert_eq!((revents(&g, 0), revents(&g, 1), revents(&g, 2), revents(&g, 3)), (0, 4, 0x20, 0));
+    assert_eq!(
+        (
+            revents(&g, 0),
+            revents(&g, 1),
+            revents(&g, 2),
+            revents(&g, 3)
+        ),
+        (0, 4, 0x20, 0)
+    );
     assert_eq!(g.write_bytes(w, b"x"), 1);
     assert_eq!(g.ret(POLL, &[pollfds, 2, u64::MAX]), 2);
     assert_eq!(revents(&g, 0), 1);
@@ -642,13 +878,22 @@ fn utimensat_sets_overlay_mtime() {
     }
     assert_eq!(g.ret(UTIMENSAT, &[AT_FDCWD, p, times, 0]), 0);
     assert_eq!(g.ret(FSTAT, &[f, BUF]), 0);
-    assert_eq!((g.mem.read_u64(BUF + 88).unwrap(), g.mem.read_u64(BUF + 96).unwrap()), (1_700_000_000, 5));
+    assert_eq!(
+        (
+            g.mem.read_u64(BUF + 88).unwrap(),
+            g.mem.read_u64(BUF + 96).unwrap()
+        ),
+        (1_700_000_000, 5)
+    );
     // NULL times: now.
     assert_eq!(g.ret(UTIMENSAT, &[f, 0, 0, 0]), 0);
     assert_eq!(g.ret(FSTAT, &[f, BUF]), 0);
     assert!(g.mem.read_u64(BUF + 88).unwrap() > 1_700_000_000);
     g.mem.write_u64(times + 24, 1_000_000_000).unwrap();
-    assert_eq!(g.ret(UTIMENSAT, &[AT_FDCWD, p, times, 0]), err(Errno::EINVAL));
+    assert_eq!(
+        g.ret(UTIMENSAT, &[AT_FDCWD, p, times, 0]),
+        err(Errno::EINVAL)
+    );
     let lib = g.cstr(SCRATCH + 0x400, "/usr/lib/data.bin");
     assert_eq!(g.ret(UTIMENSAT, &[AT_FDCWD, lib, 0, 0]), err(Errno::EROFS));
 }
@@ -668,7 +913,10 @@ fn vectored_and_positioned_io_and_tree_changes() {
     g.mem.write(SCRATCH + 0x1000, b"hello ").unwrap();
     g.mem.write(SCRATCH + 0x1100, b"world").unwrap();
     let iov = SCRATCH + 0x2000;
-    for (i, (base, len)) in [(SCRATCH + 0x1000, 6u64), (SCRATCH + 0x1100, 5)].iter().enumerate() {
+    for (i, (base, len)) in [(SCRATCH + 0x1000, 6u64), (SCRATCH + 0x1100, 5)]
+        .iter()
+        .enumerate()
+    {
         g.mem.write_u64(iov + 16 * i as u64, *base).unwrap();
         g.mem.write_u64(iov + 16 * i as u64 + 8, *len).unwrap();
     }
@@ -695,7 +943,11 @@ fn vectored_and_positioned_io_and_tree_changes() {
     assert_eq!(g.mem.read_u64(BUF + 48).unwrap(), 5);
     assert_eq!(g.ret(FTRUNCATE, &[0, 5]), err(Errno::EINVAL));
 
-    let (old, new, link) = (g.cstr(SCRATCH, "/tmp/v"), g.cstr(SCRATCH + 0x100, "/work/w"), g.cstr(SCRATCH + 0x200, "/tmp/l"));
+    let (old, new, link) = (
+        g.cstr(SCRATCH, "/tmp/v"),
+        g.cstr(SCRATCH + 0x100, "/work/w"),
+        g.cstr(SCRATCH + 0x200, "/tmp/l"),
+    );
     assert_eq!(g.ret(RENAME, &[old, new]), 0);
     assert_eq!(g.ret(SYMLINK, &[new, link]), 0);
     assert_eq!(g.ret(READLINK, &[link, BUF, 100]), 7);
@@ -703,10 +955,21 @@ fn vectored_and_positioned_io_and_tree_changes() {
     assert_eq!(g.ret(READLINK, &[link, BUF, 3]), 3);
     assert_eq!(g.ret(READLINK, &[new, BUF, 100]), err(Errno::EINVAL));
     assert_eq!(g.ret(NEWFSTATAT, &[AT_FDCWD, link, BUF, 0]), 0);
-    assert_eq!(g.mem.read_u64(BUF + 48).unwrap(), 5, "stat follows the link");
+    assert_eq!(
+        g.mem.read_u64(BUF + 48).unwrap(),
+        5,
+        "stat follows the link"
+    );
     assert_eq!(g.ret(NEWFSTATAT, &[AT_FDCWD, link, BUF, 0x100]), 0);
-    assert_eq!(g.mem.read_u32(BUF + 24).unwrap() & 0o170000, 0o120000, "AT_SYMLINK_NOFOLLOW");
-    assert_eq!(g.ret(NEWFSTATAT, &[AT_FDCWD, old, BUF, 0]), err(Errno::ENOENT));
+    assert_eq!(
+        g.mem.read_u32(BUF + 24).unwrap() & 0o170000,
+        0o120000,
+        "AT_SYMLINK_NOFOLLOW"
+    );
+    assert_eq!(
+        g.ret(NEWFSTATAT, &[AT_FDCWD, old, BUF, 0]),
+        err(Errno::ENOENT)
+    );
 }
 
 #[test]
@@ -715,7 +978,10 @@ fn system_information_matches_the_guest() {
     const SCHED_GETAFFINITY: u64 = 204;
     const GETRUSAGE: u64 = 98;
     let mut g = guest();
-    assert_eq!(g.ret(MMAP, &[0, 8192, 3, 0x22, u64::MAX, 0]) as u64, 14 * MIB - 8192);
+    assert_eq!(
+        g.ret(MMAP, &[0, 8192, 3, 0x22, u64::MAX, 0]) as u64,
+        14 * MIB - 8192
+    );
     assert_eq!(g.ret(SYSINFO, &[BUF]), 0);
     assert_eq!(g.mem.read_u64(BUF + 32).unwrap(), MEM);
     assert_eq!(g.mem.read_u64(BUF + 40).unwrap(), MEM - 8192);
@@ -726,7 +992,11 @@ fn system_information_matches_the_guest() {
     assert_eq!(g.ret(SCHED_GETAFFINITY, &[0, 4, BUF]), err(Errno::EINVAL));
     assert_eq!(g.ret(SCHED_GETAFFINITY, &[7, 8, BUF]), err(Errno::ESRCH));
     assert_eq!(g.ret(GETRUSAGE, &[0, BUF]), 0);
-    assert_eq!(g.mem.read_u64(BUF + 32).unwrap(), 8, "ru_maxrss: the 8 KiB peak");
+    assert_eq!(
+        g.mem.read_u64(BUF + 32).unwrap(),
+        8,
+        "ru_maxrss: the 8 KiB peak"
+    );
     assert_eq!(g.ret(GETRUSAGE, &[5, BUF]), err(Errno::EINVAL));
     assert_eq!(g.ret(CLOCK_GETTIME, &[1, BUF]), 0);
     let first = g.mem.read_u64(BUF).unwrap() * 1_000_000_000 + g.mem.read_u64(BUF + 8).unwrap();
@@ -764,8 +1034,17 @@ const EPOLLONESHOT: u32 = 1 << 30;
 impl Guest {
     /// A socketpair's two fds.
     fn socketpair(&mut self, flags: u64) -> (u64, u64) {
-        assert_eq!(self.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM | flags, 0, SCRATCH + 0x800]), 0);
-        (self.mem.read_u32(SCRATCH + 0x800).unwrap() as u64, self.mem.read_u32(SCRATCH + 0x804).unwrap() as u64)
+        assert_eq!(
+            self.ret(
+                SOCKETPAIR,
+                &[AF_UNIX, SOCK_STREAM | flags, 0, SCRATCH + 0x800]
+            ),
+            0
+        );
+        (
+            self.mem.read_u32(SCRATCH + 0x800).unwrap() as u64,
+            self.mem.read_u32(SCRATCH + 0x804).unwrap() as u64,
+        )
     }
 
     fn epoll_add(&mut self, epfd: u64, fd: u64, events: u32, data: u64) -> i64 {
@@ -778,7 +1057,14 @@ impl Guest {
     fn epoll_ready(&mut self, epfd: u64) -> Vec<(u32, u64)> {
         let n = self.ret(EPOLL_WAIT, &[epfd, BUF, 8, 0]);
         assert!(n >= 0, "epoll_wait: {n}");
-        (0..n as u64).map(|i| (self.mem.read_u32(BUF + i * 12).unwrap(), self.mem.read_u64(BUF + i * 12 + 4).unwrap())).collect()
+        (0..n as u64)
+            .map(|i| {
+                (
+                    self.mem.read_u32(BUF + i * 12).unwrap(),
+                    self.mem.read_u64(BUF + i * 12 + 4).unwrap(),
+                )
+            })
+            .collect()
     }
 }
 
@@ -786,42 +1072,84 @@ impl Guest {
 fn socketpair_is_a_bidirectional_bounded_channel() {
     let mut g = guest();
     // Only AF_UNIX stream pairs; socket(2) makes no datagram sockets.
-    assert_eq!(g.ret(SOCKETPAIR, &[2, SOCK_STREAM, 0, SCRATCH]), err(Errno::EOPNOTSUPP));
-    assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, 2, 0, SCRATCH]), err(Errno::EOPNOTSUPP));
-    assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM | 0x100, 0, SCRATCH]), err(Errno::EINVAL));
-    assert_eq!(g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM, 0, 0x1000]), err(Errno::EFAULT));
+    assert_eq!(
+        g.ret(SOCKETPAIR, &[2, SOCK_STREAM, 0, SCRATCH]),
+        err(Errno::EOPNOTSUPP)
+    );
+    assert_eq!(
+        g.ret(SOCKETPAIR, &[AF_UNIX, 2, 0, SCRATCH]),
+        err(Errno::EOPNOTSUPP)
+    );
+    assert_eq!(
+        g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM | 0x100, 0, SCRATCH]),
+        err(Errno::EINVAL)
+    );
+    assert_eq!(
+        g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM, 0, 0x1000]),
+        err(Errno::EFAULT)
+    );
     assert_eq!(g.ret(SOCKET, &[AF_UNIX, 2, 0]), -94, "ESOCKTNOSUPPORT");
     let (a, b) = g.socketpair(O_CLOEXEC);
     assert_eq!((a, b), (3, 4));
     assert_eq!(g.write_bytes(a, b"ping"), 4);
     g.mem.write(SCRATCH + 0x1000, b"pong").unwrap();
     assert_eq!(g.ret(SENDTO, &[b, SCRATCH + 0x1000, 4, 0, 0, 0]), 4);
-    assert_eq!(g.ret(SENDTO, &[b, SCRATCH + 0x1000, 4, 0, SCRATCH, 16]), -106, "EISCONN");
+    assert_eq!(
+        g.ret(SENDTO, &[b, SCRATCH + 0x1000, 4, 0, SCRATCH, 16]),
+        -106,
+        "EISCONN"
+    );
     assert_eq!(g.ret(RECVFROM, &[b, BUF, 2, MSG_PEEK, 0, 0]), 2);
     assert_eq!(g.read_bytes(b, 10).unwrap(), b"ping");
     // recvfrom reports no peer address (length 0).
     g.mem.write_u32(SCRATCH + 0x10, 16).unwrap();
-    assert_eq!(g.ret(RECVFROM, &[a, BUF, 10, 0, SCRATCH + 0x20, SCRATCH + 0x10]), 4);
+    assert_eq!(
+        g.ret(RECVFROM, &[a, BUF, 10, 0, SCRATCH + 0x20, SCRATCH + 0x10]),
+        4
+    );
     assert_eq!(g.mem.read_vec(BUF, 4).unwrap(), b"pong");
     assert_eq!(g.mem.read_u32(SCRATCH + 0x10).unwrap(), 0);
     // Empty: MSG_DONTWAIT gives EAGAIN; a blocking receive waits for another thread.
-    assert_eq!(g.ret(RECVFROM, &[a, BUF, 10, MSG_DONTWAIT, 0, 0]), err(Errno::EAGAIN));
+    assert_eq!(
+        g.ret(RECVFROM, &[a, BUF, 10, MSG_DONTWAIT, 0, 0]),
+        err(Errno::EAGAIN)
+    );
     assert_eq!(ready_wait(g.call(READ, &[a, BUF, 10])), None);
     // Bounded like a pipe.
     let big = vec![7u8; 70_000];
     g.mem.write(BUF, &big).unwrap();
     assert_eq!(g.ret(WRITE, &[a, BUF, big.len() as u64]), 65536);
-    assert_eq!(g.ret(SENDTO, &[a, BUF, 1, MSG_DONTWAIT, 0, 0]), err(Errno::EAGAIN));
+    assert_eq!(
+        g.ret(SENDTO, &[a, BUF, 1, MSG_DONTWAIT, 0, 0]),
+        err(Errno::EAGAIN)
+    );
     // Socket options, names and calls that need an address.
     g.mem.write_u32(SCRATCH + 0x10, 4).unwrap();
-    assert_eq!(g.ret(GETSOCKOPT, &[a, 1, 4, SCRATCH + 0x20, SCRATCH + 0x10]), 0);
+    assert_eq!(
+        g.ret(GETSOCKOPT, &[a, 1, 4, SCRATCH + 0x20, SCRATCH + 0x10]),
+        0
+    );
     assert_eq!(g.mem.read_u32(SCRATCH + 0x20).unwrap(), 0, "SO_ERROR");
-    assert_eq!(g.ret(GETSOCKOPT, &[a, 1, 3, SCRATCH + 0x20, SCRATCH + 0x10]), 0);
+    assert_eq!(
+        g.ret(GETSOCKOPT, &[a, 1, 3, SCRATCH + 0x20, SCRATCH + 0x10]),
+        0
+    );
     assert_eq!(g.mem.read_u32(SCRATCH + 0x20).unwrap(), 1, "SO_TYPE");
-    assert_eq!(g.ret(GETSOCKOPT, &[a, 1, 4, 0x1000, SCRATCH + 0x10]), err(Errno::EFAULT));
-    assert_eq!(g.ret(GETSOCKOPT, &[a, 6, 1, SCRATCH + 0x20, SCRATCH + 0x10]), -92, "ENOPROTOOPT");
+    assert_eq!(
+        g.ret(GETSOCKOPT, &[a, 1, 4, 0x1000, SCRATCH + 0x10]),
+        err(Errno::EFAULT)
+    );
+    assert_eq!(
+        g.ret(GETSOCKOPT, &[a, 6, 1, SCRATCH + 0x20, SCRATCH + 0x10]),
+        -92,
+        "ENOPROTOOPT"
+    );
     assert_eq!(g.ret(SETSOCKOPT, &[a, 1, 8, SCRATCH + 0x20, 4]), 0);
-    assert_eq!(g.ret(SETSOCKOPT, &[a, 1, 20, SCRATCH + 0x20, 16]), -92, "SO_RCVTIMEO is not honoured");
+    assert_eq!(
+        g.ret(SETSOCKOPT, &[a, 1, 20, SCRATCH + 0x20, 16]),
+        -92,
+        "SO_RCVTIMEO is not honoured"
+    );
     g.mem.write_u32(SCRATCH + 0x10, 110).unwrap();
     assert_eq!(g.ret(GETSOCKNAME, &[a, SCRATCH + 0x20, SCRATCH + 0x10]), 0);
     assert_eq!(g.mem.read_u32(SCRATCH + 0x10).unwrap(), 2);
@@ -840,9 +1168,16 @@ fn socketpair_shutdown_close_and_messages() {
     let (a, b) = g.socketpair(O_NONBLOCK);
     // sendmsg/recvmsg over two iovecs; control data is refused.
     g.mem.write(SCRATCH + 0x100, b"hello world").unwrap();
-    for (i, (base, len)) in [(SCRATCH + 0x100, 6u64), (SCRATCH + 0x106, 5)].iter().enumerate() {
-        g.mem.write_u64(SCRATCH + 0x200 + i as u64 * 16, *base).unwrap();
-        g.mem.write_u64(SCRATCH + 0x208 + i as u64 * 16, *len).unwrap();
+    for (i, (base, len)) in [(SCRATCH + 0x100, 6u64), (SCRATCH + 0x106, 5)]
+        .iter()
+        .enumerate()
+    {
+        g.mem
+            .write_u64(SCRATCH + 0x200 + i as u64 * 16, *base)
+            .unwrap();
+        g.mem
+            .write_u64(SCRATCH + 0x208 + i as u64 * 16, *len)
+            .unwrap();
     }
     let msg = SCRATCH + 0x300;
     g.mem.write(msg, &[0u8; 56]).unwrap();
@@ -873,7 +1208,11 @@ fn socketpair_shutdown_close_and_messages() {
     assert_eq!(g.ret(CLOSE, &[a]), 0);
     assert_eq!(g.ret(POLL, &[BUF, 1, 0]), 1);
     let revents = u16::from_le_bytes(g.mem.read_vec(BUF + 6, 2).unwrap().try_into().unwrap());
-    assert_eq!(revents & (0x2000 | 0x10 | 1), 0x2000 | 0x10 | 1, "RDHUP, HUP, IN: {revents:#x}");
+    assert_eq!(
+        revents & (0x2000 | 0x10 | 1),
+        0x2000 | 0x10 | 1,
+        "RDHUP, HUP, IN: {revents:#x}"
+    );
     assert_eq!(g.write_bytes(b, b"x"), err(Errno::EPIPE));
     assert_eq!(g.ret(CLOSE, &[b]), 0);
     // Both channels were freed: a new pair reuses them and starts empty.
@@ -888,7 +1227,11 @@ fn socketpair_shutdown_close_and_messages() {
     g.mem.write_u32(BUF + 4, 0x2000 | 1 | 4).unwrap();
     assert_eq!(g.ret(POLL, &[BUF, 1, 0]), 1);
     let revents = u16::from_le_bytes(g.mem.read_vec(BUF + 6, 2).unwrap().try_into().unwrap());
-    assert_eq!(revents, 0x2000 | 0x10 | 4 | 1, "RDHUP, HUP, OUT, IN: {revents:#x}");
+    assert_eq!(
+        revents,
+        0x2000 | 0x10 | 4 | 1,
+        "RDHUP, HUP, OUT, IN: {revents:#x}"
+    );
     assert_eq!(g.read_bytes(c, 10).unwrap(), b"");
     assert_eq!(g.write_bytes(c, b"x"), err(Errno::EPIPE));
 }
@@ -900,7 +1243,10 @@ fn epoll_reports_readiness_of_pipes_and_sockets() {
     let ep = g.ret(EPOLL_CREATE1, &[O_CLOEXEC]) as u64;
     let (a, b) = g.socketpair(0);
     assert_eq!(g.ret(PIPE2, &[SCRATCH + 0x700, 0]), 0);
-    let (r, w) = (g.mem.read_u32(SCRATCH + 0x700).unwrap() as u64, g.mem.read_u32(SCRATCH + 0x704).unwrap() as u64);
+    let (r, w) = (
+        g.mem.read_u32(SCRATCH + 0x700).unwrap() as u64,
+        g.mem.read_u32(SCRATCH + 0x704).unwrap() as u64,
+    );
     assert_eq!(g.epoll_add(ep, a, EPOLLIN, 0xa), 0);
     assert_eq!(g.epoll_add(ep, a, EPOLLIN, 0xa), err(Errno::EEXIST));
     assert_eq!(g.epoll_add(ep, r, EPOLLIN | EPOLLONESHOT, 0x7), 0);
@@ -911,13 +1257,19 @@ fn epoll_reports_readiness_of_pipes_and_sockets() {
     let file = g.open("/etc/passwd", 0) as u64;
     assert_eq!(g.epoll_add(ep, file, EPOLLIN, 0), err(Errno::EPERM));
     assert_eq!(g.ret(EPOLL_CTL, &[ep, 1, w, 0x1000]), err(Errno::EFAULT));
-    assert_eq!(g.ret(EPOLL_CTL, &[ep, 9, a, SCRATCH + 0x900]), err(Errno::EINVAL));
+    assert_eq!(
+        g.ret(EPOLL_CTL, &[ep, 9, a, SCRATCH + 0x900]),
+        err(Errno::EINVAL)
+    );
     assert_eq!(g.ret(EPOLL_CTL, &[ep, 2, w, 0]), err(Errno::ENOENT));
     // Only b is writable so far.
     assert_eq!(g.epoll_ready(ep), vec![(EPOLLOUT, 0xb)]);
     assert_eq!(g.write_bytes(b, b"x"), 1);
     assert_eq!(g.write_bytes(w, b"y"), 1);
-    assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN, 0xa), (EPOLLOUT, 0xb), (EPOLLIN, 0x7)]);
+    assert_eq!(
+        g.epoll_ready(ep),
+        vec![(EPOLLIN, 0xa), (EPOLLOUT, 0xb), (EPOLLIN, 0x7)]
+    );
     // The one-shot pipe registration is disarmed after one report.
     assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN, 0xa), (EPOLLOUT, 0xb)]);
     assert_eq!(g.ret(EPOLL_CTL, &[ep, 2, b, 0]), 0);
@@ -928,7 +1280,10 @@ fn epoll_reports_readiness_of_pipes_and_sockets() {
     assert_eq!(g.ret(EPOLL_WAIT, &[ep, MEM - 12, 2, 0]), err(Errno::EFAULT));
     // Nothing ready: the thread waits, with the timeout or without one.
     assert!(ready_wait(g.call(EPOLL_WAIT, &[ep, BUF, 8, 30])).is_some());
-    assert_eq!(ready_wait(g.call(EPOLL_WAIT, &[ep, BUF, 8, -1i64 as u64])), None);
+    assert_eq!(
+        ready_wait(g.call(EPOLL_WAIT, &[ep, BUF, 8, -1i64 as u64])),
+        None
+    );
     // Closing the peer makes a report HUP; a registration whose fd was closed and reused by
     // another description is dropped.
     assert_eq!(g.ret(CLOSE, &[b]), 0);
@@ -951,7 +1306,10 @@ fn dev_nodes_and_statfs() {
     assert_eq!(g.read_bytes(zero, 8).unwrap(), vec![0u8; 8]);
     assert_eq!(g.ret(READ, &[zero, 0x1000, 8]), err(Errno::EFAULT));
     let urandom = g.open("/dev/urandom", 0) as u64;
-    let (x, y) = (g.read_bytes(urandom, 32).unwrap(), g.read_bytes(urandom, 32).unwrap());
+    let (x, y) = (
+        g.read_bytes(urandom, 32).unwrap(),
+        g.read_bytes(urandom, 32).unwrap(),
+    );
     assert_eq!(x.len(), 32);
     assert_ne!(x, y);
     assert_eq!(g.ret(FSTAT, &[urandom, BUF]), 0);
@@ -966,7 +1324,18 @@ fn dev_nodes_and_statfs() {
     let n = g.ret(GETDENTS64, &[dev, BUF, 4096]);
     let mut names = dirent_names(&g.mem.read_vec(BUF, n as u64).unwrap());
     names.sort();
-    assert_eq!(names, [&b"."[..], b"..", b"null", b"random", b"shm", b"urandom", b"zero"]);
+    assert_eq!(
+        names,
+        [
+            &b"."[..],
+            b"..",
+            b"null",
+            b"random",
+            b"shm",
+            b"urandom",
+            b"zero"
+        ]
+    );
     let p = g.cstr(SCRATCH, "/dev/../dev/null");
     assert_eq!(g.ret(UNLINKAT, &[AT_FDCWD, p, 0]), err(Errno::EROFS));
     // statfs: the overlay's limit and usage, the image read-only and full.
@@ -980,7 +1349,11 @@ fn dev_nodes_and_statfs() {
     g.mem.write(BUF + 0x1000, &[1u8; 40_000]).unwrap();
     assert_eq!(g.ret(WRITE, &[f, BUF + 0x1000, 40_000]), 40_000);
     assert_eq!(g.ret(FSTATFS, &[f, BUF]), 0);
-    assert!(free_before - field(&g, 3) >= 40_000 / 4096, "free blocks went from {free_before} to {}", field(&g, 3));
+    assert!(
+        free_before - field(&g, 3) >= 40_000 / 4096,
+        "free blocks went from {free_before} to {}",
+        field(&g, 3)
+    );
     assert_eq!(field(&g, 10) & 1, 0, "writable");
     let p = g.cstr(SCRATCH, "/etc/passwd");
     assert_eq!(g.ret(STATFS, &[p, BUF]), 0);
@@ -1003,7 +1376,8 @@ fn sockets_epoll_and_devices_survive_a_template_snapshot() {
     g.proc.encode_state(&mut e).unwrap();
     let bytes = e.into_bytes();
     let mut d = Decoder::new(&bytes);
-    g.proc = GuestProcess::decode_state(&mut d, g.proc.config.vfs.image().clone(), 1 << 20).unwrap();
+    g.proc =
+        GuestProcess::decode_state(&mut d, g.proc.config.vfs.image().clone(), 1 << 20).unwrap();
     d.finish("process").unwrap();
     assert_eq!(g.epoll_ready(ep), vec![(EPOLLIN, 0x55)]);
     assert_eq!(g.read_bytes(b, 10).unwrap(), b"kept");
@@ -1023,7 +1397,8 @@ impl Guest {
     }
 
     fn read_u64_from(&mut self, fd: u64) -> Result<u64, i64> {
-        self.read_bytes(fd, 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        self.read_bytes(fd, 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
     }
 }
 

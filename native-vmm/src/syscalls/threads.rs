@@ -30,7 +30,12 @@ const CSIGNAL: u64 = 0xff;
 /// What makes a clone a thread of this process.
 const THREAD_FLAGS: u64 = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD;
 /// What a thread clone may add (CLONE_DETACHED is ignored by Linux too).
-const OPTIONAL_FLAGS: u64 = CLONE_SYSVSEM | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID | CLONE_CHILD_SETTID | CLONE_DETACHED;
+const OPTIONAL_FLAGS: u64 = CLONE_SYSVSEM
+    | CLONE_SETTLS
+    | CLONE_PARENT_SETTID
+    | CLONE_CHILD_CLEARTID
+    | CLONE_CHILD_SETTID
+    | CLONE_DETACHED;
 /// struct clone_args: the first version's size, and the size this layer reads (up to cgroup).
 const CLONE_ARGS_SIZE_VER0: u64 = 64;
 const CLONE_ARGS_SIZE_KNOWN: u64 = 88;
@@ -53,7 +58,17 @@ pub(crate) fn clone(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
         return Err(Errno::ENOSYS);
     }
     // A thread has no exit signal: Linux ignores clone's for CLONE_THREAD.
-    spawn(proc, user, CloneArgs { flags: flags & !CSIGNAL, stack, parent_tid, child_tid, tls })
+    spawn(
+        proc,
+        user,
+        CloneArgs {
+            flags: flags & !CSIGNAL,
+            stack,
+            parent_tid,
+            child_tid,
+            tls,
+        },
+    )
 }
 
 /// clone3(cl_args, size)
@@ -67,19 +82,38 @@ pub(crate) fn clone3(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     }
     let bytes = user.read_vec(addr, size)?;
     // Fields this layer does not know must be zero, as Linux requires of newer callers.
-    if bytes.iter().skip(CLONE_ARGS_SIZE_KNOWN as usize).any(|&b| b != 0) {
+    if bytes
+        .iter()
+        .skip(CLONE_ARGS_SIZE_KNOWN as usize)
+        .any(|&b| b != 0)
+    {
         return Err(Errno::E2BIG);
     }
-    let field = |i: usize| bytes.get(i * 8..i * 8 + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    let field = |i: usize| {
+        bytes
+            .get(i * 8..i * 8 + 8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
     // pidfd is only read with CLONE_PIDFD, which a thread clone here cannot have.
-    let [flags, _pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, _set_tid, set_tid_size, cgroup] = std::array::from_fn(field);
+    let [flags, _pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, _set_tid, set_tid_size, cgroup] =
+        std::array::from_fn(field);
     if flags & THREAD_FLAGS != THREAD_FLAGS {
         return Err(Errno::ENOSYS);
     }
     if exit_signal != 0 || set_tid_size != 0 || cgroup != 0 || (stack == 0) != (stack_size == 0) {
         return Err(Errno::EINVAL);
     }
-    spawn(proc, user, CloneArgs { flags, stack: stack.wrapping_add(stack_size), parent_tid, child_tid, tls })
+    spawn(
+        proc,
+        user,
+        CloneArgs {
+            flags,
+            stack: stack.wrapping_add(stack_size),
+            parent_tid,
+            child_tid,
+            tls,
+        },
+    )
 }
 
 /// Makes a thread: checks the flags and addresses, takes a tid (or EAGAIN at the limit) and
@@ -92,7 +126,11 @@ fn spawn(proc: &mut GuestProcess, user: &UserMemory, args: CloneArgs) -> SysResu
         return Err(Errno::ENOSYS);
     }
     let wants = |flag: u64| args.flags & flag != 0;
-    for (flag, addr) in [(CLONE_PARENT_SETTID, args.parent_tid), (CLONE_CHILD_SETTID, args.child_tid), (CLONE_CHILD_CLEARTID, args.child_tid)] {
+    for (flag, addr) in [
+        (CLONE_PARENT_SETTID, args.parent_tid),
+        (CLONE_CHILD_SETTID, args.child_tid),
+        (CLONE_CHILD_CLEARTID, args.child_tid),
+    ] {
         if wants(flag) {
             user.check(addr, 4)?;
         }
@@ -101,14 +139,22 @@ fn spawn(proc: &mut GuestProcess, user: &UserMemory, args: CloneArgs) -> SysResu
     if tls.is_some_and(|base| base >= super::misc::TASK_SIZE) {
         return Err(Errno::EPERM);
     }
-    let Some(start) = proc.threads.spawn(args.stack, tls) else { return Err(Errno::EAGAIN) };
-    for (flag, addr) in [(CLONE_PARENT_SETTID, args.parent_tid), (CLONE_CHILD_SETTID, args.child_tid)] {
+    let Some(start) = proc.threads.spawn(args.stack, tls) else {
+        return Err(Errno::EAGAIN);
+    };
+    for (flag, addr) in [
+        (CLONE_PARENT_SETTID, args.parent_tid),
+        (CLONE_CHILD_SETTID, args.child_tid),
+    ] {
         if wants(flag) {
             user.write_u32(addr, start.tid as u32)?;
         }
     }
     if wants(CLONE_CHILD_CLEARTID) {
-        proc.threads.get_mut(start.tid).expect("just spawned").clear_child_tid = args.child_tid;
+        proc.threads
+            .get_mut(start.tid)
+            .expect("just spawned")
+            .clear_child_tid = args.child_tid;
     }
     Ok(SyscallOutcome::Spawned(start))
 }
@@ -130,9 +176,15 @@ pub(crate) fn exit(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
 }
 
 /// exit_group(code): ends every thread; the process exits with `code`.
-pub(crate) fn exit_group(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn exit_group(
+    _proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     // Linux keeps the low 8 bits of the status.
-    Ok(SyscallOutcome::Stop(RunStatus::Exited { code: (args[0] & 0xff) as i32 }))
+    Ok(SyscallOutcome::Stop(RunStatus::Exited {
+        code: (args[0] & 0xff) as i32,
+    }))
 }
 
 /// gettid()
@@ -148,14 +200,22 @@ pub(crate) fn names_a_thread(proc: &GuestProcess, pid: u64) -> bool {
 }
 
 /// set_tid_address(tidptr): the calling thread's clear_child_tid; returns its tid.
-pub(crate) fn set_tid_address(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn set_tid_address(
+    proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     proc.threads.current_mut().clear_child_tid = args[0];
     value(proc.threads.current_tid())
 }
 
 /// set_robust_list(head, len): recorded for the calling thread. A thread that dies holding a
 /// robust mutex does not have it marked OWNER_DIED (no program here relies on it).
-pub(crate) fn set_robust_list(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn set_robust_list(
+    proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     const ROBUST_LIST_HEAD_SIZE: u64 = 24;
     if args[1] != ROBUST_LIST_HEAD_SIZE {
         return Err(Errno::EINVAL);
@@ -183,7 +243,11 @@ pub(crate) fn arch_prctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 }
 
 /// sched_yield(): another runnable thread, if any, runs first.
-pub(crate) fn sched_yield(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+pub(crate) fn sched_yield(
+    _proc: &mut GuestProcess,
+    _user: &UserMemory,
+    _args: [u64; 6],
+) -> SysResult {
     Ok(SyscallOutcome::Yield)
 }
 

@@ -44,7 +44,12 @@ const COARSE_RESOLUTION_NS: u64 = 4_000_000;
 /// The host clock answering a guest clock id, or EINVAL.
 fn host_clock(clock: u64) -> Result<i32, Errno> {
     match clock {
-        CLOCK_REALTIME | CLOCK_MONOTONIC | CLOCK_MONOTONIC_RAW | CLOCK_REALTIME_COARSE | CLOCK_MONOTONIC_COARSE | CLOCK_BOOTTIME => Ok(clock as i32),
+        CLOCK_REALTIME
+        | CLOCK_MONOTONIC
+        | CLOCK_MONOTONIC_RAW
+        | CLOCK_REALTIME_COARSE
+        | CLOCK_MONOTONIC_COARSE
+        | CLOCK_BOOTTIME => Ok(clock as i32),
         CLOCK_PROCESS_CPUTIME_ID | CLOCK_THREAD_CPUTIME_ID => Ok(CLOCK_THREAD_CPUTIME_ID as i32),
         _ => Err(Errno::EINVAL),
     }
@@ -67,12 +72,17 @@ pub(crate) fn now_ns(clock: u64) -> Result<u64, Errno> {
         return Ok(shared.now_ns(kind));
     }
     let (sec, nsec) = sys::clock_time(host_clock(clock)?).map_err(|_| Errno::EINVAL)?;
-    Ok((sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(nsec.max(0) as u64))
+    Ok((sec.max(0) as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(nsec.max(0) as u64))
 }
 
 /// The calling thread sleeps for `duration`.
 fn sleep(duration: Duration) -> SysResult {
-    block(WaitOn::Sleep, Some(after(duration).unwrap_or_else(far_future)))
+    block(
+        WaitOn::Sleep,
+        Some(after(duration).unwrap_or_else(far_future)),
+    )
 }
 
 /// An instant past any run's deadline, for times too far to represent.
@@ -114,7 +124,11 @@ fn cpu_time_ns(proc: &GuestProcess, clock: u64) -> Option<Result<u64, Errno>> {
 }
 
 /// clock_gettime(clockid, tp)
-pub(crate) fn clock_gettime(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn clock_gettime(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let ns = match cpu_time_ns(proc, args[0]) {
         Some(cpu) => cpu?,
         None => now_ns(args[0] as u32 as u64)?,
@@ -124,13 +138,21 @@ pub(crate) fn clock_gettime(proc: &mut GuestProcess, user: &UserMemory, args: [u
 }
 
 /// clock_getres(clockid, res): res may be NULL.
-pub(crate) fn clock_getres(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn clock_getres(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     if let Some(cpu) = cpu_time_ns(proc, args[0]) {
         cpu?;
     } else {
         host_clock(args[0] as u32 as u64)?;
     }
-    let res = if matches!(args[0], CLOCK_REALTIME_COARSE | CLOCK_MONOTONIC_COARSE) { COARSE_RESOLUTION_NS } else { 1 };
+    let res = if matches!(args[0], CLOCK_REALTIME_COARSE | CLOCK_MONOTONIC_COARSE) {
+        COARSE_RESOLUTION_NS
+    } else {
+        1
+    };
     if args[1] != 0 {
         user.write_timespec(args[1], 0, res)?;
     }
@@ -138,7 +160,11 @@ pub(crate) fn clock_getres(proc: &mut GuestProcess, user: &UserMemory, args: [u6
 }
 
 /// gettimeofday(tv, tz): either may be NULL; the time zone is always UTC.
-pub(crate) fn gettimeofday(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn gettimeofday(
+    _proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let ns = now_ns(CLOCK_REALTIME)?;
     if args[0] != 0 {
         user.write_timespec(args[0], ns / 1_000_000_000, ns % 1_000_000_000 / 1000)?;
@@ -165,7 +191,11 @@ pub(crate) fn nanosleep(_proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 }
 
 /// clock_nanosleep(clockid, flags, req, rem), relative or TIMER_ABSTIME.
-pub(crate) fn clock_nanosleep(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn clock_nanosleep(
+    _proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let clock = args[0];
     if matches!(clock, CLOCK_THREAD_CPUTIME_ID) {
         return Err(Errno::EINVAL);
@@ -202,7 +232,11 @@ pub(crate) fn getrusage(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
     match who {
         RUSAGE_SELF | RUSAGE_THREAD => {
             let threads = &proc.threads;
-            let cpu = if who == RUSAGE_SELF { threads.process_cpu_ns() } else { threads.thread_cpu_ns(threads.current_tid()).unwrap_or(0) };
+            let cpu = if who == RUSAGE_SELF {
+                threads.process_cpu_ns()
+            } else {
+                threads.thread_cpu_ns(threads.current_tid()).unwrap_or(0)
+            };
             usage[..8].copy_from_slice(&(cpu / 1_000_000_000).to_le_bytes());
             usage[8..16].copy_from_slice(&(cpu % 1_000_000_000 / 1000).to_le_bytes());
             // ru_maxrss is in KiB.

@@ -28,7 +28,11 @@ fn offset_arg(user: &UserMemory, ptr: u64) -> Result<Option<(u64, u64)>, Errno> 
 /// What a transfer reads from.
 enum Source {
     /// A file of the file system at a position (a regular file or a device).
-    File { fd: u64, pos: u64, explicit: Option<u64> },
+    File {
+        fd: u64,
+        pos: u64,
+        explicit: Option<u64>,
+    },
     /// An in-memory channel (a pipe's read end, a socket's receive side).
     Channel(usize),
 }
@@ -41,7 +45,12 @@ struct Sink {
     channel: Option<usize>,
 }
 
-fn source(proc: &GuestProcess, fd: u64, offset: Option<(u64, u64)>, allow_channel: bool) -> Result<Source, Errno> {
+fn source(
+    proc: &GuestProcess,
+    fd: u64,
+    offset: Option<(u64, u64)>,
+    allow_channel: bool,
+) -> Result<Source, Errno> {
     let desc = proc.fds.get(fd)?;
     if !desc.readable() || desc.flags & O_PATH as u32 != 0 {
         return Err(Errno::EBADF);
@@ -51,7 +60,11 @@ fn source(proc: &GuestProcess, fd: u64, offset: Option<(u64, u64)>, allow_channe
             FileKind::Directory => Err(Errno::EISDIR),
             FileKind::Regular | FileKind::CharDevice => {
                 let pos = offset.map_or(desc.offset, |(_, pos)| pos);
-                Ok(Source::File { fd, pos, explicit: offset.map(|(ptr, _)| ptr) })
+                Ok(Source::File {
+                    fd,
+                    pos,
+                    explicit: offset.map(|(ptr, _)| ptr),
+                })
             }
             FileKind::Symlink => Err(Errno::EINVAL),
         },
@@ -69,18 +82,34 @@ fn sink(proc: &GuestProcess, fd: u64, offset: Option<(u64, u64)>) -> Result<Sink
         return Err(Errno::EBADF);
     }
     let channel = match desc.object {
-        Object::PipeWrite(pipe) | Object::Socket { tx: pipe, shut_write: false, .. } => Some(pipe),
+        Object::PipeWrite(pipe)
+        | Object::Socket {
+            tx: pipe,
+            shut_write: false,
+            ..
+        } => Some(pipe),
         _ => None,
     };
     if channel.is_some() && offset.is_some() {
         return Err(Errno::ESPIPE);
     }
-    Ok(Sink { fd, at: offset, channel })
+    Ok(Sink {
+        fd,
+        at: offset,
+        channel,
+    })
 }
 
 /// Moves up to `len` bytes from `src` to `dst`; offsets given by pointer are read and written
 /// back there, the others are the descriptions' positions.
-fn transfer(proc: &mut GuestProcess, user: &UserMemory, src: Source, dst: Sink, len: u64, nonblocking: bool) -> SysResult {
+fn transfer(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    src: Source,
+    dst: Sink,
+    len: u64,
+    nonblocking: bool,
+) -> SysResult {
     let mut max = len.min(MAX_TRANSFER);
     if let Some(channel) = dst.channel {
         let pipe = proc.fds.pipe(channel)?;
@@ -89,13 +118,19 @@ fn transfer(proc: &mut GuestProcess, user: &UserMemory, src: Source, dst: Sink, 
         }
         max = max.min(pipe.room() as u64);
         if max == 0 && len > 0 {
-            return if nonblocking || proc.fds.get(dst.fd)?.flags & O_NONBLOCK != 0 { Err(Errno::EAGAIN) } else { wait_ready(proc, None) };
+            return if nonblocking || proc.fds.get(dst.fd)?.flags & O_NONBLOCK != 0 {
+                Err(Errno::EAGAIN)
+            } else {
+                wait_ready(proc, None)
+            };
         }
     }
     let data = match &src {
         Source::File { fd, pos, .. } => {
             let desc = proc.fds.get(*fd)?;
-            let Object::Node(node) = desc.object else { return Err(Errno::EBADF) };
+            let Object::Node(node) = desc.object else {
+                return Err(Errno::EBADF);
+            };
             match &desc.contents {
                 // A /proc file: the bytes made when it was opened, as read() gives them.
                 Some(contents) => super::files::bytes_at(contents, *pos, max as usize).to_vec(),
@@ -116,8 +151,16 @@ fn transfer(proc: &mut GuestProcess, user: &UserMemory, src: Source, dst: Sink, 
     if data.is_empty() {
         return value(0);
     }
-    let outcome = write_bytes(proc, dst.fd, &data, data.len() as u64, dst.at.map(|(_, pos)| pos))?;
-    let super::SyscallOutcome::Return(n) = outcome else { return Ok(outcome) };
+    let outcome = write_bytes(
+        proc,
+        dst.fd,
+        &data,
+        data.len() as u64,
+        dst.at.map(|(_, pos)| pos),
+    )?;
+    let super::SyscallOutcome::Return(n) = outcome else {
+        return Ok(outcome);
+    };
     if let Source::File { fd, pos, explicit } = src {
         match explicit {
             Some(ptr) => user.write_u64(ptr, pos + n)?,
@@ -135,7 +178,13 @@ fn transfer(proc: &mut GuestProcess, user: &UserMemory, src: Source, dst: Sink, 
 pub(crate) fn sendfile(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (out_fd, in_fd) = (fd_arg(args[0]), fd_arg(args[1]));
     // A directory has no bytes to send: EINVAL here (copy_file_range says EISDIR).
-    let src = source(proc, in_fd, offset_arg(user, args[2])?, false).map_err(|e| if e == Errno::EISDIR { Errno::EINVAL } else { e })?;
+    let src = source(proc, in_fd, offset_arg(user, args[2])?, false).map_err(|e| {
+        if e == Errno::EISDIR {
+            Errno::EINVAL
+        } else {
+            e
+        }
+    })?;
     let dst = sink(proc, out_fd, None)?;
     if proc.fds.get(out_fd)?.flags & O_APPEND != 0 {
         return Err(Errno::EINVAL);
@@ -145,7 +194,11 @@ pub(crate) fn sendfile(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
 
 /// copy_file_range(fd_in, off_in, fd_out, off_out, len, flags): between regular files (no
 /// flags exist); overlapping ranges of one file are EINVAL.
-pub(crate) fn copy_file_range(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn copy_file_range(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
     let [fd_in, off_in, fd_out, off_out, len, flags] = args;
     if flags != 0 {
         return Err(Errno::EINVAL);
@@ -154,7 +207,9 @@ pub(crate) fn copy_file_range(proc: &mut GuestProcess, user: &UserMemory, args: 
     let src = source(proc, fd_in, offset_arg(user, off_in)?, false)?;
     let dst = sink(proc, fd_out, offset_arg(user, off_out)?)?;
     let out = proc.fds.get(fd_out)?;
-    let Object::Node(out_node) = out.object else { return Err(Errno::EINVAL) };
+    let Object::Node(out_node) = out.object else {
+        return Err(Errno::EINVAL);
+    };
     match proc.config.vfs.kind(out_node)? {
         FileKind::Directory => return Err(Errno::EISDIR),
         FileKind::Regular => {}
@@ -163,14 +218,20 @@ pub(crate) fn copy_file_range(proc: &mut GuestProcess, user: &UserMemory, args: 
     if out.flags & O_APPEND != 0 {
         return Err(Errno::EBADF);
     }
-    let Source::File { fd, pos, .. } = src else { return Err(Errno::EINVAL) };
-    let Object::Node(in_node) = proc.fds.get(fd)?.object else { return Err(Errno::EINVAL) };
+    let Source::File { fd, pos, .. } = src else {
+        return Err(Errno::EINVAL);
+    };
+    let Object::Node(in_node) = proc.fds.get(fd)?.object else {
+        return Err(Errno::EINVAL);
+    };
     if proc.config.vfs.kind(in_node)? != FileKind::Regular {
         return Err(Errno::EINVAL);
     }
     let out_pos = dst.at.map_or(out.offset, |(_, p)| p);
     // Linux first cuts the length to what the source holds: nothing to copy is no overlap.
-    let n = len.min(MAX_TRANSFER).min(proc.config.vfs.stat(in_node)?.size.saturating_sub(pos));
+    let n = len
+        .min(MAX_TRANSFER)
+        .min(proc.config.vfs.stat(in_node)?.size.saturating_sub(pos));
     if n == 0 {
         return value(0);
     }
@@ -196,6 +257,7 @@ pub(crate) fn splice(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     if !in_pipe && !out_pipe {
         return Err(Errno::EINVAL);
     }
-    let nonblocking = flags & SPLICE_F_NONBLOCK != 0 || (in_pipe && proc.fds.get(fd_in)?.flags & O_NONBLOCK != 0);
+    let nonblocking =
+        flags & SPLICE_F_NONBLOCK != 0 || (in_pipe && proc.fds.get(fd_in)?.flags & O_NONBLOCK != 0);
     transfer(proc, user, src, dst, len, nonblocking)
 }

@@ -4,11 +4,11 @@
 //! but the program cannot reach it, so a pointer into it is as bad as one outside memory:
 //! EFAULT. Every handler goes through this view, never through GuestMemory directly.
 
-use std::time::Duration;
 use crate::errno::Errno;
 use crate::fs::PATH_MAX;
 use crate::layout::USER_BASE;
 use crate::memory::GuestMemory;
+use std::time::Duration;
 
 /// Most elements an iovec array may have (Linux UIO_MAXIOV).
 pub const IOV_MAX: u64 = 1024;
@@ -96,7 +96,10 @@ impl<'a> UserMemory<'a> {
         for entry in raw.chunks_exact(16) {
             let base = u64::from_le_bytes(entry[..8].try_into().map_err(|_| Errno::EFAULT)?);
             let len = u64::from_le_bytes(entry[8..].try_into().map_err(|_| Errno::EFAULT)?);
-            total = total.checked_add(len).filter(|&t| t <= i64::MAX as u64).ok_or(Errno::EINVAL)?;
+            total = total
+                .checked_add(len)
+                .filter(|&t| t <= i64::MAX as u64)
+                .ok_or(Errno::EINVAL)?;
             out.push((base, len));
         }
         Ok(out)

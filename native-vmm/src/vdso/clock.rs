@@ -71,7 +71,8 @@ impl Params {
     /// CLOCK_MONOTONIC at TSC `tsc` (a TSC before the base reads as the base).
     pub fn monotonic_at(&self, tsc: u64) -> u64 {
         let delta = tsc.saturating_sub(self.tsc_base) as u128;
-        self.mono_base.wrapping_add(((delta * self.mult as u128) >> 32) as u64)
+        self.mono_base
+            .wrapping_add(((delta * self.mult as u128) >> 32) as u64)
     }
 }
 
@@ -94,19 +95,43 @@ struct Sample {
 
 fn host_ns(clock: i32) -> u64 {
     let (sec, nsec) = sys::clock_time(clock).unwrap_or((0, 0));
-    (sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(nsec.max(0) as u64)
+    (sec.max(0) as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(nsec.max(0) as u64)
 }
 
 /// The host's monotonic clock against the TSC (the midpoint of the tightest of five reads), and
 /// `clock` minus monotonic (likewise).
 fn sample() -> Sample {
-    let tightest = |read: &dyn Fn() -> (u64, u64, u64)| (0..5).map(|_| read()).min_by_key(|&(before, _, after)| after.wrapping_sub(before)).unwrap_or((0, 0, 0));
-    let (t1, mono, t2) = tightest(&|| (sys::rdtsc_ordered(), host_ns(libc::CLOCK_MONOTONIC), sys::rdtsc_ordered()));
+    let tightest = |read: &dyn Fn() -> (u64, u64, u64)| {
+        (0..5)
+            .map(|_| read())
+            .min_by_key(|&(before, _, after)| after.wrapping_sub(before))
+            .unwrap_or((0, 0, 0))
+    };
+    let (t1, mono, t2) = tightest(&|| {
+        (
+            sys::rdtsc_ordered(),
+            host_ns(libc::CLOCK_MONOTONIC),
+            sys::rdtsc_ordered(),
+        )
+    });
     let offset = |clock| {
-        let (m1, other, m2) = tightest(&|| (host_ns(libc::CLOCK_MONOTONIC), host_ns(clock), host_ns(libc::CLOCK_MONOTONIC)));
+        let (m1, other, m2) = tightest(&|| {
+            (
+                host_ns(libc::CLOCK_MONOTONIC),
+                host_ns(clock),
+                host_ns(libc::CLOCK_MONOTONIC),
+            )
+        });
         other as i64 - (m1 / 2 + m2 / 2) as i64
     };
-    Sample { tsc: t1 / 2 + t2 / 2, mono, real_offset: offset(libc::CLOCK_REALTIME), boot_offset: offset(libc::CLOCK_BOOTTIME) }
+    Sample {
+        tsc: t1 / 2 + t2 / 2,
+        mono,
+        real_offset: offset(libc::CLOCK_REALTIME),
+        boot_offset: offset(libc::CLOCK_BOOTTIME),
+    }
 }
 
 /// The host's rate between two samples: nanoseconds per cycle, times 2^32 (None: no time passed).
@@ -127,9 +152,18 @@ fn next_params(current: &Params, previous: &Sample, now: &Sample, anchor: u64) -
     } else {
         let period = UPDATE_PERIOD.as_nanos() as i128;
         let limit = host_rate * MAX_SLEW_PPM / 1_000_000;
-        (0, host_rate + (host_rate * error / period).clamp(-limit, limit))
+        (
+            0,
+            host_rate + (host_rate * error / period).clamp(-limit, limit),
+        )
     };
-    let offset = |old: i64, new: i64| if (new - old).abs() < OFFSET_NOISE_NS { old } else { new };
+    let offset = |old: i64, new: i64| {
+        if (new - old).abs() < OFFSET_NOISE_NS {
+            old
+        } else {
+            new
+        }
+    };
     Params {
         tsc_base: anchor,
         mono_base: current.monotonic_at(anchor) + step,
@@ -153,10 +187,24 @@ impl Clock {
         let first = sample();
         std::thread::sleep(CALIBRATION);
         let second = sample();
-        let mult = rate(&first, &second).ok_or_else(|| std::io::Error::other("the TSC did not advance while calibrating"))?;
-        let start = Params { tsc_base: second.tsc, mono_base: second.mono, mult, real_offset: second.real_offset, boot_offset: second.boot_offset };
-        let clock = Clock { page, last: std::sync::Mutex::new(second) };
-        clock.publish(|anchor| Params { tsc_base: anchor, mono_base: start.monotonic_at(anchor), ..start });
+        let mult = rate(&first, &second)
+            .ok_or_else(|| std::io::Error::other("the TSC did not advance while calibrating"))?;
+        let start = Params {
+            tsc_base: second.tsc,
+            mono_base: second.mono,
+            mult,
+            real_offset: second.real_offset,
+            boot_offset: second.boot_offset,
+        };
+        let clock = Clock {
+            page,
+            last: std::sync::Mutex::new(second),
+        };
+        clock.publish(|anchor| Params {
+            tsc_base: anchor,
+            mono_base: start.monotonic_at(anchor),
+            ..start
+        });
         clock.word(Word::Mode).store(MODE_TSC, Ordering::Release);
         Ok(clock)
     }
@@ -187,7 +235,8 @@ impl Clock {
     /// thread).
     fn publish(&self, next: impl FnOnce(u64) -> Params) -> Params {
         let seq = self.word(Word::Seq).load(Ordering::Relaxed);
-        self.word(Word::Seq).store(seq.wrapping_add(1), Ordering::Relaxed);
+        self.word(Word::Seq)
+            .store(seq.wrapping_add(1), Ordering::Relaxed);
         // A full fence (mfence): the odd count is visible to every reader before the anchor.
         fence(Ordering::SeqCst);
         let params = next(sys::rdtsc_ordered());
@@ -197,14 +246,18 @@ impl Clock {
         store(Word::Mult, params.mult);
         store(Word::RealOffset, params.real_offset as u64);
         store(Word::BootOffset, params.boot_offset as u64);
-        self.word(Word::Seq).store(seq.wrapping_add(2), Ordering::Release);
+        self.word(Word::Seq)
+            .store(seq.wrapping_add(2), Ordering::Release);
         params
     }
 
     /// One update (the update thread's loop body).
     fn update(&self) {
         let now = sample();
-        let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let previous = *last;
         // The writer reads its own last parameters: nobody else writes them.
         self.publish(|anchor| next_params(&self.stored(), &previous, &now, anchor));
@@ -214,7 +267,13 @@ impl Clock {
     /// The parameters in the page, word by word (consistent only under the count, `read`).
     fn stored(&self) -> Params {
         let load = |w| self.word(w).load(Ordering::Relaxed);
-        Params { tsc_base: load(Word::TscBase), mono_base: load(Word::MonoBase), mult: load(Word::Mult), real_offset: load(Word::RealOffset) as i64, boot_offset: load(Word::BootOffset) as i64 }
+        Params {
+            tsc_base: load(Word::TscBase),
+            mono_base: load(Word::MonoBase),
+            mult: load(Word::Mult),
+            real_offset: load(Word::RealOffset) as i64,
+            boot_offset: load(Word::BootOffset) as i64,
+        }
     }
 
     /// The guest clock `kind` now, in nanoseconds: what the vDSO reads at this instant.
@@ -231,7 +290,8 @@ impl Clock {
 
 /// Whether the host keeps its own time with the TSC (its clocksource is `tsc`).
 fn host_uses_tsc() -> bool {
-    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource").is_ok_and(|s| s.trim() == "tsc")
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .is_ok_and(|s| s.trim() == "tsc")
 }
 
 /// The process's clock, calibrated and updated from the first call on (None: the host does not
@@ -244,14 +304,28 @@ pub fn shared() -> Option<&'static Clock> {
             if !host_uses_tsc() {
                 return None;
             }
-            let clock = Clock::calibrate().map_err(|e| eprintln!("sandfork-vmm: no vDSO clock (the guests' clock calls leave the VM): {e}")).ok()?;
-            let started = std::thread::Builder::new().name("sandfork-clock".into()).spawn(|| loop {
-                std::thread::sleep(UPDATE_PERIOD);
-                if let Some(clock) = shared() {
-                    clock.update();
-                }
-            });
-            started.map_err(|e| eprintln!("sandfork-vmm: no vDSO clock (the guests' clock calls leave the VM): {e}")).ok()?;
+            let clock = Clock::calibrate()
+                .map_err(|e| {
+                    eprintln!(
+                        "sandfork-vmm: no vDSO clock (the guests' clock calls leave the VM): {e}"
+                    )
+                })
+                .ok()?;
+            let started = std::thread::Builder::new()
+                .name("sandfork-clock".into())
+                .spawn(|| loop {
+                    std::thread::sleep(UPDATE_PERIOD);
+                    if let Some(clock) = shared() {
+                        clock.update();
+                    }
+                });
+            started
+                .map_err(|e| {
+                    eprintln!(
+                        "sandfork-vmm: no vDSO clock (the guests' clock calls leave the VM): {e}"
+                    )
+                })
+                .ok()?;
             Some(clock)
         })
         .as_ref()
@@ -273,63 +347,149 @@ mod tests {
     const GHZ_MULT: u64 = 1 << 32; // 1 ns per cycle
 
     fn sample_at(tsc: u64, mono: u64) -> Sample {
-        Sample { tsc, mono, real_offset: 5_000, boot_offset: 0 }
+        Sample {
+            tsc,
+            mono,
+            real_offset: 5_000,
+            boot_offset: 0,
+        }
     }
 
     #[test]
     fn an_update_is_continuous_at_its_anchor_and_closes_the_error() {
-        let current = Params { tsc_base: 1000, mono_base: 1_000_000, mult: GHZ_MULT, real_offset: 5_000, boot_offset: 0 };
+        let current = Params {
+            tsc_base: 1000,
+            mono_base: 1_000_000,
+            mult: GHZ_MULT,
+            real_offset: 5_000,
+            boot_offset: 0,
+        };
         // The host ran 100 ppm faster than the guest over the last 500 ms.
         let previous = sample_at(1000, 1_000_000);
         let now = sample_at(1000 + 500_000_000, 1_000_000 + 500_050_000);
         let anchor = now.tsc + 10;
         let next = next_params(&current, &previous, &now, anchor);
-        assert_eq!(next.monotonic_at(anchor), current.monotonic_at(anchor), "continuous at the anchor");
-        assert!(next.mult > GHZ_MULT * 10001 / 10000, "faster than the host's rate to close the 50 us behind: {}", next.mult);
+        assert_eq!(
+            next.monotonic_at(anchor),
+            current.monotonic_at(anchor),
+            "continuous at the anchor"
+        );
+        assert!(
+            next.mult > GHZ_MULT * 10001 / 10000,
+            "faster than the host's rate to close the 50 us behind: {}",
+            next.mult
+        );
         // One period later the guest is within a microsecond of the host (which runs at its rate).
         let later = anchor + 500_000_000;
         let host_later = now.mono + (500_000_000u128 * 10001 / 10000) as u64 + 10;
-        assert!((next.monotonic_at(later) as i64 - host_later as i64).abs() < 1000, "{} vs {}", next.monotonic_at(later), host_later);
+        assert!(
+            (next.monotonic_at(later) as i64 - host_later as i64).abs() < 1000,
+            "{} vs {}",
+            next.monotonic_at(later),
+            host_later
+        );
     }
 
     #[test]
     fn a_guest_far_behind_jumps_forward_and_one_ahead_only_slows_down() {
-        let current = Params { tsc_base: 0, mono_base: 0, mult: GHZ_MULT, real_offset: 0, boot_offset: 0 };
+        let current = Params {
+            tsc_base: 0,
+            mono_base: 0,
+            mult: GHZ_MULT,
+            real_offset: 0,
+            boot_offset: 0,
+        };
         let previous = sample_at(0, 0);
-        let behind = next_params(&current, &previous, &sample_at(1_000_000_000, 1_005_000_000), 1_000_000_000);
-        assert_eq!(behind.monotonic_at(1_000_000_000), 1_005_000_000, "stepped to the host");
-        let ahead = next_params(&current, &previous, &sample_at(1_000_000_000, 995_000_000), 1_000_000_000);
-        assert_eq!(ahead.monotonic_at(1_000_000_000), 1_000_000_000, "never backwards");
+        let behind = next_params(
+            &current,
+            &previous,
+            &sample_at(1_000_000_000, 1_005_000_000),
+            1_000_000_000,
+        );
+        assert_eq!(
+            behind.monotonic_at(1_000_000_000),
+            1_005_000_000,
+            "stepped to the host"
+        );
+        let ahead = next_params(
+            &current,
+            &previous,
+            &sample_at(1_000_000_000, 995_000_000),
+            1_000_000_000,
+        );
+        assert_eq!(
+            ahead.monotonic_at(1_000_000_000),
+            1_000_000_000,
+            "never backwards"
+        );
         let rate = (995u128 << 32) / 1000;
-        assert!(ahead.mult as u128 >= rate * 999 / 1000 && (ahead.mult as u128) < rate, "slower by at most the slew limit: {}", ahead.mult);
+        assert!(
+            ahead.mult as u128 >= rate * 999 / 1000 && (ahead.mult as u128) < rate,
+            "slower by at most the slew limit: {}",
+            ahead.mult
+        );
     }
 
     #[test]
     fn offsets_follow_steps_but_not_noise() {
-        let current = Params { tsc_base: 0, mono_base: 0, mult: GHZ_MULT, real_offset: 5_000, boot_offset: 0 };
+        let current = Params {
+            tsc_base: 0,
+            mono_base: 0,
+            mult: GHZ_MULT,
+            real_offset: 5_000,
+            boot_offset: 0,
+        };
         let previous = sample_at(0, 0);
-        let noisy = Sample { real_offset: 5_300, ..sample_at(1000, 1000) };
-        assert_eq!(next_params(&current, &previous, &noisy, 1000).real_offset, 5_000);
-        let stepped = Sample { real_offset: -3_000_000_000, boot_offset: 7_000_000, ..sample_at(1000, 1000) };
+        let noisy = Sample {
+            real_offset: 5_300,
+            ..sample_at(1000, 1000)
+        };
+        assert_eq!(
+            next_params(&current, &previous, &noisy, 1000).real_offset,
+            5_000
+        );
+        let stepped = Sample {
+            real_offset: -3_000_000_000,
+            boot_offset: 7_000_000,
+            ..sample_at(1000, 1000)
+        };
         let next = next_params(&current, &previous, &stepped, 1000);
-        assert_eq!((next.real_offset, next.boot_offset), (-3_000_000_000, 7_000_000));
+        assert_eq!(
+            (next.real_offset, next.boot_offset),
+            (-3_000_000_000, 7_000_000)
+        );
     }
 
     #[test]
     fn a_tsc_before_the_base_reads_as_the_base() {
-        let params = Params { tsc_base: 1000, mono_base: 77, mult: GHZ_MULT * 3, real_offset: 0, boot_offset: 0 };
+        let params = Params {
+            tsc_base: 1000,
+            mono_base: 77,
+            mult: GHZ_MULT * 3,
+            real_offset: 0,
+            boot_offset: 0,
+        };
         assert_eq!(params.monotonic_at(10), 77);
         assert_eq!(params.monotonic_at(1010), 107);
         // Hours of cycles at 2.6 GHz do not overflow the product.
-        let hours = Params { mult: (1u64 << 32) * 10 / 26, ..params };
+        let hours = Params {
+            mult: (1u64 << 32) * 10 / 26,
+            ..params
+        };
         let ten_thousand_seconds = hours.monotonic_at(1000 + 26_000_000_000_000) - 77;
-        assert!(10_000_000_000_000 - ten_thousand_seconds < 10_000, "{ten_thousand_seconds}: only the rounding of mult is lost");
+        assert!(
+            10_000_000_000_000 - ten_thousand_seconds < 10_000,
+            "{ten_thousand_seconds}: only the rounding of mult is lost"
+        );
     }
 
     #[test]
     fn the_shared_clock_follows_the_host_and_is_monotonic() {
         let Some(clock) = shared() else {
-            assert!(!host_uses_tsc(), "the host keeps time with the TSC, so the clock must exist");
+            assert!(
+                !host_uses_tsc(),
+                "the host keeps time with the TSC, so the clock must exist"
+            );
             return;
         };
         let mut last = 0;
@@ -338,7 +498,10 @@ mod tests {
             let ours = clock.now_ns(Kind::Monotonic);
             assert!(ours >= last, "monotonic: {ours} after {last}");
             last = ours;
-            assert!((ours as i64 - host as i64).abs() < 1_000_000, "within 1 ms of the host: {ours} vs {host}");
+            assert!(
+                (ours as i64 - host as i64).abs() < 1_000_000,
+                "within 1 ms of the host: {ours} vs {host}"
+            );
         }
         let real = host_ns(libc::CLOCK_REALTIME) as i64;
         assert!((clock.now_ns(Kind::Realtime) as i64 - real).abs() < 1_000_000);

@@ -29,7 +29,10 @@ use crate::memory::{GuestMemory, OutOfBounds};
 /// The vDSO's ELF image, built by build.rs.
 pub const IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vdso.so"));
 
-const _: () = assert!(IMAGE.len() as u64 <= USER_BASE - VDSO_ADDR, "the vDSO outgrew its pages below USER_BASE");
+const _: () = assert!(
+    IMAGE.len() as u64 <= USER_BASE - VDSO_ADDR,
+    "the vDSO outgrew its pages below USER_BASE"
+);
 
 /// Writes the vDSO into guest memory at `VDSO_ADDR` (a fresh program's memory; a fork has it
 /// from its template).
@@ -49,10 +52,23 @@ mod tests {
     /// The dynamic section's (tag, value) pairs up to DT_NULL.
     fn dynamic_entries() -> Vec<(u64, u64)> {
         const PT_DYNAMIC: u32 = 2;
-        let (phoff, phnum) = (u64_at(IMAGE, 32) as usize, u16::from_le_bytes([IMAGE[56], IMAGE[57]]) as usize);
-        let dynamic = (0..phnum).map(|i| phoff + i * 56).find(|&ph| u32::from_le_bytes(IMAGE[ph..ph + 4].try_into().unwrap()) == PT_DYNAMIC).expect("a PT_DYNAMIC");
-        let (offset, size) = (u64_at(IMAGE, dynamic + 8) as usize, u64_at(IMAGE, dynamic + 32) as usize);
-        IMAGE[offset..offset + size].chunks_exact(16).map(|e| (u64_at(e, 0), u64_at(e, 8))).take_while(|&(tag, _)| tag != 0).collect()
+        let (phoff, phnum) = (
+            u64_at(IMAGE, 32) as usize,
+            u16::from_le_bytes([IMAGE[56], IMAGE[57]]) as usize,
+        );
+        let dynamic = (0..phnum)
+            .map(|i| phoff + i * 56)
+            .find(|&ph| u32::from_le_bytes(IMAGE[ph..ph + 4].try_into().unwrap()) == PT_DYNAMIC)
+            .expect("a PT_DYNAMIC");
+        let (offset, size) = (
+            u64_at(IMAGE, dynamic + 8) as usize,
+            u64_at(IMAGE, dynamic + 32) as usize,
+        );
+        IMAGE[offset..offset + size]
+            .chunks_exact(16)
+            .map(|e| (u64_at(e, 0), u64_at(e, 8)))
+            .take_while(|&(tag, _)| tag != 0)
+            .collect()
     }
 
     #[test]
@@ -61,7 +77,11 @@ mod tests {
         assert_eq!(elf.kind, ElfKind::SharedObject);
         let segments: Vec<_> = elf.load_segments().collect();
         assert_eq!(segments.len(), 1, "one PT_LOAD");
-        assert_eq!((segments[0].vaddr, segments[0].offset), (0, 0), "linked at 0, headers included: glibc reads them at AT_SYSINFO_EHDR");
+        assert_eq!(
+            (segments[0].vaddr, segments[0].offset),
+            (0, 0),
+            "linked at 0, headers included: glibc reads them at AT_SYSINFO_EHDR"
+        );
         assert!(segments[0].memsz <= USER_BASE - VDSO_ADDR);
         // glibc never relocates a vDSO, so it may have no relocations and need no library.
         const DT_NEEDED: u64 = 1;
@@ -70,7 +90,10 @@ mod tests {
         const DT_TEXTREL: u64 = 22;
         const DT_JMPREL: u64 = 23;
         for (tag, _) in dynamic_entries() {
-            assert!(![DT_NEEDED, DT_RELA, DT_REL, DT_TEXTREL, DT_JMPREL].contains(&tag), "dynamic tag {tag}");
+            assert!(
+                ![DT_NEEDED, DT_RELA, DT_REL, DT_TEXTREL, DT_JMPREL].contains(&tag),
+                "dynamic tag {tag}"
+            );
         }
     }
 
@@ -80,11 +103,28 @@ mod tests {
         const DT_STRSZ: u64 = 10;
         const DT_VERDEF: u64 = 0x6fff_fffc;
         let entries = dynamic_entries();
-        let tag = |t| entries.iter().find(|&&(tag, _)| tag == t).map(|&(_, v)| v as usize).unwrap_or_else(|| panic!("dynamic tag {t:#x}"));
+        let tag = |t| {
+            entries
+                .iter()
+                .find(|&&(tag, _)| tag == t)
+                .map(|&(_, v)| v as usize)
+                .unwrap_or_else(|| panic!("dynamic tag {t:#x}"))
+        };
         let strings = &IMAGE[tag(DT_STRTAB)..tag(DT_STRTAB) + tag(DT_STRSZ)];
         let names: Vec<&[u8]> = strings.split(|&b| b == 0).collect();
-        for name in ["__vdso_clock_gettime", "__vdso_gettimeofday", "__vdso_time", "__vdso_clock_getres", "__vdso_getcpu", "LINUX_2.6", "linux-vdso.so.1"] {
-            assert!(names.contains(&name.as_bytes()), "{name} is not in the vDSO's dynamic strings");
+        for name in [
+            "__vdso_clock_gettime",
+            "__vdso_gettimeofday",
+            "__vdso_time",
+            "__vdso_clock_getres",
+            "__vdso_getcpu",
+            "LINUX_2.6",
+            "linux-vdso.so.1",
+        ] {
+            assert!(
+                names.contains(&name.as_bytes()),
+                "{name} is not in the vDSO's dynamic strings"
+            );
         }
         tag(DT_VERDEF);
     }

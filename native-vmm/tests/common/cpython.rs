@@ -20,7 +20,9 @@ pub fn skipped() -> Vec<(String, String)> {
         .map(str::trim)
         .filter(|line| !line.is_empty() && !line.starts_with('#'))
         .map(|line| {
-            let (pattern, reason) = line.split_once("  ").unwrap_or_else(|| panic!("tests/cpython/skipped.txt: no reason given for {line:?}"));
+            let (pattern, reason) = line.split_once("  ").unwrap_or_else(|| {
+                panic!("tests/cpython/skipped.txt: no reason given for {line:?}")
+            });
             (pattern.to_owned(), reason.trim().to_owned())
         })
         .collect()
@@ -63,9 +65,21 @@ pub struct SuiteRun {
 
 /// unittest's "Ran N tests" count and the suite's own skip lines, from `-v` output.
 fn summary(stdout: &str) -> SuiteRun {
-    let ran = stdout.lines().find_map(|l| l.strip_prefix("Ran ")).and_then(|l| l.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
-    let skipped_by_the_suite = stdout.lines().filter(|l| l.contains(" ... skipped ")).map(str::to_owned).collect();
-    SuiteRun { ran, skipped_by_the_suite }
+    let ran = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Ran "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let skipped_by_the_suite = stdout
+        .lines()
+        .filter(|l| l.contains(" ... skipped "))
+        .map(str::to_owned)
+        .collect();
+    SuiteRun {
+        ran,
+        skipped_by_the_suite,
+    }
 }
 
 /// Runs `module` natively with /usr/bin/python3.11 and in the VM, both without the tests in
@@ -77,9 +91,16 @@ pub fn run_suite(module: &str, timeout: Duration) -> SuiteRun {
     for (pattern, _) in &skips {
         args.extend(["-i", pattern.as_str()]);
     }
-    let native = std::process::Command::new("/usr/bin/python3.11").args(&args).current_dir(std::env::temp_dir()).output().expect("running /usr/bin/python3.11");
+    let native = std::process::Command::new("/usr/bin/python3.11")
+        .args(&args)
+        .current_dir(std::env::temp_dir())
+        .output()
+        .expect("running /usr/bin/python3.11");
     let native_stdout = String::from_utf8_lossy(&native.stdout).into_owned();
-    assert!(native.status.success(), "{module} natively:\n{native_stdout}");
+    assert!(
+        native.status.success(),
+        "{module} natively:\n{native_stdout}"
+    );
     let native = summary(&native_stdout);
     let mut req = request("python3", &args);
     req.mem_bytes = 1 << 30;
@@ -87,12 +108,30 @@ pub fn run_suite(module: &str, timeout: Duration) -> SuiteRun {
     req.timeout = scaled(timeout);
     let outcome = run(&test_image(), &req);
     let stdout = String::from_utf8_lossy(&outcome.stdout).into_owned();
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{module}: {}", describe(&outcome));
-    assert!(stdout.contains("Tests result: SUCCESS"), "{module}:\n{stdout}");
-    let SuiteRun { ran, skipped_by_the_suite } = summary(&stdout);
-    assert_eq!((ran, &skipped_by_the_suite), (native.ran, &native.skipped_by_the_suite), "{module}: the VM ran other tests than the native run");
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{module}: {}",
+        describe(&outcome)
+    );
+    assert!(
+        stdout.contains("Tests result: SUCCESS"),
+        "{module}:\n{stdout}"
+    );
+    let SuiteRun {
+        ran,
+        skipped_by_the_suite,
+    } = summary(&stdout);
+    assert_eq!(
+        (ran, &skipped_by_the_suite),
+        (native.ran, &native.skipped_by_the_suite),
+        "{module}: the VM ran other tests than the native run"
+    );
     let prefix = format!("test.{module}.");
-    eprintln!("{module}: {ran} tests passed in the VM in {:?}", outcome.stats.wall);
+    eprintln!(
+        "{module}: {ran} tests passed in the VM in {:?}",
+        outcome.stats.wall
+    );
     for (pattern, reason) in skips.iter().filter(|(p, _)| p.starts_with(&prefix)) {
         eprintln!("  not run: {pattern}: {reason}");
     }
@@ -100,7 +139,10 @@ pub fn run_suite(module: &str, timeout: Duration) -> SuiteRun {
         eprintln!("  skipped by the suite, natively too: {line}");
     }
     assert!(ran > 0, "{module}: no test ran:\n{stdout}");
-    SuiteRun { ran, skipped_by_the_suite }
+    SuiteRun {
+        ran,
+        skipped_by_the_suite,
+    }
 }
 
 /// How one test ended in a run of tests/cpython/record_results.py.
@@ -117,14 +159,21 @@ pub enum TestResult {
 pub fn test_results(stderr: &str) -> BTreeMap<String, (TestResult, String)> {
     let mut results = BTreeMap::new();
     for line in stderr.lines() {
-        let Some((status, rest)) = line.strip_prefix("@@sandfork ").and_then(|l| l.split_once(' ')) else { continue };
+        let Some((status, rest)) = line
+            .strip_prefix("@@sandfork ")
+            .and_then(|l| l.split_once(' '))
+        else {
+            continue;
+        };
         let (id, detail) = rest.split_once(" | ").unwrap_or((rest, ""));
         let result = match status {
             "pass" => TestResult::Passed,
             "skip" => TestResult::Skipped,
             _ => TestResult::Failed,
         };
-        let entry = results.entry(id.to_owned()).or_insert((result, detail.to_owned()));
+        let entry = results
+            .entry(id.to_owned())
+            .or_insert((result, detail.to_owned()));
         if result == TestResult::Failed && entry.0 != TestResult::Failed {
             *entry = (result, detail.to_owned());
         }
@@ -186,7 +235,14 @@ pub fn compare_module(module: &str, timeout: Duration) -> ModuleComparison {
         let native = scope.spawn(|| {
             let started = Instant::now();
             let mut cmd = std::process::Command::new("/usr/bin/python3.11");
-            cmd.args(args).env_clear().envs(sandfork_vmm::vm::DEFAULT_ENV.iter().filter_map(|kv| kv.split_once('='))).current_dir("/tmp");
+            cmd.args(args)
+                .env_clear()
+                .envs(
+                    sandfork_vmm::vm::DEFAULT_ENV
+                        .iter()
+                        .filter_map(|kv| kv.split_once('=')),
+                )
+                .current_dir("/tmp");
             unprivileged(&mut cmd);
             let output = cmd.output().expect("running /usr/bin/python3.11");
             (output, started.elapsed())
@@ -202,8 +258,16 @@ pub fn compare_module(module: &str, timeout: Duration) -> ModuleComparison {
     let (native, native_wall) = native;
     let native_results = test_results(&String::from_utf8_lossy(&native.stderr));
     let vm_results = test_results(&String::from_utf8_lossy(&vm.stderr));
-    let native_passed: BTreeSet<String> = native_results.iter().filter(|(_, r)| r.0 == TestResult::Passed).map(|(id, _)| id.clone()).collect();
-    let lost = native_passed.iter().filter(|id| vm_results.get(*id).map(|r| r.0) != Some(TestResult::Passed)).map(|id| (id.clone(), vm_results.get(id).cloned())).collect();
+    let native_passed: BTreeSet<String> = native_results
+        .iter()
+        .filter(|(_, r)| r.0 == TestResult::Passed)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let lost = native_passed
+        .iter()
+        .filter(|id| vm_results.get(*id).map(|r| r.0) != Some(TestResult::Passed))
+        .map(|id| (id.clone(), vm_results.get(id).cloned()))
+        .collect();
     ModuleComparison {
         module: module.to_owned(),
         native_passed,
@@ -211,7 +275,11 @@ pub fn compare_module(module: &str, timeout: Duration) -> ModuleComparison {
         vm_status: vm.status.clone(),
         vm_wall: vm.stats.wall,
         native_wall,
-        vm_output: format!("{}\n{}", String::from_utf8_lossy(&vm.stdout), String::from_utf8_lossy(&vm.stderr)),
+        vm_output: format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&vm.stdout),
+            String::from_utf8_lossy(&vm.stderr)
+        ),
     }
 }
 
@@ -226,7 +294,10 @@ pub fn share(kept: usize, of: usize) -> String {
 
 /// The header of `print_row`'s table.
 pub fn print_header() {
-    println!("{:<28} {:>7} {:>7} {:>7} {:>8} {:>8}  VM run", "module", "native", "in VM", "share", "native s", "VM s");
+    println!(
+        "{:<28} {:>7} {:>7} {:>7} {:>8} {:>8}  VM run",
+        "module", "native", "in VM", "share", "native s", "VM s"
+    );
 }
 
 /// One module's line: native passes, how many of them pass in the VM, the share, both times
@@ -252,15 +323,26 @@ pub fn print_total(results: &[ModuleComparison], report_dir: &Path) -> (usize, u
     let mut lost_list = String::new();
     for r in results {
         for (id, result) in &r.lost {
-            let result = result.as_ref().map_or("not run (the run had ended)".to_owned(), |(r, why)| format!("{r:?} {why}"));
+            let result = result
+                .as_ref()
+                .map_or("not run (the run had ended)".to_owned(), |(r, why)| {
+                    format!("{r:?} {why}")
+                });
             lost_list.push_str(&format!("{id}  {result}\n"));
         }
     }
     let kept: usize = results.iter().map(ModuleComparison::kept).sum();
     let of: usize = results.iter().map(|r| r.native_passed.len()).sum();
     let full = results.iter().filter(|r| r.lost.is_empty()).count();
-    println!("total: {kept} of {of} native passes pass in the VM: {} ({full} of {} modules fully)", share(kept, of), results.len());
+    println!(
+        "total: {kept} of {of} native passes pass in the VM: {} ({full} of {} modules fully)",
+        share(kept, of),
+        results.len()
+    );
     std::fs::write(report_dir.join("lost.txt"), lost_list).unwrap();
-    println!("tests that pass natively but not in the VM: {}", report_dir.join("lost.txt").display());
+    println!(
+        "tests that pass natively but not in the VM: {}",
+        report_dir.join("lost.txt").display()
+    );
     (kept, of)
 }

@@ -39,7 +39,13 @@ pub fn process_dir(tag: &str) -> PathBuf {
     if let Ok(entries) = std::fs::read_dir(&scratch) {
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|p| p.parse::<u32>().ok()) else { continue };
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&prefix))
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
             if !Path::new(&format!("/proc/{pid}")).exists() {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
@@ -60,7 +66,9 @@ pub enum Linking {
 
 /// Compiles tests/programs/<name>.c with the host C compiler ($CC or `cc`) into `out_dir`.
 pub fn compile(name: &str, linking: Linking, out_dir: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs").join(format!("{name}.c"));
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(format!("{name}.c"));
     let suffix = match linking {
         Linking::Static => "static",
         Linking::Dynamic => "dynamic",
@@ -75,7 +83,12 @@ pub fn compile(name: &str, linking: Linking, out_dir: &Path) -> PathBuf {
     let result = cmd.output().unwrap_or_else(|e| {
         panic!("these tests compile C programs with `{cc}` (set CC to choose another compiler): cannot run it: {e}; on Debian: apt-get install gcc libc6-dev")
     });
-    assert!(result.status.success(), "{cc} failed on {}:\n{}", source.display(), String::from_utf8_lossy(&result.stderr));
+    assert!(
+        result.status.success(),
+        "{cc} failed on {}:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&result.stderr)
+    );
     out
 }
 
@@ -89,9 +102,11 @@ pub fn build_image(tag: &str, manifest_json: &str) -> Arc<Image> {
 
 /// Builds the image of `manifest` into `out_dir` and opens it.
 pub fn build_image_from(manifest: &Path, out_dir: &Path) -> Arc<Image> {
-    let report = sandfork_vmm::image::build(manifest, out_dir).unwrap_or_else(|e| panic!("building the image of {}: {e}", manifest.display()));
+    let report = sandfork_vmm::image::build(manifest, out_dir)
+        .unwrap_or_else(|e| panic!("building the image of {}: {e}", manifest.display()));
     eprintln!("{report}");
-    Image::open(out_dir).unwrap_or_else(|e| panic!("opening the image in {}: {e}", out_dir.display()))
+    Image::open(out_dir)
+        .unwrap_or_else(|e| panic!("opening the image in {}: {e}", out_dir.display()))
 }
 
 /// The Python template's image (templates/python/image.json), built once per test process.
@@ -99,8 +114,13 @@ pub fn python_image() -> Arc<Image> {
     static IMAGE: OnceLock<Arc<Image>> = OnceLock::new();
     IMAGE
         .get_or_init(|| {
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-            assert!(manifest.exists(), "the Python template's manifest {} is missing", manifest.display());
+            let manifest =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+            assert!(
+                manifest.exists(),
+                "the Python template's manifest {} is missing",
+                manifest.display()
+            );
             build_image_from(&manifest, &process_dir("python-image").join("image"))
         })
         .clone()
@@ -134,15 +154,25 @@ fn kvm_hint(e: io::Error) -> io::Error {
 }
 
 /// The vCPU factory the program tests run on (see `TestCpu`).
-pub fn test_cpu<'m>(mem: &'m GuestMemory, program: &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>> {
+pub fn test_cpu<'m>(
+    mem: &'m GuestMemory,
+    program: &LoadedProgram,
+) -> io::Result<Box<dyn GuestCpu + 'm>> {
     match cpu_kind() {
         TestCpu::Kvm => sandfork_vmm::kvm::new_cpu(mem, program).map_err(kvm_hint),
-        TestCpu::Ptrace => Ok(Box::new(PtraceCpu::new(mem, program.entry, program.stack_pointer)?)),
+        TestCpu::Ptrace => Ok(Box::new(PtraceCpu::new(
+            mem,
+            program.entry,
+            program.stack_pointer,
+        )?)),
     }
 }
 
 /// The restore factory of the test CPU: a vCPU restored from a template snapshot.
-pub fn restore_cpu<'m>(mem: &'m GuestMemory, snapshot: &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>> {
+pub fn restore_cpu<'m>(
+    mem: &'m GuestMemory,
+    snapshot: &CpuSnapshot,
+) -> io::Result<Box<dyn GuestCpu + 'm>> {
     match cpu_kind() {
         TestCpu::Kvm => sandfork_vmm::kvm::restore_cpu(mem, snapshot).map_err(kvm_hint),
         TestCpu::Ptrace => Ok(Box::new(PtraceCpu::restore(mem, snapshot)?)),
@@ -169,7 +199,8 @@ pub fn cpu_name() -> &'static str {
 
 /// Runs `req` in `image` on the test CPU; a launch error fails the test.
 pub fn run(image: &Arc<Image>, req: &RunRequest) -> RunOutcome {
-    vm::launch(image.clone(), req, &test_cpu).unwrap_or_else(|e| panic!("launching {}: {e}", req.program))
+    vm::launch(image.clone(), req, &test_cpu)
+        .unwrap_or_else(|e| panic!("launching {}: {e}", req.program))
 }
 
 /// A request for `program` with `args`, a 10 s limit (scaled) and the default memory and output
@@ -194,8 +225,18 @@ pub fn python(code: &str) -> RunOutcome {
 /// Runs `code` and expects exit code 0 with exactly `stdout`.
 pub fn assert_prints(code: &str, stdout: &str) {
     let outcome = python(code);
-    assert_eq!(outcome.status, RunStatus::Exited { code: 0 }, "{}", describe(&outcome));
-    assert_eq!(String::from_utf8_lossy(&outcome.stdout), stdout, "{}", describe(&outcome));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        stdout,
+        "{}",
+        describe(&outcome)
+    );
 }
 
 /// The run's stdout and stderr as text, for assertion messages.

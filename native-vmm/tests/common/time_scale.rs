@@ -33,7 +33,11 @@ pub fn scaled(budget: Duration) -> Duration {
 /// The default limits with an agent boot of `vm::AGENT_BOOT_TIMEOUT` on this path, for VMs of
 /// `mem_bytes` (what template builds in tests use).
 pub fn boot_limits(mem_bytes: u64) -> sandfork_vmm::vm::RunLimits {
-    sandfork_vmm::vm::RunLimits { mem_bytes, boot_timeout: scaled(sandfork_vmm::vm::AGENT_BOOT_TIMEOUT), ..Default::default() }
+    sandfork_vmm::vm::RunLimits {
+        mem_bytes,
+        boot_timeout: scaled(sandfork_vmm::vm::AGENT_BOOT_TIMEOUT),
+        ..Default::default()
+    }
 }
 
 /// `ms` milliseconds on this path, for limits given in milliseconds.

@@ -24,7 +24,8 @@ use serde_json::Value;
 /// A fresh directory for this test: `<CARGO_TARGET_TMPDIR>/d-<tag>-<pid>` (short, because a
 /// socket path must fit in 108 bytes).
 pub fn scratch(tag: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("d-{tag}-{}", std::process::id()));
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("d-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
@@ -36,7 +37,8 @@ pub fn templates_dir() -> &'static Path {
     DIR.get_or_init(|| {
         let dir = scratch("templates");
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-        sandfork_vmm::image::build(&manifest, &dir.join("python")).unwrap_or_else(|e| panic!("building the Python image: {e}"));
+        sandfork_vmm::image::build(&manifest, &dir.join("python"))
+            .unwrap_or_else(|e| panic!("building the Python image: {e}"));
         dir
     })
 }
@@ -49,10 +51,19 @@ pub fn snapshot_templates_dir() -> &'static Path {
         let dir = scratch("snapshot-templates");
         let template = dir.join("python");
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-        sandfork_vmm::image::build(&manifest, &template).unwrap_or_else(|e| panic!("building the Python image: {e}"));
+        sandfork_vmm::image::build(&manifest, &template)
+            .unwrap_or_else(|e| panic!("building the Python image: {e}"));
         let image = sandfork_vmm::fs::Image::open(&template).unwrap();
         let agent = &sandfork_vmm::agent::PYTHON_AGENT;
-        sandfork_vmm::snapshot::build(image, "python", agent, &boot_limits(limits().memory_bytes()), &sandfork_vmm::kvm::new_cpu, &template).unwrap_or_else(|e| panic!("building the snapshot: {e}"));
+        sandfork_vmm::snapshot::build(
+            image,
+            "python",
+            agent,
+            &boot_limits(limits().memory_bytes()),
+            &sandfork_vmm::kvm::new_cpu,
+            &template,
+        )
+        .unwrap_or_else(|e| panic!("building the snapshot: {e}"));
         dir
     })
 }
@@ -60,12 +71,21 @@ pub fn snapshot_templates_dir() -> &'static Path {
 /// The servers' default and maximum limits: a 10 s time limit (scaled for the KVM tier's path),
 /// 256 MiB, 1 MiB of output.
 pub fn limits() -> ExecutionLimits {
-    ExecutionLimits { timeout_ms: scaled_ms(10_000), memory_mib: 256, output_bytes: 1 << 20 }
+    ExecutionLimits {
+        timeout_ms: scaled_ms(10_000),
+        memory_mib: 256,
+        output_bytes: 1 << 20,
+    }
 }
 
 /// `max_running` executions at once, none waiting (beyond them: `busy`).
 pub fn config(max_running: usize) -> ServerConfig {
-    ServerConfig { max_running, max_queued: 0, max_connections: 64, limits: LimitPolicy::new(limits(), limits()) }
+    ServerConfig {
+        max_running,
+        max_queued: 0,
+        max_connections: 64,
+        limits: LimitPolicy::new(limits(), limits()),
+    }
 }
 
 /// A server running on its own thread.
@@ -78,10 +98,15 @@ pub struct Running {
 impl Running {
     pub fn start(dir: &Path, executor: Arc<dyn Executor>, config: ServerConfig) -> Running {
         let path = dir.join("s.sock");
-        let server = Server::bind(&path, executor, config).unwrap_or_else(|e| panic!("binding {}: {e}", path.display()));
+        let server = Server::bind(&path, executor, config)
+            .unwrap_or_else(|e| panic!("binding {}: {e}", path.display()));
         let stopper = server.stopper().expect("duplicating the listening socket");
         let thread = thread::spawn(move || server.run());
-        Running { path, stopper, thread: Some(thread) }
+        Running {
+            path,
+            stopper,
+            thread: Some(thread),
+        }
     }
 
     /// Stops the server and waits until it has finished.
@@ -108,8 +133,11 @@ pub struct Client {
 
 impl Client {
     pub fn connect(path: &Path) -> Client {
-        let stream = UnixStream::connect(path).unwrap_or_else(|e| panic!("connecting to {}: {e}", path.display()));
-        stream.set_read_timeout(Some(scaled(Duration::from_secs(120)))).unwrap();
+        let stream = UnixStream::connect(path)
+            .unwrap_or_else(|e| panic!("connecting to {}: {e}", path.display()));
+        stream
+            .set_read_timeout(Some(scaled(Duration::from_secs(120))))
+            .unwrap();
         Client { stream }
     }
 
@@ -117,7 +145,11 @@ impl Client {
     pub fn hello(path: &Path) -> Client {
         let mut client = Client::connect(path);
         let answer = client.call(r#"{"type":"hello","protocol":1}"#);
-        assert_eq!(answer.get("type").and_then(Value::as_str), Some("hello"), "{answer}");
+        assert_eq!(
+            answer.get("type").and_then(Value::as_str),
+            Some("hello"),
+            "{answer}"
+        );
         client
     }
 
@@ -161,18 +193,26 @@ pub fn parse(text: &str) -> Value {
 }
 
 pub fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
-    v.get(key).and_then(Value::as_str).unwrap_or_else(|| panic!("{key} is not a string in {v}"))
+    v.get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{key} is not a string in {v}"))
 }
 
 pub fn u64_of(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or_else(|| panic!("{key} is not an integer in {v}"))
+    v.get(key)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{key} is not an integer in {v}"))
 }
 
 /// Asserts `v` is an error frame with `code` and `id`.
 pub fn assert_error(v: &Value, code: &str, id: Option<u64>) {
     assert_eq!(str_of(v, "type"), "error", "{v}");
     assert_eq!(str_of(v, "code"), code, "{v}");
-    assert_eq!(v.get("id"), Some(&id.map_or(Value::Null, Value::from)), "{v}");
+    assert_eq!(
+        v.get("id"),
+        Some(&id.map_or(Value::Null, Value::from)),
+        "{v}"
+    );
     let retryable = matches!(code, "unavailable" | "busy" | "internal");
     assert_eq!(v.get("retryable"), Some(&Value::Bool(retryable)), "{v}");
 }

@@ -28,9 +28,18 @@ pub fn templates_dir() -> &'static Path {
         let dir = scratch("pool-templates");
         let folder = dir.join("python");
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-        sandfork_vmm::image::build(&manifest, &folder).unwrap_or_else(|e| panic!("building the Python image: {e}"));
+        sandfork_vmm::image::build(&manifest, &folder)
+            .unwrap_or_else(|e| panic!("building the Python image: {e}"));
         let image = Image::open(&folder).unwrap_or_else(|e| panic!("{e}"));
-        snapshot::build(image, "python", &PYTHON_AGENT, &crate::daemon_support::boot_limits(vm::DEFAULT_MEM_BYTES), &common::test_cpu, &folder).unwrap_or_else(|e| panic!("building the template: {e}"));
+        snapshot::build(
+            image,
+            "python",
+            &PYTHON_AGENT,
+            &crate::daemon_support::boot_limits(vm::DEFAULT_MEM_BYTES),
+            &common::test_cpu,
+            &folder,
+        )
+        .unwrap_or_else(|e| panic!("building the template: {e}"));
         dir
     })
 }
@@ -42,7 +51,12 @@ pub fn start(tag: &str, pool_size: usize, config: ServerConfig) -> Running {
 }
 
 /// `start`, its VMs restored by `restore` (a wrapper of `common::restore_cpu`).
-pub fn start_restoring(tag: &str, pool_size: usize, config: ServerConfig, restore: Arc<SharedRestoreFactory>) -> Running {
+pub fn start_restoring(
+    tag: &str,
+    pool_size: usize,
+    config: ServerConfig,
+    restore: Arc<SharedRestoreFactory>,
+) -> Running {
     let templates = templates::load(templates_dir()).unwrap_or_else(|e| panic!("{e}"));
     assert!(templates[0].snapshot.is_some());
     let executor = AgentExecutor::new(templates, Box::new(common::test_cpu), None)

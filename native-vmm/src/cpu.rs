@@ -39,6 +39,74 @@ pub struct CpuSnapshot {
     pub xsave: Vec<u8>,
 }
 
+/// The first address past the lower (user) half of the 48-bit address space.
+pub const USER_ADDRESS_LIMIT: u64 = 1 << 47;
+
+/// rflags bits a CPL3 program controls (CF, PF, AF, ZF, SF, TF, DF, OF, AC, ID). Every
+/// state loaded into a vCPU keeps only these, with IF and the reserved bit 1 set, as Linux's
+/// return to user space does: IOPL, NT, RF and VM never come from the program.
+pub const USER_RFLAGS_MASK: u64 = 0x0024_0DD5;
+const RFLAGS_ALWAYS: u64 = (1 << 1) | (1 << 9);
+
+/// A user state no CPL3 program can be in: loading it would fault in the VMM's stubs (or fail
+/// the VM entry) instead of in the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidUserState {
+    /// rip is not a canonical address of the user half.
+    Rip(u64),
+    /// rsp is not canonical.
+    Rsp(u64),
+    /// The FS base is not canonical.
+    FsBase(u64),
+    /// The GS base is not canonical.
+    GsBase(u64),
+}
+
+impl std::fmt::Display for InvalidUserState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            InvalidUserState::Rip(v) => write!(f, "rip {v:#x} is not a user address"),
+            InvalidUserState::Rsp(v) => write!(f, "rsp {v:#x} is not a canonical address"),
+            InvalidUserState::FsBase(v) => write!(f, "FS base {v:#x} is not a canonical address"),
+            InvalidUserState::GsBase(v) => write!(f, "GS base {v:#x} is not a canonical address"),
+        }
+    }
+}
+
+impl std::error::Error for InvalidUserState {}
+
+/// Whether `addr` is canonical: bits 63..47 all equal.
+pub fn is_canonical(addr: u64) -> bool {
+    let top = addr >> 47;
+    top == 0 || top == (1 << 17) - 1
+}
+
+/// `rflags` as a CPL3 program can hold them.
+pub fn user_rflags(rflags: u64) -> u64 {
+    rflags & USER_RFLAGS_MASK | RFLAGS_ALWAYS
+}
+
+impl CpuSnapshot {
+    /// Checks that a CPL3 program could be in this state by itself: what every path from guest
+    /// memory, a checkpoint file or a program's request to a vCPU's registers runs first.
+    /// Bases may be any canonical value (wrfsbase/wrgsbase set those), rip only a user one.
+    pub fn check_user(&self) -> Result<(), InvalidUserState> {
+        if self.rip >= USER_ADDRESS_LIMIT {
+            return Err(InvalidUserState::Rip(self.rip));
+        }
+        if !is_canonical(self.regs.rsp) {
+            return Err(InvalidUserState::Rsp(self.regs.rsp));
+        }
+        if !is_canonical(self.fs_base) {
+            return Err(InvalidUserState::FsBase(self.fs_base));
+        }
+        if !is_canonical(self.gs_base) {
+            return Err(InvalidUserState::GsBase(self.gs_base));
+        }
+        Ok(())
+    }
+}
+
 /// General-purpose registers (rip and rflags are kept beside them in `CpuSnapshot`). Laid
 /// out as the first sixteen fields of `struct kvm_regs`, so the KVM backend's register block
 /// (`kvm::abi::KvmRegs`) embeds them as they are instead of copying field by field.
@@ -140,5 +208,71 @@ pub trait GuestCpu {
             io::ErrorKind::Unsupported,
             "this vCPU backend cannot be reset",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(rip: u64, rsp: u64, fs_base: u64, gs_base: u64) -> CpuSnapshot {
+        CpuSnapshot {
+            regs: UserRegs {
+                rsp,
+                ..UserRegs::default()
+            },
+            rip,
+            rflags: 0x202,
+            fs_base,
+            gs_base,
+            xsave: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn user_states_are_those_a_cpl3_program_can_reach() {
+        let kernel_half = 0xffff_8880_0000_0000;
+        assert_eq!(
+            state(0x40_1000, 0x7fff_f000, 0x1000, 0).check_user(),
+            Ok(())
+        );
+        // wrfsbase/wrgsbase take any canonical value; a negative rsp is the program's.
+        assert_eq!(
+            state(0x40_1000, kernel_half, kernel_half, kernel_half).check_user(),
+            Ok(())
+        );
+        let cases = [
+            (
+                state(USER_ADDRESS_LIMIT, 0, 0, 0),
+                InvalidUserState::Rip(USER_ADDRESS_LIMIT),
+            ),
+            (
+                state(kernel_half, 0, 0, 0),
+                InvalidUserState::Rip(kernel_half),
+            ),
+            (
+                state(0x40_1000, 1 << 63, 0, 0),
+                InvalidUserState::Rsp(1 << 63),
+            ),
+            (
+                state(0x40_1000, 0, 1 << 47, 0),
+                InvalidUserState::FsBase(1 << 47),
+            ),
+            (
+                state(0x40_1000, 0, 0, 0x8000_0000_0000_0000),
+                InvalidUserState::GsBase(1 << 63),
+            ),
+        ];
+        for (s, why) in cases {
+            assert_eq!(s.check_user(), Err(why), "{s:x?}");
+        }
+    }
+
+    #[test]
+    fn loaded_rflags_keep_only_what_cpl3_controls() {
+        // IOPL 3, NT, RF and VM dropped; IF and bit 1 set; the arithmetic flags, TF, DF, AC, ID kept.
+        assert_eq!(user_rflags(0x3000 | 0x4000 | 0x1_0000 | 0x2_0000), 0x202);
+        assert_eq!(user_rflags(0), 0x202);
+        assert_eq!(user_rflags(0x24_0DD5), 0x24_0FD7);
     }
 }

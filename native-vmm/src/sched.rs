@@ -32,7 +32,9 @@ use crate::memory::GuestMemory;
 use crate::process::signals::{self, Taken, SA_RESTART};
 use crate::process::threads::{Call, Next, Resume, Wait, WaitOn, QUANTUM};
 use crate::process::GuestProcess;
-use crate::status::RunStatus;
+use crate::status::{GuestFault, RunStatus};
+
+const GENERAL_PROTECTION: u8 = 13;
 use crate::syscalls::{self, SyscallOutcome};
 use crate::vm::LoopEnd;
 
@@ -216,7 +218,9 @@ impl Scheduler {
                 let rsp = cpu.snapshot()?.regs.rsp;
                 match signals::pop_frame(process, mem, tid, rsp) {
                     Some(interrupted) => {
-                        cpu.load_thread(&interrupted)?;
+                        if let Some(fault) = put_thread(cpu, &interrupted)? {
+                            return Ok(Step::End(fault));
+                        }
                         match self.take_signal(cpu, process, mem, None)? {
                             Some(end) => Step::End(end),
                             None => Step::Resume,
@@ -309,7 +313,9 @@ impl Scheduler {
             let timer = process.signals.timer.map(|t| t.next);
             match process.threads.next(now) {
                 Next::Run { tid, resume } => {
-                    self.load(cpu, process, tid)?;
+                    if let Some(fault) = self.load(cpu, process, tid)? {
+                        return Ok(Step::End(fault));
+                    }
                     self.start_slice(process);
                     let end = match resume {
                         Resume::AsSaved => self.take_signal(cpu, process, mem, None)?,
@@ -345,7 +351,9 @@ impl Scheduler {
                     std::thread::sleep(until.saturating_duration_since(now));
                 }
                 Next::ReadyPoint { tid } => {
-                    self.load(cpu, process, tid)?;
+                    if let Some(fault) = self.load(cpu, process, tid)? {
+                        return Ok(Step::End(fault));
+                    }
                     let state = cpu.snapshot()?;
                     let r = &state.regs;
                     return Ok(Step::End(LoopEnd::ReadyPoint {
@@ -440,10 +448,7 @@ impl Scheduler {
             Some(Taken::End(status)) => Ok(Some(LoopEnd::Finished(status))),
             Some(Taken::Handler { sig, action, code }) => {
                 match signals::push_frame(process, mem, tid, state, (sig, action, code)) {
-                    Ok(handler) => {
-                        cpu.load_thread(&handler)?;
-                        Ok(None)
-                    }
+                    Ok(handler) => put_thread(cpu, &handler),
                     // No room for the frame: Linux kills the process with SIGSEGV.
                     Err(_) => Ok(Some(LoopEnd::Finished(RunStatus::Exited {
                         code: 128 + 11,
@@ -460,13 +465,13 @@ impl Scheduler {
         cpu: &mut dyn GuestCpu,
         process: &mut GuestProcess,
         tid: u64,
-    ) -> io::Result<()> {
+    ) -> io::Result<Option<LoopEnd>> {
         if self.on_cpu == tid {
             // Preempted and picked again at once (a readiness waiter queued behind it): the
             // vCPU holds what was saved. The saved copy must go, or the thread's next switch
             // would keep it and later resume it from there, back in time.
             process.threads.take_context(tid);
-            return Ok(());
+            return Ok(None);
         }
         if process
             .threads
@@ -480,10 +485,9 @@ impl Scheduler {
             .threads
             .take_context(tid)
             .ok_or_else(|| io::Error::other(format!("thread {tid} has no saved registers")))?;
-        cpu.load_thread(&state)?;
         self.on_cpu = tid;
         process.threads.counters.switches += 1;
-        Ok(())
+        put_thread(cpu, &state)
     }
 
     /// A new slice for the thread just switched in: `QUANTUM` while another thread is
@@ -559,15 +563,35 @@ enum Step {
     },
 }
 
+/// Puts `state` on the vCPU. A state no CPL3 program could be in (a forged syscall frame's rip,
+/// a signal handler in the kernel half) is the thread's general protection fault there, as
+/// Linux's return to such an address is.
+fn put_thread(cpu: &mut dyn GuestCpu, state: &CpuSnapshot) -> io::Result<Option<LoopEnd>> {
+    if state.check_user().is_err() {
+        return Ok(Some(LoopEnd::Finished(RunStatus::Crashed {
+            fault: GuestFault {
+                vector: GENERAL_PROTECTION,
+                error_code: 0,
+                rip: state.rip,
+                address: None,
+            },
+        })));
+    }
+    cpu.load_thread(state)?;
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;
     use std::time::{Duration, Instant};
 
-    use super::{Scheduler, STUB_RETRY};
-    use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu};
+    use super::{put_thread, Scheduler, STUB_RETRY};
+    use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu, UserRegs};
     use crate::memory::GuestMemory;
     use crate::process::testing::{new_process, test_image, MEM};
+    use crate::status::RunStatus;
+    use crate::vm::LoopEnd;
 
     /// A vCPU that can switch threads and was kicked while inside the VMM's stubs.
     struct InTheStubs;
@@ -618,5 +642,68 @@ mod tests {
         let next_kick = sched.run_until(&process);
         assert!(next_kick < deadline, "the vCPU would run to the deadline");
         assert!(next_kick >= kicked + STUB_RETRY && next_kick <= Instant::now() + STUB_RETRY);
+    }
+
+    /// A vCPU that records the states loaded into it.
+    #[derive(Default)]
+    struct Loads(Vec<CpuSnapshot>);
+
+    impl GuestCpu for Loads {
+        fn run(&mut self, _deadline: Instant) -> io::Result<CpuExit> {
+            Err(io::Error::other("not run in these tests"))
+        }
+        fn set_syscall_return(&mut self, _value: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn set_fs_base(&mut self, _base: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
+            self.0.push(state.clone());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_state_no_program_could_be_in_is_its_crash_and_never_reaches_the_vcpu() {
+        let user = CpuSnapshot {
+            regs: UserRegs {
+                rsp: 0x7fff_0000,
+                ..UserRegs::default()
+            },
+            rip: 0x40_1000,
+            rflags: 0x202,
+            fs_base: 0,
+            gs_base: 0xffff_8880_0000_0000,
+            xsave: vec![0; 576],
+        };
+        let mut cpu = Loads::default();
+        assert!(put_thread(&mut cpu, &user).unwrap().is_none());
+        assert_eq!(cpu.0, [user.clone()]);
+        for forged in [
+            CpuSnapshot {
+                rip: 1 << 63,
+                ..user.clone()
+            },
+            CpuSnapshot {
+                rip: 0xffff_8880_0000_0000,
+                ..user.clone()
+            },
+            CpuSnapshot {
+                regs: UserRegs {
+                    rsp: 0x8000_0000_0000_1000,
+                    ..user.regs
+                },
+                ..user.clone()
+            },
+        ] {
+            match put_thread(&mut cpu, &forged).unwrap() {
+                Some(LoopEnd::Finished(RunStatus::Crashed { fault })) => {
+                    assert_eq!((fault.vector, fault.rip), (13, forged.rip))
+                }
+                other => panic!("{forged:x?}: {other:?}"),
+            }
+        }
+        assert_eq!(cpu.0.len(), 1, "no forged state was loaded");
     }
 }

@@ -571,3 +571,33 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
         );
     }
 }
+
+/// A cell that sets its GS base to a kernel-half address (wrgsbase allows any canonical one)
+/// leaves a session that pauses, resumes, runs its next cell and forks with that base, as the
+/// program left it: what a live program can hold, a checkpoint holds and restores.
+#[test]
+fn a_kernel_half_gs_base_survives_pause_resume_and_fork() {
+    let (_dir, _daemon, mut s) = daemon_with_session("sessions-gs-base", "gs");
+    // wrgsbase rdi; rdgsbase rax; ret  /  rdgsbase rax; ret
+    let setup = "import ctypes, mmap\n\
+        page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n\
+        page.write(bytes.fromhex('f3480faedff3480faec8c3f3480faec8c3'))\n\
+        at = ctypes.addressof(ctypes.c_char.from_buffer(page))\n\
+        set_gs = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(at)\n\
+        read_gs = ctypes.CFUNCTYPE(ctypes.c_uint64)(at + 11)\n\
+        hex(set_gs(0xffff888000000000))";
+    let base = Some("'0xffff888000000000'".to_owned());
+    assert_eq!(s.cell("gs", setup), base);
+    let paused = s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "gs"}),
+    );
+    assert_eq!(str_of(&paused, "state"), "paused", "{paused}");
+    let number = u64_of(&paused, "checkpoint");
+    assert_eq!(s.cell("gs", "hex(read_gs())"), base, "resumed by the cell");
+    s.expect(
+        "session",
+        json!({"type": "session_fork", "session": "gs-fork", "from": "gs", "checkpoint": number}),
+    );
+    assert_eq!(s.cell("gs-fork", "hex(read_gs())"), base, "in the fork");
+}

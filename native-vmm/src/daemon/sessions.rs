@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_CELL_RESULT_BYTES};
+use crate::cpu::InvalidUserState;
 use crate::daemon::agent_executor::{thread_cpu_time, SharedRestoreFactory};
 use crate::daemon::executor::{Execution, ExecutionLimits, Usage, VmOrigin};
 use crate::daemon::response::ErrorCode;
@@ -498,6 +499,24 @@ fn run_vm(
 
 /// A checkpoint that cannot be restored, said so (`not_found`: a session falls back to the one
 /// before); a failed read is an internal error.
+/// Why a checkpoint was not taken. A program in a state no checkpoint may hold (see
+/// `CpuSnapshot::check_user`) is refused as the request it is, not retried: the session runs
+/// on, unchanged.
+fn checkpoint_failed(e: io::Error) -> SessionError {
+    match e
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<InvalidUserState>())
+    {
+        Some(why) => SessionError {
+            code: ErrorCode::BadRequest,
+            message: format!(
+                "the session's program is in a state that cannot be checkpointed: {why}"
+            ),
+        },
+        None => internal("writing the checkpoint", e),
+    }
+}
+
 fn does_not_verify(e: TemplateError) -> SessionError {
     let why = match e {
         TemplateError::Io(e) => return internal("reading the checkpoint", e),
@@ -1048,7 +1067,7 @@ impl Sessions {
             self.set_slot(&mut slot, Slot::Paused);
         }
         let (Written { hash, file_bytes }, dirty_bytes, parent, capture, pages, write, cpu) =
-            written.map_err(|e| internal("writing the checkpoint", e))?;
+            written.map_err(checkpoint_failed)?;
         self.written
             .lock()
             .unwrap_or_else(|p| p.into_inner())

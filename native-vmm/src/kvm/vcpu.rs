@@ -23,7 +23,8 @@ use crate::arch::descriptors::{Segment, GDT_LIMIT, IDT_LIMIT};
 use crate::arch::stubs::{ExceptionFrame, Reg, FRAME_RFLAGS, FRAME_RIP, FRAME_RSP};
 use crate::arch::{self, paging, EXCEPTION_PORT, GDT_ADDR, IDT_ADDR, SYSCALL_PORT};
 use crate::cpu::{
-    CpuExit, CpuSnapshot, GuestCpu, UserRegs, XSAVE_MIN_BYTES, XSAVE_XCOMP_BV, XSAVE_XSTATE_BV,
+    user_rflags, CpuExit, CpuSnapshot, GuestCpu, UserRegs, USER_ADDRESS_LIMIT, XSAVE_MIN_BYTES,
+    XSAVE_XCOMP_BV, XSAVE_XSTATE_BV,
 };
 use crate::layout::PAGE_SIZE;
 use crate::memory::{GuestMemory, PageSet};
@@ -41,7 +42,6 @@ const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 const MSR_FS_BASE: u32 = 0xc000_0100;
 const MSR_GS_BASE: u32 = 0xc000_0101;
 /// Linux user addresses end here; an FS base at or above it cannot be entered into the vCPU.
-const USER_ADDRESS_LIMIT: u64 = 1 << 47;
 
 /// A KVM vCPU running one guest program. It borrows the guest memory it was built on: the VM's
 /// memory slot points into that mapping, so the memory must outlive the VM.
@@ -573,10 +573,13 @@ impl GuestCpu for KvmCpu<'_> {
     /// stub, the thread's rip, rsp and rflags go into the stub's iretq frame (whose CS and SS
     /// the stub wrote on entry) and the stub's `iretq` returns to it; at CPL3 they go straight
     /// into the registers.
-    /// The state came from this vCPU's own registers (`snapshot`, `interrupted_state`), so its
-    /// bases are canonical even where the program set them with wrfsbase (the hardware checks
-    /// that); a template's states were checked when it was loaded.
+    /// Parts of the state can come from guest memory (the user-writable iretq frame, a signal
+    /// handler's address): `CpuSnapshot::check_user` runs first, and rflags keep only what CPL3
+    /// controls.
     fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
+        state
+            .check_user()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         if state.xsave.len() < XSAVE_MIN_BYTES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -586,7 +589,7 @@ impl GuestCpu for KvmCpu<'_> {
         let regs = KvmRegs {
             gprs: state.regs,
             rip: state.rip,
-            rflags: state.rflags | cpu_state::RFLAGS_RESERVED,
+            rflags: user_rflags(state.rflags),
         };
         let features = &Kvm::shared()?.features;
         let bases = [(MSR_FS_BASE, state.fs_base), (MSR_GS_BASE, state.gs_base)];
@@ -742,14 +745,9 @@ impl GuestCpu for KvmCpu<'_> {
 /// The registers and user state a vCPU resumes `snapshot` with, after checking what KVM would
 /// otherwise refuse (or fault on) later.
 fn snapshot_state(snapshot: &CpuSnapshot) -> io::Result<(KvmRegs, UserState<'_>)> {
-    for (name, base) in [("FS", snapshot.fs_base), ("GS", snapshot.gs_base)] {
-        if base >= USER_ADDRESS_LIMIT {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("snapshot {name} base {base:#x} is not a user address"),
-            ));
-        }
-    }
+    snapshot
+        .check_user()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("snapshot state: {e}")))?;
     if snapshot.xsave.len() < XSAVE_MIN_BYTES {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -762,7 +760,7 @@ fn snapshot_state(snapshot: &CpuSnapshot) -> io::Result<(KvmRegs, UserState<'_>)
     let regs = KvmRegs {
         gprs: snapshot.regs,
         rip: snapshot.rip,
-        rflags: snapshot.rflags | cpu_state::RFLAGS_RESERVED,
+        rflags: user_rflags(snapshot.rflags),
     };
     Ok((
         regs,

@@ -650,6 +650,11 @@ impl Threads {
             .collect()
     }
 
+    /// The registers saved for the threads that are not on the vCPU.
+    pub fn saved_contexts(&self) -> impl Iterator<Item = &CpuSnapshot> {
+        self.list.iter().filter_map(|t| t.context.as_ref())
+    }
+
     /// Takes the registers saved for `tid` (to load them into the vCPU).
     pub fn take_context(&mut self, tid: u64) -> Option<CpuSnapshot> {
         self.get_mut(tid).and_then(|t| t.context.take())

@@ -391,6 +391,11 @@ impl<'m> Checkpoint<'m> {
         let ranges = page_ranges(&changed.pages);
         let mut masks = changed.masks.iter();
         let cpu_state = cpu.snapshot()?;
+        // What restoring would refuse is refused now, while the session still runs.
+        std::iter::once(&cpu_state)
+            .chain(process.threads.saved_contexts())
+            .try_for_each(CpuSnapshot::check_user)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let mut e = Encoder::new();
         // The head's length, once the rest is known.
         e.u64(0);

@@ -167,14 +167,17 @@ pub fn decode_cpu(d: &mut Decoder) -> Result<CpuSnapshot, DecodeError> {
             xsave.len()
         )));
     }
-    Ok(CpuSnapshot {
+    let cpu = CpuSnapshot {
         regs,
         rip,
         rflags,
         fs_base,
         gs_base,
         xsave,
-    })
+    };
+    cpu.check_user()
+        .map_err(|e| DecodeError::new(format!("CPU state: {e}")))?;
+    Ok(cpu)
 }
 
 /// How much of guest memory a template stores.

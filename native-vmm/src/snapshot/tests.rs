@@ -317,6 +317,18 @@ fn cpu_state_and_the_file_envelope_round_trip() {
     let sealed = file::seal(&body);
     let opened = file::open(&sealed).unwrap();
     assert_eq!(file::decode_cpu(&mut Decoder::new(opened)).unwrap(), cpu);
+    // A state no program could be in (here a rip outside user space) does not decode: a
+    // checkpoint file is as hostile as guest memory.
+    let mut e = Encoder::new();
+    file::encode_cpu(
+        &CpuSnapshot {
+            rip: 1 << 63,
+            ..cpu.clone()
+        },
+        &mut e,
+    );
+    let refused = file::decode_cpu(&mut Decoder::new(&e.into_bytes())).unwrap_err();
+    assert!(refused.to_string().contains("rip"), "{refused}");
     let short_xsave = CpuSnapshot {
         xsave: vec![0; 100],
         ..cpu

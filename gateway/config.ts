@@ -1,7 +1,7 @@
 // Gateway configuration, read once from the environment.
 import { resolve } from "node:path";
 import type { KeyLimits } from "../db/keys.js";
-import { executeGraceMsFromEnv, positiveIntegerFromEnv } from "../runtime/config.js";
+import { executeMaxWaitMsFromEnv, positiveIntegerFromEnv } from "../runtime/config.js";
 import { loadSessionSettings, type SessionSettings } from "./session-settings.js";
 import { DEFAULT_PRICING, type Pricing, parsePricing } from "./pricing.js";
 
@@ -40,8 +40,9 @@ export interface GatewayConfig {
   requestTimeoutMs: number;
   /**
    * How long past a program's timeout the gateway waits for the runtime before it answers
-   * runtime-failed: the runtime client's own grace (SANDFORK_VMM_EXECUTE_GRACE_MS, what it waits
-   * for the daemon) and 5 s more, so that the client's typed timeout always comes first.
+   * runtime-failed: the runtime client's longest wait (SANDFORK_VMM_EXECUTE_MAX_WAIT_MS, what it
+   * waits for a daemon that stays alive) and 5 s more, so that the client's typed answer always
+   * comes first.
    */
   runtimeGraceMs: number;
 }
@@ -73,6 +74,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     tokenSigningKeyPem: env.SANDFORK_TOKEN_SIGNING_KEY || undefined,
     headersTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_HEADERS_TIMEOUT_MS", 10_000),
     requestTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_REQUEST_TIMEOUT_MS", 30_000),
-    runtimeGraceMs: executeGraceMsFromEnv(env) + 5_000,
+    runtimeGraceMs: executeMaxWaitMsFromEnv(env) + 5_000,
   };
 }

@@ -35,10 +35,13 @@ export interface RuntimeConfig {
   /** How long a started daemon may take to answer on its socket (it loads every template first). */
   readyTimeoutMs: number;
   /**
-   * How much longer than an execution's own time limit the gateway waits for the daemon's answer
-   * (queueing in the daemon, the VM's teardown) before it gives up with runtime-failed.
+   * How much longer than an execution's own time limit the client waits for the daemon's answer
+   * (queueing in the daemon, the VM's teardown) before it probes the daemon's liveness; and the
+   * time between probes while the daemon answers them.
    */
   executeGraceMs: number;
+  /** The most the client waits past an execution's time limit while the daemon stays alive. */
+  executeMaxWaitMs: number;
   connections: number;
   maxInFlightPerConnection: number;
   maxQueued: number;
@@ -48,9 +51,14 @@ export interface RuntimeConfig {
 export const MAX_SOCKET_PATH_BYTES = 107;
 
 /** The positive integer in env[name], or `fallback` when it is unset or empty; anything else throws. */
-/** SANDFORK_VMM_EXECUTE_GRACE_MS: the runtime client's wait past a program's timeout (the gateway's deadline is derived from it). */
+/** SANDFORK_VMM_EXECUTE_GRACE_MS: the runtime client's wait past a program's timeout before it probes the daemon. */
 export function executeGraceMsFromEnv(env: NodeJS.ProcessEnv): number {
   return positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_GRACE_MS", 5_000);
+}
+
+/** SANDFORK_VMM_EXECUTE_MAX_WAIT_MS: the runtime client's longest wait past a program's timeout (the gateway's deadline is derived from it). */
+export function executeMaxWaitMsFromEnv(env: NodeJS.ProcessEnv): number {
+  return positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_MAX_WAIT_MS", 600_000);
 }
 
 export function positiveIntegerFromEnv(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
@@ -83,6 +91,7 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1) : undefined,
     readyTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_READY_TIMEOUT_MS", 15_000),
     executeGraceMs: executeGraceMsFromEnv(env),
+    executeMaxWaitMs: executeMaxWaitMsFromEnv(env),
     connections: positiveIntegerFromEnv(env, "SANDFORK_VMM_CONNECTIONS", 4),
     maxInFlightPerConnection: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
     maxQueued: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_QUEUED", 256),

@@ -6,11 +6,16 @@
 // beyond the queue's bound they are refused at once with RuntimeQueueFullError (retryable) rather than buffered
 // without limit. Every request has a deadline and may be aborted: protocol v1 has no way to
 // cancel a request, so the caller stops waiting, the request keeps its place in the bounds until
-// the daemon answers, and that answer is dropped. A lost connection fails its requests in flight
+// the daemon answers, and that answer is dropped. An execution's outcome is the daemon's to
+// decide (its deadline ends the program): past the program's time limit and a grace the client
+// asks the daemon whether it is alive (a `health` probe on the request's connection) and keeps
+// waiting while it answers, up to a generous bound; a daemon that does not answer its probe is
+// given up on. A daemon that is gone closes its connections, which fails their requests at once.
+// A lost connection fails its requests in flight
 // with RuntimeConnectionLostError (retryable) and is reopened with backoff; with no connection
 // open, requests fail at once with RuntimeUnavailableError.
 import { DaemonConnection } from "./daemon-connection.js";
-import { RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
+import { RuntimeConnectionLostError, RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, RuntimeHealth, Template } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
 import { DaemonSessions } from "./session-runtime.js";
@@ -36,8 +41,13 @@ export interface DaemonClientOptions {
   maxQueued?: number;
   /** Deadline of list_templates, health and stats requests. */
   requestTimeoutMs?: number;
-  /** An execute request's deadline is its own timeout plus this. */
+  /**
+   * How long past its own time limit an execute waits for its answer before the client probes
+   * the daemon's liveness, and the time between probes while the daemon answers them.
+   */
   executeGraceMs?: number;
+  /** The most an execute waits past its own time limit, however alive the daemon is. */
+  executeMaxWaitMs?: number;
   connectTimeoutMs?: number;
   /** How long a list_templates answer is reused. */
   templatesTtlMs?: number;
@@ -50,6 +60,11 @@ export interface DaemonClientOptions {
 export interface RequestOptions {
   signal?: AbortSignal | undefined;
   timeoutMs?: number | undefined;
+  /**
+   * Past `timeoutMs`, keep waiting while the daemon answers a liveness probe (one every
+   * `intervalMs`), up to `maxWaitMs` from the request's start. Without it `timeoutMs` is final.
+   */
+  liveness?: { maxWaitMs: number; intervalMs: number } | undefined;
   /** Gets the request's `output` frames (a streamed execute) as they arrive, until it is answered or given up. */
   onOutput?: ((frame: FrameObject) => void) | undefined;
 }
@@ -87,6 +102,7 @@ const DEFAULTS = {
   maxQueued: 256,
   requestTimeoutMs: 5_000,
   executeGraceMs: 5_000,
+  executeMaxWaitMs: 600_000,
   connectTimeoutMs: 2_000,
   templatesTtlMs: 2_000,
   reconnectMinMs: 50,
@@ -109,8 +125,12 @@ export class DaemonClient implements ExecutionRuntime {
   private closed = false;
   private server: string | undefined;
   private templateCache: { at: number; templates: Promise<Template[]> } | undefined;
+  /** Per connection: the liveness probe in flight, or when the last one was answered. */
+  private readonly probes = new WeakMap<DaemonConnection, { answeredAt: number; inFlight: Promise<boolean> | undefined }>();
   /** Session requests over this client's connections (the daemon must run with --sessions). */
-  readonly sessions = new DaemonSessions((type, fields, options) => this.request(type, fields, options));
+  readonly sessions = new DaemonSessions((type, fields, options) =>
+    this.request(type, fields, type === "session_execute" && options?.timeoutMs !== undefined ? { ...options, liveness: this.executeLiveness(options.timeoutMs) } : options),
+  );
 
   constructor(options: DaemonClientOptions) {
     this.socketPath = options.socketPath;
@@ -206,9 +226,15 @@ export class DaemonClient implements ExecutionRuntime {
     const frame = await this.request("execute", executeFrame(request, onOutput !== undefined), {
       signal,
       timeoutMs: request.timeoutMs + this.options.executeGraceMs,
+      liveness: this.executeLiveness(request.timeoutMs),
       onOutput: onOutput === undefined ? undefined : (output) => onOutput(parseOutput(output)),
     });
     return parseExecution(frame);
+  }
+
+  /** How long an execution whose time limit is `timeoutMs` waits while the daemon is alive. */
+  private executeLiveness(timeoutMs: number): RequestOptions["liveness"] {
+    return { maxWaitMs: timeoutMs + this.options.executeMaxWaitMs, intervalMs: this.options.executeGraceMs };
   }
 
   /**
@@ -251,6 +277,8 @@ export class DaemonClient implements ExecutionRuntime {
   request(type: RequestType, fields: FrameObject, options: RequestOptions = {}): Promise<FrameObject> {
     const { signal } = options;
     const timeoutMs = options.timeoutMs ?? this.options.requestTimeoutMs;
+    const { liveness } = options;
+    const started = performance.now();
     return new Promise<FrameObject>((resolve, reject) => {
       if (signal?.aborted) return reject(abortReason(signal));
       if (this.closed) return reject(new RuntimeUnavailableError("the sandfork-vmm client is closed"));
@@ -274,7 +302,31 @@ export class DaemonClient implements ExecutionRuntime {
         reject(error);
       };
       const onAbort = () => giveUp(abortReason(signal as AbortSignal));
-      const timer = setTimeout(() => giveUp(new RuntimeTimeoutError(`sandfork-vmm did not answer the ${type} request within ${timeoutMs} ms`)), timeoutMs);
+      // The deadline passed: final without liveness; otherwise the daemon's answer to a probe
+      // decides whether to keep waiting.
+      const overdue = () => {
+        if (finished) return;
+        const waited = Math.round(performance.now() - started);
+        const left = liveness === undefined ? 0 : liveness.maxWaitMs - waited;
+        const connection = job.sentOn?.connection ?? this.slots.find((s) => s.connection !== null)?.connection;
+        if (liveness === undefined || left <= 0 || connection == null) {
+          giveUp(new RuntimeTimeoutError(`sandfork-vmm did not answer the ${type} request within ${waited} ms`));
+          return;
+        }
+        void this.probe(connection).then((alive) => {
+          if (finished) return;
+          if (alive) {
+            timer = setTimeout(overdue, Math.min(liveness.intervalMs, left));
+            return;
+          }
+          giveUp(
+            new RuntimeTimeoutError(
+              `sandfork-vmm did not answer the ${type} request within ${Math.round(performance.now() - started)} ms, nor a liveness probe within ${this.options.requestTimeoutMs} ms`,
+            ),
+          );
+        });
+      };
+      let timer = setTimeout(overdue, liveness === undefined ? timeoutMs : Math.min(timeoutMs, liveness.maxWaitMs));
       signal?.addEventListener("abort", onAbort, { once: true });
 
       const job: Job = {
@@ -312,6 +364,44 @@ export class DaemonClient implements ExecutionRuntime {
       }
       this.queue.push(job);
     });
+  }
+
+  /**
+   * Whether the daemon behind `connection` answers a `health` request within requestTimeoutMs
+   * (any answer counts, an error frame too). One probe per connection at a time, and an answer
+   * stands for executeGraceMs: many overdue requests do not flood a loaded daemon with probes.
+   * Sent past the in-flight bound: it must not queue behind the requests it vouches for.
+   */
+  private probe(connection: DaemonConnection): Promise<boolean> {
+    const known = this.probes.get(connection) ?? { answeredAt: -Infinity, inFlight: undefined };
+    this.probes.set(connection, known);
+    if (known.inFlight !== undefined) return known.inFlight;
+    if (performance.now() - known.answeredAt < this.options.executeGraceMs) return Promise.resolve(true);
+    let settled = false;
+    const inFlight = new Promise<boolean>((resolve) => {
+      let id: number | undefined;
+      const settle = (alive: boolean) => {
+        settled = true;
+        clearTimeout(timer);
+        known.inFlight = undefined;
+        if (alive) known.answeredAt = performance.now();
+        resolve(alive);
+      };
+      const timer = setTimeout(() => {
+        if (id !== undefined) connection.abandon(id);
+        settle(false);
+      }, this.options.requestTimeoutMs);
+      try {
+        id = connection.send("health", {}, {
+          resolve: () => settle(true),
+          reject: (error) => settle(!(error instanceof RuntimeConnectionLostError)),
+        });
+      } catch {
+        settle(false);
+      }
+    });
+    if (!settled) known.inFlight = inFlight;
+    return inFlight;
   }
 
   private notConnected(): RuntimeUnavailableError {

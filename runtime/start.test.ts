@@ -78,6 +78,8 @@ describe("loadRuntimeConfig", () => {
     expect(loadRuntimeConfig({ SANDFORK_VMM_READY_TIMEOUT_MS: "225000" }, "/d").readyTimeoutMs).toBe(225_000);
     expect(config.executeGraceMs).toBe(5_000);
     expect(loadRuntimeConfig({ SANDFORK_VMM_EXECUTE_GRACE_MS: "75000" }, "/d").executeGraceMs).toBe(75_000);
+    expect(config.executeMaxWaitMs).toBe(600_000);
+    expect(loadRuntimeConfig({ SANDFORK_VMM_EXECUTE_MAX_WAIT_MS: "900000" }, "/d").executeMaxWaitMs).toBe(900_000);
   });
 
   it("refuses an unknown mode, a bad number and a socket path too long for sun_path", () => {

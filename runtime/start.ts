@@ -38,6 +38,7 @@ export async function startRuntime(
     maxInFlightPerConnection: config.maxInFlightPerConnection,
     maxQueued: config.maxQueued,
     executeGraceMs: config.executeGraceMs,
+    executeMaxWaitMs: config.executeMaxWaitMs,
     log,
   });
 

@@ -4,7 +4,9 @@
 // session's template; running time and checkpoint storage accrue and are charged by
 // db/sessions.ts), and the state the gateway records in the database (running, paused, ended,
 // deleted), which follows what the daemon answered. A sweep pauses sessions idle past their
-// idle_timeout_s and deletes those past max_lifetime_s.
+// idle_timeout_s and deletes those past max_lifetime_s. A pause the daemon refuses for good (the
+// session is no longer there as the row says: ended, unknown) settles the row once to what the
+// daemon holds; failures are logged as one JSON line each.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
 import { BillingBatches, type ExecutionRecord, release } from "../db/billing.js";
@@ -41,6 +43,8 @@ export interface SessionServiceDeps {
   /** This gateway's credit leases: what they hold idle is given back when a session finds its account short. */
   leases: CreditLeases;
   now?: () => number;
+  /** Where the sweep's events go, one JSON line each (default: stderr). */
+  log?: (line: string) => void;
 }
 
 export interface CreateSessionInput {
@@ -84,10 +88,21 @@ export class SessionService {
   private readonly billing: BillingBatches;
   private readonly now: () => number;
   private sweeper: NodeJS.Timeout | undefined;
+  private readonly log: (line: string) => void;
+  /**
+   * Sessions whose pause the daemon refused for good while it still runs them, by the activity
+   * time of their row then: the sweep leaves them alone until they are used again.
+   */
+  private readonly unpausable = new Map<string, number>();
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.billing = new BillingBatches(deps.db, (accountId) => deps.leases.giveBackFree(accountId));
     this.now = deps.now ?? Date.now;
+    this.log = deps.log ?? ((line) => console.error(line));
+  }
+
+  private event(event: string, fields: Record<string, unknown>): void {
+    this.log(JSON.stringify({ time: new Date(this.now()).toISOString(), component: "sessions", event, ...fields }));
   }
 
   private sessions(): SessionRuntime {
@@ -253,7 +268,7 @@ export class SessionService {
         ...(ended ? { endedReason: `its program stopped (${e.outcome})` } : {}),
       });
       // Out of credits for its running time: it stops running (paused, its state kept).
-      const session = accrued.short && !ended ? await this.pauseRow(accrued.session) : accrued.session;
+      const session = accrued.short && !ended ? await this.pauseRow(accrued.session, "out of credits") : accrued.session;
       return { session, record, cell };
     } finally {
       releaseSlot();
@@ -295,13 +310,49 @@ export class SessionService {
     return { session: (await this.accrue(row.id, change)).session, checkpoint: taken };
   }
 
-  private async pauseRow(row: SessionRow): Promise<SessionRow> {
+  private async pauseRow(row: SessionRow, why: string): Promise<SessionRow> {
     try {
       return (await this.pauseChecked(row)).session;
     } catch (error) {
-      console.error(`sessions: pausing ${row.id} failed`, error);
-      return row;
+      const retryable = !(error instanceof RuntimeError) || error.retryable;
+      const settled = retryable ? undefined : await this.settleRefused(row).catch(() => undefined);
+      this.event("pause_failed", {
+        session: row.id,
+        why,
+        code: error instanceof RuntimeError ? error.code : null,
+        retryable,
+        error: error instanceof Error ? error.message : String(error),
+        settled: settled === undefined ? null : settled.state,
+      });
+      return settled ?? row;
     }
+  }
+
+  /**
+   * After a pause refused for good: the row takes the state the daemon holds the session in,
+   * once. Paused (it has a checkpoint to resume from) or ended (its checkpoints stay, to fork
+   * from) as the daemon says; unknown to the daemon: ended, with no checkpoint left. A session
+   * the daemon still runs is left as it is, and skipped by the sweep until it is used again.
+   */
+  private async settleRefused(row: SessionRow): Promise<SessionRow | undefined> {
+    let info: SessionInfo;
+    try {
+      info = await this.sessions().info(row.id);
+    } catch (error) {
+      if (!isNotFound(error)) return undefined;
+      return (await this.accrue(row.id, { running: false, state: "ended", checkpointBytes: 0, endedReason: "the runtime no longer has it" })).session;
+    }
+    const last = info.checkpoints.at(-1);
+    const lastCheckpoint = last === undefined ? {} : { lastCheckpoint: { number: last.checkpoint, sha256: last.sha256 } };
+    if (info.state === "paused") {
+      return (await this.accrue(row.id, { running: false, state: "paused", checkpointBytes: info.checkpointBytes, ...lastCheckpoint })).session;
+    }
+    if (info.state === "ended") {
+      const reason = info.ended ?? "its VM is gone";
+      return (await this.accrue(row.id, { running: false, state: "ended", checkpointBytes: info.checkpointBytes, ...lastCheckpoint, endedReason: reason })).session;
+    }
+    this.unpausable.set(row.id, row.lastActiveAt.getTime());
+    return undefined;
   }
 
   async resume(principal: Principal, id: string): Promise<SessionRow> {
@@ -382,7 +433,10 @@ export class SessionService {
   /** Starts the sweep (idle pause, lifetime end); `stop` ends it. */
   start(): void {
     if (this.sweeper !== undefined) return;
-    this.sweeper = setInterval(() => void this.sweep().catch((error) => console.error("sessions: sweep failed", error)), this.deps.settings.sweepIntervalMs);
+    this.sweeper = setInterval(
+      () => void this.sweep().catch((error: unknown) => this.event("sweep_failed", { error: error instanceof Error ? error.message : String(error) })),
+      this.deps.settings.sweepIntervalMs,
+    );
     this.sweeper.unref();
   }
 
@@ -396,6 +450,11 @@ export class SessionService {
     if (this.deps.runtime()?.sessions === undefined) return;
     const now = new Date(this.now());
     for (const row of await expiredSessions(this.deps.db, now)) await this.deleteRow(row, "its max_lifetime_s passed").catch(() => undefined);
-    for (const row of await idleRunningSessions(this.deps.db, now)) await this.pauseRow(row);
+    for (const row of await idleRunningSessions(this.deps.db, now)) {
+      const refusedAt = this.unpausable.get(row.id);
+      if (refusedAt !== undefined && refusedAt === row.lastActiveAt.getTime()) continue;
+      this.unpausable.delete(row.id);
+      await this.pauseRow(row, "idle");
+    }
   }
 }

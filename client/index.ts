@@ -11,15 +11,19 @@ export interface ExecutionFile {
 export interface ExecutionRequest {
   template: string;
   code: string;
+  /** One of the template's `languages` (e.g. `typescript` on the node template); default: its first. */
+  language?: string;
   stdin?: string;
   args?: string[];
   env?: Record<string, string>;
   files?: ExecutionFile[];
   timeout_ms?: number;
   memory_mb?: number;
+  /** Answer with an event stream (what `stream()` asks for with its Accept header). */
+  stream?: boolean;
 }
 
-export type ExecutionStatus = "running" | "completed" | "timed_out" | "memory_exceeded" | "output_exceeded" | "crashed" | "unsupported_syscall" | "aborted";
+export type ExecutionStatus = "running" | "completed" | "timed_out" | "memory_exceeded" | "output_exceeded" | "crashed" | "unsupported_syscall" | "deadlocked" | "aborted";
 
 export interface Execution {
   id: string;
@@ -37,7 +41,10 @@ export interface Execution {
 
 export interface Template {
   name: string;
+  /** The runtime the template holds: python, node. */
   language: string;
+  /** The languages an execution may ask for; the first is the default. */
+  languages: string[];
   content_hash: string;
   ready: boolean;
   price: { unit: string; base_units: number; units_per_second: number };
@@ -49,6 +56,7 @@ export interface Problem {
   title: string;
   status: number;
   detail?: string;
+  instance?: string;
   retryable: boolean;
   [extension: string]: unknown;
 }
@@ -84,7 +92,7 @@ export interface AnthropicToolUse {
   type: "tool_use";
   id: string;
   name: string;
-  input: unknown;
+  input?: unknown;
 }
 
 export interface OpenAIToolMessage {

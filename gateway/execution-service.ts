@@ -15,9 +15,11 @@ import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, type Reserv
 import { journalOf } from "../db/record-journal.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
+import { executeFrame } from "../runtime/protocol.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
 import type { CreditLeases, HoldOutcome } from "./credit-leases.js";
+import { filesProblems } from "./file-paths.js";
 import { IdempotencyClaims } from "./idempotency-claims.js";
 import type { ConcurrencyLimiter, TokenExecutionCounter } from "./limits.js";
 import { costUnits, type Pricing, priceOf, type TemplatePrice } from "./pricing.js";
@@ -141,6 +143,19 @@ export function runtimeProblem(error: unknown): ProblemError {
   return new ProblemError("runtime-failed", error instanceof Error ? error.message : String(error));
 }
 
+/**
+ * The checks of the files that need the script's name (argv[0], which the language decides, as
+ * the daemon's execute frame is built): a file may be neither the script nor hold it.
+ */
+function refuseCollidingFiles(request: ResolvedRequest): void {
+  const [script] = executeFrame({ ...request, executionId: "", files: [] }).argv as string[];
+  const problems = filesProblems(request.files, script);
+  if (problems.length === 0) return;
+  throw new ProblemError("validation-failed", "the request body does not match the schema", {
+    extensions: { errors: problems.map((p) => ({ path: ["files", ...p.at].join("."), message: p.message })) },
+  });
+}
+
 /** The runtime's templates; its failure becomes the problem the client sees. */
 function templatesOf(runtime: ExecutionRuntime): Promise<Template[]> {
   return runtime.templates().catch((error: unknown) => {
@@ -220,6 +235,7 @@ export class ExecutionService {
         });
       }
       resolved = { ...request, language: request.language ?? template.languages[0] ?? template.language };
+      if (resolved.files.length > 0) refuseCollidingFiles(resolved);
       if (grant?.maxExecutions != null) this.deps.tokenExecutions.consume(grant.id, grant.maxExecutions, grant.expiresAt);
       try {
         releaseSlot = this.deps.concurrency.acquire(principal.keyId, principal.limits.maxConcurrency);

@@ -3,6 +3,7 @@ import { z } from "@hono/zod-openapi";
 import { EXECUTION_STATUSES } from "../db/billing.js";
 import { SCOPES } from "../db/keys.js";
 import type { ExecutionLimits } from "./config.js";
+import { refineFiles, WORK_PATH_RULES } from "./file-paths.js";
 
 export const ProblemSchema = z
   .object({
@@ -16,13 +17,8 @@ export const ProblemSchema = z
   .loose()
   .openapi("Problem", { description: "RFC 9457 problem details; `type` is stable for each kind of failure" });
 
-const relativePath = z
-  .string()
-  .min(1)
-  .max(255)
-  .refine((p) => !p.startsWith("/") && !p.split("/").includes("..") && !p.includes("\0"), {
-    message: "must be a relative path without '..' segments",
-  });
+/** A file's path: the files array's refinement checks it with the others (gateway/file-paths.ts). */
+const workPath = z.string().min(1).openapi({ description: WORK_PATH_RULES });
 
 export function executionRequestSchema(limits: ExecutionLimits) {
   return z
@@ -49,13 +45,15 @@ export function executionRequestSchema(limits: ExecutionLimits) {
       files: z
         .array(
           z.object({
-            path: relativePath,
-            content: z.string(),
+            path: workPath,
+            content: z.string().openapi({ description: "base64: standard (RFC 4648), with its padding" }),
             encoding: z.enum(["utf8", "base64"]).optional(),
           }),
         )
         .max(64)
-        .optional(),
+        .superRefine((files, ctx) => refineFiles(files, ctx))
+        .optional()
+        .openapi({ description: "Placed under /work before the code runs: no path twice, none the script's (main.py, main.js or main.ts by language), none inside another file's" }),
       timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().openapi({ example: limits.defaultTimeoutMs }),
       memory_mb: z
         .number()

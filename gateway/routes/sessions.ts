@@ -5,6 +5,7 @@ import type { SessionRow } from "../../db/sessions.js";
 import type { TakenCheckpoint } from "../../runtime/session-runtime.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
+import { WORK_PATH_RULES, workPathProblem } from "../file-paths.js";
 import { ProblemError } from "../problems.js";
 import { ExecutionSchema } from "../schemas.js";
 import type { SessionService } from "../session-service.js";
@@ -12,9 +13,25 @@ import { AUTHENTICATED, executionJson, problemResponses } from "./openapi-helper
 
 /** Largest file a request puts into or reads from a session (the daemon's bound). */
 const MAX_SESSION_FILE_BYTES = 8 << 20;
-/** A path under the session's /work (the daemon checks it too): relative, normal, no NUL. */
-const isWorkPath = (path: string): boolean =>
-  path.length > 0 && path.length <= 1000 && !path.includes("\0") && path.split("/").every((part) => part !== "" && part !== "." && part !== "..");
+
+/**
+ * The file path of a /v1/sessions/{id}/files/{path} request, decoded once from the URL as it
+ * arrived (Hono's param() has already decoded it, and leaves what does not decode as it was).
+ * A path that is not percent-encoded UTF-8, or that the daemon would refuse, is a 422.
+ */
+export function sessionFilePath(url: string): string {
+  const pathname = new URL(url).pathname;
+  const raw = pathname.slice(pathname.indexOf("/files/", "/v1/sessions/".length) + "/files/".length);
+  let path: string;
+  try {
+    path = decodeURIComponent(raw);
+  } catch {
+    throw new ProblemError("validation-failed", "the file path is not percent-encoded UTF-8");
+  }
+  const why = workPathProblem(path);
+  if (why !== undefined) throw new ProblemError("validation-failed", `the file path ${JSON.stringify(path.slice(0, 64))}: ${why}`);
+  return path;
+}
 
 const SessionIdParam = z.object({ id: z.string().uuid().openapi({ param: { name: "id", in: "path" } }) });
 
@@ -268,7 +285,7 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
 function registerFileRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext, sessions: SessionService): void {
   const params = z.object({
     id: z.string().uuid().openapi({ param: { name: "id", in: "path" } }),
-    path: z.string().openapi({ param: { name: "path", in: "path" }, description: "Relative to /work, slashes allowed, no '.' or '..' segments" }),
+    path: z.string().openapi({ param: { name: "path", in: "path" }, description: `${WORK_PATH_RULES}; percent-encoded once, slashes allowed` }),
   });
   const file = z.object({ path: z.string(), bytes: z.number().int() }).openapi("SessionFile");
   const common = { security: AUTHENTICATED, request: { params } };
@@ -296,12 +313,10 @@ function registerFileRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext, sessi
   });
 
   const route = "/v1/sessions/:id/files/:path{.+}";
-  const target = (c: { req: { param(name: string): string | undefined } }) => {
+  const target = (c: { req: { url: string; param(name: string): string | undefined } }) => {
     const id = c.req.param("id") ?? "";
-    const path = decodeURIComponent(c.req.param("path") ?? "");
     if (!z.string().uuid().safeParse(id).success) throw new ProblemError("not-found", "no such session for this key");
-    if (!isWorkPath(path)) throw new ProblemError("validation-failed", "the file path must be relative to /work, without '.' or '..' segments");
-    return { id, path };
+    return { id, path: sessionFilePath(c.req.url) };
   };
   app.put(route, authenticate(ctx, "execute"), limitBodyPerKey, async (c) => {
     const { id, path } = target(c);

@@ -3,6 +3,7 @@
 // Anthropic APIs take. MCP lists the same definitions (gateway/mcp.ts).
 import { z } from "zod";
 import type { ExecutionLimits } from "../config.js";
+import { refineFiles, WORK_PATH_RULES } from "../file-paths.js";
 
 export const RUN_CODE = "run_code";
 export const LIST_TEMPLATES = "list_templates";
@@ -18,12 +19,13 @@ export function runCodeArguments(limits: ExecutionLimits) {
         .array(
           z
             .object({
-              path: z.string().min(1).max(255).describe("Path relative to the working directory, without '..'"),
+              path: z.string().min(1).describe(`Path relative to the working directory. ${WORK_PATH_RULES}`),
               content: z.string().describe("UTF-8 text"),
             })
             .strict(),
         )
         .max(64)
+        .superRefine((files, ctx) => refineFiles(files, ctx))
         .optional()
         .describe("Files placed in the working directory before the program starts"),
       timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().describe(`Wall-clock limit in milliseconds (default ${limits.defaultTimeoutMs})`),

@@ -137,16 +137,42 @@ function toBalance(accountId: string, row: { balance: number; reserved: number }
   return { accountId, balanceUnits: row.balance, reservedUnits: row.reserved, availableUnits: row.balance - row.reserved };
 }
 
-/** Adds credits to an account and records the grant in the ledger, atomically. */
+/**
+ * The most units an account's balance holds: 2^53 - 1, the largest integer a JSON number carries
+ * exactly to every client (and a JS number here). Only a grant adds to a balance, and it stops
+ * there; reserved and available units, charges and a grant itself are at most the balance.
+ */
+export const MAX_BALANCE_UNITS = Number.MAX_SAFE_INTEGER;
+
+/** A grant that would take a balance past MAX_BALANCE_UNITS; nothing was granted. */
+export class BalanceLimitError extends RangeError {
+  constructor(
+    readonly accountId: string,
+    readonly balanceUnits: number,
+    readonly units: number,
+  ) {
+    super(`a grant of ${units} units would take account ${accountId}'s balance of ${balanceUnits} past ${MAX_BALANCE_UNITS}, the most an account holds`);
+    this.name = "BalanceLimitError";
+  }
+}
+
+/**
+ * Adds credits to an account and records the grant in the ledger, atomically. Undefined when
+ * there is no such account; BalanceLimitError when the balance would pass MAX_BALANCE_UNITS.
+ */
 export async function grantCredits(db: Database, accountId: string, units: number): Promise<AccountBalance | undefined> {
   if (!Number.isSafeInteger(units) || units <= 0) throw new RangeError("a grant is a positive integer number of units");
   return db.transaction(async (tx) => {
     const [row] = await tx
       .update(accounts)
       .set({ balanceUnits: sql`${accounts.balanceUnits} + ${units}` })
-      .where(eq(accounts.id, accountId))
+      .where(and(eq(accounts.id, accountId), sql`${accounts.balanceUnits} <= ${MAX_BALANCE_UNITS - units}::int8`))
       .returning({ balance: accounts.balanceUnits, reserved: accounts.reservedUnits });
-    if (!row) return undefined;
+    if (!row) {
+      const [account] = await tx.select({ balance: accounts.balanceUnits }).from(accounts).where(eq(accounts.id, accountId));
+      if (account === undefined) return undefined;
+      throw new BalanceLimitError(accountId, account.balance, units);
+    }
     await tx.insert(usageLedger).values({ accountId, kind: "grant", units });
     return toBalance(accountId, row);
   });

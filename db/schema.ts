@@ -1,5 +1,6 @@
 // Sandfork's billing database. Every amount of credit is an integer number of billing units
-// (bigint columns read as JS numbers: exact up to 2^53, far above any realistic balance).
+// (bigint columns read as JS numbers: exact up to 2^53 - 1, the most a balance holds, which
+// grantCredits in keys.ts enforces: only a grant adds to a balance).
 import { sql } from "drizzle-orm";
 import {
   bigint,

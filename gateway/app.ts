@@ -3,6 +3,7 @@ import { OpenAPIHono } from "@hono/zod-openapi";
 import { trace } from "@opentelemetry/api";
 import { HTTPException } from "hono/http-exception";
 import type { Database } from "../db/client.js";
+import { BalanceLimitError, MAX_BALANCE_UNITS } from "../db/keys.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { Authenticator } from "./auth/authenticator.js";
 import type { TokenService } from "./auth/tokens.js";
@@ -174,6 +175,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
 
 function toProblem(error: unknown): ProblemError {
   if (error instanceof ProblemError) return error;
+  if (error instanceof BalanceLimitError) return new ProblemError("balance-limit", error.message, { extensions: { max_balance_units: MAX_BALANCE_UNITS } });
   if (error instanceof HTTPException) {
     if (error.status === 400) return new ProblemError("malformed-request", error.message);
     if (error.status === 413) return new ProblemError("payload-too-large", error.message);

@@ -29,6 +29,7 @@ export const PROBLEMS = {
   "validation-failed": { status: 422, title: "The request does not match the schema", retryable: false },
   "unknown-template": { status: 422, title: "No such template", retryable: false },
   "unknown-language": { status: 422, title: "The template does not run that language", retryable: false },
+  "balance-limit": { status: 422, title: "The grant would take the balance past the most an account holds", retryable: false },
   "idempotency-key-reused": { status: 422, title: "This Idempotency-Key was used with a different request", retryable: false },
   "unknown-tool": { status: 422, title: "No such tool", retryable: false },
   "invalid-tool-arguments": { status: 422, title: "The tool call's arguments do not match the tool's schema", retryable: false },

@@ -1,7 +1,7 @@
 // Request and response schemas. They validate requests and produce the OpenAPI 3.1 document.
 import { z } from "@hono/zod-openapi";
 import { EXECUTION_STATUSES } from "../db/billing.js";
-import { SCOPES } from "../db/keys.js";
+import { MAX_BALANCE_UNITS, SCOPES } from "../db/keys.js";
 import type { ExecutionLimits } from "./config.js";
 import { refineFiles, WORK_PATH_RULES } from "./file-paths.js";
 
@@ -118,7 +118,9 @@ export const UsageQuerySchema = z.object({
   to: z.string().datetime({ offset: true }).optional().openapi({ description: "End (exclusive). Default: now" }),
 });
 
-const BALANCE_FIELDS = { balance_units: z.number().int(), reserved_units: z.number().int(), available_units: z.number().int() };
+/** An amount of units: an exact integer, at most MAX_BALANCE_UNITS (2^53 - 1), the most an account holds. */
+const units = () => z.number().int().min(0).max(MAX_BALANCE_UNITS);
+const BALANCE_FIELDS = { balance_units: units(), reserved_units: units(), available_units: units() };
 
 export const UsageSchema = z
   .object({
@@ -154,7 +156,10 @@ export const CreateKeyRequestSchema = z
     name: z.string().min(1).max(200),
     scopes: z.array(ScopeSchema).min(1).optional().openapi({ description: 'Default: ["execute", "usage:read"]' }),
     account_id: z.string().uuid().optional().openapi({ description: "Existing account; default: a new account named after the key" }),
-    credits: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER).optional().openapi({ description: "Units granted to the account" }),
+    credits: units()
+      .min(1)
+      .optional()
+      .openapi({ description: `Units granted to the account; its balance after the grant is at most ${MAX_BALANCE_UNITS} (balance-limit)` }),
     expires_in_seconds: z.number().int().min(1).max(10 * 365 * 24 * 3600).optional(),
     rate_limit_per_minute: limitFields.rate_limit_per_minute.optional(),
     max_concurrency: limitFields.max_concurrency.optional(),
@@ -181,7 +186,10 @@ export const CreatedKeySchema = KeySchema.extend({
   key: z.string().openapi({ description: "The secret. Shown this once; only its SHA-256 is stored" }),
 }).openapi("CreatedKey");
 
-export const CreditGrantSchema = z.object({ units: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER) }).strict().openapi("CreditGrant");
+export const CreditGrantSchema = z
+  .object({ units: units().min(1).openapi({ description: `The balance after the grant is at most ${MAX_BALANCE_UNITS} (2^53 - 1); more is refused with balance-limit` }) })
+  .strict()
+  .openapi("CreditGrant");
 
 export const BalanceSchema = z.object({ account_id: z.string().uuid(), ...BALANCE_FIELDS }).openapi("Balance");
 

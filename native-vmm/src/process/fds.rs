@@ -21,10 +21,11 @@ pub const FD_LIMIT: u64 = 1024;
 pub const PIPE_CAPACITY: usize = 64 * 1024;
 /// The largest capacity F_SETPIPE_SZ grants (Linux's default /proc/sys/fs/pipe-max-size).
 pub const MAX_PIPE_CAPACITY: usize = 1 << 20;
-/// What all live pipes may hold at once: as much as the fd limit's worth of default pipes
-/// (one per fd at most) could, so a larger pipe never lets a guest make the VMM hold more
-/// (Linux likewise caps a user's pipe pages).
-const PIPE_BUDGET: usize = FD_LIMIT as usize * PIPE_CAPACITY;
+/// What all live pipes (and socket directions) may hold at once at their full capacity. The
+/// buffers live in the VMM, outside the guest's memory limit, so this bounds them per VM: past
+/// it a new pipe holds one page, as Linux's are past pipe-user-pages-soft, and F_SETPIPE_SZ
+/// cannot grow one. Pipes then hold at most the budget plus a page per pipe.
+const PIPE_BUDGET: usize = 16 << 20;
 const PAGE: usize = 4096;
 
 // open(2) status flags the table keeps (F_GETFL/F_SETFL).
@@ -467,9 +468,27 @@ impl FdTable {
         released
     }
 
+    /// A new pipe's index: of the default capacity while the budget has room for it, else of
+    /// one page.
+    fn add_pipe(&mut self) -> usize {
+        let held: usize = self.pipes.iter().flatten().map(Pipe::capacity).sum();
+        let capacity = if held + PIPE_CAPACITY <= PIPE_BUDGET {
+            PIPE_CAPACITY
+        } else {
+            PAGE
+        };
+        free_index(
+            &mut self.pipes,
+            Pipe {
+                capacity,
+                ..Pipe::default()
+            },
+        )
+    }
+
     /// Creates a pipe: (read description, write description), not yet installed.
     pub fn new_pipe(&mut self, flags: u32) -> (Description, Description) {
-        let index = free_index(&mut self.pipes, Pipe::default());
+        let index = self.add_pipe();
         let status = flags & O_NONBLOCK;
         (
             Description::new(Object::PipeRead(index), O_RDONLY | status),
@@ -479,8 +498,8 @@ impl FdTable {
 
     /// Creates a connected socketpair: two read-write descriptions, not yet installed.
     pub fn new_socketpair(&mut self, flags: u32) -> (Description, Description) {
-        let a_to_b = free_index(&mut self.pipes, Pipe::default());
-        let b_to_a = free_index(&mut self.pipes, Pipe::default());
+        let a_to_b = self.add_pipe();
+        let b_to_a = self.add_pipe();
         let status = O_RDWR | (flags & O_NONBLOCK);
         (
             Description::new(
@@ -1046,7 +1065,8 @@ impl FdTable {
                 capacity,
             })
         })?;
-        if pipes.iter().flatten().map(Pipe::capacity).sum::<usize>() > PIPE_BUDGET {
+        let held: usize = pipes.iter().flatten().map(Pipe::capacity).sum();
+        if held > PIPE_BUDGET + PAGE * pipes.iter().flatten().count() {
             return Err(DecodeError::new(
                 "the pipes hold more than their budget".to_owned(),
             ));
@@ -1171,9 +1191,43 @@ mod tests {
     }
 
     #[test]
+    fn pipes_past_the_budget_hold_a_page_so_filled_pipes_stay_bounded() {
+        let mut t = FdTable::new();
+        let mut pipes = Vec::new();
+        for _ in 0..FD_LIMIT / 2 - 2 {
+            let (r, w) = t.new_pipe(0);
+            let Object::PipeWrite(p) = w.object else {
+                panic!("not a pipe")
+            };
+            t.install(r, 0, false).unwrap();
+            t.install(w, 0, false).unwrap();
+            pipes.push(p);
+        }
+        let filled: usize = pipes
+            .iter()
+            .map(|&p| t.pipe_mut(p).unwrap().write(&[7u8; PIPE_CAPACITY]).unwrap())
+            .sum();
+        let full = PIPE_BUDGET / PIPE_CAPACITY;
+        assert_eq!(filled, full * PIPE_CAPACITY + (pipes.len() - full) * PAGE);
+        assert!(filled <= PIPE_BUDGET + pipes.len() * PAGE);
+        assert_eq!(t.pipe(pipes[full - 1]).unwrap().capacity(), PIPE_CAPACITY);
+        assert_eq!(t.pipe(pipes[full]).unwrap().capacity(), PAGE);
+        // No room to grow a pipe past the budget; a socketpair made now holds a page each way.
+        assert_eq!(
+            t.set_pipe_capacity(pipes[full], 2 * PAGE as u64),
+            Err(Errno::EPERM)
+        );
+        let (a, _b) = t.new_socketpair(0);
+        let Object::Socket { tx, .. } = a.object else {
+            panic!("not a socket")
+        };
+        assert_eq!(t.pipe(tx).unwrap().capacity(), PAGE);
+    }
+
+    #[test]
     fn pipe_capacity_is_set_in_pages_within_the_budget() {
         let mut t = FdTable::new();
-        let pipes: Vec<usize> = (0..FD_LIMIT / 2 - 2)
+        let pipes: Vec<usize> = (0..40)
             .map(|_| {
                 let (r, w) = t.new_pipe(0);
                 t.install(r, 0, false).unwrap();
@@ -1194,7 +1248,7 @@ mod tests {
             Err(Errno::EPERM)
         );
         assert_eq!(t.set_pipe_capacity(p, 1 << 32), Err(Errno::EINVAL));
-        // Every pipe at the maximum would hold more than the fd limit's worth of default pipes.
+        // Every pipe at the maximum would hold more than the budget.
         let granted = pipes
             .iter()
             .take_while(|&&p| t.set_pipe_capacity(p, MAX_PIPE_CAPACITY as u64).is_ok())

@@ -436,7 +436,11 @@ impl<'m> KvmCpu<'m> {
                     (KVM_EXIT_IO_OUT, SYSCALL_PORT) => {
                         self.regs = self.get_regs()?;
                         self.in_syscall = true;
-                        self.user_state_in_regs = false;
+                        // The stub's `out` leaves the program's rip, rsp and rflags in its
+                        // frame; an `out` in the program's own code (which the I/O bitmap
+                        // allows where the stub runs at CPL3) leaves them in the registers, and
+                        // whatever the program wrote into the frame is not its state.
+                        self.user_state_in_regs = self.regs.rip >= crate::layout::USER_BASE;
                         Ok(syscall_exit(&self.regs.gprs))
                     }
                     (KVM_EXIT_IO_OUT, EXCEPTION_PORT) => {
@@ -901,6 +905,18 @@ fn set_msrs(vcpu: &OwnedFd) -> io::Result<()> {
             "KVM_SET_MSRS rejected MSR {index:#x} = {value:#x}"
         )));
     }
+    // RDPID and RDTSCP read TSC_AUX, where Linux keeps the CPU number: the guest's one CPU is
+    // 0, not the host CPU the vCPU last ran on. A backend without the MSR keeps its own value.
+    let tsc_aux = KvmMsrs {
+        nmsrs: 1,
+        pad: 0,
+        entries: [KvmMsrEntry {
+            index: cpu_state::MSR_TSC_AUX,
+            reserved: 0,
+            data: 0,
+        }],
+    };
+    sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_MSRS, &tsc_aux).map_err(context("KVM_SET_MSRS"))?;
     Ok(())
 }
 

@@ -153,7 +153,8 @@ const limitFields = {
 
 export const CreateKeyRequestSchema = z
   .object({
-    name: z.string().min(1).max(200),
+    // Stored as PostgreSQL text, which cannot hold a NUL.
+    name: z.string().min(1).max(200).regex(/^[^\0]*$/, "must not contain a NUL character"),
     scopes: z.array(ScopeSchema).min(1).optional().openapi({ description: 'Default: ["execute", "usage:read"]' }),
     account_id: z.string().uuid().optional().openapi({ description: "Existing account; default: a new account named after the key" }),
     credits: units()

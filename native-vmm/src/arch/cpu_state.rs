@@ -31,6 +31,7 @@ pub const EFER: u64 = EFER_SCE | EFER_LME | EFER_LMA | EFER_NXE;
 pub const MSR_STAR: u32 = 0xC000_0081;
 pub const MSR_LSTAR: u32 = 0xC000_0082;
 pub const MSR_SFMASK: u32 = 0xC000_0084;
+pub const MSR_TSC_AUX: u32 = 0xC000_0103;
 
 /// syscall loads CS = KERNEL_CS, SS = KERNEL_CS + 8; sysret would load SS = base + 8 and
 /// CS = base + 16 (RPL 3), with base = USER_SS - 8.

@@ -770,6 +770,12 @@ fn fs_base_and_limits() {
     assert_eq!(g.ret(ARCH_PRCTL, &[0x1003, BUF]), 0);
     assert_eq!(g.mem.read_u64(BUF).unwrap(), 0x7000_1234);
     assert_eq!(g.ret(ARCH_PRCTL, &[0x1001, 0]), err(Errno::EINVAL));
+    // AMX tile data (component 18) is refused, so programs fall back; AVX is granted.
+    assert_eq!(g.ret(ARCH_PRCTL, &[0x1023, 18]), err(Errno::EOPNOTSUPP));
+    assert_eq!(g.ret(ARCH_PRCTL, &[0x1023, 2]), 0);
+    assert_eq!(g.ret(ARCH_PRCTL, &[0x1023, 64]), err(Errno::EINVAL));
+    assert_eq!(g.ret(ARCH_PRCTL, &[0x1022, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap() & (1 << 18), 0);
     // RLIMIT_AS is the guest memory; RLIMIT_NOFILE can be lowered and is enforced.
     assert_eq!(g.ret(PRLIMIT64, &[0, 9, 0, BUF]), 0);
     assert_eq!(g.mem.read_u64(BUF).unwrap(), MEM);

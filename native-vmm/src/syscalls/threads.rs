@@ -224,11 +224,29 @@ pub(crate) fn set_robust_list(
     value(0)
 }
 
-/// arch_prctl(code, addr): the calling thread's FS base (TLS); everything else is EINVAL.
+/// The XSAVE components a program may use: those every switch and snapshot keeps (x87, SSE,
+/// AVX). AMX tile data is not among them (it does not fit the state KVM_GET_XSAVE returns),
+/// so asking for it is refused and programs fall back, as on a CPU without AMX.
+const XCOMP_KEPT: u64 = 0b111;
+/// Linux's XFEATURE_MAX: higher component numbers are EINVAL.
+const XFEATURE_MAX: u64 = 19;
+
+/// arch_prctl(code, addr): the calling thread's FS base (TLS), and the XSAVE components a
+/// program may use (`XCOMP_KEPT`: asking for AMX is EOPNOTSUPP); everything else is EINVAL.
 pub(crate) fn arch_prctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const ARCH_SET_FS: u64 = 0x1002;
     const ARCH_GET_FS: u64 = 0x1003;
+    const ARCH_GET_XCOMP_SUPP: u64 = 0x1021;
+    const ARCH_GET_XCOMP_PERM: u64 = 0x1022;
+    const ARCH_REQ_XCOMP_PERM: u64 = 0x1023;
     match args[0] {
+        ARCH_GET_XCOMP_SUPP | ARCH_GET_XCOMP_PERM => {
+            user.write_u64(args[1], XCOMP_KEPT)?;
+            value(0)
+        }
+        ARCH_REQ_XCOMP_PERM if args[1] >= XFEATURE_MAX => Err(Errno::EINVAL),
+        ARCH_REQ_XCOMP_PERM if XCOMP_KEPT & (1 << args[1]) != 0 => value(0),
+        ARCH_REQ_XCOMP_PERM => Err(Errno::EOPNOTSUPP),
         ARCH_SET_FS if args[1] >= super::misc::TASK_SIZE => Err(Errno::EPERM),
         ARCH_SET_FS => {
             proc.threads.current_mut().fs_base = args[1];

@@ -72,9 +72,16 @@ pub(crate) fn now_ns(clock: u64) -> Result<u64, Errno> {
         return Ok(shared.now_ns(kind));
     }
     let (sec, nsec) = sys::clock_time(host_clock(clock)?).map_err(|_| Errno::EINVAL)?;
-    Ok((sec.max(0) as u64)
+    let host = (sec.max(0) as u64)
         .saturating_mul(1_000_000_000)
-        .saturating_add(nsec.max(0) as u64))
+        .saturating_add(nsec.max(0) as u64);
+    // The monotonic and boot clocks count from the guest's boot, not the host's.
+    Ok(match vdso_kind(clock) {
+        Some(Kind::Monotonic | Kind::Boottime) => {
+            host.saturating_add_signed(vdso_clock::guest_shift_ns())
+        }
+        _ => host,
+    })
 }
 
 /// The calling thread sleeps for `duration`.

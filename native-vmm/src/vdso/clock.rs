@@ -100,6 +100,23 @@ fn host_ns(clock: i32) -> u64 {
         .saturating_add(nsec.max(0) as u64)
 }
 
+/// When the guest's machine counts as booted, in Unix seconds (2026-01-01 00:00 UTC): every
+/// guest's monotonic and boot clocks, `/proc/uptime`, `sysinfo` and `btime` count from it, so
+/// none shows when the host booted.
+pub const GUEST_BOOT_EPOCH_S: u64 = 1_767_225_600;
+
+/// What the guest's monotonic and boot clocks add to the host's: the host's realtime since
+/// `GUEST_BOOT_EPOCH_S` less its monotonic clock, read once per VMM process. It follows
+/// realtime, not the host's uptime, so a checkpoint restored in another process or after a
+/// host reboot does not see its monotonic clock go back.
+pub fn guest_shift_ns() -> i64 {
+    static SHIFT: OnceLock<i64> = OnceLock::new();
+    *SHIFT.get_or_init(|| {
+        let epoch = (GUEST_BOOT_EPOCH_S * 1_000_000_000) as i64;
+        host_ns(libc::CLOCK_REALTIME) as i64 - epoch - host_ns(libc::CLOCK_MONOTONIC) as i64
+    })
+}
+
 /// The host's monotonic clock against the TSC (the midpoint of the tightest of five reads), and
 /// `clock` minus monotonic (likewise).
 fn sample() -> Sample {
@@ -126,10 +143,12 @@ fn sample() -> Sample {
         });
         other as i64 - (m1 / 2 + m2 / 2) as i64
     };
+    // The guest's monotonic clock is the host's shifted (`guest_shift_ns`); realtime is not.
+    let shift = guest_shift_ns();
     Sample {
         tsc: t1 / 2 + t2 / 2,
-        mono,
-        real_offset: offset(libc::CLOCK_REALTIME),
+        mono: mono.wrapping_add(shift as u64),
+        real_offset: offset(libc::CLOCK_REALTIME) - shift,
         boot_offset: offset(libc::CLOCK_BOOTTIME),
     }
 }
@@ -492,9 +511,11 @@ mod tests {
             );
             return;
         };
+        // The guest's monotonic clock is the host's, shifted to count from the guest's boot.
+        let host_mono = || host_ns(libc::CLOCK_MONOTONIC).wrapping_add(guest_shift_ns() as u64);
         let mut last = 0;
         for _ in 0..1000 {
-            let host = host_ns(libc::CLOCK_MONOTONIC);
+            let host = host_mono();
             let ours = clock.now_ns(Kind::Monotonic);
             assert!(ours >= last, "monotonic: {ours} after {last}");
             last = ours;
@@ -503,11 +524,19 @@ mod tests {
                 "within 1 ms of the host: {ours} vs {host}"
             );
         }
+        // Its boot is the guest's epoch, not the host's boot.
+        let booted = clock.now_ns(Kind::Realtime) - clock.now_ns(Kind::Boottime);
+        let host_booted = host_ns(libc::CLOCK_REALTIME) - host_ns(libc::CLOCK_BOOTTIME);
+        assert!(
+            (booted as i64 - (GUEST_BOOT_EPOCH_S * 1_000_000_000) as i64).abs() < 1_000_000_000,
+            "booted at {booted}, not the guest's epoch"
+        );
+        assert!((booted as i64 - host_booted as i64).abs() > 1_000_000_000);
         let real = host_ns(libc::CLOCK_REALTIME) as i64;
         assert!((clock.now_ns(Kind::Realtime) as i64 - real).abs() < 1_000_000);
         // The update keeps it so.
         clock.update();
-        let host = host_ns(libc::CLOCK_MONOTONIC);
+        let host = host_mono();
         assert!(clock.now_ns(Kind::Monotonic) >= last);
         assert!((clock.now_ns(Kind::Monotonic) as i64 - host as i64).abs() < 1_000_000);
     }

@@ -176,3 +176,94 @@ print(m3[12288:12292], m3[12288 + (1 << 20) - 1:12288 + (1 << 20) + 1])
         "0x1122334455667788\n16\n0x100f0e0d0c0b0a09\nb'ZZZZ' b'Z\\x00'\n",
     );
 }
+
+/// Random register values, through every way a state reaches a KVM vCPU outside a fresh load
+/// (`load_thread`: thread switches, signal handlers, rt_sigreturn; `reset`: pooled VMs and
+/// checkpoints): a state no CPL3 program could hold is refused before KVM sees it, and what
+/// KVM then holds is the state with only the rflags a program controls.
+#[test]
+fn random_register_states_reach_the_vcpu_only_as_user_states() {
+    use sandfork_vmm::cpu::{user_rflags, CpuSnapshot, UserRegs, XSAVE_MIN_BYTES};
+    use sandfork_vmm::fuzz;
+    use sandfork_vmm::layout::USER_BASE;
+
+    const EDGES: [u64; 9] = [
+        0,
+        USER_BASE,
+        (1 << 47) - 8,
+        1 << 47,
+        0xffff_8000_0000_0000,
+        0xffff_8880_0000_0000,
+        0x8000_0000_0000_0000,
+        u64::MAX,
+        0x7fff_f000,
+    ];
+    let (mut rng, cases) = fuzz::start("random_register_states_reach_the_vcpu_only_as_user_states");
+    let mut value = |rng: &mut fuzz::Rng| match rng.below(3) {
+        0 => EDGES[rng.below(EDGES.len())],
+        1 => rng.next(),
+        _ => USER_BASE + (rng.next() % (1 << 30)),
+    };
+    let mem = sandfork_vmm::memory::GuestMemory::new(64 << 20).unwrap();
+    let start = CpuSnapshot {
+        regs: UserRegs {
+            rsp: 0x3ff_f000,
+            ..UserRegs::default()
+        },
+        rip: USER_BASE + 0x1000,
+        rflags: 0x202,
+        fs_base: 0,
+        gs_base: 0,
+        xsave: vec![0; XSAVE_MIN_BYTES],
+    };
+    let mut cpu = sandfork_vmm::kvm::restore_cpu(&mem, &start).unwrap();
+    let (mut loaded, mut refused) = (0, 0);
+    for case in 0..cases {
+        let state = CpuSnapshot {
+            regs: UserRegs {
+                rax: rng.next(),
+                rsp: value(&mut rng),
+                r11: rng.next(),
+                ..UserRegs::default()
+            },
+            rip: value(&mut rng),
+            rflags: rng.next(),
+            fs_base: value(&mut rng),
+            gs_base: value(&mut rng),
+            xsave: vec![0; XSAVE_MIN_BYTES],
+        };
+        let valid = state.check_user().is_ok();
+        let result = if case % 2 == 0 {
+            cpu.load_thread(&state)
+        } else {
+            cpu.reset(&state)
+        };
+        match result {
+            Err(e) if !valid && e.kind() == std::io::ErrorKind::InvalidInput => {
+                refused += 1;
+                continue;
+            }
+            Err(e) => panic!("case {case}: {state:x?}: {e}"),
+            Ok(()) => assert!(valid, "case {case}: {state:x?} was loaded"),
+        }
+        loaded += 1;
+        // What KVM holds now, read back from the vCPU (only while rip is in user memory).
+        if state.rip < USER_BASE {
+            continue;
+        }
+        let held = cpu.interrupted_state().unwrap().expect("rip is in user memory");
+        assert_eq!(
+            (held.rip, held.regs.rsp, held.rflags, held.fs_base, held.gs_base),
+            (
+                state.rip,
+                state.regs.rsp,
+                user_rflags(state.rflags),
+                state.fs_base,
+                state.gs_base
+            ),
+            "case {case}"
+        );
+    }
+    eprintln!("{loaded} states loaded, {refused} refused");
+    assert!(loaded > 0 && refused > 0, "both kinds of state were tried");
+}

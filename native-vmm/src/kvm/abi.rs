@@ -308,6 +308,34 @@ impl<const N: usize> KvmCpuid2<N> {
             .find(|e| e.function == function && e.index == index)
             .map(|e| [e.eax, e.ebx, e.ecx, e.edx])
     }
+
+    /// The table as a guest is shown it: no hypervisor leaves (0x4000_0000 up: KVM's
+    /// signature and paravirtual features) and `brand` (at most 48 bytes) in place of the
+    /// host's processor brand string (leaves 0x8000_0002 to 0x8000_0004).
+    pub fn for_guest(&mut self, brand: &[u8]) {
+        let mut text = [0u8; 48];
+        let len = brand.len().min(47);
+        text[..len].copy_from_slice(&brand[..len]);
+        let filled = (self.nent as usize).min(N);
+        let mut kept = 0;
+        for i in 0..filled {
+            let mut entry = self.entries[i];
+            if (0x4000_0000..0x5000_0000).contains(&entry.function) {
+                continue;
+            }
+            if let Some(part) = entry.function.checked_sub(0x8000_0002).filter(|&p| p < 3) {
+                let words: Vec<u32> = text[part as usize * 16..][..16]
+                    .chunks_exact(4)
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                    .collect();
+                [entry.eax, entry.ebx, entry.ecx, entry.edx] =
+                    [words[0], words[1], words[2], words[3]];
+            }
+            self.entries[kept] = entry;
+            kept += 1;
+        }
+        self.nent = kept as u32;
+    }
 }
 
 /// struct kvm_userspace_memory_region
@@ -624,5 +652,43 @@ mod tests {
         assert_eq!(cpuid.leaf(7, 0), Some([0, 1, 0, 0]));
         assert_eq!(cpuid.leaf(7, 1), Some([0, 2, 0, 0]));
         assert_eq!(cpuid.leaf(0xD, 0), None, "entry 2 is beyond nent");
+    }
+}
+
+#[cfg(test)]
+mod cpuid_tests {
+    use super::{KvmCpuid2, KvmCpuidEntry2};
+
+    fn entry(function: u32, eax: u32) -> KvmCpuidEntry2 {
+        KvmCpuidEntry2 {
+            function,
+            eax,
+            ..KvmCpuidEntry2::default()
+        }
+    }
+
+    #[test]
+    fn a_guest_sees_no_hypervisor_leaves_and_not_the_hosts_brand() {
+        let mut table = KvmCpuid2::<8>::with_capacity();
+        let leaves = [
+            entry(0, 0x1f),
+            entry(0x4000_0000, 0x4000_0001),
+            entry(0x4000_0001, 7),
+            entry(0x8000_0002, 0x6c65_746e),
+            entry(0x8000_0003, 1),
+            entry(0x8000_0004, 2),
+        ];
+        table.entries[..leaves.len()].copy_from_slice(&leaves);
+        table.nent = leaves.len() as u32;
+        table.for_guest(b"Sandfork virtual CPU");
+        let functions: Vec<u32> = table.filled().iter().map(|e| e.function).collect();
+        assert_eq!(functions, [0, 0x8000_0002, 0x8000_0003, 0x8000_0004]);
+        let brand: Vec<u8> = (0x8000_0002..=0x8000_0004)
+            .flat_map(|f| table.leaf(f, 0).unwrap())
+            .flat_map(u32::to_le_bytes)
+            .collect();
+        assert_eq!(&brand[..20], b"Sandfork virtual CPU");
+        assert!(brand[20..].iter().all(|&b| b == 0));
+        assert_eq!(table.leaf(0, 0), Some([0x1f, 0, 0, 0]));
     }
 }

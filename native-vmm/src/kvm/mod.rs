@@ -169,6 +169,9 @@ impl Kvm {
         .map_err(query("KVM_GET_SUPPORTED_CPUID"))?;
         let features =
             CpuFeatures::from_cpuid(|function, index| supported_cpuid.leaf(function, index));
+        // Where CPUID traps (VT-x, AMD-V) the guest sees neither KVM nor the host's model; on
+        // PVM a CPL3 CPUID is the host's own, whatever this table says.
+        supported_cpuid.for_guest(b"Sandfork virtual CPU");
         let exit_on_emulation_failure = sys::ioctl_val(
             fd.as_raw_fd(),
             KVM_CHECK_EXTENSION,

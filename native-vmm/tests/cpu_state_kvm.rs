@@ -251,9 +251,18 @@ fn random_register_states_reach_the_vcpu_only_as_user_states() {
         if state.rip < USER_BASE {
             continue;
         }
-        let held = cpu.interrupted_state().unwrap().expect("rip is in user memory");
+        let held = cpu
+            .interrupted_state()
+            .unwrap()
+            .expect("rip is in user memory");
         assert_eq!(
-            (held.rip, held.regs.rsp, held.rflags, held.fs_base, held.gs_base),
+            (
+                held.rip,
+                held.regs.rsp,
+                held.rflags,
+                held.fs_base,
+                held.gs_base
+            ),
             (
                 state.rip,
                 state.regs.rsp,

@@ -395,7 +395,7 @@ mod tests {
     use super::*;
     use crate::agent;
     use crate::daemon::frame;
-    use serde_json::Map;
+    use serde_json::{json, Map};
 
     const POLICY: LimitPolicy = LimitPolicy {
         default: ExecutionLimits {
@@ -1006,5 +1006,50 @@ mod tests {
         }
         let choices = odd();
         *at = choices[rng.below(choices.len())].clone();
+    }
+
+    /// The file paths of tests/fixtures/file-paths.json, which the gateway's edge validation
+    /// is tested against too (gateway/file-paths.test.ts): the daemon gives each its verdict.
+    #[test]
+    fn the_shared_file_path_fixture_holds_the_daemons_verdicts() {
+        let fixture: Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/file-paths.json")).unwrap();
+        let execute = |argv0: &Value, files: &Value| {
+            json!({"id": 1, "type": "execute", "template": "python", "code": "",
+                "argv": [argv0], "files": files})
+        };
+        let mut checked = 0;
+        for case in fixture["work_paths"].as_array().unwrap() {
+            let path = case["path"].as_str().unwrap();
+            let valid = case["valid"].as_bool().unwrap();
+            assert_eq!(
+                crate::agent::check_work_path(path).is_ok(),
+                valid,
+                "work path {path:?}"
+            );
+            let frame = execute(
+                &json!("fixture-script.py"),
+                &json!([{"path": path, "content": ""}]),
+            );
+            assert_eq!(
+                parse_request(&frame, &POLICY).is_ok(),
+                valid,
+                "file {path:?}"
+            );
+            checked += 1;
+        }
+        for case in fixture["requests"].as_array().unwrap() {
+            let frame = execute(&case["argv0"], &case["files"]);
+            let parsed = parse_request(&frame, &POLICY);
+            assert_eq!(
+                parsed.is_ok(),
+                case["valid"].as_bool().unwrap(),
+                "request {}: {:?}",
+                case["why"],
+                parsed.err()
+            );
+            checked += 1;
+        }
+        assert!(checked > 300, "only {checked} cases");
     }
 }

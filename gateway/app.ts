@@ -5,6 +5,7 @@ import { HTTPException } from "hono/http-exception";
 import type { Database } from "../db/client.js";
 import { BalanceLimitError, MAX_BALANCE_UNITS } from "../db/keys.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
+import { Admission } from "./admission.js";
 import { Authenticator } from "./auth/authenticator.js";
 import type { TokenService } from "./auth/tokens.js";
 import type { GatewayConfig } from "./config.js";
@@ -66,6 +67,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
   const gatewayId = deps.gatewayId ?? crypto.randomUUID();
   // Executions and session cells share each key's concurrency limit.
   const concurrency = new ConcurrencyLimiter();
+  const shutdownSignal = deps.shutdownSignal ?? new AbortController().signal;
   const leases = new CreditLeases({
     db: deps.db,
     gatewayId,
@@ -89,10 +91,10 @@ export function createGateway(deps: GatewayDeps): Gateway {
       runtime: deps.runtime,
       pricing: deps.config.pricing,
       limits: deps.config.executionLimits,
-      concurrency,
+      admission: new Admission(deps.config.admission, concurrency, deps.telemetry.instruments, shutdownSignal),
       tokenExecutions: new TokenExecutionCounter(now),
       telemetry: deps.telemetry,
-      shutdownSignal: deps.shutdownSignal ?? new AbortController().signal,
+      shutdownSignal,
       runtimeGraceMs: deps.config.runtimeGraceMs,
     }),
     sessions: new SessionService({

@@ -1,4 +1,5 @@
 // Gateway configuration, read once from the environment.
+import { availableParallelism } from "node:os";
 import { resolve } from "node:path";
 import type { KeyLimits } from "../db/keys.js";
 import { executeMaxWaitMsFromEnv, positiveIntegerFromEnv } from "../runtime/config.js";
@@ -10,6 +11,37 @@ export interface ExecutionLimits {
   maxTimeoutMs: number;
   defaultMemoryMb: number;
   maxMemoryMb: number;
+}
+
+/** Admission control's bounds (gateway/admission.ts). */
+export interface AdmissionSettings {
+  /** Executions of one template handed to the runtime at once. */
+  templateMaxRunning: number;
+  /** Executions of one template waiting for one of those; one more is shed with 503 runtime-busy. */
+  templateMaxQueued: number;
+  /** Executions of one key waiting for one of its max_concurrency slots; one more is shed with 429. */
+  keyMaxQueued: number;
+}
+
+/**
+ * The bounds from the environment. By default sized for the machine: the daemon runs 2
+ * executions a core at once (`serve --max-concurrency`); the gateway hands it twice that, so that
+ * the next one always waits in the daemon as a slot frees, and lets as many more wait.
+ */
+export function loadAdmissionSettings(env: NodeJS.ProcessEnv, cores = availableParallelism()): AdmissionSettings {
+  return {
+    templateMaxRunning: positiveIntegerFromEnv(env, "SANDFORK_TEMPLATE_MAX_RUNNING", 4 * cores),
+    templateMaxQueued: nonNegativeIntegerFromEnv(env, "SANDFORK_TEMPLATE_MAX_QUEUED", 4 * cores),
+    keyMaxQueued: nonNegativeIntegerFromEnv(env, "SANDFORK_KEY_MAX_QUEUED", 4),
+  };
+}
+
+function nonNegativeIntegerFromEnv(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
+  const raw = env[name];
+  if (raw === undefined || raw === "") return fallback;
+  const value = Number(raw);
+  if (!Number.isSafeInteger(value) || value < 0) throw new Error(`${name} must be a non-negative integer, got ${raw}`);
+  return value;
 }
 
 /** The embedded database's folder inside dataDir. */
@@ -26,6 +58,7 @@ export interface GatewayConfig {
   /** Limits a new key gets unless its creator sets others. */
   defaultKeyLimits: KeyLimits;
   executionLimits: ExecutionLimits;
+  admission: AdmissionSettings;
   sessions: SessionSettings;
   /** How long a verified API key is trusted without asking the database again (revocation delay). */
   keyCacheTtlMs: number;
@@ -66,6 +99,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
       defaultMemoryMb: positiveIntegerFromEnv(env, "SANDFORK_DEFAULT_MEMORY_MB", 256),
       maxMemoryMb: positiveIntegerFromEnv(env, "SANDFORK_MAX_MEMORY_MB", 2_048),
     },
+    admission: loadAdmissionSettings(env),
     sessions: loadSessionSettings(env),
     keyCacheTtlMs: positiveIntegerFromEnv(env, "SANDFORK_KEY_CACHE_TTL_MS", 2_000),
     tokenIssuer: env.SANDFORK_TOKEN_ISSUER ?? "sandfork",

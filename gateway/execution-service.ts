@@ -1,6 +1,6 @@
 // One execution, end to end, around the ExecutionRuntime boundary:
-// template allowed for a token → runtime present? → template known → token cap → concurrency slot
-// → hold the worst-case cost → execute → bill the actual cost (durable before the answer).
+// template allowed for a token → runtime present? → template known → token cap → admission (a slot
+// of the key and of the template, or a bounded wait for them; past the bound shed at once) → hold the worst-case cost → execute → bill the actual cost (durable before the answer).
 // An execution nobody can see before it ends (no Idempotency-Key, not streamed) holds its cost of
 // this gateway's credit lease in memory and is billed with ONE statement that writes its record
 // (CreditLeases); one with an Idempotency-Key or a streamed one is reserved in the database first
@@ -21,7 +21,8 @@ import type { ExecutionLimits } from "./config.js";
 import type { CreditLeases, HoldOutcome } from "./credit-leases.js";
 import { filesProblems } from "./file-paths.js";
 import { IdempotencyClaims } from "./idempotency-claims.js";
-import type { ConcurrencyLimiter, TokenExecutionCounter } from "./limits.js";
+import type { Admission } from "./admission.js";
+import type { TokenExecutionCounter } from "./limits.js";
 import { costUnits, type Pricing, priceOf, type TemplatePrice } from "./pricing.js";
 import { ProblemError } from "./problems.js";
 import { inSpan, type Telemetry } from "./telemetry.js";
@@ -79,7 +80,8 @@ export interface ExecutionServiceDeps {
   runtime: () => ExecutionRuntime | undefined;
   pricing: Pricing;
   limits: ExecutionLimits;
-  concurrency: ConcurrencyLimiter;
+  /** Slots per key and per template, and the bounded lines for them. */
+  admission: Admission;
   tokenExecutions: TokenExecutionCounter;
   telemetry: Telemetry;
   /** Aborts in-flight executions when the gateway shuts down. */
@@ -238,7 +240,7 @@ export class ExecutionService {
       if (resolved.files.length > 0) refuseCollidingFiles(resolved);
       if (grant?.maxExecutions != null) this.deps.tokenExecutions.consume(grant.id, grant.maxExecutions, grant.expiresAt);
       try {
-        releaseSlot = this.deps.concurrency.acquire(principal.keyId, principal.limits.maxConcurrency);
+        releaseSlot = await this.deps.admission.admit(principal.keyId, principal.limits.maxConcurrency, resolved.template);
       } catch (error) {
         if (grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
         throw error;
@@ -362,6 +364,7 @@ export class ExecutionService {
       if (leased) this.deps.leases.drop(principal.accountId, reservedUnits);
       else await release(this.deps.db, executionId);
       instruments.executions.add(1, { template: request.template, status: "aborted" });
+      if (error instanceof RuntimeBusyError) this.deps.admission.shedByRuntime();
       throw runtimeProblem(error);
     }
     const settlement = settlementOf(result, { price, reservedUnits, timeoutMs: request.timeoutMs, totalMs: performance.now() - started });

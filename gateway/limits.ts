@@ -1,7 +1,9 @@
 // Per-key limits held in this gateway process: a token-bucket rate limit, a count of executions in
-// flight, and the execution counts of minted tokens. (Several gateway processes each enforce them
-// separately; credits are the limit that is global, in the database.)
+// flight (with a bounded line of those waiting for a slot), and the execution counts of minted
+// tokens. (Several gateway processes each enforce them separately; credits are the limit that is
+// global, in the database.)
 import { ProblemError } from "./problems.js";
+import { SlotTable } from "./slots.js";
 
 const MAX_TRACKED = 100_000;
 /** Expired tokens' counts are dropped at most this often. */
@@ -48,33 +50,46 @@ export class RateLimiter {
   }
 }
 
-/** Counts executions in flight per key. */
+/**
+ * Executions in flight per key: up to the key's max_concurrency hold a slot, and an execution may
+ * wait in line for one (admit) up to a bound, past which it is refused with 429.
+ */
 export class ConcurrencyLimiter {
-  private readonly inFlight = new Map<string, number>();
+  private readonly slots = new SlotTable();
 
-  /** Takes a slot or throws 429; the returned function gives it back (idempotently). */
+  /** Takes a slot or throws 429 (a call never waits here); the returned function gives it back (idempotently). */
   acquire(keyId: string, max: number): () => void {
-    const current = this.inFlight.get(keyId) ?? 0;
-    if (current >= max) {
-      throw new ProblemError("concurrency-limit", `this key allows ${max} executions at a time`, {
-        headers: { "retry-after": "1" },
-        extensions: { retry_after_seconds: 1 },
-      });
-    }
-    this.inFlight.set(keyId, current + 1);
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      const left = (this.inFlight.get(keyId) ?? 1) - 1;
-      if (left <= 0) this.inFlight.delete(keyId);
-      else this.inFlight.set(keyId, left);
-    };
+    const taken = this.slots.tryTake(keyId, max);
+    if (taken === undefined) throw concurrencyLimit(max, 0);
+    return taken;
+  }
+
+  /**
+   * Takes a slot, or waits for one behind at most `maxQueued` others of the key; past that throws
+   * 429 at once. `signal` aborting takes a waiting call out of line (rejects with its reason).
+   */
+  async admit(keyId: string, max: number, maxQueued: number, signal: AbortSignal): Promise<() => void> {
+    const taken = this.slots.take(keyId, max, maxQueued, signal);
+    if (taken === undefined) throw concurrencyLimit(max, maxQueued);
+    return taken;
   }
 
   inFlightFor(keyId: string): number {
-    return this.inFlight.get(keyId) ?? 0;
+    return this.slots.running(keyId);
   }
+
+  /** Executions waiting for a slot of their key, over all keys. */
+  queued(): number {
+    return this.slots.totalQueued();
+  }
+}
+
+function concurrencyLimit(max: number, maxQueued: number): ProblemError {
+  const waiting = maxQueued === 0 ? "" : ` and ${maxQueued} more waiting`;
+  return new ProblemError("concurrency-limit", `this key allows ${max} executions at a time${waiting}`, {
+    headers: { "retry-after": "1" },
+    extensions: { retry_after_seconds: 1 },
+  });
 }
 
 interface TokenCount {

@@ -59,6 +59,16 @@ export interface GatewayInstruments {
   requestDuration: Histogram<Attributes>;
   /** Requests being served, by method: read as http.server.active_requests when collected. */
   activeRequests: Map<string, number>;
+  /** Executions shed by admission control or refused by a busy runtime, by reason. */
+  shedCalls: TalliedCounter<"reason">;
+  /** Read when collected: executions running and waiting per template, and waiting for a slot of their key. */
+  admissionDepths: { read: () => AdmissionDepths };
+}
+
+export interface AdmissionDepths {
+  templates: { template: string; running: number; queued: number }[];
+  /** Over all keys (a key is no metric attribute: there are too many). */
+  keysQueued: number;
 }
 
 export interface Telemetry {
@@ -152,7 +162,21 @@ export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
       advice: { explicitBucketBoundaries: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] },
     }),
     activeRequests,
+    shedCalls: new TalliedCounter(meter, "sandfork.admission.shed", "Executions shed at once (429/503), by reason: key_queue_full, template_queue_full, runtime_busy", ["reason"]),
+    admissionDepths: { read: () => ({ templates: [], keysQueued: 0 }) },
   };
+  meter
+    .createObservableGauge("sandfork.admission.queued", { description: "Executions waiting for a slot, by queue (template, with its name, or key, over all keys)", valueType: ValueType.INT })
+    .addCallback((result) => {
+      const depths = instruments.admissionDepths.read();
+      for (const t of depths.templates) result.observe(t.queued, { queue: "template", template: t.template });
+      result.observe(depths.keysQueued, { queue: "key" });
+    });
+  meter
+    .createObservableGauge("sandfork.admission.running", { description: "Executions handed to the runtime, by template", valueType: ValueType.INT })
+    .addCallback((result) => {
+      for (const t of instruments.admissionDepths.read().templates) result.observe(t.running, { template: t.template });
+    });
   const serializer = new PrometheusSerializer();
 
   return {

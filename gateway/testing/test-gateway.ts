@@ -51,7 +51,10 @@ export interface CallOptions {
 export const TEST_AUDIENCE = "sandfork-test";
 
 function testConfig(overrides: Partial<GatewayConfig> = {}): GatewayConfig {
-  return { ...loadConfig({}), dataDir: "/nonexistent", ...overrides };
+  // Admission bounds the same on every machine, past what a test sends unless it sets its own;
+  // no wait in line for a key's slot: a call past a key's max_concurrency is refused at once.
+  const admission = { templateMaxRunning: 10_000, templateMaxQueued: 10_000, keyMaxQueued: 0 };
+  return { ...loadConfig({}), dataDir: "/nonexistent", admission, ...overrides };
 }
 
 export function newTokenService(audience = TEST_AUDIENCE): TokenService {

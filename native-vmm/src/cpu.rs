@@ -7,6 +7,7 @@
 use std::io;
 use std::time::Instant;
 
+use crate::memory::GuestMemory;
 use crate::status::GuestFault;
 
 /// Why the guest stopped running.
@@ -197,6 +198,32 @@ pub trait GuestCpu {
     /// instructions) or the backend cannot preempt.
     fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
         Ok(None)
+    }
+    /// A vCPU of the same backend in a new VM on `mem` (a copy of this VM's memory: a process
+    /// forked inside the guest), stopped in the system call `state` was taken in, as
+    /// `snapshot` took it. Backends that cannot keep this default: the guest cannot fork.
+    fn fork_onto<'n>(
+        &self,
+        _mem: &'n GuestMemory,
+        _state: &CpuSnapshot,
+    ) -> io::Result<Box<dyn GuestCpu + 'n>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this vCPU backend cannot fork",
+        ))
+    }
+    /// A vCPU of the same backend in a new VM on `mem`, where a program was just loaded
+    /// (execve): at `entry` with `stack_pointer`.
+    fn exec_onto<'n>(
+        &self,
+        _mem: &'n GuestMemory,
+        _entry: u64,
+        _stack_pointer: u64,
+    ) -> io::Result<Box<dyn GuestCpu + 'n>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this vCPU backend cannot start a program",
+        ))
     }
     /// Puts the vCPU back into `snapshot`'s state, as `restore` would create it (general,
     /// segment, control and vector registers, MSRs, XCR0), stopped inside the snapshot's

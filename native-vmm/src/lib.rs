@@ -28,6 +28,7 @@ pub mod syscalls;
 // and the run loop.
 pub mod elf;
 pub mod loader;
+pub mod sandbox;
 pub mod sched;
 pub mod vdso;
 pub mod vm;

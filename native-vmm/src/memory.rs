@@ -78,6 +78,9 @@ pub struct GuestMemory {
     /// The memfd the mapping shows; None for a copy-on-write fork, whose written pages are
     /// private to the mapping and in no file.
     fd: Option<OwnedFd>,
+    /// For a copy-on-write fork: the template's memfd (a duplicate of its descriptor), so that
+    /// a process forked inside the VM can map it again (`duplicate`).
+    source: Option<OwnedFd>,
     /// With `track_writes`: the pages the VMM itself wrote (through these accessors) since
     /// `take_written`. The guest's own writes are the vCPU backend's to track
     /// (`GuestCpu::take_written_pages`).
@@ -116,6 +119,7 @@ impl GuestMemory {
             host: host as *mut u8,
             size,
             fd: Some(fd),
+            source: None,
             written: None,
         })
     }
@@ -151,8 +155,59 @@ impl GuestMemory {
             host: host as *mut u8,
             size: source.size,
             fd: None,
+            source: Some(fd.try_clone()?),
             written: None,
         })
+    }
+
+    /// A copy of this memory as it is now, for a process forked inside the VM: a fork of a
+    /// template is mapped from the template again and gets the pages this one holds copies
+    /// of; memory of its own is copied where its memfd holds data. Either way the untouched
+    /// rest is shared with (or zero like) the original, so the copy costs what was written.
+    pub fn duplicate(&self) -> io::Result<GuestMemory> {
+        let (copy, written) = match (&self.fd, &self.source) {
+            (Some(_), _) => (GuestMemory::new(self.size)?, self.data_extents()?),
+            (None, Some(source)) => {
+                // SAFETY: a fresh private mapping of the whole template memfd (exactly `size`
+                // bytes, as this fork's) at a kernel-chosen address.
+                let host = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        self.size as usize,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+                        source.as_raw_fd(),
+                        0,
+                    )
+                };
+                if host == libc::MAP_FAILED {
+                    return Err(io::Error::last_os_error());
+                }
+                let copy = GuestMemory {
+                    host: host as *mut u8,
+                    size: self.size,
+                    fd: None,
+                    source: Some(source.try_clone()?),
+                    written: None,
+                };
+                let copied = self.copied_ranges()?.unwrap_or_default();
+                (copy, copied)
+            }
+            (None, None) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "this memory has neither a memfd nor a template",
+                ))
+            }
+        };
+        for (start, end) in written {
+            let bytes = self
+                .range_bytes(start, end - start)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            copy.write(start, bytes)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        }
+        Ok(copy)
     }
 
     pub fn size(&self) -> u64 {
@@ -675,6 +730,30 @@ impl Drop for GuestMemory {
     fn drop(&mut self) {
         // SAFETY: host/size describe the mapping created in new(); nothing borrows it past drop.
         unsafe { libc::munmap(self.host as *mut c_void, self.size as usize) };
+    }
+}
+
+/// Guest memories made during a run (the processes a guest forks or execs), kept until the
+/// run ends: each is handed out by reference to the vCPU built on it, and none moves or goes
+/// while the arena lives.
+#[derive(Default)]
+pub struct MemoryArena {
+    kept: RefCell<Vec<Box<GuestMemory>>>,
+}
+
+impl MemoryArena {
+    pub fn new() -> MemoryArena {
+        MemoryArena::default()
+    }
+
+    /// Keeps `mem` for as long as the arena lives.
+    pub fn keep(&self, mem: GuestMemory) -> &GuestMemory {
+        let boxed = Box::new(mem);
+        let at: *const GuestMemory = &*boxed;
+        self.kept.borrow_mut().push(boxed);
+        // SAFETY: the box's allocation never moves and is dropped only with the arena, which
+        // this reference cannot outlive; nothing else takes it out of the list.
+        unsafe { &*at }
     }
 }
 

@@ -9,6 +9,7 @@ mod fds;
 mod memory_map;
 mod output;
 pub mod signals;
+pub mod tree;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod threads;
@@ -18,12 +19,13 @@ use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 pub use epoll::{EpollSet, Interest};
 pub use fds::{
-    Description, Endpoint, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND,
+    Description, Endpoint, FdSlots, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND,
     O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY,
 };
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
 pub use threads::{Threads, DEFAULT_THREAD_LIMIT};
+pub use tree::{ProcessEntry, ProcessPart, ProcessTable, DEFAULT_PROCESS_LIMIT};
 
 /// What a run is given.
 #[derive(Clone)]
@@ -153,6 +155,9 @@ pub struct SyscallCount {
 
 #[derive(Clone)]
 pub struct GuestProcess {
+    /// The running process's pid (its main thread's tid); the fields below down to `threads`
+    /// are that process's own (`ProcessPart`), the others the tree's.
+    pub(crate) pid: u64,
     pub config: ProcessConfig,
     pub space: AddressSpace,
     pub(crate) fds: FdTable,
@@ -171,6 +176,8 @@ pub struct GuestProcess {
     pub(crate) agent_request: Option<crate::agent::AgentRequest>,
     /// How `agent_request` is handed over (a script, or a session's cell).
     pub(crate) hand_off: crate::agent::HandOff,
+    /// Every process of the tree: ids, parents, exit statuses, signals sent to them.
+    pub(crate) tree: ProcessTable,
     calls: CallCounters,
     unsupported: CallCounters,
 }
@@ -191,6 +198,7 @@ impl GuestProcess {
             timer: None,
         };
         GuestProcess {
+            pid: threads::MAIN_TID,
             config,
             space,
             fds: FdTable::new(),
@@ -203,8 +211,57 @@ impl GuestProcess {
             threads: Threads::new(DEFAULT_THREAD_LIMIT),
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,
+            tree: ProcessTable::new(threads::MAIN_TID),
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
+        }
+    }
+
+    /// Puts `part` (a process of the tree) in place of the running process's own state, which
+    /// is returned: the running process becomes `part`'s.
+    pub(crate) fn exchange_part(&mut self, mut part: ProcessPart) -> ProcessPart {
+        use std::mem::swap;
+        self.fds.swap_slots(&mut part.fd_slots);
+        swap(&mut self.pid, &mut part.pid);
+        swap(&mut self.cwd, &mut part.cwd);
+        swap(&mut self.memory, &mut part.memory);
+        swap(&mut self.signals, &mut part.signals);
+        swap(&mut self.umask, &mut part.umask);
+        swap(&mut self.nice, &mut part.nice);
+        swap(&mut self.threads, &mut part.threads);
+        swap(&mut self.config.command, &mut part.command);
+        swap(&mut self.space, &mut part.space);
+        part
+    }
+
+    /// The state of a child forked from the running process now (its thread table holds only
+    /// its main thread, tid `pid`).
+    pub(crate) fn fork_part(&mut self, pid: u64) -> ProcessPart {
+        let next_id = self.threads.next_id().max(pid + 1);
+        let mut threads = Threads::for_process(pid, next_id, self.threads.limit());
+        threads.switching = self.threads.switching;
+        ProcessPart {
+            pid,
+            fd_slots: self.fds.fork_slots(),
+            cwd: self.cwd,
+            memory: self.memory.clone(),
+            signals: SignalState {
+                actions: self.signals.actions,
+                pending: 0,
+                timer: None,
+            },
+            umask: self.umask,
+            nice: self.nice,
+            threads,
+            command: self.config.command.clone(),
+            space: self.space,
+        }
+    }
+
+    /// Closes every fd of the running process (it exits), releasing what that lets go of.
+    pub(crate) fn close_all_fds(&mut self) {
+        for object in self.fds.close_range(0, u64::MAX, false) {
+            self.release(Some(object));
         }
     }
 
@@ -393,6 +450,7 @@ impl GuestProcess {
             command,
         };
         Ok(GuestProcess {
+            pid: threads::MAIN_TID,
             config,
             space,
             fds,
@@ -405,6 +463,7 @@ impl GuestProcess {
             threads,
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,
+            tree: ProcessTable::new(threads::MAIN_TID),
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
         })

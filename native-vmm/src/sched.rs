@@ -78,6 +78,11 @@ impl Scheduler {
         self.deadline
     }
 
+    /// The run's limit as reported at its deadline.
+    pub fn limit_ms(&self) -> u64 {
+        self.limit_ms
+    }
+
     /// How the run ends at its deadline.
     pub fn timeout(&self) -> RunStatus {
         RunStatus::Timeout {
@@ -104,6 +109,19 @@ impl Scheduler {
     ) -> io::Result<Option<LoopEnd>> {
         let outcome = syscalls::dispatch(process, mem, call.nr, call.args);
         self.apply(cpu, process, mem, outcome, call)
+    }
+
+    /// Runs the process again after it was `LoopEnd::Blocked`: another process may have done
+    /// what its threads wait for, so readiness waits are tried again.
+    pub fn resume(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+    ) -> io::Result<Option<LoopEnd>> {
+        process.threads.progress();
+        let step = self.switch_step(cpu, process, mem)?;
+        self.follow(cpu, process, mem, step)
     }
 
     /// `run` returned DeadlineReached before the run's deadline: the slice ended.
@@ -293,6 +311,8 @@ impl Scheduler {
                 process.threads.progress();
                 self.switch_step(cpu, process, mem)?
             }
+            SyscallOutcome::Fork(request) => Step::End(LoopEnd::Fork { request, call }),
+            SyscallOutcome::Exec(request) => Step::End(LoopEnd::Exec { request, call }),
         })
     }
 
@@ -311,7 +331,23 @@ impl Scheduler {
             signals::fire_timer(process, now);
             interrupt_waiters(process);
             let timer = process.signals.timer.map(|t| t.next);
-            match process.threads.next(now) {
+            let next = process.threads.next(now);
+            // With other processes in the tree, a process whose threads all wait yields the
+            // vCPU to them (`crate::sandbox`) instead of sleeping or counting as deadlocked.
+            if process.tree.len() > 1 {
+                match next {
+                    Next::SleepUntil(until) => {
+                        return Ok(Step::End(LoopEnd::Blocked {
+                            until: Some(timer.map_or(until, |t| t.min(until))),
+                        }))
+                    }
+                    Next::Deadlock { .. } => {
+                        return Ok(Step::End(LoopEnd::Blocked { until: timer }))
+                    }
+                    _ => {}
+                }
+            }
+            match next {
                 Next::Run { tid, resume } => {
                     if let Some(fault) = self.load(cpu, process, tid)? {
                         return Ok(Step::End(fault));

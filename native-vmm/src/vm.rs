@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::agent::{AgentCommand, AgentRequest, InvalidRequest, AWAIT_REQUEST_SYSCALL};
-use crate::cpu::{CpuExit, GuestCpu};
+use crate::cpu::GuestCpu;
 use crate::fs::Image;
 use crate::layout::page_align_up;
 use crate::loader::{self, LoadError, LoadedProgram};
@@ -288,18 +288,36 @@ pub enum LoopEnd {
     /// The agent made AWAIT_REQUEST with no request pending: the template's ready point. The
     /// vCPU is stopped inside that call (no return value set yet); `call` holds its arguments.
     ReadyPoint { call: [u64; 6] },
+    /// The running process asked for a child (`crate::sandbox` makes it and answers `call`).
+    Fork {
+        request: crate::syscalls::processes::ForkRequest,
+        call: Call,
+    },
+    /// The running process asked to run another program (`crate::sandbox` loads it, or
+    /// answers `call` with why not).
+    Exec {
+        request: crate::syscalls::processes::ExecRequest,
+        call: Call,
+    },
+    /// Every thread of the running process waits, for a timer (`until`) or for what only
+    /// another process of the tree can do; `crate::sandbox` runs another meanwhile.
+    Blocked { until: Option<Instant> },
 }
 
 impl LoopEnd {
     /// The run's status when no ready point was expected: a program that awaits a request
     /// nobody will send (not an agent, or an agent asking twice) cannot go on.
     pub fn into_status(self) -> RunStatus {
+        let unsupported = |nr: u64| RunStatus::Unsupported {
+            syscall: nr,
+            name: syscalls::name(nr).unwrap_or("unknown"),
+        };
         match self {
             LoopEnd::Finished(status) => status,
-            LoopEnd::ReadyPoint { .. } => RunStatus::Unsupported {
-                syscall: AWAIT_REQUEST_SYSCALL,
-                name: syscalls::name(AWAIT_REQUEST_SYSCALL).unwrap_or("unknown"),
-            },
+            LoopEnd::ReadyPoint { .. } => unsupported(AWAIT_REQUEST_SYSCALL),
+            // The tree answers these; they end no run.
+            LoopEnd::Fork { call, .. } | LoopEnd::Exec { call, .. } => unsupported(call.nr),
+            LoopEnd::Blocked { .. } => RunStatus::Deadlocked { threads: 0 },
         }
     }
 }
@@ -337,33 +355,7 @@ fn run_until_stopped(
     process: &mut GuestProcess,
     mem: &GuestMemory,
 ) -> io::Result<(LoopEnd, u64)> {
-    let mut exits = 0;
-    let mut handed_out = process.memory.handed_out_generation();
-    cpu.map_memory(&process.memory_handed_out())?;
-    let end = loop {
-        let step = match cpu.run(sched.run_until(process))? {
-            CpuExit::Syscall { nr, args } => {
-                exits += 1;
-                sched.syscall(cpu, process, mem, Call { nr, args })?
-            }
-            CpuExit::Fault(fault) => {
-                exits += 1;
-                break LoopEnd::Finished(RunStatus::Crashed { fault });
-            }
-            CpuExit::DeadlineReached if Instant::now() >= sched.deadline() => {
-                break LoopEnd::Finished(sched.timeout())
-            }
-            CpuExit::DeadlineReached => sched.slice_ended(cpu, process, mem)?,
-        };
-        if process.memory.handed_out_generation() != handed_out {
-            handed_out = process.memory.handed_out_generation();
-            cpu.map_memory(&process.memory_handed_out())?;
-        }
-        if let Some(end) = step {
-            break end;
-        }
-    };
-    Ok((end, exits + cpu.take_inner_exits()))
+    crate::sandbox::run(sched, cpu, process, mem)
 }
 
 // ---- the agent: template boot, ready point and hand-off ----
@@ -564,9 +556,13 @@ pub fn boot_agent<T>(
     };
     let call = match end {
         LoopEnd::ReadyPoint { call } => call,
-        LoopEnd::Finished(status) => {
+        other => {
             return Err(LaunchError::AgentNotReady {
-                reason: format!("{status} before its ready point; stderr: {}", stderr_tail()),
+                reason: format!(
+                    "{} before its ready point; stderr: {}",
+                    other.into_status(),
+                    stderr_tail()
+                ),
             })
         }
     };
@@ -618,6 +614,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::cpu::CpuExit;
     use crate::image::format::{self, Entry, EntryKind, Index};
     use crate::image::testdir::TempDir;
     use crate::loader::tests::tiny_elf;

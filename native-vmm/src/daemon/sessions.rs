@@ -561,9 +561,9 @@ fn run_cell(
             let code = i32::from(result.error.is_some());
             (RunStatus::Exited { code }, Some(result))
         }
-        LoopEnd::Finished(status) => {
+        other => {
             vm.release = true;
-            (status, None)
+            (other.into_status(), None)
         }
     };
     vm.copied_pages = vm.guest.mem.copied_pages().ok().flatten();

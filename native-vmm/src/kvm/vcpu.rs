@@ -571,6 +571,23 @@ impl GuestCpu for KvmCpu<'_> {
         true
     }
 
+    fn fork_onto<'n>(
+        &self,
+        mem: &'n GuestMemory,
+        state: &CpuSnapshot,
+    ) -> io::Result<Box<dyn GuestCpu + 'n>> {
+        Ok(Box::new(KvmCpu::restore(mem, state)?))
+    }
+
+    fn exec_onto<'n>(
+        &self,
+        mem: &'n GuestMemory,
+        entry: u64,
+        stack_pointer: u64,
+    ) -> io::Result<Box<dyn GuestCpu + 'n>> {
+        Ok(Box::new(KvmCpu::new(mem, entry, stack_pointer)?))
+    }
+
     /// Another thread's state without KVM_SET_SREGS (which resets KVM's MMU context: a full
     /// shadow-page-table rebuild on PVM): the vCPU is already at CPL3 or in the syscall stub,
     /// so only the registers, the FS/GS bases (as MSRs) and the vector state change. In the

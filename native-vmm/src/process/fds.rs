@@ -230,6 +230,13 @@ impl Pipe {
     }
 }
 
+/// One process's fd numbers and fd limit, parked while another process of the tree runs.
+#[derive(Debug, Clone, Default)]
+pub struct FdSlots {
+    fds: Vec<Option<Slot>>,
+    limit: u64,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     description: usize,
@@ -466,6 +473,40 @@ impl FdTable {
             }
         }
         released
+    }
+
+    /// Closes every fd marked close-on-exec (execve); returns the objects whose last reference
+    /// went.
+    pub fn close_on_exec(&mut self) -> Vec<Object> {
+        let marked: Vec<u64> = (0..self.fds.len() as u64)
+            .filter(|&fd| self.cloexec(fd) == Ok(true))
+            .collect();
+        marked
+            .into_iter()
+            .filter_map(|fd| self.close(fd).ok().flatten())
+            .collect()
+    }
+
+    /// The fd numbers of a forked child: a copy of this process's, each referring to the same
+    /// description (which counts the child's reference too).
+    pub fn fork_slots(&mut self) -> FdSlots {
+        let fds = self.fds.clone();
+        for slot in fds.iter().flatten() {
+            if let Some(Some(d)) = self.descriptions.get_mut(slot.description) {
+                d.refs += 1;
+            }
+        }
+        FdSlots {
+            fds,
+            limit: self.limit,
+        }
+    }
+
+    /// Puts another process's fd numbers in place of the running one's (which `slots` then
+    /// holds): the descriptions, pipes and sockets behind them are the tree's, shared.
+    pub fn swap_slots(&mut self, slots: &mut FdSlots) {
+        std::mem::swap(&mut self.fds, &mut slots.fds);
+        std::mem::swap(&mut self.limit, &mut slots.limit);
     }
 
     /// A new pipe's index: of the default capacity while the budget has room for it, else of

@@ -100,8 +100,8 @@ pub fn ready_for(proc: &GuestProcess, tid: u64) -> u64 {
     let mut process_wide = proc.signals.pending & !thread.blocked_signals;
     if let Some(main) = proc
         .threads
-        .get(super::threads::MAIN_TID)
-        .filter(|_| tid != super::threads::MAIN_TID)
+        .get(proc.pid)
+        .filter(|_| tid != proc.pid)
     {
         process_wide &= main.blocked_signals;
     }
@@ -145,9 +145,12 @@ pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
                 }))
             }
             SIG_DFL => {
+                if let Some(entry) = proc.tree.get_mut(proc.pid) {
+                    entry.killed_by = Some(sig);
+                }
                 return Some(Taken::End(RunStatus::Exited {
                     code: 128 + sig as i32,
-                }))
+                }));
             }
             _ => {
                 if action.flags & SA_RESETHAND != 0 {

@@ -235,6 +235,27 @@ impl Threads {
         }
     }
 
+    /// A new process's threads: its main thread alone, with tid `pid` (a child made by fork or
+    /// execve), running; tids for its later threads start after `next_id`.
+    pub fn for_process(pid: u64, next_id: u64, limit: u64) -> Threads {
+        let mut threads = Threads::new(limit);
+        threads.list = vec![Thread::new(pid)];
+        threads.current = pid;
+        threads.next_tid = next_id.max(pid + 1);
+        threads
+    }
+
+    /// The next tid this table would give; ids are shared by every process of a tree, so the
+    /// tree keeps them apart with `reserve_ids_from`.
+    pub fn next_id(&self) -> u64 {
+        self.next_tid
+    }
+
+    /// No tid below `next` is given from now on (another process took them).
+    pub fn reserve_ids_from(&mut self, next: u64) {
+        self.next_tid = self.next_tid.max(next);
+    }
+
     /// A run starts on this host thread: the current thread's CPU time counts from now.
     pub fn start_cpu_clock(&mut self) {
         self.cpu.since = Some(host_thread_cpu_ns());

@@ -1,7 +1,6 @@
-//! Process identity: the guest is process 1 of its own (one-process) system, its main thread's
-//! tid is its pid (threads.rs), running as the unprivileged user the loader put in the
-//! auxiliary vector. It has no parent inside the VM (ppid 0, like a container's init) and can
-//! create no process (see the table for those calls).
+//! User and group identity: every process runs as the unprivileged user the loader put in the
+//! auxiliary vector. Process ids, groups and sessions are processes.rs's; the tree's first
+//! process is pid 1, with no parent inside the VM (ppid 0, like a container's init).
 
 use super::{value, SysResult, UserMemory};
 use crate::errno::Errno;
@@ -9,23 +8,6 @@ use crate::loader::{GUEST_GID, GUEST_UID};
 use crate::process::GuestProcess;
 
 pub(crate) const GUEST_PID: u64 = 1;
-
-/// getpid(), getpgrp(): the one process and process group.
-pub(crate) fn getpid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
-    value(GUEST_PID)
-}
-
-pub(crate) fn getppid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
-    value(0)
-}
-
-/// getpgid(pid), getsid(pid): for pid 0 or the guest's own pid.
-pub(crate) fn getpgid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    match args[0] {
-        0 | GUEST_PID => value(GUEST_PID),
-        _ => Err(Errno::ESRCH),
-    }
-}
 
 /// getuid(), geteuid()
 pub(crate) fn getuid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
@@ -77,7 +59,7 @@ const CAPABILITY_DATA_BYTES: u64 = 12;
 /// capget(header, data): the unprivileged guest holds no capabilities, so every set is empty
 /// (Node asks at start-up). An unknown version gets the preferred one written back and EINVAL,
 /// as on Linux; a null `data` only probes the version.
-pub(crate) fn capget(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn capget(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [header, data, ..] = args;
     let structs = match user.read_u32(header)? {
         CAPABILITY_VERSION_1 => 1,
@@ -91,7 +73,7 @@ pub(crate) fn capget(_proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     if pid < 0 {
         return Err(Errno::EINVAL);
     }
-    if pid != 0 && pid as u64 != GUEST_PID {
+    if pid != 0 && proc.tree.get(pid as u64).is_none() {
         return Err(Errno::ESRCH);
     }
     if data != 0 {

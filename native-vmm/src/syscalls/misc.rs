@@ -1,6 +1,6 @@
 //! System information, randomness, resource limits and CPU affinity.
 
-use super::{ids::GUEST_PID, time, value, SysResult, UserMemory};
+use super::{time, value, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::loader::stack_size;
 use crate::process::{GuestProcess, FD_LIMIT};
@@ -136,7 +136,7 @@ fn write_rlimit(user: &UserMemory, addr: u64, (soft, hard): (u64, u64)) -> Resul
 /// prlimit64(pid, resource, new, old)
 pub(crate) fn prlimit64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [pid, resource, new, old, ..] = args;
-    if pid != 0 && pid != GUEST_PID {
+    if pid != 0 && pid != proc.pid {
         return Err(Errno::ESRCH);
     }
     if resource >= RLIMIT_COUNT {

@@ -14,6 +14,7 @@ mod memory;
 mod misc;
 mod ownership;
 mod poll;
+pub mod processes;
 mod procfs;
 mod signals;
 mod sockets;
@@ -62,6 +63,12 @@ pub enum SyscallOutcome {
     ThreadExited,
     /// rt_sigreturn: the thread resumes what its signal handler interrupted.
     SigReturn,
+    /// fork, vfork or a clone of a process: the tree makes a child with a copy of the caller
+    /// (`crate::sandbox`); the call returns its pid, and 0 in the child.
+    Fork(processes::ForkRequest),
+    /// execve: the tree loads the program into fresh memory for the calling process, which
+    /// then has only that program's thread; the call returns only if that fails.
+    Exec(processes::ExecRequest),
 }
 
 /// What a handler produces: an outcome, or an errno returned to the guest as -errno.

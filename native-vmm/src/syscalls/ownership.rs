@@ -4,7 +4,6 @@
 //! EPERM. The nice value can only be raised.
 
 use super::files::{fd_arg, stat_of_fd, stat_target, AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW};
-use super::ids::GUEST_PID;
 use super::{value, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::fs::Stat;
@@ -73,10 +72,10 @@ const PRIO_PGRP: u64 = 1;
 const PRIO_USER: u64 = 2;
 
 /// Whether (which, who) names the guest: its process, process group or user (0: the caller's).
-fn names_the_guest(which: u64, who: u64) -> Result<(), Errno> {
+fn names_the_guest(me: u64, which: u64, who: u64) -> Result<(), Errno> {
     let who = who as u32 as u64;
     match which {
-        PRIO_PROCESS | PRIO_PGRP if who == 0 || who == GUEST_PID => Ok(()),
+        PRIO_PROCESS | PRIO_PGRP if who == 0 || who == me => Ok(()),
         PRIO_USER if who == 0 || who == GUEST_UID => Ok(()),
         PRIO_PROCESS | PRIO_PGRP | PRIO_USER => Err(Errno::ESRCH),
         _ => Err(Errno::EINVAL),
@@ -89,7 +88,7 @@ pub(crate) fn getpriority(
     _user: &UserMemory,
     args: [u64; 6],
 ) -> SysResult {
-    names_the_guest(args[0], args[1])?;
+    names_the_guest(proc.pid, args[0], args[1])?;
     value((20 - proc.nice) as u64)
 }
 
@@ -99,7 +98,7 @@ pub(crate) fn setpriority(
     _user: &UserMemory,
     args: [u64; 6],
 ) -> SysResult {
-    names_the_guest(args[0], args[1])?;
+    names_the_guest(proc.pid, args[0], args[1])?;
     let nice = (args[2] as i32).clamp(-20, 19);
     if nice < proc.nice {
         return Err(Errno::EACCES);

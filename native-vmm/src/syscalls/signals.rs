@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{block, ids::GUEST_PID, value, SysResult, SyscallOutcome, UserMemory};
+use super::{block, value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::process::signals::{bit, RealTimer, SIGKILL, SIGSTOP, SIG_IGN};
 use crate::process::threads::WaitOn;
@@ -161,26 +161,12 @@ pub(crate) fn sigaltstack(proc: &mut GuestProcess, user: &UserMemory, args: [u64
     value(0)
 }
 
-/// kill(pid, sig): the only process is the guest itself, by its pid or as its own process
-/// group (0). pid -1 means "every process but init and the caller": as pid 1 the guest is
-/// init, so nothing is left to signal.
-pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let pid = args[0] as i32 as i64;
-    if pid != 0 && pid != GUEST_PID as i64 {
-        return Err(Errno::ESRCH);
-    }
-    if let Some(sig) = signal_or_probe(args[1])? {
-        proc.signals.pending |= bit(sig);
-    }
-    value(0)
-}
-
 /// tgkill(tgid, tid, sig): to any live thread of the guest.
 pub(crate) fn tgkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     if args[0] as i32 as i64 <= 0 || args[1] as i32 as i64 <= 0 {
         return Err(Errno::EINVAL);
     }
-    if args[0] != GUEST_PID {
+    if args[0] != proc.pid {
         return Err(Errno::ESRCH);
     }
     to_thread(proc, args[1], args[2])
@@ -204,7 +190,7 @@ fn to_thread(proc: &mut GuestProcess, tid: u64, sig: u64) -> SysResult {
 }
 
 /// A signal number, or None for 0 (which only checks that the target exists).
-fn signal_or_probe(sig: u64) -> Result<Option<u64>, Errno> {
+pub(super) fn signal_or_probe(sig: u64) -> Result<Option<u64>, Errno> {
     if sig == 0 {
         Ok(None)
     } else {

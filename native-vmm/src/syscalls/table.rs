@@ -4,9 +4,7 @@
 //! * `Emulate(handler)`: answered by the VMM, with Linux's semantics within the sandbox's
 //!   limits (the handler's doc comment says where it differs).
 //! * `Refuse(errno)`: refused by design with a fixed errno the program can handle (sockets
-//!   exist only inside the VM, see addresses.rs and sockets.rs), no other process (fork, vfork,
-//!   execve and friends: ENOSYS; clone and clone3 make threads only, see threads.rs), no
-//!   children to wait for (ECHILD), no identity changes (EPERM: the guest is an unprivileged
+//!   exist only inside the VM, see addresses.rs and sockets.rs), no identity changes (EPERM: the guest is an unprivileged
 //!   user; ownership.rs for chown), no hard links and no device or FIFO nodes (EPERM, as a
 //!   file system that cannot make them answers: tarfile then extracts a copy), no extended
 //!   attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
@@ -21,8 +19,8 @@
 //! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
 use super::{
-    addresses, epoll, eventfd, files, futex, ids, memory, misc, ownership, poll, signals, sockets,
-    threads, time, transfer, SysResult, UserMemory,
+    addresses, epoll, eventfd, files, futex, ids, memory, misc, ownership, poll, processes,
+    signals, sockets, threads, time, transfer, SysResult, UserMemory,
 };
 use crate::errno::Errno;
 use crate::process::GuestProcess;
@@ -58,7 +56,6 @@ const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
     }
 }
 
-const NO_PROCESSES: Errno = Errno::ENOSYS;
 /// As a kernel built without io_uring: the rings' calls exist for no file descriptor.
 const NO_IO_URING: Errno = Errno::ENOSYS;
 /// The file systems have no extended attributes, as one mounted without them answers.
@@ -104,7 +101,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(36, "getitimer", signals::getitimer),
     emulate(37, "alarm", signals::alarm),
     emulate(38, "setitimer", signals::setitimer),
-    emulate(39, "getpid", ids::getpid),
+    emulate(39, "getpid", processes::getpid),
     emulate(40, "sendfile", transfer::sendfile),
     emulate(41, "socket", addresses::socket),
     emulate(42, "connect", addresses::connect),
@@ -122,12 +119,12 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(54, "setsockopt", sockets::setsockopt),
     emulate(55, "getsockopt", sockets::getsockopt),
     emulate(56, "clone", threads::clone),
-    refuse(57, "fork", NO_PROCESSES),
-    refuse(58, "vfork", NO_PROCESSES),
-    refuse(59, "execve", NO_PROCESSES),
+    emulate(57, "fork", processes::fork),
+    emulate(58, "vfork", processes::fork),
+    emulate(59, "execve", processes::execve),
     emulate(60, "exit", threads::exit),
-    refuse(61, "wait4", Errno::ECHILD),
-    emulate(62, "kill", signals::kill),
+    emulate(61, "wait4", processes::wait4),
+    emulate(62, "kill", processes::kill),
     emulate(63, "uname", misc::uname),
     emulate(72, "fcntl", files::fcntl),
     emulate(73, "flock", files::flock),
@@ -163,16 +160,16 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(106, "setgid", Errno::EPERM),
     emulate(107, "geteuid", ids::getuid),
     emulate(108, "getegid", ids::getgid),
-    refuse(109, "setpgid", Errno::EPERM),
-    emulate(110, "getppid", ids::getppid),
-    emulate(111, "getpgrp", ids::getpid),
-    refuse(112, "setsid", Errno::EPERM),
+    emulate(109, "setpgid", processes::setpgid),
+    emulate(110, "getppid", processes::getppid),
+    emulate(111, "getpgrp", processes::getpgrp),
+    emulate(112, "setsid", processes::setsid),
     emulate(115, "getgroups", ids::getgroups),
     refuse(116, "setgroups", Errno::EPERM),
     emulate(118, "getresuid", ids::getresuid),
     emulate(120, "getresgid", ids::getresgid),
-    emulate(121, "getpgid", ids::getpgid),
-    emulate(124, "getsid", ids::getpgid),
+    emulate(121, "getpgid", processes::getpgid),
+    emulate(124, "getsid", processes::getsid),
     emulate(125, "capget", ids::capget),
     emulate(127, "rt_sigpending", signals::rt_sigpending),
     emulate(130, "rt_sigsuspend", signals::rt_sigsuspend),
@@ -212,7 +209,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(232, "epoll_wait", epoll::epoll_wait),
     emulate(233, "epoll_ctl", epoll::epoll_ctl),
     emulate(234, "tgkill", signals::tgkill),
-    refuse(247, "waitid", Errno::ECHILD),
+    emulate(247, "waitid", processes::waitid),
     emulate(257, "openat", files::openat),
     emulate(258, "mkdirat", files::mkdirat),
     refuse(259, "mknodat", NOT_ON_THIS_FS),
@@ -240,7 +237,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(302, "prlimit64", misc::prlimit64),
     emulate(316, "renameat2", files::renameat2),
     emulate(318, "getrandom", misc::getrandom),
-    refuse(322, "execveat", NO_PROCESSES),
+    emulate(322, "execveat", processes::execveat),
     emulate(326, "copy_file_range", transfer::copy_file_range),
     refuse(330, "pkey_alloc", Errno::ENOSPC),
     emulate(332, "statx", files::statx),

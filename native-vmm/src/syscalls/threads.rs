@@ -2,11 +2,9 @@
 //! use, thread exit, thread ids, per-thread TLS and robust-list setup, and yielding. The
 //! scheduling itself is `process::threads` (policy) and `crate::sched` (the vCPU).
 //!
-//! Only threads of the one process exist: a clone without CLONE_THREAD and its companions (a
-//! new process: fork, vfork, posix_spawn) is ENOSYS as before, so glibc's and Python's paths
-//! for "no process creation" stay clean errors. Beyond the execution's thread limit a clone is
-//! EAGAIN, what Linux answers at RLIMIT_NPROC and pthread_create passes on (Python raises
-//! "RuntimeError: can't start new thread").
+//! A clone without CLONE_THREAD makes a new process (fork, vfork, posix_spawn): processes.rs.
+//! Beyond the execution's thread limit a clone is EAGAIN, what Linux answers at RLIMIT_NPROC
+//! and pthread_create passes on (Python raises "RuntimeError: can't start new thread").
 
 use super::{value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
@@ -54,8 +52,18 @@ struct CloneArgs {
 /// clone(flags, stack, parent_tid, child_tid, tls)
 pub(crate) fn clone(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [flags, stack, parent_tid, child_tid, tls, _] = args;
+    if flags & CLONE_THREAD == 0 {
+        return super::processes::clone_process(
+            flags & !CSIGNAL,
+            flags & CSIGNAL,
+            stack,
+            parent_tid,
+            child_tid,
+            tls,
+        );
+    }
     if flags & !CSIGNAL & THREAD_FLAGS != THREAD_FLAGS {
-        return Err(Errno::ENOSYS);
+        return Err(Errno::EINVAL);
     }
     // A thread has no exit signal: Linux ignores clone's for CLONE_THREAD.
     spawn(
@@ -97,10 +105,20 @@ pub(crate) fn clone3(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     // pidfd is only read with CLONE_PIDFD, which a thread clone here cannot have.
     let [flags, _pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, _set_tid, set_tid_size, cgroup] =
         std::array::from_fn(field);
-    if flags & THREAD_FLAGS != THREAD_FLAGS {
-        return Err(Errno::ENOSYS);
+    if set_tid_size != 0 || cgroup != 0 || (stack == 0) != (stack_size == 0) {
+        return Err(Errno::EINVAL);
     }
-    if exit_signal != 0 || set_tid_size != 0 || cgroup != 0 || (stack == 0) != (stack_size == 0) {
+    if flags & CLONE_THREAD == 0 {
+        return super::processes::clone_process(
+            flags,
+            exit_signal,
+            stack.wrapping_add(stack_size),
+            parent_tid,
+            child_tid,
+            tls,
+        );
+    }
+    if flags & THREAD_FLAGS != THREAD_FLAGS || exit_signal != 0 {
         return Err(Errno::EINVAL);
     }
     spawn(

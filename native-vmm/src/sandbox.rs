@@ -1,0 +1,572 @@
+//! The process tree of one run. Every process runs in a KVM VM of its own: a fork copies the
+//! parent's memory into a new VM (`GuestMemory::duplicate`: the template's pages are mapped
+//! again, only what the parent wrote is copied) with a vCPU in the parent's state; an execve
+//! loads the program into fresh memory and a new vCPU. One host thread runs the VMs in turn:
+//! a process runs until all its threads wait, it ends, or its slice ends while another process
+//! could run, so the syscall layer needs no locks, as with threads (`crate::sched`).
+//!
+//! What processes share lives once in `GuestProcess` (descriptions, pipes, sockets, the file
+//! system, the captured output, the process table); what each has of its own (fd numbers,
+//! memory map, signal dispositions, threads, command) is a `ProcessPart`, swapped in while it
+//! runs. A process whose threads all wait is resumed once another process made progress (it
+//! retries its readiness waits), or when its timer is due; when no process can go on, the run
+//! is deadlocked. The run ends when the first process ends (or reaches its ready point): the
+//! others are killed, as a PID namespace's are when its init exits.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use crate::cpu::{CpuExit, GuestCpu};
+use crate::errno::Errno;
+use crate::memory::{GuestMemory, MemoryArena};
+use crate::process::signals::bit;
+use crate::process::threads::{Call, QUANTUM};
+use crate::process::tree::{exited_status, signalled_status};
+use crate::process::{Command, GuestProcess, MemoryMap, ProcessPart, Threads};
+use crate::sched::Scheduler;
+use crate::status::RunStatus;
+use crate::syscalls::processes::{ExecRequest, ForkRequest};
+use crate::syscalls::{SyscallOutcome, UserMemory};
+use crate::vm::LoopEnd;
+
+/// SIGKILL, SIGSYS: how a child the run cannot go on with ends.
+const SIGKILL: u64 = 9;
+const SIGSYS: u64 = 31;
+
+/// How a process goes on when it next gets the host thread.
+enum Next {
+    /// Its vCPU runs on from where it stopped.
+    Run,
+    /// Its system call `call` returns `value` first.
+    Answer { call: Call, value: u64 },
+    /// Its threads all waited: they try again.
+    Wake,
+}
+
+enum State {
+    Ready(Next),
+    /// Every thread waits: for a timer (`until`) or for another process; `seen` is the tree's
+    /// progress when it stopped.
+    Blocked {
+        until: Option<Instant>,
+        seen: u64,
+    },
+    Ended,
+}
+
+/// One process of the tree. The first is the run's own (its vCPU, memory and scheduler are
+/// the caller's: None here until an execve replaces them).
+struct Member<'a> {
+    pid: u64,
+    cpu: Option<Box<dyn GuestCpu + 'a>>,
+    mem: Option<&'a GuestMemory>,
+    sched: Option<Scheduler>,
+    /// Its own state while another process runs (None while it runs, or once it ended).
+    part: Option<ProcessPart>,
+    state: State,
+    /// The memory map's generation the vCPU was last given.
+    handed_out: Option<u64>,
+}
+
+/// Where one process's stint on the host thread ended.
+enum Stop {
+    End(LoopEnd),
+    /// Its slice ended while another process could run.
+    Preempted,
+}
+
+/// Runs `process` (the tree's first process, on `cpu` and `mem`) and every process it makes
+/// until the first one ends or reaches its ready point. Returns where it stopped and the
+/// number of VM exits of every process.
+pub fn run(
+    sched: &mut Scheduler,
+    cpu: &mut dyn GuestCpu,
+    process: &mut GuestProcess,
+    mem: &GuestMemory,
+) -> io::Result<(LoopEnd, u64)> {
+    let arena = MemoryArena::new();
+    let mut tree = Tree {
+        members: vec![Member {
+            pid: process.pid,
+            cpu: None,
+            mem: None,
+            sched: None,
+            part: None,
+            state: State::Ready(Next::Run),
+            handed_out: None,
+        }],
+        current: 0,
+        exits: 0,
+        deadline: sched.deadline(),
+        limit_ms: sched.limit_ms(),
+        arena: &arena,
+    };
+    let end = tree.run(sched, cpu, process, mem);
+    let exits = tree.exits;
+    let ended = end.and_then(|end| tree.finish(cpu, process).map(|()| end));
+    drop(tree);
+    ended.map(|end| (end, exits))
+}
+
+struct Tree<'a> {
+    members: Vec<Member<'a>>,
+    current: usize,
+    exits: u64,
+    deadline: Instant,
+    limit_ms: u64,
+    arena: &'a MemoryArena,
+}
+
+impl<'a> Tree<'a> {
+    fn run(
+        &mut self,
+        root_sched: &mut Scheduler,
+        root_cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        root_mem: &GuestMemory,
+    ) -> io::Result<LoopEnd> {
+        loop {
+            let stop = self.stint(root_sched, root_cpu, process, root_mem)?;
+            let index = self.current;
+            match stop {
+                Stop::Preempted => self.members[index].state = State::Ready(Next::Run),
+                Stop::End(LoopEnd::Blocked { until }) => {
+                    self.members[index].state = State::Blocked {
+                        until,
+                        seen: self.exits,
+                    }
+                }
+                Stop::End(LoopEnd::Fork { request, call }) => {
+                    let mut own = self.members[index].cpu.take();
+                    let cpu: &mut dyn GuestCpu = match own.as_mut() {
+                        Some(cpu) => cpu.as_mut(),
+                        None => &mut *root_cpu,
+                    };
+                    let mem = self.members[index].mem.unwrap_or(root_mem);
+                    let forked = self.fork(cpu, mem, process, &request);
+                    self.members[index].cpu = own;
+                    match forked {
+                        Ok(child) => {
+                            self.members[index].state = State::Ready(Next::Answer {
+                                call,
+                                value: child as u64,
+                            });
+                            // The child runs first: it usually execs or exits at once.
+                            let next = self.members.len() - 1;
+                            self.switch_to(next, process);
+                            continue;
+                        }
+                        Err(errno) => {
+                            self.members[index].state = State::Ready(Next::Answer {
+                                call,
+                                value: errno.as_return(),
+                            });
+                            continue;
+                        }
+                    }
+                }
+                Stop::End(LoopEnd::Exec { request, call }) => {
+                    let value = match self.exec(index, root_cpu, process, &request) {
+                        Ok(()) => {
+                            self.members[index].state = State::Ready(Next::Run);
+                            continue;
+                        }
+                        Err(errno) => errno.as_return(),
+                    };
+                    self.members[index].state = State::Ready(Next::Answer { call, value });
+                    continue;
+                }
+                Stop::End(end @ LoopEnd::ReadyPoint { .. }) if index == 0 => return Ok(end),
+                Stop::End(LoopEnd::Finished(status)) if index == 0 || run_wide(&status) => {
+                    return Ok(LoopEnd::Finished(status))
+                }
+                Stop::End(LoopEnd::Finished(status)) => self.ended(index, process, &status),
+                // A child at a ready point (a forked agent) cannot be served: it ends.
+                Stop::End(LoopEnd::ReadyPoint { .. }) => {
+                    let status = RunStatus::Exited {
+                        code: 128 + SIGSYS as i32,
+                    };
+                    self.ended(index, process, &status)
+                }
+            }
+            match self.pick_next(process) {
+                Some(next) => self.switch_to(next, process),
+                None => {
+                    let threads = process.threads.alive();
+                    return Ok(LoopEnd::Finished(if Instant::now() >= self.deadline {
+                        root_sched.timeout()
+                    } else {
+                        RunStatus::Deadlocked { threads }
+                    }));
+                }
+            }
+        }
+    }
+
+    /// The vCPU of member `index`.
+    fn cpu_of<'s>(
+        &'s mut self,
+        index: usize,
+        root_cpu: &'s mut dyn GuestCpu,
+    ) -> &'s mut (dyn GuestCpu + 's) {
+        match &mut self.members[index].cpu {
+            Some(cpu) => cpu.as_mut(),
+            None => root_cpu,
+        }
+    }
+
+    /// Runs the current process until it stops.
+    fn stint(
+        &mut self,
+        root_sched: &mut Scheduler,
+        root_cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        root_mem: &GuestMemory,
+    ) -> io::Result<Stop> {
+        let index = self.current;
+        let others_ready = self
+            .members
+            .iter()
+            .enumerate()
+            .any(|(i, m)| i != index && matches!(m.state, State::Ready(_)));
+        let other_timer = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != index)
+            .filter_map(|(_, m)| match m.state {
+                State::Blocked { until, .. } => until,
+                _ => None,
+            })
+            .min();
+        let quantum_end = Instant::now() + QUANTUM;
+        let member = &mut self.members[index];
+        let next = std::mem::replace(&mut member.state, State::Ready(Next::Run));
+        let mem = member.mem.unwrap_or(root_mem);
+        let (cpu, sched): (&mut dyn GuestCpu, &mut Scheduler) =
+            match (&mut member.cpu, &mut member.sched) {
+                (Some(cpu), Some(sched)) => (cpu.as_mut(), sched),
+                _ => (root_cpu, root_sched),
+            };
+        let mut ended = match next {
+            State::Ready(Next::Run) => None,
+            State::Ready(Next::Answer { call, value }) => {
+                sched.apply(cpu, process, mem, SyscallOutcome::Return(value), call)?
+            }
+            State::Ready(Next::Wake) | State::Blocked { .. } => sched.resume(cpu, process, mem)?,
+            State::Ended => return Ok(Stop::End(LoopEnd::Finished(RunStatus::Exited { code: 0 }))),
+        };
+        loop {
+            if let Some(end) = ended {
+                return Ok(Stop::End(end));
+            }
+            let generation = process.memory.handed_out_generation();
+            if member.handed_out != Some(generation) {
+                member.handed_out = Some(generation);
+                cpu.map_memory(&process.memory_handed_out())?;
+            }
+            let mut until = sched.run_until(process);
+            if others_ready {
+                until = until.min(quantum_end);
+            }
+            if let Some(timer) = other_timer {
+                until = until.min(timer);
+            }
+            ended = match cpu.run(until)? {
+                CpuExit::Syscall { nr, args } => {
+                    self.exits += 1;
+                    sched.syscall(cpu, process, mem, Call { nr, args })?
+                }
+                CpuExit::Fault(fault) => {
+                    self.exits += 1;
+                    Some(LoopEnd::Finished(RunStatus::Crashed { fault }))
+                }
+                CpuExit::DeadlineReached if Instant::now() >= sched.deadline() => {
+                    Some(LoopEnd::Finished(sched.timeout()))
+                }
+                CpuExit::DeadlineReached
+                    if (others_ready && Instant::now() >= quantum_end)
+                        || other_timer.is_some_and(|t| Instant::now() >= t) =>
+                {
+                    self.exits += cpu.take_inner_exits();
+                    return Ok(Stop::Preempted);
+                }
+                CpuExit::DeadlineReached => sched.slice_ended(cpu, process, mem)?,
+            };
+            self.exits += cpu.take_inner_exits();
+        }
+    }
+
+    /// Makes a child of the current process: a copy of its memory in a new VM, a vCPU in its
+    /// state (the call returning 0 there), and its own part of the process state.
+    fn fork(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        mem: &GuestMemory,
+        process: &mut GuestProcess,
+        request: &ForkRequest,
+    ) -> Result<u64, Errno> {
+        let parent = process.pid;
+        let pid = process
+            .tree
+            .add_child(parent, process.threads.next_id(), request.exit_signal)
+            .ok_or(Errno::EAGAIN)?;
+        let made = (|| {
+            let mut state = cpu.snapshot().map_err(|_| Errno::EAGAIN)?;
+            state.regs.rax = 0;
+            if let Some(stack) = request.stack {
+                state.regs.rsp = stack;
+            }
+            if let Some(tls) = request.tls {
+                state.fs_base = tls;
+            }
+            let child_mem = self.arena.keep(mem.duplicate().map_err(|_| Errno::ENOMEM)?);
+            let mut child_cpu = cpu
+                .fork_onto(child_mem, &state)
+                .map_err(|e| match e.kind() {
+                    io::ErrorKind::Unsupported => Errno::ENOSYS,
+                    _ => Errno::EAGAIN,
+                })?;
+            child_cpu.set_syscall_return(0).map_err(|_| Errno::EAGAIN)?;
+            Ok::<_, Errno>((child_mem, child_cpu))
+        })();
+        let (child_mem, child_cpu) = match made {
+            Ok(made) => made,
+            Err(errno) => {
+                process.tree.reap(pid);
+                return Err(errno);
+            }
+        };
+        // What the flags ask to be written (a bad address is ignored, as Linux's copy-out is).
+        if let Some(addr) = request.parent_tid {
+            let _ = UserMemory::new(mem).write_u32(addr, pid as u32);
+        }
+        if let Some(addr) = request.child_tid {
+            let _ = UserMemory::new(child_mem).write_u32(addr, pid as u32);
+        }
+        let mut part = process.fork_part(pid);
+        if let Some(addr) = request.clear_child_tid {
+            part.threads.current_mut().clear_child_tid = addr;
+        }
+        if let Some(tls) = request.tls {
+            part.threads.current_mut().fs_base = tls;
+        }
+        process.threads.reserve_ids_from(pid + 1);
+        process.tree.note_ids_used(pid + 1);
+        self.members.push(Member {
+            pid,
+            cpu: Some(child_cpu),
+            mem: Some(child_mem),
+            sched: None,
+            part: Some(part),
+            state: State::Ready(Next::Run),
+            handed_out: None,
+        });
+        Ok(pid)
+    }
+
+    /// Replaces member `index`'s program (it is the current process) with the one `request`
+    /// names, in fresh memory with a new vCPU; an error leaves it as it was.
+    fn exec(
+        &mut self,
+        index: usize,
+        root_cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        request: &ExecRequest,
+    ) -> Result<(), Errno> {
+        let mem_limit = process.config.mem_limit;
+        let new_mem = GuestMemory::new(mem_limit).map_err(|_| Errno::ENOMEM)?;
+        let vfs = &process.config.vfs;
+        let image = vfs.image().clone();
+        let exe = vfs.contents(request.node)?;
+        let loaded = crate::loader::load_elf(
+            &new_mem,
+            exe,
+            &request.exe,
+            &|p| image.file_bytes(p),
+            &request.argv,
+            &request.envp,
+        )
+        .map_err(|e| match e {
+            crate::loader::LoadError::NotFound { .. } => Errno::ENOENT,
+            crate::loader::LoadError::DoesNotFit { .. } => Errno::ENOMEM,
+            crate::loader::LoadError::ArgumentsTooLarge { .. } => Errno::E2BIG,
+            crate::loader::LoadError::NulInArgument => Errno::EINVAL,
+            _ => Errno::ENOEXEC,
+        })?;
+        let new_mem = self.arena.keep(new_mem);
+        let new_cpu = self
+            .cpu_of(index, root_cpu)
+            .exec_onto(new_mem, loaded.entry, loaded.stack_pointer)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::Unsupported => Errno::ENOSYS,
+                _ => Errno::ENOMEM,
+            })?;
+        // The point of no return: the process is the new program from here on.
+        for object in process.fds.close_on_exec() {
+            process.release(Some(object));
+        }
+        let pid = process.pid;
+        let limit = process.threads.limit();
+        let switching = process.threads.switching;
+        let next_id = process.threads.next_id().max(process.tree.next_id());
+        process.threads.stop_cpu_clock();
+        process.threads = Threads::for_process(pid, next_id, limit);
+        process.threads.switching = switching;
+        process.threads.start_cpu_clock();
+        process.memory = MemoryMap::new(loaded.space, mem_limit);
+        process.space = loaded.space;
+        process.signals.timer = None;
+        for action in process.signals.actions.iter_mut() {
+            // Handlers are in the old program: they go back to the default; ignored stays.
+            if action.handler > 1 {
+                *action = crate::process::SigAction::default();
+            }
+        }
+        process.config.command = Command {
+            exe: request.exe.clone(),
+            argv: request.argv.clone(),
+            envp: request.envp.clone(),
+        };
+        let member = &mut self.members[index];
+        let mut cpu = new_cpu;
+        member.sched = Some(Scheduler::new(
+            cpu.as_mut(),
+            process,
+            self.deadline,
+            self.limit_ms,
+        ));
+        member.cpu = Some(cpu);
+        member.mem = Some(new_mem);
+        member.handed_out = None;
+        Ok(())
+    }
+
+    /// Member `index` (the current process) ended with `status`: a zombie until its parent
+    /// waits; its fds close (its pipe ends with them), its parent gets its exit signal.
+    fn ended(&mut self, index: usize, process: &mut GuestProcess, status: &RunStatus) {
+        let pid = process.pid;
+        let killed_by = process.tree.get(pid).and_then(|e| e.killed_by);
+        let wait_status = match (status, killed_by) {
+            (_, Some(sig)) => signalled_status(sig),
+            (RunStatus::Exited { code }, None) => exited_status(*code),
+            (RunStatus::Crashed { fault }, None) => signalled_status(match fault.vector {
+                0 | 16 | 19 => 8,
+                6 => 4,
+                _ => 11,
+            }),
+            (RunStatus::Unsupported { .. }, None) => signalled_status(SIGSYS),
+            _ => signalled_status(SIGKILL),
+        };
+        process.close_all_fds();
+        let root = self.members[0].pid;
+        process.tree.ended(pid, wait_status, root);
+        if let Some(entry) = process.tree.get(pid).cloned() {
+            if entry.exit_signal != 0 {
+                if let Some(parent) = process.tree.get_mut(entry.ppid) {
+                    parent.signals |= bit(entry.exit_signal);
+                }
+            }
+        }
+        let member = &mut self.members[index];
+        member.state = State::Ended;
+        member.cpu = None;
+        member.sched = None;
+    }
+
+    /// The next process to run, round robin from the current one: one that is ready, or
+    /// blocked and worth trying again (progress since, its timer due, a signal for it);
+    /// sleeping until the first timer when only timers can wake one. None: none ever can.
+    fn pick_next(&mut self, process: &GuestProcess) -> Option<usize> {
+        loop {
+            let now = Instant::now();
+            let n = self.members.len();
+            let mut first_timer: Option<Instant> = None;
+            for step in 1..=n {
+                let i = (self.current + step) % n;
+                let member = &mut self.members[i];
+                let signalled = process.tree.get(member.pid).is_some_and(|e| e.signals != 0);
+                match member.state {
+                    State::Ready(_) => return Some(i),
+                    State::Blocked { until, seen } => {
+                        if seen < self.exits || signalled || until.is_some_and(|t| t <= now) {
+                            member.state = State::Ready(Next::Wake);
+                            return Some(i);
+                        }
+                        if let Some(t) = until {
+                            first_timer = Some(first_timer.map_or(t, |f: Instant| f.min(t)));
+                        }
+                    }
+                    State::Ended => {}
+                }
+            }
+            let wake = first_timer?.min(self.deadline);
+            if now >= self.deadline {
+                return None;
+            }
+            std::thread::sleep(wake.saturating_duration_since(now).max(Duration::from_micros(1)));
+        }
+    }
+
+    /// Parks the running process's part and puts member `next`'s in its place.
+    fn switch_to(&mut self, next: usize, process: &mut GuestProcess) {
+        if next == self.current {
+            return;
+        }
+        process.threads.stop_cpu_clock();
+        process.tree.note_ids_used(process.threads.next_id());
+        let incoming = self.members[next]
+            .part
+            .take()
+            .expect("a process that is not running has its part parked");
+        let outgoing = process.exchange_part(incoming);
+        if !matches!(self.members[self.current].state, State::Ended) {
+            self.members[self.current].part = Some(outgoing);
+        }
+        self.current = next;
+        process.threads.reserve_ids_from(process.tree.next_id());
+        if let Some(entry) = process.tree.get_mut(process.pid) {
+            process.signals.pending |= std::mem::take(&mut entry.signals);
+        }
+        let member = &mut self.members[next];
+        if member.sched.is_none() {
+            if let Some(cpu) = member.cpu.as_mut() {
+                member.sched = Some(Scheduler::new(
+                    cpu.as_mut(),
+                    process,
+                    self.deadline,
+                    self.limit_ms,
+                ));
+            }
+        }
+        process.threads.start_cpu_clock();
+    }
+
+    /// The run ends: every other live process is killed (its fds closed), and the first
+    /// process's part is back in `process`, alone in the tree.
+    fn finish(&mut self, _root_cpu: &mut dyn GuestCpu, process: &mut GuestProcess) -> io::Result<()> {
+        let live: Vec<usize> = (1..self.members.len())
+            .filter(|&i| !matches!(self.members[i].state, State::Ended))
+            .collect();
+        for i in live {
+            self.switch_to(i, process);
+            process.close_all_fds();
+            self.members[i].state = State::Ended;
+            self.members[i].cpu = None;
+        }
+        if self.current != 0 {
+            self.switch_to(0, process);
+        }
+        let root = self.members[0].pid;
+        process.tree.keep_only(root);
+        Ok(())
+    }
+}
+
+/// Whether a child's end ends the whole run: its limits are the run's.
+fn run_wide(status: &RunStatus) -> bool {
+    matches!(
+        status,
+        RunStatus::Timeout { .. } | RunStatus::OutputLimit { .. }
+    )
+}

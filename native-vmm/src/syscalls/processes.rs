@@ -1,0 +1,461 @@
+//! Processes: fork, vfork and clone of a new process, execve, wait4 and waitid, process ids,
+//! groups and sessions. Each process of the tree runs in a VM of its own (`crate::sandbox`
+//! makes it: a fork copies the caller's memory, an execve loads a program into fresh memory);
+//! these handlers check the call and say what to make, and the tree's bookkeeping is
+//! `process::tree`.
+
+use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
+use crate::errno::Errno;
+use crate::fs::{FileKind, Node, X_OK};
+use crate::process::signals::bit;
+use crate::process::GuestProcess;
+
+/// SIGCHLD: the usual exit signal of a child.
+pub const SIGCHLD: u64 = 17;
+
+const CLONE_VM: u64 = 0x100;
+const CLONE_FS: u64 = 0x200;
+const CLONE_VFORK: u64 = 0x4000;
+const CLONE_SETTLS: u64 = 0x8_0000;
+const CLONE_PARENT_SETTID: u64 = 0x10_0000;
+const CLONE_CHILD_CLEARTID: u64 = 0x20_0000;
+const CLONE_CHILD_SETTID: u64 = 0x100_0000;
+const CSIGNAL: u64 = 0xff;
+/// What a clone of a new process may ask for. CLONE_VM goes only with CLONE_VFORK (posix_spawn,
+/// vfork): the child runs on a copy of the caller's memory until it execs or exits, which a
+/// vfork child cannot tell apart. CLONE_FS is taken as a copy too.
+const PROCESS_FLAGS: u64 = CSIGNAL
+    | CLONE_VM
+    | CLONE_FS
+    | CLONE_VFORK
+    | CLONE_SETTLS
+    | CLONE_PARENT_SETTID
+    | CLONE_CHILD_CLEARTID
+    | CLONE_CHILD_SETTID;
+
+/// What the tree makes for a fork: a child whose VM is a copy of the caller's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkRequest {
+    /// The signal the parent gets when the child ends (0: none).
+    pub exit_signal: u64,
+    /// The child's stack pointer (None: the caller's).
+    pub stack: Option<u64>,
+    /// The child's FS base (CLONE_SETTLS).
+    pub tls: Option<u64>,
+    /// Where the child's pid is written in the parent's memory (CLONE_PARENT_SETTID).
+    pub parent_tid: Option<u64>,
+    /// Where it is written in the child's (CLONE_CHILD_SETTID).
+    pub child_tid: Option<u64>,
+    /// Cleared in the child's memory when it exits (CLONE_CHILD_CLEARTID).
+    pub clear_child_tid: Option<u64>,
+}
+
+/// What the tree loads for an execve: the program file (after `#!` lines), and the process's
+/// new command line and environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+    pub node: Node,
+    pub exe: String,
+    pub argv: Vec<String>,
+    pub envp: Vec<String>,
+}
+
+/// fork(): a child with a copy of the caller.
+pub(crate) fn fork(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    Ok(SyscallOutcome::Fork(ForkRequest {
+        exit_signal: SIGCHLD,
+        stack: None,
+        tls: None,
+        parent_tid: None,
+        child_tid: None,
+        clear_child_tid: None,
+    }))
+}
+
+/// A clone (or clone3) without CLONE_THREAD: a new process.
+pub(crate) fn clone_process(
+    flags: u64,
+    exit_signal: u64,
+    stack: u64,
+    parent_tid: u64,
+    child_tid: u64,
+    tls: u64,
+) -> SysResult {
+    if flags & !PROCESS_FLAGS != 0 || (flags & CLONE_VM != 0 && flags & CLONE_VFORK == 0) {
+        return Err(Errno::EINVAL);
+    }
+    if exit_signal >= crate::process::SIGNAL_COUNT as u64 {
+        return Err(Errno::EINVAL);
+    }
+    let when = |flag: u64, addr: u64| (flags & flag != 0).then_some(addr);
+    Ok(SyscallOutcome::Fork(ForkRequest {
+        exit_signal,
+        stack: (stack != 0).then_some(stack),
+        tls: when(CLONE_SETTLS, tls),
+        parent_tid: when(CLONE_PARENT_SETTID, parent_tid),
+        child_tid: when(CLONE_CHILD_SETTID, child_tid),
+        clear_child_tid: when(CLONE_CHILD_CLEARTID, child_tid),
+    }))
+}
+
+/// Argument and environment strings execve takes at most, in all (Linux's ARG_MAX for the
+/// default 8 MiB stack is a quarter of it).
+const EXEC_STRINGS_MAX: u64 = 2 << 20;
+/// Strings in one vector at most.
+const EXEC_VECTOR_MAX: u64 = 1 << 16;
+/// `#!` interpreters followed at most (Linux: 4).
+const INTERPRETER_DEPTH: usize = 4;
+
+/// A NULL-terminated vector of C strings at `addr` (NULL: none), within `budget` bytes.
+fn read_strings(user: &UserMemory, addr: u64, budget: &mut u64) -> Result<Vec<String>, Errno> {
+    let mut out = Vec::new();
+    if addr == 0 {
+        return Ok(out);
+    }
+    for i in 0..EXEC_VECTOR_MAX {
+        let ptr = user.read_u64(addr + i * 8)?;
+        if ptr == 0 {
+            return Ok(out);
+        }
+        let bytes = user
+            .guest()
+            .read_cstr(ptr, (*budget).min(1 << 17) as usize)
+            .map_err(|_| Errno::EFAULT)?;
+        *budget = budget
+            .checked_sub(bytes.len() as u64 + 1)
+            .ok_or(Errno::E2BIG)?;
+        out.push(String::from_utf8_lossy(&bytes).into_owned());
+    }
+    Err(Errno::E2BIG)
+}
+
+/// execve(path, argv, envp)
+pub(crate) fn execve(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    exec_at(proc, user, proc.cwd, args[0], args[1], args[2])
+}
+
+/// execveat(dirfd, path, argv, envp, flags): relative to a directory fd, or AT_FDCWD.
+pub(crate) fn execveat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const AT_FDCWD: i32 = -100;
+    let base = if args[0] as i32 == AT_FDCWD {
+        proc.cwd
+    } else {
+        match proc.fds.get(args[0])?.object {
+            crate::process::Object::Node(node) => node,
+            _ => return Err(Errno::ENOTDIR),
+        }
+    };
+    exec_at(proc, user, base, args[1], args[2], args[3])
+}
+
+fn exec_at(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    base: Node,
+    path: u64,
+    argv: u64,
+    envp: u64,
+) -> SysResult {
+    let path = user.read_path(path)?;
+    let mut budget = EXEC_STRINGS_MAX;
+    let mut argv = read_strings(user, argv, &mut budget)?;
+    let envp = read_strings(user, envp, &mut budget)?;
+    let mut exe = String::from_utf8_lossy(&path).into_owned();
+    let vfs = &proc.config.vfs;
+    let mut node = vfs.resolve(base, &path, true)?;
+    for _ in 0..=INTERPRETER_DEPTH {
+        if vfs.kind(node)? != FileKind::Regular {
+            return Err(Errno::EACCES);
+        }
+        vfs.access(node, X_OK)?;
+        let contents = vfs.contents(node)?;
+        if contents.starts_with(b"\x7fELF") {
+            return Ok(SyscallOutcome::Exec(ExecRequest {
+                node,
+                exe,
+                argv,
+                envp,
+            }));
+        }
+        let Some(line) = contents.strip_prefix(b"#!") else {
+            return Err(Errno::ENOEXEC);
+        };
+        // `#!interpreter [one argument]`, as Linux reads it (the first 255 bytes).
+        let line = &line[..line.len().min(255)];
+        let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];
+        let line = String::from_utf8_lossy(line).trim().to_owned();
+        let (interpreter, argument) = match line.split_once([' ', '\t']) {
+            Some((i, a)) => (i.to_owned(), Some(a.trim().to_owned())),
+            None => (line.clone(), None),
+        };
+        if interpreter.is_empty() {
+            return Err(Errno::ENOEXEC);
+        }
+        // argv becomes: interpreter [argument] script original-argv[1..].
+        let rest = argv.iter().skip(1).cloned();
+        let mut script_argv = vec![interpreter.clone()];
+        script_argv.extend(argument);
+        script_argv.push(exe);
+        script_argv.extend(rest);
+        argv = script_argv;
+        exe = interpreter.clone();
+        node = vfs.resolve(base, interpreter.as_bytes(), true)?;
+    }
+    Err(Errno::ELOOP)
+}
+
+const WNOHANG: u64 = 1;
+const WUNTRACED: u64 = 2;
+const WEXITED: u64 = 4;
+const WCONTINUED: u64 = 8;
+const WNOWAIT: u64 = 0x0100_0000;
+const WNOTHREAD: u64 = 0x2000_0000;
+const WALL: u64 = 0x4000_0000;
+const WCLONE: u64 = 0x8000_0000;
+
+/// Which children a wait takes.
+#[derive(Clone, Copy)]
+enum Which {
+    Any,
+    Pid(u64),
+    Group(u64),
+}
+
+/// A child of the caller that `which` names and that ended: (pid, wait status). Err(ECHILD)
+/// when `which` names no child at all.
+fn ended_child(proc: &GuestProcess, which: Which) -> Result<Option<(u64, u32)>, Errno> {
+    let me = proc.pid;
+    let mut any = false;
+    for (pid, entry) in proc.tree.pids() {
+        let named = entry.ppid == me
+            && match which {
+                Which::Any => true,
+                Which::Pid(p) => pid == p,
+                Which::Group(g) => entry.pgid == g,
+            };
+        if !named {
+            continue;
+        }
+        any = true;
+        if let Some(status) = entry.exit {
+            return Ok(Some((pid, status)));
+        }
+    }
+    if any {
+        Ok(None)
+    } else {
+        Err(Errno::ECHILD)
+    }
+}
+
+fn which_of_wait4(proc: &GuestProcess, pid: i64) -> Which {
+    match pid {
+        -1 => Which::Any,
+        0 => Which::Group(proc.tree.get(proc.pid).map_or(proc.pid, |e| e.pgid)),
+        p if p > 0 => Which::Pid(p as u64),
+        p => Which::Group(p.unsigned_abs()),
+    }
+}
+
+/// wait4(pid, wstatus, options, rusage): reaps an ended child (its status written), 0 with
+/// WNOHANG while none has, else waits. Stopped and continued children are not reported: no
+/// process here is ever stopped.
+pub(crate) fn wait4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [pid, wstatus, options, rusage, ..] = args;
+    if options & !(WNOHANG | WUNTRACED | WCONTINUED | WNOTHREAD | WALL | WCLONE) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let which = which_of_wait4(proc, pid as i32 as i64);
+    match ended_child(proc, which)? {
+        Some((child, status)) => {
+            if wstatus != 0 {
+                user.write_u32(wstatus, status)?;
+            }
+            if rusage != 0 {
+                user.write(rusage, &[0u8; 144])?;
+            }
+            proc.tree.reap(child);
+            value(child)
+        }
+        None if options & WNOHANG != 0 => value(0),
+        None => wait_ready(proc, None),
+    }
+}
+
+/// waitid(idtype, id, infop, options, rusage): as wait4, reporting in a siginfo.
+pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const P_ALL: u64 = 0;
+    const P_PID: u64 = 1;
+    const P_PGID: u64 = 2;
+    const CLD_EXITED: i32 = 1;
+    const CLD_KILLED: i32 = 2;
+    let [idtype, id, infop, options, rusage, _] = args;
+    if options & !(WNOHANG | WUNTRACED | WEXITED | WCONTINUED | WNOWAIT | WNOTHREAD | WALL | WCLONE)
+        != 0
+        || options & (WEXITED | WUNTRACED | WCONTINUED) == 0
+    {
+        return Err(Errno::EINVAL);
+    }
+    let which = match idtype {
+        P_ALL => Which::Any,
+        P_PID if id as i32 > 0 => Which::Pid(id),
+        P_PGID if id == 0 => Which::Group(proc.tree.get(proc.pid).map_or(proc.pid, |e| e.pgid)),
+        P_PGID if id as i32 > 0 => Which::Group(id),
+        _ => return Err(Errno::EINVAL),
+    };
+    let mut info = [0u8; 128];
+    let found = if options & WEXITED != 0 {
+        ended_child(proc, which)?
+    } else {
+        // Only stopped or continued children asked for: none ever are.
+        ended_child(proc, which)?;
+        None
+    };
+    match found {
+        Some((child, status)) => {
+            let (code, value_) = if status & 0x7f == 0 {
+                (CLD_EXITED, (status >> 8) as i32)
+            } else {
+                (CLD_KILLED, (status & 0x7f) as i32)
+            };
+            info[0..4].copy_from_slice(&(SIGCHLD as i32).to_le_bytes());
+            info[8..12].copy_from_slice(&code.to_le_bytes());
+            info[16..20].copy_from_slice(&(child as i32).to_le_bytes());
+            info[20..24].copy_from_slice(&(crate::loader::GUEST_UID as u32).to_le_bytes());
+            info[24..28].copy_from_slice(&value_.to_le_bytes());
+            if infop != 0 {
+                user.write(infop, &info)?;
+            }
+            if rusage != 0 {
+                user.write(rusage, &[0u8; 144])?;
+            }
+            if options & WNOWAIT == 0 {
+                proc.tree.reap(child);
+            }
+            value(0)
+        }
+        None if options & WNOHANG != 0 => {
+            // Linux zeroes si_pid (the whole siginfo here) when no child is ready.
+            if infop != 0 {
+                user.write(infop, &info)?;
+            }
+            value(0)
+        }
+        None => wait_ready(proc, None),
+    }
+}
+
+/// getpid(): the running process's id.
+pub(crate) fn getpid(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    value(proc.pid)
+}
+
+/// getppid(): its parent's (0 for the tree's first process, whose parent is outside).
+pub(crate) fn getppid(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    value(proc.tree.get(proc.pid).map_or(0, |e| e.ppid))
+}
+
+/// getpgrp(): the running process's group.
+pub(crate) fn getpgrp(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    value(proc.tree.get(proc.pid).map_or(proc.pid, |e| e.pgid))
+}
+
+fn target(proc: &GuestProcess, pid: u64) -> Result<u64, Errno> {
+    match pid as i32 {
+        0 => Ok(proc.pid),
+        p if p > 0 && proc.tree.get(p as u64).is_some() => Ok(p as u64),
+        _ => Err(Errno::ESRCH),
+    }
+}
+
+/// getpgid(pid)
+pub(crate) fn getpgid(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let pid = target(proc, args[0])?;
+    value(proc.tree.get(pid).map_or(pid, |e| e.pgid))
+}
+
+/// getsid(pid)
+pub(crate) fn getsid(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let pid = target(proc, args[0])?;
+    value(proc.tree.get(pid).map_or(pid, |e| e.sid))
+}
+
+/// setpgid(pid, pgid): the caller or one of its children into a group of its session (a new
+/// one named by the process's own pid, or one that exists).
+pub(crate) fn setpgid(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let me = proc.pid;
+    let pid = target(proc, args[0])?;
+    if (args[1] as i32) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let pgid = if args[1] as i32 == 0 { pid } else { args[1] };
+    let (my_sid, entry) = match (proc.tree.get(me), proc.tree.get(pid)) {
+        (Some(mine), Some(entry)) => (mine.sid, entry.clone()),
+        _ => return Err(Errno::ESRCH),
+    };
+    if pid != me && entry.ppid != me {
+        return Err(Errno::ESRCH);
+    }
+    if entry.sid != my_sid || entry.sid == pid {
+        return Err(Errno::EPERM);
+    }
+    let group_exists = proc
+        .tree
+        .pids()
+        .any(|(_, e)| e.pgid == pgid && e.sid == my_sid);
+    if pgid != pid && !group_exists {
+        return Err(Errno::EPERM);
+    }
+    if let Some(entry) = proc.tree.get_mut(pid) {
+        entry.pgid = pgid;
+    }
+    value(0)
+}
+
+/// setsid(): a new session and group led by the caller, unless it leads a group already.
+pub(crate) fn setsid(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    let me = proc.pid;
+    if proc.tree.pids().any(|(_, e)| e.pgid == me) {
+        return Err(Errno::EPERM);
+    }
+    let entry = proc.tree.get_mut(me).ok_or(Errno::ESRCH)?;
+    entry.pgid = me;
+    entry.sid = me;
+    value(me)
+}
+
+/// kill(pid, sig): to a process, to a group (0: the caller's, -g: group g), or to every
+/// process but the tree's first (-1). The running process gets it at once; another one when
+/// it next runs.
+pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let pid = args[0] as i32 as i64;
+    let sig = super::signals::signal_or_probe(args[1])?;
+    let my_group = proc.tree.get(proc.pid).map_or(proc.pid, |e| e.pgid);
+    let targets: Vec<u64> = proc
+        .tree
+        .pids()
+        .filter(|(p, e)| match pid {
+            -1 => *p != 1 && *p != proc.pid,
+            0 => e.pgid == my_group,
+            target if target > 0 => *p as i64 == target,
+            g => e.pgid == g.unsigned_abs(),
+        })
+        .map(|(p, _)| p)
+        .collect();
+    if targets.is_empty() {
+        return Err(Errno::ESRCH);
+    }
+    let Some(sig) = sig else {
+        return value(0);
+    };
+    for target in targets {
+        if target == proc.pid {
+            proc.signals.pending |= bit(sig);
+        } else if let Some(entry) = proc.tree.get_mut(target) {
+            if entry.exit.is_none() {
+                entry.signals |= bit(sig);
+            }
+        }
+    }
+    value(0)
+}

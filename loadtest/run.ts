@@ -29,6 +29,11 @@
 // the daemon's run followed by a plain Hono request (what answering over HTTP adds on its own) and,
 // on PostgreSQL, by its record committed on that server from this process (lib/record-baseline.ts:
 // what billing before the answer adds there on its own), and prints them with their sum.
+//
+// --overload measures something else instead (lib/overload.ts): on PGlite, the share of calls
+// answered with their true status or shed with 429/503 at 4x the concurrency the machine
+// sustains with a CPU hog beside it, the p99 of the shed answers, and executions/s of the rest
+// against the same run's unloaded figure; --overload-seconds long each.
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { setTimeout as pauseFor } from "node:timers/promises";
@@ -40,11 +45,14 @@ import { daemonRequest, EXECUTION, EXECUTION_BODY, REPOSITORY } from "./lib/exec
 import { keepAliveClient } from "./lib/http-client.js";
 import { type LoadDatabase, onEachDatabase, parseDatabases, withLoadGateway } from "./lib/load-gateway.js";
 import { cpuOverBlocks, drive, driveInTurn, formatTable, type ScenarioSummary } from "./lib/measure.js";
+import { overload, overloadTable } from "./lib/overload.js";
 import { openRecordBaseline } from "./lib/record-baseline.js";
 
 const { values, fail } = commandLine(
-  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR]",
+  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --overload [--overload-seconds S] [--json]",
   {
+    overload: { type: "boolean", default: false },
+    "overload-seconds": { type: "string", default: "20" },
     requests: { type: "string", default: "1000" },
     concurrency: { type: "string", default: "1,4,16" },
     databases: { type: "string", default: "pglite,postgres" },
@@ -65,6 +73,20 @@ for (const [name, n] of [["requests", requests], ["max-seconds", maxDurationMs],
 const databases = parseDatabases(values.databases, fail);
 const peakConcurrency = Math.max(...concurrencies);
 const say = values.json ? (line: string) => process.stderr.write(`${line}\n`) : (line: string) => console.log(line);
+
+if (values.overload) {
+  const seconds = Number(values["overload-seconds"]);
+  if (!Number.isSafeInteger(seconds) || seconds <= 0) fail("--overload-seconds must be a positive integer");
+  const report = await overload({ seconds, say });
+  if (values.json) console.log(JSON.stringify(report));
+  else {
+    console.log(`\nnpm run loadtest -- --overload --overload-seconds ${seconds}: ${report.cpus} CPUs, PGlite; one in ten runs past its 200 ms time limit (true status timed_out), the rest print(6*7)`);
+    console.log(overloadTable(report));
+    if (report.wrong_examples.length > 0) console.log(`wrong answers, e.g.:\n  ${report.wrong_examples.join("\n  ")}`);
+  }
+  if (report.overloaded.wrong + report.unloaded.wrong > 0) process.exitCode = 1;
+  process.exit();
+}
 
 const client = keepAliveClient(peakConcurrency);
 const { call } = client;

@@ -6,11 +6,13 @@
 // baseline to a third of what the server answers (README, Performance).
 import { connect, type Socket } from "node:net";
 
-export type Call = (method: "GET" | "POST", url: string, headers?: Record<string, string>, body?: string) => Promise<{ status: number; body: string }>;
+export type Call = (method: "GET" | "POST", url: string, headers?: Record<string, string>, body?: string) => Promise<Answer>;
 
 interface Answer {
   status: number;
   body: string;
+  /** The Retry-After header, where the answer has one. */
+  retryAfter?: string;
 }
 
 /** The request on a connection, waiting for its answer. */
@@ -39,7 +41,12 @@ export function parseAnswer(data: Buffer, ended = false): { answer: Answer; leng
   }
   const close = headers.get("connection")?.toLowerCase() === "close";
   const start = headEnd + HEAD_END.length;
-  const answer = (body: Buffer, length: number) => ({ answer: { status: Number(status), body: body.toString("utf8") }, length, close });
+  const retryAfter = headers.get("retry-after");
+  const answer = (body: Buffer, length: number) => ({
+    answer: { status: Number(status), body: body.toString("utf8"), ...(retryAfter === undefined ? {} : { retryAfter }) },
+    length,
+    close,
+  });
   // These have no body, whatever their headers say (RFC 9112, 6.3).
   if (status === "204" || status === "304") return answer(Buffer.alloc(0), start);
   const declared = headers.get("content-length");

@@ -1,0 +1,200 @@
+// `npm run loadtest -- --overload`: the gateway as `npm start` runs it (its admission bounds at
+// their defaults, sized for this machine), first unloaded at the concurrency the machine
+// sustains, then flooded at 4x that with a CPU hog beside it (a child process spinning on each
+// core at nice 0, as a neighbour would; stopped at the end). The concurrency the machine sustains
+// is what the gateway hands the daemon at once per template (SANDFORK_TEMPLATE_MAX_RUNNING's
+// default, gateway/config.ts): past it calls wait in line and the daemon runs no more at a time.
+// Every answer is classified: its true status (200 with the status and output the program must
+// end with), shed (429 or 503 with Retry-After), or wrong (anything else). It prints the share
+// answered with their true status or shed (goal 100%), the p99 of the shed answers (goal ≤ 5 ms),
+// and executions/s of those that ran against the unloaded figure.
+import { type ChildProcess, spawn } from "node:child_process";
+import { availableParallelism, loadavg, setPriority } from "node:os";
+import { loadAdmissionSettings } from "../../gateway/config.js";
+import { keepAliveClient } from "./http-client.js";
+import { withLoadGateway } from "./load-gateway.js";
+import { percentile } from "./measure.js";
+
+/** One kind of program of the mix, with what its true answer is. */
+interface Kind {
+  body: string;
+  status: string;
+  stdout?: string;
+}
+
+// Mostly programs that complete; one in ten runs past its time limit, whose true answer is
+// `timed_out` however long it waited for a slot (the failure this mode exists to catch: a loaded
+// machine turning a program's end into a runtime failure).
+const OK: Kind = { body: JSON.stringify({ template: "python", code: "print(6*7)" }), status: "completed", stdout: "42\n" };
+const TIMEOUT: Kind = { body: JSON.stringify({ template: "python", code: "while True: pass", timeout_ms: 200 }), status: "timed_out" };
+const kindOf = (n: number): Kind => (n % 10 === 9 ? TIMEOUT : OK);
+
+export interface PhaseFigures {
+  concurrency: number;
+  seconds: number;
+  requests: number;
+  /** Answered with the program's true status and output. */
+  true_status: number;
+  /** 429 or 503 with Retry-After. */
+  shed: { "429": number; "503": number };
+  wrong: number;
+  /** (true_status + shed) / requests, %. */
+  answered_truly_or_shed_pct: number;
+  /** Programs that ran and were answered truly, per second. */
+  executions_per_s: number;
+  ran_p50_ms: number;
+  ran_p99_ms: number;
+  shed_p50_ms: number | null;
+  shed_p99_ms: number | null;
+  loadavg_after: number[];
+}
+
+export interface OverloadReport {
+  cpus: number;
+  sustained_concurrency: number;
+  unloaded: PhaseFigures;
+  overloaded: PhaseFigures;
+  /** overloaded.executions_per_s / unloaded.executions_per_s, %. */
+  executions_per_s_vs_unloaded_pct: number;
+  /** Up to 5 wrong answers, as `status body`. */
+  wrong_examples: string[];
+}
+
+const round = (n: number, digits = 2) => Number(n.toFixed(digits));
+
+/** A child process spinning on each core at nice 0; stop() ends them. */
+function cpuHog(cores: number): { stop(): void } {
+  const children: ChildProcess[] = [];
+  for (let i = 0; i < cores; i++) {
+    const child = spawn(process.execPath, ["-e", "for (;;) {}"], { stdio: "ignore" });
+    if (child.pid !== undefined) {
+      try {
+        setPriority(child.pid, 0);
+      } catch {
+        // Raising a child's priority back to 0 needs privileges where this process runs niced.
+      }
+    }
+    children.push(child);
+  }
+  return {
+    stop() {
+      for (const child of children) child.kill("SIGKILL");
+    },
+  };
+}
+
+export async function overload(options: { seconds: number; say: (line: string) => void }): Promise<OverloadReport> {
+  const cpus = availableParallelism();
+  const sustained = loadAdmissionSettings({}, cpus).templateMaxRunning;
+  const flood = 4 * sustained;
+  const client = keepAliveClient(flood);
+  const wrongExamples: string[] = [];
+  try {
+    return await withLoadGateway(client.call, { databaseUrl: undefined }, async ({ gateway, json }) => {
+      const url = `${gateway.url}/v1/executions`;
+
+      const phase = async (concurrency: number, seconds: number): Promise<PhaseFigures> => {
+        const ran: number[] = [];
+        const shed: number[] = [];
+        const shedBy = { "429": 0, "503": 0 };
+        let wrong = 0;
+        let sent = 0;
+        const started = performance.now();
+        const deadline = started + seconds * 1000;
+        const worker = async () => {
+          while (performance.now() < deadline) {
+            const kind = kindOf(sent++);
+            const t0 = performance.now();
+            let answer: { status: number; body: string; retryAfter?: string } | undefined;
+            try {
+              answer = await client.call("POST", url, json, kind.body);
+            } catch (error) {
+              wrong++;
+              if (wrongExamples.length < 5) wrongExamples.push(`no answer: ${String(error)}`);
+              continue;
+            }
+            const ms = performance.now() - t0;
+            if (answer.status === 200) {
+              const body = JSON.parse(answer.body) as { status: string; stdout: string };
+              if (body.status === kind.status && (kind.stdout === undefined || body.stdout === kind.stdout)) {
+                ran.push(ms);
+                continue;
+              }
+            } else if ((answer.status === 429 || answer.status === 503) && answer.retryAfter !== undefined) {
+              shed.push(ms);
+              shedBy[answer.status === 429 ? "429" : "503"]++;
+              continue;
+            }
+            wrong++;
+            if (wrongExamples.length < 5) wrongExamples.push(`${answer.status} ${answer.body.slice(0, 300)}`);
+          }
+        };
+        await Promise.all(Array.from({ length: concurrency }, worker));
+        const elapsed = (performance.now() - started) / 1000;
+        ran.sort((a, b) => a - b);
+        shed.sort((a, b) => a - b);
+        const requests = ran.length + shed.length + wrong;
+        return {
+          concurrency,
+          seconds: round(elapsed, 1),
+          requests,
+          true_status: ran.length,
+          shed: shedBy,
+          wrong,
+          answered_truly_or_shed_pct: round((100 * (ran.length + shed.length)) / Math.max(1, requests), 3),
+          executions_per_s: round(ran.length / elapsed, 1),
+          ran_p50_ms: round(percentile(ran, 50)),
+          ran_p99_ms: round(percentile(ran, 99)),
+          shed_p50_ms: shed.length === 0 ? null : round(percentile(shed, 50)),
+          shed_p99_ms: shed.length === 0 ? null : round(percentile(shed, 99)),
+          loadavg_after: loadavg().map((l) => round(l)),
+        };
+      };
+
+      options.say(`${cpus} CPUs; the gateway hands the daemon ${sustained} executions of a template at once (the concurrency sustained); flood at ${flood}`);
+      options.say("warming up at the sustained concurrency (5 s)");
+      await phase(sustained, 5);
+      options.say(`unloaded: c=${sustained} for ${options.seconds} s`);
+      const unloaded = await phase(sustained, options.seconds);
+      options.say(`  ${unloaded.executions_per_s}/s, p99 ${unloaded.ran_p99_ms} ms, ${unloaded.wrong} wrong`);
+      options.say(`overloaded: c=${flood} for ${options.seconds} s with a CPU hog on each of ${cpus} cores`);
+      const hog = cpuHog(cpus);
+      let overloaded: PhaseFigures;
+      try {
+        overloaded = await phase(flood, options.seconds);
+      } finally {
+        hog.stop();
+      }
+      return {
+        cpus,
+        sustained_concurrency: sustained,
+        unloaded,
+        overloaded,
+        executions_per_s_vs_unloaded_pct: round((100 * overloaded.executions_per_s) / Math.max(1e-9, unloaded.executions_per_s), 1),
+        wrong_examples: wrongExamples,
+      };
+    });
+  } finally {
+    client.destroy();
+  }
+}
+
+/** The report as a Markdown table (docs/benchmarks.md takes it as printed). */
+export function overloadTable(report: OverloadReport): string {
+  const { unloaded: u, overloaded: o } = report;
+  const shedP99 = (f: PhaseFigures) => (f.shed_p99_ms === null ? "none shed" : `${f.shed_p99_ms}`);
+  const rows = [
+    ["", `unloaded, c=${u.concurrency}`, `4x, c=${o.concurrency}, CPU hog on every core`],
+    ["requests", `${u.requests}`, `${o.requests}`],
+    ["answered with their true status", `${u.true_status}`, `${o.true_status}`],
+    ["shed: 429 / 503, with Retry-After", `${u.shed["429"]} / ${u.shed["503"]}`, `${o.shed["429"]} / ${o.shed["503"]}`],
+    ["wrong answers", `${u.wrong}`, `${o.wrong}`],
+    ["true status or 429/503 (goal 100%)", `${u.answered_truly_or_shed_pct}%`, `${o.answered_truly_or_shed_pct}%`],
+    ["p50 / p99 of the shed answers, ms (goal p99 ≤ 5)", u.shed_p50_ms === null ? "none shed" : `${u.shed_p50_ms} / ${shedP99(u)}`, o.shed_p50_ms === null ? "none shed" : `${o.shed_p50_ms} / ${shedP99(o)}`],
+    ["p50 / p99 of those that ran, ms", `${u.ran_p50_ms} / ${u.ran_p99_ms}`, `${o.ran_p50_ms} / ${o.ran_p99_ms}`],
+    ["executions/s of those that ran", `${u.executions_per_s}`, `${o.executions_per_s} (${report.executions_per_s_vs_unloaded_pct}% of unloaded)`],
+    ["load average after (1, 5, 15 min)", u.loadavg_after.join(", "), o.loadavg_after.join(", ")],
+  ];
+  const line = (cells: string[]) => `| ${cells.join(" | ")} |`;
+  return [line(rows[0] as string[]), line(["---", "---", "---"]), ...rows.slice(1).map(line)].join("\n");
+}

@@ -4,7 +4,9 @@
 # the vCPU state) on the product's KVM vCPU (SANDFORK_TEST_CPU=kvm), and the TypeScript tests
 # that run guests (*.kvm.test.ts with vitest.kvm.config.ts: print(6*7) through the gateway and
 # the real daemon on PGlite, billed; exactly-once billing under SIGKILL, on PGlite and
-# PostgreSQL). scripts/test.sh runs it after the other suites, on every machine:
+# PostgreSQL; the soak, and the soak beside a CPU hog on every core: soak-loaded.kvm.test.ts,
+# 200 mixed requests, each with its own status, billing reconciled). scripts/test.sh runs it
+# after the other suites, on every machine:
 #
 # - natively, where /dev/kvm opens and can create a VM with a vCPU (scripts/kvm-probe.sh);
 # - otherwise inside QEMU guests with an emulated AMD SVM CPU (scripts/kvm-in-qemu.sh), one a
@@ -267,7 +269,7 @@ else
   ordered=$TIER_DIR/suites-longest-first.tsv
   : > "$ordered"
   for name in vitest-kvm-exactly-once-pglite vitest-kvm-exactly-once-postgres hostile_kvm cpython_compat_kvm agent_ptrace daemon_ptrace sessions_kvm \
-              node_kvm vitest-kvm-soak vitest-kvm-sessions-crash vitest-kvm-agents vitest-kvm-sessions; do
+              node_kvm vitest-kvm-soak-loaded vitest-kvm-soak vitest-kvm-sessions-crash vitest-kvm-agents vitest-kvm-sessions; do
     grep "^$name	" "$LIST" >> "$ordered"
   done
   grep -v -x -F -f "$ordered" "$LIST" >> "$ordered"

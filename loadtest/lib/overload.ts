@@ -8,9 +8,9 @@
 // end with), shed (429 or 503 with Retry-After), or wrong (anything else). It prints the share
 // answered with their true status or shed (goal 100%), the p99 of the shed answers (goal ≤ 5 ms),
 // and executions/s of those that ran against the unloaded figure.
-import { type ChildProcess, spawn } from "node:child_process";
-import { availableParallelism, loadavg, setPriority } from "node:os";
+import { availableParallelism, loadavg } from "node:os";
 import { loadAdmissionSettings } from "../../gateway/config.js";
+import { startCpuHog } from "./cpu-hog.js";
 import { keepAliveClient } from "./http-client.js";
 import { withLoadGateway } from "./load-gateway.js";
 import { percentile } from "./measure.js";
@@ -61,27 +61,6 @@ export interface OverloadReport {
 }
 
 const round = (n: number, digits = 2) => Number(n.toFixed(digits));
-
-/** A child process spinning on each core at nice 0; stop() ends them. */
-function cpuHog(cores: number): { stop(): void } {
-  const children: ChildProcess[] = [];
-  for (let i = 0; i < cores; i++) {
-    const child = spawn(process.execPath, ["-e", "for (;;) {}"], { stdio: "ignore" });
-    if (child.pid !== undefined) {
-      try {
-        setPriority(child.pid, 0);
-      } catch {
-        // Raising a child's priority back to 0 needs privileges where this process runs niced.
-      }
-    }
-    children.push(child);
-  }
-  return {
-    stop() {
-      for (const child of children) child.kill("SIGKILL");
-    },
-  };
-}
 
 export async function overload(options: { seconds: number; say: (line: string) => void }): Promise<OverloadReport> {
   const cpus = availableParallelism();
@@ -158,7 +137,7 @@ export async function overload(options: { seconds: number; say: (line: string) =
       const unloaded = await phase(sustained, options.seconds);
       options.say(`  ${unloaded.executions_per_s}/s, p99 ${unloaded.ran_p99_ms} ms, ${unloaded.wrong} wrong`);
       options.say(`overloaded: c=${flood} for ${options.seconds} s with a CPU hog on each of ${cpus} cores`);
-      const hog = cpuHog(cpus);
+      const hog = startCpuHog(cpus);
       let overloaded: PhaseFigures;
       try {
         overloaded = await phase(flood, options.seconds);

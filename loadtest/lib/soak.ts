@@ -5,12 +5,15 @@
 // process's RSS grew past a bound, that the daemon holds no more VMs or descriptors than it did
 // once warm, and that billing reconciles (usage equals the sum of the charges answered, no hold
 // left, balance = grant - usage). Used by `npm run soak` (2 minutes) and by
-// gateway/soak.kvm.test.ts (a short run in the KVM tier).
+// gateway/soak.kvm.test.ts (a short run in the KVM tier); with a CPU hog on every core through
+// the measured run (`cpuHog`: a child spinning on each core at nice 0, as a busy neighbour) and a
+// count of requests, by `npm run soak:loaded` and gateway/soak-loaded.kvm.test.ts.
 import { mkdtemp, readdir, readFile, readlink, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { startGatewayProcess } from "../../gateway/testing/gateway-process.js";
 import { DaemonClient } from "../../runtime/daemon-client.js";
+import { startCpuHog } from "./cpu-hog.js";
 import { drive } from "./measure.js";
 
 /** One kind of program of the mix, with the status the gateway must answer for it. */
@@ -42,7 +45,12 @@ const kindsOf = (oomTimeoutMs: number): Kind[] => [
 ];
 
 export interface SoakOptions {
+  /** How long the measured run lasts; with `requests`, the most it may last. */
   seconds: number;
+  /** Exactly this many requests in the measured run (bounded by `seconds`: fewer fail the soak). */
+  requests?: number;
+  /** A child spinning on each core at nice 0 through the measured run, stopped after it. */
+  cpuHog?: boolean;
   concurrency: number;
   /** Built templates (a python template with its snapshot); built into a scratch folder if unset. */
   templatesDir?: string;
@@ -59,6 +67,8 @@ export interface SoakOptions {
 export interface SoakReport {
   seconds: number;
   requests: number;
+  /** The load averages (1, 5, 15 min) as the measured run ended. */
+  loadavg: number[];
   /** Answers per kind and status, e.g. {"ok": {"completed": 120}}. */
   statuses: Record<string, Record<string, number>>;
   /** Requests answered with something else than their kind's status (HTTP status and body). */
@@ -147,9 +157,18 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     };
     await settled();
     const before = { daemon: await rssKib(daemonPid), gateway: await rssKib(gateway.pid), ...(await descriptors(daemonPid)) };
-    log(`soak: ${options.seconds} s at concurrency ${options.concurrency}; daemon RSS ${before.daemon} KiB, ${before.fds} fds, ${before.vms} VMs`);
+    const length = options.requests === undefined ? `${options.seconds} s` : `${options.requests} requests (at most ${options.seconds} s)`;
+    log(`soak: ${length} at concurrency ${options.concurrency}${options.cpuHog ? ", a CPU hog on every core" : ""}; daemon RSS ${before.daemon} KiB, ${before.fds} fds, ${before.vms} VMs`);
 
-    const run = await drive({ scenario: "soak", requests: Number.MAX_SAFE_INTEGER, concurrency: options.concurrency, maxDurationMs: options.seconds * 1000, send });
+    const hog = options.cpuHog ? startCpuHog() : undefined;
+    let run: Awaited<ReturnType<typeof drive>>;
+    let loadAverages: number[];
+    try {
+      run = await drive({ scenario: "soak", requests: options.requests ?? Number.MAX_SAFE_INTEGER, concurrency: options.concurrency, maxDurationMs: options.seconds * 1000, send });
+    } finally {
+      loadAverages = loadavg().map((l) => Number(l.toFixed(2)));
+      hog?.stop();
+    }
     await settled();
     const after = { daemon: await rssKib(daemonPid), gateway: await rssKib(gateway.pid), ...(await descriptors(daemonPid)) };
 
@@ -169,6 +188,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     const total = sequence;
     const failures: string[] = [];
     if (run.failures > 0 || wrong.length > 0) failures.push(`${run.failures} of ${run.requests} soak requests got another answer than their kind's`);
+    if (options.requests !== undefined && run.requests < options.requests) failures.push(`only ${run.requests} of ${options.requests} requests were answered within ${options.seconds} s`);
     if (gateway.daemonPid() !== daemonPid) failures.push("the daemon was restarted during the soak");
     for (const name of ["daemon", "gateway"] as const) {
       if (after[name] - before[name] > RSS_GROWTH_KIB[name]) failures.push(`${name} RSS grew from ${before[name]} to ${after[name]} KiB`);
@@ -182,6 +202,7 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     return {
       seconds: run.seconds,
       requests: total,
+      loadavg: loadAverages,
       statuses,
       wrong,
       rssKib: { daemon: [before.daemon, after.daemon], gateway: [before.gateway, after.gateway] },

@@ -125,6 +125,8 @@ export class DaemonClient implements ExecutionRuntime {
   private closed = false;
   private server: string | undefined;
   private templateCache: { at: number; templates: Promise<Template[]> } | undefined;
+  /** The last list the daemon answered since the connection came up: served while a refresh is on its way. */
+  private lastTemplates: Template[] | undefined;
   /** Per connection: the liveness probe in flight, or when the last one was answered. */
   private readonly probes = new WeakMap<DaemonConnection, { answeredAt: number; inFlight: Promise<boolean> | undefined }>();
   /** Session requests over this client's connections (the daemon must run with --sessions). */
@@ -239,20 +241,30 @@ export class DaemonClient implements ExecutionRuntime {
 
   /**
    * The daemon's templates, from a cache refreshed after `templatesTtlMs` or a reconnect (the
-   * gateway asks on every execution). Fails like any request while no connection is up.
+   * gateway asks on every execution). While a refresh is on its way the last list answers: a
+   * daemon slow to answer under load does not hold up every call, a shed one included. Fails
+   * like any request while no connection is up.
    */
   templates(): Promise<Template[]> {
     if (this.connectedCount() === 0) return Promise.reject(this.notConnected());
     const cached = this.templateCache;
     if (cached !== undefined && performance.now() - cached.at < this.options.templatesTtlMs) return cached.templates;
     const templates = this.request("list_templates", {}).then(parseTemplates);
-    const entry = { at: performance.now(), templates };
-    this.templateCache = entry;
-    // A failure is not cached.
-    templates.catch(() => {
-      if (this.templateCache === entry) this.templateCache = undefined;
-    });
-    return templates;
+    const refreshed = { at: performance.now(), templates };
+    const stale = this.lastTemplates;
+    const serving = stale === undefined ? refreshed : { at: refreshed.at, templates: Promise.resolve(stale) };
+    this.templateCache = serving;
+    templates.then(
+      (list) => {
+        this.lastTemplates = list;
+        if (this.templateCache === serving) this.templateCache = refreshed;
+      },
+      // A failure is not cached.
+      () => {
+        if (this.templateCache === serving) this.templateCache = undefined;
+      },
+    );
+    return serving.templates;
   }
 
   async health(signal?: AbortSignal): Promise<RuntimeHealth> {
@@ -465,7 +477,10 @@ export class DaemonClient implements ExecutionRuntime {
       return;
     }
     const wasDisconnected = this.connectedCount() === 0;
-    if (wasDisconnected) this.templateCache = undefined;
+    if (wasDisconnected) {
+      this.templateCache = undefined;
+      this.lastTemplates = undefined;
+    }
     slot.connection = connection;
     slot.backoffMs = this.options.reconnectMinMs;
     this.server = connection.server;

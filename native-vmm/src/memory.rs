@@ -738,6 +738,8 @@ impl Drop for GuestMemory {
 /// while the arena lives.
 #[derive(Default)]
 pub struct MemoryArena {
+    // Boxed: the references handed out must not move when the list grows.
+    #[allow(clippy::vec_box)]
     kept: RefCell<Vec<Box<GuestMemory>>>,
 }
 

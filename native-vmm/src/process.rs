@@ -9,18 +9,18 @@ mod fds;
 mod memory_map;
 mod output;
 pub mod signals;
-pub mod tree;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod threads;
+pub mod tree;
 
 use crate::fs::{Node, Vfs};
 use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 pub use epoll::{EpollSet, Interest};
 pub use fds::{
-    Description, Endpoint, FdSlots, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE, O_APPEND,
-    O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY,
+    Description, Endpoint, FdSlots, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE,
+    O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY,
 };
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};

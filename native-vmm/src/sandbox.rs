@@ -149,7 +149,7 @@ impl<'a> Tree<'a> {
                         Ok(child) => {
                             self.members[index].state = State::Ready(Next::Answer {
                                 call,
-                                value: child as u64,
+                                value: child,
                             });
                             // The child runs first: it usually execs or exits at once.
                             let next = self.members.len() - 1;
@@ -504,7 +504,10 @@ impl<'a> Tree<'a> {
             if now >= self.deadline {
                 return None;
             }
-            std::thread::sleep(wake.saturating_duration_since(now).max(Duration::from_micros(1)));
+            std::thread::sleep(
+                wake.saturating_duration_since(now)
+                    .max(Duration::from_micros(1)),
+            );
         }
     }
 
@@ -544,7 +547,11 @@ impl<'a> Tree<'a> {
 
     /// The run ends: every other live process is killed (its fds closed), and the first
     /// process's part is back in `process`, alone in the tree.
-    fn finish(&mut self, _root_cpu: &mut dyn GuestCpu, process: &mut GuestProcess) -> io::Result<()> {
+    fn finish(
+        &mut self,
+        _root_cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+    ) -> io::Result<()> {
         let live: Vec<usize> = (1..self.members.len())
             .filter(|&i| !matches!(self.members[i].state, State::Ended))
             .collect();

@@ -183,7 +183,7 @@ fn the_vdso_clock_is_the_hosts_and_needs_no_exit() {
     for program in ["/bin/vdso_clock-static", "/bin/vdso_clock-dynamic"] {
         let (real_before, mono_before) = (
             host_ns(libc::CLOCK_REALTIME),
-            host_ns(libc::CLOCK_MONOTONIC),
+            host_ns(libc::CLOCK_MONOTONIC) + sandfork_vmm::vdso::clock::guest_shift_ns(),
         );
         let outcome = run(
             &programs_image(),
@@ -191,7 +191,7 @@ fn the_vdso_clock_is_the_hosts_and_needs_no_exit() {
         );
         let (real_after, mono_after) = (
             host_ns(libc::CLOCK_REALTIME),
-            host_ns(libc::CLOCK_MONOTONIC),
+            host_ns(libc::CLOCK_MONOTONIC) + sandfork_vmm::vdso::clock::guest_shift_ns(),
         );
         assert_eq!(
             outcome.status,

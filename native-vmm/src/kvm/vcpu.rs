@@ -41,7 +41,6 @@ const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 /// The FS and GS base MSRs.
 const MSR_FS_BASE: u32 = 0xc000_0100;
 const MSR_GS_BASE: u32 = 0xc000_0101;
-/// Linux user addresses end here; an FS base at or above it cannot be entered into the vCPU.
 
 /// A KVM vCPU running one guest program. It borrows the guest memory it was built on: the VM's
 /// memory slot points into that mapping, so the memory must outlive the VM.

@@ -98,11 +98,7 @@ pub fn ready_for(proc: &GuestProcess, tid: u64) -> u64 {
         return 0;
     };
     let mut process_wide = proc.signals.pending & !thread.blocked_signals;
-    if let Some(main) = proc
-        .threads
-        .get(proc.pid)
-        .filter(|_| tid != proc.pid)
-    {
+    if let Some(main) = proc.threads.get(proc.pid).filter(|_| tid != proc.pid) {
         process_wide &= main.blocked_signals;
     }
     (thread.pending_signals & !thread.blocked_signals) | process_wide

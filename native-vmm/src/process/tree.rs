@@ -110,7 +110,10 @@ impl ProcessTable {
         if self.entries.len() as u64 >= self.limit {
             return None;
         }
-        let (pgid, sid) = self.entries.get(&parent).map_or((parent, parent), |e| (e.pgid, e.sid));
+        let (pgid, sid) = self
+            .entries
+            .get(&parent)
+            .map_or((parent, parent), |e| (e.pgid, e.sid));
         let pid = self.next_id.max(used);
         self.next_id = pid + 1;
         self.entries.insert(

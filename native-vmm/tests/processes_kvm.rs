@@ -1,0 +1,215 @@
+//! A process tree in the sandbox, on the KVM vCPU: fork, execve, wait, pipes between processes,
+//! signals across them, the shell and the tools the Python template ships. Shell commands run
+//! in the VM and natively (the same `/bin/bash` on the host, in an empty directory) and must
+//! print the same.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use common::{describe, python, python_image, request, run};
+use sandfork_vmm::status::RunStatus;
+
+/// Runs `script` with bash in the VM and natively; both must exit 0 and print the same.
+fn same_as_native(script: &str) -> String {
+    let outcome = run(&python_image(), &request("/bin/bash", &["-c", script]));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    let run_number = RUNS.fetch_add(1, Ordering::Relaxed);
+    let dir = common::process_dir(&format!("processes-native-{run_number}"));
+    std::fs::create_dir_all(&dir).expect("a directory for the native run");
+    let native = Command::new("/bin/bash")
+        .args(["-c", script])
+        .current_dir(&dir)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C")
+        .output()
+        .expect("running bash natively");
+    assert!(native.status.success(), "native: {native:?}");
+    let vm = String::from_utf8_lossy(&outcome.stdout).into_owned();
+    assert_eq!(
+        vm,
+        String::from_utf8_lossy(&native.stdout),
+        "{}",
+        describe(&outcome)
+    );
+    vm
+}
+
+#[test]
+fn fork_and_wait_give_the_childs_status_and_ids() {
+    let outcome = python(
+        r#"
+import os
+pid = os.fork()
+if pid == 0:
+    print("child", os.getppid(), flush=True)
+    os._exit(7)
+got, status = os.waitpid(pid, 0)
+print("parent", got == pid, pid != os.getpid(), os.WEXITSTATUS(status))
+try:
+    os.waitpid(-1, 0)
+except ChildProcessError:
+    print("no more children")
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "child 1\nparent True True 7\nno more children\n",
+        "{}",
+        describe(&outcome)
+    );
+}
+
+#[test]
+fn subprocess_runs_programs_with_pipes_both_ways() {
+    let outcome = python(
+        r#"
+import subprocess, sys
+r = subprocess.run([sys.executable, "-c", "import sys; print(sys.argv[1:]); sys.exit(3)", "a b"],
+                   capture_output=True, text=True)
+print(r.returncode, r.stdout.strip())
+p = subprocess.Popen([sys.executable, "-c", "import sys; print(len(sys.stdin.buffer.read()))"],
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+out, _ = p.communicate(b"x" * 300000)
+print(p.returncode, out.decode().strip())
+try:
+    subprocess.run(["/no/such/program"])
+except FileNotFoundError:
+    print("not found")
+print(subprocess.run(["true"]).returncode, subprocess.run(["false"]).returncode)
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "3 ['a b']\n0 300000\nnot found\n0 1\n",
+        "{}",
+        describe(&outcome)
+    );
+}
+
+#[test]
+fn os_system_runs_the_shell() {
+    let outcome = python(
+        r#"
+import os, sys
+sys.stdout.flush()
+status = os.system("echo from the shell; exit 3")
+print(os.waitstatus_to_exitcode(status))
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "from the shell\n3\n",
+        "{}",
+        describe(&outcome)
+    );
+}
+
+#[test]
+fn shell_pipelines_print_what_they_print_natively() {
+    same_as_native("seq 1 100000 | sort -rn | uniq | wc -l");
+    same_as_native("seq 1 1000 | cat | cat | cat | cat | cat | cat | wc -c");
+    same_as_native("x=$(echo sub | tr a-z A-Z); echo \"$x\"; echo $((6*7)) | sed 's/4/four/'");
+    same_as_native(
+        "mkdir -p d/e && seq 1 50 > d/e/n.txt && printf 'a\\nb\\n' > d/x.txt && \
+         find d -name '*.txt' | sort | xargs grep -c . | head -5",
+    );
+}
+
+#[test]
+fn jobs_timeouts_and_signals_between_processes() {
+    same_as_native("sleep 0.2 & echo started; wait; echo done $?");
+    same_as_native("timeout 1 sleep 5; echo $?");
+    same_as_native("sleep 5 & kill -9 $!; wait $!; echo $?");
+    same_as_native("(exit 4); echo $?; bash -c 'kill -TERM $$'; echo $?");
+}
+
+#[test]
+fn tar_and_gzip_round_trip() {
+    same_as_native(
+        "mkdir -p src/sub && seq 1 2000 > src/sub/a && echo hi > src/b && \
+         tar czf t.tgz src && mkdir out && tar xzf t.tgz -C out && \
+         diff -r src out/src && echo same && tar tzf t.tgz | sort",
+    );
+}
+
+#[test]
+fn orphans_go_to_the_first_process_and_signals_reach_one_child() {
+    let outcome = python(
+        r#"
+import os, signal, subprocess, time
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    if os.fork() == 0:
+        time.sleep(0.2)
+        os.write(w, str(os.getppid()).encode())
+        os._exit(0)
+    os._exit(0)
+os.waitpid(pid, 0)
+os.close(w)
+print("orphan's parent", os.read(r, 16).decode())
+sleeper = subprocess.Popen(["sleep", "30"])
+other = subprocess.Popen(["sleep", "0.3"])
+sleeper.kill()
+print(sleeper.wait(), other.wait())
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "orphan's parent 1\n-9 0\n",
+        "{}",
+        describe(&outcome)
+    );
+}
+
+#[test]
+fn a_fork_bomb_meets_the_process_limit_and_the_run_ends() {
+    let outcome = python(
+        r#"
+import os, time
+children = 0
+while True:
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    children += 1
+print(children)
+"#,
+    );
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "63\n",
+        "{}",
+        describe(&outcome)
+    );
+}
+
+#[test]
+fn scripts_run_by_their_interpreter_line() {
+    assert!(Path::new("/usr/bin/env").exists());
+    same_as_native(
+        "printf '#!/bin/sh\\necho script \"$@\"\\n' > s.sh && chmod +x s.sh && ./s.sh one two && \
+         printf '#!/usr/bin/env python3\\nimport sys; print(sys.argv[1:])\\n' > p.py && \
+         chmod +x p.py && ./p.py x",
+    );
+}

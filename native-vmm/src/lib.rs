@@ -37,6 +37,7 @@ pub mod agent;
 
 // `sandfork-vmm bench`: guest launch latency, thread hand-offs and system calls against native.
 pub mod bench;
+pub mod processes_bench;
 pub mod syscalls_bench;
 pub mod threads_bench;
 

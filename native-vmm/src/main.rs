@@ -15,7 +15,7 @@ use sandfork_vmm::kvm::{self, Kvm};
 use sandfork_vmm::snapshot;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunRequest};
-use sandfork_vmm::{bench, syscalls_bench, threads_bench};
+use sandfork_vmm::{bench, processes_bench, syscalls_bench, threads_bench};
 
 const USAGE: &str = "\
 usage: sandfork-vmm <command> [options]
@@ -29,6 +29,7 @@ commands:
   bench exec    cost of one execution on the daemon's path: fork, pooled run, CPU, memory
   bench sessions  durable session checkpoints, pause and resume
   bench threads a Condition ping-pong between two Python threads, in a guest and natively
+  bench processes  fork, exec, wait, pipelines and a process pool, in a guest and natively
   bench syscalls  a system call round trip and a vDSO clock_gettime, in a guest and natively
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
@@ -114,6 +115,19 @@ options:
   --image DIR        file image built by `sandfork-vmm image build`
   --handoffs N       hand-offs per run (default 10000)
   --repetitions N    runs of each (default 5)
+  --json             print one JSON object instead of a table";
+
+const BENCH_PROCESSES_USAGE: &str = "\
+usage: sandfork-vmm bench processes --image DIR [--repetitions N] [--json]
+
+One `/usr/bin/python3.11` program times, inside itself, fork+execve+wait of /bin/true,
+subprocess.run([\"/bin/true\"]), a fork of a process holding 100 MiB, a four-stage shell
+pipeline over 1 MiB and multiprocessing.Pool(4).map of 1,000 tasks, in a fresh KVM guest
+and natively on the host in the same run: the median of each, and their ratio.
+
+options:
+  --image DIR        file image built by `sandfork-vmm image build` (with /bin/sh and coreutils)
+  --repetitions N    repetitions of each workload (default 20; the pool a tenth)
   --json             print one JSON object instead of a table";
 
 const BENCH_FORK_USAGE: &str = "\
@@ -223,6 +237,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["bench", "exec", ..] => bench_exec(&args[2..]),
         ["bench", "sessions", ..] => bench_sessions(&args[2..]),
         ["bench", "threads", ..] => bench_threads(&args[2..]),
+        ["bench", "processes", ..] => bench_processes(&args[2..]),
         ["bench", "syscalls", ..] => bench_syscalls(&args[2..]),
         ["serve", ..] => serve(&args[1..]),
         ["image" | "bench" | "template", ..] => Err(CliError::Usage(
@@ -528,6 +543,26 @@ fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
         1000,
     )? as usize;
     let report = threads_bench::run(image, handoffs, repetitions, &kvm::new_cpu)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    print_report(&options, report.to_json(), || report.table());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench_processes(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(
+        args,
+        &["--image", "--repetitions"],
+        &["--json"],
+        false,
+        BENCH_PROCESSES_USAGE,
+    )?;
+    let image = open_image(options.required("--image")?)?;
+    let repetitions = options.number(
+        "--repetitions",
+        processes_bench::DEFAULT_REPETITIONS,
+        10_000,
+    )?;
+    let report = processes_bench::run(image, repetitions, &kvm::new_cpu)
         .map_err(|e| CliError::Failed(e.to_string()))?;
     print_report(&options, report.to_json(), || report.table());
     Ok(ExitCode::SUCCESS)
@@ -922,6 +957,10 @@ mod tests {
         assert!(matches!(
             dispatch(&strings(&["bench", "threads", "--help"])),
             Err(CliError::Help(BENCH_THREADS_USAGE))
+        ));
+        assert!(matches!(
+            dispatch(&strings(&["bench", "processes", "--help"])),
+            Err(CliError::Help(BENCH_PROCESSES_USAGE))
         ));
         assert!(matches!(
             dispatch(&strings(&["bench", "syscalls", "--help"])),

@@ -76,6 +76,23 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     expect(usage).toMatchObject({ executions: 1, units: body.usage.units });
   });
 
+  it("an execution's subprocesses and shell pipelines run in the sandbox, their output in its answer", async () => {
+    const { key, accountId } = await gw.issue({ credits: CREDITS });
+    const code = [
+      "import os, subprocess, sys",
+      "print(subprocess.run('seq 1 1000 | sort -rn | head -3 | paste -sd, -', shell=True, capture_output=True, text=True).stdout.strip())",
+      "sys.stdout.flush()",
+      "os.system('echo from the shell; echo to stderr >&2')",
+      "print(subprocess.run([sys.executable, '-c', 'import sys; sys.exit(5)']).returncode)",
+    ].join("\n");
+    const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code } });
+    const text = await response.text();
+    expect(response.status, text).toBe(200);
+    const body = JSON.parse(text) as { id: string; stdout: string; stderr: string; usage: { units: number } };
+    expect(body, text).toMatchObject({ status: "completed", exit_code: 0, stdout: "1000,999,998\nfrom the shell\n5\n", stderr: "to stderr\n" });
+    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
+  });
+
   it("output a database cannot store as text (NUL, invalid UTF-8) is answered as U+FFFD and billed", async () => {
     const { key, accountId } = await gw.issue({ credits: CREDITS });
     const code = 'import sys; sys.stdout.buffer.write(b"a\\x00b\\xffc"); sys.stderr.write("\\0")';

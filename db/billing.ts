@@ -108,10 +108,10 @@ export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
 }
 
 /** A whole record as text columns, for the lookups (findExecution, findByIdempotencyKey). */
-const RECORD_COLUMNS = `${SETTLED_COLUMNS.replaceAll("settled.", "")}, status, exit_code::text, stdout, stderr, truncated::text, timings::text`;
+export const RECORD_COLUMNS = `${SETTLED_COLUMNS.replaceAll("settled.", "")}, status, exit_code::text, stdout, stderr, truncated::text, timings::text`;
 
 /** A record as RECORD_COLUMNS gives it, running or final. */
-function fromRecordRow(row: TextRow): ExecutionRecord {
+export function fromRecordRow(row: TextRow): ExecutionRecord {
   return recordOf(row, {
     status: row.status as ExecutionStatus,
     exitCode: row.exit_code == null ? null : Number(row.exit_code),

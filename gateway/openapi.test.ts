@@ -7,8 +7,10 @@ import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 const API_ROUTES = [
   "POST /v1/executions",
   "GET /v1/executions/{id}",
+  "GET /v1/executions",
   "GET /v1/templates",
   "GET /v1/usage",
+  "GET /v1/usage/series",
   "POST /v1/keys",
   "GET /v1/keys",
   "DELETE /v1/keys/{id}",

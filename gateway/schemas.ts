@@ -101,6 +101,39 @@ export const ExecutionSchema = z
   })
   .openapi("Execution");
 
+export const ExecutionSummarySchema = ExecutionSchema.omit({ stdout: true, stderr: true }).openapi("ExecutionSummary");
+
+export const ExecutionListQuerySchema = z.object({
+  status: ExecutionStatusSchema.optional(),
+  template: z.string().min(1).max(64).optional(),
+  limit: z.coerce.number().int().min(1).max(100).optional().openapi({ description: "Default 20" }),
+  cursor: z.string().max(200).optional().openapi({ description: "next_cursor of the previous page" }),
+});
+
+export const ExecutionListSchema = z
+  .object({
+    executions: z.array(ExecutionSummarySchema),
+    next_cursor: z.string().nullable().openapi({ description: "Pass as cursor for the next (older) page; null on the last" }),
+  })
+  .openapi("ExecutionList");
+
+export const UsageSeriesQuerySchema = z.object({
+  bucket: z.enum(["hour", "day"]).optional().openapi({ description: "Default hour" }),
+  from: z.string().datetime({ offset: true }).optional().openapi({ description: "Default: 24 buckets before to; rounded down to a bucket" }),
+  to: z.string().datetime({ offset: true }).optional().openapi({ description: "Default: now; rounded up to a bucket" }),
+});
+
+export const UsageSeriesSchema = z
+  .object({
+    key_id: z.string().uuid(),
+    bucket: z.enum(["hour", "day"]),
+    from: z.string().datetime(),
+    to: z.string().datetime(),
+    unit: z.string(),
+    points: z.array(z.object({ at: z.string().datetime(), template: z.string(), executions: z.number().int(), units: z.number().int() })),
+  })
+  .openapi("UsageSeries");
+
 export const TemplateSchema = z
   .object({
     name: z.string(),
@@ -199,6 +232,11 @@ export const TokenRequestSchema = z
     ttl_seconds: z.number().int().min(1).optional().openapi({ description: "Default 900; capped by the gateway's maximum and the key's expiry" }),
     templates: z.array(z.string()).min(1).max(64).optional().openapi({ description: "Templates the token may run; default: all" }),
     max_executions: z.number().int().min(1).max(1_000_000).optional(),
+    scopes: z
+      .array(ScopeSchema)
+      .min(1)
+      .optional()
+      .openapi({ description: 'Scopes the token carries, each one the key has; default ["execute"]. A token with more than execute is checked against its key\'s revocation on every call' }),
   })
   .strict()
   .openapi("TokenRequest");
@@ -210,6 +248,7 @@ export const TokenSchema = z
     expires_at: z.string().datetime(),
     templates: z.array(z.string()).nullable(),
     max_executions: z.number().int().nullable(),
+    scopes: z.array(ScopeSchema),
   })
   .openapi("Token");
 

@@ -4,7 +4,7 @@
 // turn away malformed keys. A cached hash is one a key with a valid checksum had (one hash, one
 // key), so a cache hit costs one SHA-256, not two.
 import type { Database } from "../../db/client.js";
-import { findKeyByHash, type StoredKey } from "../../db/keys.js";
+import { findKeyByHash, findKeyById, type StoredKey } from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
 import { hasValidChecksum, hashApiKey, looksLikeApiKey } from "./api-key.js";
 import type { Principal } from "./principal.js";
@@ -32,13 +32,29 @@ export class Authenticator {
     if (!match?.[1]) throw new ProblemError("unauthenticated", "send an API key or a token as 'Authorization: Bearer <credential>'");
     const credential = match[1];
     if (looksLikeApiKey(credential)) return this.authenticateKey(credential);
-    if (credential.split(".").length === 3) return this.tokens.verify(credential);
+    if (credential.split(".").length === 3) return this.authenticateToken(credential);
     throw new ProblemError("invalid-credentials", "the credential is neither an API key nor a token");
   }
 
   /** Drops cached lookups of a key, e.g. right after revoking it. */
   forget(keyId: string): void {
     for (const [hash, lookup] of this.cache) if (lookup.key?.id === keyId) this.cache.delete(hash);
+  }
+
+  /**
+   * An execute-only token is verified by its signature alone (its executions check the key). One
+   * that carries more (usage, admin) is refused once its key is revoked or expired, and holds no
+   * scope its key has since lost.
+   */
+  private async authenticateToken(token: string): Promise<Principal> {
+    const principal = await this.tokens.verify(token);
+    if (principal.scopes.every((scope) => scope === "execute")) return principal;
+    const key = await findKeyById(this.db, principal.keyId);
+    if (key === undefined) throw new ProblemError("invalid-credentials", "the token's key does not exist");
+    if (key.revokedAt !== null) throw new ProblemError("credentials-revoked");
+    if (key.expiresAt !== null && key.expiresAt.getTime() <= this.now()) throw new ProblemError("credentials-expired", "the token's API key has expired");
+    const held = principal.scopes.filter((scope) => key.scopes.includes("admin") || key.scopes.includes(scope));
+    return { ...principal, scopes: held.length > 0 ? held : ["execute"] };
   }
 
   private async authenticateKey(key: string): Promise<Principal> {

@@ -5,7 +5,7 @@ import { createPrivateKey, createPublicKey, generateKeyPairSync, type KeyObject,
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { errors, jwtVerify, SignJWT } from "jose";
-import type { KeyLimits } from "../../db/keys.js";
+import { type KeyLimits, type Scope, SCOPES } from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
 import type { Principal } from "./principal.js";
 
@@ -16,6 +16,8 @@ export interface TokenRequest {
   ttlSeconds: number;
   templates: string[] | null;
   maxExecutions: number | null;
+  /** Absent: execute only. */
+  scopes?: Scope[];
 }
 
 export interface MintedToken {
@@ -29,6 +31,8 @@ interface TokenClaims {
   lim: { rpm: number; conc: number; body: number };
   tpl?: string[];
   mex?: number;
+  /** Scopes beyond execute-only; absent on an execute-only token. */
+  scp?: Scope[];
 }
 
 /** The PEM from config, or the one kept in dataDir, created there (mode 0600) on first use. */
@@ -67,6 +71,7 @@ export class TokenService {
       lim: { rpm: principal.limits.rateLimitPerMinute, conc: principal.limits.maxConcurrency, body: principal.limits.maxBodyBytes },
       ...(request.templates === null ? {} : { tpl: request.templates }),
       ...(request.maxExecutions === null ? {} : { mex: request.maxExecutions }),
+      ...(request.scopes === undefined || (request.scopes.length === 1 && request.scopes[0] === "execute") ? {} : { scp: request.scopes }),
     };
     const token = await new SignJWT({ ...claims })
       .setProtectedHeader({ alg: ALGORITHM, typ: "JWT" })
@@ -93,7 +98,7 @@ export class TokenService {
       if (error instanceof errors.JWTExpired) throw new ProblemError("credentials-expired", "the token has expired");
       throw new ProblemError("invalid-credentials", "the token is not valid for this gateway");
     }
-    const { sub, jti, exp, acc, lim, tpl, mex } = payload as Record<string, unknown>;
+    const { sub, jti, exp, acc, lim, tpl, mex, scp } = payload as Record<string, unknown>;
     const limits = lim as Record<string, unknown> | undefined;
     const wellFormed =
       typeof sub === "string" &&
@@ -106,7 +111,8 @@ export class TokenService {
       positiveInt(limits.conc) &&
       positiveInt(limits.body) &&
       (tpl === undefined || (Array.isArray(tpl) && tpl.every((t) => typeof t === "string"))) &&
-      (mex === undefined || positiveInt(mex));
+      (mex === undefined || positiveInt(mex)) &&
+      (scp === undefined || (Array.isArray(scp) && scp.length > 0 && scp.every((s) => (SCOPES as readonly unknown[]).includes(s))));
     if (!wellFormed) throw new ProblemError("invalid-credentials", "the token's claims are malformed");
     const keyLimits: KeyLimits = {
       rateLimitPerMinute: limits.rpm as number,
@@ -116,7 +122,7 @@ export class TokenService {
     return {
       keyId: sub,
       accountId: acc,
-      scopes: ["execute"],
+      scopes: (scp as Scope[] | undefined) ?? ["execute"],
       limits: keyLimits,
       expiresAt: new Date(exp * 1000),
       token: {

@@ -2,13 +2,21 @@
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import { trace } from "@opentelemetry/api";
 import { findExecution } from "../../db/billing.js";
+import { listExecutions } from "../../db/execution-list.js";
 import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { priceOf } from "../pricing.js";
 import { ProblemError } from "../problems.js";
 import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-execution.js";
-import { ExecutionSchema, executionRequestSchema, IdParamSchema, TemplateSchema } from "../schemas.js";
+import {
+  ExecutionListQuerySchema,
+  ExecutionListSchema,
+  ExecutionSchema,
+  executionRequestSchema,
+  IdParamSchema,
+  TemplateSchema,
+} from "../schemas.js";
 import { AUTHENTICATED, executionJson, IDEMPOTENCY_KEY_HEADER, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
 
 export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
@@ -77,6 +85,41 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     return c.json(executionJson(record, unit), 200);
   });
 
+  const listRoute = createRoute({
+    method: "get",
+    path: "/v1/executions",
+    summary: "The calling key's executions, newest first, without their output",
+    description:
+      "A page at a time: pass next_cursor back as cursor. Filters: status, template. A token that is execute-only " +
+      "sees only the executions it ran; one with usage:read sees its key's.",
+    security: AUTHENTICATED,
+    middleware: [authenticate(ctx, "execute")] as const,
+    request: { query: ExecutionListQuerySchema },
+    responses: {
+      200: { description: "A page of executions", content: { "application/json": { schema: ExecutionListSchema } } },
+      ...problemResponses(401, 403, 422, 429),
+    },
+  });
+  app.openapi(listRoute, async (c) => {
+    const principal = c.get("principal");
+    const query = c.req.valid("query");
+    const before = query.cursor === undefined ? null : decodeCursor(query.cursor);
+    const { records, next } = await listExecutions(ctx.db, {
+      keyId: principal.keyId,
+      tokenId: principal.token !== null && !hasScope(principal, "usage:read") ? principal.token.id : null,
+      status: query.status ?? null,
+      template: query.template ?? null,
+      before,
+      limit: query.limit ?? 20,
+    });
+    const executions = records.map((record) => {
+      const { stdout: _stdout, stderr: _stderr, ...summary } = executionJson(record, unit);
+      return summary;
+    });
+    const nextCursor = next === null ? null : Buffer.from(`${next.createdAt}|${next.id}`).toString("base64url");
+    return c.json({ executions, next_cursor: nextCursor }, 200);
+  });
+
   const listTemplates = createRoute({
     method: "get",
     path: "/v1/templates",
@@ -107,4 +150,16 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
       200,
     );
   });
+}
+
+const CURSOR_TIME = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/;
+const CURSOR_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** A cursor this route handed out: the last record's created_at (as the database wrote it) and id. */
+function decodeCursor(cursor: string): { createdAt: string; id: string } {
+  const [createdAt, id, ...rest] = Buffer.from(cursor, "base64url").toString("utf8").split("|");
+  if (createdAt === undefined || id === undefined || rest.length > 0 || !CURSOR_UUID.test(id) || !CURSOR_TIME.test(createdAt)) {
+    throw new ProblemError("validation-failed", "`cursor` is not one this route handed out", { extensions: { errors: [{ path: "cursor", message: "unknown cursor" }] } });
+  }
+  return { createdAt, id };
 }

@@ -1,5 +1,7 @@
 // POST /v1/tokens: a key holder mints a short-lived token for an untrusted client or agent.
 import { createRoute, type OpenAPIHono } from "@hono/zod-openapi";
+import type { Scope } from "../../db/keys.js";
+import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { ProblemError } from "../problems.js";
@@ -29,9 +31,12 @@ export function registerTokenRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     const ttlSeconds = Math.min(body.ttl_seconds ?? DEFAULT_TTL_SECONDS, ctx.config.maxTokenTtlSeconds);
     const templates = body.templates ?? null;
     const maxExecutions = body.max_executions ?? null;
-    const minted = await ctx.tokens.mint(principal, { ttlSeconds, templates, maxExecutions });
+    const scopes: Scope[] = [...new Set<Scope>(body.scopes ?? ["execute"])];
+    const missing = scopes.filter((scope) => !hasScope(principal, scope));
+    if (missing.length > 0) throw new ProblemError("insufficient-scope", `this key does not hold ${missing.join(", ")}`);
+    const minted = await ctx.tokens.mint(principal, { ttlSeconds, templates, maxExecutions, scopes });
     return c.json(
-      { token: minted.token, token_id: minted.id, expires_at: minted.expiresAt.toISOString(), templates, max_executions: maxExecutions },
+      { token: minted.token, token_id: minted.id, expires_at: minted.expiresAt.toISOString(), templates, max_executions: maxExecutions, scopes },
       201,
     );
   });

@@ -3,13 +3,16 @@ import { createRoute, type OpenAPIHono } from "@hono/zod-openapi";
 import { findKeyById, getBalance } from "../../db/keys.js";
 import { sessionUsageForKey } from "../../db/sessions.js";
 import { usageForKey } from "../../db/usage.js";
+import { usageSeries } from "../../db/execution-list.js";
 import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate } from "../middleware.js";
 import { ProblemError } from "../problems.js";
-import { UsageQuerySchema, UsageSchema } from "../schemas.js";
+import { UsageQuerySchema, UsageSchema, UsageSeriesQuerySchema, UsageSeriesSchema } from "../schemas.js";
 import { AUTHENTICATED, balanceJson, problemResponses } from "./openapi-helpers.js";
 
+const BUCKET_MS = { hour: 3_600_000, day: 86_400_000 } as const;
+const MAX_BUCKETS = 1_000;
 const startOfUtcMonth = (now: Date) => new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
 
 export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
@@ -55,6 +58,42 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
         by_template: usage.byTemplate,
         sessions: { units: sessions.units, running_gib_seconds: sessions.runningGibSeconds, checkpoint_gib_hours: sessions.checkpointGibHours },
         balance: balanceJson(ctx.leases.asSeenByCallers(balance)),
+      },
+      200,
+    );
+  });
+
+  const seriesRoute = createRoute({
+    method: "get",
+    path: "/v1/usage/series",
+    summary: "The calling key's units and executions per UTC hour or day, by template",
+    description: "Buckets with no executions are left out. At most 1000 buckets.",
+    security: AUTHENTICATED,
+    middleware: [authenticate(ctx, "usage:read")] as const,
+    request: { query: UsageSeriesQuerySchema },
+    responses: {
+      200: { description: "Usage by bucket and template", content: { "application/json": { schema: UsageSeriesSchema } } },
+      ...problemResponses(401, 403, 422, 429),
+    },
+  });
+  app.openapi(seriesRoute, async (c) => {
+    const principal = c.get("principal");
+    const query = c.req.valid("query");
+    const bucket = query.bucket ?? "hour";
+    const size = BUCKET_MS[bucket];
+    const to = Math.ceil((query.to === undefined ? Date.now() : Date.parse(query.to)) / size) * size;
+    const from = Math.floor((query.from === undefined ? to - 24 * size : Date.parse(query.from)) / size) * size;
+    if (from >= to) throw new ProblemError("validation-failed", "`from` must be before `to`");
+    if ((to - from) / size > MAX_BUCKETS) throw new ProblemError("validation-failed", `at most ${MAX_BUCKETS} buckets`);
+    const points = await usageSeries(ctx.db, principal.keyId, bucket, new Date(from), new Date(to));
+    return c.json(
+      {
+        key_id: principal.keyId,
+        bucket,
+        from: new Date(from).toISOString(),
+        to: new Date(to).toISOString(),
+        unit: ctx.config.pricing.unitName,
+        points: points.map((p) => ({ at: p.at.toISOString(), template: p.template, executions: p.executions, units: p.units })),
       },
       200,
     );

@@ -31,6 +31,7 @@ fn same_as_native(script: &str) -> String {
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("LC_ALL", "C")
+        .env("HOME", &dir)
         .output()
         .expect("running bash natively");
     assert!(native.status.success(), "native: {native:?}");
@@ -211,5 +212,53 @@ fn scripts_run_by_their_interpreter_line() {
         "printf '#!/bin/sh\\necho script \"$@\"\\n' > s.sh && chmod +x s.sh && ./s.sh one two && \
          printf '#!/usr/bin/env python3\\nimport sys; print(sys.argv[1:])\\n' > p.py && \
          chmod +x p.py && ./p.py x",
+    );
+}
+
+#[test]
+fn git_make_and_patch_work_as_natively() {
+    same_as_native(
+        "git config --global user.email a@example.com && git config --global user.name A && \
+         git config --global init.defaultBranch main && \
+         git init -q repo && cd repo && echo one > f && git add f && git commit -qm first && \
+         git checkout -qb feature && echo two >> f && git commit -qam second && \
+         git checkout -q main && echo other > g && git add g && git commit -qm third && \
+         git merge -q --no-edit feature && git log --format=%s | sort && \
+         git diff HEAD~1 --stat | tail -1 && git branch | sort && git status --short | wc -l",
+    );
+    same_as_native(
+        "printf 'all: out.txt\\n\\tcat out.txt\\nout.txt:\\n\\tseq 3 | sed s/^/n/ > out.txt\\n' > Makefile && \
+         make -s && seq 1 5 > a && seq 1 6 | sed 3d > b; diff a b > p; echo diff $?; \
+         patch -s a p && cmp a b && echo patched",
+    );
+}
+
+#[test]
+fn a_venv_installs_a_local_wheel_with_pip() {
+    let mut req = common::python_request(
+        r#"
+import os, subprocess, sys, zipfile
+os.chdir("/work")
+name = "tinypkg-1.0-py3-none-any.whl"
+with zipfile.ZipFile(name, "w") as z:
+    z.writestr("tinypkg/__init__.py", "X = 42\n")
+    z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+    z.writestr("tinypkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    z.writestr("tinypkg-1.0.dist-info/RECORD", "")
+subprocess.run([sys.executable, "-m", "venv", "/work/v"], check=True)
+subprocess.run(["/work/v/bin/pip", "install", "--no-index", "--disable-pip-version-check", "-q", name], check=True)
+r = subprocess.run(["/work/v/bin/python", "-c", "import tinypkg, sys; print(tinypkg.X, sys.prefix)"],
+                   check=True, capture_output=True, text=True)
+print(r.stdout.strip())
+"#,
+    );
+    req.timeout = common::scaled(std::time::Duration::from_secs(90));
+    req.mem_bytes = 512 << 20;
+    let outcome = run(&python_image(), &req);
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "42 /work/v\n",
+        "{}",
+        describe(&outcome)
     );
 }

@@ -35,6 +35,30 @@ pub(crate) fn getresgid(_proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     write_three(user, args, GUEST_GID)
 }
 
+/// Whether the first `count` id arguments each keep the guest's own id `id` (-1: unchanged):
+/// an unprivileged process may set its ids only to ids it already has.
+fn keeps_own_id(args: [u64; 6], count: usize, id: u64) -> SysResult {
+    if args[..count]
+        .iter()
+        .all(|&a| a as u32 == u32::MAX || u64::from(a as u32) == id)
+    {
+        value(0)
+    } else {
+        Err(Errno::EPERM)
+    }
+}
+
+/// setuid(uid), setreuid(ruid, euid), setresuid(ruid, euid, suid): to the guest's own uid
+/// only (POSIX_SPAWN_RESETIDS asks for that); any other is EPERM.
+pub(crate) fn setuid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    keeps_own_id(args, 3, GUEST_UID)
+}
+
+/// setgid, setregid, setresgid: likewise for the guest's own gid.
+pub(crate) fn setgid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    keeps_own_id(args, 3, GUEST_GID)
+}
+
 /// getgroups(size, list): no supplementary groups.
 pub(crate) fn getgroups(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     if (args[0] as i32) < 0 {

@@ -147,10 +147,8 @@ impl<'a> Tree<'a> {
                     self.members[index].cpu = own;
                     match forked {
                         Ok(child) => {
-                            self.members[index].state = State::Ready(Next::Answer {
-                                call,
-                                value: child,
-                            });
+                            self.members[index].state =
+                                State::Ready(Next::Answer { call, value: child });
                             // The child runs first: it usually execs or exits at once.
                             let next = self.members.len() - 1;
                             self.switch_to(next, process);

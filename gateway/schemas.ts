@@ -4,6 +4,7 @@ import { EXECUTION_STATUSES } from "../db/billing.js";
 import { MAX_BALANCE_UNITS, SCOPES } from "../db/keys.js";
 import type { ExecutionLimits } from "./config.js";
 import { refineFiles, WORK_PATH_RULES } from "./file-paths.js";
+import { REQUEST_LIMITS, refineExecutionSizes, refineText } from "./request-limits.js";
 
 export const ProblemSchema = z
   .object({
@@ -20,6 +21,13 @@ export const ProblemSchema = z
 /** A file's path: the files array's refinement checks it with the others (gateway/file-paths.ts). */
 const workPath = z.string().min(1).openapi({ description: WORK_PATH_RULES });
 
+/** Argument and environment strings: the daemon refuses a NUL in them. */
+const noNul = z.string().regex(/^[^\0]*$/, "must not contain a NUL character");
+/** The gateway's own bounds on counts, within the daemon's (argv's first entry is the script's name). */
+const MAX_ARGS = Math.min(64, REQUEST_LIMITS.MAX_ARGS - 1);
+const MAX_ENV_VARS = Math.min(64, REQUEST_LIMITS.MAX_ENV_VARS);
+const MAX_FILES = Math.min(64, REQUEST_LIMITS.MAX_FILES);
+
 export function executionRequestSchema(limits: ExecutionLimits) {
   return z
     .object({
@@ -27,7 +35,11 @@ export function executionRequestSchema(limits: ExecutionLimits) {
         .string()
         .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
         .openapi({ example: "python", description: "A template name from GET /v1/templates" }),
-      code: z.string().openapi({ example: "print(sum(range(10)))" }),
+      code: z
+        .string()
+        .max(REQUEST_LIMITS.MAX_CODE_BYTES)
+        .superRefine(refineText(REQUEST_LIMITS.MAX_CODE_BYTES))
+        .openapi({ example: "print(sum(range(10)))", description: `At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8` }),
       language: z
         .string()
         .regex(/^[a-z][a-z0-9+-]{0,31}$/)
@@ -36,24 +48,41 @@ export function executionRequestSchema(limits: ExecutionLimits) {
           example: "python",
           description: "One of the template's languages (GET /v1/templates), e.g. javascript or typescript on the node template. Default: the template's first",
         }),
-      stdin: z.string().optional(),
-      args: z.array(z.string().max(4096)).max(64).optional(),
+      stdin: z
+        .string()
+        .max(REQUEST_LIMITS.MAX_STDIN_BYTES)
+        .superRefine(refineText(REQUEST_LIMITS.MAX_STDIN_BYTES))
+        .optional()
+        .openapi({ description: `At most ${REQUEST_LIMITS.MAX_STDIN_BYTES} bytes of UTF-8` }),
+      args: z
+        .array(noNul.max(4096))
+        .max(MAX_ARGS)
+        .optional()
+        .openapi({ description: `After the script's name; with env at most ${REQUEST_LIMITS.MAX_ARGS_ENV_BYTES} bytes (each string with a NUL, the script's name included)` }),
       env: z
-        .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), z.string().max(4096))
-        .refine((e) => Object.keys(e).length <= 64, { message: "at most 64 variables" })
-        .optional(),
+        .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), noNul.max(4096))
+        .refine((e) => Object.keys(e).length <= MAX_ENV_VARS, { message: `at most ${MAX_ENV_VARS} variables` })
+        .optional()
+        .openapi({ description: `At most ${MAX_ENV_VARS} variables; with args at most ${REQUEST_LIMITS.MAX_ARGS_ENV_BYTES} bytes (name=value and a NUL each)` }),
       files: z
         .array(
           z.object({
             path: workPath,
-            content: z.string().openapi({ description: "base64: standard (RFC 4648), with its padding" }),
+            content: z
+              .string()
+              .max(REQUEST_LIMITS.MAX_FRAME_BYTES)
+              .openapi({ description: "base64: standard (RFC 4648), with its padding" }),
             encoding: z.enum(["utf8", "base64"]).optional(),
           }),
         )
-        .max(64)
+        .max(MAX_FILES)
         .superRefine((files, ctx) => refineFiles(files, ctx))
         .optional()
-        .openapi({ description: "Placed under /work before the code runs: no path twice, none the script's (main.py, main.js or main.ts by language), none inside another file's" }),
+        .openapi({
+          description:
+            "Placed under /work before the code runs: no path twice, none the script's (main.py, main.js or main.ts by language), none inside another file's. " +
+            `Their decoded contents and the code together at most ${REQUEST_LIMITS.MAX_FILES_BYTES} bytes`,
+        }),
       timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().openapi({ example: limits.defaultTimeoutMs }),
       memory_mb: z
         .number()
@@ -68,7 +97,10 @@ export function executionRequestSchema(limits: ExecutionLimits) {
         .openapi({ description: "Answer with a text/event-stream of the output as it is written (as Accept: text/event-stream does)" }),
     })
     .strict()
-    .openapi("ExecutionRequest");
+    .superRefine((input, ctx) => refineExecutionSizes(input, ctx, limits))
+    .openapi("ExecutionRequest", {
+      description: `The whole request, as the runtime sends it on (JSON), is at most ${REQUEST_LIMITS.MAX_FRAME_BYTES} bytes`,
+    });
 }
 
 const ExecutionStatusSchema = z.enum(EXECUTION_STATUSES).openapi({

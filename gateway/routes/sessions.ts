@@ -7,12 +7,13 @@ import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { WORK_PATH_RULES, workPathProblem } from "../file-paths.js";
 import { ProblemError } from "../problems.js";
+import { REQUEST_LIMITS, refineText } from "../request-limits.js";
 import { ExecutionSchema } from "../schemas.js";
 import type { SessionService } from "../session-service.js";
 import { AUTHENTICATED, executionJson, problemResponses } from "./openapi-helpers.js";
 
 /** Largest file a request puts into or reads from a session (the daemon's bound). */
-const MAX_SESSION_FILE_BYTES = 8 << 20;
+const { MAX_SESSION_FILE_BYTES } = REQUEST_LIMITS;
 
 /**
  * The file path of a /v1/sessions/{id}/files/{path} request, decoded once from the URL as it
@@ -100,7 +101,11 @@ const CreateSessionSchema = (ctx: GatewayContext) =>
 const CellRequestSchema = (ctx: GatewayContext) =>
   z
     .object({
-      code: z.string().openapi({ example: "x = 6 * 7\nx" }),
+      code: z
+        .string()
+        .max(REQUEST_LIMITS.MAX_CODE_BYTES)
+        .superRefine(refineText(REQUEST_LIMITS.MAX_CODE_BYTES))
+        .openapi({ example: "x = 6 * 7\nx", description: `At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8` }),
       timeout_ms: z.number().int().min(1).max(ctx.config.executionLimits.maxTimeoutMs).optional(),
     })
     .strict()

@@ -4,6 +4,7 @@
 import { z } from "zod";
 import type { ExecutionLimits } from "../config.js";
 import { refineFiles, WORK_PATH_RULES } from "../file-paths.js";
+import { REQUEST_LIMITS } from "../request-limits.js";
 
 export const RUN_CODE = "run_code";
 export const LIST_TEMPLATES = "list_templates";
@@ -13,8 +14,15 @@ export function runCodeArguments(limits: ExecutionLimits) {
   return z
     .object({
       language: z.string().min(1).max(64).describe('The language of the code, e.g. "python", "javascript" or "typescript" (list_templates names the languages available)'),
-      code: z.string().describe("The complete program to run; what it prints is the result"),
-      stdin: z.string().optional().describe("Text given to the program on standard input"),
+      code: z
+        .string()
+        .max(REQUEST_LIMITS.MAX_CODE_BYTES)
+        .describe(`The complete program to run; what it prints is the result. At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`),
+      stdin: z
+        .string()
+        .max(REQUEST_LIMITS.MAX_STDIN_BYTES)
+        .optional()
+        .describe(`Text given to the program on standard input, at most ${REQUEST_LIMITS.MAX_STDIN_BYTES} bytes of UTF-8`),
       files: z
         .array(
           z
@@ -27,7 +35,7 @@ export function runCodeArguments(limits: ExecutionLimits) {
         .max(64)
         .superRefine((files, ctx) => refineFiles(files, ctx))
         .optional()
-        .describe("Files placed in the working directory before the program starts"),
+        .describe(`Files placed in the working directory before the program starts; their contents and the code together at most ${REQUEST_LIMITS.MAX_FILES_BYTES} bytes`),
       timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().describe(`Wall-clock limit in milliseconds (default ${limits.defaultTimeoutMs})`),
     })
     .strict();

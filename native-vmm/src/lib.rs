@@ -6,6 +6,10 @@
 //! KVM test tier: natively, or inside a QEMU guest on machines without /dev/kvm). The ptrace
 //! development CPU (`devcpu`) is kept for debugging the syscall layer without a VM.
 
+// The guest is x86-64 and so is the host: the VMM casts between usize and u64 freely.
+#[cfg(not(all(target_arch = "x86_64", target_pointer_width = "64")))]
+compile_error!("sandfork-vmm runs x86-64 guests under KVM on an x86-64 Linux host");
+
 // Host side: FFI and guest RAM (with kvm/run_page.rs and devcpu/ptrace_sys.rs, the only `unsafe`).
 pub mod layout;
 pub mod memory;

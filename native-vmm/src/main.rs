@@ -482,7 +482,7 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
         eprintln!("sandfork-vmm: {}", outcome.status);
     }
     // Like a shell, only the low 8 bits of an exit code are visible.
-    Ok(ExitCode::from((outcome.status.exit_code() & 0xff) as u8))
+    Ok(ExitCode::from(outcome.status.exit_code().to_le_bytes()[0]))
 }
 
 /// A bench's report: one JSON object with --json, else its table.

@@ -337,7 +337,7 @@ impl GuestProcess {
         }
         e.u64(self.signals.pending);
         e.u32(self.umask);
-        e.u32(self.nice as u32);
+        e.u32(self.nice.cast_unsigned());
         self.threads.encode_state(e)
     }
 
@@ -382,7 +382,7 @@ impl GuestProcess {
             timer: None,
         };
         let umask = d.u32("umask")?;
-        let nice = d.u32("nice")? as i32;
+        let nice = d.u32("nice")?.cast_signed();
         let threads = Threads::decode_state(d)?;
         let config = ProcessConfig {
             vfs,

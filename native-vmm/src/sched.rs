@@ -679,7 +679,7 @@ mod tests {
         };
         let mut cpu = Loads::default();
         assert!(put_thread(&mut cpu, &user).unwrap().is_none());
-        assert_eq!(cpu.0, [user.clone()]);
+        assert_eq!(cpu.0, std::slice::from_ref(&user));
         for forged in [
             CpuSnapshot {
                 rip: 1 << 63,

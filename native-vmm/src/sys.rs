@@ -6,6 +6,9 @@
 //! CPU's own calls (`devcpu/ptrace_sys.rs`).
 //! Wrappers return `io::Result` with the host errno, so callers never see raw return codes.
 
+// FFI: libc's signed return values and C types are converted to and from Rust's unsigned ones.
+#![allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+
 use std::ffi::{c_int, c_ulong, CString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -236,14 +239,14 @@ pub fn install_interrupting_handler(signo: c_int) -> io::Result<()> {
 
 /// Sends `signo` to thread `tid` of this process.
 pub fn tgkill(tid: i32, signo: c_int) -> io::Result<()> {
-    let pid = std::process::id() as libc::c_long;
+    let pid = libc::c_long::from(std::process::id());
     // SAFETY: tgkill takes three integers and touches no memory of ours.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_tgkill,
             pid,
-            tid as libc::c_long,
-            signo as libc::c_long,
+            libc::c_long::from(tid),
+            libc::c_long::from(signo),
         )
     };
     if ret < 0 {

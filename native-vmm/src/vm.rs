@@ -242,7 +242,7 @@ fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError>
 /// The run loop's deadline `timeout` from now, and the limit in milliseconds it reports.
 fn deadline_after(timeout: Duration) -> (Instant, u64) {
     let now = Instant::now();
-    let limit_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+    let limit_ms = timeout.as_millis().min(u128::from(u64::MAX)) as u64;
     // A timeout too large for Instant is no practical limit: a year stands in for it.
     (
         now.checked_add(timeout)

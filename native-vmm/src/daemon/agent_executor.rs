@@ -44,7 +44,10 @@ const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
 /// CPU time of the calling thread (under KVM the guest runs inside this thread's KVM_RUN).
 pub(crate) fn thread_cpu_time() -> Duration {
     match sys::clock_time(CLOCK_THREAD_CPUTIME_ID) {
-        Ok((secs, nanos)) => Duration::new(secs.max(0) as u64, nanos.clamp(0, 999_999_999) as u32),
+        Ok((secs, nanos)) => Duration::new(
+            u64::try_from(secs).unwrap_or(0),
+            u32::try_from(nanos.clamp(0, 999_999_999)).unwrap_or(0),
+        ),
         Err(_) => Duration::ZERO,
     }
 }

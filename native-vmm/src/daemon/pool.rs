@@ -355,6 +355,9 @@ fn serve_vm(shared: &Shared) -> bool {
     }
 }
 
+/// A warmed-up vCPU and the pages its VM now holds copies of.
+type WarmedUp<'m> = (Box<dyn GuestCpu + 'm>, Vec<(u64, u64)>);
+
 /// Readies a new VM as a reset one: runs an empty program on it and resets it, before it is
 /// counted ready. A fork's first run pays a fault for every page it touches (print(6*7) on the
 /// python template: 20-60 ms through the gateway, against ~1 ms on a reset VM), and most of
@@ -364,7 +367,7 @@ fn warm_up<'m>(
     shared: &Shared,
     mem: &'m GuestMemory,
     cpu: Box<dyn GuestCpu + 'm>,
-) -> io::Result<(Box<dyn GuestCpu + 'm>, Vec<(u64, u64)>)> {
+) -> io::Result<WarmedUp<'m>> {
     let limits = RunLimits {
         mem_bytes: shared.template.identity().mem_bytes,
         ..RunLimits::default()

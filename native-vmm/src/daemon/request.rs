@@ -850,7 +850,7 @@ mod tests {
                 0 => Value::Null,
                 1 => Value::Bool(next().is_multiple_of(2)),
                 2 => Value::from(next() >> (next() % 64)),
-                3 => Value::from(-((next() % 1000) as i64)),
+                3 => Value::from(-(next() % 1000).cast_signed()),
                 4 => Value::from((next() % 1000) as f64 / 7.0),
                 5 => Value::from(
                     [

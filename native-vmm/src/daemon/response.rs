@@ -96,7 +96,7 @@ enum Body {
         thread_switches: u64,
         pools: Vec<PoolStats>,
     },
-    Execution(ExecutionBody),
+    Execution(Box<ExecutionBody>),
     Output {
         stream: &'static str,
         data: String,
@@ -244,7 +244,7 @@ pub fn stats(id: u64, totals: Totals, pools: &[PoolStats]) -> Response {
 }
 
 fn micros(d: Duration) -> u64 {
-    d.as_micros().min(u64::MAX as u128) as u64
+    d.as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 /// Time spent on one request outside the executor.
@@ -308,7 +308,7 @@ pub fn session_execution(
     };
     reply(
         id,
-        Body::Execution(ExecutionBody {
+        Body::Execution(Box::new(ExecutionBody {
             status: run.status.kind(),
             exit_code,
             stdout: String::from_utf8_lossy(&run.stdout).into_owned(),
@@ -328,7 +328,7 @@ pub fn session_execution(
             },
             usage: run.usage.clone(),
             session,
-        }),
+        })),
     )
 }
 

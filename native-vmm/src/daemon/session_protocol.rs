@@ -231,7 +231,7 @@ pub fn parse(
 }
 
 fn micros(d: Duration) -> u64 {
-    d.as_micros().min(u64::MAX as u128) as u64
+    d.as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 fn object(value: Value) -> Map<String, Value> {

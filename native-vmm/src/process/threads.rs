@@ -152,9 +152,10 @@ struct CpuClock {
 fn host_thread_cpu_ns() -> u64 {
     const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
     let (sec, nsec) = crate::sys::clock_time(CLOCK_THREAD_CPUTIME_ID).unwrap_or((0, 0));
-    (sec.max(0) as u64)
+    u64::try_from(sec)
+        .unwrap_or(0)
         .saturating_mul(1_000_000_000)
-        .saturating_add(nsec.max(0) as u64)
+        .saturating_add(u64::try_from(nsec).unwrap_or(0))
 }
 
 /// Where a new thread starts: the creating thread's registers at its clone call, with these

@@ -43,7 +43,7 @@ impl Encoder {
     }
 
     pub fn bool(&mut self, v: bool) {
-        self.u8(v as u8);
+        self.u8(u8::from(v));
     }
 
     pub fn u32(&mut self, v: u32) {

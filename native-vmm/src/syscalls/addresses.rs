@@ -30,9 +30,9 @@ const SOMAXCONN: usize = 4096;
 /// socket(domain, type, protocol)
 pub(crate) fn socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (domain, kind, protocol) = (
-        args[0] as u32 as u64,
-        args[1] as u32 as u64,
-        args[2] as u32 as u64,
+        u64::from(args[0] as u32),
+        u64::from(args[1] as u32),
+        u64::from(args[2] as u32),
     );
     let family = match domain as u16 {
         AF_UNIX | AF_INET | AF_INET6 if domain <= u64::from(u16::MAX) => domain as u16,

@@ -21,7 +21,7 @@ pub(crate) fn eventfd(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
 
 /// eventfd2(initval, flags): EFD_SEMAPHORE, EFD_NONBLOCK, EFD_CLOEXEC.
 pub(crate) fn eventfd2(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let (initval, flags) = (args[0] as u32 as u64, args[1] as u32 as u64);
+    let (initval, flags) = (u64::from(args[0] as u32), u64::from(args[1] as u32));
     if flags & !(EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }

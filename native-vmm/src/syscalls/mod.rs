@@ -3,6 +3,10 @@
 //! (readiness), eventfd, memory, ids (process identity), threads (clone, exit, thread ids, yield),
 //! futex, time, signals, and misc (system information, randomness, limits).
 
+// The guest's registers are u64; each handler reinterprets them as the C types the Linux ABI
+// gives its arguments (int fds, signed offsets, flags) and its results as the signed return value.
+#![allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+
 mod addresses;
 pub(crate) mod agent;
 mod epoll;

@@ -74,7 +74,7 @@ const PRIO_USER: u64 = 2;
 
 /// Whether (which, who) names the guest: its process, process group or user (0: the caller's).
 fn names_the_guest(which: u64, who: u64) -> Result<(), Errno> {
-    let who = who as u32 as u64;
+    let who = u64::from(who as u32);
     match which {
         PRIO_PROCESS | PRIO_PGRP if who == 0 || who == GUEST_PID => Ok(()),
         PRIO_USER if who == 0 || who == GUEST_UID => Ok(()),

@@ -165,7 +165,7 @@ pub(crate) fn sigaltstack(proc: &mut GuestProcess, user: &UserMemory, args: [u64
 /// group (0). pid -1 means "every process but init and the caller": as pid 1 the guest is
 /// init, so nothing is left to signal.
 pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let pid = args[0] as i32 as i64;
+    let pid = i64::from(args[0] as i32);
     if pid != 0 && pid != GUEST_PID as i64 {
         return Err(Errno::ESRCH);
     }
@@ -177,7 +177,7 @@ pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) 
 
 /// tgkill(tgid, tid, sig): to any live thread of the guest.
 pub(crate) fn tgkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    if args[0] as i32 as i64 <= 0 || args[1] as i32 as i64 <= 0 {
+    if i64::from(args[0] as i32) <= 0 || i64::from(args[1] as i32) <= 0 {
         return Err(Errno::EINVAL);
     }
     if args[0] != GUEST_PID {
@@ -188,7 +188,7 @@ pub(crate) fn tgkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
 
 /// tkill(tid, sig): as tgkill.
 pub(crate) fn tkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    if args[0] as i32 as i64 <= 0 {
+    if i64::from(args[0] as i32) <= 0 {
         return Err(Errno::EINVAL);
     }
     to_thread(proc, args[0], args[1])

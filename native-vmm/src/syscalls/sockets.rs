@@ -84,9 +84,9 @@ fn any_socket(proc: &GuestProcess, fd: u64) -> Result<(u16, bool), Errno> {
 pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [domain, kind, protocol, sv, ..] = args;
     let (domain, kind, protocol) = (
-        domain as u32 as u64,
-        kind as u32 as u64,
-        protocol as u32 as u64,
+        u64::from(domain as u32),
+        u64::from(kind as u32),
+        u64::from(protocol as u32),
     );
     if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
@@ -216,7 +216,7 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
 
 /// shutdown(fd, how): SHUT_RD, SHUT_WR or SHUT_RDWR.
 pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let how = args[1] as u32 as u64;
+    let how = u64::from(args[1] as u32);
     if how > 2 {
         return Err(Errno::EINVAL);
     }
@@ -250,7 +250,7 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let [fd, level, name, optval, optlen, _] = args;
     let (family, listening) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
-    let answer: u32 = match (level as u32 as u64, name as u32 as u64) {
+    let answer: u32 = match (u64::from(level as u32), u64::from(name as u32)) {
         (SOL_SOCKET, SO_TYPE) => SOCK_STREAM as u32,
         (SOL_SOCKET, SO_DOMAIN) => u32::from(family),
         (SOL_SOCKET, SO_SNDBUF | SO_RCVBUF) => PIPE_CAPACITY as u32,
@@ -277,7 +277,7 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let [fd, level, name, optval, optlen, _] = args;
     let (family, _) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
-    let accepted = match (level as u32 as u64, name as u32 as u64) {
+    let accepted = match (u64::from(level as u32), u64::from(name as u32)) {
         (
             SOL_SOCKET,
             SO_REUSEADDR | SO_REUSEPORT | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED,

@@ -195,7 +195,7 @@ pub(crate) fn gettid(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6
 /// Whether `pid` (as a pid_t argument) names a thread of the guest: 0 (the caller) or a live
 /// tid (the main thread's is the pid).
 pub(crate) fn names_a_thread(proc: &GuestProcess, pid: u64) -> bool {
-    let pid = pid as u32 as i32 as i64;
+    let pid = i64::from(pid as u32 as i32);
     pid == 0 || (pid > 0 && proc.threads.get(pid as u64).is_some())
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Format and lint checks; exits non-zero when any fails, after running them all.
 #   native-vmm: `cargo fmt --check` (rustfmt.toml) and clippy with the lint set of Cargo.toml's
-#   [lints] tables, warnings as errors.
+#   [lints] tables, warnings as errors; also the library and binary without the default
+#   `bench` feature.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,7 @@ check() {
 
 check bash -c 'cd native-vmm && cargo fmt --check'
 check bash -c 'cd native-vmm && cargo clippy --release --all-targets -- -D warnings'
+check bash -c 'cd native-vmm && cargo clippy --release --lib --bins --no-default-features -- -D warnings'
 
 [ "$status" = 0 ] && echo "lint: clean" || echo "lint: failed"
 exit $status

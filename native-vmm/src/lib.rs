@@ -39,12 +39,16 @@ pub mod vm;
 pub mod agent;
 
 // `sandfork-vmm bench`: guest launch latency, thread hand-offs and system calls against native.
+#[cfg(feature = "bench")]
 pub mod bench;
+#[cfg(feature = "bench")]
 pub mod syscalls_bench;
+#[cfg(feature = "bench")]
 pub mod threads_bench;
 
 // The test-only CPU: runs the guest natively in a ptrace'd child (no isolation; never used by
 // the CLI or daemon) so that real programs run end to end on machines without /dev/kvm.
+#[cfg(any(test, feature = "testing"))]
 pub mod devcpu;
 
 // The KVM backend: the machine state the guest needs (page tables, descriptor tables, CPL0
@@ -61,4 +65,5 @@ pub mod seccomp;
 pub mod snapshot;
 
 // Test support: seeded corruption of valid inputs for the fuzz tests, and their seeds.
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzz;

@@ -15,6 +15,7 @@
 
 pub mod agent_executor;
 mod base64;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod executor;
 pub mod frame;
@@ -25,6 +26,7 @@ pub mod request;
 mod request_threads;
 pub mod response;
 pub mod server;
+#[cfg(feature = "bench")]
 pub mod session_bench;
 pub mod session_protocol;
 pub mod sessions;

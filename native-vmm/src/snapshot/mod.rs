@@ -22,6 +22,7 @@
 //! request, exactly as on a freshly booted guest. The agent draws fresh randomness after the
 //! hand-off, so forks of one template do not share random state.
 
+#[cfg(feature = "bench")]
 pub mod bench;
 mod blocks;
 pub mod checkpoint;

@@ -10,12 +10,17 @@
 #[cfg(not(all(target_arch = "x86_64", target_pointer_width = "64")))]
 compile_error!("sandfork-vmm runs x86-64 guests under KVM on an x86-64 Linux host");
 
+// The guest ABI's shared constants, and guest memory as the guest's own pointers may reach it.
+pub mod abi;
+pub mod usermem;
+
 // Host side: FFI and guest RAM (with kvm/run_page.rs and devcpu/ptrace_sys.rs, the only `unsafe`).
 pub mod layout;
 pub mod memory;
 pub mod sys;
 
 // The run loop's view of a vCPU, and how a run ends.
+pub mod codec;
 pub mod cpu;
 pub mod errno;
 pub mod status;

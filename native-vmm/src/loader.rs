@@ -23,6 +23,7 @@
 use std::fmt;
 use std::io;
 
+use crate::abi::{GUEST_GID, GUEST_UID};
 use crate::elf::{Elf, ElfError, ElfKind, PHDR_SIZE};
 use crate::fs::Image;
 use crate::layout::{page_align_down, PAGE_SIZE, USER_BASE, VDSO_ADDR};
@@ -34,9 +35,6 @@ use crate::sys;
 pub const PIE_BASE: u64 = 0x20_0000;
 /// Stack reserved at the top of guest memory (Linux's default RLIMIT_STACK).
 pub const STACK_SIZE: u64 = 8 << 20;
-/// The identity the guest sees in its auxiliary vector (and from getuid and friends).
-pub const GUEST_UID: u64 = 1000;
-pub const GUEST_GID: u64 = 1000;
 
 // Auxiliary vector tags (linux/auxvec.h).
 const AT_NULL: u64 = 0;

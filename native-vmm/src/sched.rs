@@ -26,6 +26,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
+use crate::agent::AWAIT_REQUEST_SYSCALL;
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::errno::Errno;
 use crate::memory::GuestMemory;
@@ -33,10 +34,33 @@ use crate::process::signals::{self, Taken, SA_RESTART};
 use crate::process::threads::{Call, Next, Resume, Wait, WaitOn, QUANTUM};
 use crate::process::GuestProcess;
 use crate::status::{GuestFault, RunStatus};
+use crate::syscalls::{self, SyscallOutcome};
 
 const GENERAL_PROTECTION: u8 = 13;
-use crate::syscalls::{self, SyscallOutcome};
-use crate::vm::LoopEnd;
+
+/// Where the run loop stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoopEnd {
+    /// The run ended.
+    Finished(RunStatus),
+    /// The agent made AWAIT_REQUEST with no request pending: the template's ready point. The
+    /// vCPU is stopped inside that call (no return value set yet); `call` holds its arguments.
+    ReadyPoint { call: [u64; 6] },
+}
+
+impl LoopEnd {
+    /// The run's status when no ready point was expected: a program that awaits a request
+    /// nobody will send (not an agent, or an agent asking twice) cannot go on.
+    pub fn into_status(self) -> RunStatus {
+        match self {
+            LoopEnd::Finished(status) => status,
+            LoopEnd::ReadyPoint { .. } => RunStatus::Unsupported {
+                syscall: AWAIT_REQUEST_SYSCALL,
+                name: syscalls::name(AWAIT_REQUEST_SYSCALL).unwrap_or("unknown"),
+            },
+        }
+    }
+}
 
 /// How soon a slice that ended while the vCPU was in the stubs is tried again: a thread on its
 /// way back to program code from a call is preempted there at the next kick.

@@ -15,9 +15,9 @@ use crate::loader::{self, LoadError, LoadedProgram};
 use crate::memory::GuestMemory;
 use crate::process::threads::{Call, ThreadCounters};
 use crate::process::{GuestProcess, OutputSink, ProcessConfig, SyscallCount, DEFAULT_THREAD_LIMIT};
+pub use crate::sched::LoopEnd;
 use crate::sched::Scheduler;
 use crate::status::RunStatus;
-use crate::syscalls;
 
 pub const DEFAULT_MEM_BYTES: u64 = 256 << 20;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -278,30 +278,6 @@ pub fn launch(
         stderr,
         stats,
     })
-}
-
-/// Where the run loop stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LoopEnd {
-    /// The run ended.
-    Finished(RunStatus),
-    /// The agent made AWAIT_REQUEST with no request pending: the template's ready point. The
-    /// vCPU is stopped inside that call (no return value set yet); `call` holds its arguments.
-    ReadyPoint { call: [u64; 6] },
-}
-
-impl LoopEnd {
-    /// The run's status when no ready point was expected: a program that awaits a request
-    /// nobody will send (not an agent, or an agent asking twice) cannot go on.
-    pub fn into_status(self) -> RunStatus {
-        match self {
-            LoopEnd::Finished(status) => status,
-            LoopEnd::ReadyPoint { .. } => RunStatus::Unsupported {
-                syscall: AWAIT_REQUEST_SYSCALL,
-                name: syscalls::name(AWAIT_REQUEST_SYSCALL).unwrap_or("unknown"),
-            },
-        }
-    }
 }
 
 /// Runs the guest until it stops: each system call goes to the syscall table and its outcome

@@ -17,7 +17,7 @@ use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
 use super::path::{self, Tree};
 use super::procfs::{NoProcess, ProcNode, ProcessView, SystemDir};
 use super::{FileKind, W_OK, X_OK};
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
+use crate::codec::{DecodeError, Decoder, Encoder};
 
 /// A file, directory or symlink in one VM's file system (cheap to copy; opaque).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -488,12 +488,12 @@ impl Vfs {
             nlink,
             // The guest (an unprivileged user) owns what it wrote; the image and /dev are root's.
             uid: if self.owned_by_guest(node) {
-                crate::loader::GUEST_UID as u32
+                crate::abi::GUEST_UID as u32
             } else {
                 0
             },
             gid: if self.owned_by_guest(node) {
-                crate::loader::GUEST_GID as u32
+                crate::abi::GUEST_GID as u32
             } else {
                 0
             },

@@ -18,7 +18,7 @@ use crate::cpu::CpuSnapshot;
 use crate::errno::Errno;
 use crate::memory::GuestMemory;
 use crate::status::RunStatus;
-use crate::syscalls::UserMemory;
+use crate::usermem::UserMemory;
 
 pub const SIGKILL: u64 = 9;
 pub const SIGSTOP: u64 = 19;
@@ -100,8 +100,8 @@ pub fn ready_for(proc: &GuestProcess, tid: u64) -> u64 {
     let mut process_wide = proc.signals.pending & !thread.blocked_signals;
     if let Some(main) = proc
         .threads
-        .get(super::threads::MAIN_TID)
-        .filter(|_| tid != super::threads::MAIN_TID)
+        .get(crate::abi::MAIN_TID)
+        .filter(|_| tid != crate::abi::MAIN_TID)
     {
         process_wide &= main.blocked_signals;
     }
@@ -232,10 +232,8 @@ pub fn push_frame(
     frame[info..info + 4].copy_from_slice(&(sig as i32).to_le_bytes());
     frame[info + 8..info + 12].copy_from_slice(&code.to_le_bytes());
     if code != SI_KERNEL {
-        frame[info + 16..info + 20]
-            .copy_from_slice(&(crate::syscalls::GUEST_PID as i32).to_le_bytes());
-        frame[info + 20..info + 24]
-            .copy_from_slice(&(crate::loader::GUEST_UID as u32).to_le_bytes());
+        frame[info + 16..info + 20].copy_from_slice(&(crate::abi::GUEST_PID as i32).to_le_bytes());
+        frame[info + 20..info + 24].copy_from_slice(&(crate::abi::GUEST_UID as u32).to_le_bytes());
     }
     UserMemory::new(mem).write(addr, &frame)?;
     let mut handler = interrupted.clone();

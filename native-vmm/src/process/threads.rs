@@ -17,11 +17,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::cpu::CpuSnapshot;
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
-/// The main thread's tid: the process id.
-pub const MAIN_TID: u64 = 1;
+pub use crate::abi::MAIN_TID;
 /// Live threads allowed per execution unless configured otherwise (clone fails with EAGAIN
 /// beyond it).
 pub const DEFAULT_THREAD_LIMIT: u64 = 64;
@@ -706,7 +705,7 @@ impl Threads {
             match &t.context {
                 Some(context) => {
                     e.bool(true);
-                    crate::snapshot::file::encode_cpu(context, e);
+                    crate::cpu::encode_cpu(context, e);
                 }
                 None if t.tid == self.current => e.bool(false),
                 None => return Err("a thread has no saved registers"),
@@ -767,7 +766,7 @@ impl Threads {
                 other => return Err(DecodeError::new(format!("thread state {other}"))),
             };
             let context = if d.bool("thread context")? {
-                Some(crate::snapshot::file::decode_cpu(d)?)
+                Some(crate::cpu::decode_cpu(d)?)
             } else {
                 None
             };

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use sha2::Digest;
 
 use super::checkpoint;
-use super::codec::{Decoder, Encoder};
 use super::file;
 use super::sync_group::SyncGroup;
 use super::TemplateError;
+use crate::codec::{Decoder, Encoder};
 use crate::cpu::{CpuSnapshot, UserRegs};
 use crate::fs::Image;
 use crate::image::testdir::TempDir;

@@ -4,11 +4,9 @@
 //! create no process (see the table for those calls).
 
 use super::{value, SysResult, UserMemory};
+use crate::abi::{GUEST_GID, GUEST_PID, GUEST_UID};
 use crate::errno::Errno;
-use crate::loader::{GUEST_GID, GUEST_UID};
 use crate::process::GuestProcess;
-
-pub(crate) const GUEST_PID: u64 = 1;
 
 /// getpid(), getpgrp(): the one process and process group.
 pub(crate) fn getpid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {

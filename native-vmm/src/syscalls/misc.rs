@@ -1,6 +1,6 @@
 //! System information, randomness, resource limits and CPU affinity.
 
-use super::{ids::GUEST_PID, time, value, SysResult, UserMemory};
+use super::{time, value, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::loader::stack_size;
 use crate::process::{GuestProcess, FD_LIMIT};
@@ -72,9 +72,6 @@ pub(crate) fn getrandom(_proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     value(len)
 }
 
-/// Linux refuses FS bases at or above the end of the user half of the address space.
-pub(super) const TASK_SIZE: u64 = (1 << 47) - 4096;
-
 const RLIM_INFINITY: u64 = u64::MAX;
 const RLIMIT_COUNT: u64 = 16;
 const RLIMIT_STACK: u64 = 3;
@@ -136,7 +133,7 @@ fn write_rlimit(user: &UserMemory, addr: u64, (soft, hard): (u64, u64)) -> Resul
 /// prlimit64(pid, resource, new, old)
 pub(crate) fn prlimit64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [pid, resource, new, old, ..] = args;
-    if pid != 0 && pid != GUEST_PID {
+    if pid != 0 && pid != crate::abi::GUEST_PID {
         return Err(Errno::ESRCH);
     }
     if resource >= RLIMIT_COUNT {

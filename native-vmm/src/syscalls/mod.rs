@@ -25,7 +25,6 @@ mod table;
 mod threads;
 mod time;
 mod transfer;
-mod user;
 
 #[cfg(test)]
 mod tests;
@@ -38,10 +37,8 @@ use crate::process::threads::{Call, ThreadStart, Wait, WaitOn};
 use crate::process::GuestProcess;
 use crate::status::RunStatus;
 
-pub(crate) use eventfd::MAX_COUNT as EVENTFD_MAX_COUNT;
-pub(crate) use ids::GUEST_PID;
+pub use crate::usermem::UserMemory;
 pub use table::{name, Policy, SyscallEntry, TABLE};
-pub use user::UserMemory;
 
 /// What the run loop does after a system call.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,11 +4,10 @@
 //! EPERM. The nice value can only be raised.
 
 use super::files::{fd_arg, stat_of_fd, stat_target, AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW};
-use super::ids::GUEST_PID;
 use super::{value, SysResult, UserMemory};
+use crate::abi::{GUEST_GID, GUEST_PID, GUEST_UID};
 use crate::errno::Errno;
 use crate::fs::Stat;
-use crate::loader::{GUEST_GID, GUEST_UID};
 use crate::process::GuestProcess;
 
 /// uid and gid -1 (as C ints): leave them as they are.

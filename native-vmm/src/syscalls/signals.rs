@@ -8,7 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{block, ids::GUEST_PID, value, SysResult, SyscallOutcome, UserMemory};
+use super::{block, value, SysResult, SyscallOutcome, UserMemory};
+use crate::abi::GUEST_PID;
 use crate::errno::Errno;
 use crate::process::signals::{bit, RealTimer, SIGKILL, SIGSTOP, SIG_IGN};
 use crate::process::threads::WaitOn;

@@ -8,7 +8,7 @@
 //! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data
 //! (SCM_RIGHTS, credentials) is not supported: sendmsg with control data is EOPNOTSUPP.
 
-use super::addresses::{endpoint_name, AF_INET, AF_INET6};
+use super::addresses::{endpoint_name, write_truncated, AF_INET, AF_INET6};
 use super::files::{fd_arg, read_channel, transfer_each, write_channel};
 use super::{value, SysResult, UserMemory};
 use crate::errno::Errno;
@@ -223,24 +223,6 @@ pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 
     socket(proc, args[0])?;
     proc.fds
         .shutdown_socket(fd_arg(args[0]), how != 1, how != 0)?;
-    value(0)
-}
-
-/// Writes an int-sized socket option or an address, truncated to the caller's buffer length
-/// (read from and written back to `len_addr`), as Linux does.
-pub(super) fn write_truncated(
-    user: &UserMemory,
-    buf: u64,
-    len_addr: u64,
-    bytes: &[u8],
-) -> SysResult {
-    let room = user.read_u32(len_addr)? as i32;
-    if room < 0 {
-        return Err(Errno::EINVAL);
-    }
-    let n = bytes.len().min(room as usize);
-    user.write(buf, &bytes[..n])?;
-    user.write_u32(len_addr, n as u32)?;
     value(0)
 }
 

@@ -1364,7 +1364,7 @@ fn dev_nodes_and_statfs() {
 
 #[test]
 fn sockets_epoll_and_devices_survive_a_template_snapshot() {
-    use crate::snapshot::codec::{Decoder, Encoder};
+    use crate::codec::{Decoder, Encoder};
     let mut g = guest();
     let (a, b) = g.socketpair(O_NONBLOCK);
     assert_eq!(g.write_bytes(a, b"kept"), 4);

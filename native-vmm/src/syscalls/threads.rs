@@ -10,7 +10,6 @@
 
 use super::{value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
-use crate::process::threads::MAIN_TID;
 use crate::process::GuestProcess;
 use crate::status::RunStatus;
 
@@ -136,7 +135,7 @@ fn spawn(proc: &mut GuestProcess, user: &UserMemory, args: CloneArgs) -> SysResu
         }
     }
     let tls = wants(CLONE_SETTLS).then_some(args.tls);
-    if tls.is_some_and(|base| base >= super::misc::TASK_SIZE) {
+    if tls.is_some_and(|base| base >= crate::abi::TASK_SIZE) {
         return Err(Errno::EPERM);
     }
     let Some(start) = proc.threads.spawn(args.stack, tls) else {
@@ -229,7 +228,7 @@ pub(crate) fn arch_prctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     const ARCH_SET_FS: u64 = 0x1002;
     const ARCH_GET_FS: u64 = 0x1003;
     match args[0] {
-        ARCH_SET_FS if args[1] >= super::misc::TASK_SIZE => Err(Errno::EPERM),
+        ARCH_SET_FS if args[1] >= crate::abi::TASK_SIZE => Err(Errno::EPERM),
         ARCH_SET_FS => {
             proc.threads.current_mut().fs_base = args[1];
             Ok(SyscallOutcome::SetFsBase(args[1]))
@@ -250,6 +249,3 @@ pub(crate) fn sched_yield(
 ) -> SysResult {
     Ok(SyscallOutcome::Yield)
 }
-
-/// The main thread is the process: tid MAIN_TID is the pid everywhere.
-const _: () = assert!(MAIN_TID == super::ids::GUEST_PID);

@@ -117,7 +117,7 @@ fn cpu_time_ns(proc: &GuestProcess, clock: u64) -> Option<Result<u64, Errno>> {
         id => match (!(id >> 3) as u64, id & PER_THREAD != 0) {
             (0, true) => this_thread(),
             (tid, true) => threads.thread_cpu_ns(tid).ok_or(Errno::EINVAL),
-            (0 | super::ids::GUEST_PID, false) => Ok(threads.process_cpu_ns()),
+            (0 | crate::abi::GUEST_PID, false) => Ok(threads.process_cpu_ns()),
             _ => Err(Errno::EINVAL),
         },
     })

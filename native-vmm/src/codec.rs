@@ -1,4 +1,5 @@
-//! The byte codec of template files: little-endian integers, length-prefixed byte strings.
+//! The byte codec of template files (`crate::snapshot`): little-endian integers, length-prefixed
+//! byte strings.
 //!
 //! Owning modules encode their own state with it (`GuestProcess::encode_state`, `Vfs`, the fd
 //! table, the memory map); decoding checks every length against the bytes that remain and

@@ -31,6 +31,7 @@ pub mod session_bench;
 pub mod session_protocol;
 pub mod sessions;
 pub mod templates;
+pub mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -8,37 +8,10 @@ use serde_json::{Map, Value};
 use crate::daemon::executor::{
     ExecuteError, Execution, ExecutionLimits, Health, PoolStats, TemplateInfo, Usage,
 };
-use crate::daemon::request::PROTOCOL_VERSION;
+pub use crate::daemon::wire::ErrorCode;
+use crate::daemon::wire::PROTOCOL_VERSION;
 use crate::process::Stream;
 use crate::status::RunStatus;
-
-/// The `code` of an error frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    BadFrame,
-    BadRequest,
-    UnsupportedProtocol,
-    UnknownTemplate,
-    Unavailable,
-    Busy,
-    Internal,
-    /// No such session, checkpoint or session file.
-    NotFound,
-    /// The session's VM ended (its program exited or failed, or the daemon restarted before
-    /// the session had a checkpoint): it can only be deleted, or forked from a checkpoint.
-    SessionEnded,
-}
-
-impl ErrorCode {
-    /// Whether the same request may succeed later.
-    pub fn retryable(self) -> bool {
-        matches!(
-            self,
-            ErrorCode::Unavailable | ErrorCode::Busy | ErrorCode::Internal
-        )
-    }
-}
 
 impl From<&ExecuteError> for ErrorCode {
     fn from(e: &ExecuteError) -> ErrorCode {

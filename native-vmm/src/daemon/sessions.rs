@@ -36,8 +36,8 @@ use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_CEL
 use crate::cpu::InvalidUserState;
 use crate::daemon::agent_executor::{thread_cpu_time, SharedRestoreFactory};
 use crate::daemon::executor::{Execution, ExecutionLimits, Usage, VmOrigin};
-use crate::daemon::response::ErrorCode;
 use crate::daemon::templates::Template as DaemonTemplate;
+use crate::daemon::wire::ErrorCode;
 use crate::fs::{NoProcess, WORK_DIR};
 use crate::image::sha256;
 use crate::memory::{GuestMemory, PageSet};

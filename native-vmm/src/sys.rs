@@ -12,6 +12,7 @@
 use std::ffi::{c_int, c_ulong, CString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::Duration;
 
 pub use libc::{sock_filter as SockFilter, SIGINT, SIGTERM};
 
@@ -190,6 +191,18 @@ pub fn clock_time(clock: c_int) -> io::Result<(i64, i64)> {
     // SAFETY: ts is a valid, exclusively borrowed timespec for the duration of the call.
     check(unsafe { libc::clock_gettime(clock, &mut ts) })?;
     Ok((ts.tv_sec, ts.tv_nsec))
+}
+
+/// CPU time of the calling thread (under KVM the guest runs inside this thread's KVM_RUN);
+/// zero when the clock cannot be read.
+pub fn thread_cpu_time() -> Duration {
+    match clock_time(libc::CLOCK_THREAD_CPUTIME_ID) {
+        Ok((secs, nanos)) => Duration::new(
+            u64::try_from(secs).unwrap_or(0),
+            u32::try_from(nanos.clamp(0, 999_999_999)).unwrap_or(0),
+        ),
+        Err(_) => Duration::ZERO,
+    }
 }
 
 /// Page faults (minor and major) the calling thread has taken (getrusage RUSAGE_THREAD).

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::agent_executor::{thread_cpu_time, AgentExecutor};
+use super::agent_executor::AgentExecutor;
 use super::executor::{ExecutionLimits, Executor};
 use super::request::LimitPolicy;
 use super::server::{Server, ServerConfig};
@@ -34,6 +34,7 @@ use super::templates::{self, Language, Template};
 use super::{frame, isolation};
 use crate::bench::{measure_native, time_runs, Latency};
 use crate::snapshot::ForkMemory;
+use crate::sys::thread_cpu_time;
 use crate::{kvm, sys};
 
 pub const DEFAULT_ITERATIONS: usize = 1000;

@@ -31,15 +31,13 @@ use std::time::{Duration, Instant};
 
 use crate::agent::AgentRequest;
 use crate::cpu::GuestCpu;
-use crate::daemon::executor::PoolStats;
+use crate::daemon::executor::{PoolStats, SharedRestoreFactory};
 use crate::layout::pages_in;
 use crate::memory::GuestMemory;
 use crate::snapshot::{self, ForkMemory, Restored, Template};
 use crate::status::RunStatus;
-use crate::sys;
+use crate::sys::{self, thread_cpu_time};
 use crate::vm::{LaunchError, RunLimits};
-
-use super::agent_executor::{thread_cpu_time, SharedRestoreFactory};
 
 /// Resets after which a VM is retired anyway: bounds what one VM's lifetime can accumulate that
 /// a reset might miss (host-side state, KVM's own).

@@ -34,8 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_CELL_RESULT_BYTES};
 use crate::cpu::InvalidUserState;
-use crate::daemon::agent_executor::{thread_cpu_time, SharedRestoreFactory};
-use crate::daemon::executor::{Execution, ExecutionLimits, Usage, VmOrigin};
+use crate::daemon::executor::{Execution, ExecutionLimits, SharedRestoreFactory, Usage, VmOrigin};
 use crate::daemon::templates::Template as DaemonTemplate;
 use crate::daemon::wire::ErrorCode;
 use crate::fs::{NoProcess, WORK_DIR};
@@ -50,6 +49,7 @@ use crate::snapshot::sparse::PageCounts;
 use crate::snapshot::sync_group::SyncGroup;
 use crate::snapshot::{ForkMemory, Template, TemplateError};
 use crate::status::RunStatus;
+use crate::sys::thread_cpu_time;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
 
 /// The file a session's folder is recognised by.

@@ -788,7 +788,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             false => None,
         },
     };
-    daemon::serve(&serve_options).map_err(CliError::Failed)?;
+    daemon::serve(&serve_options).map_err(|e| CliError::Failed(e.to_string()))?;
     Ok(ExitCode::SUCCESS)
 }
 

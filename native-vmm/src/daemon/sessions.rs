@@ -91,17 +91,30 @@ fn internal(what: &str, e: impl std::fmt::Display) -> SessionError {
     }
 }
 
+/// A session id that breaks `check_session_id`'s rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidSessionId;
+
+impl std::fmt::Display for InvalidSessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "session ids are 1 to {MAX_SESSION_ID_BYTES} ASCII letters, digits, '-' or '_'"
+        )
+    }
+}
+
+impl std::error::Error for InvalidSessionId {}
+
 /// Checks a session id: 1 to 64 ASCII letters, digits, '-' or '_'.
-pub fn check_session_id(id: &str) -> Result<(), String> {
+pub fn check_session_id(id: &str) -> Result<(), InvalidSessionId> {
     if id.is_empty()
         || id.len() > MAX_SESSION_ID_BYTES
         || !id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(format!(
-            "session ids are 1 to {MAX_SESSION_ID_BYTES} ASCII letters, digits, '-' or '_'"
-        ));
+        return Err(InvalidSessionId);
     }
     Ok(())
 }

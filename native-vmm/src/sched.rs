@@ -610,12 +610,11 @@ mod tests {
     use std::io;
     use std::time::{Duration, Instant};
 
-    use super::{put_thread, Scheduler, STUB_RETRY};
+    use super::{put_thread, LoopEnd, Scheduler, STUB_RETRY};
     use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu, UserRegs};
     use crate::memory::GuestMemory;
     use crate::process::testing::{new_process, test_image, MEM};
     use crate::status::RunStatus;
-    use crate::vm::LoopEnd;
 
     /// A vCPU that can switch threads and was kicked while inside the VMM's stubs.
     struct InTheStubs;

@@ -149,12 +149,7 @@ struct CpuClock {
 }
 
 fn host_thread_cpu_ns() -> u64 {
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let (sec, nsec) = crate::sys::clock_time(CLOCK_THREAD_CPUTIME_ID).unwrap_or((0, 0));
-    u64::try_from(sec)
-        .unwrap_or(0)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(u64::try_from(nsec).unwrap_or(0))
+    u64::try_from(crate::sys::thread_cpu_time().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Where a new thread starts: the creating thread's registers at its clone call, with these

@@ -7,7 +7,7 @@
 //! 8       4     format version (u32 LE, FORMAT_VERSION)
 //! 12      4     reserved, zero
 //! 16      8     body length B (u64 LE)
-//! 24      B     body (snapshot::codec encoding):
+//! 24      B     body (crate::codec encoding):
 //!                 identity: name, image content hash (32), agent hash (32), memory size
 //!                 the AWAIT_REQUEST call's six arguments
 //!                 CPU: 16 general registers, rip, rflags, FS base, GS base, XSAVE bytes

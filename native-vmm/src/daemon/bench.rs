@@ -320,6 +320,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
                     },
                     &kvm::reachable_memory(handed_out, snapshot.identity().mem_bytes),
                 )
+                .map_err(|e| e.to_string())
             })
             .map(drop)
     });

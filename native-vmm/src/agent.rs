@@ -350,36 +350,71 @@ fn object_of_pairs<S: Serializer>(
     serializer.collect_map(pairs.iter().map(|(name, value)| (name, value)))
 }
 
+/// Why a path is not a valid path under /work (`check_work_path`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InvalidWorkPath {
+    Empty,
+    Absolute,
+    Nul,
+    TooLong,
+    /// A doubled or trailing '/'.
+    EmptyComponent,
+    /// A "." or ".." component (the one found).
+    DotComponent(&'static str),
+    LongComponent,
+}
+
+impl fmt::Display for InvalidWorkPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidWorkPath::Empty => f.write_str("empty path"),
+            InvalidWorkPath::Absolute => {
+                f.write_str("absolute paths are not allowed (paths are relative to /work)")
+            }
+            InvalidWorkPath::Nul => f.write_str("contains a NUL byte"),
+            InvalidWorkPath::TooLong => write!(
+                f,
+                "longer than {} bytes",
+                PATH_MAX - crate::fs::WORK_DIR.len() - 2
+            ),
+            InvalidWorkPath::EmptyComponent => {
+                f.write_str("empty path component (a doubled or trailing '/')")
+            }
+            InvalidWorkPath::DotComponent(component) => write!(
+                f,
+                "'{component}' components are not allowed (paths stay inside /work)"
+            ),
+            InvalidWorkPath::LongComponent => {
+                write!(f, "a component is longer than {NAME_MAX} bytes")
+            }
+        }
+    }
+}
+
+impl std::error::Error for InvalidWorkPath {}
+
 /// A path for a file under /work: relative, non-empty, '/'-separated components that are
 /// neither empty, "." nor "..", no NUL, each component at most NAME_MAX bytes and the whole
 /// path (with "/work/") shorter than PATH_MAX.
-pub fn check_work_path(path: &str) -> Result<(), String> {
+pub fn check_work_path(path: &str) -> Result<(), InvalidWorkPath> {
     if path.is_empty() {
-        return Err("empty path".into());
+        return Err(InvalidWorkPath::Empty);
     }
     if path.starts_with('/') {
-        return Err("absolute paths are not allowed (paths are relative to /work)".into());
+        return Err(InvalidWorkPath::Absolute);
     }
     if path.contains('\0') {
-        return Err("contains a NUL byte".into());
+        return Err(InvalidWorkPath::Nul);
     }
     if crate::fs::WORK_DIR.len() + 1 + path.len() >= PATH_MAX {
-        return Err(format!(
-            "longer than {} bytes",
-            PATH_MAX - crate::fs::WORK_DIR.len() - 2
-        ));
+        return Err(InvalidWorkPath::TooLong);
     }
     for component in path.split('/') {
         match component {
-            "" => return Err("empty path component (a doubled or trailing '/')".into()),
-            "." | ".." => {
-                return Err(format!(
-                    "'{component}' components are not allowed (paths stay inside /work)"
-                ))
-            }
-            c if c.len() > NAME_MAX => {
-                return Err(format!("a component is longer than {NAME_MAX} bytes"))
-            }
+            "" => return Err(InvalidWorkPath::EmptyComponent),
+            "." => return Err(InvalidWorkPath::DotComponent(".")),
+            ".." => return Err(InvalidWorkPath::DotComponent("..")),
+            c if c.len() > NAME_MAX => return Err(InvalidWorkPath::LongComponent),
             _ => {}
         }
     }

@@ -7,6 +7,7 @@
 use std::io;
 use std::time::Instant;
 
+use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::memory::GuestMemory;
 use crate::status::GuestFault;
 
@@ -236,6 +237,75 @@ pub trait GuestCpu {
             "this vCPU backend cannot be reset",
         ))
     }
+}
+
+// ---- in template and session files (crate::snapshot), and in a thread's saved state ----
+
+fn regs_array(r: &UserRegs) -> [u64; 16] {
+    [
+        r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8, r.r9, r.r10, r.r11, r.r12,
+        r.r13, r.r14, r.r15,
+    ]
+}
+
+pub fn encode_cpu(cpu: &CpuSnapshot, e: &mut Encoder) {
+    for v in regs_array(&cpu.regs) {
+        e.u64(v);
+    }
+    for v in [cpu.rip, cpu.rflags, cpu.fs_base, cpu.gs_base] {
+        e.u64(v);
+    }
+    e.bytes(&cpu.xsave);
+}
+
+pub fn decode_cpu(d: &mut Decoder) -> Result<CpuSnapshot, DecodeError> {
+    let mut v = [0u64; 16];
+    for slot in v.iter_mut() {
+        *slot = d.u64("register")?;
+    }
+    let [rax, rbx, rcx, rdx, rsi, rdi, rbp, rsp, r8, r9, r10, r11, r12, r13, r14, r15] = v;
+    let regs = UserRegs {
+        rax,
+        rbx,
+        rcx,
+        rdx,
+        rsi,
+        rdi,
+        rbp,
+        rsp,
+        r8,
+        r9,
+        r10,
+        r11,
+        r12,
+        r13,
+        r14,
+        r15,
+    };
+    let (rip, rflags, fs_base, gs_base) = (
+        d.u64("rip")?,
+        d.u64("rflags")?,
+        d.u64("fs base")?,
+        d.u64("gs base")?,
+    );
+    let xsave = d.bytes("XSAVE area")?.to_vec();
+    if xsave.len() < XSAVE_MIN_BYTES {
+        return Err(DecodeError::new(format!(
+            "XSAVE area of {} bytes is shorter than its header",
+            xsave.len()
+        )));
+    }
+    let cpu = CpuSnapshot {
+        regs,
+        rip,
+        rflags,
+        fs_base,
+        gs_base,
+        xsave,
+    };
+    cpu.check_user()
+        .map_err(|e| DecodeError::new(format!("CPU state: {e}")))?;
+    Ok(cpu)
 }
 
 #[cfg(test)]

@@ -190,7 +190,7 @@ impl<'a> Elf<'a> {
         if eh[5] != ELFDATA2LSB {
             return Err(ElfError::NotLittleEndian);
         }
-        if eh[6] != EV_CURRENT || u32_at(eh, 20) != EV_CURRENT as u32 {
+        if eh[6] != EV_CURRENT || u32_at(eh, 20) != u32::from(EV_CURRENT) {
             return Err(ElfError::UnsupportedVersion);
         }
         let e_type = u16_at(eh, 16);
@@ -217,7 +217,7 @@ impl<'a> Elf<'a> {
         let table = range(
             bytes,
             phoff,
-            phnum as u64 * PHDR_SIZE as u64,
+            u64::from(phnum) * PHDR_SIZE as u64,
             "program header table",
         )?;
         let program_headers: Vec<ProgramHeader> = table
@@ -267,7 +267,7 @@ impl<'a> Elf<'a> {
         if let Some(p) = self.first_of(PT_PHDR) {
             return Some(p.vaddr);
         }
-        let table_len = self.phnum as u64 * PHDR_SIZE as u64;
+        let table_len = u64::from(self.phnum) * PHDR_SIZE as u64;
         self.load_segments()
             .find(|p| p.offset <= self.phoff && self.phoff + table_len <= p.offset + p.filesz)
             .map(|p| p.vaddr + (self.phoff - p.offset))

@@ -56,7 +56,7 @@ impl Errno {
 
     /// The value placed in rax: -errno as an unsigned register value.
     pub fn as_return(self) -> u64 {
-        (-(self.0 as i64)) as u64
+        (-i64::from(self.0)).cast_unsigned()
     }
 }
 

@@ -12,7 +12,7 @@ impl Rng {
         Rng(seed | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -21,7 +21,7 @@ impl Rng {
 
     /// A number in 0..n (n > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -74,7 +74,7 @@ pub fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
     let mut out = input.to_vec();
     for _ in 0..1 + rng.below(4) {
         if out.is_empty() {
-            out.push(rng.next() as u8);
+            out.push(rng.next_u64() as u8);
             continue;
         }
         let at = rng.below(out.len());
@@ -94,7 +94,7 @@ pub fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
             }
             4 => {
                 let n = 1 + rng.below(16);
-                let fill: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                let fill: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
                 out.splice(at..at, fill);
             }
             5 => {

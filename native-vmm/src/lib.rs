@@ -6,12 +6,21 @@
 //! KVM test tier: natively, or inside a QEMU guest on machines without /dev/kvm). The ptrace
 //! development CPU (`devcpu`) is kept for debugging the syscall layer without a VM.
 
+// The guest is x86-64 and so is the host: the VMM casts between usize and u64 freely.
+#[cfg(not(all(target_arch = "x86_64", target_pointer_width = "64")))]
+compile_error!("sandfork-vmm runs x86-64 guests under KVM on an x86-64 Linux host");
+
+// The guest ABI's shared constants, and guest memory as the guest's own pointers may reach it.
+pub mod abi;
+pub mod usermem;
+
 // Host side: FFI and guest RAM (with kvm/run_page.rs and devcpu/ptrace_sys.rs, the only `unsafe`).
 pub mod layout;
 pub mod memory;
 pub mod sys;
 
 // The run loop's view of a vCPU, and how a run ends.
+pub mod codec;
 pub mod cpu;
 pub mod errno;
 pub mod status;
@@ -36,13 +45,18 @@ pub mod vm;
 pub mod agent;
 
 // `sandfork-vmm bench`: guest launch latency, thread hand-offs and system calls against native.
+#[cfg(feature = "bench")]
 pub mod bench;
+#[cfg(feature = "bench")]
 pub mod processes_bench;
+#[cfg(feature = "bench")]
 pub mod syscalls_bench;
+#[cfg(feature = "bench")]
 pub mod threads_bench;
 
 // The test-only CPU: runs the guest natively in a ptrace'd child (no isolation; never used by
 // the CLI or daemon) so that real programs run end to end on machines without /dev/kvm.
+#[cfg(any(test, feature = "testing"))]
 pub mod devcpu;
 
 // The KVM backend: the machine state the guest needs (page tables, descriptor tables, CPL0
@@ -59,4 +73,5 @@ pub mod seccomp;
 pub mod snapshot;
 
 // Test support: seeded corruption of valid inputs for the fuzz tests, and their seeds.
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzz;

@@ -23,6 +23,7 @@
 use std::fmt;
 use std::io;
 
+use crate::abi::{GUEST_GID, GUEST_UID};
 use crate::elf::{Elf, ElfError, ElfKind, PHDR_SIZE};
 use crate::fs::Image;
 use crate::layout::{page_align_down, PAGE_SIZE, USER_BASE, VDSO_ADDR};
@@ -34,9 +35,6 @@ use crate::sys;
 pub const PIE_BASE: u64 = 0x20_0000;
 /// Stack reserved at the top of guest memory (Linux's default RLIMIT_STACK).
 pub const STACK_SIZE: u64 = 8 << 20;
-/// The identity the guest sees in its auxiliary vector (and from getuid and friends).
-pub const GUEST_UID: u64 = 1000;
-pub const GUEST_GID: u64 = 1000;
 
 // Auxiliary vector tags (linux/auxvec.h).
 const AT_NULL: u64 = 0;
@@ -252,7 +250,7 @@ pub fn load_elf<'a>(
 
     let facts = StackFacts {
         phdr: program_base + phdr,
-        phnum: exe.phnum as u64,
+        phnum: u64::from(exe.phnum),
         base: interpreter_base.unwrap_or(0),
         entry: program_entry,
         execfn: path,
@@ -385,7 +383,7 @@ struct StringArea<'m> {
 
 impl StringArea<'_> {
     fn push(&mut self, bytes: &[u8], nul: bool) -> Result<u64, LoadError> {
-        let len = bytes.len() as u64 + nul as u64;
+        let len = bytes.len() as u64 + u64::from(nul);
         let addr = self
             .cursor
             .checked_sub(len)
@@ -474,7 +472,7 @@ fn build_stack(
         (AT_EGID, GUEST_GID),
         (AT_SECURE, 0),
         (AT_RANDOM, random_addr),
-        (AT_HWCAP, std::arch::x86_64::__cpuid(1).edx as u64),
+        (AT_HWCAP, u64::from(std::arch::x86_64::__cpuid(1).edx)),
         (AT_CLKTCK, 100),
         (AT_PLATFORM, platform),
         (AT_EXECFN, execfn),
@@ -529,7 +527,7 @@ pub(crate) mod tests {
         interp: Option<&str>,
     ) -> Vec<u8> {
         let phnum: u16 = if interp.is_some() { 3 } else { 2 };
-        let headers = 64 + phnum as u64 * 56;
+        let headers = 64 + u64::from(phnum) * 56;
         let interp_bytes = interp
             .map(|s| [s.as_bytes(), &[0]].concat())
             .unwrap_or_default();
@@ -560,8 +558,8 @@ pub(crate) mod tests {
             PF_R,
             64,
             vaddr + 64,
-            phnum as u64 * 56,
-            phnum as u64 * 56,
+            u64::from(phnum) * 56,
+            u64::from(phnum) * 56,
             8,
         );
         if interp.is_some() {
@@ -674,7 +672,7 @@ pub(crate) mod tests {
         assert_eq!(aux(&auxv, AT_UID), GUEST_UID);
         assert_eq!(
             aux(&auxv, AT_HWCAP),
-            std::arch::x86_64::__cpuid(1).edx as u64
+            u64::from(std::arch::x86_64::__cpuid(1).edx)
         );
         assert_eq!(
             mem.read_cstr(aux(&auxv, AT_PLATFORM), 16).unwrap(),
@@ -825,7 +823,7 @@ pub(crate) mod tests {
         assert_eq!(aux(&auxv, AT_BASE), base);
         assert_eq!(aux(&auxv, AT_ENTRY), py.entry);
         assert_eq!(aux(&auxv, AT_PHDR), 0x40_0040);
-        assert_eq!(aux(&auxv, AT_PHNUM), py.phnum as u64);
+        assert_eq!(aux(&auxv, AT_PHNUM), u64::from(py.phnum));
         assert!(loaded.stack_pointer > stack_bottom && loaded.stack_pointer.is_multiple_of(16));
     }
 

@@ -15,6 +15,7 @@ use sandfork_vmm::kvm::{self, Kvm};
 use sandfork_vmm::snapshot;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunRequest};
+#[cfg(feature = "bench")]
 use sandfork_vmm::{bench, processes_bench, syscalls_bench, threads_bench};
 
 const USAGE: &str = "\
@@ -78,6 +79,7 @@ options:
   --output-cap N      cap on stdout+stderr bytes (default 1048576)
   --max-threads N     live threads allowed at once; clone fails with EAGAIN beyond (default 64)";
 
+#[cfg(feature = "bench")]
 const BENCH_USAGE: &str = "\
 usage: sandfork-vmm bench run --image DIR [--iterations N] [--json]
 
@@ -90,6 +92,7 @@ options:
   --iterations N     runs of each (default 50)
   --json             print one JSON object instead of a table";
 
+#[cfg(feature = "bench")]
 const BENCH_SYSCALLS_USAGE: &str = "\
 usage: sandfork-vmm bench syscalls [--calls N] [--repetitions N] [--json]
 
@@ -103,6 +106,7 @@ options:
   --repetitions N    runs of each (default 5)
   --json             print one JSON object instead of a table";
 
+#[cfg(feature = "bench")]
 const BENCH_THREADS_USAGE: &str = "\
 usage: sandfork-vmm bench threads --image DIR [--handoffs N] [--repetitions N] [--json]
 
@@ -117,6 +121,7 @@ options:
   --repetitions N    runs of each (default 5)
   --json             print one JSON object instead of a table";
 
+#[cfg(feature = "bench")]
 const BENCH_PROCESSES_USAGE: &str = "\
 usage: sandfork-vmm bench processes --image DIR [--repetitions N] [--json]
 
@@ -130,6 +135,7 @@ options:
   --repetitions N    repetitions of each workload (default 20; the pool a tenth)
   --json             print one JSON object instead of a table";
 
+#[cfg(feature = "bench")]
 const BENCH_FORK_USAGE: &str = "\
 usage: sandfork-vmm bench fork --template DIR [--iterations N]
 
@@ -232,13 +238,24 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["image", "build", ..] => image_build(&args[2..]),
         ["template", "build", ..] => template_build(&args[2..]),
         ["run", ..] => run(&args[1..]),
+        #[cfg(feature = "bench")]
         ["bench", "run", ..] => bench_run(&args[2..]),
+        #[cfg(feature = "bench")]
         ["bench", "fork", ..] => bench_fork(&args[2..]),
+        #[cfg(feature = "bench")]
         ["bench", "exec", ..] => bench_exec(&args[2..]),
+        #[cfg(feature = "bench")]
         ["bench", "sessions", ..] => bench_sessions(&args[2..]),
+        #[cfg(feature = "bench")]
         ["bench", "threads", ..] => bench_threads(&args[2..]),
+        #[cfg(feature = "bench")]
         ["bench", "processes", ..] => bench_processes(&args[2..]),
+        #[cfg(feature = "bench")]
         ["bench", "syscalls", ..] => bench_syscalls(&args[2..]),
+        #[cfg(not(feature = "bench"))]
+        ["bench", _, ..] => Err(CliError::Failed(
+            "this sandfork-vmm was built without its `bench` feature".into(),
+        )),
         ["serve", ..] => serve(&args[1..]),
         ["image" | "bench" | "template", ..] => Err(CliError::Usage(
             format!("unknown command `{}`", words.join(" ")),
@@ -362,6 +379,8 @@ impl Options {
         }
     }
 
+    // Only the bench commands have flags (--json).
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     fn flag(&self, name: &str) -> bool {
         self.flags.contains(&name)
     }
@@ -497,10 +516,11 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
         eprintln!("sandfork-vmm: {}", outcome.status);
     }
     // Like a shell, only the low 8 bits of an exit code are visible.
-    Ok(ExitCode::from((outcome.status.exit_code() & 0xff) as u8))
+    Ok(ExitCode::from(outcome.status.exit_code().to_le_bytes()[0]))
 }
 
 /// A bench's report: one JSON object with --json, else its table.
+#[cfg(feature = "bench")]
 fn print_report(options: &Options, json: String, table: impl FnOnce() -> String) {
     if options.flag("--json") {
         println!("{json}");
@@ -509,6 +529,7 @@ fn print_report(options: &Options, json: String, table: impl FnOnce() -> String)
     }
 }
 
+#[cfg(feature = "bench")]
 fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
@@ -527,6 +548,7 @@ fn bench_run(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(feature = "bench")]
 fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
@@ -548,6 +570,7 @@ fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(feature = "bench")]
 fn bench_processes(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
@@ -568,6 +591,7 @@ fn bench_processes(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(feature = "bench")]
 fn bench_syscalls(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
@@ -588,6 +612,7 @@ fn bench_syscalls(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(feature = "bench")]
 const BENCH_EXEC_USAGE: &str = "\
 usage: sandfork-vmm bench exec --template DIR [--iterations N] [--pool-size N] [--json]
 
@@ -604,6 +629,7 @@ options:
   --pool-size N      VMs in the warm pool (default: 2 per core)
   --json             print one JSON object instead of a table";
 
+#[cfg(feature = "bench")]
 fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
@@ -637,6 +663,7 @@ fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
     })
 }
 
+#[cfg(feature = "bench")]
 const BENCH_SESSIONS_USAGE: &str = "\
 usage: sandfork-vmm bench sessions --template DIR [--dir DATA] [--iterations N] [--json]
 
@@ -653,6 +680,7 @@ options:
   --iterations N     checkpoints per figure (default 100)
   --json             print one JSON object instead of a table";
 
+#[cfg(feature = "bench")]
 fn bench_sessions(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
@@ -681,6 +709,7 @@ fn bench_sessions(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(feature = "bench")]
 fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
@@ -797,7 +826,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             false => None,
         },
     };
-    daemon::serve(&serve_options).map_err(CliError::Failed)?;
+    daemon::serve(&serve_options).map_err(|e| CliError::Failed(e.to_string()))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -686,6 +686,7 @@ pub struct SharedPage {
 
 // SAFETY: the mapping lives as long as the value and is only reached through atomics.
 unsafe impl Send for SharedPage {}
+// SAFETY: as for Send: shared references only read and write the page through atomics.
 unsafe impl Sync for SharedPage {}
 
 impl SharedPage {

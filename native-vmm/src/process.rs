@@ -14,8 +14,8 @@ pub(crate) mod testing;
 pub mod threads;
 pub mod tree;
 
+use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::fs::{Node, Vfs};
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 pub use epoll::{EpollSet, Interest};
 pub use fds::{
@@ -120,7 +120,8 @@ impl CallCounters {
         }
     }
 
-    fn list(&self) -> Vec<SyscallCount> {
+    /// The counts, named by `name` (the system-call table's lookup: this layer has no table).
+    fn list(&self, name: fn(u64) -> Option<&'static str>) -> Vec<SyscallCount> {
         let mut out: Vec<SyscallCount> = self
             .by_number
             .iter()
@@ -128,7 +129,7 @@ impl CallCounters {
             .filter(|&(_, &count)| count > 0)
             .map(|(nr, &count)| SyscallCount {
                 nr: Some(nr as u64),
-                name: crate::syscalls::name(nr as u64),
+                name: name(nr as u64),
                 count,
             })
             .collect();
@@ -317,14 +318,21 @@ impl GuestProcess {
         self.unsupported.add(nr);
     }
 
-    /// Every system call made, per number.
-    pub fn syscall_counts(&self) -> Vec<SyscallCount> {
-        self.calls.list()
+    /// Every system call made, per number, named by `name` (`GuestProcess::syscall_counts`,
+    /// in `crate::syscalls`, names them from the table).
+    pub(crate) fn syscall_counts_named(
+        &self,
+        name: fn(u64) -> Option<&'static str>,
+    ) -> Vec<SyscallCount> {
+        self.calls.list(name)
     }
 
-    /// Calls answered -ENOSYS or stopped as unsupported, per number.
-    pub fn unsupported_counts(&self) -> Vec<SyscallCount> {
-        self.unsupported.list()
+    /// Calls answered -ENOSYS or stopped as unsupported, per number, named by `name`.
+    pub(crate) fn unsupported_counts_named(
+        &self,
+        name: fn(u64) -> Option<&'static str>,
+    ) -> Vec<SyscallCount> {
+        self.unsupported.list(name)
     }
 
     pub fn total_syscalls(&self) -> u64 {
@@ -394,7 +402,7 @@ impl GuestProcess {
         }
         e.u64(self.signals.pending);
         e.u32(self.umask);
-        e.u32(self.nice as u32);
+        e.u32(self.nice.cast_unsigned());
         self.threads.encode_state(e)
     }
 
@@ -439,7 +447,7 @@ impl GuestProcess {
             timer: None,
         };
         let umask = d.u32("umask")?;
-        let nice = d.u32("nice")? as i32;
+        let nice = d.u32("nice")?.cast_signed();
         let threads = Threads::decode_state(d)?;
         let config = ProcessConfig {
             vfs,

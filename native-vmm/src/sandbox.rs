@@ -23,11 +23,10 @@ use crate::process::signals::bit;
 use crate::process::threads::{Call, QUANTUM};
 use crate::process::tree::{exited_status, signalled_status};
 use crate::process::{Command, GuestProcess, MemoryMap, ProcessPart, Threads};
-use crate::sched::Scheduler;
+use crate::sched::{LoopEnd, Scheduler};
 use crate::status::RunStatus;
 use crate::syscalls::processes::{ExecRequest, ForkRequest};
 use crate::syscalls::{SyscallOutcome, UserMemory};
-use crate::vm::LoopEnd;
 
 /// SIGKILL, SIGSYS: how a child the run cannot go on with ends.
 const SIGKILL: u64 = 9;

@@ -26,6 +26,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
+use crate::agent::AWAIT_REQUEST_SYSCALL;
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::errno::Errno;
 use crate::memory::GuestMemory;
@@ -33,10 +34,51 @@ use crate::process::signals::{self, Taken, SA_RESTART};
 use crate::process::threads::{Call, Next, Resume, Wait, WaitOn, QUANTUM};
 use crate::process::GuestProcess;
 use crate::status::{GuestFault, RunStatus};
+use crate::syscalls::{self, SyscallOutcome};
 
 const GENERAL_PROTECTION: u8 = 13;
-use crate::syscalls::{self, SyscallOutcome};
-use crate::vm::LoopEnd;
+
+/// Where the run loop stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoopEnd {
+    /// The run ended.
+    Finished(RunStatus),
+    /// The agent made AWAIT_REQUEST with no request pending: the template's ready point. The
+    /// vCPU is stopped inside that call (no return value set yet); `call` holds its arguments.
+    ReadyPoint { call: [u64; 6] },
+    /// The running process asked for a child (`crate::sandbox` makes it and answers `call`).
+    Fork {
+        request: crate::syscalls::processes::ForkRequest,
+        call: Call,
+    },
+    /// The running process asked to run another program (`crate::sandbox` loads it, or
+    /// answers `call` with why not).
+    Exec {
+        request: crate::syscalls::processes::ExecRequest,
+        call: Call,
+    },
+    /// Every thread of the running process waits, for a timer (`until`) or for what only
+    /// another process of the tree can do; `crate::sandbox` runs another meanwhile.
+    Blocked { until: Option<Instant> },
+}
+
+impl LoopEnd {
+    /// The run's status when no ready point was expected: a program that awaits a request
+    /// nobody will send (not an agent, or an agent asking twice) cannot go on.
+    pub fn into_status(self) -> RunStatus {
+        let unsupported = |nr: u64| RunStatus::Unsupported {
+            syscall: nr,
+            name: syscalls::name(nr).unwrap_or("unknown"),
+        };
+        match self {
+            LoopEnd::Finished(status) => status,
+            LoopEnd::ReadyPoint { .. } => unsupported(AWAIT_REQUEST_SYSCALL),
+            // The tree answers these; they end no run.
+            LoopEnd::Fork { call, .. } | LoopEnd::Exec { call, .. } => unsupported(call.nr),
+            LoopEnd::Blocked { .. } => RunStatus::Deadlocked { threads: 0 },
+        }
+    }
+}
 
 /// How soon a slice that ended while the vCPU was in the stubs is tried again: a thread on its
 /// way back to program code from a call is preempted there at the next kick.
@@ -622,12 +664,11 @@ mod tests {
     use std::io;
     use std::time::{Duration, Instant};
 
-    use super::{put_thread, Scheduler, STUB_RETRY};
+    use super::{put_thread, LoopEnd, Scheduler, STUB_RETRY};
     use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu, UserRegs};
     use crate::memory::GuestMemory;
     use crate::process::testing::{new_process, test_image, MEM};
     use crate::status::RunStatus;
-    use crate::vm::LoopEnd;
 
     /// A vCPU that can switch threads and was kicked while inside the VMM's stubs.
     struct InTheStubs;
@@ -715,7 +756,7 @@ mod tests {
         };
         let mut cpu = Loads::default();
         assert!(put_thread(&mut cpu, &user).unwrap().is_none());
-        assert_eq!(cpu.0, [user.clone()]);
+        assert_eq!(cpu.0, std::slice::from_ref(&user));
         for forged in [
             CpuSnapshot {
                 rip: 1 << 63,

@@ -321,7 +321,7 @@ mod tests {
             "KVM_SET_REGS"
         );
         assert_eq!(
-            run(&p, IOCTL, [9, sys::PAGEMAP_SCAN as u64, 0, 0, 0, 0]),
+            run(&p, IOCTL, [9, sys::PAGEMAP_SCAN, 0, 0, 0, 0]),
             RET_ALLOW,
             "PAGEMAP_SCAN"
         );

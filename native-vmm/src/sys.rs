@@ -6,9 +6,13 @@
 //! CPU's own calls (`devcpu/ptrace_sys.rs`).
 //! Wrappers return `io::Result` with the host errno, so callers never see raw return codes.
 
+// FFI: libc's signed return values and C types are converted to and from Rust's unsigned ones.
+#![allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+
 use std::ffi::{c_int, c_ulong, CString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::Duration;
 
 pub use libc::{sock_filter as SockFilter, SIGINT, SIGTERM};
 
@@ -189,6 +193,18 @@ pub fn clock_time(clock: c_int) -> io::Result<(i64, i64)> {
     Ok((ts.tv_sec, ts.tv_nsec))
 }
 
+/// CPU time of the calling thread (under KVM the guest runs inside this thread's KVM_RUN);
+/// zero when the clock cannot be read.
+pub fn thread_cpu_time() -> Duration {
+    match clock_time(libc::CLOCK_THREAD_CPUTIME_ID) {
+        Ok((secs, nanos)) => Duration::new(
+            u64::try_from(secs).unwrap_or(0),
+            u32::try_from(nanos.clamp(0, 999_999_999)).unwrap_or(0),
+        ),
+        Err(_) => Duration::ZERO,
+    }
+}
+
 /// Page faults (minor and major) the calling thread has taken (getrusage RUSAGE_THREAD).
 /// Faults that KVM takes on the guest's behalf while this thread runs its vCPU count too (its
 /// get_user_pages faults are accounted to the calling task; with no in-kernel LAPIC, KVM never
@@ -236,14 +252,14 @@ pub fn install_interrupting_handler(signo: c_int) -> io::Result<()> {
 
 /// Sends `signo` to thread `tid` of this process.
 pub fn tgkill(tid: i32, signo: c_int) -> io::Result<()> {
-    let pid = std::process::id() as libc::c_long;
+    let pid = libc::c_long::from(std::process::id());
     // SAFETY: tgkill takes three integers and touches no memory of ours.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_tgkill,
             pid,
-            tid as libc::c_long,
-            signo as libc::c_long,
+            libc::c_long::from(tid),
+            libc::c_long::from(signo),
         )
     };
     if ret < 0 {

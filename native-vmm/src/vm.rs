@@ -15,9 +15,9 @@ use crate::loader::{self, LoadError, LoadedProgram};
 use crate::memory::GuestMemory;
 use crate::process::threads::{Call, ThreadCounters};
 use crate::process::{GuestProcess, OutputSink, ProcessConfig, SyscallCount, DEFAULT_THREAD_LIMIT};
+pub use crate::sched::LoopEnd;
 use crate::sched::Scheduler;
 use crate::status::RunStatus;
-use crate::syscalls;
 
 pub const DEFAULT_MEM_BYTES: u64 = 256 << 20;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -242,7 +242,7 @@ fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError>
 /// The run loop's deadline `timeout` from now, and the limit in milliseconds it reports.
 fn deadline_after(timeout: Duration) -> (Instant, u64) {
     let now = Instant::now();
-    let limit_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+    let limit_ms = timeout.as_millis().min(u128::from(u64::MAX)) as u64;
     // A timeout too large for Instant is no practical limit: a year stands in for it.
     (
         now.checked_add(timeout)
@@ -278,48 +278,6 @@ pub fn launch(
         stderr,
         stats,
     })
-}
-
-/// Where the run loop stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LoopEnd {
-    /// The run ended.
-    Finished(RunStatus),
-    /// The agent made AWAIT_REQUEST with no request pending: the template's ready point. The
-    /// vCPU is stopped inside that call (no return value set yet); `call` holds its arguments.
-    ReadyPoint { call: [u64; 6] },
-    /// The running process asked for a child (`crate::sandbox` makes it and answers `call`).
-    Fork {
-        request: crate::syscalls::processes::ForkRequest,
-        call: Call,
-    },
-    /// The running process asked to run another program (`crate::sandbox` loads it, or
-    /// answers `call` with why not).
-    Exec {
-        request: crate::syscalls::processes::ExecRequest,
-        call: Call,
-    },
-    /// Every thread of the running process waits, for a timer (`until`) or for what only
-    /// another process of the tree can do; `crate::sandbox` runs another meanwhile.
-    Blocked { until: Option<Instant> },
-}
-
-impl LoopEnd {
-    /// The run's status when no ready point was expected: a program that awaits a request
-    /// nobody will send (not an agent, or an agent asking twice) cannot go on.
-    pub fn into_status(self) -> RunStatus {
-        let unsupported = |nr: u64| RunStatus::Unsupported {
-            syscall: nr,
-            name: syscalls::name(nr).unwrap_or("unknown"),
-        };
-        match self {
-            LoopEnd::Finished(status) => status,
-            LoopEnd::ReadyPoint { .. } => unsupported(AWAIT_REQUEST_SYSCALL),
-            // The tree answers these; they end no run.
-            LoopEnd::Fork { call, .. } | LoopEnd::Exec { call, .. } => unsupported(call.nr),
-            LoopEnd::Blocked { .. } => RunStatus::Deadlocked { threads: 0 },
-        }
-    }
 }
 
 /// Runs the guest until it stops: each system call goes to the syscall table and its outcome

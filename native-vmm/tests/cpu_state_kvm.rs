@@ -199,10 +199,10 @@ fn random_register_states_reach_the_vcpu_only_as_user_states() {
         0x7fff_f000,
     ];
     let (mut rng, cases) = fuzz::start("random_register_states_reach_the_vcpu_only_as_user_states");
-    let mut value = |rng: &mut fuzz::Rng| match rng.below(3) {
+    let value = |rng: &mut fuzz::Rng| match rng.below(3) {
         0 => EDGES[rng.below(EDGES.len())],
-        1 => rng.next(),
-        _ => USER_BASE + (rng.next() % (1 << 30)),
+        1 => rng.next_u64(),
+        _ => USER_BASE + (rng.next_u64() % (1 << 30)),
     };
     let mem = sandfork_vmm::memory::GuestMemory::new(64 << 20).unwrap();
     let start = CpuSnapshot {
@@ -221,13 +221,13 @@ fn random_register_states_reach_the_vcpu_only_as_user_states() {
     for case in 0..cases {
         let state = CpuSnapshot {
             regs: UserRegs {
-                rax: rng.next(),
+                rax: rng.next_u64(),
                 rsp: value(&mut rng),
-                r11: rng.next(),
+                r11: rng.next_u64(),
                 ..UserRegs::default()
             },
             rip: value(&mut rng),
-            rflags: rng.next(),
+            rflags: rng.next_u64(),
             fs_base: value(&mut rng),
             gs_base: value(&mut rng),
             xsave: vec![0; XSAVE_MIN_BYTES],

@@ -101,10 +101,7 @@ fn a_pooled_daemon_serves_each_request_on_a_fresh_or_reset_vm() {
         seen.push(stdout);
         let timings = answer.get("timings").unwrap();
         let pool = wait_for_refill(&mut client);
-        eprintln!(
-            "pooled request {id}: timings {}, pool {pool}",
-            timings.to_string()
-        );
+        eprintln!("pooled request {id}: timings {}, pool {pool}", timings);
         // A full copy (ptrace) holds every stored page; a copy-on-write fork copies the pages
         // written (beyond those its warm-up copied), and a reset VM keeps its copies warm (the
         // second request copies few or none).

@@ -83,7 +83,7 @@ impl CpuFeatures {
         let xsave = leaf(1, 0).is_some_and(|[_, _, ecx, _]| ecx & (1 << 26) != 0);
         let fsgsbase = leaf(7, 0).is_some_and(|[_, ebx, _, _]| ebx & 1 != 0);
         let supported_xcr0 =
-            leaf(0xD, 0).map_or(0, |[eax, _, _, edx]| (edx as u64) << 32 | eax as u64);
+            leaf(0xD, 0).map_or(0, |[eax, _, _, edx]| u64::from(edx) << 32 | u64::from(eax));
         CpuFeatures {
             xsave,
             fsgsbase,
@@ -164,7 +164,7 @@ mod tests {
     fn cpuid(xsave: bool, fsgsbase: bool, xcr0: u64) -> impl Fn(u32, u32) -> Option<[u32; 4]> {
         move |function, index| match (function, index) {
             (1, 0) => Some([0, 0, if xsave { 1 << 26 } else { 0 }, 0]),
-            (7, 0) => Some([0, fsgsbase as u32, 0, 0]),
+            (7, 0) => Some([0, u32::from(fsgsbase), 0, 0]),
             (0xD, 0) => Some([xcr0 as u32, 0, 0, (xcr0 >> 32) as u32]),
             _ => None,
         }

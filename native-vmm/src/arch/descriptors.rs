@@ -117,7 +117,7 @@ fn interrupt_gate(handler: u64, dpl: u64) -> [u64; 2] {
     const IST: u64 = 1;
     const TYPE_INTERRUPT_GATE: u64 = 0xE;
     let low = (handler & 0xFFFF)
-        | (KERNEL_CS as u64) << 16
+        | u64::from(KERNEL_CS) << 16
         | IST << 32
         | (ACCESS_PRESENT | dpl << 5 | TYPE_INTERRUPT_GATE) << 40
         | (handler >> 16 & 0xFFFF) << 48;
@@ -250,11 +250,11 @@ mod tests {
         let tr = Segment::from_gdt(TSS_SELECTOR);
         assert_eq!(tr.base, TSS_ADDR);
         assert_eq!(
-            tr.limit as u64,
+            u64::from(tr.limit),
             TSS_SIZE_WITH_IO_BITMAP - 1,
             "the limit covers the I/O bitmap"
         );
-        assert_eq!(tr.kind as u64, TYPE_TSS_BUSY);
+        assert_eq!(u64::from(tr.kind), TYPE_TSS_BUSY);
         assert!(tr.present && !tr.code_data);
         // A base above 4 GiB would need the upper half: check the split too.
         let high = 0x1234_5678_9ABC_D000;
@@ -316,11 +316,11 @@ mod tests {
         let mem = GuestMemory::new(4 << 20).unwrap();
         write_tables(&mem).unwrap();
         assert_eq!(
-            mem.read_u64(GDT_ADDR + KERNEL_CS as u64).unwrap(),
+            mem.read_u64(GDT_ADDR + u64::from(KERNEL_CS)).unwrap(),
             KERNEL_CODE_DESCRIPTOR
         );
         assert_eq!(
-            mem.read_u64(GDT_ADDR + (USER_CS & !3) as u64).unwrap(),
+            mem.read_u64(GDT_ADDR + u64::from(USER_CS & !3)).unwrap(),
             USER_CODE_DESCRIPTOR
         );
         assert_eq!(

@@ -113,7 +113,7 @@ impl Insn {
                 code.extend_from_slice(&rel.to_le_bytes());
                 code
             }
-            Insn::JumpShort(rel) => vec![0xEB, rel as u8],
+            Insn::JumpShort(rel) => vec![0xEB, rel.cast_unsigned()],
             Insn::OutAl(port) => vec![0xE6, port],
             Insn::Hlt => vec![0xF4],
             Insn::Iretq => vec![0x48, 0xCF],
@@ -141,7 +141,7 @@ pub const FRAME_RSP: u64 = SYSCALL_FRAME + 24;
 const FRAME_SS: u64 = SYSCALL_FRAME + 32;
 
 pub fn exception_stub_addr(vector: u8) -> u64 {
-    EXCEPTION_STUBS_ADDR + vector as u64 * EXCEPTION_STUB_STRIDE
+    EXCEPTION_STUBS_ADDR + u64::from(vector) * EXCEPTION_STUB_STRIDE
 }
 
 /// Vectors for which the CPU pushes an error code (#DF, #TS, #NP, #SS, #GP, #PF, #AC, #CP,
@@ -169,11 +169,11 @@ pub fn syscall_entry() -> Vec<Insn> {
     vec![
         Insn::StoreImmediate {
             addr: FRAME_CS as u32,
-            value: USER_CS as u32,
+            value: u32::from(USER_CS),
         }, // mov [frame.cs], USER_CS
         Insn::StoreImmediate {
             addr: FRAME_SS as u32,
-            value: USER_SS as u32,
+            value: u32::from(USER_SS),
         }, // mov [frame.ss], USER_SS
         store(FRAME_RSP, Reg::Rsp), // mov [frame.rsp], rsp     user stack pointer
         store(FRAME_RFLAGS, Reg::R11), // mov [frame.rflags], r11  user rflags (saved by syscall)
@@ -426,27 +426,31 @@ mod tests {
                 rip += insn.encoded_len();
                 match insn {
                     Insn::StoreAbsolute { addr, src } => {
-                        self.mem.insert(addr as u64, self.regs[&src]);
+                        self.mem.insert(u64::from(addr), self.regs[&src]);
                     }
                     Insn::StoreImmediate { addr, value } => {
-                        self.mem
-                            .insert(addr as u64, Value::Known(value as i32 as i64 as u64));
+                        self.mem.insert(
+                            u64::from(addr),
+                            Value::Known(i64::from(value.cast_signed()).cast_unsigned()),
+                        );
                     }
                     Insn::LoadFromStack { dst, disp } => {
-                        let value = self.load(self.known_rsp() + disp as u64);
+                        let value = self.load(self.known_rsp() + u64::from(disp));
                         self.regs.insert(dst, value);
                     }
                     Insn::SetStackPointer(value) => {
-                        self.regs.insert(Reg::Rsp, Value::Known(value as u64));
+                        self.regs.insert(Reg::Rsp, Value::Known(u64::from(value)));
                     }
                     Insn::PushImm8(value) => {
                         let rsp = self.known_rsp() - 8;
-                        self.mem
-                            .insert(rsp, Value::Known(value as i8 as i64 as u64));
+                        self.mem.insert(
+                            rsp,
+                            Value::Known(i64::from(value.cast_signed()).cast_unsigned()),
+                        );
                         self.regs.insert(Reg::Rsp, Value::Known(rsp));
                     }
                     Insn::Jump { target } => rip = target,
-                    Insn::JumpShort(rel) => rip = rip.wrapping_add(rel as i64 as u64),
+                    Insn::JumpShort(rel) => rip = rip.wrapping_add(i64::from(rel).cast_unsigned()),
                     Insn::OutAl(port) => self.ports.push(port),
                     Insn::Hlt => return End::Halted,
                     Insn::Iretq => {
@@ -470,7 +474,9 @@ mod tests {
         let mut machine = Machine::new();
         // A program may have written anything into the user-writable frame since the last
         // entry, a kernel CS (to return at CPL0) included.
-        machine.mem.insert(FRAME_CS, Value::Known(KERNEL_CS as u64));
+        machine
+            .mem
+            .insert(FRAME_CS, Value::Known(u64::from(KERNEL_CS)));
         machine.mem.insert(FRAME_SS, Value::Known(0x10));
         let before = machine.regs.clone();
         let End::Iret {
@@ -495,8 +501,8 @@ mod tests {
             Value::Unknown("rsp"),
             "restores the user's stack pointer"
         );
-        assert_eq!(cs, Value::Known(USER_CS as u64));
-        assert_eq!(ss, Value::Known(USER_SS as u64));
+        assert_eq!(cs, Value::Known(u64::from(USER_CS)));
+        assert_eq!(ss, Value::Known(u64::from(USER_SS)));
         for (reg, value) in &before {
             if *reg != Reg::Rsp {
                 assert_eq!(machine.regs[reg], *value, "{reg:?} must be preserved");
@@ -517,7 +523,7 @@ mod tests {
         for vector in 0..VECTORS {
             let mut machine = Machine::new();
             // What the CPU pushes on IST1: ss, rsp, rflags, cs, rip and maybe an error code.
-            let mut frame = vec![0x2b, 0x7fff_0000, 0x202, USER_CS as u64, 0x40_1234];
+            let mut frame = vec![0x2b, 0x7fff_0000, 0x202, u64::from(USER_CS), 0x40_1234];
             if has_error_code(vector) {
                 frame.push(0x14);
             }
@@ -540,10 +546,10 @@ mod tests {
             assert_eq!(
                 frame,
                 ExceptionFrame {
-                    vector: vector as u64,
+                    vector: u64::from(vector),
                     error_code,
                     rip: 0x40_1234,
-                    cs: USER_CS as u64
+                    cs: u64::from(USER_CS)
                 }
             );
             assert!(!frame.in_supervisor_code());

@@ -14,7 +14,6 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::daemon::executor::{
     ExecuteError, ExecuteRequest, Execution, Executor, Health, PoolStats, TemplateInfo, Usage,
     VmOrigin,
@@ -22,32 +21,12 @@ use crate::daemon::executor::{
 use crate::daemon::pool::{Pool, PooledRun};
 use crate::daemon::templates::Template;
 use crate::kvm::{self, Kvm};
-use crate::loader::LoadedProgram;
-use crate::memory::GuestMemory;
 use crate::process::OutputSink;
 use crate::snapshot::{self, ForkMemory};
-use crate::sys;
+use crate::sys::thread_cpu_time;
 use crate::vm::{self, LaunchError, RunLimits, RunOutcome};
 
-/// A vCPU constructor the executor can share between execution threads.
-pub type SharedCpuFactory = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>>
-    + Send
-    + Sync;
-
-/// A constructor of vCPUs restored from a template snapshot, shared between execution threads.
-pub type SharedRestoreFactory = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>>
-    + Send
-    + Sync;
-
-const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-
-/// CPU time of the calling thread (under KVM the guest runs inside this thread's KVM_RUN).
-pub(crate) fn thread_cpu_time() -> Duration {
-    match sys::clock_time(CLOCK_THREAD_CPUTIME_ID) {
-        Ok((secs, nanos)) => Duration::new(secs.max(0) as u64, nanos.clamp(0, 999_999_999) as u32),
-        Err(_) => Duration::ZERO,
-    }
-}
+pub use crate::daemon::executor::{SharedCpuFactory, SharedRestoreFactory};
 
 pub struct AgentExecutor {
     templates: Vec<Template>,

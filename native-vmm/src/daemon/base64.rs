@@ -3,11 +3,33 @@
 //! length rule below refuses that, so each content has one spelling (the crate already refuses
 //! whitespace, misplaced padding and bits set after the last byte).
 
-pub fn decode(text: &str) -> Result<Vec<u8>, String> {
-    if !text.len().is_multiple_of(4) {
-        return Err("base64 length is not a multiple of 4".into());
+use std::fmt;
+
+/// Why a content is not strict base64.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Base64Error {
+    /// The length is not a multiple of 4 (missing padding).
+    Length,
+    /// The base64 crate refused it: a byte outside the alphabet, misplaced padding, stray bits.
+    Invalid(::base64::DecodeError),
+}
+
+impl fmt::Display for Base64Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Base64Error::Length => f.write_str("base64 length is not a multiple of 4"),
+            Base64Error::Invalid(e) => write!(f, "{e}"),
+        }
     }
-    ::base64::decode(text).map_err(|e| e.to_string())
+}
+
+impl std::error::Error for Base64Error {}
+
+pub fn decode(text: &str) -> Result<Vec<u8>, Base64Error> {
+    if !text.len().is_multiple_of(4) {
+        return Err(Base64Error::Length);
+    }
+    ::base64::decode(text).map_err(Base64Error::Invalid)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::agent_executor::{thread_cpu_time, AgentExecutor};
+use super::agent_executor::AgentExecutor;
 use super::executor::{ExecutionLimits, Executor};
 use super::request::LimitPolicy;
 use super::server::{Server, ServerConfig};
@@ -34,6 +34,7 @@ use super::templates::{self, Language, Template};
 use super::{frame, isolation};
 use crate::bench::{measure_native, time_runs, Latency};
 use crate::snapshot::ForkMemory;
+use crate::sys::thread_cpu_time;
 use crate::{kvm, sys};
 
 pub const DEFAULT_ITERATIONS: usize = 1000;
@@ -319,6 +320,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
                     },
                     &kvm::reachable_memory(handed_out, snapshot.identity().mem_bytes),
                 )
+                .map_err(|e| e.to_string())
             })
             .map(drop)
     });
@@ -367,7 +369,10 @@ pub(crate) fn latency<E: fmt::Display>(
 
 fn process_cpu() -> Duration {
     sys::clock_time(CLOCK_PROCESS_CPUTIME_ID).map_or(Duration::ZERO, |(s, ns)| {
-        Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32)
+        Duration::new(
+            u64::try_from(s).unwrap_or(0),
+            u32::try_from(ns.clamp(0, 999_999_999)).unwrap_or(0),
+        )
     })
 }
 
@@ -409,12 +414,12 @@ fn throughput(
     Ok((clients * REQUESTS_PER_CLIENT) as f64 / started.elapsed().as_secs_f64())
 }
 
+/// (count, RSS, MemAvailable) per VM, and the cgroup's figure where there is one.
+type IdleMemory = ((usize, f64, f64), Option<f64>);
+
 /// Memory per VM with `count` fresh forks of `snapshot` alive at once, each with the memory its
 /// template reaches mapped as a pooled VM has it: (count, RSS, MemAvailable) and the cgroup's.
-fn idle_memory(
-    snapshot: &crate::snapshot::Template,
-    count: usize,
-) -> Result<((usize, f64, f64), Option<f64>), String> {
+fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<IdleMemory, String> {
     // VMs dropped earlier are destroyed on the reaper thread: none may still be going away.
     kvm::reaper::flush();
     let (rss_before, host_before, cgroup_before) =

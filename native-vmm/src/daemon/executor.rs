@@ -7,13 +7,27 @@
 //! shows.
 
 use std::fmt;
+use std::io;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::agent::AgentRequest;
+use crate::cpu::{CpuSnapshot, GuestCpu};
+use crate::loader::LoadedProgram;
+use crate::memory::GuestMemory;
 use crate::process::OutputSink;
 use crate::status::RunStatus;
+
+/// A vCPU constructor the executor can share between execution threads.
+pub type SharedCpuFactory = dyn for<'m> Fn(&'m GuestMemory, &LoadedProgram) -> io::Result<Box<dyn GuestCpu + 'm>>
+    + Send
+    + Sync;
+
+/// A constructor of vCPUs restored from a template snapshot, shared between execution threads.
+pub type SharedRestoreFactory = dyn for<'m> Fn(&'m GuestMemory, &CpuSnapshot) -> io::Result<Box<dyn GuestCpu + 'm>>
+    + Send
+    + Sync;
 
 /// The limits one execution runs under, already clamped to the daemon's maxima.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -394,10 +394,10 @@ mod tests {
         let mut rng = crate::fuzz::Rng::new(0x9e37_79b9_7f4a_7c15);
         let alphabet = b"{}[]\":,0123456789.eE+-truefalsnl \\u\xc3\xa9\xff";
         for round in 0..5_000 {
-            let len = (rng.next() % 64) as usize;
+            let len = (rng.next_u64() % 64) as usize;
             let payload: Vec<u8> = (0..len)
                 .map(|_| {
-                    let r = rng.next();
+                    let r = rng.next_u64();
                     if round % 2 == 0 {
                         r as u8
                     } else {
@@ -417,7 +417,7 @@ mod tests {
                 Some(&Value::Bool(true))
             );
             // And random bytes as a whole stream (header included) end in an error or a value.
-            let raw: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            let raw: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             let _ = read(&raw);
         }
     }

@@ -10,11 +10,12 @@
 //! exit_group, so the registers still hold the secret when the execution ends.
 
 use std::collections::BTreeSet;
+use std::fmt;
 
 use serde_json::Value;
 
 use crate::agent::{AgentRequest, DEFAULT_SCRIPT};
-use crate::daemon::executor::{ExecuteRequest, ExecutionLimits, Executor, VmOrigin};
+use crate::daemon::executor::{ExecuteError, ExecuteRequest, ExecutionLimits, Executor, VmOrigin};
 use crate::process::OutputSink;
 use crate::status::RunStatus;
 
@@ -154,6 +155,56 @@ pub fn search_env(reachable: &[(u64, u64)]) -> Vec<(String, String)> {
     vec![("SF_REACHABLE".to_owned(), spans.join(","))]
 }
 
+/// Why the isolation check failed: it could not be run, or a VM after the plant kept something
+/// a fresh fork does not have.
+#[derive(Debug)]
+pub enum IsolationError {
+    /// Drawing the secret token.
+    Token(std::io::Error),
+    /// One of the executions ("search", "plant") was not run.
+    Execute { what: String, error: ExecuteError },
+    /// One of them ran but did not exit 0.
+    Exit {
+        what: String,
+        status: RunStatus,
+        stderr: String,
+    },
+    /// A program's output is not what the check reads (a missing line, not JSON).
+    Output(String),
+    /// The plant's own search did not find the secret: the check would prove nothing.
+    PlantUnseen,
+    /// What the search after the plant found that differs from a fresh fork: the leaks.
+    Leaks(Vec<String>),
+}
+
+impl fmt::Display for IsolationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IsolationError::Token(e) => write!(f, "drawing a token: {e}"),
+            IsolationError::Execute { what, error } => write!(f, "the {what}: {error}"),
+            IsolationError::Exit {
+                what,
+                status,
+                stderr,
+            } => write!(f, "the {what} ended with {status}: {stderr}"),
+            IsolationError::Output(message) => f.write_str(message),
+            IsolationError::PlantUnseen => f.write_str(
+                "the plant's own search did not find the secret: the check would prove nothing",
+            ),
+            IsolationError::Leaks(leaks) => f.write_str(&leaks.join("; ")),
+        }
+    }
+}
+
+impl std::error::Error for IsolationError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            IsolationError::Token(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// A fresh 16-hex-digit token from the host's CSPRNG.
 pub fn new_token() -> std::io::Result<String> {
     let mut bytes = [0u8; 8];
@@ -162,22 +213,22 @@ pub fn new_token() -> std::io::Result<String> {
 }
 
 /// Line `index` of a program's output, as JSON.
-fn parse(what: &str, stdout: &[u8], index: usize) -> Result<Value, String> {
+fn parse(what: &str, stdout: &[u8], index: usize) -> Result<Value, IsolationError> {
     let line = stdout
         .split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())
         .nth(index)
         .ok_or_else(|| {
-            format!(
+            IsolationError::Output(format!(
                 "the {what} printed no line {index}: {}",
                 String::from_utf8_lossy(stdout)
-            )
+            ))
         })?;
     serde_json::from_slice(line).map_err(|e| {
-        format!(
+        IsolationError::Output(format!(
             "the {what}'s output is not JSON ({e}): {}",
             String::from_utf8_lossy(stdout)
-        )
+        ))
     })
 }
 
@@ -192,7 +243,12 @@ fn strings(value: Option<&Value>) -> BTreeSet<String> {
 
 /// Compares a search run after the plant on the same VM (`after`) with one on a fresh fork
 /// (`control`): what differs is named in the error.
-pub fn check(token: &str, control: &[u8], plant: &[u8], after: &[u8]) -> Result<(), String> {
+pub fn check(
+    token: &str,
+    control: &[u8],
+    plant: &[u8],
+    after: &[u8],
+) -> Result<(), IsolationError> {
     let (control, planted, plant) = (
         parse("control search", control, 0)?,
         parse("plant", plant, 1)?,
@@ -200,10 +256,7 @@ pub fn check(token: &str, control: &[u8], plant: &[u8], after: &[u8]) -> Result<
     );
     let after = parse("search after the plant", after, 0)?;
     if !strings(planted.get("found")).contains(token) {
-        return Err(
-            "the plant's own search did not find the secret: the check would prove nothing"
-                .to_owned(),
-        );
+        return Err(IsolationError::PlantUnseen);
     }
     let mut leaks = Vec::new();
     if strings(after.get("found")).contains(token) {
@@ -232,7 +285,7 @@ pub fn check(token: &str, control: &[u8], plant: &[u8], after: &[u8]) -> Result<
     if leaks.is_empty() {
         Ok(())
     } else {
-        Err(leaks.join("; "))
+        Err(IsolationError::Leaks(leaks))
     }
 }
 
@@ -246,8 +299,8 @@ pub fn run(
     template: &str,
     limits: ExecutionLimits,
     reachable: &[(u64, u64)],
-) -> Result<[VmOrigin; 3], String> {
-    let token = new_token().map_err(|e| format!("drawing a token: {e}"))?;
+) -> Result<[VmOrigin; 3], IsolationError> {
+    let token = new_token().map_err(IsolationError::Token)?;
     let execute = |what: &str, code: String, env: Vec<(String, String)>, argv: Vec<String>| {
         let agent_request = AgentRequest {
             code,
@@ -267,13 +320,16 @@ pub fn run(
                 },
                 OutputSink::none(),
             )
-            .map_err(|e| format!("the {what}: {e}"))?;
+            .map_err(|error| IsolationError::Execute {
+                what: what.to_owned(),
+                error,
+            })?;
         if execution.status != (RunStatus::Exited { code: 0 }) {
-            return Err(format!(
-                "the {what} ended with {}: {}",
-                execution.status,
-                String::from_utf8_lossy(&execution.stderr)
-            ));
+            return Err(IsolationError::Exit {
+                what: what.to_owned(),
+                status: execution.status,
+                stderr: String::from_utf8_lossy(&execution.stderr).into_owned(),
+            });
         }
         Ok(execution)
     };

@@ -15,6 +15,7 @@
 
 pub mod agent_executor;
 mod base64;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod executor;
 pub mod frame;
@@ -25,11 +26,15 @@ pub mod request;
 mod request_threads;
 pub mod response;
 pub mod server;
+#[cfg(feature = "bench")]
 pub mod session_bench;
 pub mod session_protocol;
 pub mod sessions;
 pub mod templates;
+pub mod wire;
 
+use std::fmt;
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread;
@@ -112,12 +117,74 @@ pub const MAX_SESSIONS_LIMIT: u64 = 4096;
 /// Runs the daemon until SIGTERM or SIGINT: loads the templates, checks KVM (a host without it
 /// still serves, answering `execute` with `unavailable`), binds the socket and serves; on a
 /// signal it stops accepting, lets in-flight executions finish and removes the socket file.
-pub fn serve(options: &ServeOptions) -> Result<(), String> {
+/// Why `serve` could not start: the step that failed, and the error it met.
+#[derive(Debug)]
+pub enum ServeError {
+    /// Blocking SIGTERM and SIGINT before any thread exists.
+    BlockSignals(io::Error),
+    /// Loading the templates folder.
+    Templates(templates::TemplateError),
+    /// Opening the sessions folder.
+    Sessions { dir: PathBuf, error: io::Error },
+    /// Starting the warm pools.
+    Pools(io::Error),
+    /// Binding the listening socket.
+    Listen { socket: PathBuf, error: io::Error },
+    /// Duplicating the listening socket for the signal thread.
+    Stopper(io::Error),
+    /// Starting one of the daemon's own threads.
+    Thread {
+        name: &'static str,
+        error: io::Error,
+    },
+    /// Opening /proc/self/pagemap.
+    Pagemap(io::Error),
+    /// Installing the seccomp filter.
+    Seccomp(io::Error),
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::BlockSignals(e) => write!(f, "blocking SIGTERM/SIGINT: {e}"),
+            ServeError::Templates(e) => write!(f, "{e}"),
+            ServeError::Sessions { dir, error } => {
+                write!(f, "opening the sessions in {}: {error}", dir.display())
+            }
+            ServeError::Pools(e) => write!(f, "starting the warm pools: {e}"),
+            ServeError::Listen { socket, error } => {
+                write!(f, "listening on {}: {error}", socket.display())
+            }
+            ServeError::Stopper(e) => write!(f, "duplicating the listening socket: {e}"),
+            ServeError::Thread { name, error } => write!(f, "starting the {name} thread: {error}"),
+            ServeError::Pagemap(e) => write!(f, "opening /proc/self/pagemap: {e}"),
+            ServeError::Seccomp(e) => write!(f, "installing the seccomp filter: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ServeError::Templates(e) => Some(e),
+            ServeError::BlockSignals(error)
+            | ServeError::Sessions { error, .. }
+            | ServeError::Pools(error)
+            | ServeError::Listen { error, .. }
+            | ServeError::Stopper(error)
+            | ServeError::Thread { error, .. }
+            | ServeError::Pagemap(error)
+            | ServeError::Seccomp(error) => Some(error),
+        }
+    }
+}
+
+pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
     // Before any thread exists, so that every thread inherits the mask and only the waiter
     // below ever takes these signals.
-    let signals = sys::block_signals(&[sys::SIGTERM, sys::SIGINT])
-        .map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
-    let templates = templates::load(&options.templates).map_err(|e| e.to_string())?;
+    let signals =
+        sys::block_signals(&[sys::SIGTERM, sys::SIGINT]).map_err(ServeError::BlockSignals)?;
+    let templates = templates::load(&options.templates).map_err(ServeError::Templates)?;
     let sessions = match &options.sessions {
         Some(dir) if kvm::Kvm::shared().is_ok() => {
             let config = sessions::SessionsConfig {
@@ -125,14 +192,18 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
                 max_live: options.max_sessions,
             };
             Some(Arc::new(
-                sessions::Sessions::open(config, &templates, Arc::new(kvm::restore_cpu))
-                    .map_err(|e| format!("opening the sessions in {}: {e}", dir.display()))?,
+                sessions::Sessions::open(config, &templates, Arc::new(kvm::restore_cpu)).map_err(
+                    |error| ServeError::Sessions {
+                        dir: dir.clone(),
+                        error,
+                    },
+                )?,
             ))
         }
         _ => None,
     };
     let executor = AgentExecutor::with_kvm(templates, options.pool_size)
-        .map_err(|e| format!("starting the warm pools: {e}"))?
+        .map_err(ServeError::Pools)?
         .booting_within(options.boot_timeout);
     let health = executor.health();
     let config = ServerConfig {
@@ -141,15 +212,18 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
         max_connections: MAX_CONNECTIONS,
         limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits),
     };
-    let mut server = Server::bind(&options.socket, Arc::new(executor), config)
-        .map_err(|e| format!("listening on {}: {e}", options.socket.display()))?;
+    let mut server =
+        Server::bind(&options.socket, Arc::new(executor), config).map_err(|error| {
+            ServeError::Listen {
+                socket: options.socket.clone(),
+                error,
+            }
+        })?;
     if let Some(sessions) = sessions {
         server = server.with_sessions(sessions);
     }
 
-    let stopper = server
-        .stopper()
-        .map_err(|e| format!("duplicating the listening socket: {e}"))?;
+    let stopper = server.stopper().map_err(ServeError::Stopper)?;
     thread::Builder::new()
         .name("sandfork-signals".into())
         .spawn(move || {
@@ -158,21 +232,23 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
             }
             stopper.stop();
         })
-        .map_err(|e| format!("starting the signal thread: {e}"))?;
+        .map_err(|error| ServeError::Thread {
+            name: "signal",
+            error,
+        })?;
 
     let kvm = match &health.kvm {
         Ok(()) => "available".to_owned(),
         Err(reason) => format!("unavailable: {reason}"),
     };
-    crate::memory::open_pagemap().map_err(|e| format!("opening /proc/self/pagemap: {e}"))?;
+    crate::memory::open_pagemap().map_err(ServeError::Pagemap)?;
     // The vDSO's clock reads /sys once to decide whether the TSC keeps time here.
     crate::vdso::clock::shared();
     let confinement = match options.sessions {
         Some(_) => crate::seccomp::Confinement::WithSessionFiles,
         None => crate::seccomp::Confinement::NoFiles,
     };
-    crate::seccomp::confine(confinement)
-        .map_err(|e| format!("installing the seccomp filter: {e}"))?;
+    crate::seccomp::confine(confinement).map_err(ServeError::Seccomp)?;
     if let Some(after) = options.forbidden_syscall_after {
         thread::Builder::new()
             .name("sandfork-trip".into())
@@ -184,7 +260,10 @@ pub fn serve(options: &ServeOptions) -> Result<(), String> {
                     "a forbidden system call returned: the daemon is not confined"
                 ));
             })
-            .map_err(|e| format!("starting the trip thread: {e}"))?;
+            .map_err(|error| ServeError::Thread {
+                name: "trip",
+                error,
+            })?;
     }
     log(format_args!(
         "listening on {} ({} templates, kvm {kvm}; confined by seccomp)",

@@ -31,15 +31,13 @@ use std::time::{Duration, Instant};
 
 use crate::agent::AgentRequest;
 use crate::cpu::GuestCpu;
-use crate::daemon::executor::PoolStats;
+use crate::daemon::executor::{PoolStats, SharedRestoreFactory};
 use crate::layout::pages_in;
 use crate::memory::GuestMemory;
 use crate::snapshot::{self, ForkMemory, Restored, Template};
 use crate::status::RunStatus;
-use crate::sys;
+use crate::sys::{self, thread_cpu_time};
 use crate::vm::{LaunchError, RunLimits};
-
-use super::agent_executor::{thread_cpu_time, SharedRestoreFactory};
 
 /// Resets after which a VM is retired anyway: bounds what one VM's lifetime can accumulate that
 /// a reset might miss (host-side state, KVM's own).
@@ -355,6 +353,9 @@ fn serve_vm(shared: &Shared) -> bool {
     }
 }
 
+/// A warmed-up vCPU and the pages its VM now holds copies of.
+type WarmedUp<'m> = (Box<dyn GuestCpu + 'm>, Vec<(u64, u64)>);
+
 /// Readies a new VM as a reset one: runs an empty program on it and resets it, before it is
 /// counted ready. A fork's first run pays a fault for every page it touches (print(6*7) on the
 /// python template: 20-60 ms through the gateway, against ~1 ms on a reset VM), and most of
@@ -364,7 +365,7 @@ fn warm_up<'m>(
     shared: &Shared,
     mem: &'m GuestMemory,
     cpu: Box<dyn GuestCpu + 'm>,
-) -> io::Result<(Box<dyn GuestCpu + 'm>, Vec<(u64, u64)>)> {
+) -> io::Result<WarmedUp<'m>> {
     let limits = RunLimits {
         mem_bytes: shared.template.identity().mem_bytes,
         ..RunLimits::default()

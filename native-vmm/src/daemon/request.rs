@@ -14,46 +14,20 @@
 //!   the agent needs to boot) is raised to it. The clamped values are what the execution runs
 //!   under, and the response's `limits` echo them.
 
-use std::fmt;
-
-use serde::de::{IgnoredAny, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::agent::{truncate, AgentRequest, DEFAULT_SCRIPT, MAX_QUOTED_CHARS};
 use crate::daemon::base64;
-use crate::daemon::executor::{Defaulted, ExecuteRequest, ExecutionLimits};
-use crate::daemon::response::ErrorCode;
-
-/// The protocol version this daemon speaks.
-pub const PROTOCOL_VERSION: u64 = 1;
-/// The largest integer a request may carry (JavaScript's Number.MAX_SAFE_INTEGER).
-pub const MAX_INTEGER: u64 = (1 << 53) - 1;
-/// Template names.
-pub const MAX_TEMPLATE_NAME_BYTES: usize = 255;
-/// Below this the Python agent cannot reach its ready point (it needs 25–32 MiB with its
-/// standard-library warm-up on the development machine, more where numpy is installed and
-/// imported); a request asking for less gets this much.
-pub const MIN_MEMORY_MIB: u64 = 64;
-
-/// Default and maximum limits of a daemon (`serve --max-*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LimitPolicy {
-    pub default: ExecutionLimits,
-    pub max: ExecutionLimits,
-}
-
-impl LimitPolicy {
-    /// Defaults are `preferred` clamped to `max`.
-    pub fn new(preferred: ExecutionLimits, max: ExecutionLimits) -> LimitPolicy {
-        let default = ExecutionLimits {
-            timeout_ms: preferred.timeout_ms.min(max.timeout_ms),
-            memory_mib: preferred.memory_mib.min(max.memory_mib),
-            output_bytes: preferred.output_bytes.min(max.output_bytes),
-        };
-        LimitPolicy { default, max }
-    }
-}
+use crate::daemon::executor::{Defaulted, ExecuteRequest};
+use crate::daemon::wire::{
+    bad, clamp_limits, typed, Encoding, Environment, ErrorCode, LimitFields, SafeInteger,
+};
+pub use crate::daemon::wire::{
+    LimitPolicy, RequestError, MAX_INTEGER, MAX_TEMPLATE_NAME_BYTES, MIN_MEMORY_MIB,
+    PROTOCOL_VERSION,
+};
 
 /// A request after the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,57 +38,6 @@ pub enum Request {
     Stats,
     /// A session request (`session_protocol`).
     Session(crate::daemon::session_protocol::SessionOp),
-}
-
-/// Why a frame was refused, with the request's `id` when it could be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestError {
-    pub id: Option<u64>,
-    pub code: ErrorCode,
-    pub message: String,
-}
-
-pub(crate) fn bad(id: Option<u64>, message: impl Into<String>) -> RequestError {
-    RequestError {
-        id,
-        code: ErrorCode::BadRequest,
-        message: message.into(),
-    }
-}
-
-/// Reads `frame` as a `T`; a refusal names where in the frame it lies ("limits.timeout_ms: ...").
-/// serde quotes the offending key or value whole, so the message is cut (a hostile frame may
-/// carry megabytes there).
-pub(crate) fn typed<'a, T: Deserialize<'a>>(
-    frame: &'a Value,
-    id: Option<u64>,
-) -> Result<T, RequestError> {
-    serde_path_to_error::deserialize(frame).map_err(|e| {
-        let path = e.path().to_string();
-        let message = if path == "." {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        };
-        bad(id, truncate(&message, 4 * MAX_QUOTED_CHARS))
-    })
-}
-
-/// An integer in 0..=MAX_INTEGER: what every JSON client represents exactly.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(try_from = "u64")]
-pub(crate) struct SafeInteger(pub(crate) u64);
-
-impl TryFrom<u64> for SafeInteger {
-    type Error = String;
-
-    fn try_from(n: u64) -> Result<SafeInteger, String> {
-        if n <= MAX_INTEGER {
-            Ok(SafeInteger(n))
-        } else {
-            Err(format!("{n} is above {MAX_INTEGER}"))
-        }
-    }
 }
 
 /// `{"type": "hello", "protocol": N}`.
@@ -160,47 +83,6 @@ struct FileFields {
     path: String,
     content: String,
     encoding: Option<Encoding>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Encoding {
-    Utf8,
-    Base64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, expecting = "an object")]
-pub(crate) struct LimitFields {
-    pub(crate) timeout_ms: Option<SafeInteger>,
-    pub(crate) memory_mib: Option<SafeInteger>,
-    pub(crate) output_bytes: Option<SafeInteger>,
-}
-
-/// `env`: an object of strings, kept in the client's order (the program sees its environment
-/// in that order). The frame reader has already refused duplicate names.
-pub(crate) struct Environment(pub(crate) Vec<(String, String)>);
-
-impl<'de> Deserialize<'de> for Environment {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Environment, D::Error> {
-        struct Pairs;
-        impl<'de> Visitor<'de> for Pairs {
-            type Value = Environment;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object of strings")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Environment, A::Error> {
-                let mut pairs = Vec::new();
-                while let Some(pair) = map.next_entry()? {
-                    pairs.push(pair);
-                }
-                Ok(Environment(pairs))
-            }
-        }
-        deserializer.deserialize_map(Pairs)
-    }
 }
 
 /// The first frame: `{"type": "hello", "protocol": N}`. Returns the version asked for
@@ -348,52 +230,11 @@ fn parse_execute(
     })
 }
 
-pub(crate) fn clamp_limits(
-    fields: LimitFields,
-    id: Option<u64>,
-    policy: &LimitPolicy,
-) -> Result<ExecutionLimits, RequestError> {
-    let pick =
-        |name: &str, value: Option<SafeInteger>, min: u64, default: u64, max: u64| match value {
-            Some(SafeInteger(n)) if n < min => Err(bad(
-                id,
-                format!("limits.{name} must be an integer from {min} to {MAX_INTEGER}"),
-            )),
-            Some(SafeInteger(n)) => Ok(n.min(max)),
-            None => Ok(default),
-        };
-    let (default, max) = (policy.default, policy.max);
-    Ok(ExecutionLimits {
-        timeout_ms: pick(
-            "timeout_ms",
-            fields.timeout_ms,
-            1,
-            default.timeout_ms,
-            max.timeout_ms,
-        )?,
-        // The maximum is at least MIN_MEMORY_MIB (`serve` checks it), so this stays within it.
-        memory_mib: pick(
-            "memory_mib",
-            fields.memory_mib,
-            1,
-            default.memory_mib,
-            max.memory_mib,
-        )?
-        .max(MIN_MEMORY_MIB),
-        output_bytes: pick(
-            "output_bytes",
-            fields.output_bytes,
-            0,
-            default.output_bytes,
-            max.output_bytes,
-        )?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::agent;
+    use crate::daemon::executor::ExecutionLimits;
     use crate::daemon::frame;
     use serde_json::{json, Map};
 
@@ -850,7 +691,7 @@ mod tests {
                 0 => Value::Null,
                 1 => Value::Bool(next().is_multiple_of(2)),
                 2 => Value::from(next() >> (next() % 64)),
-                3 => Value::from(-((next() % 1000) as i64)),
+                3 => Value::from(-(next() % 1000).cast_signed()),
                 4 => Value::from((next() % 1000) as f64 / 7.0),
                 5 => Value::from(
                     [

@@ -8,37 +8,10 @@ use serde_json::{Map, Value};
 use crate::daemon::executor::{
     ExecuteError, Execution, ExecutionLimits, Health, PoolStats, TemplateInfo, Usage,
 };
-use crate::daemon::request::PROTOCOL_VERSION;
+pub use crate::daemon::wire::ErrorCode;
+use crate::daemon::wire::PROTOCOL_VERSION;
 use crate::process::Stream;
 use crate::status::RunStatus;
-
-/// The `code` of an error frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    BadFrame,
-    BadRequest,
-    UnsupportedProtocol,
-    UnknownTemplate,
-    Unavailable,
-    Busy,
-    Internal,
-    /// No such session, checkpoint or session file.
-    NotFound,
-    /// The session's VM ended (its program exited or failed, or the daemon restarted before
-    /// the session had a checkpoint): it can only be deleted, or forked from a checkpoint.
-    SessionEnded,
-}
-
-impl ErrorCode {
-    /// Whether the same request may succeed later.
-    pub fn retryable(self) -> bool {
-        matches!(
-            self,
-            ErrorCode::Unavailable | ErrorCode::Busy | ErrorCode::Internal
-        )
-    }
-}
 
 impl From<&ExecuteError> for ErrorCode {
     fn from(e: &ExecuteError) -> ErrorCode {
@@ -96,7 +69,7 @@ enum Body {
         thread_switches: u64,
         pools: Vec<PoolStats>,
     },
-    Execution(ExecutionBody),
+    Execution(Box<ExecutionBody>),
     Output {
         stream: &'static str,
         data: String,
@@ -244,7 +217,7 @@ pub fn stats(id: u64, totals: Totals, pools: &[PoolStats]) -> Response {
 }
 
 fn micros(d: Duration) -> u64 {
-    d.as_micros().min(u64::MAX as u128) as u64
+    d.as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 /// Time spent on one request outside the executor.
@@ -308,7 +281,7 @@ pub fn session_execution(
     };
     reply(
         id,
-        Body::Execution(ExecutionBody {
+        Body::Execution(Box::new(ExecutionBody {
             status: run.status.kind(),
             exit_code,
             stdout: String::from_utf8_lossy(&run.stdout).into_owned(),
@@ -328,7 +301,7 @@ pub fn session_execution(
             },
             usage: run.usage.clone(),
             session,
-        }),
+        })),
     )
 }
 

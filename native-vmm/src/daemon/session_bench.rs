@@ -135,7 +135,7 @@ impl fmt::Display for SessionReport {
                 "  {} MiB of {} ({:.1} MiB of pages in the checkpoint):",
                 s.written_mib,
                 s.cell.describe(),
-                s.dirty_bytes as f64 / (1 << 20) as f64
+                s.dirty_bytes as f64 / f64::from(1 << 20)
             )?;
             let p = s.pages;
             writeln!(f, "    file per checkpoint    {:.0} KiB  (the last one's pages: {} zero, {} sparse, {} changed chunks only, {} raw)", kib(s.file_bytes), p.zero, p.sparse, p.delta, p.raw)?;

@@ -10,14 +10,14 @@ use serde_json::{json, Map, Value};
 
 use crate::daemon::base64;
 use crate::daemon::executor::ExecutionLimits;
-use crate::daemon::request::{
-    bad, clamp_limits, typed, Encoding, Environment, LimitFields, LimitPolicy, RequestError,
-    SafeInteger,
-};
 use crate::daemon::response::{self, RequestTimes, Response, SessionReply};
 use crate::daemon::sessions::{
     check_session_id, CheckpointInfo, SessionError, SessionInfo, SessionState, Sessions,
     TakenCheckpoint,
+};
+use crate::daemon::wire::{
+    bad, clamp_limits, typed, Encoding, Environment, LimitFields, LimitPolicy, RequestError,
+    SafeInteger,
 };
 
 /// One validated session request.
@@ -231,7 +231,7 @@ pub fn parse(
 }
 
 fn micros(d: Duration) -> u64 {
-    d.as_micros().min(u64::MAX as u128) as u64
+    d.as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 fn object(value: Value) -> Map<String, Value> {

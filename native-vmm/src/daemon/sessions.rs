@@ -34,10 +34,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_CELL_RESULT_BYTES};
 use crate::cpu::InvalidUserState;
-use crate::daemon::agent_executor::{thread_cpu_time, SharedRestoreFactory};
-use crate::daemon::executor::{Execution, ExecutionLimits, Usage, VmOrigin};
-use crate::daemon::response::ErrorCode;
+use crate::daemon::executor::{Execution, ExecutionLimits, SharedRestoreFactory, Usage, VmOrigin};
 use crate::daemon::templates::Template as DaemonTemplate;
+use crate::daemon::wire::ErrorCode;
 use crate::fs::{NoProcess, WORK_DIR};
 use crate::image::sha256;
 use crate::memory::{GuestMemory, PageSet};
@@ -50,6 +49,7 @@ use crate::snapshot::sparse::PageCounts;
 use crate::snapshot::sync_group::SyncGroup;
 use crate::snapshot::{ForkMemory, Template, TemplateError};
 use crate::status::RunStatus;
+use crate::sys::thread_cpu_time;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
 
 /// The file a session's folder is recognised by.
@@ -91,17 +91,30 @@ fn internal(what: &str, e: impl std::fmt::Display) -> SessionError {
     }
 }
 
+/// A session id that breaks `check_session_id`'s rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidSessionId;
+
+impl std::fmt::Display for InvalidSessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "session ids are 1 to {MAX_SESSION_ID_BYTES} ASCII letters, digits, '-' or '_'"
+        )
+    }
+}
+
+impl std::error::Error for InvalidSessionId {}
+
 /// Checks a session id: 1 to 64 ASCII letters, digits, '-' or '_'.
-pub fn check_session_id(id: &str) -> Result<(), String> {
+pub fn check_session_id(id: &str) -> Result<(), InvalidSessionId> {
     if id.is_empty()
         || id.len() > MAX_SESSION_ID_BYTES
         || !id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(format!(
-            "session ids are 1 to {MAX_SESSION_ID_BYTES} ASCII letters, digits, '-' or '_'"
-        ));
+        return Err(InvalidSessionId);
     }
     Ok(())
 }

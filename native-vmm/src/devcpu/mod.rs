@@ -19,6 +19,9 @@
 //!
 //! The child is traced by the thread that created the `PtraceCpu`: run it on that thread.
 
+// ptrace's register file is the kernel's user_regs_struct: u64 words that hold signed values.
+#![allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+
 mod ptrace_sys;
 mod watchdog;
 

@@ -110,8 +110,8 @@ fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
     unsafe {
         syscall(
             libc::SYS_prctl,
-            libc::PR_SET_PDEATHSIG as c_long,
-            SIGKILL as c_long,
+            c_long::from(libc::PR_SET_PDEATHSIG),
+            c_long::from(SIGKILL),
             0 as c_long,
             0 as c_long,
             0 as c_long,
@@ -121,7 +121,7 @@ fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
     if unsafe {
         syscall(
             libc::SYS_ptrace,
-            libc::PTRACE_TRACEME as c_long,
+            c_long::from(libc::PTRACE_TRACEME),
             0 as c_long,
             0 as c_long,
             0 as c_long,
@@ -138,8 +138,8 @@ fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
             start as c_long,
             len as c_long,
             PROT_RWX,
-            (libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE) as c_long,
-            memfd as c_long,
+            c_long::from(libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE),
+            c_long::from(memfd),
             start as c_long,
         )
     };
@@ -150,7 +150,7 @@ fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
             .raw_os_error()
             .unwrap_or(0)
             .clamp(0, 99);
-        exit_child(CHILD_MAP_FAILED_BASE + errno as c_long);
+        exit_child(CHILD_MAP_FAILED_BASE + c_long::from(errno));
     }
     // The guest never reaches the host kernel, so it needs no fd; holding copies of the
     // parent's pipes would only delay EOF for other threads' subprocesses.
@@ -164,7 +164,13 @@ fn child_setup(memfd: RawFd, start: u64, len: u64) -> ! {
         )
     };
     // SAFETY: raw system calls with integer arguments.
-    unsafe { syscall(libc::SYS_kill, syscall(libc::SYS_getpid), SIGSTOP as c_long) };
+    unsafe {
+        syscall(
+            libc::SYS_kill,
+            syscall(libc::SYS_getpid),
+            c_long::from(SIGSTOP),
+        )
+    };
     // Reached only if the tracer resumed us without installing the guest's registers.
     exit_child(CHILD_RESUMED_UNTRACED)
 }
@@ -178,7 +184,7 @@ fn exit_child(code: c_long) -> ! {
 
 /// Explains the exit code of a child that ended before its first stop.
 pub fn describe_child_exit(code: i32) -> String {
-    match code as c_long {
+    match c_long::from(code) {
         CHILD_TRACEME_FAILED => "PTRACE_TRACEME failed in the child (ptrace forbidden here?)".into(),
         CHILD_RESUMED_UNTRACED => "the child was resumed without guest registers".into(),
         c if c >= CHILD_MAP_FAILED_BASE => format!(
@@ -307,7 +313,7 @@ pub fn sysemu(pid: i32, signal: i32) -> io::Result<()> {
             libc::PTRACE_SYSEMU,
             pid,
             std::ptr::null_mut::<c_void>(),
-            signal as c_long as *mut c_void,
+            c_long::from(signal) as *mut c_void,
         )
     })?;
     Ok(())
@@ -353,6 +359,6 @@ pub fn stopped_at_64bit_syscall(pid: i32) -> io::Result<bool> {
 
 pub fn send_signal(pid: i32, sig: i32) -> io::Result<()> {
     // SAFETY: kill takes integers only.
-    check(unsafe { libc::kill(pid, sig) } as c_long)?;
+    check(c_long::from(unsafe { libc::kill(pid, sig) }))?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use crate::errno::Errno;
 
 use super::vfs::{Timespec, OVERLAY_TIME};
 use super::FileKind;
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
+use crate::codec::{DecodeError, Decoder, Encoder};
 
 /// Bytes charged per node on top of its data, so a guest cannot exhaust host memory with
 /// millions of empty files.

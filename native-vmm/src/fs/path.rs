@@ -5,9 +5,7 @@ use crate::errno::Errno;
 
 use super::FileKind;
 
-/// Linux PATH_MAX (including the terminating NUL) and NAME_MAX.
-pub const PATH_MAX: usize = 4096;
-pub const NAME_MAX: usize = 255;
+pub use crate::abi::{NAME_MAX, PATH_MAX};
 /// Symlinks followed in one resolution before ELOOP (Linux: 40).
 pub const MAX_SYMLINKS: u32 = 40;
 

@@ -17,7 +17,7 @@ use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
 use super::path::{self, Tree};
 use super::procfs::{NoProcess, ProcNode, ProcessView, SystemDir};
 use super::{FileKind, W_OK, X_OK};
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
+use crate::codec::{DecodeError, Decoder, Encoder};
 
 /// A file, directory or symlink in one VM's file system (cheap to copy; opaque).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -213,7 +213,7 @@ impl Vfs {
     /// and full: its data file's size, its node count, nothing free. /dev is an empty tmpfs.
     pub fn statfs(&self, node: Node) -> Result<FsStats, Errno> {
         self.kind(node)?;
-        let block = BLOCK_SIZE as u64;
+        let block = u64::from(BLOCK_SIZE);
         Ok(match node.0 {
             NodeId::Overlay(_) => {
                 let (limit, free) = (
@@ -421,7 +421,7 @@ impl Vfs {
                             )
                         };
                         (
-                            BLOCK_SIZE as u64,
+                            u64::from(BLOCK_SIZE),
                             dirs + synthetic(DEV_DIR)
                                 + synthetic(PROC_DIR)
                                 + self
@@ -448,7 +448,7 @@ impl Vfs {
                                     .is_ok_and(|c| c.file_kind() == FileKind::Directory)
                             })
                             .count();
-                        (BLOCK_SIZE as u64, dirs)
+                        (u64::from(BLOCK_SIZE), dirs)
                     }
                     OverlayKind::Symlink(target) => (target.len() as u64, 0),
                 };
@@ -458,7 +458,7 @@ impl Vfs {
                 ino(node),
                 FileKind::Directory,
                 0o755,
-                BLOCK_SIZE as u64,
+                u64::from(BLOCK_SIZE),
                 OVERLAY_TIME,
                 self.mounts
                     .iter()
@@ -488,12 +488,12 @@ impl Vfs {
             nlink,
             // The guest (an unprivileged user) owns what it wrote; the image and /dev are root's.
             uid: if self.owned_by_guest(node) {
-                crate::loader::GUEST_UID as u32
+                crate::abi::GUEST_UID as u32
             } else {
                 0
             },
             gid: if self.owned_by_guest(node) {
-                crate::loader::GUEST_GID as u32
+                crate::abi::GUEST_GID as u32
             } else {
                 0
             },
@@ -991,7 +991,7 @@ impl Vfs {
 /// nodes from `OVERLAY_INO_BASE`.
 fn ino(node: Node) -> u64 {
     match node.0 {
-        NodeId::Image(i) => i as u64 + 1,
+        NodeId::Image(i) => u64::from(i) + 1,
         NodeId::DevDir => DEV_INO_BASE,
         NodeId::Device(device) => DEV_INO_BASE + 1 + u64::from(device.index()),
         NodeId::Overlay(id) => OVERLAY_INO_BASE + id,

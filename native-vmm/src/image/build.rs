@@ -175,7 +175,10 @@ impl Collector<'_> {
 }
 
 fn mtime(meta: &Metadata) -> (i64, u32) {
-    (meta.mtime(), meta.mtime_nsec().clamp(0, 999_999_999) as u32)
+    (
+        meta.mtime(),
+        u32::try_from(meta.mtime_nsec().clamp(0, 999_999_999)).unwrap_or(0),
+    )
 }
 
 fn invalid(msg: String) -> io::Error {

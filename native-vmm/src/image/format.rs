@@ -336,7 +336,7 @@ pub fn decode_body(bytes: &[u8], data_len: u64) -> Result<Index, FormatError> {
         let malformed = |reason: String| Err(FormatError::Malformed { offset: at, reason });
         let kind_byte = c.u8("entry kind")?;
         let mode = c.u32("entry mode")?;
-        let mtime_sec = c.u64("entry mtime")? as i64;
+        let mtime_sec = c.u64("entry mtime")?.cast_signed();
         let mtime_nsec = c.u32("entry mtime nanoseconds")?;
         let path = c.str("entry path", PATH_MAX - 1)?;
         let kind = match kind_byte {

@@ -159,7 +159,8 @@ impl Kvm {
         }
         let query = |ioctl| move |error| KvmUnavailable::Query { ioctl, error };
         let vcpu_mmap_size = sys::ioctl_val(fd.as_raw_fd(), KVM_GET_VCPU_MMAP_SIZE, 0)
-            .map_err(query("KVM_GET_VCPU_MMAP_SIZE"))? as usize;
+            .map_err(query("KVM_GET_VCPU_MMAP_SIZE"))?
+            .cast_unsigned() as usize;
         let mut supported_cpuid = Box::new(KvmCpuid2::<MAX_CPUID_ENTRIES>::with_capacity());
         sys::ioctl_mut(
             fd.as_raw_fd(),
@@ -175,12 +176,12 @@ impl Kvm {
         let exit_on_emulation_failure = sys::ioctl_val(
             fd.as_raw_fd(),
             KVM_CHECK_EXTENSION,
-            KVM_CAP_EXIT_ON_EMULATION_FAILURE as _,
+            KVM_CAP_EXIT_ON_EMULATION_FAILURE.into(),
         )
         .unwrap_or(0)
             > 0;
         let sync_regs = sys::ioctl_val(fd.as_raw_fd(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS)
-            .map_or(false, |fields| fields as u64 & KVM_SYNC_X86_REGS != 0);
+            .is_ok_and(|fields| u64::from(fields.cast_unsigned()) & KVM_SYNC_X86_REGS != 0);
         Ok(Kvm {
             fd,
             vcpu_mmap_size,

@@ -347,7 +347,7 @@ impl<'m> KvmCpu<'m> {
         data: &[u8; EXIT_DATA_SIZE],
     ) -> io::Result<bool> {
         let len = mmio.len as usize;
-        let end = mmio.phys_addr.saturating_add(mmio.len as u64);
+        let end = mmio.phys_addr.saturating_add(u64::from(mmio.len));
         let Some(&(start, range_end)) = self
             .reachable
             .iter()
@@ -445,7 +445,7 @@ impl<'m> KvmCpu<'m> {
                     (KVM_EXIT_IO_OUT, EXCEPTION_PORT) => {
                         let regs = self.get_regs()?;
                         let frame = ExceptionFrame::from_registers(|r| register(&regs.gprs, r));
-                        let cr2 = if frame.vector == PAGE_FAULT as u64 {
+                        let cr2 = if frame.vector == u64::from(PAGE_FAULT) {
                             Some(self.get_sregs()?.cr2)
                         } else {
                             None
@@ -915,7 +915,8 @@ fn set_msrs(vcpu: &OwnedFd) -> io::Result<()> {
     }
     // KVM_SET_MSRS returns how many entries it set, stopping at the first it rejects.
     let set = sys::ioctl_ref(vcpu.as_raw_fd(), KVM_SET_MSRS, &msrs)
-        .map_err(context("KVM_SET_MSRS"))? as usize;
+        .map_err(context("KVM_SET_MSRS"))?
+        .cast_unsigned() as usize;
     if let Some(&(index, value)) = cpu_state::MSRS.get(set) {
         return Err(io::Error::other(format!(
             "KVM_SET_MSRS rejected MSR {index:#x} = {value:#x}"
@@ -942,12 +943,12 @@ fn kvm_segment(segment: &Segment) -> KvmSegment {
         limit: segment.limit,
         selector: segment.selector,
         type_: segment.kind,
-        present: segment.present as u8,
+        present: u8::from(segment.present),
         dpl: segment.dpl,
-        db: segment.db as u8,
-        s: segment.code_data as u8,
-        l: segment.long as u8,
-        g: segment.granularity as u8,
+        db: u8::from(segment.db),
+        s: u8::from(segment.code_data),
+        l: u8::from(segment.long),
+        g: u8::from(segment.granularity),
         avl: 0,
         unusable: 0,
         padding: 0,
@@ -1046,7 +1047,7 @@ mod tests {
             rdi: 14,
             rsi: 6,
             rdx: 0x40_1000,
-            rcx: USER_CS as u64,
+            rcx: u64::from(USER_CS),
             ..Default::default()
         };
         let frame = ExceptionFrame::from_registers(|r| register(&regs, r));
@@ -1068,7 +1069,7 @@ mod tests {
             vector: 13,
             error_code: 0,
             rip: 0x7021,
-            cs: KERNEL_CS as u64,
+            cs: u64::from(KERNEL_CS),
         };
         let err = fault_exit(frame, None).unwrap_err();
         assert!(err.to_string().contains("CPL0 code at rip 0x7021"), "{err}");

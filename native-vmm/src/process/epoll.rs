@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::errno::Errno;
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 /// One registration (epoll_ctl ADD/MOD).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

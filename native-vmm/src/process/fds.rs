@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use super::epoll::EpollSet;
 use super::output::Stream;
+use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::errno::Errno;
 use crate::fs::Node;
 use crate::fs::Vfs;
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 /// Linux's default RLIMIT_NOFILE: the guest's fd limit (soft and hard).
 pub const FD_LIMIT: u64 = 1024;
@@ -1005,7 +1005,7 @@ impl Object {
             },
             7 => Object::Epoll(d.index(usize::MAX, "epoll index")?),
             8 => match d.u64("eventfd count")? {
-                count if count <= crate::syscalls::EVENTFD_MAX_COUNT => Object::EventFd {
+                count if count <= crate::abi::EVENTFD_MAX_COUNT => Object::EventFd {
                     count,
                     semaphore: d.bool("eventfd semaphore")?,
                 },

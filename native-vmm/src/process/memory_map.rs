@@ -13,9 +13,9 @@
 use std::collections::BTreeMap;
 
 use super::AddressSpace;
+use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::layout::{page_align_up, PAGE_SIZE, USER_BASE};
 use crate::memory::{GuestMemory, OutOfBounds};
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
 /// Linux's default vm.max_map_count: a bound on host memory spent on region records.
 const MAX_REGIONS: usize = 65_530;

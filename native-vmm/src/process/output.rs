@@ -23,7 +23,9 @@ pub enum Appended {
 /// Where kept output also goes the moment the program writes it. Called on the vCPU's thread
 /// inside the write system call, so it must not block (the daemon's sink only queues).
 #[derive(Clone, Default)]
-pub struct OutputSink(Option<Arc<dyn Fn(Stream, &[u8]) + Send + Sync>>);
+pub struct OutputSink(Option<Arc<SinkFn>>);
+
+type SinkFn = dyn Fn(Stream, &[u8]) + Send + Sync;
 
 impl OutputSink {
     pub fn new(sink: impl Fn(Stream, &[u8]) + Send + Sync + 'static) -> OutputSink {

@@ -18,7 +18,7 @@ use crate::cpu::CpuSnapshot;
 use crate::errno::Errno;
 use crate::memory::GuestMemory;
 use crate::status::RunStatus;
-use crate::syscalls::UserMemory;
+use crate::usermem::UserMemory;
 
 pub const SIGKILL: u64 = 9;
 pub const SIGSTOP: u64 = 19;
@@ -231,10 +231,8 @@ pub fn push_frame(
     frame[info..info + 4].copy_from_slice(&(sig as i32).to_le_bytes());
     frame[info + 8..info + 12].copy_from_slice(&code.to_le_bytes());
     if code != SI_KERNEL {
-        frame[info + 16..info + 20]
-            .copy_from_slice(&(crate::syscalls::GUEST_PID as i32).to_le_bytes());
-        frame[info + 20..info + 24]
-            .copy_from_slice(&(crate::loader::GUEST_UID as u32).to_le_bytes());
+        frame[info + 16..info + 20].copy_from_slice(&(crate::abi::GUEST_PID as i32).to_le_bytes());
+        frame[info + 20..info + 24].copy_from_slice(&(crate::abi::GUEST_UID as u32).to_le_bytes());
     }
     UserMemory::new(mem).write(addr, &frame)?;
     let mut handler = interrupted.clone();

@@ -17,11 +17,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::cpu::CpuSnapshot;
-use crate::snapshot::codec::{DecodeError, Decoder, Encoder};
 
-/// The main thread's tid: the process id.
-pub const MAIN_TID: u64 = 1;
+pub use crate::abi::MAIN_TID;
 /// Live threads allowed per execution unless configured otherwise (clone fails with EAGAIN
 /// beyond it).
 pub const DEFAULT_THREAD_LIMIT: u64 = 64;
@@ -150,11 +149,7 @@ struct CpuClock {
 }
 
 fn host_thread_cpu_ns() -> u64 {
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let (sec, nsec) = crate::sys::clock_time(CLOCK_THREAD_CPUTIME_ID).unwrap_or((0, 0));
-    (sec.max(0) as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(nsec.max(0) as u64)
+    u64::try_from(crate::sys::thread_cpu_time().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Where a new thread starts: the creating thread's registers at its clone call, with these
@@ -726,7 +721,7 @@ impl Threads {
             match &t.context {
                 Some(context) => {
                     e.bool(true);
-                    crate::snapshot::file::encode_cpu(context, e);
+                    crate::cpu::encode_cpu(context, e);
                 }
                 None if t.tid == self.current => e.bool(false),
                 None => return Err("a thread has no saved registers"),
@@ -787,7 +782,7 @@ impl Threads {
                 other => return Err(DecodeError::new(format!("thread state {other}"))),
             };
             let context = if d.bool("thread context")? {
-                Some(crate::snapshot::file::decode_cpu(d)?)
+                Some(crate::cpu::decode_cpu(d)?)
             } else {
                 None
             };

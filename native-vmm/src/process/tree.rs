@@ -173,7 +173,7 @@ pub struct ProcessPart {
 
 /// Linux's wait status of a process that exited with `code`.
 pub fn exited_status(code: i32) -> u32 {
-    ((code as u32) & 0xff) << 8
+    (code.cast_unsigned() & 0xff) << 8
 }
 
 /// Linux's wait status of a process that a signal ended.

@@ -88,10 +88,10 @@ use std::sync::mpsc;
 use sha2::Digest;
 
 use super::blocks::{Block, Blocks, BLOCK, ZERO_BLOCK};
-use super::codec::{Decoder, Encoder};
 use super::sparse::{self, PageCounts, PageKind, Unpacker};
 use super::sync_group::SyncGroup;
 use super::{file, Template, TemplateError};
+use crate::codec::{Decoder, Encoder};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::image::sha256::Sha256;
 use crate::layout::{pages_in, PAGE_SIZE};

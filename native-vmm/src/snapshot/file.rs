@@ -7,7 +7,7 @@
 //! 8       4     format version (u32 LE, FORMAT_VERSION)
 //! 12      4     reserved, zero
 //! 16      8     body length B (u64 LE)
-//! 24      B     body (snapshot::codec encoding):
+//! 24      B     body (crate::codec encoding):
 //!                 identity: name, image content hash (32), agent hash (32), memory size
 //!                 the AWAIT_REQUEST call's six arguments
 //!                 CPU: 16 general registers, rip, rflags, FS base, GS base, XSAVE bytes
@@ -17,9 +17,9 @@
 //! 24+B    32    SHA-256 (crate::image::sha256) of bytes [0, 24+B)
 //! ```
 
-use super::codec::{DecodeError, Decoder, Encoder};
 use super::{TemplateError, TemplateIdentity};
-use crate::cpu::{CpuSnapshot, UserRegs};
+use crate::codec::{DecodeError, Decoder, Encoder};
+pub use crate::cpu::{decode_cpu, encode_cpu};
 use crate::image::sha256;
 use crate::layout::PAGE_SIZE;
 use crate::memory::GuestMemory;
@@ -111,73 +111,6 @@ pub fn decode_identity(d: &mut Decoder) -> Result<TemplateIdentity, DecodeError>
         agent_hash: d.hash("agent hash")?,
         mem_bytes: d.u64("memory size")?,
     })
-}
-
-fn regs_array(r: &UserRegs) -> [u64; 16] {
-    [
-        r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8, r.r9, r.r10, r.r11, r.r12,
-        r.r13, r.r14, r.r15,
-    ]
-}
-
-pub fn encode_cpu(cpu: &CpuSnapshot, e: &mut Encoder) {
-    for v in regs_array(&cpu.regs) {
-        e.u64(v);
-    }
-    for v in [cpu.rip, cpu.rflags, cpu.fs_base, cpu.gs_base] {
-        e.u64(v);
-    }
-    e.bytes(&cpu.xsave);
-}
-
-pub fn decode_cpu(d: &mut Decoder) -> Result<CpuSnapshot, DecodeError> {
-    let mut v = [0u64; 16];
-    for slot in v.iter_mut() {
-        *slot = d.u64("register")?;
-    }
-    let [rax, rbx, rcx, rdx, rsi, rdi, rbp, rsp, r8, r9, r10, r11, r12, r13, r14, r15] = v;
-    let regs = UserRegs {
-        rax,
-        rbx,
-        rcx,
-        rdx,
-        rsi,
-        rdi,
-        rbp,
-        rsp,
-        r8,
-        r9,
-        r10,
-        r11,
-        r12,
-        r13,
-        r14,
-        r15,
-    };
-    let (rip, rflags, fs_base, gs_base) = (
-        d.u64("rip")?,
-        d.u64("rflags")?,
-        d.u64("fs base")?,
-        d.u64("gs base")?,
-    );
-    let xsave = d.bytes("XSAVE area")?.to_vec();
-    if xsave.len() < crate::cpu::XSAVE_MIN_BYTES {
-        return Err(DecodeError::new(format!(
-            "XSAVE area of {} bytes is shorter than its header",
-            xsave.len()
-        )));
-    }
-    let cpu = CpuSnapshot {
-        regs,
-        rip,
-        rflags,
-        fs_base,
-        gs_base,
-        xsave,
-    };
-    cpu.check_user()
-        .map_err(|e| DecodeError::new(format!("CPU state: {e}")))?;
-    Ok(cpu)
 }
 
 /// How much of guest memory a template stores.

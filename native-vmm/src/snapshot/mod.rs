@@ -22,10 +22,10 @@
 //! request, exactly as on a freshly booted guest. The agent draws fresh randomness after the
 //! hand-off, so forks of one template do not share random state.
 
+#[cfg(feature = "bench")]
 pub mod bench;
 mod blocks;
 pub mod checkpoint;
-pub mod codec;
 pub mod file;
 pub mod sparse;
 pub mod sync_group;
@@ -39,13 +39,13 @@ use std::time::{Duration, Instant};
 use sha2::Digest;
 
 use crate::agent::{AgentCommand, AgentRequest};
+use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::fs::Image;
 use crate::image::sha256::{self, Sha256};
 use crate::memory::{GuestMemory, TemplateMemory};
 use crate::process::{GuestProcess, Output};
 use crate::vm::{self, CpuFactory, LaunchError, ReadyGuest, RunLimits, RunOutcome, RunStats};
-use codec::{DecodeError, Decoder, Encoder};
 pub use file::{MemoryStats, FORMAT_VERSION};
 
 /// The template file inside a template directory.

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use sha2::Digest;
 
 use super::checkpoint;
-use super::codec::{Decoder, Encoder};
 use super::file;
 use super::sync_group::SyncGroup;
 use super::TemplateError;
+use crate::codec::{Decoder, Encoder};
 use crate::cpu::{CpuSnapshot, UserRegs};
 use crate::fs::Image;
 use crate::image::testdir::TempDir;
@@ -40,7 +40,7 @@ const UNLINKAT: u64 = 263;
 const SYMLINKAT: u64 = 266;
 const READLINKAT: u64 = 267;
 const PIPE2: u64 = 293;
-const AT_FDCWD: u64 = -100i64 as u64;
+const AT_FDCWD: u64 = (-100i64).cast_unsigned();
 const O_RDWR: u64 = 2;
 const O_CREAT: u64 = 0o100;
 
@@ -138,8 +138,8 @@ fn busy_process(image: Arc<Image>, mem: &GuestMemory) -> GuestProcess {
         0
     );
     assert_eq!(call(&mut p, mem, PIPE2, [BUF + 0x100, 0, 0, 0, 0, 0]), 0);
-    let read_end = mem.read_u32(BUF + 0x100).unwrap() as u64;
-    let write_end = mem.read_u32(BUF + 0x104).unwrap() as u64;
+    let read_end = u64::from(mem.read_u32(BUF + 0x100).unwrap());
+    let write_end = u64::from(mem.read_u32(BUF + 0x104).unwrap());
     assert_eq!(call(&mut p, mem, WRITE, [write_end, BUF, 7, 0, 0, 0]), 7);
     assert!(call(&mut p, mem, DUP, [read_end, 0, 0, 0, 0, 0]) < 100);
     let brk = call(&mut p, mem, BRK, [0, 0, 0, 0, 0, 0]);

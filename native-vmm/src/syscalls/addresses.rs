@@ -30,9 +30,9 @@ const SOMAXCONN: usize = 4096;
 /// socket(domain, type, protocol)
 pub(crate) fn socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (domain, kind, protocol) = (
-        args[0] as u32 as u64,
-        args[1] as u32 as u64,
-        args[2] as u32 as u64,
+        u64::from(args[0] as u32),
+        u64::from(args[1] as u32),
+        u64::from(args[2] as u32),
     );
     let family = match domain as u16 {
         AF_UNIX | AF_INET | AF_INET6 if domain <= u64::from(u16::MAX) => domain as u16,
@@ -289,7 +289,7 @@ pub(crate) fn accept4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     match proc.fds.accept(index, status, flags & SOCK_CLOEXEC != 0)? {
         Some((new_fd, peer)) => {
             if addr != 0 {
-                super::sockets::write_truncated(user, addr, addrlen, &peer)?;
+                write_truncated(user, addr, addrlen, &peer)?;
             }
             value(new_fd)
         }
@@ -321,4 +321,22 @@ pub(super) fn endpoint_name(proc: &GuestProcess, index: usize) -> Result<Vec<u8>
             name
         }
     })
+}
+
+/// Writes an int-sized socket option or an address, truncated to the caller's buffer length
+/// (read from and written back to `len_addr`), as Linux does.
+pub(super) fn write_truncated(
+    user: &UserMemory,
+    buf: u64,
+    len_addr: u64,
+    bytes: &[u8],
+) -> SysResult {
+    let room = user.read_u32(len_addr)? as i32;
+    if room < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let n = bytes.len().min(room as usize);
+    user.write(buf, &bytes[..n])?;
+    user.write_u32(len_addr, n as u32)?;
+    value(0)
 }

@@ -62,7 +62,7 @@ pub(crate) fn epoll_create1(
     _user: &UserMemory,
     args: [u64; 6],
 ) -> SysResult {
-    let flags = args[0] as u32 as u64;
+    let flags = u64::from(args[0] as u32);
     if flags & !O_CLOEXEC != 0 {
         return Err(Errno::EINVAL);
     }
@@ -91,7 +91,7 @@ pub(crate) fn epoll_ctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
         })
     };
     let set = proc.fds.epoll_mut(index)?;
-    match op as u32 as u64 {
+    match u64::from(op as u32) {
         EPOLL_CTL_ADD => set.add(fd, interest(user)?)?,
         EPOLL_CTL_MOD => {
             let interest = interest(user)?;

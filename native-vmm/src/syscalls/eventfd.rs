@@ -5,14 +5,13 @@
 //! EAGAIN when the description is non-blocking.
 
 use super::{value, wait_ready, SysResult, UserMemory};
+use crate::abi::EVENTFD_MAX_COUNT;
 use crate::errno::Errno;
 use crate::process::{Description, GuestProcess, Object, O_NONBLOCK, O_RDWR};
 
 const EFD_SEMAPHORE: u64 = 1;
 const EFD_NONBLOCK: u64 = O_NONBLOCK as u64;
 const EFD_CLOEXEC: u64 = 0o2000000;
-/// The largest value the counter holds (Linux: 0xffff_ffff_ffff_fffe).
-pub(crate) const MAX_COUNT: u64 = u64::MAX - 1;
 
 /// eventfd(initval): eventfd2 without flags.
 pub(crate) fn eventfd(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
@@ -21,7 +20,7 @@ pub(crate) fn eventfd(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
 
 /// eventfd2(initval, flags): EFD_SEMAPHORE, EFD_NONBLOCK, EFD_CLOEXEC.
 pub(crate) fn eventfd2(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let (initval, flags) = (args[0] as u32 as u64, args[1] as u32 as u64);
+    let (initval, flags) = (u64::from(args[0] as u32), u64::from(args[1] as u32));
     if flags & !(EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }
@@ -87,7 +86,7 @@ pub(super) fn write(
     let Object::EventFd { count, .. } = &mut desc.object else {
         return Err(Errno::EINVAL);
     };
-    let fits = MAX_COUNT - *count >= added;
+    let fits = EVENTFD_MAX_COUNT - *count >= added;
     if fits {
         *count += added;
         return value(8);

@@ -575,8 +575,8 @@ fn open_common(
     flags: u64,
     mode: u64,
 ) -> SysResult {
-    let accmode = flags & O_ACCMODE as u64;
-    if accmode == O_ACCMODE as u64 {
+    let accmode = flags & u64::from(O_ACCMODE);
+    if accmode == u64::from(O_ACCMODE) {
         return Err(Errno::EINVAL);
     }
     if flags & O_TMPFILE == O_TMPFILE {
@@ -586,7 +586,7 @@ fn open_common(
     // With O_PATH every flag but O_DIRECTORY, O_NOFOLLOW and O_CLOEXEC is ignored.
     let path_only = flags & O_PATH != 0;
     let opts = OpenOptions {
-        write: accmode != O_RDONLY as u64 && !path_only,
+        write: accmode != u64::from(O_RDONLY) && !path_only,
         create: flags & O_CREAT != 0 && !path_only,
         exclusive: flags & O_EXCL != 0 && !path_only,
         truncate: flags & O_TRUNC != 0 && !path_only,
@@ -632,7 +632,11 @@ pub(crate) fn close_range(
 ) -> SysResult {
     const CLOSE_RANGE_UNSHARE: u64 = 2;
     const CLOSE_RANGE_CLOEXEC: u64 = 4;
-    let (first, last, flags) = (args[0] as u32 as u64, args[1] as u32 as u64, args[2]);
+    let (first, last, flags) = (
+        u64::from(args[0] as u32),
+        u64::from(args[1] as u32),
+        args[2],
+    );
     if flags & !(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC) != 0 || first > last {
         return Err(Errno::EINVAL);
     }
@@ -695,12 +699,12 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     /// Flags F_SETFL may change (O_ASYNC and O_DIRECT have no effect here).
     const SETTABLE: u32 = O_APPEND | O_NONBLOCK | 0o20000 | 0o40000 | 0o1000000;
     let fd = fd_arg(args[0]);
-    let (cmd, arg) = (args[1] as u32 as u64, args[2]);
+    let (cmd, arg) = (u64::from(args[1] as u32), args[2]);
     let desc = proc.fds.get(fd)?;
     match cmd {
         F_DUPFD | F_DUPFD_CLOEXEC => value(proc.fds.duplicate(
             fd,
-            arg as u32 as u64,
+            u64::from(arg as u32),
             cmd == F_DUPFD_CLOEXEC,
         )?),
         F_GETFD => value(u64::from(proc.fds.cloexec(fd)?)),
@@ -730,7 +734,7 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
         },
         F_SETPIPE_SZ => match desc.object {
             Object::PipeRead(pipe) | Object::PipeWrite(pipe) => {
-                value(proc.fds.set_pipe_capacity(pipe, arg as u32 as u64)? as u64)
+                value(proc.fds.set_pipe_capacity(pipe, u64::from(arg as u32))? as u64)
             }
             _ => Err(Errno::EBADF),
         },
@@ -753,7 +757,7 @@ pub(crate) fn fsync(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6])
 /// pipe2(fds, flags)
 pub(crate) fn pipe2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let flags = args[1];
-    if flags & !(O_CLOEXEC | O_NONBLOCK as u64 | O_DIRECT) != 0 {
+    if flags & !(O_CLOEXEC | u64::from(O_NONBLOCK) | O_DIRECT) != 0 {
         return Err(Errno::EINVAL);
     }
     user.check(args[0], 8)?;
@@ -785,7 +789,7 @@ pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     const FIONCLEX: u64 = 0x5450;
     const FIOCLEX: u64 = 0x5451;
     let fd = fd_arg(args[0]);
-    let (request, arg) = (args[1] as u32 as u64, args[2]);
+    let (request, arg) = (u64::from(args[1] as u32), args[2]);
     let desc = proc.fds.get(fd)?;
     match request {
         FIONBIO => {

@@ -3,11 +3,9 @@
 //! process is pid 1, with no parent inside the VM (ppid 0, like a container's init).
 
 use super::{value, SysResult, UserMemory};
+use crate::abi::{GUEST_GID, GUEST_UID};
 use crate::errno::Errno;
-use crate::loader::{GUEST_GID, GUEST_UID};
 use crate::process::GuestProcess;
-
-pub(crate) const GUEST_PID: u64 = 1;
 
 /// getuid(), geteuid()
 pub(crate) fn getuid(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {

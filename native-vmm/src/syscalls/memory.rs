@@ -73,7 +73,7 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     }
     // The file's bytes to copy in, checked before anything is mapped.
     let file = if flags & MAP_ANONYMOUS == 0 {
-        let desc = proc.fds.get(fd as u32 as u64)?;
+        let desc = proc.fds.get(u64::from(fd as u32))?;
         let Object::Node(node) = desc.object else {
             return Err(Errno::ENODEV);
         };

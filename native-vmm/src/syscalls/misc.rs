@@ -72,9 +72,6 @@ pub(crate) fn getrandom(_proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     value(len)
 }
 
-/// Linux refuses FS bases at or above the end of the user half of the address space.
-pub(super) const TASK_SIZE: u64 = (1 << 47) - 4096;
-
 const RLIM_INFINITY: u64 = u64::MAX;
 const RLIMIT_COUNT: u64 = 16;
 const RLIMIT_STACK: u64 = 3;

@@ -3,6 +3,10 @@
 //! (readiness), eventfd, memory, ids (process identity), threads (clone, exit, thread ids, yield),
 //! futex, time, signals, and misc (system information, randomness, limits).
 
+// The guest's registers are u64; each handler reinterprets them as the C types the Linux ABI
+// gives its arguments (int fds, signed offsets, flags) and its results as the signed return value.
+#![allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+
 mod addresses;
 pub(crate) mod agent;
 mod epoll;
@@ -22,7 +26,6 @@ mod table;
 mod threads;
 mod time;
 mod transfer;
-mod user;
 
 #[cfg(test)]
 mod tests;
@@ -35,10 +38,8 @@ use crate::process::threads::{Call, ThreadStart, Wait, WaitOn};
 use crate::process::GuestProcess;
 use crate::status::RunStatus;
 
-pub(crate) use eventfd::MAX_COUNT as EVENTFD_MAX_COUNT;
-pub(crate) use ids::GUEST_PID;
+pub use crate::usermem::UserMemory;
 pub use table::{name, Policy, SyscallEntry, TABLE};
-pub use user::UserMemory;
 
 /// What the run loop does after a system call.
 #[derive(Debug, Clone, PartialEq, Eq)]

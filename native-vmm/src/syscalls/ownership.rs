@@ -5,9 +5,9 @@
 
 use super::files::{fd_arg, stat_of_fd, stat_target, AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW};
 use super::{value, SysResult, UserMemory};
+use crate::abi::{GUEST_GID, GUEST_UID};
 use crate::errno::Errno;
 use crate::fs::Stat;
-use crate::loader::{GUEST_GID, GUEST_UID};
 use crate::process::GuestProcess;
 
 /// uid and gid -1 (as C ints): leave them as they are.
@@ -73,7 +73,7 @@ const PRIO_USER: u64 = 2;
 
 /// Whether (which, who) names the guest: its process, process group or user (0: the caller's).
 fn names_the_guest(me: u64, which: u64, who: u64) -> Result<(), Errno> {
-    let who = who as u32 as u64;
+    let who = u64::from(who as u32);
     match which {
         PRIO_PROCESS | PRIO_PGRP if who == 0 || who == me => Ok(()),
         PRIO_USER if who == 0 || who == GUEST_UID => Ok(()),

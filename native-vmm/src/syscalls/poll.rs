@@ -98,7 +98,7 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             Err(_) => POLLNVAL,
         },
         Object::EventFd { count, .. } => {
-            let mut bits = if count < super::EVENTFD_MAX_COUNT {
+            let mut bits = if count < crate::abi::EVENTFD_MAX_COUNT {
                 writable
             } else {
                 0

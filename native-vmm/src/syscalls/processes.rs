@@ -265,7 +265,7 @@ pub(crate) fn wait4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     if options & !(WNOHANG | WUNTRACED | WCONTINUED | WNOTHREAD | WALL | WCLONE) != 0 {
         return Err(Errno::EINVAL);
     }
-    let which = which_of_wait4(proc, pid as i32 as i64);
+    let which = which_of_wait4(proc, i64::from(pid as i32));
     match ended_child(proc, which)? {
         Some((child, status)) => {
             if wstatus != 0 {
@@ -321,7 +321,7 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
             info[0..4].copy_from_slice(&(SIGCHLD as i32).to_le_bytes());
             info[8..12].copy_from_slice(&code.to_le_bytes());
             info[16..20].copy_from_slice(&(child as i32).to_le_bytes());
-            info[20..24].copy_from_slice(&(crate::loader::GUEST_UID as u32).to_le_bytes());
+            info[20..24].copy_from_slice(&(crate::abi::GUEST_UID as u32).to_le_bytes());
             info[24..28].copy_from_slice(&value_.to_le_bytes());
             if infop != 0 {
                 user.write(infop, &info)?;
@@ -428,7 +428,7 @@ pub(crate) fn setsid(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6
 /// process but the tree's first (-1). The running process gets it at once; another one when
 /// it next runs.
 pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let pid = args[0] as i32 as i64;
+    let pid = i64::from(args[0] as i32);
     let sig = super::signals::signal_or_probe(args[1])?;
     let my_group = proc.tree.get(proc.pid).map_or(proc.pid, |e| e.pgid);
     let targets: Vec<u64> = proc

@@ -8,8 +8,9 @@ use std::fmt::Write;
 
 use super::misc;
 use super::time::{self, CLOCK_BOOTTIME, CLOCK_REALTIME};
+use crate::abi::{GUEST_GID, GUEST_UID};
 use crate::fs::{FdTarget, Node, ProcNode, ProcessView, SystemFile, TaskFile};
-use crate::loader::{stack_size, GUEST_GID, GUEST_UID};
+use crate::loader::stack_size;
 use crate::process::{FdTable, GuestProcess, Object, Threads};
 
 const PAGE: u64 = 4096;

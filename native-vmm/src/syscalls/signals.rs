@@ -163,7 +163,7 @@ pub(crate) fn sigaltstack(proc: &mut GuestProcess, user: &UserMemory, args: [u64
 
 /// tgkill(tgid, tid, sig): to any live thread of the guest.
 pub(crate) fn tgkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    if args[0] as i32 as i64 <= 0 || args[1] as i32 as i64 <= 0 {
+    if i64::from(args[0] as i32) <= 0 || i64::from(args[1] as i32) <= 0 {
         return Err(Errno::EINVAL);
     }
     if args[0] != proc.pid {
@@ -174,7 +174,7 @@ pub(crate) fn tgkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
 
 /// tkill(tid, sig): as tgkill.
 pub(crate) fn tkill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    if args[0] as i32 as i64 <= 0 {
+    if i64::from(args[0] as i32) <= 0 {
         return Err(Errno::EINVAL);
     }
     to_thread(proc, args[0], args[1])

@@ -8,7 +8,7 @@
 //! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data
 //! (SCM_RIGHTS, credentials) is not supported: sendmsg with control data is EOPNOTSUPP.
 
-use super::addresses::{endpoint_name, AF_INET, AF_INET6};
+use super::addresses::{endpoint_name, write_truncated, AF_INET, AF_INET6};
 use super::files::{fd_arg, read_channel, transfer_each, write_channel};
 use super::{value, SysResult, UserMemory};
 use crate::errno::Errno;
@@ -84,9 +84,9 @@ fn any_socket(proc: &GuestProcess, fd: u64) -> Result<(u16, bool), Errno> {
 pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [domain, kind, protocol, sv, ..] = args;
     let (domain, kind, protocol) = (
-        domain as u32 as u64,
-        kind as u32 as u64,
-        protocol as u32 as u64,
+        u64::from(domain as u32),
+        u64::from(kind as u32),
+        u64::from(protocol as u32),
     );
     if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
@@ -216,7 +216,7 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
 
 /// shutdown(fd, how): SHUT_RD, SHUT_WR or SHUT_RDWR.
 pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let how = args[1] as u32 as u64;
+    let how = u64::from(args[1] as u32);
     if how > 2 {
         return Err(Errno::EINVAL);
     }
@@ -226,31 +226,13 @@ pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 
     value(0)
 }
 
-/// Writes an int-sized socket option or an address, truncated to the caller's buffer length
-/// (read from and written back to `len_addr`), as Linux does.
-pub(super) fn write_truncated(
-    user: &UserMemory,
-    buf: u64,
-    len_addr: u64,
-    bytes: &[u8],
-) -> SysResult {
-    let room = user.read_u32(len_addr)? as i32;
-    if room < 0 {
-        return Err(Errno::EINVAL);
-    }
-    let n = bytes.len().min(room as usize);
-    user.write(buf, &bytes[..n])?;
-    user.write_u32(len_addr, n as u32)?;
-    value(0)
-}
-
 /// getsockopt(fd, level, name, value, len): the SOL_SOCKET options programs probe; anything
 /// else is ENOPROTOOPT.
 pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, level, name, optval, optlen, _] = args;
     let (family, listening) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
-    let answer: u32 = match (level as u32 as u64, name as u32 as u64) {
+    let answer: u32 = match (u64::from(level as u32), u64::from(name as u32)) {
         (SOL_SOCKET, SO_TYPE) => SOCK_STREAM as u32,
         (SOL_SOCKET, SO_DOMAIN) => u32::from(family),
         (SOL_SOCKET, SO_SNDBUF | SO_RCVBUF) => PIPE_CAPACITY as u32,
@@ -277,7 +259,7 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let [fd, level, name, optval, optlen, _] = args;
     let (family, _) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
-    let accepted = match (level as u32 as u64, name as u32 as u64) {
+    let accepted = match (u64::from(level as u32), u64::from(name as u32)) {
         (
             SOL_SOCKET,
             SO_REUSEADDR | SO_REUSEPORT | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED,

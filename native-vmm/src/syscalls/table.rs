@@ -23,7 +23,7 @@ use super::{
     signals, sockets, threads, time, transfer, SysResult, UserMemory,
 };
 use crate::errno::Errno;
-use crate::process::GuestProcess;
+use crate::process::{GuestProcess, SyscallCount};
 
 pub type Handler = fn(&mut GuestProcess, &UserMemory, [u64; 6]) -> SysResult;
 
@@ -270,4 +270,17 @@ pub fn lookup(nr: u64) -> Option<&'static SyscallEntry> {
 /// The Linux name of `nr`, when it is in the table.
 pub fn name(nr: u64) -> Option<&'static str> {
     lookup(nr).map(|e| e.name)
+}
+
+// The process keeps the counts; the table names them.
+impl GuestProcess {
+    /// Every system call made, per number.
+    pub fn syscall_counts(&self) -> Vec<SyscallCount> {
+        self.syscall_counts_named(name)
+    }
+
+    /// Calls answered -ENOSYS or stopped as unsupported, per number.
+    pub fn unsupported_counts(&self) -> Vec<SyscallCount> {
+        self.unsupported_counts_named(name)
+    }
 }

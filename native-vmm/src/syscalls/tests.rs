@@ -190,7 +190,7 @@ impl Guest {
 }
 
 fn err(e: Errno) -> i64 {
-    -(e.0 as i64)
+    -i64::from(e.0)
 }
 
 /// The wait a call blocked its thread with (the scheduler, not the handler, does the waiting).
@@ -365,8 +365,8 @@ fn stdin_pipes_dup_and_fcntl() {
 
     assert_eq!(g.ret(PIPE2, &[SCRATCH, O_CLOEXEC]), 0);
     let (r, w) = (
-        g.mem.read_u32(SCRATCH).unwrap() as u64,
-        g.mem.read_u32(SCRATCH + 4).unwrap() as u64,
+        u64::from(g.mem.read_u32(SCRATCH).unwrap()),
+        u64::from(g.mem.read_u32(SCRATCH + 4).unwrap()),
     );
     assert_eq!((r, w), (3, 4));
     assert_eq!(g.ret(FCNTL, &[r, 1]), 1); // F_GETFD: FD_CLOEXEC
@@ -1056,8 +1056,8 @@ impl Guest {
             0
         );
         (
-            self.mem.read_u32(SCRATCH + 0x800).unwrap() as u64,
-            self.mem.read_u32(SCRATCH + 0x804).unwrap() as u64,
+            u64::from(self.mem.read_u32(SCRATCH + 0x800).unwrap()),
+            u64::from(self.mem.read_u32(SCRATCH + 0x804).unwrap()),
         )
     }
 
@@ -1258,8 +1258,8 @@ fn epoll_reports_readiness_of_pipes_and_sockets() {
     let (a, b) = g.socketpair(0);
     assert_eq!(g.ret(PIPE2, &[SCRATCH + 0x700, 0]), 0);
     let (r, w) = (
-        g.mem.read_u32(SCRATCH + 0x700).unwrap() as u64,
-        g.mem.read_u32(SCRATCH + 0x704).unwrap() as u64,
+        u64::from(g.mem.read_u32(SCRATCH + 0x700).unwrap()),
+        u64::from(g.mem.read_u32(SCRATCH + 0x704).unwrap()),
     );
     assert_eq!(g.epoll_add(ep, a, EPOLLIN, 0xa), 0);
     assert_eq!(g.epoll_add(ep, a, EPOLLIN, 0xa), err(Errno::EEXIST));
@@ -1378,7 +1378,7 @@ fn dev_nodes_and_statfs() {
 
 #[test]
 fn sockets_epoll_and_devices_survive_a_template_snapshot() {
-    use crate::snapshot::codec::{Decoder, Encoder};
+    use crate::codec::{Decoder, Encoder};
     let mut g = guest();
     let (a, b) = g.socketpair(O_NONBLOCK);
     assert_eq!(g.write_bytes(a, b"kept"), 4);

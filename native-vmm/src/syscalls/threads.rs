@@ -8,7 +8,6 @@
 
 use super::{value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
-use crate::process::threads::MAIN_TID;
 use crate::process::GuestProcess;
 use crate::status::RunStatus;
 
@@ -154,7 +153,7 @@ fn spawn(proc: &mut GuestProcess, user: &UserMemory, args: CloneArgs) -> SysResu
         }
     }
     let tls = wants(CLONE_SETTLS).then_some(args.tls);
-    if tls.is_some_and(|base| base >= super::misc::TASK_SIZE) {
+    if tls.is_some_and(|base| base >= crate::abi::TASK_SIZE) {
         return Err(Errno::EPERM);
     }
     let Some(start) = proc.threads.spawn(args.stack, tls) else {
@@ -213,7 +212,7 @@ pub(crate) fn gettid(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6
 /// Whether `pid` (as a pid_t argument) names a thread of the guest: 0 (the caller) or a live
 /// tid (the main thread's is the pid).
 pub(crate) fn names_a_thread(proc: &GuestProcess, pid: u64) -> bool {
-    let pid = pid as u32 as i32 as i64;
+    let pid = i64::from(pid as u32 as i32);
     pid == 0 || (pid > 0 && proc.threads.get(pid as u64).is_some())
 }
 
@@ -265,7 +264,7 @@ pub(crate) fn arch_prctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         ARCH_REQ_XCOMP_PERM if args[1] >= XFEATURE_MAX => Err(Errno::EINVAL),
         ARCH_REQ_XCOMP_PERM if XCOMP_KEPT & (1 << args[1]) != 0 => value(0),
         ARCH_REQ_XCOMP_PERM => Err(Errno::EOPNOTSUPP),
-        ARCH_SET_FS if args[1] >= super::misc::TASK_SIZE => Err(Errno::EPERM),
+        ARCH_SET_FS if args[1] >= crate::abi::TASK_SIZE => Err(Errno::EPERM),
         ARCH_SET_FS => {
             proc.threads.current_mut().fs_base = args[1];
             Ok(SyscallOutcome::SetFsBase(args[1]))
@@ -286,6 +285,3 @@ pub(crate) fn sched_yield(
 ) -> SysResult {
     Ok(SyscallOutcome::Yield)
 }
-
-/// The main thread is the process: tid MAIN_TID is the pid everywhere.
-const _: () = assert!(MAIN_TID == super::ids::GUEST_PID);

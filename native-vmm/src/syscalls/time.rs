@@ -138,7 +138,7 @@ pub(crate) fn clock_gettime(
 ) -> SysResult {
     let ns = match cpu_time_ns(proc, args[0]) {
         Some(cpu) => cpu?,
-        None => now_ns(args[0] as u32 as u64)?,
+        None => now_ns(u64::from(args[0] as u32))?,
     };
     user.write_timespec(args[1], ns / 1_000_000_000, ns % 1_000_000_000)?;
     value(0)
@@ -153,7 +153,7 @@ pub(crate) fn clock_getres(
     if let Some(cpu) = cpu_time_ns(proc, args[0]) {
         cpu?;
     } else {
-        host_clock(args[0] as u32 as u64)?;
+        host_clock(u64::from(args[0] as u32))?;
     }
     let res = if matches!(args[0], CLOCK_REALTIME_COARSE | CLOCK_MONOTONIC_COARSE) {
         COARSE_RESOLUTION_NS

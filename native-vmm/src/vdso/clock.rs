@@ -70,9 +70,9 @@ pub struct Params {
 impl Params {
     /// CLOCK_MONOTONIC at TSC `tsc` (a TSC before the base reads as the base).
     pub fn monotonic_at(&self, tsc: u64) -> u64 {
-        let delta = tsc.saturating_sub(self.tsc_base) as u128;
+        let delta = u128::from(tsc.saturating_sub(self.tsc_base));
         self.mono_base
-            .wrapping_add(((delta * self.mult as u128) >> 32) as u64)
+            .wrapping_add(((delta * u128::from(self.mult)) >> 32) as u64)
     }
 }
 
@@ -157,15 +157,15 @@ fn sample() -> Sample {
 fn rate(from: &Sample, to: &Sample) -> Option<u64> {
     let cycles = to.tsc.checked_sub(from.tsc).filter(|&c| c > 0)?;
     let ns = to.mono.checked_sub(from.mono)?;
-    u64::try_from(((ns as u128) << 32) / cycles as u128).ok()
+    u64::try_from((u128::from(ns) << 32) / u128::from(cycles)).ok()
 }
 
 /// The parameters after an update at TSC `anchor`: continuous with `current` there, with the
 /// host's rate since `previous`, corrected for the error `now` shows, spread over the next
 /// `UPDATE_PERIOD`; offsets from `now` where they changed by more than noise.
 fn next_params(current: &Params, previous: &Sample, now: &Sample, anchor: u64) -> Params {
-    let host_rate = rate(previous, now).unwrap_or(current.mult) as i128;
-    let error = now.mono as i128 - current.monotonic_at(now.tsc) as i128;
+    let host_rate = i128::from(rate(previous, now).unwrap_or(current.mult));
+    let error = i128::from(now.mono) - i128::from(current.monotonic_at(now.tsc));
     let (step, mult) = if error > STEP_NS {
         (error as u64, host_rate)
     } else {
@@ -443,7 +443,7 @@ mod tests {
         );
         let rate = (995u128 << 32) / 1000;
         assert!(
-            ahead.mult as u128 >= rate * 999 / 1000 && (ahead.mult as u128) < rate,
+            u128::from(ahead.mult) >= rate * 999 / 1000 && u128::from(ahead.mult) < rate,
             "slower by at most the slew limit: {}",
             ahead.mult
         );

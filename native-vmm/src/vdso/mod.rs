@@ -21,6 +21,9 @@
 //! change the clock other VMs read nor its own code's copy (a guest that jumps into the vDSO
 //! anywhere only runs its own code, at CPL3).
 
+// The clock page holds the kernel's vDSO data layout: signed time values stored in u64 words.
+#![allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+
 pub mod clock;
 
 use crate::layout::{USER_BASE, VDSO_ADDR};

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+// Tests that also load common/ hold a second copy of this module: it only reads the environment.
+#[allow(clippy::duplicate_mod)]
 #[path = "../common/time_scale.rs"]
 mod time_scale;
 #[allow(unused_imports)] // each test binary uses its own subset

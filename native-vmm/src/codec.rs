@@ -1,4 +1,5 @@
-//! The byte codec of template files: little-endian integers, length-prefixed byte strings.
+//! The byte codec of template files (`crate::snapshot`): little-endian integers, length-prefixed
+//! byte strings.
 //!
 //! Owning modules encode their own state with it (`GuestProcess::encode_state`, `Vfs`, the fd
 //! table, the memory map); decoding checks every length against the bytes that remain and
@@ -43,7 +44,7 @@ impl Encoder {
     }
 
     pub fn bool(&mut self, v: bool) {
-        self.u8(v as u8);
+        self.u8(u8::from(v));
     }
 
     pub fn u32(&mut self, v: u32) {

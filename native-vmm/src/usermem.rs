@@ -1,11 +1,15 @@
-//! Guest memory as a system call may touch it: user memory only.
+//! Guest memory as a system call (or the signal frame it delivers) may touch it: user memory
+//! only.
 //!
 //! The system area below USER_BASE (page tables, GDT/IDT, CPL0 stubs) is guest memory too,
 //! but the program cannot reach it, so a pointer into it is as bad as one outside memory:
 //! EFAULT. Every handler goes through this view, never through GuestMemory directly.
 
+// The guest's structs (timespec, timeval, iovec) hold C signed values in 64-bit words.
+#![allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+
+use crate::abi::PATH_MAX;
 use crate::errno::Errno;
-use crate::fs::PATH_MAX;
 use crate::layout::USER_BASE;
 use crate::memory::GuestMemory;
 use std::time::Duration;

@@ -12,6 +12,7 @@ import type { GatewayConfig } from "./config.js";
 import type { AppEnv, GatewayContext } from "./context.js";
 import { CreditLeases } from "./credit-leases.js";
 import { registerDocs } from "./docs.js";
+import { registerConsole } from "./routes/console.js";
 import { ExecutionService } from "./execution-service.js";
 import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits.js";
 import { ProblemError, problemResponse } from "./problems.js";
@@ -172,6 +173,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     },
   });
   registerDocs(app, OPENAPI_PATH);
+  registerConsole(app);
   return { app, context };
 }
 

@@ -849,6 +849,29 @@ mod tests {
         *at = choices[rng.below(choices.len())].clone();
     }
 
+    /// tests/fixtures/request-limits.json holds the daemon's bounds on a request; the gateway
+    /// checks them at the edge and holds its constants to the same file
+    /// (gateway/request-limits.test.ts).
+    #[test]
+    fn the_shared_request_limits_fixture_holds_the_daemons_bounds() {
+        let fixture: Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/request-limits.json")).unwrap();
+        assert_eq!(
+            fixture,
+            json!({
+                "MAX_CODE_BYTES": crate::agent::MAX_CODE_BYTES,
+                "MAX_STDIN_BYTES": crate::agent::MAX_STDIN_BYTES,
+                "MAX_ARGS_ENV_BYTES": crate::agent::MAX_ARGS_ENV_BYTES,
+                "MAX_ARGS": crate::agent::MAX_ARGS,
+                "MAX_ENV_VARS": crate::agent::MAX_ENV_VARS,
+                "MAX_FILES": crate::agent::MAX_FILES,
+                "MAX_FILES_BYTES": crate::agent::MAX_FILES_BYTES,
+                "MAX_SESSION_FILE_BYTES": crate::daemon::sessions::MAX_SESSION_FILE_BYTES,
+                "MAX_FRAME_BYTES": crate::daemon::frame::MAX_FRAME_BYTES,
+            })
+        );
+    }
+
     /// The file paths of tests/fixtures/file-paths.json, which the gateway's edge validation
     /// is tested against too (gateway/file-paths.test.ts): the daemon gives each its verdict.
     #[test]

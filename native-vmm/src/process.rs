@@ -241,6 +241,11 @@ impl GuestProcess {
         let next_id = self.threads.next_id().max(pid + 1);
         let mut threads = Threads::for_process(pid, next_id, self.threads.limit());
         threads.switching = self.threads.switching;
+        // The child's one thread is the caller's copy: its signal mask and alternate stack.
+        let caller = self.threads.current();
+        let main = threads.current_mut();
+        main.blocked_signals = caller.blocked_signals;
+        main.alt_stack = caller.alt_stack;
         ProcessPart {
             pid,
             fd_slots: self.fds.fork_slots(),

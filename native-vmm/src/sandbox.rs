@@ -408,8 +408,16 @@ impl<'a> Tree<'a> {
         let switching = process.threads.switching;
         let next_id = process.threads.next_id().max(process.tree.next_id());
         process.threads.stop_cpu_clock();
+        // The signal mask and the signals pending for the caller survive execve.
+        let (blocked, pending) = {
+            let caller = process.threads.current();
+            (caller.blocked_signals, caller.pending_signals)
+        };
         process.threads = Threads::for_process(pid, next_id, limit);
         process.threads.switching = switching;
+        let main = process.threads.current_mut();
+        main.blocked_signals = blocked;
+        main.pending_signals = pending;
         process.threads.start_cpu_clock();
         process.memory = MemoryMap::new(loaded.space, mem_limit);
         process.space = loaded.space;

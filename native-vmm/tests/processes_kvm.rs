@@ -262,3 +262,27 @@ print(r.stdout.strip())
         describe(&outcome)
     );
 }
+
+#[test]
+fn exec_keeps_the_signal_mask_and_fexecve_runs_an_open_file() {
+    let outcome = python(
+        r#"
+import os, signal, sys
+code = "import os, signal; os.kill(os.getpid(), signal.SIGUSR1); print('blocked')"
+pid = os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ,
+                     setsigmask=[signal.SIGUSR1])
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+fd = os.open(sys.executable, os.O_RDONLY)
+pid = os.fork()
+if pid == 0:
+    os.execve(fd, [sys.executable, "-c", "print('fexecve')"], os.environ)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "blocked\n0\nfexecve\n0\n",
+        "{}",
+        describe(&outcome)
+    );
+}

@@ -131,12 +131,19 @@ fn read_strings(user: &UserMemory, addr: u64, budget: &mut u64) -> Result<Vec<St
 
 /// execve(path, argv, envp)
 pub(crate) fn execve(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    exec_at(proc, user, proc.cwd, args[0], args[1], args[2])
+    let path = user.read_path(args[0])?;
+    exec_at(proc, user, proc.cwd, path, args[1], args[2])
 }
 
-/// execveat(dirfd, path, argv, envp, flags): relative to a directory fd, or AT_FDCWD.
+/// execveat(dirfd, path, argv, envp, flags): relative to a directory fd, or AT_FDCWD; with
+/// AT_EMPTY_PATH and an empty path, the program dirfd is open on (fexecve).
 pub(crate) fn execveat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const AT_FDCWD: i32 = -100;
+    const AT_EMPTY_PATH: u64 = 0x1000;
+    const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
+    if args[4] & !(AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0 {
+        return Err(Errno::EINVAL);
+    }
     let base = if args[0] as i32 == AT_FDCWD {
         proc.cwd
     } else {
@@ -145,24 +152,35 @@ pub(crate) fn execveat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
             _ => return Err(Errno::ENOTDIR),
         }
     };
-    exec_at(proc, user, base, args[1], args[2], args[3])
+    let path = user.read_path(args[1])?;
+    if path.is_empty() && args[4] & AT_EMPTY_PATH == 0 {
+        return Err(Errno::ENOENT);
+    }
+    exec_at(proc, user, base, path, args[2], args[3])
 }
 
 fn exec_at(
     proc: &mut GuestProcess,
     user: &UserMemory,
     base: Node,
-    path: u64,
+    path: Vec<u8>,
     argv: u64,
     envp: u64,
 ) -> SysResult {
-    let path = user.read_path(path)?;
     let mut budget = EXEC_STRINGS_MAX;
     let mut argv = read_strings(user, argv, &mut budget)?;
     let envp = read_strings(user, envp, &mut budget)?;
-    let mut exe = String::from_utf8_lossy(&path).into_owned();
     let vfs = &proc.config.vfs;
-    let mut node = vfs.resolve(base, &path, true)?;
+    let mut exe = if path.is_empty() {
+        String::from_utf8_lossy(&vfs.path_of(base)?).into_owned()
+    } else {
+        String::from_utf8_lossy(&path).into_owned()
+    };
+    let mut node = if path.is_empty() {
+        base
+    } else {
+        vfs.resolve(base, &path, true)?
+    };
     for _ in 0..=INTERPRETER_DEPTH {
         if vfs.kind(node)? != FileKind::Regular {
             return Err(Errno::EACCES);

@@ -271,12 +271,12 @@ import os, signal, sys
 code = "import os, signal; os.kill(os.getpid(), signal.SIGUSR1); print('blocked')"
 pid = os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ,
                      setsigmask=[signal.SIGUSR1])
-print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 fd = os.open(sys.executable, os.O_RDONLY)
 pid = os.fork()
 if pid == 0:
     os.execve(fd, [sys.executable, "-c", "print('fexecve')"], os.environ)
-print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 "#,
     );
     assert_eq!(

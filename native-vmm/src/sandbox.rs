@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::cpu::{CpuExit, GuestCpu};
 use crate::errno::Errno;
 use crate::memory::{GuestMemory, MemoryArena};
-use crate::process::signals::bit;
+use crate::process::signals::{self, bit};
 use crate::process::threads::{Call, QUANTUM};
 use crate::process::tree::{exited_status, signalled_status};
 use crate::process::{Command, GuestProcess, MemoryMap, ProcessPart, Threads};
@@ -245,6 +245,10 @@ impl<'a> Tree<'a> {
                 (Some(cpu), Some(sched)) => (cpu.as_mut(), sched),
                 _ => (root_cpu, root_sched),
             };
+        // A signal sent to it while it was away is taken at once, even in a loop that makes no
+        // system call: the first run is kicked out straight away (`slice_ended` takes it).
+        let mut kick = matches!(next, State::Ready(Next::Run))
+            && signals::ready_for(process, process.threads.current_tid()) != 0;
         let mut ended = match next {
             State::Ready(Next::Run) => None,
             State::Ready(Next::Answer { call, value }) => {
@@ -268,6 +272,9 @@ impl<'a> Tree<'a> {
             }
             if let Some(timer) = other_timer {
                 until = until.min(timer);
+            }
+            if std::mem::take(&mut kick) {
+                until = Instant::now();
             }
             ended = match cpu.run(until)? {
                 CpuExit::Syscall { nr, args } => {

@@ -286,3 +286,26 @@ print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
         describe(&outcome)
     );
 }
+
+#[test]
+fn a_signal_reaches_a_child_spinning_without_system_calls() {
+    let outcome = python(
+        r#"
+import subprocess, sys, time
+try:
+    subprocess.call([sys.executable, "-c", "while True: pass"], timeout=0.3)
+except subprocess.TimeoutExpired:
+    print("timed out", flush=True)
+p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+time.sleep(0.2)
+p.terminate()
+print(p.wait())
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "timed out\n-15\n",
+        "{}",
+        describe(&outcome)
+    );
+}

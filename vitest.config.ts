@@ -9,7 +9,10 @@ import { defineConfig } from "vitest/config";
 export class PlainCountReporter implements Reporter {
   constructor(private readonly label = "vitest") {}
 
-  onTestRunEnd(testModules: ReadonlyArray<TestModule>, unhandledErrors: ReadonlyArray<unknown>): void {
+  onTestRunEnd(
+    testModules: ReadonlyArray<TestModule>,
+    unhandledErrors: ReadonlyArray<unknown>,
+  ): void {
     let passed = 0;
     let failed = unhandledErrors.length;
     let skipped = 0;
@@ -23,13 +26,21 @@ export class PlainCountReporter implements Reporter {
         else skipped++;
       }
     }
-    console.log(`${this.label}: ${passed} passed, ${failed} failed${skipped > 0 ? `, ${skipped} skipped` : ""}`);
+    console.log(
+      `${this.label}: ${passed} passed, ${failed} failed${skipped > 0 ? `, ${skipped} skipped` : ""}`,
+    );
   }
 }
 
 export default defineConfig({
   test: {
-    include: ["client/**/*.test.ts", "gateway/**/*.test.ts", "db/**/*.test.ts", "runtime/**/*.test.ts", "loadtest/**/*.test.ts"],
+    include: [
+      "client/**/*.test.ts",
+      "gateway/**/*.test.ts",
+      "db/**/*.test.ts",
+      "runtime/**/*.test.ts",
+      "loadtest/**/*.test.ts",
+    ],
     // *.kvm.test.ts need a /dev/kvm that runs guests: scripts/kvm-tier.sh runs them (vitest.kvm.config.ts).
     exclude: ["**/node_modules/**", "**/*.kvm.test.ts"],
     // Each file owns a fresh database (Postgres) or an in-memory PGlite; the 2-core machine sets the pace.

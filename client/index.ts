@@ -23,7 +23,16 @@ export interface ExecutionRequest {
   stream?: boolean;
 }
 
-export type ExecutionStatus = "running" | "completed" | "timed_out" | "memory_exceeded" | "output_exceeded" | "crashed" | "unsupported_syscall" | "deadlocked" | "aborted";
+export type ExecutionStatus =
+  | "running"
+  | "completed"
+  | "timed_out"
+  | "memory_exceeded"
+  | "output_exceeded"
+  | "crashed"
+  | "unsupported_syscall"
+  | "deadlocked"
+  | "aborted";
 
 export interface Execution {
   id: string;
@@ -114,7 +123,9 @@ export class SandforkError extends Error {
     readonly status: number,
     readonly problem: Problem,
   ) {
-    super(`${problem.title}${problem.detail === undefined ? "" : `: ${problem.detail}`} (${problem.type})`);
+    super(
+      `${problem.title}${problem.detail === undefined ? "" : `: ${problem.detail}`} (${problem.type})`,
+    );
     this.name = "SandforkError";
   }
 }
@@ -147,50 +158,93 @@ export class Sandfork {
   }
 
   /** Runs code and yields its output as the program writes it, ending with the execution. */
-  async *stream(request: ExecutionRequest, options: CallOptions = {}): AsyncGenerator<StreamEvent, void, undefined> {
-    const response = await this.send("POST", "/v1/executions", request, options, "text/event-stream");
+  async *stream(
+    request: ExecutionRequest,
+    options: CallOptions = {},
+  ): AsyncGenerator<StreamEvent, void, undefined> {
+    const response = await this.send(
+      "POST",
+      "/v1/executions",
+      request,
+      options,
+      "text/event-stream",
+    );
     if (response.body === null) throw new Error("the gateway sent no event stream");
     for await (const { event, data } of serverSentEvents(response.body)) {
       const payload = JSON.parse(data) as Record<string, unknown>;
       if (event === "started") yield { event, id: payload.id as string };
-      else if (event === "output") yield { event, stream: payload.stream as "stdout" | "stderr", data: payload.data as string };
+      else if (event === "output")
+        yield {
+          event,
+          stream: payload.stream as "stdout" | "stderr",
+          data: payload.data as string,
+        };
       else if (event === "execution") {
         yield { event, execution: payload as unknown as Execution };
         return;
-      } else if (event === "error") throw new SandforkError((payload as Problem).status, payload as Problem);
+      } else if (event === "error")
+        throw new SandforkError((payload as Problem).status, payload as Problem);
     }
     throw new Error("the event stream ended before the execution's final event");
   }
 
   async templates(): Promise<Template[]> {
-    return ((await this.json("GET", "/v1/templates", undefined, {})) as { templates: Template[] }).templates;
+    return ((await this.json("GET", "/v1/templates", undefined, {})) as { templates: Template[] })
+      .templates;
   }
 
   /** The run_code and list_templates tools, for a chat request's `tools`. */
   tools(format: "openai"): Promise<OpenAITool[]>;
   tools(format: "anthropic"): Promise<AnthropicTool[]>;
   async tools(format: ToolFormat): Promise<OpenAITool[] | AnthropicTool[]> {
-    return ((await this.json("GET", `/v1/tools?format=${format}`, undefined, {})) as { tools: OpenAITool[] | AnthropicTool[] }).tools;
+    return (
+      (await this.json("GET", `/v1/tools?format=${format}`, undefined, {})) as {
+        tools: OpenAITool[] | AnthropicTool[];
+      }
+    ).tools;
   }
 
   /** Runs a model's tool call; the answer is the message (OpenAI) or block (Anthropic) to send back. */
   toolCall(call: OpenAIToolCall, options?: CallOptions): Promise<OpenAIToolMessage>;
   toolCall(call: AnthropicToolUse, options?: CallOptions): Promise<AnthropicToolResult>;
-  async toolCall(call: OpenAIToolCall | AnthropicToolUse, options: CallOptions = {}): Promise<OpenAIToolMessage | AnthropicToolResult> {
+  async toolCall(
+    call: OpenAIToolCall | AnthropicToolUse,
+    options: CallOptions = {},
+  ): Promise<OpenAIToolMessage | AnthropicToolResult> {
     // Only what the gateway reads: SDK objects carry more (and may not serialize plainly).
     const body =
       call.type === "function"
-        ? { id: call.id, type: call.type, function: { name: call.function.name, arguments: call.function.arguments } }
+        ? {
+            id: call.id,
+            type: call.type,
+            function: { name: call.function.name, arguments: call.function.arguments },
+          }
         : { id: call.id, type: call.type, name: call.name, input: call.input };
-    return (await this.json("POST", "/v1/tool-calls", body, options)) as OpenAIToolMessage | AnthropicToolResult;
+    return (await this.json("POST", "/v1/tool-calls", body, options)) as
+      | OpenAIToolMessage
+      | AnthropicToolResult;
   }
 
-  private async json(method: string, path: string, body: unknown, options: CallOptions): Promise<unknown> {
+  private async json(
+    method: string,
+    path: string,
+    body: unknown,
+    options: CallOptions,
+  ): Promise<unknown> {
     return (await this.send(method, path, body, options, "application/json")).json();
   }
 
-  private async send(method: string, path: string, body: unknown, options: CallOptions, accept: string): Promise<Response> {
-    const headers: Record<string, string> = { authorization: `Bearer ${this.options.apiKey}`, accept };
+  private async send(
+    method: string,
+    path: string,
+    body: unknown,
+    options: CallOptions,
+    accept: string,
+  ): Promise<Response> {
+    const headers: Record<string, string> = {
+      authorization: `Bearer ${this.options.apiKey}`,
+      accept,
+    };
     if (body !== undefined) headers["content-type"] = "application/json";
     if (options.idempotencyKey !== undefined) headers["idempotency-key"] = options.idempotencyKey;
     const response = await this.fetch(`${this.baseUrl}${path}`, {
@@ -205,7 +259,13 @@ export class Sandfork {
       try {
         problem = JSON.parse(text) as Problem;
       } catch {
-        problem = { type: "about:blank", title: response.statusText, status: response.status, detail: text, retryable: false };
+        problem = {
+          type: "about:blank",
+          title: response.statusText,
+          status: response.status,
+          detail: text,
+          retryable: false,
+        };
       }
       throw new SandforkError(response.status, problem);
     }
@@ -214,7 +274,9 @@ export class Sandfork {
 }
 
 /** The events of a text/event-stream body (the fields this API sends: event and data). */
-async function* serverSentEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<{ event: string; data: string }> {
+async function* serverSentEvents(
+  body: ReadableStream<Uint8Array>,
+): AsyncGenerator<{ event: string; data: string }> {
   const decoder = new TextDecoder();
   let buffered = "";
   for await (const bytes of body as unknown as AsyncIterable<Uint8Array>) {

@@ -19,12 +19,17 @@ function fail(message: string): never {
 }
 
 const apiKey = process.env.SANDFORK_API_KEY;
-if (apiKey === undefined || apiKey === "") fail("set SANDFORK_API_KEY to an API key or token of the gateway");
+if (apiKey === undefined || apiKey === "")
+  fail("set SANDFORK_API_KEY to an API key or token of the gateway");
 const gateway = new URL("/mcp", process.env.SANDFORK_URL ?? "http://127.0.0.1:8787");
 
 const remote = new Client({ name: NAME, version: VERSION });
 try {
-  await remote.connect(new StreamableHTTPClientTransport(gateway, { requestInit: { headers: { authorization: `Bearer ${apiKey}` } } }));
+  await remote.connect(
+    new StreamableHTTPClientTransport(gateway, {
+      requestInit: { headers: { authorization: `Bearer ${apiKey}` } },
+    }),
+  );
 } catch (error) {
   fail(`cannot open an MCP session with ${gateway.href}: ${(error as Error).message}`);
 }
@@ -36,7 +41,15 @@ server.setRequestHandler(CallToolRequestSchema, async (request) => {
     return await remote.callTool(request.params);
   } catch (error) {
     // The gateway did not answer the call (unreachable, restarted): the model is told so.
-    return { isError: true, content: [{ type: "text" as const, text: `the Sandfork gateway at ${gateway.origin} did not answer: ${(error as Error).message}` }] };
+    return {
+      isError: true,
+      content: [
+        {
+          type: "text" as const,
+          text: `the Sandfork gateway at ${gateway.origin} did not answer: ${(error as Error).message}`,
+        },
+      ],
+    };
   }
 });
 server.onclose = () => {

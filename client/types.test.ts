@@ -34,7 +34,9 @@ const CHECKED: Record<string, string[]> = {
 // client/index.ts, read as text: its declarations are plain interfaces and type aliases of
 // fields, inline objects, arrays, string-literal unions and `| null` (the TypeScript in use here
 // has no compiler API to ask).
-const SOURCE = readFileSync(new URL("./index.ts", import.meta.url), "utf8").replace(/\/\*[\s\S]*?\*\//g, "").replace(/\/\/.*$/gm, "");
+const SOURCE = readFileSync(new URL("./index.ts", import.meta.url), "utf8")
+  .replace(/\/\*[\s\S]*?\*\//g, "")
+  .replace(/\/\/.*$/gm, "");
 
 /** The text of the client's declaration `name`: an interface's `{ ... }` or an alias's right side. */
 function declaration(name: string): string {
@@ -84,34 +86,63 @@ function fields(body: string): Map<string, [boolean, string]> {
   const found = new Map<string, [boolean, string]>();
   for (const member of members) {
     const match = /^(\w+)(\??):\s*([\s\S]+)$/.exec(member);
-    if (match !== null) found.set(match[1] as string, [match[2] === "?", (match[3] as string).trim()]);
+    if (match !== null)
+      found.set(match[1] as string, [match[2] === "?", (match[3] as string).trim()]);
   }
   return found;
 }
 
 /** The differences between the client's type (as text) and `schema`, each as "where: what". */
-function differences(text: string, schema: Schema, where: string, components: Record<string, Schema>): string[] {
-  if (schema.$ref !== undefined) return differences(text, components[schema.$ref.replace("#/components/schemas/", "")] ?? {}, where, components);
+function differences(
+  text: string,
+  schema: Schema,
+  where: string,
+  components: Record<string, Schema>,
+): string[] {
+  if (schema.$ref !== undefined)
+    return differences(
+      text,
+      components[schema.$ref.replace("#/components/schemas/", "")] ?? {},
+      where,
+      components,
+    );
   const found: string[] = [];
   let parts = splitTop(text, "|");
-  if (parts.length === 1 && /^[A-Z]\w*$/.test(parts[0] as string) && parts[0] !== "Record") parts = splitTop(declaration(parts[0] as string), "|");
+  if (parts.length === 1 && /^[A-Z]\w*$/.test(parts[0] as string) && parts[0] !== "Record")
+    parts = splitTop(declaration(parts[0] as string), "|");
   const allowsNull = parts.includes("null");
   const nonNull = parts.filter((p) => p !== "null" && p !== "undefined");
-  const types = schema.type === undefined ? [] : Array.isArray(schema.type) ? schema.type : [schema.type];
-  if (types.length > 0 && types.includes("null") !== allowsNull) found.push(`${where}: ${types.includes("null") ? "the API allows null, the client does not" : "the client allows null, the API does not"}`);
+  const types =
+    schema.type === undefined ? [] : Array.isArray(schema.type) ? schema.type : [schema.type];
+  if (types.length > 0 && types.includes("null") !== allowsNull)
+    found.push(
+      `${where}: ${types.includes("null") ? "the API allows null, the client does not" : "the client allows null, the API does not"}`,
+    );
   if (schema.enum !== undefined && nonNull.every((p) => /^"[^"]*"$/.test(p))) {
     const values = nonNull.map((p) => p.slice(1, -1)).sort();
     const expected = schema.enum.map(String).sort();
-    if (JSON.stringify(values) !== JSON.stringify(expected)) found.push(`${where}: values ${JSON.stringify(values)}, the API's ${JSON.stringify(expected)}`);
+    if (JSON.stringify(values) !== JSON.stringify(expected))
+      found.push(
+        `${where}: values ${JSON.stringify(values)}, the API's ${JSON.stringify(expected)}`,
+      );
   }
   const one = nonNull.length === 1 ? (nonNull[0] as string) : undefined;
   if (types.includes("array") && schema.items !== undefined) {
-    if (one === undefined || !one.endsWith("[]")) found.push(`${where}: the API has an array, the client ${text}`);
+    if (one === undefined || !one.endsWith("[]"))
+      found.push(`${where}: the API has an array, the client ${text}`);
     else found.push(...differences(one.slice(0, -2), schema.items, `${where}[]`, components));
   }
   if (schema.properties !== undefined) {
-    const body = one === undefined ? undefined : one.startsWith("{") ? one : /^[A-Z]\w*$/.test(one) ? declaration(one) : undefined;
-    if (body === undefined || !body.startsWith("{")) return [...found, `${where}: the API has an object, the client ${text}`];
+    const body =
+      one === undefined
+        ? undefined
+        : one.startsWith("{")
+          ? one
+          : /^[A-Z]\w*$/.test(one)
+            ? declaration(one)
+            : undefined;
+    if (body === undefined || !body.startsWith("{"))
+      return [...found, `${where}: the API has an object, the client ${text}`];
     const required = new Set(schema.required ?? []);
     const clientFields = fields(body);
     for (const [field, fieldSchema] of Object.entries(schema.properties)) {
@@ -121,10 +152,15 @@ function differences(text: string, schema: Schema, where: string, components: Re
         continue;
       }
       const [optional, type] = entry;
-      if (optional === required.has(field)) found.push(`${where}.${field}: ${required.has(field) ? "required in the API, optional in the client" : "optional in the API, required in the client"}`);
+      if (optional === required.has(field))
+        found.push(
+          `${where}.${field}: ${required.has(field) ? "required in the API, optional in the client" : "optional in the API, required in the client"}`,
+        );
       found.push(...differences(type, fieldSchema, `${where}.${field}`, components));
     }
-    for (const field of clientFields.keys()) if (!(field in schema.properties)) found.push(`${where}.${field}: in the client, not in the API`);
+    for (const field of clientFields.keys())
+      if (!(field in schema.properties))
+        found.push(`${where}.${field}: in the client, not in the API`);
   }
   return found;
 }
@@ -134,7 +170,9 @@ describe("the TypeScript client's types against the OpenAPI document", () => {
   let components: Record<string, Schema>;
   beforeAll(async () => {
     gw = await startTestGateway("pglite");
-    const doc = (await (await gw.call("GET", OPENAPI_PATH)).json()) as { components: { schemas: Record<string, Schema> } };
+    const doc = (await (await gw.call("GET", OPENAPI_PATH)).json()) as {
+      components: { schemas: Record<string, Schema> };
+    };
     components = doc.components.schemas;
   });
   afterAll(async () => {

@@ -40,7 +40,10 @@ export async function buildConsole(outDir = CONSOLE_DIST): Promise<void> {
   rmSync(outDir, { recursive: true, force: true });
   const assets = join(outDir, "assets");
   const result = await build({
-    entryPoints: { app: join(CONSOLE_SOURCE, "src", "main.ts"), style: join(CONSOLE_SOURCE, "styles.css") },
+    entryPoints: {
+      app: join(CONSOLE_SOURCE, "src", "main.ts"),
+      style: join(CONSOLE_SOURCE, "styles.css"),
+    },
     bundle: true,
     format: "esm",
     target: "es2022",
@@ -55,8 +58,11 @@ export async function buildConsole(outDir = CONSOLE_DIST): Promise<void> {
   const outputs = Object.keys(result.metafile.outputs).map((path) => relative(assets, path));
   const script = outputs.find((name) => name.startsWith("app-") && name.endsWith(".js"));
   const style = outputs.find((name) => name.startsWith("style-") && name.endsWith(".css"));
-  if (script === undefined || style === undefined) throw new Error(`esbuild wrote ${outputs.join(", ")}`);
-  const html = readFileSync(join(CONSOLE_SOURCE, "index.html"), "utf8").replace("%SCRIPT%", `/console/assets/${script}`).replace("%STYLE%", `/console/assets/${style}`);
+  if (script === undefined || style === undefined)
+    throw new Error(`esbuild wrote ${outputs.join(", ")}`);
+  const html = readFileSync(join(CONSOLE_SOURCE, "index.html"), "utf8")
+    .replace("%SCRIPT%", `/console/assets/${script}`)
+    .replace("%STYLE%", `/console/assets/${style}`);
   mkdirSync(outDir, { recursive: true });
   writeFileSync(join(outDir, "index.html"), html);
   writeFileSync(join(outDir, STAMP), hash);

@@ -77,11 +77,21 @@ export const SETTLED_COLUMNS = `settled.id::text, settled.account_id::text, sett
   settled.request_hash, settled.template, settled.gateway_id, settled.reserved_units::text, settled.charged_units::text,
   (extract(epoch FROM settled.created_at) * 1000)::text AS created_at, (extract(epoch FROM settled.finished_at) * 1000)::text AS finished_at`;
 
-type Outcome = Pick<ExecutionRecord, "status" | "exitCode" | "stdout" | "stderr" | "truncated" | "timings">;
+type Outcome = Pick<
+  ExecutionRecord,
+  "status" | "exitCode" | "stdout" | "stderr" | "truncated" | "timings"
+>;
 
 /** How the execution ended, as a settled record holds it. */
 export function settledOutcome(s: Settlement): Outcome {
-  return { status: s.status, exitCode: s.exitCode, stdout: s.stdout, stderr: s.stderr, truncated: s.truncated, timings: s.timings };
+  return {
+    status: s.status,
+    exitCode: s.exitCode,
+    stdout: s.stdout,
+    stderr: s.stderr,
+    truncated: s.truncated,
+    timings: s.timings,
+  };
 }
 
 /** A record from the text columns of SETTLED_COLUMNS (or more) and how it ended. */
@@ -123,7 +133,10 @@ export function fromRecordRow(row: TextRow): ExecutionRecord {
 }
 
 /** What reserve records about a new execution, and the units it holds. */
-export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId" | "idempotencyKey" | "requestHash" | "template"> & {
+export type Reservation = Pick<
+  ExecutionRecord,
+  "accountId" | "keyId" | "tokenId" | "idempotencyKey" | "requestHash" | "template"
+> & {
   executionId: string;
   /** The gateway running it: the recovery pass at start releases the reservations of dead ones. */
   gatewayId: string;
@@ -133,8 +146,23 @@ export type Reservation = Pick<ExecutionRecord, "accountId" | "keyId" | "tokenId
 /** The record reserving `r` writes: running, nothing charged yet. */
 export function runningRecord(r: Reservation, createdAt = new Date()): ExecutionRecord {
   const { executionId, units, ...identity } = r;
-  const outcome = { status: "running", exitCode: null, stdout: null, stderr: null, truncated: null, timings: null } as const;
-  return { id: executionId, ...identity, ...outcome, reservedUnits: units, chargedUnits: null, createdAt, finishedAt: null };
+  const outcome = {
+    status: "running",
+    exitCode: null,
+    stdout: null,
+    stderr: null,
+    truncated: null,
+    timings: null,
+  } as const;
+  return {
+    id: executionId,
+    ...identity,
+    ...outcome,
+    reservedUnits: units,
+    chargedUnits: null,
+    createdAt,
+    finishedAt: null,
+  };
 }
 
 export type ReserveOutcome =
@@ -161,7 +189,12 @@ function isUniqueViolation(error: unknown): boolean {
  * credits (FOR NO KEY UPDATE: rows whose foreign keys point at the account hold KEY SHARE locks
  * on it, which FOR UPDATE would wait for).
  */
-export async function accountStanding(db: Pick<Database, "select">, accountId: string, keyId: string, lock = false): Promise<{ availableUnits: number; keyUsable: boolean } | undefined> {
+export async function accountStanding(
+  db: Pick<Database, "select">,
+  accountId: string,
+  keyId: string,
+  lock = false,
+): Promise<{ availableUnits: number; keyUsable: boolean } | undefined> {
   const query = db
     .select({
       available: sql<string>`(${accounts.balanceUnits} - ${accounts.reservedUnits})::text`,
@@ -170,7 +203,9 @@ export async function accountStanding(db: Pick<Database, "select">, accountId: s
     .from(accounts)
     .where(eq(accounts.id, accountId));
   const [row] = await (lock ? query.for("no key update") : query);
-  return row === undefined ? undefined : { availableUnits: Number(row.available), keyUsable: row.keyUsable };
+  return row === undefined
+    ? undefined
+    : { availableUnits: Number(row.available), keyUsable: row.keyUsable };
 }
 
 /**
@@ -182,7 +217,9 @@ export async function accountStanding(db: Pick<Database, "select">, accountId: s
  * in submission order, so every outcome is exactly what reserving alone would have answered.
  */
 export async function reserveAll(db: Database, rs: Reservation[]): Promise<ReserveOutcome[]> {
-  for (const r of rs) if (!Number.isSafeInteger(r.units) || r.units < 0) throw new RangeError("a reservation is a non-negative integer");
+  for (const r of rs)
+    if (!Number.isSafeInteger(r.units) || r.units < 0)
+      throw new RangeError("a reservation is a non-negative integer");
   let held: Set<string>;
   try {
     held = new Set((await runPrepared(db, ...reserveStatement(rs))).map((row) => row.id as string));
@@ -190,14 +227,22 @@ export async function reserveAll(db: Database, rs: Reservation[]): Promise<Reser
     if (!isUniqueViolation(error)) throw error;
     if (rs.length > 1) return reserveEach(db, rs);
     const [r] = rs as [Reservation];
-    const existing = r.idempotencyKey === null ? undefined : await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
+    const existing =
+      r.idempotencyKey === null
+        ? undefined
+        : await findByIdempotencyKey(db, r.keyId, r.idempotencyKey);
     if (existing) return [{ kind: "duplicate", existing }];
     throw error;
   }
   if (rs.length > 1) {
     if (held.size === rs.length) return rs.map(() => ({ kind: "reserved" }));
     const outcomes: ReserveOutcome[] = [];
-    for (const r of rs) outcomes.push(held.has(r.executionId) ? { kind: "reserved" } : ((await reserveAll(db, [r]))[0] as ReserveOutcome));
+    for (const r of rs)
+      outcomes.push(
+        held.has(r.executionId)
+          ? { kind: "reserved" }
+          : ((await reserveAll(db, [r]))[0] as ReserveOutcome),
+      );
     return outcomes;
   }
   return [held.size > 0 ? { kind: "reserved" } : await whyNotReserved(db, rs[0] as Reservation)];
@@ -222,7 +267,20 @@ async function reserveEach(db: Database, rs: Reservation[]): Promise<ReserveOutc
 function reserveStatement(rs: Reservation[]): [PreparedStatement, (string | null)[]] {
   if (rs.length === 1) {
     const r = rs[0] as Reservation;
-    return [RESERVE_ONE, [r.executionId, r.accountId, r.keyId, r.tokenId, r.idempotencyKey, r.requestHash, r.template, r.gatewayId, String(r.units)]];
+    return [
+      RESERVE_ONE,
+      [
+        r.executionId,
+        r.accountId,
+        r.keyId,
+        r.tokenId,
+        r.idempotencyKey,
+        r.requestHash,
+        r.template,
+        r.gatewayId,
+        String(r.units),
+      ],
+    ];
   }
   const batch = rs.map((r) => ({
     execution_id: r.executionId,
@@ -251,7 +309,10 @@ const RESERVE_ONE: PreparedStatement = {
   RETURNING executions.id::text`,
 };
 
-const RESERVE_BATCH: PreparedStatement = { name: "sandfork_reserve", text: "SELECT id::text FROM sandfork_reserve($1::jsonb) AS id" };
+const RESERVE_BATCH: PreparedStatement = {
+  name: "sandfork_reserve",
+  text: "SELECT id::text FROM sandfork_reserve($1::jsonb) AS id",
+};
 
 /** Nothing was held for `r` alone: say why. A duplicate first (it would have failed before any credit check), then the key, then the credits. */
 async function whyNotReserved(db: Database, r: Reservation): Promise<ReserveOutcome> {
@@ -294,7 +355,8 @@ export async function settleAll(db: Database, items: SettlementOf[]): Promise<Ex
   const records: ExecutionRecord[] = [];
   for (const { executionId, settlement } of items) {
     const row = settled.get(executionId);
-    const record = row !== undefined ? fromSettledRow(row, settlement) : await findExecution(db, executionId);
+    const record =
+      row !== undefined ? fromSettledRow(row, settlement) : await findExecution(db, executionId);
     if (!record) throw new Error(`no execution ${executionId}`);
     records.push(record);
   }
@@ -302,7 +364,11 @@ export async function settleAll(db: Database, items: SettlementOf[]): Promise<Ex
 }
 
 /** Settles exactly once: returns the settled record, or the already-final record on a repeat. */
-export async function settle(db: Database, executionId: string, settlement: Settlement): Promise<ExecutionRecord> {
+export async function settle(
+  db: Database,
+  executionId: string,
+  settlement: Settlement,
+): Promise<ExecutionRecord> {
   return (await settleAll(db, [{ executionId, settlement }]))[0] as ExecutionRecord;
 }
 
@@ -317,18 +383,29 @@ function settleStatement(items: SettlementOf[]): [PreparedStatement, (string | n
     const { executionId, settlement: s } = items[0] as SettlementOf;
     return [SETTLE_ONE, [executionId, ...settlementParams(s), String(s.chargedUnits)]];
   }
-  const batch = items.map(({ executionId, settlement }) => ({ id: executionId, ...settlementJson(settlement) }));
+  const batch = items.map(({ executionId, settlement }) => ({
+    id: executionId,
+    ...settlementJson(settlement),
+  }));
   return [SETTLE_BATCH, [JSON.stringify(batch)]];
 }
 
 /** Throws unless the settlement's charge is a whole number of units. */
 export function checkCharge(s: Settlement): void {
-  if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0) throw new RangeError("a charge is a non-negative integer");
+  if (!Number.isSafeInteger(s.chargedUnits) || s.chargedUnits < 0)
+    throw new RangeError("a charge is a non-negative integer");
 }
 
 /** A settlement's outcome as the single-row statements (SETTLE_ONE, RECORD_ONE) take it, six text parameters in a row. */
 export function settlementParams(s: Settlement): (string | null)[] {
-  return [s.status, s.exitCode === null ? null : String(s.exitCode), s.stdout, s.stderr, String(s.truncated), JSON.stringify(s.timings)];
+  return [
+    s.status,
+    s.exitCode === null ? null : String(s.exitCode),
+    s.stdout,
+    s.stderr,
+    String(s.truncated),
+    JSON.stringify(s.timings),
+  ];
 }
 
 /** A settlement as the batch functions (sandfork_settle, sandfork_record) take it, one JSON object's fields. */
@@ -358,7 +435,10 @@ const SETTLE_ONE: PreparedStatement = {
   SELECT ${SETTLED_COLUMNS} FROM settled`,
 };
 
-const SETTLE_BATCH: PreparedStatement = { name: "sandfork_settle", text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_settle($1::jsonb) AS settled` };
+const SETTLE_BATCH: PreparedStatement = {
+  name: "sandfork_settle",
+  text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_settle($1::jsonb) AS settled`,
+};
 
 /**
  * Reserve and settle group-committed on one database: the executions that reserve (or settle)
@@ -385,7 +465,8 @@ export class BillingBatches {
 
   async reserve(r: Reservation): Promise<ReserveOutcome> {
     const outcome = await this.reservations.submit(r);
-    if (outcome.kind !== "insufficient-credits" || !(await this.freeUp(r.accountId))) return outcome;
+    if (outcome.kind !== "insufficient-credits" || !(await this.freeUp(r.accountId)))
+      return outcome;
     return this.reservations.submit(r);
   }
 
@@ -430,12 +511,18 @@ export async function release(db: Database, executionId: string): Promise<boolea
  * `startedBefore` (certainly past its deadline, whoever ran it). Their programs' answers were
  * never sent, so nothing is charged. Returns how many were released.
  */
-export async function releaseAbandonedReservations(db: Database, liveGatewayIds: string[], startedBefore: Date): Promise<number> {
+export async function releaseAbandonedReservations(
+  db: Database,
+  liveGatewayIds: string[],
+  startedBefore: Date,
+): Promise<number> {
   const ownerGone = ofGoneGateway(executions.gatewayId, liveGatewayIds);
   const abandoned = await db
     .select({ id: executions.id })
     .from(executions)
-    .where(and(eq(executions.status, "running"), or(ownerGone, lt(executions.createdAt, startedBefore))));
+    .where(
+      and(eq(executions.status, "running"), or(ownerGone, lt(executions.createdAt, startedBefore))),
+    );
   let released = 0;
   for (const { id } of abandoned) if (await release(db, id)) released++;
   return released;
@@ -443,7 +530,9 @@ export async function releaseAbandonedReservations(db: Database, liveGatewayIds:
 
 /** Rows whose gateway (`column`; null: from before gateways had ids) is not among `liveGatewayIds`. */
 export function ofGoneGateway(column: AnyPgColumn, liveGatewayIds: string[]): SQL {
-  return liveGatewayIds.length === 0 ? sql`true` : sql`${column} IS NULL OR ${notInArray(column, liveGatewayIds)}`;
+  return liveGatewayIds.length === 0
+    ? sql`true`
+    : sql`${column} IS NULL OR ${notInArray(column, liveGatewayIds)}`;
 }
 
 /** A gateway's PostgreSQL sessions are named this followed by its id (see liveGatewayIds). */
@@ -466,24 +555,38 @@ export async function liveGatewayIds(open: OpenDatabase, self: string): Promise<
 /** Which of these execution ids have a record. */
 export async function recordedIds(db: Database, ids: string[]): Promise<Set<string>> {
   if (ids.length === 0) return new Set();
-  const rows = await db.select({ id: executions.id }).from(executions).where(inArray(executions.id, ids));
+  const rows = await db
+    .select({ id: executions.id })
+    .from(executions)
+    .where(inArray(executions.id, ids));
   return new Set(rows.map((r) => r.id));
 }
 
 // Prepared (db/prepared.ts): on PGlite, drizzle's unnamed statement was a parse and plan in the gateway's thread at every lookup.
-const FIND_EXECUTION: PreparedStatement = { name: "sandfork_find_execution", text: `SELECT ${RECORD_COLUMNS} FROM executions WHERE id = $1::uuid` };
+const FIND_EXECUTION: PreparedStatement = {
+  name: "sandfork_find_execution",
+  text: `SELECT ${RECORD_COLUMNS} FROM executions WHERE id = $1::uuid`,
+};
 
 const FIND_BY_IDEMPOTENCY_KEY: PreparedStatement = {
   name: "sandfork_find_by_idempotency_key",
   text: `SELECT ${RECORD_COLUMNS} FROM executions WHERE key_id = $1::uuid AND idempotency_key = $2`,
 };
 
-export async function findExecution(db: Database, id: string): Promise<ExecutionRecord | undefined> {
+export async function findExecution(
+  db: Database,
+  id: string,
+): Promise<ExecutionRecord | undefined> {
   const [row] = await runPrepared(db, FIND_EXECUTION, [id]);
   return row === undefined ? undefined : fromRecordRow(row);
 }
 
-export async function findByIdempotencyKey(db: Database, keyId: string, idempotencyKey: string, options?: RunOptions): Promise<ExecutionRecord | undefined> {
+export async function findByIdempotencyKey(
+  db: Database,
+  keyId: string,
+  idempotencyKey: string,
+  options?: RunOptions,
+): Promise<ExecutionRecord | undefined> {
   const [row] = await runPrepared(db, FIND_BY_IDEMPOTENCY_KEY, [keyId, idempotencyKey], options);
   return row === undefined ? undefined : fromRecordRow(row);
 }

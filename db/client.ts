@@ -11,7 +11,12 @@ import { migrate as migratePostgres } from "drizzle-orm/postgres-js/migrator";
 import postgres from "postgres";
 import { GATEWAY_APPLICATION_PREFIX, recordedIds } from "./billing.js";
 import { recordAll } from "./leases.js";
-import { JOURNAL_FILE, JournaledPGlite, type JournalReplay, RecordJournal } from "./record-journal.js";
+import {
+  JOURNAL_FILE,
+  JournaledPGlite,
+  type JournalReplay,
+  RecordJournal,
+} from "./record-journal.js";
 import { schema } from "./schema.js";
 
 export type Database = PgDatabase<PgQueryResultHKT, typeof schema>;
@@ -35,7 +40,10 @@ export type DatabaseLocation =
 
 /** The committed SQL migrations, found beside this module whether run from source or from dist/. */
 function migrationsFolder(): string {
-  const candidates = [new URL("./migrations", import.meta.url), new URL("../../db/migrations", import.meta.url)];
+  const candidates = [
+    new URL("./migrations", import.meta.url),
+    new URL("../../db/migrations", import.meta.url),
+  ];
   for (const candidate of candidates) {
     const path = fileURLToPath(candidate);
     if (existsSync(path)) return path;
@@ -49,25 +57,38 @@ export async function openDatabase(location: DatabaseLocation): Promise<OpenData
     const client = postgres(location.url, {
       max: location.maxConnections ?? 10,
       onnotice: () => {},
-      ...(location.gatewayId === undefined ? {} : { connection: { application_name: `${GATEWAY_APPLICATION_PREFIX}${location.gatewayId}` } }),
+      ...(location.gatewayId === undefined
+        ? {}
+        : {
+            connection: { application_name: `${GATEWAY_APPLICATION_PREFIX}${location.gatewayId}` },
+          }),
     });
     const db = drizzlePostgres(client, { schema });
     await migratePostgres(db, migrationsConfig);
-    return { db: db as unknown as Database, backend: "postgres", close: () => client.end({ timeout: 5 }) };
+    return {
+      db: db as unknown as Database,
+      backend: "postgres",
+      close: () => client.end({ timeout: 5 }),
+    };
   }
   const unlock = location.dataDir === undefined ? () => {} : lockDataDir(location.dataDir);
   try {
     const client =
-      location.dataDir === undefined ? new JournaledPGlite({ loadDataDir: location.loadDataDir }) : new JournaledPGlite(location.dataDir);
+      location.dataDir === undefined
+        ? new JournaledPGlite({ loadDataDir: location.loadDataDir })
+        : new JournaledPGlite(location.dataDir);
     const db = drizzlePglite(client, { schema });
     await migratePglite(db, migrationsConfig);
     const database = db as unknown as Database;
-    const { journal, replay } = await RecordJournal.open(location.dataDir === undefined ? undefined : join(location.dataDir, JOURNAL_FILE), {
-      fold: async (records) => {
-        await recordAll(database, records, { waitForJournal: false });
+    const { journal, replay } = await RecordJournal.open(
+      location.dataDir === undefined ? undefined : join(location.dataDir, JOURNAL_FILE),
+      {
+        fold: async (records) => {
+          await recordAll(database, records, { waitForJournal: false });
+        },
+        recorded: (ids) => recordedIds(database, ids),
       },
-      recorded: (ids) => recordedIds(database, ids),
-    });
+    );
     client.journal = journal;
     return {
       db: database,
@@ -107,7 +128,10 @@ function processAlive(pid: number): boolean {
 function lockDataDir(dataDir: string): () => void {
   mkdirSync(dataDir, { recursive: true });
   const lockPath = join(dataDir, "sandfork.lock");
-  const inUse = (owner: number) => new Error(`the embedded database in ${dataDir} is in use by process ${owner}; stop it or use DATABASE_URL`);
+  const inUse = (owner: number) =>
+    new Error(
+      `the embedded database in ${dataDir} is in use by process ${owner}; stop it or use DATABASE_URL`,
+    );
   if (openedHere.has(lockPath)) throw inUse(process.pid);
   for (let attempt = 0; attempt < 2; attempt++) {
     try {
@@ -121,7 +145,8 @@ function lockDataDir(dataDir: string): () => void {
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
       // Our own pid in a lock we do not hold: left by a crashed earlier process that had this pid.
       const owner = Number(readFileSync(lockPath, "utf8"));
-      if (Number.isSafeInteger(owner) && owner > 0 && owner !== process.pid && processAlive(owner)) throw inUse(owner);
+      if (Number.isSafeInteger(owner) && owner > 0 && owner !== process.pid && processAlive(owner))
+        throw inUse(owner);
       rmSync(lockPath, { force: true });
     }
   }

@@ -20,7 +20,10 @@ export interface ExecutionListQuery {
  * Up to `limit` records, newest first, and when there may be more, the position of the last
  * (its created_at as the database writes it, to the microsecond, and its id).
  */
-export async function listExecutions(db: Database, q: ExecutionListQuery): Promise<{ records: ExecutionRecord[]; next: { createdAt: string; id: string } | null }> {
+export async function listExecutions(
+  db: Database,
+  q: ExecutionListQuery,
+): Promise<{ records: ExecutionRecord[]; next: { createdAt: string; id: string } | null }> {
   const rows = await runPrepared(db, LIST, [
     q.keyId,
     q.tokenId,
@@ -32,7 +35,10 @@ export async function listExecutions(db: Database, q: ExecutionListQuery): Promi
   ]);
   const page = rows.slice(0, q.limit);
   const last = page.at(-1);
-  const next = rows.length > q.limit && last !== undefined ? { createdAt: last.cursor_at as string, id: last.id as string } : null;
+  const next =
+    rows.length > q.limit && last !== undefined
+      ? { createdAt: last.cursor_at as string, id: last.id as string }
+      : null;
   return { records: page.map(fromRecordRow), next };
 }
 
@@ -58,12 +64,30 @@ export interface SeriesPoint {
 }
 
 /** Units and executions of `keyId` per UTC hour or day in [from, to), both on bucket boundaries. */
-export async function usageSeries(db: Database, keyId: string, bucket: Bucket, from: Date, to: Date): Promise<SeriesPoint[]> {
+export async function usageSeries(
+  db: Database,
+  keyId: string,
+  bucket: Bucket,
+  from: Date,
+  to: Date,
+): Promise<SeriesPoint[]> {
   const [mark] = await runPrepared(db, ROLL_UP, [keyId]);
   const summedBefore = mark?.summed_before;
-  if (summedBefore == null) throw new Error(`sandfork_roll_up_usage answered ${JSON.stringify(mark)}`);
-  const rows = await runPrepared(db, SERIES, [keyId, bucket, from.toISOString(), to.toISOString(), summedBefore]);
-  return rows.map((r) => ({ at: new Date(Number(r.at_ms)), template: r.template as string, executions: Number(r.executions), units: Number(r.units) }));
+  if (summedBefore == null)
+    throw new Error(`sandfork_roll_up_usage answered ${JSON.stringify(mark)}`);
+  const rows = await runPrepared(db, SERIES, [
+    keyId,
+    bucket,
+    from.toISOString(),
+    to.toISOString(),
+    summedBefore,
+  ]);
+  return rows.map((r) => ({
+    at: new Date(Number(r.at_ms)),
+    template: r.template as string,
+    executions: Number(r.executions),
+    units: Number(r.units),
+  }));
 }
 
 const ROLL_UP: PreparedStatement = {

@@ -57,7 +57,12 @@ describe("GroupCommit", () => {
     const group = new GroupCommit(runner.run);
     const inFlight = group.submit(7);
     while (runner.batches.length < 1) await new Promise((resolve) => setImmediate(resolve));
-    const failing = [group.submit(8), group.submit(-1), group.submit(9)].map((p) => p.then(() => "committed", (e: Error) => e.message));
+    const failing = [group.submit(8), group.submit(-1), group.submit(9)].map((p) =>
+      p.then(
+        () => "committed",
+        (e: Error) => e.message,
+      ),
+    );
     await runner.releaseNext();
     await runner.releaseNext();
     expect(await inFlight).toBe(70);

@@ -39,7 +39,8 @@ export class GroupCommit<I, O> {
       const batch = this.queue.splice(0, this.maxBatch);
       try {
         const outputs = await this.run(batch.map((p) => p.item));
-        if (outputs.length !== batch.length) throw new Error(`a batch of ${batch.length} answered ${outputs.length} outputs`);
+        if (outputs.length !== batch.length)
+          throw new Error(`a batch of ${batch.length} answered ${outputs.length} outputs`);
         batch.forEach((p, i) => p.resolve(outputs[i] as O));
       } catch (error) {
         for (const p of batch) p.reject(error);

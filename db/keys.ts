@@ -62,7 +62,10 @@ export async function createAccount(db: Database, name: string): Promise<string>
 }
 
 export async function accountExists(db: Database, accountId: string): Promise<boolean> {
-  const rows = await db.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId));
+  const rows = await db
+    .select({ id: accounts.id })
+    .from(accounts)
+    .where(eq(accounts.id, accountId));
   return rows.length > 0;
 }
 
@@ -111,7 +114,10 @@ export async function listKeys(db: Database, accountId?: string): Promise<Stored
 
 /** Revokes once; revoking again keeps the first timestamp. Undefined when no such key. */
 export async function revokeKey(db: Database, id: string): Promise<StoredKey | undefined> {
-  await db.update(apiKeys).set({ revokedAt: new Date() }).where(and(eq(apiKeys.id, id), isNull(apiKeys.revokedAt)));
+  await db
+    .update(apiKeys)
+    .set({ revokedAt: new Date() })
+    .where(and(eq(apiKeys.id, id), isNull(apiKeys.revokedAt)));
   return findKeyById(db, id);
 }
 
@@ -122,9 +128,14 @@ export interface AccountBalance {
   availableUnits: number;
 }
 
-export async function getBalance(db: Database, accountId: string): Promise<AccountBalance | undefined> {
+export async function getBalance(
+  db: Database,
+  accountId: string,
+): Promise<AccountBalance | undefined> {
   const [row] = await runPrepared(db, BALANCE, [accountId]);
-  return row === undefined ? undefined : toBalance(accountId, { balance: Number(row.balance), reserved: Number(row.reserved) });
+  return row === undefined
+    ? undefined
+    : toBalance(accountId, { balance: Number(row.balance), reserved: Number(row.reserved) });
 }
 
 // Every GET /v1/usage reads it: prepared (db/prepared.ts), not parsed and typed each time.
@@ -134,7 +145,12 @@ const BALANCE: PreparedStatement = {
 };
 
 function toBalance(accountId: string, row: { balance: number; reserved: number }): AccountBalance {
-  return { accountId, balanceUnits: row.balance, reservedUnits: row.reserved, availableUnits: row.balance - row.reserved };
+  return {
+    accountId,
+    balanceUnits: row.balance,
+    reservedUnits: row.reserved,
+    availableUnits: row.balance - row.reserved,
+  };
 }
 
 /**
@@ -151,7 +167,9 @@ export class BalanceLimitError extends RangeError {
     readonly balanceUnits: number,
     readonly units: number,
   ) {
-    super(`a grant of ${units} units would take account ${accountId}'s balance of ${balanceUnits} past ${MAX_BALANCE_UNITS}, the most an account holds`);
+    super(
+      `a grant of ${units} units would take account ${accountId}'s balance of ${balanceUnits} past ${MAX_BALANCE_UNITS}, the most an account holds`,
+    );
     this.name = "BalanceLimitError";
   }
 }
@@ -160,16 +178,29 @@ export class BalanceLimitError extends RangeError {
  * Adds credits to an account and records the grant in the ledger, atomically. Undefined when
  * there is no such account; BalanceLimitError when the balance would pass MAX_BALANCE_UNITS.
  */
-export async function grantCredits(db: Database, accountId: string, units: number): Promise<AccountBalance | undefined> {
-  if (!Number.isSafeInteger(units) || units <= 0) throw new RangeError("a grant is a positive integer number of units");
+export async function grantCredits(
+  db: Database,
+  accountId: string,
+  units: number,
+): Promise<AccountBalance | undefined> {
+  if (!Number.isSafeInteger(units) || units <= 0)
+    throw new RangeError("a grant is a positive integer number of units");
   return db.transaction(async (tx) => {
     const [row] = await tx
       .update(accounts)
       .set({ balanceUnits: sql`${accounts.balanceUnits} + ${units}` })
-      .where(and(eq(accounts.id, accountId), sql`${accounts.balanceUnits} <= ${MAX_BALANCE_UNITS - units}::int8`))
+      .where(
+        and(
+          eq(accounts.id, accountId),
+          sql`${accounts.balanceUnits} <= ${MAX_BALANCE_UNITS - units}::int8`,
+        ),
+      )
       .returning({ balance: accounts.balanceUnits, reserved: accounts.reservedUnits });
     if (!row) {
-      const [account] = await tx.select({ balance: accounts.balanceUnits }).from(accounts).where(eq(accounts.id, accountId));
+      const [account] = await tx
+        .select({ balance: accounts.balanceUnits })
+        .from(accounts)
+        .where(eq(accounts.id, accountId));
       if (account === undefined) return undefined;
       throw new BalanceLimitError(accountId, account.balance, units);
     }

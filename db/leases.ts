@@ -46,7 +46,12 @@ export interface LeaseRequest {
 
 /** Adds up to `maxUnits` of the account's available credits (at least `minUnits`) to the gateway's lease on it. */
 export async function acquireLease(db: Database, r: LeaseRequest): Promise<LeaseOutcome> {
-  if (!Number.isSafeInteger(r.minUnits) || r.minUnits < 0 || !Number.isSafeInteger(r.maxUnits) || r.maxUnits < r.minUnits) {
+  if (
+    !Number.isSafeInteger(r.minUnits) ||
+    r.minUnits < 0 ||
+    !Number.isSafeInteger(r.maxUnits) ||
+    r.maxUnits < r.minUnits
+  ) {
     throw new RangeError("a lease is a non-negative integer range");
   }
   return db.transaction(async (tx) => {
@@ -55,7 +60,10 @@ export async function acquireLease(db: Database, r: LeaseRequest): Promise<Lease
     await tx
       .insert(creditLeases)
       .values({ gatewayId: r.gatewayId, accountId: r.accountId, units: 0 })
-      .onConflictDoUpdate({ target: [creditLeases.gatewayId, creditLeases.accountId], set: { units: sql`${creditLeases.units}` } });
+      .onConflictDoUpdate({
+        target: [creditLeases.gatewayId, creditLeases.accountId],
+        set: { units: sql`${creditLeases.units}` },
+      });
     // Locked for the update below, under FOR NO KEY UPDATE: the lease row's foreign key holds a
     // KEY SHARE lock on the account, and two gateways' growths each holding one and waiting for
     // FOR UPDATE deadlocked.
@@ -66,8 +74,14 @@ export async function acquireLease(db: Database, r: LeaseRequest): Promise<Lease
       const [others] = await tx
         .select({ units: sql<string>`coalesce(sum(${creditLeases.units}), 0)::text` })
         .from(creditLeases)
-        .where(and(eq(creditLeases.accountId, r.accountId), ne(creditLeases.gatewayId, r.gatewayId)));
-      return { kind: "insufficient-credits", availableUnits: available, othersLeased: Number(others?.units ?? 0) } as const;
+        .where(
+          and(eq(creditLeases.accountId, r.accountId), ne(creditLeases.gatewayId, r.gatewayId)),
+        );
+      return {
+        kind: "insufficient-credits",
+        availableUnits: available,
+        othersLeased: Number(others?.units ?? 0),
+      } as const;
     }
     const units = Math.min(r.maxUnits, available);
     await tx
@@ -83,8 +97,14 @@ export async function acquireLease(db: Database, r: LeaseRequest): Promise<Lease
 }
 
 /** Gives `units` of the gateway's lease on the account back to its available balance. */
-export async function giveBack(db: Database, gatewayId: string, accountId: string, units: number): Promise<void> {
-  if (!Number.isSafeInteger(units) || units < 0) throw new RangeError("a lease is a non-negative integer");
+export async function giveBack(
+  db: Database,
+  gatewayId: string,
+  accountId: string,
+  units: number,
+): Promise<void> {
+  if (!Number.isSafeInteger(units) || units < 0)
+    throw new RangeError("a lease is a non-negative integer");
   if (units === 0) return;
   await runPrepared(db, GIVE_BACK, [gatewayId, accountId, String(units)]);
 }
@@ -108,7 +128,11 @@ export async function dropEmptyLeases(db: Database, gatewayId: string): Promise<
 }
 
 /** The units the gateway's lease on the account holds in the database (0 without one). */
-export async function leasedUnits(db: Database, gatewayId: string, accountId: string): Promise<number> {
+export async function leasedUnits(
+  db: Database,
+  gatewayId: string,
+  accountId: string,
+): Promise<number> {
   const [row] = await db
     .select({ units: creditLeases.units })
     .from(creditLeases)
@@ -121,7 +145,10 @@ export async function leasedUnits(db: Database, gatewayId: string, accountId: st
  * billing.ts): their executions in flight were never answered or recorded, so what they held is
  * simply available again. Returns how many leases and units were given back.
  */
-export async function releaseAbandonedLeases(db: Database, liveGatewayIds: string[]): Promise<{ leases: number; units: number }> {
+export async function releaseAbandonedLeases(
+  db: Database,
+  liveGatewayIds: string[],
+): Promise<{ leases: number; units: number }> {
   return db.transaction(async (tx) => {
     const gone = await tx
       .delete(creditLeases)
@@ -166,13 +193,20 @@ export interface LeasedExecution {
  * Records each execution, ONE statement for the whole batch (see the top of this file), and
  * answers the records in order. Atomic: if the statement fails, none of the batch is billed.
  */
-export async function recordAll(db: Database, items: LeasedExecution[], options?: RunOptions): Promise<ExecutionRecord[]> {
+export async function recordAll(
+  db: Database,
+  items: LeasedExecution[],
+  options?: RunOptions,
+): Promise<ExecutionRecord[]> {
   for (const item of items) checkHoldAndCharge(item);
   const rows = await runPrepared(db, ...recordStatement(items), options);
   const recorded = new Map(rows.map((row) => [row.id as string, row]));
   return items.map(({ executionId, accountId, settlement }) => {
     const row = recorded.get(executionId);
-    if (row === undefined) throw new Error(`execution ${executionId} was not recorded: its gateway holds no credit lease on account ${accountId}`);
+    if (row === undefined)
+      throw new Error(
+        `execution ${executionId} was not recorded: its gateway holds no credit lease on account ${accountId}`,
+      );
     return fromSettledRow(row, settlement);
   });
 }
@@ -187,15 +221,21 @@ export async function recordAll(db: Database, items: LeasedExecution[], options?
 export function checkRecordable(e: LeasedExecution): void {
   checkHoldAndCharge(e);
   const s = e.settlement;
-  if (s.exitCode !== null && !(Number.isInteger(s.exitCode) && s.exitCode >= -(2 ** 31) && s.exitCode < 2 ** 31)) throw new RangeError("an exit code is an int4");
+  if (
+    s.exitCode !== null &&
+    !(Number.isInteger(s.exitCode) && s.exitCode >= -(2 ** 31) && s.exitCode < 2 ** 31)
+  )
+    throw new RangeError("an exit code is an int4");
   for (const text of [s.stdout, s.stderr, s.status, e.template, e.tokenId, e.idempotencyKey]) {
-    if (text !== null && text.includes("\0")) throw new RangeError("a record's texts hold no NUL character");
+    if (text !== null && text.includes("\0"))
+      throw new RangeError("a record's texts hold no NUL character");
   }
 }
 
 function checkHoldAndCharge(e: LeasedExecution): void {
   checkCharge(e.settlement);
-  if (!Number.isSafeInteger(e.reservedUnits) || e.reservedUnits < 0) throw new RangeError("a hold is a non-negative integer");
+  if (!Number.isSafeInteger(e.reservedUnits) || e.reservedUnits < 0)
+    throw new RangeError("a hold is a non-negative integer");
 }
 
 /** The record the database will hold of a journaled execution, as its record statement would answer it. */
@@ -278,4 +318,7 @@ const RECORD_ONE: PreparedStatement = {
   SELECT ${SETTLED_COLUMNS} FROM settled`,
 };
 
-const RECORD_BATCH: PreparedStatement = { name: "sandfork_record", text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_record($1::jsonb) AS settled` };
+const RECORD_BATCH: PreparedStatement = {
+  name: "sandfork_record",
+  text: `SELECT ${SETTLED_COLUMNS} FROM sandfork_record($1::jsonb) AS settled`,
+};

@@ -26,7 +26,10 @@ function migrationsUpTo(lastTag: string): string {
   const journal = JSON.parse(readFileSync(journalPath, "utf8")) as { entries: { tag: string }[] };
   const last = journal.entries.findIndex((e) => e.tag === lastTag);
   if (last < 0) throw new Error(`no migration ${lastTag}`);
-  writeFileSync(journalPath, JSON.stringify({ ...journal, entries: journal.entries.slice(0, last + 1) }));
+  writeFileSync(
+    journalPath,
+    JSON.stringify({ ...journal, entries: journal.entries.slice(0, last + 1) }),
+  );
   return dir;
 }
 
@@ -42,7 +45,8 @@ async function emptyDatabase(backend: DatabaseBackend): Promise<EmptyDatabase> {
   if (backend === "pglite") {
     const pg = new PGlite();
     return {
-      query: async <T>(text: string, params: string[] = []) => (await pg.query<T>(text, params)).rows,
+      query: async <T>(text: string, params: string[] = []) =>
+        (await pg.query<T>(text, params)).rows,
       migrate: (folder) => migratePglite(drizzlePglite(pg), { migrationsFolder: folder }),
       db: drizzlePglite(pg, { schema }) as unknown as Database,
       close: () => pg.close(),
@@ -51,7 +55,8 @@ async function emptyDatabase(backend: DatabaseBackend): Promise<EmptyDatabase> {
   const empty = await emptyPostgresDatabase("sandfork_migration");
   const client = postgres(empty.url, { max: 1, onnotice: () => {} });
   return {
-    query: async <T>(text: string, params: string[] = []) => (await client.unsafe(text, params)) as unknown as T[],
+    query: async <T>(text: string, params: string[] = []) =>
+      (await client.unsafe(text, params)) as unknown as T[],
     migrate: (folder) => migratePostgres(drizzlePostgres(client), { migrationsFolder: folder }),
     db: drizzlePostgres(client, { schema }) as unknown as Database,
     close: async () => {
@@ -68,7 +73,12 @@ describe.each(BACKENDS)("0005 on %s: an execution's charge lives in its record o
   });
 
   /** A database at 0004 with a grant and two billed executions, each with its ledger usage row. */
-  async function billedAt0004(): Promise<{ pg: EmptyDatabase; db: Database; keyId: string; accountId: string }> {
+  async function billedAt0004(): Promise<{
+    pg: EmptyDatabase;
+    db: Database;
+    keyId: string;
+    accountId: string;
+  }> {
     const pg = await emptyDatabase(backend);
     const db = pg.db;
     const older = migrationsUpTo("0004_credit_leases");
@@ -77,30 +87,30 @@ describe.each(BACKENDS)("0005 on %s: an execution's charge lives in its record o
       rmSync(older, { recursive: true, force: true });
     });
     await pg.migrate(older);
-    const [{ id: accountId }] = (await pg.query<{ id: string }>(`INSERT INTO accounts (name, balance_units) VALUES ('a', 93) RETURNING id`)) as [{ id: string }];
-    const [{ id: keyId }] = (
-      await pg.query<{ id: string }>(
-        `INSERT INTO api_keys (account_id, name, key_hash, hint, scopes, rate_limit_per_minute, max_concurrency, max_body_bytes)
+    const [{ id: accountId }] = (await pg.query<{ id: string }>(
+      `INSERT INTO accounts (name, balance_units) VALUES ('a', 93) RETURNING id`,
+    )) as [{ id: string }];
+    const [{ id: keyId }] = (await pg.query<{ id: string }>(
+      `INSERT INTO api_keys (account_id, name, key_hash, hint, scopes, rate_limit_per_minute, max_concurrency, max_body_bytes)
          VALUES ($1, 'k', 'hash', 'sfk_…', '{execute}', 60, 4, 1024) RETURNING id`,
-        [accountId],
-      )
-    ) as [{ id: string }];
-    await pg.query(`INSERT INTO usage_ledger (account_id, kind, units) VALUES ($1, 'grant', 100)`, [accountId]);
-    for (const [template, units] of [["python", 3], ["node", 4]] as const) {
-      const [{ id }] = (
-        await pg.query<{ id: string }>(
-          `INSERT INTO executions (id, account_id, key_id, request_hash, template, status, reserved_units, charged_units, finished_at)
+      [accountId],
+    )) as [{ id: string }];
+    await pg.query(`INSERT INTO usage_ledger (account_id, kind, units) VALUES ($1, 'grant', 100)`, [
+      accountId,
+    ]);
+    for (const [template, units] of [
+      ["python", 3],
+      ["node", 4],
+    ] as const) {
+      const [{ id }] = (await pg.query<{ id: string }>(
+        `INSERT INTO executions (id, account_id, key_id, request_hash, template, status, reserved_units, charged_units, finished_at)
            VALUES (gen_random_uuid(), $1, $2, 'h', $3, 'completed', 10, $4, now()) RETURNING id`,
-          [accountId, keyId, template, String(units)],
-        )
-      ) as [{ id: string }];
-      await pg.query(`INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units) VALUES ($1, $2, $3, 'usage', $4, $5)`, [
-        accountId,
-        keyId,
-        id,
-        template,
-        String(units),
-      ]);
+        [accountId, keyId, template, String(units)],
+      )) as [{ id: string }];
+      await pg.query(
+        `INSERT INTO usage_ledger (account_id, key_id, execution_id, kind, template, units) VALUES ($1, $2, $3, 'usage', $4, $5)`,
+        [accountId, keyId, id, template, String(units)],
+      );
     }
     return { pg, db, keyId, accountId };
   }
@@ -108,9 +118,16 @@ describe.each(BACKENDS)("0005 on %s: an execution's charge lives in its record o
   it("drops the ledger's usage rows that repeat their records; usage reads the same from the records", async () => {
     const { pg, db, keyId } = await billedAt0004();
     await pg.migrate(MIGRATIONS);
-    const kinds = (await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)).map((r) => r.kind);
+    const kinds = (
+      await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)
+    ).map((r) => r.kind);
     expect(kinds).toEqual(["grant"]);
-    const usage = await usageForKey(db, keyId, new Date(Date.now() - 60_000), new Date(Date.now() + 60_000));
+    const usage = await usageForKey(
+      db,
+      keyId,
+      new Date(Date.now() - 60_000),
+      new Date(Date.now() + 60_000),
+    );
     expect(usage).toEqual({
       executions: 2,
       units: 7,
@@ -123,9 +140,13 @@ describe.each(BACKENDS)("0005 on %s: an execution's charge lives in its record o
 
   it("refuses to migrate, changing nothing, when a usage row says other than its record", async () => {
     const { pg } = await billedAt0004();
-    await pg.query(`UPDATE usage_ledger SET units = units + 1 WHERE kind = 'usage' AND template = 'node'`);
+    await pg.query(
+      `UPDATE usage_ledger SET units = units + 1 WHERE kind = 'usage' AND template = 'node'`,
+    );
     await expect(pg.migrate(MIGRATIONS)).rejects.toThrow(/differ from their executions/);
-    const kinds = (await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)).map((r) => r.kind);
+    const kinds = (
+      await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)
+    ).map((r) => r.kind);
     expect(kinds).toEqual(["grant", "usage", "usage"]);
   });
 });

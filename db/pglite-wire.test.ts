@@ -20,10 +20,15 @@ describe("prepared statements on PGlite", () => {
   });
 
   it("sends and answers text as it is: NULL, empty, multi-byte, long", async () => {
-    const echo = { name: "wire_echo", text: "SELECT $1::text AS a, $2::text AS b, $3::text AS c, length($4::text)::text AS long" };
+    const echo = {
+      name: "wire_echo",
+      text: "SELECT $1::text AS a, $2::text AS b, $3::text AS c, length($4::text)::text AS long",
+    };
     const long = "x".repeat(100_000);
     for (let i = 0; i < 2; i++) {
-      expect(await runPrepared(db, echo, [null, "", "ü€😀 \n\t\"'", long])).toEqual([{ a: null, b: "", c: "ü€😀 \n\t\"'", long: "100000" }]);
+      expect(await runPrepared(db, echo, [null, "", "ü€😀 \n\t\"'", long])).toEqual([
+        { a: null, b: "", c: "ü€😀 \n\t\"'", long: "100000" },
+      ]);
     }
   });
 
@@ -32,7 +37,8 @@ describe("prepared statements on PGlite", () => {
     await runPrepared(db, echo, ["first"]);
     const parse = vi.spyOn(protocol.Parser.prototype, "parse");
     try {
-      for (let i = 0; i < 50; i++) expect(await runPrepared(db, echo, [String(i)])).toEqual([{ a: String(i) }]);
+      for (let i = 0; i < 50; i++)
+        expect(await runPrepared(db, echo, [String(i)])).toEqual([{ a: String(i) }]);
       expect(parse).not.toHaveBeenCalled();
     } finally {
       parse.mockRestore();
@@ -40,7 +46,10 @@ describe("prepared statements on PGlite", () => {
   });
 
   it("answers no rows for a statement without a result, and every row of one with several", async () => {
-    const insert = { name: "wire_insert", text: "INSERT INTO wire (id, note) VALUES ($1::int, $2)" };
+    const insert = {
+      name: "wire_insert",
+      text: "INSERT INTO wire (id, note) VALUES ($1::int, $2)",
+    };
     expect(await runPrepared(db, insert, ["1", "one"])).toEqual([]);
     expect(await runPrepared(db, insert, ["2", null])).toEqual([]);
     const all = { name: "wire_all", text: "SELECT id::text, note FROM wire ORDER BY id" };
@@ -51,10 +60,18 @@ describe("prepared statements on PGlite", () => {
   });
 
   it("throws PGlite's own error, and the statement stays usable after its first call failed", async () => {
-    const claim = { name: "wire_claim", text: "INSERT INTO wire (id, note) VALUES ($1::int, 'claimed') RETURNING id::text" };
-    await expect(runPrepared(db, claim, ["1"])).rejects.toMatchObject({ code: "23505", constraint: "wire_pkey" });
+    const claim = {
+      name: "wire_claim",
+      text: "INSERT INTO wire (id, note) VALUES ($1::int, 'claimed') RETURNING id::text",
+    };
+    await expect(runPrepared(db, claim, ["1"])).rejects.toMatchObject({
+      code: "23505",
+      constraint: "wire_pkey",
+    });
     expect(await runPrepared(db, claim, ["3"])).toEqual([{ id: "3" }]);
-    await expect(runPrepared(db, { name: "wire_bad", text: "SELECT nonsense FROM" }, [])).rejects.toMatchObject({ code: "42601" });
+    await expect(
+      runPrepared(db, { name: "wire_bad", text: "SELECT nonsense FROM" }, []),
+    ).rejects.toMatchObject({ code: "42601" });
   });
 
   it("refuses a truncated or malformed response rather than reading past it", () => {

@@ -8,9 +8,22 @@
 
 const EXECUTE_AND_SYNC = Uint8Array.of(
   // Execute: the unnamed portal, no row limit.
-  0x45, 0, 0, 0, 9, 0, 0, 0, 0, 0,
+  0x45,
+  0,
+  0,
+  0,
+  9,
+  0,
+  0,
+  0,
+  0,
+  0,
   // Sync: ends the implicit transaction (commits it).
-  0x53, 0, 0, 0, 4,
+  0x53,
+  0,
+  0,
+  0,
+  4,
 );
 
 /** Bind (every parameter and result column as text), Execute and Sync of `statement`. */
@@ -58,7 +71,8 @@ export function readResponse(bytes: Uint8Array): StatementResponse {
     const type = data[at] as number;
     const end = at + 1 + data.readInt32BE(at + 1);
     // A message's length counts itself (4 bytes) and must end within the response.
-    if (end < at + 5 || end > data.length) throw new Error("PGlite answered a malformed protocol message");
+    if (end < at + 5 || end > data.length)
+      throw new Error("PGlite answered a malformed protocol message");
     let p = at + 5;
     if (type === 0x45 /* E: ErrorResponse */) {
       response.failed = true;
@@ -70,7 +84,8 @@ export function readResponse(bytes: Uint8Array): StatementResponse {
       p += 2;
       for (let i = 0; i < count; i++) {
         const nameEnd = data.indexOf(0, p);
-        if (nameEnd < 0 || nameEnd + 19 > end) throw new Error("PGlite answered a malformed protocol message");
+        if (nameEnd < 0 || nameEnd + 19 > end)
+          throw new Error("PGlite answered a malformed protocol message");
         columns.push(data.toString("utf8", p, nameEnd));
         // table oid, column number, type oid, type size, type modifier, format code
         p = nameEnd + 1 + 18;

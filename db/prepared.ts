@@ -32,10 +32,18 @@ export interface RunOptions {
 }
 
 /** Runs `statement` with text parameters on the connection behind `db`; its rows, columns as text. */
-export async function runPrepared(db: Database, statement: PreparedStatement, params: Param[], options?: RunOptions): Promise<TextRow[]> {
+export async function runPrepared(
+  db: Database,
+  statement: PreparedStatement,
+  params: Param[],
+  options?: RunOptions,
+): Promise<TextRow[]> {
   const client = (db as unknown as { $client: unknown }).$client;
   if (client instanceof PGlite) {
-    const journal = client instanceof JournaledPGlite && options?.waitForJournal !== false ? client.journal : undefined;
+    const journal =
+      client instanceof JournaledPGlite && options?.waitForJournal !== false
+        ? client.journal
+        : undefined;
     if (journal !== undefined && !journal.upToDate) await journal.settled();
     return runOnPglite(client, statement, params);
   }
@@ -57,14 +65,25 @@ interface ProtocolMessage {
  * takes both (as its describeQuery does): a statement never lands inside another caller's open
  * transaction.
  */
-function runOnPglite(pg: PGlite, statement: PreparedStatement, params: Param[]): Promise<TextRow[]> {
+function runOnPglite(
+  pg: PGlite,
+  statement: PreparedStatement,
+  params: Param[],
+): Promise<TextRow[]> {
   return pg._runExclusiveTransaction(() =>
     pg._runExclusiveQuery(async () => {
       let parsed = pgliteStatements.get(pg);
       if (parsed === undefined) pgliteStatements.set(pg, (parsed = new Map()));
       let columns = parsed.get(statement.name);
       const call = bindExecuteSync(statement.name, params);
-      const request = columns !== undefined ? call : Buffer.concat([serialize.parse({ name: statement.name, text: statement.text }), serialize.describe({ type: "S", name: statement.name }), call]);
+      const request =
+        columns !== undefined
+          ? call
+          : Buffer.concat([
+              serialize.parse({ name: statement.name, text: statement.text }),
+              serialize.describe({ type: "S", name: statement.name }),
+              call,
+            ]);
       // syncToFs: false, as PGlite's query() inside a transaction: our data directories are NodeFS
       // or memory, whose syncToFs does nothing (writes reach the files as Postgres makes them),
       // and skipping it saves a mutex and two promises a statement.
@@ -72,7 +91,10 @@ function runOnPglite(pg: PGlite, statement: PreparedStatement, params: Param[]):
       // PGlite's parser and keeps the parsed messages until its next query() (a growing heap when
       // only prepared statements run). PGlite's chunks are views of its memory: copied.
       const chunks: Uint8Array[] = [];
-      await pg.execProtocolRawStream(request, { syncToFs: false, onRawData: (chunk) => chunks.push(chunk.slice()) });
+      await pg.execProtocolRawStream(request, {
+        syncToFs: false,
+        onRawData: (chunk) => chunks.push(chunk.slice()),
+      });
       const raw = chunks.length === 1 ? (chunks[0] as Uint8Array) : Buffer.concat(chunks);
       const response = readResponse(raw);
       // Described even when the call then failed: the statement exists from now on.

@@ -1,5 +1,13 @@
 import { randomUUID } from "node:crypto";
-import { appendFileSync, cpSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import {
+  appendFileSync,
+  cpSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { eq } from "drizzle-orm";
@@ -9,7 +17,12 @@ import { findExecution } from "./billing.js";
 import { openDatabase, type OpenDatabase } from "./client.js";
 import { getBalance } from "./keys.js";
 import { leasedUnits, releaseAbandonedLeases } from "./leases.js";
-import { JOURNAL_FILE, type JournaledRecord, type JournalStore, RecordJournal } from "./record-journal.js";
+import {
+  JOURNAL_FILE,
+  type JournaledRecord,
+  type JournalStore,
+  RecordJournal,
+} from "./record-journal.js";
 import { executions } from "./schema.js";
 import { accountWithKey } from "./testing/accounts.js";
 import { leasedExecution } from "./testing/leased-execution.js";
@@ -27,7 +40,10 @@ function tempDir(): string {
 }
 
 /** Opens the PGlite database in `dataDir` (a fresh one where there is none), uses it, closes it. */
-async function withDatabase<T>(dataDir: string, use: (open: OpenDatabase) => Promise<T>): Promise<T> {
+async function withDatabase<T>(
+  dataDir: string,
+  use: (open: OpenDatabase) => Promise<T>,
+): Promise<T> {
   await copySeedTo(dataDir);
   const open = await openDatabase({ backend: "pglite", dataDir });
   try {
@@ -40,14 +56,25 @@ async function withDatabase<T>(dataDir: string, use: (open: OpenDatabase) => Pro
 /** An account with 100 credits and a gateway's leases on the database, three executions recorded (3 units each). */
 async function threeRecorded(open: OpenDatabase) {
   const ids = await accountWithKey(open.db, 100);
-  const leases = new CreditLeases({ db: open.db, gatewayId: randomUUID(), holdsPerLease: 4, lingerMs: 60_000, keyCheckMs: 60_000 });
-  for (let i = 0; i < 3; i++) expect(await leases.hold(ids.accountId, ids.keyId, 10)).toEqual({ kind: "held" });
+  const leases = new CreditLeases({
+    db: open.db,
+    gatewayId: randomUUID(),
+    holdsPerLease: 4,
+    lingerMs: 60_000,
+    keyCheckMs: 60_000,
+  });
+  for (let i = 0; i < 3; i++)
+    expect(await leases.hold(ids.accountId, ids.keyId, 10)).toEqual({ kind: "held" });
   const records = [];
-  for (let i = 0; i < 3; i++) records.push(await leases.record(leasedExecution(ids, leases.gatewayId, 10, 3)));
+  for (let i = 0; i < 3; i++)
+    records.push(await leases.record(leasedExecution(ids, leases.gatewayId, 10, 3)));
   return { ids, leases, records };
 }
 
-const journalLines = (dataDir: string) => readFileSync(join(dataDir, JOURNAL_FILE), "utf8").split("\n").filter((l) => l !== "");
+const journalLines = (dataDir: string) =>
+  readFileSync(join(dataDir, JOURNAL_FILE), "utf8")
+    .split("\n")
+    .filter((l) => l !== "");
 
 describe("the record journal on embedded PGlite", () => {
   it("an answered record is in the file before its fold, and every statement sees it: drizzle's, prepared ones", async () => {
@@ -59,7 +86,12 @@ describe("the record journal on embedded PGlite", () => {
       expect(leases.leaseOn(ids.accountId)).toEqual({ units: 31, held: 0 });
       // Drizzle's statements wait for the fold...
       const stored = await findExecution(open.db, records[0]!.id);
-      expect(stored).toMatchObject({ status: "completed", chargedUnits: 3, reservedUnits: 10, stdout: "42\n" });
+      expect(stored).toMatchObject({
+        status: "completed",
+        chargedUnits: 3,
+        reservedUnits: 10,
+        stdout: "42\n",
+      });
       // ... holding what the answer said, to the millisecond.
       expect(stored?.finishedAt?.getTime()).toBe(records[0]!.finishedAt?.getTime());
       expect(stored?.createdAt.getTime()).toBe(records[0]!.createdAt.getTime());
@@ -68,7 +100,10 @@ describe("the record journal on embedded PGlite", () => {
       await leases.hold(ids.accountId, ids.keyId, 10);
       await leases.record(leasedExecution(ids, leases.gatewayId, 10, 3));
       expect(journalLines(dataDir)).toHaveLength(1);
-      expect(await getBalance(open.db, ids.accountId)).toMatchObject({ balanceUnits: 88, reservedUnits: 28 });
+      expect(await getBalance(open.db, ids.accountId)).toMatchObject({
+        balanceUnits: 88,
+        reservedUnits: 28,
+      });
       // Everything in the file is in the database: the file is empty.
       expect(statSync(join(dataDir, JOURNAL_FILE)).size).toBe(0);
     });
@@ -92,16 +127,27 @@ describe("the record journal on embedded PGlite", () => {
 
     await withDatabase(join(root, "killed-before-fold"), async (open) => {
       expect(open.journalReplay).toEqual({ folded: 3, alreadyRecorded: 0, unreadable: 0 });
-      expect(await open.db.select().from(executions).where(eq(executions.accountId, accountId))).toHaveLength(3);
+      expect(
+        await open.db.select().from(executions).where(eq(executions.accountId, accountId)),
+      ).toHaveLength(3);
       // The recovery pass then gives back what the dead gateway's lease still held.
       expect(await releaseAbandonedLeases(open.db, [])).toEqual({ leases: 1, units: 31 });
-      expect(await getBalance(open.db, accountId)).toMatchObject({ balanceUnits: 91, reservedUnits: 0 });
+      expect(await getBalance(open.db, accountId)).toMatchObject({
+        balanceUnits: 91,
+        reservedUnits: 0,
+      });
     });
 
     await withDatabase(join(root, "killed-after-fold"), async (open) => {
       expect(open.journalReplay).toEqual({ folded: 0, alreadyRecorded: 3, unreadable: 0 });
-      expect(await getBalance(open.db, accountId)).toMatchObject({ balanceUnits: 91, reservedUnits: 31 });
-      const rows = await open.db.select({ id: executions.id }).from(executions).where(eq(executions.accountId, accountId));
+      expect(await getBalance(open.db, accountId)).toMatchObject({
+        balanceUnits: 91,
+        reservedUnits: 31,
+      });
+      const rows = await open.db
+        .select({ id: executions.id })
+        .from(executions)
+        .where(eq(executions.accountId, accountId));
       expect(rows.map((r) => r.id).sort()).toEqual([...ids].sort());
     });
   });
@@ -126,17 +172,31 @@ describe("the record journal on embedded PGlite", () => {
     const dataDir = join(tempDir(), "data");
     await withDatabase(dataDir, async (open) => {
       const ids = await accountWithKey(open.db, 100);
-      const leases = new CreditLeases({ db: open.db, gatewayId: randomUUID(), holdsPerLease: 4, lingerMs: 60_000, keyCheckMs: 60_000 });
+      const leases = new CreditLeases({
+        db: open.db,
+        gatewayId: randomUUID(),
+        holdsPerLease: 4,
+        lingerMs: 60_000,
+        keyCheckMs: 60_000,
+      });
       await leases.hold(ids.accountId, ids.keyId, 10);
       const bad = leasedExecution(ids, leases.gatewayId, 10, 3);
       bad.settlement.stderr = "nul\u0000";
       await expect(leases.record(bad)).rejects.toThrow(/NUL/);
       // An Idempotency-Key is checked at the HTTP edge; the journal does not rely on it.
       await leases.hold(ids.accountId, ids.keyId, 10);
-      await expect(leases.record({ ...leasedExecution(ids, leases.gatewayId, 10, 3), idempotencyKey: "k\u0000" })).rejects.toThrow(/NUL/);
+      await expect(
+        leases.record({
+          ...leasedExecution(ids, leases.gatewayId, 10, 3),
+          idempotencyKey: "k\u0000",
+        }),
+      ).rejects.toThrow(/NUL/);
       expect(journalLines(dataDir)).toEqual([]);
       expect(leases.leaseOn(ids.accountId)).toEqual({ units: 40, held: 0 });
-      expect(await getBalance(open.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 40 });
+      expect(await getBalance(open.db, ids.accountId)).toMatchObject({
+        balanceUnits: 100,
+        reservedUnits: 40,
+      });
     });
   });
 });
@@ -154,7 +214,15 @@ describe("RecordJournal", () => {
     reservedUnits: 10,
     createdAt: new Date(1_000 + n),
     finishedAt: new Date(2_000 + n),
-    settlement: { status: "completed", exitCode: 0, stdout: `${n}\n`, stderr: "", truncated: false, timings: { queueMs: 0, forkMs: 1, execMs: 1, totalMs: 2 }, chargedUnits: 1 },
+    settlement: {
+      status: "completed",
+      exitCode: 0,
+      stdout: `${n}\n`,
+      stderr: "",
+      truncated: false,
+      timings: { queueMs: 0, forkMs: 1, execMs: 1, totalMs: 2 },
+      chargedUnits: 1,
+    },
   });
 
   /** A database double: the ids folded, in order; `failing` makes folds throw. */
@@ -190,7 +258,10 @@ describe("RecordJournal", () => {
     db.failing = false;
     journal.append(record(4));
     await journal.settled();
-    expect(db.folds).toEqual([["execution-1", "execution-2"], ["execution-3", "execution-4"]]);
+    expect(db.folds).toEqual([
+      ["execution-1", "execution-2"],
+      ["execution-3", "execution-4"],
+    ]);
     expect(journal.upToDate).toBe(true);
     expect(statSync(path).size).toBe(0);
     await journal.close();
@@ -207,12 +278,17 @@ describe("RecordJournal", () => {
     // A database that cannot take it: the open fails, saying where the records are, and keeps them.
     const refusing = store();
     refusing.failing = true;
-    await expect(RecordJournal.open(path, refusing)).rejects.toThrow(`cannot bill the executions answered in the record journal ${path}: the database is down`);
+    await expect(RecordJournal.open(path, refusing)).rejects.toThrow(
+      `cannot bill the executions answered in the record journal ${path}: the database is down`,
+    );
     expect(readFileSync(path, "utf8").split("\n")).toHaveLength(2);
 
     const reader = store();
     const folded: JournaledRecord[] = [];
-    const { replay } = await RecordJournal.open(path, { ...reader, fold: async (records) => void folded.push(...records) });
+    const { replay } = await RecordJournal.open(path, {
+      ...reader,
+      fold: async (records) => void folded.push(...records),
+    });
     expect(replay).toEqual({ folded: 1, alreadyRecorded: 0, unreadable: 0 });
     expect(folded).toEqual([record(7)]);
     expect(statSync(path).size).toBe(0);
@@ -221,7 +297,9 @@ describe("RecordJournal", () => {
   it("a record's Idempotency-Key is kept, and a line written before records carried one reads as without", async () => {
     const path = join(tempDir(), JOURNAL_FILE);
     const keyed = { ...record(8), idempotencyKey: "retry-8" };
-    const { idempotencyKey: _, ...older } = JSON.parse(JSON.stringify({ ...record(9), createdAt: 1_009, finishedAt: 2_009 })) as Record<string, unknown>;
+    const { idempotencyKey: _, ...older } = JSON.parse(
+      JSON.stringify({ ...record(9), createdAt: 1_009, finishedAt: 2_009 }),
+    ) as Record<string, unknown>;
     const writer = store();
     writer.failing = true;
     const { journal } = await RecordJournal.open(path, writer);
@@ -232,7 +310,10 @@ describe("RecordJournal", () => {
     appendFileSync(path, `${JSON.stringify(older)}\n`);
 
     const folded: JournaledRecord[] = [];
-    await RecordJournal.open(path, { ...store(), fold: async (records) => void folded.push(...records) });
+    await RecordJournal.open(path, {
+      ...store(),
+      fold: async (records) => void folded.push(...records),
+    });
     expect(folded).toEqual([keyed, record(9)]);
   });
 });

@@ -74,7 +74,10 @@ export class RecordJournal {
    * Opens the journal at `path` (undefined: in memory), first folding into the database the
    * records a stopped process left in it.
    */
-  static async open(path: string | undefined, store: JournalStore): Promise<{ journal: RecordJournal; replay: JournalReplay }> {
+  static async open(
+    path: string | undefined,
+    store: JournalStore,
+  ): Promise<{ journal: RecordJournal; replay: JournalReplay }> {
     const replay: JournalReplay = { folded: 0, alreadyRecorded: 0, unreadable: 0 };
     if (path === undefined) return { journal: new RecordJournal(undefined, store), replay };
     // Only this process reads it (it holds executions' output, as the database's files do).
@@ -90,7 +93,10 @@ export class RecordJournal {
       } catch (error) {
         // The file stays as it is: nothing in it is lost, and the next open tries again.
         closeSync(fd);
-        throw new Error(`cannot bill the executions answered in the record journal ${path}: ${(error as Error).message}`, { cause: error });
+        throw new Error(
+          `cannot bill the executions answered in the record journal ${path}: ${(error as Error).message}`,
+          { cause: error },
+        );
       }
       replay.folded += unfolded.length;
       replay.alreadyRecorded += batch.length - unfolded.length;
@@ -101,7 +107,8 @@ export class RecordJournal {
 
   /** Commits the record: written to the file (the operating system has it) when this returns. */
   append(record: JournaledRecord): void {
-    if (this.broken !== undefined) throw new Error(`the record journal cannot be written: ${this.broken.message}`);
+    if (this.broken !== undefined)
+      throw new Error(`the record journal cannot be written: ${this.broken.message}`);
     if (this.fd !== undefined) this.write(`${encodeRecord(record)}\n`);
     this.pending.push(record);
     this.foldLater(FOLD_DELAY_MS);
@@ -141,7 +148,10 @@ export class RecordJournal {
     this.timer = setTimeout(() => {
       this.timer = undefined;
       this.settled().catch((error: Error) => {
-        if (!this.failing) console.error(`sandfork: cannot fold the record journal into the database, retrying every ${RETRY_DELAY_MS} ms: ${error.message}`);
+        if (!this.failing)
+          console.error(
+            `sandfork: cannot fold the record journal into the database, retrying every ${RETRY_DELAY_MS} ms: ${error.message}`,
+          );
         this.failing = true;
         this.foldLater(RETRY_DELAY_MS);
       });
@@ -155,7 +165,12 @@ export class RecordJournal {
     this.failing = false;
     this.pending.splice(0, batch.length);
     this.folded += batch.length;
-    if (this.pending.length === 0 && this.fd !== undefined && this.size > 0 && this.broken === undefined) {
+    if (
+      this.pending.length === 0 &&
+      this.fd !== undefined &&
+      this.size > 0 &&
+      this.broken === undefined
+    ) {
       ftruncateSync(this.fd, 0);
       this.size = 0;
     }
@@ -180,7 +195,11 @@ export class RecordJournal {
 }
 
 function encodeRecord(r: JournaledRecord): string {
-  return JSON.stringify({ ...r, createdAt: r.createdAt.getTime(), finishedAt: r.finishedAt.getTime() });
+  return JSON.stringify({
+    ...r,
+    createdAt: r.createdAt.getTime(),
+    finishedAt: r.finishedAt.getTime(),
+  });
 }
 
 function decodeLines(text: string): { records: JournaledRecord[]; unreadable: number } {
@@ -206,11 +225,21 @@ function decodeRecord(line: string): JournaledRecord | undefined {
   }
   if (typeof value !== "object" || value === null) return undefined;
   const r = value as Record<string, unknown>;
-  if (typeof r.executionId !== "string" || typeof r.createdAt !== "number" || typeof r.finishedAt !== "number") return undefined;
+  if (
+    typeof r.executionId !== "string" ||
+    typeof r.createdAt !== "number" ||
+    typeof r.finishedAt !== "number"
+  )
+    return undefined;
   if (typeof r.settlement !== "object" || r.settlement === null) return undefined;
   // Lines written before records carried an Idempotency-Key have none.
   const idempotencyKey = typeof r.idempotencyKey === "string" ? r.idempotencyKey : null;
-  return { ...(r as unknown as LeasedExecution), idempotencyKey, createdAt: new Date(r.createdAt), finishedAt: new Date(r.finishedAt) };
+  return {
+    ...(r as unknown as LeasedExecution),
+    idempotencyKey,
+    createdAt: new Date(r.createdAt),
+    finishedAt: new Date(r.finishedAt),
+  };
 }
 
 /**
@@ -221,7 +250,11 @@ function decodeRecord(line: string): JournaledRecord | undefined {
 export class JournaledPGlite extends PGlite {
   journal: RecordJournal | undefined;
 
-  override async query<T>(query: string, params?: unknown[], options?: Parameters<PGlite["query"]>[2]): Promise<Results<T>> {
+  override async query<T>(
+    query: string,
+    params?: unknown[],
+    options?: Parameters<PGlite["query"]>[2],
+  ): Promise<Results<T>> {
     await this.journal?.settled();
     return super.query<T>(query, params, options);
   }
@@ -236,7 +269,10 @@ export class JournaledPGlite extends PGlite {
     return super.transaction(callback);
   }
 
-  override async describeQuery(query: string, options?: Parameters<PGlite["describeQuery"]>[1]): Promise<Awaited<ReturnType<PGlite["describeQuery"]>>> {
+  override async describeQuery(
+    query: string,
+    options?: Parameters<PGlite["describeQuery"]>[1],
+  ): Promise<Awaited<ReturnType<PGlite["describeQuery"]>>> {
     await this.journal?.settled();
     return super.describeQuery(query, options);
   }

@@ -61,7 +61,10 @@ export const apiKeys = pgTable(
   (t) => [
     uniqueIndex("api_keys_key_hash_unique").on(t.keyHash),
     index("api_keys_account_idx").on(t.accountId),
-    check("api_keys_limits_positive", sql`${t.rateLimitPerMinute} > 0 AND ${t.maxConcurrency} > 0 AND ${t.maxBodyBytes} > 0`),
+    check(
+      "api_keys_limits_positive",
+      sql`${t.rateLimitPerMinute} > 0 AND ${t.maxConcurrency} > 0 AND ${t.maxBodyBytes} > 0`,
+    ),
   ],
 );
 
@@ -107,7 +110,9 @@ export const executions = pgTable(
     // Only keyed requests are deduplicated; a record without a key (most: every leased one) adds
     // no entry to this index, nor to the next, which holds only what is still running (the
     // recovery pass at each start reads those).
-    uniqueIndex("executions_key_idempotency_unique").on(t.keyId, t.idempotencyKey).where(sql`${t.idempotencyKey} IS NOT NULL`),
+    uniqueIndex("executions_key_idempotency_unique")
+      .on(t.keyId, t.idempotencyKey)
+      .where(sql`${t.idempotencyKey} IS NOT NULL`),
     index("executions_running_idx").on(t.createdAt).where(sql`${t.status} = 'running'`),
     // A key's usage over a period (db/usage.ts): each finished record is its execution's entry in
     // the accounts' journal (its charged units), the usage ledger holds only grants and sessions.
@@ -154,7 +159,10 @@ export const creditLeases = pgTable(
     units: bigint("units", { mode: "number" }).notNull(),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
-  (t) => [primaryKey({ columns: [t.gatewayId, t.accountId] }), check("credit_leases_units_non_negative", sql`${t.units} >= 0`)],
+  (t) => [
+    primaryKey({ columns: [t.gatewayId, t.accountId] }),
+    check("credit_leases_units_non_negative", sql`${t.units} >= 0`),
+  ],
 );
 
 // Stateful sessions (gateway/session-service.ts): a VM of the daemon's kept between requests.
@@ -200,7 +208,10 @@ export const sessions = pgTable(
     index("sessions_key_state_idx").on(t.keyId, t.state),
     index("sessions_state_active_idx").on(t.state, t.lastActiveAt),
     check("sessions_state_known", sql`${t.state} IN ('running', 'paused', 'ended', 'deleted')`),
-    check("sessions_charged_non_negative", sql`${t.chargedUnits} >= 0 AND ${t.checkpointBytes} >= 0`),
+    check(
+      "sessions_charged_non_negative",
+      sql`${t.chargedUnits} >= 0 AND ${t.checkpointBytes} >= 0`,
+    ),
   ],
 );
 
@@ -231,4 +242,13 @@ export const usageLedger = pgTable(
   ],
 );
 
-export const schema = { accounts, apiKeys, executions, executionUsageHours, executionUsageKeys, creditLeases, sessions, usageLedger };
+export const schema = {
+  accounts,
+  apiKeys,
+  executions,
+  executionUsageHours,
+  executionUsageKeys,
+  creditLeases,
+  sessions,
+  usageLedger,
+};

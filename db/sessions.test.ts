@@ -6,7 +6,14 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { reserve } from "./billing.js";
 import { createAccount, getBalance, grantCredits, insertKey } from "./keys.js";
 import { usageLedger } from "./schema.js";
-import { accrue, idleRunningSessions, insertSession, keySessionTotals, sessionUsageForKey, unitsDue } from "./sessions.js";
+import {
+  accrue,
+  idleRunningSessions,
+  insertSession,
+  keySessionTotals,
+  sessionUsageForKey,
+  unitsDue,
+} from "./sessions.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
 
 const RATES = { unitsPerGibSecond: 10, unitsPerGibHour: 1 };
@@ -34,22 +41,56 @@ describe.each(BACKENDS)("session metering on %s", (backend) => {
   async function session(credits: number, memoryMib = 1024) {
     const accountId = await createAccount(fresh.db, "s");
     if (credits > 0) await grantCredits(fresh.db, accountId, credits);
-    const key = await insertKey(fresh.db, { accountId, name: "k", hash: randomUUID(), hint: "sfk_…s", scopes: ["execute"], expiresAt: null, limits: { rateLimitPerMinute: 60, maxConcurrency: 4, maxBodyBytes: 1024 } });
+    const key = await insertKey(fresh.db, {
+      accountId,
+      name: "k",
+      hash: randomUUID(),
+      hint: "sfk_…s",
+      scopes: ["execute"],
+      expiresAt: null,
+      limits: { rateLimitPerMinute: 60, maxConcurrency: 4, maxBodyBytes: 1024 },
+    });
     const start = new Date("2026-01-01T00:00:00Z");
-    const row = await insertSession(fresh.db, { id: randomUUID(), accountId, keyId: key.id, tokenId: null, template: "python", memoryMib, idleTimeoutS: 60, maxLifetimeS: 3600 }, start);
-    return { accountId, keyId: key.id, id: row.id, at: (ms: number) => new Date(start.getTime() + ms) };
+    const row = await insertSession(
+      fresh.db,
+      {
+        id: randomUUID(),
+        accountId,
+        keyId: key.id,
+        tokenId: null,
+        template: "python",
+        memoryMib,
+        idleTimeoutS: 60,
+        maxLifetimeS: 3600,
+      },
+      start,
+    );
+    return {
+      accountId,
+      keyId: key.id,
+      id: row.id,
+      at: (ms: number) => new Date(start.getTime() + ms),
+    };
   }
 
   it("charges running GiB-seconds by the millisecond, the same in one accrual as in many", async () => {
     const one = await session(1_000);
     const many = await session(1_000);
     // 1 GiB for 10.5 s in one step and in 21 steps of 500 ms: ceil(105) = 105 units both ways.
-    const once = await accrue(fresh.db, one.id, one.at(10_500), RATES, { running: false, state: "paused" });
+    const once = await accrue(fresh.db, one.id, one.at(10_500), RATES, {
+      running: false,
+      state: "paused",
+    });
     let charged = 0;
-    for (let step = 1; step <= 21; step++) charged += (await accrue(fresh.db, many.id, many.at(step * 500), RATES)).chargedUnits;
+    for (let step = 1; step <= 21; step++)
+      charged += (await accrue(fresh.db, many.id, many.at(step * 500), RATES)).chargedUnits;
     expect(once.chargedUnits).toBe(105);
     expect(charged).toBe(105);
-    expect(once.session).toMatchObject({ state: "paused", runningSince: null, runningMibMs: String(1024 * 10_500) });
+    expect(once.session).toMatchObject({
+      state: "paused",
+      runningSince: null,
+      runningMibMs: String(1024 * 10_500),
+    });
     // Paused: no more running time accrues.
     expect((await accrue(fresh.db, one.id, one.at(60_000), RATES)).chargedUnits).toBe(0);
     expect(await getBalance(fresh.db, one.accountId)).toMatchObject({ balanceUnits: 1_000 - 105 });
@@ -57,30 +98,54 @@ describe.each(BACKENDS)("session metering on %s", (backend) => {
 
   it("charges checkpoint storage by GiB-hour and reports both in the key's usage", async () => {
     const s = await session(1_000, 256);
-    await accrue(fresh.db, s.id, s.at(0), RATES, { running: false, state: "paused", checkpointBytes: 2 * GIB });
+    await accrue(fresh.db, s.id, s.at(0), RATES, {
+      running: false,
+      state: "paused",
+      checkpointBytes: 2 * GIB,
+    });
     const stored = await accrue(fresh.db, s.id, s.at(3_600_000), RATES);
     expect(stored.chargedUnits).toBe(2);
     const usage = await sessionUsageForKey(fresh.db, s.keyId, s.at(-1), s.at(3_600_001));
     expect(usage).toEqual({ units: 2, runningGibSeconds: 0, checkpointGibHours: 2 });
-    expect(await keySessionTotals(fresh.db, s.keyId)).toEqual({ sessions: 1, checkpointBytes: 2 * GIB });
-    const entries = await fresh.db.select().from(usageLedger).where(eq(usageLedger.sessionId, s.id));
+    expect(await keySessionTotals(fresh.db, s.keyId)).toEqual({
+      sessions: 1,
+      checkpointBytes: 2 * GIB,
+    });
+    const entries = await fresh.db
+      .select()
+      .from(usageLedger)
+      .where(eq(usageLedger.sessionId, s.id));
     expect(entries.reduce((n, e) => n + e.units, 0)).toBe(2);
   });
 
   it("never takes more than the account has available, and says it fell short", async () => {
     const s = await session(50);
     // 30 of the 50 units are held by an execution in flight: 20 are available.
-    const held = await reserve(fresh.db, { executionId: randomUUID(), accountId: s.accountId, keyId: s.keyId, tokenId: null, idempotencyKey: null, requestHash: "h", template: "python", gatewayId: "gateway-a", units: 30 });
+    const held = await reserve(fresh.db, {
+      executionId: randomUUID(),
+      accountId: s.accountId,
+      keyId: s.keyId,
+      tokenId: null,
+      idempotencyKey: null,
+      requestHash: "h",
+      template: "python",
+      gatewayId: "gateway-a",
+      units: 30,
+    });
     expect(held.kind).toBe("reserved");
     const short = await accrue(fresh.db, s.id, s.at(10_000), RATES);
     expect([short.chargedUnits, short.short]).toEqual([20, true]);
-    expect(await getBalance(fresh.db, s.accountId)).toMatchObject({ balanceUnits: 30, reservedUnits: 30 });
+    expect(await getBalance(fresh.db, s.accountId)).toMatchObject({
+      balanceUnits: 30,
+      reservedUnits: 30,
+    });
   });
 
   it("finds running sessions idle past their own timeout", async () => {
     const s = await session(100);
     await accrue(fresh.db, s.id, s.at(1_000), RATES, { active: true });
-    const idleAt = (ms: number) => idleRunningSessions(fresh.db, s.at(ms)).then((rows) => rows.some((r) => r.id === s.id));
+    const idleAt = (ms: number) =>
+      idleRunningSessions(fresh.db, s.at(ms)).then((rows) => rows.some((r) => r.id === s.id));
     expect(await idleAt(60_999)).toBe(false);
     expect(await idleAt(61_000)).toBe(true);
   });

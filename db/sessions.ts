@@ -26,16 +26,39 @@ const ceilDiv = (a: bigint, b: bigint): bigint => (a + b - 1n) / b;
 
 /** Units due for what a session has accrued in all. */
 export function unitsDue(rates: SessionRates, runningMibMs: bigint, storageByteMs: bigint): number {
-  const due = ceilDiv(runningMibMs * BigInt(rates.unitsPerGibSecond), MIB_MS_PER_GIB_SECOND) + ceilDiv(storageByteMs * BigInt(rates.unitsPerGibHour), BYTE_MS_PER_GIB_HOUR);
+  const due =
+    ceilDiv(runningMibMs * BigInt(rates.unitsPerGibSecond), MIB_MS_PER_GIB_SECOND) +
+    ceilDiv(storageByteMs * BigInt(rates.unitsPerGibHour), BYTE_MS_PER_GIB_HOUR);
   return Number(due);
 }
 
-export type NewSession = Pick<SessionRow, "id" | "accountId" | "keyId" | "tokenId" | "template" | "memoryMib" | "idleTimeoutS" | "maxLifetimeS">;
+export type NewSession = Pick<
+  SessionRow,
+  | "id"
+  | "accountId"
+  | "keyId"
+  | "tokenId"
+  | "template"
+  | "memoryMib"
+  | "idleTimeoutS"
+  | "maxLifetimeS"
+>;
 
-export async function insertSession(db: Database, session: NewSession, now: Date): Promise<SessionRow> {
+export async function insertSession(
+  db: Database,
+  session: NewSession,
+  now: Date,
+): Promise<SessionRow> {
   const [row] = await db
     .insert(sessions)
-    .values({ ...session, state: "running", runningSince: now, storageSince: now, createdAt: now, lastActiveAt: now })
+    .values({
+      ...session,
+      state: "running",
+      runningSince: now,
+      storageSince: now,
+      createdAt: now,
+      lastActiveAt: now,
+    })
     .returning();
   return row as SessionRow;
 }
@@ -55,9 +78,15 @@ export async function listSessions(db: Database, keyId: string): Promise<Session
 }
 
 /** Sessions of the key that count against its limits: not deleted; and their checkpoint bytes. */
-export async function keySessionTotals(db: Database, keyId: string): Promise<{ sessions: number; checkpointBytes: number }> {
+export async function keySessionTotals(
+  db: Database,
+  keyId: string,
+): Promise<{ sessions: number; checkpointBytes: number }> {
   const [row] = await db
-    .select({ sessions: sql<number>`count(*)::int`, bytes: sql<string>`coalesce(sum(${sessions.checkpointBytes}), 0)::text` })
+    .select({
+      sessions: sql<number>`count(*)::int`,
+      bytes: sql<string>`coalesce(sum(${sessions.checkpointBytes}), 0)::text`,
+    })
     .from(sessions)
     .where(and(eq(sessions.keyId, keyId), inArray(sessions.state, ["running", "paused", "ended"])));
   return { sessions: row?.sessions ?? 0, checkpointBytes: Number(row?.bytes ?? "0") };
@@ -68,7 +97,12 @@ export async function idleRunningSessions(db: Database, now: Date): Promise<Sess
   return db
     .select()
     .from(sessions)
-    .where(and(eq(sessions.state, "running"), sql`${sessions.lastActiveAt} + make_interval(secs => ${sessions.idleTimeoutS}) <= ${now.toISOString()}::timestamptz`));
+    .where(
+      and(
+        eq(sessions.state, "running"),
+        sql`${sessions.lastActiveAt} + make_interval(secs => ${sessions.idleTimeoutS}) <= ${now.toISOString()}::timestamptz`,
+      ),
+    );
 }
 
 /** Sessions (not deleted) past their maximum lifetime as of `now`. */
@@ -76,7 +110,12 @@ export async function expiredSessions(db: Database, now: Date): Promise<SessionR
   return db
     .select()
     .from(sessions)
-    .where(and(inArray(sessions.state, ["running", "paused", "ended"]), sql`${sessions.createdAt} + make_interval(secs => ${sessions.maxLifetimeS}) <= ${now.toISOString()}::timestamptz`));
+    .where(
+      and(
+        inArray(sessions.state, ["running", "paused", "ended"]),
+        sql`${sessions.createdAt} + make_interval(secs => ${sessions.maxLifetimeS}) <= ${now.toISOString()}::timestamptz`,
+      ),
+    );
 }
 
 /** What changes with an accrual (besides the accrued quantities and charge). */
@@ -106,12 +145,19 @@ export interface AccrualOutcome {
  * Accrues the session's running time and storage up to `now`, charges what became due (at most
  * the account's available credits) with a ledger entry, and applies `change`, in one transaction.
  */
-export async function accrue(db: Database, id: string, now: Date, rates: SessionRates, change: SessionChange = {}): Promise<AccrualOutcome> {
+export async function accrue(
+  db: Database,
+  id: string,
+  now: Date,
+  rates: SessionRates,
+  change: SessionChange = {},
+): Promise<AccrualOutcome> {
   return db.transaction(async (tx) => {
     const [row] = await tx.select().from(sessions).where(eq(sessions.id, id)).for("update");
     if (row === undefined) throw new Error(`no session ${id}`);
     const at = now.getTime();
-    const runningMs = row.runningSince === null ? 0n : BigInt(Math.max(0, at - row.runningSince.getTime()));
+    const runningMs =
+      row.runningSince === null ? 0n : BigInt(Math.max(0, at - row.runningSince.getTime()));
     const storedMs = BigInt(Math.max(0, at - row.storageSince.getTime()));
     const runningDelta = runningMs * BigInt(row.memoryMib);
     const storageDelta = storedMs * BigInt(row.checkpointBytes);
@@ -156,13 +202,24 @@ export async function accrue(db: Database, id: string, now: Date, rates: Session
         runningSince: running ? now : null,
         storageSince: now,
         ...(change.state === undefined ? {} : { state: change.state }),
-        ...(change.checkpointBytes === undefined ? {} : { checkpointBytes: change.checkpointBytes }),
-        ...(change.addedCheckpointBytes === undefined ? {} : { checkpointBytes: row.checkpointBytes + change.addedCheckpointBytes }),
+        ...(change.checkpointBytes === undefined
+          ? {}
+          : { checkpointBytes: change.checkpointBytes }),
+        ...(change.addedCheckpointBytes === undefined
+          ? {}
+          : { checkpointBytes: row.checkpointBytes + change.addedCheckpointBytes }),
         ...(change.memoryMib === undefined ? {} : { memoryMib: change.memoryMib }),
-        ...(change.lastCheckpoint === undefined ? {} : { lastCheckpoint: change.lastCheckpoint.number, lastCheckpointSha256: change.lastCheckpoint.sha256 }),
+        ...(change.lastCheckpoint === undefined
+          ? {}
+          : {
+              lastCheckpoint: change.lastCheckpoint.number,
+              lastCheckpointSha256: change.lastCheckpoint.sha256,
+            }),
         ...(change.cells === undefined ? {} : { cells: row.cells + change.cells }),
         ...(change.active ? { lastActiveAt: now } : {}),
-        ...(change.endedReason === undefined ? {} : { endedReason: change.endedReason, endedAt: now }),
+        ...(change.endedReason === undefined
+          ? {}
+          : { endedReason: change.endedReason, endedAt: now }),
       })
       .where(eq(sessions.id, id))
       .returning();
@@ -177,7 +234,12 @@ export interface SessionUsage {
 }
 
 /** Session charges of `keyId` recorded in [from, to) (cells are in the executions' usage). */
-export async function sessionUsageForKey(db: Database, keyId: string, from: Date, to: Date): Promise<SessionUsage> {
+export async function sessionUsageForKey(
+  db: Database,
+  keyId: string,
+  from: Date,
+  to: Date,
+): Promise<SessionUsage> {
   const [row] = await runPrepared(db, SESSION_USAGE, [keyId, from.toISOString(), to.toISOString()]);
   return {
     units: Number(row?.units ?? "0"),

@@ -12,21 +12,31 @@ const HOUR_MS = 3_600_000;
 const DAY_MS = 24 * HOUR_MS;
 
 /** sandfork_usage_horizon(margin) in microseconds since the epoch, as text. */
-async function horizonMicros(fresh: FreshDatabase, margin: string): Promise<string | null | undefined> {
-  const text = "SELECT (extract(epoch FROM sandfork_usage_horizon($1::interval)) * 1e6)::int8::text AS us";
+async function horizonMicros(
+  fresh: FreshDatabase,
+  margin: string,
+): Promise<string | null | undefined> {
+  const text =
+    "SELECT (extract(epoch FROM sandfork_usage_horizon($1::interval)) * 1e6)::int8::text AS us";
   return (await runPrepared(fresh.db, { name: "usage_test_horizon", text }, [margin]))[0]?.us;
 }
 
 /** Where the key's sums stop (its mark), in milliseconds since the epoch. */
 async function markOf(fresh: FreshDatabase, keyId: string): Promise<number> {
-  const text = "SELECT (extract(epoch FROM rolled_up_before) * 1000)::int8::text AS ms FROM execution_usage_keys WHERE key_id = $1::uuid";
+  const text =
+    "SELECT (extract(epoch FROM rolled_up_before) * 1000)::int8::text AS ms FROM execution_usage_keys WHERE key_id = $1::uuid";
   return Number((await runPrepared(fresh.db, { name: "usage_test_mark", text }, [keyId]))[0]?.ms);
 }
 
 /** Deletes the key's records that finished in [from, to). */
 async function forget(fresh: FreshDatabase, keyId: string, from: Date, to: Date): Promise<void> {
-  const text = "DELETE FROM executions WHERE key_id = $1::uuid AND finished_at >= $2::timestamptz AND finished_at < $3::timestamptz";
-  await runPrepared(fresh.db, { name: "usage_test_forget", text }, [keyId, from.toISOString(), to.toISOString()]);
+  const text =
+    "DELETE FROM executions WHERE key_id = $1::uuid AND finished_at >= $2::timestamptz AND finished_at < $3::timestamptz";
+  await runPrepared(fresh.db, { name: "usage_test_forget", text }, [
+    keyId,
+    from.toISOString(),
+    to.toISOString(),
+  ]);
 }
 
 describe.each(BACKENDS)("usage on %s", (backend) => {
@@ -61,7 +71,10 @@ describe.each(BACKENDS)("usage on %s", (backend) => {
     await insertRecords(fresh.db, keyId, 3_000, 3);
     await insertRecords(fresh.db, randomUUID(), 200, 3);
     for (const [from, to] of periods(3)) {
-      expect(await usageForKey(fresh.db, keyId, from, to), `${from.toISOString()} to ${to.toISOString()}`).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
+      expect(
+        await usageForKey(fresh.db, keyId, from, to),
+        `${from.toISOString()} to ${to.toISOString()}`,
+      ).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
     }
     // Periods that end or start at the mark, or in its hour on either side of it.
     const mark = await markOf(fresh, keyId);
@@ -75,7 +88,10 @@ describe.each(BACKENDS)("usage on %s", (backend) => {
       [markHour, mark + 60_000],
       [markHour + 1, mark + 60_000],
     ].map(([from, to]) => [new Date(from as number), new Date(to as number)] as const)) {
-      expect(await usageForKey(fresh.db, keyId, from, to), `${from.toISOString()} to ${to.toISOString()}`).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
+      expect(
+        await usageForKey(fresh.db, keyId, from, to),
+        `${from.toISOString()} to ${to.toISOString()}`,
+      ).toEqual(await usageFromRecords(fresh.db, keyId, from, to));
     }
     // Finished now, after the mark: read from the records.
     await insertRecords(fresh.db, keyId, 20, 0);
@@ -108,15 +124,30 @@ describe.each(BACKENDS)("usage on %s", (backend) => {
     // end there, and that hour's row holds its records before then.
     const hour = Math.floor((Date.now() - 3 * HOUR_MS) / HOUR_MS) * HOUR_MS;
     const earlierMark = new Date(hour + 20 * 60_000).toISOString();
-    await runPrepared(fresh.db, { name: "usage_test_set_mark", text: "INSERT INTO execution_usage_keys VALUES ($1::uuid, $2::timestamptz)" }, [keyId, earlierMark]);
+    await runPrepared(
+      fresh.db,
+      {
+        name: "usage_test_set_mark",
+        text: "INSERT INTO execution_usage_keys VALUES ($1::uuid, $2::timestamptz)",
+      },
+      [keyId, earlierMark],
+    );
     const sumBefore = `INSERT INTO execution_usage_hours
       SELECT key_id, date_trunc('hour', finished_at, 'UTC'), template, count(*), coalesce(sum(charged_units), 0) FROM executions
       WHERE key_id = $1::uuid AND finished_at < $2::timestamptz AND status <> 'aborted' GROUP BY 1, 2, 3`;
-    await runPrepared(fresh.db, { name: "usage_test_sum_before", text: sumBefore }, [keyId, earlierMark]);
+    await runPrepared(fresh.db, { name: "usage_test_sum_before", text: sumBefore }, [
+      keyId,
+      earlierMark,
+    ]);
     const [from, to] = [new Date(hour), new Date(hour + HOUR_MS)];
     const [wholeFrom, wholeTo] = [new Date(Date.now() - 2 * DAY_MS), new Date(Date.now() + 60_000)];
-    const [expected, expectedWhole] = [await usageFromRecords(fresh.db, keyId, from, to), await usageFromRecords(fresh.db, keyId, wholeFrom, wholeTo)];
-    expect((await usageFromRecords(fresh.db, keyId, new Date(earlierMark), to)).executions).toBeGreaterThan(0);
+    const [expected, expectedWhole] = [
+      await usageFromRecords(fresh.db, keyId, from, to),
+      await usageFromRecords(fresh.db, keyId, wholeFrom, wholeTo),
+    ];
+    expect(
+      (await usageFromRecords(fresh.db, keyId, new Date(earlierMark), to)).executions,
+    ).toBeGreaterThan(0);
     expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
     await forget(fresh, keyId, from, to);
     expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
@@ -143,7 +174,10 @@ describe.each(BACKENDS)("usage on %s", (backend) => {
     await insertRecords(fresh.db, keyId, 1_000, 2);
     const [from, to] = [new Date(Date.now() - 3 * DAY_MS), new Date(Date.now() + 60_000)];
     const expected = await usageFromRecords(fresh.db, keyId, from, to);
-    const together = await Promise.all([usageForKey(fresh.db, keyId, from, to), usageForKey(fresh.db, keyId, from, to)]);
+    const together = await Promise.all([
+      usageForKey(fresh.db, keyId, from, to),
+      usageForKey(fresh.db, keyId, from, to),
+    ]);
     expect(together).toEqual([expected, expected]);
     expect(await usageForKey(fresh.db, keyId, from, to)).toEqual(expected);
   });
@@ -169,12 +203,16 @@ describe("usage on postgres, beside other connections", () => {
     try {
       const open = await other.reserve();
       await open`BEGIN`;
-      const [started] = await open<{ us: string }[]>`SELECT (extract(epoch FROM now()) * 1e6)::int8::text AS us`;
+      const [started] = await open<
+        { us: string }[]
+      >`SELECT (extract(epoch FROM now()) * 1e6)::int8::text AS us`;
       await new Promise((resolve) => setTimeout(resolve, 20));
       expect(await horizonMicros(fresh, "0")).toBe(started?.us);
       await open`COMMIT`;
       open.release();
-      expect(BigInt((await horizonMicros(fresh, "0")) as string)).toBeGreaterThan(BigInt(started?.us as string));
+      expect(BigInt((await horizonMicros(fresh, "0")) as string)).toBeGreaterThan(
+        BigInt(started?.us as string),
+      );
     } finally {
       await other.end();
     }

@@ -28,16 +28,37 @@ export interface UsageSummary {
 const HOUR_MS = 3_600_000;
 
 /** Usage recorded for `keyId` in [from, to). */
-export async function usageForKey(db: Database, keyId: string, from: Date, to: Date): Promise<UsageSummary> {
+export async function usageForKey(
+  db: Database,
+  keyId: string,
+  from: Date,
+  to: Date,
+): Promise<UsageSummary> {
   // Two statements: one that read the sums in the statement that sums the hours would not see the
   // rows it had just inserted (its snapshot is taken before them).
   const [mark] = await runPrepared(db, ROLL_UP, [keyId]);
   const summedBefore = Number(mark?.summed_before_ms);
-  if (!Number.isFinite(summedBefore)) throw new Error(`sandfork_roll_up_usage answered ${JSON.stringify(mark)}`);
-  const { hoursFrom, hoursTo, recordsFrom } = summedPart(from.getTime(), to.getTime(), summedBefore);
-  const rows = await runPrepared(db, USAGE, [keyId, from.toISOString(), iso(hoursFrom), iso(hoursTo), iso(recordsFrom), to.toISOString()]);
+  if (!Number.isFinite(summedBefore))
+    throw new Error(`sandfork_roll_up_usage answered ${JSON.stringify(mark)}`);
+  const { hoursFrom, hoursTo, recordsFrom } = summedPart(
+    from.getTime(),
+    to.getTime(),
+    summedBefore,
+  );
+  const rows = await runPrepared(db, USAGE, [
+    keyId,
+    from.toISOString(),
+    iso(hoursFrom),
+    iso(hoursTo),
+    iso(recordsFrom),
+    to.toISOString(),
+  ]);
   // Sums come back as text (a numeric); they must still be exact as JS numbers.
-  const byTemplate = rows.map((r) => ({ template: r.template as string, executions: exactSum(r.executions), units: exactSum(r.units) }));
+  const byTemplate = rows.map((r) => ({
+    template: r.template as string,
+    executions: exactSum(r.executions),
+    units: exactSum(r.units),
+  }));
   return {
     executions: byTemplate.reduce((n, t) => n + t.executions, 0),
     units: byTemplate.reduce((n, t) => n + t.units, 0),
@@ -57,10 +78,15 @@ const ROLL_UP: PreparedStatement = {
  * and the mark's own hour holds its part before the mark: a period that runs past the mark takes
  * that part too. None of it (hoursFrom = hoursTo = recordsFrom = to): all from the records.
  */
-function summedPart(from: number, to: number, mark: number): { hoursFrom: number; hoursTo: number; recordsFrom: number } {
+function summedPart(
+  from: number,
+  to: number,
+  mark: number,
+): { hoursFrom: number; hoursTo: number; recordsFrom: number } {
   const hoursFrom = Math.ceil(from / HOUR_MS) * HOUR_MS;
   if (to >= mark) {
-    if (hoursFrom <= mark) return { hoursFrom, hoursTo: Math.ceil(mark / HOUR_MS) * HOUR_MS, recordsFrom: mark };
+    if (hoursFrom <= mark)
+      return { hoursFrom, hoursTo: Math.ceil(mark / HOUR_MS) * HOUR_MS, recordsFrom: mark };
   } else {
     const hoursTo = Math.floor(to / HOUR_MS) * HOUR_MS;
     if (hoursFrom <= hoursTo) return { hoursFrom, hoursTo, recordsFrom: hoursTo };
@@ -91,6 +117,7 @@ const USAGE: PreparedStatement = {
 
 function exactSum(text: string | null | undefined): number {
   const sum = Number(text);
-  if (!Number.isSafeInteger(sum)) throw new RangeError(`usage sum ${text} is beyond exact integer range`);
+  if (!Number.isSafeInteger(sum))
+    throw new RangeError(`usage sum ${text} is beyond exact integer range`);
   return sum;
 }

@@ -10,12 +10,19 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
 import { DaemonClient } from "../runtime/daemon-client.js";
-import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, Template } from "../runtime/execution-runtime.js";
+import type {
+  ExecutionRequest,
+  ExecutionResult,
+  ExecutionRuntime,
+  Template,
+} from "../runtime/execution-runtime.js";
 import { encodeFrame, FrameDecoder } from "../runtime/frames.js";
 import type { AdmissionSettings } from "./config.js";
 import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
-const TEMPLATES: Template[] = [{ name: "python", language: "python", languages: ["python"], contentHash: "c0ffee", ready: true }];
+const TEMPLATES: Template[] = [
+  { name: "python", language: "python", languages: ["python"], contentHash: "c0ffee", ready: true },
+];
 const PROGRAM = { template: "python", code: "print(6*7)" };
 const CREDITS = 1_000;
 // Default price: 1 unit + 10 units per second, billed for fork 2 ms + exec 150 ms: 3 units.
@@ -29,7 +36,14 @@ class HeldRuntimeTestDouble implements ExecutionRuntime {
   async execute(request: ExecutionRequest): Promise<ExecutionResult> {
     this.requests.push(request);
     await this.gate;
-    return { outcome: "completed", exitCode: 0, stdout: "42\n", stderr: "", truncated: false, timings: { queueMs: 0, forkMs: 2, execMs: 150 } };
+    return {
+      outcome: "completed",
+      exitCode: 0,
+      stdout: "42\n",
+      stderr: "",
+      truncated: false,
+      timings: { queueMs: 0, forkMs: 2, execMs: 150 },
+    };
   }
   async templates(): Promise<Template[]> {
     return TEMPLATES;
@@ -57,20 +71,35 @@ afterAll(async () => {
   await fresh?.dispose();
 });
 
-async function gatewayWith(admission: AdmissionSettings, runtime: ExecutionRuntime): Promise<TestGateway> {
+async function gatewayWith(
+  admission: AdmissionSettings,
+  runtime: ExecutionRuntime,
+): Promise<TestGateway> {
   return startTestGateway("pglite", { fresh, config: { admission }, runtime });
 }
 
 describe("admission control", () => {
   it("a key flooded past its running slots and its line: 429 with Retry-After at once, billed nothing; the line runs in turn", async () => {
     const runtime = new HeldRuntimeTestDouble();
-    const gw = await gatewayWith({ templateMaxRunning: 100, templateMaxQueued: 100, keyMaxQueued: 3 }, runtime);
+    const gw = await gatewayWith(
+      { templateMaxRunning: 100, templateMaxQueued: 100, keyMaxQueued: 3 },
+      runtime,
+    );
     try {
       const { key, accountId } = await gw.issue({ credits: CREDITS, maxConcurrency: 2 });
-      const calls = Array.from({ length: 12 }, () => gw.call("POST", "/v1/executions", { credential: key, body: PROGRAM }));
+      const calls = Array.from({ length: 12 }, () =>
+        gw.call("POST", "/v1/executions", { credential: key, body: PROGRAM }),
+      );
       // 2 run, 3 wait for a slot of the key: the other 7 are answered while those are held.
       await vi.waitUntil(() => runtime.requests.length === 2);
-      const settled = await Promise.all(calls.map((call) => Promise.race([call, new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 200))])));
+      const settled = await Promise.all(
+        calls.map((call) =>
+          Promise.race([
+            call,
+            new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 200)),
+          ]),
+        ),
+      );
       const shed = settled.filter((r): r is Response => r !== undefined);
       expect(shed).toHaveLength(7);
       for (const response of shed) {
@@ -80,7 +109,9 @@ describe("admission control", () => {
       }
       const metrics = await gw.telemetry.prometheusText();
       expect(sample(metrics, "sandfork_admission_queued", { queue: "key" })).toBe(3);
-      expect(sample(metrics, "sandfork_admission_shed_total", { reason: "key_queue_full" })).toBe(7);
+      expect(sample(metrics, "sandfork_admission_shed_total", { reason: "key_queue_full" })).toBe(
+        7,
+      );
       expect(runtime.requests).toHaveLength(2);
 
       runtime.finish();
@@ -88,8 +119,13 @@ describe("admission control", () => {
       expect(served.filter((r) => r.status === 200)).toHaveLength(5);
       expect(runtime.requests).toHaveLength(5);
       // Only what ran was charged: the shed calls held and paid nothing.
-      expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - 5 * CHARGED, reservedUnits: 0 });
-      expect(sample(await gw.telemetry.prometheusText(), "sandfork_admission_queued", { queue: "key" })).toBe(0);
+      expect(await gw.books(accountId)).toMatchObject({
+        balanceUnits: CREDITS - 5 * CHARGED,
+        reservedUnits: 0,
+      });
+      expect(
+        sample(await gw.telemetry.prometheusText(), "sandfork_admission_queued", { queue: "key" }),
+      ).toBe(0);
     } finally {
       await gw.dispose();
     }
@@ -97,13 +133,27 @@ describe("admission control", () => {
 
   it("the service flooded past a template's running slots and its line: 503 runtime-busy with Retry-After at once, billed nothing", async () => {
     const runtime = new HeldRuntimeTestDouble();
-    const gw = await gatewayWith({ templateMaxRunning: 2, templateMaxQueued: 3, keyMaxQueued: 0 }, runtime);
+    const gw = await gatewayWith(
+      { templateMaxRunning: 2, templateMaxQueued: 3, keyMaxQueued: 0 },
+      runtime,
+    );
     try {
       // One call each from ten keys, each well inside its own limit.
-      const keys = await Promise.all(Array.from({ length: 10 }, () => gw.issue({ credits: CREDITS, maxConcurrency: 4 })));
-      const calls = keys.map(({ key }) => gw.call("POST", "/v1/executions", { credential: key, body: PROGRAM }));
+      const keys = await Promise.all(
+        Array.from({ length: 10 }, () => gw.issue({ credits: CREDITS, maxConcurrency: 4 })),
+      );
+      const calls = keys.map(({ key }) =>
+        gw.call("POST", "/v1/executions", { credential: key, body: PROGRAM }),
+      );
       await vi.waitUntil(() => runtime.requests.length === 2);
-      const settled = await Promise.all(calls.map((call) => Promise.race([call, new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 200))])));
+      const settled = await Promise.all(
+        calls.map((call) =>
+          Promise.race([
+            call,
+            new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 200)),
+          ]),
+        ),
+      );
       const shedAt = settled.flatMap((r, i) => (r === undefined ? [] : [i]));
       expect(shedAt).toHaveLength(5);
       for (const i of shedAt) {
@@ -114,17 +164,29 @@ describe("admission control", () => {
       }
       const metrics = await gw.telemetry.prometheusText();
       expect(sample(metrics, "sandfork_admission_running", { template: "python" })).toBe(2);
-      expect(sample(metrics, "sandfork_admission_queued", { queue: "template", template: "python" })).toBe(3);
-      expect(sample(metrics, "sandfork_admission_shed_total", { reason: "template_queue_full" })).toBe(5);
+      expect(
+        sample(metrics, "sandfork_admission_queued", { queue: "template", template: "python" }),
+      ).toBe(3);
+      expect(
+        sample(metrics, "sandfork_admission_shed_total", { reason: "template_queue_full" }),
+      ).toBe(5);
 
       runtime.finish();
       const served = await Promise.all(calls);
       expect(served.filter((r) => r.status === 200)).toHaveLength(5);
       for (const [i, { accountId }] of keys.entries()) {
         const balance = shedAt.includes(i) ? CREDITS : CREDITS - CHARGED;
-        expect(await gw.books(accountId)).toMatchObject({ balanceUnits: balance, reservedUnits: 0 });
+        expect(await gw.books(accountId)).toMatchObject({
+          balanceUnits: balance,
+          reservedUnits: 0,
+        });
       }
-      expect(sample(await gw.telemetry.prometheusText(), "sandfork_admission_queued", { queue: "template", template: "python" })).toBe(0);
+      expect(
+        sample(await gw.telemetry.prometheusText(), "sandfork_admission_queued", {
+          queue: "template",
+          template: "python",
+        }),
+      ).toBe(0);
     } finally {
       await gw.dispose();
     }
@@ -144,9 +206,18 @@ describe("admission control", () => {
         socket.on("data", (chunk: Buffer) => {
           decoder.push(chunk);
           for (let frame = decoder.next(); frame !== undefined; frame = decoder.next()) {
-            if (frame.type === "hello") socket.write(encodeFrame({ type: "hello", protocol: 1, server: "fake-vmm 0" }));
+            if (frame.type === "hello")
+              socket.write(encodeFrame({ type: "hello", protocol: 1, server: "fake-vmm 0" }));
             else if (frame.type === "execute") {
-              socket.write(encodeFrame({ id: frame.id, type: "error", code: "busy", message: "64 executions already wait for a slot", retryable: true }));
+              socket.write(
+                encodeFrame({
+                  id: frame.id,
+                  type: "error",
+                  code: "busy",
+                  message: "64 executions already wait for a slot",
+                  retryable: true,
+                }),
+              );
             }
           }
         });
@@ -166,19 +237,33 @@ describe("admission control", () => {
         templates: async () => TEMPLATES,
         execute: (request, signal, onOutput) => client.execute(request, signal, onOutput),
       };
-      const gw = await gatewayWith({ templateMaxRunning: 100, templateMaxQueued: 100, keyMaxQueued: 0 }, runtime);
+      const gw = await gatewayWith(
+        { templateMaxRunning: 100, templateMaxQueued: 100, keyMaxQueued: 0 },
+        runtime,
+      );
       try {
         const { key, accountId } = await gw.issue({ credits: CREDITS });
         const headerSets: Record<string, string>[] = [{}, { "idempotency-key": "busy-1" }];
         for (const headers of headerSets) {
-          const response = await gw.call("POST", "/v1/executions", { credential: key, body: PROGRAM, headers });
+          const response = await gw.call("POST", "/v1/executions", {
+            credential: key,
+            body: PROGRAM,
+            headers,
+          });
           expect(response.headers.get("retry-after")).toBe("1");
           const problem = await expectProblem(response, 503, "runtime-busy");
           expect(problem).toMatchObject({ retryable: true });
           expect(problem.detail).toContain("64 executions already wait");
         }
-        expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS, reservedUnits: 0 });
-        expect(sample(await gw.telemetry.prometheusText(), "sandfork_admission_shed_total", { reason: "runtime_busy" })).toBe(2);
+        expect(await gw.books(accountId)).toMatchObject({
+          balanceUnits: CREDITS,
+          reservedUnits: 0,
+        });
+        expect(
+          sample(await gw.telemetry.prometheusText(), "sandfork_admission_shed_total", {
+            reason: "runtime_busy",
+          }),
+        ).toBe(2);
       } finally {
         await gw.dispose();
       }

@@ -46,22 +46,36 @@ export class Admission {
    * problem that sheds it.
    */
   async admit(keyId: string, keyMax: number, template: string): Promise<Release> {
-    const keySlot = await this.waitOrShed(this.keys.admit(keyId, keyMax, this.settings.keyMaxQueued, this.shutdownSignal).catch((error: unknown) => {
-      if (error instanceof ProblemError) this.instruments.shedCalls.add(1, { reason: "key_queue_full" });
-      throw error;
-    }));
+    const keySlot = await this.waitOrShed(
+      this.keys
+        .admit(keyId, keyMax, this.settings.keyMaxQueued, this.shutdownSignal)
+        .catch((error: unknown) => {
+          if (error instanceof ProblemError)
+            this.instruments.shedCalls.add(1, { reason: "key_queue_full" });
+          throw error;
+        }),
+    );
     let templateSlot: Release;
     try {
       this.seen.add(template);
       const { templateMaxRunning, templateMaxQueued } = this.settings;
-      const taken = this.templates.take(template, templateMaxRunning, templateMaxQueued, this.shutdownSignal);
+      const taken = this.templates.take(
+        template,
+        templateMaxRunning,
+        templateMaxQueued,
+        this.shutdownSignal,
+      );
       if (taken === undefined) {
         this.instruments.shedCalls.add(1, { reason: "template_queue_full" });
         const seconds = this.retryAfterSeconds(template);
-        throw new ProblemError("runtime-busy", `${templateMaxRunning} executions of ${template} run at once and ${templateMaxQueued} more wait; retry in ${seconds} s`, {
-          headers: { "retry-after": String(seconds) },
-          extensions: { retry_after_seconds: seconds },
-        });
+        throw new ProblemError(
+          "runtime-busy",
+          `${templateMaxRunning} executions of ${template} run at once and ${templateMaxQueued} more wait; retry in ${seconds} s`,
+          {
+            headers: { "retry-after": String(seconds) },
+            extensions: { retry_after_seconds: seconds },
+          },
+        );
       }
       templateSlot = await this.waitOrShed(Promise.resolve(taken));
     } catch (error) {
@@ -90,7 +104,9 @@ export class Admission {
       return await wait;
     } catch (error) {
       if (error instanceof ProblemError) throw error;
-      throw new ProblemError("runtime-unavailable", "the gateway is shutting down; retry later", { headers: { "retry-after": "5" } });
+      throw new ProblemError("runtime-unavailable", "the gateway is shutting down; retry later", {
+        headers: { "retry-after": "5" },
+      });
     }
   }
 
@@ -102,7 +118,8 @@ export class Admission {
   /** About when a new call would find room: the line ahead of it served at the recent pace; at least 1 s. */
   private retryAfterSeconds(template: string): number {
     const runMs = this.runMs.get(template) ?? 1_000;
-    const waitMs = ((this.templates.queued(template) + 1) * runMs) / this.settings.templateMaxRunning;
+    const waitMs =
+      ((this.templates.queued(template) + 1) * runMs) / this.settings.templateMaxRunning;
     return Math.min(MAX_RETRY_AFTER_SECONDS, Math.max(1, Math.ceil(waitMs / 1000)));
   }
 }

@@ -29,8 +29,12 @@ import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
-import { scaledDaemonReadyEnv, templatesWithPrebuilt, testNodeFlags, timeScale } from "./testing/kvm-tier.js";
-
+import {
+  scaledDaemonReadyEnv,
+  templatesWithPrebuilt,
+  testNodeFlags,
+  timeScale,
+} from "./testing/kvm-tier.js";
 
 const CREDITS = 100_000;
 const SIX_BY_SEVEN = { language: "python", code: "print(6*7)" };
@@ -43,14 +47,32 @@ let gatewayUrl: string;
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-agents-"));
   await templatesWithPrebuilt(dir, ["python"]);
-  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv };
-  const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, () => {});
+  const env = {
+    SANDFORK_TEMPLATES: "python",
+    SANDFORK_VMM_BIN: requireVmmBinary(),
+    SANDFORK_VMM_CONNECTIONS: "2",
+    SANDFORK_VMM_SERVE_ARGS: "--pool-size 2",
+    SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
+    ...scaledDaemonReadyEnv,
+  };
+  const started = await startRuntime(
+    loadRuntimeConfig(env, dir),
+    { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 },
+    () => {},
+  );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
-  const executionLimits = { defaultTimeoutMs: 5_000 * timeScale, maxTimeoutMs: 30_000 * timeScale, defaultMemoryMb: 256, maxMemoryMb: 2_048 };
+  const executionLimits = {
+    defaultTimeoutMs: 5_000 * timeScale,
+    maxTimeoutMs: 30_000 * timeScale,
+    defaultMemoryMb: 256,
+    maxMemoryMb: 2_048,
+  };
   gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
   http = await new Promise<ServerType>((ready) => {
-    const server = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () => ready(server));
+    const server = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () =>
+      ready(server),
+    );
   });
   gatewayUrl = `http://127.0.0.1:${(http.address() as AddressInfo).port}`;
 });
@@ -69,33 +91,56 @@ async function sandfork() {
 
 describe("MCP", () => {
   const connect = async (credential: string | undefined) => {
-    const headers: Record<string, string> = credential === undefined ? {} : { authorization: `Bearer ${credential}` };
+    const headers: Record<string, string> =
+      credential === undefined ? {} : { authorization: `Bearer ${credential}` };
     const mcp = new Client({ name: "sandfork-test", version: "1.0.0" });
-    await mcp.connect(new StreamableHTTPClientTransport(new URL("/mcp", gatewayUrl), { requestInit: { headers } }));
+    await mcp.connect(
+      new StreamableHTTPClientTransport(new URL("/mcp", gatewayUrl), { requestInit: { headers } }),
+    );
     return mcp;
   };
 
   it("the SDK client lists the tools and run_code prints 42, billed, with an API key and with an execute-only token", async () => {
     const { key, accountId } = await sandfork();
-    const token = ((await (await gw.call("POST", "/v1/tokens", { credential: key, body: { max_executions: 1 } })).json()) as { token: string }).token;
+    const token = (
+      (await (
+        await gw.call("POST", "/v1/tokens", { credential: key, body: { max_executions: 1 } })
+      ).json()) as { token: string }
+    ).token;
     for (const credential of [key, token]) {
       const mcp = await connect(credential);
-      expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual(["run_code", "list_templates"]);
+      expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual([
+        "run_code",
+        "list_templates",
+      ]);
       const result = await mcp.callTool({ name: "run_code", arguments: SIX_BY_SEVEN });
       expect(result.isError, JSON.stringify(result)).toBeFalsy();
-      expect(result.structuredContent).toMatchObject({ status: "completed", exit_code: 0, stdout: "42\n", stderr: "" });
+      expect(result.structuredContent).toMatchObject({
+        status: "completed",
+        exit_code: 0,
+        stdout: "42\n",
+        stderr: "",
+      });
       expect((result.content as { text: string }[])[0]?.text).toContain('"stdout":"42\\n"');
       await mcp.close();
     }
-    const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as { executions: number; units: number };
+    const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as {
+      executions: number;
+      units: number;
+    };
     expect(usage.executions).toBe(2);
-    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - usage.units, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: CREDITS - usage.units,
+      reservedUnits: 0,
+    });
 
     // The token's one execution is used: the next call is an isError result with our problem type.
     const mcp = await connect(token);
     const refused = await mcp.callTool({ name: "run_code", arguments: SIX_BY_SEVEN });
     expect(refused.isError).toBe(true);
-    expect(JSON.parse((refused.content as { text: string }[])[0]?.text ?? "")).toMatchObject({ type: "https://sandfork.dev/problems/token-execution-limit" });
+    expect(JSON.parse((refused.content as { text: string }[])[0]?.text ?? "")).toMatchObject({
+      type: "https://sandfork.dev/problems/token-execution-limit",
+    });
     await mcp.close();
   });
 
@@ -114,7 +159,10 @@ describe("MCP", () => {
     });
     const mcp = new Client({ name: "sandfork-test-stdio", version: "1.0.0" });
     await mcp.connect(transport);
-    expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual(["run_code", "list_templates"]);
+    expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual([
+      "run_code",
+      "list_templates",
+    ]);
     const result = await mcp.callTool({ name: "run_code", arguments: SIX_BY_SEVEN });
     expect(result.structuredContent).toMatchObject({ status: "completed", stdout: "42\n" });
     await mcp.close();
@@ -153,24 +201,58 @@ async function startFakeModel(): Promise<FakeModel> {
         response.end(JSON.stringify(answer));
       };
       if (path.endsWith("/chat/completions")) {
-        const result = (body.messages as { role: string; content: string }[]).find((m) => m.role === "tool");
+        const result = (body.messages as { role: string; content: string }[]).find(
+          (m) => m.role === "tool",
+        );
         const message = result
-          ? { role: "assistant", content: `The program printed ${JSON.parse(result.content).stdout.trim()}` }
-          : { role: "assistant", content: null, tool_calls: [{ id: "call_7", type: "function", function: { name: "run_code", arguments: JSON.stringify(PROGRAM_THE_MODEL_WRITES) } }] };
+          ? {
+              role: "assistant",
+              content: `The program printed ${JSON.parse(result.content).stdout.trim()}`,
+            }
+          : {
+              role: "assistant",
+              content: null,
+              tool_calls: [
+                {
+                  id: "call_7",
+                  type: "function",
+                  function: {
+                    name: "run_code",
+                    arguments: JSON.stringify(PROGRAM_THE_MODEL_WRITES),
+                  },
+                },
+              ],
+            };
         send({
           id: "chatcmpl-1",
           object: "chat.completion",
           created: 1,
           model: body.model,
-          choices: [{ index: 0, message, finish_reason: result ? "stop" : "tool_calls", logprobs: null }],
+          choices: [
+            { index: 0, message, finish_reason: result ? "stop" : "tool_calls", logprobs: null },
+          ],
           usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
         });
       } else if (path.endsWith("/messages")) {
-        const blocks = (body.messages as { content: unknown }[]).flatMap((m) => (Array.isArray(m.content) ? m.content : [])) as Record<string, any>[];
+        const blocks = (body.messages as { content: unknown }[]).flatMap((m) =>
+          Array.isArray(m.content) ? m.content : [],
+        ) as Record<string, any>[];
         const result = blocks.find((b) => b.type === "tool_result");
         const content = result
-          ? [{ type: "text", text: `The program printed ${JSON.parse(result.content).stdout.trim()}` }]
-          : [{ type: "tool_use", id: "toolu_7", name: "run_code", input: PROGRAM_THE_MODEL_WRITES }];
+          ? [
+              {
+                type: "text",
+                text: `The program printed ${JSON.parse(result.content).stdout.trim()}`,
+              },
+            ]
+          : [
+              {
+                type: "tool_use",
+                id: "toolu_7",
+                name: "run_code",
+                input: PROGRAM_THE_MODEL_WRITES,
+              },
+            ];
         send({
           id: "msg_1",
           type: "message",
@@ -206,7 +288,9 @@ describe("tool loops with the LLM SDKs", () => {
   it("openai: the model's tool call runs through /v1/tool-calls and the tool message goes back", async () => {
     const { client } = await sandfork();
     const openai = new OpenAI({ baseURL: `${model.url}/v1`, apiKey: "test" });
-    const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: "user", content: "What is 6*7? Compute it." }];
+    const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [
+      { role: "user", content: "What is 6*7? Compute it." },
+    ];
     const tools: OpenAI.Chat.ChatCompletionTool[] = await client.tools("openai");
     const first = await openai.chat.completions.create({ model: "fake", messages, tools });
     const asked = first.choices[0]?.message;
@@ -222,24 +306,44 @@ describe("tool loops with the LLM SDKs", () => {
     const sent = model.requests.filter((r) => r.path.endsWith("/chat/completions")).at(-1)?.body;
     expect(sent?.tools[0]).toMatchObject({ type: "function", function: { name: "run_code" } });
     expect(sent?.messages.at(-1)).toMatchObject({ role: "tool", tool_call_id: "call_7" });
-    expect(JSON.parse(sent?.messages.at(-1).content)).toMatchObject({ status: "completed", stdout: "42\n" });
+    expect(JSON.parse(sent?.messages.at(-1).content)).toMatchObject({
+      status: "completed",
+      stdout: "42\n",
+    });
   });
 
   it("@anthropic-ai/sdk: the tool_use block runs and the tool_result block goes back", async () => {
     const { client } = await sandfork();
     const anthropic = new Anthropic({ baseURL: model.url, apiKey: "test" });
-    const messages: Anthropic.MessageParam[] = [{ role: "user", content: "What is 6*7? Compute it." }];
+    const messages: Anthropic.MessageParam[] = [
+      { role: "user", content: "What is 6*7? Compute it." },
+    ];
     const tools: Anthropic.Tool[] = await client.tools("anthropic");
-    const first = await anthropic.messages.create({ model: "fake", max_tokens: 100, messages, tools });
+    const first = await anthropic.messages.create({
+      model: "fake",
+      max_tokens: 100,
+      messages,
+      tools,
+    });
     messages.push({ role: first.role, content: first.content });
     const results: Anthropic.ToolResultBlockParam[] = [];
-    for (const block of first.content) if (block.type === "tool_use") results.push(await client.toolCall(block));
+    for (const block of first.content)
+      if (block.type === "tool_use") results.push(await client.toolCall(block));
     expect(results).toHaveLength(1);
     messages.push({ role: "user", content: results });
-    const final = await anthropic.messages.create({ model: "fake", max_tokens: 100, messages, tools });
+    const final = await anthropic.messages.create({
+      model: "fake",
+      max_tokens: 100,
+      messages,
+      tools,
+    });
     expect(final.content[0]).toMatchObject({ type: "text", text: "The program printed 42" });
     const sent = model.requests.filter((r) => r.path.endsWith("/messages")).at(-1)?.body;
-    expect(sent?.messages.at(-1).content[0]).toMatchObject({ type: "tool_result", tool_use_id: "toolu_7", is_error: false });
+    expect(sent?.messages.at(-1).content[0]).toMatchObject({
+      type: "tool_result",
+      tool_use_id: "toolu_7",
+      is_error: false,
+    });
   });
 
   it("Vercel AI SDK: generateText with our tool definition runs the loop", async () => {
@@ -253,9 +357,15 @@ describe("tool loops with the LLM SDKs", () => {
       tools: {
         run_code: tool({
           description: definition.function.description,
-          inputSchema: jsonSchema<{ language: string; code: string }>(definition.function.parameters),
+          inputSchema: jsonSchema<{ language: string; code: string }>(
+            definition.function.parameters,
+          ),
           execute: async (input, { toolCallId }) => {
-            const message = await client.toolCall({ id: toolCallId, type: "function", function: { name: "run_code", arguments: JSON.stringify(input) } });
+            const message = await client.toolCall({
+              id: toolCallId,
+              type: "function",
+              function: { name: "run_code", arguments: JSON.stringify(input) },
+            });
             return JSON.parse(message.content) as Record<string, unknown>;
           },
         }),
@@ -263,34 +373,66 @@ describe("tool loops with the LLM SDKs", () => {
       stopWhen: stepCountIs(2),
     });
     expect(result.text).toBe("The program printed 42");
-    expect(result.steps[0]?.toolResults[0]?.output).toMatchObject({ status: "completed", stdout: "42\n" });
+    expect(result.steps[0]?.toolResults[0]?.output).toMatchObject({
+      status: "completed",
+      stdout: "42\n",
+    });
   });
 });
 
 describe("streamed executions", () => {
-  const TICKS = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n";
+  const TICKS =
+    "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n";
 
   it("a line every 100 ms: the first chunk arrives before the program ends; the final event is the plain body", async () => {
     const { client, key } = await sandfork();
     const seen: { event: StreamEvent; at: number }[] = [];
     const sent = performance.now();
-    for await (const event of client.stream({ template: "python", code: TICKS })) seen.push({ event, at: performance.now() - sent });
+    for await (const event of client.stream({ template: "python", code: TICKS }))
+      seen.push({ event, at: performance.now() - sent });
     const outputs = seen.filter((s) => s.event.event === "output");
     const last = seen.at(-1);
-    if (last?.event.event !== "execution") throw new Error(`no final event: ${JSON.stringify(seen)}`);
+    if (last?.event.event !== "execution")
+      throw new Error(`no final event: ${JSON.stringify(seen)}`);
     const execution = last.event.execution;
-    expect(execution).toMatchObject({ status: "completed", exit_code: 0, stdout: "tick 0\ntick 1\ntick 2\ntick 3\ntick 4\n", stderr: "" });
-    expect(outputs.map((o) => (o.event.event === "output" ? o.event.data : "")).join("")).toBe(execution.stdout);
+    expect(execution).toMatchObject({
+      status: "completed",
+      exit_code: 0,
+      stdout: "tick 0\ntick 1\ntick 2\ntick 3\ntick 4\n",
+      stderr: "",
+    });
+    expect(outputs.map((o) => (o.event.event === "output" ? o.event.data : "")).join("")).toBe(
+      execution.stdout,
+    );
     // Five lines 100 ms apart: the first is out ~400 ms before the end.
     const firstAt = outputs[0]?.at ?? Number.NaN;
-    expect(last.at - firstAt, JSON.stringify(seen.map((s) => [s.event.event, Math.round(s.at)]))).toBeGreaterThan(250);
+    expect(
+      last.at - firstAt,
+      JSON.stringify(seen.map((s) => [s.event.event, Math.round(s.at)])),
+    ).toBeGreaterThan(250);
     expect(outputs.length).toBeGreaterThanOrEqual(3);
 
     // The final event is what the plain call answers for the same execution.
     const stored = await gw.call("GET", `/v1/executions/${execution.id}`, { credential: key });
     expect(await stored.json()).toEqual(execution);
     const plain = await client.execute({ template: "python", code: TICKS });
-    const comparable = ({ status, exit_code, stdout, stderr, truncated, template, usage }: typeof execution) => ({ status, exit_code, stdout, stderr, truncated, template, usage: { unit: usage.unit, reserved_units: usage.reserved_units } });
+    const comparable = ({
+      status,
+      exit_code,
+      stdout,
+      stderr,
+      truncated,
+      template,
+      usage,
+    }: typeof execution) => ({
+      status,
+      exit_code,
+      stdout,
+      stderr,
+      truncated,
+      template,
+      usage: { unit: usage.unit, reserved_units: usage.reserved_units },
+    });
     expect(comparable(execution)).toEqual(comparable(plain));
     expect(Object.keys(execution).sort()).toEqual(Object.keys(plain).sort());
   });
@@ -301,7 +443,10 @@ describe("streamed executions", () => {
     let id: string | undefined;
     await expect(
       (async () => {
-        for await (const event of client.stream({ template: "python", code: TICKS }, { signal: abort.signal })) {
+        for await (const event of client.stream(
+          { template: "python", code: TICKS },
+          { signal: abort.signal },
+        )) {
           if (event.event === "started") id = event.id;
           if (event.event === "output") abort.abort();
         }
@@ -311,12 +456,20 @@ describe("streamed executions", () => {
     let execution: { status: string; stdout: string; usage: { units: number | null } } | undefined;
     const deadline = Date.now() + 10_000 * timeScale;
     while (Date.now() < deadline) {
-      execution = (await (await gw.call("GET", `/v1/executions/${id}`, { credential: key })).json()) as typeof execution;
+      execution = (await (
+        await gw.call("GET", `/v1/executions/${id}`, { credential: key })
+      ).json()) as typeof execution;
       if (execution?.status !== "running") break;
       await new Promise((r) => setTimeout(r, 50));
     }
-    expect(execution).toMatchObject({ status: "completed", stdout: "tick 0\ntick 1\ntick 2\ntick 3\ntick 4\n" });
+    expect(execution).toMatchObject({
+      status: "completed",
+      stdout: "tick 0\ntick 1\ntick 2\ntick 3\ntick 4\n",
+    });
     expect(execution?.usage.units).toBeGreaterThan(0);
-    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - (execution?.usage.units ?? 0), reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: CREDITS - (execution?.usage.units ?? 0),
+      reservedUnits: 0,
+    });
   });
 });

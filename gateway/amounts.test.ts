@@ -19,7 +19,8 @@ describe.each(BACKENDS)("amounts on %s", (backend) => {
     await gw?.dispose();
   });
 
-  const grant = (accountId: string, units: unknown) => gw.call("POST", `/v1/accounts/${accountId}/credits`, { credential: admin, body: { units } });
+  const grant = (accountId: string, units: unknown) =>
+    gw.call("POST", `/v1/accounts/${accountId}/credits`, { credential: admin, body: { units } });
 
   it("a balance reaches 2^53 - 1 exactly and no further: the grant past it is a 422 and grants nothing", async () => {
     const { accountId } = await gw.issue();
@@ -29,14 +30,22 @@ describe.each(BACKENDS)("amounts on %s", (backend) => {
     // The number as the client's JSON parser reads it: exact, not rounded.
     const text = await full.text();
     expect(text).toContain(`"balance_units":${MAX_BALANCE_UNITS},`);
-    expect(JSON.parse(text)).toMatchObject({ balance_units: MAX_BALANCE_UNITS, available_units: MAX_BALANCE_UNITS });
+    expect(JSON.parse(text)).toMatchObject({
+      balance_units: MAX_BALANCE_UNITS,
+      available_units: MAX_BALANCE_UNITS,
+    });
 
     for (const units of [1, MAX_BALANCE_UNITS]) {
       const problem = await expectProblem(await grant(accountId, units), 422, "balance-limit");
       expect(problem).toMatchObject({ retryable: false, max_balance_units: MAX_BALANCE_UNITS });
     }
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: MAX_BALANCE_UNITS });
-    const grants = await gw.fresh.db.select().from(usageLedger).where(eq(usageLedger.accountId, accountId));
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({
+      balanceUnits: MAX_BALANCE_UNITS,
+    });
+    const grants = await gw.fresh.db
+      .select()
+      .from(usageLedger)
+      .where(eq(usageLedger.accountId, accountId));
     expect(grants.map((g) => g.units)).toEqual([MAX_BALANCE_UNITS - 10, 10]);
   });
 
@@ -44,42 +53,80 @@ describe.each(BACKENDS)("amounts on %s", (backend) => {
     const { accountId } = await gw.issue({ credits: MAX_BALANCE_UNITS });
     for (let i = 0; i < 1030; i++) {
       const response = await grant(accountId, MAX_BALANCE_UNITS);
-      if (response.status !== 422) throw new Error(`grant ${i}: ${response.status} ${await response.text()}`);
+      if (response.status !== 422)
+        throw new Error(`grant ${i}: ${response.status} ${await response.text()}`);
     }
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: MAX_BALANCE_UNITS });
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({
+      balanceUnits: MAX_BALANCE_UNITS,
+    });
   });
 
   it("a key created with credits on a full account is refused whole: no grant, no key", async () => {
     const { accountId } = await gw.issue({ credits: MAX_BALANCE_UNITS });
     const before = (await listKeys(gw.fresh.db, accountId)).length;
-    const response = await gw.call("POST", "/v1/keys", { credential: admin, body: { name: "more", account_id: accountId, credits: 1 } });
+    const response = await gw.call("POST", "/v1/keys", {
+      credential: admin,
+      body: { name: "more", account_id: accountId, credits: 1 },
+    });
     await expectProblem(response, 422, "balance-limit");
     expect((await listKeys(gw.fresh.db, accountId)).length).toBe(before);
-    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: MAX_BALANCE_UNITS });
+    expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({
+      balanceUnits: MAX_BALANCE_UNITS,
+    });
   });
 
   it("an amount that is not an integer from 1 to 2^53 - 1 does not match the schema", async () => {
     const { accountId } = await gw.issue();
-    for (const raw of ["9007199254740992", "9223372036854775808", "1e300", "1.5", "0", "-1", '"1"', "null", "[1]"]) {
+    for (const raw of [
+      "9007199254740992",
+      "9223372036854775808",
+      "1e300",
+      "1.5",
+      "0",
+      "-1",
+      '"1"',
+      "null",
+      "[1]",
+    ]) {
       const response = await gw.call("POST", `/v1/accounts/${accountId}/credits`, {
         credential: admin,
         rawBody: `{"units":${raw}}`,
         headers: { "content-type": "application/json" },
       });
       await expectProblem(response, 422, "validation-failed");
-      const keyed = await gw.call("POST", "/v1/keys", { credential: admin, rawBody: `{"name":"k","credits":${raw}}`, headers: { "content-type": "application/json" } });
+      const keyed = await gw.call("POST", "/v1/keys", {
+        credential: admin,
+        rawBody: `{"name":"k","credits":${raw}}`,
+        headers: { "content-type": "application/json" },
+      });
       await expectProblem(keyed, 422, "validation-failed");
     }
     expect(await getBalance(gw.fresh.db, accountId)).toMatchObject({ balanceUnits: 0 });
   });
 
   it("the OpenAPI document states the limit of every amount", async () => {
-    const doc = (await (await gw.call("GET", "/openapi.json")).json()) as { components: { schemas: Record<string, { properties: Record<string, Record<string, unknown>> }> } };
+    const doc = (await (await gw.call("GET", "/openapi.json")).json()) as {
+      components: {
+        schemas: Record<string, { properties: Record<string, Record<string, unknown>> }>;
+      };
+    };
     const { schemas } = doc.components;
-    expect(schemas.CreditGrant?.properties.units).toMatchObject({ type: "integer", minimum: 1, maximum: MAX_BALANCE_UNITS });
-    expect(schemas.CreateKeyRequest?.properties.credits).toMatchObject({ type: "integer", minimum: 1, maximum: MAX_BALANCE_UNITS });
+    expect(schemas.CreditGrant?.properties.units).toMatchObject({
+      type: "integer",
+      minimum: 1,
+      maximum: MAX_BALANCE_UNITS,
+    });
+    expect(schemas.CreateKeyRequest?.properties.credits).toMatchObject({
+      type: "integer",
+      minimum: 1,
+      maximum: MAX_BALANCE_UNITS,
+    });
     for (const field of ["balance_units", "reserved_units", "available_units"]) {
-      expect(schemas.Balance?.properties[field], field).toMatchObject({ type: "integer", minimum: 0, maximum: MAX_BALANCE_UNITS });
+      expect(schemas.Balance?.properties[field], field).toMatchObject({
+        type: "integer",
+        minimum: 0,
+        maximum: MAX_BALANCE_UNITS,
+      });
     }
   });
 });

@@ -92,7 +92,12 @@ export function createGateway(deps: GatewayDeps): Gateway {
       runtime: deps.runtime,
       pricing: deps.config.pricing,
       limits: deps.config.executionLimits,
-      admission: new Admission(deps.config.admission, concurrency, deps.telemetry.instruments, shutdownSignal),
+      admission: new Admission(
+        deps.config.admission,
+        concurrency,
+        deps.telemetry.instruments,
+        shutdownSignal,
+      ),
       tokenExecutions: new TokenExecutionCounter(now),
       telemetry: deps.telemetry,
       shutdownSignal,
@@ -116,7 +121,10 @@ export function createGateway(deps: GatewayDeps): Gateway {
         const where = VALIDATION_TARGETS[result.target] ?? result.target;
         throw new ProblemError("validation-failed", `the ${where} does not match the schema`, {
           extensions: {
-            errors: result.error.issues.map((issue) => ({ path: issue.path.join("."), message: issue.message })),
+            errors: result.error.issues.map((issue) => ({
+              path: issue.path.join("."),
+              message: issue.message,
+            })),
           },
         });
       }
@@ -129,9 +137,14 @@ export function createGateway(deps: GatewayDeps): Gateway {
   let coldStart = true;
   app.use("*", async (c, next) => {
     const incoming = c.req.header("x-request-id");
-    const requestId = incoming !== undefined && /^[\w.:-]{1,128}$/.test(incoming) ? incoming : crypto.randomUUID();
+    const requestId =
+      incoming !== undefined && /^[\w.:-]{1,128}$/.test(incoming) ? incoming : crypto.randomUUID();
     c.set("requestId", requestId);
-    trace.getActiveSpan()?.setAttributes({ "faas.trigger": "http", "faas.invocation_id": requestId, "faas.coldstart": coldStart });
+    trace.getActiveSpan()?.setAttributes({
+      "faas.trigger": "http",
+      "faas.invocation_id": requestId,
+      "faas.coldstart": coldStart,
+    });
     coldStart = false;
     c.header("x-request-id", requestId);
     await next();
@@ -145,7 +158,12 @@ export function createGateway(deps: GatewayDeps): Gateway {
     response.headers.set("x-request-id", c.get("requestId") ?? "");
     return response;
   });
-  app.notFound((c) => problemResponse(new ProblemError("not-found", `no route for ${c.req.method} ${c.req.path}`), c.req.path));
+  app.notFound((c) =>
+    problemResponse(
+      new ProblemError("not-found", `no route for ${c.req.method} ${c.req.path}`),
+      c.req.path,
+    ),
+  );
 
   app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
     type: "http",
@@ -179,11 +197,18 @@ export function createGateway(deps: GatewayDeps): Gateway {
 
 function toProblem(error: unknown): ProblemError {
   if (error instanceof ProblemError) return error;
-  if (error instanceof BalanceLimitError) return new ProblemError("balance-limit", error.message, { extensions: { max_balance_units: MAX_BALANCE_UNITS } });
+  if (error instanceof BalanceLimitError)
+    return new ProblemError("balance-limit", error.message, {
+      extensions: { max_balance_units: MAX_BALANCE_UNITS },
+    });
   if (error instanceof HTTPException) {
     if (error.status === 400) return new ProblemError("malformed-request", error.message);
     if (error.status === 413) return new ProblemError("payload-too-large", error.message);
-    if (error.status === 415) return new ProblemError("unsupported-media-type", "send the body with Content-Type: application/json");
+    if (error.status === 415)
+      return new ProblemError(
+        "unsupported-media-type",
+        "send the body with Content-Type: application/json",
+      );
   }
   return new ProblemError("internal-error", "the gateway failed to handle this request");
 }

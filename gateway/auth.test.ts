@@ -5,7 +5,13 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { apiKeys } from "../db/schema.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
 import { mintApiKey } from "./auth/api-key.js";
-import { expectProblem, newTokenService, startTestGateway, TEST_AUDIENCE, type TestGateway } from "./testing/test-gateway.js";
+import {
+  expectProblem,
+  newTokenService,
+  startTestGateway,
+  TEST_AUDIENCE,
+  type TestGateway,
+} from "./testing/test-gateway.js";
 
 describe.each(BACKENDS)("authentication on %s", (backend) => {
   let fresh: FreshDatabase;
@@ -13,7 +19,11 @@ describe.each(BACKENDS)("authentication on %s", (backend) => {
   let clock = Date.now();
   beforeAll(async () => {
     fresh = await freshDatabase(backend);
-    gw = await startTestGateway(backend, { fresh, config: { keyCacheTtlMs: 1_000 }, now: () => clock });
+    gw = await startTestGateway(backend, {
+      fresh,
+      config: { keyCacheTtlMs: 1_000 },
+      now: () => clock,
+    });
   });
   afterAll(async () => {
     await gw?.dispose();
@@ -34,20 +44,40 @@ describe.each(BACKENDS)("authentication on %s", (backend) => {
 
   it("401s without credentials, with a bad checksum and with an unknown but well-formed key", async () => {
     await expectProblem(await gw.call("GET", "/v1/usage"), 401, "unauthenticated");
-    await expectProblem(await gw.call("GET", "/v1/usage", { headers: { authorization: "Basic abc" } }), 401, "unauthenticated");
+    await expectProblem(
+      await gw.call("GET", "/v1/usage", { headers: { authorization: "Basic abc" } }),
+      401,
+      "unauthenticated",
+    );
     const { key } = await gw.issue();
     const typo = key.slice(0, 8) + (key[8] === "Z" ? "Y" : "Z") + key.slice(9);
-    const problem = await expectProblem(await gw.call("GET", "/v1/usage", { credential: typo }), 401, "invalid-credentials");
+    const problem = await expectProblem(
+      await gw.call("GET", "/v1/usage", { credential: typo }),
+      401,
+      "invalid-credentials",
+    );
     expect(problem.detail).toMatch(/checksum/);
-    await expectProblem(await gw.call("GET", "/v1/usage", { credential: mintApiKey().key }), 401, "invalid-credentials");
-    await expectProblem(await gw.call("GET", "/v1/usage", { credential: "not-a-key" }), 401, "invalid-credentials");
+    await expectProblem(
+      await gw.call("GET", "/v1/usage", { credential: mintApiKey().key }),
+      401,
+      "invalid-credentials",
+    );
+    await expectProblem(
+      await gw.call("GET", "/v1/usage", { credential: "not-a-key" }),
+      401,
+      "invalid-credentials",
+    );
   });
 
   it("revocation applies at once on the revoking gateway and within the cache TTL on another", async () => {
     const admin = await gw.issue({ scopes: ["admin"] });
     const { key, keyId } = await gw.issue();
     // A second gateway process sharing the database, with the key already in its cache.
-    const other = await startTestGateway(backend, { fresh, config: { keyCacheTtlMs: 1_000 }, now: () => clock });
+    const other = await startTestGateway(backend, {
+      fresh,
+      config: { keyCacheTtlMs: 1_000 },
+      now: () => clock,
+    });
     try {
       expect((await other.call("GET", "/v1/usage", { credential: key })).status).toBe(200);
       expect((await gw.call("GET", "/v1/usage", { credential: key })).status).toBe(200);
@@ -55,12 +85,20 @@ describe.each(BACKENDS)("authentication on %s", (backend) => {
       const revoked = await gw.call("DELETE", `/v1/keys/${keyId}`, { credential: admin.key });
       expect(revoked.status).toBe(200);
       expect(((await revoked.json()) as { revoked_at: string | null }).revoked_at).not.toBeNull();
-      await expectProblem(await gw.call("GET", "/v1/usage", { credential: key }), 401, "credentials-revoked");
+      await expectProblem(
+        await gw.call("GET", "/v1/usage", { credential: key }),
+        401,
+        "credentials-revoked",
+      );
 
       // The other gateway still trusts its cached lookup until the TTL passes, then it asks again.
       expect((await other.call("GET", "/v1/usage", { credential: key })).status).toBe(200);
       clock += 1_001;
-      await expectProblem(await other.call("GET", "/v1/usage", { credential: key }), 401, "credentials-revoked");
+      await expectProblem(
+        await other.call("GET", "/v1/usage", { credential: key }),
+        401,
+        "credentials-revoked",
+      );
     } finally {
       await other.dispose();
     }
@@ -70,20 +108,38 @@ describe.each(BACKENDS)("authentication on %s", (backend) => {
     const { key } = await gw.issue({ expiresAt: new Date(clock + 60_000) });
     expect((await gw.call("GET", "/v1/usage", { credential: key })).status).toBe(200);
     clock += 60_001;
-    await expectProblem(await gw.call("GET", "/v1/usage", { credential: key }), 401, "credentials-expired");
+    await expectProblem(
+      await gw.call("GET", "/v1/usage", { credential: key }),
+      401,
+      "credentials-expired",
+    );
   });
 
   it("enforces scopes: execute, usage:read, admin (admin implies the others)", async () => {
     const executeOnly = await gw.issue({ scopes: ["execute"] });
     const usageOnly = await gw.issue({ scopes: ["usage:read"] });
     const admin = await gw.issue({ scopes: ["admin"] });
-    await expectProblem(await gw.call("GET", "/v1/usage", { credential: executeOnly.key }), 403, "insufficient-scope");
-    await expectProblem(await gw.call("GET", "/v1/keys", { credential: executeOnly.key }), 403, "insufficient-scope");
-    await expectProblem(await gw.call("POST", "/v1/tokens", { credential: usageOnly.key, body: {} }), 403, "insufficient-scope");
+    await expectProblem(
+      await gw.call("GET", "/v1/usage", { credential: executeOnly.key }),
+      403,
+      "insufficient-scope",
+    );
+    await expectProblem(
+      await gw.call("GET", "/v1/keys", { credential: executeOnly.key }),
+      403,
+      "insufficient-scope",
+    );
+    await expectProblem(
+      await gw.call("POST", "/v1/tokens", { credential: usageOnly.key, body: {} }),
+      403,
+      "insufficient-scope",
+    );
     expect((await gw.call("GET", "/v1/usage", { credential: usageOnly.key })).status).toBe(200);
     expect((await gw.call("GET", "/v1/keys", { credential: admin.key })).status).toBe(200);
     expect((await gw.call("GET", "/v1/usage", { credential: admin.key })).status).toBe(200);
-    expect((await gw.call("POST", "/v1/tokens", { credential: admin.key, body: {} })).status).toBe(201);
+    expect((await gw.call("POST", "/v1/tokens", { credential: admin.key, body: {} })).status).toBe(
+      201,
+    );
   });
 });
 
@@ -99,7 +155,12 @@ describe.each(BACKENDS)("tokens on %s", (backend) => {
   async function mint(key: string, body: Record<string, unknown> = {}) {
     const response = await gw.call("POST", "/v1/tokens", { credential: key, body });
     expect(response.status).toBe(201);
-    return (await response.json()) as { token: string; token_id: string; expires_at: string; templates: string[] | null };
+    return (await response.json()) as {
+      token: string;
+      token_id: string;
+      expires_at: string;
+      templates: string[] | null;
+    };
   }
 
   it("a minted token authenticates as its key, execute-only, without reading the database", async () => {
@@ -107,41 +168,82 @@ describe.each(BACKENDS)("tokens on %s", (backend) => {
     const minted = await mint(key, { ttl_seconds: 60, templates: ["python"], max_executions: 3 });
     expect(minted.templates).toEqual(["python"]);
     expect(Date.parse(minted.expires_at) - Date.now()).toBeLessThanOrEqual(60_000);
-    const [header, payload] = minted.token.split(".").slice(0, 2).map((p) => JSON.parse(Buffer.from(p, "base64url").toString()));
+    const [header, payload] = minted.token
+      .split(".")
+      .slice(0, 2)
+      .map((p) => JSON.parse(Buffer.from(p, "base64url").toString()));
     expect(header).toMatchObject({ alg: "EdDSA" });
     expect(payload).toMatchObject({ aud: TEST_AUDIENCE, tpl: ["python"], mex: 3 });
 
     // Signature verification alone: the principal comes out of the token.
     const principal = await gw.tokens.verify(minted.token);
     expect(principal.scopes).toEqual(["execute"]);
-    expect(principal.token).toMatchObject({ id: minted.token_id, templates: ["python"], maxExecutions: 3 });
+    expect(principal.token).toMatchObject({
+      id: minted.token_id,
+      templates: ["python"],
+      maxExecutions: 3,
+    });
     // Tokens are execute-only and cannot mint tokens.
-    await expectProblem(await gw.call("GET", "/v1/usage", { credential: minted.token }), 403, "insufficient-scope");
-    await expectProblem(await gw.call("POST", "/v1/tokens", { credential: minted.token, body: {} }), 403, "insufficient-scope");
+    await expectProblem(
+      await gw.call("GET", "/v1/usage", { credential: minted.token }),
+      403,
+      "insufficient-scope",
+    );
+    await expectProblem(
+      await gw.call("POST", "/v1/tokens", { credential: minted.token, body: {} }),
+      403,
+      "insufficient-scope",
+    );
   });
 
   it("rejects a token for another audience", async () => {
     const { key } = await gw.issue();
     const foreignAudience = newTokenService("someone-else");
     const principal = await gw.tokens.verify((await mint(key)).token);
-    const token = (await foreignAudience.mint(principal, { ttlSeconds: 60, templates: null, maxExecutions: null })).token;
-    await expectProblem(await gw.call("GET", "/v1/templates", { credential: token }), 401, "invalid-credentials");
+    const token = (
+      await foreignAudience.mint(principal, {
+        ttlSeconds: 60,
+        templates: null,
+        maxExecutions: null,
+      })
+    ).token;
+    await expectProblem(
+      await gw.call("GET", "/v1/templates", { credential: token }),
+      401,
+      "invalid-credentials",
+    );
   });
 
   it("rejects a token signed by another key", async () => {
     const { key } = await gw.issue();
     const principal = await gw.tokens.verify((await mint(key)).token);
     const forger = newTokenService(TEST_AUDIENCE);
-    const token = (await forger.mint(principal, { ttlSeconds: 60, templates: null, maxExecutions: null })).token;
-    await expectProblem(await gw.call("GET", "/v1/templates", { credential: token }), 401, "invalid-credentials");
+    const token = (
+      await forger.mint(principal, { ttlSeconds: 60, templates: null, maxExecutions: null })
+    ).token;
+    await expectProblem(
+      await gw.call("GET", "/v1/templates", { credential: token }),
+      401,
+      "invalid-credentials",
+    );
   });
 
   it("rejects an expired token and one with another algorithm", async () => {
     const { key } = await gw.issue();
     const principal = await gw.tokens.verify((await mint(key)).token);
     const past = new Date(Date.now() - 120_000);
-    const expired = (await gw.tokens.mint(principal, { ttlSeconds: 60, templates: null, maxExecutions: null }, past)).token;
-    await expectProblem(await gw.call("GET", "/v1/templates", { credential: expired }), 401, "credentials-expired");
+    const expired = (
+      await gw.tokens.mint(
+        principal,
+        { ttlSeconds: 60, templates: null, maxExecutions: null },
+        past,
+      )
+    ).token;
+    await expectProblem(
+      await gw.call("GET", "/v1/templates", { credential: expired }),
+      401,
+      "credentials-expired",
+    );
 
     const hs256 = await new SignJWT({ acc: principal.accountId, lim: { rpm: 1, conc: 1, body: 1 } })
       .setProtectedHeader({ alg: "HS256" })
@@ -151,7 +253,11 @@ describe.each(BACKENDS)("tokens on %s", (backend) => {
       .setJti("x")
       .setExpirationTime("1m")
       .sign(new TextEncoder().encode("a shared secret that nobody should accept"));
-    await expectProblem(await gw.call("GET", "/v1/templates", { credential: hs256 }), 401, "invalid-credentials");
+    await expectProblem(
+      await gw.call("GET", "/v1/templates", { credential: hs256 }),
+      401,
+      "invalid-credentials",
+    );
   });
 
   it("never outlives its key", async () => {

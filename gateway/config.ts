@@ -28,7 +28,10 @@ export interface AdmissionSettings {
  * executions a core at once (`serve --max-concurrency`); the gateway hands it twice that, so that
  * the next one always waits in the daemon as a slot frees, and lets as many more wait.
  */
-export function loadAdmissionSettings(env: NodeJS.ProcessEnv, cores = availableParallelism()): AdmissionSettings {
+export function loadAdmissionSettings(
+  env: NodeJS.ProcessEnv,
+  cores = availableParallelism(),
+): AdmissionSettings {
   return {
     templateMaxRunning: positiveIntegerFromEnv(env, "SANDFORK_TEMPLATE_MAX_RUNNING", 4 * cores),
     templateMaxQueued: nonNegativeIntegerFromEnv(env, "SANDFORK_TEMPLATE_MAX_QUEUED", 4 * cores),
@@ -40,7 +43,8 @@ function nonNegativeIntegerFromEnv(env: NodeJS.ProcessEnv, name: string, fallbac
   const raw = env[name];
   if (raw === undefined || raw === "") return fallback;
   const value = Number(raw);
-  if (!Number.isSafeInteger(value) || value < 0) throw new Error(`${name} must be a non-negative integer, got ${raw}`);
+  if (!Number.isSafeInteger(value) || value < 0)
+    throw new Error(`${name} must be a non-negative integer, got ${raw}`);
   return value;
 }
 

@@ -44,11 +44,27 @@ beforeAll(async () => {
   if (!isBuilt()) await buildConsole();
   dir = await mkdtemp(join(tmpdir(), "sfk-console-"));
   await templatesWithPrebuilt(dir, ["python"]);
-  const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_TEMPLATES: "python", SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv };
-  const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, (line) => log.push(line));
+  const env = {
+    SANDFORK_VMM_BIN: requireVmmBinary(),
+    SANDFORK_TEMPLATES: "python",
+    SANDFORK_VMM_CONNECTIONS: "2",
+    SANDFORK_VMM_SERVE_ARGS: "--pool-size 1",
+    SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
+    ...scaledDaemonReadyEnv,
+  };
+  const started = await startRuntime(
+    loadRuntimeConfig(env, dir),
+    { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 },
+    (line) => log.push(line),
+  );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
-  const executionLimits = { defaultTimeoutMs: 5_000 * timeScale, maxTimeoutMs: 30_000 * timeScale, defaultMemoryMb: 256, maxMemoryMb: 2_048 };
+  const executionLimits = {
+    defaultTimeoutMs: 5_000 * timeScale,
+    maxTimeoutMs: 30_000 * timeScale,
+    defaultMemoryMb: 256,
+    maxMemoryMb: 2_048,
+  };
   gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
   server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () => resolve(s));
@@ -57,9 +73,19 @@ beforeAll(async () => {
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     headless: true,
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"],
+    args: [
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--no-first-run",
+    ],
   });
-  context = await browser.newContext({ viewport: { width: 1280, height: 900 }, colorScheme: "light" });
+  context = await browser.newContext({
+    viewport: { width: 1280, height: 900 },
+    colorScheme: "light",
+  });
   await context.route("**/*", (route) => {
     const url = new URL(route.request().url());
     if (LOCAL_HOSTS.has(url.hostname) || url.protocol === "data:") return route.continue();
@@ -80,7 +106,8 @@ afterAll(async () => {
 function watch(page: Page): void {
   page.on("pageerror", (e) => pageErrors.push(e.message));
   page.on("console", (message) => {
-    if (/Content Security Policy/i.test(message.text())) cspViolations.push(`${page.url()}: ${message.text()}`);
+    if (/Content Security Policy/i.test(message.text()))
+      cspViolations.push(`${page.url()}: ${message.text()}`);
   });
   page.on("dialog", (dialog) => void dialog.accept());
 }
@@ -90,10 +117,14 @@ async function axeViolations(page: Page): Promise<string[]> {
   const source = await readFile(join(REPO, "node_modules", "axe-core", "axe.min.js"), "utf8");
   // Evaluated by the driver, which the page's CSP does not govern (a script tag would be refused).
   await page.evaluate(source);
-  const violations = await page.evaluate<{ id: string; impact: string; help: string; targets: string[] }[]>(
+  const violations = await page.evaluate<
+    { id: string; impact: string; help: string; targets: string[] }[]
+  >(
     `axe.run(document, { resultTypes: ["violations"] }).then((r) => r.violations.map((v) => ({ id: v.id, impact: v.impact, help: v.help, targets: v.nodes.map((n) => n.target.join(" ")) })))`,
   );
-  return violations.filter((v) => v.impact === "serious" || v.impact === "critical").map((v) => `${v.id} (${v.impact}): ${v.help} at ${v.targets.join(", ")}`);
+  return violations
+    .filter((v) => v.impact === "serious" || v.impact === "critical")
+    .map((v) => `${v.id} (${v.impact}): ${v.help} at ${v.targets.join(", ")}`);
 }
 
 async function shoot(page: Page, name: string): Promise<void> {
@@ -113,129 +144,166 @@ async function setCode(page: Page, code: string): Promise<void> {
 }
 
 describe("the web console in chromium, against a gateway and daemon on KVM", () => {
-  it("signs in, runs code with streamed output, manages keys and sessions, and shows usage", async () => {
-    const { key: adminKey } = await gw.issue({ scopes: ["admin"], credits: 100_000 });
-    const page = await context.newPage();
-    watch(page);
-    const accessibility: string[] = [];
-    const scan = async (name: string) => accessibility.push(...(await axeViolations(page)).map((v) => `${name}: ${v}`));
+  it(
+    "signs in, runs code with streamed output, manages keys and sessions, and shows usage",
+    async () => {
+      const { key: adminKey } = await gw.issue({ scopes: ["admin"], credits: 100_000 });
+      const page = await context.newPage();
+      watch(page);
+      const accessibility: string[] = [];
+      const scan = async (name: string) =>
+        accessibility.push(...(await axeViolations(page)).map((v) => `${name}: ${v}`));
 
-    // The bundle loads without credentials, under a strict CSP.
-    const response = await page.goto(`${origin}/console`);
-    expect(response?.status()).toBe(200);
-    const csp = response?.headers()["content-security-policy"] ?? "";
-    expect(csp).toContain("default-src 'self'");
-    expect(csp).toContain("script-src 'self'");
-    expect(csp).not.toContain("unsafe-inline");
-    await page.getByLabel("API key").waitFor({ timeout: WAIT });
-    await scan("sign-in");
-    await shoot(page, "sign-in");
+      // The bundle loads without credentials, under a strict CSP.
+      const response = await page.goto(`${origin}/console`);
+      expect(response?.status()).toBe(200);
+      const csp = response?.headers()["content-security-policy"] ?? "";
+      expect(csp).toContain("default-src 'self'");
+      expect(csp).toContain("script-src 'self'");
+      expect(csp).not.toContain("unsafe-inline");
+      await page.getByLabel("API key").waitFor({ timeout: WAIT });
+      await scan("sign-in");
+      await shoot(page, "sign-in");
 
-    await page.getByLabel("API key").fill(adminKey);
-    await page.getByRole("button", { name: "Sign in" }).click();
-    await page.getByRole("navigation", { name: "Console sections" }).waitFor({ timeout: WAIT });
-    // The key was traded for a token kept in memory: nothing is stored.
-    expect(await page.evaluate("[localStorage.length, sessionStorage.length, document.cookie]")).toEqual([0, 0, ""]);
+      await page.getByLabel("API key").fill(adminKey);
+      await page.getByRole("button", { name: "Sign in" }).click();
+      await page.getByRole("navigation", { name: "Console sections" }).waitFor({ timeout: WAIT });
+      // The key was traded for a token kept in memory: nothing is stored.
+      expect(
+        await page.evaluate("[localStorage.length, sessionStorage.length, document.cookie]"),
+      ).toEqual([0, 0, ""]);
 
-    // Usage before anything ran.
-    await page.getByRole("link", { name: "Usage" }).click();
-    const chartTotal = page.getByTestId("chart-total");
-    await chartTotal.waitFor({ timeout: WAIT });
-    const totalBefore = Number((await chartTotal.innerText()).match(/Total: (\d+)/)?.[1]);
-    expect(totalBefore).toBe(0);
+      // Usage before anything ran.
+      await page.getByRole("link", { name: "Usage" }).click();
+      const chartTotal = page.getByTestId("chart-total");
+      await chartTotal.waitFor({ timeout: WAIT });
+      const totalBefore = Number((await chartTotal.innerText()).match(/Total: (\d+)/)?.[1]);
+      expect(totalBefore).toBe(0);
 
-    // Playground: output streamed as the program writes it, then the record.
-    await page.getByRole("link", { name: "Playground" }).click();
-    const status = page.getByTestId("run-status");
-    const output = page.getByTestId("output");
-    await page.getByLabel("Template").waitFor({ timeout: WAIT });
-    await expect.poll(() => page.getByLabel("Template").inputValue(), { timeout: WAIT }).toBe("python");
-    await setCode(page, 'import time\nprint("first", flush=True)\ntime.sleep(1.5)\nprint(6*7)');
-    await page.getByRole("button", { name: "Run" }).click();
-    await expect.poll(() => output.innerText(), { timeout: WAIT }).toContain("first");
-    // Streamed: the first line is shown while the run is still going.
-    expect(await status.innerText()).toMatch(/^Running /);
-    await expect.poll(() => status.innerText(), { timeout: WAIT }).toBe("completed (exit code 0)");
-    expect(await output.innerText()).toBe("first\n42\n");
+      // Playground: output streamed as the program writes it, then the record.
+      await page.getByRole("link", { name: "Playground" }).click();
+      const status = page.getByTestId("run-status");
+      const output = page.getByTestId("output");
+      await page.getByLabel("Template").waitFor({ timeout: WAIT });
+      await expect
+        .poll(() => page.getByLabel("Template").inputValue(), { timeout: WAIT })
+        .toBe("python");
+      await setCode(page, 'import time\nprint("first", flush=True)\ntime.sleep(1.5)\nprint(6*7)');
+      await page.getByRole("button", { name: "Run" }).click();
+      await expect.poll(() => output.innerText(), { timeout: WAIT }).toContain("first");
+      // Streamed: the first line is shown while the run is still going.
+      expect(await status.innerText()).toMatch(/^Running /);
+      await expect
+        .poll(() => status.innerText(), { timeout: WAIT })
+        .toBe("completed (exit code 0)");
+      expect(await output.innerText()).toBe("first\n42\n");
 
-    await setCode(page, "print(6*7)");
-    await page.getByRole("button", { name: "Run" }).click();
-    await expect.poll(() => status.innerText(), { timeout: WAIT }).toBe("completed (exit code 0)");
-    expect((await output.innerText()).trim()).toBe("42");
-    await expect.poll(() => page.locator(".facts").innerText()).toMatch(/Charged\s+\d+ credits/);
-    await scan("playground");
-    await shoot(page, "playground");
+      await setCode(page, "print(6*7)");
+      await page.getByRole("button", { name: "Run" }).click();
+      await expect
+        .poll(() => status.innerText(), { timeout: WAIT })
+        .toBe("completed (exit code 0)");
+      expect((await output.innerText()).trim()).toBe("42");
+      await expect.poll(() => page.locator(".facts").innerText()).toMatch(/Charged\s+\d+ credits/);
+      await scan("playground");
+      await shoot(page, "playground");
 
-    await setCode(page, "while True: pass");
-    await page.getByLabel("Timeout (ms)").fill(String(1_000 * timeScale));
-    await page.getByRole("button", { name: "Run" }).click();
-    await expect.poll(() => status.innerText(), { timeout: WAIT }).toBe("timed_out");
-    await shoot(page, "playground-timed-out");
+      await setCode(page, "while True: pass");
+      await page.getByLabel("Timeout (ms)").fill(String(1_000 * timeScale));
+      await page.getByRole("button", { name: "Run" }).click();
+      await expect.poll(() => status.innerText(), { timeout: WAIT }).toBe("timed_out");
+      await shoot(page, "playground-timed-out");
 
-    // Keys: create one (its secret shown once), check it works, revoke it, check it is refused.
-    await page.getByRole("link", { name: "Keys" }).click();
-    await page.getByLabel("Name").fill("console-test");
-    await page.getByLabel("Credits").fill("500");
-    await page.getByRole("button", { name: "Create key" }).click();
-    const secret = (await page.getByTestId("new-secret").innerText({ timeout: WAIT })).trim();
-    expect(secret).toMatch(/^sfk_/);
-    expect((await gw.call("GET", "/v1/templates", { credential: secret })).status).toBe(200);
-    await page.getByRole("button", { name: "Copy" }).waitFor();
-    await scan("keys");
-    await shoot(page, "keys");
-    await page.getByRole("button", { name: "Revoke console-test" }).click();
-    await page.getByRole("row", { name: /console-test.*revoked/ }).waitFor({ timeout: WAIT });
-    expect((await gw.call("GET", "/v1/templates", { credential: secret })).status).toBe(401);
+      // Keys: create one (its secret shown once), check it works, revoke it, check it is refused.
+      await page.getByRole("link", { name: "Keys" }).click();
+      await page.getByLabel("Name").fill("console-test");
+      await page.getByLabel("Credits").fill("500");
+      await page.getByRole("button", { name: "Create key" }).click();
+      const secret = (await page.getByTestId("new-secret").innerText({ timeout: WAIT })).trim();
+      expect(secret).toMatch(/^sfk_/);
+      expect((await gw.call("GET", "/v1/templates", { credential: secret })).status).toBe(200);
+      await page.getByRole("button", { name: "Copy" }).waitFor();
+      await scan("keys");
+      await shoot(page, "keys");
+      await page.getByRole("button", { name: "Revoke console-test" }).click();
+      await page.getByRole("row", { name: /console-test.*revoked/ }).waitFor({ timeout: WAIT });
+      expect((await gw.call("GET", "/v1/templates", { credential: secret })).status).toBe(401);
 
-    // Sessions: create one and run two cells in it.
-    await page.getByRole("link", { name: "Sessions" }).click();
-    await expect.poll(() => page.locator("#main select").first().inputValue(), { timeout: WAIT }).toBe("python");
-    await page.getByRole("button", { name: "Create session" }).click();
-    const cell = page.getByLabel("Cell", { exact: true });
-    await cell.waitFor({ timeout: WAIT });
-    await cell.fill("x = 6 * 7\nx");
-    await page.getByRole("button", { name: "Run cell" }).click();
-    await expect.poll(() => page.getByTestId("cell-value").allInnerTexts(), { timeout: WAIT }).toEqual(["→ 42"]);
-    await cell.fill("x + 1");
-    await page.getByRole("button", { name: "Run cell" }).click();
-    await expect.poll(() => page.getByTestId("cell-value").allInnerTexts(), { timeout: WAIT }).toEqual(["→ 42", "→ 43"]);
-    // The list shows the session with its two cells (the fourth column).
-    await expect.poll(() => page.locator("#main tbody tr").first().locator("td").nth(3).innerText(), { timeout: WAIT }).toBe("2");
-    await scan("sessions");
-    await shoot(page, "sessions");
+      // Sessions: create one and run two cells in it.
+      await page.getByRole("link", { name: "Sessions" }).click();
+      await expect
+        .poll(() => page.locator("#main select").first().inputValue(), { timeout: WAIT })
+        .toBe("python");
+      await page.getByRole("button", { name: "Create session" }).click();
+      const cell = page.getByLabel("Cell", { exact: true });
+      await cell.waitFor({ timeout: WAIT });
+      await cell.fill("x = 6 * 7\nx");
+      await page.getByRole("button", { name: "Run cell" }).click();
+      await expect
+        .poll(() => page.getByTestId("cell-value").allInnerTexts(), { timeout: WAIT })
+        .toEqual(["→ 42"]);
+      await cell.fill("x + 1");
+      await page.getByRole("button", { name: "Run cell" }).click();
+      await expect
+        .poll(() => page.getByTestId("cell-value").allInnerTexts(), { timeout: WAIT })
+        .toEqual(["→ 42", "→ 43"]);
+      // The list shows the session with its two cells (the fourth column).
+      await expect
+        .poll(() => page.locator("#main tbody tr").first().locator("td").nth(3).innerText(), {
+          timeout: WAIT,
+        })
+        .toBe("2");
+      await scan("sessions");
+      await shoot(page, "sessions");
 
-    // Usage after: the executions are listed and the chart's total went up.
-    await page.getByRole("link", { name: "Usage" }).click();
-    const table = page.getByTestId("executions");
-    await expect.poll(() => table.innerText(), { timeout: WAIT }).toContain("timed_out");
-    expect(await table.innerText()).toContain("completed");
-    const totalAfter = Number((await page.getByTestId("chart-total").innerText()).match(/Total: (\d+)/)?.[1]);
-    expect(totalAfter).toBeGreaterThan(totalBefore);
-    await page.getByLabel("Status").selectOption("timed_out");
-    await expect.poll(async () => (await table.locator("tbody tr").allInnerTexts()).every((row) => row.includes("timed_out")), { timeout: WAIT }).toBe(true);
-    await page.getByLabel("Status").selectOption("");
-    await expect.poll(() => table.locator("tbody tr").count(), { timeout: WAIT }).toBeGreaterThan(2);
-    await scan("usage");
-    await shoot(page, "usage");
+      // Usage after: the executions are listed and the chart's total went up.
+      await page.getByRole("link", { name: "Usage" }).click();
+      const table = page.getByTestId("executions");
+      await expect.poll(() => table.innerText(), { timeout: WAIT }).toContain("timed_out");
+      expect(await table.innerText()).toContain("completed");
+      const totalAfter = Number(
+        (await page.getByTestId("chart-total").innerText()).match(/Total: (\d+)/)?.[1],
+      );
+      expect(totalAfter).toBeGreaterThan(totalBefore);
+      await page.getByLabel("Status").selectOption("timed_out");
+      await expect
+        .poll(
+          async () =>
+            (await table.locator("tbody tr").allInnerTexts()).every((row) =>
+              row.includes("timed_out"),
+            ),
+          { timeout: WAIT },
+        )
+        .toBe(true);
+      await page.getByLabel("Status").selectOption("");
+      await expect
+        .poll(() => table.locator("tbody tr").count(), { timeout: WAIT })
+        .toBeGreaterThan(2);
+      await scan("usage");
+      await shoot(page, "usage");
 
-    // Dark, at phone width.
-    await page.emulateMedia({ colorScheme: "dark" });
-    await page.setViewportSize({ width: 390, height: 844 });
-    await scan("usage (dark, phone)");
-    await shoot(page, "usage-dark-phone");
-    await page.getByRole("link", { name: "Playground" }).click();
-    await page.getByRole("button", { name: "Run" }).waitFor();
-    await scan("playground (dark, phone)");
-    await shoot(page, "playground-dark-phone");
+      // Dark, at phone width.
+      await page.emulateMedia({ colorScheme: "dark" });
+      await page.setViewportSize({ width: 390, height: 844 });
+      await scan("usage (dark, phone)");
+      await shoot(page, "usage-dark-phone");
+      await page.getByRole("link", { name: "Playground" }).click();
+      await page.getByRole("button", { name: "Run" }).waitFor();
+      await scan("playground (dark, phone)");
+      await shoot(page, "playground-dark-phone");
 
-    // Sign out forgets the token.
-    await page.getByRole("button", { name: "Sign out" }).click();
-    await page.getByLabel("API key").waitFor();
-    expect(await page.getByRole("navigation", { name: "Console sections" }).isVisible()).toBe(false);
+      // Sign out forgets the token.
+      await page.getByRole("button", { name: "Sign out" }).click();
+      await page.getByLabel("API key").waitFor();
+      expect(await page.getByRole("navigation", { name: "Console sections" }).isVisible()).toBe(
+        false,
+      );
 
-    expect(accessibility).toEqual([]);
-    expect(cspViolations).toEqual([]);
-    expect(pageErrors).toEqual([]);
-    expect(blocked).toEqual([]);
-  }, 300_000 * timeScale);
+      expect(accessibility).toEqual([]);
+      expect(cspViolations).toEqual([]);
+      expect(pageErrors).toEqual([]);
+      expect(blocked).toEqual([]);
+    },
+    300_000 * timeScale,
+  );
 });

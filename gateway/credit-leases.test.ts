@@ -20,35 +20,58 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     await fresh?.dispose();
   });
 
-  const leasesOf = (options: Partial<{ holdsPerLease: number; lingerMs: number; keyCheckMs: number }> = {}) =>
-    new CreditLeases({ db: fresh.db, gatewayId: randomUUID(), holdsPerLease: 4, lingerMs: 60_000, keyCheckMs: 60_000, ...options });
-
+  const leasesOf = (
+    options: Partial<{ holdsPerLease: number; lingerMs: number; keyCheckMs: number }> = {},
+  ) =>
+    new CreditLeases({
+      db: fresh.db,
+      gatewayId: randomUUID(),
+      holdsPerLease: 4,
+      lingerMs: 60_000,
+      keyCheckMs: 60_000,
+      ...options,
+    });
 
   it("holds against one lease in memory, growing it by holdsPerLease holds when short; the database agrees", async () => {
     const ids = await accountWithKey(fresh.db, 1_000);
     const leases = leasesOf();
-    for (let i = 0; i < 4; i++) expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
+    for (let i = 0; i < 4; i++)
+      expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
     expect(leases.leaseOn(ids.accountId)).toEqual({ units: 20, held: 20 });
     expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
     expect(leases.leaseOn(ids.accountId)).toEqual({ units: 40, held: 25 });
     expect(await leasedUnits(fresh.db, leases.gatewayId, ids.accountId)).toBe(40);
-    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 40, availableUnits: 960 });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({
+      reservedUnits: 40,
+      availableUnits: 960,
+    });
     // Callers see what nothing holds as available.
-    expect(leases.asSeenByCallers((await getBalance(fresh.db, ids.accountId))!)).toMatchObject({ reservedUnits: 25, availableUnits: 975 });
+    expect(leases.asSeenByCallers((await getBalance(fresh.db, ids.accountId))!)).toMatchObject({
+      reservedUnits: 25,
+      availableUnits: 975,
+    });
   });
 
   it("a free execution (a hold of 0) on an account without credits holds and records", async () => {
     const ids = await accountWithKey(fresh.db, 0);
     const leases = leasesOf();
     expect(await leases.hold(ids.accountId, ids.keyId, 0)).toEqual({ kind: "held" });
-    expect(await leases.record(leasedExecution(ids, leases.gatewayId, 0, 0))).toMatchObject({ chargedUnits: 0, reservedUnits: 0 });
-    expect(await leases.hold(ids.accountId, ids.keyId, 1)).toEqual({ kind: "insufficient-credits", availableUnits: 0 });
+    expect(await leases.record(leasedExecution(ids, leases.gatewayId, 0, 0))).toMatchObject({
+      chargedUnits: 0,
+      reservedUnits: 0,
+    });
+    expect(await leases.hold(ids.accountId, ids.keyId, 1)).toEqual({
+      kind: "insufficient-credits",
+      availableUnits: 0,
+    });
   });
 
   it("concurrent holds share one growth of the lease", async () => {
     const ids = await accountWithKey(fresh.db, 1_000);
     const leases = leasesOf();
-    const outcomes = await Promise.all(Array.from({ length: 4 }, () => leases.hold(ids.accountId, ids.keyId, 5)));
+    const outcomes = await Promise.all(
+      Array.from({ length: 4 }, () => leases.hold(ids.accountId, ids.keyId, 5)),
+    );
     expect(outcomes).toEqual(Array.from({ length: 4 }, () => ({ kind: "held" })));
     expect(leases.leaseOn(ids.accountId)).toEqual({ units: 20, held: 20 });
   });
@@ -58,7 +81,10 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     const leases = leasesOf();
     expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
     expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "held" });
-    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "insufficient-credits", availableUnits: 2 });
+    expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({
+      kind: "insufficient-credits",
+      availableUnits: 2,
+    });
     expect(leases.leaseOn(ids.accountId)).toEqual({ units: 12, held: 10 });
   });
 
@@ -76,7 +102,10 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     await expect(leases.record(refused)).rejects.toThrow();
     expect(leases.leaseOn(ids.accountId)).toEqual({ units: 37, held: 0 });
     expect(await leasedUnits(fresh.db, leases.gatewayId, ids.accountId)).toBe(37);
-    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 97, reservedUnits: 37 });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({
+      balanceUnits: 97,
+      reservedUnits: 37,
+    });
   });
 
   it("gives back what nothing holds: after lingerMs, on demand (only the free part), and all at shutdown", async () => {
@@ -96,9 +125,13 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     expect(await leases.giveBackFree(ids.accountId)).toBe(false);
     leases.drop(ids.accountId, 5);
     await leases.giveBackAll();
-    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ balanceUnits: 100, reservedUnits: 0 });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({
+      balanceUnits: 100,
+      reservedUnits: 0,
+    });
     // Closing (at shutdown) also deletes the empty lease: the next start has nothing to recover.
-    const rows = () => fresh.db.select().from(creditLeases).where(eq(creditLeases.gatewayId, leases.gatewayId));
+    const rows = () =>
+      fresh.db.select().from(creditLeases).where(eq(creditLeases.gatewayId, leases.gatewayId));
     expect(await rows()).toHaveLength(1);
     await leases.close();
     expect(await rows()).toEqual([]);
@@ -114,6 +147,8 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     leases.forgetKey(ids.keyId);
     expect(await leases.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "key-revoked" });
     const checkedEveryTime = leasesOf({ keyCheckMs: 0 });
-    expect(await checkedEveryTime.hold(ids.accountId, ids.keyId, 5)).toEqual({ kind: "key-revoked" });
+    expect(await checkedEveryTime.hold(ids.accountId, ids.keyId, 5)).toEqual({
+      kind: "key-revoked",
+    });
   });
 });

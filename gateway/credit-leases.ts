@@ -23,11 +23,25 @@ import type { Database } from "../db/client.js";
 import { accountStanding, type ExecutionRecord } from "../db/billing.js";
 import { GroupCommit } from "../db/group-commit.js";
 import type { AccountBalance } from "../db/keys.js";
-import { acquireLease, checkRecordable, dropEmptyLeases, giveBack, journaledRecord, type LeasedExecution, recordAll } from "../db/leases.js";
+import {
+  acquireLease,
+  checkRecordable,
+  dropEmptyLeases,
+  giveBack,
+  journaledRecord,
+  type LeasedExecution,
+  recordAll,
+} from "../db/leases.js";
 import { journalOf, type RecordJournal } from "../db/record-journal.js";
 
-export type HoldOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number } | { kind: "key-revoked" };
-type GrowthOutcome = { kind: "held" } | { kind: "insufficient-credits"; availableUnits: number; othersLeased: number } | { kind: "key-revoked" };
+export type HoldOutcome =
+  | { kind: "held" }
+  | { kind: "insufficient-credits"; availableUnits: number }
+  | { kind: "key-revoked" };
+type GrowthOutcome =
+  | { kind: "held" }
+  | { kind: "insufficient-credits"; availableUnits: number; othersLeased: number }
+  | { kind: "key-revoked" };
 
 export interface CreditLeaseOptions {
   db: Database;
@@ -87,7 +101,9 @@ export class CreditLeases {
         continue;
       }
       this.idleLater(accountId, lease);
-      return outcome.kind === "insufficient-credits" ? { kind: "insufficient-credits", availableUnits: outcome.availableUnits } : outcome;
+      return outcome.kind === "insufficient-credits"
+        ? { kind: "insufficient-credits", availableUnits: outcome.availableUnits }
+        : outcome;
     }
     lease.held += units;
     return { kind: "held" };
@@ -119,7 +135,9 @@ export class CreditLeases {
     try {
       checkRecordable(execution);
       if (!lease.stored || lease.held < execution.reservedUnits) {
-        throw new Error(`execution ${execution.executionId} was not recorded: its gateway holds no credit lease covering it on account ${execution.accountId}`);
+        throw new Error(
+          `execution ${execution.executionId} was not recorded: its gateway holds no credit lease covering it on account ${execution.accountId}`,
+        );
       }
       const journaled = { ...execution, finishedAt: new Date() };
       journal.append(journaled);
@@ -191,7 +209,11 @@ export class CreditLeases {
   asSeenByCallers(balance: AccountBalance): AccountBalance {
     const lease = this.leases.get(balance.accountId);
     const free = lease === undefined ? 0 : Math.max(0, lease.units - lease.held);
-    return { ...balance, reservedUnits: balance.reservedUnits - free, availableUnits: balance.availableUnits + free };
+    return {
+      ...balance,
+      reservedUnits: balance.reservedUnits - free,
+      availableUnits: balance.availableUnits + free,
+    };
   }
 
   /** What this gateway's lease on the account holds and what its executions in flight hold of it. */
@@ -202,11 +224,20 @@ export class CreditLeases {
 
   private leaseOf(accountId: string): AccountLease {
     let lease = this.leases.get(accountId);
-    if (lease === undefined) this.leases.set(accountId, (lease = { units: 0, held: 0, stored: false, growing: undefined, idle: undefined }));
+    if (lease === undefined)
+      this.leases.set(
+        accountId,
+        (lease = { units: 0, held: 0, stored: false, growing: undefined, idle: undefined }),
+      );
     return lease;
   }
 
-  private grow(accountId: string, keyId: string, lease: AccountLease, units: number): Promise<GrowthOutcome> {
+  private grow(
+    accountId: string,
+    keyId: string,
+    lease: AccountLease,
+    units: number,
+  ): Promise<GrowthOutcome> {
     const short = Math.max(0, units - (lease.units - lease.held));
     lease.growing = acquireLease(this.options.db, {
       gatewayId: this.options.gatewayId,
@@ -226,7 +257,10 @@ export class CreditLeases {
           return outcome;
         }
         // What this gateway could still hold counts as available too.
-        return { ...outcome, availableUnits: outcome.availableUnits + Math.max(0, lease.units - lease.held) };
+        return {
+          ...outcome,
+          availableUnits: outcome.availableUnits + Math.max(0, lease.units - lease.held),
+        };
       })
       .finally(() => (lease.growing = undefined));
     return lease.growing;

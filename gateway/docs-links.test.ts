@@ -17,9 +17,7 @@ const documents = [
 
 /** The text outside fenced code blocks and inline code spans, where links are links. */
 function prose(markdown: string): string {
-  return markdown
-    .replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, "")
-    .replace(/`[^`\n]*`/g, "");
+  return markdown.replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, "").replace(/`[^`\n]*`/g, "");
 }
 
 /** GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens. */
@@ -35,7 +33,9 @@ export function slug(heading: string): string {
 function anchors(markdown: string): Set<string> {
   const seen = new Map<string, number>();
   const result = new Set<string>();
-  for (const match of markdown.replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, "").matchAll(/^#{1,6}\s+(.+?)\s*#*\s*$/gm)) {
+  for (const match of markdown
+    .replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, "")
+    .matchAll(/^#{1,6}\s+(.+?)\s*#*\s*$/gm)) {
     const base = slug(match[1]!);
     const count = seen.get(base) ?? 0;
     seen.set(base, count + 1);
@@ -63,12 +63,15 @@ function relativeLinks(file: string): Link[] {
 /** What is wrong with one link, or undefined. */
 function brokenReason(link: Link): string | undefined {
   const [pathPart, anchor] = link.target.split("#", 2) as [string, string | undefined];
-  const targetFile = pathPart === "" ? join(root, link.from) : resolve(root, dirname(link.from), pathPart);
+  const targetFile =
+    pathPart === "" ? join(root, link.from) : resolve(root, dirname(link.from), pathPart);
   if (!targetFile.startsWith(root)) return "points outside the repository";
   if (!existsSync(targetFile)) return `no such file ${relative(root, targetFile)}`;
   if (anchor === undefined || anchor === "") return undefined;
-  if (statSync(targetFile).isDirectory() || !targetFile.endsWith(".md")) return "an anchor into a file that is not markdown";
-  if (!anchors(readFileSync(targetFile, "utf8")).has(anchor)) return `no heading #${anchor} in ${relative(root, targetFile)}`;
+  if (statSync(targetFile).isDirectory() || !targetFile.endsWith(".md"))
+    return "an anchor into a file that is not markdown";
+  if (!anchors(readFileSync(targetFile, "utf8")).has(anchor))
+    return `no heading #${anchor} in ${relative(root, targetFile)}`;
   return undefined;
 }
 
@@ -95,7 +98,9 @@ describe("documentation links", () => {
 
   it("slugs headings as GitHub does", () => {
     expect(slug("The daemon's seccomp filter")).toBe("the-daemons-seccomp-filter");
-    expect(slug("Session checkpoints (`bench sessions`)")).toBe("session-checkpoints-bench-sessions");
+    expect(slug("Session checkpoints (`bench sessions`)")).toBe(
+      "session-checkpoints-bench-sessions",
+    );
     expect(slug("What `npm start` does")).toBe("what-npm-start-does");
   });
 });

@@ -25,7 +25,10 @@ describe("GET /docs in headless Chromium with no network beyond this host", () =
   const blocked: string[] = [];
 
   beforeAll(async () => {
-    if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: install Debian's chromium (scripts/setup-debian.sh)`);
+    if (!existsSync(CHROMIUM))
+      throw new Error(
+        `${CHROMIUM} is missing: install Debian's chromium (scripts/setup-debian.sh)`,
+      );
     gw = await startTestGateway("pglite");
     server = await new Promise<ServerType>((resolve) => {
       const s = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () => resolve(s));
@@ -35,7 +38,16 @@ describe("GET /docs in headless Chromium with no network beyond this host", () =
     browser = await chromium.launchPersistentContext(profile, {
       executablePath: CHROMIUM,
       headless: true,
-      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+      args: [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+      ],
     });
     await browser.route("**/*", (route) => {
       const url = new URL(route.request().url());
@@ -60,7 +72,16 @@ describe("GET /docs in headless Chromium with no network beyond this host", () =
     await page.locator(".opblock").first().waitFor({ timeout: 30_000 });
     const operations = await page.locator(".opblock-summary-path").allInnerTexts();
     const listed = operations.map((text) => text.replace(/\u200b/g, "").trim());
-    expect(listed).toEqual(expect.arrayContaining(["/v1/executions", "/v1/executions/{id}", "/v1/templates", "/v1/keys", "/v1/tokens", "/healthz"]));
+    expect(listed).toEqual(
+      expect.arrayContaining([
+        "/v1/executions",
+        "/v1/executions/{id}",
+        "/v1/templates",
+        "/v1/keys",
+        "/v1/tokens",
+        "/healthz",
+      ]),
+    );
     expect(await page.locator(".info .title").innerText()).toContain("Sandfork gateway");
     expect(errors).toEqual([]);
     expect(blocked).toEqual([]);

@@ -32,8 +32,19 @@ export function registerDocs(app: OpenAPIHono<AppEnv>, openapiPath: string): voi
       body = readFile(join(dist, file)).then((bytes) => new Uint8Array(bytes));
       loaded.set(file, body);
     }
-    return c.body(await body, 200, { "content-type": type, "cache-control": "public, max-age=86400" });
+    return c.body(await body, 200, {
+      "content-type": type,
+      "cache-control": "public, max-age=86400",
+    });
   });
   // validatorUrl "none": Swagger UI would otherwise ask validator.swagger.io about the document.
-  app.get(DOCS_PATH, swaggerUI({ url: openapiPath, baseUrl: ASSETS_BASE, validatorUrl: "none", title: "Sandfork gateway API" }));
+  app.get(
+    DOCS_PATH,
+    swaggerUI({
+      url: openapiPath,
+      baseUrl: ASSETS_BASE,
+      validatorUrl: "none",
+      title: "Sandfork gateway API",
+    }),
+  );
 }

@@ -20,7 +20,6 @@ import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
 
-
 const CREDITS = 100_000;
 let dir: string;
 let runtime: StartedRuntime;
@@ -31,11 +30,26 @@ beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-e2e-"));
   // Node from the tier; python built here: the first test checks that start-up built it.
   await templatesWithPrebuilt(dir, ["node"]);
-  const env = { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv };
-  const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, (line) => log.push(line));
+  const env = {
+    SANDFORK_VMM_BIN: requireVmmBinary(),
+    SANDFORK_VMM_CONNECTIONS: "2",
+    SANDFORK_VMM_SERVE_ARGS: "--pool-size 1",
+    SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
+    ...scaledDaemonReadyEnv,
+  };
+  const started = await startRuntime(
+    loadRuntimeConfig(env, dir),
+    { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 },
+    (line) => log.push(line),
+  );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
-  const executionLimits = { defaultTimeoutMs: 5_000 * timeScale, maxTimeoutMs: 30_000 * timeScale, defaultMemoryMb: 256, maxMemoryMb: 2_048 };
+  const executionLimits = {
+    defaultTimeoutMs: 5_000 * timeScale,
+    maxTimeoutMs: 30_000 * timeScale,
+    defaultMemoryMb: 256,
+    maxMemoryMb: 2_048,
+  };
   gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
 });
 
@@ -51,28 +65,64 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     expect(text).toContain(`image ready in ${join(dir, "templates", "python")}`);
     expect(text).not.toMatch(/kvm unavailable|no snapshot/);
     const health = (await (await gw.call("GET", "/healthz")).json()) as Record<string, string>;
-    expect(health, log.join("\n")).toMatchObject({ status: "ok", database: "ok", runtime: "connected" });
+    expect(health, log.join("\n")).toMatchObject({
+      status: "ok",
+      database: "ok",
+      runtime: "connected",
+    });
     const { key } = await gw.issue();
-    const templates = (await (await gw.call("GET", "/v1/templates", { credential: key })).json()) as { templates: Record<string, unknown>[] };
+    const templates = (await (
+      await gw.call("GET", "/v1/templates", { credential: key })
+    ).json()) as { templates: Record<string, unknown>[] };
     expect(templates.templates).toEqual([
-      expect.objectContaining({ name: "node", language: "node", languages: ["javascript", "typescript"], ready: true, price: expect.objectContaining({ base_units: 1 }) }),
+      expect.objectContaining({
+        name: "node",
+        language: "node",
+        languages: ["javascript", "typescript"],
+        ready: true,
+        price: expect.objectContaining({ base_units: 1 }),
+      }),
       expect.objectContaining({ name: "python", languages: ["python"], ready: true }),
     ]);
   });
 
   it("POST /v1/executions runs print(6*7) in a microVM: 200 with 42, billed to the key's account", async () => {
     const { key, accountId } = await gw.issue({ credits: CREDITS });
-    const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code: "print(6*7)" } });
+    const response = await gw.call("POST", "/v1/executions", {
+      credential: key,
+      body: { template: "python", code: "print(6*7)" },
+    });
     const text = await response.text();
     expect(response.status, text).toBe(200);
-    const body = JSON.parse(text) as { id: string; status: string; exit_code: number; stdout: string; stderr: string; usage: { units: number } };
-    expect(body, text).toMatchObject({ status: "completed", exit_code: 0, stdout: "42\n", stderr: "" });
+    const body = JSON.parse(text) as {
+      id: string;
+      status: string;
+      exit_code: number;
+      stdout: string;
+      stderr: string;
+      usage: { units: number };
+    };
+    expect(body, text).toMatchObject({
+      status: "completed",
+      exit_code: 0,
+      stdout: "42\n",
+      stderr: "",
+    });
     expect(body.usage.units).toBeGreaterThan(0);
 
     // Billed: the record is settled (its charge's one entry), the balance is lower by exactly the charge.
-    expect(await findExecution(gw.fresh.db, body.id)).toMatchObject({ status: "completed", chargedUnits: body.usage.units });
-    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
-    const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as { executions: number; units: number };
+    expect(await findExecution(gw.fresh.db, body.id)).toMatchObject({
+      status: "completed",
+      chargedUnits: body.usage.units,
+    });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: CREDITS - body.usage.units,
+      reservedUnits: 0,
+    });
+    const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as {
+      executions: number;
+      units: number;
+    };
     expect(usage).toMatchObject({ executions: 1, units: body.usage.units });
   });
 
@@ -85,50 +135,109 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
       "os.system('echo from the shell; echo to stderr >&2')",
       "print(subprocess.run([sys.executable, '-c', 'import sys; sys.exit(5)']).returncode)",
     ].join("\n");
-    const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code } });
+    const response = await gw.call("POST", "/v1/executions", {
+      credential: key,
+      body: { template: "python", code },
+    });
     const text = await response.text();
     expect(response.status, text).toBe(200);
-    const body = JSON.parse(text) as { id: string; stdout: string; stderr: string; usage: { units: number } };
-    expect(body, text).toMatchObject({ status: "completed", exit_code: 0, stdout: "1000,999,998\nfrom the shell\n5\n", stderr: "to stderr\n" });
-    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
+    const body = JSON.parse(text) as {
+      id: string;
+      stdout: string;
+      stderr: string;
+      usage: { units: number };
+    };
+    expect(body, text).toMatchObject({
+      status: "completed",
+      exit_code: 0,
+      stdout: "1000,999,998\nfrom the shell\n5\n",
+      stderr: "to stderr\n",
+    });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: CREDITS - body.usage.units,
+      reservedUnits: 0,
+    });
   });
 
   it("output a database cannot store as text (NUL, invalid UTF-8) is answered as U+FFFD and billed", async () => {
     const { key, accountId } = await gw.issue({ credits: CREDITS });
     const code = 'import sys; sys.stdout.buffer.write(b"a\\x00b\\xffc"); sys.stderr.write("\\0")';
-    const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code } });
+    const response = await gw.call("POST", "/v1/executions", {
+      credential: key,
+      body: { template: "python", code },
+    });
     const text = await response.text();
     expect(response.status, text).toBe(200);
     const body = JSON.parse(text) as { id: string; usage: { units: number } };
-    expect(body, text).toMatchObject({ status: "completed", stdout: "a\uFFFDb\uFFFDc", stderr: "\uFFFD" });
-    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - body.usage.units, reservedUnits: 0 });
+    expect(body, text).toMatchObject({
+      status: "completed",
+      stdout: "a\uFFFDb\uFFFDc",
+      stderr: "\uFFFD",
+    });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: CREDITS - body.usage.units,
+      reservedUnits: 0,
+    });
   });
 
   it("POST /v1/executions runs JavaScript and TypeScript on the node template, billed, with Python's limit statuses", async () => {
     const { key, accountId } = await gw.issue({ credits: CREDITS });
     const run = async (body: Record<string, unknown>) => {
-      const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "node", ...body } });
+      const response = await gw.call("POST", "/v1/executions", {
+        credential: key,
+        body: { template: "node", ...body },
+      });
       const text = await response.text();
       expect(response.status, text).toBe(200);
-      return JSON.parse(text) as { id: string; status: string; exit_code: number; stdout: string; stderr: string; usage: { units: number } };
+      return JSON.parse(text) as {
+        id: string;
+        status: string;
+        exit_code: number;
+        stdout: string;
+        stderr: string;
+        usage: { units: number };
+      };
     };
     const js = await run({ code: "console.log(6 * 7, typeof require)" });
-    expect(js).toMatchObject({ status: "completed", exit_code: 0, stdout: "42 function\n", stderr: "" });
-    const ts = await run({ language: "typescript", code: "const n: number = 6 * 7;\nconsole.log(`${n}` satisfies string);" });
+    expect(js).toMatchObject({
+      status: "completed",
+      exit_code: 0,
+      stdout: "42 function\n",
+      stderr: "",
+    });
+    const ts = await run({
+      language: "typescript",
+      code: "const n: number = 6 * 7;\nconsole.log(`${n}` satisfies string);",
+    });
     expect(ts).toMatchObject({ status: "completed", exit_code: 0, stdout: "42\n" });
     const thrown = await run({ language: "javascript", code: "throw new Error('boom')" });
-    expect(thrown).toMatchObject({ status: "completed", exit_code: 1, stderr: expect.stringContaining("Error: boom") });
+    expect(thrown).toMatchObject({
+      status: "completed",
+      exit_code: 1,
+      stderr: expect.stringContaining("Error: boom"),
+    });
     // The limits give the statuses they give in Python, each billed.
     const timedOut = await run({ code: "while (true) {}", timeout_ms: 300 * timeScale });
     expect(timedOut).toMatchObject({ status: "timed_out" });
-    const bomb = await run({ code: "const grow = []; for (;;) grow.push(new Array(100000).fill(1.5));" });
+    const bomb = await run({
+      code: "const grow = []; for (;;) grow.push(new Array(100000).fill(1.5));",
+    });
     expect(bomb).toMatchObject({ status: "memory_exceeded" });
     const flood = await run({ code: "for (;;) process.stdout.write('x'.repeat(65536));" });
     expect(flood).toMatchObject({ status: "output_exceeded" });
-    const charged = [js, ts, thrown, timedOut, bomb, flood].reduce((sum, execution) => sum + execution.usage.units, 0);
+    const charged = [js, ts, thrown, timedOut, bomb, flood].reduce(
+      (sum, execution) => sum + execution.usage.units,
+      0,
+    );
     expect(js.usage.units).toBeGreaterThan(0);
-    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: CREDITS - charged, reservedUnits: 0 });
-    const refused = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "node", language: "python", code: "print(1)" } });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: CREDITS - charged,
+      reservedUnits: 0,
+    });
+    const refused = await gw.call("POST", "/v1/executions", {
+      credential: key,
+      body: { template: "node", language: "python", code: "print(1)" },
+    });
     expect(refused.status).toBe(422);
   });
 });

@@ -11,10 +11,24 @@
 // Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
 import type { Database } from "../db/client.js";
-import { BillingBatches, type ExecutionRecord, findByIdempotencyKey, type Reservation, type ReserveOutcome, release, type Settlement } from "../db/billing.js";
+import {
+  BillingBatches,
+  type ExecutionRecord,
+  findByIdempotencyKey,
+  type Reservation,
+  type ReserveOutcome,
+  release,
+  type Settlement,
+} from "../db/billing.js";
 import { journalOf } from "../db/record-journal.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
-import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
+import type {
+  ExecutionRequest,
+  ExecutionResult,
+  ExecutionRuntime,
+  OutputChunk,
+  Template,
+} from "../runtime/execution-runtime.js";
 import { executeFrame } from "../runtime/protocol.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
@@ -44,7 +58,10 @@ export interface ExecutionInput {
  * What an execution that ran is billed as. Billed time is what the VM existed for the request:
  * fork plus run, never past its timeout; the charge never exceeds what it held.
  */
-export function settlementOf(result: ExecutionResult, billing: { price: TemplatePrice; reservedUnits: number; timeoutMs: number; totalMs: number }): Settlement {
+export function settlementOf(
+  result: ExecutionResult,
+  billing: { price: TemplatePrice; reservedUnits: number; timeoutMs: number; totalMs: number },
+): Settlement {
   const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, billing.timeoutMs);
   return {
     status: result.outcome,
@@ -99,7 +116,9 @@ interface Billing {
   claimed: boolean;
 }
 
-type NormalizedRequest = Omit<ExecutionRequest, "executionId" | "language"> & { language?: string | undefined };
+type NormalizedRequest = Omit<ExecutionRequest, "executionId" | "language"> & {
+  language?: string | undefined;
+};
 /** A request whose language is resolved against its template. */
 type ResolvedRequest = Omit<ExecutionRequest, "executionId">;
 
@@ -110,7 +129,11 @@ function normalize(input: ExecutionInput, limits: ExecutionLimits): NormalizedRe
     stdin: input.stdin ?? "",
     args: input.args ?? [],
     env: input.env ?? {},
-    files: (input.files ?? []).map((f) => ({ path: f.path, content: f.content, encoding: f.encoding ?? "utf8" })),
+    files: (input.files ?? []).map((f) => ({
+      path: f.path,
+      content: f.content,
+      encoding: f.encoding ?? "utf8",
+    })),
     timeoutMs: input.timeout_ms ?? limits.defaultTimeoutMs,
     // Without one, the template's VM size (its daemon knows it): a pooled VM serves the request.
     memoryMb: input.memory_mb,
@@ -131,13 +154,17 @@ export function requestHash(request: NormalizedRequest): string {
     }
     return value;
   };
-  return createHash("sha256").update(JSON.stringify(canonical(request))).digest("hex");
+  return createHash("sha256")
+    .update(JSON.stringify(canonical(request)))
+    .digest("hex");
 }
 
 /** A failure of the runtime itself (errors.ts) as the problem the client sees; nothing was billed. */
 export function runtimeProblem(error: unknown): ProblemError {
   if (error instanceof RuntimeUnavailableError) {
-    return new ProblemError("runtime-unavailable", error.message, { headers: { "retry-after": "5" } });
+    return new ProblemError("runtime-unavailable", error.message, {
+      headers: { "retry-after": "5" },
+    });
   }
   if (error instanceof RuntimeBusyError) {
     return new ProblemError("runtime-busy", error.message, { headers: { "retry-after": "1" } });
@@ -154,7 +181,9 @@ function refuseCollidingFiles(request: ResolvedRequest): void {
   const problems = filesProblems(request.files, script);
   if (problems.length === 0) return;
   throw new ProblemError("validation-failed", "the request body does not match the schema", {
-    extensions: { errors: problems.map((p) => ({ path: ["files", ...p.at].join("."), message: p.message })) },
+    extensions: {
+      errors: problems.map((p) => ({ path: ["files", ...p.at].join("."), message: p.message })),
+    },
   });
 }
 
@@ -187,12 +216,22 @@ export class ExecutionService {
    * One controller and one timer: AbortSignal.any and AbortSignal.timeout cost several times that
    * per request.
    */
-  private async runAbortable(runtime: ExecutionRuntime, request: ExecutionRequest, onOutput: LiveExecution["onOutput"]): Promise<ExecutionResult> {
+  private async runAbortable(
+    runtime: ExecutionRuntime,
+    request: ExecutionRequest,
+    onOutput: LiveExecution["onOutput"],
+  ): Promise<ExecutionResult> {
     this.deps.shutdownSignal.throwIfAborted();
     const run = new AbortController();
     this.inFlight.add(run);
     const overstayed = setTimeout(
-      () => run.abort(new DOMException("the runtime did not answer within the execution's timeout", "TimeoutError")),
+      () =>
+        run.abort(
+          new DOMException(
+            "the runtime did not answer within the execution's timeout",
+            "TimeoutError",
+          ),
+        ),
       request.timeoutMs + this.deps.runtimeGraceMs,
     );
     try {
@@ -211,12 +250,20 @@ export class ExecutionService {
    * Runs `input` for `principal`, billed to its key. `live` watches it while it runs; a replayed
    * Idempotency-Key answers with the stored record and never starts.
    */
-  async execute(principal: Principal, input: ExecutionInput, idempotencyKey: string | null, live: LiveExecution = {}): Promise<ExecutionOutcome> {
+  async execute(
+    principal: Principal,
+    input: ExecutionInput,
+    idempotencyKey: string | null,
+    live: LiveExecution = {},
+  ): Promise<ExecutionOutcome> {
     const request = normalize(input, this.deps.limits);
     const hash = requestHash(request);
     const grant = principal.token;
     if (grant?.templates && !grant.templates.includes(request.template)) {
-      throw new ProblemError("template-not-allowed", `this token may run ${grant.templates.join(", ")}`);
+      throw new ProblemError(
+        "template-not-allowed",
+        `this token may run ${grant.templates.join(", ")}`,
+      );
     }
 
     let runtime: ExecutionRuntime;
@@ -232,15 +279,27 @@ export class ExecutionService {
         });
       }
       if (request.language !== undefined && !template.languages.includes(request.language)) {
-        throw new ProblemError("unknown-language", `template "${template.name}" runs ${template.languages.join(", ")}, not ${request.language}`, {
-          extensions: { languages: template.languages },
-        });
+        throw new ProblemError(
+          "unknown-language",
+          `template "${template.name}" runs ${template.languages.join(", ")}, not ${request.language}`,
+          {
+            extensions: { languages: template.languages },
+          },
+        );
       }
-      resolved = { ...request, language: request.language ?? template.languages[0] ?? template.language };
+      resolved = {
+        ...request,
+        language: request.language ?? template.languages[0] ?? template.language,
+      };
       if (resolved.files.length > 0) refuseCollidingFiles(resolved);
-      if (grant?.maxExecutions != null) this.deps.tokenExecutions.consume(grant.id, grant.maxExecutions, grant.expiresAt);
+      if (grant?.maxExecutions != null)
+        this.deps.tokenExecutions.consume(grant.id, grant.maxExecutions, grant.expiresAt);
       try {
-        releaseSlot = await this.deps.admission.admit(principal.keyId, principal.limits.maxConcurrency, resolved.template);
+        releaseSlot = await this.deps.admission.admit(
+          principal.keyId,
+          principal.limits.maxConcurrency,
+          resolved.template,
+        );
       } catch (error) {
         if (grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
         throw error;
@@ -248,14 +307,26 @@ export class ExecutionService {
     } catch (error) {
       // A retry refused before it reaches the database (no runtime, an unknown template, a limit)
       // still gets its first request's result. Other retries find it in reserve, at no extra cost.
-      const first = idempotencyKey === null ? undefined : await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
-      if (first !== undefined) return { record: this.replay(principal, first, hash), replayed: true };
+      const first =
+        idempotencyKey === null
+          ? undefined
+          : await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
+      if (first !== undefined)
+        return { record: this.replay(principal, first, hash), replayed: true };
       throw error;
     }
 
     try {
-      const outcome = await this.claimAndRun(runtime, principal, resolved, hash, idempotencyKey, live);
-      if (outcome.replayed && grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
+      const outcome = await this.claimAndRun(
+        runtime,
+        principal,
+        resolved,
+        hash,
+        idempotencyKey,
+        live,
+      );
+      if (outcome.replayed && grant?.maxExecutions != null)
+        this.deps.tokenExecutions.refund(grant.id);
       return outcome;
     } catch (error) {
       if (grant?.maxExecutions != null) this.deps.tokenExecutions.refund(grant.id);
@@ -268,9 +339,13 @@ export class ExecutionService {
   private requireRuntime(): ExecutionRuntime {
     const runtime = this.deps.runtime();
     if (runtime === undefined) {
-      throw new ProblemError("runtime-unavailable", "no execution runtime is connected to this gateway; retry later", {
-        headers: { "retry-after": "5" },
-      });
+      throw new ProblemError(
+        "runtime-unavailable",
+        "no execution runtime is connected to this gateway; retry later",
+        {
+          headers: { "retry-after": "5" },
+        },
+      );
     }
     return runtime;
   }
@@ -278,12 +353,19 @@ export class ExecutionService {
   private replay(principal: Principal, existing: ExecutionRecord, hash: string): ExecutionRecord {
     // A token only ever sees its own executions, even through another caller's Idempotency-Key.
     if (existing.requestHash !== hash || existing.tokenId !== (principal.token?.id ?? null)) {
-      throw new ProblemError("idempotency-key-reused", "this Idempotency-Key was first used with a different request");
+      throw new ProblemError(
+        "idempotency-key-reused",
+        "this Idempotency-Key was first used with a different request",
+      );
     }
     if (existing.status === "running") {
-      throw new ProblemError("idempotency-conflict", "the first request with this Idempotency-Key is still running", {
-        headers: { "retry-after": "1" },
-      });
+      throw new ProblemError(
+        "idempotency-conflict",
+        "the first request with this Idempotency-Key is still running",
+        {
+          headers: { "retry-after": "1" },
+        },
+      );
     }
     return existing;
   }
@@ -313,11 +395,25 @@ export class ExecutionService {
       gatewayId: this.deps.gatewayId,
       units: costUnits(price, request.timeoutMs),
     };
-    if (idempotencyKey === null || this.claims === undefined) return this.reserveAndRun(runtime, principal, request, { reservation, price, claimed: false }, live);
+    if (idempotencyKey === null || this.claims === undefined)
+      return this.reserveAndRun(
+        runtime,
+        principal,
+        request,
+        { reservation, price, claimed: false },
+        live,
+      );
     const claim = await this.claims.claim({ ...reservation, idempotencyKey });
-    if (claim.kind === "existing") return { record: this.replay(principal, claim.record, hash), replayed: true };
+    if (claim.kind === "existing")
+      return { record: this.replay(principal, claim.record, hash), replayed: true };
     try {
-      return await this.reserveAndRun(runtime, principal, request, { reservation, price, claimed: true }, live);
+      return await this.reserveAndRun(
+        runtime,
+        principal,
+        request,
+        { reservation, price, claimed: true },
+        live,
+      );
     } finally {
       claim.release();
     }
@@ -336,17 +432,35 @@ export class ExecutionService {
     // The record of an execution nobody can see before it ends need not exist before it does; nor
     // need one whose Idempotency-Key this gateway claimed in memory.
     const leased = (idempotencyKey === null || claimed) && live.onStart === undefined;
-    const reserved = await inSpan(tracer, "billing.reserve", (span): Promise<HoldOutcome | ReserveOutcome> => {
-      span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.reserved_units": reservedUnits, "sandfork.billing.leased": leased });
-      if (leased) return this.deps.leases.hold(principal.accountId, principal.keyId, reservedUnits);
-      return this.billing.reserve(reservation);
-    });
-    if (reserved.kind === "duplicate") return { record: this.replay(principal, reserved.existing, hash), replayed: true };
-    if (reserved.kind === "key-revoked") throw new ProblemError("credentials-revoked", "the API key behind this credential has been revoked");
+    const reserved = await inSpan(
+      tracer,
+      "billing.reserve",
+      (span): Promise<HoldOutcome | ReserveOutcome> => {
+        span.setAttributes({
+          "sandfork.execution.id": executionId,
+          "sandfork.billing.reserved_units": reservedUnits,
+          "sandfork.billing.leased": leased,
+        });
+        if (leased)
+          return this.deps.leases.hold(principal.accountId, principal.keyId, reservedUnits);
+        return this.billing.reserve(reservation);
+      },
+    );
+    if (reserved.kind === "duplicate")
+      return { record: this.replay(principal, reserved.existing, hash), replayed: true };
+    if (reserved.kind === "key-revoked")
+      throw new ProblemError(
+        "credentials-revoked",
+        "the API key behind this credential has been revoked",
+      );
     if (reserved.kind === "insufficient-credits") {
-      throw new ProblemError("insufficient-credits", `this execution needs up to ${reservedUnits} ${this.deps.pricing.unitName}s`, {
-        extensions: { required_units: reservedUnits, available_units: reserved.availableUnits },
-      });
+      throw new ProblemError(
+        "insufficient-credits",
+        `this execution needs up to ${reservedUnits} ${this.deps.pricing.unitName}s`,
+        {
+          extensions: { required_units: reservedUnits, available_units: reserved.availableUnits },
+        },
+      );
     }
 
     const started = performance.now();
@@ -367,10 +481,18 @@ export class ExecutionService {
       if (error instanceof RuntimeBusyError) this.deps.admission.shedByRuntime();
       throw runtimeProblem(error);
     }
-    const settlement = settlementOf(result, { price, reservedUnits, timeoutMs: request.timeoutMs, totalMs: performance.now() - started });
+    const settlement = settlementOf(result, {
+      price,
+      reservedUnits,
+      timeoutMs: request.timeoutMs,
+      totalMs: performance.now() - started,
+    });
     const { chargedUnits } = settlement;
     const record = await inSpan(tracer, "billing.settle", (span) => {
-      span.setAttributes({ "sandfork.execution.id": executionId, "sandfork.billing.charged_units": chargedUnits });
+      span.setAttributes({
+        "sandfork.execution.id": executionId,
+        "sandfork.billing.charged_units": chargedUnits,
+      });
       if (!leased) return this.billing.settle(executionId, settlement);
       const { units: _, ...identity } = reservation;
       return this.deps.leases.record({
@@ -382,7 +504,10 @@ export class ExecutionService {
       });
     });
     instruments.executions.add(1, { template: request.template, status: result.outcome });
-    instruments.executionDuration.record(settlement.timings.totalMs / 1000, { template: request.template, status: result.outcome });
+    instruments.executionDuration.record(settlement.timings.totalMs / 1000, {
+      template: request.template,
+      status: result.outcome,
+    });
     instruments.billedUnits.add(record.chargedUnits ?? 0, { template: request.template });
     return { record, replayed: false };
   }

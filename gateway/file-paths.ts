@@ -27,8 +27,10 @@ export function workPathProblem(path: string): string | undefined {
   if (utf8Bytes(path) > WORK_PATH_MAX_BYTES) return `longer than ${WORK_PATH_MAX_BYTES} bytes`;
   for (const component of path.split("/")) {
     if (component === "") return "empty path component (a doubled or trailing '/')";
-    if (component === "." || component === "..") return `'${component}' components are not allowed (paths stay inside /work)`;
-    if (utf8Bytes(component) > NAME_MAX_BYTES) return `a component is longer than ${NAME_MAX_BYTES} bytes`;
+    if (component === "." || component === "..")
+      return `'${component}' components are not allowed (paths stay inside /work)`;
+    if (utf8Bytes(component) > NAME_MAX_BYTES)
+      return `a component is longer than ${NAME_MAX_BYTES} bytes`;
   }
   return undefined;
 }
@@ -68,10 +70,20 @@ export function filesProblems(files: readonly FileEntry[], script?: string): Fil
   files.forEach((file, i) => {
     const why = workPathProblem(file.path);
     if (why !== undefined) problems.push({ at: [i, "path"], message: why });
-    else if (seen.has(file.path)) problems.push({ at: [i, "path"], message: seen.get(file.path) === -1 ? "is the script's path" : `is given twice (files[${seen.get(file.path)}])` });
+    else if (seen.has(file.path))
+      problems.push({
+        at: [i, "path"],
+        message:
+          seen.get(file.path) === -1
+            ? "is the script's path"
+            : `is given twice (files[${seen.get(file.path)}])`,
+      });
     else seen.set(file.path, i);
     if (file.encoding === "base64" && !isStrictBase64(file.content)) {
-      problems.push({ at: [i, "content"], message: "is not standard base64 with padding (RFC 4648)" });
+      problems.push({
+        at: [i, "content"],
+        message: "is not standard base64 with padding (RFC 4648)",
+      });
     }
   });
   for (const [path, i] of seen) {
@@ -79,7 +91,10 @@ export function filesProblems(files: readonly FileEntry[], script?: string): Fil
       const parent = seen.get(path.slice(0, slash));
       if (parent === undefined) continue;
       const what = (n: number) => (n === -1 ? "the script" : `files[${n}]`);
-      problems.push({ at: i === -1 ? [parent, "path"] : [i, "path"], message: `${what(parent)} is a file, so ${what(i)} cannot be inside it` });
+      problems.push({
+        at: i === -1 ? [parent, "path"] : [i, "path"],
+        message: `${what(parent)} is a file, so ${what(i)} cannot be inside it`,
+      });
       break;
     }
   }
@@ -92,5 +107,6 @@ export function filesProblems(files: readonly FileEntry[], script?: string): Fil
  * execution service checks the files against it once the language is resolved.
  */
 export function refineFiles(files: readonly FileEntry[], ctx: RefinementCtx): void {
-  for (const problem of filesProblems(files)) ctx.addIssue({ code: "custom", message: problem.message, path: problem.at });
+  for (const problem of filesProblems(files))
+    ctx.addIssue({ code: "custom", message: problem.message, path: problem.at });
 }

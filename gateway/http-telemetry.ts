@@ -3,7 +3,13 @@
 // http.server.request.duration by method, route and status, and http.server.active_requests.
 // Our own rather than @hono/otel's: that one builds every request's header object twice, reads the
 // response headers back, and makes three metric records a request; this makes one.
-import { context, propagation, SpanKind, SpanStatusCode, type TextMapGetter } from "@opentelemetry/api";
+import {
+  context,
+  propagation,
+  SpanKind,
+  SpanStatusCode,
+  type TextMapGetter,
+} from "@opentelemetry/api";
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
 import { routePath } from "hono/route";
@@ -40,18 +46,23 @@ export function httpTelemetry(telemetry: Telemetry) {
     }
     const parent = propagation.extract(context.active(), c.req.raw.headers, requestHeaders);
     const attributes = { "http.request.method": method, "url.path": c.req.path };
-    await tracer.startActiveSpan(`${method} ${c.req.path}`, { kind: SpanKind.SERVER, attributes }, parent, async (span) => {
-      try {
-        await next();
-      } finally {
-        // The route is known once routing is done; a thrown error has become c.res by now.
-        const route = routePath(c);
-        span.updateName(`${method} ${route}`);
-        span.setAttributes({ "http.route": route, "http.response.status_code": c.res.status });
-        if (c.res.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
-        finish(c, method, started);
-        span.end();
-      }
-    });
+    await tracer.startActiveSpan(
+      `${method} ${c.req.path}`,
+      { kind: SpanKind.SERVER, attributes },
+      parent,
+      async (span) => {
+        try {
+          await next();
+        } finally {
+          // The route is known once routing is done; a thrown error has become c.res by now.
+          const route = routePath(c);
+          span.updateName(`${method} ${route}`);
+          span.setAttributes({ "http.route": route, "http.response.status_code": c.res.status });
+          if (c.res.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
+          finish(c, method, started);
+          span.end();
+        }
+      },
+    );
   });
 }

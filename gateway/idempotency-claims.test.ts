@@ -21,14 +21,23 @@ describe("Idempotency-Keys claimed in memory on embedded PGlite", () => {
     fresh = await freshDatabase("pglite");
     journal = journalOf(fresh.db) as RecordJournal;
     claims = new IdempotencyClaims(fresh.db, journal);
-    leases = new CreditLeases({ db: fresh.db, gatewayId: randomUUID(), holdsPerLease: 4, lingerMs: 60_000, keyCheckMs: 60_000 });
+    leases = new CreditLeases({
+      db: fresh.db,
+      gatewayId: randomUUID(),
+      holdsPerLease: 4,
+      lingerMs: 60_000,
+      keyCheckMs: 60_000,
+    });
     ids = await accountWithKey(fresh.db, 1_000);
   });
   afterAll(async () => {
     await fresh?.dispose();
   });
 
-  const reservation = (idempotencyKey: string, keyId = ids.keyId): Reservation & { idempotencyKey: string } => ({
+  const reservation = (
+    idempotencyKey: string,
+    keyId = ids.keyId,
+  ): Reservation & { idempotencyKey: string } => ({
     executionId: randomUUID(),
     accountId: ids.accountId,
     keyId,
@@ -43,7 +52,8 @@ describe("Idempotency-Keys claimed in memory on embedded PGlite", () => {
   const runningOf = (r: Reservation) => ({ ...runningRecord(r), createdAt: expect.any(Date) });
 
   const claimed = (claim: KeyClaim) => {
-    if (claim.kind !== "claimed") throw new Error(`expected a claim, got the record ${JSON.stringify(claim.record)}`);
+    if (claim.kind !== "claimed")
+      throw new Error(`expected a claim, got the record ${JSON.stringify(claim.record)}`);
     return claim;
   };
 
@@ -56,7 +66,10 @@ describe("Idempotency-Keys claimed in memory on embedded PGlite", () => {
   it("a key is claimed once: a second claim finds the claimer's running record; released, it is free again", async () => {
     const first = reservation("once");
     const claim = claimed(await claims.claim(first));
-    expect(await claims.claim(reservation("once"))).toEqual({ kind: "existing", record: runningOf(first) });
+    expect(await claims.claim(reservation("once"))).toEqual({
+      kind: "existing",
+      record: runningOf(first),
+    });
     // Another key of the account's, with the same Idempotency-Key, is another request.
     claimed(await claims.claim(reservation("once", randomUUID()))).release();
     claim.release();
@@ -69,14 +82,16 @@ describe("Idempotency-Keys claimed in memory on embedded PGlite", () => {
     const winners = outcomes.filter((o) => o.kind === "claimed");
     expect(winners).toHaveLength(1);
     const winner = racing[outcomes.indexOf(winners[0] as KeyClaim)];
-    for (const o of outcomes) if (o.kind === "existing") expect(o.record).toEqual(runningOf(winner as Reservation));
+    for (const o of outcomes)
+      if (o.kind === "existing") expect(o.record).toEqual(runningOf(winner as Reservation));
   });
 
   it("a lookup that fails fails its request and leaves the key unclaimed: a request waiting on it looks again itself", async () => {
     await fresh.db.execute(sql`ALTER TABLE executions RENAME TO executions_away`);
     try {
       const racing = [claims.claim(reservation("failing")), claims.claim(reservation("failing"))];
-      for (const outcome of await Promise.allSettled(racing)) expect(outcome.status).toBe("rejected");
+      for (const outcome of await Promise.allSettled(racing))
+        expect(outcome.status).toBe("rejected");
     } finally {
       await fresh.db.execute(sql`ALTER TABLE executions_away RENAME TO executions`);
     }

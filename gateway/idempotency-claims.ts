@@ -10,7 +10,12 @@
 // record would: 409, or 422 for another request), in a record journaled and not folded yet, or in
 // the database. The database is read without waiting for the journal's folds: a record with this
 // key can only be appended by the request holding its claim, which is this one.
-import { type ExecutionRecord, findByIdempotencyKey, type Reservation, runningRecord } from "../db/billing.js";
+import {
+  type ExecutionRecord,
+  findByIdempotencyKey,
+  type Reservation,
+  runningRecord,
+} from "../db/billing.js";
 import type { Database } from "../db/client.js";
 import { journaledRecord } from "../db/leases.js";
 import type { RecordJournal } from "../db/record-journal.js";
@@ -54,7 +59,12 @@ export class IdempotencyClaims {
       this.claims.set(id, claim);
       let existing: ExecutionRecord | undefined;
       try {
-        const lookup = findByIdempotencyKey(this.db, reservation.keyId, reservation.idempotencyKey, { waitForJournal: false });
+        const lookup = findByIdempotencyKey(
+          this.db,
+          reservation.keyId,
+          reservation.idempotencyKey,
+          { waitForJournal: false },
+        );
         claim.lookup = lookup;
         existing = await lookup;
       } catch (error) {

@@ -1,6 +1,14 @@
 // Issuing API keys: shared by POST /v1/keys, the first-start bootstrap and `npm run keys:create`.
 import type { Database } from "../db/client.js";
-import { accountExists, createAccount, grantCredits, insertKey, type KeyLimits, type Scope, type StoredKey } from "../db/keys.js";
+import {
+  accountExists,
+  createAccount,
+  grantCredits,
+  insertKey,
+  type KeyLimits,
+  type Scope,
+  type StoredKey,
+} from "../db/keys.js";
 import { mintApiKey } from "./auth/api-key.js";
 import { ProblemError } from "./problems.js";
 
@@ -26,7 +34,8 @@ export async function issueKey(db: Database, options: IssueKeyOptions): Promise<
     const tx = transaction as unknown as Database;
     let accountId = options.accountId;
     if (accountId === undefined) accountId = await createAccount(tx, options.name);
-    else if (!(await accountExists(tx, accountId))) throw new ProblemError("not-found", `no account ${accountId}`);
+    else if (!(await accountExists(tx, accountId)))
+      throw new ProblemError("not-found", `no account ${accountId}`);
     if (options.credits !== undefined) await grantCredits(tx, accountId, options.credits);
     return insertKey(tx, {
       accountId,

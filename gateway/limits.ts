@@ -68,7 +68,12 @@ export class ConcurrencyLimiter {
    * Takes a slot, or waits for one behind at most `maxQueued` others of the key; past that throws
    * 429 at once. `signal` aborting takes a waiting call out of line (rejects with its reason).
    */
-  async admit(keyId: string, max: number, maxQueued: number, signal: AbortSignal): Promise<() => void> {
+  async admit(
+    keyId: string,
+    max: number,
+    maxQueued: number,
+    signal: AbortSignal,
+  ): Promise<() => void> {
     const taken = this.slots.take(keyId, max, maxQueued, signal);
     if (taken === undefined) throw concurrencyLimit(max, maxQueued);
     return taken;
@@ -86,10 +91,14 @@ export class ConcurrencyLimiter {
 
 function concurrencyLimit(max: number, maxQueued: number): ProblemError {
   const waiting = maxQueued === 0 ? "" : ` and ${maxQueued} more waiting`;
-  return new ProblemError("concurrency-limit", `this key allows ${max} executions at a time${waiting}`, {
-    headers: { "retry-after": "1" },
-    extensions: { retry_after_seconds: 1 },
-  });
+  return new ProblemError(
+    "concurrency-limit",
+    `this key allows ${max} executions at a time${waiting}`,
+    {
+      headers: { "retry-after": "1" },
+      extensions: { retry_after_seconds: 1 },
+    },
+  );
 }
 
 interface TokenCount {
@@ -109,7 +118,10 @@ export class TokenExecutionCounter {
     if (this.now() - this.lastSweep >= SWEEP_INTERVAL_MS) this.sweep();
     const count = this.counts.get(tokenId) ?? { used: 0, expiresAt: expiresAt.getTime() };
     if (count.used >= maxExecutions) {
-      throw new ProblemError("token-execution-limit", `this token allows ${maxExecutions} executions`);
+      throw new ProblemError(
+        "token-execution-limit",
+        `this token allows ${maxExecutions} executions`,
+      );
     }
     count.used += 1;
     this.counts.set(tokenId, count);

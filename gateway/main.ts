@@ -12,7 +12,9 @@ const runtime = await startRuntime(loadRuntimeConfig(process.env, config.dataDir
   memoryMib: config.executionLimits.maxMemoryMb,
 }).catch((error: Error) => {
   console.error(`cannot start the execution runtime: ${error.message}`);
-  console.error("(SANDFORK_RUNTIME=none starts the gateway without one: executions then answer 503)");
+  console.error(
+    "(SANDFORK_RUNTIME=none starts the gateway without one: executions then answer 503)",
+  );
   process.exit(1);
 });
 // Installed before the gateway listens: a SIGTERM right after "listening" (a supervisor, a test)
@@ -33,4 +35,7 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
     );
   });
 }
-gateway = await startGateway(config, runtime === undefined ? {} : { runtime: () => runtime.client });
+gateway = await startGateway(
+  config,
+  runtime === undefined ? {} : { runtime: () => runtime.client },
+);

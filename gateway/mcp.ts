@@ -4,19 +4,28 @@
 // body as its text, never a JSON-RPC or transport error.
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { WebStandardStreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js";
-import { type CallToolResult, CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import {
+  type CallToolResult,
+  CallToolRequestSchema,
+  ListToolsRequestSchema,
+} from "@modelcontextprotocol/sdk/types.js";
 import type { Principal } from "./auth/principal.js";
 import { SERVICE_NAME, SERVICE_VERSION } from "./telemetry.js";
 import { type ToolResult, type ToolRunner, toolResultText } from "./tools/runner.js";
 
 export function mcpResult(result: ToolResult): CallToolResult {
   const content = [{ type: "text" as const, text: toolResultText(result) }];
-  return result.isError ? { isError: true, content } : { content, structuredContent: result.structured };
+  return result.isError
+    ? { isError: true, content }
+    : { content, structuredContent: result.structured };
 }
 
 /** An MCP server whose tools run as `principal`. */
 export function mcpServer(runner: ToolRunner, principal: Principal): Server {
-  const server = new Server({ name: SERVICE_NAME, version: SERVICE_VERSION }, { capabilities: { tools: {} } });
+  const server = new Server(
+    { name: SERVICE_NAME, version: SERVICE_VERSION },
+    { capabilities: { tools: {} } },
+  );
   server.setRequestHandler(ListToolsRequestSchema, () => ({
     tools: runner.definitions.map((tool) => ({
       name: tool.name,
@@ -32,10 +41,18 @@ export function mcpServer(runner: ToolRunner, principal: Principal): Server {
 }
 
 /** Answers one MCP POST (its JSON already read: `parsedBody`) for `principal`. */
-export async function handleMcpRequest(runner: ToolRunner, principal: Principal, request: Request, parsedBody: unknown): Promise<Response> {
+export async function handleMcpRequest(
+  runner: ToolRunner,
+  principal: Principal,
+  request: Request,
+  parsedBody: unknown,
+): Promise<Response> {
   const server = mcpServer(runner, principal);
   // Stateless: no session id, each request is whole; answers are JSON rather than an SSE stream.
-  const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+  const transport = new WebStandardStreamableHTTPServerTransport({
+    sessionIdGenerator: undefined,
+    enableJsonResponse: true,
+  });
   await server.connect(transport);
   try {
     return await transport.handleRequest(request, { parsedBody });

@@ -15,7 +15,10 @@ export function authenticate(ctx: GatewayContext, scope: Scope) {
   return createMiddleware<AppEnv>(async (c, next) => {
     const principal = await inSpan(ctx.telemetry.tracer, "auth", async (span) => {
       const p = await ctx.authenticator.authenticate(c.req.header("authorization"));
-      span.setAttributes({ "sandfork.key.id": p.keyId, "sandfork.auth.kind": p.token ? "token" : "api_key" });
+      span.setAttributes({
+        "sandfork.key.id": p.keyId,
+        "sandfork.auth.kind": p.token ? "token" : "api_key",
+      });
       requireScope(p, scope);
       ctx.rateLimiter.take(p.keyId, p.limits.rateLimitPerMinute);
       return p;
@@ -46,9 +49,13 @@ function bodyStream(c: Context<AppEnv>): AsyncIterable<Uint8Array> | null {
 export const limitBodyPerKey = createMiddleware<AppEnv>(async (c, next) => {
   const maxSize = c.get("principal").limits.maxBodyBytes;
   const tooLarge = () =>
-    new ProblemError("payload-too-large", `this key accepts request bodies up to ${maxSize} bytes`, {
-      extensions: { max_body_bytes: maxSize },
-    });
+    new ProblemError(
+      "payload-too-large",
+      `this key accepts request bodies up to ${maxSize} bytes`,
+      {
+        extensions: { max_body_bytes: maxSize },
+      },
+    );
   const declared = c.req.header("content-length");
   if (declared !== undefined && Number(declared) > maxSize) throw tooLarge();
   const stream = bodyStream(c);
@@ -72,10 +79,13 @@ export const limitBodyPerKey = createMiddleware<AppEnv>(async (c, next) => {
     // other form from the one it holds: a JSON body is kept as text, anything else as bytes.
     const cache = c.req.bodyCache as unknown as Record<"text" | "arrayBuffer", Promise<unknown>>;
     if (JSON_MEDIA_TYPE.test(c.req.header("content-type") ?? "")) {
-      if (!isUtf8(body)) throw new ProblemError("malformed-request", "the request body is not valid UTF-8");
+      if (!isUtf8(body))
+        throw new ProblemError("malformed-request", "the request body is not valid UTF-8");
       cache.text = Promise.resolve(body.toString("utf8"));
     } else {
-      cache.arrayBuffer = Promise.resolve(body.buffer.slice(body.byteOffset, body.byteOffset + size));
+      cache.arrayBuffer = Promise.resolve(
+        body.buffer.slice(body.byteOffset, body.byteOffset + size),
+      );
     }
   }
   await next();

@@ -14,11 +14,15 @@ describe("pricing", () => {
   });
 
   it("parses per-template prices with a fallback and refuses fractions", () => {
-    const pricing = parsePricing('{"unitName":"mc","templates":{"python":{"baseUnits":1,"unitsPerSecond":5},"*":{"baseUnits":3,"unitsPerSecond":0}}}');
+    const pricing = parsePricing(
+      '{"unitName":"mc","templates":{"python":{"baseUnits":1,"unitsPerSecond":5},"*":{"baseUnits":3,"unitsPerSecond":0}}}',
+    );
     expect(pricing.unitName).toBe("mc");
     expect(priceOf(pricing, "python")).toEqual({ baseUnits: 1, unitsPerSecond: 5 });
     expect(priceOf(pricing, "node")).toEqual({ baseUnits: 3, unitsPerSecond: 0 });
-    expect(() => parsePricing('{"templates":{"python":{"baseUnits":0.5,"unitsPerSecond":1}}}')).toThrow(/integer/);
+    expect(() =>
+      parsePricing('{"templates":{"python":{"baseUnits":0.5,"unitsPerSecond":1}}}'),
+    ).toThrow(/integer/);
     expect(() => priceOf(parsePricing('{"templates":{}}'), "python")).toThrow(/no price/);
     expect(priceOf(DEFAULT_PRICING, "anything")).toEqual({ baseUnits: 1, unitsPerSecond: 10 });
   });

@@ -30,13 +30,19 @@ function isPrice(value: unknown): value is TemplatePrice {
 /** Parses SANDFORK_PRICING: {"unitName"?: string, "templates": {name: {baseUnits, unitsPerSecond}}}. */
 export function parsePricing(json: string): Pricing {
   const parsed: unknown = JSON.parse(json);
-  if (typeof parsed !== "object" || parsed === null) throw new Error("pricing must be a JSON object");
+  if (typeof parsed !== "object" || parsed === null)
+    throw new Error("pricing must be a JSON object");
   const { unitName, templates } = parsed as Record<string, unknown>;
-  if (typeof templates !== "object" || templates === null) throw new Error("pricing.templates must be an object");
+  if (typeof templates !== "object" || templates === null)
+    throw new Error("pricing.templates must be an object");
   for (const [name, price] of Object.entries(templates)) {
-    if (!isPrice(price)) throw new Error(`pricing.templates.${name} needs integer baseUnits and unitsPerSecond >= 0`);
+    if (!isPrice(price))
+      throw new Error(`pricing.templates.${name} needs integer baseUnits and unitsPerSecond >= 0`);
   }
-  return { unitName: typeof unitName === "string" ? unitName : DEFAULT_PRICING.unitName, templates: templates as Record<string, TemplatePrice> };
+  return {
+    unitName: typeof unitName === "string" ? unitName : DEFAULT_PRICING.unitName,
+    templates: templates as Record<string, TemplatePrice>,
+  };
 }
 
 export function priceOf(pricing: Pricing, template: string): TemplatePrice {

@@ -15,29 +15,67 @@ describe.each(BACKENDS)("problem responses on %s", (backend) => {
 
   it("401 unauthenticated / invalid-credentials", async () => {
     const body = await expectProblem(await gw.call("GET", "/v1/usage"), 401, "unauthenticated");
-    expect(body).toMatchObject({ title: PROBLEMS.unauthenticated.title, instance: "/v1/usage", retryable: false });
-    await expectProblem(await gw.call("GET", "/v1/usage", { credential: "sfk_short" }), 401, "invalid-credentials");
+    expect(body).toMatchObject({
+      title: PROBLEMS.unauthenticated.title,
+      instance: "/v1/usage",
+      retryable: false,
+    });
+    await expectProblem(
+      await gw.call("GET", "/v1/usage", { credential: "sfk_short" }),
+      401,
+      "invalid-credentials",
+    );
   });
 
   it("403 insufficient-scope", async () => {
     const { key } = await gw.issue({ scopes: ["execute"] });
-    await expectProblem(await gw.call("POST", "/v1/keys", { credential: key, body: { name: "x" } }), 403, "insufficient-scope");
+    await expectProblem(
+      await gw.call("POST", "/v1/keys", { credential: key, body: { name: "x" } }),
+      403,
+      "insufficient-scope",
+    );
   });
 
   it("404 not-found for unknown routes, executions, keys and accounts", async () => {
     const admin = await gw.issue({ scopes: ["admin"] });
     await expectProblem(await gw.call("GET", "/v1/nothing-here"), 404, "not-found");
     const missing = "00000000-0000-4000-8000-000000000000";
-    await expectProblem(await gw.call("GET", `/v1/executions/${missing}`, { credential: admin.key }), 404, "not-found");
-    await expectProblem(await gw.call("DELETE", `/v1/keys/${missing}`, { credential: admin.key }), 404, "not-found");
-    await expectProblem(await gw.call("POST", `/v1/accounts/${missing}/credits`, { credential: admin.key, body: { units: 5 } }), 404, "not-found");
-    await expectProblem(await gw.call("POST", "/v1/keys", { credential: admin.key, body: { name: "x", account_id: missing } }), 404, "not-found");
+    await expectProblem(
+      await gw.call("GET", `/v1/executions/${missing}`, { credential: admin.key }),
+      404,
+      "not-found",
+    );
+    await expectProblem(
+      await gw.call("DELETE", `/v1/keys/${missing}`, { credential: admin.key }),
+      404,
+      "not-found",
+    );
+    await expectProblem(
+      await gw.call("POST", `/v1/accounts/${missing}/credits`, {
+        credential: admin.key,
+        body: { units: 5 },
+      }),
+      404,
+      "not-found",
+    );
+    await expectProblem(
+      await gw.call("POST", "/v1/keys", {
+        credential: admin.key,
+        body: { name: "x", account_id: missing },
+      }),
+      404,
+      "not-found",
+    );
   });
 
   it("413 payload-too-large at the key's body cap, before validation", async () => {
     const { key } = await gw.issue({ maxBodyBytes: 1024 });
     const body = { template: "python", code: "x".repeat(2048) };
-    const problem = await expectProblem(await gw.call("POST", "/v1/executions", { credential: key, body }), 413, "payload-too-large");
+    const problem = await expectProblem(
+      await gw.call("POST", "/v1/executions", { credential: key, body }),
+      413,
+      "payload-too-large",
+    );
     expect(problem.max_body_bytes).toBe(1024);
     // Chunked (no Content-Length) bodies are cut off too.
     const stream = new ReadableStream({
@@ -58,28 +96,54 @@ describe.each(BACKENDS)("problem responses on %s", (backend) => {
   it("422 validation-failed with the failing fields; 400 malformed-request for broken JSON; 415 for other media types", async () => {
     const { key } = await gw.issue();
     const problem = await expectProblem(
-      await gw.call("POST", "/v1/executions", { credential: key, body: { template: "Py thon", code: 1, timeout_ms: 10_000_000, extra: true } }),
+      await gw.call("POST", "/v1/executions", {
+        credential: key,
+        body: { template: "Py thon", code: 1, timeout_ms: 10_000_000, extra: true },
+      }),
       422,
       "validation-failed",
     );
     const paths = (problem.errors as { path: string }[]).map((e) => e.path).sort();
     expect(paths).toEqual(expect.arrayContaining(["code", "template", "timeout_ms"]));
     await expectProblem(
-      await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code: "", files: [{ path: "../etc/passwd", content: "" }] } }),
+      await gw.call("POST", "/v1/executions", {
+        credential: key,
+        body: { template: "python", code: "", files: [{ path: "../etc/passwd", content: "" }] },
+      }),
       422,
       "validation-failed",
     );
-    await expectProblem(await gw.call("GET", "/v1/usage?from=yesterday", { credential: key }), 422, "validation-failed");
-    await expectProblem(await gw.call("GET", "/v1/executions/not-a-uuid", { credential: key }), 422, "validation-failed");
     await expectProblem(
-      await gw.call("POST", "/v1/executions", { credential: key, rawBody: "{not json", headers: { "content-type": "application/json" } }),
+      await gw.call("GET", "/v1/usage?from=yesterday", { credential: key }),
+      422,
+      "validation-failed",
+    );
+    await expectProblem(
+      await gw.call("GET", "/v1/executions/not-a-uuid", { credential: key }),
+      422,
+      "validation-failed",
+    );
+    await expectProblem(
+      await gw.call("POST", "/v1/executions", {
+        credential: key,
+        rawBody: "{not json",
+        headers: { "content-type": "application/json" },
+      }),
       400,
       "malformed-request",
     );
     const valid = JSON.stringify({ template: "python", code: "print(1)" });
-    await expectProblem(await gw.call("POST", "/v1/executions", { credential: key, rawBody: valid }), 415, "unsupported-media-type");
     await expectProblem(
-      await gw.call("POST", "/v1/executions", { credential: key, rawBody: valid, headers: { "content-type": "text/plain" } }),
+      await gw.call("POST", "/v1/executions", { credential: key, rawBody: valid }),
+      415,
+      "unsupported-media-type",
+    );
+    await expectProblem(
+      await gw.call("POST", "/v1/executions", {
+        credential: key,
+        rawBody: valid,
+        headers: { "content-type": "text/plain" },
+      }),
       415,
       "unsupported-media-type",
     );
@@ -101,34 +165,74 @@ describe.each(BACKENDS)("problem responses on %s", (backend) => {
 
   it("503 runtime-unavailable for executions while no runtime is connected; credits untouched", async () => {
     const { key } = await gw.issue({ credits: 5 });
-    const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code: "print(1)" } });
+    const response = await gw.call("POST", "/v1/executions", {
+      credential: key,
+      body: { template: "python", code: "print(1)" },
+    });
     expect(response.headers.get("retry-after")).toBe("5");
     await expectProblem(response, 503, "runtime-unavailable");
-    const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as { balance: unknown; executions: number };
-    expect(usage).toMatchObject({ executions: 0, balance: { balance_units: 5, reserved_units: 0 } });
+    const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as {
+      balance: unknown;
+      executions: number;
+    };
+    expect(usage).toMatchObject({
+      executions: 0,
+      balance: { balance_units: 5, reserved_units: 0 },
+    });
   });
 
   it("operators create keys with credits and limits, list them without secrets, and grant credits", async () => {
     const admin = await gw.issue({ scopes: ["admin"] });
     const created = await gw.call("POST", "/v1/keys", {
       credential: admin.key,
-      body: { name: "ci", scopes: ["execute"], credits: 40, rate_limit_per_minute: 5, max_concurrency: 2, max_body_bytes: 2048, expires_in_seconds: 60 },
+      body: {
+        name: "ci",
+        scopes: ["execute"],
+        credits: 40,
+        rate_limit_per_minute: 5,
+        max_concurrency: 2,
+        max_body_bytes: 2048,
+        expires_in_seconds: 60,
+      },
     });
     expect(created.status).toBe(201);
     const key = (await created.json()) as Record<string, unknown>;
-    expect(key).toMatchObject({ name: "ci", scopes: ["execute"], rate_limit_per_minute: 5, max_concurrency: 2, max_body_bytes: 2048, revoked_at: null });
+    expect(key).toMatchObject({
+      name: "ci",
+      scopes: ["execute"],
+      rate_limit_per_minute: 5,
+      max_concurrency: 2,
+      max_body_bytes: 2048,
+      revoked_at: null,
+    });
     expect(key.key).toMatch(/^sfk_/);
     expect(Date.parse(key.expires_at as string)).toBeGreaterThan(Date.now());
 
-    const listed = (await (await gw.call("GET", `/v1/keys?account_id=${key.account_id}`, { credential: admin.key })).json()) as { keys: unknown[] };
+    const listed = (await (
+      await gw.call("GET", `/v1/keys?account_id=${key.account_id}`, { credential: admin.key })
+    ).json()) as { keys: unknown[] };
     expect(listed.keys).toHaveLength(1);
     expect(JSON.stringify(listed)).not.toContain(key.key as string);
-    expect(listed.keys[0]).toMatchObject({ id: key.id, hint: `sfk_…${(key.key as string).slice(-4)}` });
+    expect(listed.keys[0]).toMatchObject({
+      id: key.id,
+      hint: `sfk_…${(key.key as string).slice(-4)}`,
+    });
 
-    const granted = await gw.call("POST", `/v1/accounts/${key.account_id}/credits`, { credential: admin.key, body: { units: 10 } });
-    expect(await granted.json()).toEqual({ account_id: key.account_id, balance_units: 50, reserved_units: 0, available_units: 50 });
+    const granted = await gw.call("POST", `/v1/accounts/${key.account_id}/credits`, {
+      credential: admin.key,
+      body: { units: 10 },
+    });
+    expect(await granted.json()).toEqual({
+      account_id: key.account_id,
+      balance_units: 50,
+      reserved_units: 0,
+      available_units: 50,
+    });
     await expectProblem(
-      await gw.call("POST", `/v1/accounts/${key.account_id}/credits`, { credential: admin.key, body: { units: 1.5 } }),
+      await gw.call("POST", `/v1/accounts/${key.account_id}/credits`, {
+        credential: admin.key,
+        body: { units: 1.5 },
+      }),
       422,
       "validation-failed",
     );

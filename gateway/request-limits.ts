@@ -46,8 +46,13 @@ export const isWellFormed = (text: string): boolean => !LONE_SURROGATE.test(text
 export function refineText(max: number) {
   return (text: string, ctx: RefinementCtx): void => {
     const bytes = utf8Bytes(text);
-    if (bytes > max) ctx.addIssue({ code: "custom", message: `is ${bytes} bytes of UTF-8, more than ${max}` });
-    if (!isWellFormed(text)) ctx.addIssue({ code: "custom", message: "contains an unpaired surrogate (not valid Unicode)" });
+    if (bytes > max)
+      ctx.addIssue({ code: "custom", message: `is ${bytes} bytes of UTF-8, more than ${max}` });
+    if (!isWellFormed(text))
+      ctx.addIssue({
+        code: "custom",
+        message: "contains an unpaired surrogate (not valid Unicode)",
+      });
   };
 }
 
@@ -80,7 +85,11 @@ function largestFrame(input: SizedExecution, limits: ExecutionLimits): Record<st
     stdin: input.stdin ?? "",
     args: input.args ?? [],
     env: input.env ?? {},
-    files: (input.files ?? []).map((f) => ({ path: f.path, content: f.content, encoding: f.encoding ?? "utf8" })),
+    files: (input.files ?? []).map((f) => ({
+      path: f.path,
+      content: f.content,
+      encoding: f.encoding ?? "utf8",
+    })),
     timeoutMs: input.timeout_ms ?? limits.defaultTimeoutMs,
     memoryMb: input.memory_mb,
     // Without one, the template's first language: every script name is as long as Python's.
@@ -93,7 +102,10 @@ function largestFrame(input: SizedExecution, limits: ExecutionLimits): Record<st
  * The bytes of `frame` as JSON, or undefined when it certainly fits a frame: JSON writes a UTF-16
  * unit of a string in at most 6 bytes, so a frame whose strings are short enough is not encoded.
  */
-function frameBytesIfLarge(frame: Record<string, unknown>, input: SizedExecution): number | undefined {
+function frameBytesIfLarge(
+  frame: Record<string, unknown>,
+  input: SizedExecution,
+): number | undefined {
   const files = input.files ?? [];
   const env = Object.entries(input.env ?? {});
   const args = input.args ?? [];
@@ -113,11 +125,17 @@ function frameBytesIfLarge(frame: Record<string, unknown>, input: SizedExecution
  * code with files, the whole frame) and on what each string may hold. Each field's own size is
  * its schema's check.
  */
-export function refineExecutionSizes(input: SizedExecution, ctx: RefinementCtx, limits: ExecutionLimits): void {
+export function refineExecutionSizes(
+  input: SizedExecution,
+  ctx: RefinementCtx,
+  limits: ExecutionLimits,
+): void {
   const frame = largestFrame(input, limits);
   const argv = frame.argv as string[];
   const env = Object.entries(input.env ?? {});
-  const argsEnv = argv.reduce((n, a) => n + utf8Bytes(a) + 1, 0) + env.reduce((n, [k, v]) => n + utf8Bytes(k) + utf8Bytes(v) + 2, 0);
+  const argsEnv =
+    argv.reduce((n, a) => n + utf8Bytes(a) + 1, 0) +
+    env.reduce((n, [k, v]) => n + utf8Bytes(k) + utf8Bytes(v) + 2, 0);
   if (argsEnv > REQUEST_LIMITS.MAX_ARGS_ENV_BYTES) {
     ctx.addIssue({
       code: "custom",
@@ -128,17 +146,41 @@ export function refineExecutionSizes(input: SizedExecution, ctx: RefinementCtx, 
   const files = input.files ?? [];
   const filesBytes = utf8Bytes(input.code) + files.reduce((n, f) => n + decodedBytes(f), 0);
   if (filesBytes > REQUEST_LIMITS.MAX_FILES_BYTES) {
-    ctx.addIssue({ code: "custom", path: ["files"], message: `code and files take ${filesBytes} bytes, more than ${REQUEST_LIMITS.MAX_FILES_BYTES}` });
+    ctx.addIssue({
+      code: "custom",
+      path: ["files"],
+      message: `code and files take ${filesBytes} bytes, more than ${REQUEST_LIMITS.MAX_FILES_BYTES}`,
+    });
   }
   (input.args ?? []).forEach((arg, i) => {
-    if (!isWellFormed(arg)) ctx.addIssue({ code: "custom", path: ["args", i], message: "contains an unpaired surrogate (not valid Unicode)" });
+    if (!isWellFormed(arg))
+      ctx.addIssue({
+        code: "custom",
+        path: ["args", i],
+        message: "contains an unpaired surrogate (not valid Unicode)",
+      });
   });
   for (const [name, value] of env) {
-    if (!isWellFormed(value)) ctx.addIssue({ code: "custom", path: ["env", name], message: "contains an unpaired surrogate (not valid Unicode)" });
+    if (!isWellFormed(value))
+      ctx.addIssue({
+        code: "custom",
+        path: ["env", name],
+        message: "contains an unpaired surrogate (not valid Unicode)",
+      });
   }
   files.forEach((file, i) => {
-    if (!isWellFormed(file.path)) ctx.addIssue({ code: "custom", path: ["files", i, "path"], message: "contains an unpaired surrogate (not valid Unicode)" });
-    if (!isWellFormed(file.content)) ctx.addIssue({ code: "custom", path: ["files", i, "content"], message: "contains an unpaired surrogate (not valid Unicode)" });
+    if (!isWellFormed(file.path))
+      ctx.addIssue({
+        code: "custom",
+        path: ["files", i, "path"],
+        message: "contains an unpaired surrogate (not valid Unicode)",
+      });
+    if (!isWellFormed(file.content))
+      ctx.addIssue({
+        code: "custom",
+        path: ["files", i, "content"],
+        message: "contains an unpaired surrogate (not valid Unicode)",
+      });
   });
   const frameBytes = frameBytesIfLarge(frame, input);
   if (frameBytes !== undefined && frameBytes > REQUEST_LIMITS.MAX_FRAME_BYTES) {

@@ -12,11 +12,53 @@ interface Operation {
   parameters?: { name: string; in: string }[];
   requestBody?: { content: Record<string, { schema?: unknown }> };
 }
-type Document = { paths: Record<string, Record<string, Operation>>; components: { schemas: Record<string, { properties?: Record<string, unknown> }> } };
+type Document = {
+  paths: Record<string, Record<string, Operation>>;
+  components: { schemas: Record<string, { properties?: Record<string, unknown> }> };
+};
 
-const MALFORMED_SEGMENTS = ["%ff", "%", "%E0%A4%A", "%00", "%C0%80", "a".repeat(20_000), "%2e%2e%2f", "-1", "0", "1e400", "null"];
-const WRONG_VALUES: unknown[] = [1e308, -1e308, 2 ** 64, -(2 ** 63) - 1, 0.5, "x", "", [], [{}], {}, null, true, "\u0000"];
-const RAW_BODIES = ["", "{", "not json", "[]", "[{}]", "null", "1e400", '"x"', "{}", '{"a":' + "[".repeat(5000), "\u0000", '{"__proto__":{"admin":true}}'];
+const MALFORMED_SEGMENTS = [
+  "%ff",
+  "%",
+  "%E0%A4%A",
+  "%00",
+  "%C0%80",
+  "a".repeat(20_000),
+  "%2e%2e%2f",
+  "-1",
+  "0",
+  "1e400",
+  "null",
+];
+const WRONG_VALUES: unknown[] = [
+  1e308,
+  -1e308,
+  2 ** 64,
+  -(2 ** 63) - 1,
+  0.5,
+  "x",
+  "",
+  [],
+  [{}],
+  {},
+  null,
+  true,
+  "\u0000",
+];
+const RAW_BODIES = [
+  "",
+  "{",
+  "not json",
+  "[]",
+  "[{}]",
+  "null",
+  "1e400",
+  '"x"',
+  "{}",
+  '{"a":' + "[".repeat(5000),
+  "\u0000",
+  '{"__proto__":{"admin":true}}',
+];
 
 /** Routes a malformed request may reach the runtime through: none; well-formed ones may answer 503. */
 function allowed(status: number, body: Record<string, unknown>): boolean {
@@ -35,7 +77,10 @@ describe("every route, malformed", () => {
 
   beforeAll(async () => {
     gw = await startTestGateway("pglite");
-    ({ key, accountId } = await gw.issue({ scopes: ["admin", "execute", "usage:read"], credits: 1000 }));
+    ({ key, accountId } = await gw.issue({
+      scopes: ["admin", "execute", "usage:read"],
+      credits: 1000,
+    }));
     // Another key for the routes that name one: revoking the sweep's own key would end the sweep.
     ({ keyId } = await gw.issue());
     doc = (await (await gw.call("GET", "/openapi.json")).json()) as Document;
@@ -44,10 +89,18 @@ describe("every route, malformed", () => {
     await gw?.dispose();
   });
 
-  async function send(method: string, path: string, init: { body?: string; contentType?: string } = {}): Promise<void> {
+  async function send(
+    method: string,
+    path: string,
+    init: { body?: string; contentType?: string } = {},
+  ): Promise<void> {
     const headers: Record<string, string> = { authorization: `Bearer ${key}` };
     if (init.contentType !== undefined) headers["content-type"] = init.contentType;
-    const response = await gw.app.request(path, { method: method.toUpperCase(), headers, ...(init.body === undefined ? {} : { body: init.body }) });
+    const response = await gw.app.request(path, {
+      method: method.toUpperCase(),
+      headers,
+      ...(init.body === undefined ? {} : { body: init.body }),
+    });
     const text = await response.text();
     const what = `${method.toUpperCase()} ${path.slice(0, 120)} ${init.body === undefined ? "" : JSON.stringify(init.body.slice(0, 60))}`;
     seen.set(`${response.status}`, (seen.get(`${response.status}`) ?? 0) + 1);
@@ -61,8 +114,13 @@ describe("every route, malformed", () => {
     }
     if (path.startsWith("/mcp") && body.jsonrpc === "2.0") {
       // MCP's transport answers its own errors as JSON-RPC, which MCP clients read: only no 5xx here.
-      if (response.status >= 500) failures.push(`${what}: ${response.status} ${text.slice(0, 300)}`);
-    } else if (!response.headers.get("content-type")?.startsWith("application/problem+json") || body.status !== response.status || typeof body.type !== "string") {
+      if (response.status >= 500)
+        failures.push(`${what}: ${response.status} ${text.slice(0, 300)}`);
+    } else if (
+      !response.headers.get("content-type")?.startsWith("application/problem+json") ||
+      body.status !== response.status ||
+      typeof body.type !== "string"
+    ) {
       failures.push(`${what}: ${response.status} not problem+json: ${text.slice(0, 200)}`);
     } else if (!allowed(response.status, body)) {
       failures.push(`${what}: ${response.status} ${text.slice(0, 300)}`);
@@ -70,47 +128,98 @@ describe("every route, malformed", () => {
   }
 
   /** The template's path with each {param} replaced by `value` (already percent-encoded as it should travel). */
-  const fill = (template: string, value: (name: string) => string) => template.replace(/\{(\w+)\}/g, (_, name: string) => value(name));
+  const fill = (template: string, value: (name: string) => string) =>
+    template.replace(/\{(\w+)\}/g, (_, name: string) => value(name));
 
   /** Request bodies to try for an operation: raw text, and each property of its schema set to each wrong value. */
   function bodies(operation: Operation): string[] {
     const out = [...RAW_BODIES];
-    const schema = operation.requestBody?.content["application/json"]?.schema as { $ref?: string; properties?: Record<string, unknown> } | undefined;
-    const resolved = schema?.$ref === undefined ? schema : doc.components.schemas[schema.$ref.split("/").pop() ?? ""];
+    const schema = operation.requestBody?.content["application/json"]?.schema as
+      | { $ref?: string; properties?: Record<string, unknown> }
+      | undefined;
+    const resolved =
+      schema?.$ref === undefined
+        ? schema
+        : doc.components.schemas[schema.$ref.split("/").pop() ?? ""];
     for (const name of Object.keys(resolved?.properties ?? {})) {
       for (const value of WRONG_VALUES) out.push(JSON.stringify({ [name]: value }));
-      out.push(`{"${name}": 1e400}`, `{"${name}": 123456789012345678901234567890}`, `{"${name}": -0}`);
+      out.push(
+        `{"${name}": 1e400}`,
+        `{"${name}": 123456789012345678901234567890}`,
+        `{"${name}": -0}`,
+      );
     }
-    out.push(JSON.stringify(Object.fromEntries(Object.keys(resolved?.properties ?? {}).map((name) => [name, [{}]]))));
+    out.push(
+      JSON.stringify(
+        Object.fromEntries(Object.keys(resolved?.properties ?? {}).map((name) => [name, [{}]])),
+      ),
+    );
     return out;
   }
 
   it("answers no malformed request with a server error, and every error as problem+json", async () => {
-    const operations = Object.entries(doc.paths).flatMap(([path, methods]) => Object.entries(methods).map(([method, operation]) => ({ path, method, operation })));
+    const operations = Object.entries(doc.paths).flatMap(([path, methods]) =>
+      Object.entries(methods).map(([method, operation]) => ({ path, method, operation })),
+    );
     expect(operations.length).toBeGreaterThan(20);
     const real: Record<string, string> = { id: randomUUID(), path: "f.txt" };
     for (const { path, method, operation } of operations) {
       // Malformed path parameters, one at a time and all at once, with an empty JSON body.
       const names = [...path.matchAll(/\{(\w+)\}/g)].map((m) => m[1] ?? "");
       const hasBody = operation.requestBody !== undefined;
-      const body = hasBody ? { body: "{}", contentType: operation.requestBody?.content["application/json"] ? "application/json" : "application/octet-stream" } : {};
+      const body = hasBody
+        ? {
+            body: "{}",
+            contentType: operation.requestBody?.content["application/json"]
+              ? "application/json"
+              : "application/octet-stream",
+          }
+        : {};
       for (const segment of MALFORMED_SEGMENTS) {
-        for (const name of names) await send(method, fill(path, (n) => (n === name ? segment : (real[n] ?? "x"))), body);
-        if (names.length > 1) await send(method, fill(path, () => segment), body);
+        for (const name of names)
+          await send(
+            method,
+            fill(path, (n) => (n === name ? segment : (real[n] ?? "x"))),
+            body,
+          );
+        if (names.length > 1)
+          await send(
+            method,
+            fill(path, () => segment),
+            body,
+          );
       }
       // Valid-looking parameters (an existing account and key where the route names one), malformed bodies.
-      const ids = path.startsWith("/v1/accounts/") ? accountId : path.startsWith("/v1/keys/") ? keyId : real.id;
+      const ids = path.startsWith("/v1/accounts/")
+        ? accountId
+        : path.startsWith("/v1/keys/")
+          ? keyId
+          : real.id;
       const target = fill(path, (n) => (n === "id" ? (ids ?? "") : (real[n] ?? "x")));
       if (hasBody || method === "post" || method === "put") {
         for (const raw of bodies(operation)) {
           await send(method, target, { body: raw, contentType: "application/json" });
         }
         await send(method, target, { body: "{}", contentType: "text/plain" });
-        await send(method, target, { body: "\u0000\u00ff", contentType: "application/octet-stream" });
+        await send(method, target, {
+          body: "\u0000\u00ff",
+          contentType: "application/octet-stream",
+        });
       }
       // Malformed query strings.
-      for (const query of ["?from=%ff", "?from=x&to=y", "?key_id=%00", "?account_id=not-a-uuid", "?from=99999-01-01T00:00:00Z", `?x=${"a".repeat(20_000)}`]) {
-        await send(method, `${target}${query}`, hasBody ? { body: "{}", contentType: "application/json" } : {});
+      for (const query of [
+        "?from=%ff",
+        "?from=x&to=y",
+        "?key_id=%00",
+        "?account_id=not-a-uuid",
+        "?from=99999-01-01T00:00:00Z",
+        `?x=${"a".repeat(20_000)}`,
+      ]) {
+        await send(
+          method,
+          `${target}${query}`,
+          hasBody ? { body: "{}", contentType: "application/json" } : {},
+        );
       }
     }
     expect(failures, failures.slice(0, 30).join("\n")).toEqual([]);

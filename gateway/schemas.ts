@@ -13,10 +13,14 @@ export const ProblemSchema = z
     status: z.number().int(),
     detail: z.string().optional(),
     instance: z.string().optional(),
-    retryable: z.boolean().openapi({ description: "Whether the same request may succeed later unchanged" }),
+    retryable: z
+      .boolean()
+      .openapi({ description: "Whether the same request may succeed later unchanged" }),
   })
   .loose()
-  .openapi("Problem", { description: "RFC 9457 problem details; `type` is stable for each kind of failure" });
+  .openapi("Problem", {
+    description: "RFC 9457 problem details; `type` is stable for each kind of failure",
+  });
 
 /** A file's path: the files array's refinement checks it with the others (gateway/file-paths.ts). */
 const workPath = z.string().min(1).openapi({ description: WORK_PATH_RULES });
@@ -39,14 +43,18 @@ export function executionRequestSchema(limits: ExecutionLimits) {
         .string()
         .max(REQUEST_LIMITS.MAX_CODE_BYTES)
         .superRefine(refineText(REQUEST_LIMITS.MAX_CODE_BYTES))
-        .openapi({ example: "print(sum(range(10)))", description: `At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8` }),
+        .openapi({
+          example: "print(sum(range(10)))",
+          description: `At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`,
+        }),
       language: z
         .string()
         .regex(/^[a-z][a-z0-9+-]{0,31}$/)
         .optional()
         .openapi({
           example: "python",
-          description: "One of the template's languages (GET /v1/templates), e.g. javascript or typescript on the node template. Default: the template's first",
+          description:
+            "One of the template's languages (GET /v1/templates), e.g. javascript or typescript on the node template. Default: the template's first",
         }),
       stdin: z
         .string()
@@ -58,12 +66,18 @@ export function executionRequestSchema(limits: ExecutionLimits) {
         .array(noNul.max(4096))
         .max(MAX_ARGS)
         .optional()
-        .openapi({ description: `After the script's name; with env at most ${REQUEST_LIMITS.MAX_ARGS_ENV_BYTES} bytes (each string with a NUL, the script's name included)` }),
+        .openapi({
+          description: `After the script's name; with env at most ${REQUEST_LIMITS.MAX_ARGS_ENV_BYTES} bytes (each string with a NUL, the script's name included)`,
+        }),
       env: z
         .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), noNul.max(4096))
-        .refine((e) => Object.keys(e).length <= MAX_ENV_VARS, { message: `at most ${MAX_ENV_VARS} variables` })
+        .refine((e) => Object.keys(e).length <= MAX_ENV_VARS, {
+          message: `at most ${MAX_ENV_VARS} variables`,
+        })
         .optional()
-        .openapi({ description: `At most ${MAX_ENV_VARS} variables; with args at most ${REQUEST_LIMITS.MAX_ARGS_ENV_BYTES} bytes (name=value and a NUL each)` }),
+        .openapi({
+          description: `At most ${MAX_ENV_VARS} variables; with args at most ${REQUEST_LIMITS.MAX_ARGS_ENV_BYTES} bytes (name=value and a NUL each)`,
+        }),
       files: z
         .array(
           z.object({
@@ -83,18 +97,22 @@ export function executionRequestSchema(limits: ExecutionLimits) {
             "Placed under /work before the code runs: no path twice, none the script's (main.py, main.js or main.ts by language), none inside another file's. " +
             `Their decoded contents and the code together at most ${REQUEST_LIMITS.MAX_FILES_BYTES} bytes`,
         }),
-      timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().openapi({ example: limits.defaultTimeoutMs }),
-      memory_mb: z
+      timeout_ms: z
         .number()
         .int()
-        .min(16)
-        .max(limits.maxMemoryMb)
+        .min(1)
+        .max(limits.maxTimeoutMs)
         .optional()
-        .openapi({ example: limits.defaultMemoryMb, description: "Guest memory; default: the template's VM size (256 for python, 1024 for node), which pooled VMs serve" }),
-      stream: z
-        .boolean()
-        .optional()
-        .openapi({ description: "Answer with a text/event-stream of the output as it is written (as Accept: text/event-stream does)" }),
+        .openapi({ example: limits.defaultTimeoutMs }),
+      memory_mb: z.number().int().min(16).max(limits.maxMemoryMb).optional().openapi({
+        example: limits.defaultMemoryMb,
+        description:
+          "Guest memory; default: the template's VM size (256 for python, 1024 for node), which pooled VMs serve",
+      }),
+      stream: z.boolean().optional().openapi({
+        description:
+          "Answer with a text/event-stream of the output as it is written (as Accept: text/event-stream does)",
+      }),
     })
     .strict()
     .superRefine((input, ctx) => refineExecutionSizes(input, ctx, limits))
@@ -121,38 +139,64 @@ export const ExecutionSchema = z
     stderr: z.string().nullable(),
     truncated: z.boolean().nullable(),
     timings: z
-      .object({ queue_ms: z.number(), fork_ms: z.number(), exec_ms: z.number(), total_ms: z.number() })
+      .object({
+        queue_ms: z.number(),
+        fork_ms: z.number(),
+        exec_ms: z.number(),
+        total_ms: z.number(),
+      })
       .nullable(),
     usage: z.object({
       unit: z.string(),
       reserved_units: z.number().int(),
-      units: z.number().int().nullable().openapi({ description: "Charged units; null while running" }),
+      units: z
+        .number()
+        .int()
+        .nullable()
+        .openapi({ description: "Charged units; null while running" }),
     }),
     created_at: z.string().datetime(),
     finished_at: z.string().datetime().nullable(),
   })
   .openapi("Execution");
 
-export const ExecutionSummarySchema = ExecutionSchema.omit({ stdout: true, stderr: true }).openapi("ExecutionSummary");
+export const ExecutionSummarySchema = ExecutionSchema.omit({ stdout: true, stderr: true }).openapi(
+  "ExecutionSummary",
+);
 
 export const ExecutionListQuerySchema = z.object({
   status: ExecutionStatusSchema.optional(),
   template: z.string().min(1).max(64).optional(),
   limit: z.coerce.number().int().min(1).max(100).optional().openapi({ description: "Default 20" }),
-  cursor: z.string().max(200).optional().openapi({ description: "next_cursor of the previous page" }),
+  cursor: z
+    .string()
+    .max(200)
+    .optional()
+    .openapi({ description: "next_cursor of the previous page" }),
 });
 
 export const ExecutionListSchema = z
   .object({
     executions: z.array(ExecutionSummarySchema),
-    next_cursor: z.string().nullable().openapi({ description: "Pass as cursor for the next (older) page; null on the last" }),
+    next_cursor: z
+      .string()
+      .nullable()
+      .openapi({ description: "Pass as cursor for the next (older) page; null on the last" }),
   })
   .openapi("ExecutionList");
 
 export const UsageSeriesQuerySchema = z.object({
   bucket: z.enum(["hour", "day"]).optional().openapi({ description: "Default hour" }),
-  from: z.string().datetime({ offset: true }).optional().openapi({ description: "Default: 24 buckets before to; rounded down to a bucket" }),
-  to: z.string().datetime({ offset: true }).optional().openapi({ description: "Default: now; rounded up to a bucket" }),
+  from: z
+    .string()
+    .datetime({ offset: true })
+    .optional()
+    .openapi({ description: "Default: 24 buckets before to; rounded down to a bucket" }),
+  to: z
+    .string()
+    .datetime({ offset: true })
+    .optional()
+    .openapi({ description: "Default: now; rounded up to a bucket" }),
 });
 
 export const UsageSeriesSchema = z
@@ -162,7 +206,14 @@ export const UsageSeriesSchema = z
     from: z.string().datetime(),
     to: z.string().datetime(),
     unit: z.string(),
-    points: z.array(z.object({ at: z.string().datetime(), template: z.string(), executions: z.number().int(), units: z.number().int() })),
+    points: z.array(
+      z.object({
+        at: z.string().datetime(),
+        template: z.string(),
+        executions: z.number().int(),
+        units: z.number().int(),
+      }),
+    ),
   })
   .openapi("UsageSeries");
 
@@ -170,22 +221,44 @@ export const TemplateSchema = z
   .object({
     name: z.string(),
     language: z.string().openapi({ description: "The runtime the template holds: python, node" }),
-    languages: z.array(z.string()).openapi({ description: "The languages an execution may ask for; the first is the default" }),
+    languages: z
+      .array(z.string())
+      .openapi({ description: "The languages an execution may ask for; the first is the default" }),
     content_hash: z.string(),
     ready: z.boolean(),
-    price: z.object({ unit: z.string(), base_units: z.number().int(), units_per_second: z.number().int() }),
+    price: z.object({
+      unit: z.string(),
+      base_units: z.number().int(),
+      units_per_second: z.number().int(),
+    }),
   })
   .openapi("Template");
 
 export const UsageQuerySchema = z.object({
-  key_id: z.string().uuid().optional().openapi({ description: "Admin only: another key's usage. Default: the caller's key" }),
-  from: z.string().datetime({ offset: true }).optional().openapi({ description: "Start (inclusive). Default: start of this UTC month" }),
-  to: z.string().datetime({ offset: true }).optional().openapi({ description: "End (exclusive). Default: now" }),
+  key_id: z
+    .string()
+    .uuid()
+    .optional()
+    .openapi({ description: "Admin only: another key's usage. Default: the caller's key" }),
+  from: z
+    .string()
+    .datetime({ offset: true })
+    .optional()
+    .openapi({ description: "Start (inclusive). Default: start of this UTC month" }),
+  to: z
+    .string()
+    .datetime({ offset: true })
+    .optional()
+    .openapi({ description: "End (exclusive). Default: now" }),
 });
 
 /** An amount of units: an exact integer, at most MAX_BALANCE_UNITS (2^53 - 1), the most an account holds. */
 const units = () => z.number().int().min(0).max(MAX_BALANCE_UNITS);
-const BALANCE_FIELDS = { balance_units: units(), reserved_units: units(), available_units: units() };
+const BALANCE_FIELDS = {
+  balance_units: units(),
+  reserved_units: units(),
+  available_units: units(),
+};
 
 export const UsageSchema = z
   .object({
@@ -195,15 +268,25 @@ export const UsageSchema = z
     to: z.string().datetime(),
     unit: z.string(),
     executions: z.number().int(),
-    units: z.number().int().openapi({ description: "All units charged: executions, session cells and sessions" }),
-    by_template: z.array(z.object({ template: z.string(), executions: z.number().int(), units: z.number().int() })),
+    units: z
+      .number()
+      .int()
+      .openapi({ description: "All units charged: executions, session cells and sessions" }),
+    by_template: z.array(
+      z.object({ template: z.string(), executions: z.number().int(), units: z.number().int() }),
+    ),
     sessions: z
       .object({
         units: z.number().int(),
-        running_gib_seconds: z.number().openapi({ description: "Memory limit x time holding a running VM" }),
+        running_gib_seconds: z
+          .number()
+          .openapi({ description: "Memory limit x time holding a running VM" }),
         checkpoint_gib_hours: z.number().openapi({ description: "Checkpoint bytes x time stored" }),
       })
-      .openapi({ description: "Sessions' running time and checkpoint storage; their cells count as executions above" }),
+      .openapi({
+        description:
+          "Sessions' running time and checkpoint storage; their cells count as executions above",
+      }),
     balance: z.object(BALANCE_FIELDS),
   })
   .openapi("Usage");
@@ -213,20 +296,43 @@ const ScopeSchema = z.enum(SCOPES);
 const limitFields = {
   rate_limit_per_minute: z.number().int().min(1).max(1_000_000),
   max_concurrency: z.number().int().min(1).max(10_000),
-  max_body_bytes: z.number().int().min(1024).max(64 * 1024 * 1024),
+  max_body_bytes: z
+    .number()
+    .int()
+    .min(1024)
+    .max(64 * 1024 * 1024),
 };
 
 export const CreateKeyRequestSchema = z
   .object({
     // Stored as PostgreSQL text, which cannot hold a NUL.
-    name: z.string().min(1).max(200).regex(/^[^\0]*$/, "must not contain a NUL character"),
-    scopes: z.array(ScopeSchema).min(1).optional().openapi({ description: 'Default: ["execute", "usage:read"]' }),
-    account_id: z.string().uuid().optional().openapi({ description: "Existing account; default: a new account named after the key" }),
+    name: z
+      .string()
+      .min(1)
+      .max(200)
+      .regex(/^[^\0]*$/, "must not contain a NUL character"),
+    scopes: z
+      .array(ScopeSchema)
+      .min(1)
+      .optional()
+      .openapi({ description: 'Default: ["execute", "usage:read"]' }),
+    account_id: z
+      .string()
+      .uuid()
+      .optional()
+      .openapi({ description: "Existing account; default: a new account named after the key" }),
     credits: units()
       .min(1)
       .optional()
-      .openapi({ description: `Units granted to the account; its balance after the grant is at most ${MAX_BALANCE_UNITS} (balance-limit)` }),
-    expires_in_seconds: z.number().int().min(1).max(10 * 365 * 24 * 3600).optional(),
+      .openapi({
+        description: `Units granted to the account; its balance after the grant is at most ${MAX_BALANCE_UNITS} (balance-limit)`,
+      }),
+    expires_in_seconds: z
+      .number()
+      .int()
+      .min(1)
+      .max(10 * 365 * 24 * 3600)
+      .optional(),
     rate_limit_per_minute: limitFields.rate_limit_per_minute.optional(),
     max_concurrency: limitFields.max_concurrency.optional(),
     max_body_bytes: limitFields.max_body_bytes.optional(),
@@ -249,26 +355,42 @@ export const KeySchema = z
   .openapi("Key");
 
 export const CreatedKeySchema = KeySchema.extend({
-  key: z.string().openapi({ description: "The secret. Shown this once; only its SHA-256 is stored" }),
+  key: z
+    .string()
+    .openapi({ description: "The secret. Shown this once; only its SHA-256 is stored" }),
 }).openapi("CreatedKey");
 
 export const CreditGrantSchema = z
-  .object({ units: units().min(1).openapi({ description: `The balance after the grant is at most ${MAX_BALANCE_UNITS} (2^53 - 1); more is refused with balance-limit` }) })
+  .object({
+    units: units()
+      .min(1)
+      .openapi({
+        description: `The balance after the grant is at most ${MAX_BALANCE_UNITS} (2^53 - 1); more is refused with balance-limit`,
+      }),
+  })
   .strict()
   .openapi("CreditGrant");
 
-export const BalanceSchema = z.object({ account_id: z.string().uuid(), ...BALANCE_FIELDS }).openapi("Balance");
+export const BalanceSchema = z
+  .object({ account_id: z.string().uuid(), ...BALANCE_FIELDS })
+  .openapi("Balance");
 
 export const TokenRequestSchema = z
   .object({
-    ttl_seconds: z.number().int().min(1).optional().openapi({ description: "Default 900; capped by the gateway's maximum and the key's expiry" }),
-    templates: z.array(z.string()).min(1).max(64).optional().openapi({ description: "Templates the token may run; default: all" }),
-    max_executions: z.number().int().min(1).max(1_000_000).optional(),
-    scopes: z
-      .array(ScopeSchema)
+    ttl_seconds: z.number().int().min(1).optional().openapi({
+      description: "Default 900; capped by the gateway's maximum and the key's expiry",
+    }),
+    templates: z
+      .array(z.string())
       .min(1)
+      .max(64)
       .optional()
-      .openapi({ description: 'Scopes the token carries, each one the key has; default ["execute"]. A token with more than execute is checked against its key\'s revocation on every call' }),
+      .openapi({ description: "Templates the token may run; default: all" }),
+    max_executions: z.number().int().min(1).max(1_000_000).optional(),
+    scopes: z.array(ScopeSchema).min(1).optional().openapi({
+      description:
+        'Scopes the token carries, each one the key has; default ["execute"]. A token with more than execute is checked against its key\'s revocation on every call',
+    }),
   })
   .strict()
   .openapi("TokenRequest");
@@ -289,8 +411,16 @@ export const HealthSchema = z
     status: z.enum(["ok", "degraded"]),
     database: z.enum(["ok", "error"]),
     runtime: z.enum(["connected", "unavailable"]),
-    runtime_detail: z.string().optional().openapi({ description: "What the connected runtime reports, e.g. the daemon's KVM status" }),
+    runtime_detail: z
+      .string()
+      .optional()
+      .openapi({ description: "What the connected runtime reports, e.g. the daemon's KVM status" }),
   })
   .openapi("Health");
 
-export const IdParamSchema = z.object({ id: z.string().uuid().openapi({ param: { name: "id", in: "path" } }) });
+export const IdParamSchema = z.object({
+  id: z
+    .string()
+    .uuid()
+    .openapi({ param: { name: "id", in: "path" } }),
+});

@@ -12,7 +12,9 @@ describe("gateway process on embedded PGlite", () => {
   const config: GatewayConfig = { ...loadConfig({}), dataDir, port: 0 };
   afterAll(() => rmSync(dataDir, { recursive: true, force: true }));
 
-  it("prints an admin key once on first start, keeps data and the token key across restarts", { timeout: 120_000 }, async () => {
+  it("prints an admin key once on first start, keeps data and the token key across restarts", {
+    timeout: 120_000,
+  }, async () => {
     const firstLog: string[] = [];
     const first = await startGateway(config, { log: (l) => firstLog.push(l) });
     let adminKey: string;
@@ -24,10 +26,14 @@ describe("gateway process on embedded PGlite", () => {
       const health = await fetch(`${first.url}/healthz`);
       expect(await health.json()).toMatchObject({ database: "ok", runtime: "unavailable" });
       const auth = { authorization: `Bearer ${adminKey}` };
-      const keys = (await (await fetch(`${first.url}/v1/keys`, { headers: auth })).json()) as { keys: { scopes: string[] }[] };
+      const keys = (await (await fetch(`${first.url}/v1/keys`, { headers: auth })).json()) as {
+        keys: { scopes: string[] }[];
+      };
       expect(keys.keys).toHaveLength(1);
       expect(keys.keys[0]?.scopes).toEqual(["admin", "execute", "usage:read"]);
-      const grantPath = firstLog.join("\n").match(/POST (\/v1\/accounts\/[0-9a-f-]+\/credits)/)?.[1];
+      const grantPath = firstLog
+        .join("\n")
+        .match(/POST (\/v1\/accounts\/[0-9a-f-]+\/credits)/)?.[1];
       expect(grantPath).toBeDefined();
       const granted = await fetch(`${first.url}${grantPath}`, {
         method: "POST",
@@ -42,7 +48,9 @@ describe("gateway process on embedded PGlite", () => {
       });
       token = ((await minted.json()) as { token: string }).token;
       // One process owns the data directory.
-      await expect(openDatabase({ backend: "pglite", dataDir: join(dataDir, EMBEDDED_DATABASE_DIR) })).rejects.toThrow(/in use by process/);
+      await expect(
+        openDatabase({ backend: "pglite", dataDir: join(dataDir, EMBEDDED_DATABASE_DIR) }),
+      ).rejects.toThrow(/in use by process/);
     } finally {
       await first.stop();
     }
@@ -51,17 +59,27 @@ describe("gateway process on embedded PGlite", () => {
     const second = await startGateway(config, { log: (l) => secondLog.push(l) });
     try {
       expect(secondLog.join("\n")).not.toMatch(/sfk_/);
-      expect((await fetch(`${second.url}/v1/keys`, { headers: { authorization: `Bearer ${adminKey}` } })).status).toBe(200);
+      expect(
+        (await fetch(`${second.url}/v1/keys`, { headers: { authorization: `Bearer ${adminKey}` } }))
+          .status,
+      ).toBe(200);
       // The signing key persisted in the data directory: a token minted before the restart still verifies.
-      const templates = await fetch(`${second.url}/v1/templates`, { headers: { authorization: `Bearer ${token}` } });
+      const templates = await fetch(`${second.url}/v1/templates`, {
+        headers: { authorization: `Bearer ${token}` },
+      });
       expect(templates.status).toBe(503);
     } finally {
       await second.stop();
     }
   });
-  it("reads request bodies from the socket under the key's cap: declared, chunked, not UTF-8, valid", { timeout: 120_000 }, async () => {
+  it("reads request bodies from the socket under the key's cap: declared, chunked, not UTF-8, valid", {
+    timeout: 120_000,
+  }, async () => {
     const log: string[] = [];
-    const gateway = await startGateway({ ...config, dataDir: mkdtempSync(join(tmpdir(), "sandfork-server-body-")) }, { log: (l) => log.push(l) });
+    const gateway = await startGateway(
+      { ...config, dataDir: mkdtempSync(join(tmpdir(), "sandfork-server-body-")) },
+      { log: (l) => log.push(l) },
+    );
     try {
       const adminKey = log.join("\n").match(/sfk_[0-9A-Za-z]{38}/)?.[0] ?? "";
       const created = await fetch(`${gateway.url}/v1/keys`, {
@@ -71,21 +89,42 @@ describe("gateway process on embedded PGlite", () => {
       });
       const key = ((await created.json()) as { key: string }).key;
       const post = (body: RequestInit["body"], extra: RequestInit = {}) =>
-        fetch(`${gateway.url}/v1/executions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body, ...extra });
-      const problemOf = async (response: Response) => ({ status: response.status, type: ((await response.json()) as { type: string }).type.split("/").pop() });
+        fetch(`${gateway.url}/v1/executions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+          body,
+          ...extra,
+        });
+      const problemOf = async (response: Response) => ({
+        status: response.status,
+        type: ((await response.json()) as { type: string }).type.split("/").pop(),
+      });
       const big = JSON.stringify({ template: "python", code: "x".repeat(2048) });
       expect(await problemOf(await post(big))).toEqual({ status: 413, type: "payload-too-large" });
       const chunked = new ReadableStream({
         start(controller) {
-          for (let i = 0; i < 4; i++) controller.enqueue(new TextEncoder().encode(i === 0 ? big.slice(0, 600) : "x".repeat(600)));
+          for (let i = 0; i < 4; i++)
+            controller.enqueue(
+              new TextEncoder().encode(i === 0 ? big.slice(0, 600) : "x".repeat(600)),
+            );
           controller.close();
         },
       });
-      expect(await problemOf(await post(chunked, { duplex: "half" } as RequestInit))).toEqual({ status: 413, type: "payload-too-large" });
-      expect(await problemOf(await post(new Uint8Array([0x7b, 0xff, 0x7d])))).toEqual({ status: 400, type: "malformed-request" });
-      expect(await problemOf(await post(JSON.stringify({ template: "Py thon", code: 1 })))).toEqual({ status: 422, type: "validation-failed" });
+      expect(await problemOf(await post(chunked, { duplex: "half" } as RequestInit))).toEqual({
+        status: 413,
+        type: "payload-too-large",
+      });
+      expect(await problemOf(await post(new Uint8Array([0x7b, 0xff, 0x7d])))).toEqual({
+        status: 400,
+        type: "malformed-request",
+      });
+      expect(await problemOf(await post(JSON.stringify({ template: "Py thon", code: 1 })))).toEqual(
+        { status: 422, type: "validation-failed" },
+      );
       // A valid body passes validation and reaches the runtime, which is not connected here.
-      expect(await problemOf(await post(JSON.stringify({ template: "python", code: "print(1)" })))).toEqual({ status: 503, type: "runtime-unavailable" });
+      expect(
+        await problemOf(await post(JSON.stringify({ template: "python", code: "print(1)" }))),
+      ).toEqual({ status: 503, type: "runtime-unavailable" });
     } finally {
       await gateway.stop();
     }

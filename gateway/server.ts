@@ -18,14 +18,24 @@ import { createTelemetry } from "./telemetry.js";
 const STALE_RESERVATION_MARGIN_MS = 60_000;
 
 /** `gatewayId`: this process's id, which its PostgreSQL sessions carry (see liveGatewayIds). */
-export function openConfiguredDatabase(config: GatewayConfig, gatewayId?: string): Promise<OpenDatabase> {
+export function openConfiguredDatabase(
+  config: GatewayConfig,
+  gatewayId?: string,
+): Promise<OpenDatabase> {
   return config.databaseUrl !== undefined
-    ? openDatabase({ backend: "postgres", url: config.databaseUrl, ...(gatewayId === undefined ? {} : { gatewayId }) })
+    ? openDatabase({
+        backend: "postgres",
+        url: config.databaseUrl,
+        ...(gatewayId === undefined ? {} : { gatewayId }),
+      })
     : openDatabase({ backend: "pglite", dataDir: join(config.dataDir, EMBEDDED_DATABASE_DIR) });
 }
 
 /** On an empty database, creates the operator's admin key; returns the secret, or null. */
-async function bootstrapAdminKey(open: OpenDatabase, config: GatewayConfig): Promise<IssuedKey | null> {
+async function bootstrapAdminKey(
+  open: OpenDatabase,
+  config: GatewayConfig,
+): Promise<IssuedKey | null> {
   if ((await countKeys(open.db)) > 0) return null;
   return issueKey(open.db, {
     name: "operator",
@@ -48,31 +58,47 @@ export async function startGateway(
   const gatewayId = randomUUID();
   const open = await openConfiguredDatabase(config, gatewayId);
   const replay = open.journalReplay;
-  if (replay !== undefined && replay.folded > 0) log(`billed ${replay.folded} execution(s) a stopped gateway had answered, from its record journal`);
+  if (replay !== undefined && replay.folded > 0)
+    log(
+      `billed ${replay.folded} execution(s) a stopped gateway had answered, from its record journal`,
+    );
   if (replay !== undefined && replay.unreadable > 0) {
-    log(`skipped ${replay.unreadable} unreadable line(s) of the record journal (appends that failed: their executions were not answered)`);
+    log(
+      `skipped ${replay.unreadable} unreadable line(s) of the record journal (appends that failed: their executions were not answered)`,
+    );
   }
   // The recovery pass: executions a killed gateway never answered, and its credit leases, hold
   // credits until released here.
-  const staleBefore = new Date(Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS);
+  const staleBefore = new Date(
+    Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS,
+  );
   const live = await liveGatewayIds(open, gatewayId);
   const released = await releaseAbandonedReservations(open.db, live, staleBefore);
   if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
   const givenBack = await releaseAbandonedLeases(open.db, live);
-  if (givenBack.leases > 0) log(`gave back ${givenBack.leases} credit lease(s) of stopped gateways (${givenBack.units} units)`);
+  if (givenBack.leases > 0)
+    log(
+      `gave back ${givenBack.leases} credit lease(s) of stopped gateways (${givenBack.units} units)`,
+    );
 
   const admin = await bootstrapAdminKey(open, config);
   if (admin !== null) {
     log("");
     log("First start on an empty database: created an admin API key. It is shown only this once:");
     log(`  ${admin.key}`);
-    log(`Its account has no credits yet: grant some with POST /v1/accounts/${admin.stored.accountId}/credits {"units": N}.`);
+    log(
+      `Its account has no credits yet: grant some with POST /v1/accounts/${admin.stored.accountId}/credits {"units": N}.`,
+    );
     log("Create keys for callers with POST /v1/keys (or `npm run keys:create`).");
     log("");
   }
 
   const telemetry = createTelemetry();
-  const tokens = new TokenService(loadSigningKey(config.tokenSigningKeyPem, config.dataDir), config.tokenIssuer, config.tokenAudience);
+  const tokens = new TokenService(
+    loadSigningKey(config.tokenSigningKeyPem, config.dataDir),
+    config.tokenIssuer,
+    config.tokenAudience,
+  );
   const shutdown = new AbortController();
   const { app, context } = createGateway({
     db: open.db,
@@ -105,9 +131,13 @@ export async function startGateway(
   const address = server.address();
   const port = typeof address === "object" && address !== null ? address.port : config.port;
   const url = `http://${config.host.includes(":") ? `[${config.host}]` : config.host}:${port}`;
-  const database = config.databaseUrl !== undefined ? "PostgreSQL (DATABASE_URL)" : `PGlite in ${join(config.dataDir, EMBEDDED_DATABASE_DIR)}`;
+  const database =
+    config.databaseUrl !== undefined
+      ? "PostgreSQL (DATABASE_URL)"
+      : `PGlite in ${join(config.dataDir, EMBEDDED_DATABASE_DIR)}`;
   log(`sandfork gateway listening on ${url} (database: ${database}); API docs at ${url}/docs`);
-  if (options.runtime === undefined) log("no execution runtime connected: POST /v1/executions answers 503 runtime-unavailable");
+  if (options.runtime === undefined)
+    log("no execution runtime connected: POST /v1/executions answers 503 runtime-unavailable");
 
   return {
     url,
@@ -123,7 +153,10 @@ export async function startGateway(
       let drainTimer: NodeJS.Timeout | undefined;
       const drained = await Promise.race([
         closed.then(() => true),
-        new Promise<boolean>((resolve) => (drainTimer = setTimeout(() => resolve(false), config.executionLimits.maxTimeoutMs))),
+        new Promise<boolean>(
+          (resolve) =>
+            (drainTimer = setTimeout(() => resolve(false), config.executionLimits.maxTimeoutMs)),
+        ),
       ]);
       clearTimeout(drainTimer);
       context.sessions.stop();
@@ -132,7 +165,9 @@ export async function startGateway(
         await closed;
       }
       // What is still held (an execution that would not end) the next start's recovery pass frees.
-      await context.leases.close().catch((error: unknown) => log(`credit leases not given back: ${String(error)}`));
+      await context.leases
+        .close()
+        .catch((error: unknown) => log(`credit leases not given back: ${String(error)}`));
       await telemetry.shutdown();
       await open.close();
     },

@@ -24,7 +24,12 @@ import {
 } from "../db/sessions.js";
 import { RuntimeError } from "../runtime/errors.js";
 import type { ExecutionOutcome, ExecutionRuntime } from "../runtime/execution-runtime.js";
-import type { CellResult, SessionInfo, SessionRuntime, TakenCheckpoint } from "../runtime/session-runtime.js";
+import type {
+  CellResult,
+  SessionInfo,
+  SessionRuntime,
+  TakenCheckpoint,
+} from "../runtime/session-runtime.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
 import type { CreditLeases } from "./credit-leases.js";
@@ -66,7 +71,10 @@ export interface CheckpointOutcome {
 }
 
 /** The protocol's execution outcome as an execution record's status. */
-const SETTLED_STATUS: Record<ExecutionOutcome, Exclude<ExecutionRecord["status"], "running" | "aborted">> = {
+const SETTLED_STATUS: Record<
+  ExecutionOutcome,
+  Exclude<ExecutionRecord["status"], "running" | "aborted">
+> = {
   completed: "completed",
   timed_out: "timed_out",
   memory_exceeded: "memory_exceeded",
@@ -102,22 +110,41 @@ export class SessionService {
   }
 
   private event(event: string, fields: Record<string, unknown>): void {
-    this.log(JSON.stringify({ time: new Date(this.now()).toISOString(), component: "sessions", event, ...fields }));
+    this.log(
+      JSON.stringify({
+        time: new Date(this.now()).toISOString(),
+        component: "sessions",
+        event,
+        ...fields,
+      }),
+    );
   }
 
   private sessions(): SessionRuntime {
     const runtime = this.deps.runtime();
     if (runtime === undefined) {
-      throw new ProblemError("runtime-unavailable", "no execution runtime is connected to this gateway; retry later", { headers: { "retry-after": "5" } });
+      throw new ProblemError(
+        "runtime-unavailable",
+        "no execution runtime is connected to this gateway; retry later",
+        { headers: { "retry-after": "5" } },
+      );
     }
-    if (runtime.sessions === undefined) throw new ProblemError("runtime-unavailable", "the connected runtime keeps no sessions");
+    if (runtime.sessions === undefined)
+      throw new ProblemError("runtime-unavailable", "the connected runtime keeps no sessions");
     return runtime.sessions;
   }
 
   /** Accrues; an account found short once more after this gateway's idle lease credits went back to it. */
   private async accrue(id: string, change: SessionChange = {}): Promise<AccrualOutcome> {
-    const outcome = await accrue(this.deps.db, id, new Date(this.now()), this.deps.settings, change);
-    if (!outcome.short || !(await this.deps.leases.giveBackFree(outcome.session.accountId))) return outcome;
+    const outcome = await accrue(
+      this.deps.db,
+      id,
+      new Date(this.now()),
+      this.deps.settings,
+      change,
+    );
+    if (!outcome.short || !(await this.deps.leases.giveBackFree(outcome.session.accountId)))
+      return outcome;
     const rest = await accrue(this.deps.db, id, new Date(this.now()), this.deps.settings);
     return { ...rest, chargedUnits: outcome.chargedUnits + rest.chargedUnits };
   }
@@ -125,7 +152,11 @@ export class SessionService {
   /** The session `id` as `principal` may see it; 404 otherwise (and for deleted ones). */
   async owned(principal: Principal, id: string): Promise<SessionRow> {
     const row = await findSession(this.deps.db, id);
-    const visible = row !== undefined && row.state !== "deleted" && row.keyId === principal.keyId && (principal.token === null || row.tokenId === principal.token.id);
+    const visible =
+      row !== undefined &&
+      row.state !== "deleted" &&
+      row.keyId === principal.keyId &&
+      (principal.token === null || row.tokenId === principal.token.id);
     if (!visible) throw new ProblemError("not-found", "no such session for this key");
     return row;
   }
@@ -148,7 +179,10 @@ export class SessionService {
     const { settings } = this.deps;
     const grant = principal.token;
     if (grant?.templates && !grant.templates.includes(input.template)) {
-      throw new ProblemError("template-not-allowed", `this token may run ${grant.templates.join(", ")}`);
+      throw new ProblemError(
+        "template-not-allowed",
+        `this token may run ${grant.templates.join(", ")}`,
+      );
     }
     const sessions = this.sessions();
     await this.checkSessionRoom(principal);
@@ -170,13 +204,23 @@ export class SessionService {
     try {
       const info = await sessions.create(id, input.template, input.memory_mib);
       // Billed for the memory its VM has (the template's size, when the request named none).
-      return info.memoryMib === row.memoryMib ? row : (await this.accrue(id, { memoryMib: info.memoryMib })).session;
+      return info.memoryMib === row.memoryMib
+        ? row
+        : (await this.accrue(id, { memoryMib: info.memoryMib })).session;
     } catch (error) {
-      await this.accrue(id, { running: false, state: "deleted", endedReason: "the runtime could not create it" });
+      await this.accrue(id, {
+        running: false,
+        state: "deleted",
+        endedReason: "the runtime could not create it",
+      });
       if (error instanceof RuntimeError && error.code === "unknown_template") {
-        throw new ProblemError("unknown-template", `no template named "${input.template}" with sessions`);
+        throw new ProblemError(
+          "unknown-template",
+          `no template named "${input.template}" with sessions`,
+        );
       }
-      if (error instanceof RuntimeError && error.code === "bad_request") throw new ProblemError("validation-failed", error.message);
+      if (error instanceof RuntimeError && error.code === "bad_request")
+        throw new ProblemError("validation-failed", error.message);
       throw runtimeProblem(error);
     }
   }
@@ -184,42 +228,73 @@ export class SessionService {
   private async checkSessionRoom(principal: Principal): Promise<void> {
     const totals = await keySessionTotals(this.deps.db, principal.keyId);
     if (totals.sessions >= this.deps.settings.maxSessionsPerKey) {
-      throw new ProblemError("session-limit", `this key may hold ${this.deps.settings.maxSessionsPerKey} sessions at once; delete one`, {
-        extensions: { max_sessions: this.deps.settings.maxSessionsPerKey },
-      });
+      throw new ProblemError(
+        "session-limit",
+        `this key may hold ${this.deps.settings.maxSessionsPerKey} sessions at once; delete one`,
+        {
+          extensions: { max_sessions: this.deps.settings.maxSessionsPerKey },
+        },
+      );
     }
   }
 
   private async checkCheckpointRoom(principal: Principal): Promise<void> {
     const totals = await keySessionTotals(this.deps.db, principal.keyId);
     if (totals.checkpointBytes >= this.deps.settings.maxCheckpointBytesPerKey) {
-      throw new ProblemError("checkpoint-quota-exceeded", `this key's sessions may hold ${this.deps.settings.maxCheckpointBytesPerKey} bytes of checkpoints`, {
-        extensions: { max_checkpoint_bytes: this.deps.settings.maxCheckpointBytesPerKey, checkpoint_bytes: totals.checkpointBytes },
-      });
+      throw new ProblemError(
+        "checkpoint-quota-exceeded",
+        `this key's sessions may hold ${this.deps.settings.maxCheckpointBytesPerKey} bytes of checkpoints`,
+        {
+          extensions: {
+            max_checkpoint_bytes: this.deps.settings.maxCheckpointBytesPerKey,
+            checkpoint_bytes: totals.checkpointBytes,
+          },
+        },
+      );
     }
   }
 
   /** Records what a runtime failure says about the session, then throws the client's problem. */
   private async failed(row: SessionRow, error: unknown): Promise<never> {
     if (isSessionEnded(error)) {
-      await this.accrue(row.id, { running: false, state: "ended", endedReason: error instanceof Error ? error.message : String(error) });
-      throw new ProblemError("session-ended", "the session's VM has ended; fork a new session from one of its checkpoints");
+      await this.accrue(row.id, {
+        running: false,
+        state: "ended",
+        endedReason: error instanceof Error ? error.message : String(error),
+      });
+      throw new ProblemError(
+        "session-ended",
+        "the session's VM has ended; fork a new session from one of its checkpoints",
+      );
     }
-    if (isNotFound(error)) throw new ProblemError("not-found", error instanceof Error ? error.message : String(error));
-    if (error instanceof RuntimeError && error.code === "bad_request") throw new ProblemError("validation-failed", error.message);
+    if (isNotFound(error))
+      throw new ProblemError("not-found", error instanceof Error ? error.message : String(error));
+    if (error instanceof RuntimeError && error.code === "bad_request")
+      throw new ProblemError("validation-failed", error.message);
     throw runtimeProblem(error);
   }
 
   private requireLive(row: SessionRow): void {
-    if (row.state === "ended") throw new ProblemError("session-ended", `the session has ended: ${row.endedReason ?? "its VM is gone"}`);
+    if (row.state === "ended")
+      throw new ProblemError(
+        "session-ended",
+        `the session has ended: ${row.endedReason ?? "its VM is gone"}`,
+      );
   }
 
   /** Runs `code` as the session's next cell: charged as an execution, and its running time. */
-  async execute(principal: Principal, id: string, input: { code: string; timeout_ms?: number | undefined }): Promise<CellOutcome> {
+  async execute(
+    principal: Principal,
+    id: string,
+    input: { code: string; timeout_ms?: number | undefined },
+  ): Promise<CellOutcome> {
     const row = await this.owned(principal, id);
     this.requireLive(row);
     const sessions = this.sessions();
-    const releaseSlot = this.deps.concurrency.acquire(principal.keyId, principal.limits.maxConcurrency);
+    const releaseSlot = this.deps.concurrency.acquire(
+      principal.keyId,
+      principal.limits.maxConcurrency,
+    );
     try {
       const executionId = randomUUID();
       const units = this.deps.settings.unitsPerCell;
@@ -234,17 +309,26 @@ export class SessionService {
         gatewayId: this.deps.gatewayId,
         units,
       });
-      if (reservation.kind === "key-revoked") throw new ProblemError("credentials-revoked", "the API key behind this credential has been revoked");
+      if (reservation.kind === "key-revoked")
+        throw new ProblemError(
+          "credentials-revoked",
+          "the API key behind this credential has been revoked",
+        );
       if (reservation.kind !== "reserved") {
-        const available = reservation.kind === "insufficient-credits" ? reservation.availableUnits : 0;
-        throw new ProblemError("insufficient-credits", `a cell needs ${units} units`, { extensions: { required_units: units, available_units: available } });
+        const available =
+          reservation.kind === "insufficient-credits" ? reservation.availableUnits : 0;
+        throw new ProblemError("insufficient-credits", `a cell needs ${units} units`, {
+          extensions: { required_units: units, available_units: available },
+        });
       }
       // A paused session resumes for the cell: its running time starts now.
       if (row.state === "paused") await this.accrue(id, { running: true, state: "running" });
       const started = performance.now();
       let cell: CellResult;
       try {
-        cell = await sessions.execute(id, input.code, { timeoutMs: input.timeout_ms ?? this.deps.limits.defaultTimeoutMs });
+        cell = await sessions.execute(id, input.code, {
+          timeoutMs: input.timeout_ms ?? this.deps.limits.defaultTimeoutMs,
+        });
       } catch (error) {
         await release(this.deps.db, executionId);
         return await this.failed(row, error);
@@ -268,7 +352,10 @@ export class SessionService {
         ...(ended ? { endedReason: `its program stopped (${e.outcome})` } : {}),
       });
       // Out of credits for its running time: it stops running (paused, its state kept).
-      const session = accrued.short && !ended ? await this.pauseRow(accrued.session, "out of credits") : accrued.session;
+      const session =
+        accrued.short && !ended
+          ? await this.pauseRow(accrued.session, "out of credits")
+          : accrued.session;
       return { session, record, cell };
     } finally {
       releaseSlot();
@@ -285,7 +372,11 @@ export class SessionService {
     } catch (error) {
       return this.failed(row, error);
     }
-    const change: SessionChange = { active: true, addedCheckpointBytes: taken.fileBytes, lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 } };
+    const change: SessionChange = {
+      active: true,
+      addedCheckpointBytes: taken.fileBytes,
+      lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 },
+    };
     if (row.state === "paused") Object.assign(change, { running: true, state: "running" });
     return { session: (await this.accrue(id, change)).session, checkpoint: taken };
   }
@@ -306,7 +397,12 @@ export class SessionService {
     // A session the daemon already had paused wrote nothing: its checkpoints' bytes are read
     // from the daemon rather than added.
     const { checkpointBytes } = await this.sessions().info(row.id);
-    const change: SessionChange = { running: false, state: "paused", checkpointBytes, lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 } };
+    const change: SessionChange = {
+      running: false,
+      state: "paused",
+      checkpointBytes,
+      lastCheckpoint: { number: taken.checkpoint, sha256: taken.sha256 },
+    };
     return { session: (await this.accrue(row.id, change)).session, checkpoint: taken };
   }
 
@@ -340,16 +436,41 @@ export class SessionService {
       info = await this.sessions().info(row.id);
     } catch (error) {
       if (!isNotFound(error)) return undefined;
-      return (await this.accrue(row.id, { running: false, state: "ended", checkpointBytes: 0, endedReason: "the runtime no longer has it" })).session;
+      return (
+        await this.accrue(row.id, {
+          running: false,
+          state: "ended",
+          checkpointBytes: 0,
+          endedReason: "the runtime no longer has it",
+        })
+      ).session;
     }
     const last = info.checkpoints.at(-1);
-    const lastCheckpoint = last === undefined ? {} : { lastCheckpoint: { number: last.checkpoint, sha256: last.sha256 } };
+    const lastCheckpoint =
+      last === undefined
+        ? {}
+        : { lastCheckpoint: { number: last.checkpoint, sha256: last.sha256 } };
     if (info.state === "paused") {
-      return (await this.accrue(row.id, { running: false, state: "paused", checkpointBytes: info.checkpointBytes, ...lastCheckpoint })).session;
+      return (
+        await this.accrue(row.id, {
+          running: false,
+          state: "paused",
+          checkpointBytes: info.checkpointBytes,
+          ...lastCheckpoint,
+        })
+      ).session;
     }
     if (info.state === "ended") {
       const reason = info.ended ?? "its VM is gone";
-      return (await this.accrue(row.id, { running: false, state: "ended", checkpointBytes: info.checkpointBytes, ...lastCheckpoint, endedReason: reason })).session;
+      return (
+        await this.accrue(row.id, {
+          running: false,
+          state: "ended",
+          checkpointBytes: info.checkpointBytes,
+          ...lastCheckpoint,
+          endedReason: reason,
+        })
+      ).session;
     }
     this.unpausable.set(row.id, row.lastActiveAt.getTime());
     return undefined;
@@ -367,24 +488,46 @@ export class SessionService {
   }
 
   /** A new session from checkpoint `checkpoint` of session `id` (default: its last one). */
-  async fork(principal: Principal, id: string, checkpoint: number | undefined): Promise<SessionRow> {
+  async fork(
+    principal: Principal,
+    id: string,
+    checkpoint: number | undefined,
+  ): Promise<SessionRow> {
     const source = await this.owned(principal, id);
     const number = checkpoint ?? source.lastCheckpoint;
-    if (number === null) throw new ProblemError("validation-failed", "the session has no checkpoint yet; take one first (POST .../checkpoints)");
+    if (number === null)
+      throw new ProblemError(
+        "validation-failed",
+        "the session has no checkpoint yet; take one first (POST .../checkpoints)",
+      );
     const sessions = this.sessions();
     await this.checkSessionRoom(principal);
     const forkId = randomUUID();
     const row = await insertSession(
       this.deps.db,
-      { id: forkId, accountId: principal.accountId, keyId: principal.keyId, tokenId: principal.token?.id ?? null, template: source.template, memoryMib: source.memoryMib, idleTimeoutS: source.idleTimeoutS, maxLifetimeS: source.maxLifetimeS },
+      {
+        id: forkId,
+        accountId: principal.accountId,
+        keyId: principal.keyId,
+        tokenId: principal.token?.id ?? null,
+        template: source.template,
+        memoryMib: source.memoryMib,
+        idleTimeoutS: source.idleTimeoutS,
+        maxLifetimeS: source.maxLifetimeS,
+      },
       new Date(this.now()),
     );
     try {
       await sessions.fork(forkId, id, number);
       return row;
     } catch (error) {
-      await this.accrue(forkId, { running: false, state: "deleted", endedReason: "the runtime could not fork it" });
-      if (isNotFound(error)) throw new ProblemError("not-found", `the session has no checkpoint ${number}`);
+      await this.accrue(forkId, {
+        running: false,
+        state: "deleted",
+        endedReason: "the runtime could not fork it",
+      });
+      if (isNotFound(error))
+        throw new ProblemError("not-found", `the session has no checkpoint ${number}`);
       throw runtimeProblem(error);
     }
   }
@@ -401,10 +544,22 @@ export class SessionService {
     } catch (error) {
       if (!isNotFound(error)) throw runtimeProblem(error);
     }
-    return (await this.accrue(row.id, { running: false, state: "deleted", checkpointBytes: 0, endedReason: reason })).session;
+    return (
+      await this.accrue(row.id, {
+        running: false,
+        state: "deleted",
+        checkpointBytes: 0,
+        endedReason: reason,
+      })
+    ).session;
   }
 
-  async writeFile(principal: Principal, id: string, path: string, content: Buffer): Promise<number> {
+  async writeFile(
+    principal: Principal,
+    id: string,
+    path: string,
+    content: Buffer,
+  ): Promise<number> {
     return this.fileOperation(principal, id, (sessions) => sessions.writeFile(id, path, content));
   }
 
@@ -417,7 +572,11 @@ export class SessionService {
   }
 
   /** A file operation resumes a paused session (the daemon does) and counts as activity. */
-  private async fileOperation<T>(principal: Principal, id: string, operation: (sessions: SessionRuntime) => Promise<T>): Promise<T> {
+  private async fileOperation<T>(
+    principal: Principal,
+    id: string,
+    operation: (sessions: SessionRuntime) => Promise<T>,
+  ): Promise<T> {
     const row = await this.owned(principal, id);
     this.requireLive(row);
     let result: T;
@@ -426,7 +585,10 @@ export class SessionService {
     } catch (error) {
       return this.failed(row, error);
     }
-    await this.accrue(id, row.state === "paused" ? { running: true, state: "running", active: true } : { active: true });
+    await this.accrue(
+      id,
+      row.state === "paused" ? { running: true, state: "running", active: true } : { active: true },
+    );
     return result;
   }
 
@@ -434,7 +596,12 @@ export class SessionService {
   start(): void {
     if (this.sweeper !== undefined) return;
     this.sweeper = setInterval(
-      () => void this.sweep().catch((error: unknown) => this.event("sweep_failed", { error: error instanceof Error ? error.message : String(error) })),
+      () =>
+        void this.sweep().catch((error: unknown) =>
+          this.event("sweep_failed", {
+            error: error instanceof Error ? error.message : String(error),
+          }),
+        ),
       this.deps.settings.sweepIntervalMs,
     );
     this.sweeper.unref();
@@ -449,7 +616,8 @@ export class SessionService {
   async sweep(): Promise<void> {
     if (this.deps.runtime()?.sessions === undefined) return;
     const now = new Date(this.now());
-    for (const row of await expiredSessions(this.deps.db, now)) await this.deleteRow(row, "its max_lifetime_s passed").catch(() => undefined);
+    for (const row of await expiredSessions(this.deps.db, now))
+      await this.deleteRow(row, "its max_lifetime_s passed").catch(() => undefined);
     for (const row of await idleRunningSessions(this.deps.db, now)) {
       const refusedAt = this.unpausable.get(row.id);
       if (refusedAt !== undefined && refusedAt === row.lastActiveAt.getTime()) continue;

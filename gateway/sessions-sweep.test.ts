@@ -21,7 +21,11 @@ class StandInSessions implements SessionRuntime {
   private view(session: string): SessionInfo {
     const view = this.held.get(session) ?? "unknown";
     if (view === "unknown") throw new RuntimeRequestError("not_found", `no session '${session}'`);
-    const checkpoints = Array.from({ length: view.checkpoints }, (_, i) => ({ checkpoint: i + 1, sha256: `${i + 1}`.padStart(64, "0"), fileBytes: 1_000 }));
+    const checkpoints = Array.from({ length: view.checkpoints }, (_, i) => ({
+      checkpoint: i + 1,
+      sha256: `${i + 1}`.padStart(64, "0"),
+      fileBytes: 1_000,
+    }));
     return {
       session,
       template: "python",
@@ -76,7 +80,9 @@ describe.each(BACKENDS)("the idle sweep after a daemon restart, on %s", (backend
   const sessions = new StandInSessions();
   const runtime: ExecutionRuntime = {
     execute: () => Promise.reject(new Error("not used")),
-    templates: async () => [{ name: "python", contentHash: "0", language: "python", languages: ["python"], ready: true }],
+    templates: async () => [
+      { name: "python", contentHash: "0", language: "python", languages: ["python"], ready: true },
+    ],
     sessions,
   } as unknown as ExecutionRuntime;
   let clock = Date.parse("2026-01-01T00:00:00Z");
@@ -87,7 +93,9 @@ describe.each(BACKENDS)("the idle sweep after a daemon restart, on %s", (backend
   beforeAll(async () => {
     gw = await startTestGateway(backend, { runtime, now: () => clock });
     // The service logs to stderr.
-    vi.spyOn(console, "error").mockImplementation((...args: unknown[]) => void lines.push(args.map(String).join(" ")));
+    vi.spyOn(console, "error").mockImplementation(
+      (...args: unknown[]) => void lines.push(args.map(String).join(" ")),
+    );
     key = (await gw.issue({ credits: 1_000_000 })).key;
   });
   afterAll(async () => {
@@ -96,7 +104,10 @@ describe.each(BACKENDS)("the idle sweep after a daemon restart, on %s", (backend
   });
 
   async function idleSession(): Promise<string> {
-    const response = await gw.call("POST", "/v1/sessions", { credential: key, body: { template: "python", idle_timeout_s: 1 } });
+    const response = await gw.call("POST", "/v1/sessions", {
+      credential: key,
+      body: { template: "python", idle_timeout_s: 1 },
+    });
     expect(response.status, await response.clone().text()).toBe(201);
     return ((await response.json()) as { id: string }).id;
   }
@@ -111,35 +122,58 @@ describe.each(BACKENDS)("the idle sweep after a daemon restart, on %s", (backend
   it("settles a session the daemon says ended, once, and logs one JSON line", async () => {
     const id = await idleSession();
     sessions.held.set(id, { state: "ended", checkpoints: 0 });
-    sessions.pauseFails = () => new RuntimeRequestError("session_ended", "the session's VM has ended");
+    sessions.pauseFails = () =>
+      new RuntimeRequestError("session_ended", "the session's VM has ended");
     sessions.pauses = 0;
     lines.length = 0;
     await sweeps(5);
     expect(sessions.pauses).toBe(1);
-    expect(await findSession(gw.fresh.db, id)).toMatchObject({ state: "ended", runningSince: null, endedReason: "its VM died with the previous daemon" });
+    expect(await findSession(gw.fresh.db, id)).toMatchObject({
+      state: "ended",
+      runningSince: null,
+      endedReason: "its VM died with the previous daemon",
+    });
     expect(lines).toHaveLength(1);
     expect(lines[0]).not.toContain("\n");
-    expect(JSON.parse(lines[0] as string)).toMatchObject({ event: "pause_failed", session: id, code: "session_ended", retryable: false, settled: "ended" });
+    expect(JSON.parse(lines[0] as string)).toMatchObject({
+      event: "pause_failed",
+      session: id,
+      code: "session_ended",
+      retryable: false,
+      settled: "ended",
+    });
   });
 
   it("settles a session the daemon holds paused with a checkpoint as paused, resumable from it", async () => {
     const id = await idleSession();
     sessions.held.set(id, { state: "paused", checkpoints: 2 });
-    sessions.pauseFails = () => new RuntimeRequestError("session_ended", "the session's VM has ended");
+    sessions.pauseFails = () =>
+      new RuntimeRequestError("session_ended", "the session's VM has ended");
     sessions.pauses = 0;
     await sweeps(3);
     expect(sessions.pauses).toBe(1);
-    expect(await findSession(gw.fresh.db, id)).toMatchObject({ state: "paused", runningSince: null, lastCheckpoint: 2, checkpointBytes: 2_000 });
+    expect(await findSession(gw.fresh.db, id)).toMatchObject({
+      state: "paused",
+      runningSince: null,
+      lastCheckpoint: 2,
+      checkpointBytes: 2_000,
+    });
   });
 
   it("ends a session the daemon no longer knows, with no checkpoint bytes left to bill", async () => {
     const id = await idleSession();
     sessions.held.delete(id);
-    sessions.pauseFails = (session) => new RuntimeRequestError("not_found", `no session '${session}'`);
+    sessions.pauseFails = (session) =>
+      new RuntimeRequestError("not_found", `no session '${session}'`);
     sessions.pauses = 0;
     await sweeps(3);
     expect(sessions.pauses).toBe(1);
-    expect(await findSession(gw.fresh.db, id)).toMatchObject({ state: "ended", runningSince: null, checkpointBytes: 0, endedReason: "the runtime no longer has it" });
+    expect(await findSession(gw.fresh.db, id)).toMatchObject({
+      state: "ended",
+      runningSince: null,
+      checkpointBytes: 0,
+      endedReason: "the runtime no longer has it",
+    });
   });
 
   it("tries a retryable failure again at the next sweep, and leaves the row running", async () => {
@@ -150,7 +184,9 @@ describe.each(BACKENDS)("the idle sweep after a daemon restart, on %s", (backend
     await sweeps(3);
     expect(sessions.pauses).toBe(3);
     expect(await findSession(gw.fresh.db, id)).toMatchObject({ state: "running" });
-    expect(lines.map((line) => JSON.parse(line) as { retryable: boolean; settled: unknown })).toEqual(
+    expect(
+      lines.map((line) => JSON.parse(line) as { retryable: boolean; settled: unknown }),
+    ).toEqual(
       Array.from({ length: 3 }, () => expect.objectContaining({ retryable: true, settled: null })),
     );
   });

@@ -16,7 +16,6 @@ import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
 
-
 const CREDITS = 1_000_000;
 const MAX_SESSIONS = 3;
 let dir: string;
@@ -35,11 +34,26 @@ interface Session {
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-sessions-"));
   await templatesWithPrebuilt(dir, ["python"]);
-  const env = { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_CONNECTIONS: "2", SANDFORK_VMM_SERVE_ARGS: "--pool-size 1", ...scaledDaemonReadyEnv };
-  const started = await startRuntime(loadRuntimeConfig(env, dir), { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 }, () => {});
+  const env = {
+    SANDFORK_TEMPLATES: "python",
+    SANDFORK_VMM_BIN: requireVmmBinary(),
+    SANDFORK_VMM_CONNECTIONS: "2",
+    SANDFORK_VMM_SERVE_ARGS: "--pool-size 1",
+    ...scaledDaemonReadyEnv,
+  };
+  const started = await startRuntime(
+    loadRuntimeConfig(env, dir),
+    { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 },
+    () => {},
+  );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
-  const executionLimits = { defaultTimeoutMs: 5_000 * timeScale, maxTimeoutMs: 30_000 * timeScale, defaultMemoryMb: 256, maxMemoryMb: 2_048 };
+  const executionLimits = {
+    defaultTimeoutMs: 5_000 * timeScale,
+    maxTimeoutMs: 30_000 * timeScale,
+    defaultMemoryMb: 256,
+    maxMemoryMb: 2_048,
+  };
   gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
   Object.assign(gw.context.config.sessions, { maxSessionsPerKey: MAX_SESSIONS });
 });
@@ -59,28 +73,72 @@ async function json<T>(response: Response, status: number): Promise<T> {
 describe("sessions through the gateway and the supervised daemon on KVM", () => {
   it("keeps state between cells, checkpoints, pauses, resumes, forks and bills it all", async () => {
     const { key, keyId, accountId } = await gw.issue({ credits: CREDITS });
-    const call = (method: string, path: string, body?: unknown) => gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
-    const created = await json<Session>(await call("POST", "/v1/sessions", { template: "python", idle_timeout_s: 600 }), 201);
+    const call = (method: string, path: string, body?: unknown) =>
+      gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
+    const created = await json<Session>(
+      await call("POST", "/v1/sessions", { template: "python", idle_timeout_s: 600 }),
+      201,
+    );
     expect(created).toMatchObject({ state: "running", cells: 0, last_checkpoint: null });
     const base = `/v1/sessions/${created.id}`;
-    const cell = async (code: string) => json<{ value: string | null; error: unknown; resumed: boolean; execution: { status: string; stdout: string }; session: Session }>(await call("POST", `${base}/executions`, { code }), 200);
+    const cell = async (code: string) =>
+      json<{
+        value: string | null;
+        error: unknown;
+        resumed: boolean;
+        execution: { status: string; stdout: string };
+        session: Session;
+      }>(await call("POST", `${base}/executions`, { code }), 200);
 
-    expect((await cell("import statistics\nrows = []\nlog = open('/work/log.txt', 'w')\nlog.write('a')\n6 * 7")).value).toBe("42");
-    const put = await gw.call("PUT", `${base}/files/data/in.csv`, { credential: key, rawBody: "x\n1\n2\n3\n", headers: { "content-type": "application/octet-stream" } });
+    expect(
+      (
+        await cell(
+          "import statistics\nrows = []\nlog = open('/work/log.txt', 'w')\nlog.write('a')\n6 * 7",
+        )
+      ).value,
+    ).toBe("42");
+    const put = await gw.call("PUT", `${base}/files/data/in.csv`, {
+      credential: key,
+      rawBody: "x\n1\n2\n3\n",
+      headers: { "content-type": "application/octet-stream" },
+    });
     expect(await json(put, 200)).toEqual({ path: "data/in.csv", bytes: 8 });
-    const second = await cell("rows = [int(v) for v in open('/work/data/in.csv').read().split()[1:]]\nlog.write('b'); log.flush()\nprint('mean', statistics.mean(rows))\nsum(rows)");
+    const second = await cell(
+      "rows = [int(v) for v in open('/work/data/in.csv').read().split()[1:]]\nlog.write('b'); log.flush()\nprint('mean', statistics.mean(rows))\nsum(rows)",
+    );
     expect([second.value, second.execution.stdout, second.error]).toEqual(["6", "mean 2\n", null]);
     const file = await gw.call("GET", `${base}/files/log.txt`, { credential: key });
     expect([file.status, await file.text()]).toEqual([200, "ab"]);
     // A file is bytes, not text: every byte value goes in and comes back.
     const bytes = Uint8Array.from({ length: 256 }, (_, i) => i);
-    const binary = await gw.call("PUT", `${base}/files/all.bin`, { credential: key, rawBody: bytes, headers: { "content-type": "application/octet-stream" } });
+    const binary = await gw.call("PUT", `${base}/files/all.bin`, {
+      credential: key,
+      rawBody: bytes,
+      headers: { "content-type": "application/octet-stream" },
+    });
     expect(await json(binary, 200)).toEqual({ path: "all.bin", bytes: 256 });
-    expect(new Uint8Array(await (await gw.call("GET", `${base}/files/all.bin`, { credential: key })).arrayBuffer())).toEqual(bytes);
-    await expectProblem(await gw.call("GET", `${base}/files/missing.txt`, { credential: key }), 404, "not-found");
-    await expectProblem(await gw.call("GET", `${base}/files/..%2Fetc%2Fpasswd`, { credential: key }), 422, "validation-failed");
+    expect(
+      new Uint8Array(
+        await (await gw.call("GET", `${base}/files/all.bin`, { credential: key })).arrayBuffer(),
+      ),
+    ).toEqual(bytes);
+    await expectProblem(
+      await gw.call("GET", `${base}/files/missing.txt`, { credential: key }),
+      404,
+      "not-found",
+    );
+    await expectProblem(
+      await gw.call("GET", `${base}/files/..%2Fetc%2Fpasswd`, { credential: key }),
+      422,
+      "validation-failed",
+    );
 
-    const checkpoint = await json<{ checkpoint: number; sha256: string; file_bytes: number; session: Session }>(await call("POST", `${base}/checkpoints`), 201);
+    const checkpoint = await json<{
+      checkpoint: number;
+      sha256: string;
+      file_bytes: number;
+      session: Session;
+    }>(await call("POST", `${base}/checkpoints`), 201);
     expect(checkpoint.sha256).toMatch(/^[0-9a-f]{64}$/);
     expect(checkpoint.session.checkpoint_bytes).toBe(checkpoint.file_bytes);
     expect((await cell("rows.append(4)\nlen(rows)")).value).toBe("4");
@@ -88,18 +146,37 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     const paused = await json<{ session: Session }>(await call("POST", `${base}/pause`), 201);
     expect(paused.session.state).toBe("paused");
     expect(paused.session.usage.running_gib_seconds).toBeGreaterThan(0);
-    const resumed = await cell("log.write('c'); log.flush()\n(len(rows), open('/work/log.txt').read())");
-    expect([resumed.value, resumed.resumed, resumed.session.state]).toEqual(["(4, 'abc')", true, "running"]);
+    const resumed = await cell(
+      "log.write('c'); log.flush()\n(len(rows), open('/work/log.txt').read())",
+    );
+    expect([resumed.value, resumed.resumed, resumed.session.state]).toEqual([
+      "(4, 'abc')",
+      true,
+      "running",
+    ]);
 
     // A fork from the first checkpoint has the state of then: three rows.
-    const fork = await json<Session>(await call("POST", `${base}/fork`, { checkpoint: checkpoint.checkpoint }), 201);
-    const forked = await json<{ value: string }>(await call("POST", `/v1/sessions/${fork.id}/executions`, { code: "len(rows)" }), 200);
+    const fork = await json<Session>(
+      await call("POST", `${base}/fork`, { checkpoint: checkpoint.checkpoint }),
+      201,
+    );
+    const forked = await json<{ value: string }>(
+      await call("POST", `/v1/sessions/${fork.id}/executions`, { code: "len(rows)" }),
+      200,
+    );
     expect(forked.value).toBe("3");
 
     const listed = await json<{ sessions: Session[] }>(await call("GET", "/v1/sessions"), 200);
     expect(listed.sessions.map((s) => s.id).sort()).toEqual([created.id, fork.id].sort());
-    const detail = await json<Session & { checkpoints: { checkpoint: number; sha256: string }[] }>(await call("GET", base), 200);
-    expect(detail.checkpoints).toEqual(expect.arrayContaining([expect.objectContaining({ checkpoint: checkpoint.checkpoint, sha256: checkpoint.sha256 })]));
+    const detail = await json<Session & { checkpoints: { checkpoint: number; sha256: string }[] }>(
+      await call("GET", base),
+      200,
+    );
+    expect(detail.checkpoints).toEqual(
+      expect.arrayContaining([
+        expect.objectContaining({ checkpoint: checkpoint.checkpoint, sha256: checkpoint.sha256 }),
+      ]),
+    );
 
     for (const id of [fork.id, created.id]) {
       const deleted = await json<Session>(await call("DELETE", `/v1/sessions/${id}`), 200);
@@ -109,36 +186,71 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
 
     // Billing: 5 cells as executions, the sessions' running time and storage as session entries,
     // all taken from the balance.
-    const usage = await json<{ executions: number; units: number; sessions: { units: number; running_gib_seconds: number; checkpoint_gib_hours: number } }>(await call("GET", "/v1/usage"), 200);
+    const usage = await json<{
+      executions: number;
+      units: number;
+      sessions: { units: number; running_gib_seconds: number; checkpoint_gib_hours: number };
+    }>(await call("GET", "/v1/usage"), 200);
     expect(usage.executions).toBe(5);
     expect(usage.sessions.units).toBeGreaterThan(0);
     expect(usage.sessions.running_gib_seconds).toBeGreaterThan(0);
     expect(usage.sessions.checkpoint_gib_hours).toBeGreaterThan(0);
     const balance = await gw.books(accountId);
     expect(balance).toMatchObject({ balanceUnits: CREDITS - usage.units, reservedUnits: 0 });
-    const entries = await gw.fresh.db.select().from(usageLedger).where(eq(usageLedger.keyId, keyId));
-    expect(entries.filter((e) => e.kind === "session").every((e) => e.sessionId !== null)).toBe(true);
+    const entries = await gw.fresh.db
+      .select()
+      .from(usageLedger)
+      .where(eq(usageLedger.keyId, keyId));
+    expect(entries.filter((e) => e.kind === "session").every((e) => e.sessionId !== null)).toBe(
+      true,
+    );
   });
 
   it("enforces the key's session limit, pauses idle sessions and refuses an ended one", async () => {
     const { key } = await gw.issue({ credits: CREDITS });
-    const call = (method: string, path: string, body?: unknown) => gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
+    const call = (method: string, path: string, body?: unknown) =>
+      gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
     const ids: string[] = [];
-    for (let i = 0; i < MAX_SESSIONS; i++) ids.push((await json<Session>(await call("POST", "/v1/sessions", { template: "python", idle_timeout_s: 1 }), 201)).id);
-    await expectProblem(await call("POST", "/v1/sessions", { template: "python" }), 429, "session-limit");
+    for (let i = 0; i < MAX_SESSIONS; i++)
+      ids.push(
+        (
+          await json<Session>(
+            await call("POST", "/v1/sessions", { template: "python", idle_timeout_s: 1 }),
+            201,
+          )
+        ).id,
+      );
+    await expectProblem(
+      await call("POST", "/v1/sessions", { template: "python" }),
+      429,
+      "session-limit",
+    );
 
-    await json(await call("POST", `/v1/sessions/${ids[0]}/executions`, { code: "kept = 'yes'" }), 200);
+    await json(
+      await call("POST", `/v1/sessions/${ids[0]}/executions`, { code: "kept = 'yes'" }),
+      200,
+    );
     await new Promise((resolve) => setTimeout(resolve, 1_100));
     await gw.context.sessions.sweep();
     const idle = await json<Session>(await call("GET", `/v1/sessions/${ids[0]}`), 200);
     expect(idle.state).toBe("paused");
     expect(idle.last_checkpoint).not.toBeNull();
-    const back = await json<{ value: string; resumed: boolean }>(await call("POST", `/v1/sessions/${ids[0]}/executions`, { code: "kept" }), 200);
+    const back = await json<{ value: string; resumed: boolean }>(
+      await call("POST", `/v1/sessions/${ids[0]}/executions`, { code: "kept" }),
+      200,
+    );
     expect([back.value, back.resumed]).toEqual(["'yes'", true]);
 
-    const ended = await json<{ session: Session; execution: { status: string } }>(await call("POST", `/v1/sessions/${ids[1]}/executions`, { code: "import os; os._exit(0)" }), 200);
+    const ended = await json<{ session: Session; execution: { status: string } }>(
+      await call("POST", `/v1/sessions/${ids[1]}/executions`, { code: "import os; os._exit(0)" }),
+      200,
+    );
     expect(ended.session.state).toBe("ended");
-    await expectProblem(await call("POST", `/v1/sessions/${ids[1]}/executions`, { code: "1" }), 409, "session-ended");
+    await expectProblem(
+      await call("POST", `/v1/sessions/${ids[1]}/executions`, { code: "1" }),
+      409,
+      "session-ended",
+    );
     for (const id of ids) await json(await call("DELETE", `/v1/sessions/${id}`), 200);
   });
 });

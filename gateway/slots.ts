@@ -89,7 +89,12 @@ export class SlotTable {
   }
 
   /** A slot now, a wait for one, or undefined when `maxQueued` calls already wait. */
-  take(name: string, max: number, maxQueued: number, signal: AbortSignal): Release | Promise<Release> | undefined {
+  take(
+    name: string,
+    max: number,
+    maxQueued: number,
+    signal: AbortSignal,
+  ): Release | Promise<Release> | undefined {
     const slots = this.of(name);
     const now = slots.tryTake(max);
     if (now !== undefined) return now;

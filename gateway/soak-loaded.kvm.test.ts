@@ -12,7 +12,9 @@ import { templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
 
 const REQUESTS = timeScale > 1 ? 50 : 200;
 
-it(`${REQUESTS} mixed requests beside a CPU hog on every core: each answered with its own status, billing reconciles`, { timeout: 420_000 * timeScale }, async () => {
+it(`${REQUESTS} mixed requests beside a CPU hog on every core: each answered with its own status, billing reconciles`, {
+  timeout: 420_000 * timeScale,
+}, async () => {
   const oomTimeoutMs = 30_000 * timeScale;
   const gatewayEnv = {
     SANDFORK_VMM_EXECUTE_GRACE_MS: String(5_000 * timeScale),
@@ -22,11 +24,21 @@ it(`${REQUESTS} mixed requests beside a CPU hog on every core: each answered wit
   const dir = await mkdtemp(join(tmpdir(), "sfk-soak-loaded-templates-"));
   try {
     const templatesDir = await templatesWithPrebuilt(dir, ["python"]);
-    const report = await soak({ seconds: 300 * timeScale, requests: REQUESTS, cpuHog: true, concurrency: 8, templatesDir, oomTimeoutMs, gatewayEnv, log: (line) => console.log(line) });
+    const report = await soak({
+      seconds: 300 * timeScale,
+      requests: REQUESTS,
+      cpuHog: true,
+      concurrency: 8,
+      templatesDir,
+      oomTimeoutMs,
+      gatewayEnv,
+      log: (line) => console.log(line),
+    });
     console.log(`load average as the run ended: ${report.loadavg.join(", ")}`);
     console.log(JSON.stringify(report));
     expect(report.failures, JSON.stringify(report, null, 2)).toEqual([]);
-    for (const kind of ["ok", "timeout", "oom", "crash", "flood"]) expect(Object.keys(report.statuses[kind] ?? {}), kind).toHaveLength(1);
+    for (const kind of ["ok", "timeout", "oom", "crash", "flood"])
+      expect(Object.keys(report.statuses[kind] ?? {}), kind).toHaveLength(1);
     expect(report.requests).toBeGreaterThanOrEqual(REQUESTS);
   } finally {
     await rm(dir, { recursive: true, force: true });

@@ -9,8 +9,9 @@ import { expect, it } from "vitest";
 import { soak } from "../loadtest/lib/soak.js";
 import { templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
 
-
-it("a mixed load at concurrency 8: every request answered as expected, nothing leaks, billing reconciles", { timeout: 240_000 * timeScale }, async () => {
+it("a mixed load at concurrency 8: every request answered as expected, nothing leaks, billing reconciles", {
+  timeout: 240_000 * timeScale,
+}, async () => {
   // On a slower path the daemon queues the load's executions longer, boots take longer, and
   // filling 256 MiB does too (in QEMU, four at once took more than 30 s).
   const oomTimeoutMs = 30_000 * timeScale;
@@ -22,10 +23,18 @@ it("a mixed load at concurrency 8: every request answered as expected, nothing l
   const dir = await mkdtemp(join(tmpdir(), "sfk-soak-templates-"));
   try {
     const templatesDir = await templatesWithPrebuilt(dir, ["python"]);
-    const report = await soak({ seconds: 10, concurrency: 8, templatesDir, oomTimeoutMs, gatewayEnv, log: (line) => console.log(line) });
+    const report = await soak({
+      seconds: 10,
+      concurrency: 8,
+      templatesDir,
+      oomTimeoutMs,
+      gatewayEnv,
+      log: (line) => console.log(line),
+    });
     console.log(JSON.stringify(report));
     expect(report.failures, JSON.stringify(report, null, 2)).toEqual([]);
-    for (const kind of ["ok", "timeout", "oom", "crash", "flood"]) expect(Object.keys(report.statuses[kind] ?? {}), kind).toHaveLength(1);
+    for (const kind of ["ok", "timeout", "oom", "crash", "flood"])
+      expect(Object.keys(report.statuses[kind] ?? {}), kind).toHaveLength(1);
     // Natively the 10 s carry well over 25 requests (10 of them the warm-up); in QEMU a run of
     // 2026-12-03 got 21 (its out-of-memory requests take seconds each): past the warm-up, at least
     // one request of each kind more.

@@ -17,11 +17,21 @@ import { executionJson } from "./routes/openapi-helpers.js";
 export const EVENT_STREAM = "text/event-stream";
 
 /** Whether the caller asked for the streamed answer. */
-export function wantsStream(accept: string | undefined, body: { stream?: boolean | undefined }): boolean {
-  return body.stream === true || (accept !== undefined && accept.split(",").some((type) => type.trim().split(";")[0]?.trim() === EVENT_STREAM));
+export function wantsStream(
+  accept: string | undefined,
+  body: { stream?: boolean | undefined },
+): boolean {
+  return (
+    body.stream === true ||
+    (accept !== undefined &&
+      accept.split(",").some((type) => type.trim().split(";")[0]?.trim() === EVENT_STREAM))
+  );
 }
 
-type StreamEvent = { event: "output"; chunk: OutputChunk } | { event: "execution"; body: unknown } | { event: "error"; body: unknown };
+type StreamEvent =
+  | { event: "output"; chunk: OutputChunk }
+  | { event: "execution"; body: unknown }
+  | { event: "error"; body: unknown };
 
 /** Events in arrival order for the one reader that writes them out. Bounded by the output cap. */
 class EventQueue {
@@ -45,7 +55,12 @@ class EventQueue {
   }
 }
 
-export async function streamExecution(c: Context<AppEnv>, ctx: GatewayContext, input: ExecutionInput, idempotencyKey: string | null): Promise<Response> {
+export async function streamExecution(
+  c: Context<AppEnv>,
+  ctx: GatewayContext,
+  input: ExecutionInput,
+  idempotencyKey: string | null,
+): Promise<Response> {
   const queue = new EventQueue();
   let started: ((executionId: string) => void) | undefined;
   const start = new Promise<string>((resolve) => {
@@ -57,11 +72,17 @@ export async function streamExecution(c: Context<AppEnv>, ctx: GatewayContext, i
   });
   const settled = run.then(
     (outcome: ExecutionOutcome) => {
-      queue.push({ event: "execution", body: executionJson(outcome.record, ctx.config.pricing.unitName) });
+      queue.push({
+        event: "execution",
+        body: executionJson(outcome.record, ctx.config.pricing.unitName),
+      });
       return outcome;
     },
     (error: unknown) => {
-      const problem = error instanceof ProblemError ? error : new ProblemError("internal-error", "the gateway failed to handle this request");
+      const problem =
+        error instanceof ProblemError
+          ? error
+          : new ProblemError("internal-error", "the gateway failed to handle this request");
       if (problem.slug === "internal-error") console.error("streamed execution failed", error);
       queue.push({ event: "error", body: problem.body(c.req.path) });
       throw error;
@@ -71,7 +92,10 @@ export async function streamExecution(c: Context<AppEnv>, ctx: GatewayContext, i
   settled.catch(() => {});
   // Refused before it started: this rejects, and the app answers with the problem. A replayed
   // Idempotency-Key never starts: it settles at once with the first request's record.
-  const first = await Promise.race([start.then((id) => ({ id, replayed: false })), settled.then((o) => ({ id: o.record.id, replayed: o.replayed }))]);
+  const first = await Promise.race([
+    start.then((id) => ({ id, replayed: false })),
+    settled.then((o) => ({ id: o.record.id, replayed: o.replayed })),
+  ]);
   if (first.replayed) c.header("idempotent-replayed", "true");
 
   return streamSSE(c, async (stream) => {

@@ -24,8 +24,18 @@ describe("OTLP export", () => {
 
   it("derives per-signal endpoints from OTEL_EXPORTER_OTLP_ENDPOINT, specific variables first", () => {
     expect(otlpEndpoint({}, "traces")).toBeUndefined();
-    expect(otlpEndpoint({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318/" }, "traces")).toBe("http://c:4318/v1/traces");
-    expect(otlpEndpoint({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: "http://m/x" }, "metrics")).toBe("http://m/x");
+    expect(otlpEndpoint({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318/" }, "traces")).toBe(
+      "http://c:4318/v1/traces",
+    );
+    expect(
+      otlpEndpoint(
+        {
+          OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318",
+          OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: "http://m/x",
+        },
+        "metrics",
+      ),
+    ).toBe("http://m/x");
   });
 
   it("pushes spans and metrics to the collector", async () => {
@@ -66,12 +76,18 @@ describe("metrics at /metrics", () => {
     billedUnits.add(7, { template: "node" });
     activeRequests.set("POST", 3);
     const text = await telemetry.prometheusText();
-    expect(text).toMatch(/sandfork_executions_total\{[^}]*template="python",status="completed"[^}]*\} 3\b/);
-    expect(text).toMatch(/sandfork_executions_total\{[^}]*template="python",status="timed_out"[^}]*\} 1\b/);
+    expect(text).toMatch(
+      /sandfork_executions_total\{[^}]*template="python",status="completed"[^}]*\} 3\b/,
+    );
+    expect(text).toMatch(
+      /sandfork_executions_total\{[^}]*template="python",status="timed_out"[^}]*\} 1\b/,
+    );
     expect(text).toMatch(/sandfork_billing_units_total\{[^}]*template="node"[^}]*\} 7\b/);
     expect(text).toMatch(/http_server_active_requests\{[^}]*http_request_method="POST"[^}]*\} 3\b/);
     executions.add(1, { template: "python", status: "completed" });
-    expect(await telemetry.prometheusText()).toMatch(/sandfork_executions_total\{[^}]*status="completed"[^}]*\} 4\b/);
+    expect(await telemetry.prometheusText()).toMatch(
+      /sandfork_executions_total\{[^}]*status="completed"[^}]*\} 4\b/,
+    );
     await telemetry.shutdown();
   });
 });

@@ -21,8 +21,19 @@ import { OTLPMetricExporter } from "@opentelemetry/exporter-metrics-otlp-http";
 import { PrometheusExporter, PrometheusSerializer } from "@opentelemetry/exporter-prometheus";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { resourceFromAttributes } from "@opentelemetry/resources";
-import { MeterProvider, type MetricReader, PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics";
-import { AlwaysOffSampler, BasicTracerProvider, BatchSpanProcessor, type SpanExporter, type SpanProcessor, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
+import {
+  MeterProvider,
+  type MetricReader,
+  PeriodicExportingMetricReader,
+} from "@opentelemetry/sdk-metrics";
+import {
+  AlwaysOffSampler,
+  BasicTracerProvider,
+  BatchSpanProcessor,
+  type SpanExporter,
+  type SpanProcessor,
+  SimpleSpanProcessor,
+} from "@opentelemetry/sdk-trace-base";
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
 
 export const SERVICE_NAME = "sandfork-gateway";
@@ -36,7 +47,12 @@ export const SERVICE_VERSION = "0.1.0";
 export class TalliedCounter<K extends string> {
   private readonly totals = new Map<string, { attributes: Record<K, string>; value: number }>();
 
-  constructor(meter: Meter, name: string, description: string, private readonly keys: readonly K[]) {
+  constructor(
+    meter: Meter,
+    name: string,
+    description: string,
+    private readonly keys: readonly K[],
+  ) {
     meter.createObservableCounter(name, { description }).addCallback((result) => {
       for (const total of this.totals.values()) result.observe(total.value, total.attributes);
     });
@@ -90,12 +106,19 @@ export interface TelemetryOptions {
 }
 
 /** Runs `work` in a new active span that always ends; a throw marks the span as an error. */
-export function inSpan<T>(tracer: Tracer, name: string, work: (span: Span) => Promise<T>): Promise<T> {
+export function inSpan<T>(
+  tracer: Tracer,
+  name: string,
+  work: (span: Span) => Promise<T>,
+): Promise<T> {
   return tracer.startActiveSpan(name, async (span) => {
     try {
       return await work(span);
     } catch (error) {
-      span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : String(error) });
+      span.setStatus({
+        code: SpanStatusCode.ERROR,
+        message: error instanceof Error ? error.message : String(error),
+      });
       throw error;
     } finally {
       span.end();
@@ -113,7 +136,10 @@ function installContextManager(): void {
 }
 
 /** The OTLP/HTTP endpoint for one signal, following the OTEL_EXPORTER_OTLP_* conventions; undefined: off. */
-export function otlpEndpoint(env: NodeJS.ProcessEnv, signal: "traces" | "metrics"): string | undefined {
+export function otlpEndpoint(
+  env: NodeJS.ProcessEnv,
+  signal: "traces" | "metrics",
+): string | undefined {
   const specific = env[`OTEL_EXPORTER_OTLP_${signal.toUpperCase()}_ENDPOINT`];
   if (specific) return specific;
   const base = env.OTEL_EXPORTER_OTLP_ENDPOINT;
@@ -122,60 +148,111 @@ export function otlpEndpoint(env: NodeJS.ProcessEnv, signal: "traces" | "metrics
 
 export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
   const env = options.env ?? process.env;
-  const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: SERVICE_NAME, [ATTR_SERVICE_VERSION]: SERVICE_VERSION });
+  const resource = resourceFromAttributes({
+    [ATTR_SERVICE_NAME]: SERVICE_NAME,
+    [ATTR_SERVICE_VERSION]: SERVICE_VERSION,
+  });
 
   const spanProcessors: SpanProcessor[] = [];
   if (options.spanExporter) spanProcessors.push(new SimpleSpanProcessor(options.spanExporter));
   const tracesUrl = otlpEndpoint(env, "traces");
-  if (tracesUrl) spanProcessors.push(new BatchSpanProcessor(new OTLPTraceExporter({ url: tracesUrl })));
+  if (tracesUrl)
+    spanProcessors.push(new BatchSpanProcessor(new OTLPTraceExporter({ url: tracesUrl })));
   // With nowhere to send spans, none is recorded (the SDK would build and drop each one), and
   // the async context that parents them stays off: in Node 20 it runs hooks on every promise.
   const recording = spanProcessors.length > 0;
   if (recording) installContextManager();
-  const tracerProvider = new BasicTracerProvider({ resource, spanProcessors, ...(recording ? {} : { sampler: new AlwaysOffSampler() }) });
+  const tracerProvider = new BasicTracerProvider({
+    resource,
+    spanProcessors,
+    ...(recording ? {} : { sampler: new AlwaysOffSampler() }),
+  });
 
   const prometheus = new PrometheusExporter({ preventServerStart: true });
   const readers: MetricReader[] = [prometheus];
   const metricsUrl = otlpEndpoint(env, "metrics");
-  if (metricsUrl) readers.push(new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter({ url: metricsUrl }) }));
+  if (metricsUrl)
+    readers.push(
+      new PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter({ url: metricsUrl }) }),
+    );
   const meterProvider = new MeterProvider({ resource, readers });
 
-  const tracer = (recording ? tracerProvider : new ProxyTracerProvider()).getTracer(SERVICE_NAME, SERVICE_VERSION);
+  const tracer = (recording ? tracerProvider : new ProxyTracerProvider()).getTracer(
+    SERVICE_NAME,
+    SERVICE_VERSION,
+  );
   const meter = meterProvider.getMeter(SERVICE_NAME, SERVICE_VERSION);
   const activeRequests = new Map<string, number>();
   meter
-    .createObservableUpDownCounter("http.server.active_requests", { description: "HTTP requests being served", valueType: ValueType.INT })
+    .createObservableUpDownCounter("http.server.active_requests", {
+      description: "HTTP requests being served",
+      valueType: ValueType.INT,
+    })
     .addCallback((result) => {
-      for (const [method, count] of activeRequests) result.observe(count, { "http.request.method": method });
+      for (const [method, count] of activeRequests)
+        result.observe(count, { "http.request.method": method });
     });
   const instruments: GatewayInstruments = {
-    executions: new TalliedCounter(meter, "sandfork.executions", "Executions finished, by template and status", ["template", "status"]),
+    executions: new TalliedCounter(
+      meter,
+      "sandfork.executions",
+      "Executions finished, by template and status",
+      ["template", "status"],
+    ),
     executionDuration: meter.createHistogram("sandfork.execution.duration", {
       description: "Wall time of executions as measured by the gateway",
       unit: "s",
     }),
-    billedUnits: new TalliedCounter(meter, "sandfork.billing.units", "Billing units charged, by template", ["template"]),
-    rejectedRequests: new TalliedCounter(meter, "sandfork.requests.rejected", "Requests answered with a problem, by problem type", ["problem"]),
+    billedUnits: new TalliedCounter(
+      meter,
+      "sandfork.billing.units",
+      "Billing units charged, by template",
+      ["template"],
+    ),
+    rejectedRequests: new TalliedCounter(
+      meter,
+      "sandfork.requests.rejected",
+      "Requests answered with a problem, by problem type",
+      ["problem"],
+    ),
     requestDuration: meter.createHistogram("http.server.request.duration", {
       description: "Duration of HTTP requests",
       unit: "s",
-      advice: { explicitBucketBoundaries: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] },
+      advice: {
+        explicitBucketBoundaries: [
+          0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+        ],
+      },
     }),
     activeRequests,
-    shedCalls: new TalliedCounter(meter, "sandfork.admission.shed", "Executions shed at once (429/503), by reason: key_queue_full, template_queue_full, runtime_busy", ["reason"]),
+    shedCalls: new TalliedCounter(
+      meter,
+      "sandfork.admission.shed",
+      "Executions shed at once (429/503), by reason: key_queue_full, template_queue_full, runtime_busy",
+      ["reason"],
+    ),
     admissionDepths: { read: () => ({ templates: [], keysQueued: 0 }) },
   };
   meter
-    .createObservableGauge("sandfork.admission.queued", { description: "Executions waiting for a slot, by queue (template, with its name, or key, over all keys)", valueType: ValueType.INT })
+    .createObservableGauge("sandfork.admission.queued", {
+      description:
+        "Executions waiting for a slot, by queue (template, with its name, or key, over all keys)",
+      valueType: ValueType.INT,
+    })
     .addCallback((result) => {
       const depths = instruments.admissionDepths.read();
-      for (const t of depths.templates) result.observe(t.queued, { queue: "template", template: t.template });
+      for (const t of depths.templates)
+        result.observe(t.queued, { queue: "template", template: t.template });
       result.observe(depths.keysQueued, { queue: "key" });
     });
   meter
-    .createObservableGauge("sandfork.admission.running", { description: "Executions handed to the runtime, by template", valueType: ValueType.INT })
+    .createObservableGauge("sandfork.admission.running", {
+      description: "Executions handed to the runtime, by template",
+      valueType: ValueType.INT,
+    })
     .addCallback((result) => {
-      for (const t of instruments.admissionDepths.read().templates) result.observe(t.running, { template: t.template });
+      for (const t of instruments.admissionDepths.read().templates)
+        result.observe(t.running, { template: t.template });
     });
   const serializer = new PrometheusSerializer();
 

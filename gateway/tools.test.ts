@@ -5,7 +5,13 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, Template } from "../runtime/execution-runtime.js";
+import type {
+  ExecutionRequest,
+  ExecutionResult,
+  ExecutionRuntime,
+  OutputChunk,
+  Template,
+} from "../runtime/execution-runtime.js";
 import { Sandfork, SandforkError, type StreamEvent } from "sandfork";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
@@ -13,14 +19,37 @@ import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 class StreamingRuntimeTestDouble implements ExecutionRuntime {
   readonly requests: ExecutionRequest[] = [];
   chunks: OutputChunk[] = [{ stream: "stdout", data: "45\n" }];
-  async execute(request: ExecutionRequest, _signal: AbortSignal, onOutput?: (chunk: OutputChunk) => void): Promise<ExecutionResult> {
+  async execute(
+    request: ExecutionRequest,
+    _signal: AbortSignal,
+    onOutput?: (chunk: OutputChunk) => void,
+  ): Promise<ExecutionResult> {
     this.requests.push(request);
     for (const chunk of this.chunks) onOutput?.(chunk);
-    const text = (stream: string) => this.chunks.filter((c) => c.stream === stream).map((c) => c.data).join("");
-    return { outcome: "completed", exitCode: 0, stdout: text("stdout"), stderr: text("stderr"), truncated: false, timings: { queueMs: 1, forkMs: 2, execMs: 150 } };
+    const text = (stream: string) =>
+      this.chunks
+        .filter((c) => c.stream === stream)
+        .map((c) => c.data)
+        .join("");
+    return {
+      outcome: "completed",
+      exitCode: 0,
+      stdout: text("stdout"),
+      stderr: text("stderr"),
+      truncated: false,
+      timings: { queueMs: 1, forkMs: 2, execMs: 150 },
+    };
   }
   async templates(): Promise<Template[]> {
-    return [{ name: "python", language: "python", languages: ["python"], contentHash: "c0ffee", ready: true }];
+    return [
+      {
+        name: "python",
+        language: "python",
+        languages: ["python"],
+        contentHash: "c0ffee",
+        ready: true,
+      },
+    ];
   }
 }
 
@@ -31,7 +60,8 @@ const PROBLEMS = "https://sandfork.dev/problems/";
 let gw: TestGateway;
 let runtime: StreamingRuntimeTestDouble;
 /** fetch through the app, no sockets. */
-const appFetch = (input: string | URL | Request, init?: RequestInit) => Promise.resolve(gw.app.request(input instanceof Request ? input : String(input), init));
+const appFetch = (input: string | URL | Request, init?: RequestInit) =>
+  Promise.resolve(gw.app.request(input instanceof Request ? input : String(input), init));
 
 beforeAll(async () => {
   gw = await startTestGateway("pglite");
@@ -47,7 +77,14 @@ beforeEach(() => {
 /** A key with `credits` (null: an account without any) and a client using it. */
 async function client(credits: number | null = 100) {
   const issued = await gw.issue(credits === null ? {} : { credits });
-  return { ...issued, sandfork: new Sandfork({ baseUrl: "http://gateway.test", apiKey: issued.key, fetch: appFetch as typeof fetch }) };
+  return {
+    ...issued,
+    sandfork: new Sandfork({
+      baseUrl: "http://gateway.test",
+      apiKey: issued.key,
+      fetch: appFetch as typeof fetch,
+    }),
+  };
 }
 
 describe("GET /v1/tools", () => {
@@ -59,11 +96,21 @@ describe("GET /v1/tools", () => {
       type: "object",
       required: ["language", "code"],
       additionalProperties: false,
-      properties: { language: { type: "string" }, code: { type: "string" }, timeout_ms: { type: "integer", maximum: gw.config.executionLimits.maxTimeoutMs } },
+      properties: {
+        language: { type: "string" },
+        code: { type: "string" },
+        timeout_ms: { type: "integer", maximum: gw.config.executionLimits.maxTimeoutMs },
+      },
     });
     const anthropic = await sandfork.tools("anthropic");
-    expect(anthropic[0]).toEqual({ name: "run_code", description: openai[0]?.function.description, input_schema: openai[0]?.function.parameters });
-    const refused = await gw.call("GET", "/v1/tools?format=gemini", { credential: (await gw.issue()).key });
+    expect(anthropic[0]).toEqual({
+      name: "run_code",
+      description: openai[0]?.function.description,
+      input_schema: openai[0]?.function.parameters,
+    });
+    const refused = await gw.call("GET", "/v1/tools?format=gemini", {
+      credential: (await gw.issue()).key,
+    });
     expect(refused.status).toBe(422);
     expect((await gw.call("GET", "/v1/tools?format=openai")).status).toBe(401);
   });
@@ -72,20 +119,39 @@ describe("GET /v1/tools", () => {
 describe("POST /v1/tool-calls", () => {
   it("runs an OpenAI tool call, billed, and answers the tool message", async () => {
     const { sandfork, accountId } = await client();
-    const call = { id: "call_1", type: "function" as const, function: { name: "run_code", arguments: JSON.stringify({ language: "python", code: "print(45)" }) } };
+    const call = {
+      id: "call_1",
+      type: "function" as const,
+      function: {
+        name: "run_code",
+        arguments: JSON.stringify({ language: "python", code: "print(45)" }),
+      },
+    };
     const message = await sandfork.toolCall(call);
     expect(message).toMatchObject({ role: "tool", tool_call_id: "call_1" });
-    expect(JSON.parse(message.content)).toMatchObject({ status: "completed", exit_code: 0, stdout: "45\n", usage: { units: CHARGED } });
+    expect(JSON.parse(message.content)).toMatchObject({
+      status: "completed",
+      exit_code: 0,
+      stdout: "45\n",
+      usage: { units: CHARGED },
+    });
     expect(runtime.requests[0]).toMatchObject({ template: "python", code: "print(45)" });
-    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: 100 - CHARGED,
+      reservedUnits: 0,
+    });
   });
 
   it("tells the model what was wrong with its call, without running anything or failing the request", async () => {
     const { sandfork } = await client();
-    const openai = (name: string, args: string) => sandfork.toolCall({ id: "call_x", type: "function", function: { name, arguments: args } });
-    const problem = async (answer: Promise<{ content: string }>) => JSON.parse((await answer).content) as Record<string, unknown>;
+    const openai = (name: string, args: string) =>
+      sandfork.toolCall({ id: "call_x", type: "function", function: { name, arguments: args } });
+    const problem = async (answer: Promise<{ content: string }>) =>
+      JSON.parse((await answer).content) as Record<string, unknown>;
 
-    expect(await problem(openai("run_code", '{"language": "python", "code": "print(1)"'))).toMatchObject({
+    expect(
+      await problem(openai("run_code", '{"language": "python", "code": "print(1)"')),
+    ).toMatchObject({
       type: `${PROBLEMS}invalid-tool-arguments`,
       detail: expect.stringContaining("not valid JSON"),
     });
@@ -93,39 +159,84 @@ describe("POST /v1/tool-calls", () => {
       type: `${PROBLEMS}invalid-tool-arguments`,
       errors: [{ path: "code", message: expect.any(String) }],
     });
-    expect(await problem(openai("run_code", '{"language": "python", "code": "x", "files": [{"path": "../etc/passwd", "content": ""}]}'))).toMatchObject({
+    expect(
+      await problem(
+        openai(
+          "run_code",
+          '{"language": "python", "code": "x", "files": [{"path": "../etc/passwd", "content": ""}]}',
+        ),
+      ),
+    ).toMatchObject({
       type: `${PROBLEMS}invalid-tool-arguments`,
       errors: [{ path: "files.0.path" }],
     });
-    expect(await problem(openai("run_code", '{"language": "cobol", "code": "x"}'))).toMatchObject({ type: `${PROBLEMS}unknown-template`, languages: ["python"] });
-    expect(await problem(openai("rm_rf", "{}"))).toMatchObject({ type: `${PROBLEMS}unknown-tool`, tools: ["run_code", "list_templates"] });
+    expect(await problem(openai("run_code", '{"language": "cobol", "code": "x"}'))).toMatchObject({
+      type: `${PROBLEMS}unknown-template`,
+      languages: ["python"],
+    });
+    expect(await problem(openai("rm_rf", "{}"))).toMatchObject({
+      type: `${PROBLEMS}unknown-tool`,
+      tools: ["run_code", "list_templates"],
+    });
 
-    const anthropic = await sandfork.toolCall({ type: "tool_use", id: "toolu_1", name: "run_code", input: { code: 42 } });
-    expect(anthropic).toMatchObject({ type: "tool_result", tool_use_id: "toolu_1", is_error: true });
-    expect(JSON.parse(anthropic.content)).toMatchObject({ type: `${PROBLEMS}invalid-tool-arguments` });
+    const anthropic = await sandfork.toolCall({
+      type: "tool_use",
+      id: "toolu_1",
+      name: "run_code",
+      input: { code: 42 },
+    });
+    expect(anthropic).toMatchObject({
+      type: "tool_result",
+      tool_use_id: "toolu_1",
+      is_error: true,
+    });
+    expect(JSON.parse(anthropic.content)).toMatchObject({
+      type: `${PROBLEMS}invalid-tool-arguments`,
+    });
     expect(runtime.requests).toEqual([]);
 
     // Out of credits is the model's to report too; a malformed body is the caller's bug (422).
     const poor = await client(null);
-    const broke = await poor.sandfork.toolCall({ type: "tool_use", id: "toolu_2", name: "run_code", input: { language: "python", code: "1" } });
+    const broke = await poor.sandfork.toolCall({
+      type: "tool_use",
+      id: "toolu_2",
+      name: "run_code",
+      input: { language: "python", code: "1" },
+    });
     expect(broke.is_error, broke.content).toBe(true);
-    expect(JSON.parse(broke.content)).toMatchObject({ type: `${PROBLEMS}insufficient-credits`, status: 402 });
-    await expect(sandfork.toolCall({ type: "tool_use", name: "run_code" } as never)).rejects.toMatchObject({ status: 422 });
+    expect(JSON.parse(broke.content)).toMatchObject({
+      type: `${PROBLEMS}insufficient-credits`,
+      status: 402,
+    });
+    await expect(
+      sandfork.toolCall({ type: "tool_use", name: "run_code" } as never),
+    ).rejects.toMatchObject({ status: 422 });
   });
 
   it("answers an Anthropic tool_use with a tool_result block; list_templates needs no execution", async () => {
     const { sandfork } = await client();
-    const result = await sandfork.toolCall({ type: "tool_use", id: "toolu_3", name: "list_templates", input: {} });
+    const result = await sandfork.toolCall({
+      type: "tool_use",
+      id: "toolu_3",
+      name: "list_templates",
+      input: {},
+    });
     expect(result).toMatchObject({ type: "tool_result", tool_use_id: "toolu_3", is_error: false });
-    expect(JSON.parse(result.content)).toEqual({ templates: [{ name: "python", language: "python", languages: ["python"], ready: true }] });
+    expect(JSON.parse(result.content)).toEqual({
+      templates: [{ name: "python", language: "python", languages: ["python"], ready: true }],
+    });
     expect(runtime.requests).toEqual([]);
   });
 });
 
 describe("/mcp", () => {
   async function mcpClient(key: string | undefined) {
-    const headers: Record<string, string> = key === undefined ? {} : { authorization: `Bearer ${key}` };
-    const transport = new StreamableHTTPClientTransport(new URL("http://gateway.test/mcp"), { fetch: appFetch, requestInit: { headers } });
+    const headers: Record<string, string> =
+      key === undefined ? {} : { authorization: `Bearer ${key}` };
+    const transport = new StreamableHTTPClientTransport(new URL("http://gateway.test/mcp"), {
+      fetch: appFetch,
+      requestInit: { headers },
+    });
     const mcp = new Client({ name: "test", version: "1" });
     await mcp.connect(transport);
     return mcp;
@@ -133,11 +244,22 @@ describe("/mcp", () => {
 
   it("refuses a client without credentials", async () => {
     await expect(mcpClient(undefined)).rejects.toThrow(/401|unauthenticated|Credentials/i);
-    const response = await gw.call("POST", "/mcp", { body: { jsonrpc: "2.0", id: 1, method: "tools/list" } });
+    const response = await gw.call("POST", "/mcp", {
+      body: { jsonrpc: "2.0", id: 1, method: "tools/list" },
+    });
     expect(response.status).toBe(401);
     // With credentials, the stateless server offers no GET stream and no sessions to DELETE.
     const { key } = await gw.issue();
-    for (const method of ["GET", "DELETE"]) expect((await gw.call(method, "/mcp", { credential: key, headers: { accept: "text/event-stream" } })).status, method).toBe(405);
+    for (const method of ["GET", "DELETE"])
+      expect(
+        (
+          await gw.call(method, "/mcp", {
+            credential: key,
+            headers: { accept: "text/event-stream" },
+          })
+        ).status,
+        method,
+      ).toBe(405);
   });
 
   it("lists the tools, runs run_code billed, and reports failures as isError results with the problem type", async () => {
@@ -145,14 +267,23 @@ describe("/mcp", () => {
     const mcp = await mcpClient(key);
     const { tools } = await mcp.listTools();
     expect(tools.map((t) => t.name)).toEqual(["run_code", "list_templates"]);
-    const ran = await mcp.callTool({ name: "run_code", arguments: { language: "python", code: "print(45)" } });
+    const ran = await mcp.callTool({
+      name: "run_code",
+      arguments: { language: "python", code: "print(45)" },
+    });
     expect(ran.isError).toBeFalsy();
-    expect(ran.structuredContent).toMatchObject({ status: "completed", stdout: "45\n", usage: { units: CHARGED } });
+    expect(ran.structuredContent).toMatchObject({
+      status: "completed",
+      stdout: "45\n",
+      usage: { units: CHARGED },
+    });
     expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED });
 
     const bad = await mcp.callTool({ name: "run_code", arguments: { language: "python" } });
     expect(bad.isError).toBe(true);
-    expect(JSON.parse((bad.content as { text: string }[])[0]?.text ?? "")).toMatchObject({ type: `${PROBLEMS}invalid-tool-arguments` });
+    expect(JSON.parse((bad.content as { text: string }[])[0]?.text ?? "")).toMatchObject({
+      type: `${PROBLEMS}invalid-tool-arguments`,
+    });
     await mcp.close();
   });
 });
@@ -166,7 +297,8 @@ describe("streamed POST /v1/executions", () => {
     ];
     const { sandfork, accountId, key } = await client();
     const events: StreamEvent[] = [];
-    for await (const event of sandfork.stream({ template: "python", code: "x" })) events.push(event);
+    for await (const event of sandfork.stream({ template: "python", code: "x" }))
+      events.push(event);
     const [started, ...rest] = events;
     const final = rest.pop();
     expect(started?.event).toBe("started");
@@ -175,14 +307,26 @@ describe("streamed POST /v1/executions", () => {
       { event: "output", stream: "stderr", data: "warn\n" },
       { event: "output", stream: "stdout", data: "two\n" },
     ]);
-    if (final?.event !== "execution" || started?.event !== "started") throw new Error(`unexpected events ${JSON.stringify(events)}`);
-    expect(final.execution).toMatchObject({ id: started.id, stdout: "one\ntwo\n", stderr: "warn\n", usage: { units: CHARGED } });
+    if (final?.event !== "execution" || started?.event !== "started")
+      throw new Error(`unexpected events ${JSON.stringify(events)}`);
+    expect(final.execution).toMatchObject({
+      id: started.id,
+      stdout: "one\ntwo\n",
+      stderr: "warn\n",
+      usage: { units: CHARGED },
+    });
     const stored = await gw.call("GET", `/v1/executions/${started.id}`, { credential: key });
     expect(await stored.json()).toEqual(final.execution);
-    expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED, reservedUnits: 0 });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: 100 - CHARGED,
+      reservedUnits: 0,
+    });
 
     // "stream": true streams without the Accept header; a refusal before the start is plain problem+json.
-    const viaBody = await gw.call("POST", "/v1/executions", { credential: (await gw.issue({ credits: 100 })).key, body: { template: "python", code: "x", stream: true } });
+    const viaBody = await gw.call("POST", "/v1/executions", {
+      credential: (await gw.issue({ credits: 100 })).key,
+      body: { template: "python", code: "x", stream: true },
+    });
     expect(viaBody.headers.get("content-type")).toMatch(/^text\/event-stream/);
     expect(await viaBody.text()).toMatch(/^event: started\n[\s\S]*event: execution\n/);
     const poor = await client(null);

@@ -22,8 +22,18 @@ const DURATION = __ENV.DURATION ?? "30s";
 export const options: Options = {
   scenarios: {
     execute: { executor: "constant-vus", exec: "execute", vus: VUS, duration: DURATION },
-    replay: { executor: "constant-vus", exec: "replay", vus: Math.max(1, Math.floor(VUS / 4)), duration: DURATION },
-    lookup: { executor: "constant-vus", exec: "lookup", vus: Math.max(1, Math.floor(VUS / 4)), duration: DURATION },
+    replay: {
+      executor: "constant-vus",
+      exec: "replay",
+      vus: Math.max(1, Math.floor(VUS / 4)),
+      duration: DURATION,
+    },
+    lookup: {
+      executor: "constant-vus",
+      exec: "lookup",
+      vus: Math.max(1, Math.floor(VUS / 4)),
+      duration: DURATION,
+    },
     health: { executor: "constant-vus", exec: "health", vus: 1, duration: DURATION },
   },
   thresholds: {
@@ -39,7 +49,11 @@ const body = JSON.stringify({ template: TEMPLATE, code: "print(6*7)" });
 
 function post(idempotencyKey: string) {
   return http.post(`${BASE_URL}/v1/executions`, body, {
-    headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json", "idempotency-key": idempotencyKey },
+    headers: {
+      authorization: `Bearer ${KEY}`,
+      "content-type": "application/json",
+      "idempotency-key": idempotencyKey,
+    },
     tags: { name: "POST /v1/executions" },
   });
 }
@@ -60,7 +74,8 @@ export function execute(): void {
   const response = post(`k6-${exec.vu.idInTest}-${exec.scenario.iterationInTest}-${Date.now()}`);
   check(response, {
     "status 200": (r) => r.status === 200,
-    "completed with 42": (r) => r.status === 200 && r.json("status") === "completed" && r.json("stdout") === "42\n",
+    "completed with 42": (r) =>
+      r.status === 200 && r.json("status") === "completed" && r.json("stdout") === "42\n",
   });
 }
 

@@ -9,5 +9,7 @@ const hello = new Hono();
 hello.get("/hello", (c) => c.text("hello"));
 
 const server = serve({ fetch: hello.fetch, hostname: "127.0.0.1", port: 0 }, () => {
-  process.stdout.write(`${JSON.stringify({ url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` })}\n`,
+  );
 });

@@ -8,13 +8,21 @@ import { daemonRequest, EXECUTION_BODY } from "./lib/execution.js";
 import { keepAliveClient } from "./lib/http-client.js";
 import { onEachDatabase, parseDatabases, withLoadGateway } from "./lib/load-gateway.js";
 import { drive, driveAlternating, percentile } from "./lib/measure.js";
-import { type ExecutionPhases, executionPhases, type SpanReceiver, startSpanReceiver } from "./lib/phases.js";
+import {
+  type ExecutionPhases,
+  executionPhases,
+  type SpanReceiver,
+  startSpanReceiver,
+} from "./lib/phases.js";
 
-const { values, fail } = commandLine("npm run loadtest:phases -- [--requests N] [--warm-up N] [--databases pglite,postgres]", {
-  requests: { type: "string", default: "2000" },
-  "warm-up": { type: "string", default: "3000" },
-  databases: { type: "string", default: "pglite,postgres" },
-});
+const { values, fail } = commandLine(
+  "npm run loadtest:phases -- [--requests N] [--warm-up N] [--databases pglite,postgres]",
+  {
+    requests: { type: "string", default: "2000" },
+    "warm-up": { type: "string", default: "3000" },
+    databases: { type: "string", default: "pglite,postgres" },
+  },
+);
 const requests = Number(values.requests);
 const warmUp = Number(values["warm-up"]);
 if (!Number.isSafeInteger(requests) || requests <= 0) fail("--requests must be a positive integer");
@@ -27,7 +35,11 @@ const ROUNDS = 5;
 const SPANS_DUE_MS = 10_000;
 
 const client = keepAliveClient(1);
-const p50 = (values: number[]) => percentile([...values].sort((a, b) => a - b), 50);
+const p50 = (values: number[]) =>
+  percentile(
+    [...values].sort((a, b) => a - b),
+    50,
+  );
 
 interface PhaseRun {
   phases: ExecutionPhases[];
@@ -36,16 +48,30 @@ interface PhaseRun {
   daemonAlone: { clientMs: number[]; vmMs: number[] };
 }
 
-async function measure(database: string, databaseUrl: string | undefined, receiver: SpanReceiver): Promise<PhaseRun> {
+async function measure(
+  database: string,
+  databaseUrl: string | undefined,
+  receiver: SpanReceiver,
+): Promise<PhaseRun> {
   // Every span exported within a fifth of a second, none dropped for a full queue.
-  const env = { OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: receiver.url, OTEL_BSP_SCHEDULE_DELAY: "200", OTEL_BSP_MAX_QUEUE_SIZE: "65536", OTEL_BSP_MAX_EXPORT_BATCH_SIZE: "4096" };
+  const env = {
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: receiver.url,
+    OTEL_BSP_SCHEDULE_DELAY: "200",
+    OTEL_BSP_MAX_QUEUE_SIZE: "65536",
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE: "4096",
+  };
   return withLoadGateway(client.call, { databaseUrl, env }, async ({ gateway, daemon, json }) => {
     let sequence = 0;
     const clientMs = new Map<string, number>();
     const execute = async (measured: boolean) => {
       const requestId = `phases-${sequence++}`;
       const started = performance.now();
-      const r = await client.call("POST", `${gateway.url}/v1/executions`, { ...json, "x-request-id": requestId }, EXECUTION_BODY);
+      const r = await client.call(
+        "POST",
+        `${gateway.url}/v1/executions`,
+        { ...json, "x-request-id": requestId },
+        EXECUTION_BODY,
+      );
       if (measured) clientMs.set(requestId, performance.now() - started);
       return r.status === 200;
     };
@@ -58,11 +84,30 @@ async function measure(database: string, databaseUrl: string | undefined, receiv
       return result.outcome === "completed";
     };
 
-    console.log(`${database}: ${warmUp} executions to warm up, then ${requests} in ${ROUNDS} blocks taken in turn with the daemon alone`);
-    const warm = await drive({ scenario: "warm-up", requests: warmUp, concurrency: 1, maxDurationMs: Number.MAX_SAFE_INTEGER, send: () => execute(false) });
-    if (warm.failures > 0) throw new Error(`warm-up: ${warm.failures} of ${warm.requests} executions failed`);
-    const block = (scenario: string, send: () => Promise<boolean>) => ({ scenario, requests, concurrency: 1, maxDurationMs: Number.MAX_SAFE_INTEGER, send });
-    const { subject, baseline } = await driveAlternating(block("gateway", () => execute(true)), block("daemon alone", executeOnDaemon), ROUNDS);
+    console.log(
+      `${database}: ${warmUp} executions to warm up, then ${requests} in ${ROUNDS} blocks taken in turn with the daemon alone`,
+    );
+    const warm = await drive({
+      scenario: "warm-up",
+      requests: warmUp,
+      concurrency: 1,
+      maxDurationMs: Number.MAX_SAFE_INTEGER,
+      send: () => execute(false),
+    });
+    if (warm.failures > 0)
+      throw new Error(`warm-up: ${warm.failures} of ${warm.requests} executions failed`);
+    const block = (scenario: string, send: () => Promise<boolean>) => ({
+      scenario,
+      requests,
+      concurrency: 1,
+      maxDurationMs: Number.MAX_SAFE_INTEGER,
+      send,
+    });
+    const { subject, baseline } = await driveAlternating(
+      block("gateway", () => execute(true)),
+      block("daemon alone", executeOnDaemon),
+      ROUNDS,
+    );
     for (const { scenario, failures, requests: sent } of [subject, baseline]) {
       if (failures > 0) throw new Error(`${scenario}: ${failures} of ${sent} executions failed`);
     }
@@ -85,7 +130,10 @@ function report(database: string, run: PhaseRun): void {
   const of = (pick: (p: ExecutionPhases) => number) => p50(phases.map(pick)).toFixed(3);
   const rows: [string, string][] = [
     ["client: the whole request", p50([...clientMs.values()]).toFixed(3)],
-    ["  outside the gateway's server span (client, loopback, wake-ups)", of((p) => (clientMs.get(p.requestId) ?? 0) - p.server)],
+    [
+      "  outside the gateway's server span (client, loopback, wake-ups)",
+      of((p) => (clientMs.get(p.requestId) ?? 0) - p.server),
+    ],
     ["  the server span", of((p) => p.server)],
     ["    auth (key or token, rate limit)", of((p) => p.auth)],
     ["    the hold (billing.reserve)", of((p) => p.hold)],
@@ -96,19 +144,31 @@ function report(database: string, run: PhaseRun): void {
     ["    the rest: HTTP, body, validation, limits, the answer", of((p) => p.rest)],
     ["daemon alone: the whole request", p50(daemonAlone.clientMs).toFixed(3)],
     ["  of which the VM (queue, fork, exec)", p50(daemonAlone.vmMs).toFixed(3)],
-    ["  of which the rest (runtime client, socket, daemon)", p50(daemonAlone.clientMs.map((ms, i) => ms - (daemonAlone.vmMs[i] ?? 0))).toFixed(3)],
+    [
+      "  of which the rest (runtime client, socket, daemon)",
+      p50(daemonAlone.clientMs.map((ms, i) => ms - (daemonAlone.vmMs[i] ?? 0))).toFixed(3),
+    ],
   ];
-  console.log(`\n${database}, p50 ms over ${phases.length} traced executions of ${clientMs.size} (each phase's own median: they need not add up):`);
+  console.log(
+    `\n${database}, p50 ms over ${phases.length} traced executions of ${clientMs.size} (each phase's own median: they need not add up):`,
+  );
   const width = Math.max(...rows.map(([label]) => label.length));
   for (const [label, value] of rows) console.log(`  ${label.padEnd(width)}  ${value.padStart(7)}`);
 }
 
 const receiver = await startSpanReceiver();
 try {
-  const { runs, postgresDurability } = await onEachDatabase(databases, "sandfork_phases", (database, databaseUrl) => measure(database, databaseUrl, receiver));
+  const { runs, postgresDurability } = await onEachDatabase(
+    databases,
+    "sandfork_phases",
+    (database, databaseUrl) => measure(database, databaseUrl, receiver),
+  );
   if (runs.pglite !== undefined) report("pglite", runs.pglite);
   if (runs.postgres !== undefined) {
-    report(`postgres (fsync=${postgresDurability?.fsync}, synchronous_commit=${postgresDurability?.synchronous_commit})`, runs.postgres);
+    report(
+      `postgres (fsync=${postgresDurability?.fsync}, synchronous_commit=${postgresDurability?.synchronous_commit})`,
+      runs.postgres,
+    );
   }
 } finally {
   client.destroy();

@@ -19,26 +19,37 @@ import { commandLine } from "../gateway/cli/command-line.js";
 import { percentile } from "./lib/measure.js";
 import { durabilityOf, postgresServer } from "./lib/postgres-server.js";
 
-const { values, fail } = commandLine("npm run bench:usage -- [--executions N] [--days D] [--blocks B] [--databases pglite,postgres]", {
-  executions: { type: "string", default: "300000" },
-  days: { type: "string", default: "30" },
-  blocks: { type: "string", default: "10" },
-  databases: { type: "string", default: "pglite,postgres" },
-});
+const { values, fail } = commandLine(
+  "npm run bench:usage -- [--executions N] [--days D] [--blocks B] [--databases pglite,postgres]",
+  {
+    executions: { type: "string", default: "300000" },
+    days: { type: "string", default: "30" },
+    blocks: { type: "string", default: "10" },
+    databases: { type: "string", default: "pglite,postgres" },
+  },
+);
 const executions = Number(values.executions);
 const days = Number(values.days);
 const blocks = Number(values.blocks);
-if (!Number.isSafeInteger(executions) || executions < 1) fail(`--executions: a positive integer, got ${values.executions}`);
+if (!Number.isSafeInteger(executions) || executions < 1)
+  fail(`--executions: a positive integer, got ${values.executions}`);
 if (!(days > 0)) fail(`--days: a positive number, got ${values.days}`);
-if (!Number.isSafeInteger(blocks) || blocks < 1) fail(`--blocks: a positive integer, got ${values.blocks}`);
+if (!Number.isSafeInteger(blocks) || blocks < 1)
+  fail(`--blocks: a positive integer, got ${values.blocks}`);
 const databases = (values.databases ?? "").split(",");
-for (const d of databases) if (d !== "pglite" && d !== "postgres") fail(`--databases: pglite or postgres, got ${d}`);
+for (const d of databases)
+  if (d !== "pglite" && d !== "postgres") fail(`--databases: pglite or postgres, got ${d}`);
 
 const QUERIES_PER_BLOCK = 5;
 /** The keys measured: one over the days, one busy in the last 30 minutes. */
 const MEASURED = [
   { keyId: "00000000-0000-4000-8000-0000000000a1", count: executions, days, span: `${days} days` },
-  { keyId: "00000000-0000-4000-8000-0000000000a3", count: Math.ceil(executions / 3), days: 30 / (24 * 60), span: "the last 30 minutes" },
+  {
+    keyId: "00000000-0000-4000-8000-0000000000a3",
+    count: Math.ceil(executions / 3),
+    days: 30 / (24 * 60),
+    span: "the last 30 minutes",
+  },
 ];
 const OTHER_KEY_ID = "00000000-0000-4000-8000-0000000000a2";
 
@@ -63,25 +74,44 @@ async function measure(backend: DatabaseBackend, open: OpenDatabase): Promise<vo
     await open.db.execute(sql`VACUUM ANALYZE executions`);
   });
   console.log(`${backend}: records inserted in ${Math.round(inserted.ms)} ms`);
-  const [from, to] = [new Date(Date.now() - (days + 1) * 86_400_000), new Date(Date.now() + 60_000)];
+  const [from, to] = [
+    new Date(Date.now() - (days + 1) * 86_400_000),
+    new Date(Date.now() + 60_000),
+  ];
   for (const { keyId, span } of MEASURED) {
     const first = await timed(() => usageForKey(open.db, keyId, from, to));
     const baseline = await usageFromRecords(open.db, keyId, from, to);
     if (JSON.stringify(first.value) !== JSON.stringify(baseline)) {
-      throw new Error(`the two queries disagree: ${JSON.stringify(first.value)} against ${JSON.stringify(baseline)}`);
+      throw new Error(
+        `the two queries disagree: ${JSON.stringify(first.value)} against ${JSON.stringify(baseline)}`,
+      );
     }
     const withSums: number[] = [];
     const fromRecords: number[] = [];
     for (let block = 0; block < blocks; block++) {
-      const turns = block % 2 === 0 ? ([[withSums, usageForKey], [fromRecords, usageFromRecords]] as const) : ([[fromRecords, usageFromRecords], [withSums, usageForKey]] as const);
+      const turns =
+        block % 2 === 0
+          ? ([
+              [withSums, usageForKey],
+              [fromRecords, usageFromRecords],
+            ] as const)
+          : ([
+              [fromRecords, usageFromRecords],
+              [withSums, usageForKey],
+            ] as const);
       for (const [times, query] of turns) {
-        for (let i = 0; i < QUERIES_PER_BLOCK; i++) times.push((await timed(() => query(open.db, keyId, from, to))).ms);
+        for (let i = 0; i < QUERIES_PER_BLOCK; i++)
+          times.push((await timed(() => query(open.db, keyId, from, to))).ms);
       }
     }
     console.log(`  a key with ${first.value.executions} finished executions in ${span}:`);
     console.log(`    first query, summing the key's records: ${round(first.ms)} ms`);
-    console.log(`    usage with the sums (db/usage.ts), ${withSums.length} queries: ${figures(withSums)}`);
-    console.log(`    baseline, summed from the records alone, ${fromRecords.length} queries: ${figures(fromRecords)}`);
+    console.log(
+      `    usage with the sums (db/usage.ts), ${withSums.length} queries: ${figures(withSums)}`,
+    );
+    console.log(
+      `    baseline, summed from the records alone, ${fromRecords.length} queries: ${figures(fromRecords)}`,
+    );
   }
 }
 
@@ -103,7 +133,9 @@ try {
       const fresh = await emptyPostgresDatabase("sandfork_bench", pg.url);
       const open = await openDatabase({ backend: "postgres", url: fresh.url, maxConnections: 1 });
       try {
-        console.log(`PostgreSQL server: fsync=${durability.fsync}, synchronous_commit=${durability.synchronous_commit}`);
+        console.log(
+          `PostgreSQL server: fsync=${durability.fsync}, synchronous_commit=${durability.synchronous_commit}`,
+        );
         await measure(backend, open);
       } finally {
         await open.close();

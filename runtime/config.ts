@@ -61,11 +61,16 @@ export function executeMaxWaitMsFromEnv(env: NodeJS.ProcessEnv): number {
   return positiveIntegerFromEnv(env, "SANDFORK_VMM_EXECUTE_MAX_WAIT_MS", 600_000);
 }
 
-export function positiveIntegerFromEnv(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
+export function positiveIntegerFromEnv(
+  env: NodeJS.ProcessEnv,
+  name: string,
+  fallback: number,
+): number {
   const raw = env[name];
   if (raw === undefined || raw === "") return fallback;
   const value = Number(raw);
-  if (!Number.isSafeInteger(value) || value <= 0) throw new Error(`${name} must be a positive integer, got ${raw}`);
+  if (!Number.isSafeInteger(value) || value <= 0)
+    throw new Error(`${name} must be a positive integer, got ${raw}`);
   return value;
 }
 
@@ -76,7 +81,9 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
   }
   const socketPath = resolve(env.SANDFORK_VMM_SOCKET ?? join(dataDir, "run", "sandfork-vmm.sock"));
   if (Buffer.byteLength(socketPath) > MAX_SOCKET_PATH_BYTES) {
-    throw new Error(`the daemon socket path ${socketPath} is longer than ${MAX_SOCKET_PATH_BYTES} bytes; set SANDFORK_VMM_SOCKET to a shorter one`);
+    throw new Error(
+      `the daemon socket path ${socketPath} is longer than ${MAX_SOCKET_PATH_BYTES} bytes; set SANDFORK_VMM_SOCKET to a shorter one`,
+    );
   }
   return {
     mode,
@@ -84,16 +91,27 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     socketPath,
     templatesDir: resolve(env.SANDFORK_TEMPLATES_DIR ?? join(dataDir, "templates")),
     templateSourcesDir: resolve(env.SANDFORK_TEMPLATE_SOURCES ?? "templates"),
-    templateNames: env.SANDFORK_TEMPLATES === undefined ? undefined : env.SANDFORK_TEMPLATES.split(",").map((name) => name.trim()).filter((name) => name !== ""),
+    templateNames:
+      env.SANDFORK_TEMPLATES === undefined
+        ? undefined
+        : env.SANDFORK_TEMPLATES.split(",")
+            .map((name) => name.trim())
+            .filter((name) => name !== ""),
     serveArgs: (env.SANDFORK_VMM_SERVE_ARGS ?? "").split(/\s+/).filter((arg) => arg !== ""),
     sessionsDir: resolve(env.SANDFORK_SESSIONS_DIR ?? join(dataDir, "sessions")),
     rebuildTemplates: env.SANDFORK_REBUILD_TEMPLATES === "1",
-    bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1) : undefined,
+    bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS
+      ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1)
+      : undefined,
     readyTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_READY_TIMEOUT_MS", 15_000),
     executeGraceMs: executeGraceMsFromEnv(env),
     executeMaxWaitMs: executeMaxWaitMsFromEnv(env),
     connections: positiveIntegerFromEnv(env, "SANDFORK_VMM_CONNECTIONS", 4),
-    maxInFlightPerConnection: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION", 32),
+    maxInFlightPerConnection: positiveIntegerFromEnv(
+      env,
+      "SANDFORK_VMM_MAX_IN_FLIGHT_PER_CONNECTION",
+      32,
+    ),
     maxQueued: positiveIntegerFromEnv(env, "SANDFORK_VMM_MAX_QUEUED", 256),
   };
 }

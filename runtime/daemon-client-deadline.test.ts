@@ -37,7 +37,16 @@ function timedOutAnswer(id: unknown): FrameObject {
     limits: { timeout_ms: 50, memory_mib: 256, output_bytes: 1_048_576 },
     vm: { origin: "fresh", resets: 0 },
     timings: { queue_us: 700_000, fork_us: 400, exec_us: 50_000, total_us: 751_000 },
-    usage: { wall_us: 50_000, cpu_us: 50_000, peak_memory_bytes: 1, pages_copied: 1, syscalls: 1, exits: 1, threads_created: 0, thread_switches: 0 },
+    usage: {
+      wall_us: 50_000,
+      cpu_us: 50_000,
+      peak_memory_bytes: 1,
+      pages_copied: 1,
+      syscalls: 1,
+      exits: 1,
+      threads_created: 0,
+      thread_switches: 0,
+    },
   };
 }
 
@@ -77,10 +86,20 @@ async function fakeDaemon(onExecute: OnExecute): Promise<FakeDaemon> {
     socket.on("data", (chunk: Buffer) => {
       decoder.push(chunk);
       for (let frame = decoder.next(); frame !== undefined; frame = decoder.next()) {
-        if (frame.type === "hello") socket.write(encodeFrame({ type: "hello", protocol: 1, server: "fake-vmm 0" }));
+        if (frame.type === "hello")
+          socket.write(encodeFrame({ type: "hello", protocol: 1, server: "fake-vmm 0" }));
         else if (frame.type === "health") {
           daemon.healthProbes += 1;
-          if (!daemon.silent) socket.write(encodeFrame({ id: frame.id, type: "health", ok: true, kvm: "available", templates: 1 }));
+          if (!daemon.silent)
+            socket.write(
+              encodeFrame({
+                id: frame.id,
+                type: "health",
+                ok: true,
+                kvm: "available",
+                templates: 1,
+              }),
+            );
         } else if (frame.type === "execute") onExecute(frame, socket);
       }
     });
@@ -102,9 +121,17 @@ describe("DaemonClient: an execution's answer is the daemon's", () => {
     daemon = undefined;
   });
 
-  async function connect(onExecute: OnExecute, options: { executeMaxWaitMs?: number; requestTimeoutMs?: number } = {}) {
+  async function connect(
+    onExecute: OnExecute,
+    options: { executeMaxWaitMs?: number; requestTimeoutMs?: number } = {},
+  ) {
     daemon = await fakeDaemon(onExecute);
-    client = new DaemonClient({ socketPath: daemon.socketPath, connections: 1, executeGraceMs: GRACE_MS, ...options });
+    client = new DaemonClient({
+      socketPath: daemon.socketPath,
+      connections: 1,
+      executeGraceMs: GRACE_MS,
+      ...options,
+    });
     await client.connect();
     return { daemon, client };
   }
@@ -124,7 +151,9 @@ describe("DaemonClient: an execution's answer is the daemon's", () => {
       setTimeout(() => socket.destroy(), 20);
     });
     const started = performance.now();
-    const error = await client.execute(REQUEST, new AbortController().signal).catch((e: unknown) => e);
+    const error = await client
+      .execute(REQUEST, new AbortController().signal)
+      .catch((e: unknown) => e);
     expect(error).toBeInstanceOf(RuntimeConnectionLostError);
     expect(performance.now() - started).toBeLessThan(REQUEST.timeoutMs + GRACE_MS);
   });
@@ -132,7 +161,9 @@ describe("DaemonClient: an execution's answer is the daemon's", () => {
   it("gives up on a daemon that answers neither the request nor a liveness probe", async () => {
     const { daemon, client } = await connect(() => {}, { requestTimeoutMs: 300 });
     daemon.silent = true;
-    const error = await client.execute(REQUEST, new AbortController().signal).catch((e: unknown) => e);
+    const error = await client
+      .execute(REQUEST, new AbortController().signal)
+      .catch((e: unknown) => e);
     expect(error).toBeInstanceOf(RuntimeTimeoutError);
     expect((error as Error).message).toContain("nor a liveness probe within 300 ms");
     expect(daemon.healthProbes).toBe(1);
@@ -141,7 +172,9 @@ describe("DaemonClient: an execution's answer is the daemon's", () => {
   it("gives up at the bound on a daemon that answers probes but never the request", async () => {
     const { daemon, client } = await connect(() => {}, { executeMaxWaitMs: 700 });
     const started = performance.now();
-    const error = await client.execute(REQUEST, new AbortController().signal).catch((e: unknown) => e);
+    const error = await client
+      .execute(REQUEST, new AbortController().signal)
+      .catch((e: unknown) => e);
     const waited = performance.now() - started;
     expect(error).toBeInstanceOf(RuntimeTimeoutError);
     expect(waited).toBeGreaterThanOrEqual(REQUEST.timeoutMs + 700 - 5);

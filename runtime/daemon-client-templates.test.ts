@@ -26,12 +26,27 @@ beforeAll(async () => {
     socket.on("data", (chunk: Buffer) => {
       decoder.push(chunk);
       for (let frame = decoder.next(); frame !== undefined; frame = decoder.next()) {
-        if (frame.type === "hello") socket.write(encodeFrame({ type: "hello", protocol: 1, server: "fake-vmm 0" }));
+        if (frame.type === "hello")
+          socket.write(encodeFrame({ type: "hello", protocol: 1, server: "fake-vmm 0" }));
         else if (frame.type === "list_templates") {
           const id = (frame as FrameObject).id;
           pending.push({
             answer: (ready) =>
-              socket.write(encodeFrame({ id, type: "templates", templates: [{ name: "python", content_hash: "c0ffee", language: "python", languages: ["python"], ready }] })),
+              socket.write(
+                encodeFrame({
+                  id,
+                  type: "templates",
+                  templates: [
+                    {
+                      name: "python",
+                      content_hash: "c0ffee",
+                      language: "python",
+                      languages: ["python"],
+                      ready,
+                    },
+                  ],
+                }),
+              ),
           });
         }
       }
@@ -57,7 +72,10 @@ it("answers with the last list while a refresh past the cache's lifetime is on i
 
   await new Promise((resolve) => setTimeout(resolve, TTL_MS * 2));
   // Expired: a refresh is asked for, and the last list answers at once while it is unanswered.
-  const during = await Promise.race([client.templates(), new Promise<"waited">((resolve) => setTimeout(() => resolve("waited"), 200))]);
+  const during = await Promise.race([
+    client.templates(),
+    new Promise<"waited">((resolve) => setTimeout(() => resolve("waited"), 200)),
+  ]);
   expect(during).not.toBe("waited");
   expect((during as { ready: boolean }[])[0]?.ready).toBe(false);
   await expect.poll(() => pending.length).toBe(1);

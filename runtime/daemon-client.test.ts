@@ -16,7 +16,12 @@ import {
 } from "./errors.js";
 import type { ExecutionRequest } from "./execution-runtime.js";
 import { MAX_FRAME_BYTES } from "./frames.js";
-import { type DaemonFixture, startDaemon, stopProcess, vmmBinaryWithoutKvm } from "./testing/real-daemon.js";
+import {
+  type DaemonFixture,
+  startDaemon,
+  stopProcess,
+  vmmBinaryWithoutKvm,
+} from "./testing/real-daemon.js";
 
 const PRINT_REQUEST: ExecutionRequest = {
   executionId: "00000000-0000-4000-8000-000000000000",
@@ -90,7 +95,15 @@ describe("DaemonClient against sandfork-vmm serve", () => {
     // The image's content hash is SHA-256 of image.index after its 64-byte header (native-vmm/IMAGE.md).
     const index = readFileSync(join(daemon.templatesDir, "python", "image.index"));
     const expectedHash = createHash("sha256").update(index.subarray(64)).digest("hex");
-    expect(templates).toEqual([{ name: "python", language: "python", languages: ["python"], contentHash: expectedHash, ready: false }]);
+    expect(templates).toEqual([
+      {
+        name: "python",
+        language: "python",
+        languages: ["python"],
+        contentHash: expectedHash,
+        ready: false,
+      },
+    ]);
     // Answered from the cache the second time: the same promise's value, one request sent.
     const sentBefore = client.status().sentPerConnection.reduce((a, b) => a + b, 0);
     expect(await client.templates()).toEqual(templates);
@@ -123,11 +136,15 @@ describe("DaemonClient against sandfork-vmm serve", () => {
     expect(missingTemplate).toMatchObject({ code: "bad_request", retryable: false });
     expect(missingTemplate.message).toContain("missing field `template`");
 
-    const unknownField = await rejection(client.request("execute", { template: "python", code: "", timeout: 5 }));
+    const unknownField = await rejection(
+      client.request("execute", { template: "python", code: "", timeout: 5 }),
+    );
     expect(unknownField).toMatchObject({ code: "bad_request", retryable: false });
     expect(unknownField.message).toContain("unknown field `timeout`");
 
-    const noTime = await rejection(client.execute({ ...PRINT_REQUEST, timeoutMs: 0 }, new AbortController().signal));
+    const noTime = await rejection(
+      client.execute({ ...PRINT_REQUEST, timeoutMs: 0 }, new AbortController().signal),
+    );
     expect(noTime).toMatchObject({ code: "bad_request", retryable: false });
     expect(noTime.message).toContain("limits.timeout_ms");
 
@@ -137,7 +154,9 @@ describe("DaemonClient against sandfork-vmm serve", () => {
 
   it("an execute for a template the daemon does not have is a non-retryable unknown_template", async () => {
     const client = await connectedClient();
-    const error = await rejection(client.execute({ ...PRINT_REQUEST, template: "ruby" }, new AbortController().signal));
+    const error = await rejection(
+      client.execute({ ...PRINT_REQUEST, template: "ruby" }, new AbortController().signal),
+    );
     expect(error).toBeInstanceOf(RuntimeRequestError);
     expect(error).toMatchObject({ code: "unknown_template", retryable: false });
     expect(error.message).toContain("ruby");
@@ -145,7 +164,12 @@ describe("DaemonClient against sandfork-vmm serve", () => {
 
   it("a request too large for a frame is refused before it is sent", async () => {
     const client = await connectedClient({ connections: 1 });
-    const error = await rejection(client.execute({ ...PRINT_REQUEST, code: "#".repeat(MAX_FRAME_BYTES) }, new AbortController().signal));
+    const error = await rejection(
+      client.execute(
+        { ...PRINT_REQUEST, code: "#".repeat(MAX_FRAME_BYTES) },
+        new AbortController().signal,
+      ),
+    );
     expect(error).toBeInstanceOf(RuntimeRequestError);
     expect(error).toMatchObject({ code: "frame_too_large", retryable: false });
     expect(client.status().sentPerConnection).toEqual([0]);
@@ -154,7 +178,9 @@ describe("DaemonClient against sandfork-vmm serve", () => {
 
   it("the pool spreads concurrent requests over its connections and matches answers by id", async () => {
     const client = await connectedClient({ connections: 4 });
-    const answers = await Promise.all(Array.from({ length: 40 }, (_, i) => (i % 2 === 0 ? client.daemonHealth() : client.stats())));
+    const answers = await Promise.all(
+      Array.from({ length: 40 }, (_, i) => (i % 2 === 0 ? client.daemonHealth() : client.stats())),
+    );
     answers.forEach((answer, i) => expect(answer).toHaveProperty(i % 2 === 0 ? "kvm" : "pools"));
     const sent = client.status().sentPerConnection;
     expect(sent.reduce((a, b) => a + b, 0)).toBe(40);
@@ -162,8 +188,17 @@ describe("DaemonClient against sandfork-vmm serve", () => {
   });
 
   it("backpressure: beyond in-flight and queue bounds, requests are refused at once with a retryable error", async () => {
-    const client = await connectedClient({ connections: 1, maxInFlightPerConnection: 2, maxQueued: 3 });
-    const calls = Array.from({ length: 10 }, () => client.daemonHealth().then(() => "answered", (error: Error) => error));
+    const client = await connectedClient({
+      connections: 1,
+      maxInFlightPerConnection: 2,
+      maxQueued: 3,
+    });
+    const calls = Array.from({ length: 10 }, () =>
+      client.daemonHealth().then(
+        () => "answered",
+        (error: Error) => error,
+      ),
+    );
     expect(client.status()).toMatchObject({ inFlight: 2, queued: 3 });
     const outcomes = await Promise.all(calls);
     expect(outcomes.slice(0, 5)).toEqual(Array(5).fill("answered"));
@@ -199,7 +234,10 @@ describe("DaemonClient against sandfork-vmm serve", () => {
   });
 
   it("with no daemon at the socket, connect and requests fail at once with RuntimeUnavailableError", async () => {
-    const client = new DaemonClient({ socketPath: join(daemon.dir, "nobody.sock"), connections: 1 });
+    const client = new DaemonClient({
+      socketPath: join(daemon.dir, "nobody.sock"),
+      connections: 1,
+    });
     clients.push(client);
     const connectError = await rejection(client.connect());
     expect(connectError).toBeInstanceOf(RuntimeUnavailableError);

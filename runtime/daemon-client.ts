@@ -15,8 +15,20 @@
 // with RuntimeConnectionLostError (retryable) and is reopened with backoff; with no connection
 // open, requests fail at once with RuntimeUnavailableError.
 import { DaemonConnection } from "./daemon-connection.js";
-import { RuntimeConnectionLostError, RuntimeQueueFullError, RuntimeTimeoutError, RuntimeUnavailableError } from "./errors.js";
-import type { ExecutionRequest, ExecutionResult, ExecutionRuntime, OutputChunk, RuntimeHealth, Template } from "./execution-runtime.js";
+import {
+  RuntimeConnectionLostError,
+  RuntimeQueueFullError,
+  RuntimeTimeoutError,
+  RuntimeUnavailableError,
+} from "./errors.js";
+import type {
+  ExecutionRequest,
+  ExecutionResult,
+  ExecutionRuntime,
+  OutputChunk,
+  RuntimeHealth,
+  Template,
+} from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
 import { DaemonSessions } from "./session-runtime.js";
 import {
@@ -110,7 +122,9 @@ const DEFAULTS = {
 };
 
 function abortReason(signal: AbortSignal): Error {
-  return signal.reason instanceof Error ? signal.reason : new DOMException("the request was aborted", "AbortError");
+  return signal.reason instanceof Error
+    ? signal.reason
+    : new DOMException("the request was aborted", "AbortError");
 }
 
 export class DaemonClient implements ExecutionRuntime {
@@ -128,10 +142,19 @@ export class DaemonClient implements ExecutionRuntime {
   /** The last list the daemon answered since the connection came up: served while a refresh is on its way. */
   private lastTemplates: Template[] | undefined;
   /** Per connection: the liveness probe in flight, or when the last one was answered. */
-  private readonly probes = new WeakMap<DaemonConnection, { answeredAt: number; inFlight: Promise<boolean> | undefined }>();
+  private readonly probes = new WeakMap<
+    DaemonConnection,
+    { answeredAt: number; inFlight: Promise<boolean> | undefined }
+  >();
   /** Session requests over this client's connections (the daemon must run with --sessions). */
   readonly sessions = new DaemonSessions((type, fields, options) =>
-    this.request(type, fields, type === "session_execute" && options?.timeoutMs !== undefined ? { ...options, liveness: this.executeLiveness(options.timeoutMs) } : options),
+    this.request(
+      type,
+      fields,
+      type === "session_execute" && options?.timeoutMs !== undefined
+        ? { ...options, liveness: this.executeLiveness(options.timeoutMs) }
+        : options,
+    ),
   );
 
   constructor(options: DaemonClientOptions) {
@@ -140,7 +163,8 @@ export class DaemonClient implements ExecutionRuntime {
     for (const name of Object.keys(DEFAULTS) as (keyof typeof DEFAULTS)[]) {
       const value = options[name] ?? DEFAULTS[name];
       const least = name === "maxQueued" ? 0 : 1;
-      if (!Number.isSafeInteger(value) || value < least) throw new RangeError(`DaemonClient: ${name} must be an integer ≥ ${least}, got ${value}`);
+      if (!Number.isSafeInteger(value) || value < least)
+        throw new RangeError(`DaemonClient: ${name} must be an integer ≥ ${least}, got ${value}`);
       settings[name] = value;
     }
     this.options = settings;
@@ -167,7 +191,9 @@ export class DaemonClient implements ExecutionRuntime {
     const results = await Promise.allSettled(attempts);
     if (this.connectedCount() === 0) {
       const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
-      throw failure?.reason instanceof Error ? failure.reason : new RuntimeUnavailableError(`cannot connect to sandfork-vmm at ${this.socketPath}`);
+      throw failure?.reason instanceof Error
+        ? failure.reason
+        : new RuntimeUnavailableError(`cannot connect to sandfork-vmm at ${this.socketPath}`);
     }
   }
 
@@ -182,7 +208,11 @@ export class DaemonClient implements ExecutionRuntime {
       };
       const timer = setTimeout(() => {
         this.connectedWaiters.delete(done);
-        reject(new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.socketPath} after ${timeoutMs} ms`));
+        reject(
+          new RuntimeUnavailableError(
+            `not connected to sandfork-vmm at ${this.socketPath} after ${timeoutMs} ms`,
+          ),
+        );
       }, timeoutMs);
       this.connectedWaiters.add(done);
     });
@@ -224,7 +254,11 @@ export class DaemonClient implements ExecutionRuntime {
 
   // ExecutionRuntime
 
-  async execute(request: ExecutionRequest, signal: AbortSignal, onOutput?: (chunk: OutputChunk) => void): Promise<ExecutionResult> {
+  async execute(
+    request: ExecutionRequest,
+    signal: AbortSignal,
+    onOutput?: (chunk: OutputChunk) => void,
+  ): Promise<ExecutionResult> {
     const frame = await this.request("execute", executeFrame(request, onOutput !== undefined), {
       signal,
       timeoutMs: request.timeoutMs + this.options.executeGraceMs,
@@ -236,7 +270,10 @@ export class DaemonClient implements ExecutionRuntime {
 
   /** How long an execution whose time limit is `timeoutMs` waits while the daemon is alive. */
   private executeLiveness(timeoutMs: number): RequestOptions["liveness"] {
-    return { maxWaitMs: timeoutMs + this.options.executeMaxWaitMs, intervalMs: this.options.executeGraceMs };
+    return {
+      maxWaitMs: timeoutMs + this.options.executeMaxWaitMs,
+      intervalMs: this.options.executeGraceMs,
+    };
   }
 
   /**
@@ -248,11 +285,13 @@ export class DaemonClient implements ExecutionRuntime {
   templates(): Promise<Template[]> {
     if (this.connectedCount() === 0) return Promise.reject(this.notConnected());
     const cached = this.templateCache;
-    if (cached !== undefined && performance.now() - cached.at < this.options.templatesTtlMs) return cached.templates;
+    if (cached !== undefined && performance.now() - cached.at < this.options.templatesTtlMs)
+      return cached.templates;
     const templates = this.request("list_templates", {}).then(parseTemplates);
     const refreshed = { at: performance.now(), templates };
     const stale = this.lastTemplates;
-    const serving = stale === undefined ? refreshed : { at: refreshed.at, templates: Promise.resolve(stale) };
+    const serving =
+      stale === undefined ? refreshed : { at: refreshed.at, templates: Promise.resolve(stale) };
     this.templateCache = serving;
     templates.then(
       (list) => {
@@ -269,7 +308,10 @@ export class DaemonClient implements ExecutionRuntime {
 
   async health(signal?: AbortSignal): Promise<RuntimeHealth> {
     const health = await this.daemonHealth({ signal });
-    return { ok: health.ok, detail: `sandfork-vmm: kvm ${health.kvm}; ${health.templates} template(s)` };
+    return {
+      ok: health.ok,
+      detail: `sandfork-vmm: kvm ${health.kvm}; ${health.templates} template(s)`,
+    };
   }
 
   // The rest of protocol v1
@@ -286,14 +328,19 @@ export class DaemonClient implements ExecutionRuntime {
    * Sends one request of `type` with `fields` (everything but `id` and `type`) and resolves with
    * the daemon's response frame; an error frame rejects with its typed error (see errors.ts).
    */
-  request(type: RequestType, fields: FrameObject, options: RequestOptions = {}): Promise<FrameObject> {
+  request(
+    type: RequestType,
+    fields: FrameObject,
+    options: RequestOptions = {},
+  ): Promise<FrameObject> {
     const { signal } = options;
     const timeoutMs = options.timeoutMs ?? this.options.requestTimeoutMs;
     const { liveness } = options;
     const started = performance.now();
     return new Promise<FrameObject>((resolve, reject) => {
       if (signal?.aborted) return reject(abortReason(signal));
-      if (this.closed) return reject(new RuntimeUnavailableError("the sandfork-vmm client is closed"));
+      if (this.closed)
+        return reject(new RuntimeUnavailableError("the sandfork-vmm client is closed"));
       if (this.connectedCount() === 0) return reject(this.notConnected());
 
       let finished = false;
@@ -320,9 +367,14 @@ export class DaemonClient implements ExecutionRuntime {
         if (finished) return;
         const waited = Math.round(performance.now() - started);
         const left = liveness === undefined ? 0 : liveness.maxWaitMs - waited;
-        const connection = job.sentOn?.connection ?? this.slots.find((s) => s.connection !== null)?.connection;
+        const connection =
+          job.sentOn?.connection ?? this.slots.find((s) => s.connection !== null)?.connection;
         if (liveness === undefined || left <= 0 || connection == null) {
-          giveUp(new RuntimeTimeoutError(`sandfork-vmm did not answer the ${type} request within ${waited} ms`));
+          giveUp(
+            new RuntimeTimeoutError(
+              `sandfork-vmm did not answer the ${type} request within ${waited} ms`,
+            ),
+          );
           return;
         }
         void this.probe(connection).then((alive) => {
@@ -338,7 +390,10 @@ export class DaemonClient implements ExecutionRuntime {
           );
         });
       };
-      let timer = setTimeout(overdue, liveness === undefined ? timeoutMs : Math.min(timeoutMs, liveness.maxWaitMs));
+      let timer = setTimeout(
+        overdue,
+        liveness === undefined ? timeoutMs : Math.min(timeoutMs, liveness.maxWaitMs),
+      );
       signal?.addEventListener("abort", onAbort, { once: true });
 
       const job: Job = {
@@ -388,7 +443,8 @@ export class DaemonClient implements ExecutionRuntime {
     const known = this.probes.get(connection) ?? { answeredAt: -Infinity, inFlight: undefined };
     this.probes.set(connection, known);
     if (known.inFlight !== undefined) return known.inFlight;
-    if (performance.now() - known.answeredAt < this.options.executeGraceMs) return Promise.resolve(true);
+    if (performance.now() - known.answeredAt < this.options.executeGraceMs)
+      return Promise.resolve(true);
     let settled = false;
     const inFlight = new Promise<boolean>((resolve) => {
       let id: number | undefined;
@@ -404,10 +460,14 @@ export class DaemonClient implements ExecutionRuntime {
         settle(false);
       }, this.options.requestTimeoutMs);
       try {
-        id = connection.send("health", {}, {
-          resolve: () => settle(true),
-          reject: (error) => settle(!(error instanceof RuntimeConnectionLostError)),
-        });
+        id = connection.send(
+          "health",
+          {},
+          {
+            resolve: () => settle(true),
+            reject: (error) => settle(!(error instanceof RuntimeConnectionLostError)),
+          },
+        );
       } catch {
         settle(false);
       }
@@ -446,7 +506,8 @@ export class DaemonClient implements ExecutionRuntime {
       const slot = this.slots[(this.cursor + k) % n] as Slot;
       const pending = slot.connection?.pending;
       if (pending === undefined || pending >= this.options.maxInFlightPerConnection) continue;
-      if (best === undefined || pending < (best.connection as DaemonConnection).pending) best = slot;
+      if (best === undefined || pending < (best.connection as DaemonConnection).pending)
+        best = slot;
     }
     this.cursor = (this.cursor + 1) % n;
     return best;
@@ -498,7 +559,12 @@ export class DaemonClient implements ExecutionRuntime {
     if (this.closed) return;
     if (this.connectedCount() === 0) {
       this.log(`lost every connection to sandfork-vmm (${reason}); reconnecting`);
-      this.failQueued(() => new RuntimeUnavailableError(`lost the connection to sandfork-vmm before the request was sent (${reason}); retry`));
+      this.failQueued(
+        () =>
+          new RuntimeUnavailableError(
+            `lost the connection to sandfork-vmm before the request was sent (${reason}); retry`,
+          ),
+      );
     }
     this.scheduleReopen(slot);
   }

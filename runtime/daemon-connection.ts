@@ -1,9 +1,20 @@
 // One Unix-socket connection to `sandfork-vmm serve`: the hello handshake, then requests
 // multiplexed by id, answered in any order (native-vmm/PROTOCOL.md).
 import { connect, type Socket } from "node:net";
-import { RuntimeConnectionLostError, RuntimeProtocolError, RuntimeRequestError, RuntimeUnavailableError } from "./errors.js";
+import {
+  RuntimeConnectionLostError,
+  RuntimeProtocolError,
+  RuntimeRequestError,
+  RuntimeUnavailableError,
+} from "./errors.js";
 import { encodeFrame, FrameDecoder, FrameError, type FrameObject } from "./frames.js";
-import { errorFromFrame, helloFrame, parseHello, RESPONSE_TYPE, type RequestType } from "./protocol.js";
+import {
+  errorFromFrame,
+  helloFrame,
+  parseHello,
+  RESPONSE_TYPE,
+  type RequestType,
+} from "./protocol.js";
 
 /** What to do with a request's answer. */
 export interface ResponseHandler {
@@ -63,11 +74,28 @@ export class DaemonConnection {
         reject(error);
       };
       const timer = setTimeout(
-        () => fail(new RuntimeUnavailableError(`sandfork-vmm at ${socketPath} did not complete the handshake within ${timeoutMs} ms`)),
+        () =>
+          fail(
+            new RuntimeUnavailableError(
+              `sandfork-vmm at ${socketPath} did not complete the handshake within ${timeoutMs} ms`,
+            ),
+          ),
         timeoutMs,
       );
-      socket.once("error", (error) => fail(new RuntimeUnavailableError(`cannot connect to sandfork-vmm at ${socketPath}: ${error.message}`)));
-      socket.once("close", () => fail(new RuntimeUnavailableError(`sandfork-vmm at ${socketPath} closed the connection during the handshake`)));
+      socket.once("error", (error) =>
+        fail(
+          new RuntimeUnavailableError(
+            `cannot connect to sandfork-vmm at ${socketPath}: ${error.message}`,
+          ),
+        ),
+      );
+      socket.once("close", () =>
+        fail(
+          new RuntimeUnavailableError(
+            `sandfork-vmm at ${socketPath} closed the connection during the handshake`,
+          ),
+        ),
+      );
       socket.once("connect", () => socket.write(encodeFrame(helloFrame())));
       const onData = (chunk: Buffer) => {
         decoder.push(chunk);
@@ -83,7 +111,11 @@ export class DaemonConnection {
           socket.removeAllListeners("close");
           resolve(new DaemonConnection(socket, decoder, server));
         } catch (error) {
-          fail(error instanceof FrameError ? new RuntimeProtocolError(`bad hello from sandfork-vmm: ${error.message}`) : (error as Error));
+          fail(
+            error instanceof FrameError
+              ? new RuntimeProtocolError(`bad hello from sandfork-vmm: ${error.message}`)
+              : (error as Error),
+          );
         }
       };
       socket.on("data", onData);
@@ -100,13 +132,15 @@ export class DaemonConnection {
    * sending) a RuntimeRequestError for a request too large for a frame.
    */
   send(type: RequestType, fields: FrameObject, handler: ResponseHandler): number {
-    if (this.closed) throw new RuntimeConnectionLostError("the connection to sandfork-vmm is closed");
+    if (this.closed)
+      throw new RuntimeConnectionLostError("the connection to sandfork-vmm is closed");
     const id = this.nextId;
     let frame: Buffer;
     try {
       frame = encodeFrame({ ...fields, id, type });
     } catch (error) {
-      if (error instanceof FrameError) throw new RuntimeRequestError("frame_too_large", error.message);
+      if (error instanceof FrameError)
+        throw new RuntimeRequestError("frame_too_large", error.message);
       throw error;
     }
     this.nextId = id === MAX_ID ? 1 : id + 1;
@@ -175,7 +209,11 @@ export class DaemonConnection {
     } else if (frame.type === RESPONSE_TYPE[request.type]) {
       handler?.resolve(frame);
     } else {
-      handler?.reject(new RuntimeProtocolError(`the daemon answered a ${request.type} request with a ${String(frame.type)} frame`));
+      handler?.reject(
+        new RuntimeProtocolError(
+          `the daemon answered a ${request.type} request with a ${String(frame.type)} frame`,
+        ),
+      );
     }
     this.onAnswer();
     return null;
@@ -190,7 +228,9 @@ export class DaemonConnection {
     const waiting = lost.filter((r) => r.handler !== null).length;
     for (const request of lost) {
       request.handler?.reject(
-        new RuntimeConnectionLostError(`lost the connection to sandfork-vmm with ${waiting} request(s) in flight (${reason}); retry`),
+        new RuntimeConnectionLostError(
+          `lost the connection to sandfork-vmm with ${waiting} request(s) in flight (${reason}); retry`,
+        ),
       );
     }
     this.onClose(reason);

@@ -19,13 +19,23 @@ export type DaemonErrorCode =
   | "session_ended";
 
 /** Codes the client assigns to failures that are not a daemon's error frame. */
-export type ClientErrorCode = "not_connected" | "connection_lost" | "queue_full" | "timeout" | "frame_too_large" | "protocol_violation";
+export type ClientErrorCode =
+  | "not_connected"
+  | "connection_lost"
+  | "queue_full"
+  | "timeout"
+  | "frame_too_large"
+  | "protocol_violation";
 
 export abstract class RuntimeError extends Error {
   abstract readonly retryable: boolean;
   readonly code: DaemonErrorCode | ClientErrorCode;
 
-  constructor(code: DaemonErrorCode | ClientErrorCode, message: string, options?: { cause?: unknown }) {
+  constructor(
+    code: DaemonErrorCode | ClientErrorCode,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
     super(message, options);
     this.code = code;
   }
@@ -38,7 +48,10 @@ export abstract class RuntimeError extends Error {
 export class RuntimeUnavailableError extends RuntimeError {
   readonly retryable = true;
 
-  constructor(message = "the execution runtime is not connected", code: "unavailable" | "not_connected" | "connection_lost" = "not_connected") {
+  constructor(
+    message = "the execution runtime is not connected",
+    code: "unavailable" | "not_connected" | "connection_lost" = "not_connected",
+  ) {
     super(code, message);
     this.name = "RuntimeUnavailableError";
   }
@@ -59,7 +72,10 @@ export class RuntimeConnectionLostError extends RuntimeUnavailableError {
 export class RuntimeBusyError extends RuntimeError {
   readonly retryable = true;
 
-  constructor(message = "the execution runtime is at capacity", code: "busy" | "queue_full" = "busy") {
+  constructor(
+    message = "the execution runtime is at capacity",
+    code: "busy" | "queue_full" = "busy",
+  ) {
     super(code, message);
     this.name = "RuntimeBusyError";
   }
@@ -102,7 +118,14 @@ export class RuntimeRequestError extends RuntimeError {
   readonly retryable = false;
 
   constructor(
-    code: "bad_frame" | "bad_request" | "unsupported_protocol" | "unknown_template" | "frame_too_large" | "not_found" | "session_ended",
+    code:
+      | "bad_frame"
+      | "bad_request"
+      | "unsupported_protocol"
+      | "unknown_template"
+      | "frame_too_large"
+      | "not_found"
+      | "session_ended",
     message: string,
   ) {
     super(code, message);

@@ -131,7 +131,11 @@ export interface ExecutionRuntime {
    * With `onOutput`, the output is also handed over in chunks as the program writes it, all of
    * them before the result; it must not throw (a daemon's malformed chunk fails the request).
    */
-  execute(request: ExecutionRequest, signal: AbortSignal, onOutput?: (chunk: OutputChunk) => void): Promise<ExecutionResult>;
+  execute(
+    request: ExecutionRequest,
+    signal: AbortSignal,
+    onOutput?: (chunk: OutputChunk) => void,
+  ): Promise<ExecutionResult>;
   /** Asked on every execution (to validate the template): implementations answer from a cache. */
   templates(): Promise<Template[]>;
   /** Asks the runtime whether executions can run; absent when the runtime cannot tell. */

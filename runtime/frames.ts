@@ -27,7 +27,10 @@ export type FrameObject = Record<string, unknown>;
 export function encodeFrame(message: FrameObject): Buffer {
   const payload = Buffer.from(JSON.stringify(message), "utf8");
   if (payload.length > MAX_FRAME_BYTES) {
-    throw new FrameError("oversized", `the message is ${payload.length} bytes; a frame holds at most ${MAX_FRAME_BYTES}`);
+    throw new FrameError(
+      "oversized",
+      `the message is ${payload.length} bytes; a frame holds at most ${MAX_FRAME_BYTES}`,
+    );
   }
   const frame = Buffer.allocUnsafe(HEADER_BYTES + payload.length);
   frame.writeUInt32BE(payload.length, 0);
@@ -48,7 +51,9 @@ function decodePayload(payload: Buffer): FrameObject {
   try {
     value = JSON.parse(text);
   } catch (error) {
-    throw new FrameError("not_json", `the frame payload is not JSON: ${(error as Error).message}`, { cause: error });
+    throw new FrameError("not_json", `the frame payload is not JSON: ${(error as Error).message}`, {
+      cause: error,
+    });
   }
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
     throw new FrameError("not_object", "the frame payload is not a JSON object");
@@ -82,7 +87,10 @@ export class FrameDecoder {
     if (this.buffered < HEADER_BYTES) return undefined;
     const length = this.peekLength();
     if (length > MAX_FRAME_BYTES) {
-      throw new FrameError("oversized", `frame length ${length} exceeds the limit of ${MAX_FRAME_BYTES} bytes`);
+      throw new FrameError(
+        "oversized",
+        `frame length ${length} exceeds the limit of ${MAX_FRAME_BYTES} bytes`,
+      );
     }
     if (this.buffered < HEADER_BYTES + length) return undefined;
     return decodePayload(this.take(HEADER_BYTES + length).subarray(HEADER_BYTES));
@@ -96,7 +104,10 @@ export class FrameDecoder {
 
   /** The first `n` buffered bytes; removed from the buffer unless `consume` is false. */
   private take(n: number, consume = true): Buffer {
-    const joined = this.chunks.length === 1 ? (this.chunks[0] as Buffer) : Buffer.concat(this.chunks, this.buffered);
+    const joined =
+      this.chunks.length === 1
+        ? (this.chunks[0] as Buffer)
+        : Buffer.concat(this.chunks, this.buffered);
     const taken = joined.subarray(0, n);
     if (consume) {
       const rest = joined.subarray(n);

@@ -7,7 +7,11 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { expectProblem, startTestGateway, type TestGateway } from "../gateway/testing/test-gateway.js";
+import {
+  expectProblem,
+  startTestGateway,
+  type TestGateway,
+} from "../gateway/testing/test-gateway.js";
 import { loadRuntimeConfig } from "./config.js";
 import { type StartedRuntime, startRuntime } from "./start.js";
 import { vmmBinaryWithoutKvm } from "./testing/real-daemon.js";
@@ -19,8 +23,17 @@ const log: string[] = [];
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-gw-"));
-  const config = loadRuntimeConfig({ SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: vmmBinaryWithoutKvm(), SANDFORK_VMM_CONNECTIONS: "2" }, dir);
-  const started = await startRuntime(config, { timeoutMs: 30_000, memoryMib: 2_048 }, (line) => log.push(line));
+  const config = loadRuntimeConfig(
+    {
+      SANDFORK_TEMPLATES: "python",
+      SANDFORK_VMM_BIN: vmmBinaryWithoutKvm(),
+      SANDFORK_VMM_CONNECTIONS: "2",
+    },
+    dir,
+  );
+  const started = await startRuntime(config, { timeoutMs: 30_000, memoryMib: 2_048 }, (line) =>
+    log.push(line),
+  );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
   gw = await startTestGateway("pglite", { runtime: runtime.client });
@@ -32,16 +45,24 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-async function usageOf(key: string): Promise<{ executions: number; units: number; balance: Record<string, number> }> {
+async function usageOf(
+  key: string,
+): Promise<{ executions: number; units: number; balance: Record<string, number> }> {
   const response = await gw.call("GET", "/v1/usage", { credential: key });
   expect(response.status).toBe(200);
-  return (await response.json()) as { executions: number; units: number; balance: Record<string, number> };
+  return (await response.json()) as {
+    executions: number;
+    units: number;
+    balance: Record<string, number>;
+  };
 }
 
 describe("gateway + supervised sandfork-vmm without KVM", () => {
   it("start-up built the python template into <data>/templates and started the daemon", () => {
     const text = log.join("\n");
-    expect(text).toContain(`template python: building its image from ${resolve("templates/python/image.json")} (no image yet)`);
+    expect(text).toContain(
+      `template python: building its image from ${resolve("templates/python/image.json")} (no image yet)`,
+    );
     expect(text).toContain(`image ready in ${join(dir, "templates", "python")}`);
     expect(text).toMatch(/kvm unavailable/);
     expect(text).toContain(`serving at ${join(dir, "run", "sandfork-vmm.sock")}`);
@@ -60,19 +81,33 @@ describe("gateway + supervised sandfork-vmm without KVM", () => {
     const response = await gw.call("GET", "/v1/templates", { credential: key });
     expect(response.status).toBe(200);
     const { templates } = (await response.json()) as { templates: Record<string, unknown>[] };
-    expect(templates).toEqual([expect.objectContaining({ name: "python", language: "python", ready: false, content_hash: expect.stringMatching(/^[0-9a-f]{64}$/) })]);
+    expect(templates).toEqual([
+      expect.objectContaining({
+        name: "python",
+        language: "python",
+        ready: false,
+        content_hash: expect.stringMatching(/^[0-9a-f]{64}$/),
+      }),
+    ]);
   });
 
   it("POST /v1/executions answers 503 runtime-unavailable because the daemon has no KVM, and bills nothing", async () => {
     const { key } = await gw.issue({ credits: 1_000 });
-    const response = await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code: "print(6*7)" } });
+    const response = await gw.call("POST", "/v1/executions", {
+      credential: key,
+      body: { template: "python", code: "print(6*7)" },
+    });
     expect(response.headers.get("retry-after")).toBe("5");
     const problem = await expectProblem(response, 503, "runtime-unavailable");
     expect(problem.detail).toContain("/dev/kvm");
     expect(problem.retryable).toBe(true);
     const usage = await usageOf(key);
     expect(usage).toMatchObject({ executions: 0, units: 0 });
-    expect(usage.balance).toMatchObject({ balance_units: 1_000, reserved_units: 0, available_units: 1_000 });
+    expect(usage.balance).toMatchObject({
+      balance_units: 1_000,
+      reserved_units: 0,
+      available_units: 1_000,
+    });
   });
 
   it("while the daemon is dead and after its restart, executions still bill nothing; health comes back", async () => {
@@ -88,7 +123,10 @@ describe("gateway + supervised sandfork-vmm without KVM", () => {
     process.kill(supervisor.pid as number, "SIGKILL");
     // The kill lands before the client has noticed, or after: either way a retryable 503.
     await expectProblem(
-      await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code: "print(1)" } }),
+      await gw.call("POST", "/v1/executions", {
+        credential: key,
+        body: { template: "python", code: "print(1)" },
+      }),
       503,
       "runtime-unavailable",
     );
@@ -97,7 +135,10 @@ describe("gateway + supervised sandfork-vmm without KVM", () => {
     const health = (await (await gw.call("GET", "/healthz")).json()) as Record<string, string>;
     expect(health.runtime_detail).toContain("kvm unavailable");
     await expectProblem(
-      await gw.call("POST", "/v1/executions", { credential: key, body: { template: "python", code: "print(2)" } }),
+      await gw.call("POST", "/v1/executions", {
+        credential: key,
+        body: { template: "python", code: "print(2)" },
+      }),
       503,
       "runtime-unavailable",
     );

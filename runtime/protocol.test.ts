@@ -10,7 +10,13 @@ import {
   RuntimeUnavailableError,
 } from "./errors.js";
 import type { ExecutionRequest } from "./execution-runtime.js";
-import { errorFromFrame, executeFrame, parseExecution, parseHello, parseOutput } from "./protocol.js";
+import {
+  errorFromFrame,
+  executeFrame,
+  parseExecution,
+  parseHello,
+  parseOutput,
+} from "./protocol.js";
 
 /** The `execution` example of native-vmm/PROTOCOL.md. */
 const EXAMPLE = {
@@ -24,11 +30,17 @@ const EXAMPLE = {
   fault: null,
   limits: { timeout_ms: 10000, memory_mib: 256, output_bytes: 1048576 },
   timings: { queue_us: 12, fork_us: 410, exec_us: 950, total_us: 1380 },
-  usage: { wall_us: 1360, cpu_us: 900, peak_memory_bytes: 18350080, pages_copied: 212, syscalls: 31, exits: 33 },
+  usage: {
+    wall_us: 1360,
+    cpu_us: 900,
+    peak_memory_bytes: 18350080,
+    pages_copied: 212,
+    syscalls: 31,
+    exits: 33,
+  },
 };
 
 describe("protocol v1 mapping", () => {
-
   it("maps an execution frame: outcome, output, microseconds to milliseconds, limits, usage", () => {
     expect(parseExecution(EXAMPLE)).toEqual({
       outcome: "completed",
@@ -39,7 +51,14 @@ describe("protocol v1 mapping", () => {
       timings: { queueMs: 0.012, forkMs: 0.41, execMs: 0.95 },
       fault: null,
       limits: { timeoutMs: 10000, memoryMib: 256, outputBytes: 1048576 },
-      usage: { wallMs: 1.36, cpuMs: 0.9, peakMemoryBytes: 18350080, pagesCopied: 212, syscalls: 31, exits: 33 },
+      usage: {
+        wallMs: 1.36,
+        cpuMs: 0.9,
+        peakMemoryBytes: 18350080,
+        pagesCopied: 212,
+        syscalls: 31,
+        exits: 33,
+      },
     });
   });
 
@@ -58,23 +77,32 @@ describe("protocol v1 mapping", () => {
   });
 
   it("output NUL bytes become U+FFFD, as invalid UTF-8 already is: PostgreSQL text cannot hold them", () => {
-    expect(parseExecution({ ...EXAMPLE, stdout: "a\u0000b\u0000", stderr: "\u0000" })).toMatchObject({ stdout: "a\uFFFDb\uFFFD", stderr: "\uFFFD" });
-    expect(parseOutput({ type: "output", id: 7, stream: "stdout", data: "x\u0000" })).toEqual({ stream: "stdout", data: "x\uFFFD" });
+    expect(
+      parseExecution({ ...EXAMPLE, stdout: "a\u0000b\u0000", stderr: "\u0000" }),
+    ).toMatchObject({ stdout: "a\uFFFDb\uFFFD", stderr: "\uFFFD" });
+    expect(parseOutput({ type: "output", id: 7, stream: "stdout", data: "x\u0000" })).toEqual({
+      stream: "stdout",
+      data: "x\uFFFD",
+    });
   });
 
   it("refuses execution frames that break the protocol, naming the field", () => {
     expect(() => parseExecution({ ...EXAMPLE, status: "exploded" })).toThrow(RuntimeProtocolError);
-    expect(() => parseExecution({ ...EXAMPLE, usage: { ...EXAMPLE.usage, pages_copied: -1 } })).toThrow(/usage\.pages_copied/);
+    expect(() =>
+      parseExecution({ ...EXAMPLE, usage: { ...EXAMPLE.usage, pages_copied: -1 } }),
+    ).toThrow(/usage\.pages_copied/);
     const { timings: _, ...withoutTimings } = EXAMPLE;
     expect(() => parseExecution(withoutTimings)).toThrow(/timings/);
   });
 
   it("maps each error code of PROTOCOL.md's table to its class and retryability", () => {
-    const error = (code: string) => errorFromFrame({ id: 1, type: "error", code, message: "why", retryable: false });
+    const error = (code: string) =>
+      errorFromFrame({ id: 1, type: "error", code, message: "why", retryable: false });
     expect(error("unavailable")).toBeInstanceOf(RuntimeUnavailableError);
     expect(error("busy")).toBeInstanceOf(RuntimeBusyError);
     expect(error("internal")).toBeInstanceOf(RuntimeInternalError);
-    for (const code of ["unavailable", "busy", "internal"]) expect(error(code)).toMatchObject({ code, retryable: true });
+    for (const code of ["unavailable", "busy", "internal"])
+      expect(error(code)).toMatchObject({ code, retryable: true });
     for (const code of ["bad_frame", "bad_request", "unsupported_protocol", "unknown_template"]) {
       expect(error(code)).toBeInstanceOf(RuntimeRequestError);
       expect(error(code)).toMatchObject({ code, retryable: false });
@@ -84,11 +112,19 @@ describe("protocol v1 mapping", () => {
   });
 
   it("checks the hello: our protocol version, or the daemon's error", () => {
-    expect(parseHello({ type: "hello", protocol: 1, server: "sandfork-vmm 9.9.9" })).toEqual({ server: "sandfork-vmm 9.9.9" });
+    expect(parseHello({ type: "hello", protocol: 1, server: "sandfork-vmm 9.9.9" })).toEqual({
+      server: "sandfork-vmm 9.9.9",
+    });
     expect(() => parseHello({ type: "hello", protocol: 2, server: "x" })).toThrow(/protocol 2/);
-    expect(() => parseHello({ id: null, type: "error", code: "unsupported_protocol", message: "no", retryable: false })).toThrow(
-      RuntimeRequestError,
-    );
+    expect(() =>
+      parseHello({
+        id: null,
+        type: "error",
+        code: "unsupported_protocol",
+        message: "no",
+        retryable: false,
+      }),
+    ).toThrow(RuntimeRequestError);
   });
 
   it("builds an execute request with only protocol fields; argv[0] is the script's name", () => {
@@ -119,9 +155,19 @@ describe("protocol v1 mapping", () => {
     expect(executeFrame(request, true)).toEqual({ ...executeFrame(request), stream: true });
     // The script's extension tells a Node template the language; no memory: the template's size.
     const { memoryMb: _memory, ...withoutMemory } = request;
-    expect(executeFrame({ ...withoutMemory, language: "typescript", args: [] })).toMatchObject({ argv: ["main.ts"], limits: { timeout_ms: 1500 } });
-    expect(executeFrame({ ...withoutMemory, language: "javascript" }).limits).toEqual({ timeout_ms: 1500 });
-    expect(parseOutput({ id: 7, type: "output", stream: "stderr", data: "oops\n" })).toEqual({ stream: "stderr", data: "oops\n" });
-    expect(() => parseOutput({ id: 7, type: "output", stream: "stdin", data: "" })).toThrow(RuntimeProtocolError);
+    expect(executeFrame({ ...withoutMemory, language: "typescript", args: [] })).toMatchObject({
+      argv: ["main.ts"],
+      limits: { timeout_ms: 1500 },
+    });
+    expect(executeFrame({ ...withoutMemory, language: "javascript" }).limits).toEqual({
+      timeout_ms: 1500,
+    });
+    expect(parseOutput({ id: 7, type: "output", stream: "stderr", data: "oops\n" })).toEqual({
+      stream: "stderr",
+      data: "oops\n",
+    });
+    expect(() => parseOutput({ id: 7, type: "output", stream: "stdin", data: "" })).toThrow(
+      RuntimeProtocolError,
+    );
   });
 });

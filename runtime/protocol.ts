@@ -10,7 +10,13 @@ import {
   RuntimeRequestError,
   RuntimeUnavailableError,
 } from "./errors.js";
-import type { ExecutionOutcome, ExecutionRequest, ExecutionResult, OutputChunk, Template } from "./execution-runtime.js";
+import type {
+  ExecutionOutcome,
+  ExecutionRequest,
+  ExecutionResult,
+  OutputChunk,
+  Template,
+} from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
 
 const PROTOCOL_VERSION = 1;
@@ -18,7 +24,11 @@ const PROTOCOL_VERSION = 1;
  * argv[0] of the program by language: the name the code runs under (Python's sys.argv[0]); a
  * Node template tells JavaScript from TypeScript by its extension (templates/node/README.md).
  */
-const SCRIPT_NAMES: Record<string, string> = { python: "main.py", javascript: "main.js", typescript: "main.ts" };
+const SCRIPT_NAMES: Record<string, string> = {
+  python: "main.py",
+  javascript: "main.js",
+  typescript: "main.ts",
+};
 
 export type RequestType = "list_templates" | "execute" | "health" | "stats" | SessionRequestType;
 
@@ -62,10 +72,22 @@ export function helloFrame(): FrameObject {
 const micros = z.number().int().min(0);
 const integer = z.number().int().min(0);
 
-const HelloSchema = z.object({ type: z.literal("hello"), protocol: z.number().int(), server: z.string() });
+const HelloSchema = z.object({
+  type: z.literal("hello"),
+  protocol: z.number().int(),
+  server: z.string(),
+});
 
 const TemplatesSchema = z.object({
-  templates: z.array(z.object({ name: z.string(), content_hash: z.string(), language: z.string(), languages: z.array(z.string()), ready: z.boolean() })),
+  templates: z.array(
+    z.object({
+      name: z.string(),
+      content_hash: z.string(),
+      language: z.string(),
+      languages: z.array(z.string()),
+      ready: z.boolean(),
+    }),
+  ),
 });
 
 const HealthSchema = z.object({ ok: z.boolean(), kvm: z.string(), templates: integer });
@@ -73,16 +95,29 @@ const HealthSchema = z.object({ ok: z.boolean(), kvm: z.string(), templates: int
 const StatsSchema = z.object({
   executions: integer,
   in_flight: integer,
-  pools: z.array(z.object({ template: z.string(), ready: integer, target: integer, forks: integer })),
+  pools: z.array(
+    z.object({ template: z.string(), ready: integer, target: integer, forks: integer }),
+  ),
 });
 
 const ExecutionSchema = z.object({
-  status: z.enum(["ok", "error", "timeout", "out_of_memory", "output_limit", "crashed", "unsupported", "deadlocked"]),
+  status: z.enum([
+    "ok",
+    "error",
+    "timeout",
+    "out_of_memory",
+    "output_limit",
+    "crashed",
+    "unsupported",
+    "deadlocked",
+  ]),
   exit_code: z.number().int().nullable(),
   stdout: z.string(),
   stderr: z.string(),
   truncated: z.boolean(),
-  fault: z.object({ vector: integer, name: z.string(), rip: integer, address: integer.nullable() }).nullable(),
+  fault: z
+    .object({ vector: integer, name: z.string(), rip: integer, address: integer.nullable() })
+    .nullable(),
   limits: z.object({ timeout_ms: integer, memory_mib: integer, output_bytes: integer }),
   timings: z.object({ queue_us: micros, fork_us: micros, exec_us: micros, total_us: micros }),
   usage: z.object({
@@ -101,7 +136,8 @@ export function parse<T>(schema: z.ZodType<T>, frame: FrameObject, what: string)
   const result = schema.safeParse(frame);
   if (!result.success) {
     const issue = result.error.issues[0];
-    const where = issue === undefined ? "" : ` (${issue.path.join(".") || "frame"}: ${issue.message})`;
+    const where =
+      issue === undefined ? "" : ` (${issue.path.join(".") || "frame"}: ${issue.message})`;
     throw new RuntimeProtocolError(`the daemon's ${what} frame does not match protocol v1${where}`);
   }
   return result.data;
@@ -112,7 +148,9 @@ export function parseHello(frame: FrameObject): { server: string } {
   if (frame.type === "error") throw errorFromFrame(frame);
   const hello = parse(HelloSchema, frame, "hello");
   if (hello.protocol !== PROTOCOL_VERSION) {
-    throw new RuntimeProtocolError(`the daemon answered hello with protocol ${hello.protocol}; this client speaks ${PROTOCOL_VERSION}`);
+    throw new RuntimeProtocolError(
+      `the daemon answered hello with protocol ${hello.protocol}; this client speaks ${PROTOCOL_VERSION}`,
+    );
   }
   return { server: hello.server };
 }
@@ -127,7 +165,10 @@ export function executeFrame(request: ExecutionRequest, stream = false): FrameOb
     argv: [SCRIPT_NAMES[request.language] ?? "main.py", ...request.args],
     env: request.env,
     files: request.files.map((f) => ({ path: f.path, content: f.content, encoding: f.encoding })),
-    limits: { timeout_ms: request.timeoutMs, ...(request.memoryMb === undefined ? {} : { memory_mib: request.memoryMb }) },
+    limits: {
+      timeout_ms: request.timeoutMs,
+      ...(request.memoryMb === undefined ? {} : { memory_mib: request.memoryMb }),
+    },
     ...(stream ? { stream: true } : {}),
   };
 }
@@ -170,9 +211,17 @@ export function parseExecution(frame: FrameObject): ExecutionResult {
     stdout: outputText(e.stdout),
     stderr: outputText(e.stderr),
     truncated: e.truncated,
-    timings: { queueMs: ms(e.timings.queue_us), forkMs: ms(e.timings.fork_us), execMs: ms(e.timings.exec_us) },
+    timings: {
+      queueMs: ms(e.timings.queue_us),
+      forkMs: ms(e.timings.fork_us),
+      execMs: ms(e.timings.exec_us),
+    },
     fault: e.fault,
-    limits: { timeoutMs: e.limits.timeout_ms, memoryMib: e.limits.memory_mib, outputBytes: e.limits.output_bytes },
+    limits: {
+      timeoutMs: e.limits.timeout_ms,
+      memoryMib: e.limits.memory_mib,
+      outputBytes: e.limits.output_bytes,
+    },
     usage: {
       wallMs: ms(e.usage.wall_us),
       cpuMs: ms(e.usage.cpu_us),
@@ -237,6 +286,8 @@ export function errorFromFrame(frame: FrameObject): RuntimeError {
     case "session_ended":
       return new RuntimeRequestError(code, message);
     default:
-      return new RuntimeProtocolError(`the daemon answered with an error code protocol v1 does not define: ${e.code} (${e.message})`);
+      return new RuntimeProtocolError(
+        `the daemon answered with an error code protocol v1 does not define: ${e.code} (${e.message})`,
+      );
   }
 }

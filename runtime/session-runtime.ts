@@ -47,7 +47,12 @@ export interface CellResult {
 export interface SessionRuntime {
   /** `memoryMib`: refused unless it is the template's VM size (absent: that size). */
   create(session: string, template: string, memoryMib?: number): Promise<SessionInfo>;
-  execute(session: string, code: string, limits: { timeoutMs: number; outputBytes?: number }, signal?: AbortSignal): Promise<CellResult>;
+  execute(
+    session: string,
+    code: string,
+    limits: { timeoutMs: number; outputBytes?: number },
+    signal?: AbortSignal,
+  ): Promise<CellResult>;
   writeFile(session: string, path: string, content: Buffer): Promise<number>;
   readFile(session: string, path: string): Promise<Buffer>;
   deleteFile(session: string, path: string): Promise<void>;
@@ -66,7 +71,11 @@ export type SessionRequester = (
   options?: { signal?: AbortSignal | undefined; timeoutMs?: number | undefined },
 ) => Promise<FrameObject>;
 
-const CheckpointSchema = z.object({ checkpoint: z.number().int(), sha256: z.string(), file_bytes: z.number().int() });
+const CheckpointSchema = z.object({
+  checkpoint: z.number().int(),
+  sha256: z.string(),
+  file_bytes: z.number().int(),
+});
 const SessionSchema = z.object({
   session: z.string(),
   template: z.string(),
@@ -84,7 +93,12 @@ const TakenSchema = CheckpointSchema.extend({
 const CellSchema = z.object({
   session_state: z.enum(["running", "paused", "ended"]),
   resumed: z.boolean(),
-  result: z.object({ value: z.string().nullable(), error: z.object({ name: z.string(), message: z.string() }).nullable() }).nullable(),
+  result: z
+    .object({
+      value: z.string().nullable(),
+      error: z.object({ name: z.string(), message: z.string() }).nullable(),
+    })
+    .nullable(),
 });
 const FileSchema = z.object({ bytes: z.number().int(), content: z.string().optional() });
 
@@ -128,14 +142,29 @@ export class DaemonSessions implements SessionRuntime {
   ) {}
 
   async create(session: string, template: string, memoryMib?: number): Promise<SessionInfo> {
-    const fields = memoryMib === undefined ? { session, template } : { session, template, memory_mib: memoryMib };
+    const fields =
+      memoryMib === undefined
+        ? { session, template }
+        : { session, template, memory_mib: memoryMib };
     return sessionInfo(await this.request("session_create", fields, { timeoutMs: this.graceMs }));
   }
 
-  async execute(session: string, code: string, limits: { timeoutMs: number; outputBytes?: number }, signal?: AbortSignal): Promise<CellResult> {
+  async execute(
+    session: string,
+    code: string,
+    limits: { timeoutMs: number; outputBytes?: number },
+    signal?: AbortSignal,
+  ): Promise<CellResult> {
     const frame = await this.request(
       "session_execute",
-      { session, code, limits: { timeout_ms: limits.timeoutMs, ...(limits.outputBytes === undefined ? {} : { output_bytes: limits.outputBytes }) } },
+      {
+        session,
+        code,
+        limits: {
+          timeout_ms: limits.timeoutMs,
+          ...(limits.outputBytes === undefined ? {} : { output_bytes: limits.outputBytes }),
+        },
+      },
       { signal, timeoutMs: limits.timeoutMs + this.graceMs },
     );
     const cell = parse(CellSchema, frame, "execution");
@@ -149,12 +178,20 @@ export class DaemonSessions implements SessionRuntime {
   }
 
   async writeFile(session: string, path: string, content: Buffer): Promise<number> {
-    const frame = await this.request("session_write_file", { session, path, content: content.toString("base64"), encoding: "base64" }, { timeoutMs: this.graceMs });
+    const frame = await this.request(
+      "session_write_file",
+      { session, path, content: content.toString("base64"), encoding: "base64" },
+      { timeoutMs: this.graceMs },
+    );
     return parse(FileSchema, frame, "session_file").bytes;
   }
 
   async readFile(session: string, path: string): Promise<Buffer> {
-    const frame = await this.request("session_read_file", { session, path }, { timeoutMs: this.graceMs });
+    const frame = await this.request(
+      "session_read_file",
+      { session, path },
+      { timeoutMs: this.graceMs },
+    );
     return Buffer.from(parse(FileSchema, frame, "session_file").content ?? "", "base64");
   }
 
@@ -163,19 +200,35 @@ export class DaemonSessions implements SessionRuntime {
   }
 
   async checkpoint(session: string): Promise<TakenCheckpoint> {
-    return taken(await this.request("session_checkpoint", { session }, { timeoutMs: DURABLE_WRITE_TIMEOUT_MS }));
+    return taken(
+      await this.request(
+        "session_checkpoint",
+        { session },
+        { timeoutMs: DURABLE_WRITE_TIMEOUT_MS },
+      ),
+    );
   }
 
   async pause(session: string): Promise<TakenCheckpoint> {
-    return taken(await this.request("session_pause", { session }, { timeoutMs: DURABLE_WRITE_TIMEOUT_MS }));
+    return taken(
+      await this.request("session_pause", { session }, { timeoutMs: DURABLE_WRITE_TIMEOUT_MS }),
+    );
   }
 
   async resume(session: string): Promise<SessionInfo> {
-    return sessionInfo(await this.request("session_resume", { session }, { timeoutMs: this.graceMs }));
+    return sessionInfo(
+      await this.request("session_resume", { session }, { timeoutMs: this.graceMs }),
+    );
   }
 
   async fork(session: string, from: string, checkpoint: number): Promise<SessionInfo> {
-    return sessionInfo(await this.request("session_fork", { session, from, checkpoint }, { timeoutMs: this.graceMs }));
+    return sessionInfo(
+      await this.request(
+        "session_fork",
+        { session, from, checkpoint },
+        { timeoutMs: this.graceMs },
+      ),
+    );
   }
 
   async delete(session: string): Promise<void> {

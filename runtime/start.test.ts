@@ -19,7 +19,11 @@ afterEach(async () => {
 describe("startRuntime", () => {
   it("none: no runtime", async () => {
     const log: string[] = [];
-    expect(await startRuntime(loadRuntimeConfig({ SANDFORK_RUNTIME: "none" }, "/data"), MAXIMA, (l) => log.push(l))).toBeUndefined();
+    expect(
+      await startRuntime(loadRuntimeConfig({ SANDFORK_RUNTIME: "none" }, "/data"), MAXIMA, (l) =>
+        log.push(l),
+      ),
+    ).toBeUndefined();
     expect(log).toEqual(["SANDFORK_RUNTIME=none: no execution runtime"]);
   });
 
@@ -28,16 +32,25 @@ describe("startRuntime", () => {
     cleanups.push(() => templates.dispose());
     const socketPath = join(templates.dir, "vmm.sock");
     const log: string[] = [];
-    const config = loadRuntimeConfig({ SANDFORK_RUNTIME: "external", SANDFORK_VMM_SOCKET: socketPath }, templates.dir);
+    const config = loadRuntimeConfig(
+      { SANDFORK_RUNTIME: "external", SANDFORK_VMM_SOCKET: socketPath },
+      templates.dir,
+    );
     const runtime = await startRuntime(config, MAXIMA, (l) => log.push(l));
     if (runtime === undefined) throw new Error("external mode must give a runtime");
     cleanups.push(() => runtime.stop());
     expect(runtime.supervisor).toBeUndefined();
-    expect(log.join("\n")).toMatch(/cannot connect to sandfork-vmm at .*vmm\.sock.*; retrying in the background/);
+    expect(log.join("\n")).toMatch(
+      /cannot connect to sandfork-vmm at .*vmm\.sock.*; retrying in the background/,
+    );
     await expect(runtime.client.templates()).rejects.toBeInstanceOf(RuntimeUnavailableError);
 
     // Someone else runs the daemon; the client's background reconnects find it.
-    const daemon = new DaemonSupervisor({ binary: requireVmmBinary(), socketPath, templatesDir: templates.templatesDir });
+    const daemon = new DaemonSupervisor({
+      binary: requireVmmBinary(),
+      socketPath,
+      templatesDir: templates.templatesDir,
+    });
     cleanups.push(() => daemon.stop());
     await daemon.start();
     await runtime.client.waitUntilConnected(5_000);
@@ -53,8 +66,13 @@ describe("startRuntime", () => {
   it("supervised: no template sources is an error naming the folder", async () => {
     const dir = await mkdtemp(join(tmpdir(), "sfk-st-"));
     cleanups.push(() => rm(dir, { recursive: true, force: true }));
-    const config = loadRuntimeConfig({ SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_TEMPLATE_SOURCES: join(dir, "none") }, dir);
-    await expect(startRuntime(config, MAXIMA, () => {})).rejects.toThrow(`no template sources (folders with an image.json) in ${join(dir, "none")}`);
+    const config = loadRuntimeConfig(
+      { SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_TEMPLATE_SOURCES: join(dir, "none") },
+      dir,
+    );
+    await expect(startRuntime(config, MAXIMA, () => {})).rejects.toThrow(
+      `no template sources (folders with an image.json) in ${join(dir, "none")}`,
+    );
   });
 });
 
@@ -71,22 +89,40 @@ describe("loadRuntimeConfig", () => {
       rebuildTemplates: false,
       connections: 4,
     });
-    expect(loadRuntimeConfig({ SANDFORK_VMM_SERVE_ARGS: " --max-queue  8 " }, "/d").serveArgs).toEqual(["--max-queue", "8"]);
+    expect(
+      loadRuntimeConfig({ SANDFORK_VMM_SERVE_ARGS: " --max-queue  8 " }, "/d").serveArgs,
+    ).toEqual(["--max-queue", "8"]);
     expect(config.bootTimeoutMs).toBeUndefined();
-    expect(loadRuntimeConfig({ SANDFORK_VMM_BOOT_TIMEOUT_MS: "450000" }, "/d").bootTimeoutMs).toBe(450_000);
+    expect(loadRuntimeConfig({ SANDFORK_VMM_BOOT_TIMEOUT_MS: "450000" }, "/d").bootTimeoutMs).toBe(
+      450_000,
+    );
     expect(config.readyTimeoutMs).toBe(15_000);
-    expect(loadRuntimeConfig({ SANDFORK_VMM_READY_TIMEOUT_MS: "225000" }, "/d").readyTimeoutMs).toBe(225_000);
+    expect(
+      loadRuntimeConfig({ SANDFORK_VMM_READY_TIMEOUT_MS: "225000" }, "/d").readyTimeoutMs,
+    ).toBe(225_000);
     expect(config.executeGraceMs).toBe(5_000);
-    expect(loadRuntimeConfig({ SANDFORK_VMM_EXECUTE_GRACE_MS: "75000" }, "/d").executeGraceMs).toBe(75_000);
+    expect(loadRuntimeConfig({ SANDFORK_VMM_EXECUTE_GRACE_MS: "75000" }, "/d").executeGraceMs).toBe(
+      75_000,
+    );
     expect(config.executeMaxWaitMs).toBe(600_000);
-    expect(loadRuntimeConfig({ SANDFORK_VMM_EXECUTE_MAX_WAIT_MS: "900000" }, "/d").executeMaxWaitMs).toBe(900_000);
+    expect(
+      loadRuntimeConfig({ SANDFORK_VMM_EXECUTE_MAX_WAIT_MS: "900000" }, "/d").executeMaxWaitMs,
+    ).toBe(900_000);
   });
 
   it("refuses an unknown mode, a bad number and a socket path too long for sun_path", () => {
-    expect(() => loadRuntimeConfig({ SANDFORK_RUNTIME: "docker" }, "/d")).toThrow(/supervised, external or none/);
-    expect(() => loadRuntimeConfig({ SANDFORK_VMM_CONNECTIONS: "0" }, "/d")).toThrow(/SANDFORK_VMM_CONNECTIONS/);
-    expect(() => loadRuntimeConfig({ SANDFORK_VMM_BOOT_TIMEOUT_MS: "soon" }, "/d")).toThrow(/SANDFORK_VMM_BOOT_TIMEOUT_MS/);
+    expect(() => loadRuntimeConfig({ SANDFORK_RUNTIME: "docker" }, "/d")).toThrow(
+      /supervised, external or none/,
+    );
+    expect(() => loadRuntimeConfig({ SANDFORK_VMM_CONNECTIONS: "0" }, "/d")).toThrow(
+      /SANDFORK_VMM_CONNECTIONS/,
+    );
+    expect(() => loadRuntimeConfig({ SANDFORK_VMM_BOOT_TIMEOUT_MS: "soon" }, "/d")).toThrow(
+      /SANDFORK_VMM_BOOT_TIMEOUT_MS/,
+    );
     const deep = `/${"d".repeat(MAX_SOCKET_PATH_BYTES)}`;
-    expect(() => loadRuntimeConfig({}, deep)).toThrow(/longer than 107 bytes; set SANDFORK_VMM_SOCKET/);
+    expect(() => loadRuntimeConfig({}, deep)).toThrow(
+      /longer than 107 bytes; set SANDFORK_VMM_SOCKET/,
+    );
   });
 });

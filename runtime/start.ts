@@ -44,13 +44,24 @@ export async function startRuntime(
 
   if (config.mode === "external") {
     // The gateway serves anyway; executions answer 503 until the daemon is reachable.
-    await client.connect().catch((error: Error) => log(`${error.message}; retrying in the background`));
+    await client
+      .connect()
+      .catch((error: Error) => log(`${error.message}; retrying in the background`));
     return { client, supervisor: undefined, stop: async () => client.close() };
   }
 
   const sources = selectTemplateSources(config.templateSourcesDir, config.templateNames);
-  if (sources.length === 0) throw new Error(`no template sources (folders with an image.json) in ${config.templateSourcesDir}`);
-  await ensureTemplates(sources, { binary: config.binary, templatesDir: config.templatesDir, force: config.rebuildTemplates, bootTimeoutMs: config.bootTimeoutMs, log });
+  if (sources.length === 0)
+    throw new Error(
+      `no template sources (folders with an image.json) in ${config.templateSourcesDir}`,
+    );
+  await ensureTemplates(sources, {
+    binary: config.binary,
+    templatesDir: config.templatesDir,
+    force: config.rebuildTemplates,
+    bootTimeoutMs: config.bootTimeoutMs,
+    log,
+  });
 
   await mkdir(dirname(config.socketPath), { recursive: true, mode: 0o700 });
   const runAs = await daemonUser(dirname(config.socketPath), log);
@@ -65,7 +76,9 @@ export async function startRuntime(
       String(maxima.timeoutMs),
       "--max-memory-mib",
       String(maxima.memoryMib),
-      ...(config.bootTimeoutMs === undefined ? [] : ["--boot-timeout-ms", String(config.bootTimeoutMs)]),
+      ...(config.bootTimeoutMs === undefined
+        ? []
+        : ["--boot-timeout-ms", String(config.bootTimeoutMs)]),
       "--sessions",
       config.sessionsDir,
       ...config.serveArgs,

@@ -9,7 +9,13 @@ import { afterEach, describe, expect, it } from "vitest";
 import { DaemonClient } from "./daemon-client.js";
 import { RuntimeConnectionLostError, RuntimeUnavailableError } from "./errors.js";
 import { DaemonSupervisor } from "./supervisor.js";
-import { type DaemonFixture, requireVmmBinary, startDaemon, stopProcess, templatesFixture } from "./testing/real-daemon.js";
+import {
+  type DaemonFixture,
+  requireVmmBinary,
+  startDaemon,
+  stopProcess,
+  templatesFixture,
+} from "./testing/real-daemon.js";
 import { uidOf } from "./unprivileged.js";
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -54,10 +60,26 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
       runtime.stats(),
       runtime.templates(),
       runtime.execute(
-        { executionId: "x", template: "python", code: "print(1)", stdin: "", args: [], env: {}, files: [], language: "python", timeoutMs: 1_000, memoryMb: 64 },
+        {
+          executionId: "x",
+          template: "python",
+          code: "print(1)",
+          stdin: "",
+          args: [],
+          env: {},
+          files: [],
+          language: "python",
+          timeoutMs: 1_000,
+          memoryMb: 64,
+        },
         new AbortController().signal,
       ),
-    ].map((call) => call.then(() => "answered", (error: Error) => error));
+    ].map((call) =>
+      call.then(
+        () => "answered",
+        (error: Error) => error,
+      ),
+    );
     expect(runtime.status().inFlight).toBe(4);
     const restarted = nextReady(daemon.supervisor);
     process.kill(firstPid, "SIGKILL");
@@ -79,14 +101,21 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
 
   it("kills and restarts a daemon that stops answering (hung, here: SIGSTOP)", async () => {
     const log: string[] = [];
-    const daemon = await startDaemon({ log: (line) => log.push(line), livenessIntervalMs: 100, livenessTimeoutMs: 150, livenessFailures: 2 });
+    const daemon = await startDaemon({
+      log: (line) => log.push(line),
+      livenessIntervalMs: 100,
+      livenessTimeoutMs: 150,
+      livenessFailures: 2,
+    });
     cleanups.push(() => daemon.dispose());
     const hungPid = daemon.supervisor.pid as number;
     const restarted = nextReady(daemon.supervisor);
     await stopProcess(hungPid);
     const info = await restarted;
     expect(info.pid).not.toBe(hungPid);
-    expect(log.join("\n")).toContain(`sandfork-vmm (pid ${hungPid}) did not answer 2 liveness probes in a row`);
+    expect(log.join("\n")).toContain(
+      `sandfork-vmm (pid ${hungPid}) did not answer 2 liveness probes in a row`,
+    );
     expect(log.join("\n")).toContain(`sandfork-vmm (pid ${hungPid}) died (killed by SIGKILL)`);
     const runtime = client(daemon.socketPath, 1);
     await runtime.connect();
@@ -95,12 +124,17 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
 
   it("restarts a daemon its seccomp filter killed (a forbidden host system call: SIGSYS)", async () => {
     const log: string[] = [];
-    const daemon = await startDaemon({ log: (line) => log.push(line), serveArgs: ["--test-forbidden-syscall-after-ms", "500"] });
+    const daemon = await startDaemon({
+      log: (line) => log.push(line),
+      serveArgs: ["--test-forbidden-syscall-after-ms", "500"],
+    });
     cleanups.push(() => daemon.dispose());
     const firstPid = daemon.supervisor.pid;
     const restarted = await nextReady(daemon.supervisor);
     expect(restarted.pid).not.toBe(firstPid);
-    expect(log.join("\n")).toMatch(new RegExp(`sandfork-vmm \\(pid ${firstPid}\\) died \\(killed by SIGSYS\\); restarting`));
+    expect(log.join("\n")).toMatch(
+      new RegExp(`sandfork-vmm \\(pid ${firstPid}\\) died \\(killed by SIGSYS\\); restarting`),
+    );
     expect(log.join("\n")).toContain("confined by seccomp");
     expect(daemon.supervisor.restarts).toBe(1);
   });
@@ -122,7 +156,9 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
     cleanups.push(() => supervisor.stop());
     await supervisor.start();
     const status = await readFile(`/proc/${supervisor.pid}/status`, "utf8");
-    expect(status).toMatch(new RegExp(`^Uid:\\s+${nobody}\\s+${nobody}\\s+${nobody}\\s+${nobody}$`, "m"));
+    expect(status).toMatch(
+      new RegExp(`^Uid:\\s+${nobody}\\s+${nobody}\\s+${nobody}\\s+${nobody}$`, "m"),
+    );
     expect(status).toMatch(new RegExp(`^Gid:\\s+${kvmGroup}\\s`, "m"));
     expect(status).toMatch(/^Groups:\s*$/m);
     expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
@@ -140,7 +176,9 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
       process.kill(daemon.supervisor.pid as number, "SIGKILL");
       await restarted;
     }
-    const delays = log.flatMap((line) => /restarting in (\d+) ms/.exec(line)?.[1] ?? []).map(Number);
+    const delays = log
+      .flatMap((line) => /restarting in (\d+) ms/.exec(line)?.[1] ?? [])
+      .map(Number);
     expect(delays).toEqual([50, 100]);
     expect(daemon.supervisor.restarts).toBe(2);
   });
@@ -160,7 +198,11 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
 
   it("refuses to start a second daemon on a socket another one serves", async () => {
     const { daemon } = await daemonWithLog();
-    const second = new DaemonSupervisor({ binary: requireVmmBinary(), socketPath: daemon.socketPath, templatesDir: daemon.templatesDir });
+    const second = new DaemonSupervisor({
+      binary: requireVmmBinary(),
+      socketPath: daemon.socketPath,
+      templatesDir: daemon.templatesDir,
+    });
     cleanups.push(() => second.stop());
     await expect(second.start()).rejects.toThrow(/sandfork-vmm .* is already serving at/);
     expect(second.pid).toBeUndefined();
@@ -174,8 +216,14 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
     const { daemon } = await daemonWithLog();
     await daemon.supervisor.stop();
     // What a gateway killed with SIGKILL leaves: a daemon serving the socket, its pid on record.
-    const leftover = spawn(requireVmmBinary(), ["serve", "--socket", daemon.socketPath, "--templates", daemon.templatesDir], { stdio: "ignore" });
-    const leftoverExit = new Promise((r) => leftover.once("exit", (code, signal) => r(signal ?? code)));
+    const leftover = spawn(
+      requireVmmBinary(),
+      ["serve", "--socket", daemon.socketPath, "--templates", daemon.templatesDir],
+      { stdio: "ignore" },
+    );
+    const leftoverExit = new Promise((r) =>
+      leftover.once("exit", (code, signal) => r(signal ?? code)),
+    );
     const goneSupervisor = spawn("true");
     await new Promise((r) => goneSupervisor.once("exit", r));
     await writeFile(`${daemon.socketPath}.pid`, `${leftover.pid} ${goneSupervisor.pid}\n`);
@@ -187,13 +235,22 @@ describe("DaemonSupervisor with sandfork-vmm serve", () => {
     probe.close();
 
     const log: string[] = [];
-    const next = new DaemonSupervisor({ binary: requireVmmBinary(), socketPath: daemon.socketPath, templatesDir: daemon.templatesDir, log: (l) => log.push(l) });
+    const next = new DaemonSupervisor({
+      binary: requireVmmBinary(),
+      socketPath: daemon.socketPath,
+      templatesDir: daemon.templatesDir,
+      log: (l) => log.push(l),
+    });
     cleanups.push(() => next.stop());
     const info = await next.start();
     expect(await leftoverExit).toBe(0); // SIGTERM: the daemon stops cleanly
-    expect(log.join("\n")).toContain(`stopping sandfork-vmm (pid ${leftover.pid}), left running at ${daemon.socketPath}`);
+    expect(log.join("\n")).toContain(
+      `stopping sandfork-vmm (pid ${leftover.pid}), left running at ${daemon.socketPath}`,
+    );
     expect(info.pid).not.toBe(leftover.pid);
-    expect((await readFile(`${daemon.socketPath}.pid`, "utf8")).trim()).toBe(`${info.pid} ${process.pid}`);
+    expect((await readFile(`${daemon.socketPath}.pid`, "utf8")).trim()).toBe(
+      `${info.pid} ${process.pid}`,
+    );
     await next.stop();
     expect(existsSync(`${daemon.socketPath}.pid`)).toBe(false);
   });

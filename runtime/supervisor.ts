@@ -92,7 +92,8 @@ async function terminate(pid: number, timeoutMs: number): Promise<void> {
 }
 
 export class DaemonSupervisor {
-  private readonly options: Required<Omit<SupervisorOptions, "log" | "runAs">> & Pick<SupervisorOptions, "runAs">;
+  private readonly options: Required<Omit<SupervisorOptions, "log" | "runAs">> &
+    Pick<SupervisorOptions, "runAs">;
   private readonly log: (line: string) => void;
   private state: State = "idle";
   private child: ChildProcess | null = null;
@@ -148,7 +149,8 @@ export class DaemonSupervisor {
    * fails; later deaths are restarted instead.
    */
   async start(): Promise<DaemonProcessInfo> {
-    if (this.state !== "idle") throw new Error(`the supervisor was already started (${this.state})`);
+    if (this.state !== "idle")
+      throw new Error(`the supervisor was already started (${this.state})`);
     await this.stopLeftover();
     const existing = await DaemonConnection.open(this.options.socketPath, 1_000).then(
       (connection) => {
@@ -159,7 +161,9 @@ export class DaemonSupervisor {
     );
     if (existing !== null) {
       this.state = "stopped";
-      throw new Error(`${existing} is already serving at ${this.options.socketPath}; stop it or choose another socket path`);
+      throw new Error(
+        `${existing} is already serving at ${this.options.socketPath}; stop it or choose another socket path`,
+      );
     }
     process.on("exit", this.killOnExit);
     try {
@@ -182,7 +186,9 @@ export class DaemonSupervisor {
       const exited = new Promise<void>((r) => child.once("exit", () => r()));
       child.kill("SIGTERM");
       const killer = setTimeout(() => {
-        this.log(`sandfork-vmm (pid ${child.pid}) did not stop within ${this.options.stopTimeoutMs} ms; killing it`);
+        this.log(
+          `sandfork-vmm (pid ${child.pid}) did not stop within ${this.options.stopTimeoutMs} ms; killing it`,
+        );
         child.kill("SIGKILL");
       }, this.options.stopTimeoutMs);
       await exited;
@@ -203,13 +209,18 @@ export class DaemonSupervisor {
     if (recorded === null) return;
     const { daemon, supervisor } = recorded;
     const args = (await readFile(`/proc/${daemon}/cmdline`, "utf8").catch(() => "")).split("\0");
-    const serving = basename(args[0] ?? "") === basename(this.options.binary) && args.includes("serve") && args[args.indexOf("--socket") + 1] === this.options.socketPath;
+    const serving =
+      basename(args[0] ?? "") === basename(this.options.binary) &&
+      args.includes("serve") &&
+      args[args.indexOf("--socket") + 1] === this.options.socketPath;
     if (!serving) return this.forgetPid(daemon);
     const stat = await readFile(`/proc/${daemon}/stat`, "utf8").catch(() => "");
     // Field 4 (ppid), after the parenthesised command name.
     const parent = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
     if (parent === supervisor) return; // still supervised: start() refuses the taken socket
-    this.log(`stopping sandfork-vmm (pid ${daemon}), left running at ${this.options.socketPath} by an earlier start`);
+    this.log(
+      `stopping sandfork-vmm (pid ${daemon}), left running at ${this.options.socketPath} by an earlier start`,
+    );
     await terminate(daemon, this.options.stopTimeoutMs);
     await this.forgetPid(daemon);
   }
@@ -217,19 +228,35 @@ export class DaemonSupervisor {
   private async readPidFile(): Promise<{ daemon: number; supervisor: number } | null> {
     const text = await readFile(this.options.pidFile, "utf8").catch(() => "");
     const [daemon, supervisor] = text.trim().split(/\s+/).map(Number);
-    if (!Number.isSafeInteger(daemon) || !Number.isSafeInteger(supervisor) || (daemon as number) <= 0) return null;
+    if (
+      !Number.isSafeInteger(daemon) ||
+      !Number.isSafeInteger(supervisor) ||
+      (daemon as number) <= 0
+    )
+      return null;
     return { daemon: daemon as number, supervisor: supervisor as number };
   }
 
   private async forgetPid(daemon: number | undefined): Promise<void> {
-    if ((await this.readPidFile())?.daemon === daemon) await rm(this.options.pidFile, { force: true });
+    if ((await this.readPidFile())?.daemon === daemon)
+      await rm(this.options.pidFile, { force: true });
   }
 
   private async launch(): Promise<DaemonProcessInfo> {
     this.state = "starting";
-    const args = ["serve", "--socket", this.options.socketPath, "--templates", this.options.templatesDir, ...this.options.serveArgs];
+    const args = [
+      "serve",
+      "--socket",
+      this.options.socketPath,
+      "--templates",
+      this.options.templatesDir,
+      ...this.options.serveArgs,
+    ];
     const runAs = this.options.runAs;
-    const child = spawn(this.options.binary, args, { stdio: ["ignore", "pipe", "pipe"], ...(runAs === undefined ? {} : { uid: runAs.uid, gid: runAs.gid }) });
+    const child = spawn(this.options.binary, args, {
+      stdio: ["ignore", "pipe", "pipe"],
+      ...(runAs === undefined ? {} : { uid: runAs.uid, gid: runAs.gid }),
+    });
     this.child = child;
     this.stderrTail = [];
     this.startedAt = Date.now();
@@ -239,8 +266,10 @@ export class DaemonSupervisor {
       if (this.stderrTail.length > STDERR_TAIL_LINES) this.stderrTail.shift();
       this.log(`[sandfork-vmm] ${line}`);
     };
-    if (child.stdout) createInterface({ input: child.stdout, crlfDelay: Infinity }).on("line", forward);
-    if (child.stderr) createInterface({ input: child.stderr, crlfDelay: Infinity }).on("line", forward);
+    if (child.stdout)
+      createInterface({ input: child.stdout, crlfDelay: Infinity }).on("line", forward);
+    if (child.stderr)
+      createInterface({ input: child.stderr, crlfDelay: Infinity }).on("line", forward);
     let spawnError: Error | null = null;
     child.once("error", (error) => {
       spawnError = error;
@@ -249,17 +278,21 @@ export class DaemonSupervisor {
     // After "close" every line the child wrote has been forwarded.
     const outputDone = new Promise<void>((r) => child.once("close", () => r()));
     // Only now, with every listener attached (an await earlier could miss "exit" and "close").
-    if (child.pid !== undefined) await writeFile(this.options.pidFile, `${child.pid} ${process.pid}\n`);
+    if (child.pid !== undefined)
+      await writeFile(this.options.pidFile, `${child.pid} ${process.pid}\n`);
 
     const deadline = Date.now() + this.options.readyTimeoutMs;
     for (;;) {
       if (this.child !== child || this.isStopping()) {
         throw new Error("the supervisor was stopped while sandfork-vmm was starting");
       }
-      if (spawnError !== null) throw new Error(`cannot start ${this.options.binary}: ${(spawnError as Error).message}`);
+      if (spawnError !== null)
+        throw new Error(`cannot start ${this.options.binary}: ${(spawnError as Error).message}`);
       if (child.exitCode !== null || child.signalCode !== null) {
         await outputDone;
-        throw new Error(`sandfork-vmm exited during start-up (${child.signalCode ?? `exit code ${child.exitCode}`})${this.stderrSummary()}`);
+        throw new Error(
+          `sandfork-vmm exited during start-up (${child.signalCode ?? `exit code ${child.exitCode}`})${this.stderrSummary()}`,
+        );
       }
       try {
         const probe = await DaemonConnection.open(this.options.socketPath, 1_000);
@@ -273,7 +306,9 @@ export class DaemonSupervisor {
       } catch (error) {
         if (Date.now() > deadline) {
           child.kill("SIGKILL");
-          throw new Error(`sandfork-vmm did not answer at ${this.options.socketPath} within ${this.options.readyTimeoutMs} ms (${(error as Error).message})${this.stderrSummary()}`);
+          throw new Error(
+            `sandfork-vmm did not answer at ${this.options.socketPath} within ${this.options.readyTimeoutMs} ms (${(error as Error).message})${this.stderrSummary()}`,
+          );
         }
         await sleep(PROBE_INTERVAL_MS);
       }
@@ -292,26 +327,35 @@ export class DaemonSupervisor {
         return;
       }
       probing = true;
-      DaemonConnection.open(this.options.socketPath, this.options.livenessTimeoutMs).then(
-        (probe) => {
-          probe.close();
-          failures = 0;
-        },
-        (error: Error) => {
-          // An error frame (e.g. `busy`: too many connections) is an answer: the daemon is alive.
-          if (!(error instanceof RuntimeUnavailableError)) {
+      DaemonConnection.open(this.options.socketPath, this.options.livenessTimeoutMs)
+        .then(
+          (probe) => {
+            probe.close();
             failures = 0;
-            return;
-          }
-          failures += 1;
-          if (failures < this.options.livenessFailures || this.child !== child || this.state !== "running") return;
-          this.log(`sandfork-vmm (pid ${child.pid}) did not answer ${failures} liveness probes in a row (${error.message}); killing it`);
-          clearInterval(this.livenessTimer);
-          child.kill("SIGKILL");
-        },
-      ).finally(() => {
-        probing = false;
-      });
+          },
+          (error: Error) => {
+            // An error frame (e.g. `busy`: too many connections) is an answer: the daemon is alive.
+            if (!(error instanceof RuntimeUnavailableError)) {
+              failures = 0;
+              return;
+            }
+            failures += 1;
+            if (
+              failures < this.options.livenessFailures ||
+              this.child !== child ||
+              this.state !== "running"
+            )
+              return;
+            this.log(
+              `sandfork-vmm (pid ${child.pid}) did not answer ${failures} liveness probes in a row (${error.message}); killing it`,
+            );
+            clearInterval(this.livenessTimer);
+            child.kill("SIGKILL");
+          },
+        )
+        .finally(() => {
+          probing = false;
+        });
     }, this.options.livenessIntervalMs);
     this.livenessTimer.unref();
   }
@@ -321,7 +365,9 @@ export class DaemonSupervisor {
   }
 
   private stderrSummary(): string {
-    return this.stderrTail.length === 0 ? "" : `; its last output:\n  ${this.stderrTail.join("\n  ")}`;
+    return this.stderrTail.length === 0
+      ? ""
+      : `; its last output:\n  ${this.stderrTail.join("\n  ")}`;
   }
 
   private exited(child: ChildProcess, code: number | null, signal: NodeJS.Signals | null): void {
@@ -332,7 +378,8 @@ export class DaemonSupervisor {
       return;
     }
     if (this.state === "starting") return; // launch() reports it
-    if (Date.now() - this.startedAt >= this.options.stableAfterMs) this.backoffMs = this.options.restartMinMs;
+    if (Date.now() - this.startedAt >= this.options.stableAfterMs)
+      this.backoffMs = this.options.restartMinMs;
     const delay = this.nextRestartDelay();
     this.log(`sandfork-vmm (pid ${child.pid}) died (${how}); restarting in ${delay} ms`);
     this.scheduleRestart(delay);

@@ -14,7 +14,14 @@ let hostFile: string;
 let templatesDir: string;
 
 async function writeManifest(extra: Record<string, unknown> = {}): Promise<void> {
-  await writeFile(source.manifestPath, JSON.stringify({ name: "tiny", paths: [{ host: hostFile, guest: "/data/hello.txt" }], ...extra }));
+  await writeFile(
+    source.manifestPath,
+    JSON.stringify({
+      name: "tiny",
+      paths: [{ host: hostFile, guest: "/data/hello.txt" }],
+      ...extra,
+    }),
+  );
 }
 
 beforeEach(async () => {
@@ -36,33 +43,53 @@ describe("template images", () => {
     await mkdir(join(dir, "sources", "not-a-template"));
     expect(discoverTemplateSources(join(dir, "sources"))).toEqual([source]);
     expect(discoverTemplateSources("templates")).toEqual([
-      expect.objectContaining({ name: "node", manifestPath: join("templates", "node", "image.json") }),
-      expect.objectContaining({ name: "python", manifestPath: join("templates", "python", "image.json") }),
+      expect.objectContaining({
+        name: "node",
+        manifestPath: join("templates", "node", "image.json"),
+      }),
+      expect.objectContaining({
+        name: "python",
+        manifestPath: join("templates", "python", "image.json"),
+      }),
     ]);
   });
 
   it("runs a source folder's prepare.sh before building: it makes the host files the manifest names", async () => {
     const made = join(dir, "sources", "tiny", "made.txt");
-    await writeFile(join(dir, "sources", "tiny", "prepare.sh"), `echo prepared > ${JSON.stringify(made)}\n`);
+    await writeFile(
+      join(dir, "sources", "tiny", "prepare.sh"),
+      `echo prepared > ${JSON.stringify(made)}\n`,
+    );
     await writeManifest({ paths: [{ host: "made.txt", guest: "/data/made.txt" }] });
     const built = await ensureTemplate(source, { binary: requireVmmBinary(), templatesDir });
     expect(built).toMatchObject({ action: "built" });
     expect(existsSync(made)).toBe(true);
     await writeFile(join(dir, "sources", "tiny", "prepare.sh"), "exit 3\n");
-    await expect(ensureTemplate(source, { binary: requireVmmBinary(), templatesDir })).rejects.toThrow(/tiny: prepare.sh failed/);
+    await expect(
+      ensureTemplate(source, { binary: requireVmmBinary(), templatesDir }),
+    ).rejects.toThrow(/tiny: prepare.sh failed/);
   });
 
   it("builds a missing image into <dir>/<name>, then finds it up to date", async () => {
     const log: string[] = [];
     const binary = requireVmmBinary();
     const first = await ensureTemplate(source, { binary, templatesDir, log: (l) => log.push(l) });
-    expect(first).toMatchObject({ action: "built", reason: "no image yet", dir: join(templatesDir, "tiny") });
+    expect(first).toMatchObject({
+      action: "built",
+      reason: "no image yet",
+      dir: join(templatesDir, "tiny"),
+    });
     expect(readdirSync(first.dir).sort()).toEqual(["build.json", "image.data", "image.index"]);
     // Only the finished folder is left: the daemon never sees a half-built one.
     expect(readdirSync(templatesDir)).toEqual(["tiny"]);
-    expect(log.join("\n")).toMatch(/template tiny: building its image .*\(no image yet\)[\s\S]*image "tiny"[\s\S]*image ready in/);
+    expect(log.join("\n")).toMatch(
+      /template tiny: building its image .*\(no image yet\)[\s\S]*image "tiny"[\s\S]*image ready in/,
+    );
     // "tiny" has no in-VM agent, so it cannot be snapshotted; the image stays usable.
-    expect(first.snapshot).toEqual({ ready: false, detail: expect.stringContaining("unknown template `tiny`") });
+    expect(first.snapshot).toEqual({
+      ready: false,
+      detail: expect.stringContaining("unknown template `tiny`"),
+    });
 
     const second = await ensureTemplate(source, { binary, templatesDir });
     expect(second).toMatchObject({ action: "up-to-date" });
@@ -73,7 +100,10 @@ describe("template images", () => {
     await ensureTemplate(source, { binary, templatesDir });
 
     await writeManifest({ writable_dirs: ["/tmp"] });
-    expect(await ensureTemplate(source, { binary, templatesDir })).toMatchObject({ action: "built", reason: "the manifest changed" });
+    expect(await ensureTemplate(source, { binary, templatesDir })).toMatchObject({
+      action: "built",
+      reason: "the manifest changed",
+    });
 
     await writeFile(hostFile, "hello again\n");
     await utimes(hostFile, new Date(), new Date(Date.now() + 5_000));
@@ -82,8 +112,12 @@ describe("template images", () => {
       reason: expect.stringContaining("host files"),
     });
 
-    expect(await ensureTemplate(source, { binary, templatesDir, force: true })).toMatchObject({ action: "built" });
-    expect(await ensureTemplate(source, { binary, templatesDir })).toMatchObject({ action: "up-to-date" });
+    expect(await ensureTemplate(source, { binary, templatesDir, force: true })).toMatchObject({
+      action: "built",
+    });
+    expect(await ensureTemplate(source, { binary, templatesDir })).toMatchObject({
+      action: "up-to-date",
+    });
     expect(readdirSync(templatesDir)).toEqual(["tiny"]);
   });
 
@@ -91,29 +125,41 @@ describe("template images", () => {
     const binary = requireVmmBinary();
     const built = await ensureTemplate(source, { binary, templatesDir });
     await writeManifest({ no_such_key: true });
-    await expect(ensureTemplate(source, { binary, templatesDir })).rejects.toThrow(/image build --manifest .* failed \(exit code 1\)/);
+    await expect(ensureTemplate(source, { binary, templatesDir })).rejects.toThrow(
+      /image build --manifest .* failed \(exit code 1\)/,
+    );
     expect(readdirSync(templatesDir)).toEqual(["tiny"]);
     expect(existsSync(join(built.dir, "image.index"))).toBe(true);
   });
 
-  it("snapshots the python template when /dev/kvm works, and says why not when it does not", { timeout: 60_000 }, async () => {
+  it("snapshots the python template when /dev/kvm works, and says why not when it does not", {
+    timeout: 60_000,
+  }, async () => {
     const python = discoverTemplateSources("templates").find((t) => t.name === "python");
     if (python === undefined) throw new Error("templates/python/image.json is missing");
     const log: string[] = [];
-    const built = await ensureTemplate(python, { binary: requireVmmBinary(), templatesDir, log: (l) => log.push(l) });
+    const built = await ensureTemplate(python, {
+      binary: requireVmmBinary(),
+      templatesDir,
+      log: (l) => log.push(l),
+    });
     const snapshotFile = join(built.dir, "template.sfsnap");
     if (existsSync("/dev/kvm")) {
       expect(built.snapshot).toEqual({ ready: true, detail: `snapshot in ${snapshotFile}` });
       expect(existsSync(snapshotFile)).toBe(true);
     } else {
       expect(built.snapshot.ready).toBe(false);
-      expect(built.snapshot.detail).toMatch(/needs KVM: \/dev\/kvm is missing.*the daemon boots the agent per request$/);
+      expect(built.snapshot.detail).toMatch(
+        /needs KVM: \/dev\/kvm is missing.*the daemon boots the agent per request$/,
+      );
       expect(existsSync(snapshotFile)).toBe(false);
       expect(log.join("\n")).toContain(`template python: ${built.snapshot.detail}`);
     }
   });
 
   it("a missing binary is an error naming the build command", async () => {
-    await expect(ensureTemplate(source, { binary: join(dir, "no-binary"), templatesDir })).rejects.toThrow(/cargo build --release/);
+    await expect(
+      ensureTemplate(source, { binary: join(dir, "no-binary"), templatesDir }),
+    ).rejects.toThrow(/cargo build --release/);
   });
 });

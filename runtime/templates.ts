@@ -75,7 +75,10 @@ export function selectTemplateSources(root: string, names: string[] | undefined)
   const sources = discoverTemplateSources(root);
   if (names === undefined) return sources;
   const missing = names.filter((name) => !sources.some((s) => s.name === name));
-  if (missing.length > 0) throw new Error(`SANDFORK_TEMPLATES names ${missing.join(", ")}, which ${root} does not hold (it has ${sources.map((s) => s.name).join(", ")})`);
+  if (missing.length > 0)
+    throw new Error(
+      `SANDFORK_TEMPLATES names ${missing.join(", ")}, which ${root} does not hold (it has ${sources.map((s) => s.name).join(", ")})`,
+    );
   return sources.filter((s) => names.includes(s.name));
 }
 
@@ -87,10 +90,20 @@ function manifestHostPaths(manifestPath: string, manifestText: string): string[]
   } catch (error) {
     throw new Error(`template manifest ${manifestPath} is not JSON: ${(error as Error).message}`);
   }
-  const record = (typeof manifest === "object" && manifest !== null ? manifest : {}) as Record<string, unknown>;
-  const entries = [record.paths, record.optional_paths].flatMap((list) => (Array.isArray(list) ? list : []));
+  const record = (typeof manifest === "object" && manifest !== null ? manifest : {}) as Record<
+    string,
+    unknown
+  >;
+  const entries = [record.paths, record.optional_paths].flatMap((list) =>
+    Array.isArray(list) ? list : [],
+  );
   return entries.flatMap((entry: unknown) => {
-    const host = typeof entry === "string" ? entry : typeof entry === "object" && entry !== null ? (entry as { host?: unknown }).host : undefined;
+    const host =
+      typeof entry === "string"
+        ? entry
+        : typeof entry === "object" && entry !== null
+          ? (entry as { host?: unknown }).host
+          : undefined;
     if (typeof host !== "string") return [];
     return [isAbsolute(host) ? host : resolve(dirname(manifestPath), host)];
   });
@@ -149,13 +162,17 @@ async function readRecord(dir: string): Promise<BuildRecord | undefined> {
 }
 
 /** Why the template in `dir` must be (re)built, or null when it is up to date. */
-async function staleness(dir: string, inputs: Omit<BuildRecord, "builtAt">): Promise<string | null> {
+async function staleness(
+  dir: string,
+  inputs: Omit<BuildRecord, "builtAt">,
+): Promise<string | null> {
   if (IMAGE_FILES.some((file) => !existsSync(join(dir, file)))) return "no image yet";
   const record = await readRecord(dir);
   if (record === undefined) return "no build record";
   if (record.manifestSha256 !== inputs.manifestSha256) return "the manifest changed";
   if (record.builder !== inputs.builder) return "the sandfork-vmm binary changed";
-  if (record.inputsSha256 !== inputs.inputsSha256) return "host files under the manifest's paths or installed packages changed";
+  if (record.inputsSha256 !== inputs.inputsSha256)
+    return "host files under the manifest's paths or installed packages changed";
   return null;
 }
 
@@ -175,16 +192,31 @@ function runBuilder(binary: string, args: string[], log: (line: string) => void)
       if (lines.length > shown.length) log(`  … ${lines.length - shown.length} earlier line(s)`);
       for (const line of shown) log(`  ${line}`);
       if (code === 0) resolvePromise();
-      else reject(new Error(`${binary} ${args.join(" ")} failed (${signal ?? `exit code ${code}`}): ${lines.find((l) => l.startsWith("sandfork-vmm:")) ?? lines.at(-1) ?? "no output"}`));
+      else
+        reject(
+          new Error(
+            `${binary} ${args.join(" ")} failed (${signal ?? `exit code ${code}`}): ${lines.find((l) => l.startsWith("sandfork-vmm:")) ?? lines.at(-1) ?? "no output"}`,
+          ),
+        );
     });
   });
 }
 
 /** Snapshots the template at its agent's ready point; the binary skips an up-to-date snapshot. */
-async function ensureSnapshot(options: TemplateBuildOptions, name: string, dir: string, log: (line: string) => void): Promise<TemplateBuildResult["snapshot"]> {
-  const bootTimeout = options.bootTimeoutMs === undefined ? [] : ["--boot-timeout-ms", String(options.bootTimeoutMs)];
+async function ensureSnapshot(
+  options: TemplateBuildOptions,
+  name: string,
+  dir: string,
+  log: (line: string) => void,
+): Promise<TemplateBuildResult["snapshot"]> {
+  const bootTimeout =
+    options.bootTimeoutMs === undefined ? [] : ["--boot-timeout-ms", String(options.bootTimeoutMs)];
   try {
-    await runBuilder(options.binary, ["template", "build", "--image", dir, "--template", name, "--out", dir, ...bootTimeout], () => {});
+    await runBuilder(
+      options.binary,
+      ["template", "build", "--image", dir, "--template", name, "--out", dir, ...bootTimeout],
+      () => {},
+    );
     return { ready: true, detail: `snapshot in ${join(dir, "template.sfsnap")}` };
   } catch (error) {
     const detail = `no snapshot (${(error as Error).message}); the daemon boots the agent per request`;
@@ -203,16 +235,23 @@ async function prepareSources(source: TemplateSource, log: (line: string) => voi
   try {
     await runBuilder("bash", [script], log);
   } catch (error) {
-    throw new Error(`template ${source.name}: ${PREPARE_SCRIPT} failed: ${(error as Error).message}`);
+    throw new Error(
+      `template ${source.name}: ${PREPARE_SCRIPT} failed: ${(error as Error).message}`,
+    );
   }
 }
 
 /** Builds the template's image into templatesDir/<name> unless an up-to-date one is there. */
-export async function ensureTemplate(source: TemplateSource, options: TemplateBuildOptions): Promise<TemplateBuildResult> {
+export async function ensureTemplate(
+  source: TemplateSource,
+  options: TemplateBuildOptions,
+): Promise<TemplateBuildResult> {
   const log = options.log ?? (() => {});
   const dir = join(options.templatesDir, source.name);
   if (!existsSync(options.binary)) {
-    throw new Error(`the sandfork-vmm binary is missing at ${options.binary}; build it with \`cd native-vmm && cargo build --release\``);
+    throw new Error(
+      `the sandfork-vmm binary is missing at ${options.binary}; build it with \`cd native-vmm && cargo build --release\``,
+    );
   }
   await prepareSources(source, log);
   const inputs = currentInputs(source, options.binary);
@@ -229,7 +268,11 @@ export async function ensureTemplate(source: TemplateSource, options: TemplateBu
   const replaced = join(options.templatesDir, `.replaced-${source.name}-${process.pid}`);
   await rm(building, { recursive: true, force: true });
   try {
-    await runBuilder(options.binary, ["image", "build", "--manifest", source.manifestPath, "--out", building], log);
+    await runBuilder(
+      options.binary,
+      ["image", "build", "--manifest", source.manifestPath, "--out", building],
+      log,
+    );
     const record: BuildRecord = { ...inputs, builtAt: new Date().toISOString() };
     await writeFile(join(building, BUILD_RECORD), `${JSON.stringify(record, null, 2)}\n`);
     if (existsSync(dir)) await rename(dir, replaced);
@@ -238,13 +281,18 @@ export async function ensureTemplate(source: TemplateSource, options: TemplateBu
     await rm(building, { recursive: true, force: true });
     await rm(replaced, { recursive: true, force: true });
   }
-  log(`template ${source.name}: image ready in ${dir} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
+  log(
+    `template ${source.name}: image ready in ${dir} (${((performance.now() - started) / 1000).toFixed(1)} s)`,
+  );
   const snapshot = await ensureSnapshot(options, source.name, dir, log);
   return { name: source.name, dir, action: "built", reason, snapshot };
 }
 
 /** ensureTemplate for each source, one after another (builds are I/O-heavy on a 2-core machine). */
-export async function ensureTemplates(sources: TemplateSource[], options: TemplateBuildOptions): Promise<TemplateBuildResult[]> {
+export async function ensureTemplates(
+  sources: TemplateSource[],
+  options: TemplateBuildOptions,
+): Promise<TemplateBuildResult[]> {
   const results: TemplateBuildResult[] = [];
   for (const source of sources) results.push(await ensureTemplate(source, options));
   return results;

@@ -18,11 +18,16 @@ export function uidOf(passwd: string, name: string): number | undefined {
  * As root: the daemon user and /dev/kvm's group, with `socketDir` handed to that user (the
  * daemon creates its socket there); otherwise undefined (run as the current user).
  */
-export async function daemonUser(socketDir: string, log: (line: string) => void): Promise<{ uid: number; gid: number } | undefined> {
+export async function daemonUser(
+  socketDir: string,
+  log: (line: string) => void,
+): Promise<{ uid: number; gid: number } | undefined> {
   if (process.getuid?.() !== 0) return undefined;
   const uid = uidOf(await readFile("/etc/passwd", "utf8").catch(() => ""), DAEMON_USER);
   if (uid === undefined) {
-    log(`running sandfork-vmm as root: create the system user '${DAEMON_USER}' to run it unprivileged (README, Security)`);
+    log(
+      `running sandfork-vmm as root: create the system user '${DAEMON_USER}' to run it unprivileged (README, Security)`,
+    );
     return undefined;
   }
   const gid = (await stat(KVM_DEVICE).catch(() => undefined))?.gid ?? uid;

@@ -125,10 +125,13 @@ for (const file of files) {
   for (const m of text.matchAll(/\buse\s+((?:crate|super|self)\b[^;]*);/g)) {
     refs.push(...expandUseTree(m[1]).map((p) => [p, m.index]));
   }
-  for (const m of text.matchAll(/(?<![\w:])((?:crate|super)(?:::\w+)+)/g)) refs.push([m[1], m.index]);
+  for (const m of text.matchAll(/(?<![\w:])((?:crate|super)(?:::\w+)+)/g))
+    refs.push([m[1], m.index]);
   if (isRoot) {
     for (const m of text.matchAll(/\buse\s+(\w+::[^;]*);/g)) {
-      if (!/^(std|core|alloc|libc|serde|serde_json|sha2|base64|xxhash_rust|fixedbitset)\b/.test(m[1])) {
+      if (
+        !/^(std|core|alloc|libc|serde|serde_json|sha2|base64|xxhash_rust|fixedbitset)\b/.test(m[1])
+      ) {
         refs.push(...expandUseTree(m[1]).map((p) => [p, m.index]));
       }
     }
@@ -150,7 +153,9 @@ for (const file of files) {
 }
 
 // Tarjan's strongly connected components.
-const nodes = [...new Set([...edges.keys(), ...[...edges.values()].flatMap((m) => [...m.keys()])])].sort();
+const nodes = [
+  ...new Set([...edges.keys(), ...[...edges.values()].flatMap((m) => [...m.keys()])]),
+].sort();
 let index = 0;
 const stack = [];
 const info = new Map();
@@ -187,12 +192,15 @@ for (const component of components.sort((a, b) => b.length - a.length)) {
   const key = component.join(" ");
   seen.add(key);
   const reason = ALLOWED.get(key);
-  console.log(`${reason ? "allowed" : "CYCLE"}: ${component.join(" <-> ")}${reason ? ` (${reason})` : ""}`);
+  console.log(
+    `${reason ? "allowed" : "CYCLE"}: ${component.join(" <-> ")}${reason ? ` (${reason})` : ""}`,
+  );
   if (!reason) failed = true;
   if (showEdges || !reason) {
     for (const from of component) {
       for (const [to, where] of edges.get(from) ?? []) {
-        if (component.includes(to)) console.log(`    ${from} -> ${to}: ${where.slice(0, 3).join(", ")}`);
+        if (component.includes(to))
+          console.log(`    ${from} -> ${to}: ${where.slice(0, 3).join(", ")}`);
       }
     }
   }
@@ -203,5 +211,7 @@ for (const key of ALLOWED.keys()) {
     failed = true;
   }
 }
-console.log(failed ? "import-graph: cycles found" : `import-graph: no cycles but the ${ALLOWED.size} allowed`);
+console.log(
+  failed ? "import-graph: cycles found" : `import-graph: no cycles but the ${ALLOWED.size} allowed`,
+);
 process.exit(failed ? 1 : 0);

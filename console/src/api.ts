@@ -29,7 +29,8 @@ let current: Session | null = null;
 let onSignedOut: (reason: string) => void = () => {};
 
 export const session = () => current;
-export const can = (scope: string) => current !== null && (current.scopes.includes("admin") || current.scopes.includes(scope));
+export const can = (scope: string) =>
+  current !== null && (current.scopes.includes("admin") || current.scopes.includes(scope));
 export function whenSignedOut(handler: (reason: string) => void): void {
   onSignedOut = handler;
 }
@@ -55,7 +56,11 @@ export async function signIn(apiKey: string): Promise<Session> {
     const body = await readBody(response);
     if (response.ok) {
       const minted = body as { token: string; scopes: string[]; expires_at: string };
-      current = { token: minted.token, scopes: minted.scopes, expiresAt: new Date(minted.expires_at) };
+      current = {
+        token: minted.token,
+        scopes: minted.scopes,
+        expiresAt: new Date(minted.expires_at),
+      };
       return current;
     }
     last = new ApiError(response.status, body as Problem);
@@ -107,7 +112,8 @@ export async function streamExecution<T>(request: unknown, on: StreamHandlers): 
     headers: headers({ "content-type": "application/json", accept: "text/event-stream" }),
     body: JSON.stringify(request),
   });
-  if (!response.ok || response.body === null) throw failed(response.status, await readBody(response));
+  if (!response.ok || response.body === null)
+    throw failed(response.status, await readBody(response));
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {

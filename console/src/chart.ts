@@ -16,7 +16,13 @@ const svg = (tag: string, attrs: Record<string, string | number>) => {
   return element;
 };
 
-export function usageChart(points: Point[], from: string, to: string, bucket: "hour" | "day", unit: string): HTMLElement {
+export function usageChart(
+  points: Point[],
+  from: string,
+  to: string,
+  bucket: "hour" | "day",
+  unit: string,
+): HTMLElement {
   const size = bucket === "hour" ? 3_600_000 : 86_400_000;
   const start = Date.parse(from);
   const count = Math.max(1, Math.round((Date.parse(to) - start) / size));
@@ -34,7 +40,12 @@ export function usageChart(points: Point[], from: string, to: string, bucket: "h
   const height = 200;
   const pad = { left: 44, bottom: 22, top: 8 };
   const barWidth = (width - pad.left) / count;
-  const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `${total} ${unit}s used in this period`, class: "chart" });
+  const chart = svg("svg", {
+    viewBox: `0 0 ${width} ${height}`,
+    role: "img",
+    "aria-label": `${total} ${unit}s used in this period`,
+    class: "chart",
+  });
   const plot = height - pad.bottom - pad.top;
   for (const fraction of [0, 0.5, 1]) {
     const y = pad.top + plot * (1 - fraction);
@@ -50,7 +61,13 @@ export function usageChart(points: Point[], from: string, to: string, bucket: "h
       if (units === 0) return;
       const barHeight = (units / max) * plot;
       y -= barHeight;
-      const rect = svg("rect", { x: pad.left + i * barWidth + 1, y, width: Math.max(1, barWidth - 2), height: barHeight, class: `series-${t % 6}` });
+      const rect = svg("rect", {
+        x: pad.left + i * barWidth + 1,
+        y,
+        width: Math.max(1, barWidth - 2),
+        height: barHeight,
+        class: `series-${t % 6}`,
+      });
       const title = svg("title", {});
       title.textContent = `${new Date(start + i * size).toLocaleString()}: ${template} ${units}`;
       rect.append(title);
@@ -59,16 +76,27 @@ export function usageChart(points: Point[], from: string, to: string, bucket: "h
     if (i % Math.ceil(count / 6) === 0) {
       const label = svg("text", { x: pad.left + i * barWidth, y: height - 6, class: "axis" });
       const at = new Date(start + i * size);
-      label.textContent = bucket === "hour" ? `${String(at.getHours()).padStart(2, "0")}:00` : at.toLocaleDateString(undefined, { month: "short", day: "numeric" });
+      label.textContent =
+        bucket === "hour"
+          ? `${String(at.getHours()).padStart(2, "0")}:00`
+          : at.toLocaleDateString(undefined, { month: "short", day: "numeric" });
       chart.append(label);
     }
   });
   const legend = h(
     "ul",
     { class: "legend" },
-    ...templates.map((template, t) => h("li", {}, h("span", { class: `swatch series-${t % 6}`, "aria-hidden": "true" }), template)),
+    ...templates.map((template, t) =>
+      h("li", {}, h("span", { class: `swatch series-${t % 6}`, "aria-hidden": "true" }), template),
+    ),
   );
-  const byTemplate = templates.map((template) => [template, points.filter((p) => p.template === template).reduce((n, p) => n + p.units, 0)] as const);
+  const byTemplate = templates.map(
+    (template) =>
+      [
+        template,
+        points.filter((p) => p.template === template).reduce((n, p) => n + p.units, 0),
+      ] as const,
+  );
   return h(
     "figure",
     { class: "chart-figure" },
@@ -78,7 +106,9 @@ export function usageChart(points: Point[], from: string, to: string, bucket: "h
       "figcaption",
       {},
       h("span", { "data-testid": "chart-total" }, `Total: ${total} ${unit}s`),
-      byTemplate.length === 0 ? " — nothing ran in this period" : ` (${byTemplate.map(([t, u]) => `${t} ${u}`).join(", ")})`,
+      byTemplate.length === 0
+        ? " — nothing ran in this period"
+        : ` (${byTemplate.map(([t, u]) => `${t} ${u}`).join(", ")})`,
     ),
   );
 }

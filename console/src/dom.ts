@@ -2,7 +2,11 @@
 type Child = Node | string | number | null | undefined | false;
 type Attrs = Record<string, string | number | boolean | EventListener | undefined>;
 
-export function h<K extends keyof HTMLElementTagNameMap>(tag: K, attrs: Attrs = {}, ...children: Child[]): HTMLElementTagNameMap[K] {
+export function h<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Attrs = {},
+  ...children: Child[]
+): HTMLElementTagNameMap[K] {
   const element = document.createElement(tag);
   for (const [name, value] of Object.entries(attrs)) {
     if (value === undefined || value === false) continue;
@@ -30,7 +34,13 @@ export function field(label: string, control: HTMLElement, hint?: string): HTMLE
   control.id = id;
   const hintId = hint === undefined ? undefined : `${id}-hint`;
   if (hintId !== undefined) control.setAttribute("aria-describedby", hintId);
-  return h("div", { class: "field" }, h("label", { for: id }, label), control, hint === undefined ? null : h("small", { id: hintId }, hint));
+  return h(
+    "div",
+    { class: "field" },
+    h("label", { for: id }, label),
+    control,
+    hint === undefined ? null : h("small", { id: hintId }, hint),
+  );
 }
 
 export const when = (iso: string | null) => (iso === null ? "—" : new Date(iso).toLocaleString());

@@ -2,18 +2,43 @@
 import { defaultKeymap, history, historyKeymap, indentWithTab } from "@codemirror/commands";
 import { javascript } from "@codemirror/lang-javascript";
 import { python } from "@codemirror/lang-python";
-import { bracketMatching, HighlightStyle, indentOnInput, syntaxHighlighting } from "@codemirror/language";
+import {
+  bracketMatching,
+  HighlightStyle,
+  indentOnInput,
+  syntaxHighlighting,
+} from "@codemirror/language";
 import { Compartment, EditorState } from "@codemirror/state";
 import { EditorView, highlightActiveLine, keymap, lineNumbers } from "@codemirror/view";
 import { tags } from "@lezer/highlight";
 
 // Colours from styles.css, so that light and dark each keep their contrast.
 const highlight = HighlightStyle.define([
-  { tag: [tags.keyword, tags.controlKeyword, tags.definitionKeyword, tags.moduleKeyword, tags.operatorKeyword], color: "var(--hl-keyword)" },
+  {
+    tag: [
+      tags.keyword,
+      tags.controlKeyword,
+      tags.definitionKeyword,
+      tags.moduleKeyword,
+      tags.operatorKeyword,
+    ],
+    color: "var(--hl-keyword)",
+  },
   { tag: [tags.string, tags.special(tags.string)], color: "var(--hl-string)" },
   { tag: [tags.number, tags.bool, tags.null], color: "var(--hl-number)" },
-  { tag: [tags.comment, tags.lineComment, tags.blockComment], color: "var(--hl-comment)", fontStyle: "italic" },
-  { tag: [tags.function(tags.variableName), tags.function(tags.propertyName), tags.definition(tags.variableName)], color: "var(--hl-name)" },
+  {
+    tag: [tags.comment, tags.lineComment, tags.blockComment],
+    color: "var(--hl-comment)",
+    fontStyle: "italic",
+  },
+  {
+    tag: [
+      tags.function(tags.variableName),
+      tags.function(tags.propertyName),
+      tags.definition(tags.variableName),
+    ],
+    color: "var(--hl-name)",
+  },
   { tag: [tags.typeName, tags.className], color: "var(--hl-type)" },
 ]);
 
@@ -24,9 +49,16 @@ export interface CodeEditor {
   setLanguage(language: string): void;
 }
 
-const languageOf = (language: string) => (language === "python" ? python() : javascript({ typescript: language === "typescript" }));
+const languageOf = (language: string) =>
+  language === "python" ? python() : javascript({ typescript: language === "typescript" });
 
-export function createEditor(parent: HTMLElement, label: string, initial: string, language: string, onRun: () => void): CodeEditor {
+export function createEditor(
+  parent: HTMLElement,
+  label: string,
+  initial: string,
+  language: string,
+  onRun: () => void,
+): CodeEditor {
   const lang = new Compartment();
   const view = new EditorView({
     parent,
@@ -39,12 +71,19 @@ export function createEditor(parent: HTMLElement, label: string, initial: string
         bracketMatching(),
         highlightActiveLine(),
         syntaxHighlighting(highlight),
-        keymap.of([{ key: "Mod-Enter", run: () => (onRun(), true) }, indentWithTab, ...defaultKeymap, ...historyKeymap]),
+        keymap.of([
+          { key: "Mod-Enter", run: () => (onRun(), true) },
+          indentWithTab,
+          ...defaultKeymap,
+          ...historyKeymap,
+        ]),
         lang.of(languageOf(language)),
         EditorView.contentAttributes.of({ "aria-label": label }),
         // The page's CSP admits the editor's <style> element by this nonce, which the gateway
         // puts in the page for each load.
-        EditorView.cspNonce.of(document.querySelector<HTMLMetaElement>('meta[name="style-nonce"]')?.content ?? ""),
+        EditorView.cspNonce.of(
+          document.querySelector<HTMLMetaElement>('meta[name="style-nonce"]')?.content ?? "",
+        ),
       ],
     }),
   });

@@ -1,6 +1,15 @@
 // The Sandfork web console: sign in with an API key (traded for a token kept in memory), then the
 // playground, sessions, keys and usage pages, routed by the URL's hash.
-import { api, ApiError, can, session, signIn, signOut, streamExecution, whenSignedOut } from "./api.js";
+import {
+  api,
+  ApiError,
+  can,
+  session,
+  signIn,
+  signOut,
+  streamExecution,
+  whenSignedOut,
+} from "./api.js";
 import { usageChart, type Point } from "./chart.js";
 import { createEditor } from "./editor.js";
 import { field, h, when } from "./dom.js";
@@ -51,7 +60,8 @@ const whoText = document.getElementById("who-text") as HTMLElement;
 const toast = document.getElementById("toast") as HTMLElement;
 
 const SAMPLES: Record<string, string> = {
-  python: 'import time\nfor i in range(3):\n    print("tick", i, flush=True)\n    time.sleep(0.2)\nprint(6 * 7)\n',
+  python:
+    'import time\nfor i in range(3):\n    print("tick", i, flush=True)\n    time.sleep(0.2)\nprint(6 * 7)\n',
   javascript: "for (let i = 0; i < 3; i++) console.log('tick', i);\nconsole.log(6 * 7);\n",
   typescript: "const answer: number = 6 * 7;\nconsole.log(`answer: ${answer}`);\n",
 };
@@ -71,7 +81,8 @@ function say(message: string): void {
 }
 
 function errorText(error: unknown): string {
-  if (error instanceof ApiError) return `${error.problem.title ?? "Error"} (${error.status}): ${error.message}`;
+  if (error instanceof ApiError)
+    return `${error.problem.title ?? "Error"} (${error.status}): ${error.message}`;
   return error instanceof Error ? error.message : String(error);
 }
 
@@ -93,13 +104,23 @@ function page(title: string, ...content: (Node | null)[]): void {
 function signInPage(reason = ""): void {
   nav.hidden = true;
   who.hidden = true;
-  const key = h("input", { type: "password", autocomplete: "off", spellcheck: "false", required: true, placeholder: "sfk_…" });
+  const key = h("input", {
+    type: "password",
+    autocomplete: "off",
+    spellcheck: "false",
+    required: true,
+    placeholder: "sfk_…",
+  });
   const error = alertBox();
   if (reason !== "") showError(error, reason);
   const form = h(
     "form",
     { class: "card narrow" },
-    h("p", {}, "Paste an API key. The console trades it for a token that lasts an hour and is kept only in this tab's memory; the key itself is not kept."),
+    h(
+      "p",
+      {},
+      "Paste an API key. The console trades it for a token that lasts an hour and is kept only in this tab's memory; the key itself is not kept.",
+    ),
     field("API key", key),
     error,
     h("button", { type: "submit" }, "Sign in"),
@@ -132,10 +153,27 @@ async function playgroundPage(): Promise<void> {
   const templateSelect = h("select", {});
   const languageSelect = h("select", {});
   const stdin = h("textarea", { rows: 2, spellcheck: "false" });
-  const timeout = h("input", { type: "number", min: 1, max: 30000, step: 100, value: 5000, inputmode: "numeric" });
+  const timeout = h("input", {
+    type: "number",
+    min: 1,
+    max: 30000,
+    step: 100,
+    value: 5000,
+    inputmode: "numeric",
+  });
   const run = h("button", { type: "button" }, "Run");
-  const status = h("p", { class: "status", role: "status", "aria-live": "polite", "data-testid": "run-status" }, "Not run yet");
-  const output = h("pre", { class: "output", role: "log", tabindex: 0, "aria-label": "Output", "data-testid": "output" });
+  const status = h(
+    "p",
+    { class: "status", role: "status", "aria-live": "polite", "data-testid": "run-status" },
+    "Not run yet",
+  );
+  const output = h("pre", {
+    class: "output",
+    role: "log",
+    tabindex: 0,
+    "aria-label": "Output",
+    "data-testid": "output",
+  });
   const facts = h("dl", { class: "facts" });
   const editorHost = h("div", { class: "editor" });
   page(
@@ -149,11 +187,29 @@ async function playgroundPage(): Promise<void> {
       h("div", { class: "field run" }, run, h("small", {}, "Ctrl+Enter in the editor")),
     ),
     error,
-    h("div", { class: "field" }, h("span", { class: "label", id: "code-label" }, "Code"), editorHost),
+    h(
+      "div",
+      { class: "field" },
+      h("span", { class: "label", id: "code-label" }, "Code"),
+      editorHost,
+    ),
     field("Standard input", stdin),
-    h("section", { "aria-labelledby": "result-heading", class: "result" }, h("h2", { id: "result-heading" }, "Result"), status, output, facts),
+    h(
+      "section",
+      { "aria-labelledby": "result-heading", class: "result" },
+      h("h2", { id: "result-heading" }, "Result"),
+      status,
+      output,
+      facts,
+    ),
   );
-  const editor = createEditor(editorHost, "Code", SAMPLES.python ?? "", "python", () => void execute());
+  const editor = createEditor(
+    editorHost,
+    "Code",
+    SAMPLES.python ?? "",
+    "python",
+    () => void execute(),
+  );
 
   let list: Template[] = [];
   try {
@@ -161,10 +217,14 @@ async function playgroundPage(): Promise<void> {
   } catch (e) {
     showError(error, e);
   }
-  templateSelect.replaceChildren(...list.map((t) => h("option", { value: t.name }, `${t.name}${t.ready ? "" : " (not ready)"}`)));
+  templateSelect.replaceChildren(
+    ...list.map((t) => h("option", { value: t.name }, `${t.name}${t.ready ? "" : " (not ready)"}`)),
+  );
   const fillLanguages = () => {
     const template = list.find((t) => t.name === templateSelect.value);
-    languageSelect.replaceChildren(...(template?.languages ?? []).map((l) => h("option", { value: l }, l)));
+    languageSelect.replaceChildren(
+      ...(template?.languages ?? []).map((l) => h("option", { value: l }, l)),
+    );
     const language = languageSelect.value;
     editor.setLanguage(language);
     editor.code = SAMPLES[language] ?? "";
@@ -188,24 +248,39 @@ async function playgroundPage(): Promise<void> {
     facts.replaceChildren();
     status.textContent = "Starting…";
     const template = list.find((t) => t.name === templateSelect.value);
-    const request: Record<string, unknown> = { template: templateSelect.value, code: editor.code, timeout_ms: Number(timeout.value) || 5000 };
-    if (template !== undefined && template.languages.length > 1) request.language = languageSelect.value;
+    const request: Record<string, unknown> = {
+      template: templateSelect.value,
+      code: editor.code,
+      timeout_ms: Number(timeout.value) || 5000,
+    };
+    if (template !== undefined && template.languages.length > 1)
+      request.language = languageSelect.value;
     if (stdin.value !== "") request.stdin = stdin.value;
     try {
       const record = await streamExecution<Execution>(request, {
         started: (id) => (status.textContent = `Running ${id}…`),
-        output: (stream, data) => output.append(stream === "stderr" ? h("span", { class: "stderr" }, data) : data),
+        output: (stream, data) =>
+          output.append(stream === "stderr" ? h("span", { class: "stderr" }, data) : data),
       });
       // The record holds the whole output: shown as it ended, in case the stream left any out.
-      output.replaceChildren(record.stdout ?? "", record.stderr ? h("span", { class: "stderr" }, record.stderr) : "");
+      output.replaceChildren(
+        record.stdout ?? "",
+        record.stderr ? h("span", { class: "stderr" }, record.stderr) : "",
+      );
       status.textContent = `${record.status}${record.exit_code === null ? "" : ` (exit code ${record.exit_code})`}`;
       status.className = `status ${record.status === "completed" && record.exit_code === 0 ? "ok" : "bad"}`;
       const t = record.timings;
       const rows: [string, string][] = [
         ["Execution", record.id],
         ["Total", t === null ? "—" : ms(t.total_ms)],
-        ["Queue / fork / run", t === null ? "—" : `${ms(t.queue_ms)} / ${ms(t.fork_ms)} / ${ms(t.exec_ms)}`],
-        ["Charged", `${record.usage.units ?? 0} ${record.usage.unit}s (held ${record.usage.reserved_units})`],
+        [
+          "Queue / fork / run",
+          t === null ? "—" : `${ms(t.queue_ms)} / ${ms(t.fork_ms)} / ${ms(t.exec_ms)}`,
+        ],
+        [
+          "Charged",
+          `${record.usage.units ?? 0} ${record.usage.unit}s (held ${record.usage.reserved_units})`,
+        ],
       ];
       facts.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     } catch (e) {
@@ -230,18 +305,45 @@ async function sessionsPage(): Promise<void> {
   const detail = h("section", { class: "card", "aria-live": "polite", hidden: true });
   page(
     "Sessions",
-    h("p", {}, "A session keeps its state between cells; pause it to stop paying for its VM, fork it from a checkpoint."),
-    h("form", { class: "toolbar", onsubmit: (e: Event) => (e.preventDefault(), void createSession()) }, field("Template", templateSelect), h("div", { class: "field run" }, create)),
+    h(
+      "p",
+      {},
+      "A session keeps its state between cells; pause it to stop paying for its VM, fork it from a checkpoint.",
+    ),
+    h(
+      "form",
+      { class: "toolbar", onsubmit: (e: Event) => (e.preventDefault(), void createSession()) },
+      field("Template", templateSelect),
+      h("div", { class: "field run" }, create),
+    ),
     error,
     h(
       "div",
       { class: "table-wrap", tabindex: 0, role: "region", "aria-label": "Scrollable table" },
-      h("table", {}, h("caption", {}, "Sessions of this sign-in"), h("thead", {}, h("tr", {}, ...["Session", "Template", "State", "Cells", "Units", "Last active", "Actions"].map((c) => h("th", { scope: "col" }, c)))), tableBody),
+      h(
+        "table",
+        {},
+        h("caption", {}, "Sessions of this sign-in"),
+        h(
+          "thead",
+          {},
+          h(
+            "tr",
+            {},
+            ...["Session", "Template", "State", "Cells", "Units", "Last active", "Actions"].map(
+              (c) => h("th", { scope: "col" }, c),
+            ),
+          ),
+        ),
+        tableBody,
+      ),
     ),
     detail,
   );
   try {
-    templateSelect.replaceChildren(...(await templates()).map((t) => h("option", { value: t.name }, t.name)));
+    templateSelect.replaceChildren(
+      ...(await templates()).map((t) => h("option", { value: t.name }, t.name)),
+    );
     templateSelect.value = "python";
   } catch (e) {
     showError(error, e);
@@ -263,16 +365,48 @@ async function sessionsPage(): Promise<void> {
           h(
             "td",
             { class: "actions" },
-            h("button", { type: "button", class: "secondary", "aria-label": `Open session ${s.id.slice(0, 8)}`, onclick: () => open(s) }, "Open"),
-            s.state === "running" ? h("button", { type: "button", class: "secondary", onclick: () => act(s, "pause") }, "Pause") : null,
-            s.state === "paused" ? h("button", { type: "button", class: "secondary", onclick: () => act(s, "resume") }, "Resume") : null,
-            s.last_checkpoint !== null ? h("button", { type: "button", class: "secondary", onclick: () => act(s, "fork") }, "Fork") : null,
-            h("button", { type: "button", class: "danger", onclick: () => act(s, "delete") }, "Delete"),
+            h(
+              "button",
+              {
+                type: "button",
+                class: "secondary",
+                "aria-label": `Open session ${s.id.slice(0, 8)}`,
+                onclick: () => open(s),
+              },
+              "Open",
+            ),
+            s.state === "running"
+              ? h(
+                  "button",
+                  { type: "button", class: "secondary", onclick: () => act(s, "pause") },
+                  "Pause",
+                )
+              : null,
+            s.state === "paused"
+              ? h(
+                  "button",
+                  { type: "button", class: "secondary", onclick: () => act(s, "resume") },
+                  "Resume",
+                )
+              : null,
+            s.last_checkpoint !== null
+              ? h(
+                  "button",
+                  { type: "button", class: "secondary", onclick: () => act(s, "fork") },
+                  "Fork",
+                )
+              : null,
+            h(
+              "button",
+              { type: "button", class: "danger", onclick: () => act(s, "delete") },
+              "Delete",
+            ),
           ),
         ),
       ),
     );
-    if (sessions.length === 0) tableBody.append(h("tr", {}, h("td", { colspan: 7 }, "No sessions yet.")));
+    if (sessions.length === 0)
+      tableBody.append(h("tr", {}, h("td", { colspan: 7 }, "No sessions yet.")));
   }
 
   async function createSession(): Promise<void> {
@@ -290,7 +424,10 @@ async function sessionsPage(): Promise<void> {
     }
   }
 
-  async function act(s: SessionInfo, action: "pause" | "resume" | "fork" | "delete"): Promise<void> {
+  async function act(
+    s: SessionInfo,
+    action: "pause" | "resume" | "fork" | "delete",
+  ): Promise<void> {
     error.hidden = true;
     try {
       if (action === "delete") {
@@ -317,7 +454,17 @@ async function sessionsPage(): Promise<void> {
     const cells = h("ol", { class: "cells", "data-testid": "cells" });
     const cellError = alertBox();
     const runCell = h("button", { type: "submit" }, "Run cell");
-    const form = h("form", {}, field("Cell", cell, "The last expression's value is shown, as in a notebook. Ctrl+Enter runs it."), cellError, runCell);
+    const form = h(
+      "form",
+      {},
+      field(
+        "Cell",
+        cell,
+        "The last expression's value is shown, as in a notebook. Ctrl+Enter runs it.",
+      ),
+      cellError,
+      runCell,
+    );
     cell.addEventListener("keydown", (e) => {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
         e.preventDefault();
@@ -329,16 +476,28 @@ async function sessionsPage(): Promise<void> {
       cellError.hidden = true;
       runCell.disabled = true;
       try {
-        const result = await api<{ value: string | null; error: { name: string; message: string } | null; execution: Execution }>("POST", `/v1/sessions/${s.id}/executions`, { code: cell.value });
+        const result = await api<{
+          value: string | null;
+          error: { name: string; message: string } | null;
+          execution: Execution;
+        }>("POST", `/v1/sessions/${s.id}/executions`, { code: cell.value });
         cells.append(
           h(
             "li",
             {},
             h("pre", { class: "mono in" }, cell.value),
-            result.execution.stdout ? h("pre", { class: "mono out" }, result.execution.stdout) : null,
-            result.execution.stderr ? h("pre", { class: "mono out stderr" }, result.execution.stderr) : null,
-            result.value !== null ? h("pre", { class: "mono value", "data-testid": "cell-value" }, `→ ${result.value}`) : null,
-            result.error !== null ? h("p", { class: "error" }, `${result.error.name}: ${result.error.message}`) : null,
+            result.execution.stdout
+              ? h("pre", { class: "mono out" }, result.execution.stdout)
+              : null,
+            result.execution.stderr
+              ? h("pre", { class: "mono out stderr" }, result.execution.stderr)
+              : null,
+            result.value !== null
+              ? h("pre", { class: "mono value", "data-testid": "cell-value" }, `→ ${result.value}`)
+              : null,
+            result.error !== null
+              ? h("p", { class: "error" }, `${result.error.name}: ${result.error.message}`)
+              : null,
           ),
         );
         cell.value = "";
@@ -365,19 +524,51 @@ async function sessionsPage(): Promise<void> {
 
 async function keysPage(): Promise<void> {
   if (!can("admin")) {
-    page("Keys", h("p", {}, "Managing keys needs an admin key. Sign in with one to create and revoke keys."));
+    page(
+      "Keys",
+      h("p", {}, "Managing keys needs an admin key. Sign in with one to create and revoke keys."),
+    );
     return;
   }
   const error = alertBox();
   const tableBody = h("tbody", {});
   const secretBox = h("div", { class: "card secret", hidden: true, "aria-live": "polite" });
   const name = h("input", { type: "text", required: true, maxlength: 200, autocomplete: "off" });
-  const credits = h("input", { type: "number", min: 0, step: 1, value: 1000, inputmode: "numeric" });
-  const rate = h("input", { type: "number", min: 1, step: 1, placeholder: "default", inputmode: "numeric" });
-  const concurrency = h("input", { type: "number", min: 1, step: 1, placeholder: "default", inputmode: "numeric" });
-  const expires = h("input", { type: "number", min: 1, step: 1, placeholder: "never", inputmode: "numeric" });
+  const credits = h("input", {
+    type: "number",
+    min: 0,
+    step: 1,
+    value: 1000,
+    inputmode: "numeric",
+  });
+  const rate = h("input", {
+    type: "number",
+    min: 1,
+    step: 1,
+    placeholder: "default",
+    inputmode: "numeric",
+  });
+  const concurrency = h("input", {
+    type: "number",
+    min: 1,
+    step: 1,
+    placeholder: "default",
+    inputmode: "numeric",
+  });
+  const expires = h("input", {
+    type: "number",
+    min: 1,
+    step: 1,
+    placeholder: "never",
+    inputmode: "numeric",
+  });
   const scopeBoxes = ["execute", "usage:read", "admin"].map((scope) => {
-    const box = h("input", { type: "checkbox", value: scope, id: `scope-${scope.replace(":", "-")}`, checked: scope !== "admin" });
+    const box = h("input", {
+      type: "checkbox",
+      value: scope,
+      id: `scope-${scope.replace(":", "-")}`,
+      checked: scope !== "admin",
+    });
     return { scope, box, label: h("label", { class: "check", for: box.id }, box, ` ${scope}`) };
   });
   const form = h(
@@ -401,7 +592,8 @@ async function keysPage(): Promise<void> {
     error.hidden = true;
     const scopes = scopeBoxes.filter((s) => s.box.checked).map((s) => s.scope);
     const body: Record<string, unknown> = { name: name.value.trim(), scopes };
-    const number = (input: HTMLInputElement) => (input.value === "" ? undefined : Number(input.value));
+    const number = (input: HTMLInputElement) =>
+      input.value === "" ? undefined : Number(input.value);
     if (number(credits)) body.credits = number(credits);
     if (number(rate) !== undefined) body.rate_limit_per_minute = number(rate);
     if (number(concurrency) !== undefined) body.max_concurrency = number(concurrency);
@@ -422,7 +614,11 @@ async function keysPage(): Promise<void> {
           say("Selected: copy it with Ctrl+C");
         }
       });
-      secretBox.replaceChildren(h("h2", {}, `Key “${created.name}” created`), h("p", {}, "Its secret is shown this once: copy it now."), h("div", { class: "secret-row" }, secret, copy));
+      secretBox.replaceChildren(
+        h("h2", {}, `Key “${created.name}” created`),
+        h("p", {}, "Its secret is shown this once: copy it now."),
+        h("div", { class: "secret-row" }, secret, copy),
+      );
       secretBox.hidden = false;
       copy.focus();
       name.value = "";
@@ -439,7 +635,23 @@ async function keysPage(): Promise<void> {
     h(
       "div",
       { class: "table-wrap", tabindex: 0, role: "region", "aria-label": "Scrollable table" },
-      h("table", {}, h("caption", {}, "API keys"), h("thead", {}, h("tr", {}, ...["Name", "Hint", "Scopes", "Created", "State", "Actions"].map((c) => h("th", { scope: "col" }, c)))), tableBody),
+      h(
+        "table",
+        {},
+        h("caption", {}, "API keys"),
+        h(
+          "thead",
+          {},
+          h(
+            "tr",
+            {},
+            ...["Name", "Hint", "Scopes", "Created", "State", "Actions"].map((c) =>
+              h("th", { scope: "col" }, c),
+            ),
+          ),
+        ),
+        tableBody,
+      ),
     ),
   );
 
@@ -454,7 +666,13 @@ async function keysPage(): Promise<void> {
           h("td", {}, h("code", {}, k.hint)),
           h("td", {}, k.scopes.join(", ")),
           h("td", {}, when(k.created_at)),
-          h("td", {}, k.revoked_at === null ? h("span", { class: "badge running" }, "active") : h("span", { class: "badge ended" }, "revoked")),
+          h(
+            "td",
+            {},
+            k.revoked_at === null
+              ? h("span", { class: "badge running" }, "active")
+              : h("span", { class: "badge ended" }, "revoked"),
+          ),
           h(
             "td",
             { class: "actions" },
@@ -466,7 +684,10 @@ async function keysPage(): Promise<void> {
                     class: "danger",
                     "aria-label": `Revoke ${k.name}`,
                     onclick: async () => {
-                      if (!window.confirm(`Revoke the key “${k.name}”? Calls with it fail at once.`)) return;
+                      if (
+                        !window.confirm(`Revoke the key “${k.name}”? Calls with it fail at once.`)
+                      )
+                        return;
                       try {
                         await api("DELETE", `/v1/keys/${k.id}`);
                         say(`Revoked ${k.name}`);
@@ -493,7 +714,17 @@ async function keysPage(): Promise<void> {
 
 // ---- usage ---------------------------------------------------------------------------------
 
-const STATUSES = ["running", "completed", "timed_out", "memory_exceeded", "output_exceeded", "crashed", "unsupported_syscall", "deadlocked", "aborted"];
+const STATUSES = [
+  "running",
+  "completed",
+  "timed_out",
+  "memory_exceeded",
+  "output_exceeded",
+  "crashed",
+  "unsupported_syscall",
+  "deadlocked",
+  "aborted",
+];
 
 async function usagePage(): Promise<void> {
   if (!can("usage:read")) {
@@ -502,9 +733,19 @@ async function usagePage(): Promise<void> {
   }
   const error = alertBox();
   const cards = h("div", { class: "cards" });
-  const bucketSelect = h("select", {}, h("option", { value: "hour" }, "Last 24 hours, by hour"), h("option", { value: "day" }, "Last 30 days, by day"));
+  const bucketSelect = h(
+    "select",
+    {},
+    h("option", { value: "hour" }, "Last 24 hours, by hour"),
+    h("option", { value: "day" }, "Last 30 days, by day"),
+  );
   const chartHost = h("div", {});
-  const statusFilter = h("select", {}, h("option", { value: "" }, "any"), ...STATUSES.map((s) => h("option", { value: s }, s)));
+  const statusFilter = h(
+    "select",
+    {},
+    h("option", { value: "" }, "any"),
+    ...STATUSES.map((s) => h("option", { value: s }, s)),
+  );
   const templateFilter = h("select", {}, h("option", { value: "" }, "any"));
   const tableBody = h("tbody", {});
   const newer = h("button", { type: "button", class: "secondary" }, "First page");
@@ -514,12 +755,27 @@ async function usagePage(): Promise<void> {
     "Usage",
     error,
     cards,
-    h("section", { "aria-labelledby": "chart-heading", class: "card" }, h("div", { class: "row" }, h("h2", { id: "chart-heading" }, "Units used"), field("Period", bucketSelect)), chartHost),
+    h(
+      "section",
+      { "aria-labelledby": "chart-heading", class: "card" },
+      h(
+        "div",
+        { class: "row" },
+        h("h2", { id: "chart-heading" }, "Units used"),
+        field("Period", bucketSelect),
+      ),
+      chartHost,
+    ),
     h(
       "section",
       { "aria-labelledby": "executions-heading" },
       h("h2", { id: "executions-heading" }, "Executions"),
-      h("div", { class: "toolbar" }, field("Status", statusFilter), field("Template", templateFilter)),
+      h(
+        "div",
+        { class: "toolbar" },
+        field("Status", statusFilter),
+        field("Template", templateFilter),
+      ),
       h(
         "div",
         { class: "table-wrap", tabindex: 0, role: "region", "aria-label": "Scrollable table" },
@@ -527,7 +783,17 @@ async function usagePage(): Promise<void> {
           "table",
           { "data-testid": "executions" },
           h("caption", {}, "Executions, newest first"),
-          h("thead", {}, h("tr", {}, ...["Started", "Execution", "Template", "Status", "Duration", "Units"].map((c) => h("th", { scope: "col" }, c)))),
+          h(
+            "thead",
+            {},
+            h(
+              "tr",
+              {},
+              ...["Started", "Execution", "Template", "Status", "Duration", "Units"].map((c) =>
+                h("th", { scope: "col" }, c),
+              ),
+            ),
+          ),
           tableBody,
         ),
       ),
@@ -538,8 +804,19 @@ async function usagePage(): Promise<void> {
   try {
     const list = await templates().catch(() => [] as Template[]);
     templateFilter.append(...list.map((t) => h("option", { value: t.name }, t.name)));
-    const usage = await api<{ executions: number; units: number; unit: string; balance: { balance_units: number; reserved_units: number; available_units: number } }>("GET", "/v1/usage");
-    const card = (label: string, value: number | string, testid: string) => h("div", { class: "card stat" }, h("span", { class: "label" }, label), h("strong", { "data-testid": testid }, String(value)));
+    const usage = await api<{
+      executions: number;
+      units: number;
+      unit: string;
+      balance: { balance_units: number; reserved_units: number; available_units: number };
+    }>("GET", "/v1/usage");
+    const card = (label: string, value: number | string, testid: string) =>
+      h(
+        "div",
+        { class: "card stat" },
+        h("span", { class: "label" }, label),
+        h("strong", { "data-testid": testid }, String(value)),
+      );
     cards.replaceChildren(
       card("Available credits", usage.balance.available_units, "available"),
       card("Held by running work", usage.balance.reserved_units, "reserved"),
@@ -554,8 +831,13 @@ async function usagePage(): Promise<void> {
     const bucket = bucketSelect.value as "hour" | "day";
     const to = new Date();
     const from = new Date(to.getTime() - (bucket === "hour" ? 24 * 3_600_000 : 30 * 86_400_000));
-    const series = await api<{ points: Point[]; from: string; to: string; unit: string }>("GET", `/v1/usage/series?bucket=${bucket}&from=${from.toISOString()}&to=${to.toISOString()}`);
-    chartHost.replaceChildren(usageChart(series.points, series.from, series.to, bucket, series.unit));
+    const series = await api<{ points: Point[]; from: string; to: string; unit: string }>(
+      "GET",
+      `/v1/usage/series?bucket=${bucket}&from=${from.toISOString()}&to=${to.toISOString()}`,
+    );
+    chartHost.replaceChildren(
+      usageChart(series.points, series.from, series.to, bucket, series.unit),
+    );
   }
   bucketSelect.addEventListener("change", () => void drawChart().catch((e) => showError(error, e)));
 
@@ -566,7 +848,10 @@ async function usagePage(): Promise<void> {
     if (templateFilter.value !== "") params.set("template", templateFilter.value);
     const cursor = cursors.at(-1);
     if (cursor) params.set("cursor", cursor);
-    const result = await api<{ executions: Execution[]; next_cursor: string | null }>("GET", `/v1/executions?${params}`);
+    const result = await api<{ executions: Execution[]; next_cursor: string | null }>(
+      "GET",
+      `/v1/executions?${params}`,
+    );
     tableBody.replaceChildren(
       ...result.executions.map((e) =>
         h(
@@ -581,7 +866,8 @@ async function usagePage(): Promise<void> {
         ),
       ),
     );
-    if (result.executions.length === 0) tableBody.append(h("tr", {}, h("td", { colspan: 6 }, "No executions match.")));
+    if (result.executions.length === 0)
+      tableBody.append(h("tr", {}, h("td", { colspan: 6 }, "No executions match.")));
     pageInfo.textContent = `Page ${cursors.length}`;
     newer.disabled = cursors.length === 1;
     older.disabled = result.next_cursor === null;
@@ -605,7 +891,12 @@ async function usagePage(): Promise<void> {
 
 // ---- routing -------------------------------------------------------------------------------
 
-const PAGES: Record<string, () => Promise<void>> = { playground: playgroundPage, sessions: sessionsPage, keys: keysPage, usage: usagePage };
+const PAGES: Record<string, () => Promise<void>> = {
+  playground: playgroundPage,
+  sessions: sessionsPage,
+  keys: keysPage,
+  usage: usagePage,
+};
 
 function route(): void {
   toast.hidden = true;
@@ -623,6 +914,8 @@ function route(): void {
   void render().then(() => main.focus({ preventScroll: true }));
 }
 
-document.getElementById("sign-out")?.addEventListener("click", () => signOut("Signed out. The token was forgotten."));
+document
+  .getElementById("sign-out")
+  ?.addEventListener("click", () => signOut("Signed out. The token was forgotten."));
 window.addEventListener("hashchange", route);
 route();

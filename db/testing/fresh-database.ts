@@ -28,7 +28,10 @@ export interface FreshDatabase extends OpenDatabase {
 }
 
 /** An empty database named `prefix`_<random> on the server (default TEST_DATABASE_URL's): its URL, and drop(). */
-export async function emptyPostgresDatabase(prefix = "sandfork_test", adminUrl = serverUrl()): Promise<{ url: string; drop(): Promise<void> }> {
+export async function emptyPostgresDatabase(
+  prefix = "sandfork_test",
+  adminUrl = serverUrl(),
+): Promise<{ url: string; drop(): Promise<void> }> {
   const name = `${prefix}_${randomBytes(6).toString("hex")}`;
   const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
   try {
@@ -51,13 +54,20 @@ export async function emptyPostgresDatabase(prefix = "sandfork_test", adminUrl =
   };
 }
 
-export async function freshDatabase(backend: DatabaseBackend, options: { maxConnections?: number } = {}): Promise<FreshDatabase> {
+export async function freshDatabase(
+  backend: DatabaseBackend,
+  options: { maxConnections?: number } = {},
+): Promise<FreshDatabase> {
   if (backend === "pglite") {
     const open = await openDatabase({ backend: "pglite", loadDataDir: await seedDump() });
     return { ...open, url: undefined, dispose: () => open.close() };
   }
   const empty = await emptyPostgresDatabase();
-  const open = await openDatabase({ backend: "postgres", url: empty.url, maxConnections: options.maxConnections ?? 20 });
+  const open = await openDatabase({
+    backend: "postgres",
+    url: empty.url,
+    maxConnections: options.maxConnections ?? 20,
+  });
   return {
     ...open,
     url: empty.url,

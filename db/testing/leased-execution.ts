@@ -3,7 +3,12 @@
 import { randomUUID } from "node:crypto";
 import type { LeasedExecution } from "../leases.js";
 
-export function leasedExecution(ids: { accountId: string; keyId: string }, gatewayId: string, reservedUnits: number, chargedUnits: number): LeasedExecution {
+export function leasedExecution(
+  ids: { accountId: string; keyId: string },
+  gatewayId: string,
+  reservedUnits: number,
+  chargedUnits: number,
+): LeasedExecution {
   return {
     executionId: randomUUID(),
     ...ids,
@@ -14,6 +19,14 @@ export function leasedExecution(ids: { accountId: string; keyId: string }, gatew
     gatewayId,
     reservedUnits,
     createdAt: new Date(Date.now() - 5),
-    settlement: { status: "completed", exitCode: 0, stdout: "42\n", stderr: "", truncated: false, timings: { queueMs: 0, forkMs: 1, execMs: 2, totalMs: 3 }, chargedUnits },
+    settlement: {
+      status: "completed",
+      exitCode: 0,
+      stdout: "42\n",
+      stderr: "",
+      truncated: false,
+      timings: { queueMs: 0, forkMs: 1, execMs: 2, totalMs: 3 },
+      chargedUnits,
+    },
   };
 }

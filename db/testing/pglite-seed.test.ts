@@ -14,7 +14,9 @@ describe("the PGlite seed", () => {
   const before = process.env.SANDFORK_TEST_PGLITE_SEED;
   // A table of its own in the seed (folder and dump) tells a database made from it from one made from nothing.
   const fromSeed = async (db: Database) => {
-    const [row] = await db.select({ marked: sql<boolean>`to_regclass('seed_marker') IS NOT NULL` }).from(sql`(SELECT 1) AS one`);
+    const [row] = await db
+      .select({ marked: sql<boolean>`to_regclass('seed_marker') IS NOT NULL` })
+      .from(sql`(SELECT 1) AS one`);
     return row;
   };
   beforeAll(async () => {
@@ -36,7 +38,8 @@ describe("the PGlite seed", () => {
     const [a, b] = [await freshDatabase("pglite"), await freshDatabase("pglite")];
     try {
       await accountWithKey(a.db, 100);
-      const count = async (db: typeof a.db) => (await db.select({ n: sql<number>`count(*)::int` }).from(accounts))[0]?.n;
+      const count = async (db: typeof a.db) =>
+        (await db.select({ n: sql<number>`count(*)::int` }).from(accounts))[0]?.n;
       expect(await count(a.db)).toBe(1);
       expect(await count(b.db)).toBe(0);
       expect(await fromSeed(b.db)).toEqual({ marked: true });

@@ -23,7 +23,9 @@ let dump: Promise<Blob | undefined> | undefined;
 /** The seed's dump (read once per process), for an in-memory PGlite's loadDataDir; undefined without a seed. */
 export function seedDump(): Promise<Blob | undefined> {
   const seed = process.env[SEED_ENV];
-  dump ??= seed ? readFile(join(seed, "data.tar")).then((bytes) => new Blob([bytes])) : Promise.resolve(undefined);
+  dump ??= seed
+    ? readFile(join(seed, "data.tar")).then((bytes) => new Blob([bytes]))
+    : Promise.resolve(undefined);
   return dump;
 }
 
@@ -37,7 +39,10 @@ export async function copySeedTo(dataDir: string): Promise<void> {
 /** Writes the seed's dump, DIR/data.tar, of the PGlite database behind `db` (open on DIR/data). */
 export async function writeSeedDump(db: Database, dir: string): Promise<void> {
   const client = (db as unknown as { $client: PGlite }).$client;
-  await writeFile(join(dir, "data.tar"), Buffer.from(await (await client.dumpDataDir("none")).arrayBuffer()));
+  await writeFile(
+    join(dir, "data.tar"),
+    Buffer.from(await (await client.dumpDataDir("none")).arrayBuffer()),
+  );
 }
 
 /** Makes DIR/data, an empty migrated PGlite data folder, and DIR/data.tar, its dump. */

@@ -13,10 +13,23 @@ const FROM_RECORDS = {
 };
 
 /** The usage of `keyId` over [from, to) from its records. */
-export async function usageFromRecords(db: Database, keyId: string, from: Date, to: Date): Promise<UsageSummary> {
+export async function usageFromRecords(
+  db: Database,
+  keyId: string,
+  from: Date,
+  to: Date,
+): Promise<UsageSummary> {
   const rows = await runPrepared(db, FROM_RECORDS, [keyId, from.toISOString(), to.toISOString()]);
-  const byTemplate = rows.map((r) => ({ template: r.template as string, executions: Number(r.executions), units: Number(r.units) }));
-  return { executions: byTemplate.reduce((n, t) => n + t.executions, 0), units: byTemplate.reduce((n, t) => n + t.units, 0), byTemplate };
+  const byTemplate = rows.map((r) => ({
+    template: r.template as string,
+    executions: Number(r.executions),
+    units: Number(r.units),
+  }));
+  return {
+    executions: byTemplate.reduce((n, t) => n + t.executions, 0),
+    units: byTemplate.reduce((n, t) => n + t.units, 0),
+    byTemplate,
+  };
 }
 
 const INSERT_RECORDS = {
@@ -38,6 +51,11 @@ const INSERT_RECORDS = {
  * finished now, after the key's sums stop), of two templates, one in ten aborted; and three still
  * running.
  */
-export async function insertRecords(db: Database, keyId: string, count: number, days: number): Promise<void> {
+export async function insertRecords(
+  db: Database,
+  keyId: string,
+  count: number,
+  days: number,
+): Promise<void> {
   await runPrepared(db, INSERT_RECORDS, [keyId, String(count), String(days)]);
 }

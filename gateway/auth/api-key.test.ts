@@ -1,5 +1,11 @@
 import { describe, expect, it } from "vitest";
-import { API_KEY_LENGTH, API_KEY_PREFIX, hasValidChecksum, hashApiKey, mintApiKey } from "./api-key.js";
+import {
+  API_KEY_LENGTH,
+  API_KEY_PREFIX,
+  hasValidChecksum,
+  hashApiKey,
+  mintApiKey,
+} from "./api-key.js";
 
 describe("API key format", () => {
   it("is the prefix, 32 random base62 characters and a 6-character checksum", () => {

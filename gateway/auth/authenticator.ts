@@ -29,11 +29,18 @@ export class Authenticator {
 
   async authenticate(authorization: string | undefined): Promise<Principal> {
     const match = authorization?.match(/^Bearer\s+(\S+)\s*$/i);
-    if (!match?.[1]) throw new ProblemError("unauthenticated", "send an API key or a token as 'Authorization: Bearer <credential>'");
+    if (!match?.[1])
+      throw new ProblemError(
+        "unauthenticated",
+        "send an API key or a token as 'Authorization: Bearer <credential>'",
+      );
     const credential = match[1];
     if (looksLikeApiKey(credential)) return this.authenticateKey(credential);
     if (credential.split(".").length === 3) return this.authenticateToken(credential);
-    throw new ProblemError("invalid-credentials", "the credential is neither an API key nor a token");
+    throw new ProblemError(
+      "invalid-credentials",
+      "the credential is neither an API key nor a token",
+    );
   }
 
   /** Drops cached lookups of a key, e.g. right after revoking it. */
@@ -50,10 +57,14 @@ export class Authenticator {
     const principal = await this.tokens.verify(token);
     if (principal.scopes.every((scope) => scope === "execute")) return principal;
     const key = await findKeyById(this.db, principal.keyId);
-    if (key === undefined) throw new ProblemError("invalid-credentials", "the token's key does not exist");
+    if (key === undefined)
+      throw new ProblemError("invalid-credentials", "the token's key does not exist");
     if (key.revokedAt !== null) throw new ProblemError("credentials-revoked");
-    if (key.expiresAt !== null && key.expiresAt.getTime() <= this.now()) throw new ProblemError("credentials-expired", "the token's API key has expired");
-    const held = principal.scopes.filter((scope) => key.scopes.includes("admin") || key.scopes.includes(scope));
+    if (key.expiresAt !== null && key.expiresAt.getTime() <= this.now())
+      throw new ProblemError("credentials-expired", "the token's API key has expired");
+    const held = principal.scopes.filter(
+      (scope) => key.scopes.includes("admin") || key.scopes.includes(scope),
+    );
     return { ...principal, scopes: held.length > 0 ? held : ["execute"] };
   }
 
@@ -61,7 +72,8 @@ export class Authenticator {
     const stored = await this.lookup(key);
     if (stored === undefined) throw new ProblemError("invalid-credentials", "unknown API key");
     if (stored.revokedAt !== null) throw new ProblemError("credentials-revoked");
-    if (stored.expiresAt !== null && stored.expiresAt.getTime() <= this.now()) throw new ProblemError("credentials-expired", "the API key has expired");
+    if (stored.expiresAt !== null && stored.expiresAt.getTime() <= this.now())
+      throw new ProblemError("credentials-expired", "the API key has expired");
     return {
       keyId: stored.id,
       accountId: stored.accountId,
@@ -77,7 +89,11 @@ export class Authenticator {
     const now = this.now();
     const cached = this.cache.get(hash);
     if (cached !== undefined && now - cached.fetchedAt < this.keyCacheTtlMs) return cached.key;
-    if (!hasValidChecksum(secret)) throw new ProblemError("invalid-credentials", "the API key is malformed or mistyped (checksum mismatch)");
+    if (!hasValidChecksum(secret))
+      throw new ProblemError(
+        "invalid-credentials",
+        "the API key is malformed or mistyped (checksum mismatch)",
+      );
     const key = await findKeyByHash(this.db, hash);
     this.cache.delete(hash);
     if (this.cache.size >= MAX_CACHED_KEYS) {

@@ -29,5 +29,6 @@ export function hasScope(principal: Principal, scope: Scope): boolean {
 }
 
 export function requireScope(principal: Principal, scope: Scope): void {
-  if (!hasScope(principal, scope)) throw new ProblemError("insufficient-scope", `this operation needs the "${scope}" scope`);
+  if (!hasScope(principal, scope))
+    throw new ProblemError("insufficient-scope", `this operation needs the "${scope}" scope`);
 }

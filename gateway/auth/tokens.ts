@@ -1,7 +1,13 @@
 // Short-lived JWTs (EdDSA / Ed25519) that a key holder mints for an untrusted client or agent.
 // Everything the gateway needs to serve the token is inside it: key and account ids, the key's
 // limits, allowed templates and an execution cap. Verification is a signature check, no database.
-import { createPrivateKey, createPublicKey, generateKeyPairSync, type KeyObject, randomUUID } from "node:crypto";
+import {
+  createPrivateKey,
+  createPublicKey,
+  generateKeyPairSync,
+  type KeyObject,
+  randomUUID,
+} from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { errors, jwtVerify, SignJWT } from "jose";
@@ -42,12 +48,16 @@ export function loadSigningKey(pem: string | undefined, dataDir: string): KeyObj
   if (!existsSync(path)) {
     mkdirSync(dataDir, { recursive: true });
     const { privateKey } = generateKeyPairSync("ed25519");
-    writeFileSync(path, privateKey.export({ type: "pkcs8", format: "pem" }), { mode: 0o600, flag: "wx" });
+    writeFileSync(path, privateKey.export({ type: "pkcs8", format: "pem" }), {
+      mode: 0o600,
+      flag: "wx",
+    });
   }
   return createPrivateKey(readFileSync(path));
 }
 
-const positiveInt = (n: unknown): n is number => typeof n === "number" && Number.isSafeInteger(n) && n > 0;
+const positiveInt = (n: unknown): n is number =>
+  typeof n === "number" && Number.isSafeInteger(n) && n > 0;
 
 export class TokenService {
   private readonly publicKey: KeyObject;
@@ -57,21 +67,32 @@ export class TokenService {
     private readonly issuer: string,
     private readonly audience: string,
   ) {
-    if (privateKey.asymmetricKeyType !== "ed25519") throw new Error("the token signing key must be Ed25519");
+    if (privateKey.asymmetricKeyType !== "ed25519")
+      throw new Error("the token signing key must be Ed25519");
     this.publicKey = createPublicKey(privateKey);
   }
 
   /** A token for `principal`'s key; it never outlives the key itself. */
   async mint(principal: Principal, request: TokenRequest, now = new Date()): Promise<MintedToken> {
     const requested = new Date(now.getTime() + request.ttlSeconds * 1000);
-    const expiresAt = principal.expiresAt !== null && principal.expiresAt < requested ? principal.expiresAt : requested;
+    const expiresAt =
+      principal.expiresAt !== null && principal.expiresAt < requested
+        ? principal.expiresAt
+        : requested;
     const id = randomUUID();
     const claims: TokenClaims = {
       acc: principal.accountId,
-      lim: { rpm: principal.limits.rateLimitPerMinute, conc: principal.limits.maxConcurrency, body: principal.limits.maxBodyBytes },
+      lim: {
+        rpm: principal.limits.rateLimitPerMinute,
+        conc: principal.limits.maxConcurrency,
+        body: principal.limits.maxBodyBytes,
+      },
       ...(request.templates === null ? {} : { tpl: request.templates }),
       ...(request.maxExecutions === null ? {} : { mex: request.maxExecutions }),
-      ...(request.scopes === undefined || (request.scopes.length === 1 && request.scopes[0] === "execute") ? {} : { scp: request.scopes }),
+      ...(request.scopes === undefined ||
+      (request.scopes.length === 1 && request.scopes[0] === "execute")
+        ? {}
+        : { scp: request.scopes }),
     };
     const token = await new SignJWT({ ...claims })
       .setProtectedHeader({ alg: ALGORITHM, typ: "JWT" })
@@ -95,7 +116,8 @@ export class TokenService {
         requiredClaims: ["sub", "jti", "exp"],
       }));
     } catch (error) {
-      if (error instanceof errors.JWTExpired) throw new ProblemError("credentials-expired", "the token has expired");
+      if (error instanceof errors.JWTExpired)
+        throw new ProblemError("credentials-expired", "the token has expired");
       throw new ProblemError("invalid-credentials", "the token is not valid for this gateway");
     }
     const { sub, jti, exp, acc, lim, tpl, mex, scp } = payload as Record<string, unknown>;
@@ -112,8 +134,12 @@ export class TokenService {
       positiveInt(limits.body) &&
       (tpl === undefined || (Array.isArray(tpl) && tpl.every((t) => typeof t === "string"))) &&
       (mex === undefined || positiveInt(mex)) &&
-      (scp === undefined || (Array.isArray(scp) && scp.length > 0 && scp.every((s) => (SCOPES as readonly unknown[]).includes(s))));
-    if (!wellFormed) throw new ProblemError("invalid-credentials", "the token's claims are malformed");
+      (scp === undefined ||
+        (Array.isArray(scp) &&
+          scp.length > 0 &&
+          scp.every((s) => (SCOPES as readonly unknown[]).includes(s))));
+    if (!wellFormed)
+      throw new ProblemError("invalid-credentials", "the token's claims are malformed");
     const keyLimits: KeyLimits = {
       rateLimitPerMinute: limits.rpm as number,
       maxConcurrency: limits.conc as number,

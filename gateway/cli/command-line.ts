@@ -11,7 +11,11 @@ export interface CommandLine<O extends Options> {
   fail(message: string): never;
 }
 
-export function commandLine<const O extends Options>(usage: string, options: O, args: string[] = process.argv.slice(2)): CommandLine<O> {
+export function commandLine<const O extends Options>(
+  usage: string,
+  options: O,
+  args: string[] = process.argv.slice(2),
+): CommandLine<O> {
   const fail = (message: string): never => {
     process.stderr.write(`${message}\n\nusage: ${usage}\n`);
     process.exit(2);

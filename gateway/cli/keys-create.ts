@@ -6,13 +6,16 @@ import { commandLine } from "./command-line.js";
 import { issueKey } from "../key-service.js";
 import { openConfiguredDatabase } from "../server.js";
 
-const { values, fail } = commandLine("npm run keys:create -- --name NAME [--scopes execute,usage:read] [--credits N] [--account ID] [--expires-in SECONDS]", {
-  name: { type: "string", default: "cli" },
-  scopes: { type: "string", default: "execute,usage:read" },
-  credits: { type: "string" },
-  account: { type: "string" },
-  "expires-in": { type: "string" },
-});
+const { values, fail } = commandLine(
+  "npm run keys:create -- --name NAME [--scopes execute,usage:read] [--credits N] [--account ID] [--expires-in SECONDS]",
+  {
+    name: { type: "string", default: "cli" },
+    scopes: { type: "string", default: "execute,usage:read" },
+    credits: { type: "string" },
+    account: { type: "string" },
+    "expires-in": { type: "string" },
+  },
+);
 
 function positiveInteger(flag: string, raw: string | undefined): number | undefined {
   if (raw === undefined) return undefined;
@@ -24,7 +27,8 @@ function positiveInteger(flag: string, raw: string | undefined): number | undefi
 async function main(): Promise<void> {
   const scopes = values.scopes.split(",").map((s) => s.trim());
   const unknown = scopes.filter((s) => !(SCOPES as readonly string[]).includes(s));
-  if (unknown.length > 0) fail(`--scopes: unknown scope(s) ${unknown.join(", ")}; known: ${SCOPES.join(", ")}`);
+  if (unknown.length > 0)
+    fail(`--scopes: unknown scope(s) ${unknown.join(", ")}; known: ${SCOPES.join(", ")}`);
   const expiresIn = positiveInteger("expires-in", values["expires-in"]);
   const credits = positiveInteger("credits", values.credits);
 

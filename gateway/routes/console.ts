@@ -15,22 +15,32 @@ export const CONSOLE_DIST = fileURLToPath(new URL("../../console/dist", import.m
 
 // The editor (CodeMirror) writes its base theme into a <style> element: that element, and only it,
 // carries this response's nonce. Scripts get no nonce: every script is a file from 'self'.
-const csp = (styleNonce: string) => [
-  "default-src 'self'",
-  "script-src 'self'",
-  `style-src 'self' 'nonce-${styleNonce}'`,
-  "img-src 'self' data:",
-  "connect-src 'self'",
-  "object-src 'none'",
-  "base-uri 'none'",
-  "form-action 'self'",
-  "frame-ancestors 'none'",
-].join("; ");
+const csp = (styleNonce: string) =>
+  [
+    "default-src 'self'",
+    "script-src 'self'",
+    `style-src 'self' 'nonce-${styleNonce}'`,
+    "img-src 'self' data:",
+    "connect-src 'self'",
+    "object-src 'none'",
+    "base-uri 'none'",
+    "form-action 'self'",
+    "frame-ancestors 'none'",
+  ].join("; ");
 
-const TYPES: Record<string, string> = { js: "text/javascript; charset=utf-8", css: "text/css; charset=utf-8" };
+const TYPES: Record<string, string> = {
+  js: "text/javascript; charset=utf-8",
+  css: "text/css; charset=utf-8",
+};
 const ASSET = /^[\w-]+\.(js|css)$/;
 
-function secured(c: Context<AppEnv>, body: Uint8Array | string, type: string, cacheControl: string, styleNonce = "none"): Response {
+function secured(
+  c: Context<AppEnv>,
+  body: Uint8Array | string,
+  type: string,
+  cacheControl: string,
+  styleNonce = "none",
+): Response {
   c.header("content-security-policy", csp(styleNonce));
   c.header("x-content-type-options", "nosniff");
   c.header("referrer-policy", "no-referrer");
@@ -44,11 +54,19 @@ export function registerConsole(app: OpenAPIHono<AppEnv>, dist = CONSOLE_DIST): 
     try {
       // Revalidated every load: it names the content-hashed assets of the current build.
       const nonce = randomBytes(18).toString("base64");
-      const html = (await readFile(join(dist, "index.html"), "utf8")).replace("%STYLE_NONCE%", nonce);
+      const html = (await readFile(join(dist, "index.html"), "utf8")).replace(
+        "%STYLE_NONCE%",
+        nonce,
+      );
       return secured(c, html, "text/html; charset=utf-8", "no-cache", nonce);
     } catch {
       c.status(503);
-      return secured(c, "The console is not built: run `npm run build:console`.\n", "text/plain; charset=utf-8", "no-store");
+      return secured(
+        c,
+        "The console is not built: run `npm run build:console`.\n",
+        "text/plain; charset=utf-8",
+        "no-store",
+      );
     }
   };
   app.get(CONSOLE_PATH, index);

@@ -17,7 +17,13 @@ import {
   IdParamSchema,
   TemplateSchema,
 } from "../schemas.js";
-import { AUTHENTICATED, executionJson, IDEMPOTENCY_KEY_HEADER, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
+import {
+  AUTHENTICATED,
+  executionJson,
+  IDEMPOTENCY_KEY_HEADER,
+  idempotencyKeyOf,
+  problemResponses,
+} from "./openapi-helpers.js";
 
 export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
   const unit = ctx.config.pricing.unitName;
@@ -29,21 +35,30 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     description:
       "Reserves the worst-case cost (the full timeout), runs, then charges the actual cost. With an Idempotency-Key, " +
       "a retry returns the first result (header Idempotent-Replayed: true) and is billed once. With Accept: text/event-stream " +
-      "or \"stream\": true the answer is a Server-Sent Events stream: `started` ({id}), `output` ({stream: stdout|stderr, data}) " +
+      'or "stream": true the answer is a Server-Sent Events stream: `started` ({id}), `output` ({stream: stdout|stderr, data}) ' +
       "as the program writes, then `execution` with the body of the plain answer, or `error` with a problem body. Billing is " +
       "the same; a client that disconnects stops nothing and is billed for what ran.",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
     parameters: [IDEMPOTENCY_KEY_HEADER],
     request: {
-      body: { required: true, content: { "application/json": { schema: executionRequestSchema(ctx.config.executionLimits) } } },
+      body: {
+        required: true,
+        content: {
+          "application/json": { schema: executionRequestSchema(ctx.config.executionLimits) },
+        },
+      },
     },
     responses: {
       200: {
         description: "The execution ended (see status and exit_code); or, streamed, its events",
         content: {
           "application/json": { schema: ExecutionSchema },
-          [EVENT_STREAM]: { schema: z.string().openapi({ description: "event: started | output | execution | error; data: JSON" }) },
+          [EVENT_STREAM]: {
+            schema: z
+              .string()
+              .openapi({ description: "event: started | output | execution | error; data: JSON" }),
+          },
         },
       },
       ...problemResponses(400, 401, 402, 403, 409, 413, 415, 422, 429, 502, 503),
@@ -52,8 +67,13 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
   app.openapi(execute, async (c) => {
     const idempotencyKey = idempotencyKeyOf(c.req.header("idempotency-key"));
     const input = c.req.valid("json");
-    if (wantsStream(c.req.header("accept"), input)) return streamExecution(c, ctx, input, idempotencyKey);
-    const { record, replayed } = await ctx.executions.execute(c.get("principal"), input, idempotencyKey);
+    if (wantsStream(c.req.header("accept"), input))
+      return streamExecution(c, ctx, input, idempotencyKey);
+    const { record, replayed } = await ctx.executions.execute(
+      c.get("principal"),
+      input,
+      idempotencyKey,
+    );
     trace.getActiveSpan()?.setAttribute("sandfork.execution.id", record.id);
     if (replayed) c.header("idempotent-replayed", "true");
     return c.json(executionJson(record, unit), 200);
@@ -67,7 +87,10 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     middleware: [authenticate(ctx, "execute")] as const,
     request: { params: IdParamSchema },
     responses: {
-      200: { description: "The execution", content: { "application/json": { schema: ExecutionSchema } } },
+      200: {
+        description: "The execution",
+        content: { "application/json": { schema: ExecutionSchema } },
+      },
       ...problemResponses(401, 403, 404, 422, 429),
     },
   });
@@ -78,7 +101,8 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
       record !== undefined &&
       (hasScope(principal, "admin") ||
         // A token (handed to an untrusted client) sees only what it ran; the key sees all its executions.
-        (record.keyId === principal.keyId && (principal.token === null || record.tokenId === principal.token.id)));
+        (record.keyId === principal.keyId &&
+          (principal.token === null || record.tokenId === principal.token.id)));
     if (!visible) {
       throw new ProblemError("not-found", "no such execution for this key");
     }
@@ -96,7 +120,10 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     middleware: [authenticate(ctx, "execute")] as const,
     request: { query: ExecutionListQuerySchema },
     responses: {
-      200: { description: "A page of executions", content: { "application/json": { schema: ExecutionListSchema } } },
+      200: {
+        description: "A page of executions",
+        content: { "application/json": { schema: ExecutionListSchema } },
+      },
       ...problemResponses(401, 403, 422, 429),
     },
   });
@@ -106,7 +133,8 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     const before = query.cursor === undefined ? null : decodeCursor(query.cursor);
     const { records, next } = await listExecutions(ctx.db, {
       keyId: principal.keyId,
-      tokenId: principal.token !== null && !hasScope(principal, "usage:read") ? principal.token.id : null,
+      tokenId:
+        principal.token !== null && !hasScope(principal, "usage:read") ? principal.token.id : null,
       status: query.status ?? null,
       template: query.template ?? null,
       before,
@@ -116,7 +144,8 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
       const { stdout: _stdout, stderr: _stderr, ...summary } = executionJson(record, unit);
       return summary;
     });
-    const nextCursor = next === null ? null : Buffer.from(`${next.createdAt}|${next.id}`).toString("base64url");
+    const nextCursor =
+      next === null ? null : Buffer.from(`${next.createdAt}|${next.id}`).toString("base64url");
     return c.json({ executions, next_cursor: nextCursor }, 200);
   });
 
@@ -127,7 +156,12 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute")] as const,
     responses: {
-      200: { description: "Templates", content: { "application/json": { schema: z.object({ templates: z.array(TemplateSchema) }) } } },
+      200: {
+        description: "Templates",
+        content: {
+          "application/json": { schema: z.object({ templates: z.array(TemplateSchema) }) },
+        },
+      },
       ...problemResponses(401, 403, 429, 503),
     },
   });
@@ -158,8 +192,16 @@ const CURSOR_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 /** A cursor this route handed out: the last record's created_at (as the database wrote it) and id. */
 function decodeCursor(cursor: string): { createdAt: string; id: string } {
   const [createdAt, id, ...rest] = Buffer.from(cursor, "base64url").toString("utf8").split("|");
-  if (createdAt === undefined || id === undefined || rest.length > 0 || !CURSOR_UUID.test(id) || !CURSOR_TIME.test(createdAt)) {
-    throw new ProblemError("validation-failed", "`cursor` is not one this route handed out", { extensions: { errors: [{ path: "cursor", message: "unknown cursor" }] } });
+  if (
+    createdAt === undefined ||
+    id === undefined ||
+    rest.length > 0 ||
+    !CURSOR_UUID.test(id) ||
+    !CURSOR_TIME.test(createdAt)
+  ) {
+    throw new ProblemError("validation-failed", "`cursor` is not one this route handed out", {
+      extensions: { errors: [{ path: "cursor", message: "unknown cursor" }] },
+    });
   }
   return { createdAt, id };
 }

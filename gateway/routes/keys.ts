@@ -5,7 +5,14 @@ import type { AppEnv, GatewayContext } from "../context.js";
 import { issueKey } from "../key-service.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { ProblemError } from "../problems.js";
-import { BalanceSchema, CreateKeyRequestSchema, CreatedKeySchema, CreditGrantSchema, IdParamSchema, KeySchema } from "../schemas.js";
+import {
+  BalanceSchema,
+  CreateKeyRequestSchema,
+  CreatedKeySchema,
+  CreditGrantSchema,
+  IdParamSchema,
+  KeySchema,
+} from "../schemas.js";
 import { AUTHENTICATED, balanceJson, keyJson, problemResponses } from "./openapi-helpers.js";
 
 export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
@@ -17,9 +24,14 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     summary: "Create an API key (the secret is in this response only)",
     security: AUTHENTICATED,
     middleware: [admin, limitBodyPerKey] as const,
-    request: { body: { required: true, content: { "application/json": { schema: CreateKeyRequestSchema } } } },
+    request: {
+      body: { required: true, content: { "application/json": { schema: CreateKeyRequestSchema } } },
+    },
     responses: {
-      201: { description: "The new key, with its secret", content: { "application/json": { schema: CreatedKeySchema } } },
+      201: {
+        description: "The new key, with its secret",
+        content: { "application/json": { schema: CreatedKeySchema } },
+      },
       ...problemResponses(400, 401, 403, 404, 413, 415, 422, 429),
     },
   });
@@ -31,7 +43,10 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
       scopes: body.scopes ?? ["execute", "usage:read"],
       accountId: body.account_id,
       credits: body.credits,
-      expiresAt: body.expires_in_seconds === undefined ? null : new Date(Date.now() + body.expires_in_seconds * 1000),
+      expiresAt:
+        body.expires_in_seconds === undefined
+          ? null
+          : new Date(Date.now() + body.expires_in_seconds * 1000),
       limits: {
         rateLimitPerMinute: body.rate_limit_per_minute ?? defaults.rateLimitPerMinute,
         maxConcurrency: body.max_concurrency ?? defaults.maxConcurrency,
@@ -49,7 +64,10 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     middleware: [admin] as const,
     request: { query: z.object({ account_id: z.string().uuid().optional() }) },
     responses: {
-      200: { description: "Keys, newest first", content: { "application/json": { schema: z.object({ keys: z.array(KeySchema) }) } } },
+      200: {
+        description: "Keys, newest first",
+        content: { "application/json": { schema: z.object({ keys: z.array(KeySchema) }) } },
+      },
       ...problemResponses(401, 403, 422, 429),
     },
   });
@@ -66,7 +84,10 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     middleware: [admin] as const,
     request: { params: IdParamSchema },
     responses: {
-      200: { description: "The revoked key", content: { "application/json": { schema: KeySchema } } },
+      200: {
+        description: "The revoked key",
+        content: { "application/json": { schema: KeySchema } },
+      },
       ...problemResponses(401, 403, 404, 422, 429),
     },
   });
@@ -85,9 +106,15 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     summary: "Grant credits to an account",
     security: AUTHENTICATED,
     middleware: [admin, limitBodyPerKey] as const,
-    request: { params: IdParamSchema, body: { required: true, content: { "application/json": { schema: CreditGrantSchema } } } },
+    request: {
+      params: IdParamSchema,
+      body: { required: true, content: { "application/json": { schema: CreditGrantSchema } } },
+    },
     responses: {
-      200: { description: "The account's balance after the grant", content: { "application/json": { schema: BalanceSchema } } },
+      200: {
+        description: "The account's balance after the grant",
+        content: { "application/json": { schema: BalanceSchema } },
+      },
       ...problemResponses(400, 401, 403, 404, 413, 415, 422, 429),
     },
   });
@@ -95,6 +122,9 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     const { id } = c.req.valid("param");
     const balance = await grantCredits(ctx.db, id, c.req.valid("json").units);
     if (balance === undefined) throw new ProblemError("not-found", `no account ${id}`);
-    return c.json({ account_id: balance.accountId, ...balanceJson(ctx.leases.asSeenByCallers(balance)) }, 200);
+    return c.json(
+      { account_id: balance.accountId, ...balanceJson(ctx.leases.asSeenByCallers(balance)) },
+      200,
+    );
   });
 }

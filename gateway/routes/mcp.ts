@@ -11,26 +11,47 @@ export const MCP_PATH = "/mcp";
 
 const JsonRpcMessageSchema = z.object({ jsonrpc: z.literal("2.0") }).loose();
 
-export function registerMcpRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext, runner: ToolRunner): void {
+export function registerMcpRoutes(
+  app: OpenAPIHono<AppEnv>,
+  ctx: GatewayContext,
+  runner: ToolRunner,
+): void {
   const post = createRoute({
     method: "post",
     path: MCP_PATH,
-    summary: "Model Context Protocol (Streamable HTTP, stateless): tools run_code and list_templates",
+    summary:
+      "Model Context Protocol (Streamable HTTP, stateless): tools run_code and list_templates",
     description:
       "JSON-RPC messages of MCP; answers are application/json. A tools/call of run_code is billed like POST /v1/executions; " +
       "its failures are tool results with isError: true whose text is the problem+json body.",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
     request: {
-      body: { required: true, content: { "application/json": { schema: z.union([JsonRpcMessageSchema, z.array(JsonRpcMessageSchema)]) } } },
+      body: {
+        required: true,
+        content: {
+          "application/json": {
+            schema: z.union([JsonRpcMessageSchema, z.array(JsonRpcMessageSchema)]),
+          },
+        },
+      },
     },
     responses: {
-      200: { description: "JSON-RPC responses", content: { "application/json": { schema: z.union([JsonRpcMessageSchema, z.array(JsonRpcMessageSchema)]) } } },
+      200: {
+        description: "JSON-RPC responses",
+        content: {
+          "application/json": {
+            schema: z.union([JsonRpcMessageSchema, z.array(JsonRpcMessageSchema)]),
+          },
+        },
+      },
       202: { description: "Notifications accepted" },
       ...problemResponses(400, 401, 403, 413, 415, 422, 429),
     },
   });
-  app.openapi(post, (c) => handleMcpRequest(runner, c.get("principal"), c.req.raw, c.req.valid("json")));
+  app.openapi(post, (c) =>
+    handleMcpRequest(runner, c.get("principal"), c.req.raw, c.req.valid("json")),
+  );
 
   // GET (a stream for server-initiated messages) and DELETE (ending a session) have nothing to
   // do on a stateless server: MCP lets it answer 405.
@@ -38,7 +59,10 @@ export function registerMcpRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext,
     const route = createRoute({
       method,
       path: MCP_PATH,
-      summary: method === "get" ? "MCP server-to-client stream: not offered (stateless server)" : "MCP session end: no sessions (stateless server)",
+      summary:
+        method === "get"
+          ? "MCP server-to-client stream: not offered (stateless server)"
+          : "MCP session end: no sessions (stateless server)",
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute")] as const,
       responses: {
@@ -47,7 +71,15 @@ export function registerMcpRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext,
       },
     });
     app.openapi(route, (c) =>
-      c.json({ jsonrpc: "2.0" as const, error: { code: -32000, message: "this MCP server is stateless: POST only" }, id: null }, 405, { allow: "POST" }),
+      c.json(
+        {
+          jsonrpc: "2.0" as const,
+          error: { code: -32000, message: "this MCP server is stateless: POST only" },
+          id: null,
+        },
+        405,
+        { allow: "POST" },
+      ),
     );
   }
 }

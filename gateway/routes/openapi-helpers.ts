@@ -23,7 +23,11 @@ export const IDEMPOTENCY_KEY_HEADER = {
 /** The request's Idempotency-Key, or null; a malformed one is refused (422). */
 export function idempotencyKeyOf(header: string | undefined): string | null {
   if (header === undefined) return null;
-  if (!IDEMPOTENCY_KEY.test(header)) throw new ProblemError("validation-failed", "Idempotency-Key must be 1 to 255 visible ASCII characters");
+  if (!IDEMPOTENCY_KEY.test(header))
+    throw new ProblemError(
+      "validation-failed",
+      "Idempotency-Key must be 1 to 255 visible ASCII characters",
+    );
   return header;
 }
 
@@ -46,9 +50,18 @@ export function problemResponses<S extends keyof typeof PROBLEM_DESCRIPTIONS>(..
   return Object.fromEntries(
     statuses.map((status) => [
       status,
-      { description: PROBLEM_DESCRIPTIONS[status] ?? "Problem", content: { "application/problem+json": { schema: ProblemSchema } } },
+      {
+        description: PROBLEM_DESCRIPTIONS[status] ?? "Problem",
+        content: { "application/problem+json": { schema: ProblemSchema } },
+      },
     ]),
-  ) as Record<S, { description: string; content: { "application/problem+json": { schema: typeof ProblemSchema } } }>;
+  ) as Record<
+    S,
+    {
+      description: string;
+      content: { "application/problem+json": { schema: typeof ProblemSchema } };
+    }
+  >;
 }
 
 export const AUTHENTICATED = [{ bearerAuth: [] }];

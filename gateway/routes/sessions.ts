@@ -22,7 +22,9 @@ const { MAX_SESSION_FILE_BYTES } = REQUEST_LIMITS;
  */
 export function sessionFilePath(url: string): string {
   const pathname = new URL(url).pathname;
-  const raw = pathname.slice(pathname.indexOf("/files/", "/v1/sessions/".length) + "/files/".length);
+  const raw = pathname.slice(
+    pathname.indexOf("/files/", "/v1/sessions/".length) + "/files/".length,
+  );
   let path: string;
   try {
     path = decodeURIComponent(raw);
@@ -30,18 +32,28 @@ export function sessionFilePath(url: string): string {
     throw new ProblemError("validation-failed", "the file path is not percent-encoded UTF-8");
   }
   const why = workPathProblem(path);
-  if (why !== undefined) throw new ProblemError("validation-failed", `the file path ${JSON.stringify(path.slice(0, 64))}: ${why}`);
+  if (why !== undefined)
+    throw new ProblemError(
+      "validation-failed",
+      `the file path ${JSON.stringify(path.slice(0, 64))}: ${why}`,
+    );
   return path;
 }
 
-const SessionIdParam = z.object({ id: z.string().uuid().openapi({ param: { name: "id", in: "path" } }) });
+const SessionIdParam = z.object({
+  id: z
+    .string()
+    .uuid()
+    .openapi({ param: { name: "id", in: "path" } }),
+});
 
 const SessionSchema = z
   .object({
     id: z.string().uuid(),
     template: z.string(),
     state: z.enum(["running", "paused", "ended", "deleted"]).openapi({
-      description: "running: holds a VM (billed by the ms); paused: its state is in its last checkpoint, resumed by the next call; ended: its VM is gone (fork it from a checkpoint); deleted",
+      description:
+        "running: holds a VM (billed by the ms); paused: its state is in its last checkpoint, resumed by the next call; ended: its VM is gone (fork it from a checkpoint); deleted",
     }),
     memory_mib: z.number().int(),
     idle_timeout_s: z.number().int(),
@@ -51,7 +63,10 @@ const SessionSchema = z
     cells: z.number().int().openapi({ description: "Cells run so far" }),
     usage: z.object({
       unit: z.string(),
-      units: z.number().int().openapi({ description: "Charged for running time and checkpoint storage so far (cells are charged as executions)" }),
+      units: z.number().int().openapi({
+        description:
+          "Charged for running time and checkpoint storage so far (cells are charged as executions)",
+      }),
       running_gib_seconds: z.number(),
       checkpoint_gib_hours: z.number(),
     }),
@@ -63,10 +78,18 @@ const SessionSchema = z
 
 const CheckpointSchema = z
   .object({
-    checkpoint: z.number().int().openapi({ description: "Its number in the session, for POST .../fork" }),
-    sha256: z.string().openapi({ description: "SHA-256 of the checkpoint file; a restore verifies it" }),
+    checkpoint: z
+      .number()
+      .int()
+      .openapi({ description: "Its number in the session, for POST .../fork" }),
+    sha256: z
+      .string()
+      .openapi({ description: "SHA-256 of the checkpoint file; a restore verifies it" }),
     file_bytes: z.number().int(),
-    dirty_bytes: z.number().int().openapi({ description: "Memory the session changed against its template, recorded in it" }),
+    dirty_bytes: z
+      .number()
+      .int()
+      .openapi({ description: "Memory the session changed against its template, recorded in it" }),
     timings: z.object({ capture_ms: z.number(), write_ms: z.number() }),
     session: SessionSchema,
   })
@@ -74,26 +97,62 @@ const CheckpointSchema = z
 
 const CellSchema = z
   .object({
-    value: z.string().nullable().openapi({ description: "repr() of the cell's last expression, as a notebook shows it; null for a statement or None" }),
-    error: z.object({ name: z.string(), message: z.string() }).nullable().openapi({ description: "The exception that ended the cell (its traceback is in stderr)" }),
-    resumed: z.boolean().openapi({ description: "The session was paused and resumed for this cell" }),
+    value: z.string().nullable().openapi({
+      description:
+        "repr() of the cell's last expression, as a notebook shows it; null for a statement or None",
+    }),
+    error: z
+      .object({ name: z.string(), message: z.string() })
+      .nullable()
+      .openapi({ description: "The exception that ended the cell (its traceback is in stderr)" }),
+    resumed: z
+      .boolean()
+      .openapi({ description: "The session was paused and resumed for this cell" }),
     execution: ExecutionSchema,
     session: SessionSchema,
   })
   .openapi("SessionCell");
 
 const ForkSessionSchema = z
-  .object({ checkpoint: z.number().int().min(1).optional().openapi({ description: "Default: the session's last checkpoint" }) })
+  .object({
+    checkpoint: z
+      .number()
+      .int()
+      .min(1)
+      .optional()
+      .openapi({ description: "Default: the session's last checkpoint" }),
+  })
   .strict()
   .openapi("ForkSession");
 
 const CreateSessionSchema = (ctx: GatewayContext) =>
   z
     .object({
-      template: z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/).openapi({ example: "python" }),
-      idle_timeout_s: z.number().int().min(1).max(ctx.config.sessions.maxIdleTimeoutS).optional().openapi({ description: "Paused after this long without a call" }),
-      max_lifetime_s: z.number().int().min(1).max(ctx.config.sessions.maxLifetimeS).optional().openapi({ description: "Deleted this long after its creation" }),
-      memory_mib: z.number().int().min(16).max(ctx.config.executionLimits.maxMemoryMb).optional().openapi({ description: "Default and only value: the template's VM size" }),
+      template: z
+        .string()
+        .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
+        .openapi({ example: "python" }),
+      idle_timeout_s: z
+        .number()
+        .int()
+        .min(1)
+        .max(ctx.config.sessions.maxIdleTimeoutS)
+        .optional()
+        .openapi({ description: "Paused after this long without a call" }),
+      max_lifetime_s: z
+        .number()
+        .int()
+        .min(1)
+        .max(ctx.config.sessions.maxLifetimeS)
+        .optional()
+        .openapi({ description: "Deleted this long after its creation" }),
+      memory_mib: z
+        .number()
+        .int()
+        .min(16)
+        .max(ctx.config.executionLimits.maxMemoryMb)
+        .optional()
+        .openapi({ description: "Default and only value: the template's VM size" }),
     })
     .strict()
     .openapi("CreateSession");
@@ -105,7 +164,10 @@ const CellRequestSchema = (ctx: GatewayContext) =>
         .string()
         .max(REQUEST_LIMITS.MAX_CODE_BYTES)
         .superRefine(refineText(REQUEST_LIMITS.MAX_CODE_BYTES))
-        .openapi({ example: "x = 6 * 7\nx", description: `At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8` }),
+        .openapi({
+          example: "x = 6 * 7\nx",
+          description: `At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`,
+        }),
       timeout_ms: z.number().int().min(1).max(ctx.config.executionLimits.maxTimeoutMs).optional(),
     })
     .strict()
@@ -119,7 +181,10 @@ export function sessionJson(row: SessionRow, unit: string) {
     memory_mib: row.memoryMib,
     idle_timeout_s: row.idleTimeoutS,
     max_lifetime_s: row.maxLifetimeS,
-    last_checkpoint: row.lastCheckpoint === null ? null : { checkpoint: row.lastCheckpoint, sha256: row.lastCheckpointSha256 ?? "" },
+    last_checkpoint:
+      row.lastCheckpoint === null
+        ? null
+        : { checkpoint: row.lastCheckpoint, sha256: row.lastCheckpointSha256 ?? "" },
     checkpoint_bytes: row.checkpointBytes,
     cells: row.cells,
     usage: {
@@ -145,22 +210,42 @@ function checkpointJson(session: SessionRow, taken: TakenCheckpoint, unit: strin
   };
 }
 
-export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext, sessions: SessionService): void {
+export function registerSessionRoutes(
+  app: OpenAPIHono<AppEnv>,
+  ctx: GatewayContext,
+  sessions: SessionService,
+): void {
   const unit = ctx.config.pricing.unitName;
-  const json = <T extends z.ZodType>(schema: T, description: string) => ({ description, content: { "application/json": { schema } } });
+  const json = <T extends z.ZodType>(schema: T, description: string) => ({
+    description,
+    content: { "application/json": { schema } },
+  });
 
   app.openapi(
     createRoute({
       method: "post",
       path: "/v1/sessions",
       summary: "Create a session: a sandbox that keeps its state across calls",
-      description: "Its own microVM forked from the template, billed per GiB-second while it runs, per cell, and per GiB-hour of checkpoints.",
+      description:
+        "Its own microVM forked from the template, billed per GiB-second while it runs, per cell, and per GiB-hour of checkpoints.",
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
-      request: { body: { required: true, content: { "application/json": { schema: CreateSessionSchema(ctx) } } } },
-      responses: { 201: json(SessionSchema, "The session, running"), ...problemResponses(401, 403, 413, 415, 422, 429, 502, 503) },
+      request: {
+        body: {
+          required: true,
+          content: { "application/json": { schema: CreateSessionSchema(ctx) } },
+        },
+      },
+      responses: {
+        201: json(SessionSchema, "The session, running"),
+        ...problemResponses(401, 403, 413, 415, 422, 429, 502, 503),
+      },
     }),
-    async (c) => c.json(sessionJson(await sessions.create(c.get("principal"), c.req.valid("json")), unit), 201),
+    async (c) =>
+      c.json(
+        sessionJson(await sessions.create(c.get("principal"), c.req.valid("json")), unit),
+        201,
+      ),
   );
 
   app.openapi(
@@ -170,9 +255,18 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
       summary: "The calling key's sessions (not deleted)",
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute")] as const,
-      responses: { 200: json(z.object({ sessions: z.array(SessionSchema) }), "Sessions, newest first"), ...problemResponses(401, 403, 429) },
+      responses: {
+        200: json(z.object({ sessions: z.array(SessionSchema) }), "Sessions, newest first"),
+        ...problemResponses(401, 403, 429),
+      },
     }),
-    async (c) => c.json({ sessions: (await sessions.list(c.get("principal"))).map((row) => sessionJson(row, unit)) }, 200),
+    async (c) =>
+      c.json(
+        {
+          sessions: (await sessions.list(c.get("principal"))).map((row) => sessionJson(row, unit)),
+        },
+        200,
+      ),
   );
 
   app.openapi(
@@ -184,14 +278,32 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
       middleware: [authenticate(ctx, "execute")] as const,
       request: { params: SessionIdParam },
       responses: {
-        200: json(SessionSchema.extend({ checkpoints: z.array(z.object({ checkpoint: z.number().int(), sha256: z.string(), file_bytes: z.number().int() })).nullable() }), "The session"),
+        200: json(
+          SessionSchema.extend({
+            checkpoints: z
+              .array(
+                z.object({
+                  checkpoint: z.number().int(),
+                  sha256: z.string(),
+                  file_bytes: z.number().int(),
+                }),
+              )
+              .nullable(),
+          }),
+          "The session",
+        ),
         ...problemResponses(401, 403, 404, 422, 429),
       },
     }),
     async (c) => {
       const row = await sessions.owned(c.get("principal"), c.req.valid("param").id);
       const info = await sessions.runtimeInfo(row);
-      const checkpoints = info?.checkpoints.map((k) => ({ checkpoint: k.checkpoint, sha256: k.sha256, file_bytes: k.fileBytes })) ?? null;
+      const checkpoints =
+        info?.checkpoints.map((k) => ({
+          checkpoint: k.checkpoint,
+          sha256: k.sha256,
+          file_bytes: k.fileBytes,
+        })) ?? null;
       return c.json({ ...sessionJson(row, unit), checkpoints }, 200);
     },
   );
@@ -204,9 +316,16 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute")] as const,
       request: { params: SessionIdParam },
-      responses: { 200: json(SessionSchema, "The session, deleted, with its final usage"), ...problemResponses(401, 403, 404, 422, 429, 502, 503) },
+      responses: {
+        200: json(SessionSchema, "The session, deleted, with its final usage"),
+        ...problemResponses(401, 403, 404, 422, 429, 502, 503),
+      },
     }),
-    async (c) => c.json(sessionJson(await sessions.delete(c.get("principal"), c.req.valid("param").id), unit), 200),
+    async (c) =>
+      c.json(
+        sessionJson(await sessions.delete(c.get("principal"), c.req.valid("param").id), unit),
+        200,
+      ),
   );
 
   app.openapi(
@@ -218,12 +337,34 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
         "Variables, imports and open files stay between cells; the last expression's value is returned as a notebook shows it. A paused session is resumed first. A program that ends its process (os._exit, a crash, a limit) ends the session.",
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
-      request: { params: SessionIdParam, body: { required: true, content: { "application/json": { schema: CellRequestSchema(ctx) } } } },
-      responses: { 200: json(CellSchema, "The cell ran (see execution.status and error)"), ...problemResponses(401, 402, 403, 404, 409, 413, 415, 422, 429, 502, 503) },
+      request: {
+        params: SessionIdParam,
+        body: {
+          required: true,
+          content: { "application/json": { schema: CellRequestSchema(ctx) } },
+        },
+      },
+      responses: {
+        200: json(CellSchema, "The cell ran (see execution.status and error)"),
+        ...problemResponses(401, 402, 403, 404, 409, 413, 415, 422, 429, 502, 503),
+      },
     }),
     async (c) => {
-      const { session, record, cell } = await sessions.execute(c.get("principal"), c.req.valid("param").id, c.req.valid("json"));
-      return c.json({ value: cell.value, error: cell.error, resumed: cell.resumed, execution: executionJson(record, unit), session: sessionJson(session, unit) }, 200);
+      const { session, record, cell } = await sessions.execute(
+        c.get("principal"),
+        c.req.valid("param").id,
+        c.req.valid("json"),
+      );
+      return c.json(
+        {
+          value: cell.value,
+          error: cell.error,
+          resumed: cell.resumed,
+          execution: executionJson(record, unit),
+          session: sessionJson(session, unit),
+        },
+        200,
+      );
     },
   );
 
@@ -236,19 +377,39 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute")] as const,
       request: { params: SessionIdParam },
-      responses: { 201: json(CheckpointSchema, "Written durably (fsynced, renamed into place) before this answer"), ...problemResponses(401, 403, 404, 409, 422, 429, 502, 503) },
+      responses: {
+        201: json(
+          CheckpointSchema,
+          "Written durably (fsynced, renamed into place) before this answer",
+        ),
+        ...problemResponses(401, 403, 404, 409, 422, 429, 502, 503),
+      },
     });
   app.openapi(
-    checkpointRoute("/v1/sessions/{id}/checkpoints", "Checkpoint a session without pausing it", "Dirty memory against the template, vCPU, VMM state and /work files, checksummed."),
+    checkpointRoute(
+      "/v1/sessions/{id}/checkpoints",
+      "Checkpoint a session without pausing it",
+      "Dirty memory against the template, vCPU, VMM state and /work files, checksummed.",
+    ),
     async (c) => {
-      const { session, checkpoint } = await sessions.checkpoint(c.get("principal"), c.req.valid("param").id);
+      const { session, checkpoint } = await sessions.checkpoint(
+        c.get("principal"),
+        c.req.valid("param").id,
+      );
       return c.json(checkpointJson(session, checkpoint, unit), 201);
     },
   );
   app.openapi(
-    checkpointRoute("/v1/sessions/{id}/pause", "Pause a session: checkpoint it and release its VM", "Billing for running time stops; the next call resumes it from this checkpoint."),
+    checkpointRoute(
+      "/v1/sessions/{id}/pause",
+      "Pause a session: checkpoint it and release its VM",
+      "Billing for running time stops; the next call resumes it from this checkpoint.",
+    ),
     async (c) => {
-      const { session, checkpoint } = await sessions.pause(c.get("principal"), c.req.valid("param").id);
+      const { session, checkpoint } = await sessions.pause(
+        c.get("principal"),
+        c.req.valid("param").id,
+      );
       return c.json(checkpointJson(session, checkpoint, unit), 201);
     },
   );
@@ -261,9 +422,16 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute")] as const,
       request: { params: SessionIdParam },
-      responses: { 200: json(SessionSchema, "The session, running"), ...problemResponses(401, 403, 404, 409, 422, 429, 502, 503) },
+      responses: {
+        200: json(SessionSchema, "The session, running"),
+        ...problemResponses(401, 403, 404, 409, 422, 429, 502, 503),
+      },
     }),
-    async (c) => c.json(sessionJson(await sessions.resume(c.get("principal"), c.req.valid("param").id), unit), 200),
+    async (c) =>
+      c.json(
+        sessionJson(await sessions.resume(c.get("principal"), c.req.valid("param").id), unit),
+        200,
+      ),
   );
 
   app.openapi(
@@ -271,13 +439,31 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
       method: "post",
       path: "/v1/sessions/{id}/fork",
       summary: "Create a session from one of this session's checkpoints",
-      description: "Branching: many sessions from one state, each with its random generators reseeded.",
+      description:
+        "Branching: many sessions from one state, each with its random generators reseeded.",
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
-      request: { params: SessionIdParam, body: { required: true, content: { "application/json": { schema: ForkSessionSchema } } } },
-      responses: { 201: json(SessionSchema, "The new session, running"), ...problemResponses(401, 403, 404, 413, 415, 422, 429, 502, 503) },
+      request: {
+        params: SessionIdParam,
+        body: { required: true, content: { "application/json": { schema: ForkSessionSchema } } },
+      },
+      responses: {
+        201: json(SessionSchema, "The new session, running"),
+        ...problemResponses(401, 403, 404, 413, 415, 422, 429, 502, 503),
+      },
     }),
-    async (c) => c.json(sessionJson(await sessions.fork(c.get("principal"), c.req.valid("param").id, c.req.valid("json").checkpoint), unit), 201),
+    async (c) =>
+      c.json(
+        sessionJson(
+          await sessions.fork(
+            c.get("principal"),
+            c.req.valid("param").id,
+            c.req.valid("json").checkpoint,
+          ),
+          unit,
+        ),
+        201,
+      ),
   );
 
   registerFileRoutes(app, ctx, sessions);
@@ -287,10 +473,20 @@ export function registerSessionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCont
  * PUT/GET/DELETE /v1/sessions/{id}/files/{path}: the path has slashes, which an OpenAPI path
  * parameter cannot match, so these are plain Hono routes documented in the registry by hand.
  */
-function registerFileRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext, sessions: SessionService): void {
+function registerFileRoutes(
+  app: OpenAPIHono<AppEnv>,
+  ctx: GatewayContext,
+  sessions: SessionService,
+): void {
   const params = z.object({
-    id: z.string().uuid().openapi({ param: { name: "id", in: "path" } }),
-    path: z.string().openapi({ param: { name: "path", in: "path" }, description: `${WORK_PATH_RULES}; percent-encoded once, slashes allowed` }),
+    id: z
+      .string()
+      .uuid()
+      .openapi({ param: { name: "id", in: "path" } }),
+    path: z.string().openapi({
+      param: { name: "path", in: "path" },
+      description: `${WORK_PATH_RULES}; percent-encoded once, slashes allowed`,
+    }),
   });
   const file = z.object({ path: z.string(), bytes: z.number().int() }).openapi("SessionFile");
   const common = { security: AUTHENTICATED, request: { params } };
@@ -299,34 +495,61 @@ function registerFileRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext, sessi
     path: "/v1/sessions/{id}/files/{path}",
     summary: "Write a file under the session's /work (replacing it); the body is its bytes",
     ...common,
-    request: { params, body: { required: true, content: { "application/octet-stream": { schema: z.string().openapi({ format: "binary" }) } } } },
-    responses: { 200: { description: "Written", content: { "application/json": { schema: file } } }, ...problemResponses(401, 403, 404, 409, 413, 422, 429, 502, 503) },
+    request: {
+      params,
+      body: {
+        required: true,
+        content: {
+          "application/octet-stream": { schema: z.string().openapi({ format: "binary" }) },
+        },
+      },
+    },
+    responses: {
+      200: { description: "Written", content: { "application/json": { schema: file } } },
+      ...problemResponses(401, 403, 404, 409, 413, 422, 429, 502, 503),
+    },
   });
   app.openAPIRegistry.registerPath({
     method: "get",
     path: "/v1/sessions/{id}/files/{path}",
     summary: "Read a file under the session's /work",
     ...common,
-    responses: { 200: { description: "The file's bytes", content: { "application/octet-stream": { schema: z.string().openapi({ format: "binary" }) } } }, ...problemResponses(401, 403, 404, 409, 422, 429, 502, 503) },
+    responses: {
+      200: {
+        description: "The file's bytes",
+        content: {
+          "application/octet-stream": { schema: z.string().openapi({ format: "binary" }) },
+        },
+      },
+      ...problemResponses(401, 403, 404, 409, 422, 429, 502, 503),
+    },
   });
   app.openAPIRegistry.registerPath({
     method: "delete",
     path: "/v1/sessions/{id}/files/{path}",
     summary: "Delete a file under the session's /work",
     ...common,
-    responses: { 204: { description: "Deleted" }, ...problemResponses(401, 403, 404, 409, 422, 429, 502, 503) },
+    responses: {
+      204: { description: "Deleted" },
+      ...problemResponses(401, 403, 404, 409, 422, 429, 502, 503),
+    },
   });
 
   const route = "/v1/sessions/:id/files/:path{.+}";
   const target = (c: { req: { url: string; param(name: string): string | undefined } }) => {
     const id = c.req.param("id") ?? "";
-    if (!z.string().uuid().safeParse(id).success) throw new ProblemError("not-found", "no such session for this key");
+    if (!z.string().uuid().safeParse(id).success)
+      throw new ProblemError("not-found", "no such session for this key");
     return { id, path: sessionFilePath(c.req.url) };
   };
   app.put(route, authenticate(ctx, "execute"), limitBodyPerKey, async (c) => {
     const { id, path } = target(c);
     const content = Buffer.from(await c.req.arrayBuffer());
-    if (content.length > MAX_SESSION_FILE_BYTES) throw new ProblemError("payload-too-large", `a session file is at most ${MAX_SESSION_FILE_BYTES} bytes per request`);
+    if (content.length > MAX_SESSION_FILE_BYTES)
+      throw new ProblemError(
+        "payload-too-large",
+        `a session file is at most ${MAX_SESSION_FILE_BYTES} bytes per request`,
+      );
     const bytes = await sessions.writeFile(c.get("principal"), id, path, content);
     return c.json({ path, bytes }, 200);
   });

@@ -8,7 +8,9 @@ import { HealthSchema } from "../schemas.js";
 const RUNTIME_HEALTH_TIMEOUT_MS = 2_000;
 
 /** "connected" when a runtime is attached and (if it can tell) says executions can run now. */
-async function runtimeHealth(ctx: GatewayContext): Promise<{ runtime: "connected" | "unavailable"; runtime_detail?: string }> {
+async function runtimeHealth(
+  ctx: GatewayContext,
+): Promise<{ runtime: "connected" | "unavailable"; runtime_detail?: string }> {
   const runtime = ctx.runtime();
   if (runtime === undefined) return { runtime: "unavailable" };
   if (runtime.health === undefined) return { runtime: "connected" };
@@ -16,7 +18,10 @@ async function runtimeHealth(ctx: GatewayContext): Promise<{ runtime: "connected
     const health = await runtime.health(AbortSignal.timeout(RUNTIME_HEALTH_TIMEOUT_MS));
     return { runtime: health.ok ? "connected" : "unavailable", runtime_detail: health.detail };
   } catch (error) {
-    return { runtime: "unavailable", runtime_detail: error instanceof Error ? error.message : String(error) };
+    return {
+      runtime: "unavailable",
+      runtime_detail: error instanceof Error ? error.message : String(error),
+    };
   }
 }
 
@@ -28,7 +33,10 @@ export function registerSystemRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayConte
     description: "200 while the database answers; `runtime` says whether executions can run.",
     responses: {
       200: { description: "Healthy", content: { "application/json": { schema: HealthSchema } } },
-      503: { description: "The database does not answer", content: { "application/json": { schema: HealthSchema } } },
+      503: {
+        description: "The database does not answer",
+        content: { "application/json": { schema: HealthSchema } },
+      },
     },
   });
   app.openapi(health, async (c) => {
@@ -39,7 +47,11 @@ export function registerSystemRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayConte
       database = "error";
     }
     const runtime = await runtimeHealth(ctx);
-    const body = { status: database === "ok" && runtime.runtime === "connected" ? "ok" : "degraded", database, ...runtime } as const;
+    const body = {
+      status: database === "ok" && runtime.runtime === "connected" ? "ok" : "degraded",
+      database,
+      ...runtime,
+    } as const;
     return database === "ok" ? c.json(body, 200) : c.json(body, 503);
   });
 
@@ -48,7 +60,10 @@ export function registerSystemRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayConte
     path: "/metrics",
     summary: "Prometheus metrics: HTTP requests, executions, billed units, rejections",
     responses: {
-      200: { description: "Prometheus text exposition format", content: { "text/plain": { schema: z.string() } } },
+      200: {
+        description: "Prometheus text exposition format",
+        content: { "text/plain": { schema: z.string() } },
+      },
     },
   });
   app.openapi(metrics, async (c) => {

@@ -15,10 +15,13 @@ export function registerTokenRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     method: "post",
     path: "/v1/tokens",
     summary: "Mint a short-lived execute-only token (EdDSA JWT) from an API key",
-    description: "The token carries the key's identity and limits; it is verified by signature alone.",
+    description:
+      "The token carries the key's identity and limits; it is verified by signature alone.",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
-    request: { body: { required: true, content: { "application/json": { schema: TokenRequestSchema } } } },
+    request: {
+      body: { required: true, content: { "application/json": { schema: TokenRequestSchema } } },
+    },
     responses: {
       201: { description: "The token", content: { "application/json": { schema: TokenSchema } } },
       ...problemResponses(400, 401, 403, 413, 415, 422, 429),
@@ -26,17 +29,34 @@ export function registerTokenRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
   });
   app.openapi(mintRoute, async (c) => {
     const principal = c.get("principal");
-    if (principal.token !== null) throw new ProblemError("insufficient-scope", "tokens cannot mint tokens; use an API key");
+    if (principal.token !== null)
+      throw new ProblemError("insufficient-scope", "tokens cannot mint tokens; use an API key");
     const body = c.req.valid("json");
-    const ttlSeconds = Math.min(body.ttl_seconds ?? DEFAULT_TTL_SECONDS, ctx.config.maxTokenTtlSeconds);
+    const ttlSeconds = Math.min(
+      body.ttl_seconds ?? DEFAULT_TTL_SECONDS,
+      ctx.config.maxTokenTtlSeconds,
+    );
     const templates = body.templates ?? null;
     const maxExecutions = body.max_executions ?? null;
     const scopes: Scope[] = [...new Set<Scope>(body.scopes ?? ["execute"])];
     const missing = scopes.filter((scope) => !hasScope(principal, scope));
-    if (missing.length > 0) throw new ProblemError("insufficient-scope", `this key does not hold ${missing.join(", ")}`);
-    const minted = await ctx.tokens.mint(principal, { ttlSeconds, templates, maxExecutions, scopes });
+    if (missing.length > 0)
+      throw new ProblemError("insufficient-scope", `this key does not hold ${missing.join(", ")}`);
+    const minted = await ctx.tokens.mint(principal, {
+      ttlSeconds,
+      templates,
+      maxExecutions,
+      scopes,
+    });
     return c.json(
-      { token: minted.token, token_id: minted.id, expires_at: minted.expiresAt.toISOString(), templates, max_executions: maxExecutions, scopes },
+      {
+        token: minted.token,
+        token_id: minted.id,
+        expires_at: minted.expiresAt.toISOString(),
+        templates,
+        max_executions: maxExecutions,
+        scopes,
+      },
       201,
     );
   });

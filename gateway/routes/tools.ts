@@ -6,7 +6,12 @@ import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { formatTools } from "../tools/definitions.js";
 import { type ToolResult, type ToolRunner, toolResultText } from "../tools/runner.js";
-import { AUTHENTICATED, IDEMPOTENCY_KEY_HEADER, idempotencyKeyOf, problemResponses } from "./openapi-helpers.js";
+import {
+  AUTHENTICATED,
+  IDEMPOTENCY_KEY_HEADER,
+  idempotencyKeyOf,
+  problemResponses,
+} from "./openapi-helpers.js";
 
 export const EXECUTION_ID_HEADER = "sandfork-execution-id";
 
@@ -14,10 +19,19 @@ const OpenAIToolCallSchema = z
   .object({
     id: z.string().min(1).max(512),
     type: z.literal("function"),
-    function: z.object({ name: z.string(), arguments: z.string().openapi({ description: "The model's JSON text; invalid JSON is reported to the model" }) }).loose(),
+    function: z
+      .object({
+        name: z.string(),
+        arguments: z
+          .string()
+          .openapi({ description: "The model's JSON text; invalid JSON is reported to the model" }),
+      })
+      .loose(),
   })
   .loose()
-  .openapi("OpenAIToolCall", { description: "One item of an OpenAI assistant message's tool_calls" });
+  .openapi("OpenAIToolCall", {
+    description: "One item of an OpenAI assistant message's tool_calls",
+  });
 
 const AnthropicToolUseSchema = z
   .object({
@@ -27,32 +41,59 @@ const AnthropicToolUseSchema = z
     input: z.unknown().openapi({ description: "The model's arguments object" }),
   })
   .loose()
-  .openapi("AnthropicToolUse", { description: "A tool_use content block of an Anthropic assistant message" });
+  .openapi("AnthropicToolUse", {
+    description: "A tool_use content block of an Anthropic assistant message",
+  });
 
 const OpenAIToolMessageSchema = z
   .object({ role: z.literal("tool"), tool_call_id: z.string(), content: z.string() })
-  .openapi("OpenAIToolMessage", { description: "The message to append after the assistant message" });
+  .openapi("OpenAIToolMessage", {
+    description: "The message to append after the assistant message",
+  });
 
 const AnthropicToolResultSchema = z
-  .object({ type: z.literal("tool_result"), tool_use_id: z.string(), content: z.string(), is_error: z.boolean() })
-  .openapi("AnthropicToolResult", { description: "The content block to send in the next user message" });
+  .object({
+    type: z.literal("tool_result"),
+    tool_use_id: z.string(),
+    content: z.string(),
+    is_error: z.boolean(),
+  })
+  .openapi("AnthropicToolResult", {
+    description: "The content block to send in the next user message",
+  });
 
-const ToolListSchema = z.object({ tools: z.array(z.record(z.string(), z.unknown())) }).openapi("ToolList");
+const ToolListSchema = z
+  .object({ tools: z.array(z.record(z.string(), z.unknown())) })
+  .openapi("ToolList");
 
-export function registerToolRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext, runner: ToolRunner): void {
+export function registerToolRoutes(
+  app: OpenAPIHono<AppEnv>,
+  ctx: GatewayContext,
+  runner: ToolRunner,
+): void {
   const listTools = createRoute({
     method: "get",
     path: "/v1/tools",
-    summary: "The run_code and list_templates tools, ready for an OpenAI or Anthropic request's `tools`",
+    summary:
+      "The run_code and list_templates tools, ready for an OpenAI or Anthropic request's `tools`",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute")] as const,
-    request: { query: z.object({ format: z.enum(["openai", "anthropic"]).openapi({ description: "Whose tool format" }) }) },
+    request: {
+      query: z.object({
+        format: z.enum(["openai", "anthropic"]).openapi({ description: "Whose tool format" }),
+      }),
+    },
     responses: {
-      200: { description: "Tool definitions with the JSON Schema of their arguments", content: { "application/json": { schema: ToolListSchema } } },
+      200: {
+        description: "Tool definitions with the JSON Schema of their arguments",
+        content: { "application/json": { schema: ToolListSchema } },
+      },
       ...problemResponses(401, 403, 422, 429),
     },
   });
-  app.openapi(listTools, (c) => c.json({ tools: formatTools(runner.definitions, c.req.valid("query").format) }, 200));
+  app.openapi(listTools, (c) =>
+    c.json({ tools: formatTools(runner.definitions, c.req.valid("query").format) }, 200),
+  );
 
   const toolCall = createRoute({
     method: "post",
@@ -67,12 +108,21 @@ export function registerToolRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
     parameters: [IDEMPOTENCY_KEY_HEADER],
     request: {
-      body: { required: true, content: { "application/json": { schema: z.union([OpenAIToolCallSchema, AnthropicToolUseSchema]) } } },
+      body: {
+        required: true,
+        content: {
+          "application/json": { schema: z.union([OpenAIToolCallSchema, AnthropicToolUseSchema]) },
+        },
+      },
     },
     responses: {
       200: {
         description: "The tool message (OpenAI) or tool_result block (Anthropic)",
-        content: { "application/json": { schema: z.union([OpenAIToolMessageSchema, AnthropicToolResultSchema]) } },
+        content: {
+          "application/json": {
+            schema: z.union([OpenAIToolMessageSchema, AnthropicToolResultSchema]),
+          },
+        },
       },
       ...problemResponses(400, 401, 403, 413, 415, 422, 429),
     },
@@ -82,14 +132,35 @@ export function registerToolRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext
     const principal = c.get("principal");
     const call = c.req.valid("json");
     const withExecutionId = (result: ToolResult) => {
-      if (!result.isError && result.executionId !== null) c.header(EXECUTION_ID_HEADER, result.executionId);
+      if (!result.isError && result.executionId !== null)
+        c.header(EXECUTION_ID_HEADER, result.executionId);
       return result;
     };
     if (call.type === "function") {
-      const result = withExecutionId(await runner.callWithJson(principal, call.function.name, call.function.arguments, idempotencyKey));
-      return c.json({ role: "tool" as const, tool_call_id: call.id, content: toolResultText(result) }, 200);
+      const result = withExecutionId(
+        await runner.callWithJson(
+          principal,
+          call.function.name,
+          call.function.arguments,
+          idempotencyKey,
+        ),
+      );
+      return c.json(
+        { role: "tool" as const, tool_call_id: call.id, content: toolResultText(result) },
+        200,
+      );
     }
-    const result = withExecutionId(await runner.call(principal, call.name, call.input, idempotencyKey));
-    return c.json({ type: "tool_result" as const, tool_use_id: call.id, content: toolResultText(result), is_error: result.isError }, 200);
+    const result = withExecutionId(
+      await runner.call(principal, call.name, call.input, idempotencyKey),
+    );
+    return c.json(
+      {
+        type: "tool_result" as const,
+        tool_use_id: call.id,
+        content: toolResultText(result),
+        is_error: result.isError,
+      },
+      200,
+    );
   });
 }

@@ -8,12 +8,18 @@ import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate } from "../middleware.js";
 import { ProblemError } from "../problems.js";
-import { UsageQuerySchema, UsageSchema, UsageSeriesQuerySchema, UsageSeriesSchema } from "../schemas.js";
+import {
+  UsageQuerySchema,
+  UsageSchema,
+  UsageSeriesQuerySchema,
+  UsageSeriesSchema,
+} from "../schemas.js";
 import { AUTHENTICATED, balanceJson, problemResponses } from "./openapi-helpers.js";
 
 const BUCKET_MS = { hour: 3_600_000, day: 86_400_000 } as const;
 const MAX_BUCKETS = 1_000;
-const startOfUtcMonth = (now: Date) => new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
+const startOfUtcMonth = (now: Date) =>
+  new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1));
 
 export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
   const usageRoute = createRoute({
@@ -34,7 +40,11 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     let keyId = principal.keyId;
     let accountId = principal.accountId;
     if (query.key_id !== undefined && query.key_id !== principal.keyId) {
-      if (!hasScope(principal, "admin")) throw new ProblemError("insufficient-scope", "only an admin key may read another key's usage");
+      if (!hasScope(principal, "admin"))
+        throw new ProblemError(
+          "insufficient-scope",
+          "only an admin key may read another key's usage",
+        );
       const key = await findKeyById(ctx.db, query.key_id);
       if (key === undefined) throw new ProblemError("not-found", `no key ${query.key_id}`);
       keyId = key.id;
@@ -44,7 +54,11 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     const to = query.to === undefined ? now : new Date(query.to);
     const from = query.from === undefined ? startOfUtcMonth(now) : new Date(query.from);
     if (from >= to) throw new ProblemError("validation-failed", "`from` must be before `to`");
-    const [usage, sessions, balance] = await Promise.all([usageForKey(ctx.db, keyId, from, to), sessionUsageForKey(ctx.db, keyId, from, to), getBalance(ctx.db, accountId)]);
+    const [usage, sessions, balance] = await Promise.all([
+      usageForKey(ctx.db, keyId, from, to),
+      sessionUsageForKey(ctx.db, keyId, from, to),
+      getBalance(ctx.db, accountId),
+    ]);
     if (balance === undefined) throw new ProblemError("not-found", `no account ${accountId}`);
     return c.json(
       {
@@ -56,7 +70,11 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
         executions: usage.executions,
         units: usage.units + sessions.units,
         by_template: usage.byTemplate,
-        sessions: { units: sessions.units, running_gib_seconds: sessions.runningGibSeconds, checkpoint_gib_hours: sessions.checkpointGibHours },
+        sessions: {
+          units: sessions.units,
+          running_gib_seconds: sessions.runningGibSeconds,
+          checkpoint_gib_hours: sessions.checkpointGibHours,
+        },
         balance: balanceJson(ctx.leases.asSeenByCallers(balance)),
       },
       200,
@@ -72,7 +90,10 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     middleware: [authenticate(ctx, "usage:read")] as const,
     request: { query: UsageSeriesQuerySchema },
     responses: {
-      200: { description: "Usage by bucket and template", content: { "application/json": { schema: UsageSeriesSchema } } },
+      200: {
+        description: "Usage by bucket and template",
+        content: { "application/json": { schema: UsageSeriesSchema } },
+      },
       ...problemResponses(401, 403, 422, 429),
     },
   });
@@ -81,10 +102,14 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     const query = c.req.valid("query");
     const bucket = query.bucket ?? "hour";
     const size = BUCKET_MS[bucket];
-    const to = Math.ceil((query.to === undefined ? Date.now() : Date.parse(query.to)) / size) * size;
-    const from = Math.floor((query.from === undefined ? to - 24 * size : Date.parse(query.from)) / size) * size;
+    const to =
+      Math.ceil((query.to === undefined ? Date.now() : Date.parse(query.to)) / size) * size;
+    const from =
+      Math.floor((query.from === undefined ? to - 24 * size : Date.parse(query.from)) / size) *
+      size;
     if (from >= to) throw new ProblemError("validation-failed", "`from` must be before `to`");
-    if ((to - from) / size > MAX_BUCKETS) throw new ProblemError("validation-failed", `at most ${MAX_BUCKETS} buckets`);
+    if ((to - from) / size > MAX_BUCKETS)
+      throw new ProblemError("validation-failed", `at most ${MAX_BUCKETS} buckets`);
     const points = await usageSeries(ctx.db, principal.keyId, bucket, new Date(from), new Date(to));
     return c.json(
       {
@@ -93,7 +118,12 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
         from: new Date(from).toISOString(),
         to: new Date(to).toISOString(),
         unit: ctx.config.pricing.unitName,
-        points: points.map((p) => ({ at: p.at.toISOString(), template: p.template, executions: p.executions, units: p.units })),
+        points: points.map((p) => ({
+          at: p.at.toISOString(),
+          template: p.template,
+          executions: p.executions,
+          units: p.units,
+        })),
       },
       200,
     );

@@ -32,7 +32,6 @@ import { requireVmmBinary } from "../../runtime/testing/real-daemon.js";
 import { type GatewayProcess, issueKey, startGatewayProcess } from "./gateway-process.js";
 import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./kvm-tier.js";
 
-
 const GRANT = 10_000_000;
 const WORKERS = 8;
 /**
@@ -62,11 +61,24 @@ interface Caller {
   accountId: string;
 }
 
-async function post(gateway: GatewayProcess, caller: Caller, idempotencyKey: string, keyed = true): Promise<Sent> {
-  const headers: Record<string, string> = { authorization: `Bearer ${caller.key}`, "content-type": "application/json" };
+async function post(
+  gateway: GatewayProcess,
+  caller: Caller,
+  idempotencyKey: string,
+  keyed = true,
+): Promise<Sent> {
+  const headers: Record<string, string> = {
+    authorization: `Bearer ${caller.key}`,
+    "content-type": "application/json",
+  };
   if (keyed) headers["idempotency-key"] = idempotencyKey;
   try {
-    const response = await fetch(`${gateway.url}/v1/executions`, { method: "POST", headers, body: BODY, signal: AbortSignal.timeout(20_000 * timeScale) });
+    const response = await fetch(`${gateway.url}/v1/executions`, {
+      method: "POST",
+      headers,
+      body: BODY,
+      signal: AbortSignal.timeout(20_000 * timeScale),
+    });
     return { idempotencyKey, keyed, status: response.status, body: await response.text() };
   } catch {
     return { idempotencyKey, keyed, status: undefined, body: "" };
@@ -88,7 +100,9 @@ function killWhenAnswered(atLeastMs: number): { onSent(sent: Sent): void; due: P
       seen[sent.keyed ? "keyed" : "keyless"] = true;
       if (seen.keyed && seen.keyless) bothSeen();
     },
-    due: Promise.all([sleep(atLeastMs), Promise.race([answered, sleep(20 * atLeastMs)])]).then(() => {}),
+    due: Promise.all([sleep(atLeastMs), Promise.race([answered, sleep(20 * atLeastMs)])]).then(
+      () => {},
+    ),
   };
 }
 
@@ -96,7 +110,13 @@ function killWhenAnswered(atLeastMs: number): { onSent(sent: Sent): void; due: P
  * WORKERS loops sending executions until `until` resolves, each answer passed to `onSent`; each
  * request has its own name, every other one sent as its Idempotency-Key.
  */
-function load(gateway: () => GatewayProcess, caller: Caller, prefix: string, until: Promise<unknown>, onSent: (sent: Sent) => void): Promise<Sent[]> {
+function load(
+  gateway: () => GatewayProcess,
+  caller: Caller,
+  prefix: string,
+  until: Promise<unknown>,
+  onSent: (sent: Sent) => void,
+): Promise<Sent[]> {
   const sent: Sent[] = [];
   let stop = false;
   void until.then(() => (stop = true));
@@ -133,7 +153,13 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
         socketPath: join(dir, "vmm.sock"),
         templatesDir: join(dir, "templates"),
         databaseUrl: fresh?.url,
-        env: { SANDFORK_TEMPLATES: "python", SANDFORK_VMM_BIN: requireVmmBinary(), SANDFORK_VMM_SERVE_ARGS: "--pool-size 2", SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale), ...scaledDaemonReadyEnv },
+        env: {
+          SANDFORK_TEMPLATES: "python",
+          SANDFORK_VMM_BIN: requireVmmBinary(),
+          SANDFORK_VMM_SERVE_ARGS: "--pool-size 2",
+          SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
+          ...scaledDaemonReadyEnv,
+        },
         startTimeoutMs: 120_000 * timeScale,
       });
 
@@ -182,16 +208,29 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
       const dataDir = join(dir, "data", "data");
       // On PGlite, what the killed gateway answered and had not folded yet is in its record
       // journal (db/record-journal.ts), and opening the database bills it: every line, once.
-      const journaled = fresh === undefined ? (await readFile(join(dataDir, JOURNAL_FILE), "utf8")).split("\n").length - 1 : 0;
+      const journaled =
+        fresh === undefined
+          ? (await readFile(join(dataDir, JOURNAL_FILE), "utf8")).split("\n").length - 1
+          : 0;
       const open = fresh ?? (await openDatabase({ backend: "pglite", dataDir }));
       if (open.journalReplay !== undefined) {
-        console.log(`records the killed gateway left in its record journal: ${journaled}, billed at the next open: ${open.journalReplay.folded}`);
+        console.log(
+          `records the killed gateway left in its record journal: ${journaled}, billed at the next open: ${open.journalReplay.folded}`,
+        );
         expect(open.journalReplay.folded + open.journalReplay.alreadyRecorded).toBe(journaled);
         expect(open.journalReplay.unreadable).toBe(0);
       }
       try {
-        const rows = await open.db.select({ id: executions.id }).from(executions).where(sql`${executions.accountId} = ${caller.accountId} AND ${executions.status} = 'running'`);
-        const leases = await open.db.select().from(creditLeases).where(eq(creditLeases.accountId, caller.accountId));
+        const rows = await open.db
+          .select({ id: executions.id })
+          .from(executions)
+          .where(
+            sql`${executions.accountId} = ${caller.accountId} AND ${executions.status} = 'running'`,
+          );
+        const leases = await open.db
+          .select()
+          .from(creditLeases)
+          .where(eq(creditLeases.accountId, caller.accountId));
         return { running: rows.length, leases: leases.length };
       } finally {
         if (fresh === undefined) await open.close();
@@ -204,39 +243,77 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
      * billed once (committed, answer lost), and once the keyed ones were retried (`retried`) those
      * can only be keyless.
      */
-    async function reconcile(answered: Map<string, { id: string; units: number }>, retried: boolean) {
+    async function reconcile(
+      answered: Map<string, { id: string; units: number }>,
+      retried: boolean,
+    ) {
       // One snapshot of the books: on PostgreSQL the live gateway may give an idle lease back between
       // two separate reads (the account's reserved units read before, the lease rows after).
-      await withBooks(({ db }) => db.transaction(async (tx) => {
-        const rows = await tx.select().from(executions).where(eq(executions.accountId, caller.accountId));
-        const byId = new Map(rows.map((r) => [r.id, r]));
-        for (const [idempotencyKey, { id, units }] of answered) {
-          expect(byId.get(id), `answered ${idempotencyKey}`).toMatchObject({ status: "completed", chargedUnits: units });
-        }
-        for (const a of answered.values()) answeredEver.add(a.id);
-        const billedUnanswered = rows.filter((r) => r.status === "completed" && !answeredEver.has(r.id));
-        expect(billedUnanswered.length).toBeLessThanOrEqual(cutOffEver);
-        if (retried) expect(billedUnanswered.filter((r) => r.idempotencyKey !== null)).toEqual([]);
-        // A record is its execution's one charge: only finished ones carry one; none still holds credits.
-        expect(rows.filter((r) => (r.chargedUnits ?? 0) > 0 && r.status !== "completed")).toEqual([]);
-        expect(rows.filter((r) => r.status === "running")).toEqual([]);
-        // Each Idempotency-Key names at most one billed execution.
-        const billedKeys = rows.filter((r) => r.status === "completed" && r.idempotencyKey !== null).map((r) => r.idempotencyKey);
-        expect(new Set(billedKeys).size).toBe(billedKeys.length);
+      await withBooks(({ db }) =>
+        db.transaction(
+          async (tx) => {
+            const rows = await tx
+              .select()
+              .from(executions)
+              .where(eq(executions.accountId, caller.accountId));
+            const byId = new Map(rows.map((r) => [r.id, r]));
+            for (const [idempotencyKey, { id, units }] of answered) {
+              expect(byId.get(id), `answered ${idempotencyKey}`).toMatchObject({
+                status: "completed",
+                chargedUnits: units,
+              });
+            }
+            for (const a of answered.values()) answeredEver.add(a.id);
+            const billedUnanswered = rows.filter(
+              (r) => r.status === "completed" && !answeredEver.has(r.id),
+            );
+            expect(billedUnanswered.length).toBeLessThanOrEqual(cutOffEver);
+            if (retried)
+              expect(billedUnanswered.filter((r) => r.idempotencyKey !== null)).toEqual([]);
+            // A record is its execution's one charge: only finished ones carry one; none still holds credits.
+            expect(
+              rows.filter((r) => (r.chargedUnits ?? 0) > 0 && r.status !== "completed"),
+            ).toEqual([]);
+            expect(rows.filter((r) => r.status === "running")).toEqual([]);
+            // Each Idempotency-Key names at most one billed execution.
+            const billedKeys = rows
+              .filter((r) => r.status === "completed" && r.idempotencyKey !== null)
+              .map((r) => r.idempotencyKey);
+            expect(new Set(billedKeys).size).toBe(billedKeys.length);
 
-        const [account] = await tx.select().from(accounts).where(eq(accounts.id, caller.accountId));
-        const ledger = await tx.select().from(usageLedger).where(eq(usageLedger.accountId, caller.accountId));
-        expect(ledger.map((l) => l.kind)).toEqual(["grant"]);
-        const grants = ledger.reduce((sum, l) => sum + l.units, 0);
-        const spent = rows.reduce((sum, r) => sum + (r.chargedUnits ?? 0), 0);
-        expect(grants).toBe(GRANT);
-        // Nothing is held but what the live gateway's credit lease holds (none of a dead one's).
-        const leases = await tx.select().from(creditLeases).where(eq(creditLeases.accountId, caller.accountId));
-        expect(new Set(leases.filter((l) => l.units > 0).map((l) => l.gatewayId)).size).toBeLessThanOrEqual(1);
-        expect(account).toMatchObject({ balanceUnits: grants - spent, reservedUnits: leases.reduce((sum, l) => sum + l.units, 0) });
-        const [{ negative }] = (await tx.select({ negative: sql<number>`count(*)::int` }).from(accounts).where(sql`${accounts.balanceUnits} < 0`)) as [{ negative: number }];
-        expect(negative).toBe(0);
-      }, { isolationLevel: "repeatable read", accessMode: "read only" }));
+            const [account] = await tx
+              .select()
+              .from(accounts)
+              .where(eq(accounts.id, caller.accountId));
+            const ledger = await tx
+              .select()
+              .from(usageLedger)
+              .where(eq(usageLedger.accountId, caller.accountId));
+            expect(ledger.map((l) => l.kind)).toEqual(["grant"]);
+            const grants = ledger.reduce((sum, l) => sum + l.units, 0);
+            const spent = rows.reduce((sum, r) => sum + (r.chargedUnits ?? 0), 0);
+            expect(grants).toBe(GRANT);
+            // Nothing is held but what the live gateway's credit lease holds (none of a dead one's).
+            const leases = await tx
+              .select()
+              .from(creditLeases)
+              .where(eq(creditLeases.accountId, caller.accountId));
+            expect(
+              new Set(leases.filter((l) => l.units > 0).map((l) => l.gatewayId)).size,
+            ).toBeLessThanOrEqual(1);
+            expect(account).toMatchObject({
+              balanceUnits: grants - spent,
+              reservedUnits: leases.reduce((sum, l) => sum + l.units, 0),
+            });
+            const [{ negative }] = (await tx
+              .select({ negative: sql<number>`count(*)::int` })
+              .from(accounts)
+              .where(sql`${accounts.balanceUnits} < 0`)) as [{ negative: number }];
+            expect(negative).toBe(0);
+          },
+          { isolationLevel: "repeatable read", accessMode: "read only" },
+        ),
+      );
     }
 
     /**
@@ -244,16 +321,26 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
      * keyed requests can be retried: a keyless one cut off is billed once (its record committed
      * before the answer was lost) or not at all.
      */
-    function answeredOf(sent: Sent[]): { answered: Map<string, { id: string; units: number }>; unanswered: string[]; cutOff: number } {
+    function answeredOf(sent: Sent[]): {
+      answered: Map<string, { id: string; units: number }>;
+      unanswered: string[];
+      cutOff: number;
+    } {
       const answered = new Map<string, { id: string; units: number }>();
       const unanswered: string[] = [];
       for (const s of sent) {
         if (s.status === 200) {
-          const body = JSON.parse(s.body) as { id: string; status: string; stdout: string; usage: { units: number } };
+          const body = JSON.parse(s.body) as {
+            id: string;
+            status: string;
+            stdout: string;
+            usage: { units: number };
+          };
           expect(body).toMatchObject({ status: "completed", stdout: "42\n" });
           answered.set(s.idempotencyKey, { id: body.id, units: body.usage.units });
         } else {
-          if (s.status !== undefined) expect(JSON.parse(s.body), s.body).toMatchObject({ retryable: true });
+          if (s.status !== undefined)
+            expect(JSON.parse(s.body), s.body).toMatchObject({ retryable: true });
           if (s.keyed) unanswered.push(s.idempotencyKey);
         }
       }
@@ -263,7 +350,10 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
     }
 
     /** Retries every request that got no 200, with its key: each now gets one, billed once. */
-    async function retryUnanswered(unanswered: string[], answered: Map<string, { id: string; units: number }>) {
+    async function retryUnanswered(
+      unanswered: string[],
+      answered: Map<string, { id: string; units: number }>,
+    ) {
       for (const idempotencyKey of unanswered) {
         const gateway = await running();
         let retried = await post(gateway, caller, idempotencyKey);
@@ -278,48 +368,65 @@ export function describeExactlyOnce(backend: DatabaseBackend): void {
       }
     }
 
-    it("SIGKILL of the gateway mid-load: after the restart every 200 is billed once, the dead gateway's holds are released", async () => {
-      await running();
-      const trigger = killWhenAnswered(LOAD_BEFORE_KILL_MS);
-      const killed = trigger.due.then(() => gateway.stop("SIGKILL"));
-      const sent = await load(() => gateway, caller, "gateway-kill", killed, trigger.onSent);
-      await killed;
-      const { answered, unanswered, cutOff } = answeredOf(sent);
-      expect(answered.size, "executions answered before the kill").toBeGreaterThan(0);
-      expect(cutOff, "requests cut off by the kill").toBeGreaterThan(0);
-      expect(sent.some((s) => s.status === 200 && !s.keyed), "keyless executions answered before the kill").toBe(true);
+    it(
+      "SIGKILL of the gateway mid-load: after the restart every 200 is billed once, the dead gateway's holds are released",
+      async () => {
+        await running();
+        const trigger = killWhenAnswered(LOAD_BEFORE_KILL_MS);
+        const killed = trigger.due.then(() => gateway.stop("SIGKILL"));
+        const sent = await load(() => gateway, caller, "gateway-kill", killed, trigger.onSent);
+        await killed;
+        const { answered, unanswered, cutOff } = answeredOf(sent);
+        expect(answered.size, "executions answered before the kill").toBeGreaterThan(0);
+        expect(cutOff, "requests cut off by the kill").toBeGreaterThan(0);
+        expect(
+          sent.some((s) => s.status === 200 && !s.keyed),
+          "keyless executions answered before the kill",
+        ).toBe(true);
 
-      // What the dead gateway left holding credits: exactly these the next start releases.
-      const abandoned = await heldWhileDown();
-      expect(abandoned.leases, "the dead gateway's credit lease").toBe(1);
-      gateway = await start();
-      const log = gateway.log.join("\n");
-      const released = /released (\d+) reservation\(s\) left by a stopped gateway/.exec(log)?.[1];
-      expect(Number(released ?? 0)).toBe(abandoned.running);
-      const givenBack = /gave back (\d+) credit lease\(s\) of stopped gateways/.exec(log)?.[1];
-      expect(Number(givenBack ?? 0)).toBe(abandoned.leases);
-      // Before the retries too where the books can be read beside the gateway (PostgreSQL; on PGlite
-      // it would cost another restart, and the reconciliation after the retries checks it all again).
-      if (fresh !== undefined) await reconcile(answered, false);
-      await retryUnanswered(unanswered, answered);
-      await reconcile(answered, true);
-    }, RESTART_TEST_TIMEOUT_MS);
+        // What the dead gateway left holding credits: exactly these the next start releases.
+        const abandoned = await heldWhileDown();
+        expect(abandoned.leases, "the dead gateway's credit lease").toBe(1);
+        gateway = await start();
+        const log = gateway.log.join("\n");
+        const released = /released (\d+) reservation\(s\) left by a stopped gateway/.exec(log)?.[1];
+        expect(Number(released ?? 0)).toBe(abandoned.running);
+        const givenBack = /gave back (\d+) credit lease\(s\) of stopped gateways/.exec(log)?.[1];
+        expect(Number(givenBack ?? 0)).toBe(abandoned.leases);
+        // Before the retries too where the books can be read beside the gateway (PostgreSQL; on PGlite
+        // it would cost another restart, and the reconciliation after the retries checks it all again).
+        if (fresh !== undefined) await reconcile(answered, false);
+        await retryUnanswered(unanswered, answered);
+        await reconcile(answered, true);
+      },
+      RESTART_TEST_TIMEOUT_MS,
+    );
 
-    it("SIGKILL of the daemon mid-load: every 200 is billed once, every failed execution released, retries bill once", async () => {
-      const daemonPid = (await running()).daemonPid();
-      const trigger = killWhenAnswered(LOAD_BEFORE_KILL_MS);
-      const killed = trigger.due.then(() => process.kill(daemonPid, "SIGKILL"));
-      // Load goes on through the restart of the daemon and a while after it.
-      const sent = await load(() => gateway, caller, "daemon-kill", killed.then(() => sleep(LOAD_AFTER_RESTART_MS)), trigger.onSent);
-      const { answered, unanswered } = answeredOf(sent);
-      expect(answered.size).toBeGreaterThan(0);
-      expect(gateway.daemonPid(), "the supervisor restarted the daemon").not.toBe(daemonPid);
+    it(
+      "SIGKILL of the daemon mid-load: every 200 is billed once, every failed execution released, retries bill once",
+      async () => {
+        const daemonPid = (await running()).daemonPid();
+        const trigger = killWhenAnswered(LOAD_BEFORE_KILL_MS);
+        const killed = trigger.due.then(() => process.kill(daemonPid, "SIGKILL"));
+        // Load goes on through the restart of the daemon and a while after it.
+        const sent = await load(
+          () => gateway,
+          caller,
+          "daemon-kill",
+          killed.then(() => sleep(LOAD_AFTER_RESTART_MS)),
+          trigger.onSent,
+        );
+        const { answered, unanswered } = answeredOf(sent);
+        expect(answered.size).toBeGreaterThan(0);
+        expect(gateway.daemonPid(), "the supervisor restarted the daemon").not.toBe(daemonPid);
 
-      // Before the retries too where the books can be read beside the gateway (PostgreSQL; on PGlite
-      // it would cost another restart, and the reconciliation after the retries checks it all again).
-      if (fresh !== undefined) await reconcile(answered, false);
-      await retryUnanswered(unanswered, answered);
-      await reconcile(answered, true);
-    }, RESTART_TEST_TIMEOUT_MS);
+        // Before the retries too where the books can be read beside the gateway (PostgreSQL; on PGlite
+        // it would cost another restart, and the reconciliation after the retries checks it all again).
+        if (fresh !== undefined) await reconcile(answered, false);
+        await retryUnanswered(unanswered, answered);
+        await reconcile(answered, true);
+      },
+      RESTART_TEST_TIMEOUT_MS,
+    );
   });
 }

@@ -57,13 +57,18 @@ export function freePort(): Promise<number> {
     server.once("error", reject);
     server.listen(0, "127.0.0.1", () => {
       const address = server.address();
-      server.close(() => (typeof address === "object" && address !== null ? resolve(address.port) : reject(new Error("no port"))));
+      server.close(() =>
+        typeof address === "object" && address !== null
+          ? resolve(address.port)
+          : reject(new Error("no port")),
+      );
     });
   });
 }
 
 export async function startGatewayProcess(options: GatewayProcessOptions): Promise<GatewayProcess> {
-  if (options.databaseUrl === undefined) await copySeedTo(join(options.dataDir, EMBEDDED_DATABASE_DIR));
+  if (options.databaseUrl === undefined)
+    await copySeedTo(join(options.dataDir, EMBEDDED_DATABASE_DIR));
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     PORT: String(await freePort()),
@@ -75,11 +80,15 @@ export async function startGatewayProcess(options: GatewayProcessOptions): Promi
   };
   if (options.databaseUrl === undefined) delete env.DATABASE_URL;
   else env.DATABASE_URL = options.databaseUrl;
-  const child = spawn(process.execPath, [...testNodeFlags, ...(options.nodeArgs ?? []), "--import", "tsx", MAIN], {
-    cwd: REPOSITORY,
-    env,
-    stdio: ["ignore", "pipe", "pipe"],
-  });
+  const child = spawn(
+    process.execPath,
+    [...testNodeFlags, ...(options.nodeArgs ?? []), "--import", "tsx", MAIN],
+    {
+      cwd: REPOSITORY,
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   const log: string[] = [];
   const admin: { key?: string; accountId?: string } = {};
   const ready = new Promise<string>((resolve, reject) => {
@@ -94,12 +103,26 @@ export async function startGatewayProcess(options: GatewayProcessOptions): Promi
     };
     createInterface({ input: child.stdout as NodeJS.ReadableStream }).on("line", onLine);
     createInterface({ input: child.stderr as NodeJS.ReadableStream }).on("line", onLine);
-    child.once("exit", (code, signal) => reject(new Error(`the gateway exited during start-up (${signal ?? `code ${code}`}):\n${log.join("\n")}`)));
+    child.once("exit", (code, signal) =>
+      reject(
+        new Error(
+          `the gateway exited during start-up (${signal ?? `code ${code}`}):\n${log.join("\n")}`,
+        ),
+      ),
+    );
   });
   const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`the gateway did not listen within ${options.startTimeoutMs ?? 60_000} ms:\n${log.join("\n")}`)), options.startTimeoutMs ?? 60_000);
+    timer = setTimeout(
+      () =>
+        reject(
+          new Error(
+            `the gateway did not listen within ${options.startTimeoutMs ?? 60_000} ms:\n${log.join("\n")}`,
+          ),
+        ),
+      options.startTimeoutMs ?? 60_000,
+    );
   });
   let url: string;
   try {
@@ -113,7 +136,10 @@ export async function startGatewayProcess(options: GatewayProcessOptions): Promi
   return {
     url,
     pid: child.pid as number,
-    admin: admin.key !== undefined && admin.accountId !== undefined ? { key: admin.key, accountId: admin.accountId } : undefined,
+    admin:
+      admin.key !== undefined && admin.accountId !== undefined
+        ? { key: admin.key, accountId: admin.accountId }
+        : undefined,
     log,
     daemonPid: () => Number(readFileSync(`${options.socketPath}.pid`, "utf8").split(" ")[0]),
     stop: (signal = "SIGTERM") => kill(child, exited, signal),
@@ -121,7 +147,11 @@ export async function startGatewayProcess(options: GatewayProcessOptions): Promi
 }
 
 /** A key made with the admin key its first start printed: `credits` and limits no test reaches. */
-export async function issueKey(gateway: GatewayProcess, name: string, credits: number): Promise<{ key: string; accountId: string }> {
+export async function issueKey(
+  gateway: GatewayProcess,
+  name: string,
+  credits: number,
+): Promise<{ key: string; accountId: string }> {
   const admin = gateway.admin;
   if (admin === undefined) throw new Error(`no admin key printed:\n${gateway.log.join("\n")}`);
   const created = await fetch(`${gateway.url}/v1/keys`, {
@@ -129,12 +159,17 @@ export async function issueKey(gateway: GatewayProcess, name: string, credits: n
     headers: { authorization: `Bearer ${admin.key}`, "content-type": "application/json" },
     body: JSON.stringify({ name, credits, rate_limit_per_minute: 1_000_000, max_concurrency: 100 }),
   });
-  if (created.status !== 201) throw new Error(`POST /v1/keys answered ${created.status}: ${await created.text()}`);
+  if (created.status !== 201)
+    throw new Error(`POST /v1/keys answered ${created.status}: ${await created.text()}`);
   const key = (await created.json()) as { key: string; account_id: string };
   return { key: key.key, accountId: key.account_id };
 }
 
-async function kill(child: ChildProcess, exited: Promise<void>, signal: NodeJS.Signals): Promise<void> {
+async function kill(
+  child: ChildProcess,
+  exited: Promise<void>,
+  signal: NodeJS.Signals,
+): Promise<void> {
   if (child.exitCode === null && child.signalCode === null) child.kill(signal);
   await exited;
 }

@@ -8,7 +8,10 @@ import { join } from "node:path";
  * in the QEMU guest); the tests' timeouts and waits are multiplied by it.
  */
 export const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
-if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK_TEST_TIME_SCALE must be a whole number >= 1, got ${process.env.SANDFORK_TEST_TIME_SCALE}`);
+if (!Number.isSafeInteger(timeScale) || timeScale < 1)
+  throw new Error(
+    `SANDFORK_TEST_TIME_SCALE must be a whole number >= 1, got ${process.env.SANDFORK_TEST_TIME_SCALE}`,
+  );
 
 /**
  * SANDFORK_TEST_NODE_FLAGS: more `node` flags for the test workers and the gateway processes
@@ -16,7 +19,9 @@ if (!Number.isSafeInteger(timeScale) || timeScale < 1) throw new Error(`SANDFORK
  * optimizing wasm tier-up compiles PGlite's Postgres again in the background, which under QEMU's
  * software CPU doubles the time a PGlite database takes to open (~75 s against ~32 s).
  */
-export const testNodeFlags = (process.env.SANDFORK_TEST_NODE_FLAGS ?? "").split(/\s+/).filter((flag) => flag !== "");
+export const testNodeFlags = (process.env.SANDFORK_TEST_NODE_FLAGS ?? "")
+  .split(/\s+/)
+  .filter((flag) => flag !== "");
 
 /**
  * The daemon's ready timeout for a gateway a KVM test starts (SANDFORK_VMM_READY_TIMEOUT_MS):
@@ -29,7 +34,10 @@ export const scaledDaemonReadyEnv = { SANDFORK_VMM_READY_TIMEOUT_MS: String(15_0
  * built once linked in (SANDFORK_TEST_PYTHON_TEMPLATE_DIR, SANDFORK_TEST_NODE_TEMPLATE_DIR: start-up
  * finds them up to date); those it did not build are built there at start, as without the tier.
  */
-export async function templatesWithPrebuilt(dir: string, names: readonly ("python" | "node")[]): Promise<string> {
+export async function templatesWithPrebuilt(
+  dir: string,
+  names: readonly ("python" | "node")[],
+): Promise<string> {
   const templates = join(dir, "templates");
   await mkdir(templates, { recursive: true });
   for (const name of names) {

@@ -119,7 +119,10 @@ export async function startTestGateway(
       const { leases } = gateway.context;
       const stored = await leasedUnits(fresh.db, leases.gatewayId, accountId);
       const spending = leases.leaseOn(accountId).units;
-      if (stored !== spending) throw new Error(`the database records a lease of ${stored} units on ${accountId}; the gateway spends one of ${spending}`);
+      if (stored !== spending)
+        throw new Error(
+          `the database records a lease of ${stored} units on ${accountId}; the gateway spends one of ${spending}`,
+        );
       await leases.giveBackAll();
       return getBalance(fresh.db, accountId);
     },
@@ -131,7 +134,9 @@ export async function startTestGateway(
         body = JSON.stringify(o.body);
         headers["content-type"] = "application/json";
       }
-      return Promise.resolve(gateway.app.request(path, { method, headers, ...(body === undefined ? {} : { body }) }));
+      return Promise.resolve(
+        gateway.app.request(path, { method, headers, ...(body === undefined ? {} : { body }) }),
+      );
     },
     async dispose() {
       await telemetry.shutdown();
@@ -142,9 +147,15 @@ export async function startTestGateway(
 }
 
 /** Reads a problem+json answer and checks its status and `type` slug. */
-export async function expectProblem(response: Response, status: number, slug: string): Promise<Record<string, unknown>> {
+export async function expectProblem(
+  response: Response,
+  status: number,
+  slug: string,
+): Promise<Record<string, unknown>> {
   const text = await response.text();
-  const mismatch = response.status !== status || !response.headers.get("content-type")?.startsWith("application/problem+json");
+  const mismatch =
+    response.status !== status ||
+    !response.headers.get("content-type")?.startsWith("application/problem+json");
   const body = JSON.parse(text) as Record<string, unknown>;
   if (mismatch || body.type !== `https://sandfork.dev/problems/${slug}` || body.status !== status) {
     throw new Error(`expected ${status} ${slug}, got ${response.status} ${text}`);

@@ -13,21 +13,34 @@ export type ToolName = typeof RUN_CODE | typeof LIST_TEMPLATES;
 export function runCodeArguments(limits: ExecutionLimits) {
   return z
     .object({
-      language: z.string().min(1).max(64).describe('The language of the code, e.g. "python", "javascript" or "typescript" (list_templates names the languages available)'),
+      language: z
+        .string()
+        .min(1)
+        .max(64)
+        .describe(
+          'The language of the code, e.g. "python", "javascript" or "typescript" (list_templates names the languages available)',
+        ),
       code: z
         .string()
         .max(REQUEST_LIMITS.MAX_CODE_BYTES)
-        .describe(`The complete program to run; what it prints is the result. At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`),
+        .describe(
+          `The complete program to run; what it prints is the result. At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`,
+        ),
       stdin: z
         .string()
         .max(REQUEST_LIMITS.MAX_STDIN_BYTES)
         .optional()
-        .describe(`Text given to the program on standard input, at most ${REQUEST_LIMITS.MAX_STDIN_BYTES} bytes of UTF-8`),
+        .describe(
+          `Text given to the program on standard input, at most ${REQUEST_LIMITS.MAX_STDIN_BYTES} bytes of UTF-8`,
+        ),
       files: z
         .array(
           z
             .object({
-              path: z.string().min(1).describe(`Path relative to the working directory. ${WORK_PATH_RULES}`),
+              path: z
+                .string()
+                .min(1)
+                .describe(`Path relative to the working directory. ${WORK_PATH_RULES}`),
               content: z.string().describe("UTF-8 text"),
             })
             .strict(),
@@ -35,8 +48,16 @@ export function runCodeArguments(limits: ExecutionLimits) {
         .max(64)
         .superRefine((files, ctx) => refineFiles(files, ctx))
         .optional()
-        .describe(`Files placed in the working directory before the program starts; their contents and the code together at most ${REQUEST_LIMITS.MAX_FILES_BYTES} bytes`),
-      timeout_ms: z.number().int().min(1).max(limits.maxTimeoutMs).optional().describe(`Wall-clock limit in milliseconds (default ${limits.defaultTimeoutMs})`),
+        .describe(
+          `Files placed in the working directory before the program starts; their contents and the code together at most ${REQUEST_LIMITS.MAX_FILES_BYTES} bytes`,
+        ),
+      timeout_ms: z
+        .number()
+        .int()
+        .min(1)
+        .max(limits.maxTimeoutMs)
+        .optional()
+        .describe(`Wall-clock limit in milliseconds (default ${limits.defaultTimeoutMs})`),
     })
     .strict();
 }
@@ -56,18 +77,34 @@ export interface ToolDefinition {
 
 const RunCodeResult = z.object({
   execution_id: z.string(),
-  status: z.string().describe("completed (see exit_code), timed_out, memory_exceeded, output_exceeded, crashed or unsupported_syscall"),
+  status: z
+    .string()
+    .describe(
+      "completed (see exit_code), timed_out, memory_exceeded, output_exceeded, crashed or unsupported_syscall",
+    ),
   exit_code: z.number().int().nullable(),
   stdout: z.string(),
   stderr: z.string(),
   truncated: z.boolean(),
-  timings: z.object({ queue_ms: z.number(), fork_ms: z.number(), exec_ms: z.number(), total_ms: z.number() }),
+  timings: z.object({
+    queue_ms: z.number(),
+    fork_ms: z.number(),
+    exec_ms: z.number(),
+    total_ms: z.number(),
+  }),
   usage: z.object({ unit: z.string(), units: z.number().int() }),
 });
 export type RunCodeResult = z.infer<typeof RunCodeResult>;
 
 const ListTemplatesResult = z.object({
-  templates: z.array(z.object({ name: z.string(), language: z.string(), languages: z.array(z.string()), ready: z.boolean() })),
+  templates: z.array(
+    z.object({
+      name: z.string(),
+      language: z.string(),
+      languages: z.array(z.string()),
+      ready: z.boolean(),
+    }),
+  ),
 });
 export type ListTemplatesResult = z.infer<typeof ListTemplatesResult>;
 
@@ -88,7 +125,8 @@ export function toolDefinitions(limits: ExecutionLimits): ToolDefinition[] {
     },
     {
       name: LIST_TEMPLATES,
-      description: "Lists the sandbox templates and the language each runs (the values run_code accepts as language).",
+      description:
+        "Lists the sandbox templates and the language each runs (the values run_code accepts as language).",
       parameters: jsonSchema(ListTemplatesArguments),
       result: jsonSchema(ListTemplatesResult),
     },
@@ -101,7 +139,14 @@ export type ToolFormat = "openai" | "anthropic";
 export function formatTools(definitions: ToolDefinition[], format: ToolFormat) {
   return definitions.map((tool) =>
     format === "openai"
-      ? { type: "function" as const, function: { name: tool.name, description: tool.description, parameters: tool.parameters } }
-      : { name: tool.name, description: tool.description, input_schema: { ...tool.parameters, type: "object" as const } },
+      ? {
+          type: "function" as const,
+          function: { name: tool.name, description: tool.description, parameters: tool.parameters },
+        }
+      : {
+          name: tool.name,
+          description: tool.description,
+          input_schema: { ...tool.parameters, type: "object" as const },
+        },
   );
 }

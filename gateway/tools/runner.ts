@@ -33,8 +33,14 @@ export function toolResultText(result: ToolResult): string {
 
 function invalidArguments(tool: string, issues: z.core.$ZodIssue[]): ProblemError {
   const errors = issues.map((issue) => ({ path: issue.path.join("."), message: issue.message }));
-  const summary = errors.map((e) => (e.path === "" ? e.message : `${e.path}: ${e.message}`)).join("; ");
-  return new ProblemError("invalid-tool-arguments", `the arguments of ${tool} do not match its schema: ${summary}`, { extensions: { errors } });
+  const summary = errors
+    .map((e) => (e.path === "" ? e.message : `${e.path}: ${e.message}`))
+    .join("; ");
+  return new ProblemError(
+    "invalid-tool-arguments",
+    `the arguments of ${tool} do not match its schema: ${summary}`,
+    { extensions: { errors } },
+  );
 }
 
 function parseArguments<T>(tool: string, schema: z.ZodType<T>, args: unknown): T {
@@ -55,18 +61,31 @@ export class ToolRunner {
   }
 
   /** Runs tool `name` with `args` (already decoded); an Idempotency-Key bills a retried call once. */
-  async call(principal: Principal, name: string, args: unknown, idempotencyKey: string | null = null): Promise<ToolResult> {
+  async call(
+    principal: Principal,
+    name: string,
+    args: unknown,
+    idempotencyKey: string | null = null,
+  ): Promise<ToolResult> {
     try {
       switch (name) {
         case RUN_CODE:
-          return await this.runCode(principal, parseArguments(RUN_CODE, this.runCodeSchema, args), idempotencyKey);
+          return await this.runCode(
+            principal,
+            parseArguments(RUN_CODE, this.runCodeSchema, args),
+            idempotencyKey,
+          );
         case LIST_TEMPLATES:
           parseArguments(LIST_TEMPLATES, ListTemplatesArguments, args);
           return await this.listTemplates();
         default:
-          throw new ProblemError("unknown-tool", `there is no tool named "${name}"; the tools are ${RUN_CODE} and ${LIST_TEMPLATES}`, {
-            extensions: { tools: [RUN_CODE, LIST_TEMPLATES] },
-          });
+          throw new ProblemError(
+            "unknown-tool",
+            `there is no tool named "${name}"; the tools are ${RUN_CODE} and ${LIST_TEMPLATES}`,
+            {
+              extensions: { tools: [RUN_CODE, LIST_TEMPLATES] },
+            },
+          );
       }
     } catch (error) {
       if (error instanceof ProblemError) return { isError: true, problem: error.body() };
@@ -75,26 +94,42 @@ export class ToolRunner {
   }
 
   /** `call` with the arguments as the model wrote them: a JSON text (OpenAI's `arguments`). */
-  callWithJson(principal: Principal, name: string, json: string, idempotencyKey: string | null = null): Promise<ToolResult> {
+  callWithJson(
+    principal: Principal,
+    name: string,
+    json: string,
+    idempotencyKey: string | null = null,
+  ): Promise<ToolResult> {
     let args: unknown;
     try {
       args = JSON.parse(json);
     } catch (error) {
-      const problem = new ProblemError("invalid-tool-arguments", `the arguments of ${name} are not valid JSON: ${(error as Error).message}`);
+      const problem = new ProblemError(
+        "invalid-tool-arguments",
+        `the arguments of ${name} are not valid JSON: ${(error as Error).message}`,
+      );
       return Promise.resolve({ isError: true, problem: problem.body() });
     }
     return this.call(principal, name, args, idempotencyKey);
   }
 
-  private async runCode(principal: Principal, args: RunCodeArguments, idempotencyKey: string | null): Promise<ToolResult> {
+  private async runCode(
+    principal: Principal,
+    args: RunCodeArguments,
+    idempotencyKey: string | null,
+  ): Promise<ToolResult> {
     const templates = await this.ctx.executions.templates();
     const runs = templates.filter((t) => t.languages.includes(args.language));
     const template = runs.find((t) => t.name === args.language) ?? runs[0];
     if (template === undefined) {
       const languages = [...new Set(templates.flatMap((t) => t.languages))];
-      throw new ProblemError("unknown-template", `no template runs ${args.language}; the languages are ${languages.join(", ")}`, {
-        extensions: { languages },
-      });
+      throw new ProblemError(
+        "unknown-template",
+        `no template runs ${args.language}; the languages are ${languages.join(", ")}`,
+        {
+          extensions: { languages },
+        },
+      );
     }
     // The REST API's own schema checks what run_code's does not (file paths, sizes).
     const candidate: ExecutionInput = {
@@ -129,7 +164,14 @@ export class ToolRunner {
     return {
       isError: false,
       executionId: null,
-      structured: { templates: templates.map((t) => ({ name: t.name, language: t.language, languages: t.languages, ready: t.ready })) },
+      structured: {
+        templates: templates.map((t) => ({
+          name: t.name,
+          language: t.language,
+          languages: t.languages,
+          ready: t.ready,
+        })),
+      },
     };
   }
 }

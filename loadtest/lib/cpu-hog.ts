@@ -23,7 +23,8 @@ export function startCpuHog(cores = availableParallelism()): CpuHog {
   }
   // Not left spinning when this process ends without stopping them.
   const stop = () => {
-    for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+    for (const child of children)
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
   };
   process.once("exit", stop);
   return {

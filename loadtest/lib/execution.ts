@@ -12,5 +12,15 @@ export const EXECUTION_BODY = JSON.stringify(EXECUTION);
 
 /** The same execution as a request straight to the daemon (the "daemon alone" baseline). */
 export function daemonRequest(): ExecutionRequest {
-  return { executionId: randomUUID(), ...EXECUTION, stdin: "", args: [], env: {}, files: [], language: "python", timeoutMs: 5_000, memoryMb: 256 };
+  return {
+    executionId: randomUUID(),
+    ...EXECUTION,
+    stdin: "",
+    args: [],
+    env: {},
+    files: [],
+    language: "python",
+    timeoutMs: 5_000,
+    memoryMb: 256,
+  };
 }

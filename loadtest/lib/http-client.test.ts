@@ -7,7 +7,9 @@ import { keepAliveClient, parseAnswer } from "./http-client.js";
 
 type Handler = (req: IncomingMessage, res: ServerResponse, body: string) => void;
 
-async function serve(handler: Handler): Promise<{ url: string; connections: () => number; server: Server }> {
+async function serve(
+  handler: Handler,
+): Promise<{ url: string; connections: () => number; server: Server }> {
   let connections = 0;
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
@@ -16,7 +18,11 @@ async function serve(handler: Handler): Promise<{ url: string; connections: () =
   });
   server.on("connection", () => connections++);
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, connections: () => connections, server };
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    connections: () => connections,
+    server,
+  };
 }
 
 describe("the load tests' HTTP client", () => {
@@ -44,19 +50,39 @@ describe("the load tests' HTTP client", () => {
         return;
       }
       res.writeHead(req.url === "/missing" ? 404 : 201, { "content-type": "application/json" });
-      res.end(JSON.stringify({ method: req.method, url: req.url, header: req.headers["x-thing"], body }));
+      res.end(
+        JSON.stringify({ method: req.method, url: req.url, header: req.headers["x-thing"], body }),
+      );
     });
-    const posted = await client.call("POST", `${url}/things?a=1`, { "x-thing": "yes", "content-type": "application/json" }, '{"code":"print(\'é\')"}');
+    const posted = await client.call(
+      "POST",
+      `${url}/things?a=1`,
+      { "x-thing": "yes", "content-type": "application/json" },
+      '{"code":"print(\'é\')"}',
+    );
     expect(posted.status).toBe(201);
-    expect(JSON.parse(posted.body)).toEqual({ method: "POST", url: "/things?a=1", header: "yes", body: '{"code":"print(\'é\')"}' });
-    expect(await client.call("GET", `${url}/chunked`)).toEqual({ status: 200, body: "é, first; second" });
+    expect(JSON.parse(posted.body)).toEqual({
+      method: "POST",
+      url: "/things?a=1",
+      header: "yes",
+      body: '{"code":"print(\'é\')"}',
+    });
+    expect(await client.call("GET", `${url}/chunked`)).toEqual({
+      status: 200,
+      body: "é, first; second",
+    });
     expect((await client.call("GET", `${url}/missing`)).status).toBe(404);
     expect(connections()).toBe(1);
   });
 
   it("opens at most maxSockets connections and queues the rest", async () => {
-    const { url, client, connections } = await started((req, res) => setTimeout(() => res.end(req.url), 20), 2);
-    const answers = await Promise.all([1, 2, 3, 4, 5].map((n) => client.call("GET", `${url}/${n}`)));
+    const { url, client, connections } = await started(
+      (req, res) => setTimeout(() => res.end(req.url), 20),
+      2,
+    );
+    const answers = await Promise.all(
+      [1, 2, 3, 4, 5].map((n) => client.call("GET", `${url}/${n}`)),
+    );
     expect(answers.map((a) => a.body)).toEqual(["/1", "/2", "/3", "/4", "/5"]);
     expect(connections()).toBe(2);
   });
@@ -74,7 +100,9 @@ describe("the load tests' HTTP client", () => {
     });
     expect((await client.call("GET", `${url}/close`)).body).toBe("bye");
     expect((await client.call("GET", `${url}/after-close`)).body).toBe("ok");
-    await expect(client.call("GET", `${url}/cut`)).rejects.toThrow(/closed before the answer was whole/);
+    await expect(client.call("GET", `${url}/cut`)).rejects.toThrow(
+      /closed before the answer was whole/,
+    );
     expect((await client.call("GET", `${url}/after-cut`)).body).toBe("ok");
     expect(connections()).toBe(3);
   });
@@ -86,7 +114,9 @@ describe("the load tests' HTTP client", () => {
       socket.setNoDelay(true);
       socket.on("data", (request) => {
         const path = request.toString("latin1").split(" ")[1];
-        socket.write(`HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok${path === "/extra" ? "HTTP/1.1 200 OK\r\n" : ""}`);
+        socket.write(
+          `HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok${path === "/extra" ? "HTTP/1.1 200 OK\r\n" : ""}`,
+        );
         if (path === "/unasked") setTimeout(() => socket.write("surprise"), 5);
       });
     });
@@ -109,12 +139,26 @@ describe("the load tests' HTTP client", () => {
     const whole = Buffer.from("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhelloHTTP/1.1 204");
     expect(parseAnswer(whole.subarray(0, 20))).toBeUndefined();
     expect(parseAnswer(whole.subarray(0, 40))).toBeUndefined();
-    expect(parseAnswer(whole)).toEqual({ answer: { status: 200, body: "hello" }, length: 43, close: false });
+    expect(parseAnswer(whole)).toEqual({
+      answer: { status: 200, body: "hello" },
+      length: 43,
+      close: false,
+    });
     const untilClose = Buffer.from("HTTP/1.1 200 OK\r\n\r\nall of it");
     expect(parseAnswer(untilClose)).toBeUndefined();
-    expect(parseAnswer(untilClose, true)).toEqual({ answer: { status: 200, body: "all of it" }, length: untilClose.length, close: true });
-    expect(parseAnswer(Buffer.from("HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1"))).toEqual({ answer: { status: 204, body: "" }, length: 27, close: false });
+    expect(parseAnswer(untilClose, true)).toEqual({
+      answer: { status: 200, body: "all of it" },
+      length: untilClose.length,
+      close: true,
+    });
+    expect(parseAnswer(Buffer.from("HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1"))).toEqual({
+      answer: { status: 204, body: "" },
+      length: 27,
+      close: false,
+    });
     expect(() => parseAnswer(Buffer.from("SSH-2.0\r\n\r\n"))).toThrow(/not an HTTP\/1.1 answer/);
-    expect(() => parseAnswer(Buffer.from("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"))).toThrow(/chunk size/);
+    expect(() =>
+      parseAnswer(Buffer.from("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n")),
+    ).toThrow(/chunk size/);
   });
 });

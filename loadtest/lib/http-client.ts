@@ -6,7 +6,12 @@
 // baseline to a third of what the server answers (README, Performance).
 import { connect, type Socket } from "node:net";
 
-export type Call = (method: "GET" | "POST", url: string, headers?: Record<string, string>, body?: string) => Promise<Answer>;
+export type Call = (
+  method: "GET" | "POST",
+  url: string,
+  headers?: Record<string, string>,
+  body?: string,
+) => Promise<Answer>;
 
 interface Answer {
   status: number;
@@ -28,22 +33,31 @@ const CRLF = Buffer.from("\r\n");
  * The answer at the start of `data`, and how many bytes it took; undefined while it is not all
  * there. `ended`: the peer closed, which ends a body that has neither a length nor chunks.
  */
-export function parseAnswer(data: Buffer, ended = false): { answer: Answer; length: number; close: boolean } | undefined {
+export function parseAnswer(
+  data: Buffer,
+  ended = false,
+): { answer: Answer; length: number; close: boolean } | undefined {
   const headEnd = data.indexOf(HEAD_END);
   if (headEnd < 0) return undefined;
   const [statusLine = "", ...lines] = data.subarray(0, headEnd).toString("latin1").split("\r\n");
   const status = /^HTTP\/1\.[01] (\d{3})/.exec(statusLine)?.[1];
-  if (status === undefined) throw new Error(`not an HTTP/1.1 answer: ${JSON.stringify(statusLine)}`);
+  if (status === undefined)
+    throw new Error(`not an HTTP/1.1 answer: ${JSON.stringify(statusLine)}`);
   const headers = new Map<string, string>();
   for (const line of lines) {
     const colon = line.indexOf(":");
-    if (colon > 0) headers.set(line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim());
+    if (colon > 0)
+      headers.set(line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim());
   }
   const close = headers.get("connection")?.toLowerCase() === "close";
   const start = headEnd + HEAD_END.length;
   const retryAfter = headers.get("retry-after");
   const answer = (body: Buffer, length: number) => ({
-    answer: { status: Number(status), body: body.toString("utf8"), ...(retryAfter === undefined ? {} : { retryAfter }) },
+    answer: {
+      status: Number(status),
+      body: body.toString("utf8"),
+      ...(retryAfter === undefined ? {} : { retryAfter }),
+    },
     length,
     close,
   });
@@ -53,7 +67,9 @@ export function parseAnswer(data: Buffer, ended = false): { answer: Answer; leng
   if (declared !== undefined) {
     const size = Number(declared);
     if (!Number.isSafeInteger(size) || size < 0) throw new Error(`a content-length of ${declared}`);
-    return data.length < start + size ? undefined : answer(data.subarray(start, start + size), start + size);
+    return data.length < start + size
+      ? undefined
+      : answer(data.subarray(start, start + size), start + size);
   }
   if (headers.get("transfer-encoding")?.toLowerCase().includes("chunked")) {
     const chunks: Buffer[] = [];
@@ -188,13 +204,23 @@ export function keepAliveClient(maxSockets: number): { call: Call; destroy(): vo
     let target = targets.get(url);
     if (target === undefined) {
       const parsed = new URL(url);
-      if (parsed.protocol !== "http:") throw new Error(`the load-test client speaks plain http, not ${parsed.protocol}`);
+      if (parsed.protocol !== "http:")
+        throw new Error(`the load-test client speaks plain http, not ${parsed.protocol}`);
       let pool = pools.get(parsed.host);
       if (pool === undefined) {
-        pool = { host: parsed.hostname, port: Number(parsed.port || 80), idle: [], open: new Set(), waiting: [] };
+        pool = {
+          host: parsed.hostname,
+          port: Number(parsed.port || 80),
+          idle: [],
+          open: new Set(),
+          waiting: [],
+        };
         pools.set(parsed.host, pool);
       }
-      target = { pool, requestLine: ` ${parsed.pathname}${parsed.search} HTTP/1.1\r\nhost: ${parsed.host}\r\n` };
+      target = {
+        pool,
+        requestLine: ` ${parsed.pathname}${parsed.search} HTTP/1.1\r\nhost: ${parsed.host}\r\n`,
+      };
       targets.set(url, target);
     }
     return target;

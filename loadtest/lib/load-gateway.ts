@@ -15,7 +15,11 @@ export type LoadDatabase = "pglite" | "postgres";
 
 /** The databases a --databases list names; anything else fails the command line. */
 export function parseDatabases(list: string, fail: (message: string) => never): LoadDatabase[] {
-  return list.split(",").map((d) => (d === "pglite" || d === "postgres" ? d : fail(`--databases: pglite or postgres, got ${d}`)));
+  return list
+    .split(",")
+    .map((d) =>
+      d === "pglite" || d === "postgres" ? d : fail(`--databases: pglite or postgres, got ${d}`),
+    );
 }
 
 export interface LoadGateway {
@@ -38,17 +42,43 @@ export async function withLoadGateway<T>(
 ): Promise<T> {
   const dir = await mkdtemp(join(tmpdir(), "sfk-lt-"));
   const socketPath = join(dir, "vmm.sock");
-  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: TEMPLATES_DIR, ...options });
+  const gateway = await startGatewayProcess({
+    dataDir: join(dir, "data"),
+    socketPath,
+    templatesDir: TEMPLATES_DIR,
+    ...options,
+  });
   const daemon = new DaemonClient({ socketPath, connections: 4 });
   try {
-    if (gateway.admin === undefined) throw new Error("the gateway printed no admin key on its fresh database");
-    const admin = { authorization: `Bearer ${gateway.admin.key}`, "content-type": "application/json" };
-    const created = await call("POST", `${gateway.url}/v1/keys`, admin, JSON.stringify({ name: "loadtest", credits: 1_000_000_000_000, rate_limit_per_minute: 1_000_000, max_concurrency: 10_000 }));
-    if (created.status !== 201) throw new Error(`creating the load-test key: ${created.status} ${created.body}`);
+    if (gateway.admin === undefined)
+      throw new Error("the gateway printed no admin key on its fresh database");
+    const admin = {
+      authorization: `Bearer ${gateway.admin.key}`,
+      "content-type": "application/json",
+    };
+    const created = await call(
+      "POST",
+      `${gateway.url}/v1/keys`,
+      admin,
+      JSON.stringify({
+        name: "loadtest",
+        credits: 1_000_000_000_000,
+        rate_limit_per_minute: 1_000_000,
+        max_concurrency: 10_000,
+      }),
+    );
+    if (created.status !== 201)
+      throw new Error(`creating the load-test key: ${created.status} ${created.body}`);
     const key = JSON.parse(created.body) as { key: string; id: string; account_id: string };
     const auth = { authorization: `Bearer ${key.key}` };
     await daemon.connect();
-    return await measure({ gateway, daemon, auth, key: { id: key.id, accountId: key.account_id }, json: { ...auth, "content-type": "application/json" } });
+    return await measure({
+      gateway,
+      daemon,
+      auth,
+      key: { id: key.id, accountId: key.account_id },
+      json: { ...auth, "content-type": "application/json" },
+    });
   } finally {
     daemon.close();
     await gateway.stop();

@@ -1,5 +1,12 @@
 import { describe, expect, it } from "vitest";
-import { cpuOverBlocks, drive, driveAlternating, driveInTurn, formatTable, percentile } from "./measure.js";
+import {
+  cpuOverBlocks,
+  drive,
+  driveAlternating,
+  driveInTurn,
+  formatTable,
+  percentile,
+} from "./measure.js";
 
 describe("load measurement", () => {
   it("takes nearest-rank percentiles", () => {
@@ -58,14 +65,21 @@ describe("load measurement", () => {
       expect(order.slice(before).length).toBeGreaterThan(0);
       expect(order.slice(before).every((n) => n === name)).toBe(true);
     };
-    const { subject, baseline } = await driveAlternating(options("gateway", 7), options("daemon", 5), 3, {
-      subject: only("gateway", () => wrapped++),
-      baseline: only("daemon", () => baselineWrapped++),
-    });
+    const { subject, baseline } = await driveAlternating(
+      options("gateway", 7),
+      options("daemon", 5),
+      3,
+      {
+        subject: only("gateway", () => wrapped++),
+        baseline: only("daemon", () => baselineWrapped++),
+      },
+    );
     expect(wrapped).toBe(3);
     expect(baselineWrapped).toBe(3);
     // Blocks of 3, 2, 2 and 2, 2, 1, the baseline's first in each round.
-    expect(order.join(",")).toBe("daemon,daemon,gateway,gateway,gateway,daemon,daemon,gateway,gateway,daemon,gateway,gateway");
+    expect(order.join(",")).toBe(
+      "daemon,daemon,gateway,gateway,gateway,daemon,daemon,gateway,gateway,daemon,gateway,gateway",
+    );
     expect(subject).toMatchObject({ scenario: "gateway", requests: 7, failures: 0 });
     expect(baseline).toMatchObject({ scenario: "daemon", requests: 5 });
     expect(baseline.failures).toBeGreaterThan(0);
@@ -78,7 +92,13 @@ describe("load measurement", () => {
       return name !== "c";
     };
     const side = (name: string, requests: number) => ({
-      options: { scenario: name, requests, concurrency: 1, maxDurationMs: 10_000, send: send(name) },
+      options: {
+        scenario: name,
+        requests,
+        concurrency: 1,
+        maxDurationMs: 10_000,
+        send: send(name),
+      },
       around: async (block: () => Promise<void>) => {
         order.push(`[${name}`);
         await block();

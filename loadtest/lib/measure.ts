@@ -110,7 +110,10 @@ export interface TurnSide {
  * taken one after the other, can differ by the machine's mood alone. Answers one summary a side,
  * in the order given, each covering all its blocks.
  */
-export async function driveInTurn<Sides extends TurnSide[]>(sides: [...Sides], rounds: number): Promise<{ [Side in keyof Sides]: ScenarioSummary }> {
+export async function driveInTurn<Sides extends TurnSide[]>(
+  sides: [...Sides],
+  rounds: number,
+): Promise<{ [Side in keyof Sides]: ScenarioSummary }> {
   const unwrapped: BlockWrapper = (block) => block();
   const totals = sides.map((): Collected => ({ latencies: [], failures: 0, seconds: 0 }));
   const add = (into: Collected, block: Collected) => {
@@ -124,11 +127,15 @@ export async function driveInTurn<Sides extends TurnSide[]>(sides: [...Sides], r
   });
   for (let round = 0; round < rounds; round++) {
     for (const [index, { options, around = unwrapped }] of sides.entries()) {
-      await around(async () => add(totals[index] as Collected, await collect(share(options, round))));
+      await around(async () =>
+        add(totals[index] as Collected, await collect(share(options, round))),
+      );
     }
   }
   // One summary a side, so the tuple type holds.
-  return sides.map(({ options }, index) => summarize(options.scenario, totals[index] as Collected)) as { [Side in keyof Sides]: ScenarioSummary };
+  return sides.map(({ options }, index) =>
+    summarize(options.scenario, totals[index] as Collected),
+  ) as { [Side in keyof Sides]: ScenarioSummary };
 }
 
 /** driveInTurn of a subject and its baseline, the baseline's block first in each round. */
@@ -149,7 +156,16 @@ export async function driveAlternating(
 }
 
 export function formatTable(rows: ScenarioSummary[]): string {
-  const header = ["scenario", "requests", "failed", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms"];
+  const header = [
+    "scenario",
+    "requests",
+    "failed",
+    "req/s",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "max ms",
+  ];
   const cells = rows.map((r) => [
     r.scenario,
     String(r.requests),
@@ -160,7 +176,12 @@ export function formatTable(rows: ScenarioSummary[]): string {
     r.p99Ms.toFixed(2),
     r.maxMs.toFixed(2),
   ]);
-  const widths = header.map((h, i) => Math.max(h.length, ...cells.map((c) => (c[i] as string).length)));
-  const line = (c: string[]) => c.map((v, i) => (i === 0 ? v.padEnd(widths[i] as number) : v.padStart(widths[i] as number))).join("  ");
+  const widths = header.map((h, i) =>
+    Math.max(h.length, ...cells.map((c) => (c[i] as string).length)),
+  );
+  const line = (c: string[]) =>
+    c
+      .map((v, i) => (i === 0 ? v.padEnd(widths[i] as number) : v.padStart(widths[i] as number)))
+      .join("  ");
   return [line(header), ...cells.map(line)].join("\n");
 }

@@ -25,8 +25,15 @@ interface Kind {
 // Mostly programs that complete; one in ten runs past its time limit, whose true answer is
 // `timed_out` however long it waited for a slot (the failure this mode exists to catch: a loaded
 // machine turning a program's end into a runtime failure).
-const OK: Kind = { body: JSON.stringify({ template: "python", code: "print(6*7)" }), status: "completed", stdout: "42\n" };
-const TIMEOUT: Kind = { body: JSON.stringify({ template: "python", code: "while True: pass", timeout_ms: 200 }), status: "timed_out" };
+const OK: Kind = {
+  body: JSON.stringify({ template: "python", code: "print(6*7)" }),
+  status: "completed",
+  stdout: "42\n",
+};
+const TIMEOUT: Kind = {
+  body: JSON.stringify({ template: "python", code: "while True: pass", timeout_ms: 200 }),
+  status: "timed_out",
+};
 const kindOf = (n: number): Kind => (n % 10 === 9 ? TIMEOUT : OK);
 
 export interface PhaseFigures {
@@ -71,13 +78,19 @@ function shedBuckets(metrics: string): Map<number, number> {
 }
 
 /** The share of shed answers within 5 ms and the bound their p99 falls under, over what `after` counted past `before`. */
-function gatewayShedFigures(before: Map<number, number>, after: Map<number, number>): { within5: number | null; p99AtMost: number | null } {
+function gatewayShedFigures(
+  before: Map<number, number>,
+  after: Map<number, number>,
+): { within5: number | null; p99AtMost: number | null } {
   const bounds = [...after.keys()].sort((a, b) => a - b);
   const counted = (bound: number) => (after.get(bound) ?? 0) - (before.get(bound) ?? 0);
   const total = counted(Number.POSITIVE_INFINITY);
   if (total === 0) return { within5: null, p99AtMost: null };
   const p99Bound = bounds.find((b) => counted(b) >= 0.99 * total) ?? Number.POSITIVE_INFINITY;
-  return { within5: round((100 * counted(0.005)) / total, 1), p99AtMost: Number.isFinite(p99Bound) ? round(p99Bound * 1000, 1) : null };
+  return {
+    within5: round((100 * counted(0.005)) / total, 1),
+    p99AtMost: Number.isFinite(p99Bound) ? round(p99Bound * 1000, 1) : null,
+  };
 }
 
 export interface OverloadReport {
@@ -93,101 +106,132 @@ export interface OverloadReport {
 
 const round = (n: number, digits = 2) => Number(n.toFixed(digits));
 
-export async function overload(options: { seconds: number; say: (line: string) => void }): Promise<OverloadReport> {
+export async function overload(options: {
+  seconds: number;
+  say: (line: string) => void;
+}): Promise<OverloadReport> {
   const cpus = availableParallelism();
   const sustained = loadAdmissionSettings({}, cpus).templateMaxRunning;
   const flood = 4 * sustained;
   const client = keepAliveClient(flood);
   const wrongExamples: string[] = [];
   try {
-    return await withLoadGateway(client.call, { databaseUrl: undefined }, async ({ gateway, json }) => {
-      const url = `${gateway.url}/v1/executions`;
+    return await withLoadGateway(
+      client.call,
+      { databaseUrl: undefined },
+      async ({ gateway, json }) => {
+        const url = `${gateway.url}/v1/executions`;
 
-      const phase = async (concurrency: number, seconds: number): Promise<PhaseFigures> => {
-        const ran: number[] = [];
-        const shed: number[] = [];
-        const shedBy = { "429": 0, "503": 0 };
-        let wrong = 0;
-        let sent = 0;
-        const metricsBefore = shedBuckets((await client.call("GET", `${gateway.url}/metrics`)).body);
-        const started = performance.now();
-        const deadline = started + seconds * 1000;
-        const worker = async () => {
-          while (performance.now() < deadline) {
-            const kind = kindOf(sent++);
-            const t0 = performance.now();
-            let answer: { status: number; body: string; retryAfter?: string } | undefined;
-            try {
-              answer = await client.call("POST", url, json, kind.body);
-            } catch (error) {
-              wrong++;
-              if (wrongExamples.length < 5) wrongExamples.push(`no answer: ${String(error)}`);
-              continue;
-            }
-            const ms = performance.now() - t0;
-            if (answer.status === 200) {
-              const body = JSON.parse(answer.body) as { status: string; stdout: string };
-              if (body.status === kind.status && (kind.stdout === undefined || body.stdout === kind.stdout)) {
-                ran.push(ms);
+        const phase = async (concurrency: number, seconds: number): Promise<PhaseFigures> => {
+          const ran: number[] = [];
+          const shed: number[] = [];
+          const shedBy = { "429": 0, "503": 0 };
+          let wrong = 0;
+          let sent = 0;
+          const metricsBefore = shedBuckets(
+            (await client.call("GET", `${gateway.url}/metrics`)).body,
+          );
+          const started = performance.now();
+          const deadline = started + seconds * 1000;
+          const worker = async () => {
+            while (performance.now() < deadline) {
+              const kind = kindOf(sent++);
+              const t0 = performance.now();
+              let answer: { status: number; body: string; retryAfter?: string } | undefined;
+              try {
+                answer = await client.call("POST", url, json, kind.body);
+              } catch (error) {
+                wrong++;
+                if (wrongExamples.length < 5) wrongExamples.push(`no answer: ${String(error)}`);
                 continue;
               }
-            } else if ((answer.status === 429 || answer.status === 503) && answer.retryAfter !== undefined) {
-              shed.push(ms);
-              shedBy[answer.status === 429 ? "429" : "503"]++;
-              continue;
+              const ms = performance.now() - t0;
+              if (answer.status === 200) {
+                const body = JSON.parse(answer.body) as { status: string; stdout: string };
+                if (
+                  body.status === kind.status &&
+                  (kind.stdout === undefined || body.stdout === kind.stdout)
+                ) {
+                  ran.push(ms);
+                  continue;
+                }
+              } else if (
+                (answer.status === 429 || answer.status === 503) &&
+                answer.retryAfter !== undefined
+              ) {
+                shed.push(ms);
+                shedBy[answer.status === 429 ? "429" : "503"]++;
+                continue;
+              }
+              wrong++;
+              if (wrongExamples.length < 5)
+                wrongExamples.push(`${answer.status} ${answer.body.slice(0, 300)}`);
             }
-            wrong++;
-            if (wrongExamples.length < 5) wrongExamples.push(`${answer.status} ${answer.body.slice(0, 300)}`);
-          }
+          };
+          await Promise.all(Array.from({ length: concurrency }, worker));
+          const elapsed = (performance.now() - started) / 1000;
+          const gatewayShed = gatewayShedFigures(
+            metricsBefore,
+            shedBuckets((await client.call("GET", `${gateway.url}/metrics`)).body),
+          );
+          ran.sort((a, b) => a - b);
+          shed.sort((a, b) => a - b);
+          const requests = ran.length + shed.length + wrong;
+          return {
+            concurrency,
+            seconds: round(elapsed, 1),
+            requests,
+            true_status: ran.length,
+            shed: shedBy,
+            wrong,
+            answered_truly_or_shed_pct: round(
+              (100 * (ran.length + shed.length)) / Math.max(1, requests),
+              3,
+            ),
+            executions_per_s: round(ran.length / elapsed, 1),
+            ran_p50_ms: round(percentile(ran, 50)),
+            ran_p99_ms: round(percentile(ran, 99)),
+            shed_p50_ms: shed.length === 0 ? null : round(percentile(shed, 50)),
+            shed_p99_ms: shed.length === 0 ? null : round(percentile(shed, 99)),
+            gateway_shed_within_5_ms_pct: gatewayShed.within5,
+            gateway_shed_p99_at_most_ms: gatewayShed.p99AtMost,
+            loadavg_after: loadavg().map((l) => round(l)),
+          };
         };
-        await Promise.all(Array.from({ length: concurrency }, worker));
-        const elapsed = (performance.now() - started) / 1000;
-        const gatewayShed = gatewayShedFigures(metricsBefore, shedBuckets((await client.call("GET", `${gateway.url}/metrics`)).body));
-        ran.sort((a, b) => a - b);
-        shed.sort((a, b) => a - b);
-        const requests = ran.length + shed.length + wrong;
-        return {
-          concurrency,
-          seconds: round(elapsed, 1),
-          requests,
-          true_status: ran.length,
-          shed: shedBy,
-          wrong,
-          answered_truly_or_shed_pct: round((100 * (ran.length + shed.length)) / Math.max(1, requests), 3),
-          executions_per_s: round(ran.length / elapsed, 1),
-          ran_p50_ms: round(percentile(ran, 50)),
-          ran_p99_ms: round(percentile(ran, 99)),
-          shed_p50_ms: shed.length === 0 ? null : round(percentile(shed, 50)),
-          shed_p99_ms: shed.length === 0 ? null : round(percentile(shed, 99)),
-          gateway_shed_within_5_ms_pct: gatewayShed.within5,
-          gateway_shed_p99_at_most_ms: gatewayShed.p99AtMost,
-          loadavg_after: loadavg().map((l) => round(l)),
-        };
-      };
 
-      options.say(`${cpus} CPUs; the gateway hands the daemon ${sustained} executions of a template at once (the concurrency sustained); flood at ${flood}`);
-      options.say("warming up at the sustained concurrency (5 s)");
-      await phase(sustained, 5);
-      options.say(`unloaded: c=${sustained} for ${options.seconds} s`);
-      const unloaded = await phase(sustained, options.seconds);
-      options.say(`  ${unloaded.executions_per_s}/s, p99 ${unloaded.ran_p99_ms} ms, ${unloaded.wrong} wrong`);
-      options.say(`overloaded: c=${flood} for ${options.seconds} s with a CPU hog on each of ${cpus} cores`);
-      const hog = startCpuHog(cpus);
-      let overloaded: PhaseFigures;
-      try {
-        overloaded = await phase(flood, options.seconds);
-      } finally {
-        hog.stop();
-      }
-      return {
-        cpus,
-        sustained_concurrency: sustained,
-        unloaded,
-        overloaded,
-        executions_per_s_vs_unloaded_pct: round((100 * overloaded.executions_per_s) / Math.max(1e-9, unloaded.executions_per_s), 1),
-        wrong_examples: wrongExamples,
-      };
-    });
+        options.say(
+          `${cpus} CPUs; the gateway hands the daemon ${sustained} executions of a template at once (the concurrency sustained); flood at ${flood}`,
+        );
+        options.say("warming up at the sustained concurrency (5 s)");
+        await phase(sustained, 5);
+        options.say(`unloaded: c=${sustained} for ${options.seconds} s`);
+        const unloaded = await phase(sustained, options.seconds);
+        options.say(
+          `  ${unloaded.executions_per_s}/s, p99 ${unloaded.ran_p99_ms} ms, ${unloaded.wrong} wrong`,
+        );
+        options.say(
+          `overloaded: c=${flood} for ${options.seconds} s with a CPU hog on each of ${cpus} cores`,
+        );
+        const hog = startCpuHog(cpus);
+        let overloaded: PhaseFigures;
+        try {
+          overloaded = await phase(flood, options.seconds);
+        } finally {
+          hog.stop();
+        }
+        return {
+          cpus,
+          sustained_concurrency: sustained,
+          unloaded,
+          overloaded,
+          executions_per_s_vs_unloaded_pct: round(
+            (100 * overloaded.executions_per_s) / Math.max(1e-9, unloaded.executions_per_s),
+            1,
+          ),
+          wrong_examples: wrongExamples,
+        };
+      },
+    );
   } finally {
     client.destroy();
   }
@@ -201,19 +245,45 @@ export function overloadTable(report: OverloadReport): string {
     ["", `unloaded, c=${u.concurrency}`, `4x, c=${o.concurrency}, CPU hog on every core`],
     ["requests", `${u.requests}`, `${o.requests}`],
     ["answered with their true status", `${u.true_status}`, `${o.true_status}`],
-    ["shed: 429 / 503, with Retry-After", `${u.shed["429"]} / ${u.shed["503"]}`, `${o.shed["429"]} / ${o.shed["503"]}`],
+    [
+      "shed: 429 / 503, with Retry-After",
+      `${u.shed["429"]} / ${u.shed["503"]}`,
+      `${o.shed["429"]} / ${o.shed["503"]}`,
+    ],
     ["wrong answers", `${u.wrong}`, `${o.wrong}`],
-    ["true status or 429/503 (goal 100%)", `${u.answered_truly_or_shed_pct}%`, `${o.answered_truly_or_shed_pct}%`],
-    ["p50 / p99 of the shed answers, ms (goal p99 ≤ 5)", u.shed_p50_ms === null ? "none shed" : `${u.shed_p50_ms} / ${shedP99(u)}`, o.shed_p50_ms === null ? "none shed" : `${o.shed_p50_ms} / ${shedP99(o)}`],
+    [
+      "true status or 429/503 (goal 100%)",
+      `${u.answered_truly_or_shed_pct}%`,
+      `${o.answered_truly_or_shed_pct}%`,
+    ],
+    [
+      "p50 / p99 of the shed answers, ms (goal p99 ≤ 5)",
+      u.shed_p50_ms === null ? "none shed" : `${u.shed_p50_ms} / ${shedP99(u)}`,
+      o.shed_p50_ms === null ? "none shed" : `${o.shed_p50_ms} / ${shedP99(o)}`,
+    ],
     [
       "the gateway's own time for them: within 5 ms / p99 at most, ms",
-      u.gateway_shed_within_5_ms_pct === null ? "none shed" : `${u.gateway_shed_within_5_ms_pct}% / ${u.gateway_shed_p99_at_most_ms ?? "over 10,000"}`,
-      o.gateway_shed_within_5_ms_pct === null ? "none shed" : `${o.gateway_shed_within_5_ms_pct}% / ${o.gateway_shed_p99_at_most_ms ?? "over 10,000"}`,
+      u.gateway_shed_within_5_ms_pct === null
+        ? "none shed"
+        : `${u.gateway_shed_within_5_ms_pct}% / ${u.gateway_shed_p99_at_most_ms ?? "over 10,000"}`,
+      o.gateway_shed_within_5_ms_pct === null
+        ? "none shed"
+        : `${o.gateway_shed_within_5_ms_pct}% / ${o.gateway_shed_p99_at_most_ms ?? "over 10,000"}`,
     ],
-    ["p50 / p99 of those that ran, ms", `${u.ran_p50_ms} / ${u.ran_p99_ms}`, `${o.ran_p50_ms} / ${o.ran_p99_ms}`],
-    ["executions/s of those that ran", `${u.executions_per_s}`, `${o.executions_per_s} (${report.executions_per_s_vs_unloaded_pct}% of unloaded)`],
+    [
+      "p50 / p99 of those that ran, ms",
+      `${u.ran_p50_ms} / ${u.ran_p99_ms}`,
+      `${o.ran_p50_ms} / ${o.ran_p99_ms}`,
+    ],
+    [
+      "executions/s of those that ran",
+      `${u.executions_per_s}`,
+      `${o.executions_per_s} (${report.executions_per_s_vs_unloaded_pct}% of unloaded)`,
+    ],
     ["load average after (1, 5, 15 min)", u.loadavg_after.join(", "), o.loadavg_after.join(", ")],
   ];
   const line = (cells: string[]) => `| ${cells.join(" | ")} |`;
-  return [line(rows[0] as string[]), line(["---", "---", "---"]), ...rows.slice(1).map(line)].join("\n");
+  return [line(rows[0] as string[]), line(["---", "---", "---"]), ...rows.slice(1).map(line)].join(
+    "\n",
+  );
 }

@@ -2,26 +2,45 @@
 // telemetry (gateway/telemetry.ts, its OTLP/HTTP exporter) to the receiver, then taken apart.
 import { afterEach, describe, expect, it } from "vitest";
 import { createTelemetry, inSpan, type Telemetry } from "../../gateway/telemetry.js";
-import { executionPhases, type ReceivedSpan, type SpanReceiver, spansOfExport, startSpanReceiver } from "./phases.js";
+import {
+  executionPhases,
+  type ReceivedSpan,
+  type SpanReceiver,
+  spansOfExport,
+  startSpanReceiver,
+} from "./phases.js";
 
 const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** The spans of one execution as execution-service.ts makes them, each phase `ms` long or so. */
-async function traceAnExecution(telemetry: Telemetry, requestId: string, ms: Record<string, number>): Promise<void> {
+async function traceAnExecution(
+  telemetry: Telemetry,
+  requestId: string,
+  ms: Record<string, number>,
+): Promise<void> {
   const { tracer } = telemetry;
-  await tracer.startActiveSpan("POST /v1/executions", { attributes: { "faas.invocation_id": requestId } }, async (server) => {
-    await pause(ms.before ?? 0);
-    await inSpan(tracer, "auth", () => pause(ms.auth ?? 0));
-    await inSpan(tracer, "billing.reserve", () => pause(ms.hold ?? 0));
-    await inSpan(tracer, "runtime.execute", async () => {
-      await pause(ms.runtime ?? 0);
-      const at = Date.now();
-      // As recordRuntimePhases lays them: from given times, end to end.
-      for (const [name, length] of [["queue", 1], ["fork", 2], ["exec", 3]] as const) tracer.startSpan(name, { startTime: at }).end(at + length);
-    });
-    await inSpan(tracer, "billing.settle", () => pause(ms.record ?? 0));
-    server.end();
-  });
+  await tracer.startActiveSpan(
+    "POST /v1/executions",
+    { attributes: { "faas.invocation_id": requestId } },
+    async (server) => {
+      await pause(ms.before ?? 0);
+      await inSpan(tracer, "auth", () => pause(ms.auth ?? 0));
+      await inSpan(tracer, "billing.reserve", () => pause(ms.hold ?? 0));
+      await inSpan(tracer, "runtime.execute", async () => {
+        await pause(ms.runtime ?? 0);
+        const at = Date.now();
+        // As recordRuntimePhases lays them: from given times, end to end.
+        for (const [name, length] of [
+          ["queue", 1],
+          ["fork", 2],
+          ["exec", 3],
+        ] as const)
+          tracer.startSpan(name, { startTime: at }).end(at + length);
+      });
+      await inSpan(tracer, "billing.settle", () => pause(ms.record ?? 0));
+      server.end();
+    },
+  );
 }
 
 describe("loadtest:phases", () => {
@@ -35,7 +54,13 @@ describe("loadtest:phases", () => {
   it("receives the gateway's exported spans and takes each execution's phases from their lengths", async () => {
     receiver = await startSpanReceiver();
     telemetry = createTelemetry({ env: { OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: receiver.url } });
-    await traceAnExecution(telemetry, "first", { before: 5, auth: 5, hold: 5, runtime: 30, record: 20 });
+    await traceAnExecution(telemetry, "first", {
+      before: 5,
+      auth: 5,
+      hold: 5,
+      runtime: 30,
+      record: 20,
+    });
     await traceAnExecution(telemetry, "second", { runtime: 10 });
     await telemetry.shutdown();
 
@@ -50,15 +75,37 @@ describe("loadtest:phases", () => {
     expect(first?.vm).toBeCloseTo(6, 3);
     // The five before auth are in the rest, which is what the server span holds beyond the four phases.
     expect(first?.rest).toBeGreaterThanOrEqual(4.5);
-    const sum = (first?.auth ?? 0) + (first?.hold ?? 0) + (first?.runtime ?? 0) + (first?.record ?? 0) + (first?.rest ?? 0);
+    const sum =
+      (first?.auth ?? 0) +
+      (first?.hold ?? 0) +
+      (first?.runtime ?? 0) +
+      (first?.record ?? 0) +
+      (first?.rest ?? 0);
     expect(sum).toBeCloseTo(first?.server ?? 0, 6);
   });
 
   it("leaves out a trace that misses a phase, and anything in an export that is not a span", () => {
-    const span = (name: string, traceId = "t1"): ReceivedSpan => ({ traceId, name, startNs: 0n, endNs: 1_000_000n, attributes: {} });
-    const names = ["POST /v1/executions", "auth", "billing.reserve", "runtime.execute", "billing.settle", "queue", "fork", "exec"];
+    const span = (name: string, traceId = "t1"): ReceivedSpan => ({
+      traceId,
+      name,
+      startNs: 0n,
+      endNs: 1_000_000n,
+      attributes: {},
+    });
+    const names = [
+      "POST /v1/executions",
+      "auth",
+      "billing.reserve",
+      "runtime.execute",
+      "billing.settle",
+      "queue",
+      "fork",
+      "exec",
+    ];
     expect(executionPhases(names.map((n) => span(n)))).toHaveLength(1);
-    expect(executionPhases(names.filter((n) => n !== "billing.settle").map((n) => span(n)))).toEqual([]);
+    expect(
+      executionPhases(names.filter((n) => n !== "billing.settle").map((n) => span(n))),
+    ).toEqual([]);
 
     const exported = {
       resourceSpans: [
@@ -66,7 +113,16 @@ describe("loadtest:phases", () => {
           scopeSpans: [
             {
               spans: [
-                { traceId: "t1", name: "auth", startTimeUnixNano: "1000", endTimeUnixNano: "3500", attributes: [{ key: "k", value: { stringValue: "v" } }, { key: "n", value: { intValue: 1 } }] },
+                {
+                  traceId: "t1",
+                  name: "auth",
+                  startTimeUnixNano: "1000",
+                  endTimeUnixNano: "3500",
+                  attributes: [
+                    { key: "k", value: { stringValue: "v" } },
+                    { key: "n", value: { intValue: 1 } },
+                  ],
+                },
                 { traceId: "t1", name: "no times" },
                 { name: "no trace", startTimeUnixNano: "1", endTimeUnixNano: "2" },
               ],
@@ -75,7 +131,9 @@ describe("loadtest:phases", () => {
         },
       ],
     };
-    expect(spansOfExport(exported)).toEqual([{ traceId: "t1", name: "auth", startNs: 1000n, endNs: 3500n, attributes: { k: "v" } }]);
+    expect(spansOfExport(exported)).toEqual([
+      { traceId: "t1", name: "auth", startNs: 1000n, endNs: 3500n, attributes: { k: "v" } },
+    ]);
     expect(spansOfExport({ resourceSpans: "nope" })).toEqual([]);
     expect(spansOfExport(null)).toEqual([]);
   });

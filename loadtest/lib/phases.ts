@@ -27,15 +27,31 @@ interface OtlpJsonSpan {
 /** The spans of one OTLP ExportTraceServiceRequest in JSON; what is not a span is skipped. */
 export function spansOfExport(body: unknown): ReceivedSpan[] {
   const out: ReceivedSpan[] = [];
-  const resourceSpans = (body as { resourceSpans?: { scopeSpans?: { spans?: OtlpJsonSpan[] }[] }[] } | null)?.resourceSpans;
+  const resourceSpans = (
+    body as { resourceSpans?: { scopeSpans?: { spans?: OtlpJsonSpan[] }[] }[] } | null
+  )?.resourceSpans;
   for (const resource of Array.isArray(resourceSpans) ? resourceSpans : []) {
     for (const scope of resource.scopeSpans ?? []) {
       for (const span of scope.spans ?? []) {
         const { traceId, name, startTimeUnixNano, endTimeUnixNano } = span;
-        if (typeof traceId !== "string" || typeof name !== "string" || startTimeUnixNano === undefined || endTimeUnixNano === undefined) continue;
+        if (
+          typeof traceId !== "string" ||
+          typeof name !== "string" ||
+          startTimeUnixNano === undefined ||
+          endTimeUnixNano === undefined
+        )
+          continue;
         const attributes: Record<string, string> = {};
-        for (const a of span.attributes ?? []) if (a.key !== undefined && a.value?.stringValue !== undefined) attributes[a.key] = a.value.stringValue;
-        out.push({ traceId, name, startNs: BigInt(startTimeUnixNano), endNs: BigInt(endTimeUnixNano), attributes });
+        for (const a of span.attributes ?? [])
+          if (a.key !== undefined && a.value?.stringValue !== undefined)
+            attributes[a.key] = a.value.stringValue;
+        out.push({
+          traceId,
+          name,
+          startNs: BigInt(startTimeUnixNano),
+          endNs: BigInt(endTimeUnixNano),
+          attributes,
+        });
       }
     }
   }
@@ -65,8 +81,13 @@ export async function startSpanReceiver(): Promise<SpanReceiver> {
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   const address = server.address();
-  if (typeof address !== "object" || address === null) throw new Error("the span receiver has no port");
-  return { url: `http://127.0.0.1:${address.port}/v1/traces`, spans, close: () => new Promise((resolve) => server.close(() => resolve())) };
+  if (typeof address !== "object" || address === null)
+    throw new Error("the span receiver has no port");
+  return {
+    url: `http://127.0.0.1:${address.port}/v1/traces`,
+    spans,
+    close: () => new Promise((resolve) => server.close(() => resolve())),
+  };
 }
 
 /** One execution's phases in ms, in the order they happen. */
@@ -119,7 +140,14 @@ export function executionPhases(spans: ReceivedSpan[]): ExecutionPhases[] {
       "fork",
       "exec",
     ].map(length);
-    if (server === undefined || auth === undefined || hold === undefined || runtime === undefined || record === undefined) continue;
+    if (
+      server === undefined ||
+      auth === undefined ||
+      hold === undefined ||
+      runtime === undefined ||
+      record === undefined
+    )
+      continue;
     if (queue === undefined || fork === undefined || exec === undefined) continue;
     phases.push({
       requestId: trace.get("POST /v1/executions")?.attributes["faas.invocation_id"] ?? "",

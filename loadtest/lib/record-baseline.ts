@@ -30,13 +30,25 @@ export async function openRecordBaseline(
   { executions, template, timeoutMs }: { executions: number; template: string; timeoutMs: number },
 ): Promise<RecordBaseline> {
   const gatewayId = `loadtest-baseline-${randomUUID()}`;
-  const open: OpenDatabase = await openDatabase({ backend: "postgres", url: databaseUrl, maxConnections: 1, gatewayId });
+  const open: OpenDatabase = await openDatabase({
+    backend: "postgres",
+    url: databaseUrl,
+    maxConnections: 1,
+    gatewayId,
+  });
   try {
     const price = priceOf(loadConfig().pricing, template);
     const reservedUnits = costUnits(price, timeoutMs);
     const units = reservedUnits * executions;
-    const leased = await acquireLease(open.db, { gatewayId, accountId: key.accountId, keyId: key.id, minUnits: units, maxUnits: units });
-    if (leased.kind !== "leased") throw new Error(`the record baseline got no lease of ${units} units: ${leased.kind}`);
+    const leased = await acquireLease(open.db, {
+      gatewayId,
+      accountId: key.accountId,
+      keyId: key.id,
+      minUnits: units,
+      maxUnits: units,
+    });
+    if (leased.kind !== "leased")
+      throw new Error(`the record baseline got no lease of ${units} units: ${leased.kind}`);
     return {
       // A record beyond what the lease holds is refused by the database, as the gateway's would be.
       async record(request, result, totalMs) {

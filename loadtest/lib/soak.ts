@@ -33,15 +33,29 @@ interface ExecutionAnswer {
 
 /** The kinds of request the soak mixes; `oomTimeoutMs` is the out-of-memory kind's time limit. */
 const kindsOf = (oomTimeoutMs: number): Kind[] => [
-  { name: "ok", body: { code: "print(6*7)" }, status: "completed", check: (b) => b.stdout === "42\n" },
+  {
+    name: "ok",
+    body: { code: "print(6*7)" },
+    status: "completed",
+    check: (b) => b.stdout === "42\n",
+  },
   { name: "timeout", body: { code: "while True: pass", timeout_ms: 200 }, status: "timed_out" },
   // At the template's own memory size (256 MiB), so that it runs on a pooled VM like the rest
   // (a smaller limit has no snapshot: each such request would boot its agent). Filling it copies
   // ~50,000 pages (~0.3 s of CPU); on a shared, loaded host that took 2-5 s of wall time with
   // four at once, so its time limit is the gateway's largest (by default), not the 5 s default.
-  { name: "oom", body: { code: "x = []\nwhile True: x.append(bytearray(1 << 20))", timeout_ms: oomTimeoutMs }, status: "memory_exceeded" },
+  {
+    name: "oom",
+    body: { code: "x = []\nwhile True: x.append(bytearray(1 << 20))", timeout_ms: oomTimeoutMs },
+    status: "memory_exceeded",
+  },
   { name: "crash", body: { code: "import ctypes; ctypes.string_at(0)" }, status: "crashed" },
-  { name: "flood", body: { code: "import sys\nwhile True: sys.stdout.write('x' * 65536)" }, status: "output_exceeded", check: (b) => b.truncated },
+  {
+    name: "flood",
+    body: { code: "import sys\nwhile True: sys.stdout.write('x' * 65536)" },
+    status: "output_exceeded",
+    check: (b) => b.truncated,
+  },
 ];
 
 export interface SoakOptions {
@@ -76,7 +90,14 @@ export interface SoakReport {
   rssKib: { daemon: [number, number]; gateway: [number, number] };
   daemonFds: [number, number];
   daemonVms: [number, number];
-  billing: { answeredUnits: number; usageUnits: number; usageExecutions: number; reservedUnits: number; balanceUnits: number; grantedUnits: number };
+  billing: {
+    answeredUnits: number;
+    usageUnits: number;
+    usageExecutions: number;
+    reservedUnits: number;
+    balanceUnits: number;
+    grantedUnits: number;
+  };
   /** What failed of the checks above; empty when the soak passed. */
   failures: string[];
 }
@@ -93,7 +114,9 @@ async function rssKib(pid: number): Promise<number> {
 /** The daemon's open descriptors, and how many of them are KVM VMs. */
 async function descriptors(pid: number): Promise<{ fds: number; vms: number }> {
   const entries = await readdir(`/proc/${pid}/fd`);
-  const targets = await Promise.all(entries.map((fd) => readlink(`/proc/${pid}/fd/${fd}`).catch(() => "")));
+  const targets = await Promise.all(
+    entries.map((fd) => readlink(`/proc/${pid}/fd/${fd}`).catch(() => "")),
+  );
   return { fds: entries.length, vms: targets.filter((t) => t === "anon_inode:kvm-vm").length };
 }
 
@@ -102,17 +125,33 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
   const kinds = kindsOf(options.oomTimeoutMs ?? 30_000);
   const dir = await mkdtemp(join(tmpdir(), "sfk-soak-"));
   const socketPath = join(dir, "vmm.sock");
-  const gateway = await startGatewayProcess({ dataDir: join(dir, "data"), socketPath, templatesDir: options.templatesDir ?? join(dir, "templates"), env: { SANDFORK_TEMPLATES: "python", ...options.gatewayEnv }, startTimeoutMs: 300_000 });
+  const gateway = await startGatewayProcess({
+    dataDir: join(dir, "data"),
+    socketPath,
+    templatesDir: options.templatesDir ?? join(dir, "templates"),
+    env: { SANDFORK_TEMPLATES: "python", ...options.gatewayEnv },
+    startTimeoutMs: 300_000,
+  });
   const daemon = new DaemonClient({ socketPath, connections: 1 });
   try {
-    if (gateway.admin === undefined) throw new Error("the gateway printed no admin key on its fresh database");
-    const admin = { authorization: `Bearer ${gateway.admin.key}`, "content-type": "application/json" };
+    if (gateway.admin === undefined)
+      throw new Error("the gateway printed no admin key on its fresh database");
+    const admin = {
+      authorization: `Bearer ${gateway.admin.key}`,
+      "content-type": "application/json",
+    };
     const created = await fetch(`${gateway.url}/v1/keys`, {
       method: "POST",
       headers: admin,
-      body: JSON.stringify({ name: "soak", credits: GRANT, rate_limit_per_minute: 1_000_000, max_concurrency: options.concurrency }),
+      body: JSON.stringify({
+        name: "soak",
+        credits: GRANT,
+        rate_limit_per_minute: 1_000_000,
+        max_concurrency: options.concurrency,
+      }),
     });
-    if (created.status !== 201) throw new Error(`creating the soak key: ${created.status} ${await created.text()}`);
+    if (created.status !== 201)
+      throw new Error(`creating the soak key: ${created.status} ${await created.text()}`);
     const { key } = (await created.json()) as { key: string };
     const headers = { authorization: `Bearer ${key}`, "content-type": "application/json" };
 
@@ -137,13 +176,21 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
         answered++;
         answeredUnits += body.usage.units;
       }
-      const right = body !== undefined && body.status === kind.status && (kind.check?.(body) ?? true);
-      if (!right && wrong.length < 20) wrong.push(`${kind.name}: ${response.status} ${text.slice(0, 300)}`);
+      const right =
+        body !== undefined && body.status === kind.status && (kind.check?.(body) ?? true);
+      if (!right && wrong.length < 20)
+        wrong.push(`${kind.name}: ${response.status} ${text.slice(0, 300)}`);
       return right;
     };
 
     // Warm: every kind once, so the pool, the template's pages and the database are in use.
-    await drive({ scenario: "soak warm-up", requests: kinds.length * 2, concurrency: options.concurrency, maxDurationMs: 60_000, send });
+    await drive({
+      scenario: "soak warm-up",
+      requests: kinds.length * 2,
+      concurrency: options.concurrency,
+      maxDurationMs: 60_000,
+      send,
+    });
     const daemonPid = gateway.daemonPid();
     const settled = async () => {
       await daemon.connect().catch(() => {});
@@ -151,26 +198,46 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
       for (;;) {
         const stats = await daemon.stats();
         if (stats.inFlight === 0 && stats.pools.every((p) => p.ready === p.target)) return;
-        if (Date.now() > deadline) throw new Error(`the daemon did not settle: ${JSON.stringify(stats)}`);
+        if (Date.now() > deadline)
+          throw new Error(`the daemon did not settle: ${JSON.stringify(stats)}`);
         await new Promise((r) => setTimeout(r, 50));
       }
     };
     await settled();
-    const before = { daemon: await rssKib(daemonPid), gateway: await rssKib(gateway.pid), ...(await descriptors(daemonPid)) };
-    const length = options.requests === undefined ? `${options.seconds} s` : `${options.requests} requests (at most ${options.seconds} s)`;
-    log(`soak: ${length} at concurrency ${options.concurrency}${options.cpuHog ? ", a CPU hog on every core" : ""}; daemon RSS ${before.daemon} KiB, ${before.fds} fds, ${before.vms} VMs`);
+    const before = {
+      daemon: await rssKib(daemonPid),
+      gateway: await rssKib(gateway.pid),
+      ...(await descriptors(daemonPid)),
+    };
+    const length =
+      options.requests === undefined
+        ? `${options.seconds} s`
+        : `${options.requests} requests (at most ${options.seconds} s)`;
+    log(
+      `soak: ${length} at concurrency ${options.concurrency}${options.cpuHog ? ", a CPU hog on every core" : ""}; daemon RSS ${before.daemon} KiB, ${before.fds} fds, ${before.vms} VMs`,
+    );
 
     const hog = options.cpuHog ? startCpuHog() : undefined;
     let run: Awaited<ReturnType<typeof drive>>;
     let loadAverages: number[];
     try {
-      run = await drive({ scenario: "soak", requests: options.requests ?? Number.MAX_SAFE_INTEGER, concurrency: options.concurrency, maxDurationMs: options.seconds * 1000, send });
+      run = await drive({
+        scenario: "soak",
+        requests: options.requests ?? Number.MAX_SAFE_INTEGER,
+        concurrency: options.concurrency,
+        maxDurationMs: options.seconds * 1000,
+        send,
+      });
     } finally {
       loadAverages = loadavg().map((l) => Number(l.toFixed(2)));
       hog?.stop();
     }
     await settled();
-    const after = { daemon: await rssKib(daemonPid), gateway: await rssKib(gateway.pid), ...(await descriptors(daemonPid)) };
+    const after = {
+      daemon: await rssKib(daemonPid),
+      gateway: await rssKib(gateway.pid),
+      ...(await descriptors(daemonPid)),
+    };
 
     const usage = (await (await fetch(`${gateway.url}/v1/usage`, { headers })).json()) as {
       executions: number;
@@ -187,18 +254,36 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
     };
     const total = sequence;
     const failures: string[] = [];
-    if (run.failures > 0 || wrong.length > 0) failures.push(`${run.failures} of ${run.requests} soak requests got another answer than their kind's`);
-    if (options.requests !== undefined && run.requests < options.requests) failures.push(`only ${run.requests} of ${options.requests} requests were answered within ${options.seconds} s`);
-    if (gateway.daemonPid() !== daemonPid) failures.push("the daemon was restarted during the soak");
+    if (run.failures > 0 || wrong.length > 0)
+      failures.push(
+        `${run.failures} of ${run.requests} soak requests got another answer than their kind's`,
+      );
+    if (options.requests !== undefined && run.requests < options.requests)
+      failures.push(
+        `only ${run.requests} of ${options.requests} requests were answered within ${options.seconds} s`,
+      );
+    if (gateway.daemonPid() !== daemonPid)
+      failures.push("the daemon was restarted during the soak");
     for (const name of ["daemon", "gateway"] as const) {
-      if (after[name] - before[name] > RSS_GROWTH_KIB[name]) failures.push(`${name} RSS grew from ${before[name]} to ${after[name]} KiB`);
+      if (after[name] - before[name] > RSS_GROWTH_KIB[name])
+        failures.push(`${name} RSS grew from ${before[name]} to ${after[name]} KiB`);
     }
-    if (after.fds > before.fds) failures.push(`the daemon holds ${after.fds} descriptors, ${before.fds} before`);
-    if (after.vms > before.vms) failures.push(`the daemon holds ${after.vms} VMs, ${before.vms} before`);
-    if (billing.usageExecutions !== answered) failures.push(`usage counts ${billing.usageExecutions} executions, ${answered} were answered 200`);
-    if (billing.usageUnits !== billing.answeredUnits) failures.push(`usage is ${billing.usageUnits} units, the answers charged ${billing.answeredUnits}`);
-    if (billing.reservedUnits !== 0) failures.push(`${billing.reservedUnits} units are still reserved`);
-    if (billing.balanceUnits !== GRANT - billing.usageUnits) failures.push(`the balance is ${billing.balanceUnits}, not ${GRANT} - ${billing.usageUnits}`);
+    if (after.fds > before.fds)
+      failures.push(`the daemon holds ${after.fds} descriptors, ${before.fds} before`);
+    if (after.vms > before.vms)
+      failures.push(`the daemon holds ${after.vms} VMs, ${before.vms} before`);
+    if (billing.usageExecutions !== answered)
+      failures.push(
+        `usage counts ${billing.usageExecutions} executions, ${answered} were answered 200`,
+      );
+    if (billing.usageUnits !== billing.answeredUnits)
+      failures.push(
+        `usage is ${billing.usageUnits} units, the answers charged ${billing.answeredUnits}`,
+      );
+    if (billing.reservedUnits !== 0)
+      failures.push(`${billing.reservedUnits} units are still reserved`);
+    if (billing.balanceUnits !== GRANT - billing.usageUnits)
+      failures.push(`the balance is ${billing.balanceUnits}, not ${GRANT} - ${billing.usageUnits}`);
     return {
       seconds: run.seconds,
       requests: total,

@@ -4,7 +4,10 @@ import { resolve } from "node:path";
 import { loadRuntimeConfig } from "../config.js";
 import { ensureTemplates, selectTemplateSources } from "../templates.js";
 
-const config = loadRuntimeConfig(process.env, resolve(process.env.SANDFORK_DATA_DIR ?? ".sandfork"));
+const config = loadRuntimeConfig(
+  process.env,
+  resolve(process.env.SANDFORK_DATA_DIR ?? ".sandfork"),
+);
 await ensureTemplates(selectTemplateSources(config.templateSourcesDir, config.templateNames), {
   binary: config.binary,
   templatesDir: config.templatesDir,

@@ -1,20 +1,31 @@
 // Test support: the REAL `sandfork-vmm` binary (no stand-in), a real template built with it,
 // and a daemon run under the real supervisor, all in a short temporary directory (a Unix socket
 // path must fit 107 bytes).
-import { chmodSync, existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  existsSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  writeFileSync,
+} from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { DaemonSupervisor, type SupervisorOptions } from "../supervisor.js";
 import { ensureTemplate } from "../templates.js";
 
-const VMM_BINARY = resolve(process.env.SANDFORK_VMM_BIN ?? "native-vmm/target/release/sandfork-vmm");
+const VMM_BINARY = resolve(
+  process.env.SANDFORK_VMM_BIN ?? "native-vmm/target/release/sandfork-vmm",
+);
 const PYTHON_MANIFEST = resolve("templates/python/image.json");
 
 /** The daemon binary's path; a missing binary fails the test with how to build it (never a skip). */
 export function requireVmmBinary(): string {
   if (!existsSync(VMM_BINARY)) {
-    throw new Error(`the sandfork-vmm binary is missing at ${VMM_BINARY}: build it first with \`cd native-vmm && cargo build --release\``);
+    throw new Error(
+      `the sandfork-vmm binary is missing at ${VMM_BINARY}: build it first with \`cd native-vmm && cargo build --release\``,
+    );
   }
   return VMM_BINARY;
 }
@@ -33,7 +44,10 @@ export function vmmBinaryWithoutKvm(): string {
   const binary = requireVmmBinary();
   const script = join(mkdtempSync(join(tmpdir(), "sfk-nokvm-")), "sandfork-vmm");
   const body = `mount --bind /dev/null /dev/kvm 2>/dev/null || [ ! -e /dev/kvm ] || exit 125; exec "$0" "$@"`;
-  writeFileSync(script, `#!/bin/sh\nexec unshare --mount -- /bin/sh -c '${body}' '${binary}' "$@"\n`);
+  writeFileSync(
+    script,
+    `#!/bin/sh\nexec unshare --mount -- /bin/sh -c '${body}' '${binary}' "$@"\n`,
+  );
   chmodSync(script, 0o755);
   withoutKvm = script;
   return script;
@@ -67,7 +81,11 @@ export interface DaemonFixture {
 }
 
 /** A temporary directory with the python template built into templates/python. */
-export async function templatesFixture(): Promise<{ dir: string; templatesDir: string; dispose(): Promise<void> }> {
+export async function templatesFixture(): Promise<{
+  dir: string;
+  templatesDir: string;
+  dispose(): Promise<void>;
+}> {
   const binary = requireVmmBinary();
   const dir = await mkdtemp(join(tmpdir(), "sfk-rt-"));
   const templatesDir = join(dir, "templates");
@@ -76,7 +94,9 @@ export async function templatesFixture(): Promise<{ dir: string; templatesDir: s
 }
 
 /** `sandfork-vmm serve` on a freshly built python template, supervised and ready. */
-export async function startDaemon(options: Partial<SupervisorOptions> = {}): Promise<DaemonFixture> {
+export async function startDaemon(
+  options: Partial<SupervisorOptions> = {},
+): Promise<DaemonFixture> {
   const templates = await templatesFixture();
   const socketPath = join(templates.dir, "vmm.sock");
   const supervisor = new DaemonSupervisor({

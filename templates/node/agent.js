@@ -31,9 +31,28 @@ const ts = require(`${OPT}/typescript.js`);
 // Warm-up: the built-in modules user code commonly loads are loaded before the ready point,
 // where they cost nothing per request.
 for (const name of [
-  "assert", "buffer", "child_process", "crypto", "dns", "events", "fs/promises", "http", "https", "net", "os",
-  "querystring", "readline", "stream", "stream/promises", "string_decoder", "timers", "timers/promises", "url",
-  "util", "worker_threads", "zlib",
+  "assert",
+  "buffer",
+  "child_process",
+  "crypto",
+  "dns",
+  "events",
+  "fs/promises",
+  "http",
+  "https",
+  "net",
+  "os",
+  "querystring",
+  "readline",
+  "stream",
+  "stream/promises",
+  "string_decoder",
+  "timers",
+  "timers/promises",
+  "url",
+  "util",
+  "worker_threads",
+  "zlib",
 ]) {
   require(name);
 }
@@ -45,18 +64,29 @@ require(`${OPT}/worker-defaults.js`).applyWorkerDefaults();
 // module compiled here puts that in the template.
 void process.stdout;
 void process.stderr;
-new Module(`${OPT}/warm.js`)._compile("module.exports = require('node:path').join('a', 'b');", `${OPT}/warm.js`);
+new Module(`${OPT}/warm.js`)._compile(
+  "module.exports = require('node:path').join('a', 'b');",
+  `${OPT}/warm.js`,
+);
 
 // The transpiler's settings: one output per module format (CommonJS unless the code needs an
 // ES module: README.md).
 const COMPILER_OPTIONS = {
-  commonjs: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.CommonJS, esModuleInterop: true },
+  commonjs: {
+    target: ts.ScriptTarget.ES2022,
+    module: ts.ModuleKind.CommonJS,
+    esModuleInterop: true,
+  },
   module: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext, esModuleInterop: true },
 };
 
 /** TypeScript to JavaScript; `diagnostics` are the syntax errors (types are not checked). */
 function transpile(source, fileName, format) {
-  const output = ts.transpileModule(source, { fileName, reportDiagnostics: true, compilerOptions: COMPILER_OPTIONS[format] });
+  const output = ts.transpileModule(source, {
+    fileName,
+    reportDiagnostics: true,
+    compilerOptions: COMPILER_OPTIONS[format],
+  });
   return { js: output.outputText, diagnostics: output.diagnostics ?? [] };
 }
 
@@ -92,7 +122,8 @@ function awaitRequest() {
     const length = native.awaitRequest(buffer);
     if (length >= 0) return JSON.parse(buffer.toString("utf8", 0, length));
     const needed = Number(buffer.readBigUInt64LE(0));
-    if (length !== -E2BIG || needed <= size) throw new Error(`AWAIT_REQUEST failed: errno ${-length}`);
+    if (length !== -E2BIG || needed <= size)
+      throw new Error(`AWAIT_REQUEST failed: errno ${-length}`);
     size = needed;
   }
 }
@@ -167,7 +198,9 @@ function reportSyntaxError(diagnostic) {
   const { line, character } = diagnostic.file.getLineAndCharacterOfPosition(diagnostic.start ?? 0);
   const text = diagnostic.file.text.split(/\r?\n/)[line] ?? "";
   const message = ts.flattenDiagnosticMessageText(diagnostic.messageText, "\n");
-  process.stderr.write(`${diagnostic.file.fileName}:${line + 1}\n${text}\n${" ".repeat(character)}^\n\nSyntaxError: ${message}\n\nNode.js ${process.version}\n`);
+  process.stderr.write(
+    `${diagnostic.file.fileName}:${line + 1}\n${text}\n${" ".repeat(character)}^\n\nSyntaxError: ${message}\n\nNode.js ${process.version}\n`,
+  );
   process.exitCode = 1;
 }
 
@@ -176,7 +209,9 @@ function requireTypeScript(module, filename) {
   const { js, diagnostics } = transpile(fs.readFileSync(filename, "utf8"), filename, "commonjs");
   if (diagnostics.length > 0) {
     const { line } = diagnostics[0].file.getLineAndCharacterOfPosition(diagnostics[0].start ?? 0);
-    throw new SyntaxError(`${filename}:${line + 1}: ${ts.flattenDiagnosticMessageText(diagnostics[0].messageText, "\n")}`);
+    throw new SyntaxError(
+      `${filename}:${line + 1}: ${ts.flattenDiagnosticMessageText(diagnostics[0].messageText, "\n")}`,
+    );
   }
   module._compile(js, filename);
 }
@@ -209,7 +244,12 @@ function warmRequestPath() {
   formatOf(file, "console.log(1)");
   const { Writable } = require("node:stream");
   const { Console } = require("node:console");
-  new Console(new Writable({ write: (_chunk, _encoding, done) => done() })).log("%s %d", "warm", 1, { a: [1] });
+  new Console(new Writable({ write: (_chunk, _encoding, done) => done() })).log(
+    "%s %d",
+    "warm",
+    1,
+    { a: [1] },
+  );
   // Empty writes: the output streams' write path, with nothing captured.
   process.stdout.write("");
   process.stderr.write("");
@@ -222,8 +262,13 @@ function runScript(file) {
   let entry = file;
   if (TYPESCRIPT.test(file)) {
     const asCommonJs = /\.mts$/.test(file) ? null : transpile(source, file, "commonjs");
-    const format = asCommonJs === null || (asCommonJs.diagnostics.length === 0 && !/\.cts$/.test(file) && needsModule(asCommonJs.js)) ? "module" : "commonjs";
-    const { js, diagnostics } = format === "commonjs" ? asCommonJs : transpile(source, file, "module");
+    const format =
+      asCommonJs === null ||
+      (asCommonJs.diagnostics.length === 0 && !/\.cts$/.test(file) && needsModule(asCommonJs.js))
+        ? "module"
+        : "commonjs";
+    const { js, diagnostics } =
+      format === "commonjs" ? asCommonJs : transpile(source, file, "module");
     if (diagnostics.length > 0) return reportSyntaxError(diagnostics[0]);
     // CommonJS TypeScript loads through requireTypeScript, transpiled again: a script is small.
     if (format === "module") entry = moduleFile(file, js);
@@ -276,7 +321,8 @@ process.on("uncaughtExceptionMonitor", () => {
 process.on("exit", function exitAtOnce(code) {
   if (uncaught) return;
   const listeners = process.listeners("exit");
-  for (const listener of listeners.slice(listeners.indexOf(exitAtOnce) + 1)) listener.call(process, code);
+  for (const listener of listeners.slice(listeners.indexOf(exitAtOnce) + 1))
+    listener.call(process, code);
   native.exitNow(process.exitCode ?? code);
 });
 // Outside the try: what the script throws is uncaught, reported by Node as natively.

@@ -22,8 +22,10 @@ function withCodeRange(options) {
   if (options === undefined) return { resourceLimits: { codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
   if (options === null || typeof options !== "object") return options;
   const limits = options.resourceLimits;
-  if (limits === undefined) return { ...options, resourceLimits: { codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
-  if (limits === null || typeof limits !== "object" || limits.codeRangeSizeMb !== undefined) return options;
+  if (limits === undefined)
+    return { ...options, resourceLimits: { codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
+  if (limits === null || typeof limits !== "object" || limits.codeRangeSizeMb !== undefined)
+    return options;
   return { ...options, resourceLimits: { ...limits, codeRangeSizeMb: WORKER_CODE_RANGE_MB } };
 }
 

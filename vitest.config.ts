@@ -1,5 +1,5 @@
-import type { Reporter, TestModule } from "vitest/node";
 import { defineConfig } from "vitest/config";
+import type { Reporter, TestModule } from "vitest/node";
 
 /**
  * Ends the run with one plain "vitest: N passed, N failed[, N skipped]" line that CI can read.

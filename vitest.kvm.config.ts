@@ -1,6 +1,6 @@
 import { defineConfig } from "vitest/config";
-import { PlainCountReporter } from "./vitest.config.js";
 import { testNodeFlags, timeScale } from "./gateway/testing/kvm-tier.js";
+import { PlainCountReporter } from "./vitest.config.js";
 
 /**
  * The KVM tier's TypeScript tests (*.kvm.test.ts): they run guests on a /dev/kvm, so only

@@ -1,8 +1,9 @@
 // Reads for the console: a key's executions newest first, a page at a time, and its units per
 // hour or day by template. The series reads the hourly sums for what they hold (db/usage.ts) and
 // the records only after their horizon.
-import type { Database } from "./client.js";
+
 import { type ExecutionRecord, fromRecordRow, RECORD_COLUMNS } from "./billing.js";
+import type { Database } from "./client.js";
 import { type PreparedStatement, runPrepared } from "./prepared.js";
 
 export interface ExecutionListQuery {

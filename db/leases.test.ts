@@ -10,8 +10,8 @@ import {
   releaseAbandonedLeases,
 } from "./leases.js";
 import { accountWithKey } from "./testing/accounts.js";
-import { leasedExecution } from "./testing/leased-execution.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
+import { leasedExecution } from "./testing/leased-execution.js";
 import { usageForKey } from "./usage.js";
 
 describe.each(BACKENDS)("credit leases on %s", (backend) => {

@@ -11,7 +11,6 @@
 // with them (idle, at shutdown), or, for a gateway that died, at the next start
 // (releaseAbandonedLeases).
 import { and, eq, ne, sql } from "drizzle-orm";
-import type { Database } from "./client.js";
 import {
   accountStanding,
   checkCharge,
@@ -19,11 +18,12 @@ import {
   fromSettledRow,
   ofGoneGateway,
   SETTLED_COLUMNS,
-  settledOutcome,
   type Settlement,
+  settledOutcome,
   settlementJson,
   settlementParams,
 } from "./billing.js";
+import type { Database } from "./client.js";
 import { type PreparedStatement, type RunOptions, runPrepared } from "./prepared.js";
 import { accounts, creditLeases } from "./schema.js";
 

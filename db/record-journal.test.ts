@@ -14,7 +14,7 @@ import { eq } from "drizzle-orm";
 import { afterAll, describe, expect, it } from "vitest";
 import { CreditLeases } from "../gateway/credit-leases.js";
 import { findExecution } from "./billing.js";
-import { openDatabase, type OpenDatabase } from "./client.js";
+import { type OpenDatabase, openDatabase } from "./client.js";
 import { getBalance } from "./keys.js";
 import { leasedUnits, releaseAbandonedLeases } from "./leases.js";
 import {

@@ -10,14 +10,15 @@
 //   ends; the final event is the stored execution's body; a client that disconnects is billed
 //   for what ran.
 // Its waits are multiplied by SANDFORK_TEST_TIME_SCALE (1 native, ~15 in QEMU).
+
+import { mkdtemp, rm } from "node:fs/promises";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { createOpenAI } from "@ai-sdk/openai";
 import Anthropic from "@anthropic-ai/sdk";
-import { serve, type ServerType } from "@hono/node-server";
+import { type ServerType, serve } from "@hono/node-server";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -28,13 +29,13 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 import {
   scaledDaemonReadyEnv,
   templatesWithPrebuilt,
   testNodeFlags,
   timeScale,
 } from "./testing/kvm-tier.js";
+import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const CREDITS = 100_000;
 const SIX_BY_SEVEN = { language: "python", code: "print(6*7)" };

@@ -12,11 +12,11 @@ import type { GatewayConfig } from "./config.js";
 import type { AppEnv, GatewayContext } from "./context.js";
 import { CreditLeases } from "./credit-leases.js";
 import { registerDocs } from "./docs.js";
-import { registerConsole } from "./routes/console.js";
 import { ExecutionService } from "./execution-service.js";
+import { httpTelemetry } from "./http-telemetry.js";
 import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits.js";
 import { ProblemError, problemResponse } from "./problems.js";
-import { SessionService } from "./session-service.js";
+import { registerConsole } from "./routes/console.js";
 import { registerExecutionRoutes } from "./routes/executions.js";
 import { registerKeyRoutes } from "./routes/keys.js";
 import { registerMcpRoutes } from "./routes/mcp.js";
@@ -24,10 +24,10 @@ import { registerSessionRoutes } from "./routes/sessions.js";
 import { registerSystemRoutes } from "./routes/system.js";
 import { registerTokenRoutes } from "./routes/tokens.js";
 import { registerToolRoutes } from "./routes/tools.js";
-import { ToolRunner } from "./tools/runner.js";
 import { registerUsageRoutes } from "./routes/usage.js";
-import { httpTelemetry } from "./http-telemetry.js";
+import { SessionService } from "./session-service.js";
 import { SERVICE_VERSION, type Telemetry } from "./telemetry.js";
+import { ToolRunner } from "./tools/runner.js";
 
 export interface GatewayDeps {
   db: Database;

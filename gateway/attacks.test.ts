@@ -2,9 +2,10 @@
 // (on a real socket) oversized headers and slow clients. What these must never give: a 2xx, a
 // 500, a hang, or an answer that depends on how much of a secret was guessed. The idempotency and
 // concurrency attacks, which need executions, are in executions.test.ts.
-import { connect } from "node:net";
+
 import { createPublicKey, generateKeyPairSync, randomUUID } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
+import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { SignJWT, UnsecuredJWT } from "jose";
@@ -13,7 +14,7 @@ import * as keys from "../db/keys.js";
 import { apiKeyWithBody, hashApiKey, mintApiKey } from "./auth/api-key.js";
 import { TokenService } from "./auth/tokens.js";
 import { type GatewayConfig, loadConfig } from "./config.js";
-import { startGateway, type RunningGateway } from "./server.js";
+import { type RunningGateway, startGateway } from "./server.js";
 import {
   expectProblem,
   startTestGateway,

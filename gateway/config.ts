@@ -3,8 +3,8 @@ import { availableParallelism } from "node:os";
 import { resolve } from "node:path";
 import type { KeyLimits } from "../db/keys.js";
 import { executeMaxWaitMsFromEnv, positiveIntegerFromEnv } from "../runtime/config.js";
-import { loadSessionSettings, type SessionSettings } from "./session-settings.js";
 import { DEFAULT_PRICING, type Pricing, parsePricing } from "./pricing.js";
+import { loadSessionSettings, type SessionSettings } from "./session-settings.js";
 
 export interface ExecutionLimits {
   defaultTimeoutMs: number;

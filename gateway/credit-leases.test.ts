@@ -3,10 +3,10 @@ import { eq } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { getBalance, revokeKey } from "../db/keys.js";
 import { leasedUnits } from "../db/leases.js";
-import { accountWithKey } from "../db/testing/accounts.js";
-import { leasedExecution } from "../db/testing/leased-execution.js";
 import { creditLeases } from "../db/schema.js";
+import { accountWithKey } from "../db/testing/accounts.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
+import { leasedExecution } from "../db/testing/leased-execution.js";
 import { CreditLeases } from "./credit-leases.js";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));

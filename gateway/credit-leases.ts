@@ -19,8 +19,9 @@
 // A revoked key gets no hold: a key is looked up at most once every `keyCheckMs` (the key
 // cache's TTL: as long as a revocation made by another gateway takes to reach this one's API-key
 // callers anyway), and at once after this gateway revoked it (forgetKey).
-import type { Database } from "../db/client.js";
+
 import { accountStanding, type ExecutionRecord } from "../db/billing.js";
+import type { Database } from "../db/client.js";
 import { GroupCommit } from "../db/group-commit.js";
 import type { AccountBalance } from "../db/keys.js";
 import {

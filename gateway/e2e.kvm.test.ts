@@ -17,8 +17,8 @@ import { findExecution } from "../db/billing.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
+import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const CREDITS = 100_000;
 let dir: string;

@@ -10,7 +10,6 @@
 // is shared with the executions that reserve, settle or record at the same time (group commit).
 // Nothing is charged unless the runtime reports an end of the program.
 import { createHash, randomUUID } from "node:crypto";
-import type { Database } from "../db/client.js";
 import {
   BillingBatches,
   type ExecutionRecord,
@@ -20,6 +19,7 @@ import {
   release,
   type Settlement,
 } from "../db/billing.js";
+import type { Database } from "../db/client.js";
 import { journalOf } from "../db/record-journal.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type {
@@ -30,12 +30,12 @@ import type {
   Template,
 } from "../runtime/execution-runtime.js";
 import { executeFrame } from "../runtime/protocol.js";
+import type { Admission } from "./admission.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
 import type { CreditLeases, HoldOutcome } from "./credit-leases.js";
 import { filesProblems } from "./file-paths.js";
 import { IdempotencyClaims } from "./idempotency-claims.js";
-import type { Admission } from "./admission.js";
 import type { TokenExecutionCounter } from "./limits.js";
 import { costUnits, type Pricing, priceOf, type TemplatePrice } from "./pricing.js";
 import { ProblemError } from "./problems.js";

@@ -2,8 +2,9 @@
 // execute with `unavailable` on a machine without /dev/kvm; runtime/gateway-runtime.test.ts covers
 // that). The double runs no code: it returns results scripted by each test, so that the gateway's
 // real reserve → execute → settle billing flow can be exercised against both databases.
-import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
+
 import { eq } from "drizzle-orm";
+import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
 import { findExecution } from "../db/billing.js";
 import { getBalance } from "../db/keys.js";
 import { executions } from "../db/schema.js";

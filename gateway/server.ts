@@ -2,16 +2,16 @@
 // gateway processes that are gone, bootstrap the first admin key, serve HTTP.
 import { randomUUID } from "node:crypto";
 import { join } from "node:path";
-import { serve, type ServerType } from "@hono/node-server";
+import { type ServerType, serve } from "@hono/node-server";
 import { liveGatewayIds, releaseAbandonedReservations } from "../db/billing.js";
-import { releaseAbandonedLeases } from "../db/leases.js";
 import { type OpenDatabase, openDatabase } from "../db/client.js";
 import { countKeys } from "../db/keys.js";
+import { releaseAbandonedLeases } from "../db/leases.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { createGateway } from "./app.js";
 import { loadSigningKey, TokenService } from "./auth/tokens.js";
 import { EMBEDDED_DATABASE_DIR, type GatewayConfig } from "./config.js";
-import { issueKey, type IssuedKey } from "./key-service.js";
+import { type IssuedKey, issueKey } from "./key-service.js";
 import { createTelemetry } from "./telemetry.js";
 
 /** An execution older than its longest timeout plus this is certainly not running any more, whoever ran it. */

@@ -8,8 +8,8 @@
 // session is no longer there as the row says: ended, unknown) settles the row once to what the
 // daemon holds; failures are logged as one JSON line each.
 import { createHash, randomUUID } from "node:crypto";
-import type { Database } from "../db/client.js";
 import { BillingBatches, type ExecutionRecord, release } from "../db/billing.js";
+import type { Database } from "../db/client.js";
 import {
   type AccrualOutcome,
   accrue,

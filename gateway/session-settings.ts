@@ -1,6 +1,7 @@
 // What stateful sessions cost and how far a key may use them (gateway/session-service.ts).
-import { positiveIntegerFromEnv } from "../runtime/config.js";
+
 import type { SessionRates } from "../db/sessions.js";
+import { positiveIntegerFromEnv } from "../runtime/config.js";
 
 export interface SessionSettings extends SessionRates {
   /** Charged for each cell a session runs (as an execution of the session's template). */

@@ -13,8 +13,8 @@ import { usageLedger } from "../db/schema.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
+import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const CREDITS = 1_000_000;
 const MAX_SESSIONS = 3;

@@ -1,8 +1,8 @@
 // OTLP/HTTP export when configured: spans and metrics reach a collector (a loopback HTTP server).
 import { createServer, type IncomingMessage } from "node:http";
 import type { AddressInfo } from "node:net";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { InMemorySpanExporter } from "@opentelemetry/sdk-trace-base";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTelemetry, otlpEndpoint } from "./telemetry.js";
 
 describe("OTLP export", () => {

@@ -30,9 +30,9 @@ import {
   AlwaysOffSampler,
   BasicTracerProvider,
   BatchSpanProcessor,
+  SimpleSpanProcessor,
   type SpanExporter,
   type SpanProcessor,
-  SimpleSpanProcessor,
 } from "@opentelemetry/sdk-trace-base";
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
 

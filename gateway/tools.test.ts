@@ -4,6 +4,7 @@
 // stream's events. Billing goes through the real database (PGlite).
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { Sandfork, SandforkError, type StreamEvent } from "sandfork";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type {
   ExecutionRequest,
@@ -12,7 +13,6 @@ import type {
   OutputChunk,
   Template,
 } from "../runtime/execution-runtime.js";
-import { Sandfork, SandforkError, type StreamEvent } from "sandfork";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 /** Test double: writes `chunks` through onOutput, then answers a completed run of their text. */

@@ -36,10 +36,10 @@
 // against the same run's unloaded figure; --overload-seconds long each.
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { setTimeout as pauseFor } from "node:timers/promises";
 import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+import { setTimeout as pauseFor } from "node:timers/promises";
 import { commandLine } from "../gateway/cli/command-line.js";
 import { daemonRequest, EXECUTION, EXECUTION_BODY, REPOSITORY } from "./lib/execution.js";
 import { keepAliveClient } from "./lib/http-client.js";

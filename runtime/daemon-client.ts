@@ -30,7 +30,6 @@ import type {
   Template,
 } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
-import { DaemonSessions } from "./session-runtime.js";
 import {
   type DaemonHealth,
   type DaemonStats,
@@ -42,6 +41,7 @@ import {
   parseTemplates,
   type RequestType,
 } from "./protocol.js";
+import { DaemonSessions } from "./session-runtime.js";
 
 export interface DaemonClientOptions {
   socketPath: string;

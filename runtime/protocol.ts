@@ -3,8 +3,8 @@
 import { z } from "zod";
 import {
   type DaemonErrorCode,
-  type RuntimeError,
   RuntimeBusyError,
+  type RuntimeError,
   RuntimeInternalError,
   RuntimeProtocolError,
   RuntimeRequestError,

@@ -6,8 +6,8 @@ import { dirname } from "node:path";
 import type { RuntimeConfig } from "./config.js";
 import { DaemonClient } from "./daemon-client.js";
 import { DaemonSupervisor } from "./supervisor.js";
-import { daemonUser } from "./unprivileged.js";
 import { ensureTemplates, selectTemplateSources } from "./templates.js";
+import { daemonUser } from "./unprivileged.js";
 
 export interface StartedRuntime {
   client: DaemonClient;

@@ -1,7 +1,8 @@
 // The supervisor running the REAL `sandfork-vmm serve`: restart after SIGKILL with the calls in
 // flight failing retryably, backoff, refusing a taken socket, a start-up failure, stop.
-import { existsSync } from "node:fs";
+
 import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
 import { chown, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";

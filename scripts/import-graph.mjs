@@ -12,7 +12,7 @@
 // use of its root's items is. lib.rs and main.rs (the crate's roots), comments, string literals
 // and test code (tests.rs, process/testing.rs and a file's closing `#[cfg(test)] mod tests`) are
 // not read: a test may use whatever it tests.
-import { readFileSync, readdirSync, statSync } from "node:fs";
+import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 

@@ -1,8 +1,8 @@
 // The Sandfork web console: sign in with an API key (traded for a token kept in memory), then the
 // playground, sessions, keys and usage pages, routed by the URL's hash.
 import {
-  api,
   ApiError,
+  api,
   can,
   session,
   signIn,
@@ -10,9 +10,9 @@ import {
   streamExecution,
   whenSignedOut,
 } from "./api.js";
-import { usageChart, type Point } from "./chart.js";
-import { createEditor } from "./editor.js";
+import { type Point, usageChart } from "./chart.js";
 import { field, h, when } from "./dom.js";
+import { createEditor } from "./editor.js";
 
 interface Template {
   name: string;

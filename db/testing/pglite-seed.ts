@@ -9,11 +9,12 @@
 // scripts/test.sh and scripts/kvm-tier.sh make one and name it in SANDFORK_TEST_PGLITE_SEED; without
 // it every fresh database is created from nothing, as before. Migrations added since the seed was
 // made are applied on open like on any database.
-import { cp, mkdir, readFile, writeFile } from "node:fs/promises";
+
 import { existsSync } from "node:fs";
+import { cp, mkdir, readFile, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { PGlite } from "@electric-sql/pglite";
+import type { PGlite } from "@electric-sql/pglite";
 import { type Database, openDatabase } from "../client.js";
 
 const SEED_ENV = "SANDFORK_TEST_PGLITE_SEED";

@@ -2,8 +2,8 @@ import { describe, expect, it } from "vitest";
 import {
   API_KEY_LENGTH,
   API_KEY_PREFIX,
-  hasValidChecksum,
   hashApiKey,
+  hasValidChecksum,
   mintApiKey,
 } from "./api-key.js";
 

@@ -6,7 +6,7 @@
 import type { Database } from "../../db/client.js";
 import { findKeyByHash, findKeyById, type StoredKey } from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
-import { hasValidChecksum, hashApiKey, looksLikeApiKey } from "./api-key.js";
+import { hashApiKey, hasValidChecksum, looksLikeApiKey } from "./api-key.js";
 import type { Principal } from "./principal.js";
 import type { TokenService } from "./tokens.js";
 

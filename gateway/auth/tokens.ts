@@ -11,7 +11,7 @@ import {
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { errors, jwtVerify, SignJWT } from "jose";
-import { type KeyLimits, type Scope, SCOPES } from "../../db/keys.js";
+import { type KeyLimits, SCOPES, type Scope } from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
 import type { Principal } from "./principal.js";
 

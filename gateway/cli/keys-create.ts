@@ -2,9 +2,9 @@
 // (for an operator at the gateway's host) and prints the secret once.
 import { SCOPES, type Scope } from "../../db/keys.js";
 import { loadConfig } from "../config.js";
-import { commandLine } from "./command-line.js";
 import { issueKey } from "../key-service.js";
 import { openConfiguredDatabase } from "../server.js";
+import { commandLine } from "./command-line.js";
 
 const { values, fail } = commandLine(
   "npm run keys:create -- --name NAME [--scopes execute,usage:read] [--credits N] [--account ID] [--expires-in SECONDS]",

@@ -8,7 +8,6 @@ import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { priceOf } from "../pricing.js";
 import { ProblemError } from "../problems.js";
-import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-execution.js";
 import {
   ExecutionListQuerySchema,
   ExecutionListSchema,
@@ -17,6 +16,7 @@ import {
   IdParamSchema,
   TemplateSchema,
 } from "../schemas.js";
+import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-execution.js";
 import {
   AUTHENTICATED,
   executionJson,

@@ -7,8 +7,8 @@ import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { ProblemError } from "../problems.js";
 import {
   BalanceSchema,
-  CreateKeyRequestSchema,
   CreatedKeySchema,
+  CreateKeyRequestSchema,
   CreditGrantSchema,
   IdParamSchema,
   KeySchema,

@@ -1,9 +1,9 @@
 // GET /v1/usage: what a key used in a period, and its account's balance.
 import { createRoute, type OpenAPIHono } from "@hono/zod-openapi";
+import { usageSeries } from "../../db/execution-list.js";
 import { findKeyById, getBalance } from "../../db/keys.js";
 import { sessionUsageForKey } from "../../db/sessions.js";
 import { usageForKey } from "../../db/usage.js";
-import { usageSeries } from "../../db/execution-list.js";
 import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate } from "../middleware.js";

@@ -4,9 +4,9 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createServer } from "node:net";
+import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
-import { join } from "node:path";
 import { copySeedTo } from "../../db/testing/pglite-seed.js";
 import { EMBEDDED_DATABASE_DIR } from "../config.js";
 import { testNodeFlags } from "./kvm-tier.js";

@@ -2,9 +2,9 @@
 // helpers to issue keys and make requests through app.request (no sockets).
 import { generateKeyPairSync } from "node:crypto";
 import { InMemorySpanExporter } from "@opentelemetry/sdk-trace-base";
+import type { DatabaseBackend } from "../../db/client.js";
 import { type AccountBalance, getBalance, type Scope } from "../../db/keys.js";
 import { leasedUnits } from "../../db/leases.js";
-import type { DatabaseBackend } from "../../db/client.js";
 import { type FreshDatabase, freshDatabase } from "../../db/testing/fresh-database.js";
 import type { ExecutionRuntime } from "../../runtime/execution-runtime.js";
 import { createGateway, type Gateway } from "../app.js";

@@ -44,7 +44,10 @@ describe("GroupCommit", () => {
       expect(turns).toHaveBeenCalledTimes(1);
       // Items submitted in one turn after that still go together.
       const seen: number[][] = [];
-      const counting = new GroupCommit(async (items: number[]) => (seen.push(items), items));
+      const counting = new GroupCommit(async (items: number[]) => {
+        seen.push(items);
+        return items;
+      });
       expect(await Promise.all([counting.submit(1), counting.submit(2)])).toEqual([1, 2]);
       expect(seen).toEqual([[1, 2]]);
     } finally {

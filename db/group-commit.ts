@@ -41,7 +41,7 @@ export class GroupCommit<I, O> {
         const outputs = await this.run(batch.map((p) => p.item));
         if (outputs.length !== batch.length)
           throw new Error(`a batch of ${batch.length} answered ${outputs.length} outputs`);
-        batch.forEach((p, i) => p.resolve(outputs[i] as O));
+        for (const [i, p] of batch.entries()) p.resolve(outputs[i] as O);
       } catch (error) {
         for (const p of batch) p.reject(error);
       }

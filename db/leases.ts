@@ -227,8 +227,7 @@ export function checkRecordable(e: LeasedExecution): void {
   )
     throw new RangeError("an exit code is an int4");
   for (const text of [s.stdout, s.stderr, s.status, e.template, e.tokenId, e.idempotencyKey]) {
-    if (text !== null && text.includes("\0"))
-      throw new RangeError("a record's texts hold no NUL character");
+    if (text?.includes("\0")) throw new RangeError("a record's texts hold no NUL character");
   }
 }
 

@@ -73,7 +73,10 @@ function runOnPglite(
   return pg._runExclusiveTransaction(() =>
     pg._runExclusiveQuery(async () => {
       let parsed = pgliteStatements.get(pg);
-      if (parsed === undefined) pgliteStatements.set(pg, (parsed = new Map()));
+      if (parsed === undefined) {
+        parsed = new Map();
+        pgliteStatements.set(pg, parsed);
+      }
       let columns = parsed.get(statement.name);
       const call = bindExecuteSync(statement.name, params);
       const request =
@@ -98,7 +101,10 @@ function runOnPglite(
       const raw = chunks.length === 1 ? (chunks[0] as Uint8Array) : Buffer.concat(chunks);
       const response = readResponse(raw);
       // Described even when the call then failed: the statement exists from now on.
-      if (response.columns !== undefined) parsed.set(statement.name, (columns = response.columns));
+      if (response.columns !== undefined) {
+        columns = response.columns;
+        parsed.set(statement.name, columns);
+      }
       if (response.failed) {
         // The same error object PGlite's own query() throws.
         let error: ProtocolMessage | undefined;
@@ -110,7 +116,7 @@ function runOnPglite(
       const names = columns ?? [];
       return response.rows.map((values) => {
         const row: TextRow = {};
-        values.forEach((value, i) => (row[names[i] as string] = value));
+        for (const [i, value] of values.entries()) row[names[i] as string] = value;
         return row;
       });
     }),

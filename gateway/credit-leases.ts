@@ -225,11 +225,10 @@ export class CreditLeases {
 
   private leaseOf(accountId: string): AccountLease {
     let lease = this.leases.get(accountId);
-    if (lease === undefined)
-      this.leases.set(
-        accountId,
-        (lease = { units: 0, held: 0, stored: false, growing: undefined, idle: undefined }),
-      );
+    if (lease === undefined) {
+      lease = { units: 0, held: 0, stored: false, growing: undefined, idle: undefined };
+      this.leases.set(accountId, lease);
+    }
     return lease;
   }
 

@@ -207,6 +207,7 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
     });
     const ts = await run({
       language: "typescript",
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: TypeScript source, its template literal meant
       code: "const n: number = 6 * 7;\nconsole.log(`${n}` satisfies string);",
     });
     expect(ts).toMatchObject({ status: "completed", exit_code: 0, stdout: "42\n" });

@@ -55,7 +55,7 @@ const RAW_BODIES = [
   "1e400",
   '"x"',
   "{}",
-  '{"a":' + "[".repeat(5000),
+  `{"a":${"[".repeat(5000)}`,
   "\u0000",
   '{"__proto__":{"admin":true}}',
 ];

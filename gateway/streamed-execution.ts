@@ -23,8 +23,7 @@ export function wantsStream(
 ): boolean {
   return (
     body.stream === true ||
-    (accept !== undefined &&
-      accept.split(",").some((type) => type.trim().split(";")[0]?.trim() === EVENT_STREAM))
+    (accept?.split(",").some((type) => type.trim().split(";")[0]?.trim() === EVENT_STREAM) ?? false)
   );
 }
 

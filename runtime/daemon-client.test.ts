@@ -181,7 +181,8 @@ describe("DaemonClient against sandfork-vmm serve", () => {
     const answers = await Promise.all(
       Array.from({ length: 40 }, (_, i) => (i % 2 === 0 ? client.daemonHealth() : client.stats())),
     );
-    answers.forEach((answer, i) => expect(answer).toHaveProperty(i % 2 === 0 ? "kvm" : "pools"));
+    for (const [i, answer] of answers.entries())
+      expect(answer).toHaveProperty(i % 2 === 0 ? "kvm" : "pools");
     const sent = client.status().sentPerConnection;
     expect(sent.reduce((a, b) => a + b, 0)).toBe(40);
     for (const perConnection of sent) expect(perConnection).toBe(10);

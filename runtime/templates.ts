@@ -16,7 +16,7 @@
 // starting with '.') and is renamed into place, so the daemon never sees a half-built image.
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, lstatSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { existsSync, lstatSync, readdirSync, readFileSync, type Stats, statSync } from "node:fs";
 import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { dirname, isAbsolute, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -111,7 +111,7 @@ function manifestHostPaths(manifestPath: string, manifestText: string): string[]
 
 /** Size and mtime of every file under `path` (symlinks are recorded, not followed), into `hash`. */
 function hashTree(path: string, hash: ReturnType<typeof createHash>): void {
-  let stat;
+  let stat: Stats;
   try {
     stat = lstatSync(path);
   } catch {

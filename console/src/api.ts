@@ -120,8 +120,7 @@ export async function streamExecution<T>(request: unknown, on: StreamHandlers): 
     const { value, done } = await reader.read();
     if (done) break;
     buffer += value.replace(/\r\n?/g, "\n");
-    let end: number;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
+    for (let end = buffer.indexOf("\n\n"); end >= 0; end = buffer.indexOf("\n\n")) {
       const block = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
       let event = "message";

@@ -72,7 +72,13 @@ export function createEditor(
         highlightActiveLine(),
         syntaxHighlighting(highlight),
         keymap.of([
-          { key: "Mod-Enter", run: () => (onRun(), true) },
+          {
+            key: "Mod-Enter",
+            run: () => {
+              onRun();
+              return true;
+            },
+          },
           indentWithTab,
           ...defaultKeymap,
           ...historyKeymap,

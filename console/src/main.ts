@@ -63,6 +63,7 @@ const SAMPLES: Record<string, string> = {
   python:
     'import time\nfor i in range(3):\n    print("tick", i, flush=True)\n    time.sleep(0.2)\nprint(6 * 7)\n',
   javascript: "for (let i = 0; i < 3; i++) console.log('tick', i);\nconsole.log(6 * 7);\n",
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: a TypeScript sample, its template literal meant
   typescript: "const answer: number = 6 * 7;\nconsole.log(`answer: ${answer}`);\n",
 };
 
@@ -312,7 +313,13 @@ async function sessionsPage(): Promise<void> {
     ),
     h(
       "form",
-      { class: "toolbar", onsubmit: (e: Event) => (e.preventDefault(), void createSession()) },
+      {
+        class: "toolbar",
+        onsubmit: (e: Event) => {
+          e.preventDefault();
+          void createSession();
+        },
+      },
       field("Template", templateSelect),
       h("div", { class: "field run" }, create),
     ),
@@ -901,7 +908,10 @@ const PAGES: Record<string, () => Promise<void>> = {
 function route(): void {
   toast.hidden = true;
   const current = session();
-  if (current === null) return signInPage();
+  if (current === null) {
+    signInPage();
+    return;
+  }
   nav.hidden = false;
   who.hidden = false;
   whoText.textContent = `Signed in (${current.scopes.join(", ")}) until ${current.expiresAt.toLocaleTimeString()}`;

@@ -10,7 +10,7 @@ import {
 } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { errors, jwtVerify, SignJWT } from "jose";
+import { errors, type JWTPayload, jwtVerify, SignJWT } from "jose";
 import { type KeyLimits, SCOPES, type Scope } from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
 import type { Principal } from "./principal.js";
@@ -107,7 +107,7 @@ export class TokenService {
   }
 
   async verify(token: string): Promise<Principal> {
-    let payload;
+    let payload: JWTPayload;
     try {
       ({ payload } = await jwtVerify(token, this.publicKey, {
         issuer: this.issuer,

@@ -15,12 +15,14 @@ function run(args: string[]): {
   values?: unknown;
 } {
   const out = { stdout: "", stderr: "" };
-  vi.spyOn(process.stdout, "write").mockImplementation(
-    (chunk) => ((out.stdout += String(chunk)), true),
-  );
-  vi.spyOn(process.stderr, "write").mockImplementation(
-    (chunk) => ((out.stderr += String(chunk)), true),
-  );
+  vi.spyOn(process.stdout, "write").mockImplementation((chunk) => {
+    out.stdout += String(chunk);
+    return true;
+  });
+  vi.spyOn(process.stderr, "write").mockImplementation((chunk) => {
+    out.stderr += String(chunk);
+    return true;
+  });
   vi.spyOn(process, "exit").mockImplementation((code) => {
     throw Object.assign(new Error("exit"), { exitCode: code });
   });

@@ -121,7 +121,10 @@ export function executionPhases(spans: ReceivedSpan[]): ExecutionPhases[] {
   const byTrace = new Map<string, Map<string, ReceivedSpan>>();
   for (const span of spans) {
     let trace = byTrace.get(span.traceId);
-    if (trace === undefined) byTrace.set(span.traceId, (trace = new Map()));
+    if (trace === undefined) {
+      trace = new Map();
+      byTrace.set(span.traceId, trace);
+    }
     trace.set(span.name, span);
   }
   const phases: ExecutionPhases[] = [];

@@ -171,7 +171,9 @@ export async function soak(options: SoakOptions): Promise<SoakReport> {
       const text = await response.text();
       const body = response.status === 200 ? (JSON.parse(text) as ExecutionAnswer) : undefined;
       const got = body?.status ?? `HTTP ${response.status}`;
-      (statuses[kind.name] ??= {})[got] = (statuses[kind.name]?.[got] ?? 0) + 1;
+      const byStatus = statuses[kind.name] ?? {};
+      statuses[kind.name] = byStatus;
+      byStatus[got] = (byStatus[got] ?? 0) + 1;
       if (body !== undefined) {
         answered++;
         answeredUnits += body.usage.units;

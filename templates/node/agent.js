@@ -224,7 +224,7 @@ Module._extensions[".cts"] = requireTypeScript;
  * as the script's), named as the script with `.mjs`.
  */
 function moduleFile(file, js) {
-  const candidate = file.replace(/\.[^./]*$/, "") + ".mjs";
+  const candidate = `${file.replace(/\.[^./]*$/, "")}.mjs`;
   const target = candidate !== file && !fs.existsSync(candidate) ? candidate : `${file}.mjs`;
   fs.writeFileSync(target, js);
   return target;

@@ -5,6 +5,8 @@
 #   `bench` feature.
 #   The import graph of native-vmm/src: no module cycles but those scripts/import-graph.mjs
 #   allows, with its reasons.
+#   TypeScript/JavaScript: `npm run lint`, Biome's format and lint check (biome.jsonc), warnings
+#   as errors; `npm run format` writes the formatting.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +20,7 @@ check bash -c 'cd native-vmm && cargo fmt --check'
 check bash -c 'cd native-vmm && cargo clippy --release --all-targets -- -D warnings'
 check bash -c 'cd native-vmm && cargo clippy --release --lib --bins --no-default-features -- -D warnings'
 check node scripts/import-graph.mjs
+check npm run --silent lint
 
 [ "$status" = 0 ] && echo "lint: clean" || echo "lint: failed"
 exit $status

@@ -221,11 +221,13 @@ impl<'a> Tree<'a> {
         root_mem: &GuestMemory,
     ) -> io::Result<Stop> {
         let index = self.current;
+        // Another process that can run, or that waits for what this one may have done (its
+        // waits are tried again when this one's slice ends), shares the host thread.
         let others_ready = self
             .members
             .iter()
             .enumerate()
-            .any(|(i, m)| i != index && matches!(m.state, State::Ready(_)));
+            .any(|(i, m)| i != index && !matches!(m.state, State::Ended));
         let other_timer = self
             .members
             .iter()

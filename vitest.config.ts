@@ -29,7 +29,7 @@ export class PlainCountReporter implements Reporter {
 
 export default defineConfig({
   test: {
-    include: ["client/**/*.test.ts", "gateway/**/*.test.ts", "db/**/*.test.ts", "runtime/**/*.test.ts", "loadtest/**/*.test.ts"],
+    include: ["client/**/*.test.ts", "gateway/**/*.test.ts", "db/**/*.test.ts", "runtime/**/*.test.ts", "loadtest/**/*.test.ts", "scripts/**/*.test.ts"],
     // *.kvm.test.ts need a /dev/kvm that runs guests: scripts/kvm-tier.sh runs them (vitest.kvm.config.ts).
     exclude: ["**/node_modules/**", "**/*.kvm.test.ts"],
     // Each file owns a fresh database (Postgres) or an in-memory PGlite; the 2-core machine sets the pace.

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { BENCHES, duration, type Machine, parseReports, regenerate, replaceRegions } from "./bench-report.js";
+import { BENCHES, duration, type Machine, pair, parseReports, regenerate, replaceRegions } from "./bench-report.js";
 
 const machine: Machine = { kernel: "6.1.0-test", cpus: 2, kvm: "`kvm_intel`", loadavg: [0.5, 0.4, 0.3] };
 
@@ -118,6 +118,7 @@ describe("bench:report", () => {
 
   it("prints durations with three significant figures", () => {
     expect([duration(123), duration(31912), duration(9_560_000), duration(209_500_000), duration(1_500_000_000)]).toEqual(["123 ns", "31.9 µs", "9.56 ms", "210 ms", "1.5 s"]);
+    expect([pair(328e3, 996e3), pair(515e3, 4_673e3)]).toEqual(["328 / 996 µs", "515 µs / 4.67 ms"]);
   });
 
   it("has a region in docs/benchmarks.md for every benchmark it renders", () => {

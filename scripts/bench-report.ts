@@ -49,11 +49,11 @@ export function duration(ns: number): string {
   return `${significant(ns / scale)} ${unit}`;
 }
 
-/** Two durations in one unit, the first's: "328 / 996 µs". */
-function pair(aNs: number, bNs: number): string {
-  const [value, unit] = duration(aNs).split(" ") as [string, string];
-  const scale = { s: 1e9, ms: 1e6, µs: 1e3, ns: 1 }[unit] ?? 1;
-  return `${value} / ${significant(bNs / scale)} ${unit}`;
+/** Two durations, their unit once when they share it: "328 / 996 µs", "515 µs / 4.67 ms". */
+export function pair(aNs: number, bNs: number): string {
+  const [a, b] = [duration(aNs), duration(bNs)];
+  const [aValue, aUnit] = a.split(" ");
+  return aUnit === b.split(" ")[1] ? `${aValue} / ${b}` : `${a} / ${b}`;
 }
 
 function significant(n: number): string {

@@ -40,6 +40,7 @@ export default defineConfig({
       "db/**/*.test.ts",
       "runtime/**/*.test.ts",
       "loadtest/**/*.test.ts",
+      "scripts/**/*.test.ts",
     ],
     // *.kvm.test.ts need a /dev/kvm that runs guests: scripts/kvm-tier.sh runs them (vitest.kvm.config.ts).
     exclude: ["**/node_modules/**", "**/*.kvm.test.ts"],

@@ -1,8 +1,7 @@
 // Named prepared statements on either backend: a statement is parsed and described once per
 // connection, then each call only binds and executes it. On PGlite (in the gateway's own process)
 // the parse, plan and result typing of drizzle's unnamed statements were most of what billing
-// cost: the reserve and settle of one execution took ~1.1 ms of CPU that way, ~0.4 ms prepared
-// (a throwaway benchmark; README, Performance).
+// cost, in the gateway's own thread.
 // Every column a statement returns is text (cast it in SQL), so both backends answer the same rows.
 // Every parameter is text too, cast in SQL; a boolean goes through text (`$1::text::bool`): to a
 // parameter PostgreSQL types bool, postgres.js sends anything but JavaScript's true as false.
@@ -127,8 +126,7 @@ const PING: PreparedStatement = { name: "sandfork_ping", text: "SELECT 1" };
 
 /**
  * Resolves when the database answers a statement (GET /healthz): prepared, since on PGlite an
- * unnamed `select 1` took 0.54-0.71 ms of the gateway's thread and this 0.061-0.066 (a throwaway
- * probe).
+ * unnamed statement's parse and plan run on the gateway's thread each time.
  */
 export async function ping(db: Database): Promise<void> {
   await runPrepared(db, PING, []);

@@ -7,9 +7,8 @@
 // 0007_execution_usage_hours and 0008_usage_sums_to_the_horizon); the hour the sums stop in has a
 // row for its part before that. Only the partial hours at the period's ends and the last seconds
 // are summed from the records. So a query over a month reads a few hundred rows, not every
-// execution of the month: over 270,000 executions, summing the records took a p50 of 98.36 ms on
-// PostgreSQL and 222.17 ms on PGlite (in the gateway's own thread, where every other request waits
-// for it), and this 1.56 and 3.49 ms (`npm run bench:usage`; README, Performance).
+// execution of the month, which on PGlite would hold up every other request in the gateway's own
+// thread (`npm run bench:usage`; docs/benchmarks.md, Usage queries).
 import type { Database } from "./client.js";
 import { type PreparedStatement, runPrepared } from "./prepared.js";
 

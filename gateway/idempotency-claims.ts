@@ -1,4 +1,4 @@
-// Idempotency-Keys on embedded PGlite (issue 9). One gateway owns the database (db/client.ts locks
+// Idempotency-Keys on embedded PGlite. One gateway owns the database (db/client.ts locks
 // its directory), so that gateway alone decides which request holds a key: a request claims its
 // key here, in memory, before it runs, and keeps the claim until its record, key included, is in
 // the record journal (db/record-journal.ts), or until it ends without one. So an execution with a

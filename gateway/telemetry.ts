@@ -2,7 +2,7 @@
 // Metrics are always readable at /metrics (Prometheus text); traces and metrics are also pushed by
 // OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT (or the per-signal variables) is set. Spans are
 // recorded only when something exports them (OTLP, or a test's exporter).
-// Per-request cost matters here (issue 9): every SDK record hashes its attribute set, so counts are
+// Per-request cost matters here: every SDK record hashes its attribute set, so counts are
 // tallied in memory and read when metrics are collected (TalliedCounter), and with nowhere to send
 // spans the tracer is the API's no-op one (no ids generated, no sampling decision per span).
 import {

@@ -1,39 +1,35 @@
 // `npm run loadtest` (flags: `-- --help`). Measures POST /v1/executions for real: the gateway as
 // `npm start` runs it (gateway/main.ts in a child process, the real `sandfork-vmm serve`
 // supervised under it on the python template that `npm run build` put in .sandfork/templates), on
-// each database in turn, at each concurrency.
-// Per run it prints p50/p99, executions/s and the gateway process's CPU per execution (from
-// /proc/<pid>/stat: the daemon is a separate process and not counted), beside the daemon's own
-// figures in the same run (the same executions sent straight to its socket with the runtime
-// client, no HTTP, no billing; at each concurrency in blocks alternating with the gateway's, so
-// that a shared machine's slow minutes fall on both) and a plain Hono "hello" app as the floor.
-// Beside the gateway's CPU it prints CPU baselines from the same minutes (CpuBaselines): the
-// runtime client's own CPU per execution in the daemon-alone blocks, and a plain Hono server's
-// per request at concurrency 1, back to back and with a VM execution before each request (as
-// every gateway request at concurrency 1 has). Loopback only; every scenario is bounded in
-// requests and seconds. Each gateway is first warmed up (--warm-up):
-// V8 keeps compiling the request path's functions with its optimizing tier for thousands of
-// calls, and until it is done a c=1 execution costs up to twice the CPU of a warm gateway's
-// (2.1 ms in the first thousand, ~1.2 ms from the third on, PGlite, measured in blocks of a
-// thousand), which is start-up, not steady state. "auto" (the default) serves blocks of 1000 at
-// concurrency 1 until two blocks in a row are no longer 5% below the best gateway CPU per
-// execution before them (at least 6 blocks, at most 20) and prints each block's figure; N serves
-// exactly N.
-// Before those, 200 at the peak concurrency. --cpu-prof DIR writes the gateway processes'
-// `node --cpu-prof` profiles into DIR (one a thread, the largest is the main thread's) (profiling costs CPU too: measure figures without it).
+// each database in turn, at each concurrency. Per run: p50/p99, executions/s and the gateway
+// process's own CPU per execution (from /proc/<pid>/stat; the daemon is another process).
+//
+// Baselines come from the same minutes, in blocks alternating with the gateway's so that a shared
+// machine's slow minutes fall on both: the daemon alone (the same executions sent straight to its
+// socket with the runtime client, no HTTP, no billing), a plain Hono "hello" app, the runtime
+// client's and a plain Hono server's CPU (CpuBaselines), and at concurrency 1 two floors: the
+// daemon's run followed by a plain Hono request (what answering over HTTP adds on its own) and,
+// on PostgreSQL, by its record committed on that server (lib/record-baseline.ts: what billing
+// before the answer adds on its own).
+//
+// Each gateway is first warmed up (--warm-up): V8 keeps optimizing the request path for thousands
+// of calls, and until then an execution costs more CPU than in steady state. "auto" serves blocks
+// of 1000 at concurrency 1 until two blocks in a row are no longer 5% below the best before them
+// (at least 6 blocks, at most 20); N serves exactly N; then 200 at the peak concurrency.
+// --cpu-prof DIR writes the gateway processes' `node --cpu-prof` profiles into DIR (profiling
+// costs CPU too: measure figures without it). Loopback only; every scenario is bounded in
+// requests and seconds.
 //
 // PostgreSQL: a fresh database on the server named by DATABASE_URL or TEST_DATABASE_URL, or on a
-// private one with fsync on (lib/postgres-server.ts). The run prints the server's fsync and
-// synchronous_commit: a commit that waits for the disk is part of what an execution costs there.
-// At concurrency 1 it also measures floors, in the same blocks as the gateway and the daemon alone:
-// the daemon's run followed by a plain Hono request (what answering over HTTP adds on its own) and,
-// on PostgreSQL, by its record committed on that server from this process (lib/record-baseline.ts:
-// what billing before the answer adds there on its own), and prints them with their sum.
+// private one with fsync on (lib/postgres-server.ts); the run prints the server's fsync and
+// synchronous_commit, since a commit that waits for the disk is part of an execution's cost.
 //
 // --overload measures something else instead (lib/overload.ts): on PGlite, the share of calls
 // answered with their true status or shed with 429/503 at 4x the concurrency the machine
 // sustains with a CPU hog beside it, the p99 of the shed answers, and executions/s of the rest
 // against the same run's unloaded figure; --overload-seconds long each.
+//
+// `--json` prints one object that `npm run bench:report` turns into docs/benchmarks.md's table.
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -253,8 +249,8 @@ async function warmUpAtOne(
     // Settled: neither of the last two blocks came 5% below the best one before them (one such
     // block alone is often the machine's noise, not the end of the JIT's work).
     const best = Math.min(...blocks.slice(0, -2));
-    // At least 6: the request path settles after some 5,000-7,000 executions at concurrency 1; on
-    // a noisy minute a warm-up of 4 blocks once stopped at 1.41 ms where the steady figure was ~1.2.
+    // At least 6: the request path settles after some thousands of executions at concurrency 1,
+    // and on a noisy minute a shorter warm-up can stop well above the steady figure.
     if (blocks.length >= 6 && blocks.slice(-2).every((b) => b > 0.95 * best)) break;
   }
   say(
@@ -524,7 +520,7 @@ interface Goal {
 }
 
 /**
- * Issue 9's goals on one database, read off its keyless executions: the gateway's CPU ≤ 1 ms per
+ * The gateway's goals on one database, read off its keyless executions: the gateway's CPU ≤ 1 ms per
  * execution at every concurrency measured (the figure: the highest), the p50 at concurrency 1 ≤
  * the daemon alone's (in the same blocks) + 1 ms (the figure: the difference), ≥ 500 executions/s
  * at concurrency 16.

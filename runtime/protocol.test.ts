@@ -1,6 +1,8 @@
 // Mapping protocol v1 frames to the runtime's types and errors, on in-memory frames. Execution
 // frames cannot come from the daemon on this machine (no /dev/kvm), so the mapping of each
-// `status`, the fault and the usage counters is checked here on PROTOCOL.md's own example.
+// `status`, the fault and the usage counters is checked here on PROTOCOL.md's own examples
+// (native-vmm/tests/fixtures/protocol/, which the daemon's tests read too).
+import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import {
   RuntimeBusyError,
@@ -18,27 +20,16 @@ import {
   parseOutput,
 } from "./protocol.js";
 
+/** PROTOCOL.md's examples, shared with the daemon's Rust tests. */
+const fixture = (name: string) =>
+  JSON.parse(
+    readFileSync(
+      new URL(`../native-vmm/tests/fixtures/protocol/${name}.json`, import.meta.url),
+      "utf8",
+    ),
+  ) as { request?: Record<string, any>; reply: Record<string, any> };
 /** The `execution` example of native-vmm/PROTOCOL.md. */
-const EXAMPLE = {
-  id: 7,
-  type: "execution",
-  status: "ok",
-  exit_code: 0,
-  stdout: "42\n",
-  stderr: "",
-  truncated: false,
-  fault: null,
-  limits: { timeout_ms: 10000, memory_mib: 256, output_bytes: 1048576 },
-  timings: { queue_us: 12, fork_us: 410, exec_us: 950, total_us: 1380 },
-  usage: {
-    wall_us: 1360,
-    cpu_us: 900,
-    peak_memory_bytes: 18350080,
-    pages_copied: 212,
-    syscalls: 31,
-    exits: 33,
-  },
-};
+const EXAMPLE = fixture("execute").reply;
 
 describe("protocol v1 mapping", () => {
   it("maps an execution frame: outcome, output, microseconds to milliseconds, limits, usage", () => {
@@ -60,6 +51,14 @@ describe("protocol v1 mapping", () => {
         exits: 33,
       },
     });
+  });
+
+  it("reads PROTOCOL.md's hello, output and error examples", () => {
+    expect(parseHello(fixture("hello").reply)).toEqual({ server: "sandfork-vmm 0.1.0" });
+    expect(parseOutput(fixture("output").reply)).toEqual({ stream: "stdout", data: "line 1\n" });
+    const error = errorFromFrame(fixture("error").reply);
+    expect(error).toBeInstanceOf(RuntimeRequestError);
+    expect(error).toMatchObject({ code: "unknown_template", retryable: false });
   });
 
   it("maps every status to its outcome; a crash keeps its fault", () => {

@@ -407,6 +407,38 @@ mod tests {
         );
     }
 
+    /// The request frames of tests/fixtures/protocol/, PROTOCOL.md's examples, which
+    /// runtime/protocol.test.ts reads too.
+    #[test]
+    fn the_shared_protocol_examples_parse() {
+        let fixture = |text: &str| value(text)["request"].clone();
+        let hello = fixture(include_str!("../../tests/fixtures/protocol/hello.json"));
+        assert_eq!(parse_hello(&hello), Ok(PROTOCOL_VERSION));
+        let health = fixture(include_str!("../../tests/fixtures/protocol/health.json"));
+        assert_eq!(parse(&health.to_string()), Ok((2, Request::Health)));
+        let request = fixture(include_str!("../../tests/fixtures/protocol/execute.json"));
+        assert_eq!(
+            execute(&request.to_string()),
+            ExecuteRequest {
+                template: "python".into(),
+                agent_request: AgentRequest {
+                    code: "print(6*7)".into(),
+                    stdin: vec![],
+                    argv: vec!["script.py".into(), "--flag".into()],
+                    env: vec![("LANG".into(), "C.UTF-8".into())],
+                    files: vec![("data.csv".into(), b"a,b\n1,2\n".to_vec())],
+                },
+                limits: ExecutionLimits {
+                    timeout_ms: 10_000,
+                    memory_mib: 256,
+                    output_bytes: 1 << 20,
+                },
+                stream: false,
+                defaulted: Defaulted::default(),
+            }
+        );
+    }
+
     #[test]
     fn optional_fields_default_and_limits_clamp() {
         let request = execute(&with(""));

@@ -2,10 +2,9 @@
 //! requests. Each request still gets a thread of its own at once, where it may wait (for a
 //! running slot, a pooled VM, a checkpoint's disk) without holding up anyone else; but a thread
 //! that has answered waits for the next request instead of ending. Starting a thread (its stack
-//! mapped, clone, its name set; at its end, the stack unmapped) and handing it a request took
-//! 87-124 µs on PVM, against 7-12 µs to hand it to a waiting thread (a throwaway probe,
-//! 2026-12-03), and it was on every execution's path. A thread left idle for `IDLE_LIFETIME`
-//! ends, so a burst's threads do not outlive it for long.
+//! mapped, clone, its name set; at its end, the stack unmapped) costs an order of magnitude more
+//! than handing a request to a waiting thread, and it was on every execution's path. A thread
+//! left idle for `IDLE_LIFETIME` ends, so a burst's threads do not outlive it for long.
 //!
 //! Each idle thread waits on a channel of its own, listed in `idle`: a request taken off the
 //! list goes to exactly one thread, known to be waiting for it. The most recently idle thread

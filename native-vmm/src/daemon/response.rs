@@ -493,6 +493,121 @@ mod tests {
         assert_eq!(hello().id(), None);
     }
 
+    /// tests/fixtures/protocol/: PROTOCOL.md's examples, which runtime/protocol.test.ts reads too.
+    const FIXTURES: [(&str, &str); 5] = [
+        (
+            "hello",
+            include_str!("../../tests/fixtures/protocol/hello.json"),
+        ),
+        (
+            "health",
+            include_str!("../../tests/fixtures/protocol/health.json"),
+        ),
+        (
+            "execute",
+            include_str!("../../tests/fixtures/protocol/execute.json"),
+        ),
+        (
+            "output",
+            include_str!("../../tests/fixtures/protocol/output.json"),
+        ),
+        (
+            "error",
+            include_str!("../../tests/fixtures/protocol/error.json"),
+        ),
+    ];
+
+    fn reply(name: &str) -> Value {
+        let (_, text) = FIXTURES.iter().find(|(n, _)| *n == name).unwrap();
+        serde_json::from_str::<Value>(text).unwrap()["reply"].clone()
+    }
+
+    #[test]
+    fn the_shared_protocol_examples_are_what_the_daemon_answers() {
+        let finished = Execution {
+            status: RunStatus::Exited { code: 0 },
+            stdout: b"42\n".to_vec(),
+            stderr: vec![],
+            queue: Duration::from_micros(5),
+            vm_setup: Duration::from_micros(410),
+            run: Duration::from_micros(950),
+            usage: Usage {
+                wall_us: 1360,
+                cpu_us: 900,
+                peak_memory_bytes: 18_350_080,
+                pages_copied: 212,
+                syscalls: 31,
+                exits: 33,
+                threads_created: 0,
+                thread_switches: 0,
+            },
+            vm: VmOrigin::Reset { resets: 41 },
+        };
+        let limits = ExecutionLimits {
+            timeout_ms: 10_000,
+            memory_mib: 256,
+            output_bytes: 1 << 20,
+        };
+        assert_eq!(
+            json(&execution(7, &finished, &limits, TIMES)),
+            reply("execute")
+        );
+        assert_eq!(
+            json(&output(7, Stream::Stdout, "line 1\n".into())),
+            reply("output")
+        );
+        let health_reply = health(
+            2,
+            &Health {
+                kvm: Ok(()),
+                templates: 1,
+            },
+        );
+        assert_eq!(json(&health_reply), reply("health"));
+        let unknown = error(
+            Some(7),
+            ErrorCode::UnknownTemplate,
+            "no template named 'ruby'",
+        );
+        assert_eq!(json(&unknown), reply("error"));
+        // The example names a version; ours is this build's.
+        let mut ours = json(&hello());
+        assert!(ours["server"]
+            .as_str()
+            .unwrap()
+            .starts_with("sandfork-vmm "));
+        ours["server"] = reply("hello")["server"].clone();
+        assert_eq!(ours, reply("hello"));
+    }
+
+    /// Each frame of the fixtures is shown in PROTOCOL.md, so the document and the tests agree.
+    #[test]
+    fn protocol_md_shows_the_shared_examples() {
+        let doc = include_str!("../../PROTOCOL.md");
+        let shown: Vec<Value> = doc
+            .split("```json\n")
+            .skip(1)
+            .flat_map(|block| {
+                let block = block.split("```").next().unwrap_or_default();
+                serde_json::Deserializer::from_str(block)
+                    .into_iter::<Value>()
+                    .map_while(Result::ok)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (name, text) in FIXTURES {
+            let fixture: Value = serde_json::from_str(text).unwrap();
+            for part in ["request", "reply"] {
+                if let Some(frame) = fixture.get(part) {
+                    assert!(
+                        shown.contains(frame),
+                        "the {part} of {name}.json is not in PROTOCOL.md: {frame}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn health_is_ok_only_when_vms_can_run() {
         let up = json(&health(

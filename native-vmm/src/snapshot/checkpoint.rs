@@ -1,83 +1,23 @@
 //! Session checkpoints: a session VM stopped at a ready point (between two cells, see
 //! `crate::agent`), recorded against the template it was forked from, durably on disk.
 //!
-//! A checkpoint holds what differs from the template: of the guest pages the VM holds copies
-//! of (`GuestMemory::copied_ranges`; everything else still reads as the template), those whose
-//! bytes differ from the template's, most of them as the chunks that do (`sparse`), the vCPU's
-//! user state, the VMM-side process state (`GuestProcess::encode_state`: fds and their
-//! offsets, the overlay's files, the memory map, signals) and the AWAIT_REQUEST call it is
-//! stopped in. Restoring one is a fork of the template (copy-on-write, nothing copied) with
-//! the recorded pages written over it.
-//!
-//! A checkpoint is full (every page the VM holds a copy of that differs from the template's,
-//! `changed_from_template`) or incremental: only the pages written since its parent, an earlier
-//! checkpoint of the same VM that it names by number and content hash (the guest's writes as the vCPU logged them, `GuestCpu::take_written_pages`,
-//! and the VMM's, `GuestMemory::take_written`). Restoring an incremental one reads its chain
-//! back to the full one it starts from (`Chain`): each page from the newest checkpoint that
-//! holds it whole, and the changed chunks newer ones hold of it, every parent checked to be the
-//! one its child names, and every file whose hash this process did not compute itself hashed
-//! whole. A written page that holds the same bytes as when a checkpoint last recorded it
-//! (CPython's reference counts go up and down again on every object a cell touches: ~60% of its
-//! written pages) is left out, and of a page that changed, an incremental checkpoint can hold
-//! only the 64-byte chunks that did (`PageFingerprints`: a fingerprint per chunk), as a full
-//! one holds those that differ from the template's page (after a 1 MiB cell, a pause's file is
-//! ~0.2 MiB instead of ~2 MiB: of the ~450 interpreter pages the VM holds copies of, ~30% hold
-//! the template's bytes again and most others differ from them in ~4 chunks). `depth`
-//! counts the parents (0: full); the writer bounds it (`daemon::sessions`).
-//!
-//! Each stored page is kept by what it holds (`sparse`): a page of zeros as two bits in the
-//! page table, a mostly-zero page as its non-zero 64-byte chunks and their mask, a page of which
-//! few chunks differ from the page beneath (the parent's, or the template's) as those chunks and their mask (both packed, after the
-//! raw pages), any other page whole. After a cell that wrote one byte in each page of a 1 MiB
-//! buffer, an incremental checkpoint's file is ~0.1 MiB instead of ~1.5 MiB (the buffer's 256
-//! pages as 72 bytes each, ~120 pages of the interpreter's objects as their changed chunks).
-//!
-//! ```text
-//! 24 bytes    header: magic "SFCHKPT\0", format version (u32 LE), zero, body length (file.rs)
-//! body        the head's length H: header, this, up to the first page (u64, a multiple of 4 KiB)
-//!             template identity (name, image hash, agent hash, memory size)
-//!             parent: 0, or 1 then its number (u64), its content hash (32 bytes); depth (u64)
-//!             the AWAIT_REQUEST call's six arguments
-//!             CPU state (file::encode_cpu), process state (length-prefixed)
-//!             page runs stored here: count, then per run its guest address and its length
-//!             the page table (length-prefixed): 2 bits per page of the runs, in order, four
-//!               a byte, low bits first: 0 zero, 1 sparse, 2 raw, 3 delta (changed chunks over
-//!               the page as the parent's chain has it, or in a full checkpoint the template)
-//!             the packed region's length P (u64)
-//!             zeros up to H
-//!             the raw pages, back to back from H (each at a 4 KiB file offset)
-//!             the packed region (P bytes): per sparse or delta page, in order, its chunk mask
-//!               (u64 LE, bit i: chunk i stored, never 0) and its stored chunks, back to back
-//!             zeros up to 32 bytes before a multiple of 4 KiB
-//! 32 bytes    SHA-256 of header and body
-//! ```
+//! A checkpoint holds the guest pages that differ from the template's (a full one) or that were
+//! written since its parent (an incremental one, read back through its chain by `Chain`), each
+//! kept by what it holds (`sparse`), with the vCPU's user state, the VMM-side process state
+//! (`GuestProcess::encode_state`) and the AWAIT_REQUEST call it is stopped in. Restoring one is a
+//! copy-on-write fork of the template with those pages written over it.
 //!
 //! The raw pages sit at 4 KiB file offsets and the file is whole 4 KiB blocks, so that they move
-//! between guest memory and the disk with O_DIRECT (`open_direct`): written in a few vectored
-//! writes straight from guest memory and read back straight into a restored VM's memory, by the
-//! disk, through no page cache (whose fresh pages cost more than the copy itself under PVM). The
-//! head and the packed region are written from and read into aligned blocks (`blocks`); a
-//! restore checks a file's content hash before it reads a packed page of it.
-//! Where the file system refuses O_DIRECT (ramfs; tmpfs on older kernels), the same calls go
-//! through the page cache (`bench sessions --dir` on a ramfs ran so).
+//! between guest memory and the disk with O_DIRECT (`open_direct`) instead of through the page
+//! cache, whose fresh pages cost more than the copy under PVM; where a file system refuses
+//! O_DIRECT the same calls go through the page cache. `Checkpoint::write_durably` writes a file
+//! under a temporary name, renames it and flushes the file system (`sync_group`) before the
+//! checkpoint counts as written, and a file is never overwritten, so a crash loses none that was
+//! reported written. A file that does not verify (torn, damaged, or of a format older than
+//! `OLDEST_READ_VERSION`) is refused with why, and the session falls back to its previous
+//! checkpoint (`daemon::sessions`).
 //!
-//! Durability (`Checkpoint::write_durably`): the file's bytes are hashed and written with the
-//! hash at its end under a temporary name straight from the stopped VM's memory (a file over
-//! 2 MiB in pieces, each written on a writer thread while the next is hashed), renamed to its
-//! final name, and then the file system is flushed (`sync_group`: one `syncfs` for the files
-//! of every writer that finished meanwhile, in place of each file's fdatasync and its folder's
-//! fsync) before the checkpoint is reported written. Every checkpoint is a file of its own,
-//! never overwritten, so a crash at any instant loses none reported written: before the flush
-//! ends the new file may be missing (its temporary is removed at the next start), whole, or,
-//! after a power loss on a file system that made the rename durable before the bytes, torn. A
-//! file that does not verify (torn, or damaged by the disk) is refused with why, by
-//! `OpenedCheckpoint::open` (header, lengths) or `Chain::new_memory` (content hash, its own or a
-//! parent's), and the session falls back to its previous checkpoint (`daemon::sessions`).
-//!
-//! Format 5 (deltas only in incremental checkpoints) is read as it is; older formats are not
-//! (2: before incremental checkpoints; 3: before the process state grew; 4: every page stored
-//! whole): `open` refuses them as a version mismatch, which a session reports as a checkpoint
-//! that does not verify.
+//! The design and the file layout: docs/sessions.md, Checkpoints.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Write};
@@ -547,9 +487,8 @@ impl<'m> Checkpoint<'m> {
 }
 
 /// A file longer than this is hashed and written in pieces of it at once: its pieces are
-/// written on a thread of their own as they are hashed (a 32 MiB checkpoint of random bytes
-/// takes ~30 ms of CPU (capture, hash, write) and the disk ~30 ms: one after the other, its
-/// pause took 51-60 ms, with the pieces 36-39 ms: `bench sessions`).
+/// written on a thread of their own as they are hashed, so that the CPU's work (capture, hash)
+/// and the disk's overlap instead of adding up (`bench sessions`, the pause of 32 MiB).
 const PIECE_BYTES: usize = 2 << 20;
 
 /// Writes `body` and then `closing` with the SHA-256 of everything before its last 32 bytes in

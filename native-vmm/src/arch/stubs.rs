@@ -3,7 +3,7 @@
 //! The code does nothing but hand over to the VMM with an `out` (the vCPU stops; the VMM reads
 //! and writes registers with KVM ioctls) and return to CPL3 with `iretq` (`sysretq` shuts the VM
 //! down on the PVM backend). On PVM every CPL0 instruction goes through KVM's instruction
-//! emulator (~1 µs each), so the paths are as short as possible.
+//! emulator, so the paths are as short as possible.
 //!
 //! Syscall entry. The CPU arrives still on the user stack, with rcx = user rip and r11 = user
 //! rflags: at CPL0 on VT-x/SVM, but at guest CPL3 on the PVM backend (which is why the code

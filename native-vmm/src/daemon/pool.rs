@@ -357,9 +357,9 @@ fn serve_vm(shared: &Shared) -> bool {
 type WarmedUp<'m> = (Box<dyn GuestCpu + 'm>, Vec<(u64, u64)>);
 
 /// Readies a new VM as a reset one: runs an empty program on it and resets it, before it is
-/// counted ready. A fork's first run pays a fault for every page it touches (print(6*7) on the
-/// python template: 20-60 ms through the gateway, against ~1 ms on a reset VM), and most of
-/// those pages every run touches: the interpreter's, the agent's. Answers the vCPU and the pages
+/// counted ready. A fork's first run pays a fault for every page it touches, many times what a
+/// reset VM's run costs, and most of those pages every run touches: the interpreter's, the
+/// agent's. Answers the vCPU and the pages
 /// the VM now holds copies of.
 fn warm_up<'m>(
     shared: &Shared,
@@ -395,7 +395,7 @@ fn warm_up<'m>(
 
 /// The pages a VM holds copies of after a run. A copy is made in a page fault taken by the
 /// thread that runs the VM (the guest's write, through KVM, or the VMM's own), so a reset VM
-/// whose run took no fault holds exactly its warm pages, and the scan (~0.1 ms) is skipped.
+/// whose run took no fault holds exactly its warm pages, and the scan is skipped.
 /// None when they cannot be known (the pagemap cannot be read, a memory that is no fork): the
 /// VM is then not reused.
 fn copied_ranges(

@@ -292,7 +292,7 @@ impl Vm<'_> {
         let fresh = match incremental {
             Some((_, (_, fresh))) => fresh,
             // A pause releases the VM once this is durable: no later checkpoint of it compares
-            // pages with these (~3 ms of hashing at 32 MiB). Recorded as full with none, so even
+            // pages with these, so they are not hashed. Recorded as full with none, so even
             // a VM that stayed would count every page as changed, never one as kept.
             None if pause => Vec::new(),
             None => self

@@ -1,6 +1,6 @@
 //! Destroying KVM VMs off the path that made them: closing a VM's last fd destroys it in the
-//! kernel (its debugfs entries, memory slots, MMU state), ~0.2-0.3 ms on PVM, a quarter of a
-//! fork's cost. The thread that drops a vCPU only queues its handles (`Reaped`); one thread per
+//! kernel (its debugfs entries, memory slots, MMU state), a large share of a fork's cost on
+//! PVM. The thread that drops a vCPU only queues its handles (`Reaped`); one thread per
 //! process closes them, in order, so a worker that retires a VM forks the next one at once and
 //! a request served on a fresh fork is answered before its VM is torn down.
 //!

@@ -1,6 +1,6 @@
 //! Blank VMs made ahead of need: creating a VM and its vCPU (KVM_CREATE_VM, KVM_CREATE_VCPU,
-//! the run page, TSC offset and CPUID) takes ~0.7-1.2 ms on PVM, a fifth of resuming a paused
-//! session. One thread per process keeps `STOCK` of them made while nothing waits; `take`
+//! the run page, TSC offset and CPUID) costs more than a fork of a template's memory on PVM.
+//! One thread per process keeps `STOCK` of them made while nothing waits; `take`
 //! hands one out, or makes one on the spot when none is ready, and the thread makes the next.
 //!
 //! A blank VM has no memory slot, no register state and has never run, and nothing else holds

@@ -1,7 +1,7 @@
 //! The guest's vDSO: clock_gettime, gettimeofday, time, clock_getres and getcpu answered inside
 //! the VM, without a system call, as Linux's vDSO does (and gVisor's). A guest system call is a
-//! VM exit (~5-10 µs under PVM); Node makes ~590 clock_gettime calls per pooled
-//! `console.log(1+1)`, Python's GIL waits and timeouts many more.
+//! VM exit; Node makes hundreds of clock_gettime calls per pooled `console.log(1+1)`, Python's
+//! GIL waits and timeouts many more.
 //!
 //! - The code (`vdso/vdso.c`, `vdso/vdso.lds`, built by build.rs with the system C compiler) is
 //!   an ELF shared object linked at 0, placed by the loader at `layout::VDSO_ADDR` in the system

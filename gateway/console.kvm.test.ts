@@ -1,7 +1,9 @@
 // The web console (/console) in Debian's chromium, driven by playwright-core, against a real
 // gateway and the supervised sandfork-vmm daemon on PGlite: sign in with an admin key, run
-// print(6*7) with its output streamed, a program that times out, create and revoke a key (which
-// then gets 401), a session with two cells, and the executions list and usage chart after them.
+// print(6*7) with its output streamed, a program that reads an input file (and a refused file
+// path's 422), a program that times out, create and revoke a key (which then gets 401), a session
+// with two cells and a file uploaded, read from a cell and downloaded, and the executions list and
+// usage chart after them.
 // Every page is scanned with axe-core (no serious or critical violations) and photographed: the
 // screenshots go to the test's temp dir and to docs/console/. Requests off this host are aborted,
 // so the console works offline; a CSP violation fails the test.
@@ -205,6 +207,23 @@ describe("the web console in chromium, against a gateway and daemon on KVM", () 
         .toBe("completed (exit code 0)");
       expect((await output.innerText()).trim()).toBe("42");
       await expect.poll(() => page.locator(".facts").innerText()).toMatch(/Charged\s+\d+ credits/);
+
+      // Input files: a path the gateway refuses is its 422, with where and why; then one it takes.
+      await page.getByRole("button", { name: "Add file" }).click();
+      await page.getByLabel("Path", { exact: true }).fill("/work/data.txt");
+      await page.getByLabel("Content", { exact: true }).fill("hello from a file");
+      await setCode(page, "print(open('/work/data.txt').read())");
+      await page.getByRole("button", { name: "Run", exact: true }).click();
+      const runError = page.getByRole("alert");
+      await expect.poll(() => runError.innerText(), { timeout: WAIT }).toContain("(422)");
+      expect(await runError.innerText()).toContain("files.0.path: absolute paths are not allowed");
+      await page.getByLabel("Path", { exact: true }).fill("data.txt");
+      await page.getByRole("button", { name: "Run", exact: true }).click();
+      await expect
+        .poll(() => status.innerText(), { timeout: WAIT })
+        .toBe("completed (exit code 0)");
+      expect(await output.innerText()).toBe("hello from a file\n");
+      expect(await runError.isVisible()).toBe(false);
       await scan("playground");
       await shoot(page, "playground");
 
@@ -253,6 +272,24 @@ describe("the web console in chromium, against a gateway and daemon on KVM", () 
           timeout: WAIT,
         })
         .toBe("2");
+
+      // Session files: upload text at a path, read it from a cell, download it.
+      await page.getByLabel("File path").fill("hello.txt");
+      await page.getByLabel("File content").fill("uploaded text");
+      await page.getByRole("button", { name: "Upload" }).click();
+      await expect
+        .poll(() => page.getByTestId("session-files").innerText(), { timeout: WAIT })
+        .toContain("hello.txt 13 bytes");
+      await cell.fill("open('/work/hello.txt').read()");
+      await page.getByRole("button", { name: "Run cell" }).click();
+      await expect
+        .poll(() => page.getByTestId("cell-value").allInnerTexts(), { timeout: WAIT })
+        .toEqual(["→ 42", "→ 43", "→ 'uploaded text'"]);
+      const downloading = page.waitForEvent("download", { timeout: WAIT });
+      await page.getByRole("button", { name: "Download hello.txt" }).click();
+      const downloaded = await downloading;
+      expect(downloaded.suggestedFilename()).toBe("hello.txt");
+      expect(await readFile(await downloaded.path(), "utf8")).toBe("uploaded text");
       await scan("sessions");
       await shoot(page, "sessions");
 
@@ -287,8 +324,17 @@ describe("the web console in chromium, against a gateway and daemon on KVM", () 
       await page.setViewportSize({ width: 390, height: 844 });
       await scan("usage (dark, phone)");
       await shoot(page, "usage-dark-phone");
+      await page.getByRole("link", { name: "Sessions" }).click();
+      await page
+        .getByRole("button", { name: /^Open session/ })
+        .first()
+        .click();
+      await page.getByLabel("File path").waitFor({ timeout: WAIT });
+      await scan("sessions (dark, phone)");
+      await shoot(page, "sessions-dark-phone");
       await page.getByRole("link", { name: "Playground" }).click();
-      await page.getByRole("button", { name: "Run" }).waitFor();
+      await page.getByRole("button", { name: "Add file" }).click();
+      await page.getByLabel("Path", { exact: true }).fill("data.txt");
       await scan("playground (dark, phone)");
       await shoot(page, "playground-dark-phone");
 

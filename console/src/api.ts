@@ -5,6 +5,8 @@ export interface Problem {
   title?: string;
   status?: number;
   detail?: string;
+  /** A validation failure's issues: where in the request, and what is wrong there. */
+  errors?: { path: string; message: string }[];
 }
 
 export class ApiError extends Error {
@@ -98,6 +100,33 @@ export async function api<T>(method: string, path: string, body?: unknown): Prom
   const parsed = await readBody(response);
   if (!response.ok) throw failed(response.status, parsed);
   return parsed as T;
+}
+
+/** A session file's URL: the path relative to /work, each component percent-encoded once. */
+const fileUrl = (session: string, path: string) =>
+  `/v1/sessions/${session}/files/${path.split("/").map(encodeURIComponent).join("/")}`;
+
+/** PUT a file under a session's /work: the body is its bytes (a string is sent as UTF-8). */
+export async function putSessionFile(
+  session: string,
+  path: string,
+  content: Blob | string,
+): Promise<{ path: string; bytes: number }> {
+  const response = await fetch(fileUrl(session, path), {
+    method: "PUT",
+    headers: headers({ "content-type": "application/octet-stream" }),
+    body: content,
+  });
+  const parsed = await readBody(response);
+  if (!response.ok) throw failed(response.status, parsed);
+  return parsed as { path: string; bytes: number };
+}
+
+/** GET a file under a session's /work, as its bytes. */
+export async function getSessionFile(session: string, path: string): Promise<Blob> {
+  const response = await fetch(fileUrl(session, path), { headers: headers() });
+  if (!response.ok) throw failed(response.status, await readBody(response));
+  return response.blob();
 }
 
 export interface StreamHandlers {

@@ -4,6 +4,8 @@ import {
   ApiError,
   api,
   can,
+  getSessionFile,
+  putSessionFile,
   session,
   signIn,
   signOut,
@@ -82,8 +84,11 @@ function say(message: string): void {
 }
 
 function errorText(error: unknown): string {
-  if (error instanceof ApiError)
-    return `${error.problem.title ?? "Error"} (${error.status}): ${error.message}`;
+  if (error instanceof ApiError) {
+    // A validation failure says where: "files.0.path: absolute paths are not allowed".
+    const issues = (error.problem.errors ?? []).map((e) => `${e.path}: ${e.message}`);
+    return `${error.problem.title ?? "Error"} (${error.status}): ${[error.message, ...issues].join("; ")}`;
+  }
   return error instanceof Error ? error.message : String(error);
 }
 
@@ -177,6 +182,7 @@ async function playgroundPage(): Promise<void> {
   });
   const facts = h("dl", { class: "facts" });
   const editorHost = h("div", { class: "editor" });
+  const files = inputFiles();
   page(
     "Playground",
     h(
@@ -195,6 +201,7 @@ async function playgroundPage(): Promise<void> {
       editorHost,
     ),
     field("Standard input", stdin),
+    files.element,
     h(
       "section",
       { "aria-labelledby": "result-heading", class: "result" },
@@ -257,6 +264,7 @@ async function playgroundPage(): Promise<void> {
     if (template !== undefined && template.languages.length > 1)
       request.language = languageSelect.value;
     if (stdin.value !== "") request.stdin = stdin.value;
+    if (files.value().length > 0) request.files = files.value();
     try {
       const record = await streamExecution<Execution>(request, {
         started: (id) => (status.textContent = `Running ${id}…`),
@@ -294,6 +302,62 @@ async function playgroundPage(): Promise<void> {
     }
   }
   run.addEventListener("click", () => void execute());
+}
+
+/** The playground's input files: rows of a path under /work and its text, added and removed. */
+function inputFiles(): {
+  element: HTMLElement;
+  value(): { path: string; content: string; encoding: "utf8" }[];
+} {
+  const rows: { row: HTMLElement; path: HTMLInputElement; content: HTMLTextAreaElement }[] = [];
+  const list = h("div", { class: "file-rows" });
+  const add = h("button", { type: "button", class: "secondary" }, "Add file");
+  const renumber = () =>
+    rows.forEach((r, i) => {
+      r.row.setAttribute("aria-label", `File ${i + 1}`);
+      r.row.querySelector("button")?.setAttribute("aria-label", `Remove file ${i + 1}`);
+    });
+  add.addEventListener("click", () => {
+    const path = h("input", {
+      type: "text",
+      spellcheck: "false",
+      autocomplete: "off",
+      placeholder: "data.txt",
+    });
+    const content = h("textarea", { rows: 2, spellcheck: "false" });
+    const remove = h("button", { type: "button", class: "danger" }, "Remove");
+    const row = h(
+      "div",
+      { class: "file-row", role: "group" },
+      field("Path", path),
+      field("Content", content),
+      h("div", { class: "field" }, remove),
+    );
+    const entry = { row, path, content };
+    remove.addEventListener("click", () => {
+      rows.splice(rows.indexOf(entry), 1);
+      row.remove();
+      renumber();
+      add.focus();
+    });
+    rows.push(entry);
+    list.append(row);
+    renumber();
+    path.focus();
+  });
+  const element = h(
+    "fieldset",
+    { class: "files" },
+    h("legend", {}, "Files"),
+    h("small", {}, "Placed under /work before the code runs, e.g. data.txt at /work/data.txt."),
+    list,
+    add,
+  );
+  return {
+    element,
+    value: () =>
+      rows.map((r) => ({ path: r.path.value, content: r.content.value, encoding: "utf8" })),
+  };
 }
 
 // ---- sessions ------------------------------------------------------------------------------
@@ -516,7 +580,12 @@ async function sessionsPage(): Promise<void> {
         cell.focus();
       }
     });
-    detail.replaceChildren(h("h2", {}, `Session ${s.id.slice(0, 8)} (${s.template})`), cells, form);
+    detail.replaceChildren(
+      h("h2", {}, `Session ${s.id.slice(0, 8)} (${s.template})`),
+      cells,
+      form,
+      sessionFiles(s),
+    );
     cell.focus();
   }
 
@@ -525,6 +594,106 @@ async function sessionsPage(): Promise<void> {
   } catch (e) {
     showError(error, e);
   }
+}
+
+/** Saves bytes as a download named after the path's last component. */
+function download(blob: Blob, path: string): void {
+  const url = URL.createObjectURL(blob);
+  const link = h("a", { href: url, download: path.split("/").pop() ?? "file" });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  window.setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}
+
+/**
+ * A session's files under /work, by path: upload pasted text or a file from this device, and
+ * download. The API has no route that lists a session's files, so the list is those written here.
+ */
+function sessionFiles(s: SessionInfo): HTMLElement {
+  const path = h("input", {
+    type: "text",
+    spellcheck: "false",
+    autocomplete: "off",
+    placeholder: "data.txt",
+    required: true,
+  });
+  const content = h("textarea", { rows: 3, spellcheck: "false", class: "mono" });
+  const picker = h("input", { type: "file" });
+  const upload = h("button", { type: "submit" }, "Upload");
+  const fetchButton = h("button", { type: "button", class: "secondary" }, "Download");
+  const fileError = alertBox();
+  const written = h("ul", { class: "written", "data-testid": "session-files" });
+  const paths = new Map<string, number>();
+  const showWritten = () =>
+    written.replaceChildren(
+      ...[...paths].map(([p, bytes]) =>
+        h(
+          "li",
+          {},
+          h("code", {}, p),
+          ` ${bytes} bytes `,
+          h(
+            "button",
+            {
+              type: "button",
+              class: "secondary",
+              "aria-label": `Download ${p}`,
+              onclick: () => void get(p),
+            },
+            "Download",
+          ),
+        ),
+      ),
+    );
+  async function get(p: string): Promise<void> {
+    fileError.hidden = true;
+    try {
+      download(await getSessionFile(s.id, p), p);
+    } catch (e) {
+      showError(fileError, e);
+    }
+  }
+  picker.addEventListener("change", () => {
+    const chosen = picker.files?.[0];
+    if (chosen !== undefined && path.value === "") path.value = chosen.name;
+  });
+  fetchButton.addEventListener("click", () => {
+    if (path.reportValidity()) void get(path.value);
+  });
+  const form = h(
+    "form",
+    { class: "card files" },
+    h("h3", {}, "Files in /work"),
+    h(
+      "p",
+      {},
+      "Upload text or a file from this device to a path, or download one by its path. The API has no route that lists a session's files; those uploaded here are listed below.",
+    ),
+    field("File path", path, "Relative to /work"),
+    field("File content", content, "Uploaded as UTF-8 text unless a file is chosen below"),
+    field("Or choose a file", picker),
+    fileError,
+    h("div", { class: "actions" }, upload, fetchButton),
+    written,
+  );
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    fileError.hidden = true;
+    upload.disabled = true;
+    try {
+      const result = await putSessionFile(s.id, path.value, picker.files?.[0] ?? content.value);
+      paths.set(result.path, result.bytes);
+      showWritten();
+      say(`Wrote ${result.bytes} bytes to /work/${result.path}`);
+      picker.value = "";
+    } catch (err) {
+      showError(fileError, err);
+    } finally {
+      upload.disabled = false;
+    }
+  });
+  return form;
 }
 
 // ---- keys ----------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import {
   settle,
   settleAll,
 } from "./billing.js";
-import { openDatabase } from "./client.js";
 import { getBalance, revokeKey } from "./keys.js";
+import { openDatabase } from "./open.js";
 import { accountWithKey } from "./testing/accounts.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";

@@ -21,7 +21,7 @@
 // Executions that need no record before they end take the cheaper path of db/leases.ts instead.
 import { and, eq, inArray, lt, notInArray, or, type SQL, sql } from "drizzle-orm";
 import type { AnyPgColumn } from "drizzle-orm/pg-core";
-import type { Database, OpenDatabase } from "./client.js";
+import { type Database, GATEWAY_APPLICATION_PREFIX, type OpenDatabase } from "./client.js";
 import { GroupCommit } from "./group-commit.js";
 import { type PreparedStatement, type RunOptions, runPrepared, type TextRow } from "./prepared.js";
 import { accounts, apiKeys, executions } from "./schema.js";
@@ -534,9 +534,6 @@ export function ofGoneGateway(column: AnyPgColumn, liveGatewayIds: string[]): SQ
     ? sql`true`
     : sql`${column} IS NULL OR ${notInArray(column, liveGatewayIds)}`;
 }
-
-/** A gateway's PostgreSQL sessions are named this followed by its id (see liveGatewayIds). */
-export const GATEWAY_APPLICATION_PREFIX = "sandfork-gateway:";
 
 /**
  * The gateways that have the database open now, `self` among them. PGlite: only this process

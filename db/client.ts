@@ -9,11 +9,10 @@ import { migrate as migratePglite } from "drizzle-orm/pglite/migrator";
 import { drizzle as drizzlePostgres } from "drizzle-orm/postgres-js";
 import { migrate as migratePostgres } from "drizzle-orm/postgres-js/migrator";
 import postgres from "postgres";
-import { GATEWAY_APPLICATION_PREFIX, recordedIds } from "./billing.js";
-import { recordAll } from "./leases.js";
 import {
   JOURNAL_FILE,
   JournaledPGlite,
+  type JournaledRecord,
   type JournalReplay,
   RecordJournal,
 } from "./record-journal.js";
@@ -22,6 +21,19 @@ import { schema } from "./schema.js";
 export type Database = PgDatabase<PgQueryResultHKT, typeof schema>;
 
 export type DatabaseBackend = "postgres" | "pglite";
+
+/** A gateway's PostgreSQL sessions are named this followed by its id (see liveGatewayIds). */
+export const GATEWAY_APPLICATION_PREFIX = "sandfork-gateway:";
+
+/**
+ * What the PGlite record journal does with the database (db/record-journal.ts): fold journaled
+ * records into it, and tell which of a set of ids it holds. Billing provides both; db/open.ts
+ * wires them, so that this module only opens connections.
+ */
+export interface DatabaseJournalStore {
+  fold(db: Database, records: JournaledRecord[]): Promise<void>;
+  recorded(db: Database, ids: string[]): Promise<Set<string>>;
+}
 
 export interface OpenDatabase {
   db: Database;
@@ -51,7 +63,10 @@ function migrationsFolder(): string {
   throw new Error("db/migrations not found next to db/client");
 }
 
-export async function openDatabase(location: DatabaseLocation): Promise<OpenDatabase> {
+export async function openConnection(
+  location: DatabaseLocation,
+  store: DatabaseJournalStore,
+): Promise<OpenDatabase> {
   const migrationsConfig = { migrationsFolder: migrationsFolder() };
   if (location.backend === "postgres") {
     const client = postgres(location.url, {
@@ -83,10 +98,8 @@ export async function openDatabase(location: DatabaseLocation): Promise<OpenData
     const { journal, replay } = await RecordJournal.open(
       location.dataDir === undefined ? undefined : join(location.dataDir, JOURNAL_FILE),
       {
-        fold: async (records) => {
-          await recordAll(database, records, { waitForJournal: false });
-        },
-        recorded: (ids) => recordedIds(database, ids),
+        fold: (records) => store.fold(database, records),
+        recorded: (ids) => store.recorded(database, ids),
       },
     );
     client.journal = journal;

@@ -14,9 +14,10 @@ import { eq } from "drizzle-orm";
 import { afterAll, describe, expect, it } from "vitest";
 import { CreditLeases } from "../gateway/credit-leases.js";
 import { findExecution } from "./billing.js";
-import { type OpenDatabase, openDatabase } from "./client.js";
+import type { OpenDatabase } from "./client.js";
 import { getBalance } from "./keys.js";
 import { leasedUnits, releaseAbandonedLeases } from "./leases.js";
+import { openDatabase } from "./open.js";
 import {
   JOURNAL_FILE,
   type JournaledRecord,

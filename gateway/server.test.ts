@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { openDatabase } from "../db/client.js";
+import { openDatabase } from "../db/open.js";
 import { EMBEDDED_DATABASE_DIR, type GatewayConfig, loadConfig } from "./config.js";
 import { startGateway } from "./server.js";
 

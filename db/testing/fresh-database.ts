@@ -4,7 +4,8 @@
 // when there is one (pglite-seed.ts).
 import { randomBytes } from "node:crypto";
 import postgres from "postgres";
-import { type DatabaseBackend, type OpenDatabase, openDatabase } from "../client.js";
+import type { DatabaseBackend, OpenDatabase } from "../client.js";
+import { openDatabase } from "../open.js";
 import { seedDump } from "./pglite-seed.js";
 
 export const BACKENDS: DatabaseBackend[] = ["postgres", "pglite"];

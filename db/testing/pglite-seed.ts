@@ -15,7 +15,8 @@ import { cp, mkdir, readFile, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { PGlite } from "@electric-sql/pglite";
-import { type Database, openDatabase } from "../client.js";
+import type { Database } from "../client.js";
+import { openDatabase } from "../open.js";
 
 const SEED_ENV = "SANDFORK_TEST_PGLITE_SEED";
 

@@ -6,8 +6,9 @@
 // statement, the flush, waking the backend) is in this figure, and what the gateway adds on top
 // of it is the HTTP p50 minus this one.
 import { randomUUID } from "node:crypto";
-import { type OpenDatabase, openDatabase } from "../../db/client.js";
+import type { OpenDatabase } from "../../db/client.js";
 import { acquireLease, recordAll } from "../../db/leases.js";
+import { openDatabase } from "../../db/open.js";
 import { loadConfig } from "../../gateway/config.js";
 import { settlementOf } from "../../gateway/execution-service.js";
 import { costUnits, priceOf } from "../../gateway/pricing.js";

@@ -601,3 +601,88 @@ fn a_kernel_half_gs_base_survives_pause_resume_and_fork() {
     );
     assert_eq!(s.cell("gs-fork", "hex(read_gs())"), base, "in the fork");
 }
+
+/// The bytes of a session's checkpoint files, as they are on disk.
+fn stored_checkpoint_bytes(dir: &Path, session: &str) -> u64 {
+    std::fs::read_dir(dir.join("sessions").join(session))
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".sfck"))
+        .map(|entry| entry.metadata().unwrap().len())
+        .sum()
+}
+
+/// A session resumed from a checkpoint and paused again unchanged writes a checkpoint of
+/// (nearly) no pages, building on the one it resumed from; five pause and resume cycles of a
+/// 50 MiB session store little more than one full checkpoint. The 50 MiB and a variable come
+/// back whole from the chain, also after a daemon restart.
+#[test]
+fn a_pause_after_a_resume_holds_only_what_changed_since() {
+    let (dir, mut daemon, mut s) = daemon_with_session("sessions-repause", "big");
+    let fill = "import random, hashlib\n\
+        b = bytearray(50 << 20)\n\
+        for i in range(50):\n    b[i << 20:(i + 1) << 20] = random.randbytes(1 << 20)\n\
+        v = 'kept'\n\
+        digest = hashlib.sha256(b).hexdigest()\n\
+        len(b)";
+    assert_eq!(s.cell("big", fill), Some((50u64 << 20).to_string()));
+    let mut pauses = Vec::new();
+    for cycle in 0..5 {
+        if cycle > 0 {
+            let resumed = s.expect(
+                "session",
+                json!({"type": "session_resume", "session": "big"}),
+            );
+            assert_eq!(str_of(&resumed, "state"), "running", "{resumed}");
+        }
+        let paused = s.expect(
+            "checkpoint",
+            json!({"type": "session_pause", "session": "big"}),
+        );
+        assert_eq!(str_of(&paused, "state"), "paused", "{paused}");
+        pauses.push(paused);
+    }
+    eprintln!(
+        "five pause and resume cycles of a 50 MiB session: {} checkpoint bytes stored ({:?})",
+        stored_checkpoint_bytes(&dir, "big"),
+        pauses
+            .iter()
+            .map(|p| u64_of(p, "file_bytes"))
+            .collect::<Vec<_>>()
+    );
+    let full = u64_of(&pauses[0], "file_bytes");
+    assert!(full > 50 << 20, "the first pause is full: {}", pauses[0]);
+    for (before, paused) in pauses.iter().zip(&pauses[1..]) {
+        assert_eq!(
+            paused["parent"],
+            Value::from(u64_of(before, "checkpoint")),
+            "{paused}"
+        );
+        assert!(
+            u64_of(paused, "file_bytes") * 20 < full,
+            "an unchanged pause is < 5% of the full one ({full} bytes): {paused}"
+        );
+    }
+    assert!(stored_checkpoint_bytes(&dir, "big") < full + full / 4);
+    let check = "(v, len(b), hashlib.sha256(b).hexdigest() == digest)";
+    let intact = Some(format!("('kept', {}, True)", 50u64 << 20));
+    assert_eq!(s.cell("big", check), intact, "resumed by the cell");
+    s.cell("big", "v = 'changed'");
+    let paused = s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "big"}),
+    );
+    assert!(u64_of(&paused, "file_bytes") * 20 < full, "{paused}");
+    daemon.kill();
+    daemon.restart();
+    let mut s = daemon.client();
+    let intact = Some(format!("('changed', {}, True)", 50u64 << 20));
+    assert_eq!(s.cell("big", check), intact, "after a restart");
+    let number = u64_of(&pauses[2], "checkpoint");
+    s.expect(
+        "session",
+        json!({"type": "session_fork", "session": "big-fork", "from": "big", "checkpoint": number}),
+    );
+    let forked = Some(format!("('kept', {}, True)", 50u64 << 20));
+    assert_eq!(s.cell("big-fork", check), forked, "a fork from the chain");
+}

@@ -10,9 +10,9 @@
 //!   durably when the session is created) and its checkpoints `<n>.sfck`, numbered in the order
 //!   they were taken. A checkpoint is incremental (the pages written since the VM's previous
 //!   checkpoint, which it names: `snapshot::checkpoint`) except the VM's first (a new session's,
-//!   a fork's), a pause's (a paused session is then one file to resume), and one that would make
-//!   its chain longer than `MAX_CHAIN_DEPTH` or its chain's files more than `MAX_CHAIN_FACTOR`
-//!   times its full checkpoint's. A restarted daemon finds every session there: paused when it
+//!   a fork's) and one that would make its chain longer than `MAX_CHAIN_DEPTH` or its chain's
+//!   files more than `MAX_CHAIN_FACTOR` times its full checkpoint's. A VM resumed from a
+//!   checkpoint builds on it: a pause after a resume holds only the pages written since. A restarted daemon finds every session there: paused when it
 //!   has a checkpoint that verifies (the newest that does; a damaged newer one is reported and
 //!   skipped), ended otherwise (its VM died with the old daemon before any checkpoint).
 //!   Checkpoint files being written (`.writing-*`) at a start were never acknowledged and are
@@ -241,7 +241,7 @@ impl Vm<'_> {
     }
 
     /// Records the VM at a ready point as checkpoint `number` in `dir`, durably: incremental
-    /// on `base` where the module docs allow it, full otherwise (and for a pause).
+    /// on `base` where the module docs allow it (a pause too), full otherwise.
     fn checkpoint(
         &mut self,
         template: &Template,
@@ -253,7 +253,7 @@ impl Vm<'_> {
         self.take_written();
         let capturing = Instant::now();
         let mut incremental = match (&self.base, &self.unsaved) {
-            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH => {
+            (Some(base), Some(written)) if base.parent.depth < MAX_CHAIN_DEPTH => {
                 Some((*base, self.fingerprints.changed(self.guest.mem, written)?))
             }
             _ => None,
@@ -498,6 +498,24 @@ fn run_vm(
         .map_memory(&vm.guest.process.memory_handed_out())
     {
         return failed(internal("mapping the session's memory", e));
+    }
+    // What the VMM wrote to set the VM up (the chain's pages, the vCPU's, the memory map's) is
+    // what any restore of `base` writes again: not a change its next checkpoint must hold.
+    vm.take_written();
+    if let Some(unsaved) = &mut vm.unsaved {
+        unsaved.clear();
+    }
+    // A resumed VM's pages are what `base` recorded: a page the guest writes (or KVM logs on a
+    // read of a page it maps writable) with the same bytes is left out of the next checkpoint.
+    if vm.base.is_some() && vm.unsaved.is_some() {
+        let recorded = vm.guest.mem.copied_ranges().and_then(|ranges| {
+            vm.fingerprints
+                .of_ranges(vm.guest.mem, &ranges.unwrap_or_default())
+        });
+        match recorded {
+            Ok(fresh) => vm.fingerprints.record(true, fresh),
+            Err(e) => return failed(internal("fingerprinting the resumed pages", e)),
+        }
     }
     if ready.send(Ok(())).is_err() {
         return;

@@ -207,6 +207,7 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
     let config = SessionsConfig {
         dir: sessions_dir.clone(),
         max_live: CONCURRENCY + 2,
+        keep_checkpoints: super::sessions::DEFAULT_KEEP_CHECKPOINTS,
     };
     let sessions = Arc::new(
         Sessions::open(

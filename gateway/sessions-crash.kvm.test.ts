@@ -47,7 +47,7 @@ describe("a session's acknowledged checkpoints under SIGKILL of the gateway and 
       env: {
         SANDFORK_TEMPLATES: "python",
         SANDFORK_VMM_BIN: requireVmmBinary(),
-        SANDFORK_VMM_SERVE_ARGS: "--pool-size 1",
+        SANDFORK_VMM_SERVE_ARGS: "--pool-size 1 --keep-checkpoints 1048576",
         SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
         ...scaledDaemonReadyEnv,
       },

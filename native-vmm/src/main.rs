@@ -181,6 +181,8 @@ options:
   --sessions DIR          keep stateful sessions (PROTOCOL.md, Sessions) with their durable
                           checkpoints in DIR (created); sessions found there are resumable
   --max-sessions N        sessions holding a running VM at once (default 64)
+  --keep-checkpoints N    checkpoints of a session kept: its newest N and those they build
+                          on; older ones are deleted when a new one is taken (default 4)
   --test-forbidden-syscall-after-ms N
                           for tests of the confinement: N ms after startup a thread makes a
                           system call the seccomp filter forbids, which kills the daemon
@@ -757,6 +759,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             "--test-forbidden-syscall-after-ms",
             "--sessions",
             "--max-sessions",
+            "--keep-checkpoints",
         ],
         &[],
         false,
@@ -814,6 +817,11 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             daemon::DEFAULT_MAX_SESSIONS,
             daemon::MAX_SESSIONS_LIMIT,
         )? as usize,
+        keep_checkpoints: options.number(
+            "--keep-checkpoints",
+            daemon::sessions::DEFAULT_KEEP_CHECKPOINTS,
+            daemon::sessions::MAX_KEEP_CHECKPOINTS,
+        )?,
         forbidden_syscall_after: match options
             .values
             .contains_key("--test-forbidden-syscall-after-ms")

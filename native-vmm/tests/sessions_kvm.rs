@@ -21,13 +21,20 @@ use serde_json::{json, Value};
 struct Daemon {
     dir: PathBuf,
     child: Option<Child>,
+    /// More `serve` options.
+    args: Vec<&'static str>,
 }
 
 impl Daemon {
     fn start(dir: &Path) -> Daemon {
+        Daemon::start_with(dir, &[])
+    }
+
+    fn start_with(dir: &Path, args: &[&'static str]) -> Daemon {
         let mut daemon = Daemon {
             dir: dir.to_owned(),
             child: None,
+            args: args.to_vec(),
         };
         daemon.restart();
         daemon
@@ -46,6 +53,7 @@ impl Daemon {
             .arg(snapshot_templates_dir())
             .arg("--sessions")
             .arg(self.dir.join("sessions"))
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -296,7 +304,8 @@ fn acknowledged_checkpoints_survive_sigkill_of_the_daemon() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(20);
     let dir = scratch("sessions-crash");
-    let mut daemon = Daemon::start(&dir);
+    // Every checkpoint kept: each acknowledged one is forked at the end.
+    let mut daemon = Daemon::start_with(&dir, &["--keep-checkpoints", "1048576"]);
     daemon.client().expect(
         "session",
         json!({"type": "session_create", "session": "crash", "template": "python"}),
@@ -600,4 +609,181 @@ fn a_kernel_half_gs_base_survives_pause_resume_and_fork() {
         json!({"type": "session_fork", "session": "gs-fork", "from": "gs", "checkpoint": number}),
     );
     assert_eq!(s.cell("gs-fork", "hex(read_gs())"), base, "in the fork");
+}
+
+/// The bytes of a session's checkpoint files, as they are on disk.
+fn stored_checkpoint_bytes(dir: &Path, session: &str) -> u64 {
+    std::fs::read_dir(dir.join("sessions").join(session))
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".sfck"))
+        .map(|entry| entry.metadata().unwrap().len())
+        .sum()
+}
+
+/// A session resumed from a checkpoint and paused again unchanged writes a checkpoint of
+/// (nearly) no pages, building on the one it resumed from; five pause and resume cycles of a
+/// 50 MiB session store little more than one full checkpoint. The 50 MiB and a variable come
+/// back whole from the chain, also after a daemon restart.
+#[test]
+fn a_pause_after_a_resume_holds_only_what_changed_since() {
+    let (dir, mut daemon, mut s) = daemon_with_session("sessions-repause", "big");
+    let fill = "import random, hashlib\n\
+        b = bytearray(50 << 20)\n\
+        for i in range(50):\n    b[i << 20:(i + 1) << 20] = random.randbytes(1 << 20)\n\
+        v = 'kept'\n\
+        digest = hashlib.sha256(b).hexdigest()\n\
+        len(b)";
+    assert_eq!(s.cell("big", fill), Some((50u64 << 20).to_string()));
+    let mut pauses = Vec::new();
+    for cycle in 0..5 {
+        if cycle > 0 {
+            let resumed = s.expect(
+                "session",
+                json!({"type": "session_resume", "session": "big"}),
+            );
+            assert_eq!(str_of(&resumed, "state"), "running", "{resumed}");
+        }
+        let paused = s.expect(
+            "checkpoint",
+            json!({"type": "session_pause", "session": "big"}),
+        );
+        assert_eq!(str_of(&paused, "state"), "paused", "{paused}");
+        pauses.push(paused);
+    }
+    eprintln!(
+        "five pause and resume cycles of a 50 MiB session: {} checkpoint bytes stored ({:?})",
+        stored_checkpoint_bytes(&dir, "big"),
+        pauses
+            .iter()
+            .map(|p| u64_of(p, "file_bytes"))
+            .collect::<Vec<_>>()
+    );
+    let full = u64_of(&pauses[0], "file_bytes");
+    assert!(full > 50 << 20, "the first pause is full: {}", pauses[0]);
+    for (before, paused) in pauses.iter().zip(&pauses[1..]) {
+        assert_eq!(
+            paused["parent"],
+            Value::from(u64_of(before, "checkpoint")),
+            "{paused}"
+        );
+        assert!(
+            u64_of(paused, "file_bytes") * 20 < full,
+            "an unchanged pause is < 5% of the full one ({full} bytes): {paused}"
+        );
+    }
+    assert!(stored_checkpoint_bytes(&dir, "big") < full + full / 4);
+    let check = "(v, len(b), hashlib.sha256(b).hexdigest() == digest)";
+    let intact = Some(format!("('kept', {}, True)", 50u64 << 20));
+    assert_eq!(s.cell("big", check), intact, "resumed by the cell");
+    s.cell("big", "v = 'changed'");
+    let paused = s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "big"}),
+    );
+    assert!(u64_of(&paused, "file_bytes") * 20 < full, "{paused}");
+    daemon.kill();
+    daemon.restart();
+    let mut s = daemon.client();
+    let intact = Some(format!("('changed', {}, True)", 50u64 << 20));
+    assert_eq!(s.cell("big", check), intact, "after a restart");
+    let number = u64_of(&pauses[2], "checkpoint");
+    s.expect(
+        "session",
+        json!({"type": "session_fork", "session": "big-fork", "from": "big", "checkpoint": number}),
+    );
+    let forked = Some(format!("('kept', {}, True)", 50u64 << 20));
+    assert_eq!(s.cell("big-fork", check), forked, "a fork from the chain");
+}
+
+/// The numbers of a session's checkpoint files.
+fn stored_checkpoints(dir: &Path, session: &str) -> std::collections::BTreeSet<u64> {
+    std::fs::read_dir(dir.join("sessions").join(session))
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".sfck").and_then(|n| n.parse().ok())
+        })
+        .collect()
+}
+
+/// Of a session's checkpoints, the newest 4 (`serve --keep-checkpoints`' default) and every
+/// one they build on are kept, the others deleted: after 8 checkpoints (each cell rewrites
+/// 8 MiB, so the chain limit makes some of them full again) only that set's files are left,
+/// each still restores, the deleted ones are `not_found`, and the bytes the daemon reports
+/// are those of the files, also after a restart.
+#[test]
+fn old_checkpoints_are_pruned_and_the_newest_with_their_chains_kept() {
+    let (dir, mut daemon, mut s) = daemon_with_session("sessions-prune", "prune");
+    s.cell("prune", "import random\nb = bytearray(8 << 20)");
+    let mut taken = Vec::new();
+    for i in 1..=8 {
+        s.cell(
+            "prune",
+            &format!("b[:] = random.randbytes(8 << 20)\nv = {i}"),
+        );
+        let kind = if i % 3 == 0 {
+            "session_pause"
+        } else {
+            "session_checkpoint"
+        };
+        taken.push(s.expect("checkpoint", json!({"type": kind, "session": "prune"})));
+    }
+    let number = |c: &Value| u64_of(c, "checkpoint");
+    let mut kept: std::collections::BTreeSet<u64> = taken[4..].iter().map(number).collect();
+    loop {
+        let parents: Vec<u64> = taken
+            .iter()
+            .filter(|c| kept.contains(&number(c)))
+            .filter_map(|c| c["parent"].as_u64())
+            .collect();
+        let before = kept.len();
+        kept.extend(parents);
+        if kept.len() == before {
+            break;
+        }
+    }
+    assert!(kept.len() < taken.len(), "none was deleted: {taken:?}");
+    assert_eq!(stored_checkpoints(&dir, "prune"), kept, "{taken:?}");
+    let check = |s: &mut Session, round: &str| {
+        let info = s.expect(
+            "session",
+            json!({"type": "session_info", "session": "prune"}),
+        );
+        assert_eq!(
+            u64_of(&info, "checkpoint_bytes"),
+            stored_checkpoint_bytes(&dir, "prune"),
+            "{round}: {info}"
+        );
+        let listed: std::collections::BTreeSet<u64> = info["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(number)
+            .collect();
+        assert_eq!(listed, kept, "{round}: {info}");
+        for (i, checkpoint) in taken.iter().enumerate() {
+            let fork = format!("{round}-{}", number(checkpoint));
+            let answer = s.call(json!({"type": "session_fork", "session": fork, "from": "prune", "checkpoint": number(checkpoint)}));
+            if !kept.contains(&number(checkpoint)) {
+                assert_eq!(str_of(&answer, "code"), "not_found", "{round}: {answer}");
+                continue;
+            }
+            assert_eq!(str_of(&answer, "type"), "session", "{round}: {answer}");
+            assert_eq!(
+                s.cell(&fork, "(v, len(b))"),
+                Some(format!("({}, {})", i + 1, 8u64 << 20)),
+                "{round}: fork of {checkpoint}"
+            );
+            s.expect(
+                "session",
+                json!({"type": "session_delete", "session": fork}),
+            );
+        }
+    };
+    check(&mut s, "known");
+    daemon.kill();
+    daemon.restart();
+    let mut s = daemon.client();
+    check(&mut s, "hashed");
 }

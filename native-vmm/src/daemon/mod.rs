@@ -104,6 +104,9 @@ pub struct ServeOptions {
     pub sessions: Option<PathBuf>,
     /// Sessions holding a running VM at once.
     pub max_sessions: usize,
+    /// Checkpoints of a session kept: its newest N and those they build on
+    /// (`sessions::SessionsConfig::keep_checkpoints`).
+    pub keep_checkpoints: u64,
     /// For the confinement's tests: a thread makes a forbidden system call this long after
     /// the filter is installed.
     pub forbidden_syscall_after: Option<std::time::Duration>,
@@ -190,6 +193,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
             let config = sessions::SessionsConfig {
                 dir: dir.clone(),
                 max_live: options.max_sessions,
+                keep_checkpoints: options.keep_checkpoints,
             };
             Some(Arc::new(
                 sessions::Sessions::open(config, &templates, Arc::new(kvm::restore_cpu)).map_err(

@@ -84,7 +84,7 @@ pub struct DirtyFigures {
     /// Native write + fdatasync + rename of as many bytes as its files.
     pub native_write: Latency,
     pub pause: Latency,
-    /// A pause's file (a full checkpoint), on average.
+    /// A pause's file (incremental on the checkpoint the session resumed from), on average.
     pub pause_file_bytes: u64,
     pub resume: Latency,
 }
@@ -207,6 +207,7 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
     let config = SessionsConfig {
         dir: sessions_dir.clone(),
         max_live: CONCURRENCY + 2,
+        keep_checkpoints: super::sessions::DEFAULT_KEEP_CHECKPOINTS,
     };
     let sessions = Arc::new(
         Sessions::open(

@@ -10,11 +10,14 @@
 //!   durably when the session is created) and its checkpoints `<n>.sfck`, numbered in the order
 //!   they were taken. A checkpoint is incremental (the pages written since the VM's previous
 //!   checkpoint, which it names: `snapshot::checkpoint`) except the VM's first (a new session's,
-//!   a fork's), a pause's (a paused session is then one file to resume), and one that would make
-//!   its chain longer than `MAX_CHAIN_DEPTH` or its chain's files more than `MAX_CHAIN_FACTOR`
-//!   times its full checkpoint's. A restarted daemon finds every session there: paused when it
-//!   has a checkpoint that verifies (the newest that does; a damaged newer one is reported and
-//!   skipped), ended otherwise (its VM died with the old daemon before any checkpoint).
+//!   a fork's) and one that would make its chain longer than `MAX_CHAIN_DEPTH` or its chain's
+//!   files more than `MAX_CHAIN_FACTOR` times its full checkpoint's. A VM resumed from a
+//!   checkpoint builds on it: a pause after a resume holds only the pages written since. Once
+//!   a checkpoint is acknowledged, the files of those the policy does not keep (the newest
+//!   `SessionsConfig::keep_checkpoints` and their chains) are deleted (`Sessions::prune`).
+//!   A restarted daemon finds every session there: paused when it has a checkpoint that
+//!   verifies (the newest that does; a damaged newer one is reported and skipped), ended
+//!   otherwise (its VM died with the old daemon before any checkpoint).
 //!   Checkpoint files being written (`.writing-*`) at a start were never acknowledged and are
 //!   removed. Where the folder is on storage other daemons share, any of them can resume it.
 //! - A session whose program ends (os._exit, a crash, a timeout or another limit) has lost its
@@ -69,6 +72,9 @@ const MAX_CHAIN_DEPTH: u64 = 16;
 /// file. Judged on an incremental checkpoint once captured, by its file's bytes; one that would
 /// pass it is captured again, full (`Vm::checkpoint`).
 const MAX_CHAIN_FACTOR: u64 = 4;
+/// `SessionsConfig::keep_checkpoints` unless `serve --keep-checkpoints` says otherwise.
+pub const DEFAULT_KEEP_CHECKPOINTS: u64 = 4;
+pub const MAX_KEEP_CHECKPOINTS: u64 = 1 << 20;
 
 /// Why a session operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -241,7 +247,7 @@ impl Vm<'_> {
     }
 
     /// Records the VM at a ready point as checkpoint `number` in `dir`, durably: incremental
-    /// on `base` where the module docs allow it, full otherwise (and for a pause).
+    /// on `base` where the module docs allow it (a pause too), full otherwise.
     fn checkpoint(
         &mut self,
         template: &Template,
@@ -253,7 +259,7 @@ impl Vm<'_> {
         self.take_written();
         let capturing = Instant::now();
         let mut incremental = match (&self.base, &self.unsaved) {
-            (Some(base), Some(written)) if !pause && base.parent.depth < MAX_CHAIN_DEPTH => {
+            (Some(base), Some(written)) if base.parent.depth < MAX_CHAIN_DEPTH => {
                 Some((*base, self.fingerprints.changed(self.guest.mem, written)?))
             }
             _ => None,
@@ -499,6 +505,24 @@ fn run_vm(
     {
         return failed(internal("mapping the session's memory", e));
     }
+    // What the VMM wrote to set the VM up (the chain's pages, the vCPU's, the memory map's) is
+    // what any restore of `base` writes again: not a change its next checkpoint must hold.
+    vm.take_written();
+    if let Some(unsaved) = &mut vm.unsaved {
+        unsaved.clear();
+    }
+    // A resumed VM's pages are what `base` recorded: a page the guest writes (or KVM logs on a
+    // read of a page it maps writable) with the same bytes is left out of the next checkpoint.
+    if vm.base.is_some() && vm.unsaved.is_some() {
+        let recorded = vm.guest.mem.copied_ranges().and_then(|ranges| {
+            vm.fingerprints
+                .of_ranges(vm.guest.mem, &ranges.unwrap_or_default())
+        });
+        match recorded {
+            Ok(fresh) => vm.fingerprints.record(true, fresh),
+            Err(e) => return failed(internal("fingerprinting the resumed pages", e)),
+        }
+    }
     if ready.send(Ok(())).is_err() {
         return;
     }
@@ -662,6 +686,9 @@ pub struct SessionsConfig {
     pub dir: PathBuf,
     /// Sessions holding a VM at once.
     pub max_live: usize,
+    /// Of a session's checkpoints, the newest this many and every one they build on (their
+    /// chains) are kept; the others are deleted once a new one is acknowledged (`prune`).
+    pub keep_checkpoints: u64,
 }
 
 /// Every session of a daemon.
@@ -1085,6 +1112,7 @@ impl Sessions {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(session.dir.join(checkpoint_name(number)), hash);
+        self.prune(&session);
         let info = CheckpointInfo {
             number,
             sha256: sha256::to_hex(&hash),
@@ -1099,6 +1127,55 @@ impl Sessions {
             cpu,
             pages,
         })
+    }
+
+    /// Deletes the checkpoints of `session` that the policy does not keep: of its newest
+    /// `keep_checkpoints`, each and the parents it builds on back to its full checkpoint are
+    /// kept, every other file is deleted. Called under the session's lock once a checkpoint is
+    /// acknowledged; a file whose head cannot be read (torn, damaged, an old format) names no
+    /// parent. What cannot be deleted now is left for the next checkpoint's prune.
+    fn prune(&self, session: &Session) {
+        let Ok(numbers) = checkpoint_numbers(&session.dir) else {
+            return;
+        };
+        let Ok(template) = self.template(&session.template) else {
+            return;
+        };
+        let newest = numbers
+            .len()
+            .saturating_sub(self.config.keep_checkpoints as usize);
+        let mut kept: Vec<u64> = numbers[newest..].to_vec();
+        let mut next = 0;
+        while let Some(&number) = kept.get(next) {
+            next += 1;
+            let parent = self
+                .open_checkpoint(session, number)
+                .ok()
+                .and_then(|(file, known)| {
+                    OpenedCheckpoint::open(file, &template, known.as_ref())
+                        .ok()
+                        .and_then(|opened| opened.parent)
+                });
+            if let Some((parent, _)) = parent.filter(|(p, _)| !kept.contains(p)) {
+                kept.push(parent);
+            }
+        }
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        for number in numbers.into_iter().filter(|n| !kept.contains(n)) {
+            let path = session.dir.join(checkpoint_name(number));
+            match fs::remove_file(&path) {
+                Ok(()) => {
+                    written.remove(&path);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    written.remove(&path);
+                }
+                Err(e) => super::log(format_args!(
+                    "session '{}': deleting checkpoint {number}: {e}",
+                    session.id
+                )),
+            }
+        }
     }
 
     /// Resumes a paused session (a running one is left as it is); says how long it took.

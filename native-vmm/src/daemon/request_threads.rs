@@ -122,8 +122,10 @@ mod tests {
                 .run(Box::new(move || done.send(thread::current().id()).unwrap()))
                 .unwrap();
             ran_on.push(finished.recv().unwrap());
-            // The thread lists itself idle right after its task: wait for it.
-            while threads.idle() == 0 {
+            // The thread lists itself idle right after its task: wait for it, for a bounded
+            // time (a thread with a short idle lifetime may have ended again meanwhile).
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while threads.idle() == 0 && std::time::Instant::now() < deadline {
                 thread::yield_now();
             }
         }
@@ -189,7 +191,12 @@ mod tests {
         threads.run(Box::new(|| panic!("a task's panic"))).unwrap();
         // The panicking thread was taken off the list before its task ran: the next request
         // starts a thread of its own and is served.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while threads.idle() != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the idle thread was never taken"
+            );
             thread::yield_now();
         }
         assert_eq!(run_in_turn(&threads, 2).len(), 2);

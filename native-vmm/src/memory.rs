@@ -16,6 +16,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 
 use fixedbitset::FixedBitSet;
 
@@ -78,9 +79,10 @@ pub struct GuestMemory {
     /// The memfd the mapping shows; None for a copy-on-write fork, whose written pages are
     /// private to the mapping and in no file.
     fd: Option<OwnedFd>,
-    /// For a copy-on-write fork: the template's memfd (a duplicate of its descriptor), so that
-    /// a process forked inside the VM can map it again (`duplicate`).
-    source: Option<OwnedFd>,
+    /// For a copy-on-write fork: the template's memfd, shared with the template (no descriptor
+    /// is duplicated per fork), so that a process forked inside the VM can map it again
+    /// (`duplicate`).
+    source: Option<Arc<OwnedFd>>,
     /// With `track_writes`: the pages the VMM itself wrote (through these accessors) since
     /// `take_written`. The guest's own writes are the vCPU backend's to track
     /// (`GuestCpu::take_written_pages`).
@@ -130,12 +132,7 @@ impl GuestMemory {
     /// other fork sees the write, and creating the fork copies nothing.
     pub fn fork_of(template: &TemplateMemory) -> io::Result<GuestMemory> {
         let source = &template.mem;
-        let fd = source.fd.as_ref().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a template's memory is a memfd",
-            )
-        })?;
+        let fd = &template.fd;
         // SAFETY: a fresh private mapping of the whole template memfd (exactly `size` bytes)
         // at a kernel-chosen address.
         let host = unsafe {
@@ -155,7 +152,7 @@ impl GuestMemory {
             host: host as *mut u8,
             size: source.size,
             fd: None,
-            source: Some(fd.try_clone()?),
+            source: Some(template.fd.clone()),
             written: None,
         })
     }
@@ -187,7 +184,7 @@ impl GuestMemory {
                     host: host as *mut u8,
                     size: self.size,
                     fd: None,
-                    source: Some(source.try_clone()?),
+                    source: Some(source.clone()),
                     written: None,
                 };
                 let copied = self.copied_ranges()?.unwrap_or_default();
@@ -783,6 +780,8 @@ fn populate(host: usize, len: usize) -> io::Result<()> {
 
 pub struct TemplateMemory {
     mem: GuestMemory,
+    /// `mem`'s memfd, shared by reference with every fork (`GuestMemory::source`).
+    fd: Arc<OwnedFd>,
     /// `mem.data_extents()`, sorted: where the template has bytes (a reset copies them back).
     data: Vec<(u64, u64)>,
 }
@@ -801,7 +800,13 @@ impl TemplateMemory {
             ));
         }
         let data = mem.data_extents()?;
-        Ok(TemplateMemory { mem, data })
+        let fd = Arc::new(
+            mem.fd
+                .as_ref()
+                .ok_or_else(|| io::Error::other("a template's memory is a memfd"))?
+                .try_clone()?,
+        );
+        Ok(TemplateMemory { mem, fd, data })
     }
 
     pub fn size(&self) -> u64 {

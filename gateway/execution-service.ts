@@ -34,6 +34,11 @@ import type { Admission } from "./admission.js";
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
 import type { CreditLeases, HoldOutcome } from "./credit-leases.js";
+import {
+  type ExecutionInput,
+  type NormalizedRequest,
+  normalizeExecution,
+} from "./execution-request.js";
 import { filesProblems } from "./file-paths.js";
 import { IdempotencyClaims } from "./idempotency-claims.js";
 import type { TokenExecutionCounter } from "./limits.js";
@@ -41,18 +46,7 @@ import { costUnits, type Pricing, priceOf, type TemplatePrice } from "./pricing.
 import { ProblemError } from "./problems.js";
 import { inSpan, type Telemetry } from "./telemetry.js";
 
-export interface ExecutionInput {
-  template: string;
-  code: string;
-  stdin?: string | undefined;
-  args?: string[] | undefined;
-  env?: Record<string, string> | undefined;
-  files?: { path: string; content: string; encoding?: "utf8" | "base64" | undefined }[] | undefined;
-  timeout_ms?: number | undefined;
-  memory_mb?: number | undefined;
-  /** One of the template's languages (default: its first). */
-  language?: string | undefined;
-}
+export type { ExecutionInput } from "./execution-request.js";
 
 /**
  * What an execution that ran is billed as. Billed time is what the VM existed for the request:
@@ -116,30 +110,8 @@ interface Billing {
   claimed: boolean;
 }
 
-type NormalizedRequest = Omit<ExecutionRequest, "executionId" | "language"> & {
-  language?: string | undefined;
-};
 /** A request whose language is resolved against its template. */
 type ResolvedRequest = Omit<ExecutionRequest, "executionId">;
-
-function normalize(input: ExecutionInput, limits: ExecutionLimits): NormalizedRequest {
-  return {
-    template: input.template,
-    code: input.code,
-    stdin: input.stdin ?? "",
-    args: input.args ?? [],
-    env: input.env ?? {},
-    files: (input.files ?? []).map((f) => ({
-      path: f.path,
-      content: f.content,
-      encoding: f.encoding ?? "utf8",
-    })),
-    timeoutMs: input.timeout_ms ?? limits.defaultTimeoutMs,
-    // Without one, the template's VM size (its daemon knows it): a pooled VM serves the request.
-    memoryMb: input.memory_mb,
-    language: input.language,
-  };
-}
 
 /** SHA-256 over a canonical JSON form (sorted keys), so key order in the body does not matter. */
 export function requestHash(request: NormalizedRequest): string {
@@ -256,7 +228,7 @@ export class ExecutionService {
     idempotencyKey: string | null,
     live: LiveExecution = {},
   ): Promise<ExecutionOutcome> {
-    const request = normalize(input, this.deps.limits);
+    const request = normalizeExecution(input, this.deps.limits);
     const hash = requestHash(request);
     const grant = principal.token;
     if (grant?.templates && !grant.templates.includes(request.template)) {

@@ -11,6 +11,7 @@ import type { ExecutionRequest } from "../runtime/execution-runtime.js";
 import { MAX_FRAME_BYTES } from "../runtime/frames.js";
 import { executeFrame } from "../runtime/protocol.js";
 import type { ExecutionLimits } from "./config.js";
+import { type ExecutionInput, normalizeExecution } from "./execution-request.js";
 
 /** The daemon's limits, under its constants' names. */
 export const REQUEST_LIMITS = {
@@ -63,35 +64,11 @@ function decodedBytes(file: { content: string; encoding?: "utf8" | "base64" | un
   return Math.max(0, Math.floor((file.content.length * 3) / 4) - padding);
 }
 
-/** What an execution request carries, as the execution schema reads it. */
-export interface SizedExecution {
-  template: string;
-  code: string;
-  language?: string | undefined;
-  stdin?: string | undefined;
-  args?: string[] | undefined;
-  env?: Record<string, string> | undefined;
-  files?: { path: string; content: string; encoding?: "utf8" | "base64" | undefined }[] | undefined;
-  timeout_ms?: number | undefined;
-  memory_mb?: number | undefined;
-}
-
 /** The execute frame the runtime would send for `input`, the largest it may be (streamed). */
-function largestFrame(input: SizedExecution, limits: ExecutionLimits): Record<string, unknown> {
+function largestFrame(input: ExecutionInput, limits: ExecutionLimits): Record<string, unknown> {
   const request: ExecutionRequest = {
+    ...normalizeExecution(input, limits),
     executionId: "",
-    template: input.template,
-    code: input.code,
-    stdin: input.stdin ?? "",
-    args: input.args ?? [],
-    env: input.env ?? {},
-    files: (input.files ?? []).map((f) => ({
-      path: f.path,
-      content: f.content,
-      encoding: f.encoding ?? "utf8",
-    })),
-    timeoutMs: input.timeout_ms ?? limits.defaultTimeoutMs,
-    memoryMb: input.memory_mb,
     // Without one, the template's first language: every script name is as long as Python's.
     language: input.language ?? "python",
   };
@@ -104,7 +81,7 @@ function largestFrame(input: SizedExecution, limits: ExecutionLimits): Record<st
  */
 function frameBytesIfLarge(
   frame: Record<string, unknown>,
-  input: SizedExecution,
+  input: ExecutionInput,
 ): number | undefined {
   const files = input.files ?? [];
   const env = Object.entries(input.env ?? {});
@@ -126,7 +103,7 @@ function frameBytesIfLarge(
  * its schema's check.
  */
 export function refineExecutionSizes(
-  input: SizedExecution,
+  input: ExecutionInput,
   ctx: RefinementCtx,
   limits: ExecutionLimits,
 ): void {

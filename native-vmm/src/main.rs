@@ -183,6 +183,8 @@ options:
   --max-sessions N        sessions holding a running VM at once (default 64)
   --keep-checkpoints N    checkpoints of a session kept: its newest N and those they build
                           on; older ones are deleted when a new one is taken (default 4)
+  --adopt-sessions        a request for a session not in the --sessions folder moves it in
+                          from a folder beside it (a cluster's nodes share their parent)
   --test-forbidden-syscall-after-ms N
                           for tests of the confinement: N ms after startup a thread makes a
                           system call the seccomp filter forbids, which kills the daemon
@@ -761,7 +763,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             "--max-sessions",
             "--keep-checkpoints",
         ],
-        &[],
+        &["--adopt-sessions"],
         false,
         SERVE_USAGE,
     )?;
@@ -822,6 +824,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             daemon::sessions::DEFAULT_KEEP_CHECKPOINTS,
             daemon::sessions::MAX_KEEP_CHECKPOINTS,
         )?,
+        adopt_sessions: options.flags.contains(&"--adopt-sessions"),
         forbidden_syscall_after: match options
             .values
             .contains_key("--test-forbidden-syscall-after-ms")

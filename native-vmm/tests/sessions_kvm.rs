@@ -20,6 +20,8 @@ use serde_json::{json, Value};
 /// `sandfork-vmm serve --sessions DIR/sessions` on DIR/s.sock, restartable.
 struct Daemon {
     dir: PathBuf,
+    /// Its `--sessions` folder (default DIR/sessions).
+    sessions: PathBuf,
     child: Option<Child>,
     /// More `serve` options.
     args: Vec<&'static str>,
@@ -31,8 +33,13 @@ impl Daemon {
     }
 
     fn start_with(dir: &Path, args: &[&'static str]) -> Daemon {
+        Daemon::start_on(dir, &dir.join("sessions"), args)
+    }
+
+    fn start_on(dir: &Path, sessions: &Path, args: &[&'static str]) -> Daemon {
         let mut daemon = Daemon {
             dir: dir.to_owned(),
+            sessions: sessions.to_owned(),
             child: None,
             args: args.to_vec(),
         };
@@ -52,7 +59,7 @@ impl Daemon {
             .arg("--templates")
             .arg(snapshot_templates_dir())
             .arg("--sessions")
-            .arg(self.dir.join("sessions"))
+            .arg(&self.sessions)
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -291,6 +298,38 @@ fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
         json!({"type": "session_read_file", "session": "files", "path": "deep/er/f3.txt"}),
     );
     assert_eq!(str_of(&read, "content"), "MzMzMw==", "{read}");
+}
+
+/// Two daemons with sessions folders side by side (a cluster's nodes on shared storage): a
+/// session paused on the first, whose daemon is then killed, is adopted by the second with
+/// `--adopt-sessions` (its folder moved over) and resumes with its interpreter's state; a
+/// session no folder holds stays unknown.
+#[test]
+fn a_stopped_daemons_paused_session_is_adopted_by_its_sibling() {
+    let root = scratch("sessions-adopt");
+    let shared = root.join("shared");
+    std::fs::create_dir_all(root.join("a")).unwrap();
+    std::fs::create_dir_all(root.join("b")).unwrap();
+    let mut first = Daemon::start_on(&root.join("a"), &shared.join("a"), &[]);
+    let mut s = first.client();
+    s.expect(
+        "session",
+        json!({"type": "session_create", "session": "moved", "template": "python"}),
+    );
+    s.cell("moved", "x = 41");
+    s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "moved"}),
+    );
+    first.kill();
+
+    let second = Daemon::start_on(&root.join("b"), &shared.join("b"), &["--adopt-sessions"]);
+    let mut s = second.client();
+    assert_eq!(s.cell("moved", "x + 1"), Some("42".to_owned()));
+    assert!(shared.join("b/moved/session.json").is_file());
+    assert!(!shared.join("a/moved").exists());
+    let unknown = s.call(json!({"type": "session_info", "session": "nowhere"}));
+    assert_eq!(str_of(&unknown, "code"), "not_found", "{unknown}");
 }
 
 /// Checkpoints in a loop while the daemon is SIGKILLed at random moments; after each restart

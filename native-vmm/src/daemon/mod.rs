@@ -107,6 +107,9 @@ pub struct ServeOptions {
     /// Checkpoints of a session kept: its newest N and those they build on
     /// (`sessions::SessionsConfig::keep_checkpoints`).
     pub keep_checkpoints: u64,
+    /// A session unknown here is adopted from the folders beside `sessions`
+    /// (`sessions::SessionsConfig::adopt_from_siblings`).
+    pub adopt_sessions: bool,
     /// For the confinement's tests: a thread makes a forbidden system call this long after
     /// the filter is installed.
     pub forbidden_syscall_after: Option<std::time::Duration>,
@@ -194,6 +197,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
                 dir: dir.clone(),
                 max_live: options.max_sessions,
                 keep_checkpoints: options.keep_checkpoints,
+                adopt_from_siblings: options.adopt_sessions,
             };
             Some(Arc::new(
                 sessions::Sessions::open(config, &templates, Arc::new(kvm::restore_cpu)).map_err(

@@ -208,6 +208,7 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
         dir: sessions_dir.clone(),
         max_live: CONCURRENCY + 2,
         keep_checkpoints: super::sessions::DEFAULT_KEEP_CHECKPOINTS,
+        adopt_from_siblings: false,
     };
     let sessions = Arc::new(
         Sessions::open(

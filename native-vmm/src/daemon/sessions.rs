@@ -20,6 +20,11 @@
 //!   otherwise (its VM died with the old daemon before any checkpoint).
 //!   Checkpoint files being written (`.writing-*`) at a start were never acknowledged and are
 //!   removed. Where the folder is on storage other daemons share, any of them can resume it.
+//!   With `SessionsConfig::adopt_from_siblings` (a cluster's nodes, each with its own folder
+//!   under one shared parent), a request for a session this daemon does not know moves the
+//!   session's folder from a sibling folder into its own (one rename) and serves it from
+//!   there, as a restart would: the gateways route a session to one node at a time, and move
+//!   it only once its node stopped.
 //! - A session whose program ends (os._exit, a crash, a timeout or another limit) has lost its
 //!   VM: it is `ended`; its checkpoints stay, so it can be forked from one.
 
@@ -689,6 +694,8 @@ pub struct SessionsConfig {
     /// Of a session's checkpoints, the newest this many and every one they build on (their
     /// chains) are kept; the others are deleted once a new one is acknowledged (`prune`).
     pub keep_checkpoints: u64,
+    /// A session unknown here is looked for in the folders beside `dir` and moved into it.
+    pub adopt_from_siblings: bool,
 }
 
 /// Every session of a daemon.
@@ -704,6 +711,8 @@ pub struct Sessions {
     written: Mutex<HashMap<PathBuf, [u8; 32]>>,
     /// The data folder's flushes, shared by the checkpoints written at the same time.
     sync: Arc<SyncGroup>,
+    /// Held while a session is moved in from a sibling folder, so that it is moved once.
+    adopting: Mutex<()>,
 }
 
 /// A file in a session's /work.
@@ -735,6 +744,7 @@ impl Sessions {
             live: Mutex::new(0),
             written: Mutex::new(HashMap::new()),
             sync,
+            adopting: Mutex::new(()),
         };
         sessions.recover()?;
         Ok(sessions)
@@ -748,45 +758,92 @@ impl Sessions {
 
     fn recover(&self) -> io::Result<()> {
         for entry in fs::read_dir(&self.config.dir)? {
-            let dir = entry?.path();
-            let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
-                continue;
-            };
-            let Ok(record) = fs::read(dir.join(SESSION_FILE))
-                .map_err(|_| ())
-                .and_then(|bytes| serde_json::from_slice::<SessionRecord>(&bytes).map_err(|_| ()))
-            else {
-                continue;
-            };
-            if check_session_id(&id).is_err() {
-                continue;
+            let loaded = self.load(
+                entry?.path(),
+                "the daemon restarted before the session had a checkpoint",
+            )?;
+            if let Some(session) = loaded {
+                self.table().insert(session.id.clone(), session);
             }
-            for file in fs::read_dir(&dir)? {
-                let path = file?.path();
-                if path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(TEMPORARY_PREFIX))
-                {
-                    let _ = fs::remove_file(&path);
-                }
-            }
-            let slot = if checkpoint_numbers(&dir)?.is_empty() {
-                Slot::Ended("the daemon restarted before the session had a checkpoint".into())
-            } else {
-                Slot::Paused
-            };
-            self.table().insert(
-                id.clone(),
-                Arc::new(Session {
-                    id,
-                    template: record.template,
-                    dir,
-                    slot: Mutex::new(slot),
-                }),
-            );
         }
         Ok(())
+    }
+
+    /// The session in folder `dir` as a daemon that finds it there serves it: paused when it
+    /// has a checkpoint, ended (for `why`) otherwise; checkpoint files being written there were
+    /// never acknowledged and are removed. None: not a session's folder.
+    fn load(&self, dir: PathBuf, why: &str) -> io::Result<Option<Arc<Session>>> {
+        let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+            return Ok(None);
+        };
+        let Ok(record) = fs::read(dir.join(SESSION_FILE))
+            .map_err(|_| ())
+            .and_then(|bytes| serde_json::from_slice::<SessionRecord>(&bytes).map_err(|_| ()))
+        else {
+            return Ok(None);
+        };
+        if check_session_id(&id).is_err() {
+            return Ok(None);
+        }
+        for file in fs::read_dir(&dir)? {
+            let path = file?.path();
+            if path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(TEMPORARY_PREFIX))
+            {
+                let _ = fs::remove_file(&path);
+            }
+        }
+        let slot = if checkpoint_numbers(&dir)?.is_empty() {
+            Slot::Ended(why.into())
+        } else {
+            Slot::Paused
+        };
+        Ok(Some(Arc::new(Session {
+            id,
+            template: record.template,
+            dir,
+            slot: Mutex::new(slot),
+        })))
+    }
+
+    /// Moves session `id` from a folder beside this daemon's into its own and serves it
+    /// (module docs); None when no sibling holds it.
+    fn adopt(&self, id: &str) -> Result<Option<Arc<Session>>, SessionError> {
+        let _moving = self.adopting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(session) = self.table().get(id) {
+            return Ok(Some(session.clone()));
+        }
+        let (Some(parent), Some(own)) = (self.config.dir.parent(), self.config.dir.file_name())
+        else {
+            return Ok(None);
+        };
+        let siblings =
+            fs::read_dir(parent).map_err(|e| internal("listing the sessions' parent", e))?;
+        for sibling in siblings.flatten() {
+            if sibling.file_name() == own {
+                continue;
+            }
+            let from = sibling.path().join(id);
+            if !from.join(SESSION_FILE).is_file() {
+                continue;
+            }
+            let to = self.config.dir.join(id);
+            fs::rename(&from, &to).map_err(|e| internal("moving an adopted session", e))?;
+            let session = self
+                .load(to, "its node stopped before the session had a checkpoint")
+                .map_err(|e| internal("reading an adopted session", e))?;
+            if let Some(session) = &session {
+                eprintln!(
+                    "sandfork-vmm: adopted session {id} from {}",
+                    sibling.path().display()
+                );
+                self.table().insert(id.to_owned(), session.clone());
+            }
+            return Ok(session);
+        }
+        Ok(None)
     }
 
     fn template(&self, name: &str) -> Result<Arc<Template>, SessionError> {
@@ -802,10 +859,15 @@ impl Sessions {
     }
 
     fn session(&self, id: &str) -> Result<Arc<Session>, SessionError> {
-        match self.table().get(id) {
-            Some(session) => Ok(session.clone()),
-            None => refuse(ErrorCode::NotFound, format!("no session '{id}'")),
+        if let Some(session) = self.table().get(id) {
+            return Ok(session.clone());
         }
+        if self.config.adopt_from_siblings && check_session_id(id).is_ok() {
+            if let Some(session) = self.adopt(id)? {
+                return Ok(session);
+            }
+        }
+        refuse(ErrorCode::NotFound, format!("no session '{id}'"))
     }
 
     /// Takes a live-VM slot (released by `release_live`).

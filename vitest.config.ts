@@ -39,6 +39,8 @@ export default defineConfig({
       "gateway/**/*.test.ts",
       "db/**/*.test.ts",
       "runtime/**/*.test.ts",
+      "cluster/**/*.test.ts",
+      "deploy/**/*.test.ts",
       "loadtest/**/*.test.ts",
       "scripts/**/*.test.ts",
     ],

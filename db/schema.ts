@@ -203,6 +203,9 @@ export const sessions = pgTable(
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
     lastActiveAt: timestamp("last_active_at", { withTimezone: true }).notNull().defaultNow(),
     endedAt: timestamp("ended_at", { withTimezone: true }),
+    // In a cluster, the node whose daemon holds the session (nodes.id); null on a single host.
+    // Any gateway routes the session's requests there; a dead node's sessions move to another.
+    nodeId: text("node_id"),
   },
   (t) => [
     index("sessions_key_state_idx").on(t.keyId, t.state),
@@ -212,6 +215,29 @@ export const sessions = pgTable(
       "sessions_charged_non_negative",
       sql`${t.chargedUnits} >= 0 AND ${t.checkpointBytes} >= 0`,
     ),
+  ],
+);
+
+// The nodes of a cluster (cluster/node-registry.ts): each runs a VMM daemon served to gateways
+// over mutual TLS at `address`, and rewrites its row every heartbeat. A gateway routes calls only
+// to nodes whose heartbeat is fresh (cluster/placement.ts).
+export const nodes = pgTable(
+  "nodes",
+  {
+    id: text("id").primaryKey(),
+    // host:port of its TLS endpoint, as gateways dial it.
+    address: text("address").notNull(),
+    // Templates its daemon serves ready to run.
+    templates: text("templates").array().notNull(),
+    // Executions it runs at once (its daemon's --max-concurrency), and how many it runs or queues now.
+    capacity: integer("capacity").notNull(),
+    load: integer("load").notNull(),
+    startedAt: timestamp("started_at", { withTimezone: true }).notNull().defaultNow(),
+    heartbeatAt: timestamp("heartbeat_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    index("nodes_heartbeat_idx").on(t.heartbeatAt),
+    check("nodes_load_non_negative", sql`${t.capacity} > 0 AND ${t.load} >= 0`),
   ],
 );
 
@@ -250,5 +276,6 @@ export const schema = {
   executionUsageKeys,
   creditLeases,
   sessions,
+  nodes,
   usageLedger,
 };

@@ -1,22 +1,33 @@
 // `npm start`: the gateway on embedded PGlite in ./.sandfork/data, or on DATABASE_URL.
 // The execution runtime (runtime/start.ts, SANDFORK_RUNTIME): by default the templates are built
-// if missing or stale and `sandfork-vmm serve` runs under supervision.
+// if missing or stale and `sandfork-vmm serve` runs under supervision; SANDFORK_RUNTIME=cluster
+// routes to the nodes registered in the cluster's database instead (cluster/start.ts).
+import { startClusterRuntime } from "../cluster/start.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
+import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { startRuntime } from "../runtime/start.js";
 import { loadConfig } from "./config.js";
 import { type RunningGateway, startGateway } from "./server.js";
 
 const config = loadConfig();
-const runtime = await startRuntime(loadRuntimeConfig(process.env, config.dataDir), {
-  timeoutMs: config.executionLimits.maxTimeoutMs,
-  memoryMib: config.executionLimits.maxMemoryMb,
-}).catch((error: Error) => {
-  console.error(`cannot start the execution runtime: ${error.message}`);
-  console.error(
-    "(SANDFORK_RUNTIME=none starts the gateway without one: executions then answer 503)",
-  );
-  process.exit(1);
-});
+const runtimeConfig = loadRuntimeConfig(process.env, config.dataDir);
+const runtime: { client: ExecutionRuntime; stop(): Promise<void> } | undefined =
+  await (runtimeConfig.mode === "cluster"
+    ? startClusterRuntime(process.env, runtimeConfig).then((c) => ({
+        client: c.runtime,
+        stop: c.stop,
+      }))
+    : startRuntime(runtimeConfig, {
+        timeoutMs: config.executionLimits.maxTimeoutMs,
+        memoryMib: config.executionLimits.maxMemoryMb,
+      })
+  ).catch((error: Error) => {
+    console.error(`cannot start the execution runtime: ${error.message}`);
+    console.error(
+      "(SANDFORK_RUNTIME=none starts the gateway without one: executions then answer 503)",
+    );
+    process.exit(1);
+  });
 // Installed before the gateway listens: a SIGTERM right after "listening" (a supervisor, a test)
 // must stop the daemon too, not kill this process and leave the daemon running until next start.
 let gateway: RunningGateway | undefined;

@@ -5,9 +5,10 @@ import { join, resolve } from "node:path";
 /**
  * supervised: build missing templates, run `sandfork-vmm serve` as a child and connect to it;
  * external: connect to a daemon someone else runs at the socket path;
- * none: no runtime (executions answer 503 runtime-unavailable).
+ * none: no runtime (executions answer 503 runtime-unavailable);
+ * cluster: the nodes registered in the cluster's database (cluster/start.ts).
  */
-export type RuntimeMode = "supervised" | "external" | "none";
+export type RuntimeMode = "supervised" | "external" | "none" | "cluster";
 
 export interface RuntimeConfig {
   mode: RuntimeMode;
@@ -76,8 +77,8 @@ export function positiveIntegerFromEnv(
 
 export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): RuntimeConfig {
   const mode = env.SANDFORK_RUNTIME ?? "supervised";
-  if (mode !== "supervised" && mode !== "external" && mode !== "none") {
-    throw new Error(`SANDFORK_RUNTIME must be supervised, external or none, got ${mode}`);
+  if (mode !== "supervised" && mode !== "external" && mode !== "none" && mode !== "cluster") {
+    throw new Error(`SANDFORK_RUNTIME must be supervised, external, none or cluster, got ${mode}`);
   }
   const socketPath = resolve(env.SANDFORK_VMM_SOCKET ?? join(dataDir, "run", "sandfork-vmm.sock"));
   if (Buffer.byteLength(socketPath) > MAX_SOCKET_PATH_BYTES) {

@@ -15,6 +15,7 @@
 // with RuntimeConnectionLostError (retryable) and is reopened with backoff; with no connection
 // open, requests fail at once with RuntimeUnavailableError.
 import { DaemonConnection } from "./daemon-connection.js";
+import { type DaemonEndpoint, unixEndpoint } from "./daemon-endpoint.js";
 import {
   RuntimeConnectionLostError,
   RuntimeQueueFullError,
@@ -44,7 +45,9 @@ import {
 import { DaemonSessions } from "./session-runtime.js";
 
 export interface DaemonClientOptions {
-  socketPath: string;
+  /** The daemon's Unix socket; or `endpoint`, which wins when both are given. */
+  socketPath?: string;
+  endpoint?: DaemonEndpoint;
   /** Connections in the pool. */
   connections?: number;
   /** Requests in flight on one connection before new ones queue. */
@@ -128,7 +131,9 @@ function abortReason(signal: AbortSignal): Error {
 }
 
 export class DaemonClient implements ExecutionRuntime {
+  /** Where the client dials, as messages name it (the socket's path for a Unix socket). */
   readonly socketPath: string;
+  private readonly endpoint: DaemonEndpoint;
   private readonly options: typeof DEFAULTS;
   private readonly log: (line: string) => void;
   private readonly slots: Slot[];
@@ -158,7 +163,12 @@ export class DaemonClient implements ExecutionRuntime {
   );
 
   constructor(options: DaemonClientOptions) {
-    this.socketPath = options.socketPath;
+    const endpoint =
+      options.endpoint ??
+      (options.socketPath === undefined ? undefined : unixEndpoint(options.socketPath));
+    if (endpoint === undefined) throw new RangeError("DaemonClient: a socketPath or an endpoint");
+    this.endpoint = endpoint;
+    this.socketPath = endpoint.label;
     const settings = { ...DEFAULTS };
     for (const name of Object.keys(DEFAULTS) as (keyof typeof DEFAULTS)[]) {
       const value = options[name] ?? DEFAULTS[name];
@@ -526,7 +536,7 @@ export class DaemonClient implements ExecutionRuntime {
     slot.retryTimer = undefined;
     let connection: DaemonConnection;
     try {
-      connection = await DaemonConnection.open(this.socketPath, this.options.connectTimeoutMs);
+      connection = await DaemonConnection.open(this.endpoint, this.options.connectTimeoutMs);
     } catch (error) {
       slot.connecting = false;
       this.scheduleReopen(slot);

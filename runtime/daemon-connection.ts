@@ -1,6 +1,7 @@
-// One Unix-socket connection to `sandfork-vmm serve`: the hello handshake, then requests
-// multiplexed by id, answered in any order (native-vmm/PROTOCOL.md).
-import { connect, type Socket } from "node:net";
+// One connection to `sandfork-vmm serve` (its Unix socket, or a node's TLS endpoint): the hello
+// handshake, then requests multiplexed by id, answered in any order (native-vmm/PROTOCOL.md).
+import type { Socket } from "node:net";
+import type { DaemonEndpoint } from "./daemon-endpoint.js";
 import {
   RuntimeConnectionLostError,
   RuntimeProtocolError,
@@ -60,10 +61,11 @@ export class DaemonConnection {
     this.receive(Buffer.alloc(0));
   }
 
-  /** Connects to `socketPath` and completes the handshake; rejects with a typed runtime error. */
-  static open(socketPath: string, timeoutMs: number): Promise<DaemonConnection> {
+  /** Connects to `endpoint` and completes the handshake; rejects with a typed runtime error. */
+  static open(endpoint: DaemonEndpoint, timeoutMs: number): Promise<DaemonConnection> {
+    const socketPath = endpoint.label;
     return new Promise((resolve, reject) => {
-      const socket = connect({ path: socketPath });
+      const socket = endpoint.dial();
       const decoder = new FrameDecoder();
       let settled = false;
       const fail = (error: Error) => {
@@ -96,7 +98,7 @@ export class DaemonConnection {
           ),
         ),
       );
-      socket.once("connect", () => socket.write(encodeFrame(helloFrame())));
+      socket.once(endpoint.readyEvent, () => socket.write(encodeFrame(helloFrame())));
       const onData = (chunk: Buffer) => {
         decoder.push(chunk);
         let frame: FrameObject | undefined;

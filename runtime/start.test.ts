@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { loadRuntimeConfig, MAX_SOCKET_PATH_BYTES } from "./config.js";
 import { DaemonConnection } from "./daemon-connection.js";
+import { unixEndpoint } from "./daemon-endpoint.js";
 import { RuntimeUnavailableError } from "./errors.js";
 import { startRuntime } from "./start.js";
 import { DaemonSupervisor } from "./supervisor.js";
@@ -58,7 +59,7 @@ describe("startRuntime", () => {
 
     await runtime.stop();
     // The daemon is someone else's: it still answers on its socket.
-    const stillServing = await DaemonConnection.open(socketPath, 1_000);
+    const stillServing = await DaemonConnection.open(unixEndpoint(socketPath), 1_000);
     stillServing.close();
     await expect(runtime.client.templates()).rejects.toBeInstanceOf(RuntimeUnavailableError);
   });
@@ -112,7 +113,7 @@ describe("loadRuntimeConfig", () => {
 
   it("refuses an unknown mode, a bad number and a socket path too long for sun_path", () => {
     expect(() => loadRuntimeConfig({ SANDFORK_RUNTIME: "docker" }, "/d")).toThrow(
-      /supervised, external or none/,
+      /supervised, external, none or cluster/,
     );
     expect(() => loadRuntimeConfig({ SANDFORK_VMM_CONNECTIONS: "0" }, "/d")).toThrow(
       /SANDFORK_VMM_CONNECTIONS/,

@@ -28,6 +28,8 @@ export async function startRuntime(
   maxima: DaemonMaxima,
   log: (line: string) => void = (line) => console.log(line),
 ): Promise<StartedRuntime | undefined> {
+  if (config.mode === "cluster")
+    throw new Error("SANDFORK_RUNTIME=cluster starts in cluster/start.ts");
   if (config.mode === "none") {
     log("SANDFORK_RUNTIME=none: no execution runtime");
     return undefined;

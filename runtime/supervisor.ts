@@ -9,6 +9,7 @@ import { readFile, rm, writeFile } from "node:fs/promises";
 import { basename } from "node:path";
 import { createInterface } from "node:readline";
 import { DaemonConnection } from "./daemon-connection.js";
+import { unixEndpoint } from "./daemon-endpoint.js";
 import { RuntimeUnavailableError } from "./errors.js";
 
 export interface SupervisorOptions {
@@ -152,7 +153,7 @@ export class DaemonSupervisor {
     if (this.state !== "idle")
       throw new Error(`the supervisor was already started (${this.state})`);
     await this.stopLeftover();
-    const existing = await DaemonConnection.open(this.options.socketPath, 1_000).then(
+    const existing = await DaemonConnection.open(unixEndpoint(this.options.socketPath), 1_000).then(
       (connection) => {
         connection.close();
         return connection.server;
@@ -295,7 +296,7 @@ export class DaemonSupervisor {
         );
       }
       try {
-        const probe = await DaemonConnection.open(this.options.socketPath, 1_000);
+        const probe = await DaemonConnection.open(unixEndpoint(this.options.socketPath), 1_000);
         probe.close();
         const info = { pid: child.pid as number, server: probe.server };
         this.state = "running";
@@ -327,7 +328,7 @@ export class DaemonSupervisor {
         return;
       }
       probing = true;
-      DaemonConnection.open(this.options.socketPath, this.options.livenessTimeoutMs)
+      DaemonConnection.open(unixEndpoint(this.options.socketPath), this.options.livenessTimeoutMs)
         .then(
           (probe) => {
             probe.close();

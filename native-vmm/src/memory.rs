@@ -12,6 +12,7 @@
 //! `GuestAddress` and a five-variant error, or keep a wrapper as large as these accessors.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::io;
@@ -87,6 +88,17 @@ pub struct GuestMemory {
     /// `take_written`. The guest's own writes are the vCPU backend's to track
     /// (`GuestCpu::take_written_pages`).
     written: Option<RefCell<PageSet>>,
+    /// The ranges that show a `SharedMemory` instead of this memory's own pages (MAP_SHARED
+    /// mappings), by start: each `(end, memory, offset into it)`.
+    shared: RefCell<BTreeMap<u64, SharedRange>>,
+}
+
+/// A range of guest memory that shows `memory` from `offset` on.
+#[derive(Clone)]
+struct SharedRange {
+    end: u64,
+    memory: Arc<SharedMemory>,
+    offset: u64,
 }
 
 // SAFETY: the mapping is owned by this value; concurrent use is serialised by the VM that owns it
@@ -123,6 +135,7 @@ impl GuestMemory {
             fd: Some(fd),
             source: None,
             written: None,
+            shared: RefCell::default(),
         })
     }
 
@@ -154,6 +167,7 @@ impl GuestMemory {
             fd: None,
             source: Some(template.fd.clone()),
             written: None,
+            shared: RefCell::default(),
         })
     }
 
@@ -186,8 +200,9 @@ impl GuestMemory {
                     fd: None,
                     source: Some(source.clone()),
                     written: None,
+                    shared: RefCell::default(),
                 };
-                let copied = self.copied_ranges()?.unwrap_or_default();
+                let copied = self.copied_own_ranges()?.unwrap_or_default();
                 (copy, copied)
             }
             (None, None) => {
@@ -203,6 +218,10 @@ impl GuestMemory {
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             copy.write(start, bytes)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        }
+        // Shared mappings stay shared: the copy shows the same memory at the same place.
+        for (start, range) in self.shared.borrow().iter() {
+            copy.share(*start, range.end - start, &range.memory, range.offset)?;
         }
         Ok(copy)
     }
@@ -256,7 +275,33 @@ impl GuestMemory {
     /// For a copy-on-write fork: the guest-physical ranges `[start, end)` of the pages it holds
     /// copies of, sorted (PAGEMAP_SCAN; kernels before 6.7, Debian 12's 6.1 among them, get a
     /// read of one /proc/self/pagemap entry per page). For memory of its own (not a fork): None.
+    /// The ranges that show shared memory count as copies too: their bytes are the VM's own
+    /// state (a checkpoint saves them, a reset gives them the template's bytes back).
     pub fn copied_ranges(&self) -> io::Result<Option<Vec<(u64, u64)>>> {
+        let Some(own) = self.copied_own_ranges()? else {
+            return Ok(None);
+        };
+        let shared = self.shared.borrow();
+        if shared.is_empty() {
+            return Ok(Some(own));
+        }
+        let mut all: Vec<(u64, u64)> = own
+            .into_iter()
+            .chain(shared.iter().map(|(&start, range)| (start, range.end)))
+            .collect();
+        all.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+        for (start, end) in all {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        Ok(Some(merged))
+    }
+
+    /// `copied_ranges` without the shared ranges: the pages the host copied for this fork.
+    fn copied_own_ranges(&self) -> io::Result<Option<Vec<(u64, u64)>>> {
         if self.fd.is_some() {
             return Ok(None);
         }
@@ -316,6 +361,8 @@ impl GuestMemory {
                 "only a copy-on-write fork of this template can be reset to it",
             ));
         }
+        // Shared ranges show the template again first, so restoring them writes no shared memory.
+        self.unshare(0, self.size)?;
         let mut pages = 0;
         for &(start, end) in copied {
             if start >= end || end > self.size {
@@ -671,6 +718,290 @@ impl GuestMemory {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+}
+
+/// Shared mappings (MAP_SHARED): a range of guest memory can show a `SharedMemory` instead of
+/// the VM's own pages, so that processes of one run (each a VM of its own) see each other's
+/// writes there. The host mapping of the range is replaced (KVM follows the host's mappings),
+/// and put back to the VM's own backing when the guest unmaps it.
+impl GuestMemory {
+    /// Shows `memory` from `offset` at `[addr, addr+len)` (page-aligned), replacing whatever
+    /// was there, a shared range too.
+    pub fn share(
+        &self,
+        addr: u64,
+        len: u64,
+        memory: &Arc<SharedMemory>,
+        offset: u64,
+    ) -> io::Result<()> {
+        let off = self.check_pages(addr, len)?;
+        let file_end = offset
+            .checked_add(len)
+            .filter(|end| end.is_multiple_of(PAGE_SIZE))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "bad shared offset"))?;
+        self.unshare(addr, len)?;
+        // Past the end of its file a mapping would fault on the host: the file covers it.
+        memory.grow(file_end)?;
+        // SAFETY: replaces pages inside this value's own mapping (bounds-checked above) with
+        // the memfd's, which covers `[offset, offset+len)`; the whole mapping is unmapped in Drop.
+        let at = unsafe {
+            libc::mmap(
+                self.host.add(off) as *mut c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                memory.fd.as_raw_fd(),
+                offset.cast_signed(),
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        self.shared.borrow_mut().insert(
+            addr,
+            SharedRange {
+                end: addr + len,
+                memory: memory.clone(),
+                offset,
+            },
+        );
+        Ok(())
+    }
+
+    /// Gives `[addr, addr+len)` (page-aligned) its own pages back wherever it shows shared
+    /// memory: a fork's the template's again, memory of its own its memfd's (stale bytes the
+    /// memory map zeroes before handing the range out again).
+    pub fn unshare(&self, addr: u64, len: u64) -> io::Result<()> {
+        self.check_pages(addr, len)?;
+        let end = addr + len;
+        let overlapping: Vec<(u64, SharedRange)> = self
+            .shared
+            .borrow()
+            .range(..end)
+            .filter(|(_, range)| range.end > addr)
+            .map(|(&start, range)| (start, range.clone()))
+            .collect();
+        for (start, range) in overlapping {
+            let (from, to) = (start.max(addr), range.end.min(end));
+            self.restore_own(from, to)?;
+            let mut shared = self.shared.borrow_mut();
+            shared.remove(&start);
+            if start < from {
+                let head = SharedRange {
+                    end: from,
+                    ..range.clone()
+                };
+                shared.insert(start, head);
+            }
+            if to < range.end {
+                let tail = SharedRange {
+                    offset: range.offset + (to - start),
+                    ..range
+                };
+                shared.insert(to, tail);
+            }
+        }
+        Ok(())
+    }
+
+    /// The shared memory at guest address `addr` and the offset there, if it shows any.
+    pub fn shared_at(&self, addr: u64) -> Option<(Arc<SharedMemory>, u64)> {
+        let shared = self.shared.borrow();
+        let (start, range) = shared.range(..=addr).next_back()?;
+        (addr < range.end).then(|| (range.memory.clone(), range.offset + (addr - start)))
+    }
+
+    /// The parts of `[addr, addr+len)` that show this memory's own pages, not shared memory.
+    pub fn own_parts(&self, addr: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = addr.saturating_add(len);
+        let mut parts = Vec::new();
+        let mut at = addr;
+        for (&start, range) in self.shared.borrow().range(..end) {
+            if range.end <= at {
+                continue;
+            }
+            if start > at {
+                parts.push((at, start));
+            }
+            at = range.end;
+        }
+        if at < end {
+            parts.push((at, end));
+        }
+        parts
+    }
+
+    /// Maps this memory's own backing over `[start, end)` again.
+    fn restore_own(&self, start: u64, end: u64) -> io::Result<()> {
+        let (fd, flags) = match (&self.fd, &self.source) {
+            (Some(fd), _) => (fd.as_raw_fd(), libc::MAP_SHARED),
+            (None, Some(source)) => (source.as_raw_fd(), libc::MAP_PRIVATE | libc::MAP_NORESERVE),
+            (None, None) => return Err(io::Error::other("memory without a backing to restore")),
+        };
+        let off = self.check_pages(start, end - start)?;
+        // SAFETY: replaces pages inside this value's own mapping (bounds-checked above) with the
+        // backing it was created with, at the same offset.
+        let at = unsafe {
+            libc::mmap(
+                self.host.add(off) as *mut c_void,
+                (end - start) as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags | libc::MAP_FIXED,
+                fd,
+                start.cast_signed(),
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// `check` for a page-aligned range.
+    fn check_pages(&self, addr: u64, len: u64) -> io::Result<usize> {
+        if !addr.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("range {addr:#x}+{len:#x} is not page-aligned"),
+            ));
+        }
+        self.check(addr, len)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    }
+}
+
+/// Memory that several processes of a run map at once (MAP_SHARED, anonymous or of a file): a
+/// memfd each mapping shows. A file's data lives here once a process maps it shared, so that
+/// read(2) and write(2) see the mappings' bytes (the VMM's own view of `reserve` bytes).
+pub struct SharedMemory {
+    fd: OwnedFd,
+    /// The memfd's length; it only grows, so no mapping of it ever reaches past its end.
+    size: std::sync::Mutex<u64>,
+    /// The VMM's mapping of the memfd's first `reserve` bytes (null for anonymous memory).
+    view: *mut u8,
+    reserve: u64,
+}
+
+// SAFETY: the memfd and the view are owned by this value; the view is written only by the
+// run that holds it, on the one host thread that runs its processes.
+unsafe impl Send for SharedMemory {}
+// SAFETY: as for Send: the length is behind a mutex, and the view's bytes are reached only
+// from that one thread.
+unsafe impl Sync for SharedMemory {}
+
+impl SharedMemory {
+    /// Zeroed anonymous shared memory of `size` bytes (a multiple of a page).
+    pub fn anonymous(size: u64) -> io::Result<Arc<SharedMemory>> {
+        let fd = sys::memfd("sandfork-shared", size)?;
+        Ok(Arc::new(SharedMemory {
+            fd,
+            size: std::sync::Mutex::new(size),
+            view: std::ptr::null_mut(),
+            reserve: 0,
+        }))
+    }
+
+    /// A file's data, `data`, that may grow to `reserve` bytes.
+    pub fn file(data: &[u8], reserve: u64) -> io::Result<Arc<SharedMemory>> {
+        if data.len() as u64 > reserve || reserve == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "shared file data larger than its reserve",
+            ));
+        }
+        let fd = sys::memfd(
+            "sandfork-shared-file",
+            crate::layout::page_align_up(data.len() as u64),
+        )?;
+        // SAFETY: a fresh shared mapping of `reserve` bytes of our own memfd at a kernel-chosen
+        // address; only its first `size` bytes (inside the file) are ever touched.
+        let view = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                reserve as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if view == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let memory = SharedMemory {
+            size: std::sync::Mutex::new(crate::layout::page_align_up(data.len() as u64)),
+            fd,
+            view: view as *mut u8,
+            reserve,
+        };
+        memory.write(0, data)?;
+        Ok(Arc::new(memory))
+    }
+
+    /// The memfd's length.
+    pub fn size(&self) -> u64 {
+        *self.size.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the memfd at least `size` bytes long (page-aligned up).
+    pub fn grow(&self, size: u64) -> io::Result<()> {
+        let mut current = self.size.lock().unwrap_or_else(|e| e.into_inner());
+        let size = crate::layout::page_align_up(size);
+        if size > *current {
+            sys::set_len(self.fd.as_raw_fd(), size)?;
+            *current = size;
+        }
+        Ok(())
+    }
+
+    /// The view's first `len` bytes (empty for anonymous memory). `len` must lie inside the
+    /// reserve; the memfd grows to cover it.
+    pub fn bytes(&self, len: u64) -> io::Result<&[u8]> {
+        if self.view.is_null() || len > self.reserve {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "outside the view",
+            ));
+        }
+        self.grow(len)?;
+        // SAFETY: the view maps `reserve` bytes of the memfd, which now covers `len` of them.
+        Ok(unsafe { std::slice::from_raw_parts(self.view, len as usize) })
+    }
+
+    /// Writes `data` at `offset` through the view (the memfd grows to cover it).
+    pub fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&end| !self.view.is_null() && end <= self.reserve)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "outside the view"))?;
+        self.grow(end)?;
+        // SAFETY: offset..end lies inside the view's reserve and the memfd (grown just above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.view.add(offset as usize), data.len())
+        };
+        Ok(())
+    }
+
+    /// Zeroes `[offset, end)` of the view, clipped to the memfd.
+    pub fn zero(&self, offset: u64, end: u64) {
+        let end = end.min(self.size()).min(self.reserve);
+        if self.view.is_null() || offset >= end {
+            return;
+        }
+        // SAFETY: offset..end lies inside the view and the memfd (clipped just above).
+        unsafe {
+            std::ptr::write_bytes(self.view.add(offset as usize), 0, (end - offset) as usize)
+        };
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        if !self.view.is_null() {
+            // SAFETY: unmapping the view mapped in `file`; no borrow of it outlives self.
+            unsafe { libc::munmap(self.view as *mut c_void, self.reserve as usize) };
+        }
     }
 }
 

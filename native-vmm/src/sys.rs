@@ -37,6 +37,15 @@ pub fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
     Ok(owned)
 }
 
+/// ftruncate(fd, size).
+pub fn set_len(fd: c_int, size: u64) -> io::Result<()> {
+    let size = i64::try_from(size)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length too large"))?;
+    // SAFETY: plain syscall on integers.
+    check(unsafe { libc::ftruncate(fd, size) })?;
+    Ok(())
+}
+
 /// The first offset at or after `offset` where `fd` holds data; None when only a hole follows.
 pub fn seek_data(fd: c_int, offset: u64) -> io::Result<Option<u64>> {
     // SAFETY: lseek takes integers only.

@@ -309,3 +309,118 @@ print(p.wait())
         describe(&outcome)
     );
 }
+
+#[test]
+fn shared_mappings_hard_links_and_futexes_reach_across_processes() {
+    let outcome = python(
+        r#"
+import ctypes, mmap, os, threading
+anon = mmap.mmap(-1, 8192)
+with open("/dev/shm/f", "wb") as f:
+    f.write(b"." * 4096)
+fd = os.open("/dev/shm/f", os.O_RDWR)
+filemap = mmap.mmap(fd, 4096)
+private = bytearray(b"private")
+pid = os.fork()
+if pid == 0:
+    anon[4096:4101] = b"child"
+    filemap[:5] = b"wrote"
+    private[:] = b"changed"
+    os._exit(0)
+os.waitpid(pid, 0)
+print(anon[4096:4101], filemap[:5], os.pread(fd, 5, 0), bytes(private))
+# A futex word in shared memory: the child waits on it, the parent wakes it.
+libc = ctypes.CDLL(None, use_errno=True)
+word = ctypes.c_uint32.from_buffer(anon, 0)
+pid = os.fork()
+if pid == 0:
+    while word.value == 0:
+        libc.syscall(202, ctypes.addressof(word), 0, 0, None, None, 0)  # FUTEX_WAIT
+    os._exit(word.value)
+word.value = 7
+libc.syscall(202, ctypes.addressof(word), 1, 1, None, None, 0)  # FUTEX_WAKE
+print("woken", os.WEXITSTATUS(os.waitpid(pid, 0)[1]))
+os.link("/dev/shm/f", "/dev/shm/g")
+print(os.stat("/dev/shm/f").st_nlink, open("/dev/shm/g", "rb").read(5))
+os.unlink("/dev/shm/f")
+print(os.stat("/dev/shm/g").st_nlink, sorted(os.listdir("/dev/shm")))
+try:
+    os.link("/usr/bin", "/tmp/bin")
+except OSError as e:
+    print("directory:", e.errno)
+try:
+    os.link("/usr/bin/env", "/tmp/env")
+except OSError as e:
+    print("image file:", e.errno)
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "b'child' b'wrote' b'wrote' b'private'\nwoken 7\n2 b'wrote'\n1 ['g']\ndirectory: 1\nimage file: 18\n",
+        "{}",
+        describe(&outcome)
+    );
+}
+
+/// A multiprocessing program written to /work and run under `method` (spawn imports it by path).
+fn multiprocessing_prints(method: &str) -> String {
+    let program = r#"
+import multiprocessing as mp, sys
+from multiprocessing import shared_memory
+def square(x):
+    return x * x
+def produce(q, n):
+    for i in range(n):
+        q.put(i)
+def count(v, lock):
+    for _ in range(200):
+        with lock:
+            v.value += 1
+def fill(name):
+    s = shared_memory.SharedMemory(name=name)
+    s.buf[:3] = b"abc"
+    s.close()
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    with ctx.Pool(4) as pool:
+        print("pool", sum(pool.map(square, range(1000))))
+    q = ctx.Queue()
+    p = ctx.Process(target=produce, args=(q, 50))
+    p.start()
+    print("queue", sum(q.get() for _ in range(50)))
+    p.join()
+    v, lock = ctx.Value("i", 0, lock=False), ctx.Lock()
+    ps = [ctx.Process(target=count, args=(v, lock)) for _ in range(3)]
+    for p in ps: p.start()
+    for p in ps: p.join()
+    print("value", v.value)
+    s = shared_memory.SharedMemory(create=True, size=4096)
+    p = ctx.Process(target=fill, args=(s.name,))
+    p.start()
+    p.join()
+    print("shared_memory", bytes(s.buf[:3]), p.exitcode)
+    s.close()
+    s.unlink()
+"#;
+    let mut req = common::python_request(&format!(
+        "import os, sys\nopen('/work/mp.py', 'w').write({program:?})\nsys.stdout.flush()\n\
+         os.execv('/usr/bin/python3.11', ['python3.11', '/work/mp.py', {method:?}])\n"
+    ));
+    req.timeout = common::scaled(std::time::Duration::from_secs(60));
+    req.mem_bytes = 512 << 20;
+    let outcome = run(&python_image(), &req);
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    String::from_utf8_lossy(&outcome.stdout).into_owned()
+}
+
+#[test]
+fn multiprocessing_pool_queue_lock_value_and_shared_memory_under_fork_and_spawn() {
+    let expected = "pool 332833500\nqueue 1225\nvalue 600\nshared_memory b'abc' 0\n";
+    assert_eq!(multiprocessing_prints("fork"), expected);
+    assert_eq!(multiprocessing_prints("spawn"), expected);
+}

@@ -17,6 +17,7 @@
 //! Every operation takes guest bytes (paths, names) as untrusted and answers with an `Errno`.
 
 mod devices;
+mod file_data;
 mod image;
 mod overlay;
 mod path;

@@ -5,12 +5,18 @@
 //! directory or held open (open files may be unlinked, as tempfile does).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::errno::Errno;
+use crate::memory::SharedMemory;
 
+use super::file_data::FileData;
 use super::vfs::{Timespec, OVERLAY_TIME};
 use super::FileKind;
 use crate::codec::{DecodeError, Decoder, Encoder};
+
+/// The most names a file can have (link(2) answers EMLINK past it).
+pub(crate) const MAX_LINKS: u8 = u8::MAX;
 
 /// Bytes charged per node on top of its data, so a guest cannot exhaust host memory with
 /// millions of empty files.
@@ -18,7 +24,7 @@ pub(crate) const NODE_CHARGE: u64 = 256;
 
 #[derive(Clone)]
 pub(crate) enum OverlayKind {
-    File(Vec<u8>),
+    File(FileData),
     Dir(BTreeMap<Vec<u8>, u64>),
     Symlink(Vec<u8>),
 }
@@ -30,8 +36,9 @@ pub(crate) struct OverlayNode {
     pub name: Vec<u8>,
     pub mode: u32,
     pub kind: OverlayKind,
-    /// False once unlinked; the node then lives only while open.
-    pub linked: bool,
+    /// The directory entries naming it (hard links; at most `MAX_LINKS`). At 0 it is unlinked
+    /// and lives only while open.
+    pub links: u8,
     pub open_count: u32,
     /// Modification time: OVERLAY_TIME until the guest sets one (utimensat).
     pub mtime: Timespec,
@@ -51,11 +58,11 @@ impl OverlayNode {
 
     fn charge(&self) -> u64 {
         let payload = match &self.kind {
-            OverlayKind::File(data) => data.len(),
+            OverlayKind::File(data) => data.len() as usize,
             OverlayKind::Dir(_) => 0,
             OverlayKind::Symlink(target) => target.len(),
         };
-        NODE_CHARGE + self.name.len() as u64 + payload as u64
+        NODE_CHARGE * u64::from(self.links.max(1)) + self.name.len() as u64 + payload as u64
     }
 }
 
@@ -139,7 +146,7 @@ impl Overlay {
             name: name.to_vec(),
             mode: mode & 0o7777,
             kind,
-            linked: true,
+            links: 1,
             open_count: 0,
             mtime: OVERLAY_TIME,
             atime: OVERLAY_TIME,
@@ -182,8 +189,37 @@ impl Overlay {
             OverlayKind::Dir(entries) => entries.remove(name).ok_or(Errno::ENOENT)?,
             _ => return Err(Errno::ENOTDIR),
         };
-        self.get_mut(id)?.linked = false;
+        let node = self.get_mut(id)?;
+        node.links = node.links.saturating_sub(1);
+        if node.links > 0 {
+            self.used -= NODE_CHARGE;
+        }
         self.free_if_unused(id);
+        Ok(())
+    }
+
+    /// link(2): names file `id` `name` in `dir` as well (EEXIST if taken, EMLINK past
+    /// `MAX_LINKS`, EPERM for a directory, as Linux refuses hard links to them).
+    pub fn link(&mut self, id: u64, dir: u64, name: &[u8]) -> Result<(), Errno> {
+        if self.child(dir, name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let node = self.get(id)?;
+        if matches!(node.kind, OverlayKind::Dir(_)) {
+            return Err(Errno::EPERM);
+        }
+        if node.links == 0 {
+            return Err(Errno::ENOENT);
+        }
+        if node.links == MAX_LINKS {
+            return Err(Errno::EMLINK);
+        }
+        // Each further name is charged as a node: names cost host memory too.
+        self.reserve(NODE_CHARGE)?;
+        if let OverlayKind::Dir(entries) = &mut self.get_mut(dir)?.kind {
+            entries.insert(name.to_vec(), id);
+        }
+        self.get_mut(id)?.links += 1;
         Ok(())
     }
 
@@ -230,7 +266,7 @@ impl Overlay {
         let unused = self
             .nodes
             .get(&id)
-            .is_some_and(|n| !n.linked && n.open_count == 0);
+            .is_some_and(|n| n.links == 0 && n.open_count == 0);
         if unused {
             if let Some(node) = self.nodes.remove(&id) {
                 self.used -= node.charge();
@@ -246,10 +282,7 @@ impl Overlay {
             self.reserve(end - len)?;
         }
         if let OverlayKind::File(bytes) = &mut self.get_mut(id)?.kind {
-            if end as usize > bytes.len() {
-                bytes.resize(end as usize, 0);
-            }
-            bytes[offset as usize..end as usize].copy_from_slice(data);
+            bytes.write(offset, data)?;
         }
         Ok(data.len())
     }
@@ -262,17 +295,24 @@ impl Overlay {
             self.used -= old - len;
         }
         if let OverlayKind::File(bytes) = &mut self.get_mut(id)?.kind {
-            bytes.resize(len as usize, 0);
-            if len < old {
-                bytes.shrink_to_fit();
-            }
+            bytes.truncate(len)?;
         }
         Ok(())
     }
 
+    /// See `Vfs::share_file`: the file's memory may grow to the overlay's limit.
+    pub fn share(&mut self, id: u64) -> Result<Arc<SharedMemory>, Errno> {
+        let limit = self.limit;
+        match &mut self.get_mut(id)?.kind {
+            OverlayKind::File(data) => data.share(limit),
+            OverlayKind::Dir(_) => Err(Errno::EISDIR),
+            OverlayKind::Symlink(_) => Err(Errno::EINVAL),
+        }
+    }
+
     fn file_len(&self, id: u64) -> Result<u64, Errno> {
         match &self.get(id)?.kind {
-            OverlayKind::File(bytes) => Ok(bytes.len() as u64),
+            OverlayKind::File(bytes) => Ok(bytes.len()),
             OverlayKind::Dir(_) => Err(Errno::EISDIR),
             OverlayKind::Symlink(_) => Err(Errno::EINVAL),
         }
@@ -302,7 +342,7 @@ impl Overlay {
             match &node.kind {
                 OverlayKind::File(data) => {
                     e.u8(0);
-                    e.bytes(data);
+                    e.bytes(data.bytes());
                 }
                 OverlayKind::Dir(entries) => {
                     e.u8(1);
@@ -317,7 +357,7 @@ impl Overlay {
                     e.bytes(target);
                 }
             }
-            e.bool(node.linked);
+            e.u8(node.links);
             e.u32(node.open_count);
             e.i64(node.mtime.sec);
             e.u32(node.mtime.nsec);
@@ -343,7 +383,7 @@ impl Overlay {
             let name = d.bytes("overlay name")?.to_vec();
             let mode = d.u32("overlay mode")?;
             let kind = match d.u8("overlay kind")? {
-                0 => OverlayKind::File(d.bytes("overlay file")?.to_vec()),
+                0 => OverlayKind::File(FileData::Bytes(d.bytes("overlay file")?.to_vec())),
                 1 => {
                     let entries = d.count(16, "overlay directory")?;
                     let mut map = BTreeMap::new();
@@ -356,7 +396,7 @@ impl Overlay {
                 2 => OverlayKind::Symlink(d.bytes("overlay symlink")?.to_vec()),
                 t => return Err(DecodeError::new(format!("overlay kind tag {t}"))),
             };
-            let (linked, open_count) = (d.bool("overlay linked")?, d.u32("overlay open count")?);
+            let (links, open_count) = (d.u8("overlay links")?, d.u32("overlay open count")?);
             let mtime = Timespec {
                 sec: d.i64("overlay mtime")?,
                 nsec: d.u32("overlay mtime")?,
@@ -373,7 +413,7 @@ impl Overlay {
                         name,
                         mode,
                         kind,
-                        linked,
+                        links,
                         open_count,
                         mtime,
                         atime,
@@ -422,7 +462,12 @@ mod tests {
         let root = o.add_mount_root(b"tmp").unwrap();
         let base = o.used();
         let f = o
-            .create(root, b"f", 0o644, OverlayKind::File(Vec::new()))
+            .create(
+                root,
+                b"f",
+                0o644,
+                OverlayKind::File(FileData::Bytes(Vec::new())),
+            )
             .unwrap();
         assert_eq!(o.used(), base + NODE_CHARGE + 1);
         o.write(f, 10, b"abc").unwrap();
@@ -441,18 +486,30 @@ mod tests {
         let mut o = Overlay::new(1 << 20);
         let root = o.add_mount_root(b"tmp").unwrap();
         let f = o
-            .create(root, b"f", 0o600, OverlayKind::File(Vec::new()))
+            .create(
+                root,
+                b"f",
+                0o600,
+                OverlayKind::File(FileData::Bytes(Vec::new())),
+            )
             .unwrap();
         o.open(f).unwrap();
         o.write(f, 0, b"data").unwrap();
         o.unlink(root, b"f").unwrap();
         assert_eq!(o.child(root, b"f"), Ok(None));
-        assert!(matches!(&o.get(f).unwrap().kind, OverlayKind::File(data) if data == b"data"));
+        assert!(
+            matches!(&o.get(f).unwrap().kind, OverlayKind::File(data) if data.bytes() == b"data")
+        );
         o.close(f);
         assert!(o.get(f).is_err());
         // A new file never reuses the freed id.
         let g = o
-            .create(root, b"f", 0o600, OverlayKind::File(Vec::new()))
+            .create(
+                root,
+                b"f",
+                0o600,
+                OverlayKind::File(FileData::Bytes(Vec::new())),
+            )
             .unwrap();
         assert_ne!(f, g);
     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::errno::Errno;
 
 use super::devices::{Device, DEV_DIR};
+use super::file_data::FileData;
 use super::image::{Image, ImageKind};
 use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
 use super::path::{self, Tree};
@@ -325,7 +326,7 @@ impl Vfs {
                             dir_id,
                             &name,
                             opts.mode,
-                            OverlayKind::File(Vec::new()),
+                            OverlayKind::File(FileData::Bytes(Vec::new())),
                         )?)),
                         true,
                     )
@@ -438,7 +439,7 @@ impl Vfs {
             NodeId::Overlay(id) => {
                 let n = self.overlay.get(id)?;
                 let (size, subdirs) = match &n.kind {
-                    OverlayKind::File(data) => (data.len() as u64, 0),
+                    OverlayKind::File(data) => (data.len(), 0),
                     OverlayKind::Dir(entries) => {
                         let dirs = entries
                             .values()
@@ -477,8 +478,9 @@ impl Vfs {
                 (ino(node), p.kind(), perm, 0, OVERLAY_TIME, 0)
             }
         };
-        let nlink = match kind {
-            FileKind::Directory => 2 + subdirs as u32,
+        let nlink = match (kind, node.0) {
+            (FileKind::Directory, _) => 2 + subdirs as u32,
+            (_, NodeId::Overlay(id)) => u32::from(self.overlay.get(id)?.links),
             _ => 1,
         };
         Ok(Stat {
@@ -531,7 +533,7 @@ impl Vfs {
                 self.image.contents(i)
             }
             NodeId::Overlay(id) => match &self.overlay.get(id)?.kind {
-                OverlayKind::File(data) => Ok(data),
+                OverlayKind::File(data) => Ok(data.bytes()),
                 OverlayKind::Dir(_) => Err(Errno::EISDIR),
                 OverlayKind::Symlink(_) => Err(Errno::EINVAL),
             },
@@ -564,6 +566,18 @@ impl Vfs {
         }
         let id = self.overlay_id(node)?;
         self.overlay.write(id, offset, data)
+    }
+
+    /// Whether `node` is in the writable overlay (its bytes can change).
+    pub fn is_overlay(&self, node: Node) -> bool {
+        matches!(node.0, NodeId::Overlay(_))
+    }
+
+    /// The shared memory that holds an overlay file's bytes from now on, for a writable shared
+    /// mapping of it (ENODEV for an image file, which cannot change).
+    pub fn share_file(&mut self, node: Node) -> Result<Arc<crate::memory::SharedMemory>, Errno> {
+        let id = self.overlay_id(node).map_err(|_| Errno::ENODEV)?;
+        self.overlay.share(id)
     }
 
     /// ftruncate/truncate of an overlay file.
@@ -750,7 +764,7 @@ impl Vfs {
     fn link_path(&self, node: Node) -> Option<Vec<u8>> {
         let mut path = self.path_of(node).ok()?;
         if let NodeId::Overlay(id) = node.0 {
-            if !self.overlay.get(id).ok()?.linked {
+            if self.overlay.get(id).ok()?.links == 0 {
                 path.extend_from_slice(b" (deleted)");
             }
         }
@@ -828,6 +842,30 @@ impl Vfs {
         }
         let dir_id = self.changeable_dir(dir)?;
         self.overlay.unlink(dir_id, &name)
+    }
+
+    /// linkat: names overlay file `node` `new_path` as well (EXDEV for a file outside the
+    /// overlay, whose bytes belong to the image; EPERM for a directory).
+    pub fn link(
+        &mut self,
+        view: &dyn ProcessView,
+        node: Node,
+        new_base: Node,
+        new_path: &[u8],
+    ) -> Result<(), Errno> {
+        let (new_dir, new_name) =
+            path::resolve_parent(&Lookup { vfs: self, view }, new_base, new_path)?;
+        if new_name.as_slice() == b"." || new_name.as_slice() == b".." {
+            return Err(Errno::EEXIST);
+        }
+        if self.kind(node)? == FileKind::Directory {
+            return Err(Errno::EPERM);
+        }
+        let new_dir_id = self.changeable_dir(new_dir)?;
+        let NodeId::Overlay(id) = node.0 else {
+            return Err(Errno::EXDEV);
+        };
+        self.overlay.link(id, new_dir_id, &new_name)
     }
 
     /// rmdir / unlinkat with AT_REMOVEDIR: removes an empty overlay directory.

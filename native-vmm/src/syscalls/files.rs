@@ -1099,6 +1099,41 @@ pub(crate) fn unlinkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     value(0)
 }
 
+/// linkat(olddirfd, oldpath, newdirfd, newpath, flags): a second name for an overlay file
+/// (`Vfs::link`); AT_SYMLINK_FOLLOW and AT_EMPTY_PATH are supported.
+pub(crate) fn linkat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const AT_SYMLINK_FOLLOW: u64 = 0x400;
+    let flags = args[4];
+    if flags & !(AT_SYMLINK_FOLLOW | AT_EMPTY_PATH) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let old_path = user.read_path(args[1])?;
+    let node = if old_path.is_empty() {
+        if flags & AT_EMPTY_PATH == 0 {
+            return Err(Errno::ENOENT);
+        }
+        match proc.fds.get(fd_arg(args[0]))?.object {
+            Object::Node(node) => node,
+            _ => return Err(Errno::EXDEV),
+        }
+    } else {
+        let base = base_dir(proc, args[0], &old_path)?;
+        resolve(proc, base, &old_path, flags & AT_SYMLINK_FOLLOW != 0)?
+    };
+    let (new_base, new_path) = path_at(proc, user, args[2], args[3])?;
+    with_view(proc, |vfs, view| vfs.link(view, node, new_base, &new_path))?;
+    value(0)
+}
+
+/// link(oldpath, newpath)
+pub(crate) fn link(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    linkat(
+        proc,
+        user,
+        [AT_FDCWD as u64, args[0], AT_FDCWD as u64, args[1], 0, 0],
+    )
+}
+
 /// unlink(path)
 pub(crate) fn unlink(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     unlinkat(proc, user, [AT_FDCWD as u64, args[0], 0, 0, 0, 0])

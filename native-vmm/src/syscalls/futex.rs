@@ -1,12 +1,16 @@
 //! futex(2): the operations glibc's mutexes, condition variables, semaphores, barriers,
-//! pthread_join and once use, on private or shared words alike (there is one process, so the
-//! private flag changes nothing). Waiters live in the thread table (`process::threads`): a
-//! wait blocks the calling thread, a wake makes waiters runnable in the order they came.
+//! pthread_join and once use. A word in the process's own memory is the process's alone (the
+//! private flag changes nothing): its waiters live in the thread table (`process::threads`), a
+//! wait blocks the calling thread, a wake makes waiters runnable in the order they came. A word
+//! in shared memory (a MAP_SHARED mapping) may be waited on by other processes, each a VM of
+//! its own: there a wait is a readiness wait, tried again whenever another thread or process
+//! made progress, and it ends once the word no longer holds the value (EAGAIN, which every
+//! futex user takes as "look again"), as a wake that the waiter may see spuriously.
 //! Priority-inheritance operations are ENOSYS (glibc uses them only for PI mutexes).
 
 use std::time::Duration;
 
-use super::{after, block, time, value, SysResult, UserMemory};
+use super::{after, block, time, value, wait_ready, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::threads::WaitOn;
 use crate::process::GuestProcess;
@@ -65,6 +69,9 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             if user.read_u32(uaddr)? != val {
                 return Err(Errno::EAGAIN);
             }
+            if user.guest().shared_at(uaddr).is_some() {
+                return shared_wait(proc, until);
+            }
             block(
                 WaitOn::Futex {
                     addr: uaddr,
@@ -111,6 +118,16 @@ pub(crate) fn futex(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
         }
         _ => Err(Errno::ENOSYS),
     }
+}
+
+/// A wait on a shared word that still holds its value: a readiness wait (see the module
+/// comment), which ends with ETIMEDOUT when its timer runs out first.
+fn shared_wait(proc: &GuestProcess, until: Option<std::time::Instant>) -> SysResult {
+    if proc.threads.current().last_attempt {
+        return Err(Errno::ETIMEDOUT);
+    }
+    let timeout = until.map(|t| t.saturating_duration_since(std::time::Instant::now()));
+    wait_ready(proc, timeout)
 }
 
 /// A wake count (an int: negative or huge both mean "all").

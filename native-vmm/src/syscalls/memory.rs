@@ -2,13 +2,12 @@
 //!
 //! Protections are recorded, not enforced: the page tables are fixed and map all user memory
 //! read-write-execute (DESIGN.md), so the VM boundary, not page permissions, is the isolation.
-//! A file mapping is a copy of the file's bytes (MAP_PRIVATE semantics); a shared writable
-//! file mapping is refused with ENODEV because its writes could never reach the file. (Why not
-//! copy in and write back at msync/munmap: the page tables are fixed, so nothing marks which
-//! pages were written; write-back would have to cover every unmap path (munmap, MAP_FIXED over
-//! it, mremap, exit), keep the file open and live in the snapshot, and still differ from Linux,
-//! where read(2) and write(2) see the mapping at once. Python's mmap with ACCESS_READ or
-//! ACCESS_COPY works; its default, a shared writable mapping, raises OSError(ENODEV).)
+//! A private file mapping is a copy of the file's bytes. A shared mapping (MAP_SHARED) shows
+//! shared memory (`memory::SharedMemory`): fresh for an anonymous one, the file's own for an
+//! overlay file (whose bytes live there from then on, so read(2), write(2) and every process's
+//! mappings see the same bytes); processes forked later show it at the same place. An image
+//! file cannot change, so a shared mapping of it is a copy, and a writable one is EACCES, as
+//! for a file opened read-only.
 //!
 //! Out of memory: a single mmap or mremap larger than the whole guest memory can never fit
 //! and gets ENOMEM, as Linux's overcommit heuristic refuses an allocation larger than RAM and
@@ -24,6 +23,7 @@
 use super::{value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::FileKind;
+use crate::memory::SharedMemory;
 use crate::process::{GuestProcess, MapError, Object, Placement};
 use crate::status::RunStatus;
 
@@ -71,8 +71,9 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     if !offset.is_multiple_of(4096) {
         return Err(Errno::EINVAL);
     }
-    // The file's bytes to copy in, checked before anything is mapped.
-    let file = if flags & MAP_ANONYMOUS == 0 {
+    let shared = kind != MAP_PRIVATE;
+    // What the mapping shows, checked before anything is mapped.
+    let source = if flags & MAP_ANONYMOUS == 0 {
         let desc = proc.fds.get(u64::from(fd as u32))?;
         let Object::Node(node) = desc.object else {
             return Err(Errno::ENODEV);
@@ -83,20 +84,30 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
         if !desc.readable() {
             return Err(Errno::EACCES);
         }
-        if kind != MAP_PRIVATE && prot & PROT_WRITE != 0 {
-            return Err(if desc.writable() {
-                Errno::ENODEV
-            } else {
-                Errno::EACCES
-            });
+        if shared && prot & PROT_WRITE != 0 && !desc.writable() {
+            return Err(Errno::EACCES);
         }
-        Some((node, offset))
+        if shared && proc.config.vfs.is_overlay(node) {
+            Source::Shared(proc.config.vfs.share_file(node)?, offset)
+        } else if shared && prot & PROT_WRITE != 0 {
+            return Err(Errno::EACCES);
+        } else {
+            Source::Copy(node, offset)
+        }
+    } else if shared {
+        let size = crate::layout::page_align_up(len);
+        if size > proc.config.mem_limit {
+            return Err(Errno::ENOMEM);
+        }
+        Source::Shared(SharedMemory::anonymous(size).map_err(|_| Errno::ENOMEM)?, 0)
     } else {
-        None
+        Source::Zero
     };
     let placement = if flags & MAP_FIXED_NOREPLACE != 0 {
         Placement::FixedNoReplace(addr)
     } else if flags & MAP_FIXED != 0 {
+        // What was mapped there goes, shared memory first (the map zeroes reused memory).
+        unshare(user, addr, len)?;
         Placement::Fixed(addr)
     } else {
         Placement::Hint(addr)
@@ -109,19 +120,55 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
         Err(MapError::NoRoom) => return no_room(proc, len),
         Err(e) => return map_error(proc, e),
     };
-    if let Some((node, offset)) = file {
-        let data = proc.config.vfs.contents(node)?;
-        let from = offset.min(data.len() as u64) as usize;
-        let n = (data.len() - from).min(len as usize);
-        user.write(start, &data[from..from + n])?;
+    match source {
+        Source::Zero => {}
+        Source::Copy(node, offset) => {
+            let data = proc.config.vfs.contents(node)?;
+            let from = offset.min(data.len() as u64) as usize;
+            let n = (data.len() - from).min(len as usize);
+            user.write(start, &data[from..from + n])?;
+        }
+        Source::Shared(memory, offset) => {
+            let size = crate::layout::page_align_up(len);
+            if user.guest().share(start, size, &memory, offset).is_err() {
+                let _ = proc.memory.unmap(start, len);
+                return Err(Errno::ENOMEM);
+            }
+        }
     }
     value(start)
 }
 
+/// What a new mapping shows.
+enum Source {
+    /// Zeros (private anonymous memory).
+    Zero,
+    /// A private copy of a file's bytes from an offset.
+    Copy(crate::fs::Node, u64),
+    /// Shared memory from an offset.
+    Shared(std::sync::Arc<SharedMemory>, u64),
+}
+
+/// Gives `[addr, addr+len)` its own memory back where it shows shared memory.
+fn unshare(user: &UserMemory, addr: u64, len: u64) -> Result<(), Errno> {
+    let len = crate::layout::page_align_up(len);
+    let end = addr.checked_add(len).ok_or(Errno::EINVAL)?;
+    let size = user.guest().size();
+    if addr >= size {
+        return Ok(());
+    }
+    user.guest()
+        .unshare(addr, end.min(size) - addr)
+        .map_err(|_| Errno::ENOMEM)
+}
+
 /// munmap(addr, length)
-pub(crate) fn munmap(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+pub(crate) fn munmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     match proc.memory.unmap(args[0], args[1]) {
-        Ok(()) => value(0),
+        Ok(()) => {
+            unshare(user, args[0], args[1])?;
+            value(0)
+        }
         Err(e) => map_error(proc, e),
     }
 }
@@ -142,8 +189,9 @@ pub(crate) fn brk(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) ->
     value(proc.memory.set_brk(user.guest(), args[0]))
 }
 
-/// madvise(addr, length, advice): DONTNEED and REMOVE zero the range (as Linux's private
-/// anonymous memory reads afterwards); the other known advice changes nothing here.
+/// madvise(addr, length, advice): DONTNEED zeroes private memory in the range (as Linux's
+/// private anonymous memory reads afterwards; shared memory keeps its bytes), REMOVE zeroes it
+/// all (it frees a shared mapping's backing); the other known advice changes nothing here.
 pub(crate) fn madvise(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const MADV_DONTNEED: u64 = 4;
     const MADV_REMOVE: u64 = 9;
@@ -152,10 +200,18 @@ pub(crate) fn madvise(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return Err(Errno::EINVAL);
     }
     match advice {
-        MADV_DONTNEED | MADV_REMOVE => match proc.memory.discard(user.guest(), addr, len) {
+        MADV_REMOVE => match proc.memory.discard(user.guest(), addr, len) {
             Ok(()) => value(0),
             Err(e) => map_error(proc, e),
         },
+        MADV_DONTNEED => {
+            for (start, end) in user.guest().own_parts(addr, len) {
+                if let Err(e) = proc.memory.discard(user.guest(), start, end - start) {
+                    return map_error(proc, e);
+                }
+            }
+            value(0)
+        }
         // NORMAL..WILLNEED, FREE, DONTFORK..PAGEOUT, POPULATE_READ/WRITE, COLLAPSE.
         0..=3 | 8 | 10..=21 | 22..=23 | 25 => value(0),
         _ => Err(Errno::EINVAL),
@@ -170,21 +226,50 @@ pub(crate) fn mremap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     if flags & !MREMAP_MAYMOVE != 0 {
         return Err(Errno::EINVAL);
     }
-    match proc.memory.remap(
+    // A shared range moves or grows with what it shows.
+    let shared = user.guest().shared_at(addr);
+    if shared.is_some() {
+        unshare(user, addr, old_len)?;
+    }
+    let moved = match proc.memory.remap(
         user.guest(),
         addr,
         old_len,
         new_len,
         flags & MREMAP_MAYMOVE != 0,
     ) {
-        Ok(start) => value(start),
-        Err(MapError::NoRoom) => no_room(proc, new_len),
-        Err(e) => map_error(proc, e),
-    }
+        Ok(start) => start,
+        Err(MapError::NoRoom) => {
+            reshare(user, shared, addr, old_len)?;
+            return no_room(proc, new_len);
+        }
+        Err(e) => {
+            reshare(user, shared, addr, old_len)?;
+            return map_error(proc, e);
+        }
+    };
+    reshare(user, shared, moved, new_len)?;
+    value(moved)
 }
 
-/// msync(addr, length, flags): nothing to write back (file mappings are private copies, and
-/// shared writable file mappings are refused), so only the arguments are checked.
+/// Shows `shared` (as `GuestMemory::shared_at` found it) at `[addr, addr+len)` again.
+fn reshare(
+    user: &UserMemory,
+    shared: Option<(std::sync::Arc<SharedMemory>, u64)>,
+    addr: u64,
+    len: u64,
+) -> Result<(), Errno> {
+    if let Some((memory, offset)) = shared {
+        let len = crate::layout::page_align_up(len);
+        user.guest()
+            .share(addr, len, &memory, offset)
+            .map_err(|_| Errno::ENOMEM)?;
+    }
+    Ok(())
+}
+
+/// msync(addr, length, flags): nothing to write back (a shared file mapping shows the file's
+/// own bytes, a private one a copy), so only the arguments are checked.
 pub(crate) fn msync(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     const MS_ASYNC: u64 = 1;
     const MS_INVALIDATE: u64 = 2;

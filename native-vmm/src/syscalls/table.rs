@@ -5,8 +5,8 @@
 //!   limits (the handler's doc comment says where it differs).
 //! * `Refuse(errno)`: refused by design with a fixed errno the program can handle (sockets
 //!   exist only inside the VM, see addresses.rs and sockets.rs), no identity changes (EPERM: the guest is an unprivileged
-//!   user; ownership.rs for chown), no hard links and no device or FIFO nodes (EPERM, as a
-//!   file system that cannot make them answers: tarfile then extracts a copy), no extended
+//!   user; ownership.rs for chown), no device or FIFO nodes (EPERM, as a file system that
+//!   cannot make them answers: tarfile then extracts a copy), no extended
 //!   attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
 //!   CPU without them; V8 then protects nothing with them), rseq, which glibc probes and
 //!   tolerates missing, and io_uring (ENOSYS, as a kernel built without it answers: libuv, when
@@ -60,8 +60,7 @@ const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
 const NO_IO_URING: Errno = Errno::ENOSYS;
 /// The file systems have no extended attributes, as one mounted without them answers.
 const NO_XATTRS: Errno = Errno::EOPNOTSUPP;
-/// The overlay makes no hard links and no special nodes (link(2), mknod(2): "the file system
-/// does not support" them).
+/// The overlay makes no special nodes (mknod(2): "the file system does not support" them).
 const NOT_ON_THIS_FS: Errno = Errno::EPERM;
 
 /// Sorted by number (a unit test checks it).
@@ -139,7 +138,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(83, "mkdir", files::mkdir),
     emulate(84, "rmdir", files::rmdir),
     emulate(85, "creat", files::creat),
-    refuse(86, "link", NOT_ON_THIS_FS),
+    emulate(86, "link", files::link),
     emulate(87, "unlink", files::unlink),
     emulate(88, "symlink", files::symlink),
     emulate(89, "readlink", files::readlink),
@@ -221,7 +220,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(262, "newfstatat", files::newfstatat),
     emulate(263, "unlinkat", files::unlinkat),
     emulate(264, "renameat", files::renameat),
-    refuse(265, "linkat", NOT_ON_THIS_FS),
+    emulate(265, "linkat", files::linkat),
     emulate(266, "symlinkat", files::symlinkat),
     emulate(267, "readlinkat", files::readlinkat),
     emulate(268, "fchmodat", files::fchmodat),

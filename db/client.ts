@@ -80,10 +80,16 @@ export async function openConnection(
     });
     const db = drizzlePostgres(client, { schema });
     await migratePostgres(db, migrationsConfig);
+    // A gateway holds one connection for its whole life: the pool recycles the others, and
+    // another gateway must never see it without a session and take it for dead.
+    const held = location.gatewayId === undefined ? undefined : await client.reserve();
     return {
       db: db as unknown as Database,
       backend: "postgres",
-      close: () => client.end({ timeout: 5 }),
+      close: async () => {
+        held?.release();
+        await client.end({ timeout: 5 });
+      },
     };
   }
   const unlock = location.dataDir === undefined ? () => {} : lockDataDir(location.dataDir);

@@ -7,6 +7,7 @@ import {
   bigserial,
   boolean,
   check,
+  doublePrecision,
   index,
   integer,
   jsonb,
@@ -241,6 +242,29 @@ export const nodes = pgTable(
   ],
 );
 
+// Per-key limits shared by every gateway of a cluster (db/key-limits.ts): the executions each
+// gateway runs for a key now (a dead gateway's rows are deleted by the live gateways' recovery
+// pass), and each key's rate-limit token bucket.
+export const keySlots = pgTable(
+  "key_slots",
+  {
+    keyId: uuid("key_id").notNull(),
+    gatewayId: text("gateway_id").notNull(),
+    running: integer("running").notNull(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.keyId, t.gatewayId] }),
+    check("key_slots_running_non_negative", sql`${t.running} >= 0`),
+  ],
+);
+
+export const keyRates = pgTable("key_rates", {
+  keyId: uuid("key_id").primaryKey(),
+  // Requests the key may still make now (refilled at its rate per minute, up to one minute's).
+  tokens: doublePrecision("tokens").notNull(),
+  updatedAt: timestamp("updated_at", { withTimezone: true }).notNull(),
+});
+
 export const usageLedger = pgTable(
   "usage_ledger",
   {
@@ -277,5 +301,7 @@ export const schema = {
   creditLeases,
   sessions,
   nodes,
+  keySlots,
+  keyRates,
   usageLedger,
 };

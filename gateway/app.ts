@@ -14,7 +14,12 @@ import { CreditLeases } from "./credit-leases.js";
 import { registerDocs } from "./docs.js";
 import { ExecutionService } from "./execution-service.js";
 import { httpTelemetry } from "./http-telemetry.js";
-import { ConcurrencyLimiter, RateLimiter, TokenExecutionCounter } from "./limits.js";
+import {
+  ConcurrencyLimiter,
+  RateLimiter,
+  SharedRateLimiter,
+  TokenExecutionCounter,
+} from "./limits.js";
 import { ProblemError, problemResponse } from "./problems.js";
 import { registerConsole } from "./routes/console.js";
 import { registerExecutionRoutes } from "./routes/executions.js";
@@ -66,8 +71,12 @@ export { DOCS_ASSET_ROUTE, DOCS_PATH } from "./docs.js";
 export function createGateway(deps: GatewayDeps): Gateway {
   const now = deps.now ?? Date.now;
   const gatewayId = deps.gatewayId ?? crypto.randomUUID();
-  // Executions and session cells share each key's concurrency limit.
-  const concurrency = new ConcurrencyLimiter();
+  // Executions and session cells share each key's concurrency limit (in the database too when
+  // the limits are shared by a cluster's gateways).
+  const { sharedLimits } = deps.config;
+  const concurrency = new ConcurrencyLimiter(
+    sharedLimits ? { db: deps.db, gatewayId, log: (line) => console.error(line) } : undefined,
+  );
   const shutdownSignal = deps.shutdownSignal ?? new AbortController().signal;
   const leases = new CreditLeases({
     db: deps.db,
@@ -83,7 +92,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     tokens: deps.tokens,
     runtime: deps.runtime,
     authenticator: new Authenticator(deps.db, deps.tokens, deps.config.keyCacheTtlMs, now),
-    rateLimiter: new RateLimiter(now),
+    rateLimiter: sharedLimits ? new SharedRateLimiter(deps.db) : new RateLimiter(now),
     leases,
     executions: new ExecutionService({
       db: deps.db,

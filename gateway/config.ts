@@ -48,6 +48,14 @@ function nonNegativeIntegerFromEnv(env: NodeJS.ProcessEnv, name: string, fallbac
   return value;
 }
 
+function sharedLimitsFromEnv(env: NodeJS.ProcessEnv): boolean {
+  const raw = env.SANDFORK_SHARED_LIMITS;
+  if (raw === undefined || raw === "") return env.SANDFORK_RUNTIME === "cluster";
+  if (raw !== "0" && raw !== "1")
+    throw new Error(`SANDFORK_SHARED_LIMITS must be 0 or 1, got ${raw}`);
+  return raw === "1";
+}
+
 /** The embedded database's folder inside dataDir. */
 export const EMBEDDED_DATABASE_DIR = "data";
 
@@ -82,6 +90,13 @@ export interface GatewayConfig {
    * comes first.
    */
   runtimeGraceMs: number;
+  /** On PostgreSQL: how often the holds of gateways that are gone are released (server.ts). */
+  recoveryIntervalMs: number;
+  /**
+   * Per-key rate and concurrency limits taken in the database, counted across every gateway
+   * (SANDFORK_SHARED_LIMITS; default on with SANDFORK_RUNTIME=cluster, off otherwise).
+   */
+  sharedLimits: boolean;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
@@ -113,5 +128,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     headersTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_HEADERS_TIMEOUT_MS", 10_000),
     requestTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_REQUEST_TIMEOUT_MS", 30_000),
     runtimeGraceMs: executeMaxWaitMsFromEnv(env) + 5_000,
+    recoveryIntervalMs: positiveIntegerFromEnv(env, "SANDFORK_RECOVERY_INTERVAL_MS", 5_000),
+    sharedLimits: sharedLimitsFromEnv(env),
   };
 }

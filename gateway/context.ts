@@ -7,7 +7,7 @@ import type { TokenService } from "./auth/tokens.js";
 import type { GatewayConfig } from "./config.js";
 import type { CreditLeases } from "./credit-leases.js";
 import type { ExecutionService } from "./execution-service.js";
-import type { RateLimiter } from "./limits.js";
+import type { KeyRateLimit } from "./limits.js";
 import type { SessionService } from "./session-service.js";
 import type { Telemetry } from "./telemetry.js";
 
@@ -24,7 +24,7 @@ export interface GatewayContext {
   telemetry: Telemetry;
   authenticator: Authenticator;
   tokens: TokenService;
-  rateLimiter: RateLimiter;
+  rateLimiter: KeyRateLimit;
   leases: CreditLeases;
   executions: ExecutionService;
   sessions: SessionService;

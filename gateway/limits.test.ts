@@ -30,16 +30,16 @@ describe("RateLimiter", () => {
 });
 
 describe("ConcurrencyLimiter", () => {
-  it("counts slots per key and frees each once", () => {
+  it("counts slots per key and frees each once", async () => {
     const limiter = new ConcurrencyLimiter();
-    const a = limiter.acquire("k", 2);
-    const b = limiter.acquire("k", 2);
+    const a = await limiter.acquire("k", 2);
+    const b = await limiter.acquire("k", 2);
     expect(problemOf(() => limiter.acquire("k", 2)).slug).toBe("concurrency-limit");
-    limiter.acquire("other", 2);
+    await limiter.acquire("other", 2);
     a();
     a();
     expect(limiter.inFlightFor("k")).toBe(1);
-    limiter.acquire("k", 2);
+    await limiter.acquire("k", 2);
     b();
     expect(limiter.inFlightFor("k")).toBe(1);
   });

@@ -1,9 +1,12 @@
-// Per-key limits held in this gateway process: a token-bucket rate limit, a count of executions in
-// flight (with a bounded line of those waiting for a slot), and the execution counts of minted
-// tokens. (Several gateway processes each enforce them separately; credits are the limit that is
-// global, in the database.)
+// Per-key limits: a token-bucket rate limit, a count of executions in flight (with a bounded line
+// of those waiting for a slot), and the execution counts of minted tokens. By default held in
+// this gateway process; with shared limits (a cluster's gateways: config.sharedLimits) the rate
+// and the slots are also taken in the database (db/key-limits.ts), so that they hold across
+// every gateway. Credits are always global, in the database.
+import type { Database } from "../db/client.js";
+import { giveKeySlot, takeKeyRate, takeKeySlot } from "../db/key-limits.js";
 import { ProblemError } from "./problems.js";
-import { SlotTable } from "./slots.js";
+import { type Release, SlotTable } from "./slots.js";
 
 const MAX_TRACKED = 100_000;
 /** Expired tokens' counts are dropped at most this often. */
@@ -14,8 +17,30 @@ interface Bucket {
   updatedAt: number;
 }
 
+/** A key's rate limit as the gateway's authentication takes it: throws 429 past it. */
+export interface KeyRateLimit {
+  take(keyId: string, perMinute: number): void | Promise<void>;
+}
+
+function rateLimited(perMinute: number, retryAfterSeconds: number): ProblemError {
+  return new ProblemError("rate-limited", `this key allows ${perMinute} requests per minute`, {
+    headers: { "retry-after": String(retryAfterSeconds) },
+    extensions: { retry_after_seconds: retryAfterSeconds },
+  });
+}
+
+/** The rate limit in the database: one bucket per key for every gateway. */
+export class SharedRateLimiter implements KeyRateLimit {
+  constructor(private readonly db: Database) {}
+
+  async take(keyId: string, perMinute: number): Promise<void> {
+    const waitSeconds = await takeKeyRate(this.db, keyId, perMinute);
+    if (waitSeconds !== null) throw rateLimited(perMinute, waitSeconds);
+  }
+}
+
 /** Allows `perMinute` requests a minute per key, with bursts up to one minute's worth. */
-export class RateLimiter {
+export class RateLimiter implements KeyRateLimit {
   private readonly buckets = new Map<string, Bucket>();
 
   constructor(private readonly now: () => number = Date.now) {}
@@ -29,11 +54,10 @@ export class RateLimiter {
     bucket.updatedAt = now;
     if (bucket.tokens < 1) {
       this.remember(keyId, bucket);
-      const retryAfterSeconds = Math.max(1, Math.ceil((1 - bucket.tokens) / refillPerMs / 1000));
-      throw new ProblemError("rate-limited", `this key allows ${perMinute} requests per minute`, {
-        headers: { "retry-after": String(retryAfterSeconds) },
-        extensions: { retry_after_seconds: retryAfterSeconds },
-      });
+      throw rateLimited(
+        perMinute,
+        Math.max(1, Math.ceil((1 - bucket.tokens) / refillPerMs / 1000)),
+      );
     }
     bucket.tokens -= 1;
     this.remember(keyId, bucket);
@@ -57,26 +81,63 @@ export class RateLimiter {
 export class ConcurrencyLimiter {
   private readonly slots = new SlotTable();
 
+  /** `shared`: also take each slot in the database, counted with every gateway's. */
+  constructor(
+    private readonly shared?: {
+      db: Database;
+      gatewayId: string;
+      log?: (line: string) => void;
+    },
+  ) {}
+
   /** Takes a slot or throws 429 (a call never waits here); the returned function gives it back (idempotently). */
-  acquire(keyId: string, max: number): () => void {
+  acquire(keyId: string, max: number): Release | Promise<Release> {
     const taken = this.slots.tryTake(keyId, max);
     if (taken === undefined) throw concurrencyLimit(max, 0);
-    return taken;
+    return this.shared === undefined ? taken : this.alsoShared(keyId, max, taken);
   }
 
   /**
    * Takes a slot, or waits for one behind at most `maxQueued` others of the key; past that throws
    * 429 at once. `signal` aborting takes a waiting call out of line (rejects with its reason).
+   * With shared slots the line is this gateway's: a key whose slots other gateways hold is
+   * refused 429 once its turn here comes.
    */
   async admit(
     keyId: string,
     max: number,
     maxQueued: number,
     signal: AbortSignal,
-  ): Promise<() => void> {
+  ): Promise<Release> {
     const taken = this.slots.take(keyId, max, maxQueued, signal);
     if (taken === undefined) throw concurrencyLimit(max, maxQueued);
-    return taken;
+    const local = await taken;
+    return this.shared === undefined ? local : this.alsoShared(keyId, max, local);
+  }
+
+  /** The slot in the database besides the local `local`; refused: 429, and `local` given back. */
+  private async alsoShared(keyId: string, max: number, local: Release): Promise<Release> {
+    const { db, gatewayId, log } = this.shared as NonNullable<typeof this.shared>;
+    let taken: boolean;
+    try {
+      taken = await takeKeySlot(db, keyId, gatewayId, max);
+    } catch (error) {
+      local();
+      throw error;
+    }
+    if (!taken) {
+      local();
+      throw concurrencyLimit(max, 0);
+    }
+    let given = false;
+    return () => {
+      if (given) return;
+      given = true;
+      local();
+      giveKeySlot(db, keyId, gatewayId).catch((error: unknown) =>
+        log?.(`giving back a key slot failed (the recovery pass frees it): ${String(error)}`),
+      );
+    };
   }
 
   inFlightFor(keyId: string): number {

@@ -20,7 +20,7 @@ export function authenticate(ctx: GatewayContext, scope: Scope) {
         "sandfork.auth.kind": p.token ? "token" : "api_key",
       });
       requireScope(p, scope);
-      ctx.rateLimiter.take(p.keyId, p.limits.rateLimitPerMinute);
+      await ctx.rateLimiter.take(p.keyId, p.limits.rateLimitPerMinute);
       return p;
     });
     c.set("principal", principal);

@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { type ServerType, serve } from "@hono/node-server";
 import { liveGatewayIds, releaseAbandonedReservations } from "../db/billing.js";
 import type { OpenDatabase } from "../db/client.js";
+import { releaseAbandonedKeySlots } from "../db/key-limits.js";
 import { countKeys } from "../db/keys.js";
 import { releaseAbandonedLeases } from "../db/leases.js";
 import { openDatabase } from "../db/open.js";
@@ -45,6 +46,28 @@ async function bootstrapAdminKey(
   });
 }
 
+/** Releases the holds of gateways that are gone (see releaseAbandonedReservations, releaseAbandonedLeases). */
+async function recoveryPass(
+  open: OpenDatabase,
+  gatewayId: string,
+  config: GatewayConfig,
+  log: (line: string) => void,
+): Promise<void> {
+  const staleBefore = new Date(
+    Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS,
+  );
+  const live = await liveGatewayIds(open, gatewayId);
+  const released = await releaseAbandonedReservations(open.db, live, staleBefore);
+  if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
+  const slots = await releaseAbandonedKeySlots(open.db, live);
+  if (slots > 0) log(`freed the key slots of ${slots} stopped gateway(s) and key(s)`);
+  const givenBack = await releaseAbandonedLeases(open.db, live);
+  if (givenBack.leases > 0)
+    log(
+      `gave back ${givenBack.leases} credit lease(s) of stopped gateways (${givenBack.units} units)`,
+    );
+}
+
 export interface RunningGateway {
   url: string;
   server: ServerType;
@@ -69,18 +92,22 @@ export async function startGateway(
     );
   }
   // The recovery pass: executions a killed gateway never answered, and its credit leases, hold
-  // credits until released here.
-  const staleBefore = new Date(
-    Date.now() - config.executionLimits.maxTimeoutMs - STALE_RESERVATION_MARGIN_MS,
-  );
-  const live = await liveGatewayIds(open, gatewayId);
-  const released = await releaseAbandonedReservations(open.db, live, staleBefore);
-  if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
-  const givenBack = await releaseAbandonedLeases(open.db, live);
-  if (givenBack.leases > 0)
-    log(
-      `gave back ${givenBack.leases} credit lease(s) of stopped gateways (${givenBack.units} units)`,
-    );
+  // credits until released here. On PostgreSQL, where other gateways share the books, it runs
+  // again every recoveryIntervalMs, so that a gateway that died is not waited for until the
+  // next start.
+  const recover = () => recoveryPass(open, gatewayId, config, log);
+  await recover();
+  const recovery =
+    open.backend === "postgres"
+      ? setInterval(
+          () =>
+            void recover().catch((error: unknown) =>
+              log(`the recovery pass failed: ${String(error)}`),
+            ),
+          config.recoveryIntervalMs,
+        )
+      : undefined;
+  recovery?.unref();
 
   const admin = await bootstrapAdminKey(open, config);
   if (admin !== null) {
@@ -160,6 +187,7 @@ export async function startGateway(
         ),
       ]);
       clearTimeout(drainTimer);
+      clearInterval(recovery);
       context.sessions.stop();
       if (!drained) {
         shutdown.abort();

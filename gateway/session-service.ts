@@ -291,7 +291,7 @@ export class SessionService {
     const row = await this.owned(principal, id);
     this.requireLive(row);
     const sessions = this.sessions();
-    const releaseSlot = this.deps.concurrency.acquire(
+    const releaseSlot = await this.deps.concurrency.acquire(
       principal.keyId,
       principal.limits.maxConcurrency,
     );

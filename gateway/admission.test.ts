@@ -192,6 +192,89 @@ describe("admission control", () => {
     }
   });
 
+  it("past a full line a call is shed before its body is validated; a retry with an Idempotency-Key still gets its first result", async () => {
+    // Test double: `hold` runs until released, anything else completes at once.
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    const ran: string[] = [];
+    const runtime: ExecutionRuntime = {
+      templates: async () => TEMPLATES,
+      async execute(request) {
+        ran.push(request.code);
+        if (request.code === "hold") await held;
+        return {
+          outcome: "completed",
+          exitCode: 0,
+          stdout: "42\n",
+          stderr: "",
+          truncated: false,
+          timings: { queueMs: 0, forkMs: 2, execMs: 150 },
+        };
+      },
+    };
+    const gw = await gatewayWith(
+      { templateMaxRunning: 1, templateMaxQueued: 0, keyMaxQueued: 0 },
+      runtime,
+    );
+    try {
+      const { key, accountId } = await gw.issue({ credits: CREDITS, maxConcurrency: 4 });
+      const keyed = { "idempotency-key": "first-call" };
+      const first = await gw.call("POST", "/v1/executions", {
+        credential: key,
+        body: PROGRAM,
+        headers: keyed,
+      });
+      expect(first.status).toBe(200);
+      const holding = gw.call("POST", "/v1/executions", {
+        credential: key,
+        body: { template: "python", code: "hold" },
+      });
+      await vi.waitUntil(() => ran.includes("hold"));
+
+      // The line is full: a body that validation would refuse is not even validated.
+      const invalid = { template: "python", code: 7 };
+      await expectProblem(
+        await gw.call("POST", "/v1/executions", { credential: key, body: invalid }),
+        503,
+        "runtime-busy",
+      );
+      await expectProblem(
+        await gw.call("POST", "/v1/executions", { credential: key, body: PROGRAM }),
+        503,
+        "runtime-busy",
+      );
+      const retry = await gw.call("POST", "/v1/executions", {
+        credential: key,
+        body: PROGRAM,
+        headers: keyed,
+      });
+      expect(retry.status).toBe(200);
+      expect(retry.headers.get("idempotent-replayed")).toBe("true");
+
+      release();
+      expect((await holding).status).toBe(200);
+      // With room in the line the same body gets validation's answer.
+      await expectProblem(
+        await gw.call("POST", "/v1/executions", { credential: key, body: invalid }),
+        422,
+        "validation-failed",
+      );
+      expect(ran).toEqual(["print(6*7)", "hold"]);
+      expect(await gw.books(accountId)).toMatchObject({
+        balanceUnits: CREDITS - 2 * CHARGED,
+        reservedUnits: 0,
+      });
+      // The keyed retry too was refused a slot, and answered with its first result.
+      expect(
+        sample(await gw.telemetry.prometheusText(), "sandfork_admission_shed_total", {
+          reason: "template_queue_full",
+        }),
+      ).toBe(3);
+    } finally {
+      await gw.dispose();
+    }
+  });
+
   describe("a daemon that answers busy", () => {
     let dir: string;
     let server: Server;

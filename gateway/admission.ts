@@ -3,6 +3,8 @@
 // template (the whole service: SANDFORK_TEMPLATE_MAX_RUNNING, then SANDFORK_TEMPLATE_MAX_QUEUED).
 // A call past a bound is shed at once, before anything is reserved or billed: 429
 // concurrency-limit past its key's line, 503 runtime-busy past its template's, with Retry-After.
+// `refuseWhenFull` sheds such a call before its body is validated (a shed answer must cost next
+// to nothing: a flood past the bounds sends them as fast as they come back).
 import type { AdmissionSettings } from "./config.js";
 import type { ConcurrencyLimiter } from "./limits.js";
 import { ProblemError } from "./problems.js";
@@ -65,18 +67,7 @@ export class Admission {
         templateMaxQueued,
         this.shutdownSignal,
       );
-      if (taken === undefined) {
-        this.instruments.shedCalls.add(1, { reason: "template_queue_full" });
-        const seconds = this.retryAfterSeconds(template);
-        throw new ProblemError(
-          "runtime-busy",
-          `${templateMaxRunning} executions of ${template} run at once and ${templateMaxQueued} more wait; retry in ${seconds} s`,
-          {
-            headers: { "retry-after": String(seconds) },
-            extensions: { retry_after_seconds: seconds },
-          },
-        );
-      }
+      if (taken === undefined) throw this.templateFull(template);
       templateSlot = await this.waitOrShed(Promise.resolve(taken));
     } catch (error) {
       keySlot();
@@ -91,6 +82,29 @@ export class Admission {
       templateSlot();
       keySlot();
     };
+  }
+
+  /**
+   * Throws the problem that sheds a call of `keyId` now, when its key's line or its template's is
+   * full: what `admit` would throw, without waiting for the body's validation. `templateOf` reads
+   * the call's template (undefined: not readable, left to validation); it is asked only while
+   * some template's line is full.
+   */
+  async refuseWhenFull(
+    keyId: string,
+    keyMax: number,
+    templateOf: () => Promise<string | undefined>,
+  ): Promise<void> {
+    if (this.keys.lineFull(keyId, keyMax, this.settings.keyMaxQueued)) {
+      this.instruments.shedCalls.add(1, { reason: "key_queue_full" });
+      throw this.keys.limitProblem(keyMax, this.settings.keyMaxQueued);
+    }
+    const { templateMaxRunning, templateMaxQueued } = this.settings;
+    const full = (name: string) =>
+      this.templates.lineFull(name, templateMaxRunning, templateMaxQueued);
+    if (![...this.seen].some(full)) return;
+    const template = await templateOf();
+    if (template !== undefined && full(template)) throw this.templateFull(template);
   }
 
   /** Counts a call the runtime itself refused as busy (the daemon's queue or its client's was full). */
@@ -108,6 +122,21 @@ export class Admission {
         headers: { "retry-after": "5" },
       });
     }
+  }
+
+  /** Counts a call shed past `template`'s line, and the problem that answers it. */
+  private templateFull(template: string): ProblemError {
+    this.instruments.shedCalls.add(1, { reason: "template_queue_full" });
+    const { templateMaxRunning, templateMaxQueued } = this.settings;
+    const seconds = this.retryAfterSeconds(template);
+    return new ProblemError(
+      "runtime-busy",
+      `${templateMaxRunning} executions of ${template} run at once and ${templateMaxQueued} more wait; retry in ${seconds} s`,
+      {
+        headers: { "retry-after": String(seconds) },
+        extensions: { retry_after_seconds: seconds },
+      },
+    );
   }
 
   private noteRunTime(template: string, ms: number): void {

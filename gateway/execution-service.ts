@@ -214,6 +214,18 @@ export class ExecutionService {
     }
   }
 
+  /** Sheds a call of `principal` at once when its key's line or its template's is full (Admission). */
+  refuseWhenFull(
+    principal: Principal,
+    templateOf: () => Promise<string | undefined>,
+  ): Promise<void> {
+    return this.deps.admission.refuseWhenFull(
+      principal.keyId,
+      principal.limits.maxConcurrency,
+      templateOf,
+    );
+  }
+
   async templates(): Promise<Template[]> {
     return templatesOf(this.requireRuntime());
   }
@@ -229,7 +241,6 @@ export class ExecutionService {
     live: LiveExecution = {},
   ): Promise<ExecutionOutcome> {
     const request = normalizeExecution(input, this.deps.limits);
-    const hash = requestHash(request);
     const grant = principal.token;
     if (grant?.templates && !grant.templates.includes(request.template)) {
       throw new ProblemError(
@@ -284,9 +295,10 @@ export class ExecutionService {
           ? undefined
           : await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
       if (first !== undefined)
-        return { record: this.replay(principal, first, hash), replayed: true };
+        return { record: this.replay(principal, first, requestHash(request)), replayed: true };
       throw error;
     }
+    const hash = requestHash(request);
 
     try {
       const outcome = await this.claimAndRun(

@@ -140,6 +140,16 @@ export class ConcurrencyLimiter {
     };
   }
 
+  /** Whether `admit` would refuse a call of `keyId` now. */
+  lineFull(keyId: string, max: number, maxQueued: number): boolean {
+    return this.slots.lineFull(keyId, max, maxQueued);
+  }
+
+  /** The 429 that refuses a call past its key's line. */
+  limitProblem(max: number, maxQueued: number): ProblemError {
+    return concurrencyLimit(max, maxQueued);
+  }
+
   inFlightFor(keyId: string): number {
     return this.slots.running(keyId);
   }

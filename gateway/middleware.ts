@@ -90,3 +90,26 @@ export const limitBodyPerKey = createMiddleware<AppEnv>(async (c, next) => {
   }
   await next();
 });
+
+/**
+ * Sheds an execution past its key's line or its template's (gateway/admission.ts) before its
+ * body is validated: under a flood most calls are shed, each as fast as its answer comes back, so
+ * a shed answer must cost next to nothing. Runs after limitBodyPerKey (the body's text is cached);
+ * a body that is not JSON, or names no template, is left to validation, and a call with an
+ * Idempotency-Key to the execution service (a retry gets its first request's result instead).
+ */
+export function shedPastBounds(ctx: GatewayContext) {
+  return createMiddleware<AppEnv>(async (c, next) => {
+    if (c.req.header("idempotency-key") !== undefined) return next();
+    await ctx.executions.refuseWhenFull(c.get("principal"), async () => {
+      try {
+        const body: unknown = JSON.parse(await c.req.text());
+        const template = (body as { template?: unknown } | null)?.template;
+        return typeof template === "string" ? template : undefined;
+      } catch {
+        return undefined;
+      }
+    });
+    await next();
+  });
+}

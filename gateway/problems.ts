@@ -143,7 +143,12 @@ export class ProblemError extends Error {
     detail?: string,
     options: { extensions?: Record<string, unknown>; headers?: Record<string, string> } = {},
   ) {
+    // A problem is an answer, not a fault: no stack trace (capturing one costs more than the rest
+    // of a shed answer). An unexpected error keeps its own, and is logged with it.
+    const stackTraceLimit = Error.stackTraceLimit;
+    Error.stackTraceLimit = 0;
     super(detail ?? PROBLEMS[slug].title);
+    Error.stackTraceLimit = stackTraceLimit;
     this.name = "ProblemError";
     this.slug = slug;
     this.status = PROBLEMS[slug].status;

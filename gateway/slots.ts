@@ -102,6 +102,13 @@ export class SlotTable {
     return slots.wait(signal);
   }
 
+  /** Whether all `max` slots of `name` are taken and `maxQueued` calls wait: `take` would refuse. */
+  lineFull(name: string, max: number, maxQueued: number): boolean {
+    const running = this.running(name);
+    const queued = this.queued(name);
+    return (running >= max || queued > 0) && queued >= maxQueued;
+  }
+
   running(name: string): number {
     return this.slots.get(name)?.running ?? 0;
   }

@@ -30,14 +30,11 @@
 // against the same run's unloaded figure; --overload-seconds long each.
 //
 // `--json` prints one object that `npm run bench:report` turns into docs/benchmarks.md's table.
-import { spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
-import { join } from "node:path";
-import { createInterface } from "node:readline";
 import { setTimeout as pauseFor } from "node:timers/promises";
 import { commandLine } from "../gateway/cli/command-line.js";
-import { daemonRequest, EXECUTION, EXECUTION_BODY, REPOSITORY } from "./lib/execution.js";
+import { daemonRequest, EXECUTION, EXECUTION_BODY } from "./lib/execution.js";
+import { type HelloServer, startHello } from "./lib/hello.js";
 import { keepAliveClient } from "./lib/http-client.js";
 import {
   type LoadDatabase,
@@ -50,6 +47,7 @@ import {
   drive,
   driveInTurn,
   formatTable,
+  processCpuMs,
   type ScenarioSummary,
 } from "./lib/measure.js";
 import { overload, overloadTable } from "./lib/overload.js";
@@ -116,14 +114,6 @@ function ownCpuMs(): number {
   return (usage.user + usage.system) / 1000;
 }
 
-/** utime + stime of a process in ms. /proc counts in USER_HZ ticks, 100 a second on Linux x86-64. */
-function processCpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  // Fields 14 and 15 of stat(5); fields[0] here is field 3.
-  return (Number(fields[11]) + Number(fields[12])) * 10;
-}
-
 interface ExecutionFigures {
   p50_ms: number;
   p99_ms: number;
@@ -149,28 +139,6 @@ const latencyFigures = (s: ScenarioSummary): LatencyFigures => ({
   requests: s.requests,
   failed: s.failures,
 });
-
-/** A child process serving the plain Hono hello app; resolves to its URL. */
-async function startHello(): Promise<HelloServer> {
-  const child = spawn(
-    process.execPath,
-    ["--import", "tsx", join(REPOSITORY, "loadtest", "hello-server.ts")],
-    { stdio: ["ignore", "pipe", "inherit"] },
-  );
-  const url = await new Promise<string>((resolve, reject) => {
-    createInterface({ input: child.stdout }).once("line", (line) =>
-      resolve((JSON.parse(line) as { url: string }).url),
-    );
-    child.once("exit", (code) => reject(new Error(`the hello server exited early (code ${code})`)));
-  });
-  return { url, pid: child.pid as number, stop: () => child.kill("SIGTERM") };
-}
-
-interface HelloServer {
-  url: string;
-  pid: number;
-  stop(): void;
-}
 
 /**
  * What a gateway's CPU per execution at concurrency 1 is read against, measured beside it: the

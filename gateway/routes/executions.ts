@@ -5,7 +5,7 @@ import { findExecution } from "../../db/billing.js";
 import { listExecutions } from "../../db/execution-list.js";
 import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
-import { authenticate, limitBodyPerKey } from "../middleware.js";
+import { authenticate, limitBodyPerKey, shedPastBounds } from "../middleware.js";
 import { priceOf } from "../pricing.js";
 import { ProblemError } from "../problems.js";
 import {
@@ -39,7 +39,7 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
       "as the program writes, then `execution` with the body of the plain answer, or `error` with a problem body. Billing is " +
       "the same; a client that disconnects stops nothing and is billed for what ran.",
     security: AUTHENTICATED,
-    middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
+    middleware: [authenticate(ctx, "execute"), limitBodyPerKey, shedPastBounds(ctx)] as const,
     parameters: [IDEMPOTENCY_KEY_HEADER],
     request: {
       body: {

@@ -1,5 +1,6 @@
 // Drives one scenario with a fixed number of requests at a fixed concurrency (bounded in count and
-// time) and summarizes latency percentiles and throughput.
+// time) and summarizes latency percentiles and throughput; reads a process's CPU time.
+import { readFileSync } from "node:fs";
 
 export interface ScenarioSummary {
   scenario: string;
@@ -184,4 +185,12 @@ export function formatTable(rows: ScenarioSummary[]): string {
       .map((v, i) => (i === 0 ? v.padEnd(widths[i] as number) : v.padStart(widths[i] as number)))
       .join("  ");
   return [line(header), ...cells.map(line)].join("\n");
+}
+
+/** utime + stime of a process in ms. /proc counts in USER_HZ ticks, 100 a second on Linux x86-64. */
+export function processCpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // Fields 14 and 15 of stat(5); fields[0] here is field 3.
+  return (Number(fields[11]) + Number(fields[12])) * 10;
 }

@@ -7,13 +7,17 @@
 // Every answer is classified: its true status (200 with the status and output the program must
 // end with), shed (429 or 503 with Retry-After), or wrong (anything else). It prints the share
 // answered with their true status or shed (goal 100%), the p99 of the shed answers (goal ≤ 5 ms),
-// and executions/s of those that ran against the unloaded figure.
+// and executions/s of those that ran against the unloaded figure. Beside the shed answers' times,
+// their floor on this machine at this time: a plain Hono server (loadtest/hello-server.ts)
+// answering the same 503 with nothing done before it, to as many clients as the flood had past
+// both bounds, with the same client and the same CPU hog, for as long, right after the flood.
 import { availableParallelism, loadavg } from "node:os";
 import { loadAdmissionSettings } from "../../gateway/config.js";
 import { startCpuHog } from "./cpu-hog.js";
+import { startHello } from "./hello.js";
 import { keepAliveClient } from "./http-client.js";
 import { withLoadGateway } from "./load-gateway.js";
-import { percentile } from "./measure.js";
+import { drive, percentile, processCpuMs } from "./measure.js";
 
 /** One kind of program of the mix, with what its true answer is. */
 interface Kind {
@@ -60,7 +64,18 @@ export interface PhaseFigures {
    */
   gateway_shed_within_5_ms_pct: number | null;
   gateway_shed_p99_at_most_ms: number | null;
+  /** The gateway process's CPU time over the phase, % of one core. */
+  gateway_cpu_pct: number;
   loadavg_after: number[];
+}
+
+/** A plain Hono server's 503 under the flood's conditions (the module comment). */
+export interface ShedFloor {
+  concurrency: number;
+  requests: number;
+  per_s: number;
+  p50_ms: number;
+  p99_ms: number;
 }
 
 /** Cumulative bucket counts of http.server.request.duration over the gateway's 429s and 503s, by bound (s). */
@@ -96,8 +111,11 @@ function gatewayShedFigures(
 export interface OverloadReport {
   cpus: number;
   sustained_concurrency: number;
+  /** The machine's load average (1, 5, 15 min) as the run began. */
+  loadavg_before: number[];
   unloaded: PhaseFigures;
   overloaded: PhaseFigures;
+  shed_floor: ShedFloor;
   /** overloaded.executions_per_s / unloaded.executions_per_s, %. */
   executions_per_s_vs_unloaded_pct: number;
   /** Up to 5 wrong answers, as `status body`. */
@@ -113,8 +131,12 @@ export async function overload(options: {
   const cpus = availableParallelism();
   const sustained = loadAdmissionSettings({}, cpus).templateMaxRunning;
   const flood = 4 * sustained;
+  // The gateway admits as many as it runs and as many again in its line; the rest are shed.
+  const pastBounds = flood - 2 * sustained;
   const client = keepAliveClient(flood);
   const wrongExamples: string[] = [];
+  const loadavgBefore = loadavg().map((l) => round(l));
+  const hello = await startHello();
   try {
     return await withLoadGateway(
       client.call,
@@ -131,6 +153,7 @@ export async function overload(options: {
           const metricsBefore = shedBuckets(
             (await client.call("GET", `${gateway.url}/metrics`)).body,
           );
+          const cpuBefore = processCpuMs(gateway.pid);
           const started = performance.now();
           const deadline = started + seconds * 1000;
           const worker = async () => {
@@ -170,6 +193,7 @@ export async function overload(options: {
           };
           await Promise.all(Array.from({ length: concurrency }, worker));
           const elapsed = (performance.now() - started) / 1000;
+          const gatewayCpuPct = (processCpuMs(gateway.pid) - cpuBefore) / (10 * elapsed);
           const gatewayShed = gatewayShedFigures(
             metricsBefore,
             shedBuckets((await client.call("GET", `${gateway.url}/metrics`)).body),
@@ -195,6 +219,7 @@ export async function overload(options: {
             shed_p99_ms: shed.length === 0 ? null : round(percentile(shed, 99)),
             gateway_shed_within_5_ms_pct: gatewayShed.within5,
             gateway_shed_p99_at_most_ms: gatewayShed.p99AtMost,
+            gateway_cpu_pct: round(gatewayCpuPct, 1),
             loadavg_after: loadavg().map((l) => round(l)),
           };
         };
@@ -214,16 +239,37 @@ export async function overload(options: {
         );
         const hog = startCpuHog(cpus);
         let overloaded: PhaseFigures;
+        let floor: ShedFloor;
         try {
           overloaded = await phase(flood, options.seconds);
+          options.say(
+            `  shed p50 ${overloaded.shed_p50_ms} ms, p99 ${overloaded.shed_p99_ms} ms; the floor: a plain Hono 503 at c=${pastBounds} for ${options.seconds} s`,
+          );
+          const floorRun = await drive({
+            scenario: "plain Hono 503",
+            requests: Number.MAX_SAFE_INTEGER,
+            concurrency: pastBounds,
+            maxDurationMs: options.seconds * 1000,
+            send: async () =>
+              (await client.call("POST", `${hello.url}/busy`, json, OK.body)).status === 503,
+          });
+          floor = {
+            concurrency: pastBounds,
+            requests: floorRun.requests,
+            per_s: round(floorRun.requestsPerSecond, 1),
+            p50_ms: round(floorRun.p50Ms),
+            p99_ms: round(floorRun.p99Ms),
+          };
         } finally {
           hog.stop();
         }
         return {
           cpus,
           sustained_concurrency: sustained,
+          loadavg_before: loadavgBefore,
           unloaded,
           overloaded,
+          shed_floor: floor,
           executions_per_s_vs_unloaded_pct: round(
             (100 * overloaded.executions_per_s) / Math.max(1e-9, unloaded.executions_per_s),
             1,
@@ -233,6 +279,7 @@ export async function overload(options: {
       },
     );
   } finally {
+    hello.stop();
     client.destroy();
   }
 }
@@ -262,6 +309,11 @@ export function overloadTable(report: OverloadReport): string {
       o.shed_p50_ms === null ? "none shed" : `${o.shed_p50_ms} / ${shedP99(o)}`,
     ],
     [
+      `the floor: a plain Hono server's 503, c=${report.shed_floor.concurrency}, p50 / p99, ms`,
+      "",
+      `${report.shed_floor.p50_ms} / ${report.shed_floor.p99_ms} (${report.shed_floor.per_s}/s)`,
+    ],
+    [
       "the gateway's own time for them: within 5 ms / p99 at most, ms",
       u.gateway_shed_within_5_ms_pct === null
         ? "none shed"
@@ -280,7 +332,12 @@ export function overloadTable(report: OverloadReport): string {
       `${u.executions_per_s}`,
       `${o.executions_per_s} (${report.executions_per_s_vs_unloaded_pct}% of unloaded)`,
     ],
-    ["load average after (1, 5, 15 min)", u.loadavg_after.join(", "), o.loadavg_after.join(", ")],
+    ["the gateway's CPU, % of a core", `${u.gateway_cpu_pct}`, `${o.gateway_cpu_pct}`],
+    [
+      "load average (1, 5, 15 min): before the run / after",
+      `${report.loadavg_before.join(", ")} / ${u.loadavg_after.join(", ")}`,
+      o.loadavg_after.join(", "),
+    ],
   ];
   const line = (cells: string[]) => `| ${cells.join(" | ")} |`;
   return [line(rows[0] as string[]), line(["---", "---", "---"]), ...rows.slice(1).map(line)].join(

@@ -230,7 +230,7 @@ except OSError as e:
 }
 
 /// A Unix socket's path names one address however it is spelled (its directory resolved, as
-/// Linux does); a missing directory is ENOENT.
+/// Linux does); a missing directory is ENOENT; the path is a socket file.
 #[test]
 fn a_unix_socket_path_names_one_address_however_it_is_spelled() {
     let code = r#"
@@ -249,8 +249,20 @@ try:
     socket.socket(socket.AF_UNIX).bind("missing/s")
 except OSError as e:
     print("missing directory:", e.errno)
+# The bound path is a socket file: stat and chmod see it, open cannot, a second bind finds it taken.
+import stat
+os.chmod("s", 0o600)
+st = os.stat("s")
+print(stat.S_ISSOCK(st.st_mode), oct(stat.S_IMODE(st.st_mode)), "s" in os.listdir("."))
+for call in [lambda: open("s"), lambda: socket.socket(socket.AF_UNIX).bind("s")]:
+    try:
+        call()
+    except OSError as e:
+        print(e.errno)
+os.unlink("s")
+print(os.path.exists("s"))
 "#;
-    assert_prints(code, "connected to s\nconnected to /work/s\nconnected to a/../s\nconnected to .//s\nmissing directory: 2\n");
+    assert_prints(code, "connected to s\nconnected to /work/s\nconnected to a/../s\nconnected to .//s\nmissing directory: 2\nTrue 0o600 True\n6\n98\nFalse\n");
 }
 
 #[test]

@@ -43,6 +43,8 @@ pub enum FileKind {
     Directory,
     Symlink,
     CharDevice,
+    /// A bound Unix socket's file.
+    Socket,
 }
 
 impl FileKind {
@@ -53,16 +55,18 @@ impl FileKind {
             FileKind::Directory => 0o040000,
             FileKind::Symlink => 0o120000,
             FileKind::CharDevice => 0o020000,
+            FileKind::Socket => 0o140000,
         }
     }
 
-    /// The d_type of a getdents64 record (DT_REG, DT_DIR, DT_LNK, DT_CHR).
+    /// The d_type of a getdents64 record (DT_REG, DT_DIR, DT_LNK, DT_CHR, DT_SOCK).
     pub fn dirent_type(self) -> u8 {
         match self {
             FileKind::Regular => 8,
             FileKind::Directory => 4,
             FileKind::Symlink => 10,
             FileKind::CharDevice => 2,
+            FileKind::Socket => 12,
         }
     }
 }

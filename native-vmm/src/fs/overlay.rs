@@ -27,6 +27,8 @@ pub(crate) enum OverlayKind {
     File(FileData),
     Dir(BTreeMap<Vec<u8>, u64>),
     Symlink(Vec<u8>),
+    /// A bound Unix socket's file (the socket itself lives in the descriptor table).
+    Socket,
 }
 
 #[derive(Clone)]
@@ -53,13 +55,14 @@ impl OverlayNode {
             OverlayKind::File(_) => FileKind::Regular,
             OverlayKind::Dir(_) => FileKind::Directory,
             OverlayKind::Symlink(_) => FileKind::Symlink,
+            OverlayKind::Socket => FileKind::Socket,
         }
     }
 
     fn charge(&self) -> u64 {
         let payload = match &self.kind {
             OverlayKind::File(data) => data.len() as usize,
-            OverlayKind::Dir(_) => 0,
+            OverlayKind::Dir(_) | OverlayKind::Socket => 0,
             OverlayKind::Symlink(target) => target.len(),
         };
         NODE_CHARGE * u64::from(self.links.max(1)) + self.name.len() as u64 + payload as u64
@@ -307,6 +310,7 @@ impl Overlay {
             OverlayKind::File(data) => data.share(limit),
             OverlayKind::Dir(_) => Err(Errno::EISDIR),
             OverlayKind::Symlink(_) => Err(Errno::EINVAL),
+            OverlayKind::Socket => Err(Errno::ENODEV),
         }
     }
 
@@ -315,6 +319,7 @@ impl Overlay {
             OverlayKind::File(bytes) => Ok(bytes.len()),
             OverlayKind::Dir(_) => Err(Errno::EISDIR),
             OverlayKind::Symlink(_) => Err(Errno::EINVAL),
+            OverlayKind::Socket => Err(Errno::ENXIO),
         }
     }
 }
@@ -356,6 +361,7 @@ impl Overlay {
                     e.u8(2);
                     e.bytes(target);
                 }
+                OverlayKind::Socket => e.u8(3),
             }
             e.u8(node.links);
             e.u32(node.open_count);
@@ -394,6 +400,7 @@ impl Overlay {
                     OverlayKind::Dir(map)
                 }
                 2 => OverlayKind::Symlink(d.bytes("overlay symlink")?.to_vec()),
+                3 => OverlayKind::Socket,
                 t => return Err(DecodeError::new(format!("overlay kind tag {t}"))),
             };
             let (links, open_count) = (d.u8("overlay links")?, d.u32("overlay open count")?);

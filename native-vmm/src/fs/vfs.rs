@@ -345,6 +345,10 @@ impl Vfs {
         if opts.directory && kind != FileKind::Directory {
             return Err(Errno::ENOTDIR);
         }
+        // A socket's file is reached through connect(2), not open(2) (O_PATH still opens it).
+        if kind == FileKind::Socket && !opts.path_only {
+            return Err(Errno::ENXIO);
+        }
         if opts.write {
             if kind == FileKind::Directory {
                 return Err(Errno::EISDIR);
@@ -440,6 +444,7 @@ impl Vfs {
                 let n = self.overlay.get(id)?;
                 let (size, subdirs) = match &n.kind {
                     OverlayKind::File(data) => (data.len(), 0),
+                    OverlayKind::Socket => (0, 0),
                     OverlayKind::Dir(entries) => {
                         let dirs = entries
                             .values()
@@ -536,6 +541,7 @@ impl Vfs {
                 OverlayKind::File(data) => Ok(data.bytes()),
                 OverlayKind::Dir(_) => Err(Errno::EISDIR),
                 OverlayKind::Symlink(_) => Err(Errno::EINVAL),
+                OverlayKind::Socket => Err(Errno::ENXIO),
             },
             NodeId::DevDir => Err(Errno::EISDIR),
             // A /proc file's bytes are rendered per open (syscalls::procfs), not kept here.
@@ -811,6 +817,22 @@ impl Vfs {
         self.overlay
             .create(dir_id, &name, mode, OverlayKind::Dir(BTreeMap::new()))
             .map(|_| ())
+    }
+
+    /// bind(2) of a Unix socket to `path`: its file (EEXIST when the name is taken, which bind
+    /// answers as EADDRINUSE).
+    pub fn make_socket(
+        &mut self,
+        view: &dyn ProcessView,
+        base: Node,
+        path: &[u8],
+        mode: u32,
+    ) -> Result<Node, Errno> {
+        let (dir, name) = self.new_entry_dir(view, base, path)?;
+        let dir_id = self.changeable_dir(dir)?;
+        self.overlay
+            .create(dir_id, &name, mode, OverlayKind::Socket)
+            .map(|id| Node(NodeId::Overlay(id)))
     }
 
     /// symlinkat: creates a symlink at `path` whose target is `target` (stored as given).

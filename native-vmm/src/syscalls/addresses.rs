@@ -4,10 +4,11 @@
 //! listening address makes an in-memory socketpair (process/fds.rs) whose other end waits for
 //! accept. Nothing is ever sent outside the VM: a connection to any other address is
 //! ENETUNREACH (as on a host with only a loopback interface), binding one is EADDRNOTAVAIL.
-//! A Unix socket's path is a name in that namespace, not a file (stat does not find it).
+//! A Unix socket bound to a path also gets a socket file there (`Vfs::make_socket`: stat,
+//! chmod and unlink see it); connections still find the socket by its name in the namespace.
 //! Datagram and raw sockets are refused (EPROTONOSUPPORT / ESOCKTNOSUPPORT).
 
-use super::files::fd_arg;
+use super::files::{fd_arg, with_view};
 use super::{value, wait_ready, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object, O_NONBLOCK};
@@ -210,8 +211,37 @@ pub(crate) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
             e
         }
     })?;
-    bind_address(proc, index, family, address)?;
+    let path = unix_path(family, &address.name).map(<[u8]>::to_vec);
+    if let Some(path) = &path {
+        make_socket_file(proc, path)?;
+    }
+    if let Err(e) = bind_address(proc, index, family, address) {
+        if let Some(path) = &path {
+            let cwd = proc.cwd;
+            // The file just made goes with the failed bind.
+            let _ = with_view(proc, |vfs, view| vfs.unlink(view, cwd, path));
+        }
+        return Err(e);
+    }
     value(0)
+}
+
+/// The path of a Unix address that names one (not an abstract name).
+fn unix_path(family: u16, name: &[u8]) -> Option<&[u8]> {
+    let path = name
+        .get(2..)
+        .filter(|p| family == AF_UNIX && p.first().is_some_and(|&b| b != 0))?;
+    Some(&path[..path.iter().position(|&b| b == 0).unwrap_or(path.len())])
+}
+
+/// Makes a bound socket's file at `path`, with the mode Linux gives it (0777 less the umask);
+/// a taken name is EADDRINUSE.
+fn make_socket_file(proc: &mut GuestProcess, path: &[u8]) -> Result<(), Errno> {
+    let (cwd, mode) = (proc.cwd, 0o777 & !proc.umask);
+    match with_view(proc, |vfs, view| vfs.make_socket(view, cwd, path, mode)) {
+        Err(Errno::EEXIST) => Err(Errno::EADDRINUSE),
+        made => made.map(|_| ()),
+    }
 }
 
 /// listen(fd, backlog): an unbound Internet socket gets an ephemeral port, as on Linux.

@@ -91,7 +91,7 @@ fn resolve(proc: &GuestProcess, base: Node, path: &[u8], follow_last: bool) -> R
 /// Runs `op` on the file system beside the program's view of /proc (built from the process's
 /// other fields, so the file system can be borrowed mutably): opening and changing the tree
 /// resolve paths as `resolve` does.
-fn with_view<T>(
+pub(super) fn with_view<T>(
     proc: &mut GuestProcess,
     op: impl FnOnce(&mut Vfs, &dyn ProcessView) -> Result<T, Errno>,
 ) -> Result<T, Errno> {

@@ -32,9 +32,11 @@ export class NodeServer {
       minVersion: "TLSv1.3",
     });
     this.server.on("secureConnection", (remote: TLSSocket) => this.join(remote));
-    this.server.on("tlsClientError", (error, socket) =>
-      this.log(`TLS handshake from ${socket.remoteAddress} failed: ${error.message}`),
-    );
+    // A connection closed before any handshake (a TCP liveness probe) is not worth a line.
+    this.server.on("tlsClientError", (error, socket) => {
+      if ((error as NodeJS.ErrnoException).code === "ECONNRESET") return;
+      this.log(`TLS handshake from ${socket.remoteAddress} failed: ${error.message}`);
+    });
   }
 
   static async listen(options: NodeServerOptions): Promise<NodeServer> {

@@ -10,6 +10,7 @@ import {
   accrue,
   idleRunningSessions,
   insertSession,
+  insertSessionWithin,
   keySessionTotals,
   sessionUsageForKey,
   unitsDue,
@@ -148,5 +149,31 @@ describe.each(BACKENDS)("session metering on %s", (backend) => {
       idleRunningSessions(fresh.db, s.at(ms)).then((rows) => rows.some((r) => r.id === s.id));
     expect(await idleAt(60_999)).toBe(false);
     expect(await idleAt(61_000)).toBe(true);
+  });
+
+  it("inserts a key's sessions up to its maximum when gateways insert at once, not one more", async () => {
+    const s = await session(100);
+    const inserted = await Promise.all(
+      Array.from({ length: 8 }, () =>
+        insertSessionWithin(
+          fresh.db,
+          {
+            id: randomUUID(),
+            accountId: s.accountId,
+            keyId: s.keyId,
+            tokenId: null,
+            template: "python",
+            memoryMib: 256,
+            idleTimeoutS: 60,
+            maxLifetimeS: 3600,
+          },
+          s.at(0),
+          4,
+        ),
+      ),
+    );
+    // The key's first session (made by session()) counts too.
+    expect(inserted.filter((row) => row !== undefined)).toHaveLength(3);
+    expect((await keySessionTotals(fresh.db, s.keyId)).sessions).toBe(4);
   });
 });

@@ -63,6 +63,27 @@ export async function insertSession(
   return row as SessionRow;
 }
 
+/**
+ * Inserts the session unless its key already holds `maxSessions` (not deleted), counted under
+ * the key's advisory lock, so that gateways creating sessions at once cannot pass the limit
+ * together. Undefined when the key holds them all.
+ */
+export async function insertSessionWithin(
+  db: Database,
+  session: NewSession,
+  now: Date,
+  maxSessions: number,
+): Promise<SessionRow | undefined> {
+  return db.transaction(async (tx) => {
+    await tx.execute(
+      sql`SELECT pg_advisory_xact_lock(hashtextextended(${session.keyId}::text, 7412))`,
+    );
+    const held = await keySessionTotals(tx as unknown as Database, session.keyId);
+    if (held.sessions >= maxSessions) return undefined;
+    return insertSession(tx as unknown as Database, session, now);
+  });
+}
+
 export async function findSession(db: Database, id: string): Promise<SessionRow | undefined> {
   const [row] = await db.select().from(sessions).where(eq(sessions.id, id));
   return row;

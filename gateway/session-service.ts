@@ -16,9 +16,10 @@ import {
   expiredSessions,
   findSession,
   idleRunningSessions,
-  insertSession,
+  insertSessionWithin,
   keySessionTotals,
   listSessions,
+  type NewSession,
   type SessionChange,
   type SessionRow,
 } from "../db/sessions.js";
@@ -185,22 +186,17 @@ export class SessionService {
       );
     }
     const sessions = this.sessions();
-    await this.checkSessionRoom(principal);
     const id = randomUUID();
-    const row = await insertSession(
-      this.deps.db,
-      {
-        id,
-        accountId: principal.accountId,
-        keyId: principal.keyId,
-        tokenId: grant?.id ?? null,
-        template: input.template,
-        memoryMib: input.memory_mib ?? this.deps.limits.defaultMemoryMb,
-        idleTimeoutS: input.idle_timeout_s ?? settings.defaultIdleTimeoutS,
-        maxLifetimeS: input.max_lifetime_s ?? settings.defaultMaxLifetimeS,
-      },
-      new Date(this.now()),
-    );
+    const row = await this.insertWithinLimit({
+      id,
+      accountId: principal.accountId,
+      keyId: principal.keyId,
+      tokenId: grant?.id ?? null,
+      template: input.template,
+      memoryMib: input.memory_mib ?? this.deps.limits.defaultMemoryMb,
+      idleTimeoutS: input.idle_timeout_s ?? settings.defaultIdleTimeoutS,
+      maxLifetimeS: input.max_lifetime_s ?? settings.defaultMaxLifetimeS,
+    });
     try {
       const info = await sessions.create(id, input.template, input.memory_mib);
       // Billed for the memory its VM has (the template's size, when the request named none).
@@ -225,17 +221,21 @@ export class SessionService {
     }
   }
 
-  private async checkSessionRoom(principal: Principal): Promise<void> {
-    const totals = await keySessionTotals(this.deps.db, principal.keyId);
-    if (totals.sessions >= this.deps.settings.maxSessionsPerKey) {
-      throw new ProblemError(
-        "session-limit",
-        `this key may hold ${this.deps.settings.maxSessionsPerKey} sessions at once; delete one`,
-        {
-          extensions: { max_sessions: this.deps.settings.maxSessionsPerKey },
-        },
-      );
-    }
+  /** Records a new session, or throws 409 session-limit when its key holds its maximum. */
+  private async insertWithinLimit(session: NewSession): Promise<SessionRow> {
+    const { maxSessionsPerKey } = this.deps.settings;
+    const row = await insertSessionWithin(
+      this.deps.db,
+      session,
+      new Date(this.now()),
+      maxSessionsPerKey,
+    );
+    if (row !== undefined) return row;
+    throw new ProblemError(
+      "session-limit",
+      `this key may hold ${maxSessionsPerKey} sessions at once; delete one`,
+      { extensions: { max_sessions: maxSessionsPerKey } },
+    );
   }
 
   private async checkCheckpointRoom(principal: Principal): Promise<void> {
@@ -501,22 +501,17 @@ export class SessionService {
         "the session has no checkpoint yet; take one first (POST .../checkpoints)",
       );
     const sessions = this.sessions();
-    await this.checkSessionRoom(principal);
     const forkId = randomUUID();
-    const row = await insertSession(
-      this.deps.db,
-      {
-        id: forkId,
-        accountId: principal.accountId,
-        keyId: principal.keyId,
-        tokenId: principal.token?.id ?? null,
-        template: source.template,
-        memoryMib: source.memoryMib,
-        idleTimeoutS: source.idleTimeoutS,
-        maxLifetimeS: source.maxLifetimeS,
-      },
-      new Date(this.now()),
-    );
+    const row = await this.insertWithinLimit({
+      id: forkId,
+      accountId: principal.accountId,
+      keyId: principal.keyId,
+      tokenId: principal.token?.id ?? null,
+      template: source.template,
+      memoryMib: source.memoryMib,
+      idleTimeoutS: source.idleTimeoutS,
+      maxLifetimeS: source.maxLifetimeS,
+    });
     try {
       await sessions.fork(forkId, id, number);
       return row;

@@ -17,7 +17,7 @@ fi
 bash scripts/setup-debian.sh >/dev/null
 cargo build --release --manifest-path native-vmm/Cargo.toml
 if [ "$(bash scripts/kvm-probe.sh)" != ok ] || [ "${SANDFORK_CLUSTER_TEST:-auto}" = qemu ]; then
-  exec bash scripts/kvm-in-qemu.sh -m 10G -t 3600 -e SANDFORK_TEST_TIME_SCALE=15 -- \
+  exec bash scripts/kvm-in-qemu.sh -m 8G -t 3600 -e SANDFORK_TEST_TIME_SCALE=15 -- \
     npx tsx cluster/testing/cluster-run.ts
 fi
 exec npx tsx cluster/testing/cluster-run.ts

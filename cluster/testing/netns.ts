@@ -52,6 +52,12 @@ export function makeTestNetwork(names: string[]): TestNetwork {
     made.length = 0;
   };
   const hosts = new Map<string, TestHost>();
+  // A kernel that has them as modules and does not load them on demand (the QEMU guest's).
+  try {
+    execFileSync("modprobe", ["-a", "bridge", "veth"], { stdio: "ignore" });
+  } catch {
+    // Built in, or loaded on demand: `ip link add` says if not.
+  }
   try {
     ip(["link", "add", bridge, "type", "bridge"]);
     made.push(() => ip(["link", "del", bridge]));

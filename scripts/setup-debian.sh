@@ -44,6 +44,8 @@ packages+=(librust-serde-dev librust-serde-derive-dev librust-serde-json-dev lib
 packages+=(chromium libpython3.11-testsuite)
 # The Python template's image: tzdata, netbase's services and protocols.
 packages+=(tzdata netbase)
+# The cluster's tests: openssl makes their certificates, iproute2 their network namespaces.
+packages+=(openssl iproute2)
 command -v cargo >/dev/null || packages+=(cargo-web rustc-web)
 mapfile -t missing < <(missing_of "${packages[@]}")
 [ ${#missing[@]} -eq 0 ] || install "${missing[@]}"

@@ -22,6 +22,9 @@ export type Database = PgDatabase<PgQueryResultHKT, typeof schema>;
 
 export type DatabaseBackend = "postgres" | "pglite";
 
+/** The advisory lock migrations run under on PostgreSQL. */
+const MIGRATION_LOCK = 7_413_001;
+
 /** A gateway's PostgreSQL sessions are named this followed by its id (see liveGatewayIds). */
 export const GATEWAY_APPLICATION_PREFIX = "sandfork-gateway:";
 
@@ -79,7 +82,16 @@ export async function openConnection(
           }),
     });
     const db = drizzlePostgres(client, { schema });
-    await migratePostgres(db, migrationsConfig);
+    // Processes starting together on an empty database (a cluster's gateways and nodes) migrate
+    // it one at a time: the others then find it migrated.
+    const migrating = await client.reserve();
+    try {
+      await migrating`SELECT pg_advisory_lock(${MIGRATION_LOCK})`;
+      await migratePostgres(db, migrationsConfig);
+    } finally {
+      await migrating`SELECT pg_advisory_unlock(${MIGRATION_LOCK})`.catch(() => {});
+      migrating.release();
+    }
     // A gateway holds one connection for its whole life: the pool recycles the others, and
     // another gateway must never see it without a session and take it for dead.
     const held = location.gatewayId === undefined ? undefined : await client.reserve();

@@ -12,6 +12,7 @@ import { migrate as migratePostgres } from "drizzle-orm/postgres-js/migrator";
 import postgres from "postgres";
 import { afterEach, describe, expect, it } from "vitest";
 import type { Database, DatabaseBackend } from "./client.js";
+import { openDatabase } from "./open.js";
 import { schema } from "./schema.js";
 import { BACKENDS, emptyPostgresDatabase } from "./testing/fresh-database.js";
 import { usageForKey } from "./usage.js";
@@ -148,5 +149,24 @@ describe.each(BACKENDS)("0005 on %s: an execution's charge lives in its record o
       await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)
     ).map((r) => r.kind);
     expect(kinds).toEqual(["grant", "usage", "usage"]);
+  });
+});
+
+describe("processes migrating one empty PostgreSQL database at once", () => {
+  it("migrate it one at a time: every one opens it", async () => {
+    const empty = await emptyPostgresDatabase("sandfork_migrate_race");
+    try {
+      const opened = await Promise.allSettled(
+        Array.from({ length: 4 }, () =>
+          openDatabase({ backend: "postgres", url: empty.url, maxConnections: 2 }),
+        ),
+      );
+      for (const open of opened) if (open.status === "fulfilled") await open.value.close();
+      expect(opened.map((o) => (o.status === "fulfilled" ? "opened" : String(o.reason)))).toEqual(
+        Array(4).fill("opened"),
+      );
+    } finally {
+      await empty.drop();
+    }
   });
 });

@@ -43,8 +43,16 @@ export interface OpenDatabase {
   backend: DatabaseBackend;
   /** PGlite: what its record journal held at open, folded then (db/record-journal.ts). */
   journalReplay?: JournalReplay;
+  /**
+   * LISTENs on `channel` (on PostgreSQL over a connection of its own), calling `onPayload` with
+   * each NOTIFY's payload; resolves once listening, to a function that stops it.
+   */
+  listen(channel: string, onPayload: (payload: string) => void): Promise<() => Promise<void>>;
   close(): Promise<void>;
 }
+
+/** OpenDatabase["listen"]'s type, for those handed only that. */
+export type Listen = OpenDatabase["listen"];
 
 export type DatabaseLocation =
   // gatewayId: names the sessions GATEWAY_APPLICATION_PREFIX + id, so other gateways see it alive.
@@ -98,6 +106,10 @@ export async function openConnection(
     return {
       db: db as unknown as Database,
       backend: "postgres",
+      listen: async (channel, onPayload) => {
+        const { unlisten } = await client.listen(channel, onPayload);
+        return unlisten;
+      },
       close: async () => {
         held?.release();
         await client.end({ timeout: 5 });
@@ -125,6 +137,10 @@ export async function openConnection(
       db: database,
       backend: "pglite",
       journalReplay: replay,
+      listen: async (channel, onPayload) => {
+        const unlisten = await client.listen(channel, onPayload);
+        return () => unlisten();
+      },
       close: async () => {
         try {
           await journal.close();

@@ -8,8 +8,8 @@
 // round trip of billing, not a reserve and a settle, and an account can still never be
 // overspent: a lease is only taken where the account covers it, and the database refuses a
 // charge the lease cannot cover. Unspent credits go back to the account when the gateway is done
-// with them (idle, at shutdown), or, for a gateway that died, at the next start
-// (releaseAbandonedLeases).
+// with them (idle, asked for by another gateway short of credits, at shutdown), or, for a gateway
+// that died, at the next start (releaseAbandonedLeases).
 import { and, eq, ne, sql } from "drizzle-orm";
 import {
   accountStanding,
@@ -29,7 +29,7 @@ import { accounts, creditLeases } from "./schema.js";
 
 export type LeaseOutcome =
   | { kind: "leased"; units: number }
-  // `othersLeased`: what other gateways' leases on the account hold (idle ones go back soon).
+  // `othersLeased`: what other gateways' leases on the account hold (idle ones go back when asked).
   | { kind: "insufficient-credits"; availableUnits: number; othersLeased: number }
   | { kind: "key-revoked" };
 
@@ -117,6 +117,17 @@ const GIVE_BACK: PreparedStatement = {
   )
   UPDATE accounts SET reserved_units = reserved_units - $3::int8 FROM lease WHERE accounts.id = lease.account_id`,
 };
+
+/**
+ * The channel a gateway short of an account's credits NOTIFYs with the account's id; the other
+ * gateways give back what their leases on it hold idle (gateway/credit-leases.ts).
+ */
+export const LEASES_WANTED_CHANNEL = "sandfork_leases_wanted";
+
+/** Asks every gateway listening on LEASES_WANTED_CHANNEL for its idle credits of the account. */
+export async function askForIdleLeases(db: Database, accountId: string): Promise<void> {
+  await db.execute(sql`select pg_notify(${LEASES_WANTED_CHANNEL}, ${accountId})`);
+}
 
 /** Deletes the gateway's leases that hold nothing (at its shutdown); the accounts they were on. */
 export async function dropEmptyLeases(db: Database, gatewayId: string): Promise<string[]> {

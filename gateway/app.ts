@@ -2,8 +2,9 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
 import { trace } from "@opentelemetry/api";
 import { HTTPException } from "hono/http-exception";
-import type { Database } from "../db/client.js";
+import type { Database, Listen } from "../db/client.js";
 import { BalanceLimitError, MAX_BALANCE_UNITS } from "../db/keys.js";
+import { journalOf } from "../db/record-journal.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { Admission } from "./admission.js";
 import { Authenticator } from "./auth/authenticator.js";
@@ -36,6 +37,8 @@ import { ToolRunner } from "./tools/runner.js";
 
 export interface GatewayDeps {
   db: Database;
+  /** The database's LISTEN, where other gateways ask for idle credit leases (CreditLeases.start). */
+  listen?: Listen;
   /** This process's id, recorded on the executions it reserves; default: a new random one. */
   gatewayId?: string;
   config: GatewayConfig;
@@ -53,10 +56,11 @@ export interface Gateway {
 }
 
 // A credit lease grows by this many holds of the execution that found it short: at concurrency
-// 16 a lease outlasts many batches. Kept for a second after nothing holds it, so back-to-back
-// executions do not take and give back credits each time.
+// 16 a lease outlasts many batches. On PostgreSQL kept for half a minute after nothing holds it
+// (or until another gateway asks for it), so that calls seconds apart do not take and give back
+// credits each time; on embedded PGlite, which one gateway owns, kept until shutdown.
 const HOLDS_PER_LEASE = 32;
-const LEASE_LINGER_MS = 1_000;
+const LEASE_LINGER_MS = 30_000;
 
 const VALIDATION_TARGETS: Record<string, string> = {
   json: "request body",
@@ -78,12 +82,17 @@ export function createGateway(deps: GatewayDeps): Gateway {
     sharedLimits ? { db: deps.db, gatewayId, log: (line) => console.error(line) } : undefined,
   );
   const shutdownSignal = deps.shutdownSignal ?? new AbortController().signal;
+  // Embedded PGlite (the database with a record journal) is this process's alone: no other
+  // gateway revokes a key or waits for credits there, so neither a key's check nor a lease expires.
+  const soleGateway = journalOf(deps.db) !== undefined;
+  const keyCacheTtlMs = soleGateway ? Number.POSITIVE_INFINITY : deps.config.keyCacheTtlMs;
   const leases = new CreditLeases({
     db: deps.db,
     gatewayId,
     holdsPerLease: HOLDS_PER_LEASE,
-    lingerMs: LEASE_LINGER_MS,
-    keyCheckMs: deps.config.keyCacheTtlMs,
+    lingerMs: soleGateway ? null : LEASE_LINGER_MS,
+    listen: deps.listen,
+    keyCheckMs: keyCacheTtlMs,
   });
   const context: GatewayContext = {
     db: deps.db,
@@ -91,7 +100,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     telemetry: deps.telemetry,
     tokens: deps.tokens,
     runtime: deps.runtime,
-    authenticator: new Authenticator(deps.db, deps.tokens, deps.config.keyCacheTtlMs, now),
+    authenticator: new Authenticator(deps.db, deps.tokens, keyCacheTtlMs, now),
     rateLimiter: sharedLimits ? new SharedRateLimiter(deps.db) : new RateLimiter(now),
     leases,
     executions: new ExecutionService({

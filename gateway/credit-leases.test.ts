@@ -21,7 +21,12 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
   });
 
   const leasesOf = (
-    options: Partial<{ holdsPerLease: number; lingerMs: number; keyCheckMs: number }> = {},
+    options: Partial<{
+      holdsPerLease: number;
+      lingerMs: number | null;
+      keyCheckMs: number;
+      listen: FreshDatabase["listen"];
+    }> = {},
   ) =>
     new CreditLeases({
       db: fresh.db,
@@ -135,6 +140,50 @@ describe.each(BACKENDS)("a gateway's credit leases on %s", (backend) => {
     expect(await rows()).toHaveLength(1);
     await leases.close();
     expect(await rows()).toEqual([]);
+  });
+
+  it("keeps a lease nothing holds when lingerMs is null (embedded PGlite), until shutdown", async () => {
+    const ids = await accountWithKey(fresh.db, 100);
+    const leases = leasesOf({ lingerMs: null });
+    await leases.hold(ids.accountId, ids.keyId, 5);
+    leases.drop(ids.accountId, 5);
+    await sleep(100);
+    expect(leases.leaseOn(ids.accountId)).toEqual({ units: 20, held: 0 });
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 20 });
+    await leases.close();
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({ reservedUnits: 0 });
+  });
+
+  it("a hold short of credits another gateway leases idle asks for them: that one gives back its free part at once", async () => {
+    const ids = await accountWithKey(fresh.db, 30);
+    const idle = leasesOf({ listen: fresh.listen });
+    await idle.start();
+    const short = leasesOf({ listen: fresh.listen });
+    await short.start();
+    try {
+      // The idle gateway leases 20 of 30 and keeps 5 held by an execution in flight.
+      await idle.hold(ids.accountId, ids.keyId, 5);
+      await idle.hold(ids.accountId, ids.keyId, 5);
+      idle.drop(ids.accountId, 5);
+      expect(idle.leaseOn(ids.accountId)).toEqual({ units: 20, held: 5 });
+      // 10 available: a hold of 12 needs the other's idle credits, which linger a minute unasked.
+      expect(await short.hold(ids.accountId, ids.keyId, 12)).toEqual({ kind: "held" });
+      expect(idle.leaseOn(ids.accountId)).toEqual({ units: 5, held: 5 });
+      expect(short.leaseOn(ids.accountId).held).toBe(12);
+      // Nothing idle is left to give: a hold past what exists is refused, not left waiting.
+      expect(await short.hold(ids.accountId, ids.keyId, 20)).toMatchObject({
+        kind: "insufficient-credits",
+      });
+    } finally {
+      idle.drop(ids.accountId, 5);
+      short.drop(ids.accountId, 12);
+      await idle.close();
+      await short.close();
+    }
+    expect(await getBalance(fresh.db, ids.accountId)).toMatchObject({
+      balanceUnits: 30,
+      reservedUnits: 0,
+    });
   });
 
   it("a revoked key gets no hold once its check is due, or at once after forgetKey", async () => {

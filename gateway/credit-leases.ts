@@ -8,28 +8,34 @@
 // flight hold of it; a hold needs `units - held` to cover it, else the lease first grows by up to
 // `holdsPerLease` such holds (as much as the account has available). An execution's record
 // spends its charge from `units` and frees its hold from `held`, both once its statement has
-// committed. A lease nothing holds is given back after `lingerMs` (so back-to-back executions
-// keep it), at shutdown, or at once when a reservation made in the database (an execution with
-// an Idempotency-Key, a session's cell) or a session's accrual finds the account short.
+// committed. A lease nothing holds is given back after `lingerMs` (never on embedded PGlite,
+// which one gateway owns: `lingerMs` null), at shutdown, or at once when a reservation made in
+// the database (an execution with an Idempotency-Key, a session's cell) or a session's accrual
+// finds the account short. The linger is long, so that calls a few seconds apart (an agent's
+// pace) do not each take a lease and give it back: two transactions on their path.
 //
-// A hold the account cannot cover while other gateways' leases hold enough waits, once, long
-// enough for an idle one to go back (1.5 x lingerMs), and tries again: several gateways on one
+// A hold the account cannot cover while other gateways' leases hold enough asks them for their
+// idle credits (a NOTIFY on LEASES_WANTED_CHANNEL: each gives back its lease's free part at
+// once) and tries again a few times over about a second and a half: several gateways on one
 // PostgreSQL then share an account to its last credit, not only the one that leased it last.
 //
 // A revoked key gets no hold: a key is looked up at most once every `keyCheckMs` (the key
 // cache's TTL: as long as a revocation made by another gateway takes to reach this one's API-key
-// callers anyway), and at once after this gateway revoked it (forgetKey).
+// callers anyway), and at once after this gateway revoked it (forgetKey). A check used past half
+// its time is made again in the background, as the key cache's lookups are.
 
 import { accountStanding, type ExecutionRecord } from "../db/billing.js";
-import type { Database } from "../db/client.js";
+import type { Database, Listen } from "../db/client.js";
 import { GroupCommit } from "../db/group-commit.js";
 import type { AccountBalance } from "../db/keys.js";
 import {
   acquireLease,
+  askForIdleLeases,
   checkRecordable,
   dropEmptyLeases,
   giveBack,
   journaledRecord,
+  LEASES_WANTED_CHANNEL,
   type LeasedExecution,
   recordAll,
 } from "../db/leases.js";
@@ -49,11 +55,19 @@ export interface CreditLeaseOptions {
   gatewayId: string;
   /** How many holds of the size that found the lease short it grows by. */
   holdsPerLease: number;
-  /** How long a lease nothing holds is kept before its credits go back to the account. */
-  lingerMs: number;
+  /** How long a lease nothing holds is kept before its credits go back to the account; null: until asked or shutdown. */
+  lingerMs: number | null;
+  /** Where other gateways' asks for idle credits arrive (start() listens); without it none are heard. */
+  listen?: Listen | undefined;
   /** How long a key found usable is trusted before it is looked up again. */
   keyCheckMs: number;
 }
+
+/**
+ * A hold that found the account short while other gateways lease enough tries again after each
+ * of these waits (ms), having asked them for their idle credits.
+ */
+const RETRIES_AFTER_ASKING_MS = [20, 60, 180, 500, 800];
 
 interface AccountLease {
   units: number;
@@ -68,9 +82,14 @@ interface AccountLease {
 export class CreditLeases {
   private readonly leases = new Map<string, AccountLease>();
   private readonly keysCheckedAt = new Map<string, number>();
+  /** Keys whose background check is on its way. */
+  private readonly keysRechecking = new Set<string>();
+  /** Counts forgetKey() calls: a check that began before one does not renew the key's trust. */
+  private keyForgets = 0;
   private readonly records: GroupCommit<LeasedExecution, ExecutionRecord>;
   /** Embedded PGlite's record journal, which records go through there (db/record-journal.ts). */
   private readonly journal: RecordJournal | undefined;
+  private unlisten: (() => Promise<void>) | undefined;
 
   constructor(private readonly options: CreditLeaseOptions) {
     this.records = new GroupCommit((items) => recordAll(options.db, items));
@@ -81,13 +100,28 @@ export class CreditLeases {
     return this.options.gatewayId;
   }
 
+  /** Listens for other gateways' asks for this one's idle credits (LEASES_WANTED_CHANNEL). */
+  async start(): Promise<void> {
+    if (this.options.listen === undefined || this.unlisten !== undefined) return;
+    this.unlisten = await this.options.listen(LEASES_WANTED_CHANNEL, (accountId) => {
+      if (this.leases.has(accountId)) void this.giveBackFree(accountId).catch(() => {});
+    });
+  }
+
+  /** Stops listening for asks (close() does too). */
+  async stop(): Promise<void> {
+    const unlisten = this.unlisten;
+    this.unlisten = undefined;
+    await unlisten?.();
+  }
+
   /** Holds `units` of the account's credits for an execution of `keyId`. */
   async hold(accountId: string, keyId: string, units: number): Promise<HoldOutcome> {
     if (!(await this.keyStillUsable(accountId, keyId))) return { kind: "key-revoked" };
     const lease = this.leaseOf(accountId);
     clearTimeout(lease.idle);
     lease.idle = undefined;
-    let waited = false;
+    let retries = 0;
     while (!lease.stored || lease.units - lease.held < units) {
       // Another hold's growth decides nothing for this one: look again once it is done.
       if (lease.growing !== undefined) {
@@ -96,9 +130,15 @@ export class CreditLeases {
       }
       const outcome = await this.grow(accountId, keyId, lease, units);
       if (outcome.kind === "held") continue;
-      if (outcome.kind === "insufficient-credits" && !waited && outcome.othersLeased >= units) {
-        waited = true;
-        await new Promise((resolve) => setTimeout(resolve, this.options.lingerMs * 1.5));
+      const wait = RETRIES_AFTER_ASKING_MS[retries];
+      if (
+        outcome.kind === "insufficient-credits" &&
+        wait !== undefined &&
+        outcome.othersLeased >= units
+      ) {
+        if (retries === 0) await askForIdleLeases(this.options.db, accountId);
+        retries++;
+        await new Promise((resolve) => setTimeout(resolve, wait));
         continue;
       }
       this.idleLater(accountId, lease);
@@ -190,6 +230,7 @@ export class CreditLeases {
    * start's recovery pass finds only what a gateway left holding credits.
    */
   async close(): Promise<void> {
+    await this.stop();
     await this.giveBackAll();
     for (const accountId of await dropEmptyLeases(this.options.db, this.options.gatewayId)) {
       const lease = this.leases.get(accountId);
@@ -199,13 +240,14 @@ export class CreditLeases {
 
   /** The next hold of `keyId` looks the key up again (this gateway just revoked it). */
   forgetKey(keyId: string): void {
+    this.keyForgets++;
     this.keysCheckedAt.delete(keyId);
   }
 
   /**
    * The account's balance as its callers mean it: credits this gateway's lease holds that no
    * execution holds are available, not reserved. (Another gateway's lease counts as reserved
-   * until it is given back, at most `lingerMs` after its last execution ends.)
+   * until it is given back: `lingerMs` after its last execution ends, or when asked.)
    */
   asSeenByCallers(balance: AccountBalance): AccountBalance {
     const lease = this.leases.get(balance.accountId);
@@ -269,21 +311,38 @@ export class CreditLeases {
   private async keyStillUsable(accountId: string, keyId: string): Promise<boolean> {
     const checkedAt = this.keysCheckedAt.get(keyId);
     const now = Date.now();
-    if (checkedAt !== undefined && now - checkedAt < this.options.keyCheckMs) return true;
-    if (!(await accountStanding(this.options.db, accountId, keyId))?.keyUsable) {
-      this.keysCheckedAt.delete(keyId);
-      return false;
+    const { keyCheckMs } = this.options;
+    if (checkedAt === undefined || now - checkedAt >= keyCheckMs)
+      return this.checkKey(accountId, keyId, now);
+    if (now - checkedAt >= keyCheckMs / 2 && !this.keysRechecking.has(keyId)) {
+      this.keysRechecking.add(keyId);
+      // Sent once this call waits for its execution, not on its path.
+      setImmediate(() =>
+        this.checkKey(accountId, keyId, now)
+          .catch(() => {})
+          .finally(() => this.keysRechecking.delete(keyId)),
+      );
     }
-    this.keysCheckedAt.set(keyId, now);
     return true;
   }
 
+  /** Looks the key up; a usable one is trusted for keyCheckMs from `askedAt`, unless forgotten meanwhile. */
+  private async checkKey(accountId: string, keyId: string, askedAt: number): Promise<boolean> {
+    const forgets = this.keyForgets;
+    const usable = (await accountStanding(this.options.db, accountId, keyId))?.keyUsable === true;
+    if (!usable) this.keysCheckedAt.delete(keyId);
+    else if (forgets === this.keyForgets) this.keysCheckedAt.set(keyId, askedAt);
+    return usable;
+  }
+
   private idleLater(accountId: string, lease: AccountLease): void {
-    if (lease.held > 0 || lease.units === 0 || lease.idle !== undefined) return;
+    const { lingerMs } = this.options;
+    if (lingerMs === null || lease.held > 0 || lease.units === 0 || lease.idle !== undefined)
+      return;
     lease.idle = setTimeout(() => {
       lease.idle = undefined;
       if (lease.held === 0) void this.giveBackFree(accountId).catch(() => {});
-    }, this.options.lingerMs);
+    }, lingerMs);
     lease.idle.unref();
   }
 }

@@ -130,6 +130,7 @@ export async function startGateway(
   const shutdown = new AbortController();
   const { app, context } = createGateway({
     db: open.db,
+    listen: open.listen,
     gatewayId,
     config,
     telemetry,
@@ -137,6 +138,7 @@ export async function startGateway(
     runtime: options.runtime ?? (() => undefined),
     shutdownSignal: shutdown.signal,
   });
+  await context.leases.start();
   // Idle sessions pause themselves, expired ones end.
   context.sessions.start();
   const server = await new Promise<ServerType>((resolve) => {

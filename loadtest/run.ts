@@ -36,6 +36,7 @@ import { commandLine } from "../gateway/cli/command-line.js";
 import { daemonRequest, EXECUTION, EXECUTION_BODY } from "./lib/execution.js";
 import { type HelloServer, startHello } from "./lib/hello.js";
 import { keepAliveClient } from "./lib/http-client.js";
+import { GAP_REQUESTS, GAP_WARM_UP, gapTable, measureGaps, parseGaps } from "./lib/idle-gaps.js";
 import {
   type LoadDatabase,
   onEachDatabase,
@@ -51,14 +52,16 @@ import {
   type ScenarioSummary,
 } from "./lib/measure.js";
 import { overload, overloadTable } from "./lib/overload.js";
+import { startSpanReceiver } from "./lib/phases.js";
 import { openRecordBaseline } from "./lib/record-baseline.js";
 
 const { values, fail } = commandLine(
-  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --overload [--overload-seconds S] [--json]",
+  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --gap-ms 0,15,100,1000 [--requests N] [--databases ...] [--json] | --overload [--overload-seconds S] [--json]",
   {
     overload: { type: "boolean", default: false },
+    "gap-ms": { type: "string" },
     "overload-seconds": { type: "string", default: "20" },
-    requests: { type: "string", default: "1000" },
+    requests: { type: "string" },
     concurrency: { type: "string", default: "1,4,16" },
     databases: { type: "string", default: "pglite,postgres" },
     "max-seconds": { type: "string", default: "10" },
@@ -67,7 +70,7 @@ const { values, fail } = commandLine(
     "cpu-prof": { type: "string" },
   },
 );
-const requests = Number(values.requests);
+const requests = Number(values.requests ?? (values["gap-ms"] === undefined ? 1000 : GAP_REQUESTS));
 const warmUp = values["warm-up"] === "auto" ? "auto" : Number(values["warm-up"]);
 const maxDurationMs = Number(values["max-seconds"]) * 1000;
 const concurrencies = values.concurrency.split(",").map(Number);
@@ -102,6 +105,47 @@ if (values.overload) {
       console.log(`wrong answers, e.g.:\n  ${report.wrong_examples.join("\n  ")}`);
   }
   if (report.overloaded.wrong + report.unloaded.wrong > 0) process.exitCode = 1;
+  process.exit();
+}
+
+if (values["gap-ms"] !== undefined) {
+  const gapsMs = parseGaps(values["gap-ms"], fail);
+  const gapClient = keepAliveClient(1);
+  const receiver = await startSpanReceiver();
+  try {
+    const { runs, postgresDurability } = await onEachDatabase(
+      databases,
+      "sandfork_loadtest_gaps",
+      (database, databaseUrl) =>
+        measureGaps({
+          call: gapClient.call,
+          database,
+          databaseUrl,
+          receiver,
+          gapsMs,
+          requests,
+          warmUp: warmUp === "auto" ? GAP_WARM_UP : warmUp,
+          say,
+        }),
+    );
+    const report = {
+      gaps: runs,
+      postgres_durability: postgresDurability ?? null,
+      execution: EXECUTION,
+      machine: { cpus: cpus().length, loadavg: loadavg().map((l) => Number(l.toFixed(2))) },
+    };
+    if (values.json) console.log(JSON.stringify(report));
+    else {
+      console.log(
+        `\n${report.machine.cpus} CPUs, load average ${report.machine.loadavg.join(" ")}`,
+      );
+      for (const [database, figures] of Object.entries(runs))
+        console.log(`\n${gapTable(database, figures)}`);
+    }
+  } finally {
+    gapClient.destroy();
+    await receiver.close();
+  }
   process.exit();
 }
 

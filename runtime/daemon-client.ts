@@ -119,7 +119,10 @@ const DEFAULTS = {
   executeGraceMs: 5_000,
   executeMaxWaitMs: 600_000,
   connectTimeoutMs: 2_000,
-  templatesTtlMs: 2_000,
+  // A daemon's list is fixed for its life, and a new daemon is a reconnect, which refreshes it: the
+  // lifetime only bounds how stale a list can be, and a short one put a refresh beside calls
+  // seconds apart.
+  templatesTtlMs: 60_000,
   reconnectMinMs: 50,
   reconnectMaxMs: 2_000,
 };

@@ -96,6 +96,41 @@ const samples = new Map([
     ],
   ],
   [
+    "gaps",
+    [
+      {
+        gaps: {
+          pglite: [
+            {
+              gap_ms: 0,
+              requests: 100,
+              p50_ms: 2.03,
+              p99_ms: 27.6,
+              phases: {
+                auth: 0.05,
+                hold: 0.01,
+                vm: 0.4,
+                runtime_rest: 0.45,
+                record: 0.07,
+                rest: 0.3,
+                outside_server_span: 0.4,
+              },
+              baseline: { p50_ms: 1.1 },
+            },
+            {
+              gap_ms: 1000,
+              requests: 100,
+              p50_ms: 2.91,
+              p99_ms: 22.5,
+              phases: null,
+              baseline: { p50_ms: 1.5 },
+            },
+          ],
+        },
+      },
+    ],
+  ],
+  [
     "loadtest",
     [
       {
@@ -181,6 +216,10 @@ describe("bench:report", () => {
       "| PostgreSQL | 0.795 / 0.36 ms | 1,562 | +1.58 ms | +0.23 ms | +0.76 ms |",
     );
     expect(out).toContain("Plain Hono hello at concurrency 16 in the same run: 18,028 requests/s.");
+    expect(out).toContain(
+      "| PGlite | none | 2.03 / 27.60 | +0.00 | 1.10 (+0.00) | 0.05 / 0.01 / 0.40 / 0.45 / 0.07 / 0.30 / 0.40 |",
+    );
+    expect(out).toContain("| PGlite | 1,000 ms | 2.91 / 22.50 | +0.88 | 1.50 (+0.40) | |");
   });
 
   it("leaves a region without JSON as it is", () => {

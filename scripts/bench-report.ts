@@ -134,6 +134,49 @@ export const BENCHES: Bench[] = [
     },
   },
   {
+    name: "gaps",
+    commands: ["npm run loadtest -- --gap-ms 0,15,100,1000 --json"],
+    render([r]) {
+      const ms = (n: number) => `${n.toFixed(2)}`;
+      const rows = Object.entries(r?.gaps as Record<string, Json[]>).flatMap(([db, gaps]) => {
+        const first = gaps.find((g) => g.gap_ms === 0);
+        const over = (n: number, of: number | undefined) =>
+          of === undefined ? "" : `${n - of >= 0 ? "+" : ""}${ms(n - of)}`;
+        return gaps.map((g) => {
+          const p = g.phases as Record<string, number> | null;
+          return [
+            DATABASES[db] ?? db,
+            g.gap_ms === 0 ? "none" : `${grouped(g.gap_ms)} ms`,
+            `${ms(g.p50_ms)} / ${ms(g.p99_ms)}`,
+            over(g.p50_ms, first?.p50_ms),
+            `${ms(g.baseline.p50_ms)} (${over(g.baseline.p50_ms, first?.baseline.p50_ms)})`,
+            p === null
+              ? ""
+              : [p.auth, p.hold, p.vm, p.runtime_rest, p.record, p.rest, p.outside_server_span]
+                  .map(ms)
+                  .join(" / "),
+          ];
+        });
+      });
+      return [
+        `Each p50 over ${r?.gaps?.pglite?.[0]?.requests ?? r?.gaps?.postgres?.[0]?.requests} calls a gap, in ms; the baseline is the daemon alone (on PostgreSQL then its record committed on the server) after the same gap.`,
+        "",
+        table(
+          [
+            "database",
+            "idle before each call",
+            "p50 / p99",
+            "p50 over back to back",
+            "baseline p50 (over back to back)",
+            "auth / hold / VM / runtime rest / record / gateway rest / outside the server span",
+          ],
+          ["l", "r", "r", "r", "r", "r"],
+          rows,
+        ),
+      ].join("\n");
+    },
+  },
+  {
     name: "exec",
     commands: [
       `${VMM} bench exec --template .sandfork/templates/python --iterations 1000 --pool-size 4 --json`,

@@ -1,8 +1,10 @@
 // Turns an Authorization header into a Principal. API keys: their SHA-256 is looked up, answers
 // cached for keyCacheTtlMs, which bounds how long a revocation made by another gateway process
-// takes to apply (this process forgets at once); before the database is asked, shape and checksum
-// turn away malformed keys. A cached hash is one a key with a valid checksum had (one hash, one
-// key), so a cache hit costs one SHA-256, not two.
+// takes to apply (this process forgets at once; where no other exists, embedded PGlite, the TTL
+// is unbounded); before the database is asked, shape and checksum turn away malformed keys. A
+// cached hash is one a key with a valid checksum had (one hash, one key), so a cache hit costs
+// one SHA-256, not two. A lookup used past half its TTL is fetched again in the background, so
+// that calls less than a TTL apart never wait for the database, and none is served past its TTL.
 import type { Database } from "../../db/client.js";
 import { findKeyByHash, findKeyById, type StoredKey } from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
@@ -15,10 +17,14 @@ const MAX_CACHED_KEYS = 10_000;
 interface CachedLookup {
   key: StoredKey | undefined;
   fetchedAt: number;
+  /** A background fetch of it is on its way. */
+  refreshing: boolean;
 }
 
 export class Authenticator {
   private readonly cache = new Map<string, CachedLookup>();
+  /** Counts forget() calls: a fetch that began before one does not cache what it read. */
+  private forgets = 0;
 
   constructor(
     private readonly db: Database,
@@ -45,6 +51,7 @@ export class Authenticator {
 
   /** Drops cached lookups of a key, e.g. right after revoking it. */
   forget(keyId: string): void {
+    this.forgets++;
     for (const [hash, lookup] of this.cache) if (lookup.key?.id === keyId) this.cache.delete(hash);
   }
 
@@ -88,19 +95,38 @@ export class Authenticator {
     const hash = hashApiKey(secret);
     const now = this.now();
     const cached = this.cache.get(hash);
-    if (cached !== undefined && now - cached.fetchedAt < this.keyCacheTtlMs) return cached.key;
+    if (cached !== undefined && now - cached.fetchedAt < this.keyCacheTtlMs) {
+      if (!cached.refreshing && now - cached.fetchedAt >= this.keyCacheTtlMs / 2) {
+        cached.refreshing = true;
+        // Sent once this call waits for something else (its execution), not on its path. A
+        // failure leaves the entry to expire: the next lookup past its TTL asks again.
+        setImmediate(() =>
+          this.fetch(hash, now).catch(() => {
+            cached.refreshing = false;
+          }),
+        );
+      }
+      return cached.key;
+    }
     if (!hasValidChecksum(secret))
       throw new ProblemError(
         "invalid-credentials",
         "the API key is malformed or mistyped (checksum mismatch)",
       );
+    return this.fetch(hash, now);
+  }
+
+  /** Looks the hash up and caches the answer as of `askedAt`. */
+  private async fetch(hash: string, askedAt: number): Promise<StoredKey | undefined> {
+    const forgets = this.forgets;
     const key = await findKeyByHash(this.db, hash);
     this.cache.delete(hash);
+    if (forgets !== this.forgets) return key;
     if (this.cache.size >= MAX_CACHED_KEYS) {
       const oldest = this.cache.keys().next();
       if (!oldest.done) this.cache.delete(oldest.value);
     }
-    this.cache.set(hash, { key, fetchedAt: now });
+    this.cache.set(hash, { key, fetchedAt: askedAt, refreshing: false });
     return key;
   }
 }

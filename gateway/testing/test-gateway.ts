@@ -80,6 +80,7 @@ export async function startTestGateway(
   const holder: { runtime: ExecutionRuntime | undefined } = { runtime: options.runtime };
   const gateway = createGateway({
     db: fresh.db,
+    listen: fresh.listen,
     config,
     telemetry,
     tokens,
@@ -87,6 +88,7 @@ export async function startTestGateway(
     ...(options.now ? { now: options.now } : {}),
     ...(options.shutdownSignal ? { shutdownSignal: options.shutdownSignal } : {}),
   });
+  await gateway.context.leases.start();
   const test: TestGateway = {
     ...gateway,
     fresh,
@@ -139,6 +141,7 @@ export async function startTestGateway(
       );
     },
     async dispose() {
+      await gateway.context.leases.stop();
       await telemetry.shutdown();
       if (!options.fresh) await fresh.dispose();
     },

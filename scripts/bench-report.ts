@@ -152,8 +152,8 @@ export const BENCHES: Bench[] = [
             `${ms(g.baseline.p50_ms)} (${over(g.baseline.p50_ms, first?.baseline.p50_ms)})`,
             p === null
               ? ""
-              : [p.auth, p.hold, p.vm, p.runtime_rest, p.record, p.rest, p.outside_server_span]
-                  .map(ms)
+              : ["auth", "hold", "vm", "runtime_rest", "record", "rest", "outside_server_span"]
+                  .map((phase) => ms(p[phase] ?? Number.NaN))
                   .join(" / "),
           ];
         });

@@ -218,13 +218,6 @@ async function main(): Promise<void> {
       ],
       { stdio: ["ignore", "ignore", "pipe"] },
     );
-    children.push({
-      kill: () =>
-        execFileSync("bash", [
-          "-c",
-          `kill -9 $(ip netns pids ${net.hosts.get("db")?.netns}) 2>/dev/null || true`,
-        ]),
-    });
     const databaseUrl = `postgres://postgres@${db}:${PG_PORT}/postgres`;
     const sql = postgres(databaseUrl, { max: 2, onnotice: () => {} });
     for (let attempt = 0; ; attempt++) {
@@ -281,10 +274,6 @@ async function main(): Promise<void> {
           SANDFORK_TOKEN_SIGNING_KEY: signingKey,
         },
       });
-      children.push(
-        { kill: () => host.node?.stop("SIGKILL") },
-        { kill: () => host.gateway?.stop("SIGKILL") },
-      );
     };
     const signingKey = execFileSync("openssl", ["genpkey", "-algorithm", "ed25519"], {
       encoding: "utf8",
@@ -627,13 +616,18 @@ async function main(): Promise<void> {
     for (const line of figures) console.log(`  ${line}`);
     await sql.end();
   } finally {
-    for (const child of children.reverse()) {
-      try {
-        await child.kill();
-      } catch {
-        // Gone.
+    for (const child of children.reverse()) child.kill();
+    // Every process of every namespace: nodes, their daemons, gateways, PostgreSQL.
+    for (const name of ["db", ...HOSTS]) {
+      for (const pid of network?.pids(name) ?? []) {
+        try {
+          process.kill(pid, "SIGKILL");
+        } catch {
+          // Gone.
+        }
       }
     }
+    await Promise.all([...hosts.values()].flatMap((h) => [h.node?.exited, h.gateway?.exited]));
     network?.remove();
     await rm(dir, { recursive: true, force: true });
   }

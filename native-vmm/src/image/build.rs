@@ -98,6 +98,7 @@ pub fn build_from(manifest: &Manifest, out_dir: &Path) -> io::Result<BuildReport
         entries: BTreeMap::new(),
         done: HashSet::new(),
         scan: Vec::new(),
+        scanned_origins: HashSet::new(),
         libraries: BTreeSet::new(),
         notes: Vec::new(),
         excluded: 0,
@@ -148,8 +149,11 @@ struct Collector<'m> {
     entries: BTreeMap<String, Pending>,
     /// Canonical host paths already added (a directory reached twice is walked once).
     done: HashSet<PathBuf>,
-    /// Host files still to check for ELF dependencies.
-    scan: Vec<PathBuf>,
+    /// Host files still to check for ELF dependencies, each with the directory ld.so will see
+    /// as its `$ORIGIN` (None: the file's own folder).
+    scan: Vec<(PathBuf, Option<String>)>,
+    /// Libraries already scanned with an `$ORIGIN` other than their own folder.
+    scanned_origins: HashSet<(PathBuf, String)>,
     libraries: BTreeSet<String>,
     notes: Vec<String>,
     excluded: usize,
@@ -265,7 +269,7 @@ impl Collector<'_> {
                     mtime: mtime(&meta),
                 };
                 self.insert(guest.clone(), entry)?;
-                self.scan.push(host);
+                self.scan.push((host, None));
                 Ok(())
             }
         }
@@ -341,7 +345,7 @@ impl Collector<'_> {
                 mtime: mtime(&meta),
             };
             self.insert(guest, entry)?;
-            self.scan.push(canonical.to_path_buf());
+            self.scan.push((canonical.to_path_buf(), None));
             return Ok(());
         }
         if !meta.is_dir() {
@@ -386,7 +390,7 @@ impl Collector<'_> {
 
     /// Adds the interpreter and DT_NEEDED libraries of every ELF file, transitively.
     fn resolve_libraries(&mut self) -> io::Result<()> {
-        while let Some(host) = self.scan.pop() {
+        while let Some((host, origin)) = self.scan.pop() {
             if !is_elf(&host)? {
                 continue;
             }
@@ -404,11 +408,7 @@ impl Collector<'_> {
             if let Some(interp) = interp {
                 self.add_library(&interp, &host)?;
             }
-            let origin = host
-                .parent()
-                .unwrap_or(Path::new("/"))
-                .to_string_lossy()
-                .into_owned();
+            let origin = origin.unwrap_or_else(|| folder_of(&host));
             // ld.so ignores DT_RPATH when DT_RUNPATH is present.
             let own_dirs = if info.runpath.is_empty() {
                 &info.rpath
@@ -428,11 +428,28 @@ impl Collector<'_> {
         Ok(())
     }
 
+    /// Adds the library ld.so will load from `path`. Its own `$ORIGIN` is the folder of `path`
+    /// as found, not of the file a symlink there leads to (Debian's alternatives link
+    /// libblas.so.3 to openblas-pthread/, and its RUNPATH $ORIGIN is then the link's folder),
+    /// so a library reached through a symlink from another folder is scanned with that one too.
     fn add_library(&mut self, path: &str, needed_by: &Path) -> io::Result<()> {
         self.libraries.insert(path.to_owned());
-        self.add_host_path(Path::new(path)).map_err(|e| {
-            io::Error::new(e.kind(), format!("{e} (needed by {})", needed_by.display()))
-        })
+        let mut budget = MAX_HOST_SYMLINKS;
+        let canonical = self
+            .resolve_recording(Path::new(path), &mut budget)
+            .and_then(|canonical| self.add_object(&canonical).map(|()| canonical))
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("{e} (needed by {})", needed_by.display()))
+            })?;
+        let origin = folder_of(Path::new(path));
+        if origin != folder_of(&canonical)
+            && self
+                .scanned_origins
+                .insert((canonical.clone(), origin.clone()))
+        {
+            self.scan.push((canonical, Some(origin)));
+        }
+        Ok(())
     }
 
     fn finish(self, out_dir: &Path, started: Instant) -> io::Result<BuildReport> {
@@ -550,6 +567,14 @@ fn is_elf(path: &Path) -> io::Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
         Err(e) => Err(with_path(path)(e)),
     }
+}
+
+/// The folder holding `path`, as text.
+fn folder_of(path: &Path) -> String {
+    path.parent()
+        .unwrap_or(Path::new("/"))
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Finds a DT_NEEDED name the way ld.so would: a name with "/" is a path; otherwise the ELF's
@@ -784,6 +809,83 @@ mod tests {
             .file_bytes("/lib/x86_64-linux-gnu/libc.so.6")
             .is_some());
         assert!(image.file_bytes("/bin/false").is_none());
+    }
+
+    /// Compiles `source` with the host's cc into `out` with the extra `flags`.
+    fn cc(source: &str, out: &Path, flags: &[&str]) {
+        let status = std::process::Command::new("cc")
+            .args(["-x", "c", "-", "-o"])
+            .arg(out)
+            .args(flags)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child.stdin.take().unwrap().write_all(source.as_bytes())?;
+                child.wait()
+            })
+            .unwrap();
+        assert!(status.success(), "cc {out:?}");
+    }
+
+    /// Debian's alternatives: lib/libouter.so links to real/libouter.so, whose RUNPATH
+    /// $ORIGIN names lib/ (where ld.so found it), and libinner.so is in lib/ as a link too.
+    #[test]
+    fn origin_is_the_folder_a_library_was_found_in() {
+        let host = TempDir::new("origin-host");
+        let (real, lib) = (host.0.join("real"), host.0.join("lib"));
+        fs::create_dir_all(&real).unwrap();
+        fs::create_dir_all(&lib).unwrap();
+        cc(
+            "int inner(void){return 1;}",
+            &real.join("libinner.so"),
+            &["-shared", "-fPIC"],
+        );
+        let needs_inner = format!("-L{}", real.display());
+        cc(
+            "int inner(void); int outer(void){return inner();}",
+            &real.join("libouter.so"),
+            &[
+                "-shared",
+                "-fPIC",
+                &needs_inner,
+                "-linner",
+                "-Wl,-rpath,$ORIGIN",
+            ],
+        );
+        symlink("../real/libouter.so", lib.join("libouter.so")).unwrap();
+        symlink("../real/libinner.so", lib.join("libinner.so")).unwrap();
+        let needs_outer = format!("-L{}", lib.display());
+        let rpath = format!("-Wl,-rpath,{}", lib.display());
+        cc(
+            "int outer(void); int main(void){return outer();}",
+            &host.0.join("main"),
+            &[&needs_outer, "-louter", &rpath],
+        );
+        let out = TempDir::new("origin-out");
+        let text = format!(r#"{{"name": "t", "paths": ["{}/main"]}}"#, host.0.display());
+        let report = build_from(
+            &Manifest::parse(text.as_bytes(), Path::new("/")).unwrap(),
+            &out.0,
+        )
+        .unwrap();
+        let image = Image::open(&out.0).unwrap();
+        let vfs = Vfs::new(image, DEFAULT_OVERLAY_LIMIT).unwrap();
+        let inner_as_loaded = lib.join("libinner.so");
+        let found = vfs.resolve(
+            vfs.root(),
+            inner_as_loaded.to_str().unwrap().as_bytes(),
+            true,
+        );
+        assert!(
+            found.is_ok(),
+            "{inner_as_loaded:?} missing: {:?}",
+            report.libraries
+        );
+        assert!(vfs
+            .image()
+            .file_bytes(real.join("libinner.so").to_str().unwrap())
+            .is_some());
     }
 
     #[test]

@@ -36,10 +36,23 @@ use crate::fs::{NAME_MAX, PATH_MAX};
 /// is in templates/python/agent.py.
 pub const AWAIT_REQUEST_SYSCALL: u64 = 0x5346_0001;
 
+/// Sandfork's private system call PUBLISH_RESULT(buf, buf_len): a script's agent passes its
+/// result ([`CellResult`] as JSON) before it exits; the execution's answer carries it.
+pub const PUBLISH_RESULT_SYSCALL: u64 = 0x5346_0002;
+
 /// The fifth AWAIT_REQUEST argument of an agent passing a cell's result ("SFCE").
 pub const CELL_RESULT_MAGIC: u64 = 0x5346_4345;
-/// The largest cell result the VMM reads from the guest (a repr cut to 64 Ki characters).
-pub const MAX_CELL_RESULT_BYTES: u64 = 1 << 20;
+/// The largest result (a cell's or a script's) the VMM reads from the guest: a repr cut to 64
+/// Ki characters and rich results (a few charts). The daemon's answer carries it beside at most
+/// 2 MiB of output and `MAX_OUTPUT_FILES_BYTES` of files, inside one 16 MiB frame.
+pub const MAX_RESULT_BYTES: u64 = 1 << 20;
+
+/// The folder under /work whose files an execution's answer carries back (`output_files`).
+pub const OUTPUT_DIR: &str = "out";
+/// Files listed from it, at most (the first in path order).
+pub const MAX_OUTPUT_FILES: usize = 100;
+/// Their contents together, at most: files beyond it are listed without their contents.
+pub const MAX_OUTPUT_FILES_BYTES: u64 = 2 << 20;
 
 /// How the pending request is handed to the agent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -52,13 +65,90 @@ pub enum HandOff {
     Cell { reseed: bool },
 }
 
-/// What a session cell gave back through its next AWAIT_REQUEST (the agent's `run_cell`).
+/// What a session cell gave back through its next AWAIT_REQUEST (the agent's `run_cell`), or
+/// a script through PUBLISH_RESULT (no `error`: its exit code and stderr say that).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, Serialize)]
 pub struct CellResult {
-    /// repr() of the cell's last expression, when it was one and not None.
+    /// repr() of the last expression, when it was one and not None.
     pub value: Option<String>,
     /// The exception that ended the cell.
+    #[serde(default)]
     pub error: Option<CellError>,
+    /// What the code displayed, in order: charts, and the last expression's rich forms.
+    #[serde(default)]
+    pub results: Vec<RichResult>,
+}
+
+/// One displayed thing in one format, as Jupyter's display data: a MIME type and the data
+/// (base64 for binary types such as image/png, the text itself for text types).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize)]
+pub struct RichResult {
+    #[serde(rename = "type")]
+    pub mime: String,
+    pub data: String,
+}
+
+/// A file the program left under /work/out: its path relative to /work/out, size, and
+/// contents unless the files before it used up `MAX_OUTPUT_FILES_BYTES`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputFile {
+    pub path: String,
+    pub bytes: u64,
+    pub contents: Option<Vec<u8>>,
+}
+
+/// The regular files under /work/out of `vfs` (symlinks and special files are left out), in
+/// path order, at most `MAX_OUTPUT_FILES`, with their contents while they fit
+/// `MAX_OUTPUT_FILES_BYTES`. None when there is no such folder.
+pub fn output_files(vfs: &crate::fs::Vfs) -> Option<Vec<OutputFile>> {
+    let dir = format!("{}/{OUTPUT_DIR}", crate::fs::WORK_DIR);
+    let root = vfs.resolve(vfs.root(), dir.as_bytes(), false).ok()?;
+    if vfs.kind(root) != Ok(crate::fs::FileKind::Directory) {
+        return None;
+    }
+    let mut files = Vec::new();
+    let mut budget = MAX_OUTPUT_FILES_BYTES;
+    let mut pending = vec![(root, String::new())];
+    let mut found = Vec::new();
+    while let Some((node, prefix)) = pending.pop() {
+        let Ok(entries) = vfs.read_dir(node) else {
+            continue;
+        };
+        for entry in entries {
+            let Ok(name) = String::from_utf8(entry.name) else {
+                continue;
+            };
+            if name == "." || name == ".." {
+                continue;
+            }
+            let Ok(child) = vfs.resolve(node, name.as_bytes(), false) else {
+                continue;
+            };
+            let path = format!("{prefix}{name}");
+            match entry.kind {
+                crate::fs::FileKind::Directory => pending.push((child, format!("{path}/"))),
+                crate::fs::FileKind::Regular => found.push((path, child)),
+                _ => {}
+            }
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    for (path, node) in found.into_iter().take(MAX_OUTPUT_FILES) {
+        let Ok(contents) = vfs.contents(node) else {
+            continue;
+        };
+        let bytes = contents.len() as u64;
+        let kept = bytes <= budget;
+        if kept {
+            budget -= bytes;
+        }
+        files.push(OutputFile {
+            path,
+            bytes,
+            contents: kept.then(|| contents.to_vec()),
+        });
+    }
+    Some(files)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize)]
@@ -534,6 +624,47 @@ mod tests {
         let mut twice = env("A", "1");
         twice.env.push(("A".into(), "2".into()));
         assert!(refusal(&twice).contains("given twice"));
+    }
+
+    #[test]
+    fn output_files_are_the_regular_files_under_work_out_within_the_budget() {
+        let (image, _dir) = crate::process::testing::test_image();
+        let mut vfs = crate::fs::Vfs::new(image, crate::fs::DEFAULT_OVERLAY_LIMIT).unwrap();
+        assert_eq!(output_files(&vfs), None, "no /work/out");
+        let big = vec![7u8; (MAX_OUTPUT_FILES_BYTES - 10) as usize];
+        for (path, contents) in [
+            ("out/b.csv", b"1,2\n".as_slice()),
+            ("out/plots/a.png", b"png".as_slice()),
+            ("out/a-big.bin", big.as_slice()),
+            ("out/c.txt", b"over the budget by now".as_slice()),
+            ("elsewhere.txt", b"not in out".as_slice()),
+        ] {
+            crate::syscalls::agent::write_work_file(&mut vfs, path, contents, false).unwrap();
+        }
+        let files = output_files(&vfs).unwrap();
+        let listed: Vec<(&str, u64, Option<usize>)> = files
+            .iter()
+            .map(|f| (f.path.as_str(), f.bytes, f.contents.as_ref().map(Vec::len)))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("a-big.bin", big.len() as u64, Some(big.len())),
+                ("b.csv", 4, Some(4)),
+                ("c.txt", 22, None),
+                ("plots/a.png", 3, Some(3)),
+            ]
+        );
+        for i in 0..MAX_OUTPUT_FILES {
+            crate::syscalls::agent::write_work_file(
+                &mut vfs,
+                &format!("out/many/{i:03}"),
+                b"",
+                false,
+            )
+            .unwrap();
+        }
+        assert_eq!(output_files(&vfs).unwrap().len(), MAX_OUTPUT_FILES);
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub struct GuestProcess {
     pub(crate) agent_request: Option<crate::agent::AgentRequest>,
     /// How `agent_request` is handed over (a script, or a session's cell).
     pub(crate) hand_off: crate::agent::HandOff,
+    /// What a script's agent passed with PUBLISH_RESULT, for the execution's answer.
+    pub(crate) published_result: Option<crate::agent::CellResult>,
     /// Every process of the tree: ids, parents, exit statuses, signals sent to them.
     pub(crate) tree: ProcessTable,
     calls: CallCounters,
@@ -212,6 +214,7 @@ impl GuestProcess {
             threads: Threads::new(DEFAULT_THREAD_LIMIT),
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,
+            published_result: None,
             tree: ProcessTable::new(threads::MAIN_TID),
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
@@ -476,6 +479,7 @@ impl GuestProcess {
             threads,
             agent_request: None,
             hand_off: crate::agent::HandOff::Script,
+            published_result: None,
             tree: ProcessTable::new(threads::MAIN_TID),
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),

@@ -125,6 +125,28 @@ pub struct RunOutcome {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub stats: RunStats,
+    /// What the agent passed with PUBLISH_RESULT (`crate::agent`), when it did.
+    pub result: Option<crate::agent::CellResult>,
+    /// The files under /work/out when the run ended (`agent::output_files`); None: no such folder.
+    pub files: Option<Vec<crate::agent::OutputFile>>,
+}
+
+impl RunOutcome {
+    /// How `process` ended (`end`): its output, result and files taken out of it.
+    fn of(end: LoopEnd, process: &mut GuestProcess, stats: RunStats) -> RunOutcome {
+        let files = crate::agent::output_files(&process.config.vfs);
+        let result = process.published_result.take();
+        let output = std::mem::replace(&mut process.output, crate::process::Output::new(0));
+        let (stdout, stderr) = output.into_parts();
+        RunOutcome {
+            status: end.into_status(),
+            stdout,
+            stderr,
+            stats,
+            result,
+            files,
+        }
+    }
 }
 
 /// Why a program could not be run at all (as opposed to how a run ended, `RunStatus`).
@@ -271,13 +293,7 @@ pub fn launch(
     let (end, exits) =
         run_loop(cpu.as_mut(), &mut process, &mem, deadline, limit_ms).map_err(LaunchError::Cpu)?;
     let stats = RunStats::of_whole_run(&process, exits, run_started.elapsed(), load);
-    let (stdout, stderr) = process.into_output().into_parts();
-    Ok(RunOutcome {
-        status: end.into_status(),
-        stdout,
-        stderr,
-        stats,
-    })
+    Ok(RunOutcome::of(end, &mut process, stats))
 }
 
 /// Runs the guest until it stops: each system call goes to the syscall table and its outcome
@@ -393,16 +409,7 @@ impl<'m> ReadyGuest<'m> {
             request,
             timeout,
         )?;
-        let (stdout, stderr) = self.process.into_output().into_parts();
-        Ok((
-            RunOutcome {
-                status: end.into_status(),
-                stdout,
-                stderr,
-                stats,
-            },
-            self.cpu,
-        ))
+        Ok((RunOutcome::of(end, &mut self.process, stats), self.cpu))
     }
 }
 

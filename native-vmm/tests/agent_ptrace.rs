@@ -503,3 +503,64 @@ fn numpy_is_preloaded_and_reseeded_per_run() {
         "numpy's global generator must be reseeded per run"
     );
 }
+
+/// A script's result, as a notebook shows it: the last expression's value as text and its
+/// Jupyter forms, what display() showed, in order; the files left under /work/out.
+#[test]
+fn a_script_returns_its_last_value_rich_results_and_output_files() {
+    let code = r#"
+import os
+class Table:
+    def __repr__(self): return "Table(2)"
+    def _repr_html_(self): return "<table><tr><td>2</td></tr></table>"
+    def _repr_json_(self): return {"rows": 2}
+class Dot:
+    def _repr_png_(self): return b"\x89PNG\r\n\x1a\n"
+display(Dot(), "plain")
+os.makedirs("/work/out/sub")
+with open("/work/out/sub/r.csv", "w") as f:
+    f.write("a,b\n")
+print("printed")
+Table()
+"#;
+    let outcome = execute(AgentRequest::new(code));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(text(&outcome.stdout), "printed\n");
+    let result = outcome.result.expect("the agent published a result");
+    assert_eq!(result.value.as_deref(), Some("Table(2)"));
+    let shown: Vec<(&str, &str)> = result
+        .results
+        .iter()
+        .map(|r| (r.mime.as_str(), r.data.as_str()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("image/png", "iVBORw0KGgo="),
+            ("text/plain", "'plain'"),
+            ("text/html", "<table><tr><td>2</td></tr></table>"),
+            ("application/json", r#"{"rows": 2}"#),
+        ]
+    );
+    let files = outcome.files.expect("/work/out exists");
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].path, "sub/r.csv");
+    assert_eq!(files[0].contents.as_deref(), Some(b"a,b\n".as_slice()));
+
+    let plain = execute(AgentRequest::new("x = 1\n"));
+    assert_eq!((plain.result, plain.files), (None, None), "nothing to show");
+    let failed = execute(AgentRequest::new(
+        "display('before')\nraise ValueError('x')\n",
+    ));
+    assert_eq!(failed.status, RunStatus::Exited { code: 1 });
+    assert_eq!(
+        failed.result.map(|r| r.results.len()),
+        Some(1),
+        "what was shown before the exception is kept"
+    );
+}

@@ -98,6 +98,8 @@ impl Executor for ScriptedExecutor {
             run: Duration::from_micros(2),
             usage,
             vm: VmOrigin::Fresh,
+            result: None,
+            files: None,
         })
     }
 

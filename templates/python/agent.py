@@ -30,6 +30,7 @@ import builtins
 import ctypes
 import gc
 import importlib.machinery
+import io
 import types
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -57,10 +58,15 @@ import re
 import statistics
 import traceback
 
-try:
-    import numpy
-except ImportError:
-    numpy = None
+# numpy's BLAS (OpenBLAS, where the image has it) reserves tens of MiB of address space when it
+# loads, which the smallest VM (64 MiB) has no room for beside the interpreter: there the agent
+# leaves numpy to the code.
+MIN_NUMPY_MEMORY_BYTES = 128 << 20
+if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >= MIN_NUMPY_MEMORY_BYTES:
+    try:
+        import numpy
+    except ImportError:
+        pass
 
 # Sandfork's private system call (numbered outside Linux's range; the one definition on the
 # VMM side is native-vmm/src/agent.rs, AWAIT_REQUEST_SYSCALL).
@@ -78,8 +84,34 @@ _syscall.argtypes = (ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t)
 # which tells the VMM that the two arguments before it are that result (agent.rs).
 _session_syscall = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long, use_errno=True)(("syscall", _libc))
 CELL_RESULT_MAGIC = 0x5346_4345
+# A script's result (the same JSON as a cell's) goes to the VMM with PUBLISH_RESULT(buf, len).
+PUBLISH_RESULT = 0x5346_0002
 # A cell's value is returned as its repr, cut to this many characters.
 MAX_VALUE_CHARS = 64 * 1024
+# The VMM reads at most this much of a result (agent.rs, MAX_RESULT_BYTES): rich results that
+# would not fit are left out, with a line on stderr saying so.
+MAX_RESULT_BYTES = 1 << 20
+# What a template definition adds to the image (runtime/template-definition.ts): Python
+# packages unpacked from wheels, environment variables, and a setup program run once, before
+# the ready point (warm imports, data loading).
+TEMPLATE_DIR = "/opt/sandfork"
+TEMPLATE_SITE_PACKAGES = os.path.join(TEMPLATE_DIR, "site-packages")
+TEMPLATE_ENV = os.path.join(TEMPLATE_DIR, "env.json")
+TEMPLATE_SETUP = os.path.join(TEMPLATE_DIR, "setup.py")
+# The formats charts are captured in: "png" (default), "svg" or both ("png,svg").
+FIGURE_FORMATS_VARIABLE = "SANDFORK_FIGURE_FORMATS"
+FIGURE_MIME = {"png": "image/png", "svg": "image/svg+xml"}
+# Jupyter's display methods, in the order a result lists their formats.
+REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_json_", "application/json"),
+)
+BINARY_MIME = ("image/png", "image/jpeg")
 
 
 def await_request(result=None):
@@ -101,6 +133,138 @@ def await_request(result=None):
         size = needed
 
 
+class Display:
+    """The rich results of one script or cell, in the order they were shown: charts (each open
+    matplotlib figure when plt.show() is called or the code ends), objects passed to display(),
+    and the last expression's rich formats (Jupyter's _repr_*_ methods)."""
+
+    def __init__(self):
+        self.results = []
+        self.bytes = 0
+
+    def add(self, mime, data):
+        if isinstance(data, bytes):
+            import base64  # only here: the agent's boot must fit the smallest VM
+
+            data = base64.b64encode(data).decode("ascii") if mime in BINARY_MIME else data.decode("utf-8", "replace")
+        elif mime == "application/json" and not isinstance(data, str):
+            data = json.dumps(data)
+        elif not isinstance(data, str):
+            data = str(data)
+        size = len(mime) + len(data) + 32
+        if self.bytes + size > MAX_RESULT_BYTES:
+            sys.stderr.write(f"sandfork: a {mime} result of {len(data)} bytes was left out: the results of one run are limited to {MAX_RESULT_BYTES} bytes\n")
+            return
+        self.bytes += size
+        self.results.append({"type": mime, "data": data})
+
+    def add_figure(self, figure):
+        requested = os.environ.get(FIGURE_FORMATS_VARIABLE, "png").replace(" ", "").split(",")
+        for fmt in [f for f in requested if f in FIGURE_MIME] or ["png"]:
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format=fmt, bbox_inches="tight")
+            self.add(FIGURE_MIME[fmt], buffer.getvalue())
+
+    def capture_figures(self):
+        """Every open matplotlib figure, then closed (as plt.show() does for a notebook)."""
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        for number in pyplot.get_fignums():
+            figure = pyplot.figure(number)
+            try:
+                self.add_figure(figure)
+            finally:
+                pyplot.close(figure)
+
+    def add_object(self, value):
+        """`value`'s rich formats; True when it had any."""
+        figure_type = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
+        if figure_type is not None and isinstance(value, figure_type):
+            self.add_figure(value)
+            sys.modules["matplotlib.pyplot"].close(value)
+            return True
+        shown = False
+        for method, mime in REPR_METHODS:
+            render = getattr(type(value), method, None)
+            if render is None:
+                continue
+            try:
+                data = render(value)
+            except Exception:
+                continue
+            if isinstance(data, tuple):  # (data, metadata)
+                data = data[0]
+            if data is not None:
+                self.add(mime, data)
+                shown = True
+        return shown
+
+
+# The current run's Display (a script's or a cell's).
+_display = None
+
+
+def display(*objects):
+    """Shows each object as a rich result (Jupyter's display()): its HTML, image or JSON forms,
+    else its repr as text."""
+    for value in objects:
+        if _display is None:
+            continue
+        if not _display.add_object(value):
+            _display.add("text/plain", repr(value)[:MAX_VALUE_CHARS])
+
+
+def show(*args, **kwargs):
+    """plt.show(): each open figure becomes a result."""
+    if _display is not None:
+        _display.capture_figures()
+
+
+def hook_pyplot():
+    """Routes plt.show() to the current Display, when pyplot is loaded."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None and pyplot.show is not show:
+        pyplot.show = show
+
+
+def start_display():
+    global _display
+    _display = Display()
+    hook_pyplot()
+    return _display
+
+
+def finish_display(value_holder):
+    """Ends the current run's display: open figures are captured, then the last expression's
+    rich forms. Returns (value text or None, results)."""
+    global _display
+    current, _display = _display, None
+    value = None
+    try:
+        current.capture_figures()
+        if value_holder:
+            current.add_object(value_holder[0])
+            value = repr(value_holder[0])[:MAX_VALUE_CHARS]
+    except Exception as error:
+        sys.stderr.write(f"sandfork: capturing the results failed: {error!r}\n")
+    return value, current.results
+
+
+def split_last_expression(source, filename):
+    """The code compiled as statements, and its last statement when that is an expression (its
+    value is the result's, as in a notebook), compiled on its own. A SyntaxError comes without
+    a traceback: as for a script, it is the code's, not the frames compiling it."""
+    try:
+        tree = ast.parse(source, filename, "exec")
+    except SyntaxError as error:
+        raise error.with_traceback(None) from None
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = compile(ast.Expression(tree.body.pop().value), filename, "eval", dont_inherit=True)
+    return compile(tree, filename, "exec", dont_inherit=True), last
+
+
 def exit_code_of(system_exit):
     """The process exit code for a SystemExit, as CPython's handle_system_exit computes it."""
     code = system_exit.code
@@ -117,9 +281,9 @@ def exit_code_of(system_exit):
 
 def report_uncaught(error):
     """Prints an uncaught exception through sys.excepthook (the standard traceback unless the
-    code installed its own), leaving out the agent's frame at the traceback's head."""
-    if error.__traceback__ is not None:
-        # The interpreter prints the exception's own __traceback__, not the hook's argument.
+    code installed its own), leaving out the agent's frames at the traceback's head."""
+    # The interpreter prints the exception's own __traceback__, not the hook's argument.
+    while error.__traceback__ is not None and error.__traceback__.tb_frame.f_code.co_filename == __file__:
         error.__traceback__ = error.__traceback__.tb_next
     try:
         sys.excepthook(type(error), error, error.__traceback__)
@@ -127,8 +291,9 @@ def report_uncaught(error):
         traceback.print_exception(error)
 
 
-def run_script(source, path):
-    """Runs `source` as the script at `path` would run as __main__; returns the exit code."""
+def run_script(source, path, value_holder):
+    """Runs `source` as the script at `path` would run as __main__; returns the exit code. The
+    value of a final expression statement is put in `value_holder`."""
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__cached__ = None
@@ -136,8 +301,12 @@ def run_script(source, path):
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
     try:
-        code = compile(source, path, "exec", dont_inherit=True)
+        code, last = split_last_expression(source, path)
         exec(code, main.__dict__)
+        if last is not None:
+            value = eval(last, main.__dict__)
+            if value is not None:
+                value_holder.append(value)
         return 0
     except SystemExit as system_exit:
         return exit_code_of(system_exit)
@@ -146,27 +315,37 @@ def run_script(source, path):
         return 1
 
 
+def publish_result(value, results):
+    """Hands a script's result to the VMM (PUBLISH_RESULT), when it has one."""
+    if value is None and not results:
+        return
+    payload = json.dumps({"value": value, "results": results}).encode()
+    if _syscall(PUBLISH_RESULT, payload, len(payload)) < 0:
+        sys.stderr.write(f"sandfork: the result was not passed on (errno {ctypes.get_errno()})\n")
+
+
 def run_cell(source, namespace, number):
     """Runs one session cell in `namespace` as a notebook does: statements in order, and the
     value of a final expression returned (and kept as `_`). Returns the result dict."""
     filename = f"<cell {number}>"
     # Tracebacks show the cell's lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    start_display()
+    value_holder = []
+    error_result = None
     try:
-        tree = ast.parse(source, filename, "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, filename, "exec", dont_inherit=True), namespace)
-        value = None if last is None else eval(compile(last, filename, "eval", dont_inherit=True), namespace)
-        if value is None:
-            return {"value": None, "error": None}
-        namespace["_"] = value
-        return {"value": repr(value)[:MAX_VALUE_CHARS], "error": None}
+        code, last = split_last_expression(source, filename)
+        exec(code, namespace)
+        value = None if last is None else eval(last, namespace)
+        if value is not None:
+            namespace["_"] = value
+            value_holder.append(value)
     except BaseException as error:
         # SystemExit too: in a session it ends the cell, not the kernel (as in a notebook).
         report_uncaught(error)
-        return {"value": None, "error": {"name": type(error).__name__, "message": str(error)[:MAX_VALUE_CHARS]}}
+        error_result = {"name": type(error).__name__, "message": str(error)[:MAX_VALUE_CHARS]}
+    value, results = finish_display(value_holder)
+    return {"value": value, "error": error_result, "results": results}
 
 
 def reseed(request):
@@ -176,6 +355,7 @@ def reseed(request):
     exit per call)."""
     seed = bytes.fromhex(request["seed"])
     random.seed(seed)
+    numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(numpy.frombuffer(seed, dtype=numpy.uint32))
 
@@ -223,8 +403,45 @@ def main():
     path = os.path.join(WORK_DIR, argv[0])
     # As for `python script.py`: the script's folder comes first on the import path.
     sys.path.insert(0, os.path.dirname(path))
-    finish(run_script(request["code"], path))
+    start_display()
+    value_holder = []
+    code = run_script(request["code"], path, value_holder)
+    publish_result(*finish_display(value_holder))
+    finish(code)
 
+
+def prepare_template():
+    """Applies what a template definition put in the image: its wheels' packages come first on
+    the import path, its environment is set, and its setup program runs (its output is kept
+    back: the ready point must see none; a failure ends the agent with the output and the
+    traceback on stderr, which the template build reports)."""
+    if os.path.isdir(TEMPLATE_SITE_PACKAGES):
+        sys.path.insert(0, TEMPLATE_SITE_PACKAGES)
+    if os.path.exists(TEMPLATE_ENV):
+        with open(TEMPLATE_ENV, encoding="utf-8") as env:
+            os.environ.update(json.load(env))
+    if not os.path.exists(TEMPLATE_SETUP):
+        return
+    with open(TEMPLATE_SETUP, encoding="utf-8") as setup:
+        source = setup.read()
+    import contextlib  # only here: the agent's boot must fit the smallest VM
+
+    namespace = {"__name__": "__sandfork_setup__", "__file__": TEMPLATE_SETUP, "__builtins__": builtins}
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            exec(compile(source, TEMPLATE_SETUP, "exec", dont_inherit=True), namespace)
+    except BaseException as error:
+        sys.stderr.write(captured.getvalue()[-2000:])
+        sys.stderr.write("sandfork: the template's setup program failed:\n")
+        report_uncaught(error)
+        sys.stderr.flush()
+        os._exit(70)
+
+
+builtins.display = display
+prepare_template()
+hook_pyplot()
 
 # The objects created so far are the template's: collected once and frozen so that the
 # collector never walks (and writes to) them in a fork, where each first write copies a page.

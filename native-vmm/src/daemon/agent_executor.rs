@@ -286,6 +286,8 @@ impl Executor for AgentExecutor {
             vm,
             stdout: outcome.stdout,
             stderr: outcome.stderr,
+            result: outcome.result,
+            files: outcome.files,
         })
     }
 

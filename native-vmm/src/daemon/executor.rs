@@ -105,6 +105,10 @@ pub struct Execution {
     pub run: Duration,
     pub usage: Usage,
     pub vm: VmOrigin,
+    /// The result the agent published (a script's last value and rich results).
+    pub result: Option<crate::agent::CellResult>,
+    /// The files under /work/out at the end; None when there was no such folder.
+    pub files: Option<Vec<crate::agent::OutputFile>>,
 }
 
 /// Where the VM that ran an execution came from.

@@ -94,10 +94,30 @@ struct ExecutionBody {
     vm: Vm,
     timings: Timings,
     usage: Usage,
+    /// What a script's agent published: its last value and rich results (PROTOCOL.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<ScriptResult>,
+    /// The files under /work/out, when the program left that folder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files: Option<Vec<FileOut>>,
     /// A session execution's own fields (`session`, `result`, `session_state`); none for
     /// `execute`.
     #[serde(flatten)]
     session: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct ScriptResult {
+    value: Option<String>,
+    results: Vec<crate::agent::RichResult>,
+}
+
+/// An output file: `content` (base64) is null when the files before it filled the budget.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct FileOut {
+    path: String,
+    bytes: u64,
+    content: Option<String>,
 }
 
 /// Where the execution's VM came from (PROTOCOL.md, `vm`).
@@ -300,6 +320,20 @@ pub fn session_execution(
                 total_us: micros(times.total),
             },
             usage: run.usage.clone(),
+            result: run.result.as_ref().map(|r| ScriptResult {
+                value: r.value.clone(),
+                results: r.results.clone(),
+            }),
+            files: run.files.as_ref().map(|files| {
+                files
+                    .iter()
+                    .map(|f| FileOut {
+                        path: f.path.clone(),
+                        bytes: f.bytes,
+                        content: f.contents.as_deref().map(::base64::encode),
+                    })
+                    .collect()
+            }),
             session,
         })),
     )
@@ -344,12 +378,62 @@ mod tests {
             run: Duration::from_micros(950),
             usage,
             vm: VmOrigin::Reset { resets: 3 },
+            result: None,
+            files: None,
         };
         json(&execution(7, &finished, &LIMITS, TIMES))
     }
 
     fn json(response: &Response) -> Value {
         serde_json::to_value(response).unwrap()
+    }
+
+    #[test]
+    fn a_published_result_and_output_files_are_carried_only_when_present() {
+        let without = run(RunStatus::Exited { code: 0 }, b"");
+        assert!(without.get("result").is_none() && without.get("files").is_none());
+        let finished = Execution {
+            status: RunStatus::Exited { code: 0 },
+            stdout: vec![],
+            stderr: vec![],
+            queue: Duration::ZERO,
+            vm_setup: Duration::ZERO,
+            run: Duration::ZERO,
+            usage: Usage::default(),
+            vm: VmOrigin::Fresh,
+            result: Some(crate::agent::CellResult {
+                value: Some("42".into()),
+                error: None,
+                results: vec![crate::agent::RichResult {
+                    mime: "image/png".into(),
+                    data: "iVBORw0K".into(),
+                }],
+            }),
+            files: Some(vec![
+                crate::agent::OutputFile {
+                    path: "plots/a.txt".into(),
+                    bytes: 2,
+                    contents: Some(b"hi".to_vec()),
+                },
+                crate::agent::OutputFile {
+                    path: "big.bin".into(),
+                    bytes: 3 << 20,
+                    contents: None,
+                },
+            ]),
+        };
+        let answer = json(&execution(7, &finished, &LIMITS, TIMES));
+        assert_eq!(
+            answer["result"],
+            serde_json::json!({"value": "42", "results": [{"type": "image/png", "data": "iVBORw0K"}]})
+        );
+        assert_eq!(
+            answer["files"],
+            serde_json::json!([
+                {"path": "plots/a.txt", "bytes": 2, "content": "aGk="},
+                {"path": "big.bin", "bytes": 3 << 20, "content": null}
+            ])
+        );
     }
 
     #[test]
@@ -542,6 +626,8 @@ mod tests {
                 thread_switches: 0,
             },
             vm: VmOrigin::Reset { resets: 41 },
+            result: None,
+            files: None,
         };
         let limits = ExecutionLimits {
             timeout_ms: 10_000,

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_CELL_RESULT_BYTES};
+use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_RESULT_BYTES};
 use crate::cpu::InvalidUserState;
 use crate::daemon::executor::{Execution, ExecutionLimits, SharedRestoreFactory, Usage, VmOrigin};
 use crate::daemon::templates::Template as DaemonTemplate;
@@ -632,6 +632,8 @@ fn run_cell(
         run: stats.wall,
         usage,
         vm: VmOrigin::Fresh,
+        result: None,
+        files: None,
     };
     Ok((execution, result))
 }
@@ -645,8 +647,9 @@ fn read_cell_result(mem: &GuestMemory, call: [u64; 6]) -> CellResult {
             name: "SandforkAgentError".into(),
             message: why.into(),
         }),
+        results: Vec::new(),
     };
-    if call[4] != CELL_RESULT_MAGIC || call[3] > MAX_CELL_RESULT_BYTES {
+    if call[4] != CELL_RESULT_MAGIC || call[3] > MAX_RESULT_BYTES {
         return unreadable("the agent passed no cell result");
     }
     // Read as a system call reads the program's memory: user memory only.

@@ -1,8 +1,9 @@
-//! Sandfork's private system call AWAIT_REQUEST(buf, buf_len): the agent's hand-off at the
-//! template's ready point. The protocol is described in `crate::agent`.
+//! Sandfork's private system calls: AWAIT_REQUEST(buf, buf_len), the agent's hand-off at the
+//! template's ready point, and PUBLISH_RESULT(buf, buf_len), a script's result. The protocol is
+//! described in `crate::agent`.
 
 use super::{value, SysResult, SyscallOutcome, UserMemory};
-use crate::agent::{AgentRequest, HandOff};
+use crate::agent::{AgentRequest, CellResult, HandOff, MAX_RESULT_BYTES};
 use crate::errno::Errno;
 use crate::fs::{NoProcess, OpenOptions, Vfs, WORK_DIR};
 use crate::process::GuestProcess;
@@ -45,6 +46,20 @@ pub fn await_request(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     }
     user.write(buf, message.as_bytes())?;
     value(needed)
+}
+
+/// Keeps the result a script's agent passes (a `CellResult` as JSON) for the execution's
+/// answer, replacing an earlier one: E2BIG above `MAX_RESULT_BYTES`, EFAULT for a bad buffer,
+/// EINVAL for anything but such JSON.
+pub fn publish_result(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let (buf, buf_len) = (args[0], args[1]);
+    if buf_len > MAX_RESULT_BYTES {
+        return Err(Errno::E2BIG);
+    }
+    let bytes = user.read_vec(buf, buf_len)?;
+    let result: CellResult = serde_json::from_slice(&bytes).map_err(|_| Errno::EINVAL)?;
+    proc.published_result = Some(result);
+    value(0)
 }
 
 /// Writes the script (the code at argv[0]) and the request's files under /work, creating

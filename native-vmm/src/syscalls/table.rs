@@ -256,6 +256,11 @@ pub static TABLE: &[SyscallEntry] = &[
         "sandfork_await_request",
         super::agent::await_request,
     ),
+    emulate(
+        crate::agent::PUBLISH_RESULT_SYSCALL,
+        "sandfork_publish_result",
+        super::agent::publish_result,
+    ),
 ];
 
 /// The table row for `nr`.

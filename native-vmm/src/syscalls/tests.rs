@@ -211,11 +211,49 @@ fn ready_wait(outcome: SyscallOutcome) -> Option<Instant> {
 #[test]
 fn table_is_sorted_unique_and_named() {
     assert!(TABLE.windows(2).all(|w| w[0].nr < w[1].nr));
-    assert!(
-        TABLE
-            .iter()
-            .all(|e| !e.name.is_empty()
-                && (e.nr < 512 || e.nr == crate::agent::AWAIT_REQUEST_SYSCALL))
+    assert!(TABLE.iter().all(|e| !e.name.is_empty()
+        && (e.nr < 512
+            || e.nr == crate::agent::AWAIT_REQUEST_SYSCALL
+            || e.nr == crate::agent::PUBLISH_RESULT_SYSCALL)));
+}
+
+#[test]
+fn publish_result_keeps_a_scripts_result_and_refuses_anything_else() {
+    use crate::agent::{MAX_RESULT_BYTES, PUBLISH_RESULT_SYSCALL};
+    let mut g = guest();
+    let publish = |g: &mut Guest, text: &[u8]| {
+        g.mem.write(BUF, text).unwrap();
+        g.ret(PUBLISH_RESULT_SYSCALL, &[BUF, text.len() as u64])
+    };
+    let first = br#"{"value": "1", "results": [{"type": "text/html", "data": "<b>1</b>"}]}"#;
+    assert_eq!(publish(&mut g, first), 0);
+    let kept = g.proc.published_result.clone().unwrap();
+    assert_eq!(kept.value.as_deref(), Some("1"));
+    assert_eq!(kept.results[0].mime, "text/html");
+    assert_eq!(publish(&mut g, br#"{"value": null}"#), 0);
+    assert_eq!(
+        g.proc.published_result.clone().unwrap().value,
+        None,
+        "a later one replaces it"
+    );
+    assert_eq!(publish(&mut g, b"not json"), err(Errno::EINVAL));
+    assert_eq!(
+        publish(&mut g, br#"{"value": 1, "results": []}"#),
+        err(Errno::EINVAL),
+        "a value is text"
+    );
+    assert_eq!(
+        g.ret(PUBLISH_RESULT_SYSCALL, &[BUF, MAX_RESULT_BYTES + 1]),
+        err(Errno::E2BIG)
+    );
+    assert_eq!(
+        g.ret(PUBLISH_RESULT_SYSCALL, &[MEM - 8, 64]),
+        err(Errno::EFAULT)
+    );
+    assert_eq!(
+        g.proc.published_result.unwrap().value,
+        None,
+        "refusals keep the last one"
     );
 }
 

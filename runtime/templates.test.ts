@@ -51,6 +51,10 @@ describe("template images", () => {
         name: "python",
         manifestPath: join("templates", "python", "image.json"),
       }),
+      expect.objectContaining({
+        name: "python-data",
+        definitionPath: join("templates", "python-data", "template.json"),
+      }),
     ]);
   });
 
@@ -88,7 +92,7 @@ describe("template images", () => {
     // "tiny" has no in-VM agent, so it cannot be snapshotted; the image stays usable.
     expect(first.snapshot).toEqual({
       ready: false,
-      detail: expect.stringContaining("unknown template `tiny`"),
+      detail: expect.stringContaining("is named `tiny`, which is not a runtime"),
     });
 
     const second = await ensureTemplate(source, { binary, templatesDir });

@@ -2,7 +2,9 @@
 //
 // Sources: one folder per template under templates/ (the repository's), each with an image
 // manifest `image.json` (native-vmm/IMAGE.md) and, when some of its host files are built, a
-// `prepare.sh` that builds them. Built images: one folder per template under the
+// `prepare.sh` that builds them; or with a template definition `template.json` (a base
+// template and what it adds, runtime/template-definition.ts), whose manifest is composed into
+// DIR/.sources/<name>/ at each build. Built images: one folder per template under the
 // templates directory the daemon is started with (`sandfork-vmm serve --templates DIR`, by
 // default .sandfork/templates/): DIR/<name>/ holds image.index and image.data as written by
 // `sandfork-vmm image build`; the folder's name is the template's name
@@ -20,12 +22,23 @@ import { existsSync, lstatSync, readdirSync, readFileSync, type Stats, statSync 
 import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { dirname, isAbsolute, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
+import {
+  type BuildStep,
+  composeManifest,
+  DEFINITION_FILE,
+  TemplateBuildError,
+} from "./template-definition.js";
 
 export interface TemplateSource {
   /** The template's name: the folder name under the templates directory. */
   name: string;
-  /** The image manifest (e.g. templates/python/image.json). */
+  /**
+   * The image manifest (e.g. templates/python/image.json); for a definition, where its
+   * composed manifest is written (under the templates directory's .sources/).
+   */
   manifestPath: string;
+  /** The template definition (e.g. templates/python-data/template.json), when it is one. */
+  definitionPath?: string;
 }
 
 export interface TemplateBuildOptions {
@@ -38,6 +51,15 @@ export interface TemplateBuildOptions {
   force?: boolean;
   /** `template build --boot-timeout-ms` (default: the binary's). */
   bootTimeoutMs?: number;
+  /** The templates a definition's `base` names (default: the folder holding the definition's). */
+  sourcesDir?: string;
+  /**
+   * A snapshot that cannot be built fails the build (a TemplateBuildError of step "snapshot")
+   * instead of leaving the template to boot its agent per request.
+   */
+  requireSnapshot?: boolean;
+  /** Told as each step of the build starts. */
+  onStep?: (step: BuildStep) => void;
 }
 
 export interface TemplateBuildResult {
@@ -54,6 +76,8 @@ export interface TemplateBuildResult {
 }
 
 const BUILD_RECORD = "build.json";
+/** The templates directory's folder of composed manifests (hidden from the daemon). */
+const COMPOSED_SOURCES = ".sources";
 /** A template folder's script that builds host files of its manifest before the image. */
 const PREPARE_SCRIPT = "prepare.sh";
 const IMAGE_FILES = ["image.index", "image.data"];
@@ -61,12 +85,18 @@ const PACKAGE_DATABASE = "/var/lib/dpkg/status";
 /** Keeps the console readable: a builder's output beyond this is summarised. */
 const MAX_LOGGED_LINES = 20;
 
-/** Every `<root>/<name>/image.json`, sorted by name. */
+/** Every `<root>/<name>/image.json` or `<root>/<name>/template.json`, sorted by name. */
 export function discoverTemplateSources(root: string): TemplateSource[] {
   if (!existsSync(root)) return [];
   return readdirSync(root, { withFileTypes: true })
-    .filter((entry) => entry.isDirectory() && existsSync(join(root, entry.name, "image.json")))
-    .map((entry) => ({ name: entry.name, manifestPath: join(root, entry.name, "image.json") }))
+    .filter((entry) => entry.isDirectory())
+    .flatMap((entry): TemplateSource[] => {
+      const manifestPath = join(root, entry.name, "image.json");
+      if (existsSync(manifestPath)) return [{ name: entry.name, manifestPath }];
+      const definitionPath = join(root, entry.name, DEFINITION_FILE);
+      if (!existsSync(definitionPath)) return [];
+      return [{ name: entry.name, manifestPath: definitionPath, definitionPath }];
+    })
     .sort((a, b) => a.name.localeCompare(b.name));
 }
 
@@ -202,23 +232,41 @@ function runBuilder(binary: string, args: string[], log: (line: string) => void)
   });
 }
 
-/** Snapshots the template at its agent's ready point; the binary skips an up-to-date snapshot. */
+/**
+ * Snapshots the template at its agent's ready point (in VMs of `memoryMib`, default the
+ * runtime's); the binary skips an up-to-date snapshot.
+ */
 async function ensureSnapshot(
   options: TemplateBuildOptions,
   name: string,
   dir: string,
+  memoryMib: number | undefined,
   log: (line: string) => void,
 ): Promise<TemplateBuildResult["snapshot"]> {
+  options.onStep?.("snapshot");
   const bootTimeout =
     options.bootTimeoutMs === undefined ? [] : ["--boot-timeout-ms", String(options.bootTimeoutMs)];
+  const memory = memoryMib === undefined ? [] : ["--mem-mib", String(memoryMib)];
   try {
     await runBuilder(
       options.binary,
-      ["template", "build", "--image", dir, "--template", name, "--out", dir, ...bootTimeout],
+      [
+        "template",
+        "build",
+        "--image",
+        dir,
+        "--template",
+        name,
+        "--out",
+        dir,
+        ...memory,
+        ...bootTimeout,
+      ],
       () => {},
     );
     return { ready: true, detail: `snapshot in ${join(dir, "template.sfsnap")}` };
   } catch (error) {
+    if (options.requireSnapshot) throw new TemplateBuildError("snapshot", (error as Error).message);
     const detail = `no snapshot (${(error as Error).message}); the daemon boots the agent per request`;
     log(`template ${name}: ${detail}`);
     return { ready: false, detail };
@@ -254,10 +302,23 @@ export async function ensureTemplate(
     );
   }
   await prepareSources(source, log);
+  let memoryMib: number | undefined;
+  if (source.definitionPath !== undefined) {
+    options.onStep?.("packages");
+    const composed = await composeManifest(
+      source.definitionPath,
+      options.sourcesDir ?? dirname(dirname(source.definitionPath)),
+      join(options.templatesDir, COMPOSED_SOURCES, source.name),
+    );
+    source = { ...source, manifestPath: composed.manifestPath };
+    memoryMib = composed.memoryMib;
+    if (composed.packages.length > 0)
+      log(`template ${source.name}: Debian packages ${composed.packages.join(", ")}`);
+  }
   const inputs = currentInputs(source, options.binary);
   const reason = options.force ? "a rebuild was asked for" : await staleness(dir, inputs);
   if (reason === null) {
-    const snapshot = await ensureSnapshot(options, source.name, dir, log);
+    const snapshot = await ensureSnapshot(options, source.name, dir, memoryMib, log);
     return { name: source.name, dir, action: "up-to-date", reason: "inputs unchanged", snapshot };
   }
 
@@ -267,12 +328,15 @@ export async function ensureTemplate(
   const building = join(options.templatesDir, `.building-${source.name}-${process.pid}`);
   const replaced = join(options.templatesDir, `.replaced-${source.name}-${process.pid}`);
   await rm(building, { recursive: true, force: true });
+  options.onStep?.("image");
   try {
     await runBuilder(
       options.binary,
       ["image", "build", "--manifest", source.manifestPath, "--out", building],
       log,
-    );
+    ).catch((error: Error) => {
+      throw new TemplateBuildError("image", error.message);
+    });
     const record: BuildRecord = { ...inputs, builtAt: new Date().toISOString() };
     await writeFile(join(building, BUILD_RECORD), `${JSON.stringify(record, null, 2)}\n`);
     if (existsSync(dir)) await rename(dir, replaced);
@@ -284,7 +348,7 @@ export async function ensureTemplate(
   log(
     `template ${source.name}: image ready in ${dir} (${((performance.now() - started) / 1000).toFixed(1)} s)`,
   );
-  const snapshot = await ensureSnapshot(options, source.name, dir, log);
+  const snapshot = await ensureSnapshot(options, source.name, dir, memoryMib, log);
   return { name: source.name, dir, action: "built", reason, snapshot };
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project needs, when any is missing (needs root then):
 # postgresql (the real server the tests use), python3.11 and python3-numpy (what the Python
-# template's image is built from), build-essential (cc for the C test programs and for the
+# template's image is built from), pandas, matplotlib, scipy and scikit-learn (the python-data
+# template's), build-essential (cc for the C test programs and for the
 # guest vDSO that native-vmm/build.rs compiles), the Rust crates native-vmm builds against
 # (librust-*-dev: source under /usr/share/cargo/registry, see .cargo/config.toml), chromium
 # (the /docs browser test), libpython3.11-testsuite (CPython's own regression tests, which
@@ -46,6 +47,8 @@ packages+=(chromium libpython3.11-testsuite)
 packages+=(tzdata netbase)
 # The cluster's tests: openssl makes their certificates, iproute2 their network namespaces.
 packages+=(openssl iproute2)
+# The python-data template's packages (templates/python-data/template.json).
+packages+=(python3-pandas python3-matplotlib python3-scipy python3-sklearn)
 command -v cargo >/dev/null || packages+=(cargo-web rustc-web)
 mapfile -t missing < <(missing_of "${packages[@]}")
 [ ${#missing[@]} -eq 0 ] || install "${missing[@]}"

@@ -129,6 +129,7 @@ impl Executor for ScriptedExecutor {
             fork_us_mean: 350,
             resets: 5,
             reset_us_mean: 120,
+            reset_pages_mean: 370,
             served: 7,
             warm_up: "on".into(),
         }]
@@ -196,7 +197,7 @@ fn handshake_then_list_health_and_stats() {
     );
     assert_eq!(
         client.call(r#"{"id":4,"type":"stats"}"#).to_string(),
-        r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"served":7,"warm_up":"on"}]}"#
+        r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"reset_pages_mean":370,"served":7,"warm_up":"on"}]}"#
     );
     server.stop();
 }

@@ -5,6 +5,10 @@
 //!   socket (an in-process `Server` on a Unix socket, framing and JSON included), one request at
 //!   a time on a warm pool whose VMs are reset between requests; the first requests, which each
 //!   pooled VM serves as a fresh fork, are a warm-up and not measured;
+//! - where a pooled execution's time goes (`Breakdown`), from the same series: the hand-off
+//!   (the daemon's wait for a pooled VM and readying it for the request), the guest's run, the
+//!   daemon's own part (parsing, its threads, the answer), the response (socket and framing to
+//!   the client), the VM exits by reason, and the reset that follows (pages written back, time);
 //! - the native baseline: the same binary the guest runs, spawned on the host;
 //! - VMM CPU per execution: this process's CPU time over the pooled series, divided by its
 //!   requests (the client's own JSON and socket work is in it: an upper bound);
@@ -79,6 +83,7 @@ pub struct ExecReport {
     /// those run).
     pub fresh_fork_cpu_us: (f64, f64),
     pub pooled_exec: Latency,
+    pub breakdown: Breakdown,
     pub native_spawn: Latency,
     pub vmm_cpu_us_per_exec: f64,
     /// (concurrent clients, executions per second)
@@ -91,6 +96,100 @@ pub struct ExecReport {
     pub warm_vm_kib: f64,
     /// None: not run, its planting and searching programs are Python (`isolation`).
     pub isolation: Option<Result<(), String>>,
+}
+
+/// Where one pooled execution's time goes: medians over the pooled series in microseconds, the
+/// exits a mean per execution, the reset a mean per reset of the series' VMs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Breakdown {
+    /// The daemon's wait for a pooled VM and readying it for the request (`queue_us + fork_us`).
+    pub hand_off_us: f64,
+    /// The guest from the hand-off to its end (`exec_us`).
+    pub guest_run_us: f64,
+    /// The daemon's own part: `total_us` less the three above (reading and parsing the request,
+    /// handing it between its threads, writing the answer).
+    pub daemon_us: f64,
+    /// The client's round trip less `total_us`: the socket, framing and the client's parse.
+    pub response_us: f64,
+    /// System calls that left the VM (every one but the hand-off's AWAIT_REQUEST, answered
+    /// before the guest runs).
+    pub syscall_exits: f64,
+    /// Every other exit: faults, and memory first touched outside the VM's mapped slots.
+    pub other_exits: f64,
+    /// Pages a reset writes back (the pages a warm VM holds copies of).
+    pub reset_pages: f64,
+    pub reset_us: f64,
+}
+
+impl Breakdown {
+    fn to_json(self) -> Value {
+        json!({
+            "hand_off_us": self.hand_off_us,
+            "guest_run_us": self.guest_run_us,
+            "daemon_us": self.daemon_us,
+            "response_us": self.response_us,
+            "exits": {"syscall": self.syscall_exits, "other": self.other_exits},
+            "reset": {"pages": self.reset_pages, "us": self.reset_us},
+        })
+    }
+}
+
+/// One pooled execution as the client saw it and the daemon reported it.
+struct Sample {
+    client: Duration,
+    answer: Value,
+}
+
+impl Sample {
+    fn field(&self, group: &str, name: &str) -> f64 {
+        self.answer
+            .get(group)
+            .and_then(|g| g.get(name))
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as f64
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    sum / n.max(1) as f64
+}
+
+/// The breakdown of `samples`; `resets` the pool's (count, mean µs, mean pages) before and
+/// after them.
+fn breakdown(samples: &[Sample], resets: [(u64, u64, u64); 2]) -> Breakdown {
+    let timing = |s: &Sample, name: &str| s.field("timings", name);
+    let of = |pick: &dyn Fn(&Sample) -> f64| median(samples.iter().map(pick).collect());
+    let syscall_exits = |s: &Sample| (s.field("usage", "syscalls") - 1.0).max(0.0);
+    let [(before, before_us, before_pages), (after, after_us, after_pages)] = resets;
+    let during = |mean_before: u64, mean_after: u64| {
+        (after * mean_after).saturating_sub(before * mean_before) as f64
+            / after.saturating_sub(before).max(1) as f64
+    };
+    Breakdown {
+        hand_off_us: of(&|s| timing(s, "queue_us") + timing(s, "fork_us")),
+        guest_run_us: of(&|s| timing(s, "exec_us")),
+        daemon_us: of(&|s| {
+            timing(s, "total_us")
+                - timing(s, "queue_us")
+                - timing(s, "fork_us")
+                - timing(s, "exec_us")
+        }),
+        response_us: of(&|s| s.client.as_secs_f64() * 1e6 - timing(s, "total_us")),
+        syscall_exits: mean(samples.iter().map(syscall_exits)),
+        other_exits: mean(
+            samples
+                .iter()
+                .map(|s| (s.field("usage", "exits") - syscall_exits(s)).max(0.0)),
+        ),
+        reset_pages: during(before_pages, after_pages),
+        reset_us: during(before_us, after_us),
+    }
 }
 
 impl ExecReport {
@@ -117,6 +216,7 @@ impl ExecReport {
             "fresh_fork_us": latency(&self.fresh_fork),
             "fresh_fork_cpu_us": {"ready": self.fresh_fork_cpu_us.0, "with_teardown": self.fresh_fork_cpu_us.1},
             "pooled_exec_us": latency(&self.pooled_exec),
+            "pooled_breakdown": self.breakdown.to_json(),
             "native_spawn_us": latency(&self.native_spawn),
             "native_over_pooled_p50": self.ratio(),
             "vmm_cpu_us_per_exec": self.vmm_cpu_us_per_exec,
@@ -148,6 +248,12 @@ impl fmt::Display for ExecReport {
         ] {
             writeln!(f, "{name:<44} {:>10.0} {:>10.0}", us(l.p50), us(l.p99))?;
         }
+        let b = &self.breakdown;
+        writeln!(
+            f,
+            "a pooled execution, p50 us: hand-off {:.0}, guest run {:.0}, the daemon's own {:.0}, response {:.0}; exits per execution: {:.1} system calls, {:.1} other; then a reset writes back {:.0} pages in {:.0} us (off the request's path)",
+            b.hand_off_us, b.guest_run_us, b.daemon_us, b.response_us, b.syscall_exits, b.other_exits, b.reset_pages, b.reset_us
+        )?;
         writeln!(f, "VMM CPU per fresh fork: {:.0} us on its thread until ready (not the blank VM made ahead: kvm::spare), {:.0} us in the whole process with that and its teardown", self.fresh_fork_cpu_us.0, self.fresh_fork_cpu_us.1)?;
         writeln!(f, "native: {}", self.native_command)?;
         writeln!(f, "native p50 / pooled p50: {:.1}x", self.ratio())?;
@@ -273,11 +379,29 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
                 );
             }
         }
+        let pool_resets = || {
+            executor
+                .pools()
+                .iter()
+                .find(|p| p.template == name)
+                .map_or((0, 0, 0), |p| {
+                    (p.resets, p.reset_us_mean, p.reset_pages_mean)
+                })
+        };
+        let resets_before = pool_resets();
         let cpu_before = process_cpu();
-        let pooled = latency(time_runs(iterations, || {
-            client.execute(&name, work.code, work.stdout).map(drop)
-        }))?;
+        let mut samples = Vec::with_capacity(iterations);
+        for _ in 0..iterations {
+            let started = Instant::now();
+            let answer = client.execute(&name, work.code, work.stdout)?;
+            samples.push(Sample {
+                client: started.elapsed(),
+                answer,
+            });
+        }
         let cpu = process_cpu().saturating_sub(cpu_before);
+        let pooled = latency(Ok::<_, String>(samples.iter().map(|s| s.client).collect()))?;
+        let resets = [resets_before, pool_resets()];
         let mut rates = Vec::new();
         for clients in CONCURRENCY {
             rates.push((clients, throughput(&socket, &name, &work, clients)?));
@@ -285,6 +409,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         let warm_kib = warm_pages.iter().sum::<u64>() as f64 * 4.0 / warm_pages.len().max(1) as f64;
         Ok::<_, String>((
             pooled,
+            breakdown(&samples, resets),
             cpu.as_secs_f64() * 1e6 / iterations as f64,
             rates,
             warm_kib,
@@ -294,7 +419,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     let _ = serving.join();
     let _ = std::fs::remove_dir_all(socket.parent().unwrap_or(&socket));
     drop(executor);
-    let (pooled_exec, vmm_cpu_us_per_exec, exec_per_s, warm_vm_kib) = measured?;
+    let (pooled_exec, breakdown, vmm_cpu_us_per_exec, exec_per_s, warm_vm_kib) = measured?;
 
     let native_spawn = latency(measure_native(
         work.native.0,
@@ -333,6 +458,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         fresh_fork,
         fresh_fork_cpu_us,
         pooled_exec,
+        breakdown,
         native_spawn,
         vmm_cpu_us_per_exec,
         exec_per_s,

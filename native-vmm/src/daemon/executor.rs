@@ -202,6 +202,8 @@ pub struct PoolStats {
     pub resets: u64,
     /// Mean time of one reset (off the request path, like creating a VM).
     pub reset_us_mean: u64,
+    /// Mean pages one reset wrote back (every page the VM holds a copy of).
+    pub reset_pages_mean: u64,
     /// Requests served by the pool's VMs.
     pub served: u64,
     /// Whether its new VMs are warmed up before they are counted ready: `on`; `off` where its

@@ -88,6 +88,8 @@ struct Shared {
     resets: AtomicU64,
     /// Total time spent resetting VMs after their requests, in microseconds.
     reset_micros: AtomicU64,
+    /// Total pages those resets wrote back.
+    reset_pages: AtomicU64,
     served: AtomicU64,
     /// Whether new VMs are warmed up (`warm_up`): copy-on-write forks are, until a warm-up fails.
     warm_up: Mutex<WarmUp>,
@@ -149,6 +151,7 @@ impl Pool {
             fork_micros: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             reset_micros: AtomicU64::new(0),
+            reset_pages: AtomicU64::new(0),
             served: AtomicU64::new(0),
             warm_up: Mutex::new(if memory == ForkMemory::CopyOnWrite {
                 WarmUp::On
@@ -208,6 +211,12 @@ impl Pool {
             reset_us_mean: self
                 .shared
                 .reset_micros
+                .load(Ordering::Relaxed)
+                .checked_div(resets)
+                .unwrap_or(0),
+            reset_pages_mean: self
+                .shared
+                .reset_pages
                 .load(Ordering::Relaxed)
                 .checked_div(resets)
                 .unwrap_or(0),
@@ -336,12 +345,15 @@ fn serve_vm(shared: &Shared) -> bool {
             return true;
         };
         let resetting = Instant::now();
-        if let Err(e) = reset(shared, &mem, cpu.as_mut(), &copied) {
-            super::log(format_args!(
-                "pool: resetting a VM failed, it is retired: {e}"
-            ));
-            return true;
-        }
+        let pages = match reset(shared, &mem, cpu.as_mut(), &copied) {
+            Ok(pages) => pages,
+            Err(e) => {
+                super::log(format_args!(
+                    "pool: resetting a VM failed, it is retired: {e}"
+                ));
+                return true;
+            }
+        };
         warm = copied;
         ready_at = Instant::now();
         resets += 1;
@@ -350,6 +362,7 @@ fn serve_vm(shared: &Shared) -> bool {
             ready_at.duration_since(resetting).as_micros() as u64,
             Ordering::Relaxed,
         );
+        shared.reset_pages.fetch_add(pages, Ordering::Relaxed);
     }
 }
 
@@ -421,21 +434,23 @@ fn copied_ranges(
 }
 
 /// `snapshot::reset` for the pool's forks, then the memory its template reaches mapped again:
-/// the VM as ready as a new one. Copy forks (the ptrace test CPU) are never reused.
+/// the VM as ready as a new one; answers the pages written back. Copy forks (the ptrace test
+/// CPU) are never reused.
 fn reset(
     shared: &Shared,
     mem: &GuestMemory,
     cpu: &mut dyn GuestCpu,
     copied: &[(u64, u64)],
-) -> io::Result<()> {
+) -> io::Result<u64> {
     if shared.memory != ForkMemory::CopyOnWrite {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "only copy-on-write forks are reset",
         ));
     }
-    snapshot::reset(&shared.template, mem, cpu, copied)?;
-    cpu.map_memory(shared.template.handed_out())
+    let pages = snapshot::reset(&shared.template, mem, cpu, copied)?;
+    cpu.map_memory(shared.template.handed_out())?;
+    Ok(pages)
 }
 
 /// A worker that could not create a VM answers the next job with why (rather than leaving

@@ -832,6 +832,46 @@ impl GuestMemory {
         parts
     }
 
+    /// Gives the host back every page this memory holds (its process ended, or exec replaced
+    /// it): a fork's copies are dropped (it shows the template again), memory of its own is
+    /// emptied, shared ranges are let go. The mapping stays, so references to it stay valid.
+    pub fn release_pages(&self) -> io::Result<()> {
+        self.unshare(0, self.size)?;
+        self.release_range(0, self.size)
+    }
+
+    /// Gives the host back the pages of `[addr, addr+len)` (page-aligned, showing no shared
+    /// memory): the range then reads as the template's bytes (a fork) or zeros (memory of its
+    /// own). For memory the guest unmapped, which the memory map zeroes before reusing.
+    pub fn release_range(&self, addr: u64, len: u64) -> io::Result<()> {
+        let off = self.check_pages(addr, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let advice = if self.fd.is_some() {
+            libc::MADV_REMOVE
+        } else {
+            libc::MADV_DONTNEED
+        };
+        // SAFETY: advice on a bounds-checked range of this value's own mapping; it frees pages,
+        // and later reads see the template's bytes (a fork) or zeros (a memfd of its own),
+        // never freed memory.
+        if unsafe { libc::madvise(self.host.add(off) as *mut c_void, len as usize, advice) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The bytes of host memory this memory holds of its own: a fork's copied pages, or the
+    /// pages its memfd holds.
+    pub fn resident_bytes(&self) -> io::Result<u64> {
+        let ranges = match self.copied_own_ranges()? {
+            Some(copied) => copied,
+            None => self.data_extents()?,
+        };
+        Ok(ranges.iter().map(|(start, end)| end - start).sum())
+    }
+
     /// Maps this memory's own backing over `[start, end)` again.
     fn restore_own(&self, start: u64, end: u64) -> io::Result<()> {
         let (fd, flags) = match (&self.fd, &self.source) {
@@ -1391,6 +1431,76 @@ mod tests {
         assert_eq!(
             (copy.read_u64(0x2000).unwrap(), b.read_u64(0x2000).unwrap()),
             (10, 7)
+        );
+    }
+
+    #[test]
+    fn shared_ranges_are_seen_by_duplicates_and_let_go_on_unshare() {
+        let mem = GuestMemory::new(1 << 20).unwrap();
+        mem.write_u64(0x2000, 7).unwrap();
+        let template = TemplateMemory::seal(mem).unwrap();
+        let parent = GuestMemory::fork_of(&template).unwrap();
+        let shared = SharedMemory::anonymous(0x3000).unwrap();
+        parent.share(0x1000, 0x3000, &shared, 0).unwrap();
+        assert_eq!(
+            parent.read_u64(0x2000).unwrap(),
+            0,
+            "a fresh shared range reads zeros"
+        );
+        let child = parent.duplicate().unwrap();
+        child.write_u64(0x2000, 42).unwrap();
+        assert_eq!(
+            parent.read_u64(0x2000).unwrap(),
+            42,
+            "the child's write is the parent's"
+        );
+        assert!(matches!(child.shared_at(0x2008), Some((_, 0x1008))));
+        assert_eq!(
+            child.own_parts(0, 0x5000),
+            vec![(0, 0x1000), (0x4000, 0x5000)]
+        );
+        // Unsharing the middle page splits the range; the page shows the template again.
+        child.unshare(0x2000, 0x1000).unwrap();
+        assert_eq!(child.read_u64(0x2000).unwrap(), 7);
+        assert!(matches!(child.shared_at(0x3000), Some((_, 0x2000))));
+        assert!(child.shared_at(0x2000).is_none());
+        assert!(parent
+            .copied_ranges()
+            .unwrap()
+            .unwrap()
+            .contains(&(0x1000, 0x4000)));
+        assert!(
+            parent.share(0x1001, 0x1000, &shared, 0).is_err(),
+            "unaligned"
+        );
+        assert!(
+            parent.share(0xff000, 0x2000, &shared, 0).is_err(),
+            "past the end"
+        );
+    }
+
+    #[test]
+    fn released_pages_go_back_to_the_host() {
+        let template = TemplateMemory::seal(GuestMemory::new(1 << 20).unwrap()).unwrap();
+        let fork = GuestMemory::fork_of(&template).unwrap();
+        fork.fill(0x10000, 0x8000, 1).unwrap();
+        assert_eq!(fork.resident_bytes().unwrap(), 0x8000);
+        fork.release_range(0x10000, 0x4000).unwrap();
+        assert_eq!(fork.resident_bytes().unwrap(), 0x4000);
+        assert_eq!(
+            fork.read_u64(0x10000).unwrap(),
+            0,
+            "the template's bytes again"
+        );
+        fork.release_pages().unwrap();
+        assert_eq!(fork.resident_bytes().unwrap(), 0);
+        let own = GuestMemory::new(1 << 20).unwrap();
+        own.fill(0, 0x3000, 1).unwrap();
+        assert_eq!(own.resident_bytes().unwrap(), 0x3000);
+        own.release_pages().unwrap();
+        assert_eq!(
+            (own.resident_bytes().unwrap(), own.read_u64(0).unwrap()),
+            (0, 0)
         );
     }
 

@@ -142,7 +142,9 @@ impl<'a> Tree<'a> {
                         None => &mut *root_cpu,
                     };
                     let mem = self.members[index].mem.unwrap_or(root_mem);
-                    let forked = self.fork(cpu, mem, process, &request);
+                    let forked = self
+                        .check_room_for_copy(mem, root_mem, process.config.mem_limit)
+                        .and_then(|()| self.fork(cpu, mem, process, &request));
                     self.members[index].cpu = own;
                     match forked {
                         Ok(child) => {
@@ -303,6 +305,30 @@ impl<'a> Tree<'a> {
         }
     }
 
+    /// The memory limit is the tree's: a copy of `mem` (the forking process's) must fit beside
+    /// the host memory every live process holds of its own (`root_mem` is the first process's
+    /// until an execve replaces it). ENOMEM otherwise, as fork answers on Linux.
+    fn check_room_for_copy(
+        &self,
+        mem: &GuestMemory,
+        root_mem: &GuestMemory,
+        limit: u64,
+    ) -> Result<(), Errno> {
+        let mut total = mem.resident_bytes().map_err(|_| Errno::ENOMEM)?;
+        for member in self
+            .members
+            .iter()
+            .filter(|m| !matches!(m.state, State::Ended))
+        {
+            let held = member.mem.unwrap_or(root_mem).resident_bytes();
+            total = total.saturating_add(held.map_err(|_| Errno::ENOMEM)?);
+        }
+        if total > limit {
+            return Err(Errno::ENOMEM);
+        }
+        Ok(())
+    }
+
     /// Makes a child of the current process: a copy of its memory in a new VM, a vCPU in its
     /// state (the call returning 0 there), and its own part of the process state.
     fn fork(
@@ -451,7 +477,11 @@ impl<'a> Tree<'a> {
             self.limit_ms,
         ));
         member.cpu = Some(cpu);
-        member.mem = Some(new_mem);
+        // The old program's memory (a forked copy, or an earlier exec's) goes back to the host;
+        // the run's own first memory is the caller's.
+        if let Some(old) = member.mem.replace(new_mem) {
+            let _ = old.release_pages();
+        }
         member.handed_out = None;
         Ok(())
     }
@@ -486,6 +516,9 @@ impl<'a> Tree<'a> {
         member.state = State::Ended;
         member.cpu = None;
         member.sched = None;
+        if let Some(mem) = member.mem {
+            let _ = mem.release_pages();
+        }
     }
 
     /// The next process to run, round robin from the current one: one that is ready, or

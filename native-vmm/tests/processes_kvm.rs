@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::{describe, python, python_image, request, run};
 use sandfork_vmm::status::RunStatus;
+use sandfork_vmm::vm::RunOutcome;
 
 /// Runs `script` with bash in the VM and natively; both must exit 0 and print the same.
 fn same_as_native(script: &str) -> String {
@@ -173,24 +174,33 @@ print(sleeper.wait(), other.wait())
     );
 }
 
-#[test]
-fn a_fork_bomb_meets_the_process_limit_and_the_run_ends() {
-    let outcome = python(
+/// A fork loop whose children stay: `limit_mib` of memory for the tree.
+fn fork_until_refused(limit_mib: u64) -> RunOutcome {
+    let mut req = common::python_request(
         r#"
-import os, time
+import errno, os, time
 children = 0
 while True:
     try:
         pid = os.fork()
-    except BlockingIOError:
+    except OSError as e:
+        print(children, errno.errorcode[e.errno])
         break
     if pid == 0:
         time.sleep(30)
         os._exit(0)
     children += 1
-print(children)
 "#,
     );
+    req.mem_bytes = limit_mib << 20;
+    req.timeout = common::scaled(std::time::Duration::from_secs(30));
+    run(&python_image(), &req)
+}
+
+#[test]
+fn a_fork_bomb_meets_the_process_limit_or_the_trees_memory_and_the_run_ends() {
+    // With room for every copy, the process limit (64 with the first) stops it.
+    let outcome = fork_until_refused(2048);
     assert_eq!(
         outcome.status,
         RunStatus::Exited { code: 0 },
@@ -199,10 +209,18 @@ print(children)
     );
     assert_eq!(
         String::from_utf8_lossy(&outcome.stdout),
-        "63\n",
+        "63 EAGAIN\n",
         "{}",
         describe(&outcome)
     );
+    // In less memory, the copies fill the tree's limit first.
+    let outcome = fork_until_refused(128);
+    let stdout = String::from_utf8_lossy(&outcome.stdout);
+    let children: u32 = stdout
+        .strip_suffix(" ENOMEM\n")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", describe(&outcome)));
+    assert!((1..63).contains(&children), "{}", describe(&outcome));
 }
 
 #[test]
@@ -423,4 +441,38 @@ fn multiprocessing_pool_queue_lock_value_and_shared_memory_under_fork_and_spawn(
     let expected = "pool 332833500\nqueue 1225\nvalue 600\nshared_memory b'abc' 0\n";
     assert_eq!(multiprocessing_prints("fork"), expected);
     assert_eq!(multiprocessing_prints("spawn"), expected);
+}
+
+#[test]
+fn the_memory_limit_is_the_trees_and_unmapped_memory_leaves_it() {
+    let mut req = common::python_request(
+        r#"
+import errno, os
+def touched(mib):
+    buf = bytearray(mib << 20)
+    for i in range(0, len(buf), 4096):
+        buf[i] = 1
+    return buf
+held = touched(80)
+try:
+    os.fork()
+    print("forked")
+except OSError as e:
+    print("no room for a copy:", errno.errorcode[e.errno])
+del held
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+print("after freeing:", os.waitpid(pid, 0)[1])
+"#,
+    );
+    req.mem_bytes = 128 << 20;
+    req.timeout = common::scaled(std::time::Duration::from_secs(60));
+    let outcome = run(&python_image(), &req);
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "no room for a copy: ENOMEM\nafter freeing: 0\n",
+        "{}",
+        describe(&outcome)
+    );
 }

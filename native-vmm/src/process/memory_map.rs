@@ -361,7 +361,7 @@ impl MemoryMap {
     }
 
     /// munmap(2): forgets every mapping inside the range; unmapped parts are ignored.
-    pub fn unmap(&mut self, addr: u64, len: u64) -> Result<(), MapError> {
+    pub fn unmap(&mut self, addr: u64, len: u64) -> Result<Vec<(u64, u64)>, MapError> {
         if !addr.is_multiple_of(PAGE_SIZE) || len == 0 {
             return Err(MapError::Invalid);
         }
@@ -369,8 +369,14 @@ impl MemoryMap {
             Some(end) => end,
             None => return Err(MapError::Invalid),
         };
-        self.carve(addr, end);
-        Ok(())
+        // What was mapped in the range (the guest's records only: never the VMM's own pages).
+        let unmapped = self
+            .carve(addr, end)
+            .into_iter()
+            .rev()
+            .map(|(start, region)| (start.max(addr), region.end.min(end)))
+            .collect();
+        Ok(unmapped)
     }
 
     /// mprotect(2), recorded only. Memory the loader placed (the program's segments, the stack)

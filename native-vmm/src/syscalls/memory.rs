@@ -165,8 +165,12 @@ fn unshare(user: &UserMemory, addr: u64, len: u64) -> Result<(), Errno> {
 /// munmap(addr, length)
 pub(crate) fn munmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     match proc.memory.unmap(args[0], args[1]) {
-        Ok(()) => {
+        Ok(unmapped) => {
             unshare(user, args[0], args[1])?;
+            for (start, end) in unmapped {
+                // Best effort: the memory map zeroes the range before handing it out again.
+                let _ = user.guest().release_range(start, end - start);
+            }
             value(0)
         }
         Err(e) => map_error(proc, e),

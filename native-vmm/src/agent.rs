@@ -247,6 +247,8 @@ pub struct AgentRequest {
     pub files: Vec<(String, Vec<u8>)>,
     /// The guest's fd 0.
     pub stdin: Vec<u8>,
+    /// The network policy and limits the run is under (none: no network).
+    pub network: crate::net::Grant,
 }
 
 /// Why a request was refused (before any VM ran it).
@@ -290,6 +292,7 @@ impl AgentRequest {
             env: Vec::new(),
             files: Vec::new(),
             stdin: Vec::new(),
+            network: Default::default(),
         }
     }
 

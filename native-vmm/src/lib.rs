@@ -14,7 +14,8 @@ compile_error!("sandfork-vmm runs x86-64 guests under KVM on an x86-64 Linux hos
 pub mod abi;
 pub mod usermem;
 
-// Host side: FFI and guest RAM (with kvm/run_page.rs and devcpu/ptrace_sys.rs, the only `unsafe`).
+// Host side: FFI and guest RAM (with kvm/run_page.rs, net/host.rs and devcpu/ptrace_sys.rs, the
+// only `unsafe`).
 pub mod layout;
 pub mod memory;
 pub mod sys;
@@ -28,6 +29,9 @@ pub mod status;
 // The guest's file system: the read-only image (built from a manifest) and the per-VM overlay.
 pub mod fs;
 pub mod image;
+
+// Network egress: host sockets carried for the guest, the policy they are under, DNS messages.
+pub mod net;
 
 // The guest process as the syscall layer sees it (fds, memory map, output) and the syscall table.
 pub mod process;

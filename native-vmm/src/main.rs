@@ -186,6 +186,8 @@ options:
                           on; older ones are deleted when a new one is taken (default 4)
   --adopt-sessions        a request for a session not in the --sessions folder moves it in
                           from a folder beside it (a cluster's nodes share their parent)
+  --dns-server IP:PORT    the DNS server names a request's network policy allows are asked of
+                          (default: the first nameserver of /etc/resolv.conf, port 53)
   --test-forbidden-syscall-after-ms N
                           for tests of the confinement: N ms after startup a thread makes a
                           system call the seccomp filter forbids, which kills the daemon
@@ -744,6 +746,29 @@ fn bench_fork(args: &[String]) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The host's side of guests' network (`net::configure`): the DNS server allowed names are
+/// asked of, and the host's own addresses, which guests may not reach unless named.
+fn configure_network(options: &Options) -> Result<(), CliError> {
+    let upstream = match options.values.get("--dns-server") {
+        Some(text) => Some(text.parse::<std::net::SocketAddr>().map_err(|_| {
+            CliError::Usage(
+                format!("--dns-server expects IP:PORT, got `{text}`"),
+                options.usage,
+            )
+        })?),
+        None => std::fs::read_to_string("/etc/resolv.conf")
+            .ok()
+            .and_then(|text| sandfork_vmm::net::nameserver_of(&text)),
+    };
+    let own_addresses = sandfork_vmm::net::host::own_addresses()
+        .map_err(|e| CliError::Failed(format!("listing the host's addresses: {e}")))?;
+    sandfork_vmm::net::configure(sandfork_vmm::net::HostConfig {
+        upstream,
+        own_addresses,
+    });
+    Ok(())
+}
+
 fn serve(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
@@ -761,11 +786,13 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             "--sessions",
             "--max-sessions",
             "--keep-checkpoints",
+            "--dns-server",
         ],
         &["--adopt-sessions"],
         false,
         SERVE_USAGE,
     )?;
+    configure_network(&options)?;
     let defaults = daemon::DEFAULT_MAXIMA;
     let max_limits = daemon::executor::ExecutionLimits {
         timeout_ms: options.number(

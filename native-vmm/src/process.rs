@@ -181,6 +181,8 @@ pub struct GuestProcess {
     pub(crate) published_result: Option<crate::agent::CellResult>,
     /// Every process of the tree: ids, parents, exit statuses, signals sent to them.
     pub(crate) tree: ProcessTable,
+    /// The run's network: its policy, limits and usage (`crate::net`).
+    pub(crate) net: crate::net::Network,
     calls: CallCounters,
     unsupported: CallCounters,
 }
@@ -216,6 +218,7 @@ impl GuestProcess {
             hand_off: crate::agent::HandOff::Script,
             published_result: None,
             tree: ProcessTable::new(threads::MAIN_TID),
+            net: crate::net::Network::default(),
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
         }
@@ -481,6 +484,7 @@ impl GuestProcess {
             hand_off: crate::agent::HandOff::Script,
             published_result: None,
             tree: ProcessTable::new(threads::MAIN_TID),
+            net: crate::net::Network::default(),
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
         })

@@ -621,6 +621,6 @@ impl<'a> Tree<'a> {
 fn run_wide(status: &RunStatus) -> bool {
     matches!(
         status,
-        RunStatus::Timeout { .. } | RunStatus::OutputLimit { .. }
+        RunStatus::Timeout { .. } | RunStatus::OutputLimit { .. } | RunStatus::NetworkLimit { .. }
     )
 }

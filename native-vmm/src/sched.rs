@@ -84,6 +84,10 @@ impl LoopEnd {
 /// way back to program code from a call is preempted there at the next kick.
 const STUB_RETRY: Duration = Duration::from_millis(1);
 
+/// How soon a process of a tree whose threads all wait for host sockets looks at them again
+/// when another process could run meanwhile.
+const HOST_RECHECK: Duration = Duration::from_millis(1);
+
 pub struct Scheduler {
     /// The thread whose registers the vCPU holds.
     on_cpu: u64,
@@ -374,6 +378,41 @@ impl Scheduler {
             interrupt_waiters(process);
             let timer = process.signals.timer.map(|t| t.next);
             let next = process.threads.next(now);
+            let sleep_until = match next {
+                Next::SleepUntil(until) => Some(Some(until)),
+                Next::Deadlock { .. } => Some(None),
+                _ => None,
+            };
+            // Every thread waits and some wait for host sockets: their readiness ends a wait
+            // as another thread's progress would.
+            if let Some(until) = sleep_until {
+                let host = process.threads.host_interest();
+                if !host.is_empty() {
+                    let wake = [until, timer, Some(self.deadline)]
+                        .into_iter()
+                        .flatten()
+                        .fold(self.deadline, Instant::min);
+                    if now >= self.deadline {
+                        return Ok(Step::End(LoopEnd::Finished(self.timeout())));
+                    }
+                    // In a tree, other processes get the host thread between short looks.
+                    let wait = if process.tree.len() > 1 {
+                        Duration::ZERO
+                    } else {
+                        wake.saturating_duration_since(now)
+                    };
+                    if crate::net::host::wait_any(&host, wait)? {
+                        process.threads.progress();
+                        continue;
+                    }
+                    if process.tree.len() > 1 {
+                        return Ok(Step::End(LoopEnd::Blocked {
+                            until: Some(wake.min(now + HOST_RECHECK)),
+                        }));
+                    }
+                    continue;
+                }
+            }
             // With other processes in the tree, a process whose threads all wait yields the
             // vCPU to them (`crate::sandbox`) instead of sleeping or counting as deadlocked.
             if process.tree.len() > 1 {

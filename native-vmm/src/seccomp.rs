@@ -9,8 +9,10 @@
 //! of its own mappings; reads and writes on descriptors it already holds (the socket it serves,
 //! its connections, stderr for its log); threads (clone with CLONE_THREAD only; clone3 answers
 //! ENOSYS so that glibc falls back to clone, whose flags a filter can see); futexes, signals
-//! between its own threads, time, entropy. Not allowed: creating sockets or connecting, exec,
-//! fork, ptrace, mount, changing identity. Opening a path is refused with EACCES rather than
+//! between its own threads, time, entropy; guests' network egress: creating TCP and UDP sockets
+//! of AF_INET and AF_INET6 only (`crate::net::host`: no Unix, netlink, packet or raw sockets,
+//! no bind or listen), connecting them, reading their names. Not allowed: exec, fork, ptrace,
+//! mount, changing identity. Opening a path is refused with EACCES rather than
 //! fatal: glibc opens files of its own on rare paths (malloc reads
 //! /sys/devices/system/cpu/online when it first wants another arena; `confine` sets the arena
 //! limit so that it does not), and a refusal opens nothing either. (unlink is allowed: the daemon
@@ -51,12 +53,18 @@ const PR_SET_NAME: u32 = 15;
 
 // x86-64 numbers.
 const IOCTL: u32 = 16;
+const SOCKET: u32 = 41;
 const CLONE: u32 = 56;
 const PRCTL: u32 = 157;
 const CLONE3: u32 = 435;
 const OPEN: u32 = 2;
 const OPENAT: u32 = 257;
 const EACCES: u32 = 13;
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+const SOCK_STREAM: u32 = 1;
+const SOCK_DGRAM: u32 = 2;
+const SOCK_TYPE_MASK: u32 = 0xf;
 
 /// Allowed whatever their arguments (x86-64 numbers).
 const ALLOWED: &[(u32, &str)] = &[
@@ -83,7 +91,10 @@ const ALLOWED: &[(u32, &str)] = &[
     (45, "recvfrom"),
     (46, "sendmsg"),
     (47, "recvmsg"),
+    (42, "connect"), // guests' egress, to addresses their policy allows
     (48, "shutdown"),
+    (51, "getsockname"),
+    (52, "getpeername"),
     (54, "setsockopt"),
     (55, "getsockopt"),
     (60, "exit"),
@@ -173,7 +184,7 @@ pub fn program(confinement: Confinement) -> Vec<SockFilter> {
     ];
     // Each allowed number jumps to the final ALLOW; the checked calls jump to their blocks,
     // which follow the KILL below. Jump offsets count instructions after the jump.
-    let checked: [(u32, Vec<SockFilter>); 6] = [
+    let checked: [(u32, Vec<SockFilter>); 7] = [
         (
             IOCTL,
             vec![
@@ -200,6 +211,20 @@ pub fn program(confinement: Confinement) -> Vec<SockFilter> {
             vec![
                 stmt(BPF_LD_W_ABS, arg(0)),
                 jump(BPF_JEQ_K, PR_SET_NAME, 1, 0),
+                stmt(BPF_RET_K, RET_KILL_PROCESS),
+                stmt(BPF_RET_K, RET_ALLOW),
+            ],
+        ),
+        (
+            SOCKET,
+            vec![
+                stmt(BPF_LD_W_ABS, arg(0)),
+                jump(BPF_JEQ_K, AF_INET, 1, 0),
+                jump(BPF_JEQ_K, AF_INET6, 0, 4),
+                stmt(BPF_LD_W_ABS, arg(1)),
+                stmt(BPF_AND_K, SOCK_TYPE_MASK),
+                jump(BPF_JEQ_K, SOCK_STREAM, 2, 0),
+                jump(BPF_JEQ_K, SOCK_DGRAM, 1, 0),
                 stmt(BPF_RET_K, RET_KILL_PROCESS),
                 stmt(BPF_RET_K, RET_ALLOW),
             ],
@@ -289,9 +314,24 @@ mod tests {
         }
         assert_eq!(run(&p, OPEN, [0; 6]), RET_ERRNO | EACCES);
         assert_eq!(run(&p, OPENAT, [0; 6]), RET_ERRNO | EACCES);
+        // socket: TCP and UDP of AF_INET and AF_INET6 only.
+        for (family, kind) in [(2, 1), (2, 2), (10, 1), (10, 0x80802)] {
+            assert_eq!(
+                run(&p, SOCKET, [family, kind, 0, 0, 0, 0]),
+                RET_ALLOW,
+                "socket({family}, {kind:#x})"
+            );
+        }
+        for (family, kind) in [(1, 1), (16, 3), (17, 3), (2, 3), (10, 5)] {
+            assert_eq!(
+                run(&p, SOCKET, [family, kind, 0, 0, 0, 0]),
+                RET_KILL_PROCESS,
+                "socket({family}, {kind:#x})"
+            );
+        }
         for (nr, name) in [
-            (41, "socket"),
-            (42, "connect"),
+            (49, "bind"),
+            (50, "listen"),
             (59, "execve"),
             (57, "fork"),
             (58, "vfork"),
@@ -375,8 +415,7 @@ mod tests {
         assert_eq!(run(&p, OPENAT, [0; 6]), RET_ALLOW);
         assert_eq!(run(&p, OPEN, [0; 6]), RET_ALLOW);
         for (nr, name) in [
-            (41, "socket"),
-            (42, "connect"),
+            (49, "bind"),
             (59, "execve"),
             (57, "fork"),
             (101, "ptrace"),
@@ -401,7 +440,7 @@ mod tests {
         numbers.sort_unstable();
         numbers.dedup();
         assert_eq!(numbers.len(), ALLOWED.len() + SESSION_FILES.len());
-        assert!(![IOCTL, CLONE, PRCTL, CLONE3, OPEN, OPENAT]
+        assert!(![IOCTL, SOCKET, CLONE, PRCTL, CLONE3, OPEN, OPENAT]
             .iter()
             .any(|nr| numbers.contains(nr)));
     }

@@ -13,6 +13,8 @@ pub enum RunStatus {
     OutOfMemory { limit_bytes: u64 },
     /// stdout+stderr reached the output cap; output is truncated there.
     OutputLimit { cap_bytes: u64 },
+    /// The program moved (or was about to move) more network bytes than its cap.
+    NetworkLimit { limit_bytes: u64 },
     /// A CPU exception at CPL3: the program crashed.
     Crashed { fault: GuestFault },
     /// The program made a system call we do not implement and could not go on.
@@ -67,6 +69,7 @@ impl RunStatus {
             RunStatus::Timeout { .. } => "timeout",
             RunStatus::OutOfMemory { .. } => "out_of_memory",
             RunStatus::OutputLimit { .. } => "output_limit",
+            RunStatus::NetworkLimit { .. } => "network_limit",
             RunStatus::Crashed { .. } => "crashed",
             RunStatus::Unsupported { .. } => "unsupported",
             RunStatus::Deadlocked { .. } => "deadlocked",
@@ -80,6 +83,7 @@ impl RunStatus {
             RunStatus::Timeout { .. } => 124,
             RunStatus::OutOfMemory { .. } => 137,
             RunStatus::OutputLimit { .. } => 141,
+            RunStatus::NetworkLimit { .. } => 153, // SIGXFSZ: a transfer past its limit
             RunStatus::Crashed { fault } => match fault.vector {
                 0 | 16 | 19 => 136, // SIGFPE
                 6 => 132,           // SIGILL
@@ -105,6 +109,9 @@ impl fmt::Display for RunStatus {
             ),
             RunStatus::OutputLimit { cap_bytes } => {
                 write!(f, "output limit: truncated at {cap_bytes} bytes")
+            }
+            RunStatus::NetworkLimit { limit_bytes } => {
+                write!(f, "network limit: {limit_bytes} bytes moved")
             }
             RunStatus::Crashed { fault } => {
                 write!(

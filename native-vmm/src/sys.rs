@@ -2,8 +2,9 @@
 //! safe function.
 //!
 //! The VMM's libc calls live here; the other `unsafe` code is the mappings built on
-//! `libc::mmap` and `libc::munmap` (`memory.rs`, `kvm/run_page.rs`) and the test-only ptrace
-//! CPU's own calls (`devcpu/ptrace_sys.rs`).
+//! `libc::mmap` and `libc::munmap` (`memory.rs`, `kvm/run_page.rs`), the host sockets of
+//! guests' egress (`net/host.rs`) and the test-only ptrace CPU's own calls
+//! (`devcpu/ptrace_sys.rs`).
 //! Wrappers return `io::Result` with the host errno, so callers never see raw return codes.
 
 // FFI: libc's signed return values and C types are converted to and from Rust's unsigned ones.

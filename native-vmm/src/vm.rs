@@ -95,6 +95,8 @@ pub struct RunStats {
     /// Threads created, refused at the limit, the most alive at once, and switches between
     /// them on the vCPU (preemptions among them).
     pub threads: ThreadCounters,
+    /// Network bytes, connections, refusals and DNS questions.
+    pub network: crate::net::Usage,
 }
 
 impl RunStats {
@@ -115,6 +117,7 @@ impl RunStats {
             load,
             peak_memory: process.peak_memory(),
             threads: process.threads().counters,
+            network: process.net.usage,
         }
     }
 }
@@ -432,6 +435,7 @@ pub fn hand_over(
         process.total_syscalls(),
     );
     let threads_before = process.threads().counters;
+    process.net.start(request.network.clone());
     process.agent_request = Some(request);
     let started = Instant::now();
     let (deadline, limit_ms) = deadline_after(timeout);
@@ -456,6 +460,7 @@ pub fn hand_over(
         load: Duration::ZERO,
         peak_memory: process.peak_memory(),
         threads: thread_counters_since(threads_before, process.threads().counters),
+        network: process.net.usage,
     };
     Ok((end, stats))
 }

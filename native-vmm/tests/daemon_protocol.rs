@@ -81,6 +81,7 @@ impl Executor for ScriptedExecutor {
             exits: 3,
             threads_created: 1,
             thread_switches: 4,
+            network: Default::default(),
         };
         let (stdout, stderr) = match output.total() {
             0 => (

@@ -182,13 +182,21 @@ for family, address in ((socket.AF_INET, ("1.1.1.1", 80)), (socket.AF_INET6, ("2
     except OSError as e:
         print('OSError', e.errno)
 try:
-    socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("1.1.1.1", 53))
 except OSError as e:
     print('OSError', e.errno)
+try:
+    socket.getaddrinfo("example.com", 443)
+except socket.gaierror as e:
+    print('gaierror', e.errno)
 "#;
-    // No route to another host (syscalls/addresses.rs); nothing listens on the VM's own
-    // loopback unless the program does; no datagram sockets.
-    assert_prints(code, "OSError 101\nOSError 101\nOSError 111\nOSError 94\n");
+    // A run with no network policy: every address outside the VM is refused (EACCES,
+    // syscalls/inet.rs), names do not resolve; nothing listens on the VM's own loopback
+    // unless the program does.
+    assert_prints(
+        code,
+        "OSError 13\nOSError 13\nOSError 111\nOSError 13\ngaierror -2\n",
+    );
 }
 
 #[test]

@@ -276,6 +276,7 @@ impl Executor for AgentExecutor {
             exits: stats.exits,
             threads_created: stats.threads.created,
             thread_switches: stats.threads.switches,
+            network: stats.network,
         };
         Ok(Execution {
             status: outcome.status,

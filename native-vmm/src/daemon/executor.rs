@@ -86,6 +86,8 @@ pub struct Usage {
     /// Times the vCPU went from one guest thread to another (each inside a VM exit the run
     /// took anyway: a switch adds no exit of its own).
     pub thread_switches: u64,
+    /// Network bytes in and out, connections, refusals by the policy, DNS questions.
+    pub network: crate::net::Usage,
 }
 
 /// How one execution went.

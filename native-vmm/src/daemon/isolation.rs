@@ -308,6 +308,7 @@ pub fn run(
             env,
             files: Vec::new(),
             stdin: Vec::new(),
+            network: Default::default(),
         };
         let execution = executor
             .execute(

@@ -22,7 +22,8 @@ use crate::agent::{truncate, AgentRequest, DEFAULT_SCRIPT, MAX_QUOTED_CHARS};
 use crate::daemon::base64;
 use crate::daemon::executor::{Defaulted, ExecuteRequest};
 use crate::daemon::wire::{
-    bad, clamp_limits, typed, Encoding, Environment, ErrorCode, LimitFields, SafeInteger,
+    bad, clamp_limits, network_grant, typed, Encoding, Environment, ErrorCode, LimitFields,
+    NetworkFields, SafeInteger,
 };
 pub use crate::daemon::wire::{
     LimitPolicy, RequestError, MAX_INTEGER, MAX_TEMPLATE_NAME_BYTES, MIN_MEMORY_MIB,
@@ -75,6 +76,7 @@ struct ExecuteFields {
     files: Option<Vec<FileFields>>,
     limits: Option<LimitFields>,
     stream: Option<bool>,
+    network: Option<NetworkFields>,
 }
 
 #[derive(Deserialize)]
@@ -215,6 +217,7 @@ fn parse_execute(
             .unwrap_or_default(),
         files,
         stdin: fields.stdin.map(String::into_bytes).unwrap_or_default(),
+        network: network_grant(fields.network, id)?,
     };
     agent_request.validate().map_err(|e| bad(id, e.0))?;
     let limits = match fields.limits {
@@ -388,6 +391,7 @@ mod tests {
                 agent_request: AgentRequest {
                     code: "print(6*7)".into(),
                     stdin: b"in".to_vec(),
+                    network: Default::default(),
                     argv: vec!["script.py".into(), "--flag".into()],
                     env: vec![("LANG".into(), "C.UTF-8".into()), ("X".into(), "".into())],
                     files: vec![
@@ -424,6 +428,17 @@ mod tests {
                 agent_request: AgentRequest {
                     code: "print(6*7)".into(),
                     stdin: vec![],
+                    network: crate::net::Grant {
+                        policy: crate::net::Policy::new(vec![crate::net::Allowlist::parse(&[
+                            "pypi.org:443",
+                            "*.pythonhosted.org:443"
+                        ])
+                        .unwrap()]),
+                        limits: crate::net::Limits {
+                            connections: 8,
+                            bytes: 104_857_600
+                        },
+                    },
                     argv: vec!["script.py".into(), "--flag".into()],
                     env: vec![("LANG".into(), "C.UTF-8".into())],
                     files: vec![("data.csv".into(), b"a,b\n1,2\n".to_vec())],
@@ -569,7 +584,7 @@ mod tests {
             ),
             "template must be 1 to 255 bytes"
         );
-        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "timeout_ms: unknown field `timeout_ms`, expected one of `id`, `type`, `template`, `code`, `stdin`, `argv`, `env`, `files`, `limits`, `stream`");
+        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "timeout_ms: unknown field `timeout_ms`, expected one of `id`, `type`, `template`, `code`, `stdin`, `argv`, `env`, `files`, `limits`, `stream`, `network`");
     }
 
     #[test]

@@ -368,6 +368,7 @@ mod tests {
             exits: 33,
             threads_created: 2,
             thread_switches: 9,
+            network: Default::default(),
         };
         let finished = Execution {
             status,
@@ -444,7 +445,7 @@ mod tests {
             concat!(
                 r#"{"id":7,"type":"execution","status":"ok","exit_code":0,"stdout":"42\n","stderr":"err","truncated":false,"fault":null,"#,
                 r#""limits":{"timeout_ms":1000,"memory_mib":64,"output_bytes":10},"vm":{"origin":"reset","resets":3},"timings":{"queue_us":12,"fork_us":410,"exec_us":950,"total_us":1380},"#,
-                r#""usage":{"wall_us":1360,"cpu_us":900,"peak_memory_bytes":18350080,"pages_copied":0,"syscalls":31,"exits":33,"threads_created":2,"thread_switches":9}}"#
+                r#""usage":{"wall_us":1360,"cpu_us":900,"peak_memory_bytes":18350080,"pages_copied":0,"syscalls":31,"exits":33,"threads_created":2,"thread_switches":9,"network":{"bytes_in":0,"bytes_out":0,"connections":0,"refused":0,"dns_queries":0}}}"#
             )
         );
         let error = run(RunStatus::Exited { code: -3 }, b"");
@@ -624,6 +625,7 @@ mod tests {
                 exits: 33,
                 threads_created: 0,
                 thread_switches: 0,
+                network: Default::default(),
             },
             vm: VmOrigin::Reset { resets: 41 },
             result: None,

@@ -280,7 +280,13 @@ fn one_session(
     let (mut last, mut file_bytes, mut pause_file_bytes) = (None::<TakenCheckpoint>, 0, 0);
     for _ in 0..iterations {
         sessions
-            .execute(&id, cell.code(mib), Vec::new(), limits())
+            .execute(
+                &id,
+                cell.code(mib),
+                Vec::new(),
+                limits(),
+                Default::default(),
+            )
             .map_err(fail)?;
         let started = Instant::now();
         let taken = sessions.checkpoint(&id, false).map_err(fail)?;
@@ -292,7 +298,13 @@ fn one_session(
     let pauses = iterations.min(50);
     for _ in 0..pauses {
         sessions
-            .execute(&id, cell.code(mib), Vec::new(), limits())
+            .execute(
+                &id,
+                cell.code(mib),
+                Vec::new(),
+                limits(),
+                Default::default(),
+            )
             .map_err(fail)?;
         let started = Instant::now();
         pause_file_bytes += sessions
@@ -344,7 +356,7 @@ fn concurrent_checkpoints(
     for id in &ids {
         sessions.create(id, template, None).map_err(|e| e.message)?;
         sessions
-            .execute(id, cell.code(1), Vec::new(), limits())
+            .execute(id, cell.code(1), Vec::new(), limits(), Default::default())
             .map_err(|e| e.message)?;
         sessions.checkpoint(id, false).map_err(|e| e.message)?;
     }
@@ -357,7 +369,13 @@ fn concurrent_checkpoints(
                 let (mut busy, mut bytes, mut cpu, mut failed) =
                     (Duration::ZERO, 0, Duration::ZERO, None);
                 for _ in 0..iterations {
-                    let ran = sessions.execute(&id, cell.code(1), Vec::new(), limits());
+                    let ran = sessions.execute(
+                        &id,
+                        cell.code(1),
+                        Vec::new(),
+                        limits(),
+                        Default::default(),
+                    );
                     if together {
                         barrier.wait();
                     }

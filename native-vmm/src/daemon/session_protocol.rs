@@ -16,8 +16,8 @@ use crate::daemon::sessions::{
     TakenCheckpoint,
 };
 use crate::daemon::wire::{
-    bad, clamp_limits, typed, Encoding, Environment, LimitFields, LimitPolicy, RequestError,
-    SafeInteger,
+    bad, clamp_limits, network_grant, typed, Encoding, Environment, LimitFields, LimitPolicy,
+    NetworkFields, RequestError, SafeInteger,
 };
 
 /// One validated session request.
@@ -33,6 +33,7 @@ pub enum SessionOp {
         code: String,
         env: Vec<(String, String)>,
         limits: ExecutionLimits,
+        network: crate::net::Grant,
     },
     WriteFile {
         session: String,
@@ -91,6 +92,7 @@ struct Fields {
     code: Option<String>,
     env: Option<Environment>,
     limits: Option<LimitFields>,
+    network: Option<NetworkFields>,
     path: Option<String>,
     content: Option<String>,
     encoding: Option<Encoding>,
@@ -102,7 +104,7 @@ struct Fields {
 fn allowed(kind: &str) -> Option<&'static [&'static str]> {
     Some(match kind {
         "session_create" => &["template", "memory_mib"],
-        "session_execute" => &["code", "env", "limits"],
+        "session_execute" => &["code", "env", "limits", "network"],
         "session_write_file" => &["path", "content", "encoding"],
         "session_read_file" | "session_delete_file" => &["path"],
         "session_fork" => &["from", "checkpoint"],
@@ -186,6 +188,7 @@ pub fn parse(
                     .map(|Environment(pairs)| pairs)
                     .unwrap_or_default(),
                 limits,
+                network: network_grant(fields.network, id)?,
             }
         }
         "session_write_file" => {
@@ -303,7 +306,7 @@ pub fn handle(sessions: &Sessions, id: u64, op: SessionOp, received: Instant) ->
             let content = ::base64::encode(file.contents.unwrap_or_default());
             response::session_reply(id, SessionReply::SessionFile, object(json!({"session": session, "path": file.path, "bytes": file.bytes, "content": content, "encoding": "base64"})))
         }),
-        SessionOp::Execute { session, code, env, limits } => sessions.execute(&session, code, env, limits).map(|cell| {
+        SessionOp::Execute { session, code, env, limits, network } => sessions.execute(&session, code, env, limits, network).map(|cell| {
             let extra = object(json!({"session": session, "session_state": cell.state, "resumed": cell.resumed, "result": cell.result}));
             response::session_execution(id, &cell.execution, &limits, RequestTimes { queue: Duration::ZERO, total: received.elapsed() }, extra)
         }),
@@ -371,7 +374,8 @@ mod tests {
                 limits: ExecutionLimits {
                     timeout_ms: 30_000,
                     ..POLICY.default
-                }
+                },
+                network: Default::default(),
             })
         );
         assert_eq!(

@@ -622,6 +622,7 @@ fn run_cell(
         exits: stats.exits,
         threads_created: stats.threads.created,
         thread_switches: stats.threads.switches,
+        network: stats.network,
     };
     let execution = Execution {
         status,
@@ -1077,10 +1078,12 @@ impl Sessions {
         code: String,
         env: Vec<(String, String)>,
         limits: ExecutionLimits,
+        network: crate::net::Grant,
     ) -> Result<CellRun, SessionError> {
         let mut request = AgentRequest::new("");
         request.code = code;
         request.env = env;
+        request.network = network;
         request
             .validate()
             .or_else(|e| refuse(ErrorCode::BadRequest, e.0))?;

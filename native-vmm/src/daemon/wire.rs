@@ -136,6 +136,57 @@ pub(crate) struct LimitFields {
     pub(crate) output_bytes: Option<SafeInteger>,
 }
 
+/// `network`: the allowlists the run is under (each narrowing the ones before; none given, or
+/// an empty list of them: no network) and its limits.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object")]
+pub(crate) struct NetworkFields {
+    allowlists: Vec<Vec<String>>,
+    max_connections: Option<SafeInteger>,
+    max_bytes: Option<SafeInteger>,
+}
+
+/// Allowlists one request may stack.
+const MAX_ALLOWLISTS: usize = 4;
+/// Connections at once a request may ask for at most.
+const MAX_CONNECTIONS: u64 = 1024;
+
+/// The grant `network` asks for: every rule read (`bad_request` naming the first that is not
+/// one), the connection count clamped to `MAX_CONNECTIONS`.
+pub(crate) fn network_grant(
+    fields: Option<NetworkFields>,
+    id: Option<u64>,
+) -> Result<crate::net::Grant, RequestError> {
+    let Some(fields) = fields else {
+        return Ok(crate::net::Grant::default());
+    };
+    if fields.allowlists.len() > MAX_ALLOWLISTS {
+        return Err(bad(
+            id,
+            format!("network.allowlists: at most {MAX_ALLOWLISTS} lists"),
+        ));
+    }
+    let mut lists = Vec::new();
+    for (i, list) in fields.allowlists.iter().enumerate() {
+        lists.push(
+            crate::net::Allowlist::parse(list)
+                .map_err(|why| bad(id, format!("network.allowlists[{i}]: {why}")))?,
+        );
+    }
+    let defaults = crate::net::Limits::default();
+    Ok(crate::net::Grant {
+        policy: crate::net::Policy::new(lists),
+        limits: crate::net::Limits {
+            connections: fields
+                .max_connections
+                .map_or(u64::from(defaults.connections), |SafeInteger(n)| {
+                    n.min(MAX_CONNECTIONS)
+                }) as u32,
+            bytes: fields.max_bytes.map_or(defaults.bytes, |SafeInteger(n)| n),
+        },
+    })
+}
+
 /// `env`: an object of strings, kept in the client's order (the program sees its environment
 /// in that order). The frame reader has already refused duplicate names.
 pub(crate) struct Environment(pub(crate) Vec<(String, String)>);

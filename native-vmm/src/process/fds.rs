@@ -14,6 +14,7 @@ use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::errno::Errno;
 use crate::fs::Node;
 use crate::fs::Vfs;
+use crate::net::InetSocket;
 
 /// Linux's default RLIMIT_NOFILE: the guest's fd limit (soft and hard).
 pub const FD_LIMIT: u64 = 1024;
@@ -66,6 +67,9 @@ pub enum Object {
         count: u64,
         semaphore: bool,
     },
+    /// An Internet socket whose traffic leaves the VM through a host socket (an index into the
+    /// table of them; `crate::net`).
+    Inet(usize),
 }
 
 /// A socket made by socket(2) before it is connected. Its address lives only in this VM's
@@ -250,6 +254,7 @@ pub struct FdTable {
     pipes: Vec<Option<Pipe>>,
     epolls: Vec<Option<EpollSet>>,
     endpoints: Vec<Option<Endpoint>>,
+    inets: Vec<Option<InetSocket>>,
     /// Bound addresses (namespace key) -> endpoint.
     bound: std::collections::BTreeMap<Vec<u8>, usize>,
     /// A connected socket's (local, peer) addresses, by the channel it receives on; a
@@ -273,6 +278,7 @@ impl FdTable {
             pipes: Vec::new(),
             epolls: Vec::new(),
             endpoints: Vec::new(),
+            inets: Vec::new(),
             bound: Default::default(),
             socket_names: Default::default(),
             next_port: FIRST_EPHEMERAL_PORT,
@@ -609,7 +615,50 @@ impl FdTable {
     /// Whether any socket has an address or a connection by address (a template snapshot
     /// cannot hold them).
     pub fn has_addressed_sockets(&self) -> bool {
-        self.endpoints.iter().any(Option::is_some) || !self.socket_names.is_empty()
+        self.endpoints.iter().any(Option::is_some)
+            || self.inets.iter().any(Option::is_some)
+            || !self.socket_names.is_empty()
+    }
+
+    /// Creates an Internet socket's description, not yet installed.
+    pub fn new_inet(&mut self, socket: InetSocket, flags: u32) -> Description {
+        let index = free_index(&mut self.inets, socket);
+        Description::new(Object::Inet(index), O_RDWR | (flags & O_NONBLOCK))
+    }
+
+    /// Makes the unconnected socket at `fd` the Internet socket `socket` (its connect leaves
+    /// the VM); its in-VM address, if bound, is let go of.
+    pub fn carry_out(&mut self, fd: u64, socket: InetSocket) -> Result<usize, Errno> {
+        let Object::Endpoint(own) = self.get(fd)?.object else {
+            return Err(Errno::EISCONN);
+        };
+        let index = free_index(&mut self.inets, socket);
+        self.release_endpoint(own);
+        self.get_mut(fd)?.object = Object::Inet(index);
+        Ok(index)
+    }
+
+    pub fn inet(&self, index: usize) -> Result<&InetSocket, Errno> {
+        self.inets
+            .get(index)
+            .and_then(|s| s.as_ref())
+            .ok_or(Errno::EBADF)
+    }
+
+    pub fn inet_mut(&mut self, index: usize) -> Result<&mut InetSocket, Errno> {
+        self.inets
+            .get_mut(index)
+            .and_then(|s| s.as_mut())
+            .ok_or(Errno::EBADF)
+    }
+
+    /// TCP connections open on the host now.
+    pub fn host_connections(&self) -> usize {
+        self.inets
+            .iter()
+            .flatten()
+            .filter(|s| s.is_connection())
+            .count()
     }
 
     /// Binds endpoint `index` to `name` under namespace `key`: EADDRINUSE if taken, EINVAL if
@@ -873,6 +922,11 @@ impl FdTable {
                 self.release_endpoint(i);
                 return;
             }
+            // Its host socket closes with the last reference.
+            Object::Inet(i) => {
+                self.inets[i] = None;
+                return;
+            }
             _ => return,
         };
         read.and_then(|i| self.pipes[i].as_mut())
@@ -981,10 +1035,14 @@ impl Object {
                 e.u64(*count);
                 e.bool(*semaphore);
             }
-            // GuestProcess::encode_state refuses a process with endpoints; this tag is never
-            // read back.
+            // GuestProcess::encode_state refuses a process with endpoints or Internet
+            // sockets; these tags are never read back.
             Object::Endpoint(i) => {
                 e.u8(9);
+                e.len(*i);
+            }
+            Object::Inet(i) => {
+                e.u8(10);
                 e.len(*i);
             }
         }
@@ -1136,9 +1194,9 @@ impl FdTable {
                 Object::Stdin | Object::Output(_) | Object::Node(_) | Object::EventFd { .. } => {
                     ([None, None], None)
                 }
-                Object::Endpoint(_) => {
+                Object::Endpoint(_) | Object::Inet(_) => {
                     return Err(DecodeError::new(
-                        "a template snapshot holds no unconnected socket".to_owned(),
+                        "a template snapshot holds no unconnected or Internet socket".to_owned(),
                     ))
                 }
             };
@@ -1163,6 +1221,7 @@ impl FdTable {
             pipes,
             epolls,
             endpoints: Vec::new(),
+            inets: Vec::new(),
             bound: Default::default(),
             socket_names: Default::default(),
             next_port: FIRST_EPHEMERAL_PORT,

@@ -37,8 +37,14 @@ pub enum WaitOn {
     Futex { addr: u64, bitset: u32 },
     /// A read, write or poll that found nothing ready: `call` runs again once another thread
     /// has made progress (`epoch` is the progress count when it last found nothing), and once
-    /// more when its timer runs out, told not to wait again.
-    Ready { epoch: u64, call: Call },
+    /// more when its timer runs out, told not to wait again. `host`: the host sockets whose
+    /// readiness (fd, poll events) may also end it (`crate::net`), watched while every thread
+    /// waits.
+    Ready {
+        epoch: u64,
+        call: Call,
+        host: Vec<(i32, i16)>,
+    },
     /// The agent's AWAIT_REQUEST with no request pending: once no other thread can run, the
     /// guest is at its ready point (`crate::agent`).
     Request,
@@ -440,6 +446,25 @@ impl Threads {
         matches!(&thread.state, ThreadState::Blocked { wait: Wait { on: WaitOn::Ready { epoch, .. }, .. }, .. } if *epoch < self.epoch)
     }
 
+    /// The host sockets blocked threads' readiness waits watch (fd, poll events).
+    pub fn host_interest(&self) -> Vec<(i32, i16)> {
+        self.list
+            .iter()
+            .filter_map(|t| match &t.state {
+                ThreadState::Blocked {
+                    wait:
+                        Wait {
+                            on: WaitOn::Ready { host, .. },
+                            ..
+                        },
+                    ..
+                } => Some(host.iter().copied()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
     /// The earliest timer of any thread but the current one.
     pub fn next_timer_of_others(&self) -> Option<Instant> {
         self.list
@@ -770,6 +795,7 @@ impl Threads {
                         2 => WaitOn::Ready {
                             epoch: 0,
                             call: decode_call(d)?,
+                            host: Vec::new(),
                         },
                         3 => WaitOn::Request,
                         other => return Err(DecodeError::new(format!("wait kind {other}"))),
@@ -1070,6 +1096,7 @@ mod tests {
         t.block_current(wait(WaitOn::Ready {
             epoch: t.epoch(),
             call: POLL,
+            host: Vec::new(),
         }));
         assert_eq!(
             t.next(now),
@@ -1102,6 +1129,7 @@ mod tests {
         t.block_current(wait(WaitOn::Ready {
             epoch: t.epoch(),
             call: POLL,
+            host: Vec::new(),
         }));
         assert_eq!(t.next(now), Next::ReadyPoint { tid: 1 });
         t.block_current(wait(WaitOn::Futex {
@@ -1120,6 +1148,7 @@ mod tests {
             on: WaitOn::Ready {
                 epoch: 0,
                 call: POLL,
+                host: Vec::new(),
             },
             until: Some(first),
         });
@@ -1127,6 +1156,7 @@ mod tests {
             on: WaitOn::Ready {
                 epoch: 1,
                 call: POLL,
+                host: Vec::new(),
             },
             until: Some(now + Duration::from_secs(9)),
         });

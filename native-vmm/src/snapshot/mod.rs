@@ -170,7 +170,7 @@ pub enum BuildOutcome {
         path: PathBuf,
         file_bytes: u64,
         memory: MemoryStats,
-        boot: RunStats,
+        boot: Box<RunStats>,
         snapshot: Duration,
     },
 }
@@ -237,7 +237,7 @@ pub fn build(
         path,
         file_bytes: contents.len() as u64,
         memory,
-        boot,
+        boot: Box::new(boot),
         snapshot,
     })
 }

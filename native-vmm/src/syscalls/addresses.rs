@@ -2,21 +2,23 @@
 //! names), and AF_INET/AF_INET6 on the loopback addresses only. bind puts an address in the
 //! VM's own namespace (`FdTable::bind`), listen makes it take connections, connect to a
 //! listening address makes an in-memory socketpair (process/fds.rs) whose other end waits for
-//! accept. Nothing is ever sent outside the VM: a connection to any other address is
-//! ENETUNREACH (as on a host with only a loopback interface), binding one is EADDRNOTAVAIL.
-//! A Unix socket bound to a path also gets a socket file there (`Vfs::make_socket`: stat,
-//! chmod and unlink see it); connections still find the socket by its name in the namespace.
-//! Datagram and raw sockets are refused (EPROTONOSUPPORT / ESOCKTNOSUPPORT).
+//! accept. A connection to any other address leaves the VM under the run's network policy
+//! (inet.rs); binding one is EADDRNOTAVAIL. A Unix socket bound to a path also gets a socket
+//! file there (`Vfs::make_socket`: stat, chmod and unlink see it); connections still find the
+//! socket by its name in the namespace. Internet datagram sockets are inet.rs's; other datagram
+//! and raw sockets are refused (ESOCKTNOSUPPORT).
 
 use super::files::{fd_arg, with_view};
+pub(super) use super::write_truncated;
 use super::{value, wait_ready, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object, O_NONBLOCK};
 
 pub(super) const AF_UNIX: u16 = 1;
-pub(super) const AF_INET: u16 = 2;
-pub(super) const AF_INET6: u16 = 10;
+pub(super) use super::inet::{AF_INET, AF_INET6};
 const SOCK_STREAM: u64 = 1;
+const SOCK_DGRAM: u64 = 2;
+const IPPROTO_UDP: u64 = 17;
 const SOCK_TYPE_MASK: u64 = 0xf;
 const SOCK_NONBLOCK: u64 = 0o4000;
 const SOCK_CLOEXEC: u64 = 0o2000000;
@@ -42,6 +44,13 @@ pub(crate) fn socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
     if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }
+    if kind & SOCK_TYPE_MASK == SOCK_DGRAM && family != AF_UNIX {
+        if protocol != 0 && protocol != IPPROTO_UDP {
+            return Err(EPROTONOSUPPORT);
+        }
+        let (nonblocking, cloexec) = (kind & SOCK_NONBLOCK != 0, kind & SOCK_CLOEXEC != 0);
+        return super::inet::open_datagram(proc, family, nonblocking, cloexec);
+    }
     if kind & SOCK_TYPE_MASK != SOCK_STREAM {
         return Err(ESOCKTNOSUPPORT);
     }
@@ -62,7 +71,7 @@ pub(crate) fn socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
 fn endpoint(proc: &GuestProcess, fd: u64, if_connected: Errno) -> Result<(usize, u16), Errno> {
     match proc.fds.get(fd_arg(fd))?.object {
         Object::Endpoint(i) => Ok((i, proc.fds.endpoint(i)?.family)),
-        Object::Socket { .. } => Err(if_connected),
+        Object::Socket { .. } | Object::Inet(_) => Err(if_connected),
         _ => Err(Errno::ENOTSOCK),
     }
 }
@@ -203,6 +212,9 @@ fn bind_address(
 
 /// bind(fd, addr, addrlen)
 pub(crate) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if super::inet::index_of(proc, fd_arg(args[0])).is_some() {
+        return super::inet::bind(proc, user, args);
+    }
     let (index, family) = endpoint(proc, args[0], Errno::EINVAL)?;
     let address = read_address(proc, user, family, args[1], args[2]).map_err(|e| {
         if e == Errno::ENETUNREACH {
@@ -268,10 +280,21 @@ pub(crate) fn listen(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
 }
 
 /// connect(fd, addr, addrlen): to a listening address in this VM. Nobody listening is
-/// ECONNREFUSED (ENOENT for a Unix path, as Linux answers when no socket file is there).
+/// ECONNREFUSED (ENOENT for a Unix path, as Linux answers when no socket file is there). An
+/// Internet address outside the VM's loopback leaves the VM under the policy (inet.rs).
 pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if super::inet::index_of(proc, fd_arg(args[0])).is_some() {
+        return super::inet::connect(proc, user, args);
+    }
     let (index, family) = endpoint(proc, args[0], Errno::EISCONN)?;
-    let address = read_address(proc, user, family, args[1], args[2])?;
+    let address = match read_address(proc, user, family, args[1], args[2]) {
+        Err(Errno::ENETUNREACH) => {
+            let raw = user.read_vec(args[1], u64::from(args[2] as u32))?;
+            let dest = super::inet::parse_address(&raw, family)?;
+            return super::inet::connect_out(proc, fd_arg(args[0]), family, dest);
+        }
+        other => other?,
+    };
     let Some(listener) = proc.fds.listener(&address.key) else {
         let abstract_name = address.key.get(1) == Some(&0);
         return Err(if family == AF_UNIX && !abstract_name {
@@ -305,11 +328,13 @@ pub(crate) fn accept4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let desc = proc.fds.get(fd_arg(fd))?;
     let nonblocking = desc.nonblocking();
     let Object::Endpoint(index) = desc.object else {
-        return Err(if matches!(desc.object, Object::Socket { .. }) {
-            Errno::EINVAL
-        } else {
-            Errno::ENOTSOCK
-        });
+        return Err(
+            if matches!(desc.object, Object::Socket { .. } | Object::Inet(_)) {
+                Errno::EINVAL
+            } else {
+                Errno::ENOTSOCK
+            },
+        );
     };
     let status = if flags & SOCK_NONBLOCK != 0 {
         O_NONBLOCK
@@ -351,22 +376,4 @@ pub(super) fn endpoint_name(proc: &GuestProcess, index: usize) -> Result<Vec<u8>
             name
         }
     })
-}
-
-/// Writes an int-sized socket option or an address, truncated to the caller's buffer length
-/// (read from and written back to `len_addr`), as Linux does.
-pub(super) fn write_truncated(
-    user: &UserMemory,
-    buf: u64,
-    len_addr: u64,
-    bytes: &[u8],
-) -> SysResult {
-    let room = user.read_u32(len_addr)? as i32;
-    if room < 0 {
-        return Err(Errno::EINVAL);
-    }
-    let n = bytes.len().min(room as usize);
-    user.write(buf, &bytes[..n])?;
-    user.write_u32(len_addr, n as u32)?;
-    value(0)
 }

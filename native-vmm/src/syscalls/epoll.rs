@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::files::fd_arg;
 use super::poll::{ready_bits, timeout_ms, POLLERR, POLLHUP};
-use super::{value, wait_ready, SysResult, UserMemory};
+use super::{value, wait_ready_on, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Interest, Object};
 
@@ -142,11 +142,16 @@ fn wait_common(
     let mut ready = ready_list(proc, index)?;
     ready.truncate(max as usize);
     if ready.is_empty() {
-        return if timeout == Some(Duration::ZERO) {
-            value(0)
-        } else {
-            wait_ready(proc, timeout)
-        };
+        if timeout == Some(Duration::ZERO) {
+            return value(0);
+        }
+        let host = proc
+            .fds
+            .epoll(index)?
+            .interests()
+            .flat_map(|(fd, interest)| super::inet::host_interest(proc, fd, interest.events as u16))
+            .collect();
+        return wait_ready_on(proc, timeout, host);
     }
     let mut out = Vec::with_capacity(ready.len() * EVENT_SIZE as usize);
     for &(_, events, data) in &ready {

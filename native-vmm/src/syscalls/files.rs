@@ -56,15 +56,7 @@ const S_IFSOCK: u32 = 0o140000;
 
 // ---- helpers ----
 
-pub(super) fn fd_arg(fd: u64) -> u64 {
-    // fds are C ints: the upper half of the register is ignored, negatives are invalid.
-    let fd = fd as u32 as i32;
-    if fd < 0 {
-        u64::MAX
-    } else {
-        fd as u64
-    }
-}
+pub(super) use super::fd_arg;
 
 /// The directory a *at() path is relative to: the cwd for AT_FDCWD, else a directory fd.
 fn base_dir(proc: &GuestProcess, dirfd: u64, path: &[u8]) -> Result<Node, Errno> {
@@ -187,7 +179,9 @@ fn statx_bytes(s: &Stat) -> [u8; 256] {
 pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
     match proc.fds.get(fd)?.object {
         Object::Node(node) => proc.config.vfs.stat(node),
-        Object::Socket { .. } | Object::Endpoint(_) => Ok(stream_stat(fd, S_IFSOCK)),
+        Object::Socket { .. } | Object::Endpoint(_) | Object::Inet(_) => {
+            Ok(stream_stat(fd, S_IFSOCK))
+        }
         Object::Epoll(_) | Object::EventFd { .. } => Ok(stream_stat(fd, 0)),
         Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => {
             Ok(stream_stat(fd, S_IFIFO))
@@ -252,6 +246,12 @@ fn read_fd(
             bytes.len()
         }
         Object::EventFd { .. } => return super::eventfd::read(proc, user, fd, buf, len),
+        Object::Inet(index) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            return super::inet::read(proc, user, index, &[(buf, len)], nonblocking);
+        }
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
         Object::Epoll(_) => return Err(Errno::EINVAL),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
@@ -279,6 +279,13 @@ fn write_fd(
     // Only what one call can take is copied out of guest memory.
     let take = match desc.object {
         Object::EventFd { .. } => return super::eventfd::write(proc, user, fd, buf, len),
+        Object::Inet(index) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            let nonblocking = desc.nonblocking();
+            return super::inet::write(proc, user, index, &[(buf, len)], nonblocking);
+        }
         Object::Output(_) => len.min(proc.output.remaining()),
         Object::PipeWrite(pipe) | Object::Socket { tx: pipe, .. } => {
             len.min(proc.fds.pipe(pipe).map_or(0, |p| p.capacity()) as u64)
@@ -343,8 +350,9 @@ pub(super) fn write_bytes(
             value(n as u64)
         }
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
-        // An eventfd takes 8-byte counts from guest memory only (write_fd).
-        Object::Epoll(_) | Object::EventFd { .. } => Err(Errno::EINVAL),
+        // An eventfd takes 8-byte counts from guest memory only (write_fd), an Internet socket
+        // sends from guest memory only (inet.rs).
+        Object::Epoll(_) | Object::EventFd { .. } | Object::Inet(_) => Err(Errno::EINVAL),
         Object::Endpoint(_) => Err(Errno::ENOTCONN),
     }
 }
@@ -450,8 +458,25 @@ fn vectored(
     writing: bool,
 ) -> SysResult {
     let fd = fd_arg(args[0]);
-    proc.fds.get(fd)?;
+    let desc = proc.fds.get(fd)?;
     let iovecs = user.read_iovecs(args[1], args[2])?;
+    // An Internet socket moves the buffers in one host call (one datagram, one receive).
+    if let Object::Inet(index) = desc.object {
+        let nonblocking = desc.nonblocking();
+        let allowed = if writing {
+            desc.writable()
+        } else {
+            desc.readable()
+        };
+        if !allowed {
+            return Err(Errno::EBADF);
+        }
+        return if writing {
+            super::inet::write(proc, user, index, &iovecs, nonblocking)
+        } else {
+            super::inet::read(proc, user, index, &iovecs, nonblocking)
+        };
+    }
     transfer_each(&iovecs, |base, len| {
         if writing {
             write_fd(proc, user, fd, base, len, None)
@@ -815,6 +840,7 @@ pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
                 Object::Node(node) if proc.config.vfs.kind(node)? == FileKind::Regular => {
                     proc.config.vfs.stat(node)?.size.saturating_sub(desc.offset)
                 }
+                Object::Inet(index) => super::inet::available(proc, index)? as u64,
                 _ => return Err(Errno::ENOTTY),
             };
             user.write_u32(arg, available.min(i32::MAX as u64) as u32)?;

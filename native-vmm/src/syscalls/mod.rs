@@ -14,6 +14,7 @@ mod eventfd;
 mod files;
 mod futex;
 mod ids;
+mod inet;
 mod memory;
 mod misc;
 mod ownership;
@@ -75,6 +76,35 @@ pub enum SyscallOutcome {
 /// What a handler produces: an outcome, or an errno returned to the guest as -errno.
 pub type SysResult = Result<SyscallOutcome, Errno>;
 
+/// An fd argument: fds are C ints, so the upper half of the register is ignored and a
+/// negative one is invalid (u64::MAX, which no fd is).
+pub(crate) fn fd_arg(fd: u64) -> u64 {
+    let fd = fd as u32 as i32;
+    if fd < 0 {
+        u64::MAX
+    } else {
+        fd as u64
+    }
+}
+
+/// Writes an int-sized socket option or an address, truncated to the caller's buffer length
+/// (read from and written back to `len_addr`), as Linux does.
+pub(crate) fn write_truncated(
+    user: &UserMemory,
+    buf: u64,
+    len_addr: u64,
+    bytes: &[u8],
+) -> SysResult {
+    let room = user.read_u32(len_addr)? as i32;
+    if room < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let n = bytes.len().min(room as usize);
+    user.write(buf, &bytes[..n])?;
+    user.write_u32(len_addr, n as u32)?;
+    value(0)
+}
+
 /// A handler's plain return value.
 pub(crate) fn value(v: u64) -> SysResult {
     Ok(SyscallOutcome::Return(v))
@@ -95,6 +125,15 @@ pub(crate) fn after(timeout: Duration) -> Option<Instant> {
 /// that, for at most `timeout` (None: no limit), and then makes the same call again. On the
 /// attempt after its timeout ran out, the answer is 0 (nothing ready) instead.
 pub(crate) fn wait_ready(proc: &GuestProcess, timeout: Option<Duration>) -> SysResult {
+    wait_ready_on(proc, timeout, Vec::new())
+}
+
+/// `wait_ready`, also ended by the readiness of host sockets `host` (fd, poll events).
+pub(crate) fn wait_ready_on(
+    proc: &GuestProcess,
+    timeout: Option<Duration>,
+    host: Vec<(i32, i16)>,
+) -> SysResult {
     let thread = proc.threads.current();
     if thread.last_attempt {
         return value(0);
@@ -104,6 +143,7 @@ pub(crate) fn wait_ready(proc: &GuestProcess, timeout: Option<Duration>) -> SysR
         WaitOn::Ready {
             epoch: proc.threads.epoch(),
             call,
+            host,
         },
         timeout.and_then(after),
     )

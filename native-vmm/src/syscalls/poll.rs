@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
+use super::{value, wait_ready_on, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object};
 
@@ -108,6 +108,7 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             }
             bits
         }
+        Object::Inet(i) => super::inet::ready_bits(proc, i),
         Object::Epoll(i) => match super::epoll::ready_list(proc, i) {
             Ok(list) if !list.is_empty() => readable,
             Ok(_) => 0,
@@ -128,12 +129,14 @@ fn poll_common(
     }
     let mut entries = user.read_vec(fds, nfds * 8)?;
     let mut ready = 0;
+    let mut host = Vec::new();
     for entry in entries.chunks_exact_mut(8) {
         let fd = i32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
         let events = u16::from_le_bytes([entry[4], entry[5]]);
         let revents = if fd < 0 {
             0
         } else {
+            host.extend(super::inet::host_interest(proc, fd as u64, events));
             ready_bits(proc, fd as u64) & (events | POLLERR | POLLHUP | POLLNVAL)
         };
         entry[6..8].copy_from_slice(&revents.to_le_bytes());
@@ -142,7 +145,7 @@ fn poll_common(
         }
     }
     if ready == 0 && timeout != Some(Duration::ZERO) {
-        return wait_ready(proc, timeout);
+        return wait_ready_on(proc, timeout, host);
     }
     user.write(fds, &entries)?;
     value(ready)
@@ -202,11 +205,17 @@ fn select_common(
         ));
     }
     let mut ready = 0;
+    let mut host = Vec::new();
     for fd in 0..nfds as u64 {
         let (byte, bit) = ((fd / 8) as usize, 1u8 << (fd % 8));
         if sets.iter().all(|(_, wanted, _, _)| wanted[byte] & bit == 0) {
             continue;
         }
+        let wanted = sets
+            .iter()
+            .filter(|(_, wanted, _, _)| wanted[byte] & bit != 0)
+            .fold(0, |events, (.., mask)| events | mask);
+        host.extend(super::inet::host_interest(proc, fd, wanted));
         let bits = ready_bits(proc, fd);
         if bits & POLLNVAL != 0 {
             return Err(Errno::EBADF);
@@ -219,7 +228,7 @@ fn select_common(
         }
     }
     let outcome = if ready == 0 && timeout != Some(Duration::ZERO) {
-        wait_ready(proc, timeout)?
+        wait_ready_on(proc, timeout, host)?
     } else {
         SyscallOutcome::Return(ready)
     };

@@ -62,7 +62,7 @@ impl ProcessView for ProcessFacts<'_> {
             Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => {
                 FdTarget::Anonymous(format!("pipe:[{id}]").into_bytes())
             }
-            Object::Socket { .. } | Object::Endpoint(_) => {
+            Object::Socket { .. } | Object::Endpoint(_) | Object::Inet(_) => {
                 FdTarget::Anonymous(format!("socket:[{id}]").into_bytes())
             }
             Object::Epoll(_) => FdTarget::Anonymous(b"anon_inode:[eventpoll]".to_vec()),

@@ -7,10 +7,11 @@
 //!
 //! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data
 //! (SCM_RIGHTS, credentials) is not supported: sendmsg with control data is EOPNOTSUPP.
+//! Internet sockets whose traffic leaves the VM are inet.rs's: each call here hands them over.
 
 use super::addresses::{endpoint_name, write_truncated, AF_INET, AF_INET6};
 use super::files::{fd_arg, read_channel, transfer_each, write_channel};
-use super::{value, SysResult, UserMemory};
+use super::{inet, value, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object, PipeError, O_NONBLOCK, PIPE_CAPACITY};
 
@@ -129,6 +130,9 @@ fn nonblocking_call(flags: u64, nonblocking_fd: bool) -> Result<bool, Errno> {
 
 /// sendto(fd, buf, len, flags, dest_addr, addrlen): a destination on a connected pair is EISCONN.
 pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if inet::index_of(proc, fd_arg(args[0])).is_some() {
+        return inet::sendto(proc, user, args);
+    }
     let [fd, buf, len, flags, _, addrlen] = args;
     let (_, tx, nonblocking) = socket(proc, fd)?;
     if addrlen as u32 != 0 {
@@ -143,6 +147,9 @@ pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
 /// peer of a socketpair has no address, so *addrlen becomes 0. MSG_WAITALL may return less
 /// (what is there), never waiting for the rest.
 pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if inet::index_of(proc, fd_arg(args[0])).is_some() {
+        return inet::recvfrom(proc, user, args);
+    }
     let [fd, buf, len, flags, src, addrlen] = args;
     let (rx, _, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
@@ -183,6 +190,9 @@ fn read_msghdr(user: &UserMemory, msg: u64) -> Result<(Vec<(u64, u64)>, u64), Er
 
 /// sendmsg(fd, msg, flags): the iovecs in order; control data (passing fds) is EOPNOTSUPP.
 pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if inet::index_of(proc, fd_arg(args[0])).is_some() {
+        return inet::sendmsg(proc, user, args);
+    }
     let [fd, msg, flags, ..] = args;
     let (_, tx, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
@@ -199,6 +209,9 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
 /// recvmsg(fd, msg, flags): fills the iovecs in order; no name, no control data, no flags
 /// come back. MSG_PEEK is EOPNOTSUPP here (recv/recvfrom support it).
 pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if inet::index_of(proc, fd_arg(args[0])).is_some() {
+        return inet::recvmsg(proc, user, args);
+    }
     let [fd, msg, flags, ..] = args;
     let (rx, _, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
@@ -220,6 +233,9 @@ pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 
     if how > 2 {
         return Err(Errno::EINVAL);
     }
+    if let Some(index) = inet::index_of(proc, fd_arg(args[0])) {
+        return inet::shutdown(proc, index, how);
+    }
     socket(proc, args[0])?;
     proc.fds
         .shutdown_socket(fd_arg(args[0]), how != 1, how != 0)?;
@@ -230,6 +246,10 @@ pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 
 /// else is ENOPROTOOPT.
 pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, level, name, optval, optlen, _] = args;
+    if let Some(index) = inet::index_of(proc, fd_arg(fd)) {
+        let answer = inet::option(proc, index, level as i32, name as i32)?;
+        return write_truncated(user, optval, optlen, &answer.to_le_bytes());
+    }
     let (family, listening) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
     let answer: u32 = match (u64::from(level as u32), u64::from(name as u32)) {
@@ -257,6 +277,14 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 /// timeouts and the rest are ENOPROTOOPT, since a receive timeout could not be honoured.
 pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, level, name, optval, optlen, _] = args;
+    if let Some(index) = inet::index_of(proc, fd_arg(fd)) {
+        if (optlen as u32) < 4 {
+            return Err(Errno::EINVAL);
+        }
+        let int = user.read_u32(optval)?.cast_signed();
+        inet::set_option(proc, index, level as i32, name as i32, int)?;
+        return value(0);
+    }
     let (family, _) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
     let accepted = match (u64::from(level as u32), u64::from(name as u32)) {
@@ -285,6 +313,7 @@ pub(crate) fn getsockname(proc: &mut GuestProcess, user: &UserMemory, args: [u64
             .socket_names(rx)
             .map_or(UNNAMED_ADDRESS.to_vec(), |(local, _)| local.clone()),
         Object::Endpoint(i) => endpoint_name(proc, i)?,
+        Object::Inet(i) => inet::local_name(proc, i)?,
         _ => return Err(Errno::ENOTSOCK),
     };
     write_truncated(user, args[1], args[2], &name)
@@ -298,7 +327,18 @@ pub(crate) fn getpeername(proc: &mut GuestProcess, user: &UserMemory, args: [u64
             .socket_names(rx)
             .map_or(UNNAMED_ADDRESS.to_vec(), |(_, peer)| peer.clone()),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
+        Object::Inet(i) => inet::peer_name(proc, i)?,
         _ => return Err(Errno::ENOTSOCK),
     };
     write_truncated(user, args[1], args[2], &name)
+}
+
+/// sendmmsg(fd, msgvec, vlen, flags): Internet sockets only (inet.rs); EOPNOTSUPP on the
+/// VM's in-memory sockets.
+pub(crate) fn sendmmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    if inet::index_of(proc, fd_arg(args[0])).is_some() {
+        return inet::sendmmsg(proc, user, args);
+    }
+    any_socket(proc, args[0])?;
+    Err(Errno::EOPNOTSUPP)
 }

@@ -238,6 +238,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(292, "dup3", files::dup3),
     emulate(293, "pipe2", files::pipe2),
     emulate(302, "prlimit64", misc::prlimit64),
+    emulate(307, "sendmmsg", sockets::sendmmsg),
     emulate(316, "renameat2", files::renameat2),
     emulate(318, "getrandom", misc::getrandom),
     emulate(322, "execveat", processes::execveat),

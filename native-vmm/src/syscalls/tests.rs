@@ -429,7 +429,8 @@ fn stdin_pipes_dup_and_fcntl() {
                 call: Call {
                     nr: READ,
                     args: [r, BUF, 1, 0, 0, 0]
-                }
+                },
+                host: Vec::new(),
             },
             until: None
         }

@@ -1,0 +1,363 @@
+//! Network egress through the real `sandfork-vmm serve` binary (confined by seccomp) on the KVM
+//! vCPU, against servers in a network namespace this test makes: `ip netns add`, a veth pair
+//! whose host end has 10.X.Y.1/30 and whose namespace end 10.X.Y.2/30 (X, Y from the test's
+//! pid), the servers of tests/network/servers.py bound there (DNS, HTTP, UDP echo). The daemon
+//! and its VMs stay in the host's namespace and reach the test host through the veth route;
+//! `serve --dns-server 10.X.Y.2:53` makes the test's DNS server the one allowed names are
+//! asked of. 10/8 is a private range, refused unless a rule names it, so every policy here
+//! names the test host explicitly: the tests exercise that path too.
+//!
+//! Needs root (network namespaces); the KVM tier runs as root.
+
+mod daemon_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use daemon_support::{scaled, scratch, snapshot_templates_dir, str_of, u64_of, wait_for, Client};
+use serde_json::{json, Value};
+
+/// The namespace, its veth pair and the servers in it; all removed on drop.
+struct TestNet {
+    name: String,
+    /// The test host's address (the namespace's end of the veth pair).
+    host: String,
+    servers: Child,
+}
+
+fn run(cmd: &[&str]) {
+    let status = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .status()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?}: {status}");
+}
+
+impl TestNet {
+    fn new() -> TestNet {
+        let pid = std::process::id();
+        let name = format!("sfnet{pid}");
+        let (x, y) = (200 + pid % 50, (pid / 50) % 250);
+        let (outside, inside) = (format!("10.{x}.{y}.1"), format!("10.{x}.{y}.2"));
+        let (veth_host, veth_ns) = (format!("{name}h"), format!("{name}n"));
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(Stdio::null())
+            .status();
+        run(&["ip", "netns", "add", &name]);
+        run(&[
+            "ip", "link", "add", &veth_host, "type", "veth", "peer", "name", &veth_ns,
+        ]);
+        run(&["ip", "link", "set", &veth_ns, "netns", &name]);
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{outside}/30"),
+            "dev",
+            &veth_host,
+        ]);
+        run(&["ip", "link", "set", &veth_host, "up"]);
+        let inside_cmd = |args: &[&str]| {
+            let mut cmd = vec!["ip", "netns", "exec", &name];
+            cmd.extend_from_slice(args);
+            run(&cmd);
+        };
+        inside_cmd(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{inside}/30"),
+            "dev",
+            &veth_ns,
+        ]);
+        inside_cmd(&["ip", "link", "set", &veth_ns, "up"]);
+        inside_cmd(&["ip", "link", "set", "lo", "up"]);
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/network/servers.py");
+        let mut servers = Command::new("ip")
+            .args(["netns", "exec", &name, "/usr/bin/python3.11"])
+            .arg(script)
+            .arg(&inside)
+            .arg(format!("web.test={inside}"))
+            .arg("rebind.test=169.254.169.254")
+            .arg("private.test=10.0.0.1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting the test servers");
+        let mut line = String::new();
+        BufReader::new(servers.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the test servers did not start");
+        TestNet {
+            name,
+            host: inside,
+            servers,
+        }
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        let _ = self.servers.kill();
+        let _ = self.servers.wait();
+        // Deleting the namespace deletes the veth pair with it.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, net: &TestNet) -> Daemon {
+        let socket = dir.join("s.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_sandfork-vmm"))
+            .args(["serve", "--pool-size", "1", "--socket"])
+            .arg(&socket)
+            .arg("--templates")
+            .arg(snapshot_templates_dir())
+            .arg("--sessions")
+            .arg(dir.join("sessions"))
+            .arg("--dns-server")
+            .arg(format!("{}:53", net.host))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting the daemon");
+        assert!(
+            wait_for(scaled(Duration::from_secs(30)), || socket.exists()),
+            "the daemon did not listen"
+        );
+        Daemon { child, socket }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `code` under `network` (null: none) with a time limit of `timeout_ms`.
+fn execute(client: &mut Client, code: &str, network: Value, timeout_ms: u64) -> Value {
+    let mut request = json!({"id": 1, "type": "execute", "template": "python", "code": code,
+        "limits": {"timeout_ms": scaled(Duration::from_millis(timeout_ms)).as_millis() as u64}});
+    if !network.is_null() {
+        request["network"] = network;
+    }
+    client.call(&request.to_string())
+}
+
+fn network_usage(answer: &Value, key: &str) -> u64 {
+    answer["usage"]["network"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("usage.network.{key} in {answer}"))
+}
+
+fn allow(rules: &[String]) -> Value {
+    json!({ "allowlists": [rules] })
+}
+
+fn stdout(answer: &Value) -> &str {
+    assert_eq!(str_of(answer, "status"), "ok", "{answer}");
+    str_of(answer, "stdout")
+}
+
+#[test]
+fn egress_follows_the_policy() {
+    let net = TestNet::new();
+    let dir = scratch("network");
+    let daemon = Daemon::start(&dir, &net);
+    let mut client = Client::hello(&daemon.socket);
+    let host = &net.host;
+    let web = vec!["web.test:8080".to_owned(), format!("{host}/32:8080")];
+
+    // HTTP GET by name and POST, from Python's urllib.
+    let answer = execute(
+        &mut client,
+        "import urllib.request as u\n\
+         print(u.urlopen('http://web.test:8080/index.html', timeout=10).read().decode(), end='')\n\
+         r = u.urlopen(u.Request('http://web.test:8080/echo', data=b'posted=1'), timeout=10)\n\
+         print(r.status, r.read().decode())",
+        allow(&web),
+        20_000,
+    );
+    assert_eq!(stdout(&answer), "hello-from-netns\n200 posted=1\n");
+    assert_eq!(network_usage(&answer, "connections"), 2);
+    assert_eq!(network_usage(&answer, "refused"), 0);
+
+    // Bytes are billed exactly: what the program sent and received over a raw socket.
+    let answer = execute(
+        &mut client,
+        &format!(
+            "import socket\n\
+             s = socket.create_connection(('{host}', 8080), timeout=10)\n\
+             req = b'GET /bytes/100000 HTTP/1.1\\r\\nHost: t\\r\\nConnection: close\\r\\n\\r\\n'\n\
+             s.sendall(req)\n\
+             got = 0\n\
+             while (chunk := s.recv(65536)):\n    got += len(chunk)\n\
+             print(len(req), got)"
+        ),
+        allow(&web),
+        20_000,
+    );
+    let counts: Vec<u64> = stdout(&answer)
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert!(counts[1] > 100_000, "{answer}");
+    assert_eq!(network_usage(&answer, "bytes_out"), counts[0], "{answer}");
+    assert_eq!(network_usage(&answer, "bytes_in"), counts[1], "{answer}");
+
+    // Refused: a denied name (NXDOMAIN), a denied port, a name resolving to a denied address
+    // (rebinding), the literal metadata address, a private address no rule names, the host's
+    // end of the veth (one of the host's own addresses). Loopback is the VM's own: nobody
+    // listens there, and a server on the host's loopback is never reached.
+    let host_loopback = TcpListener::bind("127.0.0.1:0").unwrap();
+    host_loopback.set_nonblocking(true).unwrap();
+    let loopback_port = host_loopback.local_addr().unwrap().port();
+    let outside = host.trim_end_matches(".2").to_owned() + ".1";
+    let mut rules = web.clone();
+    rules.extend(["rebind.test".into(), "private.test".into()]);
+    let answer = execute(
+        &mut client,
+        &format!(
+            "import socket, errno\n\
+             for name in ['denied.test', 'rebind.test']:\n\
+             \x20   try: print(name, socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM)[0][4][0])\n\
+             \x20   except socket.gaierror as e: print(name, 'gaierror', e.errno)\n\
+             for addr in [('{host}', 8081), ('rebind.test', 80), ('169.254.169.254', 80),\n\
+             \x20            ('private.test', 80), ('{outside}', 8080), ('127.0.0.1', {loopback_port})]:\n\
+             \x20   s = socket.socket()\n\
+             \x20   try: s.connect(addr); print(addr[0], 'connected')\n\
+             \x20   except OSError as e: print(addr[0], errno.errorcode[e.errno])"
+        ),
+        allow(&rules),
+        20_000,
+    );
+    assert_eq!(
+        stdout(&answer),
+        format!(
+            "denied.test gaierror -2\nrebind.test 169.254.169.254\n{host} EACCES\n\
+             rebind.test EACCES\n169.254.169.254 EACCES\nprivate.test EACCES\n\
+             {outside} EACCES\n127.0.0.1 ECONNREFUSED\n"
+        )
+    );
+    // One NXDOMAIN (asked for A and AAAA) and five connects.
+    assert_eq!(network_usage(&answer, "refused"), 2 + 5, "{answer}");
+    assert!(
+        host_loopback.accept().is_err(),
+        "the host's loopback was reached"
+    );
+
+    // No network unless a request asks for it: names do not resolve, addresses are refused.
+    let answer = execute(
+        &mut client,
+        &format!(
+            "import socket\n\
+             try: socket.getaddrinfo('web.test', 80)\n\
+             except socket.gaierror as e: print(e.errno)\n\
+             try: socket.create_connection(('{host}', 8080))\n\
+             except PermissionError as e: print(e.errno)"
+        ),
+        Value::Null,
+        20_000,
+    );
+    assert_eq!(stdout(&answer), "-2\n13\n");
+
+    // DNS of a denied name is NXDOMAIN in the answer itself; UDP echo to an allowed port.
+    let answer = execute(
+        &mut client,
+        &format!(
+            "import socket, struct\n\
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             s.settimeout(10)\n\
+             q = struct.pack('>HHHHHH', 77, 0x100, 1, 0, 0, 0) + b'\\x06denied\\x04test\\x00\\x00\\x01\\x00\\x01'\n\
+             s.sendto(q, ('127.0.0.53', 53))\n\
+             a, src = s.recvfrom(512)\n\
+             print(struct.unpack('>H', a[:2])[0], a[3] & 15, src)\n\
+             s.sendto(b'ping' * 100, ('{host}', 7))\n\
+             data, src = s.recvfrom(4096)\n\
+             print(len(data), data[:8], src[1])\n\
+             try: s.sendto(b'x', ('{host}', 9))\n\
+             except PermissionError: print('port 9 refused')"
+        ),
+        allow(&[format!("{host}/32:7"), "*.test".to_owned()]),
+        20_000,
+    );
+    assert_eq!(
+        stdout(&answer),
+        "77 3 ('127.0.0.53', 53)\n400 b'pingping' 7\nport 9 refused\n"
+    );
+    assert_eq!(network_usage(&answer, "bytes_out"), 400);
+    assert_eq!(network_usage(&answer, "bytes_in"), 400);
+
+    // A byte cap reached mid-download ends the run with its own status.
+    let answer = execute(
+        &mut client,
+        "import urllib.request as u\n\
+         print('started', flush=True)\n\
+         u.urlopen('http://web.test:8080/bytes/2000000', timeout=10).read()\n\
+         print('finished')",
+        json!({"allowlists": [web], "max_bytes": 100_000}),
+        20_000,
+    );
+    assert_eq!(str_of(&answer, "status"), "network_limit", "{answer}");
+    assert_eq!(str_of(&answer, "stdout"), "started\n");
+    let moved = network_usage(&answer, "bytes_in") + network_usage(&answer, "bytes_out");
+    assert!(moved <= 100_000 && moved > 50_000, "{answer}");
+
+    // A server that never answers: the run's time limit ends it.
+    let answer = execute(
+        &mut client,
+        "import urllib.request as u\nu.urlopen('http://web.test:8080/slow').read()",
+        allow(&web),
+        2_000,
+    );
+    assert_eq!(str_of(&answer, "status"), "timeout", "{answer}");
+    assert_eq!(u64_of(&answer["usage"]["network"], "connections"), 1);
+
+    // A session keeps its connection from one cell to the next.
+    let created = client.call(
+        &json!({"id": 2, "type": "session_create", "session": "net", "template": "python"})
+            .to_string(),
+    );
+    assert_eq!(str_of(&created, "type"), "session", "{created}");
+    let cell = |client: &mut Client, code: &str| {
+        client.call(
+            &json!({"id": 3, "type": "session_execute", "session": "net", "code": code,
+                "network": allow(&web)})
+            .to_string(),
+        )
+    };
+    let first = cell(
+        &mut client,
+        &format!(
+            "import socket\n\
+             conn = socket.create_connection(('{host}', 8080), timeout=10)\n\
+             conn.sendall(b'GET /index.html HTTP/1.1\\r\\nHost: t\\r\\n\\r\\n')"
+        ),
+    );
+    assert_eq!(str_of(&first, "status"), "ok", "{first}");
+    let second = cell(
+        &mut client,
+        "data = b''\n\
+         while not data.endswith(b'hello-from-netns\\n'):\n    data += conn.recv(4096)\n\
+         print(data.split(b'\\r\\n\\r\\n')[1].decode(), end='')",
+    );
+    assert_eq!(str_of(&second, "status"), "ok", "{second}");
+    assert_eq!(str_of(&second, "stdout"), "hello-from-netns\n");
+    assert_eq!(u64_of(&second["usage"]["network"], "connections"), 0);
+    assert!(u64_of(&second["usage"]["network"], "bytes_in") > 17);
+}

@@ -91,18 +91,28 @@ export async function openConnection(
     });
     const db = drizzlePostgres(client, { schema });
     // Processes starting together on an empty database (a cluster's gateways and nodes) migrate
-    // it one at a time: the others then find it migrated.
-    const migrating = await client.reserve();
+    // it one at a time: the others then find it migrated. On a connection of its own, whose
+    // session holds the lock, so a pool of one connection is not waiting on itself.
+    const migrator = postgres(location.url, { max: 1, onnotice: () => {} });
     try {
-      await migrating`SELECT pg_advisory_lock(${MIGRATION_LOCK})`;
-      await migratePostgres(db, migrationsConfig);
+      await migrator`SELECT pg_advisory_lock(${MIGRATION_LOCK})`;
+      await migratePostgres(drizzlePostgres(migrator, { schema }), migrationsConfig);
     } finally {
-      await migrating`SELECT pg_advisory_unlock(${MIGRATION_LOCK})`.catch(() => {});
-      migrating.release();
+      await migrator.end({ timeout: 5 });
     }
-    // A gateway holds one connection for its whole life: the pool recycles the others, and
+    // A gateway holds one connection of its own for its whole life (never recycled, outside the
+    // pool, so a pool of one still serves queries): the pool recycles its connections, and
     // another gateway must never see it without a session and take it for dead.
-    const held = location.gatewayId === undefined ? undefined : await client.reserve();
+    const presence =
+      location.gatewayId === undefined
+        ? undefined
+        : postgres(location.url, {
+            max: 1,
+            max_lifetime: 0,
+            onnotice: () => {},
+            connection: { application_name: `${GATEWAY_APPLICATION_PREFIX}${location.gatewayId}` },
+          });
+    if (presence !== undefined) await presence`SELECT 1`;
     return {
       db: db as unknown as Database,
       backend: "postgres",
@@ -111,7 +121,7 @@ export async function openConnection(
         return unlisten;
       },
       close: async () => {
-        held?.release();
+        await presence?.end({ timeout: 5 });
         await client.end({ timeout: 5 });
       },
     };

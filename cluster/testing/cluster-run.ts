@@ -295,8 +295,8 @@ async function main(): Promise<void> {
         "defaults",
         "  mode http",
         "  timeout connect 2s",
-        "  timeout client 60s",
-        "  timeout server 60s",
+        `  timeout client ${60 * timeScale}s`,
+        `  timeout server ${60 * timeScale}s`,
         // A gateway's /healthz asks the database and the nodes: slower guests answer slower.
         `  timeout check ${2 * timeScale}s`,
         "  retries 2",

@@ -276,13 +276,15 @@ describe("admission control", () => {
   });
 
   describe("a daemon that answers busy", () => {
+    const keyIds: unknown[] = [];
     let dir: string;
     let server: Server;
     let client: DaemonClient;
     beforeAll(async () => {
       dir = mkdtempSync(join(tmpdir(), "sandfork-busy-vmm-"));
       const socketPath = join(dir, "vmm.sock");
-      // A stand-in for `sandfork-vmm serve` past its --max-queue: every execute is `busy`.
+      // A stand-in for `sandfork-vmm serve` past its bounds: every execute is `busy`, past its
+      // key's line for the code "key's line", else past its template's; its stats say so.
       server = createServer((socket: Socket) => {
         socket.on("error", () => {});
         const decoder = new FrameDecoder();
@@ -292,13 +294,36 @@ describe("admission control", () => {
             if (frame.type === "hello")
               socket.write(encodeFrame({ type: "hello", protocol: 1, server: "fake-vmm 0" }));
             else if (frame.type === "execute") {
+              keyIds.push(frame.key_id);
+              const keys = frame.code === "key's line";
               socket.write(
                 encodeFrame({
                   id: frame.id,
                   type: "error",
                   code: "busy",
-                  message: "64 executions already wait for a slot",
+                  message: keys
+                    ? "4 executions of this key_id already wait for a slot"
+                    : "16 executions of template 'python' already wait for a slot",
                   retryable: true,
+                  reason: keys ? "key_queue_full" : "template_queue_full",
+                }),
+              );
+            } else if (frame.type === "stats") {
+              socket.write(
+                encodeFrame({
+                  id: frame.id,
+                  type: "stats",
+                  executions: 0,
+                  in_flight: 20,
+                  syscalls: 0,
+                  thread_switches: 0,
+                  admission: {
+                    running: 4,
+                    queued: 16,
+                    queued_by_template: { python: 16 },
+                    busy: { queue_full: 0, template_queue_full: 2, key_queue_full: 1 },
+                  },
+                  pools: [],
                 }),
               );
             }
@@ -315,17 +340,18 @@ describe("admission control", () => {
       rmSync(dir, { recursive: true, force: true });
     });
 
-    it("is a 503 runtime-busy with Retry-After, retryable, billed nothing, counted as shed by the runtime", async () => {
+    it("is a 503 runtime-busy past its template's line, a 429 past its key's, with Retry-After, billed nothing, counted by reason", async () => {
       const runtime: ExecutionRuntime = {
         templates: async () => TEMPLATES,
         execute: (request, signal, onOutput) => client.execute(request, signal, onOutput),
+        admission: (signal) => client.admission(signal),
       };
       const gw = await gatewayWith(
         { templateMaxRunning: 100, templateMaxQueued: 100, keyMaxQueued: 0 },
         runtime,
       );
       try {
-        const { key, accountId } = await gw.issue({ credits: CREDITS });
+        const { key, keyId, accountId } = await gw.issue({ credits: CREDITS });
         const headerSets: Record<string, string>[] = [{}, { "idempotency-key": "busy-1" }];
         for (const headers of headerSets) {
           const response = await gw.call("POST", "/v1/executions", {
@@ -336,17 +362,38 @@ describe("admission control", () => {
           expect(response.headers.get("retry-after")).toBe("1");
           const problem = await expectProblem(response, 503, "runtime-busy");
           expect(problem).toMatchObject({ retryable: true });
-          expect(problem.detail).toContain("64 executions already wait");
+          expect(problem.detail).toContain("16 executions of template 'python' already wait");
         }
+        const keys = await gw.call("POST", "/v1/executions", {
+          credential: key,
+          body: { template: "python", code: "key's line" },
+        });
+        expect(keys.headers.get("retry-after")).toBe("1");
+        const problem = await expectProblem(keys, 429, "concurrency-limit");
+        expect(problem).toMatchObject({ retryable: true, retry_after_seconds: 1 });
+        // Each execution named its key to the daemon.
+        expect(keyIds).toEqual([keyId, keyId, keyId]);
         expect(await gw.books(accountId)).toMatchObject({
           balanceUnits: CREDITS,
           reservedUnits: 0,
         });
+        const metrics = await (await gw.call("GET", "/metrics", {})).text();
+        const shed = (reason: string) =>
+          sample(metrics, "sandfork_admission_shed_total", { reason });
+        expect(shed("runtime_template_queue_full")).toBe(2);
+        expect(shed("runtime_key_queue_full")).toBe(1);
+        // The daemon's own lines, as its stats say.
+        expect(sample(metrics, "sandfork_runtime_admission_running", {})).toBe(4);
         expect(
-          sample(await gw.telemetry.prometheusText(), "sandfork_admission_shed_total", {
-            reason: "runtime_busy",
+          sample(metrics, "sandfork_runtime_admission_queued", {
+            queue: "template",
+            template: "python",
           }),
-        ).toBe(2);
+        ).toBe(16);
+        expect(sample(metrics, "sandfork_runtime_admission_queued", { queue: "all" })).toBe(16);
+        expect(
+          sample(metrics, "sandfork_runtime_admission_busy_total", { reason: "key_queue_full" }),
+        ).toBe(1);
       } finally {
         await gw.dispose();
       }

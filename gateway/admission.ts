@@ -11,8 +11,12 @@ import { ProblemError } from "./problems.js";
 import { type Release, SlotTable } from "./slots.js";
 import type { GatewayInstruments } from "./telemetry.js";
 
-/** Why a call was shed (the `reason` of sandfork.admission.shed). */
-export type ShedReason = "key_queue_full" | "template_queue_full" | "runtime_busy";
+/**
+ * Why a call was shed (the `reason` of sandfork.admission.shed): past the gateway's key or
+ * template line, or refused by the runtime as busy (`runtime_` and the daemon's busy reason, or
+ * `runtime_busy` when it gave none, or the runtime client's own line was full).
+ */
+export type ShedReason = "key_queue_full" | "template_queue_full" | `runtime_${string}`;
 
 /** Weight of the newest run in a template's mean run time (for Retry-After). */
 const RUN_TIME_WEIGHT = 0.1;
@@ -107,9 +111,11 @@ export class Admission {
     if (template !== undefined && full(template)) throw this.templateFull(template);
   }
 
-  /** Counts a call the runtime itself refused as busy (the daemon's queue or its client's was full). */
-  shedByRuntime(): void {
-    this.instruments.shedCalls.add(1, { reason: "runtime_busy" });
+  /** Counts a call the runtime itself refused as busy, with the daemon's reason (its lines, or its client's). */
+  shedByRuntime(daemonReason: string | undefined): void {
+    const reason: ShedReason =
+      daemonReason === undefined ? "runtime_busy" : `runtime_${daemonReason}`;
+    this.instruments.shedCalls.add(1, { reason });
   }
 
   /** A wait in line that the gateway's shutdown ends answers 503 runtime-unavailable. */

@@ -139,7 +139,12 @@ export function runtimeProblem(error: unknown): ProblemError {
     });
   }
   if (error instanceof RuntimeBusyError) {
-    return new ProblemError("runtime-busy", error.message, { headers: { "retry-after": "1" } });
+    // The daemon's line for this key is full: the caller's own share, as the gateway's key line.
+    const slug = error.reason === "key_queue_full" ? "concurrency-limit" : "runtime-busy";
+    return new ProblemError(slug, error.message, {
+      headers: { "retry-after": "1" },
+      extensions: { retry_after_seconds: 1 },
+    });
   }
   return new ProblemError("runtime-failed", error instanceof Error ? error.message : String(error));
 }
@@ -454,7 +459,11 @@ export class ExecutionService {
       live.onStart?.(executionId);
       // The round trip to the runtime, with the phases the runtime reports as its children.
       result = await inSpan(tracer, "runtime.execute", async () => {
-        const ran = await this.runAbortable(runtime, { executionId, ...request }, live.onOutput);
+        const ran = await this.runAbortable(
+          runtime,
+          { executionId, keyId: principal.keyId, ...request },
+          live.onOutput,
+        );
         this.recordRuntimePhases(ran, startedAt);
         return ran;
       });
@@ -462,7 +471,7 @@ export class ExecutionService {
       if (leased) this.deps.leases.drop(principal.accountId, reservedUnits);
       else await release(this.deps.db, executionId);
       instruments.executions.add(1, { template: request.template, status: "aborted" });
-      if (error instanceof RuntimeBusyError) this.deps.admission.shedByRuntime();
+      if (error instanceof RuntimeBusyError) this.deps.admission.shedByRuntime(error.reason);
       throw runtimeProblem(error);
     }
     const settlement = settlementOf(result, {

@@ -98,7 +98,7 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
   ) => gw.call("POST", "/v1/executions", { credential, body, headers });
 
   it("runs through the runtime boundary, reserves the worst case and charges the actual cost", async () => {
-    const { key, accountId } = await gw.issue({ credits: 100 });
+    const { key, keyId, accountId } = await gw.issue({ credits: 100 });
     const response = await execute(key, {
       ...PROGRAM,
       stdin: "in",
@@ -129,6 +129,8 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
         // The template's first language; no memory asked for: the template's VM size.
         language: "python",
         timeoutMs: 5_000,
+        // Whose it is: the runtime's line for the key.
+        keyId,
       },
     ]);
     // Durable before the answer: the record and the balance are already settled.

@@ -35,6 +35,7 @@ import {
   type SpanProcessor,
 } from "@opentelemetry/sdk-trace-base";
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
+import type { RuntimeAdmission } from "../runtime/execution-runtime.js";
 
 export const SERVICE_NAME = "sandfork-gateway";
 export const SERVICE_VERSION = "0.1.0";
@@ -79,6 +80,8 @@ export interface GatewayInstruments {
   shedCalls: TalliedCounter<"reason">;
   /** Read when collected: executions running and waiting per template, and waiting for a slot of their key. */
   admissionDepths: { read: () => AdmissionDepths };
+  /** The runtime's own admission as last asked (GET /metrics asks it first); none: not shown. */
+  runtimeAdmission: { latest: RuntimeAdmission | undefined };
 }
 
 export interface AdmissionDepths {
@@ -228,11 +231,44 @@ export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
     shedCalls: new TalliedCounter(
       meter,
       "sandfork.admission.shed",
-      "Executions shed at once (429/503), by reason: key_queue_full, template_queue_full, runtime_busy",
+      "Executions shed at once (429/503), by reason: key_queue_full, template_queue_full, runtime_<the daemon's busy reason>, runtime_busy",
       ["reason"],
     ),
     admissionDepths: { read: () => ({ templates: [], keysQueued: 0 }) },
+    runtimeAdmission: { latest: undefined },
   };
+  meter
+    .createObservableGauge("sandfork.runtime.admission.queued", {
+      description:
+        "Executions waiting in the runtime (the daemon) for a running slot: over all templates (queue=all), or of one (queue=template)",
+      valueType: ValueType.INT,
+    })
+    .addCallback((result) => {
+      const runtime = instruments.runtimeAdmission.latest;
+      if (runtime === undefined) return;
+      result.observe(runtime.queued, { queue: "all" });
+      for (const [template, queued] of Object.entries(runtime.queuedByTemplate))
+        result.observe(queued, { queue: "template", template });
+    });
+  meter
+    .createObservableGauge("sandfork.runtime.admission.running", {
+      description: "Executions running in the runtime (the daemon)",
+      valueType: ValueType.INT,
+    })
+    .addCallback((result) => {
+      const runtime = instruments.runtimeAdmission.latest;
+      if (runtime !== undefined) result.observe(runtime.running);
+    });
+  meter
+    .createObservableCounter("sandfork.runtime.admission.busy", {
+      description:
+        "Calls the runtime (the daemon) answered busy since it started, by reason: queue_full, template_queue_full, key_queue_full, connections_full, sessions_full",
+    })
+    .addCallback((result) => {
+      const runtime = instruments.runtimeAdmission.latest;
+      if (runtime === undefined) return;
+      for (const [reason, count] of Object.entries(runtime.busy)) result.observe(count, { reason });
+    });
   meter
     .createObservableGauge("sandfork.admission.queued", {
       description:

@@ -27,6 +27,7 @@ import type {
   ExecutionResult,
   ExecutionRuntime,
   OutputChunk,
+  RuntimeAdmission,
   RuntimeHealth,
   Template,
 } from "./execution-runtime.js";
@@ -325,6 +326,10 @@ export class DaemonClient implements ExecutionRuntime {
       ok: health.ok,
       detail: `sandfork-vmm: kvm ${health.kvm}; ${health.templates} template(s)`,
     };
+  }
+
+  async admission(signal?: AbortSignal): Promise<RuntimeAdmission> {
+    return (await this.stats({ signal })).admission;
   }
 
   // The rest of protocol v1

@@ -68,13 +68,18 @@ export class RuntimeConnectionLostError extends RuntimeUnavailableError {
   }
 }
 
-/** The daemon is at its concurrency limit (protocol error `busy`). Retryable shortly. */
+/**
+ * The daemon is at one of its bounds (protocol error `busy`, whose `reason` names it:
+ * queue_full, template_queue_full, key_queue_full, connections_full, sessions_full). Retryable
+ * shortly.
+ */
 export class RuntimeBusyError extends RuntimeError {
   readonly retryable = true;
 
   constructor(
     message = "the execution runtime is at capacity",
     code: "busy" | "queue_full" = "busy",
+    readonly reason?: string,
   ) {
     super(code, message);
     this.name = "RuntimeBusyError";

@@ -24,6 +24,11 @@ export interface ExecutionRequest {
   timeoutMs: number;
   /** Absent: the template's VM size. */
   memoryMb?: number | undefined;
+  /**
+   * Whose execution it is (the API key's id): the runtime's executions of one key wait in one
+   * bounded line (`serve --max-queue-per-key`). Absent: counted in no key's line.
+   */
+  keyId?: string | undefined;
 }
 
 /**
@@ -123,6 +128,16 @@ export interface RuntimeHealth {
   detail: string;
 }
 
+/** The runtime's own admission (the daemon's `stats`, PROTOCOL.md). */
+export interface RuntimeAdmission {
+  running: number;
+  queued: number;
+  /** Executions waiting per template (templates with none left out). */
+  queuedByTemplate: Record<string, number>;
+  /** Calls it answered busy so far, by reason (queue_full, template_queue_full, key_queue_full, ...). */
+  busy: Record<string, number>;
+}
+
 export interface ExecutionRuntime {
   /**
    * Runs one request to its end. `signal` aborts when the gateway stops waiting (its deadline) or
@@ -140,6 +155,8 @@ export interface ExecutionRuntime {
   templates(): Promise<Template[]>;
   /** Asks the runtime whether executions can run; absent when the runtime cannot tell. */
   health?(signal?: AbortSignal): Promise<RuntimeHealth>;
+  /** What the runtime's own admission holds now (its lines and busy answers); absent when it cannot tell. */
+  admission?(signal?: AbortSignal): Promise<RuntimeAdmission>;
   /** Stateful sessions (session-runtime.ts); absent when the runtime keeps none. */
   readonly sessions?: SessionRuntime;
 }

@@ -59,6 +59,9 @@ describe("protocol v1 mapping", () => {
     const error = errorFromFrame(fixture("error").reply);
     expect(error).toBeInstanceOf(RuntimeRequestError);
     expect(error).toMatchObject({ code: "unknown_template", retryable: false });
+    const busy = errorFromFrame(fixture("busy").reply);
+    expect(busy).toBeInstanceOf(RuntimeBusyError);
+    expect(busy).toMatchObject({ code: "busy", retryable: true, reason: "key_queue_full" });
   });
 
   it("maps every status to its outcome; a crash keeps its fault", () => {
@@ -161,6 +164,15 @@ describe("protocol v1 mapping", () => {
     expect(executeFrame({ ...withoutMemory, language: "javascript" }).limits).toEqual({
       timeout_ms: 1500,
     });
+    // Whose it is: the key's line at the daemon (PROTOCOL.md's example names one).
+    expect(executeFrame({ ...request, keyId: "key-0b7e4d4e" })).toEqual({
+      ...executeFrame(request),
+      key_id: "key-0b7e4d4e",
+    });
+    const { id: _id, ...exampleFields } = fixture("execute").request as Record<string, unknown>;
+    expect(Object.keys(executeFrame({ ...request, keyId: "k" })).sort()).toEqual(
+      Object.keys(exampleFields).sort(),
+    );
     expect(parseOutput({ id: 7, type: "output", stream: "stderr", data: "oops\n" })).toEqual({
       stream: "stderr",
       data: "oops\n",

@@ -15,6 +15,7 @@ import type {
   ExecutionRequest,
   ExecutionResult,
   OutputChunk,
+  RuntimeAdmission,
   Template,
 } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
@@ -95,6 +96,12 @@ const HealthSchema = z.object({ ok: z.boolean(), kvm: z.string(), templates: int
 const StatsSchema = z.object({
   executions: integer,
   in_flight: integer,
+  admission: z.object({
+    running: integer,
+    queued: integer,
+    queued_by_template: z.record(z.string(), integer),
+    busy: z.record(z.string(), integer),
+  }),
   pools: z.array(
     z.object({ template: z.string(), ready: integer, target: integer, forks: integer }),
   ),
@@ -130,7 +137,13 @@ const ExecutionSchema = z.object({
   }),
 });
 
-const ErrorSchema = z.object({ code: z.string(), message: z.string(), retryable: z.boolean() });
+const ErrorSchema = z.object({
+  code: z.string(),
+  message: z.string(),
+  retryable: z.boolean(),
+  /** On `busy`: the bound it met. */
+  reason: z.string().optional(),
+});
 
 export function parse<T>(schema: z.ZodType<T>, frame: FrameObject, what: string): T {
   const result = schema.safeParse(frame);
@@ -170,6 +183,7 @@ export function executeFrame(request: ExecutionRequest, stream = false): FrameOb
       ...(request.memoryMb === undefined ? {} : { memory_mib: request.memoryMb }),
     },
     ...(stream ? { stream: true } : {}),
+    ...(request.keyId === undefined ? {} : { key_id: request.keyId }),
   };
 }
 
@@ -258,12 +272,19 @@ export function parseHealth(frame: FrameObject): DaemonHealth {
 export interface DaemonStats {
   executions: number;
   inFlight: number;
+  admission: RuntimeAdmission;
   pools: { template: string; ready: number; target: number; forks: number }[];
 }
 
 export function parseStats(frame: FrameObject): DaemonStats {
   const s = parse(StatsSchema, frame, "stats");
-  return { executions: s.executions, inFlight: s.in_flight, pools: s.pools };
+  const { running, queued, queued_by_template, busy } = s.admission;
+  return {
+    executions: s.executions,
+    inFlight: s.in_flight,
+    admission: { running, queued, queuedByTemplate: queued_by_template, busy },
+    pools: s.pools,
+  };
 }
 
 /** The typed error for a daemon's error frame (PROTOCOL.md's table decides retryability). */
@@ -275,7 +296,7 @@ export function errorFromFrame(frame: FrameObject): RuntimeError {
     case "unavailable":
       return new RuntimeUnavailableError(message, "unavailable");
     case "busy":
-      return new RuntimeBusyError(message);
+      return new RuntimeBusyError(message, "busy", e.reason);
     case "internal":
       return new RuntimeInternalError(message);
     case "bad_frame":

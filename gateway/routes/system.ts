@@ -4,8 +4,19 @@ import { ping } from "../../db/prepared.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { HealthSchema } from "../schemas.js";
 
-/** How long /healthz waits for the runtime's own health answer. */
+/** How long /healthz waits for the runtime's own health answer, and /metrics for its admission. */
 const RUNTIME_HEALTH_TIMEOUT_MS = 2_000;
+
+/** Asks the runtime for its admission (its lines and busy answers) for /metrics; not shown when it cannot say. */
+async function refreshRuntimeAdmission(ctx: GatewayContext): Promise<void> {
+  const runtime = ctx.runtime();
+  const holder = ctx.telemetry.instruments.runtimeAdmission;
+  try {
+    holder.latest = await runtime?.admission?.(AbortSignal.timeout(RUNTIME_HEALTH_TIMEOUT_MS));
+  } catch {
+    holder.latest = undefined;
+  }
+}
 
 /** "connected" when a runtime is attached and (if it can tell) says executions can run now. */
 async function runtimeHealth(
@@ -67,6 +78,7 @@ export function registerSystemRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayConte
     },
   });
   app.openapi(metrics, async (c) => {
+    await refreshRuntimeAdmission(ctx);
     const text = await ctx.telemetry.prometheusText();
     return c.text(text, 200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
   });

@@ -169,6 +169,11 @@ options:
   --max-concurrency N     executions running at once (default: 2 per core)
   --max-queue N           executions waiting for a free slot, beyond that `busy` (default 64;
                           0: `busy` as soon as all slots run)
+  --max-queue-per-template N
+                          executions of one template waiting, beyond that `busy` (default:
+                          4 per running slot)
+  --max-queue-per-key N   executions of one request `key_id` waiting, beyond that `busy`
+                          (default: 1 per running slot)
   --pool-size N           VMs kept ready per template with a snapshot, each created ahead of
                           its request on its own worker thread and reset to the
                           template after each request (retired after 1000)
@@ -777,6 +782,8 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             "--templates",
             "--max-concurrency",
             "--max-queue",
+            "--max-queue-per-template",
+            "--max-queue-per-key",
             "--pool-size",
             "--max-timeout-ms",
             "--max-memory-mib",
@@ -827,6 +834,16 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
         max_queue: options.count(
             "--max-queue",
             daemon::DEFAULT_QUEUE,
+            daemon::MAX_QUEUE_LIMIT,
+        )? as usize,
+        max_queue_per_template: options.count(
+            "--max-queue-per-template",
+            daemon::default_queue_per_template() as u64,
+            daemon::MAX_QUEUE_LIMIT,
+        )? as usize,
+        max_queue_per_key: options.count(
+            "--max-queue-per-key",
+            daemon::default_queue_per_key() as u64,
             daemon::MAX_QUEUE_LIMIT,
         )? as usize,
         max_limits,
@@ -1010,6 +1027,11 @@ mod tests {
         assert!(
             matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--max-queue", "-1"])), Err(CliError::Usage(m, _)) if m.contains("from 0 to 4096"))
         );
+        for flag in ["--max-queue-per-template", "--max-queue-per-key"] {
+            assert!(
+                matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", flag, "4097"])), Err(CliError::Usage(m, _)) if m.contains(flag) && m.contains("from 0 to 4096"))
+            );
+        }
         assert!(
             matches!(dispatch(&strings(&["serve", "--socket", "/s", "--templates", "/t", "--boot-timeout-ms", "0"])), Err(CliError::Usage(m, _)) if m.contains("--boot-timeout-ms expects an integer from 1 to 3600000"))
         );

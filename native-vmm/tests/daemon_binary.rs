@@ -151,7 +151,7 @@ fn serves_health_templates_and_execute_on_this_host() {
     assert_eq!(
         stats.to_string(),
         format!(
-            r#"{{"id":5,"type":"stats","executions":{},"in_flight":0,"syscalls":{syscalls},"thread_switches":0,"pools":[]}}"#,
+            r#"{{"id":5,"type":"stats","executions":{},"in_flight":0,"syscalls":{syscalls},"thread_switches":0,"admission":{{"running":0,"queued":0,"queued_by_template":{{}},"busy":{{"queue_full":0,"template_queue_full":0,"key_queue_full":0,"connections_full":0,"sessions_full":0}}}},"pools":[]}}"#,
             u64::from(kvm_present)
         )
     );

@@ -198,7 +198,7 @@ fn handshake_then_list_health_and_stats() {
     );
     assert_eq!(
         client.call(r#"{"id":4,"type":"stats"}"#).to_string(),
-        r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"reset_pages_mean":370,"served":7,"warm_up":"on"}]}"#
+        r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"admission":{"running":0,"queued":0,"queued_by_template":{},"busy":{"queue_full":0,"template_queue_full":0,"key_queue_full":0,"connections_full":0,"sessions_full":0}},"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"reset_pages_mean":370,"served":7,"warm_up":"on"}]}"#
     );
     server.stop();
 }
@@ -425,6 +425,7 @@ fn beyond_the_in_flight_limit_requests_are_busy() {
     for client in [&mut a, &mut b] {
         let busy = client.call(&execute(2, "more"));
         assert_error(&busy, "busy", Some(2));
+        assert_eq!(str_of(&busy, "reason"), "queue_full");
         assert!(
             str_of(&busy, "message").contains("maximum of 2 executions with 0 waiting"),
             "{busy}"
@@ -496,6 +497,91 @@ fn executions_beyond_the_running_limit_wait_in_a_bounded_queue() {
     server.stop();
 }
 
+fn execute_as(id: u64, template: &str, key: Option<&str>, code: &str) -> String {
+    let mut frame = parse(&execute(id, code));
+    frame["template"] = Value::from(template);
+    if let Some(key) = key {
+        frame["key_id"] = Value::from(key);
+    }
+    frame.to_string()
+}
+
+/// The `admission` of a `stats` answer.
+fn admission(client: &mut Client, id: u64) -> Value {
+    let stats = client.call(&format!(r#"{{"id":{id},"type":"stats"}}"#));
+    stats.get("admission").cloned().unwrap_or(Value::Null)
+}
+
+#[test]
+fn past_a_templates_or_a_keys_line_an_execution_is_busy_with_that_reason_and_the_rest_wait() {
+    let executor = Arc::new(ScriptedExecutor::default());
+    let server = Running::start(
+        &scratch("lines"),
+        executor.clone(),
+        ServerConfig {
+            max_queued: 8,
+            max_queued_per_template: 3,
+            max_queued_per_key: 1,
+            ..config(1)
+        },
+    );
+    let mut client = Client::hello(&server.path);
+    client.send(&execute_as(1, "fake", Some("key-a"), "block"));
+    assert!(wait_for(Duration::from_secs(10), || executor
+        .started
+        .load(Ordering::SeqCst)
+        == 1));
+    client.send(&execute_as(2, "fake", Some("key-a"), "a waits"));
+    let key_busy = client.call(&execute_as(3, "fake", Some("key-a"), "a again"));
+    assert_error(&key_busy, "busy", Some(3));
+    assert_eq!(str_of(&key_busy, "reason"), "key_queue_full", "{key_busy}");
+    assert!(str_of(&key_busy, "message").contains("1 executions of this key_id already wait"));
+    client.send(&execute_as(4, "fake", Some("key-b"), "b waits"));
+    client.send(&execute_as(5, "fake", None, "no key waits"));
+    let template_busy = client.call(&execute_as(6, "fake", Some("key-c"), "c"));
+    assert_error(&template_busy, "busy", Some(6));
+    assert_eq!(
+        str_of(&template_busy, "reason"),
+        "template_queue_full",
+        "{template_busy}"
+    );
+    assert!(str_of(&template_busy, "message").contains("3 executions of template 'fake'"));
+    // Another template's line is its own (this executor then refuses it as unknown).
+    client.send(&execute_as(7, "other", Some("key-c"), "other waits"));
+    assert!(wait_for(Duration::from_secs(10), || admission(
+        &mut client,
+        8
+    )["queued"]
+        == 4));
+    assert_eq!(
+        admission(&mut client, 9),
+        parse(
+            r#"{"running":1,"queued":4,"queued_by_template":{"fake":3,"other":1},
+                "busy":{"queue_full":0,"template_queue_full":1,"key_queue_full":1,
+                        "connections_full":0,"sessions_full":0}}"#
+        )
+    );
+    assert_eq!(executor.started.load(Ordering::SeqCst), 1);
+
+    executor.release();
+    let mut answers: Vec<Value> = (0..5).map(|_| client.recv()).collect();
+    answers.sort_by_key(|a| u64_of(a, "id"));
+    let ids: Vec<u64> = answers.iter().map(|a| u64_of(a, "id")).collect();
+    assert_eq!(ids, [1, 2, 4, 5, 7]);
+    for answer in &answers[..4] {
+        assert_eq!(str_of(answer, "status"), "ok", "{answer}");
+    }
+    assert_error(&answers[4], "unknown_template", Some(7));
+    // The lines are empty again: the same key and template are admitted.
+    let again = client.call(&execute_as(10, "fake", Some("key-a"), "a again"));
+    assert_eq!(str_of(&again, "stdout"), "a again\n", "{again}");
+    assert_eq!(
+        admission(&mut client, 11)["queued_by_template"],
+        parse("{}")
+    );
+    server.stop();
+}
+
 #[test]
 fn a_client_gone_mid_execution_does_not_harm_the_server() {
     let (server, executor) = start("gone", 2);
@@ -541,7 +627,9 @@ fn connections_beyond_the_limit_are_told_busy() {
     let server = Running::start(&scratch("conns"), executor, config);
     let mut first = Client::hello(&server.path);
     let mut second = Client::connect(&server.path);
-    assert_error(&second.recv(), "busy", None);
+    let busy = second.recv();
+    assert_error(&busy, "busy", None);
+    assert_eq!(str_of(&busy, "reason"), "connections_full");
     assert!(second.is_closed());
     assert_serves(&mut first, 1);
     drop(first);

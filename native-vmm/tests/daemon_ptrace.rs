@@ -211,6 +211,8 @@ fn a_burst_of_concurrent_executions() {
         "pt-burst",
         ServerConfig {
             max_queued: total as usize,
+            max_queued_per_template: total as usize,
+            max_queued_per_key: total as usize,
             ..config(running)
         },
     );

@@ -233,6 +233,8 @@ fn pool_of_two(tag: &str) -> Running {
         2,
         ServerConfig {
             max_queued: 8,
+            max_queued_per_template: 64,
+            max_queued_per_key: 64,
             ..config(4)
         },
     )

@@ -311,6 +311,8 @@ fn take_to_first_instruction_pooled_and_unpooled_and_a_burst() {
     );
     let burst = ServerConfig {
         max_queued: total as usize,
+        max_queued_per_template: total as usize,
+        max_queued_per_key: total as usize,
         ..config(RUNNING)
     };
 

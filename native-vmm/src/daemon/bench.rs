@@ -352,6 +352,8 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         ServerConfig {
             max_running: 16,
             max_queued: 64,
+            max_queued_per_template: 64,
+            max_queued_per_key: 64,
             max_connections: 64,
             limits: policy,
         },

@@ -6,13 +6,15 @@
 //!   unknown fields are rejected, limits are clamped).
 //! - `response`: every frame the daemon sends.
 //! - `server`: the listener, connections, the bound on in-flight executions, shutdown;
-//!   `request_threads`: the threads its requests run on, kept between requests.
+//!   `admission`: which executions run now and which wait, in lines bounded per template and
+//!   per key; `request_threads`: the threads its requests run on, kept between requests.
 //! - `executor`: the `Executor` trait the server calls, and the types crossing it.
 //! - `live_output`: a streamed execution's `output` frames, sent while it runs.
 //! - `agent_executor`: the production executor (a KVM VM per request, taken from the
 //!   template's warm pool (`pool`) or restored from its snapshot when it has one, booted
 //!   otherwise) and `templates`: the templates it serves (image, and snapshot when built).
 
+pub mod admission;
 pub mod agent_executor;
 mod base64;
 #[cfg(feature = "bench")]
@@ -88,12 +90,27 @@ pub fn default_pool_size() -> usize {
 /// Executions waiting for a slot by default: a burst of this many is absorbed without `busy`.
 pub const DEFAULT_QUEUE: u64 = 64;
 
+/// Executions of one template waiting by default: four per running slot (`default_concurrency`),
+/// so one template cannot fill the whole line on a small machine, and a gateway's share of it
+/// (it hands the daemon twice the running slots per template) always fits.
+pub fn default_queue_per_template() -> usize {
+    4 * default_concurrency()
+}
+
+/// Executions of one key waiting by default: one per running slot, so one caller cannot fill a
+/// template's line.
+pub fn default_queue_per_key() -> usize {
+    default_concurrency()
+}
+
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub socket: PathBuf,
     pub templates: PathBuf,
     pub max_concurrency: usize,
     pub max_queue: usize,
+    pub max_queue_per_template: usize,
+    pub max_queue_per_key: usize,
     pub max_limits: ExecutionLimits,
     /// VMs kept ready per template with a snapshot (0: each is restored for its request).
     pub pool_size: usize,
@@ -217,6 +234,8 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
     let config = ServerConfig {
         max_running: options.max_concurrency,
         max_queued: options.max_queue,
+        max_queued_per_template: options.max_queue_per_template,
+        max_queued_per_key: options.max_queue_per_key,
         max_connections: MAX_CONNECTIONS,
         limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits),
     };

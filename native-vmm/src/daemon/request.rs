@@ -2,8 +2,9 @@
 //!
 //! Policy (also in PROTOCOL.md's terms):
 //! - Unknown fields are REJECTED (`bad_request` naming the field): a misspelt optional field
-//!   (`"timeout": 5` for `limits.timeout_ms`) would otherwise silently run with defaults. New
-//!   fields come with a new protocol version. A null field is the same as an absent one.
+//!   (`"timeout": 5` for `limits.timeout_ms`) would otherwise silently run with defaults. So a
+//!   client sends an optional field only to a daemon that knows it (the runtime and its daemon
+//!   are built together). A null field is the same as an absent one.
 //! - Integers are JSON integers in 0..=2^53-1 (what every JSON client represents exactly).
 //! - Types are checked by serde against the structs below (derived, `deny_unknown_fields`), and
 //!   a refusal names the field's place (`files[2].path: ...`); what the code, argv, env, files and stdin may
@@ -34,7 +35,8 @@ pub use crate::daemon::wire::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     ListTemplates,
-    Execute(ExecuteRequest),
+    /// An execution, and the `key_id` it waits under (`admission`).
+    Execute(ExecuteRequest, Option<String>),
     Health,
     Stats,
     /// A session request (`session_protocol`).
@@ -77,7 +79,11 @@ struct ExecuteFields {
     limits: Option<LimitFields>,
     stream: Option<bool>,
     network: Option<NetworkFields>,
+    key_id: Option<String>,
 }
+
+/// `key_id`: 1 to this many bytes.
+pub const MAX_KEY_ID_BYTES: usize = 128;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object")]
@@ -138,7 +144,12 @@ pub fn parse_request(frame: &Value, policy: &LimitPolicy) -> Result<(u64, Reques
         }
         "execute" => {
             refuse_positional_objects(frame, Some(id))?;
-            Request::Execute(parse_execute(typed(frame, Some(id))?, Some(id), policy)?)
+            let mut fields: ExecuteFields = typed(frame, Some(id))?;
+            let key = fields.key_id.take();
+            if let Some(key) = &key {
+                check_key_id(key, Some(id))?;
+            }
+            Request::Execute(parse_execute(fields, Some(id), policy)?, key)
         }
         kind if kind.starts_with("session_") => Request::Session(
             crate::daemon::session_protocol::parse(kind, frame, id, policy)?,
@@ -177,6 +188,18 @@ fn refuse_positional_objects(frame: &Value, id: Option<u64>) -> Result<(), Reque
         )),
         None => Ok(()),
     }
+}
+
+/// A `key_id` is 1 to MAX_KEY_ID_BYTES ASCII letters, digits, `-`, `_`, `.` or `:`.
+fn check_key_id(key: &str, id: Option<u64>) -> Result<(), RequestError> {
+    let allowed = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b':');
+    if key.is_empty() || key.len() > MAX_KEY_ID_BYTES || !key.bytes().all(allowed) {
+        return Err(bad(
+            id,
+            format!("key_id must be 1 to {MAX_KEY_ID_BYTES} ASCII letters, digits, '-', '_', '.' or ':'"),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_execute(
@@ -267,7 +290,7 @@ mod tests {
 
     fn execute(text: &str) -> ExecuteRequest {
         match parse(text) {
-            Ok((_, Request::Execute(request))) => request,
+            Ok((_, Request::Execute(request, _))) => request,
             other => panic!("{text}: {other:?}"),
         }
     }
@@ -421,6 +444,10 @@ mod tests {
         let health = fixture(include_str!("../../tests/fixtures/protocol/health.json"));
         assert_eq!(parse(&health.to_string()), Ok((2, Request::Health)));
         let request = fixture(include_str!("../../tests/fixtures/protocol/execute.json"));
+        assert!(matches!(
+            parse(&request.to_string()),
+            Ok((7, Request::Execute(_, Some(key)))) if key == "key-0b7e4d4e"
+        ));
         assert_eq!(
             execute(&request.to_string()),
             ExecuteRequest {
@@ -452,6 +479,40 @@ mod tests {
                 defaulted: Defaulted::default(),
             }
         );
+    }
+
+    #[test]
+    fn a_key_id_names_whose_line_an_execution_waits_in() {
+        let key_of = |text: &str| match parse(text) {
+            Ok((_, Request::Execute(_, key))) => key,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert_eq!(key_of(&with("")), None);
+        assert_eq!(key_of(&with(r#""key_id":null"#)), None);
+        let uuid = "0b7e4d4e-6a43-4c59-9d1e-2f0c1d6b8a10";
+        assert_eq!(
+            key_of(&with(&format!(r#""key_id":"{uuid}""#))).as_deref(),
+            Some(uuid)
+        );
+        let longest = "k".repeat(MAX_KEY_ID_BYTES);
+        assert_eq!(
+            key_of(&with(&format!(r#""key_id":"{longest}""#))),
+            Some(longest.clone())
+        );
+        for bad_key in [
+            r#""""#.to_owned(),
+            format!(r#""{longest}k""#),
+            r#""a b""#.to_owned(),
+            r#""caf\u00e9""#.to_owned(),
+            r#""a\nb""#.to_owned(),
+        ] {
+            assert!(
+                refused(&with(&format!(r#""key_id":{bad_key}"#)), Some(7))
+                    .starts_with("key_id must be"),
+                "{bad_key}"
+            );
+        }
+        assert!(refused(&with(r#""key_id":7"#), Some(7)).starts_with("key_id: invalid type"));
     }
 
     #[test]
@@ -584,7 +645,7 @@ mod tests {
             ),
             "template must be 1 to 255 bytes"
         );
-        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "timeout_ms: unknown field `timeout_ms`, expected one of `id`, `type`, `template`, `code`, `stdin`, `argv`, `env`, `files`, `limits`, `stream`, `network`");
+        assert_eq!(refused(&with(r#""timeout_ms":5"#), Some(7)), "timeout_ms: unknown field `timeout_ms`, expected one of `id`, `type`, `template`, `code`, `stdin`, `argv`, `env`, `files`, `limits`, `stream`, `network`, `key_id`");
     }
 
     #[test]
@@ -761,7 +822,8 @@ mod tests {
             }
         }
         let keys = [
-            "id", "type", "template", "code", "stdin", "argv", "env", "files", "limits", "other",
+            "id", "type", "template", "code", "stdin", "argv", "env", "files", "limits", "key_id",
+            "other",
         ];
         for _ in 0..20_000 {
             let mut members = Map::new();
@@ -776,8 +838,9 @@ mod tests {
             let key = keys[(next() % keys.len() as u64) as usize];
             members.insert(key.into(), tree(&mut next, 0));
             match parse_request(&Value::Object(members), &POLICY) {
-                Ok((id, Request::Execute(r))) => {
+                Ok((id, Request::Execute(r, key_id))) => {
                     assert!(id == 1 || key == "id");
+                    assert!(key_id.is_none_or(|k| check_key_id(&k, None).is_ok()));
                     assert!(
                         r.limits.timeout_ms <= POLICY.max.timeout_ms
                             && r.limits.memory_mib >= MIN_MEMORY_MIB

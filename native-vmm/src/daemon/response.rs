@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 use crate::daemon::executor::{
     ExecuteError, Execution, ExecutionLimits, Health, PoolStats, TemplateInfo, Usage,
 };
-pub use crate::daemon::wire::ErrorCode;
 use crate::daemon::wire::PROTOCOL_VERSION;
+pub use crate::daemon::wire::{BusyReason, ErrorCode};
 use crate::process::Stream;
 use crate::status::RunStatus;
 
@@ -40,6 +40,17 @@ impl Response {
     pub fn id(&self) -> Option<u64> {
         self.id.flatten()
     }
+
+    /// The bound a `busy` answer met; None for any other frame.
+    pub fn busy_reason(&self) -> Option<BusyReason> {
+        match self.body {
+            Body::Error {
+                code: ErrorCode::Busy(reason),
+                ..
+            } => Some(reason),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -53,6 +64,9 @@ enum Body {
         code: ErrorCode,
         message: String,
         retryable: bool,
+        /// Only on `busy`: the bound it met.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<BusyReason>,
     },
     Templates {
         templates: Vec<TemplateInfo>,
@@ -67,6 +81,7 @@ enum Body {
         in_flight: u64,
         syscalls: u64,
         thread_switches: u64,
+        admission: Admission,
         pools: Vec<PoolStats>,
     },
     Execution(Box<ExecutionBody>),
@@ -158,6 +173,10 @@ pub fn error(id: Option<u64>, code: ErrorCode, message: &str) -> Response {
             code,
             message: message.to_owned(),
             retryable: code.retryable(),
+            reason: match code {
+                ErrorCode::Busy(reason) => Some(reason),
+                _ => None,
+            },
         },
     }
 }
@@ -217,7 +236,38 @@ pub struct Totals {
     pub thread_switches: u64,
 }
 
-pub fn stats(id: u64, totals: Totals, pools: &[PoolStats]) -> Response {
+/// `stats`' `admission`: executions running and waiting, waiting per template, and the `busy`
+/// answers so far by reason (PROTOCOL.md, `stats`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Admission {
+    pub running: u64,
+    pub queued: u64,
+    pub queued_by_template: Map<String, Value>,
+    pub busy: Map<String, Value>,
+}
+
+impl Admission {
+    pub fn new(
+        depths: &crate::daemon::admission::Depths,
+        busy: impl Fn(BusyReason) -> u64,
+    ) -> Admission {
+        Admission {
+            running: depths.running as u64,
+            queued: depths.queued as u64,
+            queued_by_template: depths
+                .queued_by_template
+                .iter()
+                .map(|(template, n)| (template.clone(), Value::from(*n as u64)))
+                .collect(),
+            busy: BusyReason::ALL
+                .into_iter()
+                .map(|reason| (reason.as_str().to_owned(), Value::from(busy(reason))))
+                .collect(),
+        }
+    }
+}
+
+pub fn stats(id: u64, totals: Totals, admission: Admission, pools: &[PoolStats]) -> Response {
     let Totals {
         executions,
         in_flight,
@@ -231,6 +281,7 @@ pub fn stats(id: u64, totals: Totals, pools: &[PoolStats]) -> Response {
             in_flight,
             syscalls,
             thread_switches,
+            admission,
             pools: pools.to_vec(),
         },
     )
@@ -541,7 +592,7 @@ mod tests {
             ErrorCode::UnsupportedProtocol,
             ErrorCode::UnknownTemplate,
             ErrorCode::Unavailable,
-            ErrorCode::Busy,
+            ErrorCode::Busy(BusyReason::QueueFull),
             ErrorCode::Internal,
         ]
         .into_iter()
@@ -566,7 +617,14 @@ mod tests {
             .get("code"),
             Some(&Value::from("unknown_template"))
         );
-        assert_eq!(error(Some(9), ErrorCode::Busy, "m").id(), Some(9));
+        let busy = error(Some(9), ErrorCode::Busy(BusyReason::KeyQueueFull), "m");
+        assert_eq!(busy.id(), Some(9));
+        assert_eq!(busy.busy_reason(), Some(BusyReason::KeyQueueFull));
+        assert_eq!(json(&busy)["reason"], "key_queue_full");
+        assert_eq!(
+            json(&error(None, ErrorCode::Internal, "m")).get("reason"),
+            None
+        );
         assert_eq!(
             json(&hello()).to_string(),
             concat!(
@@ -579,7 +637,7 @@ mod tests {
     }
 
     /// tests/fixtures/protocol/: PROTOCOL.md's examples, which runtime/protocol.test.ts reads too.
-    const FIXTURES: [(&str, &str); 5] = [
+    const FIXTURES: [(&str, &str); 6] = [
         (
             "hello",
             include_str!("../../tests/fixtures/protocol/hello.json"),
@@ -599,6 +657,10 @@ mod tests {
         (
             "error",
             include_str!("../../tests/fixtures/protocol/error.json"),
+        ),
+        (
+            "busy",
+            include_str!("../../tests/fixtures/protocol/busy.json"),
         ),
     ];
 
@@ -658,6 +720,12 @@ mod tests {
             "no template named 'ruby'",
         );
         assert_eq!(json(&unknown), reply("error"));
+        let busy = error(
+            Some(8),
+            ErrorCode::Busy(BusyReason::KeyQueueFull),
+            "4 executions of this key_id already wait for a slot",
+        );
+        assert_eq!(json(&busy), reply("busy"));
         // The example names a version; ours is this build's.
         let mut ours = json(&hello());
         assert!(ours["server"]

@@ -8,9 +8,12 @@
 //!   connection's writer lock. A streamed execution's `output` frames come first, from its
 //!   forwarder thread (`live_output`).
 //! - At most `max_running` executions run at once over all connections; up to `max_queued`
-//!   more wait for a free slot (the wait is the response's `queue_us`). An execution beyond
-//!   both is answered `busy` at once. The queue absorbs bursts without clients spinning on
-//!   `busy`; its bound keeps waiting threads and latency bounded.
+//!   more wait for a free slot, first come, first served (the wait is the response's
+//!   `queue_us`), at most `max_queued_per_template` of one template and `max_queued_per_key`
+//!   of one `key_id` (`admission`). An execution beyond a bound is answered `busy` at once,
+//!   with the bound as its `reason`. The queue absorbs bursts without clients spinning on
+//!   `busy`; its bounds keep waiting threads and latency bounded, and one template or one key
+//!   from filling it.
 //! - A malformed frame gets a `bad_frame` error; when its length was oversized or the stream
 //!   ended inside it, the connection is closed (the next frame boundary is unknown). Nothing a
 //!   client does ends anything but its own connection: a client gone mid-execution only makes
@@ -18,6 +21,7 @@
 //!   client that stops reading cannot pin threads forever.
 //! - At most `max_connections` connections are served at once; one more gets a `busy` error
 //!   frame and is closed.
+//! - Every `busy` answer is counted by reason (`stats`' `admission.busy`).
 
 use std::collections::HashSet;
 use std::fs;
@@ -32,12 +36,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::daemon::admission::{FullLine, Line, RunLimits, RunQueue, Turn};
 use crate::daemon::executor::{ExecuteRequest, Executor};
 use crate::daemon::frame::{self, FrameError};
 use crate::daemon::live_output::LiveOutput;
 use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
 use crate::daemon::request_threads::RequestThreads;
-use crate::daemon::response::{self, ErrorCode, RequestTimes, Response};
+use crate::daemon::response::{self, BusyReason, ErrorCode, RequestTimes, Response};
 use crate::daemon::session_protocol::{self, SessionOp};
 use crate::daemon::sessions::Sessions;
 use crate::process::OutputSink;
@@ -52,6 +57,10 @@ pub struct ServerConfig {
     pub max_running: usize,
     /// Executions waiting for a running slot, beyond which `execute` is `busy`.
     pub max_queued: usize,
+    /// Executions of one template waiting, beyond which one more of it is `busy`.
+    pub max_queued_per_template: usize,
+    /// Executions of one `key_id` waiting, beyond which one more of it is `busy`.
+    pub max_queued_per_key: usize,
     /// Connections served at once.
     pub max_connections: usize,
     pub limits: LimitPolicy,
@@ -89,20 +98,6 @@ impl Gauge {
         Some(Slot(self.clone()))
     }
 
-    /// Waits for a free slot. Waiters are woken together and race for it, so their order is
-    /// not strictly first come, first served.
-    fn acquire(self: &Arc<Gauge>) -> Slot {
-        let mut count = self.lock();
-        while *count >= self.max {
-            count = self
-                .changed
-                .wait(count)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-        *count += 1;
-        Slot(self.clone())
-    }
-
     fn current(&self) -> usize {
         *self.lock()
     }
@@ -120,6 +115,20 @@ impl Gauge {
 
 struct Slot(Arc<Gauge>);
 
+/// `busy` answers by reason.
+#[derive(Default)]
+struct BusyCounts([AtomicU64; BusyReason::ALL.len()]);
+
+impl BusyCounts {
+    fn count(&self, reason: BusyReason) {
+        self.0[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self, reason: BusyReason) -> u64 {
+        self.0[reason as usize].load(Ordering::Relaxed)
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         *self.0.lock() -= 1;
@@ -135,8 +144,11 @@ struct Shared {
     sessions: Option<Arc<Sessions>>,
     /// Executions admitted and not yet finished (running or queued).
     admitted: Arc<Gauge>,
-    running: Arc<Gauge>,
+    /// Who runs now and who waits (`admission`).
+    runs: Arc<RunQueue>,
     connections: Arc<Gauge>,
+    /// `busy` answers sent, by reason.
+    busy: Arc<BusyCounts>,
     /// Where executions and session requests run.
     threads: RequestThreads,
     /// Executions that ran to an outcome, and their system calls and thread switches.
@@ -250,8 +262,13 @@ impl Server {
             config,
             sessions: None,
             admitted: Arc::new(Gauge::new(config.max_running + config.max_queued)),
-            running: Arc::new(Gauge::new(config.max_running)),
+            runs: RunQueue::new(RunLimits {
+                max_running: config.max_running,
+                max_queued_per_template: config.max_queued_per_template,
+                max_queued_per_key: config.max_queued_per_key,
+            }),
             connections: Arc::new(Gauge::new(config.max_connections)),
+            busy: Arc::new(BusyCounts::default()),
             threads: RequestThreads::default(),
             executions: AtomicU64::new(0),
             syscalls: AtomicU64::new(0),
@@ -308,9 +325,14 @@ impl Server {
             let Some(slot) = shared.connections.try_acquire() else {
                 let mut stream = stream;
                 let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+                shared.busy.count(BusyReason::ConnectionsFull);
                 let _ = frame::write_frame(
                     &mut stream,
-                    &response::error(None, ErrorCode::Busy, "too many connections"),
+                    &response::error(
+                        None,
+                        ErrorCode::Busy(BusyReason::ConnectionsFull),
+                        "too many connections",
+                    ),
                 );
                 continue;
             };
@@ -330,15 +352,22 @@ impl Server {
     }
 }
 
-/// The writing half of a connection, shared by the threads that answer its requests.
+/// The writing half of a connection, shared by the threads that answer its requests; it
+/// counts the `busy` answers it sends.
 #[derive(Clone)]
-struct Writer(Arc<Mutex<UnixStream>>);
+struct Writer {
+    stream: Arc<Mutex<UnixStream>>,
+    busy: Arc<BusyCounts>,
+}
 
 impl Writer {
     /// Sends one frame. A failure means the client is gone or stuck: it is its loss only.
     fn send(&self, message: &Response) {
+        if let Some(reason) = message.busy_reason() {
+            self.busy.count(reason);
+        }
         let mut stream = self
-            .0
+            .stream
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = match frame::encode_frame(message) {
@@ -361,7 +390,7 @@ impl Writer {
 
     fn close(&self) {
         let stream = self
-            .0
+            .stream
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -388,8 +417,11 @@ impl Connection {
         };
         let _ = write_half.set_write_timeout(Some(WRITE_TIMEOUT));
         let connection = Connection {
+            writer: Writer {
+                stream: Arc::new(Mutex::new(write_half)),
+                busy: shared.busy.clone(),
+            },
             shared,
-            writer: Writer(Arc::new(Mutex::new(write_half))),
             ids: Arc::new(Mutex::new(HashSet::new())),
         };
         let mut reader = BufReader::new(stream);
@@ -466,10 +498,19 @@ impl Connection {
                         syscalls: shared.syscalls.load(Ordering::Relaxed),
                         thread_switches: shared.thread_switches.load(Ordering::Relaxed),
                     };
-                    self.writer
-                        .send(&response::stats(id, totals, &shared.executor.pools()));
+                    let admission = response::Admission::new(&shared.runs.depths(), |reason| {
+                        shared.busy.get(reason)
+                    });
+                    self.writer.send(&response::stats(
+                        id,
+                        totals,
+                        admission,
+                        &shared.executor.pools(),
+                    ));
                 }
-                Ok((id, Request::Execute(execute))) => self.start_execution(id, execute, received),
+                Ok((id, Request::Execute(execute, key))) => {
+                    self.start_execution(id, execute, key, received)
+                }
                 Ok((id, Request::Session(op))) => self.start_session_op(id, op, received),
                 Err(e) => self.writer.send_error(&e),
             }
@@ -477,16 +518,47 @@ impl Connection {
     }
 
     /// Runs an execution on a thread of its own, or answers why it cannot start.
-    fn start_execution(&self, id: u64, request: ExecuteRequest, received: Instant) {
+    fn start_execution(
+        &self,
+        id: u64,
+        request: ExecuteRequest,
+        key: Option<String>,
+        received: Instant,
+    ) {
         let fail =
             |code, message: &str| self.writer.send(&response::error(Some(id), code, message));
+        let ServerConfig {
+            max_running,
+            max_queued,
+            max_queued_per_template,
+            max_queued_per_key,
+            ..
+        } = self.shared.config;
         let Some(admission) = self.shared.admitted.try_acquire() else {
-            let ServerConfig {
-                max_running,
-                max_queued,
-                ..
-            } = self.shared.config;
-            return fail(ErrorCode::Busy, &format!("the daemon is running its maximum of {max_running} executions with {max_queued} waiting"));
+            return fail(ErrorCode::Busy(BusyReason::QueueFull), &format!("the daemon is running its maximum of {max_running} executions with {max_queued} waiting"));
+        };
+        let line = Line {
+            template: Some(request.template.clone()),
+            key,
+        };
+        let turn = match self.shared.runs.enter(line) {
+            Ok(turn) => turn,
+            Err(full) => {
+                let (reason, waiting, whose) = match full {
+                    FullLine::Template => (
+                        BusyReason::TemplateQueueFull,
+                        max_queued_per_template,
+                        format!("template '{}'", request.template),
+                    ),
+                    FullLine::Key => (
+                        BusyReason::KeyQueueFull,
+                        max_queued_per_key,
+                        "this key_id".to_owned(),
+                    ),
+                };
+                let message = format!("{waiting} executions of {whose} already wait for a slot");
+                return fail(ErrorCode::Busy(reason), &message);
+            }
         };
         if !lock_ids(&self.ids).insert(id) {
             return fail(
@@ -502,8 +574,14 @@ impl Connection {
                     output_writer.send(&response::output(id, stream, data))
                 }) {
                     Ok(live) => {
-                        let response =
-                            run_execution(&shared, id, request, received, admission, live.sink());
+                        let response = run_execution(
+                            &shared,
+                            id,
+                            request,
+                            received,
+                            (admission, turn),
+                            live.sink(),
+                        );
                         live.finish();
                         response
                     }
@@ -519,7 +597,7 @@ impl Connection {
                     id,
                     request,
                     received,
-                    admission,
+                    (admission, turn),
                     OutputSink::none(),
                 )
             };
@@ -548,7 +626,7 @@ impl Connection {
         };
         let Some(admission) = self.shared.admitted.try_acquire() else {
             return fail(
-                ErrorCode::Busy,
+                ErrorCode::Busy(BusyReason::QueueFull),
                 "the daemon is at its maximum of requests in flight",
             );
         };
@@ -560,7 +638,12 @@ impl Connection {
         }
         let (shared, writer, ids) = (self.shared.clone(), self.writer.clone(), self.ids.clone());
         let spawned = self.shared.threads.run(Box::new(move || {
-            let running = op.runs_code().then(|| shared.running.acquire());
+            // A cell waits in the one line, counted in no template's or key's (so never refused).
+            let running = if op.runs_code() {
+                shared.runs.enter(Line::default()).ok().map(Turn::wait)
+            } else {
+                None
+            };
             let runs_code = running.is_some();
             let result = panic::catch_unwind(AssertUnwindSafe(|| {
                 session_protocol::handle(&sessions, id, op, received)
@@ -592,7 +675,7 @@ fn lock_ids(ids: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>
     ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Waits for a running slot, runs one execution (its output also going to `live_output`) and
+/// Waits for its turn to run, runs one execution (its output also going to `live_output`) and
 /// builds its response (the slots are given back before the response is written). A panic in
 /// the executor is answered `internal` instead of losing the response.
 fn run_execution(
@@ -600,12 +683,12 @@ fn run_execution(
     id: u64,
     mut request: ExecuteRequest,
     received: Instant,
-    admission: Slot,
+    (admission, turn): (Slot, Turn),
     live_output: OutputSink,
 ) -> Response {
     shared.executor.complete(&mut request);
     let limits = request.limits;
-    let running = shared.running.acquire();
+    let running = turn.wait();
     let queue = received.elapsed();
     let result = panic::catch_unwind(AssertUnwindSafe(|| {
         shared.executor.execute(request, live_output)

@@ -44,7 +44,7 @@ use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_RES
 use crate::cpu::InvalidUserState;
 use crate::daemon::executor::{Execution, ExecutionLimits, SharedRestoreFactory, Usage, VmOrigin};
 use crate::daemon::templates::Template as DaemonTemplate;
-use crate::daemon::wire::ErrorCode;
+use crate::daemon::wire::{BusyReason, ErrorCode};
 use crate::fs::{NoProcess, WORK_DIR};
 use crate::image::sha256;
 use crate::memory::{GuestMemory, PageSet};
@@ -879,7 +879,7 @@ impl Sessions {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if *live >= self.config.max_live {
             return refuse(
-                ErrorCode::Busy,
+                ErrorCode::Busy(BusyReason::SessionsFull),
                 format!(
                     "the daemon holds its maximum of {} running sessions; pause one",
                     self.config.max_live

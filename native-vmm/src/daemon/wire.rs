@@ -13,15 +13,15 @@ use crate::agent::{truncate, MAX_QUOTED_CHARS};
 use crate::daemon::executor::ExecutionLimits;
 
 /// The `code` of an error frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     BadFrame,
     BadRequest,
     UnsupportedProtocol,
     UnknownTemplate,
     Unavailable,
-    Busy,
+    /// A bound of the daemon's is reached; the frame's `reason` says which.
+    Busy(BusyReason),
     Internal,
     /// No such session, checkpoint or session file.
     NotFound,
@@ -30,13 +30,74 @@ pub enum ErrorCode {
     SessionEnded,
 }
 
+/// The bound a `busy` answer met (its `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BusyReason {
+    /// `--max-concurrency` run and `--max-queue` wait.
+    QueueFull,
+    /// `--max-queue-per-template` of the request's template wait.
+    TemplateQueueFull,
+    /// `--max-queue-per-key` of the request's `key_id` wait.
+    KeyQueueFull,
+    /// The daemon serves its maximum of connections.
+    ConnectionsFull,
+    /// `--max-sessions` hold a VM.
+    SessionsFull,
+}
+
+impl BusyReason {
+    pub const ALL: [BusyReason; 5] = [
+        BusyReason::QueueFull,
+        BusyReason::TemplateQueueFull,
+        BusyReason::KeyQueueFull,
+        BusyReason::ConnectionsFull,
+        BusyReason::SessionsFull,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BusyReason::QueueFull => "queue_full",
+            BusyReason::TemplateQueueFull => "template_queue_full",
+            BusyReason::KeyQueueFull => "key_queue_full",
+            BusyReason::ConnectionsFull => "connections_full",
+            BusyReason::SessionsFull => "sessions_full",
+        }
+    }
+}
+
+impl Serialize for BusyReason {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 impl ErrorCode {
     /// Whether the same request may succeed later.
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::Unavailable | ErrorCode::Busy | ErrorCode::Internal
+            ErrorCode::Unavailable | ErrorCode::Busy(_) | ErrorCode::Internal
         )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadFrame => "bad_frame",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UnsupportedProtocol => "unsupported_protocol",
+            ErrorCode::UnknownTemplate => "unknown_template",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Busy(_) => "busy",
+            ErrorCode::Internal => "internal",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::SessionEnded => "session_ended",
+        }
+    }
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 

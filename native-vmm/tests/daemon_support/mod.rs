@@ -85,6 +85,8 @@ pub fn config(max_running: usize) -> ServerConfig {
     ServerConfig {
         max_running,
         max_queued: 0,
+        max_queued_per_template: 64,
+        max_queued_per_key: 64,
         max_connections: 64,
         limits: LimitPolicy::new(limits(), limits()),
     }

@@ -476,3 +476,38 @@ print("after freeing:", os.waitpid(pid, 0)[1])
         describe(&outcome)
     );
 }
+
+#[test]
+fn a_child_asking_for_a_signal_when_its_parent_ends_gets_it() {
+    let outcome = python(
+        r#"
+import ctypes, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+r, w = os.pipe()
+middle = os.fork()
+if middle == 0:
+    if os.fork() == 0:
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        got = ctypes.c_int()
+        libc.prctl(2, ctypes.byref(got), 0, 0, 0)
+        os.write(w, bytes([got.value]))
+        time.sleep(30)
+        os._exit(0)
+    time.sleep(0.2)
+    os._exit(0)
+print("asked for", os.read(r, 1)[0])
+os.waitpid(middle, 0)
+pid, status = os.wait()
+print("orphan ended by", signal.Signals(os.WTERMSIG(status)).name)
+name = ctypes.create_string_buffer(16)
+libc.prctl(16, name, 0, 0, 0)
+print(name.value, libc.prctl(12345, 0, 0, 0, 0), ctypes.get_errno())
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "asked for 15\norphan ended by SIGTERM\nb'python3' -1 22\n",
+        "{}",
+        describe(&outcome)
+    );
+}

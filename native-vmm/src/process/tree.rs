@@ -29,6 +29,8 @@ pub struct ProcessEntry {
     pub exit_signal: u64,
     /// The signal whose default action ended it.
     pub killed_by: Option<u64>,
+    /// The signal it gets when its parent ends (prctl PR_SET_PDEATHSIG; 0: none).
+    pub death_signal: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +55,7 @@ impl ProcessTable {
                 signals: 0,
                 exit_signal: 0,
                 killed_by: None,
+                death_signal: 0,
             },
         );
         ProcessTable {
@@ -126,13 +129,15 @@ impl ProcessTable {
                 signals: 0,
                 exit_signal,
                 killed_by: None,
+                death_signal: 0,
             },
         );
         Some(pid)
     }
 
     /// `pid` ended with wait status `status`: it stays a zombie until its parent waits. Its
-    /// children go to `reaper`, as Linux gives orphans to init.
+    /// children go to `reaper`, as Linux gives orphans to init; those that asked for a signal
+    /// when their parent ends (PR_SET_PDEATHSIG) get it.
     pub fn ended(&mut self, pid: u64, status: u32, reaper: u64) {
         if let Some(entry) = self.entries.get_mut(&pid) {
             entry.exit = Some(status);
@@ -140,6 +145,9 @@ impl ProcessTable {
         for entry in self.entries.values_mut() {
             if entry.ppid == pid {
                 entry.ppid = reaper;
+                if entry.death_signal != 0 && entry.exit.is_none() {
+                    entry.signals |= 1 << (entry.death_signal - 1);
+                }
             }
         }
     }

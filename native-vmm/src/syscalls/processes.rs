@@ -368,6 +368,56 @@ pub(crate) fn getpid(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6
     value(proc.pid)
 }
 
+/// prctl(option, arg2, ...): the process-control options programs use. PDEATHSIG is kept per
+/// process and sent when its parent ends; the name reads as /proc's comm (setting it is
+/// accepted and not kept); the sandbox's fixed facts read as they are (dumpable, no new
+/// privileges, no capabilities, no seccomp mode of the guest's own). Others: EINVAL.
+pub(crate) fn prctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const PR_SET_PDEATHSIG: u64 = 1;
+    const PR_GET_PDEATHSIG: u64 = 2;
+    const PR_GET_DUMPABLE: u64 = 3;
+    const PR_SET_DUMPABLE: u64 = 4;
+    const PR_SET_NAME: u64 = 15;
+    const PR_GET_NAME: u64 = 16;
+    const PR_GET_SECCOMP: u64 = 21;
+    const PR_CAPBSET_READ: u64 = 23;
+    const PR_GET_TIMERSLACK: u64 = 30;
+    const PR_SET_NO_NEW_PRIVS: u64 = 38;
+    const PR_GET_NO_NEW_PRIVS: u64 = 39;
+    const CAP_LAST_CAP: u64 = 40;
+    let [option, arg2, arg3, arg4, arg5, _] = args;
+    let entry = proc.tree.get_mut(proc.pid).ok_or(Errno::ESRCH)?;
+    match option {
+        PR_SET_PDEATHSIG if arg2 <= 64 => {
+            entry.death_signal = arg2;
+            value(0)
+        }
+        PR_GET_PDEATHSIG => {
+            let signal = entry.death_signal as u32;
+            user.write_u32(arg2, signal)?;
+            value(0)
+        }
+        PR_GET_DUMPABLE => value(1),
+        PR_SET_DUMPABLE if arg2 <= 1 => value(0),
+        PR_SET_NAME => {
+            user.read_vec(arg2, 1)?;
+            value(0)
+        }
+        PR_GET_NAME => {
+            let mut name = super::procfs::comm(proc).into_bytes();
+            name.push(0);
+            user.write(arg2, &name)?;
+            value(0)
+        }
+        PR_GET_SECCOMP => value(0),
+        PR_CAPBSET_READ if arg2 <= CAP_LAST_CAP => value(0),
+        PR_GET_TIMERSLACK => value(50_000),
+        PR_SET_NO_NEW_PRIVS if arg2 == 1 && arg3 == 0 && arg4 == 0 && arg5 == 0 => value(0),
+        PR_GET_NO_NEW_PRIVS => value(1),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
 /// getppid(): its parent's (0 for the tree's first process, whose parent is outside).
 pub(crate) fn getppid(proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
     value(proc.tree.get(proc.pid).map_or(0, |e| e.ppid))

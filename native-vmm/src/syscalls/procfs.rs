@@ -143,7 +143,7 @@ fn cpu_ticks(proc: &GuestProcess) -> u64 {
 }
 
 /// /proc/<pid>/comm: the program file's name, cut to Linux's 15 bytes.
-fn comm(proc: &GuestProcess) -> String {
+pub(super) fn comm(proc: &GuestProcess) -> String {
     let exe = &proc.config.command.exe;
     let name = exe.rsplit('/').next().unwrap_or(exe);
     name.chars()

@@ -182,6 +182,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(138, "fstatfs", files::fstatfs),
     emulate(140, "getpriority", ownership::getpriority),
     emulate(141, "setpriority", ownership::setpriority),
+    emulate(157, "prctl", processes::prctl),
     emulate(158, "arch_prctl", threads::arch_prctl),
     emulate(160, "setrlimit", misc::setrlimit),
     emulate(186, "gettid", threads::gettid),

@@ -54,6 +54,19 @@ pub struct Command {
     pub envp: Vec<String>,
 }
 
+impl Command {
+    /// The program file's name, cut to Linux's 15 bytes (/proc's comm, prctl PR_GET_NAME).
+    pub fn comm(&self) -> String {
+        let name = self.exe.rsplit('/').next().unwrap_or(&self.exe);
+        name.chars()
+            .scan(0, |len, c| {
+                *len += c.len_utf8();
+                (*len <= 15).then_some(c)
+            })
+            .collect()
+    }
+}
+
 /// Where the loader left room for the program's heap and mappings (guest addresses).
 ///
 /// Contract with the loader: nothing it loaded lies in [brk_start, mmap_high); that range is

@@ -404,7 +404,7 @@ pub(crate) fn prctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             value(0)
         }
         PR_GET_NAME => {
-            let mut name = super::procfs::comm(proc).into_bytes();
+            let mut name = proc.config.command.comm().into_bytes();
             name.push(0);
             user.write(arg2, &name)?;
             value(0)

@@ -142,16 +142,9 @@ fn cpu_ticks(proc: &GuestProcess) -> u64 {
     proc.threads.process_cpu_ns() / (1_000_000_000 / TICKS_PER_SECOND)
 }
 
-/// /proc/<pid>/comm: the program file's name, cut to Linux's 15 bytes.
-pub(super) fn comm(proc: &GuestProcess) -> String {
-    let exe = &proc.config.command.exe;
-    let name = exe.rsplit('/').next().unwrap_or(exe);
-    name.chars()
-        .scan(0, |len, c| {
-            *len += c.len_utf8();
-            (*len <= 15).then_some(c)
-        })
-        .collect()
+/// /proc/<pid>/comm.
+fn comm(proc: &GuestProcess) -> String {
+    proc.config.command.comm()
 }
 
 /// A signal set as a bitmask of the signals whose disposition matches.

@@ -59,6 +59,22 @@ const samples = new Map([
     ],
   ],
   [
+    "net",
+    [
+      {
+        connects: 200,
+        mib: 64,
+        repetitions: 3,
+        vm_connect_p50_us: 111.7,
+        native_connect_p50_us: 15.6,
+        vm_download_mib_s: 660.4,
+        native_download_mib_s: 1374.5,
+        vm_upload_mib_s: 425.6,
+        native_upload_mib_s: 755.2,
+      },
+    ],
+  ],
+  [
     "processes",
     [
       {
@@ -207,6 +223,8 @@ describe("bench:report", () => {
     expect(out).toContain("| natively (baseline) | 7.4 ms | 9.1 ms |");
     expect(out).toContain("690 system calls and 1,691 VM exits a run");
     expect(out).toContain("| fork, execve `/bin/true`, wait | 19.7 ms | 3.97 ms | 4.96x |");
+    expect(out).toContain("| connect p50 (200 connects) | 112 µs | 15.6 µs | +96.1 µs |");
+    expect(out).toContain("| download, 64 MiB | 660 MiB/s | 1,375 MiB/s | 48% |");
     expect(out).toContain("| `multiprocessing.Pool(4).map`, 1,000 tasks | fails | 21.2 ms | |");
     expect(out).toContain(
       "| python | 328 / 996 µs | 1.64 / 2.77 ms | 9.56 ms | 25.1x | 437 µs | 218 / 213 KiB | kept nothing |",

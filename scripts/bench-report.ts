@@ -281,6 +281,40 @@ export const BENCHES: Bench[] = [
     },
   },
   {
+    name: "net",
+    commands: [
+      `${VMM} image build --manifest templates/python/image.json --out /tmp/python-image`,
+      `${VMM} bench net --image /tmp/python-image --json`,
+    ],
+    render([r]) {
+      const percent = (vm: number, native: number) => `${Math.round((100 * vm) / native)}%`;
+      return table(
+        ["", "in the guest", "natively (baseline)", "guest vs native"],
+        ["l", "r", "r", "r"],
+        [
+          [
+            `connect p50 (${grouped(r?.connects)} connects)`,
+            duration(r?.vm_connect_p50_us * 1e3),
+            duration(r?.native_connect_p50_us * 1e3),
+            `+${duration((r?.vm_connect_p50_us - r?.native_connect_p50_us) * 1e3)}`,
+          ],
+          [
+            `download, ${r?.mib} MiB`,
+            `${significant(r?.vm_download_mib_s)} MiB/s`,
+            `${significant(r?.native_download_mib_s)} MiB/s`,
+            percent(r?.vm_download_mib_s, r?.native_download_mib_s),
+          ],
+          [
+            `upload, ${r?.mib} MiB`,
+            `${significant(r?.vm_upload_mib_s)} MiB/s`,
+            `${significant(r?.native_upload_mib_s)} MiB/s`,
+            percent(r?.vm_upload_mib_s, r?.native_upload_mib_s),
+          ],
+        ],
+      );
+    },
+  },
+  {
     name: "processes",
     commands: [
       `${VMM} image build --manifest templates/python/image.json --out /tmp/python-image`,

@@ -52,6 +52,8 @@ pub mod agent;
 #[cfg(feature = "bench")]
 pub mod bench;
 #[cfg(feature = "bench")]
+pub mod net_bench;
+#[cfg(feature = "bench")]
 pub mod processes_bench;
 #[cfg(feature = "bench")]
 pub mod syscalls_bench;

@@ -16,7 +16,7 @@ use sandfork_vmm::snapshot;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunRequest};
 #[cfg(feature = "bench")]
-use sandfork_vmm::{bench, processes_bench, syscalls_bench, threads_bench};
+use sandfork_vmm::{bench, net_bench, processes_bench, syscalls_bench, threads_bench};
 
 const USAGE: &str = "\
 usage: sandfork-vmm <command> [options]
@@ -32,6 +32,8 @@ commands:
   bench threads a Condition ping-pong between two Python threads, in a guest and natively
   bench processes  fork, exec, wait, pipelines and a process pool, in a guest and natively
   bench syscalls  a system call round trip and a vDSO clock_gettime, in a guest and natively
+  bench net     TCP connect latency and 64 MiB throughput to a server in a network namespace,
+                in a guest and natively (root)
   serve         the daemon: run code for clients on a Unix socket (PROTOCOL.md)
 
 `sandfork-vmm <command> --help` describes each command.";
@@ -106,6 +108,24 @@ options:
   --calls N          calls of each per run (default 100000)
   --repetitions N    runs of each (default 5)
   --json             print one JSON object instead of a table";
+
+#[cfg(feature = "bench")]
+const BENCH_NET_USAGE: &str = "\
+usage: sandfork-vmm bench net --image DIR [--connects N] [--mib N] [--repetitions N] [--json]
+
+Makes a network namespace with a veth pair (10.X.Y.1/30 on the host, 10.X.Y.2/30 inside; needs
+root) and runs this binary's bench server there. `/usr/bin/python3.11` then times N TCP
+connects (p50), a download and an upload of N MiB, in a fresh KVM guest (under a policy naming
+the server) and natively on the host, in the same run; each figure is the median of the
+repetitions.
+
+options:
+  --image DIR        file image built by `sandfork-vmm image build` (the Python template's)
+  --connects N       connects timed per run (default 200)
+  --mib N            MiB downloaded and uploaded per run (default 64)
+  --repetitions N    runs of each (default 3)
+  --json             print one JSON object instead of a table
+  --serve ADDR:PORT  be the bench server (what the bench runs in its namespace)";
 
 #[cfg(feature = "bench")]
 const BENCH_THREADS_USAGE: &str = "\
@@ -260,6 +280,8 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["bench", "sessions", ..] => bench_sessions(&args[2..]),
         #[cfg(feature = "bench")]
         ["bench", "threads", ..] => bench_threads(&args[2..]),
+        #[cfg(feature = "bench")]
+        ["bench", "net", ..] => bench_net(&args[2..]),
         #[cfg(feature = "bench")]
         ["bench", "processes", ..] => bench_processes(&args[2..]),
         #[cfg(feature = "bench")]
@@ -575,6 +597,30 @@ fn bench_threads(args: &[String]) -> Result<ExitCode, CliError> {
         1000,
     )? as usize;
     let report = threads_bench::run(image, handoffs, repetitions, &kvm::new_cpu)
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    print_report(&options, report.to_json(), || report.table());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(feature = "bench")]
+fn bench_net(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(
+        args,
+        &["--image", "--connects", "--mib", "--repetitions", "--serve"],
+        &["--json"],
+        false,
+        BENCH_NET_USAGE,
+    )?;
+    if let Some(addr) = options.values.get("--serve") {
+        net_bench::serve(addr).map_err(|e| CliError::Failed(format!("serving on {addr}: {e}")))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let image = open_image(options.required("--image")?)?;
+    let connects = options.number("--connects", net_bench::DEFAULT_CONNECTS, 100_000)?;
+    let mib = options.number("--mib", net_bench::DEFAULT_MIB, 4096)?;
+    let repetitions =
+        options.number("--repetitions", net_bench::DEFAULT_REPETITIONS as u64, 1000)? as usize;
+    let report = net_bench::run(image, connects, mib, repetitions, &kvm::new_cpu)
         .map_err(|e| CliError::Failed(e.to_string()))?;
     print_report(&options, report.to_json(), || report.table());
     Ok(ExitCode::SUCCESS)

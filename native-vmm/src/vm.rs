@@ -54,6 +54,8 @@ pub struct RunRequest {
     pub output_cap: u64,
     /// Live threads allowed at once (clone fails with EAGAIN beyond it).
     pub thread_limit: u64,
+    /// The network policy and limits the run is under (none by default: no network).
+    pub network: crate::net::Grant,
 }
 
 impl RunRequest {
@@ -71,6 +73,7 @@ impl RunRequest {
             timeout: DEFAULT_TIMEOUT,
             output_cap: DEFAULT_OUTPUT_CAP,
             thread_limit: DEFAULT_THREAD_LIMIT,
+            network: crate::net::Grant::default(),
         }
     }
 }
@@ -257,6 +260,7 @@ fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError>
     };
     let mut process = GuestProcess::new(config, loaded.space);
     process.set_thread_limit(req.thread_limit);
+    process.net.start(req.network.clone());
     Ok(Prepared {
         mem,
         loaded,

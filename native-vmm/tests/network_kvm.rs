@@ -1,7 +1,7 @@
 //! Network egress through the real `sandfork-vmm serve` binary (confined by seccomp) on the KVM
-//! vCPU, against servers in a network namespace this test makes: `ip netns add`, a veth pair
-//! whose host end has 10.X.Y.1/30 and whose namespace end 10.X.Y.2/30 (X, Y from the test's
-//! pid), the servers of tests/network/servers.py bound there (DNS, HTTP, UDP echo). The daemon
+//! vCPU, against servers in a network namespace this test makes (`net_bench::TestNamespace`:
+//! `ip netns add`, a veth pair whose host end has 10.X.Y.1/30 and whose namespace end
+//! 10.X.Y.2/30, X and Y from the test's pid), the servers of tests/network/servers.py bound there (DNS, HTTP, UDP echo). The daemon
 //! and its VMs stay in the host's namespace and reach the test host through the veth route;
 //! `serve --dns-server 10.X.Y.2:53` makes the test's DNS server the one allowed names are
 //! asked of. 10/8 is a private range, refused unless a rule names it, so every policy here
@@ -18,67 +18,28 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use daemon_support::{scaled, scratch, snapshot_templates_dir, str_of, u64_of, wait_for, Client};
+use sandfork_vmm::net_bench::TestNamespace;
 use serde_json::{json, Value};
 
-/// The namespace, its veth pair and the servers in it; all removed on drop.
+/// The namespace (`net_bench::TestNamespace`: a veth pair, 10.X.Y.1 outside, 10.X.Y.2 inside)
+/// and the servers in it; all removed on drop.
 struct TestNet {
-    name: String,
     /// The test host's address (the namespace's end of the veth pair).
     host: String,
+    /// The host's end of the veth pair.
+    outside: String,
     servers: Child,
-}
-
-fn run(cmd: &[&str]) {
-    let status = Command::new(cmd[0])
-        .args(&cmd[1..])
-        .status()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(status.success(), "{cmd:?}: {status}");
+    _namespace: TestNamespace,
 }
 
 impl TestNet {
     fn new() -> TestNet {
-        let pid = std::process::id();
-        let name = format!("sfnet{pid}");
-        let (x, y) = (200 + pid % 50, (pid / 50) % 250);
-        let (outside, inside) = (format!("10.{x}.{y}.1"), format!("10.{x}.{y}.2"));
-        let (veth_host, veth_ns) = (format!("{name}h"), format!("{name}n"));
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        run(&["ip", "netns", "add", &name]);
-        run(&[
-            "ip", "link", "add", &veth_host, "type", "veth", "peer", "name", &veth_ns,
-        ]);
-        run(&["ip", "link", "set", &veth_ns, "netns", &name]);
-        run(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{outside}/30"),
-            "dev",
-            &veth_host,
-        ]);
-        run(&["ip", "link", "set", &veth_host, "up"]);
-        let inside_cmd = |args: &[&str]| {
-            let mut cmd = vec!["ip", "netns", "exec", &name];
-            cmd.extend_from_slice(args);
-            run(&cmd);
-        };
-        inside_cmd(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{inside}/30"),
-            "dev",
-            &veth_ns,
-        ]);
-        inside_cmd(&["ip", "link", "set", &veth_ns, "up"]);
-        inside_cmd(&["ip", "link", "set", "lo", "up"]);
+        let namespace =
+            TestNamespace::new("sfnet", std::process::id()).expect("making the test namespace");
+        let inside = namespace.inside.clone();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/network/servers.py");
-        let mut servers = Command::new("ip")
-            .args(["netns", "exec", &name, "/usr/bin/python3.11"])
+        let mut servers = namespace
+            .command("/usr/bin/python3.11")
             .arg(script)
             .arg(&inside)
             .arg(format!("web.test={inside}"))
@@ -94,9 +55,10 @@ impl TestNet {
             .unwrap();
         assert_eq!(line.trim(), "ready", "the test servers did not start");
         TestNet {
-            name,
             host: inside,
+            outside: namespace.outside.clone(),
             servers,
+            _namespace: namespace,
         }
     }
 }
@@ -105,10 +67,6 @@ impl Drop for TestNet {
     fn drop(&mut self) {
         let _ = self.servers.kill();
         let _ = self.servers.wait();
-        // Deleting the namespace deletes the veth pair with it.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
     }
 }
 
@@ -227,7 +185,7 @@ fn egress_follows_the_policy() {
     let host_loopback = TcpListener::bind("127.0.0.1:0").unwrap();
     host_loopback.set_nonblocking(true).unwrap();
     let loopback_port = host_loopback.local_addr().unwrap().port();
-    let outside = host.trim_end_matches(".2").to_owned() + ".1";
+    let outside = &net.outside;
     let mut rules = web.clone();
     rules.extend(["rebind.test".into(), "private.test".into()]);
     let answer = execute(

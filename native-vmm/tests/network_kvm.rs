@@ -10,65 +10,16 @@
 //! Needs root (network namespaces); the KVM tier runs as root.
 
 mod daemon_support;
+mod network_support;
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use daemon_support::{scaled, scratch, snapshot_templates_dir, str_of, u64_of, wait_for, Client};
-use sandfork_vmm::net_bench::TestNamespace;
+use network_support::TestNet;
 use serde_json::{json, Value};
-
-/// The namespace (`net_bench::TestNamespace`: a veth pair, 10.X.Y.1 outside, 10.X.Y.2 inside)
-/// and the servers in it; all removed on drop.
-struct TestNet {
-    /// The test host's address (the namespace's end of the veth pair).
-    host: String,
-    /// The host's end of the veth pair.
-    outside: String,
-    servers: Child,
-    _namespace: TestNamespace,
-}
-
-impl TestNet {
-    fn new() -> TestNet {
-        let namespace =
-            TestNamespace::new("sfnet", std::process::id()).expect("making the test namespace");
-        let inside = namespace.inside.clone();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/network/servers.py");
-        let mut servers = namespace
-            .command("/usr/bin/python3.11")
-            .arg(script)
-            .arg(&inside)
-            .arg(format!("web.test={inside}"))
-            .arg("rebind.test=169.254.169.254")
-            .arg("private.test=10.0.0.1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting the test servers");
-        let mut line = String::new();
-        BufReader::new(servers.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready", "the test servers did not start");
-        TestNet {
-            host: inside,
-            outside: namespace.outside.clone(),
-            servers,
-            _namespace: namespace,
-        }
-    }
-}
-
-impl Drop for TestNet {
-    fn drop(&mut self) {
-        let _ = self.servers.kill();
-        let _ = self.servers.wait();
-    }
-}
 
 struct Daemon {
     child: Child,

@@ -6,6 +6,7 @@
 //! randomness; and none of them makes a system call the VMM answers as unsupported.
 
 mod common;
+mod network_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -745,4 +746,51 @@ cp.exec("exit 3", (error) => {
         "{}",
         describe(&outcome)
     );
+}
+
+/// Node's fetch (GET by name, POST) and its http module reach a host the policy allows, over
+/// the VMM's carried sockets and resolver; a host it does not name is refused.
+#[test]
+fn fetch_and_http_reach_an_allowed_host() {
+    let net = network_support::TestNet::new();
+    sandfork_vmm::net::configure(sandfork_vmm::net::HostConfig {
+        upstream: Some(format!("{}:53", net.host).parse().unwrap()),
+        own_addresses: Vec::new(),
+    });
+    let code = format!(
+        "const http = require('http');\n\
+         (async () => {{\n\
+           const got = await fetch('http://web.test:8080/index.html');\n\
+           process.stdout.write(await got.text());\n\
+           const posted = await fetch('http://web.test:8080/echo', {{ method: 'POST', body: 'posted=1' }});\n\
+           console.log(posted.status, await posted.text());\n\
+           await new Promise((done) => http.get('http://{host}:8080/index.html', (res) => {{\n\
+             res.on('data', (d) => process.stdout.write(d)); res.on('end', done); }}));\n\
+           await fetch('http://{host}:8081/').catch((e) => console.log(e.cause.code));\n\
+         }})();\n",
+        host = net.host
+    );
+    let rules = vec!["web.test:8080".to_owned(), format!("{}/32:8080", net.host)];
+    let outcome = run_in_vm("main.js", &code, |request, limits| {
+        request.network = sandfork_vmm::net::Grant {
+            policy: sandfork_vmm::net::Policy::new(vec![sandfork_vmm::net::Allowlist::parse(
+                &rules,
+            )
+            .unwrap()]),
+            limits: sandfork_vmm::net::Limits::default(),
+        };
+        limits.timeout = scaled(Duration::from_secs(20));
+    });
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        text(&outcome.stdout),
+        "hello-from-netns\n200 posted=1\nhello-from-netns\nEACCES\n"
+    );
+    assert_eq!(outcome.stats.network.refused, 1);
+    assert!(outcome.stats.network.connections >= 3);
 }

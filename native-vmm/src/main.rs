@@ -193,7 +193,7 @@ options:
                           executions of one template waiting, beyond that `busy` (default:
                           4 per running slot)
   --max-queue-per-key N   executions of one request `key_id` waiting, beyond that `busy`
-                          (default: 1 per running slot)
+                          (default: 2 per running slot)
   --pool-size N           VMs kept ready per template with a snapshot, each created ahead of
                           its request on its own worker thread and reset to the
                           template after each request (retired after 1000)

@@ -1,10 +1,10 @@
 //! Which executions run now and which wait (PROTOCOL.md, `execute`): at most `max_running` run at
-//! once over all connections; the rest wait in one line and take a freed slot first come, first
-//! served. At most `max_queued_per_template` of one template and `max_queued_per_key` of one key
+//! once over all connections; the rest wait in one line, and a freed slot goes straight to the
+//! oldest waiter. At most `max_queued_per_template` of one template and `max_queued_per_key` of one key
 //! (the request's `key_id`) wait: one more is refused at once with the bound it met, which the
 //! server answers `busy`. (The line's overall bound is the server's, `max_queued`.)
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,16 +38,30 @@ pub struct RunQueue {
 #[derive(Default)]
 struct State {
     running: usize,
-    /// The tickets of the executions waiting, oldest first.
-    waiting: VecDeque<u64>,
+    /// The executions waiting, oldest first, by ticket.
+    waiting: VecDeque<(u64, Line)>,
+    /// Waiters a freed slot was handed to, which have not taken it yet.
+    granted: HashSet<u64>,
     next_ticket: u64,
     queued_by_template: HashMap<String, usize>,
     queued_by_key: HashMap<String, usize>,
 }
 
 impl State {
-    fn leave_line(&mut self, ticket: u64, line: &Line) {
-        self.waiting.retain(|&t| t != ticket);
+    /// Hands the free slots to the oldest waiters, there and then: the counts never hold a
+    /// waiter that has its slot but was not scheduled yet.
+    fn grant(&mut self, max_running: usize) {
+        while self.running < max_running {
+            let Some((ticket, line)) = self.waiting.pop_front() else {
+                break;
+            };
+            self.uncount(&line);
+            self.running += 1;
+            self.granted.insert(ticket);
+        }
+    }
+
+    fn uncount(&mut self, line: &Line) {
         count_down(&mut self.queued_by_template, line.template.as_deref());
         count_down(&mut self.queued_by_key, line.key.as_deref());
     }
@@ -114,7 +128,6 @@ impl RunQueue {
         }
         let ticket = state.next_ticket;
         state.next_ticket += 1;
-        state.waiting.push_back(ticket);
         let state = &mut *state;
         for (counts, name) in [
             (&mut state.queued_by_template, &line.template),
@@ -124,9 +137,10 @@ impl RunQueue {
                 *counts.entry(name.clone()).or_insert(0) += 1;
             }
         }
+        state.waiting.push_back((ticket, line));
         Ok(Turn {
             queue: self.clone(),
-            place: Place::Waiting { ticket, line },
+            place: Place::Waiting(ticket),
         })
     }
 
@@ -145,18 +159,17 @@ impl RunQueue {
         }
     }
 
-    fn give_back(&self) {
-        self.lock().running -= 1;
+    /// A slot comes back: to the oldest waiter, if any.
+    fn give_back(&self, state: &mut State) {
+        state.running -= 1;
+        state.grant(self.limits.max_running);
         self.changed.notify_all();
     }
 }
 
 enum Place {
     Running,
-    Waiting {
-        ticket: u64,
-        line: Line,
-    },
+    Waiting(u64),
     /// Handed on to its `Running` slot.
     Done,
 }
@@ -169,20 +182,14 @@ pub struct Turn {
 }
 
 impl Turn {
-    /// Waits until this execution is the oldest waiting and a slot is free, and takes it.
+    /// Waits until a freed slot is handed to this execution (the oldest waiting gets it).
     pub fn wait(mut self) -> Running {
-        if let Place::Waiting { ticket, line } = &self.place {
+        if let Place::Waiting(ticket) = self.place {
             let queue = &self.queue;
             let mut state = queue.lock();
-            while state.waiting.front() != Some(ticket) || state.running >= queue.limits.max_running
-            {
+            while !state.granted.remove(&ticket) {
                 state = queue.changed.wait(state).unwrap_or_else(|p| p.into_inner());
             }
-            state.leave_line(*ticket, line);
-            state.running += 1;
-            drop(state);
-            // The next in line may find a slot free too.
-            queue.changed.notify_all();
         }
         self.place = Place::Done;
         Running(self.queue.clone())
@@ -191,11 +198,19 @@ impl Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        let queue = &self.queue;
         match std::mem::replace(&mut self.place, Place::Done) {
-            Place::Running => self.queue.give_back(),
-            Place::Waiting { ticket, line } => {
-                self.queue.lock().leave_line(ticket, &line);
-                self.queue.changed.notify_all();
+            Place::Running => queue.give_back(&mut queue.lock()),
+            Place::Waiting(ticket) => {
+                let mut state = queue.lock();
+                if state.granted.remove(&ticket) {
+                    // Its slot was handed over already: on to the next.
+                    queue.give_back(&mut state);
+                } else if let Some(at) = state.waiting.iter().position(|(t, _)| *t == ticket) {
+                    if let Some((_, line)) = state.waiting.remove(at) {
+                        state.uncount(&line);
+                    }
+                }
             }
             Place::Done => {}
         }
@@ -207,7 +222,7 @@ pub struct Running(Arc<RunQueue>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.give_back();
+        self.0.give_back(&mut self.0.lock());
     }
 }
 
@@ -258,7 +273,21 @@ mod tests {
                 queued_by_template: vec![("node".into(), 1), ("python".into(), 2)],
             }
         );
+        // The freed slot goes to the oldest waiter there and then, before it is even scheduled:
+        // its lines no longer count it, so key a may wait again.
         drop(running);
+        assert_eq!(
+            queue.depths(),
+            Depths {
+                running: 1,
+                queued: 3,
+                queued_by_template: vec![("node".into(), 1), ("python".into(), 1)],
+            }
+        );
+        let _a_again = queue.enter(line("node", Some("a"))).unwrap();
+        // The oldest, dropped with its slot handed over, passes it on to the next.
+        drop(_a);
+        assert_eq!(queue.depths().queued, 3);
     }
 
     #[test]

@@ -97,10 +97,10 @@ pub fn default_queue_per_template() -> usize {
     4 * default_concurrency()
 }
 
-/// Executions of one key waiting by default: one per running slot, so one caller cannot fill a
-/// template's line.
+/// Executions of one key waiting by default: two per running slot, so one caller can fill at
+/// most half a template's line.
 pub fn default_queue_per_key() -> usize {
-    default_concurrency()
+    2 * default_concurrency()
 }
 
 #[derive(Debug, Clone)]

@@ -91,6 +91,9 @@ pub struct GuestMemory {
     /// The ranges that show a `SharedMemory` instead of this memory's own pages (MAP_SHARED
     /// mappings), by start: each `(end, memory, offset into it)`.
     shared: RefCell<BTreeMap<u64, SharedRange>>,
+    /// Pages that show a page of the whole VMM process (`show_shared_page`: the vDSO's clock),
+    /// which a release must never empty.
+    shown_pages: RefCell<Vec<u64>>,
 }
 
 /// A range of guest memory that shows `memory` from `offset` on.
@@ -136,6 +139,7 @@ impl GuestMemory {
             source: None,
             written: None,
             shared: RefCell::default(),
+            shown_pages: RefCell::default(),
         })
     }
 
@@ -168,6 +172,7 @@ impl GuestMemory {
             source: Some(template.fd.clone()),
             written: None,
             shared: RefCell::default(),
+            shown_pages: RefCell::default(),
         })
     }
 
@@ -201,6 +206,7 @@ impl GuestMemory {
                     source: Some(source.clone()),
                     written: None,
                     shared: RefCell::default(),
+                    shown_pages: RefCell::default(),
                 };
                 let copied = self.copied_own_ranges()?.unwrap_or_default();
                 (copy, copied)
@@ -717,6 +723,7 @@ impl GuestMemory {
         if at == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        self.shown_pages.borrow_mut().push(addr);
         Ok(())
     }
 }
@@ -844,19 +851,41 @@ impl GuestMemory {
     /// memory): the range then reads as the template's bytes (a fork) or zeros (memory of its
     /// own). For memory the guest unmapped, which the memory map zeroes before reusing.
     pub fn release_range(&self, addr: u64, len: u64) -> io::Result<()> {
-        let off = self.check_pages(addr, len)?;
-        if len == 0 {
-            return Ok(());
-        }
+        self.check_pages(addr, len)?;
         let advice = if self.fd.is_some() {
             libc::MADV_REMOVE
         } else {
             libc::MADV_DONTNEED
         };
+        // Around the pages shown from elsewhere: removing one would empty it for every VM.
+        let mut shown = self.shown_pages.borrow().clone();
+        shown.sort_unstable();
+        let mut at = addr;
+        let end = addr + len;
+        for page in shown.into_iter().filter(|&p| p >= addr && p < end) {
+            self.advise(at, page, advice)?;
+            at = page + PAGE_SIZE;
+        }
+        self.advise(at, end, advice)
+    }
+
+    /// madvise(`advice`) over `[start, end)` of this memory, checked page-aligned ranges.
+    fn advise(&self, start: u64, end: u64, advice: i32) -> io::Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let off = self.check_pages(start, end - start)?;
         // SAFETY: advice on a bounds-checked range of this value's own mapping; it frees pages,
         // and later reads see the template's bytes (a fork) or zeros (a memfd of its own),
         // never freed memory.
-        if unsafe { libc::madvise(self.host.add(off) as *mut c_void, len as usize, advice) } != 0 {
+        let done = unsafe {
+            libc::madvise(
+                self.host.add(off) as *mut c_void,
+                (end - start) as usize,
+                advice,
+            )
+        };
+        if done != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())

@@ -466,6 +466,8 @@ fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
     let image_dir = options.required("--image")?;
     let name = options.required("--template")?;
     let out = options.required("--out")?;
+    // Options are checked before any file is read.
+    let boot_timeout = options.boot_timeout()?;
     let image = open_image(image_dir)?;
     let language = daemon::templates::Language::of_image(image.name()).ok_or_else(|| {
         CliError::Failed(format!(
@@ -475,7 +477,6 @@ fn template_build(args: &[String]) -> Result<ExitCode, CliError> {
         ))
     })?;
     let mem_mib = options.number("--mem-mib", language.default_memory_mib(), MAX_MEM_MIB)?;
-    let boot_timeout = options.boot_timeout()?;
     let command = language.agent();
     let outcome = snapshot::build(
         image,

@@ -11,8 +11,10 @@ set -euo pipefail
 
 MAX=72
 # area: lower-case words, digits, '-', '_', '/', '.' or ','; then ": " and a summary that does not
-# start with an upper-case letter or end with a period.
-PATTERN='^[a-z0-9][a-z0-9_./,-]*: [^A-Z ].*[^.]$'
+# start with an upper-case letter (but for a name that is spelled so, from the list) or end with
+# a period.
+NAMES='Helm|HAProxy|KVM|PostgreSQL|PGlite|CPython|Chromium|Node|OpenAPI|MCP|HTTP|TLS|DNS|TCP|UDP|VMM|VMs?'
+PATTERN="^[a-z0-9][a-z0-9_./,-]*: ([^A-Z ]|($NAMES)[ ,']).*[^.]\$"
 
 failures=0
 

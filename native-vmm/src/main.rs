@@ -12,6 +12,7 @@ use sandfork_vmm::daemon;
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::image;
 use sandfork_vmm::kvm::{self, Kvm};
+use sandfork_vmm::process;
 use sandfork_vmm::snapshot;
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunRequest};
@@ -80,7 +81,9 @@ options:
   --mem-mib N         guest memory limit in MiB (default 256)
   --timeout-ms N      wall-clock limit in milliseconds (default 10000)
   --output-cap N      cap on stdout+stderr bytes (default 1048576)
-  --max-threads N     live threads allowed at once; clone fails with EAGAIN beyond (default 64)";
+  --max-threads N     live threads allowed at once; clone fails with EAGAIN beyond (default 64)
+  --max-processes N   processes alive or unreaped at once, the program included; fork fails
+                      with EAGAIN beyond (default 64, at most 1024)";
 
 #[cfg(feature = "bench")]
 const BENCH_USAGE: &str = "\
@@ -202,6 +205,10 @@ options:
   --max-memory-mib N      largest guest memory limit a request gets (default 2048)
   --max-output-bytes N    largest stdout+stderr cap a request gets (default 1048576, at most
                           2097152 so that every response fits one frame)
+  --max-processes N       processes of one execution alive or unreaped at once, its program
+                          included (fork fails with EAGAIN beyond): what a request gets
+                          without limits.processes, and the most it gets (default 64, at
+                          most 1024)
   --boot-timeout-ms N     wall-clock limit of booting an agent for a request of a template
                           without a snapshot, before the request's own limit (default 30000)
   --sessions DIR          keep stateful sessions (PROTOCOL.md, Sessions) with their durable
@@ -220,7 +227,7 @@ options:
 Once set up, the daemon confines itself: no_new_privs and a seccomp filter that allows only the
 host system calls serving needs (native-vmm/src/seccomp.rs); any other kills it (SIGSYS).
 Requests asking for more than a maximum run with the maximum; without limits they get 10000
-ms, 256 MiB and 1048576 bytes (each clamped to the maximum).";
+ms, 256 MiB, 1048576 bytes (each clamped to the maximum) and --max-processes processes.";
 
 /// Limits the CLI accepts (guest memory is allocated up front, so an absurd size is an error).
 const MAX_MEM_MIB: u64 = 64 << 10;
@@ -504,6 +511,7 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
             "--timeout-ms",
             "--output-cap",
             "--max-threads",
+            "--max-processes",
         ],
         &[],
         true,
@@ -517,10 +525,12 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
         u64::MAX >> 1,
     )?;
     let output_cap = options.number("--output-cap", vm::DEFAULT_OUTPUT_CAP, u64::MAX >> 1)?;
-    let thread_limit = options.number(
-        "--max-threads",
-        sandfork_vmm::process::DEFAULT_THREAD_LIMIT,
-        MAX_THREADS,
+    let thread_limit =
+        options.number("--max-threads", process::DEFAULT_THREAD_LIMIT, MAX_THREADS)?;
+    let process_limit = options.number(
+        "--max-processes",
+        process::DEFAULT_PROCESS_LIMIT,
+        process::MAX_PROCESS_LIMIT,
     )?;
     let Some((program, program_args)) = options.rest.split_first() else {
         return Err(CliError::Usage("no program given".into(), RUN_USAGE));
@@ -534,6 +544,7 @@ fn run(args: &[String]) -> Result<ExitCode, CliError> {
     request.timeout = Duration::from_millis(timeout_ms);
     request.output_cap = output_cap;
     request.thread_limit = thread_limit.max(1);
+    request.process_limit = process_limit;
     io::stdin()
         .read_to_end(&mut request.stdin)
         .map_err(|e| CliError::Failed(format!("reading stdin: {e}")))?;
@@ -835,6 +846,7 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             "--max-timeout-ms",
             "--max-memory-mib",
             "--max-output-bytes",
+            "--max-processes",
             "--boot-timeout-ms",
             "--test-forbidden-syscall-after-ms",
             "--sessions",
@@ -859,6 +871,11 @@ fn serve(args: &[String]) -> Result<ExitCode, CliError> {
             "--max-output-bytes",
             defaults.output_bytes,
             daemon::MAX_OUTPUT_BYTES_LIMIT,
+        )?,
+        processes: options.number(
+            "--max-processes",
+            defaults.processes,
+            process::MAX_PROCESS_LIMIT,
         )?,
     };
     if max_limits.memory_mib < daemon::request::MIN_MEMORY_MIB {

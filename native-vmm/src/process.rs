@@ -25,7 +25,7 @@ pub use fds::{
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
 pub use threads::{Threads, DEFAULT_THREAD_LIMIT};
-pub use tree::{ProcessEntry, ProcessPart, ProcessTable, DEFAULT_PROCESS_LIMIT};
+pub use tree::{ProcessEntry, ProcessPart, ProcessTable, DEFAULT_PROCESS_LIMIT, MAX_PROCESS_LIMIT};
 
 /// What a run is given.
 #[derive(Clone)]
@@ -297,6 +297,17 @@ impl GuestProcess {
 
     pub fn threads(&self) -> &Threads {
         &self.threads
+    }
+
+    /// Processes alive or unreaped at once in the tree, this one included (a fork fails with
+    /// EAGAIN beyond it).
+    pub fn set_process_limit(&mut self, limit: u64) {
+        self.tree.set_limit(limit);
+    }
+
+    /// The process tree: its limit and how many children it has had.
+    pub fn processes(&self) -> &ProcessTable {
+        &self.tree
     }
 
     pub fn stdout(&self) -> &[u8] {

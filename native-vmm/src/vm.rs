@@ -14,7 +14,10 @@ use crate::layout::page_align_up;
 use crate::loader::{self, LoadError, LoadedProgram};
 use crate::memory::GuestMemory;
 use crate::process::threads::{Call, ThreadCounters};
-use crate::process::{GuestProcess, OutputSink, ProcessConfig, SyscallCount, DEFAULT_THREAD_LIMIT};
+use crate::process::{
+    GuestProcess, OutputSink, ProcessConfig, SyscallCount, DEFAULT_PROCESS_LIMIT,
+    DEFAULT_THREAD_LIMIT,
+};
 pub use crate::sched::LoopEnd;
 use crate::sched::Scheduler;
 use crate::status::RunStatus;
@@ -54,6 +57,9 @@ pub struct RunRequest {
     pub output_cap: u64,
     /// Live threads allowed at once (clone fails with EAGAIN beyond it).
     pub thread_limit: u64,
+    /// Processes alive or unreaped at once, the first included (fork fails with EAGAIN beyond
+    /// it).
+    pub process_limit: u64,
     /// The network policy and limits the run is under (none by default: no network).
     pub network: crate::net::Grant,
 }
@@ -73,6 +79,7 @@ impl RunRequest {
             timeout: DEFAULT_TIMEOUT,
             output_cap: DEFAULT_OUTPUT_CAP,
             thread_limit: DEFAULT_THREAD_LIMIT,
+            process_limit: DEFAULT_PROCESS_LIMIT,
             network: crate::net::Grant::default(),
         }
     }
@@ -100,6 +107,8 @@ pub struct RunStats {
     pub threads: ThreadCounters,
     /// Network bytes, connections, refusals and DNS questions.
     pub network: crate::net::Usage,
+    /// Processes the program forked (by any process of its tree).
+    pub processes_created: u64,
 }
 
 impl RunStats {
@@ -121,6 +130,7 @@ impl RunStats {
             peak_memory: process.peak_memory(),
             threads: process.threads().counters,
             network: process.net.usage,
+            processes_created: process.processes().created(),
         }
     }
 }
@@ -260,6 +270,7 @@ fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError>
     };
     let mut process = GuestProcess::new(config, loaded.space);
     process.set_thread_limit(req.thread_limit);
+    process.set_process_limit(req.process_limit);
     process.net.start(req.network.clone());
     Ok(Prepared {
         mem,
@@ -357,6 +368,8 @@ pub struct RunLimits {
     pub live_output: OutputSink,
     /// Live threads allowed at once.
     pub threads: u64,
+    /// Processes alive or unreaped at once.
+    pub processes: u64,
 }
 
 impl Default for RunLimits {
@@ -368,6 +381,7 @@ impl Default for RunLimits {
             boot_timeout: AGENT_BOOT_TIMEOUT,
             live_output: OutputSink::none(),
             threads: DEFAULT_THREAD_LIMIT,
+            processes: DEFAULT_PROCESS_LIMIT,
         }
     }
 }
@@ -440,6 +454,7 @@ pub fn hand_over(
     );
     let threads_before = process.threads().counters;
     process.net.start(request.network.clone());
+    let processes_before = process.processes().created();
     process.agent_request = Some(request);
     let started = Instant::now();
     let (deadline, limit_ms) = deadline_after(timeout);
@@ -465,6 +480,7 @@ pub fn hand_over(
         peak_memory: process.peak_memory(),
         threads: thread_counters_since(threads_before, process.threads().counters),
         network: process.net.usage,
+        processes_created: process.processes().created() - processes_before,
     };
     Ok((end, stats))
 }
@@ -511,6 +527,7 @@ pub fn boot_agent<T>(
     req.mem_bytes = limits.mem_bytes;
     req.output_cap = limits.output_cap;
     req.thread_limit = limits.threads;
+    req.process_limit = limits.processes;
     let Prepared {
         mem,
         loaded,

@@ -82,6 +82,7 @@ impl Executor for ScriptedExecutor {
             threads_created: 1,
             thread_switches: 4,
             network: Default::default(),
+            processes_created: 0,
         };
         let (stdout, stderr) = match output.total() {
             0 => (
@@ -200,6 +201,43 @@ fn handshake_then_list_health_and_stats() {
         client.call(r#"{"id":4,"type":"stats"}"#).to_string(),
         r#"{"id":4,"type":"stats","executions":1,"in_flight":0,"syscalls":3,"thread_switches":4,"admission":{"running":0,"queued":0,"queued_by_template":{},"busy":{"queue_full":0,"template_queue_full":0,"key_queue_full":0,"connections_full":0,"sessions_full":0}},"pools":[{"template":"fake","ready":2,"target":4,"forks":9,"fork_us_mean":350,"resets":5,"reset_us_mean":120,"reset_pages_mean":370,"served":7,"warm_up":"on"}]}"#
     );
+    server.stop();
+}
+
+#[test]
+fn the_process_limit_is_checked_clamped_and_echoed() {
+    let (server, _) = start("processes", 2);
+    let mut client = Client::hello(&server.path);
+    let with_limits = |id: u64, limits: &str| {
+        format!(r#"{{"id":{id},"type":"execute","template":"fake","code":"x","limits":{limits}}}"#)
+    };
+    let echoed = |answer: &Value| answer["limits"]["processes"].clone();
+    let asked = client.call(&with_limits(1, r#"{"processes":5}"#));
+    assert_eq!(echoed(&asked), Value::from(5), "{asked}");
+    let clamped = client.call(&with_limits(2, r#"{"processes":9007199254740991}"#));
+    assert_eq!(echoed(&clamped), Value::from(64), "{clamped}");
+    let defaulted = client.call(&execute(3, "x"));
+    assert_eq!(echoed(&defaulted), Value::from(64), "{defaulted}");
+    assert_eq!(
+        defaulted["usage"]["processes_created"],
+        Value::from(0),
+        "{defaulted}"
+    );
+    for (id, bad) in [
+        (4, "0"),
+        (5, "-1"),
+        (6, "1.5"),
+        (7, r#""3""#),
+        (8, "9007199254740992"),
+    ] {
+        let refused = client.call(&with_limits(id, &format!(r#"{{"processes":{bad}}}"#)));
+        assert_error(&refused, "bad_request", Some(id));
+        assert!(
+            str_of(&refused, "message").starts_with("limits.processes"),
+            "{refused}"
+        );
+    }
+    assert_serves(&mut client, 9);
     server.stop();
 }
 

@@ -16,6 +16,8 @@ use daemon_support::{
     Running,
 };
 use sandfork_vmm::daemon::agent_executor::AgentExecutor;
+use sandfork_vmm::daemon::executor::ExecutionLimits;
+use sandfork_vmm::daemon::request::LimitPolicy;
 use sandfork_vmm::daemon::server::ServerConfig;
 use sandfork_vmm::daemon::templates;
 use serde_json::Value;
@@ -65,7 +67,7 @@ fn one_execution_maps_to_the_protocol_response() {
         (Some(&Value::Bool(false)), Some(&Value::Null))
     );
     let limits = format!(
-        r#"{{"timeout_ms":{},"memory_mib":256,"output_bytes":1048576}}"#,
+        r#"{{"timeout_ms":{},"memory_mib":256,"output_bytes":1048576,"processes":64}}"#,
         scaled_ms(10_000)
     );
     assert_eq!(answer.get("limits").map(Value::to_string), Some(limits));
@@ -185,13 +187,49 @@ fn outcomes_map_to_statuses_concurrently_on_one_connection() {
         "{inputs}"
     );
     let limits = format!(
-        r#"{{"timeout_ms":{},"memory_mib":64,"output_bytes":1048576}}"#,
+        r#"{{"timeout_ms":{},"memory_mib":64,"output_bytes":1048576,"processes":64}}"#,
         scaled_ms(10_000)
     );
     assert_eq!(
         clamped.get("limits").map(Value::to_string),
         Some(limits),
         "clamped into [minimum, maximum]"
+    );
+    server.stop();
+}
+
+/// `limits.processes` reaches a VM whose agent is booted for the request: the program forks
+/// until refused, and prints how many children it made. (A booted agent holds all of its
+/// memory, and every copy counts against the tree's memory limit: 1 GiB leaves room for three.)
+#[test]
+fn the_process_limit_reaches_a_booted_agent() {
+    let roomy = ExecutionLimits {
+        memory_mib: 1024,
+        ..daemon_support::limits()
+    };
+    let server = start(
+        "pt-processes",
+        ServerConfig {
+            limits: LimitPolicy::new(roomy, roomy),
+            ..config(2)
+        },
+    );
+    let mut client = Client::hello(&server.path);
+    let answer = client.call(&execute(
+        1,
+        common::FORK_UNTIL_REFUSED,
+        r#""limits":{"processes":3,"memory_mib":1024}"#,
+    ));
+    assert_eq!(
+        (str_of(&answer, "status"), str_of(&answer, "stdout")),
+        ("ok", "2 EAGAIN\n"),
+        "{answer}"
+    );
+    assert_eq!(answer["limits"]["processes"], Value::from(3), "{answer}");
+    assert_eq!(
+        u64_of(answer.get("usage").unwrap(), "processes_created"),
+        2,
+        "{answer}"
     );
     server.stop();
 }

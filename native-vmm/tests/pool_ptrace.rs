@@ -188,6 +188,37 @@ fn threaded_requests_on_a_reset_vm_are_counted_in_usage_and_stats() {
     server.stop();
 }
 
+/// `limits.processes` reaches pooled VMs (a fresh one, then the same one reset) and VMs
+/// restored for their request: the program forks until refused and prints how many children
+/// it made; a reset VM keeps nothing of the earlier request's limit.
+#[test]
+fn the_process_limit_reaches_pooled_and_restored_vms() {
+    for pool_size in [1, 0] {
+        let server = start(&format!("pool-processes-{pool_size}"), pool_size, config(2));
+        let mut client = Client::hello(&server.path);
+        for (id, limit) in [(1, 3), (2, 5)] {
+            if pool_size > 0 {
+                wait_for_refill(&mut client);
+            }
+            let answer = client.call(&format!(
+                r#"{{"id":{id},"type":"execute","template":"python","code":{},"limits":{{"processes":{limit}}}}}"#,
+                Value::from(common::FORK_UNTIL_REFUSED)
+            ));
+            assert_eq!(
+                (str_of(&answer, "status"), str_of(&answer, "stdout")),
+                ("ok", format!("{} EAGAIN\n", limit - 1).as_str()),
+                "pool of {pool_size}: {answer}"
+            );
+            assert_eq!(
+                u64_of(answer.get("usage").unwrap(), "processes_created"),
+                limit - 1,
+                "{answer}"
+            );
+        }
+        server.stop();
+    }
+}
+
 /// Pool size 0: no pool in `stats`, and each request gets a VM restored for it (the wait for
 /// the restore is its `fork_us`).
 #[test]

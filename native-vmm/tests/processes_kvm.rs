@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use common::{describe, python, python_image, request, run};
+use common::{describe, python, python_image, python_request, request, run};
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::RunOutcome;
 
@@ -176,22 +176,7 @@ print(sleeper.wait(), other.wait())
 
 /// A fork loop whose children stay: `limit_mib` of memory for the tree.
 fn fork_until_refused(limit_mib: u64) -> RunOutcome {
-    let mut req = common::python_request(
-        r#"
-import errno, os, time
-children = 0
-while True:
-    try:
-        pid = os.fork()
-    except OSError as e:
-        print(children, errno.errorcode[e.errno])
-        break
-    if pid == 0:
-        time.sleep(30)
-        os._exit(0)
-    children += 1
-"#,
-    );
+    let mut req = common::python_request(common::FORK_UNTIL_REFUSED);
     req.mem_bytes = limit_mib << 20;
     req.timeout = common::scaled(std::time::Duration::from_secs(30));
     run(&python_image(), &req)
@@ -213,6 +198,7 @@ fn a_fork_bomb_meets_the_process_limit_or_the_trees_memory_and_the_run_ends() {
         "{}",
         describe(&outcome)
     );
+    assert_eq!(outcome.stats.processes_created, 63);
     // In less memory, the copies fill the tree's limit first.
     let outcome = fork_until_refused(128);
     let stdout = String::from_utf8_lossy(&outcome.stdout);
@@ -221,6 +207,70 @@ fn a_fork_bomb_meets_the_process_limit_or_the_trees_memory_and_the_run_ends() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{}", describe(&outcome)));
     assert!((1..63).contains(&children), "{}", describe(&outcome));
+}
+
+#[test]
+fn a_process_limit_of_three_lets_the_program_fork_twice() {
+    let mut req = python_request(common::FORK_UNTIL_REFUSED);
+    req.process_limit = 3;
+    let outcome = run(&python_image(), &req);
+    assert_eq!(
+        (
+            outcome.status.clone(),
+            String::from_utf8_lossy(&outcome.stdout)
+        ),
+        (RunStatus::Exited { code: 0 }, "2 EAGAIN\n".into()),
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(outcome.stats.processes_created, 2);
+
+    req.process_limit = 1;
+    let alone = run(&python_image(), &req);
+    assert_eq!(
+        String::from_utf8_lossy(&alone.stdout),
+        "0 EAGAIN\n",
+        "{}",
+        describe(&alone)
+    );
+    assert_eq!(alone.stats.processes_created, 0);
+}
+
+#[test]
+fn run_max_processes_sets_the_limit_and_refuses_what_is_out_of_range() {
+    let image = common::python_image_dir();
+    let sandfork = |limit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sandfork-vmm"))
+            .args(["run", "--image"])
+            .arg(&image)
+            .args([
+                "--max-processes",
+                limit,
+                "--",
+                "python3",
+                "-c",
+                common::FORK_UNTIL_REFUSED,
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("running sandfork-vmm run")
+    };
+    let three = sandfork("3");
+    assert!(three.status.success(), "{three:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&three.stdout),
+        "2 EAGAIN\n",
+        "{three:?}"
+    );
+    for bad in ["0", "1025", "many"] {
+        let refused = sandfork(bad);
+        assert_eq!(refused.status.code(), Some(2), "{bad}: {refused:?}");
+        assert!(
+            String::from_utf8_lossy(&refused.stderr)
+                .contains("--max-processes expects an integer from 1 to 1024"),
+            "{bad}: {refused:?}"
+        );
+    }
 }
 
 #[test]

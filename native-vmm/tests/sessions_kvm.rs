@@ -225,6 +225,44 @@ fn interpreter_state_survives_between_cells() {
 
 /// e2b #884's case: files written before a pause are all there after a resume, twice in a
 /// row, and again after the daemon restarts.
+/// `serve --max-processes` is a cell's default and maximum process limit, and
+/// `limits.processes` a lower one for one cell: the cell forks until refused and prints how
+/// many children it made.
+#[test]
+fn each_cell_gets_its_own_process_limit_within_the_daemons() {
+    let dir = scratch("sessions-processes");
+    let daemon = Daemon::start_with(&dir, &["--max-processes", "4"]);
+    let mut s = daemon.client();
+    s.expect(
+        "session",
+        json!({"type": "session_create", "session": "forks", "template": "python"}),
+    );
+    let code = include_str!("programs/fork_until_refused.py");
+    for (limits, limit) in [
+        (json!({"processes": 2}), 2),
+        (json!({}), 4),
+        (json!({"processes": 100}), 4),
+    ] {
+        let answer = s.expect(
+            "execution",
+            json!({"type": "session_execute", "session": "forks", "code": code, "limits": limits}),
+        );
+        assert_eq!(
+            (str_of(&answer, "status"), str_of(&answer, "stdout")),
+            ("ok", format!("{} EAGAIN\n", limit - 1).as_str()),
+            "{limits}: {answer}"
+        );
+        assert_eq!(answer["limits"]["processes"], json!(limit), "{answer}");
+        assert_eq!(
+            u64_of(&answer["usage"], "processes_created"),
+            limit - 1,
+            "{answer}"
+        );
+    }
+    let refused = s.call(json!({"type": "session_execute", "session": "forks", "code": "1", "limits": {"processes": 0}}));
+    assert_eq!(str_of(&refused, "code"), "bad_request", "{refused}");
+}
+
 #[test]
 fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
     let (_dir, mut daemon, mut s) = daemon_with_session("sessions-pause", "files");

@@ -541,6 +541,7 @@ fn the_daemon_executor_restores_from_a_template_folders_snapshot() {
             timeout_ms: common::scaled_ms(20_000),
             memory_mib,
             output_bytes: 1 << 20,
+            processes: sandfork_vmm::process::DEFAULT_PROCESS_LIMIT,
         },
         stream: false,
         defaulted: Default::default(),

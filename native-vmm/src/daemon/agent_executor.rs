@@ -144,6 +144,7 @@ impl AgentExecutor {
             output_cap: request.limits.output_bytes,
             boot_timeout: self.boot_timeout,
             live_output,
+            processes: request.limits.processes,
             ..RunLimits::default()
         };
         let agent_request = request.agent_request;
@@ -277,6 +278,7 @@ impl Executor for AgentExecutor {
             threads_created: stats.threads.created,
             thread_switches: stats.threads.switches,
             network: stats.network,
+            processes_created: stats.processes_created,
         };
         Ok(Execution {
             status: outcome.status,

@@ -323,6 +323,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         timeout_ms: 10_000,
         memory_mib: snapshot.identity().mem_bytes >> 20,
         output_bytes: 1 << 20,
+        processes: crate::process::DEFAULT_PROCESS_LIMIT,
     };
 
     let handed_out = snapshot.handed_out();

@@ -35,6 +35,8 @@ pub struct ExecutionLimits {
     pub timeout_ms: u64,
     pub memory_mib: u64,
     pub output_bytes: u64,
+    /// Processes alive or unreaped at once, the first included.
+    pub processes: u64,
 }
 
 impl ExecutionLimits {
@@ -86,6 +88,8 @@ pub struct Usage {
     /// Times the vCPU went from one guest thread to another (each inside a VM exit the run
     /// took anyway: a switch adds no exit of its own).
     pub thread_switches: u64,
+    /// Processes the program forked.
+    pub processes_created: u64,
     /// Network bytes in and out, connections, refusals by the policy, DNS questions.
     pub network: crate::net::Usage,
 }

@@ -42,6 +42,7 @@ use std::sync::Arc;
 use std::thread;
 
 use crate::kvm;
+use crate::process::DEFAULT_PROCESS_LIMIT;
 use crate::sys;
 use agent_executor::AgentExecutor;
 use executor::{ExecutionLimits, Executor};
@@ -65,12 +66,14 @@ pub const DEFAULT_LIMITS: ExecutionLimits = ExecutionLimits {
     timeout_ms: 10_000,
     memory_mib: 256,
     output_bytes: 1 << 20,
+    processes: DEFAULT_PROCESS_LIMIT,
 };
 /// Maxima when `serve` is not told otherwise.
 pub const DEFAULT_MAXIMA: ExecutionLimits = ExecutionLimits {
     timeout_ms: 60_000,
     memory_mib: 2048,
     output_bytes: 1 << 20,
+    processes: DEFAULT_PROCESS_LIMIT,
 };
 
 /// Executions running at once by default: two per core (a VM blocked in a system call's host
@@ -237,7 +240,14 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
         max_queued_per_template: options.max_queue_per_template,
         max_queued_per_key: options.max_queue_per_key,
         max_connections: MAX_CONNECTIONS,
-        limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits),
+        // The process limit a request gets by default is the daemon's maximum.
+        limits: LimitPolicy::new(
+            ExecutionLimits {
+                processes: options.max_limits.processes,
+                ..DEFAULT_LIMITS
+            },
+            options.max_limits,
+        ),
     };
     let mut server =
         Server::bind(&options.socket, Arc::new(executor), config).map_err(|error| {

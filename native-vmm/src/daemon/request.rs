@@ -269,11 +269,13 @@ mod tests {
             timeout_ms: 10_000,
             memory_mib: 256,
             output_bytes: 1 << 20,
+            processes: 64,
         },
         max: ExecutionLimits {
             timeout_ms: 30_000,
             memory_mib: 512,
             output_bytes: 2 << 20,
+            processes: 128,
         },
     };
 
@@ -405,7 +407,7 @@ mod tests {
                 "files": [{"path": "data.csv", "content": "a,b\n1,2\n", "encoding": "utf8"},
                           {"path": "dir/blob.bin", "content": "AP8=", "encoding": "base64"},
                           {"path": "dir/sub/t.txt", "content": ""}],
-                "limits": {"timeout_ms": 5000, "memory_mib": 128, "output_bytes": 4096}, "stream": true}"#,
+                "limits": {"timeout_ms": 5000, "memory_mib": 128, "output_bytes": 4096, "processes": 3}, "stream": true}"#,
         );
         assert_eq!(
             request,
@@ -426,7 +428,8 @@ mod tests {
                 limits: ExecutionLimits {
                     timeout_ms: 5000,
                     memory_mib: 128,
-                    output_bytes: 4096
+                    output_bytes: 4096,
+                    processes: 3,
                 },
                 stream: true,
                 defaulted: Defaulted::default(),
@@ -474,6 +477,7 @@ mod tests {
                     timeout_ms: 10_000,
                     memory_mib: 256,
                     output_bytes: 1 << 20,
+                    processes: 64,
                 },
                 stream: false,
                 defaulted: Defaulted::default(),
@@ -530,7 +534,7 @@ mod tests {
         );
 
         let clamped = execute(&with(
-            r#""limits":{"timeout_ms":9007199254740991,"memory_mib":100000,"output_bytes":99999999}"#,
+            r#""limits":{"timeout_ms":9007199254740991,"memory_mib":100000,"output_bytes":99999999,"processes":9007199254740991}"#,
         ));
         assert_eq!(clamped.limits, POLICY.max);
         let partial = execute(&with(r#""limits":{"timeout_ms":1,"output_bytes":0}"#));
@@ -539,9 +543,36 @@ mod tests {
             ExecutionLimits {
                 timeout_ms: 1,
                 memory_mib: 256,
-                output_bytes: 0
+                output_bytes: 0,
+                processes: 64,
             }
         );
+        assert_eq!(
+            execute(&with(r#""limits":{"processes":1}"#))
+                .limits
+                .processes,
+            1,
+            "the program alone: every fork is EAGAIN"
+        );
+        assert_eq!(
+            execute(&with(r#""limits":{"processes":129}"#))
+                .limits
+                .processes,
+            128,
+            "clamped to the maximum"
+        );
+        for bad in ["0", "-1", "2.5", r#""8""#, "true", "[8]"] {
+            assert!(
+                refused(
+                    &with(&format!(r#""limits":{{"processes":{bad}}}"#)),
+                    Some(7)
+                )
+                .starts_with("limits.processes"),
+                "{bad}"
+            );
+        }
+        assert!(refused(&with(r#""limits":{"processes":0}"#), Some(7))
+            .contains("limits.processes must be an integer from 1"));
         assert!(refused(&with(r#""limits":{"timeout_ms":0}"#), Some(7))
             .contains("limits.timeout_ms must be an integer from 1"));
         assert_eq!(
@@ -556,7 +587,7 @@ mod tests {
         assert!(
             refused(&with(r#""limits":{"memory_mib":2.5}"#), Some(7)).contains("limits.memory_mib")
         );
-        assert_eq!(refused(&with(r#""limits":{"timeout":5}"#), Some(7)), "limits.timeout: unknown field `timeout`, expected one of `timeout_ms`, `memory_mib`, `output_bytes`");
+        assert_eq!(refused(&with(r#""limits":{"timeout":5}"#), Some(7)), "limits.timeout: unknown field `timeout`, expected one of `timeout_ms`, `memory_mib`, `output_bytes`, `processes`");
         assert_eq!(
             refused(&with(r#""limits":[5]"#), Some(7)),
             "limits: invalid type: sequence, expected an object"
@@ -573,6 +604,7 @@ mod tests {
                 timeout_ms: 100,
                 memory_mib: 64,
                 output_bytes: 10,
+                processes: 2,
             },
         );
         assert_eq!(
@@ -580,7 +612,8 @@ mod tests {
             ExecutionLimits {
                 timeout_ms: 100,
                 memory_mib: 64,
-                output_bytes: 10
+                output_bytes: 10,
+                processes: 2,
             }
         );
     }

@@ -402,6 +402,7 @@ mod tests {
         timeout_ms: 1000,
         memory_mib: 64,
         output_bytes: 10,
+        processes: 3,
     };
     /// The server's wait for a slot; the executor waited 5 µs more for a pool worker.
     const TIMES: RequestTimes = RequestTimes {
@@ -420,6 +421,7 @@ mod tests {
             threads_created: 2,
             thread_switches: 9,
             network: Default::default(),
+            processes_created: 2,
         };
         let finished = Execution {
             status,
@@ -495,8 +497,8 @@ mod tests {
             ok.to_string(),
             concat!(
                 r#"{"id":7,"type":"execution","status":"ok","exit_code":0,"stdout":"42\n","stderr":"err","truncated":false,"fault":null,"#,
-                r#""limits":{"timeout_ms":1000,"memory_mib":64,"output_bytes":10},"vm":{"origin":"reset","resets":3},"timings":{"queue_us":12,"fork_us":410,"exec_us":950,"total_us":1380},"#,
-                r#""usage":{"wall_us":1360,"cpu_us":900,"peak_memory_bytes":18350080,"pages_copied":0,"syscalls":31,"exits":33,"threads_created":2,"thread_switches":9,"network":{"bytes_in":0,"bytes_out":0,"connections":0,"refused":0,"dns_queries":0}}}"#
+                r#""limits":{"timeout_ms":1000,"memory_mib":64,"output_bytes":10,"processes":3},"vm":{"origin":"reset","resets":3},"timings":{"queue_us":12,"fork_us":410,"exec_us":950,"total_us":1380},"#,
+                r#""usage":{"wall_us":1360,"cpu_us":900,"peak_memory_bytes":18350080,"pages_copied":0,"syscalls":31,"exits":33,"threads_created":2,"thread_switches":9,"processes_created":2,"network":{"bytes_in":0,"bytes_out":0,"connections":0,"refused":0,"dns_queries":0}}}"#
             )
         );
         let error = run(RunStatus::Exited { code: -3 }, b"");
@@ -688,6 +690,7 @@ mod tests {
                 threads_created: 0,
                 thread_switches: 0,
                 network: Default::default(),
+                processes_created: 0,
             },
             vm: VmOrigin::Reset { resets: 41 },
             result: None,
@@ -697,6 +700,7 @@ mod tests {
             timeout_ms: 10_000,
             memory_mib: 256,
             output_bytes: 1 << 20,
+            processes: 64,
         };
         assert_eq!(
             json(&execution(7, &finished, &limits, TIMES)),

@@ -195,6 +195,7 @@ fn limits() -> ExecutionLimits {
         timeout_ms: 30_000,
         memory_mib: 256,
         output_bytes: 1 << 16,
+        processes: crate::process::DEFAULT_PROCESS_LIMIT,
     }
 }
 

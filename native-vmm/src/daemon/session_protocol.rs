@@ -324,11 +324,13 @@ mod tests {
             timeout_ms: 10_000,
             memory_mib: 256,
             output_bytes: 1 << 20,
+            processes: 64,
         },
         max: ExecutionLimits {
             timeout_ms: 30_000,
             memory_mib: 512,
             output_bytes: 2 << 20,
+            processes: 128,
         },
     };
 
@@ -378,6 +380,25 @@ mod tests {
                 network: Default::default(),
             })
         );
+        assert_eq!(
+            parse_text(
+                r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":{"processes":500}}"#
+            ),
+            Ok(SessionOp::Execute {
+                session: "a".into(),
+                code: "x".into(),
+                env: vec![],
+                limits: ExecutionLimits {
+                    processes: 128,
+                    ..POLICY.default
+                },
+                network: Default::default(),
+            })
+        );
+        assert!(refused(
+            r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":{"processes":0}}"#
+        )
+        .starts_with("limits.processes must be an integer from 1"));
         assert_eq!(
             parse_text(
                 r#"{"id":1,"type":"session_write_file","session":"a","path":"d/f","content":"AP8=","encoding":"base64"}"#

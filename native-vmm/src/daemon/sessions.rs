@@ -580,6 +580,7 @@ fn run_cell(
     vm.guest.process.hand_off = HandOff::Cell { reseed: vm.reseed };
     vm.guest.process.config.output_cap = limits.output_bytes;
     vm.guest.process.output = Output::new(limits.output_bytes);
+    vm.guest.process.set_process_limit(limits.processes);
     let cpu_before = thread_cpu_time();
     let faults_before = vm
         .copied_pages
@@ -623,6 +624,7 @@ fn run_cell(
         threads_created: stats.threads.created,
         thread_switches: stats.threads.switches,
         network: stats.network,
+        processes_created: stats.processes_created,
     };
     let execution = Execution {
         status,

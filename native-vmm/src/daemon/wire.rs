@@ -126,6 +126,7 @@ impl LimitPolicy {
             timeout_ms: preferred.timeout_ms.min(max.timeout_ms),
             memory_mib: preferred.memory_mib.min(max.memory_mib),
             output_bytes: preferred.output_bytes.min(max.output_bytes),
+            processes: preferred.processes.min(max.processes),
         };
         LimitPolicy { default, max }
     }
@@ -195,6 +196,7 @@ pub(crate) struct LimitFields {
     pub(crate) timeout_ms: Option<SafeInteger>,
     pub(crate) memory_mib: Option<SafeInteger>,
     pub(crate) output_bytes: Option<SafeInteger>,
+    pub(crate) processes: Option<SafeInteger>,
 }
 
 /// `network`: the allowlists the run is under (each narrowing the ones before; none given, or
@@ -312,6 +314,13 @@ pub(crate) fn clamp_limits(
             0,
             default.output_bytes,
             max.output_bytes,
+        )?,
+        processes: pick(
+            "processes",
+            fields.processes,
+            1,
+            default.processes,
+            max.processes,
         )?,
     })
 }

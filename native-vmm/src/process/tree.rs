@@ -13,6 +13,9 @@ use crate::fs::Node;
 
 /// Processes alive or unreaped at once, by default: a fork past it is EAGAIN.
 pub const DEFAULT_PROCESS_LIMIT: u64 = 64;
+/// The largest process limit a tree takes: each process is a KVM VM with its vCPU and host
+/// descriptors of its own.
+pub const MAX_PROCESS_LIMIT: u64 = 1024;
 
 /// What the tree knows of one process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +42,8 @@ pub struct ProcessTable {
     /// The lowest id no process or thread of the tree has had.
     next_id: u64,
     limit: u64,
+    /// Children added so far (forks that got a process).
+    created: u64,
 }
 
 impl ProcessTable {
@@ -62,11 +67,23 @@ impl ProcessTable {
             entries,
             next_id: pid + 1,
             limit: DEFAULT_PROCESS_LIMIT,
+            created: 0,
         }
     }
 
+    /// Processes alive or unreaped at once (the tree's first included): a fork past it is
+    /// EAGAIN. From 1 to `MAX_PROCESS_LIMIT`.
     pub fn set_limit(&mut self, limit: u64) {
-        self.limit = limit.max(1);
+        self.limit = limit.clamp(1, MAX_PROCESS_LIMIT);
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Children added since the tree began (it only grows).
+    pub fn created(&self) -> u64 {
+        self.created
     }
 
     pub fn get(&self, pid: u64) -> Option<&ProcessEntry> {
@@ -119,6 +136,7 @@ impl ProcessTable {
             .map_or((parent, parent), |e| (e.pgid, e.sid));
         let pid = self.next_id.max(used);
         self.next_id = pid + 1;
+        self.created += 1;
         self.entries.insert(
             pid,
             ProcessEntry {
@@ -206,7 +224,13 @@ mod tests {
         assert_eq!(tree.get(b).unwrap().ppid, 1);
         assert_eq!(tree.alive().collect::<Vec<_>>(), [1, b]);
         assert!(tree.reap(a).is_some());
+        assert_eq!(tree.created(), 2);
         tree.set_limit(2);
         assert_eq!(tree.add_child(1, 0, 17), None, "at the limit");
+        assert_eq!(tree.created(), 2, "a refused fork adds nothing");
+        tree.set_limit(0);
+        assert_eq!(tree.limit(), 1, "the tree's first process always fits");
+        tree.set_limit(u64::MAX);
+        assert_eq!(tree.limit(), MAX_PROCESS_LIMIT);
     }
 }

@@ -530,6 +530,7 @@ fn serve_checked_fork<'m>(
     let mut ready = template.ready_guest(mem, cpu, limits.output_cap);
     ready.process.output.stream_to(limits.live_output.clone());
     ready.process.set_thread_limit(limits.threads);
+    ready.process.set_process_limit(limits.processes);
     let restored = setup_started.elapsed();
     let (mut outcome, cpu) = ready.serve_keeping_cpu(request, limits.timeout)?;
     outcome.stats.load = restored;

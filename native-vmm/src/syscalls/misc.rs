@@ -94,7 +94,7 @@ pub(super) fn limit(proc: &GuestProcess, resource: u64) -> Result<(u64, u64), Er
         // thread's stack by default (see THREAD_STACK).
         RLIMIT_STACK => (stack_size(mem).min(THREAD_STACK), stack_size(mem)),
         4 | 13 | 14 => (0, 0), // core, nice, rtprio
-        6 => (1, 1),           // nproc: the one process
+        6 => (proc.processes().limit(), proc.processes().limit()), // nproc: the tree's limit
         RLIMIT_NOFILE => (proc.fds.limit(), FD_LIMIT),
         8 => (8 << 20, 8 << 20),  // memlock (Linux default)
         11 => (1024, 1024),       // sigpending

@@ -834,6 +834,11 @@ fn fs_base_and_limits() {
     g.mem.write_u64(SCRATCH + 8, 1 << 20).unwrap();
     assert_eq!(g.ret(PRLIMIT64, &[0, 7, SCRATCH, 0]), err(Errno::EPERM));
     assert_eq!(g.ret(PRLIMIT64, &[0, 9, SCRATCH, 0]), err(Errno::EPERM));
+    // RLIMIT_NPROC is the sandbox's process limit.
+    g.proc.set_process_limit(5);
+    assert_eq!(g.ret(PRLIMIT64, &[0, 6, 0, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), 5);
+    assert_eq!(g.mem.read_u64(BUF + 8).unwrap(), 5);
     assert_eq!(g.ret(UNAME, &[BUF]), 0);
     assert_eq!(g.mem.read_vec(BUF, 6).unwrap(), b"Linux\0");
     assert_eq!(g.mem.read_vec(BUF + 65, 9).unwrap(), b"sandfork\0");

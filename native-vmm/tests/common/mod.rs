@@ -111,19 +111,27 @@ pub fn build_image_from(manifest: &Path, out_dir: &Path) -> Arc<Image> {
 
 /// The Python template's image (templates/python/image.json), built once per test process.
 pub fn python_image() -> Arc<Image> {
-    static IMAGE: OnceLock<Arc<Image>> = OnceLock::new();
-    IMAGE
-        .get_or_init(|| {
-            let manifest =
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-            assert!(
-                manifest.exists(),
-                "the Python template's manifest {} is missing",
-                manifest.display()
-            );
-            build_image_from(&manifest, &process_dir("python-image").join("image"))
-        })
-        .clone()
+    python_image_built().1.clone()
+}
+
+/// The folder `python_image` was built in (a `sandfork-vmm run --image`).
+pub fn python_image_dir() -> PathBuf {
+    python_image_built().0.clone()
+}
+
+fn python_image_built() -> &'static (PathBuf, Arc<Image>) {
+    static IMAGE: OnceLock<(PathBuf, Arc<Image>)> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
+        assert!(
+            manifest.exists(),
+            "the Python template's manifest {} is missing",
+            manifest.display()
+        );
+        let dir = process_dir("python-image").join("image");
+        let image = build_image_from(&manifest, &dir);
+        (dir, image)
+    })
 }
 
 /// Which vCPU the program tests run on (`SANDFORK_TEST_CPU`).
@@ -216,6 +224,10 @@ pub fn request(program: &str, args: &[&str]) -> RunRequest {
 pub fn python_request(code: &str) -> RunRequest {
     request("python3", &["-c", code])
 }
+
+/// Python that forks until a fork is refused and prints how many children it made and the
+/// errno that stopped it (`2 EAGAIN`).
+pub const FORK_UNTIL_REFUSED: &str = include_str!("../programs/fork_until_refused.py");
 
 /// Runs `code` with the Python template's image.
 pub fn python(code: &str) -> RunOutcome {

@@ -71,12 +71,13 @@ pub fn snapshot_templates_dir() -> &'static Path {
 }
 
 /// The servers' default and maximum limits: a 10 s time limit (scaled for the KVM tier's path),
-/// 256 MiB, 1 MiB of output.
+/// 256 MiB, 1 MiB of output, 64 processes.
 pub fn limits() -> ExecutionLimits {
     ExecutionLimits {
         timeout_ms: scaled_ms(10_000),
         memory_mib: 256,
         output_bytes: 1 << 20,
+        processes: 64,
     }
 }
 

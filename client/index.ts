@@ -19,6 +19,8 @@ export interface ExecutionRequest {
   files?: ExecutionFile[];
   timeout_ms?: number;
   memory_mb?: number;
+  /** Processes alive at once, the program included; a fork past it fails (default: the gateway's maximum). */
+  max_processes?: number;
   /** Answer with an event stream (what `stream()` asks for with its Accept header). */
   stream?: boolean;
 }

@@ -4,7 +4,7 @@
 // (cluster/node-heartbeat.ts). SIGTERM takes the row out first, so that gateways stop routing
 // here before the daemon stops.
 import { openDatabase } from "../db/open.js";
-import { loadConfig } from "../gateway/config.js";
+import { daemonMaxima, loadConfig } from "../gateway/config.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { startRuntime } from "../runtime/start.js";
 import { loadNodeConfig } from "./config.js";
@@ -28,7 +28,7 @@ const runtime = await startRuntime(
       ...runtimeConfig.serveArgs,
     ],
   },
-  { timeoutMs: limits.maxTimeoutMs, memoryMib: limits.maxMemoryMb },
+  daemonMaxima(limits),
   log,
 );
 if (runtime === undefined) throw new Error("no runtime");

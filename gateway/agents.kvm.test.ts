@@ -29,7 +29,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
+import { daemonMaxima } from "./config.js";
 import {
+  kvmExecutionLimits,
   scaledDaemonReadyEnv,
   templatesWithPrebuilt,
   testNodeFlags,
@@ -58,18 +60,15 @@ beforeAll(async () => {
   };
   const started = await startRuntime(
     loadRuntimeConfig(env, dir),
-    { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 },
+    daemonMaxima(kvmExecutionLimits),
     () => {},
   );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
-  const executionLimits = {
-    defaultTimeoutMs: 5_000 * timeScale,
-    maxTimeoutMs: 30_000 * timeScale,
-    defaultMemoryMb: 256,
-    maxMemoryMb: 2_048,
-  };
-  gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
+  gw = await startTestGateway("pglite", {
+    runtime: runtime.client,
+    config: { executionLimits: kvmExecutionLimits },
+  });
   http = await new Promise<ServerType>((ready) => {
     const server = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () =>
       ready(server),

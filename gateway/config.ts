@@ -3,7 +3,9 @@ import { availableParallelism } from "node:os";
 import { resolve } from "node:path";
 import type { KeyLimits } from "../db/keys.js";
 import { executeMaxWaitMsFromEnv, positiveIntegerFromEnv } from "../runtime/config.js";
+import type { DaemonMaxima } from "../runtime/start.js";
 import { DEFAULT_PRICING, type Pricing, parsePricing } from "./pricing.js";
+import { REQUEST_LIMITS } from "./request-limits.js";
 import { loadSessionSettings, type SessionSettings } from "./session-settings.js";
 
 export interface ExecutionLimits {
@@ -11,6 +13,27 @@ export interface ExecutionLimits {
   maxTimeoutMs: number;
   defaultMemoryMb: number;
   maxMemoryMb: number;
+  /** Processes of one execution alive at once: its default and its maximum (the daemon's too). */
+  maxProcesses: number;
+}
+
+/** What the daemon the gateway supervises is told: the largest limits a request may ask for. */
+export function daemonMaxima(limits: ExecutionLimits): DaemonMaxima {
+  return {
+    timeoutMs: limits.maxTimeoutMs,
+    memoryMib: limits.maxMemoryMb,
+    processes: limits.maxProcesses,
+  };
+}
+
+/** SANDFORK_MAX_PROCESSES: at least 1, at most what the daemon takes. */
+function maxProcessesFromEnv(env: NodeJS.ProcessEnv): number {
+  const value = positiveIntegerFromEnv(env, "SANDFORK_MAX_PROCESSES", 64);
+  if (value > REQUEST_LIMITS.MAX_PROCESS_LIMIT)
+    throw new Error(
+      `SANDFORK_MAX_PROCESSES must be at most ${REQUEST_LIMITS.MAX_PROCESS_LIMIT}, got ${value}`,
+    );
+  return value;
 }
 
 /** Admission control's bounds (gateway/admission.ts). */
@@ -117,6 +140,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
       maxTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_MAX_TIMEOUT_MS", 30_000),
       defaultMemoryMb: positiveIntegerFromEnv(env, "SANDFORK_DEFAULT_MEMORY_MB", 256),
       maxMemoryMb: positiveIntegerFromEnv(env, "SANDFORK_MAX_MEMORY_MB", 2_048),
+      maxProcesses: maxProcessesFromEnv(env),
     },
     admission: loadAdmissionSettings(env),
     sessions: loadSessionSettings(env),

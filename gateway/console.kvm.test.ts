@@ -21,7 +21,13 @@ import { buildConsole, isBuilt } from "../console/build.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
+import { daemonMaxima } from "./config.js";
+import {
+  kvmExecutionLimits,
+  scaledDaemonReadyEnv,
+  templatesWithPrebuilt,
+  timeScale,
+} from "./testing/kvm-tier.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const CHROMIUM = "/usr/bin/chromium";
@@ -56,18 +62,15 @@ beforeAll(async () => {
   };
   const started = await startRuntime(
     loadRuntimeConfig(env, dir),
-    { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 },
+    daemonMaxima(kvmExecutionLimits),
     (line) => log.push(line),
   );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
-  const executionLimits = {
-    defaultTimeoutMs: 5_000 * timeScale,
-    maxTimeoutMs: 30_000 * timeScale,
-    defaultMemoryMb: 256,
-    maxMemoryMb: 2_048,
-  };
-  gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
+  gw = await startTestGateway("pglite", {
+    runtime: runtime.client,
+    config: { executionLimits: kvmExecutionLimits },
+  });
   server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () => resolve(s));
   });

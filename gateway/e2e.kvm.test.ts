@@ -9,7 +9,7 @@
 // (vitest.config.ts excludes *.kvm.test.ts): scripts/kvm-tier.sh runs it with
 // vitest.kvm.config.ts, on this machine's /dev/kvm or inside a QEMU guest that has one. Its
 // waits are multiplied by SANDFORK_TEST_TIME_SCALE (1 native, ~15 in QEMU).
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -17,8 +17,14 @@ import { findExecution } from "../db/billing.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
-import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+import { daemonMaxima } from "./config.js";
+import {
+  kvmExecutionLimits,
+  scaledDaemonReadyEnv,
+  templatesWithPrebuilt,
+  timeScale,
+} from "./testing/kvm-tier.js";
+import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const CREDITS = 100_000;
 let dir: string;
@@ -39,18 +45,15 @@ beforeAll(async () => {
   };
   const started = await startRuntime(
     loadRuntimeConfig(env, dir),
-    { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 },
+    daemonMaxima(kvmExecutionLimits),
     (line) => log.push(line),
   );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
-  const executionLimits = {
-    defaultTimeoutMs: 5_000 * timeScale,
-    maxTimeoutMs: 30_000 * timeScale,
-    defaultMemoryMb: 256,
-    maxMemoryMb: 2_048,
-  };
-  gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
+  gw = await startTestGateway("pglite", {
+    runtime: runtime.client,
+    config: { executionLimits: kvmExecutionLimits },
+  });
 });
 
 afterAll(async () => {
@@ -153,6 +156,36 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
       stdout: "1000,999,998\nfrom the shell\n5\n",
       stderr: "to stderr\n",
     });
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: CREDITS - body.usage.units,
+      reservedUnits: 0,
+    });
+  });
+
+  it("max_processes reaches the sandbox: the program forks until refused; out of range is 422, billed nothing", async () => {
+    const { key, accountId } = await gw.issue({ credits: CREDITS });
+    const code = await readFile(
+      new URL("../native-vmm/tests/programs/fork_until_refused.py", import.meta.url),
+      "utf8",
+    );
+    const response = await gw.call("POST", "/v1/executions", {
+      credential: key,
+      body: { template: "python", code, max_processes: 3 },
+    });
+    const text = await response.text();
+    expect(response.status, text).toBe(200);
+    const body = JSON.parse(text) as { usage: { units: number } };
+    // The program and two children: a third fork is EAGAIN.
+    expect(body, text).toMatchObject({ status: "completed", exit_code: 0, stdout: "2 EAGAIN\n" });
+    for (const max_processes of [0, kvmExecutionLimits.maxProcesses + 1])
+      await expectProblem(
+        await gw.call("POST", "/v1/executions", {
+          credential: key,
+          body: { template: "python", code, max_processes },
+        }),
+        422,
+        "validation-failed",
+      );
     expect(await gw.books(accountId)).toMatchObject({
       balanceUnits: CREDITS - body.usage.units,
       reservedUnits: 0,

@@ -13,6 +13,7 @@ export interface ExecutionInput {
   files?: { path: string; content: string; encoding?: "utf8" | "base64" | undefined }[] | undefined;
   timeout_ms?: number | undefined;
   memory_mb?: number | undefined;
+  max_processes?: number | undefined;
   /** One of the template's languages (default: its first). */
   language?: string | undefined;
 }
@@ -41,6 +42,8 @@ export function normalizeExecution(
     timeoutMs: input.timeout_ms ?? limits.defaultTimeoutMs,
     // Without one, the template's VM size (its daemon knows it): a pooled VM serves the request.
     memoryMb: input.memory_mb,
+    // Without one, the daemon's default, which is its maximum: the gateway's.
+    maxProcesses: input.max_processes,
     language: input.language,
   };
 }

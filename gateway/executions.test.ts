@@ -183,6 +183,27 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
     expect(runtime.requests).toHaveLength(1);
   });
 
+  it("hands max_processes to the runtime and refuses one out of range with 422 before billing", async () => {
+    const { key, accountId } = await gw.issue({ credits: 100 });
+    for (const max_processes of [3, 64])
+      expect((await execute(key, { ...PROGRAM, max_processes })).status).toBe(200);
+    expect(runtime.requests.map((r) => r.maxProcesses)).toEqual([3, 64]);
+    // The gateway's maximum (SANDFORK_MAX_PROCESSES) is 64 here.
+    for (const max_processes of [0, -1, 2.5, 65, "3", null]) {
+      const problem = await expectProblem(
+        await execute(key, { ...PROGRAM, max_processes }),
+        422,
+        "validation-failed",
+      );
+      expect((problem.errors as { path: string }[]).map((e) => e.path)).toEqual(["max_processes"]);
+    }
+    expect(runtime.requests).toHaveLength(2);
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: 100 - 2 * CHARGED,
+      reservedUnits: 0,
+    });
+  });
+
   it("reports guest failures as statuses and bills them like any run", async () => {
     const { key } = await gw.issue({ credits: 100 });
     runtime.respond = async () =>

@@ -6,7 +6,7 @@ import { startClusterRuntime } from "../cluster/start.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { startRuntime } from "../runtime/start.js";
-import { loadConfig } from "./config.js";
+import { daemonMaxima, loadConfig } from "./config.js";
 import { type RunningGateway, startGateway } from "./server.js";
 
 const config = loadConfig();
@@ -17,10 +17,7 @@ const runtime: { client: ExecutionRuntime; stop(): Promise<void> } | undefined =
         client: c.runtime,
         stop: c.stop,
       }))
-    : startRuntime(runtimeConfig, {
-        timeoutMs: config.executionLimits.maxTimeoutMs,
-        memoryMib: config.executionLimits.maxMemoryMb,
-      })
+    : startRuntime(runtimeConfig, daemonMaxima(config.executionLimits))
   ).catch((error: Error) => {
     console.error(`cannot start the execution runtime: ${error.message}`);
     console.error(

@@ -15,7 +15,7 @@ import type {
 } from "../runtime/execution-runtime.js";
 import { encodeFrame } from "../runtime/frames.js";
 import { executeFrame } from "../runtime/protocol.js";
-import { loadConfig } from "./config.js";
+import { daemonMaxima, loadConfig } from "./config.js";
 import { REQUEST_LIMITS } from "./request-limits.js";
 import { executionRequestSchema } from "./schemas.js";
 import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
@@ -63,6 +63,21 @@ describe("the limits", () => {
     expect(REQUEST_LIMITS).toEqual(fixture);
   });
 
+  it("the process limit: SANDFORK_MAX_PROCESSES from 1 to the daemon's largest, told to the daemon", () => {
+    expect(LIMITS.maxProcesses).toBe(64);
+    const maxProcesses = (value: string) =>
+      loadConfig({ SANDFORK_MAX_PROCESSES: value }).executionLimits.maxProcesses;
+    expect(maxProcesses("1")).toBe(1);
+    expect(maxProcesses(String(REQUEST_LIMITS.MAX_PROCESS_LIMIT))).toBe(1024);
+    for (const bad of ["0", "1025", "2.5", "many"])
+      expect(() => maxProcesses(bad)).toThrow(/SANDFORK_MAX_PROCESSES/);
+    expect(daemonMaxima({ ...LIMITS, maxProcesses: 9 })).toEqual({
+      timeoutMs: LIMITS.maxTimeoutMs,
+      memoryMib: LIMITS.maxMemoryMb,
+      processes: 9,
+    });
+  });
+
   it("argv[0] is as long for every language as for the default one the schema counts", () => {
     const script = (language: string) =>
       (executeFrame({ ...frameless, language }).argv as string[])[0]!;
@@ -86,6 +101,11 @@ describe("the limits", () => {
       expect(doc.components.schemas.SessionCellRequest.properties.code.maxLength).toBe(
         MAX_CODE_BYTES,
       );
+      for (const schema of [execution, doc.components.schemas.SessionCellRequest])
+        expect(schema.properties.max_processes).toMatchObject({
+          minimum: 1,
+          maximum: LIMITS.maxProcesses,
+        });
     } finally {
       await gw.dispose();
     }

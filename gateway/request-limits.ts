@@ -2,7 +2,8 @@
 // daemon would refuse is answered 422 (not retryable) before anything is reserved, instead of
 // reaching the daemon and coming back as a runtime failure. The values are the daemon's, one for
 // one: `AgentRequest::validate`'s constants in native-vmm/src/agent.rs, `MAX_SESSION_FILE_BYTES`
-// in native-vmm/src/daemon/sessions.rs and the frame cap of native-vmm/PROTOCOL.md (runtime/frames.ts).
+// in native-vmm/src/daemon/sessions.rs, `MAX_PROCESS_LIMIT` in native-vmm/src/process/tree.rs and
+// the frame cap of native-vmm/PROTOCOL.md (runtime/frames.ts).
 // native-vmm/tests/fixtures/request-limits.json holds them under the daemon's names; both sides
 // are tested against it (gateway/request-limits.test.ts and the daemon's request tests).
 // Sizes are UTF-8 bytes, as the daemon counts them; a file's size is its decoded content's.
@@ -29,6 +30,8 @@ export const REQUEST_LIMITS = {
   MAX_SESSION_FILE_BYTES: 8 << 20,
   /** The execute frame the runtime sends, as JSON. */
   MAX_FRAME_BYTES,
+  /** The largest process limit (`serve --max-processes`, `limits.processes`). */
+  MAX_PROCESS_LIMIT: 1024,
 } as const;
 
 /** The largest request id the runtime gives a frame (runtime/daemon-connection.ts). */

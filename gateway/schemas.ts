@@ -32,6 +32,20 @@ const MAX_ARGS = Math.min(64, REQUEST_LIMITS.MAX_ARGS - 1);
 const MAX_ENV_VARS = Math.min(64, REQUEST_LIMITS.MAX_ENV_VARS);
 const MAX_FILES = Math.min(64, REQUEST_LIMITS.MAX_FILES);
 
+/** An execution's or a cell's process limit, at most the gateway's (SANDFORK_MAX_PROCESSES). */
+export function maxProcessesSchema(limits: ExecutionLimits) {
+  return z
+    .number()
+    .int()
+    .min(1)
+    .max(limits.maxProcesses)
+    .optional()
+    .openapi({
+      example: 8,
+      description: `Processes alive at once, the program included; a fork past it fails (EAGAIN). Default and maximum ${limits.maxProcesses}`,
+    });
+}
+
 export function executionRequestSchema(limits: ExecutionLimits) {
   return z
     .object({
@@ -109,6 +123,7 @@ export function executionRequestSchema(limits: ExecutionLimits) {
         description:
           "Guest memory; default: the template's VM size (256 for python, 1024 for node), which pooled VMs serve",
       }),
+      max_processes: maxProcessesSchema(limits),
       stream: z.boolean().optional().openapi({
         description:
           "Answer with a text/event-stream of the output as it is written (as Accept: text/event-stream does)",

@@ -286,7 +286,7 @@ export class SessionService {
   async execute(
     principal: Principal,
     id: string,
-    input: { code: string; timeout_ms?: number | undefined },
+    input: { code: string; timeout_ms?: number | undefined; max_processes?: number | undefined },
   ): Promise<CellOutcome> {
     const row = await this.owned(principal, id);
     this.requireLive(row);
@@ -328,6 +328,7 @@ export class SessionService {
       try {
         cell = await sessions.execute(id, input.code, {
           timeoutMs: input.timeout_ms ?? this.deps.limits.defaultTimeoutMs,
+          maxProcesses: input.max_processes,
         });
       } catch (error) {
         await release(this.deps.db, executionId);

@@ -4,7 +4,7 @@
 // GiB-seconds and checkpoint GiB-hours) in GET /v1/usage, the key's session limit, idle pause and
 // deletion. Run by scripts/kvm-tier.sh (vitest.kvm.config.ts); waits scale with
 // SANDFORK_TEST_TIME_SCALE.
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { eq } from "drizzle-orm";
@@ -13,7 +13,12 @@ import { usageLedger } from "../db/schema.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../runtime/start.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { scaledDaemonReadyEnv, templatesWithPrebuilt, timeScale } from "./testing/kvm-tier.js";
+import { daemonMaxima } from "./config.js";
+import {
+  kvmExecutionLimits,
+  scaledDaemonReadyEnv,
+  templatesWithPrebuilt,
+} from "./testing/kvm-tier.js";
 import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const CREDITS = 1_000_000;
@@ -43,18 +48,15 @@ beforeAll(async () => {
   };
   const started = await startRuntime(
     loadRuntimeConfig(env, dir),
-    { timeoutMs: 30_000 * timeScale, memoryMib: 2_048 },
+    daemonMaxima(kvmExecutionLimits),
     () => {},
   );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;
-  const executionLimits = {
-    defaultTimeoutMs: 5_000 * timeScale,
-    maxTimeoutMs: 30_000 * timeScale,
-    defaultMemoryMb: 256,
-    maxMemoryMb: 2_048,
-  };
-  gw = await startTestGateway("pglite", { runtime: runtime.client, config: { executionLimits } });
+  gw = await startTestGateway("pglite", {
+    runtime: runtime.client,
+    config: { executionLimits: kvmExecutionLimits },
+  });
   Object.assign(gw.context.config.sessions, { maxSessionsPerKey: MAX_SESSIONS });
 });
 
@@ -252,5 +254,31 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       "session-ended",
     );
     for (const id of ids) await json(await call("DELETE", `/v1/sessions/${id}`), 200);
+  });
+
+  it("a cell's max_processes reaches the session's program; one out of range is 422", async () => {
+    const { key } = await gw.issue({ credits: CREDITS });
+    const call = (method: string, path: string, body?: unknown) =>
+      gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
+    const { id } = await json<Session>(
+      await call("POST", "/v1/sessions", { template: "python" }),
+      201,
+    );
+    const code = await readFile(
+      new URL("../native-vmm/tests/programs/fork_until_refused.py", import.meta.url),
+      "utf8",
+    );
+    const forked = await json<{ execution: { status: string; stdout: string } }>(
+      await call("POST", `/v1/sessions/${id}/executions`, { code, max_processes: 3 }),
+      200,
+    );
+    // The session's program and two children: a third fork is EAGAIN.
+    expect(forked.execution).toMatchObject({ status: "completed", stdout: "2 EAGAIN\n" });
+    await expectProblem(
+      await call("POST", `/v1/sessions/${id}/executions`, { code, max_processes: 0 }),
+      422,
+      "validation-failed",
+    );
+    await json(await call("DELETE", `/v1/sessions/${id}`), 200);
   });
 });

@@ -100,6 +100,11 @@ describe("GET /v1/tools", () => {
         language: { type: "string" },
         code: { type: "string" },
         timeout_ms: { type: "integer", maximum: gw.config.executionLimits.maxTimeoutMs },
+        max_processes: {
+          type: "integer",
+          minimum: 1,
+          maximum: gw.config.executionLimits.maxProcesses,
+        },
       },
     });
     const anthropic = await sandfork.tools("anthropic");
@@ -124,7 +129,7 @@ describe("POST /v1/tool-calls", () => {
       type: "function" as const,
       function: {
         name: "run_code",
-        arguments: JSON.stringify({ language: "python", code: "print(45)" }),
+        arguments: JSON.stringify({ language: "python", code: "print(45)", max_processes: 4 }),
       },
     };
     const message = await sandfork.toolCall(call);
@@ -135,7 +140,11 @@ describe("POST /v1/tool-calls", () => {
       stdout: "45\n",
       usage: { units: CHARGED },
     });
-    expect(runtime.requests[0]).toMatchObject({ template: "python", code: "print(45)" });
+    expect(runtime.requests[0]).toMatchObject({
+      template: "python",
+      code: "print(45)",
+      maxProcesses: 4,
+    });
     expect(await gw.books(accountId)).toMatchObject({
       balanceUnits: 100 - CHARGED,
       reservedUnits: 0,

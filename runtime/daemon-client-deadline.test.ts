@@ -34,7 +34,7 @@ function timedOutAnswer(id: unknown): FrameObject {
     stderr: "",
     truncated: false,
     fault: null,
-    limits: { timeout_ms: 50, memory_mib: 256, output_bytes: 1_048_576 },
+    limits: { timeout_ms: 50, memory_mib: 256, output_bytes: 1_048_576, processes: 64 },
     vm: { origin: "fresh", resets: 0 },
     timings: { queue_us: 700_000, fork_us: 400, exec_us: 50_000, total_us: 751_000 },
     usage: {
@@ -46,6 +46,7 @@ function timedOutAnswer(id: unknown): FrameObject {
       exits: 1,
       threads_created: 0,
       thread_switches: 0,
+      processes_created: 0,
     },
   };
 }

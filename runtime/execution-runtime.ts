@@ -29,6 +29,8 @@ export interface ExecutionRequest {
    * bounded line (`serve --max-queue-per-key`). Absent: counted in no key's line.
    */
   keyId?: string | undefined;
+  /** Processes alive at once, the program included (a fork past it fails); absent: the runtime's default. */
+  maxProcesses?: number | undefined;
 }
 
 /**
@@ -73,6 +75,7 @@ export interface AppliedLimits {
   timeoutMs: number;
   memoryMib: number;
   outputBytes: number;
+  processes: number;
 }
 
 /** What the execution consumed, as the runtime measured it. */
@@ -85,6 +88,8 @@ export interface ExecutionUsage {
   syscalls: number;
   /** VM exits (each system call and exception is one). */
   exits: number;
+  /** Processes the program and its children forked. */
+  processesCreated: number;
 }
 
 export interface ExecutionResult {

@@ -31,8 +31,10 @@ beforeAll(async () => {
     },
     dir,
   );
-  const started = await startRuntime(config, { timeoutMs: 30_000, memoryMib: 2_048 }, (line) =>
-    log.push(line),
+  const started = await startRuntime(
+    config,
+    { timeoutMs: 30_000, memoryMib: 2_048, processes: 64 },
+    (line) => log.push(line),
   );
   if (started === undefined) throw new Error("supervised mode must start a runtime");
   runtime = started;

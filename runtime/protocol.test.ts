@@ -41,7 +41,7 @@ describe("protocol v1 mapping", () => {
       truncated: false,
       timings: { queueMs: 0.012, forkMs: 0.41, execMs: 0.95 },
       fault: null,
-      limits: { timeoutMs: 10000, memoryMib: 256, outputBytes: 1048576 },
+      limits: { timeoutMs: 10000, memoryMib: 256, outputBytes: 1048576, processes: 64 },
       usage: {
         wallMs: 1.36,
         cpuMs: 0.9,
@@ -49,6 +49,7 @@ describe("protocol v1 mapping", () => {
         pagesCopied: 212,
         syscalls: 31,
         exits: 33,
+        processesCreated: 0,
       },
     });
   });
@@ -93,6 +94,9 @@ describe("protocol v1 mapping", () => {
     expect(() =>
       parseExecution({ ...EXAMPLE, usage: { ...EXAMPLE.usage, pages_copied: -1 } }),
     ).toThrow(/usage\.pages_copied/);
+    expect(() =>
+      parseExecution({ ...EXAMPLE, limits: { ...EXAMPLE.limits, processes: 1.5 } }),
+    ).toThrow(/limits\.processes/);
     const { timings: _, ...withoutTimings } = EXAMPLE;
     expect(() => parseExecution(withoutTimings)).toThrow(/timings/);
   });
@@ -141,6 +145,7 @@ describe("protocol v1 mapping", () => {
       language: "python",
       timeoutMs: 1500,
       memoryMb: 128,
+      maxProcesses: 3,
     };
     expect(executeFrame(request)).toEqual({
       type: "execute",
@@ -151,12 +156,13 @@ describe("protocol v1 mapping", () => {
       argv: ["main.py", "a", "b"],
       env: { K: "v" },
       files: [{ path: "d/x.bin", content: "AAE=", encoding: "base64" }],
-      limits: { timeout_ms: 1500, memory_mib: 128 },
+      limits: { timeout_ms: 1500, memory_mib: 128, processes: 3 },
     });
     // Streamed: the same, asking for output frames, which are checked like every frame.
     expect(executeFrame(request, true)).toEqual({ ...executeFrame(request), stream: true });
-    // The script's extension tells a Node template the language; no memory: the template's size.
-    const { memoryMb: _memory, ...withoutMemory } = request;
+    // The script's extension tells a Node template the language; no memory: the template's size;
+    // no process limit: the daemon's.
+    const { memoryMb: _memory, maxProcesses: _processes, ...withoutMemory } = request;
     expect(executeFrame({ ...withoutMemory, language: "typescript", args: [] })).toMatchObject({
       argv: ["main.ts"],
       limits: { timeout_ms: 1500 },

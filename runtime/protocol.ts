@@ -125,7 +125,12 @@ const ExecutionSchema = z.object({
   fault: z
     .object({ vector: integer, name: z.string(), rip: integer, address: integer.nullable() })
     .nullable(),
-  limits: z.object({ timeout_ms: integer, memory_mib: integer, output_bytes: integer }),
+  limits: z.object({
+    timeout_ms: integer,
+    memory_mib: integer,
+    output_bytes: integer,
+    processes: integer,
+  }),
   timings: z.object({ queue_us: micros, fork_us: micros, exec_us: micros, total_us: micros }),
   usage: z.object({
     wall_us: micros,
@@ -134,6 +139,7 @@ const ExecutionSchema = z.object({
     pages_copied: integer,
     syscalls: integer,
     exits: integer,
+    processes_created: integer,
   }),
 });
 
@@ -181,6 +187,7 @@ export function executeFrame(request: ExecutionRequest, stream = false): FrameOb
     limits: {
       timeout_ms: request.timeoutMs,
       ...(request.memoryMb === undefined ? {} : { memory_mib: request.memoryMb }),
+      ...(request.maxProcesses === undefined ? {} : { processes: request.maxProcesses }),
     },
     ...(stream ? { stream: true } : {}),
     ...(request.keyId === undefined ? {} : { key_id: request.keyId }),
@@ -235,6 +242,7 @@ export function parseExecution(frame: FrameObject): ExecutionResult {
       timeoutMs: e.limits.timeout_ms,
       memoryMib: e.limits.memory_mib,
       outputBytes: e.limits.output_bytes,
+      processes: e.limits.processes,
     },
     usage: {
       wallMs: ms(e.usage.wall_us),
@@ -243,6 +251,7 @@ export function parseExecution(frame: FrameObject): ExecutionResult {
       pagesCopied: e.usage.pages_copied,
       syscalls: e.usage.syscalls,
       exits: e.usage.exits,
+      processesCreated: e.usage.processes_created,
     },
   };
 }

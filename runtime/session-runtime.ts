@@ -44,13 +44,21 @@ export interface CellResult {
   resumed: boolean;
 }
 
+/** A cell's limits; absent ones are the daemon's defaults. */
+export interface CellLimits {
+  timeoutMs: number;
+  outputBytes?: number;
+  /** Processes alive at once, the session's program included. */
+  maxProcesses?: number | undefined;
+}
+
 export interface SessionRuntime {
   /** `memoryMib`: refused unless it is the template's VM size (absent: that size). */
   create(session: string, template: string, memoryMib?: number): Promise<SessionInfo>;
   execute(
     session: string,
     code: string,
-    limits: { timeoutMs: number; outputBytes?: number },
+    limits: CellLimits,
     signal?: AbortSignal,
   ): Promise<CellResult>;
   writeFile(session: string, path: string, content: Buffer): Promise<number>;
@@ -152,7 +160,7 @@ export class DaemonSessions implements SessionRuntime {
   async execute(
     session: string,
     code: string,
-    limits: { timeoutMs: number; outputBytes?: number },
+    limits: CellLimits,
     signal?: AbortSignal,
   ): Promise<CellResult> {
     const frame = await this.request(
@@ -163,6 +171,7 @@ export class DaemonSessions implements SessionRuntime {
         limits: {
           timeout_ms: limits.timeoutMs,
           ...(limits.outputBytes === undefined ? {} : { output_bytes: limits.outputBytes }),
+          ...(limits.maxProcesses === undefined ? {} : { processes: limits.maxProcesses }),
         },
       },
       { signal, timeoutMs: limits.timeoutMs + this.graceMs },

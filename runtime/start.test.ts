@@ -11,7 +11,7 @@ import { startRuntime } from "./start.js";
 import { DaemonSupervisor } from "./supervisor.js";
 import { requireVmmBinary, templatesFixture } from "./testing/real-daemon.js";
 
-const MAXIMA = { timeoutMs: 30_000, memoryMib: 2_048 };
+const MAXIMA = { timeoutMs: 30_000, memoryMib: 2_048, processes: 64 };
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();

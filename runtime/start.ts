@@ -21,6 +21,8 @@ export interface StartedRuntime {
 export interface DaemonMaxima {
   timeoutMs: number;
   memoryMib: number;
+  /** Processes of one execution alive at once: also what a request gets by default. */
+  processes: number;
 }
 
 export async function startRuntime(
@@ -78,6 +80,8 @@ export async function startRuntime(
       String(maxima.timeoutMs),
       "--max-memory-mib",
       String(maxima.memoryMib),
+      "--max-processes",
+      String(maxima.processes),
       ...(config.bootTimeoutMs === undefined
         ? []
         : ["--boot-timeout-ms", String(config.bootTimeoutMs)]),

@@ -8,7 +8,7 @@ import { WORK_PATH_RULES, workPathProblem } from "../file-paths.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { ProblemError } from "../problems.js";
 import { REQUEST_LIMITS, refineText } from "../request-limits.js";
-import { ExecutionSchema } from "../schemas.js";
+import { ExecutionSchema, maxProcessesSchema } from "../schemas.js";
 import type { SessionService } from "../session-service.js";
 import { AUTHENTICATED, executionJson, problemResponses } from "./openapi-helpers.js";
 
@@ -169,6 +169,7 @@ const CellRequestSchema = (ctx: GatewayContext) =>
           description: `At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`,
         }),
       timeout_ms: z.number().int().min(1).max(ctx.config.executionLimits.maxTimeoutMs).optional(),
+      max_processes: maxProcessesSchema(ctx.config.executionLimits),
     })
     .strict()
     .openapi("SessionCellRequest");

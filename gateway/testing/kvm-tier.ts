@@ -2,6 +2,7 @@
 // path, from the environment it sets: read once here for every *.kvm.test.ts and their config.
 import { mkdir, symlink } from "node:fs/promises";
 import { join } from "node:path";
+import type { ExecutionLimits } from "../config.js";
 
 /**
  * SANDFORK_TEST_TIME_SCALE: how much slower than native this path runs guests (1 native, ~15
@@ -22,6 +23,19 @@ if (!Number.isSafeInteger(timeScale) || timeScale < 1)
 export const testNodeFlags = (process.env.SANDFORK_TEST_NODE_FLAGS ?? "")
   .split(/\s+/)
   .filter((flag) => flag !== "");
+
+/**
+ * The execution limits of a gateway a KVM test starts (and, through daemonMaxima, its daemon's
+ * maxima): 5 s by default and at most 30 s, scaled with the path; 256 MiB, at most 2 GiB; 64
+ * processes.
+ */
+export const kvmExecutionLimits: ExecutionLimits = {
+  defaultTimeoutMs: 5_000 * timeScale,
+  maxTimeoutMs: 30_000 * timeScale,
+  defaultMemoryMb: 256,
+  maxMemoryMb: 2_048,
+  maxProcesses: 64,
+};
 
 /**
  * The daemon's ready timeout for a gateway a KVM test starts (SANDFORK_VMM_READY_TIMEOUT_MS):

@@ -58,6 +58,15 @@ export function runCodeArguments(limits: ExecutionLimits) {
         .max(limits.maxTimeoutMs)
         .optional()
         .describe(`Wall-clock limit in milliseconds (default ${limits.defaultTimeoutMs})`),
+      max_processes: z
+        .number()
+        .int()
+        .min(1)
+        .max(limits.maxProcesses)
+        .optional()
+        .describe(
+          `Processes alive at once, the program included; a fork past it fails (default ${limits.maxProcesses})`,
+        ),
     })
     .strict();
 }

@@ -139,6 +139,7 @@ export class ToolRunner {
       ...(args.stdin === undefined ? {} : { stdin: args.stdin }),
       ...(args.files === undefined ? {} : { files: args.files }),
       ...(args.timeout_ms === undefined ? {} : { timeout_ms: args.timeout_ms }),
+      ...(args.max_processes === undefined ? {} : { max_processes: args.max_processes }),
     };
     const input = parseArguments(RUN_CODE, this.executionSchema, candidate);
     const { record } = await this.ctx.executions.execute(principal, input, idempotencyKey);

@@ -1011,6 +1011,7 @@ mod tests {
                 "MAX_FILES_BYTES": crate::agent::MAX_FILES_BYTES,
                 "MAX_SESSION_FILE_BYTES": crate::daemon::sessions::MAX_SESSION_FILE_BYTES,
                 "MAX_FRAME_BYTES": crate::daemon::frame::MAX_FRAME_BYTES,
+                "MAX_PROCESS_LIMIT": crate::process::MAX_PROCESS_LIMIT,
             })
         );
     }

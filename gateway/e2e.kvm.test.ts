@@ -86,6 +86,7 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
         price: expect.objectContaining({ base_units: 1 }),
       }),
       expect.objectContaining({ name: "python", languages: ["python"], ready: true }),
+      expect.objectContaining({ name: "python-data", languages: ["python"] }),
     ]);
   });
 

@@ -54,6 +54,8 @@ function largestFrameBytes(body: Record<string, unknown>): number {
     files: files.map((f) => ({ ...f, encoding: f.encoding ?? "utf8" })),
     language: "python",
     timeoutMs: (body.timeout_ms as number | undefined) ?? LIMITS.defaultTimeoutMs,
+    // The calling key's id, a UUID (the test gateway's keys have one).
+    keyId: "00000000-0000-0000-0000-000000000000",
   };
   return Buffer.byteLength(JSON.stringify(frameOf(request, true)));
 }

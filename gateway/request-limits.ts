@@ -74,6 +74,8 @@ function largestFrame(input: ExecutionInput, limits: ExecutionLimits): Record<st
     executionId: "",
     // Without one, the template's first language: every script name is as long as Python's.
     language: input.language ?? "python",
+    // The calling key's id rides along (a UUID's length).
+    keyId: "00000000-0000-0000-0000-000000000000",
   };
   return { ...executeFrame(request, true), id: LARGEST_FRAME_ID, type: "execute" };
 }

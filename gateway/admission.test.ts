@@ -28,6 +28,16 @@ const CREDITS = 1_000;
 // Default price: 1 unit + 10 units per second, billed for fork 2 ms + exec 150 ms: 3 units.
 const CHARGED = 3;
 
+/** What the test doubles' executions complete with. */
+const COMPLETED: ExecutionResult = {
+  outcome: "completed",
+  exitCode: 0,
+  stdout: "42\n",
+  stderr: "",
+  truncated: false,
+  timings: { queueMs: 0, forkMs: 2, execMs: 150 },
+};
+
 /** Test double: every execution waits until `finish()`, then completes. */
 class HeldRuntimeTestDouble implements ExecutionRuntime {
   readonly requests: ExecutionRequest[] = [];
@@ -36,14 +46,7 @@ class HeldRuntimeTestDouble implements ExecutionRuntime {
   async execute(request: ExecutionRequest): Promise<ExecutionResult> {
     this.requests.push(request);
     await this.gate;
-    return {
-      outcome: "completed",
-      exitCode: 0,
-      stdout: "42\n",
-      stderr: "",
-      truncated: false,
-      timings: { queueMs: 0, forkMs: 2, execMs: 150 },
-    };
+    return COMPLETED;
   }
   async templates(): Promise<Template[]> {
     return TEMPLATES;
@@ -202,14 +205,7 @@ describe("admission control", () => {
       async execute(request) {
         ran.push(request.code);
         if (request.code === "hold") await held;
-        return {
-          outcome: "completed",
-          exitCode: 0,
-          stdout: "42\n",
-          stderr: "",
-          truncated: false,
-          timings: { queueMs: 0, forkMs: 2, execMs: 150 },
-        };
+        return COMPLETED;
       },
     };
     const gw = await gatewayWith(

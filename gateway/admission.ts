@@ -99,16 +99,15 @@ export class Admission {
     keyMax: number,
     templateOf: () => Promise<string | undefined>,
   ): Promise<void> {
-    if (this.keys.lineFull(keyId, keyMax, this.settings.keyMaxQueued)) {
+    const refused = this.keys.refusal(keyId, keyMax, this.settings.keyMaxQueued);
+    if (refused !== undefined) {
       this.instruments.shedCalls.add(1, { reason: "key_queue_full" });
-      throw this.keys.limitProblem(keyMax, this.settings.keyMaxQueued);
+      throw refused;
     }
-    const { templateMaxRunning, templateMaxQueued } = this.settings;
-    const full = (name: string) =>
-      this.templates.lineFull(name, templateMaxRunning, templateMaxQueued);
-    if (![...this.seen].some(full)) return;
+    if (!this.someTemplateFull()) return;
     const template = await templateOf();
-    if (template !== undefined && full(template)) throw this.templateFull(template);
+    if (template !== undefined && this.templateLineFull(template))
+      throw this.templateFull(template);
   }
 
   /** Counts a call the runtime itself refused as busy, with the daemon's reason (its lines, or its client's). */
@@ -128,6 +127,16 @@ export class Admission {
         headers: { "retry-after": "5" },
       });
     }
+  }
+
+  private templateLineFull(template: string): boolean {
+    const { templateMaxRunning, templateMaxQueued } = this.settings;
+    return this.templates.lineFull(template, templateMaxRunning, templateMaxQueued);
+  }
+
+  private someTemplateFull(): boolean {
+    for (const template of this.seen) if (this.templateLineFull(template)) return true;
+    return false;
   }
 
   /** Counts a call shed past `template`'s line, and the problem that answers it. */

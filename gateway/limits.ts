@@ -140,14 +140,11 @@ export class ConcurrencyLimiter {
     };
   }
 
-  /** Whether `admit` would refuse a call of `keyId` now. */
-  lineFull(keyId: string, max: number, maxQueued: number): boolean {
-    return this.slots.lineFull(keyId, max, maxQueued);
-  }
-
-  /** The 429 that refuses a call past its key's line. */
-  limitProblem(max: number, maxQueued: number): ProblemError {
-    return concurrencyLimit(max, maxQueued);
+  /** The 429 `admit` would refuse a call of `keyId` with now, or undefined. */
+  refusal(keyId: string, max: number, maxQueued: number): ProblemError | undefined {
+    return this.slots.lineFull(keyId, max, maxQueued)
+      ? concurrencyLimit(max, maxQueued)
+      : undefined;
   }
 
   inFlightFor(keyId: string): number {

@@ -23,6 +23,11 @@ class Slots {
     return this.releaser();
   }
 
+  /** Whether no slot is free now and `maxQueued` calls already wait: one more is refused. */
+  full(max: number, maxQueued: number): boolean {
+    return (this.running >= max || this.waiting.length > 0) && this.waiting.length >= maxQueued;
+  }
+
   /** Waits for a slot; `signal` aborting takes the call out of line and rejects with its reason. */
   wait(signal: AbortSignal): Promise<Release> {
     if (signal.aborted) return Promise.reject(signal.reason);
@@ -96,17 +101,13 @@ export class SlotTable {
     signal: AbortSignal,
   ): Release | Promise<Release> | undefined {
     const slots = this.of(name);
-    const now = slots.tryTake(max);
-    if (now !== undefined) return now;
-    if (slots.waiting.length >= maxQueued) return undefined;
-    return slots.wait(signal);
+    if (slots.full(max, maxQueued)) return undefined;
+    return slots.tryTake(max) ?? slots.wait(signal);
   }
 
-  /** Whether all `max` slots of `name` are taken and `maxQueued` calls wait: `take` would refuse. */
+  /** Whether `take` would refuse a call of `name` now. */
   lineFull(name: string, max: number, maxQueued: number): boolean {
-    const running = this.running(name);
-    const queued = this.queued(name);
-    return (running >= max || queued > 0) && queued >= maxQueued;
+    return this.slots.get(name)?.full(max, maxQueued) ?? false;
   }
 
   running(name: string): number {

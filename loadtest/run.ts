@@ -49,6 +49,7 @@ import {
   driveInTurn,
   formatTable,
   processCpuMs,
+  round,
   type ScenarioSummary,
 } from "./lib/measure.js";
 import { overload, overloadTable } from "./lib/overload.js";
@@ -175,7 +176,6 @@ interface LatencyFigures {
   failed: number;
 }
 
-const round = (n: number, digits = 2) => Number(n.toFixed(digits));
 const latencyFigures = (s: ScenarioSummary): LatencyFigures => ({
   p50_ms: round(s.p50Ms),
   p99_ms: round(s.p99Ms),

@@ -13,7 +13,7 @@ import { setTimeout as pauseFor } from "node:timers/promises";
 import { daemonRequest, EXECUTION, EXECUTION_BODY } from "./execution.js";
 import type { Call } from "./http-client.js";
 import { type LoadDatabase, withLoadGateway } from "./load-gateway.js";
-import { percentile } from "./measure.js";
+import { alignedTable, percentile, round } from "./measure.js";
 import { type ExecutionPhases, executionPhases, type SpanReceiver } from "./phases.js";
 import { openRecordBaseline } from "./record-baseline.js";
 
@@ -74,7 +74,6 @@ export function parseGaps(list: string, fail: (message: string) => never): numbe
   return [...new Set(entries.map(Number))];
 }
 
-const round = (n: number, digits = 3) => Number(n.toFixed(digits));
 const p50Of = (values: number[]) =>
   percentile(
     [...values].sort((a, b) => a - b),
@@ -88,7 +87,7 @@ export function phaseMedians(
 ): Record<PhaseName, number> | null {
   const mine = phases.filter((p) => clientMs.has(p.requestId));
   if (mine.length === 0) return null;
-  const p50 = (pick: (p: ExecutionPhases) => number) => round(p50Of(mine.map(pick)));
+  const p50 = (pick: (p: ExecutionPhases) => number) => round(p50Of(mine.map(pick)), 3);
   return {
     outside_server_span: p50((p) => (clientMs.get(p.requestId) ?? 0) - p.server),
     server_span: p50((p) => p.server),
@@ -217,8 +216,8 @@ export async function measureGaps(options: {
   const percentiles = ({ clientMs, failed }: Tally) => {
     const sorted = [...clientMs.values()].sort((a, b) => a - b);
     return {
-      p50_ms: round(percentile(sorted, 50)),
-      p99_ms: round(percentile(sorted, 99)),
+      p50_ms: round(percentile(sorted, 50), 3),
+      p99_ms: round(percentile(sorted, 99), 3),
       requests: clientMs.size + failed,
       failed,
     };
@@ -259,13 +258,8 @@ export function gapTable(database: string, figures: GapFigures[]): string {
     ["  p99", (f) => ms(f.baseline.p99_ms)],
   ];
   const header = [`${database}, ms`, ...figures.map((f) => `gap ${f.gap_ms} ms`)];
-  const cells = rows.map(([label, cell]) => [label, ...figures.map(cell)]);
-  const widths = header.map((h, i) =>
-    Math.max(h.length, ...cells.map((c) => (c[i] as string).length)),
+  return alignedTable(
+    header,
+    rows.map(([label, cell]) => [label, ...figures.map(cell)]),
   );
-  const line = (c: string[]) =>
-    c
-      .map((v, i) => (i === 0 ? v.padEnd(widths[i] as number) : v.padStart(widths[i] as number)))
-      .join("  ");
-  return [line(header), ...cells.map(line)].join("\n");
 }

@@ -14,6 +14,9 @@ export interface ScenarioSummary {
   maxMs: number;
 }
 
+/** `n` to `digits` decimals, as a figure in a report. */
+export const round = (n: number, digits = 2) => Number(n.toFixed(digits));
+
 /** Nearest-rank percentile of an ascending array; NaN when empty. */
 export function percentile(sortedAscending: number[], p: number): number {
   if (sortedAscending.length === 0) return Number.NaN;
@@ -177,6 +180,11 @@ export function formatTable(rows: ScenarioSummary[]): string {
     r.p99Ms.toFixed(2),
     r.maxMs.toFixed(2),
   ]);
+  return alignedTable(header, cells);
+}
+
+/** A plain-text table: the first column left-aligned, the others right-aligned, each as wide as its widest cell. */
+export function alignedTable(header: string[], cells: string[][]): string {
   const widths = header.map((h, i) =>
     Math.max(h.length, ...cells.map((c) => (c[i] as string).length)),
   );

@@ -17,7 +17,7 @@ import { startCpuHog } from "./cpu-hog.js";
 import { startHello } from "./hello.js";
 import { keepAliveClient } from "./http-client.js";
 import { withLoadGateway } from "./load-gateway.js";
-import { drive, percentile, processCpuMs } from "./measure.js";
+import { drive, percentile, processCpuMs, round } from "./measure.js";
 
 /** One kind of program of the mix, with what its true answer is. */
 interface Kind {
@@ -121,8 +121,6 @@ export interface OverloadReport {
   /** Up to 5 wrong answers, as `status body`. */
   wrong_examples: string[];
 }
-
-const round = (n: number, digits = 2) => Number(n.toFixed(digits));
 
 export async function overload(options: {
   seconds: number;

@@ -135,8 +135,6 @@ function abortReason(signal: AbortSignal): Error {
 }
 
 export class DaemonClient implements ExecutionRuntime {
-  /** Where the client dials, as messages name it (the socket's path for a Unix socket). */
-  readonly socketPath: string;
   private readonly endpoint: DaemonEndpoint;
   private readonly options: typeof DEFAULTS;
   private readonly log: (line: string) => void;
@@ -172,7 +170,6 @@ export class DaemonClient implements ExecutionRuntime {
       (options.socketPath === undefined ? undefined : unixEndpoint(options.socketPath));
     if (endpoint === undefined) throw new RangeError("DaemonClient: a socketPath or an endpoint");
     this.endpoint = endpoint;
-    this.socketPath = endpoint.label;
     const settings = { ...DEFAULTS };
     for (const name of Object.keys(DEFAULTS) as (keyof typeof DEFAULTS)[]) {
       const value = options[name] ?? DEFAULTS[name];
@@ -207,7 +204,7 @@ export class DaemonClient implements ExecutionRuntime {
       const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
       throw failure?.reason instanceof Error
         ? failure.reason
-        : new RuntimeUnavailableError(`cannot connect to sandfork-vmm at ${this.socketPath}`);
+        : new RuntimeUnavailableError(`cannot connect to sandfork-vmm at ${this.endpoint.label}`);
     }
   }
 
@@ -224,7 +221,7 @@ export class DaemonClient implements ExecutionRuntime {
         this.connectedWaiters.delete(done);
         reject(
           new RuntimeUnavailableError(
-            `not connected to sandfork-vmm at ${this.socketPath} after ${timeoutMs} ms`,
+            `not connected to sandfork-vmm at ${this.endpoint.label} after ${timeoutMs} ms`,
           ),
         );
       }, timeoutMs);
@@ -495,7 +492,7 @@ export class DaemonClient implements ExecutionRuntime {
   }
 
   private notConnected(): RuntimeUnavailableError {
-    return new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.socketPath}`);
+    return new RuntimeUnavailableError(`not connected to sandfork-vmm at ${this.endpoint.label}`);
   }
 
   private connectedCount(): number {
@@ -566,7 +563,7 @@ export class DaemonClient implements ExecutionRuntime {
     connection.onClose = (reason) => this.lost(slot, reason);
     connection.onAnswer = () => this.drainQueue();
     if (wasDisconnected) {
-      this.log(`connected to ${connection.server} at ${this.socketPath}`);
+      this.log(`connected to ${connection.server} at ${this.endpoint.label}`);
       for (const notify of [...this.connectedWaiters]) notify();
     }
     this.drainQueue();

@@ -63,7 +63,6 @@ export class DaemonConnection {
 
   /** Connects to `endpoint` and completes the handshake; rejects with a typed runtime error. */
   static open(endpoint: DaemonEndpoint, timeoutMs: number): Promise<DaemonConnection> {
-    const socketPath = endpoint.label;
     return new Promise((resolve, reject) => {
       const socket = endpoint.dial();
       const decoder = new FrameDecoder();
@@ -79,7 +78,7 @@ export class DaemonConnection {
         () =>
           fail(
             new RuntimeUnavailableError(
-              `sandfork-vmm at ${socketPath} did not complete the handshake within ${timeoutMs} ms`,
+              `sandfork-vmm at ${endpoint.label} did not complete the handshake within ${timeoutMs} ms`,
             ),
           ),
         timeoutMs,
@@ -87,14 +86,14 @@ export class DaemonConnection {
       socket.once("error", (error) =>
         fail(
           new RuntimeUnavailableError(
-            `cannot connect to sandfork-vmm at ${socketPath}: ${error.message}`,
+            `cannot connect to sandfork-vmm at ${endpoint.label}: ${error.message}`,
           ),
         ),
       );
       socket.once("close", () =>
         fail(
           new RuntimeUnavailableError(
-            `sandfork-vmm at ${socketPath} closed the connection during the handshake`,
+            `sandfork-vmm at ${endpoint.label} closed the connection during the handshake`,
           ),
         ),
       );

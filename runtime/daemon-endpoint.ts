@@ -1,5 +1,5 @@
-// Where a daemon client dials: the local daemon's Unix socket, or (cluster/node-endpoint.ts) a
-// node serving its daemon over mutual TLS. Either way the protocol on the stream is the same.
+// Where a daemon client dials: the local daemon's Unix socket, or (cluster/tls.ts: nodeEndpoint)
+// a node serving its daemon over mutual TLS. Either way the protocol on the stream is the same.
 import { connect, type Socket } from "node:net";
 
 export interface DaemonEndpoint {

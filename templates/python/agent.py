@@ -232,29 +232,30 @@ def start_display():
     global _display
     _display = Display()
     hook_pyplot()
-    return _display
 
 
-def finish_display(value_holder):
-    """Ends the current run's display: open figures are captured, then the last expression's
-    rich forms. Returns (value text or None, results)."""
+def finish_display(value):
+    """Ends the current run's display: open figures are captured, then the rich forms of
+    `value` (the last expression's, None when there was none). Returns (value text or None,
+    results)."""
     global _display
     current, _display = _display, None
-    value = None
+    text = None
     try:
         current.capture_figures()
-        if value_holder:
-            current.add_object(value_holder[0])
-            value = repr(value_holder[0])[:MAX_VALUE_CHARS]
+        if value is not None:
+            current.add_object(value)
+            text = repr(value)[:MAX_VALUE_CHARS]
     except Exception as error:
         sys.stderr.write(f"sandfork: capturing the results failed: {error!r}\n")
-    return value, current.results
+    return text, current.results
 
 
-def split_last_expression(source, filename):
-    """The code compiled as statements, and its last statement when that is an expression (its
-    value is the result's, as in a notebook), compiled on its own. A SyntaxError comes without
-    a traceback: as for a script, it is the code's, not the frames compiling it."""
+def run_code(source, filename, namespace):
+    """Runs `source` in `namespace` as a notebook runs a cell: its statements in order, then its
+    last statement, when that is an expression, on its own; returns that expression's value
+    (None when there is none). A SyntaxError comes without a traceback: as for a script, it is
+    the code's, not the frames compiling it."""
     try:
         tree = ast.parse(source, filename, "exec")
     except SyntaxError as error:
@@ -262,7 +263,8 @@ def split_last_expression(source, filename):
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = compile(ast.Expression(tree.body.pop().value), filename, "eval", dont_inherit=True)
-    return compile(tree, filename, "exec", dont_inherit=True), last
+    exec(compile(tree, filename, "exec", dont_inherit=True), namespace)
+    return None if last is None else eval(last, namespace)
 
 
 def exit_code_of(system_exit):
@@ -291,9 +293,9 @@ def report_uncaught(error):
         traceback.print_exception(error)
 
 
-def run_script(source, path, value_holder):
-    """Runs `source` as the script at `path` would run as __main__; returns the exit code. The
-    value of a final expression statement is put in `value_holder`."""
+def run_script(source, path):
+    """Runs `source` as the script at `path` would run as __main__; returns the exit code and
+    the value of a final expression statement (None when there is none)."""
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__cached__ = None
@@ -301,18 +303,12 @@ def run_script(source, path, value_holder):
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
     try:
-        code, last = split_last_expression(source, path)
-        exec(code, main.__dict__)
-        if last is not None:
-            value = eval(last, main.__dict__)
-            if value is not None:
-                value_holder.append(value)
-        return 0
+        return 0, run_code(source, path, main.__dict__)
     except SystemExit as system_exit:
-        return exit_code_of(system_exit)
+        return exit_code_of(system_exit), None
     except BaseException as error:
         report_uncaught(error)
-        return 1
+        return 1, None
 
 
 def publish_result(value, results):
@@ -331,21 +327,18 @@ def run_cell(source, namespace, number):
     # Tracebacks show the cell's lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     start_display()
-    value_holder = []
+    value = None
     error_result = None
     try:
-        code, last = split_last_expression(source, filename)
-        exec(code, namespace)
-        value = None if last is None else eval(last, namespace)
+        value = run_code(source, filename, namespace)
         if value is not None:
             namespace["_"] = value
-            value_holder.append(value)
     except BaseException as error:
         # SystemExit too: in a session it ends the cell, not the kernel (as in a notebook).
         report_uncaught(error)
         error_result = {"name": type(error).__name__, "message": str(error)[:MAX_VALUE_CHARS]}
-    value, results = finish_display(value_holder)
-    return {"value": value, "error": error_result, "results": results}
+    text, results = finish_display(value)
+    return {"value": text, "error": error_result, "results": results}
 
 
 def reseed(request):
@@ -373,22 +366,22 @@ def serve_session(request):
             reseed(request)
         number += 1
         result = run_cell(request["code"], main.__dict__, number)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        flush_streams()
         request = await_request(json.dumps(result).encode())
 
 
-def finish(code):
-    """Runs atexit handlers, flushes the streams and ends the process with `code`."""
-    atexit._run_exitfuncs()
+def flush_streams():
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
+
+
+def finish(code):
+    """Runs atexit handlers, flushes the streams and ends the process with `code`."""
+    atexit._run_exitfuncs()
+    flush_streams()
     os._exit(code)
 
 
@@ -404,9 +397,8 @@ def main():
     # As for `python script.py`: the script's folder comes first on the import path.
     sys.path.insert(0, os.path.dirname(path))
     start_display()
-    value_holder = []
-    code = run_script(request["code"], path, value_holder)
-    publish_result(*finish_display(value_holder))
+    code, value = run_script(request["code"], path)
+    publish_result(*finish_display(value))
     finish(code)
 
 

@@ -148,7 +148,7 @@ export class ClusterRuntime implements ExecutionRuntime {
     );
   }
 
-  /** Every template some connected node serves (a template's entry from the first that has it). */
+  /** Every template some connected node serves (a template's entry from a node where it is ready, if any). */
   async templates(): Promise<Template[]> {
     const connected = [...this.nodes.values()].filter((n) => n.client.status().connected > 0);
     const lists = await Promise.allSettled(connected.map((n) => n.client.templates()));

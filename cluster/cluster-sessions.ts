@@ -8,6 +8,7 @@ import { moveSession } from "../db/nodes.js";
 import { findSession } from "../db/sessions.js";
 import { RuntimeRequestError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type {
+  CellLimits,
   CellResult,
   SessionInfo,
   SessionRuntime,
@@ -54,7 +55,7 @@ export class ClusterSessions implements SessionRuntime {
   execute(
     session: string,
     code: string,
-    limits: { timeoutMs: number; outputBytes?: number },
+    limits: CellLimits,
     signal?: AbortSignal,
   ): Promise<CellResult> {
     return this.onNodeOf(session, (s) => s.execute(session, code, limits, signal));

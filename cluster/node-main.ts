@@ -1,4 +1,4 @@
-// `npm run node`: one KVM host of a cluster. Runs the VMM daemon under supervision as a
+// `npm run cluster:node`: one KVM host of a cluster. Runs the VMM daemon under supervision as a
 // single-host gateway would (runtime/start.ts), serves it to gateways over mutual TLS
 // (cluster/node-server.ts) and registers the node in the cluster's database with a heartbeat
 // (cluster/node-heartbeat.ts). SIGTERM takes the row out first, so that gateways stop routing

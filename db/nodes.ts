@@ -47,7 +47,7 @@ export async function freshNodes(db: Database, maxAgeMs: number): Promise<NodeRo
 }
 
 /** The node a session's row names (null: none yet, or a single host's); undefined: no such session. */
-export async function sessionNode(db: Database, id: string): Promise<string | null | undefined> {
+async function sessionNode(db: Database, id: string): Promise<string | null | undefined> {
   const [row] = await db
     .select({ nodeId: sessions.nodeId })
     .from(sessions)

@@ -219,7 +219,7 @@ export const sessions = pgTable(
   ],
 );
 
-// The nodes of a cluster (cluster/node-registry.ts): each runs a VMM daemon served to gateways
+// The nodes of a cluster (db/nodes.ts): each runs a VMM daemon served to gateways
 // over mutual TLS at `address`, and rewrites its row every heartbeat. A gateway routes calls only
 // to nodes whose heartbeat is fresh (cluster/placement.ts).
 export const nodes = pgTable(

@@ -2,8 +2,10 @@
 // own limiters on one database, count a key's executions in flight and its requests together;
 // a stopped gateway's slots are freed by the recovery pass. Node ids of gateways are made up.
 import { randomUUID } from "node:crypto";
+import { eq, sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { releaseAbandonedKeySlots } from "../db/key-limits.js";
+import { keySlots } from "../db/schema.js";
 import { BACKENDS, type FreshDatabase, freshDatabase } from "../db/testing/fresh-database.js";
 import { ConcurrencyLimiter, SharedRateLimiter } from "./limits.js";
 import { ProblemError } from "./problems.js";
@@ -27,6 +29,22 @@ describe.each(BACKENDS)("limits shared by two gateways on %s", (backend) => {
     await fresh?.dispose();
   });
 
+  /** Waits (at most 10 s) until the database holds `n` of `key`'s slots: they go back in the background. */
+  async function untilHeld(key: string, n: number): Promise<void> {
+    const held = async () => {
+      const [row] = await fresh.db
+        .select({ running: sql<string>`coalesce(sum(${keySlots.running}), 0)` })
+        .from(keySlots)
+        .where(eq(keySlots.keyId, key));
+      return Number(row?.running);
+    };
+    const until = Date.now() + 10_000;
+    while ((await held()) !== n) {
+      if (Date.now() > until) throw new Error(`key ${key}: ${await held()} slots held, not ${n}`);
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+  }
+
   it("holds a key's max_concurrency across both, and frees what each gives back", async () => {
     const key = randomUUID();
     const [a, b] = ["gateway-a", "gateway-b"].map(
@@ -43,14 +61,14 @@ describe.each(BACKENDS)("limits shared by two gateways on %s", (backend) => {
     expect(a.inFlightFor(key)).toBe(1);
     second();
     second();
-    // The database's slot goes back in the background.
-    await new Promise((resolve) => setTimeout(resolve, 200));
+    // Given back once, however often it is called.
+    await untilHeld(key, 2);
     const again = await a.acquire(key, 3);
     expect((await problemOf(() => b.acquire(key, 3))).slug).toBe("concurrency-limit");
     // Another key is counted apart.
     (await b.acquire(randomUUID(), 1))();
     for (const release of [first, third, again]) release();
-    await new Promise((resolve) => setTimeout(resolve, 200));
+    await untilHeld(key, 0);
     const all = await Promise.all([a.acquire(key, 3), b.acquire(key, 3), a.acquire(key, 3)]);
     expect(all).toHaveLength(3);
     for (const release of all) release();

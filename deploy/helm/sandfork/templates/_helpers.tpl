@@ -12,14 +12,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- end }}
 
-{{/* What selects one component's pods (`component`: gateway or node). */}}
-{{- define "sandfork.gatewaySelector" -}}
+{{/* The labels that select the gateways' pods (their selectors' and the pods' own). */}}
+{{- define "sandfork.gatewayPods" -}}
 app.kubernetes.io/name: sandfork
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: gateway
 {{- end }}
 
-{{- define "sandfork.nodeSelector" -}}
+{{/* The same for the nodes' pods (not the Kubernetes nodes they run on: node.nodeSelector). */}}
+{{- define "sandfork.nodePods" -}}
 app.kubernetes.io/name: sandfork
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: node

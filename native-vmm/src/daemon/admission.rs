@@ -22,11 +22,18 @@ pub enum FullLine {
 }
 
 /// Where an execution waits: per template and per key; None is not counted in those lines (a
-/// session's cell).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Line {
-    pub template: Option<String>,
-    pub key: Option<String>,
+/// session's cell). Borrowed: an execution that runs at once copies neither name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Line<'a> {
+    pub template: Option<&'a str>,
+    pub key: Option<&'a str>,
+}
+
+/// A waiting execution's ticket and the lines it is counted in.
+struct Waiter {
+    ticket: u64,
+    template: Option<String>,
+    key: Option<String>,
 }
 
 pub struct RunQueue {
@@ -38,8 +45,8 @@ pub struct RunQueue {
 #[derive(Default)]
 struct State {
     running: usize,
-    /// The executions waiting, oldest first, by ticket.
-    waiting: VecDeque<(u64, Line)>,
+    /// The executions waiting, oldest first.
+    waiting: VecDeque<Waiter>,
     /// Waiters a freed slot was handed to, which have not taken it yet.
     granted: HashSet<u64>,
     next_ticket: u64,
@@ -52,18 +59,18 @@ impl State {
     /// waiter that has its slot but was not scheduled yet.
     fn grant(&mut self, max_running: usize) {
         while self.running < max_running {
-            let Some((ticket, line)) = self.waiting.pop_front() else {
+            let Some(waiter) = self.waiting.pop_front() else {
                 break;
             };
-            self.uncount(&line);
+            self.uncount(&waiter);
             self.running += 1;
-            self.granted.insert(ticket);
+            self.granted.insert(waiter.ticket);
         }
     }
 
-    fn uncount(&mut self, line: &Line) {
-        count_down(&mut self.queued_by_template, line.template.as_deref());
-        count_down(&mut self.queued_by_key, line.key.as_deref());
+    fn uncount(&mut self, waiter: &Waiter) {
+        count_down(&mut self.queued_by_template, waiter.template.as_deref());
+        count_down(&mut self.queued_by_key, waiter.key.as_deref());
     }
 }
 
@@ -106,7 +113,7 @@ impl RunQueue {
 
     /// A running slot now when one is free and nobody waits, else a place in `line`; refused
     /// when that line is full.
-    pub fn enter(self: &Arc<RunQueue>, line: Line) -> Result<Turn, FullLine> {
+    pub fn enter(self: &Arc<RunQueue>, line: Line<'_>) -> Result<Turn, FullLine> {
         let mut state = self.lock();
         if state.running < self.limits.max_running && state.waiting.is_empty() {
             state.running += 1;
@@ -116,13 +123,13 @@ impl RunQueue {
             });
         }
         if line.template.is_some()
-            && queued(&state.queued_by_template, line.template.as_deref())
+            && queued(&state.queued_by_template, line.template)
                 >= self.limits.max_queued_per_template
         {
             return Err(FullLine::Template);
         }
         if line.key.is_some()
-            && queued(&state.queued_by_key, line.key.as_deref()) >= self.limits.max_queued_per_key
+            && queued(&state.queued_by_key, line.key) >= self.limits.max_queued_per_key
         {
             return Err(FullLine::Key);
         }
@@ -130,14 +137,18 @@ impl RunQueue {
         state.next_ticket += 1;
         let state = &mut *state;
         for (counts, name) in [
-            (&mut state.queued_by_template, &line.template),
-            (&mut state.queued_by_key, &line.key),
+            (&mut state.queued_by_template, line.template),
+            (&mut state.queued_by_key, line.key),
         ] {
             if let Some(name) = name {
-                *counts.entry(name.clone()).or_insert(0) += 1;
+                *counts.entry(name.to_owned()).or_insert(0) += 1;
             }
         }
-        state.waiting.push_back((ticket, line));
+        state.waiting.push_back(Waiter {
+            ticket,
+            template: line.template.map(str::to_owned),
+            key: line.key.map(str::to_owned),
+        });
         Ok(Turn {
             queue: self.clone(),
             place: Place::Waiting(ticket),
@@ -206,9 +217,9 @@ impl Drop for Turn {
                 if state.granted.remove(&ticket) {
                     // Its slot was handed over already: on to the next.
                     queue.give_back(&mut state);
-                } else if let Some(at) = state.waiting.iter().position(|(t, _)| *t == ticket) {
-                    if let Some((_, line)) = state.waiting.remove(at) {
-                        state.uncount(&line);
+                } else if let Some(at) = state.waiting.iter().position(|w| w.ticket == ticket) {
+                    if let Some(waiter) = state.waiting.remove(at) {
+                        state.uncount(&waiter);
                     }
                 }
             }
@@ -239,10 +250,10 @@ mod tests {
         max_queued_per_key: 1,
     };
 
-    fn line(template: &str, key: Option<&str>) -> Line {
+    fn line<'a>(template: &'a str, key: Option<&'a str>) -> Line<'a> {
         Line {
-            template: Some(template.into()),
-            key: key.map(str::to_owned),
+            template: Some(template),
+            key,
         }
     }
 

@@ -115,6 +115,13 @@ impl Gauge {
 
 struct Slot(Arc<Gauge>);
 
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *self.0.lock() -= 1;
+        self.0.changed.notify_all();
+    }
+}
+
 /// `busy` answers by reason.
 #[derive(Default)]
 struct BusyCounts([AtomicU64; BusyReason::ALL.len()]);
@@ -126,13 +133,6 @@ impl BusyCounts {
 
     fn get(&self, reason: BusyReason) -> u64 {
         self.0[reason as usize].load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        *self.0.lock() -= 1;
-        self.0.changed.notify_all();
     }
 }
 
@@ -538,8 +538,8 @@ impl Connection {
             return fail(ErrorCode::Busy(BusyReason::QueueFull), &format!("the daemon is running its maximum of {max_running} executions with {max_queued} waiting"));
         };
         let line = Line {
-            template: Some(request.template.clone()),
-            key,
+            template: Some(&request.template),
+            key: key.as_deref(),
         };
         let turn = match self.shared.runs.enter(line) {
             Ok(turn) => turn,

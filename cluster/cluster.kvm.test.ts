@@ -12,7 +12,14 @@ import { join } from "node:path";
 import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { emptyPostgresDatabase } from "../db/testing/fresh-database.js";
-import { freePort } from "../gateway/testing/gateway-process.js";
+import {
+  freePort,
+  GATEWAY_LISTENING,
+  GATEWAY_MAIN,
+  issueKey,
+  printedAdmin,
+  type ServiceProcess,
+} from "../gateway/testing/gateway-process.js";
 import {
   scaledDaemonReadyEnv,
   templatesWithPrebuilt,
@@ -21,14 +28,7 @@ import {
 import { DaemonClient } from "../runtime/daemon-client.js";
 import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
 import { makeClusterCerts, tlsEnv } from "./testing/certs.js";
-import {
-  GATEWAY_MAIN,
-  GATEWAY_READY,
-  NODE_MAIN,
-  NODE_READY,
-  type ServiceProcess,
-  startService,
-} from "./testing/service-process.js";
+import { NODE_MAIN, NODE_READY, startOnHost } from "./testing/service-process.js";
 
 const NODES = ["n1", "n2"] as const;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -87,7 +87,7 @@ beforeAll(async () => {
   for (const name of NODES)
     nodes.set(
       name,
-      await startService({
+      await startOnHost({
         main: NODE_MAIN,
         ready: NODE_READY,
         startTimeoutMs: 180_000 * timeScale,
@@ -101,9 +101,9 @@ beforeAll(async () => {
         },
       }),
     );
-  gateway = await startService({
+  gateway = await startOnHost({
     main: GATEWAY_MAIN,
-    ready: GATEWAY_READY,
+    ready: GATEWAY_LISTENING,
     startTimeoutMs: 60_000 * timeScale,
     env: {
       ...common,
@@ -114,13 +114,11 @@ beforeAll(async () => {
     },
   });
   url = gateway.ready[1] as string;
-  const admin = gateway.log.map((l) => /^\s+(sfk_[0-9A-Za-z]+)\s*$/.exec(l)?.[1]).find(Boolean);
-  const made = await fetch(`${url}/v1/keys`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
-    body: JSON.stringify({ name: "cluster", credits: 1_000_000, max_concurrency: 32 }),
-  });
-  key = ((await made.json()) as { key: string }).key;
+  ({ key } = await issueKey(
+    { url, admin: printedAdmin(gateway.log), log: gateway.log },
+    "cluster",
+    1_000_000,
+  ));
   // Until the gateway has connected to both nodes.
   for (let i = 0; i < 100 && !gateway.log.join("\n").includes("node n2: connected"); i++)
     await sleep(100 * timeScale);

@@ -26,10 +26,11 @@ function openssl(dir: string, args: string[]): void {
   execFileSync("openssl", args, { cwd: dir, stdio: ["ignore", "ignore", "pipe"] });
 }
 
-function authority(dir: string, name: string): void {
+/** `openssl req` making the P-256 key `name`.key and, for `cn`, the request or (`-x509`) certificate `out`. */
+function newKey(dir: string, name: string, cn: string, out: string, more: string[] = []): void {
   openssl(dir, [
     "req",
-    "-x509",
+    ...more,
     "-newkey",
     "ec",
     "-pkeyopt",
@@ -38,29 +39,18 @@ function authority(dir: string, name: string): void {
     "-keyout",
     `${name}.key`,
     "-out",
-    `${name}.pem`,
-    "-days",
-    "2",
-    "-subj",
-    `/CN=${name}`,
-  ]);
-}
-
-function signed(dir: string, ca: string, name: string, cn: string, extensions: string): CertFiles {
-  openssl(dir, [
-    "req",
-    "-newkey",
-    "ec",
-    "-pkeyopt",
-    "ec_paramgen_curve:prime256v1",
-    "-nodes",
-    "-keyout",
-    `${name}.key`,
-    "-out",
-    `${name}.csr`,
+    out,
     "-subj",
     `/CN=${cn}`,
   ]);
+}
+
+function authority(dir: string, name: string): void {
+  newKey(dir, name, name, `${name}.pem`, ["-x509", "-days", "2"]);
+}
+
+function signed(dir: string, ca: string, name: string, cn: string, extensions: string): CertFiles {
+  newKey(dir, name, cn, `${name}.csr`);
   writeFileSync(join(dir, `${name}.ext`), extensions);
   openssl(dir, [
     "x509",

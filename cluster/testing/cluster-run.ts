@@ -16,26 +16,27 @@
 import { execFileSync, spawn } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { chmod, chown, mkdir, mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import postgres from "postgres";
-import { freePort } from "../../gateway/testing/gateway-process.js";
+import {
+  freePort,
+  GATEWAY_LISTENING,
+  GATEWAY_MAIN,
+  printedAdmin,
+  type ServiceProcess,
+} from "../../gateway/testing/gateway-process.js";
+import { scaledDaemonReadyEnv, timeScale } from "../../gateway/testing/kvm-tier.js";
+import { processCpuMs } from "../../loadtest/lib/measure.js";
 import { requireVmmBinary } from "../../runtime/testing/real-daemon.js";
 import { makeClusterCerts, tlsEnv } from "./certs.js";
 import { makeTestNetwork, type TestNetwork } from "./netns.js";
-import {
-  GATEWAY_MAIN,
-  GATEWAY_READY,
-  NODE_MAIN,
-  NODE_READY,
-  type ServiceProcess,
-  startService,
-} from "./service-process.js";
+import { NODE_MAIN, NODE_READY, startOnHost } from "./service-process.js";
 
 const HOSTS = ["h1", "h2", "h3"] as const;
 type HostName = (typeof HOSTS)[number];
-/** 1 natively; ~15 in the QEMU guest (scripts/cluster-test.sh), where counts are cut and waits scaled. */
-const timeScale = Number(process.env.SANDFORK_TEST_TIME_SCALE ?? "1");
+// timeScale: 1 natively; 15 in the QEMU guest (scripts/cluster-test.sh), where counts are cut
+// and waits scaled.
 const CONCURRENCY = 16;
 const BENCH_EXECUTIONS = timeScale > 1 ? 32 : 160;
 const KILL_EXECUTIONS = timeScale > 1 ? 60 : 300;
@@ -74,17 +75,15 @@ function pgBin(): string {
 
 /** CPU seconds (user + system) of these processes so far; gone ones count nothing. */
 function cpuSeconds(pids: number[]): number {
-  let ticks = 0;
+  let ms = 0;
   for (const pid of pids) {
     try {
-      const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      ticks += Number(fields[11]) + Number(fields[12]);
+      ms += processCpuMs(pid);
     } catch {
       // Exited meanwhile.
     }
   }
-  return ticks / 100;
+  return ms / 1000;
 }
 
 interface Answer {
@@ -171,6 +170,9 @@ async function main(): Promise<void> {
   }).trim();
   if (haproxyBin === "") throw new Error("haproxy is missing: apt-get install -y haproxy");
   const vmm = requireVmmBinary();
+  const loadBefore = loadavg()
+    .map((l) => l.toFixed(2))
+    .join(", ");
   const dir = await mkdtemp(join(tmpdir(), "sfk-cluster-"));
   // PostgreSQL's user must pass through to its data folder (traverse only).
   await chmod(dir, 0o711);
@@ -241,7 +243,7 @@ async function main(): Promise<void> {
       SANDFORK_KEY_CACHE_TTL_MS: "500",
       // Slower guests (the QEMU path) boot agents and load templates that much slower.
       SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
-      SANDFORK_VMM_READY_TIMEOUT_MS: String(15_000 * timeScale),
+      ...scaledDaemonReadyEnv,
       SANDFORK_NODE_STALE_MS: String(3_000 * Math.min(timeScale, 3)),
       // The gateways' admission bounds default to the machine's cores (one in the QEMU guest):
       // sized for the test's concurrency instead, so that no run sheds what another would not.
@@ -249,7 +251,7 @@ async function main(): Promise<void> {
       SANDFORK_TEMPLATE_MAX_QUEUED: String(CONCURRENCY),
     };
     const startHost = async (host: Host) => {
-      host.node = await startService({
+      host.node = await startOnHost({
         main: NODE_MAIN,
         ready: NODE_READY,
         netns: net.hosts.get(host.name)?.netns,
@@ -263,9 +265,9 @@ async function main(): Promise<void> {
           SANDFORK_VMM_SERVE_ARGS: "--pool-size 2",
         },
       });
-      host.gateway = await startService({
+      host.gateway = await startOnHost({
         main: GATEWAY_MAIN,
-        ready: GATEWAY_READY,
+        ready: GATEWAY_LISTENING,
         netns: net.hosts.get(host.name)?.netns,
         startTimeoutMs: 120_000 * timeScale,
         env: {
@@ -325,9 +327,7 @@ async function main(): Promise<void> {
     // 1. Scaling: one host, then two, then three.
     const h1 = hosts.get("h1") as Host;
     await startHost(h1);
-    const adminKey = h1.gateway?.log
-      .map((l) => /^\s+(sfk_[0-9A-Za-z]+)\s*$/.exec(l)?.[1])
-      .find(Boolean) as string;
+    const adminKey = printedAdmin(h1.gateway?.log ?? [])?.key as string;
     const caller = await waitFor(
       async () => {
         const made = await json(`${lb}/v1/keys`, {
@@ -620,7 +620,7 @@ async function main(): Promise<void> {
       );
     }
 
-    figures.push(nativeBaseline());
+    figures.push(nativeBaseline(), `load average ${loadBefore} when the run began`);
     console.log("\nfigures (npm run test:cluster):");
     for (const line of figures) console.log(`  ${line}`);
     await sql.end();
@@ -654,7 +654,7 @@ function nativeBaseline(runs = 40): string {
   for (let i = 0; i < runs; i++) execFileSync("/usr/bin/python3.11", ["-c", "print(6*7)"]);
   const wallMs = (performance.now() - started) / runs;
   const cpuMs = ((childCpu() - cpuBefore) * 1000) / runs;
-  return `baseline, same run: /usr/bin/python3.11 -c 'print(6*7)' spawned natively, one at a time: ${cpuMs.toFixed(1)} CPU ms and ${wallMs.toFixed(1)} wall ms per run`;
+  return `baseline, same run: /usr/bin/python3.11 -c 'print(6*7)' spawned natively, one at a time: ${cpuMs.toFixed(1)} CPU ms and ${wallMs.toFixed(1)} wall ms per run (${(1000 / wallMs).toFixed(1)} runs/s)`;
 }
 
 /** Polls `probe` until it answers something, at most `unscaledMs` (times the time scale). */

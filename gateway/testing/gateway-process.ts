@@ -1,7 +1,8 @@
 // Test and load-test support: the gateway as `npm start` runs it (gateway/main.ts, a supervised
 // `sandfork-vmm serve` under it) in a child process of its own, so that it can be measured
-// (/proc/<pid>/stat) or killed with SIGKILL and started again on the same database.
-import { type ChildProcess, spawn } from "node:child_process";
+// (/proc/<pid>/stat) or killed with SIGKILL and started again on the same database; and
+// startService, which starts any of the repository's entry points so (a cluster's nodes too).
+import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { join } from "node:path";
@@ -12,8 +13,9 @@ import { EMBEDDED_DATABASE_DIR } from "../config.js";
 import { testNodeFlags } from "./kvm-tier.js";
 
 const REPOSITORY = fileURLToPath(new URL("../..", import.meta.url));
-const MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
-const LISTENING = /sandfork gateway listening on (http:\/\/\S+)/;
+export const GATEWAY_MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
+/** The gateway's ready line; its match's [1] is the URL it listens on. */
+export const GATEWAY_LISTENING = /sandfork gateway listening on (http:\/\/\S+)/;
 const ADMIN_KEY = /^\s+(sfk_[0-9A-Za-z]+)\s*$/;
 const ADMIN_ACCOUNT = /POST \/v1\/accounts\/([0-9a-f-]{36})\/credits/;
 
@@ -66,6 +68,105 @@ export function freePort(): Promise<number> {
   });
 }
 
+export interface ServiceOptions {
+  /** The TypeScript entry point. */
+  main: string;
+  /** Printed once the service is ready; the match is the ServiceProcess's `ready`. */
+  ready: RegExp;
+  /** Its environment (nothing of this process's is added). */
+  env: NodeJS.ProcessEnv;
+  /** Node options before the script, e.g. --cpu-prof (after testNodeFlags). */
+  nodeArgs?: string[];
+  /** A command the service runs under, e.g. `ip netns exec NS` (which execs: the pid is the service's). */
+  launcher?: string[];
+  startTimeoutMs: number;
+}
+
+export interface ServiceProcess {
+  pid: number;
+  /** Everything it wrote to stdout and stderr so far. */
+  log: string[];
+  /** The ready line's match. */
+  ready: RegExpExecArray;
+  exited: Promise<void>;
+  /** Sends `signal` and waits for the process to exit. */
+  stop(signal?: NodeJS.Signals): Promise<void>;
+}
+
+/** Starts `main` with tsx in a child process and waits for its ready line (SIGKILLed if none comes in time). */
+export async function startService(options: ServiceOptions): Promise<ServiceProcess> {
+  const argv = [
+    ...(options.launcher ?? []),
+    process.execPath,
+    ...testNodeFlags,
+    ...(options.nodeArgs ?? []),
+    "--import",
+    "tsx",
+    options.main,
+  ];
+  const child = spawn(argv[0] as string, argv.slice(1), {
+    cwd: REPOSITORY,
+    env: options.env,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const log: string[] = [];
+  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+  const ready = new Promise<RegExpExecArray>((resolve, reject) => {
+    const onLine = (line: string) => {
+      log.push(line);
+      const match = options.ready.exec(line);
+      if (match !== null) resolve(match);
+    };
+    createInterface({ input: child.stdout as NodeJS.ReadableStream }).on("line", onLine);
+    createInterface({ input: child.stderr as NodeJS.ReadableStream }).on("line", onLine);
+    child.once("exit", (code, signal) =>
+      reject(
+        new Error(
+          `${options.main} exited during start-up (${signal ?? `code ${code}`}):\n${log.join("\n")}`,
+        ),
+      ),
+    );
+  });
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () =>
+        reject(
+          new Error(
+            `${options.main} not ready within ${options.startTimeoutMs} ms:\n${log.join("\n")}`,
+          ),
+        ),
+      options.startTimeoutMs,
+    );
+  });
+  const stop = async (signal: NodeJS.Signals = "SIGTERM") => {
+    if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+    await exited;
+  };
+  try {
+    const match = await Promise.race([ready, timeout]);
+    return { pid: child.pid as number, log, ready: match, exited, stop };
+  } catch (error) {
+    await stop("SIGKILL");
+    throw error;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The admin key and its account, printed on the first start of an empty database only. */
+export function printedAdmin(
+  log: readonly string[],
+): { key: string; accountId: string } | undefined {
+  let key: string | undefined;
+  let accountId: string | undefined;
+  for (const line of log) {
+    key ??= ADMIN_KEY.exec(line)?.[1];
+    accountId ??= ADMIN_ACCOUNT.exec(line)?.[1];
+  }
+  return key !== undefined && accountId !== undefined ? { key, accountId } : undefined;
+}
+
 export async function startGatewayProcess(options: GatewayProcessOptions): Promise<GatewayProcess> {
   if (options.databaseUrl === undefined)
     await copySeedTo(join(options.dataDir, EMBEDDED_DATABASE_DIR));
@@ -80,75 +181,26 @@ export async function startGatewayProcess(options: GatewayProcessOptions): Promi
   };
   if (options.databaseUrl === undefined) delete env.DATABASE_URL;
   else env.DATABASE_URL = options.databaseUrl;
-  const child = spawn(
-    process.execPath,
-    [...testNodeFlags, ...(options.nodeArgs ?? []), "--import", "tsx", MAIN],
-    {
-      cwd: REPOSITORY,
-      env,
-      stdio: ["ignore", "pipe", "pipe"],
-    },
-  );
-  const log: string[] = [];
-  const admin: { key?: string; accountId?: string } = {};
-  const ready = new Promise<string>((resolve, reject) => {
-    const onLine = (line: string) => {
-      log.push(line);
-      const key = ADMIN_KEY.exec(line)?.[1];
-      if (key !== undefined) admin.key = key;
-      const account = ADMIN_ACCOUNT.exec(line)?.[1];
-      if (account !== undefined) admin.accountId = account;
-      const url = LISTENING.exec(line)?.[1];
-      if (url !== undefined) resolve(url);
-    };
-    createInterface({ input: child.stdout as NodeJS.ReadableStream }).on("line", onLine);
-    createInterface({ input: child.stderr as NodeJS.ReadableStream }).on("line", onLine);
-    child.once("exit", (code, signal) =>
-      reject(
-        new Error(
-          `the gateway exited during start-up (${signal ?? `code ${code}`}):\n${log.join("\n")}`,
-        ),
-      ),
-    );
+  const service = await startService({
+    main: GATEWAY_MAIN,
+    ready: GATEWAY_LISTENING,
+    env,
+    nodeArgs: options.nodeArgs ?? [],
+    startTimeoutMs: options.startTimeoutMs ?? 60_000,
   });
-  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(
-      () =>
-        reject(
-          new Error(
-            `the gateway did not listen within ${options.startTimeoutMs ?? 60_000} ms:\n${log.join("\n")}`,
-          ),
-        ),
-      options.startTimeoutMs ?? 60_000,
-    );
-  });
-  let url: string;
-  try {
-    url = await Promise.race([ready, timeout]);
-  } catch (error) {
-    await kill(child, exited, "SIGKILL");
-    throw error;
-  } finally {
-    clearTimeout(timer);
-  }
   return {
-    url,
-    pid: child.pid as number,
-    admin:
-      admin.key !== undefined && admin.accountId !== undefined
-        ? { key: admin.key, accountId: admin.accountId }
-        : undefined,
-    log,
+    url: service.ready[1] as string,
+    pid: service.pid,
+    admin: printedAdmin(service.log),
+    log: service.log,
     daemonPid: () => Number(readFileSync(`${options.socketPath}.pid`, "utf8").split(" ")[0]),
-    stop: (signal = "SIGTERM") => kill(child, exited, signal),
+    stop: service.stop,
   };
 }
 
 /** A key made with the admin key its first start printed: `credits` and limits no test reaches. */
 export async function issueKey(
-  gateway: GatewayProcess,
+  gateway: Pick<GatewayProcess, "url" | "admin" | "log">,
   name: string,
   credits: number,
 ): Promise<{ key: string; accountId: string }> {
@@ -163,13 +215,4 @@ export async function issueKey(
     throw new Error(`POST /v1/keys answered ${created.status}: ${await created.text()}`);
   const key = (await created.json()) as { key: string; account_id: string };
   return { key: key.key, accountId: key.account_id };
-}
-
-async function kill(
-  child: ChildProcess,
-  exited: Promise<void>,
-  signal: NodeJS.Signals,
-): Promise<void> {
-  if (child.exitCode === null && child.signalCode === null) child.kill(signal);
-  await exited;
 }

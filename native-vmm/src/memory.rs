@@ -148,17 +148,20 @@ impl GuestMemory {
     /// it; the host then copies that page for this fork alone. Neither the template nor any
     /// other fork sees the write, and creating the fork copies nothing.
     pub fn fork_of(template: &TemplateMemory) -> io::Result<GuestMemory> {
-        let source = &template.mem;
-        let fd = &template.fd;
+        GuestMemory::private_mapping_of(&template.fd, template.mem.size)
+    }
+
+    /// `size` bytes of `source` (a template's memfd) mapped `MAP_PRIVATE | MAP_NORESERVE`.
+    fn private_mapping_of(source: &Arc<OwnedFd>, size: u64) -> io::Result<GuestMemory> {
         // SAFETY: a fresh private mapping of the whole template memfd (exactly `size` bytes)
         // at a kernel-chosen address.
         let host = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                source.size as usize,
+                size as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_NORESERVE,
-                fd.as_raw_fd(),
+                source.as_raw_fd(),
                 0,
             )
         };
@@ -167,9 +170,9 @@ impl GuestMemory {
         }
         Ok(GuestMemory {
             host: host as *mut u8,
-            size: source.size,
+            size,
             fd: None,
-            source: Some(template.fd.clone()),
+            source: Some(source.clone()),
             written: None,
             shared: RefCell::default(),
             shown_pages: RefCell::default(),
@@ -179,38 +182,19 @@ impl GuestMemory {
     /// A copy of this memory as it is now, for a process forked inside the VM: a fork of a
     /// template is mapped from the template again and gets the pages this one holds copies
     /// of; memory of its own is copied where its memfd holds data. Either way the untouched
-    /// rest is shared with (or zero like) the original, so the copy costs what was written.
-    pub fn duplicate(&self) -> io::Result<GuestMemory> {
-        let (copy, written) = match (&self.fd, &self.source) {
-            (Some(_), _) => (GuestMemory::new(self.size)?, self.data_extents()?),
-            (None, Some(source)) => {
-                // SAFETY: a fresh private mapping of the whole template memfd (exactly `size`
-                // bytes, as this fork's) at a kernel-chosen address.
-                let host = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        self.size as usize,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_NORESERVE,
-                        source.as_raw_fd(),
-                        0,
-                    )
-                };
-                if host == libc::MAP_FAILED {
-                    return Err(io::Error::last_os_error());
-                }
-                let copy = GuestMemory {
-                    host: host as *mut u8,
-                    size: self.size,
-                    fd: None,
-                    source: Some(source.clone()),
-                    written: None,
-                    shared: RefCell::default(),
-                    shown_pages: RefCell::default(),
-                };
-                let copied = self.copied_own_ranges()?.unwrap_or_default();
-                (copy, copied)
-            }
+    /// rest is shared with (or zero like) the original, so the copy costs what was written:
+    /// more than `room` bytes of it is `ErrorKind::OutOfMemory`, before anything is copied.
+    pub fn duplicate(&self, room: u64) -> io::Result<GuestMemory> {
+        let written = self.own_written_ranges()?;
+        if crate::layout::pages_in(&written) * PAGE_SIZE > room {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "the copy does not fit the memory left",
+            ));
+        }
+        let copy = match (&self.fd, &self.source) {
+            (Some(_), _) => GuestMemory::new(self.size)?,
+            (None, Some(source)) => GuestMemory::private_mapping_of(source, self.size)?,
             (None, None) => {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
@@ -699,30 +683,8 @@ impl GuestMemory {
     /// sees a file page, not a copy. Nothing in the VMM writes guest memory there (it is not
     /// user memory, and the tables `arch::install` writes are elsewhere).
     pub fn show_shared_page(&self, addr: u64, page: &SharedPage) -> io::Result<()> {
-        let off = self
-            .check(addr, crate::layout::PAGE_SIZE)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        if !addr.is_multiple_of(crate::layout::PAGE_SIZE) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a shared page at {addr:#x} is not page-aligned"),
-            ));
-        }
-        // SAFETY: replaces one page inside this value's own mapping (bounds-checked above); the
-        // whole mapping, this page included, is unmapped in Drop.
-        let at = unsafe {
-            libc::mmap(
-                self.host.add(off) as *mut c_void,
-                crate::layout::PAGE_SIZE as usize,
-                libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                page.fd.as_raw_fd(),
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let (prot, flags) = (libc::PROT_READ, libc::MAP_SHARED);
+        self.map_over(addr, PAGE_SIZE, prot, flags, page.fd.as_raw_fd(), 0)?;
         self.shown_pages.borrow_mut().push(addr);
         Ok(())
     }
@@ -742,7 +704,7 @@ impl GuestMemory {
         memory: &Arc<SharedMemory>,
         offset: u64,
     ) -> io::Result<()> {
-        let off = self.check_pages(addr, len)?;
+        self.check_pages(addr, len)?;
         let file_end = offset
             .checked_add(len)
             .filter(|end| end.is_multiple_of(PAGE_SIZE))
@@ -750,21 +712,15 @@ impl GuestMemory {
         self.unshare(addr, len)?;
         // Past the end of its file a mapping would fault on the host: the file covers it.
         memory.grow(file_end)?;
-        // SAFETY: replaces pages inside this value's own mapping (bounds-checked above) with
-        // the memfd's, which covers `[offset, offset+len)`; the whole mapping is unmapped in Drop.
-        let at = unsafe {
-            libc::mmap(
-                self.host.add(off) as *mut c_void,
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                memory.fd.as_raw_fd(),
-                offset.cast_signed(),
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        self.map_over(
+            addr,
+            len,
+            prot,
+            libc::MAP_SHARED,
+            memory.fd.as_raw_fd(),
+            offset,
+        )?;
         self.shared.borrow_mut().insert(
             addr,
             SharedRange {
@@ -894,11 +850,15 @@ impl GuestMemory {
     /// The bytes of host memory this memory holds of its own: a fork's copied pages, or the
     /// pages its memfd holds.
     pub fn resident_bytes(&self) -> io::Result<u64> {
-        let ranges = match self.copied_own_ranges()? {
-            Some(copied) => copied,
-            None => self.data_extents()?,
-        };
-        Ok(ranges.iter().map(|(start, end)| end - start).sum())
+        Ok(crate::layout::pages_in(&self.own_written_ranges()?) * PAGE_SIZE)
+    }
+
+    /// The ranges that hold pages of this memory's own: a fork's copies, or its memfd's data.
+    fn own_written_ranges(&self) -> io::Result<Vec<(u64, u64)>> {
+        match self.copied_own_ranges()? {
+            Some(copied) => Ok(copied),
+            None => self.data_extents(),
+        }
     }
 
     /// Maps this memory's own backing over `[start, end)` again.
@@ -908,17 +868,32 @@ impl GuestMemory {
             (None, Some(source)) => (source.as_raw_fd(), libc::MAP_PRIVATE | libc::MAP_NORESERVE),
             (None, None) => return Err(io::Error::other("memory without a backing to restore")),
         };
-        let off = self.check_pages(start, end - start)?;
-        // SAFETY: replaces pages inside this value's own mapping (bounds-checked above) with the
-        // backing it was created with, at the same offset.
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        self.map_over(start, end - start, prot, flags, fd, start)
+    }
+
+    /// Maps `len` bytes of `fd` from `offset` over `[addr, addr+len)` of this memory (page-aligned,
+    /// checked), in place of what the range showed.
+    fn map_over(
+        &self,
+        addr: u64,
+        len: u64,
+        prot: i32,
+        flags: i32,
+        fd: std::os::fd::RawFd,
+        offset: u64,
+    ) -> io::Result<()> {
+        let off = self.check_pages(addr, len)?;
+        // SAFETY: replaces pages inside this value's own mapping (bounds-checked just above) with
+        // `fd`'s; the whole mapping, these pages included, is unmapped in Drop.
         let at = unsafe {
             libc::mmap(
                 self.host.add(off) as *mut c_void,
-                (end - start) as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
+                len as usize,
+                prot,
                 flags | libc::MAP_FIXED,
                 fd,
-                start.cast_signed(),
+                offset.cast_signed(),
             )
         };
         if at == libc::MAP_FAILED {
@@ -1476,7 +1451,7 @@ mod tests {
             0,
             "a fresh shared range reads zeros"
         );
-        let child = parent.duplicate().unwrap();
+        let child = parent.duplicate(u64::MAX).unwrap();
         child.write_u64(0x2000, 42).unwrap();
         assert_eq!(
             parent.read_u64(0x2000).unwrap(),
@@ -1514,6 +1489,16 @@ mod tests {
         let fork = GuestMemory::fork_of(&template).unwrap();
         fork.fill(0x10000, 0x8000, 1).unwrap();
         assert_eq!(fork.resident_bytes().unwrap(), 0x8000);
+        let too_little = fork.duplicate(0x7000).err().map(|e| e.kind());
+        assert_eq!(
+            too_little,
+            Some(io::ErrorKind::OutOfMemory),
+            "a copy past its room"
+        );
+        assert_eq!(
+            fork.duplicate(0x8000).unwrap().read_u64(0x10000).unwrap(),
+            0x0101010101010101
+        );
         fork.release_range(0x10000, 0x4000).unwrap();
         assert_eq!(fork.resident_bytes().unwrap(), 0x4000);
         assert_eq!(

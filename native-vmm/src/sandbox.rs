@@ -143,8 +143,8 @@ impl<'a> Tree<'a> {
                     };
                     let mem = self.members[index].mem.unwrap_or(root_mem);
                     let forked = self
-                        .check_room_for_copy(mem, root_mem, process.config.mem_limit)
-                        .and_then(|()| self.fork(cpu, mem, process, &request));
+                        .memory_left(root_mem, process.config.mem_limit)
+                        .and_then(|room| self.fork(cpu, mem, room, process, &request));
                     self.members[index].cpu = own;
                     match forked {
                         Ok(child) => {
@@ -305,36 +305,29 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// The memory limit is the tree's: a copy of `mem` (the forking process's) must fit beside
-    /// the host memory every live process holds of its own (`root_mem` is the first process's
-    /// until an execve replaces it). ENOMEM otherwise, as fork answers on Linux.
-    fn check_room_for_copy(
-        &self,
-        mem: &GuestMemory,
-        root_mem: &GuestMemory,
-        limit: u64,
-    ) -> Result<(), Errno> {
-        let mut total = mem.resident_bytes().map_err(|_| Errno::ENOMEM)?;
+    /// The memory limit is the tree's: what it leaves beside the host memory every live process
+    /// holds of its own (`root_mem` is the first process's until an execve replaces it).
+    fn memory_left(&self, root_mem: &GuestMemory, limit: u64) -> Result<u64, Errno> {
+        let mut held = 0u64;
         for member in self
             .members
             .iter()
             .filter(|m| !matches!(m.state, State::Ended))
         {
-            let held = member.mem.unwrap_or(root_mem).resident_bytes();
-            total = total.saturating_add(held.map_err(|_| Errno::ENOMEM)?);
+            let bytes = member.mem.unwrap_or(root_mem).resident_bytes();
+            held = held.saturating_add(bytes.map_err(|_| Errno::ENOMEM)?);
         }
-        if total > limit {
-            return Err(Errno::ENOMEM);
-        }
-        Ok(())
+        Ok(limit.saturating_sub(held))
     }
 
-    /// Makes a child of the current process: a copy of its memory in a new VM, a vCPU in its
-    /// state (the call returning 0 there), and its own part of the process state.
+    /// Makes a child of the current process: a copy of its memory in a new VM (ENOMEM when the
+    /// copy does not fit in `room`, as fork answers on Linux), a vCPU in its state (the call
+    /// returning 0 there), and its own part of the process state.
     fn fork(
         &mut self,
         cpu: &mut dyn GuestCpu,
         mem: &GuestMemory,
+        room: u64,
         process: &mut GuestProcess,
         request: &ForkRequest,
     ) -> Result<u64, Errno> {
@@ -352,7 +345,9 @@ impl<'a> Tree<'a> {
             if let Some(tls) = request.tls {
                 state.fs_base = tls;
             }
-            let child_mem = self.arena.keep(mem.duplicate().map_err(|_| Errno::ENOMEM)?);
+            let child_mem = self
+                .arena
+                .keep(mem.duplicate(room).map_err(|_| Errno::ENOMEM)?);
             let mut child_cpu = cpu
                 .fork_onto(child_mem, &state)
                 .map_err(|e| match e.kind() {

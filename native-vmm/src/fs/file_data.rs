@@ -96,9 +96,3 @@ impl Clone for FileData {
         FileData::Bytes(self.bytes().to_vec())
     }
 }
-
-impl PartialEq<[u8]> for FileData {
-    fn eq(&self, other: &[u8]) -> bool {
-        self.bytes() == other
-    }
-}

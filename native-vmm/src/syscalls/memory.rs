@@ -95,11 +95,7 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
             Source::Copy(node, offset)
         }
     } else if shared {
-        let size = crate::layout::page_align_up(len);
-        if size > proc.config.mem_limit {
-            return Err(Errno::ENOMEM);
-        }
-        Source::Shared(SharedMemory::anonymous(size).map_err(|_| Errno::ENOMEM)?, 0)
+        Source::AnonymousShared
     } else {
         Source::Zero
     };
@@ -128,11 +124,16 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
             let n = (data.len() - from).min(len as usize);
             user.write(start, &data[from..from + n])?;
         }
-        Source::Shared(memory, offset) => {
-            let size = crate::layout::page_align_up(len);
-            if user.guest().share(start, size, &memory, offset).is_err() {
-                let _ = proc.memory.unmap(start, len);
-                return Err(Errno::ENOMEM);
+        Source::Shared(memory, offset) => share_or_unmap(proc, user, start, len, &memory, offset)?,
+        // Made once the map found room: never larger than the memory limit.
+        Source::AnonymousShared => {
+            let memory = SharedMemory::anonymous(crate::layout::page_align_up(len));
+            match memory {
+                Ok(memory) => share_or_unmap(proc, user, start, len, &memory, 0)?,
+                Err(_) => {
+                    let _ = proc.memory.unmap(start, len);
+                    return Err(Errno::ENOMEM);
+                }
             }
         }
     }
@@ -147,6 +148,26 @@ enum Source {
     Copy(crate::fs::Node, u64),
     /// Shared memory from an offset.
     Shared(std::sync::Arc<SharedMemory>, u64),
+    /// Fresh shared memory (anonymous MAP_SHARED).
+    AnonymousShared,
+}
+
+/// Shows `memory` from `offset` at the new mapping `[start, start+len)`; ENOMEM, with the mapping
+/// undone, when the host cannot.
+fn share_or_unmap(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    start: u64,
+    len: u64,
+    memory: &std::sync::Arc<SharedMemory>,
+    offset: u64,
+) -> Result<(), Errno> {
+    let size = crate::layout::page_align_up(len);
+    if user.guest().share(start, size, memory, offset).is_err() {
+        let _ = proc.memory.unmap(start, len);
+        return Err(Errno::ENOMEM);
+    }
+    Ok(())
 }
 
 /// Gives `[addr, addr+len)` its own memory back where it shows shared memory.

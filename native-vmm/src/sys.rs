@@ -17,11 +17,21 @@ use std::time::Duration;
 
 pub use libc::{sock_filter as SockFilter, SIGINT, SIGTERM};
 
-fn check(ret: c_int) -> io::Result<c_int> {
+/// A libc call's int result: the host errno when it is negative.
+pub(crate) fn check(ret: c_int) -> io::Result<c_int> {
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {
         Ok(ret)
+    }
+}
+
+/// A libc call's length result (read, recv, ...): the host errno when it is negative.
+pub(crate) fn check_len(ret: isize) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
     }
 }
 
@@ -379,19 +389,14 @@ pub fn preadv(fd: c_int, slices: &mut [std::io::IoSliceMut<'_>], offset: u64) ->
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many slices"))?;
     // SAFETY: IoSliceMut is ABI-compatible with struct iovec on Unix (std documents it); every
     // slice is a live, exclusively borrowed buffer for the duration of the call.
-    let read = unsafe {
+    check_len(unsafe {
         libc::preadv(
             fd,
             slices.as_mut_ptr() as *const libc::iovec,
             count,
             offset as libc::off_t,
         )
-    };
-    if read < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(read as usize)
-    }
+    })
 }
 
 /// mallopt(M_ARENA_MAX, arenas): glibc's default limit (8 per core) set explicitly, so that

@@ -12,6 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use crate::sys::{check, check_len};
+
 /// A TCP or UDP socket of the host.
 #[derive(Debug)]
 pub struct HostSocket {
@@ -19,26 +21,19 @@ pub struct HostSocket {
     stream: bool,
 }
 
-fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
-fn check_len(ret: isize) -> io::Result<usize> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret as usize)
-    }
+/// An all-zero `sockaddr_storage` and its full length, for a call to fill in.
+fn empty_storage() -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all zeros is a valid value.
+    let storage = unsafe { MaybeUninit::zeroed().assume_init() };
+    (
+        storage,
+        size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+    )
 }
 
 /// `addr` as a `sockaddr_storage` and its length.
 fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain data; all zeros is a valid value.
-    let mut storage: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
+    let (mut storage, _) = empty_storage();
     let len = match addr {
         SocketAddr::V4(a) => {
             let sin = libc::sockaddr_in {
@@ -165,9 +160,7 @@ impl HostSocket {
         if peek {
             flags |= libc::MSG_PEEK;
         }
-        // SAFETY: sockaddr_storage is plain data; all zeros is a valid value.
-        let mut storage: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
-        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let (mut storage, mut len) = empty_storage();
         // SAFETY: buf and storage are valid and writable for the lengths given.
         let n = check_len(unsafe {
             libc::recvfrom(
@@ -226,9 +219,7 @@ impl HostSocket {
     }
 
     fn name(&self, peer: bool) -> io::Result<SocketAddr> {
-        // SAFETY: sockaddr_storage is plain data; all zeros is a valid value.
-        let mut storage: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
-        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let (mut storage, mut len) = empty_storage();
         let at = std::ptr::addr_of_mut!(storage).cast();
         // SAFETY: storage and len are valid and writable for the call.
         check(unsafe {
@@ -262,10 +253,29 @@ pub fn wait_any(interest: &[(RawFd, i16)], timeout: Duration) -> io::Result<bool
         })
         .collect();
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: fds is a valid array of its length for the call.
+    Ok(poll(&mut fds, ms)? > 0)
+}
+
+/// The poll events of `fd` now, among `events` (plus errors and hang-ups), without waiting.
+pub fn ready_now(fd: RawFd, events: i16) -> i16 {
+    let mut fds = [libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }];
+    match poll(&mut fds, 0) {
+        Ok(1) => fds[0].revents,
+        _ => 0,
+    }
+}
+
+/// poll(2) of `fds` for at most `ms` milliseconds: how many have events (none when a signal
+/// interrupted the wait).
+fn poll(fds: &mut [libc::pollfd], ms: i32) -> io::Result<usize> {
+    // SAFETY: fds is a valid, exclusively borrowed array of its length for the call.
     match check(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) }) {
-        Ok(n) => Ok(n > 0),
-        Err(e) if e.raw_os_error() == Some(libc::EINTR) => Ok(false),
+        Ok(n) => Ok(n as usize),
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => Ok(0),
         Err(e) => Err(e),
     }
 }
@@ -307,8 +317,7 @@ unsafe fn read_sockaddr(addr: *const libc::sockaddr) -> Option<libc::sockaddr_st
         libc::AF_INET6 => size_of::<libc::sockaddr_in6>(),
         _ => return None,
     };
-    // SAFETY: sockaddr_storage is plain data; all zeros is a valid value.
-    let mut storage: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
+    let (mut storage, _) = empty_storage();
     // SAFETY: `size` bytes are readable at addr (its family's struct) and fit in storage.
     unsafe {
         std::ptr::copy_nonoverlapping(
@@ -318,18 +327,4 @@ unsafe fn read_sockaddr(addr: *const libc::sockaddr) -> Option<libc::sockaddr_st
         );
     }
     Some(storage)
-}
-
-/// The poll events of `fd` now, among `events` (plus errors and hang-ups), without waiting.
-pub fn ready_now(fd: RawFd, events: i16) -> i16 {
-    let mut pollfd = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: pollfd is one valid entry for the call; a zero timeout never waits.
-    match unsafe { libc::poll(&mut pollfd, 1, 0) } {
-        1 => pollfd.revents,
-        _ => 0,
-    }
 }

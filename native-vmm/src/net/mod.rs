@@ -49,9 +49,15 @@ pub fn configure(config: HostConfig) {
     let _ = HOST.set(config);
 }
 
-/// The configuration `configure` set, or none (no upstream resolver, no own addresses known).
+/// The configuration `configure` set, or none (no upstream resolver, no own addresses known)
+/// until it is set: reading it never fixes it, so a run before `configure` does not keep a
+/// later `configure` from taking effect.
 pub fn host_config() -> &'static HostConfig {
-    HOST.get_or_init(HostConfig::default)
+    static UNSET: HostConfig = HostConfig {
+        upstream: None,
+        own_addresses: Vec::new(),
+    };
+    HOST.get().unwrap_or(&UNSET)
 }
 
 /// The first `nameserver` of a resolv.conf's text.
@@ -228,5 +234,22 @@ impl InetSocket {
     /// A TCP connection is open on the host (counted against `Limits::connections`).
     pub fn is_connection(&self) -> bool {
         self.stream && self.host.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_before_configure_does_not_keep_it_from_taking_effect() {
+        assert_eq!(host_config().upstream, None);
+        // Loopback: nothing in these tests asks the resolver, and a packet would stay local.
+        let upstream: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        configure(HostConfig {
+            upstream: Some(upstream),
+            own_addresses: Vec::new(),
+        });
+        assert_eq!(host_config().upstream, Some(upstream));
     }
 }

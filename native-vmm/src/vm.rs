@@ -141,17 +141,16 @@ pub struct RunOutcome {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub stats: RunStats,
-    /// What the agent passed with PUBLISH_RESULT (`crate::agent`), when it did.
+    /// What the agent passed with PUBLISH_RESULT (`crate::agent`), when it did. Agent runs
+    /// only (`ReadyGuest::serve`), as is `files`.
     pub result: Option<crate::agent::CellResult>,
     /// The files under /work/out when the run ended (`agent::output_files`); None: no such folder.
     pub files: Option<Vec<crate::agent::OutputFile>>,
 }
 
 impl RunOutcome {
-    /// How `process` ended (`end`): its output, result and files taken out of it.
+    /// How `process` ended (`end`): its output taken out of it.
     fn of(end: LoopEnd, process: &mut GuestProcess, stats: RunStats) -> RunOutcome {
-        let files = crate::agent::output_files(&process.config.vfs);
-        let result = process.published_result.take();
         let output = std::mem::replace(&mut process.output, crate::process::Output::new(0));
         let (stdout, stderr) = output.into_parts();
         RunOutcome {
@@ -159,8 +158,18 @@ impl RunOutcome {
             stdout,
             stderr,
             stats,
-            result,
-            files,
+            result: None,
+            files: None,
+        }
+    }
+
+    /// `of` for an agent's run, which answers a request: also the result the agent published
+    /// and the files it left under /work/out.
+    fn of_agent(end: LoopEnd, process: &mut GuestProcess, stats: RunStats) -> RunOutcome {
+        RunOutcome {
+            result: process.published_result.take(),
+            files: crate::agent::output_files(&process.config.vfs),
+            ..RunOutcome::of(end, process, stats)
         }
     }
 }
@@ -430,7 +439,10 @@ impl<'m> ReadyGuest<'m> {
             request,
             timeout,
         )?;
-        Ok((RunOutcome::of(end, &mut self.process, stats), self.cpu))
+        Ok((
+            RunOutcome::of_agent(end, &mut self.process, stats),
+            self.cpu,
+        ))
     }
 }
 

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC, MAX_RESULT_BYTES};
+use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC};
 use crate::cpu::InvalidUserState;
 use crate::daemon::executor::{Execution, ExecutionLimits, SharedRestoreFactory, Usage, VmOrigin};
 use crate::daemon::templates::Template as DaemonTemplate;
@@ -652,18 +652,13 @@ fn read_cell_result(mem: &GuestMemory, call: [u64; 6]) -> CellResult {
         }),
         results: Vec::new(),
     };
-    if call[4] != CELL_RESULT_MAGIC || call[3] > MAX_RESULT_BYTES {
+    if call[4] != CELL_RESULT_MAGIC {
         return unreadable("the agent passed no cell result");
     }
     // Read as a system call reads the program's memory: user memory only.
-    match crate::syscalls::UserMemory::new(mem)
-        .read_vec(call[2], call[3])
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<CellResult>(&bytes).ok())
-    {
-        Some(result) => result,
-        None => unreadable("the agent's cell result is unreadable"),
-    }
+    let user = crate::syscalls::UserMemory::new(mem);
+    crate::syscalls::agent::read_result(&user, call[2], call[3])
+        .unwrap_or_else(|_| unreadable("the agent's cell result is unreadable"))
 }
 
 /// Where a session stands, under its lock.

@@ -48,18 +48,22 @@ pub fn await_request(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     value(needed)
 }
 
-/// Keeps the result a script's agent passes (a `CellResult` as JSON) for the execution's
-/// answer, replacing an earlier one: E2BIG above `MAX_RESULT_BYTES`, EFAULT for a bad buffer,
-/// EINVAL for anything but such JSON.
+/// Keeps the result a script's agent passes for the execution's answer, replacing an earlier
+/// one; fails as `read_result`.
 pub fn publish_result(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let (buf, buf_len) = (args[0], args[1]);
-    if buf_len > MAX_RESULT_BYTES {
+    proc.published_result = Some(read_result(user, args[0], args[1])?);
+    value(0)
+}
+
+/// The result (a `CellResult` as JSON) an agent passes in the `len` bytes at `buf`, a script's
+/// with PUBLISH_RESULT or a cell's with its next AWAIT_REQUEST: E2BIG above
+/// `MAX_RESULT_BYTES`, EFAULT for a bad buffer, EINVAL for anything but such JSON.
+pub(crate) fn read_result(user: &UserMemory, buf: u64, len: u64) -> Result<CellResult, Errno> {
+    if len > MAX_RESULT_BYTES {
         return Err(Errno::E2BIG);
     }
-    let bytes = user.read_vec(buf, buf_len)?;
-    let result: CellResult = serde_json::from_slice(&bytes).map_err(|_| Errno::EINVAL)?;
-    proc.published_result = Some(result);
-    value(0)
+    let bytes = user.read_vec(buf, len)?;
+    serde_json::from_slice(&bytes).map_err(|_| Errno::EINVAL)
 }
 
 /// Writes the script (the code at argv[0]) and the request's files under /work, creating

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::thread;
 
 use crate::kvm;
-use crate::process::DEFAULT_PROCESS_LIMIT;
+use crate::process::{DEFAULT_PROCESS_LIMIT, MAX_PROCESS_LIMIT};
 use crate::sys;
 use agent_executor::AgentExecutor;
 use executor::{ExecutionLimits, Executor};
@@ -61,12 +61,13 @@ pub const MAX_POOL_SIZE: u64 = 256;
 /// Connections served at once (each holds a thread while idle).
 pub const MAX_CONNECTIONS: usize = 1024;
 
-/// What a request gets when it does not ask (each clamped to the daemon's maxima).
+/// What a request gets when it does not ask (each clamped to the daemon's maxima: for
+/// processes, the maximum is the default).
 pub const DEFAULT_LIMITS: ExecutionLimits = ExecutionLimits {
     timeout_ms: 10_000,
     memory_mib: 256,
     output_bytes: 1 << 20,
-    processes: DEFAULT_PROCESS_LIMIT,
+    processes: MAX_PROCESS_LIMIT,
 };
 /// Maxima when `serve` is not told otherwise.
 pub const DEFAULT_MAXIMA: ExecutionLimits = ExecutionLimits {
@@ -240,14 +241,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
         max_queued_per_template: options.max_queue_per_template,
         max_queued_per_key: options.max_queue_per_key,
         max_connections: MAX_CONNECTIONS,
-        // The process limit a request gets by default is the daemon's maximum.
-        limits: LimitPolicy::new(
-            ExecutionLimits {
-                processes: options.max_limits.processes,
-                ..DEFAULT_LIMITS
-            },
-            options.max_limits,
-        ),
+        limits: LimitPolicy::new(DEFAULT_LIMITS, options.max_limits),
     };
     let mut server =
         Server::bind(&options.socket, Arc::new(executor), config).map_err(|error| {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::bench::{measure_native, Latency, ARGS, PROGRAM};
 use crate::daemon::bench::{latency, load_template};
 use crate::daemon::executor::ExecutionLimits;
-use crate::daemon::sessions::{Sessions, SessionsConfig, TakenCheckpoint};
+use crate::daemon::sessions::{CellRun, SessionError, Sessions, SessionsConfig, TakenCheckpoint};
 use crate::kvm;
 use crate::snapshot::sparse::PageCounts;
 
@@ -190,13 +190,15 @@ impl SessionReport {
     }
 }
 
-fn limits() -> ExecutionLimits {
-    ExecutionLimits {
+/// Runs `code` as the next cell of session `id`, with the bench's limits and no network.
+fn run_cell(sessions: &Sessions, id: &str, code: String) -> Result<CellRun, SessionError> {
+    let limits = ExecutionLimits {
         timeout_ms: 30_000,
         memory_mib: 256,
         output_bytes: 1 << 16,
         processes: crate::process::DEFAULT_PROCESS_LIMIT,
-    }
+    };
+    sessions.execute(id, code, Vec::new(), limits, Default::default())
 }
 
 /// Runs the benchmark on the template folder `dir` (image and snapshot), its checkpoints in
@@ -273,22 +275,14 @@ fn one_session(
     mib: u64,
     iterations: usize,
 ) -> Result<DirtyFigures, String> {
-    let fail = |e: crate::daemon::sessions::SessionError| e.message;
+    let fail = |e: SessionError| e.message;
     let id = format!("bench-{}-{mib}", cell.key());
     sessions.create(&id, template, None).map_err(fail)?;
     let (mut checkpoint, mut checkpoint_cpu, mut pause, mut resume) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut last, mut file_bytes, mut pause_file_bytes) = (None::<TakenCheckpoint>, 0, 0);
     for _ in 0..iterations {
-        sessions
-            .execute(
-                &id,
-                cell.code(mib),
-                Vec::new(),
-                limits(),
-                Default::default(),
-            )
-            .map_err(fail)?;
+        run_cell(sessions, &id, cell.code(mib)).map_err(fail)?;
         let started = Instant::now();
         let taken = sessions.checkpoint(&id, false).map_err(fail)?;
         checkpoint.push(started.elapsed());
@@ -298,15 +292,7 @@ fn one_session(
     }
     let pauses = iterations.min(50);
     for _ in 0..pauses {
-        sessions
-            .execute(
-                &id,
-                cell.code(mib),
-                Vec::new(),
-                limits(),
-                Default::default(),
-            )
-            .map_err(fail)?;
+        run_cell(sessions, &id, cell.code(mib)).map_err(fail)?;
         let started = Instant::now();
         pause_file_bytes += sessions
             .checkpoint(&id, true)
@@ -356,9 +342,7 @@ fn concurrent_checkpoints(
     let ids: Vec<String> = (0..CONCURRENCY).map(|i| format!("bench-c{i}")).collect();
     for id in &ids {
         sessions.create(id, template, None).map_err(|e| e.message)?;
-        sessions
-            .execute(id, cell.code(1), Vec::new(), limits(), Default::default())
-            .map_err(|e| e.message)?;
+        run_cell(sessions, id, cell.code(1)).map_err(|e| e.message)?;
         sessions.checkpoint(id, false).map_err(|e| e.message)?;
     }
     let barrier = Arc::new(Barrier::new(CONCURRENCY));
@@ -370,13 +354,7 @@ fn concurrent_checkpoints(
                 let (mut busy, mut bytes, mut cpu, mut failed) =
                     (Duration::ZERO, 0, Duration::ZERO, None);
                 for _ in 0..iterations {
-                    let ran = sessions.execute(
-                        &id,
-                        cell.code(1),
-                        Vec::new(),
-                        limits(),
-                        Default::default(),
-                    );
+                    let ran = run_cell(&sessions, &id, cell.code(1));
                     if together {
                         barrier.wait();
                     }

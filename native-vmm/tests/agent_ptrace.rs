@@ -564,3 +564,34 @@ Table()
         "what was shown before the exception is kept"
     );
 }
+
+/// A matplotlib Figure made without pyplot (so in no figure list) as the last value: its chart
+/// is the result. A stand-in `matplotlib.figure` module keeps the test to the agent's own code.
+#[test]
+fn a_figure_made_without_pyplot_is_a_chart_result() {
+    let code = r#"
+import sys, types
+module = types.ModuleType("matplotlib.figure")
+class Figure:
+    def savefig(self, buffer, format, **options):
+        buffer.write(b"chart as " + format.encode())
+module.Figure = Figure
+sys.modules["matplotlib.figure"] = module
+Figure()
+"#;
+    let outcome = execute(AgentRequest::new(code));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(text(&outcome.stderr), "");
+    let result = outcome.result.expect("the agent published a result");
+    let shown: Vec<(&str, &str)> = result
+        .results
+        .iter()
+        .map(|r| (r.mime.as_str(), r.data.as_str()))
+        .collect();
+    assert_eq!(shown, [("image/png", "Y2hhcnQgYXMgcG5n")]);
+}

@@ -182,7 +182,9 @@ class Display:
         figure_type = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
         if figure_type is not None and isinstance(value, figure_type):
             self.add_figure(value)
-            sys.modules["matplotlib.pyplot"].close(value)
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            if pyplot is not None:  # a Figure made without pyplot is in no figure list
+                pyplot.close(value)
             return True
         shown = False
         for method, mime in REPR_METHODS:

@@ -82,7 +82,7 @@ impl Executor for ScriptedExecutor {
             threads_created: 1,
             thread_switches: 4,
             network: Default::default(),
-            processes_created: 0,
+            processes_created: 2,
         };
         let (stdout, stderr) = match output.total() {
             0 => (
@@ -220,7 +220,7 @@ fn the_process_limit_is_checked_clamped_and_echoed() {
     assert_eq!(echoed(&defaulted), Value::from(64), "{defaulted}");
     assert_eq!(
         defaulted["usage"]["processes_created"],
-        Value::from(0),
+        Value::from(2),
         "{defaulted}"
     );
     for (id, bad) in [

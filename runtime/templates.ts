@@ -33,8 +33,9 @@ export interface TemplateSource {
   /** The template's name: the folder name under the templates directory. */
   name: string;
   /**
-   * The image manifest (e.g. templates/python/image.json); for a definition, where its
-   * composed manifest is written (under the templates directory's .sources/).
+   * The image manifest (e.g. templates/python/image.json); for a definition, the definition
+   * itself until `ensureTemplate` composes its manifest (under the templates directory's
+   * .sources/) and builds from that.
    */
   manifestPath: string;
   /** The template definition (e.g. templates/python-data/template.json), when it is one. */

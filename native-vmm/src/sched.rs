@@ -388,13 +388,13 @@ impl Scheduler {
             if let Some(until) = sleep_until {
                 let host = process.threads.host_interest();
                 if !host.is_empty() {
-                    let wake = [until, timer, Some(self.deadline)]
-                        .into_iter()
-                        .flatten()
-                        .fold(self.deadline, Instant::min);
                     if now >= self.deadline {
                         return Ok(Step::End(LoopEnd::Finished(self.timeout())));
                     }
+                    let wake = [until, timer]
+                        .into_iter()
+                        .flatten()
+                        .fold(self.deadline, Instant::min);
                     // In a tree, other processes get the host thread between short looks.
                     let wait = if process.tree.len() > 1 {
                         Duration::ZERO

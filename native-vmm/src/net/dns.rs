@@ -113,8 +113,8 @@ pub fn read_question(packet: &[u8]) -> Result<Question, BadQuery> {
     if (flags >> 11) & 0xF != 0 {
         return Err(BadQuery::Answer { id, rcode: NOTIMP });
     }
-    let counts = [4, 6, 8].map(|at| u16_at(packet, at).unwrap_or(0));
-    if u16_at(packet, 4) != Some(1) || counts[1] != 0 || counts[2] != 0 {
+    // One question, no answer or authority records.
+    if [4, 6, 8].map(|at| u16_at(packet, at)) != [Some(1), Some(0), Some(0)] {
         return Err(formerr);
     }
     // Questions carry no compression: labels only.

@@ -117,22 +117,22 @@ fn is_local(family: u16, addr: &[u8]) -> bool {
     }
 }
 
-/// Reads the sockaddr at `addr` (`len` bytes) for a socket of `family`. Err(ENETUNREACH) for
-/// an address of another host.
-fn read_address(
-    proc: &GuestProcess,
-    user: &UserMemory,
-    family: u16,
-    addr: u64,
-    len: u64,
-) -> Result<Address, Errno> {
+/// The sockaddr at `addr` (`len` bytes) as a program passed it.
+fn read_sockaddr(user: &UserMemory, addr: u64, len: u64) -> Result<Vec<u8>, Errno> {
     let len = len as u32 as usize;
     if len < 2 || len > 2 + UNIX_PATH_MAX.max(26) {
         return Err(Errno::EINVAL);
     }
-    let raw = user.read_vec(addr, len as u64)?;
-    let given = u16::from_le_bytes([raw[0], raw[1]]);
-    if given != family {
+    user.read_vec(addr, len as u64)
+}
+
+/// The address a sockaddr (`read_sockaddr`) names for a socket of `family`. Err(ENETUNREACH)
+/// for an address of another host.
+fn address_of(proc: &GuestProcess, family: u16, raw: &[u8]) -> Result<Address, Errno> {
+    let [a, b, ..] = *raw else {
+        return Err(Errno::EINVAL);
+    };
+    if u16::from_le_bytes([a, b]) != family {
         return Err(Errno::EAFNOSUPPORT);
     }
     match family {
@@ -161,14 +161,14 @@ fn read_address(
             };
             Ok(Address {
                 key: [b"u".as_slice(), &key].concat(),
-                name: raw,
+                name: raw.to_vec(),
                 port: None,
             })
         }
         _ => {
             let (port, host) = match family {
-                AF_INET if len >= 16 => (u16::from_be_bytes([raw[2], raw[3]]), &raw[4..8]),
-                AF_INET6 if len >= 24 => (u16::from_be_bytes([raw[2], raw[3]]), &raw[8..24]),
+                AF_INET if raw.len() >= 16 => (u16::from_be_bytes([raw[2], raw[3]]), &raw[4..8]),
+                AF_INET6 if raw.len() >= 24 => (u16::from_be_bytes([raw[2], raw[3]]), &raw[8..24]),
                 _ => return Err(Errno::EINVAL),
             };
             if !is_local(family, host) {
@@ -216,7 +216,8 @@ pub(crate) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
         return super::inet::bind(proc, user, args);
     }
     let (index, family) = endpoint(proc, args[0], Errno::EINVAL)?;
-    let address = read_address(proc, user, family, args[1], args[2]).map_err(|e| {
+    let raw = read_sockaddr(user, args[1], args[2])?;
+    let address = address_of(proc, family, &raw).map_err(|e| {
         if e == Errno::ENETUNREACH {
             Errno::EADDRNOTAVAIL
         } else {
@@ -287,9 +288,9 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return super::inet::connect(proc, user, args);
     }
     let (index, family) = endpoint(proc, args[0], Errno::EISCONN)?;
-    let address = match read_address(proc, user, family, args[1], args[2]) {
+    let raw = read_sockaddr(user, args[1], args[2])?;
+    let address = match address_of(proc, family, &raw) {
         Err(Errno::ENETUNREACH) => {
-            let raw = user.read_vec(args[1], u64::from(args[2] as u32))?;
             let dest = super::inet::parse_address(&raw, family)?;
             return super::inet::connect_out(proc, fd_arg(args[0]), family, dest);
         }

@@ -18,7 +18,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{fd_arg, value, wait_ready_on, write_truncated, SysResult, SyscallOutcome, UserMemory};
+use super::{
+    fd_arg, nonblocking_call, value, wait_ready_on, write_truncated, SysResult, SyscallOutcome,
+    UserMemory, MSG_PEEK,
+};
 use crate::errno::Errno;
 use crate::net::{dns, host, Connection, HostSocket, InetSocket, Lookup, RESOLVER};
 use crate::process::{GuestProcess, Object, O_NONBLOCK};
@@ -94,15 +97,10 @@ pub(super) fn parse_address(raw: &[u8], family: u16) -> Result<SocketAddr, Errno
 
 /// `addr` as the sockaddr a socket of `ipv6` reports it (IPv4 as IPv4-mapped on AF_INET6).
 pub(super) fn address_bytes(addr: SocketAddr, ipv6: bool) -> Vec<u8> {
-    let addr = match (addr, ipv6) {
-        (SocketAddr::V4(a), true) => {
-            SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
-        }
-        (SocketAddr::V6(a), false) => match a.ip().to_ipv4_mapped() {
-            Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, a.port())),
-            None => addr,
-        },
-        _ => addr,
+    let addr = if ipv6 {
+        for_host(addr, true)
+    } else {
+        canonical(addr)
     };
     let mut out = Vec::with_capacity(28);
     match addr {
@@ -163,7 +161,7 @@ pub(super) fn index_of(proc: &GuestProcess, fd: u64) -> Option<usize> {
     }
 }
 
-/// Opens a host socket for `dest`, checked first: EACCES when the policy refuses it.
+/// Whether the policy allows `dest` (a refusal is counted): EACCES when it does not.
 fn allowed(proc: &mut GuestProcess, dest: SocketAddr) -> Result<(), Errno> {
     if proc.net.check(&canonical(dest)) {
         Ok(())
@@ -241,17 +239,10 @@ pub(super) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
             Connection::None => Err(Errno(103)), // ECONNABORTED: its connect failed
             Connection::Connecting { waiting } => match finish_connect(proc, index)? {
                 Some(()) => value(0),
-                None if waiting => {
-                    let fd = host_fd(proc, index)?;
-                    wait_ready_on(proc, None, vec![(fd, POLLOUT)])
-                }
-                None if nonblocking => Err(EALREADY),
+                None if nonblocking && !waiting => Err(EALREADY),
                 None => {
-                    if let Connection::Connecting { waiting } =
-                        &mut proc.fds.inet_mut(index)?.connection
-                    {
-                        *waiting = true;
-                    }
+                    // A blocking connect waits from now on, and so does one retried after it.
+                    proc.fds.inet_mut(index)?.connection = Connection::Connecting { waiting: true };
                     let fd = host_fd(proc, index)?;
                     wait_ready_on(proc, None, vec![(fd, POLLOUT)])
                 }
@@ -396,9 +387,9 @@ fn collect_answers(proc: &mut GuestProcess, index: usize) -> Result<(), Errno> {
     let now = Instant::now();
     let lookups = std::mem::take(&mut proc.fds.inet_mut(index)?.lookups);
     let mut pending = Vec::new();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
     for lookup in lookups {
         let mut reply = None;
-        let mut buf = vec![0u8; MAX_DATAGRAM];
         while let Ok((n, _)) = lookup.upstream.recv(&mut buf, false) {
             let qtype = lookup.question.qtype;
             if let Some(answer) =
@@ -715,12 +706,6 @@ pub(super) fn host_interest(proc: &GuestProcess, fd: u64, events: u16) -> Vec<(i
     interest
 }
 
-/// The host socket behind Internet socket `index`, and the guest's family.
-fn with_host(proc: &GuestProcess, index: usize) -> Result<(Option<Arc<HostSocket>>, bool), Errno> {
-    let socket = proc.fds.inet(index)?;
-    Ok((socket.host.clone(), socket.ipv6))
-}
-
 /// getsockname of Internet socket `index`: its host socket's local address once it has one.
 pub(super) fn local_name(proc: &GuestProcess, index: usize) -> Result<Vec<u8>, Errno> {
     let socket = proc.fds.inet(index)?;
@@ -828,7 +813,7 @@ pub(super) fn option(
                 None => 0,
             },
         },
-        _ if HOST_OPTIONS.contains(&(level, name)) => match with_host(proc, index)?.0 {
+        _ if HOST_OPTIONS.contains(&(level, name)) => match &socket.host {
             Some(host) => host.int_option(level, name).map_err(|e| errno_of(&e))? as u32,
             None => 0,
         },
@@ -851,7 +836,7 @@ pub(super) fn set_option(
     if !HOST_OPTIONS.contains(&(level, name)) {
         return Err(ENOPROTOOPT);
     }
-    match with_host(proc, index)?.0 {
+    match &proc.fds.inet(index)?.host {
         Some(host) => host
             .set_int_option(level, name, value)
             .map_err(|e| errno_of(&e)),
@@ -861,10 +846,7 @@ pub(super) fn set_option(
 
 // ---- the socket calls on an Internet socket (sockets.rs hands them over) ----
 
-const MSG_PEEK: u64 = 0x2;
 const MSG_TRUNC: u64 = 0x20;
-const MSG_DONTWAIT: u64 = 0x40;
-const MSG_OOB: u64 = 0x1;
 
 /// The destination a sendto/sendmsg names (None: none given).
 fn destination(
@@ -886,20 +868,11 @@ fn destination(
     parse_address(&raw, family).map(Some)
 }
 
-/// Whether this call must not wait: the fd's O_NONBLOCK or MSG_DONTWAIT; MSG_OOB is
-/// EOPNOTSUPP (no urgent data is carried).
-fn call_nonblocking(flags: u64, fd_nonblocking: bool) -> Result<bool, Errno> {
-    if flags & MSG_OOB != 0 {
-        return Err(Errno::EOPNOTSUPP);
-    }
-    Ok(fd_nonblocking || flags & MSG_DONTWAIT != 0)
-}
-
 /// sendto(fd, buf, len, flags, dest_addr, addrlen)
 pub(super) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, buf, len, flags, dest, dest_len] = args;
     let (index, nonblocking) = inet_at(proc, fd_arg(fd))?;
-    let nonblocking = call_nonblocking(flags, nonblocking)?;
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
     let dest = destination(proc, user, index, dest, dest_len)?;
     let data = user.read_vec(buf, len.min(MAX_TRANSFER as u64))?;
     send(proc, index, &data, dest, nonblocking)
@@ -938,6 +911,30 @@ fn scatter(user: &UserMemory, iovecs: &[(u64, u64)], data: &[u8]) -> Result<(), 
     Ok(())
 }
 
+/// One receive from socket `index` written over `iovecs` in order (checked first: guest
+/// memory must take what arrives).
+fn receive_into(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    index: usize,
+    iovecs: &[(u64, u64)],
+    peek: bool,
+    nonblocking: bool,
+) -> Result<Receive, Errno> {
+    for &(base, len) in iovecs {
+        user.check(base, len.min(MAX_TRANSFER as u64))?;
+    }
+    let total = iovecs
+        .iter()
+        .map(|&(_, len)| len)
+        .fold(0u64, u64::saturating_add);
+    let received = receive(proc, index, total, peek, nonblocking)?;
+    if let Receive::Got(received) = &received {
+        scatter(user, iovecs, &received.data)?;
+    }
+    Ok(received)
+}
+
 /// read(2) and readv(2) of an Internet socket: a receive with no flags into `iovecs`.
 pub(super) fn read(
     proc: &mut GuestProcess,
@@ -946,19 +943,9 @@ pub(super) fn read(
     iovecs: &[(u64, u64)],
     nonblocking: bool,
 ) -> SysResult {
-    for &(base, len) in iovecs {
-        user.check(base, len.min(MAX_TRANSFER as u64))?;
-    }
-    let total = iovecs
-        .iter()
-        .map(|&(_, len)| len)
-        .fold(0u64, u64::saturating_add);
-    match receive(proc, index, total, false, nonblocking)? {
+    match receive_into(proc, user, index, iovecs, false, nonblocking)? {
         Receive::Outcome(outcome) => Ok(outcome),
-        Receive::Got(received) => {
-            scatter(user, iovecs, &received.data)?;
-            value(received.data.len() as u64)
-        }
+        Receive::Got(received) => value(received.data.len() as u64),
     }
 }
 
@@ -967,7 +954,7 @@ pub(super) fn read(
 pub(super) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, buf, len, flags, src, src_len] = args;
     let (index, nonblocking) = inet_at(proc, fd_arg(fd))?;
-    let nonblocking = call_nonblocking(flags, nonblocking)?;
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
     user.check(buf, len.min(MAX_TRANSFER as u64))?;
     match receive(proc, index, len, flags & MSG_PEEK != 0, nonblocking)? {
         Receive::Outcome(outcome) => Ok(outcome),
@@ -1032,7 +1019,7 @@ pub(super) fn write(
 pub(super) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, msg, flags, ..] = args;
     let (index, nonblocking) = inet_at(proc, fd_arg(fd))?;
-    let nonblocking = call_nonblocking(flags, nonblocking)?;
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
     send_message(proc, user, index, msg, nonblocking)
 }
 
@@ -1057,7 +1044,7 @@ fn send_message(
 pub(super) fn sendmmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, msgvec, vlen, flags, ..] = args;
     let (index, nonblocking) = inet_at(proc, fd_arg(fd))?;
-    let nonblocking = call_nonblocking(flags, nonblocking)?;
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
     // struct mmsghdr: a msghdr (56 bytes) and the count sent (u32), padded to 64.
     const MMSGHDR: u64 = 64;
     let vlen = (vlen as u32).min(1024);
@@ -1082,20 +1069,13 @@ pub(super) fn sendmmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
 pub(super) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, msg, flags, ..] = args;
     let (index, nonblocking) = inet_at(proc, fd_arg(fd))?;
-    let nonblocking = call_nonblocking(flags, nonblocking)?;
+    let nonblocking = nonblocking_call(flags, nonblocking)?;
     let MessageHeader { name, iovecs, .. } = read_msghdr(user, msg)?;
-    for &(base, len) in &iovecs {
-        user.check(base, len.min(MAX_TRANSFER as u64))?;
-    }
-    let total = iovecs
-        .iter()
-        .map(|&(_, len)| len)
-        .fold(0u64, u64::saturating_add);
-    let received = match receive(proc, index, total, flags & MSG_PEEK != 0, nonblocking)? {
+    let peek = flags & MSG_PEEK != 0;
+    let received = match receive_into(proc, user, index, &iovecs, peek, nonblocking)? {
         Receive::Outcome(outcome) => return Ok(outcome),
         Receive::Got(received) => received,
     };
-    scatter(user, &iovecs, &received.data)?;
     if name != 0 {
         write_source(user, (name, msg + 8), &received)?;
     }

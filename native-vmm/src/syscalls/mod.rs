@@ -1,7 +1,8 @@
 //! The Linux system-call layer: one table (table.rs) mapping numbers to handlers, grouped by
-//! area: files (fds, paths, pipes, output), sockets (in-memory socketpairs), poll and epoll
-//! (readiness), eventfd, memory, ids (process identity), threads (clone, exit, thread ids, yield),
-//! futex, time, signals, and misc (system information, randomness, limits).
+//! area: files (fds, paths, pipes, output), sockets (in-memory socketpairs; Internet sockets
+//! whose traffic leaves the VM in inet.rs), poll and epoll (readiness), eventfd, memory, ids
+//! (process identity), threads (clone, exit, thread ids, yield), futex, time, signals, and misc
+//! (system information, randomness, limits).
 
 // The guest's registers are u64; each handler reinterprets them as the C types the Linux ABI
 // gives its arguments (int fds, signed offsets, flags) and its results as the signed return value.
@@ -85,6 +86,20 @@ pub(crate) fn fd_arg(fd: u64) -> u64 {
     } else {
         fd as u64
     }
+}
+
+/// send/recv flags that every socket reads.
+const MSG_OOB: u64 = 0x1;
+pub(crate) const MSG_PEEK: u64 = 0x2;
+const MSG_DONTWAIT: u64 = 0x40;
+
+/// Whether a send or receive must not wait: the fd's O_NONBLOCK or MSG_DONTWAIT; MSG_OOB is
+/// EOPNOTSUPP (no socket here carries urgent data); the other flags change nothing here.
+pub(crate) fn nonblocking_call(flags: u64, nonblocking_fd: bool) -> Result<bool, Errno> {
+    if flags & MSG_OOB != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(nonblocking_fd || flags & MSG_DONTWAIT != 0)
 }
 
 /// Writes an int-sized socket option or an address, truncated to the caller's buffer length

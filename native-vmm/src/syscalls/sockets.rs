@@ -11,7 +11,7 @@
 
 use super::addresses::{endpoint_name, write_truncated, AF_INET, AF_INET6};
 use super::files::{fd_arg, read_channel, transfer_each, write_channel};
-use super::{inet, value, SysResult, UserMemory};
+use super::{inet, nonblocking_call, value, SysResult, UserMemory, MSG_PEEK};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object, PipeError, O_NONBLOCK, PIPE_CAPACITY};
 
@@ -20,10 +20,6 @@ const SOCK_STREAM: u64 = 1;
 const SOCK_TYPE_MASK: u64 = 0xf;
 const SOCK_NONBLOCK: u64 = 0o4000;
 const SOCK_CLOEXEC: u64 = 0o2000000;
-
-const MSG_OOB: u64 = 0x1;
-const MSG_PEEK: u64 = 0x2;
-const MSG_DONTWAIT: u64 = 0x40;
 
 const SOL_SOCKET: u64 = 1;
 const SO_REUSEADDR: u64 = 2;
@@ -117,15 +113,6 @@ pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     user.write_u32(sv, fd_a as u32)?;
     user.write_u32(sv + 4, fd_b as u32)?;
     value(0)
-}
-
-/// Flags of send/recv: MSG_DONTWAIT makes this call nonblocking; MSG_OOB is EOPNOTSUPP
-/// (stream sockets here have no urgent data); the others change nothing here.
-fn nonblocking_call(flags: u64, nonblocking_fd: bool) -> Result<bool, Errno> {
-    if flags & MSG_OOB != 0 {
-        return Err(Errno::EOPNOTSUPP);
-    }
-    Ok(nonblocking_fd || flags & MSG_DONTWAIT != 0)
 }
 
 /// sendto(fd, buf, len, flags, dest_addr, addrlen): a destination on a connected pair is EISCONN.

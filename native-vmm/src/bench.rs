@@ -1,6 +1,7 @@
 //! `sandfork-vmm bench run`: the latency of one short program (`/usr/bin/python3.11 -c pass`) run
 //! in a fresh guest, next to the same binary spawned natively on the host as the baseline.
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::io;
 use std::process::{Command, Stdio};
@@ -11,7 +12,7 @@ use serde::Serialize;
 
 use crate::fs::Image;
 use crate::status::RunStatus;
-use crate::vm::{self, CpuFactory, LaunchError, RunRequest};
+use crate::vm::{self, CpuFactory, LaunchError, RunOutcome, RunRequest};
 
 /// The measured command: the same binary in the guest and on the host, named by its path. Never
 /// a PATH lookup: on our machines `python3` on PATH is a pyenv shell shim, ten times slower to
@@ -85,6 +86,48 @@ impl std::fmt::Display for BenchError {
 
 impl std::error::Error for BenchError {}
 
+/// One guest run of a benchmark: `request` in a fresh guest, which must exit with code 0.
+pub fn launch_exited(
+    image: Arc<Image>,
+    request: &RunRequest,
+    make_cpu: &CpuFactory,
+) -> Result<RunOutcome, BenchError> {
+    let outcome = vm::launch(image, request, make_cpu).map_err(BenchError::Launch)?;
+    if outcome.status != (RunStatus::Exited { code: 0 }) {
+        return Err(BenchError::GuestFailed {
+            status: outcome.status,
+            stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
+        });
+    }
+    Ok(outcome)
+}
+
+/// One native baseline run that reports its own figures: `program args` spawned on the host,
+/// which must exit with code 0; its stdout.
+pub fn native_stdout(program: impl AsRef<OsStr>, args: &[String]) -> Result<Vec<u8>, BenchError> {
+    let native = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(BenchError::Native)?;
+    if !native.status.success() {
+        return Err(BenchError::Native(io::Error::other(format!(
+            "exited with {}: {}",
+            native.status,
+            String::from_utf8_lossy(&native.stderr)
+        ))));
+    }
+    Ok(native.stdout)
+}
+
+/// The median of `values` (the lower of the middle two of an even count; 0 for none).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values
+        .get(values.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
+}
+
 /// Times `iterations` calls of `run_once`, stopping at the first error.
 pub fn time_runs<E>(
     iterations: usize,
@@ -137,14 +180,7 @@ pub fn run(
     let request = RunRequest::new(PROGRAM, &args);
     let mut last_stats = None;
     let vm_samples = time_runs(iterations, || {
-        let outcome = vm::launch(image.clone(), &request, make_cpu).map_err(BenchError::Launch)?;
-        if outcome.status != (RunStatus::Exited { code: 0 }) {
-            return Err(BenchError::GuestFailed {
-                status: outcome.status,
-                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
-            });
-        }
-        last_stats = Some(outcome.stats);
+        last_stats = Some(launch_exited(image.clone(), &request, make_cpu)?.stats);
         Ok(())
     })?;
     let native_samples = measure_native(PROGRAM, &ARGS, iterations).map_err(BenchError::Native)?;

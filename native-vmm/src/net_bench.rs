@@ -14,11 +14,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::bench::{BenchError, PROGRAM};
+use crate::bench::{launch_exited, median, native_stdout, BenchError, PROGRAM};
 use crate::fs::Image;
 use crate::net::{Allowlist, Grant, Limits, Policy};
-use crate::status::RunStatus;
-use crate::vm::{self, CpuFactory, RunRequest};
+use crate::vm::{CpuFactory, RunRequest};
 
 pub const DEFAULT_CONNECTS: u64 = 200;
 pub const DEFAULT_MIB: u64 = 64;
@@ -198,23 +197,19 @@ fn figures(stdout: &[u8], mib: u64) -> Result<Figures, BenchError> {
             .filter(|s| *s > 0.0)
             .ok_or_else(|| bad(format!("no {key} in {value}")))
     };
-    let p50 = *connects
-        .get(connects.len().saturating_sub(1) / 2)
-        .ok_or_else(|| bad("no connect latencies".into()))?;
+    if connects.is_empty() {
+        return Err(bad("no connect latencies".into()));
+    }
     Ok(Figures {
-        connect_p50_us: p50,
+        connect_p50_us: median(connects),
         download_mib_s: mib as f64 / seconds("download_s")?,
         upload_mib_s: mib as f64 / seconds("upload_s")?,
     })
 }
 
 /// The median of each figure over the repetitions.
-fn median(runs: &[Figures]) -> Figures {
-    let pick = |f: fn(&Figures) -> f64| {
-        let mut values: Vec<f64> = runs.iter().map(f).collect();
-        values.sort_by(f64::total_cmp);
-        values[(values.len() - 1) / 2]
-    };
+fn medians(runs: &[Figures]) -> Figures {
+    let pick = |f: fn(&Figures) -> f64| median(runs.iter().map(f).collect());
     Figures {
         connect_p50_us: pick(|f| f.connect_p50_us),
         download_mib_s: pick(|f| f.download_mib_s),
@@ -297,33 +292,16 @@ pub fn run(
     };
     let (mut vm_runs, mut native_runs) = (Vec::new(), Vec::new());
     for _ in 0..repetitions {
-        let outcome = vm::launch(image.clone(), &request, make_cpu).map_err(BenchError::Launch)?;
-        if outcome.status != (RunStatus::Exited { code: 0 }) {
-            return Err(BenchError::GuestFailed {
-                status: outcome.status,
-                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
-            });
-        }
+        let outcome = launch_exited(image.clone(), &request, make_cpu)?;
         vm_runs.push(figures(&outcome.stdout, mib)?);
-        let native = Command::new(PROGRAM)
-            .args(&args)
-            .output()
-            .map_err(BenchError::Native)?;
-        if !native.status.success() {
-            return Err(BenchError::Native(io::Error::other(format!(
-                "exited with {}: {}",
-                native.status,
-                String::from_utf8_lossy(&native.stderr)
-            ))));
-        }
-        native_runs.push(figures(&native.stdout, mib)?);
+        native_runs.push(figures(&native_stdout(PROGRAM, &args)?, mib)?);
     }
     Ok(NetReport {
         connects,
         mib,
         repetitions,
-        vm: median(&vm_runs),
-        native: median(&native_runs),
+        vm: medians(&vm_runs),
+        native: medians(&native_runs),
     })
 }
 
@@ -409,6 +387,6 @@ mod tests {
             download_mib_s: 1.0,
             upload_mib_s: 1.0,
         };
-        assert_eq!(median(&[f, slow, f]), f);
+        assert_eq!(medians(&[f, slow, f]), f);
     }
 }

@@ -10,14 +10,12 @@
 //! - `multiprocessing.Pool(4).map` of 1,000 small tasks.
 
 use std::fmt::Write as _;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bench::{BenchError, PROGRAM};
+use crate::bench::{launch_exited, native_stdout, BenchError, PROGRAM};
 use crate::fs::Image;
-use crate::status::RunStatus;
-use crate::vm::{self, CpuFactory, RunRequest};
+use crate::vm::{CpuFactory, RunRequest};
 
 pub const DEFAULT_REPETITIONS: u64 = 20;
 
@@ -119,26 +117,9 @@ pub fn run(
     let mut request = RunRequest::new(PROGRAM, &args);
     request.timeout = Duration::from_secs(600);
     request.mem_bytes = 512 << 20;
-    let outcome = vm::launch(image, &request, make_cpu).map_err(BenchError::Launch)?;
-    if outcome.status != (RunStatus::Exited { code: 0 }) {
-        return Err(BenchError::GuestFailed {
-            status: outcome.status,
-            stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
-        });
-    }
+    let outcome = launch_exited(image, &request, make_cpu)?;
     let vm = medians(&outcome.stdout)?;
-    let native = Command::new(PROGRAM)
-        .args(&args)
-        .output()
-        .map_err(BenchError::Native)?;
-    if !native.status.success() {
-        return Err(BenchError::Native(std::io::Error::other(format!(
-            "exited with {}: {}",
-            native.status,
-            String::from_utf8_lossy(&native.stderr)
-        ))));
-    }
-    let native = medians(&native.stdout)?;
+    let native = medians(&native_stdout(PROGRAM, &args)?)?;
     Ok(ProcessesReport {
         repetitions,
         rows: NAMES
@@ -203,16 +184,9 @@ mod tests {
 
     #[test]
     fn the_workloads_run_natively_and_print_every_timing() {
-        let native = Command::new(PROGRAM)
-            .args(["-c", WORKLOADS, "2"])
-            .output()
-            .unwrap();
-        assert!(
-            native.status.success(),
-            "{}",
-            String::from_utf8_lossy(&native.stderr)
-        );
-        let map = medians(&native.stdout).unwrap();
+        let args = ["-c".to_owned(), WORKLOADS.to_owned(), "2".to_owned()];
+        let stdout = native_stdout(PROGRAM, &args).unwrap();
+        let map = medians(&stdout).unwrap();
         for name in NAMES {
             assert!(seconds(&map, name).is_some(), "{name}: {map:?}");
         }

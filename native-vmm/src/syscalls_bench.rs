@@ -7,16 +7,14 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bench::BenchError;
+use crate::bench::{launch_exited, median, native_stdout, BenchError};
 use crate::fs::Image;
 use crate::image::{self, Manifest};
-use crate::status::RunStatus;
-use crate::vm::{self, CpuFactory, RunRequest};
+use crate::vm::{CpuFactory, RunRequest};
 
 /// The static bench program.
 const PROGRAM_BYTES: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vdso_clock"));
@@ -75,14 +73,6 @@ fn parse(stdout: &[u8]) -> Result<PerCall, BenchError> {
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values
-        .get(values.len().saturating_sub(1) / 2)
-        .copied()
-        .unwrap_or(0.0)
-}
-
 pub fn run(
     calls: u64,
     repetitions: usize,
@@ -100,13 +90,7 @@ pub fn run(
     request.timeout = Duration::from_secs(600);
     let (mut vm_runs, mut native_runs, mut exits) = (Vec::new(), Vec::new(), 0);
     for _ in 0..repetitions {
-        let outcome = vm::launch(image.clone(), &request, make_cpu).map_err(BenchError::Launch)?;
-        if outcome.status != (RunStatus::Exited { code: 0 }) {
-            return Err(BenchError::GuestFailed {
-                status: outcome.status,
-                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
-            });
-        }
+        let outcome = launch_exited(image.clone(), &request, make_cpu)?;
         vm_runs.push(parse(&outcome.stdout)?);
         exits = outcome
             .stats
@@ -115,18 +99,7 @@ pub fn run(
             .filter(|c| c.nr == Some(CLOCK_GETTIME))
             .map(|c| c.count)
             .sum();
-        let native = Command::new(&program)
-            .args(&args)
-            .output()
-            .map_err(BenchError::Native)?;
-        if !native.status.success() {
-            return Err(BenchError::Native(std::io::Error::other(format!(
-                "exited with {}: {}",
-                native.status,
-                String::from_utf8_lossy(&native.stderr)
-            ))));
-        }
-        native_runs.push(parse(&native.stdout)?);
+        native_runs.push(parse(&native_stdout(&program, &args)?)?);
     }
     let summary = |runs: &[PerCall]| PerCall {
         syscall_ns: median(runs.iter().map(|r| r.syscall_ns).collect()),

@@ -4,16 +4,14 @@
 //! with the same binary spawned natively (`bench::PROGRAM`, never a PATH lookup).
 
 use std::fmt::Write as _;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::bench::{BenchError, Latency, PROGRAM};
+use crate::bench::{launch_exited, native_stdout, BenchError, Latency, PROGRAM};
 use crate::fs::Image;
-use crate::status::RunStatus;
-use crate::vm::{self, CpuFactory, RunRequest};
+use crate::vm::{CpuFactory, RunRequest};
 
 pub const DEFAULT_HANDOFFS: u64 = 10_000;
 pub const DEFAULT_REPETITIONS: usize = 5;
@@ -79,27 +77,10 @@ pub fn run(
     request.timeout = Duration::from_secs(600);
     let (mut vm_samples, mut native_samples, mut last) = (Vec::new(), Vec::new(), None);
     for _ in 0..repetitions {
-        let outcome = vm::launch(image.clone(), &request, make_cpu).map_err(BenchError::Launch)?;
-        if outcome.status != (RunStatus::Exited { code: 0 }) {
-            return Err(BenchError::GuestFailed {
-                status: outcome.status,
-                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
-            });
-        }
+        let outcome = launch_exited(image.clone(), &request, make_cpu)?;
         vm_samples.push(elapsed(&outcome.stdout)?);
         last = Some(outcome.stats);
-        let native = Command::new(PROGRAM)
-            .args(&args)
-            .output()
-            .map_err(BenchError::Native)?;
-        if !native.status.success() {
-            return Err(BenchError::Native(std::io::Error::other(format!(
-                "exited with {}: {}",
-                native.status,
-                String::from_utf8_lossy(&native.stderr)
-            ))));
-        }
-        native_samples.push(elapsed(&native.stdout)?);
+        native_samples.push(elapsed(&native_stdout(PROGRAM, &args)?)?);
     }
     let stats = last.ok_or(BenchError::NoIterations)?;
     Ok(ThreadsReport {
@@ -166,16 +147,9 @@ mod tests {
 
     #[test]
     fn the_native_ping_pong_runs_and_prints_its_time() {
-        let native = Command::new(PROGRAM)
-            .args(["-c", PING_PONG, "200"])
-            .output()
-            .unwrap();
-        assert!(
-            native.status.success(),
-            "{}",
-            String::from_utf8_lossy(&native.stderr)
-        );
-        let took = elapsed(&native.stdout).unwrap();
+        let args = ["-c".to_owned(), PING_PONG.to_owned(), "200".to_owned()];
+        let stdout = native_stdout(PROGRAM, &args).unwrap();
+        let took = elapsed(&stdout).unwrap();
         assert!(
             took > Duration::ZERO && took < Duration::from_secs(30),
             "{took:?}"

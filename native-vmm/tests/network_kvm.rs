@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use daemon_support::{scaled, scratch, snapshot_templates_dir, str_of, u64_of, wait_for, Client};
+use daemon_support::{scaled, scratch, snapshot_templates_dir, str_of, wait_for, Client};
 use network_support::TestNet;
 use serde_json::{json, Value};
 
@@ -235,7 +235,7 @@ fn egress_follows_the_policy() {
         2_000,
     );
     assert_eq!(str_of(&answer, "status"), "timeout", "{answer}");
-    assert_eq!(u64_of(&answer["usage"]["network"], "connections"), 1);
+    assert_eq!(network_usage(&answer, "connections"), 1);
 
     // A session keeps its connection from one cell to the next.
     let created = client.call(
@@ -267,6 +267,6 @@ fn egress_follows_the_policy() {
     );
     assert_eq!(str_of(&second, "status"), "ok", "{second}");
     assert_eq!(str_of(&second, "stdout"), "hello-from-netns\n");
-    assert_eq!(u64_of(&second["usage"]["network"], "connections"), 0);
-    assert!(u64_of(&second["usage"]["network"], "bytes_in") > 17);
+    assert_eq!(network_usage(&second, "connections"), 0);
+    assert!(network_usage(&second, "bytes_in") > 17);
 }

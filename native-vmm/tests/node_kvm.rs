@@ -752,9 +752,10 @@ cp.exec("exit 3", (error) => {
 /// the VMM's carried sockets and resolver; a host it does not name is refused.
 #[test]
 fn fetch_and_http_reach_an_allowed_host() {
-    let net = network_support::TestNet::new();
-    sandfork_vmm::net::configure(sandfork_vmm::net::HostConfig {
-        upstream: Some(format!("{}:53", net.host).parse().unwrap()),
+    use sandfork_vmm::net::{self, Allowlist, Grant, HostConfig, Limits, Policy};
+    let test_net = network_support::TestNet::new();
+    net::configure(HostConfig {
+        upstream: Some(format!("{}:53", test_net.host).parse().unwrap()),
         own_addresses: Vec::new(),
     });
     let code = format!(
@@ -768,16 +769,16 @@ fn fetch_and_http_reach_an_allowed_host() {
              res.on('data', (d) => process.stdout.write(d)); res.on('end', done); }}));\n\
            await fetch('http://{host}:8081/').catch((e) => console.log(e.cause.code));\n\
          }})();\n",
-        host = net.host
+        host = test_net.host
     );
-    let rules = vec!["web.test:8080".to_owned(), format!("{}/32:8080", net.host)];
+    let rules = vec![
+        "web.test:8080".to_owned(),
+        format!("{}/32:8080", test_net.host),
+    ];
     let outcome = run_in_vm("main.js", &code, |request, limits| {
-        request.network = sandfork_vmm::net::Grant {
-            policy: sandfork_vmm::net::Policy::new(vec![sandfork_vmm::net::Allowlist::parse(
-                &rules,
-            )
-            .unwrap()]),
-            limits: sandfork_vmm::net::Limits::default(),
+        request.network = Grant {
+            policy: Policy::new(vec![Allowlist::parse(&rules).unwrap()]),
+            limits: Limits::default(),
         };
         limits.timeout = scaled(Duration::from_secs(20));
     });

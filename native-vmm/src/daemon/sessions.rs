@@ -836,10 +836,10 @@ impl Sessions {
                 .load(to, "its node stopped before the session had a checkpoint")
                 .map_err(|e| internal("reading an adopted session", e))?;
             if let Some(session) = &session {
-                eprintln!(
-                    "sandfork-vmm: adopted session {id} from {}",
+                super::log(format_args!(
+                    "adopted session {id} from {}",
                     sibling.path().display()
-                );
+                ));
                 self.table().insert(id.to_owned(), session.clone());
             }
             return Ok(session);

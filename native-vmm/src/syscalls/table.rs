@@ -3,10 +3,10 @@
 //! Each row is (number, name, policy):
 //! * `Emulate(handler)`: answered by the VMM, with Linux's semantics within the sandbox's
 //!   limits (the handler's doc comment says where it differs).
-//! * `Refuse(errno)`: refused by design with a fixed errno the program can handle (sockets
-//!   exist only inside the VM, see addresses.rs and sockets.rs), no identity changes (EPERM: the guest is an unprivileged
-//!   user; ownership.rs for chown), no device or FIFO nodes (EPERM, as a file system that
-//!   cannot make them answers: tarfile then extracts a copy), no extended
+//! * `Refuse(errno)`: refused by design with a fixed errno the program can handle: no identity
+//!   changes (EPERM: the guest is an unprivileged user; ownership.rs for chown), no device or
+//!   FIFO nodes (EPERM, as a file system that cannot make them answers: tarfile then extracts a
+//!   copy), no extended
 //!   attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
 //!   CPU without them; V8 then protects nothing with them), rseq, which glibc probes and
 //!   tolerates missing, and io_uring (ENOSYS, as a kernel built without it answers: libuv, when

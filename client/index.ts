@@ -195,7 +195,7 @@ export class Sandfork {
       .templates;
   }
 
-  /** The run_code and list_templates tools, for a chat request's `tools`. */
+  /** The agent tools (run_code, list_templates, the session tools), for a chat request's `tools`. */
   tools(format: "openai"): Promise<OpenAITool[]>;
   tools(format: "anthropic"): Promise<AnthropicTool[]>;
   async tools(format: ToolFormat): Promise<OpenAITool[] | AnthropicTool[]> {

@@ -2,7 +2,8 @@
 // REAL supervised daemon serving the python template, shared by every test here.
 // - MCP: the official SDK client over Streamable HTTP (API key and execute-only token), refused
 //   without credentials; the stdio entry point (bin/sandfork-mcp.mjs) under the SDK's
-//   StdioClientTransport.
+//   StdioClientTransport; the session tools keeping a variable from one call to the next,
+//   through MCP and through POST /v1/tool-calls in both formats.
 // - Tool loops: the official `openai` and `@anthropic-ai/sdk` clients and the Vercel AI SDK,
 //   pointed at a fake model server in this file (the only test double: it answers with a
 //   run_code tool call, then checks that the tool's answer came back in the next request).
@@ -40,6 +41,7 @@ import {
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 const CREDITS = 100_000;
+const TOOLS = ["run_code", "list_templates", "open_session", "run_cell", "close_session"];
 const SIX_BY_SEVEN = { language: "python", code: "print(6*7)" };
 let dir: string;
 let runtime: StartedRuntime;
@@ -109,10 +111,7 @@ describe("MCP", () => {
     ).token;
     for (const credential of [key, token]) {
       const mcp = await connect(credential);
-      expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual([
-        "run_code",
-        "list_templates",
-      ]);
+      expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual(TOOLS);
       const result = await mcp.callTool({ name: "run_code", arguments: SIX_BY_SEVEN });
       expect(result.isError, JSON.stringify(result)).toBeFalsy();
       expect(result.structuredContent).toMatchObject({
@@ -144,6 +143,49 @@ describe("MCP", () => {
     await mcp.close();
   });
 
+  it("session tools: call 1 sets x = 41 in a session, call 2 gets 42 from x + 1 (separate MCP connections)", async () => {
+    const { key, accountId } = await sandfork();
+    // Each call on a connection of its own: the state is the session's, not the MCP connection's.
+    const callOnce = async (name: string, args: Record<string, unknown>) => {
+      const mcp = await connect(key);
+      await mcp.listTools(); // the client checks structuredContent against the output schemas listed
+      const result = await mcp.callTool({ name, arguments: args });
+      await mcp.close();
+      expect(result.isError, JSON.stringify(result)).toBeFalsy();
+      return result.structuredContent as Record<string, any>;
+    };
+    const opened = await callOnce("open_session", { language: "python" });
+    expect(opened).toMatchObject({ template: "python", state: "running" });
+    const session_id = opened.session_id as string;
+    const first = await callOnce("run_cell", { session_id, code: "x = 41" });
+    expect(first).toMatchObject({ value: null, error: null, status: "completed", exit_code: 0 });
+    const second = await callOnce("run_cell", { session_id, code: "print('adding')\nx + 1" });
+    expect(second).toMatchObject({
+      session_id,
+      value: "42",
+      error: null,
+      status: "completed",
+      stdout: "adding\n",
+      stderr: "",
+    });
+    const missing = await callOnce("run_cell", { session_id, code: "y" });
+    expect(missing).toMatchObject({ value: null, error: { name: "NameError" } });
+    expect(missing.stderr).toContain("NameError");
+    expect(await callOnce("close_session", { session_id })).toMatchObject({
+      session_id,
+      state: "deleted",
+    });
+    const session = await gw.call("GET", `/v1/sessions/${session_id}`, { credential: key });
+    expect(session.status).toBe(404);
+    const usage = (await (await gw.call("GET", "/v1/usage", { credential: key })).json()) as {
+      units: number;
+    };
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits: CREDITS - usage.units,
+      reservedUnits: 0,
+    });
+  });
+
   it("refuses a client without credentials", async () => {
     await expect(connect(undefined)).rejects.toThrow(/401/);
     await expect(connect("sfk_not_a_key")).rejects.toThrow(/401/);
@@ -159,10 +201,7 @@ describe("MCP", () => {
     });
     const mcp = new Client({ name: "sandfork-test-stdio", version: "1.0.0" });
     await mcp.connect(transport);
-    expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual([
-      "run_code",
-      "list_templates",
-    ]);
+    expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual(TOOLS);
     const result = await mcp.callTool({ name: "run_code", arguments: SIX_BY_SEVEN });
     expect(result.structuredContent).toMatchObject({ status: "completed", stdout: "42\n" });
     await mcp.close();
@@ -376,6 +415,42 @@ describe("tool loops with the LLM SDKs", () => {
     expect(result.steps[0]?.toolResults[0]?.output).toMatchObject({
       status: "completed",
       stdout: "42\n",
+    });
+  });
+});
+
+describe("session tools through POST /v1/tool-calls", () => {
+  it("OpenAI then Anthropic calls share a session: x = 41, then x + 1 is 42", async () => {
+    const { client } = await sandfork();
+    const openai = async (name: string, args: Record<string, unknown>) =>
+      JSON.parse(
+        (
+          await client.toolCall({
+            id: `call_${name}`,
+            type: "function",
+            function: { name, arguments: JSON.stringify(args) },
+          })
+        ).content,
+      ) as Record<string, any>;
+    const anthropic = async (name: string, input: Record<string, unknown>) => {
+      const block = await client.toolCall({ type: "tool_use", id: `toolu_${name}`, name, input });
+      expect(block.is_error, block.content).toBe(false);
+      return JSON.parse(block.content) as Record<string, any>;
+    };
+    const session_id = (await openai("open_session", { language: "python" })).session_id as string;
+    expect(await openai("run_cell", { session_id, code: "x = 41" })).toMatchObject({
+      value: null,
+      status: "completed",
+    });
+    expect(await anthropic("run_cell", { session_id, code: "x + 1" })).toMatchObject({
+      session_id,
+      value: "42",
+      error: null,
+      status: "completed",
+    });
+    expect(await anthropic("close_session", { session_id })).toMatchObject({ state: "deleted" });
+    expect(await openai("run_cell", { session_id, code: "x + 1" })).toMatchObject({
+      type: "https://sandfork.dev/problems/not-found",
     });
   });
 });

@@ -1,11 +1,13 @@
 // The agent tools, MCP and streamed executions with a TEST DOUBLE of the ExecutionRuntime
 // boundary (the real runs are in gateway/agents.kvm.test.ts): what the model is told when its
-// call is malformed, the tool formats, MCP's error results and auth, and the order of a
-// stream's events. Billing goes through the real database (PGlite).
+// call is malformed, the tool formats, the session tools keeping each session's state apart,
+// MCP's error results and auth, and the order of a stream's events. Billing goes through the
+// real database (PGlite).
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { Sandfork, SandforkError, type StreamEvent } from "sandfork";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { RuntimeRequestError } from "../runtime/errors.js";
 import type {
   ExecutionRequest,
   ExecutionResult,
@@ -13,11 +15,13 @@ import type {
   OutputChunk,
   Template,
 } from "../runtime/execution-runtime.js";
+import type { CellResult, SessionInfo, SessionRuntime } from "../runtime/session-runtime.js";
 import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 
 /** Test double: writes `chunks` through onOutput, then answers a completed run of their text. */
 class StreamingRuntimeTestDouble implements ExecutionRuntime {
   readonly requests: ExecutionRequest[] = [];
+  readonly sessions = new CellsTestDouble();
   chunks: OutputChunk[] = [{ stream: "stdout", data: "45\n" }];
   async execute(
     request: ExecutionRequest,
@@ -52,6 +56,93 @@ class StreamingRuntimeTestDouble implements ExecutionRuntime {
     ];
   }
 }
+
+/**
+ * Test double of the daemon's sessions: each session is a namespace of integers, and a cell is
+ * `NAME = INT` (a statement) or `NAME + INT` (an expression whose value is returned).
+ */
+class CellsTestDouble implements SessionRuntime {
+  readonly namespaces = new Map<string, Map<string, number>>();
+
+  private view(session: string): SessionInfo {
+    return {
+      session,
+      template: "python",
+      state: "running",
+      memoryMib: 256,
+      checkpoints: [],
+      checkpointBytes: 0,
+      ended: null,
+    };
+  }
+  private namespace(session: string): Map<string, number> {
+    const names = this.namespaces.get(session);
+    if (names === undefined) throw new RuntimeRequestError("not_found", `no session '${session}'`);
+    return names;
+  }
+  async create(session: string): Promise<SessionInfo> {
+    this.namespaces.set(session, new Map());
+    return this.view(session);
+  }
+  async execute(session: string, code: string): Promise<CellResult> {
+    const names = this.namespace(session);
+    const assignment = /^(\w+) = (\d+)$/.exec(code);
+    const sum = /^(\w+) \+ (\d+)$/.exec(code);
+    let value: string | null = null;
+    let error: CellResult["error"] = null;
+    if (assignment !== null) names.set(assignment[1] ?? "", Number(assignment[2]));
+    else if (sum !== null) {
+      const bound = names.get(sum[1] ?? "");
+      if (bound === undefined)
+        error = { name: "NameError", message: `name '${sum[1]}' is not defined` };
+      else value = String(bound + Number(sum[2]));
+    }
+    return {
+      execution: {
+        outcome: "completed",
+        exitCode: 0,
+        stdout: "",
+        stderr: error === null ? "" : `${error.name}: ${error.message}\n`,
+        truncated: false,
+        timings: { queueMs: 0, forkMs: 0, execMs: 1 },
+      },
+      value,
+      error,
+      state: "running",
+      resumed: false,
+    };
+  }
+  async delete(session: string): Promise<void> {
+    this.namespaces.delete(session);
+  }
+  async info(session: string): Promise<SessionInfo> {
+    this.namespace(session);
+    return this.view(session);
+  }
+  writeFile(): never {
+    throw new Error("not used");
+  }
+  readFile(): never {
+    throw new Error("not used");
+  }
+  deleteFile(): never {
+    throw new Error("not used");
+  }
+  checkpoint(): never {
+    throw new Error("not used");
+  }
+  pause(): never {
+    throw new Error("not used");
+  }
+  resume(): never {
+    throw new Error("not used");
+  }
+  fork(): never {
+    throw new Error("not used");
+  }
+}
+
+const TOOLS = ["run_code", "list_templates", "open_session", "run_cell", "close_session"];
 
 // Default price: 1 unit + 10 per second; fork 2 ms + exec 150 ms cost 3.
 const CHARGED = 3;
@@ -91,7 +182,7 @@ describe("GET /v1/tools", () => {
   it("gives run_code and list_templates in each API's format, with the JSON Schema of the arguments", async () => {
     const { sandfork } = await client();
     const openai = await sandfork.tools("openai");
-    expect(openai.map((t) => t.function.name)).toEqual(["run_code", "list_templates"]);
+    expect(openai.map((t) => t.function.name)).toEqual(TOOLS);
     expect(openai[0]?.function.parameters).toMatchObject({
       type: "object",
       required: ["language", "code"],
@@ -185,7 +276,7 @@ describe("POST /v1/tool-calls", () => {
     });
     expect(await problem(openai("rm_rf", "{}"))).toMatchObject({
       type: `${PROBLEMS}unknown-tool`,
-      tools: ["run_code", "list_templates"],
+      tools: TOOLS,
     });
 
     const anthropic = await sandfork.toolCall({
@@ -238,6 +329,123 @@ describe("POST /v1/tool-calls", () => {
   });
 });
 
+describe("the session tools", () => {
+  it("a second call sees the first call's variables, each session its own; close ends it; billed per cell", async () => {
+    const { sandfork, key, accountId } = await client();
+    let calls = 0;
+    const call = async (name: string, args: unknown) => {
+      const message = await sandfork.toolCall({
+        id: `call_${++calls}`,
+        type: "function",
+        function: { name, arguments: JSON.stringify(args) },
+      });
+      return JSON.parse(message.content) as Record<string, any>;
+    };
+    const opened = await call("open_session", { language: "python" });
+    expect(opened).toEqual({
+      session_id: expect.any(String),
+      template: "python",
+      state: "running",
+    });
+    const session_id = opened.session_id as string;
+    expect(await call("run_cell", { session_id, code: "x = 41" })).toMatchObject({
+      session_id,
+      value: null,
+      error: null,
+      status: "completed",
+    });
+    // Through the route itself: the cell's execution id is in the header.
+    const answer = await gw.call("POST", "/v1/tool-calls", {
+      credential: key,
+      body: {
+        type: "tool_use",
+        id: "toolu_cell",
+        name: "run_cell",
+        input: { session_id, code: "x + 1" },
+      },
+    });
+    const block = (await answer.json()) as { content: string; is_error: boolean };
+    expect(block.is_error).toBe(false);
+    const second = JSON.parse(block.content) as Record<string, any>;
+    expect(second).toMatchObject({
+      session_id,
+      value: "42",
+      error: null,
+      resumed: false,
+      status: "completed",
+      exit_code: 0,
+      usage: { units: gw.config.sessions.unitsPerCell },
+    });
+    expect(answer.headers.get("sandfork-execution-id")).toBe(second.execution_id);
+
+    // Another session does not see x.
+    const other = (await call("open_session", { language: "python" })).session_id as string;
+    expect(await call("run_cell", { session_id: other, code: "x + 1" })).toMatchObject({
+      value: null,
+      error: { name: "NameError" },
+      stderr: "NameError: name 'x' is not defined\n",
+    });
+
+    const closed = await call("close_session", { session_id });
+    expect(closed).toMatchObject({
+      session_id,
+      state: "deleted",
+      usage: { units: expect.any(Number) },
+    });
+    expect(runtime.sessions.namespaces.has(session_id)).toBe(false);
+    expect(await call("run_cell", { session_id, code: "x + 1" })).toMatchObject({
+      type: `${PROBLEMS}not-found`,
+    });
+    const otherClosed = await call("close_session", { session_id: other });
+    expect(otherClosed).toMatchObject({ state: "deleted" });
+    // Three cells, and each session's running time.
+    expect(await gw.books(accountId)).toMatchObject({
+      balanceUnits:
+        100 - 3 * gw.config.sessions.unitsPerCell - closed.usage.units - otherClosed.usage.units,
+      reservedUnits: 0,
+    });
+    expect(runtime.requests).toEqual([]);
+  });
+
+  it("tells the model what was wrong: a malformed session id, another key's session, an unknown language", async () => {
+    const { sandfork } = await client();
+    const stranger = await client();
+    const anthropic = async (name: string, input: unknown) => {
+      const result = await sandfork.toolCall({ type: "tool_use", id: "toolu_x", name, input });
+      expect(result.is_error, result.content).toBe(true);
+      return JSON.parse(result.content) as Record<string, unknown>;
+    };
+    expect(await anthropic("run_cell", { session_id: "s1", code: "1" })).toMatchObject({
+      type: `${PROBLEMS}invalid-tool-arguments`,
+      errors: [{ path: "session_id" }],
+    });
+    expect(await anthropic("run_cell", { session_id: crypto.randomUUID() })).toMatchObject({
+      type: `${PROBLEMS}invalid-tool-arguments`,
+      errors: [{ path: "code" }],
+    });
+    expect(await anthropic("open_session", { language: "cobol" })).toMatchObject({
+      type: `${PROBLEMS}unknown-template`,
+    });
+    const theirs = JSON.parse(
+      (
+        await stranger.sandfork.toolCall({
+          type: "tool_use",
+          id: "toolu_y",
+          name: "open_session",
+          input: { language: "python" },
+        })
+      ).content,
+    ) as { session_id: string };
+    expect(
+      await anthropic("run_cell", { session_id: theirs.session_id, code: "x = 1" }),
+    ).toMatchObject({ type: `${PROBLEMS}not-found`, status: 404 });
+    expect(await anthropic("close_session", { session_id: theirs.session_id })).toMatchObject({
+      type: `${PROBLEMS}not-found`,
+    });
+    expect(runtime.sessions.namespaces.get(theirs.session_id)?.size).toBe(0);
+  });
+});
+
 describe("/mcp", () => {
   async function mcpClient(key: string | undefined) {
     const headers: Record<string, string> =
@@ -275,7 +483,7 @@ describe("/mcp", () => {
     const { key, accountId } = await gw.issue({ credits: 100 });
     const mcp = await mcpClient(key);
     const { tools } = await mcp.listTools();
-    expect(tools.map((t) => t.name)).toEqual(["run_code", "list_templates"]);
+    expect(tools.map((t) => t.name)).toEqual(TOOLS);
     const ran = await mcp.callTool({
       name: "run_code",
       arguments: { language: "python", code: "print(45)" },
@@ -287,6 +495,16 @@ describe("/mcp", () => {
       usage: { units: CHARGED },
     });
     expect(await gw.books(accountId)).toMatchObject({ balanceUnits: 100 - CHARGED });
+
+    // The session tools' results match the output schemas the client checks them against.
+    const opened = await mcp.callTool({ name: "open_session", arguments: { language: "python" } });
+    const session_id = (opened.structuredContent as { session_id: string }).session_id;
+    await mcp.callTool({ name: "run_cell", arguments: { session_id, code: "y = 1" } });
+    const cell = await mcp.callTool({ name: "run_cell", arguments: { session_id, code: "y + 1" } });
+    expect(cell.isError, JSON.stringify(cell)).toBeFalsy();
+    expect(cell.structuredContent).toMatchObject({ session_id, value: "2", error: null });
+    const closed = await mcp.callTool({ name: "close_session", arguments: { session_id } });
+    expect(closed.structuredContent).toMatchObject({ session_id, state: "deleted" });
 
     const bad = await mcp.callTool({ name: "run_code", arguments: { language: "python" } });
     expect(bad.isError).toBe(true);

@@ -9,7 +9,7 @@ import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { ProblemError } from "../problems.js";
 import { REQUEST_LIMITS, refineText } from "../request-limits.js";
 import { ExecutionSchema, maxProcessesSchema } from "../schemas.js";
-import type { SessionService } from "../session-service.js";
+import type { CellOutcome, SessionService } from "../session-service.js";
 import { AUTHENTICATED, executionJson, problemResponses } from "./openapi-helpers.js";
 
 /** Largest file a request puts into or reads from a session (the daemon's bound). */
@@ -200,6 +200,17 @@ export function sessionJson(row: SessionRow, unit: string) {
   };
 }
 
+/** The answer of POST /v1/sessions/{id}/executions: a cell's outcome. */
+export function cellJson({ session, record, cell }: CellOutcome, unit: string) {
+  return {
+    value: cell.value,
+    error: cell.error,
+    resumed: cell.resumed,
+    execution: executionJson(record, unit),
+    session: sessionJson(session, unit),
+  };
+}
+
 function checkpointJson(session: SessionRow, taken: TakenCheckpoint, unit: string) {
   return {
     checkpoint: taken.checkpoint,
@@ -350,23 +361,14 @@ export function registerSessionRoutes(
         ...problemResponses(401, 402, 403, 404, 409, 413, 415, 422, 429, 502, 503),
       },
     }),
-    async (c) => {
-      const { session, record, cell } = await sessions.execute(
-        c.get("principal"),
-        c.req.valid("param").id,
-        c.req.valid("json"),
-      );
-      return c.json(
-        {
-          value: cell.value,
-          error: cell.error,
-          resumed: cell.resumed,
-          execution: executionJson(record, unit),
-          session: sessionJson(session, unit),
-        },
+    async (c) =>
+      c.json(
+        cellJson(
+          await sessions.execute(c.get("principal"), c.req.valid("param").id, c.req.valid("json")),
+          unit,
+        ),
         200,
-      );
-    },
+      ),
   );
 
   const checkpointRoute = (path: string, summary: string, description: string) =>

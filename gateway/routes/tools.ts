@@ -75,7 +75,7 @@ export function registerToolRoutes(
     method: "get",
     path: "/v1/tools",
     summary:
-      "The run_code and list_templates tools, ready for an OpenAI or Anthropic request's `tools`",
+      "The agent tools (run_code, list_templates, and open_session, run_cell, close_session for state across calls), ready for an OpenAI or Anthropic request's `tools`",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute")] as const,
     request: {
@@ -101,7 +101,7 @@ export function registerToolRoutes(
     summary: "Run a model's tool call and get the message to append",
     description:
       "Takes an OpenAI `tool_calls[]` item or an Anthropic `tool_use` block as the model produced it. run_code is billed like " +
-      "POST /v1/executions (its id is in the Sandfork-Execution-Id header). Invalid arguments, an unknown tool or language, " +
+      "POST /v1/executions, the session tools like /v1/sessions (a run's execution id is in the Sandfork-Execution-Id header). Invalid arguments, an unknown tool or language, " +
       "missing credits or a runtime failure are not HTTP errors: the answer is a tool result (is_error for Anthropic) whose " +
       "content is the problem+json body, for the model to read.",
     security: AUTHENTICATED,

@@ -8,18 +8,47 @@ import { REQUEST_LIMITS } from "../request-limits.js";
 
 export const RUN_CODE = "run_code";
 export const LIST_TEMPLATES = "list_templates";
-export type ToolName = typeof RUN_CODE | typeof LIST_TEMPLATES;
+export const OPEN_SESSION = "open_session";
+export const RUN_CELL = "run_cell";
+export const CLOSE_SESSION = "close_session";
+export const TOOL_NAMES = [
+  RUN_CODE,
+  LIST_TEMPLATES,
+  OPEN_SESSION,
+  RUN_CELL,
+  CLOSE_SESSION,
+] as const;
+export type ToolName = (typeof TOOL_NAMES)[number];
+
+const LANGUAGE_DESCRIPTION =
+  'The language of the code, e.g. "python", "javascript" or "typescript" (list_templates names the languages available)';
+
+/** The limits a run_code call or a cell may set. */
+function runLimits(limits: ExecutionLimits) {
+  return {
+    timeout_ms: z
+      .number()
+      .int()
+      .min(1)
+      .max(limits.maxTimeoutMs)
+      .optional()
+      .describe(`Wall-clock limit in milliseconds (default ${limits.defaultTimeoutMs})`),
+    max_processes: z
+      .number()
+      .int()
+      .min(1)
+      .max(limits.maxProcesses)
+      .optional()
+      .describe(
+        `Processes alive at once, the program included; a fork past it fails (default ${limits.maxProcesses})`,
+      ),
+  };
+}
 
 export function runCodeArguments(limits: ExecutionLimits) {
   return z
     .object({
-      language: z
-        .string()
-        .min(1)
-        .max(64)
-        .describe(
-          'The language of the code, e.g. "python", "javascript" or "typescript" (list_templates names the languages available)',
-        ),
+      language: z.string().min(1).max(64).describe(LANGUAGE_DESCRIPTION),
       code: z
         .string()
         .max(REQUEST_LIMITS.MAX_CODE_BYTES)
@@ -51,22 +80,7 @@ export function runCodeArguments(limits: ExecutionLimits) {
         .describe(
           `Files placed in the working directory before the program starts; their contents and the code together at most ${REQUEST_LIMITS.MAX_FILES_BYTES} bytes`,
         ),
-      timeout_ms: z
-        .number()
-        .int()
-        .min(1)
-        .max(limits.maxTimeoutMs)
-        .optional()
-        .describe(`Wall-clock limit in milliseconds (default ${limits.defaultTimeoutMs})`),
-      max_processes: z
-        .number()
-        .int()
-        .min(1)
-        .max(limits.maxProcesses)
-        .optional()
-        .describe(
-          `Processes alive at once, the program included; a fork past it fails (default ${limits.maxProcesses})`,
-        ),
+      ...runLimits(limits),
     })
     .strict();
 }
@@ -74,6 +88,34 @@ export function runCodeArguments(limits: ExecutionLimits) {
 export type RunCodeArguments = z.infer<ReturnType<typeof runCodeArguments>>;
 
 export const ListTemplatesArguments = z.object({}).strict();
+
+const SESSION_ID = z.string().uuid().describe("The session_id that open_session answered");
+
+export const OpenSessionArguments = z
+  .object({
+    language: z.string().min(1).max(64).describe(LANGUAGE_DESCRIPTION),
+  })
+  .strict();
+export type OpenSessionArguments = z.infer<typeof OpenSessionArguments>;
+
+export function runCellArguments(limits: ExecutionLimits) {
+  return z
+    .object({
+      session_id: SESSION_ID,
+      code: z
+        .string()
+        .max(REQUEST_LIMITS.MAX_CODE_BYTES)
+        .describe(
+          `The cell: code run in the session's interpreter, after every earlier cell; the value of its last expression is returned. At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`,
+        ),
+      ...runLimits(limits),
+    })
+    .strict();
+}
+export type RunCellArguments = z.infer<ReturnType<typeof runCellArguments>>;
+
+export const CloseSessionArguments = z.object({ session_id: SESSION_ID }).strict();
+export type CloseSessionArguments = z.infer<typeof CloseSessionArguments>;
 
 export interface ToolDefinition {
   name: ToolName;
@@ -84,7 +126,7 @@ export interface ToolDefinition {
   result: Record<string, unknown>;
 }
 
-const RunCodeResult = z.object({
+const ExecutionFields = {
   execution_id: z.string(),
   status: z
     .string()
@@ -102,8 +144,51 @@ const RunCodeResult = z.object({
     total_ms: z.number(),
   }),
   usage: z.object({ unit: z.string(), units: z.number().int() }),
-});
+};
+
+// Loose: whatever more an execution's answer carries (rich results) is passed through.
+const RunCodeResult = z.object(ExecutionFields).loose();
 export type RunCodeResult = z.infer<typeof RunCodeResult>;
+
+const SessionFields = {
+  session_id: z.string(),
+  template: z.string(),
+  state: z
+    .string()
+    .describe(
+      "running; paused (resumed by the next cell); ended (its program stopped: open a new session)",
+    ),
+};
+
+const OpenSessionResult = z.object(SessionFields);
+export type OpenSessionResult = z.infer<typeof OpenSessionResult>;
+
+const RunCellResult = z
+  .object({
+    ...SessionFields,
+    value: z
+      .string()
+      .nullable()
+      .describe("repr() of the cell's last expression; null for a statement or None"),
+    error: z
+      .object({ name: z.string(), message: z.string() })
+      .nullable()
+      .describe("The exception that ended the cell (its traceback is in stderr)"),
+    resumed: z.boolean().describe("The session was paused (idle) and resumed for this cell"),
+    ...ExecutionFields,
+  })
+  .loose();
+export type RunCellResult = z.infer<typeof RunCellResult>;
+
+const CloseSessionResult = z.object({
+  ...SessionFields,
+  usage: z
+    .object({ unit: z.string(), units: z.number().int() })
+    .describe(
+      "What the session was charged for its running time and checkpoints (cells are charged as executions)",
+    ),
+});
+export type CloseSessionResult = z.infer<typeof CloseSessionResult>;
 
 const ListTemplatesResult = z.object({
   templates: z.array(
@@ -128,7 +213,7 @@ export function toolDefinitions(limits: ExecutionLimits): ToolDefinition[] {
       name: RUN_CODE,
       description:
         "Runs a program in a fresh, isolated sandbox (no network) and returns its stdout, stderr, exit status and timings. " +
-        "Print what you want to see. Each call is billed to the caller's API key.",
+        "Print what you want to see; nothing is kept for the next call (open_session keeps state). Each call is billed to the caller's API key.",
       parameters: jsonSchema(runCodeArguments(limits)),
       result: jsonSchema(RunCodeResult),
     },
@@ -138,6 +223,29 @@ export function toolDefinitions(limits: ExecutionLimits): ToolDefinition[] {
         "Lists the sandbox templates and the language each runs (the values run_code accepts as language).",
       parameters: jsonSchema(ListTemplatesArguments),
       result: jsonSchema(ListTemplatesResult),
+    },
+    {
+      name: OPEN_SESSION,
+      description:
+        "Opens a session: a sandbox (no network) whose interpreter keeps its variables, imports and files from one run_cell to the next, " +
+        "like a notebook. Use it when later steps build on earlier ones; close it with close_session when done. " +
+        "Billed while it exists, and per cell.",
+      parameters: jsonSchema(OpenSessionArguments),
+      result: jsonSchema(OpenSessionResult),
+    },
+    {
+      name: RUN_CELL,
+      description:
+        "Runs code as the next cell of a session from open_session: every earlier cell's variables and imports are there. " +
+        "Returns the value of the last expression, stdout, stderr, the exception if one ended the cell, and the exit status.",
+      parameters: jsonSchema(runCellArguments(limits)),
+      result: jsonSchema(RunCellResult),
+    },
+    {
+      name: CLOSE_SESSION,
+      description: "Closes a session from open_session: its sandbox and its state are gone.",
+      parameters: jsonSchema(CloseSessionArguments),
+      result: jsonSchema(CloseSessionResult),
     },
   ];
 }

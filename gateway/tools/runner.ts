@@ -1,5 +1,5 @@
 // Runs the agent tools (definitions.ts) for a caller, through the same ExecutionService as
-// POST /v1/executions (same limits, same billing). A call never throws for anything the model
+// POST /v1/executions and SessionService as /v1/sessions (same limits, same billing). A call never throws for anything the model
 // or the run got wrong: unknown tools, arguments that are not JSON or miss fields, an unknown
 // language, no credits, a runtime failure all come back as an error result carrying our problem
 // body, which the model can read and act on.
@@ -9,22 +9,66 @@ import type { GatewayContext } from "../context.js";
 import type { ExecutionInput } from "../execution-service.js";
 import { type ProblemBody, ProblemError } from "../problems.js";
 import { executionJson } from "../routes/openapi-helpers.js";
+import { cellJson, sessionJson } from "../routes/sessions.js";
 import { executionRequestSchema } from "../schemas.js";
 import {
+  CLOSE_SESSION,
+  CloseSessionArguments,
+  type CloseSessionResult,
   LIST_TEMPLATES,
   ListTemplatesArguments,
   type ListTemplatesResult,
+  OPEN_SESSION,
+  OpenSessionArguments,
+  type OpenSessionResult,
+  RUN_CELL,
   RUN_CODE,
+  type RunCellArguments,
+  type RunCellResult,
   type RunCodeArguments,
   type RunCodeResult,
+  runCellArguments,
   runCodeArguments,
+  TOOL_NAMES,
   type ToolDefinition,
   toolDefinitions,
 } from "./definitions.js";
 
 export type ToolResult =
-  | { isError: false; structured: RunCodeResult | ListTemplatesResult; executionId: string | null }
+  | {
+      isError: false;
+      structured:
+        | RunCodeResult
+        | ListTemplatesResult
+        | OpenSessionResult
+        | RunCellResult
+        | CloseSessionResult;
+      executionId: string | null;
+    }
   | { isError: true; problem: ProblemBody };
+
+/**
+ * An execution's answer (POST /v1/executions, a cell's `execution`) as a tool result: what the
+ * model needs, and whatever more the answer carries (rich results) as it is.
+ */
+function executionResult(
+  execution: ReturnType<typeof executionJson>,
+): RunCodeResult & Record<string, unknown> {
+  const { id, template: _, created_at, finished_at, usage, ...rest } = execution;
+  return {
+    ...rest,
+    execution_id: id,
+    stdout: execution.stdout ?? "",
+    stderr: execution.stderr ?? "",
+    truncated: execution.truncated ?? false,
+    timings: execution.timings ?? { queue_ms: 0, fork_ms: 0, exec_ms: 0, total_ms: 0 },
+    usage: { unit: usage.unit, units: usage.units ?? 0 },
+  };
+}
+
+function sessionResult(session: ReturnType<typeof sessionJson>): OpenSessionResult {
+  return { session_id: session.id, template: session.template, state: session.state };
+}
 
 /** What the model reads: the structured result, or the problem, as JSON. */
 export function toolResultText(result: ToolResult): string {
@@ -52,11 +96,13 @@ function parseArguments<T>(tool: string, schema: z.ZodType<T>, args: unknown): T
 export class ToolRunner {
   readonly definitions: ToolDefinition[];
   private readonly runCodeSchema: ReturnType<typeof runCodeArguments>;
+  private readonly runCellSchema: ReturnType<typeof runCellArguments>;
   private readonly executionSchema: ReturnType<typeof executionRequestSchema>;
 
   constructor(private readonly ctx: GatewayContext) {
     this.definitions = toolDefinitions(ctx.config.executionLimits);
     this.runCodeSchema = runCodeArguments(ctx.config.executionLimits);
+    this.runCellSchema = runCellArguments(ctx.config.executionLimits);
     this.executionSchema = executionRequestSchema(ctx.config.executionLimits);
   }
 
@@ -78,13 +124,23 @@ export class ToolRunner {
         case LIST_TEMPLATES:
           parseArguments(LIST_TEMPLATES, ListTemplatesArguments, args);
           return await this.listTemplates();
+        case OPEN_SESSION:
+          return await this.openSession(
+            principal,
+            parseArguments(OPEN_SESSION, OpenSessionArguments, args),
+          );
+        case RUN_CELL:
+          return await this.runCell(principal, parseArguments(RUN_CELL, this.runCellSchema, args));
+        case CLOSE_SESSION:
+          return await this.closeSession(
+            principal,
+            parseArguments(CLOSE_SESSION, CloseSessionArguments, args).session_id,
+          );
         default:
           throw new ProblemError(
             "unknown-tool",
-            `there is no tool named "${name}"; the tools are ${RUN_CODE} and ${LIST_TEMPLATES}`,
-            {
-              extensions: { tools: [RUN_CODE, LIST_TEMPLATES] },
-            },
+            `there is no tool named "${name}"; the tools are ${TOOL_NAMES.join(", ")}`,
+            { extensions: { tools: [...TOOL_NAMES] } },
           );
       }
     } catch (error) {
@@ -113,27 +169,30 @@ export class ToolRunner {
     return this.call(principal, name, args, idempotencyKey);
   }
 
+  /** The template that runs `language`: the one named after it, else the first. */
+  private async templateFor(language: string): Promise<string> {
+    const templates = await this.ctx.executions.templates();
+    const runs = templates.filter((t) => t.languages.includes(language));
+    const template = runs.find((t) => t.name === language) ?? runs[0];
+    if (template === undefined) {
+      const languages = [...new Set(templates.flatMap((t) => t.languages))];
+      throw new ProblemError(
+        "unknown-template",
+        `no template runs ${language}; the languages are ${languages.join(", ")}`,
+        { extensions: { languages } },
+      );
+    }
+    return template.name;
+  }
+
   private async runCode(
     principal: Principal,
     args: RunCodeArguments,
     idempotencyKey: string | null,
   ): Promise<ToolResult> {
-    const templates = await this.ctx.executions.templates();
-    const runs = templates.filter((t) => t.languages.includes(args.language));
-    const template = runs.find((t) => t.name === args.language) ?? runs[0];
-    if (template === undefined) {
-      const languages = [...new Set(templates.flatMap((t) => t.languages))];
-      throw new ProblemError(
-        "unknown-template",
-        `no template runs ${args.language}; the languages are ${languages.join(", ")}`,
-        {
-          extensions: { languages },
-        },
-      );
-    }
     // The REST API's own schema checks what run_code's does not (file paths, sizes).
     const candidate: ExecutionInput = {
-      template: template.name,
+      template: await this.templateFor(args.language),
       language: args.language,
       code: args.code,
       ...(args.stdin === undefined ? {} : { stdin: args.stdin }),
@@ -143,19 +202,50 @@ export class ToolRunner {
     };
     const input = parseArguments(RUN_CODE, this.executionSchema, candidate);
     const { record } = await this.ctx.executions.execute(principal, input, idempotencyKey);
-    const execution = executionJson(record, this.ctx.config.pricing.unitName);
     return {
       isError: false,
       executionId: record.id,
+      structured: executionResult(executionJson(record, this.ctx.config.pricing.unitName)),
+    };
+  }
+
+  private async openSession(principal: Principal, args: OpenSessionArguments): Promise<ToolResult> {
+    const row = await this.ctx.sessions.create(principal, {
+      template: await this.templateFor(args.language),
+    });
+    return {
+      isError: false,
+      executionId: null,
+      structured: sessionResult(sessionJson(row, this.ctx.config.pricing.unitName)),
+    };
+  }
+
+  private async runCell(principal: Principal, args: RunCellArguments): Promise<ToolResult> {
+    const outcome = await this.ctx.sessions.execute(principal, args.session_id, {
+      code: args.code,
+      timeout_ms: args.timeout_ms,
+      max_processes: args.max_processes,
+    });
+    // The REST answer of the cell, flattened: its session, its own fields, its execution's.
+    const { session, execution, ...cell } = cellJson(outcome, this.ctx.config.pricing.unitName);
+    return {
+      isError: false,
+      executionId: execution.id,
+      structured: { ...sessionResult(session), ...cell, ...executionResult(execution) },
+    };
+  }
+
+  private async closeSession(principal: Principal, id: string): Promise<ToolResult> {
+    const session = sessionJson(
+      await this.ctx.sessions.delete(principal, id),
+      this.ctx.config.pricing.unitName,
+    );
+    return {
+      isError: false,
+      executionId: null,
       structured: {
-        execution_id: execution.id,
-        status: execution.status,
-        exit_code: execution.exit_code,
-        stdout: execution.stdout ?? "",
-        stderr: execution.stderr ?? "",
-        truncated: execution.truncated ?? false,
-        timings: execution.timings ?? { queue_ms: 0, fork_ms: 0, exec_ms: 0, total_ms: 0 },
-        usage: { unit: execution.usage.unit, units: execution.usage.units ?? 0 },
+        ...sessionResult(session),
+        usage: { unit: session.usage.unit, units: session.usage.units },
       },
     };
   }

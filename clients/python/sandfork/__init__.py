@@ -1,0 +1,47 @@
+"""Sandfork's Python client (standard library only). See clients/python/README.md."""
+
+from .client import Sandfork, SandforkError, Session, decode_result, server_sent_events
+from .types import (
+    Cell,
+    CellError,
+    Checkpoint,
+    Execution,
+    ExecutionEvent,
+    ExecutionFile,
+    ExecutionStatus,
+    OutputEvent,
+    Problem,
+    RichResult,
+    SessionFile,
+    SessionInfo,
+    SessionState,
+    StartedEvent,
+    StreamEvent,
+    Template,
+    ToolFormat,
+)
+
+__all__ = [
+    "Cell",
+    "CellError",
+    "Checkpoint",
+    "Execution",
+    "ExecutionEvent",
+    "ExecutionFile",
+    "ExecutionStatus",
+    "OutputEvent",
+    "Problem",
+    "RichResult",
+    "Sandfork",
+    "SandforkError",
+    "Session",
+    "SessionFile",
+    "SessionInfo",
+    "SessionState",
+    "StartedEvent",
+    "StreamEvent",
+    "Template",
+    "ToolFormat",
+    "decode_result",
+    "server_sent_events",
+]

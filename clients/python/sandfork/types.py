@@ -1,0 +1,180 @@
+"""The gateway's JSON answers as typed dictionaries.
+
+They are the answers as the gateway sends them (json.loads of the body): a field the gateway adds
+later is there too, unlisted. Field names follow the OpenAPI document (GET /openapi.json).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict, Union
+
+ExecutionStatus = Literal[
+    "running",
+    "completed",
+    "timed_out",
+    "memory_exceeded",
+    "output_exceeded",
+    "crashed",
+    "unsupported_syscall",
+    "deadlocked",
+    "aborted",
+]
+
+
+class ExecutionFile(TypedDict):
+    """A file placed under /work before the program starts."""
+
+    path: str
+    content: str
+    encoding: NotRequired[Literal["utf8", "base64"]]
+
+
+class Timings(TypedDict):
+    queue_ms: float
+    fork_ms: float
+    exec_ms: float
+    total_ms: float
+
+
+class ExecutionUsage(TypedDict):
+    unit: str
+    reserved_units: int
+    units: int | None
+
+
+class RichResult(TypedDict):
+    """One rich result (a chart, a table): its MIME type and its data (base64 for binary types)."""
+
+    type: str
+    data: str
+
+
+class Execution(TypedDict):
+    id: str
+    template: str
+    status: ExecutionStatus
+    exit_code: int | None
+    stdout: str | None
+    stderr: str | None
+    truncated: bool | None
+    timings: Timings | None
+    usage: ExecutionUsage
+    created_at: str
+    finished_at: str | None
+    results: NotRequired[list[RichResult]]
+
+
+class Price(TypedDict):
+    unit: str
+    base_units: int
+    units_per_second: float
+
+
+class Template(TypedDict):
+    name: str
+    language: str
+    languages: list[str]
+    content_hash: str
+    ready: bool
+    price: Price
+
+
+SessionState = Literal["running", "paused", "ended", "deleted"]
+
+
+class CheckpointRef(TypedDict):
+    checkpoint: int
+    sha256: str
+
+
+class SessionUsage(TypedDict):
+    unit: str
+    units: int
+    running_gib_seconds: float
+    checkpoint_gib_hours: float
+
+
+class SessionInfo(TypedDict):
+    id: str
+    template: str
+    state: SessionState
+    memory_mib: int
+    idle_timeout_s: int
+    max_lifetime_s: int
+    last_checkpoint: CheckpointRef | None
+    checkpoint_bytes: int
+    cells: int
+    usage: SessionUsage
+    ended_reason: str | None
+    created_at: str
+    last_active_at: str
+
+
+class CellError(TypedDict):
+    name: str
+    message: str
+
+
+class Cell(TypedDict):
+    """A cell's outcome: the last expression's repr as `value`, or the exception as `error`."""
+
+    value: str | None
+    error: CellError | None
+    resumed: bool
+    execution: Execution
+    session: SessionInfo
+    results: NotRequired[list[RichResult]]
+
+
+class CheckpointTimings(TypedDict):
+    capture_ms: float
+    write_ms: float
+
+
+class Checkpoint(TypedDict):
+    checkpoint: int
+    sha256: str
+    file_bytes: int
+    dirty_bytes: int
+    timings: CheckpointTimings
+    session: SessionInfo
+
+
+class SessionFile(TypedDict):
+    path: str
+    bytes: int
+
+
+class Problem(TypedDict):
+    """An RFC 9457 problem body; `type` is https://sandfork.dev/problems/<slug>."""
+
+    type: str
+    title: str
+    status: int
+    detail: NotRequired[str]
+    instance: NotRequired[str]
+    retryable: bool
+
+
+class StartedEvent(TypedDict):
+    event: Literal["started"]
+    id: str
+
+
+class OutputEvent(TypedDict):
+    event: Literal["output"]
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+class ExecutionEvent(TypedDict):
+    event: Literal["execution"]
+    execution: Execution
+
+
+StreamEvent = Union[StartedEvent, OutputEvent, ExecutionEvent]
+"""One event of a streamed execution, in order: started, output..., then execution."""
+
+ToolFormat = Literal["openai", "anthropic"]
+
+JsonObject = dict[str, Any]

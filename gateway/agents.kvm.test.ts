@@ -12,14 +12,11 @@
 //   for what ran.
 // Its waits are multiplied by SANDFORK_TEST_TIME_SCALE (1 native, ~15 in QEMU).
 
-import { mkdtemp, rm } from "node:fs/promises";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { resolve } from "node:path";
 import { createOpenAI } from "@ai-sdk/openai";
 import Anthropic from "@anthropic-ai/sdk";
-import { type ServerType, serve } from "@hono/node-server";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -27,63 +24,24 @@ import { generateText, jsonSchema, stepCountIs, tool } from "ai";
 import OpenAI from "openai";
 import { Sandfork, type StreamEvent } from "sandfork";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadRuntimeConfig } from "../runtime/config.js";
-import { type StartedRuntime, startRuntime } from "../runtime/start.js";
-import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { daemonMaxima } from "./config.js";
-import {
-  kvmExecutionLimits,
-  scaledDaemonReadyEnv,
-  templatesWithPrebuilt,
-  testNodeFlags,
-  timeScale,
-} from "./testing/kvm-tier.js";
-import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+import { testNodeFlags, timeScale } from "./testing/kvm-tier.js";
+import { type ServedGateway, startServedGateway } from "./testing/served-gateway.js";
+import type { TestGateway } from "./testing/test-gateway.js";
 
 const CREDITS = 100_000;
 const TOOLS = ["run_code", "list_templates", "open_session", "run_cell", "close_session"];
 const SIX_BY_SEVEN = { language: "python", code: "print(6*7)" };
-let dir: string;
-let runtime: StartedRuntime;
+let served: ServedGateway;
 let gw: TestGateway;
-let http: ServerType;
 let gatewayUrl: string;
 
 beforeAll(async () => {
-  dir = await mkdtemp(join(tmpdir(), "sfk-agents-"));
-  await templatesWithPrebuilt(dir, ["python"]);
-  const env = {
-    SANDFORK_TEMPLATES: "python",
-    SANDFORK_VMM_BIN: requireVmmBinary(),
-    SANDFORK_VMM_CONNECTIONS: "2",
-    SANDFORK_VMM_SERVE_ARGS: "--pool-size 2",
-    SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
-    ...scaledDaemonReadyEnv,
-  };
-  const started = await startRuntime(
-    loadRuntimeConfig(env, dir),
-    daemonMaxima(kvmExecutionLimits),
-    () => {},
-  );
-  if (started === undefined) throw new Error("supervised mode must start a runtime");
-  runtime = started;
-  gw = await startTestGateway("pglite", {
-    runtime: runtime.client,
-    config: { executionLimits: kvmExecutionLimits },
-  });
-  http = await new Promise<ServerType>((ready) => {
-    const server = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () =>
-      ready(server),
-    );
-  });
-  gatewayUrl = `http://127.0.0.1:${(http.address() as AddressInfo).port}`;
+  served = await startServedGateway();
+  ({ gw, url: gatewayUrl } = served);
 });
 
 afterAll(async () => {
-  await new Promise((done) => http?.close(done));
-  await gw?.dispose();
-  await runtime?.stop();
-  if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+  await served?.dispose();
 });
 
 async function sandfork() {

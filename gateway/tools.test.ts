@@ -21,7 +21,8 @@ import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 /** Test double: writes `chunks` through onOutput, then answers a completed run of their text. */
 class StreamingRuntimeTestDouble implements ExecutionRuntime {
   readonly requests: ExecutionRequest[] = [];
-  readonly sessions = new CellsTestDouble();
+  readonly cells = new CellsTestDouble();
+  readonly sessions = this.cells as unknown as SessionRuntime;
   chunks: OutputChunk[] = [{ stream: "stdout", data: "45\n" }];
   async execute(
     request: ExecutionRequest,
@@ -59,9 +60,10 @@ class StreamingRuntimeTestDouble implements ExecutionRuntime {
 
 /**
  * Test double of the daemon's sessions: each session is a namespace of integers, and a cell is
- * `NAME = INT` (a statement) or `NAME + INT` (an expression whose value is returned).
+ * `NAME = INT` (a statement) or `NAME + INT` (an expression whose value is returned). The session
+ * tools use no other request.
  */
-class CellsTestDouble implements SessionRuntime {
+class CellsTestDouble implements Pick<SessionRuntime, "create" | "execute" | "delete" | "info"> {
   readonly namespaces = new Map<string, Map<string, number>>();
 
   private view(session: string): SessionInfo {
@@ -118,27 +120,6 @@ class CellsTestDouble implements SessionRuntime {
   async info(session: string): Promise<SessionInfo> {
     this.namespace(session);
     return this.view(session);
-  }
-  writeFile(): never {
-    throw new Error("not used");
-  }
-  readFile(): never {
-    throw new Error("not used");
-  }
-  deleteFile(): never {
-    throw new Error("not used");
-  }
-  checkpoint(): never {
-    throw new Error("not used");
-  }
-  pause(): never {
-    throw new Error("not used");
-  }
-  resume(): never {
-    throw new Error("not used");
-  }
-  fork(): never {
-    throw new Error("not used");
   }
 }
 
@@ -392,7 +373,7 @@ describe("the session tools", () => {
       state: "deleted",
       usage: { units: expect.any(Number) },
     });
-    expect(runtime.sessions.namespaces.has(session_id)).toBe(false);
+    expect(runtime.cells.namespaces.has(session_id)).toBe(false);
     expect(await call("run_cell", { session_id, code: "x + 1" })).toMatchObject({
       type: `${PROBLEMS}not-found`,
     });
@@ -442,7 +423,7 @@ describe("the session tools", () => {
     expect(await anthropic("close_session", { session_id: theirs.session_id })).toMatchObject({
       type: `${PROBLEMS}not-found`,
     });
-    expect(runtime.sessions.namespaces.get(theirs.session_id)?.size).toBe(0);
+    expect(runtime.cells.namespaces.get(theirs.session_id)?.size).toBe(0);
   });
 });
 

@@ -4,24 +4,10 @@
 // with credits, one of an account without). Every test of the suite must run and pass: none
 // skipped. Its waits scale with SANDFORK_TEST_TIME_SCALE.
 import { spawn } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
-import type { AddressInfo } from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { type ServerType, serve } from "@hono/node-server";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { daemonMaxima } from "../../gateway/config.js";
-import {
-  kvmExecutionLimits,
-  scaledDaemonReadyEnv,
-  templatesWithPrebuilt,
-  timeScale,
-} from "../../gateway/testing/kvm-tier.js";
-import { startTestGateway, type TestGateway } from "../../gateway/testing/test-gateway.js";
-import { loadRuntimeConfig } from "../../runtime/config.js";
-import { type StartedRuntime, startRuntime } from "../../runtime/start.js";
-import { requireVmmBinary } from "../../runtime/testing/real-daemon.js";
+import { timeScale } from "../../gateway/testing/kvm-tier.js";
+import { type ServedGateway, startServedGateway } from "../../gateway/testing/served-gateway.js";
 
 const CLIENT_DIR = fileURLToPath(new URL(".", import.meta.url));
 /** The interpreter the client is tested with: Debian's, never whatever `python3` PATH finds. */
@@ -30,47 +16,14 @@ const PYTHON = "/usr/bin/python3.11";
 const PYTHON_TESTS = 9;
 const SUITE_TIMEOUT_MS = 180_000 * timeScale;
 
-let dir: string;
-let runtime: StartedRuntime;
-let gw: TestGateway;
-let http: ServerType;
-let gatewayUrl: string;
+let served: ServedGateway;
 
 beforeAll(async () => {
-  dir = await mkdtemp(join(tmpdir(), "sfk-pyclient-"));
-  await templatesWithPrebuilt(dir, ["python"]);
-  const env = {
-    SANDFORK_TEMPLATES: "python",
-    SANDFORK_VMM_BIN: requireVmmBinary(),
-    SANDFORK_VMM_CONNECTIONS: "2",
-    SANDFORK_VMM_SERVE_ARGS: "--pool-size 2",
-    SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
-    ...scaledDaemonReadyEnv,
-  };
-  const started = await startRuntime(
-    loadRuntimeConfig(env, dir),
-    daemonMaxima(kvmExecutionLimits),
-    () => {},
-  );
-  if (started === undefined) throw new Error("supervised mode must start a runtime");
-  runtime = started;
-  gw = await startTestGateway("pglite", {
-    runtime: runtime.client,
-    config: { executionLimits: kvmExecutionLimits },
-  });
-  http = await new Promise<ServerType>((ready) => {
-    const server = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () =>
-      ready(server),
-    );
-  });
-  gatewayUrl = `http://127.0.0.1:${(http.address() as AddressInfo).port}`;
+  served = await startServedGateway();
 });
 
 afterAll(async () => {
-  await new Promise((done) => http?.close(done));
-  await gw?.dispose();
-  await runtime?.stop();
-  if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+  await served?.dispose();
 });
 
 /** Runs `args` under PYTHON in the client's folder; killed past `timeoutMs`. */
@@ -112,12 +65,12 @@ function python(
 it(
   "the client's unittest suite passes against the gateway, every test run",
   async () => {
-    const { key } = await gw.issue({ credits: 1_000_000 });
-    const poor = await gw.issue();
+    const { key } = await served.gw.issue({ credits: 1_000_000 });
+    const poor = await served.gw.issue();
     const { code, output } = await python(
       ["-m", "unittest", "discover", "-s", "tests", "-v"],
       {
-        SANDFORK_URL: gatewayUrl,
+        SANDFORK_URL: served.url,
         SANDFORK_API_KEY: key,
         SANDFORK_POOR_API_KEY: poor.key,
         SANDFORK_TEST_TIME_SCALE: String(timeScale),

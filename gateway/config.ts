@@ -120,6 +120,11 @@ export interface GatewayConfig {
    * (SANDFORK_SHARED_LIMITS; default on with SANDFORK_RUNTIME=cluster, off otherwise).
    */
   sharedLimits: boolean;
+  /**
+   * The nice value of the event loop's thread (SANDFORK_GATEWAY_NICE, -20 to 19); undefined: the
+   * one it started with. The daemon keeps that one (runtime/event-loop-priority.ts).
+   */
+  eventLoopNice: number | undefined;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
@@ -154,5 +159,15 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     runtimeGraceMs: executeMaxWaitMsFromEnv(env) + 5_000,
     recoveryIntervalMs: positiveIntegerFromEnv(env, "SANDFORK_RECOVERY_INTERVAL_MS", 5_000),
     sharedLimits: sharedLimitsFromEnv(env),
+    eventLoopNice: niceFromEnv(env, "SANDFORK_GATEWAY_NICE"),
   };
+}
+
+function niceFromEnv(env: NodeJS.ProcessEnv, name: string): number | undefined {
+  const raw = env[name];
+  if (raw === undefined || raw === "") return undefined;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < -20 || value > 19)
+    throw new Error(`${name} must be an integer from -20 to 19, got ${JSON.stringify(raw)}`);
+  return value;
 }

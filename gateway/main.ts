@@ -2,8 +2,11 @@
 // The execution runtime (runtime/start.ts, SANDFORK_RUNTIME): by default the templates are built
 // if missing or stale and `sandfork-vmm serve` runs under supervision; SANDFORK_RUNTIME=cluster
 // routes to the nodes registered in the cluster's database instead (cluster/start.ts).
+
+import { getPriority } from "node:os";
 import { startClusterRuntime } from "../cluster/start.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
+import { setEventLoopNice } from "../runtime/event-loop-priority.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { startRuntime } from "../runtime/start.js";
 import { daemonMaxima, loadConfig } from "./config.js";
@@ -25,6 +28,15 @@ const runtime: { client: ExecutionRuntime; stop(): Promise<void> } | undefined =
     );
     process.exit(1);
   });
+if (config.eventLoopNice !== undefined) {
+  try {
+    setEventLoopNice(config.eventLoopNice);
+  } catch (error) {
+    console.error(
+      `SANDFORK_GATEWAY_NICE=${config.eventLoopNice}: not permitted (${(error as Error).message}); the event loop keeps nice ${getPriority()}`,
+    );
+  }
+}
 // Installed before the gateway listens: a SIGTERM right after "listening" (a supervisor, a test)
 // must stop the daemon too, not kill this process and leave the daemon running until next start.
 let gateway: RunningGateway | undefined;

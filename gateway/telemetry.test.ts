@@ -90,4 +90,23 @@ describe("metrics at /metrics", () => {
     );
     await telemetry.shutdown();
   });
+
+  it("reads the event loop's delay since the previous collection", async () => {
+    const telemetry = createTelemetry({ env: {} });
+    const delay = (text: string, stat: string) =>
+      Number(new RegExp(`nodejs_eventloop_delay_${stat}\\{[^}]*\\} (\\S+)`).exec(text)?.[1]);
+    await telemetry.prometheusText();
+    // The loop held for 150 ms: a callback due meanwhile waited about that long.
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    const until = performance.now() + 150;
+    while (performance.now() < until);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    const blocked = await telemetry.prometheusText();
+    expect(delay(blocked, "max")).toBeGreaterThanOrEqual(0.1);
+    expect(delay(blocked, "p50")).toBeLessThanOrEqual(delay(blocked, "max"));
+    // Collected: the next reading starts afresh, without the block.
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(delay(await telemetry.prometheusText(), "max")).toBeLessThan(delay(blocked, "max"));
+    await telemetry.shutdown();
+  });
 });

@@ -5,6 +5,7 @@
 // Per-request cost matters here: every SDK record hashes its attribute set, so counts are
 // tallied in memory and read when metrics are collected (TalliedCounter), and with nowhere to send
 // spans the tracer is the API's no-op one (no ids generated, no sampling decision per span).
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import {
   type Attributes,
   context,
@@ -290,6 +291,31 @@ export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
       for (const t of instruments.admissionDepths.read().templates)
         result.observe(t.running, { template: t.template });
     });
+  // How long ready callbacks (a request's too) waited for the event loop since the previous
+  // collection: a shed answer's wait behind other work, which its own duration does not show.
+  const loopDelay = monitorEventLoopDelay({ resolution: 1 });
+  loopDelay.enable();
+  const loopGauges = {
+    p50: meter.createObservableGauge("nodejs.eventloop.delay.p50", {
+      description: "Event loop delay since the previous collection, 50th percentile",
+      unit: "s",
+    }),
+    p99: meter.createObservableGauge("nodejs.eventloop.delay.p99", {
+      description: "Event loop delay since the previous collection, 99th percentile",
+      unit: "s",
+    }),
+    max: meter.createObservableGauge("nodejs.eventloop.delay.max", {
+      description: "Event loop delay since the previous collection, the longest",
+      unit: "s",
+    }),
+  };
+  meter.addBatchObservableCallback((result) => {
+    if (loopDelay.count === 0) return;
+    result.observe(loopGauges.p50, loopDelay.percentile(50) / 1e9);
+    result.observe(loopGauges.p99, loopDelay.percentile(99) / 1e9);
+    result.observe(loopGauges.max, loopDelay.max / 1e9);
+    loopDelay.reset();
+  }, Object.values(loopGauges));
   const serializer = new PrometheusSerializer();
 
   return {
@@ -304,6 +330,7 @@ export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
       await Promise.all([tracerProvider.forceFlush(), meterProvider.forceFlush()]);
     },
     async shutdown() {
+      loopDelay.disable();
       await Promise.allSettled([tracerProvider.shutdown(), meterProvider.shutdown()]);
     },
   };

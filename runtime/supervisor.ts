@@ -4,13 +4,14 @@
 // When the daemon dies, the kernel closes its end of every client connection; the client fails
 // the requests in flight on them with RuntimeConnectionLostError (retryable) and reconnects once
 // the restarted daemon is ready (see onReady).
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { readFile, rm, writeFile } from "node:fs/promises";
 import { basename } from "node:path";
 import { createInterface } from "node:readline";
 import { DaemonConnection } from "./daemon-connection.js";
 import { unixEndpoint } from "./daemon-endpoint.js";
 import { RuntimeUnavailableError } from "./errors.js";
+import { spawnAtStartingNice } from "./event-loop-priority.js";
 
 export interface SupervisorOptions {
   /** The `sandfork-vmm` binary. */
@@ -254,7 +255,7 @@ export class DaemonSupervisor {
       ...this.options.serveArgs,
     ];
     const runAs = this.options.runAs;
-    const child = spawn(this.options.binary, args, {
+    const child = spawnAtStartingNice(this.options.binary, args, {
       stdio: ["ignore", "pipe", "pipe"],
       ...(runAs === undefined ? {} : { uid: runAs.uid, gid: runAs.gid }),
     });

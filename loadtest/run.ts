@@ -27,7 +27,8 @@
 // --overload measures something else instead (lib/overload.ts): on PGlite, the share of calls
 // answered with their true status or shed with 429/503 at 4x the concurrency the machine
 // sustains with a CPU hog beside it, the p99 of the shed answers, and executions/s of the rest
-// against the same run's unloaded figure; --overload-seconds long each.
+// against the same run's unloaded figure; --overload-seconds long each. --gateway-nice N (default
+// -10, 0: unset) is the gateway's SANDFORK_GATEWAY_NICE, and this client's and the floor server's nice.
 //
 // `--json` prints one object that `npm run bench:report` turns into docs/benchmarks.md's table.
 import { cpus, loadavg } from "node:os";
@@ -57,11 +58,12 @@ import { startSpanReceiver } from "./lib/phases.js";
 import { openRecordBaseline } from "./lib/record-baseline.js";
 
 const { values, fail } = commandLine(
-  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --gap-ms 0,15,100,1000 [--requests N] [--databases ...] [--json] | --overload [--overload-seconds S] [--json]",
+  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --gap-ms 0,15,100,1000 [--requests N] [--databases ...] [--json] | --overload [--overload-seconds S] [--gateway-nice N] [--json]",
   {
     overload: { type: "boolean", default: false },
     "gap-ms": { type: "string" },
     "overload-seconds": { type: "string", default: "20" },
+    "gateway-nice": { type: "string", default: "-10" },
     requests: { type: "string" },
     concurrency: { type: "string", default: "1,4,16" },
     databases: { type: "string", default: "pglite,postgres" },
@@ -95,11 +97,14 @@ if (values.overload) {
   const seconds = Number(values["overload-seconds"]);
   if (!Number.isSafeInteger(seconds) || seconds <= 0)
     fail("--overload-seconds must be a positive integer");
-  const report = await overload({ seconds, say });
+  const gatewayNice = Number(values["gateway-nice"]);
+  if (!Number.isInteger(gatewayNice) || gatewayNice < -20 || gatewayNice > 19)
+    fail("--gateway-nice must be an integer from -20 to 19");
+  const report = await overload({ seconds, gatewayNice, say });
   if (values.json) console.log(JSON.stringify(report));
   else {
     console.log(
-      `\nnpm run loadtest -- --overload --overload-seconds ${seconds}: ${report.cpus} CPUs, PGlite; one in ten runs past its 200 ms time limit (true status timed_out), the rest print(6*7)`,
+      `\nnpm run loadtest -- --overload --overload-seconds ${seconds} --gateway-nice ${gatewayNice}: ${report.cpus} CPUs, PGlite; one in ten runs past its 200 ms time limit (true status timed_out), the rest print(6*7)`,
     );
     console.log(overloadTable(report));
     if (report.wrong_examples.length > 0)

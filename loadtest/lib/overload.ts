@@ -11,7 +11,8 @@
 // their floor on this machine at this time: a plain Hono server (loadtest/hello-server.ts)
 // answering the same 503 with nothing done before it, to as many clients as the flood had past
 // both bounds, with the same client and the same CPU hog, for as long, right after the flood.
-import { availableParallelism, loadavg } from "node:os";
+import { availableParallelism, getPriority, loadavg, setPriority } from "node:os";
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import { loadAdmissionSettings } from "../../gateway/config.js";
 import { startCpuHog } from "./cpu-hog.js";
 import { startHello } from "./hello.js";
@@ -66,6 +67,10 @@ export interface PhaseFigures {
   gateway_shed_p99_at_most_ms: number | null;
   /** The gateway process's CPU time over the phase, % of one core. */
   gateway_cpu_pct: number;
+  /** p99 of the gateway's event-loop delay over the phase (its nodejs.eventloop.delay.p99), ms. */
+  gateway_loop_delay_p99_ms: number | null;
+  /** p99 of this process's own event-loop delay over the phase, ms: the client's part of its times. */
+  client_loop_delay_p99_ms: number;
   loadavg_after: number[];
 }
 
@@ -92,6 +97,14 @@ function shedBuckets(metrics: string): Map<number, number> {
   return buckets;
 }
 
+/** A gauge's value in Prometheus text (the first series of `name`), or null. */
+function gauge(metrics: string, name: string): number | null {
+  const line = metrics
+    .split("\n")
+    .find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`));
+  return line === undefined ? null : Number(line.slice(line.lastIndexOf(" ") + 1));
+}
+
 /** The share of shed answers within 5 ms and the bound their p99 falls under, over what `after` counted past `before`. */
 function gatewayShedFigures(
   before: Map<number, number>,
@@ -116,14 +129,32 @@ export interface OverloadReport {
   unloaded: PhaseFigures;
   overloaded: PhaseFigures;
   shed_floor: ShedFloor;
+  /** The nice values of the event loops' threads: the gateway's, this client's, the floor's server's. */
+  nice: { gateway: number; client: number; floor_server: number };
   /** overloaded.executions_per_s / unloaded.executions_per_s, %. */
   executions_per_s_vs_unloaded_pct: number;
   /** Up to 5 wrong answers, as `status body`. */
   wrong_examples: string[];
 }
 
+/**
+ * Sets the nice value of `pid`'s main thread (undefined: this one) to `nice`, where permitted;
+ * answers the value it has.
+ */
+function raiseNice(pid: number | undefined, nice: number): number {
+  try {
+    if (pid === undefined) setPriority(nice);
+    else setPriority(pid, nice);
+  } catch {
+    // Not permitted (not root): measured at the value it has, which the report gives.
+  }
+  return pid === undefined ? getPriority() : getPriority(pid);
+}
+
 export async function overload(options: {
   seconds: number;
+  /** SANDFORK_GATEWAY_NICE for the gateway (0: not set), and this client's and the floor's server's nice value. */
+  gatewayNice: number;
   say: (line: string) => void;
 }): Promise<OverloadReport> {
   const cpus = availableParallelism();
@@ -138,9 +169,24 @@ export async function overload(options: {
   try {
     return await withLoadGateway(
       client.call,
-      { databaseUrl: undefined },
+      {
+        databaseUrl: undefined,
+        ...(options.gatewayNice === 0
+          ? {}
+          : { env: { SANDFORK_GATEWAY_NICE: String(options.gatewayNice) } }),
+      },
       async ({ gateway, json }) => {
         const url = `${gateway.url}/v1/executions`;
+        // Raised only now: the gateway and the floor's server, spawned from this thread, would
+        // have inherited it whole (their helper threads and the daemon too).
+        const nice = {
+          gateway: getPriority(gateway.pid),
+          client: raiseNice(undefined, options.gatewayNice),
+          floor_server: raiseNice(hello.pid, options.gatewayNice),
+        };
+        options.say(
+          `nice values of the event loops: the gateway ${nice.gateway}, this client ${nice.client}, the floor's server ${nice.floor_server}`,
+        );
 
         const phase = async (concurrency: number, seconds: number): Promise<PhaseFigures> => {
           const ran: number[] = [];
@@ -152,6 +198,8 @@ export async function overload(options: {
             (await client.call("GET", `${gateway.url}/metrics`)).body,
           );
           const cpuBefore = processCpuMs(gateway.pid);
+          const loopDelay = monitorEventLoopDelay({ resolution: 1 });
+          loopDelay.enable();
           const started = performance.now();
           const deadline = started + seconds * 1000;
           const worker = async () => {
@@ -190,12 +238,12 @@ export async function overload(options: {
             }
           };
           await Promise.all(Array.from({ length: concurrency }, worker));
+          loopDelay.disable();
           const elapsed = (performance.now() - started) / 1000;
           const gatewayCpuPct = (processCpuMs(gateway.pid) - cpuBefore) / (10 * elapsed);
-          const gatewayShed = gatewayShedFigures(
-            metricsBefore,
-            shedBuckets((await client.call("GET", `${gateway.url}/metrics`)).body),
-          );
+          const metricsAfter = (await client.call("GET", `${gateway.url}/metrics`)).body;
+          const gatewayShed = gatewayShedFigures(metricsBefore, shedBuckets(metricsAfter));
+          const gatewayLoopP99 = gauge(metricsAfter, "nodejs_eventloop_delay_p99");
           ran.sort((a, b) => a - b);
           shed.sort((a, b) => a - b);
           const requests = ran.length + shed.length + wrong;
@@ -218,6 +266,9 @@ export async function overload(options: {
             gateway_shed_within_5_ms_pct: gatewayShed.within5,
             gateway_shed_p99_at_most_ms: gatewayShed.p99AtMost,
             gateway_cpu_pct: round(gatewayCpuPct, 1),
+            gateway_loop_delay_p99_ms:
+              gatewayLoopP99 === null ? null : round(gatewayLoopP99 * 1000),
+            client_loop_delay_p99_ms: round(loopDelay.percentile(99) / 1e6),
             loadavg_after: loadavg().map((l) => round(l)),
           };
         };
@@ -241,7 +292,7 @@ export async function overload(options: {
         try {
           overloaded = await phase(flood, options.seconds);
           options.say(
-            `  shed p50 ${overloaded.shed_p50_ms} ms, p99 ${overloaded.shed_p99_ms} ms; the floor: a plain Hono 503 at c=${pastBounds} for ${options.seconds} s`,
+            `  shed p50 ${overloaded.shed_p50_ms} ms, p99 ${overloaded.shed_p99_ms} ms, loop delay p99: gateway ${overloaded.gateway_loop_delay_p99_ms} ms, client ${overloaded.client_loop_delay_p99_ms} ms; the floor: a plain Hono 503 at c=${pastBounds} for ${options.seconds} s`,
           );
           const floorRun = await drive({
             scenario: "plain Hono 503",
@@ -268,6 +319,7 @@ export async function overload(options: {
           unloaded,
           overloaded,
           shed_floor: floor,
+          nice,
           executions_per_s_vs_unloaded_pct: round(
             (100 * overloaded.executions_per_s) / Math.max(1e-9, unloaded.executions_per_s),
             1,
@@ -330,7 +382,17 @@ export function overloadTable(report: OverloadReport): string {
       `${u.executions_per_s}`,
       `${o.executions_per_s} (${report.executions_per_s_vs_unloaded_pct}% of unloaded)`,
     ],
+    [
+      "event-loop delay p99, ms: the gateway / this client",
+      `${u.gateway_loop_delay_p99_ms ?? "?"} / ${u.client_loop_delay_p99_ms}`,
+      `${o.gateway_loop_delay_p99_ms ?? "?"} / ${o.client_loop_delay_p99_ms}`,
+    ],
     ["the gateway's CPU, % of a core", `${u.gateway_cpu_pct}`, `${o.gateway_cpu_pct}`],
+    [
+      "nice values: the gateway's event loop / this client / the floor's server",
+      `${report.nice.gateway} / ${report.nice.client} / ${report.nice.floor_server}`,
+      "the same; the hog 0",
+    ],
     [
       "load average (1, 5, 15 min): before the run / after",
       `${report.loadavg_before.join(", ")} / ${u.loadavg_after.join(", ")}`,

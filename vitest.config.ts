@@ -36,6 +36,7 @@ export default defineConfig({
   test: {
     include: [
       "client/**/*.test.ts",
+      "clients/**/*.test.ts",
       "gateway/**/*.test.ts",
       "db/**/*.test.ts",
       "runtime/**/*.test.ts",

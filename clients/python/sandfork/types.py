@@ -1,10 +1,10 @@
 """The gateway's JSON answers as typed dictionaries.
 
 They are the answers as the gateway sends them (json.loads of the body): a field the gateway adds
-later is there too, unlisted. Field names follow the OpenAPI document (GET /openapi.json).
+later is there too, unlisted. Field names follow the OpenAPI document (GET /openapi.json; types.test.ts compares them). The
+annotations are evaluated (no `from __future__ import annotations`), so that `NotRequired` is
+seen at run time.
 """
-
-from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict, Union
 
@@ -43,7 +43,8 @@ class ExecutionUsage(TypedDict):
 
 
 class RichResult(TypedDict):
-    """One rich result (a chart, a table): its MIME type and its data (base64 for binary types)."""
+    """One rich result (a chart, a table) of an answer's `results`: its MIME type and its data
+    (base64 for binary types). Answers carry them as the gateway sends them."""
 
     type: str
     data: str
@@ -61,13 +62,12 @@ class Execution(TypedDict):
     usage: ExecutionUsage
     created_at: str
     finished_at: str | None
-    results: NotRequired[list[RichResult]]
 
 
 class Price(TypedDict):
     unit: str
     base_units: int
-    units_per_second: float
+    units_per_second: int
 
 
 class Template(TypedDict):
@@ -123,7 +123,6 @@ class Cell(TypedDict):
     resumed: bool
     execution: Execution
     session: SessionInfo
-    results: NotRequired[list[RichResult]]
 
 
 class CheckpointTimings(TypedDict):

@@ -48,6 +48,35 @@ export interface Execution {
   usage: { unit: string; reserved_units: number; units: number | null };
   created_at: string;
   finished_at: string | null;
+  /** The run's charts, tables and last value, in the order shown (only in the run's own answer). */
+  results?: RichResult[];
+  /** The files the program left under /work/out (`file(url)` downloads one). */
+  files?: OutputFile[];
+}
+
+export type RichResultType =
+  | "text/plain"
+  | "text/html"
+  | "text/markdown"
+  | "text/latex"
+  | "image/png"
+  | "image/jpeg"
+  | "image/svg+xml"
+  | "application/json";
+
+export interface RichResult {
+  type: RichResultType;
+  /** base64 for image/png and image/jpeg, text otherwise. */
+  data: string;
+}
+
+export interface OutputFile {
+  path: string;
+  size: number;
+  /** Relative to the gateway's base URL; null when the file was not kept (see reason). */
+  url: string | null;
+  expires_at: string | null;
+  reason?: "not_transferred" | "invalid_path" | "quota_exceeded" | "store_failed";
 }
 
 export interface Template {
@@ -112,10 +141,18 @@ export interface OpenAIToolMessage {
   content: string;
 }
 
+export type AnthropicContentBlock =
+  | { type: "text"; text: string }
+  | {
+      type: "image";
+      source: { type: "base64"; media_type: "image/png" | "image/jpeg"; data: string };
+    };
+
 export interface AnthropicToolResult {
   type: "tool_result";
   tool_use_id: string;
-  content: string;
+  /** The result's JSON, with an image block per chart when there are any. */
+  content: string | AnthropicContentBlock[];
   is_error: boolean;
 }
 
@@ -188,6 +225,12 @@ export class Sandfork {
         throw new SandforkError((payload as Problem).status, payload as Problem);
     }
     throw new Error("the event stream ended before the execution's final event");
+  }
+
+  /** Downloads an execution's output file by its `files[].url`. */
+  async file(url: string, options: CallOptions = {}): Promise<Uint8Array> {
+    const response = await this.send("GET", url, undefined, options, "application/octet-stream");
+    return new Uint8Array(await response.arrayBuffer());
   }
 
   async templates(): Promise<Template[]> {

@@ -7,6 +7,7 @@ import {
   bigserial,
   boolean,
   check,
+  customType,
   doublePrecision,
   index,
   integer,
@@ -292,6 +293,38 @@ export const usageLedger = pgTable(
   ],
 );
 
+/** PostgreSQL's bytea, read as a Buffer on both backends (postgres.js and PGlite differ). */
+const bytea = customType<{ data: Buffer; driverData: Uint8Array }>({
+  dataType: () => "bytea",
+  fromDriver: (value) => Buffer.from(value),
+});
+
+// Files executions left under /work/out (db/output-files.ts), kept until expires_at for their
+// account to download from any gateway, and counted against their key's output-file quota.
+// No foreign keys: an execution's record may be written after its files (executions has none).
+export const outputFiles = pgTable(
+  "output_files",
+  {
+    executionId: uuid("execution_id").notNull(),
+    // Relative to /work/out, as the guest named it and the gateway checked it.
+    path: text("path").notNull(),
+    accountId: uuid("account_id").notNull(),
+    keyId: uuid("key_id").notNull(),
+    // The token that ran the execution (null for the key itself): a token sees only its own.
+    tokenId: text("token_id"),
+    bytes: bigint("bytes", { mode: "number" }).notNull(),
+    content: bytea("content").notNull(),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    expiresAt: timestamp("expires_at", { withTimezone: true }).notNull(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.executionId, t.path] }),
+    index("output_files_key_expires_idx").on(t.keyId, t.expiresAt),
+    index("output_files_expires_idx").on(t.expiresAt),
+    check("output_files_bytes_non_negative", sql`${t.bytes} >= 0`),
+  ],
+);
+
 export const schema = {
   accounts,
   apiKeys,
@@ -304,4 +337,5 @@ export const schema = {
   keySlots,
   keyRates,
   usageLedger,
+  outputFiles,
 };

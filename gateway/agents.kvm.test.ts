@@ -392,8 +392,8 @@ describe("session tools through POST /v1/tool-calls", () => {
       ) as Record<string, any>;
     const anthropic = async (name: string, input: Record<string, unknown>) => {
       const block = await client.toolCall({ type: "tool_use", id: `toolu_${name}`, name, input });
-      expect(block.is_error, block.content).toBe(false);
-      return JSON.parse(block.content) as Record<string, any>;
+      expect(block.is_error, block.content as string).toBe(false);
+      return JSON.parse(block.content as string) as Record<string, any>;
     };
     const session_id = (await openai("open_session", { language: "python" })).session_id as string;
     expect(await openai("run_cell", { session_id, code: "x = 41" })).toMatchObject({

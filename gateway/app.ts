@@ -21,6 +21,7 @@ import {
   SharedRateLimiter,
   TokenExecutionCounter,
 } from "./limits.js";
+import { OutputFiles } from "./output-files.js";
 import { ProblemError, problemResponse } from "./problems.js";
 import { registerConsole } from "./routes/console.js";
 import { registerExecutionRoutes } from "./routes/executions.js";
@@ -94,6 +95,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     listen: deps.listen,
     keyCheckMs: keyCacheTtlMs,
   });
+  const outputFiles = new OutputFiles(deps.db, deps.config.outputFiles);
   const context: GatewayContext = {
     db: deps.db,
     config: deps.config,
@@ -103,6 +105,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     authenticator: new Authenticator(deps.db, deps.tokens, keyCacheTtlMs, now),
     rateLimiter: sharedLimits ? new SharedRateLimiter(deps.db) : new RateLimiter(now),
     leases,
+    outputFiles,
     executions: new ExecutionService({
       db: deps.db,
       gatewayId,
@@ -120,6 +123,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
       telemetry: deps.telemetry,
       shutdownSignal,
       runtimeGraceMs: deps.config.runtimeGraceMs,
+      outputFiles,
     }),
     sessions: new SessionService({
       db: deps.db,

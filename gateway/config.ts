@@ -79,6 +79,28 @@ function sharedLimitsFromEnv(env: NodeJS.ProcessEnv): boolean {
   return raw === "1";
 }
 
+/** Files executions leave under /work/out (gateway/output-files.ts). */
+export interface OutputFileSettings {
+  /** How long a file is kept for download after its execution. */
+  ttlSeconds: number;
+  /** Bytes a key's kept files may hold together; a file past it is listed but not kept. */
+  quotaBytesPerKey: number;
+  /** How often expired files are deleted. */
+  sweepIntervalMs: number;
+}
+
+export function loadOutputFileSettings(env: NodeJS.ProcessEnv): OutputFileSettings {
+  return {
+    ttlSeconds: positiveIntegerFromEnv(env, "SANDFORK_OUTPUT_FILES_TTL_SECONDS", 86_400),
+    quotaBytesPerKey: positiveIntegerFromEnv(
+      env,
+      "SANDFORK_OUTPUT_FILES_QUOTA_BYTES_PER_KEY",
+      256 * 1024 * 1024,
+    ),
+    sweepIntervalMs: positiveIntegerFromEnv(env, "SANDFORK_OUTPUT_FILES_SWEEP_INTERVAL_MS", 60_000),
+  };
+}
+
 /** The embedded database's folder inside dataDir. */
 export const EMBEDDED_DATABASE_DIR = "data";
 
@@ -95,6 +117,7 @@ export interface GatewayConfig {
   executionLimits: ExecutionLimits;
   admission: AdmissionSettings;
   sessions: SessionSettings;
+  outputFiles: OutputFileSettings;
   /** How long a verified API key is trusted without asking the database again (revocation delay). */
   keyCacheTtlMs: number;
   tokenIssuer: string;
@@ -149,6 +172,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     },
     admission: loadAdmissionSettings(env),
     sessions: loadSessionSettings(env),
+    outputFiles: loadOutputFileSettings(env),
     keyCacheTtlMs: positiveIntegerFromEnv(env, "SANDFORK_KEY_CACHE_TTL_MS", 2_000),
     tokenIssuer: env.SANDFORK_TOKEN_ISSUER ?? "sandfork",
     tokenAudience: env.SANDFORK_TOKEN_AUDIENCE ?? "sandfork-gateway",

@@ -8,6 +8,7 @@ import type { GatewayConfig } from "./config.js";
 import type { CreditLeases } from "./credit-leases.js";
 import type { ExecutionService } from "./execution-service.js";
 import type { KeyRateLimit } from "./limits.js";
+import type { OutputFiles } from "./output-files.js";
 import type { SessionService } from "./session-service.js";
 import type { Telemetry } from "./telemetry.js";
 
@@ -28,5 +29,6 @@ export interface GatewayContext {
   leases: CreditLeases;
   executions: ExecutionService;
   sessions: SessionService;
+  outputFiles: OutputFiles;
   runtime: () => ExecutionRuntime | undefined;
 }

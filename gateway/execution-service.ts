@@ -42,8 +42,10 @@ import {
 import { filesProblems } from "./file-paths.js";
 import { IdempotencyClaims } from "./idempotency-claims.js";
 import type { TokenExecutionCounter } from "./limits.js";
+import type { OutputFileJson, OutputFiles } from "./output-files.js";
 import { costUnits, type Pricing, priceOf, type TemplatePrice } from "./pricing.js";
 import { ProblemError } from "./problems.js";
+import { type CheckedResult, checkedResults } from "./rich-results.js";
 import { inSpan, type Telemetry } from "./telemetry.js";
 
 export type { ExecutionInput } from "./execution-request.js";
@@ -76,10 +78,19 @@ export interface LiveExecution {
   onOutput?(chunk: OutputChunk): void;
 }
 
+/** What a run produced beside its record: its rich results and the files it left. */
+export interface ExecutionOutput {
+  /** Absent on a replay: results are not kept. */
+  results?: CheckedResult[];
+  files: OutputFileJson[];
+}
+
 export interface ExecutionOutcome {
   record: ExecutionRecord;
   /** True when this answers a retry with the first request's stored result. */
   replayed: boolean;
+  /** The run's results and files; a replay has only the files still kept. */
+  output: ExecutionOutput;
 }
 
 export interface ExecutionServiceDeps {
@@ -99,6 +110,8 @@ export interface ExecutionServiceDeps {
   shutdownSignal: AbortSignal;
   /** Extra time the runtime gets past the program's own timeout before the gateway gives up on it. */
   runtimeGraceMs: number;
+  /** Where the files a run leaves under /work/out are kept. */
+  outputFiles: OutputFiles;
 }
 
 /** How an execution is billed, fixed before it runs. */
@@ -299,8 +312,7 @@ export class ExecutionService {
         idempotencyKey === null
           ? undefined
           : await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
-      if (first !== undefined)
-        return { record: this.replay(principal, first, requestHash(request)), replayed: true };
+      if (first !== undefined) return this.replay(principal, first, requestHash(request));
       throw error;
     }
     const hash = requestHash(request);
@@ -339,7 +351,12 @@ export class ExecutionService {
     return runtime;
   }
 
-  private replay(principal: Principal, existing: ExecutionRecord, hash: string): ExecutionRecord {
+  /** A retry's answer: the first request's record, and the files it left that are still kept. */
+  private async replay(
+    principal: Principal,
+    existing: ExecutionRecord,
+    hash: string,
+  ): Promise<ExecutionOutcome> {
     // A token only ever sees its own executions, even through another caller's Idempotency-Key.
     if (existing.requestHash !== hash || existing.tokenId !== (principal.token?.id ?? null)) {
       throw new ProblemError(
@@ -356,7 +373,8 @@ export class ExecutionService {
         },
       );
     }
-    return existing;
+    const files = await this.deps.outputFiles.list(existing.id);
+    return { record: existing, replayed: true, output: { files } };
   }
 
   /**
@@ -393,8 +411,7 @@ export class ExecutionService {
         live,
       );
     const claim = await this.claims.claim({ ...reservation, idempotencyKey });
-    if (claim.kind === "existing")
-      return { record: this.replay(principal, claim.record, hash), replayed: true };
+    if (claim.kind === "existing") return this.replay(principal, claim.record, hash);
     try {
       return await this.reserveAndRun(
         runtime,
@@ -435,8 +452,7 @@ export class ExecutionService {
         return this.billing.reserve(reservation);
       },
     );
-    if (reserved.kind === "duplicate")
-      return { record: this.replay(principal, reserved.existing, hash), replayed: true };
+    if (reserved.kind === "duplicate") return this.replay(principal, reserved.existing, hash);
     if (reserved.kind === "key-revoked")
       throw new ProblemError(
         "credentials-revoked",
@@ -502,7 +518,15 @@ export class ExecutionService {
       status: result.outcome,
     });
     instruments.billedUnits.add(record.chargedUnits ?? 0, { template: request.template });
-    return { record, replayed: false };
+    const files =
+      result.files === undefined || result.files.length === 0
+        ? []
+        : await this.deps.outputFiles.keep(principal, executionId, result.files);
+    return {
+      record,
+      replayed: false,
+      output: { results: checkedResults(result.results ?? []), files },
+    };
   }
 
   /** The runtime reports its phases as durations; they become child spans laid end to end. */

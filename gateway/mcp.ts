@@ -13,11 +13,12 @@ import type { Principal } from "./auth/principal.js";
 import { SERVICE_NAME, SERVICE_VERSION } from "./telemetry.js";
 import { type ToolResult, type ToolRunner, toolResultText } from "./tools/runner.js";
 
+/** A tool result as MCP content: its JSON as text, then each image the run showed as image content. */
 export function mcpResult(result: ToolResult): CallToolResult {
-  const content = [{ type: "text" as const, text: toolResultText(result) }];
-  return result.isError
-    ? { isError: true, content }
-    : { content, structuredContent: result.structured };
+  const text = { type: "text" as const, text: toolResultText(result) };
+  if (result.isError) return { isError: true, content: [text] };
+  const images = result.images.map((image) => ({ type: "image" as const, ...image }));
+  return { content: [text, ...images], structuredContent: result.structured };
 }
 
 /** An MCP server whose tools run as `principal`. */

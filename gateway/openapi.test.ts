@@ -8,6 +8,7 @@ import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
 const API_ROUTES = [
   "POST /v1/executions",
   "GET /v1/executions/{id}",
+  "GET /v1/executions/{id}/files/{path}",
   "GET /v1/executions",
   "GET /v1/templates",
   "GET /v1/usage",

@@ -5,6 +5,7 @@ import { MAX_BALANCE_UNITS, SCOPES } from "../db/keys.js";
 import type { ExecutionLimits } from "./config.js";
 import { refineFiles, WORK_PATH_RULES } from "./file-paths.js";
 import { REQUEST_LIMITS, refineExecutionSizes, refineText } from "./request-limits.js";
+import { RICH_RESULT_TYPES } from "./rich-results.js";
 
 export const ProblemSchema = z
   .object({
@@ -144,6 +145,48 @@ const ExecutionStatusSchema = z.enum(EXECUTION_STATUSES).openapi({
     "thread could do any more, so it was ended before its time limit; aborted: the runtime failed and nothing was charged",
 });
 
+export const RichResultSchema = z
+  .object({
+    type: z.enum(RICH_RESULT_TYPES).openapi({
+      description:
+        "MIME type: image/png for a matplotlib chart (image/svg+xml too with SANDFORK_FIGURE_FORMATS=png,svg), text/html for a pandas DataFrame, text/plain for the last expression's value",
+    }),
+    data: z.string().openapi({
+      description:
+        "The result: base64 for image/png and image/jpeg, text otherwise (JSON text for application/json)",
+    }),
+  })
+  .openapi("RichResult", {
+    description:
+      "A result as a notebook shows it: each chart shown or left open, each display()ed object, then the last expression's rich forms and its value as text/plain",
+  });
+
+export const OutputFileSchema = z
+  .object({
+    path: z.string().openapi({ example: "plots/chart.png", description: "Relative to /work/out" }),
+    size: z.number().int().openapi({ description: "Bytes" }),
+    url: z.string().nullable().openapi({
+      example: "/v1/executions/0b7e…/files/plots/chart.png",
+      description:
+        "Where GET downloads it (relative to the gateway's base URL; only the account that ran it, and only a token that ran it); null when it was not kept (see reason)",
+    }),
+    expires_at: z
+      .string()
+      .datetime()
+      .nullable()
+      .openapi({ description: "When it is deleted; null when it was not kept" }),
+    reason: z
+      .enum(["not_transferred", "invalid_path", "quota_exceeded", "store_failed"])
+      .optional()
+      .openapi({
+        description:
+          "Why it was not kept: not_transferred (the files before it filled the 2 MiB a run's files travel in), invalid_path (a name the download route cannot take), quota_exceeded (the key's kept files would pass its quota), store_failed (the database refused it)",
+      }),
+  })
+  .openapi("OutputFile", {
+    description: "A file the program left under /work/out, kept for download for a configured time",
+  });
+
 export const ExecutionSchema = z
   .object({
     id: z.string().uuid(),
@@ -172,12 +215,23 @@ export const ExecutionSchema = z
     }),
     created_at: z.string().datetime(),
     finished_at: z.string().datetime().nullable(),
+    results: z.array(RichResultSchema).optional().openapi({
+      description:
+        "The run's rich results, in the order shown; in the answer of the run itself (not in GET or an Idempotency-Key replay)",
+    }),
+    files: z.array(OutputFileSchema).optional().openapi({
+      description:
+        "The files under /work/out at the end, in path order; GET and a replay list those still kept",
+    }),
   })
   .openapi("Execution");
 
-export const ExecutionSummarySchema = ExecutionSchema.omit({ stdout: true, stderr: true }).openapi(
-  "ExecutionSummary",
-);
+export const ExecutionSummarySchema = ExecutionSchema.omit({
+  stdout: true,
+  stderr: true,
+  results: true,
+  files: true,
+}).openapi("ExecutionSummary");
 
 export const ExecutionListQuerySchema = z.object({
   status: ExecutionStatusSchema.optional(),
@@ -301,6 +355,20 @@ export const UsageSchema = z
       .openapi({
         description:
           "Sessions' running time and checkpoint storage; their cells count as executions above",
+      }),
+    output_files: z
+      .object({
+        bytes: z
+          .number()
+          .int()
+          .openapi({ description: "Bytes of the key's output files kept now" }),
+        quota_bytes: z.number().int().openapi({
+          description: "The most they may hold (SANDFORK_OUTPUT_FILES_QUOTA_BYTES_PER_KEY)",
+        }),
+      })
+      .openapi({
+        description:
+          "Files its executions left under /work/out, kept for download until they expire",
       }),
     balance: z.object(BALANCE_FIELDS),
   })

@@ -141,6 +141,8 @@ export async function startGateway(
   await context.leases.start();
   // Idle sessions pause themselves, expired ones end.
   context.sessions.start();
+  // Output files past their time are deleted.
+  context.outputFiles.start();
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve(
       {
@@ -191,6 +193,7 @@ export async function startGateway(
       clearTimeout(drainTimer);
       clearInterval(recovery);
       context.sessions.stop();
+      context.outputFiles.stop();
       if (!drained) {
         shutdown.abort();
         await closed;

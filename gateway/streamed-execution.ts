@@ -73,7 +73,7 @@ export async function streamExecution(
     (outcome: ExecutionOutcome) => {
       queue.push({
         event: "execution",
-        body: executionJson(outcome.record, ctx.config.pricing.unitName),
+        body: executionJson(outcome.record, ctx.config.pricing.unitName, outcome.output),
       });
       return outcome;
     },

@@ -92,6 +92,24 @@ export interface ExecutionUsage {
   processesCreated: number;
 }
 
+/**
+ * A rich result, as a notebook shows it (templates/python/README.md): `type` is its MIME type
+ * (image/png, image/svg+xml, text/html, application/json, text/plain, ...); binary data is base64.
+ */
+export interface RichResult {
+  type: string;
+  data: string;
+}
+
+/** A file the program left under /work/out. */
+export interface OutputFile {
+  /** Relative to /work/out, as the guest named it (hostile until checked). */
+  path: string;
+  bytes: number;
+  /** Null when the files before it used up the runtime's budget for output file contents. */
+  content: Buffer | null;
+}
+
 export interface ExecutionResult {
   outcome: ExecutionOutcome;
   /** Null when the program did not exit by itself (timeout, memory limit). */
@@ -105,6 +123,13 @@ export interface ExecutionResult {
   fault?: ExecutionFault | null;
   limits?: AppliedLimits;
   usage?: ExecutionUsage;
+  /**
+   * The program's rich results in the order shown, then its last expression's value as
+   * text/plain; absent when its template's agent published none.
+   */
+  results?: RichResult[];
+  /** The files under /work/out at its end, in path order; absent when there was no /work/out. */
+  files?: OutputFile[];
 }
 
 /** A piece of a streamed execution's output, as the program wrote it. */

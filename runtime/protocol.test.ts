@@ -79,6 +79,47 @@ describe("protocol v1 mapping", () => {
     expect(crashed).toMatchObject({ outcome: "crashed", exitCode: null, fault });
   });
 
+  it("reads a published result and the files under /work/out; absent ones stay absent", () => {
+    expect(parseExecution(EXAMPLE)).not.toHaveProperty("results");
+    expect(parseExecution(EXAMPLE)).not.toHaveProperty("files");
+    const png = { type: "image/png", data: "iVBORw0KGgo=" };
+    const ran = parseExecution({
+      ...EXAMPLE,
+      result: { value: "   a\n0  1", results: [png, { type: "text/html", data: "<table/>" }] },
+      files: [
+        { path: "plots/a.txt", bytes: 2, content: "aGk=" },
+        { path: "big.bin", bytes: 3 << 20, content: null },
+      ],
+    });
+    // The value comes last, as text/plain (Jupyter's execute_result after the displays).
+    expect(ran.results).toEqual([
+      png,
+      { type: "text/html", data: "<table/>" },
+      { type: "text/plain", data: "   a\n0  1" },
+    ]);
+    expect(ran.files).toEqual([
+      { path: "plots/a.txt", bytes: 2, content: Buffer.from("hi") },
+      { path: "big.bin", bytes: 3 << 20, content: null },
+    ]);
+    // A statement's result has no value; a session cell's (with its error) reads the same way;
+    // an ended cell's is null.
+    expect(parseExecution({ ...EXAMPLE, result: { value: null, results: [] } }).results).toEqual(
+      [],
+    );
+    const cell = { value: "3", error: null, results: [png] };
+    expect(parseExecution({ ...EXAMPLE, session: "s", result: cell }).results).toEqual([
+      png,
+      { type: "text/plain", data: "3" },
+    ]);
+    expect(parseExecution({ ...EXAMPLE, result: null })).not.toHaveProperty("results");
+    expect(() =>
+      parseExecution({ ...EXAMPLE, files: [{ path: "a", bytes: -1, content: null }] }),
+    ).toThrow(/files\.0\.bytes/);
+    expect(() => parseExecution({ ...EXAMPLE, result: { value: 1, results: [] } })).toThrow(
+      /result\.value/,
+    );
+  });
+
   it("output NUL bytes become U+FFFD, as invalid UTF-8 already is: PostgreSQL text cannot hold them", () => {
     expect(
       parseExecution({ ...EXAMPLE, stdout: "a\u0000b\u0000", stderr: "\u0000" }),

@@ -15,6 +15,8 @@ import type {
   ExecutionRequest,
   ExecutionResult,
   OutputChunk,
+  OutputFile,
+  RichResult,
   RuntimeAdmission,
   Template,
 } from "./execution-runtime.js";
@@ -107,6 +109,9 @@ const StatsSchema = z.object({
   ),
 });
 
+/** A rich result as the agent publishes it (PROTOCOL.md, `result`). */
+const RichResultSchema = z.object({ type: z.string(), data: z.string() });
+
 const ExecutionSchema = z.object({
   status: z.enum([
     "ok",
@@ -141,6 +146,11 @@ const ExecutionSchema = z.object({
     exits: integer,
     processes_created: integer,
   }),
+  /** What the agent published: a script's result or a cell's (whose `error` session-runtime.ts reads). */
+  result: z.object({ value: z.string().nullable(), results: z.array(RichResultSchema) }).nullish(),
+  files: z
+    .array(z.object({ path: z.string(), bytes: integer, content: z.string().nullable() }))
+    .optional(),
 });
 
 const ErrorSchema = z.object({
@@ -224,6 +234,25 @@ const OUTCOMES: Record<z.infer<typeof ExecutionSchema>["status"], ExecutionOutco
 
 const ms = (us: number): number => us / 1000;
 
+/**
+ * The rich results of a run as the gateway answers them: those shown, then the last expression's
+ * value as text/plain (as Jupyter lists an execute_result after the displays before it).
+ */
+function richResults(published: { value: string | null; results: RichResult[] }): RichResult[] {
+  const { value, results } = published;
+  return value === null ? results : [...results, { type: "text/plain", data: value }];
+}
+
+function outputFiles(
+  files: { path: string; bytes: number; content: string | null }[],
+): OutputFile[] {
+  return files.map((f) => ({
+    path: f.path,
+    bytes: f.bytes,
+    content: f.content === null ? null : Buffer.from(f.content, "base64"),
+  }));
+}
+
 export function parseExecution(frame: FrameObject): ExecutionResult {
   const e = parse(ExecutionSchema, frame, "execution");
   return {
@@ -253,6 +282,8 @@ export function parseExecution(frame: FrameObject): ExecutionResult {
       exits: e.usage.exits,
       processesCreated: e.usage.processes_created,
     },
+    ...(e.result == null ? {} : { results: richResults(e.result) }),
+    ...(e.files === undefined ? {} : { files: outputFiles(e.files) }),
   };
 }
 

@@ -3,6 +3,7 @@ import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import { trace } from "@opentelemetry/api";
 import { findExecution } from "../../db/billing.js";
 import { listExecutions } from "../../db/execution-list.js";
+import { findOutputFile } from "../../db/output-files.js";
 import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey, shedPastBounds } from "../middleware.js";
@@ -20,6 +21,8 @@ import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-executio
 import {
   AUTHENTICATED,
   executionJson,
+  filePathOfUrl,
+  filePathParams,
   IDEMPOTENCY_KEY_HEADER,
   idempotencyKeyOf,
   problemResponses,
@@ -69,14 +72,14 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     const input = c.req.valid("json");
     if (wantsStream(c.req.header("accept"), input))
       return streamExecution(c, ctx, input, idempotencyKey);
-    const { record, replayed } = await ctx.executions.execute(
+    const { record, replayed, output } = await ctx.executions.execute(
       c.get("principal"),
       input,
       idempotencyKey,
     );
     trace.getActiveSpan()?.setAttribute("sandfork.execution.id", record.id);
     if (replayed) c.header("idempotent-replayed", "true");
-    return c.json(executionJson(record, unit), 200);
+    return c.json(executionJson(record, unit, output), 200);
   });
 
   const getExecution = createRoute({
@@ -106,8 +109,11 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     if (!visible) {
       throw new ProblemError("not-found", "no such execution for this key");
     }
-    return c.json(executionJson(record, unit), 200);
+    const files = await ctx.outputFiles.list(record.id);
+    return c.json(executionJson(record, unit, { files }), 200);
   });
+
+  registerOutputFileRoute(app, ctx);
 
   const listRoute = createRoute({
     method: "get",
@@ -183,6 +189,53 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
       },
       200,
     );
+  });
+}
+
+/**
+ * GET /v1/executions/{id}/files/{path}: the path has slashes, which an OpenAPI path parameter
+ * cannot match, so this is a plain Hono route documented in the registry by hand. Only the
+ * account that ran the execution sees its files (a token only those of the executions it ran);
+ * to anyone else, as for an expired file, there is none.
+ */
+function registerOutputFileRoute(app: OpenAPIHono<AppEnv>, ctx: GatewayContext): void {
+  app.openAPIRegistry.registerPath({
+    method: "get",
+    path: "/v1/executions/{id}/files/{path}",
+    summary: "Download a file an execution left under /work/out (its files[].url)",
+    description: `Kept for ${ctx.config.outputFiles.ttlSeconds} s after the execution (SANDFORK_OUTPUT_FILES_TTL_SECONDS), then deleted.`,
+    security: AUTHENTICATED,
+    request: {
+      params: filePathParams("Relative to /work/out, by the rules of a path under /work. "),
+    },
+    responses: {
+      200: {
+        description: "The file's bytes",
+        content: {
+          "application/octet-stream": { schema: z.string().openapi({ format: "binary" }) },
+        },
+      },
+      ...problemResponses(401, 403, 404, 422, 429),
+    },
+  });
+  app.get("/v1/executions/:id/files/:path{.+}", authenticate(ctx, "execute"), async (c) => {
+    const id = c.req.param("id");
+    const notFound = new ProblemError("not-found", "no such file of an execution of this key");
+    if (!z.string().uuid().safeParse(id).success) throw notFound;
+    const path = filePathOfUrl(c.req.url, "/v1/executions/");
+    const principal = c.get("principal");
+    const file = await findOutputFile(ctx.db, id, path);
+    if (
+      file === undefined ||
+      file.accountId !== principal.accountId ||
+      (principal.token !== null && file.tokenId !== principal.token.id)
+    )
+      throw notFound;
+    return c.body(new Uint8Array(file.content), 200, {
+      "content-type": "application/octet-stream",
+      "content-disposition": `attachment; filename*=UTF-8''${encodeURIComponent(path.slice(path.lastIndexOf("/") + 1))}`,
+      "x-content-type-options": "nosniff",
+    });
   });
 }
 

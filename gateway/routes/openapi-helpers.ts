@@ -1,7 +1,12 @@
 // Shared pieces of route definitions.
+
+import { z } from "@hono/zod-openapi";
 import type { ExecutionRecord } from "../../db/billing.js";
 import type { AccountBalance, StoredKey } from "../../db/keys.js";
+import { WORK_PATH_RULES, workPathProblem } from "../file-paths.js";
+import type { OutputFileJson } from "../output-files.js";
 import { ProblemError } from "../problems.js";
+import type { CheckedResult } from "../rich-results.js";
 import { ProblemSchema } from "../schemas.js";
 
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
@@ -66,9 +71,58 @@ export function problemResponses<S extends keyof typeof PROBLEM_DESCRIPTIONS>(..
 
 export const AUTHENTICATED = [{ bearerAuth: [] }];
 
+/**
+ * The documented parameters of a `.../{id}/files/{path}` route (`where`: what `path` is relative
+ * to, when not /work): a plain Hono route matches them (`:path{.+}`), as an OpenAPI path
+ * parameter has no slashes.
+ */
+export function filePathParams(where = "") {
+  return z.object({
+    id: z
+      .string()
+      .uuid()
+      .openapi({ param: { name: "id", in: "path" } }),
+    path: z.string().openapi({
+      param: { name: "path", in: "path" },
+      description: `${where}${WORK_PATH_RULES}; percent-encoded once, slashes allowed`,
+    }),
+  });
+}
+
+/**
+ * The file path of a `{collection}{id}/files/{path}` request, decoded once from the URL as it
+ * arrived (Hono's param() has already decoded it, and leaves what does not decode as it was).
+ * A path that is not percent-encoded UTF-8, or that the daemon would refuse, is a 422.
+ */
+export function filePathOfUrl(url: string, collection: string): string {
+  const pathname = new URL(url).pathname;
+  const raw = pathname.slice(pathname.indexOf("/files/", collection.length) + "/files/".length);
+  let path: string;
+  try {
+    path = decodeURIComponent(raw);
+  } catch {
+    throw new ProblemError("validation-failed", "the file path is not percent-encoded UTF-8");
+  }
+  const why = workPathProblem(path);
+  if (why !== undefined)
+    throw new ProblemError(
+      "validation-failed",
+      `the file path ${JSON.stringify(path.slice(0, 64))}: ${why}`,
+    );
+  return path;
+}
+
 const iso = (d: Date | null) => (d === null ? null : d.toISOString());
 
-export function executionJson(record: ExecutionRecord, unitName: string) {
+/**
+ * An execution as the API answers it; `output` (a run's results and files, or the files still
+ * kept) adds `results` and `files`.
+ */
+export function executionJson(
+  record: ExecutionRecord,
+  unitName: string,
+  output?: { results?: CheckedResult[]; files: OutputFileJson[] },
+) {
   return {
     id: record.id,
     template: record.template,
@@ -89,6 +143,8 @@ export function executionJson(record: ExecutionRecord, unitName: string) {
     usage: { unit: unitName, reserved_units: record.reservedUnits, units: record.chargedUnits },
     created_at: record.createdAt.toISOString(),
     finished_at: iso(record.finishedAt),
+    ...(output?.results === undefined ? {} : { results: output.results }),
+    ...(output === undefined ? {} : { files: output.files }),
   };
 }
 

@@ -4,41 +4,22 @@ import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import type { SessionRow } from "../../db/sessions.js";
 import type { TakenCheckpoint } from "../../runtime/session-runtime.js";
 import type { AppEnv, GatewayContext } from "../context.js";
-import { WORK_PATH_RULES, workPathProblem } from "../file-paths.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
 import { ProblemError } from "../problems.js";
 import { REQUEST_LIMITS, refineText } from "../request-limits.js";
-import { ExecutionSchema, maxProcessesSchema } from "../schemas.js";
+import { checkedResults } from "../rich-results.js";
+import { ExecutionSchema, maxProcessesSchema, RichResultSchema } from "../schemas.js";
 import type { CellOutcome, SessionService } from "../session-service.js";
-import { AUTHENTICATED, executionJson, problemResponses } from "./openapi-helpers.js";
+import {
+  AUTHENTICATED,
+  executionJson,
+  filePathOfUrl,
+  filePathParams,
+  problemResponses,
+} from "./openapi-helpers.js";
 
 /** Largest file a request puts into or reads from a session (the daemon's bound). */
 const { MAX_SESSION_FILE_BYTES } = REQUEST_LIMITS;
-
-/**
- * The file path of a /v1/sessions/{id}/files/{path} request, decoded once from the URL as it
- * arrived (Hono's param() has already decoded it, and leaves what does not decode as it was).
- * A path that is not percent-encoded UTF-8, or that the daemon would refuse, is a 422.
- */
-export function sessionFilePath(url: string): string {
-  const pathname = new URL(url).pathname;
-  const raw = pathname.slice(
-    pathname.indexOf("/files/", "/v1/sessions/".length) + "/files/".length,
-  );
-  let path: string;
-  try {
-    path = decodeURIComponent(raw);
-  } catch {
-    throw new ProblemError("validation-failed", "the file path is not percent-encoded UTF-8");
-  }
-  const why = workPathProblem(path);
-  if (why !== undefined)
-    throw new ProblemError(
-      "validation-failed",
-      `the file path ${JSON.stringify(path.slice(0, 64))}: ${why}`,
-    );
-  return path;
-}
 
 const SessionIdParam = z.object({
   id: z
@@ -105,6 +86,10 @@ const CellSchema = z
       .object({ name: z.string(), message: z.string() })
       .nullable()
       .openapi({ description: "The exception that ended the cell (its traceback is in stderr)" }),
+    results: z.array(RichResultSchema).openapi({
+      description:
+        "The cell's rich results in the order shown (charts, display()ed objects, the value's HTML, PNG or JSON forms), then its value as text/plain",
+    }),
     resumed: z
       .boolean()
       .openapi({ description: "The session was paused and resumed for this cell" }),
@@ -205,6 +190,7 @@ export function cellJson({ session, record, cell }: CellOutcome, unit: string) {
   return {
     value: cell.value,
     error: cell.error,
+    results: checkedResults(cell.execution.results ?? []),
     resumed: cell.resumed,
     execution: executionJson(record, unit),
     session: sessionJson(session, unit),
@@ -481,16 +467,7 @@ function registerFileRoutes(
   ctx: GatewayContext,
   sessions: SessionService,
 ): void {
-  const params = z.object({
-    id: z
-      .string()
-      .uuid()
-      .openapi({ param: { name: "id", in: "path" } }),
-    path: z.string().openapi({
-      param: { name: "path", in: "path" },
-      description: `${WORK_PATH_RULES}; percent-encoded once, slashes allowed`,
-    }),
-  });
+  const params = filePathParams();
   const file = z.object({ path: z.string(), bytes: z.number().int() }).openapi("SessionFile");
   const common = { security: AUTHENTICATED, request: { params } };
   app.openAPIRegistry.registerPath({
@@ -543,7 +520,7 @@ function registerFileRoutes(
     const id = c.req.param("id") ?? "";
     if (!z.string().uuid().safeParse(id).success)
       throw new ProblemError("not-found", "no such session for this key");
-    return { id, path: sessionFilePath(c.req.url) };
+    return { id, path: filePathOfUrl(c.req.url, "/v1/sessions/") };
   };
   app.put(route, authenticate(ctx, "execute"), limitBodyPerKey, async (c) => {
     const { id, path } = target(c);

@@ -55,12 +55,45 @@ const AnthropicToolResultSchema = z
   .object({
     type: z.literal("tool_result"),
     tool_use_id: z.string(),
-    content: z.string(),
+    content: z
+      .union([
+        z.string(),
+        z.array(
+          z.union([
+            z.object({ type: z.literal("text"), text: z.string() }),
+            z.object({
+              type: z.literal("image"),
+              source: z.object({
+                type: z.literal("base64"),
+                media_type: z.enum(["image/png", "image/jpeg"]),
+                data: z.string(),
+              }),
+            }),
+          ]),
+        ),
+      ])
+      .openapi({
+        description:
+          "The result's JSON as text; when the run showed images (charts), an array of a text block and an image block for each",
+      }),
     is_error: z.boolean(),
   })
   .openapi("AnthropicToolResult", {
     description: "The content block to send in the next user message",
   });
+
+/** An Anthropic tool_result's content: the text alone, or with an image block per image. */
+function anthropicContent(result: ToolResult) {
+  const text = toolResultText(result);
+  if (result.isError || result.images.length === 0) return text;
+  return [
+    { type: "text" as const, text },
+    ...result.images.map((image) => ({
+      type: "image" as const,
+      source: { type: "base64" as const, media_type: image.mimeType, data: image.data },
+    })),
+  ];
+}
 
 const ToolListSchema = z
   .object({ tools: z.array(z.record(z.string(), z.unknown())) })
@@ -101,7 +134,9 @@ export function registerToolRoutes(
     summary: "Run a model's tool call and get the message to append",
     description:
       "Takes an OpenAI `tool_calls[]` item or an Anthropic `tool_use` block as the model produced it. run_code is billed like " +
-      "POST /v1/executions, the session tools like /v1/sessions (a run's execution id is in the Sandfork-Execution-Id header). Invalid arguments, an unknown tool or language, " +
+      "POST /v1/executions, the session tools like /v1/sessions (a run's execution id is in the Sandfork-Execution-Id header). " +
+      "Charts come back as image blocks in the Anthropic format, and are described (type, pixel size, bytes) in OpenAI's, " +
+      "whose tool messages hold text only. Invalid arguments, an unknown tool or language, " +
       "missing credits or a runtime failure are not HTTP errors: the answer is a tool result (is_error for Anthropic) whose " +
       "content is the problem+json body, for the model to read.",
     security: AUTHENTICATED,
@@ -157,7 +192,7 @@ export function registerToolRoutes(
       {
         type: "tool_result" as const,
         tool_use_id: call.id,
-        content: toolResultText(result),
+        content: anthropicContent(result),
         is_error: result.isError,
       },
       200,

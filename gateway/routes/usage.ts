@@ -2,6 +2,7 @@
 import { createRoute, type OpenAPIHono } from "@hono/zod-openapi";
 import { usageSeries } from "../../db/execution-list.js";
 import { findKeyById, getBalance } from "../../db/keys.js";
+import { keptBytesOfKey } from "../../db/output-files.js";
 import { sessionUsageForKey } from "../../db/sessions.js";
 import { usageForKey } from "../../db/usage.js";
 import { hasScope } from "../auth/principal.js";
@@ -54,10 +55,11 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     const to = query.to === undefined ? now : new Date(query.to);
     const from = query.from === undefined ? startOfUtcMonth(now) : new Date(query.from);
     if (from >= to) throw new ProblemError("validation-failed", "`from` must be before `to`");
-    const [usage, sessions, balance] = await Promise.all([
+    const [usage, sessions, balance, outputFileBytes] = await Promise.all([
       usageForKey(ctx.db, keyId, from, to),
       sessionUsageForKey(ctx.db, keyId, from, to),
       getBalance(ctx.db, accountId),
+      keptBytesOfKey(ctx.db, keyId, now),
     ]);
     if (balance === undefined) throw new ProblemError("not-found", `no account ${accountId}`);
     return c.json(
@@ -74,6 +76,10 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
           units: sessions.units,
           running_gib_seconds: sessions.runningGibSeconds,
           checkpoint_gib_hours: sessions.checkpointGibHours,
+        },
+        output_files: {
+          bytes: outputFileBytes,
+          quota_bytes: ctx.config.outputFiles.quotaBytesPerKey,
         },
         balance: balanceJson(ctx.leases.asSeenByCallers(balance)),
       },

@@ -23,6 +23,14 @@ export type ToolName = (typeof TOOL_NAMES)[number];
 const LANGUAGE_DESCRIPTION =
   'The language of the code, e.g. "python", "javascript" or "typescript" (list_templates names the languages available)';
 
+const TEMPLATE = z
+  .string()
+  .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
+  .optional()
+  .describe(
+    'The template to run in (list_templates names them), e.g. "python-data" for numpy, pandas and matplotlib; default: the one named after the language',
+  );
+
 /** The limits a run_code call or a cell may set. */
 function runLimits(limits: ExecutionLimits) {
   return {
@@ -53,8 +61,9 @@ export function runCodeArguments(limits: ExecutionLimits) {
         .string()
         .max(REQUEST_LIMITS.MAX_CODE_BYTES)
         .describe(
-          `The complete program to run; what it prints is the result. At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`,
+          `The complete program to run; what it prints is the result, with the value of its last expression, its matplotlib charts and the files it writes under /work/out. At most ${REQUEST_LIMITS.MAX_CODE_BYTES} bytes of UTF-8`,
         ),
+      template: TEMPLATE,
       stdin: z
         .string()
         .max(REQUEST_LIMITS.MAX_STDIN_BYTES)
@@ -94,6 +103,7 @@ const SESSION_ID = z.string().uuid().describe("The session_id that open_session 
 export const OpenSessionArguments = z
   .object({
     language: z.string().min(1).max(64).describe(LANGUAGE_DESCRIPTION),
+    template: TEMPLATE,
   })
   .strict();
 export type OpenSessionArguments = z.infer<typeof OpenSessionArguments>;
@@ -144,6 +154,23 @@ const ExecutionFields = {
     total_ms: z.number(),
   }),
   usage: z.object({ unit: z.string(), units: z.number().int() }),
+  results: z
+    .array(
+      z.object({
+        type: z.string(),
+        data: z.string().optional().describe("The result, for every type but an image"),
+        description: z
+          .string()
+          .optional()
+          .describe("For an image: its size; the image itself is sent as image content"),
+      }),
+    )
+    .describe(
+      "Rich results in the order shown: charts (image/png), tables (text/html), then the last expression's value (text/plain)",
+    ),
+  files: z
+    .array(z.object({ path: z.string(), size: z.number().int(), url: z.string().nullable() }))
+    .describe("Files the program left under /work/out; url downloads one with the caller's key"),
 };
 
 // Loose: whatever more an execution's answer carries (rich results) is passed through.
@@ -212,8 +239,10 @@ export function toolDefinitions(limits: ExecutionLimits): ToolDefinition[] {
     {
       name: RUN_CODE,
       description:
-        "Runs a program in a fresh, isolated sandbox (no network) and returns its stdout, stderr, exit status and timings. " +
-        "Print what you want to see; nothing is kept for the next call (open_session keeps state). Each call is billed to the caller's API key.",
+        "Runs a program in a fresh, isolated sandbox (no network) and returns its stdout, stderr, exit status and timings, " +
+        "the value of its last expression, its charts (matplotlib figures, as images) and tables (pandas DataFrames, as HTML), " +
+        "and the files it wrote under /work/out. Print what you want to see; nothing is kept for the next call " +
+        "(open_session keeps state). Each call is billed to the caller's API key.",
       parameters: jsonSchema(runCodeArguments(limits)),
       result: jsonSchema(RunCodeResult),
     },

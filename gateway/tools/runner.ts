@@ -8,6 +8,7 @@ import type { Principal } from "../auth/principal.js";
 import type { GatewayContext } from "../context.js";
 import type { ExecutionInput } from "../execution-service.js";
 import { type ProblemBody, ProblemError } from "../problems.js";
+import type { CheckedResult } from "../rich-results.js";
 import { executionJson } from "../routes/openapi-helpers.js";
 import { cellJson, sessionJson } from "../routes/sessions.js";
 import { executionRequestSchema } from "../schemas.js";
@@ -44,18 +45,51 @@ export type ToolResult =
         | RunCellResult
         | CloseSessionResult;
       executionId: string | null;
+      /** The run's images (base64), for the formats that carry them beside the text. */
+      images: ToolImage[];
     }
   | { isError: true; problem: ProblemBody };
 
+export interface ToolImage {
+  mimeType: "image/png" | "image/jpeg";
+  /** base64 */
+  data: string;
+}
+
+/** What a model reads in place of an image: its type, pixel size when a PNG says it, and bytes. */
+export function imageDescription(image: ToolImage): string {
+  const bytes = Buffer.from(image.data, "base64");
+  const size = pngSize(bytes);
+  const pixels = size === undefined ? "" : `${size.width}x${size.height} px, `;
+  return `${image.mimeType}, ${pixels}${bytes.length} bytes`;
+}
+
+/** A PNG's width and height from its IHDR chunk; undefined for anything else. */
+function pngSize(png: Buffer): { width: number; height: number } | undefined {
+  const signature = "89504e470d0a1a0a";
+  if (png.length < 24 || png.subarray(0, 8).toString("hex") !== signature) return undefined;
+  if (png.subarray(12, 16).toString("latin1") !== "IHDR") return undefined;
+  return { width: png.readUInt32BE(16), height: png.readUInt32BE(20) };
+}
+
 /**
- * An execution's answer (POST /v1/executions, a cell's `execution`) as a tool result: what the
- * model needs, and whatever more the answer carries (rich results) as it is.
+ * An execution's answer (POST /v1/executions, a cell's `execution`) and its rich results as a
+ * tool result: what the model needs, whatever more the answer carries (its files) as it is, and
+ * the results with each image described in the text and handed over beside it.
  */
 function executionResult(
   execution: ReturnType<typeof executionJson>,
-): RunCodeResult & Record<string, unknown> {
+  results: readonly CheckedResult[],
+): { structured: RunCodeResult & Record<string, unknown>; images: ToolImage[] } {
   const { id, template: _, created_at, finished_at, usage, ...rest } = execution;
-  return {
+  const images: ToolImage[] = [];
+  const listed = results.map((r) => {
+    if (r.type !== "image/png" && r.type !== "image/jpeg") return { type: r.type, data: r.data };
+    const image = { mimeType: r.type, data: r.data };
+    images.push(image);
+    return { type: r.type, description: imageDescription(image) };
+  });
+  const structured = {
     ...rest,
     execution_id: id,
     stdout: execution.stdout ?? "",
@@ -63,7 +97,10 @@ function executionResult(
     truncated: execution.truncated ?? false,
     timings: execution.timings ?? { queue_ms: 0, fork_ms: 0, exec_ms: 0, total_ms: 0 },
     usage: { unit: usage.unit, units: usage.units ?? 0 },
+    results: listed,
+    files: execution.files ?? [],
   };
+  return { structured, images };
 }
 
 function sessionResult(session: ReturnType<typeof sessionJson>): OpenSessionResult {
@@ -169,9 +206,18 @@ export class ToolRunner {
     return this.call(principal, name, args, idempotencyKey);
   }
 
-  /** The template that runs `language`: the one named after it, else the first. */
-  private async templateFor(language: string): Promise<string> {
+  /**
+   * The template asked for by name, which must exist (whether it runs `language` the execution
+   * checks); else the one that runs `language` named after it, else the first.
+   */
+  private async templateFor(language: string, name?: string): Promise<string> {
     const templates = await this.ctx.executions.templates();
+    if (name !== undefined) {
+      if (templates.some((t) => t.name === name)) return name;
+      throw new ProblemError("unknown-template", `no template named "${name}"`, {
+        extensions: { templates: templates.map((t) => t.name) },
+      });
+    }
     const runs = templates.filter((t) => t.languages.includes(language));
     const template = runs.find((t) => t.name === language) ?? runs[0];
     if (template === undefined) {
@@ -192,7 +238,7 @@ export class ToolRunner {
   ): Promise<ToolResult> {
     // The REST API's own schema checks what run_code's does not (file paths, sizes).
     const candidate: ExecutionInput = {
-      template: await this.templateFor(args.language),
+      template: await this.templateFor(args.language, args.template),
       language: args.language,
       code: args.code,
       ...(args.stdin === undefined ? {} : { stdin: args.stdin }),
@@ -201,21 +247,25 @@ export class ToolRunner {
       ...(args.max_processes === undefined ? {} : { max_processes: args.max_processes }),
     };
     const input = parseArguments(RUN_CODE, this.executionSchema, candidate);
-    const { record } = await this.ctx.executions.execute(principal, input, idempotencyKey);
+    const { record, output } = await this.ctx.executions.execute(principal, input, idempotencyKey);
+    const execution = executionJson(record, this.ctx.config.pricing.unitName, {
+      files: output.files,
+    });
     return {
       isError: false,
       executionId: record.id,
-      structured: executionResult(executionJson(record, this.ctx.config.pricing.unitName)),
+      ...executionResult(execution, output.results ?? []),
     };
   }
 
   private async openSession(principal: Principal, args: OpenSessionArguments): Promise<ToolResult> {
     const row = await this.ctx.sessions.create(principal, {
-      template: await this.templateFor(args.language),
+      template: await this.templateFor(args.language, args.template),
     });
     return {
       isError: false,
       executionId: null,
+      images: [],
       structured: sessionResult(sessionJson(row, this.ctx.config.pricing.unitName)),
     };
   }
@@ -227,11 +277,16 @@ export class ToolRunner {
       max_processes: args.max_processes,
     });
     // The REST answer of the cell, flattened: its session, its own fields, its execution's.
-    const { session, execution, ...cell } = cellJson(outcome, this.ctx.config.pricing.unitName);
+    const { session, execution, results, ...cell } = cellJson(
+      outcome,
+      this.ctx.config.pricing.unitName,
+    );
+    const { structured, images } = executionResult(execution, results);
     return {
       isError: false,
       executionId: execution.id,
-      structured: { ...sessionResult(session), ...cell, ...executionResult(execution) },
+      images,
+      structured: { ...sessionResult(session), ...cell, ...structured },
     };
   }
 
@@ -243,6 +298,7 @@ export class ToolRunner {
     return {
       isError: false,
       executionId: null,
+      images: [],
       structured: {
         ...sessionResult(session),
         usage: { unit: session.usage.unit, units: session.usage.units },
@@ -255,6 +311,7 @@ export class ToolRunner {
     return {
       isError: false,
       executionId: null,
+      images: [],
       structured: {
         templates: templates.map((t) => ({
           name: t.name,

@@ -34,6 +34,8 @@ interface Described {
 /** Python type → where its schema is in the document's components (a path below `schemas`). */
 const CHECKED: Record<string, string[]> = {
   Execution: ["Execution"],
+  RichResult: ["RichResult"],
+  OutputFile: ["OutputFile"],
   ExecutionFile: ["ExecutionRequest", "properties", "files", "items"],
   Template: ["Template"],
   SessionInfo: ["Session"],

@@ -191,6 +191,11 @@ class Sandfork:
         """A stored execution."""
         return cast(Execution, self._json("GET", f"/v1/executions/{_segment(execution_id)}"))
 
+    def file(self, url: str) -> bytes:
+        """An execution's output file, by its `files[].url`."""
+        with self._send("GET", url, None, accept="application/octet-stream") as response:
+            return cast(bytes, response.read())
+
     def templates(self) -> list[Template]:
         return cast(list[Template], self._json("GET", "/v1/templates")["templates"])
 

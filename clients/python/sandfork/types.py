@@ -42,12 +42,34 @@ class ExecutionUsage(TypedDict):
     units: int | None
 
 
+RichResultType = Literal[
+    "text/plain",
+    "text/html",
+    "text/markdown",
+    "text/latex",
+    "image/png",
+    "image/jpeg",
+    "image/svg+xml",
+    "application/json",
+]
+
+
 class RichResult(TypedDict):
     """One rich result (a chart, a table) of an answer's `results`: its MIME type and its data
     (base64 for binary types). Answers carry them as the gateway sends them."""
 
-    type: str
+    type: RichResultType
     data: str
+
+
+class OutputFile(TypedDict):
+    """A file the program left under /work/out; `Sandfork.file(url)` downloads it while kept."""
+
+    path: str
+    size: int
+    url: str | None
+    expires_at: str | None
+    reason: NotRequired[Literal["not_transferred", "invalid_path", "quota_exceeded", "store_failed"]]
 
 
 class Execution(TypedDict):
@@ -62,6 +84,8 @@ class Execution(TypedDict):
     usage: ExecutionUsage
     created_at: str
     finished_at: str | None
+    results: NotRequired[list[RichResult]]
+    files: NotRequired[list[OutputFile]]
 
 
 class Price(TypedDict):
@@ -120,6 +144,7 @@ class Cell(TypedDict):
 
     value: str | None
     error: CellError | None
+    results: list[RichResult]
     resumed: bool
     execution: Execution
     session: SessionInfo

@@ -13,7 +13,7 @@ const CLIENT_DIR = fileURLToPath(new URL(".", import.meta.url));
 /** The interpreter the client is tested with: Debian's, never whatever `python3` PATH finds. */
 const PYTHON = "/usr/bin/python3.11";
 /** Tests in tests/test_client.py. */
-const PYTHON_TESTS = 9;
+const PYTHON_TESTS = 10;
 const SUITE_TIMEOUT_MS = 180_000 * timeScale;
 
 let served: ServedGateway;

@@ -17,6 +17,7 @@ import uuid
 from typing import Any, cast
 
 from sandfork import (
+    Execution,
     RichResult,
     Sandfork,
     SandforkError,
@@ -31,6 +32,12 @@ TICKS = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    
 
 def gateway(key_variable: str = "SANDFORK_API_KEY") -> Sandfork:
     return Sandfork(os.environ["SANDFORK_URL"], os.environ[key_variable], timeout=60 * SCALE)
+
+
+def without_results(execution: Execution) -> Execution:
+    kept = dict(execution)
+    kept.pop("results", None)
+    return cast(Execution, kept)
 
 
 class ServerSentEventsTest(unittest.TestCase):
@@ -76,9 +83,31 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual(run["exit_code"], 0)
         self.assertEqual(run["stdout"], "42 ['a', 'b'] from stdin from a file\n")
         self.assertGreater(run["usage"]["units"] or 0, 0)
-        self.assertEqual(self.sandfork.execution(run["id"]), run)
+        # GET answers the stored record: the run's results are not kept.
+        self.assertEqual(self.sandfork.execution(run["id"]), without_results(run))
         failed = self.sandfork.execute("python", "raise SystemExit(3)")
         self.assertEqual((failed["status"], failed["exit_code"]), ("completed", 3))
+
+    def test_rich_results_and_output_files(self) -> None:
+        with self.sandfork.create_session("python") as session:
+            session.run("class Table:\n    def _repr_html_(self):\n        return '<b>7</b>'\n")
+            cell = session.run("Table()")
+            types = [result["type"] for result in cell["results"]]
+            self.assertIn("text/html", types, cell)
+            html = next(r for r in cell["results"] if r["type"] == "text/html")
+            self.assertEqual(decode_result(html), b"<b>7</b>")
+            plain = session.run("6 * 7")["results"]
+            self.assertEqual(plain[-1], {"type": "text/plain", "data": "42"})
+        run = self.sandfork.execute(
+            "python",
+            "import os\nos.makedirs('/work/out/plots', exist_ok=True)\n"
+            "open('/work/out/plots/data.bin', 'wb').write(bytes(range(256)))\n",
+        )
+        files = run.get("files", [])
+        self.assertEqual([(f["path"], f["size"]) for f in files], [("plots/data.bin", 256)], run)
+        url = files[0]["url"]
+        assert url is not None, files
+        self.assertEqual(self.sandfork.file(url), bytes(range(256)))
 
     def test_idempotency_key_bills_a_retry_once(self) -> None:
         key = str(uuid.uuid4())
@@ -102,7 +131,7 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual(text, execution["stdout"])
         # Five lines 100 ms apart: the first arrives ~400 ms before the end, not with it.
         self.assertGreater(seen[-1][1] - outputs[0][1], 0.25, [(e["event"], at) for e, at in seen])
-        self.assertEqual(self.sandfork.execution(execution["id"]), execution)
+        self.assertEqual(self.sandfork.execution(execution["id"]), without_results(execution))
 
     def test_templates(self) -> None:
         python = next(t for t in self.sandfork.templates() if t["name"] == "python")

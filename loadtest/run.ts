@@ -27,7 +27,7 @@
 // --overload measures something else instead (lib/overload.ts): on PGlite, the share of calls
 // answered with their true status or shed with 429/503 at 4x the concurrency the machine
 // sustains with a CPU hog beside it, the p99 of the shed answers, and executions/s of the rest
-// against the same run's unloaded figure; --overload-seconds long each. --gateway-nice N (default
+// against the same run's unloaded figure; --overload-seconds long each. --gateway-nice=N (default
 // -10, 0: unset) is the gateway's SANDFORK_GATEWAY_NICE, and this client's and the floor server's nice.
 //
 // `--json` prints one object that `npm run bench:report` turns into docs/benchmarks.md's table.
@@ -58,7 +58,7 @@ import { startSpanReceiver } from "./lib/phases.js";
 import { openRecordBaseline } from "./lib/record-baseline.js";
 
 const { values, fail } = commandLine(
-  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --gap-ms 0,15,100,1000 [--requests N] [--databases ...] [--json] | --overload [--overload-seconds S] [--gateway-nice N] [--json]",
+  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --gap-ms 0,15,100,1000 [--requests N] [--databases ...] [--json] | --overload [--overload-seconds S] [--gateway-nice=N] [--json]",
   {
     overload: { type: "boolean", default: false },
     "gap-ms": { type: "string" },
@@ -104,7 +104,7 @@ if (values.overload) {
   if (values.json) console.log(JSON.stringify(report));
   else {
     console.log(
-      `\nnpm run loadtest -- --overload --overload-seconds ${seconds} --gateway-nice ${gatewayNice}: ${report.cpus} CPUs, PGlite; one in ten runs past its 200 ms time limit (true status timed_out), the rest print(6*7)`,
+      `\nnpm run loadtest -- --overload --overload-seconds ${seconds} --gateway-nice=${gatewayNice}: ${report.cpus} CPUs, PGlite; one in ten runs past its 200 ms time limit (true status timed_out), the rest print(6*7)`,
     );
     console.log(overloadTable(report));
     if (report.wrong_examples.length > 0)

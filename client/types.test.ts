@@ -4,18 +4,14 @@
 // objects checked the same way: a field added to the API and not to the client (or the other way
 // round) fails here.
 import { readFileSync } from "node:fs";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { OPENAPI_PATH } from "../gateway/app.js";
-import { startTestGateway, type TestGateway } from "../gateway/testing/test-gateway.js";
-
-interface Schema {
-  type?: string | string[];
-  properties?: Record<string, Schema>;
-  required?: string[];
-  items?: Schema;
-  enum?: unknown[];
-  $ref?: string;
-}
+import { beforeAll, describe, expect, it } from "vitest";
+import {
+  type ClientType,
+  openApiComponents,
+  type Schema,
+  schemaAt,
+  typeDifferences,
+} from "../gateway/testing/client-types.js";
 
 /** Client type → where its schema is in the document's components (a path below `schemas`). */
 const CHECKED: Record<string, string[]> = {
@@ -95,97 +91,49 @@ function fields(body: string): Map<string, [boolean, string]> {
   return found;
 }
 
-/** The differences between the client's type (as text) and `schema`, each as "where: what". */
-function differences(
-  text: string,
-  schema: Schema,
-  where: string,
-  components: Record<string, Schema>,
-): string[] {
-  if (schema.$ref !== undefined)
-    return differences(
-      text,
-      components[schema.$ref.replace("#/components/schemas/", "")] ?? {},
-      where,
-      components,
-    );
-  const found: string[] = [];
+/** The client's type written `text`, as the comparison walks it. */
+function clientType(text: string): ClientType {
   let parts = splitTop(text, "|");
   if (parts.length === 1 && /^[A-Z]\w*$/.test(parts[0] as string) && parts[0] !== "Record")
     parts = splitTop(declaration(parts[0] as string), "|");
-  const allowsNull = parts.includes("null");
   const nonNull = parts.filter((p) => p !== "null" && p !== "undefined");
-  const types =
-    schema.type === undefined ? [] : Array.isArray(schema.type) ? schema.type : [schema.type];
-  if (types.length > 0 && types.includes("null") !== allowsNull)
-    found.push(
-      `${where}: ${types.includes("null") ? "the API allows null, the client does not" : "the client allows null, the API does not"}`,
-    );
-  if (schema.enum !== undefined && nonNull.every((p) => /^"[^"]*"$/.test(p))) {
-    const values = nonNull.map((p) => p.slice(1, -1)).sort();
-    const expected = schema.enum.map(String).sort();
-    if (JSON.stringify(values) !== JSON.stringify(expected))
-      found.push(
-        `${where}: values ${JSON.stringify(values)}, the API's ${JSON.stringify(expected)}`,
-      );
-  }
   const one = nonNull.length === 1 ? (nonNull[0] as string) : undefined;
-  if (types.includes("array") && schema.items !== undefined) {
-    if (one === undefined || !one.endsWith("[]"))
-      found.push(`${where}: the API has an array, the client ${text}`);
-    else found.push(...differences(one.slice(0, -2), schema.items, `${where}[]`, components));
-  }
-  if (schema.properties !== undefined) {
-    const body =
-      one === undefined
-        ? undefined
-        : one.startsWith("{")
-          ? one
-          : /^[A-Z]\w*$/.test(one)
-            ? declaration(one)
-            : undefined;
-    if (body === undefined || !body.startsWith("{"))
-      return [...found, `${where}: the API has an object, the client ${text}`];
-    const required = new Set(schema.required ?? []);
-    const clientFields = fields(body);
-    for (const [field, fieldSchema] of Object.entries(schema.properties)) {
-      const entry = clientFields.get(field);
-      if (entry === undefined) {
-        found.push(`${where}.${field}: in the API, missing from the client`);
-        continue;
-      }
-      const [optional, type] = entry;
-      if (optional === required.has(field))
-        found.push(
-          `${where}.${field}: ${required.has(field) ? "required in the API, optional in the client" : "optional in the API, required in the client"}`,
-        );
-      found.push(...differences(type, fieldSchema, `${where}.${field}`, components));
-    }
-    for (const field of clientFields.keys())
-      if (!(field in schema.properties))
-        found.push(`${where}.${field}: in the client, not in the API`);
-  }
-  return found;
+  const body =
+    one === undefined
+      ? undefined
+      : one.startsWith("{")
+        ? one
+        : /^[A-Z]\w*$/.test(one)
+          ? declaration(one)
+          : undefined;
+  return {
+    text,
+    nullable: parts.includes("null"),
+    enumValues: nonNull.every((p) => /^"[^"]*"$/.test(p))
+      ? nonNull.map((p) => p.slice(1, -1))
+      : undefined,
+    items: one?.endsWith("[]") ? clientType(one.slice(0, -2)) : undefined,
+    fields:
+      body?.startsWith("{") === true
+        ? new Map(
+            [...fields(body)].map(([name, [optional, type]]) => [
+              name,
+              { optional, type: clientType(type) },
+            ]),
+          )
+        : undefined,
+  };
 }
 
 describe("the TypeScript client's types against the OpenAPI document", () => {
-  let gw: TestGateway;
   let components: Record<string, Schema>;
   beforeAll(async () => {
-    gw = await startTestGateway("pglite");
-    const doc = (await (await gw.call("GET", OPENAPI_PATH)).json()) as {
-      components: { schemas: Record<string, Schema> };
-    };
-    components = doc.components.schemas;
-  });
-  afterAll(async () => {
-    await gw?.dispose();
+    components = await openApiComponents();
   });
 
   it.each(Object.entries(CHECKED))("%s has the fields of its schema", (name, path) => {
-    let schema: unknown = components;
-    for (const step of path) schema = (schema as Record<string, unknown>)[step];
-    expect(schema, `the document has no ${path.join(".")}`).toBeDefined();
-    expect(differences(name, schema as Schema, name, components)).toEqual([]);
+    const schema = schemaAt(components, path);
+    if (schema === undefined) throw new Error(`the document has no ${path.join(".")}`);
+    expect(typeDifferences(clientType(name), schema, name, components)).toEqual([]);
   });
 });

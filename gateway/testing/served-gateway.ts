@@ -1,5 +1,6 @@
 // The gateway as the KVM suites that call it over HTTP need it: on PGlite, serving on a loopback
-// port, with the REAL supervised daemon running the python template (sessions kept).
+// port, with the REAL supervised daemon running the python template (sessions kept), or the
+// templates a suite names (python-data, built at start: its boot imports pandas and SciPy).
 import { mkdtemp, rm } from "node:fs/promises";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -25,7 +26,9 @@ export interface ServedGateway {
   dispose(): Promise<void>;
 }
 
-export async function startServedGateway(): Promise<ServedGateway> {
+export async function startServedGateway(
+  options: { templates?: string[]; bootTimeoutMs?: number } = {},
+): Promise<ServedGateway> {
   const dir = await mkdtemp(join(tmpdir(), "sfk-served-"));
   let runtime: StartedRuntime | undefined;
   let gw: TestGateway | undefined;
@@ -42,11 +45,11 @@ export async function startServedGateway(): Promise<ServedGateway> {
   try {
     await templatesWithPrebuilt(dir, ["python"]);
     const env = {
-      SANDFORK_TEMPLATES: "python",
+      SANDFORK_TEMPLATES: (options.templates ?? ["python"]).join(","),
       SANDFORK_VMM_BIN: requireVmmBinary(),
       SANDFORK_VMM_CONNECTIONS: "2",
       SANDFORK_VMM_SERVE_ARGS: "--pool-size 2",
-      SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
+      SANDFORK_VMM_BOOT_TIMEOUT_MS: String((options.bootTimeoutMs ?? 30_000) * timeScale),
       ...scaledDaemonReadyEnv,
     };
     runtime = await startRuntime(

@@ -108,6 +108,9 @@ class GatewayTest(unittest.TestCase):
         url = files[0]["url"]
         assert url is not None, files
         self.assertEqual(self.sandfork.file(url), bytes(range(256)))
+        with self.assertRaises(SandforkError) as refused:
+            gateway("SANDFORK_POOR_API_KEY").file(url)  # another account's key
+        self.assertEqual(refused.exception.status, 404)
 
     def test_idempotency_key_bills_a_retry_once(self) -> None:
         key = str(uuid.uuid4())

@@ -141,6 +141,7 @@ describe("output files", () => {
     runtime.files = [
       { path: "chart.png", bytes: binary.length, content: binary },
       { path: "dir/a b%.txt", bytes: 2, content: Buffer.from("hi") },
+      { path: "it's (1).csv", bytes: 1, content: Buffer.from("1") },
       { path: "huge.bin", bytes: 3 << 20, content: null },
       { path: "../escape", bytes: 1, content: Buffer.from("x") },
     ];
@@ -159,6 +160,12 @@ describe("output files", () => {
         url: `/v1/executions/${answer.id}/files/dir/a%20b%25.txt`,
         expires_at: expect.any(String),
       },
+      {
+        path: "it's (1).csv",
+        size: 1,
+        url: `/v1/executions/${answer.id}/files/it's%20(1).csv`,
+        expires_at: expect.any(String),
+      },
       { path: "huge.bin", size: 3 << 20, url: null, expires_at: null, reason: "not_transferred" },
       { path: "../escape", size: 1, url: null, expires_at: null, reason: "invalid_path" },
     ]);
@@ -172,7 +179,15 @@ describe("output files", () => {
     expect(chart.headers.get("content-type")).toBe("application/octet-stream");
     expect(Buffer.from(await chart.arrayBuffer()).equals(binary)).toBe(true);
     const text = await download(answer.files?.[1]?.url as string, owner.key);
+    expect(text.headers.get("content-disposition")).toBe(
+      "attachment; filename*=UTF-8''a%20b%25.txt",
+    );
     expect(await text.text()).toBe("hi");
+    const quoted = await download(answer.files?.[2]?.url as string, owner.key);
+    expect(quoted.headers.get("content-disposition")).toBe(
+      "attachment; filename*=UTF-8''it%27s%20%281%29.csv",
+    );
+    expect(await quoted.text()).toBe("1");
 
     // Another key of the same account may; another account's key, a token that did not run it,
     // a path not kept, a hostile path, and no credentials may not.
@@ -206,7 +221,7 @@ describe("output files", () => {
     const listed = (await (
       await gw.call("GET", `/v1/executions/${answer.id}`, { credential: owner.key })
     ).json()) as { files: { path: string }[] };
-    expect(listed.files.map((f) => f.path)).toEqual(["chart.png", "dir/a b%.txt"]);
+    expect(listed.files.map((f) => f.path)).toEqual(["chart.png", "dir/a b%.txt", "it's (1).csv"]);
     expect(await gw.context.outputFiles.sweep(new Date(Date.now() + 61_000))).toBeGreaterThan(0);
     await expectProblem(
       await download(answer.files?.[0]?.url as string, owner.key),

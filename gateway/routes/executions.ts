@@ -233,10 +233,18 @@ function registerOutputFileRoute(app: OpenAPIHono<AppEnv>, ctx: GatewayContext):
       throw notFound;
     return c.body(new Uint8Array(file.content), 200, {
       "content-type": "application/octet-stream",
-      "content-disposition": `attachment; filename*=UTF-8''${encodeURIComponent(path.slice(path.lastIndexOf("/") + 1))}`,
+      "content-disposition": `attachment; filename*=UTF-8''${attrValue(path.slice(path.lastIndexOf("/") + 1))}`,
       "x-content-type-options": "nosniff",
     });
   });
+}
+
+/** `name` as an RFC 8187 ext-value's characters: percent-encoded but for attr-char. */
+function attrValue(name: string): string {
+  return encodeURIComponent(name).replace(
+    /['()*]/g,
+    (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`,
+  );
 }
 
 const CURSOR_TIME = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/;

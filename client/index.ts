@@ -21,8 +21,27 @@ export interface ExecutionRequest {
   memory_mb?: number;
   /** Processes alive at once, the program included; a fork past it fails (default: the gateway's maximum). */
   max_processes?: number;
+  /** Narrows the API key's network policy for this run (a key without one reaches no network). */
+  network?: NetworkRequest;
   /** Answer with an event stream (what `stream()` asks for with its Accept header). */
   stream?: boolean;
+}
+
+/** Rules `host[:ports]`: `example.com`, `*.example.com`, `203.0.113.0/24`, `[2001:db8::/32]:443`. */
+export interface NetworkRequest {
+  allow: string[];
+  max_connections?: number;
+  max_bytes?: number;
+}
+
+/** What a run did on the network. */
+export interface NetworkUsage {
+  bytes_in: number;
+  bytes_out: number;
+  connections: number;
+  /** Connects, sends and DNS questions the policy refused. */
+  refused: number;
+  dns_queries: number;
 }
 
 export type ExecutionStatus =
@@ -34,6 +53,7 @@ export type ExecutionStatus =
   | "crashed"
   | "unsupported_syscall"
   | "deadlocked"
+  | "network_exceeded"
   | "aborted";
 
 export interface Execution {
@@ -45,7 +65,13 @@ export interface Execution {
   stderr: string | null;
   truncated: boolean | null;
   timings: { queue_ms: number; fork_ms: number; exec_ms: number; total_ms: number } | null;
-  usage: { unit: string; reserved_units: number; units: number | null };
+  usage: {
+    unit: string;
+    reserved_units: number;
+    units: number | null;
+    /** Null when the run was granted no network. */
+    network: NetworkUsage | null;
+  };
   created_at: string;
   finished_at: string | null;
   /** The run's charts, tables and last value, in the order shown (only in the run's own answer). */
@@ -87,7 +113,12 @@ export interface Template {
   languages: string[];
   content_hash: string;
   ready: boolean;
-  price: { unit: string; base_units: number; units_per_second: number };
+  price: {
+    unit: string;
+    base_units: number;
+    units_per_second: number;
+    units_per_network_mib: number;
+  };
 }
 
 /** An RFC 9457 problem body; `type` is https://sandfork.dev/problems/<slug>. */

@@ -23,6 +23,8 @@ const CHECKED: Record<string, string[]> = {
   RichResultType: ["RichResult", "properties", "type"],
   OutputFile: ["OutputFile"],
   Template: ["Template"],
+  NetworkRequest: ["NetworkRequest"],
+  NetworkUsage: ["NetworkUsage"],
   Problem: ["Problem"],
   OpenAIToolCall: ["OpenAIToolCall"],
   OpenAIToolMessage: ["OpenAIToolMessage"],

@@ -27,6 +27,7 @@ const settlement = (chargedUnits: number) => ({
   stderr: "",
   truncated: false,
   timings: { queueMs: 0, forkMs: 1, execMs: 2, totalMs: 3 },
+  network: null,
   chargedUnits,
 });
 
@@ -81,6 +82,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
       stderr: "Segmentation fault",
       truncated: true,
       timings: { queueMs: 0.5, forkMs: 1.25, execMs: 7, totalMs: 9 },
+      network: { bytesIn: 4096, bytesOut: 120, connections: 2, refused: 1, dnsQueries: 3 },
       chargedUnits: 4,
     };
     const settled = await settle(fresh.db, r.executionId, outcome);
@@ -138,6 +140,7 @@ describe.each(BACKENDS)("billing on %s", (backend) => {
       executions: 1,
       units: 12,
       byTemplate: [{ template: "python", executions: 1, units: 12 }],
+      network: { bytesIn: 0, bytesOut: 0, refused: 0 },
     });
   });
 

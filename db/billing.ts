@@ -35,6 +35,7 @@ export const EXECUTION_STATUSES = [
   "crashed",
   "unsupported_syscall",
   "deadlocked",
+  "network_exceeded",
   "aborted",
 ] as const;
 export type ExecutionStatus = (typeof EXECUTION_STATUSES)[number];
@@ -44,6 +45,15 @@ export interface ExecutionTimingsRecord {
   forkMs: number;
   execMs: number;
   totalMs: number;
+}
+
+/** What an execution did on the network (stored as the record's `network`). */
+export interface NetworkUsageRecord {
+  bytesIn: number;
+  bytesOut: number;
+  connections: number;
+  refused: number;
+  dnsQueries: number;
 }
 
 export interface ExecutionRecord {
@@ -62,6 +72,8 @@ export interface ExecutionRecord {
   stderr: string | null;
   truncated: boolean | null;
   timings: ExecutionTimingsRecord | null;
+  /** Null when the execution was granted no network. */
+  network: NetworkUsageRecord | null;
   reservedUnits: number;
   chargedUnits: number | null;
   createdAt: Date;
@@ -79,7 +91,7 @@ export const SETTLED_COLUMNS = `settled.id::text, settled.account_id::text, sett
 
 type Outcome = Pick<
   ExecutionRecord,
-  "status" | "exitCode" | "stdout" | "stderr" | "truncated" | "timings"
+  "status" | "exitCode" | "stdout" | "stderr" | "truncated" | "timings" | "network"
 >;
 
 /** How the execution ended, as a settled record holds it. */
@@ -91,6 +103,7 @@ export function settledOutcome(s: Settlement): Outcome {
     stderr: s.stderr,
     truncated: s.truncated,
     timings: s.timings,
+    network: s.network,
   };
 }
 
@@ -118,7 +131,7 @@ export function fromSettledRow(row: TextRow, s: Settlement): ExecutionRecord {
 }
 
 /** A whole record as text columns, for the lookups (findExecution, findByIdempotencyKey). */
-export const RECORD_COLUMNS = `${SETTLED_COLUMNS.replaceAll("settled.", "")}, status, exit_code::text, stdout, stderr, truncated::text, timings::text`;
+export const RECORD_COLUMNS = `${SETTLED_COLUMNS.replaceAll("settled.", "")}, status, exit_code::text, stdout, stderr, truncated::text, timings::text, network::text`;
 
 /** A record as RECORD_COLUMNS gives it, running or final. */
 export function fromRecordRow(row: TextRow): ExecutionRecord {
@@ -129,6 +142,7 @@ export function fromRecordRow(row: TextRow): ExecutionRecord {
     stderr: row.stderr ?? null,
     truncated: row.truncated == null ? null : row.truncated === "true",
     timings: row.timings == null ? null : (JSON.parse(row.timings) as ExecutionTimingsRecord),
+    network: row.network == null ? null : (JSON.parse(row.network) as NetworkUsageRecord),
   });
 }
 
@@ -153,6 +167,7 @@ export function runningRecord(r: Reservation, createdAt = new Date()): Execution
     stderr: null,
     truncated: null,
     timings: null,
+    network: null,
   } as const;
   return {
     id: executionId,
@@ -332,6 +347,8 @@ export interface Settlement {
   stderr: string;
   truncated: boolean;
   timings: ExecutionTimingsRecord;
+  /** Null when the execution was granted no network. */
+  network: NetworkUsageRecord | null;
   /** Actual cost; the caller caps it at the reservation. */
   chargedUnits: number;
 }
@@ -381,7 +398,10 @@ export async function settle(
 function settleStatement(items: SettlementOf[]): [PreparedStatement, (string | null)[]] {
   if (items.length === 1) {
     const { executionId, settlement: s } = items[0] as SettlementOf;
-    return [SETTLE_ONE, [executionId, ...settlementParams(s), String(s.chargedUnits)]];
+    return [
+      SETTLE_ONE,
+      [executionId, ...settlementParams(s), String(s.chargedUnits), networkParam(s)],
+    ];
   }
   const batch = items.map(({ executionId, settlement }) => ({
     id: executionId,
@@ -408,6 +428,11 @@ export function settlementParams(s: Settlement): (string | null)[] {
   ];
 }
 
+/** A settlement's network usage as the single-row statements take it: their last parameter. */
+export function networkParam(s: Settlement): string | null {
+  return s.network === null ? null : JSON.stringify(s.network);
+}
+
 /** A settlement as the batch functions (sandfork_settle, sandfork_record) take it, one JSON object's fields. */
 export function settlementJson(s: Settlement) {
   return {
@@ -417,6 +442,7 @@ export function settlementJson(s: Settlement) {
     stderr: s.stderr,
     truncated: s.truncated,
     timings: s.timings,
+    network: s.network,
     charged_units: s.chargedUnits,
   };
 }
@@ -425,7 +451,7 @@ const SETTLE_ONE: PreparedStatement = {
   name: "sandfork_settle_one",
   text: `WITH settled AS (
     UPDATE executions SET status = $2, exit_code = $3::int4, stdout = $4, stderr = $5, truncated = $6::text::bool, timings = $7::jsonb,
-           charged_units = LEAST($8::int8, reserved_units), finished_at = now()
+           network = $9::jsonb, charged_units = LEAST($8::int8, reserved_units), finished_at = now()
     WHERE id = $1::uuid AND status = 'running'
     RETURNING executions.*
   ), paid AS (

@@ -13,6 +13,31 @@ export interface KeyLimits {
   maxBodyBytes: number;
 }
 
+/**
+ * What a key's executions may reach over the network (gateway/network-policy.ts checks its
+ * rules): every destination one of `allow` allows, at most `maxConnections` at once and
+ * `maxBytes` in and out per execution (absent: the runtime's defaults).
+ */
+export interface NetworkPolicy {
+  allow: string[];
+  maxConnections?: number | undefined;
+  maxBytes?: number | undefined;
+}
+
+/** A stored policy read back; anything else is no policy. */
+export function readNetworkPolicy(value: unknown): NetworkPolicy | null {
+  if (typeof value !== "object" || value === null) return null;
+  const { allow, maxConnections, maxBytes } = value as Record<string, unknown>;
+  const count = (n: unknown) => n === undefined || (Number.isSafeInteger(n) && (n as number) > 0);
+  if (!Array.isArray(allow) || !allow.every((r) => typeof r === "string")) return null;
+  if (!count(maxConnections) || !count(maxBytes)) return null;
+  return {
+    allow: allow as string[],
+    ...(maxConnections === undefined ? {} : { maxConnections: maxConnections as number }),
+    ...(maxBytes === undefined ? {} : { maxBytes: maxBytes as number }),
+  };
+}
+
 export interface StoredKey {
   id: string;
   accountId: string;
@@ -23,6 +48,8 @@ export interface StoredKey {
   revokedAt: Date | null;
   createdAt: Date;
   limits: KeyLimits;
+  /** Null: the key's executions reach no network. */
+  network: NetworkPolicy | null;
 }
 
 export interface NewKey {
@@ -33,6 +60,7 @@ export interface NewKey {
   scopes: Scope[];
   expiresAt: Date | null;
   limits: KeyLimits;
+  network: NetworkPolicy | null;
 }
 
 type KeyRow = typeof apiKeys.$inferSelect;
@@ -52,6 +80,7 @@ function toStoredKey(row: KeyRow): StoredKey {
       maxConcurrency: row.maxConcurrency,
       maxBodyBytes: row.maxBodyBytes,
     },
+    network: readNetworkPolicy(row.networkPolicy),
   };
 }
 
@@ -87,6 +116,7 @@ export async function insertKey(db: Database, key: NewKey): Promise<StoredKey> {
       rateLimitPerMinute: key.limits.rateLimitPerMinute,
       maxConcurrency: key.limits.maxConcurrency,
       maxBodyBytes: key.limits.maxBodyBytes,
+      networkPolicy: key.network,
     })
     .returning();
   if (!row) throw new Error("key insert returned no row");
@@ -110,6 +140,20 @@ export async function listKeys(db: Database, accountId?: string): Promise<Stored
     .where(accountId === undefined ? undefined : eq(apiKeys.accountId, accountId))
     .orderBy(desc(apiKeys.createdAt));
   return rows.map(toStoredKey);
+}
+
+/** Sets (or with null, clears) a key's network policy. Undefined when no such key. */
+export async function setKeyNetwork(
+  db: Database,
+  id: string,
+  network: NetworkPolicy | null,
+): Promise<StoredKey | undefined> {
+  const [row] = await db
+    .update(apiKeys)
+    .set({ networkPolicy: network })
+    .where(eq(apiKeys.id, id))
+    .returning();
+  return row === undefined ? undefined : toStoredKey(row);
 }
 
 /** Revokes once; revoking again keeps the first timestamp. Undefined when no such key. */

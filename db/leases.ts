@@ -16,6 +16,7 @@ import {
   checkCharge,
   type ExecutionRecord,
   fromSettledRow,
+  networkParam,
   ofGoneGateway,
   SETTLED_COLUMNS,
   type Settlement,
@@ -289,6 +290,7 @@ function recordStatement(items: LeasedExecution[]): [PreparedStatement, (string 
         String(e.createdAt.getTime()),
         e.finishedAt === undefined ? null : String(e.finishedAt.getTime()),
         e.idempotencyKey,
+        networkParam(s),
       ],
     ];
   }
@@ -316,9 +318,10 @@ const RECORD_ONE: PreparedStatement = {
     UPDATE credit_leases SET units = units - LEAST($15::int8, $14::int8) WHERE gateway_id = $7 AND account_id = $2::uuid RETURNING account_id
   ), settled AS (
     INSERT INTO executions (id, account_id, key_id, token_id, request_hash, template, gateway_id, status, exit_code, stdout, stderr,
-                            truncated, timings, reserved_units, charged_units, created_at, finished_at, idempotency_key)
+                            truncated, timings, reserved_units, charged_units, created_at, finished_at, idempotency_key, network)
     SELECT $1::uuid, spent.account_id, $3::uuid, $4, $5, $6, $7, $8, $9::int4, $10, $11, $12::text::bool, $13::jsonb, $14::int8,
-           LEAST($15::int8, $14::int8), to_timestamp($16::float8 / 1000), coalesce(to_timestamp($17::float8 / 1000), now()), $18
+           LEAST($15::int8, $14::int8), to_timestamp($16::float8 / 1000), coalesce(to_timestamp($17::float8 / 1000), now()), $18,
+           $19::jsonb
     FROM spent
     RETURNING executions.*
   ), paid AS (

@@ -222,6 +222,7 @@ describe("RecordJournal", () => {
       stderr: "",
       truncated: false,
       timings: { queueMs: 0, forkMs: 1, execMs: 1, totalMs: 2 },
+      network: null,
       chargedUnits: 1,
     },
   });

@@ -58,6 +58,9 @@ export const apiKeys = pgTable(
     rateLimitPerMinute: integer("rate_limit_per_minute").notNull(),
     maxConcurrency: integer("max_concurrency").notNull(),
     maxBodyBytes: integer("max_body_bytes").notNull(),
+    // What the key's executions may reach over the network ({allow, maxConnections?, maxBytes?},
+    // gateway/network-policy.ts); null: no network at all.
+    networkPolicy: jsonb("network_policy"),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
   (t) => [
@@ -90,14 +93,17 @@ export const executions = pgTable(
     // The gateway process that reserved it (its database session's application_name says it is
     // alive): a running execution of a gateway that is gone is released at the next start.
     gatewayId: text("gateway_id"),
-    // running → completed | timed_out | memory_exceeded | output_exceeded | crashed | unsupported_syscall | deadlocked,
-    // or aborted (the runtime failed; not billed)
+    // running → completed | timed_out | memory_exceeded | output_exceeded | crashed | unsupported_syscall | deadlocked
+    // | network_exceeded, or aborted (the runtime failed; not billed)
     status: text("status").notNull(),
     exitCode: integer("exit_code"),
     stdout: text("stdout"),
     stderr: text("stderr"),
     truncated: boolean("truncated"),
     timings: jsonb("timings"),
+    // What it did on the network ({bytesIn, bytesOut, connections, refused, dnsQueries}); null
+    // when it was granted none.
+    network: jsonb("network"),
     reservedUnits: bigint("reserved_units", { mode: "number" }).notNull(),
     chargedUnits: bigint("charged_units", { mode: "number" }),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
@@ -135,6 +141,10 @@ export const executionUsageHours = pgTable(
     template: text("template").notNull(),
     executions: bigint("executions", { mode: "number" }).notNull(),
     units: bigint("units", { mode: "number" }).notNull(),
+    // Network bytes and refusals of those executions (migration 0014_network_egress).
+    networkBytesIn: bigint("network_bytes_in", { mode: "number" }).notNull().default(0),
+    networkBytesOut: bigint("network_bytes_out", { mode: "number" }).notNull().default(0),
+    networkRefused: bigint("network_refused", { mode: "number" }).notNull().default(0),
   },
   (t) => [primaryKey({ columns: [t.keyId, t.hour, t.template] })],
 );

@@ -50,6 +50,7 @@ describe.each(BACKENDS)("session metering on %s", (backend) => {
       scopes: ["execute"],
       expiresAt: null,
       limits: { rateLimitPerMinute: 60, maxConcurrency: 4, maxBodyBytes: 1024 },
+      network: null,
     });
     const start = new Date("2026-01-01T00:00:00Z");
     const row = await insertSession(

@@ -18,10 +18,18 @@ export interface TemplateUsage {
   units: number;
 }
 
+/** Network bytes received and sent, and what the policy refused (the units are in `units`). */
+export interface NetworkUsageSum {
+  bytesIn: number;
+  bytesOut: number;
+  refused: number;
+}
+
 export interface UsageSummary {
   executions: number;
   units: number;
   byTemplate: TemplateUsage[];
+  network: NetworkUsageSum;
 }
 
 const HOUR_MS = 3_600_000;
@@ -58,10 +66,16 @@ export async function usageForKey(
     executions: exactSum(r.executions),
     units: exactSum(r.units),
   }));
+  const total = (column: string) => rows.reduce((n, r) => n + exactSum(r[column]), 0);
   return {
     executions: byTemplate.reduce((n, t) => n + t.executions, 0),
     units: byTemplate.reduce((n, t) => n + t.units, 0),
     byTemplate,
+    network: {
+      bytesIn: total("bytes_in"),
+      bytesOut: total("bytes_out"),
+      refused: total("refused"),
+    },
   };
 }
 
@@ -100,12 +114,15 @@ const iso = (ms: number) => new Date(ms).toISOString();
 // aggregate.
 const USAGE: PreparedStatement = {
   name: "sandfork_usage",
-  text: `SELECT template, sum(executions)::text AS executions, sum(units)::text AS units FROM (
-    SELECT template, sum(executions) AS executions, sum(units) AS units FROM execution_usage_hours
+  text: `SELECT template, sum(executions)::text AS executions, sum(units)::text AS units,
+    sum(bytes_in)::text AS bytes_in, sum(bytes_out)::text AS bytes_out, sum(refused)::text AS refused FROM (
+    SELECT template, sum(executions) AS executions, sum(units) AS units, sum(network_bytes_in) AS bytes_in,
+      sum(network_bytes_out) AS bytes_out, sum(network_refused) AS refused FROM execution_usage_hours
     WHERE key_id = $1::uuid AND hour >= $3::timestamptz AND hour < $4::timestamptz
     GROUP BY template
     UNION ALL
-    SELECT template, count(*), coalesce(sum(charged_units), 0) FROM executions
+    SELECT template, count(*), coalesce(sum(charged_units), 0), coalesce(sum((network->>'bytesIn')::int8), 0),
+      coalesce(sum((network->>'bytesOut')::int8), 0), coalesce(sum((network->>'refused')::int8), 0) FROM executions
     WHERE key_id = $1::uuid AND ((finished_at >= $2::timestamptz AND finished_at < $3::timestamptz) OR (finished_at >= $5::timestamptz AND finished_at < $6::timestamptz))
       AND status <> 'aborted'
     GROUP BY template

@@ -131,6 +131,8 @@ export function createGateway(deps: GatewayDeps): Gateway {
       runtime: deps.runtime,
       settings: deps.config.sessions,
       limits: deps.config.executionLimits,
+      pricing: deps.config.pricing,
+      telemetry: deps.telemetry,
       concurrency,
       leases,
       now,

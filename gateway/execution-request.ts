@@ -2,6 +2,7 @@
 // defaults filled in: one definition for the execution service and for the edge's size checks.
 import type { ExecutionRequest } from "../runtime/execution-runtime.js";
 import type { ExecutionLimits } from "./config.js";
+import type { NetworkPolicyInput } from "./network-policy.js";
 
 /** What an execution request carries, as the execution schema reads it. */
 export interface ExecutionInput {
@@ -16,10 +17,15 @@ export interface ExecutionInput {
   max_processes?: number | undefined;
   /** One of the template's languages (default: its first). */
   language?: string | undefined;
+  /** Narrows the key's network policy (gateway/network-policy.ts). */
+  network?: NetworkPolicyInput | undefined;
 }
 
-/** The runtime's request for an input, its language not yet resolved against the template. */
-export type NormalizedRequest = Omit<ExecutionRequest, "executionId" | "language"> & {
+/**
+ * The runtime's request for an input, its language not yet resolved against the template and its
+ * network not yet granted (that needs the caller's key).
+ */
+export type NormalizedRequest = Omit<ExecutionRequest, "executionId" | "language" | "network"> & {
   language?: string | undefined;
 };
 

@@ -20,12 +20,14 @@ import {
   type Settlement,
 } from "../db/billing.js";
 import type { Database } from "../db/client.js";
+import type { NetworkPolicy } from "../db/keys.js";
 import { journalOf } from "../db/record-journal.js";
 import { RuntimeBusyError, RuntimeUnavailableError } from "../runtime/errors.js";
 import type {
   ExecutionRequest,
   ExecutionResult,
   ExecutionRuntime,
+  NetworkUsage,
   OutputChunk,
   Template,
 } from "../runtime/execution-runtime.js";
@@ -42,23 +44,45 @@ import {
 import { filesProblems } from "./file-paths.js";
 import { IdempotencyClaims } from "./idempotency-claims.js";
 import type { TokenExecutionCounter } from "./limits.js";
+import { grantedBytes, networkGrant, networkPolicyOf } from "./network-policy.js";
 import type { OutputFileJson, OutputFiles } from "./output-files.js";
-import { costUnits, type Pricing, priceOf, type TemplatePrice } from "./pricing.js";
+import { costUnits, networkUnits, type Pricing, priceOf, type TemplatePrice } from "./pricing.js";
 import { ProblemError } from "./problems.js";
 import { type CheckedResult, checkedResults } from "./rich-results.js";
-import { inSpan, type Telemetry } from "./telemetry.js";
+import { inSpan, recordNetwork, type Telemetry } from "./telemetry.js";
 
 export type { ExecutionInput } from "./execution-request.js";
 
+/** A run's network usage as its record keeps it: null when it was granted no network. */
+export function networkUsageOf(result: ExecutionResult, granted: boolean): NetworkUsage | null {
+  if (!granted) return null;
+  return (
+    result.usage?.network ?? { bytesIn: 0, bytesOut: 0, connections: 0, refused: 0, dnsQueries: 0 }
+  );
+}
+
+/** The units a run's network bytes cost (none without a grant). */
+export function networkCharge(price: TemplatePrice, network: NetworkUsage | null): number {
+  return network === null ? 0 : networkUnits(price, network.bytesIn + network.bytesOut);
+}
+
 /**
  * What an execution that ran is billed as. Billed time is what the VM existed for the request:
- * fork plus run, never past its timeout; the charge never exceeds what it held.
+ * fork plus run, never past its timeout; network bytes are billed as received and sent; the
+ * charge never exceeds what it held.
  */
 export function settlementOf(
   result: ExecutionResult,
-  billing: { price: TemplatePrice; reservedUnits: number; timeoutMs: number; totalMs: number },
+  billing: {
+    price: TemplatePrice;
+    reservedUnits: number;
+    timeoutMs: number;
+    totalMs: number;
+    networkGranted: boolean;
+  },
 ): Settlement {
   const billedMs = Math.min(result.timings.forkMs + result.timings.execMs, billing.timeoutMs);
+  const network = networkUsageOf(result, billing.networkGranted);
   return {
     status: result.outcome,
     exitCode: result.exitCode,
@@ -66,7 +90,11 @@ export function settlementOf(
     stderr: result.stderr,
     truncated: result.truncated,
     timings: { ...result.timings, totalMs: billing.totalMs },
-    chargedUnits: Math.min(costUnits(billing.price, billedMs), billing.reservedUnits),
+    network,
+    chargedUnits: Math.min(
+      costUnits(billing.price, billedMs) + networkCharge(billing.price, network),
+      billing.reservedUnits,
+    ),
   };
 }
 
@@ -126,8 +154,11 @@ interface Billing {
 /** A request whose language is resolved against its template. */
 type ResolvedRequest = Omit<ExecutionRequest, "executionId">;
 
-/** SHA-256 over a canonical JSON form (sorted keys), so key order in the body does not matter. */
-export function requestHash(request: NormalizedRequest): string {
+/**
+ * SHA-256 over a canonical JSON form (sorted keys), so key order in the body does not matter;
+ * with the call's own network request (not its key's policy, which an admin may change).
+ */
+export function requestHash(request: NormalizedRequest, network?: NetworkPolicy): string {
   const canonical = (value: unknown): unknown => {
     if (Array.isArray(value)) return value.map(canonical);
     if (typeof value === "object" && value !== null) {
@@ -140,7 +171,7 @@ export function requestHash(request: NormalizedRequest): string {
     return value;
   };
   return createHash("sha256")
-    .update(JSON.stringify(canonical(request)))
+    .update(JSON.stringify(canonical(network === undefined ? request : { ...request, network })))
     .digest("hex");
 }
 
@@ -259,6 +290,8 @@ export class ExecutionService {
     live: LiveExecution = {},
   ): Promise<ExecutionOutcome> {
     const request = normalizeExecution(input, this.deps.limits);
+    const asked = input.network === undefined ? undefined : networkPolicyOf(input.network);
+    const network = networkGrant(principal.network, asked);
     const grant = principal.token;
     if (grant?.templates && !grant.templates.includes(request.template)) {
       throw new ProblemError(
@@ -291,6 +324,7 @@ export class ExecutionService {
       resolved = {
         ...request,
         language: request.language ?? template.languages[0] ?? template.language,
+        network,
       };
       if (resolved.files.length > 0) refuseCollidingFiles(resolved);
       if (grant?.maxExecutions != null)
@@ -312,10 +346,10 @@ export class ExecutionService {
         idempotencyKey === null
           ? undefined
           : await findByIdempotencyKey(this.deps.db, principal.keyId, idempotencyKey);
-      if (first !== undefined) return this.replay(principal, first, requestHash(request));
+      if (first !== undefined) return this.replay(principal, first, requestHash(request, asked));
       throw error;
     }
-    const hash = requestHash(request);
+    const hash = requestHash(request, asked);
 
     try {
       const outcome = await this.claimAndRun(
@@ -400,7 +434,9 @@ export class ExecutionService {
       requestHash: hash,
       template: request.template,
       gatewayId: this.deps.gatewayId,
-      units: costUnits(price, request.timeoutMs),
+      units:
+        costUnits(price, request.timeoutMs) +
+        (request.network === undefined ? 0 : networkUnits(price, grantedBytes(request.network))),
     };
     if (idempotencyKey === null || this.claims === undefined)
       return this.reserveAndRun(
@@ -495,6 +531,7 @@ export class ExecutionService {
       reservedUnits,
       timeoutMs: request.timeoutMs,
       totalMs: performance.now() - started,
+      networkGranted: request.network !== undefined,
     });
     const { chargedUnits } = settlement;
     const record = await inSpan(tracer, "billing.settle", (span) => {
@@ -518,6 +555,8 @@ export class ExecutionService {
       status: result.outcome,
     });
     instruments.billedUnits.add(record.chargedUnits ?? 0, { template: request.template });
+    if (settlement.network !== null)
+      recordNetwork(instruments, request.template, settlement.network);
     const files =
       result.files === undefined || result.files.length === 0
         ? []

@@ -253,7 +253,7 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
           languages: ["python"],
           content_hash: "c0ffee",
           ready: true,
-          price: { unit: "credit", base_units: 1, units_per_second: 10 },
+          price: { unit: "credit", base_units: 1, units_per_second: 10, units_per_network_mib: 1 },
         },
         {
           name: "node",
@@ -261,7 +261,7 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
           languages: ["javascript", "typescript"],
           content_hash: "beef",
           ready: false,
-          price: { unit: "credit", base_units: 1, units_per_second: 10 },
+          price: { unit: "credit", base_units: 1, units_per_second: 10, units_per_network_mib: 1 },
         },
       ],
     });

@@ -6,6 +6,7 @@ import {
   grantCredits,
   insertKey,
   type KeyLimits,
+  type NetworkPolicy,
   type Scope,
   type StoredKey,
 } from "../db/keys.js";
@@ -20,6 +21,8 @@ export interface IssueKeyOptions {
   credits?: number | undefined;
   expiresAt?: Date | null | undefined;
   limits: KeyLimits;
+  /** Absent: the key's executions reach no network. */
+  network?: NetworkPolicy | null | undefined;
 }
 
 export interface IssuedKey {
@@ -45,6 +48,7 @@ export async function issueKey(db: Database, options: IssueKeyOptions): Promise<
       scopes: [...new Set(options.scopes)],
       expiresAt: options.expiresAt ?? null,
       limits: options.limits,
+      network: options.network ?? null,
     });
   });
   return { key: minted.key, stored };

@@ -16,6 +16,7 @@ const API_ROUTES = [
   "POST /v1/keys",
   "GET /v1/keys",
   "DELETE /v1/keys/{id}",
+  "PUT /v1/keys/{id}/network",
   "POST /v1/accounts/{id}/credits",
   "POST /v1/tokens",
   "GET /v1/tools",

@@ -1,12 +1,17 @@
 // What an execution costs, in integer billing units ("credits"). A template's price is a fixed
 // amount per execution plus unitsPerSecond for each second of wall time, counted by the
-// millisecond and rounded up to a whole unit. The worst case for a request (its full timeout) is
-// what gets reserved.
+// millisecond and rounded up to a whole unit, plus unitsPerNetworkMib for each MiB of network
+// bytes received and sent, counted by the byte and rounded up. The worst case for a request (its
+// full timeout, and its network grant's byte cap) is what gets reserved.
 
 export interface TemplatePrice {
   baseUnits: number;
   unitsPerSecond: number;
+  /** Per MiB of network bytes in and out; absent: network traffic is free. */
+  unitsPerNetworkMib?: number;
 }
+
+const MIB = 1024 * 1024;
 
 export interface Pricing {
   /** Display name of one billing unit. */
@@ -17,17 +22,21 @@ export interface Pricing {
 
 export const DEFAULT_PRICING: Pricing = {
   unitName: "credit",
-  templates: { "*": { baseUnits: 1, unitsPerSecond: 10 } },
+  templates: { "*": { baseUnits: 1, unitsPerSecond: 10, unitsPerNetworkMib: 1 } },
 };
 
 function isPrice(value: unknown): value is TemplatePrice {
   if (typeof value !== "object" || value === null) return false;
-  const { baseUnits, unitsPerSecond } = value as Record<string, unknown>;
+  const { baseUnits, unitsPerSecond, unitsPerNetworkMib } = value as Record<string, unknown>;
   const unit = (n: unknown) => typeof n === "number" && Number.isSafeInteger(n) && n >= 0;
-  return unit(baseUnits) && unit(unitsPerSecond);
+  return (
+    unit(baseUnits) &&
+    unit(unitsPerSecond) &&
+    (unitsPerNetworkMib === undefined || unit(unitsPerNetworkMib))
+  );
 }
 
-/** Parses SANDFORK_PRICING: {"unitName"?: string, "templates": {name: {baseUnits, unitsPerSecond}}}. */
+/** Parses SANDFORK_PRICING: {"unitName"?: string, "templates": {name: {baseUnits, unitsPerSecond, unitsPerNetworkMib?}}}. */
 export function parsePricing(json: string): Pricing {
   const parsed: unknown = JSON.parse(json);
   if (typeof parsed !== "object" || parsed === null)
@@ -37,7 +46,9 @@ export function parsePricing(json: string): Pricing {
     throw new Error("pricing.templates must be an object");
   for (const [name, price] of Object.entries(templates)) {
     if (!isPrice(price))
-      throw new Error(`pricing.templates.${name} needs integer baseUnits and unitsPerSecond >= 0`);
+      throw new Error(
+        `pricing.templates.${name} needs integer baseUnits, unitsPerSecond (and unitsPerNetworkMib, if given) >= 0`,
+      );
   }
   return {
     unitName: typeof unitName === "string" ? unitName : DEFAULT_PRICING.unitName,
@@ -55,4 +66,11 @@ export function priceOf(pricing: Pricing, template: string): TemplatePrice {
 export function costUnits(price: TemplatePrice, wallMs: number): number {
   const ms = Math.max(0, Math.ceil(wallMs));
   return price.baseUnits + Math.ceil((ms * price.unitsPerSecond) / 1000);
+}
+
+/** Integer cost of `bytes` network bytes: ceil(bytes * unitsPerNetworkMib / MiB), exact for any safe count. */
+export function networkUnits(price: TemplatePrice, bytes: number): number {
+  const perMib = price.unitsPerNetworkMib ?? 0;
+  const whole = Math.floor(bytes / MIB);
+  return whole * perMib + Math.ceil(((bytes - whole * MIB) * perMib) / MIB);
 }

@@ -39,6 +39,11 @@ export const PROBLEMS = {
     title: "The token has used all of its executions",
     retryable: false,
   },
+  "network-not-allowed": {
+    status: 403,
+    title: "The key has no network policy: its executions reach no network",
+    retryable: false,
+  },
   "not-found": { status: 404, title: "Not found", retryable: false },
   "idempotency-conflict": {
     status: 409,

@@ -4,6 +4,7 @@ import { EXECUTION_STATUSES } from "../db/billing.js";
 import { MAX_BALANCE_UNITS, SCOPES } from "../db/keys.js";
 import type { ExecutionLimits } from "./config.js";
 import { refineFiles, WORK_PATH_RULES } from "./file-paths.js";
+import { NetworkPolicySchema, NetworkRequestSchema } from "./network-policy.js";
 import { REQUEST_LIMITS, refineExecutionSizes, refineText } from "./request-limits.js";
 import { RICH_RESULT_TYPES } from "./rich-results.js";
 
@@ -125,6 +126,7 @@ export function executionRequestSchema(limits: ExecutionLimits) {
           "Guest memory; default: the template's VM size (256 for python, 1024 for node), which pooled VMs serve",
       }),
       max_processes: maxProcessesSchema(limits),
+      network: NetworkRequestSchema.optional(),
       stream: z.boolean().optional().openapi({
         description:
           "Answer with a text/event-stream of the output as it is written (as Accept: text/event-stream does)",
@@ -142,7 +144,8 @@ const ExecutionStatusSchema = z.enum(EXECUTION_STATUSES).openapi({
     "running: reserved and in flight; completed: the program exited (see exit_code); timed_out / memory_exceeded / " +
     "output_exceeded: stopped at a limit; crashed: a CPU exception in the program; unsupported_syscall: the program " +
     "needed a system call the sandbox does not offer; deadlocked: every thread of the program waited for something no " +
-    "thread could do any more, so it was ended before its time limit; aborted: the runtime failed and nothing was charged",
+    "thread could do any more, so it was ended before its time limit; network_exceeded: the program moved more network " +
+    "bytes than its network max_bytes; aborted: the runtime failed and nothing was charged",
 });
 
 export const RichResultSchema = z
@@ -187,6 +190,22 @@ export const OutputFileSchema = z
     description: "A file the program left under /work/out, kept for download for a configured time",
   });
 
+export const NetworkUsageSchema = z
+  .object({
+    bytes_in: z.number().int().openapi({ description: "Payload bytes received" }),
+    bytes_out: z.number().int().openapi({ description: "Payload bytes sent" }),
+    connections: z
+      .number()
+      .int()
+      .openapi({ description: "Connections made (and UDP sockets sent from)" }),
+    refused: z
+      .number()
+      .int()
+      .openapi({ description: "Connects, sends and DNS questions the policy refused" }),
+    dns_queries: z.number().int(),
+  })
+  .openapi("NetworkUsage");
+
 export const ExecutionSchema = z
   .object({
     id: z.string().uuid(),
@@ -212,6 +231,8 @@ export const ExecutionSchema = z
         .int()
         .nullable()
         .openapi({ description: "Charged units; null while running" }),
+      // Null when the program was granted no network (a union, so that the named schema itself stays non-null).
+      network: z.union([NetworkUsageSchema, z.null()]),
     }),
     created_at: z.string().datetime(),
     finished_at: z.string().datetime().nullable(),
@@ -299,6 +320,10 @@ export const TemplateSchema = z
       unit: z.string(),
       base_units: z.number().int(),
       units_per_second: z.number().int(),
+      units_per_network_mib: z
+        .number()
+        .int()
+        .openapi({ description: "Per MiB of network bytes received and sent, rounded up" }),
     }),
   })
   .openapi("Template");
@@ -344,6 +369,16 @@ export const UsageSchema = z
     by_template: z.array(
       z.object({ template: z.string(), executions: z.number().int(), units: z.number().int() }),
     ),
+    network: z
+      .object({
+        bytes_in: z.number().int(),
+        bytes_out: z.number().int(),
+        refused: z.number().int(),
+      })
+      .openapi({
+        description:
+          "Network bytes the key's executions received and sent, and what the policy refused (their cost is in units)",
+      }),
     sessions: z
       .object({
         units: z.number().int(),
@@ -419,6 +454,8 @@ export const CreateKeyRequestSchema = z
     rate_limit_per_minute: limitFields.rate_limit_per_minute.optional(),
     max_concurrency: limitFields.max_concurrency.optional(),
     max_body_bytes: limitFields.max_body_bytes.optional(),
+    // Absent: the key's executions reach no network.
+    network: NetworkPolicySchema.optional(),
   })
   .strict()
   .openapi("CreateKeyRequest");
@@ -434,8 +471,20 @@ export const KeySchema = z
     revoked_at: z.string().datetime().nullable(),
     created_at: z.string().datetime(),
     ...limitFields,
+    // Null: the key's executions reach no network.
+    network: z.union([NetworkPolicySchema, z.null()]),
   })
   .openapi("Key");
+
+export const KeyNetworkRequestSchema = z
+  .object({
+    // Null takes the key's network away.
+    network: z.union([NetworkPolicySchema, z.null()]),
+  })
+  .strict()
+  .openapi("KeyNetworkRequest", {
+    description: "The key's new network policy; null takes its network away",
+  });
 
 export const CreatedKeySchema = KeySchema.extend({
   key: z
@@ -474,6 +523,8 @@ export const TokenRequestSchema = z
       description:
         'Scopes the token carries, each one the key has; default ["execute"]. A token with more than execute is checked against its key\'s revocation on every call',
     }),
+    // Narrows the key's policy for the token's calls; the token keeps the key's policy as minted.
+    network: NetworkRequestSchema.optional(),
   })
   .strict()
   .openapi("TokenRequest");
@@ -486,6 +537,7 @@ export const TokenSchema = z
     templates: z.array(z.string()).nullable(),
     max_executions: z.number().int().nullable(),
     scopes: z.array(ScopeSchema),
+    network: z.union([NetworkRequestSchema, z.null()]),
   })
   .openapi("Token");
 

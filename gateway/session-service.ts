@@ -34,10 +34,18 @@ import type {
 import type { Principal } from "./auth/principal.js";
 import type { ExecutionLimits } from "./config.js";
 import type { CreditLeases } from "./credit-leases.js";
-import { runtimeProblem } from "./execution-service.js";
+import { networkCharge, networkUsageOf, runtimeProblem } from "./execution-service.js";
 import type { ConcurrencyLimiter } from "./limits.js";
+import {
+  grantedBytes,
+  type NetworkPolicyInput,
+  networkGrant,
+  networkPolicyOf,
+} from "./network-policy.js";
+import { networkUnits, type Pricing, priceOf } from "./pricing.js";
 import { ProblemError } from "./problems.js";
 import type { SessionSettings } from "./session-settings.js";
+import { recordNetwork, type Telemetry } from "./telemetry.js";
 
 export interface SessionServiceDeps {
   db: Database;
@@ -45,6 +53,9 @@ export interface SessionServiceDeps {
   runtime: () => ExecutionRuntime | undefined;
   settings: SessionSettings;
   limits: ExecutionLimits;
+  /** A cell's network bytes are priced as an execution's of its template. */
+  pricing: Pricing;
+  telemetry: Telemetry;
   concurrency: ConcurrencyLimiter;
   /** This gateway's credit leases: what they hold idle is given back when a session finds its account short. */
   leases: CreditLeases;
@@ -83,6 +94,7 @@ const SETTLED_STATUS: Record<
   crashed: "crashed",
   unsupported_syscall: "unsupported_syscall",
   deadlocked: "deadlocked",
+  network_exceeded: "network_exceeded",
 };
 
 function isSessionEnded(error: unknown): boolean {
@@ -286,10 +298,20 @@ export class SessionService {
   async execute(
     principal: Principal,
     id: string,
-    input: { code: string; timeout_ms?: number | undefined; max_processes?: number | undefined },
+    input: {
+      code: string;
+      timeout_ms?: number | undefined;
+      max_processes?: number | undefined;
+      network?: NetworkPolicyInput | undefined;
+    },
   ): Promise<CellOutcome> {
+    const network = networkGrant(
+      principal.network,
+      input.network === undefined ? undefined : networkPolicyOf(input.network),
+    );
     const row = await this.owned(principal, id);
     this.requireLive(row);
+    const price = priceOf(this.deps.pricing, row.template);
     const sessions = this.sessions();
     const releaseSlot = await this.deps.concurrency.acquire(
       principal.keyId,
@@ -297,7 +319,9 @@ export class SessionService {
     );
     try {
       const executionId = randomUUID();
-      const units = this.deps.settings.unitsPerCell;
+      const units =
+        this.deps.settings.unitsPerCell +
+        (network === undefined ? 0 : networkUnits(price, grantedBytes(network)));
       const reservation = await this.billing.reserve({
         executionId,
         accountId: principal.accountId,
@@ -329,12 +353,14 @@ export class SessionService {
         cell = await sessions.execute(id, input.code, {
           timeoutMs: input.timeout_ms ?? this.deps.limits.defaultTimeoutMs,
           maxProcesses: input.max_processes,
+          network,
         });
       } catch (error) {
         await release(this.deps.db, executionId);
         return await this.failed(row, error);
       }
       const e = cell.execution;
+      const used = networkUsageOf(e, network !== undefined);
       const record = await this.billing.settle(executionId, {
         status: SETTLED_STATUS[e.outcome],
         exitCode: e.exitCode,
@@ -342,8 +368,10 @@ export class SessionService {
         stderr: e.stderr,
         truncated: e.truncated,
         timings: { ...e.timings, totalMs: performance.now() - started },
-        chargedUnits: units,
+        network: used,
+        chargedUnits: Math.min(this.deps.settings.unitsPerCell + networkCharge(price, used), units),
       });
+      if (used !== null) recordNetwork(this.deps.telemetry.instruments, row.template, used);
       const ended = cell.state === "ended";
       const accrued = await this.accrue(id, {
         cells: 1,

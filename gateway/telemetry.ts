@@ -36,7 +36,7 @@ import {
   type SpanProcessor,
 } from "@opentelemetry/sdk-trace-base";
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
-import type { RuntimeAdmission } from "../runtime/execution-runtime.js";
+import type { NetworkUsage, RuntimeAdmission } from "../runtime/execution-runtime.js";
 
 export const SERVICE_NAME = "sandfork-gateway";
 export const SERVICE_VERSION = "0.1.0";
@@ -68,10 +68,25 @@ export class TalliedCounter<K extends string> {
   }
 }
 
+/** Counts a run's network traffic and refusals in the metrics. */
+export function recordNetwork(
+  instruments: GatewayInstruments,
+  template: string,
+  network: NetworkUsage,
+): void {
+  instruments.networkBytes.add(network.bytesIn, { direction: "in" });
+  instruments.networkBytes.add(network.bytesOut, { direction: "out" });
+  instruments.networkRefused.add(network.refused, { template });
+}
+
 export interface GatewayInstruments {
   executions: TalliedCounter<"template" | "status">;
   executionDuration: Histogram;
   billedUnits: TalliedCounter<"template">;
+  /** Network payload bytes of executions and cells, by direction (in, out). */
+  networkBytes: TalliedCounter<"direction">;
+  /** Connects, sends and DNS questions the network policy refused, by template. */
+  networkRefused: TalliedCounter<"template">;
   rejectedRequests: TalliedCounter<"problem">;
   /** http.server.request.duration, by method, route and status (semantic conventions). */
   requestDuration: Histogram<Attributes>;
@@ -211,6 +226,18 @@ export function createTelemetry(options: TelemetryOptions = {}): Telemetry {
       meter,
       "sandfork.billing.units",
       "Billing units charged, by template",
+      ["template"],
+    ),
+    networkBytes: new TalliedCounter(
+      meter,
+      "sandfork.network.bytes",
+      "Network payload bytes executions and cells received (in) and sent (out)",
+      ["direction"],
+    ),
+    networkRefused: new TalliedCounter(
+      meter,
+      "sandfork.network.refused",
+      "Connects, sends and DNS questions the network policy refused, by template",
       ["template"],
     ),
     rejectedRequests: new TalliedCounter(

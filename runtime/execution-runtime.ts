@@ -31,6 +31,19 @@ export interface ExecutionRequest {
   keyId?: string | undefined;
   /** Processes alive at once, the program included (a fork past it fails); absent: the runtime's default. */
   maxProcesses?: number | undefined;
+  /** What the program may reach over the network; absent: nothing. */
+  network?: NetworkGrant | undefined;
+}
+
+/**
+ * The network a run may use: a destination must be allowed by every list (each narrows the ones
+ * before: the key's, then the call's), at most `maxConnections` open at once and `maxBytes` moved
+ * in and out; absent limits are the runtime's defaults.
+ */
+export interface NetworkGrant {
+  allowlists: string[][];
+  maxConnections?: number | undefined;
+  maxBytes?: number | undefined;
 }
 
 /**
@@ -38,8 +51,9 @@ export interface ExecutionRequest {
  * Protocol statuses map as: ok, error → completed; timeout → timed_out; out_of_memory →
  * memory_exceeded; output_limit → output_exceeded; crashed → crashed (a CPU exception in the
  * guest); unsupported → unsupported_syscall; deadlocked → deadlocked (every thread of the program
- * waited for something no thread could do any more). A runtime that cannot do its job throws instead
- * (see errors.ts).
+ * waited for something no thread could do any more); network_limit → network_exceeded (the program
+ * moved more network bytes than its grant's maxBytes). A runtime that cannot do its job throws
+ * instead (see errors.ts).
  */
 export type ExecutionOutcome =
   | "completed"
@@ -48,7 +62,8 @@ export type ExecutionOutcome =
   | "output_exceeded"
   | "crashed"
   | "unsupported_syscall"
-  | "deadlocked";
+  | "deadlocked"
+  | "network_exceeded";
 
 export interface ExecutionTimings {
   /** Waiting for a ready VM from the pool. */
@@ -90,6 +105,20 @@ export interface ExecutionUsage {
   exits: number;
   /** Processes the program and its children forked. */
   processesCreated: number;
+  /** The program's network traffic; absent when the runtime does not report it. */
+  network?: NetworkUsage | undefined;
+}
+
+/** What a run did on the network, as the runtime counted it. */
+export interface NetworkUsage {
+  /** Payload bytes received and sent. */
+  bytesIn: number;
+  bytesOut: number;
+  /** Connections made (and UDP sockets sent from). */
+  connections: number;
+  /** Connects, sends and DNS questions the policy refused. */
+  refused: number;
+  dnsQueries: number;
 }
 
 /**

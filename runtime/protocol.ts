@@ -14,6 +14,7 @@ import type {
   ExecutionOutcome,
   ExecutionRequest,
   ExecutionResult,
+  NetworkGrant,
   OutputChunk,
   OutputFile,
   RichResult,
@@ -122,6 +123,7 @@ const ExecutionSchema = z.object({
     "crashed",
     "unsupported",
     "deadlocked",
+    "network_limit",
   ]),
   exit_code: z.number().int().nullable(),
   stdout: z.string(),
@@ -145,6 +147,15 @@ const ExecutionSchema = z.object({
     syscalls: integer,
     exits: integer,
     processes_created: integer,
+    network: z
+      .object({
+        bytes_in: integer,
+        bytes_out: integer,
+        connections: integer,
+        refused: integer,
+        dns_queries: integer,
+      })
+      .optional(),
   }),
   /** What the agent published: a script's result or a cell's (whose `error` session-runtime.ts reads). */
   result: z.object({ value: z.string().nullable(), results: z.array(RichResultSchema) }).nullish(),
@@ -199,8 +210,18 @@ export function executeFrame(request: ExecutionRequest, stream = false): FrameOb
       ...(request.memoryMb === undefined ? {} : { memory_mib: request.memoryMb }),
       ...(request.maxProcesses === undefined ? {} : { processes: request.maxProcesses }),
     },
+    ...(request.network === undefined ? {} : { network: networkFields(request.network) }),
     ...(stream ? { stream: true } : {}),
     ...(request.keyId === undefined ? {} : { key_id: request.keyId }),
+  };
+}
+
+/** A grant as the `network` field of an execute or session_execute request. */
+export function networkFields(grant: NetworkGrant): FrameObject {
+  return {
+    allowlists: grant.allowlists,
+    ...(grant.maxConnections === undefined ? {} : { max_connections: grant.maxConnections }),
+    ...(grant.maxBytes === undefined ? {} : { max_bytes: grant.maxBytes }),
   };
 }
 
@@ -230,6 +251,7 @@ const OUTCOMES: Record<z.infer<typeof ExecutionSchema>["status"], ExecutionOutco
   crashed: "crashed",
   unsupported: "unsupported_syscall",
   deadlocked: "deadlocked",
+  network_limit: "network_exceeded",
 };
 
 const ms = (us: number): number => us / 1000;
@@ -281,6 +303,17 @@ export function parseExecution(frame: FrameObject): ExecutionResult {
       syscalls: e.usage.syscalls,
       exits: e.usage.exits,
       processesCreated: e.usage.processes_created,
+      ...(e.usage.network === undefined
+        ? {}
+        : {
+            network: {
+              bytesIn: e.usage.network.bytes_in,
+              bytesOut: e.usage.network.bytes_out,
+              connections: e.usage.network.connections,
+              refused: e.usage.network.refused,
+              dnsQueries: e.usage.network.dns_queries,
+            },
+          }),
     },
     ...(e.result == null ? {} : { results: richResults(e.result) }),
     ...(e.files === undefined ? {} : { files: outputFiles(e.files) }),

@@ -2,9 +2,9 @@
 // requests, its interpreter's state kept, checkpointed durably, paused and resumed. The gateway
 // sees this interface; `DaemonSessions` speaks the session requests over a DaemonClient.
 import { z } from "zod";
-import type { ExecutionResult } from "./execution-runtime.js";
+import type { ExecutionResult, NetworkGrant } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
-import { parse, parseExecution, type SessionRequestType } from "./protocol.js";
+import { networkFields, parse, parseExecution, type SessionRequestType } from "./protocol.js";
 
 export type SessionState = "running" | "paused" | "ended";
 
@@ -50,6 +50,8 @@ export interface CellLimits {
   outputBytes?: number;
   /** Processes alive at once, the session's program included. */
   maxProcesses?: number | undefined;
+  /** What the cell may reach over the network; absent: nothing. */
+  network?: NetworkGrant | undefined;
 }
 
 export interface SessionRuntime {
@@ -173,6 +175,7 @@ export class DaemonSessions implements SessionRuntime {
           ...(limits.outputBytes === undefined ? {} : { output_bytes: limits.outputBytes }),
           ...(limits.maxProcesses === undefined ? {} : { processes: limits.maxProcesses }),
         },
+        ...(limits.network === undefined ? {} : { network: networkFields(limits.network) }),
       },
       { signal, timeoutMs: limits.timeoutMs + this.graceMs },
     );

@@ -19,6 +19,7 @@ export async function accountWithKey(
     scopes: ["execute"],
     expiresAt: null,
     limits,
+    network: null,
   });
   return { accountId, keyId: key.id };
 }

@@ -26,6 +26,7 @@ export function leasedExecution(
       stderr: "",
       truncated: false,
       timings: { queueMs: 0, forkMs: 1, execMs: 2, totalMs: 3 },
+      network: null,
       chargedUnits,
     },
   };

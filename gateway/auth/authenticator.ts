@@ -86,6 +86,7 @@ export class Authenticator {
       accountId: stored.accountId,
       scopes: stored.scopes,
       limits: stored.limits,
+      network: stored.network === null ? [] : [stored.network],
       expiresAt: stored.expiresAt,
       token: null,
     };

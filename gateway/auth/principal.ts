@@ -1,6 +1,6 @@
 // Who is calling: an API key, or a token minted from one (which carries its key's identity and
 // limits, so it is verified without the database).
-import type { KeyLimits, Scope } from "../../db/keys.js";
+import type { KeyLimits, NetworkPolicy, Scope } from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
 
 export interface TokenGrant {
@@ -18,6 +18,11 @@ export interface Principal {
   accountId: string;
   scopes: Scope[];
   limits: KeyLimits;
+  /**
+   * What its executions may reach: the key's network policy, then a token's narrowing of it
+   * (each narrows the ones before); empty: the key has none, so no network.
+   */
+  network: NetworkPolicy[];
   /** When the credential stops working; null: never. */
   expiresAt: Date | null;
   /** Null when the caller presented the API key itself. */

@@ -1,6 +1,7 @@
 // Short-lived JWTs (EdDSA / Ed25519) that a key holder mints for an untrusted client or agent.
 // Everything the gateway needs to serve the token is inside it: key and account ids, the key's
-// limits, allowed templates and an execution cap. Verification is a signature check, no database.
+// limits and network policy (with the token's narrowing of it), allowed templates and an
+// execution cap. Verification is a signature check, no database.
 import {
   createPrivateKey,
   createPublicKey,
@@ -11,7 +12,13 @@ import {
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { errors, type JWTPayload, jwtVerify, SignJWT } from "jose";
-import { type KeyLimits, SCOPES, type Scope } from "../../db/keys.js";
+import {
+  type KeyLimits,
+  type NetworkPolicy,
+  readNetworkPolicy,
+  SCOPES,
+  type Scope,
+} from "../../db/keys.js";
 import { ProblemError } from "../problems.js";
 import type { Principal } from "./principal.js";
 
@@ -24,6 +31,8 @@ export interface TokenRequest {
   maxExecutions: number | null;
   /** Absent: execute only. */
   scopes?: Scope[];
+  /** Narrows the key's network policy for the token's calls; absent: the key's as it is. */
+  network?: NetworkPolicy | undefined;
 }
 
 export interface MintedToken {
@@ -39,6 +48,32 @@ interface TokenClaims {
   mex?: number;
   /** Scopes beyond execute-only; absent on an execute-only token. */
   scp?: Scope[];
+  /** The key's network policy, then the token's narrowing (allow, max connections, max bytes); absent: none. */
+  net?: NetworkClaim[];
+}
+
+interface NetworkClaim {
+  a: string[];
+  c?: number;
+  b?: number;
+}
+
+const networkClaim = (p: NetworkPolicy): NetworkClaim => ({
+  a: p.allow,
+  ...(p.maxConnections === undefined ? {} : { c: p.maxConnections }),
+  ...(p.maxBytes === undefined ? {} : { b: p.maxBytes }),
+});
+
+/** The policies of a `net` claim, or undefined when it is malformed. */
+function readNetworkClaim(net: unknown): NetworkPolicy[] | undefined {
+  if (net === undefined) return [];
+  if (!Array.isArray(net)) return undefined;
+  const policies = net.map((claim: unknown) => {
+    if (typeof claim !== "object" || claim === null) return null;
+    const { a, c, b } = claim as Record<string, unknown>;
+    return readNetworkPolicy({ allow: a, maxConnections: c, maxBytes: b });
+  });
+  return policies.every((p): p is NetworkPolicy => p !== null) ? policies : undefined;
 }
 
 /** The PEM from config, or the one kept in dataDir, created there (mode 0600) on first use. */
@@ -80,6 +115,8 @@ export class TokenService {
         ? principal.expiresAt
         : requested;
     const id = randomUUID();
+    const network =
+      request.network === undefined ? principal.network : [...principal.network, request.network];
     const claims: TokenClaims = {
       acc: principal.accountId,
       lim: {
@@ -93,6 +130,7 @@ export class TokenService {
       (request.scopes.length === 1 && request.scopes[0] === "execute")
         ? {}
         : { scp: request.scopes }),
+      ...(network.length === 0 ? {} : { net: network.map(networkClaim) }),
     };
     const token = await new SignJWT({ ...claims })
       .setProtectedHeader({ alg: ALGORITHM, typ: "JWT" })
@@ -120,7 +158,8 @@ export class TokenService {
         throw new ProblemError("credentials-expired", "the token has expired");
       throw new ProblemError("invalid-credentials", "the token is not valid for this gateway");
     }
-    const { sub, jti, exp, acc, lim, tpl, mex, scp } = payload as Record<string, unknown>;
+    const { sub, jti, exp, acc, lim, tpl, mex, scp, net } = payload as Record<string, unknown>;
+    const network = readNetworkClaim(net);
     const limits = lim as Record<string, unknown> | undefined;
     const wellFormed =
       typeof sub === "string" &&
@@ -137,8 +176,9 @@ export class TokenService {
       (scp === undefined ||
         (Array.isArray(scp) &&
           scp.length > 0 &&
-          scp.every((s) => (SCOPES as readonly unknown[]).includes(s))));
-    if (!wellFormed)
+          scp.every((s) => (SCOPES as readonly unknown[]).includes(s)))) &&
+      network !== undefined;
+    if (!wellFormed || network === undefined)
       throw new ProblemError("invalid-credentials", "the token's claims are malformed");
     const keyLimits: KeyLimits = {
       rateLimitPerMinute: limits.rpm as number,
@@ -150,6 +190,7 @@ export class TokenService {
       accountId: acc,
       scopes: (scp as Scope[] | undefined) ?? ["execute"],
       limits: keyLimits,
+      network,
       expiresAt: new Date(exp * 1000),
       token: {
         id: jti,

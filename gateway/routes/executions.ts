@@ -183,7 +183,12 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
             languages: t.languages,
             content_hash: t.contentHash,
             ready: t.ready,
-            price: { unit, base_units: price.baseUnits, units_per_second: price.unitsPerSecond },
+            price: {
+              unit,
+              base_units: price.baseUnits,
+              units_per_second: price.unitsPerSecond,
+              units_per_network_mib: price.unitsPerNetworkMib ?? 0,
+            },
           };
         }),
       },

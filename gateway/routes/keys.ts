@@ -1,9 +1,10 @@
 // Operator routes (admin scope): POST/GET/DELETE /v1/keys and POST /v1/accounts/{id}/credits.
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
-import { grantCredits, listKeys, revokeKey } from "../../db/keys.js";
+import { grantCredits, listKeys, revokeKey, setKeyNetwork } from "../../db/keys.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { issueKey } from "../key-service.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
+import { networkPolicyOf } from "../network-policy.js";
 import { ProblemError } from "../problems.js";
 import {
   BalanceSchema,
@@ -11,6 +12,7 @@ import {
   CreateKeyRequestSchema,
   CreditGrantSchema,
   IdParamSchema,
+  KeyNetworkRequestSchema,
   KeySchema,
 } from "../schemas.js";
 import { AUTHENTICATED, balanceJson, keyJson, problemResponses } from "./openapi-helpers.js";
@@ -52,6 +54,7 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
         maxConcurrency: body.max_concurrency ?? defaults.maxConcurrency,
         maxBodyBytes: body.max_body_bytes ?? defaults.maxBodyBytes,
       },
+      network: body.network === undefined ? null : networkPolicyOf(body.network),
     });
     return c.json({ ...keyJson(stored), key }, 201);
   });
@@ -98,6 +101,40 @@ export function registerKeyRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContext)
     ctx.authenticator.forget(id);
     ctx.leases.forgetKey(id);
     return c.json(keyJson(revoked), 200);
+  });
+
+  const networkRoute = createRoute({
+    method: "put",
+    path: "/v1/keys/{id}/network",
+    summary: "Set or clear a key's network policy",
+    description:
+      "What the key's executions, cells and tokens may reach over the network; null takes the network away. " +
+      "Calls may narrow it, never widen it. This gateway applies it at once, others within the key cache TTL; " +
+      "tokens minted before keep the policy they were minted with until they expire.",
+    security: AUTHENTICATED,
+    middleware: [admin, limitBodyPerKey] as const,
+    request: {
+      params: IdParamSchema,
+      body: {
+        required: true,
+        content: { "application/json": { schema: KeyNetworkRequestSchema } },
+      },
+    },
+    responses: {
+      200: {
+        description: "The key with its new policy",
+        content: { "application/json": { schema: KeySchema } },
+      },
+      ...problemResponses(400, 401, 403, 404, 413, 415, 422, 429),
+    },
+  });
+  app.openapi(networkRoute, async (c) => {
+    const { id } = c.req.valid("param");
+    const { network } = c.req.valid("json");
+    const key = await setKeyNetwork(ctx.db, id, network === null ? null : networkPolicyOf(network));
+    if (key === undefined) throw new ProblemError("not-found", `no key ${id}`);
+    ctx.authenticator.forget(id);
+    return c.json(keyJson(key), 200);
   });
 
   const grantRoute = createRoute({

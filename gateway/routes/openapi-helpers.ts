@@ -4,6 +4,7 @@ import { z } from "@hono/zod-openapi";
 import type { ExecutionRecord } from "../../db/billing.js";
 import type { AccountBalance, StoredKey } from "../../db/keys.js";
 import { WORK_PATH_RULES, workPathProblem } from "../file-paths.js";
+import { networkPolicyJson } from "../network-policy.js";
 import type { OutputFileJson } from "../output-files.js";
 import { ProblemError } from "../problems.js";
 import type { CheckedResult } from "../rich-results.js";
@@ -40,7 +41,7 @@ const PROBLEM_DESCRIPTIONS: Record<number, string> = {
   400: "Malformed request (problems/malformed-request)",
   401: "Missing, invalid, expired or revoked credentials (problems/unauthenticated, invalid-credentials, credentials-expired, credentials-revoked)",
   402: "Not enough credits (problems/insufficient-credits)",
-  403: "Scope, template or token limit (problems/insufficient-scope, template-not-allowed, token-execution-limit)",
+  403: "Scope, template, token limit or network without a policy (problems/insufficient-scope, template-not-allowed, token-execution-limit, network-not-allowed)",
   404: "Not found (problems/not-found)",
   409: "The first request with this Idempotency-Key is still running, or the session has ended or is out of checkpoint room (problems/idempotency-conflict, session-ended, checkpoint-quota-exceeded)",
   413: "Body larger than the key allows (problems/payload-too-large)",
@@ -140,7 +141,21 @@ export function executionJson(
             exec_ms: record.timings.execMs,
             total_ms: record.timings.totalMs,
           },
-    usage: { unit: unitName, reserved_units: record.reservedUnits, units: record.chargedUnits },
+    usage: {
+      unit: unitName,
+      reserved_units: record.reservedUnits,
+      units: record.chargedUnits,
+      network:
+        record.network === null
+          ? null
+          : {
+              bytes_in: record.network.bytesIn,
+              bytes_out: record.network.bytesOut,
+              connections: record.network.connections,
+              refused: record.network.refused,
+              dns_queries: record.network.dnsQueries,
+            },
+    },
     created_at: record.createdAt.toISOString(),
     finished_at: iso(record.finishedAt),
     ...(output?.results === undefined ? {} : { results: output.results }),
@@ -161,6 +176,7 @@ export function keyJson(key: StoredKey) {
     rate_limit_per_minute: key.limits.rateLimitPerMinute,
     max_concurrency: key.limits.maxConcurrency,
     max_body_bytes: key.limits.maxBodyBytes,
+    network: networkPolicyJson(key.network),
   };
 }
 

@@ -5,6 +5,7 @@ import type { SessionRow } from "../../db/sessions.js";
 import type { TakenCheckpoint } from "../../runtime/session-runtime.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
+import { NetworkRequestSchema } from "../network-policy.js";
 import { ProblemError } from "../problems.js";
 import { REQUEST_LIMITS, refineText } from "../request-limits.js";
 import { checkedResults } from "../rich-results.js";
@@ -155,6 +156,7 @@ const CellRequestSchema = (ctx: GatewayContext) =>
         }),
       timeout_ms: z.number().int().min(1).max(ctx.config.executionLimits.maxTimeoutMs).optional(),
       max_processes: maxProcessesSchema(ctx.config.executionLimits),
+      network: NetworkRequestSchema.optional(),
     })
     .strict()
     .openapi("SessionCellRequest");

@@ -4,6 +4,7 @@ import type { Scope } from "../../db/keys.js";
 import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey } from "../middleware.js";
+import { networkGrant, networkPolicyOf } from "../network-policy.js";
 import { ProblemError } from "../problems.js";
 import { TokenRequestSchema, TokenSchema } from "../schemas.js";
 import { AUTHENTICATED, problemResponses } from "./openapi-helpers.js";
@@ -16,7 +17,7 @@ export function registerTokenRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     path: "/v1/tokens",
     summary: "Mint a short-lived execute-only token (EdDSA JWT) from an API key",
     description:
-      "The token carries the key's identity and limits; it is verified by signature alone.",
+      "The token carries the key's identity, limits and network policy (narrowed by `network`, if given); it is verified by signature alone.",
     security: AUTHENTICATED,
     middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
     request: {
@@ -42,11 +43,15 @@ export function registerTokenRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
     const missing = scopes.filter((scope) => !hasScope(principal, scope));
     if (missing.length > 0)
       throw new ProblemError("insufficient-scope", `this key does not hold ${missing.join(", ")}`);
+    const network = body.network === undefined ? undefined : networkPolicyOf(body.network);
+    // Refuses network on a key without a policy, as an execution asking for it is.
+    networkGrant(principal.network, network);
     const minted = await ctx.tokens.mint(principal, {
       ttlSeconds,
       templates,
       maxExecutions,
       scopes,
+      network,
     });
     return c.json(
       {
@@ -56,6 +61,7 @@ export function registerTokenRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
         templates,
         max_executions: maxExecutions,
         scopes,
+        network: body.network ?? null,
       },
       201,
     );

@@ -72,6 +72,11 @@ export function registerUsageRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayContex
         executions: usage.executions,
         units: usage.units + sessions.units,
         by_template: usage.byTemplate,
+        network: {
+          bytes_in: usage.network.bytesIn,
+          bytes_out: usage.network.bytesOut,
+          refused: usage.network.refused,
+        },
         sessions: {
           units: sessions.units,
           running_gib_seconds: sessions.runningGibSeconds,

@@ -3,7 +3,7 @@
 import { generateKeyPairSync } from "node:crypto";
 import { InMemorySpanExporter } from "@opentelemetry/sdk-trace-base";
 import type { DatabaseBackend } from "../../db/client.js";
-import { type AccountBalance, getBalance, type Scope } from "../../db/keys.js";
+import { type AccountBalance, getBalance, type NetworkPolicy, type Scope } from "../../db/keys.js";
 import { leasedUnits } from "../../db/leases.js";
 import { type FreshDatabase, freshDatabase } from "../../db/testing/fresh-database.js";
 import type { ExecutionRuntime } from "../../runtime/execution-runtime.js";
@@ -39,6 +39,8 @@ export interface TestKeyOptions {
   rateLimitPerMinute?: number;
   maxConcurrency?: number;
   maxBodyBytes?: number;
+  /** Absent: no network. */
+  network?: NetworkPolicy;
 }
 
 export interface CallOptions {
@@ -114,6 +116,7 @@ export async function startTestGateway(
           maxConcurrency: o.maxConcurrency ?? 1_000,
           maxBodyBytes: o.maxBodyBytes ?? 1024 * 1024,
         },
+        network: o.network ?? null,
       });
       return { key, keyId: stored.id, accountId: stored.accountId };
     },

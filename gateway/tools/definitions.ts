@@ -4,6 +4,7 @@
 import { z } from "zod";
 import type { ExecutionLimits } from "../config.js";
 import { refineFiles, WORK_PATH_RULES } from "../file-paths.js";
+import { MAX_NETWORK_RULES, NETWORK_RULES_DOC, ruleProblem } from "../network-policy.js";
 import { REQUEST_LIMITS } from "../request-limits.js";
 
 export const RUN_CODE = "run_code";
@@ -31,7 +32,7 @@ const TEMPLATE = z
     'The template to run in (list_templates names them), e.g. "python-data" for numpy, pandas and matplotlib; default: the one named after the language',
   );
 
-/** The limits a run_code call or a cell may set. */
+/** The limits (and the network narrowing) a run_code call or a cell may set. */
 function runLimits(limits: ExecutionLimits) {
   return {
     timeout_ms: z
@@ -49,6 +50,25 @@ function runLimits(limits: ExecutionLimits) {
       .optional()
       .describe(
         `Processes alive at once, the program included; a fork past it fails (default ${limits.maxProcesses})`,
+      ),
+    network: z
+      .object({
+        allow: z
+          .array(
+            z.string().superRefine((rule, ctx) => {
+              const problem = ruleProblem(rule);
+              if (problem !== undefined) ctx.addIssue({ code: "custom", message: problem });
+            }),
+          )
+          .max(MAX_NETWORK_RULES)
+          .describe(
+            `What this run may reach, within what the API key allows. ${NETWORK_RULES_DOC}`,
+          ),
+      })
+      .strict()
+      .optional()
+      .describe(
+        "Narrows the API key's network policy for this run; without it the run gets the key's policy (a key without one reaches no network)",
       ),
   };
 }
@@ -141,7 +161,7 @@ const ExecutionFields = {
   status: z
     .string()
     .describe(
-      "completed (see exit_code), timed_out, memory_exceeded, output_exceeded, crashed or unsupported_syscall",
+      "completed (see exit_code), timed_out, memory_exceeded, output_exceeded, network_exceeded, crashed or unsupported_syscall",
     ),
   exit_code: z.number().int().nullable(),
   stdout: z.string(),
@@ -153,7 +173,20 @@ const ExecutionFields = {
     exec_ms: z.number(),
     total_ms: z.number(),
   }),
-  usage: z.object({ unit: z.string(), units: z.number().int() }),
+  usage: z.object({
+    unit: z.string(),
+    units: z.number().int(),
+    network: z
+      .object({
+        bytes_in: z.number().int(),
+        bytes_out: z.number().int(),
+        connections: z.number().int(),
+        refused: z.number().int().describe("Connects, sends and DNS questions the policy refused"),
+        dns_queries: z.number().int(),
+      })
+      .nullable()
+      .describe("What the run did on the network; null when it had no network"),
+  }),
   results: z
     .array(
       z.object({
@@ -239,9 +272,10 @@ export function toolDefinitions(limits: ExecutionLimits): ToolDefinition[] {
     {
       name: RUN_CODE,
       description:
-        "Runs a program in a fresh, isolated sandbox (no network) and returns its stdout, stderr, exit status and timings, " +
+        "Runs a program in a fresh, isolated sandbox and returns its stdout, stderr, exit status and timings, " +
         "the value of its last expression, its charts (matplotlib figures, as images) and tables (pandas DataFrames, as HTML), " +
-        "and the files it wrote under /work/out. Print what you want to see; nothing is kept for the next call " +
+        "and the files it wrote under /work/out. It reaches the network only where the API key's network policy allows " +
+        "(none by default). Print what you want to see; nothing is kept for the next call " +
         "(open_session keeps state). Each call is billed to the caller's API key.",
       parameters: jsonSchema(runCodeArguments(limits)),
       result: jsonSchema(RunCodeResult),

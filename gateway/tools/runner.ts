@@ -96,7 +96,7 @@ function executionResult(
     stderr: execution.stderr ?? "",
     truncated: execution.truncated ?? false,
     timings: execution.timings ?? { queue_ms: 0, fork_ms: 0, exec_ms: 0, total_ms: 0 },
-    usage: { unit: usage.unit, units: usage.units ?? 0 },
+    usage: { unit: usage.unit, units: usage.units ?? 0, network: usage.network },
     results: listed,
     files: execution.files ?? [],
   };
@@ -107,9 +107,18 @@ function sessionResult(session: ReturnType<typeof sessionJson>): OpenSessionResu
   return { session_id: session.id, template: session.template, state: session.state };
 }
 
-/** What the model reads: the structured result, or the problem, as JSON. */
+/**
+ * What the model reads: the structured result, or the problem, as JSON; a run the network policy
+ * refused something in says so in a line after it.
+ */
 export function toolResultText(result: ToolResult): string {
-  return JSON.stringify(result.isError ? result.problem : result.structured);
+  if (result.isError) return JSON.stringify(result.problem);
+  const text = JSON.stringify(result.structured);
+  const { usage } = result.structured as { usage?: { network?: { refused: number } | null } };
+  const refused = usage?.network?.refused ?? 0;
+  return refused === 0
+    ? text
+    : `${text}\nThe network policy refused ${refused} connection attempt(s), send(s) or DNS question(s) of this run: the API key's network policy (or this call's network.allow) does not allow that destination.`;
 }
 
 function invalidArguments(tool: string, issues: z.core.$ZodIssue[]): ProblemError {
@@ -245,6 +254,7 @@ export class ToolRunner {
       ...(args.files === undefined ? {} : { files: args.files }),
       ...(args.timeout_ms === undefined ? {} : { timeout_ms: args.timeout_ms }),
       ...(args.max_processes === undefined ? {} : { max_processes: args.max_processes }),
+      ...(args.network === undefined ? {} : { network: args.network }),
     };
     const input = parseArguments(RUN_CODE, this.executionSchema, candidate);
     const { record, output } = await this.ctx.executions.execute(principal, input, idempotencyKey);
@@ -275,6 +285,7 @@ export class ToolRunner {
       code: args.code,
       timeout_ms: args.timeout_ms,
       max_processes: args.max_processes,
+      network: args.network,
     });
     // The REST answer of the cell, flattened: its session, its own fields, its execution's.
     const { session, execution, results, ...cell } = cellJson(

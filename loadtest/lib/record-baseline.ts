@@ -65,7 +65,13 @@ export async function openRecordBaseline(
             gatewayId,
             reservedUnits,
             createdAt: new Date(Date.now() - totalMs),
-            settlement: settlementOf(result, { price, reservedUnits, timeoutMs, totalMs }),
+            settlement: settlementOf(result, {
+              price,
+              reservedUnits,
+              timeoutMs,
+              totalMs,
+              networkGranted: false,
+            }),
           },
         ]);
       },

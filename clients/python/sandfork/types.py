@@ -17,6 +17,7 @@ ExecutionStatus = Literal[
     "crashed",
     "unsupported_syscall",
     "deadlocked",
+    "network_exceeded",
     "aborted",
 ]
 
@@ -36,10 +37,21 @@ class Timings(TypedDict):
     total_ms: float
 
 
+class NetworkUsage(TypedDict):
+    """What a run did on the network: payload bytes, connections, what the policy refused."""
+
+    bytes_in: int
+    bytes_out: int
+    connections: int
+    refused: int
+    dns_queries: int
+
+
 class ExecutionUsage(TypedDict):
     unit: str
     reserved_units: int
     units: int | None
+    network: NetworkUsage | None
 
 
 RichResultType = Literal[
@@ -92,6 +104,7 @@ class Price(TypedDict):
     unit: str
     base_units: int
     units_per_second: int
+    units_per_network_mib: int
 
 
 class Template(TypedDict):

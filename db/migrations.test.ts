@@ -136,6 +136,7 @@ describe.each(BACKENDS)("0005 on %s: an execution's charge lives in its record o
         { template: "node", executions: 1, units: 4 },
         { template: "python", executions: 1, units: 3 },
       ],
+      network: { bytesIn: 0, bytesOut: 0, refused: 0 },
     });
   });
 

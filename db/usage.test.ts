@@ -133,7 +133,9 @@ describe.each(BACKENDS)("usage on %s", (backend) => {
       [keyId, earlierMark],
     );
     const sumBefore = `INSERT INTO execution_usage_hours
-      SELECT key_id, date_trunc('hour', finished_at, 'UTC'), template, count(*), coalesce(sum(charged_units), 0) FROM executions
+      SELECT key_id, date_trunc('hour', finished_at, 'UTC'), template, count(*), coalesce(sum(charged_units), 0),
+        coalesce(sum((network->>'bytesIn')::int8), 0), coalesce(sum((network->>'bytesOut')::int8), 0),
+        coalesce(sum((network->>'refused')::int8), 0) FROM executions
       WHERE key_id = $1::uuid AND finished_at < $2::timestamptz AND status <> 'aborted' GROUP BY 1, 2, 3`;
     await runPrepared(fresh.db, { name: "usage_test_sum_before", text: sumBefore }, [
       keyId,

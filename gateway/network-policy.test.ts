@@ -397,6 +397,7 @@ describe.each(BACKENDS)("network policies on %s", (backend) => {
     const quiet = toolResultText({
       isError: false,
       executionId: "e",
+      images: [],
       structured: {
         execution_id: "e",
         status: "completed",

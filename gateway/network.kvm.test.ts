@@ -92,6 +92,7 @@ beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "sfk-net-"));
   await templatesWithPrebuilt(dir, ["python"]);
   const env = {
+    SANDFORK_TEMPLATES: "python",
     SANDFORK_VMM_BIN: requireVmmBinary(),
     SANDFORK_VMM_CONNECTIONS: "2",
     SANDFORK_VMM_SERVE_ARGS: "--pool-size 1",
@@ -251,6 +252,39 @@ describe("network egress through the gateway on KVM", () => {
     const allowed = await run(key, connectTo(8080), { allow: [WEB_RULE] });
     expect(allowed.stdout).toBe("connected\n");
     expect(allowed.usage.network?.refused).toBe(0);
+  });
+
+  it("a session's cells run under the key's policy, each narrowing it for itself", async () => {
+    const { key } = await gw.issue({
+      credits: 10 * MIB,
+      network: { allow: [WEB_RULE], maxBytes: MIB },
+    });
+    const created = await gw.call("POST", "/v1/sessions", {
+      credential: key,
+      body: { template: "python" },
+    });
+    const createdText = await created.text();
+    expect(created.status, createdText).toBe(201);
+    const { id } = JSON.parse(createdText) as { id: string };
+    const cell = async (code: string, network?: { allow: string[] }) => {
+      const response = await gw.call("POST", `/v1/sessions/${id}/executions`, {
+        credential: key,
+        body: { code, timeout_ms: TIMEOUT_MS * timeScale, ...(network ? { network } : {}) },
+      });
+      const text = await response.text();
+      expect(response.status, text).toBe(200);
+      return (JSON.parse(text) as { execution: ExecutionBody }).execution;
+    };
+    const fetched = await cell(GET_INDEX);
+    expect(fetched.stdout).toBe("hello-from-netns\n");
+    expect(fetched.usage.network?.connections).toBe(1);
+    expect(fetched.usage.units).toBe(
+      1 + (fetched.usage.network?.bytes_in ?? 0) + (fetched.usage.network?.bytes_out ?? 0),
+    );
+    const narrowed = await cell(connectTo(8080), { allow: [`${HOST}/32:9000`] });
+    expect(narrowed.stdout).toBe("EACCES\n");
+    expect(narrowed.usage.network?.refused).toBe(1);
+    await gw.call("DELETE", `/v1/sessions/${id}`, { credential: key });
   });
 
   it("ends a run past its byte cap as network_exceeded", async () => {

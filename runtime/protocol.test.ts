@@ -50,6 +50,7 @@ describe("protocol v1 mapping", () => {
         syscalls: 31,
         exits: 33,
         processesCreated: 0,
+        network: { bytesIn: 0, bytesOut: 0, connections: 0, refused: 0, dnsQueries: 0 },
       },
     });
   });
@@ -74,6 +75,7 @@ describe("protocol v1 mapping", () => {
     expect(outcome("output_limit", { truncated: true })).toBe("output_exceeded");
     expect(outcome("unsupported")).toBe("unsupported_syscall");
     expect(outcome("deadlocked")).toBe("deadlocked");
+    expect(outcome("network_limit")).toBe("network_exceeded");
     const fault = { vector: 14, name: "page fault", rip: 4198400, address: 0 };
     const crashed = parseExecution({ ...EXAMPLE, status: "crashed", exit_code: null, fault });
     expect(crashed).toMatchObject({ outcome: "crashed", exitCode: null, fault });
@@ -217,6 +219,18 @@ describe("protocol v1 mapping", () => {
       key_id: "key-0b7e4d4e",
     });
     expect(fixture("execute").request?.key_id).toBe("key-0b7e4d4e");
+    // The network grant, as PROTOCOL.md's example carries it: the lists in order, the limits given.
+    const network = {
+      allowlists: [["pypi.org:443", "*.pythonhosted.org:443"]],
+      maxConnections: 8,
+      maxBytes: 104857600,
+    };
+    expect(executeFrame({ ...request, network }).network).toEqual(
+      fixture("execute").request?.network,
+    );
+    expect(
+      executeFrame({ ...request, network: { allowlists: [["a.example"], []] } }).network,
+    ).toEqual({ allowlists: [["a.example"], []] });
     expect(parseOutput({ id: 7, type: "output", stream: "stderr", data: "oops\n" })).toEqual({
       stream: "stderr",
       data: "oops\n",

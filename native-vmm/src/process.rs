@@ -19,8 +19,9 @@ use crate::fs::{Node, Vfs};
 
 pub use epoll::{EpollSet, Interest};
 pub use fds::{
-    Description, Endpoint, FdSlots, FdTable, Object, Pipe, PipeError, FD_LIMIT, O_ACCMODE,
-    O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY, PIPE_CAPACITY,
+    Description, Endpoint, FdSlots, FdTable, Object, Passed, Pipe, PipeError, FD_LIMIT,
+    MAX_PASSED_PER_MESSAGE, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY,
+    PIPE_CAPACITY,
 };
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
@@ -194,6 +195,9 @@ pub struct GuestProcess {
     pub(crate) published_result: Option<crate::agent::CellResult>,
     /// Every process of the tree: ids, parents, exit statuses, signals sent to them.
     pub(crate) tree: ProcessTable,
+    /// The own state of every other live process of the tree, parked while this one runs
+    /// (`crate::sandbox` switches them; /proc reads them).
+    pub(crate) parked: std::collections::BTreeMap<u64, ProcessPart>,
     /// The run's network: its policy, limits and usage (`crate::net`).
     pub(crate) net: crate::net::Network,
     calls: CallCounters,
@@ -231,6 +235,7 @@ impl GuestProcess {
             hand_off: crate::agent::HandOff::Script,
             published_result: None,
             tree: ProcessTable::new(threads::MAIN_TID),
+            parked: Default::default(),
             net: crate::net::Network::default(),
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),
@@ -252,6 +257,25 @@ impl GuestProcess {
         swap(&mut self.config.command, &mut part.command);
         swap(&mut self.space, &mut part.space);
         part
+    }
+
+    /// Runs `op` with process `pid`'s own state in place of the running process's (None when
+    /// `pid` is neither running nor parked): what /proc shows of another process is read
+    /// exactly as of the caller.
+    pub(crate) fn as_process<T>(
+        &mut self,
+        pid: u64,
+        op: impl FnOnce(&mut GuestProcess) -> T,
+    ) -> Option<T> {
+        if pid == self.pid {
+            return Some(op(self));
+        }
+        let part = self.parked.remove(&pid)?;
+        let own = self.exchange_part(part);
+        let answer = op(self);
+        let part = self.exchange_part(own);
+        self.parked.insert(pid, part);
+        Some(answer)
     }
 
     /// The state of a child forked from the running process now (its thread table holds only
@@ -323,9 +347,13 @@ impl GuestProcess {
         self.output
     }
 
-    /// Releases what closing a description let go of: file-system nodes go back to the Vfs.
+    /// Releases what closing a description let go of: file-system nodes go back to the Vfs,
+    /// with those of descriptions that were in flight on a socket that went with it.
     pub(crate) fn release(&mut self, object: Option<Object>) {
         if let Some(Object::Node(node)) = object {
+            self.config.vfs.close(node);
+        }
+        for node in self.fds.take_released_nodes() {
             self.config.vfs.close(node);
         }
     }
@@ -414,6 +442,9 @@ impl GuestProcess {
         }
         if self.fds.has_addressed_sockets() {
             return Err("a socket is bound, listening or connected by address");
+        }
+        if self.fds.has_passed_descriptions() {
+            return Err("file descriptors are in flight on a socket");
         }
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);
@@ -508,6 +539,7 @@ impl GuestProcess {
             hand_off: crate::agent::HandOff::Script,
             published_result: None,
             tree: ProcessTable::new(threads::MAIN_TID),
+            parked: Default::default(),
             net: crate::net::Network::default(),
             calls: CallCounters::new(),
             unsupported: CallCounters::new(),

@@ -22,7 +22,7 @@ use crate::memory::{GuestMemory, MemoryArena};
 use crate::process::signals::{self, bit};
 use crate::process::threads::{Call, QUANTUM};
 use crate::process::tree::{exited_status, signalled_status};
-use crate::process::{Command, GuestProcess, MemoryMap, ProcessPart, Threads};
+use crate::process::{Command, GuestProcess, MemoryMap, Threads};
 use crate::sched::{LoopEnd, Scheduler};
 use crate::status::RunStatus;
 use crate::syscalls::processes::{ExecRequest, ForkRequest};
@@ -60,8 +60,6 @@ struct Member<'a> {
     cpu: Option<Box<dyn GuestCpu + 'a>>,
     mem: Option<&'a GuestMemory>,
     sched: Option<Scheduler>,
-    /// Its own state while another process runs (None while it runs, or once it ended).
-    part: Option<ProcessPart>,
     state: State,
     /// The memory map's generation the vCPU was last given.
     handed_out: Option<u64>,
@@ -90,7 +88,6 @@ pub fn run(
             cpu: None,
             mem: None,
             sched: None,
-            part: None,
             state: State::Ready(Next::Run),
             handed_out: None,
         }],
@@ -380,12 +377,12 @@ impl<'a> Tree<'a> {
         }
         process.threads.reserve_ids_from(pid + 1);
         process.tree.note_ids_used(pid + 1);
+        process.parked.insert(pid, part);
         self.members.push(Member {
             pid,
             cpu: Some(child_cpu),
             mem: Some(child_mem),
             sched: None,
-            part: Some(part),
             state: State::Ready(Next::Run),
             handed_out: None,
         });
@@ -560,13 +557,13 @@ impl<'a> Tree<'a> {
         }
         process.threads.stop_cpu_clock();
         process.tree.note_ids_used(process.threads.next_id());
-        let incoming = self.members[next]
-            .part
-            .take()
+        let incoming = process
+            .parked
+            .remove(&self.members[next].pid)
             .expect("a process that is not running has its part parked");
         let outgoing = process.exchange_part(incoming);
         if !matches!(self.members[self.current].state, State::Ended) {
-            self.members[self.current].part = Some(outgoing);
+            process.parked.insert(outgoing.pid, outgoing);
         }
         self.current = next;
         process.threads.reserve_ids_from(process.tree.next_id());

@@ -430,6 +430,142 @@ except OSError as e:
     );
 }
 
+#[test]
+fn file_descriptors_pass_over_unix_sockets_between_and_within_processes() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import os, socket
+def fd_count():
+    return len(os.listdir("/proc/self/fd"))
+# A socketpair across fork: the child writes through the pipe end the parent passed.
+a, b = socket.socketpair()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    a.close()
+    msg, fds, flags, _ = socket.recv_fds(b, 16, 4)
+    print("child got", msg, len(fds), flags, [os.get_inheritable(f) for f in fds], flush=True)
+    os.write(fds[0], b"through the passed fd")
+    os._exit(0)
+b.close()
+socket.send_fds(a, [b"fds"], [w])
+os.close(w)
+os.waitpid(pid, 0)
+print("parent read", os.read(r, 100))
+# A stream socket by path: the child passes an open file, the parent reads it.
+with open("passed.txt", "w") as f:
+    f.write("file contents")
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind("fd.sock")
+server.listen(1)
+pid = os.fork()
+if pid == 0:
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect("fd.sock")
+    fd = os.open("passed.txt", os.O_RDONLY)
+    socket.send_fds(client, [b"file"], [fd])
+    os._exit(0)
+conn, _ = server.accept()
+msg, fds, _, _ = socket.recv_fds(conn, 16, 1)
+os.waitpid(pid, 0)
+print("by path", msg, os.pread(fds[0], 100, 0))
+os.close(fds[0])
+# Within one process: a short control buffer, MSG_CMSG_CLOEXEC, reads that drop the fds.
+before = fd_count()
+c, d = socket.socketpair()
+socket.send_fds(c, [b"x"], [r, r, r])
+msg, anc, flags, _ = d.recvmsg(1, socket.CMSG_LEN(4))
+print("truncated", msg, len(anc), len(anc[0][2]) // 4, bool(flags & socket.MSG_CTRUNC))
+os.close(int.from_bytes(anc[0][2][:4], "little"))
+socket.send_fds(c, [b"y"], [r])
+msg, anc, flags, _ = d.recvmsg(1, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
+got = int.from_bytes(anc[0][2], "little")
+print("cloexec", msg, os.get_inheritable(got), os.path.samestat(os.fstat(got), os.fstat(r)))
+os.close(got)
+socket.send_fds(c, [b"z"], [r])
+print("plain recv", d.recv(10))
+socket.send_fds(c, [b"w"], [r])
+msg, anc, flags, _ = d.recvmsg(1)
+print("no room", msg, anc, bool(flags & socket.MSG_CTRUNC))
+try:
+    socket.send_fds(c, [b"v"], [9999])
+except OSError as e:
+    print("bad fd", e.errno)
+c.close()
+d.close()
+print("fds left", fd_count() - before)
+EOF
+"#,
+    );
+    assert!(printed.contains("through the passed fd"), "{printed}");
+}
+
+#[test]
+fn proc_has_a_directory_per_live_process_and_self_is_the_caller() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import os
+r, w = os.pipe()
+go_r, go_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    os.close(go_w)
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+    ids = [status["Pid"].strip(), status["PPid"].strip(), os.readlink("/proc/self")]
+    os.write(w, " ".join(ids).encode())
+    os.read(go_r, 1)
+    os._exit(0)
+os.close(go_r)
+me = os.getpid()
+child_pid, child_ppid, child_self = map(int, os.read(r, 100).split())
+print("child's status and self", child_pid == pid, child_ppid == me, child_self == pid)
+print("self", os.readlink("/proc/self") == str(me))
+pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+print("listed", pid in pids, me in pids)
+status = open(f"/proc/{pid}/status").read()
+print("status", f"Pid:\t{pid}\n" in status, f"PPid:\t{me}\n" in status, f"Tgid:\t{pid}\n" in status)
+stat = open(f"/proc/{pid}/stat").read().split()
+print("stat", stat[0] == str(pid), stat[3] == str(me))
+print("cmdline", open(f"/proc/{pid}/cmdline", "rb").read() == open("/proc/self/cmdline", "rb").read())
+print("task", os.listdir(f"/proc/{pid}/task") == [str(pid)])
+fds = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+print("fds", go_r in fds, r in fds, w in fds, go_w in fds)
+print("fd link", os.readlink(f"/proc/{pid}/fd/{go_r}").startswith("pipe:["))
+print("cwd", os.readlink(f"/proc/{pid}/cwd") == os.getcwd())
+os.close(go_w)
+os.waitpid(pid, 0)
+print("gone", os.path.exists(f"/proc/{pid}"), pid in [int(n) for n in os.listdir("/proc") if n.isdigit()])
+EOF
+"#,
+    );
+    assert_eq!(
+        printed,
+        "child's status and self True True True\nself True\nlisted True True\n\
+         status True True True\nstat True True\ncmdline True\ntask True\n\
+         fds True False True False\nfd link True\ncwd True\ngone False False\n"
+    );
+}
+
+/// Runs `program` natively with `/usr/bin/python3.11 program.py args` in a directory of its own.
+fn native_python(tag: &str, program: &str, args: &[&str]) -> String {
+    let dir = common::process_dir(tag);
+    std::fs::create_dir_all(&dir).expect("a directory for the native run");
+    let script = dir.join("program.py");
+    std::fs::write(&script, program).expect("writing the program");
+    let native = Command::new("/usr/bin/python3.11")
+        .arg(&script)
+        .args(args)
+        .current_dir(&dir)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", &dir)
+        .output()
+        .expect("running python3.11 natively");
+    assert!(native.status.success(), "native: {native:?}");
+    String::from_utf8_lossy(&native.stdout).into_owned()
+}
+
 /// A multiprocessing program written to /work and run under `method` (spawn imports it by path).
 fn multiprocessing_prints(method: &str) -> String {
     let program = r#"
@@ -483,14 +619,18 @@ if __name__ == "__main__":
         "{}",
         describe(&outcome)
     );
-    String::from_utf8_lossy(&outcome.stdout).into_owned()
+    let printed = String::from_utf8_lossy(&outcome.stdout).into_owned();
+    let native = native_python(&format!("multiprocessing-{method}"), program, &[method]);
+    assert_eq!(printed, native, "{method}: {}", describe(&outcome));
+    printed
 }
 
 #[test]
-fn multiprocessing_pool_queue_lock_value_and_shared_memory_under_fork_and_spawn() {
+fn multiprocessing_pool_queue_lock_value_and_shared_memory_under_fork_spawn_and_forkserver() {
     let expected = "pool 332833500\nqueue 1225\nvalue 600\nshared_memory b'abc' 0\n";
-    assert_eq!(multiprocessing_prints("fork"), expected);
-    assert_eq!(multiprocessing_prints("spawn"), expected);
+    for method in ["fork", "spawn", "forkserver"] {
+        assert_eq!(multiprocessing_prints(method), expected, "{method}");
+    }
 }
 
 #[test]

@@ -3,16 +3,16 @@
 //! guest's own state. What the files hold is rendered by the syscall layer when one is opened
 //! (`syscalls::procfs`), as Linux renders a /proc file when it is read.
 //!
-//! The guest is process 1 (see syscalls/ids.rs), so /proc/1 is the one process directory;
-//! /proc/self and /proc/thread-self point into it. The parts that change as the program runs
-//! (its open fds and threads) come from a [`ProcessView`] the caller hands to the lookup.
+//! Every live process of the sandbox's tree has a directory /proc/<pid>; /proc/self and
+//! /proc/thread-self point into the caller's. The parts that change as the programs run (the
+//! live pids, each one's open fds, threads, working directory and program) come from a
+//! [`ProcessView`] the caller hands to the lookup.
 
 use super::vfs::Node;
 use super::FileKind;
 
-/// The guest's pid as a /proc name.
-const PID: u32 = 1;
-const PID_NAME: &[u8] = b"1";
+/// Pids /proc names: a node's code keeps a pid in 24 bits (a larger one has no directory).
+const MAX_PID: u32 = (1 << 24) - 1;
 
 /// Files that exist once for the process and once per thread under task/<tid>.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,24 +103,24 @@ const VM_FILES: [(&[u8], SystemFile); 1] = [(b"overcommit_memory", SystemFile::O
 pub enum ProcNode {
     Dir(SystemDir),
     File(SystemFile),
-    /// /proc/self -> "1".
+    /// /proc/self -> "<calling pid>".
     SelfLink,
-    /// /proc/thread-self -> "1/task/<calling tid>".
+    /// /proc/thread-self -> "<calling pid>/task/<calling tid>".
     ThreadSelfLink,
-    /// /proc/1.
-    Process,
-    /// /proc/1/task.
-    Tasks,
-    /// /proc/1/task/<tid>.
-    Thread(u32),
-    /// A task file: of the process (None) or of one thread.
-    Task(Option<u32>, TaskFile),
-    /// /proc/1/exe and /proc/1/cwd.
-    Exe,
-    Cwd,
-    /// /proc/1/fd and its entries.
-    Fds,
-    Fd(u32),
+    /// /proc/<pid>.
+    Process(u32),
+    /// /proc/<pid>/task.
+    Tasks(u32),
+    /// /proc/<pid>/task/<tid>.
+    Thread(u32, u32),
+    /// A task file of process `pid`: of the process (None) or of one thread.
+    Task(u32, Option<u32>, TaskFile),
+    /// /proc/<pid>/exe and /proc/<pid>/cwd.
+    Exe(u32),
+    Cwd(u32),
+    /// /proc/<pid>/fd and its entries.
+    Fds(u32),
+    Fd(u32, u32),
 }
 
 /// Where an fd entry points.
@@ -131,39 +131,51 @@ pub enum FdTarget {
     Anonymous(Vec<u8>),
 }
 
-/// The parts of /proc that follow the running program.
+/// The parts of /proc that follow the running programs: the calling process and thread, the
+/// live processes, and each one's threads, fds, working directory and program (asked of a
+/// pid that is not live: none).
 pub trait ProcessView {
+    /// The process making the call (self).
+    fn current_pid(&self) -> u32;
     /// The thread making the call (thread-self).
     fn current_tid(&self) -> u32;
-    fn tids(&self) -> Vec<u32>;
-    fn fds(&self) -> Vec<u32>;
-    fn fd_target(&self, fd: u32) -> Option<FdTarget>;
-    fn cwd(&self) -> Node;
+    /// The live processes, ascending.
+    fn pids(&self) -> Vec<u32>;
+    fn tids(&self, pid: u32) -> Vec<u32>;
+    fn fds(&self, pid: u32) -> Vec<u32>;
+    fn fd_target(&self, pid: u32, fd: u32) -> Option<FdTarget>;
+    fn cwd(&self, pid: u32) -> Option<Node>;
     /// The program's path in the image.
-    fn exe(&self) -> Vec<u8>;
+    fn exe(&self, pid: u32) -> Vec<u8>;
 }
 
-/// The view of no process (host-side lookups such as the daemon's): /proc holds no thread,
-/// fd or program.
+/// The view of no program (host-side lookups such as the daemon's): /proc holds process 1
+/// with no thread, fd or program.
 pub struct NoProcess;
 
 impl ProcessView for NoProcess {
+    fn current_pid(&self) -> u32 {
+        1
+    }
     fn current_tid(&self) -> u32 {
-        PID
+        1
     }
-    fn tids(&self) -> Vec<u32> {
+    fn pids(&self) -> Vec<u32> {
+        vec![1]
+    }
+    fn tids(&self, _pid: u32) -> Vec<u32> {
         Vec::new()
     }
-    fn fds(&self) -> Vec<u32> {
+    fn fds(&self, _pid: u32) -> Vec<u32> {
         Vec::new()
     }
-    fn fd_target(&self, _fd: u32) -> Option<FdTarget> {
+    fn fd_target(&self, _pid: u32, _fd: u32) -> Option<FdTarget> {
         None
     }
-    fn cwd(&self) -> Node {
-        Node::ROOT
+    fn cwd(&self, pid: u32) -> Option<Node> {
+        (pid == 1).then_some(Node::ROOT)
     }
-    fn exe(&self) -> Vec<u8> {
+    fn exe(&self, _pid: u32) -> Vec<u8> {
         Vec::new()
     }
 }
@@ -180,26 +192,26 @@ fn number(name: &[u8]) -> Option<u32> {
     std::str::from_utf8(name).ok()?.parse().ok()
 }
 
-fn task_file(tid: Option<u32>, name: &[u8]) -> Option<ProcNode> {
+fn task_file(pid: u32, tid: Option<u32>, name: &[u8]) -> Option<ProcNode> {
     TaskFile::ALL
         .into_iter()
         .find(|f| f.name() == name)
-        .map(|f| ProcNode::Task(tid, f))
+        .map(|f| ProcNode::Task(pid, tid, f))
 }
 
 impl ProcNode {
     pub fn kind(self) -> FileKind {
         match self {
             ProcNode::Dir(_)
-            | ProcNode::Process
-            | ProcNode::Tasks
-            | ProcNode::Thread(_)
-            | ProcNode::Fds => FileKind::Directory,
+            | ProcNode::Process(_)
+            | ProcNode::Tasks(_)
+            | ProcNode::Thread(..)
+            | ProcNode::Fds(_) => FileKind::Directory,
             ProcNode::SelfLink
             | ProcNode::ThreadSelfLink
-            | ProcNode::Exe
-            | ProcNode::Cwd
-            | ProcNode::Fd(_) => FileKind::Symlink,
+            | ProcNode::Exe(_)
+            | ProcNode::Cwd(_)
+            | ProcNode::Fd(..) => FileKind::Symlink,
             ProcNode::File(_) | ProcNode::Task(..) => FileKind::Regular,
         }
     }
@@ -220,7 +232,7 @@ impl ProcNode {
             ProcNode::Dir(SystemDir::Sys)
             | ProcNode::SelfLink
             | ProcNode::ThreadSelfLink
-            | ProcNode::Process => ProcNode::Dir(SystemDir::Root),
+            | ProcNode::Process(_) => ProcNode::Dir(SystemDir::Root),
             ProcNode::Dir(SystemDir::SysKernel | SystemDir::SysVm) => ProcNode::Dir(SystemDir::Sys),
             ProcNode::File(f) => ProcNode::Dir(match f {
                 SystemFile::OsType
@@ -231,15 +243,26 @@ impl ProcNode {
                 SystemFile::Overcommit => SystemDir::SysVm,
                 _ => SystemDir::Root,
             }),
-            ProcNode::Tasks
-            | ProcNode::Exe
-            | ProcNode::Cwd
-            | ProcNode::Fds
-            | ProcNode::Task(None, _) => ProcNode::Process,
-            ProcNode::Thread(_) => ProcNode::Tasks,
-            ProcNode::Task(Some(tid), _) => ProcNode::Thread(tid),
-            ProcNode::Fd(_) => ProcNode::Fds,
+            ProcNode::Tasks(pid)
+            | ProcNode::Exe(pid)
+            | ProcNode::Cwd(pid)
+            | ProcNode::Fds(pid)
+            | ProcNode::Task(pid, None, _) => ProcNode::Process(pid),
+            ProcNode::Thread(pid, _) => ProcNode::Tasks(pid),
+            ProcNode::Task(pid, Some(tid), _) => ProcNode::Thread(pid, tid),
+            ProcNode::Fd(pid, _) => ProcNode::Fds(pid),
         })
+    }
+
+    /// The name of a numbered entry (a process, thread or fd directory entry), which no
+    /// fixed table lists.
+    pub fn number_name(self) -> Option<Vec<u8>> {
+        match self {
+            ProcNode::Process(n) | ProcNode::Thread(_, n) | ProcNode::Fd(_, n) => {
+                Some(n.to_string().into_bytes())
+            }
+            _ => None,
+        }
     }
 
     /// The entry `name` of directory `self` (None: no such entry; the caller checked that
@@ -256,8 +279,13 @@ impl ProcNode {
                 b"self" => Some(ProcNode::SelfLink),
                 b"thread-self" => Some(ProcNode::ThreadSelfLink),
                 b"sys" => Some(ProcNode::Dir(SystemDir::Sys)),
-                PID_NAME => Some(ProcNode::Process),
-                _ => listed(&ROOT_FILES),
+                _ => match number(name) {
+                    Some(pid) if pid <= MAX_PID && view.pids().contains(&pid) => {
+                        Some(ProcNode::Process(pid))
+                    }
+                    Some(_) => None,
+                    None => listed(&ROOT_FILES),
+                },
             },
             ProcNode::Dir(SystemDir::Sys) => match name {
                 b"kernel" => Some(ProcNode::Dir(SystemDir::SysKernel)),
@@ -266,20 +294,20 @@ impl ProcNode {
             },
             ProcNode::Dir(SystemDir::SysKernel) => listed(&KERNEL_FILES),
             ProcNode::Dir(SystemDir::SysVm) => listed(&VM_FILES),
-            ProcNode::Process => match name {
-                b"task" => Some(ProcNode::Tasks),
-                b"exe" => Some(ProcNode::Exe),
-                b"cwd" => Some(ProcNode::Cwd),
-                b"fd" => Some(ProcNode::Fds),
-                _ => task_file(None, name),
+            ProcNode::Process(pid) => match name {
+                b"task" => Some(ProcNode::Tasks(pid)),
+                b"exe" => Some(ProcNode::Exe(pid)),
+                b"cwd" => Some(ProcNode::Cwd(pid)),
+                b"fd" => Some(ProcNode::Fds(pid)),
+                _ => task_file(pid, None, name),
             },
-            ProcNode::Tasks => number(name)
-                .filter(|tid| view.tids().contains(tid))
-                .map(ProcNode::Thread),
-            ProcNode::Thread(tid) => task_file(Some(tid), name),
-            ProcNode::Fds => number(name)
-                .filter(|&fd| view.fd_target(fd).is_some())
-                .map(ProcNode::Fd),
+            ProcNode::Tasks(pid) => number(name)
+                .filter(|tid| view.tids(pid).contains(tid))
+                .map(|tid| ProcNode::Thread(pid, tid)),
+            ProcNode::Thread(pid, tid) => task_file(pid, Some(tid), name),
+            ProcNode::Fds(pid) => number(name)
+                .filter(|&fd| view.fd_target(pid, fd).is_some())
+                .map(|fd| ProcNode::Fd(pid, fd)),
             _ => None,
         }
     }
@@ -293,10 +321,10 @@ impl ProcNode {
                 .map(|&(n, f)| (n.to_vec(), ProcNode::File(f)))
                 .collect::<Vec<_>>()
         };
-        let tasks = |tid: Option<u32>| {
+        let tasks = |pid: u32, tid: Option<u32>| {
             TaskFile::ALL
                 .into_iter()
-                .map(|f| (f.name().to_vec(), ProcNode::Task(tid, f)))
+                .map(|f| (f.name().to_vec(), ProcNode::Task(pid, tid, f)))
                 .collect::<Vec<_>>()
         };
         match self {
@@ -308,8 +336,10 @@ impl ProcNode {
                     (b"thread-self".to_vec(), ProcNode::ThreadSelfLink),
                 ]);
                 out.sort_by(|a, b| a.0.cmp(&b.0));
-                out.insert(0, (PID_NAME.to_vec(), ProcNode::Process));
-                out
+                let pids = view.pids().into_iter().filter(|&pid| pid <= MAX_PID);
+                pids.map(|pid| (pid.to_string().into_bytes(), ProcNode::Process(pid)))
+                    .chain(out)
+                    .collect()
             }
             ProcNode::Dir(SystemDir::Sys) => vec![
                 (b"kernel".to_vec(), ProcNode::Dir(SystemDir::SysKernel)),
@@ -317,27 +347,27 @@ impl ProcNode {
             ],
             ProcNode::Dir(SystemDir::SysKernel) => listed(&KERNEL_FILES),
             ProcNode::Dir(SystemDir::SysVm) => listed(&VM_FILES),
-            ProcNode::Process => {
-                let mut out = tasks(None);
+            ProcNode::Process(pid) => {
+                let mut out = tasks(pid, None);
                 out.extend([
-                    (b"cwd".to_vec(), ProcNode::Cwd),
-                    (b"exe".to_vec(), ProcNode::Exe),
-                    (b"fd".to_vec(), ProcNode::Fds),
-                    (b"task".to_vec(), ProcNode::Tasks),
+                    (b"cwd".to_vec(), ProcNode::Cwd(pid)),
+                    (b"exe".to_vec(), ProcNode::Exe(pid)),
+                    (b"fd".to_vec(), ProcNode::Fds(pid)),
+                    (b"task".to_vec(), ProcNode::Tasks(pid)),
                 ]);
                 out.sort_by(|a, b| a.0.cmp(&b.0));
                 out
             }
-            ProcNode::Tasks => view
-                .tids()
+            ProcNode::Tasks(pid) => view
+                .tids(pid)
                 .into_iter()
-                .map(|tid| (tid.to_string().into_bytes(), ProcNode::Thread(tid)))
+                .map(|tid| (tid.to_string().into_bytes(), ProcNode::Thread(pid, tid)))
                 .collect(),
-            ProcNode::Thread(tid) => tasks(Some(tid)),
-            ProcNode::Fds => view
-                .fds()
+            ProcNode::Thread(pid, tid) => tasks(pid, Some(tid)),
+            ProcNode::Fds(pid) => view
+                .fds(pid)
                 .into_iter()
-                .map(|fd| (fd.to_string().into_bytes(), ProcNode::Fd(fd)))
+                .map(|fd| (fd.to_string().into_bytes(), ProcNode::Fd(pid, fd)))
                 .collect(),
             _ => Vec::new(),
         }
@@ -350,13 +380,13 @@ impl ProcNode {
         path_of: impl Fn(Node) -> Option<Vec<u8>>,
     ) -> Option<Vec<u8>> {
         match self {
-            ProcNode::SelfLink => Some(PID_NAME.to_vec()),
+            ProcNode::SelfLink => Some(view.current_pid().to_string().into_bytes()),
             ProcNode::ThreadSelfLink => {
-                Some(format!("{PID}/task/{}", view.current_tid()).into_bytes())
+                Some(format!("{}/task/{}", view.current_pid(), view.current_tid()).into_bytes())
             }
-            ProcNode::Exe => Some(view.exe()).filter(|exe| !exe.is_empty()),
-            ProcNode::Cwd => path_of(view.cwd()),
-            ProcNode::Fd(fd) => match view.fd_target(fd)? {
+            ProcNode::Exe(pid) => Some(view.exe(pid)).filter(|exe| !exe.is_empty()),
+            ProcNode::Cwd(pid) => path_of(view.cwd(pid)?),
+            ProcNode::Fd(pid, fd) => match view.fd_target(pid, fd)? {
                 FdTarget::Node(node) => path_of(node),
                 FdTarget::Anonymous(text) => Some(text),
             },
@@ -369,8 +399,8 @@ impl ProcNode {
     /// target has no node: a pipe's fd).
     pub fn magic_target(self, view: &dyn ProcessView) -> Option<Node> {
         match self {
-            ProcNode::Cwd => Some(view.cwd()),
-            ProcNode::Fd(fd) => match view.fd_target(fd)? {
+            ProcNode::Cwd(pid) => view.cwd(pid),
+            ProcNode::Fd(pid, fd) => match view.fd_target(pid, fd)? {
                 FdTarget::Node(node) => Some(node),
                 FdTarget::Anonymous(_) => None,
             },
@@ -378,24 +408,25 @@ impl ProcNode {
         }
     }
 
-    /// A small number unique to the node: its inode number within /proc and its snapshot code.
+    /// A number unique to the node: its inode number within /proc and its snapshot code
+    /// (kind in bits 56-63, pid in 32-55, the rest below).
     pub fn code(self) -> u64 {
-        let (kind, arg): (u64, u64) = match self {
-            ProcNode::Dir(d) => (0, d as u64),
-            ProcNode::File(f) => (1, f as u64),
-            ProcNode::SelfLink => (2, 0),
-            ProcNode::ThreadSelfLink => (3, 0),
-            ProcNode::Process => (4, 0),
-            ProcNode::Tasks => (5, 0),
-            ProcNode::Thread(tid) => (6, tid.into()),
-            ProcNode::Task(None, f) => (7, f as u64),
-            ProcNode::Task(Some(tid), f) => (8 + f as u64, tid.into()),
-            ProcNode::Exe => (16, 0),
-            ProcNode::Cwd => (17, 0),
-            ProcNode::Fds => (18, 0),
-            ProcNode::Fd(fd) => (19, fd.into()),
+        let (kind, pid, arg): (u64, u32, u64) = match self {
+            ProcNode::Dir(d) => (0, 0, d as u64),
+            ProcNode::File(f) => (1, 0, f as u64),
+            ProcNode::SelfLink => (2, 0, 0),
+            ProcNode::ThreadSelfLink => (3, 0, 0),
+            ProcNode::Process(pid) => (4, pid, 0),
+            ProcNode::Tasks(pid) => (5, pid, 0),
+            ProcNode::Thread(pid, tid) => (6, pid, tid.into()),
+            ProcNode::Task(pid, None, f) => (7, pid, f as u64),
+            ProcNode::Task(pid, Some(tid), f) => (8 + f as u64, pid, tid.into()),
+            ProcNode::Exe(pid) => (16, pid, 0),
+            ProcNode::Cwd(pid) => (17, pid, 0),
+            ProcNode::Fds(pid) => (18, pid, 0),
+            ProcNode::Fd(pid, fd) => (19, pid, fd.into()),
         };
-        kind << 32 | arg
+        kind << 56 | u64::from(pid & MAX_PID) << 32 | arg
     }
 
     /// The node `code` numbers (None for a number no node has).
@@ -421,21 +452,25 @@ impl ProcNode {
             SystemFile::Overcommit,
         ];
         let task = |i: u64| TaskFile::ALL.into_iter().find(|&f| f as u64 == i);
-        let (kind, arg) = (code >> 32, code & 0xffff_ffff);
+        let (kind, pid, arg) = (
+            code >> 56,
+            ((code >> 32) as u32) & MAX_PID,
+            code & 0xffff_ffff,
+        );
         let node = match kind {
             0 => ProcNode::Dir(*DIRS.get(arg as usize)?),
             1 => ProcNode::File(*FILES.get(arg as usize)?),
             2 => ProcNode::SelfLink,
             3 => ProcNode::ThreadSelfLink,
-            4 => ProcNode::Process,
-            5 => ProcNode::Tasks,
-            6 => ProcNode::Thread(arg as u32),
-            7 => ProcNode::Task(None, task(arg)?),
-            8..=15 => ProcNode::Task(Some(arg as u32), task(kind - 8)?),
-            16 => ProcNode::Exe,
-            17 => ProcNode::Cwd,
-            18 => ProcNode::Fds,
-            19 => ProcNode::Fd(arg as u32),
+            4 => ProcNode::Process(pid),
+            5 => ProcNode::Tasks(pid),
+            6 => ProcNode::Thread(pid, arg as u32),
+            7 => ProcNode::Task(pid, None, task(arg)?),
+            8..=15 => ProcNode::Task(pid, Some(arg as u32), task(kind - 8)?),
+            16 => ProcNode::Exe(pid),
+            17 => ProcNode::Cwd(pid),
+            18 => ProcNode::Fds(pid),
+            19 => ProcNode::Fd(pid, arg as u32),
             _ => return None,
         };
         (node.code() == code).then_some(node)
@@ -446,51 +481,81 @@ impl ProcNode {
 mod tests {
     use super::*;
 
-    struct TwoThreads;
+    /// Process 1 with threads 1 and 2 (the caller) and fds 0 and 3; process 5 with thread 5
+    /// and fd 0.
+    struct TwoProcesses;
 
-    impl ProcessView for TwoThreads {
+    impl ProcessView for TwoProcesses {
+        fn current_pid(&self) -> u32 {
+            1
+        }
         fn current_tid(&self) -> u32 {
             2
         }
-        fn tids(&self) -> Vec<u32> {
-            vec![1, 2]
+        fn pids(&self) -> Vec<u32> {
+            vec![1, 5]
         }
-        fn fds(&self) -> Vec<u32> {
-            vec![0, 3]
+        fn tids(&self, pid: u32) -> Vec<u32> {
+            match pid {
+                1 => vec![1, 2],
+                5 => vec![5],
+                _ => Vec::new(),
+            }
         }
-        fn fd_target(&self, fd: u32) -> Option<FdTarget> {
-            match fd {
-                0 => Some(FdTarget::Anonymous(b"pipe:[1]".to_vec())),
-                3 => Some(FdTarget::Node(Node::ROOT)),
+        fn fds(&self, pid: u32) -> Vec<u32> {
+            match pid {
+                1 => vec![0, 3],
+                5 => vec![0],
+                _ => Vec::new(),
+            }
+        }
+        fn fd_target(&self, pid: u32, fd: u32) -> Option<FdTarget> {
+            match (pid, fd) {
+                (1 | 5, 0) => Some(FdTarget::Anonymous(b"pipe:[1]".to_vec())),
+                (1, 3) => Some(FdTarget::Node(Node::ROOT)),
                 _ => None,
             }
         }
-        fn cwd(&self) -> Node {
-            Node::ROOT
+        fn cwd(&self, pid: u32) -> Option<Node> {
+            self.pids().contains(&pid).then_some(Node::ROOT)
         }
-        fn exe(&self) -> Vec<u8> {
+        fn exe(&self, _pid: u32) -> Vec<u8> {
             b"/usr/bin/prog".to_vec()
         }
     }
 
     #[test]
     fn names_kinds_and_links() {
-        let v = TwoThreads;
+        let v = TwoProcesses;
         let root = ProcNode::Dir(SystemDir::Root);
         let pid = root.child(&v, b"1").unwrap();
-        assert_eq!(pid, ProcNode::Process);
-        assert_eq!(root.child(&v, b"2"), None, "only the one process");
+        assert_eq!(pid, ProcNode::Process(1));
+        assert_eq!(root.child(&v, b"2"), None, "a thread, not a process");
+        assert_eq!(root.child(&v, b"5"), Some(ProcNode::Process(5)));
         assert_eq!(
             pid.child(&v, b"fd").unwrap().child(&v, b"3"),
-            Some(ProcNode::Fd(3))
+            Some(ProcNode::Fd(1, 3))
         );
-        assert_eq!(ProcNode::Fds.child(&v, b"4"), None, "not open");
-        assert_eq!(ProcNode::Fds.child(&v, b"03"), None);
-        assert_eq!(ProcNode::Tasks.child(&v, b"2"), Some(ProcNode::Thread(2)));
-        assert_eq!(ProcNode::Tasks.child(&v, b"9"), None);
         assert_eq!(
-            ProcNode::Thread(2).child(&v, b"status"),
-            Some(ProcNode::Task(Some(2), TaskFile::Status))
+            ProcNode::Fds(5).child(&v, b"3"),
+            None,
+            "another process's fds"
+        );
+        assert_eq!(ProcNode::Fds(1).child(&v, b"4"), None, "not open");
+        assert_eq!(ProcNode::Fds(1).child(&v, b"03"), None);
+        assert_eq!(
+            ProcNode::Tasks(1).child(&v, b"2"),
+            Some(ProcNode::Thread(1, 2))
+        );
+        assert_eq!(ProcNode::Tasks(5).child(&v, b"2"), None);
+        assert_eq!(ProcNode::Tasks(1).child(&v, b"9"), None);
+        assert_eq!(
+            ProcNode::Thread(1, 2).child(&v, b"status"),
+            Some(ProcNode::Task(1, Some(2), TaskFile::Status))
+        );
+        assert_eq!(
+            ProcNode::SelfLink.link_text(&v, |_| None),
+            Some(b"1".to_vec())
         );
         assert_eq!(root.child(&v, b"mem"), None);
         assert_eq!(
@@ -504,19 +569,20 @@ mod tests {
             Some(b"1/task/2".to_vec())
         );
         assert_eq!(
-            ProcNode::Fd(0).link_text(&v, path),
+            ProcNode::Fd(1, 0).link_text(&v, path),
             Some(b"pipe:[1]".to_vec())
         );
-        assert_eq!(ProcNode::Fd(3).magic_target(&v), Some(Node::ROOT));
-        assert_eq!(ProcNode::Fd(0).magic_target(&v), None);
+        assert_eq!(ProcNode::Fd(1, 3).magic_target(&v), Some(Node::ROOT));
+        assert_eq!(ProcNode::Fd(1, 0).magic_target(&v), None);
+        assert_eq!(ProcNode::Cwd(9).magic_target(&v), None, "no such process");
         let names: Vec<Vec<u8>> = root.entries(&v).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names[0], b"1");
+        assert_eq!(names[..2], [b"1".to_vec(), b"5".to_vec()]);
         assert!(names.contains(&b"self".to_vec()) && names.contains(&b"meminfo".to_vec()));
         for (name, node) in root
             .entries(&v)
             .into_iter()
             .chain(pid.entries(&v))
-            .chain(ProcNode::Thread(2).entries(&v))
+            .chain(ProcNode::Thread(1, 2).entries(&v))
         {
             assert_eq!(
                 node.parent().unwrap().child(&v, &name),
@@ -529,7 +595,7 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_reject_unknown_numbers() {
-        let v = TwoThreads;
+        let v = TwoProcesses;
         let mut all = vec![ProcNode::Dir(SystemDir::Root)];
         let mut i = 0;
         while i < all.len() {
@@ -545,7 +611,7 @@ mod tests {
             assert_eq!(ProcNode::from_code(node.code()), Some(node));
             assert!(codes.insert(node.code()), "{node:?}");
         }
-        for bad in [1 << 32 | 99, 7 << 32 | 99, 20 << 32, u64::MAX] {
+        for bad in [1 << 56 | 99, 7 << 56 | 99, 20 << 56, u64::MAX] {
             assert_eq!(ProcNode::from_code(bad), None);
         }
     }

@@ -748,11 +748,9 @@ impl Vfs {
                         .into_iter()
                         .find(|(_, c)| *c == cur)
                         .map(|(n, _)| n);
-                    // A thread's or fd's entry is a number (not listed without a process).
-                    names.push(name.unwrap_or_else(|| match cur {
-                        ProcNode::Thread(n) | ProcNode::Fd(n) => n.to_string().into_bytes(),
-                        _ => Vec::new(),
-                    }));
+                    // A process's, thread's or fd's entry is a number (not listed without a
+                    // process).
+                    names.push(name.or_else(|| cur.number_name()).unwrap_or_default());
                     cur = parent;
                 }
                 let mut out = [b"/", PROC_DIR].concat();

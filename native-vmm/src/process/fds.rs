@@ -18,6 +18,10 @@ use crate::net::InetSocket;
 
 /// Linux's default RLIMIT_NOFILE: the guest's fd limit (soft and hard).
 pub const FD_LIMIT: u64 = 1024;
+/// Linux's SCM_MAX_FD: the most descriptions one message passes.
+pub const MAX_PASSED_PER_MESSAGE: usize = 253;
+/// Descriptions in flight on sockets at once at most (Linux bounds them by RLIMIT_NOFILE).
+const MAX_IN_FLIGHT: usize = FD_LIMIT as usize;
 /// Linux's default pipe capacity.
 pub const PIPE_CAPACITY: usize = 64 * 1024;
 /// The largest capacity F_SETPIPE_SZ grants (Linux's default /proc/sys/fs/pipe-max-size).
@@ -28,6 +32,7 @@ pub const MAX_PIPE_CAPACITY: usize = 1 << 20;
 /// cannot grow one. Pipes then hold at most the budget plus a page per pipe.
 const PIPE_BUDGET: usize = 16 << 20;
 const PAGE: usize = 4096;
+const ETOOMANYREFS: Errno = Errno(109);
 
 // open(2) status flags the table keeps (F_GETFL/F_SETFL).
 pub const O_ACCMODE: u32 = 0o3;
@@ -130,10 +135,38 @@ impl Description {
     }
 }
 
+/// Descriptions passed with SCM_RIGHTS, riding on a stretch of a socket direction's bytes:
+/// the receive that reads the stretch's first byte takes them, and stops at the stretch's end
+/// (as Linux's receive stops after the message that carried them). Each holds a reference.
+#[derive(Debug, Clone)]
+struct InFlight {
+    /// Bytes buffered before the stretch.
+    start: usize,
+    len: usize,
+    descriptions: Vec<usize>,
+}
+
+/// Descriptions taken off a socket with the bytes they rode on, each holding a reference until
+/// `FdTable::receive` installs it or `FdTable::discard` lets it go.
+#[derive(Debug, Default)]
+#[must_use]
+pub struct Passed(Vec<usize>);
+
+impl Passed {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// An in-memory pipe (also each direction of a socket).
 #[derive(Debug, Clone)]
 pub struct Pipe {
     buffer: VecDeque<u8>,
+    in_flight: VecDeque<InFlight>,
     readers: u32,
     writers: u32,
     /// The reading socket end was shut down (SHUT_RD): it reads end of file, writers get EPIPE.
@@ -146,6 +179,7 @@ impl Default for Pipe {
     fn default() -> Pipe {
         Pipe {
             buffer: VecDeque::new(),
+            in_flight: VecDeque::new(),
             readers: 0,
             writers: 0,
             shut_read: false,
@@ -164,20 +198,35 @@ pub enum PipeError {
 }
 
 impl Pipe {
-    /// Takes up to `max` buffered bytes; an empty result means end of file (no writer left).
-    pub fn read(&mut self, max: usize) -> Result<Vec<u8>, PipeError> {
+    /// Takes up to `max` buffered bytes (an empty result means end of file: no writer left)
+    /// and the descriptions riding on them; a read reaching passed descriptions stops at the
+    /// end of their stretch.
+    fn take(&mut self, max: usize) -> Result<(Vec<u8>, Vec<usize>), PipeError> {
         if self.shut_read {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         if self.buffer.is_empty() {
             return if self.writers == 0 {
-                Ok(Vec::new())
+                Ok((Vec::new(), Vec::new()))
             } else {
                 Err(PipeError::WouldBlock)
             };
         }
-        let n = max.min(self.buffer.len());
-        Ok(self.buffer.drain(..n).collect())
+        let mut n = max.min(self.buffer.len());
+        let mut passed = Vec::new();
+        if let Some(first) = self.in_flight.front() {
+            if first.start < n {
+                n = n.min(first.start + first.len);
+                passed = self
+                    .in_flight
+                    .pop_front()
+                    .map_or_else(Vec::new, |f| f.descriptions);
+            }
+        }
+        for later in &mut self.in_flight {
+            later.start -= n;
+        }
+        Ok((self.buffer.drain(..n).collect(), passed))
     }
 
     /// Appends what fits and returns how much that was.
@@ -264,6 +313,8 @@ pub struct FdTable {
     next_port: u16,
     /// The soft RLIMIT_NOFILE: new fds are below it.
     limit: u64,
+    /// See `take_released_nodes`.
+    released_nodes: Vec<Node>,
 }
 
 /// Linux's default ephemeral port range starts here.
@@ -283,6 +334,7 @@ impl FdTable {
             socket_names: Default::default(),
             next_port: FIRST_EPHEMERAL_PORT,
             limit: FD_LIMIT,
+            released_nodes: Vec::new(),
         };
         for (object, flags) in [
             (Object::Stdin, O_RDONLY),
@@ -327,11 +379,19 @@ impl FdTable {
 
     /// The open fds in ascending order, with their descriptions.
     pub fn open_fds(&self) -> impl Iterator<Item = (u64, &Description)> + '_ {
-        self.fds.iter().enumerate().filter_map(|(fd, slot)| {
-            Some((
-                fd as u64,
-                self.descriptions[slot.as_ref()?.description].as_ref()?,
-            ))
+        self.fds_of(None).map(|(fd, _, d)| (fd, d))
+    }
+
+    /// The open fds of a parked process (`slots`) or of the running one (None) in ascending
+    /// order, with their descriptions' ids and the descriptions.
+    pub fn fds_of<'a>(
+        &'a self,
+        slots: Option<&'a FdSlots>,
+    ) -> impl Iterator<Item = (u64, usize, &'a Description)> + 'a {
+        let fds = slots.map_or(&self.fds, |s| &s.fds);
+        fds.iter().enumerate().filter_map(|(fd, slot)| {
+            let id = slot.as_ref()?.description;
+            Some((fd as u64, id, self.descriptions[id].as_ref()?))
         })
     }
 
@@ -892,6 +952,133 @@ impl FdTable {
             .ok_or(Errno::EBADF)
     }
 
+    /// Takes up to `max` bytes from channel `index` with the descriptions passed on them.
+    pub fn read_channel(
+        &mut self,
+        index: usize,
+        max: usize,
+    ) -> Result<Result<(Vec<u8>, Passed), PipeError>, Errno> {
+        Ok(self
+            .pipe_mut(index)?
+            .take(max)
+            .map(|(bytes, passed)| (bytes, Passed(passed))))
+    }
+
+    /// Writes what fits of `data` into channel `index`, passing the descriptions of `fds` with
+    /// the bytes written (when any are). EBADF for a closed fd; ETOOMANYREFS past what may be
+    /// in flight at once; EINVAL past MAX_PASSED_PER_MESSAGE.
+    pub fn write_passing(
+        &mut self,
+        index: usize,
+        data: &[u8],
+        fds: &[u64],
+    ) -> Result<Result<usize, PipeError>, Errno> {
+        if fds.len() > MAX_PASSED_PER_MESSAGE {
+            return Err(Errno::EINVAL);
+        }
+        let descriptions = fds
+            .iter()
+            .map(|&fd| self.description_id(fd))
+            .collect::<Result<Vec<usize>, Errno>>()?;
+        if !descriptions.is_empty() {
+            let in_flight: usize = self
+                .pipes
+                .iter()
+                .flatten()
+                .flat_map(|p| &p.in_flight)
+                .map(|f| f.descriptions.len())
+                .sum();
+            if in_flight + descriptions.len() > MAX_IN_FLIGHT {
+                return Err(ETOOMANYREFS);
+            }
+        }
+        let pipe = self.pipe_mut(index)?;
+        let start = pipe.buffer.len();
+        let written = match pipe.write(data) {
+            Ok(n) => n,
+            Err(e) => return Ok(Err(e)),
+        };
+        if written > 0 && !descriptions.is_empty() {
+            pipe.in_flight.push_back(InFlight {
+                start,
+                len: written,
+                descriptions: descriptions.clone(),
+            });
+            for &d in &descriptions {
+                if let Some(Some(description)) = self.descriptions.get_mut(d) {
+                    description.refs += 1;
+                }
+            }
+        }
+        Ok(Ok(written))
+    }
+
+    /// Installs passed descriptions at the lowest free fds, at most `room` of them, and lets
+    /// the rest go. Returns the new fds; fewer than were passed means the rest were lost
+    /// (no room, or the fd limit), which recvmsg reports as MSG_CTRUNC.
+    pub fn receive(&mut self, passed: Passed, room: usize, cloexec: bool) -> Vec<u64> {
+        let mut installed = Vec::new();
+        let mut rest = passed.0.into_iter();
+        for description in rest.by_ref().take(room) {
+            let Ok(fd) = self.lowest_free(0) else {
+                self.unreference(description);
+                break;
+            };
+            self.put(
+                fd,
+                Slot {
+                    description,
+                    cloexec,
+                },
+            );
+            // `put` counted the fd; the reference the channel held is the fd's now.
+            if let Some(Some(d)) = self.descriptions.get_mut(description) {
+                d.refs -= 1;
+            }
+            installed.push(fd as u64);
+        }
+        for description in rest {
+            self.unreference(description);
+        }
+        installed
+    }
+
+    /// Lets passed descriptions go (a read that does not take them: read(2), splice).
+    pub fn discard(&mut self, passed: Passed) {
+        for description in passed.0 {
+            self.unreference(description);
+        }
+    }
+
+    /// Whether any description is in flight on a socket (a snapshot cannot hold one).
+    pub fn has_passed_descriptions(&self) -> bool {
+        self.pipes.iter().flatten().any(|p| !p.in_flight.is_empty())
+    }
+
+    /// File-system nodes whose last description went while descriptions in flight were let
+    /// go of, for the caller to close in the Vfs (`GuestProcess::release`).
+    pub fn take_released_nodes(&mut self) -> Vec<Node> {
+        std::mem::take(&mut self.released_nodes)
+    }
+
+    /// Drops one reference to description `index` that no fd holds (one in flight), releasing
+    /// it with the last.
+    fn unreference(&mut self, index: usize) {
+        let Some(Some(d)) = self.descriptions.get_mut(index) else {
+            return;
+        };
+        d.refs -= 1;
+        if d.refs > 0 {
+            return;
+        }
+        if let Some(d) = self.descriptions[index].take() {
+            self.release_object(&d.object);
+            if let Object::Node(node) = d.object {
+                self.released_nodes.push(node);
+            }
+        }
+    }
+
     fn adopt_object(&mut self, object: &Object) {
         let (read, write) = match *object {
             Object::PipeRead(i) => (Some(i), None),
@@ -941,8 +1128,13 @@ impl FdTable {
                 .as_ref()
                 .is_some_and(|p| p.readers == 0 && p.writers == 0)
             {
-                self.pipes[index] = None;
+                let in_flight = self.pipes[index].take().map(|p| p.in_flight);
                 self.socket_names.remove(&index);
+                for stretch in in_flight.into_iter().flatten() {
+                    for description in stretch.descriptions {
+                        self.unreference(description);
+                    }
+                }
             }
         }
     }
@@ -1158,6 +1350,7 @@ impl FdTable {
             }
             Ok(Pipe {
                 buffer,
+                in_flight: VecDeque::new(),
                 readers,
                 writers,
                 shut_read,
@@ -1226,6 +1419,7 @@ impl FdTable {
             socket_names: Default::default(),
             next_port: FIRST_EPHEMERAL_PORT,
             limit,
+            released_nodes: Vec::new(),
         })
     }
 }
@@ -1233,6 +1427,100 @@ impl FdTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads channel `p` where no descriptions are in flight.
+    fn read_bytes(t: &mut FdTable, p: usize, max: usize) -> Result<Vec<u8>, PipeError> {
+        t.read_channel(p, max).unwrap().map(|(bytes, passed)| {
+            assert!(passed.is_empty());
+            bytes
+        })
+    }
+
+    /// A socketpair's two fds and the channel each one sends on.
+    fn socketpair(t: &mut FdTable) -> ((u64, usize), (u64, usize)) {
+        let (a, b) = t.new_socketpair(0);
+        let ends = [a, b].map(|end| {
+            let Object::Socket { tx, .. } = end.object else {
+                panic!("not a socket")
+            };
+            (t.install(end, 0, false).unwrap(), tx)
+        });
+        (ends[0], ends[1])
+    }
+
+    /// A pipe's write end installed (its read end too, left open) and the pipe's index.
+    fn pipe_write_end(t: &mut FdTable) -> (u64, usize) {
+        let (r, w) = t.new_pipe(0);
+        let Object::PipeRead(pipe) = r.object else {
+            panic!("not a pipe")
+        };
+        t.install(r, 0, false).unwrap();
+        (t.install(w, 0, false).unwrap(), pipe)
+    }
+
+    #[test]
+    fn passed_descriptions_ride_on_their_bytes_and_outlive_the_senders_fd() {
+        let mut t = FdTable::new();
+        let ((_, a_tx), (_, _)) = socketpair(&mut t);
+        let (wfd, pipe) = pipe_write_end(&mut t);
+        assert_eq!(t.write_passing(a_tx, b"ab", &[]).unwrap(), Ok(2));
+        assert_eq!(t.write_passing(a_tx, b"cd", &[wfd, wfd]).unwrap(), Ok(2));
+        assert_eq!(t.write_passing(a_tx, b"ef", &[]).unwrap(), Ok(2));
+        assert_eq!(
+            t.write_passing(a_tx, b"x", &[99]).unwrap_err(),
+            Errno::EBADF
+        );
+        assert!(t.has_passed_descriptions());
+        // The write end stays open while it is in flight.
+        t.close(wfd).unwrap();
+        assert!(t.pipe(pipe).unwrap().has_writers());
+        // A read reaching the stretch takes its descriptions and stops at its end.
+        let (bytes, passed) = t.read_channel(a_tx, 10).unwrap().unwrap();
+        assert_eq!((bytes.as_slice(), passed.len()), (&b"abcd"[..], 2));
+        // One fd of room: one installed, the other let go of.
+        let fds = t.receive(passed, 1, true);
+        assert_eq!(fds.len(), 1);
+        assert!(t.cloexec(fds[0]).unwrap());
+        assert!(matches!(t.get(fds[0]).unwrap().object, Object::PipeWrite(p) if p == pipe));
+        assert_eq!(read_bytes(&mut t, a_tx, 10), Ok(b"ef".to_vec()));
+        assert!(!t.has_passed_descriptions());
+        t.close(fds[0]).unwrap();
+        assert!(!t.pipe(pipe).unwrap().has_writers());
+    }
+
+    #[test]
+    fn descriptions_in_flight_go_with_a_discarding_read_or_the_closed_socket() {
+        let mut t = FdTable::new();
+        let ((a, a_tx), (b, _)) = socketpair(&mut t);
+        let (wfd, pipe) = pipe_write_end(&mut t);
+        assert_eq!(t.write_passing(a_tx, b"1", &[wfd]).unwrap(), Ok(1));
+        let (_, passed) = t.read_channel(a_tx, 1).unwrap().unwrap();
+        t.discard(passed);
+        assert_eq!(t.write_passing(a_tx, b"2", &[wfd]).unwrap(), Ok(1));
+        t.close(wfd).unwrap();
+        assert!(t.pipe(pipe).unwrap().has_writers());
+        t.close(a).unwrap();
+        t.close(b).unwrap();
+        // The socket's channels went, and with them the write end they carried.
+        assert!(!t.pipe(pipe).unwrap().has_writers());
+        assert!(!t.has_passed_descriptions());
+    }
+
+    #[test]
+    fn passing_is_bounded_per_message_and_in_flight() {
+        let mut t = FdTable::new();
+        let ((a, a_tx), _) = socketpair(&mut t);
+        let many = vec![a; MAX_PASSED_PER_MESSAGE + 1];
+        assert_eq!(
+            t.write_passing(a_tx, b"x", &many).unwrap_err(),
+            Errno::EINVAL
+        );
+        let most = &many[..MAX_PASSED_PER_MESSAGE];
+        for _ in 0..MAX_IN_FLIGHT / MAX_PASSED_PER_MESSAGE {
+            assert_eq!(t.write_passing(a_tx, b"x", most).unwrap(), Ok(1));
+        }
+        assert_eq!(t.write_passing(a_tx, b"x", most).unwrap_err(), ETOOMANYREFS);
+    }
 
     #[test]
     fn lowest_free_fd_and_dup_share_the_description() {
@@ -1263,10 +1551,10 @@ mod tests {
         assert_eq!(t.pipe_mut(p).unwrap().write(b"abc"), Ok(3));
         t.close(wfd).unwrap();
         // A dup of the write end still holds it open: an empty pipe would block.
-        assert_eq!(t.pipe_mut(p).unwrap().read(10), Ok(b"abc".to_vec()));
-        assert_eq!(t.pipe_mut(p).unwrap().read(10), Err(PipeError::WouldBlock));
+        assert_eq!(read_bytes(&mut t, p, 10), Ok(b"abc".to_vec()));
+        assert_eq!(read_bytes(&mut t, p, 10), Err(PipeError::WouldBlock));
         t.close(extra).unwrap();
-        assert_eq!(t.pipe_mut(p).unwrap().read(10), Ok(Vec::new()));
+        assert_eq!(read_bytes(&mut t, p, 10), Ok(Vec::new()));
         t.close(rfd).unwrap();
         assert!(t.pipe(p).is_err());
     }

@@ -20,7 +20,7 @@ use crate::status::RunStatus;
 
 /// Bytes moved by one read or write call at most (Linux also returns short counts); bounds
 /// the host memory a single call can make the VMM allocate.
-const MAX_IO: u64 = 1 << 20;
+pub(super) const MAX_IO: u64 = 1 << 20;
 
 pub(super) const AT_FDCWD: i32 = -100;
 pub(super) const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
@@ -88,10 +88,13 @@ pub(super) fn with_view<T>(
     op: impl FnOnce(&mut Vfs, &dyn ProcessView) -> Result<T, Errno>,
 ) -> Result<T, Errno> {
     let facts = ProcessFacts {
+        pid: proc.pid,
         fds: &proc.fds,
         threads: &proc.threads,
         cwd: proc.cwd,
         exe: &proc.config.command.exe,
+        tree: &proc.tree,
+        parked: &proc.parked,
     };
     op(&mut proc.config.vfs, &facts)
 }
@@ -112,12 +115,12 @@ fn path_at(
 
 /// What fstat reports for stdin, the captured streams, pipes, sockets and epoll instances:
 /// an anonymous FIFO, socket or (epoll) typeless inode owned by root (the VMM made it), like
-/// the files of the image.
-fn stream_stat(fd: u64, file_type: u32) -> Stat {
+/// the files of the image; `id` is the description's.
+fn stream_stat(id: u64, file_type: u32) -> Stat {
     let zero = Timespec::default();
     Stat {
         dev: 0xc,
-        ino: 1000 + fd,
+        ino: 1000 + id,
         mode: file_type | 0o600,
         nlink: 1,
         uid: 0,
@@ -177,14 +180,17 @@ fn statx_bytes(s: &Stat) -> [u8; 256] {
 }
 
 pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
+    // An anonymous object's inode number is its description's (as /proc's fd links name it),
+    // so a dup or a passed fd stats the same as the original.
+    let id = proc.fds.description_id(fd)? as u64;
     match proc.fds.get(fd)?.object {
         Object::Node(node) => proc.config.vfs.stat(node),
         Object::Socket { .. } | Object::Endpoint(_) | Object::Inet(_) => {
-            Ok(stream_stat(fd, S_IFSOCK))
+            Ok(stream_stat(id, S_IFSOCK))
         }
-        Object::Epoll(_) | Object::EventFd { .. } => Ok(stream_stat(fd, 0)),
+        Object::Epoll(_) | Object::EventFd { .. } => Ok(stream_stat(id, 0)),
         Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => {
-            Ok(stream_stat(fd, S_IFIFO))
+            Ok(stream_stat(id, S_IFIFO))
         }
     }
 }
@@ -368,8 +374,11 @@ pub(super) fn read_channel(
     nonblocking: bool,
 ) -> SysResult {
     user.check(buf, len.min(MAX_IO))?;
-    match proc.fds.pipe_mut(pipe)?.read(len.min(MAX_IO) as usize) {
-        Ok(bytes) => {
+    match proc.fds.read_channel(pipe, len.min(MAX_IO) as usize)? {
+        Ok((bytes, passed)) => {
+            // Descriptions passed on a socket go with bytes read without a control buffer.
+            proc.fds.discard(passed);
+            proc.release(None);
             user.write(buf, &bytes)?;
             value(bytes.len() as u64)
         }
@@ -399,7 +408,19 @@ pub(super) fn write_channel_bytes(
     data: &[u8],
     nonblocking: bool,
 ) -> SysResult {
-    match proc.fds.pipe_mut(pipe)?.write(data) {
+    write_channel_passing(proc, pipe, data, &[], nonblocking)
+}
+
+/// Writes what fits of `data` into in-memory channel `pipe` (a socket's send side), passing
+/// the descriptions of `fds` with the bytes written.
+pub(super) fn write_channel_passing(
+    proc: &mut GuestProcess,
+    pipe: usize,
+    data: &[u8],
+    fds: &[u64],
+    nonblocking: bool,
+) -> SysResult {
+    match proc.fds.write_passing(pipe, data, fds)? {
         Ok(n) => value(n as u64),
         Err(PipeError::NoReader) => Err(Errno::EPIPE),
         Err(PipeError::WouldBlock) if nonblocking => Err(Errno::EAGAIN),
@@ -626,10 +647,8 @@ fn open_common(
     // A /proc file's bytes are made once, at open, and read from the description (an O_PATH
     // descriptor reads nothing).
     if !path_only {
-        description.contents = proc
-            .config
-            .vfs
-            .proc_node(node)
+        let proc_node = proc.config.vfs.proc_node(node);
+        description.contents = proc_node
             .and_then(|p| procfs::render(proc, p))
             .map(Into::into);
     }

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    fd_arg, nonblocking_call, value, wait_ready_on, write_truncated, SysResult, SyscallOutcome,
-    UserMemory, MSG_PEEK,
+    fd_arg, nonblocking_call, scatter, value, wait_ready_on, write_truncated, SysResult,
+    SyscallOutcome, UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
 use crate::net::{dns, host, Connection, HostSocket, InetSocket, Lookup, RESOLVER};
@@ -893,20 +893,6 @@ fn write_source(
             write_truncated(user, addr, len_addr, &name)?;
         }
         None => user.write_u32(len_addr, 0)?,
-    }
-    Ok(())
-}
-
-/// Writes `data` over `iovecs` in order.
-fn scatter(user: &UserMemory, iovecs: &[(u64, u64)], data: &[u8]) -> Result<(), Errno> {
-    let mut at = 0;
-    for &(base, len) in iovecs {
-        if at == data.len() {
-            break;
-        }
-        let take = (len as usize).min(data.len() - at);
-        user.write(base, &data[at..at + take])?;
-        at += take;
     }
     Ok(())
 }

@@ -120,6 +120,20 @@ pub(crate) fn write_truncated(
     value(0)
 }
 
+/// Writes `data` over `iovecs` in order (a receive's bytes scattered over recvmsg's buffers).
+pub(crate) fn scatter(user: &UserMemory, iovecs: &[(u64, u64)], data: &[u8]) -> Result<(), Errno> {
+    let mut at = 0;
+    for &(base, len) in iovecs {
+        if at == data.len() {
+            break;
+        }
+        let take = (len as usize).min(data.len() - at);
+        user.write(base, &data[at..at + take])?;
+        at += take;
+    }
+    Ok(())
+}
+
 /// A handler's plain return value.
 pub(crate) fn value(v: u64) -> SysResult {
     Ok(SyscallOutcome::Return(v))

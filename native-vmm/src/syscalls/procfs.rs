@@ -4,6 +4,7 @@
 //! machine's cpuinfo, meminfo, uptime, loadavg and the kernel values programs probe. Nothing
 //! comes from the host's /proc: the machine is the VM (one CPU, the guest's memory).
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::misc;
@@ -11,7 +12,7 @@ use super::time::{self, CLOCK_BOOTTIME, CLOCK_REALTIME};
 use crate::abi::{GUEST_GID, GUEST_UID};
 use crate::fs::{FdTarget, Node, ProcNode, ProcessView, SystemFile, TaskFile};
 use crate::loader::stack_size;
-use crate::process::{FdTable, GuestProcess, Object, Threads};
+use crate::process::{FdTable, GuestProcess, Object, ProcessPart, ProcessTable, Threads};
 
 const PAGE: u64 = 4096;
 const SIG_IGN: u64 = 1;
@@ -19,44 +20,80 @@ const SIG_IGN: u64 = 1;
 /// USER_HZ: the tick of /proc's times.
 const TICKS_PER_SECOND: u64 = 100;
 
-/// The running program as /proc's lookups see it (built from the process's fields, so the
-/// file system can be borrowed mutably beside it).
+/// The tree's processes as /proc's lookups see them: the running one's fields, and the parts
+/// of the others (built from the process's fields, so the file system can be borrowed mutably
+/// beside it).
 pub(super) struct ProcessFacts<'a> {
+    pub pid: u64,
     pub fds: &'a FdTable,
     pub threads: &'a Threads,
     pub cwd: Node,
     pub exe: &'a str,
+    pub tree: &'a ProcessTable,
+    pub parked: &'a BTreeMap<u64, ProcessPart>,
 }
 
 impl<'a> ProcessFacts<'a> {
     pub fn of(proc: &'a GuestProcess) -> ProcessFacts<'a> {
         ProcessFacts {
+            pid: proc.pid,
             fds: &proc.fds,
             threads: &proc.threads,
             cwd: proc.cwd,
             exe: &proc.config.command.exe,
+            tree: &proc.tree,
+            parked: &proc.parked,
         }
+    }
+
+    /// Live process `pid`: the running one (Some(None)) or a parked one's part.
+    fn process(&self, pid: u32) -> Option<Option<&'a ProcessPart>> {
+        let pid = u64::from(pid);
+        if pid == self.pid {
+            return Some(None);
+        }
+        self.parked.get(&pid).map(Some)
     }
 }
 
 impl ProcessView for ProcessFacts<'_> {
+    fn current_pid(&self) -> u32 {
+        self.pid as u32
+    }
+
     fn current_tid(&self) -> u32 {
         self.threads.current_tid() as u32
     }
 
-    fn tids(&self) -> Vec<u32> {
-        self.threads.tids().map(|tid| tid as u32).collect()
+    fn pids(&self) -> Vec<u32> {
+        self.tree.alive().map(|pid| pid as u32).collect()
     }
 
-    fn fds(&self) -> Vec<u32> {
-        self.fds.open_fds().map(|(fd, _)| fd as u32).collect()
+    fn tids(&self, pid: u32) -> Vec<u32> {
+        let threads = match self.process(pid) {
+            Some(Some(part)) => &part.threads,
+            Some(None) => self.threads,
+            None => return Vec::new(),
+        };
+        threads.tids().map(|tid| tid as u32).collect()
     }
 
-    fn fd_target(&self, fd: u32) -> Option<FdTarget> {
-        let desc = self.fds.get(u64::from(fd)).ok()?;
+    fn fds(&self, pid: u32) -> Vec<u32> {
+        let Some(part) = self.process(pid) else {
+            return Vec::new();
+        };
+        let slots = part.map(|p| &p.fd_slots);
+        self.fds.fds_of(slots).map(|(fd, ..)| fd as u32).collect()
+    }
+
+    fn fd_target(&self, pid: u32, fd: u32) -> Option<FdTarget> {
+        let slots = self.process(pid)?.map(|p| &p.fd_slots);
+        let (_, id, desc) = self
+            .fds
+            .fds_of(slots)
+            .find(|&(open, ..)| open == u64::from(fd))?;
         // Linux names an anonymous object by its type and inode number; the description's
         // index stands in for the inode.
-        let id = self.fds.description_id(u64::from(fd)).ok()?;
         Some(match &desc.object {
             Object::Node(node) => FdTarget::Node(*node),
             Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => {
@@ -70,24 +107,28 @@ impl ProcessView for ProcessFacts<'_> {
         })
     }
 
-    fn cwd(&self) -> Node {
-        self.cwd
+    fn cwd(&self, pid: u32) -> Option<Node> {
+        Some(self.process(pid)?.map_or(self.cwd, |p| p.cwd))
     }
 
-    fn exe(&self) -> Vec<u8> {
-        self.exe.as_bytes().to_vec()
+    fn exe(&self, pid: u32) -> Vec<u8> {
+        match self.process(pid) {
+            Some(Some(part)) => part.command.exe.as_bytes().to_vec(),
+            Some(None) => self.exe.as_bytes().to_vec(),
+            None => Vec::new(),
+        }
     }
 }
 
-/// The bytes of /proc file `node` as the program reads it now (None: not a regular file).
-pub(super) fn render(proc: &GuestProcess, node: ProcNode) -> Option<Vec<u8>> {
+/// The bytes of /proc file `node` as the program reads it now (None: not a regular file, or
+/// of a process no longer live). Another process's file is made from its own state.
+pub(super) fn render(proc: &mut GuestProcess, node: ProcNode) -> Option<Vec<u8>> {
     Some(match node {
         ProcNode::File(file) => system_file(proc, file).into_bytes(),
-        ProcNode::Task(tid, file) => task_file(
-            proc,
-            tid.unwrap_or(crate::process::threads::MAIN_TID as u32),
-            file,
-        ),
+        // A process's own files are its main thread's, whose tid is its pid.
+        ProcNode::Task(pid, tid, file) => proc.as_process(u64::from(pid), |proc| {
+            task_file(proc, tid.unwrap_or(pid), file)
+        })?,
         _ => return None,
     })
 }
@@ -166,6 +207,11 @@ fn task_file(proc: &GuestProcess, tid: u32, file: TaskFile) -> Vec<u8> {
     let ignored = signal_mask(proc, |h| h == SIG_IGN);
     let caught = signal_mask(proc, |h| h > SIG_IGN);
     let threads = proc.threads.alive();
+    let pid = proc.pid;
+    let (ppid, pgid, sid) = proc
+        .tree
+        .get(pid)
+        .map_or((0, pid, pid), |e| (e.ppid, e.pgid, e.sid));
     match file {
         TaskFile::Status => {
             let (uid, gid) = (GUEST_UID, GUEST_GID);
@@ -174,7 +220,7 @@ fn task_file(proc: &GuestProcess, tid: u32, file: TaskFile) -> Vec<u8> {
             let mut out = String::new();
             let _ = write!(
                 out,
-                "Name:\t{}\nUmask:\t{:04o}\nState:\tR (running)\nTgid:\t1\nNgid:\t0\nPid:\t{tid}\nPPid:\t0\nTracerPid:\t0\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nFDSize:\t{fd_size}\nGroups:\t{gid}\n",
+                "Name:\t{}\nUmask:\t{:04o}\nState:\tR (running)\nTgid:\t{pid}\nNgid:\t0\nPid:\t{tid}\nPPid:\t{ppid}\nTracerPid:\t0\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nFDSize:\t{fd_size}\nGroups:\t{gid}\n",
                 comm(proc),
                 proc.umask
             );
@@ -202,9 +248,9 @@ fn task_file(proc: &GuestProcess, tid: u32, file: TaskFile) -> Vec<u8> {
             let stack_top = proc.config.mem_limit;
             let fields: [String; 50] = [
                 "R".into(),
-                "0".into(),
-                "1".into(),
-                "1".into(),
+                ppid.to_string(),
+                pgid.to_string(),
+                sid.to_string(),
                 "0".into(),
                 "-1".into(),
                 "4194560".into(),

@@ -5,15 +5,23 @@
 //! Its ends read and write like pipes (files.rs), plus the calls below. Any socket call on
 //! an fd that is not a socket is ENOTSOCK; a transfer on one not connected yet is ENOTCONN.
 //!
-//! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data
-//! (SCM_RIGHTS, credentials) is not supported: sendmsg with control data is EOPNOTSUPP.
+//! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data:
+//! SCM_RIGHTS passes file descriptions between the processes of the tree (and within one), as
+//! Linux does; credentials (SCM_CREDENTIALS) are EOPNOTSUPP.
 //! Internet sockets whose traffic leaves the VM are inet.rs's: each call here hands them over.
 
 use super::addresses::{endpoint_name, write_truncated, AF_INET, AF_INET6};
-use super::files::{fd_arg, read_channel, transfer_each, write_channel};
-use super::{inet, nonblocking_call, value, SysResult, UserMemory, MSG_PEEK};
+use super::files::{
+    fd_arg, read_channel, transfer_each, write_channel, write_channel_passing, MAX_IO,
+};
+use super::{
+    inet, nonblocking_call, scatter, value, wait_ready, SysResult, SyscallOutcome, UserMemory,
+    MSG_PEEK,
+};
 use crate::errno::Errno;
-use crate::process::{GuestProcess, Object, PipeError, O_NONBLOCK, PIPE_CAPACITY};
+use crate::process::{
+    GuestProcess, Object, PipeError, MAX_PASSED_PER_MESSAGE, O_NONBLOCK, PIPE_CAPACITY,
+};
 
 const AF_UNIX: u64 = 1;
 const SOCK_STREAM: u64 = 1;
@@ -161,21 +169,101 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     }
 }
 
-/// A `struct msghdr`'s (iovec array, iovec count, control length); a name is EISCONN.
-fn read_msghdr(user: &UserMemory, msg: u64) -> Result<(Vec<(u64, u64)>, u64), Errno> {
-    let namelen = user.read_u32(msg + 8)?;
-    let (iov, iovlen, controllen) = (
-        user.read_u64(msg + 16)?,
-        user.read_u64(msg + 24)?,
-        user.read_u64(msg + 40)?,
-    );
-    if namelen != 0 && user.read_u64(msg)? != 0 {
-        return Err(EISCONN);
-    }
-    Ok((user.read_iovecs(iov, iovlen)?, controllen))
+/// What sendmsg and recvmsg read of a `struct msghdr`. A destination name to send to is
+/// EISCONN (these sockets are connected); a buffer for a received one is told it got none.
+struct MessageHeader {
+    iovecs: Vec<(u64, u64)>,
+    control: u64,
+    controllen: u64,
 }
 
-/// sendmsg(fd, msg, flags): the iovecs in order; control data (passing fds) is EOPNOTSUPP.
+fn read_msghdr(user: &UserMemory, msg: u64, sending: bool) -> Result<MessageHeader, Errno> {
+    let namelen = user.read_u32(msg + 8)?;
+    let (iov, iovlen, control, controllen) = (
+        user.read_u64(msg + 16)?,
+        user.read_u64(msg + 24)?,
+        user.read_u64(msg + 32)?,
+        user.read_u64(msg + 40)?,
+    );
+    if sending && namelen != 0 && user.read_u64(msg)? != 0 {
+        return Err(EISCONN);
+    }
+    Ok(MessageHeader {
+        iovecs: user.read_iovecs(iov, iovlen)?,
+        control,
+        controllen,
+    })
+}
+
+/// `struct cmsghdr`: cmsg_len (u64), cmsg_level, cmsg_type (i32 each); data follows.
+const CMSG_HEADER: usize = 16;
+const SCM_RIGHTS: i32 = 1;
+const SCM_CREDENTIALS: i32 = 2;
+/// Control data sendmsg takes at most (Linux's default net.core.optmem_max): ENOBUFS past it.
+const MAX_CONTROL: u64 = 20480;
+const ENOBUFS: Errno = Errno(105);
+const MSG_CTRUNC: u32 = 0x8;
+const MSG_CMSG_CLOEXEC: u64 = 0x4000_0000;
+
+/// The fds sendmsg's control messages pass (SCM_RIGHTS, all of them in order). Each header is
+/// checked as Linux's CMSG_OK does (at least a header long, inside the buffer); a control
+/// buffer shorter than a header holds none; other levels than SOL_SOCKET are ignored.
+fn passed_fds(
+    proc: &GuestProcess,
+    user: &UserMemory,
+    control: u64,
+    len: u64,
+) -> Result<Vec<u64>, Errno> {
+    if len > MAX_CONTROL {
+        return Err(ENOBUFS);
+    }
+    if len < CMSG_HEADER as u64 {
+        return Ok(Vec::new());
+    }
+    let bytes = user.read_vec(control, len)?;
+    // The 8 bytes at `at`, zero past the end of the buffer.
+    let field = |at: usize| -> [u8; 8] {
+        let mut out = [0u8; 8];
+        let n = (bytes.len() - at).min(8);
+        out[..n].copy_from_slice(&bytes[at..at + n]);
+        out
+    };
+    let int = |at: usize| {
+        let [a, b, c, d, ..] = field(at);
+        i32::from_le_bytes([a, b, c, d])
+    };
+    let mut fds = Vec::new();
+    let mut at = 0;
+    while bytes.len() - at >= CMSG_HEADER {
+        let cmsg_len = u64::from_le_bytes(field(at));
+        if cmsg_len < CMSG_HEADER as u64 || cmsg_len > (bytes.len() - at) as u64 {
+            return Err(Errno::EINVAL);
+        }
+        let cmsg_len = cmsg_len as usize;
+        if u64::from(int(at + 8).cast_unsigned()) == SOL_SOCKET {
+            match int(at + 12) {
+                SCM_RIGHTS => {
+                    if fds.len() + (cmsg_len - CMSG_HEADER) / 4 > MAX_PASSED_PER_MESSAGE {
+                        return Err(Errno::EINVAL);
+                    }
+                    for fd_at in (at + CMSG_HEADER..at + cmsg_len - 3).step_by(4) {
+                        let fd = u64::try_from(int(fd_at)).map_err(|_| Errno::EBADF)?;
+                        proc.fds.get(fd)?;
+                        fds.push(fd);
+                    }
+                }
+                SCM_CREDENTIALS => return Err(Errno::EOPNOTSUPP),
+                _ => return Err(Errno::EINVAL),
+            }
+        }
+        // The next header starts at the next 8-byte boundary (CMSG_NXTHDR).
+        at += cmsg_len.next_multiple_of(8).min(bytes.len() - at);
+    }
+    Ok(fds)
+}
+
+/// sendmsg(fd, msg, flags): the iovecs in order; SCM_RIGHTS control messages pass their fds'
+/// descriptions with the first bytes sent (none are passed when no byte is).
 pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     if inet::index_of(proc, fd_arg(args[0])).is_some() {
         return inet::sendmsg(proc, user, args);
@@ -183,18 +271,24 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let [fd, msg, flags, ..] = args;
     let (_, tx, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
-    let (iovecs, controllen) = read_msghdr(user, msg)?;
-    if controllen != 0 {
-        return Err(Errno::EOPNOTSUPP);
-    }
+    let header = read_msghdr(user, msg, true)?;
+    let mut fds = passed_fds(proc, user, header.control, header.controllen)?;
     let tx = tx.ok_or(Errno::EPIPE)?;
-    transfer_each(&iovecs, |base, len| {
-        write_channel(proc, user, tx, base, len, nonblocking)
+    transfer_each(&header.iovecs, |base, len| {
+        let data = user.read_vec(base, len.min(proc.fds.pipe(tx)?.capacity() as u64))?;
+        let outcome = write_channel_passing(proc, tx, &data, &fds, nonblocking);
+        if matches!(outcome, Ok(SyscallOutcome::Return(n)) if n > 0) {
+            fds.clear();
+        }
+        outcome
     })
 }
 
-/// recvmsg(fd, msg, flags): fills the iovecs in order; no name, no control data, no flags
-/// come back. MSG_PEEK is EOPNOTSUPP here (recv/recvfrom support it).
+/// recvmsg(fd, msg, flags): one receive scattered over the iovecs. Descriptions passed with
+/// the bytes are installed as new fds (close-on-exec with MSG_CMSG_CLOEXEC) in one
+/// SCM_RIGHTS control message; those the control buffer or the fd limit has no room for are
+/// closed and MSG_CTRUNC is set, as on Linux. No name comes back. MSG_PEEK is EOPNOTSUPP here
+/// (recv/recvfrom support it).
 pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     if inet::index_of(proc, fd_arg(args[0])).is_some() {
         return inet::recvmsg(proc, user, args);
@@ -205,13 +299,50 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     if flags & MSG_PEEK != 0 {
         return Err(Errno::EOPNOTSUPP);
     }
-    let (iovecs, _) = read_msghdr(user, msg)?;
+    let header = read_msghdr(user, msg, false)?;
+    // Guest memory must take what arrives before anything is taken off the channel.
+    for &(base, len) in &header.iovecs {
+        user.check(base, len.min(MAX_IO))?;
+    }
+    let room = (header.controllen.min(MAX_CONTROL) as usize)
+        .checked_sub(CMSG_HEADER)
+        .map_or(0, |data| (data / 4).min(MAX_PASSED_PER_MESSAGE));
+    if room > 0 {
+        user.check(header.control, (CMSG_HEADER + 4 * room) as u64)?;
+    }
+    let total = header
+        .iovecs
+        .iter()
+        .fold(0u64, |sum, &(_, len)| sum.saturating_add(len))
+        .min(MAX_IO);
+    let (bytes, passed) = match proc.fds.read_channel(rx, total as usize)? {
+        Ok(received) => received,
+        Err(_) if nonblocking => return Err(Errno::EAGAIN),
+        Err(_) => return wait_ready(proc, None),
+    };
+    scatter(user, &header.iovecs, &bytes)?;
+    let count = passed.len();
+    let fds = proc
+        .fds
+        .receive(passed, room, flags & MSG_CMSG_CLOEXEC != 0);
+    proc.release(None);
+    let mut controllen = 0;
+    if !fds.is_empty() {
+        let cmsg_len = CMSG_HEADER + 4 * fds.len();
+        let mut cmsg = Vec::with_capacity(cmsg_len);
+        cmsg.extend_from_slice(&(cmsg_len as u64).to_le_bytes());
+        cmsg.extend_from_slice(&(SOL_SOCKET as u32).to_le_bytes());
+        cmsg.extend_from_slice(&(SCM_RIGHTS as u32).to_le_bytes());
+        for &fd in &fds {
+            cmsg.extend_from_slice(&(fd as u32).to_le_bytes());
+        }
+        user.write(header.control, &cmsg)?;
+        controllen = (cmsg_len.next_multiple_of(8) as u64).min(header.controllen);
+    }
     user.write_u32(msg + 8, 0)?;
-    user.write_u64(msg + 40, 0)?;
-    user.write_u32(msg + 48, 0)?;
-    transfer_each(&iovecs, |base, len| {
-        read_channel(proc, user, rx, base, len, nonblocking)
-    })
+    user.write_u64(msg + 40, controllen)?;
+    user.write_u32(msg + 48, if fds.len() < count { MSG_CTRUNC } else { 0 })?;
+    value(bytes.len() as u64)
 }
 
 /// shutdown(fd, how): SHUT_RD, SHUT_WR or SHUT_RDWR.

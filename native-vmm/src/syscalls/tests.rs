@@ -1220,11 +1220,157 @@ fn socketpair_is_a_bidirectional_bounded_channel() {
     assert_eq!(g.mem.read_u32(BUF + 24).unwrap() & 0o170000, 0o140000);
 }
 
+/// A one-iovec message at `msg` sending or receiving one byte at `data`, with `control_len`
+/// bytes of control buffer at `control`.
+fn one_byte_message(g: &mut Guest, msg: u64, data: u64, control: u64, control_len: u64) {
+    g.mem.write(msg, &[0u8; 56]).unwrap();
+    g.mem.write_u64(msg + 16, msg + 64).unwrap();
+    g.mem.write_u64(msg + 24, 1).unwrap();
+    g.mem.write_u64(msg + 32, control).unwrap();
+    g.mem.write_u64(msg + 40, control_len).unwrap();
+    g.mem.write_u64(msg + 64, data).unwrap();
+    g.mem.write_u64(msg + 72, 1).unwrap();
+}
+
+/// Writes one control message header (cmsg_len, level, type) and its fds at `at`.
+fn write_cmsg(g: &mut Guest, at: u64, len: u64, level: u32, kind: u32, fds: &[u32]) {
+    g.mem.write_u64(at, len).unwrap();
+    g.mem.write_u32(at + 8, level).unwrap();
+    g.mem.write_u32(at + 12, kind).unwrap();
+    for (i, fd) in fds.iter().enumerate() {
+        g.mem.write_u32(at + 16 + 4 * i as u64, *fd).unwrap();
+    }
+}
+
+#[test]
+fn scm_rights_pass_descriptions_and_hostile_control_data_is_refused() {
+    const SOL_SOCKET: u32 = 1;
+    const SCM_RIGHTS: u32 = 1;
+    const MSG_CTRUNC: u32 = 8;
+    const MSG_CMSG_CLOEXEC: u64 = 0x4000_0000;
+    let mut g = guest();
+    let (a, b) = g.socketpair(O_NONBLOCK);
+    let (c, d) = g.socketpair(O_NONBLOCK);
+    let (msg, control) = (SCRATCH + 0x300, SCRATCH + 0x400);
+    g.mem.write(BUF, b"x").unwrap();
+    one_byte_message(&mut g, msg, BUF, control, 24);
+    // Hostile headers: too short, past the buffer, absurd, bad fds, unknown types.
+    for (len, level, kind, fds, expected) in [
+        (15, SOL_SOCKET, SCM_RIGHTS, vec![], Errno::EINVAL),
+        (32, SOL_SOCKET, SCM_RIGHTS, vec![c as u32], Errno::EINVAL),
+        (
+            u64::MAX,
+            SOL_SOCKET,
+            SCM_RIGHTS,
+            vec![c as u32],
+            Errno::EINVAL,
+        ),
+        (20, SOL_SOCKET, SCM_RIGHTS, vec![999], Errno::EBADF),
+        (20, SOL_SOCKET, SCM_RIGHTS, vec![u32::MAX], Errno::EBADF),
+        (20, SOL_SOCKET, 99, vec![c as u32], Errno::EINVAL),
+        (24, SOL_SOCKET, 2, vec![1, 0], Errno::EOPNOTSUPP),
+    ] {
+        write_cmsg(&mut g, control, len, level, kind, &fds);
+        assert_eq!(
+            g.ret(SENDMSG, &[a, msg, 0]),
+            err(expected),
+            "{len} {kind} {fds:?}"
+        );
+    }
+    g.mem.write_u64(msg + 40, 20481).unwrap();
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), -105, "ENOBUFS");
+    g.mem.write_u64(msg + 32, 0x1000).unwrap();
+    g.mem.write_u64(msg + 40, 24).unwrap();
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), err(Errno::EFAULT));
+    // More than SCM_MAX_FD fds in one message.
+    let many = vec![c as u32; 254];
+    one_byte_message(&mut g, msg, BUF, control, 16 + 4 * 254);
+    write_cmsg(&mut g, control, 16 + 4 * 254, SOL_SOCKET, SCM_RIGHTS, &many);
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), err(Errno::EINVAL));
+    assert_eq!(
+        g.read_bytes(b, 10),
+        Err(err(Errno::EAGAIN)),
+        "nothing was sent"
+    );
+    // Another level's message is ignored; SCM_RIGHTS passes c's description.
+    one_byte_message(&mut g, msg, BUF, control, 40);
+    write_cmsg(&mut g, control, 16, 6, 1, &[]);
+    write_cmsg(
+        &mut g,
+        control + 16,
+        20,
+        SOL_SOCKET,
+        SCM_RIGHTS,
+        &[c as u32],
+    );
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), 1);
+    assert_eq!(g.ret(CLOSE, &[c]), 0);
+    // recvmsg installs it: cmsg_len 20, msg_controllen CMSG_SPACE(4), no flags; a buffer for
+    // the sender's name gets none.
+    one_byte_message(&mut g, msg, BUF + 16, control, 64);
+    g.mem.write_u64(msg, SCRATCH + 0x500).unwrap();
+    g.mem.write_u32(msg + 8, 110).unwrap();
+    assert_eq!(g.ret(RECVMSG, &[b, msg, 0]), 1);
+    assert_eq!(g.mem.read_u32(msg + 8).unwrap(), 0);
+    assert_eq!(g.mem.read_vec(BUF + 16, 1).unwrap(), b"x");
+    assert_eq!(g.mem.read_u64(msg + 40).unwrap(), 24);
+    assert_eq!(g.mem.read_u32(msg + 48).unwrap(), 0);
+    assert_eq!(g.mem.read_u64(control).unwrap(), 20);
+    assert_eq!(g.mem.read_u32(control + 8).unwrap(), SOL_SOCKET);
+    assert_eq!(g.mem.read_u32(control + 12).unwrap(), SCM_RIGHTS);
+    let received = u64::from(g.mem.read_u32(control + 16).unwrap());
+    assert_eq!(g.ret(FCNTL, &[received, 1]), 0, "not close-on-exec");
+    assert_eq!(g.write_bytes(received, b"via"), 3);
+    assert_eq!(g.read_bytes(d, 10).unwrap(), b"via");
+    // Two fds and room for one: one installed (close-on-exec as asked), MSG_CTRUNC.
+    one_byte_message(&mut g, msg, BUF, control, 24);
+    write_cmsg(
+        &mut g,
+        control,
+        24,
+        SOL_SOCKET,
+        SCM_RIGHTS,
+        &[d as u32, d as u32],
+    );
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), 1);
+    one_byte_message(&mut g, msg, BUF + 16, control, 20);
+    assert_eq!(g.ret(RECVMSG, &[b, msg, MSG_CMSG_CLOEXEC]), 1);
+    assert_eq!(g.mem.read_u32(msg + 48).unwrap(), MSG_CTRUNC);
+    assert_eq!(g.mem.read_u64(msg + 40).unwrap(), 20);
+    let cloexec = u64::from(g.mem.read_u32(control + 16).unwrap());
+    assert_eq!(g.ret(FCNTL, &[cloexec, 1]), 1, "FD_CLOEXEC");
+    // No control buffer: the fds are closed, MSG_CTRUNC; a plain read drops them too.
+    g.mem.write(BUF, b"x").unwrap();
+    one_byte_message(&mut g, msg, BUF, control, 20);
+    write_cmsg(&mut g, control, 20, SOL_SOCKET, SCM_RIGHTS, &[d as u32]);
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), 1);
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), 1);
+    one_byte_message(&mut g, msg, BUF, 0, 0);
+    assert_eq!(g.ret(RECVMSG, &[b, msg, 0]), 1);
+    assert_eq!(g.mem.read_u32(msg + 48).unwrap(), MSG_CTRUNC);
+    assert_eq!(g.mem.read_u64(msg + 40).unwrap(), 0);
+    assert_eq!(g.read_bytes(b, 10).unwrap(), b"x");
+    assert!(!g.proc.fds.has_passed_descriptions());
+    // A receive's bytes stop at the end of the stretch that carried fds.
+    g.mem.write(BUF, b"abc").unwrap();
+    assert_eq!(g.write_bytes(a, b"12"), 2);
+    one_byte_message(&mut g, msg, BUF, control, 20);
+    g.mem.write_u64(msg + 72, 3).unwrap();
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), 3);
+    assert_eq!(g.write_bytes(a, b"34"), 2);
+    one_byte_message(&mut g, msg, BUF + 16, control, 24);
+    g.mem.write_u64(msg + 72, 10).unwrap();
+    assert_eq!(g.ret(RECVMSG, &[b, msg, 0]), 5);
+    assert_eq!(g.mem.read_vec(BUF + 16, 5).unwrap(), b"12abc");
+    assert_eq!(g.mem.read_u64(msg + 40).unwrap(), 24);
+    assert_eq!(g.read_bytes(b, 10).unwrap(), b"34");
+}
+
 #[test]
 fn socketpair_shutdown_close_and_messages() {
     let mut g = guest();
     let (a, b) = g.socketpair(O_NONBLOCK);
-    // sendmsg/recvmsg over two iovecs; control data is refused.
+    // sendmsg/recvmsg over two iovecs; a control buffer shorter than a header holds nothing.
     g.mem.write(SCRATCH + 0x100, b"hello world").unwrap();
     for (i, (base, len)) in [(SCRATCH + 0x100, 6u64), (SCRATCH + 0x106, 5)]
         .iter()
@@ -1241,9 +1387,9 @@ fn socketpair_shutdown_close_and_messages() {
     g.mem.write(msg, &[0u8; 56]).unwrap();
     g.mem.write_u64(msg + 16, SCRATCH + 0x200).unwrap();
     g.mem.write_u64(msg + 24, 2).unwrap();
-    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), 11);
+    g.mem.write_u64(msg + 32, 0x1000).unwrap();
     g.mem.write_u64(msg + 40, 8).unwrap();
-    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), err(Errno::EOPNOTSUPP));
+    assert_eq!(g.ret(SENDMSG, &[a, msg, 0]), 11);
     g.mem.write_u64(msg + 40, 0).unwrap();
     g.mem.write_u64(SCRATCH + 0x200, BUF).unwrap();
     g.mem.write_u64(SCRATCH + 0x210, BUF + 100).unwrap();

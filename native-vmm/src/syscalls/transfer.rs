@@ -143,8 +143,12 @@ fn transfer(
                 }
             }
         }
-        Source::Channel(pipe) => match proc.fds.pipe_mut(*pipe)?.read(max as usize) {
-            Ok(bytes) => bytes,
+        Source::Channel(pipe) => match proc.fds.read_channel(*pipe, max as usize)? {
+            Ok((bytes, passed)) => {
+                proc.fds.discard(passed);
+                proc.release(None);
+                bytes
+            }
             Err(PipeError::WouldBlock) if nonblocking => return Err(Errno::EAGAIN),
             Err(_) => return wait_ready(proc, None),
         },

@@ -161,7 +161,8 @@ function problems(words: string[], facts: Facts): string[] {
           found.push(`sandfork-vmm ${subcommand.join(" ")} has no ${flag}`);
   } else if (program === "curl") {
     const url = args.find((a) => /^https?:\/\//.test(a));
-    if (url !== undefined) {
+    // A path a command substitution prints (`$(jq -r .url run.json)`) is not known here.
+    if (url !== undefined && !url.includes("$(")) {
       const at = args.findIndex((a) => a === "-X" || a === "--request");
       const data = args.some(
         (a) => a === "-d" || a === "--data" || a === "--data-binary" || a === "-T",

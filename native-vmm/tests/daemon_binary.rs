@@ -37,9 +37,15 @@ impl Daemon {
 
     /// Starts the daemon and waits until it accepts connections.
     fn start(dir: &Path) -> Daemon {
+        Daemon::start_with(dir, templates_dir(), &["--max-concurrency", "3"])
+    }
+
+    /// Starts the daemon on `templates` with `extra` arguments and waits until it accepts
+    /// connections.
+    fn start_with(dir: &Path, templates: &Path, extra: &[&str]) -> Daemon {
         let socket = dir.join("s.sock");
         let mut daemon = Daemon {
-            child: Daemon::spawn(&socket, templates_dir(), &["--max-concurrency", "3"]),
+            child: Daemon::spawn(&socket, templates, extra),
             socket,
         };
         let listening = wait_for(Duration::from_secs(30), || {
@@ -169,6 +175,80 @@ fn serves_health_templates_and_execute_on_this_host() {
         log.contains("listening on") && log.contains("signal 15, stopping"),
         "{log}"
     );
+}
+
+/// The names `list_templates` answers.
+fn names(listed: &Value) -> Vec<&str> {
+    listed
+        .get("templates")
+        .and_then(Value::as_array)
+        .unwrap_or_else(|| panic!("a template list: {listed}"))
+        .iter()
+        .map(|t| str_of(t, "name"))
+        .collect()
+}
+
+#[test]
+fn a_template_built_after_the_start_is_loaded_and_unloaded() {
+    let dir = scratch("bin-load");
+    let templates = dir.join("templates");
+    let sessions = dir.join("sessions");
+    std::fs::create_dir_all(&templates).unwrap();
+    std::fs::create_dir_all(&sessions).unwrap();
+    let python = templates_dir().join("python");
+    std::os::unix::fs::symlink(&python, templates.join("python")).unwrap();
+    // Opening files after the start needs the filter of a daemon that keeps sessions.
+    let sessions = sessions.to_str().unwrap();
+    let mut daemon = Daemon::start_with(&dir, &templates, &["--sessions", sessions]);
+    let mut client = Client::hello(&daemon.socket);
+
+    assert_error(
+        &client.call(r#"{"id":1,"type":"load_template","name":"custom@1"}"#),
+        "unknown_template",
+        Some(1),
+    );
+    for (id, name) in [(2, "../python"), (3, ".hidden"), (4, "")] {
+        let answer = client.call(&format!(
+            r#"{{"id":{id},"type":"load_template","name":"{name}"}}"#
+        ));
+        assert_error(&answer, "bad_request", Some(id));
+    }
+    std::fs::create_dir_all(templates.join("junk")).unwrap();
+    std::fs::write(templates.join("junk/image.index"), b"not an image").unwrap();
+    let answer = client.call(r#"{"id":5,"type":"load_template","name":"junk"}"#);
+    assert_error(&answer, "bad_request", Some(5));
+    assert!(str_of(&answer, "message").contains("junk"), "{answer}");
+
+    std::os::unix::fs::symlink(&python, templates.join("custom@1")).unwrap();
+    let loaded = client.call(r#"{"id":6,"type":"load_template","name":"custom@1"}"#);
+    assert_eq!(names(&loaded), ["custom@1", "python"], "{loaded}");
+    let listed = client.call(r#"{"id":7,"type":"list_templates"}"#);
+    assert_eq!(names(&listed), ["custom@1", "python"], "{listed}");
+    let answer =
+        client.call(r#"{"id":8,"type":"execute","template":"custom@1","code":"print(6*7)"}"#);
+    if Path::new("/dev/kvm").exists() {
+        assert_eq!(str_of(&answer, "stdout"), "42\n", "{answer}");
+    } else {
+        assert_error(&answer, "unavailable", Some(8));
+    }
+    // Loading it again replaces it.
+    let reloaded = client.call(r#"{"id":9,"type":"load_template","name":"custom@1"}"#);
+    assert_eq!(names(&reloaded), ["custom@1", "python"], "{reloaded}");
+
+    let unloaded = client.call(r#"{"id":10,"type":"unload_template","name":"custom@1"}"#);
+    assert_eq!(names(&unloaded), ["python"], "{unloaded}");
+    assert_error(
+        &client.call(r#"{"id":11,"type":"execute","template":"custom@1","code":"1"}"#),
+        "unknown_template",
+        Some(11),
+    );
+    assert_error(
+        &client.call(r#"{"id":12,"type":"unload_template","name":"custom@1"}"#),
+        "unknown_template",
+        Some(12),
+    );
+    drop(client);
+    assert!(daemon.terminate().success(), "{}", daemon.stderr());
 }
 
 #[test]

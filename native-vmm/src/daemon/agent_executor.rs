@@ -11,7 +11,8 @@
 //! Pooled VMs are reused: reset to the template after each request (`pool`).
 
 use std::io;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use crate::daemon::executor::{
@@ -19,7 +20,7 @@ use crate::daemon::executor::{
     VmOrigin,
 };
 use crate::daemon::pool::{Pool, PooledRun};
-use crate::daemon::templates::Template;
+use crate::daemon::templates::{self, Template};
 use crate::kvm::{self, Kvm};
 use crate::process::OutputSink;
 use crate::snapshot::{self, ForkMemory};
@@ -29,12 +30,17 @@ use crate::vm::{self, LaunchError, RunLimits, RunOutcome};
 pub use crate::daemon::executor::{SharedCpuFactory, SharedRestoreFactory};
 
 pub struct AgentExecutor {
-    templates: Vec<Template>,
+    /// The templates served; `load_template` and `unload_template` change it while serving.
+    templates: RwLock<Vec<Arc<Template>>>,
     make_cpu: Box<SharedCpuFactory>,
     /// How VMs are restored from a template's snapshot; None: always booted.
     restore: Option<(Arc<SharedRestoreFactory>, ForkMemory)>,
     /// Warm pools by template name, for the templates with a snapshot (when pooling is on).
-    pools: Vec<(String, Pool)>,
+    pools: RwLock<Vec<(String, Arc<Pool>)>>,
+    /// VMs each warm pool keeps ready (0: no pools).
+    pool_size: usize,
+    /// Where `load_template` finds template folders; None: it refuses.
+    templates_dir: Option<PathBuf>,
     /// Why VMs cannot be created on this host, when they cannot.
     unavailable: Option<String>,
     /// The limit of booting an agent for a request (`RunLimits::boot_timeout`).
@@ -73,25 +79,44 @@ impl AgentExecutor {
     /// Starts a warm pool of `size` VMs for each template with a snapshot (after `restoring`;
     /// 0 starts none). Nothing is started where VMs cannot be created.
     pub fn pooled(mut self, size: usize) -> io::Result<AgentExecutor> {
-        let Some((restore, memory)) = &self.restore else {
-            return Ok(self);
-        };
-        if size == 0 || self.unavailable.is_some() {
-            return Ok(self);
-        }
-        for template in &self.templates {
-            if let Some(snapshot) = &template.snapshot {
-                let pool = Pool::start(
-                    &template.name,
-                    snapshot.clone(),
-                    restore.clone(),
-                    *memory,
-                    size,
-                )?;
-                self.pools.push((template.name.clone(), pool));
+        self.pool_size = size;
+        let templates = self
+            .templates
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut pools = Vec::new();
+        for template in &templates {
+            if let Some(pool) = self.start_pool(template)? {
+                pools.push((template.name.clone(), Arc::new(pool)));
             }
         }
+        *self.pools.get_mut().unwrap_or_else(PoisonError::into_inner) = pools;
         Ok(self)
+    }
+
+    /// The warm pool `template` gets: none without a snapshot, restoring, pooling or KVM.
+    fn start_pool(&self, template: &Template) -> io::Result<Option<Pool>> {
+        let (Some((restore, memory)), Some(snapshot)) = (&self.restore, &template.snapshot) else {
+            return Ok(None);
+        };
+        if self.pool_size == 0 || self.unavailable.is_some() {
+            return Ok(None);
+        }
+        Pool::start(
+            &template.name,
+            snapshot.clone(),
+            restore.clone(),
+            *memory,
+            self.pool_size,
+        )
+        .map(Some)
+    }
+
+    /// Lets `load_template` open template folders of `dir` (the daemon's templates directory).
+    pub fn loading_from(mut self, dir: PathBuf) -> AgentExecutor {
+        self.templates_dir = Some(dir);
+        self
     }
 
     /// An executor on any vCPU backend (tests run it on the ptrace development CPU).
@@ -101,10 +126,12 @@ impl AgentExecutor {
         unavailable: Option<String>,
     ) -> AgentExecutor {
         AgentExecutor {
-            templates,
+            templates: RwLock::new(templates.into_iter().map(Arc::new).collect()),
             make_cpu,
             restore: None,
-            pools: Vec::new(),
+            pools: RwLock::new(Vec::new()),
+            pool_size: 0,
+            templates_dir: None,
             unavailable,
             boot_timeout: vm::AGENT_BOOT_TIMEOUT,
         }
@@ -117,15 +144,20 @@ impl AgentExecutor {
         self
     }
 
-    fn template(&self, name: &str) -> Option<&Template> {
-        self.templates.iter().find(|t| t.name == name)
+    fn template(&self, name: &str) -> Option<Arc<Template>> {
+        let templates = self
+            .templates
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        templates.iter().find(|t| t.name == name).cloned()
     }
 
-    fn pool(&self, template: &str) -> Option<&Pool> {
-        self.pools
+    fn pool(&self, template: &str) -> Option<Arc<Pool>> {
+        let pools = self.pools.read().unwrap_or_else(PoisonError::into_inner);
+        pools
             .iter()
             .find(|(name, _)| name == template)
-            .map(|(_, pool)| pool)
+            .map(|(_, pool)| pool.clone())
     }
 
     /// Serves the request on a VM of `template`: one from its warm pool, else one restored from
@@ -152,7 +184,11 @@ impl AgentExecutor {
             .snapshot
             .as_ref()
             .filter(|s| s.identity().mem_bytes == limits.mem_bytes);
-        match (snapshot, self.pool(&template.name), &self.restore) {
+        match (
+            snapshot,
+            self.pool(&template.name).as_deref(),
+            &self.restore,
+        ) {
             (Some(_), Some(pool), _) => {
                 let PooledRun {
                     restored,
@@ -265,8 +301,8 @@ impl Executor for AgentExecutor {
             cpu,
             vm,
         } = self
-            .run(template, request, live_output)
-            .map_err(|error| launch_failure(template, error))?;
+            .run(&template, request, live_output)
+            .map_err(|error| launch_failure(&template, error))?;
         let stats = &outcome.stats;
         let usage = Usage {
             wall_us: (stats.load + stats.wall).as_micros() as u64,
@@ -316,6 +352,8 @@ impl Executor for AgentExecutor {
 
     fn templates(&self) -> Vec<TemplateInfo> {
         self.templates
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .map(|t| TemplateInfo {
                 name: t.name.clone(),
@@ -335,11 +373,72 @@ impl Executor for AgentExecutor {
     fn health(&self) -> Health {
         Health {
             kvm: self.unavailable.clone().map_or(Ok(()), Err),
-            templates: self.templates.len(),
+            templates: self
+                .templates
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len(),
         }
     }
 
+    fn load_template(&self, name: &str) -> Result<(), ExecuteError> {
+        let Some(dir) = &self.templates_dir else {
+            return Err(ExecuteError::Rejected(
+                "this daemon does not load templates".to_owned(),
+            ));
+        };
+        templates::check_folder_name(name).map_err(ExecuteError::Rejected)?;
+        if !dir.join(name).is_dir() {
+            return Err(ExecuteError::UnknownTemplate(name.to_owned()));
+        }
+        let template = templates::load_one(dir, name)
+            .map_err(|error| ExecuteError::Rejected(error.to_string()))?;
+        let pool = self
+            .start_pool(&template)
+            .map_err(|error| ExecuteError::Internal(format!("template '{name}': {error}")))?;
+        // The pool first, then the template: a request that finds the new template finds its
+        // pool. A replaced pool stops when its last running request lets go of it.
+        {
+            let mut pools = self.pools.write().unwrap_or_else(PoisonError::into_inner);
+            pools.retain(|(n, _)| n != name);
+            if let Some(pool) = pool {
+                pools.push((name.to_owned(), Arc::new(pool)));
+            }
+        }
+        let mut templates = self
+            .templates
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        templates.retain(|t| t.name != name);
+        templates.push(Arc::new(template));
+        templates.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(())
+    }
+
+    fn unload_template(&self, name: &str) -> bool {
+        let removed = {
+            let mut templates = self
+                .templates
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let before = templates.len();
+            templates.retain(|t| t.name != name);
+            templates.len() != before
+        };
+        let pool = {
+            let mut pools = self.pools.write().unwrap_or_else(PoisonError::into_inner);
+            pools
+                .iter()
+                .position(|(n, _)| n == name)
+                .map(|i| pools.remove(i))
+        };
+        // Dropped outside the lock: stopping a pool joins its workers.
+        drop(pool);
+        removed
+    }
+
     fn pools(&self) -> Vec<PoolStats> {
-        self.pools.iter().map(|(_, pool)| pool.stats()).collect()
+        let pools = self.pools.read().unwrap_or_else(PoisonError::into_inner);
+        pools.iter().map(|(_, pool)| pool.stats()).collect()
     }
 }

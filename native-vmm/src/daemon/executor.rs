@@ -234,6 +234,19 @@ pub trait Executor: Send + Sync {
     /// limits are reported; an executor without templates of its own leaves it as parsed.
     fn complete(&self, _request: &mut ExecuteRequest) {}
     fn templates(&self) -> Vec<TemplateInfo>;
+    /// Starts serving the template folder `name` of the templates directory (a template built
+    /// after the daemon started), replacing one of that name; an executor without a templates
+    /// directory refuses.
+    fn load_template(&self, _name: &str) -> Result<(), ExecuteError> {
+        Err(ExecuteError::Rejected(
+            "this executor does not load templates".to_owned(),
+        ))
+    }
+    /// Stops serving template `name` (executions already running on it finish); false when it
+    /// served none of that name.
+    fn unload_template(&self, _name: &str) -> bool {
+        false
+    }
     fn health(&self) -> Health;
     /// Warm pools, one per template that has one.
     fn pools(&self) -> Vec<PoolStats>;

@@ -233,7 +233,8 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
     };
     let executor = AgentExecutor::with_kvm(templates, options.pool_size)
         .map_err(ServeError::Pools)?
-        .booting_within(options.boot_timeout);
+        .booting_within(options.boot_timeout)
+        .loading_from(options.templates.clone());
     let health = executor.health();
     let config = ServerConfig {
         max_running: options.max_concurrency,

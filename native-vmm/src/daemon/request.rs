@@ -39,6 +39,10 @@ pub enum Request {
     Execute(ExecuteRequest, Option<String>),
     Health,
     Stats,
+    /// `load_template`: serve the template folder of this name, built after the start.
+    LoadTemplate(String),
+    /// `unload_template`: stop serving the template of this name.
+    UnloadTemplate(String),
     /// A session request (`session_protocol`).
     Session(crate::daemon::session_protocol::SessionOp),
 }
@@ -60,6 +64,17 @@ struct NoFields {
     _id: IgnoredAny,
     #[serde(rename = "type")]
     _kind: IgnoredAny,
+}
+
+/// `load_template` and `unload_template`: `{"id", "type", "name"}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object")]
+struct TemplateNameFields {
+    #[serde(rename = "id")]
+    _id: IgnoredAny,
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
+    name: String,
 }
 
 /// `execute` as the client sends it (PROTOCOL.md); absent and null fields are `None`.
@@ -140,6 +155,16 @@ pub fn parse_request(frame: &Value, policy: &LimitPolicy) -> Result<(u64, Reques
                 "list_templates" => Request::ListTemplates,
                 "health" => Request::Health,
                 _ => Request::Stats,
+            }
+        }
+        "load_template" | "unload_template" => {
+            let fields: TemplateNameFields = typed(frame, Some(id))?;
+            crate::daemon::templates::check_folder_name(&fields.name)
+                .map_err(|message| bad(Some(id), message))?;
+            if kind == "load_template" {
+                Request::LoadTemplate(fields.name)
+            } else {
+                Request::UnloadTemplate(fields.name)
             }
         }
         "execute" => {

@@ -37,7 +37,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::daemon::admission::{FullLine, Line, RunLimits, RunQueue, Turn};
-use crate::daemon::executor::{ExecuteRequest, Executor};
+use crate::daemon::executor::{ExecuteError, ExecuteRequest, Executor};
 use crate::daemon::frame::{self, FrameError};
 use crate::daemon::live_output::LiveOutput;
 use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
@@ -507,6 +507,36 @@ impl Connection {
                         admission,
                         &shared.executor.pools(),
                     ));
+                }
+                Ok((id, Request::LoadTemplate(name))) => {
+                    let executor = &self.shared.executor;
+                    match executor.load_template(&name) {
+                        Ok(()) => {
+                            super::log(format_args!("loaded template {name}"));
+                            self.writer
+                                .send(&response::templates(id, &executor.templates()))
+                        }
+                        Err(error) => self.writer.send(&response::error(
+                            Some(id),
+                            ErrorCode::from(&error),
+                            &error.to_string(),
+                        )),
+                    }
+                }
+                Ok((id, Request::UnloadTemplate(name))) => {
+                    let executor = &self.shared.executor;
+                    if executor.unload_template(&name) {
+                        super::log(format_args!("unloaded template {name}"));
+                        self.writer
+                            .send(&response::templates(id, &executor.templates()))
+                    } else {
+                        let error = ExecuteError::UnknownTemplate(name);
+                        self.writer.send(&response::error(
+                            Some(id),
+                            ErrorCode::from(&error),
+                            &error.to_string(),
+                        ))
+                    }
                 }
                 Ok((id, Request::Execute(execute, key))) => {
                     self.start_execution(id, execute, key, received)

@@ -145,30 +145,48 @@ pub fn load(dir: &Path) -> Result<Vec<Template>, TemplateError> {
         folders.push(name);
     }
     folders.sort();
-    folders
-        .into_iter()
-        .map(|name| {
-            let path = dir.join(&name);
-            let image = Image::open(&path).map_err(|error| TemplateError::Image {
-                dir: path.clone(),
-                error,
-            })?;
-            let language =
-                Language::of_image(image.name()).ok_or_else(|| TemplateError::UnknownLanguage {
-                    dir: path.clone(),
-                    image_name: image.name().to_owned(),
-                })?;
-            let content_hash = sha256::to_hex(&image.content_hash());
-            let snapshot = load_snapshot(&path, &image, language)?;
-            Ok(Template {
-                name,
-                language,
-                image,
-                content_hash,
-                snapshot,
-            })
-        })
-        .collect()
+    folders.iter().map(|name| load_one(dir, name)).collect()
+}
+
+/// Opens template folder `dir`/`name` (for `serve` at start, and `load_template` after).
+pub fn load_one(dir: &Path, name: &str) -> Result<Template, TemplateError> {
+    let path = dir.join(name);
+    let image = Image::open(&path).map_err(|error| TemplateError::Image {
+        dir: path.clone(),
+        error,
+    })?;
+    let language =
+        Language::of_image(image.name()).ok_or_else(|| TemplateError::UnknownLanguage {
+            dir: path.clone(),
+            image_name: image.name().to_owned(),
+        })?;
+    let content_hash = sha256::to_hex(&image.content_hash());
+    let snapshot = load_snapshot(&path, &image, language)?;
+    Ok(Template {
+        name: name.to_owned(),
+        language,
+        image,
+        content_hash,
+        snapshot,
+    })
+}
+
+/// A name `load_template` may open under the templates folder: one folder name (ASCII letters,
+/// digits, '-', '_', '.', '@'), not hidden (the builds in progress are), at most
+/// MAX_TEMPLATE_NAME_BYTES.
+pub fn check_folder_name(name: &str) -> Result<(), String> {
+    let allowed = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'@');
+    if name.is_empty()
+        || name.len() > crate::daemon::wire::MAX_TEMPLATE_NAME_BYTES
+        || name.starts_with('.')
+        || !name.bytes().all(allowed)
+    {
+        return Err(format!(
+            "name must be 1 to {} ASCII letters, digits, '-', '_', '.' or '@', not starting with '.'",
+            crate::daemon::wire::MAX_TEMPLATE_NAME_BYTES
+        ));
+    }
+    Ok(())
 }
 
 /// The snapshot in template folder `dir`, verified against its image and agent; None when the

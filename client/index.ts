@@ -121,6 +121,58 @@ export interface Template {
   };
 }
 
+/** A template built through the API, as GET /v1/templates lists it. */
+export interface CustomTemplate {
+  name: string;
+  version: string;
+  /** name@version, what an execution's `template` names. */
+  ref: string;
+  status: "queued" | "building" | "ready" | "failed";
+  build_id: string;
+  published: boolean;
+  own: boolean;
+  image_bytes: number | null;
+  created_at: string;
+}
+
+/** A template definition for POST /v1/templates (docs/api.md, Templates). */
+export interface TemplateDefinition {
+  name: string;
+  version: string;
+  base: string;
+  debian_packages?: string[];
+  exclude_packages?: string[];
+  exclude?: string[];
+  wheels?: { filename: string; content_base64: string }[];
+  files?: { path: string; content: string; encoding?: "utf8" | "base64" }[];
+  env?: { [name: string]: string };
+  /** A Python program run once before the snapshot. */
+  setup?: string;
+  memory_mib?: number;
+}
+
+/** A template build: its status, the step running or failed, its logs. */
+export interface TemplateBuild {
+  id: string;
+  name: string;
+  version: string;
+  status: "queued" | "building" | "ready" | "failed";
+  step: string | null;
+  error: string | null;
+  logs: string;
+  image_bytes: number | null;
+  snapshot_bytes: number | null;
+  published: boolean;
+  created_at: string;
+  finished_at: string | null;
+}
+
+/** One event of a followed template build, in order: step and log events, then build. */
+export type TemplateBuildEvent =
+  | { event: "step"; step: string }
+  | { event: "log"; text: string }
+  | { event: "build"; build: TemplateBuild };
+
 /** An RFC 9457 problem body; `type` is https://sandfork.dev/problems/<slug>. */
 export interface Problem {
   type: string;
@@ -267,6 +319,60 @@ export class Sandfork {
   async templates(): Promise<Template[]> {
     return ((await this.json("GET", "/v1/templates", undefined, {})) as { templates: Template[] })
       .templates;
+  }
+
+  /** The templates built through the API that the caller's account may see. */
+  async customTemplates(): Promise<CustomTemplate[]> {
+    return (
+      (await this.json("GET", "/v1/templates", undefined, {})) as {
+        custom_templates: CustomTemplate[];
+      }
+    ).custom_templates;
+  }
+
+  /** Queues the build of a template (the key needs the templates scope). */
+  async buildTemplate(definition: TemplateDefinition): Promise<TemplateBuild> {
+    return (await this.json("POST", "/v1/templates", definition, {})) as TemplateBuild;
+  }
+
+  async templateBuild(name: string, id: string): Promise<TemplateBuild> {
+    return (await this.json(
+      "GET",
+      `/v1/templates/${encodeURIComponent(name)}/builds/${encodeURIComponent(id)}`,
+      undefined,
+      {},
+    )) as TemplateBuild;
+  }
+
+  /** Follows a build as it runs: its steps and logs, ending with the build ready or failed. */
+  async *followTemplateBuild(
+    name: string,
+    id: string,
+    options: CallOptions = {},
+  ): AsyncGenerator<TemplateBuildEvent, void, undefined> {
+    const response = await this.send(
+      "GET",
+      `/v1/templates/${encodeURIComponent(name)}/builds/${encodeURIComponent(id)}`,
+      undefined,
+      options,
+      "text/event-stream",
+    );
+    if (response.body === null) throw new Error("the gateway sent no event stream");
+    for await (const { event, data } of serverSentEvents(response.body)) {
+      const payload = JSON.parse(data) as Record<string, unknown>;
+      if (event === "step") yield { event, step: payload.step as string };
+      else if (event === "log") yield { event, text: payload.text as string };
+      else if (event === "build") {
+        yield { event, build: payload as unknown as TemplateBuild };
+        return;
+      }
+    }
+    throw new Error("the event stream ended before the build's final event");
+  }
+
+  /** Deletes name@version of the caller's account. */
+  async deleteTemplate(ref: string): Promise<void> {
+    await this.send("DELETE", `/v1/templates/${encodeURIComponent(ref)}`, undefined, {}, "*/*");
   }
 
   /** The agent tools (run_code, list_templates, the session tools), for a chat request's `tools`. */

@@ -25,6 +25,8 @@ const CHECKED: Record<string, string[]> = {
   Template: ["Template"],
   NetworkRequest: ["NetworkRequest"],
   NetworkUsage: ["NetworkUsage"],
+  CustomTemplate: ["CustomTemplate"],
+  TemplateBuild: ["TemplateBuild"],
   Problem: ["Problem"],
   OpenAIToolCall: ["OpenAIToolCall"],
   OpenAIToolMessage: ["OpenAIToolMessage"],

@@ -4,7 +4,7 @@ import type { Database } from "./client.js";
 import { type PreparedStatement, runPrepared } from "./prepared.js";
 import { accounts, apiKeys, usageLedger } from "./schema.js";
 
-export const SCOPES = ["execute", "usage:read", "admin"] as const;
+export const SCOPES = ["execute", "usage:read", "templates", "admin"] as const;
 export type Scope = (typeof SCOPES)[number];
 
 export interface KeyLimits {

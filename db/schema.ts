@@ -335,7 +335,46 @@ export const outputFiles = pgTable(
   ],
 );
 
+// Templates built through the API (POST /v1/templates): one row per name@version of an account,
+// which is also its build (queued, building, then ready or failed). The runtime serves a ready one
+// as `tpl-<id>` (gateway/template-service.ts).
+export const customTemplates = pgTable(
+  "custom_templates",
+  {
+    id: uuid("id").primaryKey().defaultRandom(),
+    accountId: uuid("account_id")
+      .notNull()
+      .references(() => accounts.id),
+    // The key that asked for the build.
+    keyId: uuid("key_id").notNull(),
+    name: text("name").notNull(),
+    version: text("version").notNull(),
+    // The definition as the API took it (files, wheels and setup program included).
+    definition: jsonb("definition").notNull(),
+    status: text("status").notNull(),
+    // The build step running, or the one that failed.
+    step: text("step"),
+    error: text("error"),
+    logs: text("logs").notNull().default(""),
+    imageBytes: bigint("image_bytes", { mode: "number" }),
+    snapshotBytes: bigint("snapshot_bytes", { mode: "number" }),
+    // Visible to every account (an admin publishes it).
+    published: boolean("published").notNull().default(false),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    finishedAt: timestamp("finished_at", { withTimezone: true }),
+  },
+  (t) => [
+    uniqueIndex("custom_templates_account_name_version_unique").on(t.accountId, t.name, t.version),
+    index("custom_templates_name_idx").on(t.name),
+    check(
+      "custom_templates_status_known",
+      sql`${t.status} IN ('queued', 'building', 'ready', 'failed')`,
+    ),
+  ],
+);
+
 export const schema = {
+  customTemplates,
   accounts,
   apiKeys,
   executions,

@@ -1,4 +1,6 @@
 // Builds the gateway's Hono app from its dependencies. No I/O here beyond what requests do.
+
+import { join } from "node:path";
 import { OpenAPIHono } from "@hono/zod-openapi";
 import { trace } from "@opentelemetry/api";
 import { HTTPException } from "hono/http-exception";
@@ -29,11 +31,13 @@ import { registerKeyRoutes } from "./routes/keys.js";
 import { registerMcpRoutes } from "./routes/mcp.js";
 import { registerSessionRoutes } from "./routes/sessions.js";
 import { registerSystemRoutes } from "./routes/system.js";
+import { registerTemplateRoutes } from "./routes/templates.js";
 import { registerTokenRoutes } from "./routes/tokens.js";
 import { registerToolRoutes } from "./routes/tools.js";
 import { registerUsageRoutes } from "./routes/usage.js";
 import { SessionService } from "./session-service.js";
 import { SERVICE_VERSION, type Telemetry } from "./telemetry.js";
+import { TemplateService } from "./template-service.js";
 import { ToolRunner } from "./tools/runner.js";
 
 export interface GatewayDeps {
@@ -96,6 +100,13 @@ export function createGateway(deps: GatewayDeps): Gateway {
     keyCheckMs: keyCacheTtlMs,
   });
   const outputFiles = new OutputFiles(deps.db, deps.config.outputFiles);
+  const templates = new TemplateService({
+    db: deps.db,
+    runtime: deps.runtime,
+    settings: deps.config.templateBuilds,
+    buildsDir: join(deps.config.dataDir, "template-builds"),
+    log: (line) => console.error(line),
+  });
   const context: GatewayContext = {
     db: deps.db,
     config: deps.config,
@@ -111,6 +122,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
       gatewayId,
       leases,
       runtime: deps.runtime,
+      templates,
       pricing: deps.config.pricing,
       limits: deps.config.executionLimits,
       admission: new Admission(
@@ -137,6 +149,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
       leases,
       now,
     }),
+    templates,
   };
 
   const app = new OpenAPIHono<AppEnv>({
@@ -195,6 +208,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     description: "An API key (sfk_…) or a token minted with POST /v1/tokens",
   });
   registerExecutionRoutes(app, context);
+  registerTemplateRoutes(app, context);
   const tools = new ToolRunner(context);
   registerToolRoutes(app, context, tools);
   registerMcpRoutes(app, context, tools);

@@ -104,6 +104,13 @@ export function loadOutputFileSettings(env: NodeJS.ProcessEnv): OutputFileSettin
 /** The embedded database's folder inside dataDir. */
 export const EMBEDDED_DATABASE_DIR = "data";
 
+export interface TemplateBuildSettings {
+  /** Builds running at once (SANDFORK_TEMPLATE_BUILDS). */
+  maxRunning: number;
+  /** Builds waiting for one of those; one more is refused (SANDFORK_TEMPLATE_BUILDS_QUEUED). */
+  maxQueued: number;
+}
+
 export interface GatewayConfig {
   host: string;
   port: number;
@@ -118,6 +125,8 @@ export interface GatewayConfig {
   admission: AdmissionSettings;
   sessions: SessionSettings;
   outputFiles: OutputFileSettings;
+  /** Template builds through the API (gateway/template-service.ts). */
+  templateBuilds: TemplateBuildSettings;
   /** How long a verified API key is trusted without asking the database again (revocation delay). */
   keyCacheTtlMs: number;
   tokenIssuer: string;
@@ -173,6 +182,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     admission: loadAdmissionSettings(env),
     sessions: loadSessionSettings(env),
     outputFiles: loadOutputFileSettings(env),
+    templateBuilds: {
+      maxRunning: positiveIntegerFromEnv(env, "SANDFORK_TEMPLATE_BUILDS", 1),
+      maxQueued: nonNegativeIntegerFromEnv(env, "SANDFORK_TEMPLATE_BUILDS_QUEUED", 8),
+    },
     keyCacheTtlMs: positiveIntegerFromEnv(env, "SANDFORK_KEY_CACHE_TTL_MS", 2_000),
     tokenIssuer: env.SANDFORK_TOKEN_ISSUER ?? "sandfork",
     tokenAudience: env.SANDFORK_TOKEN_AUDIENCE ?? "sandfork-gateway",

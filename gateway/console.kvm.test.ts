@@ -18,17 +18,10 @@ import { type ServerType, serve } from "@hono/node-server";
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildConsole, isBuilt } from "../console/build.js";
-import { loadRuntimeConfig } from "../runtime/config.js";
-import { type StartedRuntime, startRuntime } from "../runtime/start.js";
-import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { daemonMaxima } from "./config.js";
-import {
-  kvmExecutionLimits,
-  scaledDaemonReadyEnv,
-  templatesWithPrebuilt,
-  timeScale,
-} from "./testing/kvm-tier.js";
-import { startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+import type { StartedRuntime } from "../runtime/start.js";
+import { timeScale } from "./testing/kvm-tier.js";
+import { startPythonGateway } from "./testing/python-gateway.js";
+import type { TestGateway } from "./testing/test-gateway.js";
 
 const CHROMIUM = "/usr/bin/chromium";
 const LOCAL_HOSTS = new Set(["127.0.0.1", "localhost", "[::1]"]);
@@ -51,26 +44,7 @@ const pageErrors: string[] = [];
 beforeAll(async () => {
   if (!isBuilt()) await buildConsole();
   dir = await mkdtemp(join(tmpdir(), "sfk-console-"));
-  await templatesWithPrebuilt(dir, ["python"]);
-  const env = {
-    SANDFORK_VMM_BIN: requireVmmBinary(),
-    SANDFORK_TEMPLATES: "python",
-    SANDFORK_VMM_CONNECTIONS: "2",
-    SANDFORK_VMM_SERVE_ARGS: "--pool-size 1",
-    SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
-    ...scaledDaemonReadyEnv,
-  };
-  const started = await startRuntime(
-    loadRuntimeConfig(env, dir),
-    daemonMaxima(kvmExecutionLimits),
-    (line) => log.push(line),
-  );
-  if (started === undefined) throw new Error("supervised mode must start a runtime");
-  runtime = started;
-  gw = await startTestGateway("pglite", {
-    runtime: runtime.client,
-    config: { executionLimits: kvmExecutionLimits },
-  });
+  ({ runtime, gw } = await startPythonGateway(dir, log));
   server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: gw.app.fetch, hostname: "127.0.0.1", port: 0 }, () => resolve(s));
   });

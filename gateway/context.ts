@@ -11,6 +11,7 @@ import type { KeyRateLimit } from "./limits.js";
 import type { OutputFiles } from "./output-files.js";
 import type { SessionService } from "./session-service.js";
 import type { Telemetry } from "./telemetry.js";
+import type { TemplateService } from "./template-service.js";
 
 export interface AppEnv {
   Variables: {
@@ -30,5 +31,6 @@ export interface GatewayContext {
   executions: ExecutionService;
   sessions: SessionService;
   outputFiles: OutputFiles;
+  templates: TemplateService;
   runtime: () => ExecutionRuntime | undefined;
 }

@@ -50,6 +50,7 @@ import { costUnits, networkUnits, type Pricing, priceOf, type TemplatePrice } fr
 import { ProblemError } from "./problems.js";
 import { type CheckedResult, checkedResults } from "./rich-results.js";
 import { inSpan, recordNetwork, type Telemetry } from "./telemetry.js";
+import { isRuntimeName, type TemplateService } from "./template-service.js";
 
 export type { ExecutionInput } from "./execution-request.js";
 
@@ -128,6 +129,8 @@ export interface ExecutionServiceDeps {
   leases: CreditLeases;
   /** Undefined until a runtime (the daemon client) is connected. */
   runtime: () => ExecutionRuntime | undefined;
+  /** Resolves the names of templates built through the API (template-service.ts). */
+  templates: Pick<TemplateService, "runtimeName">;
   pricing: Pricing;
   limits: ExecutionLimits;
   /** Slots per key and per template, and the bounded lines for them. */
@@ -151,8 +154,11 @@ interface Billing {
   claimed: boolean;
 }
 
-/** A request whose language is resolved against its template. */
-type ResolvedRequest = Omit<ExecutionRequest, "executionId">;
+/**
+ * A request whose language is resolved against its template, and the runtime's name of that
+ * template (a template built through the API is served under another name than the caller's).
+ */
+type ResolvedRequest = Omit<ExecutionRequest, "executionId"> & { runtimeTemplate: string };
 
 /**
  * SHA-256 over a canonical JSON form (sorted keys), so key order in the body does not matter;
@@ -275,8 +281,9 @@ export class ExecutionService {
     );
   }
 
+  /** The runtime's built-in templates (those built through the API are the account's: template-service.ts). */
   async templates(): Promise<Template[]> {
-    return templatesOf(this.requireRuntime());
+    return (await templatesOf(this.requireRuntime())).filter((t) => !isRuntimeName(t.name));
   }
 
   /**
@@ -306,10 +313,17 @@ export class ExecutionService {
     try {
       runtime = this.requireRuntime();
       const known = await templatesOf(runtime);
-      const template = known.find((t) => t.name === request.template);
-      if (template === undefined) {
+      const runtimeTemplate = await this.deps.templates.runtimeName(
+        principal.accountId,
+        request.template,
+        known,
+      );
+      const template = known.find((t) => t.name === runtimeTemplate);
+      if (runtimeTemplate === undefined || template === undefined) {
         throw new ProblemError("unknown-template", `no template named "${request.template}"`, {
-          extensions: { templates: known.map((t) => t.name) },
+          extensions: {
+            templates: known.map((t) => t.name).filter((name) => !isRuntimeName(name)),
+          },
         });
       }
       if (request.language !== undefined && !template.languages.includes(request.language)) {
@@ -323,6 +337,7 @@ export class ExecutionService {
       }
       resolved = {
         ...request,
+        runtimeTemplate,
         language: request.language ?? template.languages[0] ?? template.language,
         network,
       };
@@ -506,6 +521,7 @@ export class ExecutionService {
 
     const started = performance.now();
     const startedAt = Date.now();
+    const { runtimeTemplate, ...toRun } = request;
     let result: ExecutionResult;
     try {
       live.onStart?.(executionId);
@@ -513,7 +529,7 @@ export class ExecutionService {
       result = await inSpan(tracer, "runtime.execute", async () => {
         const ran = await this.runAbortable(
           runtime,
-          { executionId, keyId: principal.keyId, ...request },
+          { executionId, keyId: principal.keyId, ...toRun, template: runtimeTemplate },
           live.onOutput,
         );
         this.recordRuntimePhases(ran, startedAt);

@@ -264,6 +264,7 @@ describe.each(BACKENDS)("executions on %s", (backend) => {
           price: { unit: "credit", base_units: 1, units_per_second: 10, units_per_network_mib: 1 },
         },
       ],
+      custom_templates: [],
     });
   });
 

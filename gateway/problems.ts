@@ -60,6 +60,31 @@ export const PROBLEMS = {
     title: "The key's sessions hold as many checkpoint bytes as it allows",
     retryable: false,
   },
+  "template-version-exists": {
+    status: 409,
+    title: "This template version is already built or being built; versions are immutable",
+    retryable: false,
+  },
+  "template-in-use": {
+    status: 409,
+    title: "The template is being built or used",
+    retryable: false,
+  },
+  "template-name-taken": {
+    status: 409,
+    title: "Another template has this name",
+    retryable: false,
+  },
+  "template-builds-unsupported": {
+    status: 501,
+    title: "This gateway's runtime cannot build templates",
+    retryable: false,
+  },
+  "template-builds-busy": {
+    status: 503,
+    title: "As many template builds wait as the gateway allows",
+    retryable: true,
+  },
   "session-limit": {
     status: 429,
     title: "The key holds as many sessions as it allows",

@@ -2,6 +2,7 @@
 import { z } from "@hono/zod-openapi";
 import { EXECUTION_STATUSES } from "../db/billing.js";
 import { MAX_BALANCE_UNITS, SCOPES } from "../db/keys.js";
+import { checkGuestPath, MAX_MEMORY_MIB, MIN_MEMORY_MIB } from "../runtime/template-definition.js";
 import type { ExecutionLimits } from "./config.js";
 import { refineFiles, WORK_PATH_RULES } from "./file-paths.js";
 import { NetworkPolicySchema, NetworkRequestSchema } from "./network-policy.js";
@@ -53,8 +54,12 @@ export function executionRequestSchema(limits: ExecutionLimits) {
     .object({
       template: z
         .string()
-        .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
-        .openapi({ example: "python", description: "A template name from GET /v1/templates" }),
+        .regex(/^[a-z0-9][a-z0-9._-]{0,63}(@[0-9A-Za-z][0-9A-Za-z._-]{0,31})?$/)
+        .openapi({
+          example: "python",
+          description:
+            "A template name from GET /v1/templates; a template built through the API as name@version, or name for its newest build",
+        }),
       code: z
         .string()
         .max(REQUEST_LIMITS.MAX_CODE_BYTES)
@@ -554,6 +559,157 @@ export const HealthSchema = z
   .openapi("Health");
 
 export const IdParamSchema = z.object({
+  id: z
+    .string()
+    .uuid()
+    .openapi({ param: { name: "id", in: "path" } }),
+});
+
+const TEMPLATE_NAME = /^[a-z][a-z0-9-]{0,31}$/;
+const TEMPLATE_VERSION = /^[0-9A-Za-z][0-9A-Za-z._-]{0,31}$/;
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+/** A guest path checked as template-definition.ts checks it, as a schema issue. */
+const guestPath = z
+  .string()
+  .min(1)
+  .max(4096)
+  .superRefine((path, ctx) => {
+    try {
+      checkGuestPath(path);
+    } catch (error) {
+      ctx.addIssue({ code: "custom", message: (error as Error).message });
+    }
+  })
+  .openapi({
+    description:
+      "Absolute guest path, outside /opt/sandfork (the agent's), /work and /tmp (empty in every VM)",
+  });
+
+export const TemplateDefinitionSchema = z
+  .object({
+    name: z
+      .string()
+      .regex(TEMPLATE_NAME)
+      .openapi({ example: "reports", description: "Lower-case letters, digits and '-'" }),
+    version: z.string().regex(TEMPLATE_VERSION).openapi({
+      example: "1",
+      description: "Immutable once built; an execution names name@version, or name for the newest",
+    }),
+    base: z
+      .string()
+      .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
+      .openapi({ example: "python", description: "The built-in template it extends: python" }),
+    debian_packages: z
+      .array(z.string().regex(/^[a-z0-9][a-z0-9+.-]{0,127}$/))
+      .max(64)
+      .optional()
+      .openapi({
+        example: ["python3-yaml"],
+        description:
+          "Debian packages installed on the gateway's host, included with what they depend on",
+      }),
+    exclude_packages: z
+      .array(z.string().regex(/^[a-z0-9][a-z0-9+.-]{0,127}$/))
+      .max(64)
+      .optional()
+      .openapi({ description: "Dependencies not to include (with what only they needed)" }),
+    exclude: z
+      .array(z.string().min(1).max(512))
+      .max(64)
+      .optional()
+      .openapi({ description: "Guest path patterns (*, **, ?) left out of the packages' files" }),
+    wheels: z
+      .array(
+        z.object({
+          filename: z.string().regex(/^[A-Za-z0-9_.+-]{1,200}\.whl$/),
+          content_base64: z.string().regex(BASE64, "must be base64"),
+        }),
+      )
+      .max(32)
+      .optional()
+      .openapi({
+        description:
+          "Wheels uploaded in the body (base64), unpacked first on the import path; the key's body limit bounds them",
+      }),
+    files: z
+      .array(
+        z.object({
+          path: guestPath,
+          content: z.string(),
+          encoding: z.enum(["utf8", "base64"]).optional(),
+        }),
+      )
+      .max(256)
+      .optional(),
+    env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), noNul.max(4096)).optional(),
+    setup: z.string().max(REQUEST_LIMITS.MAX_CODE_BYTES).optional().openapi({
+      description:
+        "A Python program run once before the snapshot (warm imports, data loading); if it raises, the build fails with its traceback",
+    }),
+    memory_mib: z.number().int().min(MIN_MEMORY_MIB).max(MAX_MEMORY_MIB).optional(),
+  })
+  .strict()
+  .superRefine((body, ctx) => {
+    for (const [i, file] of (body.files ?? []).entries())
+      if (file.encoding === "base64" && !BASE64.test(file.content))
+        ctx.addIssue({ code: "custom", path: ["files", i, "content"], message: "must be base64" });
+  })
+  .openapi("TemplateDefinition", {
+    description:
+      "A template built from a built-in one: Debian packages, wheels, files, environment and a setup program; no host paths",
+  });
+
+export type TemplateDefinitionBody = z.infer<typeof TemplateDefinitionSchema>;
+
+export const TemplateBuildSchema = z
+  .object({
+    id: z.string().uuid(),
+    name: z.string(),
+    version: z.string(),
+    status: z.enum(["queued", "building", "ready", "failed"]),
+    step: z.string().nullable().openapi({
+      description:
+        "The step running, or the one that failed: definition, packages, wheels, image, snapshot, load",
+    }),
+    error: z.string().nullable().openapi({ description: "Why it failed (not retryable as is)" }),
+    logs: z.string(),
+    image_bytes: z.number().int().nullable(),
+    snapshot_bytes: z.number().int().nullable(),
+    published: z.boolean(),
+    created_at: z.string().datetime(),
+    finished_at: z.string().datetime().nullable(),
+  })
+  .openapi("TemplateBuild");
+
+export const CustomTemplateSchema = z
+  .object({
+    name: z.string(),
+    version: z.string(),
+    ref: z.string().openapi({ example: "reports@1" }),
+    status: z.enum(["queued", "building", "ready", "failed"]),
+    build_id: z.string().uuid(),
+    published: z.boolean(),
+    own: z.boolean().openapi({ description: "Built by the caller's account" }),
+    image_bytes: z.number().int().nullable(),
+    created_at: z.string().datetime(),
+  })
+  .openapi("CustomTemplate");
+
+export const TemplateRefParamSchema = z.object({
+  ref: z
+    .string()
+    .regex(
+      new RegExp(`^${TEMPLATE_NAME.source.slice(1, -1)}@${TEMPLATE_VERSION.source.slice(1, -1)}$`),
+    )
+    .openapi({ param: { name: "ref", in: "path" }, example: "reports@1" }),
+});
+
+export const TemplateBuildParamSchema = z.object({
+  name: z
+    .string()
+    .regex(TEMPLATE_NAME)
+    .openapi({ param: { name: "name", in: "path" } }),
   id: z
     .string()
     .uuid()

@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { type ServerType, serve } from "@hono/node-server";
 import { liveGatewayIds, releaseAbandonedReservations } from "../db/billing.js";
 import type { OpenDatabase } from "../db/client.js";
+import { failUnfinishedBuilds } from "../db/custom-templates.js";
 import { releaseAbandonedKeySlots } from "../db/key-limits.js";
 import { countKeys } from "../db/keys.js";
 import { releaseAbandonedLeases } from "../db/leases.js";
@@ -109,6 +110,11 @@ export async function startGateway(
       : undefined;
   recovery?.unref();
 
+  // On embedded PGlite this is the only gateway: a build still marked running was this one's.
+  if (open.backend === "pglite") {
+    const interrupted = await failUnfinishedBuilds(open.db);
+    if (interrupted > 0) log(`marked ${interrupted} interrupted template build(s) failed`);
+  }
   const admin = await bootstrapAdminKey(open, config);
   if (admin !== null) {
     log("");

@@ -46,6 +46,7 @@ import { networkUnits, type Pricing, priceOf } from "./pricing.js";
 import { ProblemError } from "./problems.js";
 import type { SessionSettings } from "./session-settings.js";
 import { recordNetwork, type Telemetry } from "./telemetry.js";
+import { isRuntimeName } from "./template-service.js";
 
 export interface SessionServiceDeps {
   db: Database;
@@ -191,6 +192,12 @@ export class SessionService {
   async create(principal: Principal, input: CreateSessionInput): Promise<SessionRow> {
     const { settings } = this.deps;
     const grant = principal.token;
+    // Templates built through the API run executions only; their runtime names are not callers'.
+    if (isRuntimeName(input.template))
+      throw new ProblemError(
+        "unknown-template",
+        `no template named "${input.template}" with sessions`,
+      );
     if (grant?.templates && !grant.templates.includes(input.template)) {
       throw new ProblemError(
         "template-not-allowed",

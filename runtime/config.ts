@@ -33,6 +33,8 @@ export interface RuntimeConfig {
    * (a KVM nested in an emulated CPU) needs more.
    */
   bootTimeoutMs: number | undefined;
+  /** The largest file image a template built through the API may make (SANDFORK_TEMPLATE_MAX_IMAGE_MIB). */
+  maxTemplateImageBytes: number;
   /** How long a started daemon may take to answer on its socket (it loads every template first). */
   readyTimeoutMs: number;
   /**
@@ -104,6 +106,8 @@ export function loadRuntimeConfig(env: NodeJS.ProcessEnv, dataDir: string): Runt
     bootTimeoutMs: env.SANDFORK_VMM_BOOT_TIMEOUT_MS
       ? positiveIntegerFromEnv(env, "SANDFORK_VMM_BOOT_TIMEOUT_MS", 1)
       : undefined,
+    maxTemplateImageBytes:
+      positiveIntegerFromEnv(env, "SANDFORK_TEMPLATE_MAX_IMAGE_MIB", 1024) * 2 ** 20,
     readyTimeoutMs: positiveIntegerFromEnv(env, "SANDFORK_VMM_READY_TIMEOUT_MS", 15_000),
     executeGraceMs: executeGraceMsFromEnv(env),
     executeMaxWaitMs: executeMaxWaitMsFromEnv(env),

@@ -30,6 +30,7 @@ import type {
   RuntimeAdmission,
   RuntimeHealth,
   Template,
+  TemplateBuilds,
 } from "./execution-runtime.js";
 import type { FrameObject } from "./frames.js";
 import {
@@ -153,6 +154,8 @@ export class DaemonClient implements ExecutionRuntime {
     DaemonConnection,
     { answeredAt: number; inFlight: Promise<boolean> | undefined }
   >();
+  /** Set where this client's daemon is the one the runtime started (start.ts). */
+  templateBuilds: TemplateBuilds | undefined = undefined;
   /** Session requests over this client's connections (the daemon must run with --sessions). */
   readonly sessions = new DaemonSessions((type, fields, options) =>
     this.request(
@@ -315,6 +318,27 @@ export class DaemonClient implements ExecutionRuntime {
       },
     );
     return serving.templates;
+  }
+
+  /**
+   * Has the daemon serve its templates directory's folder `name` (a template built after it
+   * started), and refreshes the cached list with its answer.
+   */
+  async loadTemplate(name: string, options: RequestOptions = {}): Promise<Template[]> {
+    return this.replaceTemplates(
+      parseTemplates(await this.request("load_template", { name }, options)),
+    );
+  }
+
+  /** Has the daemon stop serving template `name`; refreshes the cached list. */
+  async unloadTemplate(name: string): Promise<Template[]> {
+    return this.replaceTemplates(parseTemplates(await this.request("unload_template", { name })));
+  }
+
+  private replaceTemplates(list: Template[]): Template[] {
+    this.lastTemplates = list;
+    this.templateCache = { at: performance.now(), templates: Promise.resolve(list) };
+    return list;
   }
 
   async health(signal?: AbortSignal): Promise<RuntimeHealth> {

@@ -218,4 +218,36 @@ export interface ExecutionRuntime {
   admission?(signal?: AbortSignal): Promise<RuntimeAdmission>;
   /** Stateful sessions (session-runtime.ts); absent when the runtime keeps none. */
   readonly sessions?: SessionRuntime;
+  /** Builds templates from definitions while it runs (custom-templates.ts); absent: it cannot. */
+  readonly templateBuilds?: TemplateBuilds | undefined;
+}
+
+/** One template build from a definition (runtime/template-definition.ts). */
+export interface TemplateBuildRequest {
+  /** The runtime's name for the template (the daemon's template folder). */
+  name: string;
+  /** Its definition (template.json), with the files it names beside it. */
+  definitionPath: string;
+  /** Told as each step starts (template-definition.ts's BuildStep). */
+  onStep(step: string): void;
+  log(line: string): void;
+}
+
+export interface BuiltTemplate {
+  /** The file image's data (image.data). */
+  imageBytes: number;
+  /** The snapshot at the agent's ready point (template.sfsnap). */
+  snapshotBytes: number;
+  /** The Debian packages included, dependencies too. */
+  packages: string[];
+}
+
+export interface TemplateBuilds {
+  /**
+   * Builds the template and starts serving it. A failure of the definition's own making is a
+   * TemplateBuildError (template-definition.ts) naming its step.
+   */
+  build(request: TemplateBuildRequest): Promise<BuiltTemplate>;
+  /** Stops serving the template and removes what its build made. */
+  remove(name: string): Promise<void>;
 }

@@ -34,7 +34,14 @@ const SCRIPT_NAMES: Record<string, string> = {
   typescript: "main.ts",
 };
 
-export type RequestType = "list_templates" | "execute" | "health" | "stats" | SessionRequestType;
+export type RequestType =
+  | "list_templates"
+  | "load_template"
+  | "unload_template"
+  | "execute"
+  | "health"
+  | "stats"
+  | SessionRequestType;
 
 /** Session requests (PROTOCOL.md, Sessions; session-runtime.ts builds and reads them). */
 export type SessionRequestType =
@@ -53,6 +60,8 @@ export type SessionRequestType =
 /** The response `type` each request type is answered with (besides `error`). */
 export const RESPONSE_TYPE: Record<RequestType, string> = {
   list_templates: "templates",
+  load_template: "templates",
+  unload_template: "templates",
   execute: "execution",
   health: "health",
   stats: "stats",

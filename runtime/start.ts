@@ -4,6 +4,7 @@
 import { mkdir } from "node:fs/promises";
 import { dirname } from "node:path";
 import type { RuntimeConfig } from "./config.js";
+import { DaemonTemplateBuilds } from "./custom-templates.js";
 import { DaemonClient } from "./daemon-client.js";
 import { DaemonSupervisor } from "./supervisor.js";
 import { ensureTemplates, selectTemplateSources } from "./templates.js";
@@ -90,6 +91,14 @@ export async function startRuntime(
       ...config.serveArgs,
     ],
     log,
+  });
+  client.templateBuilds = new DaemonTemplateBuilds({
+    client,
+    binary: config.binary,
+    templatesDir: config.templatesDir,
+    sourcesDir: config.templateSourcesDir,
+    bootTimeoutMs: config.bootTimeoutMs,
+    maxImageBytes: config.maxTemplateImageBytes,
   });
   await supervisor.start();
   supervisor.onReady(() => client.reconnectNow());

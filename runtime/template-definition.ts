@@ -26,6 +26,18 @@ const GUEST_SITE_PACKAGES = `${GUEST_TEMPLATE_DIR}/site-packages`;
 /** The interpreter that unpacks wheels (zip files) on the build host. */
 const HOST_PYTHON = "/usr/bin/python3.11";
 export const MIN_MEMORY_MIB = 64;
+/** The fields of a definition file. */
+export const DEFINITION_FIELDS: readonly string[] = [
+  "base",
+  "debian_packages",
+  "exclude_packages",
+  "exclude",
+  "wheels",
+  "files",
+  "env",
+  "setup",
+  "memory_mib",
+];
 export const MAX_MEMORY_MIB = 16384;
 
 export interface TemplateDefinition {
@@ -80,18 +92,7 @@ export function parseDefinition(text: string, where: string): TemplateDefinition
   if (typeof raw !== "object" || raw === null || Array.isArray(raw))
     fail(`${where} must be a JSON object`);
   const record = raw as Record<string, unknown>;
-  const known = [
-    "base",
-    "debian_packages",
-    "exclude_packages",
-    "exclude",
-    "wheels",
-    "files",
-    "env",
-    "setup",
-    "memory_mib",
-  ];
-  const unknown = Object.keys(record).filter((key) => !known.includes(key));
+  const unknown = Object.keys(record).filter((key) => !DEFINITION_FIELDS.includes(key));
   if (unknown.length > 0) fail(`${where}: unknown field ${unknown.join(", ")}`);
   if (typeof record.base !== "string" || record.base === "")
     fail(`${where}: base must name a template`);

@@ -61,6 +61,8 @@ export interface TemplateBuildOptions {
   requireSnapshot?: boolean;
   /** Told as each step of the build starts. */
   onStep?: (step: BuildStep) => void;
+  /** An image larger than this (image.data, bytes) fails the build at its "image" step. */
+  maxImageBytes?: number;
 }
 
 export interface TemplateBuildResult {
@@ -74,11 +76,13 @@ export interface TemplateBuildResult {
    * ready, or why not (it needs KVM; without one the daemon boots the agent per request).
    */
   snapshot: { ready: boolean; detail: string };
+  /** A definition's Debian packages, dependencies too (none for a manifest). */
+  packages: string[];
 }
 
 const BUILD_RECORD = "build.json";
 /** The templates directory's folder of composed manifests (hidden from the daemon). */
-const COMPOSED_SOURCES = ".sources";
+export const COMPOSED_SOURCES = ".sources";
 /** A template folder's script that builds host files of its manifest before the image. */
 const PREPARE_SCRIPT = "prepare.sh";
 const IMAGE_FILES = ["image.index", "image.data"];
@@ -248,6 +252,8 @@ async function ensureSnapshot(
   const bootTimeout =
     options.bootTimeoutMs === undefined ? [] : ["--boot-timeout-ms", String(options.bootTimeoutMs)];
   const memory = memoryMib === undefined ? [] : ["--mem-mib", String(memoryMib)];
+  // The builder's own output: what a failed snapshot says beyond its last line.
+  const output: string[] = [];
   try {
     await runBuilder(
       options.binary,
@@ -263,11 +269,15 @@ async function ensureSnapshot(
         ...memory,
         ...bootTimeout,
       ],
-      () => {},
+      (line) => output.push(line),
     );
     return { ready: true, detail: `snapshot in ${join(dir, "template.sfsnap")}` };
   } catch (error) {
-    if (options.requireSnapshot) throw new TemplateBuildError("snapshot", (error as Error).message);
+    if (options.requireSnapshot)
+      throw new TemplateBuildError(
+        "snapshot",
+        [(error as Error).message, ...output.map((line) => line.slice(2))].join("\n"),
+      );
     const detail = `no snapshot (${(error as Error).message}); the daemon boots the agent per request`;
     log(`template ${name}: ${detail}`);
     return { ready: false, detail };
@@ -304,6 +314,7 @@ export async function ensureTemplate(
   }
   await prepareSources(source, log);
   let memoryMib: number | undefined;
+  let packages: string[] = [];
   if (source.definitionPath !== undefined) {
     options.onStep?.("packages");
     const composed = await composeManifest(
@@ -313,6 +324,7 @@ export async function ensureTemplate(
     );
     source = { ...source, manifestPath: composed.manifestPath };
     memoryMib = composed.memoryMib;
+    packages = composed.packages;
     if (composed.packages.length > 0)
       log(`template ${source.name}: Debian packages ${composed.packages.join(", ")}`);
   }
@@ -320,7 +332,14 @@ export async function ensureTemplate(
   const reason = options.force ? "a rebuild was asked for" : await staleness(dir, inputs);
   if (reason === null) {
     const snapshot = await ensureSnapshot(options, source.name, dir, memoryMib, log);
-    return { name: source.name, dir, action: "up-to-date", reason: "inputs unchanged", snapshot };
+    return {
+      name: source.name,
+      dir,
+      action: "up-to-date",
+      reason: "inputs unchanged",
+      snapshot,
+      packages,
+    };
   }
 
   log(`template ${source.name}: building its image from ${source.manifestPath} (${reason})`);
@@ -338,6 +357,12 @@ export async function ensureTemplate(
     ).catch((error: Error) => {
       throw new TemplateBuildError("image", error.message);
     });
+    const imageBytes = statSync(join(building, "image.data")).size;
+    if (options.maxImageBytes !== undefined && imageBytes > options.maxImageBytes)
+      throw new TemplateBuildError(
+        "image",
+        `the image is ${mib(imageBytes)} MiB, over the limit of ${mib(options.maxImageBytes)} MiB`,
+      );
     const record: BuildRecord = { ...inputs, builtAt: new Date().toISOString() };
     await writeFile(join(building, BUILD_RECORD), `${JSON.stringify(record, null, 2)}\n`);
     if (existsSync(dir)) await rename(dir, replaced);
@@ -350,8 +375,10 @@ export async function ensureTemplate(
     `template ${source.name}: image ready in ${dir} (${((performance.now() - started) / 1000).toFixed(1)} s)`,
   );
   const snapshot = await ensureSnapshot(options, source.name, dir, memoryMib, log);
-  return { name: source.name, dir, action: "built", reason, snapshot };
+  return { name: source.name, dir, action: "built", reason, snapshot, packages };
 }
+
+const mib = (bytes: number) => (bytes / 2 ** 20).toFixed(1);
 
 /** ensureTemplate for each source, one after another (builds are I/O-heavy on a 2-core machine). */
 export async function ensureTemplates(

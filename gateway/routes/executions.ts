@@ -1,4 +1,4 @@
-// POST /v1/executions, GET /v1/executions/{id}, GET /v1/templates.
+// POST /v1/executions, GET /v1/executions/{id}, GET /v1/executions.
 import { createRoute, type OpenAPIHono, z } from "@hono/zod-openapi";
 import { trace } from "@opentelemetry/api";
 import { findExecution } from "../../db/billing.js";
@@ -7,7 +7,6 @@ import { findOutputFile } from "../../db/output-files.js";
 import { hasScope } from "../auth/principal.js";
 import type { AppEnv, GatewayContext } from "../context.js";
 import { authenticate, limitBodyPerKey, shedPastBounds } from "../middleware.js";
-import { priceOf } from "../pricing.js";
 import { ProblemError } from "../problems.js";
 import {
   ExecutionListQuerySchema,
@@ -15,7 +14,6 @@ import {
   ExecutionSchema,
   executionRequestSchema,
   IdParamSchema,
-  TemplateSchema,
 } from "../schemas.js";
 import { EVENT_STREAM, streamExecution, wantsStream } from "../streamed-execution.js";
 import {
@@ -153,47 +151,6 @@ export function registerExecutionRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCo
     const nextCursor =
       next === null ? null : Buffer.from(`${next.createdAt}|${next.id}`).toString("base64url");
     return c.json({ executions, next_cursor: nextCursor }, 200);
-  });
-
-  const listTemplates = createRoute({
-    method: "get",
-    path: "/v1/templates",
-    summary: "Templates the connected runtime offers, with their prices",
-    security: AUTHENTICATED,
-    middleware: [authenticate(ctx, "execute")] as const,
-    responses: {
-      200: {
-        description: "Templates",
-        content: {
-          "application/json": { schema: z.object({ templates: z.array(TemplateSchema) }) },
-        },
-      },
-      ...problemResponses(401, 403, 429, 503),
-    },
-  });
-  app.openapi(listTemplates, async (c) => {
-    const templates = await ctx.executions.templates();
-    return c.json(
-      {
-        templates: templates.map((t) => {
-          const price = priceOf(ctx.config.pricing, t.name);
-          return {
-            name: t.name,
-            language: t.language,
-            languages: t.languages,
-            content_hash: t.contentHash,
-            ready: t.ready,
-            price: {
-              unit,
-              base_units: price.baseUnits,
-              units_per_second: price.unitsPerSecond,
-              units_per_network_mib: price.unitsPerNetworkMib ?? 0,
-            },
-          };
-        }),
-      },
-      200,
-    );
   });
 }
 

@@ -43,13 +43,14 @@ const PROBLEM_DESCRIPTIONS: Record<number, string> = {
   402: "Not enough credits (problems/insufficient-credits)",
   403: "Scope, template, token limit or network without a policy (problems/insufficient-scope, template-not-allowed, token-execution-limit, network-not-allowed)",
   404: "Not found (problems/not-found)",
-  409: "The first request with this Idempotency-Key is still running, or the session has ended or is out of checkpoint room (problems/idempotency-conflict, session-ended, checkpoint-quota-exceeded)",
+  409: "The first request with this Idempotency-Key is still running, the session has ended or is out of checkpoint room, or a template version exists, is in use or its name taken (problems/idempotency-conflict, session-ended, checkpoint-quota-exceeded, template-version-exists, template-in-use, template-name-taken)",
   413: "Body larger than the key allows (problems/payload-too-large)",
   415: "Body not sent as application/json (problems/unsupported-media-type)",
   422: "Validation failed (problems/validation-failed, unknown-template, idempotency-key-reused)",
   429: "Rate, concurrency or session limit, see Retry-After (problems/rate-limited, concurrency-limit, session-limit)",
+  501: "This gateway's runtime cannot build templates (problems/template-builds-unsupported)",
   502: "The runtime failed during the execution; nothing was charged (problems/runtime-failed)",
-  503: "The execution runtime cannot run code now (not connected, no KVM) or is at capacity; see Retry-After (problems/runtime-unavailable, runtime-busy)",
+  503: "The execution runtime cannot run code now (not connected, no KVM) or is at capacity; see Retry-After (problems/runtime-unavailable, runtime-busy, template-builds-busy)",
 };
 
 export function problemResponses<S extends keyof typeof PROBLEM_DESCRIPTIONS>(...statuses: S[]) {

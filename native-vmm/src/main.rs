@@ -682,10 +682,11 @@ fn bench_syscalls(args: &[String]) -> Result<ExitCode, CliError> {
 
 #[cfg(feature = "bench")]
 const BENCH_EXEC_USAGE: &str = "\
-usage: sandfork-vmm bench exec --template DIR [--iterations N] [--pool-size N] [--json]
+usage: sandfork-vmm bench exec --template DIR [--code PROGRAM] [--iterations N] [--pool-size N]
+                              [--json]
 
 Measures, in one run, what an execution of the template's trivial program (`print(1+1)` for
-python) costs on the daemon's path: fresh fork p50/p99 (no pool); pooled execution p50/p99
+python), or of PROGRAM, costs on the daemon's path: fresh fork p50/p99 (no pool); pooled execution p50/p99
 from request to response at the daemon's socket (VMs reset between requests); the same binary
 spawned natively, and the ratio; VMM CPU per execution; daemon throughput at 1, 2, 4 and 8
 concurrent clients; memory per idle VM at 100 and 1,000 VMs; and whether a reset VM keeps
@@ -693,6 +694,9 @@ anything of the execution before it (the isolation check).
 
 options:
   --template DIR     template folder (image and snapshot)
+  --code PROGRAM     the program measured, in the template's language; the native baseline runs
+                     it with the same interpreter (`-c`/`-e`) and its stdout is what the guest
+                     must print
   --iterations N     pooled executions and fresh forks to time (default 1000)
   --pool-size N      VMs in the warm pool (default: 2 per core)
   --json             print one JSON object instead of a table";
@@ -701,7 +705,7 @@ options:
 fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
-        &["--template", "--iterations", "--pool-size"],
+        &["--template", "--code", "--iterations", "--pool-size"],
         &["--json"],
         false,
         BENCH_EXEC_USAGE,
@@ -717,8 +721,9 @@ fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
         daemon::default_pool_size() as u64,
         daemon::MAX_POOL_SIZE,
     )? as usize;
-    let report =
-        daemon::bench::run(Path::new(dir), iterations, pool_size).map_err(CliError::Failed)?;
+    let code = options.values.get("--code").map(String::as_str);
+    let report = daemon::bench::run(Path::new(dir), iterations, pool_size, code)
+        .map_err(CliError::Failed)?;
     if options.flag("--json") {
         println!("{}", report.to_json());
     } else {

@@ -48,32 +48,49 @@ const IDLE_VMS: [usize; 2] = [100, 1000];
 const REQUESTS_PER_CLIENT: usize = 200;
 const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
 
-/// The measured program of a template's language, and the native command it is compared with.
+/// The measured program, the stdout it must print, and the native command it is compared with.
 struct Workload {
-    code: &'static str,
-    stdout: &'static str,
-    native: (&'static str, &'static [&'static str]),
+    code: String,
+    stdout: String,
+    native: (&'static str, Vec<String>),
 }
 
-fn workload(language: Language) -> Workload {
+/// The template language's interpreter on the host and its option that runs a program text.
+fn interpreter(language: Language) -> (&'static str, &'static str) {
     match language {
-        Language::Python => Workload {
-            code: "print(1+1)",
-            stdout: "2\n",
-            native: ("/usr/bin/python3.11", &["-c", "print(1+1)"]),
-        },
-        Language::Node => Workload {
-            code: "console.log(1+1)",
-            stdout: "2\n",
-            native: ("/usr/bin/node", &["-e", "console.log(1+1)"]),
-        },
+        Language::Python => ("/usr/bin/python3.11", "-c"),
+        Language::Node => ("/usr/bin/node", "-e"),
     }
+}
+
+/// The measured program: `code` when given (its expected stdout is what one native run of it
+/// prints), else the language's trivial program.
+fn workload(language: Language, code: Option<&str>) -> Result<Workload, String> {
+    let (program, option) = interpreter(language);
+    let (code, stdout) = match (code, language) {
+        (Some(code), _) => {
+            let args = [option.to_owned(), code.to_owned()];
+            let stdout = crate::bench::native_stdout(program, &args)
+                .map_err(|e| format!("the native run of `{code}`: {e}"))?;
+            let stdout = String::from_utf8(stdout).map_err(|_| {
+                format!("the native run of `{code}` printed bytes that are not UTF-8")
+            })?;
+            (code.to_owned(), stdout)
+        }
+        (None, Language::Python) => ("print(1+1)".to_owned(), "2\n".to_owned()),
+        (None, Language::Node) => ("console.log(1+1)".to_owned(), "2\n".to_owned()),
+    };
+    Ok(Workload {
+        native: (program, vec![option.to_owned(), code.clone()]),
+        code,
+        stdout,
+    })
 }
 
 #[derive(Debug, Clone)]
 pub struct ExecReport {
     pub template: String,
-    pub code: &'static str,
+    pub code: String,
     pub native_command: String,
     pub iterations: usize,
     pub pool_size: usize,
@@ -302,8 +319,13 @@ impl fmt::Display for ExecReport {
 }
 
 /// Runs the benchmark on the template folder `dir` (image and snapshot; its name is the
-/// template's) with pools of `pool_size`.
-pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport, String> {
+/// template's) with pools of `pool_size`, measuring `code` (else the template's trivial program).
+pub fn run(
+    dir: &Path,
+    iterations: usize,
+    pool_size: usize,
+    code: Option<&str>,
+) -> Result<ExecReport, String> {
     if iterations == 0 || pool_size == 0 {
         return Err("iterations and the pool size must be at least 1".to_owned());
     }
@@ -318,7 +340,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         )
     })?;
     let template_language = template.language;
-    let work = workload(template_language);
+    let work = workload(template_language, code)?;
     let limits = ExecutionLimits {
         timeout_ms: 10_000,
         memory_mib: snapshot.identity().mem_bytes >> 20,
@@ -366,7 +388,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         let mut client = Client::connect(&socket)?;
         let mut warm_pages = Vec::new();
         for _ in 0..pool_size * 2 {
-            let answer = client.execute(&name, work.code, work.stdout)?;
+            let answer = client.execute(&name, &work.code, &work.stdout)?;
             if answer
                 .get("vm")
                 .and_then(|v| v.get("origin"))
@@ -396,7 +418,7 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
         let mut samples = Vec::with_capacity(iterations);
         for _ in 0..iterations {
             let started = Instant::now();
-            let answer = client.execute(&name, work.code, work.stdout)?;
+            let answer = client.execute(&name, &work.code, &work.stdout)?;
             samples.push(Sample {
                 client: started.elapsed(),
                 answer,
@@ -424,9 +446,10 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     drop(executor);
     let (pooled_exec, breakdown, vmm_cpu_us_per_exec, exec_per_s, warm_vm_kib) = measured?;
 
+    let native_args: Vec<&str> = work.native.1.iter().map(String::as_str).collect();
     let native_spawn = latency(measure_native(
         work.native.0,
-        work.native.1,
+        &native_args,
         (iterations / 5).max(10),
     ))?;
     let (mut idle_vm_kib, mut cgroup_vm_kib) = (Vec::new(), Vec::new());
@@ -454,8 +477,8 @@ pub fn run(dir: &Path, iterations: usize, pool_size: usize) -> Result<ExecReport
     });
     Ok(ExecReport {
         template: name,
-        code: work.code,
         native_command: format!("{} {}", work.native.0, work.native.1.join(" ")),
+        code: work.code,
         iterations,
         pool_size,
         fresh_fork,
@@ -526,7 +549,7 @@ fn throughput(
                 scope.spawn(|| {
                     let mut client = Client::connect(socket)?;
                     (0..REQUESTS_PER_CLIENT).try_for_each(|_| {
-                        client.execute(template, work.code, work.stdout).map(drop)
+                        client.execute(template, &work.code, &work.stdout).map(drop)
                     })
                 })
             })

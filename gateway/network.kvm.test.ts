@@ -14,17 +14,10 @@ import { join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { findExecution } from "../db/billing.js";
-import { loadRuntimeConfig } from "../runtime/config.js";
-import { type StartedRuntime, startRuntime } from "../runtime/start.js";
-import { requireVmmBinary } from "../runtime/testing/real-daemon.js";
-import { daemonMaxima } from "./config.js";
-import {
-  kvmExecutionLimits,
-  scaledDaemonReadyEnv,
-  templatesWithPrebuilt,
-  timeScale,
-} from "./testing/kvm-tier.js";
-import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+import type { StartedRuntime } from "../runtime/start.js";
+import { timeScale } from "./testing/kvm-tier.js";
+import { startPythonGateway } from "./testing/python-gateway.js";
+import { expectProblem, type TestGateway } from "./testing/test-gateway.js";
 
 const MIB = 1024 * 1024;
 const SERVERS = resolve("native-vmm/tests/network/servers.py");
@@ -90,26 +83,7 @@ async function startTestNetwork(): Promise<void> {
 beforeAll(async () => {
   await startTestNetwork();
   dir = await mkdtemp(join(tmpdir(), "sfk-net-"));
-  await templatesWithPrebuilt(dir, ["python"]);
-  const env = {
-    SANDFORK_TEMPLATES: "python",
-    SANDFORK_VMM_BIN: requireVmmBinary(),
-    SANDFORK_VMM_CONNECTIONS: "2",
-    SANDFORK_VMM_SERVE_ARGS: "--pool-size 1",
-    SANDFORK_VMM_BOOT_TIMEOUT_MS: String(30_000 * timeScale),
-    ...scaledDaemonReadyEnv,
-  };
-  const started = await startRuntime(
-    loadRuntimeConfig(env, dir),
-    daemonMaxima(kvmExecutionLimits),
-    (line) => log.push(line),
-  );
-  if (started === undefined) throw new Error("supervised mode must start a runtime");
-  runtime = started;
-  gw = await startTestGateway("pglite", {
-    runtime: runtime.client,
-    config: { executionLimits: kvmExecutionLimits, pricing: PRICING },
-  });
+  ({ runtime, gw } = await startPythonGateway(dir, log, { pricing: PRICING }));
 });
 
 afterAll(async () => {

@@ -5,6 +5,7 @@ import { mkdir, mkdtemp, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { TemplateBuildError } from "./template-definition.js";
 import { discoverTemplateSources, ensureTemplate, type TemplateSource } from "./templates.js";
 import { requireVmmBinary } from "./testing/real-daemon.js";
 
@@ -134,6 +135,23 @@ describe("template images", () => {
     );
     expect(readdirSync(templatesDir)).toEqual(["tiny"]);
     expect(existsSync(join(built.dir, "image.index"))).toBe(true);
+  });
+
+  it("an image over maxImageBytes fails the image step and serves nothing", async () => {
+    const binary = requireVmmBinary();
+    const failure = await ensureTemplate(source, {
+      binary,
+      templatesDir,
+      maxImageBytes: 1000,
+    }).catch((error: unknown) => error);
+    expect(failure).toBeInstanceOf(TemplateBuildError);
+    expect(failure).toMatchObject({ step: "image" });
+    expect((failure as Error).message).toMatch(
+      /^the image is [\d.]+ MiB \(\d+ bytes\), over the limit of 0\.0 MiB \(1000 bytes\)$/,
+    );
+    expect(readdirSync(templatesDir)).toEqual([]);
+    const fits = await ensureTemplate(source, { binary, templatesDir, maxImageBytes: 1 << 20 });
+    expect(fits.action).toBe("built");
   });
 
   it("snapshots the python template when /dev/kvm works, and says why not when it does not", {

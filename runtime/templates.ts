@@ -361,7 +361,7 @@ export async function ensureTemplate(
     if (options.maxImageBytes !== undefined && imageBytes > options.maxImageBytes)
       throw new TemplateBuildError(
         "image",
-        `the image is ${mib(imageBytes)} MiB, over the limit of ${mib(options.maxImageBytes)} MiB`,
+        `the image is ${mib(imageBytes)} MiB (${imageBytes} bytes), over the limit of ${mib(options.maxImageBytes)} MiB (${options.maxImageBytes} bytes)`,
       );
     const record: BuildRecord = { ...inputs, builtAt: new Date().toISOString() };
     await writeFile(join(building, BUILD_RECORD), `${JSON.stringify(record, null, 2)}\n`);

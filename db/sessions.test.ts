@@ -10,7 +10,7 @@ import {
   accrue,
   idleRunningSessions,
   insertSession,
-  insertSessionWithin,
+  insertSessionsWithin,
   keySessionTotals,
   sessionUsageForKey,
   unitsDue,
@@ -155,26 +155,34 @@ describe.each(BACKENDS)("session metering on %s", (backend) => {
   it("inserts a key's sessions up to its maximum when gateways insert at once, not one more", async () => {
     const s = await session(100);
     const inserted = await Promise.all(
-      Array.from({ length: 8 }, () =>
-        insertSessionWithin(
-          fresh.db,
-          {
-            id: randomUUID(),
-            accountId: s.accountId,
-            keyId: s.keyId,
-            tokenId: null,
-            template: "python",
-            memoryMib: 256,
-            idleTimeoutS: 60,
-            maxLifetimeS: 3600,
-          },
-          s.at(0),
-          4,
-        ),
-      ),
+      Array.from({ length: 8 }, () => insertSessionsWithin(fresh.db, [newSession(s)], s.at(0), 4)),
     );
     // The key's first session (made by session()) counts too.
-    expect(inserted.filter((row) => row !== undefined)).toHaveLength(3);
+    expect(inserted.filter((rows) => rows !== undefined)).toHaveLength(3);
+    expect((await keySessionTotals(fresh.db, s.keyId)).sessions).toBe(4);
+  });
+
+  it("inserts several sessions all together or none when they would pass the maximum", async () => {
+    const s = await session(100);
+    const three = () => [newSession(s), newSession(s), newSession(s)];
+    expect(await insertSessionsWithin(fresh.db, three(), s.at(0), 3)).toBeUndefined();
+    expect((await keySessionTotals(fresh.db, s.keyId)).sessions).toBe(1);
+    const rows = await insertSessionsWithin(fresh.db, three(), s.at(0), 4);
+    expect(rows?.map((row) => row.state)).toEqual(["running", "running", "running"]);
     expect((await keySessionTotals(fresh.db, s.keyId)).sessions).toBe(4);
   });
 });
+
+/** A new session of `s`'s key. */
+function newSession(s: { accountId: string; keyId: string }) {
+  return {
+    id: randomUUID(),
+    accountId: s.accountId,
+    keyId: s.keyId,
+    tokenId: null,
+    template: "python",
+    memoryMib: 256,
+    idleTimeoutS: 60,
+    maxLifetimeS: 3600,
+  };
+}

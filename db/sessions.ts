@@ -64,23 +64,27 @@ export async function insertSession(
 }
 
 /**
- * Inserts the session unless its key already holds `maxSessions` (not deleted), counted under
- * the key's advisory lock, so that gateways creating sessions at once cannot pass the limit
- * together. Undefined when the key holds them all.
+ * Inserts the sessions, all of one key, unless that would make the key hold more than
+ * `maxSessions` (not deleted), counted under the key's advisory lock, so that gateways creating
+ * sessions at once cannot pass the limit together. All or none: undefined when they do not fit.
  */
-export async function insertSessionWithin(
+export async function insertSessionsWithin(
   db: Database,
-  session: NewSession,
+  rows: NewSession[],
   now: Date,
   maxSessions: number,
-): Promise<SessionRow | undefined> {
+): Promise<SessionRow[] | undefined> {
+  const keyId = rows[0]?.keyId;
+  if (keyId === undefined) return [];
+  if (rows.some((row) => row.keyId !== keyId))
+    throw new Error("insertSessionsWithin takes the sessions of one key");
   return db.transaction(async (tx) => {
-    await tx.execute(
-      sql`SELECT pg_advisory_xact_lock(hashtextextended(${session.keyId}::text, 7412))`,
-    );
-    const held = await keySessionTotals(tx as unknown as Database, session.keyId);
-    if (held.sessions >= maxSessions) return undefined;
-    return insertSession(tx as unknown as Database, session, now);
+    await tx.execute(sql`SELECT pg_advisory_xact_lock(hashtextextended(${keyId}::text, 7412))`);
+    const held = await keySessionTotals(tx as unknown as Database, keyId);
+    if (held.sessions + rows.length > maxSessions) return undefined;
+    const inserted: SessionRow[] = [];
+    for (const row of rows) inserted.push(await insertSession(tx as unknown as Database, row, now));
+    return inserted;
   });
 }
 

@@ -16,7 +16,7 @@ import {
   expiredSessions,
   findSession,
   idleRunningSessions,
-  insertSessionWithin,
+  insertSessionsWithin,
   keySessionTotals,
   listSessions,
   type NewSession,
@@ -240,19 +240,26 @@ export class SessionService {
     }
   }
 
-  /** Records a new session, or throws 409 session-limit when its key holds its maximum. */
+  /** Records a new session, or throws 429 session-limit when its key holds its maximum. */
   private async insertWithinLimit(session: NewSession): Promise<SessionRow> {
+    return (await this.insertAllWithinLimit([session]))[0] as SessionRow;
+  }
+
+  /** Records the sessions, all or none: 429 session-limit when the key cannot hold them all. */
+  private async insertAllWithinLimit(rows: NewSession[]): Promise<SessionRow[]> {
     const { maxSessionsPerKey } = this.deps.settings;
-    const row = await insertSessionWithin(
+    const inserted = await insertSessionsWithin(
       this.deps.db,
-      session,
+      rows,
       new Date(this.now()),
       maxSessionsPerKey,
     );
-    if (row !== undefined) return row;
+    if (inserted !== undefined) return inserted;
     throw new ProblemError(
       "session-limit",
-      `this key may hold ${maxSessionsPerKey} sessions at once; delete one`,
+      rows.length === 1
+        ? `this key may hold ${maxSessionsPerKey} sessions at once; delete one`
+        : `this key may hold ${maxSessionsPerKey} sessions at once, too few for ${rows.length} more; delete some`,
       { extensions: { max_sessions: maxSessionsPerKey } },
     );
   }
@@ -523,12 +530,18 @@ export class SessionService {
     return (await this.accrue(id, { running: true, state: "running", active: true })).session;
   }
 
-  /** A new session from checkpoint `checkpoint` of session `id` (default: its last one). */
+  /**
+   * `count` new sessions from checkpoint `checkpoint` of session `id` (default: its last one),
+   * all or none: their rows are inserted together within the key's session limit, the runtime
+   * forks them at once, and when any fork fails the others are deleted again (charged for the
+   * time they ran) before the first failure's problem is thrown.
+   */
   async fork(
     principal: Principal,
     id: string,
     checkpoint: number | undefined,
-  ): Promise<SessionRow> {
+    count = 1,
+  ): Promise<SessionRow[]> {
     const source = await this.owned(principal, id);
     const number = checkpoint ?? source.lastCheckpoint;
     if (number === null)
@@ -537,29 +550,54 @@ export class SessionService {
         "the session has no checkpoint yet; take one first (POST .../checkpoints)",
       );
     const sessions = this.sessions();
-    const forkId = randomUUID();
-    const row = await this.insertWithinLimit({
-      id: forkId,
-      accountId: principal.accountId,
-      keyId: principal.keyId,
-      tokenId: principal.token?.id ?? null,
-      template: source.template,
-      memoryMib: source.memoryMib,
-      idleTimeoutS: source.idleTimeoutS,
-      maxLifetimeS: source.maxLifetimeS,
-    });
+    const rows = await this.insertAllWithinLimit(
+      Array.from({ length: count }, () => ({
+        id: randomUUID(),
+        accountId: principal.accountId,
+        keyId: principal.keyId,
+        tokenId: principal.token?.id ?? null,
+        template: source.template,
+        memoryMib: source.memoryMib,
+        idleTimeoutS: source.idleTimeoutS,
+        maxLifetimeS: source.maxLifetimeS,
+      })),
+    );
+    const forked = await Promise.allSettled(rows.map((row) => sessions.fork(row.id, id, number)));
+    const failure = forked.find((outcome) => outcome.status === "rejected");
+    if (failure === undefined) return rows;
+    await Promise.all(
+      rows.map(async (row, i) => {
+        const made = forked[i]?.status === "fulfilled";
+        if (made && !(await this.deleteForked(row.id))) return;
+        await this.accrue(row.id, {
+          running: false,
+          state: "deleted",
+          endedReason: made
+            ? "another fork of the same request failed"
+            : "the runtime could not fork it",
+        });
+      }),
+    );
+    if (isNotFound(failure.reason))
+      throw new ProblemError("not-found", `the session has no checkpoint ${number}`);
+    throw runtimeProblem(failure.reason);
+  }
+
+  /**
+   * Deletes a fork made for a request that failed; false when the runtime may still hold it:
+   * its row then stays as it is, billed like any session (the idle sweep pauses it).
+   */
+  private async deleteForked(id: string): Promise<boolean> {
     try {
-      await sessions.fork(forkId, id, number);
-      return row;
+      await this.sessions().delete(id);
+      return true;
     } catch (error) {
-      await this.accrue(forkId, {
-        running: false,
-        state: "deleted",
-        endedReason: "the runtime could not fork it",
+      if (isNotFound(error)) return true;
+      this.event("fork_cleanup_failed", {
+        session: id,
+        error: error instanceof Error ? error.message : String(error),
       });
-      if (isNotFound(error))
-        throw new ProblemError("not-found", `the session has no checkpoint ${number}`);
-      throw runtimeProblem(error);
+      return false;
     }
   }
 

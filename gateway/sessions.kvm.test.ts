@@ -1,8 +1,8 @@
 // Sessions end to end on KVM: the gateway on PGlite and the REAL supervised daemon keeping
 // sessions (runtime/start.ts passes --sessions): state between cells, files, a durable
-// checkpoint, pause and implicit resume, a fork, billing (cells as executions, running
-// GiB-seconds and checkpoint GiB-hours) in GET /v1/usage, the key's session limit, idle pause and
-// deletion. Run by scripts/kvm-tier.sh (vitest.kvm.config.ts); waits scale with
+// checkpoint, pause and implicit resume, a fork and eight at once, billing (cells as executions,
+// running GiB-seconds and checkpoint GiB-hours) in GET /v1/usage, the key's session limit, idle
+// pause and deletion. Run by scripts/kvm-tier.sh (vitest.kvm.config.ts); waits scale with
 // SANDFORK_TEST_TIME_SCALE.
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -254,6 +254,49 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       "session-ended",
     );
     for (const id of ids) await json(await call("DELETE", `/v1/sessions/${id}`), 200);
+  });
+
+  it("forks eight sessions from one checkpoint at once, each with its own copy of the state", async () => {
+    const { key } = await gw.issue({ credits: CREDITS });
+    const call = (method: string, path: string, body?: unknown) =>
+      gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
+    const cell = async (id: string, code: string) =>
+      (
+        await json<{ value: string | null }>(
+          await call("POST", `/v1/sessions/${id}/executions`, { code }),
+          200,
+        )
+      ).value;
+    const FORKS = 8;
+    const limits = gw.context.config.sessions;
+    const { maxSessionsPerKey } = limits;
+    Object.assign(limits, { maxSessionsPerKey: FORKS + 1 });
+    try {
+      const source = await json<Session>(
+        await call("POST", "/v1/sessions", { template: "python" }),
+        201,
+      );
+      await cell(source.id, "x = 41");
+      await json(await call("POST", `/v1/sessions/${source.id}/checkpoints`), 201);
+      await expectProblem(
+        await call("POST", `/v1/sessions/${source.id}/fork`, { count: 0 }),
+        422,
+        "validation-failed",
+      );
+      const { sessions: forks } = await json<{ sessions: Session[] }>(
+        await call("POST", `/v1/sessions/${source.id}/fork`, { count: FORKS }),
+        201,
+      );
+      expect(forks.map((f) => f.state)).toEqual(Array(FORKS).fill("running"));
+      expect(new Set([source.id, ...forks.map((f) => f.id)]).size).toBe(FORKS + 1);
+      // One after another, each adds 1 to its own x: a fork that saw another's change answers 43.
+      for (const fork of forks) expect(await cell(fork.id, "x += 1\nx")).toBe("42");
+      expect(await cell(source.id, "x")).toBe("41");
+      for (const id of [...forks.map((f) => f.id), source.id])
+        await json(await call("DELETE", `/v1/sessions/${id}`), 200);
+    } finally {
+      Object.assign(limits, { maxSessionsPerKey });
+    }
   });
 
   it("a cell's max_processes reaches the session's program; one out of range is 422", async () => {

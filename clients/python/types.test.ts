@@ -35,6 +35,7 @@ const CHECKED: Record<string, string[]> = {
   ExecutionFile: ["ExecutionRequest", "properties", "files", "items"],
   Template: ["Template"],
   SessionInfo: ["Session"],
+  ForkedSessions: ["ForkedSessions"],
   Cell: ["SessionCell"],
   Checkpoint: ["SessionCheckpoint"],
   Problem: ["Problem"],

@@ -22,6 +22,9 @@ import {
 /** Largest file a request puts into or reads from a session (the daemon's bound). */
 const { MAX_SESSION_FILE_BYTES } = REQUEST_LIMITS;
 
+/** Sessions one fork request makes at most (`count`). */
+export const MAX_FORK_COUNT = 64;
+
 const SessionIdParam = z.object({
   id: z
     .string()
@@ -107,9 +110,21 @@ const ForkSessionSchema = z
       .min(1)
       .optional()
       .openapi({ description: "Default: the session's last checkpoint" }),
+    count: z.number().int().min(1).max(MAX_FORK_COUNT).optional().openapi({
+      description:
+        "Sessions to make from the checkpoint at once, all or none; with it the answer is a ForkedSessions list, without it the one Session",
+    }),
   })
   .strict()
   .openapi("ForkSession");
+
+const ForkedSessionsSchema = z
+  .object({
+    sessions: z
+      .array(SessionSchema)
+      .openapi({ description: "The new sessions, running, in no particular order" }),
+  })
+  .openapi("ForkedSessions");
 
 const CreateSessionSchema = (ctx: GatewayContext) =>
   z
@@ -431,7 +446,7 @@ export function registerSessionRoutes(
       path: "/v1/sessions/{id}/fork",
       summary: "Create a session from one of this session's checkpoints",
       description:
-        "Branching: many sessions from one state, each with its random generators reseeded.",
+        "Branching: many sessions from one state, each with its random generators reseeded. With `count`, that many at once, all or none: when one cannot be made, those made are deleted again (charged for the time they ran) and the answer is the failure's problem.",
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "execute"), limitBodyPerKey] as const,
       request: {
@@ -439,22 +454,25 @@ export function registerSessionRoutes(
         body: { required: true, content: { "application/json": { schema: ForkSessionSchema } } },
       },
       responses: {
-        201: json(SessionSchema, "The new session, running"),
+        201: json(
+          z.union([SessionSchema, ForkedSessionsSchema]),
+          "The new session, running; with `count`, the new sessions",
+        ),
         ...problemResponses(401, 403, 404, 413, 415, 422, 429, 502, 503),
       },
     }),
-    async (c) =>
-      c.json(
-        sessionJson(
-          await sessions.fork(
-            c.get("principal"),
-            c.req.valid("param").id,
-            c.req.valid("json").checkpoint,
-          ),
-          unit,
-        ),
-        201,
-      ),
+    async (c) => {
+      const { checkpoint, count } = c.req.valid("json");
+      const rows = await sessions.fork(
+        c.get("principal"),
+        c.req.valid("param").id,
+        checkpoint,
+        count,
+      );
+      return count === undefined
+        ? c.json(sessionJson(rows[0] as SessionRow, unit), 201)
+        : c.json({ sessions: rows.map((row) => sessionJson(row, unit)) }, 201);
+    },
   );
 
   registerFileRoutes(app, ctx, sessions);

@@ -13,13 +13,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, cast, overload
 
 from .types import (
     Cell,
     Checkpoint,
     Execution,
     ExecutionFile,
+    ForkedSessions,
     JsonObject,
     Problem,
     RichResult,
@@ -386,11 +387,23 @@ class Session:
         self.info = cast(SessionInfo, self.client._json("POST", f"{self._path}/resume"))
         return self.info
 
-    def fork(self, checkpoint: int | None = None) -> Session:
-        """A new session from a checkpoint (default: the last)."""
-        body = _without_none({"checkpoint": checkpoint})
-        info = cast(SessionInfo, self.client._json("POST", f"{self._path}/fork", body))
-        return Session(self.client, info)
+    @overload
+    def fork(self, checkpoint: int | None = None) -> Session: ...
+
+    @overload
+    def fork(self, checkpoint: int | None = None, *, count: int) -> list[Session]: ...
+
+    def fork(
+        self, checkpoint: int | None = None, *, count: int | None = None
+    ) -> Session | list[Session]:
+        """A new session from a checkpoint (default: the last); with `count`, that many at once
+        (all or none)."""
+        body = _without_none({"checkpoint": checkpoint, "count": count})
+        answer = self.client._json("POST", f"{self._path}/fork", body)
+        if count is None:
+            return Session(self.client, cast(SessionInfo, answer))
+        forked = cast(ForkedSessions, answer)
+        return [Session(self.client, info) for info in forked["sessions"]]
 
     def refresh(self) -> SessionInfo:
         self.info = self.client._session_info(self.id)

@@ -147,6 +147,12 @@ class SessionInfo(TypedDict):
     last_active_at: str
 
 
+class ForkedSessions(TypedDict):
+    """The sessions one fork request with `count` made."""
+
+    sessions: list[SessionInfo]
+
+
 class CellError(TypedDict):
     name: str
     message: str

@@ -181,6 +181,11 @@ class GatewayTest(unittest.TestCase):
                 fork.run("x = 0")
                 self.assertEqual(fork.run("x + 1")["value"], "1")
             self.assertEqual(fork.info["state"], "deleted")
+            copies = session.fork(taken["checkpoint"], count=3)
+            self.assertEqual(len({copy.id for copy in copies} - {session.id}), 3)
+            for copy in copies:  # each its own x: one that saw another's change answers 43
+                self.assertEqual(copy.run("x += 1\nx")["value"], "42")
+                self.assertEqual(copy.delete()["state"], "deleted")
             self.assertEqual(session.run("x + 1")["value"], "42")
             self.assertIn(session.id, [s["id"] for s in self.sandfork.sessions()])
             self.assertEqual(self.sandfork.session(session.id).info["cells"], session.info["cells"])

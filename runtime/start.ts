@@ -7,7 +7,7 @@ import type { RuntimeConfig } from "./config.js";
 import { DaemonTemplateBuilds } from "./custom-templates.js";
 import { DaemonClient } from "./daemon-client.js";
 import { DaemonSupervisor } from "./supervisor.js";
-import { ensureTemplates, selectTemplateSources } from "./templates.js";
+import { ensureTemplates, refreshBuiltSnapshots, selectTemplateSources } from "./templates.js";
 import { daemonUser } from "./unprivileged.js";
 
 export interface StartedRuntime {
@@ -60,13 +60,15 @@ export async function startRuntime(
     throw new Error(
       `no template sources (folders with an image.json) in ${config.templateSourcesDir}`,
     );
-  await ensureTemplates(sources, {
+  const buildOptions = {
     binary: config.binary,
     templatesDir: config.templatesDir,
     force: config.rebuildTemplates,
     bootTimeoutMs: config.bootTimeoutMs,
     log,
-  });
+  };
+  await ensureTemplates(sources, buildOptions);
+  await refreshBuiltSnapshots(config.templateSourcesDir, buildOptions);
 
   await mkdir(dirname(config.socketPath), { recursive: true, mode: 0o700 });
   const runAs = await daemonUser(dirname(config.socketPath), log);

@@ -1,12 +1,17 @@
 // The template registry with the REAL `sandfork-vmm image build`: build when missing, skip when
 // up to date, rebuild when the manifest or a host file changes; the daemon's layout.
 import { existsSync, readdirSync } from "node:fs";
-import { mkdir, mkdtemp, rm, utimes, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { TemplateBuildError } from "./template-definition.js";
-import { discoverTemplateSources, ensureTemplate, type TemplateSource } from "./templates.js";
+import {
+  discoverTemplateSources,
+  ensureTemplate,
+  refreshBuiltSnapshots,
+  type TemplateSource,
+} from "./templates.js";
 import { requireVmmBinary } from "./testing/real-daemon.js";
 
 let dir: string;
@@ -176,6 +181,35 @@ describe("template images", () => {
       );
       expect(existsSync(snapshotFile)).toBe(false);
       expect(log.join("\n")).toContain(`template python: ${built.snapshot.detail}`);
+    }
+  });
+
+  it("at start, snapshots again a built template no source names when its snapshot is unreadable", {
+    timeout: 120_000,
+  }, async () => {
+    const binary = requireVmmBinary();
+    // Built like one through the API: a folder of its own name, from the python manifest.
+    const custom = { name: "custom-1", manifestPath: "templates/python/image.json" };
+    const built = await ensureTemplate(custom, { binary, templatesDir });
+    const snapshotFile = join(built.dir, "template.sfsnap");
+    await writeFile(snapshotFile, "not a snapshot of this binary's format");
+    // A source's folder is ensureTemplates' to keep up to date, not this.
+    await mkdir(join(templatesDir, "python"), { recursive: true });
+    const log: string[] = [];
+    const names = await refreshBuiltSnapshots("templates", {
+      binary,
+      templatesDir,
+      log: (l) => log.push(l),
+    });
+    expect(names).toEqual(["custom-1"]);
+    if (existsSync("/dev/kvm")) {
+      const rebuilt = await readFile(snapshotFile);
+      expect(rebuilt.toString("latin1")).not.toContain("not a snapshot");
+      expect(rebuilt.length).toBeGreaterThan(1 << 20);
+    } else {
+      // Without KVM it cannot be rebuilt: removed, so that the daemon still starts.
+      expect(existsSync(snapshotFile)).toBe(false);
+      expect(log.join("\n")).toContain("template custom-1: no snapshot");
     }
   });
 

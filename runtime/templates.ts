@@ -86,6 +86,8 @@ export const COMPOSED_SOURCES = ".sources";
 /** A template folder's script that builds host files of its manifest before the image. */
 const PREPARE_SCRIPT = "prepare.sh";
 const IMAGE_FILES = ["image.index", "image.data"];
+/** The snapshot `sandfork-vmm template build` writes into a template's folder. */
+const SNAPSHOT_FILE = "template.sfsnap";
 const PACKAGE_DATABASE = "/var/lib/dpkg/status";
 /** Keeps the console readable: a builder's output beyond this is summarised. */
 const MAX_LOGGED_LINES = 20;
@@ -172,6 +174,8 @@ interface BuildRecord {
   inputsSha256: string;
   builder: string;
   builtAt: string;
+  /** The VMs' memory a definition set (its snapshot's); absent: the runtime's default. */
+  memoryMib?: number;
 }
 
 /** What the image in `templatesDir/<name>` would be built from now. */
@@ -271,7 +275,7 @@ async function ensureSnapshot(
       ],
       (line) => output.push(line),
     );
-    return { ready: true, detail: `snapshot in ${join(dir, "template.sfsnap")}` };
+    return { ready: true, detail: `snapshot in ${join(dir, SNAPSHOT_FILE)}` };
   } catch (error) {
     if (options.requireSnapshot)
       throw new TemplateBuildError(
@@ -363,7 +367,11 @@ export async function ensureTemplate(
         "image",
         `the image is ${mib(imageBytes)} MiB (${imageBytes} bytes), over the limit of ${mib(options.maxImageBytes)} MiB (${options.maxImageBytes} bytes)`,
       );
-    const record: BuildRecord = { ...inputs, builtAt: new Date().toISOString() };
+    const record: BuildRecord = {
+      ...inputs,
+      builtAt: new Date().toISOString(),
+      ...(memoryMib === undefined ? {} : { memoryMib }),
+    };
     await writeFile(join(building, BUILD_RECORD), `${JSON.stringify(record, null, 2)}\n`);
     if (existsSync(dir)) await rename(dir, replaced);
     await rename(building, dir);
@@ -376,6 +384,38 @@ export async function ensureTemplate(
   );
   const snapshot = await ensureSnapshot(options, source.name, dir, memoryMib, log);
   return { name: source.name, dir, action: "built", reason, snapshot, packages };
+}
+
+/**
+ * Snapshots again, where stale, each built template in the templates directory that no source
+ * folder of `sourcesRoot` names (those built through the API): a snapshot the binary no longer
+ * reads (another format version) would stop the daemon's start. One that cannot be rebuilt is
+ * removed, and the daemon boots that template's agent per request.
+ */
+export async function refreshBuiltSnapshots(
+  sourcesRoot: string,
+  options: TemplateBuildOptions,
+): Promise<string[]> {
+  const log = options.log ?? (() => {});
+  const sources = new Set(discoverTemplateSources(sourcesRoot).map((s) => s.name));
+  if (!existsSync(options.templatesDir)) return [];
+  const names = readdirSync(options.templatesDir, { withFileTypes: true })
+    .filter((e) => e.isDirectory() && !e.name.startsWith(".") && !sources.has(e.name))
+    .map((e) => e.name)
+    .sort();
+  for (const name of names) {
+    const dir = join(options.templatesDir, name);
+    const record = await readRecord(dir);
+    const snapshot = await ensureSnapshot(
+      { ...options, requireSnapshot: false },
+      name,
+      dir,
+      record?.memoryMib,
+      log,
+    );
+    if (!snapshot.ready) await rm(join(dir, SNAPSHOT_FILE), { force: true });
+  }
+  return names;
 }
 
 const mib = (bytes: number) => (bytes / 2 ** 20).toFixed(1);

@@ -1,7 +1,9 @@
 //! Network egress through the real `sandfork-vmm serve` binary (confined by seccomp) on the KVM
 //! vCPU, against servers in a network namespace this test makes (`net_bench::TestNamespace`:
 //! `ip netns add`, a veth pair whose host end has 10.X.Y.1/30 and whose namespace end
-//! 10.X.Y.2/30, X and Y from the test's pid), the servers of tests/network/servers.py bound there (DNS, HTTP, UDP echo). The daemon
+//! 10.X.Y.2/30, X and Y from the test's pid), the servers of tests/network/servers.py bound there
+//! (DNS, HTTP, UDP echo, HTTPS with a certificate from a CA the test makes, a package index of a
+//! wheel the test builds with tests/network/index.py). The daemon
 //! and its VMs stay in the host's namespace and reach the test host through the veth route;
 //! `serve --dns-server 10.X.Y.2:53` makes the test's DNS server the one allowed names are
 //! asked of. 10/8 is a private range, refused unless a rule names it, so every policy here
@@ -78,15 +80,115 @@ fn allow(rules: &[String]) -> Value {
     json!({ "allowlists": [rules] })
 }
 
+/// The rules that allow web.test's `port`: its name and its (private) address.
+fn allow_web(host: &str, port: u16) -> Value {
+    allow(&[format!("web.test:{port}"), format!("{host}/32:{port}")])
+}
+
 fn stdout(answer: &Value) -> &str {
     assert_eq!(str_of(answer, "status"), "ok", "{answer}");
     str_of(answer, "stdout")
 }
 
+/// Runs `program` with `args` on the host; it must succeed.
+fn host_run(program: &str, args: &[&str], dir: &Path) {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A CA (ca.pem) and a certificate it signs for web.test (web.pem, web.key), made in `dir` with
+/// the openssl CLI.
+fn make_certificates(dir: &Path) {
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca = [
+        "req",
+        "-x509",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=sandfork test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ];
+    host_run("openssl", &[&ca[..], &key].concat(), dir);
+    let request = [
+        "req",
+        "-subj",
+        "/CN=web.test",
+        "-keyout",
+        "web.key",
+        "-out",
+        "web.csr",
+    ];
+    host_run("openssl", &[&request[..], &key].concat(), dir);
+    std::fs::write(
+        dir.join("web.ext"),
+        "subjectAltName=DNS:web.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    host_run(
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            "web.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-extfile",
+            "web.ext",
+            "-out",
+            "web.pem",
+        ],
+        dir,
+    );
+}
+
 #[test]
 fn egress_follows_the_policy() {
-    let net = TestNet::new();
     let dir = scratch("network");
+    make_certificates(&dir);
+    let files = dir.join("files");
+    let index = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/network/index.py");
+    host_run(
+        "/usr/bin/python3.11",
+        &[
+            index.to_str().unwrap(),
+            files.to_str().unwrap(),
+            "sfgreet",
+            "1.0",
+            "GREETING = 'hello from the test index'\n",
+        ],
+        &dir,
+    );
+    let net = TestNet::serving(&files, &dir.join("web.pem"), &dir.join("web.key"));
     let daemon = Daemon::start(&dir, &net);
     let mut client = Client::hello(&daemon.socket);
     let host = &net.host;
@@ -237,6 +339,10 @@ fn egress_follows_the_policy() {
     assert_eq!(str_of(&answer, "status"), "timeout", "{answer}");
     assert_eq!(network_usage(&answer, "connections"), 1);
 
+    let ca_pem = std::fs::read_to_string(dir.join("ca.pem")).unwrap();
+    https_verifies_with_the_given_ca(&mut client, host, &ca_pem);
+    pip_installs_from_the_test_index(&mut client, host);
+
     // A session keeps its connection from one cell to the next.
     let created = client.call(
         &json!({"id": 2, "type": "session_create", "session": "net", "template": "python"})
@@ -269,4 +375,53 @@ fn egress_follows_the_policy() {
     assert_eq!(str_of(&second, "stdout"), "hello-from-netns\n");
     assert_eq!(network_usage(&second, "connections"), 0);
     assert!(network_usage(&second, "bytes_in") > 17);
+}
+
+/// HTTPS to web.test: urllib verifies the server's certificate with the test's CA, given to the
+/// run as a file in /work (the light form of a CA installed into a template) and named by
+/// SSL_CERT_FILE; with only the image's CA bundle, verification fails.
+fn https_verifies_with_the_given_ca(client: &mut Client, host: &str, ca_pem: &str) {
+    let code = "import ssl, urllib.request as u\n\
+         url = 'https://web.test:8443/'\n\
+         print(u.urlopen(url + 'index.html', timeout=10).read().decode(), end='')\n\
+         r = u.urlopen(u.Request(url + 'echo', data=b'over-tls'), timeout=10)\n\
+         print(r.status, r.read().decode())\n\
+         bundle = ssl.create_default_context(cafile='/usr/lib/ssl/cert.pem')\n\
+         try: u.urlopen(url + 'index.html', context=bundle, timeout=10)\n\
+         except u.URLError as e: print(type(e.reason).__name__, e.reason.verify_message)";
+    let request = json!({"id": 4, "type": "execute", "template": "python", "code": code,
+        "files": [{"path": "ca.pem", "content": ca_pem}],
+        "env": {"SSL_CERT_FILE": "/work/ca.pem"},
+        "network": allow_web(host, 8443),
+        "limits": {"timeout_ms": scaled(Duration::from_secs(20)).as_millis() as u64}});
+    let answer = client.call(&request.to_string());
+    assert_eq!(
+        stdout(&answer),
+        "hello-from-netns\n200 over-tls\n\
+         SSLCertVerificationError unable to get local issuer certificate\n"
+    );
+    assert_eq!(network_usage(&answer, "connections"), 3, "{answer}");
+}
+
+/// pip installs a wheel from the test's PEP 503 index (plain HTTP, so the host is named
+/// trusted) into /work/site, and the same run imports it.
+fn pip_installs_from_the_test_index(client: &mut Client, host: &str) {
+    let answer = execute(
+        client,
+        "import sys\n\
+         from pip._internal.cli.main import main as pip\n\
+         code = pip(['install', '--isolated', '--no-cache-dir', '--disable-pip-version-check',\n\
+         \x20   '--progress-bar', 'off', '--quiet', '--index-url', 'http://web.test:8080/simple',\n\
+         \x20   '--trusted-host', 'web.test', '--target', '/work/site', 'sfgreet'])\n\
+         sys.path.insert(0, '/work/site')\n\
+         import sfgreet\n\
+         print(code, sfgreet.GREETING, sfgreet.__file__)",
+        allow_web(host, 8080),
+        60_000,
+    );
+    assert_eq!(
+        stdout(&answer),
+        "0 hello from the test index /work/site/sfgreet.py\n"
+    );
+    assert_eq!(network_usage(&answer, "refused"), 0, "{answer}");
 }

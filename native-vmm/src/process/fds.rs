@@ -106,7 +106,8 @@ pub struct Description {
     /// File position (for directories: the index of the next entry getdents64 returns).
     pub offset: u64,
     /// A /proc file's bytes, made when it was opened (reads see that moment, as a Linux
-    /// /proc file read in one go does).
+    /// /proc file read in one go does); for a directory, its getdents64 records, made when a
+    /// read starts at the first entry.
     pub contents: Option<Arc<[u8]>>,
     refs: u32,
 }

@@ -11,7 +11,7 @@
 use super::procfs::{self, ProcessFacts};
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
-use crate::fs::{FileKind, FsStats, Node, OpenOptions, ProcessView, Stat, Timespec, Vfs};
+use crate::fs::{DirEntry, FileKind, FsStats, Node, OpenOptions, ProcessView, Stat, Timespec, Vfs};
 use crate::process::{
     Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK,
     O_RDONLY,
@@ -243,9 +243,10 @@ fn read_fd(
             n
         }
         Object::Node(node) => {
+            // A directory's contents are its getdents64 records, not bytes to read.
             let data = match &desc.contents {
-                Some(contents) => contents,
-                None => proc.config.vfs.contents(node)?,
+                Some(contents) if proc.config.vfs.kind(node)? != FileKind::Directory => contents,
+                _ => proc.config.vfs.contents(node)?,
             };
             let bytes = bytes_at(data, at.unwrap_or(offset), len as usize);
             user.write(buf, bytes)?;
@@ -471,18 +472,24 @@ pub(crate) fn pwrite64(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     )
 }
 
-/// readv/writev: the buffers in order, stopping at the first short transfer.
+/// readv/writev and their positioned forms (`at`: the file offset the first buffer starts at,
+/// the descriptor's offset left as it was): the buffers in order, stopping at the first short
+/// transfer.
 fn vectored(
     proc: &mut GuestProcess,
     user: &UserMemory,
     args: [u64; 6],
     writing: bool,
+    at: Option<u64>,
 ) -> SysResult {
     let fd = fd_arg(args[0]);
     let desc = proc.fds.get(fd)?;
     let iovecs = user.read_iovecs(args[1], args[2])?;
     // An Internet socket moves the buffers in one host call (one datagram, one receive).
     if let Object::Inet(index) = desc.object {
+        if at.is_some() {
+            return Err(Errno::ESPIPE);
+        }
         let nonblocking = desc.nonblocking();
         let allowed = if writing {
             desc.writable()
@@ -498,12 +505,17 @@ fn vectored(
             super::inet::read(proc, user, index, &iovecs, nonblocking)
         };
     }
+    let mut pos = at;
     transfer_each(&iovecs, |base, len| {
-        if writing {
-            write_fd(proc, user, fd, base, len, None)
+        let moved = if writing {
+            write_fd(proc, user, fd, base, len, pos)
         } else {
-            read_fd(proc, user, fd, base, len, None)
+            read_fd(proc, user, fd, base, len, pos)
+        };
+        if let (Some(p), Ok(SyscallOutcome::Return(n))) = (pos, &moved) {
+            pos = Some(p + n);
         }
+        moved
     })
 }
 
@@ -539,12 +551,105 @@ pub(super) fn transfer_each(
 
 /// readv(fd, iov, iovcnt)
 pub(crate) fn readv(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    vectored(proc, user, args, false)
+    vectored(proc, user, args, false, None)
 }
 
 /// writev(fd, iov, iovcnt)
 pub(crate) fn writev(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    vectored(proc, user, args, true)
+    vectored(proc, user, args, true, None)
+}
+
+/// preadv(fd, iov, iovcnt, pos_l, pos_h): on x86-64 the whole offset is in pos_l.
+pub(crate) fn preadv(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    vectored(proc, user, args, false, Some(non_negative(args[3])?))
+}
+
+/// pwritev(fd, iov, iovcnt, pos_l, pos_h)
+pub(crate) fn pwritev(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    vectored(proc, user, args, true, Some(non_negative(args[3])?))
+}
+
+/// RWF_HIPRI, RWF_DSYNC and RWF_SYNC: hints that change nothing for files held in memory.
+const RWF_HINTS: u64 = 0x1 | 0x2 | 0x4;
+
+/// The offset of preadv2/pwritev2: -1 is the descriptor's own; other flags than the hints
+/// (RWF_NOWAIT, RWF_APPEND) are EOPNOTSUPP.
+fn offset_v2(args: [u64; 6]) -> Result<Option<u64>, Errno> {
+    if args[5] & !RWF_HINTS != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    match args[3] as i64 {
+        -1 => Ok(None),
+        _ => non_negative(args[3]).map(Some),
+    }
+}
+
+/// preadv2(fd, iov, iovcnt, pos_l, pos_h, flags)
+pub(crate) fn preadv2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let at = offset_v2(args)?;
+    vectored(proc, user, args, false, at)
+}
+
+/// pwritev2(fd, iov, iovcnt, pos_l, pos_h, flags)
+pub(crate) fn pwritev2(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let at = offset_v2(args)?;
+    vectored(proc, user, args, true, at)
+}
+
+/// The regular file an open descriptor names, for calls about a file's storage: a pipe or a
+/// socket is ESPIPE, a directory or device ENODEV.
+fn regular_file(proc: &GuestProcess, fd: u64) -> Result<Node, Errno> {
+    match proc.fds.get(fd)?.object {
+        Object::Node(node)
+            if proc.config.vfs.device(node).is_none()
+                && proc.config.vfs.kind(node)? == FileKind::Regular =>
+        {
+            Ok(node)
+        }
+        Object::Node(_) | Object::Epoll(_) | Object::EventFd { .. } => Err(Errno::ENODEV),
+        _ => Err(Errno::ESPIPE),
+    }
+}
+
+/// fadvise64(fd, offset, len, advice): a hint about a file's use; the files are in memory, so
+/// a valid one changes nothing.
+pub(crate) fn fadvise64(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    const POSIX_FADV_NOREUSE: u64 = 5;
+    let desc = proc.fds.get(fd_arg(args[0]))?;
+    if !matches!(desc.object, Object::Node(_)) {
+        return Err(Errno::ESPIPE);
+    }
+    if (args[2] as i64) < 0 || args[3] > POSIX_FADV_NOREUSE {
+        return Err(Errno::EINVAL);
+    }
+    value(0)
+}
+
+/// fallocate(fd, mode, offset, len): mode 0 makes the file at least offset+len bytes long (the
+/// overlay stores every byte, so there is nothing else to reserve); the other modes (punching
+/// holes, keeping the size) are EOPNOTSUPP, which glibc's posix_fallocate answers by writing.
+pub(crate) fn fallocate(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    let [fd, mode, offset, len, ..] = args;
+    let (offset, len) = (non_negative(offset)?, non_negative(len)?);
+    if len == 0 {
+        return Err(Errno::EINVAL);
+    }
+    let fd = fd_arg(fd);
+    if !proc.fds.get(fd)?.writable() {
+        return Err(Errno::EBADF);
+    }
+    let node = regular_file(proc, fd)?;
+    if mode as u32 != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    let end = offset
+        .checked_add(len)
+        .filter(|e| *e as i64 >= 0)
+        .ok_or(Errno::EFBIG)?;
+    if end > proc.config.vfs.stat(node)?.size {
+        proc.config.vfs.truncate(node, end)?;
+    }
+    value(0)
 }
 
 /// lseek(fd, offset, whence): files and directories (whose offset is an entry index).
@@ -995,33 +1100,54 @@ pub(crate) fn getdents64(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let Object::Node(node) = desc.object else {
         return Err(Errno::ENOTDIR);
     };
-    let entries = proc.config.vfs.read_dir_in(&ProcessFacts::of(proc), node)?;
     user.check(dirp, count)?;
-    let mut out = Vec::new();
-    let mut index = desc.offset;
-    for entry in entries
-        .iter()
-        .skip(usize::try_from(index).unwrap_or(usize::MAX))
-    {
-        // d_ino, d_off, d_reclen, d_type, the name and its NUL, padded to 8 bytes.
-        let reclen = (19 + entry.name.len() + 1).next_multiple_of(8);
-        if (out.len() + reclen) as u64 > count {
-            if out.is_empty() {
-                return Err(Errno::EINVAL);
-            }
-            break;
+    // The records are made once, when a read starts at the first entry (opendir, rewinddir),
+    // and later reads continue in them: entries removed meanwhile (closing descriptors while
+    // reading /proc/self/fd, deleting files while reading a folder) do not move the rest back
+    // under the position, and an entry made meanwhile may or may not be seen, as POSIX allows.
+    let records = match &desc.contents {
+        Some(records) if desc.offset > 0 => records.clone(),
+        _ => {
+            let entries = proc.config.vfs.read_dir_in(&ProcessFacts::of(proc), node)?;
+            let records: std::sync::Arc<[u8]> = dirent_records(&entries).into();
+            proc.fds.get_mut(fd)?.contents = Some(records.clone());
+            records
         }
+    };
+    let offset = proc.fds.get(fd)?.offset;
+    let reclen = |at: usize| usize::from(u16::from_le_bytes([records[at + 16], records[at + 17]]));
+    let (mut at, mut index) = (0, 0);
+    while at < records.len() && index < offset {
+        at += reclen(at);
         index += 1;
+    }
+    let start = at;
+    while at < records.len() && (at + reclen(at) - start) as u64 <= count {
+        at += reclen(at);
+        index += 1;
+    }
+    if at == start && start < records.len() {
+        return Err(Errno::EINVAL);
+    }
+    user.write(dirp, &records[start..at])?;
+    proc.fds.get_mut(fd)?.offset = index;
+    value((at - start) as u64)
+}
+
+/// The linux_dirent64 records of a listing: d_ino, d_off (the next entry's index), d_reclen,
+/// d_type, the name and its NUL, each padded to 8 bytes.
+fn dirent_records(entries: &[DirEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let reclen = (19 + entry.name.len() + 1).next_multiple_of(8);
         out.extend_from_slice(&entry.ino.to_le_bytes());
-        out.extend_from_slice(&index.to_le_bytes());
+        out.extend_from_slice(&(index as u64 + 1).to_le_bytes());
         out.extend_from_slice(&(reclen as u16).to_le_bytes());
         out.push(entry.kind.dirent_type());
         out.extend_from_slice(&entry.name);
         out.resize(out.len() + reclen - 19 - entry.name.len(), 0);
     }
-    user.write(dirp, &out)?;
-    proc.fds.get_mut(fd)?.offset = index;
-    value(out.len() as u64)
+    out
 }
 
 /// faccessat2(dirfd, path, mode, flags); access and faccessat are the flag-less forms.

@@ -46,14 +46,32 @@ fn keeps_own_id(args: [u64; 6], count: usize, id: u64) -> SysResult {
     }
 }
 
-/// setuid(uid), setreuid(ruid, euid), setresuid(ruid, euid, suid): to the guest's own uid
-/// only (POSIX_SPAWN_RESETIDS asks for that); any other is EPERM.
+/// setuid(uid): to the guest's own uid only (POSIX_SPAWN_RESETIDS asks for that); any other
+/// is EPERM. Each call reads only its own arguments: the registers past them hold anything.
 pub(crate) fn setuid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    keeps_own_id(args, 1, GUEST_UID)
+}
+
+/// setreuid(ruid, euid)
+pub(crate) fn setreuid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    keeps_own_id(args, 2, GUEST_UID)
+}
+
+/// setresuid(ruid, euid, suid)
+pub(crate) fn setresuid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     keeps_own_id(args, 3, GUEST_UID)
 }
 
 /// setgid, setregid, setresgid: likewise for the guest's own gid.
 pub(crate) fn setgid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    keeps_own_id(args, 1, GUEST_GID)
+}
+
+pub(crate) fn setregid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
+    keeps_own_id(args, 2, GUEST_GID)
+}
+
+pub(crate) fn setresgid(_proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
     keeps_own_id(args, 3, GUEST_GID)
 }
 

@@ -203,3 +203,133 @@ pub(crate) fn sched_setaffinity(
     }
     value(0)
 }
+
+const SCHED_OTHER: u64 = 0;
+const SCHED_FIFO: u64 = 1;
+const SCHED_RR: u64 = 2;
+const SCHED_BATCH: u64 = 3;
+const SCHED_IDLE: u64 = 5;
+/// The real-time policies' highest priority (sched_get_priority_max(2)).
+const REAL_TIME_PRIORITY_MAX: u64 = 99;
+
+/// The thread or process a scheduling call names: 0 is the caller, a negative pid EINVAL, one
+/// that is neither a thread of the caller's nor a process of the tree ESRCH.
+fn scheduled(proc: &GuestProcess, pid: u64) -> Result<(), Errno> {
+    let pid = i64::from(pid as u32 as i32);
+    if pid < 0 {
+        return Err(Errno::EINVAL);
+    }
+    if super::threads::names_a_thread(proc, pid as u64) || proc.tree.get(pid as u64).is_some() {
+        Ok(())
+    } else {
+        Err(Errno::ESRCH)
+    }
+}
+
+/// The priorities a policy takes, as (min, max); an unknown policy is EINVAL.
+fn priority_range(policy: u64) -> Result<(u64, u64), Errno> {
+    match policy {
+        SCHED_FIFO | SCHED_RR => Ok((1, REAL_TIME_PRIORITY_MAX)),
+        SCHED_OTHER | SCHED_BATCH | SCHED_IDLE => Ok((0, 0)),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// sched_get_priority_max(policy)
+pub(crate) fn sched_get_priority_max(
+    _proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
+    value(priority_range(args[0])?.1)
+}
+
+/// sched_get_priority_min(policy)
+pub(crate) fn sched_get_priority_min(
+    _proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
+    value(priority_range(args[0])?.0)
+}
+
+/// sched_getscheduler(pid): every thread runs under SCHED_OTHER (the VMM's own time slices).
+pub(crate) fn sched_getscheduler(
+    proc: &mut GuestProcess,
+    _user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
+    scheduled(proc, args[0])?;
+    value(SCHED_OTHER)
+}
+
+/// sched_getparam(pid, param): priority 0, SCHED_OTHER's only one.
+pub(crate) fn sched_getparam(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
+    if args[1] == 0 {
+        return Err(Errno::EINVAL);
+    }
+    scheduled(proc, args[0])?;
+    user.write_u32(args[1], 0)?;
+    value(0)
+}
+
+/// Checks a (policy, param) pair as Linux does for an unprivileged caller: a priority outside
+/// the policy's range is EINVAL; a real-time policy is EPERM (no RLIMIT_RTPRIO), and so is
+/// SCHED_BATCH or SCHED_IDLE, which the VMM's scheduler does not keep; SCHED_OTHER stays.
+fn set_policy(
+    proc: &GuestProcess,
+    user: &UserMemory,
+    pid: u64,
+    policy: u64,
+    param: u64,
+) -> SysResult {
+    if param == 0 {
+        return Err(Errno::EINVAL);
+    }
+    let priority = user.read_u32(param)? as i32;
+    scheduled(proc, pid)?;
+    let (min, max) = priority_range(policy)?;
+    if priority < 0 || (priority as u64) < min || priority as u64 > max {
+        return Err(Errno::EINVAL);
+    }
+    if policy == SCHED_OTHER {
+        value(0)
+    } else {
+        Err(Errno::EPERM)
+    }
+}
+
+/// sched_setscheduler(pid, policy, param)
+pub(crate) fn sched_setscheduler(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
+    let [pid, policy, param, ..] = args;
+    set_policy(proc, user, pid, u64::from(policy as u32), param)
+}
+
+/// sched_setparam(pid, param): within the caller's policy, SCHED_OTHER.
+pub(crate) fn sched_setparam(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
+    set_policy(proc, user, args[0], SCHED_OTHER, args[1])
+}
+
+/// sched_rr_get_interval(pid, tp): the VMM scheduler's time slice.
+pub(crate) fn sched_rr_get_interval(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
+    scheduled(proc, args[0])?;
+    let slice = crate::process::threads::QUANTUM;
+    user.write_timespec(args[1], slice.as_secs(), u64::from(slice.subsec_nanos()))?;
+    value(0)
+}

@@ -1651,3 +1651,225 @@ fn capget_reports_no_capabilities() {
     assert_eq!(g.ret(CAPGET, &[header, 0]), err(Errno::EINVAL));
     assert_eq!(g.mem.read_u32(header).unwrap(), 0x2008_0522);
 }
+
+#[test]
+fn positioned_vectored_io_keeps_the_offset() {
+    const PREADV: u64 = 295;
+    const PWRITEV: u64 = 296;
+    const PREADV2: u64 = 327;
+    const PWRITEV2: u64 = 328;
+    const RWF_HIPRI: u64 = 1;
+    const RWF_NOWAIT: u64 = 8;
+    let mut g = guest();
+    let f = g.open("/tmp/pv", O_CREAT | O_RDWR) as u64;
+    assert_eq!(g.write_bytes(f, b"0123456789"), 10);
+    let iov = SCRATCH + 0x2000;
+    let set_iov = |g: &mut Guest, bufs: &[(u64, u64)]| {
+        for (i, (base, len)) in bufs.iter().enumerate() {
+            g.mem.write_u64(iov + 16 * i as u64, *base).unwrap();
+            g.mem.write_u64(iov + 16 * i as u64 + 8, *len).unwrap();
+        }
+    };
+    // pwritev gathers at the offset, each buffer after the one before.
+    g.mem.write(SCRATCH + 0x1000, b"ab").unwrap();
+    g.mem.write(SCRATCH + 0x1100, b"cd").unwrap();
+    set_iov(&mut g, &[(SCRATCH + 0x1000, 2), (SCRATCH + 0x1100, 2)]);
+    assert_eq!(g.ret(PWRITEV, &[f, iov, 2, 3, 0]), 4);
+    assert_eq!(g.ret(LSEEK, &[f, 0, 1]), 10, "the offset stays");
+    // preadv scatters from the offset.
+    set_iov(&mut g, &[(BUF, 3), (BUF + 0x100, 4)]);
+    assert_eq!(g.ret(PREADV, &[f, iov, 2, 1, 0]), 7);
+    assert_eq!(g.mem.read_vec(BUF, 3).unwrap(), b"12a");
+    assert_eq!(g.mem.read_vec(BUF + 0x100, 4).unwrap(), b"bcd7");
+    assert_eq!(g.ret(LSEEK, &[f, 0, 1]), 10);
+    assert_eq!(
+        g.ret(PREADV, &[f, iov, 2, -1i64 as u64, 0]),
+        err(Errno::EINVAL)
+    );
+    // The v2 forms: offset -1 is the descriptor's own and moves it; the hints are accepted.
+    assert_eq!(g.ret(LSEEK, &[f, 8, 0]), 8);
+    assert_eq!(g.ret(PREADV2, &[f, iov, 2, -1i64 as u64, 0, RWF_HIPRI]), 2);
+    assert_eq!(g.mem.read_vec(BUF, 2).unwrap(), b"89");
+    assert_eq!(g.ret(LSEEK, &[f, 0, 1]), 10);
+    assert_eq!(g.ret(PREADV2, &[f, iov, 2, 0, 0, 0]), 7);
+    assert_eq!(g.ret(LSEEK, &[f, 0, 1]), 10);
+    assert_eq!(
+        g.ret(PWRITEV2, &[f, iov, 2, 0, 0, RWF_NOWAIT]),
+        err(Errno::EOPNOTSUPP)
+    );
+    // A pipe has no offset.
+    let fds = SCRATCH + 0x3000;
+    assert_eq!(g.ret(PIPE2, &[fds, 0]), 0);
+    let read_end = u64::from(g.mem.read_u32(fds).unwrap());
+    assert_eq!(g.ret(PREADV, &[read_end, iov, 2, 0, 0]), err(Errno::ESPIPE));
+    assert_eq!(g.ret(PREADV, &[99, iov, 2, 0, 0]), err(Errno::EBADF));
+}
+
+#[test]
+fn fallocate_and_fadvise_check_their_file() {
+    const FADVISE64: u64 = 221;
+    const FALLOCATE: u64 = 285;
+    const FALLOC_FL_KEEP_SIZE: u64 = 1;
+    const POSIX_FADV_DONTNEED: u64 = 4;
+    let mut g = guest();
+    let f = g.open("/tmp/fa", O_CREAT | O_RDWR) as u64;
+    assert_eq!(g.write_bytes(f, b"abc"), 3);
+    // Mode 0 grows the file with zeros, never shrinks it.
+    assert_eq!(g.ret(FALLOCATE, &[f, 0, 2, 8]), 0);
+    assert_eq!(g.ret(FSTAT, &[f, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 48).unwrap(), 10);
+    assert_eq!(g.ret(FALLOCATE, &[f, 0, 0, 1]), 0);
+    assert_eq!(g.ret(FSTAT, &[f, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 48).unwrap(), 10);
+    assert_eq!(g.ret(LSEEK, &[f, 0, 0]), 0);
+    assert_eq!(g.read_bytes(f, 20).unwrap(), b"abc\0\0\0\0\0\0\0");
+    assert_eq!(
+        g.ret(FALLOCATE, &[f, FALLOC_FL_KEEP_SIZE, 0, 100]),
+        err(Errno::EOPNOTSUPP)
+    );
+    assert_eq!(g.ret(FALLOCATE, &[f, 0, 0, 0]), err(Errno::EINVAL));
+    assert_eq!(
+        g.ret(FALLOCATE, &[f, 0, -1i64 as u64, 1]),
+        err(Errno::EINVAL)
+    );
+    assert_eq!(
+        g.ret(FALLOCATE, &[f, 0, i64::MAX as u64, 1]),
+        err(Errno::EFBIG)
+    );
+    assert_eq!(g.ret(FALLOCATE, &[99, 0, 0, 1]), err(Errno::EBADF));
+    let ro = g.open("/tmp/fa", 0) as u64;
+    assert_eq!(g.ret(FALLOCATE, &[ro, 0, 0, 1]), err(Errno::EBADF));
+    let dir = g.open("/tmp", O_DIRECTORY) as u64;
+    assert_eq!(g.ret(FADVISE64, &[dir, 0, 0, POSIX_FADV_DONTNEED]), 0);
+    let fds = SCRATCH + 0x3000;
+    assert_eq!(g.ret(PIPE2, &[fds, 0]), 0);
+    let write_end = u64::from(g.mem.read_u32(fds + 4).unwrap());
+    assert_eq!(g.ret(FALLOCATE, &[write_end, 0, 0, 1]), err(Errno::ESPIPE));
+    // fadvise: a valid hint on a file is accepted; the rest is checked.
+    assert_eq!(g.ret(FADVISE64, &[f, 0, 0, POSIX_FADV_DONTNEED]), 0);
+    assert_eq!(g.ret(FADVISE64, &[f, 0, 0, 6]), err(Errno::EINVAL));
+    assert_eq!(
+        g.ret(FADVISE64, &[f, 0, -1i64 as u64, 0]),
+        err(Errno::EINVAL)
+    );
+    assert_eq!(g.ret(FADVISE64, &[write_end, 0, 0, 0]), err(Errno::ESPIPE));
+    assert_eq!(g.ret(FADVISE64, &[99, 0, 0, 0]), err(Errno::EBADF));
+}
+
+#[test]
+fn scheduling_policy_is_sched_other() {
+    const SCHED_SETPARAM: u64 = 142;
+    const SCHED_GETPARAM: u64 = 143;
+    const SCHED_SETSCHEDULER: u64 = 144;
+    const SCHED_GETSCHEDULER: u64 = 145;
+    const SCHED_GET_PRIORITY_MAX: u64 = 146;
+    const SCHED_GET_PRIORITY_MIN: u64 = 147;
+    const SCHED_RR_GET_INTERVAL: u64 = 148;
+    const SCHED_FIFO: u64 = 1;
+    const SCHED_BATCH: u64 = 3;
+    let mut g = guest();
+    assert_eq!(g.ret(SCHED_GETSCHEDULER, &[0]), 0);
+    assert_eq!(g.ret(SCHED_GETSCHEDULER, &[1]), 0);
+    assert_eq!(
+        g.ret(SCHED_GETSCHEDULER, &[-1i64 as u64]),
+        err(Errno::EINVAL)
+    );
+    assert_eq!(g.ret(SCHED_GETSCHEDULER, &[4242]), err(Errno::ESRCH));
+    g.mem.write_u32(BUF, 7).unwrap();
+    assert_eq!(g.ret(SCHED_GETPARAM, &[0, BUF]), 0);
+    assert_eq!(g.mem.read_u32(BUF).unwrap(), 0);
+    assert_eq!(g.ret(SCHED_GETPARAM, &[0, 0]), err(Errno::EINVAL));
+    assert_eq!(g.ret(SCHED_GET_PRIORITY_MAX, &[SCHED_FIFO]), 99);
+    assert_eq!(g.ret(SCHED_GET_PRIORITY_MIN, &[SCHED_FIFO]), 1);
+    assert_eq!(g.ret(SCHED_GET_PRIORITY_MAX, &[0]), 0);
+    assert_eq!(g.ret(SCHED_GET_PRIORITY_MAX, &[4]), err(Errno::EINVAL));
+    // SCHED_OTHER at priority 0 is kept; a priority out of range is EINVAL, another policy
+    // EPERM (unprivileged).
+    assert_eq!(g.ret(SCHED_SETSCHEDULER, &[0, 0, BUF]), 0);
+    assert_eq!(g.ret(SCHED_SETPARAM, &[0, BUF]), 0);
+    g.mem.write_u32(BUF, -1i32 as u32).unwrap();
+    assert_eq!(g.ret(SCHED_SETPARAM, &[0, BUF]), err(Errno::EINVAL));
+    assert_eq!(g.ret(SCHED_SETSCHEDULER, &[0, 0, BUF]), err(Errno::EINVAL));
+    g.mem.write_u32(BUF, 10).unwrap();
+    assert_eq!(
+        g.ret(SCHED_SETSCHEDULER, &[0, SCHED_FIFO, BUF]),
+        err(Errno::EPERM)
+    );
+    assert_eq!(
+        g.ret(SCHED_SETSCHEDULER, &[0, -1i64 as u64, BUF]),
+        err(Errno::EINVAL)
+    );
+    g.mem.write_u32(BUF, 0).unwrap();
+    assert_eq!(
+        g.ret(SCHED_SETSCHEDULER, &[0, SCHED_BATCH, BUF]),
+        err(Errno::EPERM)
+    );
+    assert_eq!(g.ret(SCHED_GETSCHEDULER, &[0]), 0);
+    assert_eq!(g.ret(SCHED_RR_GET_INTERVAL, &[0, BUF]), 0);
+    let slice = crate::process::threads::QUANTUM;
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), slice.as_secs());
+    assert_eq!(
+        g.mem.read_u64(BUF + 8).unwrap(),
+        u64::from(slice.subsec_nanos())
+    );
+}
+
+#[test]
+fn set_ids_read_only_their_own_arguments() {
+    const SETUID: u64 = 105;
+    const SETREUID: u64 = 113;
+    const SETREGID: u64 = 114;
+    const SETRESUID: u64 = 117;
+    let mut g = guest();
+    let keep = u64::from(u32::MAX);
+    let own_uid = crate::abi::GUEST_UID;
+    // The registers past a call's arguments hold whatever the caller left there.
+    assert_eq!(g.ret(SETREUID, &[keep, keep, 12345]), 0);
+    assert_eq!(g.ret(SETREGID, &[keep, keep, 12345]), 0);
+    assert_eq!(g.ret(SETUID, &[own_uid, 12345, 12345]), 0);
+    assert_eq!(g.ret(SETREUID, &[keep, 0]), err(Errno::EPERM));
+    assert_eq!(g.ret(SETRESUID, &[keep, keep, 0]), err(Errno::EPERM));
+    assert_eq!(g.ret(SETRESUID, &[own_uid, keep, own_uid]), 0);
+}
+
+#[test]
+fn a_folder_emptied_while_it_is_read_yields_every_entry_once() {
+    let mut g = guest();
+    let dir = g.cstr(SCRATCH, "/tmp/many");
+    assert_eq!(g.ret(MKDIRAT, &[AT_FDCWD, dir, 0o755]), 0);
+    let mut made = Vec::new();
+    for i in 0..20 {
+        let name = format!("/tmp/many/f{i}");
+        let fd = g.open(&name, O_CREAT | O_WRONLY) as u64;
+        assert_eq!(g.ret(CLOSE, &[fd]), 0);
+        made.push(format!("f{i}").into_bytes());
+    }
+    let dfd = g.open("/tmp/many", O_DIRECTORY) as u64;
+    // Small reads, each name removed as soon as it is read (rmtree's order).
+    let mut seen = Vec::new();
+    loop {
+        let n = g.ret(GETDENTS64, &[dfd, BUF, 64]);
+        assert!(n >= 0, "getdents64: {n}");
+        if n == 0 {
+            break;
+        }
+        for name in dirent_names(&g.mem.read_vec(BUF, n as u64).unwrap()) {
+            if name != b"." && name != b".." {
+                let path = g.cstr(
+                    SCRATCH,
+                    &format!("/tmp/many/{}", String::from_utf8_lossy(&name)),
+                );
+                assert_eq!(g.ret(UNLINKAT, &[AT_FDCWD, path, 0]), 0);
+                seen.push(name);
+            }
+        }
+    }
+    seen.sort();
+    made.sort();
+    assert_eq!(seen, made);
+    // Back at the first entry, the folder is listed afresh: empty now.
+    assert_eq!(g.ret(LSEEK, &[dfd, 0, 0]), 0);
+    let n = g.ret(GETDENTS64, &[dfd, BUF, 4096]);
+    let names = dirent_names(&g.mem.read_vec(BUF, n as u64).unwrap());
+    assert!(names.iter().all(|n| n == b"." || n == b".."), "{names:?}");
+}

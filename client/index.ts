@@ -1,6 +1,7 @@
 // `sandfork`: a small typed client of the gateway's HTTP API (fetch only, no dependencies):
-// executions (plain and streamed), templates, and the agent-tool helpers (tool definitions in
-// the OpenAI / Anthropic formats, running a model's tool call).
+// executions (plain and streamed), templates, sessions (cells, checkpoints, pause, resume, fork,
+// files), and the agent-tool helpers (tool definitions in the OpenAI / Anthropic formats, running
+// a model's tool call).
 
 export interface ExecutionFile {
   path: string;
@@ -182,6 +183,84 @@ export interface Problem {
   instance?: string;
   retryable: boolean;
   [extension: string]: unknown;
+}
+
+/** POST /v1/sessions: a sandbox whose interpreter keeps its state across cells. */
+export interface CreateSession {
+  template: string;
+  /** Paused after this long without a call. */
+  idle_timeout_s?: number;
+  /** Deleted this long after its creation. */
+  max_lifetime_s?: number;
+  memory_mib?: number;
+}
+
+export interface SessionInfo {
+  id: string;
+  template: string;
+  /** paused: its state is in its last checkpoint, resumed by the next call; ended: fork it. */
+  state: "running" | "paused" | "ended" | "deleted";
+  memory_mib: number;
+  idle_timeout_s: number;
+  max_lifetime_s: number;
+  last_checkpoint: { checkpoint: number; sha256: string } | null;
+  checkpoint_bytes: number;
+  cells: number;
+  usage: {
+    unit: string;
+    units: number;
+    running_gib_seconds: number;
+    checkpoint_gib_hours: number;
+  };
+  ended_reason: string | null;
+  created_at: string;
+  last_active_at: string;
+}
+
+/** A cell: the code runs in the session's interpreter, after the cells before it. */
+export interface SessionCellRequest {
+  code: string;
+  timeout_ms?: number;
+  max_processes?: number;
+  /** Narrows the API key's network policy for this cell. */
+  network?: NetworkRequest;
+}
+
+/** A cell's outcome: the last expression's repr as `value`, or the exception as `error`. */
+export interface SessionCell {
+  value: string | null;
+  error: { name: string; message: string } | null;
+  results: RichResult[];
+  /** The session was paused and resumed for this cell. */
+  resumed: boolean;
+  execution: Execution;
+  session: SessionInfo;
+}
+
+export interface SessionCheckpoint {
+  /** Its number in the session, for `forkSession`. */
+  checkpoint: number;
+  sha256: string;
+  file_bytes: number;
+  dirty_bytes: number;
+  timings: { capture_ms: number; write_ms: number };
+  session: SessionInfo;
+}
+
+export interface ForkSession {
+  /** Default: the session's last checkpoint. */
+  checkpoint?: number;
+  /** Sessions to make at once, all or none. */
+  count?: number;
+}
+
+export interface ForkedSessions {
+  sessions: SessionInfo[];
+}
+
+export interface SessionFile {
+  path: string;
+  bytes: number;
 }
 
 /** One event of a streamed execution, in order: started, output…, then execution. */
@@ -375,6 +454,105 @@ export class Sandfork {
     await this.send("DELETE", `/v1/templates/${encodeURIComponent(ref)}`, undefined, {}, "*/*");
   }
 
+  /** A new session of `request.template`. */
+  async createSession(request: CreateSession, options: CallOptions = {}): Promise<SessionInfo> {
+    return (await this.json("POST", "/v1/sessions", request, options)) as SessionInfo;
+  }
+
+  /** The key's sessions (not deleted), newest first. */
+  async sessions(): Promise<SessionInfo[]> {
+    return ((await this.json("GET", "/v1/sessions", undefined, {})) as { sessions: SessionInfo[] })
+      .sessions;
+  }
+
+  async session(id: string): Promise<SessionInfo> {
+    return (await this.json("GET", sessionPath(id), undefined, {})) as SessionInfo;
+  }
+
+  /** Runs the session's next cell; earlier cells' variables and imports are there. */
+  async runCell(
+    id: string,
+    request: SessionCellRequest,
+    options: CallOptions = {},
+  ): Promise<SessionCell> {
+    return (await this.json(
+      "POST",
+      `${sessionPath(id)}/executions`,
+      request,
+      options,
+    )) as SessionCell;
+  }
+
+  /** A durable checkpoint; the session runs on. */
+  async checkpointSession(id: string): Promise<SessionCheckpoint> {
+    return (await this.json(
+      "POST",
+      `${sessionPath(id)}/checkpoints`,
+      undefined,
+      {},
+    )) as SessionCheckpoint;
+  }
+
+  /** A checkpoint, then the session's VM is released (the next call resumes it). */
+  async pauseSession(id: string): Promise<SessionCheckpoint> {
+    return (await this.json(
+      "POST",
+      `${sessionPath(id)}/pause`,
+      undefined,
+      {},
+    )) as SessionCheckpoint;
+  }
+
+  async resumeSession(id: string): Promise<SessionInfo> {
+    return (await this.json("POST", `${sessionPath(id)}/resume`, undefined, {})) as SessionInfo;
+  }
+
+  /** A new session from a checkpoint; with `count`, that many at once (all or none). */
+  forkSession(id: string, request?: ForkSession & { count?: undefined }): Promise<SessionInfo>;
+  forkSession(id: string, request: ForkSession & { count: number }): Promise<ForkedSessions>;
+  async forkSession(id: string, request: ForkSession = {}): Promise<SessionInfo | ForkedSessions> {
+    return (await this.json("POST", `${sessionPath(id)}/fork`, request, {})) as
+      | SessionInfo
+      | ForkedSessions;
+  }
+
+  /** Ends the session and removes its checkpoints; answers its final usage. */
+  async deleteSession(id: string): Promise<SessionInfo> {
+    return (await this.json("DELETE", sessionPath(id), undefined, {})) as SessionInfo;
+  }
+
+  /** Puts `content` at the session's /work/`path`. */
+  async writeSessionFile(
+    id: string,
+    path: string,
+    content: Uint8Array | string,
+  ): Promise<SessionFile> {
+    const bytes = typeof content === "string" ? new TextEncoder().encode(content) : content;
+    const response = await this.send(
+      "PUT",
+      sessionFilePath(id, path),
+      bytes,
+      {},
+      "application/json",
+    );
+    return (await response.json()) as SessionFile;
+  }
+
+  async readSessionFile(id: string, path: string): Promise<Uint8Array> {
+    const response = await this.send(
+      "GET",
+      sessionFilePath(id, path),
+      undefined,
+      {},
+      "application/octet-stream",
+    );
+    return new Uint8Array(await response.arrayBuffer());
+  }
+
+  async deleteSessionFile(id: string, path: string): Promise<void> {
+    await this.send("DELETE", sessionFilePath(id, path), undefined, {}, "*/*");
+  }
+
   /** The agent tools (run_code, list_templates, the session tools), for a chat request's `tools`. */
   tools(format: "openai"): Promise<OpenAITool[]>;
   tools(format: "anthropic"): Promise<AnthropicTool[]>;
@@ -427,12 +605,14 @@ export class Sandfork {
       authorization: `Bearer ${this.options.apiKey}`,
       accept,
     };
-    if (body !== undefined) headers["content-type"] = "application/json";
+    const raw = body instanceof Uint8Array;
+    if (body !== undefined)
+      headers["content-type"] = raw ? "application/octet-stream" : "application/json";
     if (options.idempotencyKey !== undefined) headers["idempotency-key"] = options.idempotencyKey;
     const response = await this.fetch(`${this.baseUrl}${path}`, {
       method,
       headers,
-      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+      ...(body === undefined ? {} : { body: raw ? body : JSON.stringify(body) }),
       ...(options.signal === undefined ? {} : { signal: options.signal }),
     });
     if (!response.ok) {
@@ -453,6 +633,15 @@ export class Sandfork {
     }
     return response;
   }
+}
+
+function sessionPath(id: string): string {
+  return `/v1/sessions/${encodeURIComponent(id)}`;
+}
+
+/** A session file's URL: each segment of `path` (below /work) escaped, its slashes kept. */
+function sessionFilePath(id: string, path: string): string {
+  return `${sessionPath(id)}/files/${path.split("/").map(encodeURIComponent).join("/")}`;
 }
 
 /** The events of a text/event-stream body (the fields this API sends: event and data). */

@@ -4,6 +4,8 @@
 //   without credentials; the stdio entry point (bin/sandfork-mcp.mjs) under the SDK's
 //   StdioClientTransport; the session tools keeping a variable from one call to the next,
 //   through MCP and through POST /v1/tool-calls in both formats.
+// - The typed client's sessions: cells, files, pause, resume, forks, delete; network refused on
+//   a key without a policy.
 // - Tool loops: the official `openai` and `@anthropic-ai/sdk` clients and the Vercel AI SDK,
 //   pointed at a fake model server in this file (the only test double: it answers with a
 //   run_code tool call, then checks that the tool's answer came back in the next request).
@@ -410,6 +412,71 @@ describe("session tools through POST /v1/tool-calls", () => {
     expect(await openai("run_cell", { session_id, code: "x + 1" })).toMatchObject({
       type: "https://sandfork.dev/problems/not-found",
     });
+  });
+});
+
+describe("sessions through the typed client", () => {
+  it("x = 41, then x + 1 is 42 across pause, a file, forks (one and count: 2) and delete", async () => {
+    const { client } = await sandfork();
+    const session = await client.createSession({ template: "python", idle_timeout_s: 600 });
+    expect(session).toMatchObject({ template: "python", state: "running", cells: 0 });
+    expect(await client.runCell(session.id, { code: "x = 41" })).toMatchObject({
+      value: null,
+      error: null,
+    });
+    const cell = await client.runCell(session.id, { code: "print('adding')\nx + 1" });
+    expect(cell).toMatchObject({ value: "42", session: { id: session.id, cells: 2 } });
+    expect(cell.execution.stdout).toBe("adding\n");
+
+    expect(await client.writeSessionFile(session.id, "data/in.txt", "from the client")).toEqual({
+      path: "data/in.txt",
+      bytes: 15,
+    });
+    await client.runCell(session.id, {
+      code: "open('/work/out.bin', 'wb').write(bytes(range(256)))",
+    });
+    expect(await client.readSessionFile(session.id, "out.bin")).toEqual(
+      new Uint8Array([...Array(256).keys()]),
+    );
+    const paused = await client.pauseSession(session.id);
+    expect(paused.session.state).toBe("paused");
+    expect(paused.sha256).toMatch(/^[0-9a-f]{64}$/);
+    expect((await client.resumeSession(session.id)).state).toBe("running");
+    const read = await client.runCell(session.id, { code: "open('/work/data/in.txt').read()" });
+    expect(read.value).toBe("'from the client'");
+
+    const taken = await client.checkpointSession(session.id);
+    const fork = await client.forkSession(session.id, { checkpoint: taken.checkpoint });
+    expect(fork.id).not.toBe(session.id);
+    await client.runCell(fork.id, { code: "x = 0" });
+    expect((await client.runCell(session.id, { code: "x + 1" })).value).toBe("42");
+    const { sessions: copies } = await client.forkSession(session.id, { count: 2 });
+    expect(new Set(copies.map((c) => c.id)).size).toBe(2);
+    for (const copy of [fork, ...copies]) {
+      expect((await client.deleteSession(copy.id)).state).toBe("deleted");
+    }
+    expect((await client.deleteSession(session.id)).state).toBe("deleted");
+    await expect(client.session(session.id)).rejects.toMatchObject({
+      status: 404,
+      problem: { type: "https://sandfork.dev/problems/not-found" },
+    });
+  });
+
+  it("network on a key without a policy: 403 network-not-allowed, on an execution and a cell", async () => {
+    const { client } = await sandfork();
+    const network = { allow: ["example.com:443"] };
+    const refused = {
+      status: 403,
+      problem: { type: "https://sandfork.dev/problems/network-not-allowed" },
+    };
+    await expect(
+      client.execute({ template: "python", code: "print(1)", network }),
+    ).rejects.toMatchObject(refused);
+    const session = await client.createSession({ template: "python" });
+    await expect(client.runCell(session.id, { code: "print(1)", network })).rejects.toMatchObject(
+      refused,
+    );
+    await client.deleteSession(session.id);
   });
 });
 

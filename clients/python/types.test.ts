@@ -36,6 +36,7 @@ const CHECKED: Record<string, string[]> = {
   Template: ["Template"],
   SessionInfo: ["Session"],
   ForkedSessions: ["ForkedSessions"],
+  NetworkRequest: ["NetworkRequest"],
   Cell: ["SessionCell"],
   Checkpoint: ["SessionCheckpoint"],
   Problem: ["Problem"],

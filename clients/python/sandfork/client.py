@@ -22,6 +22,7 @@ from .types import (
     ExecutionFile,
     ForkedSessions,
     JsonObject,
+    NetworkRequest,
     Problem,
     RichResult,
     SessionFile,
@@ -130,11 +131,22 @@ class Sandfork:
         timeout_ms: int | None = None,
         memory_mb: int | None = None,
         max_processes: int | None = None,
+        network: NetworkRequest | None = None,
         idempotency_key: str | None = None,
     ) -> Execution:
         """Runs code in a fresh sandbox of `template` and waits for its end."""
         body = self._execution_body(
-            template, code, language, stdin, args, env, files, timeout_ms, memory_mb, max_processes
+            template,
+            code,
+            language,
+            stdin,
+            args,
+            env,
+            files,
+            timeout_ms,
+            memory_mb,
+            max_processes,
+            network,
         )
         return cast(
             Execution,
@@ -154,11 +166,22 @@ class Sandfork:
         timeout_ms: int | None = None,
         memory_mb: int | None = None,
         max_processes: int | None = None,
+        network: NetworkRequest | None = None,
         idempotency_key: str | None = None,
     ) -> Iterator[StreamEvent]:
         """Runs code and yields its output as the program writes it, ending with the execution."""
         body = self._execution_body(
-            template, code, language, stdin, args, env, files, timeout_ms, memory_mb, max_processes
+            template,
+            code,
+            language,
+            stdin,
+            args,
+            env,
+            files,
+            timeout_ms,
+            memory_mb,
+            max_processes,
+            network,
         )
         with self._send(
             "POST",
@@ -276,6 +299,7 @@ class Sandfork:
         timeout_ms: int | None,
         memory_mb: int | None,
         max_processes: int | None,
+        network: NetworkRequest | None,
     ) -> JsonObject:
         return _without_none(
             {
@@ -289,6 +313,7 @@ class Sandfork:
                 "timeout_ms": timeout_ms,
                 "memory_mb": memory_mb,
                 "max_processes": max_processes,
+                "network": network,
             }
         )
 
@@ -365,11 +390,21 @@ class Session:
             self.delete()
 
     def run(
-        self, code: str, *, timeout_ms: int | None = None, max_processes: int | None = None
+        self,
+        code: str,
+        *,
+        timeout_ms: int | None = None,
+        max_processes: int | None = None,
+        network: NetworkRequest | None = None,
     ) -> Cell:
         """Runs `code` as the next cell; earlier cells' variables and imports are there."""
         body = _without_none(
-            {"code": code, "timeout_ms": timeout_ms, "max_processes": max_processes}
+            {
+                "code": code,
+                "timeout_ms": timeout_ms,
+                "max_processes": max_processes,
+                "network": network,
+            }
         )
         cell = cast(Cell, self.client._json("POST", f"{self._path}/executions", body))
         self.info = cell["session"]

@@ -37,6 +37,15 @@ class Timings(TypedDict):
     total_ms: float
 
 
+class NetworkRequest(TypedDict):
+    """A call's network: rules `host[:ports]` (`example.com`, `*.example.com`, `203.0.113.0/24`)
+    narrowing the key's policy; asking for it on a key without one is refused (403)."""
+
+    allow: list[str]
+    max_connections: NotRequired[int]
+    max_bytes: NotRequired[int]
+
+
 class NetworkUsage(TypedDict):
     """What a run did on the network: payload bytes, connections, what the policy refused."""
 

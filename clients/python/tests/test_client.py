@@ -13,11 +13,12 @@ import os
 import time
 import unittest
 import uuid
-
+from collections.abc import Callable
 from typing import Any, cast
 
 from sandfork import (
     Execution,
+    NetworkRequest,
     RichResult,
     Sandfork,
     SandforkError,
@@ -213,6 +214,22 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual(
             (invalid.exception.status, invalid.exception.slug), (422, "validation-failed")
         )
+        # This suite's key has no network policy: asking for network is refused, on every call.
+        allow: NetworkRequest = {"allow": ["example.com:443"], "max_connections": 1}
+        refusals: list[Callable[[], object]] = [
+            lambda: self.sandfork.execute("python", "print(1)", network=allow),
+            lambda: next(self.sandfork.stream("python", "print(1)", network=allow)),
+        ]
+        with self.sandfork.create_session("python") as session:
+            refusals.append(lambda: session.run("print(1)", network=allow))
+            for refusal in refusals:
+                with self.assertRaises(SandforkError) as no_policy:
+                    refusal()
+                self.assertEqual(
+                    (no_policy.exception.status, no_policy.exception.slug),
+                    (403, "network-not-allowed"),
+                )
+                self.assertFalse(no_policy.exception.retryable)
         with self.assertRaises(SandforkError) as anonymous:
             Sandfork(os.environ["SANDFORK_URL"], "sfk_not_a_key").templates()
         self.assertEqual(anonymous.exception.status, 401)

@@ -208,6 +208,7 @@ export class TemplateService {
     try {
       await updateCustomTemplate(db, row.id, { status: "building", step });
       log(`build of ${row.name}@${row.version} started`);
+      log(`step: ${step}`);
       const definitionPath = await this.writeBuildFolder(row.id, body);
       const runtime = this.deps.runtime();
       const builds = runtime?.templateBuilds;

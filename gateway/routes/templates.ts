@@ -20,6 +20,8 @@ import { AUTHENTICATED, problemResponses } from "./openapi-helpers.js";
 
 /** How often a streamed build reads its row, and the longest it streams. */
 const BUILD_POLL_MS = 250;
+/** A log line that says a build step started (gateway/template-service.ts logs one per step). */
+const STEP_LINE = /^step: (\w+)$/gm;
 const BUILD_STREAM_MAX_MS = 30 * 60_000;
 
 const iso = (d: Date | null) => (d === null ? null : d.toISOString());
@@ -169,18 +171,15 @@ export function registerTemplateRoutes(app: OpenAPIHono<AppEnv>, ctx: GatewayCon
     return streamSSE(c, async (stream) => {
       let row = first;
       let sentLogs = 0;
-      let sentStep: string | null = null;
       const deadline = performance.now() + BUILD_STREAM_MAX_MS;
       for (;;) {
-        if (row.step !== null && row.step !== sentStep) {
-          sentStep = row.step;
-          await stream.writeSSE({ event: "step", data: JSON.stringify({ step: row.step }) });
-        }
         if (row.logs.length > sentLogs) {
-          await stream.writeSSE({
-            event: "log",
-            data: JSON.stringify({ text: row.logs.slice(sentLogs) }),
-          });
+          const text = row.logs.slice(sentLogs);
+          // Steps are read from the log, where each start is a line, so none is missed
+          // between two polls of a quick build.
+          for (const [, step] of text.matchAll(STEP_LINE))
+            await stream.writeSSE({ event: "step", data: JSON.stringify({ step }) });
+          await stream.writeSSE({ event: "log", data: JSON.stringify({ text }) });
           sentLogs = row.logs.length;
         }
         if (finished(row) || performance.now() > deadline) {

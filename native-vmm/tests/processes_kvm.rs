@@ -1,5 +1,6 @@
 //! A process tree in the sandbox, on the KVM vCPU: fork, execve, wait, pipes between processes,
-//! signals across them, the shell and the tools the Python template ships. Shell commands run
+//! signals across them, UDP over the VM's loopback within and between processes, the shell
+//! and the tools the Python template ships. Shell commands run
 //! in the VM and natively (the same `/bin/bash` on the host, in an empty directory) and must
 //! print the same.
 
@@ -700,4 +701,94 @@ print(name.value, libc.prctl(12345, 0, 0, 0, 0), ctypes.get_errno())
         "{}",
         describe(&outcome)
     );
+}
+
+#[test]
+fn udp_datagrams_travel_over_the_vms_loopback_within_and_between_processes() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import errno, fcntl, os, select, socket, struct, termios
+# One socket sends itself datagrams: boundaries, source, MSG_PEEK, MSG_TRUNC, FIONREAD.
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+me = s.getsockname()
+print("bound", me[0], me[1] > 0)
+poller = select.poll()
+poller.register(s, select.POLLIN)
+print("ready before", poller.poll(0))
+print("sent", s.sendto(b"hello", me), s.sendto(b"", me), s.sendto(b"bc", me))
+print("ready after", poller.poll(0) == [(s.fileno(), select.POLLIN)])
+print("fionread", struct.unpack("i", fcntl.ioctl(s, termios.FIONREAD, b"\0" * 4))[0])
+data, source = s.recvfrom(100, socket.MSG_PEEK)
+print("peek", data, source == me)
+data, _, flags, source = s.recvmsg(2)
+print("truncated", data, flags & socket.MSG_TRUNC != 0, source == me)
+print("empty", s.recvfrom(100) == (b"", me))
+print("whole length", len(s.recv(1, socket.MSG_TRUNC)))
+s.setblocking(False)
+try:
+    s.recv(100)
+except BlockingIOError as e:
+    print("nothing left", e.errno == errno.EAGAIN)
+s.setblocking(True)
+# An unbound socket gets an ephemeral port at its first send.
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print("unbound", u.getsockname())
+u.sendto(b"from u", me)
+name = u.getsockname()
+data, source = s.recvfrom(100)
+print("autobound", name[0], name[1] > 0, data, source == ("127.0.0.1", name[1]))
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).bind(("127.0.0.1", me[1]))
+except OSError as e:
+    print("taken", e.errno == errno.EADDRINUSE)
+# A connected socket: nobody at the port, the next call reports it.
+gone = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+gone.bind(("127.0.0.1", 0))
+port = gone.getsockname()[1]
+gone.close()
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.connect(("127.0.0.1", port))
+print("connected from", c.getsockname()[0])
+print("first send", c.send(b"x"))
+try:
+    c.send(b"x")
+except ConnectionRefusedError:
+    print("refused")
+u.sendto(b"dropped", ("127.0.0.1", port))
+# A parent and a forked child: the parent waits in recvfrom until the child sends.
+server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+server.bind(("0.0.0.0", 0))
+port = server.getsockname()[1]
+pid = os.fork()
+if pid == 0:
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.connect(("127.0.0.1", port))
+    for i in range(3):
+        client.send(b"ping %d" % i)
+        print("child got", client.recv(100), flush=True)
+    os._exit(0)
+for i in range(3):
+    data, source = server.recvfrom(100)
+    server.sendto(data.replace(b"ping", b"pong"), source)
+_, status = os.waitpid(pid, 0)
+print("parent served", data, source[0], os.WEXITSTATUS(status))
+# IPv6 loopback.
+six = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+six.bind(("::1", 0))
+six.sendto(b"six", six.getsockname())
+data, source = six.recvfrom(100)
+print("ipv6", data, source[:2] == six.getsockname()[:2])
+# A timeout on a socket nobody sends to.
+t = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+t.bind(("127.0.0.1", 0))
+t.settimeout(0.2)
+try:
+    t.recvfrom(100)
+except socket.timeout:
+    print("timed out")
+EOF"#,
+    );
+    assert!(printed.contains("child got b'pong 2'"), "{printed}");
+    assert!(printed.ends_with("timed out\n"), "{printed}");
 }

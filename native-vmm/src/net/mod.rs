@@ -2,6 +2,7 @@
 //! under a policy (`policy.rs`), with names resolved by the VMM (`dns.rs`).
 //!
 //! - `host.rs`: the host sockets (non-blocking; the guest's blocking is the scheduler's).
+//! - `loopback.rs`: the receive queues of UDP sockets talking on the VM's own loopback.
 //! - `policy.rs`: allowlists of names, addresses and ports; the ranges always refused.
 //! - `dns.rs`: DNS messages. The guest's /etc/resolv.conf names `RESOLVER` (127.0.0.53, on the
 //!   VM's own loopback); a UDP packet to it never leaves the VMM: the question is read, a name
@@ -14,6 +15,7 @@
 
 pub mod dns;
 pub mod host;
+pub mod loopback;
 pub mod policy;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -211,6 +213,11 @@ pub struct InetSocket {
     /// Answers of the VM's resolver waiting to be read.
     pub answers: VecDeque<Vec<u8>>,
     pub lookups: Vec<Lookup>,
+    /// Datagrams other sockets of the VM sent it on the loopback.
+    pub inbox: loopback::Queue,
+    /// A datagram it sent while connected found no socket at its loopback port: the next
+    /// send or receive fails ECONNREFUSED (Linux's ICMP error, reported once).
+    pub refused: bool,
     pub shut_read: bool,
     pub shut_write: bool,
 }
@@ -226,6 +233,8 @@ impl InetSocket {
             bound: None,
             answers: VecDeque::new(),
             lookups: Vec::new(),
+            inbox: loopback::Queue::default(),
+            refused: false,
             shut_read: false,
             shut_write: false,
         }

@@ -307,6 +307,8 @@ pub struct FdTable {
     inets: Vec<Option<InetSocket>>,
     /// Bound addresses (namespace key) -> endpoint.
     bound: std::collections::BTreeMap<Vec<u8>, usize>,
+    /// Loopback UDP ports ((IPv6, port)) -> the Internet datagram socket bound there.
+    datagram_ports: std::collections::BTreeMap<(bool, u16), usize>,
     /// A connected socket's (local, peer) addresses, by the channel it receives on; a
     /// socketpair's ends have none (unnamed).
     socket_names: std::collections::BTreeMap<usize, (Vec<u8>, Vec<u8>)>,
@@ -332,6 +334,7 @@ impl FdTable {
             endpoints: Vec::new(),
             inets: Vec::new(),
             bound: Default::default(),
+            datagram_ports: Default::default(),
             socket_names: Default::default(),
             next_port: FIRST_EPHEMERAL_PORT,
             limit: FD_LIMIT,
@@ -740,6 +743,11 @@ impl FdTable {
 
     /// A free ephemeral port for `family`, given the namespace key of a port (family, port).
     pub fn ephemeral_port(&mut self, key_of: impl Fn(u16) -> Vec<u8>) -> Result<u16, Errno> {
+        self.free_port(|table, port| table.bound.contains_key(&key_of(port)))
+    }
+
+    /// The next ephemeral port not `taken`: EADDRINUSE when all are.
+    fn free_port(&mut self, taken: impl Fn(&FdTable, u16) -> bool) -> Result<u16, Errno> {
         for _ in 0..=(u16::MAX - FIRST_EPHEMERAL_PORT) {
             let port = self.next_port;
             self.next_port = if port == u16::MAX {
@@ -747,11 +755,32 @@ impl FdTable {
             } else {
                 port + 1
             };
-            if !self.bound.contains_key(&key_of(port)) {
+            if !taken(self, port) {
                 return Ok(port);
             }
         }
         Err(Errno::EADDRINUSE)
+    }
+
+    /// Binds Internet datagram socket `index` to loopback UDP `port` of its family (0: an
+    /// ephemeral one): the port bound, EADDRINUSE if taken. UDP ports are apart from the
+    /// stream sockets' ones, as on Linux.
+    pub fn bind_datagram(&mut self, index: usize, port: u16) -> Result<u16, Errno> {
+        let ipv6 = self.inet(index)?.ipv6;
+        let port = match port {
+            0 => self.free_port(|table, p| table.datagram_ports.contains_key(&(ipv6, p)))?,
+            port if self.datagram_ports.contains_key(&(ipv6, port)) => {
+                return Err(Errno::EADDRINUSE)
+            }
+            port => port,
+        };
+        self.datagram_ports.insert((ipv6, port), index);
+        Ok(port)
+    }
+
+    /// The Internet datagram socket bound to loopback UDP `port` of IPv6 or IPv4.
+    pub fn datagram_receiver(&self, ipv6: bool, port: u16) -> Option<usize> {
+        self.datagram_ports.get(&(ipv6, port)).copied()
     }
 
     /// listen(2): endpoint `index` (bound) takes connections, at most `backlog` waiting.
@@ -1113,6 +1142,7 @@ impl FdTable {
             // Its host socket closes with the last reference.
             Object::Inet(i) => {
                 self.inets[i] = None;
+                self.datagram_ports.retain(|_, &mut bound| bound != i);
                 return;
             }
             _ => return,
@@ -1417,6 +1447,7 @@ impl FdTable {
             endpoints: Vec::new(),
             inets: Vec::new(),
             bound: Default::default(),
+            datagram_ports: Default::default(),
             socket_names: Default::default(),
             next_port: FIRST_EPHEMERAL_PORT,
             limit,

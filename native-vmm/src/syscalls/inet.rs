@@ -11,13 +11,15 @@
 //! count against the run's cap: a transfer past it ends the run `network_limit`.
 //!
 //! A datagram socket is made here at socket(2); its host socket is opened at its first send to
-//! an allowed address, each of which is checked (a send to a refused one is EACCES).
+//! an allowed address, each of which is checked (a send to a refused one is EACCES). Datagrams
+//! to the VM's own loopback stay in the VM (loopback.rs).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::loopback;
 use super::{
     fd_arg, nonblocking_call, scatter, value, wait_ready_on, write_truncated, SysResult,
     SyscallOutcome, UserMemory, MSG_PEEK,
@@ -53,7 +55,7 @@ fn errno_of(e: &io::Error) -> Errno {
 }
 
 /// `addr` with an IPv4-mapped IPv6 address read as the IPv4 address it is.
-fn canonical(addr: SocketAddr) -> SocketAddr {
+pub(super) fn canonical(addr: SocketAddr) -> SocketAddr {
     match addr {
         SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
             Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
@@ -258,6 +260,10 @@ pub(super) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let family = if socket.ipv6 { AF_INET6 } else { AF_INET };
     let dest = parse_address(&raw, family)?;
     if canonical(dest) != RESOLVER {
+        if loopback::is_loopback(dest) {
+            loopback::connect(proc, index, dest)?;
+            return value(0);
+        }
         allowed(proc, dest)?;
     }
     proc.fds.inet_mut(index)?.peer = Some(dest);
@@ -273,8 +279,9 @@ fn host_fd(proc: &GuestProcess, index: usize) -> Result<i32, Errno> {
         .ok_or(Errno::ENOTCONN)
 }
 
-/// bind(fd, addr, addrlen) of a datagram socket: recorded (the host picks the port it sends
-/// from); only the wildcard and loopback addresses, as a guest has no others.
+/// bind(fd, addr, addrlen) of a datagram socket: a UDP port on the VM's loopback (loopback.rs;
+/// a host socket it opens later picks its own); only the wildcard and loopback addresses, as
+/// a guest has no others.
 pub(super) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let (index, _) = inet_at(proc, fd_arg(args[0]))?;
     let socket = proc.fds.inet(index)?;
@@ -288,7 +295,7 @@ pub(super) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     if !(ip.is_unspecified() || ip.is_loopback()) {
         return Err(Errno::EADDRNOTAVAIL);
     }
-    proc.fds.inet_mut(index)?.bound = Some(addr);
+    loopback::bind(proc, index, addr)?;
     value(0)
 }
 
@@ -439,6 +446,7 @@ fn receive_datagram(
     peek: bool,
     nonblocking: bool,
 ) -> Result<Receive, Errno> {
+    loopback::take_refused(proc, index)?;
     collect_answers(proc, index)?;
     let socket = proc.fds.inet_mut(index)?;
     let ipv6 = socket.ipv6;
@@ -447,13 +455,21 @@ fn receive_datagram(
     } else {
         socket.answers.pop_front()
     };
-    if let Some(mut message) = answer {
+    let message = answer.map(|a| (a, RESOLVER)).or_else(|| {
+        let datagram = if peek {
+            socket.inbox.front().cloned()
+        } else {
+            socket.inbox.pop()
+        };
+        datagram.map(|d| (d.data, d.from))
+    });
+    if let Some((mut message, from)) = message {
         let full = message.len();
         message.truncate(max);
         return Ok(Receive::Got(Received {
             data: message,
             full,
-            from: Some(RESOLVER),
+            from: Some(from),
             ipv6,
         }));
     }
@@ -553,6 +569,7 @@ fn send_datagram(
 ) -> SysResult {
     let socket = proc.fds.inet(index)?;
     let ipv6 = socket.ipv6;
+    let connected = dest.is_none();
     let dest = dest.or(socket.peer).ok_or(EDESTADDRREQ)?;
     if data.len() > MAX_DATAGRAM {
         return Err(Errno(90)); // EMSGSIZE
@@ -560,6 +577,12 @@ fn send_datagram(
     if canonical(dest) == RESOLVER {
         ask_resolver(proc, index, data)?;
         return value(data.len() as u64);
+    }
+    if loopback::is_loopback(dest) {
+        if socket.peer.is_some() {
+            loopback::take_refused(proc, index)?;
+        }
+        return value(loopback::send(proc, index, data, dest, connected)? as u64);
     }
     allowed(proc, dest)?;
     if data.len() as u64 > proc.net.bytes_left() {
@@ -662,7 +685,11 @@ pub(super) fn ready_bits(proc: &GuestProcess, index: usize) -> u16 {
     let (readable, writable) = (0x041u16, 0x104u16);
     if !socket.stream {
         let mut bits = writable;
+        if socket.refused {
+            bits |= POLLERR as u16;
+        }
         let answered = !socket.answers.is_empty()
+            || !socket.inbox.is_empty()
             || socket.lookups.iter().any(|l| {
                 Instant::now() >= l.deadline || host::ready_now(l.upstream.raw(), POLLIN) != 0
             })
@@ -751,6 +778,9 @@ pub(super) fn available(proc: &mut GuestProcess, index: usize) -> Result<usize, 
     if let Some(answer) = socket.answers.front() {
         return Ok(answer.len());
     }
+    if let Some(datagram) = socket.inbox.front() {
+        return Ok(datagram.data.len());
+    }
     let Some(host) = socket.host.clone() else {
         return Ok(0);
     };
@@ -803,6 +833,10 @@ pub(super) fn option(
             }
         } // SO_PROTOCOL
         (SOL_SOCKET, 30) => 0,                                                // SO_ACCEPTCONN
+        (SOL_SOCKET, 4) if socket.refused => {
+            proc.fds.inet_mut(index)?.refused = false;
+            Errno::ECONNREFUSED.0 as u32
+        }
         (SOL_SOCKET, 4) => match socket.connection {
             Connection::Connecting { .. } => match finish_connect(proc, index) {
                 Err(e) => e.0 as u32,

@@ -16,6 +16,7 @@ mod files;
 mod futex;
 mod ids;
 mod inet;
+mod loopback;
 mod memory;
 mod misc;
 mod ownership;

@@ -73,6 +73,17 @@ pub fn nameserver_of(resolv_conf: &str) -> Option<SocketAddr> {
     })
 }
 
+/// `addr` with an IPv4-mapped IPv6 address read as the IPv4 address it is.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
+            None => addr,
+        },
+        SocketAddr::V4(_) => addr,
+    }
+}
+
 /// A run's network limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {

@@ -25,7 +25,7 @@ use super::{
     SyscallOutcome, UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
-use crate::net::{dns, host, Connection, HostSocket, InetSocket, Lookup, RESOLVER};
+use crate::net::{canonical, dns, host, Connection, HostSocket, InetSocket, Lookup, RESOLVER};
 use crate::process::{GuestProcess, Object, O_NONBLOCK};
 use crate::status::RunStatus;
 
@@ -52,17 +52,6 @@ const POLLRDHUP: i16 = 0x2000;
 /// A host call's failure as the guest's errno (the host's numbering is Linux x86-64's too).
 fn errno_of(e: &io::Error) -> Errno {
     Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))
-}
-
-/// `addr` with an IPv4-mapped IPv6 address read as the IPv4 address it is.
-pub(super) fn canonical(addr: SocketAddr) -> SocketAddr {
-    match addr {
-        SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
-            None => addr,
-        },
-        SocketAddr::V4(_) => addr,
-    }
 }
 
 /// Reads a sockaddr of `family` (AF_INET or AF_INET6) from `raw`; Err(EAFNOSUPPORT) for

@@ -7,8 +7,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::inet::canonical;
 use crate::errno::Errno;
+use crate::net::canonical;
 use crate::process::GuestProcess;
 
 /// Whether `addr` is on the VM's loopback: a loopback address or the wildcard (which means

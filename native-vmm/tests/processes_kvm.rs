@@ -1,5 +1,6 @@
 //! A process tree in the sandbox, on the KVM vCPU: fork, execve, wait, pipes between processes,
-//! signals across them, UDP over the VM's loopback within and between processes, the shell
+//! signals across them, UDP over the VM's loopback and AF_UNIX datagram socketpairs within and
+//! between processes, the shell
 //! and the tools the Python template ships. Shell commands run
 //! in the VM and natively (the same `/bin/bash` on the host, in an empty directory) and must
 //! print the same.
@@ -715,7 +716,7 @@ me = s.getsockname()
 print("bound", me[0], me[1] > 0)
 poller = select.poll()
 poller.register(s, select.POLLIN)
-print("ready before", poller.poll(0))
+print("ready before", [e for _, e in poller.poll(0)] == [select.POLLOUT])
 print("sent", s.sendto(b"hello", me), s.sendto(b"", me), s.sendto(b"bc", me))
 print("ready after", poller.poll(0) == [(s.fileno(), select.POLLIN)])
 print("fionread", struct.unpack("i", fcntl.ioctl(s, termios.FIONREAD, b"\0" * 4))[0])
@@ -791,4 +792,72 @@ EOF"#,
     );
     assert!(printed.contains("child got b'pong 2'"), "{printed}");
     assert!(printed.ends_with("timed out\n"), "{printed}");
+}
+
+#[test]
+fn unix_datagram_socketpairs_keep_boundaries_within_and_between_processes() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import errno, os, select, socket
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+print("type", a.type == socket.SOCK_DGRAM, a.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE))
+poller = select.poll()
+poller.register(b, select.POLLIN | select.POLLOUT)
+print("ready before", [e for _, e in poller.poll(0)] == [select.POLLOUT])
+print("sent", a.send(b"hello"), a.send(b""), a.sendmsg([b"in ", b"two"]), a.send(b"abcdef"))
+print("ready after", [e for _, e in poller.poll(0)] == [select.POLLIN | select.POLLOUT])
+print("peek", b.recv(100, socket.MSG_PEEK), b.recv(2, socket.MSG_PEEK))
+print("whole", b.recv(100))
+print("empty", b.recvfrom(100))
+print("gathered", b.recv(100))
+data, _, flags, source = b.recvmsg(3)
+print("truncated", data, flags & socket.MSG_TRUNC != 0, source)
+a.send(b"longer")
+print("whole length", len(b.recv(1, socket.MSG_TRUNC)))
+b.setblocking(False)
+try:
+    b.recv(100)
+except BlockingIOError as e:
+    print("nothing left", e.errno == errno.EAGAIN)
+# Both ends shared across fork: the parent waits in recv until the child sends.
+pid = os.fork()
+if pid == 0:
+    b.setblocking(True)
+    for i in range(3):
+        b.send(b"ping %d" % i)
+        print("child got", b.recv(100), flush=True)
+    os._exit(0)
+for i in range(3):
+    a.send(a.recv(100).replace(b"ping", b"pong"))
+_, status = os.waitpid(pid, 0)
+print("parent done", os.WEXITSTATUS(status))
+# A nonblocking pair: a full queue is EAGAIN; a closed peer refuses the next send.
+c, d = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+sent = 0
+try:
+    while sent < 100000:
+        c.send(b"x" * 1000)
+        sent += 1
+except BlockingIOError:
+    print("queue full", sent > 10)
+d.recv(1000)
+c.send(b"x" * 1000)
+print("room again")
+d.close()
+try:
+    c.send(b"x")
+except ConnectionRefusedError:
+    print("refused")
+try:
+    c.send(b"x")
+except OSError as e:
+    print("then", errno.errorcode[e.errno])
+try:
+    c.recv(10)
+except BlockingIOError:
+    print("recv still waits")
+EOF"#,
+    );
+    assert!(printed.contains("child got b'pong 2'"), "{printed}");
+    assert!(printed.ends_with("recv still waits\n"), "{printed}");
 }

@@ -1,5 +1,5 @@
-//! UDP on the VM's own loopback: the datagrams waiting in a bound socket's receive queue.
-//! They never touch a host socket, the policy or the run's network usage; a queue holds at
+//! Datagrams inside the VM: the receive queue of a UDP socket on the VM's own loopback, and
+//! of an AF_UNIX datagram socket (its source address type `A` differs). They never touch a host socket, the policy or the run's network usage; a queue holds at
 //! most `QUEUE_BYTES` (each datagram counted with `DATAGRAM_OVERHEAD`, as Linux counts its
 //! buffers against the receive buffer) and drops what arrives past that, as Linux does.
 
@@ -13,35 +13,48 @@ pub const DATAGRAM_OVERHEAD: usize = 768;
 
 /// One datagram and the address it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Datagram {
-    pub from: SocketAddr,
+pub struct Datagram<A = SocketAddr> {
+    pub from: A,
     pub data: Vec<u8>,
 }
 
-/// A socket's queue of datagrams received on the loopback, oldest first.
-#[derive(Debug, Clone, Default)]
-pub struct Queue {
-    datagrams: VecDeque<Datagram>,
+/// A socket's queue of datagrams received, oldest first.
+#[derive(Debug, Clone)]
+pub struct Queue<A = SocketAddr> {
+    datagrams: VecDeque<Datagram<A>>,
     cost: usize,
 }
 
-impl Queue {
+impl<A> Default for Queue<A> {
+    fn default() -> Self {
+        Queue {
+            datagrams: VecDeque::new(),
+            cost: 0,
+        }
+    }
+}
+
+impl<A> Queue<A> {
+    /// Whether a datagram of `len` bytes fits now (an empty queue takes any).
+    pub fn has_room(&self, len: usize) -> bool {
+        self.datagrams.is_empty() || self.cost + len + DATAGRAM_OVERHEAD <= QUEUE_BYTES
+    }
+
     /// Queues `data` from `from`; false when the queue is full and it was dropped.
-    pub fn push(&mut self, from: SocketAddr, data: Vec<u8>) -> bool {
-        let cost = data.len() + DATAGRAM_OVERHEAD;
-        if self.cost + cost > QUEUE_BYTES && !self.datagrams.is_empty() {
+    pub fn push(&mut self, from: A, data: Vec<u8>) -> bool {
+        if !self.has_room(data.len()) {
             return false;
         }
-        self.cost += cost;
+        self.cost += data.len() + DATAGRAM_OVERHEAD;
         self.datagrams.push_back(Datagram { from, data });
         true
     }
 
-    pub fn front(&self) -> Option<&Datagram> {
+    pub fn front(&self) -> Option<&Datagram<A>> {
         self.datagrams.front()
     }
 
-    pub fn pop(&mut self) -> Option<Datagram> {
+    pub fn pop(&mut self) -> Option<Datagram<A>> {
         let datagram = self.datagrams.pop_front()?;
         self.cost -= datagram.data.len() + DATAGRAM_OVERHEAD;
         Some(datagram)
@@ -87,7 +100,9 @@ mod tests {
         }
         assert!(!queue.push(from(1), vec![0; size]));
         assert!(!queue.push(from(1), vec![0; QUEUE_BYTES]));
+        assert!(!queue.has_room(size));
         queue.pop();
+        assert!(queue.has_room(size));
         assert!(queue.push(from(1), vec![0; size]));
         // An empty queue takes even a datagram larger than its limit, as Linux's does.
         let mut empty = Queue::default();

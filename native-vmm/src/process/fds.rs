@@ -14,6 +14,7 @@ use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::errno::Errno;
 use crate::fs::Node;
 use crate::fs::Vfs;
+use crate::net::loopback::Queue;
 use crate::net::InetSocket;
 
 /// Linux's default RLIMIT_NOFILE: the guest's fd limit (soft and hard).
@@ -75,6 +76,19 @@ pub enum Object {
     /// An Internet socket whose traffic leaves the VM through a host socket (an index into the
     /// table of them; `crate::net`).
     Inet(usize),
+    /// One end of an AF_UNIX SOCK_DGRAM socketpair (an index into the table of them).
+    UnixDatagram(usize),
+}
+
+/// One end of an AF_UNIX SOCK_DGRAM socketpair: the datagrams sent to it (from an unnamed
+/// socket: no source address) and its peer.
+#[derive(Debug, Clone, Default)]
+pub struct UnixDatagram {
+    pub inbox: Queue<()>,
+    /// The other end, while it is open.
+    pub peer: Option<usize>,
+    /// The peer closed and no send has reported it yet (Linux's next send is ECONNREFUSED).
+    pub peer_closed: bool,
 }
 
 /// A socket made by socket(2) before it is connected. Its address lives only in this VM's
@@ -305,6 +319,7 @@ pub struct FdTable {
     epolls: Vec<Option<EpollSet>>,
     endpoints: Vec<Option<Endpoint>>,
     inets: Vec<Option<InetSocket>>,
+    unix_datagrams: Vec<Option<UnixDatagram>>,
     /// Bound addresses (namespace key) -> endpoint.
     bound: std::collections::BTreeMap<Vec<u8>, usize>,
     /// Loopback UDP ports ((IPv6, port)) -> the Internet datagram socket bound there.
@@ -333,6 +348,7 @@ impl FdTable {
             epolls: Vec::new(),
             endpoints: Vec::new(),
             inets: Vec::new(),
+            unix_datagrams: Vec::new(),
             bound: Default::default(),
             datagram_ports: Default::default(),
             socket_names: Default::default(),
@@ -632,6 +648,38 @@ impl FdTable {
         )
     }
 
+    /// Creates a connected AF_UNIX datagram socketpair: two read-write descriptions, not yet
+    /// installed.
+    pub fn new_datagram_pair(&mut self, flags: u32) -> (Description, Description) {
+        let a = free_index(&mut self.unix_datagrams, UnixDatagram::default());
+        let b = free_index(&mut self.unix_datagrams, UnixDatagram::default());
+        self.unix_datagrams[a]
+            .iter_mut()
+            .for_each(|s| s.peer = Some(b));
+        self.unix_datagrams[b]
+            .iter_mut()
+            .for_each(|s| s.peer = Some(a));
+        let status = O_RDWR | (flags & O_NONBLOCK);
+        (
+            Description::new(Object::UnixDatagram(a), status),
+            Description::new(Object::UnixDatagram(b), status),
+        )
+    }
+
+    pub fn unix_datagram(&self, index: usize) -> Result<&UnixDatagram, Errno> {
+        self.unix_datagrams
+            .get(index)
+            .and_then(|s| s.as_ref())
+            .ok_or(Errno::EBADF)
+    }
+
+    pub fn unix_datagram_mut(&mut self, index: usize) -> Result<&mut UnixDatagram, Errno> {
+        self.unix_datagrams
+            .get_mut(index)
+            .and_then(|s| s.as_mut())
+            .ok_or(Errno::EBADF)
+    }
+
     /// shutdown(2) of the socket at `fd`: SHUT_WR gives the peer end of file (once), SHUT_RD
     /// makes this end read end of file and the peer's writes fail with EPIPE.
     pub fn shutdown_socket(&mut self, fd: u64, read: bool, write: bool) -> Result<(), Errno> {
@@ -681,6 +729,7 @@ impl FdTable {
     pub fn has_addressed_sockets(&self) -> bool {
         self.endpoints.iter().any(Option::is_some)
             || self.inets.iter().any(Option::is_some)
+            || self.unix_datagrams.iter().any(Option::is_some)
             || !self.socket_names.is_empty()
     }
 
@@ -1145,6 +1194,15 @@ impl FdTable {
                 self.datagram_ports.retain(|_, &mut bound| bound != i);
                 return;
             }
+            // Its queue goes with it; the peer learns it closed.
+            Object::UnixDatagram(i) => {
+                let peer = self.unix_datagrams[i].take().and_then(|s| s.peer);
+                if let Some(peer) = peer.and_then(|p| self.unix_datagrams[p].as_mut()) {
+                    peer.peer = None;
+                    peer.peer_closed = true;
+                }
+                return;
+            }
             _ => return,
         };
         read.and_then(|i| self.pipes[i].as_mut())
@@ -1258,14 +1316,18 @@ impl Object {
                 e.u64(*count);
                 e.bool(*semaphore);
             }
-            // GuestProcess::encode_state refuses a process with endpoints or Internet
-            // sockets; these tags are never read back.
+            // GuestProcess::encode_state refuses a process with endpoints, Internet sockets
+            // or datagram socketpairs; these tags are never read back.
             Object::Endpoint(i) => {
                 e.u8(9);
                 e.len(*i);
             }
             Object::Inet(i) => {
                 e.u8(10);
+                e.len(*i);
+            }
+            Object::UnixDatagram(i) => {
+                e.u8(11);
                 e.len(*i);
             }
         }
@@ -1418,7 +1480,7 @@ impl FdTable {
                 Object::Stdin | Object::Output(_) | Object::Node(_) | Object::EventFd { .. } => {
                     ([None, None], None)
                 }
-                Object::Endpoint(_) | Object::Inet(_) => {
+                Object::Endpoint(_) | Object::Inet(_) | Object::UnixDatagram(_) => {
                     return Err(DecodeError::new(
                         "a template snapshot holds no unconnected or Internet socket".to_owned(),
                     ))
@@ -1446,6 +1508,7 @@ impl FdTable {
             epolls,
             endpoints: Vec::new(),
             inets: Vec::new(),
+            unix_datagrams: Vec::new(),
             bound: Default::default(),
             datagram_ports: Default::default(),
             socket_names: Default::default(),

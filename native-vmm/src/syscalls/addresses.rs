@@ -5,8 +5,9 @@
 //! accept. A connection to any other address leaves the VM under the run's network policy
 //! (inet.rs); binding one is EADDRNOTAVAIL. A Unix socket bound to a path also gets a socket
 //! file there (`Vfs::make_socket`: stat, chmod and unlink see it); connections still find the
-//! socket by its name in the namespace. Internet datagram sockets are inet.rs's; other datagram
-//! and raw sockets are refused (ESOCKTNOSUPPORT).
+//! socket by its name in the namespace. Internet datagram sockets are inet.rs's; AF_UNIX
+//! datagram sockets exist only as socketpairs (unix_datagram.rs), so socket(2) refuses them as
+//! it does raw sockets (ESOCKTNOSUPPORT).
 
 use super::files::{fd_arg, with_view};
 pub(super) use super::write_truncated;

@@ -185,7 +185,7 @@ pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
     let id = proc.fds.description_id(fd)? as u64;
     match proc.fds.get(fd)?.object {
         Object::Node(node) => proc.config.vfs.stat(node),
-        Object::Socket { .. } | Object::Endpoint(_) | Object::Inet(_) => {
+        Object::Socket { .. } | Object::Endpoint(_) | Object::Inet(_) | Object::UnixDatagram(_) => {
             Ok(stream_stat(id, S_IFSOCK))
         }
         Object::Epoll(_) | Object::EventFd { .. } => Ok(stream_stat(id, 0)),
@@ -259,6 +259,12 @@ fn read_fd(
             }
             return super::inet::read(proc, user, index, &[(buf, len)], nonblocking);
         }
+        Object::UnixDatagram(index) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            return super::unix_datagram::read(proc, user, index, &[(buf, len)], nonblocking);
+        }
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
         Object::Epoll(_) => return Err(Errno::EINVAL),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
@@ -292,6 +298,13 @@ fn write_fd(
             }
             let nonblocking = desc.nonblocking();
             return super::inet::write(proc, user, index, &[(buf, len)], nonblocking);
+        }
+        Object::UnixDatagram(index) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            let nonblocking = desc.nonblocking();
+            return super::unix_datagram::send(proc, user, index, &[(buf, len)], nonblocking);
         }
         Object::Output(_) => len.min(proc.output.remaining()),
         Object::PipeWrite(pipe) | Object::Socket { tx: pipe, .. } => {
@@ -359,7 +372,9 @@ pub(super) fn write_bytes(
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
         // An eventfd takes 8-byte counts from guest memory only (write_fd), an Internet socket
         // sends from guest memory only (inet.rs).
-        Object::Epoll(_) | Object::EventFd { .. } | Object::Inet(_) => Err(Errno::EINVAL),
+        Object::Epoll(_) | Object::EventFd { .. } | Object::Inet(_) | Object::UnixDatagram(_) => {
+            Err(Errno::EINVAL)
+        }
         Object::Endpoint(_) => Err(Errno::ENOTCONN),
     }
 }
@@ -485,7 +500,18 @@ fn vectored(
     let fd = fd_arg(args[0]);
     let desc = proc.fds.get(fd)?;
     let iovecs = user.read_iovecs(args[1], args[2])?;
-    // An Internet socket moves the buffers in one host call (one datagram, one receive).
+    // A datagram socket moves the buffers in one call (one datagram, one receive).
+    if let Object::UnixDatagram(index) = desc.object {
+        if at.is_some() {
+            return Err(Errno::ESPIPE);
+        }
+        let nonblocking = desc.nonblocking();
+        return if writing {
+            super::unix_datagram::send(proc, user, index, &iovecs, nonblocking)
+        } else {
+            super::unix_datagram::read(proc, user, index, &iovecs, nonblocking)
+        };
+    }
     if let Object::Inet(index) = desc.object {
         if at.is_some() {
             return Err(Errno::ESPIPE);
@@ -965,6 +991,13 @@ pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
                     proc.config.vfs.stat(node)?.size.saturating_sub(desc.offset)
                 }
                 Object::Inet(index) => super::inet::available(proc, index)? as u64,
+                // The next datagram's length, as Linux answers for a Unix datagram socket.
+                Object::UnixDatagram(index) => proc
+                    .fds
+                    .unix_datagram(index)?
+                    .inbox
+                    .front()
+                    .map_or(0, |d| d.data.len() as u64),
                 _ => return Err(Errno::ENOTTY),
             };
             user.write_u32(arg, available.min(i32::MAX as u64) as u32)?;

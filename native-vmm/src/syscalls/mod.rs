@@ -29,6 +29,7 @@ mod table;
 mod threads;
 mod time;
 mod transfer;
+mod unix_datagram;
 
 #[cfg(test)]
 mod tests;

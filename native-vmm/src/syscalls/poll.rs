@@ -109,6 +109,7 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             bits
         }
         Object::Inet(i) => super::inet::ready_bits(proc, i),
+        Object::UnixDatagram(i) => super::unix_datagram::ready_bits(proc, i),
         Object::Epoll(i) => match super::epoll::ready_list(proc, i) {
             Ok(list) if !list.is_empty() => readable,
             Ok(_) => 0,

@@ -99,9 +99,10 @@ impl ProcessView for ProcessFacts<'_> {
             Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => {
                 FdTarget::Anonymous(format!("pipe:[{id}]").into_bytes())
             }
-            Object::Socket { .. } | Object::Endpoint(_) | Object::Inet(_) => {
-                FdTarget::Anonymous(format!("socket:[{id}]").into_bytes())
-            }
+            Object::Socket { .. }
+            | Object::Endpoint(_)
+            | Object::Inet(_)
+            | Object::UnixDatagram(_) => FdTarget::Anonymous(format!("socket:[{id}]").into_bytes()),
             Object::Epoll(_) => FdTarget::Anonymous(b"anon_inode:[eventpoll]".to_vec()),
             Object::EventFd { .. } => FdTarget::Anonymous(b"anon_inode:[eventfd]".to_vec()),
         })

@@ -8,12 +8,14 @@
 //! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data:
 //! SCM_RIGHTS passes file descriptions between the processes of the tree (and within one), as
 //! Linux does; credentials (SCM_CREDENTIALS) are EOPNOTSUPP.
-//! Internet sockets whose traffic leaves the VM are inet.rs's: each call here hands them over.
+//! Internet sockets whose traffic leaves the VM are inet.rs's, AF_UNIX datagram socketpairs
+//! unix_datagram.rs's: each call here hands them over.
 
 use super::addresses::{endpoint_name, write_truncated, AF_INET, AF_INET6};
 use super::files::{
     fd_arg, read_channel, transfer_each, write_channel, write_channel_passing, MAX_IO,
 };
+use super::unix_datagram::{self, received_length};
 use super::{
     inet, nonblocking_call, scatter, value, wait_ready, SysResult, SyscallOutcome, UserMemory,
     MSG_PEEK,
@@ -25,6 +27,7 @@ use crate::process::{
 
 const AF_UNIX: u64 = 1;
 const SOCK_STREAM: u64 = 1;
+const SOCK_DGRAM: u64 = 2;
 const SOCK_TYPE_MASK: u64 = 0xf;
 const SOCK_NONBLOCK: u64 = 0o4000;
 const SOCK_CLOEXEC: u64 = 0o2000000;
@@ -60,6 +63,7 @@ fn socket(proc: &GuestProcess, fd: u64) -> Result<(usize, Option<usize>, bool), 
             Ok((rx, (!shut_write).then_some(tx), desc.nonblocking()))
         }
         Object::Endpoint(_) => Err(Errno::ENOTCONN),
+        Object::UnixDatagram(_) => Err(Errno::EOPNOTSUPP),
         _ => Err(Errno::ENOTSOCK),
     }
 }
@@ -80,12 +84,13 @@ fn any_socket(proc: &GuestProcess, fd: u64) -> Result<(u16, bool), Errno> {
             let endpoint = proc.fds.endpoint(i)?;
             Ok((endpoint.family, endpoint.listening.is_some()))
         }
+        Object::UnixDatagram(_) => Ok((AF_UNIX as u16, false)),
         _ => Err(Errno::ENOTSOCK),
     }
 }
 
-/// socketpair(domain, type, protocol, sv): AF_UNIX SOCK_STREAM only (with SOCK_NONBLOCK and
-/// SOCK_CLOEXEC); other types are EOPNOTSUPP, other families EOPNOTSUPP too (no network).
+/// socketpair(domain, type, protocol, sv): AF_UNIX SOCK_STREAM and SOCK_DGRAM (with
+/// SOCK_NONBLOCK and SOCK_CLOEXEC); other types are EOPNOTSUPP, other families EOPNOTSUPP too.
 pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [domain, kind, protocol, sv, ..] = args;
     let (domain, kind, protocol) = (
@@ -96,7 +101,8 @@ pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }
-    if domain != AF_UNIX || kind & SOCK_TYPE_MASK != SOCK_STREAM {
+    let datagram = kind & SOCK_TYPE_MASK == SOCK_DGRAM;
+    if domain != AF_UNIX || !(datagram || kind & SOCK_TYPE_MASK == SOCK_STREAM) {
         return Err(Errno::EOPNOTSUPP);
     }
     if protocol != 0 && protocol != AF_UNIX {
@@ -109,7 +115,11 @@ pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     } else {
         0
     };
-    let (a, b) = proc.fds.new_socketpair(nonblock);
+    let (a, b) = if datagram {
+        proc.fds.new_datagram_pair(nonblock)
+    } else {
+        proc.fds.new_socketpair(nonblock)
+    };
     let fd_a = proc.fds.install(a, 0, cloexec)?;
     let fd_b = match proc.fds.install(b, 0, cloexec) {
         Ok(fd) => fd,
@@ -129,6 +139,13 @@ pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
         return inet::sendto(proc, user, args);
     }
     let [fd, buf, len, flags, _, addrlen] = args;
+    if let Some((index, nonblocking)) = unix_datagram::index_of(proc, fd_arg(fd)) {
+        let nonblocking = nonblocking_call(flags, nonblocking)?;
+        if addrlen as u32 != 0 {
+            return Err(Errno::ECONNREFUSED);
+        }
+        return unix_datagram::send(proc, user, index, &[(buf, len)], nonblocking);
+    }
     let (_, tx, nonblocking) = socket(proc, fd)?;
     if addrlen as u32 != 0 {
         return Err(EISCONN);
@@ -146,6 +163,19 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
         return inet::recvfrom(proc, user, args);
     }
     let [fd, buf, len, flags, src, addrlen] = args;
+    if let Some((index, nonblocking)) = unix_datagram::index_of(proc, fd_arg(fd)) {
+        let nonblocking = nonblocking_call(flags, nonblocking)?;
+        let iovecs = [(buf, len)];
+        return match unix_datagram::receive(proc, user, index, &iovecs, flags, nonblocking)? {
+            Ok((full, _)) => {
+                if src != 0 && addrlen != 0 {
+                    user.write_u32(addrlen, 0)?;
+                }
+                value(received_length(flags, full, &iovecs))
+            }
+            Err(outcome) => outcome,
+        };
+    }
     let (rx, _, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     if src != 0 && addrlen != 0 {
@@ -269,6 +299,20 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return inet::sendmsg(proc, user, args);
     }
     let [fd, msg, flags, ..] = args;
+    if let Some((index, nonblocking)) = unix_datagram::index_of(proc, fd_arg(fd)) {
+        let nonblocking = nonblocking_call(flags, nonblocking)?;
+        let header = read_msghdr(user, msg, true).map_err(|e| {
+            if e == EISCONN {
+                Errno::ECONNREFUSED
+            } else {
+                e
+            }
+        })?;
+        if !passed_fds(proc, user, header.control, header.controllen)?.is_empty() {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        return unix_datagram::send(proc, user, index, &header.iovecs, nonblocking);
+    }
     let (_, tx, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     let header = read_msghdr(user, msg, true)?;
@@ -294,6 +338,25 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return inet::recvmsg(proc, user, args);
     }
     let [fd, msg, flags, ..] = args;
+    if let Some((index, nonblocking)) = unix_datagram::index_of(proc, fd_arg(fd)) {
+        let nonblocking = nonblocking_call(flags, nonblocking)?;
+        let header = read_msghdr(user, msg, false)?;
+        let iovecs = &header.iovecs;
+        return match unix_datagram::receive(proc, user, index, iovecs, flags, nonblocking)? {
+            Ok((full, cut)) => {
+                user.write_u32(msg + 8, 0)?;
+                user.write_u64(msg + 40, 0)?;
+                let msg_flags = if cut {
+                    unix_datagram::MSG_TRUNC as u32
+                } else {
+                    0
+                };
+                user.write_u32(msg + 48, msg_flags)?;
+                value(received_length(flags, full, iovecs))
+            }
+            Err(outcome) => outcome,
+        };
+    }
     let (rx, _, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     if flags & MSG_PEEK != 0 {
@@ -371,7 +434,10 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let (family, listening) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
     let answer: u32 = match (u64::from(level as u32), u64::from(name as u32)) {
-        (SOL_SOCKET, SO_TYPE) => SOCK_STREAM as u32,
+        (SOL_SOCKET, SO_TYPE) => match proc.fds.get(fd_arg(fd))?.object {
+            Object::UnixDatagram(_) => SOCK_DGRAM as u32,
+            _ => SOCK_STREAM as u32,
+        },
         (SOL_SOCKET, SO_DOMAIN) => u32::from(family),
         (SOL_SOCKET, SO_SNDBUF | SO_RCVBUF) => PIPE_CAPACITY as u32,
         (SOL_SOCKET, SO_ACCEPTCONN) => u32::from(listening),
@@ -432,6 +498,7 @@ pub(crate) fn getsockname(proc: &mut GuestProcess, user: &UserMemory, args: [u64
             .map_or(UNNAMED_ADDRESS.to_vec(), |(local, _)| local.clone()),
         Object::Endpoint(i) => endpoint_name(proc, i)?,
         Object::Inet(i) => inet::local_name(proc, i)?,
+        Object::UnixDatagram(_) => UNNAMED_ADDRESS.to_vec(),
         _ => return Err(Errno::ENOTSOCK),
     };
     write_truncated(user, args[1], args[2], &name)
@@ -446,6 +513,10 @@ pub(crate) fn getpeername(proc: &mut GuestProcess, user: &UserMemory, args: [u64
             .map_or(UNNAMED_ADDRESS.to_vec(), |(_, peer)| peer.clone()),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
         Object::Inet(i) => inet::peer_name(proc, i)?,
+        Object::UnixDatagram(i) if proc.fds.unix_datagram(i)?.peer.is_some() => {
+            UNNAMED_ADDRESS.to_vec()
+        }
+        Object::UnixDatagram(_) => return Err(Errno::ENOTCONN),
         _ => return Err(Errno::ENOTSOCK),
     };
     write_truncated(user, args[1], args[2], &name)

@@ -1090,13 +1090,15 @@ const EPOLLHUP: u32 = 0x10;
 const EPOLLONESHOT: u32 = 1 << 30;
 
 impl Guest {
-    /// A socketpair's two fds.
+    /// A stream socketpair's two fds.
     fn socketpair(&mut self, flags: u64) -> (u64, u64) {
+        self.socketpair_of(SOCK_STREAM | flags)
+    }
+
+    /// The two fds of a socketpair of type `kind` (with its flags).
+    fn socketpair_of(&mut self, kind: u64) -> (u64, u64) {
         assert_eq!(
-            self.ret(
-                SOCKETPAIR,
-                &[AF_UNIX, SOCK_STREAM | flags, 0, SCRATCH + 0x800]
-            ),
+            self.ret(SOCKETPAIR, &[AF_UNIX, kind, 0, SCRATCH + 0x800]),
             0
         );
         (
@@ -1129,14 +1131,15 @@ impl Guest {
 #[test]
 fn socketpair_is_a_bidirectional_bounded_channel() {
     let mut g = guest();
-    // Only AF_UNIX stream pairs; socket(2) makes no datagram sockets.
+    // Only AF_UNIX stream and datagram pairs; socket(2) makes no Unix datagram sockets.
     assert_eq!(
         g.ret(SOCKETPAIR, &[2, SOCK_STREAM, 0, SCRATCH]),
         err(Errno::EOPNOTSUPP)
     );
     assert_eq!(
-        g.ret(SOCKETPAIR, &[AF_UNIX, 2, 0, SCRATCH]),
-        err(Errno::EOPNOTSUPP)
+        g.ret(SOCKETPAIR, &[AF_UNIX, 5, 0, SCRATCH]),
+        err(Errno::EOPNOTSUPP),
+        "SOCK_SEQPACKET"
     );
     assert_eq!(
         g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM | 0x100, 0, SCRATCH]),
@@ -1364,6 +1367,59 @@ fn scm_rights_pass_descriptions_and_hostile_control_data_is_refused() {
     assert_eq!(g.mem.read_vec(BUF + 16, 5).unwrap(), b"12abc");
     assert_eq!(g.mem.read_u64(msg + 40).unwrap(), 24);
     assert_eq!(g.read_bytes(b, 10).unwrap(), b"34");
+}
+
+#[test]
+fn datagram_socketpairs_keep_boundaries_and_report_a_closed_peer() {
+    const SOCK_DGRAM: u64 = 2;
+    const MSG_TRUNC: u64 = 0x20;
+    const FIONREAD: u64 = 0x541b;
+    let mut g = guest();
+    let (a, b) = g.socketpair_of(SOCK_DGRAM | O_NONBLOCK);
+    g.mem.write_u32(SCRATCH + 0x880, 4).unwrap();
+    assert_eq!(g.ret(GETSOCKOPT, &[a, 1, 3, BUF, SCRATCH + 0x880]), 0);
+    assert_eq!(g.mem.read_u32(BUF).unwrap(), SOCK_DGRAM as u32);
+    assert_eq!(g.read_bytes(b, 10), Err(err(Errno::EAGAIN)));
+    assert_eq!(g.write_bytes(a, b"hello"), 5);
+    assert_eq!(g.write_bytes(a, b""), 0);
+    assert_eq!(g.write_bytes(a, b"abcdef"), 6);
+    assert_eq!(g.ret(IOCTL, &[b, FIONREAD, SCRATCH + 0x880]), 0);
+    assert_eq!(g.mem.read_u32(SCRATCH + 0x880).unwrap(), 5);
+    // A peek leaves the datagram; a short buffer takes its start and drops the rest.
+    assert_eq!(g.ret(RECVFROM, &[b, BUF, 2, MSG_PEEK, 0, 0]), 2);
+    assert_eq!(g.read_bytes(b, 100).unwrap(), b"hello");
+    assert_eq!(g.read_bytes(b, 100).unwrap(), b"");
+    assert_eq!(g.ret(RECVFROM, &[b, BUF, 2, MSG_TRUNC, 0, 0]), 6);
+    assert_eq!(g.mem.read_vec(BUF, 2).unwrap(), b"ab");
+    assert_eq!(g.read_bytes(b, 100), Err(err(Errno::EAGAIN)));
+    // Too large for one datagram; a full queue is EAGAIN until the peer reads.
+    let huge = super::unix_datagram::MAX_DATAGRAM as u64 + 1;
+    assert_eq!(g.ret(SENDTO, &[a, BUF, huge, 0, 0, 0]), -90, "EMSGSIZE");
+    let mut sent = 0;
+    while g.ret(SENDTO, &[a, BUF, 1000, 0, 0, 0]) == 1000 {
+        sent += 1;
+        assert!(sent < 1000);
+    }
+    assert_eq!(g.ret(SENDTO, &[a, BUF, 1000, 0, 0, 0]), err(Errno::EAGAIN));
+    assert!(sent > 100);
+    assert_eq!(g.read_bytes(b, 2000).unwrap().len(), 1000);
+    assert_eq!(g.ret(SENDTO, &[a, BUF, 1000, 0, 0, 0]), 1000);
+    // A send to an address has nobody to go to.
+    assert_eq!(
+        g.ret(SENDTO, &[a, BUF, 1, 0, SCRATCH, 110]),
+        err(Errno::ECONNREFUSED)
+    );
+    // The peer closes: its queue goes, the next send is refused, later ones not connected.
+    assert_eq!(g.ret(CLOSE, &[b]), 0);
+    assert_eq!(
+        g.ret(SENDTO, &[a, BUF, 1, 0, 0, 0]),
+        err(Errno::ECONNREFUSED)
+    );
+    assert_eq!(g.ret(SENDTO, &[a, BUF, 1, 0, 0, 0]), err(Errno::ENOTCONN));
+    assert_eq!(g.read_bytes(a, 10), Err(err(Errno::EAGAIN)));
+    // A blocking receive waits for readiness.
+    let (c, _d) = g.socketpair_of(SOCK_DGRAM);
+    assert_eq!(ready_wait(g.call(READ, &[c, BUF, 10])), None);
 }
 
 #[test]

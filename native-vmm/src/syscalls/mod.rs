@@ -122,6 +122,13 @@ pub(crate) fn write_truncated(
     value(0)
 }
 
+/// The bytes `iovecs` hold together (saturating: the lengths are the guest's).
+pub(crate) fn iovec_total(iovecs: &[(u64, u64)]) -> u64 {
+    iovecs
+        .iter()
+        .fold(0u64, |sum, &(_, len)| sum.saturating_add(len))
+}
+
 /// Writes `data` over `iovecs` in order (a receive's bytes scattered over recvmsg's buffers).
 pub(crate) fn scatter(user: &UserMemory, iovecs: &[(u64, u64)], data: &[u8]) -> Result<(), Errno> {
     let mut at = 0;

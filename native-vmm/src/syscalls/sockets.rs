@@ -17,8 +17,8 @@ use super::files::{
 };
 use super::unix_datagram::{self, received_length};
 use super::{
-    inet, nonblocking_call, scatter, value, wait_ready, SysResult, SyscallOutcome, UserMemory,
-    MSG_PEEK,
+    inet, iovec_total, nonblocking_call, scatter, value, wait_ready, SysResult, SyscallOutcome,
+    UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
 use crate::process::{
@@ -373,11 +373,7 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     if room > 0 {
         user.check(header.control, (CMSG_HEADER + 4 * room) as u64)?;
     }
-    let total = header
-        .iovecs
-        .iter()
-        .fold(0u64, |sum, &(_, len)| sum.saturating_add(len))
-        .min(MAX_IO);
+    let total = iovec_total(&header.iovecs).min(MAX_IO);
     let (bytes, passed) = match proc.fds.read_channel(rx, total as usize)? {
         Ok(received) => received,
         Err(_) if nonblocking => return Err(Errno::EAGAIN),

@@ -6,7 +6,7 @@
 //! is unnamed, so no source address comes back. Sending to an address is ECONNREFUSED (no
 //! datagram socket in the VM has one); passing fds (SCM_RIGHTS) on these is EOPNOTSUPP.
 
-use super::{scatter, value, wait_ready, SysResult, UserMemory, MSG_PEEK};
+use super::{iovec_total, scatter, value, wait_ready, SysResult, UserMemory, MSG_PEEK};
 use crate::errno::Errno;
 use crate::net::loopback::QUEUE_BYTES;
 use crate::process::{GuestProcess, Object};
@@ -33,7 +33,7 @@ pub(super) fn send(
     iovecs: &[(u64, u64)],
     nonblocking: bool,
 ) -> SysResult {
-    let total = capacity(iovecs);
+    let total = iovec_total(iovecs);
     if total > MAX_DATAGRAM as u64 {
         return Err(EMSGSIZE);
     }
@@ -71,7 +71,7 @@ pub(super) fn receive(
     flags: u64,
     nonblocking: bool,
 ) -> Result<Result<(usize, bool), SysResult>, Errno> {
-    let room = capacity(iovecs).min(MAX_DATAGRAM as u64) as usize;
+    let room = iovec_total(iovecs).min(MAX_DATAGRAM as u64) as usize;
     for &(base, len) in iovecs {
         user.check(base, len.min(MAX_DATAGRAM as u64))?;
     }
@@ -96,14 +96,7 @@ pub(super) fn received_length(flags: u64, full: usize, iovecs: &[(u64, u64)]) ->
     if flags & MSG_TRUNC != 0 {
         return full as u64;
     }
-    capacity(iovecs).min(full as u64)
-}
-
-/// The bytes `iovecs` hold together.
-fn capacity(iovecs: &[(u64, u64)]) -> u64 {
-    iovecs
-        .iter()
-        .fold(0u64, |sum, &(_, len)| sum.saturating_add(len))
+    iovec_total(iovecs).min(full as u64)
 }
 
 /// read/readv: one datagram.

@@ -8,18 +8,52 @@
 // replays a fixed one to measure the idempotent-replay path, a third looks up one execution's record
 // by id (GET /v1/executions/{id}, made in setup). A plain GET /healthz scenario is the gateway's own
 // floor.
-import { check } from "k6";
+//   GAP_MS        instead, the node runner's idle-gap mode (`npm run loadtest -- --gap-ms`): one
+//                 client, GAP_REQUESTS executions (default 100) after each gap of the list, e.g.
+//                 0,15,100,1000, in the same order (lib/gap-schedule.ts); a trend per gap,
+//                 execute_after_gap_<ms>ms, gives its p50/p99 (the gateway's phases are the node runner's)
+import { check, sleep } from "k6";
 import exec from "k6/execution";
 import http from "k6/http";
+import { Trend } from "k6/metrics";
 import type { Options } from "k6/options";
+import { gapSchedule, parseGaps, scheduleBoundMs } from "./lib/gap-schedule.ts";
 
 const BASE_URL = __ENV.BASE_URL ?? "http://127.0.0.1:8787";
 const KEY = __ENV.SANDFORK_KEY ?? "";
 const TEMPLATE = __ENV.TEMPLATE ?? "python";
 const VUS = Number(__ENV.VUS ?? "16");
 const DURATION = __ENV.DURATION ?? "30s";
+const GAPS_MS =
+  __ENV.GAP_MS === undefined
+    ? undefined
+    : parseGaps(__ENV.GAP_MS, (message) => {
+        throw new Error(message);
+      });
+const GAP_REQUESTS = Number(__ENV.GAP_REQUESTS ?? "100");
+if (!Number.isSafeInteger(GAP_REQUESTS) || GAP_REQUESTS <= 0)
+  throw new Error(`GAP_REQUESTS must be a positive integer, got ${__ENV.GAP_REQUESTS}`);
+/** The idle-gap mode's calls in order; one lane: the gateway. */
+const GAP_SCHEDULE = GAPS_MS === undefined ? [] : gapSchedule(GAPS_MS.length, GAP_REQUESTS, 1);
+/** Per gap, in the order of GAPS_MS: the client's time of each execution after it. */
+const afterGapTrends = (GAPS_MS ?? []).map((gap) => new Trend(`execute_after_gap_${gap}ms`, true));
 
-export const options: Options = {
+const gapOptions = (gapsMs: number[]): Options => ({
+  scenarios: {
+    gaps: {
+      executor: "per-vu-iterations",
+      exec: "afterGap",
+      vus: 1,
+      iterations: GAP_SCHEDULE.length,
+      maxDuration: `${Math.ceil(scheduleBoundMs(gapsMs, GAP_REQUESTS, 1, 1_000) / 1000)}s`,
+    },
+  },
+  thresholds: { "http_req_failed{scenario:gaps}": ["rate<0.01"] },
+  summaryTrendStats: ["avg", "p(50)", "p(99)", "max"],
+});
+
+/** The throughput scenarios. */
+const throughputOptions: Options = {
   scenarios: {
     execute: { executor: "constant-vus", exec: "execute", vus: VUS, duration: DURATION },
     replay: {
@@ -44,6 +78,8 @@ export const options: Options = {
   },
   summaryTrendStats: ["avg", "p(50)", "p(95)", "p(99)", "max"],
 };
+
+export const options: Options = GAPS_MS === undefined ? throughputOptions : gapOptions(GAPS_MS);
 
 const body = JSON.stringify({ template: TEMPLATE, code: "print(6*7)" });
 
@@ -90,6 +126,19 @@ export function lookup(data: SetupData): void {
     tags: { name: "GET /v1/executions/{id}" },
   });
   check(response, { "status 200": (r) => r.status === 200 && r.json("id") === data.executionId });
+}
+
+export function afterGap(): void {
+  const call = GAP_SCHEDULE[exec.scenario.iterationInTest];
+  const gapMs = call === undefined ? undefined : GAPS_MS?.[call.gap];
+  if (call === undefined || gapMs === undefined) return;
+  if (gapMs > 0) sleep(gapMs / 1000);
+  const response = post(`k6-gap-${exec.scenario.iterationInTest}-${Date.now()}`);
+  afterGapTrends[call.gap]?.add(response.timings.duration);
+  check(response, {
+    "completed with 42": (r) =>
+      r.status === 200 && r.json("status") === "completed" && r.json("stdout") === "42\n",
+  });
 }
 
 export function health(): void {

@@ -35,9 +35,10 @@ import { cpus, loadavg } from "node:os";
 import { setTimeout as pauseFor } from "node:timers/promises";
 import { commandLine } from "../gateway/cli/command-line.js";
 import { daemonRequest, EXECUTION, EXECUTION_BODY } from "./lib/execution.js";
+import { parseGaps } from "./lib/gap-schedule.js";
 import { type HelloServer, startHello } from "./lib/hello.js";
 import { keepAliveClient } from "./lib/http-client.js";
-import { GAP_REQUESTS, GAP_WARM_UP, gapTable, measureGaps, parseGaps } from "./lib/idle-gaps.js";
+import { GAP_REQUESTS, GAP_WARM_UP, gapTable, measureGaps } from "./lib/idle-gaps.js";
 import {
   type LoadDatabase,
   onEachDatabase,

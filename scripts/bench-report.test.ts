@@ -132,6 +132,7 @@ const samples = new Map([
                 outside_server_span: 0.4,
               },
               baseline: { p50_ms: 1.1 },
+              http_floor: { p50_ms: 0.1 },
             },
             {
               gap_ms: 1000,
@@ -140,6 +141,7 @@ const samples = new Map([
               p99_ms: 22.5,
               phases: null,
               baseline: { p50_ms: 1.5 },
+              http_floor: { p50_ms: 0.55 },
             },
           ],
         },
@@ -235,9 +237,11 @@ describe("bench:report", () => {
     );
     expect(out).toContain("Plain Hono hello at concurrency 16 in the same run: 18,028 requests/s.");
     expect(out).toContain(
-      "| PGlite | none | 2.03 / 27.60 | +0.00 | 1.10 (+0.00) | 0.05 / 0.01 / 0.40 / 0.45 / 0.07 / 0.30 / 0.40 |",
+      "| PGlite | none | 2.03 / 27.60 | +0.00 | 1.10 (+0.00) | 0.10 (+0.00) | 0.05 / 0.01 / 0.40 / 0.45 / 0.07 / 0.30 / 0.40 |",
     );
-    expect(out).toContain("| PGlite | 1,000 ms | 2.91 / 22.50 | +0.88 | 1.50 (+0.40) | |");
+    expect(out).toContain(
+      "| PGlite | 1,000 ms | 2.91 / 22.50 | +0.88 | 1.50 (+0.40) | 0.55 (+0.45) | |",
+    );
   });
 
   it("leaves a region without JSON as it is", () => {

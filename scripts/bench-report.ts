@@ -150,6 +150,9 @@ export const BENCHES: Bench[] = [
             `${ms(g.p50_ms)} / ${ms(g.p99_ms)}`,
             over(g.p50_ms, first?.p50_ms),
             `${ms(g.baseline.p50_ms)} (${over(g.baseline.p50_ms, first?.baseline.p50_ms)})`,
+            g.http_floor === undefined
+              ? ""
+              : `${ms(g.http_floor.p50_ms)} (${over(g.http_floor.p50_ms, first?.http_floor?.p50_ms)})`,
             p === null
               ? ""
               : ["auth", "hold", "vm", "runtime_rest", "record", "rest", "outside_server_span"]
@@ -159,7 +162,7 @@ export const BENCHES: Bench[] = [
         });
       });
       return [
-        `Each p50 over ${r?.gaps?.pglite?.[0]?.requests ?? r?.gaps?.postgres?.[0]?.requests} calls a gap, in ms; the baseline is the daemon alone (on PostgreSQL then its record committed on the server) after the same gap.`,
+        `Each p50 over ${r?.gaps?.pglite?.[0]?.requests ?? r?.gaps?.postgres?.[0]?.requests} calls a gap, in ms; the baseline is the daemon alone (on PostgreSQL then its record committed on the server) after the same gap, the HTTP floor a GET of a plain Hono server after the same gap.`,
         "",
         table(
           [
@@ -168,9 +171,10 @@ export const BENCHES: Bench[] = [
             "p50 / p99",
             "p50 over back to back",
             "baseline p50 (over back to back)",
+            "HTTP floor p50 (over back to back)",
             "auth / hold / VM / runtime rest / record / gateway rest / outside the server span",
           ],
-          ["l", "r", "r", "r", "r", "r"],
+          ["l", "r", "r", "r", "r", "r", "r"],
           rows,
         ),
       ].join("\n");

@@ -2,15 +2,18 @@
 // time, each after the machine has been idle for a gap, on each database as `npm run loadtest`
 // sets it up. Per gap: p50/p99 as the client saw them (the gap itself not counted), each phase's
 // p50 from the gateway's own spans (lib/phases.ts), which says where the time of a call after
-// idle goes, and the baseline below the gateway after the same gap: the same execution sent
+// idle goes, and two baselines after the same gap: below the gateway, the same execution sent
 // straight to the daemon and, on PostgreSQL, its record then committed on the server
-// (lib/record-baseline.ts), so that what an idle machine, kernel and database server cost on
-// their own is told apart from what the gateway adds. The gaps and the baseline are taken in
-// turn, a block of each per round, so that a shared machine's slow minutes fall on all of them.
+// (lib/record-baseline.ts); beside it, a GET of a plain Hono server (lib/hello.ts), the floor of
+// an HTTP call on this machine; so that what an idle machine, kernel and database server cost on
+// their own is told apart from what the gateway adds. The gaps and lanes are taken in turn
+// (lib/gap-schedule.ts), so that a shared machine's slow minutes fall on all of them.
 // The gateway exports its spans only when it stops (a long batch delay and a queue that holds
 // them all), so no export wakes it between calls.
 import { setTimeout as pauseFor } from "node:timers/promises";
 import { daemonRequest, EXECUTION, EXECUTION_BODY } from "./execution.js";
+import { gapSchedule, scheduleBoundMs } from "./gap-schedule.js";
+import { startHello } from "./hello.js";
 import type { Call } from "./http-client.js";
 import { type LoadDatabase, withLoadGateway } from "./load-gateway.js";
 import { alignedTable, percentile, round } from "./measure.js";
@@ -28,7 +31,17 @@ export interface GapFigures {
   phases: Record<PhaseName, number> | null;
   traced: number;
   /** The daemon alone (PostgreSQL: then the record committed on the server), after the same gap. */
-  baseline: { p50_ms: number; p99_ms: number; requests: number; failed: number };
+  baseline: Percentiles;
+  /** A GET of a plain Hono server after the same gap: what HTTP alone costs on this machine. */
+  http_floor: Percentiles;
+}
+
+/** A lane's client times, in ms. */
+export interface Percentiles {
+  p50_ms: number;
+  p99_ms: number;
+  requests: number;
+  failed: number;
 }
 
 export const PHASE_NAMES = [
@@ -61,18 +74,10 @@ const PHASE_LABELS: Record<PhaseName, string> = {
 export const GAP_REQUESTS = 100;
 /** Executions back to back before the gaps, unless --warm-up says how many. */
 export const GAP_WARM_UP = 2000;
-/** Blocks of each gap taken in turn; a block's first call follows the previous block's last. */
-const ROUNDS = 5;
+/** The most one call may take, for the run's bound in time. */
+const CALL_BOUND_MS = 1_000;
 /** How long the gateway's spans may take to arrive once it has stopped. */
 const SPANS_DUE_MS = 10_000;
-
-/** Parses a --gap-ms list: integers from 0 to a minute. */
-export function parseGaps(list: string, fail: (message: string) => never): number[] {
-  const entries = list.split(",");
-  if (entries.some((entry) => !/^\d{1,5}$/.test(entry) || Number(entry) > 60_000))
-    fail(`--gap-ms: a list of integers from 0 to 60000, got ${list}`);
-  return [...new Set(entries.map(Number))];
-}
 
 const p50Of = (values: number[]) =>
   percentile(
@@ -145,64 +150,67 @@ export async function measureGaps(options: {
     OTEL_BSP_MAX_EXPORT_BATCH_SIZE: "1000000",
   };
   receiver.spans.length = 0;
-  const gateway = gapsMs.map(tally);
-  const baseline = gapsMs.map(tally);
-  await withLoadGateway(call, { databaseUrl, env }, async (load) => {
-    const recordBaseline =
-      databaseUrl === undefined
-        ? undefined
-        : await openRecordBaseline(databaseUrl, load.key, {
-            executions: requests * gapsMs.length,
-            template: EXECUTION.template,
-            timeoutMs: daemonRequest().timeoutMs,
-          });
-    try {
-      let sequence = 0;
-      const execute = async () => {
-        const r = await call(
-          "POST",
-          `${load.gateway.url}/v1/executions`,
-          { ...load.json, "x-request-id": `gap-${sequence}` },
-          EXECUTION_BODY,
+  const lanes = [gapsMs.map(tally), gapsMs.map(tally), gapsMs.map(tally)];
+  const [gateway, baseline, floor] = lanes as [Tally[], Tally[], Tally[]];
+  const hello = await startHello();
+  try {
+    await withLoadGateway(call, { databaseUrl, env }, async (load) => {
+      const recordBaseline =
+        databaseUrl === undefined
+          ? undefined
+          : await openRecordBaseline(databaseUrl, load.key, {
+              executions: requests * gapsMs.length,
+              template: EXECUTION.template,
+              timeoutMs: daemonRequest().timeoutMs,
+            });
+      try {
+        let sequence = 0;
+        const execute = async () => {
+          const r = await call(
+            "POST",
+            `${load.gateway.url}/v1/executions`,
+            { ...load.json, "x-request-id": `gap-${sequence}` },
+            EXECUTION_BODY,
+          );
+          return r.status === 200 && r.body.includes('"status":"completed"');
+        };
+        const executeBelow = async () => {
+          const request = daemonRequest();
+          const sent = performance.now();
+          const result = await load.daemon.execute(request, AbortSignal.timeout(30_000));
+          await recordBaseline?.record(request, result, performance.now() - sent);
+          return result.outcome === "completed";
+        };
+        const helloGet = async () => (await call("GET", `${hello.url}/hello`)).status === 200;
+        const sends = [execute, executeBelow, helloGet];
+        say(
+          `${options.database}: ${options.warmUp} executions back to back to warm up, then ${requests} after each gap of ${gapsMs.join(", ")} ms and as many of each baseline (${recordBaseline === undefined ? "the daemon alone" : "the daemon alone, then its record committed"}; a plain Hono GET), in turn`,
         );
-        return r.status === 200 && r.body.includes('"status":"completed"');
-      };
-      const executeBelow = async () => {
-        const request = daemonRequest();
-        const sent = performance.now();
-        const result = await load.daemon.execute(request, AbortSignal.timeout(30_000));
-        await recordBaseline?.record(request, result, performance.now() - sent);
-        return result.outcome === "completed";
-      };
-      say(
-        `${options.database}: ${options.warmUp} executions back to back to warm up, then ${requests} after each gap of ${gapsMs.join(", ")} ms and as many of the baseline (${recordBaseline === undefined ? "the daemon alone" : "the daemon alone, then its record committed"}), in ${ROUNDS} rounds`,
-      );
-      for (let i = 0; i < options.warmUp; i++) {
-        sequence++;
-        await execute();
-      }
-      // Bounded in time too: twice the gaps' sum plus a generous second per call.
-      const gapsSum = gapsMs.reduce((sum, gap) => sum + gap, 0);
-      const deadline = performance.now() + 2 * 2 * requests * (gapsSum + 1000 * gapsMs.length);
-      for (let r = 0; r < ROUNDS; r++) {
-        const block = Math.floor(requests / ROUNDS) + (r < requests % ROUNDS ? 1 : 0);
-        for (const [index, gap] of gapsMs.entries()) {
-          for (const [into, send] of [
-            [gateway[index], execute],
-            [baseline[index], executeBelow],
-          ] as const) {
-            for (let i = 0; i < block && performance.now() < deadline; i++) {
-              if (gap > 0) await pauseFor(gap);
-              sequence++;
-              await timed(into as Tally, `gap-${sequence}`, send);
-            }
-          }
+        for (let i = 0; i < options.warmUp; i++) {
+          sequence++;
+          await execute();
+          await helloGet();
         }
+        const deadline =
+          performance.now() + scheduleBoundMs(gapsMs, requests, lanes.length, CALL_BOUND_MS);
+        for (const { gap, lane } of gapSchedule(gapsMs.length, requests, lanes.length)) {
+          if (performance.now() >= deadline) break;
+          const gapMs = gapsMs[gap] as number;
+          if (gapMs > 0) await pauseFor(gapMs);
+          sequence++;
+          await timed(
+            lanes[lane]?.[gap] as Tally,
+            `gap-${sequence}`,
+            sends[lane] as () => Promise<boolean>,
+          );
+        }
+      } finally {
+        await recordBaseline?.close();
       }
-    } finally {
-      await recordBaseline?.close();
-    }
-  });
+    });
+  } finally {
+    hello.stop();
+  }
   // The gateway exported its spans as it stopped.
   const expected = gateway.reduce((n, g) => n + g.clientMs.size, 0);
   const due = performance.now() + SPANS_DUE_MS;
@@ -213,7 +221,7 @@ export async function measureGaps(options: {
     await pauseFor(100);
   }
   receiver.spans.length = 0;
-  const percentiles = ({ clientMs, failed }: Tally) => {
+  const percentiles = ({ clientMs, failed }: Tally): Percentiles => {
     const sorted = [...clientMs.values()].sort((a, b) => a - b);
     return {
       p50_ms: round(percentile(sorted, 50), 3),
@@ -230,6 +238,7 @@ export async function measureGaps(options: {
       phases: phaseMedians(phases, through.clientMs),
       traced: phases.filter((p) => through.clientMs.has(p.requestId)).length,
       baseline: percentiles(baseline[index] as Tally),
+      http_floor: percentiles(floor[index] as Tally),
     };
   });
 }
@@ -256,6 +265,8 @@ export function gapTable(database: string, figures: GapFigures[]): string {
     ]),
     [`baseline, ${baselineName}: p50`, (f) => ms(f.baseline.p50_ms)],
     ["  p99", (f) => ms(f.baseline.p99_ms)],
+    ["HTTP floor, a plain Hono GET: p50", (f) => ms(f.http_floor.p50_ms)],
+    ["  p99", (f) => ms(f.http_floor.p99_ms)],
   ];
   const header = [`${database}, ms`, ...figures.map((f) => `gap ${f.gap_ms} ms`)];
   return alignedTable(

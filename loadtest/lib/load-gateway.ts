@@ -13,6 +13,9 @@ import { type Durability, durabilityOf, postgresServer } from "./postgres-server
 
 export type LoadDatabase = "pglite" | "postgres";
 
+/** How long a gateway may take to start: its template check, daemon and database. */
+const START_TIMEOUT_MS = 180_000;
+
 /** The databases a --databases list names; anything else fails the command line. */
 export function parseDatabases(list: string, fail: (message: string) => never): LoadDatabase[] {
   return list
@@ -46,7 +49,11 @@ export async function withLoadGateway<T>(
     dataDir: join(dir, "data"),
     socketPath,
     templatesDir: TEMPLATES_DIR,
+    // A busy machine (others building beside the measurement) can take a minute to open PGlite
+    // or to start the daemon.
+    startTimeoutMs: START_TIMEOUT_MS,
     ...options,
+    env: { SANDFORK_VMM_READY_TIMEOUT_MS: String(START_TIMEOUT_MS), ...options.env },
   });
   const daemon = new DaemonClient({ socketPath, connections: 4 });
   try {

@@ -162,11 +162,11 @@ describe("authentication on two gateways sharing PostgreSQL", () => {
     );
   });
 
-  it("a lookup used past half its TTL is fetched again in the background, before it expires", async () => {
+  it("a lookup in use is fetched again in the background half its TTL after it was, before it expires", async () => {
     const key = await revokedElsewhere();
     clock += 600;
-    // Served from the cache, and fetched again meanwhile: the next call, still within the first
-    // lookup's TTL, sees the revocation.
+    // Served from the cache, and fetched again half a TTL after the first lookup: a later call,
+    // still within the first lookup's TTL, sees the revocation.
     expect((await other.call("GET", "/v1/usage", { credential: key })).status).toBe(200);
     const deadline = Date.now() + 10_000;
     let status = 200;

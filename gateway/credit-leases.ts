@@ -21,8 +21,9 @@
 //
 // A revoked key gets no hold: a key is looked up at most once every `keyCheckMs` (the key
 // cache's TTL: as long as a revocation made by another gateway takes to reach this one's API-key
-// callers anyway), and at once after this gateway revoked it (forgetKey). A check used past half
-// its time is made again in the background, as the key cache's lookups are.
+// callers anyway), and at once after this gateway revoked it (forgetKey). A check is made again in
+// the background half its time after it was made, while the key is in use, as the key cache's
+// lookups are (gateway/keep-fresh.ts).
 
 import { accountStanding, type ExecutionRecord } from "../db/billing.js";
 import type { Database, Listen } from "../db/client.js";
@@ -40,6 +41,7 @@ import {
   recordAll,
 } from "../db/leases.js";
 import { journalOf, type RecordJournal } from "../db/record-journal.js";
+import { KeepFresh } from "./keep-fresh.js";
 
 export type HoldOutcome =
   | { kind: "held" }
@@ -81,9 +83,13 @@ interface AccountLease {
 
 export class CreditLeases {
   private readonly leases = new Map<string, AccountLease>();
-  private readonly keysCheckedAt = new Map<string, number>();
-  /** Keys whose background check is on its way. */
-  private readonly keysRechecking = new Set<string>();
+  /** By key id: when it was last found usable, when a hold last used that, and its account. */
+  private readonly keysChecked = new Map<
+    string,
+    { checkedAt: number; usedAt: number; accountId: string }
+  >();
+  /** By key id: the background checks of keys in use. */
+  private readonly keepChecked: KeepFresh<string>;
   /** Counts forgetKey() calls: a check that began before one does not renew the key's trust. */
   private keyForgets = 0;
   private readonly records: GroupCommit<LeasedExecution, ExecutionRecord>;
@@ -94,6 +100,14 @@ export class CreditLeases {
   constructor(private readonly options: CreditLeaseOptions) {
     this.records = new GroupCommit((items) => recordAll(options.db, items));
     this.journal = journalOf(options.db);
+    this.keepChecked = new KeepFresh(
+      options.keyCheckMs,
+      (keyId) => this.keysChecked.get(keyId)?.usedAt,
+      async (keyId) => {
+        const checked = this.keysChecked.get(keyId);
+        if (checked !== undefined) await this.checkKey(checked.accountId, keyId, Date.now(), 0);
+      },
+    );
   }
 
   get gatewayId(): string {
@@ -241,7 +255,7 @@ export class CreditLeases {
   /** The next hold of `keyId` looks the key up again (this gateway just revoked it). */
   forgetKey(keyId: string): void {
     this.keyForgets++;
-    this.keysCheckedAt.delete(keyId);
+    this.dropKeyCheck(keyId);
   }
 
   /**
@@ -295,7 +309,7 @@ export class CreditLeases {
           return { kind: "held" };
         }
         if (outcome.kind === "key-revoked") {
-          this.keysCheckedAt.delete(keyId);
+          this.dropKeyCheck(keyId);
           return outcome;
         }
         // What this gateway could still hold counts as available too.
@@ -309,30 +323,39 @@ export class CreditLeases {
   }
 
   private async keyStillUsable(accountId: string, keyId: string): Promise<boolean> {
-    const checkedAt = this.keysCheckedAt.get(keyId);
+    const checked = this.keysChecked.get(keyId);
     const now = Date.now();
-    const { keyCheckMs } = this.options;
-    if (checkedAt === undefined || now - checkedAt >= keyCheckMs)
-      return this.checkKey(accountId, keyId, now);
-    if (now - checkedAt >= keyCheckMs / 2 && !this.keysRechecking.has(keyId)) {
-      this.keysRechecking.add(keyId);
-      // Sent once this call waits for its execution, not on its path.
-      setImmediate(() =>
-        this.checkKey(accountId, keyId, now)
-          .catch(() => {})
-          .finally(() => this.keysRechecking.delete(keyId)),
-      );
-    }
+    if (checked === undefined || now - checked.checkedAt >= this.options.keyCheckMs)
+      return this.checkKey(accountId, keyId, now, now);
+    checked.usedAt = now;
     return true;
   }
 
-  /** Looks the key up; a usable one is trusted for keyCheckMs from `askedAt`, unless forgotten meanwhile. */
-  private async checkKey(accountId: string, keyId: string, askedAt: number): Promise<boolean> {
+  /**
+   * Looks the key up; a usable one is trusted for keyCheckMs from `askedAt`, unless forgotten
+   * meanwhile, and kept checked while used (`usedAt`; 0: a background check, which keeps when
+   * holds used it).
+   */
+  private async checkKey(
+    accountId: string,
+    keyId: string,
+    askedAt: number,
+    usedAt: number,
+  ): Promise<boolean> {
     const forgets = this.keyForgets;
     const usable = (await accountStanding(this.options.db, accountId, keyId))?.keyUsable === true;
-    if (!usable) this.keysCheckedAt.delete(keyId);
-    else if (forgets === this.keyForgets) this.keysCheckedAt.set(keyId, askedAt);
+    const lastUsedAt = Math.max(usedAt, this.keysChecked.get(keyId)?.usedAt ?? 0);
+    if (!usable) this.dropKeyCheck(keyId);
+    else if (forgets === this.keyForgets) {
+      this.keysChecked.set(keyId, { checkedAt: askedAt, usedAt: lastUsedAt, accountId });
+      this.keepChecked.arm(keyId);
+    }
     return usable;
+  }
+
+  private dropKeyCheck(keyId: string): void {
+    this.keysChecked.delete(keyId);
+    this.keepChecked.disarm(keyId);
   }
 
   private idleLater(accountId: string, lease: AccountLease): void {

@@ -3,10 +3,12 @@
 // takes to apply (this process forgets at once; where no other exists, embedded PGlite, the TTL
 // is unbounded); before the database is asked, shape and checksum turn away malformed keys. A
 // cached hash is one a key with a valid checksum had (one hash, one key), so a cache hit costs
-// one SHA-256, not two. A lookup used past half its TTL is fetched again in the background, so
-// that calls less than a TTL apart never wait for the database, and none is served past its TTL.
+// one SHA-256, not two. A lookup is fetched again in the background half its TTL after it was
+// fetched, while it is in use (gateway/keep-fresh.ts), so that calls seconds apart never wait for
+// the database, and none is served past its TTL.
 import type { Database } from "../../db/client.js";
 import { findKeyByHash, findKeyById, type StoredKey } from "../../db/keys.js";
+import { KeepFresh } from "../keep-fresh.js";
 import { ProblemError } from "../problems.js";
 import { hashApiKey, hasValidChecksum, looksLikeApiKey } from "./api-key.js";
 import type { Principal } from "./principal.js";
@@ -17,21 +19,30 @@ const MAX_CACHED_KEYS = 10_000;
 interface CachedLookup {
   key: StoredKey | undefined;
   fetchedAt: number;
-  /** A background fetch of it is on its way. */
-  refreshing: boolean;
+  /** When a call last used it. */
+  usedAt: number;
 }
 
 export class Authenticator {
   private readonly cache = new Map<string, CachedLookup>();
   /** Counts forget() calls: a fetch that began before one does not cache what it read. */
   private forgets = 0;
+  /** By key hash: the background fetches of lookups in use. */
+  private readonly keepFresh: KeepFresh<string>;
 
   constructor(
     private readonly db: Database,
     private readonly tokens: TokenService,
     private readonly keyCacheTtlMs: number,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.keepFresh = new KeepFresh(
+      keyCacheTtlMs,
+      (hash) => this.cache.get(hash)?.usedAt,
+      (hash) => this.fetch(hash, this.now(), 0),
+      now,
+    );
+  }
 
   async authenticate(authorization: string | undefined): Promise<Principal> {
     const match = authorization?.match(/^Bearer\s+(\S+)\s*$/i);
@@ -52,7 +63,7 @@ export class Authenticator {
   /** Drops cached lookups of a key, e.g. right after revoking it. */
   forget(keyId: string): void {
     this.forgets++;
-    for (const [hash, lookup] of this.cache) if (lookup.key?.id === keyId) this.cache.delete(hash);
+    for (const [hash, lookup] of this.cache) if (lookup.key?.id === keyId) this.drop(hash);
   }
 
   /**
@@ -97,16 +108,7 @@ export class Authenticator {
     const now = this.now();
     const cached = this.cache.get(hash);
     if (cached !== undefined && now - cached.fetchedAt < this.keyCacheTtlMs) {
-      if (!cached.refreshing && now - cached.fetchedAt >= this.keyCacheTtlMs / 2) {
-        cached.refreshing = true;
-        // Sent once this call waits for something else (its execution), not on its path. A
-        // failure leaves the entry to expire: the next lookup past its TTL asks again.
-        setImmediate(() =>
-          this.fetch(hash, now).catch(() => {
-            cached.refreshing = false;
-          }),
-        );
-      }
+      cached.usedAt = now;
       return cached.key;
     }
     if (!hasValidChecksum(secret))
@@ -114,20 +116,34 @@ export class Authenticator {
         "invalid-credentials",
         "the API key is malformed or mistyped (checksum mismatch)",
       );
-    return this.fetch(hash, now);
+    return this.fetch(hash, now, now);
   }
 
-  /** Looks the hash up and caches the answer as of `askedAt`. */
-  private async fetch(hash: string, askedAt: number): Promise<StoredKey | undefined> {
+  /**
+   * Looks the hash up and caches the answer as of `askedAt`, used at `usedAt` (0: a refresh, which
+   * keeps when calls used it). A key's lookup is kept fresh; an unknown key's is left to expire.
+   */
+  private async fetch(
+    hash: string,
+    askedAt: number,
+    usedAt: number,
+  ): Promise<StoredKey | undefined> {
     const forgets = this.forgets;
     const key = await findKeyByHash(this.db, hash);
-    this.cache.delete(hash);
+    const lastUsedAt = Math.max(usedAt, this.cache.get(hash)?.usedAt ?? 0);
+    this.drop(hash);
     if (forgets !== this.forgets) return key;
     if (this.cache.size >= MAX_CACHED_KEYS) {
       const oldest = this.cache.keys().next();
-      if (!oldest.done) this.cache.delete(oldest.value);
+      if (!oldest.done) this.drop(oldest.value);
     }
-    this.cache.set(hash, { key, fetchedAt: askedAt, refreshing: false });
+    this.cache.set(hash, { key, fetchedAt: askedAt, usedAt: lastUsedAt });
+    if (key !== undefined) this.keepFresh.arm(hash);
     return key;
+  }
+
+  private drop(hash: string): void {
+    this.cache.delete(hash);
+    this.keepFresh.disarm(hash);
   }
 }

@@ -30,7 +30,9 @@ export async function openRecordBaseline(
   key: { id: string; accountId: string },
   { executions, template, timeoutMs }: { executions: number; template: string; timeoutMs: number },
 ): Promise<RecordBaseline> {
-  const gatewayId = `loadtest-baseline-${randomUUID()}`;
+  // Short enough that its session's application_name (63 bytes at most) holds it whole: other
+  // gateways tell a live gateway from a gone one by it, and release a gone one's lease.
+  const gatewayId = `loadtest-${randomUUID()}`;
   const open: OpenDatabase = await openDatabase({
     backend: "postgres",
     url: databaseUrl,

@@ -30,7 +30,10 @@ const runtime: { client: ExecutionRuntime; stop(): Promise<void> } | undefined =
   });
 if (config.eventLoopNice !== undefined) {
   try {
-    setEventLoopNice(config.eventLoopNice);
+    if (setEventLoopNice(config.eventLoopNice) === "not-session-leader")
+      console.error(
+        `SANDFORK_GATEWAY_NICE=${config.eventLoopNice}: this kernel schedules by session and the gateway does not lead its own, so its event loop gains only on the processes of its caller's session; start it with setsid (docs/deployment.md)`,
+      );
   } catch (error) {
     console.error(
       `SANDFORK_GATEWAY_NICE=${config.eventLoopNice}: not permitted (${(error as Error).message}); the event loop keeps nice ${getPriority()}`,
@@ -45,7 +48,8 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.on(signal, () => {
     if (stopping) return;
     stopping = true;
-    // Together: a terminal's Ctrl-C also reached the daemon, whose exit must not look like a crash.
+    // Together: the daemon, in a session of its own (runtime/supervisor.ts), gets no terminal's
+    // Ctrl-C; it stops with the gateway, and its exit must not look like a crash.
     Promise.all([gateway?.stop(), runtime?.stop()]).then(
       () => process.exit(0),
       (error: unknown) => {

@@ -255,7 +255,10 @@ export class DaemonSupervisor {
       ...this.options.serveArgs,
     ];
     const runAs = this.options.runAs;
+    // In a session of its own: where the kernel groups tasks by session, the guests then share
+    // no scheduling group with a gateway that raised its own (runtime/event-loop-priority.ts).
     const child = spawnAtStartingNice(this.options.binary, args, {
+      detached: true,
       stdio: ["ignore", "pipe", "pipe"],
       ...(runAs === undefined ? {} : { uid: runAs.uid, gid: runAs.gid }),
     });

@@ -37,6 +37,8 @@ export interface GatewayProcessOptions {
   nodeArgs?: string[];
   /** How long start-up (migrations, templates, the daemon's first hello) may take. */
   startTimeoutMs?: number;
+  /** In a session of its own, as `setsid npm start` runs it (see ServiceOptions.ownSession). */
+  ownSession?: boolean;
 }
 
 export interface GatewayProcess {
@@ -80,6 +82,11 @@ export interface ServiceOptions {
   /** A command the service runs under, e.g. `ip netns exec NS` (which execs: the pid is the service's). */
   launcher?: string[];
   startTimeoutMs: number;
+  /**
+   * In a session of its own (setsid): where the kernel groups tasks by session, its scheduling
+   * group is then its own and not this process's (runtime/event-loop-priority.ts).
+   */
+  ownSession?: boolean;
 }
 
 export interface ServiceProcess {
@@ -108,6 +115,7 @@ export async function startService(options: ServiceOptions): Promise<ServiceProc
     cwd: REPOSITORY,
     env: options.env,
     stdio: ["ignore", "pipe", "pipe"],
+    detached: options.ownSession ?? false,
   });
   const log: string[] = [];
   const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
@@ -187,6 +195,7 @@ export async function startGatewayProcess(options: GatewayProcessOptions): Promi
     env,
     nodeArgs: options.nodeArgs ?? [],
     startTimeoutMs: options.startTimeoutMs ?? 60_000,
+    ownSession: options.ownSession ?? false,
   });
   return {
     url: service.ready[1] as string,

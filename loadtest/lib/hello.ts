@@ -16,7 +16,8 @@ export async function startHello(): Promise<HelloServer> {
   const child = spawn(
     process.execPath,
     ["--import", "tsx", join(REPOSITORY, "loadtest", "hello-server.ts")],
-    { stdio: ["ignore", "pipe", "inherit"] },
+    // In a session of its own, so that its priority can be set as the gateway's (lib/flood.ts).
+    { stdio: ["ignore", "pipe", "inherit"], detached: true },
   );
   const url = await new Promise<string>((resolve, reject) => {
     createInterface({ input: child.stdout }).once("line", (line) =>

@@ -40,7 +40,12 @@ export interface LoadGateway {
 /** Runs `measure` against a gateway on `databaseUrl` (undefined: PGlite), stopping it after. */
 export async function withLoadGateway<T>(
   call: Call,
-  options: { databaseUrl: string | undefined; env?: Record<string, string>; nodeArgs?: string[] },
+  options: {
+    databaseUrl: string | undefined;
+    env?: Record<string, string>;
+    nodeArgs?: string[];
+    ownSession?: boolean;
+  },
   measure: (load: LoadGateway) => Promise<T>,
 ): Promise<T> {
   const dir = await mkdtemp(join(tmpdir(), "sfk-lt-"));

@@ -11,38 +11,33 @@
 // their floor on this machine at this time: a plain Hono server (loadtest/hello-server.ts)
 // answering the same 503 with nothing done before it, to as many clients as the flood had past
 // both bounds, with the same client and the same CPU hog, for as long, right after the flood.
-import { availableParallelism, getPriority, loadavg, setPriority } from "node:os";
-import { monitorEventLoopDelay } from "node:perf_hooks";
+import { availableParallelism, loadavg } from "node:os";
 import { loadAdmissionSettings } from "../../gateway/config.js";
 import { startCpuHog } from "./cpu-hog.js";
+import { type FloodKind, flood, type Priority, priorityOf, raiseProcess } from "./flood.js";
 import { startHello } from "./hello.js";
 import { keepAliveClient } from "./http-client.js";
-import { withLoadGateway } from "./load-gateway.js";
-import { drive, percentile, processCpuMs, round } from "./measure.js";
-
-/** One kind of program of the mix, with what its true answer is. */
-interface Kind {
-  body: string;
-  status: string;
-  stdout?: string;
-}
+import { type LoadDatabase, withLoadGateway } from "./load-gateway.js";
+import { percentile, processCpuMs, round } from "./measure.js";
 
 // Mostly programs that complete; one in ten runs past its time limit, whose true answer is
 // `timed_out` however long it waited for a slot (the failure this mode exists to catch: a loaded
 // machine turning a program's end into a runtime failure).
-const OK: Kind = {
+const OK: FloodKind = {
   body: JSON.stringify({ template: "python", code: "print(6*7)" }),
   status: "completed",
   stdout: "42\n",
 };
-const TIMEOUT: Kind = {
+const TIMEOUT: FloodKind = {
   body: JSON.stringify({ template: "python", code: "while True: pass", timeout_ms: 200 }),
   status: "timed_out",
 };
-const kindOf = (n: number): Kind => (n % 10 === 9 ? TIMEOUT : OK);
+const MIX: FloodKind[] = [OK, OK, OK, OK, OK, OK, OK, OK, OK, TIMEOUT];
 
 export interface PhaseFigures {
   concurrency: number;
+  /** After a shed answer each client waited its Retry-After, or sent its next call at once. */
+  retry_after: "wait" | "ignore";
   seconds: number;
   requests: number;
   /** Answered with the program's true status and output. */
@@ -69,7 +64,7 @@ export interface PhaseFigures {
   gateway_cpu_pct: number;
   /** p99 of the gateway's event-loop delay over the phase (its nodejs.eventloop.delay.p99), ms. */
   gateway_loop_delay_p99_ms: number | null;
-  /** p99 of this process's own event-loop delay over the phase, ms: the client's part of its times. */
+  /** p99 of the measuring client's own event-loop delay over the phase, ms: its part of its times. */
   client_loop_delay_p99_ms: number;
   loadavg_after: number[];
 }
@@ -77,10 +72,12 @@ export interface PhaseFigures {
 /** A plain Hono server's 503 under the flood's conditions (the module comment). */
 export interface ShedFloor {
   concurrency: number;
+  /** Times of all its answers (each a 503 with Retry-After, else counted wrong). */
   requests: number;
   per_s: number;
   p50_ms: number;
   p99_ms: number;
+  wrong: number;
 }
 
 /** Cumulative bucket counts of http.server.request.duration over the gateway's 429s and 503s, by bound (s). */
@@ -123,46 +120,41 @@ function gatewayShedFigures(
 
 export interface OverloadReport {
   cpus: number;
+  database: LoadDatabase;
   sustained_concurrency: number;
   /** The machine's load average (1, 5, 15 min) as the run began. */
   loadavg_before: number[];
   unloaded: PhaseFigures;
+  /** At 4x, each client waiting the Retry-After of a shed answer: the goal's figures. */
   overloaded: PhaseFigures;
+  /** At 4x, each client sending its next call at once, a shed one too: the harshest client. */
+  overloaded_ignoring_retry_after: PhaseFigures;
+  /** The floor of the harshest client's shed answers. */
   shed_floor: ShedFloor;
-  /** The nice values of the event loops' threads: the gateway's, this client's, the floor's server's. */
-  nice: { gateway: number; client: number; floor_server: number };
+  /** The priorities the processes ran at: the gateway, the measuring client, the floor's server, the daemon. */
+  priority: { gateway: Priority; client: Priority; floor_server: Priority; daemon: Priority };
   /** overloaded.executions_per_s / unloaded.executions_per_s, %. */
   executions_per_s_vs_unloaded_pct: number;
   /** Up to 5 wrong answers, as `status body`. */
   wrong_examples: string[];
 }
 
-/**
- * Sets the nice value of `pid`'s main thread (undefined: this one) to `nice`, where permitted;
- * answers the value it has.
- */
-function raiseNice(pid: number | undefined, nice: number): number {
-  try {
-    if (pid === undefined) setPriority(nice);
-    else setPriority(pid, nice);
-  } catch {
-    // Not permitted (not root): measured at the value it has, which the report gives.
-  }
-  return pid === undefined ? getPriority() : getPriority(pid);
-}
-
 export async function overload(options: {
+  database: LoadDatabase;
+  /** A PostgreSQL database for database "postgres". */
+  databaseUrl: string | undefined;
   seconds: number;
-  /** SANDFORK_GATEWAY_NICE for the gateway (0: not set), and this client's and the floor's server's nice value. */
+  /** SANDFORK_GATEWAY_NICE for the gateway (0: not set), and the client's and the floor's server's nice value. */
   gatewayNice: number;
   say: (line: string) => void;
 }): Promise<OverloadReport> {
   const cpus = availableParallelism();
   const sustained = loadAdmissionSettings({}, cpus).templateMaxRunning;
-  const flood = 4 * sustained;
+  const flood4x = 4 * sustained;
   // The gateway admits as many as it runs and as many again in its line; the rest are shed.
-  const pastBounds = flood - 2 * sustained;
-  const client = keepAliveClient(flood);
+  const pastBounds = flood4x - 2 * sustained;
+  // This process's own calls: the load-test key and /metrics.
+  const client = keepAliveClient(2);
   const wrongExamples: string[] = [];
   const loadavgBefore = loadavg().map((l) => round(l));
   const hello = await startHello();
@@ -170,95 +162,56 @@ export async function overload(options: {
     return await withLoadGateway(
       client.call,
       {
-        databaseUrl: undefined,
+        databaseUrl: options.databaseUrl,
+        // A session of its own, as `setsid npm start`: the gateway then raises its session's
+        // scheduling group with its event loop (runtime/event-loop-priority.ts).
+        ownSession: true,
         ...(options.gatewayNice === 0
           ? {}
           : { env: { SANDFORK_GATEWAY_NICE: String(options.gatewayNice) } }),
       },
       async ({ gateway, json }) => {
         const url = `${gateway.url}/v1/executions`;
-        // Raised only now: the gateway and the floor's server, spawned from this thread, would
-        // have inherited it whole (their helper threads and the daemon too).
-        const nice = {
-          gateway: getPriority(gateway.pid),
-          client: raiseNice(undefined, options.gatewayNice),
-          floor_server: raiseNice(hello.pid, options.gatewayNice),
-        };
-        options.say(
-          `nice values of the event loops: the gateway ${nice.gateway}, this client ${nice.client}, the floor's server ${nice.floor_server}`,
-        );
+        const floorServer = raiseProcess(hello.pid, options.gatewayNice);
+        let clientPriority: Priority | undefined;
 
-        const phase = async (concurrency: number, seconds: number): Promise<PhaseFigures> => {
-          const ran: number[] = [];
-          const shed: number[] = [];
-          const shedBy = { "429": 0, "503": 0 };
-          let wrong = 0;
-          let sent = 0;
+        const phase = async (
+          concurrency: number,
+          seconds: number,
+          retryAfter: "wait" | "ignore",
+        ): Promise<PhaseFigures> => {
           const metricsBefore = shedBuckets(
             (await client.call("GET", `${gateway.url}/metrics`)).body,
           );
           const cpuBefore = processCpuMs(gateway.pid);
-          const loopDelay = monitorEventLoopDelay({ resolution: 1 });
-          loopDelay.enable();
           const started = performance.now();
-          const deadline = started + seconds * 1000;
-          const worker = async () => {
-            while (performance.now() < deadline) {
-              const kind = kindOf(sent++);
-              const t0 = performance.now();
-              let answer: { status: number; body: string; retryAfter?: string } | undefined;
-              try {
-                answer = await client.call("POST", url, json, kind.body);
-              } catch (error) {
-                wrong++;
-                if (wrongExamples.length < 5) wrongExamples.push(`no answer: ${String(error)}`);
-                continue;
-              }
-              const ms = performance.now() - t0;
-              if (answer.status === 200) {
-                const body = JSON.parse(answer.body) as { status: string; stdout: string };
-                if (
-                  body.status === kind.status &&
-                  (kind.stdout === undefined || body.stdout === kind.stdout)
-                ) {
-                  ran.push(ms);
-                  continue;
-                }
-              } else if (
-                (answer.status === 429 || answer.status === 503) &&
-                answer.retryAfter !== undefined
-              ) {
-                shed.push(ms);
-                shedBy[answer.status === 429 ? "429" : "503"]++;
-                continue;
-              }
-              wrong++;
-              if (wrongExamples.length < 5)
-                wrongExamples.push(`${answer.status} ${answer.body.slice(0, 300)}`);
-            }
-          };
-          await Promise.all(Array.from({ length: concurrency }, worker));
-          loopDelay.disable();
+          const { result, priority } = await flood(
+            { url, headers: json, kinds: MIX, concurrency, seconds, retry_after: retryAfter },
+            options.gatewayNice,
+          );
+          clientPriority = priority;
           const elapsed = (performance.now() - started) / 1000;
           const gatewayCpuPct = (processCpuMs(gateway.pid) - cpuBefore) / (10 * elapsed);
           const metricsAfter = (await client.call("GET", `${gateway.url}/metrics`)).body;
           const gatewayShed = gatewayShedFigures(metricsBefore, shedBuckets(metricsAfter));
           const gatewayLoopP99 = gauge(metricsAfter, "nodejs_eventloop_delay_p99");
-          ran.sort((a, b) => a - b);
-          shed.sort((a, b) => a - b);
-          const requests = ran.length + shed.length + wrong;
+          wrongExamples.push(...result.wrong_examples.slice(0, 5 - wrongExamples.length));
+          const ran = result.ran_ms.sort((a, b) => a - b);
+          const shed = result.shed_ms.sort((a, b) => a - b);
+          const requests = ran.length + shed.length + result.wrong;
           return {
             concurrency,
-            seconds: round(elapsed, 1),
+            retry_after: retryAfter,
+            seconds: round(result.seconds, 1),
             requests,
             true_status: ran.length,
-            shed: shedBy,
-            wrong,
+            shed: result.shed,
+            wrong: result.wrong,
             answered_truly_or_shed_pct: round(
               (100 * (ran.length + shed.length)) / Math.max(1, requests),
               3,
             ),
-            executions_per_s: round(ran.length / elapsed, 1),
+            executions_per_s: round(ran.length / result.seconds, 1),
             ran_p50_ms: round(percentile(ran, 50)),
             ran_p99_ms: round(percentile(ran, 99)),
             shed_p50_ms: shed.length === 0 ? null : round(percentile(shed, 50)),
@@ -268,58 +221,78 @@ export async function overload(options: {
             gateway_cpu_pct: round(gatewayCpuPct, 1),
             gateway_loop_delay_p99_ms:
               gatewayLoopP99 === null ? null : round(gatewayLoopP99 * 1000),
-            client_loop_delay_p99_ms: round(loopDelay.percentile(99) / 1e6),
+            client_loop_delay_p99_ms: round(result.loop_delay_p99_ms),
             loadavg_after: loadavg().map((l) => round(l)),
           };
         };
 
         options.say(
-          `${cpus} CPUs; the gateway hands the daemon ${sustained} executions of a template at once (the concurrency sustained); flood at ${flood}`,
+          `${cpus} CPUs, ${options.database}; the gateway hands the daemon ${sustained} executions of a template at once (the concurrency sustained); flood at ${flood4x}`,
         );
         options.say("warming up at the sustained concurrency (5 s)");
-        await phase(sustained, 5);
+        await phase(sustained, 5, "wait");
         options.say(`unloaded: c=${sustained} for ${options.seconds} s`);
-        const unloaded = await phase(sustained, options.seconds);
+        const unloaded = await phase(sustained, options.seconds, "wait");
         options.say(
           `  ${unloaded.executions_per_s}/s, p99 ${unloaded.ran_p99_ms} ms, ${unloaded.wrong} wrong`,
         );
-        options.say(
-          `overloaded: c=${flood} for ${options.seconds} s with a CPU hog on each of ${cpus} cores`,
-        );
         const hog = startCpuHog(cpus);
         let overloaded: PhaseFigures;
+        let ignoring: PhaseFigures;
         let floor: ShedFloor;
         try {
-          overloaded = await phase(flood, options.seconds);
           options.say(
-            `  shed p50 ${overloaded.shed_p50_ms} ms, p99 ${overloaded.shed_p99_ms} ms, loop delay p99: gateway ${overloaded.gateway_loop_delay_p99_ms} ms, client ${overloaded.client_loop_delay_p99_ms} ms; the floor: a plain Hono 503 at c=${pastBounds} for ${options.seconds} s`,
+            `overloaded: c=${flood4x} for ${options.seconds} s with a CPU hog on each of ${cpus} cores, each client waiting the Retry-After of a shed answer`,
           );
-          const floorRun = await drive({
-            scenario: "plain Hono 503",
-            requests: Number.MAX_SAFE_INTEGER,
-            concurrency: pastBounds,
-            maxDurationMs: options.seconds * 1000,
-            send: async () =>
-              (await client.call("POST", `${hello.url}/busy`, json, OK.body)).status === 503,
-          });
+          overloaded = await phase(flood4x, options.seconds, "wait");
+          options.say(
+            `  shed p50 ${overloaded.shed_p50_ms} ms, p99 ${overloaded.shed_p99_ms} ms; loop delay p99: gateway ${overloaded.gateway_loop_delay_p99_ms} ms, client ${overloaded.client_loop_delay_p99_ms} ms`,
+          );
+          options.say(
+            `overloaded: c=${flood4x} for ${options.seconds} s, each client sending its next call at once`,
+          );
+          ignoring = await phase(flood4x, options.seconds, "ignore");
+          options.say(
+            `  shed p50 ${ignoring.shed_p50_ms} ms, p99 ${ignoring.shed_p99_ms} ms; loop delay p99: gateway ${ignoring.gateway_loop_delay_p99_ms} ms, client ${ignoring.client_loop_delay_p99_ms} ms; the floor: a plain Hono 503 at c=${pastBounds} for ${options.seconds} s`,
+          );
+          const { result } = await flood(
+            {
+              url: `${hello.url}/busy`,
+              headers: json,
+              kinds: [OK],
+              concurrency: pastBounds,
+              seconds: options.seconds,
+              retry_after: "ignore",
+            },
+            options.gatewayNice,
+          );
+          const shed = result.shed_ms.sort((a, b) => a - b);
           floor = {
             concurrency: pastBounds,
-            requests: floorRun.requests,
-            per_s: round(floorRun.requestsPerSecond, 1),
-            p50_ms: round(floorRun.p50Ms),
-            p99_ms: round(floorRun.p99Ms),
+            requests: shed.length + result.wrong,
+            per_s: round(shed.length / result.seconds, 1),
+            p50_ms: round(percentile(shed, 50)),
+            p99_ms: round(percentile(shed, 99)),
+            wrong: result.wrong,
           };
         } finally {
           hog.stop();
         }
         return {
           cpus,
+          database: options.database,
           sustained_concurrency: sustained,
           loadavg_before: loadavgBefore,
           unloaded,
           overloaded,
+          overloaded_ignoring_retry_after: ignoring,
           shed_floor: floor,
-          nice,
+          priority: {
+            gateway: priorityOf(gateway.pid),
+            client: clientPriority as Priority,
+            floor_server: floorServer,
+            daemon: priorityOf(gateway.daemonPid()),
+          },
           executions_per_s_vs_unloaded_pct: round(
             (100 * overloaded.executions_per_s) / Math.max(1e-9, unloaded.executions_per_s),
             1,
@@ -334,73 +307,70 @@ export async function overload(options: {
   }
 }
 
+/** A process's priority as the table gives it: its nice value, and its session group's where there is one. */
+const priorityCell = (p: Priority) =>
+  p.group === undefined ? `${p.nice}` : `${p.nice} (group ${p.group})`;
+
 /** The report as a Markdown table (docs/benchmarks.md takes it as printed). */
 export function overloadTable(report: OverloadReport): string {
-  const { unloaded: u, overloaded: o } = report;
-  const shedP99 = (f: PhaseFigures) => (f.shed_p99_ms === null ? "none shed" : `${f.shed_p99_ms}`);
+  const phases = [report.unloaded, report.overloaded, report.overloaded_ignoring_retry_after];
+  const row = (name: string, cell: (f: PhaseFigures) => string) => [name, ...phases.map(cell)];
+  const shed = (f: PhaseFigures, cell: () => string) =>
+    f.shed["429"] + f.shed["503"] === 0 ? "none shed" : cell();
+  const floor = report.shed_floor;
+  const { gateway, client, floor_server, daemon } = report.priority;
   const rows = [
-    ["", `unloaded, c=${u.concurrency}`, `4x, c=${o.concurrency}, CPU hog on every core`],
-    ["requests", `${u.requests}`, `${o.requests}`],
-    ["answered with their true status", `${u.true_status}`, `${o.true_status}`],
     [
-      "shed: 429 / 503, with Retry-After",
-      `${u.shed["429"]} / ${u.shed["503"]}`,
-      `${o.shed["429"]} / ${o.shed["503"]}`,
-    ],
-    ["wrong answers", `${u.wrong}`, `${o.wrong}`],
-    [
-      "true status or 429/503 (goal 100%)",
-      `${u.answered_truly_or_shed_pct}%`,
-      `${o.answered_truly_or_shed_pct}%`,
-    ],
-    [
-      "p50 / p99 of the shed answers, ms (goal p99 ≤ 5)",
-      u.shed_p50_ms === null ? "none shed" : `${u.shed_p50_ms} / ${shedP99(u)}`,
-      o.shed_p50_ms === null ? "none shed" : `${o.shed_p50_ms} / ${shedP99(o)}`,
-    ],
-    [
-      `the floor: a plain Hono server's 503, c=${report.shed_floor.concurrency}, p50 / p99, ms`,
       "",
-      `${report.shed_floor.p50_ms} / ${report.shed_floor.p99_ms} (${report.shed_floor.per_s}/s)`,
+      `unloaded, c=${report.unloaded.concurrency}`,
+      `4x, c=${report.overloaded.concurrency}, CPU hog on every core; clients wait the Retry-After`,
+      `the same; clients ignore the Retry-After`,
     ],
+    row("requests", (f) => `${f.requests}`),
+    row("answered with their true status", (f) => `${f.true_status}`),
+    row("shed: 429 / 503, with Retry-After", (f) => `${f.shed["429"]} / ${f.shed["503"]}`),
+    row("wrong answers", (f) => `${f.wrong}`),
+    row("true status or 429/503 (goal 100%)", (f) => `${f.answered_truly_or_shed_pct}%`),
+    row("p50 / p99 of the shed answers, ms (goal p99 ≤ 5)", (f) =>
+      shed(f, () => `${f.shed_p50_ms} / ${f.shed_p99_ms}`),
+    ),
     [
-      "the gateway's own time for them: within 5 ms / p99 at most, ms",
-      u.gateway_shed_within_5_ms_pct === null
-        ? "none shed"
-        : `${u.gateway_shed_within_5_ms_pct}% / ${u.gateway_shed_p99_at_most_ms ?? "over 10,000"}`,
-      o.gateway_shed_within_5_ms_pct === null
-        ? "none shed"
-        : `${o.gateway_shed_within_5_ms_pct}% / ${o.gateway_shed_p99_at_most_ms ?? "over 10,000"}`,
+      `the floor: a plain Hono server's 503, c=${floor.concurrency}, p50 / p99, ms`,
+      "",
+      "",
+      `${floor.p50_ms} / ${floor.p99_ms} (${floor.per_s}/s)`,
     ],
-    [
-      "p50 / p99 of those that ran, ms",
-      `${u.ran_p50_ms} / ${u.ran_p99_ms}`,
-      `${o.ran_p50_ms} / ${o.ran_p99_ms}`,
-    ],
+    row("the gateway's own time for them: within 5 ms / p99 at most, ms", (f) =>
+      shed(
+        f,
+        () =>
+          `${f.gateway_shed_within_5_ms_pct}% / ${f.gateway_shed_p99_at_most_ms ?? "over 10,000"}`,
+      ),
+    ),
+    row("p50 / p99 of those that ran, ms", (f) => `${f.ran_p50_ms} / ${f.ran_p99_ms}`),
     [
       "executions/s of those that ran",
-      `${u.executions_per_s}`,
-      `${o.executions_per_s} (${report.executions_per_s_vs_unloaded_pct}% of unloaded)`,
+      `${report.unloaded.executions_per_s}`,
+      `${report.overloaded.executions_per_s} (${report.executions_per_s_vs_unloaded_pct}% of unloaded)`,
+      `${report.overloaded_ignoring_retry_after.executions_per_s}`,
     ],
+    row(
+      "event-loop delay p99, ms: the gateway / the client",
+      (f) => `${f.gateway_loop_delay_p99_ms ?? "?"} / ${f.client_loop_delay_p99_ms}`,
+    ),
+    row("the gateway's CPU, % of a core", (f) => `${f.gateway_cpu_pct}`),
     [
-      "event-loop delay p99, ms: the gateway / this client",
-      `${u.gateway_loop_delay_p99_ms ?? "?"} / ${u.client_loop_delay_p99_ms}`,
-      `${o.gateway_loop_delay_p99_ms ?? "?"} / ${o.client_loop_delay_p99_ms}`,
-    ],
-    ["the gateway's CPU, % of a core", `${u.gateway_cpu_pct}`, `${o.gateway_cpu_pct}`],
-    [
-      "nice values: the gateway's event loop / this client / the floor's server",
-      `${report.nice.gateway} / ${report.nice.client} / ${report.nice.floor_server}`,
+      "nice values: the gateway's event loop / the client / the floor's server / the daemon",
+      `${priorityCell(gateway)} / ${priorityCell(client)} / ${priorityCell(floor_server)} / ${priorityCell(daemon)}`,
       "the same; the hog 0",
+      "the same",
     ],
-    [
-      "load average (1, 5, 15 min): before the run / after",
-      `${report.loadavg_before.join(", ")} / ${u.loadavg_after.join(", ")}`,
-      o.loadavg_after.join(", "),
-    ],
+    row("load average (1, 5, 15 min) after", (f) => f.loadavg_after.join(", ")),
   ];
   const line = (cells: string[]) => `| ${cells.join(" | ")} |`;
-  return [line(rows[0] as string[]), line(["---", "---", "---"]), ...rows.slice(1).map(line)].join(
-    "\n",
-  );
+  return [
+    line(rows[0] as string[]),
+    line(["---", "---", "---", "---"]),
+    ...rows.slice(1).map(line),
+  ].join("\n");
 }

@@ -11,3 +11,15 @@ it("SANDFORK_GATEWAY_NICE: unset leaves the event loop's nice value; a nice valu
       /SANDFORK_GATEWAY_NICE must be an integer from -20 to 19/,
     );
 });
+
+it("SANDFORK_GATEWAY_REALTIME_PRIORITY: unset is not real-time; a priority from 1 to 99 or a clear error", () => {
+  expect(loadConfig({}).eventLoopRealtimePriority).toBeUndefined();
+  expect(loadConfig({ SANDFORK_GATEWAY_REALTIME_PRIORITY: "1" }).eventLoopRealtimePriority).toBe(1);
+  expect(loadConfig({ SANDFORK_GATEWAY_REALTIME_PRIORITY: "99" }).eventLoopRealtimePriority).toBe(
+    99,
+  );
+  for (const wrong of ["0", "100", "-1", "1.5", "rr"])
+    expect(() => loadConfig({ SANDFORK_GATEWAY_REALTIME_PRIORITY: wrong }), wrong).toThrow(
+      /SANDFORK_GATEWAY_REALTIME_PRIORITY must be an integer from 1 to 99/,
+    );
+});

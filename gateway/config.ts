@@ -157,6 +157,12 @@ export interface GatewayConfig {
    * one it started with. The daemon keeps that one (runtime/event-loop-priority.ts).
    */
   eventLoopNice: number | undefined;
+  /**
+   * The real-time priority of the event loop's thread (SANDFORK_GATEWAY_REALTIME_PRIORITY, 1 to
+   * 99: SCHED_RR, ahead of every thread that is not real-time); undefined: not real-time. Its
+   * children start with the ordinary policy (runtime/event-loop-priority.ts).
+   */
+  eventLoopRealtimePriority: number | undefined;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig {
@@ -196,15 +202,21 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): GatewayConfig 
     runtimeGraceMs: executeMaxWaitMsFromEnv(env) + 5_000,
     recoveryIntervalMs: positiveIntegerFromEnv(env, "SANDFORK_RECOVERY_INTERVAL_MS", 5_000),
     sharedLimits: sharedLimitsFromEnv(env),
-    eventLoopNice: niceFromEnv(env, "SANDFORK_GATEWAY_NICE"),
+    eventLoopNice: integerFromEnv(env, "SANDFORK_GATEWAY_NICE", -20, 19),
+    eventLoopRealtimePriority: integerFromEnv(env, "SANDFORK_GATEWAY_REALTIME_PRIORITY", 1, 99),
   };
 }
 
-function niceFromEnv(env: NodeJS.ProcessEnv, name: string): number | undefined {
+function integerFromEnv(
+  env: NodeJS.ProcessEnv,
+  name: string,
+  min: number,
+  max: number,
+): number | undefined {
   const raw = env[name];
   if (raw === undefined || raw === "") return undefined;
   const value = Number(raw);
-  if (!Number.isInteger(value) || value < -20 || value > 19)
-    throw new Error(`${name} must be an integer from -20 to 19, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(value) || value < min || value > max)
+    throw new Error(`${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(raw)}`);
   return value;
 }

@@ -6,7 +6,7 @@
 import { getPriority } from "node:os";
 import { startClusterRuntime } from "../cluster/start.js";
 import { loadRuntimeConfig } from "../runtime/config.js";
-import { setEventLoopNice } from "../runtime/event-loop-priority.js";
+import { setEventLoopNice, setRealtime } from "../runtime/event-loop-priority.js";
 import type { ExecutionRuntime } from "../runtime/execution-runtime.js";
 import { startRuntime } from "../runtime/start.js";
 import { daemonMaxima, loadConfig } from "./config.js";
@@ -37,6 +37,15 @@ if (config.eventLoopNice !== undefined) {
   } catch (error) {
     console.error(
       `SANDFORK_GATEWAY_NICE=${config.eventLoopNice}: not permitted (${(error as Error).message}); the event loop keeps nice ${getPriority()}`,
+    );
+  }
+}
+if (config.eventLoopRealtimePriority !== undefined) {
+  try {
+    setRealtime(undefined, config.eventLoopRealtimePriority);
+  } catch (error) {
+    console.error(
+      `SANDFORK_GATEWAY_REALTIME_PRIORITY=${config.eventLoopRealtimePriority}: not permitted (${(error as Error).message.trim()}); the event loop keeps the ordinary policy`,
     );
   }
 }

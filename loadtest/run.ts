@@ -28,8 +28,9 @@
 // calls answered with their true status or shed with 429/503 at 4x the concurrency the machine
 // sustains with a CPU hog beside it, the p99 of the shed answers, and executions/s of the rest
 // against the same run's unloaded figure; --overload-seconds long each. --gateway-nice=N (default
-// -10, 0: unset) is the gateway's SANDFORK_GATEWAY_NICE, and the measuring client's and the floor
-// server's priority.
+// -10, 0: unset) is the gateway's SANDFORK_GATEWAY_NICE and --gateway-realtime=N (default 1, 0:
+// unset) its SANDFORK_GATEWAY_REALTIME_PRIORITY; the measuring client and the floor's server run
+// at the same.
 //
 // `--json` prints one object that `npm run bench:report` turns into docs/benchmarks.md's table.
 import { cpus, loadavg } from "node:os";
@@ -60,12 +61,13 @@ import { startSpanReceiver } from "./lib/phases.js";
 import { openRecordBaseline } from "./lib/record-baseline.js";
 
 const { values, fail } = commandLine(
-  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --gap-ms 0,15,100,1000 [--requests N] [--databases ...] [--json] | --overload [--databases ...] [--overload-seconds S] [--gateway-nice=N] [--json]",
+  "npm run loadtest -- [--requests N] [--concurrency 1,4,16] [--databases pglite,postgres] [--warm-up N|auto] [--max-seconds S] [--json] [--cpu-prof DIR] | --gap-ms 0,15,100,1000 [--requests N] [--databases ...] [--json] | --overload [--databases ...] [--overload-seconds S] [--gateway-nice=N] [--gateway-realtime=N] [--json]",
   {
     overload: { type: "boolean", default: false },
     "gap-ms": { type: "string" },
     "overload-seconds": { type: "string", default: "20" },
     "gateway-nice": { type: "string", default: "-10" },
+    "gateway-realtime": { type: "string", default: "1" },
     requests: { type: "string" },
     concurrency: { type: "string", default: "1,4,16" },
     databases: { type: "string", default: "pglite,postgres" },
@@ -102,15 +104,19 @@ if (values.overload) {
   const gatewayNice = Number(values["gateway-nice"]);
   if (!Number.isInteger(gatewayNice) || gatewayNice < -20 || gatewayNice > 19)
     fail("--gateway-nice must be an integer from -20 to 19");
+  const gatewayRealtime = Number(values["gateway-realtime"]);
+  if (!Number.isInteger(gatewayRealtime) || gatewayRealtime < 0 || gatewayRealtime > 99)
+    fail("--gateway-realtime must be an integer from 0 to 99");
+  const priority = { nice: gatewayNice, realtime: gatewayRealtime };
   const { runs } = await onEachDatabase(databases, "sandfork_loadtest_overload", (database, url) =>
-    overload({ database, databaseUrl: url, seconds, gatewayNice, say }),
+    overload({ database, databaseUrl: url, seconds, priority, say }),
   );
   const reports = Object.values(runs);
   if (values.json) console.log(JSON.stringify(reports));
   else
     for (const report of reports) {
       console.log(
-        `\nnpm run loadtest -- --overload --databases ${report.database} --overload-seconds ${seconds} --gateway-nice=${gatewayNice}: ${report.cpus} CPUs, ${report.database === "pglite" ? "PGlite" : "PostgreSQL"}, load average ${report.loadavg_before.join(", ")} before; one in ten runs past its 200 ms time limit (true status timed_out), the rest print(6*7)`,
+        `\nnpm run loadtest -- --overload --databases ${report.database} --overload-seconds ${seconds} --gateway-nice=${gatewayNice} --gateway-realtime=${gatewayRealtime}: ${report.cpus} CPUs, ${report.database === "pglite" ? "PGlite" : "PostgreSQL"}, load average ${report.loadavg_before.join(", ")} before; one in ten runs past its 200 ms time limit (true status timed_out), the rest print(6*7)`,
       );
       console.log(overloadTable(report));
       if (report.wrong_examples.length > 0)

@@ -6,6 +6,7 @@ import { afterAll, expect, it } from "vitest";
 import {
   groupedBySession,
   leadsItsSession,
+  schedulingPolicyOf,
   sessionGroupNice,
   setEventLoopNice,
   spawnAtStartingNice,
@@ -46,32 +47,45 @@ it("raises the event loop's thread and spawns children at the nice value it star
   }
 });
 
-it("raises its session's scheduling group too when it leads a session of its own", async () => {
-  const module = fileURLToPath(new URL("./event-loop-priority.ts", import.meta.url));
-  // A process in a new session (setsid), as `setsid npm start` starts the gateway.
+const MODULE = fileURLToPath(new URL("./event-loop-priority.ts", import.meta.url));
+
+/** Runs `script` (with `p`, this module) in a Node process in a session of its own; answers what it printed, as JSON. */
+async function inOwnSession<T>(script: string): Promise<T> {
   const child = spawn(
     process.execPath,
-    [
-      "--import",
-      "tsx",
-      "-e",
-      `const p = await import(${JSON.stringify(module)});
-       const done = p.setEventLoopNice(${starting - 3});
-       console.log(JSON.stringify({ done, leads: p.leadsItsSession(), group: p.sessionGroupNice(process.pid) }));`,
-    ],
+    ["--import", "tsx", "-e", `const p = await import(${JSON.stringify(MODULE)});\n${script}`],
     { detached: true, stdio: ["ignore", "pipe", "inherit"] },
   );
   const output: Buffer[] = [];
   child.stdout.on("data", (chunk: Buffer) => output.push(chunk));
   const code = await new Promise((resolve) => child.once("exit", resolve));
   expect(code).toBe(0);
-  const seen = JSON.parse(Buffer.concat(output).toString()) as {
-    done: string;
-    leads: boolean;
-    group: number | undefined;
-  };
+  return JSON.parse(Buffer.concat(output).toString()) as T;
+}
+
+it("raises its session's scheduling group too when it leads a session of its own", async () => {
+  // As `setsid npm start` starts the gateway.
+  const seen = await inOwnSession<{ done: string; leads: boolean; group: number | undefined }>(
+    `const done = p.setEventLoopNice(${starting - 3});
+     console.log(JSON.stringify({ done, leads: p.leadsItsSession(), group: p.sessionGroupNice(process.pid) }));`,
+  );
   expect(seen.leads).toBe(true);
   if (groupedBySession()) expect(seen).toMatchObject({ done: "set", group: starting - 3 });
   else expect(seen.done).toBe("not-grouped-by-session");
   expect(leadsItsSession()).toBe(false);
+}, 30_000);
+
+it("puts the event loop's thread alone under SCHED_RR; what it spawns has the ordinary policy", async () => {
+  const seen = await inOwnSession<{ self: number; child: number; childNice: number }>(
+    `p.setEventLoopNice(-5);
+     p.setRealtime(undefined, 1);
+     const { spawn } = await import("node:child_process");
+     const child = spawn("sleep", ["5"], { stdio: "ignore" });
+     const { getPriority } = await import("node:os");
+     console.log(JSON.stringify({ self: p.schedulingPolicyOf(process.pid), child: p.schedulingPolicyOf(child.pid), childNice: getPriority(child.pid) }));
+     child.kill("SIGKILL");`,
+  );
+  // 2: SCHED_RR; 0: the ordinary policy, and a negative nice value reset to 0.
+  expect(seen).toEqual({ self: 2, child: 0, childNice: 0 });
+  expect(schedulingPolicyOf(process.pid)).toBe(0);
 }, 30_000);

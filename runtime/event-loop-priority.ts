@@ -12,7 +12,7 @@
 // when the gateway leads a session of its own (`setsid npm start`), it gives its session's group
 // the same nice value; the daemon runs in a session of its own (runtime/supervisor.ts), whose
 // group keeps the default.
-import { type ChildProcess, type SpawnOptions, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync, type SpawnOptions, spawn } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { getPriority, setPriority } from "node:os";
 
@@ -84,6 +84,25 @@ export function setEventLoopNice(nice: number): SessionGroupNice {
   if (!leadsItsSession()) return "not-session-leader";
   setSessionGroupNice(undefined, nice);
   return "set";
+}
+
+/**
+ * Puts the main thread of `pid` (undefined: this process's, the event loop's) under SCHED_RR at
+ * `priority` (1 to 99) with the reset-on-fork flag, by util-linux's chrt (throws when not
+ * permitted: it needs root or CAP_SYS_NICE).
+ */
+export function setRealtime(pid: number | undefined, priority: number): void {
+  execFileSync(
+    "chrt",
+    ["--rr", "--reset-on-fork", "--pid", String(priority), String(pid ?? process.pid)],
+    { stdio: ["ignore", "ignore", "pipe"] },
+  );
+}
+
+/** The scheduling policy of `pid`'s main thread (field 41 of its stat): 0 ordinary, 2 SCHED_RR. */
+export function schedulingPolicyOf(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[38]);
 }
 
 /** `spawn`, the child at the nice value this process started with (see setEventLoopNice). */

@@ -9,7 +9,9 @@ import { join } from "node:path";
 import {
   groupedBySession,
   leadsItsSession,
+  schedulingPolicyOf,
   sessionGroupNice,
+  setRealtime,
   setSessionGroupNice,
 } from "../../runtime/event-loop-priority.js";
 import { REPOSITORY } from "./execution.js";
@@ -48,24 +50,43 @@ export interface FloodResult {
   loop_delay_p99_ms: number;
 }
 
-/** The priority a process runs at: its main thread's nice value and its session group's (undefined: none). */
+/**
+ * The priority a process runs at: its main thread's nice value, its session group's (undefined:
+ * none), and whether that thread is real-time (SCHED_RR).
+ */
 export interface Priority {
   nice: number;
   group: number | undefined;
+  realtime: boolean;
 }
 
+/** SCHED_RR in /proc/PID/stat. */
+const SCHED_RR = 2;
+
 export function priorityOf(pid: number): Priority {
-  return { nice: getPriority(pid), group: sessionGroupNice(pid) };
+  return {
+    nice: getPriority(pid),
+    group: sessionGroupNice(pid),
+    realtime: schedulingPolicyOf(pid) === SCHED_RR,
+  };
+}
+
+/** The priority to run a process at: a nice value, and a real-time priority (0: not real-time). */
+export interface PrioritySetting {
+  nice: number;
+  realtime: number;
 }
 
 /**
- * Gives `pid`'s main thread the nice value `nice` and, when the kernel groups tasks by session
- * and `pid` leads its own, its session group too, where permitted; answers the priority it has.
+ * Gives `pid`'s main thread the nice value and, when the kernel groups tasks by session and `pid`
+ * leads its own, its session group too, and the real-time priority (see
+ * runtime/event-loop-priority.ts), where permitted; answers the priority it has.
  */
-export function raiseProcess(pid: number, nice: number): Priority {
+export function raiseProcess(pid: number, setting: PrioritySetting): Priority {
   try {
-    setPriority(pid, nice);
-    if (groupedBySession() && leadsItsSession(pid)) setSessionGroupNice(pid, nice);
+    setPriority(pid, setting.nice);
+    if (groupedBySession() && leadsItsSession(pid)) setSessionGroupNice(pid, setting.nice);
+    if (setting.realtime > 0) setRealtime(pid, setting.realtime);
   } catch {
     // Not permitted (not root): measured at the priority it has, which the report gives.
   }
@@ -88,10 +109,10 @@ export function floodAnswerKind(
     : "wrong";
 }
 
-/** Runs one phase in a flood client at priority `nice`; resolves to its figures and the priority it ran at. */
+/** Runs one phase in a flood client at `priority`; resolves to its figures and the priority it ran at. */
 export async function flood(
   phase: FloodPhase,
-  nice: number,
+  priority: PrioritySetting,
 ): Promise<{ result: FloodResult; priority: Priority }> {
   const child = spawn(
     process.execPath,
@@ -107,12 +128,15 @@ export async function flood(
       child.once("error", reject);
       child.once("exit", (code) => resolve(code));
     });
-    const priority = raiseProcess(child.pid as number, nice);
+    const raised = raiseProcess(child.pid as number, priority);
     // It starts once raised: the go line.
     child.stdin?.end("go\n");
     const code = await exited;
     if (code !== 0) throw new Error(`the flood client exited with code ${code}`);
-    return { result: JSON.parse(Buffer.concat(output).toString("utf8")) as FloodResult, priority };
+    return {
+      result: JSON.parse(Buffer.concat(output).toString("utf8")) as FloodResult,
+      priority: raised,
+    };
   } finally {
     process.off("exit", stopChild);
     stopChild();

@@ -1,20 +1,31 @@
 // `npm run loadtest -- --overload`: the gateway as `npm start` runs it (its admission bounds at
-// their defaults, sized for this machine), first unloaded at the concurrency the machine
-// sustains, then flooded at 4x that with a CPU hog beside it (a child process spinning on each
-// core at nice 0, as a neighbour would; stopped at the end). The concurrency the machine sustains
-// is what the gateway hands the daemon at once per template (SANDFORK_TEMPLATE_MAX_RUNNING's
-// default, gateway/config.ts): past it calls wait in line and the daemon runs no more at a time.
-// Every answer is classified: its true status (200 with the status and output the program must
-// end with), shed (429 or 503 with Retry-After), or wrong (anything else). It prints the share
-// answered with their true status or shed (goal 100%), the p99 of the shed answers (goal ≤ 5 ms),
-// and executions/s of those that ran against the unloaded figure. Beside the shed answers' times,
-// their floor on this machine at this time: a plain Hono server (loadtest/hello-server.ts)
-// answering the same 503 with nothing done before it, to as many clients as the flood had past
-// both bounds, with the same client and the same CPU hog, for as long, right after the flood.
+// their defaults, sized for this machine; in a session of its own, as `setsid npm start`, at the
+// priority --gateway-nice and --gateway-realtime give it), first unloaded at the concurrency the
+// machine sustains, then at 4x that with a CPU hog beside it (a child process spinning on each
+// core at nice 0, as a neighbour would; stopped at the end): first with clients that wait the
+// Retry-After of a shed answer, as the answer asks, then with clients that send their next call
+// at once, the harshest. The concurrency the machine sustains is what the gateway hands the daemon
+// at once per template (SANDFORK_TEMPLATE_MAX_RUNNING's default, gateway/config.ts): past it calls
+// wait in line and the daemon runs no more at a time. Every answer is classified: its true status
+// (200 with the status and output the program must end with), shed (429 or 503 with
+// Retry-After), or wrong (anything else). It prints the share answered with their true status or
+// shed (goal 100%), the p99 of the shed answers (goal ≤ 5 ms), and executions/s of those that ran
+// against the unloaded figure. The client measures from a process of its own at the gateway's
+// priority (lib/flood.ts). Beside the harshest client's shed answers, their floor on this machine
+// at this time: a plain Hono server (loadtest/hello-server.ts, at the same priority) answering
+// the same 503 with nothing done before it, to as many clients as the flood had past both bounds,
+// with the same client and the same CPU hog, for as long, right after the flood.
 import { availableParallelism, loadavg } from "node:os";
 import { loadAdmissionSettings } from "../../gateway/config.js";
 import { startCpuHog } from "./cpu-hog.js";
-import { type FloodKind, flood, type Priority, priorityOf, raiseProcess } from "./flood.js";
+import {
+  type FloodKind,
+  flood,
+  type Priority,
+  type PrioritySetting,
+  priorityOf,
+  raiseProcess,
+} from "./flood.js";
 import { startHello } from "./hello.js";
 import { keepAliveClient } from "./http-client.js";
 import { type LoadDatabase, withLoadGateway } from "./load-gateway.js";
@@ -144,8 +155,11 @@ export async function overload(options: {
   /** A PostgreSQL database for database "postgres". */
   databaseUrl: string | undefined;
   seconds: number;
-  /** SANDFORK_GATEWAY_NICE for the gateway (0: not set), and the client's and the floor's server's nice value. */
-  gatewayNice: number;
+  /**
+   * SANDFORK_GATEWAY_NICE and SANDFORK_GATEWAY_REALTIME_PRIORITY for the gateway (0: not set),
+   * and the measuring client's and the floor's server's priority.
+   */
+  priority: PrioritySetting;
   say: (line: string) => void;
 }): Promise<OverloadReport> {
   const cpus = availableParallelism();
@@ -166,13 +180,18 @@ export async function overload(options: {
         // A session of its own, as `setsid npm start`: the gateway then raises its session's
         // scheduling group with its event loop (runtime/event-loop-priority.ts).
         ownSession: true,
-        ...(options.gatewayNice === 0
-          ? {}
-          : { env: { SANDFORK_GATEWAY_NICE: String(options.gatewayNice) } }),
+        env: {
+          ...(options.priority.nice === 0
+            ? {}
+            : { SANDFORK_GATEWAY_NICE: String(options.priority.nice) }),
+          ...(options.priority.realtime === 0
+            ? {}
+            : { SANDFORK_GATEWAY_REALTIME_PRIORITY: String(options.priority.realtime) }),
+        },
       },
       async ({ gateway, json }) => {
         const url = `${gateway.url}/v1/executions`;
-        const floorServer = raiseProcess(hello.pid, options.gatewayNice);
+        const floorServer = raiseProcess(hello.pid, options.priority);
         let clientPriority: Priority | undefined;
 
         const phase = async (
@@ -187,7 +206,7 @@ export async function overload(options: {
           const started = performance.now();
           const { result, priority } = await flood(
             { url, headers: json, kinds: MIX, concurrency, seconds, retry_after: retryAfter },
-            options.gatewayNice,
+            options.priority,
           );
           clientPriority = priority;
           const elapsed = (performance.now() - started) / 1000;
@@ -264,7 +283,7 @@ export async function overload(options: {
               seconds: options.seconds,
               retry_after: "ignore",
             },
-            options.gatewayNice,
+            options.priority,
           );
           const shed = result.shed_ms.sort((a, b) => a - b);
           floor = {
@@ -309,7 +328,7 @@ export async function overload(options: {
 
 /** A process's priority as the table gives it: its nice value, and its session group's where there is one. */
 const priorityCell = (p: Priority) =>
-  p.group === undefined ? `${p.nice}` : `${p.nice} (group ${p.group})`;
+  `${p.realtime ? "SCHED_RR, " : ""}${p.nice}${p.group === undefined ? "" : ` (group ${p.group})`}`;
 
 /** The report as a Markdown table (docs/benchmarks.md takes it as printed). */
 export function overloadTable(report: OverloadReport): string {
@@ -360,7 +379,7 @@ export function overloadTable(report: OverloadReport): string {
     ),
     row("the gateway's CPU, % of a core", (f) => `${f.gateway_cpu_pct}`),
     [
-      "nice values: the gateway's event loop / the client / the floor's server / the daemon",
+      "priority (nice, session group's nice): the gateway's event loop / the client / the floor's server / the daemon",
       `${priorityCell(gateway)} / ${priorityCell(client)} / ${priorityCell(floor_server)} / ${priorityCell(daemon)}`,
       "the same; the hog 0",
       "the same",

@@ -6,13 +6,14 @@ import { existsSync } from "node:fs";
 import { chown, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, describe, expect, it } from "vitest";
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { DaemonClient } from "./daemon-client.js";
 import { RuntimeConnectionLostError, RuntimeUnavailableError } from "./errors.js";
 import { DaemonSupervisor } from "./supervisor.js";
 import {
   type DaemonFixture,
   requireVmmBinary,
+  sharedTemplates,
   startDaemon,
   stopProcess,
   templatesFixture,
@@ -20,6 +21,7 @@ import {
 import { uidOf } from "./unprivileged.js";
 
 const cleanups: (() => Promise<void> | void)[] = [];
+beforeAll(sharedTemplates);
 afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });

@@ -7,9 +7,10 @@ import {
   mkdtempSync,
   readdirSync,
   readFileSync,
+  rmSync,
   writeFileSync,
 } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { chmod, mkdtemp, rm, symlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { DaemonSupervisor, type SupervisorOptions } from "../supervisor.js";
@@ -80,16 +81,42 @@ export interface DaemonFixture {
   dispose(): Promise<void>;
 }
 
-/** A temporary directory with the python template built into templates/python. */
+/**
+ * The python template, built once per test process: a build is seconds of work (many more on a
+ * busy host) that would otherwise count against the time limit of every test that starts a daemon.
+ */
+let builtTemplates: Promise<string> | undefined;
+
+/** Builds the test process's python template (once; a test file's beforeAll, out of its tests' time). */
+export function sharedTemplates(): Promise<string> {
+  builtTemplates ??= (async () => {
+    const dir = await mkdtemp(join(tmpdir(), "sfk-rt-templates-"));
+    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+    // Readable by a daemon run as another user (supervisor.test.ts).
+    await chmod(dir, 0o755);
+    const templatesDir = join(dir, "templates");
+    await ensureTemplate(
+      { name: "python", manifestPath: PYTHON_MANIFEST },
+      { binary: requireVmmBinary(), templatesDir },
+    );
+    return templatesDir;
+  })();
+  return builtTemplates;
+}
+
+/**
+ * A temporary directory whose templates/ holds the python template built (a link to the test
+ * process's one build, which no test changes).
+ */
 export async function templatesFixture(): Promise<{
   dir: string;
   templatesDir: string;
   dispose(): Promise<void>;
 }> {
-  const binary = requireVmmBinary();
+  const built = await sharedTemplates();
   const dir = await mkdtemp(join(tmpdir(), "sfk-rt-"));
   const templatesDir = join(dir, "templates");
-  await ensureTemplate({ name: "python", manifestPath: PYTHON_MANIFEST }, { binary, templatesDir });
+  await symlink(built, templatesDir);
   return { dir, templatesDir, dispose: () => rm(dir, { recursive: true, force: true }) };
 }
 

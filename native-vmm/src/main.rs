@@ -683,7 +683,7 @@ fn bench_syscalls(args: &[String]) -> Result<ExitCode, CliError> {
 #[cfg(feature = "bench")]
 const BENCH_EXEC_USAGE: &str = "\
 usage: sandfork-vmm bench exec --template DIR [--code PROGRAM] [--iterations N] [--pool-size N]
-                              [--json]
+                              [--from-session CELL] [--json]
 
 Measures, in one run, what an execution of the template's trivial program (`print(1+1)` for
 python), or of PROGRAM, costs on the daemon's path: fresh fork p50/p99 (no pool); pooled execution p50/p99
@@ -699,13 +699,23 @@ options:
                      must print
   --iterations N     pooled executions and fresh forks to time (default 1000)
   --pool-size N      VMs in the warm pool (default: 2 per core)
-  --json             print one JSON object instead of a table";
+  --from-session CELL
+                     also measure a template saved from a session of DIR that ran CELL (the
+                     daemon's `session_template`), the same way, after DIR's own figures
+  --json             print one JSON object instead of a table (with --from-session:
+                     {\"template\": ..., \"from_session\": {..., \"report\": ...}})";
 
 #[cfg(feature = "bench")]
 fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
     let options = Options::parse(
         args,
-        &["--template", "--code", "--iterations", "--pool-size"],
+        &[
+            "--template",
+            "--code",
+            "--iterations",
+            "--pool-size",
+            "--from-session",
+        ],
         &["--json"],
         false,
         BENCH_EXEC_USAGE,
@@ -724,16 +734,53 @@ fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
     let code = options.values.get("--code").map(String::as_str);
     let report = daemon::bench::run(Path::new(dir), iterations, pool_size, code)
         .map_err(CliError::Failed)?;
+    let Some(cell) = options.values.get("--from-session") else {
+        if options.flag("--json") {
+            println!("{}", report.to_json());
+        } else {
+            print!("{report}");
+        }
+        return Ok(if matches!(report.isolation, Some(Err(_))) {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        });
+    };
+    let made =
+        daemon::session_bench::session_template(Path::new(dir), cell).map_err(CliError::Failed)?;
+    let saved = made.saved;
+    let from_session =
+        daemon::bench::run(&made.dir, iterations, pool_size, code).map_err(CliError::Failed)?;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     if options.flag("--json") {
-        println!("{}", report.to_json());
+        let json = serde_json::json!({
+            "template": report.to_value(),
+            "from_session": {"cell": cell, "file_bytes": saved.file_bytes,
+                "stored_bytes": saved.memory.stored_bytes, "capture_ms": ms(saved.capture),
+                "write_ms": ms(saved.write), "report": from_session.to_value()},
+        });
+        println!("{json}");
     } else {
         print!("{report}");
+        println!(
+            "\nsaved from a session after the cell `{cell}`: a snapshot of {} bytes ({} bytes of memory), recorded in {:.0} ms, written in {:.0} ms",
+            saved.file_bytes,
+            saved.memory.stored_bytes,
+            ms(saved.capture),
+            ms(saved.write)
+        );
+        print!("{from_session}");
     }
-    Ok(if matches!(report.isolation, Some(Err(_))) {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(
+        if [&report, &from_session]
+            .iter()
+            .any(|r| matches!(r.isolation, Some(Err(_))))
+        {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
 }
 
 #[cfg(feature = "bench")]

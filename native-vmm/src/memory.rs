@@ -275,19 +275,11 @@ impl GuestMemory {
         if shared.is_empty() {
             return Ok(Some(own));
         }
-        let mut all: Vec<(u64, u64)> = own
-            .into_iter()
-            .chain(shared.iter().map(|(&start, range)| (start, range.end)))
-            .collect();
-        all.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(all.len());
-        for (start, end) in all {
-            match merged.last_mut() {
-                Some(last) if start <= last.1 => last.1 = last.1.max(end),
-                _ => merged.push((start, end)),
-            }
-        }
-        Ok(Some(merged))
+        Ok(Some(crate::layout::merge_ranges(
+            own.into_iter()
+                .chain(shared.iter().map(|(&start, range)| (start, range.end)))
+                .collect(),
+        )))
     }
 
     /// `copied_ranges` without the shared ranges: the pages the host copied for this fork.

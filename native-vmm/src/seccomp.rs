@@ -125,9 +125,11 @@ const ALLOWED: &[(u32, &str)] = &[
 /// The file-system calls of session checkpoints (`snapshot::checkpoint`, `daemon::sessions`):
 /// durable (vectored) writes, vectored reads into a restored VM's memory, atomic renames, the
 /// folder per session, listing them after a restart, flushing the data folder's file system
-/// for the checkpoints written together (syncfs).
+/// for the checkpoints written together (syncfs), and linking a session's template's image
+/// into the template folder it is saved as (linkat).
 const SESSION_FILES: &[(u32, &str)] = &[
     (20, "writev"),
+    (265, "linkat"),
     (74, "fsync"),
     (75, "fdatasync"),
     (306, "syncfs"),

@@ -1,7 +1,8 @@
 //! Stateful sessions through the real `sandfork-vmm serve --sessions` binary on the KVM vCPU:
 //! interpreter state between cells, pause and resume (twice, then across a daemon restart)
 //! keeping every file, and acknowledged checkpoints surviving SIGKILL of the daemon at random
-//! moments. `SANDFORK_SESSION_CRASH_KILLS` sets the crash test's number of kills (default 20,
+//! moments; a session saved as a template, forked by executions and sessions with its state.
+//! `SANDFORK_SESSION_CRASH_KILLS` sets the crash test's number of kills (default 20,
 //! the KVM tier's; `npm run test:sessions-crash` runs a long one).
 
 mod daemon_support;
@@ -22,6 +23,8 @@ struct Daemon {
     dir: PathBuf,
     /// Its `--sessions` folder (default DIR/sessions).
     sessions: PathBuf,
+    /// Its `--templates` folder (default the shared one with the Python template).
+    templates: PathBuf,
     child: Option<Child>,
     /// More `serve` options.
     args: Vec<&'static str>,
@@ -40,6 +43,7 @@ impl Daemon {
         let mut daemon = Daemon {
             dir: dir.to_owned(),
             sessions: sessions.to_owned(),
+            templates: snapshot_templates_dir().to_owned(),
             child: None,
             args: args.to_vec(),
         };
@@ -57,7 +61,7 @@ impl Daemon {
             .args(["serve", "--pool-size", "1", "--socket"])
             .arg(self.socket())
             .arg("--templates")
-            .arg(snapshot_templates_dir())
+            .arg(&self.templates)
             .arg("--sessions")
             .arg(&self.sessions)
             .args(&self.args)
@@ -865,4 +869,85 @@ fn old_checkpoints_are_pruned_and_the_newest_with_their_chains_kept() {
     daemon.restart();
     let mut s = daemon.client();
     check(&mut s, "hashed");
+}
+
+/// A session's state saved as a template (`session_template`): executions of it see the
+/// session's variables, imports and /work files and leave nothing behind for the next; a new
+/// session of it goes on from there; the session itself runs on; the template is served again
+/// after a restart. Refused: a name taken, a session holding a bound socket, an ended session,
+/// an unknown one.
+#[test]
+fn a_session_saved_as_a_template_forks_with_its_state() {
+    let dir = scratch("sessions-template");
+    // A templates folder of its own, so that the templates it makes stay out of other tests'.
+    let templates = dir.join("templates");
+    std::fs::create_dir_all(&templates).unwrap();
+    std::os::unix::fs::symlink(
+        snapshot_templates_dir().join("python"),
+        templates.join("python"),
+    )
+    .unwrap();
+    let mut daemon = Daemon {
+        dir: dir.clone(),
+        sessions: dir.join("sessions"),
+        templates: templates.clone(),
+        child: None,
+        args: Vec::new(),
+    };
+    daemon.restart();
+    let mut s = daemon.client();
+    s.expect(
+        "session",
+        json!({"type": "session_create", "session": "prep", "template": "python"}),
+    );
+    s.cell("prep", "import fractions\nbase = 40\ndef answer():\n    return base + 2\nopen('/work/data.txt', 'w').write('kept')");
+    let saved = s.expect(
+        "session_template",
+        json!({"type": "session_template", "session": "prep", "name": "prep@1"}),
+    );
+    assert!(u64_of(&saved, "file_bytes") > 1 << 20, "{saved}");
+    assert!(templates.join("prep@1/template.sfsnap").is_file());
+
+    let code = "print(answer(), open('/work/data.txt').read(), fractions.Fraction(base, 80))\nbase = 0\nopen('/work/data.txt', 'w').write('changed')";
+    for round in 0..3 {
+        let ran = s.call(json!({"type": "execute", "template": "prep@1", "code": code}));
+        assert_eq!(
+            (str_of(&ran, "status"), str_of(&ran, "stdout")),
+            ("ok", "42 kept 1/2\n"),
+            "round {round}: {ran}"
+        );
+    }
+    // The session runs on as it was; a session of the template goes on from its state.
+    assert_eq!(s.cell("prep", "base"), Some("40".into()));
+    s.expect(
+        "session",
+        json!({"type": "session_create", "session": "child", "template": "prep@1"}),
+    );
+    assert_eq!(
+        s.cell("child", "base = base + 1\nanswer()"),
+        Some("43".into())
+    );
+
+    let taken = s.call(json!({"type": "session_template", "session": "prep", "name": "prep@1"}));
+    assert_eq!(str_of(&taken, "code"), "bad_request", "{taken}");
+    assert!(str_of(&taken, "message").contains("immutable"), "{taken}");
+    s.cell("prep", "import socket\nsk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nsk.bind(('127.0.0.1', 0))");
+    let bound = s.call(json!({"type": "session_template", "session": "prep", "name": "prep@2"}));
+    assert_eq!(str_of(&bound, "code"), "bad_request", "{bound}");
+    assert!(str_of(&bound, "message").contains("socket"), "{bound}");
+    assert!(!templates.join("prep@2").exists());
+    let unknown = s.call(json!({"type": "session_template", "session": "nobody", "name": "x@1"}));
+    assert_eq!(str_of(&unknown, "code"), "not_found", "{unknown}");
+    s.call(
+        json!({"type": "session_execute", "session": "child", "code": "import os; os._exit(0)"}),
+    );
+    let ended = s.call(json!({"type": "session_template", "session": "child", "name": "x@1"}));
+    assert_eq!(str_of(&ended, "code"), "session_ended", "{ended}");
+
+    // A restarted daemon serves it from its folder.
+    daemon.kill();
+    daemon.restart();
+    let mut s = daemon.client();
+    let ran = s.call(json!({"type": "execute", "template": "prep@1", "code": "print(answer())"}));
+    assert_eq!(str_of(&ran, "stdout"), "42\n", "{ran}");
 }

@@ -295,10 +295,12 @@ def report_uncaught(error):
         traceback.print_exception(error)
 
 
-def run_script(source, path):
-    """Runs `source` as the script at `path` would run as __main__; returns the exit code and
-    the value of a final expression statement (None when there is none)."""
-    main = types.ModuleType("__main__")
+def run_script(source, path, main=None):
+    """Runs `source` as the script at `path` would run as __main__ (in `main`, a module whose
+    names it sees, or a fresh one); returns the exit code and the value of a final expression
+    statement (None when there is none)."""
+    if main is None:
+        main = types.ModuleType("__main__")
     main.__file__ = path
     main.__cached__ = None
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
@@ -356,13 +358,18 @@ def reseed(request):
 
 
 def serve_session(request):
-    """A session's life: cells run in one `__main__` until the VM is destroyed."""
+    """A session's life: cells run in one `__main__` until the VM is destroyed. A session saved
+    as a template is stopped here between cells, so its forks get their requests here too: a
+    session's next cell, or an execution, which runs as a script in the session's `__main__`
+    (its variables and imports there) and ends the process as a script does."""
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
     sys.path.insert(0, WORK_DIR)
     number = 0
     while True:
+        if not request.get("session"):
+            run_request(request, main)
         os.environ.update(request["env"])
         if request["session"]["reseed"]:
             reseed(request)
@@ -387,10 +394,9 @@ def finish(code):
     os._exit(code)
 
 
-def main():
-    request = await_request()
-    if request.get("session"):
-        serve_session(request)
+def run_request(request, main=None):
+    """Runs an execution's script and ends the process: as __main__ (a fresh module, or `main`:
+    a saved session's), its result published."""
     reseed(request)
     argv = request["argv"]
     sys.argv = list(argv)
@@ -399,9 +405,16 @@ def main():
     # As for `python script.py`: the script's folder comes first on the import path.
     sys.path.insert(0, os.path.dirname(path))
     start_display()
-    code, value = run_script(request["code"], path)
+    code, value = run_script(request["code"], path, main)
     publish_result(*finish_display(value))
     finish(code)
+
+
+def main():
+    request = await_request()
+    if request.get("session"):
+        serve_session(request)
+    run_request(request)
 
 
 def prepare_template():

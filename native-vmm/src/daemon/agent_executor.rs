@@ -381,7 +381,10 @@ impl Executor for AgentExecutor {
         }
     }
 
-    fn load_template(&self, name: &str) -> Result<(), ExecuteError> {
+    fn load_template(
+        &self,
+        name: &str,
+    ) -> Result<Option<Arc<crate::snapshot::Template>>, ExecuteError> {
         let Some(dir) = &self.templates_dir else {
             return Err(ExecuteError::Rejected(
                 "this daemon does not load templates".to_owned(),
@@ -410,9 +413,10 @@ impl Executor for AgentExecutor {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         templates.retain(|t| t.name != name);
+        let snapshot = template.snapshot.clone();
         templates.push(Arc::new(template));
         templates.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(())
+        Ok(snapshot)
     }
 
     fn unload_template(&self, name: &str) -> bool {

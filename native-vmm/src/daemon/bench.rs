@@ -215,6 +215,10 @@ impl ExecReport {
     }
 
     pub fn to_json(&self) -> String {
+        self.to_value().to_string()
+    }
+
+    pub fn to_value(&self) -> Value {
         let latency =
             |l: &Latency| json!({"p50": l.p50.as_micros() as u64, "p99": l.p99.as_micros() as u64});
         let by_count = |rows: Vec<(usize, f64)>| {
@@ -245,7 +249,6 @@ impl ExecReport {
             "isolation_ok": self.isolation.as_ref().map(Result::is_ok),
             "isolation_error": self.isolation.as_ref().and_then(|r| r.as_ref().err()),
         })
-        .to_string()
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -236,8 +237,11 @@ pub trait Executor: Send + Sync {
     fn templates(&self) -> Vec<TemplateInfo>;
     /// Starts serving the template folder `name` of the templates directory (a template built
     /// after the daemon started), replacing one of that name; an executor without a templates
-    /// directory refuses.
-    fn load_template(&self, _name: &str) -> Result<(), ExecuteError> {
+    /// directory refuses. Returns its snapshot, when it has one (sessions are forked from it).
+    fn load_template(
+        &self,
+        _name: &str,
+    ) -> Result<Option<Arc<crate::snapshot::Template>>, ExecuteError> {
         Err(ExecuteError::Rejected(
             "this executor does not load templates".to_owned(),
         ))

@@ -219,6 +219,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
                 max_live: options.max_sessions,
                 keep_checkpoints: options.keep_checkpoints,
                 adopt_from_siblings: options.adopt_sessions,
+                templates_dir: Some(options.templates.clone()),
             };
             Some(Arc::new(
                 sessions::Sessions::open(config, &templates, Arc::new(kvm::restore_cpu)).map_err(

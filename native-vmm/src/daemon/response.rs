@@ -93,6 +93,7 @@ enum Body {
     Session(Map<String, Value>),
     Checkpoint(Map<String, Value>),
     SessionFile(Map<String, Value>),
+    SessionTemplate(Map<String, Value>),
 }
 
 /// The `execution` response's fields: status from `RunStatus::kind`, `exit_code` only for an
@@ -316,6 +317,7 @@ pub enum SessionReply {
     Session,
     Checkpoint,
     SessionFile,
+    SessionTemplate,
 }
 
 pub fn session_reply(id: u64, kind: SessionReply, fields: Map<String, Value>) -> Response {
@@ -325,6 +327,7 @@ pub fn session_reply(id: u64, kind: SessionReply, fields: Map<String, Value>) ->
             SessionReply::Session => Body::Session(fields),
             SessionReply::Checkpoint => Body::Checkpoint(fields),
             SessionReply::SessionFile => Body::SessionFile(fields),
+            SessionReply::SessionTemplate => Body::SessionTemplate(fields),
         },
     )
 }

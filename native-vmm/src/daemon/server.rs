@@ -44,7 +44,7 @@ use crate::daemon::request::{self, LimitPolicy, Request, RequestError};
 use crate::daemon::request_threads::RequestThreads;
 use crate::daemon::response::{self, BusyReason, ErrorCode, RequestTimes, Response};
 use crate::daemon::session_protocol::{self, SessionOp};
-use crate::daemon::sessions::Sessions;
+use crate::daemon::sessions::{SessionError, Sessions};
 use crate::process::OutputSink;
 use crate::sys;
 
@@ -156,6 +156,19 @@ struct Shared {
     syscalls: AtomicU64,
     thread_switches: AtomicU64,
     stopping: AtomicBool,
+}
+
+impl Shared {
+    /// Serves template folder `name` (`load_template`): its executions and warm pool, and
+    /// sessions of it when the daemon keeps sessions.
+    fn load_template(&self, name: &str) -> Result<(), ExecuteError> {
+        let snapshot = self.executor.load_template(name)?;
+        if let Some(sessions) = &self.sessions {
+            sessions.serve_template(name, snapshot);
+        }
+        super::log(format_args!("loaded template {name}"));
+        Ok(())
+    }
 }
 
 /// The socket file this server created, removed when the server ends (if it is still ours).
@@ -510,12 +523,10 @@ impl Connection {
                 }
                 Ok((id, Request::LoadTemplate(name))) => {
                     let executor = &self.shared.executor;
-                    match executor.load_template(&name) {
-                        Ok(()) => {
-                            super::log(format_args!("loaded template {name}"));
-                            self.writer
-                                .send(&response::templates(id, &executor.templates()))
-                        }
+                    match self.shared.load_template(&name) {
+                        Ok(()) => self
+                            .writer
+                            .send(&response::templates(id, &executor.templates())),
                         Err(error) => self.writer.send(&response::error(
                             Some(id),
                             ErrorCode::from(&error),
@@ -526,6 +537,9 @@ impl Connection {
                 Ok((id, Request::UnloadTemplate(name))) => {
                     let executor = &self.shared.executor;
                     if executor.unload_template(&name) {
+                        if let Some(sessions) = &self.shared.sessions {
+                            sessions.serve_template(&name, None);
+                        }
                         super::log(format_args!("unloaded template {name}"));
                         self.writer
                             .send(&response::templates(id, &executor.templates()))
@@ -676,7 +690,13 @@ impl Connection {
             };
             let runs_code = running.is_some();
             let result = panic::catch_unwind(AssertUnwindSafe(|| {
-                session_protocol::handle(&sessions, id, op, received)
+                let load = |name: &str| {
+                    shared.load_template(name).map_err(|error| SessionError {
+                        code: ErrorCode::from(&error),
+                        message: error.to_string(),
+                    })
+                };
+                session_protocol::handle(&sessions, &load, id, op, received)
             }));
             drop((running, admission));
             if runs_code {

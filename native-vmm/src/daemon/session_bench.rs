@@ -10,6 +10,9 @@
 //! holds what was written since the one before). Baselines from the same run: writing and
 //! fdatasync'ing as many bytes as those checkpoints' files to a file natively (one at a time,
 //! and from 8 threads at once), and spawning `/usr/bin/python3.11 -c pass`.
+//!
+//! Also here: a template saved from a session (`session_template`), which `bench exec
+//! --from-session` measures beside the template it came from.
 
 use std::fmt;
 use std::io::Write;
@@ -24,6 +27,7 @@ use crate::daemon::executor::ExecutionLimits;
 use crate::daemon::sessions::{CellRun, SessionError, Sessions, SessionsConfig, TakenCheckpoint};
 use crate::kvm;
 use crate::snapshot::sparse::PageCounts;
+use crate::snapshot::SavedFork;
 
 pub const DEFAULT_ITERATIONS: usize = 100;
 const CONCURRENCY: usize = 8;
@@ -190,6 +194,80 @@ impl SessionReport {
     }
 }
 
+/// A template saved from a session that ran a cell (`session_template`): in a scratch
+/// templates folder beside a link to the template it came from, removed when dropped.
+pub struct SessionTemplate {
+    scratch: PathBuf,
+    /// Its template folder.
+    pub dir: PathBuf,
+    pub saved: SavedFork,
+}
+
+impl Drop for SessionTemplate {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+}
+
+/// Saves a session of the template folder `dir` that ran `cell` as a template
+/// (`Sessions::save_template`, as the daemon's `session_template` does).
+pub fn session_template(dir: &Path, cell: &str) -> Result<SessionTemplate, String> {
+    kvm::Kvm::shared().map_err(|e| e.to_string())?;
+    let template = load_template(dir)?;
+    let scratch =
+        std::env::temp_dir().join(format!("sfbench-session-template-{}", std::process::id()));
+    let templates = scratch.join("templates");
+    let name = format!("{}-session", template.name);
+    let saved = (|| {
+        let base = dir
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&templates)
+            .and_then(|()| std::os::unix::fs::symlink(&base, templates.join(&template.name)))
+            .map_err(|e| format!("preparing {}: {e}", templates.display()))?;
+        let config = SessionsConfig {
+            dir: scratch.join("sessions"),
+            max_live: 1,
+            keep_checkpoints: super::sessions::DEFAULT_KEEP_CHECKPOINTS,
+            adopt_from_siblings: false,
+            templates_dir: Some(templates.clone()),
+        };
+        let sessions = Sessions::open(
+            config,
+            std::slice::from_ref(&template),
+            Arc::new(kvm::restore_cpu),
+        )
+        .map_err(|e| e.to_string())?;
+        let failed = |e: SessionError| e.message;
+        sessions
+            .create("prepare", &template.name, None)
+            .map_err(failed)?;
+        let ran = run_cell(&sessions, "prepare", cell.to_owned()).map_err(failed)?;
+        if let Some(error) = ran.result.and_then(|r| r.error) {
+            return Err(format!(
+                "the session's cell failed: {}: {}",
+                error.name, error.message
+            ));
+        }
+        let saved = sessions
+            .save_template("prepare", &name, &|_| Ok(()))
+            .map_err(failed)?;
+        sessions.delete("prepare").map_err(failed)?;
+        Ok(saved)
+    })();
+    match saved {
+        Ok(saved) => Ok(SessionTemplate {
+            dir: templates.join(name),
+            scratch,
+            saved,
+        }),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            Err(e)
+        }
+    }
+}
+
 /// Runs `code` as the next cell of session `id`, with the bench's limits and no network.
 fn run_cell(sessions: &Sessions, id: &str, code: String) -> Result<CellRun, SessionError> {
     let limits = ExecutionLimits {
@@ -212,6 +290,7 @@ pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, 
         max_live: CONCURRENCY + 2,
         keep_checkpoints: super::sessions::DEFAULT_KEEP_CHECKPOINTS,
         adopt_from_siblings: false,
+        templates_dir: None,
     };
     let sessions = Arc::new(
         Sessions::open(

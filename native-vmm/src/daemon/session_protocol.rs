@@ -65,6 +65,11 @@ pub enum SessionOp {
     Delete {
         session: String,
     },
+    /// `session_template`: the session saved as template `name`, then served.
+    SaveTemplate {
+        session: String,
+        name: String,
+    },
     Info {
         session: String,
     },
@@ -98,6 +103,7 @@ struct Fields {
     encoding: Option<Encoding>,
     from: Option<String>,
     checkpoint: Option<SafeInteger>,
+    name: Option<String>,
 }
 
 /// Which fields each type takes besides `session` (which all but `session_list` require).
@@ -108,6 +114,7 @@ fn allowed(kind: &str) -> Option<&'static [&'static str]> {
         "session_write_file" => &["path", "content", "encoding"],
         "session_read_file" | "session_delete_file" => &["path"],
         "session_fork" => &["from", "checkpoint"],
+        "session_template" => &["name"],
         "session_checkpoint" | "session_pause" | "session_resume" | "session_delete"
         | "session_info" | "session_list" => &[],
         _ => return None,
@@ -225,6 +232,10 @@ pub fn parse(
                 checkpoint,
             }
         }
+        "session_template" => SessionOp::SaveTemplate {
+            session,
+            name: required(fields.name, "name")?,
+        },
         "session_checkpoint" => SessionOp::Checkpoint { session },
         "session_pause" => SessionOp::Pause { session },
         "session_resume" => SessionOp::Resume { session },
@@ -273,8 +284,19 @@ fn taken_json(session: &str, taken: &TakenCheckpoint, state: SessionState) -> Ma
     fields
 }
 
+/// Starts serving a template folder the daemon just made: the executor's `load_template`,
+/// then sessions of it (`Sessions::serve_template`).
+pub type LoadTemplate<'a> = dyn Fn(&str) -> Result<(), SessionError> + 'a;
+
 /// Answers one session request (on its own thread: it may run guest code or write to disk).
-pub fn handle(sessions: &Sessions, id: u64, op: SessionOp, received: Instant) -> Response {
+/// `load` serves the template a `session_template` made.
+pub fn handle(
+    sessions: &Sessions,
+    load: &LoadTemplate,
+    id: u64,
+    op: SessionOp,
+    received: Instant,
+) -> Response {
     let answer = |result: Result<Response, SessionError>| {
         result.unwrap_or_else(|e| response::error(Some(id), e.code, &e.message))
     };
@@ -292,6 +314,11 @@ pub fn handle(sessions: &Sessions, id: u64, op: SessionOp, received: Instant) ->
         SessionOp::Resume { session } => sessions.resume(&session).and_then(|resumed| {
             let info = sessions.info(&session)?;
             Ok(session_reply(info, Some(("timings", json!({"resume_us": resumed.map(micros), "total_us": micros(received.elapsed())})))))
+        }),
+        SessionOp::SaveTemplate { session, name } => sessions.save_template(&session, &name, load).map(|saved| {
+            let fields = json!({"session": session, "name": name, "file_bytes": saved.file_bytes, "stored_bytes": saved.memory.stored_bytes,
+                "timings": {"capture_us": micros(saved.capture), "write_us": micros(saved.write), "total_us": micros(received.elapsed())}});
+            response::session_reply(id, SessionReply::SessionTemplate, object(fields))
         }),
         SessionOp::Delete { session } => sessions.delete(&session).map(|()| response::session_reply(id, SessionReply::Session, object(json!({"session": session, "state": "deleted"})))),
         SessionOp::List => {
@@ -418,6 +445,13 @@ mod tests {
             })
         );
         assert_eq!(
+            parse_text(r#"{"id":1,"type":"session_template","session":"a","name":"t@1"}"#),
+            Ok(SessionOp::SaveTemplate {
+                session: "a".into(),
+                name: "t@1".into()
+            })
+        );
+        assert_eq!(
             parse_text(r#"{"id":1,"type":"session_list"}"#),
             Ok(SessionOp::List)
         );
@@ -464,6 +498,10 @@ mod tests {
         assert_eq!(
             refused(r#"{"id":1,"type":"session_execute","session":"a","code":"x","limits":[1]}"#),
             "limits: invalid type: sequence, expected an object"
+        );
+        assert_eq!(
+            refused(r#"{"id":1,"type":"session_template","session":"a"}"#),
+            "missing field `name`"
         );
         assert_eq!(
             refused(r#"{"id":1,"type":"session_fork","session":"b","from":"a"}"#),

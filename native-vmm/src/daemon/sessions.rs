@@ -27,6 +27,10 @@
 //!   it only once its node stopped.
 //! - A session whose program ends (os._exit, a crash, a timeout or another limit) has lost its
 //!   VM: it is `ended`; its checkpoints stay, so it can be forked from one.
+//! - A session's VM at its ready point can be saved as a template of its own
+//!   (`Sessions::save_template`, `snapshot::save_fork`): a folder of the daemon's templates
+//!   directory holding its template's image (linked) and a template snapshot of the VM, which
+//!   the daemon then serves as any template (`serve_template`).
 
 use std::collections::HashMap;
 use std::fs;
@@ -34,7 +38,7 @@ use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -43,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use crate::agent::{AgentRequest, CellResult, HandOff, CELL_RESULT_MAGIC};
 use crate::cpu::InvalidUserState;
 use crate::daemon::executor::{Execution, ExecutionLimits, SharedRestoreFactory, Usage, VmOrigin};
-use crate::daemon::templates::Template as DaemonTemplate;
+use crate::daemon::templates::{self, Template as DaemonTemplate};
 use crate::daemon::wire::{BusyReason, ErrorCode};
 use crate::fs::{NoProcess, WORK_DIR};
 use crate::image::sha256;
@@ -55,7 +59,7 @@ use crate::snapshot::checkpoint::{
 };
 use crate::snapshot::sparse::PageCounts;
 use crate::snapshot::sync_group::SyncGroup;
-use crate::snapshot::{ForkMemory, Template, TemplateError};
+use crate::snapshot::{self, ForkMemory, SavedFork, Template, TemplateError};
 use crate::status::RunStatus;
 use crate::sys::thread_cpu_time;
 use crate::vm::{self, LaunchError, LoopEnd, ReadyGuest, RunStats};
@@ -559,6 +563,18 @@ fn checkpoint_failed(e: io::Error) -> SessionError {
     }
 }
 
+/// Why a session was not saved as a template: its program's state is what no template holds
+/// (a request it could fix), or writing failed.
+fn not_templatable(e: TemplateError) -> SessionError {
+    match e {
+        TemplateError::Snapshot(why) => SessionError {
+            code: ErrorCode::BadRequest,
+            message: format!("the session cannot be saved as a template: {why}"),
+        },
+        e => internal("saving the template", e),
+    }
+}
+
 fn does_not_verify(e: TemplateError) -> SessionError {
     let why = match e {
         TemplateError::Io(e) => return internal("reading the checkpoint", e),
@@ -697,12 +713,16 @@ pub struct SessionsConfig {
     pub keep_checkpoints: u64,
     /// A session unknown here is looked for in the folders beside `dir` and moved into it.
     pub adopt_from_siblings: bool,
+    /// The daemon's templates directory, where `save_template` puts the templates it makes
+    /// and finds its sessions' templates' images (None: it refuses).
+    pub templates_dir: Option<PathBuf>,
 }
 
 /// Every session of a daemon.
 pub struct Sessions {
     config: SessionsConfig,
-    templates: Vec<(String, Arc<Template>)>,
+    /// The snapshots sessions are forked from, by template name (`serve_template` changes them).
+    templates: RwLock<Vec<(String, Arc<Template>)>>,
     restore: Arc<SharedRestoreFactory>,
     table: Mutex<HashMap<String, Arc<Session>>>,
     /// Live VMs (bounded by `max_live`).
@@ -739,7 +759,7 @@ impl Sessions {
         let sync = Arc::new(SyncGroup::of_folder(&config.dir)?);
         let sessions = Sessions {
             config,
-            templates,
+            templates: RwLock::new(templates),
             restore,
             table: Mutex::new(HashMap::new()),
             live: Mutex::new(0),
@@ -848,7 +868,11 @@ impl Sessions {
     }
 
     fn template(&self, name: &str) -> Result<Arc<Template>, SessionError> {
-        match self.templates.iter().find(|(n, _)| n == name) {
+        let templates = self
+            .templates
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        match templates.iter().find(|(n, _)| n == name) {
             Some((_, template)) => Ok(template.clone()),
             None => refuse(
                 ErrorCode::UnknownTemplate,
@@ -904,6 +928,82 @@ impl Sessions {
         if let Slot::Live(_) = std::mem::replace(slot, next) {
             self.release_live();
         }
+    }
+
+    /// Serves sessions of template `name` from `snapshot` (a template loaded after the start),
+    /// replacing one of that name; None: no more new sessions of it (those running go on).
+    pub fn serve_template(&self, name: &str, snapshot: Option<Arc<Template>>) {
+        let mut templates = self
+            .templates
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        templates.retain(|(n, _)| n != name);
+        if let Some(snapshot) = snapshot {
+            templates.push((name.to_owned(), snapshot));
+        }
+    }
+
+    /// Saves session `id` (resumed first when paused; it runs on unchanged) as template `name`:
+    /// the folder `name` of the templates directory, made under a hidden name (its session's
+    /// template's image linked in, `snapshot::save_fork` of the VM) and renamed into place.
+    /// Refused: a name taken (templates are immutable) or not a folder name, a session that
+    /// ended, a program holding what a template cannot (`GuestProcess::encode_state`). `load`
+    /// then serves it (`session_protocol::LoadTemplate`); when it fails, the folder is removed.
+    pub fn save_template(
+        &self,
+        id: &str,
+        name: &str,
+        load: &dyn Fn(&str) -> Result<(), SessionError>,
+    ) -> Result<SavedFork, SessionError> {
+        let Some(dir) = self.config.templates_dir.clone() else {
+            return refuse(ErrorCode::BadRequest, "this daemon makes no templates");
+        };
+        templates::check_folder_name(name)
+            .or_else(|why| refuse(ErrorCode::BadRequest, format!("name: {why}")))?;
+        let session = self.session(id)?;
+        let base = self.template(&session.template)?;
+        let mut slot = session.lock();
+        let target = dir.join(name);
+        if target.exists() {
+            return refuse(
+                ErrorCode::BadRequest,
+                format!("a template named '{name}' exists; templates are immutable"),
+            );
+        }
+        let building = dir.join(format!(".session-{id}-{name}"));
+        let _ = fs::remove_dir_all(&building);
+        let origin = serde_json::json!({"session": id, "template": session.template});
+        let prepared = fs::create_dir_all(&building)
+            .and_then(|()| templates::link_image(&dir.join(&session.template), &building))
+            .and_then(|()| {
+                fs::write(
+                    building.join(templates::SAVED_SESSION_FILE),
+                    origin.to_string(),
+                )
+            });
+        if let Err(e) = prepared {
+            let _ = fs::remove_dir_all(&building);
+            return Err(internal("preparing the template's folder", e));
+        }
+        let (name_owned, folder) = (name.to_owned(), building.clone());
+        let saved = self
+            .on_live(&session, &mut slot, move |vm| {
+                snapshot::save_fork(&base, &name_owned, &mut vm.guest, &folder)
+            })
+            .and_then(|(saved, _, _)| saved.map_err(not_templatable))
+            .and_then(|saved| {
+                fs::rename(&building, &target)
+                    .map_err(|e| internal("moving the template into place", e))?;
+                if let Err(e) = load(name) {
+                    let _ = fs::remove_dir_all(&target);
+                    return Err(e);
+                }
+                Ok(saved)
+            });
+        if saved.is_err() {
+            let _ = fs::remove_dir_all(&building);
+        }
+        saved
     }
 
     /// Creates session `id`: a VM forked from `template`, its folder on disk. `memory_mib`

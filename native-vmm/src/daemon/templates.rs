@@ -2,7 +2,9 @@
 //! an image directory written by `sandfork-vmm image build`. The folder's name is the template's
 //! name; the image's own name says which language runtime it holds. A folder may also hold the
 //! template's snapshot (`template.sfsnap`, written there by `sandfork-vmm template build`):
-//! VMs are then restored from it instead of booted.
+//! VMs are then restored from it instead of booted. A folder a session was saved as
+//! (`Sessions::save_template`) also holds `SAVED_SESSION_FILE`: its snapshot is the session's
+//! state, which no build can make again from the image.
 
 use std::fmt;
 use std::io;
@@ -13,6 +15,11 @@ use crate::agent::{AgentCommand, NODE_AGENT, PYTHON_AGENT};
 use crate::fs::Image;
 use crate::image::sha256;
 use crate::snapshot;
+
+/// In a template folder saved from a session: which session and template it came from (JSON).
+/// Such a folder's snapshot is never rebuilt; one that no longer verifies (another snapshot
+/// format) is left out at the start, with a log line, instead of stopping the daemon.
+pub const SAVED_SESSION_FILE: &str = "saved-session.json";
 
 /// A language runtime a template can hold, and how code is handed to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,7 +152,20 @@ pub fn load(dir: &Path) -> Result<Vec<Template>, TemplateError> {
         folders.push(name);
     }
     folders.sort();
-    folders.iter().map(|name| load_one(dir, name)).collect()
+    let mut templates = Vec::with_capacity(folders.len());
+    for name in &folders {
+        match load_one(dir, name) {
+            Err(error @ TemplateError::Snapshot { .. })
+                if dir.join(name).join(SAVED_SESSION_FILE).exists() =>
+            {
+                super::log(format_args!(
+                    "left out a template saved from a session: {error}"
+                ));
+            }
+            loaded => templates.push(loaded?),
+        }
+    }
+    Ok(templates)
 }
 
 /// Opens template folder `dir`/`name` (for `serve` at start, and `load_template` after).
@@ -187,6 +207,41 @@ pub fn check_folder_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Puts the image of template folder `from` into folder `to` (which exists), as hard links: an
+/// image build never changes a file in place (it writes new files and renames them over the
+/// old), so a link keeps these bytes whatever later becomes of `from`. Across file systems
+/// (a folder that links to an image built elsewhere) the files are copied instead.
+pub fn link_image(from: &Path, to: &Path) -> io::Result<()> {
+    for file in [
+        crate::image::format::INDEX_FILE,
+        crate::image::format::DATA_FILE,
+    ] {
+        let (source, target) = (from.join(file), to.join(file));
+        match std::fs::hard_link(&source, &target) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_file(&source, &target)?,
+            linked => linked?,
+        }
+    }
+    Ok(())
+}
+
+/// Copies `source` to `target` (created) with plain reads and writes, synced: the daemon's
+/// seccomp filter allows neither copy_file_range nor sendfile, which `std::fs::copy` tries.
+fn copy_file(source: &Path, target: &Path) -> io::Result<()> {
+    use std::io::{Read, Write};
+    let mut from = std::fs::File::open(source)?;
+    let mut to = std::fs::File::create(target)?;
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = from.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        to.write_all(&buffer[..n])?;
+    }
+    to.sync_all()
 }
 
 /// The snapshot in template folder `dir`, verified against its image and agent; None when the

@@ -120,13 +120,19 @@ pub struct MemoryStats {
     pub stored_bytes: u64,
 }
 
-/// Encodes the pages of `mem` that hold non-zero bytes, merged into runs. Only the memfd's data
-/// extents are read, so never-touched memory costs nothing (reading it through the mapping
-/// would allocate it).
-pub fn encode_memory(mem: &GuestMemory, e: &mut Encoder) -> std::io::Result<MemoryStats> {
+/// Encodes the pages of `mem` in `extents` (sorted, not overlapping) that hold non-zero bytes,
+/// merged into runs. The extents are where memory was ever written: of memory of its own, its
+/// memfd's data extents (reading never-touched memory through the mapping would allocate it);
+/// of a copy-on-write fork, whose memfd is its template's, the template's and the pages it
+/// copied.
+pub fn encode_memory(
+    mem: &GuestMemory,
+    extents: &[(u64, u64)],
+    e: &mut Encoder,
+) -> std::io::Result<MemoryStats> {
     let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut page = vec![0u8; PAGE_SIZE as usize];
-    for (start, end) in mem.data_extents()? {
+    for &(start, end) in extents {
         let mut at = start & !(PAGE_SIZE - 1);
         while at < end {
             mem.read(at, &mut page)

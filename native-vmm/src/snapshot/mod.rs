@@ -215,37 +215,99 @@ pub fn build(
     let (recorded, boot, snapshot) =
         vm::boot_agent(image, command, limits, make_cpu, |mut ready| {
             let started = Instant::now();
-            let recorded = record(&identity, &mut ready);
+            let recorded = ready
+                .mem
+                .data_extents()
+                .map_err(TemplateError::Io)
+                .and_then(|extents| record(&identity, &mut ready, &extents));
             (recorded, ready.boot, started.elapsed())
         })
         .map_err(TemplateError::Boot)?;
     let (body, memory) = recorded?;
-    let contents = file::seal(&body);
-    std::fs::create_dir_all(dir)?;
-    let temporary = dir.join(format!(".{TEMPLATE_FILE}.{}", std::process::id()));
-    let written = (|| {
-        let mut out = std::fs::File::create(&temporary)?;
-        out.write_all(&contents)?;
-        out.sync_all()?;
-        std::fs::rename(&temporary, &path)
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&temporary);
-        return Err(e.into());
-    }
+    let file_bytes = write_file(dir, &body)?;
     Ok(BuildOutcome::Built {
         path,
-        file_bytes: contents.len() as u64,
+        file_bytes,
         memory,
         boot: Box::new(boot),
         snapshot,
     })
 }
 
-/// Encodes a guest stopped at its ready point: the body of a template file.
+/// Seals `body` into `dir/template.sfsnap` durably: written and synced under a temporary name,
+/// then renamed into place. Returns the file's length.
+fn write_file(dir: &Path, body: &[u8]) -> io::Result<u64> {
+    let contents = file::seal(body);
+    std::fs::create_dir_all(dir)?;
+    let temporary = dir.join(format!(".{TEMPLATE_FILE}.{}", std::process::id()));
+    let written = (|| {
+        let mut out = std::fs::File::create(&temporary)?;
+        out.write_all(&contents)?;
+        out.sync_all()?;
+        std::fs::rename(&temporary, dir.join(TEMPLATE_FILE))
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(e);
+    }
+    Ok(contents.len() as u64)
+}
+
+/// What `save_fork` wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct SavedFork {
+    pub file_bytes: u64,
+    pub memory: MemoryStats,
+    /// Recording the VM (its memory read, its state encoded), before the file was written.
+    pub capture: Duration,
+    pub write: Duration,
+}
+
+/// Records a VM of `base` stopped at a ready point (a session's, between cells) as a template
+/// of its own named `name`, in `dir/template.sfsnap`: the same file a build writes, over the
+/// same image and agent, so that it loads and forks exactly as `base` does. Its memory is
+/// `base`'s with the pages the VM copied read over it; its process state is the VM's (the
+/// `/work` files, fds, memory map), refused as `encode_state` refuses (a socket with an
+/// address, an armed timer). The VM is left as it was.
+pub fn save_fork(
+    base: &Template,
+    name: &str,
+    ready: &mut ReadyGuest<'_>,
+    dir: &Path,
+) -> Result<SavedFork, TemplateError> {
+    let started = Instant::now();
+    let identity = TemplateIdentity {
+        name: name.to_owned(),
+        ..base.identity.clone()
+    };
+    let extents = match ready.mem.copied_ranges()? {
+        Some(copied) => crate::layout::merge_ranges(
+            base.memory
+                .data_extents()
+                .iter()
+                .copied()
+                .chain(copied)
+                .collect(),
+        ),
+        None => ready.mem.data_extents()?,
+    };
+    let (body, memory) = record(&identity, ready, &extents)?;
+    let capture = started.elapsed();
+    let file_bytes = write_file(dir, &body)?;
+    Ok(SavedFork {
+        file_bytes,
+        memory,
+        capture,
+        write: started.elapsed() - capture,
+    })
+}
+
+/// Encodes a guest stopped at its ready point, of its memory the pages in `extents`: the body
+/// of a template file.
 fn record(
     identity: &TemplateIdentity,
     ready: &mut ReadyGuest<'_>,
+    extents: &[(u64, u64)],
 ) -> Result<(Vec<u8>, MemoryStats), TemplateError> {
     if ready.mem.size() != identity.mem_bytes {
         return Err(TemplateError::Snapshot(format!(
@@ -270,7 +332,7 @@ fn record(
         .encode_state(&mut process)
         .map_err(|why| TemplateError::Snapshot(format!("process state: {why}")))?;
     e.bytes(&process.into_bytes());
-    let memory = file::encode_memory(ready.mem, &mut e)?;
+    let memory = file::encode_memory(ready.mem, extents, &mut e)?;
     Ok((e.into_bytes(), memory))
 }
 

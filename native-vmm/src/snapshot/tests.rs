@@ -350,7 +350,7 @@ fn memory_is_stored_as_runs_of_non_zero_pages() {
     mem.fill(0x20_0000, 4096, 0).unwrap(); // written, but zero: left out
     mem.write(0x30_0fff, &[3]).unwrap();
     let mut e = Encoder::new();
-    let stats = file::encode_memory(&mem, &mut e).unwrap();
+    let stats = file::encode_memory(&mem, &mem.data_extents().unwrap(), &mut e).unwrap();
     assert_eq!(
         stats,
         file::MemoryStats {
@@ -422,7 +422,7 @@ fn template_body(image: &Image, mem: &GuestMemory, process: &GuestProcess) -> Ve
     }
     file::encode_cpu(&test_cpu(), &mut e);
     e.bytes(&encode(process));
-    file::encode_memory(mem, &mut e).unwrap();
+    file::encode_memory(mem, &mem.data_extents().unwrap(), &mut e).unwrap();
     e.into_bytes()
 }
 

@@ -157,6 +157,9 @@ export interface TemplateBuild {
   id: string;
   name: string;
   version: string;
+  description: string | null;
+  /** The session it was saved from; null: built from a definition. */
+  from_session: string | null;
   status: "queued" | "building" | "ready" | "failed";
   step: string | null;
   error: string | null;
@@ -166,6 +169,14 @@ export interface TemplateBuild {
   published: boolean;
   created_at: string;
   finished_at: string | null;
+}
+
+/** POST /v1/sessions/{id}/template: the session's state as a template of the account. */
+export interface SessionTemplateRequest {
+  name: string;
+  /** Absent: the next whole number after the name's highest version. */
+  version?: string;
+  description?: string;
 }
 
 /** One event of a followed template build, in order: step and log events, then build. */
@@ -514,6 +525,14 @@ export class Sandfork {
     return (await this.json("POST", `${sessionPath(id)}/fork`, request, {})) as
       | SessionInfo
       | ForkedSessions;
+  }
+
+  /**
+   * Saves the session's state (variables, imports, /work files) as template `name@version` of the
+   * account, ready when this answers; executions and sessions then name it as `template`.
+   */
+  async saveSessionTemplate(id: string, request: SessionTemplateRequest): Promise<TemplateBuild> {
+    return (await this.json("POST", `${sessionPath(id)}/template`, request, {})) as TemplateBuild;
   }
 
   /** Ends the session and removes its checkpoints; answers its final usage. */

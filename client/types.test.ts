@@ -35,6 +35,7 @@ const CHECKED: Record<string, string[]> = {
   ForkedSessions: ["ForkedSessions"],
   SessionFile: ["SessionFile"],
   TemplateBuild: ["TemplateBuild"],
+  SessionTemplateRequest: ["SessionTemplateRequest"],
   Problem: ["Problem"],
   OpenAIToolCall: ["OpenAIToolCall"],
   OpenAIToolMessage: ["OpenAIToolMessage"],

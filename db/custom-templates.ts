@@ -187,6 +187,19 @@ export async function publishedElsewhere(
   return rows.length > 0;
 }
 
+/**
+ * The version after the highest whole-number version of `name` in the account ("1" when it has
+ * none): what a template saved from a session gets when the caller names no version.
+ */
+export async function nextVersion(db: Database, accountId: string, name: string): Promise<string> {
+  const rows = await db
+    .select({ version: customTemplates.version })
+    .from(customTemplates)
+    .where(and(eq(customTemplates.accountId, accountId), eq(customTemplates.name, name)));
+  const numbers = rows.map((r) => r.version).filter((v) => /^[0-9]{1,15}$/.test(v));
+  return String(Math.max(0, ...numbers.map(Number)) + 1);
+}
+
 export async function deleteCustomTemplate(db: Database, id: string): Promise<void> {
   await db.delete(customTemplates).where(eq(customTemplates.id, id));
 }

@@ -147,6 +147,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
       telemetry: deps.telemetry,
       concurrency,
       leases,
+      templates,
       now,
     }),
     templates,

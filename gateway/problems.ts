@@ -70,6 +70,11 @@ export const PROBLEMS = {
     title: "The template is being built or used",
     retryable: false,
   },
+  "session-not-templatable": {
+    status: 409,
+    title: "The session holds state a template cannot carry (an open socket, an armed timer)",
+    retryable: false,
+  },
   "template-name-taken": {
     status: 409,
     title: "Another template has this name",

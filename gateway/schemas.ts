@@ -662,11 +662,33 @@ export const TemplateDefinitionSchema = z
 
 export type TemplateDefinitionBody = z.infer<typeof TemplateDefinitionSchema>;
 
+/** POST /v1/sessions/{id}/template: the session's state as a template of the caller's account. */
+export const SessionTemplateSchema = z
+  .object({
+    name: z
+      .string()
+      .regex(TEMPLATE_NAME)
+      .openapi({ example: "prepared", description: "Lower-case letters, digits and '-'" }),
+    version: z.string().regex(TEMPLATE_VERSION).optional().openapi({
+      example: "1",
+      description: "Immutable; absent: the next whole number after the name's highest",
+    }),
+    description: z.string().max(1000).optional(),
+  })
+  .strict()
+  .openapi("SessionTemplateRequest");
+
 export const TemplateBuildSchema = z
   .object({
     id: z.string().uuid(),
     name: z.string(),
     version: z.string(),
+    description: z.string().nullable(),
+    from_session: z
+      .string()
+      .uuid()
+      .nullable()
+      .openapi({ description: "The session it was saved from; null: built from a definition" }),
     status: z.enum(["queued", "building", "ready", "failed"]),
     step: z.string().nullable().openapi({
       description:

@@ -27,6 +27,7 @@ import { RuntimeError } from "../runtime/errors.js";
 import type { ExecutionOutcome, ExecutionRuntime } from "../runtime/execution-runtime.js";
 import type {
   CellResult,
+  SavedSessionTemplate,
   SessionInfo,
   SessionRuntime,
   TakenCheckpoint,
@@ -46,7 +47,7 @@ import { networkUnits, type Pricing, priceOf } from "./pricing.js";
 import { ProblemError } from "./problems.js";
 import type { SessionSettings } from "./session-settings.js";
 import { recordNetwork, type Telemetry } from "./telemetry.js";
-import { isRuntimeName } from "./template-service.js";
+import { isRuntimeName, type TemplateService } from "./template-service.js";
 
 export interface SessionServiceDeps {
   db: Database;
@@ -60,6 +61,8 @@ export interface SessionServiceDeps {
   concurrency: ConcurrencyLimiter;
   /** This gateway's credit leases: what they hold idle is given back when a session finds its account short. */
   leases: CreditLeases;
+  /** Resolves a template built through the API (`name@version`, `name`) to the runtime's name. */
+  templates?: Pick<TemplateService, "runtimeName">;
   now?: () => number;
   /** Where the sweep's events go, one JSON line each (default: stderr). */
   log?: (line: string) => void;
@@ -205,6 +208,7 @@ export class SessionService {
       );
     }
     const sessions = this.sessions();
+    const runtimeTemplate = await this.runtimeTemplate(principal, input.template);
     const id = randomUUID();
     const row = await this.insertWithinLimit({
       id,
@@ -217,7 +221,7 @@ export class SessionService {
       maxLifetimeS: input.max_lifetime_s ?? settings.defaultMaxLifetimeS,
     });
     try {
-      const info = await sessions.create(id, input.template, input.memory_mib);
+      const info = await sessions.create(id, runtimeTemplate, input.memory_mib);
       // Billed for the memory its VM has (the template's size, when the request named none).
       return info.memoryMib === row.memoryMib
         ? row
@@ -238,6 +242,20 @@ export class SessionService {
         throw new ProblemError("validation-failed", error.message);
       throw runtimeProblem(error);
     }
+  }
+
+  /**
+   * The runtime's name of `template` for the caller's account: a built-in template's own name, or
+   * the runtime's name of one built through the API (a session saved as a template among them).
+   * A name neither resolves to goes to the runtime as given, which refuses it.
+   */
+  private async runtimeTemplate(principal: Principal, template: string): Promise<string> {
+    const runtime = this.deps.runtime();
+    if (this.deps.templates === undefined || runtime === undefined) return template;
+    const known = await runtime.templates().catch(() => []);
+    return (
+      (await this.deps.templates.runtimeName(principal.accountId, template, known)) ?? template
+    );
   }
 
   /** Records a new session, or throws 429 session-limit when its key holds its maximum. */
@@ -638,6 +656,34 @@ export class SessionService {
 
   async deleteFile(principal: Principal, id: string, path: string): Promise<void> {
     return this.fileOperation(principal, id, (sessions) => sessions.deleteFile(id, path));
+  }
+
+  /**
+   * Saves the session's state as the runtime's template `runtimeName` (a paused session is
+   * resumed for it, as by any call, and runs on). A program holding what a template cannot
+   * carry is 409 session-not-templatable.
+   */
+  async saveTemplate(row: SessionRow, runtimeName: string): Promise<SavedSessionTemplate> {
+    this.requireLive(row);
+    const runtime = this.sessions();
+    if (runtime.saveTemplate === undefined)
+      throw new ProblemError(
+        "template-builds-unsupported",
+        "this gateway's runtime does not save sessions as templates",
+      );
+    let saved: SavedSessionTemplate;
+    try {
+      saved = await runtime.saveTemplate(row.id, runtimeName);
+    } catch (error) {
+      if (error instanceof RuntimeError && error.code === "bad_request")
+        throw new ProblemError("session-not-templatable", error.message);
+      return this.failed(row, error);
+    }
+    await this.accrue(
+      row.id,
+      row.state === "paused" ? { running: true, state: "running", active: true } : { active: true },
+    );
+    return saved;
   }
 
   /** A file operation resumes a paused session (the daemon does) and counts as activity. */

@@ -2,7 +2,9 @@
 // build folder as a template.json with its files beside it (runtime/template-definition.ts), and
 // built by the runtime (runtime/custom-templates.ts) as a job: a bounded number at once, a
 // bounded number waiting. Its row (db/custom-templates.ts) records the step, logs and outcome;
-// a failure names its step and why, and is final (a client builds the version again).
+// a failure names its step and why, and is final (a client builds the version again). A session's
+// state saved as a template (POST /v1/sessions/{id}/template, `fromSession`) is a row of the same
+// kind, its definition naming the session, ready once the runtime has written and loaded it.
 //
 // Names: a template is `name@version` of its account; `name` alone means its newest build. The
 // runtime serves it as `tpl-<row id>`, a name no request may use directly; an account sees its
@@ -20,10 +22,12 @@ import {
   findRunnableTemplate,
   insertCustomTemplate,
   listVisibleTemplates,
+  nextVersion,
   publishedElsewhere,
   updateCustomTemplate,
 } from "../db/custom-templates.js";
 import type { ExecutionRuntime, Template } from "../runtime/execution-runtime.js";
+import type { SavedSessionTemplate } from "../runtime/session-runtime.js";
 import { DEFINITION_FILE, TemplateBuildError } from "../runtime/template-definition.js";
 import { hasScope, type Principal } from "./auth/principal.js";
 import type { TemplateBuildSettings } from "./config.js";
@@ -85,21 +89,89 @@ export class TemplateService {
     return listVisibleTemplates(this.deps.db, principal.accountId);
   }
 
-  /** Records the build of `body` and queues it; answers the row (queued). */
-  async create(principal: Principal, body: TemplateDefinitionBody): Promise<CustomTemplateRow> {
+  /** The runtime, when it builds templates; 501 otherwise. A built-in template's `name` is 409. */
+  private async buildingRuntime(name: string): Promise<ExecutionRuntime> {
     const runtime = this.deps.runtime();
-    const builds = runtime?.templateBuilds;
-    if (runtime === undefined || builds === undefined)
+    if (runtime?.templateBuilds === undefined)
       throw new ProblemError(
         "template-builds-unsupported",
         "this gateway's runtime does not build templates (it builds them with a supervised daemon: SANDFORK_RUNTIME=supervised)",
       );
     const builtIn = await runtime.templates().catch(() => [] as Template[]);
-    if (builtIn.some((t) => t.name === body.name))
+    if (builtIn.some((t) => t.name === name))
       throw new ProblemError(
         "template-name-taken",
-        `"${body.name}" is a built-in template; choose another name`,
+        `"${name}" is a built-in template; choose another name`,
       );
+    return runtime;
+  }
+
+  /**
+   * Records template `name@version` (version: the next whole number when absent) of the caller's
+   * account saved from session `session` (of built-in template `base`) by `save`, which writes
+   * and serves it under the runtime name it is given. It is ready when this answers; a failure
+   * leaves no row.
+   */
+  async fromSession(
+    principal: Principal,
+    input: { name: string; version?: string | undefined; description?: string | undefined },
+    source: { session: string; template: string },
+    save: (runtimeName: string) => Promise<SavedSessionTemplate>,
+  ): Promise<CustomTemplateRow> {
+    const { db } = this.deps;
+    await this.buildingRuntime(input.name);
+    const version = input.version ?? (await nextVersion(db, principal.accountId, input.name));
+    const { row, created } = await insertCustomTemplate(db, {
+      accountId: principal.accountId,
+      keyId: principal.keyId,
+      name: input.name,
+      version,
+      definition: {
+        from_session: source.session,
+        base: source.template,
+        ...(input.description === undefined ? {} : { description: input.description }),
+      },
+    });
+    if (!created)
+      throw new ProblemError(
+        "template-version-exists",
+        `${input.name}@${version} exists; versions are immutable, save another version`,
+        { extensions: { build_id: row.id, build_status: row.status } },
+      );
+    this.inFlight.add(row.id);
+    try {
+      await updateCustomTemplate(db, row.id, { status: "building", step: "snapshot" });
+      const saved = await save(runtimeNameOf(row.id));
+      const logs = `saved from session ${source.session} (template ${source.template}): snapshot ${saved.fileBytes} bytes, recorded in ${saved.captureMs.toFixed(0)} ms, written in ${saved.writeMs.toFixed(0)} ms\n`;
+      await appendCustomTemplateLog(db, row.id, logs);
+      const finishedAt = new Date();
+      await updateCustomTemplate(db, row.id, {
+        status: "ready",
+        step: null,
+        snapshotBytes: saved.fileBytes,
+        finishedAt,
+      });
+      return {
+        ...row,
+        status: "ready",
+        step: null,
+        logs,
+        snapshotBytes: saved.fileBytes,
+        finishedAt,
+      };
+    } catch (error) {
+      await deleteCustomTemplate(db, row.id).catch((e: unknown) =>
+        this.deps.log(`template ${row.id} from a session: ${String(e)}`),
+      );
+      throw error;
+    } finally {
+      this.inFlight.delete(row.id);
+    }
+  }
+
+  /** Records the build of `body` and queues it; answers the row (queued). */
+  async create(principal: Principal, body: TemplateDefinitionBody): Promise<CustomTemplateRow> {
+    await this.buildingRuntime(body.name);
     if (
       this.running + this.waiting.length >=
       this.deps.settings.maxRunning + this.deps.settings.maxQueued

@@ -55,7 +55,8 @@ export type SessionRequestType =
   | "session_resume"
   | "session_fork"
   | "session_delete"
-  | "session_info";
+  | "session_info"
+  | "session_template";
 
 /** The response `type` each request type is answered with (besides `error`). */
 export const RESPONSE_TYPE: Record<RequestType, string> = {
@@ -76,6 +77,7 @@ export const RESPONSE_TYPE: Record<RequestType, string> = {
   session_fork: "session",
   session_delete: "session",
   session_info: "session",
+  session_template: "session_template",
 };
 
 export function helloFrame(): FrameObject {

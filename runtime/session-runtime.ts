@@ -33,6 +33,16 @@ export interface TakenCheckpoint extends SessionCheckpoint {
   writeMs: number;
 }
 
+/** A session saved as a template (`session_template`). */
+export interface SavedSessionTemplate {
+  /** The snapshot file (template.sfsnap). */
+  fileBytes: number;
+  /** Bytes of non-zero guest pages it holds. */
+  storedBytes: number;
+  captureMs: number;
+  writeMs: number;
+}
+
 /** A cell's outcome: the execution, and the value of its last expression or its exception. */
 export interface CellResult {
   execution: ExecutionResult;
@@ -72,6 +82,11 @@ export interface SessionRuntime {
   fork(session: string, from: string, checkpoint: number): Promise<SessionInfo>;
   delete(session: string): Promise<void>;
   info(session: string): Promise<SessionInfo>;
+  /**
+   * Saves the session's state as template `name` (a folder of the daemon's templates) and serves
+   * it; absent where the runtime cannot (a cluster's nodes).
+   */
+  saveTemplate?(session: string, name: string): Promise<SavedSessionTemplate>;
 }
 
 /** What DaemonSessions needs of the client (DaemonClient.request). */
@@ -110,6 +125,11 @@ const CellSchema = z.object({
     })
     .nullable(),
 });
+const SavedTemplateSchema = z.object({
+  file_bytes: z.number().int(),
+  stored_bytes: z.number().int(),
+  timings: z.object({ capture_us: z.number(), write_us: z.number() }),
+});
 const FileSchema = z.object({ bytes: z.number().int(), content: z.string().optional() });
 
 /** A checkpoint as the daemon lists it (in `session` and `checkpoint` frames). */
@@ -143,6 +163,8 @@ function taken(frame: FrameObject): TakenCheckpoint {
 
 /** A checkpoint of a 2 GiB VM is written in well under this on any disk we run on. */
 const DURABLE_WRITE_TIMEOUT_MS = 60_000;
+/** Saving a session as a template writes its whole memory and starts the template's pool. */
+const SAVE_TEMPLATE_TIMEOUT_MS = 120_000;
 
 export class DaemonSessions implements SessionRuntime {
   constructor(
@@ -249,5 +271,20 @@ export class DaemonSessions implements SessionRuntime {
 
   async info(session: string): Promise<SessionInfo> {
     return sessionInfo(await this.request("session_info", { session }));
+  }
+
+  async saveTemplate(session: string, name: string): Promise<SavedSessionTemplate> {
+    const frame = await this.request(
+      "session_template",
+      { session, name },
+      { timeoutMs: SAVE_TEMPLATE_TIMEOUT_MS },
+    );
+    const saved = parse(SavedTemplateSchema, frame, "session_template");
+    return {
+      fileBytes: saved.file_bytes,
+      storedBytes: saved.stored_bytes,
+      captureMs: saved.timings.capture_us / 1000,
+      writeMs: saved.timings.write_us / 1000,
+    };
   }
 }

@@ -195,6 +195,11 @@ describe("template images", () => {
     await writeFile(snapshotFile, "not a snapshot of this binary's format");
     // A source's folder is ensureTemplates' to keep up to date, not this.
     await mkdir(join(templatesDir, "python"), { recursive: true });
+    // Nor is a session's saved state: no build makes it again.
+    const saved = join(templatesDir, "from-session-1");
+    await mkdir(saved, { recursive: true });
+    await writeFile(join(saved, "saved-session.json"), '{"session": "s", "template": "python"}');
+    await writeFile(join(saved, "template.sfsnap"), "a session's state");
     const log: string[] = [];
     const names = await refreshBuiltSnapshots("templates", {
       binary,
@@ -202,6 +207,7 @@ describe("template images", () => {
       log: (l) => log.push(l),
     });
     expect(names).toEqual(["custom-1"]);
+    expect(await readFile(join(saved, "template.sfsnap"), "utf8")).toBe("a session's state");
     if (existsSync("/dev/kvm")) {
       const rebuilt = await readFile(snapshotFile);
       expect(rebuilt.toString("latin1")).not.toContain("not a snapshot");

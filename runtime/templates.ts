@@ -387,10 +387,17 @@ export async function ensureTemplate(
 }
 
 /**
+ * In a template folder the daemon saved from a session (native-vmm/src/daemon/templates.rs,
+ * SAVED_SESSION_FILE): its snapshot is the session's state, which no build makes again.
+ */
+const SAVED_SESSION_FILE = "saved-session.json";
+
+/**
  * Snapshots again, where stale, each built template in the templates directory that no source
  * folder of `sourcesRoot` names (those built through the API): a snapshot the binary no longer
  * reads (another format version) would stop the daemon's start. One that cannot be rebuilt is
- * removed, and the daemon boots that template's agent per request.
+ * removed, and the daemon boots that template's agent per request. Folders saved from sessions
+ * are left as they are (the daemon leaves out one whose snapshot it cannot read).
  */
 export async function refreshBuiltSnapshots(
   sourcesRoot: string,
@@ -401,6 +408,7 @@ export async function refreshBuiltSnapshots(
   if (!existsSync(options.templatesDir)) return [];
   const names = readdirSync(options.templatesDir, { withFileTypes: true })
     .filter((e) => e.isDirectory() && !e.name.startsWith(".") && !sources.has(e.name))
+    .filter((e) => !existsSync(join(options.templatesDir, e.name, SAVED_SESSION_FILE)))
     .map((e) => e.name)
     .sort();
   for (const name of names) {

@@ -13,7 +13,7 @@ const CLIENT_DIR = fileURLToPath(new URL(".", import.meta.url));
 /** The interpreter the client is tested with: Debian's, never whatever `python3` PATH finds. */
 const PYTHON = "/usr/bin/python3.11";
 /** Tests in tests/test_client.py. */
-const PYTHON_TESTS = 10;
+const PYTHON_TESTS = 11;
 const SUITE_TIMEOUT_MS = 180_000 * timeScale;
 
 let served: ServedGateway;
@@ -65,7 +65,10 @@ function python(
 it(
   "the client's unittest suite passes against the gateway, every test run",
   async () => {
-    const { key } = await served.gw.issue({ credits: 1_000_000 });
+    const { key } = await served.gw.issue({
+      scopes: ["execute", "usage:read", "templates"],
+      credits: 1_000_000,
+    });
     const poor = await served.gw.issue();
     const { code, output } = await python(
       ["-m", "unittest", "discover", "-s", "tests", "-v"],

@@ -40,6 +40,7 @@ const CHECKED: Record<string, string[]> = {
   Cell: ["SessionCell"],
   Checkpoint: ["SessionCheckpoint"],
   Problem: ["Problem"],
+  TemplateBuild: ["TemplateBuild"],
 };
 
 /** A described Python type as the comparison walks it. */

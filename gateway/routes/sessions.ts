@@ -9,7 +9,13 @@ import { NetworkRequestSchema } from "../network-policy.js";
 import { ProblemError } from "../problems.js";
 import { REQUEST_LIMITS, refineText } from "../request-limits.js";
 import { checkedResults } from "../rich-results.js";
-import { ExecutionSchema, maxProcessesSchema, RichResultSchema } from "../schemas.js";
+import {
+  ExecutionSchema,
+  maxProcessesSchema,
+  RichResultSchema,
+  SessionTemplateSchema,
+  TemplateBuildSchema,
+} from "../schemas.js";
 import type { CellOutcome, SessionService } from "../session-service.js";
 import {
   AUTHENTICATED,
@@ -18,6 +24,7 @@ import {
   filePathParams,
   problemResponses,
 } from "./openapi-helpers.js";
+import { buildJson } from "./templates.js";
 
 /** Largest file a request puts into or reads from a session (the daemon's bound). */
 const { MAX_SESSION_FILE_BYTES } = REQUEST_LIMITS;
@@ -472,6 +479,47 @@ export function registerSessionRoutes(
       return count === undefined
         ? c.json(sessionJson(rows[0] as SessionRow, unit), 201)
         : c.json({ sessions: rows.map((row) => sessionJson(row, unit)) }, 201);
+    },
+  );
+
+  app.openapi(
+    createRoute({
+      method: "post",
+      path: "/v1/sessions/{id}/template",
+      summary: "Save the session's state as a template of the caller's account",
+      description:
+        "Its variables, imports, open files and /work files, as they are between cells, become template " +
+        '`name@version` (immutable), which executions (`template: "name@version"`) and sessions fork as any ' +
+        "template, seen and deleted as templates built through POST /v1/templates. Needs the templates scope " +
+        "(or admin) and the session's own key. A paused session is resumed for it; the session runs on. " +
+        "A program holding a socket with an address or an armed timer is 409 session-not-templatable; " +
+        "child processes end at every cell's end, so none is carried.",
+      security: AUTHENTICATED,
+      middleware: [authenticate(ctx, "templates"), limitBodyPerKey] as const,
+      request: {
+        params: SessionIdParam,
+        body: {
+          required: true,
+          content: { "application/json": { schema: SessionTemplateSchema } },
+        },
+      },
+      responses: {
+        201: json(TemplateBuildSchema, "The template, ready"),
+        ...problemResponses(401, 403, 404, 409, 413, 415, 422, 429, 501, 502, 503),
+      },
+    }),
+    async (c) => {
+      const principal = c.get("principal");
+      const id = c.req.valid("param").id;
+      const row = await sessions.owned(principal, id);
+      const template = await ctx.templates.fromSession(
+        principal,
+        c.req.valid("json"),
+        { session: id, template: row.template },
+        (runtimeName) => sessions.saveTemplate(row, runtimeName),
+      );
+      c.header("location", `/v1/templates/${template.name}/builds/${template.id}`);
+      return c.json(buildJson(template), 201);
     },
   );
 

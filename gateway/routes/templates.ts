@@ -26,11 +26,20 @@ const BUILD_STREAM_MAX_MS = 30 * 60_000;
 
 const iso = (d: Date | null) => (d === null ? null : d.toISOString());
 
+/** A definition's own string field (a session template's `description`, `from_session`). */
+function definitionText(row: CustomTemplateRow, field: string): string | null {
+  const definition = row.definition as Record<string, unknown> | null;
+  const value = definition?.[field];
+  return typeof value === "string" ? value : null;
+}
+
 export function buildJson(row: CustomTemplateRow) {
   return {
     id: row.id,
     name: row.name,
     version: row.version,
+    description: definitionText(row, "description"),
+    from_session: definitionText(row, "from_session"),
     status: row.status as "queued" | "building" | "ready" | "failed",
     step: row.step,
     error: row.error,

@@ -1,6 +1,7 @@
 // A KVM test's gateway on the python template: the runtime `npm start` starts (the supervised
 // daemon, a warm pool of one) serving only python from DIR/templates (linked from the KVM tier's
-// build, else built there), and a PGlite test gateway on it.
+// build, else built there), and a test gateway on it (PGlite, or PostgreSQL when asked).
+import type { DatabaseBackend } from "../../db/client.js";
 import { loadRuntimeConfig } from "../../runtime/config.js";
 import { type StartedRuntime, startRuntime } from "../../runtime/start.js";
 import { requireVmmBinary } from "../../runtime/testing/real-daemon.js";
@@ -17,6 +18,7 @@ export async function startPythonGateway(
   dir: string,
   log: string[],
   config: Partial<GatewayConfig> = {},
+  backend: DatabaseBackend = "pglite",
 ): Promise<{ runtime: StartedRuntime; gw: TestGateway }> {
   await templatesWithPrebuilt(dir, ["python"]);
   const env = {
@@ -33,7 +35,7 @@ export async function startPythonGateway(
     (line) => log.push(line),
   );
   if (runtime === undefined) throw new Error("supervised mode must start a runtime");
-  const gw = await startTestGateway("pglite", {
+  const gw = await startTestGateway(backend, {
     runtime: runtime.client,
     config: { executionLimits: kvmExecutionLimits, ...config },
   });

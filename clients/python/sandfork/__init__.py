@@ -22,6 +22,7 @@ from .types import (
     StartedEvent,
     StreamEvent,
     Template,
+    TemplateBuild,
     ToolFormat,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "StartedEvent",
     "StreamEvent",
     "Template",
+    "TemplateBuild",
     "ToolFormat",
     "decode_result",
     "server_sent_events",

@@ -29,6 +29,7 @@ from .types import (
     SessionInfo,
     StreamEvent,
     Template,
+    TemplateBuild,
     ToolFormat,
 )
 
@@ -439,6 +440,16 @@ class Session:
             return Session(self.client, cast(SessionInfo, answer))
         forked = cast(ForkedSessions, answer)
         return [Session(self.client, info) for info in forked["sessions"]]
+
+    def save_template(
+        self, name: str, version: str | None = None, description: str | None = None
+    ) -> TemplateBuild:
+        """Saves the session's state (variables, imports, /work files) as template
+        `name@version` of the account (version: the next whole number when None), ready when this
+        answers: executions and sessions then name it as their template. Needs the templates
+        scope."""
+        body = _without_none({"name": name, "version": version, "description": description})
+        return cast(TemplateBuild, self.client._json("POST", f"{self._path}/template", body))
 
     def refresh(self) -> SessionInfo:
         self.info = self.client._session_info(self.id)

@@ -192,6 +192,25 @@ class Checkpoint(TypedDict):
     session: SessionInfo
 
 
+class TemplateBuild(TypedDict):
+    """A template built through the API, or saved from a session (`from_session`)."""
+
+    id: str
+    name: str
+    version: str
+    description: str | None
+    from_session: str | None
+    status: Literal["queued", "building", "ready", "failed"]
+    step: str | None
+    error: str | None
+    logs: str
+    image_bytes: int | None
+    snapshot_bytes: int | None
+    published: bool
+    created_at: str
+    finished_at: str | None
+
+
 class SessionFile(TypedDict):
     path: str
     bytes: int

@@ -195,6 +195,26 @@ class GatewayTest(unittest.TestCase):
             self.sandfork.session(session.id)
         self.assertEqual((deleted.exception.status, deleted.exception.slug), (404, "not-found"))
 
+    def test_session_saved_as_a_template(self) -> None:
+        name = f"prepared-{uuid.uuid4().hex[:8]}"
+        with self.sandfork.create_session("python") as session:
+            session.run("import fractions\nbase = 40\nopen('/work/kept.txt', 'w').write('kept')")
+            saved = session.save_template(name, description="base = 40")
+            self.assertEqual(
+                (saved["name"], saved["version"], saved["status"], saved["from_session"]),
+                (name, "1", "ready", session.id),
+            )
+            self.assertEqual(saved["description"], "base = 40")
+            ran = self.sandfork.execute(
+                f"{name}@1", "print(base + 2, open('/work/kept.txt').read(), fractions.Fraction(1, 2))"
+            )
+            self.assertEqual(ran["stdout"], "42 kept 1/2\n")
+            second = session.save_template(name)
+            self.assertEqual(second["version"], "2")
+            with self.assertRaises(SandforkError) as taken:
+                session.save_template(name, version="1")
+            self.assertEqual(taken.exception.slug, "template-version-exists")
+
     def test_problems_are_typed_errors(self) -> None:
         poor = gateway("SANDFORK_POOR_API_KEY")
         with self.assertRaises(SandforkError) as short:

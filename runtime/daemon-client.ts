@@ -156,15 +156,23 @@ export class DaemonClient implements ExecutionRuntime {
   >();
   /** Set where this client's daemon is the one the runtime started (start.ts). */
   templateBuilds: TemplateBuilds | undefined = undefined;
-  /** Session requests over this client's connections (the daemon must run with --sessions). */
-  readonly sessions = new DaemonSessions((type, fields, options) =>
-    this.request(
-      type,
-      fields,
-      type === "session_execute" && options?.timeoutMs !== undefined
-        ? { ...options, liveness: this.executeLiveness(options.timeoutMs) }
-        : options,
-    ),
+  /**
+   * Session requests over this client's connections (the daemon must run with --sessions). A
+   * session saved as a template is a template more: the cached list is read again.
+   */
+  readonly sessions = new DaemonSessions(
+    (type, fields, options) =>
+      this.request(
+        type,
+        fields,
+        type === "session_execute" && options?.timeoutMs !== undefined
+          ? { ...options, liveness: this.executeLiveness(options.timeoutMs) }
+          : options,
+      ),
+    undefined,
+    async () => {
+      this.replaceTemplates(parseTemplates(await this.request("list_templates", {})));
+    },
   );
 
   constructor(options: DaemonClientOptions) {

@@ -171,6 +171,8 @@ export class DaemonSessions implements SessionRuntime {
     private readonly request: SessionRequester,
     /** Added to a cell's own timeout for the daemon's answer (resume included). */
     private readonly graceMs = 10_000,
+    /** Told once a session saved as a template is served (the runtime's template list changed). */
+    private readonly templatesChanged: () => Promise<void> = async () => {},
   ) {}
 
   async create(session: string, template: string, memoryMib?: number): Promise<SessionInfo> {
@@ -280,6 +282,7 @@ export class DaemonSessions implements SessionRuntime {
       { timeoutMs: SAVE_TEMPLATE_TIMEOUT_MS },
     );
     const saved = parse(SavedTemplateSchema, frame, "session_template");
+    await this.templatesChanged();
     return {
       fileBytes: saved.file_bytes,
       storedBytes: saved.stored_bytes,

@@ -138,8 +138,12 @@ const CreateSessionSchema = (ctx: GatewayContext) =>
     .object({
       template: z
         .string()
-        .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
-        .openapi({ example: "python" }),
+        .regex(/^[a-z0-9][a-z0-9._-]{0,63}(@[0-9A-Za-z][0-9A-Za-z._-]{0,31})?$/)
+        .openapi({
+          example: "python",
+          description:
+            "A template name; one built through the API (a saved session among them) as name@version, or name for its newest",
+        }),
       idle_timeout_s: z
         .number()
         .int()

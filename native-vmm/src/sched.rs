@@ -244,11 +244,15 @@ impl Scheduler {
                 Step::Retry {
                     call,
                     final_attempt,
+                    until,
                 } => {
-                    process.threads.current_mut().last_attempt = final_attempt;
+                    let thread = process.threads.current_mut();
+                    thread.last_attempt = final_attempt;
+                    thread.retry_until = until;
                     let outcome = syscalls::dispatch(process, mem, call.nr, call.args);
                     if let Some(thread) = process.threads.get_mut(process.threads.current_tid()) {
                         thread.last_attempt = false;
+                        thread.retry_until = None;
                     }
                     step = self.step(cpu, process, mem, outcome, call)?;
                 }
@@ -442,10 +446,12 @@ impl Scheduler {
                         Resume::Retry {
                             call,
                             final_attempt,
+                            until,
                         } => {
                             return Ok(Step::Retry {
                                 call,
                                 final_attempt,
+                                until,
                             })
                         }
                     };
@@ -673,10 +679,11 @@ enum Step {
     /// The vCPU runs on (the same thread or another).
     Resume,
     End(LoopEnd),
-    /// The thread switched in makes its readiness call again.
+    /// The thread switched in makes its readiness call again (see `Resume::Retry`).
     Retry {
         call: Call,
         final_attempt: bool,
+        until: Option<Instant>,
     },
 }
 

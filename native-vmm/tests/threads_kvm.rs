@@ -2,9 +2,10 @@
 //! features agents reach for gives the same output as the same program run natively by
 //! /usr/bin/python3.11; a thread bomb meets the thread limit as a clean error; a program whose
 //! threads all wait forever ends as deadlocked at once, not at its time limit; a thread
-//! spinning in Python code cannot starve one woken by a timer, and one preempted and picked
-//! again at once resumes where it is, not where it was preempted; a template snapshotted with a
-//! second thread alive gives every fork, and every reset VM, both threads.
+//! spinning in Python code cannot starve one woken by a timer; a timed poll times out on time
+//! while another thread's polls keep returning; one preempted and picked again at once resumes
+//! where it is, not where it was preempted; a template snapshotted with a second thread alive
+//! gives every fork, and every reset VM, both threads.
 
 mod common;
 
@@ -244,6 +245,49 @@ print("stopped", 0.05 <= time.monotonic() - t0 < BOUND)
         outcome.stats.threads.preemptions >= 1,
         "{:?}",
         outcome.stats.threads
+    );
+}
+
+#[test]
+fn a_timed_poll_times_out_while_another_thread_keeps_polling() {
+    // The other thread's short selects end one after another, each a return that lets every
+    // readiness waiter try again: the main thread's retried select and poll must keep their
+    // first timer, or neither ever times out (test_ssl's test_handshake_timeout waited so).
+    let code = r#"
+import select, socket, threading, time
+a, b = socket.socketpair()
+stop = False
+def tick():
+    while not stop:
+        select.select([b], [], [], 0.02)
+t = threading.Thread(target=tick)
+t.start()
+t0 = time.monotonic()
+r = select.select([a], [], [], 0.3)
+t1 = time.monotonic()
+p = select.poll()
+p.register(a, select.POLLIN)
+events = p.poll(300)
+t2 = time.monotonic()
+stop = True
+t.join()
+print(r, 0.3 <= t1 - t0 < BOUND, events, 0.3 <= t2 - t1 < BOUND)
+"#;
+    let outcome = python(&code.replace(
+        "BOUND",
+        &scaled(Duration::from_secs(5)).as_secs().to_string(),
+    ));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "([], [], []) True [] True\n",
+        "{}",
+        describe(&outcome)
     );
 }
 

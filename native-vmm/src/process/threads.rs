@@ -72,8 +72,14 @@ pub enum Resume {
     /// From the system call it is stopped in, with this value in rax.
     Return(u64),
     /// By making `call`, the system call it is stopped in, again (a readiness wait).
-    /// `final_attempt`: its timeout ran out, and the call must answer without waiting.
-    Retry { call: Call, final_attempt: bool },
+    /// `final_attempt`: its timeout ran out, and the call must answer without waiting; `until`:
+    /// the timer of its first attempt, which it keeps if it waits again (progress elsewhere
+    /// never postpones a timeout).
+    Retry {
+        call: Call,
+        final_attempt: bool,
+        until: Option<Instant>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +115,9 @@ pub struct Thread {
     /// The thread is making a readiness call again after its timeout ran out: the call must
     /// answer without waiting (`syscalls::wait_ready`). Only true during that call.
     pub last_attempt: bool,
+    /// The thread is making a readiness call again, and this is the timer of its first attempt
+    /// (`Resume::Retry`, `syscalls::wait_ready`). Only set during that call.
+    pub retry_until: Option<Instant>,
     /// The system call being answered for it, while it is (a readiness wait records it).
     pub calling: Option<Call>,
     /// Signals sent to this thread (tkill, tgkill) and not yet taken.
@@ -133,6 +142,7 @@ impl Thread {
             alt_stack: (0, super::SS_DISABLE, 0),
             fs_base: 0,
             last_attempt: false,
+            retry_until: None,
             calling: None,
             pending_signals: 0,
             suspend_mask: None,
@@ -408,20 +418,11 @@ impl Threads {
         self.epoch
     }
 
-    /// The current thread waits. A readiness wait that retried and found nothing again keeps
-    /// the timer of its first attempt.
-    pub fn block_current(&mut self, mut wait: Wait) {
+    /// The current thread waits.
+    pub fn block_current(&mut self, wait: Wait) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let thread = self.current_mut();
-        if let (WaitOn::Ready { .. }, ThreadState::Blocked { wait: earlier, .. }) =
-            (&wait.on, &thread.state)
-        {
-            if matches!(earlier.on, WaitOn::Ready { .. }) {
-                wait.until = earlier.until;
-            }
-        }
-        thread.state = ThreadState::Blocked { wait, seq };
+        self.current_mut().state = ThreadState::Blocked { wait, seq };
     }
 
     /// The current thread stops running and queues for the vCPU behind the others (a yield, or
@@ -500,6 +501,7 @@ impl Threads {
                         WaitOn::Ready { call, .. } => Resume::Retry {
                             call: *call,
                             final_attempt: true,
+                            until: None,
                         },
                         // Never timed.
                         WaitOn::Request => continue,
@@ -588,7 +590,7 @@ impl Threads {
     /// registers and loading the new one's is the caller's (see `crate::sched`).
     pub fn next(&mut self, now: Instant) -> Next {
         self.expire_timers(now);
-        let retries: Vec<(u64, Call)> = self
+        let retries: Vec<(u64, Call, Option<Instant>)> = self
             .list
             .iter()
             .filter(|t| self.retry_due(t))
@@ -597,19 +599,20 @@ impl Threads {
                     wait:
                         Wait {
                             on: WaitOn::Ready { call, .. },
-                            ..
+                            until,
                         },
                     ..
-                } => Some((t.tid, *call)),
+                } => Some((t.tid, *call, *until)),
                 _ => None,
             })
             .collect();
-        for (tid, call) in retries {
+        for (tid, call, until) in retries {
             self.make_runnable(
                 tid,
                 Resume::Retry {
                     call,
                     final_attempt: false,
+                    until,
                 },
             );
         }
@@ -718,6 +721,9 @@ impl Threads {
             e.u64(t.tid);
             match &t.state {
                 ThreadState::Running => e.u8(0),
+                ThreadState::Runnable(Resume::Retry { until: Some(_), .. }) => {
+                    return Err("a thread is in a timed wait")
+                }
                 ThreadState::Runnable(resume) => {
                     e.u8(1);
                     encode_resume(*resume, e);
@@ -834,6 +840,7 @@ impl Threads {
                 alt_stack,
                 fs_base,
                 last_attempt: false,
+                retry_until: None,
                 calling: None,
                 pending_signals: 0,
                 suspend_mask: None,
@@ -907,6 +914,7 @@ fn encode_resume(resume: Resume, e: &mut Encoder) {
         Resume::Retry {
             call,
             final_attempt,
+            ..
         } => {
             e.u8(2);
             encode_call(call, e);
@@ -919,9 +927,11 @@ fn decode_resume(d: &mut Decoder) -> Result<Resume, DecodeError> {
     Ok(match d.u8("resume")? {
         0 => Resume::AsSaved,
         1 => Resume::Return(d.u64("return value")?),
+        // A timed one is never encoded.
         2 => Resume::Retry {
             call: decode_call(d)?,
             final_attempt: d.bool("final attempt")?,
+            until: None,
         },
         other => return Err(DecodeError::new(format!("resume kind {other}"))),
     })
@@ -1122,7 +1132,8 @@ mod tests {
                 tid: 2,
                 resume: Resume::Retry {
                     call: POLL,
-                    final_attempt: false
+                    final_attempt: false,
+                    until: None
                 }
             }
         );
@@ -1143,23 +1154,48 @@ mod tests {
     fn a_retried_readiness_wait_keeps_its_first_timer() {
         let now = Instant::now();
         let mut t = Threads::new(2);
+        t.spawn(0x1000, None).unwrap();
         let first = now + Duration::from_millis(50);
-        t.block_current(Wait {
+        let poll_until_first = |epoch| Wait {
             on: WaitOn::Ready {
-                epoch: 0,
+                epoch,
                 call: POLL,
                 host: Vec::new(),
             },
             until: Some(first),
-        });
-        t.block_current(Wait {
-            on: WaitOn::Ready {
-                epoch: 1,
-                call: POLL,
-                host: Vec::new(),
-            },
-            until: Some(now + Duration::from_secs(9)),
-        });
+        };
+        t.block_current(poll_until_first(t.epoch()));
+        // Another thread's progress: the retry carries the first attempt's timer, and a
+        // snapshot cannot hold it while it waits for the vCPU.
+        t.progress();
+        assert_eq!(
+            t.next(now),
+            Next::Run {
+                tid: 2,
+                resume: Resume::AsSaved
+            }
+        );
+        assert_eq!(
+            t.encode_state(&mut Encoder::new()),
+            Err("a thread is in a timed wait")
+        );
+        t.block_current(wait(WaitOn::Futex {
+            addr: 0x100,
+            bitset: u32::MAX,
+        }));
+        let retry = Resume::Retry {
+            call: POLL,
+            final_attempt: false,
+            until: Some(first),
+        };
+        assert_eq!(
+            t.next(now),
+            Next::Run {
+                tid: 1,
+                resume: retry
+            }
+        );
+        t.block_current(poll_until_first(t.epoch()));
         assert_eq!(t.next(now), Next::SleepUntil(first));
         assert_eq!(
             t.next(first),
@@ -1167,7 +1203,8 @@ mod tests {
                 tid: 1,
                 resume: Resume::Retry {
                     call: POLL,
-                    final_attempt: true
+                    final_attempt: true,
+                    until: None
                 }
             }
         );

@@ -160,8 +160,9 @@ pub(crate) fn after(timeout: Duration) -> Option<Instant> {
 }
 
 /// A read, write or poll found nothing ready: the thread waits for another one to change
-/// that, for at most `timeout` (None: no limit), and then makes the same call again. On the
-/// attempt after its timeout ran out, the answer is 0 (nothing ready) instead.
+/// that, for at most `timeout` (None: no limit), and then makes the same call again, which
+/// keeps the first attempt's timer if it waits again. On the attempt after its timeout ran
+/// out, the answer is 0 (nothing ready) instead.
 pub(crate) fn wait_ready(proc: &GuestProcess, timeout: Option<Duration>) -> SysResult {
     wait_ready_on(proc, timeout, Vec::new())
 }
@@ -177,13 +178,14 @@ pub(crate) fn wait_ready_on(
         return value(0);
     }
     let call = thread.calling.ok_or(Errno::EINTR)?;
+    let until = thread.retry_until.or_else(|| timeout.and_then(after));
     block(
         WaitOn::Ready {
             epoch: proc.threads.epoch(),
             call,
             host,
         },
-        timeout.and_then(after),
+        until,
     )
 }
 

@@ -895,6 +895,10 @@ fn poll_and_select_report_readiness() {
     g.proc.threads.current_mut().last_attempt = true;
     assert_eq!(g.ret(POLL, &[pollfds, 1, 20]), 0);
     g.proc.threads.current_mut().last_attempt = false;
+    // A retry (after another thread's progress) waits until its first attempt's timer.
+    g.proc.threads.current_mut().retry_until = Some(until);
+    assert_eq!(ready_wait(g.call(POLL, &[pollfds, 1, 20])), Some(until));
+    g.proc.threads.current_mut().retry_until = None;
 
     // select: fd 3 readable once data is in; an unopened fd in a set is EBADF.
     let readfds = SCRATCH + 0x200;

@@ -50,6 +50,7 @@ impl Errno {
     pub const ENETDOWN: Errno = Errno(100);
     pub const ENETUNREACH: Errno = Errno(101);
     pub const EISCONN: Errno = Errno(106);
+    pub const ECONNRESET: Errno = Errno(104);
     pub const ENOTCONN: Errno = Errno(107);
     pub const ECONNREFUSED: Errno = Errno(111);
     pub const ETIMEDOUT: Errno = Errno(110);

@@ -1,9 +1,8 @@
 //! A process tree in the sandbox, on the KVM vCPU: fork, execve, wait, pipes between processes,
 //! signals across them, UDP over the VM's loopback and AF_UNIX datagram socketpairs within and
-//! between processes, the shell
-//! and the tools the Python template ships. Shell commands run
-//! in the VM and natively (the same `/bin/bash` on the host, in an empty directory) and must
-//! print the same.
+//! between processes, a TCP connection's close and reset (SO_LINGER) on that loopback, the shell
+//! and the tools the Python template ships. Shell commands run in the VM and natively (the same
+//! `/bin/bash` on the host, in an empty directory) and must print the same.
 
 mod common;
 
@@ -792,6 +791,52 @@ EOF"#,
     );
     assert!(printed.contains("child got b'pong 2'"), "{printed}");
     assert!(printed.ends_with("timed out\n"), "{printed}");
+}
+
+#[test]
+fn a_tcp_connection_on_the_vms_loopback_closes_and_resets_as_on_linux() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import errno, os, socket, struct
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen()
+# A plain close: the peer reads the bytes, then end of file; it is still connected and a send
+# of nothing succeeds.
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.sendall(b"bye")
+c.close()
+print("closed", s.recv(10), s.recv(10), s.getpeername()[0], s.send(b""))
+s.close()
+# SO_LINGER on with a zero timeout: the close resets the connection.
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+print("linger", struct.unpack("ii", c.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, 8)))
+c.send(b"data")
+c.close()
+try:
+    s.getpeername()
+except OSError as e:
+    print("getpeername", errno.errorcode[e.errno])
+print("reset", s.recv(10))
+for _ in range(2):
+    try:
+        print("then", s.recv(10))
+    except OSError as e:
+        print("then", errno.errorcode[e.errno])
+try:
+    s.send(b"x")
+except OSError as e:
+    print("send", errno.errorcode[e.errno])
+# A pipe nobody reads takes a write of nothing.
+r, w = os.pipe()
+os.close(r)
+print("pipe", os.write(w, b""))
+EOF"#,
+    );
+    assert!(printed.contains("getpeername ENOTCONN\n"), "{printed}");
 }
 
 #[test]

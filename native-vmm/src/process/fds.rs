@@ -123,6 +123,9 @@ pub struct Description {
     /// /proc file read in one go does); for a directory, its getdents64 records, made when a
     /// read starts at the first entry.
     pub contents: Option<Arc<[u8]>>,
+    /// A socket's SO_LINGER timeout in seconds while it is on: zero makes its close reset an
+    /// Internet connection, as TCP's RST (`FdTable::reset_peer`).
+    pub linger: Option<u32>,
     refs: u32,
 }
 
@@ -133,6 +136,7 @@ impl Description {
             flags,
             offset: 0,
             contents: None,
+            linger: None,
             refs: 0,
         }
     }
@@ -244,13 +248,17 @@ impl Pipe {
         Ok((self.buffer.drain(..n).collect(), passed))
     }
 
-    /// Appends what fits and returns how much that was.
+    /// Appends what fits and returns how much that was. Writing nothing succeeds whoever reads,
+    /// as on Linux (a pipe, or a socket whose peer is gone but which was not shut down itself).
     pub fn write(&mut self, data: &[u8]) -> Result<usize, PipeError> {
+        if data.is_empty() {
+            return Ok(0);
+        }
         if self.readers == 0 || self.shut_read {
             return Err(PipeError::NoReader);
         }
         let room = self.room();
-        if room == 0 && !data.is_empty() {
+        if room == 0 {
             return Err(PipeError::WouldBlock);
         }
         let n = room.min(data.len());
@@ -327,6 +335,9 @@ pub struct FdTable {
     /// A connected socket's (local, peer) addresses, by the channel it receives on; a
     /// socketpair's ends have none (unnamed).
     socket_names: std::collections::BTreeMap<usize, (Vec<u8>, Vec<u8>)>,
+    /// The receive channels of Internet sockets whose peer reset the connection, and whether
+    /// the ECONNRESET of a read past the bytes left is still to come (it comes once).
+    resets: std::collections::BTreeMap<usize, bool>,
     /// The next ephemeral port tried.
     next_port: u16,
     /// The soft RLIMIT_NOFILE: new fds are below it.
@@ -352,6 +363,7 @@ impl FdTable {
             bound: Default::default(),
             datagram_ports: Default::default(),
             socket_names: Default::default(),
+            resets: Default::default(),
             next_port: FIRST_EPHEMERAL_PORT,
             limit: FD_LIMIT,
             released_nodes: Vec::new(),
@@ -541,6 +553,7 @@ impl FdTable {
             return Ok(None);
         }
         Ok(self.descriptions[slot.description].take().map(|d| {
+            self.reset_peer(&d);
             self.release_object(&d.object);
             d.object
         }))
@@ -724,13 +737,18 @@ impl FdTable {
             .ok_or(Errno::EBADF)
     }
 
-    /// Whether any socket has an address or a connection by address (a template snapshot
-    /// cannot hold them).
+    /// Whether any socket has an address, a connection by address or SO_LINGER set (a
+    /// template snapshot cannot hold them).
     pub fn has_addressed_sockets(&self) -> bool {
         self.endpoints.iter().any(Option::is_some)
             || self.inets.iter().any(Option::is_some)
             || self.unix_datagrams.iter().any(Option::is_some)
             || !self.socket_names.is_empty()
+            || self
+                .descriptions
+                .iter()
+                .flatten()
+                .any(|d| d.linger.is_some())
     }
 
     /// Creates an Internet socket's description, not yet installed.
@@ -946,6 +964,35 @@ impl FdTable {
         self.socket_names.get(&rx)
     }
 
+    /// Whether the peer of the Internet socket receiving on `rx` reset the connection.
+    pub fn was_reset(&self, rx: usize) -> bool {
+        self.resets.contains_key(&rx)
+    }
+
+    /// A connected Internet socket closing with SO_LINGER on and a zero timeout resets its
+    /// connection, as TCP's RST: the peer keeps the bytes it has, but is no longer connected.
+    fn reset_peer(&mut self, d: &Description) {
+        let Object::Socket {
+            rx,
+            tx,
+            shut_write: false,
+        } = d.object
+        else {
+            return;
+        };
+        let internet = self.socket_names.get(&rx).is_some_and(|(local, _)| {
+            local.len() >= 2 && i32::from(u16::from_le_bytes([local[0], local[1]])) != libc::AF_UNIX
+        });
+        let peer_reads = self
+            .pipes
+            .get(tx)
+            .and_then(Option::as_ref)
+            .is_some_and(|p| p.readers > 0);
+        if d.linger == Some(0) && internet && peer_reads {
+            self.resets.insert(tx, true);
+        }
+    }
+
     /// Frees endpoint `index`: its address, and the connections still waiting on it.
     fn release_endpoint(&mut self, index: usize) {
         let Some(endpoint) = self.endpoints.get_mut(index).and_then(Option::take) else {
@@ -1037,10 +1084,15 @@ impl FdTable {
         index: usize,
         max: usize,
     ) -> Result<Result<(Vec<u8>, Passed), PipeError>, Errno> {
-        Ok(self
-            .pipe_mut(index)?
-            .take(max)
-            .map(|(bytes, passed)| (bytes, Passed(passed))))
+        let taken = self.pipe_mut(index)?.take(max);
+        if matches!(&taken, Ok((bytes, _)) if bytes.is_empty() && max > 0) {
+            if let Some(pending) = self.resets.get_mut(&index) {
+                if std::mem::take(pending) {
+                    return Err(Errno::ECONNRESET);
+                }
+            }
+        }
+        Ok(taken.map(|(bytes, passed)| (bytes, Passed(passed))))
     }
 
     /// Writes what fits of `data` into channel `index`, passing the descriptions of `fds` with
@@ -1151,6 +1203,7 @@ impl FdTable {
             return;
         }
         if let Some(d) = self.descriptions[index].take() {
+            self.reset_peer(&d);
             self.release_object(&d.object);
             if let Object::Node(node) = d.object {
                 self.released_nodes.push(node);
@@ -1219,6 +1272,7 @@ impl FdTable {
             {
                 let in_flight = self.pipes[index].take().map(|p| p.in_flight);
                 self.socket_names.remove(&index);
+                self.resets.remove(&index);
                 for stretch in in_flight.into_iter().flatten() {
                     for description in stretch.descriptions {
                         self.unreference(description);
@@ -1424,6 +1478,7 @@ impl FdTable {
                 flags,
                 offset,
                 contents,
+                linger: None,
                 refs: d.u32("description refs")?,
             })
         })?;
@@ -1512,6 +1567,7 @@ impl FdTable {
             bound: Default::default(),
             datagram_ports: Default::default(),
             socket_names: Default::default(),
+            resets: Default::default(),
             next_port: FIRST_EPHEMERAL_PORT,
             limit,
             released_nodes: Vec::new(),
@@ -1669,8 +1725,10 @@ mod tests {
             t.pipe_mut(p).unwrap().write(b"x"),
             Err(PipeError::WouldBlock)
         );
+        assert_eq!(t.pipe_mut(p).unwrap().write(b""), Ok(0));
         t.close(rfd).unwrap();
         assert_eq!(t.pipe_mut(p).unwrap().write(b"x"), Err(PipeError::NoReader));
+        assert_eq!(t.pipe_mut(p).unwrap().write(b""), Ok(0));
     }
 
     #[test]

@@ -40,6 +40,9 @@ const SO_SNDBUF: u64 = 7;
 const SO_RCVBUF: u64 = 8;
 const SO_KEEPALIVE: u64 = 9;
 const SO_PASSCRED: u64 = 16;
+const SO_LINGER: u64 = 13;
+/// struct linger's size: l_onoff and l_linger, two ints.
+const LINGER_SIZE: u64 = 8;
 const SO_ACCEPTCONN: u64 = 30;
 const SO_PROTOCOL: u64 = 38;
 const SO_DOMAIN: u64 = 39;
@@ -429,6 +432,13 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     }
     let (family, listening) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
+    if (u64::from(level as u32), u64::from(name as u32)) == (SOL_SOCKET, SO_LINGER) {
+        let linger = proc.fds.get(fd_arg(fd))?.linger;
+        let mut answer = [0u8; LINGER_SIZE as usize];
+        answer[..4].copy_from_slice(&u32::from(linger.is_some()).to_le_bytes());
+        answer[4..].copy_from_slice(&linger.unwrap_or(0).to_le_bytes());
+        return write_truncated(user, optval, optlen, &answer);
+    }
     let answer: u32 = match (u64::from(level as u32), u64::from(name as u32)) {
         (SOL_SOCKET, SO_TYPE) => match proc.fds.get(fd_arg(fd))?.object {
             Object::UnixDatagram(_) => SOCK_DGRAM as u32,
@@ -454,7 +464,8 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 
 /// setsockopt(fd, level, name, value, len): options with no effect on in-memory channels are
 /// accepted (buffer sizes stay PIPE_CAPACITY; TCP's and IPV6_V6ONLY on Internet sockets);
-/// timeouts and the rest are ENOPROTOOPT, since a receive timeout could not be honoured.
+/// SO_LINGER is kept (with a zero timeout an Internet connection's close resets it); timeouts
+/// and the rest are ENOPROTOOPT, since a receive timeout could not be honoured.
 pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, level, name, optval, optlen, _] = args;
     if let Some(index) = inet::index_of(proc, fd_arg(fd)) {
@@ -467,6 +478,16 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     }
     let (family, _) = any_socket(proc, fd)?;
     let internet = family == AF_INET || family == AF_INET6;
+    if (u64::from(level as u32), u64::from(name as u32)) == (SOL_SOCKET, SO_LINGER) {
+        if (optlen as u32) < LINGER_SIZE as u32 {
+            return Err(Errno::EINVAL);
+        }
+        let raw = user.read_vec(optval, LINGER_SIZE)?;
+        let on = raw[..4] != [0; 4];
+        let seconds = i32::from_le_bytes([raw[4], raw[5], raw[6], raw[7]]).max(0);
+        proc.fds.get_mut(fd_arg(fd))?.linger = on.then_some(seconds.cast_unsigned());
+        return value(0);
+    }
     let accepted = match (u64::from(level as u32), u64::from(name as u32)) {
         (
             SOL_SOCKET,
@@ -500,9 +521,11 @@ pub(crate) fn getsockname(proc: &mut GuestProcess, user: &UserMemory, args: [u64
     write_truncated(user, args[1], args[2], &name)
 }
 
-/// getpeername(fd, addr, addrlen): ENOTCONN before connect.
+/// getpeername(fd, addr, addrlen): ENOTCONN before connect, and once the peer of an Internet
+/// socket reset the connection.
 pub(crate) fn getpeername(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let name = match proc.fds.get(fd_arg(args[0]))?.object {
+        Object::Socket { rx, .. } if proc.fds.was_reset(rx) => return Err(Errno::ENOTCONN),
         Object::Socket { rx, .. } => proc
             .fds
             .socket_names(rx)

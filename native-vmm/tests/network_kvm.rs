@@ -232,9 +232,10 @@ fn egress_follows_the_policy() {
     assert_eq!(network_usage(&answer, "bytes_in"), counts[1], "{answer}");
 
     // Refused: a denied name (NXDOMAIN), a denied port, a name resolving to a denied address
-    // (rebinding), the literal metadata address, a private address no rule names, the host's
-    // end of the veth (one of the host's own addresses). Loopback is the VM's own: nobody
-    // listens there, and a server on the host's loopback is never reached.
+    // (rebinding), the literal metadata addresses (IPv4, IPv6, and IPv4 as an IPv4-mapped IPv6
+    // address), a private address no rule names, the host's end of the veth (one of the host's
+    // own addresses). Loopback (IPv4 and IPv6) is the VM's own: nobody listens there, and a
+    // server on the host's loopback is never reached.
     let host_loopback = TcpListener::bind("127.0.0.1:0").unwrap();
     host_loopback.set_nonblocking(true).unwrap();
     let loopback_port = host_loopback.local_addr().unwrap().port();
@@ -249,8 +250,10 @@ fn egress_follows_the_policy() {
              \x20   try: print(name, socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM)[0][4][0])\n\
              \x20   except socket.gaierror as e: print(name, 'gaierror', e.errno)\n\
              for addr in [('{host}', 8081), ('rebind.test', 80), ('169.254.169.254', 80),\n\
-             \x20            ('private.test', 80), ('{outside}', 8080), ('127.0.0.1', {loopback_port})]:\n\
-             \x20   s = socket.socket()\n\
+             \x20            ('fd00:ec2::254', 80), ('::ffff:169.254.169.254', 80),\n\
+             \x20            ('private.test', 80), ('{outside}', 8080), ('127.0.0.1', {loopback_port}),\n\
+             \x20            ('::1', {loopback_port})]:\n\
+             \x20   s = socket.socket(socket.AF_INET6 if ':' in addr[0] else socket.AF_INET)\n\
              \x20   try: s.connect(addr); print(addr[0], 'connected')\n\
              \x20   except OSError as e: print(addr[0], errno.errorcode[e.errno])"
         ),
@@ -261,12 +264,13 @@ fn egress_follows_the_policy() {
         stdout(&answer),
         format!(
             "denied.test gaierror -2\nrebind.test 169.254.169.254\n{host} EACCES\n\
-             rebind.test EACCES\n169.254.169.254 EACCES\nprivate.test EACCES\n\
-             {outside} EACCES\n127.0.0.1 ECONNREFUSED\n"
+             rebind.test EACCES\n169.254.169.254 EACCES\nfd00:ec2::254 EACCES\n\
+             ::ffff:169.254.169.254 EACCES\nprivate.test EACCES\n{outside} EACCES\n\
+             127.0.0.1 ECONNREFUSED\n::1 ECONNREFUSED\n"
         )
     );
-    // One NXDOMAIN (asked for A and AAAA) and five connects.
-    assert_eq!(network_usage(&answer, "refused"), 2 + 5, "{answer}");
+    // One NXDOMAIN (asked for A and AAAA) and seven connects.
+    assert_eq!(network_usage(&answer, "refused"), 2 + 7, "{answer}");
     assert!(
         host_loopback.accept().is_err(),
         "the host's loopback was reached"
@@ -338,6 +342,17 @@ fn egress_follows_the_policy() {
     );
     assert_eq!(str_of(&answer, "status"), "timeout", "{answer}");
     assert_eq!(network_usage(&answer, "connections"), 1);
+    // The same server and the program's own socket timeout: the read times out in the guest.
+    let answer = execute(
+        &mut client,
+        "import time, urllib.request as u\n\
+         t0 = time.monotonic()\n\
+         try: u.urlopen('http://web.test:8080/slow', timeout=1).read()\n\
+         except TimeoutError as e: print('timed out', e, 1 <= time.monotonic() - t0 < 10)",
+        allow(&web),
+        20_000,
+    );
+    assert_eq!(stdout(&answer), "timed out timed out True\n", "{answer}");
 
     let ca_pem = std::fs::read_to_string(dir.join("ca.pem")).unwrap();
     https_verifies_with_the_given_ca(&mut client, host, &ca_pem);

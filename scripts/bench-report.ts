@@ -135,7 +135,7 @@ export const BENCHES: Bench[] = [
   },
   {
     name: "gaps",
-    commands: ["npm run loadtest -- --gap-ms 0,15,100,1000 --json"],
+    commands: ["npm run loadtest -- --gap-ms 0,15,100,1000,3000 --requests 40 --json"],
     render([r]) {
       const ms = (n: number) => `${n.toFixed(2)}`;
       const rows = Object.entries(r?.gaps as Record<string, Json[]>).flatMap(([db, gaps]) => {

@@ -6,12 +6,15 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { Database } from "./client.js";
 import { bindExecuteSync, readResponse } from "./pglite-wire.js";
 import { runPrepared } from "./prepared.js";
+import { seedDump } from "./testing/pglite-seed.js";
 
 describe("prepared statements on PGlite", () => {
   let pg: PGlite;
   let db: Database;
   beforeAll(async () => {
-    pg = new PGlite();
+    // From the test run's seed where there is one: an initdb is a minute of a busy host's time.
+    const seed = await seedDump();
+    pg = new PGlite(seed === undefined ? {} : { loadDataDir: seed });
     db = drizzle(pg) as unknown as Database;
     await pg.exec("CREATE TABLE wire (id int PRIMARY KEY, note text)");
   });

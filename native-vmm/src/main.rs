@@ -29,6 +29,7 @@ commands:
   bench run     latency of `/usr/bin/python3.11 -c pass` in a guest and natively
   bench fork    latency of VMs restored from a template's snapshot
   bench exec    cost of one execution on the daemon's path: fork, pooled run, CPU, memory
+  bench density  10,000 idle VMs alive at once: memory per VM and the time to create them
   bench sessions  durable session checkpoints, pause and resume
   bench threads a Condition ping-pong between two Python threads, in a guest and natively
   bench processes  fork, exec, wait, pipelines and a process pool, in a guest and natively
@@ -283,6 +284,8 @@ fn dispatch(args: &[String]) -> Result<ExitCode, CliError> {
         ["bench", "fork", ..] => bench_fork(&args[2..]),
         #[cfg(feature = "bench")]
         ["bench", "exec", ..] => bench_exec(&args[2..]),
+        #[cfg(feature = "bench")]
+        ["bench", "density", ..] => bench_density(&args[2..]),
         #[cfg(feature = "bench")]
         ["bench", "sessions", ..] => bench_sessions(&args[2..]),
         #[cfg(feature = "bench")]
@@ -781,6 +784,53 @@ fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
             ExitCode::SUCCESS
         },
     )
+}
+
+#[cfg(feature = "bench")]
+const BENCH_DENSITY_USAGE: &str = "\
+usage: sandfork-vmm bench density --template DIR [--vms N] [--per-process N] [--json]
+
+Creates N idle VMs of the template (fresh copy-on-write forks, each as a warm pool holds it)
+and keeps them alive at once in this process, then prints the time to create them (in all,
+and per VM p50/p99), the memory per VM (this process's RSS; the memory charged to its cgroup
+and the kernel's share of it; the host's MemAvailable), the open files and memory mappings
+per VM, and where the memory went (host-wide /proc/meminfo fields and slab caches, so other
+processes move them too). Each VM holds two open files: the open-file limit is raised to what
+N needs where the process may (CAP_SYS_RESOURCE), else to its hard limit, and when that leaves
+too little room the VMs are spread over worker processes (this command with --worker). Run it
+in a memory cgroup of its own for an exact cgroup figure.
+
+options:
+  --template DIR     template folder (image and snapshot)
+  --vms N            idle VMs alive at once (default 10000)
+  --per-process N    at most N of them in one process (default: as many as its open-file
+                     limit allows); KVM makes each VM's creation and every host unmap of a
+                     process cost in proportion to the VMs it holds already
+  --json             print one JSON object instead of a table
+  --worker           hold a share of the VMs for the bench that started it (line protocol on
+                     stdin and stdout)";
+
+#[cfg(feature = "bench")]
+fn bench_density(args: &[String]) -> Result<ExitCode, CliError> {
+    let options = Options::parse(
+        args,
+        &["--template", "--vms", "--per-process"],
+        &["--json", "--worker"],
+        false,
+        BENCH_DENSITY_USAGE,
+    )?;
+    let dir = options.required("--template")?;
+    let vms = options.number("--vms", daemon::density::DEFAULT_VMS as u64, 1_000_000)? as usize;
+    if options.flag("--worker") {
+        daemon::density::worker(Path::new(dir), vms).map_err(CliError::Failed)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Unbounded by default: the open-file limit decides.
+    let per_process = options.number("--per-process", 1_000_000, 1_000_000)? as usize;
+    let report =
+        daemon::density::run(Path::new(dir), vms, per_process).map_err(CliError::Failed)?;
+    print_report(&options, report.to_json(), || report.to_string());
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(feature = "bench")]

@@ -410,3 +410,25 @@ pub fn limit_malloc_arenas(arenas: usize) -> io::Result<()> {
         _ => Err(io::Error::other("mallopt(M_ARENA_MAX) failed")),
     }
 }
+
+/// This process's open-file limits (RLIMIT_NOFILE): (soft, hard).
+pub fn open_file_limits() -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit, which `limit` is.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) })?;
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+/// Sets this process's open-file limits (RLIMIT_NOFILE) to `soft` and `hard` (raising the hard
+/// limit needs CAP_SYS_RESOURCE, and at most /proc/sys/fs/nr_open).
+pub fn set_open_file_limits(soft: u64, hard: u64) -> io::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: setrlimit reads one rlimit, which `limit` is.
+    check(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }).map(drop)
+}

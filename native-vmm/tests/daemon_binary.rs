@@ -97,6 +97,15 @@ fn serves_health_templates_and_execute_on_this_host() {
 
     let health = client.call(r#"{"id":1,"type":"health"}"#);
     assert_eq!(u64_of(&health, "templates"), 1, "{health}");
+    // Every VM holds two open files: the daemon raised its soft limit to the hard one.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.child.id())).unwrap();
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .map(|l| l.split_whitespace().skip(3).take(2).collect())
+        .unwrap_or_default();
+    assert_eq!(open_files.len(), 2, "{limits}");
+    assert_eq!(open_files[0], open_files[1], "soft = hard: {limits}");
     let kvm = str_of(&health, "kvm");
     if kvm_present {
         assert_eq!(kvm, "available", "{health}");
@@ -175,6 +184,7 @@ fn serves_health_templates_and_execute_on_this_host() {
         log.contains("listening on") && log.contains("signal 15, stopping"),
         "{log}"
     );
+    assert!(log.contains(" VMs; confined by seccomp"), "{log}");
 }
 
 /// The names `list_templates` answers.

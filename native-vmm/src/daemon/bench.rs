@@ -13,11 +13,9 @@
 //! - VMM CPU per execution: this process's CPU time over the pooled series, divided by its
 //!   requests (the client's own JSON and socket work is in it: an upper bound);
 //! - daemon throughput at 1, 2, 4 and 8 concurrent clients;
-//! - memory per idle VM with 100 and 1,000 fresh forks alive: this process's RSS; the memory
-//!   charged to its cgroup, which includes KVM's kernel memory for its VMs (exact when the
-//!   benchmark runs in a cgroup of its own, e.g. `systemd-run --scope`; absent without a memory
-//!   controller); and the host's MemAvailable (which other processes move too); and what a
-//!   warm (reset) VM holds in copied pages;
+//! - memory per idle VM with 100 and 1,000 fresh forks alive (`density`: this process's RSS,
+//!   the memory charged to its cgroup, the host's MemAvailable), and what a warm (reset) VM
+//!   holds in copied pages;
 //! - the reset isolation check (`isolation`) on a pool of one VM.
 
 use std::fmt;
@@ -34,8 +32,8 @@ use super::agent_executor::AgentExecutor;
 use super::executor::{ExecutionLimits, Executor};
 use super::request::LimitPolicy;
 use super::server::{Server, ServerConfig};
-use super::templates::{self, Language, Template};
-use super::{frame, isolation};
+use super::templates::{self, Language};
+use super::{density, frame, isolation};
 use crate::bench::{measure_native, time_runs, Latency};
 use crate::snapshot::ForkMemory;
 use crate::sys::thread_cpu_time;
@@ -333,7 +331,7 @@ pub fn run(
         return Err("iterations and the pool size must be at least 1".to_owned());
     }
     kvm::Kvm::shared().map_err(|e| e.to_string())?;
-    let load = || load_template(dir);
+    let load = || templates::load_folder(dir);
     let template = load()?;
     let name = template.name.clone();
     let snapshot = template.snapshot.clone().ok_or_else(|| {
@@ -457,9 +455,9 @@ pub fn run(
     ))?;
     let (mut idle_vm_kib, mut cgroup_vm_kib) = (Vec::new(), Vec::new());
     for count in IDLE_VMS {
-        let (rss, cgroup) = idle_memory(&snapshot, count)?;
-        idle_vm_kib.push(rss);
-        cgroup_vm_kib.extend(cgroup.map(|kib| (count, kib)));
+        let per_vm = density::idle_vms(&snapshot, count)?.per_vm;
+        idle_vm_kib.push((count, per_vm.rss_kib, per_vm.host_kib));
+        cgroup_vm_kib.extend(per_vm.cgroup_kib.map(|kib| (count, kib)));
     }
     let isolation = (template_language == Language::Python).then(|| {
         AgentExecutor::with_kvm(vec![load()?], 1)
@@ -496,24 +494,6 @@ pub fn run(
         warm_vm_kib,
         isolation,
     })
-}
-
-/// The template of folder `dir`, loaded as the daemon loads its templates directory.
-pub(crate) fn load_template(dir: &Path) -> Result<Template, String> {
-    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
-    else {
-        return Err(format!("{} is not a template folder", dir.display()));
-    };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-    templates::load(parent)
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|t| t.name == name)
-        .ok_or_else(|| format!("{} is not a template folder", dir.display()))
 }
 
 pub(crate) fn latency<E: fmt::Display>(
@@ -567,82 +547,6 @@ fn throughput(
     });
     results.into_iter().collect::<Result<Vec<()>, String>>()?;
     Ok((clients * REQUESTS_PER_CLIENT) as f64 / started.elapsed().as_secs_f64())
-}
-
-/// (count, RSS, MemAvailable) per VM, and the cgroup's figure where there is one.
-type IdleMemory = ((usize, f64, f64), Option<f64>);
-
-/// Memory per VM with `count` fresh forks of `snapshot` alive at once, each with the memory its
-/// template reaches mapped as a pooled VM has it: (count, RSS, MemAvailable) and the cgroup's.
-fn idle_memory(snapshot: &crate::snapshot::Template, count: usize) -> Result<IdleMemory, String> {
-    // VMs dropped earlier are destroyed on the reaper thread: none may still be going away.
-    kvm::reaper::flush();
-    let (rss_before, host_before, cgroup_before) =
-        (rss_kib()?, mem_available_kib()?, cgroup_bytes());
-    let mems = (0..count)
-        .map(|_| snapshot.new_memory(ForkMemory::CopyOnWrite))
-        .collect::<io::Result<Vec<_>>>()
-        .map_err(|e| e.to_string())?;
-    let handed_out = snapshot.handed_out();
-    let cpus = mems
-        .iter()
-        .map(|mem| {
-            kvm::restore_cpu(mem, snapshot.cpu())
-                .and_then(|mut cpu| cpu.map_memory(handed_out).map(|()| cpu))
-        })
-        .collect::<io::Result<Vec<_>>>()
-        .map_err(|e| format!("creating {count} VMs: {e}"))?;
-    let (rss_after, host_after, cgroup_after) = (rss_kib()?, mem_available_kib()?, cgroup_bytes());
-    drop(cpus);
-    kvm::reaper::flush();
-    let per_vm = |delta: f64| delta / count as f64;
-    let cgroup = cgroup_before
-        .zip(cgroup_after)
-        .map(|(before, after)| per_vm(after.saturating_sub(before) as f64 / 1024.0));
-    Ok((
-        (
-            count,
-            per_vm(rss_after.saturating_sub(rss_before) as f64),
-            per_vm(host_before.saturating_sub(host_after) as f64),
-        ),
-        cgroup,
-    ))
-}
-
-/// Bytes charged to this process's memory cgroup (v2 `memory.current`, or v1
-/// `memory.usage_in_bytes`); None without a memory controller.
-fn cgroup_bytes() -> Option<u64> {
-    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let read = |path: String| std::fs::read_to_string(path).ok()?.trim().parse().ok();
-    groups.lines().find_map(|line| {
-        let mut fields = line.splitn(3, ':');
-        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
-        match controllers {
-            "" => read(format!("/sys/fs/cgroup{path}/memory.current")),
-            c if c.split(',').any(|c| c == "memory") => {
-                read(format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"))
-            }
-            _ => None,
-        }
-    })
-}
-
-fn proc_field_kib(file: &str, field: &str) -> Result<u64, String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("reading {file}: {e}"))?;
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(field)
-                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .ok_or_else(|| format!("{file} has no {field}"))
-}
-
-fn rss_kib() -> Result<u64, String> {
-    proc_field_kib("/proc/self/status", "VmRSS:")
-}
-
-fn mem_available_kib() -> Result<u64, String> {
-    proc_field_kib("/proc/meminfo", "MemAvailable:")
 }
 
 /// A blocking protocol client.

@@ -19,6 +19,8 @@ pub mod agent_executor;
 mod base64;
 #[cfg(feature = "bench")]
 pub mod bench;
+#[cfg(feature = "bench")]
+pub mod density;
 pub mod executor;
 pub mod frame;
 pub mod isolation;
@@ -211,6 +213,15 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
     // below ever takes these signals.
     let signals =
         sys::block_signals(&[sys::SIGTERM, sys::SIGINT]).map_err(ServeError::BlockSignals)?;
+    // Every VM holds two open files: the pools and sessions of many templates need more than
+    // the usual soft limit.
+    let vm_room = match kvm::capacity::raise_open_file_limit(0) {
+        Ok(open_files) => format!(
+            "open files for {} VMs",
+            open_files / kvm::capacity::FDS_PER_VM
+        ),
+        Err(e) => format!("the open-file limit not raised: {e}"),
+    };
     let templates = templates::load(&options.templates).map_err(ServeError::Templates)?;
     let sessions = match &options.sessions {
         Some(dir) if kvm::Kvm::shared().is_ok() => {
@@ -299,7 +310,7 @@ pub fn serve(options: &ServeOptions) -> Result<(), ServeError> {
             })?;
     }
     log(format_args!(
-        "listening on {} ({} templates, kvm {kvm}; confined by seccomp)",
+        "listening on {} ({} templates, kvm {kvm}, {vm_room}; confined by seccomp)",
         server.path().display(),
         health.templates
     ));

@@ -22,9 +22,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::bench::{measure_native, Latency, ARGS, PROGRAM};
-use crate::daemon::bench::{latency, load_template};
+use crate::daemon::bench::latency;
 use crate::daemon::executor::ExecutionLimits;
 use crate::daemon::sessions::{CellRun, SessionError, Sessions, SessionsConfig, TakenCheckpoint};
+use crate::daemon::templates::load_folder;
 use crate::kvm;
 use crate::snapshot::sparse::PageCounts;
 use crate::snapshot::SavedFork;
@@ -213,7 +214,7 @@ impl Drop for SessionTemplate {
 /// (`Sessions::save_template`, as the daemon's `session_template` does).
 pub fn session_template(dir: &Path, cell: &str) -> Result<SessionTemplate, String> {
     kvm::Kvm::shared().map_err(|e| e.to_string())?;
-    let template = load_template(dir)?;
+    let template = load_folder(dir)?;
     let scratch =
         std::env::temp_dir().join(format!("sfbench-session-template-{}", std::process::id()));
     let templates = scratch.join("templates");
@@ -283,7 +284,7 @@ fn run_cell(sessions: &Sessions, id: &str, code: String) -> Result<CellRun, Sess
 /// `data` (a folder on the disk to measure; created, and emptied afterwards).
 pub fn run(dir: &Path, data: &Path, iterations: usize) -> Result<SessionReport, String> {
     kvm::Kvm::shared().map_err(|e| e.to_string())?;
-    let template = load_template(dir)?;
+    let template = load_folder(dir)?;
     let sessions_dir = data.join(format!("sfbench-sessions-{}", std::process::id()));
     let config = SessionsConfig {
         dir: sessions_dir.clone(),

@@ -168,6 +168,20 @@ pub fn load(dir: &Path) -> Result<Vec<Template>, TemplateError> {
     Ok(templates)
 }
 
+/// The template of folder `dir` alone, loaded as the daemon loads each of its templates.
+pub fn load_folder(dir: &Path) -> Result<Template, String> {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
+    else {
+        return Err(format!("{} is not a template folder", dir.display()));
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    load_one(parent, name).map_err(|e| e.to_string())
+}
+
 /// Opens template folder `dir`/`name` (for `serve` at start, and `load_template` after).
 pub fn load_one(dir: &Path, name: &str) -> Result<Template, TemplateError> {
     let path = dir.join(name);

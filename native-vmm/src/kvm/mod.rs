@@ -17,6 +17,7 @@
 //! `unsafe` lives only in `run_page.rs` (the mmap'd kvm_run); ioctls go through `sys`.
 
 pub mod abi;
+pub mod capacity;
 pub mod reaper;
 mod run_page;
 mod spare;

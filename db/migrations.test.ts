@@ -67,6 +67,10 @@ async function emptyDatabase(backend: DatabaseBackend): Promise<EmptyDatabase> {
   };
 }
 
+// Each test makes an empty database (on PGlite an initdb) and migrates it twice: work a busy host
+// makes many times slower. Their limit bounds a hang only; they assert no speed.
+const MIGRATING_TEST_LIMIT_MS = 300_000;
+
 describe.each(BACKENDS)("0005 on %s: an execution's charge lives in its record only", (backend) => {
   const cleanup: (() => Promise<void>)[] = [];
   afterEach(async () => {
@@ -116,41 +120,49 @@ describe.each(BACKENDS)("0005 on %s: an execution's charge lives in its record o
     return { pg, db, keyId, accountId };
   }
 
-  it("drops the ledger's usage rows that repeat their records; usage reads the same from the records", async () => {
-    const { pg, db, keyId } = await billedAt0004();
-    await pg.migrate(MIGRATIONS);
-    const kinds = (
-      await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)
-    ).map((r) => r.kind);
-    expect(kinds).toEqual(["grant"]);
-    const usage = await usageForKey(
-      db,
-      keyId,
-      new Date(Date.now() - 60_000),
-      new Date(Date.now() + 60_000),
-    );
-    expect(usage).toEqual({
-      executions: 2,
-      units: 7,
-      byTemplate: [
-        { template: "node", executions: 1, units: 4 },
-        { template: "python", executions: 1, units: 3 },
-      ],
-      network: { bytesIn: 0, bytesOut: 0, refused: 0 },
-    });
-  });
+  it(
+    "drops the ledger's usage rows that repeat their records; usage reads the same from the records",
+    async () => {
+      const { pg, db, keyId } = await billedAt0004();
+      await pg.migrate(MIGRATIONS);
+      const kinds = (
+        await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)
+      ).map((r) => r.kind);
+      expect(kinds).toEqual(["grant"]);
+      const usage = await usageForKey(
+        db,
+        keyId,
+        new Date(Date.now() - 60_000),
+        new Date(Date.now() + 60_000),
+      );
+      expect(usage).toEqual({
+        executions: 2,
+        units: 7,
+        byTemplate: [
+          { template: "node", executions: 1, units: 4 },
+          { template: "python", executions: 1, units: 3 },
+        ],
+        network: { bytesIn: 0, bytesOut: 0, refused: 0 },
+      });
+    },
+    MIGRATING_TEST_LIMIT_MS,
+  );
 
-  it("refuses to migrate, changing nothing, when a usage row says other than its record", async () => {
-    const { pg } = await billedAt0004();
-    await pg.query(
-      `UPDATE usage_ledger SET units = units + 1 WHERE kind = 'usage' AND template = 'node'`,
-    );
-    await expect(pg.migrate(MIGRATIONS)).rejects.toThrow(/differ from their executions/);
-    const kinds = (
-      await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)
-    ).map((r) => r.kind);
-    expect(kinds).toEqual(["grant", "usage", "usage"]);
-  });
+  it(
+    "refuses to migrate, changing nothing, when a usage row says other than its record",
+    async () => {
+      const { pg } = await billedAt0004();
+      await pg.query(
+        `UPDATE usage_ledger SET units = units + 1 WHERE kind = 'usage' AND template = 'node'`,
+      );
+      await expect(pg.migrate(MIGRATIONS)).rejects.toThrow(/differ from their executions/);
+      const kinds = (
+        await pg.query<{ kind: string }>(`SELECT kind FROM usage_ledger ORDER BY kind`)
+      ).map((r) => r.kind);
+      expect(kinds).toEqual(["grant", "usage", "usage"]);
+    },
+    MIGRATING_TEST_LIMIT_MS,
+  );
 });
 
 describe("processes migrating one empty PostgreSQL database at once", () => {

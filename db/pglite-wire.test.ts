@@ -12,7 +12,7 @@ describe("prepared statements on PGlite", () => {
   let pg: PGlite;
   let db: Database;
   beforeAll(async () => {
-    // From the test run's seed where there is one: an initdb is a minute of a busy host's time.
+    // From the test run's seed where there is one: an initdb is slow on a busy host.
     const seed = await seedDump();
     pg = new PGlite(seed === undefined ? {} : { loadDataDir: seed });
     db = drizzle(pg) as unknown as Database;

@@ -20,6 +20,7 @@ describe("the PGlite seed", () => {
       .from(sql`(SELECT 1) AS one`);
     return row;
   };
+  // An initdb and the migrations, slow on a busy host: the limit bounds a hang only.
   beforeAll(async () => {
     const seed = join(dir, "seed");
     await makeSeed(seed);
@@ -28,7 +29,7 @@ describe("the PGlite seed", () => {
     await writeSeedDump(open.db, seed);
     await open.close();
     process.env.SANDFORK_TEST_PGLITE_SEED = seed;
-  }, 60_000);
+  }, 300_000);
   afterAll(() => {
     if (before === undefined) delete process.env.SANDFORK_TEST_PGLITE_SEED;
     else process.env.SANDFORK_TEST_PGLITE_SEED = before;

@@ -82,8 +82,8 @@ export interface DaemonFixture {
 }
 
 /**
- * The python template, built once per test process: a build is seconds of work (many more on a
- * busy host) that would otherwise count against the time limit of every test that starts a daemon.
+ * The python template, built once per test process: a build is heavy work, slow on a busy host,
+ * that would otherwise count against the time limit of every test that starts a daemon.
  */
 let builtTemplates: Promise<string> | undefined;
 

@@ -2,8 +2,9 @@
 //! vCPU, against servers in a network namespace this test makes (`net_bench::TestNamespace`:
 //! `ip netns add`, a veth pair whose host end has 10.X.Y.1/30 and whose namespace end
 //! 10.X.Y.2/30, X and Y from the test's pid), the servers of tests/network/servers.py bound there
-//! (DNS, HTTP, UDP echo, HTTPS with a certificate from a CA the test makes, a package index of a
-//! wheel the test builds with tests/network/index.py). The daemon
+//! (DNS, HTTP, UDP echo, HTTPS with a certificate from a CA the test makes and installs into the
+//! daemon's Python template, a package index of a wheel the test builds with
+//! tests/network/index.py). The daemon
 //! and its VMs stay in the host's namespace and reach the test host through the veth route;
 //! `serve --dns-server 10.X.Y.2:53` makes the test's DNS server the one allowed names are
 //! asked of. 10/8 is a private range, refused unless a rule names it, so every policy here
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use daemon_support::{scaled, scratch, snapshot_templates_dir, str_of, wait_for, Client};
+use daemon_support::{build_python_template, scaled, scratch, str_of, wait_for, Client};
 use network_support::TestNet;
 use serde_json::{json, Value};
 
@@ -29,13 +30,13 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(dir: &Path, net: &TestNet) -> Daemon {
+    fn start(dir: &Path, net: &TestNet, templates: &Path) -> Daemon {
         let socket = dir.join("s.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_sandfork-vmm"))
             .args(["serve", "--pool-size", "1", "--socket"])
             .arg(&socket)
             .arg("--templates")
-            .arg(snapshot_templates_dir())
+            .arg(templates)
             .arg("--sessions")
             .arg(dir.join("sessions"))
             .arg("--dns-server")
@@ -171,6 +172,37 @@ fn make_certificates(dir: &Path) {
     );
 }
 
+/// A templates directory whose Python template trusts the CA `ca` as an installed CA does: the
+/// image holds it in /etc/ssl/certs under its subject hash, where OpenSSL's default verify
+/// paths look up issuers (the CA bundle file stays Debian's).
+fn templates_trusting(ca: &Path, dir: &Path) -> PathBuf {
+    let hash = Command::new("openssl")
+        .args(["x509", "-hash", "-noout", "-in"])
+        .arg(ca)
+        .output()
+        .expect("running openssl");
+    assert!(hash.status.success(), "{hash:?}");
+    let hash = String::from_utf8(hash.stdout).unwrap();
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python");
+    let mut manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(python.join("image.json")).unwrap()).unwrap();
+    let paths = manifest["paths"].as_array_mut().unwrap();
+    // Written elsewhere, the manifest names the template's own files from its folder.
+    for path in paths.iter_mut().filter(|p| p.is_object()) {
+        path["host"] = python
+            .join(path["host"].as_str().unwrap())
+            .to_str()
+            .unwrap()
+            .into();
+    }
+    paths.push(json!({"host": ca, "guest": format!("/etc/ssl/certs/{}.0", hash.trim())}));
+    let file = dir.join("image.json");
+    std::fs::write(&file, manifest.to_string()).unwrap();
+    let templates = dir.join("templates");
+    build_python_template(&file, &templates.join("python"));
+    templates
+}
+
 #[test]
 fn egress_follows_the_policy() {
     let dir = scratch("network");
@@ -189,7 +221,8 @@ fn egress_follows_the_policy() {
         &dir,
     );
     let net = TestNet::serving(&files, &dir.join("web.pem"), &dir.join("web.key"));
-    let daemon = Daemon::start(&dir, &net);
+    let templates = templates_trusting(&dir.join("ca.pem"), &dir);
+    let daemon = Daemon::start(&dir, &net, &templates);
     let mut client = Client::hello(&daemon.socket);
     let host = &net.host;
     let web = vec!["web.test:8080".to_owned(), format!("{host}/32:8080")];
@@ -354,8 +387,7 @@ fn egress_follows_the_policy() {
     );
     assert_eq!(stdout(&answer), "timed out timed out True\n", "{answer}");
 
-    let ca_pem = std::fs::read_to_string(dir.join("ca.pem")).unwrap();
-    https_verifies_with_the_given_ca(&mut client, host, &ca_pem);
+    https_verifies_with_the_installed_ca(&mut client, host);
     pip_installs_from_the_test_index(&mut client, host);
 
     // A session keeps its connection from one cell to the next.
@@ -392,10 +424,10 @@ fn egress_follows_the_policy() {
     assert!(network_usage(&second, "bytes_in") > 17);
 }
 
-/// HTTPS to web.test: urllib verifies the server's certificate with the test's CA, given to the
-/// run as a file in /work (the light form of a CA installed into a template) and named by
-/// SSL_CERT_FILE; with only the image's CA bundle, verification fails.
-fn https_verifies_with_the_given_ca(client: &mut Client, host: &str, ca_pem: &str) {
+/// HTTPS to web.test: urllib verifies the server's certificate with the test's CA installed in
+/// the template, with no setting of the program's; with only the image's CA bundle file,
+/// verification fails.
+fn https_verifies_with_the_installed_ca(client: &mut Client, host: &str) {
     let code = "import ssl, urllib.request as u\n\
          url = 'https://web.test:8443/'\n\
          print(u.urlopen(url + 'index.html', timeout=10).read().decode(), end='')\n\
@@ -405,8 +437,6 @@ fn https_verifies_with_the_given_ca(client: &mut Client, host: &str, ca_pem: &st
          try: u.urlopen(url + 'index.html', context=bundle, timeout=10)\n\
          except u.URLError as e: print(type(e.reason).__name__, e.reason.verify_message)";
     let request = json!({"id": 4, "type": "execute", "template": "python", "code": code,
-        "files": [{"path": "ca.pem", "content": ca_pem}],
-        "env": {"SSL_CERT_FILE": "/work/ca.pem"},
         "network": allow_web(host, 8443),
         "limits": {"timeout_ms": scaled(Duration::from_secs(20)).as_millis() as u64}});
     let answer = client.call(&request.to_string());

@@ -51,23 +51,28 @@ pub fn snapshot_templates_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = scratch("snapshot-templates");
-        let template = dir.join("python");
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/python/image.json");
-        sandfork_vmm::image::build(&manifest, &template)
-            .unwrap_or_else(|e| panic!("building the Python image: {e}"));
-        let image = sandfork_vmm::fs::Image::open(&template).unwrap();
-        let agent = &sandfork_vmm::agent::PYTHON_AGENT;
-        sandfork_vmm::snapshot::build(
-            image,
-            "python",
-            agent,
-            &boot_limits(limits().memory_bytes()),
-            &sandfork_vmm::kvm::new_cpu,
-            &template,
-        )
-        .unwrap_or_else(|e| panic!("building the snapshot: {e}"));
+        build_python_template(&manifest, &dir.join("python"));
         dir
     })
+}
+
+/// Builds the Python template into `template` (a folder of a templates directory): the image
+/// `manifest` describes and its snapshot, booted on the KVM vCPU.
+pub fn build_python_template(manifest: &Path, template: &Path) {
+    sandfork_vmm::image::build(manifest, template)
+        .unwrap_or_else(|e| panic!("building the Python image: {e}"));
+    let image = sandfork_vmm::fs::Image::open(template).unwrap();
+    let agent = &sandfork_vmm::agent::PYTHON_AGENT;
+    sandfork_vmm::snapshot::build(
+        image,
+        "python",
+        agent,
+        &boot_limits(limits().memory_bytes()),
+        &sandfork_vmm::kvm::new_cpu,
+        template,
+    )
+    .unwrap_or_else(|e| panic!("building the snapshot: {e}"));
 }
 
 /// The servers' default and maximum limits: a 10 s time limit (scaled for the KVM tier's path),

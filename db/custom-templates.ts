@@ -1,7 +1,7 @@
 // Templates built through the API: their rows, which are also their builds. What an account may
 // see is decided here: its own templates, and those an admin published; anything else is not
 // found, so that an account cannot tell another's template from none.
-import { and, desc, eq, inArray, or, sql } from "drizzle-orm";
+import { and, desc, eq, inArray, isNull, notInArray, or, sql } from "drizzle-orm";
 import type { Database } from "./client.js";
 import { customTemplates } from "./schema.js";
 
@@ -14,6 +14,8 @@ export interface NewCustomTemplate {
   name: string;
   version: string;
   definition: unknown;
+  /** The gateway that runs the build (failAbandonedBuilds). */
+  gatewayId: string;
 }
 
 /**
@@ -205,18 +207,27 @@ export async function deleteCustomTemplate(db: Database, id: string): Promise<vo
 }
 
 /**
- * Marks failed the builds left queued or building by a stopped gateway (they will not finish);
- * called where this gateway is the database's only one.
+ * Marks failed the builds left queued or building by gateways not in `live` (they will not
+ * finish: a build runs in its gateway's process), saying which gateway stopped. A build of no
+ * recorded gateway (from before builds recorded theirs) counts as abandoned.
  */
-export async function failUnfinishedBuilds(db: Database): Promise<number> {
+export async function failAbandonedBuilds(db: Database, live: string[]): Promise<number> {
   const rows = await db
     .update(customTemplates)
     .set({
       status: "failed",
-      error: "the gateway running the build stopped; build it again",
+      error: sql`'the gateway running the build (' || coalesce(${customTemplates.gatewayId}, 'unrecorded') || ') stopped before it ended; build it again'`,
       finishedAt: new Date(),
     })
-    .where(inArray(customTemplates.status, ["queued", "building"]))
+    .where(
+      and(
+        inArray(customTemplates.status, ["queued", "building"]),
+        or(
+          isNull(customTemplates.gatewayId),
+          live.length === 0 ? undefined : notInArray(customTemplates.gatewayId, live),
+        ),
+      ),
+    )
     .returning({ id: customTemplates.id });
   return rows.length;
 }

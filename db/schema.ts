@@ -360,6 +360,9 @@ export const customTemplates = pgTable(
     snapshotBytes: bigint("snapshot_bytes", { mode: "number" }),
     // Visible to every account (an admin publishes it).
     published: boolean("published").notNull().default(false),
+    // The gateway running the build: one no longer connected (db/billing.ts, liveGatewayIds)
+    // will not finish it, and the recovery pass marks it failed.
+    gatewayId: text("gateway_id"),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
     finishedAt: timestamp("finished_at", { withTimezone: true }),
   },

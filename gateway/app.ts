@@ -104,6 +104,7 @@ export function createGateway(deps: GatewayDeps): Gateway {
     db: deps.db,
     runtime: deps.runtime,
     settings: deps.config.templateBuilds,
+    gatewayId,
     buildsDir: join(deps.config.dataDir, "template-builds"),
     log: (line) => console.error(line),
   });

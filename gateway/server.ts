@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { type ServerType, serve } from "@hono/node-server";
 import { liveGatewayIds, releaseAbandonedReservations } from "../db/billing.js";
 import type { OpenDatabase } from "../db/client.js";
-import { failUnfinishedBuilds } from "../db/custom-templates.js";
+import { failAbandonedBuilds } from "../db/custom-templates.js";
 import { releaseAbandonedKeySlots } from "../db/key-limits.js";
 import { countKeys } from "../db/keys.js";
 import { releaseAbandonedLeases } from "../db/leases.js";
@@ -62,6 +62,8 @@ async function recoveryPass(
   if (released > 0) log(`released ${released} reservation(s) left by a stopped gateway`);
   const slots = await releaseAbandonedKeySlots(open.db, live);
   if (slots > 0) log(`freed the key slots of ${slots} stopped gateway(s) and key(s)`);
+  const builds = await failAbandonedBuilds(open.db, live);
+  if (builds > 0) log(`marked ${builds} template build(s) of stopped gateways failed`);
   const givenBack = await releaseAbandonedLeases(open.db, live);
   if (givenBack.leases > 0)
     log(
@@ -93,7 +95,7 @@ export async function startGateway(
     );
   }
   // The recovery pass: executions a killed gateway never answered, and its credit leases, hold
-  // credits until released here. On PostgreSQL, where other gateways share the books, it runs
+  // credits until released here; its template builds will never end and are marked failed. On PostgreSQL, where other gateways share the books, it runs
   // again every recoveryIntervalMs, so that a gateway that died is not waited for until the
   // next start.
   const recover = () => recoveryPass(open, gatewayId, config, log);
@@ -110,11 +112,6 @@ export async function startGateway(
       : undefined;
   recovery?.unref();
 
-  // On embedded PGlite this is the only gateway: a build still marked running was this one's.
-  if (open.backend === "pglite") {
-    const interrupted = await failUnfinishedBuilds(open.db);
-    if (interrupted > 0) log(`marked ${interrupted} interrupted template build(s) failed`);
-  }
   const admin = await bootstrapAdminKey(open, config);
   if (admin !== null) {
     log("");

@@ -54,6 +54,8 @@ export interface TemplateServiceDeps {
   db: Database;
   runtime: () => ExecutionRuntime | undefined;
   settings: TemplateBuildSettings;
+  /** This gateway: its builds' rows name it, so that others fail them once it stops. */
+  gatewayId: string;
   /** Where build folders (definition, wheels, files) are written. */
   buildsDir: string;
   log: (line: string) => void;
@@ -126,6 +128,7 @@ export class TemplateService {
       keyId: principal.keyId,
       name: input.name,
       version,
+      gatewayId: this.deps.gatewayId,
       definition: {
         from_session: source.session,
         base: source.template,
@@ -203,6 +206,7 @@ export class TemplateService {
       keyId: principal.keyId,
       name,
       version,
+      gatewayId: this.deps.gatewayId,
       definition: stored,
     });
     if (!created)

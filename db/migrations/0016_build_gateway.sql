@@ -1,0 +1,1 @@
+ALTER TABLE "custom_templates" ADD COLUMN "gateway_id" text;

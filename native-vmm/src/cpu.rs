@@ -200,6 +200,10 @@ pub trait GuestCpu {
     fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
         Ok(None)
     }
+    /// Whether `fork_onto` can make a vCPU (asked before the memory is copied for it).
+    fn can_fork(&self) -> bool {
+        false
+    }
     /// A vCPU of the same backend in a new VM on `mem` (a copy of this VM's memory: a process
     /// forked inside the guest), stopped in the system call `state` was taken in, as
     /// `snapshot` took it. Backends that cannot keep this default: the guest cannot fork.

@@ -77,13 +77,9 @@ pub fn open_pagemap() -> io::Result<()> {
 pub struct GuestMemory {
     host: *mut u8,
     size: u64,
-    /// The memfd the mapping shows; None for a copy-on-write fork, whose written pages are
-    /// private to the mapping and in no file.
-    fd: Option<OwnedFd>,
-    /// For a copy-on-write fork: the template's memfd, shared with the template (no descriptor
-    /// is duplicated per fork), so that a process forked inside the VM can map it again
-    /// (`duplicate`).
-    source: Option<Arc<OwnedFd>>,
+    /// What the mapping shows outside shared ranges. It changes when a process forks
+    /// (`freeze`) or ends (`release_pages`).
+    backing: RefCell<Backing>,
     /// With `track_writes`: the pages the VMM itself wrote (through these accessors) since
     /// `take_written`. The guest's own writes are the vCPU backend's to track
     /// (`GuestCpu::take_written_pages`).
@@ -94,6 +90,20 @@ pub struct GuestMemory {
     /// Pages that show a page of the whole VMM process (`show_shared_page`: the vDSO's clock),
     /// which a release must never empty.
     shown_pages: RefCell<Vec<u64>>,
+}
+
+/// What a `GuestMemory`'s own pages are.
+enum Backing {
+    /// A memfd of its own, mapped shared: every write lands in the file.
+    Own(Arc<OwnedFd>),
+    /// A private (copy-on-write) mapping of a file that nothing writes while it is mapped
+    /// so: a template's memfd (`template`), or a layer, the memfd of a process that forked,
+    /// frozen then and mapped privately by it and its child (`freeze`). A write copies the
+    /// page for this mapping alone.
+    Private { file: Arc<OwnedFd>, template: bool },
+    /// Private anonymous memory: what memory over a layer becomes when its process ends
+    /// (`release_pages`), so that it no longer holds the layer.
+    Anonymous,
 }
 
 /// A range of guest memory that shows `memory` from `offset` on.
@@ -135,8 +145,7 @@ impl GuestMemory {
         Ok(GuestMemory {
             host: host as *mut u8,
             size,
-            fd: Some(fd),
-            source: None,
+            backing: RefCell::new(Backing::Own(Arc::new(fd))),
             written: None,
             shared: RefCell::default(),
             shown_pages: RefCell::default(),
@@ -148,11 +157,16 @@ impl GuestMemory {
     /// it; the host then copies that page for this fork alone. Neither the template nor any
     /// other fork sees the write, and creating the fork copies nothing.
     pub fn fork_of(template: &TemplateMemory) -> io::Result<GuestMemory> {
-        GuestMemory::private_mapping_of(&template.fd, template.mem.size)
+        GuestMemory::private_mapping_of(&template.fd, template.mem.size, true)
     }
 
-    /// `size` bytes of `source` (a template's memfd) mapped `MAP_PRIVATE | MAP_NORESERVE`.
-    fn private_mapping_of(source: &Arc<OwnedFd>, size: u64) -> io::Result<GuestMemory> {
+    /// `size` bytes of `source` (a template's memfd, or a layer) mapped
+    /// `MAP_PRIVATE | MAP_NORESERVE`.
+    fn private_mapping_of(
+        source: &Arc<OwnedFd>,
+        size: u64,
+        template: bool,
+    ) -> io::Result<GuestMemory> {
         // SAFETY: a fresh private mapping of the whole template memfd (exactly `size` bytes)
         // at a kernel-chosen address.
         let host = unsafe {
@@ -171,49 +185,119 @@ impl GuestMemory {
         Ok(GuestMemory {
             host: host as *mut u8,
             size,
-            fd: None,
-            source: Some(source.clone()),
+            backing: RefCell::new(Backing::Private {
+                file: source.clone(),
+                template,
+            }),
             written: None,
             shared: RefCell::default(),
             shown_pages: RefCell::default(),
         })
     }
 
-    /// A copy of this memory as it is now, for a process forked inside the VM: a fork of a
-    /// template is mapped from the template again and gets the pages this one holds copies
-    /// of; memory of its own is copied where its memfd holds data. Either way the untouched
-    /// rest is shared with (or zero like) the original, so the copy costs what was written:
-    /// more than `room` bytes of it is `ErrorKind::OutOfMemory`, before anything is copied.
+    /// A copy of this memory as it is now, for a process forked inside the VM. Memory of its
+    /// own is frozen into a layer that both map privately (`freeze`), so nothing is copied
+    /// and each side copies a page only when it writes it; so is memory over a layer that no
+    /// other process maps (the pages it wrote since go into the layer first). Otherwise (a fork
+    /// of a template, a layer another process still maps) the copy maps the same file and
+    /// gets copies of the pages this one wrote. A copy may come to hold every page this
+    /// memory holds (`resident_bytes`): more than `room` bytes is `ErrorKind::OutOfMemory`,
+    /// before anything changes.
     pub fn duplicate(&self, room: u64) -> io::Result<GuestMemory> {
-        let written = self.own_written_ranges()?;
-        if crate::layout::pages_in(&written) * PAGE_SIZE > room {
+        if self.resident_bytes()? > room {
             return Err(io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 "the copy does not fit the memory left",
             ));
         }
-        let copy = match (&self.fd, &self.source) {
-            (Some(_), _) => GuestMemory::new(self.size)?,
-            (None, Some(source)) => GuestMemory::private_mapping_of(source, self.size)?,
-            (None, None) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "this memory has neither a memfd nor a template",
-                ))
+        let copy = match self.freeze()? {
+            Some(layer) => GuestMemory::private_mapping_of(&layer, self.size, false)?,
+            None => self.copy_of_written()?,
+        };
+        // Shared mappings stay shared: the copy shows the same memory at the same place.
+        for (start, range) in self.shared.borrow().iter() {
+            copy.share(*start, range.end - start, &range.memory, range.offset)?;
+        }
+        Ok(copy)
+    }
+
+    /// A mapping of the file this memory maps privately (anonymous memory for `Anonymous`)
+    /// with copies of the pages this memory wrote.
+    fn copy_of_written(&self) -> io::Result<GuestMemory> {
+        let copy = match &*self.backing.borrow() {
+            Backing::Private { file, template } => {
+                GuestMemory::private_mapping_of(file, self.size, *template)?
+            }
+            Backing::Anonymous => GuestMemory::new(self.size)?,
+            Backing::Own(_) => {
+                return Err(io::Error::other("memory of its own is frozen, not copied"))
             }
         };
-        for (start, end) in written {
+        for (start, end) in self.copied_own_ranges()?.unwrap_or_default() {
             let bytes = self
                 .range_bytes(start, end - start)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             copy.write(start, bytes)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         }
-        // Shared mappings stay shared: the copy shows the same memory at the same place.
-        for (start, range) in self.shared.borrow().iter() {
-            copy.share(*start, range.end - start, &range.memory, range.offset)?;
-        }
         Ok(copy)
+    }
+
+    /// For a fork: makes this memory's file a layer that this memory and its copy both map
+    /// privately, and returns it; None when it cannot be (a template's memfd, a layer another
+    /// memory maps too). Memory of its own is mapped privately from its memfd from now on;
+    /// memory over a layer only it maps first writes the pages it holds copies of into the
+    /// layer and shows the layer there again. Either way the bytes it shows do not change,
+    /// and no mapping sees a later write of another.
+    fn freeze(&self) -> io::Result<Option<Arc<OwnedFd>>> {
+        let (file, remap) = match &*self.backing.borrow() {
+            Backing::Own(file) => (file.clone(), self.own_spans()),
+            Backing::Private {
+                file,
+                template: false,
+            } if Arc::strong_count(file) == 1 => {
+                let copied = self.copied_own_ranges()?.unwrap_or_default();
+                for &(start, end) in &copied {
+                    let bytes = self
+                        .range_bytes(start, end - start)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    write_to_file(file, start, bytes)?;
+                }
+                (file.clone(), copied)
+            }
+            _ => return Ok(None),
+        };
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_PRIVATE | libc::MAP_NORESERVE;
+        for (start, end) in remap {
+            self.map_over(start, end - start, prot, flags, file.as_raw_fd(), start)?;
+        }
+        *self.backing.borrow_mut() = Backing::Private {
+            file: file.clone(),
+            template: false,
+        };
+        Ok(Some(file))
+    }
+
+    /// The ranges that show this memory's own pages: neither shared memory nor a page shown
+    /// from elsewhere.
+    fn own_spans(&self) -> Vec<(u64, u64)> {
+        let mut shown = self.shown_pages.borrow().clone();
+        shown.sort_unstable();
+        let mut spans = Vec::new();
+        for (start, end) in self.own_parts(0, self.size) {
+            let mut at = start;
+            for &page in shown.iter().filter(|&&p| p >= start && p < end) {
+                if at < page {
+                    spans.push((at, page));
+                }
+                at = page + PAGE_SIZE;
+            }
+            if at < end {
+                spans.push((at, end));
+            }
+        }
+        spans
     }
 
     pub fn size(&self) -> u64 {
@@ -247,8 +331,16 @@ impl GuestMemory {
 
     /// The memfd behind guest RAM, which another mapping of it shares (the ptrace CPU's
     /// child). None for a copy-on-write fork: its own writes are in no file.
-    pub fn fd(&self) -> Option<&OwnedFd> {
-        self.fd.as_ref()
+    pub fn fd(&self) -> Option<Arc<OwnedFd>> {
+        match &*self.backing.borrow() {
+            Backing::Own(file) => Some(file.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether this is memory of its own (a memfd mapped shared).
+    fn is_own(&self) -> bool {
+        matches!(*self.backing.borrow(), Backing::Own(_))
     }
 
     /// For a copy-on-write fork: how many of its pages the host has copied so far (pages the
@@ -284,7 +376,7 @@ impl GuestMemory {
 
     /// `copied_ranges` without the shared ranges: the pages the host copied for this fork.
     fn copied_own_ranges(&self) -> io::Result<Option<Vec<(u64, u64)>>> {
-        if self.fd.is_some() {
+        if self.is_own() {
             return Ok(None);
         }
         let pagemap = pagemap()?;
@@ -337,7 +429,11 @@ impl GuestMemory {
     /// (destroying the fork would make that request fault each one in again). Pages the fork
     /// never wrote still show the template. Returns how many pages were restored.
     pub fn reset_to(&self, template: &TemplateMemory, copied: &[(u64, u64)]) -> io::Result<u64> {
-        if self.fd.is_some() || self.size != template.size() {
+        let of_template = matches!(
+            &*self.backing.borrow(),
+            Backing::Private { file, template: true } if Arc::ptr_eq(file, &template.fd)
+        );
+        if !of_template || self.size != template.size() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "only a copy-on-write fork of this template can be reset to it",
@@ -425,11 +521,27 @@ impl GuestMemory {
     }
 
     /// The page-aligned ranges of the memfd that hold pages (SEEK_DATA/SEEK_HOLE): everything
-    /// outside them reads as zero and was never written. Empty for a fork.
+    /// outside them reads as zero and was never written. Over a layer: the layer's and the
+    /// pages copied from it. Empty for a fork of a template.
     pub fn data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
-        let Some(fd) = &self.fd else {
-            return Ok(Vec::new());
+        let (file, layer) = match &*self.backing.borrow() {
+            Backing::Own(file) => (file.clone(), false),
+            Backing::Private {
+                file,
+                template: false,
+            } => (file.clone(), true),
+            Backing::Private { template: true, .. } | Backing::Anonymous => return Ok(Vec::new()),
         };
+        let mut extents = self.file_extents(&file)?;
+        if layer {
+            extents.extend(self.copied_own_ranges()?.unwrap_or_default());
+            extents = crate::layout::merge_ranges(extents);
+        }
+        Ok(extents)
+    }
+
+    /// The page-aligned ranges of `fd` (a file as large as this memory) that hold pages.
+    fn file_extents(&self, fd: &OwnedFd) -> io::Result<Vec<(u64, u64)>> {
         let mut extents = Vec::new();
         let mut at = 0;
         while at < self.size {
@@ -640,6 +752,59 @@ impl GuestMemory {
     }
 }
 
+/// Runs `work` on a shared mapping of `[offset, offset+len)` (page-aligned) of `file`, a
+/// layer: how its bytes change while processes map it privately (the daemon's system call
+/// filter has no pwrite or fallocate).
+fn with_file_view(
+    file: &OwnedFd,
+    offset: u64,
+    len: u64,
+    work: impl FnOnce(*mut u8) -> io::Result<()>,
+) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: a fresh shared mapping of `len` bytes of the file at a kernel-chosen address,
+    // unmapped below before anything else can see it.
+    let view = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            offset.cast_signed(),
+        )
+    };
+    if view == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let done = work(view as *mut u8);
+    // SAFETY: unmapping the view mapped just above; `work` has returned and kept no pointer.
+    unsafe { libc::munmap(view, len as usize) };
+    done
+}
+
+/// Writes `bytes` (whole pages) into `file` at `offset`.
+fn write_to_file(file: &OwnedFd, offset: u64, bytes: &[u8]) -> io::Result<()> {
+    with_file_view(file, offset, bytes.len() as u64, |view| {
+        // SAFETY: the view is `bytes.len()` bytes long; `bytes` is another mapping's memory.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), view, bytes.len()) };
+        Ok(())
+    })
+}
+
+/// Frees `file`'s pages in `[offset, offset+len)` (page-aligned): they read as zeros again.
+fn remove_from_file(file: &OwnedFd, offset: u64, len: u64) -> io::Result<()> {
+    with_file_view(file, offset, len, |view| {
+        // SAFETY: advice on the whole view, which is a shared mapping of the file.
+        match unsafe { libc::madvise(view as *mut c_void, len as usize, libc::MADV_REMOVE) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
+    })
+}
+
 /// Fills `slices` from `file` at `at`, back to back (continued after a short read), and empties
 /// the list.
 pub(crate) fn read_all_at(
@@ -792,7 +957,25 @@ impl GuestMemory {
     /// emptied, shared ranges are let go. The mapping stays, so references to it stay valid.
     pub fn release_pages(&self) -> io::Result<()> {
         self.unshare(0, self.size)?;
-        self.release_range(0, self.size)
+        let over_layer = matches!(
+            *self.backing.borrow(),
+            Backing::Private {
+                template: false,
+                ..
+            }
+        );
+        if !over_layer {
+            return self.release_range(0, self.size);
+        }
+        // Memory over a layer lets go of it (a layer only one memory maps can take that
+        // memory's writes at its next fork): it becomes empty anonymous memory.
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        for (start, end) in self.own_spans() {
+            self.map_over(start, end - start, prot, flags, -1, 0)?;
+        }
+        *self.backing.borrow_mut() = Backing::Anonymous;
+        Ok(())
     }
 
     /// Gives the host back the pages of `[addr, addr+len)` (page-aligned, showing no shared
@@ -800,7 +983,15 @@ impl GuestMemory {
     /// own). For memory the guest unmapped, which the memory map zeroes before reusing.
     pub fn release_range(&self, addr: u64, len: u64) -> io::Result<()> {
         self.check_pages(addr, len)?;
-        let advice = if self.fd.is_some() {
+        // A layer only this memory maps holds pages for it alone: they go too.
+        let sole_layer = match &*self.backing.borrow() {
+            Backing::Private {
+                file,
+                template: false,
+            } if Arc::strong_count(file) == 1 => Some(file.clone()),
+            _ => None,
+        };
+        let advice = if self.is_own() {
             libc::MADV_REMOVE
         } else {
             libc::MADV_DONTNEED
@@ -814,7 +1005,11 @@ impl GuestMemory {
             self.advise(at, page, advice)?;
             at = page + PAGE_SIZE;
         }
-        self.advise(at, end, advice)
+        self.advise(at, end, advice)?;
+        match sole_layer {
+            Some(file) => remove_from_file(&file, addr, len),
+            None => Ok(()),
+        }
     }
 
     /// madvise(`advice`) over `[start, end)` of this memory, checked page-aligned ranges.
@@ -839,29 +1034,33 @@ impl GuestMemory {
         Ok(())
     }
 
-    /// The bytes of host memory this memory holds of its own: a fork's copied pages, or the
-    /// pages its memfd holds.
+    /// The bytes of host memory this memory holds of its own, or may come to hold as copies:
+    /// a template fork's copied pages, its memfd's pages, or over a layer, the layer's pages
+    /// and the copies (a layer that several memories map counts for each: any of them may
+    /// come to write every page).
     pub fn resident_bytes(&self) -> io::Result<u64> {
-        Ok(crate::layout::pages_in(&self.own_written_ranges()?) * PAGE_SIZE)
-    }
-
-    /// The ranges that hold pages of this memory's own: a fork's copies, or its memfd's data.
-    fn own_written_ranges(&self) -> io::Result<Vec<(u64, u64)>> {
-        match self.copied_own_ranges()? {
-            Some(copied) => Ok(copied),
-            None => self.data_extents(),
-        }
+        let ranges = match &*self.backing.borrow() {
+            Backing::Private { template: true, .. } | Backing::Anonymous => None,
+            Backing::Own(_) | Backing::Private { .. } => Some(()),
+        };
+        let held = match ranges {
+            None => self.copied_own_ranges()?.unwrap_or_default(),
+            Some(()) => self.data_extents()?,
+        };
+        Ok(crate::layout::pages_in(&held) * PAGE_SIZE)
     }
 
     /// Maps this memory's own backing over `[start, end)` again.
     fn restore_own(&self, start: u64, end: u64) -> io::Result<()> {
-        let (fd, flags) = match (&self.fd, &self.source) {
-            (Some(fd), _) => (fd.as_raw_fd(), libc::MAP_SHARED),
-            (None, Some(source)) => (source.as_raw_fd(), libc::MAP_PRIVATE | libc::MAP_NORESERVE),
-            (None, None) => return Err(io::Error::other("memory without a backing to restore")),
+        let private = libc::MAP_PRIVATE | libc::MAP_NORESERVE;
+        let (fd, flags) = match &*self.backing.borrow() {
+            Backing::Own(file) => (file.as_raw_fd(), libc::MAP_SHARED),
+            Backing::Private { file, .. } => (file.as_raw_fd(), private),
+            Backing::Anonymous => (-1, private | libc::MAP_ANONYMOUS),
         };
         let prot = libc::PROT_READ | libc::PROT_WRITE;
-        self.map_over(start, end - start, prot, flags, fd, start)
+        let offset = if fd < 0 { 0 } else { start };
+        self.map_over(start, end - start, prot, flags, fd, offset)
     }
 
     /// Maps `len` bytes of `fd` from `offset` over `[addr, addr+len)` of this memory (page-aligned,
@@ -1160,19 +1359,13 @@ unsafe impl Sync for TemplateMemory {}
 impl TemplateMemory {
     /// Seals filled guest memory as a template's (it must be memfd-backed, not a fork).
     pub fn seal(mem: GuestMemory) -> io::Result<TemplateMemory> {
-        if mem.fd.is_none() {
+        let Some(fd) = mem.fd() else {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "a copy-on-write fork cannot be a template's memory",
             ));
-        }
+        };
         let data = mem.data_extents()?;
-        let fd = Arc::new(
-            mem.fd
-                .as_ref()
-                .ok_or_else(|| io::Error::other("a template's memory is a memfd"))?
-                .try_clone()?,
-        );
         Ok(TemplateMemory { mem, fd, data })
     }
 
@@ -1508,6 +1701,96 @@ mod tests {
             (own.resident_bytes().unwrap(), own.read_u64(0).unwrap()),
             (0, 0)
         );
+    }
+
+    #[test]
+    fn a_fork_of_memory_of_its_own_shares_a_frozen_layer_and_neither_sees_the_others_writes() {
+        let parent = GuestMemory::new(1 << 20).unwrap();
+        parent.fill(0x10000, 0x4000, 1).unwrap();
+        let shared = SharedMemory::anonymous(0x1000).unwrap();
+        parent.share(0x20000, 0x1000, &shared, 0).unwrap();
+        let child = parent.duplicate(1 << 20).unwrap();
+        assert!(
+            parent.fd().is_none() && child.fd().is_none(),
+            "both over the layer"
+        );
+        assert_eq!(
+            (
+                parent.copied_pages().unwrap(),
+                child.copied_pages().unwrap()
+            ),
+            (Some(1), Some(1)),
+            "nothing copied: only the shared page counts"
+        );
+        assert_eq!(child.read_u64(0x10000).unwrap(), 0x0101010101010101);
+        parent.write_u64(0x10000, 2).unwrap();
+        child.write_u64(0x11000, 3).unwrap();
+        assert_eq!(
+            (
+                child.read_u64(0x10000).unwrap(),
+                parent.read_u64(0x11000).unwrap()
+            ),
+            (0x0101010101010101, 0x0101010101010101),
+            "neither sees the other's later write"
+        );
+        child.write_u64(0x20000, 4).unwrap();
+        assert_eq!(
+            parent.read_u64(0x20000).unwrap(),
+            4,
+            "MAP_SHARED stays shared"
+        );
+        // Each may come to copy the whole layer: both count it.
+        assert_eq!(child.resident_bytes().unwrap(), 0x4000);
+        // While the child maps the layer, the parent's next fork copies what it wrote.
+        let second = parent.duplicate(1 << 20).unwrap();
+        assert_eq!(second.read_u64(0x10000).unwrap(), 2);
+        parent.write_u64(0x10000, 5).unwrap();
+        assert_eq!(
+            second.read_u64(0x10000).unwrap(),
+            2,
+            "a copy is private too"
+        );
+        // Once no other memory maps it, the layer takes the parent's writes at its next fork.
+        child.release_pages().unwrap();
+        second.release_pages().unwrap();
+        assert_eq!(child.resident_bytes().unwrap(), 0);
+        assert_eq!(child.read_u64(0x10000).unwrap(), 0, "released: empty");
+        let third = parent.duplicate(1 << 20).unwrap();
+        assert_eq!(third.read_u64(0x10000).unwrap(), 5);
+        assert_eq!(
+            parent.copied_pages().unwrap(),
+            Some(1),
+            "its writes went into the layer (the shared page counts)"
+        );
+        parent.write_u64(0x12000, 6).unwrap();
+        third.write_u64(0x13000, 7).unwrap();
+        assert_eq!(
+            (
+                third.read_u64(0x12000).unwrap(),
+                parent.read_u64(0x13000).unwrap()
+            ),
+            (0x0101010101010101, 0x0101010101010101)
+        );
+        // A page a layer's only user gives back leaves the layer too.
+        third.release_pages().unwrap();
+        parent.release_range(0x10000, 0x4000).unwrap();
+        assert_eq!(parent.resident_bytes().unwrap(), 0);
+        assert_eq!(parent.read_u64(0x12000).unwrap(), 0);
+        // A layer is not a template.
+        assert!(TemplateMemory::seal(parent).is_err());
+    }
+
+    #[test]
+    fn a_template_is_made_from_memory_that_forked() {
+        let mem = GuestMemory::new(1 << 20).unwrap();
+        mem.write_u64(0x3000, 8).unwrap();
+        let child = mem.duplicate(1 << 20).unwrap();
+        mem.write_u64(0x5000, 9).unwrap();
+        drop(child);
+        let extents = mem.data_extents().unwrap();
+        let covered = |addr: u64| extents.iter().any(|&(s, e)| s <= addr && addr < e);
+        assert!(covered(0x3000) && covered(0x5000), "{extents:x?}");
+        assert!(!covered(0x8000), "{extents:x?}");
     }
 
     /// More separate runs of copied pages than one PAGEMAP_SCAN call has room for: the scan

@@ -1,6 +1,7 @@
-//! The process tree of one run. Every process runs in a KVM VM of its own: a fork copies the
-//! parent's memory into a new VM (`GuestMemory::duplicate`: the template's pages are mapped
-//! again, only what the parent wrote is copied) with a vCPU in the parent's state; an execve
+//! The process tree of one run. Every process runs in a KVM VM of its own: a fork gives a new
+//! VM a copy-on-write view of the parent's memory (`GuestMemory::duplicate`: the parent's own
+//! memfd is frozen into a layer both map privately; over a template or a layer another process
+//! still maps, only what the parent wrote is copied) with a vCPU in the parent's state; an execve
 //! loads the program into fresh memory and a new vCPU. One host thread runs the VMs in turn:
 //! a process runs until all its threads wait, it ends, or its slice ends while another process
 //! could run, so the syscall layer needs no locks, as with threads (`crate::sched`).
@@ -328,13 +329,18 @@ impl<'a> Tree<'a> {
         process: &mut GuestProcess,
         request: &ForkRequest,
     ) -> Result<u64, Errno> {
+        // A fork freezes the caller's memory (`GuestMemory::duplicate`): only for a backend
+        // that can run the child.
+        if !cpu.can_fork() {
+            return Err(Errno::ENOSYS);
+        }
         let parent = process.pid;
         let pid = process
             .tree
             .add_child(parent, process.threads.next_id(), request.exit_signal)
             .ok_or(Errno::EAGAIN)?;
         let made = (|| {
-            let mut state = cpu.snapshot().map_err(|_| Errno::EAGAIN)?;
+            let mut state = cpu.snapshot().map_err(|_| (Errno::EAGAIN, None))?;
             state.regs.rax = 0;
             if let Some(stack) = request.stack {
                 state.regs.rsp = stack;
@@ -342,21 +348,27 @@ impl<'a> Tree<'a> {
             if let Some(tls) = request.tls {
                 state.fs_base = tls;
             }
-            let child_mem = self
-                .arena
-                .keep(mem.duplicate(room).map_err(|_| Errno::ENOMEM)?);
-            let mut child_cpu = cpu
-                .fork_onto(child_mem, &state)
-                .map_err(|e| match e.kind() {
+            let copy = mem.duplicate(room).map_err(|_| (Errno::ENOMEM, None))?;
+            let child_mem = self.arena.keep(copy);
+            let mut child_cpu = cpu.fork_onto(child_mem, &state).map_err(|e| {
+                let errno = match e.kind() {
                     io::ErrorKind::Unsupported => Errno::ENOSYS,
                     _ => Errno::EAGAIN,
-                })?;
-            child_cpu.set_syscall_return(0).map_err(|_| Errno::EAGAIN)?;
-            Ok::<_, Errno>((child_mem, child_cpu))
+                };
+                (errno, Some(child_mem))
+            })?;
+            child_cpu
+                .set_syscall_return(0)
+                .map_err(|_| (Errno::EAGAIN, Some(child_mem)))?;
+            Ok((child_mem, child_cpu))
         })();
         let (child_mem, child_cpu) = match made {
             Ok(made) => made,
-            Err(errno) => {
+            Err((errno, child_mem)) => {
+                // A copy made for nothing lets go of what it shares with the caller.
+                if let Some(mem) = child_mem {
+                    let _ = mem.release_pages();
+                }
                 process.tree.reap(pid);
                 return Err(errno);
             }

@@ -570,6 +570,10 @@ impl GuestCpu for KvmCpu<'_> {
         true
     }
 
+    fn can_fork(&self) -> bool {
+        true
+    }
+
     fn fork_onto<'n>(
         &self,
         mem: &'n GuestMemory,

@@ -83,8 +83,9 @@ export interface PhaseFigures {
 /** A plain Hono server's 503 under the flood's conditions (the module comment). */
 export interface ShedFloor {
   concurrency: number;
-  /** Times of all its answers (each a 503 with Retry-After, else counted wrong). */
+  /** All its answers: each a 503 with Retry-After, else counted wrong. */
   requests: number;
+  /** Its 503s a second, and their p50 and p99. */
   per_s: number;
   p50_ms: number;
   p99_ms: number;

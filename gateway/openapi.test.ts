@@ -36,6 +36,7 @@ const API_ROUTES = [
   "POST /v1/sessions/{id}/checkpoints",
   "POST /v1/sessions/{id}/pause",
   "POST /v1/sessions/{id}/resume",
+  "POST /v1/sessions/{id}/template",
   "POST /v1/sessions/{id}/fork",
   "PUT /v1/sessions/{id}/files/{path}",
   "GET /v1/sessions/{id}/files/{path}",

@@ -14,6 +14,13 @@ use common::{describe, python, python_image, python_request, request, run};
 use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::RunOutcome;
 
+/// Fails unless `printed` contains each of `parts`.
+fn assert_contains(printed: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(printed.contains(part), "{part:?} not in:\n{printed}");
+    }
+}
+
 /// Runs `script` with bash in the VM and natively; both must exit 0 and print the same.
 fn same_as_native(script: &str) -> String {
     let outcome = run(&python_image(), &request("/bin/bash", &["-c", script]));
@@ -905,4 +912,250 @@ EOF"#,
     );
     assert!(printed.contains("child got b'pong 2'"), "{printed}");
     assert!(printed.ends_with("recv still waits\n"), "{printed}");
+}
+
+#[test]
+fn unix_datagram_sockets_bind_to_paths_and_names_and_send_by_address() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import asyncio, errno, logging, logging.handlers, os, select, socket, stat
+def dgram():
+    return socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+def error(call):
+    try:
+        call()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+# Bound to a path: a socket file; a second bind there is taken.
+server = dgram()
+server.bind("server.sock")
+print("name", server.getsockname(), stat.S_ISSOCK(os.stat("server.sock").st_mode))
+print("taken", error(lambda: dgram().bind("server.sock")))
+print("bound twice", error(lambda: server.bind("other.sock")))
+# By address from a bound and an unbound socket: the source comes back (None: unnamed).
+client = dgram()
+client.bind("client.sock")
+print("sent", client.sendto(b"hello", "server.sock"))
+print("from bound", server.recvfrom(100))
+anonymous = dgram()
+anonymous.sendto(b"anonymous", "server.sock")
+print("from unbound", server.recvfrom(100), anonymous.getsockname())
+# MSG_PEEK, MSG_DONTWAIT, recvmsg and sendmsg with names, truncation.
+client.sendmsg([b"gath", b"ered"], [], 0, "server.sock")
+print("peek", server.recv(100, socket.MSG_PEEK))
+data, _, flags, source = server.recvmsg(4)
+print("recvmsg", data, flags & socket.MSG_TRUNC != 0, source)
+print("dontwait", error(lambda: server.recv(100, socket.MSG_DONTWAIT)))
+# Readiness in poll, select and epoll.
+poller = select.poll()
+poller.register(server, select.POLLIN)
+ep = select.epoll()
+ep.register(server, select.EPOLLIN)
+print("idle", poller.poll(0), select.select([server], [], [], 0)[0], ep.poll(0))
+client.sendto(b"wake", "server.sock")
+print("ready", [e for _, e in poller.poll(0)], len(select.select([server], [], [], 0)[0]),
+      [e for _, e in ep.poll(0)])
+server.recv(100)
+# connect: sends without an address, getpeername; the peer takes only its peer's datagrams.
+client.connect("server.sock")
+print("peer", client.getpeername(), client.send(b"connected"), server.recvfrom(100))
+server.connect("client.sock")
+print("not the peer", error(lambda: anonymous.sendto(b"x", "server.sock")))
+# Errors: no file, a file with no socket bound, a stream socket's path, no name at all.
+print("missing", error(lambda: anonymous.sendto(b"x", "missing.sock")))
+print("missing dir", error(lambda: anonymous.sendto(b"x", "nodir/x.sock")))
+gone = dgram()
+gone.bind("gone.sock")
+gone.close()
+print("closed", os.path.exists("gone.sock"), error(lambda: anonymous.sendto(b"x", "gone.sock")))
+print("unconnected send", error(lambda: anonymous.send(b"x")))
+stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+stream.bind("stream.sock")
+stream.listen()
+print("stream path", error(lambda: anonymous.sendto(b"x", "stream.sock")),
+      error(lambda: socket.socket(socket.AF_UNIX).connect("server.sock")))
+print("listen", error(lambda: dgram().listen()))
+# A connected socket whose peer closed: refused once, then not connected.
+a = dgram()
+a.bind("a.sock")
+b = dgram()
+b.connect("a.sock")
+a.close()
+print("peer closed", error(lambda: b.send(b"x")), error(lambda: b.send(b"x")))
+# Abstract names: no file, and a name nobody has is refused.
+abstract = dgram()
+abstract.bind("\0sandfork-abstract")
+print("abstract", abstract.getsockname(), sorted(os.listdir(".")))
+anonymous.sendto(b"abs", "\0sandfork-abstract")
+print("abstract got", abstract.recvfrom(100))
+print("abstract missing", error(lambda: anonymous.sendto(b"x", "\0nobody-here")))
+# Across fork: the child sends from its own bound socket, the parent waits and answers it.
+hub = dgram()
+hub.bind("hub.sock")
+pid = os.fork()
+if pid == 0:
+    child = dgram()
+    child.bind("child.sock")
+    for i in range(3):
+        child.sendto(b"ping %d" % i, "hub.sock")
+        print("child got", child.recvfrom(100), flush=True)
+    os._exit(0)
+for i in range(3):
+    data, source = hub.recvfrom(100)
+    hub.sendto(data.replace(b"ping", b"pong"), source)
+_, status = os.waitpid(pid, 0)
+print("parent done", os.WEXITSTATUS(status))
+# logging's SysLogHandler to a Unix datagram socket.
+log = dgram()
+log.bind("log.sock")
+handler = logging.handlers.SysLogHandler(address="log.sock")
+logger = logging.getLogger("sandfork")
+logger.addHandler(handler)
+logger.warning("to syslog")
+print("syslog", handler.socktype == socket.SOCK_DGRAM, log.recv(100))
+handler.close()
+# asyncio datagram endpoints over Unix sockets.
+class Echo(asyncio.DatagramProtocol):
+    def connection_made(self, transport):
+        self.transport = transport
+    def datagram_received(self, data, addr):
+        self.transport.sendto(data.upper(), addr)
+class Client(asyncio.DatagramProtocol):
+    def __init__(self, done):
+        self.done = done
+    def datagram_received(self, data, addr):
+        self.done.set_result((data, addr))
+async def main():
+    loop = asyncio.get_running_loop()
+    server, _ = await loop.create_datagram_endpoint(Echo, local_addr="echo.sock", family=socket.AF_UNIX)
+    done = loop.create_future()
+    client, _ = await loop.create_datagram_endpoint(lambda: Client(done), local_addr="asker.sock", remote_addr="echo.sock", family=socket.AF_UNIX)
+    client.sendto(b"asyncio")
+    print("asyncio", await asyncio.wait_for(done, 5))
+    client.close()
+    server.close()
+asyncio.run(main())
+EOF"#,
+    );
+    assert_contains(
+        &printed,
+        &[
+            "child got (b'pong 2', 'hub.sock')",
+            "asyncio (b'ASYNCIO', 'echo.sock')",
+            "missing ENOENT",
+            "closed True ECONNREFUSED",
+            "taken EADDRINUSE",
+        ],
+    );
+}
+
+#[test]
+fn unix_seqpacket_sockets_keep_boundaries_and_end_with_the_peer() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import errno, os, select, socket
+def error(call):
+    try:
+        call()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+print("type", a.type == socket.SOCK_SEQPACKET, a.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE))
+print("sent", a.send(b"one"), a.send(b""), a.sendmsg([b"two ", b"parts"]), a.send(b"abcdef"))
+print("peek", b.recv(100, socket.MSG_PEEK))
+print("each", b.recv(100), b.recv(100), b.recv(100))
+data, _, flags, _ = b.recvmsg(3)
+print("truncated", data, flags & socket.MSG_TRUNC != 0)
+b.setblocking(False)
+print("nothing", error(lambda: b.recv(100)))
+# The peer closes: the queue first, then end of file; sends are EPIPE; poll sees the hang-up.
+b.send(b"last")
+b.close()
+poller = select.poll()
+poller.register(a, select.POLLIN | select.POLLRDHUP)
+print("hung up", [e for _, e in poller.poll(0)] == [select.POLLIN | select.POLLRDHUP | select.POLLHUP])
+print("after close", a.recv(100), a.recv(100), error(lambda: a.send(b"x")))
+# A listener: a forked child connects, sends three messages and closes.
+server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+server.bind("seq.sock")
+server.listen()
+print("listening", server.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE), server.getsockname())
+pid = os.fork()
+if pid == 0:
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    client.connect("seq.sock")
+    print("child peer", client.getpeername(), flush=True)
+    for i in range(3):
+        client.send(b"message %d" % i)
+    print("child got", client.recv(100), flush=True)
+    client.close()
+    os._exit(0)
+conn, peer = server.accept()
+print("accepted", repr(peer), conn.getsockname(), conn.type == socket.SOCK_SEQPACKET)
+got = []
+while True:
+    data = conn.recv(5)
+    if not data:
+        break
+    got.append(data)
+    if len(got) == 3:
+        conn.send(b"thanks")
+_, status = os.waitpid(pid, 0)
+print("parent got", got, os.WEXITSTATUS(status))
+# Errors: a stream socket to a seqpacket listener, a missing path, a listener gone.
+print("stream to seqpacket", error(lambda: socket.socket(socket.AF_UNIX).connect("seq.sock")))
+seq = lambda: socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+print("missing", error(lambda: seq().connect("missing.sock")))
+print("unconnected send", error(lambda: seq().send(b"x")))
+EOF"#,
+    );
+    assert_contains(
+        &printed,
+        &[
+            "parent got [b'messa', b'messa', b'messa'] 0",
+            "after close b'last' b'' EPIPE",
+            "stream to seqpacket EPROTOTYPE",
+        ],
+    );
+}
+
+#[test]
+fn udp_lite_stays_on_the_loopback_and_unix_sockets_autobind() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import re, socket
+for family, host in [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")]:
+    lite = socket.socket(family, socket.SOCK_DGRAM, socket.IPPROTO_UDPLITE)
+    lite.bind((host, 0))
+    port = lite.getsockname()[1]
+    # UDP-Lite ports are apart from UDP's: a UDP socket takes the same one.
+    udp = socket.socket(family, socket.SOCK_DGRAM)
+    udp.bind((host, port))
+    client = socket.socket(family, socket.SOCK_DGRAM, socket.IPPROTO_UDPLITE)
+    client.sendto(b"lite", (host, port))
+    data, source = lite.recvfrom(100)
+    print("lite", data, source[1] == client.getsockname()[1],
+          lite.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL))
+    udp.setblocking(False)
+    try:
+        udp.recv(100)
+    except BlockingIOError:
+        print("not to udp")
+# bind("") gives a Unix socket an abstract name of five hex digits, a different one each.
+bound = [socket.socket(socket.AF_UNIX, kind) for kind in [socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_STREAM]]
+for s in bound:
+    s.bind("")
+names = [s.getsockname() for s in bound]
+print("autobind", [bool(re.fullmatch(rb"\0[0-9a-f]{5}", n)) for n in names], len(set(names)))
+EOF"#,
+    );
+    assert_contains(
+        &printed,
+        &[
+            "lite b'lite' True 136\nnot to udp\n",
+            "autobind [True, True, True] 3",
+        ],
+    );
 }

@@ -219,13 +219,13 @@ try:
 except BlockingIOError:
     print('would block')
 try:
-    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    socket.socket(socket.AF_UNIX, socket.SOCK_RAW)
 except OSError as e:
-    print('datagram socket():', e.errno)
+    print('raw socket():', e.errno)
 "#;
     assert_prints(
         code,
-        "AF_UNIX SOCK_STREAM ''\nEpollSelector\n[]\n[('b', 1)] b'hi' b' there'\nb'' 4 b'back'\nwould block\ndatagram socket(): 94\n",
+        "AF_UNIX SOCK_STREAM ''\nEpollSelector\n[]\n[('b', 1)] b'hi' b' there'\nb'' 4 b'back'\nwould block\nraw socket(): 94\n",
     );
 }
 

@@ -214,6 +214,8 @@ pub struct Lookup {
 pub struct InetSocket {
     pub ipv6: bool,
     pub stream: bool,
+    /// A UDP-Lite datagram socket: it stays on the VM's loopback, with ports of its own.
+    pub lite: bool,
     /// The host socket, once the guest connected or first sent.
     pub host: Option<Arc<HostSocket>>,
     pub connection: Connection,
@@ -238,6 +240,7 @@ impl InetSocket {
         InetSocket {
             ipv6,
             stream,
+            lite: false,
             host: None,
             connection: Connection::None,
             peer: None,

@@ -76,19 +76,29 @@ pub enum Object {
     /// An Internet socket whose traffic leaves the VM through a host socket (an index into the
     /// table of them; `crate::net`).
     Inet(usize),
-    /// One end of an AF_UNIX SOCK_DGRAM socketpair (an index into the table of them).
+    /// An AF_UNIX SOCK_DGRAM socket (one end of a socketpair or one made by socket(2)), or
+    /// a connected SOCK_SEQPACKET one (an index into the table of them).
     UnixDatagram(usize),
 }
 
-/// One end of an AF_UNIX SOCK_DGRAM socketpair: the datagrams sent to it (from an unnamed
-/// socket: no source address) and its peer.
+/// An AF_UNIX SOCK_DGRAM or connected SOCK_SEQPACKET socket: the datagrams sent to it, each
+/// with its sender's address (empty: an unnamed sender), its own address and its peer.
 #[derive(Debug, Clone, Default)]
 pub struct UnixDatagram {
-    pub inbox: Queue<()>,
-    /// The other end, while it is open.
+    /// SOCK_SEQPACKET: connected for good, and once the peer is gone a receive of an empty
+    /// queue is end of file and a send EPIPE.
+    pub seqpacket: bool,
+    pub inbox: Queue<Vec<u8>>,
+    /// The socket it sends to without an address (the other end of a socketpair, or the one
+    /// it connected to), while that is open.
     pub peer: Option<usize>,
     /// The peer closed and no send has reported it yet (Linux's next send is ECONNREFUSED).
     pub peer_closed: bool,
+    /// The address it is bound to (a sockaddr as the program reads it back).
+    pub name: Option<Vec<u8>>,
+    /// The namespace key of that address (None also for a connection's end, which only
+    /// reads its listener's name back).
+    key: Option<Vec<u8>>,
 }
 
 /// A socket made by socket(2) before it is connected. Its address lives only in this VM's
@@ -97,6 +107,8 @@ pub struct UnixDatagram {
 pub struct Endpoint {
     /// AF_UNIX, AF_INET or AF_INET6.
     pub family: u16,
+    /// An AF_UNIX SOCK_SEQPACKET socket: its connections keep message boundaries.
+    pub seqpacket: bool,
     /// The address it is bound to (a sockaddr as the program would read it back).
     pub name: Option<Vec<u8>>,
     /// The namespace key of that address.
@@ -330,8 +342,10 @@ pub struct FdTable {
     unix_datagrams: Vec<Option<UnixDatagram>>,
     /// Bound addresses (namespace key) -> endpoint.
     bound: std::collections::BTreeMap<Vec<u8>, usize>,
-    /// Loopback UDP ports ((IPv6, port)) -> the Internet datagram socket bound there.
-    datagram_ports: std::collections::BTreeMap<(bool, u16), usize>,
+    /// Bound AF_UNIX datagram addresses (namespace key) -> the socket bound there.
+    datagram_names: std::collections::BTreeMap<Vec<u8>, usize>,
+    /// Loopback UDP ports ((IPv6, UDP-Lite, port)) -> the Internet datagram socket bound there.
+    datagram_ports: std::collections::BTreeMap<(bool, bool, u16), usize>,
     /// A connected socket's (local, peer) addresses, by the channel it receives on; a
     /// socketpair's ends have none (unnamed).
     socket_names: std::collections::BTreeMap<usize, (Vec<u8>, Vec<u8>)>,
@@ -361,6 +375,7 @@ impl FdTable {
             inets: Vec::new(),
             unix_datagrams: Vec::new(),
             bound: Default::default(),
+            datagram_names: Default::default(),
             datagram_ports: Default::default(),
             socket_names: Default::default(),
             resets: Default::default(),
@@ -661,11 +676,15 @@ impl FdTable {
         )
     }
 
-    /// Creates a connected AF_UNIX datagram socketpair: two read-write descriptions, not yet
-    /// installed.
-    pub fn new_datagram_pair(&mut self, flags: u32) -> (Description, Description) {
-        let a = free_index(&mut self.unix_datagrams, UnixDatagram::default());
-        let b = free_index(&mut self.unix_datagrams, UnixDatagram::default());
+    /// Creates a connected AF_UNIX datagram (or `seqpacket`) socketpair: two read-write
+    /// descriptions, not yet installed.
+    pub fn new_datagram_pair(&mut self, flags: u32, seqpacket: bool) -> (Description, Description) {
+        let end = UnixDatagram {
+            seqpacket,
+            ..UnixDatagram::default()
+        };
+        let a = free_index(&mut self.unix_datagrams, end.clone());
+        let b = free_index(&mut self.unix_datagrams, end);
         self.unix_datagrams[a]
             .iter_mut()
             .for_each(|s| s.peer = Some(b));
@@ -677,6 +696,44 @@ impl FdTable {
             Description::new(Object::UnixDatagram(a), status),
             Description::new(Object::UnixDatagram(b), status),
         )
+    }
+
+    /// Creates an unconnected AF_UNIX datagram socket's description (socket(2)), not yet
+    /// installed.
+    pub fn new_unix_datagram(&mut self, flags: u32) -> Description {
+        let index = free_index(&mut self.unix_datagrams, UnixDatagram::default());
+        Description::new(Object::UnixDatagram(index), O_RDWR | (flags & O_NONBLOCK))
+    }
+
+    /// Binds AF_UNIX datagram socket `index` to `name` under namespace `key`: EADDRINUSE if
+    /// taken, EINVAL if it is bound already.
+    pub fn bind_unix_datagram(
+        &mut self,
+        index: usize,
+        key: Vec<u8>,
+        name: Vec<u8>,
+    ) -> Result<(), Errno> {
+        if self.unix_datagram(index)?.key.is_some() {
+            return Err(Errno::EINVAL);
+        }
+        if self.datagram_names.contains_key(&key) {
+            return Err(Errno::EADDRINUSE);
+        }
+        self.datagram_names.insert(key.clone(), index);
+        let socket = self.unix_datagram_mut(index)?;
+        socket.key = Some(key);
+        socket.name = Some(name);
+        Ok(())
+    }
+
+    /// The AF_UNIX datagram socket bound at `key`.
+    pub fn unix_datagram_at(&self, key: &[u8]) -> Option<usize> {
+        self.datagram_names.get(key).copied()
+    }
+
+    /// Whether a stream socket is bound at `key`.
+    pub fn stream_bound(&self, key: &[u8]) -> bool {
+        self.bound.contains_key(key)
     }
 
     pub fn unix_datagram(&self, index: usize) -> Result<&UnixDatagram, Errno> {
@@ -717,11 +774,12 @@ impl FdTable {
     }
 
     /// Creates an unconnected socket's description (socket(2)), not yet installed.
-    pub fn new_endpoint(&mut self, family: u16, flags: u32) -> Description {
+    pub fn new_endpoint(&mut self, family: u16, seqpacket: bool, flags: u32) -> Description {
         let index = free_index(
             &mut self.endpoints,
             Endpoint {
                 family,
+                seqpacket,
                 name: None,
                 key: None,
                 listening: None,
@@ -831,23 +889,25 @@ impl FdTable {
 
     /// Binds Internet datagram socket `index` to loopback UDP `port` of its family (0: an
     /// ephemeral one): the port bound, EADDRINUSE if taken. UDP ports are apart from the
-    /// stream sockets' ones, as on Linux.
+    /// stream sockets' ones, and UDP-Lite ports from UDP's, as on Linux.
     pub fn bind_datagram(&mut self, index: usize, port: u16) -> Result<u16, Errno> {
-        let ipv6 = self.inet(index)?.ipv6;
+        let socket = self.inet(index)?;
+        let (ipv6, lite) = (socket.ipv6, socket.lite);
         let port = match port {
-            0 => self.free_port(|table, p| table.datagram_ports.contains_key(&(ipv6, p)))?,
-            port if self.datagram_ports.contains_key(&(ipv6, port)) => {
+            0 => self.free_port(|table, p| table.datagram_ports.contains_key(&(ipv6, lite, p)))?,
+            port if self.datagram_ports.contains_key(&(ipv6, lite, port)) => {
                 return Err(Errno::EADDRINUSE)
             }
             port => port,
         };
-        self.datagram_ports.insert((ipv6, port), index);
+        self.datagram_ports.insert((ipv6, lite, port), index);
         Ok(port)
     }
 
-    /// The Internet datagram socket bound to loopback UDP `port` of IPv6 or IPv4.
-    pub fn datagram_receiver(&self, ipv6: bool, port: u16) -> Option<usize> {
-        self.datagram_ports.get(&(ipv6, port)).copied()
+    /// The Internet datagram socket (UDP or UDP-Lite) bound to loopback `port` of IPv6 or
+    /// IPv4.
+    pub fn datagram_receiver(&self, ipv6: bool, lite: bool, port: u16) -> Option<usize> {
+        self.datagram_ports.get(&(ipv6, lite, port)).copied()
     }
 
     /// listen(2): endpoint `index` (bound) takes connections, at most `backlog` waiting.
@@ -876,9 +936,10 @@ impl FdTable {
         })
     }
 
-    /// connect(2) of the endpoint at `fd` to listener `listener`: a socketpair whose one end
-    /// replaces the endpoint and whose other waits on the listener; `names` are the client's
-    /// (local, peer) addresses. EAGAIN when the backlog is full.
+    /// connect(2) of the endpoint at `fd` to listener `listener`: a socketpair (a datagram one
+    /// for SOCK_SEQPACKET) whose one end replaces the endpoint and whose other waits on the
+    /// listener; `names` are the client's (local, peer) addresses. EAGAIN when the backlog is
+    /// full.
     pub fn connect(
         &mut self,
         fd: u64,
@@ -894,6 +955,9 @@ impl FdTable {
         };
         if full {
             return Err(Errno::EAGAIN);
+        }
+        if self.endpoint(own)?.seqpacket {
+            return self.connect_seqpacket(fd, own, listener, names);
         }
         let (client, server) = self.new_socketpair(0);
         self.adopt_object(&client.object);
@@ -915,6 +979,36 @@ impl FdTable {
             queue.push_back(Connection {
                 object: server.object,
                 names: server_names,
+            });
+        }
+        self.release_endpoint(own);
+        self.get_mut(fd)?.object = client.object;
+        Ok(())
+    }
+
+    /// `connect` of SOCK_SEQPACKET endpoint `own` at `fd`: each end reads back its own name.
+    fn connect_seqpacket(
+        &mut self,
+        fd: u64,
+        own: usize,
+        listener: usize,
+        names: (Vec<u8>, Vec<u8>),
+    ) -> Result<(), Errno> {
+        let (client, server) = self.new_datagram_pair(0, true);
+        let named = |name: &Vec<u8>| (name.len() > 2).then(|| name.clone());
+        for (end, name) in [(&client, &names.0), (&server, &names.1)] {
+            if let Object::UnixDatagram(i) = end.object {
+                self.unix_datagram_mut(i)?.name = named(name);
+            }
+        }
+        if let Some(Some(Endpoint {
+            listening: Some((_, queue)),
+            ..
+        })) = self.endpoints.get_mut(listener)
+        {
+            queue.push_back(Connection {
+                object: server.object,
+                names: (names.1, names.0),
             });
         }
         self.release_endpoint(own);
@@ -1247,12 +1341,16 @@ impl FdTable {
                 self.datagram_ports.retain(|_, &mut bound| bound != i);
                 return;
             }
-            // Its queue goes with it; the peer learns it closed.
+            // Its queue and address go with it; the sockets sending to it learn it closed.
             Object::UnixDatagram(i) => {
-                let peer = self.unix_datagrams[i].take().and_then(|s| s.peer);
-                if let Some(peer) = peer.and_then(|p| self.unix_datagrams[p].as_mut()) {
-                    peer.peer = None;
-                    peer.peer_closed = true;
+                if let Some(key) = self.unix_datagrams[i].take().and_then(|s| s.key) {
+                    self.datagram_names.remove(&key);
+                }
+                for socket in self.unix_datagrams.iter_mut().flatten() {
+                    if socket.peer == Some(i) {
+                        socket.peer = None;
+                        socket.peer_closed = true;
+                    }
                 }
                 return;
             }
@@ -1565,6 +1663,7 @@ impl FdTable {
             inets: Vec::new(),
             unix_datagrams: Vec::new(),
             bound: Default::default(),
+            datagram_names: Default::default(),
             datagram_ports: Default::default(),
             socket_names: Default::default(),
             resets: Default::default(),

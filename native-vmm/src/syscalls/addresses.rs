@@ -5,27 +5,32 @@
 //! accept. A connection to any other address leaves the VM under the run's network policy
 //! (inet.rs); binding one is EADDRNOTAVAIL. A Unix socket bound to a path also gets a socket
 //! file there (`Vfs::make_socket`: stat, chmod and unlink see it); connections still find the
-//! socket by its name in the namespace. Internet datagram sockets are inet.rs's; AF_UNIX
-//! datagram sockets exist only as socketpairs (unix_datagram.rs), so socket(2) refuses them as
-//! it does raw sockets (ESOCKTNOSUPPORT).
+//! socket by its name in the namespace. Internet datagram sockets are inet.rs's, AF_UNIX
+//! datagram ones unix_datagram.rs's (their addresses are read here too); socket(2) refuses
+//! other types (ESOCKTNOSUPPORT).
 
 use super::files::{fd_arg, with_view};
 pub(super) use super::write_truncated;
-use super::{value, wait_ready, SysResult, UserMemory};
+use super::{unix_datagram, value, wait_ready, SysResult, UserMemory};
 use crate::errno::Errno;
+use crate::fs::FileKind;
 use crate::process::{GuestProcess, Object, O_NONBLOCK};
 
 pub(super) const AF_UNIX: u16 = 1;
+const AF_UNSPEC: u16 = 0;
 pub(super) use super::inet::{AF_INET, AF_INET6};
 const SOCK_STREAM: u64 = 1;
 const SOCK_DGRAM: u64 = 2;
+const SOCK_SEQPACKET: u64 = 5;
 const IPPROTO_UDP: u64 = 17;
+const IPPROTO_UDPLITE: u64 = 136;
 const SOCK_TYPE_MASK: u64 = 0xf;
 const SOCK_NONBLOCK: u64 = 0o4000;
 const SOCK_CLOEXEC: u64 = 0o2000000;
 const IPPROTO_TCP: u64 = 6;
 const EPROTONOSUPPORT: Errno = Errno(93);
 const ESOCKTNOSUPPORT: Errno = Errno(94);
+const EPROTOTYPE: Errno = Errno(91);
 /// sun_path's size.
 const UNIX_PATH_MAX: usize = 108;
 /// listen(2) backlogs are capped at Linux's default somaxconn.
@@ -45,34 +50,40 @@ pub(crate) fn socket(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]
     if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }
-    if kind & SOCK_TYPE_MASK == SOCK_DGRAM && family != AF_UNIX {
-        if protocol != 0 && protocol != IPPROTO_UDP {
+    let (nonblocking, cloexec) = (kind & SOCK_NONBLOCK != 0, kind & SOCK_CLOEXEC != 0);
+    if kind & SOCK_TYPE_MASK == SOCK_DGRAM && family == AF_UNIX {
+        if protocol != 0 && protocol != u64::from(AF_UNIX) {
             return Err(EPROTONOSUPPORT);
         }
-        let (nonblocking, cloexec) = (kind & SOCK_NONBLOCK != 0, kind & SOCK_CLOEXEC != 0);
-        return super::inet::open_datagram(proc, family, nonblocking, cloexec);
+        return unix_datagram::open(proc, nonblocking, cloexec);
     }
-    if kind & SOCK_TYPE_MASK != SOCK_STREAM {
+    if kind & SOCK_TYPE_MASK == SOCK_DGRAM {
+        if protocol != 0 && protocol != IPPROTO_UDP && protocol != IPPROTO_UDPLITE {
+            return Err(EPROTONOSUPPORT);
+        }
+        let lite = protocol == IPPROTO_UDPLITE;
+        return super::inet::open_datagram(proc, family, lite, nonblocking, cloexec);
+    }
+    let seqpacket = family == AF_UNIX && kind & SOCK_TYPE_MASK == SOCK_SEQPACKET;
+    if kind & SOCK_TYPE_MASK != SOCK_STREAM && !seqpacket {
         return Err(ESOCKTNOSUPPORT);
     }
     let protocol_ok = protocol == 0 || (family != AF_UNIX && protocol == IPPROTO_TCP);
     if !protocol_ok {
         return Err(EPROTONOSUPPORT);
     }
-    let flags = if kind & SOCK_NONBLOCK != 0 {
-        O_NONBLOCK
-    } else {
-        0
-    };
-    let description = proc.fds.new_endpoint(family, flags);
-    value(proc.fds.install(description, 0, kind & SOCK_CLOEXEC != 0)?)
+    let flags = if nonblocking { O_NONBLOCK } else { 0 };
+    let description = proc.fds.new_endpoint(family, seqpacket, flags);
+    value(proc.fds.install(description, 0, cloexec)?)
 }
 
-/// The unconnected socket at `fd`: (endpoint index, family); `if_connected` for a connected one.
+/// The unconnected socket at `fd`: (endpoint index, family); `if_connected` for a connected
+/// one; EOPNOTSUPP for a datagram socket (it never listens).
 fn endpoint(proc: &GuestProcess, fd: u64, if_connected: Errno) -> Result<(usize, u16), Errno> {
     match proc.fds.get(fd_arg(fd))?.object {
         Object::Endpoint(i) => Ok((i, proc.fds.endpoint(i)?.family)),
         Object::Socket { .. } | Object::Inet(_) => Err(if_connected),
+        Object::UnixDatagram(_) => Err(Errno::EOPNOTSUPP),
         _ => Err(Errno::ENOTSOCK),
     }
 }
@@ -160,9 +171,14 @@ fn address_of(proc: &GuestProcess, family: u16, raw: &[u8]) -> Result<Address, E
                 let dir = proc.config.vfs.resolve(proc.cwd, dir, true)?;
                 [proc.config.vfs.path_of(dir)?, b"/".to_vec(), name.to_vec()].concat()
             };
+            // A path's name reads back up to its NUL, which Linux adds; an abstract one whole.
+            let name = match unix_path(AF_UNIX, raw) {
+                Some(path) => [&raw[..2], path, &[0]].concat(),
+                None => raw.to_vec(),
+            };
             Ok(Address {
                 key: [b"u".as_slice(), &key].concat(),
-                name: raw.to_vec(),
+                name,
                 port: None,
             })
         }
@@ -187,6 +203,28 @@ fn address_of(proc: &GuestProcess, family: u16, raw: &[u8]) -> Result<Address, E
             })
         }
     }
+}
+
+/// The AF_UNIX address a sockaddr names: (namespace key, name as it reads back).
+fn unix_address(proc: &GuestProcess, raw: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Errno> {
+    let address = address_of(proc, AF_UNIX, raw)?;
+    Ok((address.key, address.name))
+}
+
+/// The address bind takes for the sockaddr `raw`: for a Unix one of the family alone an
+/// abstract name of five hex digits nobody holds (unix(7)'s autobind), else `raw` itself.
+fn autobind(proc: &GuestProcess, raw: Vec<u8>) -> Result<Vec<u8>, Errno> {
+    if raw != AF_UNIX.to_le_bytes() {
+        return Ok(raw);
+    }
+    for n in 0..0x10_0000u32 {
+        let name = [&raw[..], b"\0", format!("{n:05x}").as_bytes()].concat();
+        let (key, _) = unix_address(proc, &name)?;
+        if !proc.fds.stream_bound(&key) && proc.fds.unix_datagram_at(&key).is_none() {
+            return Ok(name);
+        }
+    }
+    Err(Errno::EADDRINUSE)
 }
 
 /// Binds endpoint `index` of `family` to `address`, an ephemeral port for port 0.
@@ -216,8 +254,15 @@ pub(crate) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     if super::inet::index_of(proc, fd_arg(args[0])).is_some() {
         return super::inet::bind(proc, user, args);
     }
+    let raw = autobind(proc, read_sockaddr(user, args[1], args[2])?)?;
+    if let Some((index, _)) = unix_datagram::index_of(proc, fd_arg(args[0])) {
+        let (key, name) = datagram_address(proc, &raw)?;
+        bind_named(proc, &name.clone(), |proc| {
+            proc.fds.bind_unix_datagram(index, key, name)
+        })?;
+        return value(0);
+    }
     let (index, family) = endpoint(proc, args[0], Errno::EINVAL)?;
-    let raw = read_sockaddr(user, args[1], args[2])?;
     let address = address_of(proc, family, &raw).map_err(|e| {
         if e == Errno::ENETUNREACH {
             Errno::EADDRNOTAVAIL
@@ -225,19 +270,74 @@ pub(crate) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
             e
         }
     })?;
-    let path = unix_path(family, &address.name).map(<[u8]>::to_vec);
-    if let Some(path) = &path {
+    let name = address.name.clone();
+    bind_named(proc, &name, |proc| {
+        bind_address(proc, index, family, address)
+    })?;
+    value(0)
+}
+
+/// An AF_UNIX address a datagram call passed: (namespace key, name). Another family is
+/// EINVAL, as Linux's check of a Unix address answers.
+fn datagram_address(proc: &GuestProcess, raw: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Errno> {
+    unix_address(proc, raw).map_err(|e| {
+        if e == Errno::EAFNOSUPPORT {
+            Errno::EINVAL
+        } else {
+            e
+        }
+    })
+}
+
+/// The AF_UNIX datagram socket the address `raw` names. A path naming no file is ENOENT; one
+/// naming a file no datagram socket is bound at is ECONNREFUSED (EPROTOTYPE when a stream
+/// socket is), and so is an abstract name nobody is bound at, as on Linux.
+fn datagram_socket_at(proc: &GuestProcess, raw: &[u8]) -> Result<usize, Errno> {
+    let (key, name) = datagram_address(proc, raw)?;
+    if let Some(path) = unix_path(AF_UNIX, &name) {
+        let vfs = &proc.config.vfs;
+        if vfs.kind(vfs.resolve(proc.cwd, path, true)?)? != FileKind::Socket {
+            return Err(Errno::ECONNREFUSED);
+        }
+        if proc.fds.stream_bound(&key) {
+            return Err(EPROTOTYPE);
+        }
+    }
+    proc.fds.unix_datagram_at(&key).ok_or(Errno::ECONNREFUSED)
+}
+
+/// The AF_UNIX datagram socket a send names at `addr` (`len` bytes of sockaddr).
+pub(super) fn datagram_destination(
+    proc: &GuestProcess,
+    user: &UserMemory,
+    addr: u64,
+    len: u64,
+) -> Result<usize, Errno> {
+    datagram_socket_at(proc, &read_sockaddr(user, addr, len)?)
+}
+
+/// Binds a socket to `name` with `bind`; a Unix path gets its socket file first, which goes
+/// again when `bind` fails.
+fn bind_named(
+    proc: &mut GuestProcess,
+    name: &[u8],
+    bind: impl FnOnce(&mut GuestProcess) -> Result<(), Errno>,
+) -> Result<(), Errno> {
+    let [a, b, ..] = *name else {
+        return Err(Errno::EINVAL);
+    };
+    let path = unix_path(u16::from_le_bytes([a, b]), name);
+    if let Some(path) = path {
         make_socket_file(proc, path)?;
     }
-    if let Err(e) = bind_address(proc, index, family, address) {
-        if let Some(path) = &path {
+    if let Err(e) = bind(proc) {
+        if let Some(path) = path {
             let cwd = proc.cwd;
-            // The file just made goes with the failed bind.
             let _ = with_view(proc, |vfs, view| vfs.unlink(view, cwd, path));
         }
         return Err(e);
     }
-    value(0)
+    Ok(())
 }
 
 /// The path of a Unix address that names one (not an abstract name).
@@ -288,6 +388,14 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     if super::inet::index_of(proc, fd_arg(args[0])).is_some() {
         return super::inet::connect(proc, user, args);
     }
+    if let Some((index, _)) = unix_datagram::index_of(proc, fd_arg(args[0])) {
+        let raw = read_sockaddr(user, args[1], args[2])?;
+        let peer = match u16::from_le_bytes([raw[0], raw[1]]) {
+            AF_UNSPEC => None,
+            _ => Some(datagram_socket_at(proc, &raw)?),
+        };
+        return unix_datagram::connect(proc, index, peer);
+    }
     let (index, family) = endpoint(proc, args[0], Errno::EISCONN)?;
     let raw = read_sockaddr(user, args[1], args[2])?;
     let address = match address_of(proc, family, &raw) {
@@ -297,14 +405,26 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         }
         other => other?,
     };
-    let Some(listener) = proc.fds.listener(&address.key) else {
-        let abstract_name = address.key.get(1) == Some(&0);
-        return Err(if family == AF_UNIX && !abstract_name {
-            Errno::ENOENT
-        } else {
+    let abstract_name = address.key.get(1) == Some(&0);
+    let seqpacket = proc.fds.endpoint(index)?.seqpacket;
+    // A listener of the other type: abstract names are apart per type, paths are shared.
+    let listener = proc.fds.listener(&address.key).filter(|&l| {
+        proc.fds
+            .endpoint(l)
+            .is_ok_and(|e| e.seqpacket == seqpacket || !abstract_name)
+    });
+    let Some(listener) = listener else {
+        return Err(if family != AF_UNIX || abstract_name {
             Errno::ECONNREFUSED
+        } else if proc.fds.unix_datagram_at(&address.key).is_some() {
+            EPROTOTYPE
+        } else {
+            Errno::ENOENT
         });
     };
+    if proc.fds.endpoint(listener)?.seqpacket != seqpacket {
+        return Err(EPROTOTYPE);
+    }
     let local = match (family, proc.fds.endpoint(index)?.name.clone()) {
         (_, Some(name)) => name,
         (AF_UNIX, None) => AF_UNIX.to_le_bytes().to_vec(),
@@ -330,13 +450,11 @@ pub(crate) fn accept4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let desc = proc.fds.get(fd_arg(fd))?;
     let nonblocking = desc.nonblocking();
     let Object::Endpoint(index) = desc.object else {
-        return Err(
-            if matches!(desc.object, Object::Socket { .. } | Object::Inet(_)) {
-                Errno::EINVAL
-            } else {
-                Errno::ENOTSOCK
-            },
-        );
+        return Err(match desc.object {
+            Object::Socket { .. } | Object::Inet(_) => Errno::EINVAL,
+            Object::UnixDatagram(_) => Errno::EOPNOTSUPP,
+            _ => Errno::ENOTSOCK,
+        });
     };
     let status = if flags & SOCK_NONBLOCK != 0 {
         O_NONBLOCK

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::loopback;
 use super::{
-    fd_arg, nonblocking_call, scatter, value, wait_ready_on, write_truncated, SysResult,
+    fd_arg, nonblocking_call, scatter, value, wait_ready_on, write_source_name, SysResult,
     SyscallOutcome, UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
@@ -126,10 +126,12 @@ fn for_host(addr: SocketAddr, ipv6: bool) -> SocketAddr {
 pub(super) fn open_datagram(
     proc: &mut GuestProcess,
     family: u16,
+    lite: bool,
     nonblocking: bool,
     cloexec: bool,
 ) -> SysResult {
-    let socket = InetSocket::new(family == AF_INET6, false);
+    let mut socket = InetSocket::new(family == AF_INET6, false);
+    socket.lite = lite;
     let flags = if nonblocking { O_NONBLOCK } else { 0 };
     let description = proc.fds.new_inet(socket, flags);
     value(proc.fds.install(description, 0, cloexec)?)
@@ -150,6 +152,15 @@ pub(super) fn index_of(proc: &GuestProcess, fd: u64) -> Option<usize> {
         Object::Inet(i) => Some(i),
         _ => None,
     }
+}
+
+/// Whether datagram socket `index` may reach `dest` outside the VM: UDP-Lite never
+/// (ENETUNREACH: the host carries only UDP), UDP when the policy allows it.
+fn outside(proc: &mut GuestProcess, index: usize, dest: SocketAddr) -> Result<(), Errno> {
+    if proc.fds.inet(index)?.lite {
+        return Err(Errno::ENETUNREACH);
+    }
+    allowed(proc, dest)
 }
 
 /// Whether the policy allows `dest` (a refusal is counted): EACCES when it does not.
@@ -253,7 +264,7 @@ pub(super) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
             loopback::connect(proc, index, dest)?;
             return value(0);
         }
-        allowed(proc, dest)?;
+        outside(proc, index, dest)?;
     }
     proc.fds.inet_mut(index)?.peer = Some(dest);
     value(0)
@@ -573,7 +584,7 @@ fn send_datagram(
         }
         return value(loopback::send(proc, index, data, dest, connected)? as u64);
     }
-    allowed(proc, dest)?;
+    outside(proc, index, dest)?;
     if data.len() as u64 > proc.net.bytes_left() {
         return Ok(network_limit(proc));
     }
@@ -817,6 +828,8 @@ pub(super) fn option(
         (SOL_SOCKET, 38) => {
             if stream {
                 6
+            } else if socket.lite {
+                136
             } else {
                 17
             }
@@ -907,17 +920,8 @@ fn write_source(
     (addr, len_addr): (u64, u64),
     received: &Received,
 ) -> Result<(), Errno> {
-    if addr == 0 || len_addr == 0 {
-        return Ok(());
-    }
-    match received.from {
-        Some(from) => {
-            let name = address_bytes(from, received.ipv6);
-            write_truncated(user, addr, len_addr, &name)?;
-        }
-        None => user.write_u32(len_addr, 0)?,
-    }
-    Ok(())
+    let name = received.from.map(|from| address_bytes(from, received.ipv6));
+    write_source_name(user, (addr, len_addr), name.as_deref())
 }
 
 /// One receive from socket `index` written over `iovecs` in order (checked first: guest

@@ -98,12 +98,16 @@ pub(super) fn send(
     connected: bool,
 ) -> Result<usize, Errno> {
     let from = source(proc, index)?;
-    let ipv6 = proc.fds.inet(index)?.ipv6;
-    let receiver = proc.fds.datagram_receiver(ipv6, dest.port()).filter(|&to| {
-        proc.fds
-            .inet(to)
-            .is_ok_and(|s| s.bound.is_some_and(|b| takes(b, s.peer, dest, from)))
-    });
+    let socket = proc.fds.inet(index)?;
+    let (ipv6, lite) = (socket.ipv6, socket.lite);
+    let receiver = proc
+        .fds
+        .datagram_receiver(ipv6, lite, dest.port())
+        .filter(|&to| {
+            proc.fds
+                .inet(to)
+                .is_ok_and(|s| s.bound.is_some_and(|b| takes(b, s.peer, dest, from)))
+        });
     match receiver {
         // A full queue drops it, as Linux does past the receive buffer.
         Some(to) => {

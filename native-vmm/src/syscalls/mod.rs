@@ -122,6 +122,25 @@ pub(crate) fn write_truncated(
     value(0)
 }
 
+/// Writes a received message's source address (None: an unnamed sender, length 0) to a
+/// sockaddr buffer and its length, when the caller gave both.
+pub(crate) fn write_source_name(
+    user: &UserMemory,
+    (addr, len_addr): (u64, u64),
+    name: Option<&[u8]>,
+) -> Result<(), Errno> {
+    if addr == 0 || len_addr == 0 {
+        return Ok(());
+    }
+    match name {
+        Some(name) => {
+            write_truncated(user, addr, len_addr, name)?;
+        }
+        None => user.write_u32(len_addr, 0)?,
+    }
+    Ok(())
+}
+
 /// The bytes `iovecs` hold together (saturating: the lengths are the guest's).
 pub(crate) fn iovec_total(iovecs: &[(u64, u64)]) -> u64 {
     iovecs

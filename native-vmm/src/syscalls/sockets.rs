@@ -8,17 +8,17 @@
 //! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data:
 //! SCM_RIGHTS passes file descriptions between the processes of the tree (and within one), as
 //! Linux does; credentials (SCM_CREDENTIALS) are EOPNOTSUPP.
-//! Internet sockets whose traffic leaves the VM are inet.rs's, AF_UNIX datagram socketpairs
+//! Internet sockets whose traffic leaves the VM are inet.rs's, AF_UNIX datagram sockets
 //! unix_datagram.rs's: each call here hands them over.
 
-use super::addresses::{endpoint_name, write_truncated, AF_INET, AF_INET6};
+use super::addresses::{datagram_destination, endpoint_name, write_truncated, AF_INET, AF_INET6};
 use super::files::{
     fd_arg, read_channel, transfer_each, write_channel, write_channel_passing, MAX_IO,
 };
 use super::unix_datagram::{self, received_length};
 use super::{
-    inet, iovec_total, nonblocking_call, scatter, value, wait_ready, SysResult, SyscallOutcome,
-    UserMemory, MSG_PEEK,
+    inet, iovec_total, nonblocking_call, scatter, value, wait_ready, write_source_name, SysResult,
+    SyscallOutcome, UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
 use crate::process::{
@@ -28,6 +28,7 @@ use crate::process::{
 const AF_UNIX: u64 = 1;
 const SOCK_STREAM: u64 = 1;
 const SOCK_DGRAM: u64 = 2;
+const SOCK_SEQPACKET: u64 = 5;
 const SOCK_TYPE_MASK: u64 = 0xf;
 const SOCK_NONBLOCK: u64 = 0o4000;
 const SOCK_CLOEXEC: u64 = 0o2000000;
@@ -49,6 +50,7 @@ const SO_DOMAIN: u64 = 39;
 
 const ENOPROTOOPT: Errno = Errno(92);
 const EPROTONOSUPPORT: Errno = Errno(93);
+const ESOCKTNOSUPPORT: Errno = Errno(94);
 const EISCONN: Errno = Errno::EISCONN;
 const IPPROTO_TCP: u64 = 6;
 const IPPROTO_IPV6: u64 = 41;
@@ -92,8 +94,9 @@ fn any_socket(proc: &GuestProcess, fd: u64) -> Result<(u16, bool), Errno> {
     }
 }
 
-/// socketpair(domain, type, protocol, sv): AF_UNIX SOCK_STREAM and SOCK_DGRAM (with
-/// SOCK_NONBLOCK and SOCK_CLOEXEC); other types are EOPNOTSUPP, other families EOPNOTSUPP too.
+/// socketpair(domain, type, protocol, sv): AF_UNIX SOCK_STREAM, SOCK_DGRAM and SOCK_SEQPACKET
+/// (with SOCK_NONBLOCK and SOCK_CLOEXEC); other types are ESOCKTNOSUPPORT, other families
+/// EOPNOTSUPP, as on Linux.
 pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [domain, kind, protocol, sv, ..] = args;
     let (domain, kind, protocol) = (
@@ -104,9 +107,13 @@ pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     if kind & !(SOCK_TYPE_MASK | SOCK_NONBLOCK | SOCK_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }
-    let datagram = kind & SOCK_TYPE_MASK == SOCK_DGRAM;
-    if domain != AF_UNIX || !(datagram || kind & SOCK_TYPE_MASK == SOCK_STREAM) {
+    let seqpacket = kind & SOCK_TYPE_MASK == SOCK_SEQPACKET;
+    let datagram = seqpacket || kind & SOCK_TYPE_MASK == SOCK_DGRAM;
+    if domain != AF_UNIX {
         return Err(Errno::EOPNOTSUPP);
+    }
+    if !(datagram || kind & SOCK_TYPE_MASK == SOCK_STREAM) {
+        return Err(ESOCKTNOSUPPORT);
     }
     if protocol != 0 && protocol != AF_UNIX {
         return Err(EPROTONOSUPPORT);
@@ -119,7 +126,7 @@ pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         0
     };
     let (a, b) = if datagram {
-        proc.fds.new_datagram_pair(nonblock)
+        proc.fds.new_datagram_pair(nonblock, seqpacket)
     } else {
         proc.fds.new_socketpair(nonblock)
     };
@@ -141,13 +148,12 @@ pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     if inet::index_of(proc, fd_arg(args[0])).is_some() {
         return inet::sendto(proc, user, args);
     }
-    let [fd, buf, len, flags, _, addrlen] = args;
+    let [fd, buf, len, flags, addr, addrlen] = args;
     if let Some((index, nonblocking)) = unix_datagram::index_of(proc, fd_arg(fd)) {
         let nonblocking = nonblocking_call(flags, nonblocking)?;
-        if addrlen as u32 != 0 {
-            return Err(Errno::ECONNREFUSED);
-        }
-        return unix_datagram::send(proc, user, index, &[(buf, len)], nonblocking);
+        let iovecs = [(buf, len)];
+        let dest = (addr != 0 && addrlen as u32 != 0).then_some((addr, addrlen));
+        return send_datagram(proc, user, index, &iovecs, dest, nonblocking);
     }
     let (_, tx, nonblocking) = socket(proc, fd)?;
     if addrlen as u32 != 0 {
@@ -156,6 +162,26 @@ pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     let tx = tx.ok_or(Errno::EPIPE)?;
     write_channel(proc, user, tx, buf, len, nonblocking)
+}
+
+/// Sends the bytes of `iovecs` as one datagram from AF_UNIX datagram socket `index` to the
+/// socket at `dest` (a sockaddr's address and length), or to its peer without one; a
+/// SOCK_SEQPACKET one ignores the address, as Linux does.
+fn send_datagram(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    index: usize,
+    iovecs: &[(u64, u64)],
+    dest: Option<(u64, u64)>,
+    nonblocking: bool,
+) -> SysResult {
+    match dest {
+        Some((addr, len)) if !proc.fds.unix_datagram(index)?.seqpacket => {
+            let to = datagram_destination(proc, user, addr, len)?;
+            unix_datagram::send_to(proc, user, index, iovecs, to, nonblocking)
+        }
+        _ => unix_datagram::send(proc, user, index, iovecs, nonblocking),
+    }
 }
 
 /// recvfrom(fd, buf, len, flags, src_addr, addrlen): MSG_PEEK leaves the bytes queued; the
@@ -170,11 +196,10 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
         let nonblocking = nonblocking_call(flags, nonblocking)?;
         let iovecs = [(buf, len)];
         return match unix_datagram::receive(proc, user, index, &iovecs, flags, nonblocking)? {
-            Ok((full, _)) => {
-                if src != 0 && addrlen != 0 {
-                    user.write_u32(addrlen, 0)?;
-                }
-                value(received_length(flags, full, &iovecs))
+            Ok(received) => {
+                let from = Some(received.from.as_slice()).filter(|n| !n.is_empty());
+                write_source_name(user, (src, addrlen), from)?;
+                value(received_length(flags, received.full, &iovecs))
             }
             Err(outcome) => outcome,
         };
@@ -202,26 +227,25 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     }
 }
 
-/// What sendmsg and recvmsg read of a `struct msghdr`. A destination name to send to is
-/// EISCONN (these sockets are connected); a buffer for a received one is told it got none.
+/// What sendmsg and recvmsg read of a `struct msghdr`: the name buffer (address 0 or length
+/// 0: none), the iovecs and the control buffer.
 struct MessageHeader {
+    name: Option<(u64, u32)>,
     iovecs: Vec<(u64, u64)>,
     control: u64,
     controllen: u64,
 }
 
-fn read_msghdr(user: &UserMemory, msg: u64, sending: bool) -> Result<MessageHeader, Errno> {
-    let namelen = user.read_u32(msg + 8)?;
+fn read_msghdr(user: &UserMemory, msg: u64) -> Result<MessageHeader, Errno> {
+    let (name, namelen) = (user.read_u64(msg)?, user.read_u32(msg + 8)?);
     let (iov, iovlen, control, controllen) = (
         user.read_u64(msg + 16)?,
         user.read_u64(msg + 24)?,
         user.read_u64(msg + 32)?,
         user.read_u64(msg + 40)?,
     );
-    if sending && namelen != 0 && user.read_u64(msg)? != 0 {
-        return Err(EISCONN);
-    }
     Ok(MessageHeader {
+        name: (name != 0 && namelen != 0).then_some((name, namelen)),
         iovecs: user.read_iovecs(iov, iovlen)?,
         control,
         controllen,
@@ -304,21 +328,20 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let [fd, msg, flags, ..] = args;
     if let Some((index, nonblocking)) = unix_datagram::index_of(proc, fd_arg(fd)) {
         let nonblocking = nonblocking_call(flags, nonblocking)?;
-        let header = read_msghdr(user, msg, true).map_err(|e| {
-            if e == EISCONN {
-                Errno::ECONNREFUSED
-            } else {
-                e
-            }
-        })?;
+        let header = read_msghdr(user, msg)?;
         if !passed_fds(proc, user, header.control, header.controllen)?.is_empty() {
             return Err(Errno::EOPNOTSUPP);
         }
-        return unix_datagram::send(proc, user, index, &header.iovecs, nonblocking);
+        let dest = header.name.map(|(addr, len)| (addr, u64::from(len)));
+        return send_datagram(proc, user, index, &header.iovecs, dest, nonblocking);
     }
     let (_, tx, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
-    let header = read_msghdr(user, msg, true)?;
+    let header = read_msghdr(user, msg)?;
+    // A connected stream socket takes no destination.
+    if header.name.is_some() {
+        return Err(EISCONN);
+    }
     let mut fds = passed_fds(proc, user, header.control, header.controllen)?;
     let tx = tx.ok_or(Errno::EPIPE)?;
     transfer_each(&header.iovecs, |base, len| {
@@ -343,19 +366,24 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let [fd, msg, flags, ..] = args;
     if let Some((index, nonblocking)) = unix_datagram::index_of(proc, fd_arg(fd)) {
         let nonblocking = nonblocking_call(flags, nonblocking)?;
-        let header = read_msghdr(user, msg, false)?;
+        let header = read_msghdr(user, msg)?;
         let iovecs = &header.iovecs;
         return match unix_datagram::receive(proc, user, index, iovecs, flags, nonblocking)? {
-            Ok((full, cut)) => {
-                user.write_u32(msg + 8, 0)?;
+            Ok(received) => {
+                let from = Some(received.from.as_slice()).filter(|n| !n.is_empty());
+                let name = header.name.map_or(0, |(addr, _)| addr);
+                write_source_name(user, (name, msg + 8), from)?;
+                if name == 0 {
+                    user.write_u32(msg + 8, 0)?;
+                }
                 user.write_u64(msg + 40, 0)?;
-                let msg_flags = if cut {
+                let msg_flags = if received.cut {
                     unix_datagram::MSG_TRUNC as u32
                 } else {
                     0
                 };
                 user.write_u32(msg + 48, msg_flags)?;
-                value(received_length(flags, full, iovecs))
+                value(received_length(flags, received.full, iovecs))
             }
             Err(outcome) => outcome,
         };
@@ -365,7 +393,7 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     if flags & MSG_PEEK != 0 {
         return Err(Errno::EOPNOTSUPP);
     }
-    let header = read_msghdr(user, msg, false)?;
+    let header = read_msghdr(user, msg)?;
     // Guest memory must take what arrives before anything is taken off the channel.
     for &(base, len) in &header.iovecs {
         user.check(base, len.min(MAX_IO))?;
@@ -440,10 +468,18 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         return write_truncated(user, optval, optlen, &answer);
     }
     let answer: u32 = match (u64::from(level as u32), u64::from(name as u32)) {
-        (SOL_SOCKET, SO_TYPE) => match proc.fds.get(fd_arg(fd))?.object {
-            Object::UnixDatagram(_) => SOCK_DGRAM as u32,
-            _ => SOCK_STREAM as u32,
-        },
+        (SOL_SOCKET, SO_TYPE) => {
+            let seqpacket = match proc.fds.get(fd_arg(fd))?.object {
+                Object::UnixDatagram(i) => Some(proc.fds.unix_datagram(i)?.seqpacket),
+                Object::Endpoint(i) => proc.fds.endpoint(i)?.seqpacket.then_some(true),
+                _ => None,
+            };
+            match seqpacket {
+                Some(true) => SOCK_SEQPACKET as u32,
+                Some(false) => SOCK_DGRAM as u32,
+                None => SOCK_STREAM as u32,
+            }
+        }
         (SOL_SOCKET, SO_DOMAIN) => u32::from(family),
         (SOL_SOCKET, SO_SNDBUF | SO_RCVBUF) => PIPE_CAPACITY as u32,
         (SOL_SOCKET, SO_ACCEPTCONN) => u32::from(listening),
@@ -515,7 +551,12 @@ pub(crate) fn getsockname(proc: &mut GuestProcess, user: &UserMemory, args: [u64
             .map_or(UNNAMED_ADDRESS.to_vec(), |(local, _)| local.clone()),
         Object::Endpoint(i) => endpoint_name(proc, i)?,
         Object::Inet(i) => inet::local_name(proc, i)?,
-        Object::UnixDatagram(_) => UNNAMED_ADDRESS.to_vec(),
+        Object::UnixDatagram(i) => proc
+            .fds
+            .unix_datagram(i)?
+            .name
+            .clone()
+            .unwrap_or(UNNAMED_ADDRESS.to_vec()),
         _ => return Err(Errno::ENOTSOCK),
     };
     write_truncated(user, args[1], args[2], &name)
@@ -532,10 +573,14 @@ pub(crate) fn getpeername(proc: &mut GuestProcess, user: &UserMemory, args: [u64
             .map_or(UNNAMED_ADDRESS.to_vec(), |(_, peer)| peer.clone()),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
         Object::Inet(i) => inet::peer_name(proc, i)?,
-        Object::UnixDatagram(i) if proc.fds.unix_datagram(i)?.peer.is_some() => {
-            UNNAMED_ADDRESS.to_vec()
+        Object::UnixDatagram(i) => {
+            let peer = proc.fds.unix_datagram(i)?.peer.ok_or(Errno::ENOTCONN)?;
+            proc.fds
+                .unix_datagram(peer)?
+                .name
+                .clone()
+                .unwrap_or(UNNAMED_ADDRESS.to_vec())
         }
-        Object::UnixDatagram(_) => return Err(Errno::ENOTCONN),
         _ => return Err(Errno::ENOTSOCK),
     };
     write_truncated(user, args[1], args[2], &name)

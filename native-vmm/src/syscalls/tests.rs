@@ -1111,6 +1111,16 @@ impl Guest {
         )
     }
 
+    /// Writes a `sockaddr_un` for `path` at `addr` (a leading NUL: an abstract name); its
+    /// length as a program passes it.
+    fn unix_address(&mut self, addr: u64, path: &str) -> u64 {
+        self.mem
+            .write(addr, &(AF_UNIX as u16).to_le_bytes())
+            .unwrap();
+        self.mem.write(addr + 2, path.as_bytes()).unwrap();
+        2 + path.len() as u64
+    }
+
     fn epoll_add(&mut self, epfd: u64, fd: u64, events: u32, data: u64) -> i64 {
         self.mem.write_u32(SCRATCH + 0x900, events).unwrap();
         self.mem.write_u64(SCRATCH + 0x904, data).unwrap();
@@ -1135,15 +1145,15 @@ impl Guest {
 #[test]
 fn socketpair_is_a_bidirectional_bounded_channel() {
     let mut g = guest();
-    // Only AF_UNIX stream and datagram pairs; socket(2) makes no Unix datagram sockets.
+    // Only AF_UNIX stream and datagram pairs.
     assert_eq!(
         g.ret(SOCKETPAIR, &[2, SOCK_STREAM, 0, SCRATCH]),
         err(Errno::EOPNOTSUPP)
     );
     assert_eq!(
-        g.ret(SOCKETPAIR, &[AF_UNIX, 5, 0, SCRATCH]),
-        err(Errno::EOPNOTSUPP),
-        "SOCK_SEQPACKET"
+        g.ret(SOCKETPAIR, &[AF_UNIX, 3, 0, SCRATCH]),
+        -94,
+        "SOCK_RAW"
     );
     assert_eq!(
         g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM | 0x100, 0, SCRATCH]),
@@ -1153,7 +1163,7 @@ fn socketpair_is_a_bidirectional_bounded_channel() {
         g.ret(SOCKETPAIR, &[AF_UNIX, SOCK_STREAM, 0, 0x1000]),
         err(Errno::EFAULT)
     );
-    assert_eq!(g.ret(SOCKET, &[AF_UNIX, 2, 0]), -94, "ESOCKTNOSUPPORT");
+    assert_eq!(g.ret(SOCKET, &[AF_UNIX, 3, 0]), -94, "ESOCKTNOSUPPORT");
     let (a, b) = g.socketpair(O_CLOEXEC);
     assert_eq!((a, b), (3, 4));
     assert_eq!(g.write_bytes(a, b"ping"), 4);
@@ -1408,10 +1418,11 @@ fn datagram_socketpairs_keep_boundaries_and_report_a_closed_peer() {
     assert!(sent > 100);
     assert_eq!(g.read_bytes(b, 2000).unwrap().len(), 1000);
     assert_eq!(g.ret(SENDTO, &[a, BUF, 1000, 0, 0, 0]), 1000);
-    // A send to an address has nobody to go to.
+    // A send to an address nobody is bound at.
+    let missing = g.unix_address(SCRATCH, "/tmp/missing.sock");
     assert_eq!(
-        g.ret(SENDTO, &[a, BUF, 1, 0, SCRATCH, 110]),
-        err(Errno::ECONNREFUSED)
+        g.ret(SENDTO, &[a, BUF, 1, 0, SCRATCH, missing]),
+        err(Errno::ENOENT)
     );
     // The peer closes: its queue goes, the next send is refused, later ones not connected.
     assert_eq!(g.ret(CLOSE, &[b]), 0);
@@ -1424,6 +1435,132 @@ fn datagram_socketpairs_keep_boundaries_and_report_a_closed_peer() {
     // A blocking receive waits for readiness.
     let (c, _d) = g.socketpair_of(SOCK_DGRAM);
     assert_eq!(ready_wait(g.call(READ, &[c, BUF, 10])), None);
+}
+
+#[test]
+fn unix_datagram_sockets_bind_and_send_by_address() {
+    const SOCK_DGRAM: u64 = 2;
+    const CONNECT: u64 = 42;
+    const GETPEERNAME: u64 = 52;
+    const LISTEN: u64 = 50;
+    let mut g = guest();
+    let server = g.ret(SOCKET, &[AF_UNIX, SOCK_DGRAM | O_NONBLOCK, 0]) as u64;
+    let client = g.ret(SOCKET, &[AF_UNIX, SOCK_DGRAM | O_NONBLOCK, 0]) as u64;
+    let (at, client_at) = (SCRATCH, SCRATCH + 0x100);
+    let len = g.unix_address(at, "/tmp/server.sock");
+    let client_len = g.unix_address(client_at, "/tmp/client.sock");
+    // Nobody bound yet: no file is ENOENT; a file with no datagram socket ECONNREFUSED.
+    assert_eq!(
+        g.ret(SENDTO, &[client, BUF, 1, 0, at, len]),
+        err(Errno::ENOENT)
+    );
+    assert_eq!(g.ret(BIND, &[server, at, len]), 0);
+    assert_eq!(g.ret(BIND, &[client, at, len]), err(Errno::EADDRINUSE));
+    assert_eq!(
+        g.ret(BIND, &[server, client_at, client_len]),
+        err(Errno::EINVAL)
+    );
+    assert_eq!(g.ret(LISTEN, &[server, 1]), err(Errno::EOPNOTSUPP));
+    // An unbound sender is unnamed: the source length is 0.
+    g.mem.write(BUF, b"hi").unwrap();
+    assert_eq!(g.ret(SENDTO, &[client, BUF, 2, 0, at, len]), 2);
+    g.mem.write_u32(SCRATCH + 0x300, 110).unwrap();
+    let (from, from_len) = (SCRATCH + 0x200, SCRATCH + 0x300);
+    assert_eq!(g.ret(RECVFROM, &[server, BUF, 10, 0, from, from_len]), 2);
+    assert_eq!(g.mem.read_u32(from_len).unwrap(), 0);
+    // A bound sender's path comes back, ended by its NUL as Linux gives it.
+    assert_eq!(g.ret(BIND, &[client, client_at, client_len]), 0);
+    assert_eq!(g.ret(SENDTO, &[client, BUF, 2, 0, at, len]), 2);
+    g.mem.write_u32(from_len, 110).unwrap();
+    assert_eq!(g.ret(RECVFROM, &[server, BUF, 10, 0, from, from_len]), 2);
+    assert_eq!(u64::from(g.mem.read_u32(from_len).unwrap()), client_len + 1);
+    assert_eq!(
+        g.mem.read_vec(from + 2, client_len - 1).unwrap(),
+        b"/tmp/client.sock\0"
+    );
+    // connect: sends go to the peer, getpeername names it, others get EPERM.
+    assert_eq!(g.ret(CONNECT, &[server, client_at, client_len]), 0);
+    g.mem.write_u32(from_len, 110).unwrap();
+    assert_eq!(g.ret(GETPEERNAME, &[server, from, from_len]), 0);
+    assert_eq!(u64::from(g.mem.read_u32(from_len).unwrap()), client_len + 1);
+    assert_eq!(g.ret(SENDTO, &[server, BUF, 1, 0, 0, 0]), 1);
+    assert_eq!(g.read_bytes(client, 10).unwrap(), b"h");
+    let other = g.ret(SOCKET, &[AF_UNIX, SOCK_DGRAM, 0]) as u64;
+    assert_eq!(
+        g.ret(SENDTO, &[other, BUF, 1, 0, at, len]),
+        err(Errno::EPERM)
+    );
+    assert_eq!(
+        g.ret(SENDTO, &[other, BUF, 1, 0, 0, 0]),
+        err(Errno::ENOTCONN)
+    );
+    // The server closes: its file stays and is refused; the peer's next send too, once.
+    assert_eq!(g.ret(CLOSE, &[server]), 0);
+    assert_eq!(
+        g.ret(SENDTO, &[other, BUF, 1, 0, at, len]),
+        err(Errno::ECONNREFUSED)
+    );
+    assert_eq!(g.ret(CONNECT, &[other, client_at, client_len]), 0);
+    assert_eq!(g.ret(CLOSE, &[client]), 0);
+    assert_eq!(
+        g.ret(SENDTO, &[other, BUF, 1, 0, 0, 0]),
+        err(Errno::ECONNREFUSED)
+    );
+    assert_eq!(
+        g.ret(SENDTO, &[other, BUF, 1, 0, 0, 0]),
+        err(Errno::ENOTCONN)
+    );
+    // An abstract name makes no file; one nobody holds is refused.
+    let abstract_len = g.unix_address(at, "\0sandfork");
+    assert_eq!(g.ret(BIND, &[other, at, abstract_len]), 0);
+    assert_eq!(g.ret(SENDTO, &[other, BUF, 2, 0, at, abstract_len]), 2);
+    assert_eq!(g.read_bytes(other, 10).unwrap(), b"hi");
+    let nobody_len = g.unix_address(at, "\0nobody");
+    assert_eq!(
+        g.ret(SENDTO, &[other, BUF, 1, 0, at, nobody_len]),
+        err(Errno::ECONNREFUSED)
+    );
+    // Another family's address is EINVAL.
+    g.mem.write(at, &2u16.to_le_bytes()).unwrap();
+    assert_eq!(
+        g.ret(SENDTO, &[other, BUF, 1, 0, at, 16]),
+        err(Errno::EINVAL)
+    );
+}
+
+#[test]
+fn seqpacket_socketpairs_keep_boundaries_and_end_with_the_peer() {
+    const SOCK_SEQPACKET: u64 = 5;
+    let mut g = guest();
+    let (a, b) = g.socketpair_of(SOCK_SEQPACKET | O_NONBLOCK);
+    g.mem.write_u32(SCRATCH + 0x880, 4).unwrap();
+    assert_eq!(g.ret(GETSOCKOPT, &[a, 1, 3, BUF, SCRATCH + 0x880]), 0);
+    assert_eq!(g.mem.read_u32(BUF).unwrap(), SOCK_SEQPACKET as u32);
+    assert_eq!(g.write_bytes(a, b"one"), 3);
+    assert_eq!(g.write_bytes(a, b"two"), 3);
+    // An address is ignored: the message goes to the peer.
+    let len = g.unix_address(SCRATCH, "/tmp/nowhere.sock");
+    assert_eq!(g.ret(SENDTO, &[a, BUF, 1, 0, SCRATCH, len]), 1);
+    assert_eq!(g.read_bytes(b, 100).unwrap(), b"one");
+    assert_eq!(g.read_bytes(b, 100).unwrap(), b"two");
+    assert_eq!(g.read_bytes(b, 100).unwrap().len(), 1);
+    assert_eq!(g.read_bytes(b, 100), Err(err(Errno::EAGAIN)));
+    // The peer closes: what is queued comes first, then end of file; sends are EPIPE.
+    assert_eq!(g.write_bytes(b, b"last"), 4);
+    assert_eq!(g.ret(CLOSE, &[b]), 0);
+    assert_eq!(g.read_bytes(a, 100).unwrap(), b"last");
+    assert_eq!(g.read_bytes(a, 100).unwrap(), b"");
+    assert_eq!(g.write_bytes(a, b"x"), err(Errno::EPIPE));
+    assert_eq!(g.write_bytes(a, b"x"), err(Errno::EPIPE));
+    // struct pollfd asking for POLLIN and POLLRDHUP.
+    g.mem.write_u32(BUF, a as u32).unwrap();
+    g.mem.write_u32(BUF + 4, 0x2001).unwrap();
+    assert_eq!(g.ret(POLL, &[BUF, 1, 0]), 1);
+    assert_eq!(
+        g.mem.read_u32(BUF + 4).unwrap() >> 16,
+        0x2011,
+        "POLLIN, POLLRDHUP, POLLHUP"
+    );
 }
 
 #[test]

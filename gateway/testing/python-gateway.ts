@@ -35,9 +35,14 @@ export async function startPythonGateway(
     (line) => log.push(line),
   );
   if (runtime === undefined) throw new Error("supervised mode must start a runtime");
+  // A gateway that cannot start (no TEST_DATABASE_URL for PostgreSQL) leaves no daemon behind:
+  // the caller never gets the runtime to stop.
   const gw = await startTestGateway(backend, {
     runtime: runtime.client,
     config: { executionLimits: kvmExecutionLimits, ...config },
+  }).catch(async (error: unknown) => {
+    await runtime.stop();
+    throw error;
   });
   return { runtime, gw };
 }

@@ -18,6 +18,7 @@ import type { ExecutionRequest } from "./execution-runtime.js";
 import { MAX_FRAME_BYTES } from "./frames.js";
 import {
   type DaemonFixture,
+  removeSharedTemplates,
   startDaemon,
   stopProcess,
   vmmBinaryWithoutKvm,
@@ -71,6 +72,7 @@ afterEach(() => {
 
 afterAll(async () => {
   await daemon?.dispose();
+  await removeSharedTemplates();
 });
 
 describe("DaemonClient against sandfork-vmm serve", () => {

@@ -2,18 +2,24 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { loadRuntimeConfig, MAX_SOCKET_PATH_BYTES } from "./config.js";
 import { DaemonConnection } from "./daemon-connection.js";
 import { unixEndpoint } from "./daemon-endpoint.js";
 import { RuntimeUnavailableError } from "./errors.js";
 import { startRuntime } from "./start.js";
 import { DaemonSupervisor } from "./supervisor.js";
-import { requireVmmBinary, sharedTemplates, templatesFixture } from "./testing/real-daemon.js";
+import {
+  removeSharedTemplates,
+  requireVmmBinary,
+  sharedTemplates,
+  templatesFixture,
+} from "./testing/real-daemon.js";
 
 const MAXIMA = { timeoutMs: 30_000, memoryMib: 2_048, processes: 64 };
 const cleanups: (() => Promise<void> | void)[] = [];
 beforeAll(sharedTemplates);
+afterAll(removeSharedTemplates);
 afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });

@@ -6,12 +6,13 @@ import { existsSync } from "node:fs";
 import { chown, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { DaemonClient } from "./daemon-client.js";
 import { RuntimeConnectionLostError, RuntimeUnavailableError } from "./errors.js";
 import { DaemonSupervisor } from "./supervisor.js";
 import {
   type DaemonFixture,
+  removeSharedTemplates,
   requireVmmBinary,
   sharedTemplates,
   startDaemon,
@@ -22,6 +23,7 @@ import { uidOf } from "./unprivileged.js";
 
 const cleanups: (() => Promise<void> | void)[] = [];
 beforeAll(sharedTemplates);
+afterAll(removeSharedTemplates);
 afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });

@@ -7,12 +7,11 @@ import {
   mkdtempSync,
   readdirSync,
   readFileSync,
-  rmSync,
   writeFileSync,
 } from "node:fs";
 import { chmod, mkdtemp, rm, symlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { DaemonSupervisor, type SupervisorOptions } from "../supervisor.js";
 import { ensureTemplate } from "../templates.js";
 
@@ -87,11 +86,13 @@ export interface DaemonFixture {
  */
 let builtTemplates: Promise<string> | undefined;
 
-/** Builds the test process's python template (once; a test file's beforeAll, out of its tests' time). */
+/**
+ * Builds the test process's python template (once; a test file's beforeAll, out of its tests'
+ * time; removeSharedTemplates in its afterAll).
+ */
 export function sharedTemplates(): Promise<string> {
   builtTemplates ??= (async () => {
     const dir = await mkdtemp(join(tmpdir(), "sfk-rt-templates-"));
-    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
     // Readable by a daemon run as another user (supervisor.test.ts).
     await chmod(dir, 0o755);
     const templatesDir = join(dir, "templates");
@@ -102,6 +103,13 @@ export function sharedTemplates(): Promise<string> {
     return templatesDir;
   })();
   return builtTemplates;
+}
+
+/** Removes the test process's python template (a test file's afterAll). */
+export async function removeSharedTemplates(): Promise<void> {
+  const built = builtTemplates;
+  builtTemplates = undefined;
+  if (built !== undefined) await rm(dirname(await built), { recursive: true, force: true });
 }
 
 /**

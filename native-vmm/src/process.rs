@@ -19,7 +19,7 @@ use crate::fs::{Node, Vfs};
 
 pub use epoll::{EpollSet, Interest};
 pub use fds::{
-    Description, Endpoint, FdSlots, FdTable, Object, Passed, Pipe, PipeError, FD_LIMIT,
+    Description, Endpoint, FdSlots, FdTable, FifoOpen, Object, Passed, Pipe, PipeError, FD_LIMIT,
     MAX_PASSED_PER_MESSAGE, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY,
     PIPE_CAPACITY,
 };
@@ -103,6 +103,8 @@ pub struct SignalState {
     pub pending: u64,
     /// setitimer(ITIMER_REAL) / alarm.
     pub timer: Option<signals::RealTimer>,
+    /// setitimer(ITIMER_VIRTUAL) and setitimer(ITIMER_PROF), on the process's CPU time.
+    pub cpu_timers: [Option<signals::CpuTimer>; 2],
 }
 
 /// Per-number system-call counters. Numbers above the x86-64 range share one bucket, so a
@@ -218,6 +220,7 @@ impl GuestProcess {
             actions: [SigAction::default(); SIGNAL_COUNT],
             pending: 0,
             timer: None,
+            cpu_timers: [None; 2],
         };
         GuestProcess {
             pid: threads::MAIN_TID,
@@ -298,6 +301,7 @@ impl GuestProcess {
                 actions: self.signals.actions,
                 pending: 0,
                 timer: None,
+                cpu_timers: [None; 2],
             },
             umask: self.umask,
             nice: self.nice,
@@ -437,11 +441,14 @@ impl GuestProcess {
         if self.output.total() > 0 {
             return Err("the program has written output");
         }
-        if self.signals.timer.is_some() {
+        if self.signals.timer.is_some() || self.signals.cpu_timers.iter().any(Option::is_some) {
             return Err("an interval timer is armed");
         }
         if self.fds.has_addressed_sockets() {
             return Err("a socket is bound, listening or connected by address");
+        }
+        if self.fds.has_fifos() {
+            return Err("a FIFO is open");
         }
         if self.fds.has_passed_descriptions() {
             return Err("file descriptors are in flight on a socket");
@@ -511,6 +518,7 @@ impl GuestProcess {
             actions,
             pending: d.u64("pending signals")?,
             timer: None,
+            cpu_timers: [None; 2],
         };
         let umask = d.u32("umask")?;
         let nice = d.u32("nice")?.cast_signed();

@@ -461,6 +461,7 @@ impl<'a> Tree<'a> {
         process.memory = MemoryMap::new(loaded.space, mem_limit);
         process.space = loaded.space;
         process.signals.timer = None;
+        process.signals.cpu_timers = [None; 2];
         for action in process.signals.actions.iter_mut() {
             // Handlers are in the old program: they go back to the default; ignored stays.
             if action.handler > 1 {

@@ -136,13 +136,17 @@ impl Scheduler {
         }
     }
 
-    /// What the vCPU may run until: the run's deadline, the end of the slice, or the interval
+    /// What the vCPU may run until: the run's deadline, the end of the slice, or an interval
     /// timer's next expiry.
     pub fn run_until(&self, process: &GuestProcess) -> Instant {
-        [self.slice_end, process.signals.timer.map(|t| t.next)]
-            .into_iter()
-            .flatten()
-            .fold(self.deadline, Instant::min)
+        [
+            self.slice_end,
+            process.signals.timer.map(|t| t.next),
+            signals::next_cpu_timer(process, Instant::now()),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(self.deadline, Instant::min)
     }
 
     /// Answers system call `call` of the running thread; Some when the run ends.
@@ -179,7 +183,7 @@ impl Scheduler {
     ) -> io::Result<Option<LoopEnd>> {
         let now = Instant::now();
         process.threads.expire_timers(now);
-        signals::fire_timer(process, now);
+        signals::fire_timers(process, now);
         interrupt_waiters(process);
         let tid = process.threads.current_tid();
         if signals::ready_for(process, tid) != 0 {
@@ -378,7 +382,7 @@ impl Scheduler {
         self.switch_due = false;
         loop {
             let now = Instant::now();
-            signals::fire_timer(process, now);
+            signals::fire_timers(process, now);
             interrupt_waiters(process);
             let timer = process.signals.timer.map(|t| t.next);
             let next = process.threads.next(now);
@@ -639,14 +643,17 @@ impl Scheduler {
     }
 }
 
-/// Every waiting thread that would take a pending signal stops waiting (-EINTR).
+/// Every waiting thread that would take a pending signal stops waiting (-EINTR), and one in
+/// rt_sigtimedwait for a pending signal makes that call again to take it.
 fn interrupt_waiters(process: &mut GuestProcess) {
     // Every system call returns through here: no allocation unless some signal is pending.
     if process.signals.pending == 0 && !process.threads.any_signal_pending() {
         return;
     }
     for tid in process.threads.blocked() {
-        if signals::ready_for(process, tid) != 0 {
+        if syscalls::awaits_pending_signal(process, tid) {
+            process.threads.retry(tid);
+        } else if signals::ready_for(process, tid) != 0 {
             process.threads.interrupt(tid);
         }
     }

@@ -555,25 +555,6 @@ EOF
     );
 }
 
-/// Runs `program` natively with `/usr/bin/python3.11 program.py args` in a directory of its own.
-fn native_python(tag: &str, program: &str, args: &[&str]) -> String {
-    let dir = common::process_dir(tag);
-    std::fs::create_dir_all(&dir).expect("a directory for the native run");
-    let script = dir.join("program.py");
-    std::fs::write(&script, program).expect("writing the program");
-    let native = Command::new("/usr/bin/python3.11")
-        .arg(&script)
-        .args(args)
-        .current_dir(&dir)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", &dir)
-        .output()
-        .expect("running python3.11 natively");
-    assert!(native.status.success(), "native: {native:?}");
-    String::from_utf8_lossy(&native.stdout).into_owned()
-}
-
 /// A multiprocessing program written to /work and run under `method` (spawn imports it by path).
 fn multiprocessing_prints(method: &str) -> String {
     let program = r#"
@@ -628,7 +609,7 @@ if __name__ == "__main__":
         describe(&outcome)
     );
     let printed = String::from_utf8_lossy(&outcome.stdout).into_owned();
-    let native = native_python(&format!("multiprocessing-{method}"), program, &[method]);
+    let native = common::native_python(&format!("multiprocessing-{method}"), program, &[method]);
     assert_eq!(printed, native, "{method}: {}", describe(&outcome));
     printed
 }

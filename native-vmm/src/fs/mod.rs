@@ -26,6 +26,9 @@ mod vfs;
 
 pub use devices::Device;
 pub use image::Image;
+pub(crate) use overlay::{
+    F_SEAL_FUTURE_WRITE, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE,
+};
 pub use path::{MAX_SYMLINKS, NAME_MAX, PATH_MAX};
 pub use procfs::{FdTarget, NoProcess, ProcNode, ProcessView, SystemFile, TaskFile};
 pub use vfs::{DirEntry, FsStats, Node, OpenOptions, Stat, Timespec, Vfs};
@@ -45,6 +48,8 @@ pub enum FileKind {
     CharDevice,
     /// A bound Unix socket's file.
     Socket,
+    /// A FIFO (named pipe).
+    Fifo,
 }
 
 impl FileKind {
@@ -56,10 +61,11 @@ impl FileKind {
             FileKind::Symlink => 0o120000,
             FileKind::CharDevice => 0o020000,
             FileKind::Socket => 0o140000,
+            FileKind::Fifo => 0o010000,
         }
     }
 
-    /// The d_type of a getdents64 record (DT_REG, DT_DIR, DT_LNK, DT_CHR, DT_SOCK).
+    /// The d_type of a getdents64 record (DT_REG, DT_DIR, DT_LNK, DT_CHR, DT_SOCK, DT_FIFO).
     pub fn dirent_type(self) -> u8 {
         match self {
             FileKind::Regular => 8,
@@ -67,6 +73,7 @@ impl FileKind {
             FileKind::Symlink => 10,
             FileKind::CharDevice => 2,
             FileKind::Socket => 12,
+            FileKind::Fifo => 1,
         }
     }
 }

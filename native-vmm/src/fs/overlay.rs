@@ -15,6 +15,13 @@ use super::vfs::{Timespec, OVERLAY_TIME};
 use super::FileKind;
 use crate::codec::{DecodeError, Decoder, Encoder};
 
+/// fcntl's file seals (F_ADD_SEALS, F_GET_SEALS).
+pub(crate) const F_SEAL_SEAL: u32 = 0x1;
+pub(crate) const F_SEAL_SHRINK: u32 = 0x2;
+pub(crate) const F_SEAL_GROW: u32 = 0x4;
+pub(crate) const F_SEAL_WRITE: u32 = 0x8;
+pub(crate) const F_SEAL_FUTURE_WRITE: u32 = 0x10;
+
 /// The most names a file can have (link(2) answers EMLINK past it).
 pub(crate) const MAX_LINKS: u8 = u8::MAX;
 
@@ -29,6 +36,8 @@ pub(crate) enum OverlayKind {
     Symlink(Vec<u8>),
     /// A bound Unix socket's file (the socket itself lives in the descriptor table).
     Socket,
+    /// A FIFO (its pipe lives in the descriptor table while an end is open).
+    Fifo,
 }
 
 #[derive(Clone)]
@@ -47,6 +56,8 @@ pub(crate) struct OverlayNode {
     /// Access time: OVERLAY_TIME until the guest sets one (reads do not move it, as with
     /// noatime, so runs stay reproducible).
     pub atime: Timespec,
+    /// A memfd file's seals (F_SEAL_*); None for a file that cannot be sealed.
+    pub seals: Option<u32>,
 }
 
 impl OverlayNode {
@@ -56,13 +67,14 @@ impl OverlayNode {
             OverlayKind::Dir(_) => FileKind::Directory,
             OverlayKind::Symlink(_) => FileKind::Symlink,
             OverlayKind::Socket => FileKind::Socket,
+            OverlayKind::Fifo => FileKind::Fifo,
         }
     }
 
     fn charge(&self) -> u64 {
         let payload = match &self.kind {
             OverlayKind::File(data) => data.len() as usize,
-            OverlayKind::Dir(_) | OverlayKind::Socket => 0,
+            OverlayKind::Dir(_) | OverlayKind::Socket | OverlayKind::Fifo => 0,
             OverlayKind::Symlink(target) => target.len(),
         };
         NODE_CHARGE * u64::from(self.links.max(1)) + self.name.len() as u64 + payload as u64
@@ -153,6 +165,7 @@ impl Overlay {
             open_count: 0,
             mtime: OVERLAY_TIME,
             atime: OVERLAY_TIME,
+            seals: None,
         };
         self.reserve(node.charge())?;
         let id = self.next_id;
@@ -184,6 +197,49 @@ impl Overlay {
             entries.insert(name.to_vec(), id);
         }
         Ok(id)
+    }
+
+    /// A file in no directory, open once (a memfd): freed at its last close. Its name is
+    /// what /proc shows for it.
+    pub fn create_detached(&mut self, name: &[u8], seals: u32) -> Result<u64, Errno> {
+        let id = self.insert(
+            None,
+            name,
+            0o777,
+            OverlayKind::File(FileData::Bytes(Vec::new())),
+        )?;
+        let node = self.get_mut(id)?;
+        node.links = 0;
+        node.open_count = 1;
+        node.seals = Some(seals);
+        Ok(id)
+    }
+
+    /// F_ADD_SEALS: EINVAL for a file that cannot be sealed, EPERM once F_SEAL_SEAL is set.
+    pub fn add_seals(&mut self, id: u64, seals: u32) -> Result<(), Errno> {
+        let node = self.get_mut(id)?;
+        match node.seals.as_mut() {
+            None => Err(Errno::EINVAL),
+            Some(current) if *current & F_SEAL_SEAL != 0 => Err(Errno::EPERM),
+            Some(current) => {
+                *current |= seals;
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether a file's seals forbid a write or truncation from `old` to `new` bytes long
+    /// (EPERM, as Linux answers).
+    fn check_seals(&self, id: u64, writes: bool, old: u64, new: u64) -> Result<(), Errno> {
+        let seals = self.get(id)?.seals.unwrap_or(0);
+        let refused = (writes && seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE) != 0)
+            || (new > old && seals & F_SEAL_GROW != 0)
+            || (new < old && seals & F_SEAL_SHRINK != 0);
+        if refused {
+            Err(Errno::EPERM)
+        } else {
+            Ok(())
+        }
     }
 
     /// Removes `name` from `dir`; the node is freed unless it is still open.
@@ -281,6 +337,7 @@ impl Overlay {
     pub fn write(&mut self, id: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
         let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
         let len = self.file_len(id)?;
+        self.check_seals(id, true, len, end.max(len))?;
         if end > len {
             self.reserve(end - len)?;
         }
@@ -292,6 +349,7 @@ impl Overlay {
 
     pub fn truncate(&mut self, id: u64, len: u64) -> Result<(), Errno> {
         let old = self.file_len(id)?;
+        self.check_seals(id, false, old, len)?;
         if len > old {
             self.reserve(len - old)?;
         } else {
@@ -310,7 +368,7 @@ impl Overlay {
             OverlayKind::File(data) => data.share(limit),
             OverlayKind::Dir(_) => Err(Errno::EISDIR),
             OverlayKind::Symlink(_) => Err(Errno::EINVAL),
-            OverlayKind::Socket => Err(Errno::ENODEV),
+            OverlayKind::Socket | OverlayKind::Fifo => Err(Errno::ENODEV),
         }
     }
 
@@ -319,7 +377,7 @@ impl Overlay {
             OverlayKind::File(bytes) => Ok(bytes.len()),
             OverlayKind::Dir(_) => Err(Errno::EISDIR),
             OverlayKind::Symlink(_) => Err(Errno::EINVAL),
-            OverlayKind::Socket => Err(Errno::ENXIO),
+            OverlayKind::Socket | OverlayKind::Fifo => Err(Errno::ENXIO),
         }
     }
 }
@@ -345,10 +403,17 @@ impl Overlay {
             e.bytes(&node.name);
             e.u32(node.mode);
             match &node.kind {
-                OverlayKind::File(data) => {
-                    e.u8(0);
-                    e.bytes(data.bytes());
-                }
+                OverlayKind::File(data) => match node.seals {
+                    None => {
+                        e.u8(0);
+                        e.bytes(data.bytes());
+                    }
+                    Some(seals) => {
+                        e.u8(4);
+                        e.bytes(data.bytes());
+                        e.u32(seals);
+                    }
+                },
                 OverlayKind::Dir(entries) => {
                     e.u8(1);
                     e.len(entries.len());
@@ -362,6 +427,7 @@ impl Overlay {
                     e.bytes(target);
                 }
                 OverlayKind::Socket => e.u8(3),
+                OverlayKind::Fifo => e.u8(5),
             }
             e.u8(node.links);
             e.u32(node.open_count);
@@ -388,8 +454,14 @@ impl Overlay {
             };
             let name = d.bytes("overlay name")?.to_vec();
             let mode = d.u32("overlay mode")?;
+            let mut seals = None;
             let kind = match d.u8("overlay kind")? {
                 0 => OverlayKind::File(FileData::Bytes(d.bytes("overlay file")?.to_vec())),
+                4 => {
+                    let data = FileData::Bytes(d.bytes("overlay file")?.to_vec());
+                    seals = Some(d.u32("overlay file seals")?);
+                    OverlayKind::File(data)
+                }
                 1 => {
                     let entries = d.count(16, "overlay directory")?;
                     let mut map = BTreeMap::new();
@@ -401,6 +473,7 @@ impl Overlay {
                 }
                 2 => OverlayKind::Symlink(d.bytes("overlay symlink")?.to_vec()),
                 3 => OverlayKind::Socket,
+                5 => OverlayKind::Fifo,
                 t => return Err(DecodeError::new(format!("overlay kind tag {t}"))),
             };
             let (links, open_count) = (d.u8("overlay links")?, d.u32("overlay open count")?);
@@ -424,6 +497,7 @@ impl Overlay {
                         open_count,
                         mtime,
                         atime,
+                        seals,
                     },
                 )
                 .is_some()

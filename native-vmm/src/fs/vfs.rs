@@ -365,7 +365,8 @@ impl Vfs {
                 if !created && self.overlay.get(id)?.mode & 0o200 == 0 {
                     return Err(Errno::EACCES);
                 }
-                if opts.truncate {
+                // O_TRUNC does nothing to a FIFO either.
+                if opts.truncate && kind != FileKind::Fifo {
                     self.overlay.truncate(id, 0)?;
                 }
             }
@@ -444,7 +445,7 @@ impl Vfs {
                 let n = self.overlay.get(id)?;
                 let (size, subdirs) = match &n.kind {
                     OverlayKind::File(data) => (data.len(), 0),
-                    OverlayKind::Socket => (0, 0),
+                    OverlayKind::Socket | OverlayKind::Fifo => (0, 0),
                     OverlayKind::Dir(entries) => {
                         let dirs = entries
                             .values()
@@ -541,7 +542,7 @@ impl Vfs {
                 OverlayKind::File(data) => Ok(data.bytes()),
                 OverlayKind::Dir(_) => Err(Errno::EISDIR),
                 OverlayKind::Symlink(_) => Err(Errno::EINVAL),
-                OverlayKind::Socket => Err(Errno::ENXIO),
+                OverlayKind::Socket | OverlayKind::Fifo => Err(Errno::ENXIO),
             },
             NodeId::DevDir => Err(Errno::EISDIR),
             // A /proc file's bytes are rendered per open (syscalls::procfs), not kept here.
@@ -725,11 +726,14 @@ impl Vfs {
                         None => break,
                     }
                 }
-                let mount = self
-                    .mounts
-                    .iter()
-                    .find(|m| m.root == id)
-                    .ok_or(Errno::ENOENT)?;
+                let Some(mount) = self.mounts.iter().find(|m| m.root == id) else {
+                    // A file in no directory (a memfd) is named as Linux names it: "/" and
+                    // its name.
+                    if !names.is_empty() {
+                        return Err(Errno::ENOENT);
+                    }
+                    return Ok([b"/", &self.overlay.get(id)?.name[..]].concat());
+                };
                 let mut out = mount.path.as_bytes().to_vec();
                 for name in names.iter().rev() {
                     out.push(b'/');
@@ -817,6 +821,25 @@ impl Vfs {
             .map(|_| ())
     }
 
+    /// memfd_create: an open overlay file in no directory, named `name` in /proc, with
+    /// `seals` (F_SEAL_*); it counts against the overlay and goes at its last close.
+    pub fn create_memfd(&mut self, name: &[u8], seals: u32) -> Result<Node, Errno> {
+        let id = self.overlay.create_detached(name, seals)?;
+        Ok(Node(NodeId::Overlay(id)))
+    }
+
+    /// F_ADD_SEALS on overlay file `node` (EINVAL for one that cannot be sealed).
+    pub fn add_seals(&mut self, node: Node, seals: u32) -> Result<(), Errno> {
+        let id = self.overlay_id(node).map_err(|_| Errno::EINVAL)?;
+        self.overlay.add_seals(id, seals)
+    }
+
+    /// F_GET_SEALS: EINVAL for a file that cannot be sealed.
+    pub fn seals(&self, node: Node) -> Result<u32, Errno> {
+        let id = self.overlay_id(node).map_err(|_| Errno::EINVAL)?;
+        self.overlay.get(id)?.seals.ok_or(Errno::EINVAL)
+    }
+
     /// bind(2) of a Unix socket to `path`: its file (EEXIST when the name is taken, which bind
     /// answers as EADDRINUSE).
     pub fn make_socket(
@@ -831,6 +854,28 @@ impl Vfs {
         self.overlay
             .create(dir_id, &name, mode, OverlayKind::Socket)
             .map(|id| Node(NodeId::Overlay(id)))
+    }
+
+    /// mknodat: a regular file, FIFO or socket file at `path` (EEXIST when the name is taken);
+    /// device nodes are EPERM, as for an unprivileged user.
+    pub fn mknod(
+        &mut self,
+        view: &dyn ProcessView,
+        base: Node,
+        path: &[u8],
+        mode: u32,
+        kind: FileKind,
+    ) -> Result<(), Errno> {
+        let kind = match kind {
+            FileKind::Regular => OverlayKind::File(FileData::Bytes(Vec::new())),
+            FileKind::Fifo => OverlayKind::Fifo,
+            FileKind::Socket => OverlayKind::Socket,
+            FileKind::CharDevice => return Err(Errno::EPERM),
+            FileKind::Directory | FileKind::Symlink => return Err(Errno::EINVAL),
+        };
+        let (dir, name) = self.new_entry_dir(view, base, path)?;
+        let dir_id = self.changeable_dir(dir)?;
+        self.overlay.create(dir_id, &name, mode, kind).map(|_| ())
     }
 
     /// symlinkat: creates a symlink at `path` whose target is `target` (stored as given).

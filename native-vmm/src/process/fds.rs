@@ -318,6 +318,35 @@ impl Pipe {
     }
 }
 
+/// A FIFO of the file system as the tree uses it: its pipe while an end is open (or an opener
+/// waits), how many times each end (read, write) was opened, and the threads waiting in a
+/// blocking open for the other end. A waiting opener already counts as a reader or writer of
+/// the pipe, as on Linux, so the other end's open goes through and its first write is kept.
+#[derive(Debug, Clone, Default)]
+struct Fifo {
+    pipe: Option<usize>,
+    opens: [u64; 2],
+    waiting: Vec<FifoWaiter>,
+}
+
+/// A thread blocked opening a FIFO: which end, and the other end's open count it saw.
+#[derive(Debug, Clone, Copy)]
+struct FifoWaiter {
+    pid: u64,
+    tid: u64,
+    write: bool,
+    seen: u64,
+}
+
+/// What opening a FIFO came to.
+#[derive(Debug)]
+pub enum FifoOpen {
+    /// The fd of the end opened.
+    Open(u64),
+    /// A blocking open with no other end yet: the thread waits (and tries again).
+    Wait,
+}
+
 /// One process's fd numbers and fd limit, parked while another process of the tree runs.
 #[derive(Debug, Clone, Default)]
 pub struct FdSlots {
@@ -358,6 +387,8 @@ pub struct FdTable {
     limit: u64,
     /// See `take_released_nodes`.
     released_nodes: Vec<Node>,
+    /// The FIFOs in use.
+    fifos: std::collections::HashMap<Node, Fifo>,
 }
 
 /// Linux's default ephemeral port range starts here.
@@ -382,6 +413,7 @@ impl FdTable {
             next_port: FIRST_EPHEMERAL_PORT,
             limit: FD_LIMIT,
             released_nodes: Vec::new(),
+            fifos: Default::default(),
         };
         for (object, flags) in [
             (Object::Stdin, O_RDONLY),
@@ -649,6 +681,105 @@ impl FdTable {
             Description::new(Object::PipeRead(index), O_RDONLY | status),
             Description::new(Object::PipeWrite(index), O_WRONLY | status),
         )
+    }
+
+    /// Opens FIFO `node` for reading or writing (`flags`: O_RDONLY or O_WRONLY and status
+    /// flags) for thread `tid` of process `pid`, as Linux does: a reader opens at once when
+    /// non-blocking or once a writer is there or came since it started waiting; a writer once
+    /// a reader is there or came (ENXIO when non-blocking without one). `waiting` says whether
+    /// another thread's registered wait is still going on (one left by a signal or an ended
+    /// process is dropped). The fd is close-on-exec with `cloexec`.
+    pub fn open_fifo(
+        &mut self,
+        node: Node,
+        (flags, cloexec): (u32, bool),
+        (pid, tid): (u64, u64),
+        waiting: impl Fn(u64, u64) -> bool,
+    ) -> Result<FifoOpen, Errno> {
+        let write = flags & O_ACCMODE == O_WRONLY;
+        let nonblocking = flags & O_NONBLOCK != 0;
+        let mut fifo = self.fifos.remove(&node).unwrap_or_default();
+        let stale: Vec<FifoWaiter> = fifo
+            .waiting
+            .iter()
+            .filter(|w| (w.pid, w.tid) != (pid, tid) && !waiting(w.pid, w.tid))
+            .copied()
+            .collect();
+        fifo.waiting
+            .retain(|w| (w.pid, w.tid) == (pid, tid) || waiting(w.pid, w.tid));
+        let pipe = match fifo
+            .pipe
+            .filter(|&p| self.pipes.get(p).is_some_and(Option::is_some))
+        {
+            Some(pipe) => pipe,
+            None => self.add_pipe(),
+        };
+        fifo.pipe = Some(pipe);
+        for w in stale {
+            self.count_fifo_waiter(pipe, w.write, false);
+        }
+        let (side, other) = (usize::from(write), usize::from(!write));
+        let mine = fifo
+            .waiting
+            .iter()
+            .position(|w| (w.pid, w.tid) == (pid, tid));
+        let p = self.pipes[pipe].as_ref().ok_or(Errno::EBADF)?;
+        let other_there = if write { p.readers > 0 } else { p.writers > 0 };
+        let other_came = mine.is_some_and(|i| fifo.opens[other] != fifo.waiting[i].seen);
+        let result = if other_there || other_came || (nonblocking && !write) {
+            if let Some(i) = mine {
+                let w = fifo.waiting.remove(i);
+                self.count_fifo_waiter(pipe, w.write, false);
+            } else {
+                fifo.opens[side] += 1;
+            }
+            let object = if write {
+                Object::PipeWrite(pipe)
+            } else {
+                Object::PipeRead(pipe)
+            };
+            self.install(Description::new(object, flags), 0, cloexec)
+                .map(FifoOpen::Open)
+        } else if nonblocking {
+            Err(Errno::ENXIO)
+        } else {
+            if mine.is_none() {
+                fifo.opens[side] += 1;
+                fifo.waiting.push(FifoWaiter {
+                    pid,
+                    tid,
+                    write,
+                    seen: fifo.opens[other],
+                });
+                self.count_fifo_waiter(pipe, write, true);
+            }
+            Ok(FifoOpen::Wait)
+        };
+        self.fifos.insert(node, fifo);
+        // A pipe nobody holds (a refused open) goes, and with it the FIFO's buffer.
+        self.free_unheld_pipe(pipe);
+        result
+    }
+
+    /// A FIFO opener starts (`add`) or stops waiting: it counts as a reader or writer meanwhile.
+    fn count_fifo_waiter(&mut self, pipe: usize, write: bool, add: bool) {
+        if let Some(p) = self.pipes[pipe].as_mut() {
+            let count = if write {
+                &mut p.writers
+            } else {
+                &mut p.readers
+            };
+            *count = if add {
+                count.saturating_add(1)
+            } else {
+                count.saturating_sub(1)
+            };
+        }
+    }
+
+    /// Whether any FIFO is open or being opened (a snapshot cannot hold one).
+    pub fn has_fifos(&self) -> bool {
+        self.fifos.values().any(|f| f.pipe.is_some())
     }
 
     /// Creates a connected socketpair: two read-write descriptions, not yet installed.
@@ -1364,17 +1495,29 @@ impl FdTable {
             .into_iter()
             .for_each(|p| p.writers = p.writers.saturating_sub(1));
         for index in read.into_iter().chain(write) {
-            if self.pipes[index]
-                .as_ref()
-                .is_some_and(|p| p.readers == 0 && p.writers == 0)
-            {
-                let in_flight = self.pipes[index].take().map(|p| p.in_flight);
-                self.socket_names.remove(&index);
-                self.resets.remove(&index);
-                for stretch in in_flight.into_iter().flatten() {
-                    for description in stretch.descriptions {
-                        self.unreference(description);
-                    }
+            self.free_unheld_pipe(index);
+        }
+    }
+
+    /// Frees pipe `index` once no end holds it (a FIFO then has none until opened again).
+    fn free_unheld_pipe(&mut self, index: usize) {
+        if self.pipes[index]
+            .as_ref()
+            .is_some_and(|p| p.readers == 0 && p.writers == 0)
+        {
+            let in_flight = self.pipes[index].take().map(|p| p.in_flight);
+            self.socket_names.remove(&index);
+            self.resets.remove(&index);
+            for fifo in self.fifos.values_mut() {
+                if fifo.pipe == Some(index) {
+                    fifo.pipe = None;
+                }
+            }
+            self.fifos
+                .retain(|_, f| f.pipe.is_some() || !f.waiting.is_empty());
+            for stretch in in_flight.into_iter().flatten() {
+                for description in stretch.descriptions {
+                    self.unreference(description);
                 }
             }
         }
@@ -1670,6 +1813,7 @@ impl FdTable {
             next_port: FIRST_EPHEMERAL_PORT,
             limit,
             released_nodes: Vec::new(),
+            fifos: Default::default(),
         })
     }
 }

@@ -1,5 +1,6 @@
 //! Signal delivery: which pending signal a thread takes, what Linux's default action does
-//! with it, the real-time interval timer (alarm, setitimer ITIMER_REAL), and the frame a
+//! with it, the interval timers (alarm, setitimer: real time, and the process's CPU time for
+//! ITIMER_VIRTUAL and ITIMER_PROF), and the frame a
 //! handler runs on (the x86-64 `rt_sigframe`: return address, ucontext, siginfo).
 //!
 //! Signals are taken where Linux takes them on return to user mode: when a system call
@@ -23,6 +24,8 @@ use crate::usermem::UserMemory;
 pub const SIGKILL: u64 = 9;
 pub const SIGSTOP: u64 = 19;
 pub const SIGALRM: u64 = 14;
+pub const SIGVTALRM: u64 = 26;
+pub const SIGPROF: u64 = 27;
 pub const SIG_DFL: u64 = 0;
 pub const SIG_IGN: u64 = 1;
 const SA_ONSTACK: u64 = 0x0800_0000;
@@ -76,19 +79,55 @@ pub enum Taken {
     End(RunStatus),
 }
 
-/// SIGALRM is due: made pending and the timer re-armed (or disarmed).
-pub fn fire_timer(proc: &mut GuestProcess, now: Instant) {
-    let Some(timer) = proc.signals.timer else {
-        return;
-    };
-    if timer.next > now {
+/// A CPU-time interval timer (setitimer ITIMER_VIRTUAL or ITIMER_PROF): due when the
+/// process's CPU time reaches `next_ns`, then re-armed `interval_ns` later (0: once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTimer {
+    pub next_ns: u64,
+    pub interval_ns: u64,
+}
+
+/// The signal each CPU-time timer sends (`SignalState::cpu_timers`' order).
+pub const CPU_TIMER_SIGNALS: [u64; 2] = [SIGVTALRM, SIGPROF];
+
+/// The interval timers that are due by `now` (the real one) or by the process's CPU time make
+/// their signal pending and are re-armed (or disarmed).
+pub fn fire_timers(proc: &mut GuestProcess, now: Instant) {
+    if let Some(timer) = proc.signals.timer.filter(|t| t.next <= now) {
+        proc.signals.pending |= bit(SIGALRM);
+        proc.signals.timer = timer.interval.map(|every| RealTimer {
+            next: now.max(timer.next) + every,
+            interval: Some(every),
+        });
+    }
+    if proc.signals.cpu_timers.iter().all(Option::is_none) {
         return;
     }
-    proc.signals.pending |= bit(SIGALRM);
-    proc.signals.timer = timer.interval.map(|every| RealTimer {
-        next: now.max(timer.next) + every,
-        interval: Some(every),
-    });
+    let used = proc.threads.process_cpu_ns();
+    for (slot, sig) in CPU_TIMER_SIGNALS.into_iter().enumerate() {
+        let Some(timer) = proc.signals.cpu_timers[slot].filter(|t| t.next_ns <= used) else {
+            continue;
+        };
+        proc.signals.pending |= bit(sig);
+        proc.signals.cpu_timers[slot] = (timer.interval_ns > 0).then(|| CpuTimer {
+            next_ns: used.max(timer.next_ns) + timer.interval_ns,
+            interval_ns: timer.interval_ns,
+        });
+    }
+}
+
+/// When the first CPU-time timer could be due, were the process to run from `now` on without
+/// a pause (its CPU time grows at most as fast as the wall clock); None when none is armed.
+pub fn next_cpu_timer(proc: &GuestProcess, now: Instant) -> Option<Instant> {
+    let first = proc
+        .signals
+        .cpu_timers
+        .iter()
+        .flatten()
+        .map(|t| t.next_ns)
+        .min()?;
+    let left = first.saturating_sub(proc.threads.process_cpu_ns());
+    now.checked_add(Duration::from_nanos(left))
 }
 
 /// The signals thread `tid` would take now: its own pending ones and the process's that it
@@ -102,6 +141,57 @@ pub fn ready_for(proc: &GuestProcess, tid: u64) -> u64 {
         process_wide &= main.blocked_signals;
     }
     (thread.pending_signals & !thread.blocked_signals) | process_wide
+}
+
+/// si_code of a signal taken: sent to the thread (tkill, tgkill), by a timer, or by kill.
+fn sent_by(to_thread: bool, sig: u64) -> i32 {
+    if to_thread {
+        SI_TKILL
+    } else if matches!(sig, SIGALRM | SIGVTALRM | SIGPROF) {
+        SI_KERNEL
+    } else {
+        SI_USER
+    }
+}
+
+/// The signals of `set` pending for `tid`, blocked or not (what rt_sigtimedwait takes).
+pub fn pending_in(proc: &GuestProcess, tid: u64, set: u64) -> u64 {
+    proc.threads
+        .get(tid)
+        .map_or(0, |t| (t.pending_signals | proc.signals.pending) & set)
+}
+
+/// Takes the lowest signal of `set` pending for `tid` without running its handler (its own
+/// first, then the process's, as Linux dequeues them): the signal and its siginfo.
+pub fn take_from(proc: &mut GuestProcess, tid: u64, set: u64) -> Option<(u64, [u8; 128])> {
+    let thread = proc.threads.get_mut(tid)?;
+    let own = thread.pending_signals & set;
+    let chosen = if own != 0 {
+        own
+    } else {
+        proc.signals.pending & set
+    };
+    if chosen == 0 {
+        return None;
+    }
+    let sig = u64::from(chosen.trailing_zeros()) + 1;
+    thread.pending_signals &= !bit(sig);
+    if own == 0 {
+        proc.signals.pending &= !bit(sig);
+    }
+    Some((sig, siginfo(sig, sent_by(own != 0, sig))))
+}
+
+/// Linux's siginfo for `sig` sent as `code` (the sender's pid and uid unless the kernel sent it).
+fn siginfo(sig: u64, code: i32) -> [u8; 128] {
+    let mut info = [0u8; 128];
+    info[..4].copy_from_slice(&(sig as i32).to_le_bytes());
+    info[8..12].copy_from_slice(&code.to_le_bytes());
+    if code != SI_KERNEL {
+        info[16..20].copy_from_slice(&(crate::abi::GUEST_PID as i32).to_le_bytes());
+        info[20..24].copy_from_slice(&(crate::abi::GUEST_UID as u32).to_le_bytes());
+    }
+    info
 }
 
 /// Takes the lowest signal ready for `tid` whose action is not to ignore it (ignored ones
@@ -120,13 +210,7 @@ pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
         }
         let sig = u64::from(ready.trailing_zeros()) + 1;
         let thread = proc.threads.get_mut(tid)?;
-        let code = if thread.pending_signals & bit(sig) != 0 {
-            SI_TKILL
-        } else if sig == SIGALRM {
-            SI_KERNEL
-        } else {
-            SI_USER
-        };
+        let code = sent_by(thread.pending_signals & bit(sig) != 0, sig);
         thread.pending_signals &= !bit(sig);
         proc.signals.pending &= !bit(sig);
         let action = proc.signals.actions[sig as usize];
@@ -228,12 +312,7 @@ pub fn push_frame(
     put(&mut frame, MCONTEXT_AT + 168, mask);
     put(&mut frame, SIGMASK_AT, mask);
     let info = SIGINFO_AT as usize;
-    frame[info..info + 4].copy_from_slice(&(sig as i32).to_le_bytes());
-    frame[info + 8..info + 12].copy_from_slice(&code.to_le_bytes());
-    if code != SI_KERNEL {
-        frame[info + 16..info + 20].copy_from_slice(&(crate::abi::GUEST_PID as i32).to_le_bytes());
-        frame[info + 20..info + 24].copy_from_slice(&(crate::abi::GUEST_UID as u32).to_le_bytes());
-    }
+    frame[info..info + 128].copy_from_slice(&siginfo(sig, code));
     UserMemory::new(mem).write(addr, &frame)?;
     let mut handler = interrupted.clone();
     handler.rip = action.handler;

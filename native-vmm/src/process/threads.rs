@@ -124,6 +124,8 @@ pub struct Thread {
     pub pending_signals: u64,
     /// rt_sigsuspend's caller's own mask, restored once a handler returns.
     pub suspend_mask: Option<u64>,
+    /// The signals its last rt_sigtimedwait waits for (meaningful only while that call waits).
+    pub awaited_signals: u64,
     /// The handlers it is running, innermost last (`process::signals`).
     pub signal_frames: Vec<super::signals::SignalFrame>,
     /// CPU time it used up to the last time it stopped running (`CpuClock`), nanoseconds.
@@ -146,6 +148,7 @@ impl Thread {
             calling: None,
             pending_signals: 0,
             suspend_mask: None,
+            awaited_signals: 0,
             signal_frames: Vec::new(),
             cpu_ns: 0,
         }
@@ -680,12 +683,48 @@ impl Threads {
         true
     }
 
-    /// Blocked threads, by tid.
+    /// A readiness wait of blocked thread `tid` makes its call again now (what it waits for
+    /// came without another thread's progress: a signal rt_sigtimedwait awaits).
+    pub fn retry(&mut self, tid: u64) {
+        if let Some(ThreadState::Blocked {
+            wait:
+                Wait {
+                    on: WaitOn::Ready { call, .. },
+                    until,
+                },
+            ..
+        }) = self.get(tid).map(|t| &t.state)
+        {
+            let resume = Resume::Retry {
+                call: *call,
+                final_attempt: false,
+                until: *until,
+            };
+            self.make_runnable(tid, resume);
+        }
+    }
+
+    /// The system call blocked thread `tid` waits in to make again (a readiness wait's).
+    pub fn waiting_call(&self, tid: u64) -> Option<Call> {
+        match self.get(tid).map(|t| &t.state) {
+            Some(ThreadState::Blocked {
+                wait:
+                    Wait {
+                        on: WaitOn::Ready { call, .. },
+                        ..
+                    },
+                ..
+            }) => Some(*call),
+            _ => None,
+        }
+    }
+
     /// Whether any thread has a signal directed at it pending (blocked or not).
     pub fn any_signal_pending(&self) -> bool {
         self.list.iter().any(|t| t.pending_signals != 0)
     }
 
+    /// Blocked threads, by tid.
     pub fn blocked(&self) -> Vec<u64> {
         self.list
             .iter()
@@ -844,6 +883,7 @@ impl Threads {
                 calling: None,
                 pending_signals: 0,
                 suspend_mask: None,
+                awaited_signals: 0,
                 signal_frames: Vec::new(),
                 cpu_ns: 0,
             });

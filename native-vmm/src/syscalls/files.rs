@@ -774,6 +774,9 @@ fn open_common(
     };
     let node = with_view(proc, |vfs, view| vfs.open_in(view, base, &path, &opts))?;
     let status = (flags & STATUS_FLAGS) | O_LARGEFILE;
+    if !path_only && proc.config.vfs.kind(node)? == FileKind::Fifo {
+        return super::fifo::open(proc, node, status as u32, flags & O_CLOEXEC != 0);
+    }
     let mut description = Description::new(Object::Node(node), status as u32);
     // A /proc file's bytes are made once, at open, and read from the description (an O_PATH
     // descriptor reads nothing).
@@ -852,6 +855,40 @@ pub(crate) fn dup3(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) 
     value(new)
 }
 
+const S_IFMT: u64 = 0o170000;
+
+/// mknod(path, mode, dev): a regular file, FIFO or socket file in the overlay; a device node
+/// is EPERM, as for an unprivileged user.
+pub(crate) fn mknod(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    mknod_at(proc, user, AT_FDCWD as u64, args[0], args[1])
+}
+
+/// mknodat(dirfd, path, mode, dev)
+pub(crate) fn mknodat(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
+    mknod_at(proc, user, args[0], args[1], args[2])
+}
+
+/// The file type in `mode` (0 is a regular file) with its permission bits under the umask.
+fn mknod_at(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    dirfd: u64,
+    path: u64,
+    mode: u64,
+) -> SysResult {
+    let kind = match mode & S_IFMT {
+        0 | 0o100000 => FileKind::Regular,
+        0o010000 => FileKind::Fifo,
+        0o140000 => FileKind::Socket,
+        0o020000 | 0o060000 => FileKind::CharDevice,
+        _ => return Err(Errno::EINVAL),
+    };
+    let (base, path) = path_at(proc, user, dirfd, path)?;
+    let perm = (mode as u32) & 0o7777 & !proc.umask;
+    with_view(proc, |vfs, view| vfs.mknod(view, base, &path, perm, kind))?;
+    value(0)
+}
+
 /// fcntl(fd, cmd, arg): duplication, close-on-exec, status flags, pipe size, and record
 /// locks (always granted: there is no other process to conflict with).
 pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
@@ -869,6 +906,8 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     const F_DUPFD_CLOEXEC: u64 = 1030;
     const F_SETPIPE_SZ: u64 = 1031;
     const F_GETPIPE_SZ: u64 = 1032;
+    const F_ADD_SEALS: u64 = 1033;
+    const F_GET_SEALS: u64 = 1034;
     const FD_CLOEXEC: u64 = 1;
     const F_UNLCK: u16 = 2;
     /// Flags F_SETFL may change (O_ASYNC and O_DIRECT have no effect here).
@@ -901,6 +940,8 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             user.check(arg, 32)?;
             value(0)
         }
+        F_ADD_SEALS => super::memfd::add_seals(proc, fd, u64::from(arg as u32)),
+        F_GET_SEALS => super::memfd::get_seals(proc, fd),
         F_GETPIPE_SZ => match desc.object {
             Object::PipeRead(pipe) | Object::PipeWrite(pipe) => {
                 value(proc.fds.pipe(pipe)?.capacity() as u64)

@@ -1,7 +1,8 @@
 //! The Linux system-call layer: one table (table.rs) mapping numbers to handlers, grouped by
-//! area: files (fds, paths, pipes, output), sockets (in-memory socketpairs; Internet sockets
+//! area: files (fds, paths, pipes, output), fifo (mknod, FIFOs), sockets (in-memory socketpairs; Internet sockets
 //! whose traffic leaves the VM in inet.rs), poll and epoll (readiness), eventfd, memory, ids
-//! (process identity), threads (clone, exit, thread ids, yield), futex, time, signals, and misc
+//! (process identity), threads (clone, exit, thread ids, yield), futex, time, signals, memfd
+//! (memory files and their seals), and misc
 //! (system information, randomness, limits).
 
 // The guest's registers are u64; each handler reinterprets them as the C types the Linux ABI
@@ -12,11 +13,13 @@ mod addresses;
 pub(crate) mod agent;
 mod epoll;
 mod eventfd;
+mod fifo;
 mod files;
 mod futex;
 mod ids;
 mod inet;
 mod loopback;
+mod memfd;
 mod memory;
 mod misc;
 mod ownership;
@@ -43,6 +46,7 @@ use crate::process::GuestProcess;
 use crate::status::RunStatus;
 
 pub use crate::usermem::UserMemory;
+pub(crate) use signals::awaits_pending_signal;
 pub use table::{name, Policy, SyscallEntry, TABLE};
 
 /// What the run loop does after a system call.

@@ -1,16 +1,17 @@
 //! Signal system calls: dispositions, masks and the alternate stack (the mask and the
 //! alternate stack are the calling thread's; dispositions and process-directed pending
 //! signals the process's), sending a signal to the guest itself (kill, tkill, tgkill), the
-//! real-time interval timer (alarm, setitimer and getitimer for ITIMER_REAL), waiting for a
-//! signal (pause, rt_sigsuspend) and rt_sigreturn. A sent signal only becomes pending here:
+//! interval timers (alarm, setitimer and getitimer: real time, and CPU time for
+//! ITIMER_VIRTUAL and ITIMER_PROF), waiting for a signal (pause, rt_sigsuspend,
+//! rt_sigtimedwait) and rt_sigreturn. A sent signal only becomes pending here:
 //! the scheduler takes it on the way back to the program (`process::signals`, `crate::sched`),
 //! running its handler or Linux's default action.
 
 use std::time::{Duration, Instant};
 
-use super::{block, value, SysResult, SyscallOutcome, UserMemory};
+use super::{block, value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
-use crate::process::signals::{bit, RealTimer, SIGKILL, SIGSTOP, SIG_IGN};
+use crate::process::signals::{self, bit, CpuTimer, RealTimer, SIGKILL, SIGSTOP, SIG_IGN};
 use crate::process::threads::WaitOn;
 use crate::process::{GuestProcess, SigAction, SIGNAL_COUNT, SS_DISABLE};
 const SIG_BLOCK: u64 = 0;
@@ -229,28 +230,112 @@ pub(crate) fn rt_sigsuspend(
     block(WaitOn::Sleep, None)
 }
 
-const ITIMER_REAL: u64 = 0;
+const RT_SIGTIMEDWAIT: u64 = 128;
 
-/// The time left on the real-time timer, and its interval.
-fn timer_value(proc: &GuestProcess) -> (Duration, Duration) {
-    proc.signals
-        .timer
-        .map_or((Duration::ZERO, Duration::ZERO), |t| {
-            // A timer that is due reads as just about to expire, never as disarmed.
-            (
-                t.next
-                    .saturating_duration_since(Instant::now())
-                    .max(Duration::from_micros(1)),
-                t.interval.unwrap_or_default(),
-            )
-        })
+/// rt_sigtimedwait(set, info, timeout, sigsetsize): takes a pending signal of `set` (blocked
+/// or not; its handler does not run) and returns its number, its siginfo written to `info`;
+/// with none pending it waits for one, at most `timeout` (then EAGAIN; a zero timeout polls).
+/// Another signal the thread would take ends the wait with EINTR.
+pub(crate) fn rt_sigtimedwait(
+    proc: &mut GuestProcess,
+    user: &UserMemory,
+    args: [u64; 6],
+) -> SysResult {
+    let [set, info, timeout, setsize, ..] = args;
+    if setsize != SIGSET_SIZE {
+        return Err(Errno::EINVAL);
+    }
+    let set = user.read_u64(set)? & !(bit(SIGKILL) | bit(SIGSTOP));
+    let timeout = if timeout != 0 {
+        let (sec, nsec) = user.read_timespec(timeout)?;
+        Some(Duration::new(sec, nsec))
+    } else {
+        None
+    };
+    let tid = proc.threads.current_tid();
+    if let Some((sig, siginfo)) = signals::take_from(proc, tid, set) {
+        if info != 0 {
+            user.write(info, &siginfo)?;
+        }
+        return value(sig);
+    }
+    let thread = proc.threads.current_mut();
+    if thread.last_attempt || timeout.is_some_and(|t| t.is_zero()) {
+        return Err(Errno::EAGAIN);
+    }
+    thread.awaited_signals = set;
+    wait_ready(proc, timeout)
 }
 
-fn arm(proc: &mut GuestProcess, value: Duration, interval: Duration) {
-    proc.signals.timer = (!value.is_zero()).then(|| RealTimer {
-        next: Instant::now() + value,
-        interval: (!interval.is_zero()).then_some(interval),
-    });
+/// Whether blocked thread `tid` waits in rt_sigtimedwait for a signal now pending.
+pub(crate) fn awaits_pending_signal(proc: &GuestProcess, tid: u64) -> bool {
+    proc.threads
+        .waiting_call(tid)
+        .is_some_and(|call| call.nr == RT_SIGTIMEDWAIT)
+        && proc
+            .threads
+            .get(tid)
+            .is_some_and(|t| signals::pending_in(proc, tid, t.awaited_signals) != 0)
+}
+
+const ITIMER_REAL: u64 = 0;
+
+/// Which interval timer setitimer and getitimer name: the real-time one, or a CPU-time one
+/// (ITIMER_VIRTUAL, ITIMER_PROF: its slot in `SignalState::cpu_timers`). Both CPU-time timers
+/// count all of the process's CPU time (the VMM's answering of its calls is not told apart
+/// from its own running), so they run alike.
+#[derive(Clone, Copy)]
+enum Which {
+    Real,
+    Cpu(usize),
+}
+
+/// ITIMER_REAL, ITIMER_VIRTUAL or ITIMER_PROF, or EINVAL.
+fn which(which: u64) -> Result<Which, Errno> {
+    match which {
+        ITIMER_REAL => Ok(Which::Real),
+        1 | 2 => Ok(Which::Cpu(which as usize - 1)),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// The time left on a timer, and its interval. A timer that is due reads as just about to
+/// expire, never as disarmed.
+fn timer_value(proc: &GuestProcess, which: Which) -> (Duration, Duration) {
+    let soon = Duration::from_micros(1);
+    match which {
+        Which::Real => proc.signals.timer.map_or(Default::default(), |t| {
+            (
+                t.next.saturating_duration_since(Instant::now()).max(soon),
+                t.interval.unwrap_or_default(),
+            )
+        }),
+        Which::Cpu(slot) => proc.signals.cpu_timers[slot].map_or(Default::default(), |t| {
+            let used = proc.threads.process_cpu_ns();
+            (
+                Duration::from_nanos(t.next_ns.saturating_sub(used)).max(soon),
+                Duration::from_nanos(t.interval_ns),
+            )
+        }),
+    }
+}
+
+fn arm(proc: &mut GuestProcess, which: Which, value: Duration, interval: Duration) {
+    match which {
+        Which::Real => {
+            proc.signals.timer = (!value.is_zero()).then(|| RealTimer {
+                next: Instant::now() + value,
+                interval: (!interval.is_zero()).then_some(interval),
+            });
+        }
+        Which::Cpu(slot) => {
+            let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            proc.signals.cpu_timers[slot] = (!value.is_zero()).then(|| CpuTimer {
+                next_ns: proc.threads.process_cpu_ns().saturating_add(nanos(value)),
+                interval_ns: nanos(interval),
+            });
+        }
+    }
 }
 
 fn write_itimerval(
@@ -266,25 +351,16 @@ fn write_itimerval(
     user.write(addr, &raw)
 }
 
-/// Only ITIMER_REAL: the CPU-time timers are refused with EINVAL, as by a kernel without them.
-fn check_which(which: u64) -> Result<(), Errno> {
-    if which == ITIMER_REAL {
-        Ok(())
-    } else {
-        Err(Errno::EINVAL)
-    }
-}
-
 /// getitimer(which, curr_value)
 pub(crate) fn getitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    check_which(args[0])?;
-    write_itimerval(user, args[1], timer_value(proc))?;
+    let which = which(args[0])?;
+    write_itimerval(user, args[1], timer_value(proc, which))?;
     value(0)
 }
 
 /// setitimer(which, new_value, old_value)
 pub(crate) fn setitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    check_which(args[0])?;
+    let which = which(args[0])?;
     let new = if args[1] != 0 {
         Some((
             user.read_timeval(args[1])?,
@@ -294,16 +370,16 @@ pub(crate) fn setitimer(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
         None
     };
     if args[2] != 0 {
-        write_itimerval(user, args[2], timer_value(proc))?;
+        write_itimerval(user, args[2], timer_value(proc, which))?;
     }
     let (interval, value_) = new.unwrap_or_default();
-    arm(proc, value_, interval);
+    arm(proc, which, value_, interval);
     value(0)
 }
 
 /// alarm(seconds): the seconds left on the previous timer (rounded up), 0 if none.
 pub(crate) fn alarm(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    let (left, _) = timer_value(proc);
+    let (left, _) = timer_value(proc, Which::Real);
     let before = if proc.signals.timer.is_some() {
         left.as_secs() + u64::from(left.subsec_nanos() > 0)
     } else {
@@ -311,6 +387,7 @@ pub(crate) fn alarm(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6])
     };
     arm(
         proc,
+        Which::Real,
         Duration::from_secs(u64::from(args[0] as u32)),
         Duration::ZERO,
     );

@@ -4,9 +4,7 @@
 //! * `Emulate(handler)`: answered by the VMM, with Linux's semantics within the sandbox's
 //!   limits (the handler's doc comment says where it differs).
 //! * `Refuse(errno)`: refused by design with a fixed errno the program can handle: no identity
-//!   changes (EPERM: the guest is an unprivileged user; ownership.rs for chown), no device or
-//!   FIFO nodes (EPERM, as a file system that cannot make them answers: tarfile then extracts a
-//!   copy), no extended
+//!   changes (EPERM: the guest is an unprivileged user; ownership.rs for chown), no extended
 //!   attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
 //!   CPU without them; V8 then protects nothing with them), rseq, which glibc probes and
 //!   tolerates missing, and io_uring (ENOSYS, as a kernel built without it answers: libuv, when
@@ -19,7 +17,7 @@
 //! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
 use super::{
-    addresses, epoll, eventfd, files, futex, ids, memory, misc, ownership, poll, processes,
+    addresses, epoll, eventfd, files, futex, ids, memfd, memory, misc, ownership, poll, processes,
     signals, sockets, threads, time, transfer, SysResult, UserMemory,
 };
 use crate::errno::Errno;
@@ -60,8 +58,6 @@ const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
 const NO_IO_URING: Errno = Errno::ENOSYS;
 /// The file systems have no extended attributes, as one mounted without them answers.
 const NO_XATTRS: Errno = Errno::EOPNOTSUPP;
-/// The overlay makes no special nodes (mknod(2): "the file system does not support" them).
-const NOT_ON_THIS_FS: Errno = Errno::EPERM;
 
 /// Sorted by number (a unit test checks it).
 pub static TABLE: &[SyscallEntry] = &[
@@ -175,9 +171,10 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(124, "getsid", processes::getsid),
     emulate(125, "capget", ids::capget),
     emulate(127, "rt_sigpending", signals::rt_sigpending),
+    emulate(128, "rt_sigtimedwait", signals::rt_sigtimedwait),
     emulate(130, "rt_sigsuspend", signals::rt_sigsuspend),
     emulate(131, "sigaltstack", signals::sigaltstack),
-    refuse(133, "mknod", NOT_ON_THIS_FS),
+    emulate(133, "mknod", files::mknod),
     emulate(137, "statfs", files::statfs),
     emulate(138, "fstatfs", files::fstatfs),
     emulate(140, "getpriority", ownership::getpriority),
@@ -224,7 +221,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(247, "waitid", processes::waitid),
     emulate(257, "openat", files::openat),
     emulate(258, "mkdirat", files::mkdirat),
-    refuse(259, "mknodat", NOT_ON_THIS_FS),
+    emulate(259, "mknodat", files::mknodat),
     emulate(260, "fchownat", ownership::fchownat),
     emulate(262, "newfstatat", files::newfstatat),
     emulate(263, "unlinkat", files::unlinkat),
@@ -253,6 +250,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(307, "sendmmsg", sockets::sendmmsg),
     emulate(316, "renameat2", files::renameat2),
     emulate(318, "getrandom", misc::getrandom),
+    emulate(319, "memfd_create", memfd::memfd_create),
     emulate(322, "execveat", processes::execveat),
     emulate(326, "copy_file_range", transfer::copy_file_range),
     emulate(327, "preadv2", files::preadv2),

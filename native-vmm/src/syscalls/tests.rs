@@ -795,16 +795,96 @@ fn interval_timer() {
     assert_eq!(g.ret(GETITIMER, &[0, BUF]), 0);
     assert_eq!(g.mem.read_u64(BUF + 8).unwrap(), 10_000);
     assert!((40_000..=50_000).contains(&g.mem.read_u64(BUF + 24).unwrap()));
-    assert_eq!(g.ret(SETITIMER, &[1, SCRATCH, 0]), err(Errno::EINVAL));
+    assert_eq!(g.ret(SETITIMER, &[3, SCRATCH, 0]), err(Errno::EINVAL));
     g.mem.write_u64(SCRATCH + 8, 1_000_000).unwrap();
     assert_eq!(g.ret(SETITIMER, &[0, SCRATCH, 0]), err(Errno::EINVAL));
     let due = g.proc.signals.timer.unwrap().next;
-    crate::process::signals::fire_timer(&mut g.proc, due);
+    crate::process::signals::fire_timers(&mut g.proc, due);
     assert_eq!(g.proc.signals.pending, 1 << 13);
     assert_eq!(
         g.proc.signals.timer.unwrap().next,
         due + std::time::Duration::from_millis(10)
     );
+}
+
+#[test]
+fn cpu_time_interval_timers_count_the_process_cpu_time() {
+    const GETITIMER: u64 = 36;
+    const SETITIMER: u64 = 38;
+    const ITIMER_VIRTUAL: u64 = 1;
+    const ITIMER_PROF: u64 = 2;
+    let mut g = guest();
+    // ITIMER_VIRTUAL: 50 ms of CPU time once, then every 10 ms.
+    for (i, v) in [0u64, 10_000, 0, 50_000].iter().enumerate() {
+        g.mem.write_u64(SCRATCH + 8 * i as u64, *v).unwrap();
+    }
+    assert_eq!(g.ret(SETITIMER, &[ITIMER_VIRTUAL, SCRATCH, 0]), 0);
+    assert_eq!(g.ret(GETITIMER, &[ITIMER_VIRTUAL, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 8).unwrap(), 10_000);
+    assert_eq!(
+        g.mem.read_u64(BUF + 24).unwrap(),
+        50_000,
+        "no CPU time used yet"
+    );
+    assert_eq!(g.ret(GETITIMER, &[ITIMER_PROF, BUF]), 0);
+    assert_eq!(
+        g.mem.read_u64(BUF + 24).unwrap(),
+        0,
+        "the other stays disarmed"
+    );
+    let now = std::time::Instant::now();
+    g.proc.threads.current_mut().cpu_ns = 49_000_000;
+    crate::process::signals::fire_timers(&mut g.proc, now);
+    assert_eq!(
+        g.proc.signals.pending, 0,
+        "not due before 50 ms of CPU time"
+    );
+    g.proc.threads.current_mut().cpu_ns = 51_000_000;
+    crate::process::signals::fire_timers(&mut g.proc, now);
+    assert_eq!(g.proc.signals.pending, 1 << 25, "SIGVTALRM");
+    assert_eq!(
+        g.proc.signals.cpu_timers[0].map(|t| t.next_ns),
+        Some(61_000_000),
+        "re-armed an interval on"
+    );
+    // Disarming reads back zero.
+    g.mem.write_u64(SCRATCH + 24, 0).unwrap();
+    g.mem.write_u64(SCRATCH + 8, 0).unwrap();
+    assert_eq!(g.ret(SETITIMER, &[ITIMER_VIRTUAL, SCRATCH, BUF]), 0);
+    assert_eq!(g.mem.read_u64(BUF + 24).unwrap(), 10_000, "the old value");
+    assert!(g.proc.signals.cpu_timers[0].is_none());
+}
+
+#[test]
+fn sigtimedwait_takes_a_pending_signal_without_its_handler() {
+    const RT_SIGTIMEDWAIT: u64 = 128;
+    const SIGUSR1: u64 = 10;
+    let mut g = guest();
+    g.mem.write_u64(SCRATCH, 1 << (SIGUSR1 - 1)).unwrap();
+    // A zero timeout polls: nothing pending is EAGAIN.
+    g.mem.write_u64(SCRATCH + 16, 0).unwrap();
+    g.mem.write_u64(SCRATCH + 24, 0).unwrap();
+    assert_eq!(
+        g.ret(RT_SIGTIMEDWAIT, &[SCRATCH, BUF, SCRATCH + 16, 8]),
+        err(Errno::EAGAIN)
+    );
+    assert_eq!(
+        g.ret(RT_SIGTIMEDWAIT, &[SCRATCH, BUF, SCRATCH + 16, 4]),
+        err(Errno::EINVAL)
+    );
+    g.proc.signals.pending |= 1 << (SIGUSR1 - 1);
+    assert_eq!(
+        g.ret(RT_SIGTIMEDWAIT, &[SCRATCH, BUF, 0, 8]),
+        SIGUSR1 as i64
+    );
+    assert_eq!(g.mem.read_u32(BUF).unwrap(), SIGUSR1 as u32, "si_signo");
+    assert_eq!(g.mem.read_u32(BUF + 8).unwrap(), 0, "si_code SI_USER");
+    assert_eq!(g.proc.signals.pending, 0, "taken");
+    // With nothing pending and no timeout it waits.
+    assert!(matches!(
+        g.call(RT_SIGTIMEDWAIT, &[SCRATCH, 0, 0, 8]),
+        SyscallOutcome::Block(_)
+    ));
 }
 
 #[test]
@@ -2069,4 +2149,44 @@ fn a_folder_emptied_while_it_is_read_yields_every_entry_once() {
     let n = g.ret(GETDENTS64, &[dfd, BUF, 4096]);
     let names = dirent_names(&g.mem.read_vec(BUF, n as u64).unwrap());
     assert!(names.iter().all(|n| n == b"." || n == b".."), "{names:?}");
+}
+
+#[test]
+fn mknod_makes_fifos_and_files_but_no_devices() {
+    const MKNODAT: u64 = 259;
+    const S_IFIFO: u64 = 0o010000;
+    const S_IFCHR: u64 = 0o020000;
+    let mut g = guest();
+    let fifo = g.cstr(SCRATCH, "/tmp/fifo");
+    assert_eq!(g.ret(MKNODAT, &[AT_FDCWD, fifo, S_IFIFO | 0o644, 0]), 0);
+    assert_eq!(g.ret(NEWFSTATAT, &[AT_FDCWD, fifo, BUF, 0]), 0);
+    assert_eq!(g.mem.read_u32(BUF + 24).unwrap(), (S_IFIFO | 0o644) as u32);
+    assert_eq!(
+        g.ret(MKNODAT, &[AT_FDCWD, fifo, S_IFIFO | 0o644, 0]),
+        err(Errno::EEXIST)
+    );
+    // With no writer, a non-blocking reader opens and a non-blocking writer is ENXIO.
+    let r = g.ret(OPENAT, &[AT_FDCWD, fifo, O_NONBLOCK, 0]);
+    assert!(r >= 0, "{r}");
+    assert_eq!(
+        g.ret(OPENAT, &[AT_FDCWD, fifo, 1 | O_NONBLOCK, 0]),
+        r + 1,
+        "a writer opens once a reader is there"
+    );
+    assert_eq!(g.ret(OPENAT, &[AT_FDCWD, fifo, 2, 0]), err(Errno::EINVAL));
+    let dev = g.cstr(SCRATCH, "/tmp/null");
+    assert_eq!(
+        g.ret(MKNODAT, &[AT_FDCWD, dev, S_IFCHR | 0o666, 0x103]),
+        err(Errno::EPERM)
+    );
+    assert_eq!(
+        g.ret(MKNODAT, &[AT_FDCWD, dev, 0o170000, 0]),
+        err(Errno::EINVAL)
+    );
+    let lone = g.cstr(SCRATCH, "/tmp/lone");
+    assert_eq!(g.ret(MKNODAT, &[AT_FDCWD, lone, S_IFIFO | 0o600, 0]), 0);
+    assert_eq!(
+        g.ret(OPENAT, &[AT_FDCWD, lone, 1 | O_NONBLOCK, 0]),
+        err(Errno::ENXIO)
+    );
 }

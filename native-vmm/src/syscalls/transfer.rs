@@ -67,7 +67,7 @@ fn source(
                 })
             }
             FileKind::Symlink => Err(Errno::EINVAL),
-            FileKind::Socket => Err(Errno::ENXIO),
+            FileKind::Socket | FileKind::Fifo => Err(Errno::ENXIO),
         },
         Object::PipeRead(pipe) | Object::Socket { rx: pipe, .. } if allow_channel => match offset {
             Some(_) => Err(Errno::ESPIPE),

@@ -261,3 +261,23 @@ pub fn describe(outcome: &RunOutcome) -> String {
         outcome.stats.unsupported
     )
 }
+
+/// Runs `program` natively with `/usr/bin/python3.11 program.py args` in a directory of its own
+/// (an empty environment but PATH and HOME); it must exit 0. Its stdout.
+pub fn native_python(tag: &str, program: &str, args: &[&str]) -> String {
+    let dir = process_dir(tag);
+    std::fs::create_dir_all(&dir).expect("a directory for the native run");
+    let script = dir.join("program.py");
+    std::fs::write(&script, program).expect("writing the program");
+    let native = Command::new("/usr/bin/python3.11")
+        .arg(&script)
+        .args(args)
+        .current_dir(&dir)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", &dir)
+        .output()
+        .expect("running python3.11 natively");
+    assert!(native.status.success(), "native: {native:?}");
+    String::from_utf8_lossy(&native.stdout).into_owned()
+}

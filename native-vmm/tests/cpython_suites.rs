@@ -1,6 +1,5 @@
 //! CPython's threading-related regression suites in the VM (`common::cpython`), each passing
-//! as it passes natively, without the tests tests/cpython/skipped.txt lists (they need another
-//! process). Not part of the KVM tier (test_queue and test_threading take minutes in the VM):
+//! as it passes natively, without the tests tests/cpython/skipped.txt lists (with why). Not part of the KVM tier (test_queue and test_threading take minutes in the VM):
 //! `npm run test:cpython`. The tier runs test_thread and test_threading_local (threads_kvm.rs).
 
 mod common;

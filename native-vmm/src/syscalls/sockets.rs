@@ -212,18 +212,30 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     if flags & MSG_PEEK == 0 {
         return read_channel(proc, user, rx, buf, len, nonblocking);
     }
-    user.check(buf, len.min(PIPE_CAPACITY as u64))?;
-    match proc
-        .fds
-        .pipe(rx)?
-        .peek(len.min(PIPE_CAPACITY as u64) as usize)
-    {
+    let iovecs = [(buf, len)];
+    peek(proc, user, rx, &iovecs, nonblocking)
+}
+
+/// MSG_PEEK on a stream socket's receive channel `rx`: up to what `iovecs` hold of the bytes
+/// there, left queued (descriptions passed with them stay too), written over `iovecs`.
+fn peek(
+    proc: &GuestProcess,
+    user: &UserMemory,
+    rx: usize,
+    iovecs: &[(u64, u64)],
+    nonblocking: bool,
+) -> SysResult {
+    let max = iovec_total(iovecs).min(PIPE_CAPACITY as u64);
+    for &(base, len) in iovecs {
+        user.check(base, len.min(max))?;
+    }
+    match proc.fds.pipe(rx)?.peek(max as usize) {
         Ok(bytes) => {
-            user.write(buf, &bytes)?;
+            scatter(user, iovecs, &bytes)?;
             value(bytes.len() as u64)
         }
         Err(PipeError::WouldBlock) if nonblocking => Err(Errno::EAGAIN),
-        Err(_) => super::wait_ready(proc, None),
+        Err(_) => wait_ready(proc, None),
     }
 }
 
@@ -357,8 +369,8 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
 /// recvmsg(fd, msg, flags): one receive scattered over the iovecs. Descriptions passed with
 /// the bytes are installed as new fds (close-on-exec with MSG_CMSG_CLOEXEC) in one
 /// SCM_RIGHTS control message; those the control buffer or the fd limit has no room for are
-/// closed and MSG_CTRUNC is set, as on Linux. No name comes back. MSG_PEEK is EOPNOTSUPP here
-/// (recv/recvfrom support it).
+/// closed and MSG_CTRUNC is set, as on Linux. No name comes back. MSG_PEEK leaves the bytes
+/// queued and receives no descriptions.
 pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     if inet::index_of(proc, fd_arg(args[0])).is_some() {
         return inet::recvmsg(proc, user, args);
@@ -390,10 +402,16 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     }
     let (rx, _, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
-    if flags & MSG_PEEK != 0 {
-        return Err(Errno::EOPNOTSUPP);
-    }
     let header = read_msghdr(user, msg)?;
+    if flags & MSG_PEEK != 0 {
+        let peeked = peek(proc, user, rx, &header.iovecs, nonblocking)?;
+        if matches!(peeked, SyscallOutcome::Return(_)) {
+            user.write_u32(msg + 8, 0)?;
+            user.write_u64(msg + 40, 0)?;
+            user.write_u32(msg + 48, 0)?;
+        }
+        return Ok(peeked);
+    }
     // Guest memory must take what arrives before anything is taken off the channel.
     for &(base, len) in &header.iovecs {
         user.check(base, len.min(MAX_IO))?;

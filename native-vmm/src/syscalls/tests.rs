@@ -1329,6 +1329,21 @@ fn one_byte_message(g: &mut Guest, msg: u64, data: u64, control: u64, control_le
     g.mem.write_u64(msg + 72, 1).unwrap();
 }
 
+#[test]
+fn recvmsg_peeks_at_a_stream_sockets_bytes() {
+    let mut g = guest();
+    let (a, b) = g.socketpair(O_NONBLOCK);
+    let msg = SCRATCH + 0x400;
+    one_byte_message(&mut g, msg, BUF, 0, 0);
+    g.mem.write_u64(msg + 72, 3).unwrap();
+    assert_eq!(g.ret(RECVMSG, &[b, msg, MSG_PEEK]), err(Errno::EAGAIN));
+    assert_eq!(g.write_bytes(a, b"hello"), 5);
+    assert_eq!(g.ret(RECVMSG, &[b, msg, MSG_PEEK]), 3);
+    assert_eq!(g.mem.read_vec(BUF, 3).unwrap(), b"hel");
+    assert_eq!(g.mem.read_u32(msg + 48).unwrap(), 0);
+    assert_eq!(g.read_bytes(b, 10).unwrap(), b"hello");
+}
+
 /// Writes one control message header (cmsg_len, level, type) and its fds at `at`.
 fn write_cmsg(g: &mut Guest, at: u64, len: u64, level: u32, kind: u32, fds: &[u32]) {
     g.mem.write_u64(at, len).unwrap();

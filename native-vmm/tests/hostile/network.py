@@ -1,6 +1,6 @@
 # attack: open a socket of every address family and type, connect to the host and beyond, resolve a name
 # expect: ok
-# must not: reach any network without a policy: only stream sockets of AF_UNIX, AF_INET and AF_INET6 and datagram sockets of AF_INET and AF_INET6 exist; a connection or datagram to any other host is refused by the empty policy (EACCES); the host's own loopback services are not there; no name resolves
+# must not: reach any network without a policy: only stream and datagram sockets of AF_UNIX, AF_INET and AF_INET6 and seqpacket sockets of AF_UNIX exist; a connection or datagram to any other host is refused by the empty policy (EACCES); the host's own loopback services are not there; no name resolves
 import errno, socket
 
 opened = []
@@ -13,7 +13,7 @@ for family in range(0, 46):
             continue
         opened.append((family, kind))
         s.close()
-assert opened == [(socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM), (socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM)], opened
+assert opened == [(socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_UNIX, socket.SOCK_DGRAM), (socket.AF_UNIX, socket.SOCK_SEQPACKET), (socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM), (socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM)], opened
 for address, expected in ((("10.0.2.2", 80), errno.EACCES), (("169.254.169.254", 80), errno.EACCES), (("93.184.216.34", 443), errno.EACCES), (("127.0.0.1", 5432), errno.ECONNREFUSED)):
     try:
         socket.create_connection(address, timeout=1)

@@ -37,11 +37,16 @@ export function groupedBySession(): boolean {
   }
 }
 
+/** Field `field` (numbered as in proc(5)) of the stat of `pid` ("self": this process). */
+function statField(pid: number | "self", field: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  // Fields 1 and 2, the pid and the parenthesised command name (which may hold spaces), go first.
+  return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[field - 3]);
+}
+
 /** Whether `pid` (undefined: this process) leads its session: its session id, field 6 of its stat, is its pid. */
 export function leadsItsSession(pid?: number): boolean {
-  const stat = readFileSync(`/proc/${pid ?? "self"}/stat`, "utf8");
-  const session = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[3];
-  return Number(session) === (pid ?? process.pid);
+  return statField(pid ?? "self", 6) === (pid ?? process.pid);
 }
 
 /** The nice value of the session group of `pid`, from /proc/PID/autogroup ("/autogroup-N nice V"). */
@@ -101,8 +106,7 @@ export function setRealtime(pid: number | undefined, priority: number): void {
 
 /** The scheduling policy of `pid`'s main thread (field 41 of its stat): 0 ordinary, 2 SCHED_RR. */
 export function schedulingPolicyOf(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[38]);
+  return statField(pid, 41);
 }
 
 /** `spawn`, the child at the nice value this process started with (see setEventLoopNice). */

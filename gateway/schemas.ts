@@ -49,17 +49,22 @@ export function maxProcessesSchema(limits: ExecutionLimits) {
     });
 }
 
+/**
+ * A template as an execution or a session names it: a built-in one's name, or one built through
+ * the API (a saved session among them) as name@version, or name for its newest.
+ */
+export const TemplateRefSchema = z
+  .string()
+  .regex(/^[a-z0-9][a-z0-9._-]{0,63}(@[0-9A-Za-z][0-9A-Za-z._-]{0,31})?$/);
+
 export function executionRequestSchema(limits: ExecutionLimits) {
   return z
     .object({
-      template: z
-        .string()
-        .regex(/^[a-z0-9][a-z0-9._-]{0,63}(@[0-9A-Za-z][0-9A-Za-z._-]{0,31})?$/)
-        .openapi({
-          example: "python",
-          description:
-            "A template name from GET /v1/templates; a template built through the API as name@version, or name for its newest build",
-        }),
+      template: TemplateRefSchema.openapi({
+        example: "python",
+        description:
+          "A template name from GET /v1/templates; a template built through the API as name@version, or name for its newest build",
+      }),
       code: z
         .string()
         .max(REQUEST_LIMITS.MAX_CODE_BYTES)
@@ -567,6 +572,11 @@ export const IdParamSchema = z.object({
 
 const TEMPLATE_NAME = /^[a-z][a-z0-9-]{0,31}$/;
 const TEMPLATE_VERSION = /^[0-9A-Za-z][0-9A-Za-z._-]{0,31}$/;
+/** A template's name in a definition or a saved session. */
+const TemplateNameSchema = z
+  .string()
+  .regex(TEMPLATE_NAME)
+  .openapi({ description: "Lower-case letters, digits and '-'" });
 const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 
 /** A guest path checked as template-definition.ts checks it, as a schema issue. */
@@ -588,10 +598,7 @@ const guestPath = z
 
 export const TemplateDefinitionSchema = z
   .object({
-    name: z
-      .string()
-      .regex(TEMPLATE_NAME)
-      .openapi({ example: "reports", description: "Lower-case letters, digits and '-'" }),
+    name: TemplateNameSchema.openapi({ example: "reports" }),
     version: z.string().regex(TEMPLATE_VERSION).openapi({
       example: "1",
       description: "Immutable once built; an execution names name@version, or name for the newest",
@@ -665,10 +672,7 @@ export type TemplateDefinitionBody = z.infer<typeof TemplateDefinitionSchema>;
 /** POST /v1/sessions/{id}/template: the session's state as a template of the caller's account. */
 export const SessionTemplateSchema = z
   .object({
-    name: z
-      .string()
-      .regex(TEMPLATE_NAME)
-      .openapi({ example: "prepared", description: "Lower-case letters, digits and '-'" }),
+    name: TemplateNameSchema.openapi({ example: "prepared" }),
     version: z.string().regex(TEMPLATE_VERSION).optional().openapi({
       example: "1",
       description: "Immutable; absent: the next whole number after the name's highest",

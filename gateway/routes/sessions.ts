@@ -15,6 +15,7 @@ import {
   RichResultSchema,
   SessionTemplateSchema,
   TemplateBuildSchema,
+  TemplateRefSchema,
 } from "../schemas.js";
 import type { CellOutcome, SessionService } from "../session-service.js";
 import {
@@ -136,14 +137,11 @@ const ForkedSessionsSchema = z
 const CreateSessionSchema = (ctx: GatewayContext) =>
   z
     .object({
-      template: z
-        .string()
-        .regex(/^[a-z0-9][a-z0-9._-]{0,63}(@[0-9A-Za-z][0-9A-Za-z._-]{0,31})?$/)
-        .openapi({
-          example: "python",
-          description:
-            "A template name; one built through the API (a saved session among them) as name@version, or name for its newest",
-        }),
+      template: TemplateRefSchema.openapi({
+        example: "python",
+        description:
+          "A template name; one built through the API (a saved session among them) as name@version, or name for its newest",
+      }),
       idle_timeout_s: z
         .number()
         .int()

@@ -15,7 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { StartedRuntime } from "../runtime/start.js";
 import { timeScale } from "./testing/kvm-tier.js";
 import { startPythonGateway } from "./testing/python-gateway.js";
-import { expectProblem, type TestGateway } from "./testing/test-gateway.js";
+import { expectJson, expectProblem, type TestGateway } from "./testing/test-gateway.js";
 
 const CREDITS = 1_000_000;
 const TEST_TIMEOUT_MS = 180_000 * timeScale;
@@ -46,15 +46,8 @@ afterAll(async () => {
   if (dir !== undefined) await rm(dir, { recursive: true, force: true });
 });
 
-async function call(key: string, method: string, path: string, body?: unknown) {
-  const response = await gw.call(method, path, { credential: key, body });
-  return response;
-}
-
-async function json<T>(response: Response, status: number): Promise<T> {
-  const text = await response.text();
-  expect(response.status, text).toBe(status);
-  return JSON.parse(text) as T;
+function call(key: string, method: string, path: string, body?: unknown) {
+  return gw.call(method, path, { credential: key, body });
 }
 
 interface Build {
@@ -68,12 +61,13 @@ interface Build {
 }
 
 async function newSession(key: string, template = "python"): Promise<string> {
-  return (await json<{ id: string }>(await call(key, "POST", "/v1/sessions", { template }), 201))
-    .id;
+  return (
+    await expectJson<{ id: string }>(await call(key, "POST", "/v1/sessions", { template }), 201)
+  ).id;
 }
 
 async function cell(key: string, session: string, code: string): Promise<string | null> {
-  const answer = await json<{ value: string | null; error: unknown }>(
+  const answer = await expectJson<{ value: string | null; error: unknown }>(
     await call(key, "POST", `/v1/sessions/${session}/executions`, { code }),
     200,
   );
@@ -96,7 +90,7 @@ describe("a session saved as a template", () => {
         session,
         "import fractions\nbase = 40\nopen('/work/data.txt', 'w').write('kept')",
       );
-      const saved = await json<Build>(
+      const saved = await expectJson<Build>(
         await call(owner.key, "POST", `/v1/sessions/${session}/template`, {
           name: "prepared",
           description: "base = 40",
@@ -126,7 +120,7 @@ describe("a session saved as a template", () => {
       expect(await cell(owner.key, child, "base + 1")).toBe("41");
 
       // Versioned like any template: the next whole number, and an existing version refused.
-      const second = await json<Build>(
+      const second = await expectJson<Build>(
         await call(owner.key, "POST", `/v1/sessions/${session}/template`, { name: "prepared" }),
         201,
       );
@@ -139,7 +133,7 @@ describe("a session saved as a template", () => {
         409,
         "template-version-exists",
       );
-      const listed = await json<{ custom_templates: { ref: string; own: boolean }[] }>(
+      const listed = await expectJson<{ custom_templates: { ref: string; own: boolean }[] }>(
         await call(owner.key, "GET", "/v1/templates"),
         200,
       );
@@ -168,7 +162,7 @@ describe("a session saved as a template", () => {
       expect((await call(owner.key, "DELETE", "/v1/templates/prepared@2")).status).toBe(204);
       expect((await run(owner.key, "prepared@2", "print(base)")).status).toBe(422);
       for (const id of [session, child])
-        await json(await call(owner.key, "DELETE", `/v1/sessions/${id}`), 200);
+        await expectJson(await call(owner.key, "DELETE", `/v1/sessions/${id}`), 200);
     },
     TEST_TIMEOUT_MS,
   );
@@ -193,13 +187,13 @@ describe("a session saved as a template", () => {
         "session-not-templatable",
       );
       expect(String(refused.detail)).toContain("socket");
-      const listed = await json<{ custom_templates: { name: string }[] }>(
+      const listed = await expectJson<{ custom_templates: { name: string }[] }>(
         await call(owner.key, "GET", "/v1/templates"),
         200,
       );
       expect(listed.custom_templates.map((t) => t.name)).not.toContain("bound");
       const ended = await newSession(owner.key);
-      await json(
+      await expectJson(
         await call(owner.key, "POST", `/v1/sessions/${ended}/executions`, {
           code: "import os; os._exit(0)",
         }),
@@ -216,13 +210,13 @@ describe("a session saved as a template", () => {
         "validation-failed",
       );
       for (const id of [bound, ended])
-        await json(await call(owner.key, "DELETE", `/v1/sessions/${id}`), 200);
+        await expectJson(await call(owner.key, "DELETE", `/v1/sessions/${id}`), 200);
     },
     TEST_TIMEOUT_MS,
   );
 
   it("is in the OpenAPI document", async () => {
-    const document = await json<{ paths: Record<string, Record<string, unknown>> }>(
+    const document = await expectJson<{ paths: Record<string, Record<string, unknown>> }>(
       await gw.call("GET", "/openapi.json"),
       200,
     );

@@ -19,7 +19,12 @@ import {
   scaledDaemonReadyEnv,
   templatesWithPrebuilt,
 } from "./testing/kvm-tier.js";
-import { expectProblem, startTestGateway, type TestGateway } from "./testing/test-gateway.js";
+import {
+  expectJson,
+  expectProblem,
+  startTestGateway,
+  type TestGateway,
+} from "./testing/test-gateway.js";
 
 const CREDITS = 1_000_000;
 const MAX_SESSIONS = 3;
@@ -66,25 +71,19 @@ afterAll(async () => {
   if (dir !== undefined) await rm(dir, { recursive: true, force: true });
 });
 
-async function json<T>(response: Response, status: number): Promise<T> {
-  const text = await response.text();
-  expect(response.status, text).toBe(status);
-  return JSON.parse(text) as T;
-}
-
 describe("sessions through the gateway and the supervised daemon on KVM", () => {
   it("keeps state between cells, checkpoints, pauses, resumes, forks and bills it all", async () => {
     const { key, keyId, accountId } = await gw.issue({ credits: CREDITS });
     const call = (method: string, path: string, body?: unknown) =>
       gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
-    const created = await json<Session>(
+    const created = await expectJson<Session>(
       await call("POST", "/v1/sessions", { template: "python", idle_timeout_s: 600 }),
       201,
     );
     expect(created).toMatchObject({ state: "running", cells: 0, last_checkpoint: null });
     const base = `/v1/sessions/${created.id}`;
     const cell = async (code: string) =>
-      json<{
+      expectJson<{
         value: string | null;
         error: unknown;
         resumed: boolean;
@@ -104,7 +103,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       rawBody: "x\n1\n2\n3\n",
       headers: { "content-type": "application/octet-stream" },
     });
-    expect(await json(put, 200)).toEqual({ path: "data/in.csv", bytes: 8 });
+    expect(await expectJson(put, 200)).toEqual({ path: "data/in.csv", bytes: 8 });
     const second = await cell(
       "rows = [int(v) for v in open('/work/data/in.csv').read().split()[1:]]\nlog.write('b'); log.flush()\nprint('mean', statistics.mean(rows))\nsum(rows)",
     );
@@ -118,7 +117,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       rawBody: bytes,
       headers: { "content-type": "application/octet-stream" },
     });
-    expect(await json(binary, 200)).toEqual({ path: "all.bin", bytes: 256 });
+    expect(await expectJson(binary, 200)).toEqual({ path: "all.bin", bytes: 256 });
     expect(
       new Uint8Array(
         await (await gw.call("GET", `${base}/files/all.bin`, { credential: key })).arrayBuffer(),
@@ -135,7 +134,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       "validation-failed",
     );
 
-    const checkpoint = await json<{
+    const checkpoint = await expectJson<{
       checkpoint: number;
       sha256: string;
       file_bytes: number;
@@ -145,7 +144,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     expect(checkpoint.session.checkpoint_bytes).toBe(checkpoint.file_bytes);
     expect((await cell("rows.append(4)\nlen(rows)")).value).toBe("4");
 
-    const paused = await json<{ session: Session }>(await call("POST", `${base}/pause`), 201);
+    const paused = await expectJson<{ session: Session }>(await call("POST", `${base}/pause`), 201);
     expect(paused.session.state).toBe("paused");
     expect(paused.session.usage.running_gib_seconds).toBeGreaterThan(0);
     const resumed = await cell(
@@ -158,22 +157,24 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     ]);
 
     // A fork from the first checkpoint has the state of then: three rows.
-    const fork = await json<Session>(
+    const fork = await expectJson<Session>(
       await call("POST", `${base}/fork`, { checkpoint: checkpoint.checkpoint }),
       201,
     );
-    const forked = await json<{ value: string }>(
+    const forked = await expectJson<{ value: string }>(
       await call("POST", `/v1/sessions/${fork.id}/executions`, { code: "len(rows)" }),
       200,
     );
     expect(forked.value).toBe("3");
 
-    const listed = await json<{ sessions: Session[] }>(await call("GET", "/v1/sessions"), 200);
-    expect(listed.sessions.map((s) => s.id).sort()).toEqual([created.id, fork.id].sort());
-    const detail = await json<Session & { checkpoints: { checkpoint: number; sha256: string }[] }>(
-      await call("GET", base),
+    const listed = await expectJson<{ sessions: Session[] }>(
+      await call("GET", "/v1/sessions"),
       200,
     );
+    expect(listed.sessions.map((s) => s.id).sort()).toEqual([created.id, fork.id].sort());
+    const detail = await expectJson<
+      Session & { checkpoints: { checkpoint: number; sha256: string }[] }
+    >(await call("GET", base), 200);
     expect(detail.checkpoints).toEqual(
       expect.arrayContaining([
         expect.objectContaining({ checkpoint: checkpoint.checkpoint, sha256: checkpoint.sha256 }),
@@ -181,14 +182,14 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     );
 
     for (const id of [fork.id, created.id]) {
-      const deleted = await json<Session>(await call("DELETE", `/v1/sessions/${id}`), 200);
+      const deleted = await expectJson<Session>(await call("DELETE", `/v1/sessions/${id}`), 200);
       expect(deleted.state).toBe("deleted");
       await expectProblem(await call("GET", `/v1/sessions/${id}`), 404, "not-found");
     }
 
     // Billing: 5 cells as executions, the sessions' running time and storage as session entries,
     // all taken from the balance.
-    const usage = await json<{
+    const usage = await expectJson<{
       executions: number;
       units: number;
       sessions: { units: number; running_gib_seconds: number; checkpoint_gib_hours: number };
@@ -216,7 +217,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     for (let i = 0; i < MAX_SESSIONS; i++)
       ids.push(
         (
-          await json<Session>(
+          await expectJson<Session>(
             await call("POST", "/v1/sessions", { template: "python", idle_timeout_s: 1 }),
             201,
           )
@@ -228,22 +229,22 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       "session-limit",
     );
 
-    await json(
+    await expectJson(
       await call("POST", `/v1/sessions/${ids[0]}/executions`, { code: "kept = 'yes'" }),
       200,
     );
     await new Promise((resolve) => setTimeout(resolve, 1_100));
     await gw.context.sessions.sweep();
-    const idle = await json<Session>(await call("GET", `/v1/sessions/${ids[0]}`), 200);
+    const idle = await expectJson<Session>(await call("GET", `/v1/sessions/${ids[0]}`), 200);
     expect(idle.state).toBe("paused");
     expect(idle.last_checkpoint).not.toBeNull();
-    const back = await json<{ value: string; resumed: boolean }>(
+    const back = await expectJson<{ value: string; resumed: boolean }>(
       await call("POST", `/v1/sessions/${ids[0]}/executions`, { code: "kept" }),
       200,
     );
     expect([back.value, back.resumed]).toEqual(["'yes'", true]);
 
-    const ended = await json<{ session: Session; execution: { status: string } }>(
+    const ended = await expectJson<{ session: Session; execution: { status: string } }>(
       await call("POST", `/v1/sessions/${ids[1]}/executions`, { code: "import os; os._exit(0)" }),
       200,
     );
@@ -253,7 +254,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       409,
       "session-ended",
     );
-    for (const id of ids) await json(await call("DELETE", `/v1/sessions/${id}`), 200);
+    for (const id of ids) await expectJson(await call("DELETE", `/v1/sessions/${id}`), 200);
   });
 
   it("forks eight sessions from one checkpoint at once, each with its own copy of the state", async () => {
@@ -262,7 +263,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
     const cell = async (id: string, code: string) =>
       (
-        await json<{ value: string | null }>(
+        await expectJson<{ value: string | null }>(
           await call("POST", `/v1/sessions/${id}/executions`, { code }),
           200,
         )
@@ -272,18 +273,18 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     const { maxSessionsPerKey } = limits;
     Object.assign(limits, { maxSessionsPerKey: FORKS + 1 });
     try {
-      const source = await json<Session>(
+      const source = await expectJson<Session>(
         await call("POST", "/v1/sessions", { template: "python" }),
         201,
       );
       await cell(source.id, "x = 41");
-      await json(await call("POST", `/v1/sessions/${source.id}/checkpoints`), 201);
+      await expectJson(await call("POST", `/v1/sessions/${source.id}/checkpoints`), 201);
       await expectProblem(
         await call("POST", `/v1/sessions/${source.id}/fork`, { count: 0 }),
         422,
         "validation-failed",
       );
-      const { sessions: forks } = await json<{ sessions: Session[] }>(
+      const { sessions: forks } = await expectJson<{ sessions: Session[] }>(
         await call("POST", `/v1/sessions/${source.id}/fork`, { count: FORKS }),
         201,
       );
@@ -293,7 +294,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       for (const fork of forks) expect(await cell(fork.id, "x += 1\nx")).toBe("42");
       expect(await cell(source.id, "x")).toBe("41");
       for (const id of [...forks.map((f) => f.id), source.id])
-        await json(await call("DELETE", `/v1/sessions/${id}`), 200);
+        await expectJson(await call("DELETE", `/v1/sessions/${id}`), 200);
     } finally {
       Object.assign(limits, { maxSessionsPerKey });
     }
@@ -303,7 +304,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     const { key } = await gw.issue({ credits: CREDITS });
     const call = (method: string, path: string, body?: unknown) =>
       gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
-    const { id } = await json<Session>(
+    const { id } = await expectJson<Session>(
       await call("POST", "/v1/sessions", { template: "python" }),
       201,
     );
@@ -311,7 +312,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       new URL("../native-vmm/tests/programs/fork_until_refused.py", import.meta.url),
       "utf8",
     );
-    const forked = await json<{ execution: { status: string; stdout: string } }>(
+    const forked = await expectJson<{ execution: { status: string; stdout: string } }>(
       await call("POST", `/v1/sessions/${id}/executions`, { code, max_processes: 3 }),
       200,
     );
@@ -322,6 +323,6 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       422,
       "validation-failed",
     );
-    await json(await call("DELETE", `/v1/sessions/${id}`), 200);
+    await expectJson(await call("DELETE", `/v1/sessions/${id}`), 200);
   });
 });

@@ -152,6 +152,14 @@ export async function startTestGateway(
   return test;
 }
 
+/** Reads a JSON answer and checks its status (the body in the failure message). */
+export async function expectJson<T>(response: Response, status: number): Promise<T> {
+  const text = await response.text();
+  if (response.status !== status)
+    throw new Error(`expected ${status}, got ${response.status} ${text}`);
+  return JSON.parse(text) as T;
+}
+
 /** Reads a problem+json answer and checks its status and `type` slug. */
 export async function expectProblem(
   response: Response,

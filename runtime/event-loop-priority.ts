@@ -20,9 +20,9 @@ import { getPriority, setPriority } from "node:os";
 let startingNice: number | undefined;
 
 /**
- * What setEventLoopNice did to this process's scheduling group: set its nice value too, or left
- * it because the kernel does not group by session here, or because this process does not lead
- * its session (the group is its caller's: a shell's, a test runner's).
+ * What setSessionGroupNice (setEventLoopNice) did to a process's scheduling group: set its nice
+ * value, or left it because the kernel does not group by session here, or because the process
+ * does not lead its session (the group is its caller's: a shell's, a test runner's).
  */
 export type SessionGroupNice = "set" | "not-grouped-by-session" | "not-session-leader";
 
@@ -60,15 +60,18 @@ export function sessionGroupNice(pid: number): number | undefined {
 }
 
 /**
- * Sets the nice value of the session group of `pid` (undefined: this process's). The kernel takes
- * one such write a tenth of a second on the whole host and answers EAGAIN to the rest, so it is
- * tried again for up to a second; other errors (EACCES, EPERM: not permitted) are thrown.
+ * Sets the nice value of the session group of `pid` (undefined: this process's), where the kernel
+ * groups tasks by session and `pid` leads its own; answers what it did. The kernel takes one such
+ * write a tenth of a second on the whole host and answers EAGAIN to the rest, so it is tried
+ * again for up to a second; other errors (EACCES, EPERM: not permitted) are thrown.
  */
-export function setSessionGroupNice(pid: number | undefined, nice: number): void {
+export function setSessionGroupNice(pid: number | undefined, nice: number): SessionGroupNice {
+  if (!groupedBySession()) return "not-grouped-by-session";
+  if (!leadsItsSession(pid)) return "not-session-leader";
   for (let attempt = 1; ; attempt++) {
     try {
       writeFileSync(`/proc/${pid ?? "self"}/autogroup`, String(nice));
-      return;
+      return "set";
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== "EAGAIN" || attempt === 20) throw error;
       Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 50);
@@ -85,10 +88,7 @@ export function setEventLoopNice(nice: number): SessionGroupNice {
   const before = getPriority();
   setPriority(nice);
   startingNice ??= before;
-  if (!groupedBySession()) return "not-grouped-by-session";
-  if (!leadsItsSession()) return "not-session-leader";
-  setSessionGroupNice(undefined, nice);
-  return "set";
+  return setSessionGroupNice(undefined, nice);
 }
 
 /**

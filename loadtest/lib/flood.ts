@@ -7,8 +7,6 @@ import { spawn } from "node:child_process";
 import { getPriority, setPriority } from "node:os";
 import { join } from "node:path";
 import {
-  groupedBySession,
-  leadsItsSession,
   schedulingPolicyOf,
   sessionGroupNice,
   setRealtime,
@@ -85,7 +83,7 @@ export interface PrioritySetting {
 export function raiseProcess(pid: number, setting: PrioritySetting): Priority {
   try {
     setPriority(pid, setting.nice);
-    if (groupedBySession() && leadsItsSession(pid)) setSessionGroupNice(pid, setting.nice);
+    setSessionGroupNice(pid, setting.nice);
     if (setting.realtime > 0) setRealtime(pid, setting.realtime);
   } catch {
     // Not permitted (not root): measured at the priority it has, which the report gives.

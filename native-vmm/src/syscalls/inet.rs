@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use super::loopback;
 use super::{
-    fd_arg, nonblocking_call, scatter, value, wait_ready_on, write_source_name, SysResult,
-    SyscallOutcome, UserMemory, MSG_PEEK,
+    fd_arg, iovec_total, nonblocking_call, scatter, value, wait_ready_on, write_source_name,
+    SysResult, SyscallOutcome, UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
 use crate::net::{canonical, dns, host, Connection, HostSocket, InetSocket, Lookup, RESOLVER};
@@ -937,11 +937,7 @@ fn receive_into(
     for &(base, len) in iovecs {
         user.check(base, len.min(MAX_TRANSFER as u64))?;
     }
-    let total = iovecs
-        .iter()
-        .map(|&(_, len)| len)
-        .fold(0u64, u64::saturating_add);
-    let received = receive(proc, index, total, peek, nonblocking)?;
+    let received = receive(proc, index, iovec_total(iovecs), peek, nonblocking)?;
     if let Receive::Got(received) = &received {
         scatter(user, iovecs, &received.data)?;
     }

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use super::loopback;
 use super::{
-    fd_arg, iovec_total, nonblocking_call, scatter, value, wait_ready_on, write_source_name,
-    SysResult, SyscallOutcome, UserMemory, MSG_PEEK,
+    check_iovecs, fd_arg, iovec_total, nonblocking_call, scatter, value, wait_ready_on,
+    write_source_name, SysResult, SyscallOutcome, UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
 use crate::net::{canonical, dns, host, Connection, HostSocket, InetSocket, Lookup, RESOLVER};
@@ -934,9 +934,7 @@ fn receive_into(
     peek: bool,
     nonblocking: bool,
 ) -> Result<Receive, Errno> {
-    for &(base, len) in iovecs {
-        user.check(base, len.min(MAX_TRANSFER as u64))?;
-    }
+    check_iovecs(user, iovecs, MAX_TRANSFER as u64)?;
     let received = receive(proc, index, iovec_total(iovecs), peek, nonblocking)?;
     if let Receive::Got(received) = &received {
         scatter(user, iovecs, &received.data)?;

@@ -152,6 +152,19 @@ pub(crate) fn iovec_total(iovecs: &[(u64, u64)]) -> u64 {
         .fold(0u64, |sum, &(_, len)| sum.saturating_add(len))
 }
 
+/// Checks that guest memory takes each of `iovecs`, up to `max` bytes of each: a receive
+/// calls it before it takes anything off its queue, so what it takes can be written.
+pub(crate) fn check_iovecs(
+    user: &UserMemory,
+    iovecs: &[(u64, u64)],
+    max: u64,
+) -> Result<(), Errno> {
+    for &(base, len) in iovecs {
+        user.check(base, len.min(max))?;
+    }
+    Ok(())
+}
+
 /// Writes `data` over `iovecs` in order (a receive's bytes scattered over recvmsg's buffers).
 pub(crate) fn scatter(user: &UserMemory, iovecs: &[(u64, u64)], data: &[u8]) -> Result<(), Errno> {
     let mut at = 0;

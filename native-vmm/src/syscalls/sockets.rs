@@ -17,8 +17,8 @@ use super::files::{
 };
 use super::unix_datagram::{self, received_length};
 use super::{
-    inet, iovec_total, nonblocking_call, scatter, value, wait_ready, write_source_name, SysResult,
-    SyscallOutcome, UserMemory, MSG_PEEK,
+    check_iovecs, inet, iovec_total, nonblocking_call, scatter, value, wait_ready,
+    write_source_name, SysResult, SyscallOutcome, UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
 use crate::process::{
@@ -226,9 +226,7 @@ fn peek(
     nonblocking: bool,
 ) -> SysResult {
     let max = iovec_total(iovecs).min(PIPE_CAPACITY as u64);
-    for &(base, len) in iovecs {
-        user.check(base, len.min(max))?;
-    }
+    check_iovecs(user, iovecs, max)?;
     match proc.fds.pipe(rx)?.peek(max as usize) {
         Ok(bytes) => {
             scatter(user, iovecs, &bytes)?;
@@ -412,10 +410,7 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         }
         return Ok(peeked);
     }
-    // Guest memory must take what arrives before anything is taken off the channel.
-    for &(base, len) in &header.iovecs {
-        user.check(base, len.min(MAX_IO))?;
-    }
+    check_iovecs(user, &header.iovecs, MAX_IO)?;
     let room = (header.controllen.min(MAX_CONTROL) as usize)
         .checked_sub(CMSG_HEADER)
         .map_or(0, |data| (data / 4).min(MAX_PASSED_PER_MESSAGE));

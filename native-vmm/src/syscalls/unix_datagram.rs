@@ -14,7 +14,9 @@
 //! addresses.rs) are these too, connected for good: a send ignores any address, and once the
 //! peer is gone a receive of an empty queue is end of file (0) and a send EPIPE.
 
-use super::{iovec_total, scatter, value, wait_ready, SysResult, UserMemory, MSG_PEEK};
+use super::{
+    check_iovecs, iovec_total, scatter, value, wait_ready, SysResult, UserMemory, MSG_PEEK,
+};
 use crate::errno::Errno;
 use crate::net::loopback::QUEUE_BYTES;
 use crate::process::{GuestProcess, Object, O_NONBLOCK};
@@ -141,9 +143,7 @@ pub(super) fn receive(
     nonblocking: bool,
 ) -> Result<Result<Received, SysResult>, Errno> {
     let room = iovec_total(iovecs).min(MAX_DATAGRAM as u64) as usize;
-    for &(base, len) in iovecs {
-        user.check(base, len.min(MAX_DATAGRAM as u64))?;
-    }
+    check_iovecs(user, iovecs, MAX_DATAGRAM as u64)?;
     let socket = proc.fds.unix_datagram_mut(index)?;
     let hung_up = socket.seqpacket && socket.peer.is_none();
     let inbox = &mut socket.inbox;

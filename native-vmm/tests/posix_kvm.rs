@@ -7,25 +7,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{describe, python_image, python_request, run};
-use sandfork_vmm::status::RunStatus;
+use common::python_request;
 
 /// Runs `program` in the VM and natively; both must exit 0 and print the same, which is
 /// returned.
 fn same_as_native(tag: &str, program: &str) -> String {
     let mut req = python_request(program);
     req.timeout = common::scaled(Duration::from_secs(30));
-    let outcome = run(&python_image(), &req);
-    assert_eq!(
-        outcome.status,
-        RunStatus::Exited { code: 0 },
-        "{}",
-        describe(&outcome)
-    );
-    let printed = String::from_utf8_lossy(&outcome.stdout).into_owned();
-    let native = common::native_python(tag, program, &[]);
-    assert_eq!(printed, native, "{}", describe(&outcome));
-    printed
+    common::prints_as_native(&req, tag, program, &[])
 }
 
 #[test]

@@ -601,17 +601,8 @@ if __name__ == "__main__":
     ));
     req.timeout = common::scaled(std::time::Duration::from_secs(60));
     req.mem_bytes = 512 << 20;
-    let outcome = run(&python_image(), &req);
-    assert_eq!(
-        outcome.status,
-        RunStatus::Exited { code: 0 },
-        "{}",
-        describe(&outcome)
-    );
-    let printed = String::from_utf8_lossy(&outcome.stdout).into_owned();
-    let native = common::native_python(&format!("multiprocessing-{method}"), program, &[method]);
-    assert_eq!(printed, native, "{method}: {}", describe(&outcome));
-    printed
+    let tag = format!("multiprocessing-{method}");
+    common::prints_as_native(&req, &tag, program, &[method])
 }
 
 #[test]

@@ -281,3 +281,20 @@ pub fn native_python(tag: &str, program: &str, args: &[&str]) -> String {
     assert!(native.status.success(), "native: {native:?}");
     String::from_utf8_lossy(&native.stdout).into_owned()
 }
+
+/// Runs `req` in the Python image, which runs `program` with `args`, and `program` natively
+/// (`native_python`, in a directory named by `tag`): both must exit 0 and print the same,
+/// which is returned.
+pub fn prints_as_native(req: &RunRequest, tag: &str, program: &str, args: &[&str]) -> String {
+    let outcome = run(&python_image(), req);
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{tag}: {}",
+        describe(&outcome)
+    );
+    let printed = String::from_utf8_lossy(&outcome.stdout).into_owned();
+    let native = native_python(tag, program, args);
+    assert_eq!(printed, native, "{tag}: {}", describe(&outcome));
+    printed
+}

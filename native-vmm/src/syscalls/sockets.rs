@@ -197,8 +197,7 @@ pub(crate) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
         let iovecs = [(buf, len)];
         return match unix_datagram::receive(proc, user, index, &iovecs, flags, nonblocking)? {
             Ok(received) => {
-                let from = Some(received.from.as_slice()).filter(|n| !n.is_empty());
-                write_source_name(user, (src, addrlen), from)?;
+                write_source_name(user, (src, addrlen), received.source())?;
                 value(received_length(flags, received.full, &iovecs))
             }
             Err(outcome) => outcome,
@@ -380,9 +379,8 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         let iovecs = &header.iovecs;
         return match unix_datagram::receive(proc, user, index, iovecs, flags, nonblocking)? {
             Ok(received) => {
-                let from = Some(received.from.as_slice()).filter(|n| !n.is_empty());
                 let name = header.name.map_or(0, |(addr, _)| addr);
-                write_source_name(user, (name, msg + 8), from)?;
+                write_source_name(user, (name, msg + 8), received.source())?;
                 if name == 0 {
                     user.write_u32(msg + 8, 0)?;
                 }

@@ -132,6 +132,13 @@ pub(super) struct Received {
     pub from: Vec<u8>,
 }
 
+impl Received {
+    /// The sender's address, None for an unnamed sender.
+    pub fn source(&self) -> Option<&[u8]> {
+        Some(self.from.as_slice()).filter(|name| !name.is_empty())
+    }
+}
+
 /// Receives the next datagram at socket `index` into `iovecs`: Ok(Ok(what came)), or
 /// Ok(Err(the call's outcome)) when none is there yet. MSG_PEEK leaves it queued.
 pub(super) fn receive(

@@ -1,7 +1,8 @@
 //! Datagrams inside the VM: the receive queue of a UDP socket on the VM's own loopback, and
-//! of an AF_UNIX datagram socket (its source address type `A` differs). They never touch a host socket, the policy or the run's network usage; a queue holds at
-//! most `QUEUE_BYTES` (each datagram counted with `DATAGRAM_OVERHEAD`, as Linux counts its
-//! buffers against the receive buffer) and drops what arrives past that, as Linux does.
+//! of an AF_UNIX datagram socket (its source address type `A` differs). They never touch a
+//! host socket, the policy or the run's network usage; a queue holds at most `QUEUE_BYTES`
+//! (each datagram counted with `DATAGRAM_OVERHEAD`, as Linux counts its buffers against the
+//! receive buffer) and drops what arrives past that, as Linux does.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

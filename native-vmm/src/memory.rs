@@ -204,15 +204,17 @@ impl GuestMemory {
     /// memory holds (`resident_bytes`): more than `room` bytes is `ErrorKind::OutOfMemory`,
     /// before anything changes.
     pub fn duplicate(&self, room: u64) -> io::Result<GuestMemory> {
-        if self.resident_bytes()? > room {
+        // One scan of the copied pages serves the room check and the copy alike.
+        let copied = self.copied_own_ranges()?.unwrap_or_default();
+        if crate::layout::pages_in(&self.held_ranges(&copied)?) * PAGE_SIZE > room {
             return Err(io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 "the copy does not fit the memory left",
             ));
         }
-        let copy = match self.freeze()? {
+        let copy = match self.freeze(&copied)? {
             Some(layer) => GuestMemory::private_mapping_of(&layer, self.size, false)?,
-            None => self.copy_of_written()?,
+            None => self.copy_of_written(&copied)?,
         };
         // Shared mappings stay shared: the copy shows the same memory at the same place.
         for (start, range) in self.shared.borrow().iter() {
@@ -222,8 +224,8 @@ impl GuestMemory {
     }
 
     /// A mapping of the file this memory maps privately (anonymous memory for `Anonymous`)
-    /// with copies of the pages this memory wrote.
-    fn copy_of_written(&self) -> io::Result<GuestMemory> {
+    /// with copies of the pages this memory wrote (`copied`, its `copied_own_ranges`).
+    fn copy_of_written(&self, copied: &[(u64, u64)]) -> io::Result<GuestMemory> {
         let copy = match &*self.backing.borrow() {
             Backing::Private { file, template } => {
                 GuestMemory::private_mapping_of(file, self.size, *template)?
@@ -233,7 +235,7 @@ impl GuestMemory {
                 return Err(io::Error::other("memory of its own is frozen, not copied"))
             }
         };
-        for (start, end) in self.copied_own_ranges()?.unwrap_or_default() {
+        for &(start, end) in copied {
             let bytes = self
                 .range_bytes(start, end - start)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -248,22 +250,21 @@ impl GuestMemory {
     /// memory maps too). Memory of its own is mapped privately from its memfd from now on;
     /// memory over a layer only it maps first writes the pages it holds copies of into the
     /// layer and shows the layer there again. Either way the bytes it shows do not change,
-    /// and no mapping sees a later write of another.
-    fn freeze(&self) -> io::Result<Option<Arc<OwnedFd>>> {
+    /// and no mapping sees a later write of another. `copied` is its `copied_own_ranges`.
+    fn freeze(&self, copied: &[(u64, u64)]) -> io::Result<Option<Arc<OwnedFd>>> {
         let (file, remap) = match &*self.backing.borrow() {
             Backing::Own(file) => (file.clone(), self.own_spans()),
             Backing::Private {
                 file,
                 template: false,
             } if Arc::strong_count(file) == 1 => {
-                let copied = self.copied_own_ranges()?.unwrap_or_default();
-                for &(start, end) in &copied {
+                for &(start, end) in copied {
                     let bytes = self
                         .range_bytes(start, end - start)
                         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                     write_to_file(file, start, bytes)?;
                 }
-                (file.clone(), copied)
+                (file.clone(), copied.to_vec())
             }
             _ => return Ok(None),
         };
@@ -524,20 +525,31 @@ impl GuestMemory {
     /// outside them reads as zero and was never written. Over a layer: the layer's and the
     /// pages copied from it. Empty for a fork of a template.
     pub fn data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
-        let (file, layer) = match &*self.backing.borrow() {
-            Backing::Own(file) => (file.clone(), false),
+        if matches!(
+            *self.backing.borrow(),
+            Backing::Private { template: true, .. } | Backing::Anonymous
+        ) {
+            return Ok(Vec::new());
+        }
+        self.held_ranges(&self.copied_own_ranges()?.unwrap_or_default())
+    }
+
+    /// The ranges of the pages this memory holds of its own, or may come to hold as copies,
+    /// given `copied` (its `copied_own_ranges`): its memfd's data; over a layer, the layer's
+    /// data and the copies; over a template or anonymous memory, the copies.
+    fn held_ranges(&self, copied: &[(u64, u64)]) -> io::Result<Vec<(u64, u64)>> {
+        match &*self.backing.borrow() {
+            Backing::Own(file) => self.file_extents(file),
             Backing::Private {
                 file,
                 template: false,
-            } => (file.clone(), true),
-            Backing::Private { template: true, .. } | Backing::Anonymous => return Ok(Vec::new()),
-        };
-        let mut extents = self.file_extents(&file)?;
-        if layer {
-            extents.extend(self.copied_own_ranges()?.unwrap_or_default());
-            extents = crate::layout::merge_ranges(extents);
+            } => {
+                let mut extents = self.file_extents(file)?;
+                extents.extend_from_slice(copied);
+                Ok(crate::layout::merge_ranges(extents))
+            }
+            Backing::Private { template: true, .. } | Backing::Anonymous => Ok(copied.to_vec()),
         }
-        Ok(extents)
     }
 
     /// The page-aligned ranges of `fd` (a file as large as this memory) that hold pages.
@@ -1039,15 +1051,8 @@ impl GuestMemory {
     /// and the copies (a layer that several memories map counts for each: any of them may
     /// come to write every page).
     pub fn resident_bytes(&self) -> io::Result<u64> {
-        let ranges = match &*self.backing.borrow() {
-            Backing::Private { template: true, .. } | Backing::Anonymous => None,
-            Backing::Own(_) | Backing::Private { .. } => Some(()),
-        };
-        let held = match ranges {
-            None => self.copied_own_ranges()?.unwrap_or_default(),
-            Some(()) => self.data_extents()?,
-        };
-        Ok(crate::layout::pages_in(&held) * PAGE_SIZE)
+        let copied = self.copied_own_ranges()?.unwrap_or_default();
+        Ok(crate::layout::pages_in(&self.held_ranges(&copied)?) * PAGE_SIZE)
     }
 
     /// Maps this memory's own backing over `[start, end)` again.

@@ -142,7 +142,7 @@ impl Scheduler {
         [
             self.slice_end,
             process.signals.timer.map(|t| t.next),
-            signals::next_cpu_timer(process, Instant::now()),
+            signals::next_cpu_timer(process),
         ]
         .into_iter()
         .flatten()

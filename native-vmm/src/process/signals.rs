@@ -116,9 +116,10 @@ pub fn fire_timers(proc: &mut GuestProcess, now: Instant) {
     }
 }
 
-/// When the first CPU-time timer could be due, were the process to run from `now` on without
-/// a pause (its CPU time grows at most as fast as the wall clock); None when none is armed.
-pub fn next_cpu_timer(proc: &GuestProcess, now: Instant) -> Option<Instant> {
+/// When the first CPU-time timer could be due, were the process to run from now on without
+/// a pause (its CPU time grows at most as fast as the wall clock); None when none is armed
+/// (then without reading the clock: every vCPU entry asks).
+pub fn next_cpu_timer(proc: &GuestProcess) -> Option<Instant> {
     let first = proc
         .signals
         .cpu_timers
@@ -127,7 +128,7 @@ pub fn next_cpu_timer(proc: &GuestProcess, now: Instant) -> Option<Instant> {
         .map(|t| t.next_ns)
         .min()?;
     let left = first.saturating_sub(proc.threads.process_cpu_ns());
-    now.checked_add(Duration::from_nanos(left))
+    Instant::now().checked_add(Duration::from_nanos(left))
 }
 
 /// The signals thread `tid` would take now: its own pending ones and the process's that it

@@ -133,6 +133,21 @@ pub struct Thread {
 }
 
 impl Thread {
+    /// The readiness wait it is blocked in: the call it makes again, and the wait's timer.
+    fn readiness_wait(&self) -> Option<(Call, Option<Instant>)> {
+        match &self.state {
+            ThreadState::Blocked {
+                wait:
+                    Wait {
+                        on: WaitOn::Ready { call, .. },
+                        until,
+                    },
+                ..
+            } => Some((*call, *until)),
+            _ => None,
+        }
+    }
+
     fn new(tid: u64) -> Thread {
         Thread {
             tid,
@@ -593,31 +608,14 @@ impl Threads {
     /// registers and loading the new one's is the caller's (see `crate::sched`).
     pub fn next(&mut self, now: Instant) -> Next {
         self.expire_timers(now);
-        let retries: Vec<(u64, Call, Option<Instant>)> = self
+        let retries: Vec<u64> = self
             .list
             .iter()
             .filter(|t| self.retry_due(t))
-            .filter_map(|t| match &t.state {
-                ThreadState::Blocked {
-                    wait:
-                        Wait {
-                            on: WaitOn::Ready { call, .. },
-                            until,
-                        },
-                    ..
-                } => Some((t.tid, *call, *until)),
-                _ => None,
-            })
+            .map(|t| t.tid)
             .collect();
-        for (tid, call, until) in retries {
-            self.make_runnable(
-                tid,
-                Resume::Retry {
-                    call,
-                    final_attempt: false,
-                    until,
-                },
-            );
+        for tid in retries {
+            self.retry(tid);
         }
         while let Some(tid) = self.run_queue.pop_front() {
             let Some(thread) = self.get_mut(tid) else {
@@ -683,22 +681,14 @@ impl Threads {
         true
     }
 
-    /// A readiness wait of blocked thread `tid` makes its call again now (what it waits for
-    /// came without another thread's progress: a signal rt_sigtimedwait awaits).
+    /// A readiness wait of blocked thread `tid` makes its call again now, keeping its timer
+    /// (another thread made progress, or a signal rt_sigtimedwait awaits came).
     pub fn retry(&mut self, tid: u64) {
-        if let Some(ThreadState::Blocked {
-            wait:
-                Wait {
-                    on: WaitOn::Ready { call, .. },
-                    until,
-                },
-            ..
-        }) = self.get(tid).map(|t| &t.state)
-        {
+        if let Some((call, until)) = self.get(tid).and_then(Thread::readiness_wait) {
             let resume = Resume::Retry {
-                call: *call,
+                call,
                 final_attempt: false,
-                until: *until,
+                until,
             };
             self.make_runnable(tid, resume);
         }
@@ -706,17 +696,7 @@ impl Threads {
 
     /// The system call blocked thread `tid` waits in to make again (a readiness wait's).
     pub fn waiting_call(&self, tid: u64) -> Option<Call> {
-        match self.get(tid).map(|t| &t.state) {
-            Some(ThreadState::Blocked {
-                wait:
-                    Wait {
-                        on: WaitOn::Ready { call, .. },
-                        ..
-                    },
-                ..
-            }) => Some(*call),
-            _ => None,
-        }
+        self.get(tid)?.readiness_wait().map(|(call, _)| call)
     }
 
     /// Whether any thread has a signal directed at it pending (blocked or not).

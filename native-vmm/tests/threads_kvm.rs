@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{describe, python, python_image, python_request, run, scaled};
+use common::{assert_prints, describe, python, python_image, python_request, run, scaled};
 use sandfork_vmm::agent::{AgentCommand, AgentRequest};
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::snapshot::{self, ForkMemory, Template};
@@ -273,21 +273,12 @@ stop = True
 t.join()
 print(r, 0.3 <= t1 - t0 < BOUND, events, 0.3 <= t2 - t1 < BOUND)
 "#;
-    let outcome = python(&code.replace(
-        "BOUND",
-        &scaled(Duration::from_secs(5)).as_secs().to_string(),
-    ));
-    assert_eq!(
-        outcome.status,
-        RunStatus::Exited { code: 0 },
-        "{}",
-        describe(&outcome)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&outcome.stdout),
+    assert_prints(
+        &code.replace(
+            "BOUND",
+            &scaled(Duration::from_secs(5)).as_secs().to_string(),
+        ),
         "([], [], []) True [] True\n",
-        "{}",
-        describe(&outcome)
     );
 }
 

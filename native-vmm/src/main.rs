@@ -738,16 +738,8 @@ fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
     let report = daemon::bench::run(Path::new(dir), iterations, pool_size, code)
         .map_err(CliError::Failed)?;
     let Some(cell) = options.values.get("--from-session") else {
-        if options.flag("--json") {
-            println!("{}", report.to_json());
-        } else {
-            print!("{report}");
-        }
-        return Ok(if matches!(report.isolation, Some(Err(_))) {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        });
+        print_report(&options, report.to_json(), || report.to_string());
+        return Ok(isolation_exit_code(&[&report]));
     };
     let made =
         daemon::session_bench::session_template(Path::new(dir), cell).map_err(CliError::Failed)?;
@@ -774,16 +766,17 @@ fn bench_exec(args: &[String]) -> Result<ExitCode, CliError> {
         );
         print!("{from_session}");
     }
-    Ok(
-        if [&report, &from_session]
-            .iter()
-            .any(|r| matches!(r.isolation, Some(Err(_))))
-        {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        },
-    )
+    Ok(isolation_exit_code(&[&report, &from_session]))
+}
+
+/// FAILURE when a report's reset isolation check failed.
+#[cfg(feature = "bench")]
+fn isolation_exit_code(reports: &[&daemon::bench::ExecReport]) -> ExitCode {
+    if reports.iter().any(|r| matches!(r.isolation, Some(Err(_)))) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 #[cfg(feature = "bench")]

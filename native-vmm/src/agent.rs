@@ -162,6 +162,8 @@ pub struct CellError {
 pub struct AgentCommand {
     pub program: &'static str,
     pub argv: &'static [&'static str],
+    /// The working directory it boots in.
+    pub cwd: &'static str,
 }
 
 /// Where templates/python/image.json puts the Python agent.
@@ -184,6 +186,7 @@ pub const PYTHON_AGENT_PATH: &str = "/opt/sandfork/agent.py";
 pub const PYTHON_AGENT: AgentCommand = AgentCommand {
     program: "python3",
     argv: &["python3", "-I", "-B", PYTHON_AGENT_PATH],
+    cwd: crate::fs::WORK_DIR,
 };
 
 /// Where templates/node/image.json puts the Node agent.
@@ -203,6 +206,9 @@ pub const NODE_WORKER_DEFAULTS_PATH: &str = "/opt/sandfork/worker-defaults.js";
 /// the agent's environment is the VMM's (`vm::DEFAULT_ENV`), and a request's env is applied
 /// after start.
 /// argv[0] is the binary's path: without /proc/self/exe, Node takes process.execPath from it.
+/// It boots in `/` and moves to /work itself: Node keeps every package.json it looked for, found
+/// or not, and the preload looks for one in the working directory, so a boot in /work would hide
+/// a request's /work/package.json (`"type": "module"`) from the main module's loader.
 pub const NODE_AGENT: AgentCommand = AgentCommand {
     program: "node",
     argv: &[
@@ -213,6 +219,7 @@ pub const NODE_AGENT: AgentCommand = AgentCommand {
         NODE_WORKER_DEFAULTS_PATH,
         NODE_AGENT_PATH,
     ],
+    cwd: "/",
 };
 
 /// The Node template's script when a request names none: JavaScript, CommonJS unless the code

@@ -536,6 +536,7 @@ pub fn boot_agent<T>(
     let started = Instant::now();
     let mut req = RunRequest::new(command.program, &[]);
     req.argv = command.argv.iter().map(|a| a.to_string()).collect();
+    req.cwd = command.cwd.to_owned();
     req.mem_bytes = limits.mem_bytes;
     req.output_cap = limits.output_cap;
     req.thread_limit = limits.threads;
@@ -874,6 +875,7 @@ mod tests {
     // ---- the agent hand-off ----
 
     const AGENT: AgentCommand = AgentCommand {
+        cwd: crate::fs::WORK_DIR,
         program: PROGRAM,
         argv: &[PROGRAM],
     };

@@ -319,6 +319,7 @@ fn without_a_request_the_boot_stops_at_the_ready_point() {
 #[test]
 fn a_program_that_never_awaits_a_request_is_not_a_template() {
     let exits_early = AgentCommand {
+        cwd: sandfork_vmm::fs::WORK_DIR,
         program: "python3",
         argv: &["python3", "-c", "print('no agent here')"],
     };
@@ -330,6 +331,7 @@ fn a_program_that_never_awaits_a_request_is_not_a_template() {
         other => panic!("expected AgentNotReady, got {:?}", other.err()),
     }
     let noisy = AgentCommand {
+        cwd: sandfork_vmm::fs::WORK_DIR,
         program: "python3",
         argv: &["python3", "-c", "import ctypes, sys; print('noise', file=sys.stderr); ctypes.CDLL(None).syscall(0x53460001, 0, 0)"],
     };

@@ -14,6 +14,7 @@ use sandfork_vmm::status::RunStatus;
 use sandfork_vmm::vm::{self, RunLimits};
 
 const VECTOR_AGENT: AgentCommand = AgentCommand {
+    cwd: sandfork_vmm::fs::WORK_DIR,
     program: "/bin/vector_state_agent-static",
     argv: &["vector_state_agent"],
 };

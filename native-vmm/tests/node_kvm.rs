@@ -391,6 +391,42 @@ fn javascript_programs_print_what_native_node_prints() {
     );
 }
 
+/// The main module loads as node loads it: its id, `require.main`, `module.loaded`, a module it
+/// requires through the loader, the loader's cache; and a `.js` script under a package of type
+/// "module" (a file of the request's) runs as an ES module, where `require` is not defined.
+#[test]
+fn the_main_module_loads_as_node_loads_it() {
+    assert_as_native("main.js", MAIN_AND_REQUIRED);
+    let typed = |package: Option<&str>| {
+        let outcome = run_in_vm("main.js", "console.log(typeof require);", |request, _| {
+            if let Some(package) = package {
+                request
+                    .files
+                    .push(("package.json".to_owned(), package.as_bytes().to_vec()));
+            }
+        });
+        assert_eq!(
+            outcome.status,
+            RunStatus::Exited { code: 0 },
+            "{}",
+            describe(&outcome)
+        );
+        text(&outcome.stdout)
+    };
+    assert_eq!(typed(None), "function\n");
+    assert_eq!(typed(Some(r#"{"type": "commonjs"}"#)), "function\n");
+    assert_eq!(typed(Some(r#"{"type": "module"}"#)), "undefined\n");
+}
+
+const MAIN_AND_REQUIRED: &str = r#"
+const fs = require("fs"), path = require("path");
+fs.writeFileSync(path.join(__dirname, "helper.js"), "const path = require('path');\nmodule.exports = { id: path.basename(module.id), main: require.main === module, parent: path.basename(module.parent.filename) };\n");
+console.log(module.id, require.main === module, process.mainModule === module, module.loaded, path.basename(require.main.filename));
+console.log(require("./helper"), require("./helper.js") === require("./helper"));
+console.log(Object.keys(require.cache).map((name) => path.relative(__dirname, name)).sort());
+setImmediate(() => console.log("loaded after the main module ran:", module.loaded));
+"#;
+
 /// Workers run in the template's default VM: one that posts its answer back (with the help of a
 /// Worker of its own), four at once (as an ES module importing the Worker class), and memory
 /// shared with Atomics; each prints what native node prints. Their V8 code range is the agent's
@@ -594,10 +630,11 @@ fn the_limits_end_programs_with_their_statuses() {
         "{}",
         describe(&outcome)
     );
+    // Filling the memory takes seconds on a busy host: the time limit stays out of the way.
     let outcome = run_in_vm(
         "main.js",
         "const grow = []; for (;;) grow.push(new Array(100000).fill(1.5));",
-        |_, _| {},
+        |_, limits| limits.timeout = scaled(Duration::from_secs(120)),
     );
     assert!(
         matches!(outcome.status, RunStatus::OutOfMemory { .. }),
@@ -607,7 +644,10 @@ fn the_limits_end_programs_with_their_statuses() {
     let outcome = run_in_vm(
         "main.js",
         "for (;;) process.stdout.write('x'.repeat(65536));",
-        |_, limits| limits.output_cap = 1 << 20,
+        |_, limits| {
+            limits.output_cap = 1 << 20;
+            limits.timeout = scaled(Duration::from_secs(120));
+        },
     );
     assert!(
         matches!(outcome.status, RunStatus::OutputLimit { .. }),

@@ -390,6 +390,7 @@ fn damaged_or_mismatched_templates_are_refused_with_typed_errors() {
         other => panic!("expected ImageMismatch, got {:?}", other.err()),
     }
     let other_agent = AgentCommand {
+        cwd: sandfork_vmm::fs::WORK_DIR,
         program: "python3",
         argv: &[
             "python3",

@@ -343,6 +343,7 @@ runpy.run_path("/opt/sandfork/agent.py", run_name="__main__")
 "#;
 const THREADED_AGENT_PATH: &str = "/opt/test/threaded_agent.py";
 const THREADED_AGENT_COMMAND: AgentCommand = AgentCommand {
+    cwd: sandfork_vmm::fs::WORK_DIR,
     program: "python3",
     argv: &["python3", "-I", "-B", THREADED_AGENT_PATH],
 };

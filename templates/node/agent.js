@@ -259,9 +259,8 @@ function warmRequestPath() {
   seededRandom(Buffer.from("00112233445566778899aabbccddeeff", "hex"))();
 }
 
-/** Runs the script at `file` as Node runs its main module. */
-function runScript(file) {
-  const source = fs.readFileSync(file, "utf8");
+/** Runs `source`, the script at `file`, as Node runs its main module. */
+function runScript(file, source) {
   let entry = file;
   if (TYPESCRIPT.test(file)) {
     const asCommonJs = /\.mts$/.test(file) ? null : transpile(source, file, "commonjs");
@@ -282,7 +281,10 @@ function runScript(file) {
   Module.runMain(entry);
 }
 
-/** Waits for the request and readies the process for it; returns the script's path. */
+/**
+ * Waits for the request and readies the process for it; returns the script's path and its
+ * source (the request's code, which the VMM also placed at that path).
+ */
 function receive() {
   const request = awaitRequest();
   // Every fork starts with the template's generator states: reseed them from the request's
@@ -293,10 +295,16 @@ function receive() {
   Object.assign(process.env, request.env);
   const file = path.join(WORK_DIR, request.argv[0]);
   process.argv = [process.execPath, file, ...request.argv.slice(1)];
-  return file;
+  return { file, source: request.code };
 }
 
+// The agent boots in / (NODE_AGENT in native-vmm/src/agent.rs); scripts run in /work.
+process.chdir(WORK_DIR);
 warmRequestPath();
+
+// The agent's own modules leave the loader's cache (they stay loaded): a script finds only its
+// own modules there, as under `node`.
+for (const name of Object.keys(require.cache)) delete require.cache[name];
 
 // The objects made so far are the template's: collected once, so that a fork's first garbage
 // collection has less to walk (and copy-on-write) through.
@@ -329,4 +337,4 @@ process.on("exit", function exitAtOnce(code) {
   native.exitNow(process.exitCode ?? code);
 });
 // Outside the try: what the script throws is uncaught, reported by Node as natively.
-runScript(script);
+runScript(script.file, script.source);

@@ -79,13 +79,15 @@ impl TemplateIdentity {
     }
 }
 
-/// SHA-256 over the agent's command line and the image's bytes of every argument that names
-/// a file in the image (the agent script): the agent changes when either does. (The script
-/// is in the image too; this hash says which part of the image is the agent.)
+/// SHA-256 over the agent's command line, its working directory and the image's bytes of every
+/// argument that names a file in the image (the agent script): the agent changes when any does.
+/// (The script is in the image too; this hash says which part of the image is the agent.)
 pub fn agent_hash(image: &Image, command: &AgentCommand) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"sandfork agent\0");
     h.update(command.program.as_bytes());
+    h.update(b"\0cwd\0");
+    h.update(command.cwd.as_bytes());
     for arg in command.argv {
         h.update(b"\0arg\0");
         h.update(arg.as_bytes());

@@ -259,6 +259,21 @@ function warmRequestPath() {
   seededRandom(Buffer.from("00112233445566778899aabbccddeeff", "hex"))();
 }
 
+/**
+ * Runs the main module `entry` as `Module.runMain` does, its source being `source` already:
+ * Node's `.js` loader reads the file again otherwise. Only that one load is served so (the hook
+ * removes itself); a main module that Node runs as an ES module never reaches it.
+ */
+function runMainFrom(entry, source) {
+  const loadJs = Module._extensions[".js"];
+  Module._extensions[".js"] = function loadMain(module, filename) {
+    Module._extensions[".js"] = loadJs;
+    if (filename !== entry) return loadJs(module, filename);
+    module._compile(source, filename);
+  };
+  Module.runMain(entry);
+}
+
 /** Runs `source`, the script at `file`, as Node runs its main module. */
 function runScript(file, source) {
   let entry = file;
@@ -278,7 +293,8 @@ function runScript(file, source) {
     entry = moduleFile(file, source);
   }
   process.argv[1] = entry;
-  Module.runMain(entry);
+  if (entry === file && /\.js$/.test(file)) runMainFrom(entry, source);
+  else Module.runMain(entry);
 }
 
 /**

@@ -325,4 +325,33 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     );
     await expectJson(await call("DELETE", `/v1/sessions/${id}`), 200);
   });
+
+  it("a process a cell starts lives on into the next cell; a pause waits for it to be reaped", async () => {
+    const { key } = await gw.issue({ credits: CREDITS });
+    const call = (method: string, path: string, body?: unknown) =>
+      gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
+    const { id } = await expectJson<Session>(
+      await call("POST", "/v1/sessions", { template: "python" }),
+      201,
+    );
+    const cell = async (code: string) =>
+      (
+        await expectJson<{ value: string | null; error: unknown }>(
+          await call("POST", `/v1/sessions/${id}/executions`, { code }),
+          200,
+        )
+      ).value;
+    await cell("import os, subprocess\nchild = subprocess.Popen(['sleep', '100'])");
+    expect(await cell("(child.poll(), os.path.exists(f'/proc/{child.pid}'))")).toBe("(None, True)");
+    const refused = await expectProblem(
+      await call("POST", `/v1/sessions/${id}/pause`),
+      422,
+      "validation-failed",
+    );
+    expect(JSON.stringify(refused)).toContain("child processes");
+    expect(await cell("child.kill()\nchild.wait()")).toBe("-9");
+    await expectJson(await call("POST", `/v1/sessions/${id}/pause`), 200);
+    expect(await cell("child.returncode")).toBe("-9");
+    await expectJson(await call("DELETE", `/v1/sessions/${id}`), 200);
+  });
 });

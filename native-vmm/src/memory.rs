@@ -966,21 +966,24 @@ impl GuestMemory {
 
     /// Gives the host back every page this memory holds (its process ended, or exec replaced
     /// it): a fork's copies are dropped (it shows the template again), memory of its own is
-    /// emptied, shared ranges are let go. The mapping stays, so references to it stay valid.
+    /// emptied and lets go of its memfd, shared ranges are let go. The mapping stays, so
+    /// references to it stay valid.
     pub fn release_pages(&self) -> io::Result<()> {
         self.unshare(0, self.size)?;
-        let over_layer = matches!(
+        let holds_file = matches!(
             *self.backing.borrow(),
             Backing::Private {
                 template: false,
                 ..
-            }
+            } | Backing::Own(_)
         );
-        if !over_layer {
+        if !holds_file {
             return self.release_range(0, self.size);
         }
         // Memory over a layer lets go of it (a layer only one memory maps can take that
-        // memory's writes at its next fork): it becomes empty anonymous memory.
+        // memory's writes at its next fork), memory of its own of its memfd (a session keeps
+        // the memories of its ended processes as long as its VM): it becomes empty anonymous
+        // memory.
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
         for (start, end) in self.own_spans() {
@@ -1706,6 +1709,7 @@ mod tests {
             (own.resident_bytes().unwrap(), own.read_u64(0).unwrap()),
             (0, 0)
         );
+        assert!(own.fd().is_none(), "released memory holds no memfd");
     }
 
     #[test]

@@ -453,6 +453,9 @@ impl GuestProcess {
         if self.fds.has_passed_descriptions() {
             return Err("file descriptors are in flight on a socket");
         }
+        if self.tree.len() > 1 {
+            return Err("it has child processes, alive or not yet waited for");
+        }
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);
         e.u64(self.config.mem_limit);

@@ -12,7 +12,9 @@
 //! runs. A process whose threads all wait is resumed once another process made progress (it
 //! retries its readiness waits), or when its timer is due; when no process can go on, the run
 //! is deadlocked. The run ends when the first process ends (or reaches its ready point): the
-//! others are killed, as a PID namespace's are when its init exits.
+//! others are killed, as a PID namespace's are when its init exits; except in a session
+//! (`KeptProcesses`), where at a ready point they stay, parked with their VMs until the next
+//! cell's run takes them up again.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -73,36 +75,99 @@ enum Stop {
     Preempted,
 }
 
+/// The processes besides the first that a session keeps between its cells: parked with their
+/// VMs (none runs while the session waits at its ready point), taken up again by the next
+/// cell's run. Their memories live in `arena`, which lives as long as the session's VM.
+pub struct KeptProcesses<'a> {
+    arena: &'a MemoryArena,
+    members: Vec<Member<'a>>,
+}
+
+impl<'a> KeptProcesses<'a> {
+    pub fn new(arena: &'a MemoryArena) -> KeptProcesses<'a> {
+        KeptProcesses {
+            arena,
+            members: Vec::new(),
+        }
+    }
+
+    /// Pids of the processes kept alive (not zombies).
+    pub fn pids(&self) -> Vec<u64> {
+        self.members.iter().map(|m| m.pid).collect()
+    }
+}
+
 /// Runs `process` (the tree's first process, on `cpu` and `mem`) and every process it makes
-/// until the first one ends or reaches its ready point. Returns where it stopped and the
-/// number of VM exits of every process.
+/// until the first one ends or reaches its ready point. With `kept` (a session's cell), the
+/// processes kept from earlier cells run too, and the live ones are kept again when the first
+/// process reaches its ready point; otherwise every other process is killed when the run
+/// ends. Returns where it stopped and the number of VM exits of every process.
 pub fn run(
     sched: &mut Scheduler,
     cpu: &mut dyn GuestCpu,
     process: &mut GuestProcess,
     mem: &GuestMemory,
+    kept: Option<&mut KeptProcesses<'_>>,
 ) -> io::Result<(LoopEnd, u64)> {
-    let arena = MemoryArena::new();
+    match kept {
+        Some(kept) => {
+            let children = std::mem::take(&mut kept.members);
+            let (end, exits, left) =
+                run_tree(sched, cpu, process, mem, kept.arena, children, true)?;
+            kept.members = left;
+            Ok((end, exits))
+        }
+        None => {
+            let arena = MemoryArena::new();
+            let (end, exits, _) = run_tree(sched, cpu, process, mem, &arena, Vec::new(), false)?;
+            Ok((end, exits))
+        }
+    }
+}
+
+/// `run` with `children` (processes kept from an earlier run) beside the first process;
+/// returns the live children when `keep` and the first process stopped at its ready point.
+fn run_tree<'a>(
+    sched: &mut Scheduler,
+    cpu: &mut dyn GuestCpu,
+    process: &mut GuestProcess,
+    mem: &GuestMemory,
+    arena: &'a MemoryArena,
+    children: Vec<Member<'a>>,
+    keep: bool,
+) -> io::Result<(LoopEnd, u64, Vec<Member<'a>>)> {
+    let mut members = vec![Member {
+        pid: process.pid,
+        cpu: None,
+        mem: None,
+        sched: None,
+        state: State::Ready(Next::Run),
+        handed_out: None,
+    }];
+    for mut child in children {
+        // A wait that blocked in an earlier run is tried again; the run's deadline is this one's.
+        if matches!(child.state, State::Blocked { .. }) {
+            child.state = State::Ready(Next::Wake);
+        }
+        if let Some(child_sched) = child.sched.as_mut() {
+            child_sched.set_deadline(sched.deadline(), sched.limit_ms());
+        }
+        members.push(child);
+    }
     let mut tree = Tree {
-        members: vec![Member {
-            pid: process.pid,
-            cpu: None,
-            mem: None,
-            sched: None,
-            state: State::Ready(Next::Run),
-            handed_out: None,
-        }],
+        members,
         current: 0,
         exits: 0,
         deadline: sched.deadline(),
         limit_ms: sched.limit_ms(),
-        arena: &arena,
+        arena,
     };
     let end = tree.run(sched, cpu, process, mem);
     let exits = tree.exits;
-    let ended = end.and_then(|end| tree.finish(cpu, process).map(|()| end));
-    drop(tree);
-    ended.map(|end| (end, exits))
+    let end = end?;
+    let keep = keep && matches!(end, LoopEnd::ReadyPoint { .. });
+    let left = tree.finish(process, keep);
+    Ok((end, exits, left))
 }
 
 struct Tree<'a> {
@@ -597,13 +662,20 @@ impl<'a> Tree<'a> {
         process.threads.start_cpu_clock();
     }
 
-    /// The run ends: every other live process is killed (its fds closed), and the first
-    /// process's part is back in `process`, alone in the tree.
-    fn finish(
-        &mut self,
-        _root_cpu: &mut dyn GuestCpu,
-        process: &mut GuestProcess,
-    ) -> io::Result<()> {
+    /// The run ends: the first process's part is back in `process`. With `keep`, the other
+    /// live processes are returned, their parts parked; otherwise each is killed (its fds
+    /// closed) and the first process is alone in the tree.
+    fn finish(&mut self, process: &mut GuestProcess, keep: bool) -> Vec<Member<'a>> {
+        if keep {
+            if self.current != 0 {
+                self.switch_to(0, process);
+            }
+            return self
+                .members
+                .drain(1..)
+                .filter(|m| !matches!(m.state, State::Ended))
+                .collect();
+        }
         let live: Vec<usize> = (1..self.members.len())
             .filter(|&i| !matches!(self.members[i].state, State::Ended))
             .collect();
@@ -618,7 +690,7 @@ impl<'a> Tree<'a> {
         }
         let root = self.members[0].pid;
         process.tree.keep_only(root);
-        Ok(())
+        Vec::new()
     }
 }
 

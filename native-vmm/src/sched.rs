@@ -124,6 +124,12 @@ impl Scheduler {
         self.deadline
     }
 
+    /// Gives a process kept from an earlier run (a session's child) the current run's deadline.
+    pub fn set_deadline(&mut self, deadline: Instant, limit_ms: u64) {
+        self.deadline = deadline;
+        self.limit_ms = limit_ms;
+    }
+
     /// The run's limit as reported at its deadline.
     pub fn limit_ms(&self) -> u64 {
         self.limit_ms

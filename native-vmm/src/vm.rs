@@ -18,6 +18,7 @@ use crate::process::{
     GuestProcess, OutputSink, ProcessConfig, SyscallCount, DEFAULT_PROCESS_LIMIT,
     DEFAULT_THREAD_LIMIT,
 };
+use crate::sandbox::KeptProcesses;
 pub use crate::sched::LoopEnd;
 use crate::sched::Scheduler;
 use crate::status::RunStatus;
@@ -335,28 +336,22 @@ pub fn run_loop(
     limit_ms: u64,
 ) -> io::Result<(LoopEnd, u64)> {
     let mut sched = Scheduler::new(cpu, process, deadline, limit_ms);
-    run_scheduled(&mut sched, cpu, process, mem)
+    run_scheduled(&mut sched, cpu, process, mem, None)
 }
 
+/// Runs the process tree (`crate::sandbox::run`, with a session's `kept` processes) with the
+/// first process's CPU clock running.
 fn run_scheduled(
     sched: &mut Scheduler,
     cpu: &mut dyn GuestCpu,
     process: &mut GuestProcess,
     mem: &GuestMemory,
+    kept: Option<&mut KeptProcesses<'_>>,
 ) -> io::Result<(LoopEnd, u64)> {
     process.threads.start_cpu_clock();
-    let ended = run_until_stopped(sched, cpu, process, mem);
+    let ended = crate::sandbox::run(sched, cpu, process, mem, kept);
     process.threads.stop_cpu_clock();
     ended
-}
-
-fn run_until_stopped(
-    sched: &mut Scheduler,
-    cpu: &mut dyn GuestCpu,
-    process: &mut GuestProcess,
-    mem: &GuestMemory,
-) -> io::Result<(LoopEnd, u64)> {
-    crate::sandbox::run(sched, cpu, process, mem)
 }
 
 // ---- the agent: template boot, ready point and hand-off ----
@@ -438,6 +433,7 @@ impl<'m> ReadyGuest<'m> {
             self.call,
             request,
             timeout,
+            None,
         )?;
         Ok((
             RunOutcome::of_agent(end, &mut self.process, stats),
@@ -449,7 +445,8 @@ impl<'m> ReadyGuest<'m> {
 /// Answers the AWAIT_REQUEST call `call` that `process` is stopped in with `request` and runs
 /// the guest until it stops: at its end, or (a session's cell, `HandOff::Cell`) at its next
 /// ready point. The counters cover this request only (from the hand-off on; `load` is zero);
-/// the output stays in `process`.
+/// the output stays in `process`. A session passes the processes its earlier cells left
+/// (`kept`): they run beside this request, and those alive at its ready point stay.
 pub fn hand_over(
     process: &mut GuestProcess,
     mem: &GuestMemory,
@@ -457,6 +454,7 @@ pub fn hand_over(
     call: [u64; 6],
     request: AgentRequest,
     timeout: Duration,
+    kept: Option<&mut KeptProcesses<'_>>,
 ) -> Result<(LoopEnd, RunStats), LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
     let (calls_before, unsupported_before, total_before) = (
@@ -480,7 +478,7 @@ pub fn hand_over(
         .map_err(LaunchError::Cpu)?
     {
         Some(end) => (end, 0),
-        None => run_scheduled(&mut sched, cpu, process, mem).map_err(LaunchError::Cpu)?,
+        None => run_scheduled(&mut sched, cpu, process, mem, kept).map_err(LaunchError::Cpu)?,
     };
     let stats = RunStats {
         syscalls: process.total_syscalls() - total_before,

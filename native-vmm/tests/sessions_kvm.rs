@@ -227,11 +227,9 @@ fn interpreter_state_survives_between_cells() {
     );
 }
 
-/// e2b #884's case: files written before a pause are all there after a resume, twice in a
-/// row, and again after the daemon restarts.
 /// `serve --max-processes` is a cell's default and maximum process limit, and
-/// `limits.processes` a lower one for one cell: the cell forks until refused and prints how
-/// many children it made.
+/// `limits.processes` a lower one for one cell: the cell forks until refused, prints how
+/// many children it made, then kills and waits for them (they would outlive the cell).
 #[test]
 fn each_cell_gets_its_own_process_limit_within_the_daemons() {
     let dir = scratch("sessions-processes");
@@ -241,7 +239,11 @@ fn each_cell_gets_its_own_process_limit_within_the_daemons() {
         "session",
         json!({"type": "session_create", "session": "forks", "template": "python"}),
     );
-    let code = include_str!("programs/fork_until_refused.py");
+    let code = format!(
+        "{}{}",
+        include_str!("programs/fork_until_refused.py"),
+        KILL_AND_WAIT_CHILDREN
+    );
     for (limits, limit) in [
         (json!({"processes": 2}), 2),
         (json!({}), 4),
@@ -265,6 +267,98 @@ fn each_cell_gets_its_own_process_limit_within_the_daemons() {
     }
     let refused = s.call(json!({"type": "session_execute", "session": "forks", "code": "1", "limits": {"processes": 0}}));
     assert_eq!(str_of(&refused, "code"), "bad_request", "{refused}");
+}
+
+/// Python that kills every other process of the sandbox (`/proc` lists the tree's) and waits
+/// for it.
+const KILL_AND_WAIT_CHILDREN: &str = "
+import signal
+for other in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
+    os.kill(other, signal.SIGKILL)
+    os.waitpid(other, 0)
+";
+
+/// A process a cell starts lives on between cells, as on Linux: the next cell sees it alive
+/// and can kill and wait for it; a server child answers the next cell over the VM's loopback;
+/// a child that ended in one cell is waited for in the next. A checkpoint holds only the
+/// first process, so a pause is refused while a child lives or is unreaped, and taken once
+/// it is waited for.
+#[test]
+fn a_child_process_lives_on_between_cells() {
+    let (_dir, _daemon, mut s) = daemon_with_session("sessions-children", "kids");
+    s.cell(
+        "kids",
+        "import os, signal, socket, subprocess, sys\nsleeper = subprocess.Popen(['sleep', '100'])",
+    );
+    assert_eq!(
+        s.cell(
+            "kids",
+            "(sleeper.poll(), os.path.exists(f'/proc/{sleeper.pid}'), open(f'/proc/{sleeper.pid}/cmdline').read())"
+        ),
+        Some("(None, True, 'sleep\\x00100\\x00')".into())
+    );
+    let refused = s.call(json!({"type": "session_pause", "session": "kids"}));
+    assert_eq!(str_of(&refused, "code"), "bad_request", "{refused}");
+    assert!(
+        str_of(&refused, "message").contains("child processes"),
+        "{refused}"
+    );
+    // The refused pause left the session running, its child too.
+    assert_eq!(
+        s.cell(
+            "kids",
+            "sleeper.kill()\n(sleeper.wait(), os.path.exists(f'/proc/{sleeper.pid}'))"
+        ),
+        Some("(-9, False)".into())
+    );
+
+    // A TCP server child on the VM's loopback, started in one cell, answers the next.
+    let server = "import socket, sys\n\
+        listener = socket.socket()\n\
+        listener.bind(('127.0.0.1', 0))\n\
+        listener.listen()\n\
+        print(listener.getsockname()[1], flush=True)\n\
+        while True:\n    \
+            conn, _ = listener.accept()\n    \
+            conn.sendall(b'echo:' + conn.recv(100))\n    \
+            conn.close()\n";
+    s.cell(
+        "kids",
+        &format!("server = subprocess.Popen([sys.executable, '-c', {server:?}], stdout=subprocess.PIPE)\nport = int(server.stdout.readline())"),
+    );
+    assert_eq!(
+        s.cell(
+            "kids",
+            "with socket.create_connection(('127.0.0.1', port)) as c:\n    c.sendall(b'hi')\n    reply = c.recv(100)\nreply"
+        ),
+        Some("b'echo:hi'".into())
+    );
+    assert_eq!(
+        s.cell("kids", "server.kill()\nserver.wait()"),
+        Some("-9".into())
+    );
+
+    // A child that ended in one cell is a zombie until the next waits for it.
+    s.cell(
+        "kids",
+        "r, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os._exit(7)\nos.close(w)\nassert os.read(r, 1) == b''",
+    );
+    assert_eq!(
+        s.cell(
+            "kids",
+            "status = os.waitpid(pid, 0)\n(status[0] == pid, os.waitstatus_to_exitcode(status[1]))"
+        ),
+        Some("(True, 7)".into())
+    );
+    // With every child waited for, the session pauses and resumes.
+    s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "kids"}),
+    );
+    assert_eq!(
+        s.cell("kids", "(sleeper.returncode, server.returncode)"),
+        Some("(-9, -9)".into())
+    );
 }
 
 #[test]

@@ -51,8 +51,9 @@ use crate::daemon::templates::{self, Template as DaemonTemplate};
 use crate::daemon::wire::{BusyReason, ErrorCode};
 use crate::fs::{NoProcess, WORK_DIR};
 use crate::image::sha256;
-use crate::memory::{GuestMemory, PageSet};
+use crate::memory::{GuestMemory, MemoryArena, PageSet};
 use crate::process::Output;
+use crate::sandbox::KeptProcesses;
 use crate::snapshot::checkpoint::{
     self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent,
     Written, TEMPORARY_PREFIX,
@@ -222,6 +223,9 @@ pub struct Vm<'m> {
     /// What the checkpoints recorded of each page: written pages holding the same bytes again
     /// are left out of the next one.
     pub fingerprints: PageFingerprints,
+    /// The processes a cell started that are still alive (`subprocess.Popen`, a server): they
+    /// wait parked with the VM and run again during the next cell.
+    pub children: KeptProcesses<'m>,
 }
 
 /// A VM's latest checkpoint, as its next one builds on it.
@@ -265,6 +269,20 @@ impl Vm<'_> {
         pause: bool,
         sync: &SyncGroup,
     ) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
+        let others: Vec<u64> = self
+            .guest
+            .process
+            .processes()
+            .pids()
+            .map(|(pid, _)| pid)
+            .filter(|&pid| pid != self.guest.process.pid)
+            .collect();
+        if !others.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                ChildProcesses { pids: others },
+            ));
+        }
         self.take_written();
         let capturing = Instant::now();
         let mut incremental = match (&self.base, &self.unsaved) {
@@ -434,7 +452,9 @@ fn run_vm(
     let failed = |e: SessionError| {
         let _ = ready.send(Err(e));
     };
-    // Declared first: the vCPU borrows it.
+    // Declared first: the vCPUs borrow them (the memories of the processes cells start live
+    // in the arena).
+    let arena = MemoryArena::new();
     let mut mem: GuestMemory;
     let (mut cpu, process, call, reseed, base) = match origin {
         Origin::Template => {
@@ -506,6 +526,7 @@ fn run_vm(
         base,
         unsaved,
         fingerprints,
+        children: KeptProcesses::new(&arena),
     };
     if let Err(e) = vm
         .guest
@@ -546,22 +567,43 @@ fn run_vm(
 /// A checkpoint that cannot be restored, said so (`not_found`: a session falls back to the one
 /// before); a failed read is an internal error.
 /// Why a checkpoint was not taken. A program in a state no checkpoint may hold (see
-/// `CpuSnapshot::check_user`) is refused as the request it is, not retried: the session runs
-/// on, unchanged.
+/// `CpuSnapshot::check_user`; processes besides the first, `ChildProcesses`) is refused as the
+/// request it is, not retried: the session runs on, unchanged.
 fn checkpoint_failed(e: io::Error) -> SessionError {
-    match e
-        .get_ref()
-        .and_then(|e| e.downcast_ref::<InvalidUserState>())
-    {
-        Some(why) => SessionError {
-            code: ErrorCode::BadRequest,
-            message: format!(
-                "the session's program is in a state that cannot be checkpointed: {why}"
-            ),
-        },
-        None => internal("writing the checkpoint", e),
+    let inner = e.get_ref();
+    let why = match (
+        inner.and_then(|e| e.downcast_ref::<InvalidUserState>()),
+        inner.and_then(|e| e.downcast_ref::<ChildProcesses>()),
+    ) {
+        (Some(why), _) => why.to_string(),
+        (_, Some(why)) => why.to_string(),
+        _ => return internal("writing the checkpoint", e),
+    };
+    SessionError {
+        code: ErrorCode::BadRequest,
+        message: format!("the session's program is in a state that cannot be checkpointed: {why}"),
     }
 }
+
+/// A checkpoint holds one process, the session's first: one that has children, alive or
+/// unreaped, is refused.
+#[derive(Debug)]
+struct ChildProcesses {
+    pids: Vec<u64>,
+}
+
+impl std::fmt::Display for ChildProcesses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "it has child processes, alive or not yet waited for (pids {:?}); a checkpoint holds \
+             only the first process: end and wait for them first",
+            self.pids
+        )
+    }
+}
+
+impl std::error::Error for ChildProcesses {}
 
 /// Why a session was not saved as a template: its program's state is what no template holds
 /// (a request it could fix), or writing failed.
@@ -608,6 +650,7 @@ fn run_cell(
         vm.guest.call,
         request,
         limits.timeout(),
+        Some(&mut vm.children),
     )?;
     vm.reseed = false;
     let cpu = thread_cpu_time().saturating_sub(cpu_before);

@@ -71,6 +71,18 @@ afterAll(async () => {
   if (dir !== undefined) await rm(dir, { recursive: true, force: true });
 });
 
+/** A new key with one python session: a caller with the key, and the session's id. */
+async function keyWithSession() {
+  const { key } = await gw.issue({ credits: CREDITS });
+  const call = (method: string, path: string, body?: unknown) =>
+    gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
+  const { id } = await expectJson<Session>(
+    await call("POST", "/v1/sessions", { template: "python" }),
+    201,
+  );
+  return { call, id };
+}
+
 describe("sessions through the gateway and the supervised daemon on KVM", () => {
   it("keeps state between cells, checkpoints, pauses, resumes, forks and bills it all", async () => {
     const { key, keyId, accountId } = await gw.issue({ credits: CREDITS });
@@ -301,13 +313,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
   });
 
   it("a cell's max_processes reaches the session's program; one out of range is 422", async () => {
-    const { key } = await gw.issue({ credits: CREDITS });
-    const call = (method: string, path: string, body?: unknown) =>
-      gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
-    const { id } = await expectJson<Session>(
-      await call("POST", "/v1/sessions", { template: "python" }),
-      201,
-    );
+    const { call, id } = await keyWithSession();
     const code = await readFile(
       new URL("../native-vmm/tests/programs/fork_until_refused.py", import.meta.url),
       "utf8",
@@ -327,13 +333,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
   });
 
   it("a process a cell starts lives on into the next cell; a pause waits for it to be reaped", async () => {
-    const { key } = await gw.issue({ credits: CREDITS });
-    const call = (method: string, path: string, body?: unknown) =>
-      gw.call(method, path, { credential: key, ...(body === undefined ? {} : { body }) });
-    const { id } = await expectJson<Session>(
-      await call("POST", "/v1/sessions", { template: "python" }),
-      201,
-    );
+    const { call, id } = await keyWithSession();
     const cell = async (code: string) =>
       (
         await expectJson<{ value: string | null; error: unknown }>(
@@ -350,7 +350,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     );
     expect(JSON.stringify(refused)).toContain("child processes");
     expect(await cell("child.kill()\nchild.wait()")).toBe("-9");
-    await expectJson(await call("POST", `/v1/sessions/${id}/pause`), 200);
+    await expectJson(await call("POST", `/v1/sessions/${id}/pause`), 201);
     expect(await cell("child.returncode")).toBe("-9");
     await expectJson(await call("DELETE", `/v1/sessions/${id}`), 200);
   });

@@ -297,6 +297,14 @@ fn a_child_process_lives_on_between_cells() {
         ),
         Some("(None, True, 'sleep\\x00100\\x00')".into())
     );
+    // The process limit counts it: with a limit of 2, the program and the sleeper, a third
+    // process is refused.
+    let limited = s.expect(
+        "execution",
+        json!({"type": "session_execute", "session": "kids", "limits": {"processes": 2},
+               "code": "try:\n    subprocess.run(['true'])\n    r = 'ran'\nexcept BlockingIOError:\n    r = 'EAGAIN'\nr"}),
+    );
+    assert_eq!(limited["result"]["value"], json!("'EAGAIN'"), "{limited}");
     let refused = s.call(json!({"type": "session_pause", "session": "kids"}));
     assert_eq!(str_of(&refused, "code"), "bad_request", "{refused}");
     assert!(

@@ -60,7 +60,9 @@ pub struct ExecRequest {
     pub envp: Vec<String>,
 }
 
-/// fork(): a child with a copy of the caller.
+/// fork(): a child with a copy of the caller. It ends with the run, except in a session, where
+/// it lives on between cells but runs only during them; a session checkpoint refuses a tree
+/// holding it (partly supported: `crate::sandbox::KeptProcesses`).
 pub(crate) fn fork(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
     Ok(SyscallOutcome::Fork(ForkRequest {
         exit_signal: SIGCHLD,

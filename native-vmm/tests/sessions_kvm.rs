@@ -278,6 +278,29 @@ for other in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != o
     os.waitpid(other, 0)
 ";
 
+/// Outside sessions nothing outlives its execution: after a program that left a child
+/// running, the next execution (on the pool's reset VM, or a fresh fork) has process 1 alone.
+#[test]
+fn a_pooled_executions_children_end_with_it() {
+    let dir = scratch("sessions-pooled-children");
+    let daemon = Daemon::start(&dir);
+    let mut s = daemon.client();
+    let code = "import os, subprocess\nsubprocess.Popen(['sleep', '100'])\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))";
+    let first = s.expect(
+        "execution",
+        json!({"type": "execute", "template": "python", "code": code}),
+    );
+    assert!(
+        str_of(&first, "stdout").starts_with("[1, "),
+        "a child beside process 1: {first}"
+    );
+    let next = s.expect(
+        "execution",
+        json!({"type": "execute", "template": "python", "code": "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"}),
+    );
+    assert_eq!(str_of(&next, "stdout"), "[1]\n", "{next}");
+}
+
 /// A process a cell starts lives on between cells, as on Linux: the next cell sees it alive
 /// and can kill and wait for it; a server child answers the next cell over the VM's loopback;
 /// a child that ended in one cell is waited for in the next. A checkpoint holds only the

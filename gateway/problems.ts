@@ -70,6 +70,12 @@ export const PROBLEMS = {
     title: "The template is being built or used",
     retryable: false,
   },
+  "session-not-checkpointable": {
+    status: 409,
+    title:
+      "The session's program is in a state a checkpoint cannot hold (child processes alive or unreaped)",
+    retryable: false,
+  },
   "session-not-templatable": {
     status: 409,
     title: "The session holds state a template cannot carry (an open socket, an armed timer)",

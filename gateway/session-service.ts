@@ -431,7 +431,7 @@ export class SessionService {
     try {
       taken = await this.sessions().checkpoint(id);
     } catch (error) {
-      return this.failed(row, error);
+      return this.failedCheckpoint(row, error);
     }
     const change: SessionChange = {
       active: true,
@@ -449,8 +449,19 @@ export class SessionService {
     try {
       return await this.pauseChecked(row);
     } catch (error) {
-      return this.failed(row, error);
+      return this.failedCheckpoint(row, error);
     }
+  }
+
+  /**
+   * A checkpoint or pause the runtime refused as the request it is (a program with child
+   * processes alive or unreaped, which a checkpoint cannot hold) is 409
+   * session-not-checkpointable; the session runs on. Other failures as `failed`.
+   */
+  private async failedCheckpoint(row: SessionRow, error: unknown): Promise<never> {
+    if (error instanceof RuntimeError && error.code === "bad_request")
+      throw new ProblemError("session-not-checkpointable", error.message);
+    return this.failed(row, error);
   }
 
   private async pauseChecked(row: SessionRow): Promise<CheckpointOutcome> {

@@ -345,8 +345,8 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     expect(await cell("(child.poll(), os.path.exists(f'/proc/{child.pid}'))")).toBe("(None, True)");
     const refused = await expectProblem(
       await call("POST", `/v1/sessions/${id}/pause`),
-      422,
-      "validation-failed",
+      409,
+      "session-not-checkpointable",
     );
     expect(JSON.stringify(refused)).toContain("child processes");
     expect(await cell("child.kill()\nchild.wait()")).toBe("-9");

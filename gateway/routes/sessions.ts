@@ -404,7 +404,9 @@ export function registerSessionRoutes(
     checkpointRoute(
       "/v1/sessions/{id}/checkpoints",
       "Checkpoint a session without pausing it",
-      "Dirty memory against the template, vCPU, VMM state and /work files, checksummed.",
+      "Dirty memory against the template, vCPU, VMM state and /work files, checksummed. A program " +
+        "with child processes alive or unreaped is 409 session-not-checkpointable (a checkpoint holds " +
+        "one process); the session runs on.",
     ),
     async (c) => {
       const { session, checkpoint } = await sessions.checkpoint(
@@ -418,7 +420,8 @@ export function registerSessionRoutes(
     checkpointRoute(
       "/v1/sessions/{id}/pause",
       "Pause a session: checkpoint it and release its VM",
-      "Billing for running time stops; the next call resumes it from this checkpoint.",
+      "Billing for running time stops; the next call resumes it from this checkpoint. A program " +
+        "with child processes alive or unreaped is 409 session-not-checkpointable; the session runs on.",
     ),
     async (c) => {
       const { session, checkpoint } = await sessions.pause(
@@ -494,8 +497,8 @@ export function registerSessionRoutes(
         '`name@version` (immutable), which executions (`template: "name@version"`) and sessions fork as any ' +
         "template, seen and deleted as templates built through POST /v1/templates. Needs the templates scope " +
         "(or admin) and the session's own key. A paused session is resumed for it; the session runs on. " +
-        "A program holding a socket with an address or an armed timer is 409 session-not-templatable; " +
-        "child processes end at every cell's end, so none is carried.",
+        "A program with child processes (alive or unreaped), holding a socket with an address or an " +
+        "armed timer is 409 session-not-templatable: a template holds one process.",
       security: AUTHENTICATED,
       middleware: [authenticate(ctx, "templates"), limitBodyPerKey] as const,
       request: {

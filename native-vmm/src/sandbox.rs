@@ -90,11 +90,6 @@ impl<'a> KeptProcesses<'a> {
             members: Vec::new(),
         }
     }
-
-    /// Pids of the processes kept alive (not zombies).
-    pub fn pids(&self) -> Vec<u64> {
-        self.members.iter().map(|m| m.pid).collect()
-    }
 }
 
 /// Runs `process` (the tree's first process, on `cpu` and `mem`) and every process it makes

@@ -151,14 +151,15 @@ pub fn stack_size(mem_bytes: u64) -> u64 {
         .max(PAGE_SIZE)
 }
 
-/// Loads an executable given as bytes; `lookup` finds the interpreter's bytes by path.
-pub fn load_elf<'a>(
+/// Loads an executable given as bytes; `lookup` finds the interpreter's bytes by path. The
+/// arguments and environment are bytes, as execve passes them (any encoding, no NUL).
+pub fn load_elf<'a, S: AsRef<[u8]>>(
     mem: &GuestMemory,
     exe_bytes: &[u8],
     path: &str,
     lookup: &dyn Fn(&str) -> Option<&'a [u8]>,
-    argv: &[String],
-    envp: &[String],
+    argv: &[S],
+    envp: &[S],
 ) -> Result<LoadedProgram, LoadError> {
     let elf_err = |p: &str| {
         let p = p.to_owned();
@@ -405,14 +406,14 @@ impl StringArea<'_> {
 ///
 /// From rsp upward: argc, argv[..], NULL, envp[..], NULL, auxv pairs, AT_NULL; above those the
 /// 16 AT_RANDOM bytes and the strings.
-fn build_stack(
+fn build_stack<S: AsRef<[u8]>>(
     mem: &GuestMemory,
     stack_bottom: u64,
-    argv: &[String],
-    envp: &[String],
+    argv: &[S],
+    envp: &[S],
     facts: &StackFacts,
 ) -> Result<u64, LoadError> {
-    if argv.iter().chain(envp).any(|s| s.as_bytes().contains(&0))
+    if argv.iter().chain(envp).any(|s| s.as_ref().contains(&0))
         || facts.execfn.as_bytes().contains(&0)
     {
         return Err(LoadError::NulInArgument);
@@ -423,7 +424,7 @@ fn build_stack(
     let string_bytes: u64 = argv
         .iter()
         .chain(envp)
-        .map(|s| s.len() as u64 + 1)
+        .map(|s| s.as_ref().len() as u64 + 1)
         .sum::<u64>()
         + facts.execfn.len() as u64
         + 1;
@@ -445,12 +446,12 @@ fn build_stack(
     let execfn = area.push(facts.execfn.as_bytes(), true)?;
     let mut env_ptrs = Vec::with_capacity(envp.len());
     for s in envp.iter().rev() {
-        env_ptrs.push(area.push(s.as_bytes(), true)?);
+        env_ptrs.push(area.push(s.as_ref(), true)?);
     }
     env_ptrs.reverse();
     let mut arg_ptrs = Vec::with_capacity(argv.len());
     for s in argv.iter().rev() {
-        arg_ptrs.push(area.push(s.as_bytes(), true)?);
+        arg_ptrs.push(area.push(s.as_ref(), true)?);
     }
     arg_ptrs.reverse();
     let platform = area.push(b"x86_64", true)?;
@@ -512,6 +513,9 @@ pub(crate) mod tests {
     const MIB: u64 = 1 << 20;
     const PYTHON: &str = "/usr/bin/python3.11";
     const LD_SO_LINK: &str = "/lib64/ld-linux-x86-64.so.2";
+
+    /// No arguments or environment.
+    const NO_STRINGS: &[String] = &[];
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -724,16 +728,16 @@ pub(crate) mod tests {
         let mem = GuestMemory::new(16 * MIB).unwrap();
         let below = tiny_elf(2, 0x1000, &[0xf4], 0, None);
         assert!(matches!(
-            load_elf(&mem, &below, "/p", &no_files, &[], &[]),
+            load_elf(&mem, &below, "/p", &no_files, NO_STRINGS, NO_STRINGS),
             Err(LoadError::Unloadable { .. })
         ));
         let above = tiny_elf(2, 15 * MIB, &[0xf4], 0, None);
         assert!(matches!(
-            load_elf(&mem, &above, "/p", &no_files, &[], &[]),
+            load_elf(&mem, &above, "/p", &no_files, NO_STRINGS, NO_STRINGS),
             Err(LoadError::DoesNotFit { .. })
         ));
         let wrapping = tiny_elf(2, !0xfff, &[0xf4], 0, None);
-        assert!(load_elf(&mem, &wrapping, "/p", &no_files, &[], &[]).is_err());
+        assert!(load_elf(&mem, &wrapping, "/p", &no_files, NO_STRINGS, NO_STRINGS).is_err());
     }
 
     #[test]
@@ -756,20 +760,20 @@ pub(crate) mod tests {
     fn missing_or_invalid_interpreter_is_an_error() {
         let mem = GuestMemory::new(16 * MIB).unwrap();
         let exe = tiny_elf(2, 0x40_0000, &[0xf4], 0, Some("/lib/ld.so"));
-        match load_elf(&mem, &exe, "/p", &no_files, &[], &[]) {
+        match load_elf(&mem, &exe, "/p", &no_files, NO_STRINGS, NO_STRINGS) {
             Err(LoadError::NotFound { path }) => assert_eq!(path, "/lib/ld.so"),
             other => panic!("expected NotFound, got {other:?}"),
         }
         let fixed_address_interp = tiny_elf(2, 0x80_0000, &[0xf4], 0, None);
         let lookup = |_: &str| Some(&fixed_address_interp[..]);
         assert!(matches!(
-            load_elf(&mem, &exe, "/p", &lookup, &[], &[]),
+            load_elf(&mem, &exe, "/p", &lookup, NO_STRINGS, NO_STRINGS),
             Err(LoadError::Unloadable { .. })
         ));
         let garbage = b"#!/bin/sh\n".to_vec();
         let lookup = |_: &str| Some(&garbage[..]);
         assert!(matches!(
-            load_elf(&mem, &exe, "/p", &lookup, &[], &[]),
+            load_elf(&mem, &exe, "/p", &lookup, NO_STRINGS, NO_STRINGS),
             Err(LoadError::Elf { .. })
         ));
     }
@@ -833,7 +837,7 @@ pub(crate) mod tests {
         let mem = GuestMemory::new(8 * MIB).unwrap();
         let lookup = |_: &str| None;
         assert!(matches!(
-            load_elf(&mem, &python, "/p", &lookup, &[], &[]),
+            load_elf(&mem, &python, "/p", &lookup, NO_STRINGS, NO_STRINGS),
             Err(LoadError::DoesNotFit { .. })
         ));
     }

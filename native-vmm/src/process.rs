@@ -51,8 +51,9 @@ pub struct ProcessConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Command {
     pub exe: String,
-    pub argv: Vec<String>,
-    pub envp: Vec<String>,
+    /// The arguments and environment as execve passed them: bytes in any encoding.
+    pub argv: Vec<Vec<u8>>,
+    pub envp: Vec<Vec<u8>>,
 }
 
 impl Command {
@@ -456,6 +457,9 @@ impl GuestProcess {
         if self.tree.len() > 1 {
             return Err("it has child processes, alive or not yet waited for");
         }
+        if self.fds.has_pidfds() {
+            return Err("a pidfd is open");
+        }
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);
         e.u64(self.config.mem_limit);
@@ -463,7 +467,7 @@ impl GuestProcess {
         for strings in [&self.config.command.argv, &self.config.command.envp] {
             e.len(strings.len());
             for s in strings {
-                e.str(s);
+                e.bytes(s);
             }
         }
         self.config.vfs.encode_state(e);
@@ -493,9 +497,9 @@ impl GuestProcess {
         let stdin = d.bytes("stdin")?.to_vec();
         let mem_limit = d.u64("memory limit")?;
         let exe = d.string("exe")?;
-        let mut strings = || -> Result<Vec<String>, DecodeError> {
+        let mut strings = || -> Result<Vec<Vec<u8>>, DecodeError> {
             (0..d.count(4, "command strings")?)
-                .map(|_| d.string("command string"))
+                .map(|_| d.bytes("command string").map(<[u8]>::to_vec))
                 .collect()
         };
         let command = Command {

@@ -395,6 +395,10 @@ impl<'a> Tree<'a> {
             return Err(Errno::ENOSYS);
         }
         let parent = process.pid;
+        // CLONE_PIDFD's fd is checked for before anything is made: EMFILE makes no child.
+        if request.pidfd.is_some() {
+            process.fds.free_fd(0)?;
+        }
         let pid = process
             .tree
             .add_child(parent, process.threads.next_id(), request.exit_signal)
@@ -450,6 +454,14 @@ impl<'a> Tree<'a> {
         process.threads.reserve_ids_from(pid + 1);
         process.tree.note_ids_used(pid + 1);
         process.parked.insert(pid, part);
+        // The child's fds are copied already: the pidfd is the parent's alone. Its fd was free
+        // above and nothing opened one since.
+        if let Some(addr) = request.pidfd {
+            let description = crate::syscalls::pidfd::description(pid, 0);
+            if let Ok(fd) = process.fds.install(description, 0, true) {
+                let _ = UserMemory::new(mem).write_u32(addr, fd as u32);
+            }
+        }
         self.members.push(Member {
             pid,
             cpu: Some(child_cpu),
@@ -575,6 +587,13 @@ impl<'a> Tree<'a> {
                 if let Some(parent) = process.tree.get_mut(entry.ppid) {
                     parent.signals |= bit(entry.exit_signal);
                 }
+            }
+        }
+        // An end is progress even when it made no system call (a signal's default action):
+        // its pidfds turn readable and its pipes lose a writer, so every waiter tries again.
+        for member in &mut self.members {
+            if let State::Blocked { seen, .. } = &mut member.state {
+                *seen = 0;
             }
         }
         let member = &mut self.members[index];

@@ -267,8 +267,8 @@ fn prepare(image: Arc<Image>, req: &RunRequest) -> Result<Prepared, LaunchError>
         .map_err(LaunchError::FileSystem)?;
     let command = crate::process::Command {
         exe: program,
-        argv: req.argv.clone(),
-        envp: req.envp.clone(),
+        argv: req.argv.iter().map(|s| s.clone().into_bytes()).collect(),
+        envp: req.envp.iter().map(|s| s.clone().into_bytes()).collect(),
     };
     let config = ProcessConfig {
         vfs,

@@ -1131,3 +1131,205 @@ EOF"#,
         ],
     );
 }
+
+#[test]
+fn pidfds_name_one_process_until_it_is_reaped() {
+    let printed = same_as_native(
+        r#"/usr/bin/python3.11 - <<'EOF'
+import ctypes, errno, os, select, signal, struct, time
+libc = ctypes.CDLL(None, use_errno=True)
+PIDFD_NONBLOCK = os.O_NONBLOCK
+CLONE_PIDFD, CLONE_PARENT_SETTID = 0x1000, 0x100000
+
+def err(f, *args):
+    try:
+        f(*args)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    return "ok"
+
+def raw(nr, *args):
+    got = libc.syscall(nr, *args)
+    return got if got >= 0 else errno.errorcode[ctypes.get_errno()]
+
+print("pidfd_open -1:", err(os.pidfd_open, -1), "bad flags:", err(os.pidfd_open, os.getpid(), 1))
+own = os.pidfd_open(os.getpid())
+print("own: close-on-exec", not os.get_inheritable(own), os.readlink(f"/proc/self/fd/{own}"))
+print("not a pidfd:", err(signal.pidfd_send_signal, 0, signal.SIGTERM),
+      err(os.waitid, os.P_PIDFD, 0, os.WEXITED),
+      "unknown flags:", err(signal.pidfd_send_signal, own, 0, None, 8),
+      "read:", err(os.read, own, 8))
+os.close(own)
+
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append("usr1"))
+mine = os.open(f"/proc/{os.getpid()}", os.O_DIRECTORY)
+signal.pidfd_send_signal(mine, signal.SIGUSR1)
+print("through /proc/<pid>:", got)
+os.close(mine)
+
+# A child that waits to be signalled: its pidfd is readable only once it ended.
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, b"x")
+    while True:
+        signal.pause()
+os.read(r, 1)
+pidfd = os.pidfd_open(pid, PIDFD_NONBLOCK)
+p = select.poll()
+p.register(pidfd, select.POLLIN)
+print("alive: poll", p.poll(0), "select", select.select([pidfd], [], [], 0)[0],
+      "waitid", err(os.waitid, os.P_PIDFD, pidfd, os.WEXITED),
+      "WNOHANG", os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG))
+signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+ep = select.epoll()
+ep.register(pidfd, select.EPOLLIN)
+print("ended: epoll", [(fd == pidfd, bool(ev & select.EPOLLIN)) for fd, ev in ep.poll(60)],
+      "select", select.select([pidfd], [], [], 60)[0] == [pidfd])
+info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
+print("zombie:", info.si_pid == pid, info.si_code == os.CLD_KILLED, info.si_status,
+      "signal 0:", err(signal.pidfd_send_signal, pidfd, 0),
+      "pidfd_open:", err(lambda: os.close(os.pidfd_open(pid))))
+os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+other = os.fork()
+if other == 0:
+    time.sleep(60)
+    os._exit(0)
+print("reaped:", err(signal.pidfd_send_signal, pidfd, signal.SIGKILL),
+      err(os.waitid, os.P_PIDFD, pidfd, os.WEXITED), err(os.pidfd_open, pid),
+      "readable", bool(p.poll(0)[0][1] & select.POLLIN))
+os.kill(other, signal.SIGKILL)
+print("the next child lives on:", os.waitpid(other, 0)[1] == signal.SIGKILL)
+os.close(pidfd)
+
+# clone and clone3 with CLONE_PIDFD give the parent a close-on-exec pidfd of the child.
+fd = ctypes.c_int(-1)
+child = libc.syscall(56, CLONE_PIDFD | signal.SIGCHLD, 0, ctypes.byref(fd), 0, 0)
+if child == 0:
+    os._exit(5)
+info = os.waitid(os.P_PIDFD, fd.value, os.WEXITED)
+print("clone:", info.si_pid == child, info.si_status, not os.get_inheritable(fd.value))
+os.close(fd.value)
+print("clone with PARENT_SETTID:",
+      raw(56, CLONE_PIDFD | CLONE_PARENT_SETTID | signal.SIGCHLD, 0, ctypes.byref(fd), 0, 0))
+args = (ctypes.c_uint64 * 8)(CLONE_PIDFD, ctypes.addressof(fd), 0, 0, signal.SIGCHLD, 0, 0, 0)
+child = libc.syscall(435, ctypes.byref(args), 64)
+if child == 0:
+    os._exit(6)
+info = os.waitid(os.P_PIDFD, fd.value, os.WEXITED)
+print("clone3:", info.si_pid == child, info.si_status, not os.get_inheritable(fd.value))
+os.close(fd.value)
+
+# pidfd_getfd: a copy of the child's fd 50, the write end of a pipe the parent reads.
+r2, w2 = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.dup2(w2, 50)
+    os.close(w2)
+    os.write(w, b"x")
+    time.sleep(60)
+    os._exit(0)
+os.close(w2)
+os.read(r, 1)
+pidfd = os.pidfd_open(pid)
+copy = raw(438, pidfd, 50, 0)
+os.write(copy, b"through the child's fd")
+print("pidfd_getfd:", os.read(r2, 100), not os.get_inheritable(copy),
+      "no such fd", raw(438, pidfd, 51, 0), "flags", raw(438, pidfd, 50, 1))
+os.close(copy)
+signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+print("after it was reaped:", raw(438, pidfd, 50, 0))
+EOF"#,
+    );
+    assert_contains(
+        &printed,
+        &[
+            "pidfd_open -1: EINVAL bad flags: EINVAL",
+            "not a pidfd: EBADF EBADF unknown flags: EINVAL read: EINVAL",
+            "through /proc/<pid>: ['usr1']",
+            "alive: poll [] select [] waitid EAGAIN WNOHANG None",
+            "ended: epoll [(True, True)] select True",
+            "zombie: True True 15 signal 0: ok pidfd_open: ok",
+            "reaped: ESRCH ECHILD ESRCH readable True",
+            "clone: True 5 True",
+            "clone with PARENT_SETTID: EINVAL",
+            "clone3: True 6 True",
+            "pidfd_getfd: b\"through the child's fd\" True no such fd EBADF flags EINVAL",
+            "after it was reaped: ESRCH",
+        ],
+    );
+}
+
+#[test]
+fn rlimit_nproc_is_lowered_for_the_caller_and_its_children() {
+    let outcome = python(
+        r#"
+import os, resource, subprocess, sys
+sys.stdout.reconfigure(line_buffering=True)
+NPROC = resource.RLIMIT_NPROC
+soft, hard = resource.getrlimit(NPROC)
+print("limits", soft, hard)
+for wanted in [(soft, hard + 1), (hard + 1, hard)]:
+    try:
+        resource.setrlimit(NPROC, wanted)
+    except ValueError as e:
+        print(wanted, e)
+resource.setrlimit(NPROC, (2, 10))
+pid = os.fork()
+if pid == 0:
+    try:
+        os.fork()
+        print("grandchild forked")
+    except BlockingIOError:
+        print("child at", resource.getrlimit(NPROC), "EAGAIN")
+    os._exit(0)
+os.waitpid(pid, 0)
+resource.setrlimit(NPROC, (0, 10))
+try:
+    os.fork()
+except BlockingIOError:
+    print("soft 0: EAGAIN")
+resource.setrlimit(NPROC, (10, 10))
+print("raised back:", subprocess.run([sys.executable, "-c",
+      "import resource; print(resource.getrlimit(resource.RLIMIT_NPROC))"],
+      capture_output=True, text=True).stdout.strip())
+with open("/proc/self/limits") as f:
+    print([line.split()[2:4] for line in f if line.startswith("Max processes")])
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "limits 64 64\n(64, 65) not allowed to raise maximum limit\n\
+         (65, 64) current limit exceeds maximum limit\n\
+         child at (2, 10) EAGAIN\nsoft 0: EAGAIN\nraised back: (10, 10)\n[['10', '10']]\n",
+        "{}",
+        describe(&outcome)
+    );
+}
+
+#[test]
+fn undecodable_bytes_in_argv_and_envp_reach_the_program_exactly() {
+    let printed = same_as_native(
+        r#"V=$'a\xff\x80b' bash -c 'printf %s "$V" | od -An -tx1'
+/usr/bin/python3.11 - <<'EOF'
+import subprocess
+env = {b"PATH": b"/usr/bin:/bin", b"UNDECODABLE": b"abc\xff\xfe", b"K\xffEY": b"42"}
+script = (b"import os, sys; print(ascii(os.environb[b'UNDECODABLE']), "
+          b"ascii(os.environb[b'K\\xffEY']), ascii(os.fsencode(sys.argv[1])), "
+          b"ascii(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3]), "
+          b"b'UNDECODABLE=abc\\xff\\xfe' in open('/proc/self/environ', 'rb').read().split(b'\\0'))")
+out = subprocess.run([b"/usr/bin/python3.11", b"-c", script, b"arg\xff\x80"], env=env,
+                     capture_output=True)
+print(out.stdout.decode(), out.stderr.decode("ascii", "replace"), out.returncode)
+EOF"#,
+    );
+    assert_contains(
+        &printed,
+        &[
+            " 61 ff 80 62",
+            r"b'abc\xff\xfe' b'42' b'arg\xff\x80' b'arg\xff\x80' True",
+        ],
+    );
+}

@@ -79,6 +79,9 @@ pub enum Object {
     /// An AF_UNIX SOCK_DGRAM socket (one end of a socketpair or one made by socket(2)), or
     /// a connected SOCK_SEQPACKET one (an index into the table of them).
     UnixDatagram(usize),
+    /// A pidfd: the process it names, by pid (the tree never gives an id twice, so once that
+    /// process is reaped the pidfd names none).
+    Pidfd(u64),
 }
 
 /// An AF_UNIX SOCK_DGRAM or connected SOCK_SEQPACKET socket: the datagrams sent to it, each
@@ -648,6 +651,30 @@ impl FdTable {
         }
     }
 
+    /// A new close-on-exec fd of the running process, at the lowest free number, for the
+    /// description another process's `fd` refers to (`slots`: its parked fd numbers;
+    /// pidfd_getfd).
+    pub fn duplicate_from(&mut self, slots: &FdSlots, fd: u64) -> Result<u64, Errno> {
+        let slot = usize::try_from(fd)
+            .ok()
+            .and_then(|i| slots.fds.get(i).copied().flatten())
+            .ok_or(Errno::EBADF)?;
+        let new_fd = self.lowest_free(0)?;
+        self.put(
+            new_fd,
+            Slot {
+                description: slot.description,
+                cloexec: true,
+            },
+        );
+        Ok(new_fd as u64)
+    }
+
+    /// The fd an `install` at `min_fd` would take now: EMFILE when none is free.
+    pub fn free_fd(&self, min_fd: u64) -> Result<u64, Errno> {
+        self.lowest_free(min_fd).map(|fd| fd as u64)
+    }
+
     /// Puts another process's fd numbers in place of the running one's (which `slots` then
     /// holds): the descriptions, pipes and sockets behind them are the tree's, shared.
     pub fn swap_slots(&mut self, slots: &mut FdSlots) {
@@ -780,6 +807,15 @@ impl FdTable {
     /// Whether any FIFO is open or being opened (a snapshot cannot hold one).
     pub fn has_fifos(&self) -> bool {
         self.fifos.values().any(|f| f.pipe.is_some())
+    }
+
+    /// Whether any pidfd is open (a snapshot cannot hold one: a restored tree gives its pids
+    /// out again).
+    pub fn has_pidfds(&self) -> bool {
+        self.descriptions
+            .iter()
+            .flatten()
+            .any(|d| matches!(d.object, Object::Pidfd(_)))
     }
 
     /// Creates a connected socketpair: two read-write descriptions, not yet installed.
@@ -1611,8 +1647,8 @@ impl Object {
                 e.u64(*count);
                 e.bool(*semaphore);
             }
-            // GuestProcess::encode_state refuses a process with endpoints, Internet sockets
-            // or datagram socketpairs; these tags are never read back.
+            // GuestProcess::encode_state refuses a process with endpoints, Internet sockets,
+            // datagram socketpairs or pidfds; these tags are never read back.
             Object::Endpoint(i) => {
                 e.u8(9);
                 e.len(*i);
@@ -1624,6 +1660,10 @@ impl Object {
             Object::UnixDatagram(i) => {
                 e.u8(11);
                 e.len(*i);
+            }
+            Object::Pidfd(pid) => {
+                e.u8(12);
+                e.u64(*pid);
             }
         }
     }
@@ -1776,9 +1816,13 @@ impl FdTable {
                 Object::Stdin | Object::Output(_) | Object::Node(_) | Object::EventFd { .. } => {
                     ([None, None], None)
                 }
-                Object::Endpoint(_) | Object::Inet(_) | Object::UnixDatagram(_) => {
+                Object::Endpoint(_)
+                | Object::Inet(_)
+                | Object::UnixDatagram(_)
+                | Object::Pidfd(_) => {
                     return Err(DecodeError::new(
-                        "a template snapshot holds no unconnected or Internet socket".to_owned(),
+                        "a template snapshot holds no unconnected or Internet socket, no pidfd"
+                            .to_owned(),
                     ))
                 }
             };

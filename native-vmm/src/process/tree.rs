@@ -34,6 +34,9 @@ pub struct ProcessEntry {
     pub killed_by: Option<u64>,
     /// The signal it gets when its parent ends (prctl PR_SET_PDEATHSIG; 0: none).
     pub death_signal: u64,
+    /// Its RLIMIT_NPROC as (soft, hard), as set (u64::MAX: not lowered); in effect at most
+    /// the tree's limit (`ProcessTable::nproc`). A fork copies it to the child.
+    pub nproc: (u64, u64),
 }
 
 #[derive(Debug, Clone)]
@@ -61,6 +64,7 @@ impl ProcessTable {
                 exit_signal: 0,
                 killed_by: None,
                 death_signal: 0,
+                nproc: (u64::MAX, u64::MAX),
             },
         );
         ProcessTable {
@@ -124,16 +128,31 @@ impl ProcessTable {
         self.next_id
     }
 
+    /// Process `pid`'s RLIMIT_NPROC in effect as (soft, hard): what it set, at most the
+    /// tree's limit.
+    pub fn nproc(&self, pid: u64) -> (u64, u64) {
+        let (soft, hard) = self
+            .entries
+            .get(&pid)
+            .map_or((u64::MAX, u64::MAX), |e| e.nproc);
+        (soft.min(self.limit), hard.min(self.limit))
+    }
+
     /// A new child of `parent` in its group and session, with the first id no thread or
-    /// process had (past `used`, the running thread table's next id); None at the limit.
+    /// process had (past `used`, the running thread table's next id); None at the tree's
+    /// limit or the parent's RLIMIT_NPROC (processes alive or unreaped, as Linux counts a
+    /// user's). Ids are never given twice, so an id names one process for the tree's life.
     pub fn add_child(&mut self, parent: u64, used: u64, exit_signal: u64) -> Option<u64> {
-        if self.entries.len() as u64 >= self.limit {
+        let (soft, _) = self.nproc(parent);
+        if self.entries.len() as u64 >= soft {
             return None;
         }
-        let (pgid, sid) = self
+        let (pgid, sid, nproc) = self
             .entries
             .get(&parent)
-            .map_or((parent, parent), |e| (e.pgid, e.sid));
+            .map_or((parent, parent, (u64::MAX, u64::MAX)), |e| {
+                (e.pgid, e.sid, e.nproc)
+            });
         let pid = self.next_id.max(used);
         self.next_id = pid + 1;
         self.created += 1;
@@ -148,6 +167,7 @@ impl ProcessTable {
                 exit_signal,
                 killed_by: None,
                 death_signal: 0,
+                nproc,
             },
         );
         Some(pid)
@@ -230,6 +250,20 @@ mod tests {
         assert_eq!(tree.created(), 2, "a refused fork adds nothing");
         tree.set_limit(0);
         assert_eq!(tree.limit(), 1, "the tree's first process always fits");
+        tree.set_limit(8);
+        tree.get_mut(1).unwrap().nproc = (u64::MAX, 6);
+        assert_eq!(tree.nproc(1), (8, 6), "in effect at most the tree's limit");
+        tree.get_mut(1).unwrap().nproc = (2, 6);
+        assert_eq!(
+            tree.add_child(1, 0, 17),
+            None,
+            "two processes: at the soft limit"
+        );
+        tree.get_mut(1).unwrap().nproc = (3, 6);
+        let c = tree.add_child(1, 0, 17).unwrap();
+        assert_eq!(tree.get(c).unwrap().nproc, (3, 6), "the child inherits it");
+        assert_eq!(tree.add_child(c, 0, 17), None, "and is held to it");
+        assert!(c > b, "ids are never given twice");
         tree.set_limit(u64::MAX);
         assert_eq!(tree.limit(), MAX_PROCESS_LIMIT);
     }

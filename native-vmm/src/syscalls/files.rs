@@ -188,7 +188,7 @@ pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
         Object::Socket { .. } | Object::Endpoint(_) | Object::Inet(_) | Object::UnixDatagram(_) => {
             Ok(stream_stat(id, S_IFSOCK))
         }
-        Object::Epoll(_) | Object::EventFd { .. } => Ok(stream_stat(id, 0)),
+        Object::Epoll(_) | Object::EventFd { .. } | Object::Pidfd(_) => Ok(stream_stat(id, 0)),
         Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => {
             Ok(stream_stat(id, S_IFIFO))
         }
@@ -266,7 +266,7 @@ fn read_fd(
             return super::unix_datagram::read(proc, user, index, &[(buf, len)], nonblocking);
         }
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
-        Object::Epoll(_) => return Err(Errno::EINVAL),
+        Object::Epoll(_) | Object::Pidfd(_) => return Err(Errno::EINVAL),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
     };
     if at.is_none() {
@@ -372,9 +372,11 @@ pub(super) fn write_bytes(
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
         // An eventfd takes 8-byte counts from guest memory only (write_fd), an Internet socket
         // sends from guest memory only (inet.rs).
-        Object::Epoll(_) | Object::EventFd { .. } | Object::Inet(_) | Object::UnixDatagram(_) => {
-            Err(Errno::EINVAL)
-        }
+        Object::Epoll(_)
+        | Object::EventFd { .. }
+        | Object::Inet(_)
+        | Object::UnixDatagram(_)
+        | Object::Pidfd(_) => Err(Errno::EINVAL),
         Object::Endpoint(_) => Err(Errno::ENOTCONN),
     }
 }
@@ -632,7 +634,9 @@ fn regular_file(proc: &GuestProcess, fd: u64) -> Result<Node, Errno> {
         {
             Ok(node)
         }
-        Object::Node(_) | Object::Epoll(_) | Object::EventFd { .. } => Err(Errno::ENODEV),
+        Object::Node(_) | Object::Epoll(_) | Object::EventFd { .. } | Object::Pidfd(_) => {
+            Err(Errno::ENODEV)
+        }
         _ => Err(Errno::ESPIPE),
     }
 }

@@ -83,6 +83,8 @@ const RLIMIT_STACK: u64 = 3;
 /// sizes it from the soft limit.
 const THREAD_STACK: u64 = 2 << 20;
 const RLIMIT_NOFILE: u64 = 7;
+/// Processes at once: at most the tree's limit, and lowered per process (a fork copies it).
+const RLIMIT_NPROC: u64 = 6;
 
 /// The limit in effect for `resource` as (soft, hard): the VM's real bounds where there is one.
 pub(super) fn limit(proc: &GuestProcess, resource: u64) -> Result<(u64, u64), Errno> {
@@ -94,7 +96,7 @@ pub(super) fn limit(proc: &GuestProcess, resource: u64) -> Result<(u64, u64), Er
         // thread's stack by default (see THREAD_STACK).
         RLIMIT_STACK => (stack_size(mem).min(THREAD_STACK), stack_size(mem)),
         4 | 13 | 14 => (0, 0), // core, nice, rtprio
-        6 => (proc.processes().limit(), proc.processes().limit()), // nproc: the tree's limit
+        RLIMIT_NPROC => proc.tree.nproc(proc.pid),
         RLIMIT_NOFILE => (proc.fds.limit(), FD_LIMIT),
         8 => (8 << 20, 8 << 20),  // memlock (Linux default)
         11 => (1024, 1024),       // sigpending
@@ -103,8 +105,10 @@ pub(super) fn limit(proc: &GuestProcess, resource: u64) -> Result<(u64, u64), Er
     })
 }
 
-/// Applies a new limit. Only RLIMIT_NOFILE is adjustable (it bounds the fd table); the others
-/// are properties of the VM, so setting them to anything but their value is EPERM.
+/// Applies a new limit. RLIMIT_NOFILE (it bounds the fd table) and RLIMIT_NPROC (it bounds
+/// forks, `ProcessTable::add_child`) are adjustable below their hard limits, which can only be
+/// lowered; the others are properties of the VM, so setting them to anything but their value
+/// is EPERM.
 fn set_limit(proc: &mut GuestProcess, resource: u64, soft: u64, hard: u64) -> Result<(), Errno> {
     let (_, cur_hard) = limit(proc, resource)?;
     if soft > hard {
@@ -115,6 +119,11 @@ fn set_limit(proc: &mut GuestProcess, resource: u64, soft: u64, hard: u64) -> Re
     }
     if resource == RLIMIT_NOFILE {
         proc.fds.set_limit(soft);
+        return Ok(());
+    }
+    if resource == RLIMIT_NPROC {
+        let entry = proc.tree.get_mut(proc.pid).ok_or(Errno::ESRCH)?;
+        entry.nproc = (soft, hard);
         return Ok(());
     }
     if (soft, hard) != limit(proc, resource)? {

@@ -23,6 +23,7 @@ mod memfd;
 mod memory;
 mod misc;
 mod ownership;
+pub(crate) mod pidfd;
 mod poll;
 pub mod processes;
 mod procfs;

@@ -10,10 +10,12 @@
 //! Regular files, stdin and the captured output are always ready (as Linux reports regular
 //! files); a pipe's read end is ready with data or without writers, its write end with room;
 //! a socketpair end combines both (and reports RDHUP/HUP as Linux does); an epoll instance is
-//! readable when one of its registrations is ready (epoll.rs).
+//! readable when one of its registrations is ready (epoll.rs); a pidfd once its process ended
+//! (pidfd.rs).
 
 use std::time::Duration;
 
+use super::pidfd::Named;
 use super::{value, wait_ready_on, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object};
@@ -110,6 +112,12 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
         }
         Object::Inet(i) => super::inet::ready_bits(proc, i),
         Object::UnixDatagram(i) => super::unix_datagram::ready_bits(proc, i),
+        // As Linux: readable once the process ended, and hung up too once it was reaped.
+        Object::Pidfd(pid) => match super::pidfd::named(proc, pid) {
+            Named::Running => 0,
+            Named::Ended => readable,
+            Named::Gone => readable | POLLHUP,
+        },
         Object::Epoll(i) => match super::epoll::ready_list(proc, i) {
             Ok(list) if !list.is_empty() => readable,
             Ok(_) => 0,

@@ -7,7 +7,6 @@
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, Node, X_OK};
-use crate::process::signals::bit;
 use crate::process::GuestProcess;
 
 /// SIGCHLD: the usual exit signal of a child.
@@ -15,6 +14,7 @@ pub const SIGCHLD: u64 = 17;
 
 const CLONE_VM: u64 = 0x100;
 const CLONE_FS: u64 = 0x200;
+pub(super) const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_VFORK: u64 = 0x4000;
 const CLONE_SETTLS: u64 = 0x8_0000;
 const CLONE_PARENT_SETTID: u64 = 0x10_0000;
@@ -23,10 +23,12 @@ const CLONE_CHILD_SETTID: u64 = 0x100_0000;
 const CSIGNAL: u64 = 0xff;
 /// What a clone of a new process may ask for. CLONE_VM goes only with CLONE_VFORK (posix_spawn,
 /// vfork): the child runs on a copy of the caller's memory until it execs or exits, which a
-/// vfork child cannot tell apart. CLONE_FS is taken as a copy too.
+/// vfork child cannot tell apart. CLONE_FS is taken as a copy too. CLONE_PIDFD gives the
+/// caller a pidfd of the child.
 const PROCESS_FLAGS: u64 = CSIGNAL
     | CLONE_VM
     | CLONE_FS
+    | CLONE_PIDFD
     | CLONE_VFORK
     | CLONE_SETTLS
     | CLONE_PARENT_SETTID
@@ -48,16 +50,19 @@ pub struct ForkRequest {
     pub child_tid: Option<u64>,
     /// Cleared in the child's memory when it exits (CLONE_CHILD_CLEARTID).
     pub clear_child_tid: Option<u64>,
+    /// Where the number of a new close-on-exec pidfd of the child is written in the parent's
+    /// memory (CLONE_PIDFD).
+    pub pidfd: Option<u64>,
 }
 
 /// What the tree loads for an execve: the program file (after `#!` lines), and the process's
-/// new command line and environment.
+/// new command line and environment, as bytes (execve takes any encoding).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecRequest {
     pub node: Node,
     pub exe: String,
-    pub argv: Vec<String>,
-    pub envp: Vec<String>,
+    pub argv: Vec<Vec<u8>>,
+    pub envp: Vec<Vec<u8>>,
 }
 
 /// fork(): a child with a copy of the caller. It ends with the run, except in a session, where
@@ -71,10 +76,12 @@ pub(crate) fn fork(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]
         parent_tid: None,
         child_tid: None,
         clear_child_tid: None,
+        pidfd: None,
     }))
 }
 
-/// A clone (or clone3) without CLONE_THREAD: a new process.
+/// A clone (or clone3) without CLONE_THREAD: a new process. `pidfd` is where CLONE_PIDFD
+/// writes the pidfd's number (checked by the caller).
 pub(crate) fn clone_process(
     flags: u64,
     exit_signal: u64,
@@ -82,6 +89,7 @@ pub(crate) fn clone_process(
     parent_tid: u64,
     child_tid: u64,
     tls: u64,
+    pidfd: u64,
 ) -> SysResult {
     if flags & !PROCESS_FLAGS != 0 || (flags & CLONE_VM != 0 && flags & CLONE_VFORK == 0) {
         return Err(Errno::EINVAL);
@@ -97,6 +105,7 @@ pub(crate) fn clone_process(
         parent_tid: when(CLONE_PARENT_SETTID, parent_tid),
         child_tid: when(CLONE_CHILD_SETTID, child_tid),
         clear_child_tid: when(CLONE_CHILD_CLEARTID, child_tid),
+        pidfd: when(CLONE_PIDFD, pidfd),
     }))
 }
 
@@ -109,7 +118,7 @@ const EXEC_VECTOR_MAX: u64 = 1 << 16;
 const INTERPRETER_DEPTH: usize = 4;
 
 /// A NULL-terminated vector of C strings at `addr` (NULL: none), within `budget` bytes.
-fn read_strings(user: &UserMemory, addr: u64, budget: &mut u64) -> Result<Vec<String>, Errno> {
+fn read_strings(user: &UserMemory, addr: u64, budget: &mut u64) -> Result<Vec<Vec<u8>>, Errno> {
     let mut out = Vec::new();
     if addr == 0 {
         return Ok(out);
@@ -126,7 +135,7 @@ fn read_strings(user: &UserMemory, addr: u64, budget: &mut u64) -> Result<Vec<St
         *budget = budget
             .checked_sub(bytes.len() as u64 + 1)
             .ok_or(Errno::E2BIG)?;
-        out.push(String::from_utf8_lossy(&bytes).into_owned());
+        out.push(bytes);
     }
     Err(Errno::E2BIG)
 }
@@ -174,9 +183,9 @@ fn exec_at(
     let envp = read_strings(user, envp, &mut budget)?;
     let vfs = &proc.config.vfs;
     let mut exe = if path.is_empty() {
-        String::from_utf8_lossy(&vfs.path_of(base)?).into_owned()
+        vfs.path_of(base)?
     } else {
-        String::from_utf8_lossy(&path).into_owned()
+        path.clone()
     };
     let mut node = if path.is_empty() {
         base
@@ -192,7 +201,7 @@ fn exec_at(
         if contents.starts_with(b"\x7fELF") {
             return Ok(SyscallOutcome::Exec(ExecRequest {
                 node,
-                exe,
+                exe: String::from_utf8_lossy(&exe).into_owned(),
                 argv,
                 envp,
             }));
@@ -203,10 +212,13 @@ fn exec_at(
         // `#!interpreter [one argument]`, as Linux reads it (the first 255 bytes).
         let line = &line[..line.len().min(255)];
         let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];
-        let line = String::from_utf8_lossy(line).trim().to_owned();
-        let (interpreter, argument) = match line.split_once([' ', '\t']) {
-            Some((i, a)) => (i.to_owned(), Some(a.trim().to_owned())),
-            None => (line.clone(), None),
+        let line = line.trim_ascii();
+        let (interpreter, argument) = match line.iter().position(|&b| b == b' ' || b == b'\t') {
+            Some(i) => (
+                line[..i].to_vec(),
+                Some(line[i + 1..].trim_ascii().to_vec()),
+            ),
+            None => (line.to_vec(), None),
         };
         if interpreter.is_empty() {
             return Err(Errno::ENOEXEC);
@@ -219,7 +231,7 @@ fn exec_at(
         script_argv.extend(rest);
         argv = script_argv;
         exe = interpreter.clone();
-        node = vfs.resolve(base, interpreter.as_bytes(), true)?;
+        node = vfs.resolve(base, &interpreter, true)?;
     }
     Err(Errno::ELOOP)
 }
@@ -302,11 +314,14 @@ pub(crate) fn wait4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
     }
 }
 
-/// waitid(idtype, id, infop, options, rusage): as wait4, reporting in a siginfo.
+/// waitid(idtype, id, infop, options, rusage): as wait4, reporting in a siginfo. P_PIDFD
+/// names the child by a pidfd (EBADF for another fd); on a non-blocking one a wait that would
+/// block is EAGAIN.
 pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const P_ALL: u64 = 0;
     const P_PID: u64 = 1;
     const P_PGID: u64 = 2;
+    const P_PIDFD: u64 = 3;
     const CLD_EXITED: i32 = 1;
     const CLD_KILLED: i32 = 2;
     let [idtype, id, infop, options, rusage, _] = args;
@@ -316,11 +331,17 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     {
         return Err(Errno::EINVAL);
     }
+    let mut nonblocking = false;
     let which = match idtype {
         P_ALL => Which::Any,
         P_PID if id as i32 > 0 => Which::Pid(id),
         P_PGID if id == 0 => Which::Group(proc.tree.get(proc.pid).map_or(proc.pid, |e| e.pgid)),
         P_PGID if id as i32 > 0 => Which::Group(id),
+        P_PIDFD if id as i32 >= 0 => {
+            let (pid, pidfd_nonblocking) = super::pidfd::pid_of(proc, id)?;
+            nonblocking = pidfd_nonblocking;
+            Which::Pid(pid)
+        }
         _ => return Err(Errno::EINVAL),
     };
     let mut info = [0u8; 128];
@@ -361,6 +382,7 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
             }
             value(0)
         }
+        None if nonblocking => Err(Errno::EAGAIN),
         None => wait_ready(proc, None),
     }
 }
@@ -519,13 +541,7 @@ pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) 
         return value(0);
     };
     for target in targets {
-        if target == proc.pid {
-            proc.signals.pending |= bit(sig);
-        } else if let Some(entry) = proc.tree.get_mut(target) {
-            if entry.exit.is_none() {
-                entry.signals |= bit(sig);
-            }
-        }
+        super::signals::send_to_process(proc, target, sig);
     }
     value(0)
 }

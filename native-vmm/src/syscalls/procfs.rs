@@ -105,6 +105,7 @@ impl ProcessView for ProcessFacts<'_> {
             | Object::UnixDatagram(_) => FdTarget::Anonymous(format!("socket:[{id}]").into_bytes()),
             Object::Epoll(_) => FdTarget::Anonymous(b"anon_inode:[eventpoll]".to_vec()),
             Object::EventFd { .. } => FdTarget::Anonymous(b"anon_inode:[eventfd]".to_vec()),
+            Object::Pidfd(_) => FdTarget::Anonymous(b"anon_inode:[pidfd]".to_vec()),
         })
     }
 
@@ -313,8 +314,11 @@ fn task_file(proc: &GuestProcess, tid: u32, file: TaskFile) -> Vec<u8> {
     }
 }
 
-fn nul_terminated(strings: &[String]) -> Vec<u8> {
-    strings.iter().flat_map(|s| s.bytes().chain([0])).collect()
+fn nul_terminated(strings: &[Vec<u8>]) -> Vec<u8> {
+    strings
+        .iter()
+        .flat_map(|s| s.iter().copied().chain([0]))
+        .collect()
 }
 
 /// What the VMM's memory map knows: the heap, every mapping (anonymous: an mmap of a file is

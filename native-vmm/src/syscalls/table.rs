@@ -17,8 +17,8 @@
 //! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
 use super::{
-    addresses, epoll, eventfd, files, futex, ids, memfd, memory, misc, ownership, poll, processes,
-    signals, sockets, threads, time, transfer, SysResult, UserMemory,
+    addresses, epoll, eventfd, files, futex, ids, memfd, memory, misc, ownership, pidfd, poll,
+    processes, signals, sockets, threads, time, transfer, SysResult, UserMemory,
 };
 use crate::errno::Errno;
 use crate::process::{GuestProcess, SyscallCount};
@@ -258,11 +258,14 @@ pub static TABLE: &[SyscallEntry] = &[
     refuse(330, "pkey_alloc", Errno::ENOSPC),
     emulate(332, "statx", files::statx),
     refuse(334, "rseq", Errno::ENOSYS),
+    emulate(424, "pidfd_send_signal", pidfd::pidfd_send_signal),
     refuse(425, "io_uring_setup", NO_IO_URING),
     refuse(426, "io_uring_enter", NO_IO_URING),
     refuse(427, "io_uring_register", NO_IO_URING),
+    emulate(434, "pidfd_open", pidfd::pidfd_open),
     emulate(435, "clone3", threads::clone3),
     emulate(436, "close_range", files::close_range),
+    emulate(438, "pidfd_getfd", pidfd::pidfd_getfd),
     emulate(439, "faccessat2", files::faccessat2),
     emulate(
         crate::agent::AWAIT_REQUEST_SYSCALL,

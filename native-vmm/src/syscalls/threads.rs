@@ -6,6 +6,7 @@
 //! Beyond the execution's thread limit a clone is EAGAIN, what Linux answers at RLIMIT_NPROC
 //! and pthread_create passes on (Python raises "RuntimeError: can't start new thread").
 
+use super::processes::CLONE_PIDFD;
 use super::{value, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::process::GuestProcess;
@@ -52,6 +53,13 @@ struct CloneArgs {
 pub(crate) fn clone(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [flags, stack, parent_tid, child_tid, tls, _] = args;
     if flags & CLONE_THREAD == 0 {
+        // clone's CLONE_PIDFD writes the pidfd where CLONE_PARENT_SETTID would write the pid.
+        if flags & CLONE_PIDFD != 0 {
+            if flags & CLONE_PARENT_SETTID != 0 {
+                return Err(Errno::EINVAL);
+            }
+            user.check(parent_tid, 4)?;
+        }
         return super::processes::clone_process(
             flags & !CSIGNAL,
             flags & CSIGNAL,
@@ -59,6 +67,7 @@ pub(crate) fn clone(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             parent_tid,
             child_tid,
             tls,
+            parent_tid,
         );
     }
     if flags & !CSIGNAL & THREAD_FLAGS != THREAD_FLAGS {
@@ -101,13 +110,15 @@ pub(crate) fn clone3(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
             .get(i * 8..i * 8 + 8)
             .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
     };
-    // pidfd is only read with CLONE_PIDFD, which a thread clone here cannot have.
-    let [flags, _pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, _set_tid, set_tid_size, cgroup] =
+    let [flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, _set_tid, set_tid_size, cgroup] =
         std::array::from_fn(field);
     if set_tid_size != 0 || cgroup != 0 || (stack == 0) != (stack_size == 0) {
         return Err(Errno::EINVAL);
     }
     if flags & CLONE_THREAD == 0 {
+        if flags & CLONE_PIDFD != 0 {
+            user.check(pidfd, 4)?;
+        }
         return super::processes::clone_process(
             flags,
             exit_signal,
@@ -115,6 +126,7 @@ pub(crate) fn clone3(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
             parent_tid,
             child_tid,
             tls,
+            pidfd,
         );
     }
     if flags & THREAD_FLAGS != THREAD_FLAGS || exit_signal != 0 {

@@ -11,7 +11,7 @@
 //! stays, and every caller would move from a plain `u64` and `OutOfBounds` (EFAULT) to
 //! `GuestAddress` and a five-variant error, or keep a wrapper as large as these accessors.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::fmt;
@@ -76,9 +76,11 @@ pub fn open_pagemap() -> io::Result<()> {
 
 pub struct GuestMemory {
     host: *mut u8,
-    size: u64,
+    /// The mapping's length; zero once `retire` unmapped it, so that every access after is
+    /// out of bounds.
+    size: Cell<u64>,
     /// What the mapping shows outside shared ranges. It changes when a process forks
-    /// (`freeze`) or ends (`release_pages`).
+    /// (`freeze`) or ends (`retire`).
     backing: RefCell<Backing>,
     /// With `track_writes`: the pages the VMM itself wrote (through these accessors) since
     /// `take_written`. The guest's own writes are the vCPU backend's to track
@@ -101,9 +103,8 @@ enum Backing {
     /// frozen then and mapped privately by it and its child (`freeze`). A write copies the
     /// page for this mapping alone.
     Private { file: Arc<OwnedFd>, template: bool },
-    /// Private anonymous memory: what memory over a layer becomes when its process ends
-    /// (`release_pages`), so that it no longer holds the layer.
-    Anonymous,
+    /// Nothing: the memory was retired (`retire`), unmapped and letting go of its file.
+    Retired,
 }
 
 /// A range of guest memory that shows `memory` from `offset` on.
@@ -144,7 +145,7 @@ impl GuestMemory {
         }
         Ok(GuestMemory {
             host: host as *mut u8,
-            size,
+            size: Cell::new(size),
             backing: RefCell::new(Backing::Own(Arc::new(fd))),
             written: None,
             shared: RefCell::default(),
@@ -157,7 +158,7 @@ impl GuestMemory {
     /// it; the host then copies that page for this fork alone. Neither the template nor any
     /// other fork sees the write, and creating the fork copies nothing.
     pub fn fork_of(template: &TemplateMemory) -> io::Result<GuestMemory> {
-        GuestMemory::private_mapping_of(&template.fd, template.mem.size, true)
+        GuestMemory::private_mapping_of(&template.fd, template.mem.size(), true)
     }
 
     /// `size` bytes of `source` (a template's memfd, or a layer) mapped
@@ -184,7 +185,7 @@ impl GuestMemory {
         }
         Ok(GuestMemory {
             host: host as *mut u8,
-            size,
+            size: Cell::new(size),
             backing: RefCell::new(Backing::Private {
                 file: source.clone(),
                 template,
@@ -213,7 +214,7 @@ impl GuestMemory {
             ));
         }
         let copy = match self.freeze(&copied)? {
-            Some(layer) => GuestMemory::private_mapping_of(&layer, self.size, false)?,
+            Some(layer) => GuestMemory::private_mapping_of(&layer, self.size.get(), false)?,
             None => self.copy_of_written(&copied)?,
         };
         // Shared mappings stay shared: the copy shows the same memory at the same place.
@@ -228,9 +229,9 @@ impl GuestMemory {
     fn copy_of_written(&self, copied: &[(u64, u64)]) -> io::Result<GuestMemory> {
         let copy = match &*self.backing.borrow() {
             Backing::Private { file, template } => {
-                GuestMemory::private_mapping_of(file, self.size, *template)?
+                GuestMemory::private_mapping_of(file, self.size.get(), *template)?
             }
-            Backing::Anonymous => GuestMemory::new(self.size)?,
+            Backing::Retired => GuestMemory::new(self.size.get())?,
             Backing::Own(_) => {
                 return Err(io::Error::other("memory of its own is frozen, not copied"))
             }
@@ -286,7 +287,7 @@ impl GuestMemory {
         let mut shown = self.shown_pages.borrow().clone();
         shown.sort_unstable();
         let mut spans = Vec::new();
-        for (start, end) in self.own_parts(0, self.size) {
+        for (start, end) in self.own_parts(0, self.size.get()) {
             let mut at = start;
             for &page in shown.iter().filter(|&&p| p >= start && p < end) {
                 if at < page {
@@ -302,20 +303,20 @@ impl GuestMemory {
     }
 
     pub fn size(&self) -> u64 {
-        self.size
+        self.size.get()
     }
 
     /// From now on, records which pages the VMM writes (`take_written`): a session VM's
     /// incremental checkpoints hold only the pages written since the one before.
     pub fn track_writes(&mut self) {
         self.written = Some(RefCell::new(PageSet::with_capacity(
-            (self.size / PAGE_SIZE) as usize,
+            (self.size.get() / PAGE_SIZE) as usize,
         )));
     }
 
     /// The pages the VMM wrote since tracking began or the last call (None: not tracked).
     pub fn take_written(&self) -> Option<PageSet> {
-        let pages = (self.size / PAGE_SIZE) as usize;
+        let pages = (self.size.get() / PAGE_SIZE) as usize;
         self.written
             .as_ref()
             .map(|set| std::mem::replace(&mut *set.borrow_mut(), PageSet::with_capacity(pages)))
@@ -392,7 +393,7 @@ impl GuestMemory {
 
     fn scan_copied_ranges(&self, pagemap: &std::fs::File) -> io::Result<Vec<(u64, u64)>> {
         let base = self.host as u64;
-        let end = base + self.size;
+        let end = base + self.size.get();
         let mut regions = [sys::PageRegion::default(); 256];
         let (mut at, mut ranges) = (base, Vec::new());
         while at < end {
@@ -434,17 +435,17 @@ impl GuestMemory {
             &*self.backing.borrow(),
             Backing::Private { file, template: true } if Arc::ptr_eq(file, &template.fd)
         );
-        if !of_template || self.size != template.size() {
+        if !of_template || self.size.get() != template.size() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "only a copy-on-write fork of this template can be reset to it",
             ));
         }
         // Shared ranges show the template again first, so restoring them writes no shared memory.
-        self.unshare(0, self.size)?;
+        self.unshare(0, self.size.get())?;
         let mut pages = 0;
         for &(start, end) in copied {
-            if start >= end || end > self.size {
+            if start >= end || end > self.size.get() {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
                     format!("copied range {start:#x}..{end:#x} is not inside guest memory"),
@@ -500,7 +501,7 @@ impl GuestMemory {
         // Host pages are the guest's 4 KiB pages (x86-64).
         let page = crate::layout::PAGE_SIZE;
         let first = self.host as u64 / page;
-        let pages = self.size / page;
+        let pages = self.size.get() / page;
         let mut entries = vec![0u8; (pages.min(1 << 16) * 8) as usize];
         let (mut done, mut ranges) = (0, Vec::<(u64, u64)>::new());
         while done < pages {
@@ -527,7 +528,7 @@ impl GuestMemory {
     pub fn data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
         if matches!(
             *self.backing.borrow(),
-            Backing::Private { template: true, .. } | Backing::Anonymous
+            Backing::Private { template: true, .. } | Backing::Retired
         ) {
             return Ok(Vec::new());
         }
@@ -548,7 +549,7 @@ impl GuestMemory {
                 extents.extend_from_slice(copied);
                 Ok(crate::layout::merge_ranges(extents))
             }
-            Backing::Private { template: true, .. } | Backing::Anonymous => Ok(copied.to_vec()),
+            Backing::Private { template: true, .. } | Backing::Retired => Ok(copied.to_vec()),
         }
     }
 
@@ -556,11 +557,11 @@ impl GuestMemory {
     fn file_extents(&self, fd: &OwnedFd) -> io::Result<Vec<(u64, u64)>> {
         let mut extents = Vec::new();
         let mut at = 0;
-        while at < self.size {
+        while at < self.size.get() {
             let Some(start) = sys::seek_data(fd.as_raw_fd(), at)? else {
                 break;
             };
-            let end = sys::seek_hole(fd.as_raw_fd(), start)?.min(self.size);
+            let end = sys::seek_hole(fd.as_raw_fd(), start)?.min(self.size.get());
             if end <= start {
                 break;
             }
@@ -578,7 +579,7 @@ impl GuestMemory {
     /// Checks that `[addr, addr+len)` lies inside guest memory and returns its host offset.
     pub fn check(&self, addr: u64, len: u64) -> Result<usize, OutOfBounds> {
         match addr.checked_add(len) {
-            Some(end) if end <= self.size => Ok(addr as usize),
+            Some(end) if end <= self.size.get() => Ok(addr as usize),
             _ => Err(OutOfBounds { addr, len }),
         }
     }
@@ -742,7 +743,7 @@ impl GuestMemory {
         while out.len() < max {
             // Read up to the end of memory, so a string near the top still works.
             let want = (max - out.len() + 1).min(chunk.len()) as u64;
-            let avail = self.size.saturating_sub(cur).min(want) as usize;
+            let avail = self.size.get().saturating_sub(cur).min(want) as usize;
             if avail == 0 {
                 return Err(OutOfBounds {
                     addr,
@@ -964,32 +965,24 @@ impl GuestMemory {
         parts
     }
 
-    /// Gives the host back every page this memory holds (its process ended, or exec replaced
-    /// it): a fork's copies are dropped (it shows the template again), memory of its own is
-    /// emptied and lets go of its memfd, shared ranges are let go. The mapping stays, so
-    /// references to it stay valid.
-    pub fn release_pages(&self) -> io::Result<()> {
-        self.unshare(0, self.size)?;
-        let holds_file = matches!(
-            *self.backing.borrow(),
-            Backing::Private {
-                template: false,
-                ..
-            } | Backing::Own(_)
-        );
-        if !holds_file {
-            return self.release_range(0, self.size);
+    /// Gives this memory back to the host for good (its process ended, or exec replaced it, and
+    /// its vCPU is gone): the mapping is unmapped, its memfd or layer and its shared ranges are
+    /// let go, and every access after is out of bounds (its size is zero). The value itself
+    /// stays with the `MemoryArena` that holds it, a few bytes, so references to it stay valid.
+    pub fn retire(&self) -> io::Result<()> {
+        self.shared.borrow_mut().clear();
+        self.shown_pages.borrow_mut().clear();
+        *self.backing.borrow_mut() = Backing::Retired;
+        let size = self.size.replace(0);
+        if size == 0 {
+            return Ok(());
         }
-        // Memory over a layer lets go of it (a layer only one memory maps can take that
-        // memory's writes at its next fork), memory of its own of its memfd (a session keeps
-        // the memories of its ended processes as long as its VM): it becomes empty anonymous
-        // memory.
-        let prot = libc::PROT_READ | libc::PROT_WRITE;
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        for (start, end) in self.own_spans() {
-            self.map_over(start, end - start, prot, flags, -1, 0)?;
+        // SAFETY: host/size describe this memory's own mapping; with the size now zero no
+        // accessor reaches the range again, and its vCPU, the only other user, is gone.
+        let unmapped = unsafe { libc::munmap(self.host as *mut c_void, size as usize) };
+        if unmapped != 0 {
+            return Err(io::Error::last_os_error());
         }
-        *self.backing.borrow_mut() = Backing::Anonymous;
         Ok(())
     }
 
@@ -1064,7 +1057,7 @@ impl GuestMemory {
         let (fd, flags) = match &*self.backing.borrow() {
             Backing::Own(file) => (file.as_raw_fd(), libc::MAP_SHARED),
             Backing::Private { file, .. } => (file.as_raw_fd(), private),
-            Backing::Anonymous => (-1, private | libc::MAP_ANONYMOUS),
+            Backing::Retired => (-1, private | libc::MAP_ANONYMOUS),
         };
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let offset = if fd < 0 { 0 } else { start };
@@ -1300,14 +1293,19 @@ impl Drop for SharedPage {
 
 impl Drop for GuestMemory {
     fn drop(&mut self) {
-        // SAFETY: host/size describe the mapping created in new(); nothing borrows it past drop.
-        unsafe { libc::munmap(self.host as *mut c_void, self.size as usize) };
+        let size = self.size.get();
+        if size != 0 {
+            // SAFETY: host/size describe the mapping created in new() (none after `retire`);
+            // nothing borrows it past drop.
+            unsafe { libc::munmap(self.host as *mut c_void, size as usize) };
+        }
     }
 }
 
-/// Guest memories made during a run (the processes a guest forks or execs), kept until the
-/// run ends: each is handed out by reference to the vCPU built on it, and none moves or goes
-/// while the arena lives.
+/// Guest memories made during a run (the processes a guest forks or execs; in a session, during
+/// its VM's life), kept until the arena goes: each is handed out by reference to the vCPU built
+/// on it, and none moves or goes while the arena lives. One whose process ended is retired
+/// (`GuestMemory::retire`): unmapped, only its few bytes stay here.
 #[derive(Default)]
 pub struct MemoryArena {
     // Boxed: the references handed out must not move when the list grows.
@@ -1378,7 +1376,7 @@ impl TemplateMemory {
     }
 
     pub fn size(&self) -> u64 {
-        self.mem.size
+        self.mem.size()
     }
 
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfBounds> {
@@ -1399,7 +1397,7 @@ impl TemplateMemory {
     /// For backends that cannot run on a private mapping (the ptrace test CPU shares its
     /// memory with a child process); a KVM fork uses `GuestMemory::fork_of`.
     pub fn copy(&self) -> io::Result<GuestMemory> {
-        let copy = GuestMemory::new(self.mem.size)?;
+        let copy = GuestMemory::new(self.mem.size())?;
         let mut chunk = vec![0u8; 1 << 20];
         for &(start, end) in self.data_extents() {
             let mut at = start;
@@ -1699,17 +1697,20 @@ mod tests {
             0,
             "the template's bytes again"
         );
-        fork.release_pages().unwrap();
+        fork.retire().unwrap();
         assert_eq!(fork.resident_bytes().unwrap(), 0);
+        assert!(
+            fork.read_u64(0x10000).is_err(),
+            "out of bounds once retired"
+        );
         let own = GuestMemory::new(1 << 20).unwrap();
         own.fill(0, 0x3000, 1).unwrap();
         assert_eq!(own.resident_bytes().unwrap(), 0x3000);
-        own.release_pages().unwrap();
-        assert_eq!(
-            (own.resident_bytes().unwrap(), own.read_u64(0).unwrap()),
-            (0, 0)
-        );
-        assert!(own.fd().is_none(), "released memory holds no memfd");
+        own.retire().unwrap();
+        assert_eq!((own.size(), own.resident_bytes().unwrap()), (0, 0));
+        assert!(own.read_u64(0).is_err(), "out of bounds once retired");
+        assert!(own.fd().is_none(), "a retired memory holds no memfd");
+        own.retire().unwrap();
     }
 
     #[test]
@@ -1760,10 +1761,10 @@ mod tests {
             "a copy is private too"
         );
         // Once no other memory maps it, the layer takes the parent's writes at its next fork.
-        child.release_pages().unwrap();
-        second.release_pages().unwrap();
+        child.retire().unwrap();
+        second.retire().unwrap();
         assert_eq!(child.resident_bytes().unwrap(), 0);
-        assert_eq!(child.read_u64(0x10000).unwrap(), 0, "released: empty");
+        assert!(child.read_u64(0x10000).is_err(), "retired: unmapped");
         let third = parent.duplicate(1 << 20).unwrap();
         assert_eq!(third.read_u64(0x10000).unwrap(), 5);
         assert_eq!(
@@ -1781,7 +1782,7 @@ mod tests {
             (0x0101010101010101, 0x0101010101010101)
         );
         // A page a layer's only user gives back leaves the layer too.
-        third.release_pages().unwrap();
+        third.retire().unwrap();
         parent.release_range(0x10000, 0x4000).unwrap();
         assert_eq!(parent.resident_bytes().unwrap(), 0);
         assert_eq!(parent.read_u64(0x12000).unwrap(), 0);

@@ -431,7 +431,7 @@ impl<'a> Tree<'a> {
             Err((errno, child_mem)) => {
                 // A copy made for nothing lets go of what it shares with the caller.
                 if let Some(mem) = child_mem {
-                    let _ = mem.release_pages();
+                    let _ = mem.retire();
                 }
                 process.tree.reap(pid);
                 return Err(errno);
@@ -557,7 +557,7 @@ impl<'a> Tree<'a> {
         // The old program's memory (a forked copy, or an earlier exec's) goes back to the host;
         // the run's own first memory is the caller's.
         if let Some(old) = member.mem.replace(new_mem) {
-            let _ = old.release_pages();
+            let _ = old.retire();
         }
         member.handed_out = None;
         Ok(())
@@ -601,7 +601,7 @@ impl<'a> Tree<'a> {
         member.cpu = None;
         member.sched = None;
         if let Some(mem) = member.mem {
-            let _ = mem.release_pages();
+            let _ = mem.retire();
         }
     }
 

@@ -89,6 +89,10 @@ impl Daemon {
         }
     }
 
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the daemon runs").id()
+    }
+
     fn client(&self) -> Session {
         Session {
             client: Client::hello(&self.socket()),
@@ -277,6 +281,31 @@ for other in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != o
     os.kill(other, signal.SIGKILL)
     os.waitpid(other, 0)
 ";
+
+/// Processes a session starts over its life hold no host mapping once they end: two more
+/// cells of 40 subprocesses each leave the daemon with the mappings it had after the first
+/// (each process's memory is unmapped when it ends, not kept for the session's life).
+#[test]
+fn ended_processes_leave_no_mappings_behind_in_a_session() {
+    let (_dir, daemon, mut s) = daemon_with_session("sessions-retired", "many");
+    let cell = "import subprocess\nfor _ in range(40):\n    subprocess.run(['true'])";
+    s.cell("many", cell);
+    let maps = || {
+        std::fs::read_to_string(format!("/proc/{}/maps", daemon.pid()))
+            .expect("the daemon's maps")
+            .lines()
+            .count()
+    };
+    let before = maps();
+    s.cell("many", cell);
+    s.cell("many", cell);
+    // VMs are destroyed off the request path: a bounded wait for those of the last cell.
+    assert!(
+        wait_for(scaled(Duration::from_secs(30)), || maps() < before + 40),
+        "{} mappings after 80 more processes, {before} before",
+        maps()
+    );
+}
 
 /// Outside sessions nothing outlives its execution: after a program that left a child
 /// running, the next execution (on the pool's reset VM, or a fresh fork) has process 1 alone.

@@ -919,9 +919,95 @@ fn fs_base_and_limits() {
     assert_eq!(g.ret(PRLIMIT64, &[0, 6, 0, BUF]), 0);
     assert_eq!(g.mem.read_u64(BUF).unwrap(), 5);
     assert_eq!(g.mem.read_u64(BUF + 8).unwrap(), 5);
+    // It can be lowered (soft up to hard, hard never up) and bounds forks.
+    let nproc = |g: &mut Guest, soft: u64, hard: u64| {
+        g.mem.write_u64(SCRATCH, soft).unwrap();
+        g.mem.write_u64(SCRATCH + 8, hard).unwrap();
+        g.ret(PRLIMIT64, &[0, 6, SCRATCH, 0])
+    };
+    assert_eq!(nproc(&mut g, 5, 6), err(Errno::EPERM));
+    assert_eq!(nproc(&mut g, 4, 3), err(Errno::EINVAL));
+    assert_eq!(nproc(&mut g, 1, 3), 0);
+    assert!(matches!(
+        g.call(CLONE, &[17, 0, 0, 0, 0]),
+        SyscallOutcome::Fork(_)
+    ));
+    assert_eq!(
+        g.proc.tree.add_child(1, 0, 17),
+        None,
+        "one process: at the soft limit"
+    );
+    assert_eq!(nproc(&mut g, 3, 3), 0);
+    assert_eq!(g.ret(PRLIMIT64, &[0, 6, 0, BUF]), 0);
+    assert_eq!(
+        g.mem.read_vec(BUF, 16).unwrap(),
+        [3u64.to_le_bytes(), 3u64.to_le_bytes()].concat()
+    );
+    assert_eq!(nproc(&mut g, 3, 4), err(Errno::EPERM));
     assert_eq!(g.ret(UNAME, &[BUF]), 0);
     assert_eq!(g.mem.read_vec(BUF, 6).unwrap(), b"Linux\0");
     assert_eq!(g.mem.read_vec(BUF + 65, 9).unwrap(), b"sandfork\0");
+}
+
+#[test]
+fn a_pidfd_turns_readable_when_its_process_ends_and_names_none_once_reaped() {
+    const POLL: u64 = 7;
+    const WAITID: u64 = 247;
+    const PIDFD_SEND_SIGNAL: u64 = 424;
+    const PIDFD_OPEN: u64 = 434;
+    const PIDFD_GETFD: u64 = 438;
+    const P_PIDFD: u64 = 3;
+    const WEXITED: u64 = 4;
+    let mut g = guest();
+    assert_eq!(g.ret(PIDFD_OPEN, &[u64::MAX, 0]), err(Errno::EINVAL));
+    assert_eq!(g.ret(PIDFD_OPEN, &[1, 1]), err(Errno::EINVAL));
+    assert_eq!(g.ret(PIDFD_OPEN, &[9999, 0]), err(Errno::ESRCH));
+    let child = g.proc.tree.add_child(1, 0, 17).unwrap();
+    let fd = g.ret(PIDFD_OPEN, &[child, O_NONBLOCK]) as u64;
+    assert_eq!(g.proc.fds.cloexec(fd), Ok(true));
+    let poll = |g: &mut Guest| {
+        g.mem
+            .write(SCRATCH, &[fd as u8, 0, 0, 0, 1, 0, 0, 0])
+            .unwrap();
+        g.ret(POLL, &[SCRATCH, 1, 0]);
+        u16::from_le_bytes(g.mem.read_vec(SCRATCH + 6, 2).unwrap().try_into().unwrap())
+    };
+    assert_eq!(poll(&mut g), 0, "alive");
+    assert_eq!(
+        g.ret(WAITID, &[P_PIDFD, fd, BUF, WEXITED, 0]),
+        err(Errno::EAGAIN)
+    );
+    assert_eq!(g.ret(PIDFD_SEND_SIGNAL, &[fd, 15, 0, 0]), 0);
+    assert_eq!(g.proc.tree.get(child).unwrap().signals, 1 << 14);
+    assert_eq!(
+        g.ret(PIDFD_SEND_SIGNAL, &[fd, 15, 0, 1]),
+        err(Errno::EINVAL)
+    );
+    assert_eq!(g.ret(PIDFD_SEND_SIGNAL, &[1, 15, 0, 0]), err(Errno::EBADF));
+    assert_eq!(
+        g.ret(WAITID, &[P_PIDFD, 1, BUF, WEXITED, 0]),
+        err(Errno::EBADF)
+    );
+    assert_eq!(g.ret(READ, &[fd, BUF, 8]), err(Errno::EINVAL));
+    g.proc.tree.ended(child, 3 << 8, 1);
+    assert_eq!(poll(&mut g), 1, "ended: POLLIN");
+    assert_eq!(g.ret(WAITID, &[P_PIDFD, fd, BUF, WEXITED, 0]), 0);
+    assert_eq!(
+        u64::from(g.mem.read_u32(BUF + 16).unwrap()),
+        child,
+        "si_pid"
+    );
+    assert_eq!(poll(&mut g), 1 | 0x10, "reaped: POLLIN | POLLHUP");
+    assert_eq!(g.ret(PIDFD_SEND_SIGNAL, &[fd, 15, 0, 0]), err(Errno::ESRCH));
+    assert_eq!(g.ret(PIDFD_GETFD, &[fd, 1, 0]), err(Errno::ESRCH));
+    let next = g.proc.tree.add_child(1, 0, 17).unwrap();
+    assert_ne!(next, child, "a reaped process's pid is not given again");
+    // The caller's own pidfd copies its own fds.
+    let own = g.ret(PIDFD_OPEN, &[1, 0]) as u64;
+    let copy = g.ret(PIDFD_GETFD, &[own, 1, 0]) as u64;
+    assert_eq!(g.write_bytes(copy, b"out"), 3);
+    assert_eq!(g.proc.fds.cloexec(copy), Ok(true));
+    assert_eq!(g.ret(PIDFD_GETFD, &[own, 99, 0]), err(Errno::EBADF));
 }
 
 #[test]

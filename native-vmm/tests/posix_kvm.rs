@@ -1,5 +1,6 @@
 //! What Linux offers a process tree besides fork and exec, on the KVM vCPU: waiting for signals
-//! (sigwait, sigwaitinfo, sigtimedwait), the CPU-time interval timers, FIFOs and memfd files.
+//! (sigwait, sigwaitinfo, sigtimedwait), the CPU-time interval timers, FIFOs and memfd files,
+//! and the clocks it may not set.
 //! Each Python program runs in the VM and natively (`/usr/bin/python3.11`), and both must
 //! print the same.
 
@@ -213,5 +214,26 @@ except OSError as e:
         "cloexec True /memfd:buffer (deleted)\ntell 12 b'memfd'\nregular True 4096 0o777\n\
          shared b'child_create' b'child_create'\nseals 0\nsealed 6\nshrink EPERM\ngrow EPERM\n\
          in place 1\nno more seals\nunsealable True False\nlong name True\n"
+    );
+}
+
+/// Setting a clock is refused as for an unprivileged user (EPERM), and the clocks read on. Not
+/// compared with a native run: as root that would set the host's clock.
+#[test]
+fn setting_a_clock_is_refused_as_for_an_unprivileged_user() {
+    common::assert_prints(
+        r#"
+import ctypes, errno, time
+for clock in (time.CLOCK_REALTIME, time.CLOCK_MONOTONIC):
+    try:
+        time.clock_settime(clock, 0)
+    except PermissionError as e:
+        print("clock_settime", e.errno == errno.EPERM)
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_settimeofday = 164
+print("settimeofday", libc.syscall(SYS_settimeofday, None, None), ctypes.get_errno() == errno.EPERM)
+print("clock reads", time.time() > 1.6e9)
+"#,
+        "clock_settime True\nclock_settime True\nsettimeofday -1 True\nclock reads True\n",
     );
 }

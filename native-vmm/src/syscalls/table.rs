@@ -9,6 +9,7 @@
 //!   CPU without them; V8 then protects nothing with them), rseq, which glibc probes and
 //!   tolerates missing, and io_uring (ENOSYS, as a kernel built without it answers: libuv, when
 //!   asked to use it with UV_USE_IO_URING=1, falls back to epoll and its thread pool).
+//!   Setting a clock (settimeofday, clock_settime) is EPERM, as for any unprivileged user.
 //!
 //! A wait that no thread could ever end (an untimed futex wait or pause while every other
 //! thread waits too and no timer is armed) ends the run as deadlocked: see `crate::sched`.
@@ -189,6 +190,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(157, "prctl", processes::prctl),
     emulate(158, "arch_prctl", threads::arch_prctl),
     emulate(160, "setrlimit", misc::setrlimit),
+    refuse(164, "settimeofday", Errno::EPERM),
     emulate(186, "gettid", threads::gettid),
     refuse(188, "setxattr", NO_XATTRS),
     refuse(189, "lsetxattr", NO_XATTRS),
@@ -211,6 +213,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(217, "getdents64", files::getdents64),
     emulate(218, "set_tid_address", threads::set_tid_address),
     emulate(221, "fadvise64", files::fadvise64),
+    refuse(227, "clock_settime", Errno::EPERM),
     emulate(228, "clock_gettime", time::clock_gettime),
     emulate(229, "clock_getres", time::clock_getres),
     emulate(230, "clock_nanosleep", time::clock_nanosleep),

@@ -40,7 +40,7 @@ install() {
 
 packages=(postgresql python3.11 python3-numpy build-essential)
 # What the templates give programs to run: a shell and its tools, git, pip and venv.
-packages+=(dash bash coreutils grep sed mawk findutils tar gzip xz-utils diffutils patch make git python3-pip python3-venv)
+packages+=(dash bash coreutils grep sed mawk findutils tar gzip xz-utils zip unzip diffutils patch make git python3-pip python3-venv)
 packages+=(librust-serde-dev librust-serde-derive-dev librust-serde-json-dev librust-sha2-dev librust-base64-dev librust-libc-dev librust-serde-path-to-error-dev librust-fixedbitset-dev librust-xxhash-rust-dev)
 packages+=(chromium libpython3.11-testsuite)
 # The Python template's image: tzdata, netbase's services and protocols.

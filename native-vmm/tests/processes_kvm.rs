@@ -144,11 +144,16 @@ fn jobs_timeouts_and_signals_between_processes() {
 }
 
 #[test]
-fn tar_and_gzip_round_trip() {
+fn tar_gzip_and_zip_round_trip() {
     same_as_native(
         "mkdir -p src/sub && seq 1 2000 > src/sub/a && echo hi > src/b && \
          tar czf t.tgz src && mkdir out && tar xzf t.tgz -C out && \
          diff -r src out/src && echo same && tar tzf t.tgz | sort",
+    );
+    same_as_native(
+        "mkdir -p src/sub && seq 1 2000 > src/sub/a && echo hi > src/b && \
+         zip -qr t.zip src && mkdir out && unzip -q t.zip -d out && \
+         diff -r src out/src && echo same && unzip -Z1 t.zip | sort",
     );
 }
 

@@ -333,7 +333,8 @@ r = subprocess.run(["/work/v/bin/python", "-c", "import tinypkg, sys; print(tiny
 print(r.stdout.strip())
 "#,
     );
-    req.timeout = common::scaled(std::time::Duration::from_secs(90));
+    // venv and pip start many interpreters: minutes on a busy host, seconds on a quiet one.
+    req.timeout = common::scaled(std::time::Duration::from_secs(600));
     req.mem_bytes = 512 << 20;
     let outcome = run(&python_image(), &req);
     assert_eq!(

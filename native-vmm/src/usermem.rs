@@ -82,12 +82,18 @@ impl<'a> UserMemory<'a> {
     /// Reads a NUL-terminated path: EFAULT when it leaves user memory, ENAMETOOLONG when no
     /// NUL comes within PATH_MAX bytes.
     pub fn read_path(&self, addr: u64) -> Result<Vec<u8>, Errno> {
+        self.read_cstr(addr, PATH_MAX - 1, Errno::ENAMETOOLONG)
+    }
+
+    /// Reads a NUL-terminated string of at most `max` bytes: EFAULT when it leaves user
+    /// memory first, `too_long` when its first `max` + 1 bytes hold no NUL.
+    pub fn read_cstr(&self, addr: u64, max: usize, too_long: Errno) -> Result<Vec<u8>, Errno> {
         if addr < USER_BASE {
             return Err(Errno::EFAULT);
         }
-        match self.mem.read_cstr(addr, PATH_MAX - 1) {
-            Ok(path) => Ok(path),
-            Err(_) if self.mem.check(addr, PATH_MAX as u64).is_ok() => Err(Errno::ENAMETOOLONG),
+        match self.mem.read_cstr(addr, max) {
+            Ok(s) => Ok(s),
+            Err(_) if self.mem.check(addr, max as u64 + 1).is_ok() => Err(too_long),
             Err(_) => Err(Errno::EFAULT),
         }
     }

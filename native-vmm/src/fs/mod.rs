@@ -10,6 +10,8 @@
 //!
 //! * `/proc` is synthetic and read-only: the process's own status, memory map, fds, threads and
 //!   a few machine files, all made from the VM's state (procfs.rs, syscalls/procfs.rs).
+//! * Extended attributes: `user.` ones on overlay files and directories, the other name spaces
+//!   as Linux answers an unprivileged process (xattr.rs).
 //! * `/dev` holds the character devices null, zero, random and urandom, served by the VMM
 //!   ([`Device`]).
 //!
@@ -23,6 +25,7 @@ mod overlay;
 mod path;
 mod procfs;
 mod vfs;
+mod xattr;
 
 pub use devices::Device;
 pub use image::Image;
@@ -32,6 +35,11 @@ pub(crate) use overlay::{
 pub use path::{MAX_SYMLINKS, NAME_MAX, PATH_MAX};
 pub use procfs::{FdTarget, NoProcess, ProcNode, ProcessView, SystemFile, TaskFile};
 pub use vfs::{DirEntry, FsStats, Node, OpenOptions, Stat, Timespec, Vfs};
+pub use xattr::SetMode as XattrSetMode;
+/// The extended attribute limits (XATTR_NAME_MAX, XATTR_SIZE_MAX, XATTR_LIST_MAX).
+pub use xattr::{
+    LIST_MAX as XATTR_LIST_MAX, NAME_MAX as XATTR_NAME_MAX, VALUE_MAX as XATTR_VALUE_MAX,
+};
 
 /// The working directory of template programs (a writable directory of the Python image).
 pub const WORK_DIR: &str = "/work";

@@ -12,6 +12,7 @@ use crate::memory::SharedMemory;
 
 use super::file_data::FileData;
 use super::vfs::{Timespec, OVERLAY_TIME};
+use super::xattr::{self, Attributes, SetMode};
 use super::FileKind;
 use crate::codec::{DecodeError, Decoder, Encoder};
 
@@ -58,6 +59,8 @@ pub(crate) struct OverlayNode {
     pub atime: Timespec,
     /// A memfd file's seals (F_SEAL_*); None for a file that cannot be sealed.
     pub seals: Option<u32>,
+    /// Its extended attributes (`user.` names only; see xattr.rs).
+    pub xattrs: Attributes,
 }
 
 impl OverlayNode {
@@ -77,7 +80,10 @@ impl OverlayNode {
             OverlayKind::Dir(_) | OverlayKind::Socket | OverlayKind::Fifo => 0,
             OverlayKind::Symlink(target) => target.len(),
         };
-        NODE_CHARGE * u64::from(self.links.max(1)) + self.name.len() as u64 + payload as u64
+        NODE_CHARGE * u64::from(self.links.max(1))
+            + self.name.len() as u64
+            + payload as u64
+            + xattr::charge(&self.xattrs)
     }
 }
 
@@ -134,6 +140,38 @@ impl Overlay {
         Ok(())
     }
 
+    /// setxattr of a `user.` attribute of node `id` (EEXIST, ENODATA per `mode`; ENOSPC past
+    /// the limit: attributes count as data).
+    pub fn set_xattr(
+        &mut self,
+        id: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: SetMode,
+    ) -> Result<(), Errno> {
+        let (before, after) = xattr::charges(&self.get(id)?.xattrs, name, value, mode)?;
+        if after > before {
+            self.reserve(after - before)?;
+        } else {
+            self.used -= before - after;
+        }
+        self.get_mut(id)?
+            .xattrs
+            .insert(name.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    /// removexattr of a `user.` attribute of node `id` (ENODATA when it has none of that name).
+    pub fn remove_xattr(&mut self, id: u64, name: &[u8]) -> Result<(), Errno> {
+        let value = self
+            .get_mut(id)?
+            .xattrs
+            .remove(name)
+            .ok_or(Errno::ENODATA)?;
+        self.used -= (name.len() + value.len()) as u64;
+        Ok(())
+    }
+
     fn reserve(&mut self, bytes: u64) -> Result<(), Errno> {
         match self.used.checked_add(bytes) {
             Some(total) if total <= self.limit => {
@@ -166,6 +204,7 @@ impl Overlay {
             mtime: OVERLAY_TIME,
             atime: OVERLAY_TIME,
             seals: None,
+            xattrs: Attributes::new(),
         };
         self.reserve(node.charge())?;
         let id = self.next_id;
@@ -402,20 +441,26 @@ impl Overlay {
             }
             e.bytes(&node.name);
             e.u32(node.mode);
+            // A node without attributes encodes as before attributes were kept.
+            let flag = if node.xattrs.is_empty() {
+                0
+            } else {
+                HAS_XATTRS
+            };
             match &node.kind {
                 OverlayKind::File(data) => match node.seals {
                     None => {
-                        e.u8(0);
+                        e.u8(flag);
                         e.bytes(data.bytes());
                     }
                     Some(seals) => {
-                        e.u8(4);
+                        e.u8(4 | flag);
                         e.bytes(data.bytes());
                         e.u32(seals);
                     }
                 },
                 OverlayKind::Dir(entries) => {
-                    e.u8(1);
+                    e.u8(1 | flag);
                     e.len(entries.len());
                     for (name, child) in entries {
                         e.bytes(name);
@@ -435,6 +480,13 @@ impl Overlay {
             e.u32(node.mtime.nsec);
             e.i64(node.atime.sec);
             e.u32(node.atime.nsec);
+            if flag != 0 {
+                e.len(node.xattrs.len());
+                for (name, value) in &node.xattrs {
+                    e.bytes(name);
+                    e.bytes(value);
+                }
+            }
         }
         e.u64(self.next_id);
         e.u64(self.limit);
@@ -455,7 +507,8 @@ impl Overlay {
             let name = d.bytes("overlay name")?.to_vec();
             let mode = d.u32("overlay mode")?;
             let mut seals = None;
-            let kind = match d.u8("overlay kind")? {
+            let tag = d.u8("overlay kind")?;
+            let kind = match tag & !HAS_XATTRS {
                 0 => OverlayKind::File(FileData::Bytes(d.bytes("overlay file")?.to_vec())),
                 4 => {
                     let data = FileData::Bytes(d.bytes("overlay file")?.to_vec());
@@ -485,6 +538,11 @@ impl Overlay {
                 sec: d.i64("overlay atime")?,
                 nsec: d.u32("overlay atime")?,
             };
+            let xattrs = if tag & HAS_XATTRS == 0 {
+                Attributes::new()
+            } else {
+                decode_xattrs(d, &kind)?
+            };
             if nodes
                 .insert(
                     id,
@@ -498,6 +556,7 @@ impl Overlay {
                         mtime,
                         atime,
                         seals,
+                        xattrs,
                     },
                 )
                 .is_some()
@@ -531,6 +590,41 @@ impl Overlay {
             limit,
         })
     }
+}
+
+/// The kind tag's bit saying that the node's extended attributes follow it.
+const HAS_XATTRS: u8 = 0x80;
+
+/// A node's attributes as `encode_state` wrote them: at least one, each a `user.` name within
+/// NAME_MAX with a value within VALUE_MAX, once, on a regular file or directory.
+fn decode_xattrs(d: &mut Decoder, kind: &OverlayKind) -> Result<Attributes, DecodeError> {
+    if !matches!(kind, OverlayKind::File(_) | OverlayKind::Dir(_)) {
+        return Err(DecodeError::new(
+            "overlay attributes on a node that cannot have them",
+        ));
+    }
+    let n = d.count(16, "overlay attribute count")?;
+    if n == 0 {
+        return Err(DecodeError::new(
+            "overlay attributes flagged but none follow",
+        ));
+    }
+    let mut xattrs = Attributes::new();
+    for _ in 0..n {
+        let name = d.bytes("overlay attribute name")?;
+        let value = d.bytes("overlay attribute value")?;
+        if !xattr::is_user_name(name) || value.len() > xattr::VALUE_MAX {
+            return Err(DecodeError::new(format!(
+                "overlay attribute {:?} ({} bytes) is not one a file can have",
+                String::from_utf8_lossy(name),
+                value.len()
+            )));
+        }
+        if xattrs.insert(name.to_vec(), value.to_vec()).is_some() {
+            return Err(DecodeError::new("an overlay attribute appears twice"));
+        }
+    }
+    Ok(xattrs)
 }
 
 #[cfg(test)]
@@ -593,5 +687,129 @@ mod tests {
             )
             .unwrap();
         assert_ne!(f, g);
+    }
+
+    fn file_with_attributes() -> (Overlay, u64, u64) {
+        let mut o = Overlay::new(1 << 20);
+        let root = o.add_mount_root(b"work").unwrap();
+        let f = o
+            .create(
+                root,
+                b"f",
+                0o600,
+                OverlayKind::File(FileData::Bytes(b"data".to_vec())),
+            )
+            .unwrap();
+        (o, root, f)
+    }
+
+    fn encoded(o: &Overlay) -> Vec<u8> {
+        let mut e = Encoder::new();
+        o.encode_state(&mut e);
+        e.into_bytes()
+    }
+
+    #[test]
+    fn attributes_are_charged_and_survive_an_encoding() {
+        let (mut o, root, f) = file_with_attributes();
+        let plain = encoded(&o);
+        let base = o.used();
+        o.set_xattr(f, b"user.a", b"12345", SetMode::default())
+            .unwrap();
+        o.set_xattr(root, b"user.dir", b"", SetMode::default())
+            .unwrap();
+        assert_eq!(o.used(), base + 11 + 8);
+        o.set_xattr(f, b"user.a", b"1", SetMode::default()).unwrap();
+        assert_eq!(o.used(), base + 7 + 8);
+        let bytes = encoded(&o);
+        let back = Overlay::decode_state(&mut Decoder::new(&bytes)).unwrap();
+        assert_eq!(back.used(), o.used());
+        assert_eq!(back.get(f).unwrap().xattrs, o.get(f).unwrap().xattrs);
+        assert_eq!(encoded(&back), bytes);
+        o.remove_xattr(f, b"user.a").unwrap();
+        o.remove_xattr(root, b"user.dir").unwrap();
+        assert_eq!(o.used(), base);
+        assert_eq!(o.remove_xattr(f, b"user.a"), Err(Errno::ENODATA));
+        // Without attributes a node encodes as it did before they were kept.
+        assert_eq!(encoded(&o), plain);
+        let mut small = Overlay::new(NODE_CHARGE + 8);
+        let d = small.add_mount_root(b"w").unwrap();
+        assert_eq!(
+            small.set_xattr(d, b"user.big", b"x", SetMode::default()),
+            Err(Errno::ENOSPC)
+        );
+        assert!(small.get(d).unwrap().xattrs.is_empty());
+    }
+
+    #[test]
+    fn hostile_attribute_encodings_are_refused() {
+        let (mut o, _, f) = file_with_attributes();
+        o.set_xattr(f, b"user.a", b"v", SetMode::default()).unwrap();
+        let good = encoded(&o);
+        // The attributes are the last field of the last node, before next_id and the limit.
+        let attrs_at = good.len() - 16 - (8 + (8 + 6) + (8 + 1));
+        let with_attrs = |attrs: &[u8]| {
+            let mut bytes = good[..attrs_at].to_vec();
+            bytes.extend_from_slice(attrs);
+            bytes.extend_from_slice(&good[good.len() - 16..]);
+            bytes
+        };
+        assert_eq!(with_attrs(&good[attrs_at..good.len() - 16]), good);
+        let entry = |name: &[u8], value: &[u8]| {
+            let mut e = Encoder::new();
+            e.bytes(name);
+            e.bytes(value);
+            e.into_bytes()
+        };
+        let count = |n: u64| n.to_le_bytes().to_vec();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("none", count(0)),
+            ("too many", count(u64::MAX)),
+            ("not user.", [count(1), entry(b"trusted.a", b"")].concat()),
+            ("bare prefix", [count(1), entry(b"user.", b"")].concat()),
+            (
+                "long name",
+                [
+                    count(1),
+                    entry(&[&b"user."[..], &[b'a'; 251]].concat(), b""),
+                ]
+                .concat(),
+            ),
+            (
+                "big value",
+                [count(1), entry(b"user.a", &vec![0; xattr::VALUE_MAX + 1])].concat(),
+            ),
+            (
+                "twice",
+                [count(2), entry(b"user.a", b""), entry(b"user.a", b"")].concat(),
+            ),
+            ("truncated", [count(1), b"\x06\0\0".to_vec()].concat()),
+        ];
+        for (what, attrs) in cases {
+            let bytes = with_attrs(&attrs);
+            assert!(
+                Overlay::decode_state(&mut Decoder::new(&bytes)).is_err(),
+                "{what} was accepted"
+            );
+        }
+        // The flag on a node that cannot hold attributes (the mount root's tag made a symlink's).
+        let mut o = Overlay::new(1 << 20);
+        let root = o.add_mount_root(b"work").unwrap();
+        o.create(root, b"l", 0o777, OverlayKind::Symlink(b"t".to_vec()))
+            .unwrap();
+        let mut bytes = encoded(&o);
+        // The symlink is the last node: its tag, target "t", links, open count and two times.
+        let tag_at = bytes.len() - 16 - (1 + 9 + 1 + 4 + 12 + 12);
+        assert_eq!(bytes[tag_at], 2);
+        bytes[tag_at] |= HAS_XATTRS;
+        bytes.splice(
+            bytes.len() - 16..bytes.len() - 16,
+            [count(1), entry(b"user.a", b"")].concat(),
+        );
+        let refused = Overlay::decode_state(&mut Decoder::new(&bytes)).err();
+        assert!(
+            refused.is_some_and(|e| format!("{e:?}").contains("cannot have them")),
+            "a symlink's attributes were accepted"
+        );
     }
 }

@@ -17,6 +17,7 @@ use super::image::{Image, ImageKind};
 use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
 use super::path::{self, Tree};
 use super::procfs::{NoProcess, ProcNode, ProcessView, SystemDir};
+use super::xattr::{self, Holder, SetMode, Target};
 use super::{FileKind, W_OK, X_OK};
 use crate::codec::{DecodeError, Decoder, Encoder};
 
@@ -609,6 +610,81 @@ impl Vfs {
     pub fn chmod(&mut self, node: Node, mode: u32) -> Result<(), Errno> {
         let id = self.overlay_id(node)?;
         self.overlay.set_mode(id, mode)
+    }
+
+    /// getxattr: the value of attribute `name` of `subject` (None: a pipe, socket or other
+    /// object of no file system); the errors are Linux's (see xattr.rs).
+    pub fn get_xattr(&self, subject: Option<Node>, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        self.xattr_target(subject)?.check_read(name)?;
+        self.stored_xattrs(subject)?
+            .and_then(|attrs| attrs.get(name).cloned())
+            .ok_or(Errno::ENODATA)
+    }
+
+    /// listxattr: the names of `subject`'s attributes, each ending in a NUL.
+    pub fn list_xattrs(&self, subject: Option<Node>) -> Result<Vec<u8>, Errno> {
+        Ok(xattr::list(self.stored_xattrs(subject)?))
+    }
+
+    /// setxattr: sets attribute `name` of `subject` to `value` per `mode`.
+    pub fn set_xattr(
+        &mut self,
+        subject: Option<Node>,
+        name: &[u8],
+        value: &[u8],
+        mode: SetMode,
+    ) -> Result<(), Errno> {
+        self.xattr_target(subject)?.check_change(name, false)?;
+        let id = self.xattr_holder(subject)?;
+        self.overlay.set_xattr(id, name, value, mode)
+    }
+
+    /// removexattr: removes attribute `name` of `subject` (ENODATA when it has none).
+    pub fn remove_xattr(&mut self, subject: Option<Node>, name: &[u8]) -> Result<(), Errno> {
+        if !self.xattr_target(subject)?.check_change(name, true)? {
+            return Ok(());
+        }
+        let id = self.xattr_holder(subject)?;
+        self.overlay.remove_xattr(id, name)
+    }
+
+    /// What the attribute rules need to know of `subject`.
+    fn xattr_target(&self, subject: Option<Node>) -> Result<Target, Errno> {
+        let Some(node) = subject else {
+            return Ok(Target::STREAM);
+        };
+        let stat = self.stat(node)?;
+        let owned = self.owned_by_guest(node);
+        Ok(Target {
+            kind: self.kind(node)?,
+            access: if owned { stat.mode >> 6 } else { stat.mode } & 0o7,
+            owned,
+            sticky: stat.mode & 0o1000 != 0,
+            read_only: matches!(node.0, NodeId::Image(_)),
+            holder: match node.0 {
+                NodeId::Overlay(_) => Holder::Stored,
+                NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) => Holder::Empty,
+                NodeId::Proc(_) => Holder::Unsupported,
+            },
+        })
+    }
+
+    /// The attributes `subject` keeps (None where it can keep none).
+    fn stored_xattrs(&self, subject: Option<Node>) -> Result<Option<&xattr::Attributes>, Errno> {
+        match subject.map(|n| n.0) {
+            Some(NodeId::Overlay(id)) => Ok(Some(&self.overlay.get(id)?.xattrs)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The overlay node a `user.` attribute that passed the checks is changed in: only an
+    /// overlay node passes them, since every other node is read-only, refuses `user.` names,
+    /// or has no attributes.
+    fn xattr_holder(&self, subject: Option<Node>) -> Result<u64, Errno> {
+        match subject.map(|n| n.0) {
+            Some(NodeId::Overlay(id)) => Ok(id),
+            _ => Err(Errno::EOPNOTSUPP),
+        }
     }
 
     /// The entries of a directory, "." and ".." first, then by name; an image directory also

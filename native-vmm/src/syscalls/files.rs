@@ -74,7 +74,12 @@ fn base_dir(proc: &GuestProcess, dirfd: u64, path: &[u8]) -> Result<Node, Errno>
 
 /// Resolves `path` from `base` as the program sees the file system (/proc shows its fds,
 /// threads and working directory).
-fn resolve(proc: &GuestProcess, base: Node, path: &[u8], follow_last: bool) -> Result<Node, Errno> {
+pub(super) fn resolve(
+    proc: &GuestProcess,
+    base: Node,
+    path: &[u8],
+    follow_last: bool,
+) -> Result<Node, Errno> {
     proc.config
         .vfs
         .resolve_in(&ProcessFacts::of(proc), base, path, follow_last)
@@ -100,7 +105,7 @@ pub(super) fn with_view<T>(
 }
 
 /// Reads the path argument and the directory it is relative to.
-fn path_at(
+pub(super) fn path_at(
     proc: &GuestProcess,
     user: &UserMemory,
     dirfd: u64,

@@ -2,7 +2,7 @@
 //! area: files (fds, paths, pipes, output), fifo (mknod, FIFOs), sockets (in-memory socketpairs; Internet sockets
 //! whose traffic leaves the VM in inet.rs), poll and epoll (readiness), eventfd, memory, ids
 //! (process identity), threads (clone, exit, thread ids, yield), futex, time, signals, memfd
-//! (memory files and their seals), and misc
+//! (memory files and their seals), xattr (extended attributes), and misc
 //! (system information, randomness, limits).
 
 // The guest's registers are u64; each handler reinterprets them as the C types the Linux ABI
@@ -34,6 +34,7 @@ mod threads;
 mod time;
 mod transfer;
 mod unix_datagram;
+mod xattr;
 
 #[cfg(test)]
 mod tests;

@@ -4,12 +4,16 @@
 //! * `Emulate(handler)`: answered by the VMM, with Linux's semantics within the sandbox's
 //!   limits (the handler's doc comment says where it differs).
 //! * `Refuse(errno)`: refused by design with a fixed errno the program can handle: no identity
-//!   changes (EPERM: the guest is an unprivileged user; ownership.rs for chown), no extended
-//!   attributes (EOPNOTSUPP), no memory protection keys (pkey_alloc: ENOSPC, as on a
-//!   CPU without them; V8 then protects nothing with them), rseq, which glibc probes and
-//!   tolerates missing, and io_uring (ENOSYS, as a kernel built without it answers: libuv, when
-//!   asked to use it with UV_USE_IO_URING=1, falls back to epoll and its thread pool).
-//!   Setting a clock (settimeofday, clock_settime) is EPERM, as for any unprivileged user.
+//!   changes (EPERM: the guest is an unprivileged user; ownership.rs for chown), no memory
+//!   protection keys (pkey_alloc: ENOSPC, as on a CPU without them; V8 then protects nothing
+//!   with them), rseq, which glibc probes and tolerates missing, and io_uring (ENOSYS, as a
+//!   kernel built without it answers: libuv, when asked to use it with UV_USE_IO_URING=1, falls
+//!   back to epoll and its thread pool). Setting a clock (settimeofday, clock_settime) is EPERM,
+//!   as for any unprivileged user.
+//!
+//! Partly supported: the *xattr calls (xattr.rs) keep `user.` attributes of overlay files and
+//! directories and answer the other name spaces as Linux answers an unprivileged user; no POSIX
+//! ACLs are kept (setting one is EOPNOTSUPP) and sockets list no `system.sockprotoname`.
 //!
 //! A wait that no thread could ever end (an untimed futex wait or pause while every other
 //! thread waits too and no timer is armed) ends the run as deadlocked: see `crate::sched`.
@@ -19,7 +23,7 @@
 
 use super::{
     addresses, epoll, eventfd, files, futex, ids, memfd, memory, misc, ownership, pidfd, poll,
-    processes, signals, sockets, threads, time, transfer, SysResult, UserMemory,
+    processes, signals, sockets, threads, time, transfer, xattr, SysResult, UserMemory,
 };
 use crate::errno::Errno;
 use crate::process::{GuestProcess, SyscallCount};
@@ -57,8 +61,6 @@ const fn refuse(nr: u64, name: &'static str, errno: Errno) -> SyscallEntry {
 
 /// As a kernel built without io_uring: the rings' calls exist for no file descriptor.
 const NO_IO_URING: Errno = Errno::ENOSYS;
-/// The file systems have no extended attributes, as one mounted without them answers.
-const NO_XATTRS: Errno = Errno::EOPNOTSUPP;
 
 /// Sorted by number (a unit test checks it).
 pub static TABLE: &[SyscallEntry] = &[
@@ -192,18 +194,18 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(160, "setrlimit", misc::setrlimit),
     refuse(164, "settimeofday", Errno::EPERM),
     emulate(186, "gettid", threads::gettid),
-    refuse(188, "setxattr", NO_XATTRS),
-    refuse(189, "lsetxattr", NO_XATTRS),
-    refuse(190, "fsetxattr", NO_XATTRS),
-    refuse(191, "getxattr", NO_XATTRS),
-    refuse(192, "lgetxattr", NO_XATTRS),
-    refuse(193, "fgetxattr", NO_XATTRS),
-    refuse(194, "listxattr", NO_XATTRS),
-    refuse(195, "llistxattr", NO_XATTRS),
-    refuse(196, "flistxattr", NO_XATTRS),
-    refuse(197, "removexattr", NO_XATTRS),
-    refuse(198, "lremovexattr", NO_XATTRS),
-    refuse(199, "fremovexattr", NO_XATTRS),
+    emulate(188, "setxattr", xattr::setxattr),
+    emulate(189, "lsetxattr", xattr::lsetxattr),
+    emulate(190, "fsetxattr", xattr::fsetxattr),
+    emulate(191, "getxattr", xattr::getxattr),
+    emulate(192, "lgetxattr", xattr::lgetxattr),
+    emulate(193, "fgetxattr", xattr::fgetxattr),
+    emulate(194, "listxattr", xattr::listxattr),
+    emulate(195, "llistxattr", xattr::llistxattr),
+    emulate(196, "flistxattr", xattr::flistxattr),
+    emulate(197, "removexattr", xattr::removexattr),
+    emulate(198, "lremovexattr", xattr::lremovexattr),
+    emulate(199, "fremovexattr", xattr::fremovexattr),
     emulate(200, "tkill", signals::tkill),
     emulate(201, "time", time::time),
     emulate(202, "futex", futex::futex),

@@ -1,8 +1,7 @@
 //! What Linux offers a process tree besides fork and exec, on the KVM vCPU: waiting for signals
-//! (sigwait, sigwaitinfo, sigtimedwait), the CPU-time interval timers, FIFOs and memfd files,
-//! and the clocks it may not set.
-//! Each Python program runs in the VM and natively (`/usr/bin/python3.11`), and both must
-//! print the same.
+//! (sigwait, sigwaitinfo, sigtimedwait), the CPU-time interval timers, FIFOs, memfd files,
+//! extended attributes, and the clocks it may not set. Each Python program runs in the VM and
+//! natively (`/usr/bin/python3.11`), and both must print the same.
 
 mod common;
 
@@ -235,5 +234,185 @@ print("settimeofday", libc.syscall(SYS_settimeofday, None, None), ctypes.get_err
 print("clock reads", time.time() > 1.6e9)
 "#,
         "clock_settime True\nclock_settime True\nsettimeofday -1 True\nclock reads True\n",
+    );
+}
+
+/// Runs `program` natively as an unprivileged user (as the guest is; root may set `trusted.`
+/// and `security.` attributes) in /dev/shm, which must be a tmpfs: the file system whose
+/// extended attributes the overlay's follow (the host's /tmp may be another or refuse `user.`
+/// ones). It must exit 0; its stdout.
+fn native_unprivileged_on_tmpfs(program: &str) -> String {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("reading /proc/self/mounts");
+    assert!(
+        mounts
+            .lines()
+            .any(|m| m.split_whitespace().take(3).collect::<Vec<_>>()[1..] == ["/dev/shm", "tmpfs"]),
+        "the native run needs /dev/shm to be a tmpfs:\n{mounts}"
+    );
+    let mut cmd = std::process::Command::new("/usr/bin/python3.11");
+    cmd.args(["-c", program])
+        .current_dir("/dev/shm")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin");
+    common::unprivileged(&mut cmd);
+    let native = cmd.output().expect("running python3.11 natively");
+    assert!(native.status.success(), "native: {native:?}");
+    String::from_utf8_lossy(&native.stdout).into_owned()
+}
+
+#[test]
+fn extended_attributes_are_kept_and_refused_as_on_tmpfs() {
+    const PROGRAM: &str = r#"
+import ctypes, errno, os, shutil, tempfile
+def err(call, *args, **kwargs):
+    try:
+        return repr(call(*args, **kwargs))
+    except OSError as e:
+        return errno.errorcode[e.errno]
+d = tempfile.mkdtemp(dir="/dev/shm")
+f = os.path.join(d, "f")
+open(f, "w").close()
+print("none yet", os.listxattr(f), err(os.getxattr, f, "user.a"))
+for name, value in (("user.b", b"2"), ("user.a", b"1"), ("user.empty", b"")):
+    os.setxattr(f, name, value)
+print("set", sorted(os.listxattr(f)), os.getxattr(f, "user.a"), os.getxattr(f, "user.empty"))
+print("flags", err(os.setxattr, f, "user.a", b"x", os.XATTR_CREATE),
+      err(os.setxattr, f, "user.new", b"x", os.XATTR_REPLACE),
+      err(os.setxattr, f, "user.a", b"x", os.XATTR_CREATE | os.XATTR_REPLACE),
+      err(os.setxattr, f, "user.a", b"x", 4))
+os.setxattr(f, "user.a", b"replaced", os.XATTR_REPLACE)
+os.setxattr(f, "user.c", b"created", os.XATTR_CREATE)
+print("replaced", os.getxattr(f, "user.a"), os.getxattr(f, "user.c"))
+print("names", err(os.setxattr, f, "", b"x"), err(os.setxattr, f, "user.", b"x"),
+      err(os.setxattr, f, "nospace", b"x"), err(os.getxattr, f, "system.other"),
+      err(os.getxattr, f, "system.posix_acl_access"), err(os.removexattr, f, "system.posix_acl_access"))
+print("privileged", err(os.setxattr, f, "trusted.a", b"x"), err(os.getxattr, f, "trusted.a"),
+      err(os.removexattr, f, "trusted.a"), err(os.setxattr, f, "security.a", b"x"),
+      err(os.getxattr, f, "security.a"), err(os.removexattr, f, "security.a"))
+print("limits", err(os.setxattr, f, "user." + "n" * 250, b"x"), err(os.setxattr, f, "user." + "n" * 251, b"x"),
+      err(os.getxattr, f, "user." + "n" * 251), err(os.setxattr, f, "user.big", b"v" * 65536),
+      err(os.setxattr, f, "user.big", b"v" * 65537), len(os.getxattr(f, "user.big")))
+print("missing", err(os.getxattr, f, "user.nope"), err(os.removexattr, f, "user.nope"),
+      err(os.getxattr, d + "/nofile", "user.a"), err(os.setxattr, d + "/nofile", "", b""))
+os.removexattr(f, "user.big")
+os.removexattr(f, "user." + "n" * 250)
+libc = ctypes.CDLL(None, use_errno=True)
+def sizes(call, *args):
+    got = call(*args)
+    return got if got >= 0 else errno.errorcode[ctypes.get_errno()]
+buf = ctypes.create_string_buffer(256)
+path = f.encode()
+print("sizes", sizes(libc.getxattr, path, b"user.a", None, 0), sizes(libc.getxattr, path, b"user.a", buf, 7),
+      sizes(libc.getxattr, path, b"user.a", buf, 8), buf.raw[:8],
+      sizes(libc.listxattr, path, None, 0), sizes(libc.listxattr, path, buf, 10),
+      sizes(libc.setxattr, path, b"user.null", None, 0, 0), sizes(libc.setxattr, path, b"user.null", None, 4, 0))
+os.removexattr(f, "user.null")
+os.symlink("f", d + "/link")
+print("symlink", err(os.setxattr, d + "/link", "user.l", b"1", follow_symlinks=False),
+      err(os.getxattr, d + "/link", "user.a", follow_symlinks=False),
+      os.listxattr(d + "/link", follow_symlinks=False),
+      err(os.removexattr, d + "/link", "user.a", follow_symlinks=False),
+      os.getxattr(d + "/link", "user.a"))
+os.setxattr(d, "user.dir", b"on a directory")
+sub = os.path.join(d, "sub")
+os.mkdir(sub)
+os.setxattr(sub, "user.sub", b"1")
+print("directories", os.listxattr(d), os.getxattr(d, "user.dir"), os.listxattr(sub))
+os.mkfifo(d + "/fifo")
+r, w = os.pipe()
+print("not files", err(os.setxattr, d + "/fifo", "user.a", b"1"), err(os.getxattr, d + "/fifo", "user.a"),
+      err(os.setxattr, r, "user.a", b"1"), err(os.getxattr, r, "user.a"), os.listxattr(r),
+      err(os.setxattr, "/dev/null", "user.a", b"1"), err(os.getxattr, "/proc/self/status", "user.a"))
+os.close(r)
+os.close(w)
+fd = os.open(f, os.O_RDONLY)
+os.setxattr(fd, "user.fd", b"by fd")
+print("fd", os.getxattr(fd, "user.fd"), sorted(os.listxattr(fd)), os.removexattr(fd, "user.fd"), err(os.getxattr, f, "user.fd"))
+os.close(fd)
+fd = os.open(f, os.O_PATH)
+print("O_PATH", err(os.getxattr, fd, "user.a"), err(os.listxattr, fd), err(os.setxattr, fd, "user.a", b""))
+os.close(fd)
+print("bad fd", err(os.getxattr, 999, "user.a"))
+os.chmod(f, 0o400)
+print("read-only", err(os.setxattr, f, "user.a", b"x"), err(os.removexattr, f, "user.a"), os.getxattr(f, "user.a"))
+os.chmod(f, 0o200)
+print("write-only", err(os.getxattr, f, "user.a"), sorted(os.listxattr(f)))
+os.chmod(f, 0o600)
+os.link(f, d + "/hard")
+os.rename(f, d + "/moved")
+os.setxattr(d + "/hard", "user.hard", b"shared")
+print("one inode", os.getxattr(d + "/moved", "user.hard"))
+pid = os.fork()
+if pid == 0:
+    os.setxattr(d + "/moved", "user.child", b"from the child")
+    os.removexattr(d + "/moved", "user.c")
+    os._exit(0)
+print("child", os.waitpid(pid, 0)[1], os.getxattr(d + "/moved", "user.child"), sorted(os.listxattr(d + "/moved")))
+fd = os.open(d + "/moved", os.O_RDWR)
+os.unlink(d + "/moved")
+os.unlink(d + "/hard")
+os.setxattr(fd, "user.unlinked", b"still")
+print("unlinked", os.getxattr(fd, "user.unlinked"))
+os.close(fd)
+shutil.rmtree(d)
+"#;
+    let mut req = python_request(PROGRAM);
+    req.timeout = common::scaled(Duration::from_secs(30));
+    let outcome = common::run(&common::python_image(), &req);
+    assert_eq!(
+        outcome.status,
+        sandfork_vmm::status::RunStatus::Exited { code: 0 },
+        "{}",
+        common::describe(&outcome)
+    );
+    let printed = String::from_utf8_lossy(&outcome.stdout).into_owned();
+    assert_eq!(
+        printed,
+        native_unprivileged_on_tmpfs(PROGRAM),
+        "{}",
+        common::describe(&outcome)
+    );
+    assert_eq!(
+        printed,
+        "none yet [] ENODATA\n\
+         set ['user.a', 'user.b', 'user.empty'] b'1' b''\n\
+         flags EEXIST ENODATA EEXIST EINVAL\n\
+         replaced b'replaced' b'created'\n\
+         names ERANGE EINVAL ENOTSUP ENOTSUP ENODATA None\n\
+         privileged EPERM ENODATA EPERM EPERM ENODATA EPERM\n\
+         limits None ERANGE ERANGE None E2BIG 65536\n\
+         missing ENODATA ENODATA ENOENT ERANGE\n\
+         sizes 8 ERANGE 8 b'replaced' 32 ERANGE 0 EFAULT\n\
+         symlink EPERM ENODATA [] EPERM b'replaced'\n\
+         directories ['user.dir'] b'on a directory' ['user.sub']\n\
+         not files EPERM ENODATA EPERM ENODATA [] EPERM ENOTSUP\n\
+         fd b'by fd' ['user.a', 'user.b', 'user.c', 'user.empty', 'user.fd'] None ENODATA\n\
+         O_PATH EBADF EBADF EBADF\n\
+         bad fd EBADF\n\
+         read-only EACCES EACCES b'replaced'\n\
+         write-only EACCES ['user.a', 'user.b', 'user.c', 'user.empty']\n\
+         one inode b'shared'\n\
+         child 0 b'from the child' ['user.a', 'user.b', 'user.child', 'user.empty', 'user.hard']\n\
+         unlinked b'still'\n"
+    );
+}
+
+/// The image is a read-only file system: its files hold no attributes and take none.
+#[test]
+fn the_images_files_have_no_extended_attributes_and_take_none() {
+    common::assert_prints(
+        r#"
+import errno, os
+def err(call, *args):
+    try:
+        return repr(call(*args))
+    except OSError as e:
+        return errno.errorcode[e.errno]
+for path in ("/usr/bin/env", "/etc"):
+    print(path, os.listxattr(path), err(os.getxattr, path, "user.a"),
+          err(os.setxattr, path, "user.a", b"1"), err(os.removexattr, path, "user.a"),
+          err(os.setxattr, path, "trusted.a", b"1"))
+"#,
+        "/usr/bin/env [] ENODATA EROFS EROFS EROFS\n/etc [] ENODATA EROFS EROFS EROFS\n",
     );
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use sandfork_vmm::fs::Image;
 use sandfork_vmm::status::RunStatus;
 
-use super::{describe, process_dir, request, run, scaled};
+use super::{describe, process_dir, request, run, scaled, unprivileged};
 
 /// The tests left out, as (pattern, reason).
 pub fn skipped() -> Vec<(String, String)> {
@@ -213,17 +213,6 @@ pub fn compat_modules(short_only: bool) -> Vec<String> {
         .filter(|line| !short_only || line.split_whitespace().nth(1) == Some("short"))
         .map(|line| line.split_whitespace().next().unwrap().to_owned())
         .collect()
-}
-
-/// The user a native run runs as: the host's own, or nobody when that is root, so that the
-/// native run is as unprivileged as the guest (root passes permission and ownership tests the
-/// guest must fail, and skips others).
-fn unprivileged(cmd: &mut std::process::Command) {
-    use std::os::unix::fs::MetadataExt;
-    use std::os::unix::process::CommandExt;
-    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() == Some(0) {
-        cmd.uid(65534).gid(65534); // std drops the supplementary groups too
-    }
 }
 
 /// Runs `module` with record_results.py natively (/usr/bin/python3.11, the guest's

@@ -262,6 +262,17 @@ pub fn describe(outcome: &RunOutcome) -> String {
     )
 }
 
+/// The user a native run runs as: the host's own, or nobody when that is root, so that the
+/// native run is as unprivileged as the guest (root passes permission and ownership tests the
+/// guest must fail, and skips others).
+pub fn unprivileged(cmd: &mut std::process::Command) {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() == Some(0) {
+        cmd.uid(65534).gid(65534); // std drops the supplementary groups too
+    }
+}
+
 /// Runs `program` natively with `/usr/bin/python3.11 program.py args` in a directory of its own
 /// (an empty environment but PATH and HOME); it must exit 0. Its stdout.
 pub fn native_python(tag: &str, program: &str, args: &[&str]) -> String {

@@ -51,6 +51,28 @@ impl Daemon {
         daemon
     }
 
+    /// A daemon on scratch folder `name` with a templates folder of its own (holding the
+    /// Python template), so that the templates it makes stay out of other tests'; that folder.
+    fn with_own_templates(name: &str) -> (PathBuf, Daemon) {
+        let dir = scratch(name);
+        let templates = dir.join("templates");
+        std::fs::create_dir_all(&templates).unwrap();
+        std::os::unix::fs::symlink(
+            snapshot_templates_dir().join("python"),
+            templates.join("python"),
+        )
+        .unwrap();
+        let mut daemon = Daemon {
+            dir: dir.clone(),
+            sessions: dir.join("sessions"),
+            templates: templates.clone(),
+            child: None,
+            args: Vec::new(),
+        };
+        daemon.restart();
+        (templates, daemon)
+    }
+
     fn socket(&self) -> PathBuf {
         self.dir.join("s.sock")
     }
@@ -1032,23 +1054,7 @@ fn old_checkpoints_are_pruned_and_the_newest_with_their_chains_kept() {
 /// an unknown one.
 #[test]
 fn a_session_saved_as_a_template_forks_with_its_state() {
-    let dir = scratch("sessions-template");
-    // A templates folder of its own, so that the templates it makes stay out of other tests'.
-    let templates = dir.join("templates");
-    std::fs::create_dir_all(&templates).unwrap();
-    std::os::unix::fs::symlink(
-        snapshot_templates_dir().join("python"),
-        templates.join("python"),
-    )
-    .unwrap();
-    let mut daemon = Daemon {
-        dir: dir.clone(),
-        sessions: dir.join("sessions"),
-        templates: templates.clone(),
-        child: None,
-        args: Vec::new(),
-    };
-    daemon.restart();
+    let (templates, mut daemon) = Daemon::with_own_templates("sessions-template");
     let mut s = daemon.client();
     s.expect(
         "session",
@@ -1104,4 +1110,53 @@ fn a_session_saved_as_a_template_forks_with_its_state() {
     let mut s = daemon.client();
     let ran = s.call(json!({"type": "execute", "template": "prep@1", "code": "print(answer())"}));
     assert_eq!(str_of(&ran, "stdout"), "42\n", "{ran}");
+}
+
+/// Extended attributes live in the overlay: a paused session's checkpoints (full, then
+/// incremental) keep them across a daemon restart, and a session saved as a template gives
+/// them to its executions.
+#[test]
+fn extended_attributes_survive_checkpoints_a_restart_and_a_session_template() {
+    let (_templates, mut daemon) = Daemon::with_own_templates("sessions-xattrs");
+    let mut s = daemon.client();
+    s.expect(
+        "session",
+        json!({"type": "session_create", "session": "attrs", "template": "python"}),
+    );
+    s.cell("attrs", "import os\nos.makedirs('/work/d')\nopen('/work/d/f', 'w').write('x')\nos.setxattr('/work/d/f', 'user.kept', b'value')\nos.setxattr('/work/d', 'user.dir', bytes(range(256)) * 4)");
+    let check = "(sorted(os.listxattr('/work/d/f')), os.getxattr('/work/d/f', 'user.kept'), os.getxattr('/work/d', 'user.dir') == bytes(range(256)) * 4)";
+    let kept = Some("(['user.kept'], b'value', True)".to_owned());
+    assert_eq!(s.cell("attrs", check), kept);
+    s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "attrs"}),
+    );
+    daemon.kill();
+    daemon.restart();
+    let mut s = daemon.client();
+    assert_eq!(s.cell("attrs", check), kept, "after the restart");
+    s.cell(
+        "attrs",
+        "os.removexattr('/work/d/f', 'user.kept')\nos.setxattr('/work/d/f', 'user.new', b'2')",
+    );
+    s.expect(
+        "checkpoint",
+        json!({"type": "session_pause", "session": "attrs"}),
+    );
+    let changed = "(os.listxattr('/work/d/f'), os.getxattr('/work/d/f', 'user.new'), len(os.getxattr('/work/d', 'user.dir')))";
+    assert_eq!(
+        s.cell("attrs", changed),
+        Some("(['user.new'], b'2', 1024)".to_owned()),
+        "after the incremental checkpoint"
+    );
+    s.expect(
+        "session_template",
+        json!({"type": "session_template", "session": "attrs", "name": "attrs@1"}),
+    );
+    let ran = s.call(json!({"type": "execute", "template": "attrs@1", "code": "import os\nprint(os.listxattr('/work/d/f'), os.getxattr('/work/d/f', 'user.new'))"}));
+    assert_eq!(
+        (str_of(&ran, "status"), str_of(&ran, "stdout")),
+        ("ok", "['user.new'] b'2'\n"),
+        "{ran}"
+    );
 }

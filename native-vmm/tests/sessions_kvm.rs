@@ -52,8 +52,9 @@ impl Daemon {
     }
 
     /// A daemon on scratch folder `name` with a templates folder of its own (holding the
-    /// Python template), so that the templates it makes stay out of other tests'; that folder.
-    fn with_own_templates(name: &str) -> (PathBuf, Daemon) {
+    /// Python template), so that the templates it makes stay out of other tests', and a client
+    /// with a new python session `session`; that folder too.
+    fn with_own_templates(name: &str, session: &str) -> (PathBuf, Daemon, Session) {
         let dir = scratch(name);
         let templates = dir.join("templates");
         std::fs::create_dir_all(&templates).unwrap();
@@ -70,7 +71,12 @@ impl Daemon {
             args: Vec::new(),
         };
         daemon.restart();
-        (templates, daemon)
+        let mut s = daemon.client();
+        s.expect(
+            "session",
+            json!({"type": "session_create", "session": session, "template": "python"}),
+        );
+        (templates, daemon, s)
     }
 
     fn socket(&self) -> PathBuf {
@@ -152,6 +158,14 @@ impl Session {
             "{request} got {answer}"
         );
         answer
+    }
+
+    /// Pauses `session` (a checkpoint); returns the answer.
+    fn pause(&mut self, session: &str) -> Value {
+        self.expect(
+            "checkpoint",
+            json!({"type": "session_pause", "session": session}),
+        )
     }
 
     /// Runs a cell that must succeed; returns its result's value (the last expression's repr).
@@ -491,10 +505,7 @@ fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
             &format!("open('/work/round{round}.txt', 'w').write('r{round}')"),
         );
     }
-    s.expect(
-        "checkpoint",
-        json!({"type": "session_pause", "session": "files"}),
-    );
+    s.pause("files");
     daemon.kill();
     daemon.restart();
     let mut s = daemon.client();
@@ -1054,12 +1065,7 @@ fn old_checkpoints_are_pruned_and_the_newest_with_their_chains_kept() {
 /// an unknown one.
 #[test]
 fn a_session_saved_as_a_template_forks_with_its_state() {
-    let (templates, mut daemon) = Daemon::with_own_templates("sessions-template");
-    let mut s = daemon.client();
-    s.expect(
-        "session",
-        json!({"type": "session_create", "session": "prep", "template": "python"}),
-    );
+    let (templates, mut daemon, mut s) = Daemon::with_own_templates("sessions-template", "prep");
     s.cell("prep", "import fractions\nbase = 40\ndef answer():\n    return base + 2\nopen('/work/data.txt', 'w').write('kept')");
     let saved = s.expect(
         "session_template",
@@ -1117,20 +1123,12 @@ fn a_session_saved_as_a_template_forks_with_its_state() {
 /// them to its executions.
 #[test]
 fn extended_attributes_survive_checkpoints_a_restart_and_a_session_template() {
-    let (_templates, mut daemon) = Daemon::with_own_templates("sessions-xattrs");
-    let mut s = daemon.client();
-    s.expect(
-        "session",
-        json!({"type": "session_create", "session": "attrs", "template": "python"}),
-    );
+    let (_templates, mut daemon, mut s) = Daemon::with_own_templates("sessions-xattrs", "attrs");
     s.cell("attrs", "import os\nos.makedirs('/work/d')\nopen('/work/d/f', 'w').write('x')\nos.setxattr('/work/d/f', 'user.kept', b'value')\nos.setxattr('/work/d', 'user.dir', bytes(range(256)) * 4)");
     let check = "(sorted(os.listxattr('/work/d/f')), os.getxattr('/work/d/f', 'user.kept'), os.getxattr('/work/d', 'user.dir') == bytes(range(256)) * 4)";
     let kept = Some("(['user.kept'], b'value', True)".to_owned());
     assert_eq!(s.cell("attrs", check), kept);
-    s.expect(
-        "checkpoint",
-        json!({"type": "session_pause", "session": "attrs"}),
-    );
+    s.pause("attrs");
     daemon.kill();
     daemon.restart();
     let mut s = daemon.client();
@@ -1139,10 +1137,7 @@ fn extended_attributes_survive_checkpoints_a_restart_and_a_session_template() {
         "attrs",
         "os.removexattr('/work/d/f', 'user.kept')\nos.setxattr('/work/d/f', 'user.new', b'2')",
     );
-    s.expect(
-        "checkpoint",
-        json!({"type": "session_pause", "session": "attrs"}),
-    );
+    s.pause("attrs");
     let changed = "(os.listxattr('/work/d/f'), os.getxattr('/work/d/f', 'user.new'), len(os.getxattr('/work/d', 'user.dir')))";
     assert_eq!(
         s.cell("attrs", changed),

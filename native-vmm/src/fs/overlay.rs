@@ -656,8 +656,8 @@ mod tests {
         assert_eq!(o.get(f).err(), Some(Errno::ENOENT));
     }
 
-    #[test]
-    fn unlinked_open_file_lives_until_closed() {
+    /// An overlay of 1 MiB with a mount root holding file "f" of `data`: (overlay, root, f).
+    fn overlay_with_file(data: &[u8]) -> (Overlay, u64, u64) {
         let mut o = Overlay::new(1 << 20);
         let root = o.add_mount_root(b"tmp").unwrap();
         let f = o
@@ -665,9 +665,15 @@ mod tests {
                 root,
                 b"f",
                 0o600,
-                OverlayKind::File(FileData::Bytes(Vec::new())),
+                OverlayKind::File(FileData::Bytes(data.to_vec())),
             )
             .unwrap();
+        (o, root, f)
+    }
+
+    #[test]
+    fn unlinked_open_file_lives_until_closed() {
+        let (mut o, root, f) = overlay_with_file(b"");
         o.open(f).unwrap();
         o.write(f, 0, b"data").unwrap();
         o.unlink(root, b"f").unwrap();
@@ -689,20 +695,6 @@ mod tests {
         assert_ne!(f, g);
     }
 
-    fn file_with_attributes() -> (Overlay, u64, u64) {
-        let mut o = Overlay::new(1 << 20);
-        let root = o.add_mount_root(b"work").unwrap();
-        let f = o
-            .create(
-                root,
-                b"f",
-                0o600,
-                OverlayKind::File(FileData::Bytes(b"data".to_vec())),
-            )
-            .unwrap();
-        (o, root, f)
-    }
-
     fn encoded(o: &Overlay) -> Vec<u8> {
         let mut e = Encoder::new();
         o.encode_state(&mut e);
@@ -711,7 +703,7 @@ mod tests {
 
     #[test]
     fn attributes_are_charged_and_survive_an_encoding() {
-        let (mut o, root, f) = file_with_attributes();
+        let (mut o, root, f) = overlay_with_file(b"data");
         let plain = encoded(&o);
         let base = o.used();
         o.set_xattr(f, b"user.a", b"12345", SetMode::default())
@@ -743,7 +735,7 @@ mod tests {
 
     #[test]
     fn hostile_attribute_encodings_are_refused() {
-        let (mut o, _, f) = file_with_attributes();
+        let (mut o, _, f) = overlay_with_file(b"data");
         o.set_xattr(f, b"user.a", b"v", SetMode::default()).unwrap();
         let good = encoded(&o);
         // The attributes are the last field of the last node, before next_id and the limit.

@@ -121,58 +121,33 @@ fn remove(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6], naming: Na
     value(0)
 }
 
-pub(crate) fn setxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    set(proc, user, args, Naming::Path)
+/// The twelve handlers: each operation by path, by path without following a final symlink,
+/// and by fd.
+macro_rules! handlers {
+    ($($name:ident: $op:ident by $naming:ident;)*) => {
+        $(
+            pub(crate) fn $name(
+                proc: &mut GuestProcess,
+                user: &UserMemory,
+                args: [u64; 6],
+            ) -> SysResult {
+                $op(proc, user, args, Naming::$naming)
+            }
+        )*
+    };
 }
 
-pub(crate) fn lsetxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    set(proc, user, args, Naming::LinkPath)
-}
-
-pub(crate) fn fsetxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    set(proc, user, args, Naming::Fd)
-}
-
-pub(crate) fn getxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    get(proc, user, args, Naming::Path)
-}
-
-pub(crate) fn lgetxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    get(proc, user, args, Naming::LinkPath)
-}
-
-pub(crate) fn fgetxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    get(proc, user, args, Naming::Fd)
-}
-
-pub(crate) fn listxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    list(proc, user, args, Naming::Path)
-}
-
-pub(crate) fn llistxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    list(proc, user, args, Naming::LinkPath)
-}
-
-pub(crate) fn flistxattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    list(proc, user, args, Naming::Fd)
-}
-
-pub(crate) fn removexattr(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
-    remove(proc, user, args, Naming::Path)
-}
-
-pub(crate) fn lremovexattr(
-    proc: &mut GuestProcess,
-    user: &UserMemory,
-    args: [u64; 6],
-) -> SysResult {
-    remove(proc, user, args, Naming::LinkPath)
-}
-
-pub(crate) fn fremovexattr(
-    proc: &mut GuestProcess,
-    user: &UserMemory,
-    args: [u64; 6],
-) -> SysResult {
-    remove(proc, user, args, Naming::Fd)
+handlers! {
+    setxattr: set by Path;
+    lsetxattr: set by LinkPath;
+    fsetxattr: set by Fd;
+    getxattr: get by Path;
+    lgetxattr: get by LinkPath;
+    fgetxattr: get by Fd;
+    listxattr: list by Path;
+    llistxattr: list by LinkPath;
+    flistxattr: list by Fd;
+    removexattr: remove by Path;
+    lremovexattr: remove by LinkPath;
+    fremovexattr: remove by Fd;
 }

@@ -779,6 +779,30 @@ EOF"#,
 }
 
 #[test]
+fn udp_control_messages_carry_hop_limit_traffic_class_and_pktinfo_as_on_linux() {
+    let program = include_str!("programs/udp_ancillary.py");
+    let req = common::python_request(program);
+    let printed = common::prints_as_native(&req, "udp-ancillary", program, &[]);
+    assert_contains(
+        &printed,
+        &[
+            "udp defaults [64, 0, 0, 0, 0]",
+            "plain (b'early', [(41, 50, ('::1', 1)), (41, 52, 64), (41, 67, 0)], <MsgFlag: 0>)",
+            "one datagram (b'cmsg', [(41, 50, ('::1', 1)), (41, 52, 2), (41, 67, 255)], \
+             <MsgFlag: 0>) (b'after', [(41, 50, ('::1', 1)), (41, 52, 5), (41, 67, 40)]",
+            "room 43 (b't', [(41, 52, 5), (41, 67, b'(\\x00\\x00')], <MsgFlag.MSG_CTRUNC: 8>)",
+            "room 44 (b't', [(41, 52, 5), (41, 67, 40)], <MsgFlag: 0>)",
+            "odd EINVAL\nshort EINVAL\nhops EINVAL\nclass EINVAL\ntype EINVAL\nrights 1\n\
+             interface ENODEV\nsource EINVAL\n",
+            "lite defaults",
+            "v4 from 127.0.0.7",
+            "v4 plain (b'v4', [(0, 8, (1, '127.0.0.5', '127.0.0.5')), (0, 2, 64), (0, 1, b'\\x00')]",
+            "raw 3 3 3 EINVAL EINVAL EINVAL 3 ENOBUFS",
+        ],
+    );
+}
+
+#[test]
 fn a_tcp_connection_on_the_vms_loopback_closes_and_resets_as_on_linux() {
     let printed = same_as_native(
         r#"/usr/bin/python3.11 - <<'EOF'
@@ -793,6 +817,14 @@ s, _ = srv.accept()
 c.sendall(b"bye")
 c.close()
 print("closed", s.recv(10), s.recv(10), s.getpeername()[0], s.send(b""))
+# The first send after the peer's close is taken; the peer's reset makes the next ones EPIPE.
+sent = []
+for _ in range(3):
+    try:
+        sent.append(s.send(b"more"))
+    except OSError as e:
+        sent.append(errno.errorcode[e.errno])
+print("sends after the close", sent)
 s.close()
 # SO_LINGER on with a zero timeout: the close resets the connection.
 c = socket.create_connection(srv.getsockname())
@@ -819,9 +851,53 @@ except OSError as e:
 r, w = os.pipe()
 os.close(r)
 print("pipe", os.write(w, b""))
+# Options that change nothing in the VM read back as set.
+names = [(socket.SOL_SOCKET, socket.SO_REUSEADDR), (socket.SOL_SOCKET, socket.SO_REUSEPORT),
+         (socket.SOL_SOCKET, socket.SO_KEEPALIVE), (socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)]
+for family, kind in [(socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_DGRAM)]:
+    o = socket.socket(family, kind)
+    before = [o.getsockopt(*name) for name in names]
+    for name in names:
+        o.setsockopt(*name, 1)
+    after = [o.getsockopt(*name) for name in names]
+    o.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+    print("options", kind, before, after, o.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR))
+with socket.create_server(("::1", 0), family=socket.AF_INET6, reuse_port=True) as server:
+    print("create_server", server.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY),
+          server.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT))
+# An AF_INET6 listener on the wildcard takes IPv4 connections unless IPV6_V6ONLY is set.
+for v6only in [0, 1]:
+    listener = socket.socket(socket.AF_INET6)
+    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+    listener.bind(("::", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        c = socket.create_connection(("127.0.0.1", port))
+    except ConnectionRefusedError:
+        print("dual stack", v6only, "refused")
+        continue
+    s, peer = listener.accept()
+    c.sendall(b"dual")
+    print("dual stack", v6only, s.recv(10), peer[0], peer[1] == c.getsockname()[1],
+          s.getsockname()[:2] == ("::ffff:127.0.0.1", port), c.getpeername() == ("127.0.0.1", port))
 EOF"#,
     );
     assert!(printed.contains("getpeername ENOTCONN\n"), "{printed}");
+    assert!(
+        printed.contains("sends after the close [4, 'EPIPE', 'EPIPE']\n"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("options 1 [0, 0, 0, 0] [1, 1, 1, 1] 0\n"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(
+            "dual stack 0 b'dual' ::ffff:127.0.0.1 True True True\ndual stack 1 refused\n"
+        ),
+        "{printed}"
+    );
 }
 
 #[test]

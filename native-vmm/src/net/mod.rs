@@ -209,6 +209,23 @@ pub struct Lookup {
     pub deadline: Instant,
 }
 
+/// A datagram socket's IP-level options (IPPROTO_IP, IPPROTO_IPV6): what the datagrams it
+/// sends carry, and which control messages its receives return. IPv4's fields serve the
+/// datagrams it sends over IPv4 (an AF_INET6 socket's to IPv4-mapped addresses too).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IpOptions {
+    /// IP_TTL (None: the route's default).
+    pub ttl: Option<u8>,
+    /// IP_TOS.
+    pub tos: u8,
+    /// IPV6_UNICAST_HOPS (None: the route's default).
+    pub hop_limit: Option<u8>,
+    /// IPV6_TCLASS.
+    pub traffic_class: u8,
+    /// The control messages asked for (IP_RECVTTL, IPV6_RECVHOPLIMIT...), one bit each.
+    pub receive: u16,
+}
+
 /// A guest AF_INET/AF_INET6 socket whose traffic leaves the VM (`Object::Inet`).
 #[derive(Debug, Clone)]
 pub struct InetSocket {
@@ -228,6 +245,7 @@ pub struct InetSocket {
     pub lookups: Vec<Lookup>,
     /// Datagrams other sockets of the VM sent it on the loopback.
     pub inbox: loopback::Queue,
+    pub ip: IpOptions,
     /// A datagram it sent while connected found no socket at its loopback port: the next
     /// send or receive fails ECONNREFUSED (Linux's ICMP error, reported once).
     pub refused: bool,
@@ -248,6 +266,7 @@ impl InetSocket {
             answers: VecDeque::new(),
             lookups: Vec::new(),
             inbox: loopback::Queue::default(),
+            ip: IpOptions::default(),
             refused: false,
             shut_read: false,
             shut_write: false,

@@ -118,6 +118,9 @@ pub struct Endpoint {
     key: Option<Vec<u8>>,
     /// listen(2)'s backlog and the connections waiting for accept (None: not listening).
     pub listening: Option<(usize, VecDeque<Connection>)>,
+    /// IPV6_V6ONLY: an AF_INET6 socket bound to the wildcard takes IPv4 connections too
+    /// unless it is set (it is not by default, as on Linux).
+    pub v6only: bool,
 }
 
 /// A connection waiting on a listener: the server's end and its (local, peer) addresses.
@@ -141,6 +144,9 @@ pub struct Description {
     /// A socket's SO_LINGER timeout in seconds while it is on: zero makes its close reset an
     /// Internet connection, as TCP's RST (`FdTable::reset_peer`).
     pub linger: Option<u32>,
+    /// A socket's boolean options that only read back (SO_REUSEADDR and the like), one bit
+    /// each (`syscalls/sockets.rs`).
+    pub socket_options: u8,
     refs: u32,
 }
 
@@ -152,6 +158,7 @@ impl Description {
             offset: 0,
             contents: None,
             linger: None,
+            socket_options: 0,
             refs: 0,
         }
     }
@@ -207,6 +214,10 @@ pub struct Pipe {
     shut_read: bool,
     /// Bytes it holds at most (F_SETPIPE_SZ): a power of two of at least a page.
     capacity: usize,
+    /// A TCP connection's direction whose reader has not closed yet, or closed and was not
+    /// written to since: a write after the reader's close is taken (and dropped) once, as
+    /// Linux's first send after the peer's FIN is, before the peer's reset comes back.
+    send_after_close: bool,
 }
 
 impl Default for Pipe {
@@ -218,8 +229,14 @@ impl Default for Pipe {
             writers: 0,
             shut_read: false,
             capacity: PIPE_CAPACITY,
+            send_after_close: false,
         }
     }
+}
+
+/// Whether a socket name is an Internet address (not AF_UNIX's).
+fn is_internet_name(name: &[u8]) -> bool {
+    name.len() >= 2 && i32::from(u16::from_le_bytes([name[0], name[1]])) != libc::AF_UNIX
 }
 
 /// Why a pipe transfer did not happen.
@@ -268,6 +285,9 @@ impl Pipe {
     pub fn write(&mut self, data: &[u8]) -> Result<usize, PipeError> {
         if data.is_empty() {
             return Ok(0);
+        }
+        if self.readers == 0 && std::mem::take(&mut self.send_after_close) {
+            return Ok(data.len());
         }
         if self.readers == 0 || self.shut_read {
             return Err(PipeError::NoReader);
@@ -950,6 +970,7 @@ impl FdTable {
                 name: None,
                 key: None,
                 listening: None,
+                v6only: false,
             },
         );
         Description::new(Object::Endpoint(index), O_RDWR | (flags & O_NONBLOCK))
@@ -959,6 +980,13 @@ impl FdTable {
         self.endpoints
             .get(index)
             .and_then(|e| e.as_ref())
+            .ok_or(Errno::EBADF)
+    }
+
+    pub fn endpoint_mut(&mut self, index: usize) -> Result<&mut Endpoint, Errno> {
+        self.endpoints
+            .get_mut(index)
+            .and_then(|e| e.as_mut())
             .ok_or(Errno::EBADF)
     }
 
@@ -973,7 +1001,7 @@ impl FdTable {
                 .descriptions
                 .iter()
                 .flatten()
-                .any(|d| d.linger.is_some())
+                .any(|d| d.linger.is_some() || d.socket_options != 0)
     }
 
     /// Creates an Internet socket's description, not yet installed.
@@ -1105,13 +1133,15 @@ impl FdTable {
 
     /// connect(2) of the endpoint at `fd` to listener `listener`: a socketpair (a datagram one
     /// for SOCK_SEQPACKET) whose one end replaces the endpoint and whose other waits on the
-    /// listener; `names` are the client's (local, peer) addresses. EAGAIN when the backlog is
+    /// listener; `names` are the client's (local, peer) addresses, `server_names` the
+    /// accepted end's (None: the client's the other way round). EAGAIN when the backlog is
     /// full.
     pub fn connect(
         &mut self,
         fd: u64,
         listener: usize,
         names: (Vec<u8>, Vec<u8>),
+        server_names: Option<(Vec<u8>, Vec<u8>)>,
     ) -> Result<(), Errno> {
         let Object::Endpoint(own) = self.get(fd)?.object else {
             return Err(Errno::EISCONN);
@@ -1135,7 +1165,12 @@ impl FdTable {
             unreachable!("new_socketpair makes sockets")
         };
         let (client_rx, server_rx) = (*client_rx, *server_rx);
-        let server_names = (names.1.clone(), names.0.clone());
+        if is_internet_name(&names.0) {
+            for rx in [client_rx, server_rx] {
+                self.pipe_mut(rx)?.send_after_close = true;
+            }
+        }
+        let server_names = server_names.unwrap_or_else(|| (names.1.clone(), names.0.clone()));
         self.socket_names.insert(client_rx, names);
         self.socket_names.insert(server_rx, server_names.clone());
         if let Some(Some(Endpoint {
@@ -1241,9 +1276,10 @@ impl FdTable {
         else {
             return;
         };
-        let internet = self.socket_names.get(&rx).is_some_and(|(local, _)| {
-            local.len() >= 2 && i32::from(u16::from_le_bytes([local[0], local[1]])) != libc::AF_UNIX
-        });
+        let internet = self
+            .socket_names
+            .get(&rx)
+            .is_some_and(|(local, _)| is_internet_name(local));
         let peer_reads = self
             .pipes
             .get(tx)
@@ -1251,6 +1287,10 @@ impl FdTable {
             .is_some_and(|p| p.readers > 0);
         if d.linger == Some(0) && internet && peer_reads {
             self.resets.insert(tx, true);
+            // The peer's sends fail at once: its connection was reset.
+            if let Some(Some(incoming)) = self.pipes.get_mut(rx) {
+                incoming.send_after_close = false;
+            }
         }
     }
 
@@ -1760,6 +1800,7 @@ impl FdTable {
                 offset,
                 contents,
                 linger: None,
+                socket_options: 0,
                 refs: d.u32("description refs")?,
             })
         })?;
@@ -1784,6 +1825,8 @@ impl FdTable {
                 writers,
                 shut_read,
                 capacity,
+                // Internet connections are never in a snapshot (`has_addressed_sockets`).
+                send_after_close: false,
             })
         })?;
         let held: usize = pipes.iter().flatten().map(Pipe::capacity).sum();

@@ -407,12 +407,20 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     };
     let abstract_name = address.key.get(1) == Some(&0);
     let seqpacket = proc.fds.endpoint(index)?.seqpacket;
+    let dual_stack = match (family, address.port) {
+        (AF_INET, Some(port)) if proc.fds.listener(&address.key).is_none() => {
+            dual_stack_listener(proc, port)
+        }
+        _ => None,
+    };
     // A listener of the other type: abstract names are apart per type, paths are shared.
-    let listener = proc.fds.listener(&address.key).filter(|&l| {
-        proc.fds
-            .endpoint(l)
-            .is_ok_and(|e| e.seqpacket == seqpacket || !abstract_name)
-    });
+    let listener = dual_stack
+        .or_else(|| proc.fds.listener(&address.key))
+        .filter(|&l| {
+            proc.fds
+                .endpoint(l)
+                .is_ok_and(|e| e.seqpacket == seqpacket || !abstract_name)
+        });
     let Some(listener) = listener else {
         return Err(if family != AF_UNIX || abstract_name {
             Errno::ECONNREFUSED
@@ -430,14 +438,48 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         (AF_UNIX, None) => AF_UNIX.to_le_bytes().to_vec(),
         (_, None) => loopback_name(family, proc.fds.ephemeral_port(|p| inet_key(family, p))?),
     };
+    if dual_stack.is_some() {
+        // The client sees the IPv4 address it connected to, the server IPv4-mapped ones.
+        let peer = address.name;
+        let server_names = (v4_mapped(&peer), v4_mapped(&local));
+        proc.fds
+            .connect(fd_arg(args[0]), listener, (local, peer), Some(server_names))?;
+        return value(0);
+    }
     let peer = proc
         .fds
         .endpoint(listener)?
         .name
         .clone()
         .unwrap_or_default();
-    proc.fds.connect(fd_arg(args[0]), listener, (local, peer))?;
+    proc.fds
+        .connect(fd_arg(args[0]), listener, (local, peer), None)?;
     value(0)
+}
+
+/// The AF_INET6 listener at `port` that takes an IPv4 connection no AF_INET one listens for:
+/// bound to the wildcard without IPV6_V6ONLY, as Linux's dual stack has it.
+fn dual_stack_listener(proc: &GuestProcess, port: u16) -> Option<usize> {
+    let listener = proc.fds.listener(&inet_key(AF_INET6, port))?;
+    let endpoint = proc.fds.endpoint(listener).ok()?;
+    let wildcard = endpoint
+        .name
+        .as_ref()
+        .and_then(|name| name.get(8..24))
+        .is_some_and(|ip| ip.iter().all(|&b| b == 0));
+    (wildcard && !endpoint.v6only).then_some(listener)
+}
+
+/// An AF_INET sockaddr as the IPv4-mapped AF_INET6 one an AF_INET6 socket reads.
+fn v4_mapped(name: &[u8]) -> Vec<u8> {
+    let mut mapped = AF_INET6.to_le_bytes().to_vec();
+    mapped.extend_from_slice(&name[2..4]);
+    mapped.extend_from_slice(&[0; 4]); // flow info
+    mapped.extend_from_slice(&[0; 10]);
+    mapped.extend_from_slice(&[0xff, 0xff]);
+    mapped.extend_from_slice(&name[4..8]);
+    mapped.extend_from_slice(&[0; 4]); // scope id
+    mapped
 }
 
 /// accept(fd, addr, addrlen) and accept4(fd, addr, addrlen, flags): waits for a connection

@@ -19,12 +19,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::ancillary::{self, Outgoing};
+use super::control::{messages, read_control, read_msghdr, Reply};
 use super::loopback;
 use super::{
     check_iovecs, fd_arg, iovec_total, nonblocking_call, scatter, value, wait_ready_on,
     write_source_name, SysResult, SyscallOutcome, UserMemory, MSG_PEEK,
 };
 use crate::errno::Errno;
+use crate::net::loopback::IpHeader;
 use crate::net::{canonical, dns, host, Connection, HostSocket, InetSocket, Lookup, RESOLVER};
 use crate::process::{GuestProcess, Object, O_NONBLOCK};
 use crate::status::RunStatus;
@@ -300,12 +303,14 @@ pub(super) fn bind(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
 }
 
 /// What a receive got: the bytes, the message's whole length (a datagram may be longer than
-/// the buffer: MSG_TRUNC) and where it came from.
+/// the buffer: MSG_TRUNC), where it came from, and a datagram of the VM's loopback its IP
+/// header's fields.
 pub(super) struct Received {
     pub data: Vec<u8>,
     pub full: usize,
     pub from: Option<SocketAddr>,
     pub ipv6: bool,
+    pub header: Option<IpHeader>,
 }
 
 /// A receive's end: bytes, or what the thread does instead (waits, or the run ends).
@@ -354,6 +359,7 @@ pub(super) fn receive(
             full,
             from: None,
             ipv6,
+            header: None,
         }))
     };
     if socket.shut_read {
@@ -455,15 +461,15 @@ fn receive_datagram(
     } else {
         socket.answers.pop_front()
     };
-    let message = answer.map(|a| (a, RESOLVER)).or_else(|| {
+    let message = answer.map(|a| (a, RESOLVER, None)).or_else(|| {
         let datagram = if peek {
             socket.inbox.front().cloned()
         } else {
             socket.inbox.pop()
         };
-        datagram.map(|d| (d.data, d.from))
+        datagram.map(|d| (d.data, d.envelope.source, Some(d.envelope)))
     });
-    if let Some((mut message, from)) = message {
+    if let Some((mut message, from, header)) = message {
         let full = message.len();
         message.truncate(max);
         return Ok(Receive::Got(Received {
@@ -471,6 +477,7 @@ fn receive_datagram(
             full,
             from: Some(from),
             ipv6,
+            header,
         }));
     }
     let mut interest: Vec<(i32, i16)> = socket
@@ -506,6 +513,7 @@ fn receive_datagram(
                     full,
                     from,
                     ipv6,
+                    header: None,
                 }));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => interest.push((host.raw(), POLLIN)),
@@ -515,21 +523,21 @@ fn receive_datagram(
     wait_or_again(proc, nonblocking, interest).map(Receive::Outcome)
 }
 
-/// Sends `data` on socket `index` (to `dest`, or its peer); the count sent, or what the
-/// thread does instead.
+/// Sends `data` on socket `index` (to `dest`, or its peer) with what a sendmsg's control
+/// messages set for a datagram (`outgoing`); the count sent, or what the thread does instead.
 pub(super) fn send(
     proc: &mut GuestProcess,
     index: usize,
     data: &[u8],
     dest: Option<SocketAddr>,
-    nonblocking: bool,
+    (nonblocking, outgoing): (bool, &Outgoing),
 ) -> SysResult {
     let socket = proc.fds.inet(index)?;
     if socket.shut_write {
         return Err(Errno::EPIPE);
     }
     if !socket.stream {
-        return send_datagram(proc, index, data, dest);
+        return send_datagram(proc, index, data, dest, outgoing);
     }
     if dest.is_some() {
         return Err(Errno::EISCONN);
@@ -566,6 +574,7 @@ fn send_datagram(
     index: usize,
     data: &[u8],
     dest: Option<SocketAddr>,
+    outgoing: &Outgoing,
 ) -> SysResult {
     let socket = proc.fds.inet(index)?;
     let ipv6 = socket.ipv6;
@@ -582,7 +591,7 @@ fn send_datagram(
         if socket.peer.is_some() {
             loopback::take_refused(proc, index)?;
         }
-        return value(loopback::send(proc, index, data, dest, connected)? as u64);
+        return value(loopback::send(proc, index, data, dest, connected, outgoing)? as u64);
     }
     outside(proc, index, dest)?;
     if data.len() as u64 > proc.net.bytes_left() {
@@ -807,7 +816,8 @@ const HOST_OPTIONS: &[(i32, i32)] = &[
 ];
 
 /// getsockopt of Internet socket `index`: the socket's kind, its pending error (a connect
-/// that failed), and the int options of `HOST_OPTIONS`, read from the host socket.
+/// that failed), a datagram socket's IP-level options (ancillary.rs), and the int options of
+/// `HOST_OPTIONS`, read from the host socket.
 pub(super) fn option(
     proc: &mut GuestProcess,
     index: usize,
@@ -816,6 +826,9 @@ pub(super) fn option(
 ) -> Result<u32, Errno> {
     let socket = proc.fds.inet(index)?;
     let (stream, ipv6) = (socket.stream, socket.ipv6);
+    if !stream && ancillary::is_option(level, name) {
+        return ancillary::get(&socket.ip, ipv6, level, name);
+    }
     Ok(match (level, name) {
         (SOL_SOCKET, 3) => {
             if stream {
@@ -857,15 +870,24 @@ pub(super) fn option(
     })
 }
 
-/// setsockopt of Internet socket `index`: the int options of `HOST_OPTIONS`, set on the host
-/// socket (accepted and not kept before there is one).
+/// setsockopt of Internet socket `index` to the value in `raw` (optval's first bytes, at
+/// most 4): a datagram socket's IP-level options (ancillary.rs), and the int options of
+/// `HOST_OPTIONS`, set on the host socket (accepted and not kept before there is one).
 pub(super) fn set_option(
-    proc: &GuestProcess,
+    proc: &mut GuestProcess,
     index: usize,
     level: i32,
     name: i32,
-    value: i32,
+    raw: &[u8],
 ) -> Result<(), Errno> {
+    let socket = proc.fds.inet_mut(index)?;
+    if !socket.stream && ancillary::is_option(level, name) {
+        return ancillary::set(&mut socket.ip, socket.ipv6, level, name, raw);
+    }
+    let [a, b, c, d] = *raw else {
+        return Err(Errno::EINVAL);
+    };
+    let value = i32::from_le_bytes([a, b, c, d]);
     if IGNORED_OPTIONS.contains(&(level, name)) {
         return Ok(());
     }
@@ -911,7 +933,13 @@ pub(super) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     let dest = destination(proc, user, index, dest, dest_len)?;
     let data = user.read_vec(buf, len.min(MAX_TRANSFER as u64))?;
-    send(proc, index, &data, dest, nonblocking)
+    send(
+        proc,
+        index,
+        &data,
+        dest,
+        (nonblocking, &Outgoing::default()),
+    )
 }
 
 /// Writes a received message's source to a sockaddr buffer and its length (if asked for).
@@ -978,24 +1006,6 @@ pub(super) fn recvfrom(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
     }
 }
 
-/// The fields of a `struct msghdr` the calls here read.
-struct MessageHeader {
-    name: u64,
-    namelen: u64,
-    iovecs: Vec<(u64, u64)>,
-    controllen: u64,
-}
-
-fn read_msghdr(user: &UserMemory, msg: u64) -> Result<MessageHeader, Errno> {
-    let (iov, iovlen) = (user.read_u64(msg + 16)?, user.read_u64(msg + 24)?);
-    Ok(MessageHeader {
-        name: user.read_u64(msg)?,
-        namelen: u64::from(user.read_u32(msg + 8)?),
-        iovecs: user.read_iovecs(iov, iovlen)?,
-        controllen: user.read_u64(msg + 40)?,
-    })
-}
-
 /// The bytes of `iovecs` gathered, at most `MAX_TRANSFER`.
 fn gather(user: &UserMemory, iovecs: &[(u64, u64)]) -> Result<Vec<u8>, Errno> {
     let mut data = Vec::new();
@@ -1018,11 +1028,18 @@ pub(super) fn write(
     nonblocking: bool,
 ) -> SysResult {
     let data = gather(user, iovecs)?;
-    send(proc, index, &data, None, nonblocking)
+    send(
+        proc,
+        index,
+        &data,
+        None,
+        (nonblocking, &Outgoing::default()),
+    )
 }
 
-/// sendmsg(fd, msg, flags): the iovecs as one message (one datagram); control data is
-/// EOPNOTSUPP.
+/// sendmsg(fd, msg, flags): the iovecs as one message (one datagram), with the control
+/// messages of ancillary.rs on a datagram socket (on a stream socket: checked, and those of
+/// the IP levels ignored, as Linux's TCP does).
 pub(super) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, msg, flags, ..] = args;
     let (index, nonblocking) = inet_at(proc, fd_arg(fd))?;
@@ -1038,12 +1055,21 @@ fn send_message(
     nonblocking: bool,
 ) -> SysResult {
     let header = read_msghdr(user, msg)?;
-    if header.controllen != 0 {
-        return Err(Errno::EOPNOTSUPP);
-    }
-    let dest = destination(proc, user, index, header.name, header.namelen)?;
+    let (name, namelen) = header.name.unwrap_or((0, 0));
+    let dest = destination(proc, user, index, name, u64::from(namelen))?;
+    let control = read_control(user, &header)?;
+    let messages = messages(&control)?;
+    let socket = proc.fds.inet(index)?;
+    let outgoing = match dest.or(socket.peer) {
+        _ if socket.stream => {
+            ancillary::outgoing_stream(&messages)?;
+            Outgoing::default()
+        }
+        Some(to) => ancillary::outgoing(&messages, ancillary::route(socket.ipv6, to))?,
+        None => Outgoing::default(),
+    };
     let data = gather(user, &header.iovecs)?;
-    send(proc, index, &data, dest, nonblocking)
+    send(proc, index, &data, dest, (nonblocking, &outgoing))
 }
 
 /// sendmmsg(fd, msgvec, vlen, flags): each message in turn (glibc's resolver sends its A and
@@ -1072,27 +1098,33 @@ pub(super) fn sendmmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6
 }
 
 /// recvmsg(fd, msg, flags): one receive scattered over the iovecs; the source in msg_name,
-/// MSG_TRUNC in msg_flags when a datagram was longer; no control data.
+/// MSG_TRUNC in msg_flags when a datagram was longer; the control messages a datagram
+/// socket's options ask for (ancillary.rs) of a datagram of the VM's loopback.
 pub(super) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, msg, flags, ..] = args;
     let (index, nonblocking) = inet_at(proc, fd_arg(fd))?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
-    let MessageHeader { name, iovecs, .. } = read_msghdr(user, msg)?;
+    let header = read_msghdr(user, msg)?;
     let peek = flags & MSG_PEEK != 0;
-    let received = match receive_into(proc, user, index, &iovecs, peek, nonblocking)? {
+    let received = match receive_into(proc, user, index, &header.iovecs, peek, nonblocking)? {
         Receive::Outcome(outcome) => return Ok(outcome),
         Receive::Got(received) => received,
     };
+    let name = user.read_u64(msg)?;
     if name != 0 {
         write_source(user, (name, msg + 8), &received)?;
     }
-    user.write_u64(msg + 40, 0)?;
+    let mut reply = Reply::new(&header);
+    if let Some(ip_header) = &received.header {
+        let socket = proc.fds.inet(index)?;
+        ancillary::received(&socket.ip, socket.ipv6, ip_header, &mut reply);
+    }
     let truncated = if received.full > received.data.len() {
         MSG_TRUNC
     } else {
         0
     };
-    user.write_u32(msg + 48, truncated as u32)?;
+    reply.write(user, &header, msg, truncated as u32)?;
     let n = if flags & MSG_TRUNC != 0 {
         received.full
     } else {

@@ -4,11 +4,14 @@
 //! its port (`net::loopback`), whichever process of the tree holds it. No host socket, no
 //! policy check, no network usage. A datagram nobody is bound for is dropped; on a connected
 //! socket the next call then fails ECONNREFUSED, as Linux reports the ICMP error it gets.
+//! Each datagram keeps the fields of its IP header a receiver may ask for (ancillary.rs).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use super::ancillary::{self, Outgoing};
 use crate::errno::Errno;
 use crate::net::canonical;
+use crate::net::loopback::IpHeader;
 use crate::process::GuestProcess;
 
 /// Whether `addr` is on the VM's loopback: a loopback address or the wildcard (which means
@@ -88,18 +91,37 @@ fn takes(bound: SocketAddr, peer: Option<SocketAddr>, dest: SocketAddr, from: So
     to_address && peer.is_none_or(|p| canonical(p) == canonical(from))
 }
 
-/// Sends `data` from datagram socket `index` to loopback `dest`; `connected`: to its peer
-/// (a datagram nobody takes then makes the next call fail ECONNREFUSED).
+/// Sends `data` from datagram socket `index` to loopback `dest`, with what a
+/// sendmsg's control messages set (`outgoing`); `connected`: to its peer (a datagram nobody
+/// takes then makes the next call fail ECONNREFUSED).
 pub(super) fn send(
     proc: &mut GuestProcess,
     index: usize,
     data: &[u8],
     dest: SocketAddr,
     connected: bool,
+    outgoing: &Outgoing,
 ) -> Result<usize, Errno> {
-    let from = source(proc, index)?;
+    let mut from = source(proc, index)?;
+    if let Some(ip) = outgoing.source {
+        from.set_ip(ip);
+    }
     let socket = proc.fds.inet(index)?;
     let (ipv6, lite) = (socket.ipv6, socket.lite);
+    let route = ancillary::route(ipv6, dest);
+    let (hop_limit, traffic_class) = ancillary::sent_fields(&socket.ip, route, outgoing);
+    // A datagram to the wildcard goes to the source's address, as Linux routes it.
+    let to = canonical(dest).ip();
+    let header = IpHeader {
+        source: from,
+        destination: if to.is_unspecified() {
+            canonical(from).ip()
+        } else {
+            to
+        },
+        hop_limit,
+        traffic_class,
+    };
     let receiver = proc
         .fds
         .datagram_receiver(ipv6, lite, dest.port())
@@ -111,7 +133,7 @@ pub(super) fn send(
     match receiver {
         // A full queue drops it, as Linux does past the receive buffer.
         Some(to) => {
-            proc.fds.inet_mut(to)?.inbox.push(from, data.to_vec());
+            proc.fds.inet_mut(to)?.inbox.push(header, data.to_vec());
         }
         None if connected => proc.fds.inet_mut(index)?.refused = true,
         None => {}

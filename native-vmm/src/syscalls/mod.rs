@@ -1,6 +1,8 @@
 //! The Linux system-call layer: one table (table.rs) mapping numbers to handlers, grouped by
 //! area: files (fds, paths, pipes, output), fifo (mknod, FIFOs), sockets (in-memory socketpairs; Internet sockets
-//! whose traffic leaves the VM in inet.rs), poll and epoll (readiness), eventfd, memory, ids
+//! whose traffic leaves the VM in inet.rs; sendmsg and recvmsg's control messages in control.rs,
+//! the IP options of UDP sockets and the control messages that carry them in ancillary.rs),
+//! poll and epoll (readiness), eventfd, memory, ids
 //! (process identity), threads (clone, exit, thread ids, yield), futex, time, signals, memfd
 //! (memory files and their seals), xattr (extended attributes), and misc
 //! (system information, randomness, limits).
@@ -11,6 +13,8 @@
 
 mod addresses;
 pub(crate) mod agent;
+mod ancillary;
+mod control;
 mod epoll;
 mod eventfd;
 mod fifo;

@@ -5,13 +5,15 @@
 //! Its ends read and write like pipes (files.rs), plus the calls below. Any socket call on
 //! an fd that is not a socket is ENOTSOCK; a transfer on one not connected yet is ENOTCONN.
 //!
-//! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data:
-//! SCM_RIGHTS passes file descriptions between the processes of the tree (and within one), as
-//! Linux does; credentials (SCM_CREDENTIALS) are EOPNOTSUPP.
+//! A transfer that would block forever stops the run, as for pipes (files.rs). Ancillary data
+//! (control.rs lays it out): SCM_RIGHTS passes file descriptions between the processes of the
+//! tree (and within one), as Linux does; credentials (SCM_CREDENTIALS) are EOPNOTSUPP. The IP
+//! control messages of UDP sockets are ancillary.rs's.
 //! Internet sockets whose traffic leaves the VM are inet.rs's, AF_UNIX datagram sockets
 //! unix_datagram.rs's: each call here hands them over.
 
 use super::addresses::{datagram_destination, endpoint_name, write_truncated, AF_INET, AF_INET6};
+use super::control::{messages, read_control, read_msghdr, MessageHeader, Reply, CMSG_HEADER};
 use super::files::{
     fd_arg, read_channel, transfer_each, write_channel, write_channel_passing, MAX_IO,
 };
@@ -52,6 +54,7 @@ const ENOPROTOOPT: Errno = Errno(92);
 const EPROTONOSUPPORT: Errno = Errno(93);
 const ESOCKTNOSUPPORT: Errno = Errno(94);
 const EISCONN: Errno = Errno::EISCONN;
+const IPPROTO_IP: i32 = 0;
 const IPPROTO_TCP: u64 = 6;
 const IPPROTO_IPV6: u64 = 41;
 const IPV6_V6ONLY: u64 = 26;
@@ -236,94 +239,38 @@ fn peek(
     }
 }
 
-/// What sendmsg and recvmsg read of a `struct msghdr`: the name buffer (address 0 or length
-/// 0: none), the iovecs and the control buffer.
-struct MessageHeader {
-    name: Option<(u64, u32)>,
-    iovecs: Vec<(u64, u64)>,
-    control: u64,
-    controllen: u64,
-}
-
-fn read_msghdr(user: &UserMemory, msg: u64) -> Result<MessageHeader, Errno> {
-    let (name, namelen) = (user.read_u64(msg)?, user.read_u32(msg + 8)?);
-    let (iov, iovlen, control, controllen) = (
-        user.read_u64(msg + 16)?,
-        user.read_u64(msg + 24)?,
-        user.read_u64(msg + 32)?,
-        user.read_u64(msg + 40)?,
-    );
-    Ok(MessageHeader {
-        name: (name != 0 && namelen != 0).then_some((name, namelen)),
-        iovecs: user.read_iovecs(iov, iovlen)?,
-        control,
-        controllen,
-    })
-}
-
-/// `struct cmsghdr`: cmsg_len (u64), cmsg_level, cmsg_type (i32 each); data follows.
-const CMSG_HEADER: usize = 16;
 const SCM_RIGHTS: i32 = 1;
 const SCM_CREDENTIALS: i32 = 2;
-/// Control data sendmsg takes at most (Linux's default net.core.optmem_max): ENOBUFS past it.
-const MAX_CONTROL: u64 = 20480;
-const ENOBUFS: Errno = Errno(105);
-const MSG_CTRUNC: u32 = 0x8;
 const MSG_CMSG_CLOEXEC: u64 = 0x4000_0000;
 
-/// The fds sendmsg's control messages pass (SCM_RIGHTS, all of them in order). Each header is
-/// checked as Linux's CMSG_OK does (at least a header long, inside the buffer); a control
-/// buffer shorter than a header holds none; other levels than SOL_SOCKET are ignored.
+/// The fds sendmsg's control messages pass (SCM_RIGHTS, all of them in order); other levels
+/// than SOL_SOCKET are ignored.
 fn passed_fds(
     proc: &GuestProcess,
     user: &UserMemory,
-    control: u64,
-    len: u64,
+    header: &MessageHeader,
 ) -> Result<Vec<u64>, Errno> {
-    if len > MAX_CONTROL {
-        return Err(ENOBUFS);
-    }
-    if len < CMSG_HEADER as u64 {
-        return Ok(Vec::new());
-    }
-    let bytes = user.read_vec(control, len)?;
-    // The 8 bytes at `at`, zero past the end of the buffer.
-    let field = |at: usize| -> [u8; 8] {
-        let mut out = [0u8; 8];
-        let n = (bytes.len() - at).min(8);
-        out[..n].copy_from_slice(&bytes[at..at + n]);
-        out
-    };
-    let int = |at: usize| {
-        let [a, b, c, d, ..] = field(at);
-        i32::from_le_bytes([a, b, c, d])
-    };
+    let buffer = read_control(user, header)?;
     let mut fds = Vec::new();
-    let mut at = 0;
-    while bytes.len() - at >= CMSG_HEADER {
-        let cmsg_len = u64::from_le_bytes(field(at));
-        if cmsg_len < CMSG_HEADER as u64 || cmsg_len > (bytes.len() - at) as u64 {
-            return Err(Errno::EINVAL);
+    for message in messages(&buffer)? {
+        if u64::from(message.level.cast_unsigned()) != SOL_SOCKET {
+            continue;
         }
-        let cmsg_len = cmsg_len as usize;
-        if u64::from(int(at + 8).cast_unsigned()) == SOL_SOCKET {
-            match int(at + 12) {
-                SCM_RIGHTS => {
-                    if fds.len() + (cmsg_len - CMSG_HEADER) / 4 > MAX_PASSED_PER_MESSAGE {
-                        return Err(Errno::EINVAL);
-                    }
-                    for fd_at in (at + CMSG_HEADER..at + cmsg_len - 3).step_by(4) {
-                        let fd = u64::try_from(int(fd_at)).map_err(|_| Errno::EBADF)?;
-                        proc.fds.get(fd)?;
-                        fds.push(fd);
-                    }
+        match message.kind {
+            SCM_RIGHTS => {
+                if fds.len() + message.data.len() / 4 > MAX_PASSED_PER_MESSAGE {
+                    return Err(Errno::EINVAL);
                 }
-                SCM_CREDENTIALS => return Err(Errno::EOPNOTSUPP),
-                _ => return Err(Errno::EINVAL),
+                for raw in message.data.chunks_exact(4) {
+                    let raw = i32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]);
+                    let fd = u64::try_from(raw).map_err(|_| Errno::EBADF)?;
+                    proc.fds.get(fd)?;
+                    fds.push(fd);
+                }
             }
+            SCM_CREDENTIALS => return Err(Errno::EOPNOTSUPP),
+            _ => return Err(Errno::EINVAL),
         }
-        // The next header starts at the next 8-byte boundary (CMSG_NXTHDR).
-        at += cmsg_len.next_multiple_of(8).min(bytes.len() - at);
     }
     Ok(fds)
 }
@@ -338,7 +285,7 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     if let Some((index, nonblocking)) = unix_datagram::index_of(proc, fd_arg(fd)) {
         let nonblocking = nonblocking_call(flags, nonblocking)?;
         let header = read_msghdr(user, msg)?;
-        if !passed_fds(proc, user, header.control, header.controllen)?.is_empty() {
+        if !passed_fds(proc, user, &header)?.is_empty() {
             return Err(Errno::EOPNOTSUPP);
         }
         let dest = header.name.map(|(addr, len)| (addr, u64::from(len)));
@@ -351,7 +298,7 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     if header.name.is_some() {
         return Err(EISCONN);
     }
-    let mut fds = passed_fds(proc, user, header.control, header.controllen)?;
+    let mut fds = passed_fds(proc, user, &header)?;
     let tx = tx.ok_or(Errno::EPIPE)?;
     transfer_each(&header.iovecs, |base, len| {
         let data = user.read_vec(base, len.min(proc.fds.pipe(tx)?.capacity() as u64))?;
@@ -409,9 +356,8 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return Ok(peeked);
     }
     check_iovecs(user, &header.iovecs, MAX_IO)?;
-    let room = (header.controllen.min(MAX_CONTROL) as usize)
-        .checked_sub(CMSG_HEADER)
-        .map_or(0, |data| (data / 4).min(MAX_PASSED_PER_MESSAGE));
+    let mut reply = Reply::new(&header);
+    let room = (reply.data_room() / 4).min(MAX_PASSED_PER_MESSAGE);
     if room > 0 {
         user.check(header.control, (CMSG_HEADER + 4 * room) as u64)?;
     }
@@ -427,22 +373,18 @@ pub(crate) fn recvmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         .fds
         .receive(passed, room, flags & MSG_CMSG_CLOEXEC != 0);
     proc.release(None);
-    let mut controllen = 0;
     if !fds.is_empty() {
-        let cmsg_len = CMSG_HEADER + 4 * fds.len();
-        let mut cmsg = Vec::with_capacity(cmsg_len);
-        cmsg.extend_from_slice(&(cmsg_len as u64).to_le_bytes());
-        cmsg.extend_from_slice(&(SOL_SOCKET as u32).to_le_bytes());
-        cmsg.extend_from_slice(&(SCM_RIGHTS as u32).to_le_bytes());
-        for &fd in &fds {
-            cmsg.extend_from_slice(&(fd as u32).to_le_bytes());
-        }
-        user.write(header.control, &cmsg)?;
-        controllen = (cmsg_len.next_multiple_of(8) as u64).min(header.controllen);
+        let data: Vec<u8> = fds
+            .iter()
+            .flat_map(|&fd| (fd as u32).to_le_bytes())
+            .collect();
+        reply.put(SOL_SOCKET as i32, SCM_RIGHTS, &data);
+    }
+    if fds.len() < count {
+        reply.truncate();
     }
     user.write_u32(msg + 8, 0)?;
-    user.write_u64(msg + 40, controllen)?;
-    user.write_u32(msg + 48, if fds.len() < count { MSG_CTRUNC } else { 0 })?;
+    reply.write(user, &header, msg, 0)?;
     value(bytes.len() as u64)
 }
 
@@ -461,12 +403,25 @@ pub(crate) fn shutdown(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 
     value(0)
 }
 
-/// getsockopt(fd, level, name, value, len): the SOL_SOCKET options programs probe; anything
-/// else is ENOPROTOOPT.
+/// getsockopt(fd, level, name, value, len): the SOL_SOCKET options programs probe, those of
+/// `KEPT_OPTIONS` as set; anything else is ENOPROTOOPT.
 pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, level, name, optval, optlen, _] = args;
+    let kept = kept_bit((level, name))
+        .map(|bit| {
+            proc.fds
+                .get(fd_arg(fd))
+                .map(|d| d.socket_options & bit != 0)
+        })
+        .transpose()?;
     if let Some(index) = inet::index_of(proc, fd_arg(fd)) {
         let answer = inet::option(proc, index, level as i32, name as i32)?;
+        let answer = kept.map_or(answer, u32::from);
+        // IPv4's options fit a buffer shorter than an int in a byte, as Linux's do.
+        let room = user.read_u32(optlen)?.cast_signed();
+        if level as i32 == IPPROTO_IP && (1..4).contains(&room) && answer <= 0xff {
+            return write_truncated(user, optval, optlen, &[answer as u8]);
+        }
         return write_truncated(user, optval, optlen, &answer.to_le_bytes());
     }
     let (family, listening) = any_socket(proc, fd)?;
@@ -501,26 +456,27 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
                 0
             }
         }
-        (SOL_SOCKET, SO_ERROR | SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE) => 0,
-        // Options of TCP and IPv6 change nothing in memory: they read back as 0.
-        (IPPROTO_TCP, _) | (IPPROTO_IPV6, IPV6_V6ONLY) if internet => 0,
+        (SOL_SOCKET, SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE) => kept.map_or(0, u32::from),
+        (IPPROTO_IPV6, IPV6_V6ONLY) if internet => kept.map_or(0, u32::from),
+        (SOL_SOCKET, SO_ERROR) => 0,
+        // Options of TCP change nothing in memory: they read back as 0.
+        (IPPROTO_TCP, _) if internet => 0,
         _ => return Err(ENOPROTOOPT),
     };
     write_truncated(user, optval, optlen, &answer.to_le_bytes())
 }
 
 /// setsockopt(fd, level, name, value, len): options with no effect on in-memory channels are
-/// accepted (buffer sizes stay PIPE_CAPACITY; TCP's and IPV6_V6ONLY on Internet sockets);
+/// accepted (buffer sizes stay PIPE_CAPACITY; TCP's and IPV6_V6ONLY on Internet sockets), those
+/// of `KEPT_OPTIONS` kept to read back;
 /// SO_LINGER is kept (with a zero timeout an Internet connection's close resets it); timeouts
 /// and the rest are ENOPROTOOPT, since a receive timeout could not be honoured.
 pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [fd, level, name, optval, optlen, _] = args;
     if let Some(index) = inet::index_of(proc, fd_arg(fd)) {
-        if (optlen as u32) < 4 {
-            return Err(Errno::EINVAL);
-        }
-        let int = user.read_u32(optval)?.cast_signed();
-        inet::set_option(proc, index, level as i32, name as i32, int)?;
+        let raw = user.read_vec(optval, u64::from(optlen as u32).min(4))?;
+        inet::set_option(proc, index, level as i32, name as i32, &raw)?;
+        keep_option(proc, fd, (level, name), raw != [0; 4])?;
         return value(0);
     }
     let (family, _) = any_socket(proc, fd)?;
@@ -549,8 +505,50 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     if (optlen as u32) < 4 {
         return Err(Errno::EINVAL);
     }
-    user.read_u32(optval)?;
+    let on = user.read_u32(optval)? != 0;
+    keep_option(proc, fd, (level, name), on)?;
     value(0)
+}
+
+/// Boolean options kept on a socket's description only to read back as set: they change
+/// nothing in memory, and a host socket is given them as they are set (inet.rs). One bit each.
+const KEPT_OPTIONS: [(u64, u64); 4] = [
+    (SOL_SOCKET, SO_REUSEADDR),
+    (SOL_SOCKET, SO_REUSEPORT),
+    (SOL_SOCKET, SO_KEEPALIVE),
+    (IPPROTO_IPV6, IPV6_V6ONLY),
+];
+
+fn kept_bit((level, name): (u64, u64)) -> Option<u8> {
+    let option = (u64::from(level as u32), u64::from(name as u32));
+    KEPT_OPTIONS
+        .iter()
+        .position(|&kept| kept == option)
+        .map(|i| 1 << i)
+}
+
+/// Keeps option (level, name) `on` or off on the socket at `fd` if it is one of `KEPT_OPTIONS`;
+/// IPV6_V6ONLY also decides whether an unconnected socket takes IPv4 connections.
+fn keep_option(
+    proc: &mut GuestProcess,
+    fd: u64,
+    option: (u64, u64),
+    on: bool,
+) -> Result<(), Errno> {
+    if let Some(bit) = kept_bit(option) {
+        let description = proc.fds.get_mut(fd_arg(fd))?;
+        if on {
+            description.socket_options |= bit;
+        } else {
+            description.socket_options &= !bit;
+        }
+        let v6only = kept_bit((IPPROTO_IPV6, IPV6_V6ONLY)) == Some(bit);
+        if let (Object::Endpoint(index), true) = (&description.object, v6only) {
+            let index = *index;
+            proc.fds.endpoint_mut(index)?.v6only = on;
+        }
+    }
+    Ok(())
 }
 
 /// getsockname(fd, addr, addrlen): a socketpair's ends are unnamed.

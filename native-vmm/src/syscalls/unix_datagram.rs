@@ -170,7 +170,7 @@ pub(super) fn receive(
     };
     let full = datagram.data.len();
     scatter(user, iovecs, &datagram.data[..full.min(room)])?;
-    let from = datagram.from.clone();
+    let from = datagram.envelope.clone();
     if flags & MSG_PEEK == 0 {
         inbox.pop();
     }

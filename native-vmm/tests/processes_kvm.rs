@@ -865,6 +865,10 @@ for family, kind in [(socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_INET6, so
 with socket.create_server(("::1", 0), family=socket.AF_INET6, reuse_port=True) as server:
     print("create_server", server.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY),
           server.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT))
+# A TCP connection ignores the address sendto names.
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+print("sendto", c.sendto(b"to", ("127.0.0.1", 9)), s.recv(10))
 # An AF_INET6 listener on the wildcard takes IPv4 connections unless IPV6_V6ONLY is set.
 for v6only in [0, 1]:
     listener = socket.socket(socket.AF_INET6)
@@ -894,7 +898,8 @@ EOF"#,
     );
     assert!(
         printed.contains(
-            "dual stack 0 b'dual' ::ffff:127.0.0.1 True True True\ndual stack 1 refused\n"
+            "sendto 2 b'to'\ndual stack 0 b'dual' ::ffff:127.0.0.1 True True True\n\
+             dual stack 1 refused\n"
         ),
         "{printed}"
     );

@@ -539,9 +539,7 @@ pub(super) fn send(
     if !socket.stream {
         return send_datagram(proc, index, data, dest, outgoing);
     }
-    if dest.is_some() {
-        return Err(Errno::EISCONN);
-    }
+    // A TCP socket ignores a destination, as Linux's does.
     match socket.connection {
         Connection::None => return Err(Errno::ENOTCONN),
         Connection::Connecting { .. } => {

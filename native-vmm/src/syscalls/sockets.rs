@@ -146,7 +146,8 @@ pub(crate) fn socketpair(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     value(0)
 }
 
-/// sendto(fd, buf, len, flags, dest_addr, addrlen): a destination on a connected pair is EISCONN.
+/// sendto(fd, buf, len, flags, dest_addr, addrlen): a destination on a connected Unix socket is
+/// EISCONN; a TCP connection ignores it, as Linux's does.
 pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     if inet::index_of(proc, fd_arg(args[0])).is_some() {
         return inet::sendto(proc, user, args);
@@ -159,12 +160,18 @@ pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
         return send_datagram(proc, user, index, &iovecs, dest, nonblocking);
     }
     let (_, tx, nonblocking) = socket(proc, fd)?;
-    if addrlen as u32 != 0 {
+    if addrlen as u32 != 0 && refuses_destination(proc, fd)? {
         return Err(EISCONN);
     }
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     let tx = tx.ok_or(Errno::EPIPE)?;
     write_channel(proc, user, tx, buf, len, nonblocking)
+}
+
+/// Whether the connected stream socket at `fd` refuses a send naming a destination (EISCONN):
+/// a Unix one does, a TCP one ignores the address, as Linux's do.
+fn refuses_destination(proc: &GuestProcess, fd: u64) -> Result<bool, Errno> {
+    Ok(u64::from(any_socket(proc, fd)?.0) == AF_UNIX)
 }
 
 /// Sends the bytes of `iovecs` as one datagram from AF_UNIX datagram socket `index` to the
@@ -294,8 +301,7 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     let (_, tx, nonblocking) = socket(proc, fd)?;
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     let header = read_msghdr(user, msg)?;
-    // A connected stream socket takes no destination.
-    if header.name.is_some() {
+    if header.name.is_some() && refuses_destination(proc, fd)? {
         return Err(EISCONN);
     }
     let mut fds = passed_fds(proc, user, &header)?;

@@ -9,6 +9,7 @@ mod fds;
 mod memory_map;
 mod output;
 pub mod signals;
+pub mod terminal;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod threads;
@@ -361,6 +362,10 @@ impl GuestProcess {
         for node in self.fds.take_released_nodes() {
             self.config.vfs.close(node);
         }
+        for leader in self.fds.take_hangups() {
+            signals::send(self, leader, signals::SIGHUP);
+            signals::send(self, leader, signals::SIGCONT);
+        }
     }
 
     /// Bytes of guest memory given to the program now (mappings plus heap).
@@ -459,6 +464,9 @@ impl GuestProcess {
         }
         if self.fds.has_pidfds() {
             return Err("a pidfd is open");
+        }
+        if self.fds.has_terminals() {
+            return Err("a pseudo-terminal is open");
         }
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);

@@ -1,7 +1,9 @@
 //! The character devices every VM has at /dev, served by the VMM (never host device files):
 //! null (reads end of file, writes vanish), zero (reads zeros), random and urandom (reads fresh
 //! bytes from the host CSPRNG on every read, so forks of one template never share a stream;
-//! writes, which would feed entropy on Linux, are accepted and dropped).
+//! writes, which would feed entropy on Linux, are accepted and dropped); ptmx and tty, which
+//! the syscall layer opens as pseudo-terminal ends (`syscalls::terminal`), never read here;
+//! and the /dev/pts directory of the pseudo-terminals' slaves.
 
 use crate::errno::Errno;
 use crate::sys;
@@ -15,11 +17,33 @@ pub enum Device {
     Zero,
     Random,
     Urandom,
+    /// Opening it makes a new pseudo-terminal and gives its master.
+    Ptmx,
+    /// The caller's controlling terminal.
+    Tty,
+}
+
+/// The directory of pseudo-terminal slaves under /dev.
+pub(crate) const PTS_DIR: &[u8] = b"pts";
+/// Linux's major number of pseudo-terminal slaves (Unix98 ptys).
+const PTS_MAJOR: u64 = 136;
+
+/// st_rdev of /dev/pts/`n` (Linux's new_encode_dev).
+pub fn pts_rdev(n: u32) -> u64 {
+    let minor = u64::from(n);
+    (minor & 0xff) | (PTS_MAJOR << 8) | ((minor & !0xff) << 12)
 }
 
 impl Device {
     /// Every device, in /dev listing order.
-    pub const ALL: [Device; 4] = [Device::Null, Device::Random, Device::Urandom, Device::Zero];
+    pub const ALL: [Device; 6] = [
+        Device::Null,
+        Device::Ptmx,
+        Device::Random,
+        Device::Tty,
+        Device::Urandom,
+        Device::Zero,
+    ];
 
     pub fn name(self) -> &'static [u8] {
         match self {
@@ -27,6 +51,8 @@ impl Device {
             Device::Zero => b"zero",
             Device::Random => b"random",
             Device::Urandom => b"urandom",
+            Device::Ptmx => b"ptmx",
+            Device::Tty => b"tty",
         }
     }
 
@@ -34,15 +60,18 @@ impl Device {
         Device::ALL.into_iter().find(|d| d.name() == name)
     }
 
-    /// Linux's device number (major 1, "mem" devices), as st_rdev encodes it.
+    /// Linux's device number (major 1 for the "mem" devices, 5 for tty and ptmx), as
+    /// st_rdev encodes it.
     pub fn rdev(self) -> u64 {
-        let minor = match self {
-            Device::Null => 3,
-            Device::Zero => 5,
-            Device::Random => 8,
-            Device::Urandom => 9,
+        let (major, minor) = match self {
+            Device::Null => (1, 3),
+            Device::Zero => (1, 5),
+            Device::Random => (1, 8),
+            Device::Urandom => (1, 9),
+            Device::Tty => (5, 0),
+            Device::Ptmx => (5, 2),
         };
-        (1 << 8) | minor
+        (major << 8) | minor
     }
 
     /// A small stable number for snapshots and inode numbers.
@@ -52,6 +81,8 @@ impl Device {
             Device::Zero => 1,
             Device::Random => 2,
             Device::Urandom => 3,
+            Device::Ptmx => 4,
+            Device::Tty => 5,
         }
     }
 
@@ -71,6 +102,8 @@ impl Device {
                 sys::fill_random(buf).map_err(|_| Errno::EIO)?;
                 Ok(buf.len())
             }
+            // Opened as terminal ends, never as files.
+            Device::Ptmx | Device::Tty => Err(Errno::ENXIO),
         }
     }
 }

@@ -13,7 +13,8 @@
 //! * Extended attributes: `user.` ones on overlay files and directories, the other name spaces
 //!   as Linux answers an unprivileged process (xattr.rs).
 //! * `/dev` holds the character devices null, zero, random and urandom, served by the VMM
-//!   ([`Device`]).
+//!   ([`Device`]), ptmx and tty, opened as pseudo-terminal ends by the syscall layer, and the
+//!   `pts` directory of the pseudo-terminals in use.
 //!
 //! Nothing outside the image is visible: the VMM never opens host paths for the guest.
 //! Every operation takes guest bytes (paths, names) as untrusted and answers with an `Errno`.

@@ -147,6 +147,10 @@ pub trait ProcessView {
     fn cwd(&self, pid: u32) -> Option<Node>;
     /// The program's path in the image.
     fn exe(&self, pid: u32) -> Vec<u8>;
+    /// The pseudo-terminals in use (/dev/pts lists their slaves).
+    fn terminals(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// The view of no program (host-side lookups such as the daemon's): /proc holds process 1

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::errno::Errno;
 
-use super::devices::{Device, DEV_DIR};
+use super::devices::{pts_rdev, Device, DEV_DIR, PTS_DIR};
 use super::file_data::FileData;
 use super::image::{Image, ImageKind};
 use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
@@ -32,6 +32,10 @@ enum NodeId {
     /// The synthetic /dev directory and its devices (devices.rs).
     DevDir,
     Device(Device),
+    /// /dev/pts and the slave of pseudo-terminal N in it (listed while it is in use:
+    /// `ProcessView::terminals`).
+    PtsDir,
+    Pts(u32),
     /// The synthetic /proc (procfs.rs).
     Proc(ProcNode),
 }
@@ -246,8 +250,8 @@ impl Vfs {
                     read_only: true,
                 }
             }
-            NodeId::DevDir | NodeId::Device(_) => {
-                let files = 1 + Device::ALL.len() as u64;
+            NodeId::DevDir | NodeId::Device(_) | NodeId::PtsDir | NodeId::Pts(_) => {
+                let files = 2 + Device::ALL.len() as u64;
                 FsStats {
                     magic: TMPFS_MAGIC,
                     block_size: block,
@@ -389,8 +393,8 @@ impl Vfs {
         match node.0 {
             NodeId::Image(i) => Ok(self.image_node(i)?.file_kind()),
             NodeId::Overlay(id) => Ok(self.overlay.get(id)?.file_kind()),
-            NodeId::DevDir => Ok(FileKind::Directory),
-            NodeId::Device(_) => Ok(FileKind::CharDevice),
+            NodeId::DevDir | NodeId::PtsDir => Ok(FileKind::Directory),
+            NodeId::Device(_) | NodeId::Pts(_) => Ok(FileKind::CharDevice),
             NodeId::Proc(p) => Ok(p.kind()),
         }
     }
@@ -409,6 +413,24 @@ impl Vfs {
             NodeId::Device(device) => Some(device),
             _ => None,
         }
+    }
+
+    /// The pseudo-terminal whose slave a node is (/dev/pts/N), if it is one.
+    pub fn pts(&self, node: Node) -> Option<u32> {
+        match node.0 {
+            NodeId::Pts(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// /dev/pts/N's node (whether terminal N is in use is the caller's to know).
+    pub fn pts_node(n: u32) -> Node {
+        Node(NodeId::Pts(n))
+    }
+
+    /// The node of one of /dev's devices.
+    pub fn device_node(device: Device) -> Node {
+        Node(NodeId::Device(device))
     }
 
     pub fn stat(&self, node: Node) -> Result<Stat, Errno> {
@@ -474,6 +496,9 @@ impl Vfs {
                     .count(),
             ),
             NodeId::Device(_) => (ino(node), FileKind::CharDevice, 0o666, 0, OVERLAY_TIME, 0),
+            NodeId::PtsDir => (ino(node), FileKind::Directory, 0o755, 0, OVERLAY_TIME, 0),
+            // A slave is its user's, writable by the tty group, as devpts makes it.
+            NodeId::Pts(_) => (ino(node), FileKind::CharDevice, 0o620, 0, OVERLAY_TIME, 0),
             // /proc's files read as size 0 (they are made when read); nlink 2 for every
             // directory (its subdirectories change as threads come and go).
             NodeId::Proc(p) => {
@@ -506,7 +531,10 @@ impl Vfs {
             } else {
                 0
             },
-            rdev: self.device(node).map_or(0, Device::rdev),
+            rdev: match node.0 {
+                NodeId::Pts(n) => pts_rdev(n),
+                _ => self.device(node).map_or(0, Device::rdev),
+            },
             size,
             blksize: BLOCK_SIZE,
             blocks: size.div_ceil(512),
@@ -524,7 +552,7 @@ impl Vfs {
     /// image, /dev and the rest of /proc are root's.
     fn owned_by_guest(&self, node: Node) -> bool {
         match node.0 {
-            NodeId::Overlay(_) => true,
+            NodeId::Overlay(_) | NodeId::Pts(_) => true,
             NodeId::Proc(p) => p.of_process(),
             _ => false,
         }
@@ -545,9 +573,9 @@ impl Vfs {
                 OverlayKind::Symlink(_) => Err(Errno::EINVAL),
                 OverlayKind::Socket | OverlayKind::Fifo => Err(Errno::ENXIO),
             },
-            NodeId::DevDir => Err(Errno::EISDIR),
+            NodeId::DevDir | NodeId::PtsDir => Err(Errno::EISDIR),
             // A /proc file's bytes are rendered per open (syscalls::procfs), not kept here.
-            NodeId::Device(_) | NodeId::Proc(_) => Err(Errno::ENODEV),
+            NodeId::Device(_) | NodeId::Pts(_) | NodeId::Proc(_) => Err(Errno::ENODEV),
         }
     }
 
@@ -664,7 +692,8 @@ impl Vfs {
             holder: match node.0 {
                 NodeId::Overlay(_) => Holder::Stored,
                 NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) => Holder::Empty,
-                NodeId::Proc(_) => Holder::Unsupported,
+                // devpts, like procfs, keeps no attributes.
+                NodeId::Proc(_) | NodeId::PtsDir | NodeId::Pts(_) => Holder::Unsupported,
             },
         })
     }
@@ -741,11 +770,17 @@ impl Vfs {
                 for device in Device::ALL {
                     named.insert(device.name().to_vec(), Node(NodeId::Device(device)));
                 }
+                named.insert(PTS_DIR.to_vec(), Node(NodeId::PtsDir));
                 for m in self.mounts.iter().filter(|m| m.parent == MountParent::Dev) {
                     named.insert(m.name.clone(), Node(NodeId::Overlay(m.root)));
                 }
             }
-            NodeId::Device(_) => {}
+            NodeId::PtsDir => {
+                for n in view.terminals() {
+                    named.insert(n.to_string().into_bytes(), Node(NodeId::Pts(n)));
+                }
+            }
+            NodeId::Device(_) | NodeId::Pts(_) => {}
             // Listed in /proc's own order (the pid before the names), not sorted by name.
             NodeId::Proc(p) => {
                 for (name, child) in p.entries(view) {
@@ -819,6 +854,8 @@ impl Vfs {
             }
             NodeId::DevDir => Ok([b"/", DEV_DIR].concat()),
             NodeId::Device(device) => Ok([b"/", DEV_DIR, b"/", device.name()].concat()),
+            NodeId::PtsDir => Ok([b"/", DEV_DIR, b"/", PTS_DIR].concat()),
+            NodeId::Pts(n) => Ok(format!("/dev/pts/{n}").into_bytes()),
             NodeId::Proc(p) => {
                 let mut names = Vec::new();
                 let mut cur = p;
@@ -860,7 +897,8 @@ impl Vfs {
     /// needs an execute bit on a non-directory and R_OK always passes.
     pub fn access(&self, node: Node, mode: u32) -> Result<(), Errno> {
         let stat = self.stat(node)?;
-        if mode & W_OK != 0 && matches!(node.0, NodeId::Image(_) | NodeId::DevDir) {
+        if mode & W_OK != 0 && matches!(node.0, NodeId::Image(_) | NodeId::DevDir | NodeId::PtsDir)
+        {
             return Err(Errno::EROFS);
         }
         if mode & W_OK != 0 && matches!(node.0, NodeId::Proc(_)) {
@@ -1085,10 +1123,8 @@ impl Vfs {
     /// The overlay id of a node that may be modified: EROFS for image nodes and /dev.
     fn overlay_id(&self, node: Node) -> Result<u64, Errno> {
         match node.0 {
-            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => {
-                Err(Errno::EROFS)
-            }
             NodeId::Overlay(id) => Ok(id),
+            _ => Err(Errno::EROFS),
         }
     }
 
@@ -1142,9 +1178,12 @@ impl Vfs {
     fn check_removable(&self, node: Node) -> Result<(), Errno> {
         match node.0 {
             NodeId::Overlay(id) if self.mounts.iter().any(|m| m.root == id) => Err(Errno::EBUSY),
-            NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::Proc(_) => {
-                Err(Errno::EROFS)
-            }
+            NodeId::Image(_)
+            | NodeId::DevDir
+            | NodeId::Device(_)
+            | NodeId::PtsDir
+            | NodeId::Pts(_)
+            | NodeId::Proc(_) => Err(Errno::EROFS),
             NodeId::Overlay(_) => Ok(()),
         }
     }
@@ -1173,6 +1212,9 @@ fn ino(node: Node) -> u64 {
         NodeId::Image(i) => u64::from(i) + 1,
         NodeId::DevDir => DEV_INO_BASE,
         NodeId::Device(device) => DEV_INO_BASE + 1 + u64::from(device.index()),
+        // Below /proc's base: /dev/pts/N from 1 << 29 past /dev's.
+        NodeId::PtsDir => DEV_INO_BASE + (1 << 29),
+        NodeId::Pts(n) => DEV_INO_BASE + (1 << 29) + 1 + u64::from(n),
         NodeId::Overlay(id) => OVERLAY_INO_BASE + id,
         // Codes fit below 2^37 (procfs.rs): far from the overlay's numbers.
         NodeId::Proc(p) => PROC_INO_BASE + p.code(),
@@ -1201,6 +1243,13 @@ impl Tree for Lookup<'_> {
             NodeId::Proc(p) if p.kind() == FileKind::Directory => {
                 Ok(p.child(self.view, name).map(|c| Node(NodeId::Proc(c))))
             }
+            // A slave's name is its number written as Linux writes it ("0", never "00").
+            NodeId::PtsDir => Ok(self
+                .view
+                .terminals()
+                .into_iter()
+                .find(|n| n.to_string().as_bytes() == name)
+                .map(|n| Node(NodeId::Pts(n)))),
             _ => self.vfs.child(dir, name),
         }
     }
@@ -1254,7 +1303,8 @@ impl Tree for Vfs {
                 },
             },
             NodeId::DevDir => Ok(Node::ROOT),
-            NodeId::Device(_) => Ok(Node(NodeId::DevDir)),
+            NodeId::Device(_) | NodeId::PtsDir => Ok(Node(NodeId::DevDir)),
+            NodeId::Pts(_) => Ok(Node(NodeId::PtsDir)),
             NodeId::Proc(p) => Ok(p
                 .parent()
                 .map_or(Node::ROOT, |parent| Node(NodeId::Proc(parent)))),
@@ -1291,9 +1341,12 @@ impl Tree for Vfs {
                 .find(|m| m.parent == MountParent::Dev && m.name == name)
             {
                 Some(m) => Ok(Some(Node(NodeId::Overlay(m.root)))),
+                None if name == PTS_DIR => Ok(Some(Node(NodeId::PtsDir))),
                 None => Ok(Device::by_name(name).map(|d| Node(NodeId::Device(d)))),
             },
-            NodeId::Device(_) => Err(Errno::ENOTDIR),
+            // Which slaves exist is the running program's to say (`Lookup`).
+            NodeId::PtsDir => Ok(None),
+            NodeId::Device(_) | NodeId::Pts(_) => Err(Errno::ENOTDIR),
             NodeId::Proc(p) if p.kind() == FileKind::Directory => {
                 Ok(p.child(&NoProcess, name).map(|c| Node(NodeId::Proc(c))))
             }
@@ -1315,7 +1368,9 @@ impl Tree for Vfs {
                 OverlayKind::Symlink(target) => Ok(target.clone()),
                 _ => Err(Errno::EINVAL),
             },
-            NodeId::DevDir | NodeId::Device(_) => Err(Errno::EINVAL),
+            NodeId::DevDir | NodeId::Device(_) | NodeId::PtsDir | NodeId::Pts(_) => {
+                Err(Errno::EINVAL)
+            }
             NodeId::Proc(_) => Lookup {
                 vfs: self,
                 view: &NoProcess,
@@ -1346,6 +1401,12 @@ impl Node {
             NodeId::Proc(p) => {
                 e.u8(4);
                 e.u64(p.code());
+            }
+            NodeId::PtsDir => e.u8(5),
+            // Only an open slave's description names one, and a snapshot holds none.
+            NodeId::Pts(n) => {
+                e.u8(6);
+                e.u32(n);
             }
         }
     }
@@ -1396,6 +1457,7 @@ impl Vfs {
                     || DecodeError::new(format!("proc node {code:#x}")),
                 )?))
             }
+            5 => Node(NodeId::PtsDir),
             t => return Err(DecodeError::new(format!("node tag {t}"))),
         };
         self.kind(node)
@@ -1926,8 +1988,11 @@ mod tests {
                 &b"."[..],
                 b"..",
                 b"null",
+                b"ptmx",
+                b"pts",
                 b"random",
                 b"shm",
+                b"tty",
                 b"urandom",
                 b"zero"
             ]

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::epoll::EpollSet;
 use super::output::Stream;
+use super::terminal::Terminal;
 use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::errno::Errno;
 use crate::fs::Node;
@@ -82,6 +83,10 @@ pub enum Object {
     /// A pidfd: the process it names, by pid (the tree never gives an id twice, so once that
     /// process is reaped the pidfd names none).
     Pidfd(u64),
+    /// The master (/dev/ptmx) or slave (/dev/pts/N) end of a pseudo-terminal (an index into
+    /// the table of them, which is also its N).
+    TerminalMaster(usize),
+    TerminalSlave(usize),
 }
 
 /// An AF_UNIX SOCK_DGRAM or connected SOCK_SEQPACKET socket: the datagrams sent to it, each
@@ -412,6 +417,10 @@ pub struct FdTable {
     released_nodes: Vec<Node>,
     /// The FIFOs in use.
     fifos: std::collections::HashMap<Node, Fifo>,
+    /// Pseudo-terminal pairs, while an end is open.
+    terminals: Vec<Option<Terminal>>,
+    /// See `take_hangups`.
+    hangups: Vec<u64>,
 }
 
 /// Linux's default ephemeral port range starts here.
@@ -437,6 +446,8 @@ impl FdTable {
             limit: FD_LIMIT,
             released_nodes: Vec::new(),
             fifos: Default::default(),
+            terminals: Vec::new(),
+            hangups: Vec::new(),
         };
         for (object, flags) in [
             (Object::Stdin, O_RDONLY),
@@ -1308,6 +1319,50 @@ impl FdTable {
     }
 
     /// Creates an epoll instance's description, not yet installed.
+    /// Opens a new pseudo-terminal's master (open of /dev/ptmx) at the lowest free fd.
+    pub fn open_terminal(&mut self, flags: u32, cloexec: bool) -> Result<u64, Errno> {
+        self.lowest_free(0)?;
+        let index = free_index(&mut self.terminals, Terminal::default());
+        self.install(
+            Description::new(Object::TerminalMaster(index), flags),
+            0,
+            cloexec,
+        )
+    }
+
+    pub fn terminal(&self, index: usize) -> Result<&Terminal, Errno> {
+        self.terminals
+            .get(index)
+            .and_then(Option::as_ref)
+            .ok_or(Errno::EIO)
+    }
+
+    pub fn terminal_mut(&mut self, index: usize) -> Result<&mut Terminal, Errno> {
+        self.terminals
+            .get_mut(index)
+            .and_then(Option::as_mut)
+            .ok_or(Errno::EIO)
+    }
+
+    /// The pseudo-terminals in use with their numbers (/dev/pts lists them).
+    pub fn terminals(&self) -> impl Iterator<Item = (usize, &Terminal)> + '_ {
+        self.terminals
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
+    }
+
+    /// Whether a pseudo-terminal is open (a template snapshot cannot hold one).
+    pub fn has_terminals(&self) -> bool {
+        self.terminals.iter().any(Option::is_some)
+    }
+
+    /// The sessions whose controlling terminal's master was closed since the last call: their
+    /// leaders get SIGHUP and SIGCONT (the caller sends them; the table has no processes).
+    pub fn take_hangups(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.hangups)
+    }
+
     pub fn new_epoll(&mut self) -> Description {
         Description::new(
             Object::Epoll(free_index(&mut self.epolls, EpollSet::default())),
@@ -1517,6 +1572,18 @@ impl FdTable {
             Object::PipeRead(i) => (Some(i), None),
             Object::PipeWrite(i) => (None, Some(i)),
             Object::Socket { rx, tx, .. } => (Some(rx), Some(tx)),
+            Object::TerminalMaster(i) => {
+                if let Some(t) = self.terminals[i].as_mut() {
+                    t.masters += 1;
+                }
+                return;
+            }
+            Object::TerminalSlave(i) => {
+                if let Some(t) = self.terminals[i].as_mut() {
+                    t.open_slave();
+                }
+                return;
+            }
             _ => return,
         };
         read.and_then(|i| self.pipes[i].as_mut())
@@ -1561,6 +1628,10 @@ impl FdTable {
                 }
                 return;
             }
+            Object::TerminalMaster(i) | Object::TerminalSlave(i) => {
+                self.release_terminal(i, matches!(object, Object::TerminalMaster(_)));
+                return;
+            }
             _ => return,
         };
         read.and_then(|i| self.pipes[i].as_mut())
@@ -1572,6 +1643,27 @@ impl FdTable {
             .for_each(|p| p.writers = p.writers.saturating_sub(1));
         for index in read.into_iter().chain(write) {
             self.free_unheld_pipe(index);
+        }
+    }
+
+    /// One description of terminal `index`'s master or slave end went. The master's last
+    /// hangs the terminal up: its session loses it and the leader is to be told; the
+    /// terminal goes with the last description of either end.
+    fn release_terminal(&mut self, index: usize, master: bool) {
+        let Some(t) = self.terminals[index].as_mut() else {
+            return;
+        };
+        if master {
+            t.masters = t.masters.saturating_sub(1);
+            if t.masters == 0 {
+                self.hangups.extend(t.session.take());
+                t.foreground = None;
+            }
+        } else {
+            t.slaves = t.slaves.saturating_sub(1);
+        }
+        if t.masters == 0 && t.slaves == 0 {
+            self.terminals[index] = None;
         }
     }
 
@@ -1704,6 +1796,15 @@ impl Object {
             Object::Pidfd(pid) => {
                 e.u8(12);
                 e.u64(*pid);
+            }
+            // Refused too (a terminal is open): never read back.
+            Object::TerminalMaster(i) => {
+                e.u8(13);
+                e.len(*i);
+            }
+            Object::TerminalSlave(i) => {
+                e.u8(14);
+                e.len(*i);
             }
         }
     }
@@ -1868,6 +1969,11 @@ impl FdTable {
                             .to_owned(),
                     ))
                 }
+                Object::TerminalMaster(_) | Object::TerminalSlave(_) => {
+                    return Err(DecodeError::new(
+                        "a template snapshot holds no pseudo-terminal".to_owned(),
+                    ))
+                }
             };
             for i in channels.into_iter().flatten() {
                 if !pipes.get(i).is_some_and(Option::is_some) {
@@ -1901,6 +2007,8 @@ impl FdTable {
             limit,
             released_nodes: Vec::new(),
             fifos: Default::default(),
+            terminals: Vec::new(),
+            hangups: Vec::new(),
         })
     }
 }

@@ -21,8 +21,10 @@ use crate::memory::GuestMemory;
 use crate::status::RunStatus;
 use crate::usermem::UserMemory;
 
+pub const SIGHUP: u64 = 1;
 pub const SIGKILL: u64 = 9;
 pub const SIGSTOP: u64 = 19;
+pub const SIGCONT: u64 = 18;
 pub const SIGALRM: u64 = 14;
 pub const SIGVTALRM: u64 = 26;
 pub const SIGPROF: u64 = 27;
@@ -50,6 +52,18 @@ const RED_ZONE: u64 = 128;
 
 pub fn bit(sig: u64) -> u64 {
     1 << (sig - 1)
+}
+
+/// Sends `sig` to process `pid` of the tree: the running process gets it at once, another
+/// live one when it next runs; an ended one nothing.
+pub fn send(proc: &mut GuestProcess, pid: u64, sig: u64) {
+    if pid == proc.pid {
+        proc.signals.pending |= bit(sig);
+    } else if let Some(entry) = proc.tree.get_mut(pid) {
+        if entry.exit.is_none() {
+            entry.signals |= bit(sig);
+        }
+    }
 }
 
 /// The interval timer of setitimer(ITIMER_REAL) and alarm.
@@ -199,7 +213,6 @@ fn siginfo(sig: u64, code: i32) -> [u8; 128] {
 /// are dropped on the way), as Linux does on the way back to user mode.
 pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
     const SIGCHLD: u64 = 17;
-    const SIGCONT: u64 = 18;
     const SIGTSTP: u64 = 20;
     const SIGTTOU: u64 = 22;
     const SIGURG: u64 = 23;

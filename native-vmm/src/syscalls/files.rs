@@ -4,14 +4,17 @@
 //!
 //! The standard streams are not terminals: stdin is the run's input bytes, stdout and stderr
 //! are captured; all three report themselves as FIFOs (ioctl TCGETS gives ENOTTY), so
-//! programs choose block buffering. A transfer that would block (a blocking read of an empty
+//! programs choose block buffering. A program that wants a terminal opens a pseudo-terminal
+//! (terminal.rs). A transfer that would block (a blocking read of an empty
 //! pipe whose write end is still open, a blocking write to a full pipe) waits for another
 //! thread to move the data (`syscalls::wait_ready`).
 
 use super::procfs::{self, ProcessFacts};
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
-use crate::fs::{DirEntry, FileKind, FsStats, Node, OpenOptions, ProcessView, Stat, Timespec, Vfs};
+use crate::fs::{
+    Device, DirEntry, FileKind, FsStats, Node, OpenOptions, ProcessView, Stat, Timespec, Vfs,
+};
 use crate::process::{
     Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK,
     O_RDONLY,
@@ -194,6 +197,9 @@ pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
             Ok(stream_stat(id, S_IFSOCK))
         }
         Object::Epoll(_) | Object::EventFd { .. } | Object::Pidfd(_) => Ok(stream_stat(id, 0)),
+        // A slave stats as its /dev/pts node (ttyname compares the two), a master as /dev/ptmx.
+        Object::TerminalMaster(_) => proc.config.vfs.stat(Vfs::device_node(Device::Ptmx)),
+        Object::TerminalSlave(n) => proc.config.vfs.stat(Vfs::pts_node(n as u32)),
         Object::Stdin | Object::Output(_) | Object::PipeRead(_) | Object::PipeWrite(_) => {
             Ok(stream_stat(id, S_IFIFO))
         }
@@ -270,6 +276,13 @@ fn read_fd(
             }
             return super::unix_datagram::read(proc, user, index, &[(buf, len)], nonblocking);
         }
+        Object::TerminalMaster(_) | Object::TerminalSlave(_) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            let end = super::terminal::end_of(&object).ok_or(Errno::EBADF)?;
+            return super::terminal::read(proc, user, end, buf, len, nonblocking);
+        }
         Object::Output(_) | Object::PipeWrite(_) => return Err(Errno::EBADF),
         Object::Epoll(_) | Object::Pidfd(_) => return Err(Errno::EINVAL),
         Object::Endpoint(_) => return Err(Errno::ENOTCONN),
@@ -316,6 +329,8 @@ fn write_fd(
             len.min(proc.fds.pipe(pipe).map_or(0, |p| p.capacity()) as u64)
         }
         Object::Node(_) => len.min(MAX_IO),
+        Object::TerminalMaster(i) => len.min(super::terminal::write_room(proc, (i, true)) as u64),
+        Object::TerminalSlave(i) => len.min(super::terminal::write_room(proc, (i, false)) as u64),
         _ => 0,
     };
     let data = user.read_vec(buf, take)?;
@@ -373,6 +388,13 @@ pub(super) fn write_bytes(
                 proc.fds.get_mut(fd)?.offset = pos;
             }
             value(n as u64)
+        }
+        Object::TerminalMaster(_) | Object::TerminalSlave(_) => {
+            if at.is_some() {
+                return Err(Errno::ESPIPE);
+            }
+            let end = super::terminal::end_of(&object).ok_or(Errno::EBADF)?;
+            super::terminal::write(proc, end, data, flags & O_NONBLOCK != 0)
         }
         Object::Stdin | Object::PipeRead(_) => Err(Errno::EBADF),
         // An eventfd takes 8-byte counts from guest memory only (write_fd), an Internet socket
@@ -783,6 +805,11 @@ fn open_common(
     };
     let node = with_view(proc, |vfs, view| vfs.open_in(view, base, &path, &opts))?;
     let status = (flags & STATUS_FLAGS) | O_LARGEFILE;
+    let (device, pts) = (proc.config.vfs.device(node), proc.config.vfs.pts(node));
+    if !path_only && (matches!(device, Some(Device::Ptmx | Device::Tty)) || pts.is_some()) {
+        proc.config.vfs.close(node);
+        return super::terminal::open(proc, device, pts, flags, status as u32);
+    }
     if !path_only && proc.config.vfs.kind(node)? == FileKind::Fifo {
         return super::fifo::open(proc, node, status as u32, flags & O_CLOEXEC != 0);
     }
@@ -1006,8 +1033,9 @@ pub(crate) fn pipe(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     pipe2(proc, user, [args[0], 0, 0, 0, 0, 0])
 }
 
-/// ioctl(fd, request, arg): no fd is a terminal (TCGETS and other tty requests: ENOTTY);
-/// the generic fd requests work.
+/// ioctl(fd, request, arg): the generic fd requests, and the terminal requests of a
+/// pseudo-terminal's ends (terminal.rs; ENOTTY on any other fd). Partly: no packet mode
+/// (TIOCPKT), no TIOCSTI, no job-control stops or background-group checks.
 pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const FIONREAD: u64 = 0x541b;
     const FIONBIO: u64 = 0x5421;
@@ -1041,6 +1069,8 @@ pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
                     proc.config.vfs.stat(node)?.size.saturating_sub(desc.offset)
                 }
                 Object::Inet(index) => super::inet::available(proc, index)? as u64,
+                Object::TerminalMaster(i) => super::terminal::available(proc, (i, true))?,
+                Object::TerminalSlave(i) => super::terminal::available(proc, (i, false))?,
                 // The next datagram's length, as Linux answers for a Unix datagram socket.
                 Object::UnixDatagram(index) => proc
                     .fds
@@ -1053,7 +1083,10 @@ pub(crate) fn ioctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             user.write_u32(arg, available.min(i32::MAX as u64) as u32)?;
             value(0)
         }
-        _ => Err(Errno::ENOTTY),
+        _ => match super::terminal::end_of(&desc.object) {
+            Some(end) => super::terminal::ioctl(proc, user, end, request, arg),
+            None => Err(Errno::ENOTTY),
+        },
     }
 }
 

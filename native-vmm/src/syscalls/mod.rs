@@ -4,7 +4,8 @@
 //! the IP options of UDP sockets and the control messages that carry them in ancillary.rs),
 //! poll and epoll (readiness), eventfd, memory, ids
 //! (process identity), threads (clone, exit, thread ids, yield), futex, time, signals, memfd
-//! (memory files and their seals), xattr (extended attributes), and misc
+//! (memory files and their seals), xattr (extended attributes), terminal (pseudo-terminals),
+//! and misc
 //! (system information, randomness, limits).
 
 // The guest's registers are u64; each handler reinterprets them as the C types the Linux ABI
@@ -34,6 +35,7 @@ mod procfs;
 mod signals;
 mod sockets;
 mod table;
+mod terminal;
 mod threads;
 mod time;
 mod transfer;

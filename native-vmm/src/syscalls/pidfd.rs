@@ -98,7 +98,7 @@ pub(crate) fn pidfd_send_signal(
         return Err(Errno::ESRCH);
     }
     if let Some(sig) = super::signals::signal_or_probe(sig)? {
-        super::signals::send_to_process(proc, pid, sig);
+        crate::process::signals::send(proc, pid, sig);
     }
     value(0)
 }

@@ -110,6 +110,8 @@ pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {
             }
             bits
         }
+        Object::TerminalMaster(i) => super::terminal::ready_bits(proc, (i, true)),
+        Object::TerminalSlave(i) => super::terminal::ready_bits(proc, (i, false)),
         Object::Inet(i) => super::inet::ready_bits(proc, i),
         Object::UnixDatagram(i) => super::unix_datagram::ready_bits(proc, i),
         // As Linux: readable once the process ended, and hung up too once it was reaped.

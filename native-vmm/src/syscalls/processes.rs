@@ -541,7 +541,7 @@ pub(crate) fn kill(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) 
         return value(0);
     };
     for target in targets {
-        super::signals::send_to_process(proc, target, sig);
+        crate::process::signals::send(proc, target, sig);
     }
     value(0)
 }

@@ -10,7 +10,7 @@ use std::fmt::Write;
 use super::misc;
 use super::time::{self, CLOCK_BOOTTIME, CLOCK_REALTIME};
 use crate::abi::{GUEST_GID, GUEST_UID};
-use crate::fs::{FdTarget, Node, ProcNode, ProcessView, SystemFile, TaskFile};
+use crate::fs::{Device, FdTarget, Node, ProcNode, ProcessView, SystemFile, TaskFile, Vfs};
 use crate::loader::stack_size;
 use crate::process::{FdTable, GuestProcess, Object, ProcessPart, ProcessTable, Threads};
 
@@ -106,7 +106,13 @@ impl ProcessView for ProcessFacts<'_> {
             Object::Epoll(_) => FdTarget::Anonymous(b"anon_inode:[eventpoll]".to_vec()),
             Object::EventFd { .. } => FdTarget::Anonymous(b"anon_inode:[eventfd]".to_vec()),
             Object::Pidfd(_) => FdTarget::Anonymous(b"anon_inode:[pidfd]".to_vec()),
+            Object::TerminalMaster(_) => FdTarget::Node(Vfs::device_node(Device::Ptmx)),
+            Object::TerminalSlave(n) => FdTarget::Node(Vfs::pts_node(*n as u32)),
         })
+    }
+
+    fn terminals(&self) -> Vec<u32> {
+        self.fds.terminals().map(|(n, _)| n as u32).collect()
     }
 
     fn cwd(&self, pid: u32) -> Option<Node> {

@@ -199,18 +199,6 @@ pub(super) fn signal_or_probe(sig: u64) -> Result<Option<u64>, Errno> {
     }
 }
 
-/// Makes signal `sig` pending for process `pid` of the tree: the running process at once,
-/// another when it next runs; nothing for one that ended (a zombie takes no signals).
-pub(super) fn send_to_process(proc: &mut GuestProcess, pid: u64, sig: u64) {
-    if pid == proc.pid {
-        proc.signals.pending |= bit(sig);
-    } else if let Some(entry) = proc.tree.get_mut(pid) {
-        if entry.exit.is_none() {
-            entry.signals |= bit(sig);
-        }
-    }
-}
-
 /// rt_sigreturn(): the scheduler restores what the handler interrupted.
 pub(crate) fn rt_sigreturn(
     _proc: &mut GuestProcess,

@@ -1878,6 +1878,74 @@ fn epoll_reports_readiness_of_pipes_and_sockets() {
 }
 
 #[test]
+fn pseudo_terminal_opens_locked_and_answers_its_ioctls() {
+    const TIOCGPTN: u64 = 0x8004_5430;
+    const TIOCSPTLCK: u64 = 0x4004_5431;
+    const TIOCGPTPEER: u64 = 0x5441;
+    const TCGETS: u64 = 0x5401;
+    const TIOCGPGRP: u64 = 0x540f;
+    const TIOCSCTTY: u64 = 0x540e;
+    const O_NOCTTY: u64 = 0o400;
+    let mut g = guest();
+    let master = g.open("/dev/ptmx", O_RDWR | O_NOCTTY) as u64;
+    assert_eq!(g.ret(IOCTL, &[master, TIOCGPTN, BUF]), 0);
+    assert_eq!(
+        g.mem.read_u32(BUF).unwrap(),
+        0,
+        "the first terminal is /dev/pts/0"
+    );
+    assert_eq!(g.open("/dev/pts/0", O_RDWR), err(Errno::EIO), "locked");
+    assert_eq!(g.open("/dev/pts/1", O_RDWR), err(Errno::ENOENT));
+    assert_eq!(g.open("/dev/pts/00", O_RDWR), err(Errno::ENOENT));
+    assert_eq!(
+        g.ret(IOCTL, &[master, TIOCGPTPEER, O_RDWR]),
+        err(Errno::EIO),
+        "a peer of a locked terminal"
+    );
+    g.mem.write(BUF, &0u32.to_le_bytes()).unwrap();
+    assert_eq!(g.ret(IOCTL, &[master, TIOCSPTLCK, BUF]), 0);
+    assert_eq!(
+        g.ret(IOCTL, &[master, TIOCGPTPEER, 0xdead_0000]),
+        err(Errno::EINVAL)
+    );
+    let slave = g.open("/dev/pts/0", O_RDWR) as u64;
+    // Process 1 leads its session: opening the slave without O_NOCTTY made it its terminal.
+    assert_eq!(g.ret(IOCTL, &[slave, TIOCGPGRP, BUF]), 0);
+    assert_eq!(g.mem.read_u32(BUF).unwrap(), 1);
+    assert_eq!(g.ret(IOCTL, &[slave, TIOCSCTTY, 0]), 0, "already its own");
+    let tty = g.open("/dev/tty", O_RDWR) as u64;
+    assert_eq!(g.write_bytes(tty, b"a\n"), 2);
+    assert_eq!(g.read_bytes(master, 100).unwrap(), b"a\r\n");
+    assert_eq!(
+        g.ret(IOCTL, &[slave, TCGETS, u64::MAX - 8]),
+        err(Errno::EFAULT)
+    );
+    assert_eq!(g.ret(IOCTL, &[slave, TIOCGPTN, BUF]), err(Errno::ENOTTY));
+    assert_eq!(g.ret(LSEEK, &[slave, 0, 0]), err(Errno::ESPIPE));
+    g.mem.write(BUF, &[0u8; 16]).unwrap();
+    assert_eq!(g.ret(FSTAT, &[slave, BUF]), 0);
+    assert_eq!(
+        g.mem.read_u64(BUF + 40).unwrap(),
+        136 << 8,
+        "st_rdev of /dev/pts/0"
+    );
+    for fd in [slave, tty] {
+        assert_eq!(g.ret(CLOSE, &[fd]), 0);
+    }
+    assert_eq!(
+        g.read_bytes(master, 10),
+        Err(err(Errno::EIO)),
+        "no slave left"
+    );
+    assert_eq!(g.ret(CLOSE, &[master]), 0);
+    assert_eq!(
+        g.open("/dev/pts/0", O_RDWR),
+        err(Errno::ENOENT),
+        "gone with its ends"
+    );
+}
+
+#[test]
 fn dev_nodes_and_statfs() {
     let mut g = guest();
     let null = g.open("/dev/null", O_RDWR) as u64;
@@ -1899,7 +1967,11 @@ fn dev_nodes_and_statfs() {
     assert_eq!(g.mem.read_u64(BUF + 40).unwrap(), (1 << 8) | 9);
     // mmap of a device is not a file mapping.
     assert_eq!(g.ret(MMAP, &[0, 4096, 1, 2, zero, 0]), err(Errno::ENODEV));
-    assert_eq!(g.open("/dev/tty", 0), err(Errno::ENOENT));
+    assert_eq!(
+        g.open("/dev/tty", 0),
+        err(Errno::ENXIO),
+        "no controlling terminal"
+    );
     assert_eq!(g.open("/dev/new", O_WRONLY | O_CREAT), err(Errno::EROFS));
     assert_eq!(g.open("/dev/null/x", 0), err(Errno::ENOTDIR));
     let dev = g.open("/dev", O_DIRECTORY) as u64;
@@ -1912,8 +1984,11 @@ fn dev_nodes_and_statfs() {
             &b"."[..],
             b"..",
             b"null",
+            b"ptmx",
+            b"pts",
             b"random",
             b"shm",
+            b"tty",
             b"urandom",
             b"zero"
         ]

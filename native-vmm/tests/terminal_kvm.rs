@@ -1,0 +1,208 @@
+//! Pseudo-terminals on the KVM vCPU: os.openpty's pair with its line discipline (echo, ONLCR,
+//! line editing, raw mode), pty.spawn and os.forkpty children whose terminal is their
+//! controlling one, and EIO once the child is gone. Each Python program runs in the VM and
+//! natively (`/usr/bin/python3.11`), and both must print the same.
+
+mod common;
+
+use std::time::Duration;
+
+use common::python_request;
+
+/// Runs `program` in the VM and natively; both must exit 0 and print the same, which is
+/// returned.
+fn same_as_native(tag: &str, program: &str) -> String {
+    let mut req = python_request(program);
+    req.timeout = common::scaled(Duration::from_secs(30));
+    common::prints_as_native(&req, tag, program, &[])
+}
+
+#[test]
+fn openpty_echoes_translates_and_edits_lines() {
+    let printed = same_as_native(
+        "terminal-openpty",
+        r#"
+import os, stat, termios, tty, fcntl, struct
+
+def drain(fd, end):
+    # Linux moves bytes between a pty's ends in a worker: read until the expected end.
+    got = b""
+    while not got.endswith(end):
+        got += os.read(fd, 100)
+    return got
+
+master, slave = os.openpty()
+print("tty", os.isatty(master), os.isatty(slave), os.isatty(1))
+print("inheritable", os.get_inheritable(master), os.get_inheritable(slave))
+name = os.ttyname(slave)
+print("name", name.startswith("/dev/pts/"), os.path.exists(name))
+st = os.fstat(slave)
+print("chr", stat.S_ISCHR(st.st_mode), os.major(st.st_rdev), os.major(os.fstat(master).st_rdev))
+attrs = termios.tcgetattr(slave)
+print("modes", [hex(x) for x in attrs[:4]], attrs[6][termios.VINTR], attrs[6][termios.VMIN])
+print("master sees", termios.tcgetattr(master)[:4] == attrs[:4])
+# The slave's output gets ONLCR; what the master types is echoed and edited into a line.
+os.write(slave, b"out\n")
+print("read", drain(master, b"\n"))
+os.write(master, b"abx\x7fc\r")
+print("echo", drain(master, b"\n"))
+print("line", os.read(slave, 100))
+os.write(master, b"one two\x17three\x15again\n")
+print("echo", drain(master, b"\n"))
+print("line", os.read(slave, 100))
+os.write(master, b"part\x04")
+print("eof-line", os.read(slave, 100))
+os.write(master, b"\x04")
+print("eof", os.read(slave, 100))
+print("echo", drain(master, b"part"))
+os.set_blocking(master, False)
+try:
+    os.read(master, 10)
+except BlockingIOError:
+    print("master empty: EAGAIN")
+os.set_blocking(master, True)
+os.write(master, b"unfinished")
+print("echo", drain(master, b"unfinished"))
+os.set_blocking(slave, False)
+try:
+    os.read(slave, 10)
+except BlockingIOError:
+    print("no whole line: EAGAIN")
+os.set_blocking(slave, True)
+termios.tcflush(slave, termios.TCIFLUSH)
+# Echo off, ECHONL on.
+new = termios.tcgetattr(slave)
+new[3] = (new[3] & ~termios.ECHO) | termios.ECHONL
+termios.tcsetattr(slave, termios.TCSANOW, new)
+os.write(master, b"secret\n")
+print("no echo", drain(master, b"\n"), os.read(slave, 100))
+# Window size.
+fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+print("winsize", struct.unpack("HHHH", fcntl.ioctl(master, termios.TIOCGWINSZ, bytes(8))))
+print("size", os.get_terminal_size(slave))
+print("pgrp without ctty", end=" ")
+try:
+    os.tcgetpgrp(slave)
+except OSError as e:
+    print(e.errno == 25)
+os.close(slave)
+try:
+    os.read(master, 10)
+except OSError as e:
+    print("after slave close", e.errno)
+"#,
+    );
+    assert!(
+        printed.contains("echo b'abx\\x08 \\x08c\\r\\n'"),
+        "{printed}"
+    );
+    assert!(printed.contains("after slave close 5"), "{printed}");
+}
+
+#[test]
+fn raw_mode_passes_bytes_and_vmin_zero_returns_at_once() {
+    let printed = same_as_native(
+        "terminal-raw",
+        r#"
+import os, termios, tty, select
+master, slave = os.openpty()
+tty.setraw(slave)
+attrs = termios.tcgetattr(slave)
+print("raw", attrs[3] & (termios.ICANON | termios.ECHO | termios.ISIG), attrs[1] & termios.OPOST)
+os.write(master, b"a\x03\r\x7f")
+print("readable", select.select([slave], [], [], 5)[0] == [slave])
+print("bytes", os.read(slave, 100))
+os.write(slave, b"x\ny")
+print("out", os.read(master, 100))
+attrs[6][termios.VMIN] = 0
+attrs[6][termios.VTIME] = 0
+termios.tcsetattr(slave, termios.TCSANOW, attrs)
+print("vmin 0", os.read(slave, 10))
+attrs[6][termios.VTIME] = 1
+termios.tcsetattr(slave, termios.TCSANOW, attrs)
+print("vtime", os.read(slave, 10))
+p = select.poll()
+p.register(master, select.POLLIN | select.POLLOUT)
+print("poll", p.poll(0))
+"#,
+    );
+    assert!(printed.contains("bytes b'a\\x03\\r\\x7f'"), "{printed}");
+}
+
+#[test]
+fn forkpty_child_has_a_controlling_terminal_and_the_master_reads_eio_after_it() {
+    let printed = same_as_native(
+        "terminal-forkpty",
+        r#"
+import os, sys, termios
+pid, master = os.forkpty()
+if pid == 0:
+    try:
+        os.setsid()
+        print("setsid worked")
+    except OSError:
+        print("already a session leader")
+    print("isatty", os.isatty(0), os.isatty(1), os.isatty(2))
+    print("foreground", os.tcgetpgrp(0) == os.getpgrp())
+    fd = os.open("/dev/tty", os.O_RDWR)
+    os.write(fd, b"via /dev/tty\n")
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    print("child got", repr(line))
+    sys.stdout.flush()
+    os._exit(3)
+out = b""
+while b"ready" not in out:
+    out += os.read(master, 1024)
+os.write(master, b"hello\n")
+while True:
+    try:
+        data = os.read(master, 1024)
+    except OSError as e:
+        print("master read after exit: errno", e.errno)
+        break
+    if not data:
+        break
+    out += data
+_, status = os.waitpid(pid, 0)
+print(out.decode().replace("\r\n", "|"))
+print("status", os.waitstatus_to_exitcode(status))
+"#,
+    );
+    assert!(printed.contains("child got 'hello\\n'"), "{printed}");
+    assert!(printed.contains("errno 5"), "{printed}");
+}
+
+#[test]
+fn pty_spawn_runs_a_child_that_reads_a_line() {
+    let printed = same_as_native(
+        "terminal-spawn",
+        r#"
+import os, pty, sys
+fed = []
+def stdin_read(fd):
+    if fed:
+        return b""
+    fed.append(1)
+    return b"typed line\n"
+out = []
+def master_read(fd):
+    data = os.read(fd, 1024)
+    out.append(data)
+    return data
+child = "import sys; l = input('prompt> '); print('child read', repr(l), sys.stdin.isatty())"
+status = pty.spawn([sys.executable, "-c", child], master_read, stdin_read)
+sys.stdout.flush()
+text = b"".join(out).decode()
+print()
+# The echo of the typed line may come before or after the prompt: only the parts are compared.
+print("prompt", "prompt> " in text, "echo", "typed line\r\n" in text)
+print([l for l in text.split("\r\n") if l.startswith("child")])
+print("status", os.waitstatus_to_exitcode(status))
+"#,
+    );
+    assert!(
+        printed.contains("child read 'typed line' True"),
+        "{printed}"
+    );
+}

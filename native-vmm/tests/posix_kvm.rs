@@ -5,21 +5,9 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::python_request;
-
-/// Runs `program` in the VM and natively; both must exit 0 and print the same, which is
-/// returned.
-fn same_as_native(tag: &str, program: &str) -> String {
-    let mut req = python_request(program);
-    req.timeout = common::scaled(Duration::from_secs(30));
-    common::prints_as_native(&req, tag, program, &[])
-}
-
 #[test]
 fn sigwait_sigwaitinfo_and_sigtimedwait_take_signals_without_their_handlers() {
-    let printed = same_as_native(
+    let printed = common::python_as_native(
         "sigwait",
         r#"
 import os, signal, threading, time
@@ -69,7 +57,7 @@ print("nothing left pending")
 
 #[test]
 fn cpu_time_interval_timers_fire_on_the_processs_cpu_time_only() {
-    let printed = same_as_native(
+    let printed = common::python_as_native(
         "itimers",
         r#"
 import signal, time
@@ -99,7 +87,7 @@ for which, sig in ((signal.ITIMER_VIRTUAL, signal.SIGVTALRM), (signal.ITIMER_PRO
 
 #[test]
 fn fifos_block_for_the_other_end_then_carry_bytes_between_processes() {
-    let printed = same_as_native(
+    let printed = common::python_as_native(
         "fifos",
         r#"
 import errno, os, stat, tempfile, time
@@ -167,7 +155,7 @@ print("gone", os.path.exists(path))
 
 #[test]
 fn memfd_files_are_written_sealed_and_mapped_shared_across_fork() {
-    let printed = same_as_native(
+    let printed = common::python_as_native(
         "memfd",
         r#"
 import fcntl, mmap, os, stat
@@ -356,8 +344,8 @@ print("unlinked", os.getxattr(fd, "user.unlinked"))
 os.close(fd)
 shutil.rmtree(d)
 "#;
-    let mut req = python_request(PROGRAM);
-    req.timeout = common::scaled(Duration::from_secs(30));
+    let mut req = common::python_request(PROGRAM);
+    req.timeout = common::scaled(std::time::Duration::from_secs(30));
     let outcome = common::run(&common::python_image(), &req);
     assert_eq!(
         outcome.status,

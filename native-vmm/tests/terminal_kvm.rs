@@ -5,21 +5,9 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::python_request;
-
-/// Runs `program` in the VM and natively; both must exit 0 and print the same, which is
-/// returned.
-fn same_as_native(tag: &str, program: &str) -> String {
-    let mut req = python_request(program);
-    req.timeout = common::scaled(Duration::from_secs(30));
-    common::prints_as_native(&req, tag, program, &[])
-}
-
 #[test]
 fn openpty_echoes_translates_and_edits_lines() {
-    let printed = same_as_native(
+    let printed = common::python_as_native(
         "terminal-openpty",
         r#"
 import os, stat, termios, tty, fcntl, struct
@@ -101,7 +89,7 @@ except OSError as e:
 
 #[test]
 fn raw_mode_passes_bytes_and_vmin_zero_returns_at_once() {
-    let printed = same_as_native(
+    let printed = common::python_as_native(
         "terminal-raw",
         r#"
 import os, termios, tty, select
@@ -131,7 +119,7 @@ print("poll", p.poll(0))
 
 #[test]
 fn forkpty_child_has_a_controlling_terminal_and_the_master_reads_eio_after_it() {
-    let printed = same_as_native(
+    let printed = common::python_as_native(
         "terminal-forkpty",
         r#"
 import os, sys, termios
@@ -175,7 +163,7 @@ print("status", os.waitstatus_to_exitcode(status))
 
 #[test]
 fn pty_spawn_runs_a_child_that_reads_a_line() {
-    let printed = same_as_native(
+    let printed = common::python_as_native(
         "terminal-spawn",
         r#"
 import os, pty, sys

@@ -293,6 +293,15 @@ pub fn native_python(tag: &str, program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&native.stdout).into_owned()
 }
 
+/// Runs Python `program` in the VM (`python3 -c`, a 30 s limit, scaled) and natively: both must
+/// exit 0 and print the same, which is returned (`prints_as_native`, in a directory named by
+/// `tag`).
+pub fn python_as_native(tag: &str, program: &str) -> String {
+    let mut req = python_request(program);
+    req.timeout = scaled(Duration::from_secs(30));
+    prints_as_native(&req, tag, program, &[])
+}
+
 /// Runs `req` in the Python image, which runs `program` with `args`, and `program` natively
 /// (`native_python`, in a directory named by `tag`): both must exit 0 and print the same,
 /// which is returned.

@@ -142,9 +142,10 @@ describe("gateway + supervised sandfork-vmm on KVM, PGlite", () => {
       "os.system('echo from the shell; echo to stderr >&2')",
       "print(subprocess.run([sys.executable, '-c', 'import sys; sys.exit(5)']).returncode)",
     ].join("\n");
+    // Four processes, each a VM: on a busy host the default time limit can pass first.
     const response = await gw.call("POST", "/v1/executions", {
       credential: key,
-      body: { template: "python", code },
+      body: { template: "python", code, timeout_ms: kvmExecutionLimits.maxTimeoutMs },
     });
     const text = await response.text();
     expect(response.status, text).toBe(200);

@@ -9,11 +9,11 @@ mod daemon_support;
 
 use std::sync::Arc;
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use daemon_support::{
-    config, repetitions, scaled_ms, scratch, str_of, templates_dir, time_scale, u64_of, Client,
-    Running,
+    config, repetitions, scaled, scaled_ms, scratch, str_of, templates_dir, time_scale, u64_of,
+    Client, Running,
 };
 use sandfork_vmm::daemon::agent_executor::AgentExecutor;
 use sandfork_vmm::daemon::executor::ExecutionLimits;
@@ -260,6 +260,12 @@ fn a_burst_of_concurrent_executions() {
             let path = server.path.clone();
             thread::spawn(move || {
                 let mut client = Client::hello(&path);
+                // A connection's first answer may come after most of the burst's boots: minutes
+                // on a busy host.
+                client
+                    .stream
+                    .set_read_timeout(Some(scaled(Duration::from_secs(900))))
+                    .unwrap();
                 let ids: Vec<u64> = (0..total)
                     .filter(|i| i % CONNECTIONS == connection)
                     .collect();

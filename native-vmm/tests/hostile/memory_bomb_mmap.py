@@ -1,5 +1,6 @@
 # attack: anonymous mmap regions, every page written
 # expect: out_of_memory
+# limits: {"timeout_ms": 60000}
 # must not: take host memory beyond the request's memory limit
 import mmap
 

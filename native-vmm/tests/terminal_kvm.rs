@@ -1,7 +1,8 @@
 //! Pseudo-terminals on the KVM vCPU: os.openpty's pair with its line discipline (echo, ONLCR,
 //! line editing, raw mode), pty.spawn and os.forkpty children whose terminal is their
-//! controlling one, and EIO once the child is gone. Each Python program runs in the VM and
-//! natively (`/usr/bin/python3.11`), and both must print the same.
+//! controlling one, ^C signalling the foreground group, and EIO once the child is gone. Each
+//! Python program runs in the VM and natively (`/usr/bin/python3.11`), and both must print the
+//! same.
 
 mod common;
 
@@ -193,4 +194,44 @@ print("status", os.waitstatus_to_exitcode(status))
         printed.contains("child read 'typed line' True"),
         "{printed}"
     );
+}
+
+/// ^C typed at the master signals the slave's foreground group: the forkpty child's read is
+/// interrupted and its SIGINT handler runs. ^C is typed until that happens: a SIGINT that comes
+/// before the child's read has begun only sets Python's flag, and the read then waits (as
+/// natively, where the window is narrower).
+#[test]
+fn interrupt_character_signals_the_foreground_group() {
+    let printed = common::python_as_native(
+        "terminal-isig",
+        r#"
+import os, select, signal, sys
+pid, master = os.forkpty()
+if pid == 0:
+    def interrupted(signum, frame):
+        os.write(1, b"child interrupted\n")
+        os._exit(7)
+    signal.signal(signal.SIGINT, interrupted)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    print("not interrupted", flush=True)
+    os._exit(0)
+buf = b""
+while b"ready" not in buf:
+    buf += os.read(master, 100)
+out = b""
+for _ in range(100):
+    os.write(master, b"\x03")
+    try:
+        while select.select([master], [], [], 0.2)[0]:
+            out += os.read(master, 100)
+    except OSError:
+        break
+    if b"child interrupted" in out:
+        break
+_, status = os.waitpid(pid, 0)
+print(b"child interrupted" in out, b"not interrupted" in out, "status", os.waitstatus_to_exitcode(status))
+"#,
+    );
+    assert_eq!(printed, "True False status 7\n");
 }

@@ -125,7 +125,7 @@ except OSError as e:
             "zero True 0o666 1 5\n",
             "random True 0o666 1 8\n",
             "urandom True 0o666 1 9\n",
-            "['null', 'ptmx', 'pts', 'random', 'shm', 'tty', 'urandom', 'zero'] True\n",
+            "['fd', 'null', 'ptmx', 'pts', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'tty', 'urandom', 'zero'] True\n",
             "create in /dev: 30\n",
         ),
     );

@@ -3,7 +3,8 @@
 //! bytes from the host CSPRNG on every read, so forks of one template never share a stream;
 //! writes, which would feed entropy on Linux, are accepted and dropped); ptmx and tty, which
 //! the syscall layer opens as pseudo-terminal ends (`syscalls::terminal`), never read here;
-//! and the /dev/pts directory of the pseudo-terminals' slaves.
+//! the /dev/pts directory of the pseudo-terminals' slaves; and the links fd, stdin, stdout and
+//! stderr into /proc/self/fd.
 
 use crate::errno::Errno;
 use crate::sys;
@@ -21,6 +22,61 @@ pub enum Device {
     Ptmx,
     /// The caller's controlling terminal.
     Tty,
+}
+
+/// The symbolic links of /dev into the caller's fds, as Linux systems make them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DevLink {
+    Fd,
+    Stdin,
+    Stdout,
+    Stderr,
+}
+
+impl DevLink {
+    /// Every link, in /dev listing order.
+    pub const ALL: [DevLink; 4] = [
+        DevLink::Fd,
+        DevLink::Stderr,
+        DevLink::Stdin,
+        DevLink::Stdout,
+    ];
+
+    pub fn name(self) -> &'static [u8] {
+        match self {
+            DevLink::Fd => b"fd",
+            DevLink::Stdin => b"stdin",
+            DevLink::Stdout => b"stdout",
+            DevLink::Stderr => b"stderr",
+        }
+    }
+
+    pub fn by_name(name: &[u8]) -> Option<DevLink> {
+        DevLink::ALL.into_iter().find(|l| l.name() == name)
+    }
+
+    pub fn target(self) -> &'static [u8] {
+        match self {
+            DevLink::Fd => b"/proc/self/fd",
+            DevLink::Stdin => b"/proc/self/fd/0",
+            DevLink::Stdout => b"/proc/self/fd/1",
+            DevLink::Stderr => b"/proc/self/fd/2",
+        }
+    }
+
+    /// A small stable number for snapshots and inode numbers (after the devices').
+    pub fn index(self) -> u8 {
+        match self {
+            DevLink::Fd => 0,
+            DevLink::Stdin => 1,
+            DevLink::Stdout => 2,
+            DevLink::Stderr => 3,
+        }
+    }
+
+    pub fn from_index(i: u8) -> Option<DevLink> {
+        DevLink::ALL.into_iter().find(|l| l.index() == i)
+    }
 }
 
 /// The directory of pseudo-terminal slaves under /dev.

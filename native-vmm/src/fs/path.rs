@@ -22,6 +22,11 @@ pub(crate) trait Tree {
     fn magic_target(&self, _node: Self::Node) -> Option<Self::Node> {
         None
     }
+    /// A magic link to something with no path (a pipe's fd): a walk that would follow it as
+    /// its last step ends at the link, which open(2) reopens as that object.
+    fn is_pathless_link(&self, _node: Self::Node) -> bool {
+        false
+    }
 }
 
 fn check_length(path: &[u8]) -> Result<(), Errno> {
@@ -88,6 +93,10 @@ fn walk<T: Tree>(
             *budget -= 1;
             if let Some(target) = tree.magic_target(child) {
                 cur = target;
+                continue;
+            }
+            if last && tree.is_pathless_link(child) {
+                cur = child;
                 continue;
             }
             let target = tree.link_target(child)?;

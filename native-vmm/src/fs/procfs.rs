@@ -412,6 +412,16 @@ impl ProcNode {
         }
     }
 
+    /// An fd link whose object has no path (a pipe, a socket, an eventfd...).
+    pub fn is_pathless_link(self, view: &dyn ProcessView) -> bool {
+        match self {
+            ProcNode::Fd(pid, fd) => {
+                matches!(view.fd_target(pid, fd), Some(FdTarget::Anonymous(_)))
+            }
+            _ => false,
+        }
+    }
+
     /// A number unique to the node: its inode number within /proc and its snapshot code
     /// (kind in bits 56-63, pid in 32-55, the rest below).
     pub fn code(self) -> u64 {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::errno::Errno;
 
-use super::devices::{pts_rdev, Device, DEV_DIR, PTS_DIR};
+use super::devices::{pts_rdev, DevLink, Device, DEV_DIR, PTS_DIR};
 use super::file_data::FileData;
 use super::image::{Image, ImageKind};
 use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
@@ -32,6 +32,8 @@ enum NodeId {
     /// The synthetic /dev directory and its devices (devices.rs).
     DevDir,
     Device(Device),
+    /// /dev/fd, /dev/stdin, /dev/stdout and /dev/stderr (symbolic links into /proc/self/fd).
+    DevLink(DevLink),
     /// /dev/pts and the slave of pseudo-terminal N in it (listed while it is in use:
     /// `ProcessView::terminals`).
     PtsDir,
@@ -250,8 +252,12 @@ impl Vfs {
                     read_only: true,
                 }
             }
-            NodeId::DevDir | NodeId::Device(_) | NodeId::PtsDir | NodeId::Pts(_) => {
-                let files = 2 + Device::ALL.len() as u64;
+            NodeId::DevDir
+            | NodeId::Device(_)
+            | NodeId::DevLink(_)
+            | NodeId::PtsDir
+            | NodeId::Pts(_) => {
+                let files = 2 + (Device::ALL.len() + DevLink::ALL.len()) as u64;
                 FsStats {
                     magic: TMPFS_MAGIC,
                     block_size: block,
@@ -342,6 +348,10 @@ impl Vfs {
         };
         let kind = self.kind(node)?;
         if kind == FileKind::Symlink && !opts.path_only {
+            // A followed fd link to a pipe or the like: the caller reopens its object.
+            if !opts.nofollow && matches!(node.0, NodeId::Proc(ProcNode::Fd(..))) {
+                return Ok(node);
+            }
             return Err(Errno::ELOOP);
         }
         if opts.create && kind == FileKind::Directory {
@@ -395,6 +405,7 @@ impl Vfs {
             NodeId::Overlay(id) => Ok(self.overlay.get(id)?.file_kind()),
             NodeId::DevDir | NodeId::PtsDir => Ok(FileKind::Directory),
             NodeId::Device(_) | NodeId::Pts(_) => Ok(FileKind::CharDevice),
+            NodeId::DevLink(_) => Ok(FileKind::Symlink),
             NodeId::Proc(p) => Ok(p.kind()),
         }
     }
@@ -496,6 +507,14 @@ impl Vfs {
                     .count(),
             ),
             NodeId::Device(_) => (ino(node), FileKind::CharDevice, 0o666, 0, OVERLAY_TIME, 0),
+            NodeId::DevLink(link) => (
+                ino(node),
+                FileKind::Symlink,
+                0o777,
+                link.target().len() as u64,
+                OVERLAY_TIME,
+                0,
+            ),
             NodeId::PtsDir => (ino(node), FileKind::Directory, 0o755, 0, OVERLAY_TIME, 0),
             // A slave is its user's, writable by the tty group, as devpts makes it.
             NodeId::Pts(_) => (ino(node), FileKind::CharDevice, 0o620, 0, OVERLAY_TIME, 0),
@@ -576,6 +595,7 @@ impl Vfs {
             NodeId::DevDir | NodeId::PtsDir => Err(Errno::EISDIR),
             // A /proc file's bytes are rendered per open (syscalls::procfs), not kept here.
             NodeId::Device(_) | NodeId::Pts(_) | NodeId::Proc(_) => Err(Errno::ENODEV),
+            NodeId::DevLink(_) => Err(Errno::EINVAL),
         }
     }
 
@@ -691,7 +711,9 @@ impl Vfs {
             read_only: matches!(node.0, NodeId::Image(_)),
             holder: match node.0 {
                 NodeId::Overlay(_) => Holder::Stored,
-                NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) => Holder::Empty,
+                NodeId::Image(_) | NodeId::DevDir | NodeId::Device(_) | NodeId::DevLink(_) => {
+                    Holder::Empty
+                }
                 // devpts, like procfs, keeps no attributes.
                 NodeId::Proc(_) | NodeId::PtsDir | NodeId::Pts(_) => Holder::Unsupported,
             },
@@ -770,6 +792,9 @@ impl Vfs {
                 for device in Device::ALL {
                     named.insert(device.name().to_vec(), Node(NodeId::Device(device)));
                 }
+                for link in DevLink::ALL {
+                    named.insert(link.name().to_vec(), Node(NodeId::DevLink(link)));
+                }
                 named.insert(PTS_DIR.to_vec(), Node(NodeId::PtsDir));
                 for m in self.mounts.iter().filter(|m| m.parent == MountParent::Dev) {
                     named.insert(m.name.clone(), Node(NodeId::Overlay(m.root)));
@@ -780,7 +805,7 @@ impl Vfs {
                     named.insert(n.to_string().into_bytes(), Node(NodeId::Pts(n)));
                 }
             }
-            NodeId::Device(_) | NodeId::Pts(_) => {}
+            NodeId::Device(_) | NodeId::DevLink(_) | NodeId::Pts(_) => {}
             // Listed in /proc's own order (the pid before the names), not sorted by name.
             NodeId::Proc(p) => {
                 for (name, child) in p.entries(view) {
@@ -854,6 +879,7 @@ impl Vfs {
             }
             NodeId::DevDir => Ok([b"/", DEV_DIR].concat()),
             NodeId::Device(device) => Ok([b"/", DEV_DIR, b"/", device.name()].concat()),
+            NodeId::DevLink(link) => Ok([b"/", DEV_DIR, b"/", link.name()].concat()),
             NodeId::PtsDir => Ok([b"/", DEV_DIR, b"/", PTS_DIR].concat()),
             NodeId::Pts(n) => Ok(format!("/dev/pts/{n}").into_bytes()),
             NodeId::Proc(p) => {
@@ -1181,6 +1207,7 @@ impl Vfs {
             NodeId::Image(_)
             | NodeId::DevDir
             | NodeId::Device(_)
+            | NodeId::DevLink(_)
             | NodeId::PtsDir
             | NodeId::Pts(_)
             | NodeId::Proc(_) => Err(Errno::EROFS),
@@ -1212,6 +1239,7 @@ fn ino(node: Node) -> u64 {
         NodeId::Image(i) => u64::from(i) + 1,
         NodeId::DevDir => DEV_INO_BASE,
         NodeId::Device(device) => DEV_INO_BASE + 1 + u64::from(device.index()),
+        NodeId::DevLink(link) => DEV_INO_BASE + 0x100 + u64::from(link.index()),
         // Below /proc's base: /dev/pts/N from 1 << 29 past /dev's.
         NodeId::PtsDir => DEV_INO_BASE + (1 << 29),
         NodeId::Pts(n) => DEV_INO_BASE + (1 << 29) + 1 + u64::from(n),
@@ -1277,6 +1305,10 @@ impl Tree for Lookup<'_> {
             _ => None,
         }
     }
+
+    fn is_pathless_link(&self, node: Node) -> bool {
+        matches!(node.0, NodeId::Proc(p) if p.is_pathless_link(self.view))
+    }
 }
 
 impl Tree for Vfs {
@@ -1303,7 +1335,7 @@ impl Tree for Vfs {
                 },
             },
             NodeId::DevDir => Ok(Node::ROOT),
-            NodeId::Device(_) | NodeId::PtsDir => Ok(Node(NodeId::DevDir)),
+            NodeId::Device(_) | NodeId::DevLink(_) | NodeId::PtsDir => Ok(Node(NodeId::DevDir)),
             NodeId::Pts(_) => Ok(Node(NodeId::PtsDir)),
             NodeId::Proc(p) => Ok(p
                 .parent()
@@ -1342,11 +1374,13 @@ impl Tree for Vfs {
             {
                 Some(m) => Ok(Some(Node(NodeId::Overlay(m.root)))),
                 None if name == PTS_DIR => Ok(Some(Node(NodeId::PtsDir))),
-                None => Ok(Device::by_name(name).map(|d| Node(NodeId::Device(d)))),
+                None => Ok(Device::by_name(name)
+                    .map(|d| Node(NodeId::Device(d)))
+                    .or_else(|| DevLink::by_name(name).map(|l| Node(NodeId::DevLink(l))))),
             },
             // Which slaves exist is the running program's to say (`Lookup`).
             NodeId::PtsDir => Ok(None),
-            NodeId::Device(_) | NodeId::Pts(_) => Err(Errno::ENOTDIR),
+            NodeId::Device(_) | NodeId::DevLink(_) | NodeId::Pts(_) => Err(Errno::ENOTDIR),
             NodeId::Proc(p) if p.kind() == FileKind::Directory => {
                 Ok(p.child(&NoProcess, name).map(|c| Node(NodeId::Proc(c))))
             }
@@ -1368,6 +1402,7 @@ impl Tree for Vfs {
                 OverlayKind::Symlink(target) => Ok(target.clone()),
                 _ => Err(Errno::EINVAL),
             },
+            NodeId::DevLink(link) => Ok(link.target().to_vec()),
             NodeId::DevDir | NodeId::Device(_) | NodeId::PtsDir | NodeId::Pts(_) => {
                 Err(Errno::EINVAL)
             }
@@ -1407,6 +1442,10 @@ impl Node {
             NodeId::Pts(n) => {
                 e.u8(6);
                 e.u32(n);
+            }
+            NodeId::DevLink(link) => {
+                e.u8(7);
+                e.u8(link.index());
             }
         }
     }
@@ -1458,6 +1497,12 @@ impl Vfs {
                 )?))
             }
             5 => Node(NodeId::PtsDir),
+            7 => {
+                let index = d.u8("dev link")?;
+                Node(NodeId::DevLink(DevLink::from_index(index).ok_or_else(
+                    || DecodeError::new(format!("dev link {index}")),
+                )?))
+            }
             t => return Err(DecodeError::new(format!("node tag {t}"))),
         };
         self.kind(node)
@@ -1987,11 +2032,15 @@ mod tests {
             [
                 &b"."[..],
                 b"..",
+                b"fd",
                 b"null",
                 b"ptmx",
                 b"pts",
                 b"random",
                 b"shm",
+                b"stderr",
+                b"stdin",
+                b"stdout",
                 b"tty",
                 b"urandom",
                 b"zero"

@@ -13,11 +13,12 @@ use super::procfs::{self, ProcessFacts};
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{
-    Device, DirEntry, FileKind, FsStats, Node, OpenOptions, ProcessView, Stat, Timespec, Vfs,
+    Device, DirEntry, FileKind, FsStats, Node, OpenOptions, ProcNode, ProcessView, Stat, Timespec,
+    Vfs,
 };
 use crate::process::{
     Appended, Description, GuestProcess, Object, PipeError, O_ACCMODE, O_APPEND, O_NONBLOCK,
-    O_RDONLY,
+    O_RDONLY, O_WRONLY,
 };
 use crate::status::RunStatus;
 
@@ -188,10 +189,19 @@ fn statx_bytes(s: &Stat) -> [u8; 256] {
 }
 
 pub(super) fn stat_of_fd(proc: &GuestProcess, fd: u64) -> Result<Stat, Errno> {
+    stat_of_description(proc, proc.fds.description_id(fd)?, proc.fds.get(fd)?)
+}
+
+/// What fstat of a descriptor of `description` (description number `id`) reports.
+fn stat_of_description(
+    proc: &GuestProcess,
+    id: usize,
+    description: &Description,
+) -> Result<Stat, Errno> {
     // An anonymous object's inode number is its description's (as /proc's fd links name it),
     // so a dup or a passed fd stats the same as the original.
-    let id = proc.fds.description_id(fd)? as u64;
-    match proc.fds.get(fd)?.object {
+    let id = id as u64;
+    match description.object {
         Object::Node(node) => proc.config.vfs.stat(node),
         Object::Socket { .. } | Object::Endpoint(_) | Object::Inet(_) | Object::UnixDatagram(_) => {
             Ok(stream_stat(id, S_IFSOCK))
@@ -805,6 +815,11 @@ fn open_common(
     };
     let node = with_view(proc, |vfs, view| vfs.open_in(view, base, &path, &opts))?;
     let status = (flags & STATUS_FLAGS) | O_LARGEFILE;
+    if let Some(ProcNode::Fd(pid, fd)) = proc.config.vfs.proc_node(node) {
+        if !path_only {
+            return reopen(proc, (pid, fd), status as u32, flags & O_CLOEXEC != 0);
+        }
+    }
     let (device, pts) = (proc.config.vfs.device(node), proc.config.vfs.pts(node));
     if !path_only && (matches!(device, Some(Device::Ptmx | Device::Tty)) || pts.is_some()) {
         proc.config.vfs.close(node);
@@ -829,6 +844,32 @@ fn open_common(
             Err(e)
         }
     }
+}
+
+/// open(2) of /proc/<pid>/fd/<fd> (/dev/stdin and the like lead there) whose object has no
+/// path: a new description of that object, as Linux reopens it: the pipe end the access mode
+/// asks for (O_RDWR is EINVAL, as for a FIFO), the run's stdin for reading (from where its
+/// reader is) or a captured output for writing (else EACCES); a socket, epoll set, eventfd or
+/// pidfd is ENXIO.
+fn reopen(proc: &mut GuestProcess, (pid, fd): (u32, u32), status: u32, cloexec: bool) -> SysResult {
+    let (_, open) = ProcessFacts::of(proc)
+        .description(pid, fd)
+        .ok_or(Errno::ENOENT)?;
+    let (object, offset) = (open.object.clone(), open.offset);
+    let object = match (object, status & O_ACCMODE) {
+        (Object::PipeRead(pipe) | Object::PipeWrite(pipe), O_RDONLY) => Object::PipeRead(pipe),
+        (Object::PipeRead(pipe) | Object::PipeWrite(pipe), O_WRONLY) => Object::PipeWrite(pipe),
+        (Object::PipeRead(_) | Object::PipeWrite(_), _) => return Err(Errno::EINVAL),
+        (Object::Stdin, O_RDONLY) => Object::Stdin,
+        (Object::Output(stream), O_WRONLY) => Object::Output(stream),
+        (Object::Stdin | Object::Output(_), _) => return Err(Errno::EACCES),
+        _ => return Err(Errno::ENXIO),
+    };
+    let mut description = Description::new(object, status);
+    if description.object == Object::Stdin {
+        description.offset = offset;
+    }
+    value(proc.fds.install(description, 0, cloexec)?)
 }
 
 /// close(fd)
@@ -1118,7 +1159,15 @@ pub(super) fn stat_target(
         return stat_of_fd(proc, fd_arg(dirfd));
     }
     let base = base_dir(proc, dirfd, &path_bytes)?;
-    let node = resolve(proc, base, &path_bytes, flags & AT_SYMLINK_NOFOLLOW == 0)?;
+    let follow = flags & AT_SYMLINK_NOFOLLOW == 0;
+    let node = resolve(proc, base, &path_bytes, follow)?;
+    // A followed fd link to a pipe or the like stats as that object, as fstat of the fd would.
+    if let (true, Some(ProcNode::Fd(pid, fd))) = (follow, proc.config.vfs.proc_node(node)) {
+        let (id, description) = ProcessFacts::of(proc)
+            .description(pid, fd)
+            .ok_or(Errno::ENOENT)?;
+        return stat_of_description(proc, id, description);
+    }
     proc.config.vfs.stat(node)
 }
 

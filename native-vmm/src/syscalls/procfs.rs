@@ -12,7 +12,9 @@ use super::time::{self, CLOCK_BOOTTIME, CLOCK_REALTIME};
 use crate::abi::{GUEST_GID, GUEST_UID};
 use crate::fs::{Device, FdTarget, Node, ProcNode, ProcessView, SystemFile, TaskFile, Vfs};
 use crate::loader::stack_size;
-use crate::process::{FdTable, GuestProcess, Object, ProcessPart, ProcessTable, Threads};
+use crate::process::{
+    Description, FdTable, GuestProcess, Object, ProcessPart, ProcessTable, Threads,
+};
 
 const PAGE: u64 = 4096;
 const SIG_IGN: u64 = 1;
@@ -44,6 +46,15 @@ impl<'a> ProcessFacts<'a> {
             tree: &proc.tree,
             parked: &proc.parked,
         }
+    }
+
+    /// Fd `fd` of live process `pid`: its description's index and the description.
+    pub fn description(&self, pid: u32, fd: u32) -> Option<(usize, &'a Description)> {
+        let slots = self.process(pid)?.map(|p| &p.fd_slots);
+        self.fds
+            .fds_of(slots)
+            .find(|&(open, ..)| open == u64::from(fd))
+            .map(|(_, id, desc)| (id, desc))
     }
 
     /// Live process `pid`: the running one (Some(None)) or a parked one's part.
@@ -87,11 +98,7 @@ impl ProcessView for ProcessFacts<'_> {
     }
 
     fn fd_target(&self, pid: u32, fd: u32) -> Option<FdTarget> {
-        let slots = self.process(pid)?.map(|p| &p.fd_slots);
-        let (_, id, desc) = self
-            .fds
-            .fds_of(slots)
-            .find(|&(open, ..)| open == u64::from(fd))?;
+        let (id, desc) = self.description(pid, fd)?;
         // Linux names an anonymous object by its type and inode number; the description's
         // index stands in for the inode.
         Some(match &desc.object {

@@ -1983,11 +1983,15 @@ fn dev_nodes_and_statfs() {
         [
             &b"."[..],
             b"..",
+            b"fd",
             b"null",
             b"ptmx",
             b"pts",
             b"random",
             b"shm",
+            b"stderr",
+            b"stdin",
+            b"stdout",
             b"tty",
             b"urandom",
             b"zero"

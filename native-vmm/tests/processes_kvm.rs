@@ -145,13 +145,14 @@ fn jobs_timeouts_and_signals_between_processes() {
 
 /// /dev/stdin, /dev/stdout, /dev/stderr and /dev/fd lead to the caller's fds: a pipe is
 /// reopened through them (so `cat /dev/stdin` and bash's process substitution work), a path
-/// stat follows them to the object, and a file opened there is the file.
+/// stat follows them to the object, a pipe is no directory, and a file opened there is the file.
 #[test]
 fn dev_fd_links_reopen_the_callers_descriptors() {
     same_as_native(
         "{ diff <(printf 'a\\nb\\n') <(printf 'a\\nc\\n'); echo \"diff $?\"; \
            paste -d, <(seq 3) <(seq 4 6); \
            echo piped | cat /dev/stdin; echo also | cat /dev/fd/0 /proc/self/fd/0; \
+           echo | cat /dev/stdin/x; \
            echo to-stdout > /dev/stdout; echo to-stderr > /dev/stderr; \
            readlink /dev/stdin /dev/fd; stat -L -c %F /dev/stdin < /dev/null; \
            echo x | stat -L -c %F /dev/stdin; echo file > f.txt; cat /dev/stdin < f.txt; \

@@ -19,14 +19,18 @@ pub(crate) trait Tree {
     fn kind(&self, node: Self::Node) -> Result<FileKind, Errno>;
     fn link_target(&self, node: Self::Node) -> Result<Vec<u8>, Errno>;
     /// A link followed to a node rather than by its text (/proc's fd, exe and cwd links).
-    fn magic_target(&self, _node: Self::Node) -> Option<Self::Node> {
+    fn magic_target(&self, _node: Self::Node) -> Option<MagicTarget<Self::Node>> {
         None
     }
-    /// A magic link to something with no path (a pipe's fd): a walk that would follow it as
-    /// its last step ends at the link, which open(2) reopens as that object.
-    fn is_pathless_link(&self, _node: Self::Node) -> bool {
-        false
-    }
+}
+
+/// Where a magic link leads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MagicTarget<N> {
+    Node(N),
+    /// Something with no path (a pipe's fd): a walk ends at the link itself, which open(2)
+    /// reopens as that object (and which is no directory to walk on in).
+    TheLink,
 }
 
 fn check_length(path: &[u8]) -> Result<(), Errno> {
@@ -91,13 +95,16 @@ fn walk<T: Tree>(
                 return Err(Errno::ELOOP);
             }
             *budget -= 1;
-            if let Some(target) = tree.magic_target(child) {
-                cur = target;
-                continue;
-            }
-            if last && tree.is_pathless_link(child) {
-                cur = child;
-                continue;
+            match tree.magic_target(child) {
+                Some(MagicTarget::Node(target)) => {
+                    cur = target;
+                    continue;
+                }
+                Some(MagicTarget::TheLink) => {
+                    cur = child;
+                    continue;
+                }
+                None => {}
             }
             let target = tree.link_target(child)?;
             if target.is_empty() {

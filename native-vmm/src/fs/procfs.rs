@@ -8,6 +8,7 @@
 //! live pids, each one's open fds, threads, working directory and program) come from a
 //! [`ProcessView`] the caller hands to the lookup.
 
+use super::path::MagicTarget;
 use super::vfs::Node;
 use super::FileKind;
 
@@ -399,26 +400,16 @@ impl ProcNode {
     }
 
     /// A "magic" link (exe, cwd, an fd) is followed to the node itself, not by its path text,
-    /// so an unlinked file stays reachable, as on Linux. None: an ordinary link (or one whose
-    /// target has no node: a pipe's fd).
-    pub fn magic_target(self, view: &dyn ProcessView) -> Option<Node> {
+    /// so an unlinked file stays reachable, as on Linux; an fd of something with no path (a
+    /// pipe, a socket) leads to the link itself. None: an ordinary link.
+    pub(crate) fn magic_target(self, view: &dyn ProcessView) -> Option<MagicTarget<Node>> {
         match self {
-            ProcNode::Cwd(pid) => view.cwd(pid),
-            ProcNode::Fd(pid, fd) => match view.fd_target(pid, fd)? {
-                FdTarget::Node(node) => Some(node),
-                FdTarget::Anonymous(_) => None,
-            },
+            ProcNode::Cwd(pid) => view.cwd(pid).map(MagicTarget::Node),
+            ProcNode::Fd(pid, fd) => Some(match view.fd_target(pid, fd)? {
+                FdTarget::Node(node) => MagicTarget::Node(node),
+                FdTarget::Anonymous(_) => MagicTarget::TheLink,
+            }),
             _ => None,
-        }
-    }
-
-    /// An fd link whose object has no path (a pipe, a socket, an eventfd...).
-    pub fn is_pathless_link(self, view: &dyn ProcessView) -> bool {
-        match self {
-            ProcNode::Fd(pid, fd) => {
-                matches!(view.fd_target(pid, fd), Some(FdTarget::Anonymous(_)))
-            }
-            _ => false,
         }
     }
 
@@ -586,8 +577,14 @@ mod tests {
             ProcNode::Fd(1, 0).link_text(&v, path),
             Some(b"pipe:[1]".to_vec())
         );
-        assert_eq!(ProcNode::Fd(1, 3).magic_target(&v), Some(Node::ROOT));
-        assert_eq!(ProcNode::Fd(1, 0).magic_target(&v), None);
+        assert_eq!(
+            ProcNode::Fd(1, 3).magic_target(&v),
+            Some(MagicTarget::Node(Node::ROOT))
+        );
+        assert_eq!(
+            ProcNode::Fd(1, 0).magic_target(&v),
+            Some(MagicTarget::TheLink)
+        );
         assert_eq!(ProcNode::Cwd(9).magic_target(&v), None, "no such process");
         let names: Vec<Vec<u8>> = root.entries(&v).into_iter().map(|(n, _)| n).collect();
         assert_eq!(names[..2], [b"1".to_vec(), b"5".to_vec()]);

@@ -15,7 +15,7 @@ use super::devices::{pts_rdev, DevLink, Device, DEV_DIR, PTS_DIR};
 use super::file_data::FileData;
 use super::image::{Image, ImageKind};
 use super::overlay::{Overlay, OverlayKind, NODE_CHARGE};
-use super::path::{self, Tree};
+use super::path::{self, MagicTarget, Tree};
 use super::procfs::{NoProcess, ProcNode, ProcessView, SystemDir};
 use super::xattr::{self, Holder, SetMode, Target};
 use super::{FileKind, W_OK, X_OK};
@@ -1299,15 +1299,11 @@ impl Tree for Lookup<'_> {
         }
     }
 
-    fn magic_target(&self, node: Node) -> Option<Node> {
+    fn magic_target(&self, node: Node) -> Option<MagicTarget<Node>> {
         match node.0 {
             NodeId::Proc(p) => p.magic_target(self.view),
             _ => None,
         }
-    }
-
-    fn is_pathless_link(&self, node: Node) -> bool {
-        matches!(node.0, NodeId::Proc(p) if p.is_pathless_link(self.view))
     }
 }
 

@@ -319,8 +319,12 @@ pub(super) fn sent_fields(options: &IpOptions, route: Route, outgoing: &Outgoing
 }
 
 /// The control messages a receive of a datagram with `header` returns on a socket with
-/// `options` (`ipv6`: AF_INET6), in Linux's order, put into `reply`.
+/// `options` (`ipv6`: AF_INET6), in Linux's order, put into `reply`. Nothing is built for a
+/// socket that asks for none (most receives).
 pub(super) fn received(options: &IpOptions, ipv6: bool, header: &IpHeader, reply: &mut Reply) {
+    if options.receive == 0 {
+        return;
+    }
     let wants = |level, name| receive_bit(level, name).is_some_and(|b| options.receive & b != 0);
     let hop_limit = i32::from(header.hop_limit).to_le_bytes();
     if ipv6 {
@@ -328,8 +332,9 @@ pub(super) fn received(options: &IpOptions, ipv6: bool, header: &IpHeader, reply
             IpAddr::V6(ip) => ip,
             IpAddr::V4(ip) => ip.to_ipv6_mapped(),
         };
-        let mut pktinfo = destination.octets().to_vec();
-        pktinfo.extend_from_slice(&LOOPBACK_INDEX.to_le_bytes());
+        let mut pktinfo = [0u8; IN6_PKTINFO];
+        pktinfo[..16].copy_from_slice(&destination.octets());
+        pktinfo[16..].copy_from_slice(&LOOPBACK_INDEX.to_le_bytes());
         let traffic_class = i32::from(header.traffic_class).to_le_bytes();
         let messages: [(i32, i32, &[u8]); 5] = [
             (IPV6_RECVPKTINFO, IPV6_PKTINFO, &pktinfo),
@@ -348,11 +353,13 @@ pub(super) fn received(options: &IpOptions, ipv6: bool, header: &IpHeader, reply
     let destination = match header.destination {
         IpAddr::V4(ip) => ip,
         IpAddr::V6(ip) => ip.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
-    };
+    }
+    .octets();
     // in_pktinfo: the interface, the local address (the one it was sent to), the destination.
-    let mut pktinfo = LOOPBACK_INDEX.to_le_bytes().to_vec();
-    pktinfo.extend_from_slice(&destination.octets());
-    pktinfo.extend_from_slice(&destination.octets());
+    let mut pktinfo = [0u8; IN_PKTINFO];
+    pktinfo[..4].copy_from_slice(&LOOPBACK_INDEX.to_le_bytes());
+    pktinfo[4..8].copy_from_slice(&destination);
+    pktinfo[8..].copy_from_slice(&destination);
     let messages: [(i32, i32, &[u8]); 3] = [
         (IP_PKTINFO, IP_PKTINFO, &pktinfo),
         (IP_RECVTTL, IP_TTL, &hop_limit),

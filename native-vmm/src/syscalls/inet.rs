@@ -530,7 +530,8 @@ pub(super) fn send(
     index: usize,
     data: &[u8],
     dest: Option<SocketAddr>,
-    (nonblocking, outgoing): (bool, &Outgoing),
+    nonblocking: bool,
+    outgoing: &Outgoing,
 ) -> SysResult {
     let socket = proc.fds.inet(index)?;
     if socket.shut_write {
@@ -931,13 +932,7 @@ pub(super) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     let nonblocking = nonblocking_call(flags, nonblocking)?;
     let dest = destination(proc, user, index, dest, dest_len)?;
     let data = user.read_vec(buf, len.min(MAX_TRANSFER as u64))?;
-    send(
-        proc,
-        index,
-        &data,
-        dest,
-        (nonblocking, &Outgoing::default()),
-    )
+    send(proc, index, &data, dest, nonblocking, &Outgoing::default())
 }
 
 /// Writes a received message's source to a sockaddr buffer and its length (if asked for).
@@ -1026,13 +1021,7 @@ pub(super) fn write(
     nonblocking: bool,
 ) -> SysResult {
     let data = gather(user, iovecs)?;
-    send(
-        proc,
-        index,
-        &data,
-        None,
-        (nonblocking, &Outgoing::default()),
-    )
+    send(proc, index, &data, None, nonblocking, &Outgoing::default())
 }
 
 /// sendmsg(fd, msg, flags): the iovecs as one message (one datagram), with the control
@@ -1067,7 +1056,7 @@ fn send_message(
         None => Outgoing::default(),
     };
     let data = gather(user, &header.iovecs)?;
-    send(proc, index, &data, dest, (nonblocking, &outgoing))
+    send(proc, index, &data, dest, nonblocking, &outgoing)
 }
 
 /// sendmmsg(fd, msgvec, vlen, flags): each message in turn (glibc's resolver sends its A and

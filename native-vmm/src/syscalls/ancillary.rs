@@ -19,7 +19,7 @@ use crate::net::{canonical, IpOptions};
 
 const SOL_SOCKET: i32 = 1;
 pub(super) const SOL_IP: i32 = 0;
-pub(super) const SOL_IPV6: i32 = 41;
+const SOL_IPV6: i32 = 41;
 const SOL_UDP: i32 = 17;
 const ENOPROTOOPT: Errno = Errno(92);
 const ENODEV: Errno = Errno(19);
@@ -47,7 +47,7 @@ const SO_TIMESTAMPING_NEW: i32 = 65;
 const UDP_SEGMENT: i32 = 103;
 
 /// The hop limit (IPv4's TTL) of the VM's loopback route, Linux's default.
-pub(super) const DEFAULT_HOP_LIMIT: u8 = 64;
+const DEFAULT_HOP_LIMIT: u8 = 64;
 /// The loopback's interface index, the VM's only interface.
 const LOOPBACK_INDEX: u32 = 1;
 /// `struct in_pktinfo` and `struct in6_pktinfo`.

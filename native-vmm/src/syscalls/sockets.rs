@@ -13,6 +13,7 @@
 //! unix_datagram.rs's: each call here hands them over.
 
 use super::addresses::{datagram_destination, endpoint_name, write_truncated, AF_INET, AF_INET6};
+use super::ancillary::SOL_IP;
 use super::control::{messages, read_control, read_msghdr, MessageHeader, Reply, CMSG_HEADER};
 use super::files::{
     fd_arg, read_channel, transfer_each, write_channel, write_channel_passing, MAX_IO,
@@ -54,7 +55,6 @@ const ENOPROTOOPT: Errno = Errno(92);
 const EPROTONOSUPPORT: Errno = Errno(93);
 const ESOCKTNOSUPPORT: Errno = Errno(94);
 const EISCONN: Errno = Errno::EISCONN;
-const IPPROTO_IP: i32 = 0;
 const IPPROTO_TCP: u64 = 6;
 const IPPROTO_IPV6: u64 = 41;
 const IPV6_V6ONLY: u64 = 26;
@@ -425,7 +425,7 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         let answer = kept.map_or(answer, u32::from);
         // IPv4's options fit a buffer shorter than an int in a byte, as Linux's do.
         let room = user.read_u32(optlen)?.cast_signed();
-        if level as i32 == IPPROTO_IP && (1..4).contains(&room) && answer <= 0xff {
+        if level as i32 == SOL_IP && (1..4).contains(&room) && answer <= 0xff {
             return write_truncated(user, optval, optlen, &[answer as u8]);
         }
         return write_truncated(user, optval, optlen, &answer.to_le_bytes());

@@ -223,7 +223,7 @@ impl<'a> Tree<'a> {
                     }
                 }
                 Stop::End(LoopEnd::Exec { request, call }) => {
-                    let value = match self.exec(index, root_cpu, process, &request) {
+                    let value = match self.exec(index, root_cpu, process, request) {
                         Ok(()) => {
                             self.members[index].state = State::Ready(Next::Run);
                             continue;
@@ -480,7 +480,7 @@ impl<'a> Tree<'a> {
         index: usize,
         root_cpu: &mut dyn GuestCpu,
         process: &mut GuestProcess,
-        request: &ExecRequest,
+        request: ExecRequest,
     ) -> Result<(), Errno> {
         let mem_limit = process.config.mem_limit;
         let new_mem = GuestMemory::new(mem_limit).map_err(|_| Errno::ENOMEM)?;
@@ -541,9 +541,9 @@ impl<'a> Tree<'a> {
             }
         }
         process.config.command = Command {
-            exe: request.exe.clone(),
-            argv: request.argv.clone(),
-            envp: request.envp.clone(),
+            exe: request.exe,
+            argv: request.argv,
+            envp: request.envp,
         };
         let member = &mut self.members[index];
         let mut cpu = new_cpu;

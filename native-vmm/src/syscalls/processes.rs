@@ -182,15 +182,11 @@ fn exec_at(
     let mut argv = read_strings(user, argv, &mut budget)?;
     let envp = read_strings(user, envp, &mut budget)?;
     let vfs = &proc.config.vfs;
-    let mut exe = if path.is_empty() {
-        vfs.path_of(base)?
+    let (mut exe, mut node) = if path.is_empty() {
+        (vfs.path_of(base)?, base)
     } else {
-        path.clone()
-    };
-    let mut node = if path.is_empty() {
-        base
-    } else {
-        vfs.resolve(base, &path, true)?
+        let node = vfs.resolve(base, &path, true)?;
+        (path, node)
     };
     for _ in 0..=INTERPRETER_DEPTH {
         if vfs.kind(node)? != FileKind::Regular {
@@ -223,15 +219,13 @@ fn exec_at(
         if interpreter.is_empty() {
             return Err(Errno::ENOEXEC);
         }
+        node = vfs.resolve(base, &interpreter, true)?;
         // argv becomes: interpreter [argument] script original-argv[1..].
-        let rest = argv.iter().skip(1).cloned();
         let mut script_argv = vec![interpreter.clone()];
         script_argv.extend(argument);
-        script_argv.push(exe);
-        script_argv.extend(rest);
+        script_argv.push(std::mem::replace(&mut exe, interpreter));
+        script_argv.extend(argv.into_iter().skip(1));
         argv = script_argv;
-        exe = interpreter.clone();
-        node = vfs.resolve(base, &interpreter, true)?;
     }
     Err(Errno::ELOOP)
 }

@@ -951,7 +951,6 @@ fn fs_base_and_limits() {
 
 #[test]
 fn a_pidfd_turns_readable_when_its_process_ends_and_names_none_once_reaped() {
-    const POLL: u64 = 7;
     const WAITID: u64 = 247;
     const PIDFD_SEND_SIGNAL: u64 = 424;
     const PIDFD_OPEN: u64 = 434;

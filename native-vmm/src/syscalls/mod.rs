@@ -102,6 +102,17 @@ pub(crate) fn fd_arg(fd: u64) -> u64 {
     }
 }
 
+/// poll(2)'s event bits: poll and epoll report them, each kind of object says which it has.
+const POLLIN: u16 = 0x001;
+const POLLPRI: u16 = 0x002;
+const POLLOUT: u16 = 0x004;
+const POLLERR: u16 = 0x008;
+const POLLHUP: u16 = 0x010;
+const POLLNVAL: u16 = 0x020;
+const POLLRDNORM: u16 = 0x040;
+const POLLWRNORM: u16 = 0x100;
+const POLLRDHUP: u16 = 0x2000;
+
 /// send/recv flags that every socket reads.
 const MSG_OOB: u64 = 0x1;
 pub(crate) const MSG_PEEK: u64 = 0x2;

@@ -17,18 +17,9 @@ use std::time::Duration;
 
 use super::pidfd::Named;
 use super::{value, wait_ready_on, SysResult, SyscallOutcome, UserMemory};
+use super::{POLLERR, POLLHUP, POLLIN, POLLNVAL, POLLOUT, POLLPRI, POLLRDHUP, POLLRDNORM, POLLWRNORM};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object};
-
-const POLLIN: u16 = 0x001;
-const POLLPRI: u16 = 0x002;
-const POLLOUT: u16 = 0x004;
-pub(super) const POLLERR: u16 = 0x008;
-pub(super) const POLLHUP: u16 = 0x010;
-const POLLNVAL: u16 = 0x020;
-const POLLRDNORM: u16 = 0x040;
-const POLLWRNORM: u16 = 0x100;
-const POLLRDHUP: u16 = 0x2000;
 
 /// The poll bits `fd` reports now (before masking by the requested events).
 pub(super) fn ready_bits(proc: &GuestProcess, fd: u64) -> u16 {

@@ -9,6 +9,7 @@
 //! unsupported, and background reads and writes are not stopped (no SIGTTIN/SIGTTOU).
 
 use super::{value, wait_ready, SysResult, UserMemory};
+use super::{POLLERR, POLLHUP, POLLIN, POLLNVAL, POLLOUT, POLLRDNORM, POLLWRNORM};
 use crate::errno::Errno;
 use crate::fs::Device;
 use crate::process::signals;
@@ -18,14 +19,6 @@ use crate::process::{Description, GuestProcess, Object, O_ACCMODE, O_NONBLOCK};
 const O_NOCTTY: u64 = 0o400;
 const O_CLOEXEC: u64 = 0o2000000;
 const SIGWINCH: u64 = 28;
-// poll(2) bits.
-const POLLIN: u16 = 0x001;
-const POLLOUT: u16 = 0x004;
-const POLLERR: u16 = 0x008;
-const POLLHUP: u16 = 0x010;
-const POLLNVAL: u16 = 0x020;
-const POLLRDNORM: u16 = 0x040;
-const POLLWRNORM: u16 = 0x100;
 
 /// Opens the terminal end `device` or /dev/pts/`pts` names for the caller.
 pub(super) fn open(

@@ -22,9 +22,13 @@ use crate::status::RunStatus;
 use crate::usermem::UserMemory;
 
 pub const SIGHUP: u64 = 1;
+pub const SIGINT: u64 = 2;
+pub const SIGQUIT: u64 = 3;
 pub const SIGKILL: u64 = 9;
 pub const SIGSTOP: u64 = 19;
 pub const SIGCONT: u64 = 18;
+pub const SIGTSTP: u64 = 20;
+pub const SIGWINCH: u64 = 28;
 pub const SIGALRM: u64 = 14;
 pub const SIGVTALRM: u64 = 26;
 pub const SIGPROF: u64 = 27;
@@ -213,10 +217,8 @@ fn siginfo(sig: u64, code: i32) -> [u8; 128] {
 /// are dropped on the way), as Linux does on the way back to user mode.
 pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
     const SIGCHLD: u64 = 17;
-    const SIGTSTP: u64 = 20;
     const SIGTTOU: u64 = 22;
     const SIGURG: u64 = 23;
-    const SIGWINCH: u64 = 28;
     loop {
         let ready = ready_for(proc, tid);
         if ready == 0 {

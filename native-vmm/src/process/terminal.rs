@@ -9,6 +9,8 @@
 
 use std::collections::VecDeque;
 
+use super::signals::{SIGINT, SIGQUIT, SIGTSTP};
+
 // c_iflag bits.
 const ISTRIP: u32 = 0o40;
 const INLCR: u32 = 0o100;
@@ -51,10 +53,6 @@ const VEOL2: usize = 16;
 pub const NCCS: usize = 19;
 /// A c_cc value that disables its function.
 const DISABLED: u8 = 0;
-
-const SIGINT: u64 = 2;
-const SIGQUIT: u64 = 3;
-const SIGTSTP: u64 = 20;
 
 /// Bytes each direction holds at most (Linux's pty buffers are of this order): a write past
 /// it waits for the other end to read.

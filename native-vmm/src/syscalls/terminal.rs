@@ -18,7 +18,6 @@ use crate::process::{Description, GuestProcess, Object, O_ACCMODE, O_NONBLOCK};
 
 const O_NOCTTY: u64 = 0o400;
 const O_CLOEXEC: u64 = 0o2000000;
-const SIGWINCH: u64 = 28;
 
 /// Opens the terminal end `device` or /dev/pts/`pts` names for the caller.
 pub(super) fn open(
@@ -315,7 +314,7 @@ pub(super) fn ioctl(
             let changed = t.winsize != size;
             t.winsize = size;
             if let (true, Some(pgid)) = (changed, t.foreground) {
-                signal_group(proc, pgid, SIGWINCH);
+                signal_group(proc, pgid, signals::SIGWINCH);
             }
             value(0)
         }

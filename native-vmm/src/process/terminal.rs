@@ -189,8 +189,6 @@ pub struct Terminal {
     line: Vec<u8>,
     /// Output for the master to read (the slave's writes and the echoes).
     output: VecDeque<u8>,
-    /// The output's length before the echoes of the master's current write.
-    echo_mark: usize,
 }
 
 impl Default for Terminal {
@@ -207,7 +205,6 @@ impl Default for Terminal {
             ready: VecDeque::new(),
             line: Vec::new(),
             output: VecDeque::new(),
-            echo_mark: 0,
         }
     }
 }
@@ -361,18 +358,19 @@ impl Terminal {
     /// process group, in order.
     pub fn write_master(&mut self, data: &[u8]) -> (usize, Vec<u64>) {
         let n = data.len().min(self.input_room());
-        self.echo_mark = self.output.len();
+        let echo_mark = self.output.len();
         let mut signals = Vec::new();
         for &c in &data[..n] {
-            if let Some(sig) = self.receive(c) {
+            if let Some(sig) = self.receive(c, echo_mark) {
                 signals.push(sig);
             }
         }
         (n, signals)
     }
 
-    /// One input character; a signal it raises.
-    fn receive(&mut self, mut c: u8) -> Option<u64> {
+    /// One input character of a write that began when the output was `echo_mark` long; a
+    /// signal it raises.
+    fn receive(&mut self, mut c: u8, echo_mark: usize) -> Option<u64> {
         let t = self.termios;
         if t.iflag & ISTRIP != 0 {
             c &= 0x7f;
@@ -393,7 +391,7 @@ impl Terminal {
                 // buffer (output the master could already read stays).
                 if !t.local(NOFLSH) {
                     self.flush(true, false);
-                    self.output.truncate(self.echo_mark);
+                    self.output.truncate(echo_mark);
                 }
                 if t.local(ECHO) {
                     let echoed = self.echo_form(c);

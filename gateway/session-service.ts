@@ -44,7 +44,7 @@ import {
   networkPolicyOf,
 } from "./network-policy.js";
 import { networkUnits, type Pricing, priceOf } from "./pricing.js";
-import { ProblemError } from "./problems.js";
+import { ProblemError, type ProblemSlug } from "./problems.js";
 import type { SessionSettings } from "./session-settings.js";
 import { recordNetwork, type Telemetry } from "./telemetry.js";
 import { isRuntimeName, type TemplateService } from "./template-service.js";
@@ -298,8 +298,15 @@ export class SessionService {
     }
   }
 
-  /** Records what a runtime failure says about the session, then throws the client's problem. */
-  private async failed(row: SessionRow, error: unknown): Promise<never> {
+  /**
+   * Records what a runtime failure says about the session, then throws the client's problem:
+   * `refused` for a request the runtime refused as it is (bad_request; the session runs on).
+   */
+  private async failed(
+    row: SessionRow,
+    error: unknown,
+    refused: ProblemSlug = "validation-failed",
+  ): Promise<never> {
     if (isSessionEnded(error)) {
       await this.accrue(row.id, {
         running: false,
@@ -314,7 +321,7 @@ export class SessionService {
     if (isNotFound(error))
       throw new ProblemError("not-found", error instanceof Error ? error.message : String(error));
     if (error instanceof RuntimeError && error.code === "bad_request")
-      throw new ProblemError("validation-failed", error.message);
+      throw new ProblemError(refused, error.message);
     throw runtimeProblem(error);
   }
 
@@ -431,7 +438,7 @@ export class SessionService {
     try {
       taken = await this.sessions().checkpoint(id);
     } catch (error) {
-      return this.failedCheckpoint(row, error);
+      return this.failed(row, error, "session-not-checkpointable");
     }
     const change: SessionChange = {
       active: true,
@@ -449,19 +456,8 @@ export class SessionService {
     try {
       return await this.pauseChecked(row);
     } catch (error) {
-      return this.failedCheckpoint(row, error);
+      return this.failed(row, error, "session-not-checkpointable");
     }
-  }
-
-  /**
-   * A checkpoint or pause the runtime refused as the request it is (a program with child
-   * processes alive or unreaped, which a checkpoint cannot hold) is 409
-   * session-not-checkpointable; the session runs on. Other failures as `failed`.
-   */
-  private async failedCheckpoint(row: SessionRow, error: unknown): Promise<never> {
-    if (error instanceof RuntimeError && error.code === "bad_request")
-      throw new ProblemError("session-not-checkpointable", error.message);
-    return this.failed(row, error);
   }
 
   private async pauseChecked(row: SessionRow): Promise<CheckpointOutcome> {
@@ -686,9 +682,7 @@ export class SessionService {
     try {
       saved = await runtime.saveTemplate(row.id, runtimeName);
     } catch (error) {
-      if (error instanceof RuntimeError && error.code === "bad_request")
-        throw new ProblemError("session-not-templatable", error.message);
-      return this.failed(row, error);
+      return this.failed(row, error, "session-not-templatable");
     }
     await this.accrue(
       row.id,

@@ -224,14 +224,14 @@ impl GuestMemory {
         Ok(copy)
     }
 
-    /// A mapping of the file this memory maps privately (anonymous memory for `Anonymous`)
-    /// with copies of the pages this memory wrote (`copied`, its `copied_own_ranges`).
+    /// A mapping of the file this memory maps privately with copies of the pages this memory
+    /// wrote (`copied`, its `copied_own_ranges`).
     fn copy_of_written(&self, copied: &[(u64, u64)]) -> io::Result<GuestMemory> {
         let copy = match &*self.backing.borrow() {
             Backing::Private { file, template } => {
                 GuestMemory::private_mapping_of(file, self.size.get(), *template)?
             }
-            Backing::Retired => GuestMemory::new(self.size.get())?,
+            Backing::Retired => return Err(io::Error::other("a retired memory is not copied")),
             Backing::Own(_) => {
                 return Err(io::Error::other("memory of its own is frozen, not copied"))
             }
@@ -1057,11 +1057,10 @@ impl GuestMemory {
         let (fd, flags) = match &*self.backing.borrow() {
             Backing::Own(file) => (file.as_raw_fd(), libc::MAP_SHARED),
             Backing::Private { file, .. } => (file.as_raw_fd(), private),
-            Backing::Retired => (-1, private | libc::MAP_ANONYMOUS),
+            Backing::Retired => return Err(io::Error::other("a retired memory has no pages")),
         };
         let prot = libc::PROT_READ | libc::PROT_WRITE;
-        let offset = if fd < 0 { 0 } else { start };
-        self.map_over(start, end - start, prot, flags, fd, offset)
+        self.map_over(start, end - start, prot, flags, fd, start)
     }
 
     /// Maps `len` bytes of `fd` from `offset` over `[addr, addr+len)` of this memory (page-aligned,

@@ -73,7 +73,7 @@ export const PROBLEMS = {
   "session-not-checkpointable": {
     status: 409,
     title:
-      "The session's program is in a state a checkpoint cannot hold (child processes alive or unreaped)",
+      "The session's program is in a state a checkpoint cannot hold (child processes, a socket with an address)",
     retryable: false,
   },
   "session-not-templatable": {

@@ -405,8 +405,8 @@ export function registerSessionRoutes(
       "/v1/sessions/{id}/checkpoints",
       "Checkpoint a session without pausing it",
       "Dirty memory against the template, vCPU, VMM state and /work files, checksummed. A program " +
-        "with child processes alive or unreaped is 409 session-not-checkpointable (a checkpoint holds " +
-        "one process); the session runs on.",
+        "with child processes alive or unreaped (a checkpoint holds one process), or holding what a " +
+        "template cannot carry, is 409 session-not-checkpointable; the session runs on.",
     ),
     async (c) => {
       const { session, checkpoint } = await sessions.checkpoint(
@@ -421,7 +421,8 @@ export function registerSessionRoutes(
       "/v1/sessions/{id}/pause",
       "Pause a session: checkpoint it and release its VM",
       "Billing for running time stops; the next call resumes it from this checkpoint. A program " +
-        "with child processes alive or unreaped is 409 session-not-checkpointable; the session runs on.",
+        "with child processes alive or unreaped, or holding what a template cannot carry, is 409 " +
+        "session-not-checkpointable; the session runs on.",
     ),
     async (c) => {
       const { session, checkpoint } = await sessions.pause(

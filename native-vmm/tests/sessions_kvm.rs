@@ -369,8 +369,8 @@ fn a_pooled_executions_children_end_with_it() {
 /// A process a cell starts lives on between cells, as on Linux: the next cell sees it alive
 /// and can kill and wait for it; a server child answers the next cell over the VM's loopback;
 /// a child that ended in one cell is waited for in the next. A checkpoint holds only the
-/// first process, so a pause is refused while a child lives or is unreaped, and taken once
-/// it is waited for.
+/// first process, so a pause is refused while a child lives or is unreaped (or process 1 holds
+/// a bound socket), and taken once it is waited for.
 #[test]
 fn a_child_process_lives_on_between_cells() {
     let (_dir, _daemon, mut s) = daemon_with_session("sessions-children", "kids");
@@ -446,11 +446,17 @@ fn a_child_process_lives_on_between_cells() {
         ),
         Some("(True, 7)".into())
     );
-    // With every child waited for, the session pauses and resumes.
-    s.expect(
-        "checkpoint",
-        json!({"type": "session_pause", "session": "kids"}),
+    // Whatever else a checkpoint cannot hold is refused alike: a socket bound by address.
+    s.cell(
+        "kids",
+        "bound = socket.socket()\nbound.bind(('127.0.0.1', 0))",
     );
+    let refused = s.call(json!({"type": "session_pause", "session": "kids"}));
+    assert_eq!(str_of(&refused, "code"), "bad_request", "{refused}");
+    assert!(str_of(&refused, "message").contains("socket"), "{refused}");
+    s.cell("kids", "bound.close()");
+    // With every child waited for, the session pauses and resumes.
+    s.pause("kids");
     assert_eq!(
         s.cell("kids", "(sleeper.returncode, server.returncode)"),
         Some("(-9, -9)".into())

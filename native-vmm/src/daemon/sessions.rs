@@ -56,7 +56,7 @@ use crate::process::Output;
 use crate::sandbox::KeptProcesses;
 use crate::snapshot::checkpoint::{
     self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent,
-    Written, TEMPORARY_PREFIX,
+    UnheldProcessState, Written, TEMPORARY_PREFIX,
 };
 use crate::snapshot::sparse::PageCounts;
 use crate::snapshot::sync_group::SyncGroup;
@@ -269,20 +269,6 @@ impl Vm<'_> {
         pause: bool,
         sync: &SyncGroup,
     ) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
-        let others: Vec<u64> = self
-            .guest
-            .process
-            .processes()
-            .pids()
-            .map(|(pid, _)| pid)
-            .filter(|&pid| pid != self.guest.process.pid)
-            .collect();
-        if !others.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                ChildProcesses { pids: others },
-            ));
-        }
         self.take_written();
         let capturing = Instant::now();
         let mut incremental = match (&self.base, &self.unsaved) {
@@ -564,16 +550,15 @@ fn run_vm(
     }
 }
 
-/// A checkpoint that cannot be restored, said so (`not_found`: a session falls back to the one
-/// before); a failed read is an internal error.
 /// Why a checkpoint was not taken. A program in a state no checkpoint may hold (see
-/// `CpuSnapshot::check_user`; processes besides the first, `ChildProcesses`) is refused as the
-/// request it is, not retried: the session runs on, unchanged.
+/// `CpuSnapshot::check_user` and `GuestProcess::encode_state`: child processes alive or
+/// unreaped among others) is refused as the request it is, not retried: the session runs on,
+/// unchanged.
 fn checkpoint_failed(e: io::Error) -> SessionError {
     let inner = e.get_ref();
     let why = match (
         inner.and_then(|e| e.downcast_ref::<InvalidUserState>()),
-        inner.and_then(|e| e.downcast_ref::<ChildProcesses>()),
+        inner.and_then(|e| e.downcast_ref::<UnheldProcessState>()),
     ) {
         (Some(why), _) => why.to_string(),
         (_, Some(why)) => why.to_string(),
@@ -584,26 +569,6 @@ fn checkpoint_failed(e: io::Error) -> SessionError {
         message: format!("the session's program is in a state that cannot be checkpointed: {why}"),
     }
 }
-
-/// A checkpoint holds one process, the session's first: one that has children, alive or
-/// unreaped, is refused.
-#[derive(Debug)]
-struct ChildProcesses {
-    pids: Vec<u64>,
-}
-
-impl std::fmt::Display for ChildProcesses {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "it has child processes, alive or not yet waited for (pids {:?}); a checkpoint holds \
-             only the first process: end and wait for them first",
-            self.pids
-        )
-    }
-}
-
-impl std::error::Error for ChildProcesses {}
 
 /// Why a session was not saved as a template: its program's state is what no template holds
 /// (a request it could fix), or writing failed.
@@ -617,6 +582,8 @@ fn not_templatable(e: TemplateError) -> SessionError {
     }
 }
 
+/// A checkpoint that cannot be restored, said so (`not_found`: a session falls back to the one
+/// before); a failed read is an internal error.
 fn does_not_verify(e: TemplateError) -> SessionError {
     let why = match e {
         TemplateError::Io(e) => return internal("reading the checkpoint", e),

@@ -301,6 +301,19 @@ pub struct Written {
     pub file_bytes: u64,
 }
 
+/// What `GuestProcess::encode_state` refused to record: a program state no checkpoint holds
+/// (child processes, a socket with an address, an armed timer...), which the program could change.
+#[derive(Debug)]
+pub struct UnheldProcessState(pub &'static str);
+
+impl std::fmt::Display for UnheldProcessState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "process state: {}", self.0)
+    }
+}
+
+impl std::error::Error for UnheldProcessState {}
+
 impl<'m> Checkpoint<'m> {
     /// Records a VM of `template` stopped at a ready point in `call`: its copy-on-write memory
     /// `mem` (`pages` of it; `Pages::Since`'s masks found on this stopped VM), its vCPU and its
@@ -354,9 +367,9 @@ impl<'m> Checkpoint<'m> {
         }
         file::encode_cpu(&cpu_state, &mut e);
         let mut state = Encoder::new();
-        process.encode_state(&mut state).map_err(|why| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("process state: {why}"))
-        })?;
+        process
+            .encode_state(&mut state)
+            .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, UnheldProcessState(why)))?;
         e.bytes(&state.into_bytes());
         e.len(ranges.len());
         for &(start, end) in &ranges {

@@ -168,7 +168,7 @@ impl Overlay {
             .xattrs
             .remove(name)
             .ok_or(Errno::ENODATA)?;
-        self.used -= (name.len() + value.len()) as u64;
+        self.used -= xattr::entry_charge(name, value.len());
         Ok(())
     }
 

@@ -208,17 +208,22 @@ pub(crate) fn charges(
         Some(_) if mode.create => Err(Errno::EEXIST),
         None if mode.replace => Err(Errno::ENODATA),
         _ => Ok((
-            old.map_or(0, |len| (name.len() + len) as u64),
-            (name.len() + value.len()) as u64,
+            old.map_or(0, |len| entry_charge(name, len)),
+            entry_charge(name, value.len()),
         )),
     }
+}
+
+/// The bytes one attribute is charged: its name and its value's `value_len` bytes.
+pub(crate) fn entry_charge(name: &[u8], value_len: usize) -> u64 {
+    (name.len() + value_len) as u64
 }
 
 /// The bytes `attrs` are charged: names and values.
 pub(crate) fn charge(attrs: &Attributes) -> u64 {
     attrs
         .iter()
-        .map(|(name, value)| (name.len() + value.len()) as u64)
+        .map(|(name, value)| entry_charge(name, value.len()))
         .sum()
 }
 

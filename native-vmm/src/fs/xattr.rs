@@ -173,10 +173,12 @@ impl Target {
         }
         let space = Space::of(name);
         if space == Space::Acl {
-            return match () {
-                _ if self.holder == Holder::Unsupported || !removing => Err(Errno::EOPNOTSUPP),
-                _ if !self.owned => Err(Errno::EPERM),
-                _ => Ok(false),
+            return if self.holder == Holder::Unsupported || !removing {
+                Err(Errno::EOPNOTSUPP)
+            } else if !self.owned {
+                Err(Errno::EPERM)
+            } else {
+                Ok(false)
             };
         }
         match space {

@@ -13,7 +13,7 @@ use crate::process::{Description, GuestProcess, Object, O_RDWR};
 const MFD_CLOEXEC: u64 = 0x1;
 const MFD_ALLOW_SEALING: u64 = 0x2;
 /// Linux's limit on the name, without the "memfd:" prefix and the NUL.
-const NAME_MAX: u64 = 249;
+const NAME_MAX: usize = 249;
 const O_LARGEFILE: u32 = 0o100000;
 const ALL_SEALS: u32 =
     F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_FUTURE_WRITE;
@@ -29,11 +29,8 @@ pub(crate) fn memfd_create(
     if flags & !(MFD_CLOEXEC | MFD_ALLOW_SEALING) != 0 {
         return Err(Errno::EINVAL);
     }
-    let name = user.read_path(name).map_err(|e| match e {
-        Errno::ENAMETOOLONG => Errno::EINVAL,
-        other => other,
-    })?;
-    if name.len() as u64 > NAME_MAX || name.contains(&b'/') {
+    let name = user.read_cstr(name, NAME_MAX, Errno::EINVAL)?;
+    if name.contains(&b'/') {
         return Err(Errno::EINVAL);
     }
     let seals = if flags & MFD_ALLOW_SEALING != 0 {

@@ -473,10 +473,7 @@ fn pause_and_resume_twice_then_after_a_restart_keep_every_file() {
     let expected = Some("(20, True, b'\\x00\\x01\\x02\\xff')".to_owned());
     assert_eq!(s.cell("files", check), expected);
     for round in 0..2 {
-        let paused = s.expect(
-            "checkpoint",
-            json!({"type": "session_pause", "session": "files"}),
-        );
+        let paused = s.pause("files");
         assert_eq!(str_of(&paused, "state"), "paused", "{paused}");
         assert_eq!(
             str_of(
@@ -552,10 +549,7 @@ fn a_stopped_daemons_paused_session_is_adopted_by_its_sibling() {
         json!({"type": "session_create", "session": "moved", "template": "python"}),
     );
     s.cell("moved", "x = 41");
-    s.expect(
-        "checkpoint",
-        json!({"type": "session_pause", "session": "moved"}),
-    );
+    s.pause("moved");
     first.kill();
 
     let second = Daemon::start_on(&root.join("b"), &shared.join("b"), &["--adopt-sessions"]);
@@ -712,10 +706,7 @@ fn damaged_newest_checkpoints_are_detected_and_the_last_good_one_kept() {
         json!({"type": "session_checkpoint", "session": "torn"}),
     );
     s.cell("torn", "state = 'third'");
-    let third = s.expect(
-        "checkpoint",
-        json!({"type": "session_pause", "session": "torn"}),
-    );
+    let third = s.pause("torn");
     daemon.kill();
     let path = |taken: &Value| {
         dir.join("sessions/torn")
@@ -873,10 +864,7 @@ fn a_kernel_half_gs_base_survives_pause_resume_and_fork() {
         hex(set_gs(0xffff888000000000))";
     let base = Some("'0xffff888000000000'".to_owned());
     assert_eq!(s.cell("gs", setup), base);
-    let paused = s.expect(
-        "checkpoint",
-        json!({"type": "session_pause", "session": "gs"}),
-    );
+    let paused = s.pause("gs");
     assert_eq!(str_of(&paused, "state"), "paused", "{paused}");
     let number = u64_of(&paused, "checkpoint");
     assert_eq!(s.cell("gs", "hex(read_gs())"), base, "resumed by the cell");
@@ -920,10 +908,7 @@ fn a_pause_after_a_resume_holds_only_what_changed_since() {
             );
             assert_eq!(str_of(&resumed, "state"), "running", "{resumed}");
         }
-        let paused = s.expect(
-            "checkpoint",
-            json!({"type": "session_pause", "session": "big"}),
-        );
+        let paused = s.pause("big");
         assert_eq!(str_of(&paused, "state"), "paused", "{paused}");
         pauses.push(paused);
     }
@@ -953,10 +938,7 @@ fn a_pause_after_a_resume_holds_only_what_changed_since() {
     let intact = Some(format!("('kept', {}, True)", 50u64 << 20));
     assert_eq!(s.cell("big", check), intact, "resumed by the cell");
     s.cell("big", "v = 'changed'");
-    let paused = s.expect(
-        "checkpoint",
-        json!({"type": "session_pause", "session": "big"}),
-    );
+    let paused = s.pause("big");
     assert!(u64_of(&paused, "file_bytes") * 20 < full, "{paused}");
     daemon.kill();
     daemon.restart();

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use super::files::fd_arg;
 use super::poll::{ready_bits, timeout_ms};
-use super::{POLLERR, POLLHUP};
 use super::{value, wait_ready_on, SysResult, UserMemory};
+use super::{POLLERR, POLLHUP};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Interest, Object};
 

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use super::pidfd::Named;
 use super::{value, wait_ready_on, SysResult, SyscallOutcome, UserMemory};
-use super::{POLLERR, POLLHUP, POLLIN, POLLNVAL, POLLOUT, POLLPRI, POLLRDHUP, POLLRDNORM, POLLWRNORM};
+use super::{
+    POLLERR, POLLHUP, POLLIN, POLLNVAL, POLLOUT, POLLPRI, POLLRDHUP, POLLRDNORM, POLLWRNORM,
+};
 use crate::errno::Errno;
 use crate::process::{GuestProcess, Object};
 

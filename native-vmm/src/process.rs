@@ -266,7 +266,8 @@ impl GuestProcess {
 
     /// Runs `op` with process `pid`'s own state in place of the running process's (None when
     /// `pid` is neither running nor parked): what /proc shows of another process is read
-    /// exactly as of the caller.
+    /// exactly as of the caller. The running process's part is not parked meanwhile, so `op`
+    /// cannot reach it through `as_process`.
     pub(crate) fn as_process<T>(
         &mut self,
         pid: u64,

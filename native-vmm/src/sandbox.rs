@@ -43,6 +43,8 @@ enum Next {
     Answer { call: Call, value: u64 },
     /// Its threads all waited: they try again.
     Wake,
+    /// SIGKILL ends it before any of its threads runs again (stopped or not).
+    Kill,
 }
 
 enum State {
@@ -193,6 +195,12 @@ impl<'a> Tree<'a> {
                         seen: self.exits,
                     }
                 }
+                // It runs on from where it stopped once continued; its parent's wait may
+                // report the stop.
+                Stop::End(LoopEnd::Stopped) => {
+                    self.members[index].state = State::Ready(Next::Run);
+                    self.progress();
+                }
                 Stop::End(LoopEnd::Fork { request, call }) => {
                     let mut own = self.members[index].cpu.take();
                     let cpu: &mut dyn GuestCpu = match own.as_mut() {
@@ -282,17 +290,20 @@ impl<'a> Tree<'a> {
     ) -> io::Result<Stop> {
         let index = self.current;
         // Another process that can run, or that waits for what this one may have done (its
-        // waits are tried again when this one's slice ends), shares the host thread.
+        // waits are tried again when this one's slice ends, a stopped one's signals looked
+        // at), shares the host thread.
         let others_ready = self
             .members
             .iter()
             .enumerate()
             .any(|(i, m)| i != index && !matches!(m.state, State::Ended));
+        // A stopped process's timer ends no slice: it does not run when it is due.
+        let stopped = |m: &Member| process.tree.get(m.pid).is_some_and(|e| e.stopped.is_some());
         let other_timer = self
             .members
             .iter()
             .enumerate()
-            .filter(|&(i, _)| i != index)
+            .filter(|&(i, m)| i != index && !stopped(m))
             .filter_map(|(_, m)| match m.state {
                 State::Blocked { until, .. } => until,
                 _ => None,
@@ -317,6 +328,14 @@ impl<'a> Tree<'a> {
                 sched.apply(cpu, process, mem, SyscallOutcome::Return(value), call)?
             }
             State::Ready(Next::Wake) | State::Blocked { .. } => sched.resume(cpu, process, mem)?,
+            State::Ready(Next::Kill) => {
+                if let Some(entry) = process.tree.get_mut(process.pid) {
+                    entry.killed_by = Some(SIGKILL);
+                }
+                Some(LoopEnd::Finished(RunStatus::Exited {
+                    code: 128 + SIGKILL as i32,
+                }))
+            }
             State::Ended => return Ok(Stop::End(LoopEnd::Finished(RunStatus::Exited { code: 0 }))),
         };
         loop {
@@ -584,18 +603,12 @@ impl<'a> Tree<'a> {
         process.tree.ended(pid, wait_status, root);
         if let Some(entry) = process.tree.get(pid).cloned() {
             if entry.exit_signal != 0 {
-                if let Some(parent) = process.tree.get_mut(entry.ppid) {
-                    parent.signals |= bit(entry.exit_signal);
-                }
+                signals::send(process, entry.ppid, entry.exit_signal);
             }
         }
         // An end is progress even when it made no system call (a signal's default action):
         // its pidfds turn readable and its pipes lose a writer, so every waiter tries again.
-        for member in &mut self.members {
-            if let State::Blocked { seen, .. } = &mut member.state {
-                *seen = 0;
-            }
-        }
+        self.progress();
         let member = &mut self.members[index];
         member.state = State::Ended;
         member.cpu = None;
@@ -605,18 +618,70 @@ impl<'a> Tree<'a> {
         }
     }
 
+    /// Something happened that no system call of a waiter's did (a process ended, stopped
+    /// or continued): every waiting process tries again.
+    fn progress(&mut self) {
+        for member in &mut self.members {
+            if let State::Blocked { seen, .. } = &mut member.state {
+                *seen = 0;
+            }
+        }
+    }
+
+    /// Job control for member `i` while it is not running: SIGKILL sent to it ends it next
+    /// (a stopped one too); a stop signal sent to it stops it where it is, its state kept for
+    /// when SIGCONT continues it.
+    fn control(&mut self, i: usize, process: &mut GuestProcess) {
+        let pid = self.members[i].pid;
+        let Some(entry) = process.tree.get(pid) else {
+            return;
+        };
+        if i == self.current || matches!(self.members[i].state, State::Ended) {
+            return;
+        }
+        if entry.signals & bit(SIGKILL) != 0 {
+            self.members[i].state = State::Ready(Next::Kill);
+            return;
+        }
+        let mut sent = entry.signals;
+        if entry.stopped.is_some() || sent & signals::STOP_SIGNALS == 0 {
+            return;
+        }
+        let stopped = process
+            .as_process(pid, |p| signals::take_stop(p, &mut sent))
+            .flatten();
+        if let Some(entry) = process.tree.get_mut(pid) {
+            entry.signals = sent;
+        }
+        if let Some(sig) = stopped {
+            signals::stopped(process, pid, sig);
+            self.progress();
+        }
+    }
+
     /// The next process to run, round robin from the current one: one that is ready, or
-    /// blocked and worth trying again (progress since, its timer due, a signal for it);
-    /// sleeping until the first timer when only timers can wake one. None: none ever can.
-    fn pick_next(&mut self, process: &GuestProcess) -> Option<usize> {
+    /// blocked and worth trying again (progress since, its timer due, a signal for it), and
+    /// not stopped; sleeping until the first timer when only timers can wake one. None: none
+    /// ever can.
+    fn pick_next(&mut self, process: &mut GuestProcess) -> Option<usize> {
         loop {
             let now = Instant::now();
             let n = self.members.len();
             let mut first_timer: Option<Instant> = None;
+            for i in 0..n {
+                self.control(i, process);
+            }
             for step in 1..=n {
                 let i = (self.current + step) % n;
                 let member = &mut self.members[i];
-                let signalled = process.tree.get(member.pid).is_some_and(|e| e.signals != 0);
+                let Some(entry) = process.tree.get(member.pid) else {
+                    continue;
+                };
+                let killed = matches!(member.state, State::Ready(Next::Kill));
+                if entry.stopped.is_some() && !killed {
+                    continue;
+                }
+                let signalled = entry.signals != 0;
                 match member.state {
                     State::Ready(_) => return Some(i),
                     State::Blocked { until, seen } => {

@@ -30,7 +30,7 @@ use crate::agent::AWAIT_REQUEST_SYSCALL;
 use crate::cpu::{CpuSnapshot, GuestCpu};
 use crate::errno::Errno;
 use crate::memory::GuestMemory;
-use crate::process::signals::{self, Taken, SA_RESTART};
+use crate::process::signals::{self, Taken, SA_RESTART, SIG_DFL};
 use crate::process::threads::{Call, Next, Resume, Wait, WaitOn, QUANTUM};
 use crate::process::GuestProcess;
 use crate::status::{GuestFault, RunStatus};
@@ -60,6 +60,9 @@ pub enum LoopEnd {
     /// Every thread of the running process waits, for a timer (`until`) or for what only
     /// another process of the tree can do; `crate::sandbox` runs another meanwhile.
     Blocked { until: Option<Instant> },
+    /// A stop signal stopped the running process (its tree entry says so): `crate::sandbox`
+    /// runs none of its threads until SIGCONT continues it, the vCPU left as it was.
+    Stopped,
 }
 
 impl LoopEnd {
@@ -75,7 +78,7 @@ impl LoopEnd {
             LoopEnd::ReadyPoint { .. } => unsupported(AWAIT_REQUEST_SYSCALL),
             // The tree answers these; they end no run.
             LoopEnd::Fork { call, .. } | LoopEnd::Exec { call, .. } => unsupported(call.nr),
-            LoopEnd::Blocked { .. } => RunStatus::Deadlocked { threads: 0 },
+            LoopEnd::Blocked { .. } | LoopEnd::Stopped => RunStatus::Deadlocked { threads: 0 },
         }
     }
 }
@@ -544,12 +547,20 @@ impl Scheduler {
             // The snapshot's rax is the call's number (see CpuSnapshot) until it returns.
             let nr = state.regs.rax;
             state.regs.rax = value;
-            if value == Errno::EINTR.as_return() && restartable(nr) {
-                let restart = process
+            if value == Errno::EINTR.as_return() {
+                let sig = lowest(signals::ready_for(process, tid));
+                let action = process
                     .signals
                     .actions
-                    .get(lowest(signals::ready_for(process, tid)))
-                    .is_some_and(|a| a.flags & SA_RESTART != 0);
+                    .get(sig)
+                    .copied()
+                    .unwrap_or_default();
+                // A stop runs no handler: Linux restarts the call when the process continues,
+                // as it does every call it interrupts for a signal without a handler.
+                let restart = (restartable(nr) && action.flags & SA_RESTART != 0)
+                    || (action.handler == SIG_DFL
+                        && signals::is_stop(sig as u64)
+                        && !ends_on_any_signal(nr));
                 if restart {
                     state.rip -= 2;
                     state.regs.rax = nr;
@@ -579,6 +590,8 @@ impl Scheduler {
                 Ok(None)
             }
             Some(Taken::End(status)) => Ok(Some(LoopEnd::Finished(status))),
+            // The thread goes on from `state` once the process is continued.
+            Some(Taken::Stop) => Ok(put_thread(cpu, &state)?.or(Some(LoopEnd::Stopped))),
             Some(Taken::Handler { sig, action, code }) => {
                 match signals::push_frame(process, mem, tid, state, (sig, action, code)) {
                     Ok(handler) => put_thread(cpu, &handler),
@@ -685,6 +698,12 @@ fn restartable(nr: u64) -> bool {
         nr,
         0 | 1 | 17 | 18 | 19 | 20 | 42 | 43 | 44 | 45 | 46 | 47 | 202 | 288 | 295 | 296
     )
+}
+
+/// Calls that return EINTR for any signal that interrupts them, a stop included (epoll waits,
+/// rt_sigtimedwait), where Linux restarts others after a stop.
+fn ends_on_any_signal(nr: u64) -> bool {
+    matches!(nr, 128 | 232 | 281 | 441)
 }
 
 /// What happens after one outcome is applied.

@@ -1,8 +1,9 @@
 //! A process tree in the sandbox, on the KVM vCPU: fork, execve, wait, pipes between processes,
-//! signals across them, UDP over the VM's loopback and AF_UNIX datagram socketpairs within and
-//! between processes, a TCP connection's close and reset (SO_LINGER) on that loopback, the shell
-//! and the tools the Python template ships. Shell commands run in the VM and natively (the same
-//! `/bin/bash` on the host, in an empty directory) and must print the same.
+//! signals across them, stopped and continued processes (job control), UDP over the VM's
+//! loopback and AF_UNIX datagram socketpairs within and between processes, a TCP connection's
+//! close and reset (SO_LINGER) on that loopback, the shell and the tools the Python template
+//! ships. Shell commands run in the VM and natively (the same `/bin/bash` on the host, in an
+//! empty directory) and must print the same.
 
 mod common;
 
@@ -1437,4 +1438,171 @@ EOF"#,
             r"b'abc\xff\xfe' b'42' b'arg\xff\x80' b'arg\xff\x80' True",
         ],
     );
+}
+
+/// A stop signal stops the whole child until SIGCONT, as on Linux: its parent's waitpid
+/// (WUNTRACED) and waitid (WSTOPPED) report each stop once, waitpid and waitid (WCONTINUED)
+/// report the continue, /proc shows the child stopped, a terminal's SIGTSTP stops a child in a
+/// group of its own, and SIGKILL ends a stopped child.
+#[test]
+fn stopped_children_are_reported_continued_and_killed_as_on_linux() {
+    let printed = common::python_as_native(
+        "job-control-wait",
+        r#"
+import os, signal, subprocess
+p = subprocess.Popen(["sleep", "100"], process_group=0)
+os.kill(p.pid, signal.SIGSTOP)
+pid, status = os.waitpid(p.pid, os.WUNTRACED)
+print("stopped", pid == p.pid, os.WIFSTOPPED(status), os.WSTOPSIG(status), hex(status))
+print("reported once", os.waitpid(p.pid, os.WUNTRACED | os.WNOHANG))
+with open(f"/proc/{p.pid}/stat") as f:
+    print("stat", f.read().rsplit(")", 1)[1].split()[0])
+with open(f"/proc/{p.pid}/status") as f:
+    print([line.strip() for line in f if line.startswith("State:")])
+os.kill(p.pid, signal.SIGCONT)
+info = os.waitid(os.P_PID, p.pid, os.WCONTINUED)
+print("continued", info.si_pid == p.pid, info.si_code == os.CLD_CONTINUED, info.si_status)
+print("not again", os.waitid(os.P_PID, p.pid, os.WCONTINUED | os.WNOHANG))
+with open(f"/proc/{p.pid}/status") as f:
+    print(["T" in line for line in f if line.startswith("State:")])
+os.kill(p.pid, signal.SIGTSTP)
+info = os.waitid(os.P_PID, p.pid, os.WSTOPPED)
+print("tstp", info.si_code == os.CLD_STOPPED, info.si_status)
+os.kill(p.pid, signal.SIGCONT)
+pid, status = os.waitpid(p.pid, os.WCONTINUED)
+print("waitpid continued", os.WIFCONTINUED(status), hex(status))
+os.kill(p.pid, signal.SIGSTOP)
+os.waitpid(p.pid, os.WUNTRACED)
+os.kill(p.pid, signal.SIGTERM)
+print("term waits", os.waitpid(p.pid, os.WNOHANG))
+os.kill(p.pid, signal.SIGKILL)
+pid, status = os.waitpid(p.pid, 0)
+print("killed", os.WIFSIGNALED(status), os.WTERMSIG(status))
+"#,
+    );
+    assert_eq!(
+        printed,
+        "stopped True True 19 0x137f\nreported once (0, 0)\nstat T\n['State:\\tT (stopped)']\n\
+         continued True True 18\nnot again None\n[False]\ntstp True 20\n\
+         waitpid continued True 0xffff\nterm waits (0, 0)\nkilled True 9\n"
+    );
+}
+
+/// A stopped child is not scheduled: a child writing to a pipe in a loop writes nothing while
+/// it is stopped (the pipe drained, a short wait sees no byte) and writes again once continued.
+#[test]
+fn a_stopped_child_writes_nothing_until_it_is_continued() {
+    let printed = common::python_as_native(
+        "job-control-pipe",
+        r#"
+import os, select, signal
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    while True:
+        os.write(w, b"x" * 512)
+os.close(w)
+print("running", len(os.read(r, 512)) > 0)
+os.kill(pid, signal.SIGSTOP)
+print("stopped", os.WIFSTOPPED(os.waitpid(pid, os.WUNTRACED)[1]))
+os.set_blocking(r, False)
+try:
+    while os.read(r, 1 << 16):
+        pass
+except BlockingIOError:
+    pass
+print("while stopped", select.select([r], [], [], 0.3)[0])
+os.kill(pid, signal.SIGCONT)
+print("after continue", select.select([r], [], [], 30)[0] == [r])
+os.kill(pid, signal.SIGKILL)
+print("killed", os.WTERMSIG(os.waitpid(pid, 0)[1]))
+"#,
+    );
+    assert_eq!(
+        printed,
+        "running True\nstopped True\nwhile stopped []\nafter continue True\nkilled 9\n"
+    );
+}
+
+/// The parent gets SIGCHLD when a child stops and when it continues, unless its SIGCHLD action
+/// has SA_NOCLDSTOP (set here through libc's sigaction, which Python does not offer).
+#[test]
+fn sa_nocldstop_keeps_sigchld_for_stops_and_continues_away() {
+    let printed = common::python_as_native(
+        "job-control-nocldstop",
+        r#"
+import ctypes, os, signal, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+class Sigaction(ctypes.Structure):
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+                ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+def sigchld(wait):
+    return signal.sigtimedwait([signal.SIGCHLD], wait) is not None
+for nocldstop in (False, True):
+    act = Sigaction()
+    act.flags = 1 if nocldstop else 0
+    assert libc.sigaction(signal.SIGCHLD, ctypes.byref(act), None) == 0
+    p = subprocess.Popen(["sleep", "100"])
+    os.kill(p.pid, signal.SIGSTOP)
+    os.waitpid(p.pid, os.WUNTRACED)
+    # None comes with SA_NOCLDSTOP: a short look is enough to see that.
+    wait = 0.3 if nocldstop else 30
+    on_stop = sigchld(wait)
+    os.kill(p.pid, signal.SIGCONT)
+    on_continue = sigchld(wait)
+    p.kill()
+    p.wait()
+    on_exit = sigchld(30)
+    print("SA_NOCLDSTOP" if nocldstop else "default", on_stop, on_continue, on_exit)
+"#,
+    );
+    assert_eq!(
+        printed,
+        "default True True True\nSA_NOCLDSTOP False False True\n"
+    );
+}
+
+/// bash's job control in a script (`set -m`): `wait` returns when a job stops, `jobs` shows it
+/// stopped by SIGSTOP or SIGTSTP and running again after `kill -CONT`.
+#[test]
+fn bash_job_control_stops_and_continues_jobs_as_natively() {
+    let printed = same_as_native(
+        r#"set -m
+sleep 100 & kill -STOP $!; wait $!; echo "wait $?"
+jobs -l > jobs.txt; sed "s/ *[0-9][0-9]* Stopped/ PID Stopped/" jobs.txt
+kill -CONT %1; jobs
+kill -TSTP %1; wait %1; echo "wait $?"; jobs
+kill -CONT %1; kill %1; wait %1; echo "wait $?"; jobs; echo end"#,
+    );
+    assert_contains(
+        &printed,
+        &[
+            "wait 147\n",
+            "Stopped (signal)",
+            "Running",
+            "wait 148\n",
+            "wait 143\nend\n",
+        ],
+    );
+}
+
+/// A tree in which every process is stopped, or waits for what only a stopped process could
+/// do, can never go on: the run ends deadlocked at once, as a deadlock of threads does.
+#[test]
+fn a_tree_of_stopped_and_waiting_processes_ends_deadlocked() {
+    for code in [
+        "import os, signal\nprint('stopping', flush=True)\nos.kill(os.getpid(), signal.SIGSTOP)",
+        "import os, signal, subprocess\np = subprocess.Popen(['sleep', '100'])\n\
+         os.kill(p.pid, signal.SIGSTOP)\nprint('stopping', flush=True)\nos.waitpid(p.pid, 0)",
+    ] {
+        let outcome = python(code);
+        assert!(
+            matches!(outcome.status, RunStatus::Deadlocked { .. }),
+            "{}",
+            describe(&outcome)
+        );
+        assert_eq!(outcome.stdout, b"stopping\n");
+    }
 }

@@ -1,6 +1,7 @@
 //! Pseudo-terminals on the KVM vCPU: os.openpty's pair with its line discipline (echo, ONLCR,
 //! line editing, raw mode), pty.spawn and os.forkpty children whose terminal is their
-//! controlling one, ^C signalling the foreground group, and EIO once the child is gone. Each
+//! controlling one, ^C signalling the foreground group, ^Z stopping it and a background read
+//! stopping its reader, and EIO once the child is gone. Each
 //! Python program runs in the VM and natively (`/usr/bin/python3.11`), and both must print the
 //! same.
 
@@ -234,4 +235,81 @@ print(b"child interrupted" in out, b"not interrupted" in out, "status", os.waits
 "#,
     );
     assert_eq!(printed, "True False status 7\n");
+}
+
+/// Job control on the terminal, as an interactive shell uses it: the session leader puts a
+/// job in a group of its own in the foreground; ^Z stops it (the leader's waitpid with
+/// WUNTRACED sees SIGTSTP); continued in the background, its read of the terminal stops it
+/// again with SIGTTIN; under TOSTOP a background job's write stops it with SIGTTOU and writes
+/// nothing. ^Z is typed until the stop is seen, as ^C above.
+#[test]
+fn suspend_character_and_background_reads_and_writes_stop_jobs() {
+    let printed = common::python_as_native(
+        "terminal-job-control",
+        r#"
+import os, re, select, signal, sys, termios, time
+pid, master = os.forkpty()
+if pid == 0:
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    job = os.fork()
+    if job == 0:
+        os.setpgid(0, 0)
+        while os.tcgetpgrp(0) != os.getpid():
+            time.sleep(0.01)
+        print("job ready", flush=True)
+        sys.stdin.readline()
+        os._exit(0)
+    os.setpgid(job, job)
+    os.tcsetpgrp(0, job)
+    _, status = os.waitpid(job, os.WUNTRACED)
+    print("job stopped by", os.WSTOPSIG(status), flush=True)
+    os.tcsetpgrp(0, os.getpgrp())
+    os.kill(job, signal.SIGCONT)
+    _, status = os.waitpid(job, os.WUNTRACED)
+    print("background read stopped by", os.WSTOPSIG(status), flush=True)
+    os.kill(job, signal.SIGKILL)
+    os.waitpid(job, 0)
+    attrs = termios.tcgetattr(0)
+    attrs[3] |= termios.TOSTOP
+    termios.tcsetattr(0, termios.TCSANOW, attrs)
+    writer = os.fork()
+    if writer == 0:
+        signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+        os.setpgid(0, 0)
+        os.write(1, b"background write\n")
+        os._exit(0)
+    _, status = os.waitpid(writer, os.WUNTRACED)
+    print("background write stopped by", os.WSTOPSIG(status), flush=True)
+    os.kill(writer, signal.SIGKILL)
+    os.waitpid(writer, 0)
+    os._exit(0)
+out = b""
+while b"job ready" not in out:
+    out += os.read(master, 100)
+for _ in range(100):
+    os.write(master, b"\x1a")
+    try:
+        while select.select([master], [], [], 0.2)[0]:
+            out += os.read(master, 100)
+    except OSError:
+        break
+    if b"job stopped" in out:
+        break
+try:
+    while True:
+        chunk = os.read(master, 100)
+        if not chunk:
+            break
+        out += chunk
+except OSError:
+    pass
+os.waitpid(pid, 0)
+print(re.findall(r"(job|background read|background write) stopped by (\d+)", out.decode()))
+print(b"background write\r\n" in out)
+"#,
+    );
+    assert_eq!(
+        printed,
+        "[('job', '20'), ('background read', '21'), ('background write', '22')]\nFalse\n"
+    );
 }

@@ -11,9 +11,18 @@
 //! The interrupted registers (vector state included) stay in the VMM, keyed by the frame's
 //! address, and rt_sigreturn restores them with the mask the frame holds; the frame on the
 //! stack is Linux's layout so SA_SIGINFO handlers read siginfo and ucontext as they would.
+//!
+//! Job control is decided here too, as Linux decides it: when a signal is sent (a stop signal
+//! discards a pending SIGCONT; SIGCONT discards pending stops and continues a stopped process,
+//! blocked or ignored; a signal the target ignores is not queued) and when a stop signal with
+//! the default action is taken (the whole process stops; from a terminal's signals, not in an
+//! orphaned process group). A stop or continue is recorded in the process's tree entry for its
+//! parent's wait, with SIGCHLD unless the parent asked for SA_NOCLDSTOP; the tree
+//! (`crate::sandbox`) runs no thread of a stopped process.
 
 use std::time::{Duration, Instant};
 
+use super::tree::JobReport;
 use super::{GuestProcess, SigAction, SS_DISABLE};
 use crate::cpu::CpuSnapshot;
 use crate::errno::Errno;
@@ -30,10 +39,15 @@ pub const SIGCONT: u64 = 18;
 pub const SIGTSTP: u64 = 20;
 pub const SIGWINCH: u64 = 28;
 pub const SIGALRM: u64 = 14;
+pub const SIGCHLD: u64 = 17;
+pub const SIGTTIN: u64 = 21;
+pub const SIGTTOU: u64 = 22;
 pub const SIGVTALRM: u64 = 26;
 pub const SIGPROF: u64 = 27;
 pub const SIG_DFL: u64 = 0;
 pub const SIG_IGN: u64 = 1;
+/// SIGCHLD's flag: no SIGCHLD when a child stops or continues.
+const SA_NOCLDSTOP: u64 = 1;
 const SA_ONSTACK: u64 = 0x0800_0000;
 pub const SA_RESTART: u64 = 0x1000_0000;
 const SA_NODEFER: u64 = 0x4000_0000;
@@ -58,14 +72,128 @@ pub fn bit(sig: u64) -> u64 {
     1 << (sig - 1)
 }
 
+/// The signals whose default action stops the process.
+pub const STOP_SIGNALS: u64 =
+    (1 << (SIGSTOP - 1)) | (1 << (SIGTSTP - 1)) | (1 << (SIGTTIN - 1)) | (1 << (SIGTTOU - 1));
+
+/// Whether `sig`'s default action stops the process.
+pub fn is_stop(sig: u64) -> bool {
+    (1..=64).contains(&sig) && STOP_SIGNALS & bit(sig) != 0
+}
+
+/// Whether `sig`'s default action is to do nothing.
+fn ignored_by_default(sig: u64) -> bool {
+    const SIGURG: u64 = 23;
+    matches!(sig, SIGCHLD | SIGCONT | SIGURG | SIGWINCH)
+}
+
 /// Sends `sig` to process `pid` of the tree: the running process gets it at once, another
-/// live one when it next runs; an ended one nothing.
+/// live one when it next runs; an ended one nothing. Job control acts at once, as Linux's
+/// does when a signal is sent; a signal the process ignores (and its main thread does not
+/// block) is dropped, so it interrupts no wait.
 pub fn send(proc: &mut GuestProcess, pid: u64, sig: u64) {
+    if proc.tree.get(pid).is_none_or(|e| e.exit.is_some()) {
+        return;
+    }
+    if is_stop(sig) {
+        discard(proc, pid, bit(SIGCONT));
+    } else if sig == SIGCONT {
+        discard(proc, pid, STOP_SIGNALS);
+        if proc.tree.get(pid).is_some_and(|e| e.stopped.is_some()) {
+            report_job(proc, pid, JobReport::Continued);
+        }
+    }
+    let ignored = proc.as_process(pid, |p| {
+        let handler = p.signals.actions[sig as usize].handler;
+        let blocked = p
+            .threads
+            .get(p.pid)
+            .is_some_and(|t| t.blocked_signals & bit(sig) != 0);
+        !blocked && (handler == SIG_IGN || (handler == SIG_DFL && ignored_by_default(sig)))
+    });
+    if ignored == Some(true) {
+        return;
+    }
     if pid == proc.pid {
         proc.signals.pending |= bit(sig);
     } else if let Some(entry) = proc.tree.get_mut(pid) {
-        if entry.exit.is_none() {
-            entry.signals |= bit(sig);
+        entry.signals |= bit(sig);
+    }
+}
+
+/// Drops the signals of `set` pending for process `pid`, for it or any of its threads.
+fn discard(proc: &mut GuestProcess, pid: u64, set: u64) {
+    if let Some(entry) = proc.tree.get_mut(pid) {
+        entry.signals &= !set;
+    }
+    proc.as_process(pid, |p| {
+        p.signals.pending &= !set;
+        let tids: Vec<u64> = p.threads.tids().collect();
+        for tid in tids {
+            if let Some(thread) = p.threads.get_mut(tid) {
+                thread.pending_signals &= !set;
+            }
+        }
+    });
+}
+
+/// Process `pid` stopped or continued: its tree entry says so until its parent waits for it,
+/// and the parent gets SIGCHLD unless its SIGCHLD action has SA_NOCLDSTOP.
+fn report_job(proc: &mut GuestProcess, pid: u64, report: JobReport) {
+    let Some(entry) = proc.tree.get_mut(pid) else {
+        return;
+    };
+    entry.job_report = Some(report);
+    entry.stopped = match report {
+        JobReport::Stopped(sig) => Some(sig),
+        JobReport::Continued => None,
+    };
+    let ppid = entry.ppid;
+    let quiet = proc.as_process(ppid, |p| {
+        p.signals.actions[SIGCHLD as usize].flags & SA_NOCLDSTOP != 0
+    });
+    if quiet == Some(false) {
+        send(proc, ppid, SIGCHLD);
+    }
+}
+
+/// Whether stop signal `sig`, taken with its default action by the running process, is
+/// discarded rather than stopping it: a terminal's stop signal in an orphaned process group,
+/// as Linux has it.
+fn stop_discarded(proc: &GuestProcess, sig: u64) -> bool {
+    let pgid = proc.tree.get(proc.pid).map_or(proc.pid, |e| e.pgid);
+    sig != SIGSTOP && proc.tree.group_orphaned(pgid)
+}
+
+/// Process `pid` stopped by `sig`: its tree entry says so, for its parent's wait too.
+pub fn stopped(proc: &mut GuestProcess, pid: u64, sig: u64) {
+    report_job(proc, pid, JobReport::Stopped(sig));
+}
+
+/// Takes the stop signal pending for the running process that stops it without running it
+/// (`sent` holds those sent since it last ran): the first whose action is the default that
+/// one of its threads does not block, and that is not discarded. The caller records the stop
+/// (`stopped`): this runs while the process's part is swapped in for the moment.
+pub fn take_stop(proc: &mut GuestProcess, sent: &mut u64) -> Option<u64> {
+    loop {
+        let defaults = [SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU]
+            .into_iter()
+            .filter(|&s| proc.signals.actions[s as usize].handler == SIG_DFL)
+            .fold(0, |set, s| set | bit(s));
+        let process_wide = proc.signals.pending | *sent;
+        let (tid, sig) = proc.threads.tids().find_map(|tid| {
+            let thread = proc.threads.get(tid)?;
+            let ready =
+                (thread.pending_signals | process_wide) & !thread.blocked_signals & defaults;
+            (ready != 0).then(|| (tid, u64::from(ready.trailing_zeros()) + 1))
+        })?;
+        *sent &= !bit(sig);
+        proc.signals.pending &= !bit(sig);
+        if let Some(thread) = proc.threads.get_mut(tid) {
+            thread.pending_signals &= !bit(sig);
+        }
+        if !stop_discarded(proc, sig) {
+            return Some(sig);
         }
     }
 }
@@ -95,6 +223,9 @@ pub enum Taken {
     },
     /// Linux's default action ends the process.
     End(RunStatus),
+    /// Linux's default action stopped the process (its tree entry says so): it runs again
+    /// when SIGCONT continues it.
+    Stop,
 }
 
 /// A CPU-time interval timer (setitimer ITIMER_VIRTUAL or ITIMER_PROF): due when the
@@ -216,9 +347,6 @@ fn siginfo(sig: u64, code: i32) -> [u8; 128] {
 /// Takes the lowest signal ready for `tid` whose action is not to ignore it (ignored ones
 /// are dropped on the way), as Linux does on the way back to user mode.
 pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
-    const SIGCHLD: u64 = 17;
-    const SIGTTOU: u64 = 22;
-    const SIGURG: u64 = 23;
     loop {
         let ready = ready_for(proc, tid);
         if ready == 0 {
@@ -232,13 +360,12 @@ pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
         let action = proc.signals.actions[sig as usize];
         match action.handler {
             SIG_IGN => continue,
-            SIG_DFL if matches!(sig, SIGCHLD | SIGCONT | SIGURG | SIGWINCH) => continue,
-            // A stopped process with nobody to continue it never runs again.
-            SIG_DFL if matches!(sig, SIGSTOP | SIGTSTP..=SIGTTOU) => {
-                return Some(Taken::End(RunStatus::Unsupported {
-                    syscall: 62,
-                    name: "kill",
-                }))
+            SIG_DFL if ignored_by_default(sig) => continue,
+            SIG_DFL if is_stop(sig) => {
+                if !stop_discarded(proc, sig) {
+                    stopped(proc, proc.pid, sig);
+                    return Some(Taken::Stop);
+                }
             }
             SIG_DFL => {
                 if let Some(entry) = proc.tree.get_mut(proc.pid) {

@@ -36,6 +36,7 @@ const ECHONL: u32 = 0o100;
 const NOFLSH: u32 = 0o200;
 const ECHOCTL: u32 = 0o1000;
 const ECHOKE: u32 = 0o4000;
+const TOSTOP: u32 = 0o400;
 const IEXTEN: u32 = 0o100000;
 // c_cc indexes.
 const VINTR: usize = 0;
@@ -143,6 +144,11 @@ impl Termios {
     /// `c` is control character `index`, which is not disabled.
     fn is(&self, index: usize, c: u8) -> bool {
         self.cc[index] != DISABLED && self.cc[index] == c
+    }
+
+    /// TOSTOP: a background process's write to the terminal stops its group (SIGTTOU).
+    pub fn stops_background_writes(&self) -> bool {
+        self.local(TOSTOP)
     }
 
     pub fn canonical(&self) -> bool {

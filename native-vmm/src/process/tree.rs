@@ -37,6 +37,19 @@ pub struct ProcessEntry {
     /// Its RLIMIT_NPROC as (soft, hard), as set (u64::MAX: not lowered); in effect at most
     /// the tree's limit (`ProcessTable::nproc`). A fork copies it to the child.
     pub nproc: (u64, u64),
+    /// The signal that stopped it while it is stopped: none of its threads runs.
+    pub stopped: Option<u64>,
+    /// A stop or continue its parent has not waited for yet (each is reported once).
+    pub job_report: Option<JobReport>,
+}
+
+/// What a wait with WUNTRACED or WCONTINUED reports of a child that has not ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobReport {
+    /// It stopped, by this signal.
+    Stopped(u64),
+    /// SIGCONT continued it.
+    Continued,
 }
 
 #[derive(Debug, Clone)]
@@ -65,6 +78,8 @@ impl ProcessTable {
                 killed_by: None,
                 death_signal: 0,
                 nproc: (u64::MAX, u64::MAX),
+                stopped: None,
+                job_report: None,
             },
         );
         ProcessTable {
@@ -168,6 +183,8 @@ impl ProcessTable {
                 killed_by: None,
                 death_signal: 0,
                 nproc,
+                stopped: None,
+                job_report: None,
             },
         );
         Some(pid)
@@ -188,6 +205,21 @@ impl ProcessTable {
                 }
             }
         }
+    }
+
+    /// Whether process group `pgid` is orphaned, as POSIX defines it: no live member has a
+    /// parent in another group of the same session (a parent outside the tree, as init's
+    /// children, connects none). A stop by a terminal's signals is discarded there.
+    pub fn group_orphaned(&self, pgid: u64) -> bool {
+        !self
+            .entries
+            .values()
+            .filter(|e| e.pgid == pgid && e.exit.is_none())
+            .any(|e| {
+                self.entries
+                    .get(&e.ppid)
+                    .is_some_and(|parent| parent.pgid != pgid && parent.sid == e.sid)
+            })
     }
 
     /// Removes a reaped zombie.
@@ -266,5 +298,34 @@ mod tests {
         assert!(c > b, "ids are never given twice");
         tree.set_limit(u64::MAX);
         assert_eq!(tree.limit(), MAX_PROCESS_LIMIT);
+    }
+
+    #[test]
+    fn a_group_is_orphaned_when_no_member_has_a_parent_in_another_group_of_its_session() {
+        let mut tree = ProcessTable::new(1);
+        assert!(
+            tree.group_orphaned(1),
+            "the first process's parent is outside"
+        );
+        let job = tree.add_child(1, 0, 17).unwrap();
+        let member = tree.add_child(job, 0, 17).unwrap();
+        assert!(tree.group_orphaned(1), "every parent in the group itself");
+        for pid in [job, member] {
+            tree.get_mut(pid).unwrap().pgid = job;
+        }
+        assert!(!tree.group_orphaned(job), "the job's parent is in group 1");
+        tree.get_mut(job).unwrap().sid = job;
+        tree.get_mut(member).unwrap().sid = job;
+        assert!(
+            tree.group_orphaned(job),
+            "a parent in another session connects none"
+        );
+        tree.get_mut(job).unwrap().sid = 1;
+        tree.get_mut(member).unwrap().sid = 1;
+        tree.ended(job, exited_status(0), 1);
+        assert!(
+            !tree.group_orphaned(job),
+            "the member's new parent, 1, is in another group of its session"
+        );
     }
 }

@@ -7,10 +7,9 @@
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, Node, X_OK};
+use crate::process::signals::{SIGCHLD, SIGCONT};
+use crate::process::tree::JobReport;
 use crate::process::GuestProcess;
-
-/// SIGCHLD: the usual exit signal of a child.
-pub const SIGCHLD: u64 = 17;
 
 const CLONE_VM: u64 = 0x100;
 const CLONE_FS: u64 = 0x200;
@@ -247,9 +246,36 @@ enum Which {
     Group(u64),
 }
 
-/// A child of the caller that `which` names and that ended: (pid, wait status). Err(ECHILD)
-/// when `which` names no child at all.
-fn ended_child(proc: &GuestProcess, which: Which) -> Result<Option<(u64, u32)>, Errno> {
+/// What a wait reports of a child.
+#[derive(Clone, Copy)]
+enum Event {
+    /// It ended, with this wait status: the wait reaps it.
+    Ended(u32),
+    /// It stopped, by this signal (WUNTRACED).
+    Stopped(u64),
+    /// SIGCONT continued it (WCONTINUED).
+    Continued,
+}
+
+impl Event {
+    /// wait4's status word.
+    fn status(self) -> u32 {
+        match self {
+            Event::Ended(status) => status,
+            Event::Stopped(sig) => 0x7f | (sig as u32) << 8,
+            Event::Continued => 0xffff,
+        }
+    }
+}
+
+/// The first child of the caller that `which` names with something to report that `options`
+/// ask for (an end with WEXITED, a stop with WUNTRACED, a continue with WCONTINUED), as Linux
+/// looks at each child in turn. Err(ECHILD) when `which` names no child at all.
+fn child_event(
+    proc: &GuestProcess,
+    which: Which,
+    options: u64,
+) -> Result<Option<(u64, Event)>, Errno> {
     let me = proc.pid;
     let mut any = false;
     for (pid, entry) in proc.tree.pids() {
@@ -263,14 +289,34 @@ fn ended_child(proc: &GuestProcess, which: Which) -> Result<Option<(u64, u32)>, 
             continue;
         }
         any = true;
-        if let Some(status) = entry.exit {
-            return Ok(Some((pid, status)));
-        }
+        let event = match (entry.exit, entry.job_report) {
+            (Some(status), _) if options & WEXITED != 0 => Event::Ended(status),
+            (None, Some(JobReport::Stopped(sig))) if options & WUNTRACED != 0 => {
+                Event::Stopped(sig)
+            }
+            (None, Some(JobReport::Continued)) if options & WCONTINUED != 0 => Event::Continued,
+            _ => continue,
+        };
+        return Ok(Some((pid, event)));
     }
     if any {
         Ok(None)
     } else {
         Err(Errno::ECHILD)
+    }
+}
+
+/// A wait took `event` of `child`: an end reaps it, a stop or continue is reported once.
+fn consume(proc: &mut GuestProcess, child: u64, event: Event) {
+    match event {
+        Event::Ended(_) => {
+            proc.tree.reap(child);
+        }
+        Event::Stopped(_) | Event::Continued => {
+            if let Some(entry) = proc.tree.get_mut(child) {
+                entry.job_report = None;
+            }
+        }
     }
 }
 
@@ -283,24 +329,24 @@ fn which_of_wait4(proc: &GuestProcess, pid: i64) -> Which {
     }
 }
 
-/// wait4(pid, wstatus, options, rusage): reaps an ended child (its status written), 0 with
-/// WNOHANG while none has, else waits. Stopped and continued children are not reported: no
-/// process here is ever stopped.
+/// wait4(pid, wstatus, options, rusage): reaps an ended child (its status written), or
+/// reports a stopped one with WUNTRACED or a continued one with WCONTINUED; 0 with WNOHANG
+/// while none has anything to report, else waits.
 pub(crate) fn wait4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let [pid, wstatus, options, rusage, ..] = args;
     if options & !(WNOHANG | WUNTRACED | WCONTINUED | WNOTHREAD | WALL | WCLONE) != 0 {
         return Err(Errno::EINVAL);
     }
     let which = which_of_wait4(proc, i64::from(pid as i32));
-    match ended_child(proc, which)? {
-        Some((child, status)) => {
+    match child_event(proc, which, options | WEXITED)? {
+        Some((child, event)) => {
             if wstatus != 0 {
-                user.write_u32(wstatus, status)?;
+                user.write_u32(wstatus, event.status())?;
             }
             if rusage != 0 {
                 user.write(rusage, &[0u8; 144])?;
             }
-            proc.tree.reap(child);
+            consume(proc, child, event);
             value(child)
         }
         None if options & WNOHANG != 0 => value(0),
@@ -318,6 +364,8 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     const P_PIDFD: u64 = 3;
     const CLD_EXITED: i32 = 1;
     const CLD_KILLED: i32 = 2;
+    const CLD_STOPPED: i32 = 5;
+    const CLD_CONTINUED: i32 = 6;
     let [idtype, id, infop, options, rusage, _] = args;
     if options & !(WNOHANG | WUNTRACED | WEXITED | WCONTINUED | WNOWAIT | WNOTHREAD | WALL | WCLONE)
         != 0
@@ -339,19 +387,13 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
         _ => return Err(Errno::EINVAL),
     };
     let mut info = [0u8; 128];
-    let found = if options & WEXITED != 0 {
-        ended_child(proc, which)?
-    } else {
-        // Only stopped or continued children asked for: none ever are.
-        ended_child(proc, which)?;
-        None
-    };
-    match found {
-        Some((child, status)) => {
-            let (code, value_) = if status & 0x7f == 0 {
-                (CLD_EXITED, (status >> 8) as i32)
-            } else {
-                (CLD_KILLED, (status & 0x7f) as i32)
+    match child_event(proc, which, options)? {
+        Some((child, event)) => {
+            let (code, value_) = match event {
+                Event::Ended(status) if status & 0x7f == 0 => (CLD_EXITED, (status >> 8) as i32),
+                Event::Ended(status) => (CLD_KILLED, (status & 0x7f) as i32),
+                Event::Stopped(sig) => (CLD_STOPPED, sig as i32),
+                Event::Continued => (CLD_CONTINUED, SIGCONT as i32),
             };
             info[0..4].copy_from_slice(&(SIGCHLD as i32).to_le_bytes());
             info[8..12].copy_from_slice(&code.to_le_bytes());
@@ -365,7 +407,7 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
                 user.write(rusage, &[0u8; 144])?;
             }
             if options & WNOWAIT == 0 {
-                proc.tree.reap(child);
+                consume(proc, child, event);
             }
             value(0)
         }

@@ -227,6 +227,12 @@ fn task_file(proc: &GuestProcess, tid: u32, file: TaskFile) -> Vec<u8> {
         .tree
         .get(pid)
         .map_or((0, pid, pid), |e| (e.ppid, e.pgid, e.sid));
+    let stopped = proc.tree.get(pid).is_some_and(|e| e.stopped.is_some());
+    let (state, state_name) = if stopped {
+        ("T", "stopped")
+    } else {
+        ("R", "running")
+    };
     match file {
         TaskFile::Status => {
             let (uid, gid) = (GUEST_UID, GUEST_GID);
@@ -235,7 +241,7 @@ fn task_file(proc: &GuestProcess, tid: u32, file: TaskFile) -> Vec<u8> {
             let mut out = String::new();
             let _ = write!(
                 out,
-                "Name:\t{}\nUmask:\t{:04o}\nState:\tR (running)\nTgid:\t{pid}\nNgid:\t0\nPid:\t{tid}\nPPid:\t{ppid}\nTracerPid:\t0\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nFDSize:\t{fd_size}\nGroups:\t{gid}\n",
+                "Name:\t{}\nUmask:\t{:04o}\nState:\t{state} ({state_name})\nTgid:\t{pid}\nNgid:\t0\nPid:\t{tid}\nPPid:\t{ppid}\nTracerPid:\t0\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nFDSize:\t{fd_size}\nGroups:\t{gid}\n",
                 comm(proc),
                 proc.umask
             );
@@ -262,7 +268,7 @@ fn task_file(proc: &GuestProcess, tid: u32, file: TaskFile) -> Vec<u8> {
             let (heap_start, _) = proc.memory.heap();
             let stack_top = proc.config.mem_limit;
             let fields: [String; 50] = [
-                "R".into(),
+                state.into(),
                 ppid.to_string(),
                 pgid.to_string(),
                 sid.to_string(),

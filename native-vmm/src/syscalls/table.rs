@@ -16,7 +16,7 @@
 //! ACLs are kept (setting one is EOPNOTSUPP) and sockets list no `system.sockprotoname`.
 //!
 //! Partly there, as their handlers say: ioctl (the generic fd requests and pseudo-terminals'
-//! requests; terminal.rs) and open of /dev/ptmx, /dev/pts/N and /dev/tty (no job control).
+//! requests; terminal.rs) and open of /dev/ptmx, /dev/pts/N and /dev/tty.
 //!
 //! A wait that no thread could ever end (an untimed futex wait or pause while every other
 //! thread waits too and no timer is armed) ends the run as deadlocked: see `crate::sched`.

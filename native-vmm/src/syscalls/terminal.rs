@@ -5,8 +5,9 @@
 //! (TIOCSCTTY, TIOCNOTTY, TIOCGPGRP/TIOCSPGRP, TIOCGSID). The pair and its line discipline
 //! are `process::terminal`; a terminal is the controlling terminal of at most one session, and
 //! a session's processes share it. The input's signal characters reach the foreground
-//! process group. Job-control stops are not done: SIGTSTP's default action ends the run as
-//! unsupported, and background reads and writes are not stopped (no SIGTTIN/SIGTTOU).
+//! process group (^Z's SIGTSTP stops it). A process of a background group reading its
+//! controlling terminal, or writing it under TOSTOP, stops its group with SIGTTIN or SIGTTOU
+//! and makes its call again once continued, as Linux's `tty_check_change` has it.
 
 use super::{value, wait_ready, SysResult, UserMemory};
 use super::{POLLERR, POLLHUP, POLLIN, POLLNVAL, POLLOUT, POLLRDNORM, POLLWRNORM};
@@ -111,6 +112,37 @@ fn signal_group(proc: &mut GuestProcess, pgid: u64, sig: u64) {
     }
 }
 
+/// A read (`sig` SIGTTIN) or a TOSTOP write (SIGTTOU) of terminal `index`'s slave by a
+/// process of a background group of the session it controls: the group gets `sig` and the
+/// call waits, so the stop interrupts it and it is made again when the group is continued
+/// (Some). A caller that ignores or blocks `sig` reads EIO and writes on (None); an orphaned
+/// group, which a stop would not stop, gets EIO.
+fn from_background(
+    proc: &mut GuestProcess,
+    index: usize,
+    sig: u64,
+) -> Result<Option<SysResult>, Errno> {
+    let (sid, pgid) = ids(proc);
+    let t = proc.fds.terminal(index)?;
+    if t.session != Some(sid) || t.foreground.is_none_or(|f| f == pgid) {
+        return Ok(None);
+    }
+    let ignored = proc.signals.actions[sig as usize].handler == signals::SIG_IGN
+        || proc.threads.current().blocked_signals & signals::bit(sig) != 0;
+    if ignored {
+        return if sig == signals::SIGTTIN {
+            Err(Errno::EIO)
+        } else {
+            Ok(None)
+        };
+    }
+    if proc.tree.group_orphaned(pgid) {
+        return Err(Errno::EIO);
+    }
+    signal_group(proc, pgid, sig);
+    Ok(Some(wait_ready(proc, None)))
+}
+
 /// Reads up to `len` bytes of terminal `index`'s master (the slave's output) or slave (its
 /// input) into guest memory at `buf`.
 pub(super) fn read(
@@ -123,6 +155,11 @@ pub(super) fn read(
 ) -> SysResult {
     user.check(buf, len)?;
     let max = usize::try_from(len).unwrap_or(usize::MAX);
+    if !master {
+        if let Some(stopped) = from_background(proc, index, signals::SIGTTIN)? {
+            return stopped;
+        }
+    }
     let t = proc.fds.terminal_mut(index)?;
     let bytes = if master {
         match t.read_master(max) {
@@ -161,6 +198,11 @@ pub(super) fn write(
 ) -> SysResult {
     if data.is_empty() {
         return value(0);
+    }
+    if !master && proc.fds.terminal(index)?.termios.stops_background_writes() {
+        if let Some(stopped) = from_background(proc, index, signals::SIGTTOU)? {
+            return stopped;
+        }
     }
     let t = proc.fds.terminal_mut(index)?;
     let (taken, raised) = if master {

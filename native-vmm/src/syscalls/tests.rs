@@ -779,6 +779,47 @@ fn signals_sent_to_self() {
 }
 
 #[test]
+fn job_control_signals_stop_continue_and_discard_each_other() {
+    use crate::process::signals::{self, Taken, SIGCONT, SIGSTOP, SIGTSTP};
+    use crate::process::tree::JobReport;
+    let mut g = guest();
+    let entry = |g: &Guest| g.proc.tree.get(1).cloned().unwrap();
+    // SIGSTOP stops the process: its entry says so for the parent's wait.
+    assert_eq!(g.ret(KILL, &[1, SIGSTOP]), 0);
+    assert!(matches!(signals::take(&mut g.proc, 1), Some(Taken::Stop)));
+    assert_eq!(entry(&g).stopped, Some(SIGSTOP));
+    assert_eq!(entry(&g).job_report, Some(JobReport::Stopped(SIGSTOP)));
+    // SIGCONT continues it even when ignored, and is then not queued.
+    g.mem.write_u64(SCRATCH, signals::SIG_IGN).unwrap();
+    for i in 1..4 {
+        g.mem.write_u64(SCRATCH + 8 * i, 0).unwrap();
+    }
+    assert_eq!(g.ret(RT_SIGACTION, &[SIGCONT, SCRATCH, 0, 8]), 0);
+    assert_eq!(g.ret(KILL, &[1, SIGCONT]), 0);
+    assert_eq!(entry(&g).stopped, None);
+    assert_eq!(entry(&g).job_report, Some(JobReport::Continued));
+    assert_eq!(signals::ready_for(&g.proc, 1), 0);
+    // Blocked, a stop and SIGCONT stay pending, and each discards the other.
+    g.mem.write_u64(SCRATCH, u64::MAX).unwrap();
+    assert_eq!(g.ret(RT_SIGPROCMASK, &[0, SCRATCH, 0, 8]), 0);
+    assert_eq!(g.ret(KILL, &[1, SIGTSTP]), 0);
+    assert_eq!(g.ret(RT_SIGPENDING, &[BUF, 8]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), signals::bit(SIGTSTP));
+    assert_eq!(g.ret(KILL, &[1, SIGCONT]), 0);
+    assert_eq!(g.ret(RT_SIGPENDING, &[BUF, 8]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), signals::bit(SIGCONT));
+    assert_eq!(g.ret(KILL, &[1, SIGTSTP]), 0);
+    assert_eq!(g.ret(RT_SIGPENDING, &[BUF, 8]), 0);
+    assert_eq!(g.mem.read_u64(BUF).unwrap(), signals::bit(SIGTSTP));
+    // The first process's group is orphaned (its parent is outside): a terminal's stop
+    // signal is discarded there, as Linux discards it.
+    g.mem.write_u64(SCRATCH, 0).unwrap();
+    assert_eq!(g.ret(RT_SIGPROCMASK, &[2, SCRATCH, 0, 8]), 0);
+    assert!(signals::take(&mut g.proc, 1).is_none());
+    assert_eq!(entry(&g).stopped, None);
+}
+
+#[test]
 fn interval_timer() {
     const GETITIMER: u64 = 36;
     const ALARM: u64 = 37;

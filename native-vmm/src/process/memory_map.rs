@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use super::AddressSpace;
 use crate::codec::{DecodeError, Decoder, Encoder};
+use crate::fs::Node;
 use crate::layout::{page_align_up, PAGE_SIZE, USER_BASE};
 use crate::memory::{GuestMemory, OutOfBounds};
 
@@ -55,6 +56,26 @@ pub enum Placement {
 struct Region {
     end: u64,
     prot: u32,
+    /// The read-only file bytes a private file mapping copied here, while no protection let
+    /// the program write them and nothing else replaced them.
+    view: Option<FileView>,
+}
+
+/// A private mapping of a file that never changes (the image's), by where its offset 0 would
+/// sit: a mapping of the same file at the same `start - offset` shows the same bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileView {
+    node: Node,
+    origin: u64,
+}
+
+/// mprotect's write bit: a region the program may write no longer holds its view.
+const PROT_WRITE: u32 = 2;
+
+impl Region {
+    fn with(self, end: u64) -> Region {
+        Region { end, ..self }
+    }
 }
 
 /// A set of disjoint half-open ranges, merged when they touch.
@@ -247,6 +268,23 @@ impl MemoryMap {
         len: u64,
         prot: u32,
     ) -> Result<u64, MapError> {
+        self.map_view(mem, placement, len, prot, None)
+            .map(|(start, _)| start)
+    }
+
+    /// Maps `len` bytes (rounded up to pages), for a private copy of `file` (an unchanging
+    /// file, from an offset) when given, and returns the address and whether the range already
+    /// shows those bytes: a fixed map over regions that hold the same file at the same place
+    /// (ld.so maps a library whole, then each segment over it), which is then left as it is.
+    /// Otherwise the range is zeroed for the caller to fill.
+    pub fn map_view(
+        &mut self,
+        mem: &GuestMemory,
+        placement: Placement,
+        len: u64,
+        prot: u32,
+        file: Option<(Node, u64)>,
+    ) -> Result<(u64, bool), MapError> {
         if len == 0 || len > self.mem_size {
             return Err(if len == 0 {
                 MapError::Invalid
@@ -255,6 +293,7 @@ impl MemoryMap {
             });
         }
         let len = page_align_up(len);
+        let mut shown = false;
         let start = match placement {
             Placement::Hint(hint) => self.place(hint, len)?,
             Placement::Fixed(addr) | Placement::FixedNoReplace(addr) => {
@@ -263,6 +302,10 @@ impl MemoryMap {
                     if matches!(placement, Placement::FixedNoReplace(_)) {
                         return Err(MapError::Exists);
                     }
+                    shown = file.is_some_and(|(node, offset)| {
+                        let origin = addr.wrapping_sub(offset);
+                        self.shows(addr, end, FileView { node, origin })
+                    });
                     self.carve(addr, end);
                 }
                 addr
@@ -271,17 +314,49 @@ impl MemoryMap {
         if self.regions.len() >= MAX_REGIONS {
             return Err(MapError::NotMapped);
         }
-        self.zero_for_reuse(mem, start, start + len)?;
+        if !shown {
+            self.zero_for_reuse(mem, start, start + len)?;
+        }
         self.regions.insert(
             start,
             Region {
                 end: start + len,
                 prot,
+                view: file
+                    .filter(|_| prot & PROT_WRITE == 0)
+                    .map(|(node, offset)| FileView {
+                        node,
+                        origin: start.wrapping_sub(offset),
+                    }),
             },
         );
         self.mapped_bytes += len;
         self.note_usage();
-        Ok(start)
+        Ok((start, shown))
+    }
+
+    /// Whether a region holding a view overlaps [start, end).
+    fn shows_any_view(&self, start: u64, end: u64) -> bool {
+        self.regions
+            .range(..end)
+            .rev()
+            .take_while(|(_, r)| r.end > start)
+            .any(|(_, r)| r.view.is_some())
+    }
+
+    /// Whether regions holding `view` cover every byte of [start, end).
+    fn shows(&self, start: u64, end: u64, view: FileView) -> bool {
+        let mut cur = start;
+        for (&s, r) in self.regions.range(..end) {
+            if r.end <= cur {
+                continue;
+            }
+            if s > cur || r.view != Some(view) {
+                return false;
+            }
+            cur = r.end;
+        }
+        cur >= end
     }
 
     /// A fixed range must be page aligned and inside user memory.
@@ -338,22 +413,10 @@ impl MemoryMap {
         for &(s, r) in &hit {
             self.regions.remove(&s);
             if s < start {
-                self.regions.insert(
-                    s,
-                    Region {
-                        end: start,
-                        prot: r.prot,
-                    },
-                );
+                self.regions.insert(s, r.with(start));
             }
             if r.end > end {
-                self.regions.insert(
-                    end,
-                    Region {
-                        end: r.end,
-                        prot: r.prot,
-                    },
-                );
+                self.regions.insert(end, r);
             }
             self.mapped_bytes -= r.end.min(end) - s.max(start);
         }
@@ -405,7 +468,8 @@ impl MemoryMap {
         }
         for (s, r) in self.carve(addr, end) {
             let (s, e) = (s.max(addr), r.end.min(end));
-            self.regions.insert(s, Region { end: e, prot });
+            let view = r.view.filter(|_| prot & PROT_WRITE == 0);
+            self.regions.insert(s, Region { end: e, prot, view });
             self.mapped_bytes += e - s;
         }
         Ok(())
@@ -455,6 +519,15 @@ impl MemoryMap {
         }
         for (s, e) in self.dirty.intersection(addr, end) {
             mem.fill(s, e - s, 0)?;
+        }
+        // The zeros are no file's bytes any more.
+        if self.shows_any_view(addr, end) {
+            for (s, r) in self.carve(addr, end) {
+                let (s, e) = (s.max(addr), r.end.min(end));
+                let view = None;
+                self.regions.insert(s, Region { end: e, view, ..r });
+                self.mapped_bytes += e - s;
+            }
         }
         Ok(())
     }
@@ -571,6 +644,7 @@ impl MemoryMap {
                 Region {
                     end,
                     prot: d.u32("region protection")?,
+                    view: None,
                 },
             );
         }
@@ -597,6 +671,7 @@ impl MemoryMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::Vfs;
 
     const MIB: u64 = 1 << 20;
 
@@ -744,5 +819,51 @@ mod tests {
         mem.fill(a, 4096, 5).unwrap();
         map.discard(&mem, a, 4096).unwrap();
         assert_eq!(mem.read_vec(a, 4096).unwrap(), vec![0; 4096]);
+    }
+
+    /// ld.so's pattern: a library mapped whole, then its segments over it at the same place.
+    /// Those keep their bytes; a write permission, a discard, another file or another place
+    /// does not.
+    #[test]
+    fn a_fixed_map_of_the_same_file_bytes_keeps_them() {
+        let (mem, mut map) = setup();
+        let (lib, other) = (Vfs::pts_node(1), Vfs::pts_node(2));
+        let (whole, shown) = map
+            .map_view(&mem, Placement::Hint(0), 4 * 4096, 1, Some((lib, 0)))
+            .unwrap();
+        assert!(!shown);
+        mem.fill(whole, 4 * 4096, 7).unwrap();
+        let text = Placement::Fixed(whole + 4096);
+        let fixed = |map: &mut MemoryMap, place, offset, node| {
+            map.map_view(&mem, place, 4096, 5, Some((node, offset)))
+                .unwrap()
+        };
+        assert_eq!(fixed(&mut map, text, 4096, lib), (whole + 4096, true));
+        assert_eq!(mem.read_vec(whole + 4096, 4096).unwrap(), vec![7; 4096]);
+        assert_eq!(map.prot_at(whole + 4096), Some(5));
+        // Another offset (another place for the file) or another file is copied anew.
+        let data = Placement::Fixed(whole + 2 * 4096);
+        assert_eq!(fixed(&mut map, data, 0, lib), (whole + 2 * 4096, false));
+        assert_eq!(mem.read_vec(whole + 2 * 4096, 4096).unwrap(), vec![0; 4096]);
+        let last = Placement::Fixed(whole + 3 * 4096);
+        assert_eq!(
+            fixed(&mut map, last, 3 * 4096, other),
+            (whole + 3 * 4096, false)
+        );
+        // Once writable, or discarded, a region holds the program's bytes, not the file's.
+        map.protect(whole, 4096, 3).unwrap();
+        assert_eq!(
+            fixed(&mut map, Placement::Fixed(whole), 0, lib),
+            (whole, false)
+        );
+        mem.fill(whole + 4096, 4096, 7).unwrap();
+        map.discard(&mem, whole + 4096, 4096).unwrap();
+        assert_eq!(fixed(&mut map, text, 4096, lib), (whole + 4096, false));
+        // Plain maps never claim a file's bytes.
+        let (_, shown) = map
+            .map_view(&mem, Placement::Fixed(whole), 4096, 1, None)
+            .unwrap();
+        assert!(!shown);
+        assert_eq!(map.in_use(), 4 * 4096);
     }
 }

@@ -108,8 +108,16 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     } else {
         Placement::Hint(addr)
     };
-    let start = match proc.memory.map(user.guest(), placement, len, prot as u32) {
-        Ok(start) => start,
+    // A private copy of an image file (which never changes) may be mapped again over itself.
+    let file = match source {
+        Source::Copy(node, offset) if !proc.config.vfs.is_overlay(node) => Some((node, offset)),
+        _ => None,
+    };
+    let mapped = proc
+        .memory
+        .map_view(user.guest(), placement, len, prot as u32, file);
+    let (start, shown) = match mapped {
+        Ok(mapped) => mapped,
         // A thread stack that does not fit is ENOMEM: pthread_create reports it as EAGAIN, an
         // error the program handles where it starts threads (see the module comment).
         Err(MapError::NoRoom) if flags & MAP_STACK != 0 => return Err(Errno::ENOMEM),
@@ -118,6 +126,7 @@ pub(crate) fn mmap(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -
     };
     match source {
         Source::Zero => {}
+        Source::Copy(..) if shown => {}
         Source::Copy(node, offset) => {
             let data = proc.config.vfs.contents(node)?;
             let from = offset.min(data.len() as u64) as usize;

@@ -6,6 +6,7 @@
 
 mod epoll;
 mod fds;
+mod locks;
 mod memory_map;
 mod output;
 pub mod signals;
@@ -24,6 +25,7 @@ pub use fds::{
     MAX_PASSED_PER_MESSAGE, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY,
     PIPE_CAPACITY,
 };
+pub use locks::{FileLocks, Held, LockKind, LockOwner};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
 pub use threads::{Threads, DEFAULT_THREAD_LIMIT};
@@ -316,9 +318,18 @@ impl GuestProcess {
 
     /// Closes every fd of the running process (it exits), releasing what that lets go of.
     pub(crate) fn close_all_fds(&mut self) {
-        for object in self.fds.close_range(0, u64::MAX, false) {
+        let released = self.fds.close_range(0, u64::MAX, false);
+        self.release_each(released);
+        self.fds.locks.release_owner(LockOwner::Process(self.pid));
+    }
+
+    /// `release` of each object several closes let go of (and of the closes' record locks,
+    /// even when no object went).
+    pub(crate) fn release_each(&mut self, objects: Vec<Object>) {
+        for object in objects {
             self.release(Some(object));
         }
+        self.release(None);
     }
 
     /// Live threads allowed at once (clone fails with EAGAIN beyond it).
@@ -357,6 +368,9 @@ impl GuestProcess {
     /// Releases what closing a description let go of: file-system nodes go back to the Vfs,
     /// with those of descriptions that were in flight on a socket that went with it.
     pub(crate) fn release(&mut self, object: Option<Object>) {
+        for node in self.fds.take_closed_nodes() {
+            self.fds.locks.release_process_records(self.pid, node);
+        }
         if let Some(Object::Node(node)) = object {
             self.config.vfs.close(node);
         }
@@ -468,6 +482,9 @@ impl GuestProcess {
         }
         if self.fds.has_terminals() {
             return Err("a pseudo-terminal is open");
+        }
+        if !self.fds.locks.is_empty() {
+            return Err("a file lock is held (flock or fcntl)");
         }
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);

@@ -530,9 +530,8 @@ impl<'a> Tree<'a> {
                 _ => Errno::ENOMEM,
             })?;
         // The point of no return: the process is the new program from here on.
-        for object in process.fds.close_on_exec() {
-            process.release(Some(object));
-        }
+        let released = process.fds.close_on_exec();
+        process.release_each(released);
         let pid = process.pid;
         let limit = process.threads.limit();
         let switching = process.threads.switching;

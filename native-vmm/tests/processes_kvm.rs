@@ -144,6 +144,23 @@ fn jobs_timeouts_and_signals_between_processes() {
     same_as_native("(exit 4); echo $?; bash -c 'kill -TERM $$'; echo $?");
 }
 
+/// flock and fcntl record locks hold between processes as on Linux: a lock another
+/// description holds stops a non-blocking request and makes a blocking one wait for its
+/// release; a fork's copy of a description shares its flock; F_GETLK names the holder; a
+/// process's record locks go when it closes any fd of the file. SQLite, which locks with
+/// fcntl, keeps a second process's write out of an open transaction.
+#[test]
+fn file_locks_hold_between_processes() {
+    same_as_native(concat!(
+        "/usr/bin/python3.11 - <<'EOF'\n",
+        include_str!("programs/file_locks.py"),
+        "EOF\n",
+        "/usr/bin/python3.11 - <<'EOF'\n",
+        include_str!("programs/sqlite_two_writers.py"),
+        "EOF",
+    ));
+}
+
 /// /dev/stdin, /dev/stdout, /dev/stderr and /dev/fd lead to the caller's fds: a pipe is
 /// reopened through them (so `cat /dev/stdin` and bash's process substitution work), a path
 /// stat follows them to the object, a pipe is no directory, and a file opened there is the file.

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::epoll::EpollSet;
+use super::locks::{FileLocks, LockOwner};
 use super::output::Stream;
 use super::terminal::Terminal;
 use crate::codec::{DecodeError, Decoder, Encoder};
@@ -415,6 +416,11 @@ pub struct FdTable {
     limit: u64,
     /// See `take_released_nodes`.
     released_nodes: Vec<Node>,
+    /// See `take_closed_nodes`.
+    closed_nodes: Vec<Node>,
+    /// Advisory locks on files (flock, fcntl), held by descriptions of this table or by the
+    /// tree's processes.
+    pub locks: FileLocks,
     /// The FIFOs in use.
     fifos: std::collections::HashMap<Node, Fifo>,
     /// Pseudo-terminal pairs, while an end is open.
@@ -445,6 +451,8 @@ impl FdTable {
             next_port: FIRST_EPHEMERAL_PORT,
             limit: FD_LIMIT,
             released_nodes: Vec::new(),
+            closed_nodes: Vec::new(),
+            locks: FileLocks::default(),
             fifos: Default::default(),
             terminals: Vec::new(),
             hangups: Vec::new(),
@@ -625,6 +633,9 @@ impl FdTable {
         }
         let last_ref = match self.descriptions[slot.description].as_mut() {
             Some(d) => {
+                if let Object::Node(node) = d.object {
+                    self.closed_nodes.push(node);
+                }
                 d.refs -= 1;
                 d.refs == 0
             }
@@ -633,11 +644,28 @@ impl FdTable {
         if !last_ref {
             return Ok(None);
         }
-        Ok(self.descriptions[slot.description].take().map(|d| {
-            self.reset_peer(&d);
-            self.release_object(&d.object);
-            d.object
-        }))
+        Ok(self.free_description(slot.description).map(|d| d.object))
+    }
+
+    /// Takes description `index` out of the table once its last reference went, letting go
+    /// of its object's channels and of the locks it held.
+    fn free_description(&mut self, index: usize) -> Option<Description> {
+        let d = self.descriptions[index].take()?;
+        self.reset_peer(&d);
+        self.release_object(&d.object);
+        self.locks.release_owner(LockOwner::Description(index));
+        Some(d)
+    }
+
+    /// The files the running process closed an fd of since the last call: a close lets go of
+    /// its record locks on them (`GuestProcess::release`).
+    pub fn take_closed_nodes(&mut self) -> Vec<Node> {
+        std::mem::take(&mut self.closed_nodes)
+    }
+
+    /// The index of the description `fd` refers to: the owner of its flock and OFD locks.
+    pub fn description_index(&self, fd: u64) -> Result<usize, Errno> {
+        Ok(self.slot(fd)?.description)
     }
 
     /// close_range(2): closes (or with `only_cloexec` marks close-on-exec) fds first..=last;
@@ -1558,9 +1586,7 @@ impl FdTable {
         if d.refs > 0 {
             return;
         }
-        if let Some(d) = self.descriptions[index].take() {
-            self.reset_peer(&d);
-            self.release_object(&d.object);
+        if let Some(d) = self.free_description(index) {
             if let Object::Node(node) = d.object {
                 self.released_nodes.push(node);
             }
@@ -2006,6 +2032,8 @@ impl FdTable {
             next_port: FIRST_EPHEMERAL_PORT,
             limit,
             released_nodes: Vec::new(),
+            closed_nodes: Vec::new(),
+            locks: FileLocks::default(),
             fifos: Default::default(),
             terminals: Vec::new(),
             hangups: Vec::new(),

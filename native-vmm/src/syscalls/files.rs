@@ -895,12 +895,10 @@ pub(crate) fn close_range(
     if flags & !(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC) != 0 || first > last {
         return Err(Errno::EINVAL);
     }
-    for object in proc
+    let released = proc
         .fds
-        .close_range(first, last, flags & CLOSE_RANGE_CLOEXEC != 0)
-    {
-        proc.release(Some(object));
-    }
+        .close_range(first, last, flags & CLOSE_RANGE_CLOEXEC != 0);
+    proc.release_each(released);
     value(0)
 }
 
@@ -966,27 +964,21 @@ fn mknod_at(
     value(0)
 }
 
-/// fcntl(fd, cmd, arg): duplication, close-on-exec, status flags, pipe size, and record
-/// locks (always granted: there is no other process to conflict with).
+/// fcntl(fd, cmd, arg): duplication, close-on-exec, status flags, pipe size, seals, record
+/// locks (locks.rs) and F_NOTIFY (accepted on a directory; no change is ever signalled).
 pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const F_DUPFD: u64 = 0;
     const F_GETFD: u64 = 1;
     const F_SETFD: u64 = 2;
     const F_GETFL: u64 = 3;
     const F_SETFL: u64 = 4;
-    const F_GETLK: u64 = 5;
-    const F_SETLK: u64 = 6;
-    const F_SETLKW: u64 = 7;
-    const F_OFD_GETLK: u64 = 36;
-    const F_OFD_SETLK: u64 = 37;
-    const F_OFD_SETLKW: u64 = 38;
+    const F_NOTIFY: u64 = 1026;
     const F_DUPFD_CLOEXEC: u64 = 1030;
     const F_SETPIPE_SZ: u64 = 1031;
     const F_GETPIPE_SZ: u64 = 1032;
     const F_ADD_SEALS: u64 = 1033;
     const F_GET_SEALS: u64 = 1034;
     const FD_CLOEXEC: u64 = 1;
-    const F_UNLCK: u16 = 2;
     /// Flags F_SETFL may change (O_ASYNC and O_DIRECT have no effect here).
     const SETTABLE: u32 = O_APPEND | O_NONBLOCK | 0o20000 | 0o40000 | 0o1000000;
     let fd = fd_arg(args[0]);
@@ -1009,14 +1001,13 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
             desc.flags = (desc.flags & !SETTABLE) | (arg as u32 & SETTABLE);
             value(0)
         }
-        F_GETLK | F_OFD_GETLK => {
-            user.write(arg, &F_UNLCK.to_le_bytes())?;
-            value(0)
+        cmd if super::locks::is_lock_command(cmd) => {
+            super::locks::record_lock(proc, user, fd, cmd, arg)
         }
-        F_SETLK | F_SETLKW | F_OFD_SETLK | F_OFD_SETLKW => {
-            user.check(arg, 32)?;
-            value(0)
-        }
+        F_NOTIFY => match desc.object {
+            Object::Node(node) if proc.config.vfs.kind(node)? == FileKind::Directory => value(0),
+            _ => Err(Errno::ENOTDIR),
+        },
         F_ADD_SEALS => super::memfd::add_seals(proc, fd, u64::from(arg as u32)),
         F_GET_SEALS => super::memfd::get_seals(proc, fd),
         F_GETPIPE_SZ => match desc.object {
@@ -1033,12 +1024,6 @@ pub(crate) fn fcntl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
         },
         _ => Err(Errno::EINVAL),
     }
-}
-
-/// flock(fd, op): granted (one process, nothing to conflict with).
-pub(crate) fn flock(proc: &mut GuestProcess, _user: &UserMemory, args: [u64; 6]) -> SysResult {
-    proc.fds.get(fd_arg(args[0]))?;
-    value(0)
 }
 
 /// fsync(fd), fdatasync(fd): the overlay is memory; nothing to flush.

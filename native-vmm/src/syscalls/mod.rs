@@ -23,6 +23,7 @@ mod files;
 mod futex;
 mod ids;
 mod inet;
+mod locks;
 mod loopback;
 mod memfd;
 mod memory;

@@ -18,6 +18,10 @@
 //! Partly there, as their handlers say: ioctl (the generic fd requests and pseudo-terminals'
 //! requests; terminal.rs) and open of /dev/ptmx, /dev/pts/N and /dev/tty.
 //!
+//! File locks (locks.rs): flock and fcntl's record locks hold between processes; a cycle of
+//! blocking requests is not EDEADLK but waits (and ends the run deadlocked when nothing else
+//! can go on).
+//!
 //! A wait that no thread could ever end (an untimed futex wait or pause while every other
 //! thread waits too and no timer is armed) ends the run as deadlocked: see `crate::sched`.
 //!
@@ -25,8 +29,8 @@
 //! also counted as unsupported (see `GuestProcess::unsupported_counts`).
 
 use super::{
-    addresses, epoll, eventfd, files, futex, ids, memfd, memory, misc, ownership, pidfd, poll,
-    processes, signals, sockets, threads, time, transfer, xattr, SysResult, UserMemory,
+    addresses, epoll, eventfd, files, futex, ids, locks, memfd, memory, misc, ownership, pidfd,
+    poll, processes, signals, sockets, threads, time, transfer, xattr, SysResult, UserMemory,
 };
 use crate::errno::Errno;
 use crate::process::{GuestProcess, SyscallCount};
@@ -128,7 +132,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(62, "kill", processes::kill),
     emulate(63, "uname", misc::uname),
     emulate(72, "fcntl", files::fcntl),
-    emulate(73, "flock", files::flock),
+    emulate(73, "flock", locks::flock),
     emulate(74, "fsync", files::fsync),
     emulate(75, "fdatasync", files::fsync),
     emulate(76, "truncate", files::truncate),

@@ -229,12 +229,13 @@ pub(crate) fn times(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
 }
 
 /// getrusage(who, usage): the process's or the calling thread's CPU time as user time; max RSS
-/// is the peak guest memory in use.
+/// is the peak guest memory in use. Partly: RUSAGE_CHILDREN reads all zeros (waited-for
+/// children's usage is not summed).
 pub(crate) fn getrusage(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const RUSAGE_SELF: i64 = 0;
     const RUSAGE_CHILDREN: i64 = -1;
     const RUSAGE_THREAD: i64 = 1;
-    let who = args[0] as i64;
+    let who = i64::from(args[0] as u32 as i32);
     let mut usage = [0u8; 144];
     match who {
         RUSAGE_SELF | RUSAGE_THREAD => {

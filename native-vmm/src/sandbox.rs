@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crate::cpu::{CpuExit, GuestCpu};
 use crate::errno::Errno;
 use crate::memory::{GuestMemory, MemoryArena};
-use crate::process::signals::{self, bit};
+use crate::process::signals::{self, bit, ChildNews};
 use crate::process::threads::{Call, QUANTUM};
 use crate::process::tree::{exited_status, signalled_status};
 use crate::process::{Command, GuestProcess, MemoryMap, Threads};
@@ -602,7 +602,8 @@ impl<'a> Tree<'a> {
         process.tree.ended(pid, wait_status, root);
         if let Some(entry) = process.tree.get(pid).cloned() {
             if entry.exit_signal != 0 {
-                signals::send(process, entry.ppid, entry.exit_signal);
+                let news = ChildNews::ended(pid, wait_status);
+                signals::notify_parent(process, entry.ppid, entry.exit_signal, news);
             }
         }
         // An end is progress even when it made no system call (a signal's default action):

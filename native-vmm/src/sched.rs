@@ -592,8 +592,8 @@ impl Scheduler {
             Some(Taken::End(status)) => Ok(Some(LoopEnd::Finished(status))),
             // The thread goes on from `state` once the process is continued.
             Some(Taken::Stop) => Ok(put_thread(cpu, &state)?.or(Some(LoopEnd::Stopped))),
-            Some(Taken::Handler { sig, action, code }) => {
-                match signals::push_frame(process, mem, tid, state, (sig, action, code)) {
+            Some(Taken::Handler { sig, action, info }) => {
+                match signals::push_frame(process, mem, tid, state, (sig, action, info)) {
                     Ok(handler) => put_thread(cpu, &handler),
                     // No room for the frame: Linux kills the process with SIGSEGV.
                     Err(_) => Ok(Some(LoopEnd::Finished(RunStatus::Exited {

@@ -1543,7 +1543,8 @@ print("killed", os.WTERMSIG(os.waitpid(pid, 0)[1]))
 }
 
 /// The parent gets SIGCHLD when a child stops and when it continues, unless its SIGCHLD action
-/// has SA_NOCLDSTOP (set here through libc's sigaction, which Python does not offer).
+/// has SA_NOCLDSTOP (set here through libc's sigaction, which Python does not offer); its
+/// siginfo tells which child and what happened (CLD_STOPPED, CLD_CONTINUED, CLD_KILLED).
 #[test]
 fn sa_nocldstop_keeps_sigchld_for_stops_and_continues_away() {
     let printed = common::python_as_native(
@@ -1556,7 +1557,8 @@ class Sigaction(ctypes.Structure):
                 ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
 def sigchld(wait):
-    return signal.sigtimedwait([signal.SIGCHLD], wait) is not None
+    info = signal.sigtimedwait([signal.SIGCHLD], wait)
+    return info and (info.si_pid == p.pid, info.si_code, info.si_status)
 for nocldstop in (False, True):
     act = Sigaction()
     act.flags = 1 if nocldstop else 0
@@ -1577,7 +1579,8 @@ for nocldstop in (False, True):
     );
     assert_eq!(
         printed,
-        "default True True True\nSA_NOCLDSTOP False False True\n"
+        "default (True, 5, 19) (True, 6, 18) (True, 2, 9)\n\
+         SA_NOCLDSTOP None None (True, 2, 9)\n"
     );
 }
 

@@ -22,7 +22,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::tree::JobReport;
 use super::{GuestProcess, SigAction, SS_DISABLE};
 use crate::cpu::CpuSnapshot;
 use crate::errno::Errno;
@@ -90,10 +89,10 @@ fn ignored_by_default(sig: u64) -> bool {
 /// Sends `sig` to process `pid` of the tree: the running process gets it at once, another
 /// live one when it next runs; an ended one nothing. Job control acts at once, as Linux's
 /// does when a signal is sent; a signal the process ignores (and its main thread does not
-/// block) is dropped, so it interrupts no wait.
-pub fn send(proc: &mut GuestProcess, pid: u64, sig: u64) {
+/// block) is dropped, so it interrupts no wait. Whether it is pending now.
+pub fn send(proc: &mut GuestProcess, pid: u64, sig: u64) -> bool {
     if proc.tree.get(pid).is_none_or(|e| e.exit.is_some()) {
-        return;
+        return false;
     }
     if is_stop(sig) {
         discard(proc, pid, bit(SIGCONT));
@@ -112,12 +111,48 @@ pub fn send(proc: &mut GuestProcess, pid: u64, sig: u64) {
         !blocked && (handler == SIG_IGN || (handler == SIG_DFL && ignored_by_default(sig)))
     });
     if ignored == Some(true) {
-        return;
+        return false;
     }
     if pid == proc.pid {
         proc.signals.pending |= bit(sig);
     } else if let Some(entry) = proc.tree.get_mut(pid) {
         entry.signals |= bit(sig);
+    }
+    true
+}
+
+/// Sends `sig` to parent `ppid` about its child: a SIGCHLD that was not pending yet carries
+/// `news` (one is queued at a time, with its first sender's siginfo, as on Linux).
+pub fn notify_parent(proc: &mut GuestProcess, ppid: u64, sig: u64, news: ChildNews) {
+    let pending = |proc: &mut GuestProcess| {
+        let parked = proc.tree.get(ppid).map_or(0, |e| e.signals);
+        let own = proc.as_process(ppid, |p| p.signals.pending).unwrap_or(0);
+        (parked | own) & bit(SIGCHLD) != 0
+    };
+    let fresh = sig == SIGCHLD && !pending(proc);
+    if send(proc, ppid, sig) && fresh {
+        if let Some(parent) = proc.tree.get_mut(ppid) {
+            parent.child_news = Some(news);
+        }
+    }
+}
+
+/// The siginfo of a SIGCHLD the running process takes: its child's news (taken with it), or
+/// a plain sender's when another process sent it.
+fn sigchld_info(proc: &mut GuestProcess, code: i32) -> [u8; 128] {
+    let news = proc
+        .tree
+        .get_mut(proc.pid)
+        .and_then(|e| e.child_news.take());
+    news.map_or_else(|| siginfo(SIGCHLD, code), |n| n.siginfo())
+}
+
+/// The siginfo of `sig` sent as `code`, taken now by the running process.
+fn taken_info(proc: &mut GuestProcess, sig: u64, code: i32) -> [u8; 128] {
+    if sig == SIGCHLD {
+        sigchld_info(proc, code)
+    } else {
+        siginfo(sig, code)
     }
 }
 
@@ -153,7 +188,7 @@ fn report_job(proc: &mut GuestProcess, pid: u64, report: JobReport) {
         p.signals.actions[SIGCHLD as usize].flags & SA_NOCLDSTOP != 0
     });
     if quiet == Some(false) {
-        send(proc, ppid, SIGCHLD);
+        notify_parent(proc, ppid, SIGCHLD, ChildNews::job(pid, report));
     }
 }
 
@@ -198,6 +233,59 @@ pub fn take_stop(proc: &mut GuestProcess, sent: &mut u64) -> Option<u64> {
     }
 }
 
+/// What a wait with WUNTRACED or WCONTINUED reports of a child that has not ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobReport {
+    /// It stopped, by this signal.
+    Stopped(u64),
+    /// SIGCONT continued it.
+    Continued,
+}
+
+/// A child's news as SIGCHLD's and waitid's siginfo tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildNews {
+    /// si_code: CLD_EXITED, CLD_KILLED, CLD_STOPPED or CLD_CONTINUED.
+    pub code: i32,
+    pub pid: u64,
+    /// si_status: the exit code, or the signal that ended, stopped or continued it.
+    pub status: i32,
+}
+
+pub const CLD_EXITED: i32 = 1;
+pub const CLD_KILLED: i32 = 2;
+pub const CLD_STOPPED: i32 = 5;
+pub const CLD_CONTINUED: i32 = 6;
+
+impl ChildNews {
+    /// Child `pid` ended with wait status `status`.
+    pub fn ended(pid: u64, status: u32) -> ChildNews {
+        let (code, status) = if status & 0x7f == 0 {
+            (CLD_EXITED, i32::from((status >> 8) as u8))
+        } else {
+            (CLD_KILLED, i32::from((status & 0x7f) as u8))
+        };
+        ChildNews { code, pid, status }
+    }
+
+    /// Child `pid` stopped or continued.
+    pub fn job(pid: u64, report: JobReport) -> ChildNews {
+        let (code, status) = match report {
+            JobReport::Stopped(sig) => (CLD_STOPPED, sig as i32),
+            JobReport::Continued => (CLD_CONTINUED, SIGCONT as i32),
+        };
+        ChildNews { code, pid, status }
+    }
+
+    /// The siginfo that tells it.
+    pub fn siginfo(&self) -> [u8; 128] {
+        let mut info = siginfo(SIGCHLD, self.code);
+        info[16..20].copy_from_slice(&(self.pid as i32).to_le_bytes());
+        info[24..28].copy_from_slice(&self.status.to_le_bytes());
+        info
+    }
+}
+
 /// The interval timer of setitimer(ITIMER_REAL) and alarm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RealTimer {
@@ -215,11 +303,11 @@ pub struct SignalFrame {
 
 /// What the next signal a thread takes does.
 pub enum Taken {
-    /// Run the handler of `sig`.
+    /// Run the handler of `sig`, which gets `info` as its siginfo.
     Handler {
         sig: u64,
         action: SigAction,
-        code: i32,
+        info: [u8; 128],
     },
     /// Linux's default action ends the process.
     End(RunStatus),
@@ -329,7 +417,7 @@ pub fn take_from(proc: &mut GuestProcess, tid: u64, set: u64) -> Option<(u64, [u
     if own == 0 {
         proc.signals.pending &= !bit(sig);
     }
-    Some((sig, siginfo(sig, sent_by(own != 0, sig))))
+    Some((sig, taken_info(proc, sig, sent_by(own != 0, sig))))
 }
 
 /// Linux's siginfo for `sig` sent as `code` (the sender's pid and uid unless the kernel sent it).
@@ -379,7 +467,8 @@ pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
                 if action.flags & SA_RESETHAND != 0 {
                     proc.signals.actions[sig as usize] = SigAction::default();
                 }
-                return Some(Taken::Handler { sig, action, code });
+                let info = taken_info(proc, sig, code);
+                return Some(Taken::Handler { sig, action, info });
             }
         }
     }
@@ -398,9 +487,9 @@ pub fn push_frame(
     mem: &GuestMemory,
     tid: u64,
     interrupted: CpuSnapshot,
-    taken: (u64, SigAction, i32),
+    taken: (u64, SigAction, [u8; 128]),
 ) -> Result<CpuSnapshot, Errno> {
-    let (sig, action, code) = taken;
+    let (sig, action, info) = taken;
     let thread = proc.threads.get_mut(tid).ok_or(Errno::ESRCH)?;
     let (ss_sp, ss_flags, ss_size) = thread.alt_stack;
     let sp = interrupted.regs.rsp;
@@ -454,8 +543,8 @@ pub fn push_frame(
     put(&mut frame, MCONTEXT_AT + 144, 0x33 | (0x2b << 48));
     put(&mut frame, MCONTEXT_AT + 168, mask);
     put(&mut frame, SIGMASK_AT, mask);
-    let info = SIGINFO_AT as usize;
-    frame[info..info + 128].copy_from_slice(&siginfo(sig, code));
+    let at = SIGINFO_AT as usize;
+    frame[at..at + 128].copy_from_slice(&info);
     UserMemory::new(mem).write(addr, &frame)?;
     let mut handler = interrupted.clone();
     handler.rip = action.handler;

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use super::signals::{ChildNews, JobReport};
 use super::{AddressSpace, Command, FdSlots, MemoryMap, SignalState, Threads};
 use crate::fs::Node;
 
@@ -41,15 +42,9 @@ pub struct ProcessEntry {
     pub stopped: Option<u64>,
     /// A stop or continue its parent has not waited for yet (each is reported once).
     pub job_report: Option<JobReport>,
-}
-
-/// What a wait with WUNTRACED or WCONTINUED reports of a child that has not ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobReport {
-    /// It stopped, by this signal.
-    Stopped(u64),
-    /// SIGCONT continued it.
-    Continued,
+    /// What the SIGCHLD pending for it says: the news of the child that sent it, as Linux
+    /// queues one SIGCHLD with its sender's siginfo.
+    pub child_news: Option<ChildNews>,
 }
 
 #[derive(Debug, Clone)]
@@ -80,6 +75,7 @@ impl ProcessTable {
                 nproc: (u64::MAX, u64::MAX),
                 stopped: None,
                 job_report: None,
+                child_news: None,
             },
         );
         ProcessTable {
@@ -185,6 +181,7 @@ impl ProcessTable {
                 nproc,
                 stopped: None,
                 job_report: None,
+                child_news: None,
             },
         );
         Some(pid)

@@ -7,8 +7,7 @@
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, Node, X_OK};
-use crate::process::signals::{SIGCHLD, SIGCONT};
-use crate::process::tree::JobReport;
+use crate::process::signals::{ChildNews, JobReport, SIGCHLD};
 use crate::process::GuestProcess;
 
 const CLONE_VM: u64 = 0x100;
@@ -362,10 +361,6 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     const P_PID: u64 = 1;
     const P_PGID: u64 = 2;
     const P_PIDFD: u64 = 3;
-    const CLD_EXITED: i32 = 1;
-    const CLD_KILLED: i32 = 2;
-    const CLD_STOPPED: i32 = 5;
-    const CLD_CONTINUED: i32 = 6;
     let [idtype, id, infop, options, rusage, _] = args;
     if options & !(WNOHANG | WUNTRACED | WEXITED | WCONTINUED | WNOWAIT | WNOTHREAD | WALL | WCLONE)
         != 0
@@ -386,20 +381,14 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
         }
         _ => return Err(Errno::EINVAL),
     };
-    let mut info = [0u8; 128];
     match child_event(proc, which, options)? {
         Some((child, event)) => {
-            let (code, value_) = match event {
-                Event::Ended(status) if status & 0x7f == 0 => (CLD_EXITED, (status >> 8) as i32),
-                Event::Ended(status) => (CLD_KILLED, (status & 0x7f) as i32),
-                Event::Stopped(sig) => (CLD_STOPPED, sig as i32),
-                Event::Continued => (CLD_CONTINUED, SIGCONT as i32),
+            let news = match event {
+                Event::Ended(status) => ChildNews::ended(child, status),
+                Event::Stopped(sig) => ChildNews::job(child, JobReport::Stopped(sig)),
+                Event::Continued => ChildNews::job(child, JobReport::Continued),
             };
-            info[0..4].copy_from_slice(&(SIGCHLD as i32).to_le_bytes());
-            info[8..12].copy_from_slice(&code.to_le_bytes());
-            info[16..20].copy_from_slice(&(child as i32).to_le_bytes());
-            info[20..24].copy_from_slice(&(crate::abi::GUEST_UID as u32).to_le_bytes());
-            info[24..28].copy_from_slice(&value_.to_le_bytes());
+            let info = news.siginfo();
             if infop != 0 {
                 user.write(infop, &info)?;
             }
@@ -414,7 +403,7 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
         None if options & WNOHANG != 0 => {
             // Linux zeroes si_pid (the whole siginfo here) when no child is ready.
             if infop != 0 {
-                user.write(infop, &info)?;
+                user.write(infop, &[0u8; 128])?;
             }
             value(0)
         }

@@ -838,6 +838,8 @@ fn udp_control_messages_carry_hop_limit_traffic_class_and_pktinfo_as_on_linux() 
     );
 }
 
+/// A loopback TCP connection: a non-blocking connect is EINPROGRESS, a close and a zero-linger
+/// reset read and send as on Linux.
 #[test]
 fn a_tcp_connection_on_the_vms_loopback_closes_and_resets_as_on_linux() {
     let printed = same_as_native(
@@ -846,6 +848,20 @@ import errno, os, socket, struct
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen()
+# A connect that does not wait is EINPROGRESS, then writable with no error (a Unix one
+# completes at once).
+c = socket.socket()
+c.setblocking(False)
+print("nonblocking connect", errno.errorcode[c.connect_ex(srv.getsockname())])
+import select
+print("writable", select.select([], [c], [], 5)[1] == [c], c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+u = socket.socket(socket.AF_UNIX)
+u.setblocking(False)
+unix = socket.socket(socket.AF_UNIX)
+unix.bind("nonblocking.sock")
+unix.listen()
+print("unix connect", u.connect_ex("nonblocking.sock"))
+c.close(), srv.accept()[0].close(), u.close(), unix.close()
 # A plain close: the peer reads the bytes, then end of file; it is still connected and a send
 # of nothing succeeds.
 c = socket.create_connection(srv.getsockname())

@@ -407,6 +407,13 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     };
     let abstract_name = address.key.get(1) == Some(&0);
     let seqpacket = proc.fds.endpoint(index)?.seqpacket;
+    // A TCP connect that does not wait says so even on the loopback, where the connection is
+    // made at once: Linux's handshake is never done inside the call. A Unix one completes.
+    let connected = if family != AF_UNIX && proc.fds.get(fd_arg(args[0]))?.nonblocking() {
+        Err(super::inet::EINPROGRESS)
+    } else {
+        value(0)
+    };
     let dual_stack = match (family, address.port) {
         (AF_INET, Some(port)) if proc.fds.listener(&address.key).is_none() => {
             dual_stack_listener(proc, port)
@@ -444,7 +451,7 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         let server_names = (v4_mapped(&peer), v4_mapped(&local));
         proc.fds
             .connect(fd_arg(args[0]), listener, (local, peer), Some(server_names))?;
-        return value(0);
+        return connected;
     }
     let peer = proc
         .fds
@@ -454,7 +461,7 @@ pub(crate) fn connect(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         .unwrap_or_default();
     proc.fds
         .connect(fd_arg(args[0]), listener, (local, peer), None)?;
-    value(0)
+    connected
 }
 
 /// The AF_INET6 listener at `port` that takes an IPv4 connection no AF_INET one listens for:

@@ -35,7 +35,7 @@ use crate::status::RunStatus;
 pub(super) const AF_INET: u16 = 2;
 pub(super) const AF_INET6: u16 = 10;
 const AF_UNSPEC: u16 = 0;
-const EINPROGRESS: Errno = Errno(115);
+pub(crate) const EINPROGRESS: Errno = Errno(115);
 const EALREADY: Errno = Errno(114);
 const EDESTADDRREQ: Errno = Errno(89);
 const ENOPROTOOPT: Errno = Errno(92);

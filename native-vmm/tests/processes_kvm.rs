@@ -332,6 +332,16 @@ fn scripts_run_by_their_interpreter_line() {
     );
 }
 
+/// ctypes finds libraries as natively: `ctypes.util.find_library` runs `ldconfig -p`, which
+/// reads the image's library cache.
+#[test]
+fn ctypes_finds_and_loads_libraries_by_name() {
+    same_as_native(
+        "/usr/bin/python3.11 -c 'import ctypes, ctypes.util as u; c = u.find_library(\"c\"); \
+         print(c, u.find_library(\"ssl\"), u.find_library(\"nonesuch\"), ctypes.CDLL(c).abs(-7))'",
+    );
+}
+
 #[test]
 fn git_make_and_patch_work_as_natively() {
     same_as_native(

@@ -848,6 +848,17 @@ fn udp_control_messages_carry_hop_limit_traffic_class_and_pktinfo_as_on_linux() 
     );
 }
 
+/// TCP_NODELAY and SO_BROADCAST read back as set, before and after bind and listen, and an
+/// accepted connection has its listener's, as on Linux.
+#[test]
+fn socket_options_read_back_as_set_and_pass_to_accepted_connections() {
+    same_as_native(concat!(
+        "/usr/bin/python3.11 - <<'EOF'\n",
+        include_str!("programs/socket_options.py"),
+        "EOF",
+    ));
+}
+
 /// A loopback TCP connection: a non-blocking connect is EINPROGRESS, a close and a zero-linger
 /// reset read and send as on Linux.
 #[test]

@@ -510,8 +510,11 @@ pub(crate) fn accept4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
     } else {
         0
     };
+    let options = desc.socket_options;
     match proc.fds.accept(index, status, flags & SOCK_CLOEXEC != 0)? {
         Some((new_fd, peer)) => {
+            // The connection has the listener's options, as a Linux clone of it does.
+            proc.fds.get_mut(new_fd)?.socket_options = options;
             if addr != 0 {
                 write_truncated(user, addr, addrlen, &peer)?;
             }

@@ -768,11 +768,13 @@ const IPPROTO_IP: i32 = 0;
 const IPPROTO_TCP: i32 = 6;
 const IPPROTO_IPV6: i32 = 41;
 
-/// Options accepted and not carried to the host: extended error reports (glibc's resolver
-/// asks for them; the VMM reports errors as errnos).
+/// Options accepted and not carried to the host (they read back as 0, or as set where
+/// sockets.rs keeps them): extended error reports (glibc's resolver asks for them; the VMM
+/// reports errors as errnos) and SO_BROADCAST (the egress policy decides what a send reaches).
 const IGNORED_OPTIONS: &[(i32, i32)] = &[
     (IPPROTO_IP, 11),   // IP_RECVERR
     (IPPROTO_IPV6, 25), // IPV6_RECVERR
+    (SOL_SOCKET, 6),    // SO_BROADCAST
 ];
 
 /// FIONREAD of Internet socket `index`: the next datagram's length, or the bytes a stream
@@ -861,6 +863,7 @@ pub(super) fn option(
                 None => 0,
             },
         },
+        _ if IGNORED_OPTIONS.contains(&(level, name)) => 0,
         _ if HOST_OPTIONS.contains(&(level, name)) => match &socket.host {
             Some(host) => host.int_option(level, name).map_err(|e| errno_of(&e))? as u32,
             None => 0,

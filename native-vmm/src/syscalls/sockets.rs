@@ -43,6 +43,7 @@ const SO_ERROR: u64 = 4;
 const SO_SNDBUF: u64 = 7;
 const SO_RCVBUF: u64 = 8;
 const SO_KEEPALIVE: u64 = 9;
+const SO_BROADCAST: u64 = 6;
 const SO_PASSCRED: u64 = 16;
 const SO_LINGER: u64 = 13;
 /// struct linger's size: l_onoff and l_linger, two ints.
@@ -56,6 +57,7 @@ const EPROTONOSUPPORT: Errno = Errno(93);
 const ESOCKTNOSUPPORT: Errno = Errno(94);
 const EISCONN: Errno = Errno::EISCONN;
 const IPPROTO_TCP: u64 = 6;
+const TCP_NODELAY: u64 = 1;
 const IPPROTO_IPV6: u64 = 41;
 const IPV6_V6ONLY: u64 = 26;
 const SO_REUSEPORT: u64 = 15;
@@ -462,11 +464,14 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
                 0
             }
         }
-        (SOL_SOCKET, SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE) => kept.map_or(0, u32::from),
+        (SOL_SOCKET, SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE | SO_BROADCAST) => {
+            kept.map_or(0, u32::from)
+        }
         (IPPROTO_IPV6, IPV6_V6ONLY) if internet => kept.map_or(0, u32::from),
         (SOL_SOCKET, SO_ERROR) => 0,
-        // Options of TCP change nothing in memory: they read back as 0.
-        (IPPROTO_TCP, _) if internet => 0,
+        // Options of TCP change nothing in memory: TCP_NODELAY reads back as set, the
+        // others as 0.
+        (IPPROTO_TCP, _) if internet => kept.map_or(0, u32::from),
         _ => return Err(ENOPROTOOPT),
     };
     write_truncated(user, optval, optlen, &answer.to_le_bytes())
@@ -500,7 +505,8 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
     let accepted = match (u64::from(level as u32), u64::from(name as u32)) {
         (
             SOL_SOCKET,
-            SO_REUSEADDR | SO_REUSEPORT | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED,
+            SO_REUSEADDR | SO_REUSEPORT | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED
+            | SO_BROADCAST,
         ) => true,
         (IPPROTO_TCP, _) | (IPPROTO_IPV6, IPV6_V6ONLY) => internet,
         _ => false,
@@ -518,11 +524,13 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 
 /// Boolean options kept on a socket's description only to read back as set: they change
 /// nothing in memory, and a host socket is given them as they are set (inet.rs). One bit each.
-const KEPT_OPTIONS: [(u64, u64); 4] = [
+const KEPT_OPTIONS: [(u64, u64); 6] = [
     (SOL_SOCKET, SO_REUSEADDR),
     (SOL_SOCKET, SO_REUSEPORT),
     (SOL_SOCKET, SO_KEEPALIVE),
+    (SOL_SOCKET, SO_BROADCAST),
     (IPPROTO_IPV6, IPV6_V6ONLY),
+    (IPPROTO_TCP, TCP_NODELAY),
 ];
 
 fn kept_bit((level, name): (u64, u64)) -> Option<u8> {

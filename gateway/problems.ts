@@ -73,7 +73,7 @@ export const PROBLEMS = {
   "session-not-checkpointable": {
     status: 409,
     title:
-      "The session's program is in a state a checkpoint cannot hold (child processes, a socket with an address)",
+      "The session's program holds what a checkpoint cannot carry (a socket with an address, memory shared between processes)",
     retryable: false,
   },
   "session-not-templatable": {

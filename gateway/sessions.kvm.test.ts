@@ -332,7 +332,7 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
     await expectJson(await call("DELETE", `/v1/sessions/${id}`), 200);
   });
 
-  it("a process a cell starts lives on into the next cell; a pause waits for it to be reaped", async () => {
+  it("a process a cell starts lives on into the next cell and through a pause; a socket is refused", async () => {
     const { call, id } = await keyWithSession();
     const cell = async (code: string) =>
       (
@@ -343,13 +343,20 @@ describe("sessions through the gateway and the supervised daemon on KVM", () => 
       ).value;
     await cell("import os, subprocess\nchild = subprocess.Popen(['sleep', '100'])");
     expect(await cell("(child.poll(), os.path.exists(f'/proc/{child.pid}'))")).toBe("(None, True)");
+    await expectJson(await call("POST", `/v1/sessions/${id}/pause`), 201);
+    expect(await cell("(child.poll(), os.path.exists(f'/proc/{child.pid}'))")).toBe("(None, True)");
+    const server = await cell(
+      "import sys\nserver = subprocess.Popen([sys.executable, '-c', 'import socket, time\\ns = socket.socket()\\ns.bind((\"127.0.0.1\", 0))\\nprint(1, flush=True)\\ntime.sleep(100)'], stdout=subprocess.PIPE)\nserver.stdout.readline()\nserver.pid",
+    );
     const refused = await expectProblem(
       await call("POST", `/v1/sessions/${id}/pause`),
       409,
       "session-not-checkpointable",
     );
-    expect(JSON.stringify(refused)).toContain("child processes");
-    expect(await cell("child.kill()\nchild.wait()")).toBe("-9");
+    expect(JSON.stringify(refused)).toContain(`process ${server} holds a socket`);
+    expect(await cell("server.kill()\nchild.kill()\n(server.wait(), child.wait())")).toBe(
+      "(-9, -9)",
+    );
     await expectJson(await call("POST", `/v1/sessions/${id}/pause`), 201);
     expect(await cell("child.returncode")).toBe("-9");
     await expectJson(await call("DELETE", `/v1/sessions/${id}`), 200);

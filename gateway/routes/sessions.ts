@@ -404,9 +404,10 @@ export function registerSessionRoutes(
     checkpointRoute(
       "/v1/sessions/{id}/checkpoints",
       "Checkpoint a session without pausing it",
-      "Dirty memory against the template, vCPU, VMM state and /work files, checksummed. A program " +
-        "with child processes alive or unreaped (a checkpoint holds one process), or holding what a " +
-        "template cannot carry, is 409 session-not-checkpointable; the session runs on.",
+      "Dirty memory against the template, vCPU, VMM state, /work files and every process the " +
+        "session's cells started, checksummed. A process holding what a checkpoint cannot carry " +
+        "(a socket with an address, memory shared between processes, a FIFO, a pidfd, a terminal, " +
+        "an armed timer) is 409 session-not-checkpointable; the session runs on.",
     ),
     async (c) => {
       const { session, checkpoint } = await sessions.checkpoint(
@@ -420,9 +421,10 @@ export function registerSessionRoutes(
     checkpointRoute(
       "/v1/sessions/{id}/pause",
       "Pause a session: checkpoint it and release its VM",
-      "Billing for running time stops; the next call resumes it from this checkpoint. A program " +
-        "with child processes alive or unreaped, or holding what a template cannot carry, is 409 " +
-        "session-not-checkpointable; the session runs on.",
+      "Billing for running time stops; the next call resumes it, every process included, from " +
+        "this checkpoint. A process holding what a checkpoint cannot carry (a socket with an " +
+        "address, memory shared between processes, ...) is 409 session-not-checkpointable; the " +
+        "session runs on.",
     ),
     async (c) => {
       const { session, checkpoint } = await sessions.pause(

@@ -1047,8 +1047,27 @@ impl GuestMemory {
     /// and the copies (a layer that several memories map counts for each: any of them may
     /// come to write every page).
     pub fn resident_bytes(&self) -> io::Result<u64> {
+        Ok(crate::layout::pages_in(&self.held_page_ranges()?) * PAGE_SIZE)
+    }
+
+    /// The ranges of the pages `resident_bytes` counts: outside them the memory shows its
+    /// template's bytes (`is_template_fork`) or zeros.
+    pub fn held_page_ranges(&self) -> io::Result<Vec<(u64, u64)>> {
         let copied = self.copied_own_ranges()?.unwrap_or_default();
-        Ok(crate::layout::pages_in(&self.held_ranges(&copied)?) * PAGE_SIZE)
+        self.held_ranges(&copied)
+    }
+
+    /// Whether it is a copy-on-write fork of a template (or of a template fork).
+    pub fn is_template_fork(&self) -> bool {
+        matches!(
+            *self.backing.borrow(),
+            Backing::Private { template: true, .. }
+        )
+    }
+
+    /// Whether any range shows shared memory (a MAP_SHARED mapping).
+    pub fn shows_shared_memory(&self) -> bool {
+        !self.shared.borrow().is_empty()
     }
 
     /// Maps this memory's own backing over `[start, end)` again.

@@ -16,6 +16,8 @@ pub(crate) mod testing;
 pub mod threads;
 pub mod tree;
 
+use std::time::Instant;
+
 use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::fs::{Node, Vfs};
 
@@ -449,21 +451,125 @@ impl AddressSpace {
     }
 }
 
+impl Command {
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        e.str(&self.exe);
+        for strings in [&self.argv, &self.envp] {
+            e.len(strings.len());
+            for s in strings {
+                e.bytes(s);
+            }
+        }
+    }
+
+    pub(crate) fn decode_state(d: &mut Decoder) -> Result<Command, DecodeError> {
+        let exe = d.string("exe")?;
+        let mut strings = || -> Result<Vec<Vec<u8>>, DecodeError> {
+            (0..d.count(4, "command strings")?)
+                .map(|_| d.bytes("command string").map(<[u8]>::to_vec))
+                .collect()
+        };
+        Ok(Command {
+            exe,
+            argv: strings()?,
+            envp: strings()?,
+        })
+    }
+}
+
+impl SignalState {
+    /// The dispositions and the signals pending; an armed interval timer is refused.
+    pub(crate) fn encode_state(&self, e: &mut Encoder) -> Result<(), &'static str> {
+        if self.timer.is_some() || self.cpu_timers.iter().any(Option::is_some) {
+            return Err("an interval timer is armed");
+        }
+        for action in &self.actions {
+            for v in [action.handler, action.flags, action.restorer, action.mask] {
+                e.u64(v);
+            }
+        }
+        e.u64(self.pending);
+        Ok(())
+    }
+
+    pub(crate) fn decode_state(d: &mut Decoder) -> Result<SignalState, DecodeError> {
+        let mut actions = [SigAction::default(); SIGNAL_COUNT];
+        for action in actions.iter_mut() {
+            *action = SigAction {
+                handler: d.u64("sigaction")?,
+                flags: d.u64("sigaction")?,
+                restorer: d.u64("sigaction")?,
+                mask: d.u64("sigaction")?,
+            };
+        }
+        Ok(SignalState {
+            actions,
+            pending: d.u64("pending signals")?,
+            timer: None,
+            cpu_timers: [None; 2],
+        })
+    }
+}
+
 impl GuestProcess {
     /// Encodes what a fork of a template starts from: the file system's overlay, the fd table,
     /// the working directory, the memory map, the signal state and the per-process values.
     /// Not encoded: the counters (each run starts its own), the output (a
     /// ready point has none) and the pending request (none: that is what makes it the ready
-    /// point). Refuses a process with output or a pending request.
+    /// point). Refuses a process with output or a pending request, or with other processes.
     pub(crate) fn encode_state(&self, e: &mut Encoder) -> Result<(), &'static str> {
+        self.refusal()?;
+        if self.tree.len() > 1 {
+            return Err("it has child processes, alive or not yet waited for");
+        }
+        self.encode_own(e)?;
+        self.threads.encode_state(e)
+    }
+
+    /// `encode_state` for a session checkpoint, which is restored once: the tree may hold
+    /// other processes (`encode_tree` records them) and threads may be in timed waits (their
+    /// timers are `encode_tree`'s too); a socket with an address is refused naming the
+    /// process and fd that hold it.
+    pub(crate) fn encode_session_state(&self, e: &mut Encoder) -> Result<(), String> {
+        let held = std::iter::once(self.fds.addressed_socket_fd().map(|fd| (self.pid, fd)))
+            .chain(self.parked.values().map(|part| {
+                part.fd_slots
+                    .addressed_socket_fd(&self.fds)
+                    .map(|fd| (part.pid, fd))
+            }))
+            .flatten()
+            .next();
+        if let Some((pid, fd)) = held {
+            return Err(format!(
+                "process {pid} holds a socket bound, listening or connected by address (fd {fd})"
+            ));
+        }
+        self.refusal()?;
+        self.encode_own(e)?;
+        Ok(self.threads.encode_state_timed(e)?)
+    }
+
+    /// What a session checkpoint holds beside `encode_session_state`: the running process's
+    /// timers as the time each has left after `now`, the process table and every other live
+    /// process's parked part (their VMs are the checkpoint's to record).
+    pub(crate) fn encode_tree(&self, e: &mut Encoder, now: Instant) -> Result<(), String> {
+        self.threads.encode_timers(e, now);
+        self.tree.encode_state(e);
+        e.len(self.parked.len());
+        for part in self.parked.values() {
+            part.encode_state(e, now)
+                .map_err(|why| format!("process {}: {why}", part.pid))?;
+        }
+        Ok(())
+    }
+
+    /// What no snapshot of the tree holds.
+    fn refusal(&self) -> Result<(), &'static str> {
         if self.agent_request.is_some() {
             return Err("a request is pending");
         }
         if self.output.total() > 0 {
             return Err("the program has written output");
-        }
-        if self.signals.timer.is_some() || self.signals.cpu_timers.iter().any(Option::is_some) {
-            return Err("an interval timer is armed");
         }
         if self.fds.has_addressed_sockets() {
             return Err("a socket is bound, listening or connected by address");
@@ -474,9 +580,6 @@ impl GuestProcess {
         if self.fds.has_passed_descriptions() {
             return Err("file descriptors are in flight on a socket");
         }
-        if self.tree.len() > 1 {
-            return Err("it has child processes, alive or not yet waited for");
-        }
         if self.fds.has_pidfds() {
             return Err("a pidfd is open");
         }
@@ -486,30 +589,55 @@ impl GuestProcess {
         if !self.fds.locks.is_empty() {
             return Err("a file lock is held (flock or fcntl)");
         }
+        Ok(())
+    }
+
+    /// The running process's state and the tree's descriptions, up to its threads.
+    fn encode_own(&self, e: &mut Encoder) -> Result<(), &'static str> {
+        let mut signals = Encoder::new();
+        self.signals.encode_state(&mut signals)?;
         e.str(&self.config.cwd);
         e.bytes(&self.config.stdin);
         e.u64(self.config.mem_limit);
-        e.str(&self.config.command.exe);
-        for strings in [&self.config.command.argv, &self.config.command.envp] {
-            e.len(strings.len());
-            for s in strings {
-                e.bytes(s);
-            }
-        }
+        self.config.command.encode_state(e);
         self.config.vfs.encode_state(e);
         self.space.encode_state(e);
         self.fds.encode_state(e);
         self.cwd.encode_state(e);
         self.memory.encode_state(e);
-        for action in &self.signals.actions {
-            for v in [action.handler, action.flags, action.restorer, action.mask] {
-                e.u64(v);
-            }
-        }
-        e.u64(self.signals.pending);
+        e.raw(&signals.into_bytes());
         e.u32(self.umask);
         e.u32(self.nice.cast_unsigned());
-        self.threads.encode_state(e)
+        Ok(())
+    }
+
+    /// Gives this process (`decode_state`'s, of a session checkpoint) the tree `encode_tree`
+    /// wrote, its timers `now` plus what each had left. Every process of the table but this
+    /// one that has not ended must have its part, and every part be such a process.
+    pub(crate) fn decode_tree(&mut self, d: &mut Decoder, now: Instant) -> Result<(), DecodeError> {
+        self.threads.decode_timers(d, now)?;
+        self.tree = ProcessTable::decode_state(d, self.pid)?;
+        self.tree.note_ids_used(self.threads.next_id());
+        for _ in 0..d.count(1, "parked processes")? {
+            let part = ProcessPart::decode_state(d, &self.fds, &self.config.vfs, now)?;
+            let pid = part.pid;
+            let alive = pid != self.pid && self.tree.get(pid).is_some_and(|e| e.exit.is_none());
+            if !alive || self.parked.contains_key(&pid) {
+                return Err(DecodeError::new(format!(
+                    "a part for process {pid}, which is not a live child or has one already"
+                )));
+            }
+            self.tree.note_ids_used(part.threads.next_id());
+            self.parked.insert(pid, part);
+        }
+        if let Some(pid) = self
+            .tree
+            .alive()
+            .find(|&pid| pid != self.pid && !self.parked.contains_key(&pid))
+        {
+            return Err(DecodeError::new(format!("live process {pid} has no part")));
+        }
+        Ok(())
     }
 
     /// The process `encode_state` wrote, over `image`, with empty output capped at
@@ -522,37 +650,13 @@ impl GuestProcess {
         let cwd_path = d.string("cwd")?;
         let stdin = d.bytes("stdin")?.to_vec();
         let mem_limit = d.u64("memory limit")?;
-        let exe = d.string("exe")?;
-        let mut strings = || -> Result<Vec<Vec<u8>>, DecodeError> {
-            (0..d.count(4, "command strings")?)
-                .map(|_| d.bytes("command string").map(<[u8]>::to_vec))
-                .collect()
-        };
-        let command = Command {
-            exe,
-            argv: strings()?,
-            envp: strings()?,
-        };
+        let command = Command::decode_state(d)?;
         let vfs = Vfs::decode_state(image, d)?;
         let space = AddressSpace::decode_state(d)?;
         let fds = FdTable::decode_state(d, &vfs)?;
         let cwd = vfs.decode_node(d)?;
         let memory = MemoryMap::decode_state(d)?;
-        let mut actions = [SigAction::default(); SIGNAL_COUNT];
-        for action in actions.iter_mut() {
-            *action = SigAction {
-                handler: d.u64("sigaction")?,
-                flags: d.u64("sigaction")?,
-                restorer: d.u64("sigaction")?,
-                mask: d.u64("sigaction")?,
-            };
-        }
-        let signals = SignalState {
-            actions,
-            pending: d.u64("pending signals")?,
-            timer: None,
-            cpu_timers: [None; 2],
-        };
+        let signals = SignalState::decode_state(d)?;
         let umask = d.u32("umask")?;
         let nice = d.u32("nice")?.cast_signed();
         let threads = Threads::decode_state(d)?;

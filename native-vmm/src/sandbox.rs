@@ -19,11 +19,12 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use crate::cpu::{CpuExit, GuestCpu};
+use crate::codec::{DecodeError, Decoder, Encoder};
+use crate::cpu::{CpuExit, CpuSnapshot, GuestCpu};
 use crate::errno::Errno;
 use crate::memory::{GuestMemory, MemoryArena};
 use crate::process::signals::{self, bit, ChildNews};
-use crate::process::threads::{Call, QUANTUM};
+use crate::process::threads::{decode_call, encode_call, Call, QUANTUM};
 use crate::process::tree::{exited_status, signalled_status};
 use crate::process::{Command, GuestProcess, MemoryMap, Threads};
 use crate::sched::{LoopEnd, Scheduler};
@@ -36,7 +37,8 @@ const SIGKILL: u64 = 9;
 const SIGSYS: u64 = 31;
 
 /// How a process goes on when it next gets the host thread.
-enum Next {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
     /// Its vCPU runs on from where it stopped.
     Run,
     /// Its system call `call` returns `value` first.
@@ -45,6 +47,42 @@ enum Next {
     Wake,
     /// SIGKILL ends it before any of its threads runs again (stopped or not).
     Kill,
+    /// It made system call `call`, not handled yet (a process a checkpoint ran out of the
+    /// VMM's stubs: `KeptProcesses::vms`).
+    Call(Call),
+}
+
+impl Next {
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        match *self {
+            Next::Run => e.u8(0),
+            Next::Answer { call, value } => {
+                e.u8(1);
+                encode_call(call, e);
+                e.u64(value);
+            }
+            Next::Wake => e.u8(2),
+            Next::Call(call) => {
+                e.u8(3);
+                encode_call(call, e);
+            }
+            Next::Kill => e.u8(4),
+        }
+    }
+
+    pub(crate) fn decode_state(d: &mut Decoder) -> Result<Next, DecodeError> {
+        Ok(match d.u8("how a process goes on")? {
+            0 => Next::Run,
+            1 => Next::Answer {
+                call: decode_call(d)?,
+                value: d.u64("answer")?,
+            },
+            2 => Next::Wake,
+            3 => Next::Call(decode_call(d)?),
+            4 => Next::Kill,
+            t => return Err(DecodeError::new(format!("how a process goes on: tag {t}"))),
+        })
+    }
 }
 
 enum State {
@@ -85,12 +123,72 @@ pub struct KeptProcesses<'a> {
     members: Vec<Member<'a>>,
 }
 
+/// A kept process's VM as a session checkpoint records it: its memory, its vCPU's registers
+/// and how it goes on.
+pub struct KeptVm<'m> {
+    pub pid: u64,
+    pub mem: &'m GuestMemory,
+    pub cpu: CpuSnapshot,
+    pub next: Next,
+}
+
 impl<'a> KeptProcesses<'a> {
     pub fn new(arena: &'a MemoryArena) -> KeptProcesses<'a> {
         KeptProcesses {
             arena,
             members: Vec::new(),
         }
+    }
+
+    /// Each kept process's VM as it stopped (one whose threads all waited tries again). One
+    /// whose slice ended inside the VMM's stubs, where no state is a program's, is first run on
+    /// to its next system call (a few instructions), which it then makes when it next runs, or
+    /// back into program code.
+    pub fn vms(&mut self) -> io::Result<Vec<KeptVm<'a>>> {
+        self.members
+            .iter_mut()
+            .map(|member| {
+                let (Some(cpu), Some(mem)) = (member.cpu.as_mut(), member.mem) else {
+                    return Err(io::Error::other("a kept process without its VM"));
+                };
+                let (state, next) = match member.state {
+                    State::Ready(Next::Run) => stopped_state(cpu.as_mut(), member.pid)?,
+                    // Its registers are never used again.
+                    State::Ready(Next::Kill) => {
+                        (stopped_state(cpu.as_mut(), member.pid)?.0, Next::Kill)
+                    }
+                    State::Ready(next) => (cpu.snapshot()?, next),
+                    State::Blocked { .. } => (cpu.snapshot()?, Next::Wake),
+                    State::Ended => return Err(io::Error::other("an ended process was kept")),
+                };
+                member.state = State::Ready(next);
+                Ok(KeptVm {
+                    pid: member.pid,
+                    mem,
+                    cpu: state,
+                    next,
+                })
+            })
+            .collect()
+    }
+
+    /// Keeps process `pid` (its part parked in the session's process) on `cpu` and `mem`
+    /// (a memory of `arena`), to go on as `next` in the next cell: a restored checkpoint's.
+    pub fn adopt(
+        &mut self,
+        pid: u64,
+        cpu: Box<dyn GuestCpu + 'a>,
+        mem: &'a GuestMemory,
+        next: Next,
+    ) {
+        self.members.push(Member {
+            pid,
+            cpu: Some(cpu),
+            mem: Some(mem),
+            sched: None,
+            state: State::Ready(next),
+            handed_out: None,
+        });
     }
 }
 
@@ -335,6 +433,10 @@ impl<'a> Tree<'a> {
                 Some(LoopEnd::Finished(RunStatus::Exited {
                     code: 128 + SIGKILL as i32,
                 }))
+            }
+            State::Ready(Next::Call(call)) => {
+                self.exits += 1;
+                sched.syscall(cpu, process, mem, call)?
             }
             State::Ended => return Ok(Stop::End(LoopEnd::Finished(RunStatus::Exited { code: 0 }))),
         };
@@ -771,6 +873,39 @@ impl<'a> Tree<'a> {
         process.tree.keep_only(root);
         Vec::new()
     }
+}
+
+/// How often, and for how long each time, `stopped_state` runs a vCPU out of the stubs.
+const STUB_RUNS: u32 = 8;
+const STUB_RUN: Duration = Duration::from_millis(2);
+
+/// The state of process `pid`'s vCPU, stopped by its slice's end, and how it goes on: where
+/// it stopped, in a system call or in program code; or, stopped inside the stubs, where it is
+/// once run on to its next system call (made when it next runs) or into program code.
+fn stopped_state(cpu: &mut dyn GuestCpu, pid: u64) -> io::Result<(CpuSnapshot, Next)> {
+    for _ in 0..STUB_RUNS {
+        match cpu.snapshot() {
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {}
+            state => return Ok((state?, Next::Run)),
+        }
+        if let Some(state) = cpu.interrupted_state()? {
+            return Ok((state, Next::Run));
+        }
+        match cpu.run(Instant::now() + STUB_RUN)? {
+            CpuExit::Syscall { nr, args } => {
+                return Ok((cpu.snapshot()?, Next::Call(Call { nr, args })))
+            }
+            CpuExit::DeadlineReached => {}
+            CpuExit::Fault(fault) => {
+                return Err(io::Error::other(format!(
+                    "process {pid} faulted ({fault:?}) on its way out of the VMM's stubs"
+                )))
+            }
+        }
+    }
+    Err(io::Error::other(format!(
+        "process {pid} did not leave the VMM's stubs"
+    )))
 }
 
 /// Whether a child's end ends the whole run: its limits are the run's.

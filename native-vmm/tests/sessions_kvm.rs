@@ -368,9 +368,8 @@ fn a_pooled_executions_children_end_with_it() {
 
 /// A process a cell starts lives on between cells, as on Linux: the next cell sees it alive
 /// and can kill and wait for it; a server child answers the next cell over the VM's loopback;
-/// a child that ended in one cell is waited for in the next. A checkpoint holds only the
-/// first process, so a pause is refused while a child lives or is unreaped (or process 1 holds
-/// a bound socket), and taken once it is waited for.
+/// a child that ended in one cell is waited for in the next. A checkpoint cannot hold the
+/// server's listening socket: a pause is refused naming the process and its fd.
 #[test]
 fn a_child_process_lives_on_between_cells() {
     let (_dir, _daemon, mut s) = daemon_with_session("sessions-children", "kids");
@@ -393,13 +392,6 @@ fn a_child_process_lives_on_between_cells() {
                "code": "try:\n    subprocess.run(['true'])\n    r = 'ran'\nexcept BlockingIOError:\n    r = 'EAGAIN'\nr"}),
     );
     assert_eq!(limited["result"]["value"], json!("'EAGAIN'"), "{limited}");
-    let refused = s.call(json!({"type": "session_pause", "session": "kids"}));
-    assert_eq!(str_of(&refused, "code"), "bad_request", "{refused}");
-    assert!(
-        str_of(&refused, "message").contains("child processes"),
-        "{refused}"
-    );
-    // The refused pause left the session running, its child too.
     assert_eq!(
         s.cell(
             "kids",
@@ -429,6 +421,23 @@ fn a_child_process_lives_on_between_cells() {
         ),
         Some("b'echo:hi'".into())
     );
+    let server_pid = s.cell("kids", "server.pid").unwrap();
+    let refused = s.call(json!({"type": "session_pause", "session": "kids"}));
+    assert_eq!(str_of(&refused, "code"), "bad_request", "{refused}");
+    assert!(
+        str_of(&refused, "message").contains(&format!(
+            "process {server_pid} holds a socket bound, listening or connected by address"
+        )),
+        "{refused}"
+    );
+    // The refused pause left the session running, its server too.
+    assert_eq!(
+        s.cell(
+            "kids",
+            "with socket.create_connection(('127.0.0.1', port)) as c:\n    c.sendall(b'again')\n    reply = c.recv(100)\nreply"
+        ),
+        Some("b'echo:again'".into())
+    );
     assert_eq!(
         s.cell("kids", "server.kill()\nserver.wait()"),
         Some("-9".into())
@@ -446,14 +455,17 @@ fn a_child_process_lives_on_between_cells() {
         ),
         Some("(True, 7)".into())
     );
-    // Whatever else a checkpoint cannot hold is refused alike: a socket bound by address.
+    // Process 1's own socket bound by address is refused alike.
     s.cell(
         "kids",
         "bound = socket.socket()\nbound.bind(('127.0.0.1', 0))",
     );
     let refused = s.call(json!({"type": "session_pause", "session": "kids"}));
     assert_eq!(str_of(&refused, "code"), "bad_request", "{refused}");
-    assert!(str_of(&refused, "message").contains("socket"), "{refused}");
+    assert!(
+        str_of(&refused, "message").contains("process 1 holds a socket"),
+        "{refused}"
+    );
     s.cell("kids", "bound.close()");
     // With every child waited for, the session pauses and resumes.
     s.pause("kids");
@@ -461,6 +473,118 @@ fn a_child_process_lives_on_between_cells() {
         s.cell("kids", "(sleeper.returncode, server.returncode)"),
         Some("(-9, -9)".into())
     );
+}
+
+/// A session's checkpoint holds its whole process tree. Paused with a sleeper, a shell loop
+/// that appends a counter to a /work file, a `cat` that echoes a pipe back, and a zombie, and
+/// resumed after a SIGKILL of the daemon: the sleeper is alive, the counter goes on from where
+/// it was, the pipes talk both ways, the zombie is waited for with its status; a fork of the
+/// checkpoint gets copies of them all. A copy of the checkpoint whose process table names pids
+/// past its next id (its hash made right again) is refused as a damaged checkpoint, and the
+/// session resumes from the good one.
+#[test]
+fn a_session_paused_with_live_children_resumes_them_after_a_daemon_sigkill() {
+    let (dir, mut daemon, mut s) = daemon_with_session("sessions-tree", "tree");
+    let lines = "def lines():\n    with open('/work/counter') as f:\n        return [int(n) for n in f.read().split()]";
+    s.cell(
+        "tree",
+        &format!(
+            "import os, subprocess, time\n{lines}\n\
+             sleeper = subprocess.Popen(['sleep', '100'])\n\
+             counter = subprocess.Popen(['sh', '-c', 'i=0; while :; do i=$((i+1)); echo $i >> /work/counter; sleep 0.05; done'], start_new_session=True)\n\
+             echo = subprocess.Popen(['cat'], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n\
+             echo.stdin.write(b'before\\n'); echo.stdin.flush()\n\
+             assert echo.stdout.readline() == b'before\\n'\n\
+             r, w = os.pipe()\n\
+             zombie = os.fork()\n\
+             if zombie == 0:\n    os._exit(7)\n\
+             os.close(w)\n\
+             assert os.read(r, 1) == b''\n\
+             for _ in range(400):\n    \
+                 if os.path.exists('/work/counter') and len(lines()) >= 2:\n        break\n    \
+                 time.sleep(0.05)"
+        ),
+    );
+    let before: u64 = s.cell("tree", "len(lines())").unwrap().parse().unwrap();
+    assert!(before >= 2, "the counter ran: {before} lines");
+    let paused = s.pause("tree");
+    daemon.kill();
+    // A damaged copy as a newer checkpoint: its process table's next id made 2, below every
+    // child's pid, and its content hash computed again, so only the decoding can refuse it.
+    let sessions = dir.join("sessions/tree");
+    let good = std::fs::read(sessions.join(format!("{:012}.sfck", u64_of(&paused, "checkpoint"))))
+        .unwrap();
+    let root: Vec<u8> = [1u64, 0, 1, 1]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .chain([0u8])
+        .collect();
+    let at = good
+        .windows(root.len())
+        .position(|w| w == root.as_slice())
+        .expect("the process table's first entry");
+    let mut damaged = good.clone();
+    damaged[at - 32..at - 24].copy_from_slice(&2u64.to_le_bytes());
+    let end = damaged.len() - 32;
+    let hash = <sha2::Sha256 as sha2::Digest>::digest(&damaged[..end]);
+    damaged[end..].copy_from_slice(&hash);
+    std::fs::write(sessions.join(format!("{:012}.sfck", 999)), &damaged).unwrap();
+    daemon.restart();
+    let mut s = daemon.client();
+    let refused = s.call(json!({"type": "session_fork", "session": "from-damaged", "from": "tree", "checkpoint": 999}));
+    assert_eq!(str_of(&refused, "code"), "not_found", "{refused}");
+    assert!(
+        str_of(&refused, "message").contains("past the next id 2"),
+        "{refused}"
+    );
+    // A fork of the good checkpoint gets every process too, copies of its own.
+    s.expect(
+        "session",
+        json!({"type": "session_fork", "session": "tree-fork", "from": "tree", "checkpoint": u64_of(&paused, "checkpoint")}),
+    );
+    assert_eq!(
+        s.cell(
+            "tree-fork",
+            "sleeper.kill()\n(sleeper.wait(), counter.poll(), echo.poll())"
+        )
+        .as_deref(),
+        Some("(-9, None, None)")
+    );
+    s.call(json!({"type": "session_delete", "session": "tree-fork"}));
+    // The session resumes from the good checkpoint, every process with it: the sleeper alive,
+    // the pipes to `cat` both ways, the counter going on from where it was (no number lost or
+    // repeated), the zombie's status; then every process is killed and waited for.
+    let counted = format!(
+        "{lines}\nstart = len(lines())\nfor _ in range(400):\n    \
+         if len(lines()) >= start + 3:\n        break\n    time.sleep(0.05)\n\
+         n = lines()\n(len(n) >= start + 3, n == list(range(1, len(n) + 1)), start >= {before})"
+    );
+    for (code, expected) in [
+        (
+            "(sleeper.poll(), os.path.exists(f'/proc/{sleeper.pid}'), counter.poll(), echo.poll())",
+            "(None, True, None, None)",
+        ),
+        (
+            "echo.stdin.write(b'after\\n'); echo.stdin.flush()\necho.stdout.readline()",
+            "b'after\\n'",
+        ),
+        (counted.as_str(), "(True, True, True)"),
+        (
+            "status = os.waitpid(zombie, 0)\n(status[0] == zombie, os.waitstatus_to_exitcode(status[1]))",
+            "(True, 7)",
+        ),
+        (
+            "import signal\nsleeper.kill()\nos.killpg(counter.pid, signal.SIGKILL)\necho.stdin.close()\n\
+             codes = (sleeper.wait(), counter.wait(), echo.wait())\n\
+             while True:\n    try:\n        os.waitpid(-1, 0)\n    except ChildProcessError:\n        break\n\
+             (codes, sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [os.getpid()])",
+            "((-9, -9, 0), True)",
+        ),
+    ] {
+        assert_eq!(s.cell("tree", code).as_deref(), Some(expected), "{code}");
+    }
+    s.pause("tree");
+    assert_eq!(s.cell("tree", "sleeper.returncode"), Some("-9".into()));
 }
 
 #[test]
@@ -841,7 +965,7 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
         let refused = s.call(json!({"type": "session_fork", "session": "from-old", "from": "chain", "checkpoint": u64_of(checkpoint, "checkpoint")}));
         assert!(
             str_of(&refused, "message").contains(&format!(
-                "checkpoint format {version}; this daemon reads formats 5 to 6"
+                "checkpoint format {version}; this daemon reads formats 5 to 7"
             )),
             "{refused}"
         );

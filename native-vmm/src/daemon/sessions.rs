@@ -55,8 +55,8 @@ use crate::memory::{GuestMemory, MemoryArena, PageSet};
 use crate::process::Output;
 use crate::sandbox::KeptProcesses;
 use crate::snapshot::checkpoint::{
-    self, Chain, Checkpoint, CheckpointFile, OpenedCheckpoint, PageFingerprints, Pages, Parent,
-    UnheldProcessState, Written, TEMPORARY_PREFIX,
+    self, Chain, Checkpoint, CheckpointFile, NotCheckpointable, OpenedCheckpoint, PageFingerprints,
+    Pages, Parent, Written, TEMPORARY_PREFIX,
 };
 use crate::snapshot::sparse::PageCounts;
 use crate::snapshot::sync_group::SyncGroup;
@@ -269,6 +269,7 @@ impl Vm<'_> {
         pause: bool,
         sync: &SyncGroup,
     ) -> io::Result<(Written, u64, Option<u64>, Duration, PageCounts)> {
+        let children = self.children.vms()?;
         self.take_written();
         let capturing = Instant::now();
         let mut incremental = match (&self.base, &self.unsaved) {
@@ -290,6 +291,7 @@ impl Vm<'_> {
             guest.mem,
             guest.cpu.as_mut(),
             &guest.process,
+            &children,
             guest.call,
             pages,
         )?;
@@ -304,6 +306,7 @@ impl Vm<'_> {
                 guest.mem,
                 guest.cpu.as_mut(),
                 &guest.process,
+                &children,
                 guest.call,
                 Pages::Full,
             )?;
@@ -442,7 +445,7 @@ fn run_vm(
     // in the arena).
     let arena = MemoryArena::new();
     let mut mem: GuestMemory;
-    let (mut cpu, process, call, reseed, base) = match origin {
+    let (mut cpu, process, call, reseed, base, children) = match origin {
         Origin::Template => {
             mem = match template.new_memory(ForkMemory::CopyOnWrite) {
                 Ok(mem) => mem,
@@ -454,7 +457,7 @@ fn run_vm(
                 Err(e) => return failed(internal("restoring the session's vCPU", e)),
             };
             let guest = template.ready_guest(&mem, cpu, 0);
-            (guest.cpu, guest.process, guest.call, true, None)
+            (guest.cpu, guest.process, guest.call, true, None, Vec::new())
         }
         Origin::Checkpoint {
             chain,
@@ -466,8 +469,8 @@ fn run_vm(
                 Err(e) => return failed(does_not_verify(e)),
             };
             let newest = chain.newest();
-            let process = match newest.process(template, 0) {
-                Ok(process) => process,
+            let (process, children) = match newest.process(template, 0) {
+                Ok(restored) => restored,
                 Err(e) => return failed(does_not_verify(e)),
             };
             mem.track_writes();
@@ -484,7 +487,14 @@ fn run_vm(
                 chain_bytes: chain.file_bytes(),
                 full_bytes: chain.base_file_bytes(),
             };
-            (cpu, process, newest.call, fork, (!fork).then_some(base))
+            (
+                cpu,
+                process,
+                newest.call,
+                fork,
+                (!fork).then_some(base),
+                children,
+            )
         }
     };
     let unsaved = match cpu.track_writes() {
@@ -521,6 +531,15 @@ fn run_vm(
     {
         return failed(internal("mapping the session's memory", e));
     }
+    // The checkpoint's other processes, each on a VM of its own again (their memories are
+    // written: their vCPUs map them when they next run).
+    for child in children {
+        let child_mem = arena.keep(child.mem);
+        match restore(child_mem, &child.cpu) {
+            Ok(cpu) => vm.children.adopt(child.pid, cpu, child_mem, child.next),
+            Err(e) => return failed(internal("restoring a process's vCPU", e)),
+        }
+    }
     // What the VMM wrote to set the VM up (the chain's pages, the vCPU's, the memory map's) is
     // what any restore of `base` writes again: not a change its next checkpoint must hold.
     vm.take_written();
@@ -551,14 +570,14 @@ fn run_vm(
 }
 
 /// Why a checkpoint was not taken. A program in a state no checkpoint may hold (see
-/// `CpuSnapshot::check_user` and `GuestProcess::encode_state`: child processes alive or
-/// unreaped among others) is refused as the request it is, not retried: the session runs on,
-/// unchanged.
+/// `CpuSnapshot::check_user`, `checkpoint::NotCheckpointable`: a socket with an address, shared
+/// memory between processes...) is refused as the request it is, not retried: the session runs
+/// on, unchanged.
 fn checkpoint_failed(e: io::Error) -> SessionError {
     let inner = e.get_ref();
     let why = match (
         inner.and_then(|e| e.downcast_ref::<InvalidUserState>()),
-        inner.and_then(|e| e.downcast_ref::<UnheldProcessState>()),
+        inner.and_then(|e| e.downcast_ref::<NotCheckpointable>()),
     ) {
         (Some(why), _) => why.to_string(),
         (_, Some(why)) => why.to_string(),

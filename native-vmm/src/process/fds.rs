@@ -1043,6 +1043,31 @@ impl FdTable {
                 .any(|d| d.linger.is_some() || d.socket_options != 0)
     }
 
+    /// The running process's lowest fd whose description `has_addressed_sockets` counts.
+    pub(crate) fn addressed_socket_fd(&self) -> Option<u64> {
+        self.addressed_fd_among(&self.fds)
+    }
+
+    /// The lowest of `fds` whose description is a socket with an address, a connection by
+    /// address or SO_LINGER set.
+    fn addressed_fd_among(&self, fds: &[Option<Slot>]) -> Option<u64> {
+        let addressed = |d: &Description| {
+            d.linger.is_some()
+                || d.socket_options != 0
+                || match d.object {
+                    Object::Endpoint(_) | Object::Inet(_) | Object::UnixDatagram(_) => true,
+                    Object::Socket { rx, .. } => self.socket_names.contains_key(&rx),
+                    _ => false,
+                }
+        };
+        fds.iter()
+            .position(|slot| {
+                slot.and_then(|s| self.descriptions.get(s.description)?.as_ref())
+                    .is_some_and(addressed)
+            })
+            .map(|fd| fd as u64)
+    }
+
     /// Creates an Internet socket's description, not yet installed.
     pub fn new_inet(&mut self, socket: InetSocket, flags: u32) -> Description {
         let index = free_index(&mut self.inets, socket);
@@ -1865,12 +1890,77 @@ impl Object {
     }
 }
 
+/// A process's fd numbers: each its description's index and close-on-exec flag.
+fn encode_fd_numbers(e: &mut Encoder, fds: &[Option<Slot>]) {
+    encode_slots(e, fds, |e, slot| {
+        e.len(slot.description);
+        e.bool(slot.cloexec);
+    });
+}
+
+/// What `encode_fd_numbers` wrote: at most `FD_LIMIT` of them (their descriptions are checked
+/// against the table by `check_fd_numbers`).
+fn decode_fd_numbers(d: &mut Decoder) -> Result<Vec<Option<Slot>>, DecodeError> {
+    let fds = decode_slots(d, "fd slot", |d| {
+        Ok(Slot {
+            description: d.index(usize::MAX, "fd description")?,
+            cloexec: d.bool("fd cloexec")?,
+        })
+    })?;
+    if fds.len() as u64 > FD_LIMIT {
+        return Err(DecodeError::new(format!(
+            "{} fds, more than {FD_LIMIT}",
+            fds.len()
+        )));
+    }
+    Ok(fds)
+}
+
+/// Refuses fd numbers that refer to a description `descriptions` does not hold.
+fn check_fd_numbers(
+    fds: &[Option<Slot>],
+    descriptions: &[Option<Description>],
+) -> Result<(), DecodeError> {
+    for slot in fds.iter().flatten() {
+        if !descriptions
+            .get(slot.description)
+            .is_some_and(Option::is_some)
+        {
+            return Err(DecodeError::new(format!(
+                "an fd refers to missing description {}",
+                slot.description
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl FdSlots {
+    /// Another process's fd numbers and fd limit, for a session checkpoint.
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        encode_fd_numbers(e, &self.fds);
+        e.u64(self.limit);
+    }
+
+    /// What `encode_state` wrote, each fd's description checked against `table` (the tree's).
+    pub(crate) fn decode_state(d: &mut Decoder, table: &FdTable) -> Result<FdSlots, DecodeError> {
+        let fds = decode_fd_numbers(d)?;
+        check_fd_numbers(&fds, &table.descriptions)?;
+        Ok(FdSlots {
+            fds,
+            limit: d.u64("fd limit")?.min(FD_LIMIT),
+        })
+    }
+
+    /// The lowest fd that refers to a socket with an address (`FdTable::addressed_socket_fd`).
+    pub(crate) fn addressed_socket_fd(&self, table: &FdTable) -> Option<u64> {
+        table.addressed_fd_among(&self.fds)
+    }
+}
+
 impl FdTable {
     pub(crate) fn encode_state(&self, e: &mut Encoder) {
-        encode_slots(e, &self.fds, |e, slot| {
-            e.len(slot.description);
-            e.bool(slot.cloexec);
-        });
+        encode_fd_numbers(e, &self.fds);
         encode_slots(e, &self.descriptions, |e, d| {
             d.object.encode_state(e);
             e.u32(d.flags);
@@ -1901,18 +1991,7 @@ impl FdTable {
     /// The table `encode_state` wrote; nodes are checked against `vfs`, every fd's description,
     /// every channel a pipe end or socket uses and every epoll instance must exist.
     pub(crate) fn decode_state(d: &mut Decoder, vfs: &Vfs) -> Result<FdTable, DecodeError> {
-        let fds = decode_slots(d, "fd slot", |d| {
-            Ok(Slot {
-                description: d.index(usize::MAX, "fd description")?,
-                cloexec: d.bool("fd cloexec")?,
-            })
-        })?;
-        if fds.len() as u64 > FD_LIMIT {
-            return Err(DecodeError::new(format!(
-                "{} fds, more than {FD_LIMIT}",
-                fds.len()
-            )));
-        }
+        let fds = decode_fd_numbers(d)?;
         let descriptions = decode_slots(d, "description", |d| {
             let object = Object::decode_state(d, vfs)?;
             let (flags, offset) = (d.u32("description flags")?, d.u64("description offset")?);
@@ -1964,17 +2043,7 @@ impl FdTable {
         }
         let epolls = decode_slots(d, "epoll", |d| EpollSet::decode_state(d, FD_LIMIT))?;
         let limit = d.u64("fd limit")?.min(FD_LIMIT);
-        for slot in fds.iter().flatten() {
-            if !descriptions
-                .get(slot.description)
-                .is_some_and(Option::is_some)
-            {
-                return Err(DecodeError::new(format!(
-                    "an fd refers to missing description {}",
-                    slot.description
-                )));
-            }
-        }
+        check_fd_numbers(&fds, &descriptions)?;
         for description in descriptions.iter().flatten() {
             let (channels, epoll) = match description.object {
                 Object::PipeRead(i) | Object::PipeWrite(i) => ([Some(i), None], None),

@@ -148,6 +148,15 @@ impl Thread {
         }
     }
 
+    /// The timer of the wait it is in, if it has one.
+    fn timer(&self) -> Option<Instant> {
+        match &self.state {
+            ThreadState::Blocked { wait, .. } => wait.until,
+            ThreadState::Runnable(Resume::Retry { until, .. }) => *until,
+            _ => None,
+        }
+    }
+
     fn new(tid: u64) -> Thread {
         Thread {
             tid,
@@ -728,6 +737,16 @@ impl Threads {
     /// Refuses what a snapshot cannot hold: a timed wait (its deadline would mean nothing in
     /// a fork restored later) or a thread with no saved registers but the current one.
     pub(crate) fn encode_state(&self, e: &mut Encoder) -> Result<(), &'static str> {
+        self.encode_threads(e, false)
+    }
+
+    /// `encode_state` for a session checkpoint, which is restored once: timed waits are kept,
+    /// their timers encoded apart (`encode_timers`).
+    pub(crate) fn encode_state_timed(&self, e: &mut Encoder) -> Result<(), &'static str> {
+        self.encode_threads(e, true)
+    }
+
+    fn encode_threads(&self, e: &mut Encoder, timed: bool) -> Result<(), &'static str> {
         e.u64(self.current);
         e.u64(self.next_tid);
         e.u64(self.next_seq);
@@ -740,7 +759,7 @@ impl Threads {
             e.u64(t.tid);
             match &t.state {
                 ThreadState::Running => e.u8(0),
-                ThreadState::Runnable(Resume::Retry { until: Some(_), .. }) => {
+                ThreadState::Runnable(Resume::Retry { until: Some(_), .. }) if !timed => {
                     return Err("a thread is in a timed wait")
                 }
                 ThreadState::Runnable(resume) => {
@@ -748,7 +767,7 @@ impl Threads {
                     encode_resume(*resume, e);
                 }
                 ThreadState::Blocked { wait, seq } => {
-                    if wait.until.is_some() {
+                    if wait.until.is_some() && !timed {
                         return Err("a thread is in a timed wait");
                     }
                     e.u8(2);
@@ -791,6 +810,49 @@ impl Threads {
         e.len(self.run_queue.len());
         for &tid in &self.run_queue {
             e.u64(tid);
+        }
+        Ok(())
+    }
+
+    /// The timers of its timed waits as the time each has left after `now`: a restore
+    /// anchors them to its own clock (`decode_timers`), so a wait keeps what it had left.
+    pub(crate) fn encode_timers(&self, e: &mut Encoder, now: Instant) {
+        let timers: Vec<(u64, Instant)> = self
+            .list
+            .iter()
+            .filter_map(|t| t.timer().map(|until| (t.tid, until)))
+            .collect();
+        e.len(timers.len());
+        for (tid, until) in timers {
+            e.u64(tid);
+            let left = until.saturating_duration_since(now).as_nanos();
+            e.u64(u64::try_from(left).unwrap_or(u64::MAX));
+        }
+    }
+
+    /// Gives back the timers `encode_timers` wrote, each `now` plus what it had left; a timer
+    /// for a thread that is in no wait that takes one is refused.
+    pub(crate) fn decode_timers(
+        &mut self,
+        d: &mut Decoder,
+        now: Instant,
+    ) -> Result<(), DecodeError> {
+        for _ in 0..d.count(16, "timers")? {
+            let tid = d.u64("timer's thread")?;
+            let left = Duration::from_nanos(d.u64("timer")?);
+            let at = now
+                .checked_add(left)
+                .ok_or_else(|| DecodeError::new(format!("a timer {left:?} away")))?;
+            let until = match self.get_mut(tid).map(|t| &mut t.state) {
+                Some(ThreadState::Blocked { wait, .. }) => &mut wait.until,
+                Some(ThreadState::Runnable(Resume::Retry { until, .. })) => until,
+                _ => {
+                    return Err(DecodeError::new(format!(
+                        "a timer for thread {tid}, which is in no timed wait"
+                    )))
+                }
+            };
+            *until = Some(at);
         }
         Ok(())
     }
@@ -908,14 +970,14 @@ impl Threads {
     }
 }
 
-fn encode_call(call: Call, e: &mut Encoder) {
+pub(crate) fn encode_call(call: Call, e: &mut Encoder) {
     e.u64(call.nr);
     for v in call.args {
         e.u64(v);
     }
 }
 
-fn decode_call(d: &mut Decoder) -> Result<Call, DecodeError> {
+pub(crate) fn decode_call(d: &mut Decoder) -> Result<Call, DecodeError> {
     let nr = d.u64("call number")?;
     let mut args = [0u64; 6];
     for v in args.iter_mut() {

@@ -7,10 +7,15 @@
 //! tree's, shared.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
-use super::signals::{ChildNews, JobReport};
-use super::{AddressSpace, Command, FdSlots, MemoryMap, SignalState, Threads};
-use crate::fs::Node;
+use super::signals::{ChildNews, JobReport, CLD_CONTINUED, CLD_EXITED, CLD_KILLED, CLD_STOPPED};
+use super::{AddressSpace, Command, FdSlots, FdTable, MemoryMap, SignalState, Threads};
+use crate::codec::{DecodeError, Decoder, Encoder};
+use crate::fs::{Node, Vfs};
+
+/// The highest signal number.
+const MAX_SIGNAL: u64 = 64;
 
 /// Processes alive or unreaped at once, by default: a fork past it is EAGAIN.
 pub const DEFAULT_PROCESS_LIMIT: u64 = 64;
@@ -246,6 +251,210 @@ pub struct ProcessPart {
     pub(crate) space: AddressSpace,
 }
 
+// ---- session checkpoints (crate::snapshot::checkpoint): the tree, encoded and checked ----
+
+impl ProcessTable {
+    pub(crate) fn encode_state(&self, e: &mut Encoder) {
+        e.u64(self.next_id);
+        e.u64(self.limit);
+        e.u64(self.created);
+        e.len(self.entries.len());
+        for (&pid, entry) in &self.entries {
+            e.u64(pid);
+            for v in [entry.ppid, entry.pgid, entry.sid] {
+                e.u64(v);
+            }
+            match entry.exit {
+                None => e.u8(0),
+                Some(status) => {
+                    e.u8(1);
+                    e.u32(status);
+                }
+            }
+            for v in [
+                entry.signals,
+                entry.exit_signal,
+                entry.killed_by.unwrap_or(0),
+                entry.death_signal,
+                entry.nproc.0,
+                entry.nproc.1,
+                entry.stopped.unwrap_or(0),
+            ] {
+                e.u64(v);
+            }
+            match entry.job_report {
+                None => e.u8(0),
+                Some(JobReport::Stopped(sig)) => {
+                    e.u8(1);
+                    e.u64(sig);
+                }
+                Some(JobReport::Continued) => e.u8(2),
+            }
+            match entry.child_news {
+                None => e.u8(0),
+                Some(news) => {
+                    e.u8(1);
+                    e.u32(news.code.cast_unsigned());
+                    e.u64(news.pid);
+                    e.u32(news.status.cast_unsigned());
+                }
+            }
+        }
+    }
+
+    /// What `encode_state` wrote, of a tree whose first process is `root` (alive, running, its
+    /// parent outside): at most `MAX_PROCESS_LIMIT` processes, in order, every id below the next
+    /// one, every other process's parent in the tree, signal numbers at most 64.
+    pub(crate) fn decode_state(d: &mut Decoder, root: u64) -> Result<ProcessTable, DecodeError> {
+        let next_id = d.u64("next process id")?;
+        let limit = d.u64("process limit")?.clamp(1, MAX_PROCESS_LIMIT);
+        let created = d.u64("processes created")?;
+        let count = d.count(8, "processes")?;
+        if count as u64 > MAX_PROCESS_LIMIT {
+            return Err(DecodeError::new(format!(
+                "{count} processes, more than {MAX_PROCESS_LIMIT}"
+            )));
+        }
+        let mut entries = BTreeMap::new();
+        for _ in 0..count {
+            let pid = d.u64("pid")?;
+            let (ppid, pgid, sid) = (d.u64("ppid")?, d.u64("pgid")?, d.u64("sid")?);
+            let exit = match d.u8("exit")? {
+                0 => None,
+                1 => Some(d.u32("exit status")?),
+                t => return Err(DecodeError::new(format!("exit tag {t}"))),
+            };
+            let signals = d.u64("pending signals")?;
+            let signal = |d: &mut Decoder, what: &str| match d.u64(what)? {
+                sig if sig <= MAX_SIGNAL => Ok(sig),
+                sig => Err(DecodeError::new(format!("{what} {sig} of process {pid}"))),
+            };
+            let (exit_signal, killed_by, death_signal) = (
+                signal(d, "exit signal")?,
+                signal(d, "killing signal")?,
+                signal(d, "death signal")?,
+            );
+            let nproc = (d.u64("nproc")?, d.u64("nproc")?);
+            let stopped = signal(d, "stopping signal")?;
+            let job_report = match d.u8("job report")? {
+                0 => None,
+                1 => Some(JobReport::Stopped(signal(d, "reported stop")?)),
+                2 => Some(JobReport::Continued),
+                t => return Err(DecodeError::new(format!("job report tag {t}"))),
+            };
+            let child_news = match d.u8("child news")? {
+                0 => None,
+                1 => Some(ChildNews {
+                    code: match d.u32("child news code")?.cast_signed() {
+                        code @ (CLD_EXITED | CLD_KILLED | CLD_STOPPED | CLD_CONTINUED) => code,
+                        code => return Err(DecodeError::new(format!("child news code {code}"))),
+                    },
+                    pid: d.u64("child news pid")?,
+                    status: d.u32("child news status")?.cast_signed(),
+                }),
+                t => return Err(DecodeError::new(format!("child news tag {t}"))),
+            };
+            if pid == 0 || pid >= next_id || entries.keys().next_back().is_some_and(|&p| p >= pid) {
+                return Err(DecodeError::new(format!(
+                    "process {pid} out of order or past the next id {next_id}"
+                )));
+            }
+            entries.insert(
+                pid,
+                ProcessEntry {
+                    ppid,
+                    pgid,
+                    sid,
+                    exit,
+                    signals,
+                    exit_signal,
+                    killed_by: (killed_by != 0).then_some(killed_by),
+                    death_signal,
+                    nproc,
+                    stopped: (stopped != 0).then_some(stopped),
+                    job_report,
+                    child_news,
+                },
+            );
+        }
+        if !entries
+            .get(&root)
+            .is_some_and(|e| e.exit.is_none() && e.stopped.is_none() && e.ppid == 0)
+        {
+            return Err(DecodeError::new(format!(
+                "the first process, {root}, is not in the tree alive"
+            )));
+        }
+        if let Some((pid, e)) = entries
+            .iter()
+            .find(|&(&pid, e)| pid != root && !entries.contains_key(&e.ppid))
+        {
+            return Err(DecodeError::new(format!(
+                "process {pid}'s parent {} is not in the tree",
+                e.ppid
+            )));
+        }
+        Ok(ProcessTable {
+            entries,
+            next_id,
+            limit,
+            created,
+        })
+    }
+}
+
+impl ProcessPart {
+    /// Refuses what a checkpoint cannot hold (an armed interval timer, a thread in a signal
+    /// handler); timed waits are kept as the time each has left after `now`.
+    pub(crate) fn encode_state(&self, e: &mut Encoder, now: Instant) -> Result<(), &'static str> {
+        e.u64(self.pid);
+        self.fd_slots.encode_state(e);
+        self.cwd.encode_state(e);
+        self.memory.encode_state(e);
+        self.signals.encode_state(e)?;
+        e.u32(self.umask);
+        e.u32(self.nice.cast_unsigned());
+        self.threads.encode_state_timed(e)?;
+        self.threads.encode_timers(e, now);
+        self.command.encode_state(e);
+        self.space.encode_state(e);
+        Ok(())
+    }
+
+    /// What `encode_state` wrote; its fds must refer to descriptions of `fds` (the tree's),
+    /// its working directory to a node of `vfs`.
+    pub(crate) fn decode_state(
+        d: &mut Decoder,
+        fds: &FdTable,
+        vfs: &Vfs,
+        now: Instant,
+    ) -> Result<ProcessPart, DecodeError> {
+        let (pid, fd_slots, cwd, memory, signals, umask, nice) = (
+            d.u64("pid")?,
+            FdSlots::decode_state(d, fds)?,
+            vfs.decode_node(d)?,
+            MemoryMap::decode_state(d)?,
+            SignalState::decode_state(d)?,
+            d.u32("umask")?,
+            d.u32("nice")?.cast_signed(),
+        );
+        let mut threads = Threads::decode_state(d)?;
+        threads.decode_timers(d, now)?;
+        Ok(ProcessPart {
+            pid,
+            fd_slots,
+            cwd,
+            memory,
+            signals,
+            umask,
+            nice,
+            threads,
+            command: Command::decode_state(d)?,
+            space: AddressSpace::decode_state(d)?,
+        })
+    }
+}
+
 /// Linux's wait status of a process that exited with `code`.
 pub fn exited_status(code: i32) -> u32 {
     (code.cast_unsigned() & 0xff) << 8
@@ -324,5 +533,35 @@ mod tests {
             !tree.group_orphaned(job),
             "the member's new parent, 1, is in another group of its session"
         );
+    }
+
+    #[test]
+    fn a_decoded_tree_is_the_encoded_one_and_out_of_range_fields_are_refused() {
+        let mut tree = ProcessTable::new(1);
+        let zombie = tree.add_child(1, 2, 17).unwrap();
+        let orphan = tree.add_child(zombie, 0, 17).unwrap();
+        tree.ended(zombie, exited_status(3), 1);
+        let mut e = Encoder::new();
+        tree.encode_state(&mut e);
+        let bytes = e.into_bytes();
+        let decoded = ProcessTable::decode_state(&mut Decoder::new(&bytes), 1).unwrap();
+        assert_eq!(decoded.entries, tree.entries);
+        assert_eq!(decoded.get(orphan).unwrap().ppid, 1, "reparented");
+        let refused = |at: usize, value: u64, root: u64| {
+            let mut damaged = bytes.clone();
+            damaged[at..at + 8].copy_from_slice(&value.to_le_bytes());
+            ProcessTable::decode_state(&mut Decoder::new(&damaged), root)
+                .err()
+                .map(|e| e.0)
+                .unwrap_or_default()
+        };
+        // Next id, limit, created, count; then process 1: pid, ppid, pgid, sid, no exit (one
+        // byte), signals, exit signal, killing signal, death signal, nproc, stopping signal, no
+        // job report, no child news (a byte each); then the zombie.
+        assert!(refused(0, 2, 1).contains("past the next id 2"));
+        assert!(refused(24, 5000, 1).contains("processes"));
+        assert!(refused(89, 65, 1).contains("death signal 65"));
+        assert!(refused(123 + 8, 77, 1).contains("parent 77 is not in the tree"));
+        assert!(refused(0, tree.next_id(), 9).contains("the first process, 9"));
     }
 }

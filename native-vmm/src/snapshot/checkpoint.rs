@@ -4,8 +4,11 @@
 //! A checkpoint holds the guest pages that differ from the template's (a full one) or that were
 //! written since its parent (an incremental one, read back through its chain by `Chain`), each
 //! kept by what it holds (`sparse`), with the vCPU's user state, the VMM-side process state
-//! (`GuestProcess::encode_state`) and the AWAIT_REQUEST call it is stopped in. Restoring one is a
-//! copy-on-write fork of the template with those pages written over it.
+//! (`GuestProcess::encode_session_state`: the whole process tree's) and the AWAIT_REQUEST call
+//! it is stopped in. Restoring one is a copy-on-write fork of the template with those pages
+//! written over it. The session's other processes (`sandbox::KeptProcesses`) are recorded
+//! whole in every checkpoint, full or not, in its head (`encode_children`): each one's vCPU,
+//! how it goes on, and the pages its memory holds beyond its template's or zeros, sparse.
 //!
 //! The raw pages sit at 4 KiB file offsets and the file is whole 4 KiB blocks, so that they move
 //! between guest memory and the disk with O_DIRECT (`open_direct`) instead of through the page
@@ -24,6 +27,7 @@ use std::io::{self, IoSlice, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::mpsc;
+use std::time::Instant;
 
 use sha2::Digest;
 
@@ -37,6 +41,7 @@ use crate::image::sha256::Sha256;
 use crate::layout::{pages_in, PAGE_SIZE};
 use crate::memory::{page_ranges, GuestMemory, PageSet, TemplateMemory};
 use crate::process::GuestProcess;
+use crate::sandbox::{KeptVm, Next};
 
 /// The head's length in the file: header and metadata, up to the first page.
 fn head_len_of(meta: &[u8]) -> u64 {
@@ -44,10 +49,30 @@ fn head_len_of(meta: &[u8]) -> u64 {
 }
 
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// The oldest format read: a format-5 file is one of format 6 whose full checkpoints store every
-/// page whole (6 lets them store a page as its chunks that differ from the template's).
+/// page whole (6 lets them store a page as its chunks that differ from the template's); a
+/// format-6 file is one of format 7 of a session with one process (7 adds the others and
+/// timed waits).
 pub const OLDEST_READ_VERSION: u32 = 5;
+/// The first format that holds the whole process tree.
+const TREE_VERSION: u32 = 7;
+
+/// What a checkpoint cannot hold, said precisely: the session is left running as it was.
+#[derive(Debug)]
+pub struct NotCheckpointable(pub String);
+
+impl std::fmt::Display for NotCheckpointable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotCheckpointable {}
+
+fn not_checkpointable(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, NotCheckpointable(why))
+}
 /// Longest chain a restore follows (parents of one checkpoint); the writer keeps well below.
 pub const MAX_DEPTH: u64 = 64;
 
@@ -301,29 +326,17 @@ pub struct Written {
     pub file_bytes: u64,
 }
 
-/// What `GuestProcess::encode_state` refused to record: a program state no checkpoint holds
-/// (child processes, a socket with an address, an armed timer...), which the program could change.
-#[derive(Debug)]
-pub struct UnheldProcessState(pub &'static str);
-
-impl std::fmt::Display for UnheldProcessState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "process state: {}", self.0)
-    }
-}
-
-impl std::error::Error for UnheldProcessState {}
-
 impl<'m> Checkpoint<'m> {
     /// Records a VM of `template` stopped at a ready point in `call`: its copy-on-write memory
-    /// `mem` (`pages` of it; `Pages::Since`'s masks found on this stopped VM), its vCPU and its
-    /// process (which must have no output or pending request). The VM must stay stopped until
-    /// the checkpoint is written.
+    /// `mem` (`pages` of it; `Pages::Since`'s masks found on this stopped VM), its vCPU, its
+    /// process (which must have no output or pending request) and the VMs of the tree's other
+    /// processes, `children`. The VMs must stay stopped until the checkpoint is written.
     pub fn capture(
         template: &Template,
         mem: &'m GuestMemory,
         cpu: &mut dyn GuestCpu,
         process: &GuestProcess,
+        children: &[KeptVm<'_>],
         call: [u64; 6],
         pages: Pages<'_>,
     ) -> io::Result<Checkpoint<'m>> {
@@ -347,8 +360,24 @@ impl<'m> Checkpoint<'m> {
         // What restoring would refuse is refused now, while the session still runs.
         std::iter::once(&cpu_state)
             .chain(process.threads.saved_contexts())
+            .chain(
+                process
+                    .parked
+                    .values()
+                    .flat_map(|part| part.threads.saved_contexts()),
+            )
+            .chain(children.iter().map(|child| &child.cpu))
             .try_for_each(CpuSnapshot::check_user)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let mut state = Encoder::new();
+        process
+            .encode_session_state(&mut state)
+            .map_err(not_checkpointable)?;
+        let mut tree = Encoder::new();
+        process
+            .encode_tree(&mut tree, Instant::now())
+            .map_err(not_checkpointable)?;
+        encode_children(children, &mut tree)?;
         let mut e = Encoder::new();
         // The head's length, once the rest is known.
         e.u64(0);
@@ -366,11 +395,8 @@ impl<'m> Checkpoint<'m> {
             e.u64(v);
         }
         file::encode_cpu(&cpu_state, &mut e);
-        let mut state = Encoder::new();
-        process
-            .encode_state(&mut state)
-            .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, UnheldProcessState(why)))?;
         e.bytes(&state.into_bytes());
+        e.bytes(&tree.into_bytes());
         e.len(ranges.len());
         for &(start, end) in &ranges {
             e.u64(start);
@@ -497,6 +523,127 @@ impl<'m> Checkpoint<'m> {
         head.push(&self.meta);
         head.blocks().to_vec()
     }
+}
+
+/// The other processes' VMs, for a checkpoint's head: per process its pid, how it goes on,
+/// its vCPU, its memory's size and base (a fork of the template, or zeros), and the pages it
+/// holds beyond that base (`GuestMemory::held_page_ranges`), each as its mask of non-zero
+/// chunks and those chunks. A process whose memory shows shared memory is refused: a restore
+/// would give it a copy, no longer shared.
+fn encode_children(children: &[KeptVm<'_>], e: &mut Encoder) -> io::Result<()> {
+    let out_of_bounds =
+        |e: crate::memory::OutOfBounds| io::Error::new(io::ErrorKind::InvalidData, e);
+    e.len(children.len());
+    for child in children {
+        if child.mem.shows_shared_memory() {
+            return Err(not_checkpointable(format!(
+                "process {} maps memory shared with other processes (MAP_SHARED)",
+                child.pid
+            )));
+        }
+        e.u64(child.pid);
+        child.next.encode_state(e);
+        file::encode_cpu(&child.cpu, e);
+        e.u64(child.mem.size());
+        e.bool(child.mem.is_template_fork());
+        let ranges = child.mem.held_page_ranges()?;
+        e.len(ranges.len());
+        for &(start, end) in &ranges {
+            e.u64(start);
+            e.u64(end - start);
+            for addr in (start..end).step_by(PAGE_SIZE as usize) {
+                let page = child
+                    .mem
+                    .range_bytes(addr, PAGE_SIZE)
+                    .map_err(out_of_bounds)?;
+                let mask = sparse::chunk_mask(page);
+                e.u64(mask);
+                sparse::stored_chunks(page, mask).for_each(|chunks| e.raw(chunks));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A process of the tree besides the first, restored from a checkpoint (`encode_children`):
+/// its memory rebuilt, its vCPU's registers checked, how it goes on.
+pub struct RestoredChild {
+    pub pid: u64,
+    pub mem: GuestMemory,
+    pub cpu: CpuSnapshot,
+    pub next: Next,
+}
+
+/// What `encode_children` wrote, for `process` (the tree it decoded): one record per process
+/// it parks and none else; every memory of the template's size or at most the memory limit,
+/// every page inside it.
+fn decode_children(
+    d: &mut Decoder,
+    template: &Template,
+    process: &GuestProcess,
+) -> Result<Vec<RestoredChild>, TemplateError> {
+    let count = d.count(8, "processes")?;
+    if count != process.parked.len() {
+        return Err(TemplateError::Corrupted(format!(
+            "{count} processes' VMs for {} processes",
+            process.parked.len()
+        )));
+    }
+    let template_bytes = template.memory().size();
+    let mut children: Vec<RestoredChild> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let pid = d.u64("pid")?;
+        if !process.parked.contains_key(&pid) || children.iter().any(|c| c.pid == pid) {
+            return Err(TemplateError::Corrupted(format!(
+                "a VM for process {pid}, which the tree does not hold or has one already"
+            )));
+        }
+        let next = Next::decode_state(d)?;
+        let cpu = file::decode_cpu(d)?;
+        cpu.check_user()
+            .map_err(|e| TemplateError::Corrupted(format!("process {pid}: {e}")))?;
+        let size = d.u64("memory size")?;
+        let over_template = d.bool("memory base")?;
+        let fits = if over_template {
+            size == template_bytes
+        } else {
+            size > 0
+                && size.is_multiple_of(PAGE_SIZE)
+                && size <= process.config.mem_limit.max(template_bytes)
+        };
+        if !fits {
+            return Err(TemplateError::Corrupted(format!(
+                "process {pid}'s memory of {size} bytes"
+            )));
+        }
+        let mem = if over_template {
+            template.new_memory(super::ForkMemory::CopyOnWrite)?
+        } else {
+            GuestMemory::new(size)?
+        };
+        for _ in 0..d.count(16, "page runs")? {
+            let (start, len) = (d.u64("page run address")?, d.u64("page run length")?);
+            let whole = start.is_multiple_of(PAGE_SIZE) && len.is_multiple_of(PAGE_SIZE);
+            if !whole || start.checked_add(len).is_none_or(|end| end > size) {
+                return Err(TemplateError::Corrupted(format!(
+                    "process {pid}'s page run at {start:#x} of {len} bytes"
+                )));
+            }
+            for addr in (start..start + len).step_by(PAGE_SIZE as usize) {
+                let mask = d.u64("chunk mask")?;
+                let stored = d.raw(mask.count_ones() as usize * sparse::CHUNK_BYTES, "chunks")?;
+                sparse::restore(&mem, addr, PageKind::Sparse, mask, stored)
+                    .map_err(|e| TemplateError::Corrupted(e.to_string()))?;
+            }
+        }
+        children.push(RestoredChild {
+            pid,
+            mem,
+            cpu,
+            next,
+        });
+    }
+    Ok(children)
 }
 
 /// A file longer than this is hashed and written in pieces of it at once: its pieces are
@@ -640,8 +787,10 @@ pub struct OpenedCheckpoint {
     pub depth: u64,
     pub call: [u64; 6],
     pub cpu: CpuSnapshot,
-    /// The encoded process state (`process` decodes it: only the newest of a chain needs it).
+    /// The encoded process state and, from format 7 on, the process tree and the other
+    /// processes' VMs (`process` decodes them: only the newest of a chain needs them).
     process_state: Vec<u8>,
+    tree: Option<Vec<u8>>,
     file: CheckpointFile,
     head: Vec<Block>,
     /// The page runs `(guest address, length)` it records.
@@ -740,6 +889,11 @@ impl OpenedCheckpoint {
         }
         let cpu = file::decode_cpu(&mut d)?;
         let process_state = d.bytes("process state")?.to_vec();
+        let tree = if version >= TREE_VERSION {
+            Some(d.bytes("process tree")?.to_vec())
+        } else {
+            None
+        };
         let n = d.count(16, "page run count")?;
         let (mut runs, mut pages) = (Vec::with_capacity(n), 0u64);
         for _ in 0..n {
@@ -783,6 +937,7 @@ impl OpenedCheckpoint {
             call,
             cpu,
             process_state,
+            tree,
             file: opened,
             head,
             runs,
@@ -794,20 +949,25 @@ impl OpenedCheckpoint {
         })
     }
 
-    /// The VMM-side process state it recorded, its output capped at `output_cap`.
+    /// The VMM-side process state it recorded, its output capped at `output_cap`, and the VMs
+    /// of the tree's other processes, each memory rebuilt.
     pub fn process(
         &self,
         template: &Template,
         output_cap: u64,
-    ) -> Result<GuestProcess, TemplateError> {
+    ) -> Result<(GuestProcess, Vec<RestoredChild>), TemplateError> {
         let mut d = Decoder::new(&self.process_state);
-        let process = GuestProcess::decode_state(
-            &mut d,
-            template.process.config.vfs.image().clone(),
-            output_cap,
-        )?;
+        let image = template.process.config.vfs.image().clone();
+        let mut process = GuestProcess::decode_state(&mut d, image, output_cap)?;
         d.finish("the process state")?;
-        Ok(process)
+        let Some(tree) = &self.tree else {
+            return Ok((process, Vec::new()));
+        };
+        let mut d = Decoder::new(tree);
+        process.decode_tree(&mut d, Instant::now())?;
+        let children = decode_children(&mut d, template, &process)?;
+        d.finish("the process tree")?;
+        Ok((process, children))
     }
 
     /// The file's size.

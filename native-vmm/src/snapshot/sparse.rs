@@ -145,9 +145,16 @@ fn chunk_runs(mask: u64) -> impl Iterator<Item = (bool, Range<usize>)> {
 /// Appends a sparse or delta page to the packed region: its mask, then its stored chunks.
 pub fn pack(page: &[u8], mask: u64, out: &mut Blocks) {
     out.push(&mask.to_le_bytes());
-    for (_, chunks) in chunk_runs(mask).filter(|(stored, _)| *stored) {
-        out.push(&page[chunks.start * CHUNK_BYTES..chunks.end * CHUNK_BYTES]);
+    for chunks in stored_chunks(page, mask) {
+        out.push(chunks);
     }
+}
+
+/// The runs of chunks of `page` (4 KiB) that `mask` stores, in order.
+pub fn stored_chunks(page: &[u8], mask: u64) -> impl Iterator<Item = &[u8]> {
+    chunk_runs(mask)
+        .filter(|(stored, _)| *stored)
+        .map(move |(_, chunks)| &page[chunks.start * CHUNK_BYTES..chunks.end * CHUNK_BYTES])
 }
 
 /// Writes a stored page of `kind` into guest memory at `addr`: the chunks of `mask` from

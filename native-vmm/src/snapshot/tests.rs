@@ -283,6 +283,46 @@ fn damaged_state_never_panics_the_decoder() {
     }
 }
 
+/// A session checkpoint's process tree: a live child's parked part and a zombie decode back as
+/// they were; no prefix of it decodes, and a changed byte never panics the decoder.
+#[test]
+fn a_process_tree_round_trips_and_damage_never_panics_its_decoder() {
+    let (image, _dir) = test_image();
+    let mut p = new_process(image.clone());
+    let child = p.tree.add_child(p.pid, p.threads.next_id(), 17).unwrap();
+    let part = p.fork_part(child);
+    p.parked.insert(child, part);
+    let zombie = p.tree.add_child(p.pid, 0, 17).unwrap();
+    p.tree
+        .ended(zombie, crate::process::tree::exited_status(7), p.pid);
+    let mut state = Encoder::new();
+    p.encode_session_state(&mut state).unwrap();
+    let mut tree = Encoder::new();
+    p.encode_tree(&mut tree, std::time::Instant::now()).unwrap();
+    let (state, tree) = (state.into_bytes(), tree.into_bytes());
+    let decode = |tree: &[u8]| {
+        let mut q =
+            GuestProcess::decode_state(&mut Decoder::new(&state), image.clone(), 4096).unwrap();
+        let mut d = Decoder::new(tree);
+        q.decode_tree(&mut d, std::time::Instant::now())
+            .and_then(|()| d.finish("the tree"))
+            .map(|()| q)
+    };
+    let q = decode(&tree).unwrap();
+    assert_eq!(q.parked.keys().copied().collect::<Vec<_>>(), vec![child]);
+    assert_eq!(q.parked[&child].pid, child);
+    assert_eq!(q.tree.get(child), p.tree.get(child));
+    assert_eq!(q.tree.get(zombie).unwrap().exit, Some(7 << 8));
+    for len in 0..tree.len() {
+        assert!(decode(&tree[..len]).is_err(), "a prefix of {len} bytes");
+    }
+    for (i, flip) in (0..tree.len()).zip([0x01u8, 0x80, 0xff].into_iter().cycle()) {
+        let mut damaged = tree.clone();
+        damaged[i] ^= flip;
+        let _ = decode(&damaged);
+    }
+}
+
 #[test]
 fn cpu_state_and_the_file_envelope_round_trip() {
     let regs = UserRegs {
@@ -518,6 +558,7 @@ fn checkpointed_fork(
         &fork,
         &mut StoppedCpu,
         &process,
+        &[],
         [0; 6],
         checkpoint::Pages::Full,
     )
@@ -606,8 +647,9 @@ fn a_checkpoint_restores_every_page_byte_exact_zero_sparse_and_raw() {
     );
     assert_eq!(
         written.file_bytes,
-        5 * PAGE,
-        "head, two raw pages, the packed ones and the hash (69 pages whole would be 71 blocks)"
+        6 * PAGE,
+        "a head of two blocks (the process state and tree), two raw pages, the packed ones and \
+         the hash (69 pages whole would be 72 blocks)"
     );
     for known in [None, Some(written.hash)] {
         assert_same_memory(
@@ -661,6 +703,7 @@ fn a_checkpoint_restores_every_page_byte_exact_zero_sparse_and_raw() {
         &fork,
         &mut StoppedCpu,
         &process,
+        &[],
         [0; 6],
         checkpoint::Pages::Since {
             parent,
@@ -721,7 +764,7 @@ fn a_damaged_sparse_or_raw_page_is_refused_and_older_formats_too() {
             .is_err_and(|e| e.to_string().contains("packed pages")),
         "a mask that no longer fits"
     );
-    for version in [2u32, 4, 7] {
+    for version in [2u32, 4, 8] {
         let mut old = bytes.clone();
         old[8..12].copy_from_slice(&version.to_le_bytes());
         std::fs::write(&path, &old).unwrap();
@@ -729,8 +772,24 @@ fn a_damaged_sparse_or_raw_page_is_refused_and_older_formats_too() {
             matches!(restore(&template, &path, None), Err(TemplateError::VersionMismatch { found, expected: checkpoint::FORMAT_VERSION }) if found == version)
         );
     }
-    // Format 5 is format 6 without a full checkpoint's deltas (this one has none): it restores.
+    // Format 5 is format 7 without the process tree (here the first process alone: its bytes
+    // are taken out of the head) nor a full checkpoint's deltas (this one has none): it
+    // restores.
+    let mut tree = Encoder::new();
+    template
+        .process
+        .encode_tree(&mut tree, std::time::Instant::now())
+        .unwrap();
+    tree.len(0);
+    let tree = tree.into_bytes();
+    let blob = [&(tree.len() as u64).to_le_bytes()[..], &tree].concat();
+    let at = bytes[..head_len]
+        .windows(blob.len())
+        .position(|w| w == blob.as_slice())
+        .expect("the process tree in the head");
     let mut five = bytes.clone();
+    five.copy_within(at + blob.len()..head_len, at);
+    five[head_len - blob.len()..head_len].fill(0);
     five[8..12].copy_from_slice(&5u32.to_le_bytes());
     let hash_at = five.len() - 32;
     let hash = <[u8; 32]>::from(sha2::Sha256::digest(&five[..hash_at]));
@@ -781,6 +840,7 @@ fn a_full_checkpoint_stores_what_differs_from_the_template_and_leaves_out_the_sa
         &fork,
         &mut StoppedCpu,
         &process,
+        &[],
         [0; 6],
         checkpoint::Pages::Full,
     )
@@ -812,8 +872,8 @@ fn a_full_checkpoint_stores_what_differs_from_the_template_and_leaves_out_the_sa
         .unwrap();
     assert_eq!(
         written.file_bytes,
-        3 * PAGE,
-        "head, the raw page, the packed chunks and the hash"
+        4 * PAGE,
+        "a head of two blocks, the raw page, the packed chunks and the hash"
     );
     drop(checkpoint);
     for known in [None, Some(written.hash)] {
@@ -841,6 +901,7 @@ fn a_checkpoint_longer_than_a_piece_is_written_whole_and_hashed_in_order() {
         &fork,
         &mut StoppedCpu,
         &process,
+        &[],
         [0; 6],
         checkpoint::Pages::Full,
     )

@@ -64,8 +64,9 @@ pub struct ExecRequest {
 }
 
 /// fork(): a child with a copy of the caller. It ends with the run, except in a session, where
-/// it lives on between cells but runs only during them; a session checkpoint refuses a tree
-/// holding it (partly supported: `crate::sandbox::KeptProcesses`).
+/// it lives on between cells but runs only during them, and a checkpoint holds it unless it
+/// maps memory shared with another process (partly supported: `crate::sandbox::KeptProcesses`,
+/// `crate::snapshot::checkpoint`).
 pub(crate) fn fork(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
     Ok(SyscallOutcome::Fork(ForkRequest {
         exit_signal: SIGCHLD,

@@ -808,6 +808,7 @@ const HOST_OPTIONS: &[(i32, i32)] = &[
     (SOL_SOCKET, 7),    // SO_SNDBUF
     (SOL_SOCKET, 8),    // SO_RCVBUF
     (SOL_SOCKET, 9),    // SO_KEEPALIVE
+    (SOL_SOCKET, 10),   // SO_OOBINLINE
     (SOL_SOCKET, 15),   // SO_REUSEPORT
     (IPPROTO_TCP, 1),   // TCP_NODELAY
     (IPPROTO_TCP, 4),   // TCP_KEEPIDLE

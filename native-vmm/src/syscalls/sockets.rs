@@ -44,6 +44,7 @@ const SO_SNDBUF: u64 = 7;
 const SO_RCVBUF: u64 = 8;
 const SO_KEEPALIVE: u64 = 9;
 const SO_BROADCAST: u64 = 6;
+const SO_OOBINLINE: u64 = 10;
 const SO_PASSCRED: u64 = 16;
 const SO_LINGER: u64 = 13;
 /// struct linger's size: l_onoff and l_linger, two ints.
@@ -464,9 +465,10 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
                 0
             }
         }
-        (SOL_SOCKET, SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE | SO_BROADCAST) => {
-            kept.map_or(0, u32::from)
-        }
+        (
+            SOL_SOCKET,
+            SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE | SO_BROADCAST | SO_OOBINLINE,
+        ) => kept.map_or(0, u32::from),
         (IPPROTO_IPV6, IPV6_V6ONLY) if internet => kept.map_or(0, u32::from),
         (SOL_SOCKET, SO_ERROR) => 0,
         // Options of TCP change nothing in memory: TCP_NODELAY reads back as set, the
@@ -506,7 +508,7 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
         (
             SOL_SOCKET,
             SO_REUSEADDR | SO_REUSEPORT | SO_SNDBUF | SO_RCVBUF | SO_KEEPALIVE | SO_PASSCRED
-            | SO_BROADCAST,
+            | SO_BROADCAST | SO_OOBINLINE,
         ) => true,
         (IPPROTO_TCP, _) | (IPPROTO_IPV6, IPV6_V6ONLY) => internet,
         _ => false,
@@ -524,11 +526,12 @@ pub(crate) fn setsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
 
 /// Boolean options kept on a socket's description only to read back as set: they change
 /// nothing in memory, and a host socket is given them as they are set (inet.rs). One bit each.
-const KEPT_OPTIONS: [(u64, u64); 6] = [
+const KEPT_OPTIONS: [(u64, u64); 7] = [
     (SOL_SOCKET, SO_REUSEADDR),
     (SOL_SOCKET, SO_REUSEPORT),
     (SOL_SOCKET, SO_KEEPALIVE),
     (SOL_SOCKET, SO_BROADCAST),
+    (SOL_SOCKET, SO_OOBINLINE),
     (IPPROTO_IPV6, IPV6_V6ONLY),
     (IPPROTO_TCP, TCP_NODELAY),
 ];

@@ -2,7 +2,9 @@ import socket
 for fam, typ in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM), (socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_UNIX, socket.SOCK_STREAM)]:
     s = socket.socket(fam, typ)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-    r = [s.getsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST)]
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_OOBINLINE, 1)
+    r = [s.getsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST),
+         s.getsockopt(socket.SOL_SOCKET, socket.SO_OOBINLINE)]
     if typ == socket.SOCK_STREAM and fam != socket.AF_UNIX:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         r.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))

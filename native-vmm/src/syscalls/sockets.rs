@@ -465,10 +465,9 @@ pub(crate) fn getsockopt(proc: &mut GuestProcess, user: &UserMemory, args: [u64;
                 0
             }
         }
-        (
-            SOL_SOCKET,
-            SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE | SO_BROADCAST | SO_OOBINLINE,
-        ) => kept.map_or(0, u32::from),
+        (SOL_SOCKET, SO_REUSEADDR | SO_REUSEPORT | SO_KEEPALIVE | SO_BROADCAST | SO_OOBINLINE) => {
+            kept.map_or(0, u32::from)
+        }
         (IPPROTO_IPV6, IPV6_V6ONLY) if internet => kept.map_or(0, u32::from),
         (SOL_SOCKET, SO_ERROR) => 0,
         // Options of TCP change nothing in memory: TCP_NODELAY reads back as set, the

@@ -475,10 +475,11 @@ fn a_child_process_lives_on_between_cells() {
     );
 }
 
-/// A session's checkpoint holds its whole process tree. Paused with a sleeper, a shell loop
-/// that appends a counter to a /work file, a `cat` that echoes a pipe back, and a zombie, and
-/// resumed after a SIGKILL of the daemon: the sleeper is alive, the counter goes on from where
-/// it was, the pipes talk both ways, the zombie is waited for with its status; a fork of the
+/// A session's checkpoint holds its whole process tree. Paused with a sleeper, a stopped
+/// sleeper, a shell loop that appends a counter to a /work file, a `cat` that echoes a pipe
+/// back, and a zombie, and resumed after a SIGKILL of the daemon: the sleeper is alive, the
+/// stopped one still stopped until SIGCONT, the counter goes on from where it was, the pipes
+/// talk both ways, the zombie is waited for with its status; a fork of the
 /// checkpoint gets copies of them all. A copy of the checkpoint whose process table names pids
 /// past its next id (its hash made right again) is refused as a damaged checkpoint, and the
 /// session resumes from the good one.
@@ -489,8 +490,11 @@ fn a_session_paused_with_live_children_resumes_them_after_a_daemon_sigkill() {
     s.cell(
         "tree",
         &format!(
-            "import os, subprocess, time\n{lines}\n\
+            "import os, signal, subprocess, time\n{lines}\n\
              sleeper = subprocess.Popen(['sleep', '100'])\n\
+             stopped = subprocess.Popen(['sleep', '100'])\n\
+             os.kill(stopped.pid, signal.SIGSTOP)\n\
+             assert os.WIFSTOPPED(os.waitpid(stopped.pid, os.WUNTRACED)[1])\n\
              counter = subprocess.Popen(['sh', '-c', 'i=0; while :; do i=$((i+1)); echo $i >> /work/counter; sleep 0.05; done'], start_new_session=True)\n\
              echo = subprocess.Popen(['cat'], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n\
              echo.stdin.write(b'before\\n'); echo.stdin.flush()\n\
@@ -565,6 +569,12 @@ fn a_session_paused_with_live_children_resumes_them_after_a_daemon_sigkill() {
             "(None, True, None, None)",
         ),
         (
+            "state = open(f'/proc/{stopped.pid}/stat').read().split()[2]\n\
+             os.kill(stopped.pid, signal.SIGCONT)\n\
+             (state, os.WIFCONTINUED(os.waitpid(stopped.pid, os.WCONTINUED)[1]))",
+            "('T', True)",
+        ),
+        (
             "echo.stdin.write(b'after\\n'); echo.stdin.flush()\necho.stdout.readline()",
             "b'after\\n'",
         ),
@@ -574,11 +584,11 @@ fn a_session_paused_with_live_children_resumes_them_after_a_daemon_sigkill() {
             "(True, 7)",
         ),
         (
-            "import signal\nsleeper.kill()\nos.killpg(counter.pid, signal.SIGKILL)\necho.stdin.close()\n\
-             codes = (sleeper.wait(), counter.wait(), echo.wait())\n\
+            "sleeper.kill()\nstopped.kill()\nos.killpg(counter.pid, signal.SIGKILL)\necho.stdin.close()\n\
+             codes = (sleeper.wait(), stopped.wait(), counter.wait(), echo.wait())\n\
              while True:\n    try:\n        os.waitpid(-1, 0)\n    except ChildProcessError:\n        break\n\
              (codes, sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [os.getpid()])",
-            "((-9, -9, 0), True)",
+            "((-9, -9, -9, 0), True)",
         ),
     ] {
         assert_eq!(s.cell("tree", code).as_deref(), Some(expected), "{code}");

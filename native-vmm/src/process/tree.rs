@@ -541,6 +541,14 @@ mod tests {
         let zombie = tree.add_child(1, 2, 17).unwrap();
         let orphan = tree.add_child(zombie, 0, 17).unwrap();
         tree.ended(zombie, exited_status(3), 1);
+        let entry = tree.get_mut(orphan).unwrap();
+        entry.stopped = Some(19);
+        entry.job_report = Some(JobReport::Stopped(19));
+        tree.get_mut(1).unwrap().child_news = Some(ChildNews {
+            code: CLD_STOPPED,
+            pid: orphan,
+            status: 19,
+        });
         let mut e = Encoder::new();
         tree.encode_state(&mut e);
         let bytes = e.into_bytes();
@@ -557,11 +565,11 @@ mod tests {
         };
         // Next id, limit, created, count; then process 1: pid, ppid, pgid, sid, no exit (one
         // byte), signals, exit signal, killing signal, death signal, nproc, stopping signal, no
-        // job report, no child news (a byte each); then the zombie.
+        // job report (a byte), its child news (a byte, code, pid, status); then the zombie.
         assert!(refused(0, 2, 1).contains("past the next id 2"));
         assert!(refused(24, 5000, 1).contains("processes"));
         assert!(refused(89, 65, 1).contains("death signal 65"));
-        assert!(refused(123 + 8, 77, 1).contains("parent 77 is not in the tree"));
+        assert!(refused(139 + 8, 77, 1).contains("parent 77 is not in the tree"));
         assert!(refused(0, tree.next_id(), 9).contains("the first process, 9"));
     }
 }

@@ -342,6 +342,19 @@ fn ctypes_finds_and_loads_libraries_by_name() {
     );
 }
 
+/// A file's modification time is when it last changed, so make rebuilds what an edit made
+/// stale and Python recompiles an edited module of the same size (its .pyc is checked by
+/// mtime), as natively.
+#[test]
+fn edits_move_modification_times_for_make_and_python() {
+    same_as_native(
+        "printf 'out: in\\n\\tcp in out\\n' > Makefile; echo 1 > in; make -s; cat out; \
+         printf 'x = 1\\n' > m.py; python3.11 -c 'import m; print(m.x)'; sleep 1.1; \
+         echo 2 > in; make -s; cat out; printf 'x = 2\\n' > m.py; \
+         python3.11 -c 'import m; print(m.x)'; [ in -nt Makefile ] && echo newer",
+    );
+}
+
 #[test]
 fn git_make_and_patch_work_as_natively() {
     same_as_native(

@@ -11,7 +11,7 @@ use crate::errno::Errno;
 use crate::memory::SharedMemory;
 
 use super::file_data::FileData;
-use super::vfs::{Timespec, OVERLAY_TIME};
+use super::vfs::Timespec;
 use super::xattr::{self, Attributes, SetMode};
 use super::FileKind;
 use crate::codec::{DecodeError, Decoder, Encoder};
@@ -52,10 +52,11 @@ pub(crate) struct OverlayNode {
     /// and lives only while open.
     pub links: u8,
     pub open_count: u32,
-    /// Modification time: OVERLAY_TIME until the guest sets one (utimensat).
+    /// Modification time: when it was made, and then when its bytes or length (a directory:
+    /// its entries) last changed, or what the guest set (utimensat).
     pub mtime: Timespec,
-    /// Access time: OVERLAY_TIME until the guest sets one (reads do not move it, as with
-    /// noatime, so runs stay reproducible).
+    /// Access time: when it was made, or what the guest set (reads do not move it, as with
+    /// noatime).
     pub atime: Timespec,
     /// A memfd file's seals (F_SEAL_*); None for a file that cannot be sealed.
     pub seals: Option<u32>,
@@ -134,6 +135,12 @@ impl Overlay {
         Ok(())
     }
 
+    /// Node `id`'s contents (a directory's: its entries) changed now.
+    fn modified(&mut self, id: u64) -> Result<(), Errno> {
+        self.get_mut(id)?.mtime = now();
+        Ok(())
+    }
+
     /// chmod: replaces the permission bits of node `id`.
     pub fn set_mode(&mut self, id: u64, mode: u32) -> Result<(), Errno> {
         self.get_mut(id)?.mode = mode & 0o7777;
@@ -201,8 +208,8 @@ impl Overlay {
             kind,
             links: 1,
             open_count: 0,
-            mtime: OVERLAY_TIME,
-            atime: OVERLAY_TIME,
+            mtime: now(),
+            atime: now(),
             seals: None,
             xattrs: Attributes::new(),
         };
@@ -235,6 +242,7 @@ impl Overlay {
         if let OverlayKind::Dir(entries) = &mut self.get_mut(dir)?.kind {
             entries.insert(name.to_vec(), id);
         }
+        self.modified(dir)?;
         Ok(id)
     }
 
@@ -293,7 +301,7 @@ impl Overlay {
             self.used -= NODE_CHARGE;
         }
         self.free_if_unused(id);
-        Ok(())
+        self.modified(dir)
     }
 
     /// link(2): names file `id` `name` in `dir` as well (EEXIST if taken, EMLINK past
@@ -318,7 +326,7 @@ impl Overlay {
             entries.insert(name.to_vec(), id);
         }
         self.get_mut(id)?.links += 1;
-        Ok(())
+        self.modified(dir)
     }
 
     /// Moves node `id` (currently `old_name` in `old_dir`) to `new_name` in `new_dir`, which
@@ -344,7 +352,8 @@ impl Overlay {
         node.parent = Some(new_dir);
         node.name = new_name.to_vec();
         self.used -= old_len;
-        Ok(())
+        self.modified(old_dir)?;
+        self.modified(new_dir)
     }
 
     pub fn open(&mut self, id: u64) -> Result<(), Errno> {
@@ -383,6 +392,9 @@ impl Overlay {
         if let OverlayKind::File(bytes) = &mut self.get_mut(id)?.kind {
             bytes.write(offset, data)?;
         }
+        if !data.is_empty() {
+            self.modified(id)?;
+        }
         Ok(data.len())
     }
 
@@ -396,6 +408,9 @@ impl Overlay {
         }
         if let OverlayKind::File(bytes) = &mut self.get_mut(id)?.kind {
             bytes.truncate(len)?;
+        }
+        if len != old {
+            self.modified(id)?;
         }
         Ok(())
     }
@@ -625,6 +640,17 @@ fn decode_xattrs(d: &mut Decoder, kind: &OverlayKind) -> Result<Attributes, Deco
         }
     }
     Ok(xattrs)
+}
+
+/// The host's real time, which is the guest's CLOCK_REALTIME.
+fn now() -> Timespec {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timespec {
+        sec: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+        nsec: since.subsec_nanos(),
+    }
 }
 
 #[cfg(test)]

@@ -58,9 +58,9 @@ pub struct Timespec {
     pub nsec: u32,
 }
 
-/// What fstat/newfstatat/statx report. Owner is root, times are deterministic: an image file
-/// keeps its host mtime (Python compares it with the .pyc header), overlay nodes report
-/// [`OVERLAY_TIME`] until the guest sets them (`Vfs::set_times`).
+/// What fstat/newfstatat/statx report. Owner is root. An image file keeps its host mtime
+/// (Python compares it with the .pyc header); an overlay node's times are real (made, last
+/// changed, or set by the guest: `Vfs::set_times`); /dev and /proc report [`SYNTHETIC_TIME`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
     pub dev: u64,
@@ -80,8 +80,8 @@ pub struct Stat {
     pub ctime: Timespec,
 }
 
-/// Fixed timestamp of overlay nodes (2024-01-01T00:00:00Z): runs stay reproducible.
-pub const OVERLAY_TIME: Timespec = Timespec {
+/// Fixed timestamp of /dev's and /proc's nodes (2024-01-01T00:00:00Z).
+pub const SYNTHETIC_TIME: Timespec = Timespec {
     sec: 1_704_067_200,
     nsec: 0,
 };
@@ -500,24 +500,24 @@ impl Vfs {
                 FileKind::Directory,
                 0o755,
                 u64::from(BLOCK_SIZE),
-                OVERLAY_TIME,
+                SYNTHETIC_TIME,
                 self.mounts
                     .iter()
                     .filter(|m| m.parent == MountParent::Dev)
                     .count(),
             ),
-            NodeId::Device(_) => (ino(node), FileKind::CharDevice, 0o666, 0, OVERLAY_TIME, 0),
+            NodeId::Device(_) => (ino(node), FileKind::CharDevice, 0o666, 0, SYNTHETIC_TIME, 0),
             NodeId::DevLink(link) => (
                 ino(node),
                 FileKind::Symlink,
                 0o777,
                 link.target().len() as u64,
-                OVERLAY_TIME,
+                SYNTHETIC_TIME,
                 0,
             ),
-            NodeId::PtsDir => (ino(node), FileKind::Directory, 0o755, 0, OVERLAY_TIME, 0),
+            NodeId::PtsDir => (ino(node), FileKind::Directory, 0o755, 0, SYNTHETIC_TIME, 0),
             // A slave is its user's, writable by the tty group, as devpts makes it.
-            NodeId::Pts(_) => (ino(node), FileKind::CharDevice, 0o620, 0, OVERLAY_TIME, 0),
+            NodeId::Pts(_) => (ino(node), FileKind::CharDevice, 0o620, 0, SYNTHETIC_TIME, 0),
             // /proc's files read as size 0 (they are made when read); nlink 2 for every
             // directory (its subdirectories change as threads come and go).
             NodeId::Proc(p) => {
@@ -526,7 +526,7 @@ impl Vfs {
                     FileKind::Symlink => 0o777,
                     _ => 0o444,
                 };
-                (ino(node), p.kind(), perm, 0, OVERLAY_TIME, 0)
+                (ino(node), p.kind(), perm, 0, SYNTHETIC_TIME, 0)
             }
         };
         let nlink = match (kind, node.0) {
@@ -1887,7 +1887,13 @@ mod tests {
         assert_eq!(vfs.write_at(f, 8, b"!").unwrap(), 1);
         assert_eq!(read_all(&vfs, f), b"hello\0\0\0!");
         let st = vfs.stat(f).unwrap();
-        assert_eq!((st.mode, st.size, st.mtime), (0o100644, 9, OVERLAY_TIME));
+        assert_eq!((st.mode, st.size), (0o100644, 9));
+        let made = st.atime;
+        let at = |t: Timespec| (t.sec, t.nsec);
+        assert!(
+            made.sec > SYNTHETIC_TIME.sec && at(st.mtime) >= at(made),
+            "{st:?}"
+        );
         assert_eq!(vfs.path_of(f).unwrap(), b"/work/out.txt");
         assert_eq!(vfs.access(f, W_OK), Ok(()));
         vfs.chmod(f, 0o4755 | 0o170000).unwrap();
@@ -1905,7 +1911,7 @@ mod tests {
         vfs.set_times(f, None, Some(when)).unwrap();
         assert_eq!(
             (vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime),
-            (OVERLAY_TIME, when)
+            (made, when)
         );
         let read = Timespec {
             sec: 1_700_000_000,
@@ -1916,6 +1922,17 @@ mod tests {
             (vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime),
             (read, when)
         );
+        // A write, or a new entry in a directory, makes its modification time now.
+        let dir_before = vfs.stat(work).unwrap().mtime;
+        vfs.write_at(f, 0, b"x").unwrap();
+        assert!(
+            at(vfs.stat(f).unwrap().mtime) >= at(made),
+            "a write moved the set time on"
+        );
+        let second = vfs.open(work, b"second.txt", &RW_CREATE).unwrap();
+        vfs.close(second);
+        assert!(at(vfs.stat(work).unwrap().mtime) >= at(dir_before));
+        vfs.unlink(&NoProcess, root, b"/work/second.txt").unwrap();
         assert_eq!(vfs.set_times(root, None, Some(when)), Err(Errno::EROFS));
         assert_eq!(vfs.chmod(root, 0o700), Err(Errno::EROFS));
         assert_eq!(

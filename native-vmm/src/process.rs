@@ -27,7 +27,7 @@ pub use fds::{
     MAX_PASSED_PER_MESSAGE, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY,
     PIPE_CAPACITY,
 };
-pub use locks::{FileLocks, Held, LockKind, LockOwner};
+pub use locks::{FileLocks, Held, LockKind, LockOwner, LockRange};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
 pub use threads::{Threads, DEFAULT_THREAD_LIMIT};

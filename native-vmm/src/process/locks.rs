@@ -25,6 +25,16 @@ pub enum LockKind {
     Write,
 }
 
+/// Bytes [start, end) of a file as `owner` asks for them (end u64::MAX: to the end, however
+/// far).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockRange {
+    pub node: Node,
+    pub owner: LockOwner,
+    pub start: u64,
+    pub end: u64,
+}
+
 /// One lock held on bytes [start, end) of a file (end u64::MAX: to the end, however far).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
@@ -35,10 +45,10 @@ pub struct Held {
 }
 
 impl Held {
-    fn conflicts(&self, owner: LockOwner, kind: LockKind, start: u64, end: u64) -> bool {
-        self.owner != owner
-            && self.start < end
-            && start < self.end
+    fn conflicts(&self, asked: LockRange, kind: LockKind) -> bool {
+        self.owner != asked.owner
+            && self.start < asked.end
+            && asked.start < self.end
             && (self.kind == LockKind::Write || kind == LockKind::Write)
     }
 }
@@ -66,32 +76,24 @@ impl FileLocks {
         owner: LockOwner,
         kind: Option<LockKind>,
     ) -> Result<(), Held> {
-        set(&mut self.whole, node, owner, kind, 0, u64::MAX)
+        let whole = LockRange {
+            node,
+            owner,
+            start: 0,
+            end: u64::MAX,
+        };
+        set(&mut self.whole, whole, kind)
     }
 
-    /// fcntl's F_SETLK: takes `kind` over [start, end) in place of what `owner` held there
+    /// fcntl's F_SETLK: takes `kind` over the range in place of what its owner held there
     /// (splitting its locks around the range), or lets the range go with None.
-    pub fn set_record(
-        &mut self,
-        node: Node,
-        owner: LockOwner,
-        kind: Option<LockKind>,
-        start: u64,
-        end: u64,
-    ) -> Result<(), Held> {
-        set(&mut self.records, node, owner, kind, start, end)
+    pub fn set_record(&mut self, asked: LockRange, kind: Option<LockKind>) -> Result<(), Held> {
+        set(&mut self.records, asked, kind)
     }
 
-    /// fcntl's F_GETLK: the first record lock that would stop `owner` taking `kind` there.
-    pub fn record_conflict(
-        &self,
-        node: Node,
-        owner: LockOwner,
-        kind: LockKind,
-        start: u64,
-        end: u64,
-    ) -> Option<Held> {
-        conflict(&self.records, node, owner, kind, start, end)
+    /// fcntl's F_GETLK: the first record lock that would stop the range's owner taking `kind`.
+    pub fn record_conflict(&self, asked: LockRange, kind: LockKind) -> Option<Held> {
+        conflict(&self.records, asked, kind)
     }
 
     /// Lets go of everything `owner` holds (a description's last reference went, or a
@@ -116,33 +118,29 @@ impl FileLocks {
     }
 }
 
-fn conflict(
-    map: &HashMap<Node, Vec<Held>>,
-    node: Node,
-    owner: LockOwner,
-    kind: LockKind,
-    start: u64,
-    end: u64,
-) -> Option<Held> {
-    map.get(&node)?
+fn conflict(map: &HashMap<Node, Vec<Held>>, asked: LockRange, kind: LockKind) -> Option<Held> {
+    map.get(&asked.node)?
         .iter()
-        .find(|h| h.conflicts(owner, kind, start, end))
+        .find(|h| h.conflicts(asked, kind))
         .copied()
 }
 
 fn set(
     map: &mut HashMap<Node, Vec<Held>>,
-    node: Node,
-    owner: LockOwner,
+    asked: LockRange,
     kind: Option<LockKind>,
-    start: u64,
-    end: u64,
 ) -> Result<(), Held> {
     if let Some(kind) = kind {
-        if let Some(blocker) = conflict(map, node, owner, kind, start, end) {
+        if let Some(blocker) = conflict(map, asked, kind) {
             return Err(blocker);
         }
     }
+    let LockRange {
+        node,
+        owner,
+        start,
+        end,
+    } = asked;
     let held = map.entry(node).or_default();
     let mut kept = Vec::with_capacity(held.len() + 2);
     for h in held.drain(..) {
@@ -195,10 +193,13 @@ mod tests {
         assert_eq!(locks.flock(file, d(2), None), Ok(()));
         assert_eq!(locks.flock(file, d(1), Some(LockKind::Write)), Ok(()));
         // Record locks are another kind: a whole-file flock does not stop them.
-        assert_eq!(
-            locks.set_record(file, A, Some(LockKind::Write), 0, u64::MAX),
-            Ok(())
-        );
+        let all = LockRange {
+            node: file,
+            owner: A,
+            start: 0,
+            end: u64::MAX,
+        };
+        assert_eq!(locks.set_record(all, Some(LockKind::Write)), Ok(()));
         locks.release_owner(d(1));
         assert_eq!(locks.flock(file, d(3), Some(LockKind::Write)), Ok(()));
     }
@@ -207,29 +208,35 @@ mod tests {
     fn record_locks_split_and_conflict_by_range() {
         let mut locks = FileLocks::default();
         let file = Vfs::pts_node(0);
+        let bytes = |owner, start, end| LockRange {
+            node: file,
+            owner,
+            start,
+            end,
+        };
         locks
-            .set_record(file, A, Some(LockKind::Write), 0, 100)
+            .set_record(bytes(A, 0, 100), Some(LockKind::Write))
             .unwrap();
         // Unlocking the middle leaves two pieces; the freed bytes are B's to take.
-        locks.set_record(file, A, None, 40, 60).unwrap();
+        locks.set_record(bytes(A, 40, 60), None).unwrap();
         assert_eq!(
-            locks.set_record(file, B, Some(LockKind::Write), 40, 60),
+            locks.set_record(bytes(B, 40, 60), Some(LockKind::Write)),
             Ok(())
         );
         let blocker = locks
-            .record_conflict(file, B, LockKind::Read, 50, 70)
+            .record_conflict(bytes(B, 50, 70), LockKind::Read)
             .unwrap();
         assert_eq!((blocker.owner, blocker.start, blocker.end), (A, 60, 100));
         assert!(locks
-            .record_conflict(file, A, LockKind::Read, 0, 40)
+            .record_conflict(bytes(A, 0, 40), LockKind::Read)
             .is_none());
         // Closing a file lets the process's record locks on it go, and only those.
         locks.release_process_records(1, file);
         assert!(locks
-            .record_conflict(file, B, LockKind::Write, 0, 40)
+            .record_conflict(bytes(B, 0, 40), LockKind::Write)
             .is_none());
         assert!(locks
-            .record_conflict(file, A, LockKind::Read, 45, 46)
+            .record_conflict(bytes(A, 45, 46), LockKind::Read)
             .is_some());
         locks.release_owner(B);
         assert!(locks.is_empty());

@@ -5,7 +5,7 @@
 
 use super::{value, wait_ready, SysResult, UserMemory};
 use crate::errno::Errno;
-use crate::process::{GuestProcess, Held, LockKind, LockOwner, Object};
+use crate::process::{GuestProcess, Held, LockKind, LockOwner, LockRange, Object};
 
 const LOCK_SH: u64 = 1;
 const LOCK_EX: u64 = 2;
@@ -95,12 +95,15 @@ pub(crate) fn record_lock(
     } else {
         LockOwner::Process(proc.pid)
     };
+    let asked = LockRange {
+        node,
+        owner,
+        start,
+        end,
+    };
     if matches!(cmd, F_GETLK | F_OFD_GETLK) {
         let kind = kind.ok_or(Errno::EINVAL)?;
-        let blocker = proc
-            .fds
-            .locks
-            .record_conflict(node, owner, kind, start, end);
+        let blocker = proc.fds.locks.record_conflict(asked, kind);
         user.write(arg, &describe(blocker, raw))?;
         return value(0);
     }
@@ -112,7 +115,7 @@ pub(crate) fn record_lock(
     if !allowed {
         return Err(Errno::EBADF);
     }
-    match proc.fds.locks.set_record(node, owner, kind, start, end) {
+    match proc.fds.locks.set_record(asked, kind) {
         Ok(()) => value(0),
         Err(_) if matches!(cmd, F_SETLK | F_OFD_SETLK) => Err(Errno::EAGAIN),
         Err(_) => wait_ready(proc, None),

@@ -1922,16 +1922,21 @@ mod tests {
             (vfs.stat(f).unwrap().atime, vfs.stat(f).unwrap().mtime),
             (read, when)
         );
-        // A write, or a new entry in a directory, makes its modification time now.
-        let dir_before = vfs.stat(work).unwrap().mtime;
+        // A write, or a new entry in a directory, makes its modification time now: both are
+        // set before the file was made first, and are at least that late after.
+        vfs.set_times(f, None, Some(read)).unwrap();
+        vfs.set_times(work, None, Some(read)).unwrap();
         vfs.write_at(f, 0, b"x").unwrap();
         assert!(
             at(vfs.stat(f).unwrap().mtime) >= at(made),
-            "a write moved the set time on"
+            "a write moves mtime"
         );
         let second = vfs.open(work, b"second.txt", &RW_CREATE).unwrap();
         vfs.close(second);
-        assert!(at(vfs.stat(work).unwrap().mtime) >= at(dir_before));
+        assert!(
+            at(vfs.stat(work).unwrap().mtime) >= at(made),
+            "a new entry moves mtime"
+        );
         vfs.unlink(&NoProcess, root, b"/work/second.txt").unwrap();
         assert_eq!(vfs.set_times(root, None, Some(when)), Err(Errno::EROFS));
         assert_eq!(vfs.chmod(root, 0o700), Err(Errno::EROFS));

@@ -197,6 +197,23 @@ print("status", os.waitstatus_to_exitcode(status))
     );
 }
 
+/// Python for the tests that type a signal character at a master: typed again and again
+/// until `seen` shows in what the master reads (one typed before the child waits for it only
+/// sets a flag), at most 100 times; returns all that was read.
+const TYPE_UNTIL: &str = r#"
+def type_until(master, char, seen, out=b""):
+    for _ in range(100):
+        os.write(master, char)
+        try:
+            while select.select([master], [], [], 0.2)[0]:
+                out += os.read(master, 100)
+        except OSError:
+            break
+        if seen in out:
+            break
+    return out
+"#;
+
 /// ^C typed at the master signals the slave's foreground group: the forkpty child's read is
 /// interrupted and its SIGINT handler runs. ^C is typed until that happens: a SIGINT that comes
 /// before the child's read has begun only sets Python's flag, and the read then waits (as
@@ -205,7 +222,9 @@ print("status", os.waitstatus_to_exitcode(status))
 fn interrupt_character_signals_the_foreground_group() {
     let printed = common::python_as_native(
         "terminal-isig",
-        r#"
+        &format!(
+            "{TYPE_UNTIL}{}",
+            r#"
 import os, select, signal, sys
 pid, master = os.forkpty()
 if pid == 0:
@@ -220,19 +239,11 @@ if pid == 0:
 buf = b""
 while b"ready" not in buf:
     buf += os.read(master, 100)
-out = b""
-for _ in range(100):
-    os.write(master, b"\x03")
-    try:
-        while select.select([master], [], [], 0.2)[0]:
-            out += os.read(master, 100)
-    except OSError:
-        break
-    if b"child interrupted" in out:
-        break
+out = type_until(master, b"\x03", b"child interrupted")
 _, status = os.waitpid(pid, 0)
 print(b"child interrupted" in out, b"not interrupted" in out, "status", os.waitstatus_to_exitcode(status))
-"#,
+"#
+        ),
     );
     assert_eq!(printed, "True False status 7\n");
 }
@@ -246,7 +257,9 @@ print(b"child interrupted" in out, b"not interrupted" in out, "status", os.waits
 fn suspend_character_and_background_reads_and_writes_stop_jobs() {
     let printed = common::python_as_native(
         "terminal-job-control",
-        r#"
+        &format!(
+            "{TYPE_UNTIL}{}",
+            r#"
 import os, re, select, signal, sys, termios, time
 pid, master = os.forkpty()
 if pid == 0:
@@ -286,15 +299,7 @@ if pid == 0:
 out = b""
 while b"job ready" not in out:
     out += os.read(master, 100)
-for _ in range(100):
-    os.write(master, b"\x1a")
-    try:
-        while select.select([master], [], [], 0.2)[0]:
-            out += os.read(master, 100)
-    except OSError:
-        break
-    if b"job stopped" in out:
-        break
+out = type_until(master, b"\x1a", b"job stopped", out)
 try:
     while True:
         chunk = os.read(master, 100)
@@ -306,7 +311,8 @@ except OSError:
 os.waitpid(pid, 0)
 print(re.findall(r"(job|background read|background write) stopped by (\d+)", out.decode()))
 print(b"background write\r\n" in out)
-"#,
+"#
+        ),
     );
     assert_eq!(
         printed,

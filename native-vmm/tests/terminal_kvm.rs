@@ -214,17 +214,20 @@ def type_until(master, char, seen, out=b""):
     return out
 "#;
 
+/// `common::python_as_native` of `program` with `type_until` defined for it.
+fn python_typing_at_a_master(tag: &str, program: &str) -> String {
+    common::python_as_native(tag, &format!("{TYPE_UNTIL}{program}"))
+}
+
 /// ^C typed at the master signals the slave's foreground group: the forkpty child's read is
 /// interrupted and its SIGINT handler runs. ^C is typed until that happens: a SIGINT that comes
 /// before the child's read has begun only sets Python's flag, and the read then waits (as
 /// natively, where the window is narrower).
 #[test]
 fn interrupt_character_signals_the_foreground_group() {
-    let printed = common::python_as_native(
+    let printed = python_typing_at_a_master(
         "terminal-isig",
-        &format!(
-            "{TYPE_UNTIL}{}",
-            r#"
+        r#"
 import os, select, signal, sys
 pid, master = os.forkpty()
 if pid == 0:
@@ -242,8 +245,7 @@ while b"ready" not in buf:
 out = type_until(master, b"\x03", b"child interrupted")
 _, status = os.waitpid(pid, 0)
 print(b"child interrupted" in out, b"not interrupted" in out, "status", os.waitstatus_to_exitcode(status))
-"#
-        ),
+"#,
     );
     assert_eq!(printed, "True False status 7\n");
 }
@@ -255,11 +257,9 @@ print(b"child interrupted" in out, b"not interrupted" in out, "status", os.waits
 /// nothing. ^Z is typed until the stop is seen, as ^C above.
 #[test]
 fn suspend_character_and_background_reads_and_writes_stop_jobs() {
-    let printed = common::python_as_native(
+    let printed = python_typing_at_a_master(
         "terminal-job-control",
-        &format!(
-            "{TYPE_UNTIL}{}",
-            r#"
+        r#"
 import os, re, select, signal, sys, termios, time
 pid, master = os.forkpty()
 if pid == 0:
@@ -311,8 +311,7 @@ except OSError:
 os.waitpid(pid, 0)
 print(re.findall(r"(job|background read|background write) stopped by (\d+)", out.decode()))
 print(b"background write\r\n" in out)
-"#
-        ),
+"#,
     );
     assert_eq!(
         printed,

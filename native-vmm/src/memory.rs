@@ -207,7 +207,7 @@ impl GuestMemory {
     pub fn duplicate(&self, room: u64) -> io::Result<GuestMemory> {
         // One scan of the copied pages serves the room check and the copy alike.
         let copied = self.copied_own_ranges()?.unwrap_or_default();
-        if crate::layout::pages_in(&self.held_ranges(&copied)?) * PAGE_SIZE > room {
+        if self.held_pages(&copied)? * PAGE_SIZE > room {
             return Err(io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 "the copy does not fit the memory left",
@@ -550,6 +550,23 @@ impl GuestMemory {
                 Ok(crate::layout::merge_ranges(extents))
             }
             Backing::Private { template: true, .. } | Backing::Retired => Ok(copied.to_vec()),
+        }
+    }
+
+    /// How many pages `held_ranges` covers, without walking them: a memfd's or a layer's pages
+    /// are its block count. Every page copied from a layer was read into the layer first
+    /// (shmem fills a hole when it is faulted, and a freeze writes the copies back), so over
+    /// a layer the copies lie inside its pages.
+    fn held_pages(&self, copied: &[(u64, u64)]) -> io::Result<u64> {
+        match &*self.backing.borrow() {
+            Backing::Own(file)
+            | Backing::Private {
+                file,
+                template: false,
+            } => Ok(sys::file_pages(file.as_raw_fd())?.max(crate::layout::pages_in(copied))),
+            Backing::Private { template: true, .. } | Backing::Retired => {
+                Ok(crate::layout::pages_in(copied))
+            }
         }
     }
 
@@ -1047,7 +1064,13 @@ impl GuestMemory {
     /// and the copies (a layer that several memories map counts for each: any of them may
     /// come to write every page).
     pub fn resident_bytes(&self) -> io::Result<u64> {
-        Ok(crate::layout::pages_in(&self.held_page_ranges()?) * PAGE_SIZE)
+        // Only a template's fork needs its copies found: otherwise the file counts them.
+        let copied = if self.is_template_fork() {
+            self.copied_own_ranges()?.unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Ok(self.held_pages(&copied)? * PAGE_SIZE)
     }
 
     /// The ranges of the pages `resident_bytes` counts: outside them the memory shows its

@@ -57,6 +57,16 @@ pub fn set_len(fd: c_int, size: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// How many 4 KiB pages of host memory or swap `fd` (a memfd) holds: its block count.
+pub fn file_pages(fd: c_int) -> io::Result<u64> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes one `struct stat` to the pointer, which is valid for it.
+    check(unsafe { libc::fstat(fd, stat.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded, so it filled the whole struct.
+    let blocks = unsafe { stat.assume_init() }.st_blocks;
+    Ok(u64::try_from(blocks).unwrap_or(0) * 512 / 4096)
+}
+
 /// The first offset at or after `offset` where `fd` holds data; None when only a hole follows.
 pub fn seek_data(fd: c_int, offset: u64) -> io::Result<Option<u64>> {
     // SAFETY: lseek takes integers only.

@@ -200,6 +200,13 @@ pub trait GuestCpu {
     fn interrupted_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
         Ok(None)
     }
+    /// After `run` returned `CpuExit::Fault`: the program's state at the instruction that
+    /// faulted (for a trap such as `int3`, after it), so that a signal handler can start
+    /// from it with `load_thread`. None when the backend cannot resume a thread that faulted:
+    /// the fault then ends the process.
+    fn fault_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
+        Ok(None)
+    }
     /// Whether `fork_onto` can make a vCPU (asked before the memory is copied for it).
     fn can_fork(&self) -> bool {
         false

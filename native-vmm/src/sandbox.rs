@@ -466,7 +466,7 @@ impl<'a> Tree<'a> {
                 }
                 CpuExit::Fault(fault) => {
                     self.exits += 1;
-                    Some(LoopEnd::Finished(RunStatus::Crashed { fault }))
+                    sched.fault(cpu, process, mem, fault)?
                 }
                 CpuExit::DeadlineReached if Instant::now() >= sched.deadline() => {
                     Some(LoopEnd::Finished(sched.timeout()))
@@ -691,11 +691,7 @@ impl<'a> Tree<'a> {
         let wait_status = match (status, killed_by) {
             (_, Some(sig)) => signalled_status(sig),
             (RunStatus::Exited { code }, None) => exited_status(*code),
-            (RunStatus::Crashed { fault }, None) => signalled_status(match fault.vector {
-                0 | 16 | 19 => 8,
-                6 => 4,
-                _ => 11,
-            }),
+            (RunStatus::Crashed { fault }, None) => signalled_status(fault.signal().signal),
             (RunStatus::Unsupported { .. }, None) => signalled_status(SIGSYS),
             _ => signalled_status(SIGKILL),
         };

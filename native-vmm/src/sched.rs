@@ -183,6 +183,31 @@ impl Scheduler {
         self.follow(cpu, process, mem, step)
     }
 
+    /// The running thread faulted: its handler for the fault's signal starts on a frame below
+    /// the faulting state, or, as Linux's forced fault signals do when the thread blocks or
+    /// ignores the signal or has no handler for it, the run ends as Crashed.
+    pub fn fault(
+        &mut self,
+        cpu: &mut dyn GuestCpu,
+        process: &mut GuestProcess,
+        mem: &GuestMemory,
+        fault: GuestFault,
+    ) -> io::Result<Option<LoopEnd>> {
+        let tid = process.threads.current_tid();
+        let crashed = |fault| Ok(Some(LoopEnd::Finished(RunStatus::Crashed { fault })));
+        let Some(taken) = signals::take_fault(process, tid, &fault) else {
+            return crashed(fault);
+        };
+        let Some(state) = cpu.fault_state()? else {
+            return crashed(fault);
+        };
+        match signals::push_frame(process, mem, tid, state, taken, Some(&fault)) {
+            Ok(handler) => put_thread(cpu, &handler),
+            // No room for the frame: the fault's signal ends the process.
+            Err(_) => crashed(fault),
+        }
+    }
+
     /// `run` returned DeadlineReached before the run's deadline: the slice ended.
     pub fn slice_ended(
         &mut self,
@@ -593,7 +618,7 @@ impl Scheduler {
             // The thread goes on from `state` once the process is continued.
             Some(Taken::Stop) => Ok(put_thread(cpu, &state)?.or(Some(LoopEnd::Stopped))),
             Some(Taken::Handler { sig, action, info }) => {
-                match signals::push_frame(process, mem, tid, state, (sig, action, info)) {
+                match signals::push_frame(process, mem, tid, state, (sig, action, info), None) {
                     Ok(handler) => put_thread(cpu, &handler),
                     // No room for the frame: Linux kills the process with SIGSEGV.
                     Err(_) => Ok(Some(LoopEnd::Finished(RunStatus::Exited {

@@ -35,7 +35,50 @@ pub struct GuestFault {
     pub address: Option<u64>,
 }
 
+/// si_code values of the signals a fault sends (Linux's `asm-generic/siginfo.h`).
+const FPE_INTDIV: i32 = 1;
+const FPE_FLTINV: i32 = 7;
+const ILL_ILLOPN: i32 = 2;
+const SEGV_MAPERR: i32 = 1;
+const SEGV_ACCERR: i32 = 2;
+const BUS_ADRALN: i32 = 1;
+const TRAP_TRACE: i32 = 2;
+const SI_KERNEL: i32 = 0x80;
+
+/// What Linux's trap handlers send the thread a fault happened on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultSignal {
+    pub signal: u64,
+    /// si_code.
+    pub code: i32,
+    /// si_addr: the address a page fault reached, the instruction of a divide error, an
+    /// invalid opcode or a single step; zero otherwise.
+    pub address: u64,
+}
+
 impl GuestFault {
+    /// The signal, si_code and si_addr Linux gives this fault (arch/x86/kernel/traps.c, for
+    /// floating-point errors without decoding the status word: FPE_FLTINV).
+    pub fn signal(&self) -> FaultSignal {
+        let (signal, code, address) = match self.vector {
+            0 => (8, FPE_INTDIV, self.rip),
+            1 => (5, TRAP_TRACE, self.rip),
+            3 => (5, SI_KERNEL, 0),
+            6 => (4, ILL_ILLOPN, self.rip),
+            11 | 12 => (7, SI_KERNEL, 0),
+            14 if self.error_code & 1 != 0 => (11, SEGV_ACCERR, self.address.unwrap_or(self.rip)),
+            14 => (11, SEGV_MAPERR, self.address.unwrap_or(self.rip)),
+            16 | 19 => (8, FPE_FLTINV, self.rip),
+            17 => (7, BUS_ADRALN, 0),
+            _ => (11, SI_KERNEL, 0),
+        };
+        FaultSignal {
+            signal,
+            code,
+            address,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self.vector {
             0 => "divide error",
@@ -84,11 +127,7 @@ impl RunStatus {
             RunStatus::OutOfMemory { .. } => 137,
             RunStatus::OutputLimit { .. } => 141,
             RunStatus::NetworkLimit { .. } => 153, // SIGXFSZ: a transfer past its limit
-            RunStatus::Crashed { fault } => match fault.vector {
-                0 | 16 | 19 => 136, // SIGFPE
-                6 => 132,           // SIGILL
-                _ => 139,           // SIGSEGV
-            },
+            RunStatus::Crashed { fault } => 128 + fault.signal().signal as i32,
             RunStatus::Unsupported { .. } => 159, // SIGSYS
             RunStatus::Deadlocked { .. } => 142,  // SIGALRM: ended before its time limit would have
         }

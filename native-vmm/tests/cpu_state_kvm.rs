@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -19,30 +20,35 @@ const VECTOR_AGENT: AgentCommand = AgentCommand {
     argv: &["vector_state_agent"],
 };
 
+/// The C programs, compiled once per test process, and the image holding them at
+/// /bin/<name>-static.
+fn programs() -> &'static (PathBuf, Arc<Image>) {
+    static PROGRAMS: OnceLock<(PathBuf, Arc<Image>)> = OnceLock::new();
+    PROGRAMS.get_or_init(|| {
+        let out = common::process_dir("cpu-state-programs");
+        let paths: Vec<String> = ["vector_state_agent", "frame_cs_attack", "fault_handlers"]
+            .iter()
+            .map(|name| {
+                let binary = compile(name, Linking::Static, &out);
+                format!(
+                    r#"{{"host": "{}", "guest": "/bin/{name}-static"}}"#,
+                    binary.display()
+                )
+            })
+            .collect();
+        let image = common::build_image(
+            "cpu-state-image",
+            &format!(
+                r#"{{"name": "cpu-state", "paths": [{}], "writable_dirs": ["/tmp", "/work"]}}"#,
+                paths.join(", ")
+            ),
+        );
+        (out, image)
+    })
+}
+
 fn programs_image() -> Arc<Image> {
-    static IMAGE: OnceLock<Arc<Image>> = OnceLock::new();
-    IMAGE
-        .get_or_init(|| {
-            let out = common::process_dir("cpu-state-programs");
-            let paths: Vec<String> = ["vector_state_agent", "frame_cs_attack"]
-                .iter()
-                .map(|name| {
-                    let binary = compile(name, Linking::Static, &out);
-                    format!(
-                        r#"{{"host": "{}", "guest": "/bin/{name}-static"}}"#,
-                        binary.display()
-                    )
-                })
-                .collect();
-            common::build_image(
-                "cpu-state-image",
-                &format!(
-                    r#"{{"name": "cpu-state", "paths": [{}], "writable_dirs": ["/tmp", "/work"]}}"#,
-                    paths.join(", ")
-                ),
-            )
-        })
-        .clone()
+    programs().1.clone()
 }
 
 #[test]
@@ -89,20 +95,26 @@ fn vector_and_fpu_registers_survive_the_snapshot_into_a_fork() {
     }
 }
 
-#[test]
-fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
+/// Runs /bin/`name`-static on the KVM vCPU; it must exit 0.
+fn run_program(name: &str) -> vm::RunOutcome {
     let outcome = vm::launch(
         programs_image(),
-        &request("/bin/frame_cs_attack-static", &[]),
+        &request(&format!("/bin/{name}-static"), &[]),
         &sandfork_vmm::kvm::new_cpu,
     )
-    .unwrap_or_else(|e| panic!("launching: {e}"));
+    .unwrap_or_else(|e| panic!("launching {name}: {e}"));
     assert_eq!(
         outcome.status,
         RunStatus::Exited { code: 0 },
-        "{}",
+        "{name}: {}",
         describe(&outcome)
     );
+    outcome
+}
+
+#[test]
+fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
+    let outcome = run_program("frame_cs_attack");
     // The selectors themselves differ by backend (PVM shows its own); the privilege must not.
     let stdout = String::from_utf8_lossy(&outcome.stdout);
     assert!(
@@ -110,6 +122,58 @@ fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
         "{}",
         describe(&outcome)
     );
+}
+
+/// A hardware fault runs the program's handler for its signal as on Linux: the handler sees
+/// the signal, si_code, si_addr, trap number and error code Linux gives, and the program goes on
+/// from where the handler leaves it (a jump out; a return to the faulting instruction, which
+/// runs again with the operand the handler changed in its ucontext; a return past it with a
+/// register set; the alternate stack after a stack overflow); a fault the thread blocks or
+/// ignores, or that its handler returns to unchanged, ends the process with the signal.
+/// Compared line for line with the same static program run natively.
+#[test]
+fn hardware_faults_run_the_programs_signal_handlers_as_on_linux() {
+    let outcome = run_program("fault_handlers");
+    let native = std::process::Command::new(programs().0.join("fault_handlers-static"))
+        .output()
+        .expect("running fault_handlers natively");
+    assert!(native.status.success(), "natively: {native:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "{}",
+        describe(&outcome)
+    );
+}
+
+/// Python's faulthandler prints the traceback of a segmentation fault, a floating-point
+/// exception and a stack overflow (its handler on the alternate stack), then raises the signal
+/// again with its default action, which ends the process, as natively.
+#[test]
+fn faulthandler_prints_the_traceback_of_a_fault() {
+    for (call, message, signal) in [
+        ("faulthandler._read_null()", "Segmentation fault", 11),
+        ("faulthandler._sigfpe()", "Floating point exception", 8),
+        ("faulthandler._stack_overflow()", "Segmentation fault", 11),
+    ] {
+        let code =
+            format!("import faulthandler\nfaulthandler.enable()\ndef f():\n    {call}\nf()\n");
+        let outcome = common::python(&code);
+        let stderr = String::from_utf8_lossy(&outcome.stderr);
+        assert_eq!(
+            outcome.status.exit_code(),
+            128 + signal,
+            "{call}: {}",
+            describe(&outcome)
+        );
+        assert!(
+            stderr.contains(&format!("Fatal Python error: {message}"))
+                && stderr.contains("line 4 in f")
+                && stderr.contains("line 5 in <module>"),
+            "{call}: {}",
+            describe(&outcome)
+        );
+    }
 }
 
 /// Guest memory the program was never handed is in no KVM memory slot: touching it crashes the

@@ -18,26 +18,26 @@
 //! VMM writes rax.
 //!
 //! Exceptions. Each vector's stub pushes a dummy error code if the CPU pushed none, pushes the
-//! vector number and jumps to a common tail, which copies vector, error code, faulting rip and
-//! cs into rdi, rsi, rdx, rcx (see `ExceptionFrame`) and `out`s to EXCEPTION_PORT. The VMM
-//! reads them with the registers it fetches anyway, so it needs no guest-memory access to report
-//! the fault; the fault ends the run, so the registers it overwrites are not needed again. A
-//! `hlt` loop follows in case the vCPU is ever resumed.
+//! vector number and jumps to a common tail, which `out`s to EXCEPTION_PORT. The VMM reads the
+//! frame (vector, error code, then what the CPU pushed: rip, cs, rflags, rsp, ss; see
+//! `ExceptionFrame`) from the exception stack, so every general register but rsp still holds
+//! the program's value: a signal handler's ucontext shows them. The vCPU never resumes in the
+//! stub (a handler starts with the program's state loaded afresh); a `hlt` loop follows in
+//! case it ever did.
 
 use std::io;
 
 use super::descriptors::{USER_CS, USER_SS};
-use super::{too_small, CODE_ADDR, EXCEPTION_PORT, SYSCALL_PORT, SYSCALL_STACK_TOP};
+use super::{
+    too_small, CODE_ADDR, EXCEPTION_PORT, EXCEPTION_STACK_TOP, SYSCALL_PORT, SYSCALL_STACK_TOP,
+};
 use crate::memory::GuestMemory;
 
 /// General registers the stubs name, with their x86 encoding numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reg {
     Rcx = 1,
-    Rdx = 2,
     Rsp = 4,
-    Rsi = 6,
-    Rdi = 7,
     R11 = 11,
 }
 
@@ -59,8 +59,6 @@ pub enum Insn {
     StoreAbsolute { addr: u32, src: Reg },
     /// `mov qword [addr], imm32` (sign-extended), 32-bit absolute address: REX.W C7 /0, SIB.
     StoreImmediate { addr: u32, value: u32 },
-    /// `mov dst, qword [rsp + disp]`: REX.W 8B /r with an rsp SIB byte.
-    LoadFromStack { dst: Reg, disp: u8 },
     /// `mov rsp, imm32` (sign-extended): REX.W C7 /0.
     SetStackPointer(u32),
     /// `push imm8` (sign-extended to 64 bits): 6A ib.
@@ -90,15 +88,6 @@ impl Insn {
                 let mut code = vec![0x48, 0xC7, 0x04, 0x25];
                 code.extend_from_slice(&addr.to_le_bytes());
                 code.extend_from_slice(&value.to_le_bytes());
-                code
-            }
-            Insn::LoadFromStack { dst, disp } => {
-                let with_disp = disp != 0;
-                let modrm = if with_disp { 0x44 } else { 0x04 } | dst.low_bits() << 3;
-                let mut code = vec![dst.rex_w(), 0x8B, modrm, 0x24];
-                if with_disp {
-                    code.push(disp);
-                }
                 code
             }
             Insn::SetStackPointer(value) => {
@@ -150,11 +139,8 @@ pub fn has_error_code(vector: u8) -> bool {
     matches!(vector, 8 | 10..=14 | 17 | 21 | 29 | 30)
 }
 
-/// Where the exception tail leaves what the VMM reports.
-pub const VECTOR_REG: Reg = Reg::Rdi;
-pub const ERROR_CODE_REG: Reg = Reg::Rsi;
-pub const FAULT_RIP_REG: Reg = Reg::Rdx;
-pub const FAULT_CS_REG: Reg = Reg::Rcx;
+/// Where the exception tail's `out` finds the stack: the frame's seven words below its top.
+pub const EXCEPTION_FRAME: u64 = EXCEPTION_STACK_TOP - 7 * 8;
 
 /// `mov [addr], src` for a system-area address (always below 2 GiB, so a disp32 reaches it).
 fn store(addr: u64, src: Reg) -> Insn {
@@ -187,23 +173,7 @@ pub fn syscall_entry() -> Vec<Insn> {
 /// The tail every exception stub jumps to, with [rsp] = vector, error code, rip, cs, ...
 pub fn exception_common() -> Vec<Insn> {
     vec![
-        Insn::LoadFromStack {
-            dst: VECTOR_REG,
-            disp: 0,
-        }, // mov rdi, [rsp]      vector
-        Insn::LoadFromStack {
-            dst: ERROR_CODE_REG,
-            disp: 8,
-        }, // mov rsi, [rsp+8]    error code
-        Insn::LoadFromStack {
-            dst: FAULT_RIP_REG,
-            disp: 16,
-        }, // mov rdx, [rsp+16]   faulting rip
-        Insn::LoadFromStack {
-            dst: FAULT_CS_REG,
-            disp: 24,
-        }, // mov rcx, [rsp+24]   faulting cs
-        Insn::OutAl(EXCEPTION_PORT as u8), // out EXCEPTION_PORT, al
+        Insn::OutAl(EXCEPTION_PORT as u8), // out EXCEPTION_PORT, al   the VMM reads [rsp]
         Insn::Hlt,                         // hlt                 never resumed
         Insn::JumpShort(-3),               // jmp hlt
     ]
@@ -255,23 +225,28 @@ pub fn write_code(mem: &GuestMemory) -> io::Result<()> {
     mem.write(CODE_ADDR, &code_image()).map_err(too_small)
 }
 
-/// What the exception tail hands to the VMM.
+/// What the exception tail hands to the VMM: the stub's two words and the CPU's frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExceptionFrame {
     pub vector: u64,
     pub error_code: u64,
     pub rip: u64,
     pub cs: u64,
+    pub rflags: u64,
+    pub rsp: u64,
 }
 
 impl ExceptionFrame {
-    /// Reads the frame from the registers of a vCPU stopped at the EXCEPTION_PORT `out`.
-    pub fn from_registers(register: impl Fn(Reg) -> u64) -> ExceptionFrame {
+    /// The frame as the stack holds it at the EXCEPTION_PORT `out`, from `EXCEPTION_FRAME` up.
+    pub fn from_words(words: [u64; 7]) -> ExceptionFrame {
+        let [vector, error_code, rip, cs, rflags, rsp, _ss] = words;
         ExceptionFrame {
-            vector: register(VECTOR_REG),
-            error_code: register(ERROR_CODE_REG),
-            rip: register(FAULT_RIP_REG),
-            cs: register(FAULT_CS_REG),
+            vector,
+            error_code,
+            rip,
+            cs,
+            rflags,
+            rsp,
         }
     }
 
@@ -301,11 +276,7 @@ mod tests {
         0xe6, 0xe0, // out 0xe0, al
         0x48, 0xcf, // iretq
     ];
-    const EXCEPTION_COMMON_AS: [u8; 24] = [
-        0x48, 0x8b, 0x3c, 0x24, // mov rdi, QWORD PTR [rsp]
-        0x48, 0x8b, 0x74, 0x24, 0x08, // mov rsi, QWORD PTR [rsp+0x8]
-        0x48, 0x8b, 0x54, 0x24, 0x10, // mov rdx, QWORD PTR [rsp+0x10]
-        0x48, 0x8b, 0x4c, 0x24, 0x18, // mov rcx, QWORD PTR [rsp+0x18]
+    const EXCEPTION_COMMON_AS: [u8; 5] = [
         0xe6, 0xe1, // out 0xe1, al
         0xf4, // hlt
         0xeb, 0xfd, // jmp <hlt>
@@ -381,14 +352,7 @@ mod tests {
         fn new() -> Machine {
             let image = GuestMemory::new(4 << 20).unwrap();
             super::super::install(&image).unwrap();
-            let names = [
-                (Reg::Rcx, "rcx"),
-                (Reg::Rdx, "rdx"),
-                (Reg::Rsp, "rsp"),
-                (Reg::Rsi, "rsi"),
-                (Reg::Rdi, "rdi"),
-                (Reg::R11, "r11"),
-            ];
+            let names = [(Reg::Rcx, "rcx"), (Reg::Rsp, "rsp"), (Reg::R11, "r11")];
             let regs = names
                 .into_iter()
                 .map(|(r, name)| (r, Value::Unknown(name)))
@@ -433,10 +397,6 @@ mod tests {
                             u64::from(addr),
                             Value::Known(i64::from(value.cast_signed()).cast_unsigned()),
                         );
-                    }
-                    Insn::LoadFromStack { dst, disp } => {
-                        let value = self.load(self.known_rsp() + u64::from(disp));
-                        self.regs.insert(dst, value);
                     }
                     Insn::SetStackPointer(value) => {
                         self.regs.insert(Reg::Rsp, Value::Known(u64::from(value)));
@@ -518,8 +478,7 @@ mod tests {
     }
 
     #[test]
-    fn exception_stubs_report_vector_error_code_and_rip() {
-        use super::super::EXCEPTION_STACK_TOP;
+    fn exception_stubs_leave_the_frame_and_the_registers_for_the_vmm() {
         for vector in 0..VECTORS {
             let mut machine = Machine::new();
             // What the CPU pushes on IST1: ss, rsp, rflags, cs, rip and maybe an error code.
@@ -533,15 +492,19 @@ mod tests {
                 machine.mem.insert(rsp, Value::Known(word));
             }
             machine.regs.insert(Reg::Rsp, Value::Known(rsp));
+            let before = machine.regs.clone();
             assert!(matches!(
                 machine.run(exception_stub_addr(vector)),
                 End::Halted
             ));
             assert_eq!(machine.ports, vec![EXCEPTION_PORT as u8], "vector {vector}");
-            let frame = ExceptionFrame::from_registers(|r| match machine.regs[&r] {
-                Value::Known(v) => v,
-                Value::Unknown(name) => panic!("{name} was not loaded"),
-            });
+            assert_eq!(machine.known_rsp(), EXCEPTION_FRAME, "vector {vector}");
+            let words =
+                std::array::from_fn(|i| match machine.load(EXCEPTION_FRAME + 8 * i as u64) {
+                    Value::Known(v) => v,
+                    Value::Unknown(name) => panic!("{name} on the stack"),
+                });
+            let frame = ExceptionFrame::from_words(words);
             let error_code = if has_error_code(vector) { 0x14 } else { 0 };
             assert_eq!(
                 frame,
@@ -549,10 +512,17 @@ mod tests {
                     vector: u64::from(vector),
                     error_code,
                     rip: 0x40_1234,
-                    cs: u64::from(USER_CS)
+                    cs: u64::from(USER_CS),
+                    rflags: 0x202,
+                    rsp: 0x7fff_0000,
                 }
             );
             assert!(!frame.in_supervisor_code());
+            for (reg, value) in &before {
+                if *reg != Reg::Rsp {
+                    assert_eq!(machine.regs[reg], *value, "{reg:?} must be the program's");
+                }
+            }
         }
     }
 }

@@ -20,20 +20,21 @@ use super::watchdog::Watchdog;
 use super::{context, Kvm};
 use crate::arch::cpu_state::{self, CpuFeatures};
 use crate::arch::descriptors::{Segment, GDT_LIMIT, IDT_LIMIT};
-use crate::arch::stubs::{ExceptionFrame, Reg, FRAME_RFLAGS, FRAME_RIP, FRAME_RSP};
+use crate::arch::stubs::{ExceptionFrame, EXCEPTION_FRAME, FRAME_RFLAGS, FRAME_RIP, FRAME_RSP};
 use crate::arch::{self, paging, EXCEPTION_PORT, GDT_ADDR, IDT_ADDR, SYSCALL_PORT};
 use crate::cpu::{
     user_rflags, CpuExit, CpuSnapshot, GuestCpu, UserRegs, USER_ADDRESS_LIMIT, XSAVE_MIN_BYTES,
     XSAVE_XCOMP_BV, XSAVE_XSTATE_BV,
 };
-use crate::layout::PAGE_SIZE;
+use crate::layout::{PAGE_SIZE, VVAR_ADDR};
 use crate::memory::{GuestMemory, PageSet};
 use crate::status::GuestFault;
 use crate::sys;
 
 const GENERAL_PROTECTION: u8 = 13;
 const PAGE_FAULT: u8 = 14;
-/// Page-fault error code bits: a write; from CPL3.
+/// Page-fault error code bits: a page was present; a write; from CPL3.
+const PF_PRESENT: u64 = 1;
 const PF_WRITE: u64 = 1 << 1;
 const PF_USER: u64 = 1 << 2;
 /// KVM_EXIT_INTERNAL_ERROR's suberror for an instruction KVM could not emulate.
@@ -72,6 +73,12 @@ pub struct KvmCpu<'m> {
     /// put at CPL3 by `restore`, `reset` or `load_thread`), or in the syscall stub's iretq
     /// frame (it stopped at the stub's `out`).
     user_state_in_regs: bool,
+    /// The program's registers at the instruction that faulted (rip, rsp and rflags included),
+    /// from the last run's fault exit until `fault_state` takes them.
+    fault_regs: Option<KvmRegs>,
+    /// The vCPU stopped in a fault (in the exception stub, or in an access KVM was emulating)
+    /// and was not put back at CPL3 since: the next `load_thread` loads the whole user state.
+    after_fault: bool,
     /// The guest memory the VM's slot maps (snapshots read the stub's return frame in it).
     mem: &'m GuestMemory,
     /// With `track_writes`: KVM logs the guest's writes in every slot (KVM_MEM_LOG_DIRTY_PAGES),
@@ -188,6 +195,8 @@ impl<'m> KvmCpu<'m> {
             regs,
             in_syscall: false,
             user_state_in_regs: false,
+            fault_regs: None,
+            after_fault: false,
             mem,
             written: None,
         };
@@ -301,6 +310,53 @@ impl<'m> KvmCpu<'m> {
         })
     }
 
+    /// Keeps `regs`, the program's at the instruction that faulted, for `fault_state`; their rip.
+    fn fault_at(&mut self, regs: KvmRegs) -> u64 {
+        self.fault_regs = Some(regs);
+        regs.rip
+    }
+
+    /// The exception stub's frame, on the exception stack at `rsp` (bounds-checked reads of
+    /// the system area; anywhere else the stubs themselves went wrong).
+    fn exception_frame(&self, rsp: u64) -> io::Result<ExceptionFrame> {
+        if rsp != EXCEPTION_FRAME {
+            return Err(io::Error::other(format!(
+                "the exception stub stopped with rsp {rsp:#x}, not at its frame"
+            )));
+        }
+        let mut words = [0u64; 7];
+        for (i, word) in words.iter_mut().enumerate() {
+            *word = self.mem.read_u64(rsp + 8 * i as u64).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("reading the exception frame: {e}"),
+                )
+            })?;
+        }
+        Ok(ExceptionFrame::from_words(words))
+    }
+
+    /// Lets KVM finish the exit the vCPU stopped in (the stub's `out`, an access it emulates)
+    /// without running the guest: KVM_RUN with `immediate_exit` completes it and returns EINTR.
+    /// A state loaded afterwards is then not overwritten by the completion. An access KVM
+    /// splits finishes piece by piece, each piece another exit.
+    fn finish_exit(&mut self) -> io::Result<()> {
+        for _ in 0..8 {
+            self.handles.run_page.exit_flag().raise();
+            let result = sys::ioctl_val(self.handles.vcpu.as_raw_fd(), KVM_RUN, 0);
+            self.handles.run_page.clear_immediate_exit();
+            match result {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+                Err(e) => return Err(context("KVM_RUN")(e)),
+                Ok(_) if self.handles.run_page.exit_reason() == KVM_EXIT_MMIO => {}
+                Ok(_) => break,
+            }
+        }
+        Err(io::Error::other(
+            "KVM did not finish the exit of a fault without running the guest",
+        ))
+    }
+
     /// Gives guest memory in `[start, end)` that no slot covers slots of its own; true if it
     /// made any.
     fn fill_slots(&mut self, start: u64, end: u64) -> io::Result<bool> {
@@ -391,7 +447,7 @@ impl<'m> KvmCpu<'m> {
                     return Ok(None);
                 }
                 // Guest memory outside every slot: memory the program was never handed.
-                let rip = self.get_regs()?.rip;
+                let rip = self.fault_at(self.get_regs()?);
                 let error_code = PF_USER | if mmio.is_write { PF_WRITE } else { 0 };
                 CpuExit::Fault(GuestFault {
                     vector: PAGE_FAULT,
@@ -412,7 +468,7 @@ impl<'m> KvmCpu<'m> {
                 if self.fill_all_slots()? {
                     return Ok(None);
                 }
-                let rip = self.get_regs()?.rip;
+                let rip = self.fault_at(self.get_regs()?);
                 CpuExit::Fault(GuestFault {
                     vector: PAGE_FAULT,
                     error_code: PF_USER,
@@ -444,13 +500,23 @@ impl<'m> KvmCpu<'m> {
                     }
                     (KVM_EXIT_IO_OUT, EXCEPTION_PORT) => {
                         let regs = self.get_regs()?;
-                        let frame = ExceptionFrame::from_registers(|r| register(&regs.gprs, r));
+                        let frame = self.exception_frame(regs.gprs.rsp)?;
                         let cr2 = if frame.vector == u64::from(PAGE_FAULT) {
                             Some(self.get_sregs()?.cr2)
                         } else {
                             None
                         };
-                        fault_exit(frame, cr2)
+                        let exit = fault_exit(frame, cr2)?;
+                        // The stub changed rsp alone; the CPU's frame holds the program's.
+                        self.fault_at(KvmRegs {
+                            gprs: UserRegs {
+                                rsp: frame.rsp,
+                                ..regs.gprs
+                            },
+                            rip: frame.rip,
+                            rflags: frame.rflags,
+                        });
+                        Ok(exit)
                     }
                     // The I/O bitmap lets CPL3 reach SYSCALL_PORT (the stub runs at CPL3 on
                     // PVM), so the program's own code can `in` from it too: an I/O access the
@@ -458,7 +524,7 @@ impl<'m> KvmCpu<'m> {
                     _ => Ok(CpuExit::Fault(GuestFault {
                         vector: GENERAL_PROTECTION,
                         error_code: 0,
-                        rip: self.get_regs()?.rip,
+                        rip: self.fault_at(self.get_regs()?),
                         address: None,
                     })),
                 }
@@ -499,6 +565,7 @@ impl<'m> KvmCpu<'m> {
 impl GuestCpu for KvmCpu<'_> {
     fn run(&mut self, deadline: Instant) -> io::Result<CpuExit> {
         self.in_syscall = false;
+        self.fault_regs = None;
         loop {
             if !self.watchdog.arm(deadline) {
                 return Ok(CpuExit::DeadlineReached);
@@ -601,6 +668,10 @@ impl GuestCpu for KvmCpu<'_> {
     /// handler's address): `CpuSnapshot::check_user` runs first, and rflags keep only what CPL3
     /// controls.
     fn load_thread(&mut self, state: &CpuSnapshot) -> io::Result<()> {
+        if std::mem::take(&mut self.after_fault) {
+            // Segments too: the vCPU may be at CPL0 in the exception stub.
+            return self.reset(state);
+        }
         state
             .check_user()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -668,6 +739,18 @@ impl GuestCpu for KvmCpu<'_> {
         self.regs = loaded;
         self.in_syscall = true;
         Ok(())
+    }
+
+    /// The state is read before KVM finishes the exit: finishing an emulated read writes its
+    /// (meaningless) value into the destination register and moves rip past the access.
+    fn fault_state(&mut self) -> io::Result<Option<CpuSnapshot>> {
+        let Some(regs) = self.fault_regs.take() else {
+            return Ok(None);
+        };
+        let state = self.user_state(regs)?;
+        self.finish_exit()?;
+        self.after_fault = true;
+        Ok(Some(state))
     }
 
     /// The registers KVM holds are the program's when rip is in user memory; below it the
@@ -959,18 +1042,6 @@ fn kvm_segment(segment: &Segment) -> KvmSegment {
     }
 }
 
-/// The value of a register the stubs name.
-fn register(regs: &UserRegs, reg: Reg) -> u64 {
-    match reg {
-        Reg::Rcx => regs.rcx,
-        Reg::Rdx => regs.rdx,
-        Reg::Rsp => regs.rsp,
-        Reg::Rsi => regs.rsi,
-        Reg::Rdi => regs.rdi,
-        Reg::R11 => regs.r11,
-    }
-}
-
 /// The Linux syscall ABI: number in rax, arguments in rdi, rsi, rdx, r10, r8, r9.
 fn syscall_exit(regs: &UserRegs) -> CpuExit {
     CpuExit::Syscall {
@@ -987,9 +1058,17 @@ fn fault_exit(frame: ExceptionFrame, cr2: Option<u64>) -> io::Result<CpuExit> {
             frame.vector, frame.error_code, frame.rip
         )));
     }
+    // The supervisor-only system area is the VMM's: to the program nothing is mapped there, as
+    // below a Linux program's mappings, so a fault there reports no page present.
+    let hidden = frame.vector == u64::from(PAGE_FAULT)
+        && cr2.is_some_and(|a| (crate::layout::SYSTEM_AREA_START..VVAR_ADDR).contains(&a));
     Ok(CpuExit::Fault(GuestFault {
         vector: frame.vector as u8,
-        error_code: frame.error_code,
+        error_code: if hidden {
+            frame.error_code & !PF_PRESENT
+        } else {
+            frame.error_code
+        },
         rip: frame.rip,
         address: cr2,
     }))
@@ -1046,15 +1125,16 @@ mod tests {
     }
 
     #[test]
-    fn exception_registers_become_a_guest_fault() {
-        let regs = UserRegs {
-            rdi: 14,
-            rsi: 6,
-            rdx: 0x40_1000,
-            rcx: u64::from(USER_CS),
-            ..Default::default()
-        };
-        let frame = ExceptionFrame::from_registers(|r| register(&regs, r));
+    fn an_exception_frame_becomes_a_guest_fault() {
+        let frame = ExceptionFrame::from_words([
+            14,
+            6,
+            0x40_1000,
+            u64::from(USER_CS),
+            0x246,
+            0x7fff_0000,
+            0x2b,
+        ]);
         let exit = fault_exit(frame, Some(0xdead_0000)).unwrap();
         assert_eq!(
             exit,
@@ -1074,6 +1154,8 @@ mod tests {
             error_code: 0,
             rip: 0x7021,
             cs: u64::from(KERNEL_CS),
+            rflags: 0x2,
+            rsp: 0xa000,
         };
         let err = fault_exit(frame, None).unwrap_err();
         assert!(err.to_string().contains("CPL0 code at rip 0x7021"), "{err}");

@@ -26,7 +26,7 @@ use super::{GuestProcess, SigAction, SS_DISABLE};
 use crate::cpu::CpuSnapshot;
 use crate::errno::Errno;
 use crate::memory::GuestMemory;
-use crate::status::RunStatus;
+use crate::status::{FaultSignal, GuestFault, RunStatus};
 use crate::usermem::UserMemory;
 
 pub const SIGHUP: u64 = 1;
@@ -56,6 +56,9 @@ const SS_ONSTACK: u32 = 1;
 pub const SI_USER: i32 = 0;
 pub const SI_TKILL: i32 = -6;
 pub const SI_KERNEL: i32 = 0x80;
+/// The rflags bits rt_sigreturn takes from the frame (Linux's FIX_EFLAGS: CF, PF, AF, ZF, SF,
+/// TF, DF, OF, RF and AC).
+const SIGRETURN_FLAGS: u64 = 0x5_0DD5;
 /// Frames of handlers a thread left without rt_sigreturn (siglongjmp) are forgotten past this.
 const MAX_NESTED_FRAMES: usize = 32;
 /// pretcode, the kernel's struct ucontext (304 bytes) and siginfo (128 bytes).
@@ -474,20 +477,50 @@ pub fn take(proc: &mut GuestProcess, tid: u64) -> Option<Taken> {
     }
 }
 
+/// The signal hardware fault `fault` sends thread `tid`, taken at once (Linux's
+/// force_sig_fault) when the thread has a handler for it and does not block it; None when
+/// the fault ends the process instead (blocked, ignored or the default action).
+pub fn take_fault(
+    proc: &mut GuestProcess,
+    tid: u64,
+    fault: &GuestFault,
+) -> Option<(u64, SigAction, [u8; 128])> {
+    let FaultSignal {
+        signal,
+        code,
+        address,
+    } = fault.signal();
+    if proc.threads.get(tid)?.blocked_signals & bit(signal) != 0 {
+        return None;
+    }
+    let action = proc.signals.actions[signal as usize];
+    if matches!(action.handler, SIG_DFL | SIG_IGN) {
+        return None;
+    }
+    if action.flags & SA_RESETHAND != 0 {
+        proc.signals.actions[signal as usize] = SigAction::default();
+    }
+    let mut info = siginfo(signal, code);
+    info[16..24].copy_from_slice(&address.to_le_bytes());
+    Some((signal, action, info))
+}
+
 fn put(frame: &mut [u8], at: u64, value: u64) {
     frame[at as usize..at as usize + 8].copy_from_slice(&value.to_le_bytes());
 }
 
 /// Writes the frame for `sig`'s handler below `interrupted`'s stack (or on the alternate
 /// stack with SA_ONSTACK), blocks the handler's mask for thread `tid`, and returns the
-/// registers the handler starts with. A frame that does not fit in the program's memory is
-/// EFAULT (Linux then kills the process with SIGSEGV).
+/// registers the handler starts with. The ucontext of a signal a fault sent (`trap`) also
+/// holds its error code, vector and address. A frame that does not fit in the program's
+/// memory is EFAULT (Linux then kills the process with SIGSEGV).
 pub fn push_frame(
     proc: &mut GuestProcess,
     mem: &GuestMemory,
     tid: u64,
     interrupted: CpuSnapshot,
     taken: (u64, SigAction, [u8; 128]),
+    trap: Option<&GuestFault>,
 ) -> Result<CpuSnapshot, Errno> {
     let (sig, action, info) = taken;
     let thread = proc.threads.get_mut(tid).ok_or(Errno::ESRCH)?;
@@ -539,8 +572,13 @@ pub fn push_frame(
     for (i, v) in gprs.into_iter().enumerate() {
         put(&mut frame, MCONTEXT_AT + 8 * i as u64, v);
     }
-    // cs, gs, fs, ss as 16-bit selectors (user code and data), then err, trapno, oldmask.
+    // cs, gs, fs, ss as 16-bit selectors (user code and data), then err, trapno, oldmask, cr2.
     put(&mut frame, MCONTEXT_AT + 144, 0x33 | (0x2b << 48));
+    if let Some(fault) = trap {
+        put(&mut frame, MCONTEXT_AT + 152, fault.error_code);
+        put(&mut frame, MCONTEXT_AT + 160, u64::from(fault.vector));
+        put(&mut frame, MCONTEXT_AT + 176, fault.address.unwrap_or(0));
+    }
     put(&mut frame, MCONTEXT_AT + 168, mask);
     put(&mut frame, SIGMASK_AT, mask);
     let at = SIGINFO_AT as usize;
@@ -569,8 +607,11 @@ pub fn push_frame(
 }
 
 /// rt_sigreturn with the stack pointer at `rsp` (just past the frame's return address): the
-/// registers the handler interrupted, and the frame's signal mask set for `tid`; None when no
-/// frame of this thread is there (the stack is not what the program believes).
+/// registers the handler interrupted as the frame's ucontext now holds them (a handler may
+/// change them, as a runtime turning a fault into an exception does; rflags only in the bits
+/// a program controls), the vector and segment state as the VMM kept it, and the frame's
+/// signal mask set for `tid`; None when no frame of this thread is there (the stack is not
+/// what the program believes) or the frame cannot be read.
 pub fn pop_frame(
     proc: &mut GuestProcess,
     mem: &GuestMemory,
@@ -583,7 +624,29 @@ pub fn pop_frame(
     let frame = thread.signal_frames.remove(at);
     // Frames above it belong to handlers that were left by a jump.
     thread.signal_frames.truncate(at);
-    let mask = UserMemory::new(mem).read_u64(addr + SIGMASK_AT).ok()?;
+    let user = UserMemory::new(mem);
+    let mask = user.read_u64(addr + SIGMASK_AT).ok()?;
+    let mut gregs = [0u8; 18 * 8];
+    user.read(addr + MCONTEXT_AT, &mut gregs).ok()?;
+    let greg = |i: usize| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&gregs[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(word)
+    };
+    let mut state = frame.interrupted;
+    let r = &mut state.regs;
+    for (i, slot) in [
+        &mut r.r8, &mut r.r9, &mut r.r10, &mut r.r11, &mut r.r12, &mut r.r13, &mut r.r14,
+        &mut r.r15, &mut r.rdi, &mut r.rsi, &mut r.rbp, &mut r.rbx, &mut r.rdx, &mut r.rax,
+        &mut r.rcx, &mut r.rsp,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        *slot = greg(i);
+    }
+    state.rip = greg(16);
+    state.rflags = (state.rflags & !SIGRETURN_FLAGS) | (greg(17) & SIGRETURN_FLAGS);
     thread.blocked_signals = mask & !(bit(SIGKILL) | bit(SIGSTOP));
-    Some(frame.interrupted)
+    Some(state)
 }

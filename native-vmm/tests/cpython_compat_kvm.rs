@@ -14,8 +14,19 @@ use std::time::Duration;
 
 use common::cpython::{compare_module, compat_modules, print_header, print_row, print_total};
 
-/// One module's limit in the VM (test_unittest and test_asyncio.test_events take minutes).
+/// One module's limit in the VM (test_unittest and test_asyncio.test_events take minutes);
+/// SANDFORK_CPYTHON_MODULE_LIMIT_S sets another, for the modules that need longer
+/// (test_multiprocessing_fork and _spawn start processes in every test).
 const MODULE_LIMIT: Duration = Duration::from_secs(900);
+
+fn module_limit() -> Duration {
+    match std::env::var("SANDFORK_CPYTHON_MODULE_LIMIT_S") {
+        Ok(seconds) => Duration::from_secs(seconds.trim().parse().unwrap_or_else(|_| {
+            panic!("SANDFORK_CPYTHON_MODULE_LIMIT_S={seconds:?} is not a number of seconds")
+        })),
+        Err(_) => MODULE_LIMIT,
+    }
+}
 
 #[test]
 fn native_passes_pass_in_the_vm() {
@@ -25,12 +36,13 @@ fn native_passes_pass_in_the_vm() {
         "all" => (compat_modules(false), false),
         list => (list.split_whitespace().map(str::to_owned).collect(), false),
     };
+    let limit = module_limit();
     let report = common::process_dir("cpython-compat");
     print_header();
     let results: Vec<_> = modules
         .iter()
         .map(|m| {
-            let r = compare_module(m, MODULE_LIMIT);
+            let r = compare_module(m, limit);
             print_row(&r, &report);
             r
         })

@@ -154,6 +154,15 @@ int main(void) {
     report("load retried by the handler", (void *)8);
     printf("the retried load read: %ld\n", loaded);
 
+    /* The same far above the program's memory, where nothing is mapped either (in the VM:
+     * memory it was never handed, whose access the VMM sees as an emulated one). */
+    __asm__ volatile("xor %%ebx, %%ebx\n\tmov (%%rax), %%rbx\n\tmov %%rbx, %0"
+                     : "=r"(loaded)
+                     : "a"((long *)0x8000000)
+                     : "rbx", "memory");
+    report("wild load retried by the handler", (void *)0x8000000);
+    printf("the retried load read: %ld\n", loaded);
+
     handle(SIGFPE, go_on, 0);
     skip_bytes = 3;
     long quotient = 7;

@@ -821,6 +821,10 @@ impl<'a> Tree<'a> {
             process.parked.insert(outgoing.pid, outgoing);
         }
         self.current = next;
+        // Other processes ran since it last did: what its waiting threads wait for (a pipe
+        // another process wrote, a shared word it changed) may be ready now, however it goes
+        // on (woken, or resumed where its slice ended with another thread).
+        process.threads.progress();
         process.threads.reserve_ids_from(process.tree.next_id());
         if let Some(entry) = process.tree.get_mut(process.pid) {
             process.signals.pending |= std::mem::take(&mut entry.signals);

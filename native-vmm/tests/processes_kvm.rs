@@ -223,6 +223,42 @@ print(sleeper.wait(), other.wait())
     );
 }
 
+/// A thread waiting on a pipe wakes for bytes another process wrote while its own process was
+/// only preempted, not waiting: here the child writes while the parent computes, and the parent
+/// then waits on a lock the reader releases. Compared with the same program run natively.
+#[test]
+fn a_waiting_thread_sees_what_another_process_did_while_its_process_computed() {
+    let printed = common::python_as_native(
+        "preempted-waiters",
+        r#"
+import os, threading, time
+r, w = os.pipe()
+got = threading.Event()
+def reader():
+    print("read", os.read(r, 1))
+    got.set()
+t = threading.Thread(target=reader)
+t.start()
+time.sleep(0.05)
+def spin(n):
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+pid = os.fork()
+if pid == 0:
+    spin(1_000_000)
+    os.write(w, b"x")
+    os._exit(0)
+spin(4_000_000)
+print("woken", got.wait())
+t.join()
+print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"#,
+    );
+    assert_eq!(printed, "read b'x'\nwoken True\nchild 0\n");
+}
+
 /// A fork loop whose children stay: `limit_mib` of memory for the tree.
 fn fork_until_refused(limit_mib: u64) -> RunOutcome {
     let mut req = common::python_request(common::FORK_UNTIL_REFUSED);

@@ -1,7 +1,8 @@
 //! What Linux offers a process tree besides fork and exec, on the KVM vCPU: waiting for signals
 //! (sigwait, sigwaitinfo, sigtimedwait), the CPU-time interval timers, FIFOs, memfd files,
-//! extended attributes, and the clocks it may not set. Each Python program runs in the VM and
-//! natively (`/usr/bin/python3.11`), and both must print the same.
+//! extended attributes, the read permission of files, and the clocks it may not set. Each
+//! Python program runs in the VM and natively (`/usr/bin/python3.11`), and both must print the
+//! same.
 
 mod common;
 
@@ -248,6 +249,73 @@ fn native_unprivileged_on_tmpfs(program: &str) -> String {
     String::from_utf8_lossy(&native.stdout).into_owned()
 }
 
+/// Runs Python `program` in the VM and natively as an unprivileged user on a tmpfs
+/// (`native_unprivileged_on_tmpfs`): both must exit 0 and print the same, which is returned.
+fn same_as_native_unprivileged_on_tmpfs(program: &str) -> String {
+    let mut req = common::python_request(program);
+    req.timeout = common::scaled(std::time::Duration::from_secs(30));
+    let outcome = common::run(&common::python_image(), &req);
+    assert_eq!(
+        outcome.status,
+        sandfork_vmm::status::RunStatus::Exited { code: 0 },
+        "{}",
+        common::describe(&outcome)
+    );
+    let printed = String::from_utf8_lossy(&outcome.stdout).into_owned();
+    assert_eq!(
+        printed,
+        native_unprivileged_on_tmpfs(program),
+        "{}",
+        common::describe(&outcome)
+    );
+    printed
+}
+
+/// A file or directory its owner took the read bit from is not read (EACCES), as for an
+/// unprivileged owner on Linux; one created without any bit is open all the same.
+#[test]
+fn reading_a_file_or_listing_a_directory_needs_its_read_bit() {
+    const PROGRAM: &str = r#"
+import errno, os, tempfile
+def err(call, *args):
+    try:
+        result = call(*args)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    if isinstance(result, int):
+        os.close(result)
+        return "open"
+    return result
+d = tempfile.mkdtemp(dir="/dev/shm")
+f = os.path.join(d, "f")
+fd = os.open(f, os.O_CREAT | os.O_RDWR, 0)
+print("created without bits", os.write(fd, b"x"))
+os.close(fd)
+print("no bits", err(os.open, f, os.O_RDONLY), err(os.open, f, os.O_RDWR), err(os.open, f, os.O_WRONLY))
+os.chmod(f, 0o200)
+print("write bit", err(os.open, f, os.O_RDONLY), err(os.open, f, os.O_RDWR), err(os.open, f, os.O_WRONLY))
+os.chmod(f, 0o400)
+print("read bit", err(os.open, f, os.O_RDONLY), err(os.open, f, os.O_RDWR), err(os.open, f, os.O_WRONLY))
+print("O_PATH", err(os.open, f, os.O_PATH))
+os.chmod(d, 0o300)
+print("directory without its read bit", err(os.listdir, d), os.path.isfile(f))
+os.chmod(d, 0o700)
+print("directory", os.listdir(d))
+os.unlink(f)
+os.rmdir(d)
+"#;
+    assert_eq!(
+        same_as_native_unprivileged_on_tmpfs(PROGRAM),
+        "created without bits 1\n\
+         no bits EACCES EACCES EACCES\n\
+         write bit EACCES EACCES open\n\
+         read bit open EACCES EACCES\n\
+         O_PATH open\n\
+         directory without its read bit EACCES True\n\
+         directory ['f']\n"
+    );
+}
+
 #[test]
 fn extended_attributes_are_kept_and_refused_as_on_tmpfs() {
     const PROGRAM: &str = r#"
@@ -344,24 +412,8 @@ print("unlinked", os.getxattr(fd, "user.unlinked"))
 os.close(fd)
 shutil.rmtree(d)
 "#;
-    let mut req = common::python_request(PROGRAM);
-    req.timeout = common::scaled(std::time::Duration::from_secs(30));
-    let outcome = common::run(&common::python_image(), &req);
     assert_eq!(
-        outcome.status,
-        sandfork_vmm::status::RunStatus::Exited { code: 0 },
-        "{}",
-        common::describe(&outcome)
-    );
-    let printed = String::from_utf8_lossy(&outcome.stdout).into_owned();
-    assert_eq!(
-        printed,
-        native_unprivileged_on_tmpfs(PROGRAM),
-        "{}",
-        common::describe(&outcome)
-    );
-    assert_eq!(
-        printed,
+        same_as_native_unprivileged_on_tmpfs(PROGRAM),
         "none yet [] ENODATA\n\
          set ['user.a', 'user.b', 'user.empty'] b'1' b''\n\
          flags EEXIST ENODATA EEXIST EINVAL\n\

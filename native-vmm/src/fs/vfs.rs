@@ -123,6 +123,8 @@ pub struct DirEntry {
 /// The open(2) flags the file system cares about (the syscall layer decodes O_* bits).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenOptions {
+    /// O_RDONLY or O_RDWR: on the overlay the owner's read bit is needed.
+    pub read: bool,
     /// O_WRONLY or O_RDWR.
     pub write: bool,
     pub create: bool,
@@ -363,6 +365,15 @@ impl Vfs {
         // A socket's file is reached through connect(2), not open(2) (O_PATH still opens it).
         if kind == FileKind::Socket && !opts.path_only {
             return Err(Errno::ENXIO);
+        }
+        // Its owner, the guest, may read an overlay file or list a directory only with the
+        // owner's read bit (a file it just created is open whatever its mode, as on Linux).
+        if opts.read && !created {
+            if let NodeId::Overlay(id) = node.0 {
+                if self.overlay.get(id)?.mode & 0o400 == 0 {
+                    return Err(Errno::EACCES);
+                }
+            }
         }
         if opts.write {
             if kind == FileKind::Directory {
@@ -1595,6 +1606,7 @@ mod tests {
     }
 
     const RW_CREATE: OpenOptions = OpenOptions {
+        read: true,
         write: true,
         create: true,
         exclusive: false,
@@ -1605,6 +1617,7 @@ mod tests {
         mode: 0o644,
     };
     const RO: OpenOptions = OpenOptions {
+        read: true,
         write: false,
         create: false,
         exclusive: false,
@@ -2130,6 +2143,47 @@ mod tests {
         assert_eq!(vfs.write_at(f, 0, b"x"), Ok(1));
         vfs.chmod(ro, 0o755).unwrap();
         vfs.unlink(&NoProcess, root, b"/tmp/ro/f").unwrap();
+    }
+
+    #[test]
+    fn reading_needs_the_owners_read_bit() {
+        let (_d, mut vfs) = sample_vfs(1 << 20);
+        let root = vfs.root();
+        vfs.mkdir(&NoProcess, root, b"/tmp/hidden", 0o755).unwrap();
+        // A file created without any bit is open all the same, as on Linux.
+        let f = vfs
+            .open(
+                root,
+                b"/tmp/hidden/f",
+                &OpenOptions {
+                    mode: 0,
+                    ..RW_CREATE
+                },
+            )
+            .unwrap();
+        vfs.close(f);
+        assert_eq!(vfs.open(root, b"/tmp/hidden/f", &RO), Err(Errno::EACCES));
+        let write_only = OpenOptions {
+            read: false,
+            write: true,
+            ..RO
+        };
+        let node = vfs.resolve(root, b"/tmp/hidden/f", true).unwrap();
+        vfs.chmod(node, 0o200).unwrap();
+        let f = vfs.open(root, b"/tmp/hidden/f", &write_only).unwrap();
+        vfs.close(f);
+        assert_eq!(vfs.open(root, b"/tmp/hidden/f", &RO), Err(Errno::EACCES));
+        // A directory without its read bit cannot be opened to list it.
+        let dir = vfs.resolve(root, b"/tmp/hidden", true).unwrap();
+        vfs.chmod(dir, 0).unwrap();
+        let listing = OpenOptions {
+            directory: true,
+            ..RO
+        };
+        assert_eq!(vfs.open(root, b"/tmp/hidden", &listing), Err(Errno::EACCES));
+        vfs.chmod(dir, 0o755).unwrap();
+        let d = vfs.open(root, b"/tmp/hidden", &listing).unwrap();
+        vfs.close(d);
     }
 
     #[test]

@@ -804,6 +804,7 @@ fn open_common(
     // With O_PATH every flag but O_DIRECTORY, O_NOFOLLOW and O_CLOEXEC is ignored.
     let path_only = flags & O_PATH != 0;
     let opts = OpenOptions {
+        read: accmode != u64::from(O_WRONLY) && !path_only,
         write: accmode != u64::from(O_RDONLY) && !path_only,
         create: flags & O_CREAT != 0 && !path_only,
         exclusive: flags & O_EXCL != 0 && !path_only,

@@ -21,17 +21,19 @@ use std::time::Instant;
 use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::fs::{Node, Vfs};
 
-pub use epoll::{EpollSet, Interest};
+pub use epoll::{Edge, EpollSet, Interest};
 pub use fds::{
-    Description, Endpoint, FdSlots, FdTable, FifoOpen, Object, Passed, Pipe, PipeError, FD_LIMIT,
-    MAX_PASSED_PER_MESSAGE, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY, O_RDWR, O_WRONLY,
-    PIPE_CAPACITY,
+    Description, Endpoint, FdSlots, FdTable, FifoOpen, Object, Passed, Pipe, PipeError,
+    ReadinessMark, FD_LIMIT, MAX_PASSED_PER_MESSAGE, O_ACCMODE, O_APPEND, O_NONBLOCK, O_RDONLY,
+    O_RDWR, O_WRONLY, PIPE_CAPACITY,
 };
 pub use locks::{FileLocks, Held, LockKind, LockOwner, LockRange};
 pub use memory_map::{MapError, MemoryMap, Placement};
 pub use output::{Appended, Output, OutputSink, Stream};
 pub use threads::{Threads, DEFAULT_THREAD_LIMIT};
-pub use tree::{ProcessEntry, ProcessPart, ProcessTable, DEFAULT_PROCESS_LIMIT, MAX_PROCESS_LIMIT};
+pub use tree::{
+    ProcessEntry, ProcessPart, ProcessTable, Usage, DEFAULT_PROCESS_LIMIT, MAX_PROCESS_LIMIT,
+};
 
 /// What a run is given.
 #[derive(Clone)]
@@ -400,6 +402,23 @@ impl GuestProcess {
         self.memory.peak()
     }
 
+    /// What the running program has used: its threads' CPU time and its peak memory.
+    pub fn program_usage(&self) -> Usage {
+        Usage {
+            cpu_ns: self.threads.process_cpu_ns(),
+            peak_memory: self.peak_memory(),
+        }
+    }
+
+    /// What the running process has used, the programs an execve replaced included
+    /// (getrusage's RUSAGE_SELF).
+    pub fn process_usage(&self) -> Usage {
+        self.tree
+            .get(self.pid)
+            .map_or_else(Usage::default, |e| e.used)
+            .with(self.program_usage())
+    }
+
     pub(crate) fn count_call(&mut self, nr: u64) {
         self.calls.add(nr);
     }
@@ -613,10 +632,16 @@ impl GuestProcess {
 
     /// Gives this process (`decode_state`'s, of a session checkpoint) the tree `encode_tree`
     /// wrote, its timers `now` plus what each had left. Every process of the table but this
-    /// one that has not ended must have its part, and every part be such a process.
-    pub(crate) fn decode_tree(&mut self, d: &mut Decoder, now: Instant) -> Result<(), DecodeError> {
+    /// one that has not ended must have its part, and every part be such a process. A tree
+    /// written before usage was kept (`with_usage` false) starts its usage at zero.
+    pub(crate) fn decode_tree(
+        &mut self,
+        d: &mut Decoder,
+        now: Instant,
+        with_usage: bool,
+    ) -> Result<(), DecodeError> {
         self.threads.decode_timers(d, now)?;
-        self.tree = ProcessTable::decode_state(d, self.pid)?;
+        self.tree = ProcessTable::decode_state(d, self.pid, with_usage)?;
         self.tree.note_ids_used(self.threads.next_id());
         for _ in 0..d.count(1, "parked processes")? {
             let part = ProcessPart::decode_state(d, &self.fds, &self.config.vfs, now)?;

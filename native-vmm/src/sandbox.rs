@@ -639,6 +639,9 @@ impl<'a> Tree<'a> {
         let switching = process.threads.switching;
         let next_id = process.threads.next_id().max(process.tree.next_id());
         process.threads.stop_cpu_clock();
+        // What the old program used stays the process's (getrusage, its parent's wait).
+        let used = process.program_usage();
+        process.tree.note_usage(pid, used);
         // The signal mask and the signals pending for the caller survive execve.
         let (blocked, pending) = {
             let caller = process.threads.current();
@@ -697,6 +700,8 @@ impl<'a> Tree<'a> {
         };
         process.close_all_fds();
         let root = self.members[0].pid;
+        let used = process.program_usage();
+        process.tree.note_usage(pid, used);
         process.tree.ended(pid, wait_status, root);
         if let Some(entry) = process.tree.get(pid).cloned() {
             if entry.exit_signal != 0 {

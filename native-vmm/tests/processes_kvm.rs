@@ -80,6 +80,110 @@ except ChildProcessError:
     );
 }
 
+/// A wait reports what the child used with its reaped children's, an execve's programs
+/// included, and getrusage(RUSAGE_CHILDREN) sums the reaped children: each spins until its own
+/// CPU clock passes a mark, so the times are bounds whatever the host's load; the peak memory
+/// is the grandchild's 64 MiB.
+#[test]
+fn waits_and_getrusage_report_the_reaped_childrens_usage() {
+    let printed = common::python_as_native(
+        "rusage",
+        r#"
+import os, resource, sys, time
+SPIN = "import time\nend = time.process_time() + {}\nwhile time.process_time() < end: pass\n"
+def cpu(usage):
+    return usage.ru_utime + usage.ru_stime
+def children():
+    return resource.getrusage(resource.RUSAGE_CHILDREN)
+print("none reaped", cpu(children()), children().ru_maxrss)
+pid = os.fork()
+if pid == 0:
+    grandchild = os.fork()
+    if grandchild == 0:
+        code = "data = b'x' * (64 << 20)\n" + SPIN.format(0.2)
+        os.execv(sys.executable, [sys.executable, "-c", code])
+    os.waitpid(grandchild, 0)
+    exec(SPIN.format(0.1))
+    os._exit(3)
+got, status, usage = os.wait4(pid, 0)
+print("status", got == pid, os.waitstatus_to_exitcode(status))
+print("child with its child", cpu(usage) >= 0.3, usage.ru_maxrss >= 64 << 10)
+print("reaped", cpu(children()) >= 0.3, children().ru_maxrss >= 64 << 10)
+print("the same", cpu(children()) == cpu(usage), children().ru_maxrss == usage.ru_maxrss)
+"#,
+    );
+    assert_eq!(
+        printed,
+        "none reaped 0.0 0\n\
+         status True 3\n\
+         child with its child True True\n\
+         reaped True True\n\
+         the same True True\n"
+    );
+}
+
+/// An edge-triggered epoll registration of loopback TCP sockets and of a pipe reports a change
+/// once, as natively: right after a non-blocking connect both ends are writable, a second wait
+/// finds nothing new, bytes sent are a new edge.
+#[test]
+fn edge_triggered_epoll_reports_each_change_once() {
+    let printed = common::python_as_native(
+        "epoll-edges",
+        r#"
+import errno, os, select, socket
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+client = socket.socket()
+client.setblocking(False)
+try:
+    client.connect(listener.getsockname())
+except BlockingIOError as e:
+    print("connect", errno.errorcode[e.errno])
+server, _ = listener.accept()
+names = {client.fileno(): "client", server.fileno(): "server"}
+ep = select.epoll()
+for s in (client, server):
+    ep.register(s, select.EPOLLIN | select.EPOLLOUT | select.EPOLLET)
+def show(events):
+    return sorted((names.get(fd, fd), ev) for fd, ev in events)
+print("connected", show(ep.poll(5)))
+print("again", show(ep.poll(0)))
+client.send(b"Hello!")
+server.send(b"world!!!")
+print("sent", show(ep.poll(5)))
+print("again", show(ep.poll(0)))
+ep.modify(server, select.EPOLLOUT)
+print("modified", show(ep.poll(5)))
+ep.unregister(client)
+ep.unregister(server)
+r, w = os.pipe()
+ep.register(r, select.EPOLLIN | select.EPOLLET)
+print("pipe empty", ep.poll(0))
+os.write(w, b"a")
+print("written", [ev for _, ev in ep.poll(5)], ep.poll(0))
+os.write(w, b"b")
+print("more", [ev for _, ev in ep.poll(5)], ep.poll(0))
+os.read(r, 10)
+os.write(w, b"c")
+print("read and written", [ev for _, ev in ep.poll(5)])
+"#,
+    );
+    assert_eq!(
+        printed,
+        "connect EINPROGRESS\n\
+         connected [('client', 4), ('server', 4)]\n\
+         again []\n\
+         sent [('client', 5), ('server', 5)]\n\
+         again []\n\
+         modified [('server', 4)]\n\
+         pipe empty []\n\
+         written [1] []\n\
+         more [1] []\n\
+         read and written [1]\n"
+    );
+}
+
 #[test]
 fn subprocess_runs_programs_with_pipes_both_ways() {
     let outcome = python(

@@ -1,9 +1,11 @@
 //! An epoll instance's interest list: which fds it watches, for which events, with the
-//! program's 64-bit cookie. Readiness itself is computed by the syscall layer (syscalls/poll.rs)
-//! from the fd table when the program waits.
+//! program's 64-bit cookie, and for an edge-triggered registration what it last reported.
+//! Readiness itself is computed by the syscall layer (syscalls/poll.rs) from the fd table when
+//! the program waits.
 
 use std::collections::BTreeMap;
 
+use super::ReadinessMark;
 use crate::codec::{DecodeError, Decoder, Encoder};
 use crate::errno::Errno;
 
@@ -20,10 +22,21 @@ pub struct Interest {
     pub description: usize,
 }
 
+/// What an edge-triggered registration (EPOLLET) last reported: the events, and the mark of
+/// its file's readiness then. While the mark is the same nothing happened on the file, and
+/// the events reported are not reported again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Edge {
+    pub reported: u32,
+    pub mark: ReadinessMark,
+}
+
 /// Keyed by fd; fds are below the fd limit, so the list is bounded by it.
 #[derive(Debug, Clone, Default)]
 pub struct EpollSet {
     interests: BTreeMap<u64, Interest>,
+    /// Not kept in snapshots: a restored registration reports what is ready once more.
+    edges: BTreeMap<u64, Edge>,
 }
 
 impl EpollSet {
@@ -37,6 +50,7 @@ impl EpollSet {
             return Err(Errno::EEXIST);
         }
         self.interests.insert(fd, interest);
+        self.edges.remove(&fd);
         Ok(())
     }
 
@@ -45,6 +59,7 @@ impl EpollSet {
         match self.interests.get_mut(&fd) {
             Some(old) if old.description == interest.description => {
                 *old = interest;
+                self.edges.remove(&fd);
                 Ok(())
             }
             _ => Err(Errno::ENOENT),
@@ -56,6 +71,7 @@ impl EpollSet {
         match self.interests.get(&fd) {
             Some(old) if old.description == description => {
                 self.interests.remove(&fd);
+                self.edges.remove(&fd);
                 Ok(())
             }
             _ => Err(Errno::ENOENT),
@@ -65,6 +81,16 @@ impl EpollSet {
     /// The registrations, by fd.
     pub fn interests(&self) -> impl Iterator<Item = (u64, Interest)> + '_ {
         self.interests.iter().map(|(&fd, &interest)| (fd, interest))
+    }
+
+    /// What the edge-triggered registration of `fd` last reported.
+    pub fn edge(&self, fd: u64) -> Option<Edge> {
+        self.edges.get(&fd).copied()
+    }
+
+    /// The edge-triggered registration of `fd` reported `edge`.
+    pub fn reported(&mut self, fd: u64, edge: Edge) {
+        self.edges.insert(fd, edge);
     }
 
     /// Disarms a one-shot registration once it was reported (EPOLLONESHOT): it stays
@@ -102,6 +128,9 @@ impl EpollSet {
             };
             interests.insert(fd, interest);
         }
-        Ok(EpollSet { interests })
+        Ok(EpollSet {
+            interests,
+            edges: BTreeMap::new(),
+        })
     }
 }

@@ -224,6 +224,24 @@ pub struct Pipe {
     /// written to since: a write after the reader's close is taken (and dropped) once, as
     /// Linux's first send after the peer's FIN is, before the peer's reset comes back.
     send_after_close: bool,
+    /// Bytes written into it and taken out of it since it was made (`PipeMark`).
+    moved: u64,
+}
+
+/// What the readiness of a pipe end or a socket follows (`FdTable::readiness_mark`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadinessMark([Option<PipeMark>; 2], bool);
+
+/// What a pipe's readiness follows: bytes moved through it, its ends, its capacity. Any change
+/// of readiness changes it, so an edge-triggered epoll registration compares it with the one
+/// it last reported (`EpollSet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipeMark {
+    moved: u64,
+    readers: u32,
+    writers: u32,
+    shut_read: bool,
+    capacity: usize,
 }
 
 impl Default for Pipe {
@@ -236,6 +254,7 @@ impl Default for Pipe {
             shut_read: false,
             capacity: PIPE_CAPACITY,
             send_after_close: false,
+            moved: 0,
         }
     }
 }
@@ -283,6 +302,7 @@ impl Pipe {
         for later in &mut self.in_flight {
             later.start -= n;
         }
+        self.moved = self.moved.wrapping_add(n as u64);
         Ok((self.buffer.drain(..n).collect(), passed))
     }
 
@@ -304,7 +324,18 @@ impl Pipe {
         }
         let n = room.min(data.len());
         self.buffer.extend(&data[..n]);
+        self.moved = self.moved.wrapping_add(n as u64);
         Ok(n)
+    }
+
+    pub fn mark(&self) -> PipeMark {
+        PipeMark {
+            moved: self.moved,
+            readers: self.readers,
+            writers: self.writers,
+            shut_read: self.shut_read,
+            capacity: self.capacity,
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -1437,6 +1468,21 @@ impl FdTable {
             .ok_or(Errno::EBADF)
     }
 
+    /// What the readiness of the pipe or socket at `fd` follows (its pipes' marks and whether
+    /// its write side was shut down); None for other objects.
+    pub fn readiness_mark(&self, fd: u64) -> Option<ReadinessMark> {
+        let mark = |p: usize| self.pipe(p).ok().map(Pipe::mark);
+        match self.get(fd).ok()?.object {
+            Object::PipeRead(p) | Object::PipeWrite(p) => {
+                Some(ReadinessMark([mark(p), None], false))
+            }
+            Object::Socket { rx, tx, shut_write } => {
+                Some(ReadinessMark([mark(rx), mark(tx)], shut_write))
+            }
+            _ => None,
+        }
+    }
+
     /// Which open file description `fd` refers to now (an epoll registration is tied to it, so
     /// a closed and reused fd number is not mistaken for the one registered).
     pub fn description_id(&self, fd: u64) -> Result<usize, Errno> {
@@ -2033,6 +2079,8 @@ impl FdTable {
                 capacity,
                 // Internet connections are never in a snapshot (`has_addressed_sockets`).
                 send_after_close: false,
+                // Edge-triggered epoll marks are not kept either: they start again.
+                moved: 0,
             })
         })?;
         let held: usize = pipes.iter().flatten().map(Pipe::capacity).sum();

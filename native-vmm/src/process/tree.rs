@@ -50,6 +50,32 @@ pub struct ProcessEntry {
     /// What the SIGCHLD pending for it says: the news of the child that sent it, as Linux
     /// queues one SIGCHLD with its sender's siginfo.
     pub child_news: Option<ChildNews>,
+    /// What its programs that are done used: those before its latest execve, and all of them
+    /// once it ended.
+    pub used: Usage,
+    /// What its reaped children used, each with what its own reaped children used
+    /// (getrusage's RUSAGE_CHILDREN).
+    pub children_used: Usage,
+}
+
+/// The resources a process used, as getrusage and wait4 report them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time: its threads' time on the vCPU and the VMM's answering their calls.
+    pub cpu_ns: u64,
+    /// The most guest memory it held at once, in bytes.
+    pub peak_memory: u64,
+}
+
+impl Usage {
+    /// Two usages together, as Linux sums a process's and its children's: times add, the peak
+    /// is the larger one.
+    pub fn with(self, other: Usage) -> Usage {
+        Usage {
+            cpu_ns: self.cpu_ns.saturating_add(other.cpu_ns),
+            peak_memory: self.peak_memory.max(other.peak_memory),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +107,8 @@ impl ProcessTable {
                 stopped: None,
                 job_report: None,
                 child_news: None,
+                used: Usage::default(),
+                children_used: Usage::default(),
             },
         );
         ProcessTable {
@@ -187,6 +215,8 @@ impl ProcessTable {
                 stopped: None,
                 job_report: None,
                 child_news: None,
+                used: Usage::default(),
+                children_used: Usage::default(),
             },
         );
         Some(pid)
@@ -224,9 +254,23 @@ impl ProcessTable {
             })
     }
 
-    /// Removes a reaped zombie.
+    /// Adds what a program of process `pid` used (one that ended, or that an execve replaced).
+    pub fn note_usage(&mut self, pid: u64, usage: Usage) {
+        if let Some(entry) = self.entries.get_mut(&pid) {
+            entry.used = entry.used.with(usage);
+        }
+    }
+
+    /// Removes a reaped zombie: what it and its reaped children used goes to its parent's
+    /// children's usage, as Linux adds it when a wait reaps.
     pub fn reap(&mut self, pid: u64) -> Option<ProcessEntry> {
-        self.entries.remove(&pid)
+        let entry = self.entries.remove(&pid)?;
+        if let Some(parent) = self.entries.get_mut(&entry.ppid) {
+            parent.children_used = parent
+                .children_used
+                .with(entry.used.with(entry.children_used));
+        }
+        Some(entry)
     }
 
     /// Every process but `keep`: the run ends.
@@ -299,13 +343,22 @@ impl ProcessTable {
                     e.u32(news.status.cast_unsigned());
                 }
             }
+            for usage in [entry.used, entry.children_used] {
+                e.u64(usage.cpu_ns);
+                e.u64(usage.peak_memory);
+            }
         }
     }
 
     /// What `encode_state` wrote, of a tree whose first process is `root` (alive, running, its
     /// parent outside): at most `MAX_PROCESS_LIMIT` processes, in order, every id below the next
-    /// one, every other process's parent in the tree, signal numbers at most 64.
-    pub(crate) fn decode_state(d: &mut Decoder, root: u64) -> Result<ProcessTable, DecodeError> {
+    /// one, every other process's parent in the tree, signal numbers at most 64. A tree written
+    /// before usage was kept (`with_usage` false) has none: its processes start at zero.
+    pub(crate) fn decode_state(
+        d: &mut Decoder,
+        root: u64,
+        with_usage: bool,
+    ) -> Result<ProcessTable, DecodeError> {
         let next_id = d.u64("next process id")?;
         let limit = d.u64("process limit")?.clamp(1, MAX_PROCESS_LIMIT);
         let created = d.u64("processes created")?;
@@ -354,6 +407,16 @@ impl ProcessTable {
                 }),
                 t => return Err(DecodeError::new(format!("child news tag {t}"))),
             };
+            let mut usage = || -> Result<Usage, DecodeError> {
+                if !with_usage {
+                    return Ok(Usage::default());
+                }
+                Ok(Usage {
+                    cpu_ns: d.u64("cpu time")?,
+                    peak_memory: d.u64("peak memory")?,
+                })
+            };
+            let (used, children_used) = (usage()?, usage()?);
             if pid == 0 || pid >= next_id || entries.keys().next_back().is_some_and(|&p| p >= pid) {
                 return Err(DecodeError::new(format!(
                     "process {pid} out of order or past the next id {next_id}"
@@ -374,6 +437,8 @@ impl ProcessTable {
                     stopped: (stopped != 0).then_some(stopped),
                     job_report,
                     child_news,
+                    used,
+                    children_used,
                 },
             );
         }
@@ -469,6 +534,42 @@ pub fn signalled_status(sig: u64) -> u32 {
 mod tests {
     use super::*;
 
+    fn usage(cpu_ns: u64, peak_memory: u64) -> Usage {
+        Usage {
+            cpu_ns,
+            peak_memory,
+        }
+    }
+
+    #[test]
+    fn a_reaped_child_adds_its_usage_and_its_reaped_childrens_to_its_parents() {
+        let mut tree = ProcessTable::new(1);
+        let child = tree.add_child(1, 2, 17).unwrap();
+        let grandchild = tree.add_child(child, 0, 17).unwrap();
+        let orphan = tree.add_child(child, 0, 17).unwrap();
+        tree.note_usage(grandchild, usage(30, 4 << 20));
+        tree.ended(grandchild, exited_status(0), 1);
+        tree.reap(grandchild);
+        assert_eq!(tree.get(child).unwrap().children_used, usage(30, 4 << 20));
+        // An execve's earlier program and the last one add up.
+        tree.note_usage(child, usage(100, 1 << 20));
+        tree.note_usage(child, usage(5, 2 << 20));
+        tree.ended(child, exited_status(0), 1);
+        assert_eq!(
+            tree.get(1).unwrap().children_used,
+            Usage::default(),
+            "a zombie not reaped yet counts nothing"
+        );
+        tree.reap(child);
+        assert_eq!(tree.get(1).unwrap().children_used, usage(135, 4 << 20));
+        // The orphan went to the reaper, which gets its usage when it reaps it.
+        tree.note_usage(orphan, usage(1, 9 << 20));
+        tree.ended(orphan, exited_status(0), 1);
+        tree.reap(orphan);
+        assert_eq!(tree.get(1).unwrap().children_used, usage(136, 9 << 20));
+        assert_eq!(tree.get(1).unwrap().used, Usage::default());
+    }
+
     #[test]
     fn children_take_ids_past_every_thread_and_orphans_go_to_the_reaper() {
         let mut tree = ProcessTable::new(1);
@@ -536,11 +637,27 @@ mod tests {
     }
 
     #[test]
+    fn a_tree_written_without_usage_decodes_with_none() {
+        let mut tree = ProcessTable::new(1);
+        tree.get_mut(1).unwrap().children_used = usage(5, 9);
+        let mut e = Encoder::new();
+        tree.encode_state(&mut e);
+        let mut bytes = e.into_bytes();
+        // The one process's usage and its children's are the last four words.
+        bytes.truncate(bytes.len() - 32);
+        let decoded = ProcessTable::decode_state(&mut Decoder::new(&bytes), 1, false).unwrap();
+        assert_eq!(decoded.get(1).unwrap().children_used, Usage::default());
+        assert!(ProcessTable::decode_state(&mut Decoder::new(&bytes), 1, true).is_err());
+    }
+
+    #[test]
     fn a_decoded_tree_is_the_encoded_one_and_out_of_range_fields_are_refused() {
         let mut tree = ProcessTable::new(1);
         let zombie = tree.add_child(1, 2, 17).unwrap();
         let orphan = tree.add_child(zombie, 0, 17).unwrap();
+        tree.note_usage(zombie, usage(7, 3));
         tree.ended(zombie, exited_status(3), 1);
+        tree.get_mut(1).unwrap().children_used = usage(5, 9);
         let entry = tree.get_mut(orphan).unwrap();
         entry.stopped = Some(19);
         entry.job_report = Some(JobReport::Stopped(19));
@@ -552,24 +669,25 @@ mod tests {
         let mut e = Encoder::new();
         tree.encode_state(&mut e);
         let bytes = e.into_bytes();
-        let decoded = ProcessTable::decode_state(&mut Decoder::new(&bytes), 1).unwrap();
+        let decoded = ProcessTable::decode_state(&mut Decoder::new(&bytes), 1, true).unwrap();
         assert_eq!(decoded.entries, tree.entries);
         assert_eq!(decoded.get(orphan).unwrap().ppid, 1, "reparented");
         let refused = |at: usize, value: u64, root: u64| {
             let mut damaged = bytes.clone();
             damaged[at..at + 8].copy_from_slice(&value.to_le_bytes());
-            ProcessTable::decode_state(&mut Decoder::new(&damaged), root)
+            ProcessTable::decode_state(&mut Decoder::new(&damaged), root, true)
                 .err()
                 .map(|e| e.0)
                 .unwrap_or_default()
         };
         // Next id, limit, created, count; then process 1: pid, ppid, pgid, sid, no exit (one
         // byte), signals, exit signal, killing signal, death signal, nproc, stopping signal, no
-        // job report (a byte), its child news (a byte, code, pid, status); then the zombie.
+        // job report (a byte), its child news (a byte, code, pid, status), its usage and its
+        // children's (two words each); then the zombie.
         assert!(refused(0, 2, 1).contains("past the next id 2"));
         assert!(refused(24, 5000, 1).contains("processes"));
         assert!(refused(89, 65, 1).contains("death signal 65"));
-        assert!(refused(139 + 8, 77, 1).contains("parent 77 is not in the tree"));
+        assert!(refused(171 + 8, 77, 1).contains("parent 77 is not in the tree"));
         assert!(refused(0, tree.next_id(), 9).contains("the first process, 9"));
     }
 }

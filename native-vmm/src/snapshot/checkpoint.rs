@@ -49,14 +49,16 @@ fn head_len_of(meta: &[u8]) -> u64 {
 }
 
 pub const MAGIC: [u8; 8] = *b"SFCHKPT\0";
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// The oldest format read: a format-5 file is one of format 6 whose full checkpoints store every
 /// page whole (6 lets them store a page as its chunks that differ from the template's); a
 /// format-6 file is one of format 7 of a session with one process (7 adds the others and
-/// timed waits).
+/// timed waits); a format-7 file is one of format 8 without the processes' usage.
 pub const OLDEST_READ_VERSION: u32 = 5;
 /// The first format that holds the whole process tree.
 const TREE_VERSION: u32 = 7;
+/// The first format whose process table holds each process's usage and its children's.
+const USAGE_VERSION: u32 = 8;
 
 /// What a checkpoint cannot hold, said precisely: the session is left running as it was.
 #[derive(Debug)]
@@ -791,6 +793,8 @@ pub struct OpenedCheckpoint {
     /// processes' VMs (`process` decodes them: only the newest of a chain needs them).
     process_state: Vec<u8>,
     tree: Option<Vec<u8>>,
+    /// Whether its process table holds usage (format 8 on).
+    tree_usage: bool,
     file: CheckpointFile,
     head: Vec<Block>,
     /// The page runs `(guest address, length)` it records.
@@ -938,6 +942,7 @@ impl OpenedCheckpoint {
             cpu,
             process_state,
             tree,
+            tree_usage: version >= USAGE_VERSION,
             file: opened,
             head,
             runs,
@@ -964,7 +969,7 @@ impl OpenedCheckpoint {
             return Ok((process, Vec::new()));
         };
         let mut d = Decoder::new(tree);
-        process.decode_tree(&mut d, Instant::now())?;
+        process.decode_tree(&mut d, Instant::now(), self.tree_usage)?;
         let children = decode_children(&mut d, template, &process)?;
         d.finish("the process tree")?;
         Ok((process, children))

@@ -304,7 +304,7 @@ fn a_process_tree_round_trips_and_damage_never_panics_its_decoder() {
         let mut q =
             GuestProcess::decode_state(&mut Decoder::new(&state), image.clone(), 4096).unwrap();
         let mut d = Decoder::new(tree);
-        q.decode_tree(&mut d, std::time::Instant::now())
+        q.decode_tree(&mut d, std::time::Instant::now(), true)
             .and_then(|()| d.finish("the tree"))
             .map(|()| q)
     };
@@ -764,7 +764,7 @@ fn a_damaged_sparse_or_raw_page_is_refused_and_older_formats_too() {
             .is_err_and(|e| e.to_string().contains("packed pages")),
         "a mask that no longer fits"
     );
-    for version in [2u32, 4, 8] {
+    for version in [2u32, 4, 9] {
         let mut old = bytes.clone();
         old[8..12].copy_from_slice(&version.to_le_bytes());
         std::fs::write(&path, &old).unwrap();
@@ -772,7 +772,7 @@ fn a_damaged_sparse_or_raw_page_is_refused_and_older_formats_too() {
             matches!(restore(&template, &path, None), Err(TemplateError::VersionMismatch { found, expected: checkpoint::FORMAT_VERSION }) if found == version)
         );
     }
-    // Format 5 is format 7 without the process tree (here the first process alone: its bytes
+    // Format 5 is format 8 without the process tree (here the first process alone: its bytes
     // are taken out of the head) nor a full checkpoint's deltas (this one has none): it
     // restores.
     let mut tree = Encoder::new();

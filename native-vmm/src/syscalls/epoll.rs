@@ -1,12 +1,15 @@
 //! epoll over the fds that exist: pipes, socketpair ends, stdin and the captured output
 //! (Python's selectors.DefaultSelector, and so asyncio, use epoll).
 //!
-//! Readiness is what poll reports (poll.rs, `ready_bits`), level-triggered; EPOLLET is
-//! accepted and behaves level-triggered (with one thread, readiness only changes when the
-//! program itself reads or writes, so a program written for edge triggering still sees each
-//! change). EPOLLONESHOT disarms a registration after it was reported. Waiting follows poll's
-//! rule (poll.rs): with nothing ready the thread waits for another thread's progress or its
-//! timeout, then looks again.
+//! Readiness is what poll reports (poll.rs, `ready_bits`), level-triggered. An edge-triggered
+//! registration (EPOLLET) of a pipe end or a socket of the VM's reports its events once, and
+//! again only after something happened on the file: bytes went in or out, an end closed or
+//! was shut down (`FdTable::readiness_mark`), as Linux reports each wakeup once. Anything that
+//! happens reports it again, so a program never misses an edge; it may see one more than on
+//! Linux (a read that left data behind reports it anew). Other files (a host socket, a
+//! listener, stdin) stay level-triggered under EPOLLET. EPOLLONESHOT disarms a registration
+//! after it was reported. Waiting follows poll's rule (poll.rs): with nothing ready the thread
+//! waits for another thread's progress or its timeout, then looks again.
 //!
 //! Regular files and directories cannot be registered (EPERM, as on Linux); nor can another
 //! epoll instance here (EPERM: nesting is not supported).
@@ -18,7 +21,7 @@ use super::poll::{ready_bits, timeout_ms};
 use super::{value, wait_ready_on, SysResult, UserMemory};
 use super::{POLLERR, POLLHUP};
 use crate::errno::Errno;
-use crate::process::{GuestProcess, Interest, Object};
+use crate::process::{Edge, GuestProcess, Interest, Object};
 
 const EPOLL_CTL_ADD: u64 = 1;
 const EPOLL_CTL_DEL: u64 = 2;
@@ -109,22 +112,56 @@ pub(crate) fn epoll_ctl(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 
 
 /// The registrations of epoll instance `index` that are ready now: (fd, events to report,
 /// data). Stale registrations (the fd now refers to another description) and disarmed ones are
-/// skipped; registered epoll instances cannot exist (refused by epoll_ctl).
+/// skipped, and so are an edge-triggered one's events already reported while nothing happened
+/// on its file since; registered epoll instances cannot exist (refused by epoll_ctl).
 pub(super) fn ready_list(proc: &GuestProcess, index: usize) -> Result<Vec<(u64, u32, u64)>, Errno> {
+    let set = proc.fds.epoll(index)?;
     let mut ready = Vec::new();
-    for (fd, interest) in proc.fds.epoll(index)?.interests() {
+    for (fd, interest) in set.interests() {
         if proc.fds.description_id(fd) != Ok(interest.description)
             || interest.events & !EPOLL_FLAGS == 0
         {
             continue;
         }
         let wanted = interest.events | u32::from(POLLERR | POLLHUP);
-        let events = u32::from(ready_bits(proc, fd)) & wanted & !EPOLL_FLAGS;
+        let mut events = u32::from(ready_bits(proc, fd)) & wanted & !EPOLL_FLAGS;
+        if let Some(edge) = set.edge(fd) {
+            if interest.events & EPOLLET != 0 && proc.fds.readiness_mark(fd) == Some(edge.mark) {
+                events &= !edge.reported;
+            }
+        }
         if events != 0 {
             ready.push((fd, events, interest.data));
         }
     }
     Ok(ready)
+}
+
+/// Epoll instance `index` reported `events` of `fd`: a one-shot registration is disarmed, an
+/// edge-triggered one of a file with a readiness mark remembers them with the mark.
+fn note_reported(proc: &mut GuestProcess, index: usize, fd: u64, events: u32) -> Result<(), Errno> {
+    let mark = proc.fds.readiness_mark(fd);
+    let set = proc.fds.epoll_mut(index)?;
+    let Some((_, interest)) = set.interests().find(|&(f, _)| f == fd) else {
+        return Ok(());
+    };
+    if interest.events & EPOLLONESHOT != 0 {
+        set.disarm(fd, EPOLL_FLAGS);
+    }
+    if let (true, Some(mark)) = (interest.events & EPOLLET != 0, mark) {
+        let earlier = set
+            .edge(fd)
+            .filter(|edge| edge.mark == mark)
+            .map_or(0, |edge| edge.reported);
+        set.reported(
+            fd,
+            Edge {
+                reported: earlier | events,
+                mark,
+            },
+        );
+    }
+    Ok(())
 }
 
 fn wait_common(
@@ -160,14 +197,8 @@ fn wait_common(
         out.extend_from_slice(&data.to_le_bytes());
     }
     user.write(events, &out)?;
-    let set = proc.fds.epoll_mut(index)?;
-    for &(fd, ..) in &ready {
-        let oneshot = set
-            .interests()
-            .any(|(f, i)| f == fd && i.events & EPOLLONESHOT != 0);
-        if oneshot {
-            set.disarm(fd, EPOLL_FLAGS);
-        }
+    for &(fd, events, _) in &ready {
+        note_reported(proc, index, fd, events)?;
     }
     value(ready.len() as u64)
 }

@@ -4,11 +4,12 @@
 //! these handlers check the call and say what to make, and the tree's bookkeeping is
 //! `process::tree`.
 
+use super::time::rusage_bytes;
 use super::{value, wait_ready, SysResult, SyscallOutcome, UserMemory};
 use crate::errno::Errno;
 use crate::fs::{FileKind, Node, X_OK};
 use crate::process::signals::{ChildNews, JobReport, SIGCHLD};
-use crate::process::GuestProcess;
+use crate::process::{GuestProcess, Usage};
 
 const CLONE_VM: u64 = 0x100;
 const CLONE_FS: u64 = 0x200;
@@ -320,6 +321,22 @@ fn consume(proc: &mut GuestProcess, child: u64, event: Event) {
     }
 }
 
+/// What a wait reports `child` used (Linux's RUSAGE_BOTH): its own usage and its reaped
+/// children's; a child that has not ended (a stop or continue reported) is asked now.
+fn waited_usage(proc: &mut GuestProcess, child: u64) -> Usage {
+    let Some(entry) = proc.tree.get(child) else {
+        return Usage::default();
+    };
+    let (children, ended) = (entry.children_used, entry.exit.is_some());
+    let own = if ended {
+        entry.used
+    } else {
+        proc.as_process(child, |p| p.process_usage())
+            .unwrap_or_default()
+    };
+    own.with(children)
+}
+
 fn which_of_wait4(proc: &GuestProcess, pid: i64) -> Which {
     match pid {
         -1 => Which::Any,
@@ -344,7 +361,7 @@ pub(crate) fn wait4(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) 
                 user.write_u32(wstatus, event.status())?;
             }
             if rusage != 0 {
-                user.write(rusage, &[0u8; 144])?;
+                user.write(rusage, &rusage_bytes(waited_usage(proc, child)))?;
             }
             consume(proc, child, event);
             value(child)
@@ -394,7 +411,7 @@ pub(crate) fn waitid(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
                 user.write(infop, &info)?;
             }
             if rusage != 0 {
-                user.write(rusage, &[0u8; 144])?;
+                user.write(rusage, &rusage_bytes(waited_usage(proc, child)))?;
             }
             if options & WNOWAIT == 0 {
                 consume(proc, child, event);

@@ -10,7 +10,7 @@ use crate::image::format::{self, Entry, EntryKind, Index};
 use crate::image::testdir::TempDir;
 use crate::memory::GuestMemory;
 use crate::process::threads::{Call, Wait, WaitOn};
-use crate::process::{AddressSpace, GuestProcess, ProcessConfig};
+use crate::process::{AddressSpace, GuestProcess, ProcessConfig, Usage};
 use crate::status::RunStatus;
 
 const MIB: u64 = 1 << 20;
@@ -1242,6 +1242,52 @@ fn vectored_and_positioned_io_and_tree_changes() {
 }
 
 #[test]
+fn a_wait_reports_the_childs_usage_and_getrusage_sums_the_reaped_children() {
+    const WAIT4: u64 = 61;
+    const GETRUSAGE: u64 = 98;
+    const TIMES: u64 = 100;
+    const RUSAGE_CHILDREN: u64 = -1i64 as u64;
+    let mut g = guest();
+    let read_usage = |g: &Guest| {
+        let seconds = g.mem.read_u64(BUF).unwrap();
+        let micros = g.mem.read_u64(BUF + 8).unwrap();
+        let max_rss_kib = g.mem.read_u64(BUF + 32).unwrap();
+        (seconds, micros, max_rss_kib)
+    };
+    let child = g.proc.tree.add_child(1, 0, 17).unwrap();
+    g.proc.tree.note_usage(
+        child,
+        Usage {
+            cpu_ns: 2_250_000_000,
+            peak_memory: 8 << 20,
+        },
+    );
+    g.proc.tree.get_mut(child).unwrap().children_used = Usage {
+        cpu_ns: 500_000_000,
+        peak_memory: 16 << 20,
+    };
+    g.proc.tree.ended(child, 0, 1);
+    assert_eq!(g.ret(GETRUSAGE, &[RUSAGE_CHILDREN, BUF]), 0);
+    assert_eq!(read_usage(&g), (0, 0, 0), "nothing reaped yet");
+    g.mem.fill(BUF, 144, 0xff).unwrap();
+    assert_eq!(g.ret(WAIT4, &[child, 0, 0, BUF]), child as i64);
+    assert_eq!(
+        read_usage(&g),
+        (2, 750_000, 16 << 10),
+        "its own time and its reaped children's; the larger peak"
+    );
+    assert_eq!(g.mem.read_u64(BUF + 16).unwrap(), 0, "no system time");
+    assert_eq!(g.ret(GETRUSAGE, &[RUSAGE_CHILDREN, BUF]), 0);
+    assert_eq!(read_usage(&g), (2, 750_000, 16 << 10));
+    g.ret(TIMES, &[BUF]);
+    assert_eq!(
+        g.mem.read_u64(BUF + 16).unwrap(),
+        275,
+        "tms_cutime in ticks"
+    );
+}
+
+#[test]
 fn system_information_matches_the_guest() {
     const SYSINFO: u64 = 99;
     const SCHED_GETAFFINITY: u64 = 204;
@@ -1347,6 +1393,54 @@ impl Guest {
             })
             .collect()
     }
+}
+
+#[test]
+fn an_edge_triggered_registration_reports_what_happened_once() {
+    const EPOLLET: u32 = 1 << 31;
+    let mut g = guest();
+    let (a, b) = g.socketpair(0);
+    let epfd = g.ret(EPOLL_CREATE1, &[0]) as u64;
+    assert_eq!(g.ret(PIPE2, &[SCRATCH + 0x800, 0]), 0);
+    let r = u64::from(g.mem.read_u32(SCRATCH + 0x800).unwrap());
+    let w = u64::from(g.mem.read_u32(SCRATCH + 0x804).unwrap());
+    assert_eq!(g.epoll_add(epfd, a, EPOLLIN | EPOLLOUT | EPOLLET, 1), 0);
+    assert_eq!(g.epoll_add(epfd, b, EPOLLIN | EPOLLOUT, 2), 0);
+    assert_eq!(g.epoll_ready(epfd), vec![(EPOLLOUT, 1), (EPOLLOUT, 2)]);
+    assert_eq!(
+        g.epoll_ready(epfd),
+        vec![(EPOLLOUT, 2)],
+        "a's edge was reported; b is level-triggered"
+    );
+    assert_eq!(g.write_bytes(b, b"x"), 1);
+    assert_eq!(
+        g.epoll_ready(epfd),
+        vec![(EPOLLIN | EPOLLOUT, 1), (EPOLLOUT, 2)]
+    );
+    assert_eq!(g.epoll_ready(epfd), vec![(EPOLLOUT, 2)]);
+    // More bytes while it is still readable are another edge.
+    assert_eq!(g.write_bytes(b, b"y"), 1);
+    assert_eq!(g.epoll_ready(epfd)[0], (EPOLLIN | EPOLLOUT, 1));
+    // Read to empty, then written again: reported again, never missed.
+    assert_eq!(g.read_bytes(a, 10).unwrap(), b"xy");
+    g.epoll_ready(epfd);
+    assert_eq!(g.epoll_ready(epfd), vec![(EPOLLOUT, 2)]);
+    assert_eq!(g.write_bytes(b, b"z"), 1);
+    assert_eq!(g.epoll_ready(epfd)[0], (EPOLLIN | EPOLLOUT, 1));
+    // The peer's close is an edge; EPOLL_CTL_MOD arms the registration again.
+    assert_eq!(g.ret(CLOSE, &[b]), 0);
+    assert_eq!(g.epoll_ready(epfd)[0].1, 1);
+    assert_eq!(g.epoll_ready(epfd), vec![]);
+    g.mem.write_u32(SCRATCH + 0x900, EPOLLIN | EPOLLET).unwrap();
+    assert_eq!(g.ret(EPOLL_CTL, &[epfd, 3, a, SCRATCH + 0x900]), 0);
+    assert_eq!(g.epoll_ready(epfd).len(), 1);
+    assert_eq!(g.epoll_ready(epfd), vec![]);
+    // A pipe's ends too.
+    assert_eq!(g.epoll_add(epfd, r, EPOLLIN | EPOLLET, 3), 0);
+    assert_eq!(g.epoll_ready(epfd), vec![]);
+    assert_eq!(g.write_bytes(w, b"p"), 1);
+    assert_eq!(g.epoll_ready(epfd), vec![(EPOLLIN, 3)]);
+    assert_eq!(g.epoll_ready(epfd), vec![]);
 }
 
 #[test]

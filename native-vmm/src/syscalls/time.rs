@@ -16,14 +16,15 @@
 //! starts them at zero. They answer under every id Linux gives them: CLOCK_PROCESS_CPUTIME_ID,
 //! CLOCK_THREAD_CPUTIME_ID and the encoded ids of clock_getcpuclockid / pthread_getcpuclockid
 //! for this process and its threads (`cpu_time_ns`); another process's, or a thread that does
-//! not exist, is EINVAL as on Linux. times() and getrusage() report the same times.
+//! not exist, is EINVAL as on Linux. times() and getrusage() report the same times, and a
+//! process's reaped children's (`process::tree::Usage`).
 
 use std::time::{Duration, Instant};
 
 use super::{after, block, value, SysResult, UserMemory};
 use crate::errno::Errno;
 use crate::process::threads::WaitOn;
-use crate::process::GuestProcess;
+use crate::process::{GuestProcess, Usage};
 use crate::sys;
 use crate::vdso::clock::{self as vdso_clock, Kind};
 
@@ -216,43 +217,59 @@ pub(crate) fn clock_nanosleep(
     sleep(requested)
 }
 
-/// times(buf): user time is the process's CPU time; returns ticks of the monotonic clock.
+/// times(buf): user time is the process's CPU time, the children's user time its reaped
+/// children's (`Usage`); returns ticks of the monotonic clock.
 pub(crate) fn times(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     let ticks_per_ns = 1_000_000_000 / CLK_TCK;
     if args[0] != 0 {
-        let cpu_ticks = proc.threads.process_cpu_ns() / ticks_per_ns;
+        let children = proc
+            .tree
+            .get(proc.pid)
+            .map_or(0, |e| e.children_used.cpu_ns);
         let mut tms = [0u8; 32];
-        tms[..8].copy_from_slice(&cpu_ticks.to_le_bytes());
+        tms[..8].copy_from_slice(&(proc.process_usage().cpu_ns / ticks_per_ns).to_le_bytes());
+        tms[16..24].copy_from_slice(&(children / ticks_per_ns).to_le_bytes());
         user.write(args[0], &tms)?;
     }
     value(now_ns(CLOCK_MONOTONIC)? / ticks_per_ns)
 }
 
-/// getrusage(who, usage): the process's or the calling thread's CPU time as user time; max RSS
-/// is the peak guest memory in use. Partly: RUSAGE_CHILDREN reads all zeros (waited-for
-/// children's usage is not summed).
+/// A `struct rusage` of `usage`: the CPU time as user time (the VMM does not tell the guest's
+/// own time from its time answering the guest's calls), the peak memory as max RSS; the
+/// other counters zero.
+pub(crate) fn rusage_bytes(usage: Usage) -> [u8; 144] {
+    let mut bytes = [0u8; 144];
+    bytes[..8].copy_from_slice(&(usage.cpu_ns / 1_000_000_000).to_le_bytes());
+    bytes[8..16].copy_from_slice(&(usage.cpu_ns % 1_000_000_000 / 1000).to_le_bytes());
+    // ru_maxrss is in KiB.
+    bytes[32..40].copy_from_slice(&(usage.peak_memory / 1024).to_le_bytes());
+    bytes
+}
+
+/// getrusage(who, usage): the process's (the programs an execve replaced included), the
+/// calling thread's, or the reaped children's with their own reaped children's
+/// (RUSAGE_CHILDREN), as `rusage_bytes` writes them; max RSS is the peak guest memory given
+/// out (a thread reports its process's).
 pub(crate) fn getrusage(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]) -> SysResult {
     const RUSAGE_SELF: i64 = 0;
     const RUSAGE_CHILDREN: i64 = -1;
     const RUSAGE_THREAD: i64 = 1;
     let who = i64::from(args[0] as u32 as i32);
-    let mut usage = [0u8; 144];
-    match who {
-        RUSAGE_SELF | RUSAGE_THREAD => {
+    let usage = match who {
+        RUSAGE_SELF => proc.process_usage(),
+        RUSAGE_THREAD => {
             let threads = &proc.threads;
-            let cpu = if who == RUSAGE_SELF {
-                threads.process_cpu_ns()
-            } else {
-                threads.thread_cpu_ns(threads.current_tid()).unwrap_or(0)
-            };
-            usage[..8].copy_from_slice(&(cpu / 1_000_000_000).to_le_bytes());
-            usage[8..16].copy_from_slice(&(cpu % 1_000_000_000 / 1000).to_le_bytes());
-            // ru_maxrss is in KiB.
-            usage[32..40].copy_from_slice(&(proc.peak_memory() / 1024).to_le_bytes());
+            Usage {
+                cpu_ns: threads.thread_cpu_ns(threads.current_tid()).unwrap_or(0),
+                peak_memory: proc.peak_memory(),
+            }
         }
-        RUSAGE_CHILDREN => {}
+        RUSAGE_CHILDREN => proc
+            .tree
+            .get(proc.pid)
+            .map_or_else(Usage::default, |e| e.children_used),
         _ => return Err(Errno::EINVAL),
-    }
-    user.write(args[1], &usage)?;
+    };
+    user.write(args[1], &rusage_bytes(usage))?;
     value(0)
 }

@@ -271,8 +271,9 @@ fn same_as_native_unprivileged_on_tmpfs(program: &str) -> String {
     printed
 }
 
-/// A file or directory its owner took the read bit from is not read (EACCES), as for an
-/// unprivileged owner on Linux; one created without any bit is open all the same.
+/// A file or directory its owner took the read bit from is not read (EACCES), nor are names
+/// looked up in a directory without its search bit, as for an unprivileged owner on Linux; a
+/// file created without any bit is open all the same.
 #[test]
 fn reading_a_file_or_listing_a_directory_needs_its_read_bit() {
     const PROGRAM: &str = r#"
@@ -299,6 +300,9 @@ print("read bit", err(os.open, f, os.O_RDONLY), err(os.open, f, os.O_RDWR), err(
 print("O_PATH", err(os.open, f, os.O_PATH))
 os.chmod(d, 0o300)
 print("directory without its read bit", err(os.listdir, d), os.path.isfile(f))
+os.chmod(d, 0o600)
+print("directory without its search bit", os.listdir(d), os.path.isfile(f),
+      err(os.open, os.path.join(d, "g"), os.O_CREAT | os.O_WRONLY))
 os.chmod(d, 0o700)
 print("directory", os.listdir(d))
 os.unlink(f)
@@ -312,6 +316,7 @@ os.rmdir(d)
          read bit open EACCES EACCES\n\
          O_PATH open\n\
          directory without its read bit EACCES True\n\
+         directory without its search bit ['f'] False EACCES\n\
          directory ['f']\n"
     );
 }

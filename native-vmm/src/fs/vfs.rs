@@ -1289,6 +1289,11 @@ impl Tree for Lookup<'_> {
                 .into_iter()
                 .find(|n| n.to_string().as_bytes() == name)
                 .map(|n| Node(NodeId::Pts(n)))),
+            // A name in an overlay directory is looked up only with its owner's (the guest's)
+            // search bit, as Linux checks it for an unprivileged owner.
+            NodeId::Overlay(id) if self.vfs.overlay.get(id)?.mode & 0o100 == 0 => {
+                Err(Errno::EACCES)
+            }
             _ => self.vfs.child(dir, name),
         }
     }
@@ -2146,7 +2151,7 @@ mod tests {
     }
 
     #[test]
-    fn reading_needs_the_owners_read_bit() {
+    fn reading_needs_the_owners_read_bit_and_looking_up_its_search_bit() {
         let (_d, mut vfs) = sample_vfs(1 << 20);
         let root = vfs.root();
         vfs.mkdir(&NoProcess, root, b"/tmp/hidden", 0o755).unwrap();
@@ -2184,6 +2189,19 @@ mod tests {
         vfs.chmod(dir, 0o755).unwrap();
         let d = vfs.open(root, b"/tmp/hidden", &listing).unwrap();
         vfs.close(d);
+        // Without its search bit its names are not looked up, though it may be listed.
+        vfs.chmod(dir, 0o600).unwrap();
+        assert_eq!(
+            vfs.resolve_in(&NoProcess, root, b"/tmp/hidden/f", true),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            vfs.open(root, b"/tmp/hidden/g", &RW_CREATE),
+            Err(Errno::EACCES)
+        );
+        let d = vfs.open(root, b"/tmp/hidden", &listing).unwrap();
+        vfs.close(d);
+        vfs.chmod(dir, 0o755).unwrap();
     }
 
     #[test]

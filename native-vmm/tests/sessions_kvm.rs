@@ -975,7 +975,7 @@ fn incremental_checkpoints_restore_their_chain_and_a_damaged_parent_is_refused()
         let refused = s.call(json!({"type": "session_fork", "session": "from-old", "from": "chain", "checkpoint": u64_of(checkpoint, "checkpoint")}));
         assert!(
             str_of(&refused, "message").contains(&format!(
-                "checkpoint format {version}; this daemon reads formats 5 to 7"
+                "checkpoint format {version}; this daemon reads formats 5 to 8"
             )),
             "{refused}"
         );

@@ -184,6 +184,29 @@ print("read and written", [ev for _, ev in ep.poll(5)])
     );
 }
 
+/// Urgent data sent on a loopback TCP connection to a socket that reads it inline
+/// (SO_OOBINLINE, as ftplib's servers set for its ABOR) arrives in the stream, as natively.
+#[test]
+fn urgent_data_to_a_socket_reading_it_inline_arrives_in_the_stream() {
+    let printed = common::python_as_native(
+        "urgent-inline",
+        r#"
+import socket
+listener = socket.create_server(("127.0.0.1", 0))
+client = socket.create_connection(listener.getsockname())
+server, _ = listener.accept()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_OOBINLINE, 1)
+print("sent", client.send(b"ABOR\r\n", socket.MSG_OOB))
+client.sendall(b"NOOP\r\n")
+got = b""
+while len(got) < 12:
+    got += server.recv(100)
+print("received", got)
+"#,
+    );
+    assert_eq!(printed, "sent 6\nreceived b'ABOR\\r\\nNOOP\\r\\n'\n");
+}
+
 #[test]
 fn subprocess_runs_programs_with_pipes_both_ways() {
     let outcome = python(

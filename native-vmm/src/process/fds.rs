@@ -1468,6 +1468,14 @@ impl FdTable {
             .ok_or(Errno::EBADF)
     }
 
+    /// The stream socket description that receives from channel `rx` (a connection's peer).
+    pub fn receiver_of(&self, channel: usize) -> Option<&Description> {
+        self.descriptions
+            .iter()
+            .flatten()
+            .find(|d| matches!(d.object, Object::Socket { rx, .. } if rx == channel))
+    }
+
     /// What the readiness of the pipe or socket at `fd` follows (its pipes' marks and whether
     /// its write side was shut down); None for other objects.
     pub fn readiness_mark(&self, fd: u64) -> Option<ReadinessMark> {

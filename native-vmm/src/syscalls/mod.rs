@@ -120,7 +120,8 @@ pub(crate) const MSG_PEEK: u64 = 0x2;
 const MSG_DONTWAIT: u64 = 0x40;
 
 /// Whether a send or receive must not wait: the fd's O_NONBLOCK or MSG_DONTWAIT; MSG_OOB is
-/// EOPNOTSUPP (no socket here carries urgent data); the other flags change nothing here.
+/// EOPNOTSUPP (no socket here keeps urgent data apart: a send to a receiver that reads it
+/// inline drops the flag first, sockets.rs); the other flags change nothing here.
 pub(crate) fn nonblocking_call(flags: u64, nonblocking_fd: bool) -> Result<bool, Errno> {
     if flags & MSG_OOB != 0 {
         return Err(Errno::EOPNOTSUPP);

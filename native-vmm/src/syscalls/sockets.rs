@@ -21,7 +21,7 @@ use super::files::{
 use super::unix_datagram::{self, received_length};
 use super::{
     check_iovecs, inet, iovec_total, nonblocking_call, scatter, value, wait_ready,
-    write_source_name, SysResult, SyscallOutcome, UserMemory, MSG_PEEK,
+    write_source_name, SysResult, SyscallOutcome, UserMemory, MSG_OOB, MSG_PEEK,
 };
 use crate::errno::Errno;
 use crate::process::{
@@ -166,9 +166,40 @@ pub(crate) fn sendto(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6])
     if addrlen as u32 != 0 && refuses_destination(proc, fd)? {
         return Err(EISCONN);
     }
-    let nonblocking = nonblocking_call(flags, nonblocking)?;
+    let nonblocking = stream_send_nonblocking(proc, fd, flags, nonblocking)?;
     let tx = tx.ok_or(Errno::EPIPE)?;
     write_channel(proc, user, tx, buf, len, nonblocking)
+}
+
+/// Whether a send on the connected stream socket at `fd` must not wait (`nonblocking_call`).
+/// MSG_OOB is taken on a TCP connection of the VM's loopback whose receiving socket reads
+/// urgent data inline (SO_OOBINLINE): the bytes go into the stream, where that receiver reads
+/// them on Linux too (no urgent mark is kept: its poll reports no POLLPRI). For a receiver
+/// that would read the urgent byte apart (recv with MSG_OOB) it stays EOPNOTSUPP.
+fn stream_send_nonblocking(
+    proc: &GuestProcess,
+    fd: u64,
+    flags: u64,
+    nonblocking: bool,
+) -> Result<bool, Errno> {
+    if flags & MSG_OOB != 0 && urgent_data_goes_inline(proc, fd)? {
+        return nonblocking_call(flags & !MSG_OOB, nonblocking);
+    }
+    nonblocking_call(flags, nonblocking)
+}
+
+/// Whether the connected socket at `fd` is TCP and its peer keeps SO_OOBINLINE.
+fn urgent_data_goes_inline(proc: &GuestProcess, fd: u64) -> Result<bool, Errno> {
+    let (family, _) = any_socket(proc, fd)?;
+    let Object::Socket { tx, .. } = proc.fds.get(fd_arg(fd))?.object else {
+        return Ok(false);
+    };
+    let inline = kept_bit((SOL_SOCKET, SO_OOBINLINE)).unwrap_or(0);
+    Ok(matches!(family, AF_INET | AF_INET6)
+        && proc
+            .fds
+            .receiver_of(tx)
+            .is_some_and(|peer| peer.socket_options & inline != 0))
 }
 
 /// Whether the connected stream socket at `fd` refuses a send naming a destination (EISCONN):
@@ -302,7 +333,7 @@ pub(crate) fn sendmsg(proc: &mut GuestProcess, user: &UserMemory, args: [u64; 6]
         return send_datagram(proc, user, index, &header.iovecs, dest, nonblocking);
     }
     let (_, tx, nonblocking) = socket(proc, fd)?;
-    let nonblocking = nonblocking_call(flags, nonblocking)?;
+    let nonblocking = stream_send_nonblocking(proc, fd, flags, nonblocking)?;
     let header = read_msghdr(user, msg)?;
     if header.name.is_some() && refuses_destination(proc, fd)? {
         return Err(EISCONN);

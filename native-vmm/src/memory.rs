@@ -610,10 +610,37 @@ impl GuestMemory {
 
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), OutOfBounds> {
         let off = self.check(addr, data.len() as u64)?;
-        // SAFETY: off..off+len was bounds-checked against the mapping just above.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.add(off), data.len()) };
+        if !self.write_to_own_file(addr, data) {
+            // SAFETY: off..off+len was bounds-checked against the mapping just above.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.add(off), data.len())
+            };
+        }
         self.mark_written(off, data.len());
         Ok(())
+    }
+
+    /// Writes a large `data` at `addr` (bounds-checked by the caller) straight into this
+    /// memory's own memfd, when the range shows only that: the pages it allocates are not
+    /// faulted into the VMM's page tables, and the guest maps only those it touches (a
+    /// library's bytes, mostly never read). False when the mapping must be written instead.
+    fn write_to_own_file(&self, addr: u64, data: &[u8]) -> bool {
+        const LARGE: usize = 64 << 10;
+        if data.len() < LARGE {
+            return false;
+        }
+        let end = addr + data.len() as u64;
+        let backing = self.backing.borrow();
+        let Backing::Own(file) = &*backing else {
+            return false;
+        };
+        let only_own = self.own_parts(addr, data.len() as u64) == [(addr, end)]
+            && !self
+                .shown_pages
+                .borrow()
+                .iter()
+                .any(|&page| page < end && page + PAGE_SIZE > addr);
+        only_own && sys::write_all_at(file.as_raw_fd(), data, addr).is_ok()
     }
 
     pub fn fill(&self, addr: u64, len: u64, byte: u8) -> Result<(), OutOfBounds> {
@@ -817,11 +844,7 @@ fn with_file_view(
 
 /// Writes `bytes` (whole pages) into `file` at `offset`.
 fn write_to_file(file: &OwnedFd, offset: u64, bytes: &[u8]) -> io::Result<()> {
-    with_file_view(file, offset, bytes.len() as u64, |view| {
-        // SAFETY: the view is `bytes.len()` bytes long; `bytes` is another mapping's memory.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), view, bytes.len()) };
-        Ok(())
-    })
+    sys::write_all_at(file.as_raw_fd(), bytes, offset)
 }
 
 /// Frees `file`'s pages in `[offset, offset+len)` (page-aligned): they read as zeros again.

@@ -82,6 +82,7 @@ const ALLOWED: &[(u32, &str)] = &[
     (14, "rt_sigprocmask"),
     (15, "rt_sigreturn"),
     (17, "pread64"),
+    (18, "pwrite64"), // guest memory's memfds and layers
     (24, "sched_yield"),
     (25, "mremap"),
     (28, "madvise"),

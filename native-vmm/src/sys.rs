@@ -67,6 +67,33 @@ pub fn file_pages(fd: c_int) -> io::Result<u64> {
     Ok(u64::try_from(blocks).unwrap_or(0) * 512 / 4096)
 }
 
+/// pwrite(2) of all of `data` to `fd` at `offset`, continued after short writes.
+pub fn write_all_at(fd: c_int, mut data: &[u8], mut offset: u64) -> io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: the kernel reads `data.len()` bytes from a live slice.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                data.as_ptr().cast(),
+                data.len(),
+                offset.cast_signed(),
+            )
+        };
+        match n {
+            n if n > 0 => {
+                data = &data[n as usize..];
+                offset += n as u64;
+            }
+            0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            _ => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => {}
+                e => return Err(e),
+            },
+        }
+    }
+    Ok(())
+}
+
 /// The first offset at or after `offset` where `fd` holds data; None when only a hole follows.
 pub fn seek_data(fd: c_int, offset: u64) -> io::Result<Option<u64>> {
     // SAFETY: lseek takes integers only.

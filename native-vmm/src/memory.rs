@@ -612,9 +612,7 @@ impl GuestMemory {
         let off = self.check(addr, data.len() as u64)?;
         if !self.write_to_own_file(addr, data) {
             // SAFETY: off..off+len was bounds-checked against the mapping just above.
-            unsafe {
-                std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.add(off), data.len())
-            };
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.add(off), data.len()) };
         }
         self.mark_written(off, data.len());
         Ok(())

@@ -71,14 +71,7 @@ pub fn file_pages(fd: c_int) -> io::Result<u64> {
 pub fn write_all_at(fd: c_int, mut data: &[u8], mut offset: u64) -> io::Result<()> {
     while !data.is_empty() {
         // SAFETY: the kernel reads `data.len()` bytes from a live slice.
-        let n = unsafe {
-            libc::pwrite(
-                fd,
-                data.as_ptr().cast(),
-                data.len(),
-                offset.cast_signed(),
-            )
-        };
+        let n = unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), offset.cast_signed()) };
         match n {
             n if n > 0 => {
                 data = &data[n as usize..];

@@ -17,8 +17,9 @@ pub struct Interest {
     /// epoll_data, handed back as is.
     pub data: u64,
     /// The open file description the fd referred to when it was added: Linux drops a
-    /// registration when that description is closed, so one whose fd now refers to another
-    /// description is stale and never reported.
+    /// registration when that description is closed (`EpollSet::forget`), and one whose fd
+    /// now refers to another description (the fd closed, the description still open through
+    /// a dup) is stale and never reported.
     pub description: usize,
 }
 
@@ -81,6 +82,14 @@ impl EpollSet {
     /// The registrations, by fd.
     pub fn interests(&self) -> impl Iterator<Item = (u64, Interest)> + '_ {
         self.interests.iter().map(|(&fd, &interest)| (fd, interest))
+    }
+
+    /// Open file description `description` went with its last reference: its registrations
+    /// go, as Linux drops them, so a description given its slot later is not taken for it.
+    pub fn forget(&mut self, description: usize) {
+        self.interests.retain(|_, i| i.description != description);
+        let interests = &self.interests;
+        self.edges.retain(|fd, _| interests.contains_key(fd));
     }
 
     /// What the edge-triggered registration of `fd` last reported.

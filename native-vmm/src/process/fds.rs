@@ -679,9 +679,12 @@ impl FdTable {
     }
 
     /// Takes description `index` out of the table once its last reference went, letting go
-    /// of its object's channels and of the locks it held.
+    /// of its object's channels, of the locks it held and of its epoll registrations.
     fn free_description(&mut self, index: usize) -> Option<Description> {
         let d = self.descriptions[index].take()?;
+        for set in self.epolls.iter_mut().flatten() {
+            set.forget(index);
+        }
         self.reset_peer(&d);
         self.release_object(&d.object);
         self.locks.release_owner(LockOwner::Description(index));

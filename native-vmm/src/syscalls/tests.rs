@@ -1401,9 +1401,6 @@ fn an_edge_triggered_registration_reports_what_happened_once() {
     let mut g = guest();
     let (a, b) = g.socketpair(0);
     let epfd = g.ret(EPOLL_CREATE1, &[0]) as u64;
-    assert_eq!(g.ret(PIPE2, &[SCRATCH + 0x800, 0]), 0);
-    let r = u64::from(g.mem.read_u32(SCRATCH + 0x800).unwrap());
-    let w = u64::from(g.mem.read_u32(SCRATCH + 0x804).unwrap());
     assert_eq!(g.epoll_add(epfd, a, EPOLLIN | EPOLLOUT | EPOLLET, 1), 0);
     assert_eq!(g.epoll_add(epfd, b, EPOLLIN | EPOLLOUT, 2), 0);
     assert_eq!(g.epoll_ready(epfd), vec![(EPOLLOUT, 1), (EPOLLOUT, 2)]);
@@ -1435,7 +1432,12 @@ fn an_edge_triggered_registration_reports_what_happened_once() {
     assert_eq!(g.ret(EPOLL_CTL, &[epfd, 3, a, SCRATCH + 0x900]), 0);
     assert_eq!(g.epoll_ready(epfd).len(), 1);
     assert_eq!(g.epoll_ready(epfd), vec![]);
-    // A pipe's ends too.
+    // A pipe's ends too. Its read end takes b's fd number and description slot: b's
+    // registration went with b, so the pipe's is a new one.
+    assert_eq!(g.ret(PIPE2, &[SCRATCH + 0x800, 0]), 0);
+    let r = u64::from(g.mem.read_u32(SCRATCH + 0x800).unwrap());
+    let w = u64::from(g.mem.read_u32(SCRATCH + 0x804).unwrap());
+    assert_eq!(r, b);
     assert_eq!(g.epoll_add(epfd, r, EPOLLIN | EPOLLET, 3), 0);
     assert_eq!(g.epoll_ready(epfd), vec![]);
     assert_eq!(g.write_bytes(w, b"p"), 1);

@@ -62,6 +62,16 @@ static void emulate_load(int sig, siginfo_t *info, void *context) {
     uc->uc_mcontext.gregs[REG_RBX] = 1234;
 }
 
+/* rbx = *address through the 3-byte `mov (%rax), %rbx` the handlers above know. */
+static __attribute__((noinline)) long load(long *address) {
+    long loaded;
+    __asm__ volatile("xor %%ebx, %%ebx\n\tmov (%%rax), %%rbx\n\tmov %%rbx, %0"
+                     : "=r"(loaded)
+                     : "a"(address)
+                     : "rbx", "memory");
+    return loaded;
+}
+
 static void handle(int sig, void (*handler)(int, siginfo_t *, void *), int flags) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -137,29 +147,19 @@ int main(void) {
 
     /* The handler moves rip past the load and sets its destination register. */
     handle(SIGSEGV, emulate_load, 0);
-    long loaded;
-    __asm__ volatile("xor %%ebx, %%ebx\n\tmov (%%rax), %%rbx\n\tmov %%rbx, %0"
-                     : "=r"(loaded)
-                     : "a"((long *)0)
-                     : "rbx", "memory");
+    long loaded = load((long *)0);
     report("load emulated by the handler", NULL);
     printf("the handler's rbx: %ld\n", loaded);
 
     /* The handler points rax at a value and returns to the load, which runs again. */
     handle(SIGSEGV, retry_load, 0);
-    __asm__ volatile("xor %%ebx, %%ebx\n\tmov (%%rax), %%rbx\n\tmov %%rbx, %0"
-                     : "=r"(loaded)
-                     : "a"((long *)8)
-                     : "rbx", "memory");
+    loaded = load((long *)8);
     report("load retried by the handler", (void *)8);
     printf("the retried load read: %ld\n", loaded);
 
     /* The same far above the program's memory, where nothing is mapped either (in the VM:
      * memory it was never handed, whose access the VMM sees as an emulated one). */
-    __asm__ volatile("xor %%ebx, %%ebx\n\tmov (%%rax), %%rbx\n\tmov %%rbx, %0"
-                     : "=r"(loaded)
-                     : "a"((long *)0x8000000)
-                     : "rbx", "memory");
+    loaded = load((long *)0x8000000);
     report("wild load retried by the handler", (void *)0x8000000);
     printf("the retried load read: %ld\n", loaded);
 

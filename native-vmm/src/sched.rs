@@ -10,7 +10,8 @@
 //! for the host's two cores anyway. Blocking alone is not enough: a thread spinning in user
 //! code (a busy-wait on a flag, a CPU-bound loop while another thread's timer expires, Python's
 //! GIL holder while a waiter's 5 ms switch interval runs out) would starve the others, so a
-//! thread's slice ends after `QUANTUM` or at the next timer of a waiting thread: the vCPU is
+//! thread's slice ends after `QUANTUM` while another thread could run (a readiness waiter the
+//! progress since may have answered counts) or at the next timer of a waiting thread: the vCPU is
 //! kicked out of guest mode by the same watchdog that enforces the run's deadline, and if it
 //! was in program code, the thread is saved as it is and the next one runs.
 //!
@@ -674,11 +675,22 @@ impl Scheduler {
             .min();
     }
 
-    /// After a call that may have made another thread runnable (a wake, a new thread): the
-    /// running thread gets a slice if it had none.
+    /// After a call that may have made another thread runnable (a wake, a new thread, progress
+    /// a readiness waiter may see): the running thread gets a slice if it had none, and one
+    /// kept long for a waiting thread's timer ends within `QUANTUM` once a waiter may go on,
+    /// so that a thread which never waits cannot hold off the others until that timer.
     fn extend_slice(&mut self, process: &GuestProcess) {
-        if self.slice_end.is_none() && process.threads.alive() > 1 {
-            self.start_slice(process);
+        if process.threads.alive() <= 1 {
+            return;
+        }
+        match self.slice_end {
+            None => self.start_slice(process),
+            Some(end) => {
+                let quantum = Instant::now() + QUANTUM;
+                if end > quantum && process.threads.others_runnable() {
+                    self.slice_end = Some(quantum);
+                }
+            }
         }
     }
 

@@ -283,6 +283,38 @@ print(r, 0.3 <= t1 - t0 < BOUND, events, 0.3 <= t2 - t1 < BOUND)
 }
 
 #[test]
+fn a_waiter_gets_what_a_thread_that_never_waits_sent_it() {
+    // The sender sends one byte, then keeps making calls that never wait (a writable socket's
+    // select) until the receiver reports the byte, for at most BOUND s. The receiver's read
+    // waits with a timeout longer than that: it must be retried after the sender's progress
+    // within its slices, not only when its own timer runs out (FTP over TLS waited so).
+    let code = r#"
+import select, socket, threading, time
+a, b = socket.socketpair()
+got = []
+def receive():
+    a.settimeout(3 * BOUND)
+    got.append(a.recv(1))
+t = threading.Thread(target=receive)
+t.start()
+time.sleep(0.05)
+b.send(b"x")
+t0 = time.monotonic()
+while not got and time.monotonic() - t0 < BOUND:
+    select.select([], [b], [], 0)
+t.join()
+print(got, "while the sender spun:", time.monotonic() - t0 < BOUND)
+"#;
+    assert_prints(
+        &code.replace(
+            "BOUND",
+            &scaled(Duration::from_secs(10)).as_secs().to_string(),
+        ),
+        "[b'x'] while the sender spun: True\n",
+    );
+}
+
+#[test]
 fn a_thread_preempted_and_picked_again_resumes_where_it_is_later() {
     // The reader waits for readiness (a pipe read); each getpid makes progress, so at every
     // preemption of the spinning main thread the reader is due a retry and queues behind it:

@@ -33,7 +33,7 @@ use crate::errno::Errno;
 use crate::memory::GuestMemory;
 use crate::process::signals::{self, Taken, SA_RESTART, SIG_DFL};
 use crate::process::threads::{Call, Next, Resume, Wait, WaitOn, QUANTUM};
-use crate::process::GuestProcess;
+use crate::process::{GuestProcess, SigAction};
 use crate::status::{GuestFault, RunStatus};
 use crate::syscalls::{self, SyscallOutcome};
 
@@ -202,11 +202,11 @@ impl Scheduler {
         let Some(state) = cpu.fault_state()? else {
             return crashed(fault);
         };
-        match signals::push_frame(process, mem, tid, state, taken, Some(&fault)) {
-            Ok(handler) => put_thread(cpu, &handler),
-            // No room for the frame: the fault's signal ends the process.
-            Err(_) => crashed(fault),
-        }
+        // No room for the frame: the fault's signal ends the process.
+        let no_room = LoopEnd::Finished(RunStatus::Crashed {
+            fault: fault.clone(),
+        });
+        enter_handler(cpu, process, mem, state, taken, Some(&fault), no_room)
     }
 
     /// `run` returned DeadlineReached before the run's deadline: the slice ended.
@@ -619,13 +619,9 @@ impl Scheduler {
             // The thread goes on from `state` once the process is continued.
             Some(Taken::Stop) => Ok(put_thread(cpu, &state)?.or(Some(LoopEnd::Stopped))),
             Some(Taken::Handler { sig, action, info }) => {
-                match signals::push_frame(process, mem, tid, state, (sig, action, info), None) {
-                    Ok(handler) => put_thread(cpu, &handler),
-                    // No room for the frame: Linux kills the process with SIGSEGV.
-                    Err(_) => Ok(Some(LoopEnd::Finished(RunStatus::Exited {
-                        code: 128 + 11,
-                    }))),
-                }
+                // No room for the frame: Linux kills the process with SIGSEGV.
+                let no_room = LoopEnd::Finished(RunStatus::Exited { code: 128 + 11 });
+                enter_handler(cpu, process, mem, state, (sig, action, info), None, no_room)
             }
         }
     }
@@ -754,6 +750,25 @@ enum Step {
         final_attempt: bool,
         until: Option<Instant>,
     },
+}
+
+/// The current thread, interrupted in `state`, starts the handler of the signal it took
+/// (`signals::push_frame`, with the fault that sent it, if one did); `no_room` ends the run
+/// when the frame does not fit.
+fn enter_handler(
+    cpu: &mut dyn GuestCpu,
+    process: &mut GuestProcess,
+    mem: &GuestMemory,
+    state: CpuSnapshot,
+    taken: (u64, SigAction, [u8; 128]),
+    trap: Option<&GuestFault>,
+    no_room: LoopEnd,
+) -> io::Result<Option<LoopEnd>> {
+    let tid = process.threads.current_tid();
+    match signals::push_frame(process, mem, tid, state, taken, trap) {
+        Ok(handler) => put_thread(cpu, &handler),
+        Err(_) => Ok(Some(no_room)),
+    }
 }
 
 /// Puts `state` on the vCPU. A state no CPL3 program could be in (a forged syscall frame's rip,

@@ -314,6 +314,19 @@ impl GuestMemory {
         )));
     }
 
+    /// Whether `track_writes` was called.
+    pub fn tracks_writes(&self) -> bool {
+        self.written.is_some()
+    }
+
+    /// Records `pages` as written when writes are tracked: what another VM on this memory (a
+    /// vfork child's) wrote, which this VM's log never saw.
+    pub fn note_written(&self, pages: &PageSet) {
+        if let Some(set) = &self.written {
+            set.borrow_mut().union_with(pages);
+        }
+    }
+
     /// The pages the VMM wrote since tracking began or the last call (None: not tracked).
     pub fn take_written(&self) -> Option<PageSet> {
         let pages = (self.size.get() / PAGE_SIZE) as usize;

@@ -106,6 +106,19 @@ struct Member<'a> {
     state: State,
     /// The memory map's generation the vCPU was last given.
     handed_out: Option<u64>,
+    /// A vfork child: who waits for it to exec or exit.
+    vfork: Option<VforkLink>,
+    /// The vfork child it waits for: it runs again once that child execs or exits (or to end,
+    /// killed).
+    waits_for: Option<u64>,
+}
+
+/// What a vfork child owes the process waiting for it.
+struct VforkLink {
+    parent: u64,
+    /// When it runs on the parent's memory: the stub stacks as the parent's vCPU left them,
+    /// given back when the parent runs again.
+    stub_stacks: Option<Vec<u8>>,
 }
 
 /// Where one process's stint on the host thread ended.
@@ -188,6 +201,8 @@ impl<'a> KeptProcesses<'a> {
             sched: None,
             state: State::Ready(next),
             handed_out: None,
+            vfork: None,
+            waits_for: None,
         });
     }
 }
@@ -197,12 +212,12 @@ impl<'a> KeptProcesses<'a> {
 /// processes kept from earlier cells run too, and the live ones are kept again when the first
 /// process reaches its ready point; otherwise every other process is killed when the run
 /// ends. Returns where it stopped and the number of VM exits of every process.
-pub fn run(
+pub fn run<'a>(
     sched: &mut Scheduler,
     cpu: &mut dyn GuestCpu,
     process: &mut GuestProcess,
-    mem: &GuestMemory,
-    kept: Option<&mut KeptProcesses<'_>>,
+    mem: &'a GuestMemory,
+    kept: Option<&mut KeptProcesses<'a>>,
 ) -> io::Result<(LoopEnd, u64)> {
     match kept {
         Some(kept) => {
@@ -226,7 +241,7 @@ fn run_tree<'a>(
     sched: &mut Scheduler,
     cpu: &mut dyn GuestCpu,
     process: &mut GuestProcess,
-    mem: &GuestMemory,
+    mem: &'a GuestMemory,
     arena: &'a MemoryArena,
     children: Vec<Member<'a>>,
     keep: bool,
@@ -238,6 +253,8 @@ fn run_tree<'a>(
         sched: None,
         state: State::Ready(Next::Run),
         handed_out: None,
+        vfork: None,
+        waits_for: None,
     }];
     for mut child in children {
         // A wait that blocked in an earlier run is tried again; the run's deadline is this one's.
@@ -256,8 +273,9 @@ fn run_tree<'a>(
         deadline: sched.deadline(),
         limit_ms: sched.limit_ms(),
         arena,
+        root_mem: mem,
     };
-    let end = tree.run(sched, cpu, process, mem);
+    let end = tree.run(sched, cpu, process);
     let exits = tree.exits;
     let end = end?;
     let keep = keep && matches!(end, LoopEnd::ReadyPoint { .. });
@@ -272,6 +290,8 @@ struct Tree<'a> {
     deadline: Instant,
     limit_ms: u64,
     arena: &'a MemoryArena,
+    /// The first process's memory (its member's until an execve replaces it).
+    root_mem: &'a GuestMemory,
 }
 
 impl<'a> Tree<'a> {
@@ -280,10 +300,9 @@ impl<'a> Tree<'a> {
         root_sched: &mut Scheduler,
         root_cpu: &mut dyn GuestCpu,
         process: &mut GuestProcess,
-        root_mem: &GuestMemory,
     ) -> io::Result<LoopEnd> {
         loop {
-            let stop = self.stint(root_sched, root_cpu, process, root_mem)?;
+            let stop = self.stint(root_sched, root_cpu, process)?;
             let index = self.current;
             match stop {
                 Stop::Preempted => self.members[index].state = State::Ready(Next::Run),
@@ -305,15 +324,18 @@ impl<'a> Tree<'a> {
                         Some(cpu) => cpu.as_mut(),
                         None => &mut *root_cpu,
                     };
-                    let mem = self.members[index].mem.unwrap_or(root_mem);
+                    let mem = self.members[index].mem.unwrap_or(self.root_mem);
                     let forked = self
-                        .memory_left(root_mem, process.config.mem_limit)
+                        .memory_left(process.config.mem_limit)
                         .and_then(|room| self.fork(cpu, mem, room, process, &request));
                     self.members[index].cpu = own;
                     match forked {
                         Ok(child) => {
                             self.members[index].state =
                                 State::Ready(Next::Answer { call, value: child });
+                            if request.vfork {
+                                self.members[index].waits_for = Some(child);
+                            }
                             // The child runs first: it usually execs or exits at once.
                             let next = self.members.len() - 1;
                             self.switch_to(next, process);
@@ -384,7 +406,6 @@ impl<'a> Tree<'a> {
         root_sched: &mut Scheduler,
         root_cpu: &mut dyn GuestCpu,
         process: &mut GuestProcess,
-        root_mem: &GuestMemory,
     ) -> io::Result<Stop> {
         let index = self.current;
         // Another process that can run, or that waits for what this one may have done (its
@@ -408,6 +429,7 @@ impl<'a> Tree<'a> {
             })
             .min();
         let quantum_end = Instant::now() + QUANTUM;
+        let root_mem = self.root_mem;
         let member = &mut self.members[index];
         let next = std::mem::replace(&mut member.state, State::Ready(Next::Run));
         let mem = member.mem.unwrap_or(root_mem);
@@ -485,27 +507,84 @@ impl<'a> Tree<'a> {
     }
 
     /// The memory limit is the tree's: what it leaves beside the host memory every live process
-    /// holds of its own (`root_mem` is the first process's until an execve replaces it).
-    fn memory_left(&self, root_mem: &GuestMemory, limit: u64) -> Result<u64, Errno> {
+    /// holds of its own (a vfork child on its parent's memory holds none).
+    fn memory_left(&self, limit: u64) -> Result<u64, Errno> {
         let mut held = 0u64;
+        let mut counted: Vec<*const GuestMemory> = Vec::new();
         for member in self
             .members
             .iter()
             .filter(|m| !matches!(m.state, State::Ended))
         {
-            let bytes = member.mem.unwrap_or(root_mem).resident_bytes();
+            let mem = member.mem.unwrap_or(self.root_mem);
+            if counted.contains(&std::ptr::from_ref(mem)) {
+                continue;
+            }
+            counted.push(mem);
+            let bytes = mem.resident_bytes();
             held = held.saturating_add(bytes.map_err(|_| Errno::ENOMEM)?);
         }
         Ok(limit.saturating_sub(held))
     }
 
+    /// Gives member `index`'s memory `mem` back to the host (`GuestMemory::retire`), unless it
+    /// is the first process's or another live process runs on it (a vfork child's parent, or
+    /// its child).
+    fn retire(&self, index: usize, mem: &GuestMemory) {
+        let in_use = std::ptr::eq(mem, self.root_mem)
+            || self.members.iter().enumerate().any(|(i, m)| {
+                i != index
+                    && !matches!(m.state, State::Ended)
+                    && std::ptr::eq(m.mem.unwrap_or(self.root_mem), mem)
+            });
+        if !in_use {
+            let _ = mem.retire();
+        }
+    }
+
+    /// Member `index` (the current process, a vfork child) execs or ends: the process that
+    /// waits for it runs again. When it ran on that process's memory, the parent gets back its
+    /// stub stacks, the memory map as the child left it (one memory, one map, as on Linux) and
+    /// the child's writes in the pages a session's checkpoints track.
+    fn release_vfork_parent(&mut self, index: usize, process: &mut GuestProcess) {
+        let Some(link) = self.members[index].vfork.take() else {
+            return;
+        };
+        let child = self.members[index].pid;
+        let mem = self.members[index].mem.unwrap_or(self.root_mem);
+        if mem.tracks_writes() {
+            if let Some(cpu) = self.members[index].cpu.as_mut() {
+                if let Ok(Some(pages)) = cpu.take_written_pages() {
+                    mem.note_written(&pages);
+                }
+            }
+        }
+        let Some(parent) = self
+            .members
+            .iter_mut()
+            .find(|m| m.pid == link.parent && m.waits_for == Some(child))
+        else {
+            return;
+        };
+        parent.waits_for = None;
+        let Some(stub_stacks) = link.stub_stacks else {
+            return;
+        };
+        let _ = mem.write(crate::arch::STUB_STACKS.start, &stub_stacks);
+        if let Some(part) = process.parked.get_mut(&link.parent) {
+            part.memory = process.memory.clone();
+            part.space = process.space;
+        }
+    }
+
     /// Makes a child of the current process: a copy of its memory in a new VM (ENOMEM when the
-    /// copy does not fit in `room`, as fork answers on Linux), a vCPU in its state (the call
-    /// returning 0 there), and its own part of the process state.
+    /// copy does not fit in `room`, as fork answers on Linux) or, for a vfork, a new VM on the
+    /// same memory; a vCPU in its state (the call returning 0 there), and its own part of the
+    /// process state.
     fn fork(
         &mut self,
         cpu: &mut dyn GuestCpu,
-        mem: &GuestMemory,
+        mem: &'a GuestMemory,
         room: u64,
         process: &mut GuestProcess,
         request: &ForkRequest,
@@ -533,18 +612,27 @@ impl<'a> Tree<'a> {
             if let Some(tls) = request.tls {
                 state.fs_base = tls;
             }
-            let copy = mem.duplicate(room).map_err(|_| (Errno::ENOMEM, None))?;
-            let child_mem = self.arena.keep(copy);
+            let (child_mem, own) = if request.share_memory {
+                (mem, None)
+            } else {
+                let copy = mem.duplicate(room).map_err(|_| (Errno::ENOMEM, None))?;
+                let copy = self.arena.keep(copy);
+                (copy, Some(copy))
+            };
             let mut child_cpu = cpu.fork_onto(child_mem, &state).map_err(|e| {
                 let errno = match e.kind() {
                     io::ErrorKind::Unsupported => Errno::ENOSYS,
                     _ => Errno::EAGAIN,
                 };
-                (errno, Some(child_mem))
+                (errno, own)
             })?;
             child_cpu
                 .set_syscall_return(0)
-                .map_err(|_| (Errno::EAGAIN, Some(child_mem)))?;
+                .map_err(|_| (Errno::EAGAIN, own))?;
+            // The child's writes to a memory whose writes a session tracks are the parent's.
+            if request.share_memory && mem.tracks_writes() {
+                child_cpu.track_writes().map_err(|_| (Errno::EAGAIN, own))?;
+            }
             Ok((child_mem, child_cpu))
         })();
         let (child_mem, child_cpu) = match made {
@@ -583,6 +671,14 @@ impl<'a> Tree<'a> {
                 let _ = UserMemory::new(mem).write_u32(addr, fd as u32);
             }
         }
+        // The parent's vCPU waits in the syscall stub, its iretq frame on the stub's stack, which
+        // the child's calls overwrite on the memory they share.
+        let stub_stacks = request.share_memory.then(|| {
+            let stacks = &crate::arch::STUB_STACKS;
+            let mut saved = vec![0; (stacks.end - stacks.start) as usize];
+            let _ = mem.read(stacks.start, &mut saved);
+            saved
+        });
         self.members.push(Member {
             pid,
             cpu: Some(child_cpu),
@@ -590,6 +686,11 @@ impl<'a> Tree<'a> {
             sched: None,
             state: State::Ready(Next::Run),
             handed_out: None,
+            vfork: request.vfork.then_some(VforkLink {
+                parent,
+                stub_stacks,
+            }),
+            waits_for: None,
         });
         Ok(pid)
     }
@@ -653,6 +754,7 @@ impl<'a> Tree<'a> {
         main.blocked_signals = blocked;
         main.pending_signals = pending;
         process.threads.start_cpu_clock();
+        self.release_vfork_parent(index, process);
         process.memory = MemoryMap::new(loaded.space, mem_limit);
         process.space = loaded.space;
         process.signals.timer = None;
@@ -679,10 +781,11 @@ impl<'a> Tree<'a> {
         member.cpu = Some(cpu);
         // The old program's memory (a forked copy, or an earlier exec's) goes back to the host;
         // the run's own first memory is the caller's.
-        if let Some(old) = member.mem.replace(new_mem) {
-            let _ = old.retire();
-        }
+        let old = member.mem.replace(new_mem);
         member.handed_out = None;
+        if let Some(old) = old {
+            self.retire(index, old);
+        }
         Ok(())
     }
 
@@ -712,12 +815,13 @@ impl<'a> Tree<'a> {
         // An end is progress even when it made no system call (a signal's default action):
         // its pidfds turn readable and its pipes lose a writer, so every waiter tries again.
         self.progress();
+        self.release_vfork_parent(index, process);
         let member = &mut self.members[index];
         member.state = State::Ended;
         member.cpu = None;
         member.sched = None;
         if let Some(mem) = member.mem {
-            let _ = mem.retire();
+            self.retire(index, mem);
         }
     }
 
@@ -781,7 +885,7 @@ impl<'a> Tree<'a> {
                     continue;
                 };
                 let killed = matches!(member.state, State::Ready(Next::Kill));
-                if entry.stopped.is_some() && !killed {
+                if (entry.stopped.is_some() || member.waits_for.is_some()) && !killed {
                     continue;
                 }
                 let signalled = entry.signals != 0;

@@ -341,12 +341,12 @@ pub fn run_loop(
 
 /// Runs the process tree (`crate::sandbox::run`, with a session's `kept` processes) with the
 /// first process's CPU clock running.
-fn run_scheduled(
+fn run_scheduled<'a>(
     sched: &mut Scheduler,
     cpu: &mut dyn GuestCpu,
     process: &mut GuestProcess,
-    mem: &GuestMemory,
-    kept: Option<&mut KeptProcesses<'_>>,
+    mem: &'a GuestMemory,
+    kept: Option<&mut KeptProcesses<'a>>,
 ) -> io::Result<(LoopEnd, u64)> {
     process.threads.start_cpu_clock();
     let ended = crate::sandbox::run(sched, cpu, process, mem, kept);
@@ -447,14 +447,14 @@ impl<'m> ReadyGuest<'m> {
 /// ready point. The counters cover this request only (from the hand-off on; `load` is zero);
 /// the output stays in `process`. A session passes the processes its earlier cells left
 /// (`kept`): they run beside this request, and those alive at its ready point stay.
-pub fn hand_over(
+pub fn hand_over<'a>(
     process: &mut GuestProcess,
-    mem: &GuestMemory,
+    mem: &'a GuestMemory,
     cpu: &mut dyn GuestCpu,
     call: [u64; 6],
     request: AgentRequest,
     timeout: Duration,
-    kept: Option<&mut KeptProcesses<'_>>,
+    kept: Option<&mut KeptProcesses<'a>>,
 ) -> Result<(LoopEnd, RunStats), LaunchError> {
     request.validate().map_err(LaunchError::InvalidRequest)?;
     let (calls_before, unsupported_before, total_before) = (

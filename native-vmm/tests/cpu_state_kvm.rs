@@ -134,16 +134,7 @@ fn a_kernel_cs_written_into_the_syscall_frame_does_not_return_at_cpl0() {
 #[test]
 fn hardware_faults_run_the_programs_signal_handlers_as_on_linux() {
     let outcome = run_program("fault_handlers");
-    let native = std::process::Command::new(programs().0.join("fault_handlers-static"))
-        .output()
-        .expect("running fault_handlers natively");
-    assert!(native.status.success(), "natively: {native:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&outcome.stdout),
-        String::from_utf8_lossy(&native.stdout),
-        "{}",
-        describe(&outcome)
-    );
+    common::assert_prints_as_natively(&outcome, &programs().0.join("fault_handlers-static"));
 }
 
 /// Python's faulthandler prints the traceback of a segmentation fault, a floating-point

@@ -591,6 +591,31 @@ print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
     );
 }
 
+/// A vfork child (vfork, and glibc's posix_spawn) runs on its parent's memory while the parent
+/// waits: the parent reads what the child wrote and mapped, errno after a failed exec, and
+/// posix_spawn's error for a missing program; it goes on once the child exec'd. Compared line
+/// for line with the same static program run natively.
+#[test]
+fn a_vfork_child_runs_on_its_parents_memory_until_it_execs_or_exits() {
+    let out = common::process_dir("vfork-program");
+    let binary = common::compile("vfork", common::Linking::Static, &out);
+    let image = common::build_image(
+        "vfork-image",
+        &format!(
+            r#"{{"name": "vfork", "paths": [{{"host": "{}", "guest": "/bin/vfork-static"}}], "writable_dirs": ["/tmp"]}}"#,
+            binary.display()
+        ),
+    );
+    let outcome = run(&image, &request("/bin/vfork-static", &[]));
+    assert_eq!(
+        outcome.status,
+        RunStatus::Exited { code: 0 },
+        "{}",
+        describe(&outcome)
+    );
+    common::assert_prints_as_natively(&outcome, &binary);
+}
+
 #[test]
 fn a_signal_reaches_a_child_spinning_without_system_calls() {
     let outcome = python(

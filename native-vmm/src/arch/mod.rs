@@ -53,6 +53,9 @@ pub const CODE_ADDR: u64 = 0x7000;
 pub const SYSCALL_STACK_TOP: u64 = 0x9000;
 /// Top of the IST1 stack every exception is delivered on (the page below it).
 pub const EXCEPTION_STACK_TOP: u64 = 0xA000;
+/// The two stub stacks: the only system-area memory the guest writes, so what a vCPU stopped
+/// in a stub keeps of its own there (its iretq frame) while another VM runs on the same memory.
+pub const STUB_STACKS: std::ops::Range<u64> = SYSCALL_STACK_TOP - 0x1000..EXCEPTION_STACK_TOP;
 /// First page directory; one 4 KiB directory maps 1 GiB.
 pub const FIRST_PD_ADDR: u64 = 0x10000;
 

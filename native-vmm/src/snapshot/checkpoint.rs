@@ -543,6 +543,15 @@ fn encode_children(children: &[KeptVm<'_>], e: &mut Encoder) -> io::Result<()> {
                 child.pid
             )));
         }
+        if children
+            .iter()
+            .any(|other| other.pid != child.pid && std::ptr::eq(other.mem, child.mem))
+        {
+            return Err(not_checkpointable(format!(
+                "process {} runs on its parent's memory (a vfork child that has not exec'd)",
+                child.pid
+            )));
+        }
         e.u64(child.pid);
         child.next.encode_state(e);
         file::encode_cpu(&child.cpu, e);

@@ -21,9 +21,8 @@ const CLONE_CHILD_CLEARTID: u64 = 0x20_0000;
 const CLONE_CHILD_SETTID: u64 = 0x100_0000;
 const CSIGNAL: u64 = 0xff;
 /// What a clone of a new process may ask for. CLONE_VM goes only with CLONE_VFORK (posix_spawn,
-/// vfork): the child runs on a copy of the caller's memory until it execs or exits, which a
-/// vfork child cannot tell apart. CLONE_FS is taken as a copy too. CLONE_PIDFD gives the
-/// caller a pidfd of the child.
+/// vfork): the child runs on the caller's memory while the caller waits for it to exec or
+/// exit. CLONE_FS is taken as a copy. CLONE_PIDFD gives the caller a pidfd of the child.
 const PROCESS_FLAGS: u64 = CSIGNAL
     | CLONE_VM
     | CLONE_FS
@@ -52,6 +51,10 @@ pub struct ForkRequest {
     /// Where the number of a new close-on-exec pidfd of the child is written in the parent's
     /// memory (CLONE_PIDFD).
     pub pidfd: Option<u64>,
+    /// The caller waits until the child execs or exits (CLONE_VFORK).
+    pub vfork: bool,
+    /// The child runs on the caller's memory, not a copy (CLONE_VM).
+    pub share_memory: bool,
 }
 
 /// What the tree loads for an execve: the program file (after `#!` lines), and the process's
@@ -69,7 +72,16 @@ pub struct ExecRequest {
 /// maps memory shared with another process (partly supported: `crate::sandbox::KeptProcesses`,
 /// `crate::snapshot::checkpoint`).
 pub(crate) fn fork(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
-    Ok(SyscallOutcome::Fork(ForkRequest {
+    Ok(SyscallOutcome::Fork(plain_fork(false)))
+}
+
+/// vfork(): a child on the caller's memory, the caller waiting until it execs or exits.
+pub(crate) fn vfork(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]) -> SysResult {
+    Ok(SyscallOutcome::Fork(plain_fork(true)))
+}
+
+fn plain_fork(vfork: bool) -> ForkRequest {
+    ForkRequest {
         exit_signal: SIGCHLD,
         stack: None,
         tls: None,
@@ -77,7 +89,9 @@ pub(crate) fn fork(_proc: &mut GuestProcess, _user: &UserMemory, _args: [u64; 6]
         child_tid: None,
         clear_child_tid: None,
         pidfd: None,
-    }))
+        vfork,
+        share_memory: vfork,
+    }
 }
 
 /// A clone (or clone3) without CLONE_THREAD: a new process. `pidfd` is where CLONE_PIDFD
@@ -106,6 +120,8 @@ pub(crate) fn clone_process(
         child_tid: when(CLONE_CHILD_SETTID, child_tid),
         clear_child_tid: when(CLONE_CHILD_CLEARTID, child_tid),
         pidfd: when(CLONE_PIDFD, pidfd),
+        vfork: flags & CLONE_VFORK != 0,
+        share_memory: flags & CLONE_VM != 0,
     }))
 }
 

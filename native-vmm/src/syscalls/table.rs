@@ -125,7 +125,7 @@ pub static TABLE: &[SyscallEntry] = &[
     emulate(55, "getsockopt", sockets::getsockopt),
     emulate(56, "clone", threads::clone),
     emulate(57, "fork", processes::fork),
-    emulate(58, "vfork", processes::fork),
+    emulate(58, "vfork", processes::vfork),
     emulate(59, "execve", processes::execve),
     emulate(60, "exit", threads::exit),
     emulate(61, "wait4", processes::wait4),

@@ -251,6 +251,20 @@ pub fn assert_prints(code: &str, stdout: &str) {
     );
 }
 
+/// Runs `program` natively; it must succeed and print what the run in the VM printed.
+pub fn assert_prints_as_natively(outcome: &RunOutcome, program: &Path) {
+    let native = Command::new(program)
+        .output()
+        .unwrap_or_else(|e| panic!("running {} natively: {e}", program.display()));
+    assert!(native.status.success(), "natively: {native:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "{}",
+        describe(outcome)
+    );
+}
+
 /// The run's stdout and stderr as text, for assertion messages.
 pub fn describe(outcome: &RunOutcome) -> String {
     format!(

@@ -224,6 +224,44 @@ impl GuestMemory {
         Ok(copy)
     }
 
+    /// A copy of this memory for a fork whose caller waits while the child runs first: memory
+    /// of its own is lent, not frozen. The copy maps its memfd privately and this memory stays
+    /// as it is, warm in its VM, until it next runs while the copy lives (`freeze_if_lent`);
+    /// a child that execs or exits first (a shell's command, `fork` then `exec`) never makes it
+    /// freeze. Other memory is `duplicate`d. The same room check as `duplicate`.
+    pub fn lend(&self, room: u64) -> io::Result<GuestMemory> {
+        let own = match &*self.backing.borrow() {
+            Backing::Own(file) => Some(file.clone()),
+            _ => None,
+        };
+        let Some(file) = own else {
+            return self.duplicate(room);
+        };
+        if self.held_pages(&[])? * PAGE_SIZE > room {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "the copy does not fit the memory left",
+            ));
+        }
+        let copy = GuestMemory::private_mapping_of(&file, self.size.get(), false)?;
+        for (start, range) in self.shared.borrow().iter() {
+            copy.share(*start, range.end - start, &range.memory, range.offset)?;
+        }
+        Ok(copy)
+    }
+
+    /// Before this memory's process runs or is written again: when a live copy maps its memfd
+    /// (`lend`), freezes it into the layer they both map privately, as `duplicate` would have
+    /// at the fork, so that neither sees the other's writes from now on.
+    pub fn freeze_if_lent(&self) -> io::Result<()> {
+        let lent =
+            matches!(&*self.backing.borrow(), Backing::Own(file) if Arc::strong_count(file) > 1);
+        if lent {
+            self.freeze(&[])?;
+        }
+        Ok(())
+    }
+
     /// A mapping of the file this memory maps privately with copies of the pages this memory
     /// wrote (`copied`, its `copied_own_ranges`).
     fn copy_of_written(&self, copied: &[(u64, u64)]) -> io::Result<GuestMemory> {

@@ -433,6 +433,7 @@ impl<'a> Tree<'a> {
         let member = &mut self.members[index];
         let next = std::mem::replace(&mut member.state, State::Ready(Next::Run));
         let mem = member.mem.unwrap_or(root_mem);
+        mem.freeze_if_lent()?;
         let (cpu, sched): (&mut dyn GuestCpu, &mut Scheduler) =
             match (&mut member.cpu, &mut member.sched) {
                 (Some(cpu), Some(sched)) => (cpu.as_mut(), sched),
@@ -615,7 +616,14 @@ impl<'a> Tree<'a> {
             let (child_mem, own) = if request.share_memory {
                 (mem, None)
             } else {
-                let copy = mem.duplicate(room).map_err(|_| (Errno::ENOMEM, None))?;
+                // The child runs first, so the caller's memory is lent to it unless the fork
+                // writes in the caller's memory below, which the child must not see.
+                let copy = if request.parent_tid.is_some() || request.pidfd.is_some() {
+                    mem.duplicate(room)
+                } else {
+                    mem.lend(room)
+                };
+                let copy = copy.map_err(|_| (Errno::ENOMEM, None))?;
                 let copy = self.arena.keep(copy);
                 (copy, Some(copy))
             };

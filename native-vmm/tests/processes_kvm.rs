@@ -80,6 +80,53 @@ except ChildProcessError:
     );
 }
 
+/// A child runs first on its parent's memory, lent: what either writes once both run stays
+/// its own, whether the child ends without the parent running again, blocks until the parent
+/// has written (the parent's memory is frozen when it runs), or forks again meanwhile.
+#[test]
+fn a_fork_and_its_parent_never_see_each_others_writes() {
+    let outcome = python(
+        r#"
+import os
+data = bytearray(b"parent-before" + bytes(16384))
+pid = os.fork()
+if pid == 0:
+    data[:13] = b"first-child!!"
+    os._exit(0)
+os.waitpid(pid, 0)
+print("after a child that wrote and ended:", bytes(data[:13]).decode(), flush=True)
+to_child, from_parent = os.pipe()
+from_child, to_parent = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.read(to_child, 1)
+    print("the child sees:", bytes(data[:13]).decode(), flush=True)
+    data[:13] = b"child-wrote!!"
+    grandchild = os.fork()
+    if grandchild == 0:
+        print("the grandchild sees:", bytes(data[:13]).decode(), flush=True)
+        os._exit(0)
+    os.waitpid(grandchild, 0)
+    os.write(to_parent, b"x")
+    os._exit(0)
+data[:13] = b"parent-after!"
+os.write(from_parent, b"x")
+os.read(from_child, 1)
+os.waitpid(pid, 0)
+print("the parent sees:", bytes(data[:13]).decode())
+"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "after a child that wrote and ended: parent-before\n\
+         the child sees: parent-before\n\
+         the grandchild sees: child-wrote!!\n\
+         the parent sees: parent-after!\n",
+        "{}",
+        describe(&outcome)
+    );
+}
+
 /// A wait reports what the child used with its reaped children's, an execve's programs
 /// included, and getrusage(RUSAGE_CHILDREN) sums the reaped children: each spins until its own
 /// CPU clock passes a mark, so the times are bounds whatever the host's load; the peak memory

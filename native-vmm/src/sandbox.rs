@@ -164,6 +164,8 @@ impl<'a> KeptProcesses<'a> {
                 let (Some(cpu), Some(mem)) = (member.cpu.as_mut(), member.mem) else {
                     return Err(io::Error::other("a kept process without its VM"));
                 };
+                // Its vCPU may run on out of the stubs below.
+                mem.freeze_if_lent()?;
                 let (state, next) = match member.state {
                     State::Ready(Next::Run) => stopped_state(cpu.as_mut(), member.pid)?,
                     // Its registers are never used again.
@@ -571,6 +573,8 @@ impl<'a> Tree<'a> {
         let Some(stub_stacks) = link.stub_stacks else {
             return;
         };
+        // A fork the child made maps the memory too: it must not see the parent's stacks.
+        let _ = mem.freeze_if_lent();
         let _ = mem.write(crate::arch::STUB_STACKS.start, &stub_stacks);
         if let Some(part) = process.parked.get_mut(&link.parent) {
             part.memory = process.memory.clone();

@@ -48,7 +48,7 @@ for lite in [False, True]:
     print("options", s.getsockopt(P6, socket.IPV6_UNICAST_HOPS), s.getsockopt(P6, socket.IPV6_TCLASS))
     s.sendto(b"set", to)
     print("socket's", receive(r, 1024, socket.MSG_PEEK), receive(r, 1024))
-    s.sendmsg([b"cmsg"], [(P6, socket.IPV6_HOPLIMIT, I.pack(2)), (P6, socket.IPV6_TCLASS, I.pack(-1))], 0, to)
+    s.sendmsg([b"cmsg"], [(P6, socket.IPV6_HOPLIMIT, I.pack(2)), (P6, socket.IPV6_TCLASS, I.pack(0xFF))], 0, to)
     s.sendto(b"after", to)
     print("one datagram", receive(r, 1024), receive(r, 1024))
     pktinfo = socket.inet_pton(socket.AF_INET6, "::1") + struct.pack("I", 1)

@@ -205,6 +205,19 @@ impl GuestMemory {
     /// memory holds (`resident_bytes`): more than `room` bytes is `ErrorKind::OutOfMemory`,
     /// before anything changes.
     pub fn duplicate(&self, room: u64) -> io::Result<GuestMemory> {
+        self.fork_copy(room, false)
+    }
+
+    /// `duplicate` for a fork whose caller waits while the child runs first: memory of its
+    /// own is lent, not frozen. The copy maps its memfd privately and this memory stays as it
+    /// is, warm in its VM, until it next runs while the copy lives (`freeze_if_lent`); a child
+    /// that execs or exits first (a shell's command, `fork` then `exec`) never makes it freeze.
+    pub fn lend(&self, room: u64) -> io::Result<GuestMemory> {
+        self.fork_copy(room, true)
+    }
+
+    /// `duplicate`, or with `lend` `lend`.
+    fn fork_copy(&self, room: u64, lend: bool) -> io::Result<GuestMemory> {
         // One scan of the copied pages serves the room check and the copy alike.
         let copied = self.copied_own_ranges()?.unwrap_or_default();
         if self.held_pages(&copied)? * PAGE_SIZE > room {
@@ -213,37 +226,18 @@ impl GuestMemory {
                 "the copy does not fit the memory left",
             ));
         }
-        let copy = match self.freeze(&copied)? {
-            Some(layer) => GuestMemory::private_mapping_of(&layer, self.size.get(), false)?,
-            None => self.copy_of_written(&copied)?,
-        };
-        // Shared mappings stay shared: the copy shows the same memory at the same place.
-        for (start, range) in self.shared.borrow().iter() {
-            copy.share(*start, range.end - start, &range.memory, range.offset)?;
-        }
-        Ok(copy)
-    }
-
-    /// A copy of this memory for a fork whose caller waits while the child runs first: memory
-    /// of its own is lent, not frozen. The copy maps its memfd privately and this memory stays
-    /// as it is, warm in its VM, until it next runs while the copy lives (`freeze_if_lent`);
-    /// a child that execs or exits first (a shell's command, `fork` then `exec`) never makes it
-    /// freeze. Other memory is `duplicate`d. The same room check as `duplicate`.
-    pub fn lend(&self, room: u64) -> io::Result<GuestMemory> {
-        let own = match &*self.backing.borrow() {
-            Backing::Own(file) => Some(file.clone()),
+        let lent = match &*self.backing.borrow() {
+            Backing::Own(file) if lend => Some(file.clone()),
             _ => None,
         };
-        let Some(file) = own else {
-            return self.duplicate(room);
+        let copy = match lent {
+            Some(file) => GuestMemory::private_mapping_of(&file, self.size.get(), false)?,
+            None => match self.freeze(&copied)? {
+                Some(layer) => GuestMemory::private_mapping_of(&layer, self.size.get(), false)?,
+                None => self.copy_of_written(&copied)?,
+            },
         };
-        if self.held_pages(&[])? * PAGE_SIZE > room {
-            return Err(io::Error::new(
-                io::ErrorKind::OutOfMemory,
-                "the copy does not fit the memory left",
-            ));
-        }
-        let copy = GuestMemory::private_mapping_of(&file, self.size.get(), false)?;
+        // Shared mappings stay shared: the copy shows the same memory at the same place.
         for (start, range) in self.shared.borrow().iter() {
             copy.share(*start, range.end - start, &range.memory, range.offset)?;
         }

@@ -59,6 +59,17 @@ impl fmt::Display for OutOfBounds {
 
 impl std::error::Error for OutOfBounds {}
 
+/// A file a `GuestMemory` maps (`GuestMemory::file_held`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldFile {
+    /// The same for every memory that maps this file.
+    pub id: usize,
+    /// The pages the host holds for it.
+    pub pages: u64,
+    /// Whether no other memory maps it.
+    pub sole: bool,
+}
+
 /// This process's /proc/self/pagemap, opened once and kept: a confined daemon (`seccomp`) may
 /// not open files. `open_pagemap` opens it ahead, before confinement.
 fn pagemap() -> io::Result<&'static std::fs::File> {
@@ -73,6 +84,11 @@ fn pagemap() -> io::Result<&'static std::fs::File> {
 pub fn open_pagemap() -> io::Result<()> {
     pagemap().map(drop)
 }
+
+/// `GuestMemory::map_layer_holes`: the smallest hole of a layer mapped anonymously, and how
+/// many at most at once (each is a host mapping of its own until neighbours merge).
+const LAYER_HOLE_MIN: u64 = 16 * PAGE_SIZE;
+const LAYER_HOLES_MAX: usize = 256;
 
 pub struct GuestMemory {
     host: *mut u8,
@@ -183,7 +199,7 @@ impl GuestMemory {
         if host == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(GuestMemory {
+        let mem = GuestMemory {
             host: host as *mut u8,
             size: Cell::new(size),
             backing: RefCell::new(Backing::Private {
@@ -193,7 +209,55 @@ impl GuestMemory {
             written: None,
             shared: RefCell::default(),
             shown_pages: RefCell::default(),
-        })
+        };
+        mem.map_layer_holes(&[(0, size)])?;
+        Ok(mem)
+    }
+
+    /// Over a layer (a file this memory maps privately that is not a template's): maps
+    /// anonymous memory over the file's holes inside `spans`, those of at least
+    /// `LAYER_HOLE_MIN` bytes and at most `LAYER_HOLES_MAX` of them, so that a page first
+    /// touched there is this memory's alone. Through the file, shmem would first fill the hole
+    /// with a page of the layer, and a written page would be held twice.
+    fn map_layer_holes(&self, spans: &[(u64, u64)]) -> io::Result<()> {
+        let file = match &*self.backing.borrow() {
+            Backing::Private {
+                file,
+                template: false,
+            } => file.clone(),
+            _ => return Ok(()),
+        };
+        let size = self.size.get();
+        let mut holes = Vec::new();
+        let mut at = 0;
+        for (start, end) in self.file_extents(&file)?.into_iter().chain([(size, size)]) {
+            if start > at {
+                holes.push((at, start));
+            }
+            at = at.max(end);
+        }
+        let pieces = spans.iter().flat_map(|&(span_start, span_end)| {
+            holes
+                .iter()
+                .map(move |&(start, end)| (start.max(span_start), end.min(span_end)))
+        });
+        let anonymous = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        for (start, end) in pieces
+            .filter(|&(start, end)| end >= start + LAYER_HOLE_MIN)
+            .take(LAYER_HOLES_MAX)
+        {
+            self.map_over(
+                start,
+                end - start,
+                libc::PROT_READ | libc::PROT_WRITE,
+                anonymous,
+                -1,
+                0,
+            )?;
+            // Copied a page at a time, as through the layer.
+            self.advise(start, end, libc::MADV_NOHUGEPAGE)?;
+        }
+        Ok(())
     }
 
     /// A copy of this memory as it is now, for a process forked inside the VM. Memory of its
@@ -201,9 +265,9 @@ impl GuestMemory {
     /// and each side copies a page only when it writes it; so is memory over a layer that no
     /// other process maps (the pages it wrote since go into the layer first). Otherwise (a fork
     /// of a template, a layer another process still maps) the copy maps the same file and
-    /// gets copies of the pages this one wrote. A copy may come to hold every page this
-    /// memory holds (`resident_bytes`): more than `room` bytes is `ErrorKind::OutOfMemory`,
-    /// before anything changes.
+    /// gets copies of the pages this one wrote now: more of them than `room` bytes is
+    /// `ErrorKind::OutOfMemory`, before anything changes. A frozen or lent copy copies a page
+    /// only when one side writes it; the process tree keeps its memory limit as they do.
     pub fn duplicate(&self, room: u64) -> io::Result<GuestMemory> {
         self.fork_copy(room, false)
     }
@@ -218,14 +282,7 @@ impl GuestMemory {
 
     /// `duplicate`, or with `lend` `lend`.
     fn fork_copy(&self, room: u64, lend: bool) -> io::Result<GuestMemory> {
-        // One scan of the copied pages serves the room check and the copy alike.
         let copied = self.copied_own_ranges()?.unwrap_or_default();
-        if self.held_pages(&copied)? * PAGE_SIZE > room {
-            return Err(io::Error::new(
-                io::ErrorKind::OutOfMemory,
-                "the copy does not fit the memory left",
-            ));
-        }
         let lent = match &*self.backing.borrow() {
             Backing::Own(file) if lend => Some(file.clone()),
             _ => None,
@@ -234,6 +291,12 @@ impl GuestMemory {
             Some(file) => GuestMemory::private_mapping_of(&file, self.size.get(), false)?,
             None => match self.freeze(&copied)? {
                 Some(layer) => GuestMemory::private_mapping_of(&layer, self.size.get(), false)?,
+                None if crate::layout::pages_in(&copied) * PAGE_SIZE > room => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::OutOfMemory,
+                        "the copy does not fit the memory left",
+                    ))
+                }
                 None => self.copy_of_written(&copied)?,
             },
         };
@@ -303,13 +366,14 @@ impl GuestMemory {
         };
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let flags = libc::MAP_PRIVATE | libc::MAP_NORESERVE;
-        for (start, end) in remap {
+        for &(start, end) in &remap {
             self.map_over(start, end - start, prot, flags, file.as_raw_fd(), start)?;
         }
         *self.backing.borrow_mut() = Backing::Private {
             file: file.clone(),
             template: false,
         };
+        self.map_layer_holes(&remap)?;
         Ok(Some(file))
     }
 
@@ -446,8 +510,8 @@ impl GuestMemory {
                 pagemap.as_raw_fd(),
                 at,
                 end,
-                sys::PAGE_IS_PRESENT | sys::PAGE_IS_FILE,
-                sys::PAGE_IS_FILE,
+                sys::PAGE_IS_PRESENT | sys::PAGE_IS_FILE | sys::PAGE_IS_PFNZERO,
+                sys::PAGE_IS_FILE | sys::PAGE_IS_PFNZERO,
                 &mut regions,
             )?;
             let found = regions.get(..filled).ok_or_else(|| {
@@ -595,23 +659,6 @@ impl GuestMemory {
                 Ok(crate::layout::merge_ranges(extents))
             }
             Backing::Private { template: true, .. } | Backing::Retired => Ok(copied.to_vec()),
-        }
-    }
-
-    /// How many pages `held_ranges` covers, without walking them: a memfd's or a layer's pages
-    /// are its block count. Every page copied from a layer was read into the layer first
-    /// (shmem fills a hole when it is faulted, and a freeze writes the copies back), so over
-    /// a layer the copies lie inside its pages.
-    fn held_pages(&self, copied: &[(u64, u64)]) -> io::Result<u64> {
-        match &*self.backing.borrow() {
-            Backing::Own(file)
-            | Backing::Private {
-                file,
-                template: false,
-            } => Ok(sys::file_pages(file.as_raw_fd())?.max(crate::layout::pages_in(copied))),
-            Backing::Private { template: true, .. } | Backing::Retired => {
-                Ok(crate::layout::pages_in(copied))
-            }
         }
     }
 
@@ -1092,15 +1139,19 @@ impl GuestMemory {
         shown.sort_unstable();
         let mut at = addr;
         let end = addr + len;
+        let mut spans = Vec::new();
         for page in shown.into_iter().filter(|&p| p >= addr && p < end) {
-            self.advise(at, page, advice)?;
+            spans.push((at, page));
             at = page + PAGE_SIZE;
         }
-        self.advise(at, end, advice)?;
-        match sole_layer {
-            Some(file) => remove_from_file(&file, addr, len),
-            None => Ok(()),
+        spans.push((at, end));
+        for &(start, end) in &spans {
+            self.advise(start, end, advice)?;
         }
+        if let Some(file) = sole_layer {
+            remove_from_file(&file, addr, len)?;
+        }
+        self.map_layer_holes(&spans)
     }
 
     /// madvise(`advice`) over `[start, end)` of this memory, checked page-aligned ranges.
@@ -1125,21 +1176,33 @@ impl GuestMemory {
         Ok(())
     }
 
-    /// The bytes of host memory this memory holds of its own, or may come to hold as copies:
-    /// a template fork's copied pages, its memfd's pages, or over a layer, the layer's pages
-    /// and the copies (a layer that several memories map counts for each: any of them may
-    /// come to write every page).
-    pub fn resident_bytes(&self) -> io::Result<u64> {
-        // Only a template's fork needs its copies found: otherwise the file counts them.
-        let copied = if self.is_template_fork() {
-            self.copied_own_ranges()?.unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        Ok(self.held_pages(&copied)? * PAGE_SIZE)
+    /// The file whose pages this memory shows where it wrote none, as the host holds it now:
+    /// its own memfd, or a layer (which other memories may map too). None over a template's
+    /// memfd, which the template holds, and once retired.
+    pub fn file_held(&self) -> io::Result<Option<HeldFile>> {
+        match &*self.backing.borrow() {
+            Backing::Own(file)
+            | Backing::Private {
+                file,
+                template: false,
+            } => Ok(Some(HeldFile {
+                id: Arc::as_ptr(file) as usize,
+                pages: sys::file_pages(file.as_raw_fd())?,
+                sole: Arc::strong_count(file) == 1,
+            })),
+            Backing::Private { template: true, .. } | Backing::Retired => Ok(None),
+        }
     }
 
-    /// The ranges of the pages `resident_bytes` counts: outside them the memory shows its
+    /// How many pages the host copied for this memory alone (copy-on-write copies of its
+    /// file's pages; shared ranges not counted): 0 for memory of its own.
+    pub fn copied_own_pages(&self) -> io::Result<u64> {
+        Ok(crate::layout::pages_in(
+            &self.copied_own_ranges()?.unwrap_or_default(),
+        ))
+    }
+
+    /// The ranges of the pages it holds, its file's and its copies: outside them it shows its
     /// template's bytes (`is_template_fork`) or zeros.
     pub fn held_page_ranges(&self) -> io::Result<Vec<(u64, u64)>> {
         let copied = self.copied_own_ranges()?.unwrap_or_default();
@@ -1168,7 +1231,8 @@ impl GuestMemory {
             Backing::Retired => return Err(io::Error::other("a retired memory has no pages")),
         };
         let prot = libc::PROT_READ | libc::PROT_WRITE;
-        self.map_over(start, end - start, prot, flags, fd, start)
+        self.map_over(start, end - start, prot, flags, fd, start)?;
+        self.map_layer_holes(&[(start, end)])
     }
 
     /// Maps `len` bytes of `fd` from `offset` over `[addr, addr+len)` of this memory (page-aligned,
@@ -1786,7 +1850,12 @@ mod tests {
         let template = TemplateMemory::seal(GuestMemory::new(1 << 20).unwrap()).unwrap();
         let fork = GuestMemory::fork_of(&template).unwrap();
         fork.fill(0x10000, 0x8000, 1).unwrap();
-        assert_eq!(fork.resident_bytes().unwrap(), 0x8000);
+        assert_eq!(fork.copied_own_pages().unwrap(), 8);
+        assert_eq!(
+            fork.file_held().unwrap(),
+            None,
+            "the template holds its memfd"
+        );
         let too_little = fork.duplicate(0x7000).err().map(|e| e.kind());
         assert_eq!(
             too_little,
@@ -1798,26 +1867,70 @@ mod tests {
             0x0101010101010101
         );
         fork.release_range(0x10000, 0x4000).unwrap();
-        assert_eq!(fork.resident_bytes().unwrap(), 0x4000);
+        assert_eq!(fork.copied_own_pages().unwrap(), 4);
         assert_eq!(
             fork.read_u64(0x10000).unwrap(),
             0,
             "the template's bytes again"
         );
         fork.retire().unwrap();
-        assert_eq!(fork.resident_bytes().unwrap(), 0);
+        assert_eq!(fork.copied_own_pages().unwrap(), 0);
         assert!(
             fork.read_u64(0x10000).is_err(),
             "out of bounds once retired"
         );
         let own = GuestMemory::new(1 << 20).unwrap();
         own.fill(0, 0x3000, 1).unwrap();
-        assert_eq!(own.resident_bytes().unwrap(), 0x3000);
+        let held = own.file_held().unwrap().unwrap();
+        assert_eq!((held.pages, held.sole), (3, true));
+        assert_eq!(
+            own.copied_own_pages().unwrap(),
+            0,
+            "its writes land in its memfd"
+        );
         own.retire().unwrap();
-        assert_eq!((own.size(), own.resident_bytes().unwrap()), (0, 0));
+        assert_eq!((own.size(), own.file_held().unwrap()), (0, None));
         assert!(own.read_u64(0).is_err(), "out of bounds once retired");
         assert!(own.fd().is_none(), "a retired memory holds no memfd");
         own.retire().unwrap();
+    }
+
+    #[test]
+    fn pages_first_touched_in_a_layers_holes_are_held_once() {
+        let parent = GuestMemory::new(1 << 20).unwrap();
+        parent.fill(0x10000, 0x4000, 1).unwrap();
+        let child = parent.duplicate(1 << 20).unwrap();
+        let layer = |m: &GuestMemory| m.file_held().unwrap().map(|l| l.pages);
+        child.fill(0x40000, 0x40000, 2).unwrap();
+        parent.fill(0xc0000, 0x10000, 3).unwrap();
+        assert_eq!(
+            layer(&parent),
+            Some(4),
+            "the layer holds what it held at the fork"
+        );
+        assert_eq!(
+            (
+                child.copied_own_pages().unwrap(),
+                parent.copied_own_pages().unwrap()
+            ),
+            (64, 16)
+        );
+        // Given back and touched again, a page is still held once.
+        child.release_range(0x40000, 0x40000).unwrap();
+        child.fill(0x40000, 0x1000, 4).unwrap();
+        assert_eq!(
+            (layer(&child), child.copied_own_pages().unwrap()),
+            (Some(4), 1)
+        );
+        assert_eq!(
+            (
+                parent.read_u64(0x40000).unwrap(),
+                child.read_u64(0xc0000).unwrap(),
+                child.read_u64(0x41000).unwrap()
+            ),
+            (0, 0, 0),
+            "neither sees the other's pages; a released page reads as zeros"
+        );
     }
 
     #[test]
@@ -1856,8 +1969,17 @@ mod tests {
             4,
             "MAP_SHARED stays shared"
         );
-        // Each may come to copy the whole layer: both count it.
-        assert_eq!(child.resident_bytes().unwrap(), 0x4000);
+        // Both map the layer; each holds only the pages it copied of its own.
+        let (layer, of_child) = (parent.file_held().unwrap(), child.file_held().unwrap());
+        assert_eq!(layer, of_child, "one file");
+        assert_eq!(layer.map(|l| (l.pages, l.sole)), Some((4, false)));
+        assert_eq!(
+            (
+                parent.copied_own_pages().unwrap(),
+                child.copied_own_pages().unwrap()
+            ),
+            (1, 1)
+        );
         // While the child maps the layer, the parent's next fork copies what it wrote.
         let second = parent.duplicate(1 << 20).unwrap();
         assert_eq!(second.read_u64(0x10000).unwrap(), 2);
@@ -1870,7 +1992,11 @@ mod tests {
         // Once no other memory maps it, the layer takes the parent's writes at its next fork.
         child.retire().unwrap();
         second.retire().unwrap();
-        assert_eq!(child.resident_bytes().unwrap(), 0);
+        assert_eq!(child.file_held().unwrap(), None);
+        assert!(
+            parent.file_held().unwrap().is_some_and(|l| l.sole),
+            "the parent's alone"
+        );
         assert!(child.read_u64(0x10000).is_err(), "retired: unmapped");
         let third = parent.duplicate(1 << 20).unwrap();
         assert_eq!(third.read_u64(0x10000).unwrap(), 5);
@@ -1891,7 +2017,8 @@ mod tests {
         // A page a layer's only user gives back leaves the layer too.
         third.retire().unwrap();
         parent.release_range(0x10000, 0x4000).unwrap();
-        assert_eq!(parent.resident_bytes().unwrap(), 0);
+        assert_eq!(parent.file_held().unwrap().map(|l| l.pages), Some(0));
+        assert_eq!(parent.copied_own_pages().unwrap(), 0);
         assert_eq!(parent.read_u64(0x12000).unwrap(), 0);
         // A layer is not a template.
         assert!(TemplateMemory::seal(parent).is_err());

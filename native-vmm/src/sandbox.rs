@@ -32,6 +32,10 @@ use crate::status::RunStatus;
 use crate::syscalls::processes::{ExecRequest, ForkRequest};
 use crate::syscalls::{SyscallOutcome, UserMemory};
 
+/// How often, at most, the memory of a tree of several processes is measured
+/// (`Tree::keep_memory_limit`).
+const MEMORY_MEASURED_EVERY: Duration = Duration::from_millis(50);
+
 /// SIGKILL, SIGSYS: how a child the run cannot go on with ends.
 const SIGKILL: u64 = 9;
 const SIGSYS: u64 = 31;
@@ -111,6 +115,9 @@ struct Member<'a> {
     /// The vfork child it waits for: it runs again once that child execs or exits (or to end,
     /// killed).
     waits_for: Option<u64>,
+    /// The pages its memory had copied when last measured (`Tree::memory_held`); None once it
+    /// may have copied more.
+    copied: Option<u64>,
 }
 
 /// What a vfork child owes the process waiting for it.
@@ -205,6 +212,7 @@ impl<'a> KeptProcesses<'a> {
             handed_out: None,
             vfork: None,
             waits_for: None,
+            copied: None,
         });
     }
 }
@@ -257,6 +265,7 @@ fn run_tree<'a>(
         handed_out: None,
         vfork: None,
         waits_for: None,
+        copied: None,
     }];
     for mut child in children {
         // A wait that blocked in an earlier run is tried again; the run's deadline is this one's.
@@ -276,6 +285,8 @@ fn run_tree<'a>(
         limit_ms: sched.limit_ms(),
         arena,
         root_mem: mem,
+        memory_measured: Instant::now(),
+        memory_due: false,
     };
     let end = tree.run(sched, cpu, process);
     let exits = tree.exits;
@@ -294,6 +305,10 @@ struct Tree<'a> {
     arena: &'a MemoryArena,
     /// The first process's memory (its member's until an execve replaces it).
     root_mem: &'a GuestMemory,
+    /// When the tree's memory was last measured (`keep_memory_limit`), and whether it is due
+    /// again before `MEMORY_MEASURED_EVERY` has passed.
+    memory_measured: Instant,
+    memory_due: bool,
 }
 
 impl<'a> Tree<'a> {
@@ -304,6 +319,9 @@ impl<'a> Tree<'a> {
         process: &mut GuestProcess,
     ) -> io::Result<LoopEnd> {
         loop {
+            if let Some(end) = self.keep_memory_limit(process)? {
+                return Ok(end);
+            }
             let stop = self.stint(root_sched, root_cpu, process)?;
             let index = self.current;
             match stop {
@@ -312,7 +330,9 @@ impl<'a> Tree<'a> {
                     self.members[index].state = State::Blocked {
                         until,
                         seen: self.exits,
-                    }
+                    };
+                    // The tree may wait long now: what it holds is measured first.
+                    self.memory_due = true;
                 }
                 // It runs on from where it stopped once continued; its parent's wait may
                 // report the stop.
@@ -330,6 +350,8 @@ impl<'a> Tree<'a> {
                     let forked = self
                         .memory_left(process.config.mem_limit)
                         .and_then(|room| self.fork(cpu, mem, room, process, &request));
+                    // A fork may have frozen the caller's copies into a layer.
+                    self.members[index].copied = None;
                     self.members[index].cpu = own;
                     match forked {
                         Ok(child) => {
@@ -436,6 +458,13 @@ impl<'a> Tree<'a> {
         let next = std::mem::replace(&mut member.state, State::Ready(Next::Run));
         let mem = member.mem.unwrap_or(root_mem);
         mem.freeze_if_lent()?;
+        // It may copy pages now, on its own memory or a vfork parent's.
+        for other in self.members.iter_mut() {
+            if std::ptr::eq(other.mem.unwrap_or(root_mem), mem) {
+                other.copied = None;
+            }
+        }
+        let member = &mut self.members[index];
         let (cpu, sched): (&mut dyn GuestCpu, &mut Scheduler) =
             match (&mut member.cpu, &mut member.sched) {
                 (Some(cpu), Some(sched)) => (cpu.as_mut(), sched),
@@ -509,25 +538,88 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// The memory limit is the tree's: what it leaves beside the host memory every live process
-    /// holds of its own (a vfork child on its parent's memory holds none).
-    fn memory_left(&self, limit: u64) -> Result<u64, Errno> {
-        let mut held = 0u64;
-        let mut counted: Vec<*const GuestMemory> = Vec::new();
-        for member in self
-            .members
-            .iter()
-            .filter(|m| !matches!(m.state, State::Ended))
-        {
-            let mem = member.mem.unwrap_or(self.root_mem);
+    /// The memory limit is the tree's: what it leaves beside the host memory the live
+    /// processes hold now.
+    fn memory_left(&mut self, limit: u64) -> Result<u64, Errno> {
+        let (held, _) = self.memory_held().map_err(|_| Errno::ENOMEM)?;
+        Ok(limit.saturating_sub(held))
+    }
+
+    /// The bytes of host memory the live processes hold: each memory's copies, and once each
+    /// file a memory maps (its own memfd, or a layer that processes forked from one another
+    /// map together). With it, the member holding the most of its own (its copies, and its
+    /// file when no other memory maps it), the newest of equals.
+    fn memory_held(&mut self) -> io::Result<(u64, Option<usize>)> {
+        let (mut pages, mut files, mut counted) = (0u64, Vec::new(), Vec::new());
+        let mut largest: Option<(usize, u64)> = None;
+        for i in 0..self.members.len() {
+            if matches!(self.members[i].state, State::Ended) {
+                continue;
+            }
+            let mem = self.members[i].mem.unwrap_or(self.root_mem);
             if counted.contains(&std::ptr::from_ref(mem)) {
                 continue;
             }
-            counted.push(mem);
-            let bytes = mem.resident_bytes();
-            held = held.saturating_add(bytes.map_err(|_| Errno::ENOMEM)?);
+            counted.push(std::ptr::from_ref(mem));
+            let copied = match self.members[i].copied {
+                Some(copied) => copied,
+                None => mem.copied_own_pages()?,
+            };
+            self.members[i].copied = Some(copied);
+            let mut own = copied;
+            if let Some(file) = mem.file_held()? {
+                if !files.contains(&file.id) {
+                    files.push(file.id);
+                    pages += file.pages;
+                }
+                if file.sole {
+                    own += file.pages;
+                }
+            }
+            pages += copied;
+            if largest.is_none_or(|(_, most)| own >= most) {
+                largest = Some((i, own));
+            }
         }
-        Ok(limit.saturating_sub(held))
+        Ok((
+            pages.saturating_mul(crate::layout::PAGE_SIZE),
+            largest.map(|(i, _)| i),
+        ))
+    }
+
+    /// Keeps the tree within its memory limit as Linux's out-of-memory killer keeps a cgroup
+    /// within its own: a fork copies no memory up front (heuristic overcommit), so while
+    /// several processes live their memory is measured between stints (every
+    /// `MEMORY_MEASURED_EVERY` while they run, and whenever one waits), and past the limit
+    /// the process holding the most of its own is killed (SIGKILL). When that is the first
+    /// process, the run ends out of memory.
+    fn keep_memory_limit(&mut self, process: &mut GuestProcess) -> io::Result<Option<LoopEnd>> {
+        let live = self
+            .members
+            .iter()
+            .filter(|m| !matches!(m.state, State::Ended))
+            .count();
+        let due = std::mem::take(&mut self.memory_due)
+            || self.memory_measured.elapsed() >= MEMORY_MEASURED_EVERY;
+        if live < 2 || !due {
+            return Ok(None);
+        }
+        self.memory_measured = Instant::now();
+        let limit = process.config.mem_limit;
+        let (held, largest) = self.memory_held()?;
+        match largest {
+            Some(victim) if held > limit => {
+                if victim == 0 {
+                    return Ok(Some(LoopEnd::Finished(RunStatus::OutOfMemory {
+                        limit_bytes: limit,
+                    })));
+                }
+                self.members[victim].state = State::Ready(Next::Kill);
+                self.switch_to(victim, process);
+                Ok(None)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Gives member `index`'s memory `mem` back to the host (`GuestMemory::retire`), unless it
@@ -703,6 +795,7 @@ impl<'a> Tree<'a> {
                 stub_stacks,
             }),
             waits_for: None,
+            copied: None,
         });
         Ok(pid)
     }

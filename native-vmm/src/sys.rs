@@ -132,6 +132,7 @@ pub fn ioctl_mut<T>(fd: c_int, request: c_ulong, arg: &mut T) -> io::Result<c_in
 /// `PAGE_IS_*` page categories of the PAGEMAP_SCAN ioctl (linux/fs.h).
 pub const PAGE_IS_FILE: u64 = 1 << 2;
 pub const PAGE_IS_PRESENT: u64 = 1 << 3;
+pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
 /// `_IOWR('f', 16, struct pm_scan_arg)`.
 pub const PAGEMAP_SCAN: c_ulong = 0xC060_6610;
 

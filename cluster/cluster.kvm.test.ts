@@ -109,6 +109,10 @@ beforeAll(async () => {
       ...common,
       ...tlsEnv(certs.gateway),
       SANDFORK_RUNTIME: "cluster",
+      // Room for the tests' 12 executions at once whatever the cores (the default is four
+      // a core running and as many waiting: a one-vCPU QEMU guest would shed some with 503).
+      SANDFORK_TEMPLATE_MAX_RUNNING: "16",
+      SANDFORK_TEMPLATE_MAX_QUEUED: "16",
       PORT: String(await freePort()),
       SANDFORK_DATA_DIR: join(dir, "gateway"),
     },
@@ -160,11 +164,17 @@ describe("a cluster of two nodes and a gateway", () => {
         ];
       const survivor = NODES.find((n) => n !== victim) as string;
 
-      // Sleeping executions on both nodes, each with its own Idempotency-Key.
+      // Sleeping executions on both nodes, each with its own Idempotency-Key, still asleep when
+      // the node is killed (its wait below is scaled on a software CPU: so is the sleep).
+      const asleep = Math.min(2 * timeScale, 20);
       const sleepers = Array.from({ length: 8 }, (_, i) =>
         call(
           "/v1/executions",
-          { template: "python", code: "import time\ntime.sleep(2)\nprint('woke')" },
+          {
+            template: "python",
+            code: `import time\ntime.sleep(${asleep})\nprint('woke')`,
+            timeout_ms: (asleep + 8) * 1000,
+          },
           {
             "idempotency-key": `sleeper-${i}`,
           },

@@ -128,6 +128,8 @@ describe("the web console in chromium, against a gateway and daemon on KVM", () 
     async () => {
       const { key: adminKey } = await gw.issue({ scopes: ["admin"], credits: 100_000 });
       const page = await context.newPage();
+      // Navigation and actions wait as long as the waits above (scaled on a software CPU).
+      page.setDefaultTimeout(WAIT);
       watch(page);
       const accessibility: string[] = [];
       const scan = async (name: string) =>

@@ -202,6 +202,9 @@ printf 'KIQ_RW="%s"\n' "${RW[*]+"${RW[*]}"}" > "$SH/config"
   printf 'if ! out=$(modprobe kvm_amd %s 2>&1) || [ ! -c /dev/kvm ]; then\n' "$MODOPT"
   echo '  echo "kvm-in-qemu (guest): loading kvm_amd failed: $out" >&2; dmesg | grep -i -E "kvm|svm" | tail -5 >&2; exit 125'
   echo 'fi'
+  # The kernel cannot load a module on demand from the chroot (its helper runs in the
+  # initramfs): the tests' network namespaces need veth loaded ahead.
+  echo 'modprobe veth 2>/dev/null || true'
   printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
   printf 'exec'; printf ' %q' "$@"; printf '\n'
 } > "$SH/stage2.sh"

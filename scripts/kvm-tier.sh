@@ -24,7 +24,7 @@
 #                                        guest code ~13x slower than native); natively it is 1
 #   SANDFORK_KVM_TIER_QEMU_GUESTS=N      how many QEMU guests of one vCPU share the suites
 #                                        (default the host's cores, as many as have 7 GiB free)
-#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  each QEMU guest's wall-clock limit (default 3300; a
+#   SANDFORK_KVM_TIER_QEMU_TIMEOUT=SECS  each QEMU guest's wall-clock limit (default 3900; a
 #                                        guest runs the suites ~8x slower than native)
 #   SANDFORK_KVM_TIER_TESTS="a b"        only these suites: test file names (e.g. python_ptrace)
 #                                        and/or TypeScript ones: vitest-kvm (all of them)
@@ -157,7 +157,7 @@ fi
 MODE=${SANDFORK_KVM_TIER:-auto}
 case $MODE in auto|native|qemu) ;; *) echo "kvm-tier: SANDFORK_KVM_TIER=$MODE: expected auto, native or qemu" >&2; exit 2 ;; esac
 QEMU_SCALE=${SANDFORK_KVM_TIER_QEMU_SCALE:-15}
-QEMU_TIMEOUT=${SANDFORK_KVM_TIER_QEMU_TIMEOUT:-3300}
+QEMU_TIMEOUT=${SANDFORK_KVM_TIER_QEMU_TIMEOUT:-3900}
 ONLY=${SANDFORK_KVM_TIER_TESTS:-}
 
 fail_setup() {

@@ -324,8 +324,17 @@ for other in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != o
 #[test]
 fn ended_processes_leave_no_mappings_behind_in_a_session() {
     let (_dir, daemon, mut s) = daemon_with_session("sessions-retired", "many");
-    let cell = "import subprocess\nfor _ in range(40):\n    subprocess.run(['true'])";
-    s.cell("many", cell);
+    // 40 processes take seconds under a software CPU: up to the daemon's largest timeout.
+    let timeout_ms = scaled(Duration::from_secs(10)).as_millis().min(60_000);
+    let mut cell = || {
+        let answer = s.expect(
+            "execution",
+            json!({"type": "session_execute", "session": "many", "limits": {"timeout_ms": timeout_ms},
+                   "code": "import subprocess\nfor _ in range(40):\n    subprocess.run(['true'])"}),
+        );
+        assert_eq!(str_of(&answer, "status"), "ok", "{answer}");
+    };
+    cell();
     let maps = || {
         std::fs::read_to_string(format!("/proc/{}/maps", daemon.pid()))
             .expect("the daemon's maps")
@@ -333,8 +342,8 @@ fn ended_processes_leave_no_mappings_behind_in_a_session() {
             .count()
     };
     let before = maps();
-    s.cell("many", cell);
-    s.cell("many", cell);
+    cell();
+    cell();
     // VMs are destroyed off the request path: a bounded wait for those of the last cell.
     assert!(
         wait_for(scaled(Duration::from_secs(30)), || maps() < before + 40),

@@ -142,7 +142,7 @@ if pid == 0:
     sys.stdout.flush()
     os._exit(3)
 out = b""
-while b"ready" not in out:
+while b"ready\r\n" not in out:
     out += os.read(master, 1024)
 os.write(master, b"hello\n")
 while True:

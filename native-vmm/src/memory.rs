@@ -86,9 +86,10 @@ pub fn open_pagemap() -> io::Result<()> {
 }
 
 /// `GuestMemory::map_layer_holes`: the smallest hole of a layer mapped anonymously, and how
-/// many at most at once (each is a host mapping of its own until neighbours merge).
-const LAYER_HOLE_MIN: u64 = 16 * PAGE_SIZE;
-const LAYER_HOLES_MAX: usize = 256;
+/// many at most at once, the largest (each is a host mapping of its own, made at every fork;
+/// new allocations land in the large holes).
+const LAYER_HOLE_MIN: u64 = 64 * PAGE_SIZE;
+const LAYER_HOLES_MAX: usize = 64;
 
 pub struct GuestMemory {
     host: *mut u8,
@@ -216,7 +217,7 @@ impl GuestMemory {
 
     /// Over a layer (a file this memory maps privately that is not a template's): maps
     /// anonymous memory over the file's holes inside `spans`, those of at least
-    /// `LAYER_HOLE_MIN` bytes and at most `LAYER_HOLES_MAX` of them, so that a page first
+    /// `LAYER_HOLE_MIN` bytes and the `LAYER_HOLES_MAX` largest of them, so that a page first
     /// touched there is this memory's alone. Through the file, shmem would first fill the hole
     /// with a page of the layer, and a written page would be held twice.
     fn map_layer_holes(&self, spans: &[(u64, u64)]) -> io::Result<()> {
@@ -236,16 +237,18 @@ impl GuestMemory {
             }
             at = at.max(end);
         }
-        let pieces = spans.iter().flat_map(|&(span_start, span_end)| {
-            holes
-                .iter()
-                .map(move |&(start, end)| (start.max(span_start), end.min(span_end)))
-        });
-        let anonymous = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        for (start, end) in pieces
+        let mut pieces: Vec<(u64, u64)> = spans
+            .iter()
+            .flat_map(|&(span_start, span_end)| {
+                holes
+                    .iter()
+                    .map(move |&(start, end)| (start.max(span_start), end.min(span_end)))
+            })
             .filter(|&(start, end)| end >= start + LAYER_HOLE_MIN)
-            .take(LAYER_HOLES_MAX)
-        {
+            .collect();
+        pieces.sort_unstable_by_key(|&(start, end)| std::cmp::Reverse(end - start));
+        let anonymous = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        for (start, end) in pieces.into_iter().take(LAYER_HOLES_MAX) {
             self.map_over(
                 start,
                 end - start,

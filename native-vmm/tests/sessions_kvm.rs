@@ -325,7 +325,9 @@ for other in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != o
 fn ended_processes_leave_no_mappings_behind_in_a_session() {
     let (_dir, daemon, mut s) = daemon_with_session("sessions-retired", "many");
     // 40 processes take seconds under a software CPU: up to the daemon's largest timeout.
-    let timeout_ms = scaled(Duration::from_secs(10)).as_millis().min(60_000);
+    let timeout_ms = u64::try_from(scaled(Duration::from_secs(10)).as_millis())
+        .unwrap_or(u64::MAX)
+        .min(60_000);
     let mut cell = || {
         let answer = s.expect(
             "execution",

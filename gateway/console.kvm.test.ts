@@ -111,7 +111,17 @@ async function shoot(page: Page, name: string): Promise<void> {
   await mkdir(shots, { recursive: true });
   await mkdir(DOCS_SHOTS, { recursive: true });
   const path = join(shots, `${name}.png`);
-  await page.screenshot({ path, fullPage: true });
+  // Under a software CPU Chromium may answer "Unable to capture screenshot" while it is still
+  // compositing a full page: a few tries, a second apart (scaled).
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await page.screenshot({ path, fullPage: true });
+      break;
+    } catch (error) {
+      if (attempt === 3 || !String(error).includes("Unable to capture screenshot")) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 1_000 * timeScale));
+    }
+  }
   await copyFile(path, join(DOCS_SHOTS, `${name}.png`));
 }
 

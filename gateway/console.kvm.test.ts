@@ -109,13 +109,14 @@ async function axeViolations(page: Page): Promise<string[]> {
 async function shoot(page: Page, name: string): Promise<void> {
   const shots = join(dir, "screenshots");
   await mkdir(shots, { recursive: true });
-  await mkdir(DOCS_SHOTS, { recursive: true });
   const path = join(shots, `${name}.png`);
   // A full-page capture takes Chromium down under a software CPU (the QEMU path), whose
   // screenshots the docs do not keep: there the viewport is captured.
   const onSoftwareCpu = timeScale > 1;
   await page.screenshot({ path, fullPage: !onSoftwareCpu });
-  if (!onSoftwareCpu) await copyFile(path, join(DOCS_SHOTS, `${name}.png`));
+  if (onSoftwareCpu) return;
+  await mkdir(DOCS_SHOTS, { recursive: true });
+  await copyFile(path, join(DOCS_SHOTS, `${name}.png`));
 }
 
 async function setCode(page: Page, code: string): Promise<void> {

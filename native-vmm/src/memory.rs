@@ -351,8 +351,8 @@ impl GuestMemory {
     /// layer and shows the layer there again. Either way the bytes it shows do not change,
     /// and no mapping sees a later write of another. `copied` is its `copied_own_ranges`.
     fn freeze(&self, copied: &[(u64, u64)]) -> io::Result<Option<Arc<OwnedFd>>> {
-        let (file, remap) = match &*self.backing.borrow() {
-            Backing::Own(file) => (file.clone(), self.own_spans()),
+        let (file, remap, was_own) = match &*self.backing.borrow() {
+            Backing::Own(file) => (file.clone(), self.own_spans(), true),
             Backing::Private {
                 file,
                 template: false,
@@ -363,7 +363,7 @@ impl GuestMemory {
                         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                     write_to_file(file, start, bytes)?;
                 }
-                (file.clone(), copied.to_vec())
+                (file.clone(), copied.to_vec(), false)
             }
             _ => return Ok(None),
         };
@@ -376,7 +376,10 @@ impl GuestMemory {
             file: file.clone(),
             template: false,
         };
-        self.map_layer_holes(&remap)?;
+        // Over a layer already, the holes are mapped and the remapped copies hold data.
+        if was_own {
+            self.map_layer_holes(&remap)?;
+        }
         Ok(Some(file))
     }
 

@@ -60,20 +60,9 @@ impl TestNamespace {
         let name = namespace.name.as_str();
         let (veth_host, veth_ns) = (format!("{name}h"), format!("{name}n"));
         ip(&["netns", "add", name])?;
-        // A namespace of an earlier process with this id may still be going (the kernel
-        // removes a deleted namespace's devices in the background): a bounded wait for its
-        // devices' names.
-        let _ = ip(&["link", "del", &veth_host]);
-        let mut tries = 0;
-        while let Err(e) = ip(&[
+        ip(&[
             "link", "add", &veth_host, "type", "veth", "peer", "name", &veth_ns,
-        ]) {
-            tries += 1;
-            if tries == 50 {
-                return Err(e);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        ])?;
         ip(&["link", "set", &veth_ns, "netns", name])?;
         let outside = format!("{}/30", namespace.outside);
         ip(&["addr", "add", &outside, "dev", &veth_host])?;

@@ -594,14 +594,10 @@ impl<'a> Tree<'a> {
     /// the process holding the most of its own is killed (SIGKILL). When that is the first
     /// process, the run ends out of memory.
     fn keep_memory_limit(&mut self, process: &mut GuestProcess) -> io::Result<Option<LoopEnd>> {
-        let live = self
-            .members
-            .iter()
-            .filter(|m| !matches!(m.state, State::Ended))
-            .count();
         let due = std::mem::take(&mut self.memory_due)
             || self.memory_measured.elapsed() >= MEMORY_MEASURED_EVERY;
-        if live < 2 || !due {
+        let live = |m: &&Member| !matches!(m.state, State::Ended);
+        if !due || self.members.iter().filter(live).count() < 2 {
             return Ok(None);
         }
         self.memory_measured = Instant::now();

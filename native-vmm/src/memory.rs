@@ -268,10 +268,10 @@ impl GuestMemory {
     /// and each side copies a page only when it writes it; so is memory over a layer that no
     /// other process maps (the pages it wrote since go into the layer first). Otherwise (a fork
     /// of a template, a layer another process still maps) the copy maps the same file and
-    /// gets copies of the pages this one wrote now: more of them than `room` bytes is
-    /// `ErrorKind::OutOfMemory`, before anything changes. A frozen or lent copy copies a page
+    /// gets copies of the pages this one wrote now: more of them than `room()` bytes (asked
+    /// only then) is `ErrorKind::OutOfMemory`, before anything changes. A frozen or lent copy copies a page
     /// only when one side writes it; the process tree keeps its memory limit as they do.
-    pub fn duplicate(&self, room: u64) -> io::Result<GuestMemory> {
+    pub fn duplicate(&self, room: impl FnOnce() -> u64) -> io::Result<GuestMemory> {
         self.fork_copy(room, false)
     }
 
@@ -279,12 +279,12 @@ impl GuestMemory {
     /// own is lent, not frozen. The copy maps its memfd privately and this memory stays as it
     /// is, warm in its VM, until it next runs while the copy lives (`freeze_if_lent`); a child
     /// that execs or exits first (a shell's command, `fork` then `exec`) never makes it freeze.
-    pub fn lend(&self, room: u64) -> io::Result<GuestMemory> {
+    pub fn lend(&self, room: impl FnOnce() -> u64) -> io::Result<GuestMemory> {
         self.fork_copy(room, true)
     }
 
     /// `duplicate`, or with `lend` `lend`.
-    fn fork_copy(&self, room: u64, lend: bool) -> io::Result<GuestMemory> {
+    fn fork_copy(&self, room: impl FnOnce() -> u64, lend: bool) -> io::Result<GuestMemory> {
         let copied = self.copied_own_ranges()?.unwrap_or_default();
         let lent = match &*self.backing.borrow() {
             Backing::Own(file) if lend => Some(file.clone()),
@@ -294,7 +294,7 @@ impl GuestMemory {
             Some(file) => GuestMemory::private_mapping_of(&file, self.size.get(), false)?,
             None => match self.freeze(&copied)? {
                 Some(layer) => GuestMemory::private_mapping_of(&layer, self.size.get(), false)?,
-                None if crate::layout::pages_in(&copied) * PAGE_SIZE > room => {
+                None if crate::layout::pages_in(&copied) * PAGE_SIZE > room() => {
                     return Err(io::Error::new(
                         io::ErrorKind::OutOfMemory,
                         "the copy does not fit the memory left",
@@ -1819,7 +1819,7 @@ mod tests {
             0,
             "a fresh shared range reads zeros"
         );
-        let child = parent.duplicate(u64::MAX).unwrap();
+        let child = parent.duplicate(|| u64::MAX).unwrap();
         child.write_u64(0x2000, 42).unwrap();
         assert_eq!(
             parent.read_u64(0x2000).unwrap(),
@@ -1862,14 +1862,17 @@ mod tests {
             None,
             "the template holds its memfd"
         );
-        let too_little = fork.duplicate(0x7000).err().map(|e| e.kind());
+        let too_little = fork.duplicate(|| 0x7000).err().map(|e| e.kind());
         assert_eq!(
             too_little,
             Some(io::ErrorKind::OutOfMemory),
             "a copy past its room"
         );
         assert_eq!(
-            fork.duplicate(0x8000).unwrap().read_u64(0x10000).unwrap(),
+            fork.duplicate(|| 0x8000)
+                .unwrap()
+                .read_u64(0x10000)
+                .unwrap(),
             0x0101010101010101
         );
         fork.release_range(0x10000, 0x4000).unwrap();
@@ -1905,7 +1908,7 @@ mod tests {
     fn pages_first_touched_in_a_layers_holes_are_held_once() {
         let parent = GuestMemory::new(1 << 20).unwrap();
         parent.fill(0x10000, 0x4000, 1).unwrap();
-        let child = parent.duplicate(1 << 20).unwrap();
+        let child = parent.duplicate(|| 1 << 20).unwrap();
         let layer = |m: &GuestMemory| m.file_held().unwrap().map(|l| l.pages);
         child.fill(0x40000, 0x40000, 2).unwrap();
         parent.fill(0xc0000, 0x10000, 3).unwrap();
@@ -1945,7 +1948,7 @@ mod tests {
         parent.fill(0x10000, 0x4000, 1).unwrap();
         let shared = SharedMemory::anonymous(0x1000).unwrap();
         parent.share(0x20000, 0x1000, &shared, 0).unwrap();
-        let child = parent.duplicate(1 << 20).unwrap();
+        let child = parent.duplicate(|| 1 << 20).unwrap();
         assert!(
             parent.fd().is_none() && child.fd().is_none(),
             "both over the layer"
@@ -1987,7 +1990,7 @@ mod tests {
             (1, 1)
         );
         // While the child maps the layer, the parent's next fork copies what it wrote.
-        let second = parent.duplicate(1 << 20).unwrap();
+        let second = parent.duplicate(|| 1 << 20).unwrap();
         assert_eq!(second.read_u64(0x10000).unwrap(), 2);
         parent.write_u64(0x10000, 5).unwrap();
         assert_eq!(
@@ -2004,7 +2007,7 @@ mod tests {
             "the parent's alone"
         );
         assert!(child.read_u64(0x10000).is_err(), "retired: unmapped");
-        let third = parent.duplicate(1 << 20).unwrap();
+        let third = parent.duplicate(|| 1 << 20).unwrap();
         assert_eq!(third.read_u64(0x10000).unwrap(), 5);
         assert_eq!(
             parent.copied_pages().unwrap(),
@@ -2034,7 +2037,7 @@ mod tests {
     fn a_template_is_made_from_memory_that_forked() {
         let mem = GuestMemory::new(1 << 20).unwrap();
         mem.write_u64(0x3000, 8).unwrap();
-        let child = mem.duplicate(1 << 20).unwrap();
+        let child = mem.duplicate(|| 1 << 20).unwrap();
         mem.write_u64(0x5000, 9).unwrap();
         drop(child);
         let extents = mem.data_extents().unwrap();

@@ -16,6 +16,7 @@
 //! (`KeptProcesses`), where at a ready point they stay, parked with their VMs until the next
 //! cell's run takes them up again.
 
+use std::cell::Cell;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -117,7 +118,7 @@ struct Member<'a> {
     waits_for: Option<u64>,
     /// The pages its memory had copied when last measured (`Tree::memory_held`); None once it
     /// may have copied more.
-    copied: Option<u64>,
+    copied: Cell<Option<u64>>,
 }
 
 /// What a vfork child owes the process waiting for it.
@@ -212,7 +213,7 @@ impl<'a> KeptProcesses<'a> {
             handed_out: None,
             vfork: None,
             waits_for: None,
-            copied: None,
+            copied: Cell::new(None),
         });
     }
 }
@@ -265,7 +266,7 @@ fn run_tree<'a>(
         handed_out: None,
         vfork: None,
         waits_for: None,
-        copied: None,
+        copied: Cell::new(None),
     }];
     for mut child in children {
         // A wait that blocked in an earlier run is tried again; the run's deadline is this one's.
@@ -347,11 +348,9 @@ impl<'a> Tree<'a> {
                         None => &mut *root_cpu,
                     };
                     let mem = self.members[index].mem.unwrap_or(self.root_mem);
-                    let forked = self
-                        .memory_left(process.config.mem_limit)
-                        .and_then(|room| self.fork(cpu, mem, room, process, &request));
+                    let forked = self.fork(cpu, mem, process, &request);
                     // A fork may have frozen the caller's copies into a layer.
-                    self.members[index].copied = None;
+                    self.members[index].copied.set(None);
                     self.members[index].cpu = own;
                     match forked {
                         Ok(child) => {
@@ -461,7 +460,7 @@ impl<'a> Tree<'a> {
         // It may copy pages now, on its own memory or a vfork parent's.
         for other in self.members.iter_mut() {
             if std::ptr::eq(other.mem.unwrap_or(root_mem), mem) {
-                other.copied = None;
+                other.copied.set(None);
             }
         }
         let member = &mut self.members[index];
@@ -539,17 +538,17 @@ impl<'a> Tree<'a> {
     }
 
     /// The memory limit is the tree's: what it leaves beside the host memory the live
-    /// processes hold now.
-    fn memory_left(&mut self, limit: u64) -> Result<u64, Errno> {
-        let (held, _) = self.memory_held().map_err(|_| Errno::ENOMEM)?;
-        Ok(limit.saturating_sub(held))
+    /// processes hold now (none when it cannot be measured).
+    fn memory_left(&self, limit: u64) -> u64 {
+        self.memory_held()
+            .map_or(0, |(held, _)| limit.saturating_sub(held))
     }
 
     /// The bytes of host memory the live processes hold: each memory's copies, and once each
     /// file a memory maps (its own memfd, or a layer that processes forked from one another
     /// map together). With it, the member holding the most of its own (its copies, and its
     /// file when no other memory maps it), the newest of equals.
-    fn memory_held(&mut self) -> io::Result<(u64, Option<usize>)> {
+    fn memory_held(&self) -> io::Result<(u64, Option<usize>)> {
         let (mut pages, mut files, mut counted) = (0u64, Vec::new(), Vec::new());
         let mut largest: Option<(usize, u64)> = None;
         for i in 0..self.members.len() {
@@ -561,11 +560,11 @@ impl<'a> Tree<'a> {
                 continue;
             }
             counted.push(std::ptr::from_ref(mem));
-            let copied = match self.members[i].copied {
+            let copied = match self.members[i].copied.get() {
                 Some(copied) => copied,
                 None => mem.copied_own_pages()?,
             };
-            self.members[i].copied = Some(copied);
+            self.members[i].copied.set(Some(copied));
             let mut own = copied;
             if let Some(file) = mem.file_held()? {
                 if !files.contains(&file.id) {
@@ -678,7 +677,6 @@ impl<'a> Tree<'a> {
         &mut self,
         cpu: &mut dyn GuestCpu,
         mem: &'a GuestMemory,
-        room: u64,
         process: &mut GuestProcess,
         request: &ForkRequest,
     ) -> Result<u64, Errno> {
@@ -710,6 +708,8 @@ impl<'a> Tree<'a> {
             } else {
                 // The child runs first, so the caller's memory is lent to it unless the fork
                 // writes in the caller's memory below, which the child must not see.
+                // The tree's memory is measured only for a fork that copies pages now.
+                let room = || self.memory_left(process.config.mem_limit);
                 let copy = if request.parent_tid.is_some() || request.pidfd.is_some() {
                     mem.duplicate(room)
                 } else {
@@ -791,7 +791,7 @@ impl<'a> Tree<'a> {
                 stub_stacks,
             }),
             waits_for: None,
-            copied: None,
+            copied: Cell::new(None),
         });
         Ok(pid)
     }

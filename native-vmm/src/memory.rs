@@ -228,24 +228,18 @@ impl GuestMemory {
             } => file.clone(),
             _ => return Ok(()),
         };
-        let size = self.size.get();
-        let mut holes = Vec::new();
-        let mut at = 0;
-        for (start, end) in self.file_extents(&file)?.into_iter().chain([(size, size)]) {
-            if start > at {
-                holes.push((at, start));
+        // Only the spans' own extents are read: a release maps holes in the range it gave back.
+        let mut pieces = Vec::new();
+        for &(span_start, span_end) in spans {
+            let mut at = span_start;
+            let extents = self.file_extents(&file, span_start, span_end)?;
+            for (start, end) in extents.into_iter().chain([(span_end, span_end)]) {
+                if start >= at + LAYER_HOLE_MIN {
+                    pieces.push((at, start));
+                }
+                at = at.max(end);
             }
-            at = at.max(end);
         }
-        let mut pieces: Vec<(u64, u64)> = spans
-            .iter()
-            .flat_map(|&(span_start, span_end)| {
-                holes
-                    .iter()
-                    .map(move |&(start, end)| (start.max(span_start), end.min(span_end)))
-            })
-            .filter(|&(start, end)| end >= start + LAYER_HOLE_MIN)
-            .collect();
         pieces.sort_unstable_by_key(|&(start, end)| std::cmp::Reverse(end - start));
         let anonymous = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
         for (start, end) in pieces.into_iter().take(LAYER_HOLES_MAX) {
@@ -655,12 +649,12 @@ impl GuestMemory {
     /// data and the copies; over a template or anonymous memory, the copies.
     fn held_ranges(&self, copied: &[(u64, u64)]) -> io::Result<Vec<(u64, u64)>> {
         match &*self.backing.borrow() {
-            Backing::Own(file) => self.file_extents(file),
+            Backing::Own(file) => self.file_extents(file, 0, self.size.get()),
             Backing::Private {
                 file,
                 template: false,
             } => {
-                let mut extents = self.file_extents(file)?;
+                let mut extents = self.file_extents(file, 0, self.size.get())?;
                 extents.extend_from_slice(copied);
                 Ok(crate::layout::merge_ranges(extents))
             }
@@ -668,15 +662,18 @@ impl GuestMemory {
         }
     }
 
-    /// The page-aligned ranges of `fd` (a file as large as this memory) that hold pages.
-    fn file_extents(&self, fd: &OwnedFd) -> io::Result<Vec<(u64, u64)>> {
+    /// The page-aligned ranges of `fd` (a file as large as this memory) that hold pages, within
+    /// `[from, to)`.
+    fn file_extents(&self, fd: &OwnedFd, from: u64, to: u64) -> io::Result<Vec<(u64, u64)>> {
+        let to = to.min(self.size.get());
         let mut extents = Vec::new();
-        let mut at = 0;
-        while at < self.size.get() {
-            let Some(start) = sys::seek_data(fd.as_raw_fd(), at)? else {
+        let mut at = from;
+        while at < to {
+            let Some(start) = sys::seek_data(fd.as_raw_fd(), at)?.filter(|&start| start < to)
+            else {
                 break;
             };
-            let end = sys::seek_hole(fd.as_raw_fd(), start)?.min(self.size.get());
+            let end = sys::seek_hole(fd.as_raw_fd(), start)?.min(to);
             if end <= start {
                 break;
             }

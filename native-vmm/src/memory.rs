@@ -263,8 +263,9 @@ impl GuestMemory {
     /// other process maps (the pages it wrote since go into the layer first). Otherwise (a fork
     /// of a template, a layer another process still maps) the copy maps the same file and
     /// gets copies of the pages this one wrote now: more of them than `room()` bytes (asked
-    /// only then) is `ErrorKind::OutOfMemory`, before anything changes. A frozen or lent copy copies a page
-    /// only when one side writes it; the process tree keeps its memory limit as they do.
+    /// only then) is `ErrorKind::OutOfMemory`, before anything changes. A frozen or lent copy
+    /// copies a page only when one side writes it; the process tree keeps its memory limit as
+    /// they do.
     pub fn duplicate(&self, room: impl FnOnce() -> u64) -> io::Result<GuestMemory> {
         self.fork_copy(room, false)
     }
@@ -644,9 +645,9 @@ impl GuestMemory {
         self.held_ranges(&self.copied_own_ranges()?.unwrap_or_default())
     }
 
-    /// The ranges of the pages this memory holds of its own, or may come to hold as copies,
-    /// given `copied` (its `copied_own_ranges`): its memfd's data; over a layer, the layer's
-    /// data and the copies; over a template or anonymous memory, the copies.
+    /// The ranges of the pages this memory holds, given `copied` (its `copied_own_ranges`):
+    /// its memfd's data; over a layer, the layer's data and the copies; over a template or
+    /// anonymous memory, the copies.
     fn held_ranges(&self, copied: &[(u64, u64)]) -> io::Result<Vec<(u64, u64)>> {
         match &*self.backing.borrow() {
             Backing::Own(file) => self.file_extents(file, 0, self.size.get()),
